@@ -1,0 +1,135 @@
+"""The gateway protocol: one provider's adapter between Message and NativeContent.
+
+A gateway renders neutral :class:`~turnloom.context.Message` values into the
+provider's own request items (``NativeContent``), parses native items (model
+output, or a recorded request) back into messages, and knows the provider's
+documented structural rules (:meth:`Gateway.validate`).
+
+Gateways are stateless and safe to share between threads. :func:`get_gateway`
+returns the shared instance for a :class:`GatewayType`.
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "Gateway",
+    "GatewayType",
+    "NativeContent",
+    "Violation",
+    "get_gateway",
+    "register_gateway",
+)
+
+import enum
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeAlias, runtime_checkable
+
+import msgspec
+
+from turnloom.context.message import Message
+from turnloom.errors import InputError
+
+NativeContent: TypeAlias = dict[str, Any]
+"""One item of a provider's request, in the provider's own shape (a JSON object)."""
+
+
+class GatewayType(enum.StrEnum):
+    """The providers turnloom renders for."""
+
+    openai_chat = "openai_chat"
+    openai_responses = "openai_responses"
+    anthropic = "anthropic"
+    gemini = "gemini"
+
+
+class Violation(msgspec.Struct, frozen=True, kw_only=True):
+    """One breach of a provider's structural rule.
+
+    Attributes:
+        index: position of the offending item in the checked sequence.
+        rule: a short stable name of the rule (``"tool_result_without_call"``).
+        message: a full sentence naming the offending id or field.
+    """
+
+    index: int
+    rule: str
+    message: str
+
+
+@runtime_checkable
+class Gateway(Protocol):
+    """What every provider adapter provides.
+
+    Items are rendered one message at a time so that a history can cache each
+    message's native items and a prepare costs O(new messages). Rules that
+    span messages (merging adjacent same-role turns, moving instructions to a
+    top-level field) are applied by :meth:`request_body` on the whole input.
+    """
+
+    @property
+    def type(self) -> GatewayType:
+        """Which provider this gateway speaks for."""
+        ...
+
+    def render(self, message: Message) -> list[NativeContent]:
+        """Render one message into zero or more native items, in order.
+
+        Raises:
+            ProviderRuleError: the message holds content this provider cannot
+                carry and the gateway documents rejecting it.
+        """
+        ...
+
+    def parse(self, item: NativeContent) -> Message:
+        """Parse one native item (model output or a request item) into a Message.
+
+        Raises:
+            InvalidMessageError: the item is not of this provider's shape.
+        """
+        ...
+
+    def validate(self, items: Sequence[NativeContent]) -> list[Violation]:
+        """Check a whole input against the provider's structural rules.
+
+        Returns:
+            every violation found, in item order; empty when the input is valid.
+        """
+        ...
+
+    def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
+        """The input part of a request body for ``items`` (the model call's input).
+
+        For example ``{"messages": [...]}`` for OpenAI Chat. The caller adds
+        the model name, tools and generation settings.
+        """
+        ...
+
+
+_FACTORIES: dict[GatewayType, Callable[[], Gateway]] = {}
+_INSTANCES: dict[GatewayType, Gateway] = {}
+
+
+def register_gateway(kind: GatewayType, factory: Callable[[], Gateway]) -> None:
+    """Register the factory of the gateway for ``kind`` (used by gateway modules)."""
+    _FACTORIES[kind] = factory
+    _INSTANCES.pop(kind, None)
+
+
+def get_gateway(kind: GatewayType | str) -> Gateway:
+    """The shared gateway instance for ``kind``.
+
+    Raises:
+        InputError: ``kind`` names no known or registered gateway.
+    """
+    try:
+        key = GatewayType(kind)
+    except ValueError:
+        known = ", ".join(t.value for t in GatewayType)
+        raise InputError(f"Unknown gateway {kind!r}; known gateways: {known}.") from None
+    gateway = _INSTANCES.get(key)
+    if gateway is None:
+        factory = _FACTORIES.get(key)
+        if factory is None:
+            raise InputError(f"Gateway {key.value!r} is not available in this build.")
+        gateway = _INSTANCES[key] = factory()
+    return gateway

@@ -1,0 +1,7 @@
+"""Built-in gateways; importing this package registers them with ``get_gateway``."""
+
+from __future__ import annotations
+
+__all__ = ("OpenAIChatGateway",)
+
+from turnloom.context.gateways.openai_chat import OpenAIChatGateway

@@ -1,0 +1,111 @@
+"""The one error hierarchy of turnloom.
+
+Every error turnloom raises on purpose derives from :class:`TurnloomError`.
+The subclasses are grouped by how a caller reacts:
+
+* :class:`InputError` -- the caller handed over something invalid. Nothing was
+  changed; fix the input and try again.
+* :class:`CapacityError` -- a bound was reached (pending preparations, an item
+  over the per-item byte cap). Back off, or wait instead of using ``*_nowait``.
+* :class:`ProviderRuleError` -- an input would break a provider's documented
+  structural rule. It carries every :class:`~turnloom.context.Violation`.
+* :class:`StateError` -- the call does not fit the current state of an object
+  (unknown context or turn, a turn evicted, an invocation already in flight).
+
+Lifecycle errors that mirror anyio's (a closed Foundation) live in
+``turnloom.runtime`` so that this module, which ``turnloom.context`` imports,
+never imports an event-loop library.
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "CapacityError",
+    "DuplicateIdError",
+    "InputError",
+    "InvalidMessageError",
+    "InvalidTextError",
+    "ItemTooLargeError",
+    "ProviderRuleError",
+    "StateError",
+    "TurnloomError",
+    "UnknownContextError",
+    "UnknownTurnError",
+)
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from turnloom.context.gateway import Violation
+
+
+class TurnloomError(Exception):
+    """Root of every error turnloom raises on purpose."""
+
+
+class InputError(TurnloomError, ValueError):
+    """Bad input, rejected at the door before any state changed."""
+
+
+class InvalidMessageError(InputError):
+    """A message or part is malformed: unknown role, empty id, wrong field type.
+
+    Attributes:
+        field: dotted path of the offending field (``"content[2].call_id"``),
+            or ``""`` when the whole value is at fault.
+    """
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class InvalidTextError(InvalidMessageError):
+    """Text that cannot be sent: invalid UTF-8 or a lone surrogate."""
+
+
+class DuplicateIdError(InputError):
+    """An id that must be unique was used twice (call id, turn id, item id)."""
+
+
+class UnknownContextError(InputError, LookupError):
+    """A context id that the manager does not know."""
+
+
+class UnknownTurnError(InputError, LookupError):
+    """A turn id that the context does not know, or no longer holds."""
+
+
+class CapacityError(TurnloomError):
+    """A configured bound was reached."""
+
+
+class ItemTooLargeError(CapacityError, InputError):
+    """One item is larger than the per-item byte cap.
+
+    Attributes:
+        size: serialized size of the item, in bytes.
+        limit: the cap, in bytes.
+    """
+
+    def __init__(self, message: str, *, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
+class StateError(TurnloomError):
+    """The call does not fit the current state of the object it was made on."""
+
+
+class ProviderRuleError(TurnloomError):
+    """An input breaks a provider's documented structural rules.
+
+    Attributes:
+        violations: every violation found, in input order.
+    """
+
+    def __init__(self, message: str, violations: Sequence[Violation] = ()) -> None:
+        super().__init__(message)
+        self.violations = tuple(violations)

@@ -1,0 +1,5 @@
+"""The async runtime: Foundation, ContextManager, bounded preparations (seed 004)."""
+
+from __future__ import annotations
+
+__all__ = ()
