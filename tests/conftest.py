@@ -1,0 +1,36 @@
+"""Shared test fixtures: the real-input data folder and the two async backends."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# The project root's sibling ``shared/`` holds the real inputs (read-only).
+_DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA_DIR = Path(os.environ.get("TURNLOOM_DATA", _DEFAULT_DATA))
+TAU_BENCH = DATA_DIR / "tau-bench" / "airline-150.json"
+RECORDINGS = DATA_DIR / "provider-recordings"
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Run every ``@pytest.mark.anyio`` test on asyncio and on trio."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def tau_bench_path() -> Path:
+    """The 150 tau-bench airline trajectories (skips when the data is absent)."""
+    if not TAU_BENCH.exists():
+        pytest.skip(f"real input {TAU_BENCH} is not present")
+    return TAU_BENCH
+
+
+@pytest.fixture(scope="session")
+def recordings_dir() -> Path:
+    """The recorded provider requests (skips when the data is absent)."""
+    if not RECORDINGS.exists():
+        pytest.skip(f"real input {RECORDINGS} is not present")
+    return RECORDINGS
