@@ -7,6 +7,7 @@ a worker thread that owns its data.
 from __future__ import annotations
 
 __all__ = (
+    "CANCELLED_RESULT_TEXT",
     "Context",
     "Gateway",
     "GatewayType",
@@ -14,6 +15,7 @@ __all__ = (
     "Message",
     "NativeContent",
     "OpaquePart",
+    "OpenCallPolicy",
     "Part",
     "ReasoningPart",
     "Role",
@@ -22,10 +24,12 @@ __all__ = (
     "ToolResultPart",
     "Violation",
     "check_message",
+    "complete_pairs",
     "decode_message",
     "encode_message",
     "get_gateway",
     "message_size",
+    "open_call_ids",
 )
 
 from turnloom.context import gateways as _gateways  # registers the built-in gateways
@@ -46,5 +50,11 @@ from turnloom.context.message import (
     message_size,
 )
 from turnloom.context.native import Context
+from turnloom.context.pairing import (
+    CANCELLED_RESULT_TEXT,
+    OpenCallPolicy,
+    complete_pairs,
+    open_call_ids,
+)
 
 del _gateways

@@ -1,0 +1,159 @@
+"""Tool call / tool result pairing over neutral messages.
+
+Every provider rejects an input with a tool result whose call is missing, and
+every provider but OpenAI Chat rejects a call left without its result. An
+input can reach that state when a turn is interrupted (the model called a
+tool, the invocation was cancelled before the result) or when a history is
+cut. :func:`complete_pairs` makes a message list safe to render.
+
+Pairing is positional, as the providers pair: a result answers a call of the
+nearest preceding assistant message with tool calls, and only until the next
+user, system, developer or assistant message. A call id may therefore be
+reused in a later turn (recorded OpenAI traffic does this); each result pairs
+with its own call.
+"""
+
+from __future__ import annotations
+
+__all__ = ("CANCELLED_RESULT_TEXT", "OpenCallPolicy", "complete_pairs", "open_call_ids")
+
+from collections.abc import Iterable, Sequence
+from typing import Literal, TypeAlias
+
+from turnloom.context.message import (
+    Message,
+    Part,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+)
+
+OpenCallPolicy: TypeAlias = Literal["exclude", "cancel"]
+"""What :func:`complete_pairs` does with a call that has no result.
+
+* ``"exclude"`` -- leave the call out (and its assistant message, when nothing
+  else remains in it).
+* ``"cancel"`` -- close it with an explicit error result whose text is
+  :data:`CANCELLED_RESULT_TEXT`, placed after the results that did arrive.
+"""
+
+CANCELLED_RESULT_TEXT = "The tool call was cancelled before it returned a result."
+
+
+def _blank(text: str) -> bool:
+    return not text or text.isspace()
+
+
+def _clean_parts(parts: Iterable[Part]) -> tuple[Part, ...]:
+    return tuple(p for p in parts if not (type(p) is TextPart and _blank(p.text) and not p.extras))
+
+
+def open_call_ids(messages: Sequence[Message]) -> tuple[str, ...]:
+    """Ids of the calls of the last call group that have no result yet, in call order."""
+    pending: dict[str, None] = {}
+    for message in messages:
+        if message.role is Role.assistant:
+            calls = message.tool_calls
+            if calls or message.text.strip():
+                pending = {c.call_id: None for c in calls}
+        elif message.role is Role.tool or (message.role is Role.user and message.tool_results):
+            for result in message.tool_results:
+                pending.pop(result.call_id, None)
+        elif message.role is Role.user:
+            pending = {}
+    return tuple(pending)
+
+
+def complete_pairs(
+    messages: Sequence[Message], *, open_calls: OpenCallPolicy = "exclude"
+) -> list[Message]:
+    """Return ``messages`` with every call answered and every result answering a call.
+
+    Also drops empty and whitespace-only text parts, and messages left with
+    no content. Messages that need no change are returned as the same objects,
+    so callers can cache their rendering by identity.
+
+    Args:
+        messages: neutral messages, oldest first.
+        open_calls: the policy for calls without a result (see
+            :data:`OpenCallPolicy`). Default ``"exclude"``, which follows seed
+            004: incomplete pairs are left out of the next model input.
+
+    Returns:
+        a new list of messages, oldest first.
+    """
+    out: list[Message] = []
+    # State of the current call group: index in ``out`` of its assistant
+    # message, the calls still open, and where to insert cancelled results.
+    group_at = -1
+    pending: dict[str, ToolCallPart] = {}
+
+    def close_group() -> None:
+        nonlocal group_at
+        if pending and group_at >= 0:
+            if open_calls == "cancel":
+                results = tuple(
+                    ToolResultPart(
+                        call_id=call.call_id,
+                        name=call.name,
+                        is_error=True,
+                        content=(TextPart(text=CANCELLED_RESULT_TEXT),),
+                    )
+                    for call in pending.values()
+                )
+                out.append(Message(role=Role.tool, content=results))
+            else:
+                owner = out[group_at]
+                kept = tuple(
+                    p
+                    for p in owner.parts
+                    if not (type(p) is ToolCallPart and p.call_id in pending)
+                )
+                if kept:
+                    out[group_at] = Message(
+                        role=owner.role, content=kept, id=owner.id, extras=owner.extras
+                    )
+                else:
+                    del out[group_at]
+        pending.clear()
+        group_at = -1
+
+    for message in messages:
+        role = message.role
+        parts = message.parts
+        cleaned = _clean_parts(parts)
+        is_results = role is Role.tool or (role is Role.user and bool(message.tool_results))
+        if is_results:
+            kept_parts: list[Part] = []
+            for part in cleaned:
+                if type(part) is ToolResultPart:
+                    if part.call_id in pending:
+                        del pending[part.call_id]
+                        kept_parts.append(part)
+                elif role is Role.user:
+                    kept_parts.append(part)
+            if not kept_parts:
+                continue
+            if len(kept_parts) != len(parts):
+                message = Message(
+                    role=role, content=tuple(kept_parts), id=message.id, extras=message.extras
+                )
+            if role is Role.user and any(type(p) is not ToolResultPart for p in kept_parts):
+                # Text after the results starts a new user turn: the group ends.
+                close_group()
+            out.append(message)
+            continue
+        close_group()
+        if not cleaned:
+            continue
+        if len(cleaned) != len(parts):
+            message = Message(role=role, content=cleaned, id=message.id, extras=message.extras)
+        out.append(message)
+        if role is Role.assistant:
+            calls = message.tool_calls
+            if calls:
+                group_at = len(out) - 1
+                pending = {c.call_id: c for c in calls}
+    close_group()
+    return out
