@@ -181,12 +181,20 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
         id: the provider's message or item id, when it has one.
         extras: provider-native message fields the neutral model does not name,
             re-emitted verbatim by the gateway that produced them.
+        layout: how the producing gateway laid the message out natively, when
+            that differs from the gateway's canonical form: a JSON object with
+            ``"gateway"`` (its name) and gateway-specific hints (``"content":
+            "string"`` for content sent as a string instead of a list, ...).
+            Only the named gateway reads it, to re-emit exactly the recorded
+            form; it is never emitted as a native field, and it is ``None`` for
+            messages in canonical form (every message not parsed from native).
     """
 
     role: Role
     content: tuple[Part, ...] | str = ()
     id: str | None = None
     extras: dict[str, Any] | None = None
+    layout: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.content, str):

@@ -20,6 +20,8 @@ __all__ = ("CANCELLED_RESULT_TEXT", "OpenCallPolicy", "complete_pairs", "open_ca
 from collections.abc import Iterable, Sequence
 from typing import Literal, TypeAlias
 
+import msgspec
+
 from turnloom.context.message import (
     Message,
     Part,
@@ -111,9 +113,7 @@ def complete_pairs(
                     if not (type(p) is ToolCallPart and p.call_id in pending)
                 )
                 if kept:
-                    out[group_at] = Message(
-                        role=owner.role, content=kept, id=owner.id, extras=owner.extras
-                    )
+                    out[group_at] = msgspec.structs.replace(owner, content=kept)
                 else:
                     del out[group_at]
         pending.clear()
@@ -136,9 +136,7 @@ def complete_pairs(
             if not kept_parts:
                 continue
             if len(kept_parts) != len(parts):
-                message = Message(
-                    role=role, content=tuple(kept_parts), id=message.id, extras=message.extras
-                )
+                message = msgspec.structs.replace(message, content=tuple(kept_parts))
             if role is Role.user and any(type(p) is not ToolResultPart for p in kept_parts):
                 # Text after the results starts a new user turn: the group ends.
                 close_group()
@@ -148,7 +146,7 @@ def complete_pairs(
         if not cleaned:
             continue
         if len(cleaned) != len(parts):
-            message = Message(role=role, content=cleaned, id=message.id, extras=message.extras)
+            message = msgspec.structs.replace(message, content=cleaned)
         out.append(message)
         if role is Role.assistant:
             calls = message.tool_calls

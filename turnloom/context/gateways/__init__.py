@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ("OpenAIChatGateway",)
+__all__ = ("AnthropicGateway", "OpenAIChatGateway")
 
+from turnloom.context.gateways.anthropic import AnthropicGateway
 from turnloom.context.gateways.openai_chat import OpenAIChatGateway
