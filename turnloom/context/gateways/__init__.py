@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ("AnthropicGateway", "OpenAIChatGateway")
+__all__ = ("AnthropicGateway", "OpenAIChatGateway", "OpenAIResponsesGateway")
 
 from turnloom.context.gateways.anthropic import AnthropicGateway
 from turnloom.context.gateways.openai_chat import OpenAIChatGateway
+from turnloom.context.gateways.openai_responses import OpenAIResponsesGateway
