@@ -114,7 +114,7 @@ def nested(kind: GatewayType, log: Log) -> tuple[Context, CoopContext, ScriptedA
 def test_retained_overlapping_area_blocks_a_retired_nested_one(gateway_type: GatewayType) -> None:
     log: Log = []
     context, coop, outer, inner = nested(gateway_type, log)
-    assert coop.areas == (outer, inner)
+    assert list(coop.areas) == [outer, inner]
     assert items(context) == native(
         gateway_type, user("o1"), user("i1"), assistant("model"), user("o2")
     )
@@ -247,7 +247,7 @@ def test_retired_areas_that_never_rendered_are_removed_at_the_next_safe_point(
     coop.register(stay)
     coop.register(silent)
     coop.render()
-    assert coop.areas == (stay, silent)
+    assert list(coop.areas) == [stay, silent]
     assert coop.effect_range(silent) is None
     log.clear()
     before = items(context)

@@ -335,7 +335,7 @@ class CoopMachine(RuleBasedStateMachine):
 def test_coop_context_state_machine(kind: GatewayType) -> None:
     gateway_or_skip(kind)
     machine = type(f"CoopMachine_{kind.value}", (CoopMachine,), {"kind": kind})
-    run_state_machine_as_test(
+    run_state_machine_as_test(  # type: ignore[no-untyped-call]
         machine,
         settings=settings(
             max_examples=100,
