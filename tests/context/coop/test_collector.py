@@ -13,6 +13,7 @@ from turnloom.context import (
     CoopContext,
     EffectRange,
     GatewayType,
+    Message,
     plan_collection,
 )
 from turnloom.errors import InputError
@@ -287,3 +288,30 @@ def test_retirement_is_irreversible_for_the_coop_context(gateway_type: GatewayTy
     coop.render()
     assert coop.is_retired(a)
     assert a.renders == 1
+
+
+class _Fickle(ScriptedArea):
+    """Tries to un-retire and grab the cursor from its GC callbacks (outside the contract)."""
+
+    def promote(self) -> tuple[Message, ...]:
+        self.life = AreaLifeState.retain
+        self.flow = AreaFlowState.exclusive
+        return super().promote()
+
+    def gc_prologue(self) -> None:
+        self.life = AreaLifeState.retain
+        super().gc_prologue()
+
+
+def test_state_changes_inside_promote_or_gc_prologue_cannot_cancel_collection(
+    gateway_type: GatewayType,
+) -> None:
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    fickle = _Fickle("fickle", script=[[user("f1")]], retire_on_render=True)
+    coop.register(fickle)
+    coop.render()
+    coop.render()
+    assert coop.areas == ()
+    assert len(context) == 0
+    assert fickle.log == [("fickle", "render"), ("fickle", "promote"), ("fickle", "gc_prologue")]
