@@ -85,8 +85,8 @@ __all__ = (
     "plan_collection",
 )
 
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar, overload
 
 import msgspec
 
@@ -616,13 +616,25 @@ class CoopContext:
             return
         context = self._context
         cursor = self._cursor
+        # One shallow copy of the part of the Context that ranges can cover,
+        # taken lazily; each observe() gets an O(1) view of its own range. Every
+        # range visited in this pass was last extended before the pass began,
+        # so its items are all in the copy.
+        window: Sequence[NativeContent] | None = None
+        window_start = 0
         for _ in range(n):
             entry = order[cursor]
             if not entry.retired and self._read_life(entry) is AreaLifeState.retired:
                 self._retire(entry, undo)
             if not entry.retired and entry.range is not None:
-                snapshot = context.snapshot(entry.range.earliest, entry.range.latest + 1)
-                _call(entry, "observe", entry.area.observe, snapshot)
+                if window is None:
+                    first = self._materialized[0].range
+                    window_start = first.earliest if first is not None else 0
+                    window = context.snapshot(window_start)
+                view = _RangeView(
+                    window, entry.range.earliest - window_start, entry.range.latest - window_start
+                )
+                _call(entry, "observe", entry.area.observe, view)
                 if self._read_life(entry) is AreaLifeState.retired:
                     self._retire(entry, undo)
             if not entry.retired:
@@ -698,6 +710,41 @@ class CoopContext:
 
 
 # -- helpers ---------------------------------------------------------------
+
+
+class _RangeView(Sequence[NativeContent]):
+    """A read-only, fixed-length view of ``window[first : last + 1]`` (shallow; O(1) to make)."""
+
+    __slots__ = ("_first", "_len", "_window")
+
+    def __init__(self, window: Sequence[NativeContent], first: int, last: int) -> None:
+        self._window = window
+        self._first = first
+        self._len = last - first + 1
+
+    @overload
+    def __getitem__(self, index: int) -> NativeContent: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[NativeContent]: ...
+    def __getitem__(self, index: int | slice) -> NativeContent | Sequence[NativeContent]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._len)
+            return tuple(self._window[self._first + i] for i in range(start, stop, step))
+        if index < 0:
+            index += self._len
+        if not 0 <= index < self._len:
+            raise IndexError(f"index {index} is outside an EffectRange of {self._len} items")
+        return self._window[self._first + index]
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[NativeContent]:
+        window, first = self._window, self._first
+        return (window[first + i] for i in range(self._len))
+
+    def __repr__(self) -> str:
+        return f"<EffectRange view of {self._len} items>"
 
 
 def _call(entry: _Entry, phase: str, fn: Callable[..., _T], *args: object) -> _T:

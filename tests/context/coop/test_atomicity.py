@@ -310,3 +310,27 @@ def test_reentrant_render_or_register_from_a_callback_is_a_state_error(
     area.render = lambda: []  # type: ignore[method-assign]
     assert coop.render() is context
     assert area.flow_state is AreaFlowState.yielded
+
+
+def test_failed_render_restores_the_cursor_repaired_by_its_collection(
+    gateway_type: GatewayType,
+) -> None:
+    """Collection removed an area before the cursor, then the cursor area failed."""
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    quiet = ScriptedArea("quiet", retire_on_render=True)  # renders nothing, retires
+    busy = ScriptedArea("busy", script=[[user("b")]] * 3, flow=AreaFlowState.exclusive)
+    coop.register(quiet)
+    coop.register(busy)
+    coop.render()
+    assert coop.cursor is busy
+    before = state(coop)
+    busy.fail_in = "render"
+    with pytest.raises(AreaCallbackError):
+        coop.render()
+    assert state(coop) == before
+    assert coop.cursor is busy
+    busy.fail_in = None
+    coop.render()
+    assert coop.areas == (busy,)
+    assert coop.cursor is busy

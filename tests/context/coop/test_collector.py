@@ -13,6 +13,7 @@ from turnloom.context import (
     CoopContext,
     EffectRange,
     GatewayType,
+    Message,
     plan_collection,
 )
 from turnloom.errors import InputError
@@ -114,7 +115,7 @@ def nested(kind: GatewayType, log: Log) -> tuple[Context, CoopContext, ScriptedA
 def test_retained_overlapping_area_blocks_a_retired_nested_one(gateway_type: GatewayType) -> None:
     log: Log = []
     context, coop, outer, inner = nested(gateway_type, log)
-    assert coop.areas == (outer, inner)
+    assert list(coop.areas) == [outer, inner]
     assert items(context) == native(
         gateway_type, user("o1"), user("i1"), assistant("model"), user("o2")
     )
@@ -247,7 +248,7 @@ def test_retired_areas_that_never_rendered_are_removed_at_the_next_safe_point(
     coop.register(stay)
     coop.register(silent)
     coop.render()
-    assert coop.areas == (stay, silent)
+    assert list(coop.areas) == [stay, silent]
     assert coop.effect_range(silent) is None
     log.clear()
     before = items(context)
@@ -287,3 +288,30 @@ def test_retirement_is_irreversible_for_the_coop_context(gateway_type: GatewayTy
     coop.render()
     assert coop.is_retired(a)
     assert a.renders == 1
+
+
+class _Fickle(ScriptedArea):
+    """Tries to un-retire and grab the cursor from its GC callbacks (outside the contract)."""
+
+    def promote(self) -> tuple[Message, ...]:
+        self.life = AreaLifeState.retain
+        self.flow = AreaFlowState.exclusive
+        return super().promote()
+
+    def gc_prologue(self) -> None:
+        self.life = AreaLifeState.retain
+        super().gc_prologue()
+
+
+def test_state_changes_inside_promote_or_gc_prologue_cannot_cancel_collection(
+    gateway_type: GatewayType,
+) -> None:
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    fickle = _Fickle("fickle", script=[[user("f1")]], retire_on_render=True)
+    coop.register(fickle)
+    coop.render()
+    coop.render()
+    assert coop.areas == ()
+    assert len(context) == 0
+    assert fickle.log == [("fickle", "render"), ("fickle", "promote"), ("fickle", "gc_prologue")]

@@ -119,6 +119,12 @@ def test_observe_gets_a_read_only_snapshot_of_exactly_its_range(
     assert list(last) == before[rng.earliest : rng.latest + 1]
     assert all(x is y for x, y in zip(last, before[rng.earliest : rng.latest + 1], strict=True))
     assert not hasattr(last, "append")
+    assert len(last) == rng.latest - rng.earliest + 1
+    assert last[-1] is before[rng.latest]
+    assert list(last[1:]) == before[rng.earliest + 1 : rng.latest + 1]
+    assert list(last[::-1]) == before[rng.earliest : rng.latest + 1][::-1]
+    with pytest.raises(IndexError):
+        last[len(last)]
     with pytest.raises(TypeError):
         last[0] = {}  # type: ignore[index]
 
