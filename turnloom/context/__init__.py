@@ -28,6 +28,7 @@ __all__ = (
     "decode_message",
     "encode_message",
     "get_gateway",
+    "hold_until_answered",
     "message_size",
     "open_call_ids",
 )
@@ -54,6 +55,7 @@ from turnloom.context.pairing import (
     CANCELLED_RESULT_TEXT,
     OpenCallPolicy,
     complete_pairs,
+    hold_until_answered,
     open_call_ids,
 )
 

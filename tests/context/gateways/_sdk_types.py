@@ -29,7 +29,7 @@ def _hints(cls: type) -> tuple[dict[str, Any], frozenset[str], dict[str, str]]:
         base = hint
         is_required: bool | None = None
         while True:
-            origin = typing_extensions.get_origin(base)
+            origin: Any = typing_extensions.get_origin(base)
             if origin in (typing_extensions.Required, typing.Required):
                 is_required = True
                 base = typing_extensions.get_args(base)[0]
@@ -56,7 +56,7 @@ def type_errors(value: Any, hint: Any, path: str = "$") -> list[str]:
     """Every place where ``value`` does not match ``hint`` (empty when it matches)."""
     if hint is Any or hint is object:
         return []
-    origin = typing_extensions.get_origin(hint)
+    origin: Any = typing_extensions.get_origin(hint)
     args = typing_extensions.get_args(hint)
     if origin is typing.Union or origin is types.UnionType:
         best: list[str] | None = None
@@ -104,17 +104,17 @@ def type_errors(value: Any, hint: Any, path: str = "$") -> list[str]:
         if not isinstance(value, dict):
             return [f"{path}: expected an object ({hint.__name__})"]
         hints, required, aliases = _hints(hint)
-        errors: list[str] = []
+        found: list[str] = []
         for key, sub in value.items():
             name = aliases.get(key, key)
             if name not in hints:
-                errors.append(f"{path}: {hint.__name__} has no key {key!r}")
+                found.append(f"{path}: {hint.__name__} has no key {key!r}")
                 continue
-            errors.extend(type_errors(sub, hints[name], f"{path}.{key}"))
+            found.extend(type_errors(sub, hints[name], f"{path}.{key}"))
         for key in required:
             if key not in value and not any(aliases.get(a) == key for a in value):
-                errors.append(f"{path}: {hint.__name__} requires key {key!r}")
-        return errors
+                found.append(f"{path}: {hint.__name__} requires key {key!r}")
+        return found
     if isinstance(hint, type):
         return [] if isinstance(value, hint) else [f"{path}: expected {hint.__name__}"]
     return []

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import json
 import threading
-from functools import cache
 from collections.abc import Iterator
+from functools import cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,10 @@ from turnloom.context import (
     get_gateway,
 )
 
-_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+_PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5E"
+    "rkJggg=="
+)
 
 
 def _reasoning(provider: str) -> ReasoningPart:

@@ -115,7 +115,11 @@ class OpenAIChatGateway:
                         block.update(part.extras)
                     out.append(block)
             elif type(part) is ImagePart:
-                url = part.url if part.url is not None else f"data:{part.media_type};base64,{part.data}"
+                url = (
+                    part.url
+                    if part.url is not None
+                    else f"data:{part.media_type};base64,{part.data}"
+                )
                 image: dict[str, Any] = {"url": url}
                 if part.detail is not None:
                     image["detail"] = part.detail
@@ -140,7 +144,9 @@ class OpenAIChatGateway:
         for part in message.parts:
             if type(part) is TextPart:
                 if not _blank(part.text):
-                    blocks.append({"type": "text", "text": part.text, **((own and part.extras) or {})})
+                    blocks.append(
+                        {"type": "text", "text": part.text, **((own and part.extras) or {})}
+                    )
             elif type(part) is OpaquePart and part.gateway == _GATEWAY:
                 blocks.append(part.item)
             elif type(part) is OpaquePart or type(part) is ReasoningPart:
@@ -196,7 +202,11 @@ class OpenAIChatGateway:
                         result.call_id,
                     )
             content: str | list[Any]
-            if len(texts) == 1 and not (own and texts[0].extras) and layout.get("content") != "list":
+            if (
+                len(texts) == 1
+                and not (own and texts[0].extras)
+                and layout.get("content") != "list"
+            ):
                 content = texts[0].text
             elif not texts:
                 content = ""
@@ -204,7 +214,11 @@ class OpenAIChatGateway:
                 content = [
                     {"type": "text", "text": p.text, **((own and p.extras) or {})} for p in texts
                 ]
-            item: NativeContent = {"role": "tool", "tool_call_id": result.call_id, "content": content}
+            item: NativeContent = {
+                "role": "tool",
+                "tool_call_id": result.call_id,
+                "content": content,
+            }
             if own and result.extras:
                 item.update(result.extras)
             items.append(item)
@@ -353,7 +367,11 @@ class OpenAIChatGateway:
             role = item.get("role") if isinstance(item, dict) else None
             if role not in _ROLES:
                 violations.append(
-                    Violation(index=index, rule="unknown_role", message=f"Item {index} has unknown role {role!r}.")
+                    Violation(
+                        index=index,
+                        rule="unknown_role",
+                        message=f"Item {index} has unknown role {role!r}.",
+                    )
                 )
                 continue
             if role == "tool":
@@ -393,8 +411,10 @@ class OpenAIChatGateway:
                 )
             elif isinstance(content, list):
                 for j, block in enumerate(content):
-                    if isinstance(block, dict) and block.get("type") == "text" and _blank(
-                        str(block.get("text", ""))
+                    if (
+                        isinstance(block, dict)
+                        and block.get("type") == "text"
+                        and _blank(str(block.get("text", "")))
                     ):
                         violations.append(
                             Violation(
