@@ -234,7 +234,8 @@ class AnthropicGateway:
 
         A response body (``{"type": "message", "role": "assistant", "content":
         [...]}``) parses like a request message; its ``id`` becomes
-        ``Message.id``. A user item holding only ``tool_result`` blocks parses
+        ``Message.id`` and its other fields (``model``, ``stop_reason``,
+        ``usage``) are not kept. A user item holding only ``tool_result`` blocks parses
         to a ``tool`` message.
 
         Raises:
@@ -249,12 +250,15 @@ class AnthropicGateway:
             )
         extras: dict[str, Any] = {}
         message_id = None
+        is_response = item.get("type") == "message"
         for key, value in item.items():
             if key in ("role", "content"):
                 continue
             if key == "id" and role_name == "assistant" and isinstance(value, str):
                 message_id = value
-            else:
+            elif not is_response:
+                # A response body's own fields (model, stop_reason, usage) are
+                # not message fields; only a request item's extras are kept.
                 extras[key] = value
         content = item.get("content")
         hints: dict[str, Any] = {}
@@ -541,7 +545,7 @@ class AnthropicGateway:
                     f"tool_use {call_id!r} of item {at} has no tool_result (the input ends).",
                 )
             )
-        return out
+        return sorted(out, key=lambda v: v.index)
 
     def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
         """``{"system": ..., "messages": [...]}`` for ``items``.

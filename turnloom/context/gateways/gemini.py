@@ -484,7 +484,7 @@ class GeminiGateway:
                     f"The function calls of content {calls_at} have no function-response turn.",
                 )
             )
-        return out
+        return sorted(out, key=lambda v: v.index)
 
     def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
         """``{"systemInstruction": ..., "contents": [...]}`` for ``items``.

@@ -443,7 +443,7 @@ class OpenAIChatGateway:
                     message=f"Call {call_id!r} of assistant message {at} has no tool message.",
                 )
             )
-        return violations
+        return sorted(violations, key=lambda v: v.index)
 
     def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
         """``{"messages": [...]}``, the items unchanged."""

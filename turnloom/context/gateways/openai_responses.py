@@ -633,7 +633,7 @@ class OpenAIResponsesGateway:
                 else:
                     open_calls[call_id] = index
         close(len(items))
-        return out
+        return sorted(out, key=lambda v: v.index)
 
     def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
         """``{"instructions": ..., "input": [...]}`` for ``items``.
