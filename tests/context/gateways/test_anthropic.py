@@ -149,7 +149,7 @@ def test_string_system_round_trips_as_string() -> None:
 
 def test_request_body_merges_turns_and_renames_reused_ids() -> None:
     """Split result turns merge; a tool_use id reused later is renamed with its result."""
-    items = [
+    items: list[dict[str, Any]] = [
         {"role": "user", "content": [{"type": "text", "text": "go"}]},
         {
             "role": "assistant",

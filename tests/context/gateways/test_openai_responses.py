@@ -56,7 +56,7 @@ def test_reasoning_without_an_item_that_may_follow_it_is_left_out() -> None:
 
 def test_output_message_keeps_its_reasoning() -> None:
     """An output message parsed with its id is re-emitted in output form after its reasoning."""
-    items = [
+    items: list[dict[str, Any]] = [
         {
             "type": "reasoning",
             "id": "rs_1",
@@ -231,3 +231,17 @@ def test_continued_response_may_start_with_outputs() -> None:
     items = [_out("a"), _USER]
     assert [v.rule for v in gw.validate(items)] == ["tool_result_without_call"]
     assert gw.validate(items, continues_response=True) == []  # type: ignore[call-arg]
+
+
+def test_reasoning_of_other_providers_is_dropped() -> None:
+    """Anthropic or Gemini reasoning cannot be verified by OpenAI and is left out."""
+    message = Message(
+        role=Role.assistant,
+        content=(
+            ReasoningPart(text="t", signature="s", gateway="anthropic"),
+            ToolCallPart(call_id="c1", name="f"),
+        ),
+    )
+    assert gw.render(message) == [
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    ]
