@@ -36,6 +36,7 @@ __all__ = (
     "decode_message",
     "encode_message",
     "get_gateway",
+    "hold_until_answered",
     "message_size",
     "open_call_ids",
     "plan_collection",
@@ -76,6 +77,7 @@ from turnloom.context.pairing import (
     CANCELLED_RESULT_TEXT,
     OpenCallPolicy,
     complete_pairs,
+    hold_until_answered,
     open_call_ids,
 )
 

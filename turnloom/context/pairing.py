@@ -15,7 +15,13 @@ with its own call.
 
 from __future__ import annotations
 
-__all__ = ("CANCELLED_RESULT_TEXT", "OpenCallPolicy", "complete_pairs", "open_call_ids")
+__all__ = (
+    "CANCELLED_RESULT_TEXT",
+    "OpenCallPolicy",
+    "complete_pairs",
+    "hold_until_answered",
+    "open_call_ids",
+)
 
 from collections.abc import Iterable, Sequence
 from typing import Literal, TypeAlias
@@ -67,6 +73,53 @@ def open_call_ids(messages: Sequence[Message]) -> tuple[str, ...]:
     return tuple(pending)
 
 
+def hold_until_answered(messages: Sequence[Message]) -> list[Message]:
+    """Move messages that arrived while calls were open to after those calls' results.
+
+    A notice (a ``system``/``developer`` message) or user text appended while
+    the calls of the latest assistant message are still open would otherwise
+    sit between a call and its result, which no provider accepts and which
+    :func:`complete_pairs` would resolve by giving up the call. Such messages
+    are held and re-inserted, in their order, right after the result that
+    answers the group's last open call; if the group is never answered, they
+    are released before the next assistant message (or at the end), where
+    :func:`complete_pairs` then excludes or cancels the open calls.
+
+    Messages that need no move are returned as the same objects.
+
+    Args:
+        messages: neutral messages, oldest first.
+
+    Returns:
+        a new list with the same messages, oldest first.
+
+    Source: issue 4, small input 3 (a notice injected while a call is open
+    goes after its result).
+    """
+    out: list[Message] = []
+    held: list[Message] = []
+    pending: set[str] = set()
+    for message in messages:
+        role = message.role
+        if role is Role.tool or (role is Role.user and message.tool_results):
+            out.append(message)
+            pending.difference_update(r.call_id for r in message.tool_results)
+            if not pending:
+                out.extend(held)
+                held.clear()
+        elif role is Role.assistant:
+            out.extend(held)
+            held.clear()
+            out.append(message)
+            pending = {c.call_id for c in message.tool_calls}
+        elif pending:
+            held.append(message)
+        else:
+            out.append(message)
+    out.extend(held)
+    return out
+
+
 def complete_pairs(
     messages: Sequence[Message], *, open_calls: OpenCallPolicy = "exclude"
 ) -> list[Message]:
@@ -108,9 +161,7 @@ def complete_pairs(
             else:
                 owner = out[group_at]
                 kept = tuple(
-                    p
-                    for p in owner.parts
-                    if not (type(p) is ToolCallPart and p.call_id in pending)
+                    p for p in owner.parts if not (type(p) is ToolCallPart and p.call_id in pending)
                 )
                 if kept:
                     out[group_at] = msgspec.structs.replace(owner, content=kept)

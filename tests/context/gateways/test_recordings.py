@@ -150,7 +150,11 @@ def _instruction_text(provider: str, value: Any) -> str:
 
 @pytest.mark.parametrize(
     ("provider", "field"),
-    [("anthropic", "system"), ("openai_responses", "instructions"), ("gemini", "systemInstruction")],
+    [
+        ("anthropic", "system"),
+        ("openai_responses", "instructions"),
+        ("gemini", "systemInstruction"),
+    ],
 )
 def test_parse_request_puts_instructions_first_as_system(
     recordings_dir: Path, provider: str, field: str
@@ -165,4 +169,6 @@ def test_parse_request_puts_instructions_first_as_system(
         assert messages[0].role is Role.system
         assert messages[0].text == _instruction_text(provider, body[field])
         inline = [m for m in messages[1:] if m.role is Role.system]
-        assert len(inline) == sum(1 for i in body[ITEM_FIELD[provider]] if i.get("role") == "system")
+        assert len(inline) == sum(
+            1 for i in body[ITEM_FIELD[provider]] if i.get("role") == "system"
+        )

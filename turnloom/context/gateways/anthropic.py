@@ -210,11 +210,7 @@ class AnthropicGateway:
     def _result_block(
         self, result: ToolResultPart, layout: dict[str, Any], own: bool
     ) -> dict[str, Any]:
-        inner: list[Any] = []
-        for part in result.content:
-            block = self._content_block(part, own)
-            if block is not None:
-                inner.append(block)
+        inner = [b for p in result.content if (b := self._content_block(p, own)) is not None]
         content: str | list[Any] = inner
         if result.call_id in layout.get("string_results", ()) and all(
             type(p) is TextPart for p in result.content
@@ -238,7 +234,8 @@ class AnthropicGateway:
 
         A response body (``{"type": "message", "role": "assistant", "content":
         [...]}``) parses like a request message; its ``id`` becomes
-        ``Message.id``. A user item holding only ``tool_result`` blocks parses
+        ``Message.id`` and its other fields (``model``, ``stop_reason``,
+        ``usage``) are not kept. A user item holding only ``tool_result`` blocks parses
         to a ``tool`` message.
 
         Raises:
@@ -253,12 +250,15 @@ class AnthropicGateway:
             )
         extras: dict[str, Any] = {}
         message_id = None
+        is_response = item.get("type") == "message"
         for key, value in item.items():
             if key in ("role", "content"):
                 continue
             if key == "id" and role_name == "assistant" and isinstance(value, str):
                 message_id = value
-            else:
+            elif not is_response:
+                # A response body's own fields (model, stop_reason, usage) are
+                # not message fields; only a request item's extras are kept.
                 extras[key] = value
         content = item.get("content")
         hints: dict[str, Any] = {}
@@ -316,9 +316,7 @@ class AnthropicGateway:
             if not isinstance(call_id, str) or not call_id:
                 raise InvalidMessageError(f"Anthropic {field} has no id.", field=f"{field}.id")
             if not isinstance(name, str) or not name:
-                raise InvalidMessageError(
-                    f"Anthropic {field} has no name.", field=f"{field}.name"
-                )
+                raise InvalidMessageError(f"Anthropic {field} has no name.", field=f"{field}.name")
             extras = {k: v for k, v in rest.items() if k not in ("id", "name", "input")}
             return ToolCallPart(
                 call_id=call_id,
@@ -443,14 +441,20 @@ class AnthropicGateway:
         for index, item in enumerate(items):
             role = item.get("role") if isinstance(item, dict) else None
             if role not in _ROLES:
-                out.append(violation(index, "unknown_role", f"Item {index} has unknown role {role!r}."))
+                out.append(
+                    violation(index, "unknown_role", f"Item {index} has unknown role {role!r}.")
+                )
                 continue
             content = item.get("content")
             blocks: list[Any]
             if isinstance(content, str):
                 if blank(content):
                     out.append(
-                        violation(index, "empty_text", f"Item {index} has empty or whitespace-only content.")
+                        violation(
+                            index,
+                            "empty_text",
+                            f"Item {index} has empty or whitespace-only content.",
+                        )
                     )
                 blocks = []
             elif isinstance(content, list) and content:
@@ -515,7 +519,11 @@ class AnthropicGateway:
                         call_id = block.get("id")
                         if not isinstance(call_id, str) or not call_id:
                             out.append(
-                                violation(index, "missing_call_id", f"Item {index} has a tool_use without an id.")
+                                violation(
+                                    index,
+                                    "missing_call_id",
+                                    f"Item {index} has a tool_use without an id.",
+                                )
                             )
                             continue
                         if call_id in seen_ids:
@@ -537,7 +545,7 @@ class AnthropicGateway:
                     f"tool_use {call_id!r} of item {at} has no tool_result (the input ends).",
                 )
             )
-        return out
+        return sorted(out, key=lambda v: v.index)
 
     def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
         """``{"system": ..., "messages": [...]}`` for ``items``.
@@ -590,7 +598,11 @@ def _check_result_texts(block: dict[str, Any], index: int, j: int, out: list[Vio
     inner = block.get("content")
     if isinstance(inner, list):
         for k, sub in enumerate(inner):
-            if isinstance(sub, dict) and sub.get("type") == "text" and blank(str(sub.get("text", ""))):
+            if (
+                isinstance(sub, dict)
+                and sub.get("type") == "text"
+                and blank(str(sub.get("text", "")))
+            ):
                 out.append(
                     violation(
                         index,

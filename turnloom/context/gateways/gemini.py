@@ -232,11 +232,9 @@ class GeminiGateway:
         }
         if result.call_id in layout.get("no_id", ()):
             del inner["id"]
-        media = [
-            _image_block(p, snake)
-            for p in result.content
-            if type(p) is ImagePart
-        ] + [p.item for p in result.content if type(p) is OpaquePart and p.gateway == _GATEWAY]
+        media = [_image_block(p, snake) for p in result.content if type(p) is ImagePart] + [
+            p.item for p in result.content if type(p) is OpaquePart and p.gateway == _GATEWAY
+        ]
         if media:
             inner["parts"] = media
         if own and result.extras:
@@ -259,7 +257,9 @@ class GeminiGateway:
         item = require_object(item, "Gemini", "content")
         role_name = item.get("role", "user")
         if role_name not in ("user", "model", "system"):
-            raise InvalidMessageError(f"Gemini content has unknown role {role_name!r}.", field="role")
+            raise InvalidMessageError(
+                f"Gemini content has unknown role {role_name!r}.", field="role"
+            )
         raw = item.get("parts")
         if not isinstance(raw, list):
             raise InvalidMessageError("Gemini content has no parts list.", field="parts")
@@ -281,7 +281,12 @@ class GeminiGateway:
         keep_blank = any(type(p) is TextPart and blank(p.text) for p in parts)
         layout = make_layout(
             _GATEWAY,
-            {"snake": snake, "json_results": json_results, "no_id": no_id, "keep_blank": keep_blank},
+            {
+                "snake": snake,
+                "json_results": json_results,
+                "no_id": no_id,
+                "keep_blank": keep_blank,
+            },
         )
         if layout is None and (extras or any(getattr(p, "extras", None) for p in parts)):
             layout = {"gateway": _GATEWAY}
@@ -325,7 +330,9 @@ class GeminiGateway:
             extras = {k: v for k, v in response.items() if k not in ("id", "name", "response")}
             if isinstance(value, dict) and len(value) == 1 and isinstance(value.get("output"), str):
                 text, is_error = value["output"], False
-            elif isinstance(value, dict) and len(value) == 1 and isinstance(value.get("error"), str):
+            elif (
+                isinstance(value, dict) and len(value) == 1 and isinstance(value.get("error"), str)
+            ):
                 text, is_error = value["error"], True
             else:
                 text = json.dumps(value, ensure_ascii=False)
@@ -409,7 +416,9 @@ class GeminiGateway:
             if role == "system":
                 continue
             if role not in ("user", "model"):
-                out.append(violation(index, "unknown_role", f"Item {index} has unknown role {role!r}."))
+                out.append(
+                    violation(index, "unknown_role", f"Item {index} has unknown role {role!r}.")
+                )
                 calls, calls_at = [], -1
                 continue
             parts = item.get("parts")
@@ -438,7 +447,8 @@ class GeminiGateway:
                             violation(
                                 index,
                                 "missing_name",
-                                f"Content {index} parts[{j}] is a function response without a name.",
+                                f"Content {index} parts[{j}] is a function response "
+                                "without a name.",
                             )
                         )
                     responses.append((j, fr.get("id"), name))
@@ -474,7 +484,7 @@ class GeminiGateway:
                     f"The function calls of content {calls_at} have no function-response turn.",
                 )
             )
-        return out
+        return sorted(out, key=lambda v: v.index)
 
     def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
         """``{"systemInstruction": ..., "contents": [...]}`` for ``items``.
@@ -620,7 +630,11 @@ def _parse_image(block: dict[str, Any], snake: bool) -> ImagePart | None:
     inline = block.get(_k("inlineData", snake))
     if isinstance(inline, dict) and inline.keys() == {mime, "data"}:
         media = inline[mime]
-        if isinstance(media, str) and media.startswith("image/") and isinstance(inline["data"], str):
+        if (
+            isinstance(media, str)
+            and media.startswith("image/")
+            and isinstance(inline["data"], str)
+        ):
             return ImagePart(data=inline["data"], media_type=media)
     file = block.get(_k("fileData", snake))
     uri = _k("fileUri", snake)

@@ -87,7 +87,7 @@ class OpenAIChatGateway:
                     items.append({"role": "user", "content": content})
             return items
         if role is Role.assistant:
-            return [self._render_assistant(message, layout, own)]
+            return self._render_assistant(message, layout, own)
         content = self._render_content(message.parts, role, layout, own)
         if content is None:
             return []
@@ -115,7 +115,11 @@ class OpenAIChatGateway:
                         block.update(part.extras)
                     out.append(block)
             elif type(part) is ImagePart:
-                url = part.url if part.url is not None else f"data:{part.media_type};base64,{part.data}"
+                url = (
+                    part.url
+                    if part.url is not None
+                    else f"data:{part.media_type};base64,{part.data}"
+                )
                 image: dict[str, Any] = {"url": url}
                 if part.detail is not None:
                     image["detail"] = part.detail
@@ -135,23 +139,36 @@ class OpenAIChatGateway:
 
     def _render_assistant(
         self, message: Message, layout: dict[str, Any], own: bool
-    ) -> NativeContent:
-        texts = [p for p in message.parts if type(p) is TextPart and not _blank(p.text)]
+    ) -> list[NativeContent]:
+        blocks: list[Any] = []
         for part in message.parts:
-            if type(part) is OpaquePart and part.gateway != _GATEWAY:
+            if type(part) is TextPart:
+                if not _blank(part.text):
+                    blocks.append(
+                        {"type": "text", "text": part.text, **((own and part.extras) or {})}
+                    )
+            elif type(part) is OpaquePart and part.gateway == _GATEWAY:
+                blocks.append(part.item)
+            elif type(part) is OpaquePart or type(part) is ReasoningPart:
                 drop_foreign(part, _GATEWAY, _log)
-            elif type(part) is ReasoningPart:
-                drop_foreign(part, _GATEWAY, _log)
+            elif type(part) is ImagePart:
+                _log.warning(
+                    "Dropped an image from an assistant message: OpenAI Chat assistant "
+                    "messages carry text only."
+                )
         calls = message.tool_calls
-        content: str | list[Any] | None
-        if len(texts) == 1 and not (own and texts[0].extras) and layout.get("content") != "list":
-            content = texts[0].text
-        elif texts:
-            content = [
-                {"type": "text", "text": p.text, **((own and p.extras) or {})} for p in texts
-            ]
-        else:
-            content = None
+        if not blocks and not calls and not (own and message.extras):
+            # Nothing to say (an interrupted or reasoning-only reply): no item,
+            # since an assistant message needs content or tool calls.
+            return []
+        content: str | list[Any] | None = blocks or None
+        if (
+            len(blocks) == 1
+            and blocks[0].keys() == {"type", "text"}
+            and blocks[0]["type"] == "text"
+            and layout.get("content") != "list"
+        ):
+            content = blocks[0]["text"]
         item: NativeContent = {"role": "assistant"}
         if not (content is None and layout.get("content") == "absent"):
             item["content"] = content
@@ -167,7 +184,7 @@ class OpenAIChatGateway:
             ]
         if own and message.extras:
             item.update(message.extras)
-        return item
+        return [item]
 
     def _render_results(
         self, message: Message, layout: dict[str, Any], own: bool
@@ -185,7 +202,11 @@ class OpenAIChatGateway:
                         result.call_id,
                     )
             content: str | list[Any]
-            if len(texts) == 1 and not (own and texts[0].extras) and layout.get("content") != "list":
+            if (
+                len(texts) == 1
+                and not (own and texts[0].extras)
+                and layout.get("content") != "list"
+            ):
                 content = texts[0].text
             elif not texts:
                 content = ""
@@ -193,7 +214,11 @@ class OpenAIChatGateway:
                 content = [
                     {"type": "text", "text": p.text, **((own and p.extras) or {})} for p in texts
                 ]
-            item: NativeContent = {"role": "tool", "tool_call_id": result.call_id, "content": content}
+            item: NativeContent = {
+                "role": "tool",
+                "tool_call_id": result.call_id,
+                "content": content,
+            }
             if own and result.extras:
                 item.update(result.extras)
             items.append(item)
@@ -342,7 +367,11 @@ class OpenAIChatGateway:
             role = item.get("role") if isinstance(item, dict) else None
             if role not in _ROLES:
                 violations.append(
-                    Violation(index=index, rule="unknown_role", message=f"Item {index} has unknown role {role!r}.")
+                    Violation(
+                        index=index,
+                        rule="unknown_role",
+                        message=f"Item {index} has unknown role {role!r}.",
+                    )
                 )
                 continue
             if role == "tool":
@@ -382,8 +411,10 @@ class OpenAIChatGateway:
                 )
             elif isinstance(content, list):
                 for j, block in enumerate(content):
-                    if isinstance(block, dict) and block.get("type") == "text" and _blank(
-                        str(block.get("text", ""))
+                    if (
+                        isinstance(block, dict)
+                        and block.get("type") == "text"
+                        and _blank(str(block.get("text", "")))
                     ):
                         violations.append(
                             Violation(
@@ -412,7 +443,7 @@ class OpenAIChatGateway:
                     message=f"Call {call_id!r} of assistant message {at} has no tool message.",
                 )
             )
-        return violations
+        return sorted(violations, key=lambda v: v.index)
 
     def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
         """``{"messages": [...]}``, the items unchanged."""

@@ -302,7 +302,9 @@ class OpenAIResponsesGateway:
                 continue
             text_content: str | list[Any] = part.text
             if layout.get("content") == "list" or (own and part.extras):
-                text_content = [{"type": "output_text", "text": part.text, **((own and part.extras) or {})}]
+                text_content = [
+                    {"type": "output_text", "text": part.text, **((own and part.extras) or {})}
+                ]
             item = {"role": "assistant", "content": text_content}
             if own and message.extras:
                 item.update(message.extras)
@@ -616,7 +618,9 @@ class OpenAIResponsesGateway:
                 call_id = item.get("call_id")
                 if not isinstance(call_id, str) or not call_id:
                     out.append(
-                        violation(index, "missing_call_id", f"function_call {index} has no call_id.")
+                        violation(
+                            index, "missing_call_id", f"function_call {index} has no call_id."
+                        )
                     )
                 elif call_id in open_calls:
                     out.append(
@@ -629,7 +633,7 @@ class OpenAIResponsesGateway:
                 else:
                     open_calls[call_id] = index
         close(len(items))
-        return out
+        return sorted(out, key=lambda v: v.index)
 
     def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
         """``{"instructions": ..., "input": [...]}`` for ``items``.
