@@ -63,7 +63,7 @@ class _Part(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Base of the part union; not a public type."""
 
 
-class TextPart(_Part, tag="text"):
+class TextPart(_Part, frozen=True, tag="text"):
     """Plain text.
 
     Attributes:
@@ -77,7 +77,7 @@ class TextPart(_Part, tag="text"):
     extras: dict[str, Any] | None = None
 
 
-class ImagePart(_Part, tag="image"):
+class ImagePart(_Part, frozen=True, tag="image"):
     """An image, by ``url`` or by base64 ``data`` with its ``media_type``.
 
     Exactly one of ``url`` and ``data`` is set. ``detail`` is OpenAI's
@@ -91,7 +91,7 @@ class ImagePart(_Part, tag="image"):
     extras: dict[str, Any] | None = None
 
 
-class ToolCallPart(_Part, tag="tool_call"):
+class ToolCallPart(_Part, frozen=True, tag="tool_call"):
     """A tool call made by the model.
 
     Attributes:
@@ -111,7 +111,7 @@ class ToolCallPart(_Part, tag="tool_call"):
 ResultContent: TypeAlias = "TextPart | ImagePart | OpaquePart"
 
 
-class ToolResultPart(_Part, tag="tool_result"):
+class ToolResultPart(_Part, frozen=True, tag="tool_result"):
     """The result of one tool call.
 
     Attributes:
@@ -129,7 +129,7 @@ class ToolResultPart(_Part, tag="tool_result"):
     extras: dict[str, Any] | None = None
 
 
-class ReasoningPart(_Part, tag="reasoning"):
+class ReasoningPart(_Part, frozen=True, tag="reasoning"):
     """Model reasoning, replayed verbatim to the provider that produced it.
 
     Attributes:
@@ -152,7 +152,7 @@ class ReasoningPart(_Part, tag="reasoning"):
     extras: dict[str, Any] | None = None
 
 
-class OpaquePart(_Part, tag="opaque"):
+class OpaquePart(_Part, frozen=True, tag="opaque"):
     """One provider-native item or block the neutral model does not represent.
 
     Server-side tool blocks, documents, audio, MCP or compaction items are
