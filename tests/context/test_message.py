@@ -115,6 +115,11 @@ def test_check_message_returns_the_encoded_size() -> None:
             "content[0].gateway",
         ),
         (
+            Message(role=Role.user, content="x", layout={"content": "list"}),
+            InvalidMessageError,
+            "layout",
+        ),
+        (
             Message(role=Role.user, content="\udcff"),
             InvalidTextError,
             "content",
