@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.context.gateways._support import ITEM_FIELD, PROVIDERS
@@ -17,17 +19,17 @@ def test_context_request_body_places_instructions_and_validates(provider: str) -
     appended = sum(context.emplace_message(m) for m in messages)
     gateway = get_gateway(provider)
     assert appended == len(context)
-    body = context.request_body()
+    body: Any = context.request_body()
     assert body == gateway.request_body(list(context.snapshot()))
     assert gateway.validate(body[ITEM_FIELD[provider]]) == []
     text = "You are a travel agent."
-    expected = {
+    expected: dict[str, dict[str, Any]] = {
         "openai_chat": {"messages": {"role": "system", "content": text}},
         "openai_responses": {"input": {"role": "system", "content": text}},
         "anthropic": {"system": [{"type": "text", "text": text}]},
         "gemini": {"systemInstruction": {"role": "user", "parts": [{"text": text}]}},
-    }[provider]
-    ((field, value),) = expected.items()
+    }
+    ((field, value),) = expected[provider].items()
     if field == ITEM_FIELD[provider] and provider.startswith("openai"):
         assert body[field][0] == value
     else:
