@@ -110,6 +110,11 @@ def test_check_message_returns_the_encoded_size() -> None:
             "content[0].content[0]",
         ),
         (
+            Message(role=Role.user, content=(ImagePart(data="AAAA"),)),
+            InvalidMessageError,
+            "content[0].media_type",
+        ),
+        (
             Message(role=Role.user, content=(OpaquePart(gateway="", item={}),)),
             InvalidMessageError,
             "content[0].gateway",

@@ -350,6 +350,11 @@ def _check_image(part: ImagePart, where: str, field: str) -> None:
         raise InvalidMessageError(
             f"{where} {field} must set exactly one of url and data.", field=field
         )
+    if part.data is not None and not part.media_type:
+        raise InvalidMessageError(
+            f"{where} {field} gives base64 data without its media_type.",
+            field=f"{field}.media_type",
+        )
 
 
 def decode_message(data: bytes | str | dict[str, Any], *, where: str = "message") -> Message:

@@ -34,7 +34,8 @@ parts are joined into one ``output`` string; a ``response`` object other
 than ``{"output": str}`` / ``{"error": str}`` is carried as its JSON text;
 a result's multimodal ``parts`` parse into ``ToolResultPart.extras``
 verbatim (not into image parts); an image's ``detail`` is not carried, and
-an image URL without a media type is sent with ``image/*``; tool call
+an image URL without a media type gets the type its file name suggests
+(``image/*`` when it suggests none); tool call
 arguments travel as an object (re-encoded as compact JSON, and arguments
 that are not a JSON object raise :class:`~turnloom.errors.ProviderRuleError`);
 media that is not an image (audio, video, PDF) is kept only as an opaque
@@ -57,6 +58,7 @@ __all__ = ("GeminiGateway",)
 
 import json
 import logging
+import mimetypes
 from collections.abc import Sequence
 from typing import Any
 
@@ -618,9 +620,8 @@ def _image_block(part: ImagePart, snake: bool) -> dict[str, Any]:
     mime = _k("mimeType", snake)
     if part.data is not None:
         return {_k("inlineData", snake): {mime: part.media_type, "data": part.data}}
-    return {
-        _k("fileData", snake): {mime: part.media_type or "image/*", _k("fileUri", snake): part.url}
-    }
+    media = part.media_type or mimetypes.guess_type(part.url or "")[0] or "image/*"
+    return {_k("fileData", snake): {mime: media, _k("fileUri", snake): part.url}}
 
 
 def _parse_image(block: dict[str, Any], snake: bool) -> ImagePart | None:
