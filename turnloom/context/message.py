@@ -272,9 +272,7 @@ def check_message(message: object, *, where: str = "message") -> int:
         DuplicateIdError: two tool calls of the message share a call id.
     """
     if not isinstance(message, Message):
-        raise InvalidMessageError(
-            f"{where} is a {type(message).__name__}, not a turnloom Message."
-        )
+        raise InvalidMessageError(f"{where} is a {type(message).__name__}, not a turnloom Message.")
     try:
         role = Role(message.role)
     except ValueError:
@@ -306,9 +304,7 @@ def check_message(message: object, *, where: str = "message") -> int:
                     field=f"{field}.arguments",
                 )
             if part.call_id in seen:
-                raise DuplicateIdError(
-                    f"{where} has two tool calls with call id {part.call_id!r}."
-                )
+                raise DuplicateIdError(f"{where} has two tool calls with call id {part.call_id!r}.")
             seen.add(part.call_id)
         elif isinstance(part, ToolResultPart):
             _require_id(part.call_id, where, f"{field}.call_id")
