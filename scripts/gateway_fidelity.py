@@ -4,7 +4,7 @@ For each provider's recorded traffic: accepted requests reproduced exactly by
 parse_request -> render -> request_body, and accepted requests validate()
 passes. For the 150 tau-bench trajectories: how many pass validate() after
 rendering through each gateway, and the render + request_body time per
-message relative to OpenAI Chat.
+message (best of three runs after a warm-up) relative to OpenAI Chat.
 
 Usage: python scripts/gateway_fidelity.py [DATA_DIR]   (default ../shared/data)
 """
@@ -74,9 +74,12 @@ def tau_bench(data: Path) -> None:
     for provider in PROVIDERS:
         gateway = get_gateway(provider)
         valid = 0
-        start = time.perf_counter()
-        bodies = [_body(gateway, t) for t in trajectories]
-        elapsed = time.perf_counter() - start
+        bodies = [_body(gateway, t) for t in trajectories]  # warm-up run
+        elapsed = float("inf")
+        for _ in range(3):  # best of three
+            start = time.perf_counter()
+            bodies = [_body(gateway, t) for t in trajectories]
+            elapsed = min(elapsed, time.perf_counter() - start)
         for body in bodies:
             valid += not gateway.validate(body[ITEMS[provider]])
         base = base or elapsed
