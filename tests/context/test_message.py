@@ -110,9 +110,19 @@ def test_check_message_returns_the_encoded_size() -> None:
             "content[0].content[0]",
         ),
         (
+            Message(role=Role.user, content=(ImagePart(data="AAAA"),)),
+            InvalidMessageError,
+            "content[0].media_type",
+        ),
+        (
             Message(role=Role.user, content=(OpaquePart(gateway="", item={}),)),
             InvalidMessageError,
             "content[0].gateway",
+        ),
+        (
+            Message(role=Role.user, content="x", layout={"content": "list"}),
+            InvalidMessageError,
+            "layout",
         ),
         (
             Message(role=Role.user, content="\udcff"),

@@ -180,14 +180,18 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
         content: the parts, in order.
         id: the provider's message or item id, when it has one.
         extras: provider-native message fields the neutral model does not name,
-            re-emitted verbatim by the gateway that produced them.
+            re-emitted verbatim by the gateway that produced them. A gateway
+            emits the message's and its parts' extras only when ``layout`` is
+            None (a message built by hand) or names that gateway (a gateway
+            that parses a message with extras always records itself there).
         layout: how the producing gateway laid the message out natively, when
             that differs from the gateway's canonical form: a JSON object with
             ``"gateway"`` (its name) and gateway-specific hints (``"content":
             "string"`` for content sent as a string instead of a list, ...).
             Only the named gateway reads it, to re-emit exactly the recorded
-            form; it is never emitted as a native field, and it is ``None`` for
-            messages in canonical form (every message not parsed from native).
+            form; it is never emitted as a native field. It is ``None`` for a
+            message built by hand, and for a parsed message with no extras in
+            its gateway's canonical form.
     """
 
     role: Role
@@ -268,9 +272,7 @@ def check_message(message: object, *, where: str = "message") -> int:
         DuplicateIdError: two tool calls of the message share a call id.
     """
     if not isinstance(message, Message):
-        raise InvalidMessageError(
-            f"{where} is a {type(message).__name__}, not a turnloom Message."
-        )
+        raise InvalidMessageError(f"{where} is a {type(message).__name__}, not a turnloom Message.")
     try:
         role = Role(message.role)
     except ValueError:
@@ -281,6 +283,15 @@ def check_message(message: object, *, where: str = "message") -> int:
         msgspec.structs.force_setattr(message, "role", role)
     if message.id is not None and (not isinstance(message.id, str) or not message.id):
         raise InvalidMessageError(f"{where} has an empty id.", field="id")
+    layout = message.layout
+    if layout is not None and (
+        not isinstance(layout, dict)
+        or not isinstance(layout.get("gateway"), str)
+        or not layout["gateway"]
+    ):
+        raise InvalidMessageError(
+            f"{where} layout must be an object naming its gateway.", field="layout"
+        )
     seen: set[str] = set()
     for i, part in enumerate(message.parts):
         field = f"content[{i}]"
@@ -293,9 +304,7 @@ def check_message(message: object, *, where: str = "message") -> int:
                     field=f"{field}.arguments",
                 )
             if part.call_id in seen:
-                raise DuplicateIdError(
-                    f"{where} has two tool calls with call id {part.call_id!r}."
-                )
+                raise DuplicateIdError(f"{where} has two tool calls with call id {part.call_id!r}.")
             seen.add(part.call_id)
         elif isinstance(part, ToolResultPart):
             _require_id(part.call_id, where, f"{field}.call_id")
@@ -336,6 +345,11 @@ def _check_image(part: ImagePart, where: str, field: str) -> None:
     if (part.url is None) == (part.data is None):
         raise InvalidMessageError(
             f"{where} {field} must set exactly one of url and data.", field=field
+        )
+    if part.data is not None and not part.media_type:
+        raise InvalidMessageError(
+            f"{where} {field} gives base64 data without its media_type.",
+            field=f"{field}.media_type",
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from turnloom.context import (
     ImagePart,
     Message,
+    OpaquePart,
     ReasoningPart,
     Role,
     TextPart,
@@ -123,16 +125,37 @@ def test_split_response_turns_merge_in_call_order_with_names_filled() -> None:
         ),
     )
     items = [
+        *gw.render(Message(role=Role.user, content="go")),
         *gw.render(calls),
         *gw.render(Message(role=Role.tool, content=(ToolResultPart(call_id="b"),))),
         *gw.render(Message(role=Role.tool, content=(ToolResultPart(call_id="a"),))),
     ]
     contents = gw.request_body(items)["contents"]
-    assert contents[1] == {
+    assert len(contents) == 3
+    assert contents[2] == {
         "role": "user",
         "parts": [
             {"functionResponse": {"id": "a", "name": "first", "response": {"output": ""}}},
             {"functionResponse": {"id": "b", "name": "second", "response": {"output": ""}}},
+        ],
+    }
+    assert gw.validate(contents) == []
+
+
+def test_adjacent_model_turns_merge_so_calls_follow_the_user_turn() -> None:
+    """A text reply then a call reply (two messages) become one model turn."""
+    items = [
+        *gw.render(Message(role=Role.user, content="go")),
+        *gw.render(Message(role=Role.assistant, content="Let me check.")),
+        *gw.render(Message(role=Role.assistant, content=(ToolCallPart(call_id="a", name="f"),))),
+        *gw.render(Message(role=Role.tool, content=(ToolResultPart(call_id="a", name="f"),))),
+    ]
+    contents = gw.request_body(items)["contents"]
+    assert contents[1] == {
+        "role": "model",
+        "parts": [
+            {"text": "Let me check."},
+            {"functionCall": {"id": "a", "name": "f", "args": {}}},
         ],
     }
     assert gw.validate(contents) == []
@@ -216,6 +239,11 @@ _USER = {"role": "user", "parts": [{"text": "q"}]}
         ([{"role": "user", "parts": []}], [(0, "empty_message")]),
         ([{"role": "assistant", "parts": [{"text": "x"}]}], [(0, "unknown_role")]),
         ([_USER, _USER], []),
+        ([_model("a"), _resp("a")], [(0, "function_call_turn_position")]),
+        (
+            [_USER, {"role": "model", "parts": [{"text": "x"}]}, _model("a"), _resp("a")],
+            [(2, "function_call_turn_position")],
+        ),
     ],
 )
 def test_validate_reports_each_rule(
@@ -223,3 +251,18 @@ def test_validate_reports_each_rule(
 ) -> None:
     """Each structural rule is reported with the index of the offending content."""
     assert [(v.index, v.rule) for v in gw.validate(items)] == expected
+
+
+def test_leading_call_turn_is_left_out_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """A call turn with no user turn before it (rejected by Gemini) is left out, logged."""
+    audio = OpaquePart(gateway="openai_chat", item={"type": "input_audio"})
+    items = [
+        *gw.render(Message(role=Role.user, content=(audio,))),
+        *gw.render(Message(role=Role.assistant, content=(ToolCallPart(call_id="a", name="f"),))),
+        *gw.render(Message(role=Role.tool, content=(ToolResultPart(call_id="a", name="f"),))),
+        *gw.render(Message(role=Role.user, content="next")),
+    ]
+    with caplog.at_level(logging.WARNING, logger="turnloom.gateway.gemini"):
+        body = gw.request_body(items)
+    assert body == {"contents": [{"role": "user", "parts": [{"text": "next"}]}]}
+    assert caplog.records[-1].getMessage().startswith("Left out a leading model turn")

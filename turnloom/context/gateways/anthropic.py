@@ -430,7 +430,9 @@ class AnthropicGateway:
         whitespace-only text block. Adjacent same-role items are not a
         violation: the API combines them (recorded traffic shows it accepts
         them), and :meth:`request_body` merges them. ``system`` items are
-        accepted anywhere (top level or inline).
+        accepted anywhere (top level or inline). A leading ``assistant`` item
+        is not flagged: the API rejected it in 2024 ("first message must use
+        the user role") but accepts it now (it is how a reply is prefilled).
 
         Returns:
             every violation, in item order; empty when the input is valid.

@@ -34,7 +34,8 @@ parts are joined into one ``output`` string; a ``response`` object other
 than ``{"output": str}`` / ``{"error": str}`` is carried as its JSON text;
 a result's multimodal ``parts`` parse into ``ToolResultPart.extras``
 verbatim (not into image parts); an image's ``detail`` is not carried, and
-an image URL without a media type is sent with ``image/*``; tool call
+an image URL without a media type gets the type its file name suggests
+(``image/*`` when it suggests none); tool call
 arguments travel as an object (re-encoded as compact JSON, and arguments
 that are not a JSON object raise :class:`~turnloom.errors.ProviderRuleError`);
 media that is not an image (audio, video, PDF) is kept only as an opaque
@@ -57,6 +58,7 @@ __all__ = ("GeminiGateway",)
 
 import json
 import logging
+import mimetypes
 from collections.abc import Sequence
 from typing import Any
 
@@ -397,7 +399,9 @@ class GeminiGateway:
         model turn are answered by the directly following ``user`` content,
         which holds one ``functionResponse`` per call, in call order (matched
         by id, else by name), and no response that answers no call of that
-        turn; call ids unique within a model turn; every response has a name;
+        turn; a model turn with function calls directly follows a user turn or a
+        function-response turn (the API rejects it after another model turn or
+        first); call ids unique within a model turn; every response has a name;
         roles are ``user`` or ``model``; no content without parts; no empty or
         whitespace-only text part (thought parts excepted), except a content
         whose only part is an empty text: the Gemini API accepts an empty
@@ -411,6 +415,7 @@ class GeminiGateway:
         out: list[Violation] = []
         calls: list[tuple[str | None, str]] = []  # (id, name) of the previous model turn
         calls_at = -1
+        previous_role: str | None = None
         for index, item in enumerate(items):
             role = item.get("role") if isinstance(item, dict) else None
             if role == "system":
@@ -475,6 +480,16 @@ class GeminiGateway:
                         "is not a model turn with function calls.",
                     )
                 )
+            if turn_calls and previous_role != "user":
+                out.append(
+                    violation(
+                        index,
+                        "function_call_turn_position",
+                        f"Content {index} calls functions but does not directly follow a user "
+                        "turn or a function-response turn.",
+                    )
+                )
+            previous_role = role
             calls, calls_at = (turn_calls, index) if role == "model" and turn_calls else ([], -1)
         if calls:
             out.append(
@@ -490,13 +505,19 @@ class GeminiGateway:
         """``{"systemInstruction": ..., "contents": [...]}`` for ``items``.
 
         Every ``system`` item's parts go into ``systemInstruction`` (role
-        ``user``), omitted when there is none. Adjacent contents made only of
-        function responses are merged into one; its responses are ordered as
-        the calls of the preceding model turn (by id, else by name; responses
-        answering no call keep their order at the end) and a missing name is
-        filled from the call. Input items are not modified.
+        ``user``), omitted when there is none. Adjacent ``model`` contents are
+        merged into one (so a call turn follows the user turn), and adjacent
+        contents made only of function responses are merged into one; its
+        responses are ordered as the calls of the preceding model turn (by id,
+        else by name; responses answering no call keep their order at the end)
+        and a missing name is filled from the call. A model turn with calls
+        that nothing precedes (its user turn held only parts Gemini cannot
+        carry, or was cut) is left out with its responses, with a logged
+        warning. Input items are not modified.
 
-        Source: Gemini API function calling (one response turn, call order).
+        Source: Gemini API function calling (one response turn, call order;
+        "function call turn comes immediately after a user turn or after a
+        function response turn").
         """
         body: dict[str, Any] = {}
         system_parts: list[Any] = []
@@ -506,7 +527,10 @@ class GeminiGateway:
             if item.get("role") == "system":
                 system_parts.extend(item.get("parts", ()))
                 continue
-            if _only_responses(item) and contents and _only_responses(contents[-1]):
+            if contents and (
+                (_only_responses(item) and _only_responses(contents[-1]))
+                or (item.get("role") == "model" and contents[-1].get("role") == "model")
+            ):
                 contents[-1] = {**contents[-1], "parts": [*contents[-1]["parts"], *item["parts"]]}
             else:
                 contents.append(item)
@@ -523,6 +547,17 @@ class GeminiGateway:
                 calls = []
             else:
                 calls = []
+        while contents and contents[0].get("role") == "model" and _has_calls(contents[0]):
+            # Nothing precedes this call turn (its user turn was cut, or held
+            # only parts Gemini cannot carry): the API rejects it, so the call
+            # group is left out, as complete_pairs leaves out unusable pairs.
+            _log.warning(
+                "Left out a leading model turn with function calls (and its responses): "
+                "Gemini needs a user turn before it."
+            )
+            del contents[0]
+            if contents and _only_responses(contents[0]):
+                del contents[0]
         if system_parts:
             body["systemInstruction"] = {"role": "user", "parts": system_parts}
         body["contents"] = contents
@@ -576,6 +611,13 @@ def _check_answers(
         )
 
 
+def _has_calls(item: NativeContent) -> bool:
+    return any(
+        isinstance(p, dict) and ("functionCall" in p or "function_call" in p)
+        for p in item.get("parts", ())
+    )
+
+
 def _only_responses(item: NativeContent) -> bool:
     parts = item.get("parts")
     return (
@@ -618,9 +660,8 @@ def _image_block(part: ImagePart, snake: bool) -> dict[str, Any]:
     mime = _k("mimeType", snake)
     if part.data is not None:
         return {_k("inlineData", snake): {mime: part.media_type, "data": part.data}}
-    return {
-        _k("fileData", snake): {mime: part.media_type or "image/*", _k("fileUri", snake): part.url}
-    }
+    media = part.media_type or mimetypes.guess_type(part.url or "")[0] or "image/*"
+    return {_k("fileData", snake): {mime: media, _k("fileUri", snake): part.url}}
 
 
 def _parse_image(block: dict[str, Any], snake: bool) -> ImagePart | None:

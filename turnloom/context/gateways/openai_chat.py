@@ -10,7 +10,15 @@ Rendering (Message -> native):
   "arguments"}}``) when it calls tools. ``content`` is ``None`` when the
   message has tool calls and no text (the API's documented form).
 * Tool results become one ``{"role": "tool", "tool_call_id", "content"}``
-  message each, in part order.
+  message each, in part order; other parts of a ``user`` message carrying
+  results follow as one ``user`` message.
+* An assistant message with neither text nor tool calls (an interrupted
+  reply, or reasoning only) renders to nothing.
+
+Layout kept for exact re-emission (``Message.layout``): a single text sent as
+a one-element list (``"content": "list"``), an assistant message sent
+without a ``content`` key (``"content": "absent"``). System and developer
+messages stay in ``messages`` where they are.
 
 Lossy mappings, documented: reasoning parts are dropped (Chat Completions has
 no field to replay them); opaque parts of other gateways are dropped with a
