@@ -9,6 +9,8 @@ import json
 
 import anyio
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.runtime.helpers import CHAT, SYSTEM, BlockingGateway, assistant, call, result, user
 from turnloom.context import Message, Role
@@ -31,6 +33,7 @@ from turnloom.runtime import (
     TurnSnapshot,
     state_call_id,
 )
+from turnloom.runtime.manager import _common_prefix
 
 pytestmark = pytest.mark.anyio
 
@@ -393,3 +396,14 @@ async def test_a_custom_gateway_instance_is_used_for_rendering() -> None:
         foundation.manager.accept_turn(snapshot("t1", "a"))
         await foundation.manager.prepare(request("t1"))
         assert gateway.renders == 1
+
+
+@given(st.lists(st.integers(0, 3), max_size=40), st.lists(st.integers(0, 3), max_size=40))
+def test_common_prefix_matches_a_plain_scan(a: list[int], b: list[int]) -> None:
+    """Prefix stability counts exactly the items both prefixes start with."""
+    expected = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        expected += 1
+    assert _common_prefix(tuple(a), tuple(b)) == expected

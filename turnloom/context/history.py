@@ -193,21 +193,59 @@ class _Turn:
 
 
 class _Flat:
-    """The concatenated render of a run of closed turns, for one cache key."""
+    """The concatenated render of a run of closed turns, for one cache key.
 
-    __slots__ = ("bounds", "evicted", "rendered", "turns")
+    Positions are kept in one running coordinate that is never rebased: turn
+    ``i`` ends at item ``item_ends[i]`` and byte ``byte_ends[i]``, and
+    ``items[0]`` sits at ``items_base``. Dropping turns from the front only
+    moves ``origin`` (a C-speed slice of the ends), and the evicted items are
+    cut out of ``items`` the next time it is extended, so a prepare never
+    loops over the history in Python.
+    """
+
+    __slots__ = (
+        "byte_ends",
+        "evicted",
+        "item_ends",
+        "items",
+        "items_base",
+        "origin",
+        "sizes",
+        "turns",
+    )
 
     def __init__(
         self,
         turns: tuple[_Turn, ...],
         evicted: int,
-        rendered: _Rendered,
-        bounds: tuple[tuple[int, int], ...],
+        items: tuple[NativeContent, ...],
+        sizes: tuple[int, ...],
+        items_base: int,
+        origin: tuple[int, int],
+        item_ends: tuple[int, ...],
+        byte_ends: tuple[int, ...],
     ) -> None:
         self.turns = turns
         self.evicted = evicted  # the history's evicted-turn count when built
-        self.rendered = rendered
-        self.bounds = bounds  # cumulative (items, bytes) after each turn
+        self.items = items
+        self.sizes = sizes
+        self.items_base = items_base
+        self.origin = origin  # (item, byte) running position where turns[0] begins
+        self.item_ends = item_ends
+        self.byte_ends = byte_ends
+
+    @property
+    def start(self) -> int:
+        """Index in ``items`` of the first item of ``turns[0]``."""
+        return self.origin[0] - self.items_base
+
+    @property
+    def bytes(self) -> int:
+        """Serialized bytes of the items of ``turns``."""
+        return (self.byte_ends[-1] - self.origin[1]) if self.byte_ends else 0
+
+
+_EMPTY_FLAT = _Flat((), 0, (), (), 0, (0, 0), (), ())
 
 
 class _Shared:
@@ -216,7 +254,7 @@ class _Shared:
     __slots__ = ("flat", "pinned")
 
     def __init__(self) -> None:
-        self.flat: dict[_CacheKey, _Flat] = {}
+        self.flat: dict[_CacheKey, _Flat] = {}  # the latest run of closed turns
         self.pinned: dict[_CacheKey, tuple[tuple[_Entry, ...], _Rendered]] = {}
 
 
@@ -350,16 +388,23 @@ class HistoryView:
             pinned_cache = dict(self._shared.pinned)
             pinned_cache[key] = (self._pinned, pinned)
             self._shared.pinned = pinned_cache
-        closed = self._closed(turns[:position], key, gateway, open_calls)
+        closed = self._closed(
+            turns[:position], key, gateway, open_calls, store=position == len(turns) - 1
+        )
         current = turns[position]
         head = current.input_cache.get(key)
         if head is None:
             head = current.input_cache[key] = _render_entries(current.input, gateway, open_calls)
+        start = closed.start
+        run_items = closed.items[start:] if start else closed.items
+        run_sizes = closed.sizes[start:] if start else closed.sizes
+        items = pinned.items + run_items + head.items
+        sizes = pinned.sizes + run_sizes + head.sizes
         return RenderedHistory(
-            items=pinned.items + closed.items + head.items,
-            sizes=pinned.sizes + closed.sizes + head.sizes,
+            items=items,
+            sizes=sizes,
             bytes=pinned.bytes + closed.bytes + head.bytes,
-            turn_start=len(pinned.items) + len(closed.items),
+            turn_start=len(items) - len(head.items),
         )
 
     def _closed(
@@ -368,10 +413,12 @@ class HistoryView:
         key: _CacheKey,
         gateway: Gateway,
         policy: OpenCallPolicy,
-    ) -> _Rendered:
+        *,
+        store: bool,
+    ) -> _Flat:
         flat = self._shared.flat.get(key)
         reuse = 0
-        base = _Rendered((), (), 0)
+        base = _EMPTY_FLAT
         if flat is not None:
             dropped = self._evicted - flat.evicted
             kept = len(flat.turns) - dropped
@@ -379,52 +426,59 @@ class HistoryView:
             # is usable when its surviving turns are still this view's prefix.
             if 0 <= dropped and 0 < kept <= len(turns) and turns[:kept] == flat.turns[dropped:]:
                 reuse = kept
+                base = flat
                 if dropped:
-                    skip_items, skip_bytes = flat.bounds[dropped - 1]
-                    r = flat.rendered
-                    base = _Rendered(
-                        r.items[skip_items:], r.sizes[skip_items:], r.bytes - skip_bytes
+                    base = _Flat(
+                        turns[:kept],
+                        self._evicted,
+                        flat.items,
+                        flat.sizes,
+                        flat.items_base,
+                        (flat.item_ends[dropped - 1], flat.byte_ends[dropped - 1]),
+                        flat.item_ends[dropped:],
+                        flat.byte_ends[dropped:],
                     )
-                else:
-                    base = flat.rendered
-        parts = [base]
+        if reuse == len(turns):
+            if store and base is not flat and base is not _EMPTY_FLAT:
+                self._store(key, base)
+            return base
+        added: list[_Rendered] = []
+        new_item_ends: list[int] = []
+        new_byte_ends: list[int] = []
+        items_at = base.item_ends[-1] if base.item_ends else base.origin[0]
+        bytes_at = base.byte_ends[-1] if base.byte_ends else base.origin[1]
         for turn in turns[reuse:]:
             rendered = turn.cache.get(key)
             if rendered is None:
                 rendered = turn.cache[key] = _render_entries(
                     turn.input + turn.outputs, gateway, policy
                 )
-            parts.append(rendered)
-        result = _join(parts) if len(parts) > 1 else base
-        if flat is None or reuse != len(turns) or len(flat.turns) != len(turns):
-            bounds = _bounds(turns, key, flat, reuse, self._evicted)
-            flats = dict(self._shared.flat)
-            flats[key] = _Flat(turns, self._evicted, result, bounds)
-            self._shared.flat = flats
+            added.append(rendered)
+            items_at += len(rendered.items)
+            bytes_at += rendered.bytes
+            new_item_ends.append(items_at)
+            new_byte_ends.append(bytes_at)
+        tail = _join(added)
+        start = base.start
+        # Extending drops the evicted items at the front in the same copy.
+        result = _Flat(
+            turns,
+            self._evicted,
+            (base.items[start:] if start else base.items) + tail.items,
+            (base.sizes[start:] if start else base.sizes) + tail.sizes,
+            base.origin[0],
+            base.origin,
+            base.item_ends + tuple(new_item_ends),
+            base.byte_ends + tuple(new_byte_ends),
+        )
+        if store:
+            self._store(key, result)
         return result
 
-
-def _bounds(
-    turns: tuple[_Turn, ...],
-    key: _CacheKey,
-    flat: _Flat | None,
-    reuse: int,
-    evicted: int,
-) -> tuple[tuple[int, int], ...]:
-    out: list[tuple[int, int]] = []
-    items = total = 0
-    if flat is not None and reuse:
-        dropped = evicted - flat.evicted
-        skip_items, skip_bytes = flat.bounds[dropped - 1] if dropped else (0, 0)
-        for turn_items, turn_bytes in flat.bounds[dropped : dropped + reuse]:
-            items, total = turn_items - skip_items, turn_bytes - skip_bytes
-            out.append((items, total))
-    for turn in turns[reuse:]:
-        rendered = turn.cache[key]
-        items += len(rendered.items)
-        total += rendered.bytes
-        out.append((items, total))
-    return tuple(out)
+    def _store(self, key: _CacheKey, flat: _Flat) -> None:
+        flats = dict(self._shared.flat)
+        flats[key] = flat
+        self._shared.flat = flats
 
 
 def _blank(message: Message) -> bool:
@@ -473,6 +527,7 @@ class TurnHistory:
         "_evicted_bytes",
         "_evicted_ids",
         "_evicted_items",
+        "_ids",
         "_items",
         "_late_dropped",
         "_limits",
@@ -495,6 +550,7 @@ class TurnHistory:
         self._pinned: tuple[_Entry, ...] = ()
         self._pinned_bytes = 0
         self._turns: tuple[_Turn, ...] = ()
+        self._ids: set[str] = set()
         self._items = 0
         self._bytes = 0
         self._evicted = 0
@@ -525,8 +581,8 @@ class TurnHistory:
         return self._turns[-1].turn_id if self._turns else None
 
     def has_turn(self, turn_id: str) -> bool:
-        """True when ``turn_id`` is kept (committed and not evicted)."""
-        return any(t.turn_id == turn_id for t in reversed(self._turns))
+        """True when ``turn_id`` is kept (committed and not evicted); O(1)."""
+        return turn_id in self._ids
 
     def was_evicted(self, turn_id: str) -> bool:
         """True when ``turn_id`` was committed and has since been evicted (and is remembered)."""
@@ -650,6 +706,7 @@ class TurnHistory:
             self._sequence = sequence
         turn = _Turn(turn_id, entries, (), sum(e.size for e in entries))
         self._turns = (*self._turns, turn)
+        self._ids.add(turn_id)
         self._items += turn.items
         self._bytes += turn.bytes
         self._view = None
@@ -733,6 +790,7 @@ class TurnHistory:
         self._evicted_items += items
         self._evicted_bytes += total
         for turn_id in evicted:
+            self._ids.discard(turn_id)
             self._evicted_ids[turn_id] = None
         while len(self._evicted_ids) > self._remember:
             self._evicted_ids.popitem(last=False)

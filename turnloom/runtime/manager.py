@@ -110,13 +110,14 @@ class _Histogram:
 
 
 class _ContextState:
-    __slots__ = ("history", "invocation", "last_items", "last_sizes")
+    __slots__ = ("history", "invocation", "last_bytes", "last_items", "last_sizes")
 
     def __init__(self, history: TurnHistory) -> None:
         self.history = history
         self.invocation: Invocation | None = None
         self.last_items: tuple[NativeContent, ...] = ()
         self.last_sizes: tuple[int, ...] = ()
+        self.last_bytes = 0
 
 
 class _Waiters:
@@ -188,14 +189,22 @@ def check_options(
 
 
 def _common_prefix(new: tuple[Any, ...], old: tuple[Any, ...]) -> int:
-    """Length of the longest common prefix; tuple comparison checks identity first."""
+    """Length of the longest common prefix; tuple comparison checks identity first.
+
+    Gallops (1, 2, 4, ... items) before bisecting, so the cost follows the
+    common prefix, not the whole input, when they part early (after an eviction).
+    """
     limit = min(len(new), len(old))
     if new[:limit] == old[:limit]:
         return limit
-    lo, hi = 0, limit - 1
-    while lo < hi:
+    lo, step = 0, 1
+    while lo + step < limit and new[lo : lo + step] == old[lo : lo + step]:
+        lo += step
+        step *= 2
+    hi = min(limit, lo + step) - 1
+    while lo < hi:  # new[:lo] == old[:lo] holds throughout
         mid = (lo + hi + 1) // 2
-        if new[:mid] == old[:mid]:
+        if new[lo:mid] == old[lo:mid]:
             lo = mid
         else:
             hi = mid - 1
@@ -639,9 +648,10 @@ class ContextManager:
                 # abandoned): the result is discarded.
                 if not scope.cancel_called:
                     if preparation.wanted:
+                        self._prefix_bytes += state.last_bytes
                         state.last_items = prepared.items
                         state.last_sizes = prepared.item_sizes
-                        self._prefix_bytes += sum(last[1])
+                        state.last_bytes = prepared.bytes
                         self._prefix_reused += prepared.reused_bytes
                         self._latency.observe(anyio.current_time() - preparation.requested_at)
                         self._render.observe(prepared.render_seconds)
@@ -785,13 +795,20 @@ class ContextManager:
     # -- statistics --------------------------------------------------------------------
 
     def statistics(self) -> ManagerStatistics:
-        """A frozen snapshot of the manager's counters (O(contexts))."""
+        """A frozen snapshot of the manager's counters (O(contexts)).
+
+        Safe to call from another thread (a metrics scrape): it only reads
+        counters, each read atomically; the snapshot may mix values from two
+        adjacent moments.
+        """
         turns = items = total = 0
         evicted_turns = self._removed_evicted_turns
         evicted_items = self._removed_evicted_items
         late = self._removed_late
         blank = self._removed_blank
-        for state in self._contexts.values():
+        # tuple() copies at C speed under the GIL, so a scrape from another
+        # thread never sees the dict change size mid-iteration.
+        for state in tuple(self._contexts.values()):
             stats = state.history.statistics()
             turns += stats.turns
             items += stats.items

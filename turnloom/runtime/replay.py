@@ -331,11 +331,19 @@ def _load_lines(source: str, text: str) -> tuple[list[Trajectory], list[ReplayEr
     return trajectories, errors
 
 
-def builtin_trajectories(sessions: int = 24, *, seed: int = 0) -> list[Trajectory]:
-    """The built-in generated workload (see :mod:`turnloom.runtime.workload`)."""
+def builtin_trajectories(
+    sessions: int = 24, *, seed: int = 0, turns: tuple[int, int] = (3, 9)
+) -> list[Trajectory]:
+    """The built-in generated workload (see :mod:`turnloom.runtime.workload`).
+
+    Args:
+        sessions: how many trajectories.
+        seed: equal seeds give equal trajectories.
+        turns: inclusive range of user turns per trajectory.
+    """
     return [
         Trajectory(source="builtin", index=i, messages=messages)
-        for i, messages in enumerate(generate_trajectories(sessions, seed=seed))
+        for i, messages in enumerate(generate_trajectories(sessions, seed=seed, turns=turns))
     ]
 
 
