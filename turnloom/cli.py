@@ -171,7 +171,9 @@ def _print_report(report: LoadtestReport, out: TextIO) -> None:
         file=out,
     )
     print(
-        f"event-loop lag: p99 {report.loop_lag_p99_ms:.2f} ms  max {report.loop_lag_max_ms:.2f} ms",
+        f"event-loop lag: p99 {report.loop_lag_p99_ms:.2f} ms  max {report.loop_lag_max_ms:.2f} ms"
+        f"  (longest GC pause {report.gc_pause_max_ms:.2f} ms, "
+        f"{report.gc_full_collections} full collections)",
         file=out,
     )
     print(

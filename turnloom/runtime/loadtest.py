@@ -13,6 +13,7 @@ from __future__ import annotations
 
 __all__ = ("LoadtestReport", "count_model_calls", "loadtest", "peak_rss_bytes")
 
+import gc
 import resource
 import sys
 import time
@@ -47,6 +48,11 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
             milliseconds, nearest rank.
         loop_lag_p99_ms, loop_lag_max_ms: event-loop lag measured by a ticker
             waking every 5 ms, in milliseconds.
+        gc_full_collections: CPython generation-2 garbage collections during
+            the run.
+        gc_pause_max_ms: the longest garbage-collection pause, in milliseconds
+            (a full collection walks every live object, so with a large
+            retained history it is what sets ``loop_lag_max_ms``).
         peak_rss_bytes: the process's peak resident set size, in bytes.
         rejections: ``prepare_nowait`` calls refused because the queue was full.
         evicted_turns: turns evicted from histories.
@@ -65,6 +71,8 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
     prepare_p99_ms: float
     loop_lag_p99_ms: float
     loop_lag_max_ms: float
+    gc_full_collections: int
+    gc_pause_max_ms: float
     peak_rss_bytes: int
     rejections: int
     evicted_turns: int
@@ -166,6 +174,46 @@ async def loadtest(
 
     latencies: list[float] = []
     lags: list[float] = []
+    gc_pauses: list[tuple[int, float]] = []
+    gc_started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        else:
+            gc_pauses.append((info["generation"], time.perf_counter() - gc_started[0]))
+
+    gc.callbacks.append(on_gc)
+    try:
+        return await _run(
+            scripts,
+            sessions=sessions,
+            gateway=gateway,
+            history_limits=history_limits,
+            max_pending_preparations=max_pending_preparations,
+            on_model_call=on_model_call,
+            on_open=on_open,
+            latencies=latencies,
+            lags=lags,
+            gc_pauses=gc_pauses,
+        )
+    finally:
+        gc.callbacks.remove(on_gc)
+
+
+async def _run(
+    scripts: list[list[Message]],
+    *,
+    sessions: int,
+    gateway: GatewayType | str,
+    history_limits: HistoryLimits | None,
+    max_pending_preparations: int,
+    on_model_call: Callable[[], None] | None,
+    on_open: Callable[[Foundation], None] | None,
+    latencies: list[float],
+    lags: list[float],
+    gc_pauses: list[tuple[int, float]],
+) -> LoadtestReport:
     errors: list[str] = []
     counts = {"turns": 0, "calls": 0, "failed": 0}
     started = time.perf_counter()
@@ -262,6 +310,8 @@ async def loadtest(
         prepare_p99_ms=percentile(latencies, 99) * 1000,
         loop_lag_p99_ms=percentile(lags, 99) * 1000,
         loop_lag_max_ms=max(lags, default=0.0) * 1000,
+        gc_full_collections=sum(1 for generation, _ in gc_pauses if generation == 2),
+        gc_pause_max_ms=max((pause for _, pause in gc_pauses), default=0.0) * 1000,
         peak_rss_bytes=peak_rss_bytes(),
         rejections=stats.rejected_total,
         evicted_turns=stats.evicted_turns_total,
