@@ -15,7 +15,7 @@ import argparse
 import anyio
 
 from turnloom.runtime.loadtest import LoadtestReport, loadtest
-from turnloom.runtime.replay import builtin_trajectories
+from turnloom.runtime.replay import Trajectory, builtin_trajectories
 
 
 def _line(report: LoadtestReport) -> str:
@@ -29,6 +29,10 @@ def _line(report: LoadtestReport) -> str:
     )
 
 
+async def _one(trajectories: list[Trajectory], sessions: int, turns: int) -> LoadtestReport:
+    return await loadtest(trajectories, sessions=sessions, turns=turns)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=40)
@@ -36,9 +40,7 @@ def main() -> None:
     trajectories = builtin_trajectories(64, turns=(args.turns, args.turns))
     reports = {}
     for sessions in (100, 1000):
-        reports[sessions] = anyio.run(
-            lambda n=sessions: loadtest(trajectories, sessions=n, turns=args.turns)
-        )
+        reports[sessions] = anyio.run(_one, trajectories, sessions, args.turns)
         print(_line(reports[sessions]), flush=True)
     small, large = reports[100], reports[1000]
     print(

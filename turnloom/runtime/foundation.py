@@ -166,7 +166,12 @@ class Foundation:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        """Close (see :meth:`aclose`), then leave the task group."""
+        """Close (see :meth:`aclose`), then leave the task group.
+
+        Cancellation:
+            As :meth:`aclose`: the cleanup completes, then the cancellation
+            propagates.
+        """
         try:
             await self.aclose()
         finally:
