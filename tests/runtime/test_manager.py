@@ -407,3 +407,18 @@ def test_common_prefix_matches_a_plain_scan(a: list[int], b: list[int]) -> None:
             break
         expected += 1
     assert _common_prefix(tuple(a), tuple(b)) == expected
+
+
+async def test_a_caller_bounds_the_wait_for_a_commit_with_fail_after() -> None:
+    """prepare has no timeout parameter: anyio.fail_after bounds it and frees the slot."""
+    async with Foundation(max_pending_preparations=1) as foundation:
+        manager = foundation.manager
+        with pytest.raises(TimeoutError):
+            with anyio.fail_after(0.05):
+                await manager.prepare(request("never"))
+        await anyio.wait_all_tasks_blocked()
+        stats = manager.statistics()
+        assert (stats.pending, stats.discarded_total) == (0, 1)
+        manager.accept_turn(snapshot("t1", "now"))
+        prefix = await manager.prepare_nowait(request("t1"))
+        assert prefix.items == ({"role": "user", "content": "now"},)

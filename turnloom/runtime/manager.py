@@ -197,7 +197,7 @@ def _common_prefix(new: tuple[Any, ...], old: tuple[Any, ...]) -> int:
     (after an eviction).
     """
     limit = min(len(new), len(old))
-    if limit == len(old) and new[:limit] == old:
+    if new[:limit] == (old if limit == len(old) else old[:limit]):
         return limit
     lo, step = 0, 1
     while lo + step < limit and new[lo : lo + step] == old[lo : lo + step]:
