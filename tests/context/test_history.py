@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -107,8 +108,9 @@ def test_render_gives_pinned_then_earlier_turns_then_the_turn_input() -> None:
         {"role": "user", "content": "thanks"},
     ]
     assert rendered.turn_start == 5
-    assert rendered.bytes == sum(rendered.sizes)
-    assert len(rendered.sizes) == 6
+    sizes = [len(msgspec.json.encode(item)) for item in rendered.items]
+    assert rendered.bytes == sum(sizes)
+    assert [rendered.bytes_before(k) for k in range(8)] == [sum(sizes[:k]) for k in range(8)]
 
 
 def test_pinned_instructions_are_not_counted_and_are_replaced_not_duplicated() -> None:
@@ -332,5 +334,9 @@ def test_cached_render_equals_a_from_scratch_render(ops: list[tuple[str, int]]) 
         target = history.turn_ids[n % len(history.turn_ids)]
         rendered = history.view().render(CHAT, target)
         assert list(rendered.items) == _naive(history, target)
-        assert rendered.bytes == sum(rendered.sizes)
+        sizes = [len(msgspec.json.encode(item)) for item in rendered.items]
+        assert rendered.bytes == sum(sizes)
+        assert [rendered.bytes_before(k) for k in range(len(sizes) + 2)] == [
+            sum(sizes[:k]) for k in range(len(sizes) + 2)
+        ]
         assert CHAT.validate(rendered.items) == []

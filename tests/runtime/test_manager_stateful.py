@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, settings
@@ -86,7 +87,7 @@ class ManagerMachine(RuleBasedStateMachine):
     def _check_prepared(self, prepared: PreparedContext, context_id: str) -> None:
         assert CHAT.validate(prepared.items) == []
         assert prepared.items[0] == {"role": "system", "content": SYSTEM.text}
-        assert prepared.bytes == sum(prepared.item_sizes)
+        assert prepared.bytes == sum(len(msgspec.json.encode(i)) for i in prepared.items)
         assert prepared.item_count == len(prepared.items)
 
     def _settle(self) -> None:

@@ -36,6 +36,7 @@ __all__ = (
     "check_id",
 )
 
+import bisect
 import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -115,23 +116,48 @@ class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
     dropped_blank_outputs: int
 
 
-class RenderedHistory(msgspec.Struct, frozen=True, kw_only=True):
+class RenderedHistory:
     """The native items of a history up to and including one turn's input.
 
     Attributes:
         items: tuple of NativeContent, oldest first: pinned instructions, the
             turns before the turn, then the turn's input. The items are shared
             with the render caches and must be treated as read-only.
-        sizes: the serialized size of each item, in bytes, aligned with
-            ``items``.
-        bytes: ``sum(sizes)``.
+        bytes: serialized size of ``items`` (the sum of each item's JSON
+            encoding), in bytes.
         turn_start: index in ``items`` of the turn's first input item.
     """
 
-    items: tuple[NativeContent, ...]
-    sizes: tuple[int, ...]
-    bytes: int
-    turn_start: int
+    __slots__ = ("_flat", "_head", "_key", "bytes", "items", "turn_start")
+
+    def __init__(self, flat: _Flat, head: _Rendered, key: _CacheKey) -> None:
+        self._flat = flat
+        self._head = head
+        self._key = key
+        self.items: tuple[NativeContent, ...] = flat.items + head.items
+        self.bytes: int = flat.bytes + head.bytes
+        self.turn_start: int = len(flat.items)
+
+    def bytes_before(self, count: int) -> int:
+        """Serialized size of ``items[:count]``, in bytes.
+
+        Costs O(log turns + one turn), never a pass over the whole history.
+        """
+        count = max(0, min(count, len(self.items)))
+        flat = self._flat
+        if count > len(flat.items):
+            return flat.bytes + sum(self._head.sizes[: count - len(flat.items)])
+        pinned = flat.pinned_render
+        if count <= len(pinned.items):
+            return sum(pinned.sizes[:count])
+        position = flat.origin[0] + count - len(pinned.items)  # in the running coordinate
+        index = bisect.bisect_right(flat.item_ends, position)
+        if index == len(flat.turns):  # exactly the end of the last turn
+            return flat.bytes
+        turn_start = flat.item_ends[index - 1] if index else flat.origin[0]
+        bytes_start = flat.byte_ends[index - 1] if index else flat.origin[1]
+        inside = flat.turns[index].cache[self._key].sizes[: position - turn_start]
+        return pinned.bytes + bytes_start - flat.origin[1] + sum(inside)
 
 
 class _Entry:
@@ -193,14 +219,13 @@ class _Turn:
 
 
 class _Flat:
-    """The concatenated render of a run of closed turns, for one cache key.
+    """Pinned instructions plus the concatenated render of a run of closed turns.
 
-    Positions are kept in one running coordinate that is never rebased: turn
-    ``i`` ends at item ``item_ends[i]`` and byte ``byte_ends[i]``, and
-    ``items[0]`` sits at ``items_base``. Dropping turns from the front only
-    moves ``origin`` (a C-speed slice of the ends), and the evicted items are
-    cut out of ``items`` the next time it is extended, so a prepare never
-    loops over the history in Python.
+    Positions in the turns are kept in one running coordinate that is never
+    rebased: turn ``i`` ends at item ``item_ends[i]`` and byte ``byte_ends[i]``
+    and the run begins at ``origin``. Dropping turns from the front moves
+    ``origin`` with a C-speed slice of the ends, so a prepare never loops over
+    the history in Python; ``items`` is rebuilt by tuple concatenation only.
     """
 
     __slots__ = (
@@ -208,54 +233,46 @@ class _Flat:
         "evicted",
         "item_ends",
         "items",
-        "items_base",
         "origin",
-        "sizes",
+        "pinned",
+        "pinned_render",
         "turns",
     )
 
     def __init__(
         self,
+        pinned: tuple[_Entry, ...],
+        pinned_render: _Rendered,
         turns: tuple[_Turn, ...],
         evicted: int,
         items: tuple[NativeContent, ...],
-        sizes: tuple[int, ...],
-        items_base: int,
         origin: tuple[int, int],
         item_ends: tuple[int, ...],
         byte_ends: tuple[int, ...],
     ) -> None:
+        self.pinned = pinned  # the pinned entries the run was built with
+        self.pinned_render = pinned_render
         self.turns = turns
         self.evicted = evicted  # the history's evicted-turn count when built
-        self.items = items
-        self.sizes = sizes
-        self.items_base = items_base
+        self.items = items  # pinned items, then the turns' items
         self.origin = origin  # (item, byte) running position where turns[0] begins
         self.item_ends = item_ends
         self.byte_ends = byte_ends
 
     @property
-    def start(self) -> int:
-        """Index in ``items`` of the first item of ``turns[0]``."""
-        return self.origin[0] - self.items_base
-
-    @property
     def bytes(self) -> int:
-        """Serialized bytes of the items of ``turns``."""
-        return (self.byte_ends[-1] - self.origin[1]) if self.byte_ends else 0
-
-
-_EMPTY_FLAT = _Flat((), 0, (), (), 0, (0, 0), (), ())
+        """Serialized bytes of ``items``."""
+        turns = (self.byte_ends[-1] - self.origin[1]) if self.byte_ends else 0
+        return self.pinned_render.bytes + turns
 
 
 class _Shared:
     """Render caches shared by all views of one history (replaced, never mutated)."""
 
-    __slots__ = ("flat", "pinned")
+    __slots__ = ("flat",)
 
     def __init__(self) -> None:
         self.flat: dict[_CacheKey, _Flat] = {}  # the latest run of closed turns
-        self.pinned: dict[_CacheKey, tuple[tuple[_Entry, ...], _Rendered]] = {}
 
 
 def _render_entries(
@@ -365,7 +382,7 @@ class HistoryView:
             open_calls: what to do with calls left without a result.
 
         Returns:
-            the rendered items, their sizes and where the turn's input begins.
+            the rendered items, their byte size and where the turn's input begins.
 
         Raises:
             UnknownTurnError: the view holds no turn ``turn_id``.
@@ -380,14 +397,6 @@ class HistoryView:
             else:
                 raise UnknownTurnError(f"The history holds no turn {turn_id!r}.")
         key: _CacheKey = (gateway, open_calls)
-        cached_pinned = self._shared.pinned.get(key)
-        if cached_pinned is not None and cached_pinned[0] is self._pinned:
-            pinned = cached_pinned[1]
-        else:
-            pinned = _render_entries(self._pinned, gateway, open_calls)
-            pinned_cache = dict(self._shared.pinned)
-            pinned_cache[key] = (self._pinned, pinned)
-            self._shared.pinned = pinned_cache
         closed = self._closed(
             turns[:position], key, gateway, open_calls, store=position == len(turns) - 1
         )
@@ -395,17 +404,7 @@ class HistoryView:
         head = current.input_cache.get(key)
         if head is None:
             head = current.input_cache[key] = _render_entries(current.input, gateway, open_calls)
-        start = closed.start
-        run_items = closed.items[start:] if start else closed.items
-        run_sizes = closed.sizes[start:] if start else closed.sizes
-        items = pinned.items + run_items + head.items
-        sizes = pinned.sizes + run_sizes + head.sizes
-        return RenderedHistory(
-            items=items,
-            sizes=sizes,
-            bytes=pinned.bytes + closed.bytes + head.bytes,
-            turn_start=len(items) - len(head.items),
-        )
+        return RenderedHistory(closed, head, key)
 
     def _closed(
         self,
@@ -417,61 +416,74 @@ class HistoryView:
         store: bool,
     ) -> _Flat:
         flat = self._shared.flat.get(key)
-        reuse = 0
-        base = _EMPTY_FLAT
-        if flat is not None:
+        if flat is not None and flat.pinned is self._pinned:
             dropped = self._evicted - flat.evicted
             kept = len(flat.turns) - dropped
             # Tuple comparison is by identity first, at C speed: the cached run
             # is usable when its surviving turns are still this view's prefix.
-            if 0 <= dropped and 0 < kept <= len(turns) and turns[:kept] == flat.turns[dropped:]:
-                reuse = kept
+            if 0 <= dropped and 0 <= kept <= len(turns) and turns[:kept] == flat.turns[dropped:]:
                 base = flat
                 if dropped:
+                    origin = (flat.item_ends[dropped - 1], flat.byte_ends[dropped - 1])
+                    pinned_count = len(flat.pinned_render.items)
+                    cut = pinned_count + origin[0] - flat.origin[0]
                     base = _Flat(
+                        flat.pinned,
+                        flat.pinned_render,
                         turns[:kept],
                         self._evicted,
-                        flat.items,
-                        flat.sizes,
-                        flat.items_base,
-                        (flat.item_ends[dropped - 1], flat.byte_ends[dropped - 1]),
+                        flat.items[:pinned_count] + flat.items[cut:],
+                        origin,
                         flat.item_ends[dropped:],
                         flat.byte_ends[dropped:],
                     )
-        if reuse == len(turns):
-            if store and base is not flat and base is not _EMPTY_FLAT:
-                self._store(key, base)
-            return base
-        added: list[_Rendered] = []
-        new_item_ends: list[int] = []
-        new_byte_ends: list[int] = []
-        items_at = base.item_ends[-1] if base.item_ends else base.origin[0]
-        bytes_at = base.byte_ends[-1] if base.byte_ends else base.origin[1]
-        for turn in turns[reuse:]:
-            rendered = turn.cache.get(key)
-            if rendered is None:
-                rendered = turn.cache[key] = _render_entries(
-                    turn.input + turn.outputs, gateway, policy
-                )
-            added.append(rendered)
-            items_at += len(rendered.items)
-            bytes_at += rendered.bytes
-            new_item_ends.append(items_at)
-            new_byte_ends.append(bytes_at)
-        tail = _join(added)
-        start = base.start
-        # Extending drops the evicted items at the front in the same copy.
-        result = _Flat(
-            turns,
-            self._evicted,
-            (base.items[start:] if start else base.items) + tail.items,
-            (base.sizes[start:] if start else base.sizes) + tail.sizes,
-            base.origin[0],
-            base.origin,
-            base.item_ends + tuple(new_item_ends),
-            base.byte_ends + tuple(new_byte_ends),
+                return self._extend(base, turns, kept, key, gateway, policy, store=store)
+        pinned_render = _render_entries(self._pinned, gateway, policy)
+        empty = _Flat(
+            self._pinned, pinned_render, (), self._evicted, pinned_render.items, (0, 0), (), ()
         )
-        if store:
+        return self._extend(empty, turns, 0, key, gateway, policy, store=store)
+
+    def _extend(
+        self,
+        base: _Flat,
+        turns: tuple[_Turn, ...],
+        reuse: int,
+        key: _CacheKey,
+        gateway: Gateway,
+        policy: OpenCallPolicy,
+        *,
+        store: bool,
+    ) -> _Flat:
+        result = base
+        if reuse < len(turns):
+            added: list[_Rendered] = []
+            item_ends: list[int] = []
+            byte_ends: list[int] = []
+            items_at = base.item_ends[-1] if base.item_ends else base.origin[0]
+            bytes_at = base.byte_ends[-1] if base.byte_ends else base.origin[1]
+            for turn in turns[reuse:]:
+                rendered = turn.cache.get(key)
+                if rendered is None:
+                    rendered = turn.cache[key] = _render_entries(
+                        turn.input + turn.outputs, gateway, policy
+                    )
+                added.append(rendered)
+                items_at += len(rendered.items)
+                bytes_at += rendered.bytes
+                item_ends.append(items_at)
+                byte_ends.append(bytes_at)
+            result = _Flat(
+                base.pinned,
+                base.pinned_render,
+                turns,
+                self._evicted,
+                base.items + _join(added).items,
+                base.origin,
+                base.item_ends + tuple(item_ends),
+                base.byte_ends + tuple(byte_ends),
+            )
+        if store and result is not self._shared.flat.get(key):
             self._store(key, result)
         return result
 

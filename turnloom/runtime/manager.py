@@ -35,6 +35,7 @@ from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_ga
 from turnloom.context.history import (
     HistoryLimits,
     HistoryView,
+    RenderedHistory,
     TurnHistory,
     check_id,
 )
@@ -110,14 +111,37 @@ class _Histogram:
 
 
 class _ContextState:
-    __slots__ = ("history", "invocation", "last_bytes", "last_items", "last_sizes")
+    __slots__ = ("history", "invocation", "last")
 
     def __init__(self, history: TurnHistory) -> None:
         self.history = history
         self.invocation: Invocation | None = None
-        self.last_items: tuple[NativeContent, ...] = ()
-        self.last_sizes: tuple[int, ...] = ()
-        self.last_bytes = 0
+        self.last: _Layout | None = None  # the last delivered prefix
+
+
+class _Layout:
+    """A delivered prefix and how to count the bytes of any leading part of it."""
+
+    __slots__ = ("bytes", "extra_sizes", "items", "rendered")
+
+    def __init__(
+        self,
+        items: tuple[NativeContent, ...],
+        total: int,
+        rendered: RenderedHistory,
+        extra_sizes: tuple[int, ...],
+    ) -> None:
+        self.items = items
+        self.bytes = total
+        self.rendered = rendered
+        self.extra_sizes = extra_sizes  # the runtime-state pair's items, after the history
+
+    def bytes_before(self, count: int) -> int:
+        """Serialized size of ``items[:count]``, in bytes."""
+        history = len(self.rendered.items)
+        if count <= history:
+            return self.rendered.bytes_before(count)
+        return self.rendered.bytes + sum(self.extra_sizes[: count - history])
 
 
 class _Waiters:
@@ -635,9 +659,9 @@ class ContextManager:
                     behavior_rules=behavior_rules,
                     loop_budget=request.loop_budget,
                 )
-                last = (state.last_items, state.last_sizes)
+                last = state.last
                 started = anyio.current_time()
-                prepared = await anyio.to_thread.run_sync(
+                prepared, layout = await anyio.to_thread.run_sync(
                     self._render_in_thread,
                     view,
                     request,
@@ -650,10 +674,8 @@ class ContextManager:
                 # abandoned): the result is discarded.
                 if not scope.cancel_called:
                     if preparation.wanted:
-                        self._prefix_bytes += state.last_bytes
-                        state.last_items = prepared.items
-                        state.last_sizes = prepared.item_sizes
-                        state.last_bytes = prepared.bytes
+                        self._prefix_bytes += last.bytes if last is not None else 0
+                        state.last = layout
                         self._prefix_reused += prepared.reused_bytes
                         self._latency.observe(anyio.current_time() - preparation.requested_at)
                         self._render.observe(prepared.render_seconds)
@@ -683,35 +705,33 @@ class ContextManager:
         view: HistoryView,
         request: ContextPrepareRequest,
         pair: tuple[Message, Message] | None,
-        last: tuple[tuple[NativeContent, ...], tuple[int, ...]],
+        last: _Layout | None,
         queued: float,
-    ) -> PreparedContext:
+    ) -> tuple[PreparedContext, _Layout]:
         begin = time.perf_counter()
         gateway = self._gateway
         rendered = view.render(gateway, request.turn_id, open_calls=self._open_calls)
-        items, sizes = rendered.items, rendered.sizes
+        items = rendered.items
         total = rendered.bytes
         call_id: str | None = None
         reserved: list[str] = []
+        extra_sizes: tuple[int, ...] = ()
         if pair is not None:
             call_id = state_call_id(request.context_id, request.turn_id)
             reserved.append(call_id)
             extra = tuple(gateway.render(pair[0])) + tuple(gateway.render(pair[1]))
             extra_sizes = tuple(len(_encoder.encode(item)) for item in extra)
             items += extra
-            sizes += extra_sizes
             total += sum(extra_sizes)
         reserved.extend(m.id for m in view.turn_input(request.turn_id) if m.id is not None)
         reused = 0
-        if last[0]:
-            common = _common_prefix(items, last[0])
-            reused = sum(last[1][:common])
-        return PreparedContext(
+        if last is not None:
+            reused = last.bytes_before(_common_prefix(items, last.items))
+        prepared = PreparedContext(
             context_id=request.context_id,
             turn_id=request.turn_id,
             gateway=gateway.type,
             items=items,
-            item_sizes=sizes,
             item_count=len(items),
             bytes=total,
             tokens=math.ceil(total / 4),
@@ -722,6 +742,7 @@ class ContextManager:
             queued_seconds=queued,
             render_seconds=time.perf_counter() - begin,
         )
+        return prepared, _Layout(items, total, rendered, extra_sizes)
 
     # -- continuation ------------------------------------------------------------
 

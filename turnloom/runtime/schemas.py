@@ -94,8 +94,6 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True):
         items: tuple of NativeContent, oldest first: pinned instructions, the
             earlier turns, the turn's input, then the runtime-state pair when
             there is one. Shared with caches: treat as read-only.
-        item_sizes: the serialized size of each item, in bytes, aligned with
-            ``items``.
         item_count: ``len(items)``.
         bytes: serialized size of ``items``, in bytes (JSON).
         tokens: approximate token count, ``ceil(bytes / 4)``.
@@ -115,7 +113,6 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True):
     turn_id: str
     gateway: GatewayType
     items: tuple[NativeContent, ...]
-    item_sizes: tuple[int, ...]
     item_count: int
     bytes: int
     tokens: int
