@@ -37,7 +37,7 @@ __all__ = (
 )
 
 import bisect
-import itertools
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -128,15 +128,21 @@ class RenderedHistory:
         turn_start: index in ``items`` of the turn's first input item.
     """
 
-    __slots__ = ("_flat", "_head", "_key", "bytes", "items", "turn_start")
+    __slots__ = ("_head", "_key", "_layout", "bytes", "items", "turn_start")
 
-    def __init__(self, flat: _Flat, head: _Rendered, key: _CacheKey) -> None:
-        self._flat = flat
+    def __init__(
+        self,
+        items: tuple[NativeContent, ...],
+        layout: _Layout,
+        head: _Rendered,
+        key: _CacheKey,
+    ) -> None:
+        self.items = items
+        self._layout = layout
         self._head = head
         self._key = key
-        self.items: tuple[NativeContent, ...] = flat.items + head.items
-        self.bytes: int = flat.bytes + head.bytes
-        self.turn_start: int = len(flat.items)
+        self.turn_start: int = len(items) - len(head.items)
+        self.bytes: int = layout.bytes + head.bytes
 
     def bytes_before(self, count: int) -> int:
         """Serialized size of ``items[:count]``, in bytes.
@@ -144,20 +150,20 @@ class RenderedHistory:
         Costs O(log turns + one turn), never a pass over the whole history.
         """
         count = max(0, min(count, len(self.items)))
-        flat = self._flat
-        if count > len(flat.items):
-            return flat.bytes + sum(self._head.sizes[: count - len(flat.items)])
-        pinned = flat.pinned_render
+        layout = self._layout
+        if count > self.turn_start:
+            return layout.bytes + sum(self._head.sizes[: count - self.turn_start])
+        pinned = layout.pinned
         if count <= len(pinned.items):
             return sum(pinned.sizes[:count])
-        position = flat.origin[0] + count - len(pinned.items)  # in the running coordinate
-        index = bisect.bisect_right(flat.item_ends, position)
-        if index == len(flat.turns):  # exactly the end of the last turn
-            return flat.bytes
-        turn_start = flat.item_ends[index - 1] if index else flat.origin[0]
-        bytes_start = flat.byte_ends[index - 1] if index else flat.origin[1]
-        inside = flat.turns[index].cache[self._key].sizes[: position - turn_start]
-        return pinned.bytes + bytes_start - flat.origin[1] + sum(inside)
+        position = layout.origin[0] + count - len(pinned.items)  # in the running coordinate
+        index = bisect.bisect_right(layout.item_ends, position)
+        if index == len(layout.turns):  # exactly the end of the last turn
+            return layout.bytes
+        turn_start = layout.item_ends[index - 1] if index else layout.origin[0]
+        bytes_start = layout.byte_ends[index - 1] if index else layout.origin[1]
+        inside = layout.turns[index].cache[self._key].sizes[: position - turn_start]
+        return pinned.bytes + bytes_start - layout.origin[1] + sum(inside)
 
 
 class _Entry:
@@ -218,61 +224,77 @@ class _Turn:
         )
 
 
-class _Flat:
-    """Pinned instructions plus the concatenated render of a run of closed turns.
+class _Layout:
+    """Where each closed turn sits in a run: an immutable snapshot.
 
-    Positions in the turns are kept in one running coordinate that is never
-    rebased: turn ``i`` ends at item ``item_ends[i]`` and byte ``byte_ends[i]``
-    and the run begins at ``origin``. Dropping turns from the front moves
-    ``origin`` with a C-speed slice of the ends, so a prepare never loops over
-    the history in Python; ``items`` is rebuilt by tuple concatenation only.
+    Positions are kept in one running coordinate that is never rebased: turn
+    ``i`` ends at item ``item_ends[i]`` and byte ``byte_ends[i]``, and the run
+    of turns begins at ``origin``. Dropping turns from the front moves
+    ``origin`` with a C-speed slice of the ends.
     """
 
-    __slots__ = (
-        "byte_ends",
-        "evicted",
-        "item_ends",
-        "items",
-        "origin",
-        "pinned",
-        "pinned_render",
-        "turns",
-    )
+    __slots__ = ("byte_ends", "item_ends", "origin", "pinned", "turns")
 
     def __init__(
         self,
-        pinned: tuple[_Entry, ...],
-        pinned_render: _Rendered,
+        pinned: _Rendered,
         turns: tuple[_Turn, ...],
-        evicted: int,
-        items: tuple[NativeContent, ...],
         origin: tuple[int, int],
         item_ends: tuple[int, ...],
         byte_ends: tuple[int, ...],
     ) -> None:
-        self.pinned = pinned  # the pinned entries the run was built with
-        self.pinned_render = pinned_render
+        self.pinned = pinned
         self.turns = turns
-        self.evicted = evicted  # the history's evicted-turn count when built
-        self.items = items  # pinned items, then the turns' items
-        self.origin = origin  # (item, byte) running position where turns[0] begins
+        self.origin = origin
         self.item_ends = item_ends
         self.byte_ends = byte_ends
 
     @property
+    def items(self) -> int:
+        """How many items: pinned, then the turns'."""
+        turns = (self.item_ends[-1] - self.origin[0]) if self.item_ends else 0
+        return len(self.pinned.items) + turns
+
+    @property
     def bytes(self) -> int:
-        """Serialized bytes of ``items``."""
+        """Serialized bytes of those items."""
         turns = (self.byte_ends[-1] - self.origin[1]) if self.byte_ends else 0
-        return self.pinned_render.bytes + turns
+        return self.pinned.bytes + turns
+
+
+class _Run:
+    """The rendered items of the pinned instructions and the closed turns.
+
+    ``items`` is a list changed in place (evicted turns deleted at the front,
+    closed turns appended), so a prepare copies the run once, into its output
+    tuple, and never walks it in Python. Guarded by ``_Shared.lock``.
+    """
+
+    __slots__ = ("evicted", "generation", "items", "layout", "pinned_entries")
+
+    def __init__(
+        self,
+        pinned_entries: tuple[_Entry, ...],
+        layout: _Layout,
+        items: list[NativeContent],
+        evicted: int,
+        generation: int,
+    ) -> None:
+        self.pinned_entries = pinned_entries
+        self.layout = layout
+        self.items = items
+        self.evicted = evicted
+        self.generation = generation
 
 
 class _Shared:
-    """Render caches shared by all views of one history (replaced, never mutated)."""
+    """Render caches shared by all views of one history."""
 
-    __slots__ = ("flat",)
+    __slots__ = ("lock", "runs")
 
     def __init__(self) -> None:
-        self.flat: dict[_CacheKey, _Flat] = {}  # the latest run of closed turns
+        self.lock = threading.Lock()
+        self.runs: dict[_CacheKey, _Run] = {}
 
 
 def _render_entries(
@@ -306,12 +328,6 @@ def _render_message(
     return items, tuple(len(_encoder.encode(item)) for item in items)
 
 
-def _join(parts: Sequence[_Rendered]) -> _Rendered:
-    items = tuple(itertools.chain.from_iterable(p.items for p in parts))
-    sizes = tuple(itertools.chain.from_iterable(p.sizes for p in parts))
-    return _Rendered(items, sizes, sum(p.bytes for p in parts))
-
-
 class HistoryView:
     """An immutable view of a history at one moment; safe to render in a thread.
 
@@ -319,18 +335,20 @@ class HistoryView:
     it saw alive, so a later eviction does not change what it renders.
     """
 
-    __slots__ = ("_evicted", "_pinned", "_shared", "_turns")
+    __slots__ = ("_evicted", "_generation", "_pinned", "_shared", "_turns")
 
     def __init__(
         self,
         pinned: tuple[_Entry, ...],
         turns: tuple[_Turn, ...],
         evicted: int,
+        generation: int,
         shared: _Shared,
     ) -> None:
         self._pinned = pinned
         self._turns = turns
         self._evicted = evicted
+        self._generation = generation  # bumped when a turn before the newest changes
         self._shared = shared
 
     @property
@@ -397,100 +415,108 @@ class HistoryView:
             else:
                 raise UnknownTurnError(f"The history holds no turn {turn_id!r}.")
         key: _CacheKey = (gateway, open_calls)
-        closed = self._closed(
-            turns[:position], key, gateway, open_calls, store=position == len(turns) - 1
-        )
         current = turns[position]
         head = current.input_cache.get(key)
         if head is None:
             head = current.input_cache[key] = _render_entries(current.input, gateway, open_calls)
-        return RenderedHistory(closed, head, key)
-
-    def _closed(
-        self,
-        turns: tuple[_Turn, ...],
-        key: _CacheKey,
-        gateway: Gateway,
-        policy: OpenCallPolicy,
-        *,
-        store: bool,
-    ) -> _Flat:
-        flat = self._shared.flat.get(key)
-        if flat is not None and flat.pinned is self._pinned:
-            dropped = self._evicted - flat.evicted
-            kept = len(flat.turns) - dropped
-            # Tuple comparison is by identity first, at C speed: the cached run
-            # is usable when its surviving turns are still this view's prefix.
-            if 0 <= dropped and 0 <= kept <= len(turns) and turns[:kept] == flat.turns[dropped:]:
-                base = flat
-                if dropped:
-                    origin = (flat.item_ends[dropped - 1], flat.byte_ends[dropped - 1])
-                    pinned_count = len(flat.pinned_render.items)
-                    cut = pinned_count + origin[0] - flat.origin[0]
-                    base = _Flat(
-                        flat.pinned,
-                        flat.pinned_render,
-                        turns[:kept],
-                        self._evicted,
-                        flat.items[:pinned_count] + flat.items[cut:],
-                        origin,
-                        flat.item_ends[dropped:],
-                        flat.byte_ends[dropped:],
-                    )
-                return self._extend(base, turns, kept, key, gateway, policy, store=store)
-        pinned_render = _render_entries(self._pinned, gateway, policy)
-        empty = _Flat(
-            self._pinned, pinned_render, (), self._evicted, pinned_render.items, (0, 0), (), ()
-        )
-        return self._extend(empty, turns, 0, key, gateway, policy, store=store)
-
-    def _extend(
-        self,
-        base: _Flat,
-        turns: tuple[_Turn, ...],
-        reuse: int,
-        key: _CacheKey,
-        gateway: Gateway,
-        policy: OpenCallPolicy,
-        *,
-        store: bool,
-    ) -> _Flat:
-        result = base
-        if reuse < len(turns):
-            added: list[_Rendered] = []
-            item_ends: list[int] = []
-            byte_ends: list[int] = []
-            items_at = base.item_ends[-1] if base.item_ends else base.origin[0]
-            bytes_at = base.byte_ends[-1] if base.byte_ends else base.origin[1]
-            for turn in turns[reuse:]:
-                rendered = turn.cache.get(key)
-                if rendered is None:
-                    rendered = turn.cache[key] = _render_entries(
-                        turn.input + turn.outputs, gateway, policy
-                    )
-                added.append(rendered)
-                items_at += len(rendered.items)
-                bytes_at += rendered.bytes
-                item_ends.append(items_at)
-                byte_ends.append(bytes_at)
-            result = _Flat(
-                base.pinned,
-                base.pinned_render,
-                turns,
-                self._evicted,
-                base.items + _join(added).items,
-                base.origin,
-                base.item_ends + tuple(item_ends),
-                base.byte_ends + tuple(byte_ends),
+        closed = turns[:position]
+        shared = self._shared
+        with shared.lock:
+            run = shared.runs.get(key)
+            newest = position == len(turns) - 1 and (
+                run is None or (self._evicted >= run.evicted and self._generation >= run.generation)
             )
-        if store and result is not self._shared.flat.get(key):
-            self._store(key, result)
-        return result
+            if newest:
+                if run is None or not self._advance(run, closed):
+                    run = shared.runs[key] = self._build(closed, key, gateway, open_calls)
+                self._append(run, closed, key, gateway, open_calls)
+                # One copy of the run into the output tuple.
+                run.items.extend(head.items)
+                items = tuple(run.items)
+                del run.items[len(run.items) - len(head.items) :]
+                layout = run.layout
+        if not newest:
+            # An older view (or an earlier turn): a private run, the cache untouched.
+            private = self._build(closed, key, gateway, open_calls)
+            self._append(private, closed, key, gateway, open_calls)
+            items = tuple(private.items) + head.items
+            layout = private.layout
+        return RenderedHistory(items, layout, head, key)
 
-    def _store(self, key: _CacheKey, flat: _Flat) -> None:
-        flats = dict(self._shared.flat)
-        flats[key] = flat
-        self._shared.flat = flats
+    def _build(
+        self,
+        closed: tuple[_Turn, ...],
+        key: _CacheKey,
+        gateway: Gateway,
+        policy: OpenCallPolicy,
+    ) -> _Run:
+        pinned = _render_entries(self._pinned, gateway, policy)
+        layout = _Layout(pinned, (), (0, 0), (), ())
+        return _Run(self._pinned, layout, list(pinned.items), self._evicted, self._generation)
+
+    def _advance(self, run: _Run, closed: tuple[_Turn, ...]) -> bool:
+        """Drop the turns evicted since the run was built; False when it cannot be reused."""
+        layout = run.layout
+        dropped = self._evicted - run.evicted
+        kept = len(layout.turns) - dropped
+        if (
+            run.pinned_entries is not self._pinned
+            or run.generation != self._generation
+            or not 0 <= kept <= len(closed)
+            # Turns only change at the end (the generation counts other
+            # changes), so the last kept turn being the same object means the
+            # whole kept run is this view's prefix.
+            or (kept and closed[kept - 1] is not layout.turns[-1])
+        ):
+            return False
+        if dropped:
+            origin = (layout.item_ends[dropped - 1], layout.byte_ends[dropped - 1])
+            start = len(layout.pinned.items)
+            del run.items[start : start + origin[0] - layout.origin[0]]
+            run.layout = _Layout(
+                layout.pinned,
+                layout.turns[dropped:],
+                origin,
+                layout.item_ends[dropped:],
+                layout.byte_ends[dropped:],
+            )
+            run.evicted = self._evicted
+        return True
+
+    def _append(
+        self,
+        run: _Run,
+        closed: tuple[_Turn, ...],
+        key: _CacheKey,
+        gateway: Gateway,
+        policy: OpenCallPolicy,
+    ) -> None:
+        layout = run.layout
+        reuse = len(layout.turns)
+        if reuse == len(closed):
+            return
+        item_ends: list[int] = []
+        byte_ends: list[int] = []
+        items_at = layout.item_ends[-1] if layout.item_ends else layout.origin[0]
+        bytes_at = layout.byte_ends[-1] if layout.byte_ends else layout.origin[1]
+        for turn in closed[reuse:]:
+            rendered = turn.cache.get(key)
+            if rendered is None:
+                rendered = turn.cache[key] = _render_entries(
+                    turn.input + turn.outputs, gateway, policy
+                )
+            run.items.extend(rendered.items)
+            items_at += len(rendered.items)
+            bytes_at += rendered.bytes
+            item_ends.append(items_at)
+            byte_ends.append(bytes_at)
+        run.layout = _Layout(
+            layout.pinned,
+            closed,
+            layout.origin,
+            layout.item_ends + tuple(item_ends),
+            layout.byte_ends + tuple(byte_ends),
+        )
 
 
 def _blank(message: Message) -> bool:
@@ -539,6 +565,7 @@ class TurnHistory:
         "_evicted_bytes",
         "_evicted_ids",
         "_evicted_items",
+        "_generation",
         "_ids",
         "_items",
         "_late_dropped",
@@ -563,6 +590,7 @@ class TurnHistory:
         self._pinned_bytes = 0
         self._turns: tuple[_Turn, ...] = ()
         self._ids: set[str] = set()
+        self._generation = 0  # changes of a turn other than the newest
         self._items = 0
         self._bytes = 0
         self._evicted = 0
@@ -604,7 +632,9 @@ class TurnHistory:
         """An immutable view of the history as it is now, in O(1)."""
         view = self._view
         if view is None:
-            view = self._view = HistoryView(self._pinned, self._turns, self._evicted, self._shared)
+            view = self._view = HistoryView(
+                self._pinned, self._turns, self._evicted, self._generation, self._shared
+            )
         return view
 
     def statistics(self) -> HistoryStatistics:
@@ -765,6 +795,8 @@ class TurnHistory:
             return 0
         old = self._turns[position]
         new = old.with_outputs(kept)
+        if position != len(self._turns) - 1:
+            self._generation += 1
         self._turns = (*self._turns[:position], new, *self._turns[position + 1 :])
         self._items += len(kept)
         self._bytes += new.bytes - old.bytes
