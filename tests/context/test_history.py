@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgspec
@@ -340,3 +341,24 @@ def test_cached_render_equals_a_from_scratch_render(ops: list[tuple[str, int]]) 
             sum(sizes[:k]) for k in range(len(sizes) + 2)
         ]
         assert CHAT.validate(rendered.items) == []
+
+
+def test_views_render_the_same_from_many_threads_at_once() -> None:
+    """Worker threads share the render caches; every view still renders exactly."""
+    history = TurnHistory(HistoryLimits(max_turns=6))
+    history.commit("t0", [user("u0")], instructions=[SYSTEM])
+    views = []
+    for i in range(1, 30):
+        history.record(f"t{i - 1}", [call(f"c{i}"), result(f"c{i}", f"r{i}"), assistant(f"a{i}")])
+        history.commit(f"t{i}", [user(f"u{i}")])
+        history.evict()
+        views.append((history.view(), f"t{i}"))
+    expected = [list(view.render(CHAT, turn).items) for view, turn in views]
+
+    def render(index: int) -> list[NativeContent]:
+        view, turn = views[index % len(views)]
+        return list(view.render(CHAT, turn).items)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(render, range(len(views) * 8)))
+    assert results == [expected[i % len(views)] for i in range(len(views) * 8)]
