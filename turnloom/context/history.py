@@ -11,18 +11,21 @@ whole turns, oldest first, and never the newest turn; pinned instructions are
 neither evicted nor counted. A per-item byte cap rejects one oversized message
 before anything changes.
 
-Rendering is incremental. Every mutation produces a new immutable
-:class:`HistoryView` in O(1) (O(turns) when an old turn changes or on eviction,
-copied at C speed), so taking a view on the event loop costs nothing
-proportional to the history. :meth:`HistoryView.render` runs in a worker
-thread: each message is rendered once per gateway and cached, each turn's
-items are cached, and the items of all closed turns are kept as one flat tuple
-that is extended when a turn closes; a render therefore costs O(new items).
+Rendering is incremental. A view (:meth:`TurnHistory.view`) is an immutable
+snapshot taken in O(1), so the event loop does no work proportional to the
+history. :meth:`HistoryView.render` runs in a worker thread: each message is
+rendered once per gateway and cached, each turn's items are cached, and the
+items of the pinned instructions and all closed turns are kept as one run
+that is changed in place (evicted turns deleted at the front, newly closed
+turns appended). A render does Python work only for new items; what remains
+proportional to the history is one C-speed copy of item references into the
+output tuple.
 
 Thread safety: mutate a :class:`TurnHistory` from one thread (the event loop).
 Views are immutable and may be rendered from any number of worker threads at
-once; the shared caches are only ever replaced by single attribute
-assignments, so a racing render at worst recomputes a value.
+once: per-message and per-turn caches are filled by single dict assignments
+(a racing render at worst recomputes a value), and the shared run is changed
+only under a lock. A view older than the run renders privately.
 """
 
 from __future__ import annotations
