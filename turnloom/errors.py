@@ -11,6 +11,8 @@ The subclasses are grouped by how a caller reacts:
   structural rule. It carries every :class:`~turnloom.context.Violation`.
 * :class:`StateError` -- the call does not fit the current state of an object
   (unknown context or turn, a turn evicted, an invocation already in flight).
+* :class:`AreaCallbackError` -- a caller-supplied Context Area raised; the
+  CoopContext and its Context were left as they were before the call.
 
 Lifecycle errors that mirror anyio's (a closed Foundation) live in
 ``turnloom.runtime`` so that this module, which ``turnloom.context`` imports,
@@ -20,17 +22,22 @@ never imports an event-loop library.
 from __future__ import annotations
 
 __all__ = (
+    "AreaCallbackError",
     "CapacityError",
+    "DuplicateAreaError",
     "DuplicateIdError",
     "InputError",
+    "InvalidAreaError",
     "InvalidMessageError",
     "InvalidTextError",
     "ItemTooLargeError",
+    "OpenToolCallError",
     "OutOfOrderTurnError",
     "ProviderRuleError",
     "QueueFullError",
     "StateError",
     "TurnloomError",
+    "UnknownAreaError",
     "UnknownContextError",
     "UnknownTurnError",
 )
@@ -127,3 +134,60 @@ class ProviderRuleError(TurnloomError):
     def __init__(self, message: str, violations: Sequence[Violation] = ()) -> None:
         super().__init__(message)
         self.violations = tuple(violations)
+
+
+class InvalidAreaError(InputError, TypeError):
+    """An object handed over as a Context Area does not satisfy the area protocol.
+
+    Raised by ``CoopContext.register()`` before anything is registered.
+
+    Attributes:
+        missing: names of the protocol members the object lacks or has in a
+            wrong form (``("promote", "gc_prologue")``); empty when the object
+            is unhashable.
+    """
+
+    def __init__(self, message: str, *, missing: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.missing = tuple(missing)
+
+
+class DuplicateAreaError(DuplicateIdError):
+    """The same Context Area instance was registered twice with one CoopContext."""
+
+
+class AreaCallbackError(TurnloomError):
+    """A Context Area raised (or returned a wrong value) from one of its callbacks.
+
+    The CoopContext and its Context are exactly as they were before the
+    ``render()`` call; the original exception is the ``__cause__``.
+
+    Attributes:
+        area: the area whose callback failed.
+        phase: which member failed: ``"life_state"``, ``"flow_state"``,
+            ``"observe"``, ``"render"``, ``"promote"`` or ``"gc_prologue"``.
+    """
+
+    def __init__(self, message: str, *, area: object, phase: str) -> None:
+        super().__init__(message)
+        self.area = area
+        self.phase = phase
+
+
+class OpenToolCallError(StateError):
+    """The Context ends with a tool call whose result has not been appended yet.
+
+    Nothing may be placed between a call and its result (every provider
+    rejects it), so areas cannot render until the result is pushed.
+
+    Attributes:
+        call_ids: the ids of the open calls, in call order.
+    """
+
+    def __init__(self, message: str, *, call_ids: Sequence[str]) -> None:
+        super().__init__(message)
+        self.call_ids = tuple(call_ids)
+
+
+class UnknownAreaError(InputError, LookupError):
+    """An area that is not registered with the CoopContext it was looked up in."""

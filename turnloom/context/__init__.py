@@ -1,4 +1,4 @@
-"""Synchronous, pure core of turnloom: messages, gateways, Context.
+"""Synchronous, pure core of turnloom: messages, gateways, Context, CoopContext.
 
 Nothing here imports an event-loop library; every function may be called from
 a worker thread that owns its data.
@@ -8,7 +8,15 @@ from __future__ import annotations
 
 __all__ = (
     "CANCELLED_RESULT_TEXT",
+    "AreaFlowState",
+    "AreaLifeState",
+    "CollectionPlan",
+    "CollectionReport",
     "Context",
+    "ContextAreaImplementation",
+    "CoopContext",
+    "CoopStatistics",
+    "EffectRange",
     "Gateway",
     "GatewayType",
     "ImagePart",
@@ -28,11 +36,26 @@ __all__ = (
     "decode_message",
     "encode_message",
     "get_gateway",
+    "hold_until_answered",
     "message_size",
     "open_call_ids",
+    "plan_collection",
 )
 
 from turnloom.context import gateways as _gateways  # registers the built-in gateways
+from turnloom.context.area import (
+    AreaFlowState,
+    AreaLifeState,
+    ContextAreaImplementation,
+    EffectRange,
+)
+from turnloom.context.coop import (
+    CollectionPlan,
+    CollectionReport,
+    CoopContext,
+    CoopStatistics,
+    plan_collection,
+)
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, Violation, get_gateway
 from turnloom.context.message import (
     ImagePart,
@@ -54,6 +77,7 @@ from turnloom.context.pairing import (
     CANCELLED_RESULT_TEXT,
     OpenCallPolicy,
     complete_pairs,
+    hold_until_answered,
     open_call_ids,
 )
 

@@ -64,6 +64,14 @@ class Gateway(Protocol):
     message's native items and a prepare costs O(new messages). Rules that
     span messages (merging adjacent same-role turns, moving instructions to a
     top-level field) are applied by :meth:`request_body` on the whole input.
+
+    Where system and developer messages live in a Context: OpenAI Chat and
+    OpenAI Responses keep them as input messages in place (Responses keeps a
+    message parsed from ``instructions`` as an ``{"type": "instructions"}``
+    item that ``request_body`` lifts); Anthropic keeps ``{"role": "system"}``
+    items and lifts the leading run into ``system``; Gemini keeps
+    ``{"role": "system"}`` items and lifts all of them into
+    ``systemInstruction``.
     """
 
     @property
@@ -88,6 +96,21 @@ class Gateway(Protocol):
         """
         ...
 
+    def parse_request(self, body: dict[str, Any]) -> list[Message]:
+        """Parse a whole request body (as sent to the provider) into messages.
+
+        Instructions held outside the item list (Anthropic ``system``, Gemini
+        ``systemInstruction``, Responses ``instructions``) come first, as
+        ``system`` messages whose ``layout`` records where they were, so that
+        ``request_body`` of the rendered messages reproduces the body's input
+        fields exactly.
+
+        Raises:
+            InvalidMessageError: the body has no item list or an item is
+                malformed.
+        """
+        ...
+
     def validate(self, items: Sequence[NativeContent]) -> list[Violation]:
         """Check a whole input against the provider's structural rules.
 
@@ -99,8 +122,13 @@ class Gateway(Protocol):
     def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
         """The input part of a request body for ``items`` (the model call's input).
 
-        For example ``{"messages": [...]}`` for OpenAI Chat. The caller adds
-        the model name, tools and generation settings.
+        For example ``{"messages": [...]}`` for OpenAI Chat. Instructions are
+        placed where the API expects them and adjacent turns merged where the
+        provider's rules call for it (each gateway documents what it does).
+        The caller adds the model name, tools and generation settings. A
+        gateway's ``validate`` accepts the item list of this body whenever the
+        items were rendered from messages completed by
+        :func:`~turnloom.context.complete_pairs`.
         """
         ...
 

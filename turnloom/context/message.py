@@ -63,7 +63,7 @@ class _Part(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Base of the part union; not a public type."""
 
 
-class TextPart(_Part, tag="text"):
+class TextPart(_Part, frozen=True, tag="text"):
     """Plain text.
 
     Attributes:
@@ -77,7 +77,7 @@ class TextPart(_Part, tag="text"):
     extras: dict[str, Any] | None = None
 
 
-class ImagePart(_Part, tag="image"):
+class ImagePart(_Part, frozen=True, tag="image"):
     """An image, by ``url`` or by base64 ``data`` with its ``media_type``.
 
     Exactly one of ``url`` and ``data`` is set. ``detail`` is OpenAI's
@@ -91,7 +91,7 @@ class ImagePart(_Part, tag="image"):
     extras: dict[str, Any] | None = None
 
 
-class ToolCallPart(_Part, tag="tool_call"):
+class ToolCallPart(_Part, frozen=True, tag="tool_call"):
     """A tool call made by the model.
 
     Attributes:
@@ -111,7 +111,7 @@ class ToolCallPart(_Part, tag="tool_call"):
 ResultContent: TypeAlias = "TextPart | ImagePart | OpaquePart"
 
 
-class ToolResultPart(_Part, tag="tool_result"):
+class ToolResultPart(_Part, frozen=True, tag="tool_result"):
     """The result of one tool call.
 
     Attributes:
@@ -129,7 +129,7 @@ class ToolResultPart(_Part, tag="tool_result"):
     extras: dict[str, Any] | None = None
 
 
-class ReasoningPart(_Part, tag="reasoning"):
+class ReasoningPart(_Part, frozen=True, tag="reasoning"):
     """Model reasoning, replayed verbatim to the provider that produced it.
 
     Attributes:
@@ -152,7 +152,7 @@ class ReasoningPart(_Part, tag="reasoning"):
     extras: dict[str, Any] | None = None
 
 
-class OpaquePart(_Part, tag="opaque"):
+class OpaquePart(_Part, frozen=True, tag="opaque"):
     """One provider-native item or block the neutral model does not represent.
 
     Server-side tool blocks, documents, audio, MCP or compaction items are
@@ -180,13 +180,25 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
         content: the parts, in order.
         id: the provider's message or item id, when it has one.
         extras: provider-native message fields the neutral model does not name,
-            re-emitted verbatim by the gateway that produced them.
+            re-emitted verbatim by the gateway that produced them. A gateway
+            emits the message's and its parts' extras only when ``layout`` is
+            None (a message built by hand) or names that gateway (a gateway
+            that parses a message with extras always records itself there).
+        layout: how the producing gateway laid the message out natively, when
+            that differs from the gateway's canonical form: a JSON object with
+            ``"gateway"`` (its name) and gateway-specific hints (``"content":
+            "string"`` for content sent as a string instead of a list, ...).
+            Only the named gateway reads it, to re-emit exactly the recorded
+            form; it is never emitted as a native field. It is ``None`` for a
+            message built by hand, and for a parsed message with no extras in
+            its gateway's canonical form.
     """
 
     role: Role
     content: tuple[Part, ...] | str = ()
     id: str | None = None
     extras: dict[str, Any] | None = None
+    layout: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.content, str):
@@ -260,9 +272,7 @@ def check_message(message: object, *, where: str = "message") -> int:
         DuplicateIdError: two tool calls of the message share a call id.
     """
     if not isinstance(message, Message):
-        raise InvalidMessageError(
-            f"{where} is a {type(message).__name__}, not a turnloom Message."
-        )
+        raise InvalidMessageError(f"{where} is a {type(message).__name__}, not a turnloom Message.")
     try:
         role = Role(message.role)
     except ValueError:
@@ -273,6 +283,15 @@ def check_message(message: object, *, where: str = "message") -> int:
         msgspec.structs.force_setattr(message, "role", role)
     if message.id is not None and (not isinstance(message.id, str) or not message.id):
         raise InvalidMessageError(f"{where} has an empty id.", field="id")
+    layout = message.layout
+    if layout is not None and (
+        not isinstance(layout, dict)
+        or not isinstance(layout.get("gateway"), str)
+        or not layout["gateway"]
+    ):
+        raise InvalidMessageError(
+            f"{where} layout must be an object naming its gateway.", field="layout"
+        )
     seen: set[str] = set()
     for i, part in enumerate(message.parts):
         field = f"content[{i}]"
@@ -285,9 +304,7 @@ def check_message(message: object, *, where: str = "message") -> int:
                     field=f"{field}.arguments",
                 )
             if part.call_id in seen:
-                raise DuplicateIdError(
-                    f"{where} has two tool calls with call id {part.call_id!r}."
-                )
+                raise DuplicateIdError(f"{where} has two tool calls with call id {part.call_id!r}.")
             seen.add(part.call_id)
         elif isinstance(part, ToolResultPart):
             _require_id(part.call_id, where, f"{field}.call_id")
@@ -328,6 +345,11 @@ def _check_image(part: ImagePart, where: str, field: str) -> None:
     if (part.url is None) == (part.data is None):
         raise InvalidMessageError(
             f"{where} {field} must set exactly one of url and data.", field=field
+        )
+    if part.data is not None and not part.media_type:
+        raise InvalidMessageError(
+            f"{where} {field} gives base64 data without its media_type.",
+            field=f"{field}.media_type",
         )
 
 

@@ -15,10 +15,18 @@ with its own call.
 
 from __future__ import annotations
 
-__all__ = ("CANCELLED_RESULT_TEXT", "OpenCallPolicy", "complete_pairs", "open_call_ids")
+__all__ = (
+    "CANCELLED_RESULT_TEXT",
+    "OpenCallPolicy",
+    "complete_pairs",
+    "hold_until_answered",
+    "open_call_ids",
+)
 
 from collections.abc import Iterable, Sequence
 from typing import Literal, TypeAlias
+
+import msgspec
 
 from turnloom.context.message import (
     Message,
@@ -65,6 +73,53 @@ def open_call_ids(messages: Sequence[Message]) -> tuple[str, ...]:
     return tuple(pending)
 
 
+def hold_until_answered(messages: Sequence[Message]) -> list[Message]:
+    """Move messages that arrived while calls were open to after those calls' results.
+
+    A notice (a ``system``/``developer`` message) or user text appended while
+    the calls of the latest assistant message are still open would otherwise
+    sit between a call and its result, which no provider accepts and which
+    :func:`complete_pairs` would resolve by giving up the call. Such messages
+    are held and re-inserted, in their order, right after the result that
+    answers the group's last open call; if the group is never answered, they
+    are released before the next assistant message (or at the end), where
+    :func:`complete_pairs` then excludes or cancels the open calls.
+
+    Messages that need no move are returned as the same objects.
+
+    Args:
+        messages: neutral messages, oldest first.
+
+    Returns:
+        a new list with the same messages, oldest first.
+
+    Source: issue 4, small input 3 (a notice injected while a call is open
+    goes after its result).
+    """
+    out: list[Message] = []
+    held: list[Message] = []
+    pending: set[str] = set()
+    for message in messages:
+        role = message.role
+        if role is Role.tool or (role is Role.user and message.tool_results):
+            out.append(message)
+            pending.difference_update(r.call_id for r in message.tool_results)
+            if not pending:
+                out.extend(held)
+                held.clear()
+        elif role is Role.assistant:
+            out.extend(held)
+            held.clear()
+            out.append(message)
+            pending = {c.call_id for c in message.tool_calls}
+        elif pending:
+            held.append(message)
+        else:
+            out.append(message)
+    out.extend(held)
+    return out
+
+
 def complete_pairs(
     messages: Sequence[Message], *, open_calls: OpenCallPolicy = "exclude"
 ) -> list[Message]:
@@ -106,14 +161,10 @@ def complete_pairs(
             else:
                 owner = out[group_at]
                 kept = tuple(
-                    p
-                    for p in owner.parts
-                    if not (type(p) is ToolCallPart and p.call_id in pending)
+                    p for p in owner.parts if not (type(p) is ToolCallPart and p.call_id in pending)
                 )
                 if kept:
-                    out[group_at] = Message(
-                        role=owner.role, content=kept, id=owner.id, extras=owner.extras
-                    )
+                    out[group_at] = msgspec.structs.replace(owner, content=kept)
                 else:
                     del out[group_at]
         pending.clear()
@@ -136,9 +187,7 @@ def complete_pairs(
             if not kept_parts:
                 continue
             if len(kept_parts) != len(parts):
-                message = Message(
-                    role=role, content=tuple(kept_parts), id=message.id, extras=message.extras
-                )
+                message = msgspec.structs.replace(message, content=tuple(kept_parts))
             if role is Role.user and any(type(p) is not ToolResultPart for p in kept_parts):
                 # Text after the results starts a new user turn: the group ends.
                 close_group()
@@ -148,7 +197,7 @@ def complete_pairs(
         if not cleaned:
             continue
         if len(cleaned) != len(parts):
-            message = Message(role=role, content=cleaned, id=message.id, extras=message.extras)
+            message = msgspec.structs.replace(message, content=cleaned)
         out.append(message)
         if role is Role.assistant:
             calls = message.tool_calls

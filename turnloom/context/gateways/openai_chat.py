@@ -10,7 +10,15 @@ Rendering (Message -> native):
   "arguments"}}``) when it calls tools. ``content`` is ``None`` when the
   message has tool calls and no text (the API's documented form).
 * Tool results become one ``{"role": "tool", "tool_call_id", "content"}``
-  message each, in part order.
+  message each, in part order; other parts of a ``user`` message carrying
+  results follow as one ``user`` message.
+* An assistant message with neither text nor tool calls (an interrupted
+  reply, or reasoning only) renders to nothing.
+
+Layout kept for exact re-emission (``Message.layout``): a single text sent as
+a one-element list (``"content": "list"``), an assistant message sent
+without a ``content`` key (``"content": "absent"``). System and developer
+messages stay in ``messages`` where they are.
 
 Lossy mappings, documented: reasoning parts are dropped (Chat Completions has
 no field to replay them); opaque parts of other gateways are dropped with a
@@ -33,6 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from turnloom.context.gateway import GatewayType, NativeContent, Violation, register_gateway
+from turnloom.context.gateways._common import drop_foreign, layout_of, require_object
 from turnloom.context.message import (
     ImagePart,
     Message,
@@ -69,81 +78,125 @@ class OpenAIChatGateway:
     # -- rendering -------------------------------------------------------
 
     def render(self, message: Message) -> list[NativeContent]:
-        """Render ``message`` into Chat messages (one, or one per tool result)."""
+        """Render ``message`` into Chat messages (one, or one per tool result).
+
+        A ``user`` message carrying tool results renders its results as
+        ``tool`` messages first, then its other parts as one ``user`` message.
+        """
+        layout = layout_of(message, _GATEWAY)
+        own = message.layout is None or bool(layout)
         role = message.role
         if role is Role.tool or (role is Role.user and message.tool_results):
-            return self._render_results(message)
+            items = self._render_results(message, layout, own)
+            rest = [p for p in message.parts if type(p) is not ToolResultPart]
+            if role is Role.user and rest:
+                content = self._render_content(rest, role, layout, own)
+                if content is not None:
+                    items.append({"role": "user", "content": content})
+            return items
         if role is Role.assistant:
-            return [self._render_assistant(message)]
-        content = self._render_content(message.parts, role)
+            return self._render_assistant(message, layout, own)
+        content = self._render_content(message.parts, role, layout, own)
         if content is None:
             return []
         item: NativeContent = {"role": role.value, "content": content}
-        if message.extras:
+        if own and message.extras:
             item.update(message.extras)
         return [item]
 
-    def _render_content(self, parts: Sequence[Part], role: Role) -> str | list[Any] | None:
-        if len(parts) == 1 and type(parts[0]) is TextPart and not parts[0].extras:
+    def _render_content(
+        self, parts: Sequence[Part], role: Role, layout: dict[str, Any], own: bool
+    ) -> str | list[Any] | None:
+        if (
+            len(parts) == 1
+            and type(parts[0]) is TextPart
+            and not (own and parts[0].extras)
+            and layout.get("content") != "list"
+        ):
             return None if _blank(parts[0].text) else parts[0].text
         out: list[Any] = []
         for part in parts:
             if type(part) is TextPart:
                 if not _blank(part.text):
                     block: dict[str, Any] = {"type": "text", "text": part.text}
-                    if part.extras:
+                    if own and part.extras:
                         block.update(part.extras)
                     out.append(block)
             elif type(part) is ImagePart:
-                url = part.url if part.url is not None else f"data:{part.media_type};base64,{part.data}"
+                url = (
+                    part.url
+                    if part.url is not None
+                    else f"data:{part.media_type};base64,{part.data}"
+                )
                 image: dict[str, Any] = {"url": url}
                 if part.detail is not None:
                     image["detail"] = part.detail
                 block = {"type": "image_url", "image_url": image}
-                if part.extras:
+                if own and part.extras:
                     block.update(part.extras)
                 out.append(block)
             elif type(part) is OpaquePart:
                 if part.gateway == _GATEWAY:
                     out.append(part.item)
                 else:
-                    _log.warning(
-                        "Dropped a %s-native part (%s) from a %s message: OpenAI Chat "
-                        "cannot carry it.",
-                        part.gateway,
-                        part.item.get("type", "?"),
-                        role.value,
-                    )
+                    drop_foreign(part, _GATEWAY, _log)
             elif type(part) is ReasoningPart:
-                continue
+                if part.gateway != _GATEWAY:
+                    drop_foreign(part, _GATEWAY, _log)
         return out or None
 
-    def _render_assistant(self, message: Message) -> NativeContent:
-        texts = [p for p in message.parts if type(p) is TextPart and not _blank(p.text)]
+    def _render_assistant(
+        self, message: Message, layout: dict[str, Any], own: bool
+    ) -> list[NativeContent]:
+        blocks: list[Any] = []
+        for part in message.parts:
+            if type(part) is TextPart:
+                if not _blank(part.text):
+                    blocks.append(
+                        {"type": "text", "text": part.text, **((own and part.extras) or {})}
+                    )
+            elif type(part) is OpaquePart and part.gateway == _GATEWAY:
+                blocks.append(part.item)
+            elif type(part) is OpaquePart or type(part) is ReasoningPart:
+                drop_foreign(part, _GATEWAY, _log)
+            elif type(part) is ImagePart:
+                _log.warning(
+                    "Dropped an image from an assistant message: OpenAI Chat assistant "
+                    "messages carry text only."
+                )
         calls = message.tool_calls
-        content: str | list[Any] | None
-        if len(texts) == 1 and not texts[0].extras:
-            content = texts[0].text
-        elif texts:
-            content = [{"type": "text", "text": p.text, **(p.extras or {})} for p in texts]
-        else:
-            content = None
-        item: NativeContent = {"role": "assistant", "content": content}
+        if not blocks and not calls and not (own and message.extras):
+            # Nothing to say (an interrupted or reasoning-only reply): no item,
+            # since an assistant message needs content or tool calls.
+            return []
+        content: str | list[Any] | None = blocks or None
+        if (
+            len(blocks) == 1
+            and blocks[0].keys() == {"type", "text"}
+            and blocks[0]["type"] == "text"
+            and layout.get("content") != "list"
+        ):
+            content = blocks[0]["text"]
+        item: NativeContent = {"role": "assistant"}
+        if not (content is None and layout.get("content") == "absent"):
+            item["content"] = content
         if calls:
             item["tool_calls"] = [
                 {
                     "id": c.call_id,
                     "type": "function",
                     "function": {"name": c.name, "arguments": c.arguments},
-                    **(c.extras or {}),
+                    **((own and c.extras) or {}),
                 }
                 for c in calls
             ]
-        if message.extras:
+        if own and message.extras:
             item.update(message.extras)
-        return item
+        return [item]
 
-    def _render_results(self, message: Message) -> list[NativeContent]:
+    def _render_results(
+        self, message: Message, layout: dict[str, Any], own: bool
+    ) -> list[NativeContent]:
         items: list[NativeContent] = []
         for result in message.tool_results:
             texts: list[TextPart] = []
@@ -157,14 +210,24 @@ class OpenAIChatGateway:
                         result.call_id,
                     )
             content: str | list[Any]
-            if len(texts) == 1 and not texts[0].extras:
+            if (
+                len(texts) == 1
+                and not (own and texts[0].extras)
+                and layout.get("content") != "list"
+            ):
                 content = texts[0].text
             elif not texts:
                 content = ""
             else:
-                content = [{"type": "text", "text": p.text, **(p.extras or {})} for p in texts]
-            item: NativeContent = {"role": "tool", "tool_call_id": result.call_id, "content": content}
-            if result.extras:
+                content = [
+                    {"type": "text", "text": p.text, **((own and p.extras) or {})} for p in texts
+                ]
+            item: NativeContent = {
+                "role": "tool",
+                "tool_call_id": result.call_id,
+                "content": content,
+            }
+            if own and result.extras:
                 item.update(result.extras)
             items.append(item)
         return items
@@ -197,14 +260,22 @@ class OpenAIChatGateway:
                     "OpenAI Chat tool message has no tool_call_id.", field="tool_call_id"
                 )
             name = extras.get("name") if extras else None
+            inner = self._parse_content(content, "content")
             result = ToolResultPart(
                 call_id=call_id,
-                content=self._parse_content(content, "content"),  # type: ignore[arg-type]
+                content=inner,  # type: ignore[arg-type]
                 name=name if isinstance(name, str) else None,
                 extras=extras,
             )
-            return Message(role=Role.tool, content=(result,))
+            return Message(
+                role=Role.tool,
+                content=(result,),
+                layout=_layout(content, inner, bool(extras) or _any_extras(inner)),
+            )
         parts: list[Part] = list(self._parse_content(content, "content"))
+        hints_layout = _layout(content, parts, False)
+        if role is Role.assistant and "content" not in item:
+            hints_layout = {"gateway": _GATEWAY, "content": "absent"}
         if role is Role.assistant:
             calls = item.get("tool_calls")
             if calls is not None:
@@ -214,7 +285,26 @@ class OpenAIChatGateway:
                     )
                 for i, call in enumerate(calls):
                     parts.append(self._parse_call(call, i))
-        return Message(role=role, content=tuple(parts), extras=extras)
+        if hints_layout is None and (extras or _any_extras(parts)):
+            hints_layout = {"gateway": _GATEWAY}
+        return Message(role=role, content=tuple(parts), extras=extras, layout=hints_layout)
+
+    def parse_request(self, body: dict[str, Any]) -> list[Message]:
+        """Parse a Chat Completions request body's ``messages``, in order.
+
+        System and developer messages live in ``messages`` for this API, so
+        they stay where they are.
+
+        Raises:
+            InvalidMessageError: ``messages`` is missing or an item is malformed.
+        """
+        body = require_object(body, "OpenAI Chat", "request body")
+        items = body.get("messages")
+        if not isinstance(items, list):
+            raise InvalidMessageError(
+                "OpenAI Chat request body has no messages list.", field="messages"
+            )
+        return [self.parse(item) for item in items]
 
     def _parse_call(self, call: Any, index: int) -> ToolCallPart:
         field = f"tool_calls[{index}]"
@@ -285,7 +375,11 @@ class OpenAIChatGateway:
             role = item.get("role") if isinstance(item, dict) else None
             if role not in _ROLES:
                 violations.append(
-                    Violation(index=index, rule="unknown_role", message=f"Item {index} has unknown role {role!r}.")
+                    Violation(
+                        index=index,
+                        rule="unknown_role",
+                        message=f"Item {index} has unknown role {role!r}.",
+                    )
                 )
                 continue
             if role == "tool":
@@ -325,8 +419,10 @@ class OpenAIChatGateway:
                 )
             elif isinstance(content, list):
                 for j, block in enumerate(content):
-                    if isinstance(block, dict) and block.get("type") == "text" and _blank(
-                        str(block.get("text", ""))
+                    if (
+                        isinstance(block, dict)
+                        and block.get("type") == "text"
+                        and _blank(str(block.get("text", "")))
                     ):
                         violations.append(
                             Violation(
@@ -355,11 +451,24 @@ class OpenAIChatGateway:
                     message=f"Call {call_id!r} of assistant message {at} has no tool message.",
                 )
             )
-        return violations
+        return sorted(violations, key=lambda v: v.index)
 
     def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
         """``{"messages": [...]}``, the items unchanged."""
         return {"messages": list(items)}
+
+
+def _layout(content: Any, parts: Sequence[Part], has_extras: bool) -> dict[str, Any] | None:
+    """Layout hint: a single text part that arrived as a one-element list."""
+    if isinstance(content, list) and len(parts) == 1 and type(parts[0]) is TextPart:
+        return {"gateway": _GATEWAY, "content": "list"}
+    if has_extras:
+        return {"gateway": _GATEWAY}
+    return None
+
+
+def _any_extras(parts: Sequence[Any]) -> bool:
+    return any(getattr(p, "extras", None) for p in parts)
 
 
 def _empty_content(content: Any) -> bool:

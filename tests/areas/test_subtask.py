@@ -1,0 +1,163 @@
+"""SubtaskArea: exclusive across model calls, retires on its predicate, promotes a summary."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.context.coop.support import assistant, call, items, native, push, result, user
+from turnloom.areas import OneShotNotice, SubtaskArea
+from turnloom.context import (
+    AreaFlowState,
+    AreaLifeState,
+    Context,
+    ContextAreaImplementation,
+    CoopContext,
+    EffectRange,
+    GatewayType,
+    Message,
+    Role,
+)
+from turnloom.errors import AreaCallbackError, InputError, InvalidMessageError, StateError
+
+
+def states(area: SubtaskArea) -> tuple[AreaLifeState, AreaFlowState]:
+    """Read both states (a call, so type checkers do not narrow them across renders)."""
+    return area.life_state, area.flow_state
+
+
+def fare_found(area: SubtaskArea) -> bool:
+    return any(m.text.startswith("FARE:") for m in area.routed)
+
+
+def fare_summary(area: SubtaskArea) -> str:
+    final = [m.text for m in area.routed if m.text.startswith("FARE:")][-1]
+    return f"Sub-task result: {final}"
+
+
+def test_subtask_reclaims_its_intermediate_items_and_promotes_the_summary(
+    gateway_type: GatewayType,
+) -> None:
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    question = push(context, user("Book me the cheapest flight to Oslo."))
+    task = SubtaskArea("Find the cheapest fare first.", done=fare_found, summary=fare_summary)
+    area: ContextAreaImplementation = task
+    coop.register(area)
+
+    coop.render()
+    instruction = native(gateway_type, user("Find the cheapest fare first."))
+    assert items(context) == question + instruction
+    assert coop.cursor is task
+    assert states(task) == (AreaLifeState.retain, AreaFlowState.exclusive)
+    start = len(question)
+    assert coop.effect_range(task) == EffectRange(start, start + len(instruction) - 1)
+
+    # Model call 1: a tool call and its result, routed to the sub-task.
+    step = [call("c1", "search_fares"), result("c1", "OSL 120 EUR, 150 EUR", "search_fares")]
+    push(context, *step)
+    task.route(step)
+    coop.render()  # observes, not done: renders nothing, keeps the cursor
+    assert list(task.observed) == instruction
+    assert items(context) == question + instruction + native(gateway_type, *step)
+    assert coop.is_retired(task) is False
+
+    # Model call 2: the answer that completes the sub-task.
+    final = assistant("FARE: 120 EUR on the 07:10 departure.")
+    push(context, final)
+    task.route(final)
+    coop.render()  # done: yields and retires; nothing reclaimed before the next safe point
+    assert states(task) == (AreaLifeState.retired, AreaFlowState.yielded)
+    assert not task.collected
+
+    coop.render()
+    summary = user("Sub-task result: FARE: 120 EUR on the 07:10 departure.")
+    assert items(context) == question + native(gateway_type, summary)
+    assert task.collected and task.routed == () and task not in coop
+    report = coop.last_collection
+    assert report is not None and report.promoted == (summary,)
+    assert report.start == start
+
+
+def test_subtask_keeps_other_areas_waiting_while_exclusive(gateway_type: GatewayType) -> None:
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    task = SubtaskArea("Check the baggage policy.", done=fare_found, summary="Policy checked.")
+    notice = OneShotNotice("Prices are in EUR.")
+    coop.register(task)
+    coop.register(notice)
+    coop.render()
+    push(context, assistant("Looking it up."))
+    coop.render()
+    assert not notice.rendered
+    task.route(assistant("FARE: n/a"))
+    push(context, assistant("FARE: n/a"))
+    coop.render()  # the sub-task retires in observe; the notice renders in the same pass
+    assert notice.rendered
+    assert items(context)[-1:] == native(gateway_type, user("Prices are in EUR."))
+    coop.render()  # both tail components are retired: one collection reclaims both
+    assert items(context) == native(gateway_type, user("Policy checked."))
+    assert coop.areas == ()
+
+
+def test_subtask_predicate_error_is_an_observe_failure_and_rolls_back(
+    gateway_type: GatewayType,
+) -> None:
+    def broken(area: SubtaskArea) -> bool:
+        raise ValueError("predicate exploded")
+
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    task = SubtaskArea("Do it.", done=broken, summary="done")
+    coop.register(task)
+    coop.render()
+    before = items(context)
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()
+    assert (info.value.area, info.value.phase) == (task, "observe")
+    assert isinstance(info.value.__cause__, ValueError)
+    assert items(context) == before
+
+
+def test_subtask_summary_callback_producing_nothing_fails_in_promote(
+    gateway_type: GatewayType,
+) -> None:
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    task = SubtaskArea("Do it.", done=lambda a: True, summary=lambda a: "   ")
+    coop.register(task)
+    coop.render()
+    coop.render()  # retires in observe
+    before = items(context)
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()
+    assert (info.value.area, info.value.phase) == (task, "promote")
+    assert isinstance(info.value.__cause__, InputError)
+    assert items(context) == before
+    assert task in coop and not task.collected
+
+
+def test_subtask_summary_may_be_messages() -> None:
+    notes = (Message(role=Role.user, content="a"), Message(role=Role.user, content="b"))
+    task = SubtaskArea("Do it.", done=lambda a: True, summary=notes)
+    assert task.promote() == notes
+    assert task.instruction == (Message(role=Role.user, content="Do it."),)
+
+
+def test_route_rejects_bad_output_and_late_output() -> None:
+    task = SubtaskArea("Do it.", done=lambda a: True, summary="done")
+    with pytest.raises(InvalidMessageError):
+        task.route(Message(role="wizard", content="x"))  # type: ignore[arg-type]
+    with pytest.raises(InvalidMessageError):
+        task.route([assistant("fine"), Message(role="wizard", content="x")])  # type: ignore[arg-type]
+    assert task.routed == ()
+    task.observe(())
+    assert task.life_state is AreaLifeState.retired
+    with pytest.raises(StateError, match="already finished"):
+        task.route(assistant("too late"))
+
+
+def test_subtask_rejects_empty_instruction_or_summary() -> None:
+    with pytest.raises(InputError, match="instruction"):
+        SubtaskArea("", done=lambda a: True, summary="x")
+    with pytest.raises(InputError, match="summary"):
+        SubtaskArea("Do it.", done=lambda a: True, summary=[])

@@ -1,0 +1,336 @@
+"""render() is all or nothing; open tool calls; ownership and re-entrancy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from tests.context.coop.support import (
+    Boom,
+    ScriptedArea,
+    assistant,
+    call,
+    items,
+    native,
+    push,
+    result,
+    user,
+)
+from turnloom.areas import OneShotNotice
+from turnloom.context import (
+    AreaFlowState,
+    Context,
+    CoopContext,
+    GatewayType,
+    Message,
+    Role,
+    ToolCallPart,
+)
+from turnloom.errors import AreaCallbackError, InvalidMessageError, OpenToolCallError, StateError
+
+Log = list[tuple[str, str]]
+
+
+def state(coop: CoopContext) -> dict[str, Any]:
+    """Everything observable about a CoopContext and its Context."""
+    now = items(coop.context)
+    return {
+        "ids": [id(item) for item in now],
+        "encoded": msgspec.json.encode(now),
+        "areas": coop.areas,
+        "ranges": [coop.effect_range(a) for a in coop.areas],
+        "retired": [coop.is_retired(a) for a in coop.areas],
+        "cursor": coop.cursor,
+        "stats": coop.statistics(),
+        "last": coop.last_collection,
+    }
+
+
+def scenario(kind: GatewayType) -> tuple[CoopContext, dict[str, ScriptedArea], Log]:
+    """P, F render each pass; Z and Y render once and retire; Q renders nothing.
+
+    The next render() collects Z and Y (two tail components: promote, gc_prologue,
+    detach, append summaries), then P, F and Q take their turn.
+    """
+    log: Log = []
+    areas = {
+        "P": ScriptedArea("P", log, script=[[user("p")]] * 5),
+        "F": ScriptedArea("F", log, script=[[user("f")]] * 5),
+        "Z": ScriptedArea(
+            "Z", log, script=[[user("z")]], retire_on_render=True, promoted=[user("z sum")]
+        ),
+        "Y": ScriptedArea(
+            "Y", log, script=[[user("y")]], retire_on_render=True, promoted=[user("y sum")]
+        ),
+        "Q": ScriptedArea("Q", log),
+    }
+    context = Context(kind)
+    coop = CoopContext(context)
+    for area in areas.values():
+        coop.register(area)
+    push(context, user("question"))
+    coop.render()
+    push(context, assistant("reply"))
+    return coop, areas, log
+
+
+FAILURES = [
+    ("Q", "life_state"),
+    ("Y", "promote"),
+    ("Y", "gc_prologue"),
+    ("F", "observe"),
+    ("F", "render"),
+    ("F", "flow_state"),
+]
+
+
+@pytest.mark.parametrize(("name", "phase"), FAILURES, ids=[f"{n}-{p}" for n, p in FAILURES])
+def test_callback_error_leaves_coop_and_context_as_before_and_names_area_and_phase(
+    gateway_type: GatewayType, name: str, phase: str
+) -> None:
+    coop, areas, _ = scenario(gateway_type)
+    twin, _, _ = scenario(gateway_type)
+    before = state(coop)
+    failing = areas[name]
+    failing.fail_in = phase
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()
+    assert info.value.area is failing
+    assert info.value.phase == phase
+    assert isinstance(info.value.__cause__, Boom)
+    seq = list(areas).index(name) + 1
+    assert f"area #{seq} (ScriptedArea)" in str(info.value)
+    assert f"in {phase}" in str(info.value)
+    assert state(coop) == before
+    # Once the area behaves, the same render gives what a never-failing twin gives.
+    failing.fail_in = None
+    coop.render()
+    twin.render()
+    assert items(coop.context) == items(twin.context)
+    assert [coop.effect_range(a) for a in coop.areas] == [twin.effect_range(a) for a in twin.areas]
+
+
+def test_promoted_messages_leaving_a_call_open_roll_back_the_detached_tail(
+    gateway_type: GatewayType,
+) -> None:
+    coop, areas, _ = scenario(gateway_type)
+    before = state(coop)
+    areas["Y"].promoted = (call("c9"),)
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()
+    assert (info.value.area, info.value.phase) == (areas["Y"], "promote")
+    assert "'c9'" in str(info.value)
+    assert state(coop) == before
+
+
+def test_malformed_promoted_message_fails_before_any_gc_prologue(
+    gateway_type: GatewayType,
+) -> None:
+    coop, areas, log = scenario(gateway_type)
+    before = state(coop)
+    areas["Z"].promoted = (Message(role=Role.user, content=(ToolCallPart(call_id="", name="x"),)),)
+    log.clear()
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()
+    assert (info.value.area, info.value.phase) == (areas["Z"], "promote")
+    assert isinstance(info.value.__cause__, InvalidMessageError)
+    assert log == [("Z", "promote")]
+    assert state(coop) == before
+
+
+@pytest.mark.parametrize(
+    ("phase", "fragment"),
+    [("render", "returned a NoneType, not a list"), ("flow_state", "has flow_state 'sideways'")],
+    ids=["render-returns-None", "flow-state-not-an-enum"],
+)
+def test_wrong_return_values_fail_like_exceptions(
+    gateway_type: GatewayType, phase: str, fragment: str
+) -> None:
+    coop, areas, _ = scenario(gateway_type)
+    before = state(coop)
+    failing = areas["F"]
+    if phase == "render":
+        failing.render = lambda: None  # type: ignore[method-assign,assignment,return-value]
+    else:
+        failing.flow = "sideways"  # type: ignore[assignment]
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()
+    assert (info.value.area, info.value.phase) == (failing, phase)
+    assert fragment in str(info.value)
+    assert state(coop) == before
+
+
+def test_invalid_rendered_message_fails_in_render_phase(gateway_type: GatewayType) -> None:
+    coop, areas, _ = scenario(gateway_type)
+    before = state(coop)
+    areas["F"].script = [[Message(role="wizard", content="x")]]  # type: ignore[arg-type]
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()
+    assert (info.value.area, info.value.phase) == (areas["F"], "render")
+    assert isinstance(info.value.__cause__, InvalidMessageError)
+    assert state(coop) == before
+
+
+def test_base_exception_in_a_callback_rolls_back_and_propagates_unchanged(
+    gateway_type: GatewayType,
+) -> None:
+    coop, areas, _ = scenario(gateway_type)
+    before = state(coop)
+
+    def interrupted() -> list[Message]:
+        raise KeyboardInterrupt
+
+    areas["F"].render = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        coop.render()
+    assert state(coop) == before
+
+
+# -- open tool calls -------------------------------------------------------------
+
+
+def test_render_with_an_open_tool_call_raises_and_changes_nothing(
+    gateway_type: GatewayType,
+) -> None:
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    notice = OneShotNotice("Repository state is authoritative.")
+    coop.register(notice)
+    push(context, user("question"), call("c1"))
+    before = state(coop)
+    with pytest.raises(OpenToolCallError) as info:
+        coop.render()
+    assert info.value.call_ids == ("c1",)
+    assert "'c1'" in str(info.value)
+    assert state(coop) == before
+    assert not notice.rendered
+
+
+def test_notice_injected_while_a_call_is_open_lands_after_its_result(
+    gateway_type: GatewayType,
+) -> None:
+    """Issue 4 small input 3: never between a call and its result."""
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    push(context, user("question"), call("c1"))
+    coop.register(OneShotNotice("Heads up."))
+    with pytest.raises(OpenToolCallError):
+        coop.render()
+    push(context, result("c1"))
+    coop.render()
+    assert items(context) == native(
+        gateway_type, user("question"), call("c1"), result("c1"), user("Heads up.")
+    )
+
+
+def test_parallel_calls_stay_open_until_every_result_is_pushed(
+    gateway_type: GatewayType,
+) -> None:
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    both = Message(
+        role=Role.assistant,
+        content=(
+            ToolCallPart(call_id="c1", name="lookup", arguments="{}"),
+            ToolCallPart(call_id="c2", name="lookup", arguments="{}"),
+        ),
+    )
+    push(context, user("question"), both, result("c1"))
+    with pytest.raises(OpenToolCallError) as info:
+        coop.render()
+    assert info.value.call_ids == ("c2",)
+    push(context, result("c2"))
+    assert coop.render() is context
+
+
+def test_area_leaving_a_tool_call_open_fails_and_rolls_back(gateway_type: GatewayType) -> None:
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    ok = ScriptedArea("ok", script=[[user("fine")]])
+    bad = ScriptedArea("bad", script=[[call("c5")]])
+    coop.register(ok)
+    coop.register(bad)
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()
+    assert (info.value.area, info.value.phase) == (bad, "render")
+    assert "'c5'" in str(info.value)
+    assert len(context) == 0
+    assert coop.effect_range(ok) is None
+
+
+def test_area_rendering_a_complete_call_pair_is_accepted(gateway_type: GatewayType) -> None:
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    pair = ScriptedArea("pair", script=[[call("state-1", "runtime_state"), result("state-1")]])
+    coop.register(pair)
+    coop.render()
+    expected = native(gateway_type, call("state-1", "runtime_state"), result("state-1"))
+    assert items(context) == expected
+
+
+# -- ownership -------------------------------------------------------------------
+
+
+def test_ownership_is_one_thread_at_a_time_and_documented() -> None:
+    doc = CoopContext.__doc__ or ""
+    assert "used by one thread at a time" in doc
+    assert "no locking" in doc
+
+
+def test_reentrant_render_or_register_from_a_callback_is_a_state_error(
+    gateway_type: GatewayType,
+) -> None:
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    area = ScriptedArea("nosy", script=[[user("n1")]])
+    coop.register(area)
+
+    def render_again() -> list[Message]:
+        coop.render()
+        return []
+
+    area.render = render_again  # type: ignore[method-assign]
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()
+    assert isinstance(info.value.__cause__, StateError)
+    assert "from inside an area callback" in str(info.value.__cause__)
+
+    def register_more() -> list[Message]:
+        coop.register(ScriptedArea("late"))
+        return []
+
+    area.render = register_more  # type: ignore[method-assign]
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()
+    assert isinstance(info.value.__cause__, StateError)
+    assert coop.areas == (area,)
+    # Not busy any more after a failure.
+    area.render = lambda: []  # type: ignore[method-assign]
+    assert coop.render() is context
+    assert area.flow_state is AreaFlowState.yielded
+
+
+def test_failed_render_restores_the_cursor_repaired_by_its_collection(
+    gateway_type: GatewayType,
+) -> None:
+    """Collection removed an area before the cursor, then the cursor area failed."""
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    quiet = ScriptedArea("quiet", retire_on_render=True)  # renders nothing, retires
+    busy = ScriptedArea("busy", script=[[user("b")]] * 3, flow=AreaFlowState.exclusive)
+    coop.register(quiet)
+    coop.register(busy)
+    coop.render()
+    assert coop.cursor is busy
+    before = state(coop)
+    busy.fail_in = "render"
+    with pytest.raises(AreaCallbackError):
+        coop.render()
+    assert state(coop) == before
+    assert coop.cursor is busy
+    busy.fail_in = None
+    coop.render()
+    assert coop.areas == (busy,)
+    assert coop.cursor is busy

@@ -1,0 +1,220 @@
+"""The neutral message model: construction, the check_message door, encode/decode."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from turnloom.context import (
+    ImagePart,
+    Message,
+    OpaquePart,
+    ReasoningPart,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+    check_message,
+    decode_message,
+    encode_message,
+    message_size,
+)
+from turnloom.errors import DuplicateIdError, InvalidMessageError, InvalidTextError
+
+
+def test_string_content_becomes_one_text_part() -> None:
+    """``content="x"`` is normalised to ``(TextPart("x"),)``; a list to a tuple."""
+    assert Message(role=Role.user, content="hi").parts == (TextPart(text="hi"),)
+    listed = Message(role=Role.user, content=[TextPart(text="a")])  # type: ignore[arg-type]
+    assert listed.parts == (TextPart(text="a"),)
+
+
+def test_accessors_select_parts_in_order() -> None:
+    """text joins text parts; tool_calls / tool_results keep part order."""
+    message = Message(
+        role=Role.assistant,
+        content=(
+            TextPart(text="a"),
+            ToolCallPart(call_id="1", name="f"),
+            ReasoningPart(text="r"),
+            TextPart(text="b"),
+            ToolCallPart(call_id="2", name="g"),
+        ),
+    )
+    assert message.text == "ab"
+    assert [c.call_id for c in message.tool_calls] == ["1", "2"]
+    results = Message(role=Role.tool, content=(ToolResultPart(call_id="1"),))
+    assert [r.call_id for r in results.tool_results] == ["1"]
+
+
+def test_check_message_returns_the_encoded_size() -> None:
+    """The size is the length in bytes of the JSON encoding (UTF-8)."""
+    message = Message(role=Role.user, content="héllo")
+    assert check_message(message) == len(encode_message(message)) == message_size(message)
+    assert encode_message(message) == (
+        b'{"role":"user","content":[{"type":"text","text":"h\xc3\xa9llo","extras":null}],'
+        b'"id":null,"extras":null,"layout":null}'
+    )
+
+
+@pytest.mark.parametrize(
+    ("message", "error", "field"),
+    [
+        (Message(role="robot", content="x"), InvalidMessageError, "role"),  # type: ignore[arg-type]
+        (Message(role=Role.user, content="x", id=""), InvalidMessageError, "id"),
+        (
+            Message(role=Role.assistant, content=(ToolCallPart(call_id="", name="f"),)),
+            InvalidMessageError,
+            "content[0].call_id",
+        ),
+        (
+            Message(role=Role.assistant, content=(ToolCallPart(call_id="c", name=""),)),
+            InvalidMessageError,
+            "content[0].name",
+        ),
+        (
+            Message(
+                role=Role.assistant,
+                content=(ToolCallPart(call_id="c", name="f", arguments={}),),  # type: ignore[arg-type]
+            ),
+            InvalidMessageError,
+            "content[0].arguments",
+        ),
+        (
+            Message(role=Role.tool, content=(ToolResultPart(call_id=""),)),
+            InvalidMessageError,
+            "content[0].call_id",
+        ),
+        (
+            Message(role=Role.user, content=(ImagePart(),)),
+            InvalidMessageError,
+            "content[0]",
+        ),
+        (
+            Message(role=Role.user, content=(ImagePart(url="u", data="d"),)),
+            InvalidMessageError,
+            "content[0]",
+        ),
+        (
+            Message(
+                role=Role.tool,
+                content=(
+                    ToolResultPart(call_id="c", content=(ToolCallPart(call_id="x", name="f"),)),  # type: ignore[arg-type]
+                ),
+            ),
+            InvalidMessageError,
+            "content[0].content[0]",
+        ),
+        (
+            Message(role=Role.user, content=(ImagePart(data="AAAA"),)),
+            InvalidMessageError,
+            "content[0].media_type",
+        ),
+        (
+            Message(role=Role.user, content=(OpaquePart(gateway="", item={}),)),
+            InvalidMessageError,
+            "content[0].gateway",
+        ),
+        (
+            Message(role=Role.user, content="x", layout={"content": "list"}),
+            InvalidMessageError,
+            "layout",
+        ),
+        (
+            Message(role=Role.user, content="\udcff"),
+            InvalidTextError,
+            "content",
+        ),
+    ],
+)
+def test_check_message_rejects_each_malformed_field(
+    message: Message, error: type[Exception], field: str
+) -> None:
+    """Each malformed field raises its typed error, naming the field."""
+    with pytest.raises(error) as info:
+        check_message(message, where="turn t1 input[2]")
+    assert isinstance(info.value, InvalidMessageError)
+    assert info.value.field == field
+    assert str(info.value).startswith("turn t1 input[2]")
+
+
+def test_duplicate_call_ids_in_one_message_are_rejected() -> None:
+    message = Message(
+        role=Role.assistant,
+        content=(ToolCallPart(call_id="c", name="f"), ToolCallPart(call_id="c", name="g")),
+    )
+    with pytest.raises(DuplicateIdError, match="two tool calls with call id 'c'"):
+        check_message(message)
+
+
+def test_check_message_rejects_a_non_message() -> None:
+    with pytest.raises(InvalidMessageError, match="message is a dict, not a turnloom Message"):
+        check_message({"role": "user"})
+
+
+def test_decode_message_reads_turnloom_json_and_dicts() -> None:
+    """The dict and JSON forms decode to the same validated message, layout included."""
+    data: dict[str, Any] = {
+        "role": "assistant",
+        "content": [{"type": "tool_call", "call_id": "c", "name": "f", "arguments": "{}"}],
+        "layout": {"gateway": "openai_chat", "content": "absent"},
+    }
+    expected = Message(
+        role=Role.assistant,
+        content=(ToolCallPart(call_id="c", name="f"),),
+        layout={"gateway": "openai_chat", "content": "absent"},
+    )
+    assert decode_message(data) == expected
+    assert decode_message(msgspec.json.encode(data)) == expected
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (b"{not json", InvalidMessageError),
+        (b'{"role": "robot", "content": []}', InvalidMessageError),
+        (b'{"role": "user", "content": [{"type": "video"}]}', InvalidMessageError),
+        (b'{"role": "user", "content": "\xff"}', InvalidTextError),
+        (
+            b'{"role":"assistant","content":[{"type":"tool_call","call_id":"a","name":"f"},'
+            b'{"type":"tool_call","call_id":"a","name":"f"}]}',
+            DuplicateIdError,
+        ),
+    ],
+)
+def test_decode_message_raises_typed_errors(data: bytes, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        decode_message(data)
+
+
+_parts = st.one_of(
+    st.builds(TextPart, text=st.text()),
+    st.builds(ImagePart, url=st.text(min_size=1), media_type=st.none()),
+    st.builds(
+        ToolCallPart,
+        call_id=st.uuids().map(str),
+        name=st.text(min_size=1),
+        arguments=st.text(),
+    ),
+    st.builds(ReasoningPart, text=st.text(), signature=st.none() | st.text()),
+)
+
+
+@settings(max_examples=60)
+@given(
+    role=st.sampled_from(list(Role)),
+    parts=st.lists(_parts, max_size=5),
+    layout=st.none() | st.fixed_dictionaries({"gateway": st.sampled_from(["gemini", "anthropic"])}),
+)
+def test_encode_decode_round_trip(role: Role, parts: list[Any], layout: Any) -> None:
+    """Invariant: decode(encode(m)) == m for every valid message (surrogate-free text)."""
+    message = Message(role=role, content=tuple(parts), layout=layout)
+    try:
+        check_message(message)
+    except InvalidTextError:
+        return  # hypothesis text may hold lone surrogates: rejected at the door by design
+    assert decode_message(encode_message(message)) == message

@@ -1,0 +1,202 @@
+"""Positional tool call / result pairing: open_call_ids, complete_pairs, hold_until_answered."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from turnloom.context import (
+    CANCELLED_RESULT_TEXT,
+    Message,
+    ReasoningPart,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+    complete_pairs,
+    hold_until_answered,
+    open_call_ids,
+)
+
+USER = Message(role=Role.user, content="q")
+
+
+def calls(*ids: str) -> Message:
+    return Message(
+        role=Role.assistant, content=tuple(ToolCallPart(call_id=i, name="f") for i in ids)
+    )
+
+
+def results(*ids: str) -> Message:
+    return Message(
+        role=Role.tool,
+        content=tuple(ToolResultPart(call_id=i, content=(TextPart(text=i),)) for i in ids),
+    )
+
+
+def test_open_call_ids_lists_unanswered_calls_of_the_last_group() -> None:
+    assert open_call_ids([USER, calls("a", "b"), results("b")]) == ("a",)
+    assert open_call_ids([USER, calls("a"), results("a")]) == ()
+    assert open_call_ids([USER, calls("a"), USER]) == ()
+
+
+def test_complete_pairs_keeps_complete_input_as_the_same_objects() -> None:
+    """Invariant: messages that need no change are returned as the same objects."""
+    history = [USER, calls("a", "b"), results("b", "a"), Message(role=Role.assistant, content="ok")]
+    completed = complete_pairs(history)
+    assert all(x is y for x, y in zip(completed, history, strict=True))
+
+
+def test_exclude_drops_open_calls_and_emptied_messages() -> None:
+    """Default policy: an unanswered call is removed; a message left empty disappears."""
+    history = [USER, calls("a", "b"), results("a"), USER, calls("c")]
+    assert complete_pairs(history) == [
+        USER,
+        calls("a"),
+        results("a"),
+        USER,
+    ]
+
+
+def test_cancel_closes_open_calls_with_an_error_result() -> None:
+    """cancel: each open call gets an is_error result with the documented text."""
+    history = [USER, calls("a", "b"), results("a"), USER]
+    assert complete_pairs(history, open_calls="cancel") == [
+        USER,
+        calls("a", "b"),
+        results("a"),
+        Message(
+            role=Role.tool,
+            content=(
+                ToolResultPart(
+                    call_id="b",
+                    name="f",
+                    is_error=True,
+                    content=(TextPart(text=CANCELLED_RESULT_TEXT),),
+                ),
+            ),
+        ),
+        USER,
+    ]
+
+
+def test_orphan_results_and_blank_text_are_dropped() -> None:
+    """A result with no call in the preceding group goes; so does whitespace-only text."""
+    history = [USER, results("x"), Message(role=Role.assistant, content="  "), USER]
+    assert complete_pairs(history) == [USER, USER]
+
+
+def test_reused_id_pairs_with_its_own_call() -> None:
+    """Positional: a result answers the nearest preceding group, even if the id was used before."""
+    history = [USER, calls("a"), results("a"), USER, calls("a"), results("a")]
+    assert complete_pairs(history) == history
+    late = [USER, calls("a"), results("a"), USER, calls("b"), results("a")]
+    assert complete_pairs(late) == [USER, calls("a"), results("a"), USER]
+
+
+def test_layout_survives_part_removal() -> None:
+    """Removing an open call keeps the message's id, extras and layout."""
+    owner = Message(
+        role=Role.assistant,
+        content=(TextPart(text="x"), ToolCallPart(call_id="a", name="f")),
+        id="m1",
+        extras={"k": 1},
+        layout={"gateway": "openai_chat", "content": "list"},
+    )
+    (_, kept) = complete_pairs([USER, owner])
+    assert kept == Message(
+        role=Role.assistant,
+        content=(TextPart(text="x"),),
+        id="m1",
+        extras={"k": 1},
+        layout={"gateway": "openai_chat", "content": "list"},
+    )
+
+
+def test_hold_until_answered_moves_notices_after_the_results() -> None:
+    notice = Message(role=Role.system, content="notice")
+    history = [USER, calls("a", "b"), results("a"), notice, results("b"), USER]
+    assert hold_until_answered(history) == [
+        USER,
+        calls("a", "b"),
+        results("a"),
+        results("b"),
+        notice,
+        USER,
+    ]
+
+
+def test_hold_until_answered_releases_before_the_next_assistant_message() -> None:
+    notice = Message(role=Role.system, content="notice")
+    answer = Message(role=Role.assistant, content="done")
+    assert hold_until_answered([USER, calls("a"), notice, answer]) == [
+        USER,
+        calls("a"),
+        notice,
+        answer,
+    ]
+    assert hold_until_answered([USER, calls("a"), notice]) == [USER, calls("a"), notice]
+
+
+_ids = st.sampled_from(["a", "b", "c"])
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> list[Message]:
+    out: list[Message] = []
+    for _ in range(draw(st.integers(0, 12))):
+        kind = draw(st.sampled_from(["user", "calls", "results", "text", "reasoning", "system"]))
+        if kind == "user":
+            out.append(Message(role=Role.user, content=draw(st.sampled_from(["q", " ", ""]))))
+        elif kind == "calls":
+            out.append(calls(*draw(st.lists(_ids, min_size=1, max_size=3, unique=True))))
+        elif kind == "results":
+            out.append(results(*draw(st.lists(_ids, min_size=1, max_size=3, unique=True))))
+        elif kind == "text":
+            out.append(Message(role=Role.assistant, content=draw(st.sampled_from(["ok", "\n\n"]))))
+        elif kind == "reasoning":
+            out.append(Message(role=Role.assistant, content=(ReasoningPart(text="r"),)))
+        else:
+            out.append(Message(role=Role.system, content="notice"))
+    return out
+
+
+def _pairing_holds(messages: list[Message]) -> bool:
+    """Every call answered exactly once by the tool messages right after it; no orphans."""
+    pending: set[str] | None = None
+    for message in messages:
+        if message.role is Role.tool:
+            if pending is None:
+                return False
+            for result in message.tool_results:
+                if result.call_id not in pending:
+                    return False
+                pending.remove(result.call_id)
+            continue
+        if pending:
+            return False
+        pending = {c.call_id for c in message.tool_calls} if message.tool_calls else None
+    return not pending
+
+
+@settings(max_examples=200, deadline=None)
+@given(history=histories(), policy=st.sampled_from(["exclude", "cancel"]))
+def test_complete_pairs_invariants(history: list[Message], policy: str) -> None:
+    """Invariant: output pairs positionally, has no blank text, and is a fixed point."""
+    completed = complete_pairs(history, open_calls=policy)  # type: ignore[arg-type]
+    assert _pairing_holds(completed)
+    assert not any(type(p) is TextPart and not p.text.strip() for m in completed for p in m.parts)
+    assert complete_pairs(completed, open_calls=policy) == completed  # type: ignore[arg-type]
+    assert open_call_ids(completed) == ()
+
+
+@settings(max_examples=200, deadline=None)
+@given(history=histories())
+def test_hold_until_answered_is_a_permutation_that_keeps_result_order(
+    history: list[Message],
+) -> None:
+    """Invariant: same messages, calls and results in their original relative order."""
+    held = hold_until_answered(history)
+    assert sorted(map(id, held)) == sorted(map(id, history))
+    pairs = [m for m in history if m.role in (Role.assistant, Role.tool)]
+    assert [m for m in held if m.role in (Role.assistant, Role.tool)] == pairs

@@ -1,0 +1,157 @@
+"""Notices: rendered once, then retired (``OneShotNotice``) or kept (``PinnedNotice``).
+
+Source: seed 000 (the minimal ``OneShotNoticeArea`` example, made reusable).
+"""
+
+from __future__ import annotations
+
+__all__ = ("OneShotNotice", "PinnedNotice")
+
+from collections.abc import Sequence
+
+from turnloom.areas._content import MessageContent, as_messages
+from turnloom.context.area import AreaFlowState, AreaLifeState
+from turnloom.context.gateway import NativeContent
+from turnloom.context.message import Message, Role
+from turnloom.errors import StateError
+
+
+class OneShotNotice:
+    """Renders its messages once, retires at once, and promotes nothing.
+
+    Use it for a one-time, authoritative notice ("the repository state is the
+    source of truth"). It yields the cursor, so later areas render in the
+    same pass. Because it retires on its first render, the Collector reclaims
+    its tail (the notice and everything after it) at the first later safe
+    point where no retained area's range overlaps it; nothing survives.
+
+    Args:
+        content: text (one message of ``role``), a message, or messages,
+            oldest first.
+        role: the role of a text notice. Default ``user``: the notice is data
+            for the model, never promoted to an instruction.
+
+    Raises:
+        InputError: ``content`` is empty or not text / messages.
+        InvalidMessageError, InvalidTextError, DuplicateIdError: a message is
+            malformed; raised here, never at render time.
+    """
+
+    __slots__ = ("_life_state", "_messages", "_rendered")
+
+    def __init__(self, content: MessageContent, *, role: Role = Role.user) -> None:
+        self._messages = as_messages(content, role=role, where="OneShotNotice content")
+        self._life_state = AreaLifeState.retain
+        self._rendered = False
+
+    @property
+    def life_state(self) -> AreaLifeState:
+        """``retain`` until the first render, then ``retired``."""
+        return self._life_state
+
+    @property
+    def flow_state(self) -> AreaFlowState:
+        """Always ``yielded``."""
+        return AreaFlowState.yielded
+
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        """The notice's messages, oldest first."""
+        return self._messages
+
+    @property
+    def rendered(self) -> bool:
+        """Whether the notice has been rendered."""
+        return self._rendered
+
+    def observe(self, context: Sequence[NativeContent]) -> None:
+        """Ignore the range (a retired notice is never observed)."""
+        del context
+
+    def render(self) -> list[Message]:
+        """The notice's messages; retires the area.
+
+        Raises:
+            StateError: called a second time (a CoopContext never does).
+        """
+        if self._rendered:
+            raise StateError("A OneShotNotice was rendered a second time.")
+        self._rendered = True
+        self._life_state = AreaLifeState.retired
+        return list(self._messages)
+
+    def promote(self) -> tuple[Message, ...]:
+        """Nothing survives a one-shot notice."""
+        return ()
+
+    def gc_prologue(self) -> None:
+        """No external resources to release."""
+
+
+class PinnedNotice:
+    """Renders its messages once and never retires.
+
+    The notice stays in the Context for the CoopContext's lifetime. Its
+    EffectRange covers exactly its own items, so it never blocks a range
+    that starts after it. It does block collection: the component its items
+    belong to is never reclaimable, and because the Collector reclaims only
+    a run of components from the tail backward, no component *before* the
+    pin can be reclaimed either. A retired area whose range reaches across
+    the pin (it started before the pin and rendered again after it) is kept
+    forever with its whole tail. Register pinned notices before long-running
+    areas, or use a OneShotNotice when the text need not stay.
+
+    Args:
+        content: text (one message of ``role``), a message, or messages,
+            oldest first.
+        role: the role of a text notice. Default ``user``.
+
+    Raises:
+        InputError: ``content`` is empty or not text / messages.
+        InvalidMessageError, InvalidTextError, DuplicateIdError: a message is
+            malformed; raised here, never at render time.
+    """
+
+    __slots__ = ("_messages", "_rendered")
+
+    def __init__(self, content: MessageContent, *, role: Role = Role.user) -> None:
+        self._messages = as_messages(content, role=role, where="PinnedNotice content")
+        self._rendered = False
+
+    @property
+    def life_state(self) -> AreaLifeState:
+        """Always ``retain``."""
+        return AreaLifeState.retain
+
+    @property
+    def flow_state(self) -> AreaFlowState:
+        """Always ``yielded``."""
+        return AreaFlowState.yielded
+
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        """The notice's messages, oldest first."""
+        return self._messages
+
+    @property
+    def rendered(self) -> bool:
+        """Whether the notice has been rendered."""
+        return self._rendered
+
+    def observe(self, context: Sequence[NativeContent]) -> None:
+        """Nothing to learn from its own items."""
+        del context
+
+    def render(self) -> list[Message]:
+        """The messages on the first call, then an empty list (the range stays put)."""
+        if self._rendered:
+            return []
+        self._rendered = True
+        return list(self._messages)
+
+    def promote(self) -> tuple[Message, ...]:
+        """Never called for an area that never retires; returns nothing."""
+        return ()
+
+    def gc_prologue(self) -> None:
+        """No external resources to release."""

@@ -1,0 +1,190 @@
+"""``SubtaskArea``: holds the cursor over several model calls, then leaves a summary.
+
+Source: seed 000 (an area that needs several model turns stays exclusive,
+then yields and retires; ``promote()`` keeps what must survive reclamation)
+and issue 3 (built-in sub-task area).
+"""
+
+from __future__ import annotations
+
+__all__ = ("SubtaskArea", "SubtaskPredicate", "SubtaskSummary")
+
+from collections.abc import Callable, Sequence
+from typing import TypeAlias
+
+from turnloom.areas._content import MessageContent, as_messages
+from turnloom.context.area import AreaFlowState, AreaLifeState
+from turnloom.context.gateway import NativeContent
+from turnloom.context.message import Message, Role, check_message
+from turnloom.errors import StateError
+
+SubtaskPredicate: TypeAlias = "Callable[[SubtaskArea], bool]"
+"""Called with the area after each observation; ``True`` when the sub-task is done."""
+
+SubtaskSummary: TypeAlias = "MessageContent | Callable[[SubtaskArea], MessageContent]"
+"""The summary to promote, or a callback producing it from the finished area."""
+
+
+class SubtaskArea:
+    """Runs a sub-task across several model calls and reclaims its intermediate items.
+
+    Lifecycle, driven by a :class:`~turnloom.context.coop.CoopContext`:
+
+    1. First render: the instruction messages; the area is ``exclusive``, so
+       ``CoopContext.render()`` returns right after it and the model works on
+       the sub-task alone.
+    2. The host routes the model's outputs for the sub-task with
+       :meth:`route` (and pushes them to the Context as usual). At every
+       following ``render()`` the area is at the cursor: it observes its
+       EffectRange (kept as :attr:`observed`) and evaluates ``done(self)``.
+       While that is false its render adds nothing and it keeps the cursor.
+    3. When ``done`` holds (checked inside ``observe()``, as the seed asks
+       for state changes), the area yields and retires; its render is
+       skipped and later areas render in the same pass. At the next safe
+       point the Collector reclaims the tail from the instruction onward (the
+       model's intermediate outputs included, unless a retained area's range
+       overlaps it) and appends the summary from :meth:`promote`.
+
+    Note the one-call lag this implies: the model call made right after
+    completion still sees the intermediate items; the summary replaces them
+    from the following ``render()`` on.
+
+    Args:
+        instruction: the sub-task's instruction: text (one message of
+            ``role``), a message, or messages, oldest first.
+        done: the completion predicate; reads :attr:`routed` and
+            :attr:`observed`.
+        summary: what survives: text, message(s), or a callback called once,
+            from ``promote()``, with the finished area.
+        role: the role of text given as instruction or summary. Default ``user``.
+
+    Raises:
+        InputError: ``instruction`` or a fixed ``summary`` is empty or not
+            text / messages.
+        InvalidMessageError, InvalidTextError, DuplicateIdError: a message of
+            them is malformed.
+    """
+
+    __slots__ = (
+        "_collected",
+        "_done",
+        "_flow_state",
+        "_instruction",
+        "_life_state",
+        "_observed",
+        "_rendered",
+        "_role",
+        "_routed",
+        "_summary",
+    )
+
+    def __init__(
+        self,
+        instruction: MessageContent,
+        *,
+        done: SubtaskPredicate,
+        summary: SubtaskSummary,
+        role: Role = Role.user,
+    ) -> None:
+        self._instruction = as_messages(instruction, role=role, where="SubtaskArea instruction")
+        self._summary: tuple[Message, ...] | Callable[[SubtaskArea], MessageContent]
+        if callable(summary):
+            self._summary = summary
+        else:
+            self._summary = as_messages(summary, role=role, where="SubtaskArea summary")
+        self._done = done
+        self._role = role
+        self._life_state = AreaLifeState.retain
+        self._flow_state = AreaFlowState.exclusive
+        self._rendered = False
+        self._collected = False
+        self._routed: list[Message] = []
+        self._observed: Sequence[NativeContent] = ()
+
+    # -- what the host and the predicate read --------------------------------
+
+    @property
+    def life_state(self) -> AreaLifeState:
+        """``retain`` while the sub-task runs, ``retired`` once ``done`` held."""
+        return self._life_state
+
+    @property
+    def flow_state(self) -> AreaFlowState:
+        """``exclusive`` while the sub-task runs, then ``yielded``."""
+        return self._flow_state
+
+    @property
+    def instruction(self) -> tuple[Message, ...]:
+        """The instruction messages, oldest first."""
+        return self._instruction
+
+    @property
+    def routed(self) -> tuple[Message, ...]:
+        """Model outputs routed to the sub-task with :meth:`route`, oldest first."""
+        return tuple(self._routed)
+
+    @property
+    def observed(self) -> Sequence[NativeContent]:
+        """The latest snapshot of the area's EffectRange (empty before the first)."""
+        return self._observed
+
+    @property
+    def collected(self) -> bool:
+        """Whether the Collector has reclaimed the area (``gc_prologue`` ran)."""
+        return self._collected
+
+    def route(self, output: Message | Sequence[Message]) -> None:
+        """Hand model output that belongs to the sub-task to the area.
+
+        Routing does not change the area's state; ``done`` is evaluated at the
+        next observation.
+
+        Raises:
+            StateError: the area has retired; nothing was recorded.
+            InvalidMessageError, InvalidTextError, DuplicateIdError: a message
+                is malformed; nothing was recorded.
+        """
+        if self._life_state is AreaLifeState.retired:
+            raise StateError("Output was routed to a SubtaskArea that has already finished.")
+        messages = (output,) if isinstance(output, Message) else tuple(output)
+        for index, message in enumerate(messages):
+            check_message(message, where=f"routed output[{index}]")
+        self._routed.extend(messages)
+
+    # -- the area protocol ---------------------------------------------------
+
+    def observe(self, context: Sequence[NativeContent]) -> None:
+        """Keep the snapshot and retire (yielding the cursor) when ``done`` holds.
+
+        Errors raised by ``done`` propagate (the CoopContext reports them as
+        an ``observe`` failure and rolls back).
+        """
+        self._observed = context
+        if self._done(self):
+            self._flow_state = AreaFlowState.yielded
+            self._life_state = AreaLifeState.retired
+
+    def render(self) -> list[Message]:
+        """The instruction on the first call, then nothing (the area keeps the cursor)."""
+        if self._rendered:
+            return []
+        self._rendered = True
+        return list(self._instruction)
+
+    def promote(self) -> tuple[Message, ...]:
+        """The summary messages, oldest first (the callback's result when one was given).
+
+        Raises:
+            InputError, InvalidMessageError: the callback produced empty or
+                malformed content.
+        """
+        summary = self._summary
+        if callable(summary):
+            return as_messages(summary(self), role=self._role, where="SubtaskArea summary")
+        return summary
+
+    def gc_prologue(self) -> None:
+        """Mark the area collected and drop the routed outputs and snapshot."""
+        self._collected = True
+        self._routed.clear()
+        self._observed = ()

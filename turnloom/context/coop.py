@@ -1,0 +1,842 @@
+"""``CoopContext``: cooperating Context Areas over one Context, and the Collector.
+
+Source: seed 000 (Declaring a Context Area), with the gaps it admits closed
+as issue 3 specifies.
+
+A :class:`CoopContext` wraps one :class:`~turnloom.context.Context`. Areas are
+registered in order; a *cursor* points at one of them. Each
+:meth:`CoopContext.render` call is a safe point between model invocations and
+does two things, in this order:
+
+1. **Collection.** Every area's ``life_state`` is read. The Collector
+   (:func:`plan_collection`) groups the EffectRanges of the areas that have
+   rendered into connected components of overlapping closed intervals,
+   starts from the component reaching furthest toward the Context tail, and
+   selects the longest run of tail components in which *every* area is
+   retired. A retained area anywhere in a component blocks it and every
+   component before it (the Context prefix stays append-only). Retired areas
+   that never rendered are selected too. Every selected area's ``promote()``
+   runs, then every ``gc_prologue()``; then the tail from the run's
+   ``earliest`` index is detached (model outputs inside and after it too), the
+   promoted messages are appended through the gateway, the areas are removed
+   and the cursor is repaired.
+2. **One unfold pass** from the cursor, over the registration order and
+   wrapping around, visiting each area at most once. A retired area is
+   skipped. A retained area that has an EffectRange first ``observe()``\\s a
+   read-only snapshot of exactly that range; if it retires there, its
+   ``render()`` is skipped. Otherwise its ``render()`` messages are appended
+   with :meth:`Context.emplace_message`; a non-empty render creates the
+   EffectRange (fixing ``earliest``) or moves its ``latest``. Then the area's
+   ``flow_state`` decides: ``exclusive`` keeps the cursor on it and ends the
+   pass, ``yielded`` moves the cursor on.
+
+Decisions beyond the seed (issue 3):
+
+* **Register validation.** :meth:`CoopContext.register` rejects an object
+  lacking protocol members (:class:`~turnloom.errors.InvalidAreaError` with
+  ``missing``), an unhashable object (same class), and a second registration
+  of the same instance (:class:`~turnloom.errors.DuplicateAreaError`), before
+  anything changes. Areas are told apart by identity.
+* **Atomicity.** If any area member raises (or returns a value of the wrong
+  type), the CoopContext and the Context are restored to exactly their state
+  before that ``render()`` call and :class:`~turnloom.errors.AreaCallbackError`
+  is raised naming the area and the phase, with the original exception as its
+  ``__cause__``. What areas did to their own state, and ``gc_prologue()``
+  notifications already delivered, cannot be undone by turnloom.
+* **Open tool calls.** Nothing may be placed between a model's tool call and
+  its result (Source: OpenAI Chat ``tool`` messages follow their
+  ``tool_calls`` message; Anthropic ``tool_result`` blocks open the next user
+  turn; Gemini's function-response turn follows the call turn). When the
+  Context ends with a call whose result has not been pushed yet,
+  ``render()`` raises :class:`~turnloom.errors.OpenToolCallError` and changes
+  nothing: the caller pushes the result and renders again, so an area's
+  output always lands after the whole call group. An area (or a promotion)
+  whose own messages leave a call open fails as an :class:`AreaCallbackError`.
+* **Empty renders.** A render counts as non-empty when it appended at least
+  one native item; messages that render to nothing (whitespace-only text)
+  create no EffectRange, so a range always points at existing items.
+* **Retirement is sticky.** Once a CoopContext has read ``retired``, it treats
+  the area as retired even if the property later says otherwise.
+* **Removal callbacks.** Every area removed from a CoopContext, including a
+  retired area that never rendered, has ``promote()`` and then
+  ``gc_prologue()`` called exactly once. Promoted messages are appended in
+  the order of the areas' ``earliest`` index; areas without a range follow in
+  registration order.
+
+Ownership: a CoopContext and its Context are used by one thread at a time
+(any thread, for example a worker thread of the runtime, but never two at
+once). Nothing here locks. A call made from inside an area callback (a
+re-entrant ``render()`` or ``register()``) raises
+:class:`~turnloom.errors.StateError`.
+
+Cost: a ``render()`` reads every area's ``life_state`` and plans collection in
+O(n) for n registered areas (the ranges are kept sorted by ``earliest``), plus
+the work of the areas it visits; collecting k areas costs O(n + k + detached
+items). See ``scripts/bench_collector.py``.
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "CollectionPlan",
+    "CollectionReport",
+    "CoopContext",
+    "CoopStatistics",
+    "plan_collection",
+)
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar, overload
+
+import msgspec
+
+from turnloom.context.area import (
+    AreaFlowState,
+    AreaLifeState,
+    ContextAreaImplementation,
+    EffectRange,
+)
+from turnloom.context.gateway import Gateway, NativeContent
+from turnloom.context.message import Message, Role, check_message
+from turnloom.context.native import Context
+from turnloom.errors import (
+    AreaCallbackError,
+    DuplicateAreaError,
+    InputError,
+    InvalidAreaError,
+    InvalidMessageError,
+    OpenToolCallError,
+    StateError,
+    UnknownAreaError,
+)
+
+_T = TypeVar("_T")
+
+_STATE_MEMBERS = ("life_state", "flow_state")
+_METHOD_MEMBERS = ("observe", "render", "promote", "gc_prologue")
+
+
+# -- the Collector (pure) --------------------------------------------------
+
+
+class CollectionPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """What one collection reclaims, as planned by :func:`plan_collection`.
+
+    Attributes:
+        start: the Context index from which the tail is detached (the
+            ``earliest`` of the run's first component), or ``None`` when no
+            component is reclaimable.
+        collected: indices into the planned ranges of every reclaimed area,
+            ordered by ``earliest`` (ties by input index).
+        components: how many connected components the run spans.
+    """
+
+    start: int | None
+    collected: tuple[int, ...]
+    components: int
+
+
+_NOTHING = CollectionPlan(start=None, collected=(), components=0)
+
+
+def plan_collection(ranges: Sequence[EffectRange], retired: Sequence[bool]) -> CollectionPlan:
+    """Plan which areas one collection reclaims.
+
+    The ranges are closed intervals; two ranges that share an index (touching
+    ends included) overlap, and overlap links areas into connected
+    components. The component reaching furthest toward the tail comes first;
+    the run extends backward component by component while every area of the
+    component is retired, and stops at the first component holding a retained
+    area. Source: seed 000 (the Collector); the multi-component run is
+    issue 3.
+
+    Args:
+        ranges: the EffectRange of each area that has rendered, in any order.
+            Already sorted by ``earliest`` costs O(n); otherwise O(n log n).
+        retired: for each range, whether its area is retired.
+
+    Returns:
+        the plan; ``start`` is ``None`` when nothing is reclaimable.
+
+    Raises:
+        InputError: the two sequences differ in length, or a range has
+            ``latest < earliest`` or a negative ``earliest``.
+    """
+    n = len(ranges)
+    if len(retired) != n:
+        raise InputError(
+            f"plan_collection got {n} ranges but {len(retired)} retired flags; "
+            "they must pair one to one."
+        )
+    if n == 0:
+        return _NOTHING
+    earliest = [r.earliest for r in ranges]
+    for i, r in enumerate(ranges):
+        if r.earliest < 0 or r.latest < r.earliest:
+            raise InputError(
+                f"EffectRange {i} is [{r.earliest}, {r.latest}]; a range needs "
+                "0 <= earliest <= latest."
+            )
+    order = sorted(range(n), key=earliest.__getitem__)
+    # Merge in ascending ``earliest``: a range starts a new component when it
+    # begins after every index the current component covers.
+    starts: list[int] = []  # position in ``order`` where each component begins
+    reclaimable: list[bool] = []
+    hi = -1
+    for pos, i in enumerate(order):
+        r = ranges[i]
+        if not starts or r.earliest > hi:
+            starts.append(pos)
+            reclaimable.append(True)
+            hi = r.latest
+        elif r.latest > hi:
+            hi = r.latest
+        if not retired[i]:
+            reclaimable[-1] = False
+    first = len(starts)
+    while first > 0 and reclaimable[first - 1]:
+        first -= 1
+    if first == len(starts):
+        return _NOTHING
+    pos = starts[first]
+    return CollectionPlan(
+        start=ranges[order[pos]].earliest,
+        collected=tuple(order[pos:]),
+        components=len(starts) - first,
+    )
+
+
+# -- reports and statistics ------------------------------------------------
+
+
+class CollectionReport(msgspec.Struct, frozen=True, kw_only=True):
+    """What the collection of the most recent successful ``render()`` did.
+
+    Attributes:
+        start: the index the tail was detached from, or ``None`` when no tail
+            was detached (nothing reclaimable, or only areas that never rendered).
+        detached: the detached native items, oldest first (now garbage).
+        promoted: the promoted messages, in the order they were appended.
+        promoted_items: the native items appended for them, oldest first.
+        removed: the areas removed, in promotion order.
+        components: how many range components were reclaimed.
+    """
+
+    start: int | None
+    detached: tuple[NativeContent, ...]
+    promoted: tuple[Message, ...]
+    promoted_items: tuple[NativeContent, ...]
+    removed: tuple[Any, ...]
+    components: int
+
+
+_EMPTY_REPORT = CollectionReport(
+    start=None, detached=(), promoted=(), promoted_items=(), removed=(), components=0
+)
+
+
+class CoopStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of a CoopContext's counters (all counts, no units).
+
+    Attributes:
+        areas: areas registered now.
+        materialized: registered areas that own an EffectRange.
+        retired: registered areas known to be retired, waiting for collection.
+        renders: successful ``render()`` calls.
+        collections: successful renders whose collection removed an area.
+        areas_collected: areas removed by collection in total.
+        items_detached: native items detached by collection in total.
+        items_promoted: native items appended for promoted messages in total.
+    """
+
+    areas: int
+    materialized: int
+    retired: int
+    renders: int
+    collections: int
+    areas_collected: int
+    items_detached: int
+    items_promoted: int
+
+
+# -- the CoopContext --------------------------------------------------------
+
+
+class _Entry:
+    """One registered area and what the CoopContext knows about it."""
+
+    __slots__ = ("area", "range", "retired", "seq")
+
+    def __init__(self, area: ContextAreaImplementation, seq: int, retired: bool) -> None:
+        self.area = area
+        self.seq = seq
+        self.range: EffectRange | None = None
+        self.retired = retired
+
+    def describe(self) -> str:
+        return f"area #{self.seq} ({type(self.area).__qualname__})"
+
+
+class _Undo:
+    """What a failed ``render()`` needs to put back (see ``CoopContext._rollback``)."""
+
+    __slots__ = (
+        "by_id_removed",
+        "changes",
+        "context_len",
+        "counters",
+        "cursor",
+        "detached",
+        "materialized",
+        "materialized_len",
+        "order",
+    )
+
+    def __init__(self, coop: CoopContext) -> None:
+        self.order = coop._order
+        self.materialized = coop._materialized
+        self.materialized_len = len(coop._materialized)
+        self.cursor = coop._cursor
+        self.context_len = len(coop._context)
+        self.counters = coop._counters
+        self.detached: tuple[int, list[NativeContent]] | None = None
+        self.changes: list[tuple[_Entry, EffectRange | None, bool]] = []
+        self.by_id_removed: list[_Entry] = []
+
+
+class CoopContext:
+    """Cooperating Context Areas over one :class:`Context`, with the Collector.
+
+    Source: seed 000. See the module docstring for the render algorithm and
+    the decisions this class makes beyond the seed.
+
+    A CoopContext is used by one thread at a time; it does no locking, and
+    the wrapped Context must not be changed by another thread while a call
+    runs. Re-entrant calls from inside area callbacks raise
+    :class:`~turnloom.errors.StateError`.
+
+    Args:
+        context: the Context the areas render into. Model output is appended
+            to it directly with :meth:`Context.push_back`.
+    """
+
+    __slots__ = (
+        "_busy",
+        "_by_id",
+        "_context",
+        "_counters",
+        "_cursor",
+        "_gateway",
+        "_last",
+        "_materialized",
+        "_order",
+        "_seq",
+    )
+
+    def __init__(self, context: Context) -> None:
+        if not isinstance(context, Context):
+            raise InputError(
+                f"A CoopContext wraps a turnloom Context, not a {type(context).__name__}."
+            )
+        self._context = context
+        self._gateway: Gateway = context.gateway
+        self._order: list[_Entry] = []  # registration order; the cursor indexes it
+        self._by_id: dict[int, _Entry] = {}
+        self._materialized: list[_Entry] = []  # areas with a range, ascending earliest
+        self._cursor = 0
+        self._busy = False
+        self._seq = 0
+        self._last: CollectionReport | None = None
+        # renders, collections, areas_collected, items_detached, items_promoted
+        self._counters: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
+
+    # -- inspection -------------------------------------------------------
+
+    @property
+    def context(self) -> Context:
+        """The wrapped Context."""
+        return self._context
+
+    @property
+    def areas(self) -> tuple[ContextAreaImplementation, ...]:
+        """The registered areas, in registration order."""
+        return tuple(e.area for e in self._order)
+
+    @property
+    def cursor(self) -> ContextAreaImplementation | None:
+        """The area the next unfold pass starts at, or ``None`` with no areas."""
+        return self._order[self._cursor].area if self._order else None
+
+    @property
+    def last_collection(self) -> CollectionReport | None:
+        """The collection done by the latest successful ``render()`` (``None`` before one)."""
+        return self._last
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __contains__(self, area: object) -> bool:
+        entry = self._by_id.get(id(area))
+        return entry is not None and entry.area is area
+
+    def effect_range(self, area: ContextAreaImplementation) -> EffectRange | None:
+        """The EffectRange of a registered area, or ``None`` before its first non-empty render.
+
+        Raises:
+            UnknownAreaError: ``area`` is not registered here (never was, or
+                was collected).
+        """
+        return self._entry(area).range
+
+    def is_retired(self, area: ContextAreaImplementation) -> bool:
+        """Whether this CoopContext has seen ``area`` retire (sticky).
+
+        Raises:
+            UnknownAreaError: ``area`` is not registered here.
+        """
+        return self._entry(area).retired
+
+    def statistics(self) -> CoopStatistics:
+        """A frozen snapshot of the counters; O(n) for n registered areas."""
+        renders, collections, collected, detached, promoted = self._counters
+        return CoopStatistics(
+            areas=len(self._order),
+            materialized=len(self._materialized),
+            retired=sum(1 for e in self._order if e.retired),
+            renders=renders,
+            collections=collections,
+            areas_collected=collected,
+            items_detached=detached,
+            items_promoted=promoted,
+        )
+
+    def _entry(self, area: object) -> _Entry:
+        entry = self._by_id.get(id(area))
+        if entry is None or entry.area is not area:
+            raise UnknownAreaError(
+                f"The {type(area).__qualname__} area is not registered with this CoopContext."
+            )
+        return entry
+
+    # -- registration -----------------------------------------------------
+
+    def register(self, area: ContextAreaImplementation) -> None:
+        """Register ``area`` at the end of the registration order.
+
+        The area takes part in the next unfold pass that reaches it. Its
+        ``life_state`` and ``flow_state`` are read once here to check them.
+
+        Raises:
+            InvalidAreaError: ``area`` lacks protocol members (``missing``
+                names them), a state member holds a value that is not an
+                AreaLifeState / AreaFlowState, or ``area`` is unhashable.
+            DuplicateAreaError: this very instance is already registered.
+            StateError: called from inside an area callback.
+        """
+        if self._busy:
+            raise StateError("CoopContext.register() was called from inside an area callback.")
+        name = type(area).__qualname__
+        missing: list[str] = []
+        for member in _METHOD_MEMBERS:
+            if not callable(getattr(area, member, None)):
+                missing.append(member)
+        states: dict[str, object] = {}
+        for member in _STATE_MEMBERS:
+            try:
+                states[member] = getattr(area, member)
+            except AttributeError:
+                missing.append(member)
+            except Exception as exc:
+                raise InvalidAreaError(
+                    f"Reading {member} of the {name} area raised {type(exc).__name__}: {exc}.",
+                    missing=(member,),
+                ) from exc
+        if missing:
+            listed = ", ".join(sorted(missing))
+            raise InvalidAreaError(
+                f"The {name} object is not a Context Area: it lacks {listed}.",
+                missing=sorted(missing),
+            )
+        try:
+            hash(area)
+        except TypeError as exc:
+            raise InvalidAreaError(
+                f"The {name} area is unhashable; an area must be hashable "
+                "(use @dataclass(eq=False) for dataclasses)."
+            ) from exc
+        if id(area) in self._by_id:
+            raise DuplicateAreaError(
+                f"This {name} area instance "
+                f"({self._by_id[id(area)].describe()}) is already registered."
+            )
+        life = _as_life(states["life_state"])
+        if life is None:
+            raise InvalidAreaError(
+                f"The {name} area's life_state is {states['life_state']!r}, not an AreaLifeState.",
+                missing=("life_state",),
+            )
+        if _as_flow(states["flow_state"]) is None:
+            raise InvalidAreaError(
+                f"The {name} area's flow_state is {states['flow_state']!r}, not an AreaFlowState.",
+                missing=("flow_state",),
+            )
+        self._seq += 1
+        entry = _Entry(area, self._seq, life is AreaLifeState.retired)
+        self._order.append(entry)
+        self._by_id[id(area)] = entry
+
+    # -- render -----------------------------------------------------------
+
+    def render(self) -> Context:
+        """Collect at the safe point, then run one unfold pass; return the Context.
+
+        Call it between model invocations, never while one is in flight. It
+        does not call a model: the returned Context (the wrapped object) is
+        the provider-native input to send.
+
+        Returns:
+            the wrapped Context.
+
+        Raises:
+            OpenToolCallError: the Context ends with a tool call whose result
+                has not been pushed; nothing was changed.
+            AreaCallbackError: an area member raised or returned a wrong
+                value; ``area`` and ``phase`` name it, ``__cause__`` is the
+                original error. The CoopContext and the Context are as they
+                were before this call.
+            StateError: called from inside an area callback.
+        """
+        if self._busy:
+            raise StateError("CoopContext.render() was called from inside an area callback.")
+        open_ids = _open_call_ids(self._context)
+        if open_ids:
+            listed = ", ".join(repr(c) for c in open_ids)
+            raise OpenToolCallError(
+                f"The Context ends with tool call(s) {listed} whose result has not been "
+                "pushed; push the results before rendering the areas.",
+                call_ids=open_ids,
+            )
+        self._busy = True
+        undo = _Undo(self)
+        try:
+            report = self._collect(undo)
+            self._unfold(undo)
+        except BaseException:
+            self._rollback(undo)
+            raise
+        finally:
+            self._busy = False
+        renders, collections, collected, detached, promoted = self._counters
+        self._counters = (
+            renders + 1,
+            collections + (1 if report.removed else 0),
+            collected + len(report.removed),
+            detached + len(report.detached),
+            promoted + len(report.promoted_items),
+        )
+        self._last = report
+        return self._context
+
+    # -- phases -----------------------------------------------------------
+
+    def _retire(self, entry: _Entry, undo: _Undo) -> None:
+        undo.changes.append((entry, entry.range, entry.retired))
+        entry.retired = True
+
+    def _read_life(self, entry: _Entry) -> AreaLifeState:
+        value = _call(entry, "life_state", getattr, entry.area, "life_state")
+        life = _as_life(value)
+        if life is None:
+            raise AreaCallbackError(
+                f"Context Area {entry.describe()} has life_state {value!r}, "
+                "which is not an AreaLifeState.",
+                area=entry.area,
+                phase="life_state",
+            )
+        return life
+
+    def _collect(self, undo: _Undo) -> CollectionReport:
+        unrendered: list[_Entry] = []
+        for entry in self._order:
+            if not entry.retired and self._read_life(entry) is AreaLifeState.retired:
+                self._retire(entry, undo)
+            if entry.retired and entry.range is None:
+                unrendered.append(entry)
+        materialized = self._materialized
+        plan = plan_collection(
+            [e.range for e in materialized if e.range is not None],
+            [e.retired for e in materialized],
+        )
+        chosen = [materialized[i] for i in plan.collected] + unrendered
+        if not chosen:
+            return _EMPTY_REPORT
+        context = self._context
+        promotions: list[tuple[_Entry, tuple[Message, ...]]] = []
+        for entry in chosen:
+            result = _call(entry, "promote", entry.area.promote)
+            promotions.append((entry, _checked_messages(entry, "promote", result)))
+        for entry in chosen:
+            _call(entry, "gc_prologue", entry.area.gc_prologue)
+        detached: list[NativeContent] = []
+        if plan.start is not None:
+            detached = context.detach_tail(plan.start)
+            undo.detached = (plan.start, detached)
+        first_promoted = len(context)
+        for entry, messages in promotions:
+            self._append(entry, "promote", messages)
+        promoted_items = tuple(context.snapshot(first_promoted))
+        removed = {id(e) for e in chosen}
+        order: list[_Entry] = []
+        cursor = 0
+        for index, entry in enumerate(self._order):
+            if id(entry) in removed:
+                continue
+            if index < self._cursor:
+                cursor += 1
+            order.append(entry)
+        self._order = order
+        self._cursor = cursor if cursor < len(order) else 0
+        self._materialized = [e for e in materialized if id(e) not in removed]
+        undo.by_id_removed = chosen
+        for entry in chosen:
+            del self._by_id[id(entry.area)]
+        return CollectionReport(
+            start=plan.start,
+            detached=tuple(detached),
+            promoted=tuple(m for _, messages in promotions for m in messages),
+            promoted_items=promoted_items,
+            removed=tuple(e.area for e in chosen),
+            components=plan.components,
+        )
+
+    def _unfold(self, undo: _Undo) -> None:
+        order = self._order
+        n = len(order)
+        if n == 0:
+            return
+        context = self._context
+        cursor = self._cursor
+        # One shallow copy of the part of the Context that ranges can cover,
+        # taken lazily; each observe() gets an O(1) view of its own range. Every
+        # range visited in this pass was last extended before the pass began,
+        # so its items are all in the copy.
+        window: Sequence[NativeContent] | None = None
+        window_start = 0
+        for _ in range(n):
+            entry = order[cursor]
+            if not entry.retired and self._read_life(entry) is AreaLifeState.retired:
+                self._retire(entry, undo)
+            if not entry.retired and entry.range is not None:
+                if window is None:
+                    first = self._materialized[0].range
+                    window_start = first.earliest if first is not None else 0
+                    window = context.snapshot(window_start)
+                view = _RangeView(
+                    window, entry.range.earliest - window_start, entry.range.latest - window_start
+                )
+                _call(entry, "observe", entry.area.observe, view)
+                if self._read_life(entry) is AreaLifeState.retired:
+                    self._retire(entry, undo)
+            if not entry.retired:
+                result = _call(entry, "render", entry.area.render)
+                if not isinstance(result, list | tuple):
+                    raise AreaCallbackError(
+                        f"Context Area {entry.describe()} render() returned a "
+                        f"{type(result).__name__}, not a list of Message.",
+                        area=entry.area,
+                        phase="render",
+                    )
+                start = len(context)
+                self._append(entry, "render", result)
+                end = len(context)
+                if end > start:
+                    undo.changes.append((entry, entry.range, entry.retired))
+                    if entry.range is None:
+                        entry.range = EffectRange(start, end - 1)
+                        self._materialized.append(entry)
+                    else:
+                        entry.range = EffectRange(entry.range.earliest, end - 1)
+                flow = _call(entry, "flow_state", getattr, entry.area, "flow_state")
+                kind = _as_flow(flow)
+                if kind is None:
+                    raise AreaCallbackError(
+                        f"Context Area {entry.describe()} has flow_state {flow!r}, "
+                        "which is not an AreaFlowState.",
+                        area=entry.area,
+                        phase="flow_state",
+                    )
+                if kind is AreaFlowState.exclusive:
+                    self._cursor = cursor
+                    return
+            cursor = cursor + 1 if cursor + 1 < n else 0
+        self._cursor = cursor
+
+    def _append(self, entry: _Entry, phase: str, messages: Sequence[Message]) -> None:
+        """Emplace ``messages`` for ``entry``; they must not leave a tool call open."""
+        if not messages:
+            return
+        context = self._context
+        for message in messages:
+            _call(entry, phase, context.emplace_message, message)
+        open_ids = _open_call_ids(context)
+        if open_ids:
+            raise AreaCallbackError(
+                f"Context Area {entry.describe()} {phase}() left tool call(s) "
+                f"{', '.join(repr(c) for c in open_ids)} without a result; an area "
+                "must render each call together with its result.",
+                area=entry.area,
+                phase=phase,
+            )
+
+    def _rollback(self, undo: _Undo) -> None:
+        context = self._context
+        if undo.detached is not None:
+            start, tail = undo.detached
+            context.detach_tail(start)
+            for item in tail:
+                context.push_back(item)
+        else:
+            context.detach_tail(undo.context_len)
+        for entry, old_range, old_retired in reversed(undo.changes):
+            entry.range = old_range
+            entry.retired = old_retired
+        self._order = undo.order
+        self._materialized = undo.materialized
+        del undo.materialized[undo.materialized_len :]
+        for entry in undo.by_id_removed:
+            self._by_id[id(entry.area)] = entry
+        self._cursor = undo.cursor
+        self._counters = undo.counters
+
+
+# -- helpers ---------------------------------------------------------------
+
+
+class _RangeView(Sequence[NativeContent]):
+    """A read-only, fixed-length view of ``window[first : last + 1]`` (shallow; O(1) to make)."""
+
+    __slots__ = ("_first", "_len", "_window")
+
+    def __init__(self, window: Sequence[NativeContent], first: int, last: int) -> None:
+        self._window = window
+        self._first = first
+        self._len = last - first + 1
+
+    @overload
+    def __getitem__(self, index: int) -> NativeContent: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[NativeContent]: ...
+    def __getitem__(self, index: int | slice) -> NativeContent | Sequence[NativeContent]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._len)
+            return tuple(self._window[self._first + i] for i in range(start, stop, step))
+        if index < 0:
+            index += self._len
+        if not 0 <= index < self._len:
+            raise IndexError(f"index {index} is outside an EffectRange of {self._len} items")
+        return self._window[self._first + index]
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[NativeContent]:
+        window, first = self._window, self._first
+        return (window[first + i] for i in range(self._len))
+
+    def __repr__(self) -> str:
+        return f"<EffectRange view of {self._len} items>"
+
+
+def _call(entry: _Entry, phase: str, fn: Callable[..., _T], *args: object) -> _T:
+    try:
+        return fn(*args)
+    except Exception as exc:
+        raise AreaCallbackError(
+            f"Context Area {entry.describe()} raised {type(exc).__name__} in {phase}: {exc}",
+            area=entry.area,
+            phase=phase,
+        ) from exc
+
+
+def _as_life(value: object) -> AreaLifeState | None:
+    if value is AreaLifeState.retain or value is AreaLifeState.retired:
+        return value
+    if not isinstance(value, str):
+        return None
+    try:
+        return AreaLifeState(value)
+    except ValueError:
+        return None
+
+
+def _as_flow(value: object) -> AreaFlowState | None:
+    if value is AreaFlowState.yielded or value is AreaFlowState.exclusive:
+        return value
+    if not isinstance(value, str):
+        return None
+    try:
+        return AreaFlowState(value)
+    except ValueError:
+        return None
+
+
+def _checked_messages(entry: _Entry, phase: str, result: object) -> tuple[Message, ...]:
+    if not isinstance(result, tuple | list):
+        raise AreaCallbackError(
+            f"Context Area {entry.describe()} {phase}() returned a "
+            f"{type(result).__name__}, not a tuple of Message.",
+            area=entry.area,
+            phase=phase,
+        )
+    for index, message in enumerate(result):
+        _call(entry, phase, _check_one, message, f"{phase}()[{index}]")
+    return tuple(result)
+
+
+def _check_one(message: object, where: str) -> int:
+    return check_message(message, where=where)
+
+
+def _open_call_ids(context: Context) -> tuple[str, ...]:
+    """Ids of the tool calls at the Context's tail that have no result yet, in call order.
+
+    Scans back from the tail: results (tool messages, or user turns carrying
+    tool results), then the model turn before them (consecutive assistant
+    items: OpenAI Responses emits one item per call). A call is answered by a
+    result with its id; results whose id matches no call of the group answer
+    the remaining calls in order (a Gemini function response may carry no
+    id). A user, system or developer message without results ends the scan,
+    and so does an item the gateway cannot parse.
+    """
+    gateway = context.gateway
+    index = len(context) - 1
+    answered: set[str] = set()
+    result_ids: list[str] = []
+    call_ids: list[str] = []  # newest first while scanning
+    in_model_turn = False
+    while index >= 0:
+        item = context.snapshot(index, index + 1)[0]
+        index -= 1
+        try:
+            message = gateway.parse(item)
+        except InvalidMessageError:
+            break
+        if message.role is Role.assistant:
+            in_model_turn = True
+            call_ids.extend(c.call_id for c in reversed(message.tool_calls))
+            continue
+        if in_model_turn:
+            break
+        results = message.tool_results
+        if not results:
+            break
+        for result in results:
+            answered.add(result.call_id)
+            result_ids.append(result.call_id)
+    if not call_ids:
+        return ()
+    call_ids.reverse()
+    called = set(call_ids)
+    unmatched = sum(1 for r in result_ids if r not in called)
+    still_open = [c for c in call_ids if c not in answered]
+    return tuple(still_open[unmatched:])

@@ -1,0 +1,103 @@
+"""Helpers shared by the built-in gateways (private)."""
+
+from __future__ import annotations
+
+__all__ = (
+    "args_object",
+    "args_text",
+    "blank",
+    "drop_foreign",
+    "layout_of",
+    "make_layout",
+    "require_object",
+    "violation",
+)
+
+import json
+import logging
+from typing import Any
+
+from turnloom.context.gateway import Violation
+from turnloom.context.message import Message, OpaquePart, ReasoningPart
+from turnloom.errors import InvalidMessageError, ProviderRuleError
+
+
+def blank(text: str) -> bool:
+    """True for empty and whitespace-only text (which no gateway emits)."""
+    return not text or text.isspace()
+
+
+def layout_of(message: Message, gateway: str) -> dict[str, Any]:
+    """The layout hints of ``message`` recorded by ``gateway`` (empty when none)."""
+    layout = message.layout
+    if layout and layout.get("gateway") == gateway:
+        return layout
+    return {}
+
+
+def make_layout(gateway: str, hints: dict[str, Any]) -> dict[str, Any] | None:
+    """A ``Message.layout`` for ``hints``, or None when there is no hint (canonical form)."""
+    kept = {k: v for k, v in hints.items() if v}
+    if not kept:
+        return None
+    return {"gateway": gateway, **kept}
+
+
+def args_object(arguments: str, call_id: str, provider: str) -> dict[str, Any]:
+    """Decode tool call ``arguments`` (JSON text) into the object a provider carries.
+
+    Raises:
+        ProviderRuleError: the text is not a JSON object; ``provider`` carries
+            arguments as an object only.
+    """
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ProviderRuleError(
+            f"The arguments of tool call {call_id!r} are not a JSON object; {provider} "
+            "carries tool call arguments as an object only."
+        )
+    return value
+
+
+def args_text(value: Any) -> str:
+    """Encode a provider's argument object as compact JSON text (key order kept)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def require_object(item: Any, provider: str, what: str = "item") -> dict[str, Any]:
+    """Return ``item`` when it is a JSON object.
+
+    Raises:
+        InvalidMessageError: ``item`` is not a dict.
+    """
+    if not isinstance(item, dict):
+        raise InvalidMessageError(
+            f"A {provider} {what} must be a JSON object, not {type(item).__name__}."
+        )
+    return item
+
+
+def drop_foreign(part: OpaquePart | ReasoningPart, gateway: str, log: logging.Logger) -> None:
+    """Log that a part produced by another gateway is left out of ``gateway``'s input.
+
+    Opaque parts are logged at WARNING (content is lost for this provider);
+    reasoning of another provider at DEBUG (no provider can verify another's
+    reasoning, so dropping it is the documented, expected behaviour).
+    """
+    if type(part) is OpaquePart:
+        log.warning(
+            "Dropped a %s-native %r part: the %s gateway cannot carry it.",
+            part.gateway,
+            part.item.get("type", "?") if isinstance(part.item, dict) else "?",
+            gateway,
+        )
+    else:
+        log.debug("Dropped reasoning produced by %s from a %s input.", part.gateway, gateway)
+
+
+def violation(index: int, rule: str, message: str) -> Violation:
+    """Build one :class:`Violation`."""
+    return Violation(index=index, rule=rule, message=message)

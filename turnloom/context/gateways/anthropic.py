@@ -1,0 +1,721 @@
+"""The Anthropic Messages gateway (``system`` and ``messages`` of ``POST /v1/messages``).
+
+Rendering (Message -> native, one ``{"role", "content": [blocks]}`` item per
+message):
+
+* ``user``: ``text`` and ``image`` blocks (``source`` of type ``url`` or
+  ``base64`` with its ``media_type``); ``anthropic`` opaque parts verbatim.
+* ``tool`` (or ``user`` carrying tool results): one ``user`` item whose
+  ``tool_result`` blocks come first, in part order, then any other blocks.
+  A result's content is a list of ``text``/``image`` blocks and ``is_error``
+  is always sent.
+* ``assistant``: blocks in part order: ``thinking`` (text + ``signature``) and
+  ``redacted_thinking`` (``data``) for reasoning produced by Anthropic,
+  ``text``, ``tool_use`` (``id``, ``name``, ``input``: the arguments decoded
+  to an object), ``anthropic`` opaque blocks (server tool use, web search
+  results, MCP blocks, compaction) verbatim. Parallel calls are one item.
+* ``system`` and ``developer``: a ``{"role": "system"}`` item in the Context,
+  at its position. :meth:`AnthropicGateway.request_body` lifts the leading
+  run of system items to the top-level ``system`` field (a string when it is
+  one string-form item, else a list of text blocks); a system item later in
+  the conversation stays inline, which the API accepts (recorded traffic).
+
+Where system messages live in a Context: as ``{"role": "system"}`` items
+where they were appended; only the request body moves them.
+
+Lossy mappings, documented: ``developer`` becomes ``system`` (Anthropic has
+no developer role); reasoning of other providers is dropped (Anthropic cannot
+verify it); opaque parts of other gateways are dropped with a logged warning;
+an image's ``detail`` hint is not carried; tool call arguments travel as an
+object, so their text is re-encoded as compact JSON (same value, possibly
+different whitespace) and arguments that are not a JSON object are rejected
+with :class:`~turnloom.errors.ProviderRuleError`; a tool result's ``name`` is
+not carried (:meth:`AnthropicGateway.parse_request` fills it from the call);
+empty and whitespace-only text blocks are never emitted.
+
+Layout kept for an exact re-emission (``Message.layout``): content sent as a
+string (``"content": "string"``), tool results whose content was a string
+(``"string_results"``: call ids) or that had no ``is_error``
+(``"no_is_error"``: call ids).
+
+Source: Anthropic Messages API reference (``messages``, ``system``, content
+blocks; tool use: ``tool_result`` blocks go in the next user message, before
+any other content; consecutive same-role turns are combined).
+"""
+
+from __future__ import annotations
+
+__all__ = ("AnthropicGateway",)
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from turnloom.context.gateway import GatewayType, NativeContent, Violation, register_gateway
+from turnloom.context.gateways._common import (
+    args_object,
+    args_text,
+    blank,
+    drop_foreign,
+    layout_of,
+    make_layout,
+    require_object,
+    violation,
+)
+from turnloom.context.message import (
+    ImagePart,
+    Message,
+    OpaquePart,
+    Part,
+    ReasoningPart,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+)
+from turnloom.errors import InvalidMessageError
+
+_log = logging.getLogger("turnloom.gateway.anthropic")
+
+_GATEWAY = GatewayType.anthropic.value
+_ROLES = frozenset({"user", "assistant", "system"})
+
+
+class AnthropicGateway:
+    """Renders and parses Anthropic Messages items. Stateless, thread-safe.
+
+    Args:
+        merge_turns: :meth:`request_body` merges adjacent items of the same
+            role into one (default True; the API would combine them itself).
+            Set False only to reproduce recorded traffic item for item.
+    """
+
+    __slots__ = ("_merge_turns",)
+
+    def __init__(self, *, merge_turns: bool = True) -> None:
+        self._merge_turns = merge_turns
+
+    @property
+    def type(self) -> GatewayType:
+        return GatewayType.anthropic
+
+    # -- rendering -------------------------------------------------------
+
+    def render(self, message: Message) -> list[NativeContent]:
+        """Render ``message`` into zero or one Anthropic item.
+
+        Raises:
+            ProviderRuleError: a tool call's arguments are not a JSON object.
+        """
+        layout = layout_of(message, _GATEWAY)
+        own = message.layout is None or bool(layout)
+        role = message.role
+        blocks: list[Any] = []
+        if role is Role.assistant:
+            for part in message.parts:
+                block = self._assistant_block(part, own)
+                if block is not None:
+                    blocks.append(block)
+            native_role = "assistant"
+        else:
+            results = [p for p in message.parts if type(p) is ToolResultPart]
+            for result in results:
+                blocks.append(self._result_block(result, layout, own))
+            for part in message.parts:
+                if type(part) is ToolResultPart:
+                    continue
+                block = self._content_block(part, own)
+                if block is not None:
+                    blocks.append(block)
+            native_role = "system" if role in (Role.system, Role.developer) else "user"
+        if not blocks:
+            return []
+        content: str | list[Any] = blocks
+        if (
+            layout.get("content") == "string"
+            and len(blocks) == 1
+            and blocks[0].keys() == {"type", "text"}
+            and blocks[0]["type"] == "text"
+        ):
+            content = blocks[0]["text"]
+        item: NativeContent = {"role": native_role, "content": content}
+        if own and message.extras:
+            item.update(message.extras)
+        return [item]
+
+    def _content_block(self, part: Part, own: bool) -> dict[str, Any] | None:
+        if type(part) is TextPart:
+            if blank(part.text):
+                return None
+            block: dict[str, Any] = {"type": "text", "text": part.text}
+            if own and part.extras:
+                block.update(part.extras)
+            return block
+        if type(part) is ImagePart:
+            if part.url is not None:
+                source: dict[str, Any] = {"type": "url", "url": part.url}
+            else:
+                source = {"type": "base64", "media_type": part.media_type, "data": part.data}
+            block = {"type": "image", "source": source}
+            if own and part.extras:
+                block.update(part.extras)
+            return block
+        if type(part) is OpaquePart:
+            if part.gateway == _GATEWAY:
+                return part.item
+            drop_foreign(part, _GATEWAY, _log)
+            return None
+        if type(part) is ReasoningPart:
+            # Reasoning belongs to assistant turns; elsewhere it has no block.
+            return None
+        if type(part) is ToolCallPart:
+            _log.warning(
+                "Dropped tool call %s from a non-assistant message: only assistant turns "
+                "carry tool_use blocks.",
+                part.call_id,
+            )
+        return None
+
+    def _assistant_block(self, part: Part, own: bool) -> dict[str, Any] | None:
+        if type(part) is ToolCallPart:
+            block: dict[str, Any] = {
+                "type": "tool_use",
+                "id": part.call_id,
+                "name": part.name,
+                "input": args_object(part.arguments, part.call_id, "Anthropic"),
+            }
+            if own and part.extras:
+                block.update(part.extras)
+            return block
+        if type(part) is ReasoningPart:
+            if part.gateway != _GATEWAY:
+                drop_foreign(part, _GATEWAY, _log)
+                return None
+            if part.redacted:
+                block = {"type": "redacted_thinking", "data": part.encrypted_content or ""}
+            else:
+                block = {"type": "thinking", "thinking": part.text, "signature": part.signature}
+            if part.extras:
+                block.update(part.extras)
+            return block
+        if type(part) is ToolResultPart:
+            _log.warning(
+                "Dropped the result of call %s from an assistant message: tool results "
+                "belong to the user turn after the call.",
+                part.call_id,
+            )
+            return None
+        return self._content_block(part, own)
+
+    def _result_block(
+        self, result: ToolResultPart, layout: dict[str, Any], own: bool
+    ) -> dict[str, Any]:
+        inner = [b for p in result.content if (b := self._content_block(p, own)) is not None]
+        content: str | list[Any] = inner
+        if result.call_id in layout.get("string_results", ()) and all(
+            type(p) is TextPart for p in result.content
+        ):
+            content = "".join(p.text for p in result.content if type(p) is TextPart)
+        block: dict[str, Any] = {
+            "type": "tool_result",
+            "tool_use_id": result.call_id,
+            "content": content,
+        }
+        if result.is_error or result.call_id not in layout.get("no_is_error", ()):
+            block["is_error"] = result.is_error
+        if own and result.extras:
+            block.update(result.extras)
+        return block
+
+    # -- parsing ---------------------------------------------------------
+
+    def parse(self, item: NativeContent) -> Message:
+        """Parse one Anthropic item (a request message, or a response with ``content``).
+
+        A response body (``{"type": "message", "role": "assistant", "content":
+        [...]}``) parses like a request message; its ``id`` becomes
+        ``Message.id`` and its other fields (``model``, ``stop_reason``,
+        ``usage``) are not kept. A user item holding only ``tool_result`` blocks parses
+        to a ``tool`` message.
+
+        Raises:
+            InvalidMessageError: not an object, an unknown role, content of the
+                wrong shape, a ``tool_use``/``tool_result`` without its id.
+        """
+        item = require_object(item, "Anthropic", "message")
+        role_name = item.get("role")
+        if role_name not in _ROLES:
+            raise InvalidMessageError(
+                f"Anthropic message has unknown role {role_name!r}.", field="role"
+            )
+        extras: dict[str, Any] = {}
+        message_id = None
+        is_response = item.get("type") == "message"
+        for key, value in item.items():
+            if key in ("role", "content"):
+                continue
+            if key == "id" and role_name == "assistant" and isinstance(value, str):
+                message_id = value
+            elif not is_response:
+                # A response body's own fields (model, stop_reason, usage) are
+                # not message fields; only a request item's extras are kept.
+                extras[key] = value
+        content = item.get("content")
+        hints: dict[str, Any] = {}
+        if isinstance(content, str):
+            hints["content"] = "string"
+            blocks: list[Any] = [{"type": "text", "text": content}]
+        elif isinstance(content, list):
+            blocks = content
+        else:
+            raise InvalidMessageError(
+                "Anthropic message content must be a string or a list of blocks.",
+                field="content",
+            )
+        parts: list[Part] = []
+        string_results: list[str] = []
+        no_is_error: list[str] = []
+        has_extras = bool(extras)
+        for i, block in enumerate(blocks):
+            part = self._parse_block(block, f"content[{i}]", string_results, no_is_error)
+            has_extras = has_extras or bool(getattr(part, "extras", None))
+            parts.append(part)
+        hints["string_results"] = string_results
+        hints["no_is_error"] = no_is_error
+        if role_name == "assistant":
+            role = Role.assistant
+        elif role_name == "system":
+            role = Role.system
+        elif parts and all(type(p) is ToolResultPart for p in parts):
+            role = Role.tool
+        else:
+            role = Role.user
+        layout = make_layout(_GATEWAY, hints)
+        if layout is None and has_extras:
+            layout = {"gateway": _GATEWAY}
+        return Message(
+            role=role, content=tuple(parts), id=message_id, extras=extras or None, layout=layout
+        )
+
+    def _parse_block(
+        self, block: Any, field: str, string_results: list[str], no_is_error: list[str]
+    ) -> Part:
+        if not isinstance(block, dict):
+            raise InvalidMessageError(f"Anthropic {field} must be an object.", field=field)
+        kind = block.get("type")
+        rest = {k: v for k, v in block.items() if k != "type"}
+        if kind == "text" and isinstance(block.get("text"), str):
+            rest.pop("text")
+            return TextPart(text=block["text"], extras=rest or None)
+        if kind == "image":
+            image = _parse_image(block)
+            if image is not None:
+                return image
+        elif kind == "tool_use":
+            call_id, name = block.get("id"), block.get("name")
+            if not isinstance(call_id, str) or not call_id:
+                raise InvalidMessageError(f"Anthropic {field} has no id.", field=f"{field}.id")
+            if not isinstance(name, str) or not name:
+                raise InvalidMessageError(f"Anthropic {field} has no name.", field=f"{field}.name")
+            extras = {k: v for k, v in rest.items() if k not in ("id", "name", "input")}
+            return ToolCallPart(
+                call_id=call_id,
+                name=name,
+                arguments=args_text(block.get("input", {})),
+                extras=extras or None,
+            )
+        elif kind == "tool_result":
+            call_id = block.get("tool_use_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise InvalidMessageError(
+                    f"Anthropic {field} has no tool_use_id.", field=f"{field}.tool_use_id"
+                )
+            inner = block.get("content", [])
+            if isinstance(inner, str):
+                string_results.append(call_id)
+                inner_parts: list[Any] = [TextPart(text=inner)]
+            elif isinstance(inner, list):
+                inner_parts = [
+                    self._parse_result_block(b, f"{field}.content[{j}]")
+                    for j, b in enumerate(inner)
+                ]
+            else:
+                raise InvalidMessageError(
+                    f"Anthropic {field}.content must be a string or a list.",
+                    field=f"{field}.content",
+                )
+            if "is_error" not in block:
+                no_is_error.append(call_id)
+            extras = {
+                k: v for k, v in rest.items() if k not in ("tool_use_id", "content", "is_error")
+            }
+            return ToolResultPart(
+                call_id=call_id,
+                content=tuple(inner_parts),
+                is_error=bool(block.get("is_error", False)),
+                extras=extras or None,
+            )
+        elif kind == "thinking" and isinstance(block.get("thinking"), str):
+            extras = {k: v for k, v in rest.items() if k not in ("thinking", "signature")}
+            return ReasoningPart(
+                text=block["thinking"],
+                signature=block.get("signature"),
+                gateway=_GATEWAY,
+                extras=extras or None,
+            )
+        elif kind == "redacted_thinking" and isinstance(block.get("data"), str):
+            extras = {k: v for k, v in rest.items() if k != "data"}
+            return ReasoningPart(
+                encrypted_content=block["data"],
+                redacted=True,
+                gateway=_GATEWAY,
+                extras=extras or None,
+            )
+        return OpaquePart(gateway=_GATEWAY, item=block)
+
+    def _parse_result_block(self, block: Any, field: str) -> TextPart | ImagePart | OpaquePart:
+        if not isinstance(block, dict):
+            raise InvalidMessageError(f"Anthropic {field} must be an object.", field=field)
+        if block.get("type") == "text" and isinstance(block.get("text"), str):
+            extras = {k: v for k, v in block.items() if k not in ("type", "text")}
+            return TextPart(text=block["text"], extras=extras or None)
+        if block.get("type") == "image":
+            image = _parse_image(block)
+            if image is not None:
+                return image
+        return OpaquePart(gateway=_GATEWAY, item=block)
+
+    def parse_request(self, body: dict[str, Any]) -> list[Message]:
+        """Parse a Messages request body: top-level ``system``, then ``messages``.
+
+        The ``system`` field becomes one ``system`` message first (a string
+        is recorded as string layout). Tool results get the ``name`` of the
+        call they answer (the nearest preceding ``tool_use`` turn).
+
+        Raises:
+            InvalidMessageError: ``messages`` is missing or an item is malformed.
+        """
+        body = require_object(body, "Anthropic", "request body")
+        out: list[Message] = []
+        system = body.get("system")
+        if system is not None:
+            wrapped: dict[str, Any] = {"role": "system", "content": system}
+            out.append(self.parse(wrapped))
+        items = body.get("messages")
+        if not isinstance(items, list):
+            raise InvalidMessageError(
+                "Anthropic request body has no messages list.", field="messages"
+            )
+        names: dict[str, str] = {}
+        for item in items:
+            message = self.parse(item)
+            if message.role is Role.assistant and message.tool_calls:
+                names = {c.call_id: c.name for c in message.tool_calls}
+            if message.tool_results:
+                message = _with_result_names(message, names)
+            out.append(message)
+        return out
+
+    # -- rules -----------------------------------------------------------
+
+    def validate(self, items: Sequence[NativeContent]) -> list[Violation]:
+        """Check the Messages API's structural rules over a ``messages`` list.
+
+        Rules (Source: Anthropic Messages API, tool use): every ``tool_use`` of
+        an assistant item is answered by a ``tool_result`` in the directly
+        following user item, and that item holds its results before any other
+        block; no ``tool_result`` without a ``tool_use`` in the directly
+        preceding assistant item; ``tool_use`` ids unique in the whole input
+        (the API rejects a reused id); no empty content and no empty or
+        whitespace-only text block. Adjacent same-role items are not a
+        violation: the API combines them (recorded traffic shows it accepts
+        them), and :meth:`request_body` merges them. ``system`` items are
+        accepted anywhere (top level or inline). A leading ``assistant`` item
+        is not flagged: the API rejected it in 2024 ("first message must use
+        the user role") but accepts it now (it is how a reply is prefilled).
+
+        Returns:
+            every violation, in item order; empty when the input is valid.
+        """
+        out: list[Violation] = []
+        seen_ids: dict[str, int] = {}
+        open_calls: dict[str, int] = {}
+        for index, item in enumerate(items):
+            role = item.get("role") if isinstance(item, dict) else None
+            if role not in _ROLES:
+                out.append(
+                    violation(index, "unknown_role", f"Item {index} has unknown role {role!r}.")
+                )
+                continue
+            content = item.get("content")
+            blocks: list[Any]
+            if isinstance(content, str):
+                if blank(content):
+                    out.append(
+                        violation(
+                            index,
+                            "empty_text",
+                            f"Item {index} has empty or whitespace-only content.",
+                        )
+                    )
+                blocks = []
+            elif isinstance(content, list) and content:
+                blocks = content
+            else:
+                out.append(
+                    violation(index, "empty_message", f"Item {index} has no content blocks.")
+                )
+                blocks = []
+            answered: set[str] = set()
+            other_seen = False
+            for j, block in enumerate(blocks):
+                kind = block.get("type") if isinstance(block, dict) else None
+                if kind == "text" and blank(str(block.get("text", ""))):
+                    out.append(
+                        violation(
+                            index,
+                            "empty_text",
+                            f"Item {index} content[{j}] is an empty or whitespace-only text block.",
+                        )
+                    )
+                if kind == "tool_result":
+                    call_id = block.get("tool_use_id")
+                    if role != "user" or call_id not in open_calls:
+                        out.append(
+                            violation(
+                                index,
+                                "tool_result_without_call",
+                                f"Item {index} content[{j}] answers tool_use {call_id!r}, which "
+                                "is not a call of the directly preceding assistant item.",
+                            )
+                        )
+                    elif other_seen:
+                        out.append(
+                            violation(
+                                index,
+                                "tool_result_not_first",
+                                f"Item {index} content[{j}] (result of {call_id!r}) comes after "
+                                "other content; tool_result blocks must come first.",
+                            )
+                        )
+                    if isinstance(call_id, str):
+                        answered.add(call_id)
+                    if kind == "tool_result":
+                        _check_result_texts(block, index, j, out)
+                else:
+                    other_seen = True
+            for call_id, at in open_calls.items():
+                if call_id not in answered:
+                    out.append(
+                        violation(
+                            at,
+                            "tool_call_without_result",
+                            f"tool_use {call_id!r} of item {at} has no tool_result in item "
+                            f"{at + 1}.",
+                        )
+                    )
+            open_calls = {}
+            if role == "assistant":
+                for block in blocks:
+                    if isinstance(block, dict) and block.get("type") == "tool_use":
+                        call_id = block.get("id")
+                        if not isinstance(call_id, str) or not call_id:
+                            out.append(
+                                violation(
+                                    index,
+                                    "missing_call_id",
+                                    f"Item {index} has a tool_use without an id.",
+                                )
+                            )
+                            continue
+                        if call_id in seen_ids:
+                            out.append(
+                                violation(
+                                    index,
+                                    "duplicate_call_id",
+                                    f"Item {index} reuses tool_use id {call_id!r} of item "
+                                    f"{seen_ids[call_id]}; tool_use ids must be unique.",
+                                )
+                            )
+                        seen_ids[call_id] = index
+                        open_calls[call_id] = index
+        for call_id, at in open_calls.items():
+            out.append(
+                violation(
+                    at,
+                    "tool_call_without_result",
+                    f"tool_use {call_id!r} of item {at} has no tool_result (the input ends).",
+                )
+            )
+        return sorted(out, key=lambda v: v.index)
+
+    def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
+        """``{"system": ..., "messages": [...]}`` for ``items``.
+
+        The leading run of ``system`` items becomes the top-level ``system``
+        (omitted when there is none): the content string when it is a single
+        string-form item, else every text block in order. Adjacent items of
+        the same role are merged into one (tool results first, so a merged
+        user turn still opens with its results), unless the gateway was built
+        with ``merge_turns=False``. A ``tool_use`` id already used by an
+        earlier turn is renamed (``<id>_r<n>``) in its call and in the results
+        that answer it, because the API rejects reused ids while turnloom
+        pairs positionally. Input items are not modified.
+
+        Source: Anthropic Messages API, ``system`` parameter and tool use.
+        """
+        body: dict[str, Any] = {}
+        start = 0
+        system_blocks: list[Any] = []
+        system_strings: list[str] = []
+        while start < len(items) and items[start].get("role") == "system":
+            content = items[start].get("content")
+            if isinstance(content, str):
+                system_strings.append(content)
+                system_blocks.append({"type": "text", "text": content})
+            else:
+                system_blocks.extend(content or ())
+            start += 1
+        if start:
+            if start == 1 and len(system_strings) == 1:
+                body["system"] = system_strings[0]
+            else:
+                body["system"] = system_blocks
+        messages: list[NativeContent] = []
+        for item in _rename_reused_ids(items[start:]):
+            if (
+                self._merge_turns
+                and messages
+                and messages[-1].get("role") == item.get("role")
+                and item.get("role") in ("user", "assistant")
+            ):
+                messages[-1] = _merge(messages[-1], item)
+            else:
+                messages.append(item)
+        body["messages"] = messages
+        return body
+
+
+def _check_result_texts(block: dict[str, Any], index: int, j: int, out: list[Violation]) -> None:
+    inner = block.get("content")
+    if isinstance(inner, list):
+        for k, sub in enumerate(inner):
+            if (
+                isinstance(sub, dict)
+                and sub.get("type") == "text"
+                and blank(str(sub.get("text", "")))
+            ):
+                out.append(
+                    violation(
+                        index,
+                        "empty_text",
+                        f"Item {index} content[{j}].content[{k}] is an empty or "
+                        "whitespace-only text block.",
+                    )
+                )
+
+
+def _blocks(item: NativeContent) -> list[Any]:
+    content = item.get("content")
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return list(content or ())
+
+
+def _merge(first: NativeContent, second: NativeContent) -> NativeContent:
+    blocks = _blocks(first) + _blocks(second)
+    results = [b for b in blocks if b.get("type") == "tool_result"]
+    others = [b for b in blocks if b.get("type") != "tool_result"]
+    merged = dict(first)
+    merged.update({k: v for k, v in second.items() if k not in ("role", "content")})
+    merged["content"] = results + others
+    return merged
+
+
+def _rename_reused_ids(items: Sequence[NativeContent]) -> list[NativeContent]:
+    seen: set[str] = set()
+    renamed: dict[str, str] = {}
+    out: list[NativeContent] = []
+    for item in items:
+        content = item.get("content")
+        if not isinstance(content, list):
+            out.append(item)
+            continue
+        role = item.get("role")
+        if role == "assistant":
+            renamed = {}
+            new_blocks: list[Any] | None = None
+            for j, block in enumerate(content):
+                if isinstance(block, dict) and block.get("type") == "tool_use":
+                    call_id = block.get("id")
+                    if call_id in seen:
+                        n = 2
+                        while f"{call_id}_r{n}" in seen:
+                            n += 1
+                        new_id = f"{call_id}_r{n}"
+                        renamed[call_id] = new_id
+                        if new_blocks is None:
+                            new_blocks = list(content)
+                        new_blocks[j] = {**block, "id": new_id}
+                        seen.add(new_id)
+                    elif isinstance(call_id, str):
+                        seen.add(call_id)
+            out.append(item if new_blocks is None else {**item, "content": new_blocks})
+        elif role == "user" and renamed:
+            new_blocks = [
+                {**b, "tool_use_id": renamed[b["tool_use_id"]]}
+                if isinstance(b, dict)
+                and b.get("type") == "tool_result"
+                and b.get("tool_use_id") in renamed
+                else b
+                for b in content
+            ]
+            out.append({**item, "content": new_blocks})
+        else:
+            if role == "user":
+                renamed = {}
+            out.append(item)
+    return out
+
+
+def _with_result_names(message: Message, names: dict[str, str]) -> Message:
+    parts: list[Part] = []
+    changed = False
+    for part in message.parts:
+        if type(part) is ToolResultPart and part.name is None and part.call_id in names:
+            parts.append(
+                ToolResultPart(
+                    call_id=part.call_id,
+                    content=part.content,
+                    is_error=part.is_error,
+                    name=names[part.call_id],
+                    extras=part.extras,
+                )
+            )
+            changed = True
+        else:
+            parts.append(part)
+    if not changed:
+        return message
+    return Message(
+        role=message.role,
+        content=tuple(parts),
+        id=message.id,
+        extras=message.extras,
+        layout=message.layout,
+    )
+
+
+def _parse_image(block: dict[str, Any]) -> ImagePart | None:
+    source = block.get("source")
+    if not isinstance(source, dict):
+        return None
+    extras = {k: v for k, v in block.items() if k not in ("type", "source")} or None
+    if source.keys() == {"type", "url"} and source["type"] == "url":
+        return ImagePart(url=source["url"], extras=extras)
+    if source.keys() == {"type", "media_type", "data"} and source["type"] == "base64":
+        return ImagePart(data=source["data"], media_type=source["media_type"], extras=extras)
+    return None
+
+
+register_gateway(GatewayType.anthropic, AnthropicGateway)

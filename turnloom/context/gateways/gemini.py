@@ -1,0 +1,689 @@
+"""The Gemini gateway (``systemInstruction`` and ``contents`` of ``generateContent``).
+
+Rendering (Message -> native ``Content`` items ``{"role", "parts"}``):
+
+* ``user``: ``{"role": "user"}`` with ``text``, ``inlineData`` (base64 image
+  with ``mimeType``) and ``fileData`` (image URL as ``fileUri``) parts;
+  ``gemini`` opaque parts verbatim.
+* ``assistant``: ``{"role": "model"}``; reasoning produced by Gemini becomes
+  a thought part (``{"text", "thought": true}`` with its
+  ``thoughtSignature``); tool calls become ``functionCall`` parts (``id``,
+  ``name``, ``args``: the arguments decoded to an object) with their
+  ``thoughtSignature`` kept verbatim; parallel calls are one content.
+* ``tool`` (or ``user`` carrying results): one ``{"role": "user"}`` content of
+  ``functionResponse`` parts (``id``, ``name``, ``response``); a result's
+  text is sent as ``{"output": text}`` or, for an error, ``{"error": text}``
+  (Gemini's documented keys); images of a result go in the response's
+  ``parts``. Other parts of a ``user`` message follow in a second content.
+* ``system`` and ``developer``: a turnloom item ``{"role": "system",
+  "parts"}`` in the Context; :meth:`GeminiGateway.request_body` moves every
+  such item, wherever it is, into ``systemInstruction`` (parts in order,
+  sent with role ``user``), because ``contents`` has no system role.
+
+Where system messages live in a Context: as ``{"role": "system"}`` items
+where they were appended; only the request body lifts them.
+
+:meth:`GeminiGateway.request_body` also merges adjacent function-response
+contents into one and orders its parts as the calls of the model turn they
+answer (by id, else by name), and fills a response's ``name`` from its call.
+
+Lossy mappings, documented: ``developer`` becomes a system instruction and
+later system messages move to ``systemInstruction`` (no in-conversation
+system role); reasoning of other providers is dropped; a tool result's text
+parts are joined into one ``output`` string; a ``response`` object other
+than ``{"output": str}`` / ``{"error": str}`` is carried as its JSON text;
+a result's multimodal ``parts`` parse into ``ToolResultPart.extras``
+verbatim (not into image parts); an image's ``detail`` is not carried, and
+an image URL without a media type gets the type its file name suggests
+(``image/*`` when it suggests none); tool call
+arguments travel as an object (re-encoded as compact JSON, and arguments
+that are not a JSON object raise :class:`~turnloom.errors.ProviderRuleError`);
+media that is not an image (audio, video, PDF) is kept only as an opaque
+``gemini`` part; opaque parts of other gateways are dropped with a logged
+warning; empty and whitespace-only text is never emitted.
+
+Layout kept for exact re-emission (``Message.layout``): ``"snake": true`` for
+contents written with snake_case part keys (``function_call``,
+``inline_data``, ``thought_signature``, as the Vertex AI traffic has them);
+``"json_results"`` (call ids whose ``response`` was carried as JSON text).
+
+Source: Gemini API reference (``Content``, ``Part``, ``FunctionCall``,
+``FunctionResponse``, ``systemInstruction``); function calling guide:
+respond to every function call of a model turn in one content, in order.
+"""
+
+from __future__ import annotations
+
+__all__ = ("GeminiGateway",)
+
+import json
+import logging
+import mimetypes
+from collections.abc import Sequence
+from typing import Any
+
+from turnloom.context.gateway import GatewayType, NativeContent, Violation, register_gateway
+from turnloom.context.gateways._common import (
+    args_object,
+    args_text,
+    blank,
+    drop_foreign,
+    layout_of,
+    make_layout,
+    require_object,
+    violation,
+)
+from turnloom.context.message import (
+    ImagePart,
+    Message,
+    OpaquePart,
+    Part,
+    ReasoningPart,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+)
+from turnloom.errors import InvalidMessageError
+
+_log = logging.getLogger("turnloom.gateway.gemini")
+
+_GATEWAY = GatewayType.gemini.value
+
+# camelCase (REST JSON, canonical) -> snake_case (accepted too; Vertex traffic)
+_KEYS = {
+    "functionCall": "function_call",
+    "functionResponse": "function_response",
+    "inlineData": "inline_data",
+    "fileData": "file_data",
+    "thoughtSignature": "thought_signature",
+    "mimeType": "mime_type",
+    "fileUri": "file_uri",
+}
+_SNAKE = frozenset(_KEYS.values())
+
+
+def _k(name: str, snake: bool) -> str:
+    return _KEYS[name] if snake else name
+
+
+class GeminiGateway:
+    """Renders and parses Gemini ``Content`` items. Stateless, thread-safe."""
+
+    __slots__ = ()
+
+    @property
+    def type(self) -> GatewayType:
+        return GatewayType.gemini
+
+    # -- rendering -------------------------------------------------------
+
+    def render(self, message: Message) -> list[NativeContent]:
+        """Render ``message`` into zero, one or two Gemini contents.
+
+        Raises:
+            ProviderRuleError: a tool call's arguments are not a JSON object.
+        """
+        layout = layout_of(message, _GATEWAY)
+        own = message.layout is None or bool(layout)
+        snake = bool(layout.get("snake"))
+        role = message.role
+        if role is Role.assistant:
+            no_id = layout.get("no_id", ())
+            parts = [
+                p
+                for part in message.parts
+                if (p := self._model_part(part, own, snake, no_id)) is not None
+            ]
+            if not parts:
+                return []
+            item: NativeContent = {"role": "model", "parts": parts}
+            if own and message.extras:
+                item.update(message.extras)
+            return [item]
+        out: list[NativeContent] = []
+        results = message.tool_results
+        if results:
+            responses = [self._response_part(r, layout, own, snake) for r in results]
+            out.append({"role": "user", "parts": responses})
+        keep_blank = bool(layout.get("keep_blank"))
+        rest = [
+            p
+            for part in message.parts
+            if type(part) is not ToolResultPart
+            and (p := self._user_part(part, own, snake, keep_blank)) is not None
+        ]
+        if rest:
+            native_role = "system" if role in (Role.system, Role.developer) else "user"
+            item = {"role": native_role, "parts": rest}
+            if own and message.extras:
+                item.update(message.extras)
+            out.append(item)
+        return out
+
+    def _user_part(
+        self, part: Part, own: bool, snake: bool, keep_blank: bool = False
+    ) -> dict[str, Any] | None:
+        if type(part) is TextPart:
+            if blank(part.text) and not keep_blank:
+                return None
+            block: dict[str, Any] = {"text": part.text}
+        elif type(part) is ImagePart:
+            block = _image_block(part, snake)
+        elif type(part) is OpaquePart:
+            if part.gateway == _GATEWAY:
+                return part.item
+            drop_foreign(part, _GATEWAY, _log)
+            return None
+        else:
+            if type(part) is ReasoningPart:
+                drop_foreign(part, _GATEWAY, _log)
+            elif type(part) is ToolCallPart:
+                _log.warning("Dropped tool call %s from a user message.", part.call_id)
+            return None
+        if own and part.extras:
+            block.update(part.extras)
+        return block
+
+    def _model_part(
+        self, part: Part, own: bool, snake: bool, no_id: Sequence[str]
+    ) -> dict[str, Any] | None:
+        if type(part) is ToolCallPart:
+            call: dict[str, Any] = {
+                "id": part.call_id,
+                "name": part.name,
+                "args": args_object(part.arguments, part.call_id, "Gemini"),
+            }
+            if part.call_id in no_id:
+                del call["id"]
+            block: dict[str, Any] = {_k("functionCall", snake): call}
+            if own and part.extras:
+                block.update(part.extras)
+            return block
+        if type(part) is ReasoningPart:
+            if part.gateway != _GATEWAY:
+                drop_foreign(part, _GATEWAY, _log)
+                return None
+            block = {"text": part.text, "thought": True}
+            if part.signature is not None:
+                block[_k("thoughtSignature", snake)] = part.signature
+            if part.extras:
+                block.update(part.extras)
+            return block
+        if type(part) is ToolResultPart:
+            _log.warning("Dropped the result of call %s from a model turn.", part.call_id)
+            return None
+        return self._user_part(part, own, snake)
+
+    def _response_part(
+        self, result: ToolResultPart, layout: dict[str, Any], own: bool, snake: bool
+    ) -> dict[str, Any]:
+        texts = [p.text for p in result.content if type(p) is TextPart]
+        text = "".join(texts)
+        response: Any
+        if result.call_id in layout.get("json_results", ()):
+            response = json.loads(text)
+        elif result.is_error:
+            response = {"error": text}
+        else:
+            response = {"output": text}
+        inner: dict[str, Any] = {
+            "id": result.call_id,
+            "name": result.name or "",
+            "response": response,
+        }
+        if result.call_id in layout.get("no_id", ()):
+            del inner["id"]
+        media = [_image_block(p, snake) for p in result.content if type(p) is ImagePart] + [
+            p.item for p in result.content if type(p) is OpaquePart and p.gateway == _GATEWAY
+        ]
+        if media:
+            inner["parts"] = media
+        if own and result.extras:
+            inner.update(result.extras)
+        return {_k("functionResponse", snake): inner}
+
+    # -- parsing ---------------------------------------------------------
+
+    def parse(self, item: NativeContent) -> Message:
+        """Parse one Gemini ``Content`` (a request content or a candidate's content).
+
+        ``model`` parses to ``assistant``; a ``user`` content of function
+        responses only to ``tool``. A function call without an ``id`` (model
+        output may omit it) gets the call id ``"<name>#<position>"``.
+
+        Raises:
+            InvalidMessageError: not an object, an unknown role, parts of the
+                wrong shape.
+        """
+        item = require_object(item, "Gemini", "content")
+        role_name = item.get("role", "user")
+        if role_name not in ("user", "model", "system"):
+            raise InvalidMessageError(
+                f"Gemini content has unknown role {role_name!r}.", field="role"
+            )
+        raw = item.get("parts")
+        if not isinstance(raw, list):
+            raise InvalidMessageError("Gemini content has no parts list.", field="parts")
+        extras = {k: v for k, v in item.items() if k not in ("role", "parts")}
+        snake = any(isinstance(p, dict) and _SNAKE.intersection(p) for p in raw)
+        parts: list[Part] = []
+        json_results: list[str] = []
+        no_id: list[str] = []
+        for i, block in enumerate(raw):
+            parts.append(self._parse_part(block, i, snake, json_results, no_id))
+        if role_name == "model":
+            role = Role.assistant
+        elif role_name == "system":
+            role = Role.system
+        elif parts and all(type(p) is ToolResultPart for p in parts):
+            role = Role.tool
+        else:
+            role = Role.user
+        keep_blank = any(type(p) is TextPart and blank(p.text) for p in parts)
+        layout = make_layout(
+            _GATEWAY,
+            {
+                "snake": snake,
+                "json_results": json_results,
+                "no_id": no_id,
+                "keep_blank": keep_blank,
+            },
+        )
+        if layout is None and (extras or any(getattr(p, "extras", None) for p in parts)):
+            layout = {"gateway": _GATEWAY}
+        return Message(role=role, content=tuple(parts), extras=extras or None, layout=layout)
+
+    def _parse_part(
+        self, block: Any, i: int, snake: bool, json_results: list[str], no_id: list[str]
+    ) -> Part:
+        field = f"parts[{i}]"
+        if not isinstance(block, dict):
+            raise InvalidMessageError(f"Gemini {field} must be an object.", field=field)
+        sig_key = _k("thoughtSignature", snake)
+        call = block.get(_k("functionCall", snake))
+        if isinstance(call, dict):
+            name = call.get("name")
+            if not isinstance(name, str) or not name:
+                raise InvalidMessageError(
+                    f"Gemini {field} function call has no name.", field=f"{field}.name"
+                )
+            call_id = call.get("id")
+            if not isinstance(call_id, str) or not call_id:
+                call_id = f"{name}#{i}"
+                no_id.append(call_id)
+            if set(call) - {"id", "name", "args"}:
+                return OpaquePart(gateway=_GATEWAY, item=block)
+            extras = {k: v for k, v in block.items() if k != _k("functionCall", snake)}
+            return ToolCallPart(
+                call_id=call_id,
+                name=name,
+                arguments=args_text(call.get("args", {})),
+                extras=extras or None,
+            )
+        response = block.get(_k("functionResponse", snake))
+        if isinstance(response, dict) and len(block) == 1:
+            name = response.get("name")
+            call_id = response.get("id")
+            if not isinstance(call_id, str) or not call_id:
+                call_id = f"{name}#{i}"
+                no_id.append(call_id)
+            value = response.get("response", {})
+            extras = {k: v for k, v in response.items() if k not in ("id", "name", "response")}
+            if isinstance(value, dict) and len(value) == 1 and isinstance(value.get("output"), str):
+                text, is_error = value["output"], False
+            elif (
+                isinstance(value, dict) and len(value) == 1 and isinstance(value.get("error"), str)
+            ):
+                text, is_error = value["error"], True
+            else:
+                text = json.dumps(value, ensure_ascii=False)
+                is_error = isinstance(value, dict) and "error" in value
+                json_results.append(call_id)
+            return ToolResultPart(
+                call_id=call_id,
+                content=(TextPart(text=text),),
+                is_error=is_error,
+                name=name if isinstance(name, str) and name else None,
+                extras=extras or None,
+            )
+        if isinstance(block.get("text"), str):
+            extras = {k: v for k, v in block.items() if k not in ("text", "thought", sig_key)}
+            if block.get("thought") is True:
+                signature = block.get(sig_key)
+                return ReasoningPart(
+                    text=block["text"],
+                    signature=signature if isinstance(signature, str) else None,
+                    gateway=_GATEWAY,
+                    extras=extras or None,
+                )
+            if "thought" in block:
+                extras["thought"] = block["thought"]
+            if sig_key in block:
+                extras[sig_key] = block[sig_key]
+            return TextPart(text=block["text"], extras=extras or None)
+        image = _parse_image(block, snake)
+        if image is not None:
+            return image
+        return OpaquePart(gateway=_GATEWAY, item=block)
+
+    def parse_request(self, body: dict[str, Any]) -> list[Message]:
+        """Parse a generateContent body: ``systemInstruction``, then ``contents``.
+
+        Function responses without a ``name``-resolvable id keep the id the
+        parser gives them; function calls get the ids of their model turn.
+
+        Raises:
+            InvalidMessageError: ``contents`` is missing or an item is malformed.
+        """
+        body = require_object(body, "Gemini", "request body")
+        out: list[Message] = []
+        system = body.get("systemInstruction", body.get("system_instruction"))
+        if system is not None:
+            system = require_object(system, "Gemini", "systemInstruction")
+            message = self.parse({"role": "system", "parts": system.get("parts", [])})
+            out.append(message)
+        contents = body.get("contents")
+        if not isinstance(contents, list):
+            raise InvalidMessageError("Gemini request body has no contents list.", field="contents")
+        for item in contents:
+            out.append(self.parse(item))
+        return out
+
+    # -- rules -----------------------------------------------------------
+
+    def validate(self, items: Sequence[NativeContent]) -> list[Violation]:
+        """Check Gemini's structural rules over a ``contents`` list.
+
+        Rules (Source: Gemini API function calling): the function calls of a
+        model turn are answered by the directly following ``user`` content,
+        which holds one ``functionResponse`` per call, in call order (matched
+        by id, else by name), and no response that answers no call of that
+        turn; a model turn with function calls directly follows a user turn or a
+        function-response turn (the API rejects it after another model turn or
+        first); call ids unique within a model turn; every response has a name;
+        roles are ``user`` or ``model``; no content without parts; no empty or
+        whitespace-only text part (thought parts excepted), except a content
+        whose only part is an empty text: the Gemini API accepts an empty
+        prompt (recorded traffic, 6 requests). Adjacent contents
+        of the same role are accepted (recorded traffic). ``system`` items are
+        turnloom's and are lifted by :meth:`request_body`.
+
+        Returns:
+            every violation, in item order; empty when the input is valid.
+        """
+        out: list[Violation] = []
+        calls: list[tuple[str | None, str]] = []  # (id, name) of the previous model turn
+        calls_at = -1
+        previous_role: str | None = None
+        for index, item in enumerate(items):
+            role = item.get("role") if isinstance(item, dict) else None
+            if role == "system":
+                continue
+            if role not in ("user", "model"):
+                out.append(
+                    violation(index, "unknown_role", f"Item {index} has unknown role {role!r}.")
+                )
+                calls, calls_at = [], -1
+                continue
+            parts = item.get("parts")
+            if not isinstance(parts, list) or not parts:
+                out.append(violation(index, "empty_message", f"Content {index} has no parts."))
+                parts = []
+            responses: list[tuple[int, str | None, str | None]] = []
+            turn_calls: list[tuple[str | None, str]] = []
+            for j, part in enumerate(parts):
+                if not isinstance(part, dict):
+                    continue
+                if isinstance(part.get("text"), str) and not part.get("thought"):
+                    if blank(part["text"]) and (part["text"] or len(parts) > 1):
+                        out.append(
+                            violation(
+                                index,
+                                "empty_text",
+                                f"Content {index} parts[{j}] is empty or whitespace-only text.",
+                            )
+                        )
+                fr = part.get("functionResponse", part.get("function_response"))
+                if isinstance(fr, dict):
+                    name = fr.get("name")
+                    if not isinstance(name, str) or not name:
+                        out.append(
+                            violation(
+                                index,
+                                "missing_name",
+                                f"Content {index} parts[{j}] is a function response "
+                                "without a name.",
+                            )
+                        )
+                    responses.append((j, fr.get("id"), name))
+                fc = part.get("functionCall", part.get("function_call"))
+                if isinstance(fc, dict) and role == "model":
+                    call_id = fc.get("id")
+                    if call_id is not None and any(c[0] == call_id for c in turn_calls):
+                        out.append(
+                            violation(
+                                index,
+                                "duplicate_call_id",
+                                f"Content {index} has two function calls with id {call_id!r}.",
+                            )
+                        )
+                    turn_calls.append((call_id, str(fc.get("name"))))
+            if calls:
+                _check_answers(calls, calls_at, index, role, responses, out)
+            elif responses:
+                out.append(
+                    violation(
+                        index,
+                        "tool_result_without_call",
+                        f"Content {index} holds function responses, but the content before it "
+                        "is not a model turn with function calls.",
+                    )
+                )
+            if turn_calls and previous_role != "user":
+                out.append(
+                    violation(
+                        index,
+                        "function_call_turn_position",
+                        f"Content {index} calls functions but does not directly follow a user "
+                        "turn or a function-response turn.",
+                    )
+                )
+            previous_role = role
+            calls, calls_at = (turn_calls, index) if role == "model" and turn_calls else ([], -1)
+        if calls:
+            out.append(
+                violation(
+                    calls_at,
+                    "tool_call_without_result",
+                    f"The function calls of content {calls_at} have no function-response turn.",
+                )
+            )
+        return sorted(out, key=lambda v: v.index)
+
+    def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
+        """``{"systemInstruction": ..., "contents": [...]}`` for ``items``.
+
+        Every ``system`` item's parts go into ``systemInstruction`` (role
+        ``user``), omitted when there is none. Adjacent ``model`` contents are
+        merged into one (so a call turn follows the user turn), and adjacent
+        contents made only of function responses are merged into one; its
+        responses are ordered as the calls of the preceding model turn (by id,
+        else by name; responses answering no call keep their order at the end)
+        and a missing name is filled from the call. A model turn with calls
+        that nothing precedes (its user turn held only parts Gemini cannot
+        carry, or was cut) is left out with its responses, with a logged
+        warning. Input items are not modified.
+
+        Source: Gemini API function calling (one response turn, call order;
+        "function call turn comes immediately after a user turn or after a
+        function response turn").
+        """
+        body: dict[str, Any] = {}
+        system_parts: list[Any] = []
+        contents: list[NativeContent] = []
+        calls: list[dict[str, Any]] = []
+        for item in items:
+            if item.get("role") == "system":
+                system_parts.extend(item.get("parts", ()))
+                continue
+            if contents and (
+                (_only_responses(item) and _only_responses(contents[-1]))
+                or (item.get("role") == "model" and contents[-1].get("role") == "model")
+            ):
+                contents[-1] = {**contents[-1], "parts": [*contents[-1]["parts"], *item["parts"]]}
+            else:
+                contents.append(item)
+        for index, item in enumerate(contents):
+            if item.get("role") == "model":
+                calls = [
+                    fc
+                    for p in item.get("parts", ())
+                    if isinstance(p, dict)
+                    and isinstance(fc := p.get("functionCall", p.get("function_call")), dict)
+                ]
+            elif calls and _only_responses(item):
+                contents[index] = _ordered(item, calls)
+                calls = []
+            else:
+                calls = []
+        while contents and contents[0].get("role") == "model" and _has_calls(contents[0]):
+            # Nothing precedes this call turn (its user turn was cut, or held
+            # only parts Gemini cannot carry): the API rejects it, so the call
+            # group is left out, as complete_pairs leaves out unusable pairs.
+            _log.warning(
+                "Left out a leading model turn with function calls (and its responses): "
+                "Gemini needs a user turn before it."
+            )
+            del contents[0]
+            if contents and _only_responses(contents[0]):
+                del contents[0]
+        if system_parts:
+            body["systemInstruction"] = {"role": "user", "parts": system_parts}
+        body["contents"] = contents
+        return body
+
+
+def _check_answers(
+    calls: list[tuple[str | None, str]],
+    calls_at: int,
+    index: int,
+    role: str,
+    responses: list[tuple[int, str | None, str | None]],
+    out: list[Violation],
+) -> None:
+    if role != "user" or not responses:
+        out.append(
+            violation(
+                calls_at,
+                "tool_call_without_result",
+                f"The function calls of content {calls_at} are not answered by content {index}.",
+            )
+        )
+        return
+    want = [c[0] if c[0] is not None else c[1] for c in calls]
+    got = [r[1] if r[1] is not None else r[2] for r in responses]
+    extra = [g for g in got if g not in want]
+    for g in extra:
+        out.append(
+            violation(
+                index,
+                "tool_result_without_call",
+                f"Content {index} answers {g!r}, which is not a call of content {calls_at}.",
+            )
+        )
+    missing = [w for w in want if w not in got]
+    for w in missing:
+        out.append(
+            violation(
+                calls_at,
+                "tool_call_without_result",
+                f"Call {w!r} of content {calls_at} has no response in content {index}.",
+            )
+        )
+    if not extra and not missing and got != want:
+        out.append(
+            violation(
+                index,
+                "function_response_order",
+                f"Content {index} answers the calls of content {calls_at} out of call order.",
+            )
+        )
+
+
+def _has_calls(item: NativeContent) -> bool:
+    return any(
+        isinstance(p, dict) and ("functionCall" in p or "function_call" in p)
+        for p in item.get("parts", ())
+    )
+
+
+def _only_responses(item: NativeContent) -> bool:
+    parts = item.get("parts")
+    return (
+        item.get("role") == "user"
+        and isinstance(parts, list)
+        and bool(parts)
+        and all(
+            isinstance(p, dict) and ("functionResponse" in p or "function_response" in p)
+            for p in parts
+        )
+    )
+
+
+def _ordered(item: NativeContent, calls: list[dict[str, Any]]) -> NativeContent:
+    parts = list(item["parts"])
+
+    def inner(p: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        key = "functionResponse" if "functionResponse" in p else "function_response"
+        return key, p[key]
+
+    ordered: list[Any] = []
+    for call in calls:
+        for p in parts:
+            key, fr = inner(p)
+            if (call.get("id") is not None and fr.get("id") == call.get("id")) or (
+                call.get("id") is None and fr.get("name") == call.get("name")
+            ):
+                if not fr.get("name") and call.get("name"):
+                    p = {key: {**fr, "name": call["name"]}}
+                ordered.append(p)
+                parts.remove(next(q for q in parts if inner(q)[1] is fr))
+                break
+    ordered.extend(parts)
+    if ordered == item["parts"]:
+        return item
+    return {**item, "parts": ordered}
+
+
+def _image_block(part: ImagePart, snake: bool) -> dict[str, Any]:
+    mime = _k("mimeType", snake)
+    if part.data is not None:
+        return {_k("inlineData", snake): {mime: part.media_type, "data": part.data}}
+    media = part.media_type or mimetypes.guess_type(part.url or "")[0] or "image/*"
+    return {_k("fileData", snake): {mime: media, _k("fileUri", snake): part.url}}
+
+
+def _parse_image(block: dict[str, Any], snake: bool) -> ImagePart | None:
+    if len(block) != 1:
+        return None
+    mime = _k("mimeType", snake)
+    inline = block.get(_k("inlineData", snake))
+    if isinstance(inline, dict) and inline.keys() == {mime, "data"}:
+        media = inline[mime]
+        if (
+            isinstance(media, str)
+            and media.startswith("image/")
+            and isinstance(inline["data"], str)
+        ):
+            return ImagePart(data=inline["data"], media_type=media)
+    file = block.get(_k("fileData", snake))
+    uri = _k("fileUri", snake)
+    if isinstance(file, dict) and file.keys() == {mime, uri}:
+        media = file[mime]
+        if isinstance(media, str) and media.startswith("image/") and media != "image/*":
+            return ImagePart(url=file[uri], media_type=media)
+    return None
+
+
+register_gateway(GatewayType.gemini, GeminiGateway)

@@ -1,0 +1,753 @@
+"""The OpenAI Responses gateway (``instructions`` and ``input`` of ``POST /responses``).
+
+Rendering (Message -> native items, in part order):
+
+* ``user`` / ``system`` / ``developer``: one input message ``{"role",
+  "content"}``; the content is a string for one text part, else a list of
+  ``input_text`` / ``input_image`` parts (``openai_responses`` opaque parts,
+  such as ``input_file``, verbatim).
+* ``assistant``: reasoning produced by this provider becomes a ``reasoning``
+  item (``id``, ``summary``, ``encrypted_content`` verbatim); tool calls
+  become ``function_call`` items (``call_id``, ``name``, ``arguments``);
+  a run of text parts becomes one message: the output form (``{"type":
+  "message", "id", "status", "content": [output_text]}``) for a message this
+  gateway parsed with its id, else the input form ``{"role": "assistant",
+  "content": text}`` (one per text part); ``openai_responses`` opaque items
+  (web search, code interpreter, image generation, MCP, compaction) verbatim.
+  Parallel calls are one neutral message and consecutive items here.
+* ``tool`` (or ``user`` carrying results): one ``function_call_output`` per
+  result (``output`` a string for one text part, else a list of input parts).
+* A ``system`` message parsed from the top-level ``instructions`` field is
+  kept in the Context as a turnloom item ``{"type": "instructions", "text"}``
+  which :meth:`OpenAIResponsesGateway.request_body` always moves to
+  ``instructions``; every other system or developer message is an input
+  message in place (the API's documented alternative).
+
+Where system messages live in a Context: in ``input`` order, as input
+messages, except instructions items, which only the request body lifts.
+
+Lossy mappings, documented: a ``reasoning`` item must be followed by the
+output item it belongs to, so reasoning with nothing that can follow it in
+the same message (no tool call, no output-form message, no server item) is
+left out; reasoning of other providers is dropped; ``is_error`` and a tool
+result's ``name`` are not carried (the output text says it); images in
+assistant messages are dropped with a warning (only input messages carry
+images); an image's ``detail`` defaults to ``"auto"`` (the API requires one);
+several text parts of an assistant message without a Responses id become
+several assistant messages; opaque parts of other gateways are dropped with a
+logged warning; empty and whitespace-only text is never emitted, except an
+empty assistant message this gateway parsed from accepted traffic.
+
+Source: OpenAI Responses API reference (``input`` item types,
+``instructions``, reasoning items with ``encrypted_content``; "Item of type
+'reasoning' was provided without its required following item").
+"""
+
+from __future__ import annotations
+
+__all__ = ("OpenAIResponsesGateway",)
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from turnloom.context.gateway import GatewayType, NativeContent, Violation, register_gateway
+from turnloom.context.gateways._common import (
+    blank,
+    drop_foreign,
+    layout_of,
+    make_layout,
+    require_object,
+    violation,
+)
+from turnloom.context.message import (
+    ImagePart,
+    Message,
+    OpaquePart,
+    Part,
+    ReasoningPart,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+)
+from turnloom.errors import InvalidMessageError
+
+_log = logging.getLogger("turnloom.gateway.openai_responses")
+
+_GATEWAY = GatewayType.openai_responses.value
+_ROLES = frozenset({"user", "assistant", "system", "developer"})
+_INSTRUCTIONS = "instructions"
+# Item types that are input, not model output; everything else typed is output.
+_NOT_OUTPUT = frozenset({"message", "function_call_output", "reasoning", _INSTRUCTIONS})
+
+
+def _is_output_message(item: NativeContent) -> bool:
+    return item.get("type") == "message" and item.get("role") == "assistant" and "id" in item
+
+
+def _follows_reasoning(item: NativeContent) -> bool:
+    """The item may directly follow a reasoning item of the same response."""
+    if _is_output_message(item):
+        return True
+    kind = item.get("type")
+    return isinstance(kind, str) and "role" not in item and kind not in _NOT_OUTPUT
+
+
+class OpenAIResponsesGateway:
+    """Renders and parses OpenAI Responses input items. Stateless, thread-safe."""
+
+    __slots__ = ()
+
+    @property
+    def type(self) -> GatewayType:
+        return GatewayType.openai_responses
+
+    # -- rendering -------------------------------------------------------
+
+    def render(self, message: Message) -> list[NativeContent]:
+        """Render ``message`` into zero or more Responses input items, in order."""
+        layout = layout_of(message, _GATEWAY)
+        own = message.layout is None or bool(layout)
+        role = message.role
+        if role is Role.assistant:
+            return self._render_assistant(message, layout, own)
+        items: list[NativeContent] = []
+        if role is Role.tool or message.tool_results:
+            for result in message.tool_results:
+                items.append(self._render_result(result, layout, own))
+        rest = [p for p in message.parts if type(p) is not ToolResultPart]
+        if role is Role.tool:
+            for part in rest:
+                _log.warning("Dropped a %s part of a tool message.", type(part).__name__)
+            return items
+        if role is Role.system and layout.get("instructions"):
+            return [{"type": _INSTRUCTIONS, "text": "".join(_texts(rest))}]
+        content = self._input_content(rest, layout, own)
+        if content is not None:
+            item: NativeContent = {"role": role.value, "content": content}
+            if own and message.extras:
+                item.update(message.extras)
+            items.append(item)
+        return items
+
+    def _input_content(
+        self, parts: Sequence[Part], layout: dict[str, Any], own: bool
+    ) -> str | list[Any] | None:
+        if (
+            len(parts) == 1
+            and type(parts[0]) is TextPart
+            and not (own and parts[0].extras)
+            and layout.get("content") != "list"
+        ):
+            text = parts[0].text
+            return None if blank(text) and not layout.get("keep_blank") else text
+        out: list[Any] = []
+        for part in parts:
+            block = self._input_block(part, own)
+            if block is not None:
+                out.append(block)
+        return out or None
+
+    def _input_block(self, part: Part, own: bool) -> dict[str, Any] | None:
+        if type(part) is TextPart:
+            if blank(part.text):
+                return None
+            block: dict[str, Any] = {"type": "input_text", "text": part.text}
+        elif type(part) is ImagePart:
+            url = part.url if part.url is not None else f"data:{part.media_type};base64,{part.data}"
+            block = {"type": "input_image", "image_url": url, "detail": part.detail or "auto"}
+        elif type(part) is OpaquePart:
+            if part.gateway == _GATEWAY:
+                return part.item
+            drop_foreign(part, _GATEWAY, _log)
+            return None
+        else:
+            if type(part) is ReasoningPart:
+                drop_foreign(part, _GATEWAY, _log)
+            return None
+        if own and part.extras:
+            block.update(part.extras)
+        return block
+
+    def _render_result(
+        self, result: ToolResultPart, layout: dict[str, Any], own: bool
+    ) -> NativeContent:
+        output: str | list[Any]
+        texts = [p for p in result.content if type(p) is TextPart]
+        if (
+            len(result.content) <= 1
+            and len(texts) == len(result.content)
+            and not (texts and own and texts[0].extras)
+            and result.call_id not in layout.get("list_outputs", ())
+        ):
+            output = texts[0].text if texts else ""
+        else:
+            output = [b for p in result.content if (b := self._input_block(p, own)) is not None]
+        item: NativeContent = {
+            "type": "function_call_output",
+            "call_id": result.call_id,
+            "output": output,
+        }
+        if own and result.extras:
+            item.update(result.extras)
+        return item
+
+    def _render_assistant(
+        self, message: Message, layout: dict[str, Any], own: bool
+    ) -> list[NativeContent]:
+        items: list[NativeContent] = []
+        run: list[Part] = []
+
+        def flush() -> None:
+            if run:
+                items.extend(self._assistant_messages(message, run, layout, own))
+                run.clear()
+
+        for part in message.parts:
+            if type(part) is TextPart or (
+                type(part) is OpaquePart
+                and part.gateway == _GATEWAY
+                and part.item.get("type") == "refusal"
+            ):
+                run.append(part)
+                continue
+            flush()
+            if type(part) is ToolCallPart:
+                call: NativeContent = {
+                    "type": "function_call",
+                    "call_id": part.call_id,
+                    "name": part.name,
+                    "arguments": part.arguments,
+                }
+                if own and part.extras:
+                    call.update(part.extras)
+                items.append(call)
+            elif type(part) is ReasoningPart:
+                if part.gateway == _GATEWAY and part.id:
+                    reasoning: NativeContent = {
+                        "type": "reasoning",
+                        "id": part.id,
+                        "summary": (
+                            [{"type": "summary_text", "text": part.text}] if part.text else []
+                        ),
+                    }
+                    if part.encrypted_content is not None:
+                        reasoning["encrypted_content"] = part.encrypted_content
+                    if part.extras:
+                        reasoning.update(part.extras)
+                    items.append(reasoning)
+                else:
+                    drop_foreign(part, _GATEWAY, _log)
+            elif type(part) is OpaquePart:
+                if part.gateway == _GATEWAY:
+                    items.append(part.item)
+                else:
+                    drop_foreign(part, _GATEWAY, _log)
+            elif type(part) is ImagePart:
+                _log.warning(
+                    "Dropped an image from an assistant message: Responses assistant "
+                    "messages carry text only."
+                )
+            elif type(part) is ToolResultPart:
+                _log.warning(
+                    "Dropped the result of call %s from an assistant message.", part.call_id
+                )
+        flush()
+        # A reasoning item needs the output item that follows it in its response.
+        kept: list[NativeContent] = []
+        for item in reversed(items):
+            if item.get("type") == "reasoning" and not (kept and _follows_reasoning(kept[-1])):
+                _log.debug("Left out reasoning item %s: no output item follows it.", item.get("id"))
+                continue
+            kept.append(item)
+        kept.reverse()
+        return kept
+
+    def _assistant_messages(
+        self, message: Message, run: list[Part], layout: dict[str, Any], own: bool
+    ) -> list[NativeContent]:
+        keep_blank = bool(layout.get("keep_blank"))
+        parts = [p for p in run if not (type(p) is TextPart and blank(p.text) and not keep_blank)]
+        if not parts:
+            return []
+        output_form = own and message.id is not None and bool(layout)
+        if output_form:
+            content: list[Any] = []
+            for part in parts:
+                if type(part) is TextPart:
+                    block: dict[str, Any] = {"type": "output_text", "text": part.text}
+                    if part.extras:
+                        block.update(part.extras)
+                    block.setdefault("annotations", [])
+                    content.append(block)
+                elif type(part) is OpaquePart:
+                    content.append(part.item)
+            item: NativeContent = {
+                "type": "message",
+                "role": "assistant",
+                "id": message.id,
+                "status": "completed",
+                "content": content,
+            }
+            if message.extras:
+                item.update(message.extras)
+            return [item]
+        out: list[NativeContent] = []
+        for part in parts:
+            if type(part) is not TextPart:
+                _log.warning("Dropped a refusal part: only output-form messages carry it.")
+                continue
+            text_content: str | list[Any] = part.text
+            if layout.get("content") == "list" or (own and part.extras):
+                text_content = [
+                    {"type": "output_text", "text": part.text, **((own and part.extras) or {})}
+                ]
+            item = {"role": "assistant", "content": text_content}
+            if own and message.extras:
+                item.update(message.extras)
+            out.append(item)
+        return out
+
+    # -- parsing ---------------------------------------------------------
+
+    def parse(self, item: NativeContent) -> Message:
+        """Parse one Responses item (an ``input`` item or an ``output`` item).
+
+        Input messages parse to their role; ``function_call``, ``reasoning``,
+        output messages and every other typed output item to ``assistant``;
+        ``function_call_output`` to ``tool``. Use :meth:`parse_items` to
+        group one response's consecutive items into one assistant message.
+
+        Raises:
+            InvalidMessageError: not an object, an unknown role or item shape.
+        """
+        item = require_object(item, "OpenAI Responses", "item")
+        kind = item.get("type")
+        if "role" in item and kind in (None, "message"):
+            return self._parse_message(item)
+        if kind == "function_call":
+            call_id, name = item.get("call_id"), item.get("name")
+            if not isinstance(call_id, str) or not call_id:
+                raise InvalidMessageError(
+                    "OpenAI Responses function_call has no call_id.", field="call_id"
+                )
+            if not isinstance(name, str) or not name:
+                raise InvalidMessageError(
+                    "OpenAI Responses function_call has no name.", field="name"
+                )
+            arguments = item.get("arguments", "{}")
+            if not isinstance(arguments, str):
+                raise InvalidMessageError(
+                    "OpenAI Responses function_call arguments must be a JSON string.",
+                    field="arguments",
+                )
+            extras = {
+                k: v for k, v in item.items() if k not in ("type", "call_id", "name", "arguments")
+            }
+            call = ToolCallPart(
+                call_id=call_id, name=name, arguments=arguments, extras=extras or None
+            )
+            return Message(
+                role=Role.assistant,
+                content=(call,),
+                layout={"gateway": _GATEWAY} if extras else None,
+            )
+        if kind == "function_call_output":
+            return self._parse_output(item)
+        if kind == "reasoning":
+            return Message(role=Role.assistant, content=(_parse_reasoning(item),))
+        if kind == _INSTRUCTIONS and isinstance(item.get("text"), str):
+            return Message(
+                role=Role.system,
+                content=item["text"],
+                layout={"gateway": _GATEWAY, "instructions": True},
+            )
+        if isinstance(kind, str):
+            return Message(role=Role.assistant, content=(OpaquePart(gateway=_GATEWAY, item=item),))
+        raise InvalidMessageError(
+            "OpenAI Responses item has neither a role nor a known type.", field="type"
+        )
+
+    def _parse_message(self, item: NativeContent) -> Message:
+        role_name = item.get("role")
+        if role_name not in _ROLES:
+            raise InvalidMessageError(
+                f"OpenAI Responses message has unknown role {role_name!r}.", field="role"
+            )
+        role = Role(role_name)
+        message_id = item.get("id") if role is Role.assistant else None
+        extras = {
+            k: v
+            for k, v in item.items()
+            if k not in ("role", "content") and not (k == "id" and message_id is not None)
+        }
+        content = item.get("content")
+        hints: dict[str, Any] = {}
+        parts: list[Part] = []
+        if isinstance(content, str):
+            parts.append(TextPart(text=content))
+            if blank(content):
+                hints["keep_blank"] = True
+        elif isinstance(content, list):
+            for j, block in enumerate(content):
+                parts.append(_parse_content_block(block, f"content[{j}]"))
+            if len(parts) == 1 and type(parts[0]) is TextPart and message_id is None:
+                hints["content"] = "list"
+            if any(type(p) is TextPart and blank(p.text) for p in parts):
+                hints["keep_blank"] = True
+        else:
+            raise InvalidMessageError(
+                "OpenAI Responses message content must be a string or a list.", field="content"
+            )
+        layout = make_layout(_GATEWAY, hints)
+        if layout is None and (
+            extras or message_id is not None or any(getattr(p, "extras", None) for p in parts)
+        ):
+            layout = {"gateway": _GATEWAY}
+        if not isinstance(message_id, str):
+            message_id = None
+        return Message(
+            role=role, content=tuple(parts), id=message_id, extras=extras or None, layout=layout
+        )
+
+    def _parse_output(self, item: NativeContent) -> Message:
+        call_id = item.get("call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise InvalidMessageError(
+                "OpenAI Responses function_call_output has no call_id.", field="call_id"
+            )
+        output = item.get("output")
+        hints: dict[str, Any] = {}
+        inner: list[TextPart | ImagePart | OpaquePart] = []
+        if isinstance(output, str):
+            inner.append(TextPart(text=output))
+        elif isinstance(output, list):
+            for j, block in enumerate(output):
+                inner.append(_parse_content_block(block, f"output[{j}]"))
+            if len(inner) <= 1 and all(type(p) is TextPart for p in inner):
+                hints["list_outputs"] = [call_id]
+        else:
+            raise InvalidMessageError(
+                "OpenAI Responses function_call_output output must be a string or a list.",
+                field="output",
+            )
+        extras = {k: v for k, v in item.items() if k not in ("type", "call_id", "output")}
+        result = ToolResultPart(call_id=call_id, content=tuple(inner), extras=extras or None)
+        layout = make_layout(_GATEWAY, hints)
+        if layout is None and (extras or any(getattr(p, "extras", None) for p in inner)):
+            layout = {"gateway": _GATEWAY}
+        return Message(role=Role.tool, content=(result,), layout=layout)
+
+    def parse_items(self, items: Sequence[NativeContent]) -> list[Message]:
+        """Parse a sequence of items (a request ``input`` or a response ``output``).
+
+        Consecutive model-output items (reasoning, tool calls, server items,
+        one assistant message) become one assistant message, so parallel calls
+        are one turn; a second assistant message starts a new one. Consecutive
+        ``function_call_output`` items become one ``tool`` message. Tool
+        results get the ``name`` of their call.
+
+        Raises:
+            InvalidMessageError: an item is malformed.
+        """
+        out: list[Message] = []
+        names: dict[str, str] = {}
+        for item in items:
+            message = self.parse(item)
+            prev = out[-1] if out else None
+            if message.role is Role.assistant:
+                for call in message.tool_calls:
+                    names[call.call_id] = call.name
+                if (
+                    prev is not None
+                    and prev.role is Role.assistant
+                    and not (_has_message_item(message) and _has_message_item(prev))
+                ):
+                    out[-1] = _join(prev, message)
+                    continue
+                out.append(message)
+                continue
+            if message.role is Role.tool:
+                result = message.tool_results[0]
+                if result.call_id in names and result.name is None:
+                    result = msgspec.structs.replace(result, name=names[result.call_id])
+                    message = msgspec.structs.replace(message, content=(result,))
+                if prev is not None and prev.role is Role.tool:
+                    out[-1] = _join(prev, message)
+                    continue
+            out.append(message)
+        return out
+
+    def parse_request(self, body: dict[str, Any]) -> list[Message]:
+        """Parse a Responses request body: ``instructions``, then ``input``.
+
+        ``instructions`` (a string) becomes a ``system`` message with the
+        instructions layout, so it is re-emitted as ``instructions``; an
+        ``input`` string becomes one user message.
+
+        Raises:
+            InvalidMessageError: ``input`` is missing or an item is malformed.
+        """
+        body = require_object(body, "OpenAI Responses", "request body")
+        out: list[Message] = []
+        instructions = body.get("instructions")
+        if isinstance(instructions, str):
+            out.append(self.parse({"type": _INSTRUCTIONS, "text": instructions}))
+        items = body.get("input")
+        if isinstance(items, str):
+            out.append(Message(role=Role.user, content=items))
+            return out
+        if not isinstance(items, list):
+            raise InvalidMessageError(
+                "OpenAI Responses request body has no input list.", field="input"
+            )
+        out.extend(self.parse_items(items))
+        return out
+
+    # -- rules -----------------------------------------------------------
+
+    def validate(
+        self, items: Sequence[NativeContent], *, continues_response: bool = False
+    ) -> list[Violation]:
+        """Check the Responses API's structural rules over an ``input`` list.
+
+        Rules (Source: OpenAI Responses API, conversation state and function
+        calling): a ``reasoning`` item is directly followed by the output item
+        it belongs to (a ``function_call``, an output message with its id, or
+        a server tool item) -- the API rejects it otherwise; every
+        ``function_call_output`` answers an open ``function_call`` of the
+        current model turn (the calls since the last input message or
+        results); every call is answered before the next input message or
+        model turn; call ids unique within a model turn; no empty or
+        whitespace-only ``input_text`` part and no empty content list in user,
+        system or developer messages. Content given as an empty string is not
+        flagged: the API accepted it (recorded traffic, user and assistant).
+        ``instructions`` items are turnloom's and are lifted by
+        :meth:`request_body`.
+
+        Args:
+            items: the ``input`` items, oldest first.
+            continues_response: the request continues a stored response or
+                conversation (``previous_response_id`` / ``conversation``):
+                leading ``function_call_output`` items may answer calls held
+                by the server, so they are not flagged.
+
+        Returns:
+            every violation, in item order; empty when the input is valid.
+        """
+        out: list[Violation] = []
+        open_calls: dict[str, int] = {}
+        answered: set[str] = set()
+        in_results = False
+        leading = continues_response
+
+        def close(before: int) -> None:
+            for call_id, at in open_calls.items():
+                if call_id not in answered:
+                    out.append(
+                        violation(
+                            at,
+                            "tool_call_without_result",
+                            f"function_call {call_id!r} (item {at}) has no "
+                            f"function_call_output before item {before}.",
+                        )
+                    )
+            open_calls.clear()
+            answered.clear()
+
+        for index, item in enumerate(items):
+            if not isinstance(item, dict):
+                out.append(violation(index, "not_an_object", f"Item {index} is not an object."))
+                continue
+            kind = item.get("type")
+            if leading and kind == "function_call_output":
+                in_results = True
+                continue
+            leading = False
+            if kind == "reasoning":
+                nxt = items[index + 1] if index + 1 < len(items) else None
+                if not (isinstance(nxt, dict) and _follows_reasoning(nxt)):
+                    out.append(
+                        violation(
+                            index,
+                            "reasoning_without_following_item",
+                            f"Reasoning item {index} ({item.get('id')!r}) is not directly "
+                            "followed by the output item it belongs to.",
+                        )
+                    )
+            if "role" in item and kind in (None, "message"):
+                role = item.get("role")
+                if role not in _ROLES:
+                    out.append(
+                        violation(index, "unknown_role", f"Item {index} has unknown role {role!r}.")
+                    )
+                    continue
+                if role == "assistant":
+                    if in_results:
+                        close(index)
+                        in_results = False
+                else:
+                    close(index)
+                    in_results = False
+                    _check_texts(item.get("content"), index, out)
+                continue
+            if kind == "function_call_output":
+                call_id = item.get("call_id")
+                if call_id in open_calls and call_id not in answered:
+                    answered.add(call_id)
+                else:
+                    out.append(
+                        violation(
+                            index,
+                            "tool_result_without_call",
+                            f"function_call_output {index} answers {call_id!r}, which is not "
+                            "an open function_call of the current model turn.",
+                        )
+                    )
+                in_results = True
+                continue
+            if kind == _INSTRUCTIONS:
+                continue
+            if in_results:
+                close(index)
+                in_results = False
+            if kind == "function_call":
+                call_id = item.get("call_id")
+                if not isinstance(call_id, str) or not call_id:
+                    out.append(
+                        violation(
+                            index, "missing_call_id", f"function_call {index} has no call_id."
+                        )
+                    )
+                elif call_id in open_calls:
+                    out.append(
+                        violation(
+                            index,
+                            "duplicate_call_id",
+                            f"function_call {index} reuses call id {call_id!r} of the same turn.",
+                        )
+                    )
+                else:
+                    open_calls[call_id] = index
+        close(len(items))
+        return sorted(out, key=lambda v: v.index)
+
+    def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
+        """``{"instructions": ..., "input": [...]}`` for ``items``.
+
+        ``instructions`` items are removed from ``input`` and their texts
+        joined with a blank line (``instructions`` is omitted when there is
+        none); every other item stays in order. The Responses API accepts
+        adjacent items of the same role, so nothing is merged.
+
+        Source: OpenAI Responses API, ``instructions`` and ``input``.
+        """
+        texts = [i["text"] for i in items if i.get("type") == _INSTRUCTIONS]
+        body: dict[str, Any] = {}
+        if texts:
+            body["instructions"] = "\n\n".join(texts)
+        body["input"] = [i for i in items if i.get("type") != _INSTRUCTIONS]
+        return body
+
+
+def _texts(parts: Sequence[Part]) -> list[str]:
+    return [p.text for p in parts if type(p) is TextPart]
+
+
+def _check_texts(content: Any, index: int, out: list[Violation]) -> None:
+    if isinstance(content, list):
+        if not content:
+            out.append(violation(index, "empty_message", f"Message {index} has no content."))
+        for j, block in enumerate(content):
+            if (
+                isinstance(block, dict)
+                and block.get("type") == "input_text"
+                and blank(str(block.get("text", "")))
+            ):
+                out.append(
+                    violation(
+                        index,
+                        "empty_text",
+                        f"Message {index} content[{j}] is empty or whitespace-only text.",
+                    )
+                )
+
+
+def _has_message_item(message: Message) -> bool:
+    return any(type(p) is TextPart for p in message.parts)
+
+
+def _join(first: Message, second: Message) -> Message:
+    layout: dict[str, Any] | None = None
+    if first.layout or second.layout:
+        layout = {"gateway": _GATEWAY}
+        for source in (first.layout or {}, second.layout or {}):
+            for key, value in source.items():
+                if key == "list_outputs":
+                    layout[key] = [*layout.get(key, []), *value]
+                elif key != "gateway":
+                    layout[key] = value
+    return Message(
+        role=first.role,
+        content=first.parts + second.parts,
+        id=first.id if first.id is not None else second.id,
+        extras=first.extras if first.extras is not None else second.extras,
+        layout=layout,
+    )
+
+
+def _parse_content_block(block: Any, field: str) -> TextPart | ImagePart | OpaquePart:
+    if not isinstance(block, dict):
+        raise InvalidMessageError(f"OpenAI Responses {field} must be an object.", field=field)
+    kind = block.get("type")
+    if kind in ("input_text", "output_text") and isinstance(block.get("text"), str):
+        extras = {k: v for k, v in block.items() if k not in ("type", "text")}
+        if kind == "output_text" and extras.get("annotations") == []:
+            del extras["annotations"]
+        return TextPart(text=block["text"], extras=extras or None)
+    if kind == "input_image" and isinstance(block.get("image_url"), str):
+        url = block["image_url"]
+        detail = block.get("detail")
+        extras = {k: v for k, v in block.items() if k not in ("type", "image_url", "detail")}
+        if url.startswith("data:") and ";base64," in url:
+            head, _, data = url.partition(";base64,")
+            return ImagePart(data=data, media_type=head[5:], detail=detail, extras=extras or None)
+        return ImagePart(url=url, detail=detail, extras=extras or None)
+    return OpaquePart(gateway=_GATEWAY, item=block)
+
+
+def _parse_reasoning(item: NativeContent) -> ReasoningPart:
+    summary = item.get("summary", [])
+    extras = {
+        k: v for k, v in item.items() if k not in ("type", "id", "summary", "encrypted_content")
+    }
+    text = ""
+    if isinstance(summary, list) and all(
+        isinstance(s, dict) and s.get("type") == "summary_text" and isinstance(s.get("text"), str)
+        for s in summary
+    ):
+        text = "\n\n".join(s["text"] for s in summary)
+    if not (
+        summary == []
+        or (
+            isinstance(summary, list)
+            and len(summary) == 1
+            and summary[0].keys() == {"type", "text"}
+            and text
+        )
+    ):
+        extras["summary"] = summary
+    encrypted = item.get("encrypted_content")
+    return ReasoningPart(
+        text=text,
+        encrypted_content=encrypted if isinstance(encrypted, str) else None,
+        id=item.get("id") if isinstance(item.get("id"), str) else None,
+        gateway=_GATEWAY,
+        extras=extras or None,
+    )
+
+
+register_gateway(GatewayType.openai_responses, OpenAIResponsesGateway)
