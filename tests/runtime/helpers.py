@@ -71,6 +71,9 @@ class BlockingGateway:
     def parse(self, item: NativeContent) -> Message:
         return CHAT.parse(item)
 
+    def parse_request(self, body: dict[str, Any]) -> list[Message]:
+        return CHAT.parse_request(body)
+
     def validate(self, items: Sequence[NativeContent]) -> list[Violation]:
         return CHAT.validate(items)
 

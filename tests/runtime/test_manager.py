@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.runtime.helpers import CHAT, SYSTEM, BlockingGateway, assistant, call, result, user
-from turnloom.context import Message, Role
+from turnloom.context import GatewayType, Message, Role
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import (
     DuplicateIdError,
@@ -418,3 +418,32 @@ async def test_a_caller_bounds_the_wait_for_a_commit_with_fail_after() -> None:
         manager.accept_turn(snapshot("t1", "now"))
         prefix = await manager.prepare_nowait(request("t1"))
         assert prefix.items == ({"role": "user", "content": "now"},)
+
+
+_BODY_ITEMS = {
+    GatewayType.openai_chat: "messages",
+    GatewayType.openai_responses: "input",
+    GatewayType.anthropic: "messages",
+    GatewayType.gemini: "contents",
+}
+
+
+@pytest.mark.parametrize("kind", list(GatewayType))
+async def test_the_state_pair_and_continuation_pass_every_gateways_rules(kind: GatewayType) -> None:
+    """The runtime-state pair sits where every provider accepts it, before the continuation."""
+    async with Foundation(gateway=kind) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(snapshot("t1", "hello", instructions=(SYSTEM,)))
+        prefix = await manager.prepare(
+            request("t1", contributions=(ContextContribution(name="memory", content="likes tea"),))
+        )
+        outputs = [call("k1", "lookup"), result("k1", "found"), assistant("Here it is.")]
+        manager.record("c1", "t1", outputs)
+        gateway = manager.gateway
+        for step in range(len(outputs) + 1):
+            items = manager.build(prefix, outputs[:step])
+            body = gateway.request_body(items)
+            assert gateway.validate(body[_BODY_ITEMS[kind]]) == [], (kind, step)
+        manager.accept_turn(snapshot("t2", "thanks"))
+        second = await manager.prepare(request("t2"))
+        assert gateway.validate(gateway.request_body(second.items)[_BODY_ITEMS[kind]]) == []

@@ -16,8 +16,8 @@ trajectory itself: it must equal, message for message, the messages before
 that assistant reply. Two documented normalizations are allowed, and counted
 as ``normalized``: what the gateway round trip changes (for example an empty
 text part is never emitted) and calls left without a result, which are
-excluded (seed 004). For the other gateways every input must pass the
-gateway's ``validate()``.
+excluded (seed 004). For the other gateways the item list of every request
+body (``request_body``) must pass the gateway's ``validate()``.
 
 A trajectory that is malformed (not JSON, an unknown role, a tool message
 that answers no preceding call) is reported with its file, trajectory index
@@ -58,6 +58,13 @@ from turnloom.runtime.workload import generate_trajectories
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 _CHAT = GatewayType.openai_chat
+# The field of each gateway's request body that holds the item list.
+_BODY_ITEMS = {
+    GatewayType.openai_chat: "messages",
+    GatewayType.openai_responses: "input",
+    GatewayType.anthropic: "messages",
+    GatewayType.gemini: "contents",
+}
 
 
 class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
@@ -482,7 +489,10 @@ async def _replay_one(
                             )
                         normalized += 1
                 else:
-                    violations = gateway.validate(items)
+                    # The provider's rules apply to the request body, where
+                    # the gateway lifts instructions and merges adjacent turns.
+                    body = gateway.request_body(items)
+                    violations = gateway.validate(body[_BODY_ITEMS[gateway.type]])
                     if violations:
                         return fail(
                             index,
@@ -499,7 +509,11 @@ async def _replay_one(
                                 "session": context_id,
                                 "turn": turn_index,
                                 "call": call_index,
-                                "messages": items,
+                                **(
+                                    {"messages": items}
+                                    if verify_exact
+                                    else {"request": gateway.request_body(items)}
+                                ),
                             }
                         )
                         + b"\n"
@@ -556,7 +570,8 @@ async def replay(
         gateway: the provider to prepare inputs for.
         concurrency: sessions replayed at once.
         out: where to write every prepared input as JSONL (``session``,
-            ``turn``, ``call``, ``messages``), or None.
+            ``turn``, ``call``, and ``messages`` for OpenAI Chat or the
+            gateway's ``request`` body for the others), or None.
         history_limits: the history bounds; by default large enough that a
             recorded session is never evicted (eviction would change inputs).
         load_errors: errors from loading, carried into the summary.
