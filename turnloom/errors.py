@@ -32,7 +32,9 @@ __all__ = (
     "InvalidTextError",
     "ItemTooLargeError",
     "OpenToolCallError",
+    "OutOfOrderTurnError",
     "ProviderRuleError",
+    "QueueFullError",
     "StateError",
     "TurnloomError",
     "UnknownAreaError",
@@ -76,6 +78,10 @@ class DuplicateIdError(InputError):
     """An id that must be unique was used twice (call id, turn id, item id)."""
 
 
+class OutOfOrderTurnError(InputError):
+    """A turn arrived after a turn that should have followed it (its sequence is not newer)."""
+
+
 class UnknownContextError(InputError, LookupError):
     """A context id that the manager does not know."""
 
@@ -100,6 +106,18 @@ class ItemTooLargeError(CapacityError, InputError):
         super().__init__(message)
         self.size = size
         self.limit = limit
+
+
+class QueueFullError(CapacityError):
+    """Every preparation slot is taken; ``prepare_nowait`` refuses instead of waiting.
+
+    Attributes:
+        capacity: the bound on pending preparations.
+    """
+
+    def __init__(self, message: str, *, capacity: int) -> None:
+        super().__init__(message)
+        self.capacity = capacity
 
 
 class StateError(TurnloomError):

@@ -1,5 +1,33 @@
-"""The async runtime: Foundation, ContextManager, bounded preparations (seed 004)."""
+"""The async runtime: Foundation, ContextManager, bounded preparations (seed 004).
+
+Everything here runs on one event loop through anyio (asyncio or trio); CPU
+work goes to worker threads through the Foundation's limiter.
+"""
 
 from __future__ import annotations
 
-__all__ = ()
+__all__ = (
+    "STATE_TOOL_NAME",
+    "ContextContribution",
+    "ContextManager",
+    "ContextPrepareRequest",
+    "Foundation",
+    "FoundationClosedError",
+    "Invocation",
+    "ManagerStatistics",
+    "PreparedContext",
+    "TurnSnapshot",
+    "state_call_id",
+)
+
+from turnloom.runtime.errors import FoundationClosedError
+from turnloom.runtime.foundation import Foundation
+from turnloom.runtime.manager import ContextManager, Invocation
+from turnloom.runtime.schemas import (
+    ContextContribution,
+    ContextPrepareRequest,
+    ManagerStatistics,
+    PreparedContext,
+    TurnSnapshot,
+)
+from turnloom.runtime.state import STATE_TOOL_NAME, state_call_id

@@ -1,0 +1,138 @@
+"""Prepare latency at 100, 1,000 and 10,000 history items (seed 004 performance model).
+
+Rendering is incremental: every message is rendered once per gateway and the
+closed turns are kept as one flat tuple, so a prepare should cost O(new items)
+and the 10,000/100 ratio should be close to 1.
+
+For each size N one context (in its own Foundation) is filled with N items
+(turns of a user message, a tool call, its result and an answer) under a
+history limit of N items, so every measured turn also evicts the oldest turn
+and N stays fixed. Each round commits a turn, prepares it (timed end to end,
+and the worker-thread render time reported by the PreparedContext), and
+records the turn's outputs. The sizes take turns, round-robin.
+
+Usage: python scripts/bench_prepare.py [--rounds R] [--backend asyncio|trio]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from contextlib import AsyncExitStack
+
+import anyio
+
+from turnloom.context import Message, Role, TextPart, ToolCallPart, ToolResultPart
+from turnloom.context.history import HistoryLimits
+from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
+
+SIZES = (100, 1_000, 10_000)
+
+
+def _turn_outputs(n: int) -> list[Message]:
+    call_id = f"call_{n}"
+    return [
+        Message(
+            role=Role.assistant,
+            content=(
+                ToolCallPart(
+                    call_id=call_id, name="get_reservation", arguments=f'{{"id": "R{n:05d}"}}'
+                ),
+            ),
+        ),
+        Message(
+            role=Role.tool,
+            content=(
+                ToolResultPart(
+                    call_id=call_id,
+                    content=(TextPart(text=f'{{"reservation": "R{n:05d}", "status": "ok"}}'),),
+                ),
+            ),
+        ),
+        Message(role=Role.assistant, content=f"Reservation R{n:05d} is confirmed."),
+    ]
+
+
+class _Bench:
+    """One Foundation holding one context of ``size`` items."""
+
+    def __init__(self, size: int, foundation: Foundation) -> None:
+        self.size = size
+        self.manager = foundation.manager
+        self.turn = 0
+        self.samples: list[tuple[float, float]] = []
+
+    async def one_turn(self) -> tuple[float, float]:
+        manager = self.manager
+        turn_id = f"t{self.turn}"
+        manager.accept_turn(
+            TurnSnapshot(
+                context_id="bench",
+                turn_id=turn_id,
+                input=(Message(role=Role.user, content=f"Check reservation {self.turn}."),),
+                instructions=(
+                    (Message(role=Role.system, content="You are an airline agent."),)
+                    if self.turn == 0
+                    else None
+                ),
+            )
+        )
+        begin = time.perf_counter()
+        prefix = await manager.prepare(ContextPrepareRequest(context_id="bench", turn_id=turn_id))
+        latency = time.perf_counter() - begin
+        manager.record("bench", turn_id, _turn_outputs(self.turn))
+        self.turn += 1
+        return latency, prefix.render_seconds
+
+
+async def measure(rounds: int) -> dict[int, tuple[float, float]]:
+    """Median prepare latency and render time per size, in seconds.
+
+    The sizes are measured round-robin, one turn each in turn, so load from
+    elsewhere on the machine affects them alike.
+    """
+    async with AsyncExitStack() as stack:
+        benches = []
+        for size in SIZES:
+            limits = HistoryLimits(max_turns=size, max_items=size, max_bytes=1 << 40)
+            foundation = await stack.enter_async_context(
+                Foundation(history_limits=limits, worker_threads=1)
+            )
+            bench = _Bench(size, foundation)
+            while bench.manager.statistics().history_items < size:
+                await bench.one_turn()
+            for _ in range(20):  # warm up at the full size
+                await bench.one_turn()
+            benches.append(bench)
+        for _ in range(rounds):
+            for bench in benches:
+                bench.samples.append(await bench.one_turn())
+        for bench in benches:
+            assert abs(bench.manager.statistics().history_items - bench.size) <= 4
+    return {
+        bench.size: (
+            statistics.median(s[0] for s in bench.samples),
+            statistics.median(s[1] for s in bench.samples),
+        )
+        for bench in benches
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    args = parser.parse_args()
+    results = anyio.run(measure, args.rounds, backend=args.backend)
+    for size, (latency, render) in results.items():
+        print(
+            f"{size:>6} items: prepare p50 {latency * 1e6:8.1f} us   "
+            f"render p50 {render * 1e6:8.1f} us"
+        )
+    base, top = results[SIZES[0]], results[SIZES[-1]]
+    print(f"ratio 10,000/100: prepare {top[0] / base[0]:.2f}x   render {top[1] / base[1]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

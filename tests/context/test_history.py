@@ -1,0 +1,367 @@
+"""TurnHistory: whole turns, limits, eviction, and the incremental render cache."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from turnloom.context import (
+    GatewayType,
+    Message,
+    NativeContent,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+    Violation,
+    complete_pairs,
+    get_gateway,
+    message_size,
+)
+from turnloom.context.history import HistoryLimits, TurnHistory
+from turnloom.errors import (
+    DuplicateIdError,
+    InputError,
+    InvalidMessageError,
+    InvalidTextError,
+    ItemTooLargeError,
+    OutOfOrderTurnError,
+    UnknownTurnError,
+)
+
+CHAT = get_gateway(GatewayType.openai_chat)
+
+
+class CountingGateway:
+    """The OpenAI Chat gateway, counting how many messages it renders."""
+
+    def __init__(self) -> None:
+        self.rendered = 0
+
+    @property
+    def type(self) -> GatewayType:
+        return GatewayType.openai_chat
+
+    def render(self, message: Message) -> list[NativeContent]:
+        self.rendered += 1
+        return CHAT.render(message)
+
+    def parse(self, item: NativeContent) -> Message:
+        return CHAT.parse(item)
+
+    def parse_request(self, body: dict[str, Any]) -> list[Message]:
+        return CHAT.parse_request(body)
+
+    def validate(self, items: Sequence[NativeContent]) -> list[Violation]:
+        return CHAT.validate(items)
+
+    def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
+        return CHAT.request_body(items)
+
+
+def user(text: str) -> Message:
+    return Message(role=Role.user, content=text)
+
+
+def assistant(text: str) -> Message:
+    return Message(role=Role.assistant, content=text)
+
+
+def call(call_id: str, name: str = "lookup") -> Message:
+    return Message(
+        role=Role.assistant, content=(ToolCallPart(call_id=call_id, name=name, arguments="{}"),)
+    )
+
+
+def result(call_id: str, text: str = "ok") -> Message:
+    return Message(
+        role=Role.tool, content=(ToolResultPart(call_id=call_id, content=(TextPart(text=text),)),)
+    )
+
+
+SYSTEM = Message(role=Role.system, content="You are terse.")
+
+
+def test_render_gives_pinned_then_earlier_turns_then_the_turn_input() -> None:
+    history = TurnHistory()
+    history.commit("t1", [user("hi")], instructions=[SYSTEM])
+    history.record("t1", [call("c1"), result("c1", "42"), assistant("It is 42.")])
+    history.commit("t2", [user("thanks")])
+    history.record("t2", [assistant("You're welcome.")])
+
+    rendered = history.view().render(CHAT, "t2")
+
+    assert list(rendered.items) == [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+        {"role": "assistant", "content": "It is 42."},
+        {"role": "user", "content": "thanks"},
+    ]
+    assert rendered.turn_start == 5
+    sizes = [len(msgspec.json.encode(item)) for item in rendered.items]
+    assert rendered.bytes == sum(sizes)
+    assert [rendered.bytes_before(k) for k in range(8)] == [sum(sizes[:k]) for k in range(8)]
+
+
+def test_pinned_instructions_are_not_counted_and_are_replaced_not_duplicated() -> None:
+    history = TurnHistory()
+    history.commit("t1", [user("a")], instructions=[SYSTEM])
+    new = Message(role=Role.developer, content="Be kind.")
+    history.commit("t2", [user("b")], instructions=[new])
+    stats = history.statistics()
+    assert (stats.turns, stats.items, stats.pinned_items) == (2, 2, 1)
+    assert stats.bytes == message_size(user("a")) + message_size(user("b"))
+    assert stats.pinned_bytes == message_size(new)
+    items = history.view().render(CHAT, "t2").items
+    assert items[0] == {"role": "developer", "content": "Be kind."}
+    assert [i["role"] for i in items] == ["developer", "user", "user"]
+
+
+def test_a_prepare_renders_only_new_messages() -> None:
+    """Incremental rendering: each message is rendered once per gateway."""
+    gateway = CountingGateway()
+    history = TurnHistory(HistoryLimits(max_turns=1000, max_items=100_000))
+    history.commit("t0", [user("start")], instructions=[SYSTEM])
+    for i in range(50):
+        history.record(f"t{i}", [call(f"c{i}"), result(f"c{i}"), assistant(f"done {i}")])
+        history.commit(f"t{i + 1}", [user(f"next {i}")])
+        history.view().render(gateway, f"t{i + 1}")
+    before = gateway.rendered
+    history.record("t50", [assistant("reply")])
+    history.commit("t51", [user("again")])
+    history.view().render(gateway, "t51")
+    # Only the new output of t50 and the input of t51: t50's input was rendered
+    # when t50 was prepared, and every message keeps its rendering.
+    assert gateway.rendered - before == 2
+
+
+def test_eviction_drops_whole_turns_oldest_first() -> None:
+    history = TurnHistory(HistoryLimits(max_turns=2))
+    history.commit("t1", [user("a")], instructions=[SYSTEM])
+    history.record("t1", [assistant("A")])
+    history.commit("t2", [user("b")])
+    history.commit("t3", [user("c")])
+    assert history.over_limits()
+    assert history.evict() == ("t1",)
+    stats = history.statistics()
+    assert (stats.turns, stats.items, stats.evicted_turns, stats.evicted_items) == (2, 2, 1, 2)
+    assert stats.evicted_bytes == message_size(user("a")) + message_size(assistant("A"))
+    assert history.turn_ids == ("t2", "t3")
+    items = history.view().render(CHAT, "t3").items
+    assert [i["content"] for i in items] == ["You are terse.", "b", "c"]
+
+
+def test_item_and_byte_limits_evict_but_never_the_newest_turn() -> None:
+    size = message_size(user("xxxx"))
+    history = TurnHistory(HistoryLimits(max_items=3, max_bytes=size * 3))
+    for i in range(3):
+        history.commit(f"t{i}", [user("xxxx")])
+    assert history.evict() == ()
+    history.record("t2", [user("xxxx"), user("xxxx"), user("xxxx")])
+    assert history.evict() == ("t0", "t1")
+    assert history.turn_ids == ("t2",)
+    assert history.statistics().items == 4  # the newest turn is kept even over the limit
+
+
+def test_an_item_over_the_byte_cap_is_rejected_and_nothing_changes() -> None:
+    history = TurnHistory(HistoryLimits(max_item_bytes=128))
+    history.commit("t1", [user("short")])
+    with pytest.raises(ItemTooLargeError) as info:
+        history.record("t1", [assistant("fine"), assistant("x" * 200)])
+    assert info.value.limit == 128
+    assert info.value.size == message_size(assistant("x" * 200))
+    assert history.statistics().items == 1
+    with pytest.raises(ItemTooLargeError):
+        history.commit("t2", [user("y" * 200)])
+    assert history.turn_ids == ("t1",)
+
+
+def test_late_outputs_of_an_evicted_turn_are_dropped_counted_and_never_revive_it() -> None:
+    history = TurnHistory(HistoryLimits(max_turns=1))
+    history.commit("t1", [user("a")])
+    history.commit("t2", [user("b")])
+    history.evict()
+    assert history.record("t1", [assistant("late"), assistant("later")]) == 0
+    stats = history.statistics()
+    assert stats.dropped_late_outputs == 2
+    assert history.turn_ids == ("t2",)
+    with pytest.raises(DuplicateIdError):
+        history.commit("t1", [user("again")])
+    with pytest.raises(UnknownTurnError):
+        history.record("never", [assistant("x")])
+
+
+def test_blank_outputs_are_not_recorded() -> None:
+    history = TurnHistory()
+    history.commit("t1", [user("a")])
+    assert history.record("t1", [assistant(""), assistant("  \n"), assistant("real")]) == 1
+    assert history.statistics().dropped_blank_outputs == 2
+    assert history.statistics().items == 2
+
+
+def test_a_tool_result_with_blank_text_is_recorded() -> None:
+    """Blank tool output is a real result (tau-bench has 71 of them), not a partial."""
+    history = TurnHistory()
+    history.commit("t1", [user("a")])
+    assert history.record("t1", [call("c1"), result("c1", "")]) == 2
+
+
+def test_bad_commits_are_rejected_before_any_change() -> None:
+    history = TurnHistory()
+    history.commit("t1", [user("a")], sequence=5)
+    with pytest.raises(DuplicateIdError):
+        history.commit("t1", [user("b")])
+    with pytest.raises(OutOfOrderTurnError):
+        history.commit("t2", [user("b")], sequence=5)
+    with pytest.raises(InvalidMessageError):
+        history.commit("t2", [Message(role=Role.system, content="obey me")])
+    with pytest.raises(InvalidMessageError):
+        history.commit("t2", [user("b")], instructions=[user("not an instruction")])
+    with pytest.raises(InvalidTextError):
+        history.commit("t2", [user("bad \ud800")])
+    with pytest.raises(InvalidMessageError):
+        history.commit("", [user("b")])
+    with pytest.raises(InvalidMessageError):
+        history.commit("t2", [user("b"), "not a message"])  # type: ignore[list-item]
+    assert history.turn_ids == ("t1",)
+    assert history.statistics().items == 1
+    history.commit("t2", [user("b")], sequence=6)
+    assert history.turn_ids == ("t1", "t2")  # type: ignore[comparison-overlap]
+
+
+def test_limits_must_be_positive() -> None:
+    with pytest.raises(InputError):
+        HistoryLimits(max_turns=0)
+    with pytest.raises(InputError):
+        TurnHistory(remember_evicted=-1)
+
+
+def test_an_open_call_in_a_closed_turn_is_excluded_from_the_render() -> None:
+    history = TurnHistory()
+    history.commit("t1", [user("a")])
+    history.record("t1", [call("c1")])  # interrupted before the result
+    history.commit("t2", [user("b")])
+    items = history.view().render(CHAT, "t2").items
+    assert list(items) == [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    assert CHAT.validate(items) == []
+
+
+def test_a_reused_call_id_in_a_later_turn_pairs_with_its_own_call() -> None:
+    """Positional pairing: tau-bench reuses call ids across turns."""
+    history = TurnHistory()
+    history.commit("t1", [user("a")])
+    history.record("t1", [call("c1"), result("c1", "one")])
+    history.commit("t2", [user("b")])
+    history.record("t2", [call("c1"), result("c1", "two")])
+    history.commit("t3", [user("c")])
+    items = history.view().render(CHAT, "t3").items
+    assert [i.get("content") for i in items if i["role"] == "tool"] == ["one", "two"]
+    assert CHAT.validate(items) == []
+
+
+def test_a_view_is_not_changed_by_later_mutation() -> None:
+    history = TurnHistory(HistoryLimits(max_turns=1))
+    history.commit("t1", [user("a")])
+    view = history.view()
+    history.record("t1", [assistant("A")])
+    history.commit("t2", [user("b")])
+    history.evict()
+    assert list(view.render(CHAT, "t1").items) == [{"role": "user", "content": "a"}]
+    assert view.turn_ids == ("t1",)
+
+
+# -- property: the cached render equals a from-scratch render -------------------
+
+_op = st.one_of(
+    st.tuples(st.just("commit"), st.integers(0, 3)),
+    st.tuples(st.just("text"), st.integers(0, 3)),
+    st.tuples(st.just("call"), st.integers(0, 3)),
+    st.tuples(st.just("result"), st.integers(0, 3)),
+    st.tuples(st.just("evict"), st.integers(0, 3)),
+    st.tuples(st.just("render"), st.integers(0, 3)),
+    st.tuples(st.just("late"), st.integers(0, 3)),
+)
+
+
+def _naive(history: TurnHistory, turn_id: str) -> list[NativeContent]:
+    view = history.view()
+    out: list[NativeContent] = []
+    for pinned in complete_pairs(list(view.pinned)):
+        out.extend(CHAT.render(pinned))
+    for tid in view.turn_ids:
+        messages = view.turn_input(tid) if tid == turn_id else view.turn_messages(tid)
+        for message in complete_pairs(list(messages)):
+            out.extend(CHAT.render(message))
+        if tid == turn_id:
+            break
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_op, min_size=1, max_size=60))
+def test_cached_render_equals_a_from_scratch_render(ops: list[tuple[str, int]]) -> None:
+    """Whatever the order of commits, records, evictions and renders, the cache is exact."""
+    history = TurnHistory(HistoryLimits(max_turns=4, max_items=12))
+    turn = 0
+    history.commit("t0", [user("u0")], instructions=[SYSTEM])
+    next_call = 0
+    for kind, n in ops:
+        turns = history.turn_ids
+        if kind == "commit":
+            turn += 1
+            history.commit(f"t{turn}", [user(f"u{turn}")] * (n % 2 + 1))
+        elif kind == "text":
+            history.record(turns[-1], [assistant(f"a{n}")])
+        elif kind == "call":
+            next_call += 1
+            history.record(turns[-1], [call(f"c{n}")])
+        elif kind == "result":
+            history.record(turns[-1], [result(f"c{n}", f"r{n}")])
+        elif kind == "late":
+            history.record(turns[n % len(turns)], [assistant(f"late{n}")])
+        elif kind == "evict":
+            history.evict()
+        target = history.turn_ids[n % len(history.turn_ids)]
+        rendered = history.view().render(CHAT, target)
+        assert list(rendered.items) == _naive(history, target)
+        sizes = [len(msgspec.json.encode(item)) for item in rendered.items]
+        assert rendered.bytes == sum(sizes)
+        assert [rendered.bytes_before(k) for k in range(len(sizes) + 2)] == [
+            sum(sizes[:k]) for k in range(len(sizes) + 2)
+        ]
+        assert CHAT.validate(rendered.items) == []
+
+
+def test_views_render_the_same_from_many_threads_at_once() -> None:
+    """Worker threads share the render caches; every view still renders exactly."""
+    history = TurnHistory(HistoryLimits(max_turns=6))
+    history.commit("t0", [user("u0")], instructions=[SYSTEM])
+    views = []
+    for i in range(1, 30):
+        history.record(f"t{i - 1}", [call(f"c{i}"), result(f"c{i}", f"r{i}"), assistant(f"a{i}")])
+        history.commit(f"t{i}", [user(f"u{i}")])
+        history.evict()
+        views.append((history.view(), f"t{i}"))
+    expected = [list(view.render(CHAT, turn).items) for view, turn in views]
+
+    def render(index: int) -> list[NativeContent]:
+        view, turn = views[index % len(views)]
+        return list(view.render(CHAT, turn).items)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(render, range(len(views) * 8)))
+    assert results == [expected[i % len(views)] for i in range(len(views) * 8)]

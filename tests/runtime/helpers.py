@@ -1,0 +1,81 @@
+"""Test helpers for the runtime: message builders and a gateway that can block."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from turnloom.context import (
+    GatewayType,
+    Message,
+    NativeContent,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+    Violation,
+    get_gateway,
+)
+
+CHAT = get_gateway(GatewayType.openai_chat)
+SYSTEM = Message(role=Role.system, content="You are an airline agent.")
+
+
+def user(text: str) -> Message:
+    return Message(role=Role.user, content=text)
+
+
+def assistant(text: str) -> Message:
+    return Message(role=Role.assistant, content=text)
+
+
+def call(call_id: str, name: str = "lookup", arguments: str = "{}") -> Message:
+    return Message(
+        role=Role.assistant,
+        content=(ToolCallPart(call_id=call_id, name=name, arguments=arguments),),
+    )
+
+
+def result(call_id: str, text: str = "ok") -> Message:
+    return Message(
+        role=Role.tool,
+        content=(ToolResultPart(call_id=call_id, content=(TextPart(text=text),)),),
+    )
+
+
+class BlockingGateway:
+    """The OpenAI Chat gateway whose ``render`` can be held in the worker thread.
+
+    While ``hold`` is set, a render signals ``entered`` and waits for
+    ``release``; the test thereby cancels a preparation mid-render.
+    """
+
+    def __init__(self) -> None:
+        self.hold = False
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.renders = 0
+
+    @property
+    def type(self) -> GatewayType:
+        return GatewayType.openai_chat
+
+    def render(self, message: Message) -> list[NativeContent]:
+        self.renders += 1
+        if self.hold:
+            self.entered.set()
+            self.release.wait(10)
+        return CHAT.render(message)
+
+    def parse(self, item: NativeContent) -> Message:
+        return CHAT.parse(item)
+
+    def parse_request(self, body: dict[str, Any]) -> list[Message]:
+        return CHAT.parse_request(body)
+
+    def validate(self, items: Sequence[NativeContent]) -> list[Violation]:
+        return CHAT.validate(items)
+
+    def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
+        return CHAT.request_body(items)

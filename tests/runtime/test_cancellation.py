@@ -1,0 +1,102 @@
+"""Cancellation at every await point of ``prepare`` leaves slots and history as they were.
+
+Source: DESIGN rule 5 and seed 004: a preparation stays owned until settled,
+even when its requester is cancelled; no slot leaks; a worker thread is never
+abandoned mid-render.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from tests.runtime.helpers import SYSTEM, BlockingGateway, assistant, user
+from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
+
+pytestmark = pytest.mark.anyio
+
+PHASES = ("slot", "commit", "thread", "render")
+
+
+async def _wait_until(predicate: object) -> None:
+    with anyio.fail_after(10):
+        while not predicate():  # type: ignore[operator]
+            await anyio.sleep(0.005)
+
+
+@pytest.mark.parametrize("phase", PHASES)
+async def test_cancelling_prepare_at_each_await_point_frees_its_slot(phase: str) -> None:
+    """Cancelled at {slot wait, commit wait, worker-token wait, render}: nothing leaks."""
+    gateway = BlockingGateway()
+    async with Foundation(
+        gateway=gateway, max_pending_preparations=1, worker_threads=1
+    ) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(
+            TurnSnapshot(context_id="c", turn_id="t1", input=(user("hi"),), instructions=(SYSTEM,))
+        )
+        manager.record("c", "t1", [assistant("hello")])
+        before = (manager.history("c").turn_ids, manager.history("c").turn_messages("t1"))
+        target = "t2" if phase in ("slot", "commit") else "t1"
+        blocker_done: list[object] = []
+        token = object()
+
+        async with anyio.create_task_group() as tg:
+            if phase == "slot":
+                # Another preparation takes the only slot, waiting for turn t2.
+                async def blocker() -> None:
+                    blocker_done.append(
+                        await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))
+                    )
+
+                tg.start_soon(blocker)
+                await anyio.wait_all_tasks_blocked()
+            elif phase == "thread":
+                await foundation.limiter.acquire_on_behalf_of(token)
+            elif phase == "render":
+                gateway.hold = True
+
+            with anyio.CancelScope() as scope:
+
+                async def cancel_when_parked() -> None:
+                    if phase == "render":
+                        await anyio.to_thread.run_sync(gateway.entered.wait, 10)
+                    else:
+                        await anyio.wait_all_tasks_blocked()
+                    scope.cancel()
+
+                tg.start_soon(cancel_when_parked)
+                await manager.prepare(
+                    ContextPrepareRequest(context_id="c", turn_id=target, loop_budget=1)
+                )
+            assert scope.cancelled_caught
+
+            stats = manager.statistics()
+            if phase == "render":
+                # Still owned by the manager: the thread finishes first.
+                assert stats.pending == 1
+                gateway.hold = False
+                gateway.release.set()
+                await _wait_until(lambda: manager.statistics().pending == 0)
+            elif phase == "slot":
+                assert (stats.pending, stats.waiting_for_slot) == (1, 0)
+                manager.accept_turn(
+                    TurnSnapshot(context_id="c", turn_id="t2", input=(user("next"),))
+                )
+            else:
+                # The preparation settles as soon as it is scheduled again.
+                await anyio.wait_all_tasks_blocked()
+                assert manager.statistics().pending == 0
+            if phase == "thread":
+                foundation.limiter.release_on_behalf_of(token)
+
+        stats = manager.statistics()
+        assert (stats.pending, stats.waiting_for_slot) == (0, 0)
+        assert stats.discarded_total == (0 if phase == "slot" else 1)
+        assert manager._waiters == {}
+        assert foundation.limiter.borrowed_tokens == 0
+        history = manager.history("c")
+        assert (history.turn_ids[:1], history.turn_messages("t1")) == (before[0], before[1])
+        # The slot is free again: an immediate preparation is admitted.
+        prepared = await manager.prepare_nowait(ContextPrepareRequest(context_id="c", turn_id="t1"))
+        assert prepared.items[1] == {"role": "user", "content": "hi"}

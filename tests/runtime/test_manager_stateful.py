@@ -1,0 +1,294 @@
+"""A hypothesis state machine driving the ContextManager on a live event loop.
+
+Rules: accept turns, record outputs (text, blank partials, calls, results,
+late outputs for evicted turns), prepare, park preparations waiting for a
+future turn, refuse with ``prepare_nowait`` when the queue is full, cancel
+parked preparations, and run invocations that commit a turn while in flight.
+
+Invariants: the pending count never exceeds the capacity and equals the
+parked preparations (no leaked slot); each history holds exactly the turns a
+plain model predicts (whole turns, oldest first, limits respected, no
+eviction while an invocation is in flight); every prepared input passes the
+gateway's ``validate()`` and starts with the pinned instructions.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from tests.runtime.helpers import CHAT, SYSTEM, assistant, call, result, user
+from turnloom.context import Message
+from turnloom.context.history import HistoryLimits
+from turnloom.errors import QueueFullError
+from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext, TurnSnapshot
+
+LIMITS = HistoryLimits(max_turns=3, max_items=7)
+CAPACITY = 2
+CONTEXTS = ("a", "b")
+
+
+class _Model:
+    """What one context's history should hold."""
+
+    def __init__(self) -> None:
+        self.turns: list[tuple[str, int]] = []  # (turn id, items)
+        self.evicted: list[str] = []
+        self.next = 0
+        self.open_call: str | None = None
+
+    def evict(self) -> None:
+        while len(self.turns) > 1 and (
+            len(self.turns) > LIMITS.max_turns or sum(n for _, n in self.turns) > LIMITS.max_items
+        ):
+            self.evicted.append(self.turns.pop(0)[0])
+
+    def add(self, items: int) -> None:
+        turn_id, n = self.turns[-1]
+        self.turns[-1] = (turn_id, n + items)
+
+
+class ManagerMachine(RuleBasedStateMachine):
+    backend = "asyncio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._portal_cm = start_blocking_portal(self.backend)
+        self.portal: BlockingPortal = self._portal_cm.__enter__()
+        self.foundation = Foundation(
+            history_limits=LIMITS, max_pending_preparations=CAPACITY, worker_threads=2
+        )
+        self._foundation_cm = self.portal.wrap_async_context_manager(self.foundation)
+        self._foundation_cm.__enter__()
+        self.manager = self.foundation.manager
+        self.models = {c: _Model() for c in CONTEXTS}
+        self.parked: list[tuple[str, str, Future[PreparedContext]]] = []
+        self.rejected = 0
+
+    def teardown(self) -> None:
+        try:
+            for _, _, future in self.parked:
+                future.cancel()
+            self._foundation_cm.__exit__(None, None, None)
+        finally:
+            self._portal_cm.__exit__(None, None, None)
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _check_prepared(self, prepared: PreparedContext, context_id: str) -> None:
+        assert CHAT.validate(prepared.items) == []
+        assert prepared.items[0] == {"role": "system", "content": SYSTEM.text}
+        assert prepared.bytes == sum(len(msgspec.json.encode(i)) for i in prepared.items)
+        assert prepared.item_count == len(prepared.items)
+
+    def _settle(self) -> None:
+        deadline = time.monotonic() + 10
+        while self.portal.call(self.manager.statistics).pending != len(self.parked):
+            assert time.monotonic() < deadline, "a preparation never settled"
+            time.sleep(0.002)
+
+    def _accept(self, context_id: str) -> str:
+        model = self.models[context_id]
+        turn_id = f"t{model.next}"
+        first = model.next == 0
+        self.portal.call(
+            self.manager.accept_turn,
+            TurnSnapshot(
+                context_id=context_id,
+                turn_id=turn_id,
+                input=(user(f"question {model.next}"),),
+                instructions=(SYSTEM,) if first else None,
+            ),
+        )
+        model.next += 1
+        model.turns.append((turn_id, 1))
+        model.open_call = None
+        return turn_id
+
+    # -- rules -------------------------------------------------------------------
+
+    @rule(context_id=st.sampled_from(CONTEXTS))
+    def accept(self, context_id: str) -> None:
+        turn_id = self._accept(context_id)
+        self.models[context_id].evict()
+        for entry in [p for p in self.parked if p[:2] == (context_id, turn_id)]:
+            self.parked.remove(entry)
+            self._check_prepared(entry[2].result(timeout=10), context_id)
+
+    @precondition(lambda self: any(m.turns for m in self.models.values()))
+    @rule(
+        context_id=st.sampled_from(CONTEXTS),
+        kind=st.sampled_from(["text", "blank", "call", "result", "late"]),
+    )
+    def record(self, context_id: str, kind: str) -> None:
+        model = self.models[context_id]
+        if not model.turns:
+            return
+        turn_id = model.turns[-1][0]
+        outputs: list[Message]
+        if kind == "late":
+            if not model.evicted:
+                return
+            before = self.portal.call(self.manager.statistics).dropped_late_outputs_total
+            assert (
+                self.portal.call(
+                    self.manager.record, context_id, model.evicted[0], [assistant("late")]
+                )
+                == 0
+            )
+            after = self.portal.call(self.manager.statistics).dropped_late_outputs_total
+            assert after == before + 1
+            return
+        if kind == "text":
+            outputs = [assistant("an answer")]
+        elif kind == "blank":
+            outputs = [assistant("  ")]
+        elif kind == "call":
+            model.open_call = f"call-{model.next}-{len(model.turns)}"
+            outputs = [call(model.open_call)]
+        else:
+            if model.open_call is None:
+                return
+            outputs = [result(model.open_call, "done")]
+            model.open_call = None
+        recorded = self.portal.call(self.manager.record, context_id, turn_id, outputs)
+        expected = 0 if kind == "blank" else 1
+        assert recorded == expected
+        model.add(expected)
+        model.evict()
+
+    @precondition(lambda self: any(m.turns for m in self.models.values()))
+    @rule(context_id=st.sampled_from(CONTEXTS), contribution=st.booleans())
+    def prepare(self, context_id: str, contribution: bool) -> None:
+        model = self.models[context_id]
+        if not model.turns or len(self.parked) >= CAPACITY:
+            return
+        request = ContextPrepareRequest(
+            context_id=context_id,
+            turn_id=model.turns[-1][0],
+            loop_budget=4 if contribution else None,
+        )
+        prepared = self.portal.call(self.manager.prepare, request)
+        self._check_prepared(prepared, context_id)
+        assert (prepared.state_call_id is not None) is contribution
+
+    @precondition(lambda self: len(self.parked) < CAPACITY)
+    @rule(context_id=st.sampled_from(CONTEXTS))
+    def park(self, context_id: str) -> None:
+        """A preparation for the next, not yet committed, turn waits in the queue."""
+        turn_id = f"t{self.models[context_id].next}"
+        if any(p[:2] == (context_id, turn_id) for p in self.parked):
+            return
+        request = ContextPrepareRequest(context_id=context_id, turn_id=turn_id)
+        future = self.portal.start_task_soon(self.manager.prepare, request)
+        self.parked.append((context_id, turn_id, future))
+        self._settle()
+
+    @precondition(lambda self: len(self.parked) == CAPACITY)
+    @rule(context_id=st.sampled_from(CONTEXTS))
+    def nowait_refused(self, context_id: str) -> None:
+        request = ContextPrepareRequest(context_id=context_id, turn_id="t0")
+
+        async def attempt() -> None:
+            with pytest.raises(QueueFullError):
+                await self.manager.prepare_nowait(request)
+
+        self.portal.call(attempt)
+        self.rejected += 1
+        assert self.portal.call(self.manager.statistics).rejected_total == self.rejected
+
+    @precondition(lambda self: bool(self.parked))
+    @rule(index=st.integers(0, CAPACITY - 1))
+    def cancel_parked(self, index: int) -> None:
+        entry = self.parked.pop(index % len(self.parked))
+        entry[2].cancel()
+        self._settle()
+
+    @precondition(lambda self: any(m.turns for m in self.models.values()))
+    @rule(context_id=st.sampled_from(CONTEXTS), cancel=st.booleans())
+    def invocation_commits_a_turn(self, context_id: str, cancel: bool) -> None:
+        """No eviction while the model call is in flight; it happens at exit."""
+        model = self.models[context_id]
+        if not model.turns or len(model.turns) < 1:
+            return
+        turn_id = model.turns[-1][0]
+        held_before: list[Any] = []
+
+        async def run() -> None:
+            with anyio.CancelScope() as scope:
+                async with self.manager.invocation(context_id, turn_id) as invocation:
+                    invocation.record([assistant(" " if cancel else "partial answer")])
+                    held_before.extend(self.manager.history(context_id).turn_ids)
+                    self.manager.accept_turn(
+                        TurnSnapshot(
+                            context_id=context_id,
+                            turn_id=f"t{model.next}",
+                            input=(user("while in flight"),),
+                        )
+                    )
+                    # Nothing was evicted while the call is in flight.
+                    assert self.manager.history(context_id).turn_ids == (
+                        *held_before,
+                        f"t{model.next}",
+                    )
+                    if cancel:
+                        scope.cancel()
+                        await anyio.sleep(1)
+
+        self.portal.call(run)
+        model.add(0 if cancel else 1)
+        model.turns.append((f"t{model.next}", 1))
+        model.next += 1
+        model.open_call = None
+        model.evict()
+        new_turn = model.turns[-1][0]
+        for entry in [p for p in self.parked if p[:2] == (context_id, new_turn)]:
+            self.parked.remove(entry)
+            self._check_prepared(entry[2].result(timeout=10), context_id)
+
+    # -- invariants ----------------------------------------------------------------
+
+    @invariant()
+    def queue_is_bounded_and_nothing_leaks(self) -> None:
+        stats = self.portal.call(self.manager.statistics)
+        assert stats.pending <= CAPACITY
+        assert stats.pending == len(self.parked)
+        assert stats.invocations == 0
+
+    @invariant()
+    def histories_hold_the_predicted_whole_turns(self) -> None:
+        for context_id, model in self.models.items():
+            if not model.turns:
+                continue
+            view = self.portal.call(self.manager.history, context_id)
+            assert view.turn_ids == tuple(t for t, _ in model.turns)
+            items = sum(len(view.turn_messages(t)) for t in view.turn_ids)
+            assert items == sum(n for _, n in model.turns)
+            assert len(model.turns) <= LIMITS.max_turns
+            assert len(model.turns) == 1 or items <= LIMITS.max_items
+            assert view.pinned == (SYSTEM,)
+
+
+class TrioManagerMachine(ManagerMachine):
+    backend = "trio"
+
+
+_settings = settings(
+    max_examples=20,
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestManagerOnAsyncio = ManagerMachine.TestCase
+TestManagerOnAsyncio.settings = _settings
+TestManagerOnTrio = TrioManagerMachine.TestCase
+TestManagerOnTrio.settings = _settings

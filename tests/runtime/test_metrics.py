@@ -1,0 +1,68 @@
+"""Prometheus metrics: a real scrape of the endpoint over loopback."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import anyio
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.runtime.helpers import SYSTEM, assistant, user
+from turnloom.context.history import HistoryLimits
+from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
+from turnloom.runtime.metrics import serve_metrics
+
+pytestmark = pytest.mark.anyio
+
+
+def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.status == 200
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+async def test_the_metrics_endpoint_serves_the_manager_statistics() -> None:
+    async with Foundation(history_limits=HistoryLimits(max_turns=1)) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(
+            TurnSnapshot(context_id="c", turn_id="t1", input=(user("a"),), instructions=(SYSTEM,))
+        )
+        first = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
+        manager.record("c", "t1", [assistant("A"), assistant(" ")])
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(user("b"),)))
+        second = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))
+        manager.record("c", "t1", [assistant("late")])
+        server = serve_metrics(manager.statistics)
+        try:
+            assert server.host == "127.0.0.1"
+            samples = await anyio.to_thread.run_sync(_scrape, server.url)
+        finally:
+            server.close()
+    stats = manager.statistics()
+    expected_reused = len(b'{"role":"system","content":"You are an airline agent."}')
+    assert second.reused_bytes == expected_reused  # t1 was evicted after the system prompt
+    assert samples[("turnloom_preparations_total", (("outcome", "prepared"),))] == 2
+    assert samples[("turnloom_preparations_total", (("outcome", "failed"),))] == 0
+    assert samples[("turnloom_preparations_capacity", ())] == 16
+    assert samples[("turnloom_preparations_pending", ())] == 0
+    assert samples[("turnloom_prepare_latency_seconds_count", ())] == 2
+    assert samples[("turnloom_render_seconds_count", ())] == 2
+    assert samples[("turnloom_prepare_latency_seconds_bucket", (("le", "+Inf"),))] == 2
+    assert samples[("turnloom_history_turns", ())] == 1
+    assert samples[("turnloom_history_items", ())] == 1
+    assert samples[("turnloom_evicted_turns_total", ())] == 1
+    assert samples[("turnloom_evicted_items_total", ())] == 2
+    assert samples[("turnloom_dropped_late_outputs_total", ())] == 1
+    assert samples[("turnloom_dropped_blank_outputs_total", ())] == 1
+    assert samples[("turnloom_prefix_compared_bytes_total", ())] == first.bytes
+    assert samples[("turnloom_prefix_reused_bytes_total", ())] == expected_reused
+    assert samples[("turnloom_prefix_stability_ratio", ())] == pytest.approx(
+        expected_reused / first.bytes
+    )
+    assert stats.prefix_reused_bytes_total == expected_reused

@@ -1,0 +1,120 @@
+"""The main job on real input: tau-bench replayed through the ContextManager.
+
+Must show (issue 2): 150 sessions, 1,808 model calls prepared, 0 errors; every
+prepared input equals, message for message, the trajectory's messages before
+that assistant reply; every input validates against ``openai``'s
+``ChatCompletionMessageParam``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+from pydantic import TypeAdapter
+
+from turnloom.context import GatewayType, get_gateway
+from turnloom.errors import InputError
+from turnloom.runtime.replay import (
+    builtin_trajectories,
+    load_trajectories,
+    percentile,
+    replay,
+)
+from turnloom.runtime.workload import generate_trajectories
+
+CHAT_INPUT = TypeAdapter(list[ChatCompletionMessageParam])
+
+
+def _check_records(records: list[dict[str, Any]], sessions: dict[str, list[Any]]) -> int:
+    """Check each written input against its own trajectory; return how many."""
+    positions: dict[str, list[int]] = {
+        sid: [i for i, m in enumerate(traj) if m["role"] == "assistant"]
+        for sid, traj in sessions.items()
+    }
+    seen: dict[str, int] = {}
+    for record in records:
+        sid = record["session"]
+        k = seen.get(sid, 0)
+        seen[sid] = k + 1
+        reply = positions[sid][k]
+        assert record["messages"] == sessions[sid][:reply], (sid, k)
+        CHAT_INPUT.validate_python(record["messages"])
+    assert seen == {sid: len(p) for sid, p in positions.items() if p}
+    return len(records)
+
+
+def test_tau_bench_replays_with_exact_fidelity(tau_bench_path: Path) -> None:
+    trajectories, errors = load_trajectories(tau_bench_path)
+    assert (len(trajectories), errors) == (150, [])
+    out = io.BytesIO()
+    summary = anyio.run(lambda: replay(trajectories, out=out, concurrency=8))
+    assert summary.errors == ()
+    assert (summary.sessions, summary.turns, summary.model_calls) == (150, 1096, 1808)
+    assert summary.normalized == 0
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert summary.items == sum(len(r["messages"]) for r in records)
+    assert summary.bytes == sum(
+        len(json.dumps(m, separators=(",", ":"), ensure_ascii=False).encode())
+        for r in records
+        for m in r["messages"]
+    )
+    sessions = {t.session_id: t.messages for t in trajectories}
+    assert _check_records(records, sessions) == 1808
+    assert 0 < summary.prepare_p50_ms <= summary.prepare_p99_ms
+
+
+def test_the_builtin_workload_is_deterministic_and_replays_exactly() -> None:
+    assert generate_trajectories(5, seed=3) == generate_trajectories(5, seed=3)
+    assert generate_trajectories(5, seed=3) != generate_trajectories(5, seed=4)
+    trajectories = builtin_trajectories(12)
+    out = io.BytesIO()
+    summary = anyio.run(lambda: replay(trajectories, out=out), backend="trio")
+    users = sum(m["role"] == "user" for t in trajectories for m in t.messages)
+    replies = sum(m["role"] == "assistant" for t in trajectories for m in t.messages)
+    assert (summary.sessions, summary.turns, summary.model_calls, summary.errors) == (
+        12,
+        users,
+        replies,
+        (),
+    )
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert _check_records(records, {t.session_id: t.messages for t in trajectories}) == replies
+
+
+@pytest.mark.parametrize("kind", [g for g in GatewayType if g is not GatewayType.openai_chat])
+def test_other_gateways_replay_valid_inputs_or_fail_cleanly(kind: GatewayType) -> None:
+    """A registered gateway's every input passes its validate(); a missing one is an InputError."""
+    trajectories = builtin_trajectories(4)
+    try:
+        get_gateway(kind)
+    except InputError:
+        with pytest.raises(InputError, match="not available"):
+            anyio.run(lambda: replay(trajectories, gateway=kind))
+        return
+    summary = anyio.run(lambda: replay(trajectories, gateway=kind))
+    assert summary.errors == ()
+    assert summary.model_calls == sum(
+        m["role"] == "assistant" for t in trajectories for m in t.messages
+    )
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert (percentile(values, 50), percentile(values, 99), percentile(values, 100)) == (
+        50.0,
+        99.0,
+        100.0,
+    )
+    assert percentile([], 50) == 0.0
+    assert percentile([7.0], 99) == 7.0
+
+
+def test_replay_rejects_a_bad_concurrency() -> None:
+    with pytest.raises(InputError):
+        anyio.run(lambda: replay([], concurrency=0))

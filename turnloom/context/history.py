@@ -1,0 +1,845 @@
+"""``TurnHistory``: the bounded history of one context, kept in whole turns.
+
+Source: seed 004 (native history). A history holds the pinned instructions
+(``system`` and ``developer`` messages) and a sequence of committed turns,
+oldest first. A turn is its input (the committed user messages) followed by
+its outputs (model messages and tool results recorded while answering it).
+
+Limits count turns, items (neutral messages) and bytes (the JSON encoding of
+each message, see :func:`~turnloom.context.check_message`). Eviction drops
+whole turns, oldest first, and never the newest turn; pinned instructions are
+neither evicted nor counted. A per-item byte cap rejects one oversized message
+before anything changes.
+
+Rendering is incremental. A view (:meth:`TurnHistory.view`) is an immutable
+snapshot taken in O(1), so the event loop does no work proportional to the
+history. :meth:`HistoryView.render` runs in a worker thread: each message is
+rendered once per gateway and cached, each turn's items are cached, and the
+items of the pinned instructions and all closed turns are kept as one run
+that is changed in place (evicted turns deleted at the front, newly closed
+turns appended). A render does Python work only for new items; what remains
+proportional to the history is one C-speed copy of item references into the
+output tuple.
+
+Thread safety: mutate a :class:`TurnHistory` from one thread (the event loop).
+Views are immutable and may be rendered from any number of worker threads at
+once: per-message and per-turn caches are filled by single dict assignments
+(a racing render at worst recomputes a value), and the shared run is changed
+only under a lock. A view older than the run renders privately.
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "HistoryLimits",
+    "HistoryStatistics",
+    "HistoryView",
+    "RenderedHistory",
+    "TurnHistory",
+    "check_id",
+)
+
+import bisect
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import msgspec
+
+from turnloom.context.gateway import Gateway, NativeContent
+from turnloom.context.message import Message, Part, Role, TextPart, check_message
+from turnloom.context.pairing import OpenCallPolicy, complete_pairs
+from turnloom.errors import (
+    DuplicateIdError,
+    InputError,
+    InvalidMessageError,
+    ItemTooLargeError,
+    OutOfOrderTurnError,
+    UnknownTurnError,
+)
+
+_encoder = msgspec.json.Encoder()
+_PINNED_ROLES = (Role.system, Role.developer)
+_MAX_ID_LENGTH = 256
+
+
+class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """The bounds of one context's history.
+
+    Source: seed 004 (``history_max_turns``, ``history_max_items``,
+    ``history_max_bytes``).
+
+    Attributes:
+        max_turns: most turns kept (default 32).
+        max_items: most messages kept across all turns (default 4,096).
+        max_bytes: most bytes of serialized messages kept (default 8 MiB). This
+            bounds retained content, not process memory.
+        max_item_bytes: the per-item cap: one message larger than this, in
+            bytes, is rejected when it is committed or recorded (default 1 MiB).
+    """
+
+    max_turns: int = 32
+    max_items: int = 4096
+    max_bytes: int = 8 * 1024 * 1024
+    max_item_bytes: int = 1024 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_items", "max_bytes", "max_item_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InputError(f"History limit {name} must be a positive integer, not {value!r}.")
+
+
+class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """A frozen snapshot of one history's counters.
+
+    Attributes:
+        turns: turns kept.
+        items: messages kept in those turns (pinned instructions excluded).
+        bytes: serialized size of those messages, in bytes.
+        pinned_items: pinned instruction messages (not counted in ``items``).
+        pinned_bytes: their serialized size, in bytes.
+        evicted_turns: turns evicted since the history was created.
+        evicted_items: messages evicted with them.
+        evicted_bytes: bytes evicted with them.
+        dropped_late_outputs: messages recorded for an already evicted turn,
+            dropped.
+        dropped_blank_outputs: empty or whitespace-only messages not recorded.
+    """
+
+    turns: int
+    items: int
+    bytes: int
+    pinned_items: int
+    pinned_bytes: int
+    evicted_turns: int
+    evicted_items: int
+    evicted_bytes: int
+    dropped_late_outputs: int
+    dropped_blank_outputs: int
+
+
+class RenderedHistory:
+    """The native items of a history up to and including one turn's input.
+
+    Attributes:
+        items: tuple of NativeContent, oldest first: pinned instructions, the
+            turns before the turn, then the turn's input. The items are shared
+            with the render caches and must be treated as read-only.
+        bytes: serialized size of ``items`` (the sum of each item's JSON
+            encoding), in bytes.
+        turn_start: index in ``items`` of the turn's first input item.
+    """
+
+    __slots__ = ("_head", "_key", "_layout", "bytes", "items", "turn_start")
+
+    def __init__(
+        self,
+        items: tuple[NativeContent, ...],
+        layout: _Layout,
+        head: _Rendered,
+        key: _CacheKey,
+    ) -> None:
+        self.items = items
+        self._layout = layout
+        self._head = head
+        self._key = key
+        self.turn_start: int = len(items) - len(head.items)
+        self.bytes: int = layout.bytes + head.bytes
+
+    def bytes_before(self, count: int) -> int:
+        """Serialized size of ``items[:count]``, in bytes.
+
+        Costs O(log turns + one turn), never a pass over the whole history.
+        """
+        count = max(0, min(count, len(self.items)))
+        layout = self._layout
+        if count > self.turn_start:
+            return layout.bytes + sum(self._head.sizes[: count - self.turn_start])
+        pinned = layout.pinned
+        if count <= len(pinned.items):
+            return sum(pinned.sizes[:count])
+        position = layout.origin[0] + count - len(pinned.items)  # in the running coordinate
+        index = bisect.bisect_right(layout.item_ends, position)
+        if index == len(layout.turns):  # exactly the end of the last turn
+            return layout.bytes
+        turn_start = layout.item_ends[index - 1] if index else layout.origin[0]
+        bytes_start = layout.byte_ends[index - 1] if index else layout.origin[1]
+        inside = layout.turns[index].cache[self._key].sizes[: position - turn_start]
+        return pinned.bytes + bytes_start - layout.origin[1] + sum(inside)
+
+
+class _Entry:
+    """One message of a history with its size and per-gateway render cache."""
+
+    __slots__ = ("message", "native", "size")
+
+    def __init__(self, message: Message, size: int) -> None:
+        self.message = message
+        self.size = size
+        # gateway -> (items, sizes); filled by render threads.
+        self.native: dict[Gateway, tuple[tuple[NativeContent, ...], tuple[int, ...]]] = {}
+
+
+class _Rendered:
+    __slots__ = ("bytes", "items", "sizes")
+
+    def __init__(
+        self, items: tuple[NativeContent, ...], sizes: tuple[int, ...], total: int
+    ) -> None:
+        self.items = items
+        self.sizes = sizes
+        self.bytes = total
+
+
+_CacheKey = tuple[Gateway, str]
+
+
+class _Turn:
+    """An immutable snapshot of one turn. A change makes a new ``_Turn``."""
+
+    __slots__ = ("bytes", "cache", "input", "input_cache", "outputs", "turn_id")
+
+    def __init__(
+        self,
+        turn_id: str,
+        input: tuple[_Entry, ...],
+        outputs: tuple[_Entry, ...],
+        total_bytes: int,
+    ) -> None:
+        self.turn_id = turn_id
+        self.input = input
+        self.outputs = outputs
+        self.bytes = total_bytes
+        self.cache: dict[_CacheKey, _Rendered] = {}
+        self.input_cache: dict[_CacheKey, _Rendered] = {}
+
+    @property
+    def items(self) -> int:
+        return len(self.input) + len(self.outputs)
+
+    def with_outputs(self, added: tuple[_Entry, ...]) -> _Turn:
+        return _Turn(
+            self.turn_id,
+            self.input,
+            self.outputs + added,
+            self.bytes + sum(e.size for e in added),
+        )
+
+
+class _Layout:
+    """Where each closed turn sits in a run: an immutable snapshot.
+
+    Positions are kept in one running coordinate that is never rebased: turn
+    ``i`` ends at item ``item_ends[i]`` and byte ``byte_ends[i]``, and the run
+    of turns begins at ``origin``. Dropping turns from the front moves
+    ``origin`` with a C-speed slice of the ends.
+    """
+
+    __slots__ = ("byte_ends", "item_ends", "origin", "pinned", "turns")
+
+    def __init__(
+        self,
+        pinned: _Rendered,
+        turns: tuple[_Turn, ...],
+        origin: tuple[int, int],
+        item_ends: tuple[int, ...],
+        byte_ends: tuple[int, ...],
+    ) -> None:
+        self.pinned = pinned
+        self.turns = turns
+        self.origin = origin
+        self.item_ends = item_ends
+        self.byte_ends = byte_ends
+
+    @property
+    def items(self) -> int:
+        """How many items: pinned, then the turns'."""
+        turns = (self.item_ends[-1] - self.origin[0]) if self.item_ends else 0
+        return len(self.pinned.items) + turns
+
+    @property
+    def bytes(self) -> int:
+        """Serialized bytes of those items."""
+        turns = (self.byte_ends[-1] - self.origin[1]) if self.byte_ends else 0
+        return self.pinned.bytes + turns
+
+
+class _Run:
+    """The rendered items of the pinned instructions and the closed turns.
+
+    ``items`` is a list changed in place (evicted turns deleted at the front,
+    closed turns appended), so a prepare copies the run once, into its output
+    tuple, and never walks it in Python. Guarded by ``_Shared.lock``.
+    """
+
+    __slots__ = ("evicted", "generation", "items", "layout", "pinned_entries")
+
+    def __init__(
+        self,
+        pinned_entries: tuple[_Entry, ...],
+        layout: _Layout,
+        items: list[NativeContent],
+        evicted: int,
+        generation: int,
+    ) -> None:
+        self.pinned_entries = pinned_entries
+        self.layout = layout
+        self.items = items
+        self.evicted = evicted
+        self.generation = generation
+
+
+class _Shared:
+    """Render caches shared by all views of one history."""
+
+    __slots__ = ("lock", "runs")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.runs: dict[_CacheKey, _Run] = {}
+
+
+def _render_entries(
+    entries: Sequence[_Entry], gateway: Gateway, policy: OpenCallPolicy
+) -> _Rendered:
+    """Render whole-turn entries with every call/result pair complete."""
+    messages = [e.message for e in entries]
+    by_id = {id(e.message): e for e in entries}
+    items: list[NativeContent] = []
+    sizes: list[int] = []
+    for message in complete_pairs(messages, open_calls=policy):
+        entry = by_id.get(id(message))
+        if entry is not None and entry.message is message:
+            cached = entry.native.get(gateway)
+            if cached is None:
+                cached = _render_message(message, gateway)
+                entry.native[gateway] = cached
+            items.extend(cached[0])
+            sizes.extend(cached[1])
+        else:
+            rendered, rendered_sizes = _render_message(message, gateway)
+            items.extend(rendered)
+            sizes.extend(rendered_sizes)
+    return _Rendered(tuple(items), tuple(sizes), sum(sizes))
+
+
+def _render_message(
+    message: Message, gateway: Gateway
+) -> tuple[tuple[NativeContent, ...], tuple[int, ...]]:
+    items = tuple(gateway.render(message))
+    return items, tuple(len(_encoder.encode(item)) for item in items)
+
+
+class HistoryView:
+    """An immutable view of a history at one moment; safe to render in a thread.
+
+    Obtained from :meth:`TurnHistory.view` in O(1). The view keeps the turns
+    it saw alive, so a later eviction does not change what it renders.
+    """
+
+    __slots__ = ("_evicted", "_generation", "_pinned", "_shared", "_turns")
+
+    def __init__(
+        self,
+        pinned: tuple[_Entry, ...],
+        turns: tuple[_Turn, ...],
+        evicted: int,
+        generation: int,
+        shared: _Shared,
+    ) -> None:
+        self._pinned = pinned
+        self._turns = turns
+        self._evicted = evicted
+        self._generation = generation  # bumped when a turn before the newest changes
+        self._shared = shared
+
+    @property
+    def pinned(self) -> tuple[Message, ...]:
+        """The pinned instruction messages, in order."""
+        return tuple(e.message for e in self._pinned)
+
+    @property
+    def turn_ids(self) -> tuple[str, ...]:
+        """Ids of the turns in the view, oldest first."""
+        return tuple(t.turn_id for t in self._turns)
+
+    def turn_messages(self, turn_id: str) -> tuple[Message, ...]:
+        """The input then output messages of ``turn_id``, in order.
+
+        Raises:
+            UnknownTurnError: the view holds no turn ``turn_id``.
+        """
+        for turn in self._turns:
+            if turn.turn_id == turn_id:
+                return tuple(e.message for e in turn.input + turn.outputs)
+        raise UnknownTurnError(f"The history holds no turn {turn_id!r}.")
+
+    def turn_input(self, turn_id: str) -> tuple[Message, ...]:
+        """The input messages of ``turn_id``, in order.
+
+        Raises:
+            UnknownTurnError: the view holds no turn ``turn_id``.
+        """
+        for turn in reversed(self._turns):
+            if turn.turn_id == turn_id:
+                return tuple(e.message for e in turn.input)
+        raise UnknownTurnError(f"The history holds no turn {turn_id!r}.")
+
+    def render(
+        self, gateway: Gateway, turn_id: str, *, open_calls: OpenCallPolicy = "exclude"
+    ) -> RenderedHistory:
+        """Render the pinned instructions, the turns before ``turn_id`` and its input.
+
+        The outputs of ``turn_id`` itself are not included: they are the
+        continuation of the turn's model calls (see seed 004, ``build``).
+        Each turn is completed on its own with
+        :func:`~turnloom.context.complete_pairs` (a turn begins with user input,
+        so a call/result pair never spans two turns).
+
+        Args:
+            gateway: the provider to render for.
+            turn_id: the turn whose model input is being prepared.
+            open_calls: what to do with calls left without a result.
+
+        Returns:
+            the rendered items, their byte size and where the turn's input begins.
+
+        Raises:
+            UnknownTurnError: the view holds no turn ``turn_id``.
+            ProviderRuleError: the gateway rejects a message's content.
+        """
+        turns = self._turns
+        position = len(turns) - 1
+        if position < 0 or turns[position].turn_id != turn_id:
+            for position, turn in enumerate(turns):  # noqa: B007
+                if turn.turn_id == turn_id:
+                    break
+            else:
+                raise UnknownTurnError(f"The history holds no turn {turn_id!r}.")
+        key: _CacheKey = (gateway, open_calls)
+        current = turns[position]
+        head = current.input_cache.get(key)
+        if head is None:
+            head = current.input_cache[key] = _render_entries(current.input, gateway, open_calls)
+        closed = turns[:position]
+        shared = self._shared
+        with shared.lock:
+            run = shared.runs.get(key)
+            newest = position == len(turns) - 1 and (
+                run is None or (self._evicted >= run.evicted and self._generation >= run.generation)
+            )
+            if newest:
+                if run is None or not self._advance(run, closed):
+                    run = shared.runs[key] = self._build(closed, key, gateway, open_calls)
+                self._append(run, closed, key, gateway, open_calls)
+                # One copy of the run into the output tuple.
+                run.items.extend(head.items)
+                items = tuple(run.items)
+                del run.items[len(run.items) - len(head.items) :]
+                layout = run.layout
+        if not newest:
+            # An older view (or an earlier turn): a private run, the cache untouched.
+            private = self._build(closed, key, gateway, open_calls)
+            self._append(private, closed, key, gateway, open_calls)
+            items = tuple(private.items) + head.items
+            layout = private.layout
+        return RenderedHistory(items, layout, head, key)
+
+    def _build(
+        self,
+        closed: tuple[_Turn, ...],
+        key: _CacheKey,
+        gateway: Gateway,
+        policy: OpenCallPolicy,
+    ) -> _Run:
+        pinned = _render_entries(self._pinned, gateway, policy)
+        layout = _Layout(pinned, (), (0, 0), (), ())
+        return _Run(self._pinned, layout, list(pinned.items), self._evicted, self._generation)
+
+    def _advance(self, run: _Run, closed: tuple[_Turn, ...]) -> bool:
+        """Drop the turns evicted since the run was built; False when it cannot be reused."""
+        layout = run.layout
+        dropped = self._evicted - run.evicted
+        kept = len(layout.turns) - dropped
+        if (
+            run.pinned_entries is not self._pinned
+            or run.generation != self._generation
+            or not 0 <= kept <= len(closed)
+            # Turns only change at the end (the generation counts other
+            # changes), so the last kept turn being the same object means the
+            # whole kept run is this view's prefix.
+            or (kept and closed[kept - 1] is not layout.turns[-1])
+        ):
+            return False
+        if dropped:
+            origin = (layout.item_ends[dropped - 1], layout.byte_ends[dropped - 1])
+            start = len(layout.pinned.items)
+            del run.items[start : start + origin[0] - layout.origin[0]]
+            run.layout = _Layout(
+                layout.pinned,
+                layout.turns[dropped:],
+                origin,
+                layout.item_ends[dropped:],
+                layout.byte_ends[dropped:],
+            )
+            run.evicted = self._evicted
+        return True
+
+    def _append(
+        self,
+        run: _Run,
+        closed: tuple[_Turn, ...],
+        key: _CacheKey,
+        gateway: Gateway,
+        policy: OpenCallPolicy,
+    ) -> None:
+        layout = run.layout
+        reuse = len(layout.turns)
+        if reuse == len(closed):
+            return
+        item_ends: list[int] = []
+        byte_ends: list[int] = []
+        items_at = layout.item_ends[-1] if layout.item_ends else layout.origin[0]
+        bytes_at = layout.byte_ends[-1] if layout.byte_ends else layout.origin[1]
+        for turn in closed[reuse:]:
+            rendered = turn.cache.get(key)
+            if rendered is None:
+                rendered = turn.cache[key] = _render_entries(
+                    turn.input + turn.outputs, gateway, policy
+                )
+            run.items.extend(rendered.items)
+            items_at += len(rendered.items)
+            bytes_at += rendered.bytes
+            item_ends.append(items_at)
+            byte_ends.append(bytes_at)
+        run.layout = _Layout(
+            layout.pinned,
+            closed,
+            layout.origin,
+            layout.item_ends + tuple(item_ends),
+            layout.byte_ends + tuple(byte_ends),
+        )
+
+
+def _blank(message: Message) -> bool:
+    """True when the message has nothing but empty or whitespace-only text."""
+    parts: tuple[Part, ...] = message.parts
+    return all(type(p) is TextPart and (not p.text or p.text.isspace()) for p in parts)
+
+
+def check_id(value: object, what: str) -> str:
+    """Validate a context or turn id: a non-empty str of at most 256 characters.
+
+    Raises:
+        InvalidMessageError: the id is not such a string, or is not valid UTF-8.
+    """
+    if not isinstance(value, str) or not value:
+        raise InvalidMessageError(f"The {what} must be a non-empty string, not {value!r}.")
+    if len(value) > _MAX_ID_LENGTH:
+        raise InvalidMessageError(
+            f"The {what} {value[:32]!r}... is {len(value)} characters; at most "
+            f"{_MAX_ID_LENGTH} are allowed."
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidMessageError(f"The {what} {value!r} is not valid UTF-8.") from None
+    return value
+
+
+class TurnHistory:
+    """The bounded history of one context, in whole turns.
+
+    Args:
+        limits: the bounds; see :class:`HistoryLimits`.
+        remember_evicted: how many evicted turn ids are remembered, so that late
+            outputs for them are dropped (and counted) rather than rejected as
+            unknown, and their ids are not reused.
+
+    Raises:
+        InputError: ``remember_evicted`` is negative.
+    """
+
+    __slots__ = (
+        "_blank_dropped",
+        "_bytes",
+        "_evicted",
+        "_evicted_bytes",
+        "_evicted_ids",
+        "_evicted_items",
+        "_generation",
+        "_ids",
+        "_items",
+        "_late_dropped",
+        "_limits",
+        "_pinned",
+        "_pinned_bytes",
+        "_remember",
+        "_sequence",
+        "_shared",
+        "_turns",
+        "_view",
+    )
+
+    def __init__(
+        self, limits: HistoryLimits | None = None, *, remember_evicted: int = 1024
+    ) -> None:
+        if remember_evicted < 0:
+            raise InputError("remember_evicted must not be negative.")
+        self._limits = limits if limits is not None else HistoryLimits()
+        self._remember = remember_evicted
+        self._pinned: tuple[_Entry, ...] = ()
+        self._pinned_bytes = 0
+        self._turns: tuple[_Turn, ...] = ()
+        self._ids: set[str] = set()
+        self._generation = 0  # changes of a turn other than the newest
+        self._items = 0
+        self._bytes = 0
+        self._evicted = 0
+        self._evicted_items = 0
+        self._evicted_bytes = 0
+        self._evicted_ids: OrderedDict[str, None] = OrderedDict()
+        self._late_dropped = 0
+        self._blank_dropped = 0
+        self._sequence: int | None = None
+        self._shared = _Shared()
+        self._view: HistoryView | None = None
+
+    # -- reading ---------------------------------------------------------
+
+    @property
+    def limits(self) -> HistoryLimits:
+        """The bounds of this history."""
+        return self._limits
+
+    @property
+    def turn_ids(self) -> tuple[str, ...]:
+        """Ids of the kept turns, oldest first."""
+        return tuple(t.turn_id for t in self._turns)
+
+    @property
+    def latest_turn_id(self) -> str | None:
+        """The id of the newest turn, or None before the first commit."""
+        return self._turns[-1].turn_id if self._turns else None
+
+    def has_turn(self, turn_id: str) -> bool:
+        """True when ``turn_id`` is kept (committed and not evicted); O(1)."""
+        return turn_id in self._ids
+
+    def was_evicted(self, turn_id: str) -> bool:
+        """True when ``turn_id`` was committed and has since been evicted (and is remembered)."""
+        return turn_id in self._evicted_ids
+
+    def view(self) -> HistoryView:
+        """An immutable view of the history as it is now, in O(1)."""
+        view = self._view
+        if view is None:
+            view = self._view = HistoryView(
+                self._pinned, self._turns, self._evicted, self._generation, self._shared
+            )
+        return view
+
+    def statistics(self) -> HistoryStatistics:
+        """A frozen snapshot of the counters."""
+        return HistoryStatistics(
+            turns=len(self._turns),
+            items=self._items,
+            bytes=self._bytes,
+            pinned_items=len(self._pinned),
+            pinned_bytes=self._pinned_bytes,
+            evicted_turns=self._evicted,
+            evicted_items=self._evicted_items,
+            evicted_bytes=self._evicted_bytes,
+            dropped_late_outputs=self._late_dropped,
+            dropped_blank_outputs=self._blank_dropped,
+        )
+
+    def over_limits(self) -> bool:
+        """True when the kept turns exceed a limit and more than one turn is kept."""
+        limits = self._limits
+        return len(self._turns) > 1 and (
+            len(self._turns) > limits.max_turns
+            or self._items > limits.max_items
+            or self._bytes > limits.max_bytes
+        )
+
+    # -- changing --------------------------------------------------------
+
+    def _entries(self, messages: Sequence[Message], where: str) -> tuple[_Entry, ...]:
+        cap = self._limits.max_item_bytes
+        entries: list[_Entry] = []
+        for i, message in enumerate(messages):
+            label = f"{where}[{i}]"
+            size = check_message(message, where=label)
+            if size > cap:
+                raise ItemTooLargeError(
+                    f"{label} is {size} bytes, over the per-item cap of {cap} bytes.",
+                    size=size,
+                    limit=cap,
+                )
+            entries.append(_Entry(message, size))
+        return tuple(entries)
+
+    def commit(
+        self,
+        turn_id: str,
+        input: Sequence[Message],
+        *,
+        instructions: Sequence[Message] | None = None,
+        sequence: int | None = None,
+    ) -> None:
+        """Commit a new turn with its input; optionally replace the pinned instructions.
+
+        Everything is validated before anything changes. Commit does not evict;
+        call :meth:`evict` at a safe point.
+
+        Args:
+            turn_id: the new turn's id, unique in this history.
+            input: the turn's input messages, oldest first (``user`` messages,
+                or ``tool`` results the host supplies); not ``system`` or
+                ``developer``.
+            instructions: the new pinned ``system``/``developer`` messages, or
+                None to keep the current ones.
+            sequence: when given, must be greater than the previous committed
+                turn's sequence; lets a host detect turns arriving out of order.
+
+        Raises:
+            InvalidMessageError: a malformed message or id, an input message with
+                a pinned role, or an instruction with another role.
+            InvalidTextError: text that is not valid UTF-8.
+            ItemTooLargeError: one message is over the per-item byte cap.
+            DuplicateIdError: ``turn_id`` is kept or was evicted recently.
+            OutOfOrderTurnError: ``sequence`` is not greater than the previous one.
+        """
+        check_id(turn_id, "turn id")
+        if self.has_turn(turn_id) or turn_id in self._evicted_ids:
+            raise DuplicateIdError(f"Turn {turn_id!r} was already committed to this context.")
+        if sequence is not None:
+            if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 0:
+                raise InvalidMessageError(
+                    f"Turn {turn_id!r} sequence must be a non-negative integer, not {sequence!r}."
+                )
+            if self._sequence is not None and sequence <= self._sequence:
+                raise OutOfOrderTurnError(
+                    f"Turn {turn_id!r} has sequence {sequence}, but turn sequence "
+                    f"{self._sequence} was already committed; turns must arrive in order."
+                )
+        for i, message in enumerate(input):
+            if isinstance(message, Message) and message.role in _PINNED_ROLES:
+                raise InvalidMessageError(
+                    f"Turn {turn_id!r} input[{i}] has role {message.role!s}; instructions "
+                    "go in the snapshot's instructions, never in turn input.",
+                    field="role",
+                )
+        entries = self._entries(input, f"turn {turn_id!r} input")
+        pinned: tuple[_Entry, ...] | None = None
+        if instructions is not None:
+            for i, message in enumerate(instructions):
+                if isinstance(message, Message) and message.role not in _PINNED_ROLES:
+                    raise InvalidMessageError(
+                        f"Turn {turn_id!r} instructions[{i}] has role {message.role!s}; "
+                        "instructions are system or developer messages.",
+                        field="role",
+                    )
+            pinned = self._entries(instructions, f"turn {turn_id!r} instructions")
+        # Validated: change state.
+        if pinned is not None:
+            self._pinned = pinned
+            self._pinned_bytes = sum(e.size for e in pinned)
+        if sequence is not None:
+            self._sequence = sequence
+        turn = _Turn(turn_id, entries, (), sum(e.size for e in entries))
+        self._turns = (*self._turns, turn)
+        self._ids.add(turn_id)
+        self._items += turn.items
+        self._bytes += turn.bytes
+        self._view = None
+
+    def record(self, turn_id: str, outputs: Sequence[Message]) -> int:
+        """Append a turn's outputs (model messages, tool results), in order.
+
+        Empty and whitespace-only messages (an interrupted model output) are
+        not recorded, and counted. Outputs for an evicted turn are dropped and
+        counted; they never bring the turn back. Record does not evict; call
+        :meth:`evict` at a safe point.
+
+        Args:
+            turn_id: the turn the outputs belong to.
+            outputs: the messages, oldest first.
+
+        Returns:
+            how many messages were recorded.
+
+        Raises:
+            UnknownTurnError: ``turn_id`` was never committed (or was evicted too
+                long ago to be remembered).
+            InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
+                message; nothing was recorded.
+            ItemTooLargeError: one message is over the per-item byte cap;
+                nothing was recorded.
+        """
+        position = -1
+        for i in range(len(self._turns) - 1, -1, -1):
+            if self._turns[i].turn_id == turn_id:
+                position = i
+                break
+        if position < 0:
+            if turn_id in self._evicted_ids:
+                # Validate anyway: a malformed late output is still an error.
+                self._entries(outputs, f"turn {turn_id!r} output")
+                self._late_dropped += len(outputs)
+                return 0
+            raise UnknownTurnError(f"Turn {turn_id!r} was never committed to this context.")
+        entries = self._entries(outputs, f"turn {turn_id!r} output")
+        kept = tuple(e for e in entries if not _blank(e.message))
+        self._blank_dropped += len(entries) - len(kept)
+        if not kept:
+            return 0
+        old = self._turns[position]
+        new = old.with_outputs(kept)
+        if position != len(self._turns) - 1:
+            self._generation += 1
+        self._turns = (*self._turns[:position], new, *self._turns[position + 1 :])
+        self._items += len(kept)
+        self._bytes += new.bytes - old.bytes
+        self._view = None
+        return len(kept)
+
+    def evict(self) -> tuple[str, ...]:
+        """Drop whole turns, oldest first, until every limit holds.
+
+        The newest turn is never evicted, so a single turn larger than a limit
+        is kept alone. Pinned instructions are never evicted.
+
+        Returns:
+            the ids of the evicted turns, oldest first.
+        """
+        count = 0
+        items = total = 0
+        limits = self._limits
+        turns = self._turns
+        while len(turns) - count > 1 and (
+            len(turns) - count > limits.max_turns
+            or self._items - items > limits.max_items
+            or self._bytes - total > limits.max_bytes
+        ):
+            items += turns[count].items
+            total += turns[count].bytes
+            count += 1
+        if not count:
+            return ()
+        evicted = tuple(t.turn_id for t in turns[:count])
+        self._turns = turns[count:]
+        self._items -= items
+        self._bytes -= total
+        self._evicted += count
+        self._evicted_items += items
+        self._evicted_bytes += total
+        for turn_id in evicted:
+            self._ids.discard(turn_id)
+            self._evicted_ids[turn_id] = None
+        while len(self._evicted_ids) > self._remember:
+            self._evicted_ids.popitem(last=False)
+        self._view = None
+        return evicted

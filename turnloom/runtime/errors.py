@@ -1,0 +1,23 @@
+"""Lifecycle errors of the runtime, which mirror anyio's.
+
+They live here rather than in :mod:`turnloom.errors` so that the synchronous
+``turnloom.context`` layer never imports an event-loop library.
+"""
+
+from __future__ import annotations
+
+__all__ = ("FoundationClosedError",)
+
+import anyio
+
+from turnloom.errors import TurnloomError
+
+
+class FoundationClosedError(TurnloomError, anyio.ClosedResourceError):
+    """The Foundation (and its ContextManager) is closing or closed.
+
+    Raised by every call made after :meth:`~turnloom.runtime.Foundation.aclose`
+    began, and by preparations that were still waiting for their turn when it
+    did. It is an :class:`anyio.ClosedResourceError`, so code that already
+    handles closed anyio resources handles it too.
+    """

@@ -1,0 +1,319 @@
+"""Many concurrent sessions through one Foundation (``turnloom loadtest``).
+
+Each session replays a trajectory (built-in generated, or read from a file)
+through the full flow: ``accept_turn``, ``prepare_nowait`` (falling back to
+``prepare`` when the queue is full, which counts as a rejection), one
+invocation per model call recording the reply, ``record`` for tool results
+and ``build`` for every later model call of the turn. Histories keep their
+default limits, so long sessions evict. A ticker task measures event-loop lag:
+it sleeps a fixed interval and records how late it wakes.
+"""
+
+from __future__ import annotations
+
+__all__ = ("LoadtestReport", "count_model_calls", "loadtest", "peak_rss_bytes")
+
+import gc
+import resource
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import anyio
+import msgspec
+
+from turnloom.context.gateway import GatewayType, get_gateway
+from turnloom.context.history import HistoryLimits
+from turnloom.context.message import Message, Role
+from turnloom.errors import InputError, QueueFullError, TurnloomError
+from turnloom.runtime.foundation import Foundation
+from turnloom.runtime.replay import Trajectory, percentile
+from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext, TurnSnapshot
+
+_TICK = 0.005
+
+
+class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
+    """The figures of one load test.
+
+    Attributes:
+        sessions: sessions run concurrently.
+        sessions_failed: sessions that stopped on an error.
+        turns: turns committed.
+        model_calls: model inputs produced (prepares plus builds).
+        prepares: ``prepare`` calls delivered.
+        seconds: wall time, in seconds.
+        prepares_per_second: ``prepares / seconds``.
+        prepare_p50_ms, prepare_p95_ms, prepare_p99_ms: prepare latency,
+            milliseconds, nearest rank.
+        loop_lag_p99_ms, loop_lag_max_ms: event-loop lag measured by a ticker
+            waking every 5 ms, in milliseconds.
+        gc_full_collections: CPython generation-2 garbage collections during
+            the run.
+        gc_pause_max_ms: the longest garbage-collection pause, in milliseconds
+            (a full collection walks every live object, so with a large
+            retained history it is what sets ``loop_lag_max_ms``).
+        peak_rss_bytes: the process's peak resident set size, in bytes.
+        rejections: ``prepare_nowait`` calls refused because the queue was full.
+        evicted_turns: turns evicted from histories.
+        errors: the first few error messages.
+    """
+
+    sessions: int
+    sessions_failed: int
+    turns: int
+    model_calls: int
+    prepares: int
+    seconds: float
+    prepares_per_second: float
+    prepare_p50_ms: float
+    prepare_p95_ms: float
+    prepare_p99_ms: float
+    loop_lag_p99_ms: float
+    loop_lag_max_ms: float
+    gc_full_collections: int
+    gc_pause_max_ms: float
+    peak_rss_bytes: int
+    rejections: int
+    evicted_turns: int
+    errors: tuple[str, ...]
+
+
+def peak_rss_bytes() -> int:
+    """The peak resident set size of this process, in bytes (``getrusage``)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def _truncate(messages: Sequence[Message], turns: int | None) -> list[Message]:
+    if turns is None:
+        return list(messages)
+    out: list[Message] = []
+    seen = 0
+    for message in messages:
+        if message.role is Role.user:
+            seen += 1
+            if seen > turns:
+                break
+        out.append(message)
+    return out
+
+
+def count_model_calls(
+    trajectories: Sequence[Trajectory], *, sessions: int, turns: int | None = None
+) -> int:
+    """How many model calls :func:`loadtest` will make with these arguments.
+
+    Counts the assistant replies after the first user message of each
+    session's (truncated) trajectory; for sizing a progress bar.
+    """
+    per: list[int] = []
+    for trajectory in trajectories:
+        seen = calls = 0
+        for message in trajectory.messages:
+            role = message.get("role") if isinstance(message, dict) else None
+            if role == "user":
+                seen += 1
+                if turns is not None and seen > turns:
+                    break
+            elif role == "assistant" and seen:
+                calls += 1
+        per.append(calls)
+    return sum(per[i % len(per)] for i in range(sessions)) if per else 0
+
+
+async def loadtest(
+    trajectories: Sequence[Trajectory],
+    *,
+    sessions: int,
+    turns: int | None = None,
+    gateway: GatewayType | str = GatewayType.openai_chat,
+    history_limits: HistoryLimits | None = None,
+    max_pending_preparations: int = 16,
+    on_model_call: Callable[[], None] | None = None,
+    on_open: Callable[[Foundation], None] | None = None,
+) -> LoadtestReport:
+    """Run ``sessions`` concurrent sessions over ``trajectories`` (cycled).
+
+    Args:
+        trajectories: the sessions' scripts; session ``i`` replays
+            ``trajectories[i % len(trajectories)]``.
+        sessions: how many sessions run at once.
+        turns: replay at most this many turns of each trajectory.
+        gateway: the provider to prepare for.
+        history_limits: per-context bounds (turnloom's defaults when None).
+        max_pending_preparations: the pending-queue bound.
+        on_model_call: called on the event loop after every model input
+            (drives a progress bar).
+        on_open: called with the open Foundation before sessions start (for
+            example to serve its metrics).
+
+    Returns:
+        the report.
+
+    Raises:
+        InputError: no trajectories, ``sessions`` not positive, a malformed
+            trajectory, or an unknown or unavailable gateway.
+
+    Cancellation:
+        Cancelling stops every session and closes the Foundation in order.
+    """
+    if not trajectories:
+        raise InputError("loadtest needs at least one trajectory.")
+    if sessions < 1:
+        raise InputError(f"sessions must be a positive integer, not {sessions}.")
+    get_gateway(gateway)
+    chat = get_gateway(GatewayType.openai_chat)
+    scripts: list[list[Message]] = []
+    for trajectory in trajectories:
+        try:
+            parsed = [chat.parse(m) for m in trajectory.messages]
+        except TurnloomError as exc:
+            raise InputError(f"{trajectory.source}, trajectory {trajectory.index}: {exc}") from exc
+        scripts.append(_truncate(parsed, turns))
+
+    latencies: list[float] = []
+    lags: list[float] = []
+    gc_pauses: list[tuple[int, float]] = []
+    gc_started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        else:
+            gc_pauses.append((info["generation"], time.perf_counter() - gc_started[0]))
+
+    gc.callbacks.append(on_gc)
+    try:
+        return await _run(
+            scripts,
+            sessions=sessions,
+            gateway=gateway,
+            history_limits=history_limits,
+            max_pending_preparations=max_pending_preparations,
+            on_model_call=on_model_call,
+            on_open=on_open,
+            latencies=latencies,
+            lags=lags,
+            gc_pauses=gc_pauses,
+        )
+    finally:
+        gc.callbacks.remove(on_gc)
+
+
+async def _run(
+    scripts: list[list[Message]],
+    *,
+    sessions: int,
+    gateway: GatewayType | str,
+    history_limits: HistoryLimits | None,
+    max_pending_preparations: int,
+    on_model_call: Callable[[], None] | None,
+    on_open: Callable[[Foundation], None] | None,
+    latencies: list[float],
+    lags: list[float],
+    gc_pauses: list[tuple[int, float]],
+) -> LoadtestReport:
+    errors: list[str] = []
+    counts = {"turns": 0, "calls": 0, "failed": 0}
+    started = time.perf_counter()
+
+    async with Foundation(
+        gateway=gateway,
+        history_limits=history_limits,
+        max_pending_preparations=max_pending_preparations,
+    ) as foundation:
+        manager = foundation.manager
+        if on_open is not None:
+            on_open(foundation)
+
+        async def session(number: int) -> None:
+            script = scripts[number % len(scripts)]
+            context_id = f"session-{number}"
+            instructions: list[Message] = []
+            prefix: PreparedContext | None = None
+            continuation: list[Message] = []
+            turn_id = ""
+            turn = 0
+            try:
+                for message in script:
+                    role = message.role
+                    if role in (Role.system, Role.developer):
+                        instructions.append(message)
+                    elif role is Role.user:
+                        turn_id = f"t{turn}"
+                        turn += 1
+                        manager.accept_turn(
+                            TurnSnapshot(
+                                context_id=context_id,
+                                turn_id=turn_id,
+                                input=(message,),
+                                instructions=tuple(instructions) if instructions else None,
+                            )
+                        )
+                        instructions = []
+                        counts["turns"] += 1
+                        request = ContextPrepareRequest(context_id=context_id, turn_id=turn_id)
+                        begin = time.perf_counter()
+                        try:
+                            prefix = await manager.prepare_nowait(request)
+                        except QueueFullError:
+                            prefix = await manager.prepare(request)
+                        latencies.append(time.perf_counter() - begin)
+                        continuation = []
+                    elif prefix is None:
+                        continue
+                    elif role is Role.assistant:
+                        if continuation:
+                            manager.build(prefix, continuation)
+                        counts["calls"] += 1
+                        if on_model_call is not None:
+                            on_model_call()
+                        async with manager.invocation(context_id, turn_id) as invocation:
+                            # The model answers: give other sessions the loop.
+                            await anyio.lowlevel.checkpoint()
+                            invocation.record([message])
+                        continuation.append(message)
+                    else:
+                        manager.record(context_id, turn_id, [message])
+                        continuation.append(message)
+            except TurnloomError as exc:
+                counts["failed"] += 1
+                if len(errors) < 10:
+                    errors.append(f"{context_id}: {exc}")
+
+        async def ticker(stop: anyio.Event) -> None:
+            while not stop.is_set():
+                expected = anyio.current_time() + _TICK
+                await anyio.sleep(_TICK)
+                lags.append(max(0.0, anyio.current_time() - expected))
+
+        stop = anyio.Event()
+        async with anyio.create_task_group() as outer:
+            outer.start_soon(ticker, stop)
+            async with anyio.create_task_group() as group:
+                for number in range(sessions):
+                    group.start_soon(session, number)
+            stop.set()
+        stats = manager.statistics()
+    seconds = time.perf_counter() - started
+    return LoadtestReport(
+        sessions=sessions,
+        sessions_failed=counts["failed"],
+        turns=counts["turns"],
+        model_calls=counts["calls"],
+        prepares=stats.prepared_total,
+        seconds=seconds,
+        prepares_per_second=stats.prepared_total / seconds if seconds else 0.0,
+        prepare_p50_ms=percentile(latencies, 50) * 1000,
+        prepare_p95_ms=percentile(latencies, 95) * 1000,
+        prepare_p99_ms=percentile(latencies, 99) * 1000,
+        loop_lag_p99_ms=percentile(lags, 99) * 1000,
+        loop_lag_max_ms=max(lags, default=0.0) * 1000,
+        gc_full_collections=sum(1 for generation, _ in gc_pauses if generation == 2),
+        gc_pause_max_ms=max((pause for _, pause in gc_pauses), default=0.0) * 1000,
+        peak_rss_bytes=peak_rss_bytes(),
+        rejections=stats.rejected_total,
+        evicted_turns=stats.evicted_turns_total,
+        errors=tuple(errors),
+    )

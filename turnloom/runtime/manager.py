@@ -1,0 +1,869 @@
+"""The ``ContextManager``: committed turns in, provider-native model inputs out.
+
+Source: seed 004. The manager is an actor living on one event loop (asyncio or
+trio, through anyio). Its synchronous methods (:meth:`ContextManager.accept_turn`,
+:meth:`~ContextManager.record`, :meth:`~ContextManager.build`) validate first
+and then change state in one step, so they are atomic with respect to other
+tasks. :meth:`~ContextManager.prepare` is the only long operation: it waits for
+a slot in the bounded pending queue, waits for the named turn's commit,
+captures the history and the request's state once, and renders in a worker
+thread through the Foundation's :class:`anyio.CapacityLimiter`.
+
+A preparation is owned by the manager, not by its requester: it runs as a task
+in the Foundation's task group and holds its slot until it is *settled*
+(delivered, failed or discarded). When the requester is cancelled while the
+preparation waits, the preparation is cancelled with it; when it is already
+rendering, the worker thread is never abandoned mid-render: it finishes, its
+result is discarded, and only then is the slot freed.
+"""
+
+from __future__ import annotations
+
+__all__ = ("ContextManager", "Invocation")
+
+import math
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+
+from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_gateway
+from turnloom.context.history import (
+    HistoryLimits,
+    HistoryView,
+    RenderedHistory,
+    TurnHistory,
+    check_id,
+)
+from turnloom.context.message import Message, check_message
+from turnloom.context.pairing import OpenCallPolicy, complete_pairs
+from turnloom.errors import (
+    DuplicateIdError,
+    InputError,
+    InvalidMessageError,
+    QueueFullError,
+    StateError,
+    UnknownContextError,
+    UnknownTurnError,
+)
+from turnloom.runtime.errors import FoundationClosedError
+from turnloom.runtime.schemas import (
+    ContextPrepareRequest,
+    ManagerStatistics,
+    PreparedContext,
+    TurnSnapshot,
+)
+from turnloom.runtime.state import (
+    check_contributions,
+    is_state_message,
+    state_call_id,
+    state_messages,
+)
+
+LATENCY_BOUNDS: tuple[float, ...] = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+"""Upper bounds, in seconds, of the prepare-latency and render-time histograms."""
+
+_encoder = msgspec.json.Encoder()
+
+
+class _Histogram:
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BOUNDS) + 1)
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        index = len(LATENCY_BOUNDS)
+        for i, bound in enumerate(LATENCY_BOUNDS):
+            if seconds <= bound:
+                index = i
+                break
+        self.counts[index] += 1
+        self.sum += seconds
+
+    def cumulative(self) -> tuple[int, ...]:
+        total = 0
+        out: list[int] = []
+        for count in self.counts:
+            total += count
+            out.append(total)
+        return tuple(out)
+
+
+class _ContextState:
+    __slots__ = ("history", "invocation", "last")
+
+    def __init__(self, history: TurnHistory) -> None:
+        self.history = history
+        self.invocation: Invocation | None = None
+        self.last: _Layout | None = None  # the last delivered prefix
+
+
+class _Layout:
+    """A delivered prefix and how to count the bytes of any leading part of it."""
+
+    __slots__ = ("bytes", "extra_sizes", "items", "rendered")
+
+    def __init__(
+        self,
+        items: tuple[NativeContent, ...],
+        total: int,
+        rendered: RenderedHistory,
+        extra_sizes: tuple[int, ...],
+    ) -> None:
+        self.items = items
+        self.bytes = total
+        self.rendered = rendered
+        self.extra_sizes = extra_sizes  # the runtime-state pair's items, after the history
+
+    def bytes_before(self, count: int) -> int:
+        """Serialized size of ``items[:count]``, in bytes."""
+        history = len(self.rendered.items)
+        if count <= history:
+            return self.rendered.bytes_before(count)
+        return self.rendered.bytes + sum(self.extra_sizes[: count - history])
+
+
+class _Waiters:
+    __slots__ = ("count", "event")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.count = 0
+
+
+class _Preparation:
+    __slots__ = ("done", "error", "request", "requested_at", "result", "scope", "wanted")
+
+    def __init__(self, request: ContextPrepareRequest, requested_at: float) -> None:
+        self.request = request
+        self.requested_at = requested_at
+        self.done = anyio.Event()
+        self.scope: anyio.CancelScope | None = None
+        self.wanted = True
+        self.result: PreparedContext | None = None
+        self.error: BaseException | None = None
+
+
+class Invocation:
+    """One model call in flight for a turn; see :meth:`ContextManager.invocation`.
+
+    Attributes:
+        context_id: the conversation.
+        turn_id: the turn the model call answers.
+    """
+
+    __slots__ = ("_manager", "context_id", "turn_id")
+
+    def __init__(self, manager: ContextManager, context_id: str, turn_id: str) -> None:
+        self._manager = manager
+        self.context_id = context_id
+        self.turn_id = turn_id
+
+    def record(self, outputs: Sequence[Message]) -> int:
+        """Record outputs of this turn; see :meth:`ContextManager.record`."""
+        return self._manager.record(self.context_id, self.turn_id, outputs)
+
+
+def check_options(
+    gateway: GatewayType | str | Gateway,
+    max_pending_preparations: int,
+    behavior_rules: str | None,
+    open_calls: str,
+) -> Gateway:
+    """Validate the manager's options; return the gateway instance.
+
+    Raises:
+        InputError: a bound is not a positive integer, an unknown gateway or
+            ``open_calls`` policy, or behaviour rules that are not valid text.
+    """
+    if (
+        not isinstance(max_pending_preparations, int)
+        or isinstance(max_pending_preparations, bool)
+        or max_pending_preparations < 1
+    ):
+        raise InputError(
+            "max_pending_preparations must be a positive integer, not "
+            f"{max_pending_preparations!r}."
+        )
+    if open_calls not in ("exclude", "cancel"):
+        raise InputError(f"open_calls must be 'exclude' or 'cancel', not {open_calls!r}.")
+    check_contributions((), behavior_rules, None)
+    return gateway if isinstance(gateway, Gateway) else get_gateway(gateway)
+
+
+def _common_prefix(new: tuple[Any, ...], old: tuple[Any, ...]) -> int:
+    """Length of the longest common prefix; tuple comparison checks identity first.
+
+    The common case (the old prefix is kept whole) is one C-speed comparison.
+    Otherwise it gallops (1, 2, 4, ... items) before bisecting, so the cost
+    follows the common prefix, not the whole input, when they part early
+    (after an eviction).
+    """
+    limit = min(len(new), len(old))
+    if new[:limit] == (old if limit == len(old) else old[:limit]):
+        return limit
+    lo, step = 0, 1
+    while lo + step < limit and new[lo : lo + step] == old[lo : lo + step]:
+        lo += step
+        step *= 2
+    hi = min(limit, lo + step) - 1
+    while lo < hi:  # new[:lo] == old[:lo] holds throughout
+        mid = (lo + hi + 1) // 2
+        if new[lo:mid] == old[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class ContextManager:
+    """Keeps each context's history and prepares provider-native model inputs.
+
+    Created and owned by a :class:`~turnloom.runtime.Foundation`; reach it as
+    ``foundation.manager``. All methods must be called from the Foundation's
+    event loop.
+
+    Args:
+        task_group: the Foundation's task group; preparations run in it.
+        limiter: the Foundation's worker-thread limiter.
+        gateway: the provider to render for.
+        max_pending_preparations: the bound on preparations admitted and not
+            yet settled (waiting for their turn or rendering). Default 16.
+        history_limits: the bounds of each context's history.
+        behavior_rules: application behaviour rules carried in every turn's
+            runtime-state pair when a request gives none. Data, never an
+            instruction.
+        open_calls: what a prepared input does with a tool call left without
+            a result: ``"exclude"`` it (default, seed 004) or ``"cancel"`` it with
+            an explicit error result.
+
+    Raises:
+        InputError: a bound is not a positive integer, an unknown gateway, or an
+            unknown ``open_calls`` policy.
+    """
+
+    def __init__(
+        self,
+        *,
+        task_group: anyio.abc.TaskGroup,
+        limiter: anyio.CapacityLimiter,
+        gateway: GatewayType | str | Gateway = GatewayType.openai_chat,
+        max_pending_preparations: int = 16,
+        history_limits: HistoryLimits | None = None,
+        behavior_rules: str | None = None,
+        open_calls: OpenCallPolicy = "exclude",
+    ) -> None:
+        self._gateway = check_options(gateway, max_pending_preparations, behavior_rules, open_calls)
+        self._task_group = task_group
+        self._limiter = limiter
+        self._capacity = max_pending_preparations
+        self._slots = anyio.Semaphore(max_pending_preparations)
+        self._limits = history_limits if history_limits is not None else HistoryLimits()
+        self._behavior_rules = behavior_rules
+        self._open_calls: OpenCallPolicy = open_calls
+        self._contexts: dict[str, _ContextState] = {}
+        self._waiters: dict[str, _Waiters] = {}
+        self._preparations: set[_Preparation] = set()
+        self._settled = anyio.Event()
+        self._settled.set()
+        self._closed = False
+        self._invocations = 0
+        # Counters kept across contexts (histories that were removed included).
+        self._prepared = 0
+        self._failed = 0
+        self._discarded = 0
+        self._rejected = 0
+        self._removed_evicted_turns = 0
+        self._removed_evicted_items = 0
+        self._removed_late = 0
+        self._removed_blank = 0
+        self._prefix_bytes = 0
+        self._prefix_reused = 0
+        self._latency = _Histogram()
+        self._render = _Histogram()
+
+    # -- properties --------------------------------------------------------
+
+    @property
+    def gateway(self) -> Gateway:
+        """The gateway prepared inputs are rendered with."""
+        return self._gateway
+
+    @property
+    def capacity(self) -> int:
+        """The bound on pending preparations."""
+        return self._capacity
+
+    @property
+    def history_limits(self) -> HistoryLimits:
+        """The bounds of each context's history."""
+        return self._limits
+
+    @property
+    def closed(self) -> bool:
+        """True once the Foundation began closing; every call then raises."""
+        return self._closed
+
+    def context_ids(self) -> tuple[str, ...]:
+        """The ids of the contexts held, in creation order."""
+        return tuple(self._contexts)
+
+    def history(self, context_id: str) -> HistoryView:
+        """An immutable view of one context's history (O(1)).
+
+        Raises:
+            UnknownContextError: no turn was ever committed to ``context_id``.
+        """
+        return self._context(context_id).history.view()
+
+    def _context(self, context_id: str) -> _ContextState:
+        state = self._contexts.get(context_id)
+        if state is None:
+            raise UnknownContextError(f"No turn was committed to context {context_id!r}.")
+        return state
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise FoundationClosedError(
+                "The Foundation is closed; the ContextManager accepts no calls."
+            )
+
+    # -- turns -------------------------------------------------------------
+
+    def accept_turn(self, snapshot: TurnSnapshot) -> None:
+        """Commit a turn: its input, and new pinned instructions when given.
+
+        The first turn of a context creates it. Every message is validated
+        before anything changes. After the commit the context's history is
+        evicted down to its limits (whole turns, oldest first) unless a model
+        call is in flight for the context, in which case eviction waits for
+        the invocation to end. Preparations waiting for this turn wake up.
+
+        Raises:
+            FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: a malformed id or message, an input message
+                with a system/developer role, or an instruction with another role.
+            InvalidTextError: text that is not valid UTF-8.
+            ItemTooLargeError: a message is over the per-item byte cap.
+            DuplicateIdError: the turn id was already committed to the context.
+            OutOfOrderTurnError: the snapshot's sequence is not newer than the
+                context's previous one.
+        """
+        self._check_open()
+        if not isinstance(snapshot, TurnSnapshot):
+            raise InvalidMessageError(
+                f"accept_turn takes a TurnSnapshot, not a {type(snapshot).__name__}."
+            )
+        context_id = check_id(snapshot.context_id, "context id")
+        state = self._contexts.get(context_id)
+        history = state.history if state is not None else TurnHistory(self._limits)
+        for what, value in (("input", snapshot.input), ("instructions", snapshot.instructions)):
+            if value is not None and not isinstance(value, tuple | list):
+                raise InvalidMessageError(
+                    f"Turn {snapshot.turn_id!r} {what} must be a tuple of Messages.", field=what
+                )
+        history.commit(
+            snapshot.turn_id,
+            snapshot.input,
+            instructions=snapshot.instructions,
+            sequence=snapshot.sequence,
+        )
+        if state is None:
+            state = self._contexts[context_id] = _ContextState(history)
+        self._evict(state)
+        waiters = self._waiters.pop(context_id, None)
+        if waiters is not None:
+            waiters.event.set()
+
+    def record(self, context_id: str, turn_id: str, outputs: Sequence[Message]) -> int:
+        """Record model outputs and tool results of a turn, in order.
+
+        Empty or whitespace-only messages (for example the partial output of a
+        cancelled model call) are not recorded. Outputs for a turn that was
+        evicted are dropped and counted; they never bring the turn back. The
+        runtime-state pair never enters history: messages carrying it are
+        rejected.
+
+        Returns:
+            how many messages were recorded.
+
+        Raises:
+            FoundationClosedError: the Foundation is closing or closed.
+            UnknownContextError: no turn was committed to ``context_id``.
+            UnknownTurnError: ``turn_id`` was never committed to the context.
+            InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
+                message, or one carrying the runtime-state call or result.
+            ItemTooLargeError: a message is over the per-item byte cap.
+        """
+        self._check_open()
+        state = self._context(context_id)
+        if isinstance(outputs, Message) or not isinstance(outputs, Sequence):
+            raise InvalidMessageError("record takes a sequence of Messages, oldest first.")
+        call_id = state_call_id(context_id, turn_id)
+        for i, message in enumerate(outputs):
+            if isinstance(message, Message) and is_state_message(message, call_id):
+                raise InvalidMessageError(
+                    f"Output {i} of turn {turn_id!r} carries the runtime-state call "
+                    f"{call_id!r}; runtime state never enters history."
+                )
+        recorded = state.history.record(turn_id, outputs)
+        self._evict(state)
+        return recorded
+
+    def remove_context(self, context_id: str) -> None:
+        """Forget a context and its whole history (its counters are kept).
+
+        Raises:
+            FoundationClosedError: the Foundation is closing or closed.
+            UnknownContextError: no such context.
+            StateError: a model call is in flight for the context.
+        """
+        self._check_open()
+        state = self._context(context_id)
+        if state.invocation is not None:
+            raise StateError(
+                f"Context {context_id!r} has a model call in flight; remove it after "
+                "the invocation ends."
+            )
+        self._fold(state)
+        del self._contexts[context_id]
+
+    def _fold(self, state: _ContextState) -> None:
+        stats = state.history.statistics()
+        self._removed_evicted_turns += stats.evicted_turns
+        self._removed_evicted_items += stats.evicted_items
+        self._removed_late += stats.dropped_late_outputs
+        self._removed_blank += stats.dropped_blank_outputs
+
+    def _evict(self, state: _ContextState) -> None:
+        # Safe point only: never while a model call is in flight (seed 000/004).
+        if state.invocation is None and state.history.over_limits():
+            state.history.evict()
+
+    # -- invocations ---------------------------------------------------------
+
+    @asynccontextmanager
+    async def invocation(self, context_id: str, turn_id: str) -> AsyncIterator[Invocation]:
+        """Mark one model call of a turn as in flight for the duration of the block.
+
+        While it is in flight the context's history is not evicted and the
+        context cannot be removed; eviction that became due runs when the
+        block exits. One invocation per context at a time.
+
+        Yields:
+            an :class:`Invocation` whose ``record`` records the call's outputs.
+
+        Raises:
+            FoundationClosedError: the Foundation is closing or closed.
+            UnknownContextError: no turn was committed to ``context_id``.
+            UnknownTurnError: the turn is not held (never committed, or evicted).
+            StateError: another invocation is in flight for the context.
+
+        Cancellation:
+            Entering and leaving do not wait. When the block is cancelled, what
+            was recorded stays recorded (empty or whitespace-only partial
+            outputs are never recorded), calls left without a result are
+            handled by the ``open_calls`` policy at the next prepare, and the
+            context is released.
+        """
+        self._check_open()
+        state = self._context(context_id)
+        if not state.history.has_turn(turn_id):
+            raise UnknownTurnError(
+                f"Turn {turn_id!r} is not held by context {context_id!r} (never committed "
+                "or evicted)."
+            )
+        if state.invocation is not None:
+            raise StateError(
+                f"Context {context_id!r} already has a model call in flight for turn "
+                f"{state.invocation.turn_id!r}."
+            )
+        invocation = state.invocation = Invocation(self, context_id, turn_id)
+        self._invocations += 1
+        try:
+            yield invocation
+        finally:
+            state.invocation = None
+            self._invocations -= 1
+            if not self._closed:
+                self._evict(state)
+
+    # -- preparation -----------------------------------------------------------
+
+    def _check_request(self, request: ContextPrepareRequest) -> None:
+        if not isinstance(request, ContextPrepareRequest):
+            raise InvalidMessageError(
+                f"prepare takes a ContextPrepareRequest, not a {type(request).__name__}."
+            )
+        check_id(request.context_id, "context id")
+        check_id(request.turn_id, "turn id")
+        check_contributions(request.contributions, request.behavior_rules, request.loop_budget)
+
+    async def prepare(self, request: ContextPrepareRequest) -> PreparedContext:
+        """Prepare the model input of a committed turn.
+
+        Waits, in order, for a free slot in the pending queue (backpressure: a
+        full queue makes ``prepare`` wait; use :meth:`prepare_nowait` to fail
+        instead), for the turn's commit (``prepare`` may be called before
+        ``accept_turn``), and for a worker thread. The history and the request's
+        state are captured once, at the commit; rendering runs in the worker.
+        Bound the whole wait with ``anyio.fail_after``.
+
+        Returns:
+            the prefix: pinned instructions, earlier turns, the turn's input, and
+            the runtime-state pair when the request or manager carries state.
+
+        Raises:
+            FoundationClosedError: the Foundation is closing or closed, or closed
+                while the preparation waited.
+            InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
+                request (ids, contribution names or text, loop budget).
+            UnknownTurnError: the turn was evicted before it could be captured.
+            ProviderRuleError: the gateway rejected a message while rendering.
+
+        Cancellation:
+            Cancelled while waiting for a slot: nothing was admitted. Cancelled
+            later: the preparation is cancelled if it still waits for its turn
+            or a thread, or, if it is rendering, the thread finishes and the
+            result is discarded; the slot is freed when it settles. History is
+            never changed by a preparation.
+        """
+        self._check_open()
+        self._check_request(request)
+        requested_at = anyio.current_time()
+        await self._slots.acquire()
+        return await self._admit(request, requested_at)
+
+    async def prepare_nowait(self, request: ContextPrepareRequest) -> PreparedContext:
+        """Like :meth:`prepare`, but refuse at once when every slot is taken.
+
+        Raises:
+            QueueFullError: all ``capacity`` slots are taken; nothing was admitted.
+            FoundationClosedError, InvalidMessageError, InvalidTextError,
+            DuplicateIdError, UnknownTurnError, ProviderRuleError: as
+                :meth:`prepare`.
+
+        Cancellation:
+            As :meth:`prepare` after admission.
+        """
+        self._check_open()
+        self._check_request(request)
+        requested_at = anyio.current_time()
+        try:
+            self._slots.acquire_nowait()
+        except anyio.WouldBlock:
+            self._rejected += 1
+            raise QueueFullError(
+                f"All {self._capacity} preparation slots are taken; preparation of turn "
+                f"{request.turn_id!r} of context {request.context_id!r} was refused.",
+                capacity=self._capacity,
+            ) from None
+        return await self._admit(request, requested_at)
+
+    async def _admit(self, request: ContextPrepareRequest, requested_at: float) -> PreparedContext:
+        preparation = _Preparation(request, requested_at)
+        try:
+            if self._closed:
+                raise FoundationClosedError(
+                    "The Foundation closed while the preparation waited for a slot."
+                )
+            self._preparations.add(preparation)
+            self._settled = anyio.Event() if self._settled.is_set() else self._settled
+            self._task_group.start_soon(self._run, preparation)
+        except BaseException:
+            self._preparations.discard(preparation)
+            self._slots.release()
+            if not self._preparations:
+                self._settled.set()
+            raise
+        try:
+            await preparation.done.wait()
+        except BaseException:
+            # The requester is gone: the preparation is discarded, never abandoned.
+            preparation.wanted = False
+            if preparation.scope is not None:
+                preparation.scope.cancel()
+            raise
+        if preparation.error is not None:
+            raise preparation.error
+        assert preparation.result is not None
+        return preparation.result
+
+    async def _wait_for_turn(self, context_id: str, turn_id: str) -> _ContextState:
+        while True:
+            if self._closed:
+                raise FoundationClosedError(
+                    f"The Foundation closed while waiting for turn {turn_id!r} of context "
+                    f"{context_id!r}."
+                )
+            state = self._contexts.get(context_id)
+            if state is not None:
+                if state.history.has_turn(turn_id):
+                    return state
+                if state.history.was_evicted(turn_id):
+                    raise UnknownTurnError(
+                        f"Turn {turn_id!r} of context {context_id!r} was evicted before it "
+                        "could be prepared."
+                    )
+            waiters = self._waiters.get(context_id)
+            if waiters is None:
+                waiters = self._waiters[context_id] = _Waiters()
+            waiters.count += 1
+            try:
+                await waiters.event.wait()
+            finally:
+                waiters.count -= 1
+                if waiters.count == 0 and self._waiters.get(context_id) is waiters:
+                    del self._waiters[context_id]
+
+    async def _run(self, preparation: _Preparation) -> None:
+        request = preparation.request
+        try:
+            with anyio.CancelScope() as scope:
+                preparation.scope = scope
+                if not preparation.wanted:
+                    scope.cancel()
+                state = await self._wait_for_turn(request.context_id, request.turn_id)
+                # Capture once: an immutable view and the request's state.
+                view = state.history.view()
+                behavior_rules = (
+                    request.behavior_rules
+                    if request.behavior_rules is not None
+                    else self._behavior_rules
+                )
+                pair = state_messages(
+                    request.context_id,
+                    request.turn_id,
+                    contributions=request.contributions,
+                    behavior_rules=behavior_rules,
+                    loop_budget=request.loop_budget,
+                )
+                last = state.last
+                started = anyio.current_time()
+                prepared, layout = await anyio.to_thread.run_sync(
+                    self._render_in_thread,
+                    view,
+                    request,
+                    pair,
+                    last,
+                    started - preparation.requested_at,
+                    limiter=self._limiter,
+                )
+                # Cancelled while the thread ran (the thread was not
+                # abandoned): the result is discarded.
+                if not scope.cancel_called:
+                    if preparation.wanted:
+                        self._prefix_bytes += last.bytes if last is not None else 0
+                        state.last = layout
+                        self._prefix_reused += prepared.reused_bytes
+                        self._latency.observe(anyio.current_time() - preparation.requested_at)
+                        self._render.observe(prepared.render_seconds)
+                    preparation.result = prepared
+            if preparation.result is None and preparation.error is None:
+                preparation.error = FoundationClosedError(
+                    f"The preparation of turn {request.turn_id!r} of context "
+                    f"{request.context_id!r} was cancelled while the Foundation closed."
+                )
+        except Exception as exc:
+            preparation.error = exc
+        finally:
+            if not preparation.wanted:
+                self._discarded += 1
+            elif preparation.result is not None:
+                self._prepared += 1
+            else:
+                self._failed += 1
+            self._preparations.discard(preparation)
+            self._slots.release()
+            if not self._preparations:
+                self._settled.set()
+            preparation.done.set()
+
+    def _render_in_thread(
+        self,
+        view: HistoryView,
+        request: ContextPrepareRequest,
+        pair: tuple[Message, Message] | None,
+        last: _Layout | None,
+        queued: float,
+    ) -> tuple[PreparedContext, _Layout]:
+        begin = time.perf_counter()
+        gateway = self._gateway
+        rendered = view.render(gateway, request.turn_id, open_calls=self._open_calls)
+        items = rendered.items
+        total = rendered.bytes
+        call_id: str | None = None
+        reserved: list[str] = []
+        extra_sizes: tuple[int, ...] = ()
+        if pair is not None:
+            call_id = state_call_id(request.context_id, request.turn_id)
+            reserved.append(call_id)
+            extra = tuple(gateway.render(pair[0])) + tuple(gateway.render(pair[1]))
+            extra_sizes = tuple(len(_encoder.encode(item)) for item in extra)
+            items += extra
+            total += sum(extra_sizes)
+        reserved.extend(m.id for m in view.turn_input(request.turn_id) if m.id is not None)
+        reused = 0
+        if last is not None:
+            reused = last.bytes_before(_common_prefix(items, last.items))
+        prepared = PreparedContext(
+            context_id=request.context_id,
+            turn_id=request.turn_id,
+            gateway=gateway.type,
+            items=items,
+            item_count=len(items),
+            bytes=total,
+            tokens=math.ceil(total / 4),
+            turn_start=rendered.turn_start,
+            state_call_id=call_id,
+            reserved_ids=tuple(reserved),
+            reused_bytes=reused,
+            queued_seconds=queued,
+            render_seconds=time.perf_counter() - begin,
+        )
+        return prepared, _Layout(items, total, rendered, extra_sizes)
+
+    # -- continuation ------------------------------------------------------------
+
+    def build(
+        self, prefix: PreparedContext, continuation: Sequence[Message] = ()
+    ) -> tuple[NativeContent, ...]:
+        """The input of the next model call of a turn: the prefix, then the continuation.
+
+        The continuation (the turn's model outputs and tool results so far,
+        oldest first) is rendered and appended; the prefix, including its
+        runtime-state pair, is reused as is and never refreshed. Calls without
+        a result are handled by the ``open_calls`` policy. Cost: O(continuation).
+
+        Returns:
+            tuple of NativeContent, oldest first.
+
+        Raises:
+            FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError, InvalidTextError: a malformed continuation
+                message, or one carrying the runtime-state call or result.
+            DuplicateIdError: a continuation message repeats an id of the
+                prefix's turn (its input message ids or the state call id).
+            ProviderRuleError: the gateway rejected a message.
+        """
+        self._check_open()
+        if not isinstance(prefix, PreparedContext):
+            raise InvalidMessageError(
+                f"build takes a PreparedContext prefix, not a {type(prefix).__name__}."
+            )
+        reserved = set(prefix.reserved_ids)
+        for i, message in enumerate(continuation):
+            check_message(message, where=f"continuation[{i}]")
+            if is_state_message(message, prefix.state_call_id):
+                raise InvalidMessageError(
+                    f"continuation[{i}] carries the runtime-state call; it is already in "
+                    "the prefix and is never repeated."
+                )
+            if message.id is not None and message.id in reserved:
+                raise DuplicateIdError(
+                    f"continuation[{i}] repeats id {message.id!r} of the prefix's turn."
+                )
+        gateway = (
+            self._gateway if self._gateway.type == prefix.gateway else get_gateway(prefix.gateway)
+        )
+        items: list[NativeContent] = list(prefix.items)
+        for message in complete_pairs(continuation, open_calls=self._open_calls):
+            items.extend(gateway.render(message))
+        return tuple(items)
+
+    # -- lifecycle (driven by the Foundation) ---------------------------------------
+
+    def _stop_intake(self) -> None:
+        self._closed = True
+        for waiters in self._waiters.values():
+            waiters.event.set()
+        self._waiters.clear()
+
+    async def _wait_settled(self) -> None:
+        while self._preparations:
+            await self._settled.wait()
+
+    def _cancel_pending(self) -> None:
+        for preparation in tuple(self._preparations):
+            if preparation.scope is not None:
+                preparation.scope.cancel()
+
+    def _release(self) -> None:
+        self._closed = True
+        for state in self._contexts.values():
+            self._fold(state)
+        self._contexts.clear()
+
+    # -- statistics --------------------------------------------------------------------
+
+    def statistics(self) -> ManagerStatistics:
+        """A frozen snapshot of the manager's counters (O(contexts)).
+
+        Safe to call from another thread (a metrics scrape): it only reads
+        counters, each read atomically; the snapshot may mix values from two
+        adjacent moments.
+        """
+        turns = items = total = 0
+        evicted_turns = self._removed_evicted_turns
+        evicted_items = self._removed_evicted_items
+        late = self._removed_late
+        blank = self._removed_blank
+        # tuple() copies at C speed under the GIL, so a scrape from another
+        # thread never sees the dict change size mid-iteration.
+        for state in tuple(self._contexts.values()):
+            stats = state.history.statistics()
+            turns += stats.turns
+            items += stats.items
+            total += stats.bytes
+            evicted_turns += stats.evicted_turns
+            evicted_items += stats.evicted_items
+            late += stats.dropped_late_outputs
+            blank += stats.dropped_blank_outputs
+        slot_stats = self._slots.statistics()
+        return ManagerStatistics(
+            closed=self._closed,
+            contexts=len(self._contexts),
+            capacity=self._capacity,
+            pending=len(self._preparations),
+            waiting_for_slot=slot_stats.tasks_waiting,
+            invocations=self._invocations,
+            history_turns=turns,
+            history_items=items,
+            history_bytes=total,
+            prepared_total=self._prepared,
+            failed_total=self._failed,
+            discarded_total=self._discarded,
+            rejected_total=self._rejected,
+            evicted_turns_total=evicted_turns,
+            evicted_items_total=evicted_items,
+            dropped_late_outputs_total=late,
+            dropped_blank_outputs_total=blank,
+            prefix_bytes_total=self._prefix_bytes,
+            prefix_reused_bytes_total=self._prefix_reused,
+            latency_bounds=LATENCY_BOUNDS,
+            prepare_latency_counts=self._latency.cumulative(),
+            prepare_latency_sum=self._latency.sum,
+            render_counts=self._render.cumulative(),
+            render_sum=self._render.sum,
+        )

@@ -1,0 +1,205 @@
+"""Prometheus metrics of a ContextManager, read from its ``statistics()`` snapshots.
+
+This is the only module of turnloom that imports ``prometheus_client``. A
+:class:`ManagerCollector` turns each :class:`~turnloom.runtime.ManagerStatistics`
+snapshot into metric families at scrape time, so the hot path keeps plain
+counters and never touches a metrics library.
+
+Metrics (all prefixed ``turnloom_``):
+
+========================================  =========  ======================================
+name                                      type       meaning
+========================================  =========  ======================================
+``preparations_pending``                  gauge      admitted, not yet settled
+``preparations_capacity``                 gauge      the bound on pending preparations
+``preparations_waiting_for_slot``         gauge      ``prepare`` calls waiting for a slot
+``preparations_total{outcome}``           counter    settled: prepared, failed, discarded
+``preparations_rejected_total``           counter    ``prepare_nowait`` refusals
+``prepare_latency_seconds``               histogram  request to delivery, seconds
+``render_seconds``                        histogram  worker-thread render time, seconds
+``contexts``                              gauge      contexts held
+``invocations_in_flight``                 gauge      model calls in flight
+``history_turns`` / ``_items`` / ``_bytes``  gauge   held across contexts
+``evicted_turns_total`` / ``_items_total``  counter  evicted from histories
+``dropped_late_outputs_total``            counter    outputs for evicted turns, dropped
+``dropped_blank_outputs_total``           counter    empty partial outputs, not recorded
+``prefix_compared_bytes_total``           counter    previous-prefix bytes compared
+``prefix_reused_bytes_total``             counter    of those, reused byte for byte
+``prefix_stability_ratio``                gauge      reused / compared (1.0 when none)
+========================================  =========  ======================================
+
+The endpoint is served by ``prometheus_client``'s own WSGI server
+(:func:`serve_metrics`), on the loopback interface by default.
+"""
+
+from __future__ import annotations
+
+__all__ = ("ManagerCollector", "MetricsServer", "serve_metrics")
+
+import threading
+from collections.abc import Callable, Iterator
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from turnloom.runtime.schemas import ManagerStatistics
+
+
+def _buckets(bounds: tuple[float, ...], counts: tuple[int, ...]) -> list[tuple[str, float]]:
+    labels = [repr(float(b)) for b in bounds] + ["+Inf"]
+    return [(label, float(count)) for label, count in zip(labels, counts, strict=True)]
+
+
+class ManagerCollector(Collector):
+    """A Prometheus collector reading one manager's statistics at each scrape.
+
+    Args:
+        statistics: returns a fresh :class:`ManagerStatistics`, usually
+            ``foundation.manager.statistics``. It is called from the scraping
+            thread; the manager's ``statistics()`` only reads counters.
+    """
+
+    def __init__(self, statistics: Callable[[], ManagerStatistics]) -> None:
+        self._statistics = statistics
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield every turnloom metric family for the current snapshot."""
+        s = self._statistics()
+        yield GaugeMetricFamily(
+            "turnloom_preparations_pending", "Preparations admitted and not settled.", s.pending
+        )
+        yield GaugeMetricFamily(
+            "turnloom_preparations_capacity", "Bound on pending preparations.", s.capacity
+        )
+        yield GaugeMetricFamily(
+            "turnloom_preparations_waiting_for_slot",
+            "prepare calls waiting for a free slot.",
+            s.waiting_for_slot,
+        )
+        settled = CounterMetricFamily(
+            "turnloom_preparations", "Settled preparations by outcome.", labels=["outcome"]
+        )
+        settled.add_metric(["prepared"], s.prepared_total)
+        settled.add_metric(["failed"], s.failed_total)
+        settled.add_metric(["discarded"], s.discarded_total)
+        yield settled
+        yield CounterMetricFamily(
+            "turnloom_preparations_rejected",
+            "prepare_nowait calls refused for lack of a slot.",
+            s.rejected_total,
+        )
+        yield HistogramMetricFamily(
+            "turnloom_prepare_latency_seconds",
+            "Time from a prepare request to its delivery, in seconds.",
+            buckets=_buckets(s.latency_bounds, s.prepare_latency_counts),
+            sum_value=s.prepare_latency_sum,
+        )
+        yield HistogramMetricFamily(
+            "turnloom_render_seconds",
+            "Time spent rendering a preparation in a worker thread, in seconds.",
+            buckets=_buckets(s.latency_bounds, s.render_counts),
+            sum_value=s.render_sum,
+        )
+        yield GaugeMetricFamily("turnloom_contexts", "Contexts held.", s.contexts)
+        yield GaugeMetricFamily(
+            "turnloom_invocations_in_flight", "Model calls in flight.", s.invocations
+        )
+        yield GaugeMetricFamily("turnloom_history_turns", "Turns held.", s.history_turns)
+        yield GaugeMetricFamily("turnloom_history_items", "Messages held.", s.history_items)
+        yield GaugeMetricFamily(
+            "turnloom_history_bytes", "Serialized bytes of messages held.", s.history_bytes
+        )
+        yield CounterMetricFamily(
+            "turnloom_evicted_turns", "Turns evicted from histories.", s.evicted_turns_total
+        )
+        yield CounterMetricFamily(
+            "turnloom_evicted_items", "Messages evicted with them.", s.evicted_items_total
+        )
+        yield CounterMetricFamily(
+            "turnloom_dropped_late_outputs",
+            "Outputs recorded for evicted turns, dropped.",
+            s.dropped_late_outputs_total,
+        )
+        yield CounterMetricFamily(
+            "turnloom_dropped_blank_outputs",
+            "Empty or whitespace-only outputs not recorded.",
+            s.dropped_blank_outputs_total,
+        )
+        yield CounterMetricFamily(
+            "turnloom_prefix_compared_bytes",
+            "Bytes of previous prefixes compared with the next prefix of the same context.",
+            s.prefix_bytes_total,
+        )
+        yield CounterMetricFamily(
+            "turnloom_prefix_reused_bytes",
+            "Of those, bytes reused byte for byte.",
+            s.prefix_reused_bytes_total,
+        )
+        ratio = s.prefix_reused_bytes_total / s.prefix_bytes_total if s.prefix_bytes_total else 1.0
+        yield GaugeMetricFamily(
+            "turnloom_prefix_stability_ratio",
+            "Share of previous prefix bytes reused byte for byte.",
+            ratio,
+        )
+
+
+class MetricsServer:
+    """A running ``/metrics`` endpoint; stop it with :meth:`close`.
+
+    Attributes:
+        host: the address it listens on.
+        port: the port it listens on (the real one when 0 was asked).
+        registry: the registry it serves.
+    """
+
+    def __init__(
+        self, server: WSGIServer, thread: threading.Thread, registry: CollectorRegistry
+    ) -> None:
+        self._server = server
+        self._thread = thread
+        self.registry = registry
+        self.host = str(server.server_address[0])
+        self.port = int(server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """``http://host:port/metrics``."""
+        return f"http://{self.host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        """Stop serving and wait for the server thread (idempotent)."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+def serve_metrics(
+    statistics: Callable[[], ManagerStatistics], *, port: int = 0, host: str = "127.0.0.1"
+) -> MetricsServer:
+    """Serve a manager's metrics over HTTP with prometheus-client's WSGI server.
+
+    A fresh registry holds only the :class:`ManagerCollector`, so several
+    Foundations in one process never clash.
+
+    Args:
+        statistics: the snapshot source, usually ``foundation.manager.statistics``.
+        port: the TCP port; 0 picks a free one (see :attr:`MetricsServer.port`).
+        host: the address to listen on; loopback by default.
+
+    Returns:
+        the running server; call :meth:`MetricsServer.close` to stop it.
+
+    Raises:
+        OSError: the address cannot be bound (for example, the port is taken).
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ManagerCollector(statistics))
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    return MetricsServer(server, thread, registry)

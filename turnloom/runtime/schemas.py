@@ -1,0 +1,184 @@
+"""The runtime's data: turns, preparation requests, prepared contexts, statistics.
+
+All are frozen msgspec Structs with keyword-only fields. Construction does not
+validate; the :class:`~turnloom.runtime.ContextManager` validates at its door
+(``accept_turn``, ``prepare``) and raises typed errors before changing state.
+
+Source: seed 004 (``TurnSnapshot``, ``ContextContribution``,
+``ContextPrepareRequest``, the prepared prefix).
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "ContextContribution",
+    "ContextPrepareRequest",
+    "ManagerStatistics",
+    "PreparedContext",
+    "TurnSnapshot",
+)
+
+import msgspec
+
+from turnloom.context.gateway import GatewayType, NativeContent
+from turnloom.context.message import Message
+
+
+class TurnSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """One committed turn: its input, and optionally new pinned instructions.
+
+    Attributes:
+        context_id: the conversation the turn belongs to (created on its first turn).
+        turn_id: the turn's id, unique within the context.
+        input: the turn's input messages, oldest first (usually one ``user``
+            message). Never ``system`` or ``developer``.
+        instructions: the pinned ``system``/``developer`` messages from this
+            turn on, or None to keep the current ones. Pinned instructions are
+            never evicted and never counted against history limits.
+        sequence: optional; when given it must be greater than the sequence of
+            the context's previous turn, so turns that arrive out of order are
+            rejected.
+    """
+
+    context_id: str
+    turn_id: str
+    input: tuple[Message, ...]
+    instructions: tuple[Message, ...] | None = None
+    sequence: int | None = None
+
+
+class ContextContribution(msgspec.Struct, frozen=True, kw_only=True):
+    """One named section of per-turn state, carried as escaped data.
+
+    Attributes:
+        name: an identifier: a letter, then up to 63 letters, digits, ``_``,
+            ``-`` or ``.``. Unique within one request.
+        content: the section's text. It is data: it is JSON-escaped into the
+            runtime-state tool result and never becomes an instruction.
+    """
+
+    name: str
+    content: str
+
+
+class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A request to prepare the model input of one committed turn.
+
+    Attributes:
+        context_id: the conversation.
+        turn_id: the turn whose input is prepared; ``prepare`` waits until it
+            is committed.
+        contributions: named state sections for this turn (memory, perception,
+            time), in order.
+        behavior_rules: behaviour rules that may come from a client (for example
+            client metadata). Carried only as escaped data in the runtime-state
+            pair, never promoted to system or developer instructions.
+        loop_budget: the static budget of model calls for this turn, if any;
+            carried in the runtime-state pair, never rewritten per model call.
+    """
+
+    context_id: str
+    turn_id: str
+    contributions: tuple[ContextContribution, ...] = ()
+    behavior_rules: str | None = None
+    loop_budget: int | None = None
+
+
+class PreparedContext(msgspec.Struct, frozen=True, kw_only=True):
+    """The prepared, cache-stable prefix of a turn's model input.
+
+    Attributes:
+        context_id: the conversation.
+        turn_id: the turn it was prepared for.
+        gateway: the provider the items are rendered for.
+        items: tuple of NativeContent, oldest first: pinned instructions, the
+            earlier turns, the turn's input, then the runtime-state pair when
+            there is one. Shared with caches: treat as read-only.
+        item_count: ``len(items)``.
+        bytes: serialized size of ``items``, in bytes (JSON).
+        tokens: approximate token count, ``ceil(bytes / 4)``.
+        turn_start: index in ``items`` of the turn's first input item.
+        state_call_id: the call id of the runtime-state pair, or None when the
+            prefix has none.
+        reserved_ids: ids a continuation may not repeat: the state call id and
+            the message ids of the turn's input.
+        reused_bytes: bytes at the start of ``items`` equal to the previous
+            prepared prefix of the same context (prefix stability).
+        queued_seconds: time from the request to the start of rendering, in
+            seconds (waiting for a slot, the turn's commit and a worker thread).
+        render_seconds: time spent rendering in the worker thread, in seconds.
+    """
+
+    context_id: str
+    turn_id: str
+    gateway: GatewayType
+    items: tuple[NativeContent, ...]
+    item_count: int
+    bytes: int
+    tokens: int
+    turn_start: int
+    state_call_id: str | None = None
+    reserved_ids: tuple[str, ...] = ()
+    reused_bytes: int = 0
+    queued_seconds: float = 0.0
+    render_seconds: float = 0.0
+
+
+class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """A frozen snapshot of a :class:`~turnloom.runtime.ContextManager`'s counters.
+
+    Counters ending in ``_total`` only grow. Latency histograms are cumulative
+    bucket counts over :attr:`latency_bounds` (seconds, upper bounds; the last
+    count is the ``+Inf`` bucket).
+
+    Attributes:
+        closed: the manager no longer accepts calls.
+        contexts: contexts held.
+        capacity: the bound on pending preparations.
+        pending: preparations admitted and not yet settled (waiting for their
+            turn's commit or rendering).
+        waiting_for_slot: ``prepare`` calls waiting for a free slot.
+        invocations: model calls in flight.
+        history_turns, history_items, history_bytes: held across all contexts
+            (bytes of serialized messages; pinned instructions excluded).
+        prepared_total: preparations delivered to their requester.
+        failed_total: preparations that ended with an error.
+        discarded_total: preparations whose requester was cancelled; their
+            result, if any, was dropped.
+        rejected_total: ``prepare_nowait`` calls refused for lack of a slot.
+        evicted_turns_total, evicted_items_total: evicted from histories.
+        dropped_late_outputs_total: outputs recorded for evicted turns, dropped.
+        dropped_blank_outputs_total: empty or whitespace-only outputs not recorded.
+        prefix_bytes_total: bytes of previous prefixes compared for stability.
+        prefix_reused_bytes_total: of those, bytes reused byte for byte.
+        latency_bounds: histogram bucket upper bounds, in seconds.
+        prepare_latency_counts: cumulative counts of end-to-end prepare latency.
+        prepare_latency_sum: sum of those latencies, in seconds.
+        render_counts: cumulative counts of worker-thread render time.
+        render_sum: sum of render times, in seconds.
+    """
+
+    closed: bool
+    contexts: int
+    capacity: int
+    pending: int
+    waiting_for_slot: int
+    invocations: int
+    history_turns: int
+    history_items: int
+    history_bytes: int
+    prepared_total: int
+    failed_total: int
+    discarded_total: int
+    rejected_total: int
+    evicted_turns_total: int
+    evicted_items_total: int
+    dropped_late_outputs_total: int
+    dropped_blank_outputs_total: int
+    prefix_bytes_total: int
+    prefix_reused_bytes_total: int
+    latency_bounds: tuple[float, ...]
+    prepare_latency_counts: tuple[int, ...]
+    prepare_latency_sum: float
+    render_counts: tuple[int, ...]
+    render_sum: float

@@ -1,0 +1,162 @@
+"""The runtime-state pair: per-turn state as one synthetic tool call and its result.
+
+Source: seed 004 (the synthetic runtime-context function-call/output pair).
+Volatile per-turn state (behaviour rules, the static loop budget, named
+contributions such as memory or perception) must not rewrite the durable,
+cache-stable history, and client-supplied text must never become a system or
+developer instruction. turnloom therefore carries it as data: an assistant
+message calling the tool :data:`STATE_TOOL_NAME`, followed by its result,
+placed directly after the current turn's input.
+
+* The call id is derived from the context id and the turn id
+  (:func:`state_call_id`), so it is the same in every model call of the turn.
+* The result text is a JSON document (:func:`state_messages`): every string is
+  JSON-escaped, so contribution text cannot close the document or pose as a
+  message of its own.
+* The pair is never recorded into history; ``record`` and ``build`` reject
+  messages that carry it.
+* With no behaviour rules, no loop budget and no contributions, there is no
+  pair: the prepared input is exactly the history.
+
+Everything here is pure and synchronous.
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "STATE_TOOL_NAME",
+    "check_contributions",
+    "is_state_message",
+    "state_call_id",
+    "state_messages",
+)
+
+import hashlib
+import re
+from collections.abc import Sequence
+
+import msgspec
+
+from turnloom.context.message import Message, Role, TextPart, ToolCallPart, ToolResultPart
+from turnloom.errors import DuplicateIdError, InvalidMessageError, InvalidTextError
+from turnloom.runtime.schemas import ContextContribution
+
+STATE_TOOL_NAME = "turnloom_runtime_context"
+"""The tool name of the synthetic runtime-state call."""
+
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]{0,63}")
+_encoder = msgspec.json.Encoder()
+
+
+def state_call_id(context_id: str, turn_id: str) -> str:
+    """The call id of the runtime-state pair of one turn: ``"tlrs_"`` + 24 hex digits.
+
+    Deterministic: a BLAKE2b digest of the length-prefixed context id and the
+    turn id, so ``("a", "bc")`` and ``("ab", "c")`` differ.
+    """
+    key = f"{len(context_id)}:{context_id}:{turn_id}".encode()
+    return "tlrs_" + hashlib.blake2b(key, digest_size=12).hexdigest()
+
+
+def _check_text(value: str, what: str) -> None:
+    if not isinstance(value, str):
+        raise InvalidMessageError(f"{what} must be a string, not {type(value).__name__}.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidTextError(f"{what} is not valid UTF-8 ({exc.reason}).") from None
+
+
+def check_contributions(
+    contributions: Sequence[ContextContribution],
+    behavior_rules: str | None,
+    loop_budget: int | None,
+) -> None:
+    """Validate the state of one preparation request at the door.
+
+    Raises:
+        InvalidMessageError: a contribution is not a :class:`ContextContribution`,
+            has a malformed name, or ``loop_budget`` is not a positive integer.
+        InvalidTextError: text that is not valid UTF-8 (a lone surrogate).
+        DuplicateIdError: two contributions share a name.
+    """
+    seen: set[str] = set()
+    for i, contribution in enumerate(contributions):
+        if not isinstance(contribution, ContextContribution):
+            raise InvalidMessageError(
+                f"contributions[{i}] is a {type(contribution).__name__}, not a ContextContribution."
+            )
+        name = contribution.name
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise InvalidMessageError(
+                f"contributions[{i}] name {name!r} is not an identifier: a letter, then "
+                "at most 63 letters, digits, '_', '-' or '.'.",
+                field=f"contributions[{i}].name",
+            )
+        if name in seen:
+            raise DuplicateIdError(f"Two contributions are named {name!r}.")
+        seen.add(name)
+        _check_text(contribution.content, f"contributions[{i}] ({name}) content")
+    if behavior_rules is not None:
+        _check_text(behavior_rules, "behavior_rules")
+    if loop_budget is not None and (
+        not isinstance(loop_budget, int) or isinstance(loop_budget, bool) or loop_budget < 1
+    ):
+        raise InvalidMessageError(f"loop_budget must be a positive integer, not {loop_budget!r}.")
+
+
+def state_messages(
+    context_id: str,
+    turn_id: str,
+    *,
+    contributions: Sequence[ContextContribution] = (),
+    behavior_rules: str | None = None,
+    loop_budget: int | None = None,
+) -> tuple[Message, Message] | None:
+    """The runtime-state call and result messages of one turn, or None when empty.
+
+    The result's text is the JSON object ``{"context_id", "turn_id",
+    "behavior_rules"?, "loop_budget"?, "sections": [{"name", "content"}, ...]}``
+    with keys in that order; equal inputs give byte-identical output.
+
+    Returns:
+        ``(assistant call message, tool result message)``, or None when there
+        is no behaviour rule, no loop budget and no contribution.
+    """
+    if not contributions and behavior_rules is None and loop_budget is None:
+        return None
+    document: dict[str, object] = {"context_id": context_id, "turn_id": turn_id}
+    if behavior_rules is not None:
+        document["behavior_rules"] = behavior_rules
+    if loop_budget is not None:
+        document["loop_budget"] = loop_budget
+    document["sections"] = [{"name": c.name, "content": c.content} for c in contributions]
+    text = _encoder.encode(document).decode()
+    call_id = state_call_id(context_id, turn_id)
+    call = Message(
+        role=Role.assistant,
+        content=(ToolCallPart(call_id=call_id, name=STATE_TOOL_NAME, arguments="{}"),),
+    )
+    result = Message(
+        role=Role.tool,
+        content=(
+            ToolResultPart(call_id=call_id, name=STATE_TOOL_NAME, content=(TextPart(text=text),)),
+        ),
+    )
+    return call, result
+
+
+def is_state_message(message: Message, call_id: str | None = None) -> bool:
+    """True when ``message`` carries a runtime-state call or result.
+
+    A call is recognised by the tool name :data:`STATE_TOOL_NAME` or by
+    ``call_id``; a result by ``call_id`` or by its name.
+    """
+    for part in message.parts:
+        if type(part) is ToolCallPart and (part.name == STATE_TOOL_NAME or part.call_id == call_id):
+            return True
+        if type(part) is ToolResultPart and (
+            part.call_id == call_id or part.name == STATE_TOOL_NAME
+        ):
+            return True
+    return False
