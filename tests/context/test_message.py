@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import msgspec
@@ -218,3 +219,14 @@ def test_encode_decode_round_trip(role: Role, parts: list[Any], layout: Any) -> 
     except InvalidTextError:
         return  # hypothesis text may hold lone surrogates: rejected at the door by design
     assert decode_message(encode_message(message)) == message
+
+
+def test_messages_and_parts_are_not_tracked_by_the_cyclic_gc() -> None:
+    """Invariant: histories of messages add no work to Python's full collections."""
+    message = Message(
+        role=Role.assistant,
+        content=(TextPart(text="a"), ToolCallPart(call_id="c1", name="f", arguments="{}")),
+        extras={"refusal": None},
+    )
+    assert gc.is_tracked(message) is False
+    assert [gc.is_tracked(p) for p in message.parts] == [False, False]

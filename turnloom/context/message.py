@@ -59,7 +59,7 @@ class Role(enum.StrEnum):
     tool = "tool"
 
 
-class _Part(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+class _Part(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag_field="type"):
     """Base of the part union; not a public type."""
 
 
@@ -168,12 +168,18 @@ class OpaquePart(_Part, frozen=True, tag="opaque"):
 Part: TypeAlias = TextPart | ImagePart | ToolCallPart | ToolResultPart | ReasoningPart | OpaquePart
 
 
-class Message(msgspec.Struct, frozen=True, kw_only=True):
+class Message(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One provider-neutral message.
 
     ``content`` may be given as a plain string, which becomes a single
     :class:`TextPart`; after construction it is always a tuple of parts, and
     :attr:`parts` gives it with that type.
+
+    Messages and parts are not tracked by Python's cyclic garbage collector
+    (msgspec ``gc=False``): a history of a million messages adds nothing to a
+    full collection's pause. Their fields hold JSON data only, which cannot
+    form a reference cycle through them; ``extras`` must not refer back to
+    the message.
 
     Attributes:
         role: who speaks.
