@@ -692,7 +692,10 @@ class ContextManager:
 
         The item is copied and appended at the start of the next area pass,
         before collection (the safe point), so it lands after everything the
-        areas rendered so far and before what they render next. A tool call
+        areas rendered so far and before what they render next. It belongs
+        to the area section's tail: when the Collector reclaims a tail that
+        starts at or before it, the item goes with it (seed 000: model
+        outputs inside or after a collected range are detached too). A tool call
         must be routed before anything else is, and directly followed by
         its results (Source: OpenAI Chat ``tool`` messages follow their
         ``tool_calls`` message; Anthropic ``tool_result`` blocks open the next
