@@ -466,3 +466,29 @@ async def test_two_prepares_of_one_context_never_render_its_areas_at_once() -> N
             got
             == [({"role": "user", "content": "hi"}, {"role": "user", "content": "held notice"})] * 2
         )
+
+
+async def test_an_area_that_turns_invalid_before_its_first_pass_is_dropped() -> None:
+    """Checked at attach_area; if its state members break later, the pass drops it."""
+    async with Foundation() as foundation:
+        manager = foundation.manager
+        manager.accept_turn(snapshot("t1", "hi"))
+        fickle = FlakyArea()
+        fickle.broken = False
+        manager.attach_area("c", fickle)
+        fickle._life = "gone"  # type: ignore[assignment]
+        with pytest.raises(AreaCallbackError) as caught:
+            await manager.prepare(request("t1"))
+        assert (caught.value.area, caught.value.phase) == (fickle, "register")
+        assert isinstance(caught.value.__cause__, InvalidAreaError)
+        stats = manager.statistics()
+        assert (stats.areas_attached, stats.areas_registered_total, stats.pending) == (0, 1, 0)
+        prepared = await manager.prepare(request("t1"))
+        assert (prepared.items, prepared.area_pass) == (
+            ({"role": "user", "content": "hi"},),
+            "rendered",
+        )
+        fickle._life = AreaLifeState.retain
+        manager.attach_area("c", fickle)  # no longer attached, so it may come back
+        again = await manager.prepare(request("t1"))
+        assert again.items[1:] == ({"role": "user", "content": "recalled: window seat"},)
