@@ -26,6 +26,7 @@ from turnloom.errors import (
     DuplicateAreaError,
     InvalidAreaError,
     InvalidMessageError,
+    InvalidTextError,
     ItemTooLargeError,
     OpenToolCallError,
     UnknownContextError,
@@ -398,7 +399,8 @@ async def test_attach_area_and_route_reject_bad_input_before_changing_anything()
             ({"role": "nobody", "content": "x"}, InvalidMessageError),
             ({"role": "tool", "tool_call_id": "zz", "content": "orphan"}, InvalidMessageError),
             ({"role": "assistant", "content": "x" * 300}, ItemTooLargeError),
-            ({"role": "assistant", "content": "\ud800"}, InvalidMessageError),
+            ({"role": "assistant", "content": "\ud800"}, InvalidTextError),
+            ({"role": "assistant", "content": object()}, InvalidMessageError),
         ):
             with pytest.raises(error):
                 manager.route("c", bad)  # type: ignore[arg-type]

@@ -56,6 +56,7 @@ from turnloom.errors import (
     DuplicateIdError,
     InputError,
     InvalidMessageError,
+    InvalidTextError,
     ItemTooLargeError,
     OpenToolCallError,
     QueueFullError,
@@ -724,6 +725,11 @@ class ContextManager:
             )
         try:
             encoded = _encoder.encode(item)
+        except UnicodeEncodeError as exc:
+            raise InvalidTextError(
+                f"The item routed to context {context_id!r} holds text that is not valid "
+                f"UTF-8 (a lone surrogate): {exc}."
+            ) from exc
         except (TypeError, ValueError, OverflowError) as exc:
             raise InvalidMessageError(
                 f"The item routed to context {context_id!r} is not JSON data: {exc}."
