@@ -165,7 +165,9 @@ class AreaCallbackError(TurnloomError):
     Attributes:
         area: the area whose callback failed.
         phase: which member failed: ``"life_state"``, ``"flow_state"``,
-            ``"observe"``, ``"render"``, ``"promote"`` or ``"gc_prologue"``.
+            ``"observe"``, ``"render"``, ``"promote"`` or ``"gc_prologue"``;
+            ``"register"`` when an area attached to a ContextManager no
+            longer passes registration at its first area pass (it is dropped).
     """
 
     def __init__(self, message: str, *, area: object, phase: str) -> None:

@@ -3,13 +3,17 @@
 Rules: accept turns, record outputs (text, blank partials, calls, results,
 late outputs for evicted turns), prepare, park preparations waiting for a
 future turn, refuse with ``prepare_nowait`` when the queue is full, cancel
-parked preparations, and run invocations that commit a turn while in flight.
+parked preparations, run invocations that commit a turn while in flight,
+attach Context Areas (one-shot, pinned, sub-task) and route model output to
+the area section.
 
 Invariants: the pending count never exceeds the capacity and equals the
 parked preparations (no leaked slot); each history holds exactly the turns a
 plain model predicts (whole turns, oldest first, limits respected, no
 eviction while an invocation is in flight); every prepared input passes the
-gateway's ``validate()`` and starts with the pinned instructions.
+gateway's ``validate()``, starts with the pinned instructions and holds, in
+order, the turn's input, the area section and the state pair; every attached
+area is either still attached or counted as collected.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tests.runtime.helpers import CHAT, SYSTEM, assistant, call, result, user
+from turnloom.areas import OneShotNotice, PinnedNotice, SubtaskArea
 from turnloom.context import Message
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import QueueFullError
@@ -73,6 +78,8 @@ class ManagerMachine(RuleBasedStateMachine):
         self.models = {c: _Model() for c in CONTEXTS}
         self.parked: list[tuple[str, str, Future[PreparedContext]]] = []
         self.rejected = 0
+        self.attached = 0
+        self.routed_calls = 0
 
     def teardown(self) -> None:
         try:
@@ -89,6 +96,10 @@ class ManagerMachine(RuleBasedStateMachine):
         assert prepared.items[0] == {"role": "system", "content": SYSTEM.text}
         assert prepared.bytes == sum(len(msgspec.json.encode(i)) for i in prepared.items)
         assert prepared.item_count == len(prepared.items)
+        # turn input (one message), then the area section, then the state pair
+        assert prepared.area_start == prepared.turn_start + 1
+        pair = 0 if prepared.state_call_id is None else 2
+        assert prepared.item_count == prepared.area_start + prepared.area_items + pair
 
     def _settle(self) -> None:
         deadline = time.monotonic() + 10
@@ -255,7 +266,42 @@ class ManagerMachine(RuleBasedStateMachine):
             self.parked.remove(entry)
             self._check_prepared(entry[2].result(timeout=10), context_id)
 
+    @precondition(lambda self: any(m.turns for m in self.models.values()))
+    @rule(
+        context_id=st.sampled_from(CONTEXTS),
+        kind=st.sampled_from(["one_shot", "pinned", "subtask", "route_text", "route_pair"]),
+    )
+    def areas(self, context_id: str, kind: str) -> None:
+        if not self.models[context_id].turns:
+            return
+        manager = self.manager
+        if kind.startswith("route"):
+            messages = [assistant("routed work")]
+            if kind == "route_pair":
+                self.routed_calls += 1
+                call_id = f"routed-{self.routed_calls}"
+                messages = [call(call_id), result(call_id, "routed result")]
+            for message in messages:
+                for item in CHAT.render(message):
+                    self.portal.call(manager.route, context_id, item)
+            return
+        area: OneShotNotice | PinnedNotice | SubtaskArea
+        if kind == "one_shot":
+            area = OneShotNotice("a one-shot notice")
+        elif kind == "pinned":
+            area = PinnedNotice("a pinned notice")
+        else:
+            area = SubtaskArea("a sub-task", done=lambda a: True, summary="its summary")
+        self.portal.call(manager.attach_area, context_id, area)
+        self.attached += 1
+
     # -- invariants ----------------------------------------------------------------
+
+    @invariant()
+    def attached_areas_are_held_or_collected(self) -> None:
+        stats = self.portal.call(self.manager.statistics)
+        assert stats.areas_registered_total == self.attached
+        assert stats.areas_attached == self.attached - stats.areas_collected_total
 
     @invariant()
     def queue_is_bounded_and_nothing_leaks(self) -> None:

@@ -9,6 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.runtime.helpers import SYSTEM, assistant, user
+from turnloom.areas import OneShotNotice
 from turnloom.context.history import HistoryLimits
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
 from turnloom.runtime.metrics import serve_metrics
@@ -33,7 +34,12 @@ async def test_the_metrics_endpoint_serves_the_manager_statistics() -> None:
         manager.accept_turn(
             TurnSnapshot(context_id="c", turn_id="t1", input=(user("a"),), instructions=(SYSTEM,))
         )
+        # A two-message notice is rendered by the first prepare, then routed
+        # output lands after it; the second prepare's Collector reclaims all 3.
+        manager.attach_area("c", OneShotNotice((user("notice 1"), user("notice 2"))))
         first = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
+        assert first.area_items == 2
+        manager.route("c", {"role": "assistant", "content": "routed"})
         manager.record("c", "t1", [assistant("A"), assistant(" ")])
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(user("b"),)))
         second = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))
@@ -66,3 +72,12 @@ async def test_the_metrics_endpoint_serves_the_manager_statistics() -> None:
         expected_reused / first.bytes
     )
     assert stats.prefix_reused_bytes_total == expected_reused
+    assert second.area_items == 0
+    assert samples[("turnloom_areas_registered_total", ())] == 1
+    assert samples[("turnloom_areas_attached", ())] == 0
+    assert samples[("turnloom_area_renders_total", ())] == 2
+    assert samples[("turnloom_area_passes_reused_total", ())] == 0
+    assert samples[("turnloom_areas_collected_total", ())] == 1
+    assert samples[("turnloom_area_items_reclaimed_total", ())] == 3  # 2 notice items + 1 routed
+    assert samples[("turnloom_area_items_promoted_total", ())] == 0
+    assert stats.area_items_reclaimed_total == 3

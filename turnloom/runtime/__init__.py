@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = (
     "STATE_TOOL_NAME",
+    "AreaPass",
     "ContextContribution",
     "ContextManager",
     "ContextPrepareRequest",
@@ -24,6 +25,7 @@ from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.manager import ContextManager, Invocation
 from turnloom.runtime.schemas import (
+    AreaPass,
     ContextContribution,
     ContextPrepareRequest,
     ManagerStatistics,

@@ -15,6 +15,10 @@ in the Foundation's task group and holds its slot until it is *settled*
 preparation waits, the preparation is cancelled with it; when it is already
 rendering, the worker thread is never abandoned mid-render: it finishes, its
 result is discarded, and only then is the slot freed.
+
+Context Areas (seed 000) are connected through
+:meth:`ContextManager.attach_area` and :meth:`ContextManager.route`; see the
+class docstring for the area section and its safe points.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from __future__ import annotations
 __all__ = ("ContextManager", "Invocation")
 
 import math
+import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -31,6 +37,8 @@ import anyio
 import anyio.abc
 import msgspec
 
+from turnloom.context.area import ContextAreaImplementation
+from turnloom.context.coop import CoopContext
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_gateway
 from turnloom.context.history import (
     HistoryLimits,
@@ -40,11 +48,17 @@ from turnloom.context.history import (
     check_id,
 )
 from turnloom.context.message import Message, check_message
+from turnloom.context.native import Context
 from turnloom.context.pairing import OpenCallPolicy, complete_pairs
 from turnloom.errors import (
+    AreaCallbackError,
+    DuplicateAreaError,
     DuplicateIdError,
     InputError,
     InvalidMessageError,
+    InvalidTextError,
+    ItemTooLargeError,
+    OpenToolCallError,
     QueueFullError,
     StateError,
     UnknownContextError,
@@ -52,6 +66,7 @@ from turnloom.errors import (
 )
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.schemas import (
+    AreaPass,
     ContextPrepareRequest,
     ManagerStatistics,
     PreparedContext,
@@ -111,12 +126,118 @@ class _Histogram:
 
 
 class _ContextState:
-    __slots__ = ("history", "invocation", "last")
+    __slots__ = ("areas", "history", "invocation", "last")
 
     def __init__(self, history: TurnHistory) -> None:
         self.history = history
         self.invocation: Invocation | None = None
         self.last: _Layout | None = None  # the last delivered prefix
+        self.areas: _Areas | None = None  # created by the first attach_area or route
+
+
+class _Areas:
+    """One context's area section: a CoopContext over its own Context.
+
+    Thread ownership: ``coop`` (and its Context) is touched only by a worker
+    thread holding ``lock``. The event loop never touches it; it hands new
+    areas and routed items over through the two deques (``append`` on the
+    loop, ``popleft``/``appendleft`` in a worker: both atomic). ``attached``
+    and ``open_calls`` are owned by the loop; ``rendered`` is written only
+    by workers (under ``lock``) and ``delivered`` only by the loop; both
+    only grow.
+    """
+
+    __slots__ = (
+        "attached",
+        "coop",
+        "delivered",
+        "lock",
+        "open_calls",
+        "pending_areas",
+        "pending_items",
+        "rendered",
+    )
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.coop = CoopContext(Context(gateway))
+        self.lock = threading.Lock()
+        self.pending_areas: deque[ContextAreaImplementation] = deque()
+        self.pending_items: deque[NativeContent] = deque()
+        # id -> area: attached and not yet known to be collected.
+        self.attached: dict[int, ContextAreaImplementation] = {}
+        self.open_calls: tuple[str, ...] = ()  # calls of routed items still unanswered
+        self.rendered = 0  # area passes run
+        self.delivered = 0  # the newest pass whose section reached a requester
+
+
+class _AreaSection:
+    """What the area step of one preparation produced (returned by the worker)."""
+
+    __slots__ = ("collected", "generation", "items", "outcome", "promoted", "reclaimed", "removed")
+
+    def __init__(
+        self,
+        items: tuple[NativeContent, ...],
+        outcome: AreaPass,
+        generation: int,
+        removed: tuple[object, ...] = (),
+        reclaimed: int = 0,
+        promoted: int = 0,
+    ) -> None:
+        self.items = items
+        self.outcome: AreaPass = outcome
+        self.generation = generation
+        self.removed = removed
+        self.collected = len(removed)
+        self.reclaimed = reclaimed
+        self.promoted = promoted
+
+
+def _area_section(areas: _Areas, run_pass: bool) -> _AreaSection:
+    """The area step of a preparation, in a worker thread (see ContextManager)."""
+    with areas.lock:
+        coop = areas.coop
+        context = coop.context
+        if not run_pass or areas.delivered < areas.rendered:
+            outcome: AreaPass = "reused_invocation" if not run_pass else "reused_undelivered"
+            return _AreaSection(tuple(context.snapshot()), outcome, areas.rendered)
+        while areas.pending_areas:
+            area = areas.pending_areas.popleft()
+            try:
+                coop.register(area)
+            except InputError as exc:
+                # Checked at attach_area; only an area whose state members
+                # changed since then gets here. It is dropped.
+                raise AreaCallbackError(
+                    f"Context Area {type(area).__qualname__} could not be registered: {exc}",
+                    area=area,
+                    phase="register",
+                ) from exc
+        taken: list[NativeContent] = []
+        while areas.pending_items:
+            taken.append(areas.pending_items.popleft())
+        start = len(context)
+        for item in taken:
+            context.push_back(item)
+        try:
+            coop.render()
+        except BaseException:
+            # coop.render() restored the Context to ``start + taken``; hand
+            # the routed items back, in order, ahead of any routed since.
+            context.detach_tail(start)
+            areas.pending_items.extendleft(reversed(taken))
+            raise
+        areas.rendered += 1
+        report = coop.last_collection
+        assert report is not None
+        return _AreaSection(
+            tuple(context.snapshot()),
+            "rendered",
+            areas.rendered,
+            removed=report.removed,
+            reclaimed=len(report.detached),
+            promoted=len(report.promoted_items),
+        )
 
 
 class _Layout:
@@ -134,7 +255,7 @@ class _Layout:
         self.items = items
         self.bytes = total
         self.rendered = rendered
-        self.extra_sizes = extra_sizes  # the runtime-state pair's items, after the history
+        self.extra_sizes = extra_sizes  # area section + state pair, after the history
 
     def bytes_before(self, count: int) -> int:
         """Serialized size of ``items[:count]``, in bytes."""
@@ -244,6 +365,54 @@ class ContextManager:
     ``foundation.manager``. All methods must be called from the Foundation's
     event loop.
 
+    A prepared prefix is, in order: pinned instructions, earlier turns, the
+    turn's input, the context's *area section*, then the runtime-state pair.
+    Send ``manager.gateway.request_body(prefix.items)`` (see
+    :attr:`PreparedContext.items`).
+
+    Context Areas (seed 000). Each context lazily owns one
+    :class:`~turnloom.context.CoopContext` over its own
+    :class:`~turnloom.context.Context`, created by its first
+    :meth:`attach_area` or :meth:`route`: the area section. It is volatile
+    per-turn content, so it goes after the durable history (DESIGN rule 3);
+    it never enters history and is never evicted with it.
+
+    * **Safe points.** Every preparation that renders is a safe point for its
+      context's areas: in the worker thread, after the history is rendered,
+      the manager appends the items routed since the last pass, runs
+      ``coop.render()`` (collection, then one unfold pass) and appends the
+      whole area section after the turn's input. An area that fails
+      (:class:`~turnloom.errors.AreaCallbackError`) or a routed tool call
+      still waiting for its result (:class:`~turnloom.errors.OpenToolCallError`)
+      fails the preparation; the CoopContext and its Context are as they were
+      (routed items wait for the next pass), its slot is freed and history is
+      unchanged. A failing area fails every pass until it recovers; remove
+      the context to drop it.
+    * **Threads.** A CoopContext is used by one thread at a time: each
+      context's is guarded by a :class:`threading.Lock` taken only in worker
+      threads, so two preparations of one context render their area passes
+      one after the other (the second holds its worker token while it
+      waits). The event loop never touches a CoopContext: ``attach_area``
+      checks the area with the same checks as ``CoopContext.register`` and
+      queues it, ``route`` checks and queues the item; the next pass enrols
+      both.
+    * **Model calls in flight.** No collection happens while an invocation of
+      the context is in flight (seed 004). A preparation that captures its
+      state while one is in flight does not wait for it (a host may prepare
+      the next turn while the model still answers, or from inside its
+      invocation block): it skips the pass and reuses the previous area
+      section as it is (``area_pass == "reused_invocation"``); queued areas
+      and routed items wait for the next pass.
+    * **Undelivered sections.** A pass changes the areas (a
+      :class:`~turnloom.areas.OneShotNotice` retires when it renders), so a
+      section no requester received would be lost: when a preparation is
+      cancelled or discarded after its pass ran, the next preparation reuses
+      that section instead of running a pass (``"reused_undelivered"``), and
+      the pass after that collects.
+    * **Cost.** A pass costs what ``CoopContext.render()`` costs plus one
+      copy and one JSON size count of the area section, which collection
+      keeps short; the history part stays incremental.
+
     Args:
         task_group: the Foundation's task group; preparations run in it.
         limiter: the Foundation's worker-thread limiter.
@@ -302,6 +471,12 @@ class ContextManager:
         self._prefix_reused = 0
         self._latency = _Histogram()
         self._render = _Histogram()
+        self._areas_registered = 0
+        self._area_renders = 0
+        self._area_reused = 0
+        self._areas_collected = 0
+        self._area_items_reclaimed = 0
+        self._area_items_promoted = 0
 
     # -- properties --------------------------------------------------------
 
@@ -461,6 +636,139 @@ class ContextManager:
         if state.invocation is None and state.history.over_limits():
             state.history.evict()
 
+    # -- areas -------------------------------------------------------------------
+
+    def _areas(self, state: _ContextState) -> _Areas:
+        areas = state.areas
+        if areas is None:
+            areas = state.areas = _Areas(self._gateway)
+        return areas
+
+    def attach_area(self, context_id: str, area: ContextAreaImplementation) -> None:
+        """Attach a Context Area to a context's area section.
+
+        The area is checked here, as ``CoopContext.register`` checks it, and
+        takes part from the next area pass on (the next :meth:`prepare` of the
+        context that runs one). Areas take part in attachment order. An area
+        stays attached until the Collector removes it; the same instance may
+        be attached again after that preparation settled.
+
+        Raises:
+            FoundationClosedError: the Foundation is closing or closed.
+            UnknownContextError: no turn was committed to ``context_id``.
+            InvalidAreaError: ``area`` lacks protocol members (``missing``
+                names them), holds a state value that is not an
+                AreaLifeState / AreaFlowState, or is unhashable.
+            DuplicateAreaError: this very instance is attached to the context
+                and has not been collected.
+
+            Nothing changed when any of these is raised.
+        """
+        self._check_open()
+        state = self._context(context_id)
+        # A throwaway CoopContext runs the exact checks of ``register`` without
+        # touching the context's own, which a worker may be rendering.
+        CoopContext(Context(self._gateway)).register(area)
+        areas = state.areas
+        if areas is not None and areas.attached.get(id(area)) is area:
+            raise DuplicateAreaError(
+                f"This {type(area).__qualname__} area is already attached to context "
+                f"{context_id!r}."
+            )
+        areas = self._areas(state)
+        areas.attached[id(area)] = area
+        areas.pending_areas.append(area)
+        self._areas_registered += 1
+
+    def route(self, context_id: str, item: NativeContent) -> None:
+        """Append one native item (model output an area must see) to the area section.
+
+        Use it for the model outputs that belong to an area rather than to
+        the durable history, for example the intermediate work of a
+        :class:`~turnloom.areas.SubtaskArea`: they are reclaimed with the
+        area's tail when it is collected, while outputs recorded with
+        :meth:`record` stay in history. Do not route and record the same
+        output. An area that reads outputs outside its EffectRange still gets
+        them through its own API (``SubtaskArea.route(message)``).
+
+        The item is copied and appended at the start of the next area pass,
+        before collection (the safe point), so it lands after everything the
+        areas rendered so far and before what they render next. It belongs
+        to the area section's tail: when the Collector reclaims a tail that
+        starts at or before it, the item goes with it (seed 000: model
+        outputs inside or after a collected range are detached too). A tool call
+        must be routed before anything else is, and directly followed by
+        its results (Source: OpenAI Chat ``tool`` messages follow their
+        ``tool_calls`` message; Anthropic ``tool_result`` blocks open the next
+        user turn; Gemini's function-response turn follows the call turn).
+        While a routed call has no result yet, a prepare that runs an area
+        pass fails with :class:`~turnloom.errors.OpenToolCallError`.
+
+        Raises:
+            FoundationClosedError: the Foundation is closing or closed.
+            UnknownContextError: no turn was committed to ``context_id``.
+            InvalidMessageError: ``item`` is not a JSON object of the
+                manager's gateway, a result answers no open routed call, or
+                another item is routed while a routed call has no result.
+            InvalidTextError: its text is not valid UTF-8.
+            ItemTooLargeError: its JSON encoding is over the history's
+                per-item byte cap (``max_item_bytes``).
+
+            Nothing changed when any of these is raised.
+        """
+        self._check_open()
+        state = self._context(context_id)
+        if not isinstance(item, dict):
+            raise InvalidMessageError(
+                f"An item routed to context {context_id!r} must be a native item (dict), "
+                f"not a {type(item).__name__}."
+            )
+        try:
+            encoded = _encoder.encode(item)
+        except UnicodeEncodeError as exc:
+            raise InvalidTextError(
+                f"The item routed to context {context_id!r} holds text that is not valid "
+                f"UTF-8 (a lone surrogate): {exc}."
+            ) from exc
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InvalidMessageError(
+                f"The item routed to context {context_id!r} is not JSON data: {exc}."
+            ) from exc
+        cap = self._limits.max_item_bytes
+        if len(encoded) > cap:
+            raise ItemTooLargeError(
+                f"The item routed to context {context_id!r} is {len(encoded)} bytes, over the "
+                f"per-item cap of {cap} bytes.",
+                size=len(encoded),
+                limit=cap,
+            )
+        copy: NativeContent = msgspec.json.decode(encoded)
+        message = self._gateway.parse(copy)
+        check_message(message, where=f"item routed to context {context_id!r}")
+        areas = state.areas
+        open_calls = areas.open_calls if areas is not None else ()
+        results = message.tool_results
+        if open_calls:
+            if not results or message.tool_calls:
+                raise InvalidMessageError(
+                    f"Tool call(s) {', '.join(map(repr, open_calls))} routed to context "
+                    f"{context_id!r} have no result yet; route their results before any "
+                    "other item."
+                )
+            answered = {r.call_id for r in results}
+            unmatched = sum(1 for r in results if r.call_id not in open_calls)
+            open_calls = tuple(c for c in open_calls if c not in answered)[unmatched:]
+        elif results:
+            raise InvalidMessageError(
+                f"The item routed to context {context_id!r} holds tool result(s) "
+                f"{', '.join(repr(r.call_id) for r in results)} that answer no routed call."
+            )
+        if message.tool_calls:
+            open_calls = tuple(c.call_id for c in message.tool_calls)
+        areas = self._areas(state)
+        areas.open_calls = open_calls
+        areas.pending_items.append(copy)
+
     # -- invocations ---------------------------------------------------------
 
     @asynccontextmanager
@@ -531,8 +839,9 @@ class ContextManager:
         Bound the whole wait with ``anyio.fail_after``.
 
         Returns:
-            the prefix: pinned instructions, earlier turns, the turn's input, and
-            the runtime-state pair when the request or manager carries state.
+            the prefix: pinned instructions, earlier turns, the turn's input,
+            the area section, and the runtime-state pair when the request or
+            manager carries state. Send ``manager.gateway.request_body(items)``.
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed, or closed
@@ -541,13 +850,19 @@ class ContextManager:
                 request (ids, contribution names or text, loop budget).
             UnknownTurnError: the turn was evicted before it could be captured.
             ProviderRuleError: the gateway rejected a message while rendering.
+            AreaCallbackError: an attached area raised (or returned a wrong
+                value) in the area pass; ``area`` and ``phase`` name it. The
+                area section is as it was before the pass.
+            OpenToolCallError: the area section would end with a routed tool
+                call whose result has not been routed; nothing changed.
 
         Cancellation:
             Cancelled while waiting for a slot: nothing was admitted. Cancelled
             later: the preparation is cancelled if it still waits for its turn
             or a thread, or, if it is rendering, the thread finishes and the
             result is discarded; the slot is freed when it settles. History is
-            never changed by a preparation.
+            never changed by a preparation. An area pass that ran for a
+            discarded result is reused by the next preparation of the context.
         """
         self._check_open()
         self._check_request(request)
@@ -561,8 +876,8 @@ class ContextManager:
         Raises:
             QueueFullError: all ``capacity`` slots are taken; nothing was admitted.
             FoundationClosedError, InvalidMessageError, InvalidTextError,
-            DuplicateIdError, UnknownTurnError, ProviderRuleError: as
-                :meth:`prepare`.
+            DuplicateIdError, UnknownTurnError, ProviderRuleError,
+            AreaCallbackError, OpenToolCallError: as :meth:`prepare`.
 
         Cancellation:
             As :meth:`prepare` after admission.
@@ -639,6 +954,7 @@ class ContextManager:
 
     async def _run(self, preparation: _Preparation) -> None:
         request = preparation.request
+        areas: _Areas | None = None
         try:
             with anyio.CancelScope() as scope:
                 preparation.scope = scope
@@ -660,20 +976,30 @@ class ContextManager:
                     loop_budget=request.loop_budget,
                 )
                 last = state.last
+                areas = state.areas
+                # No collection while a model call of the context is in flight.
+                run_pass = state.invocation is None
                 started = anyio.current_time()
-                prepared, layout = await anyio.to_thread.run_sync(
+                prepared, layout, section = await anyio.to_thread.run_sync(
                     self._render_in_thread,
                     view,
                     request,
                     pair,
                     last,
                     started - preparation.requested_at,
+                    areas,
+                    run_pass,
                     limiter=self._limiter,
                 )
+                if areas is not None and section is not None:
+                    # The area section changed whether or not the result is wanted.
+                    self._count_section(areas, section)
                 # Cancelled while the thread ran (the thread was not
                 # abandoned): the result is discarded.
                 if not scope.cancel_called:
                     if preparation.wanted:
+                        if areas is not None and section is not None:
+                            areas.delivered = max(areas.delivered, section.generation)
                         self._prefix_bytes += last.bytes if last is not None else 0
                         state.last = layout
                         self._prefix_reused += prepared.reused_bytes
@@ -686,6 +1012,8 @@ class ContextManager:
                     f"{request.context_id!r} was cancelled while the Foundation closed."
                 )
         except Exception as exc:
+            if isinstance(exc, AreaCallbackError) and exc.phase == "register" and areas is not None:
+                areas.attached.pop(id(exc.area), None)  # the worker dropped it
             preparation.error = exc
         finally:
             if not preparation.wanted:
@@ -700,6 +1028,18 @@ class ContextManager:
                 self._settled.set()
             preparation.done.set()
 
+    def _count_section(self, areas: _Areas, section: _AreaSection) -> None:
+        if section.outcome != "rendered":
+            self._area_reused += 1
+            return
+        self._area_renders += 1
+        self._areas_collected += section.collected
+        self._area_items_reclaimed += section.reclaimed
+        self._area_items_promoted += section.promoted
+        for area in section.removed:
+            if areas.attached.get(id(area)) is area:
+                del areas.attached[id(area)]
+
     def _render_in_thread(
         self,
         view: HistoryView,
@@ -707,7 +1047,9 @@ class ContextManager:
         pair: tuple[Message, Message] | None,
         last: _Layout | None,
         queued: float,
-    ) -> tuple[PreparedContext, _Layout]:
+        areas: _Areas | None,
+        run_pass: bool,
+    ) -> tuple[PreparedContext, _Layout, _AreaSection | None]:
         begin = time.perf_counter()
         gateway = self._gateway
         rendered = view.render(gateway, request.turn_id, open_calls=self._open_calls)
@@ -715,12 +1057,27 @@ class ContextManager:
         total = rendered.bytes
         call_id: str | None = None
         reserved: list[str] = []
-        extra_sizes: tuple[int, ...] = ()
+        extra: tuple[NativeContent, ...] = ()
+        section: _AreaSection | None = None
+        outcome: AreaPass = "none"
+        if areas is not None:
+            try:
+                section = _area_section(areas, run_pass)
+            except OpenToolCallError as exc:
+                raise OpenToolCallError(
+                    f"The area section of context {request.context_id!r} ends with routed "
+                    f"tool call(s) {', '.join(map(repr, exc.call_ids))} whose result has not "
+                    f"been routed; turn {request.turn_id!r} cannot be prepared until it is.",
+                    call_ids=exc.call_ids,
+                ) from exc
+            extra = section.items
+            outcome = section.outcome
         if pair is not None:
             call_id = state_call_id(request.context_id, request.turn_id)
             reserved.append(call_id)
-            extra = tuple(gateway.render(pair[0])) + tuple(gateway.render(pair[1]))
-            extra_sizes = tuple(len(_encoder.encode(item)) for item in extra)
+            extra += tuple(gateway.render(pair[0])) + tuple(gateway.render(pair[1]))
+        extra_sizes = tuple(len(_encoder.encode(item)) for item in extra)
+        if extra:
             items += extra
             total += sum(extra_sizes)
         reserved.extend(m.id for m in view.turn_input(request.turn_id) if m.id is not None)
@@ -736,13 +1093,16 @@ class ContextManager:
             bytes=total,
             tokens=math.ceil(total / 4),
             turn_start=rendered.turn_start,
+            area_start=len(rendered.items),
+            area_items=len(section.items) if section is not None else 0,
+            area_pass=outcome,
             state_call_id=call_id,
             reserved_ids=tuple(reserved),
             reused_bytes=reused,
             queued_seconds=queued,
             render_seconds=time.perf_counter() - begin,
         )
-        return prepared, _Layout(items, total, rendered, extra_sizes)
+        return prepared, _Layout(items, total, rendered, extra_sizes), section
 
     # -- continuation ------------------------------------------------------------
 
@@ -750,6 +1110,11 @@ class ContextManager:
         self, prefix: PreparedContext, continuation: Sequence[Message] = ()
     ) -> tuple[NativeContent, ...]:
         """The input of the next model call of a turn: the prefix, then the continuation.
+
+        Send ``manager.gateway.request_body(items)``, not the items: for
+        Anthropic and Gemini the body moves the instructions to their
+        top-level field and merges adjacent turns, and only the body is
+        guaranteed to pass the gateway's ``validate()``.
 
         The continuation (the turn's model outputs and tool results so far,
         oldest first) is rendered and appended; the prefix, including its
@@ -831,7 +1196,10 @@ class ContextManager:
         blank = self._removed_blank
         # tuple() copies at C speed under the GIL, so a scrape from another
         # thread never sees the dict change size mid-iteration.
+        attached = 0
         for state in tuple(self._contexts.values()):
+            if state.areas is not None:
+                attached += len(state.areas.attached)
             stats = state.history.statistics()
             turns += stats.turns
             items += stats.items
@@ -866,4 +1234,11 @@ class ContextManager:
             prepare_latency_sum=self._latency.sum,
             render_counts=self._render.cumulative(),
             render_sum=self._render.sum,
+            areas_attached=attached,
+            areas_registered_total=self._areas_registered,
+            area_renders_total=self._area_renders,
+            area_passes_reused_total=self._area_reused,
+            areas_collected_total=self._areas_collected,
+            area_items_reclaimed_total=self._area_items_reclaimed,
+            area_items_promoted_total=self._area_items_promoted,
         )

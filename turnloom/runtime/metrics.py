@@ -26,6 +26,13 @@ name                                      type       meaning
 ``prefix_compared_bytes_total``           counter    previous-prefix bytes compared
 ``prefix_reused_bytes_total``             counter    of those, reused byte for byte
 ``prefix_stability_ratio``                gauge      reused / compared (1.0 when none)
+``areas_attached``                        gauge      Context Areas attached, not collected
+``areas_registered_total``                counter    ``attach_area`` calls accepted
+``area_renders_total``                    counter    area passes run (collect, then unfold)
+``area_passes_reused_total``              counter    previous area section reused instead
+``areas_collected_total``                 counter    areas removed by the Collector
+``area_items_reclaimed_total``            counter    items reclaimed (detached) by the Collector
+``area_items_promoted_total``             counter    items appended for promoted messages
 ========================================  =========  ======================================
 
 The endpoint is served by ``prometheus_client``'s own WSGI server
@@ -147,6 +154,41 @@ class ManagerCollector(Collector):
             "turnloom_prefix_stability_ratio",
             "Share of previous prefix bytes reused byte for byte.",
             ratio,
+        )
+        yield GaugeMetricFamily(
+            "turnloom_areas_attached",
+            "Context Areas attached across contexts and not yet collected.",
+            s.areas_attached,
+        )
+        yield CounterMetricFamily(
+            "turnloom_areas_registered",
+            "Context Areas attached with attach_area.",
+            s.areas_registered_total,
+        )
+        yield CounterMetricFamily(
+            "turnloom_area_renders",
+            "Area passes run (collection, then one unfold pass).",
+            s.area_renders_total,
+        )
+        yield CounterMetricFamily(
+            "turnloom_area_passes_reused",
+            "Preparations that reused the previous area section instead of running a pass.",
+            s.area_passes_reused_total,
+        )
+        yield CounterMetricFamily(
+            "turnloom_areas_collected",
+            "Context Areas removed by the Collector.",
+            s.areas_collected_total,
+        )
+        yield CounterMetricFamily(
+            "turnloom_area_items_reclaimed",
+            "Native items reclaimed (detached) by the Collector.",
+            s.area_items_reclaimed_total,
+        )
+        yield CounterMetricFamily(
+            "turnloom_area_items_promoted",
+            "Native items appended for messages promoted by collected areas.",
+            s.area_items_promoted_total,
         )
 
 

@@ -11,12 +11,15 @@ Source: seed 004 (``TurnSnapshot``, ``ContextContribution``,
 from __future__ import annotations
 
 __all__ = (
+    "AreaPass",
     "ContextContribution",
     "ContextPrepareRequest",
     "ManagerStatistics",
     "PreparedContext",
     "TurnSnapshot",
 )
+
+from typing import Literal, TypeAlias
 
 import msgspec
 
@@ -84,6 +87,20 @@ class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
     loop_budget: int | None = None
 
 
+AreaPass: TypeAlias = Literal["none", "rendered", "reused_invocation", "reused_undelivered"]
+"""How a preparation got its area section (see ``ContextManager``).
+
+* ``"none"`` -- the context has no area section (no area attached, nothing routed).
+* ``"rendered"`` -- an area pass ran: collection, then one unfold pass.
+* ``"reused_invocation"`` -- a model call of the context was in flight when
+  the preparation captured its state, so no collection was allowed; the
+  previous area section was reused as it was.
+* ``"reused_undelivered"`` -- the previous area pass never reached a
+  requester (its preparation was cancelled or discarded), so its section was
+  reused instead of rendering over it.
+"""
+
+
 class PreparedContext(msgspec.Struct, frozen=True, kw_only=True):
     """The prepared, cache-stable prefix of a turn's model input.
 
@@ -92,12 +109,23 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True):
         turn_id: the turn it was prepared for.
         gateway: the provider the items are rendered for.
         items: tuple of NativeContent, oldest first: pinned instructions, the
-            earlier turns, the turn's input, then the runtime-state pair when
-            there is one. Shared with caches: treat as read-only.
+            earlier turns, the turn's input, the area section (``area_items``
+            items from ``area_start``), then the runtime-state pair when there
+            is one. Shared with caches: treat as read-only. These are items,
+            not a request: send ``manager.gateway.request_body(items)`` (or
+            the body of :meth:`ContextManager.build`'s result). For Anthropic
+            and Gemini that body moves the instructions to their top-level
+            field (``system``, ``systemInstruction``) and merges adjacent
+            turns; only the body is guaranteed to pass the gateway's
+            ``validate()``.
         item_count: ``len(items)``.
         bytes: serialized size of ``items``, in bytes (JSON).
         tokens: approximate token count, ``ceil(bytes / 4)``.
         turn_start: index in ``items`` of the turn's first input item.
+        area_start: index in ``items`` of the area section's first item (the
+            index right after the turn's input, also when the section is empty).
+        area_items: how many items the area section holds.
+        area_pass: how the area section was obtained (see :data:`AreaPass`).
         state_call_id: the call id of the runtime-state pair, or None when the
             prefix has none.
         reserved_ids: ids a continuation may not repeat: the state call id and
@@ -117,6 +145,9 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True):
     bytes: int
     tokens: int
     turn_start: int
+    area_start: int = 0
+    area_items: int = 0
+    area_pass: AreaPass = "none"
     state_call_id: str | None = None
     reserved_ids: tuple[str, ...] = ()
     reused_bytes: int = 0
@@ -156,6 +187,18 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
         prepare_latency_sum: sum of those latencies, in seconds.
         render_counts: cumulative counts of worker-thread render time.
         render_sum: sum of render times, in seconds.
+        areas_attached: Context Areas attached across contexts and not yet
+            collected (including those waiting for their first area pass).
+        areas_registered_total: successful ``attach_area`` calls.
+        area_renders_total: area passes run (collection, then one unfold pass).
+        area_passes_reused_total: preparations that reused the previous area
+            section instead of running a pass (a model call was in flight, or
+            the previous section was never delivered).
+        areas_collected_total: areas removed by the Collector.
+        area_items_reclaimed_total: native items the Collector detached from
+            area sections (the collected areas' tails, routed outputs inside
+            them included).
+        area_items_promoted_total: native items appended for promoted messages.
     """
 
     closed: bool
@@ -182,3 +225,10 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
     prepare_latency_sum: float
     render_counts: tuple[int, ...]
     render_sum: float
+    areas_attached: int = 0
+    areas_registered_total: int = 0
+    area_renders_total: int = 0
+    area_passes_reused_total: int = 0
+    areas_collected_total: int = 0
+    area_items_reclaimed_total: int = 0
+    area_items_promoted_total: int = 0
