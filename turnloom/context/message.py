@@ -176,10 +176,10 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     :attr:`parts` gives it with that type.
 
     Messages and parts are not tracked by Python's cyclic garbage collector
-    (msgspec ``gc=False``): a history of a million messages adds nothing to a
-    full collection's pause. Their fields hold JSON data only, which cannot
-    form a reference cycle through them; ``extras`` must not refer back to
-    the message.
+    (msgspec ``gc=False``), so held messages themselves add no objects for a
+    full collection to visit (their rendered native dicts are another matter).
+    Their fields hold JSON data only, which cannot form a reference cycle
+    through them; ``extras`` must not refer back to the message.
 
     Attributes:
         role: who speaks.

@@ -59,6 +59,7 @@ from turnloom.errors import (
     InvalidTextError,
     ItemTooLargeError,
     OpenToolCallError,
+    ProviderRuleError,
     QueueFullError,
     StateError,
     UnknownContextError,
@@ -542,6 +543,9 @@ class ContextManager:
             InvalidTextError: text that is not valid UTF-8.
             ItemTooLargeError: a message is over the per-item byte cap.
             DuplicateIdError: the turn id was already committed to the context.
+            ProviderRuleError: the gateway cannot render a message (for example
+                tool call arguments that are not a JSON object, for Anthropic
+                and Gemini); nothing was committed.
             OutOfOrderTurnError: the snapshot's sequence is not newer than the
                 context's previous one.
         """
@@ -558,6 +562,8 @@ class ContextManager:
                 raise InvalidMessageError(
                     f"Turn {snapshot.turn_id!r} {what} must be a tuple of Messages.", field=what
                 )
+        self._check_renderable(snapshot.input, f"Turn {snapshot.turn_id!r} input")
+        self._check_renderable(snapshot.instructions, f"Turn {snapshot.turn_id!r} instructions")
         history.commit(
             snapshot.turn_id,
             snapshot.input,
@@ -590,6 +596,9 @@ class ContextManager:
             InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
                 message, or one carrying the runtime-state call or result.
             ItemTooLargeError: a message is over the per-item byte cap.
+            ProviderRuleError: the gateway cannot render a message (for example
+                tool call arguments that are not a JSON object, for Anthropic
+                and Gemini); nothing was recorded.
         """
         self._check_open()
         state = self._context(context_id)
@@ -602,9 +611,28 @@ class ContextManager:
                     f"Output {i} of turn {turn_id!r} carries the runtime-state call "
                     f"{call_id!r}; runtime state never enters history."
                 )
+        self._check_renderable(outputs, f"Output of turn {turn_id!r}")
         recorded = state.history.record(turn_id, outputs)
         self._evict(state)
         return recorded
+
+    def _check_renderable(self, messages: Sequence[Message] | None, where: str) -> None:
+        """Render each message once at the door so provider rules fail here, not at prepare.
+
+        A message the gateway cannot carry (for example tool call arguments
+        that are not a JSON object, for Anthropic and Gemini) would otherwise
+        be committed and then fail every later prepare of its context.
+        """
+        if not messages:
+            return
+        gateway = self._gateway
+        for i, message in enumerate(messages):
+            label = f"{where}[{i}]"
+            check_message(message, where=label)
+            try:
+                gateway.render(message)
+            except ProviderRuleError as exc:
+                raise ProviderRuleError(f"{label}: {exc}", exc.violations) from exc
 
     def remove_context(self, context_id: str) -> None:
         """Forget a context and its whole history (its counters are kept).

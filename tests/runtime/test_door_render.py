@@ -1,0 +1,77 @@
+"""Provider rules fail at the door: a message the gateway cannot render is never committed."""
+
+from __future__ import annotations
+
+import pytest
+
+from turnloom.context import GatewayType, Message, Role, TextPart, ToolCallPart
+from turnloom.errors import ProviderRuleError
+from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
+
+pytestmark = pytest.mark.anyio
+
+_TRUNCATED = Message(
+    role=Role.assistant,
+    content=(
+        TextPart(text="Looking it up."),
+        ToolCallPart(call_id="c1", name="find_bag", arguments='{"tag": 1'),
+    ),
+)
+
+
+@pytest.mark.parametrize("gateway", [GatewayType.anthropic, GatewayType.gemini])
+async def test_truncated_tool_arguments_are_rejected_at_record_and_history_is_unchanged(
+    gateway: GatewayType,
+) -> None:
+    """Invariant: one bad output cannot break every later prepare of its context."""
+    async with Foundation(gateway=gateway) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(
+            TurnSnapshot(
+                context_id="c",
+                turn_id="t1",
+                input=(Message(role=Role.user, content="Where is my bag?"),),
+            )
+        )
+        before = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
+        with pytest.raises(ProviderRuleError, match=r"Output of turn 't1'\[0\]"):
+            manager.record("c", "t1", [_TRUNCATED])
+        manager.accept_turn(
+            TurnSnapshot(
+                context_id="c",
+                turn_id="t2",
+                input=(Message(role=Role.user, content="Any news?"),),
+            )
+        )
+        after = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))
+        assert after.item_count == before.item_count + 1
+        assert after.items[: before.item_count] == before.items
+
+
+@pytest.mark.parametrize("gateway", [GatewayType.anthropic, GatewayType.gemini])
+async def test_truncated_tool_arguments_in_turn_input_are_rejected_before_commit(
+    gateway: GatewayType,
+) -> None:
+    async with Foundation(gateway=gateway) as foundation:
+        manager = foundation.manager
+        with pytest.raises(ProviderRuleError, match=r"Turn 't1' input\[1\]"):
+            manager.accept_turn(
+                TurnSnapshot(
+                    context_id="c",
+                    turn_id="t1",
+                    input=(Message(role=Role.user, content="Hi"), _TRUNCATED),
+                )
+            )
+        assert manager.context_ids() == ()
+
+
+async def test_openai_chat_carries_arguments_text_verbatim() -> None:
+    """OpenAI Chat sends arguments as a string, so the same output is accepted there."""
+    async with Foundation(gateway=GatewayType.openai_chat) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(
+            TurnSnapshot(
+                context_id="c", turn_id="t1", input=(Message(role=Role.user, content="Hi"),)
+            )
+        )
+        assert manager.record("c", "t1", [_TRUNCATED]) == 1
