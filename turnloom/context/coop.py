@@ -42,7 +42,10 @@ Decisions beyond the seed (issue 3):
   before that ``render()`` call and :class:`~turnloom.errors.AreaCallbackError`
   is raised naming the area and the phase, with the original exception as its
   ``__cause__``. What areas did to their own state, and ``gc_prologue()``
-  notifications already delivered, cannot be undone by turnloom.
+  notifications already delivered, cannot be undone by turnloom; instead the
+  CoopContext remembers them, and the retry (which selects those areas again)
+  reuses their promoted messages without calling ``promote()`` again and
+  skips their ``gc_prologue()``.
 * **Open tool calls.** Nothing may be placed between a model's tool call and
   its result (Source: OpenAI Chat ``tool`` messages follow their
   ``tool_calls`` message; Anthropic ``tool_result`` blocks open the next user
@@ -59,9 +62,12 @@ Decisions beyond the seed (issue 3):
   the area as retired even if the property later says otherwise.
 * **Removal callbacks.** Every area removed from a CoopContext, including a
   retired area that never rendered, has ``promote()`` and then
-  ``gc_prologue()`` called exactly once. Promoted messages are appended in
-  the order of the areas' ``earliest`` index; areas without a range follow in
-  registration order.
+  ``gc_prologue()`` succeed exactly once (a failed call is made again at the
+  next collection). Every promotion is validated, rendered through the
+  gateway and checked for open tool calls before the first ``gc_prologue()``,
+  so a rejected promotion delivers no final notification. Promoted messages
+  are appended in the order of the areas' ``earliest`` index; areas without a
+  range follow in registration order.
 
 Ownership: a CoopContext and its Context are used by one thread at a time
 (any thread, for example a worker thread of the runtime, but never two at
@@ -263,15 +269,22 @@ class CoopStatistics(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Entry:
-    """One registered area and what the CoopContext knows about it."""
+    """One registered area and what the CoopContext knows about it.
 
-    __slots__ = ("area", "range", "retired", "seq")
+    ``promoted`` and ``prologued`` record what the area was told by a
+    collection; a rollback keeps them, so a retry neither asks for the
+    promotion again nor repeats ``gc_prologue()``.
+    """
+
+    __slots__ = ("area", "prologued", "promoted", "range", "retired", "seq")
 
     def __init__(self, area: ContextAreaImplementation, seq: int, retired: bool) -> None:
         self.area = area
         self.seq = seq
         self.range: EffectRange | None = None
         self.retired = retired
+        self.promoted: tuple[Message, ...] | None = None
+        self.prologued = False
 
     def describe(self) -> str:
         return f"area #{self.seq} ({type(self.area).__qualname__})"
@@ -508,7 +521,7 @@ class CoopContext:
         """
         if self._busy:
             raise StateError("CoopContext.render() was called from inside an area callback.")
-        open_ids = _open_call_ids(self._context)
+        open_ids = _open_call_ids(self._gateway, len(self._context), self._context)
         if open_ids:
             listed = ", ".join(repr(c) for c in open_ids)
             raise OpenToolCallError(
@@ -573,17 +586,42 @@ class CoopContext:
         context = self._context
         promotions: list[tuple[_Entry, tuple[Message, ...]]] = []
         for entry in chosen:
+            if entry.promoted is not None:
+                promotions.append((entry, entry.promoted))
+                continue
             result = _call(entry, "promote", entry.area.promote)
             promotions.append((entry, _checked_messages(entry, "promote", result)))
+        # Render and check every promotion before the first gc_prologue(): that
+        # call is the area's final notification, so nothing may fail after it
+        # for a reason the promotions carry.
+        cut = len(context) if plan.start is None else plan.start
+        rendered: list[NativeContent] = []
+        for entry, messages in promotions:
+            for message in messages:
+                rendered.extend(_call(entry, "promote", self._gateway.render, message))
+            if messages:
+                open_ids = _open_call_ids(self._gateway, cut, context, rendered)
+                if open_ids:
+                    raise AreaCallbackError(
+                        f"Context Area {entry.describe()} promote() left tool call(s) "
+                        f"{', '.join(repr(c) for c in open_ids)} without a result; an area "
+                        "must promote each call together with its result.",
+                        area=entry.area,
+                        phase="promote",
+                    )
+        for entry, messages in promotions:
+            entry.promoted = messages
         for entry in chosen:
-            _call(entry, "gc_prologue", entry.area.gc_prologue)
+            if not entry.prologued:
+                _call(entry, "gc_prologue", entry.area.gc_prologue)
+                entry.prologued = True
         detached: list[NativeContent] = []
         if plan.start is not None:
             detached = context.detach_tail(plan.start)
             undo.detached = (plan.start, detached)
         first_promoted = len(context)
-        for entry, messages in promotions:
-            self._append(entry, "promote", messages)
+        for item in rendered:
+            context.push_back(item)
         promoted_items = tuple(context.snapshot(first_promoted))
         removed = {id(e) for e in chosen}
         order: list[_Entry] = []
@@ -678,7 +716,7 @@ class CoopContext:
         context = self._context
         for message in messages:
             _call(entry, phase, context.emplace_message, message)
-        open_ids = _open_call_ids(context)
+        open_ids = _open_call_ids(self._gateway, len(context), context)
         if open_ids:
             raise AreaCallbackError(
                 f"Context Area {entry.describe()} {phase}() left tool call(s) "
@@ -797,8 +835,13 @@ def _check_one(message: object, where: str) -> int:
     return check_message(message, where=where)
 
 
-def _open_call_ids(context: Context) -> tuple[str, ...]:
-    """Ids of the tool calls at the Context's tail that have no result yet, in call order.
+def _open_call_ids(
+    gateway: Gateway, cut: int, context: Context, extra: Sequence[NativeContent] = ()
+) -> tuple[str, ...]:
+    """Ids of the tool calls that have no result yet at the tail, in call order.
+
+    The items scanned are the Context's first ``cut`` items followed by
+    ``extra`` (the native items a collection is about to append).
 
     Scans back from the tail: results (tool messages, or user turns carrying
     tool results), then the model turn before them (consecutive assistant
@@ -808,14 +851,13 @@ def _open_call_ids(context: Context) -> tuple[str, ...]:
     id). A user, system or developer message without results ends the scan,
     and so does an item the gateway cannot parse.
     """
-    gateway = context.gateway
-    index = len(context) - 1
+    index = cut + len(extra) - 1
     answered: set[str] = set()
     result_ids: list[str] = []
     call_ids: list[str] = []  # newest first while scanning
     in_model_turn = False
     while index >= 0:
-        item = context.snapshot(index, index + 1)[0]
+        item = extra[index - cut] if index >= cut else context.snapshot(index, index + 1)[0]
         index -= 1
         try:
             message = gateway.parse(item)

@@ -334,3 +334,98 @@ def test_failed_render_restores_the_cursor_repaired_by_its_collection(
     coop.render()
     assert coop.areas == (busy,)
     assert coop.cursor is busy
+
+
+# -- GC callbacks are told once ---------------------------------------------------
+
+
+def test_promote_and_gc_prologue_run_once_even_when_a_later_phase_fails(
+    gateway_type: GatewayType,
+) -> None:
+    """A failure after the collection rolls it back, but the areas are not told twice.
+
+    gc_prologue() is the final notification: a retry reuses the promoted messages
+    and does not call promote() or gc_prologue() of those areas again.
+    """
+    coop, areas, log = scenario(gateway_type)
+    twin, _, _ = scenario(gateway_type)
+    before = state(coop)
+    areas["F"].fail_in = "observe"
+    log.clear()
+    with pytest.raises(AreaCallbackError):
+        coop.render()
+    assert log == [
+        ("Z", "promote"),
+        ("Y", "promote"),
+        ("Z", "gc_prologue"),
+        ("Y", "gc_prologue"),
+        ("P", "observe"),
+        ("P", "render"),
+        ("F", "observe"),
+    ]
+    assert state(coop) == before
+    areas["F"].fail_in = None
+    areas["Z"].promoted = (user("changed after promote"),)  # not asked again
+    log.clear()
+    coop.render()
+    assert [e for e in log if e[1] in ("promote", "gc_prologue")] == []
+    twin.render()
+    assert items(coop.context) == items(twin.context)
+    report = coop.last_collection
+    assert report is not None
+    assert report.promoted == (user("z sum"), user("y sum"))
+    assert report.removed == (areas["Z"], areas["Y"])
+
+
+def test_retry_after_a_failed_gc_prologue_tells_only_the_areas_not_yet_told(
+    gateway_type: GatewayType,
+) -> None:
+    coop, areas, log = scenario(gateway_type)
+    areas["Y"].fail_in = "gc_prologue"
+    log.clear()
+    with pytest.raises(AreaCallbackError):
+        coop.render()
+    assert log == [("Z", "promote"), ("Y", "promote"), ("Z", "gc_prologue"), ("Y", "gc_prologue")]
+    areas["Y"].fail_in = None
+    log.clear()
+    coop.render()
+    assert [e for e in log if e[1] in ("promote", "gc_prologue")] == [("Y", "gc_prologue")]
+    assert coop.areas == (areas["P"], areas["F"], areas["Q"])
+
+
+@pytest.mark.parametrize("why", ["open-call", "not-a-json-object"])
+def test_rejected_promotion_is_found_before_any_gc_prologue(
+    gateway_type: GatewayType, why: str
+) -> None:
+    """Promoted messages are rendered and checked before gc_prologue(), the final notification."""
+    coop, areas, log = scenario(gateway_type)
+    before = state(coop)
+    if why == "open-call":
+        areas["Y"].promoted = (call("c9"),)
+    else:
+        if gateway_type in (GatewayType.openai_chat, GatewayType.openai_responses):
+            pytest.skip("OpenAI gateways carry tool call arguments as text, unparsed")
+        bad = Message(
+            role=Role.assistant,
+            content=(ToolCallPart(call_id="c9", name="lookup", arguments="not json"),),
+        )
+        areas["Y"].promoted = (bad, result("c9"))
+    log.clear()
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()
+    assert (info.value.area, info.value.phase) == (areas["Y"], "promote")
+    assert log == [("Z", "promote"), ("Y", "promote")]
+    assert state(coop) == before
+    # The rejected promotion is asked for again; the accepted one is too (nobody was told).
+    areas["Y"].promoted = (user("y fixed"),)
+    log.clear()
+    coop.render()
+    assert log[:4] == [
+        ("Z", "promote"),
+        ("Y", "promote"),
+        ("Z", "gc_prologue"),
+        ("Y", "gc_prologue"),
+    ]
+    report = coop.last_collection
+    assert report is not None
+    assert report.promoted == (user("z sum"), user("y fixed"))
