@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.context.coop.support import assistant, call, items, native, push, result, user
+from tests.context.coop.support import (
+    ScriptedArea,
+    assistant,
+    call,
+    items,
+    native,
+    push,
+    result,
+    user,
+)
 from turnloom.areas import OneShotNotice, SubtaskArea
 from turnloom.context import (
     AreaFlowState,
@@ -161,3 +170,70 @@ def test_subtask_rejects_empty_instruction_or_summary() -> None:
         SubtaskArea("", done=lambda a: True, summary="x")
     with pytest.raises(InputError, match="summary"):
         SubtaskArea("Do it.", done=lambda a: True, summary=[])
+
+
+def test_subtask_summary_is_produced_once_when_another_area_fails_after_its_collection(
+    gateway_type: GatewayType,
+) -> None:
+    """A rolled-back render must not wedge a finished sub-task.
+
+    Its gc_prologue() drops the routed outputs the summary callback reads; the
+    retry reuses the summary instead of calling the callback on an emptied area.
+    """
+    calls: list[int] = []
+
+    def counted_summary(area: SubtaskArea) -> str:
+        calls.append(len(area.routed))
+        return fare_summary(area)
+
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    earlier = ScriptedArea("earlier", script=[[user("Prices are in EUR.")]])
+    task = SubtaskArea("Find the cheapest fare first.", done=fare_found, summary=counted_summary)
+    coop.register(earlier)
+    coop.register(task)
+    coop.render()  # earlier's notice, then the instruction (exclusive)
+    final = assistant("FARE: 120 EUR.")
+    push(context, final)
+    task.route(final)
+    coop.render()  # done: retires in observe
+    before = items(context)
+    earlier.fail_in = "observe"
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()  # collects the sub-task, then the earlier area fails
+    assert (info.value.area, info.value.phase) == (earlier, "observe")
+    assert items(context) == before
+    assert task in coop and task.collected and task.routed == ()
+    earlier.fail_in = None
+    coop.render()
+    assert calls == [1]
+    assert items(context) == native(
+        gateway_type, user("Prices are in EUR."), user("Sub-task result: FARE: 120 EUR.")
+    )
+    assert coop.areas == (earlier,)
+
+
+def test_subtask_summary_callback_error_is_a_promote_failure_and_keeps_the_area(
+    gateway_type: GatewayType,
+) -> None:
+    def broken(area: SubtaskArea) -> str:
+        raise KeyError("no fare")
+
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    task = SubtaskArea("Do it.", done=fare_found, summary=broken)
+    coop.register(task)
+    coop.render()
+    final = assistant("FARE: 99 EUR.")
+    push(context, final)
+    task.route(final)
+    coop.render()  # retires in observe
+    before = items(context)
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()
+    assert (info.value.area, info.value.phase) == (task, "promote")
+    assert isinstance(info.value.__cause__, KeyError)
+    assert "raised KeyError in promote" in str(info.value)
+    assert items(context) == before
+    assert task in coop and coop.is_retired(task)
+    assert not task.collected and task.routed == (final,)
