@@ -125,6 +125,57 @@ def test_one_shot_notice_after_a_pin_is_reclaimed(gateway_type: GatewayType) -> 
     kept = items(context)
     coop.register(OneShotNotice("transient"))
     coop.render()
-    assert len(context) > len(kept)
+    assert items(context) == kept + native(gateway_type, user("transient"))
     coop.render()
     assert items(context) == kept
+    assert coop.areas == (pin,)
+
+
+def test_notices_reject_messages_that_render_to_nothing(gateway_type: GatewayType) -> None:
+    """Bad input at the door: a blank message, like blank text, is not a notice."""
+    blank = Message(role=Role.user, content="   ")
+    assert native(gateway_type, blank) == []
+    with pytest.raises(InputError, match=r"OneShotNotice content\[0\] has no content"):
+        OneShotNotice(blank)
+    with pytest.raises(InputError, match=r"PinnedNotice content\[1\] has no content"):
+        PinnedNotice([user("kept"), Message(role=Role.user, content=())])
+
+
+def test_notices_reject_a_text_role_that_renders_no_text() -> None:
+    """A text ``tool`` message carries no tool result: OpenAI gateways drop it silently."""
+    with pytest.raises(InputError, match="The role tool given for OneShotNotice content text"):
+        OneShotNotice("hi", role=Role.tool)
+    with pytest.raises(InputError, match="The role 'wizard' given for"):
+        PinnedNotice("hi", role="wizard")  # type: ignore[arg-type]
+
+
+def test_one_shot_notice_waits_until_every_later_range_has_retired(
+    gateway_type: GatewayType,
+) -> None:
+    """No retained range overlaps the notice, yet a retained range after it keeps it.
+
+    The Collector reclaims whole runs of components from the tail backward only.
+    """
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    notice = OneShotNotice("Prices are in EUR.")
+    later = ScriptedArea("later", script=[[user("l1")], [user("l2")]])
+    coop.register(notice)
+    coop.register(later)
+    coop.render()  # notice, l1
+    push(context, assistant("ok"))
+    coop.render()  # notice retired but followed by retained "later": kept; l2
+    assert coop.effect_range(later) == EffectRange(
+        len(native(gateway_type, user("Prices are in EUR."))), len(context) - 1
+    )
+    assert coop.effect_range(notice) == EffectRange(
+        0, len(native(gateway_type, user("Prices are in EUR."))) - 1
+    )
+    assert coop.areas == (notice, later)
+    assert items(context) == native(
+        gateway_type, user("Prices are in EUR."), user("l1"), assistant("ok"), user("l2")
+    )
+    later.life = AreaLifeState.retired
+    coop.render()
+    assert coop.areas == ()
+    assert len(context) == 0

@@ -237,3 +237,34 @@ def test_subtask_summary_callback_error_is_a_promote_failure_and_keeps_the_area(
     assert items(context) == before
     assert task in coop and coop.is_retired(task)
     assert not task.collected and task.routed == (final,)
+
+
+def test_subtask_rejects_a_done_predicate_that_is_not_callable() -> None:
+    with pytest.raises(InputError, match="done must be callable, not NoneType"):
+        SubtaskArea("Do it.", done=None, summary="x")  # type: ignore[arg-type]
+
+
+def test_subtask_rejects_a_role_that_cannot_carry_its_text() -> None:
+    """The role is checked at construction even when only a callback summary will use it."""
+    with pytest.raises(InputError, match="The role 'wizard' given for"):
+        SubtaskArea(user("Do it."), done=fare_found, summary=fare_summary, role="wizard")  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="The role tool given for SubtaskArea instruction"):
+        SubtaskArea("Do it.", done=fare_found, summary="x", role=Role.tool)
+
+
+def test_subtask_rejects_an_instruction_that_renders_to_nothing(gateway_type: GatewayType) -> None:
+    """A blank instruction would create no EffectRange: never observed, exclusive forever."""
+    blank = Message(role=Role.user, content=" \n ")
+    assert native(gateway_type, blank) == []
+    with pytest.raises(InputError, match=r"SubtaskArea instruction\[0\] has no content"):
+        SubtaskArea(blank, done=lambda a: True, summary="x")
+    with pytest.raises(InputError, match=r"SubtaskArea summary\[1\] has no content"):
+        SubtaskArea("Do it.", done=lambda a: True, summary=[user("kept"), blank])
+
+
+def test_route_rejects_values_that_are_not_messages() -> None:
+    task = SubtaskArea("Do it.", done=fare_found, summary="x")
+    for value, name in ((None, "NoneType"), (3, "int"), ("FARE: 1", "str")):
+        with pytest.raises(InputError, match=f"not {name}"):
+            task.route(value)  # type: ignore[arg-type]
+    assert task.routed == ()

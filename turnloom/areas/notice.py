@@ -23,7 +23,11 @@ class OneShotNotice:
     source of truth"). It yields the cursor, so later areas render in the
     same pass. Because it retires on its first render, the Collector reclaims
     its tail (the notice and everything after it) at the first later safe
-    point where no retained area's range overlaps it; nothing survives.
+    point where every area whose range overlaps it *or lies after it* has
+    retired (the Collector reclaims only whole runs of components from the
+    Context tail backward); nothing survives. An area that keeps rendering
+    after the notice, or a :class:`PinnedNotice` registered after it, keeps
+    the notice in the Context for as long as it is retained.
 
     Args:
         content: text (one message of ``role``), a message, or messages,
@@ -32,7 +36,9 @@ class OneShotNotice:
             for the model, never promoted to an instruction.
 
     Raises:
-        InputError: ``content`` is empty or not text / messages.
+        InputError: ``content`` is empty, not text / messages, or holds a
+            message with no content (only blank text, which no gateway
+            renders); ``role`` is not a Role or is ``tool``.
         InvalidMessageError, InvalidTextError, DuplicateIdError: a message is
             malformed; raised here, never at render time.
     """
@@ -69,7 +75,7 @@ class OneShotNotice:
         del context
 
     def render(self) -> list[Message]:
-        """The notice's messages; retires the area.
+        """The notice's messages (a new list, oldest first); retires the area.
 
         Raises:
             StateError: called a second time (a CoopContext never does).
@@ -107,7 +113,9 @@ class PinnedNotice:
         role: the role of a text notice. Default ``user``.
 
     Raises:
-        InputError: ``content`` is empty or not text / messages.
+        InputError: ``content`` is empty, not text / messages, or holds a
+            message with no content (only blank text, which no gateway
+            renders); ``role`` is not a Role or is ``tool``.
         InvalidMessageError, InvalidTextError, DuplicateIdError: a message is
             malformed; raised here, never at render time.
     """
@@ -143,7 +151,10 @@ class PinnedNotice:
         del context
 
     def render(self) -> list[Message]:
-        """The messages on the first call, then an empty list (the range stays put)."""
+        """The messages on the first call (a new list, oldest first), then ``[]``.
+
+        The empty renders leave the EffectRange where the first one put it.
+        """
         if self._rendered:
             return []
         self._rendered = True
