@@ -23,7 +23,7 @@ def text_role(role: object, *, where: str) -> Role:
             nothing).
     """
     try:
-        checked = Role(role)
+        checked = Role(cast("str", role))
     except ValueError:
         raise InputError(f"The role {role!r} given for {where} text is not a Role.") from None
     if checked is Role.tool:

@@ -165,9 +165,15 @@ def plan_collection(ranges: Sequence[EffectRange], retired: Sequence[bool]) -> C
         the plan; ``start`` is ``None`` when nothing is reclaimable.
 
     Raises:
-        InputError: the two sequences differ in length, or a range has
-            ``latest < earliest`` or a negative ``earliest``.
+        InputError: an argument is not a sequence, the two sequences differ
+            in length, an entry is not an EffectRange, or a range's ends are
+            not integers with ``0 <= earliest <= latest``.
     """
+    if not isinstance(ranges, Sequence) or not isinstance(retired, Sequence):
+        raise InputError(
+            "plan_collection takes sequences of EffectRange and of bool, not "
+            f"{type(ranges).__name__} and {type(retired).__name__}."
+        )
     n = len(ranges)
     if len(retired) != n:
         raise InputError(
@@ -176,13 +182,20 @@ def plan_collection(ranges: Sequence[EffectRange], retired: Sequence[bool]) -> C
         )
     if n == 0:
         return _NOTHING
-    earliest = [r.earliest for r in ranges]
     for i, r in enumerate(ranges):
-        if r.earliest < 0 or r.latest < r.earliest:
+        if not isinstance(r, EffectRange):
+            raise InputError(f"Range {i} is a {type(r).__name__}, not an EffectRange.")
+        if (
+            type(r.earliest) is not int
+            or type(r.latest) is not int
+            or r.earliest < 0
+            or r.latest < r.earliest
+        ):
             raise InputError(
-                f"EffectRange {i} is [{r.earliest}, {r.latest}]; a range needs "
-                "0 <= earliest <= latest."
+                f"EffectRange {i} is [{r.earliest!r}, {r.latest!r}]; a range needs "
+                "integers 0 <= earliest <= latest."
             )
+    earliest = [r.earliest for r in ranges]
     order = sorted(range(n), key=earliest.__getitem__)
     # Merge in ascending ``earliest``: a range starts a new component when it
     # begins after every index the current component covers.
@@ -441,8 +454,9 @@ class CoopContext:
 
         Raises:
             InvalidAreaError: ``area`` lacks protocol members (``missing``
-                names them), a state member holds a value that is not an
-                AreaLifeState / AreaFlowState, or ``area`` is unhashable.
+                names them), reading a member raised, a state member holds a
+                value that is not an AreaLifeState / AreaFlowState, or
+                ``area`` is unhashable (``hash()`` raised).
             DuplicateAreaError: this very instance is already registered.
             StateError: called from inside an area callback.
         """
@@ -450,11 +464,8 @@ class CoopContext:
             raise StateError("CoopContext.register() was called from inside an area callback.")
         name = type(area).__qualname__
         missing: list[str] = []
-        for member in _METHOD_MEMBERS:
-            if not callable(getattr(area, member, None)):
-                missing.append(member)
         states: dict[str, object] = {}
-        for member in _STATE_MEMBERS:
+        for member in _METHOD_MEMBERS + _STATE_MEMBERS:
             try:
                 states[member] = getattr(area, member)
             except AttributeError:
@@ -464,6 +475,9 @@ class CoopContext:
                     f"Reading {member} of the {name} area raised {type(exc).__name__}: {exc}.",
                     missing=(member,),
                 ) from exc
+            else:
+                if member in _METHOD_MEMBERS and not callable(states[member]):
+                    missing.append(member)
         if missing:
             listed = ", ".join(sorted(missing))
             raise InvalidAreaError(
@@ -472,7 +486,7 @@ class CoopContext:
             )
         try:
             hash(area)
-        except TypeError as exc:
+        except Exception as exc:
             raise InvalidAreaError(
                 f"The {name} area is unhashable; an area must be hashable "
                 "(use @dataclass(eq=False) for dataclasses)."

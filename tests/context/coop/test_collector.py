@@ -315,3 +315,13 @@ def test_state_changes_inside_promote_or_gc_prologue_cannot_cancel_collection(
     assert coop.areas == ()
     assert len(context) == 0
     assert fickle.log == [("fickle", "render"), ("fickle", "promote"), ("fickle", "gc_prologue")]
+
+
+def test_plan_rejects_values_that_are_not_effect_ranges_with_a_typed_error() -> None:
+    """Bad input at the door: an InputError naming the entry, never AttributeError/TypeError."""
+    with pytest.raises(InputError, match=r"Range 0 is a tuple, not an EffectRange\."):
+        plan_collection([(0, 1)], [True])  # type: ignore[list-item]
+    with pytest.raises(InputError, match=r"EffectRange 1 is \['a', 'b'\]"):
+        plan_collection([R(0, 1), R("a", "b")], [True, True])  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="sequences of EffectRange and of bool, not NoneType"):
+        plan_collection(None, None)  # type: ignore[arg-type]

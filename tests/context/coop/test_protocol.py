@@ -248,3 +248,29 @@ def test_register_rejects_state_member_of_wrong_type() -> None:
 def test_coop_context_rejects_a_non_context() -> None:
     with pytest.raises(InputError, match="wraps a turnloom Context, not a list"):
         CoopContext([])  # type: ignore[arg-type]
+
+
+class _ObserveRaises(ScriptedArea):
+    @property
+    def observe(self) -> None:  # type: ignore[override]
+        raise RuntimeError("observe is not ready")
+
+
+class _HashRaises(ScriptedArea):
+    def __hash__(self) -> int:
+        raise ValueError("no hash today")
+
+
+def test_register_turns_errors_from_members_or_hash_into_invalid_area_error() -> None:
+    """Whatever reading a member or hashing raises, register() answers with a typed error."""
+    coop = CoopContext(Context(GatewayType.openai_chat))
+    with pytest.raises(InvalidAreaError) as info:
+        coop.register(_ObserveRaises("o"))
+    assert info.value.missing == ("observe",)
+    assert "Reading observe of the _ObserveRaises area raised RuntimeError" in str(info.value)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    with pytest.raises(InvalidAreaError) as info:
+        coop.register(_HashRaises("h"))
+    assert "The _HashRaises area is unhashable" in str(info.value)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert coop.areas == ()
