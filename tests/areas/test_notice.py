@@ -177,5 +177,5 @@ def test_one_shot_notice_waits_until_every_later_range_has_retired(
     )
     later.life = AreaLifeState.retired
     coop.render()
-    assert coop.areas == ()
+    assert len(coop) == 0
     assert len(context) == 0

@@ -265,7 +265,7 @@ def test_register_turns_errors_from_members_or_hash_into_invalid_area_error() ->
     """Whatever reading a member or hashing raises, register() answers with a typed error."""
     coop = CoopContext(Context(GatewayType.openai_chat))
     with pytest.raises(InvalidAreaError) as info:
-        coop.register(_ObserveRaises("o"))
+        coop.register(_ObserveRaises("o"))  # type: ignore[arg-type]
     assert info.value.missing == ("observe",)
     assert "Reading observe of the _ObserveRaises area raised RuntimeError" in str(info.value)
     assert isinstance(info.value.__cause__, RuntimeError)
