@@ -54,7 +54,9 @@ Decisions beyond the seed (issue 3):
   ``render()`` raises :class:`~turnloom.errors.OpenToolCallError` and changes
   nothing: the caller pushes the result and renders again, so an area's
   output always lands after the whole call group. An area (or a promotion)
-  whose own messages leave a call open fails as an :class:`AreaCallbackError`.
+  whose own messages leave a call open, or hold a tool result that does not
+  answer a call of the nearest preceding call group among them, fails as an
+  :class:`AreaCallbackError`.
 * **Empty renders.** A render counts as non-empty when it appended at least
   one native item; messages that render to nothing (whitespace-only text)
   create no EffectRange, so a range always points at existing items.
@@ -604,7 +606,9 @@ class CoopContext:
                 promotions.append((entry, entry.promoted))
                 continue
             result = _call(entry, "promote", entry.area.promote)
-            promotions.append((entry, _checked_messages(entry, "promote", result)))
+            messages = _checked_messages(entry, "promote", result)
+            _check_results(entry, "promote", messages)
+            promotions.append((entry, messages))
         # Render and check every promotion before the first gc_prologue(): that
         # call is the area's final notification, so nothing may fail after it
         # for a reason the promotions carry.
@@ -730,6 +734,7 @@ class CoopContext:
         context = self._context
         for message in messages:
             _call(entry, phase, context.emplace_message, message)
+        _check_results(entry, phase, messages)
         open_ids = _open_call_ids(self._gateway, len(context), context)
         if open_ids:
             raise AreaCallbackError(
@@ -843,6 +848,37 @@ def _checked_messages(entry: _Entry, phase: str, result: object) -> tuple[Messag
     for index, message in enumerate(result):
         _call(entry, phase, _check_one, message, f"{phase}()[{index}]")
     return tuple(result)
+
+
+def _check_results(entry: _Entry, phase: str, messages: Sequence[Message]) -> None:
+    """Raise unless each tool result answers a call of the nearest preceding call group.
+
+    ``messages`` are what one area appends in one go. A render never starts
+    with a call open (and a promotion follows a detached tail), so a result
+    can only answer a call among them. Pairing is positional: a result
+    answers the calls of the nearest preceding assistant message, with only
+    results in between. Source: OpenAI Chat ``tool`` messages follow their
+    ``tool_calls`` message; Anthropic ``tool_result`` blocks open the next
+    user turn; Gemini's function-response turn follows the call turn.
+    """
+    calls: set[str] = set()
+    orphans: list[str] = []
+    for message in messages:
+        if message.role is Role.assistant:
+            calls = {c.call_id for c in message.tool_calls}
+            continue
+        results = message.tool_results
+        orphans.extend(r.call_id for r in results if r.call_id not in calls)
+        if len(results) < len(message.parts):
+            calls = set()  # user text, or a system message, ends the call group
+    if orphans:
+        raise AreaCallbackError(
+            f"Context Area {entry.describe()} {phase}() returned tool result(s) "
+            f"{', '.join(repr(c) for c in orphans)} without their call; an area must "
+            "render each result right after the call it answers.",
+            area=entry.area,
+            phase=phase,
+        )
 
 
 def _check_one(message: object, where: str) -> int:

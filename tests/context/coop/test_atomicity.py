@@ -429,3 +429,58 @@ def test_rejected_promotion_is_found_before_any_gc_prologue(
     report = coop.last_collection
     assert report is not None
     assert report.promoted == (user("z sum"), user("y fixed"))
+
+
+# -- tool results without their call ------------------------------------------------
+
+
+def test_area_rendering_a_tool_result_without_its_call_fails_and_rolls_back(
+    gateway_type: GatewayType,
+) -> None:
+    """Provider rule (every gateway): no tool result without its call in the prepared input.
+
+    A render never starts with a call open, so an area's result can only answer a
+    call the same area rendered before it, in the same render.
+    """
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    question = push(context, user("question"), call("c1"), result("c1"))
+    ok = ScriptedArea("ok", script=[[user("fine")]])
+    bad = ScriptedArea("bad", script=[[user("note"), result("c1")]])
+    coop.register(ok)
+    coop.register(bad)
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()
+    assert (info.value.area, info.value.phase) == (bad, "render")
+    assert "tool result(s) 'c1' without their call" in str(info.value)
+    assert items(context) == question
+    assert coop.effect_range(ok) is None
+
+
+def test_results_must_answer_the_nearest_preceding_call_group_of_the_area(
+    gateway_type: GatewayType,
+) -> None:
+    """Pairing is positional: a text turn between call and result breaks the pair."""
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    area = ScriptedArea("area", script=[[call("s1"), assistant("between"), result("s1")]])
+    coop.register(area)
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()
+    assert "'s1'" in str(info.value)
+    assert len(context) == 0
+
+
+def test_promoted_tool_result_without_its_call_fails_before_any_gc_prologue(
+    gateway_type: GatewayType,
+) -> None:
+    coop, areas, log = scenario(gateway_type)
+    before = state(coop)
+    areas["Z"].promoted = (result("gone"),)  # its call was in the detached tail
+    log.clear()
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()
+    assert (info.value.area, info.value.phase) == (areas["Z"], "promote")
+    assert "tool result(s) 'gone' without their call" in str(info.value)
+    assert log == [("Z", "promote")]
+    assert state(coop) == before
