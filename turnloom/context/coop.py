@@ -750,7 +750,9 @@ class CoopContext:
         if undo.detached is not None:
             start, tail = undo.detached
             context.detach_tail(start)
-            for item in tail:
+            # Only the items that were there before this render: a callback
+            # may have appended to the Context before the detach.
+            for item in tail[: undo.context_len - start]:
                 context.push_back(item)
         else:
             context.detach_tail(undo.context_len)

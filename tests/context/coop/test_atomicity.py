@@ -21,6 +21,7 @@ from tests.context.coop.support import (
 from turnloom.areas import OneShotNotice
 from turnloom.context import (
     AreaFlowState,
+    AreaLifeState,
     Context,
     CoopContext,
     GatewayType,
@@ -484,3 +485,93 @@ def test_promoted_tool_result_without_its_call_fails_before_any_gc_prologue(
     assert "tool result(s) 'gone' without their call" in str(info.value)
     assert log == [("Z", "promote")]
     assert state(coop) == before
+
+
+# -- more failure points ------------------------------------------------------------
+
+
+class _FlakyLife(ScriptedArea):
+    """life_state raises on its ``fail_at``-th read (1-based)."""
+
+    def __init__(self, *args: Any, fail_at: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reads = 0
+        self.fail_at = fail_at
+
+    @property
+    def life_state(self) -> AreaLifeState:
+        self.reads += 1
+        if self.reads == self.fail_at:
+            raise Boom("life_state read after observe fails")
+        return self.life
+
+
+def test_life_state_failing_after_observe_restores_collection_and_pass(
+    gateway_type: GatewayType,
+) -> None:
+    """The read after observe() is the last before render(); failing there undoes it all."""
+    coop, _, log = scenario(gateway_type)
+    flaky = _FlakyLife("flaky", log, script=[[user("k1")], [user("k2")]], fail_at=0)
+    coop.register(flaky)
+    coop.render()  # collects Z, Y; flaky renders k1
+    push(coop.context, assistant("again"))
+    done = ScriptedArea("done", log, script=[[user("d1")]], retire_on_render=True)
+    coop.register(done)
+    coop.render()  # done renders and retires: the tail component
+    before = state(coop)
+    flaky.reads = 0
+    flaky.fail_at = 3  # collection, before observe, after observe
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()
+    assert (info.value.area, info.value.phase) == (flaky, "life_state")
+    assert ("done", "gc_prologue") in log
+    assert state(coop) == before
+
+
+class _Pusher(ScriptedArea):
+    """Breaks the contract: appends a native item to the Context from gc_prologue()."""
+
+    def __init__(self, *args: Any, context: Context, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.context = context
+
+    def gc_prologue(self) -> None:
+        super().gc_prologue()
+        for item in native(self.context.gateway.type, user("smuggled")):
+            self.context.push_back(item)
+
+
+def test_rollback_restores_the_context_even_if_a_callback_appended_to_it(
+    gateway_type: GatewayType,
+) -> None:
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    keep = ScriptedArea("keep", script=[[user("k1")], [user("k2")]])
+    gone = _Pusher("gone", script=[[user("g1")]], retire_on_render=True, context=context)
+    coop.register(keep)
+    coop.register(gone)
+    coop.render()
+    push(context, assistant("reply"))
+    before = state(coop)
+    keep.fail_in = "render"
+    with pytest.raises(AreaCallbackError):
+        coop.render()
+    assert state(coop) == before
+
+
+def test_promotion_rendering_to_nothing_appends_no_item(gateway_type: GatewayType) -> None:
+    """The promoted message is reported, but no native item stands for it."""
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    blank = Message(role=Role.user, content="  ")
+    gone = ScriptedArea("gone", script=[[user("g1")]], retire_on_render=True, promoted=[blank])
+    coop.register(gone)
+    question = push(context, user("question"))
+    coop.render()
+    coop.render()
+    assert items(context) == question
+    report = coop.last_collection
+    assert report is not None
+    assert (report.start, report.promoted, report.promoted_items) == (len(question), (blank,), ())
+    stats = coop.statistics()
+    assert (stats.items_promoted, stats.areas_collected) == (0, 1)
