@@ -17,7 +17,13 @@ from turnloom.context import (
     Message,
     Role,
 )
-from turnloom.errors import InputError, InvalidMessageError, InvalidTextError, StateError
+from turnloom.errors import (
+    AreaCallbackError,
+    InputError,
+    InvalidMessageError,
+    InvalidTextError,
+    StateError,
+)
 
 
 def test_one_shot_notice_renders_once_retires_and_leaves_nothing(
@@ -179,3 +185,48 @@ def test_one_shot_notice_waits_until_every_later_range_has_retired(
     coop.render()
     assert len(coop) == 0
     assert len(context) == 0
+
+
+def test_pinned_notice_survives_a_render_rolled_back_by_another_area(
+    gateway_type: GatewayType,
+) -> None:
+    """A failure later in the pass rolls the pin's items back; the pin must render again.
+
+    The pin learns that its items were kept from observe(), which a CoopContext
+    calls only for an area that owns an EffectRange.
+    """
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    pin = PinnedNotice("You are the airline agent.")
+    flaky = ScriptedArea("flaky", script=[[user("f1")]], fail_in="render")
+    coop.register(pin)
+    coop.register(flaky)
+    with pytest.raises(AreaCallbackError):
+        coop.render()
+    assert len(context) == 0
+    flaky.fail_in = None
+    coop.render()
+    coop.render()
+    assert items(context) == native(gateway_type, user("You are the airline agent."), user("f1"))
+    width = len(native(gateway_type, user("You are the airline agent.")))
+    assert coop.effect_range(pin) == EffectRange(0, width - 1)
+
+
+def test_one_shot_notice_rolled_back_is_lost_as_documented(gateway_type: GatewayType) -> None:
+    """The documented limit: a retired area never renders, so the rolled-back notice is gone.
+
+    The docstring's recipe (rendered, but no EffectRange) detects it.
+    """
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    notice = OneShotNotice("Prices are in EUR.")
+    flaky = ScriptedArea("flaky", script=[[user("f1")]], fail_in="render")
+    coop.register(notice)
+    coop.register(flaky)
+    with pytest.raises(AreaCallbackError):
+        coop.render()
+    assert notice.rendered and coop.effect_range(notice) is None
+    flaky.fail_in = None
+    coop.render()
+    assert notice not in coop
+    assert items(context) == native(gateway_type, user("f1"))

@@ -29,6 +29,15 @@ class OneShotNotice:
     after the notice, or a :class:`PinnedNotice` registered after it, keeps
     the notice in the Context for as long as it is retained.
 
+    A failed ``CoopContext.render()`` rolls the Context back but cannot roll
+    back the notice's own state: if an area later in the same pass fails, the
+    notice's items are removed while the notice stays retired, and the next
+    safe point removes it without rendering it again (seed 000: a retired area
+    never renders). The notice is then lost; after an
+    :class:`~turnloom.errors.AreaCallbackError`, ``notice.rendered`` true while
+    the notice has no EffectRange identifies this, and a new notice can be
+    registered.
+
     Args:
         content: text (one message of ``role``), a message, or messages,
             oldest first.
@@ -120,11 +129,12 @@ class PinnedNotice:
             malformed; raised here, never at render time.
     """
 
-    __slots__ = ("_messages", "_rendered")
+    __slots__ = ("_kept", "_messages", "_rendered")
 
     def __init__(self, content: MessageContent, *, role: Role = Role.user) -> None:
         self._messages = as_messages(content, role=role, where="PinnedNotice content")
         self._rendered = False
+        self._kept = False
 
     @property
     def life_state(self) -> AreaLifeState:
@@ -147,15 +157,20 @@ class PinnedNotice:
         return self._rendered
 
     def observe(self, context: Sequence[NativeContent]) -> None:
-        """Nothing to learn from its own items."""
+        """Learn that the rendered items were kept (the area owns an EffectRange)."""
         del context
+        self._kept = True
 
     def render(self) -> list[Message]:
-        """The messages on the first call (a new list, oldest first), then ``[]``.
+        """The messages (a new list, oldest first) until they are known kept, then ``[]``.
 
-        The empty renders leave the EffectRange where the first one put it.
+        A CoopContext observes an area before rendering it again exactly when
+        the area owns an EffectRange. A render without that observation means
+        the previous items are not in the Context (a later failure rolled the
+        render back), so the messages are rendered again. The empty renders
+        leave the EffectRange where the first kept one put it.
         """
-        if self._rendered:
+        if self._kept:
             return []
         self._rendered = True
         return list(self._messages)
