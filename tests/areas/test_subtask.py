@@ -25,8 +25,15 @@ from turnloom.context import (
     GatewayType,
     Message,
     Role,
+    ToolCallPart,
 )
-from turnloom.errors import AreaCallbackError, InputError, InvalidMessageError, StateError
+from turnloom.errors import (
+    AreaCallbackError,
+    InputError,
+    InvalidMessageError,
+    ProviderRuleError,
+    StateError,
+)
 
 
 def states(area: SubtaskArea) -> tuple[AreaLifeState, AreaFlowState]:
@@ -268,3 +275,30 @@ def test_route_rejects_values_that_are_not_messages() -> None:
         with pytest.raises(InputError, match=f"not {name}"):
             task.route(value)  # type: ignore[arg-type]
     assert task.routed == ()
+
+
+def test_subtask_renders_its_instruction_again_after_a_rolled_back_render(
+    gateway_type: GatewayType,
+) -> None:
+    """An instruction the gateway rejected is rolled back; the retry must fail loudly again.
+
+    Before, the area believed itself rendered: it returned nothing, never got a
+    range, was never observed, and held the cursor forever without an error.
+    """
+    if gateway_type in (GatewayType.openai_chat, GatewayType.openai_responses):
+        pytest.skip("OpenAI gateways carry tool call arguments as text, unparsed")
+    bad_call = Message(
+        role=Role.assistant,
+        content=(ToolCallPart(call_id="s1", name="lookup", arguments="[1, 2]"),),
+    )
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    task = SubtaskArea([user("Look it up."), bad_call, result("s1")], done=fare_found, summary="x")
+    coop.register(task)
+    for _ in range(2):
+        with pytest.raises(AreaCallbackError) as info:
+            coop.render()
+        assert (info.value.area, info.value.phase) == (task, "render")
+        assert isinstance(info.value.__cause__, ProviderRuleError)
+        assert len(context) == 0
+        assert coop.effect_range(task) is None

@@ -76,9 +76,9 @@ class SubtaskArea:
         "_done",
         "_flow_state",
         "_instruction",
+        "_kept",
         "_life_state",
         "_observed",
-        "_rendered",
         "_role",
         "_routed",
         "_summary",
@@ -104,7 +104,7 @@ class SubtaskArea:
         self._role = text_role(role, where="SubtaskArea")
         self._life_state = AreaLifeState.retain
         self._flow_state = AreaFlowState.exclusive
-        self._rendered = False
+        self._kept = False
         self._collected = False
         self._routed: list[Message] = []
         self._observed: Sequence[NativeContent] = ()
@@ -185,15 +185,21 @@ class SubtaskArea:
         an ``observe`` failure and rolls back).
         """
         self._observed = context
+        self._kept = True  # observed: the instruction's items are in the Context
         if self._done(self):
             self._flow_state = AreaFlowState.yielded
             self._life_state = AreaLifeState.retired
 
     def render(self) -> list[Message]:
-        """The instruction on the first call, then nothing (the area keeps the cursor)."""
-        if self._rendered:
+        """The instruction (a new list, oldest first) until it is known kept, then ``[]``.
+
+        A CoopContext observes an area before rendering it again exactly when
+        the area owns an EffectRange, so a render without that observation
+        means the instruction is not in the Context (a failed render rolled
+        it back) and it is rendered again. Then the area keeps the cursor.
+        """
+        if self._kept:
             return []
-        self._rendered = True
         return list(self._instruction)
 
     def promote(self) -> tuple[Message, ...]:
