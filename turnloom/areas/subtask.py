@@ -133,7 +133,11 @@ class SubtaskArea:
 
     @property
     def observed(self) -> Sequence[NativeContent]:
-        """The latest snapshot of the area's EffectRange (empty before the first)."""
+        """The latest snapshot of the area's EffectRange (empty before the first).
+
+        A read-only Sequence of NativeContent, oldest first; the items are the
+        Context's own (shared, not copied) and must not be mutated.
+        """
         return self._observed
 
     @property
