@@ -858,17 +858,22 @@ def _check_results(entry: _Entry, phase: str, messages: Sequence[Message]) -> No
     ``messages`` are what one area appends in one go. A render never starts
     with a call open (and a promotion follows a detached tail), so a result
     can only answer a call among them. Pairing is positional: a result
-    answers the calls of the nearest preceding assistant message, with only
-    results in between. Source: OpenAI Chat ``tool`` messages follow their
+    answers the calls of the nearest preceding model turn (consecutive
+    assistant messages, as for open calls), with only results in between.
+    Source: OpenAI Chat ``tool`` messages follow their
     ``tool_calls`` message; Anthropic ``tool_result`` blocks open the next
     user turn; Gemini's function-response turn follows the call turn.
     """
     calls: set[str] = set()
     orphans: list[str] = []
+    in_model_turn = False
     for message in messages:
         if message.role is Role.assistant:
-            calls = {c.call_id for c in message.tool_calls}
+            ids = {c.call_id for c in message.tool_calls}
+            calls = calls | ids if in_model_turn else ids
+            in_model_turn = True
             continue
+        in_model_turn = False
         results = message.tool_results
         orphans.extend(r.call_id for r in results if r.call_id not in calls)
         if len(results) < len(message.parts):

@@ -461,10 +461,10 @@ def test_area_rendering_a_tool_result_without_its_call_fails_and_rolls_back(
 def test_results_must_answer_the_nearest_preceding_call_group_of_the_area(
     gateway_type: GatewayType,
 ) -> None:
-    """Pairing is positional: a text turn between call and result breaks the pair."""
+    """Pairing is positional: a user turn between call and result breaks the pair."""
     context = Context(gateway_type)
     coop = CoopContext(context)
-    area = ScriptedArea("area", script=[[call("s1"), assistant("between"), result("s1")]])
+    area = ScriptedArea("area", script=[[call("s1"), user("between"), result("s1")]])
     coop.register(area)
     with pytest.raises(AreaCallbackError) as info:
         coop.render()
@@ -575,3 +575,17 @@ def test_promotion_rendering_to_nothing_appends_no_item(gateway_type: GatewayTyp
     assert (report.start, report.promoted, report.promoted_items) == (len(question), (blank,), ())
     stats = coop.statistics()
     assert (stats.items_promoted, stats.areas_collected) == (0, 1)
+
+
+def test_calls_of_consecutive_assistant_messages_form_one_call_group(
+    gateway_type: GatewayType,
+) -> None:
+    """As for open calls: one model turn may span assistant items (Responses: one per call)."""
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    batch = [call("g1"), call("g2", "search"), result("g1"), result("g2", name="search")]
+    area = ScriptedArea("area", script=[batch])
+    coop.register(area)
+    coop.render()
+    assert items(context) == native(gateway_type, *batch)
+    assert coop.effect_range(area) is not None
