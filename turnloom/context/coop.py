@@ -75,7 +75,10 @@ Ownership: a CoopContext and its Context are used by one thread at a time
 (any thread, for example a worker thread of the runtime, but never two at
 once). Nothing here locks. A call made from inside an area callback (a
 re-entrant ``render()`` or ``register()``) raises
-:class:`~turnloom.errors.StateError`.
+:class:`~turnloom.errors.StateError`. Only the Collector removes Context
+items: ``render()`` raises :class:`~turnloom.errors.StateError` when the
+Context holds fewer items than after the previous successful render (one
+CoopContext per Context).
 
 Cost: a ``render()`` reads every area's ``life_state`` and plans collection in
 O(n) for n registered areas (the ranges are kept sorted by ``earliest``), plus
@@ -354,6 +357,7 @@ class CoopContext:
         "_context",
         "_counters",
         "_cursor",
+        "_floor",
         "_gateway",
         "_last",
         "_materialized",
@@ -372,6 +376,7 @@ class CoopContext:
         self._by_id: dict[int, _Entry] = {}
         self._materialized: list[_Entry] = []  # areas with a range, ascending earliest
         self._cursor = 0
+        self._floor = 0  # len(context) after the last successful render()
         self._busy = False
         self._seq = 0
         self._last: CollectionReport | None = None
@@ -533,10 +538,19 @@ class CoopContext:
                 value; ``area`` and ``phase`` name it, ``__cause__`` is the
                 original error. The CoopContext and the Context are as they
                 were before this call.
-            StateError: called from inside an area callback.
+            StateError: called from inside an area callback, or the Context
+                holds fewer items than after the last successful render
+                (something other than the Collector removed items); nothing
+                was changed.
         """
         if self._busy:
             raise StateError("CoopContext.render() was called from inside an area callback.")
+        if len(self._context) < self._floor:
+            raise StateError(
+                f"The Context holds {len(self._context)} items but held {self._floor} after "
+                "the last render(); only this CoopContext's Collector may remove items "
+                "(detach_tail), so the EffectRanges no longer match the Context."
+            )
         open_ids = _open_call_ids(self._gateway, len(self._context), self._context)
         if open_ids:
             listed = ", ".join(repr(c) for c in open_ids)
@@ -564,6 +578,7 @@ class CoopContext:
             promoted + len(report.promoted_items),
         )
         self._last = report
+        self._floor = len(self._context)
         return self._context
 
     # -- phases -----------------------------------------------------------

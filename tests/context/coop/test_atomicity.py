@@ -589,3 +589,22 @@ def test_calls_of_consecutive_assistant_messages_form_one_call_group(
     coop.render()
     assert items(context) == native(gateway_type, *batch)
     assert coop.effect_range(area) is not None
+
+
+def test_render_refuses_a_context_shrunk_outside_the_collector(gateway_type: GatewayType) -> None:
+    """Ranges must lie inside the Context; only the Collector removes items.
+
+    Without the check an area's observe() got an IndexError and was blamed for it.
+    """
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    area = ScriptedArea("area", script=[[user("a1"), user("a2")], [user("a3")]])
+    coop.register(area)
+    coop.render()
+    context.detach_tail(1)
+    before = state(coop)
+    with pytest.raises(StateError) as info:
+        coop.render()
+    assert "The Context holds 1 items but held 2 after the last render()" in str(info.value)
+    assert state(coop) == before
+    assert area.log == [("area", "render")]
