@@ -66,7 +66,8 @@ Decisions beyond the seed (issue 3):
   retired area that never rendered, has ``promote()`` and then
   ``gc_prologue()`` succeed exactly once (a failed call is made again at the
   next collection). Every promotion is validated, rendered through the
-  gateway and checked for open tool calls before the first ``gc_prologue()``,
+  gateway and checked for open tool calls and for results without their call
+  before the first ``gc_prologue()``,
   so a rejected promotion delivers no final notification. Promoted messages
   are appended in the order of the areas' ``earliest`` index; areas without a
   range follow in registration order.
