@@ -64,8 +64,8 @@ Decisions beyond the seed (issue 3):
   the area as retired even if the property later says otherwise.
 * **Removal callbacks.** Every area removed from a CoopContext, including a
   retired area that never rendered, has ``promote()`` and then
-  ``gc_prologue()`` succeed exactly once (a failed call is made again at the
-  next collection). Every promotion is validated, rendered through the
+  ``gc_prologue()`` succeed exactly once (a call that raised, or whose
+  promotion was rejected, is made again at the next collection). Every promotion is validated, rendered through the
   gateway and checked for open tool calls and for results without their call
   before the first ``gc_prologue()``,
   so a rejected promotion delivers no final notification. Promoted messages
@@ -616,21 +616,20 @@ class CoopContext:
         if not chosen:
             return _EMPTY_REPORT
         context = self._context
-        promotions: list[tuple[_Entry, tuple[Message, ...]]] = []
-        for entry in chosen:
-            if entry.promoted is not None:
-                promotions.append((entry, entry.promoted))
-                continue
-            result = _call(entry, "promote", entry.area.promote)
-            messages = _checked_messages(entry, "promote", result)
-            _check_results(entry, "promote", messages)
-            promotions.append((entry, messages))
-        # Render and check every promotion before the first gc_prologue(): that
-        # call is the area's final notification, so nothing may fail after it
-        # for a reason the promotions carry.
+        # Each promotion is checked, rendered through the gateway and checked
+        # for open calls before it is kept, and all of them before the first
+        # gc_prologue(): that call is the area's final notification, so nothing
+        # may fail after it for a reason the promotions carry. A kept promotion
+        # is reused if this render fails later, so promote() succeeds once.
         cut = len(context) if plan.start is None else plan.start
+        promotions: list[tuple[_Entry, tuple[Message, ...]]] = []
         rendered: list[NativeContent] = []
-        for entry, messages in promotions:
+        for entry in chosen:
+            messages = entry.promoted
+            if messages is None:
+                result = _call(entry, "promote", entry.area.promote)
+                messages = _checked_messages(entry, "promote", result)
+                _check_results(entry, "promote", messages)
             for message in messages:
                 rendered.extend(_call(entry, "promote", self._gateway.render, message))
             if messages:
@@ -643,8 +642,8 @@ class CoopContext:
                         area=entry.area,
                         phase="promote",
                     )
-        for entry, messages in promotions:
             entry.promoted = messages
+            promotions.append((entry, messages))
         for entry in chosen:
             if not entry.prologued:
                 _call(entry, "gc_prologue", entry.area.gc_prologue)

@@ -110,6 +110,8 @@ class MachineArea:
 
     def promote(self) -> tuple[Message, ...]:
         self.events.append((self.name, "promote", self.promotion))
+        if self.fail_in == "promote":
+            raise RuntimeError(f"{self.name} promote fails")
         self.promote_calls += 1
         return self.promotion
 
@@ -297,6 +299,9 @@ class CoopMachine(RuleBasedStateMachine):
         untold = [a for a in removed if a.prologue_calls == 0]
         if untold:  # fails after every promote() and the earlier gc_prologue()s
             choices.append((untold[-1], "gc_prologue"))
+        unpromoted = [a for a in removed if a.promote_calls == 0]
+        if unpromoted:  # fails after the earlier promote()s, before any gc_prologue()
+            choices.append((unpromoted[-1], "promote"))
         cursor = self.coop.cursor
         if isinstance(cursor, MachineArea) and cursor.life is AreaLifeState.retain:
             # fails after the whole collection: detach, promotions, cursor repair
