@@ -350,7 +350,7 @@ def test_retained_area_nested_in_a_retired_one_blocks_the_component(
     assert coop.effect_range(inner) == EffectRange(o1, o1 + i1 + o2 + i2 - 1)
     inner.life = AreaLifeState.retired
     coop.render()
-    assert coop.areas == ()
+    assert len(coop) == 0
     assert len(context) == 0
     report = coop.last_collection
     assert report is not None and report.components == 1
