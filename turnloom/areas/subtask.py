@@ -19,7 +19,11 @@ from turnloom.context.message import Message, Role, check_message
 from turnloom.errors import InputError, StateError
 
 SubtaskPredicate: TypeAlias = "Callable[[SubtaskArea], bool]"
-"""Called with the area after each observation; ``True`` when the sub-task is done."""
+"""Called with the area after each observation; ``True`` when the sub-task is done.
+
+An exception it raises propagates from ``observe()``: the CoopContext rolls the
+render back and raises ``AreaCallbackError`` with phase ``observe``.
+"""
 
 SubtaskSummary: TypeAlias = "MessageContent | Callable[[SubtaskArea], MessageContent]"
 """The summary to promote, or a callback producing it from the finished area."""

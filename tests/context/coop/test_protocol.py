@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from tests.context.coop.support import ScriptedArea, gateway_or_skip, native, user
-from turnloom.context import NativeContent
+from turnloom.context import EffectRange, NativeContent
 from turnloom.context.area import (
     AreaFlowState,
     AreaLifeState,
@@ -227,7 +227,9 @@ def test_register_tells_equal_areas_apart_by_identity(gateway_type: GatewayType)
     coop.render()
     assert coop.areas == (first, second)
     assert list(context.snapshot()) == native(gateway_type, user("same"), user("same"))
-    assert coop.effect_range(first) != coop.effect_range(second)
+    width = len(native(gateway_type, user("same")))
+    assert coop.effect_range(first) == EffectRange(0, width - 1)
+    assert coop.effect_range(second) == EffectRange(width, 2 * width - 1)
 
 
 class _BadState(OneShotNoticeArea):
