@@ -61,16 +61,18 @@ Decisions beyond the seed (issue 3):
   one native item; messages that render to nothing (whitespace-only text)
   create no EffectRange, so a range always points at existing items.
 * **Retirement is sticky.** Once a CoopContext has read ``retired``, it treats
-  the area as retired even if the property later says otherwise.
+  the area as retired even if the property later says otherwise. An area
+  whose ``promote()`` result was kept by a collection that a later failure
+  rolled back counts as retired too, whatever it says now.
 * **Removal callbacks.** Every area removed from a CoopContext, including a
   retired area that never rendered, has ``promote()`` and then
   ``gc_prologue()`` succeed exactly once (a call that raised, or whose
-  promotion was rejected, is made again at the next collection). Every promotion is validated, rendered through the
-  gateway and checked for open tool calls and for results without their call
-  before the first ``gc_prologue()``,
-  so a rejected promotion delivers no final notification. Promoted messages
-  are appended in the order of the areas' ``earliest`` index; areas without a
-  range follow in registration order.
+  promotion was rejected, is made again at the next collection). Every
+  promotion is validated, rendered through the gateway and checked for open
+  tool calls and for results without their call before the first
+  ``gc_prologue()``, so a rejected promotion delivers no final notification.
+  Promoted messages are appended in the order of the areas' ``earliest``
+  index; areas without a range follow in registration order.
 
 Ownership: a CoopContext and its Context are used by one thread at a time
 (any thread, for example a worker thread of the runtime, but never two at
@@ -603,7 +605,13 @@ class CoopContext:
     def _collect(self, undo: _Undo) -> CollectionReport:
         unrendered: list[_Entry] = []
         for entry in self._order:
-            if not entry.retired and self._read_life(entry) is AreaLifeState.retired:
+            if entry.retired:
+                pass
+            elif entry.promoted is not None:
+                # Selected by a collection that was rolled back: its state
+                # changes in promote()/gc_prologue() cannot cancel collection.
+                self._retire(entry, undo)
+            elif self._read_life(entry) is AreaLifeState.retired:
                 self._retire(entry, undo)
             if entry.retired and entry.range is None:
                 unrendered.append(entry)

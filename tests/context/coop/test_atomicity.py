@@ -604,3 +604,46 @@ def test_render_refuses_a_context_shrunk_outside_the_collector(gateway_type: Gat
     assert "The Context holds 1 items but held 2 after the last render()" in str(info.value)
     assert state(coop) == before
     assert area.log == [("area", "render")]
+
+
+class _Fickle(ScriptedArea):
+    """Un-retires from its GC callbacks (outside the contract)."""
+
+    def promote(self) -> tuple[Message, ...]:
+        self.life = AreaLifeState.retain
+        return super().promote()
+
+    def gc_prologue(self) -> None:
+        self.life = AreaLifeState.retain
+        super().gc_prologue()
+
+
+def test_gc_callbacks_cannot_cancel_a_collection_retried_after_a_failure(
+    gateway_type: GatewayType,
+) -> None:
+    """Seed 000: state changes in promote()/gc_prologue() cannot cancel collection.
+
+    Also not through the retry of a render that failed after the collection.
+    """
+    log: Log = []
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    keep = ScriptedArea("keep", log, script=[[user("k1")]])
+    fickle = _Fickle(
+        "fickle", log, script=[[user("f1")]], retire_on_render=True, promoted=[user("f sum")]
+    )
+    coop.register(keep)
+    coop.register(fickle)
+    coop.render()
+    push(context, assistant("reply"))
+    before = state(coop)
+    keep.fail_in = "observe"
+    with pytest.raises(AreaCallbackError):
+        coop.render()
+    assert state(coop) == before
+    assert fickle.life_state is AreaLifeState.retain
+    keep.fail_in = None
+    coop.render()
+    assert coop.areas == (keep,)
+    assert items(context) == native(gateway_type, user("k1"), user("f sum"))
+    assert [e for n, e in log if n == "fickle"] == ["render", "promote", "gc_prologue"]
