@@ -647,3 +647,27 @@ def test_gc_callbacks_cannot_cancel_a_collection_retried_after_a_failure(
     assert coop.areas == (keep,)
     assert items(context) == native(gateway_type, user("k1"), user("f sum"))
     assert [e for n, e in log if n == "fickle"] == ["render", "promote", "gc_prologue"]
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("plain text", "render() returned a str, not a list of Message"),
+        (iter([user("x")]), "render() returned a list_iterator, not a list of Message"),
+        (["plain text"], "render()[0] is a str, not a turnloom Message"),
+        ([user("ok"), {"role": "user", "content": "native"}], "is a dict, not a turnloom Message"),
+    ],
+    ids=["str", "iterator", "list-of-str", "native-dict"],
+)
+def test_render_results_that_are_not_lists_of_messages_fail_and_roll_back(
+    gateway_type: GatewayType, value: object, fragment: str
+) -> None:
+    """Areas return neutral Messages only, never provider-native items (seed 000)."""
+    coop, areas, _ = scenario(gateway_type)
+    before = state(coop)
+    areas["F"].render = lambda: value  # type: ignore[method-assign,assignment,return-value]
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()
+    assert (info.value.area, info.value.phase) == (areas["F"], "render")
+    assert fragment in str(info.value)
+    assert state(coop) == before
