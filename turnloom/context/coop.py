@@ -24,9 +24,8 @@ does two things, in this order:
    wrapping around, visiting each area at most once. A retired area is
    skipped. A retained area that has an EffectRange first ``observe()``\\s a
    read-only snapshot of exactly that range; if it retires there, its
-   ``render()`` is skipped. Otherwise its ``render()`` messages are checked,
-   rendered through the gateway and appended, as
-   :meth:`Context.emplace_message` does; a non-empty render creates the
+   ``render()`` is skipped. Otherwise its ``render()`` messages are appended
+   with :meth:`Context.emplace_message`; a non-empty render creates the
    EffectRange (fixing ``earliest``) or moves its ``latest``. Then the area's
    ``flow_state`` decides: ``exclusive`` keeps the cursor on it and ends the
    pass, ``yielded`` moves the cursor on.
@@ -756,11 +755,8 @@ class CoopContext:
         if not messages:
             return
         context = self._context
-        # What Context.emplace_message does, with errors naming the index.
         for index, message in enumerate(messages):
-            _call(entry, phase, _check_one, message, f"{phase}()[{index}]")
-            for item in _call(entry, phase, self._gateway.render, message):
-                context.push_back(item)
+            _call(entry, phase, _emplace, context, message, f"{phase}()[{index}]")
         _check_results(entry, phase, messages)
         open_ids = _open_call_ids(self._gateway, len(context), context)
         if open_ids:
@@ -913,6 +909,13 @@ def _check_results(entry: _Entry, phase: str, messages: Sequence[Message]) -> No
             area=entry.area,
             phase=phase,
         )
+
+
+def _emplace(context: Context, message: object, where: str) -> None:
+    """``context.emplace_message(message)``; a non-Message is named by ``where``."""
+    if not isinstance(message, Message):
+        raise InvalidMessageError(f"{where} is a {type(message).__name__}, not a turnloom Message.")
+    context.emplace_message(message)
 
 
 def _check_one(message: object, where: str) -> int:
