@@ -671,3 +671,98 @@ def test_render_results_that_are_not_lists_of_messages_fail_and_roll_back(
     assert (info.value.area, info.value.phase) == (areas["F"], "render")
     assert fragment in str(info.value)
     assert state(coop) == before
+
+
+# Model output in each provider's own shape: (items ending with an open call, the
+# open call ids, the items that close them).
+_NATIVE_OPEN_CALLS: dict[GatewayType, tuple[list[dict[str, Any]], tuple[str, ...], list[Any]]] = {
+    GatewayType.openai_chat: (
+        [
+            {"role": "user", "content": "q"},
+            {
+                "role": "assistant",
+                "content": "Checking.",
+                "tool_calls": [
+                    {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                    {"id": "b", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                ],
+            },
+            {"role": "tool", "tool_call_id": "a", "content": "ra"},
+        ],
+        ("b",),
+        [{"role": "tool", "tool_call_id": "b", "content": "rb"}],
+    ),
+    GatewayType.openai_responses: (
+        [
+            {"role": "user", "content": "q"},
+            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "x"},
+            {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}"},
+            {"type": "function_call", "call_id": "b", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "b", "output": "rb"},
+        ],
+        ("a",),
+        [{"type": "function_call_output", "call_id": "a", "output": "ra"}],
+    ),
+    GatewayType.anthropic: (
+        [
+            {"role": "user", "content": "q"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "Checking."},
+                    {"type": "tool_use", "id": "a", "name": "f", "input": {}},
+                ],
+            },
+        ],
+        ("a",),
+        [
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "a", "content": "r"}],
+            }
+        ],
+    ),
+    GatewayType.gemini: (
+        [
+            {"role": "user", "parts": [{"text": "q"}]},
+            {
+                "role": "model",
+                "parts": [
+                    {"functionCall": {"name": "f", "args": {}}},
+                    {"functionCall": {"name": "g", "args": {"x": 1}}},
+                ],
+            },
+        ],
+        ("f#0", "g#1"),
+        [
+            {
+                "role": "user",
+                "parts": [
+                    {"functionResponse": {"name": "f", "response": {"output": "rf"}}},
+                    {"functionResponse": {"name": "g", "response": {"output": "rg"}}},
+                ],
+            }
+        ],
+    ),
+}
+
+
+def test_open_calls_in_native_model_output_block_render_until_answered(
+    gateway_type: GatewayType,
+) -> None:
+    """Provider-native shapes: parallel calls, reasoning items, calls without ids (Gemini)."""
+    pushed, open_ids, closing = _NATIVE_OPEN_CALLS[gateway_type]
+    context = Context(gateway_type)
+    for item in pushed:
+        context.push_back(item)
+    coop = CoopContext(context)
+    coop.register(OneShotNotice("Heads up."))
+    with pytest.raises(OpenToolCallError) as info:
+        coop.render()
+    assert info.value.call_ids == open_ids
+    assert items(context) == pushed
+    for item in closing:
+        context.push_back(item)
+    coop.render()
+    assert items(context) == pushed + closing + native(gateway_type, user("Heads up."))
+    assert context.gateway.validate(items(context)) == []
