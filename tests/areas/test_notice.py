@@ -17,7 +17,13 @@ from turnloom.context import (
     Message,
     Role,
 )
-from turnloom.errors import InputError, InvalidMessageError, InvalidTextError, StateError
+from turnloom.errors import (
+    AreaCallbackError,
+    InputError,
+    InvalidMessageError,
+    InvalidTextError,
+    StateError,
+)
 
 
 def test_one_shot_notice_renders_once_retires_and_leaves_nothing(
@@ -125,6 +131,102 @@ def test_one_shot_notice_after_a_pin_is_reclaimed(gateway_type: GatewayType) -> 
     kept = items(context)
     coop.register(OneShotNotice("transient"))
     coop.render()
-    assert len(context) > len(kept)
+    assert items(context) == kept + native(gateway_type, user("transient"))
     coop.render()
     assert items(context) == kept
+    assert coop.areas == (pin,)
+
+
+def test_notices_reject_messages_that_render_to_nothing(gateway_type: GatewayType) -> None:
+    """Bad input at the door: a blank message, like blank text, is not a notice."""
+    blank = Message(role=Role.user, content="   ")
+    assert native(gateway_type, blank) == []
+    with pytest.raises(InputError, match=r"OneShotNotice content\[0\] has no content"):
+        OneShotNotice(blank)
+    with pytest.raises(InputError, match=r"PinnedNotice content\[1\] has no content"):
+        PinnedNotice([user("kept"), Message(role=Role.user, content=())])
+
+
+def test_notices_reject_a_text_role_that_renders_no_text() -> None:
+    """A text ``tool`` message carries no tool result: OpenAI gateways drop it silently."""
+    with pytest.raises(InputError, match="The role tool given for OneShotNotice content text"):
+        OneShotNotice("hi", role=Role.tool)
+    with pytest.raises(InputError, match="The role 'wizard' given for"):
+        PinnedNotice("hi", role="wizard")  # type: ignore[arg-type]
+
+
+def test_one_shot_notice_waits_until_every_later_range_has_retired(
+    gateway_type: GatewayType,
+) -> None:
+    """No retained range overlaps the notice, yet a retained range after it keeps it.
+
+    The Collector reclaims whole runs of components from the tail backward only.
+    """
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    notice = OneShotNotice("Prices are in EUR.")
+    later = ScriptedArea("later", script=[[user("l1")], [user("l2")]])
+    coop.register(notice)
+    coop.register(later)
+    coop.render()  # notice, l1
+    push(context, assistant("ok"))
+    coop.render()  # notice retired but followed by retained "later": kept; l2
+    assert coop.effect_range(later) == EffectRange(
+        len(native(gateway_type, user("Prices are in EUR."))), len(context) - 1
+    )
+    assert coop.effect_range(notice) == EffectRange(
+        0, len(native(gateway_type, user("Prices are in EUR."))) - 1
+    )
+    assert coop.areas == (notice, later)
+    assert items(context) == native(
+        gateway_type, user("Prices are in EUR."), user("l1"), assistant("ok"), user("l2")
+    )
+    later.life = AreaLifeState.retired
+    coop.render()
+    assert len(coop) == 0
+    assert len(context) == 0
+
+
+def test_pinned_notice_survives_a_render_rolled_back_by_another_area(
+    gateway_type: GatewayType,
+) -> None:
+    """A failure later in the pass rolls the pin's items back; the pin must render again.
+
+    The pin learns that its items were kept from observe(), which a CoopContext
+    calls only for an area that owns an EffectRange.
+    """
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    pin = PinnedNotice("You are the airline agent.")
+    flaky = ScriptedArea("flaky", script=[[user("f1")]], fail_in="render")
+    coop.register(pin)
+    coop.register(flaky)
+    with pytest.raises(AreaCallbackError):
+        coop.render()
+    assert len(context) == 0
+    flaky.fail_in = None
+    coop.render()
+    coop.render()
+    assert items(context) == native(gateway_type, user("You are the airline agent."), user("f1"))
+    width = len(native(gateway_type, user("You are the airline agent.")))
+    assert coop.effect_range(pin) == EffectRange(0, width - 1)
+
+
+def test_one_shot_notice_rolled_back_is_lost_as_documented(gateway_type: GatewayType) -> None:
+    """The documented limit: a retired area never renders, so the rolled-back notice is gone.
+
+    The docstring's recipe (rendered, but no EffectRange) detects it.
+    """
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    notice = OneShotNotice("Prices are in EUR.")
+    flaky = ScriptedArea("flaky", script=[[user("f1")]], fail_in="render")
+    coop.register(notice)
+    coop.register(flaky)
+    with pytest.raises(AreaCallbackError):
+        coop.render()
+    assert notice.rendered and coop.effect_range(notice) is None
+    flaky.fail_in = None
+    coop.render()
+    assert notice not in coop
+    assert items(context) == native(gateway_type, user("f1"))

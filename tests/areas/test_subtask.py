@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.context.coop.support import assistant, call, items, native, push, result, user
+from tests.context.coop.support import (
+    ScriptedArea,
+    assistant,
+    call,
+    items,
+    native,
+    push,
+    result,
+    user,
+)
 from turnloom.areas import OneShotNotice, SubtaskArea
 from turnloom.context import (
     AreaFlowState,
@@ -16,8 +25,15 @@ from turnloom.context import (
     GatewayType,
     Message,
     Role,
+    ToolCallPart,
 )
-from turnloom.errors import AreaCallbackError, InputError, InvalidMessageError, StateError
+from turnloom.errors import (
+    AreaCallbackError,
+    InputError,
+    InvalidMessageError,
+    ProviderRuleError,
+    StateError,
+)
 
 
 def states(area: SubtaskArea) -> tuple[AreaLifeState, AreaFlowState]:
@@ -161,3 +177,128 @@ def test_subtask_rejects_empty_instruction_or_summary() -> None:
         SubtaskArea("", done=lambda a: True, summary="x")
     with pytest.raises(InputError, match="summary"):
         SubtaskArea("Do it.", done=lambda a: True, summary=[])
+
+
+def test_subtask_summary_is_produced_once_when_another_area_fails_after_its_collection(
+    gateway_type: GatewayType,
+) -> None:
+    """A rolled-back render must not wedge a finished sub-task.
+
+    Its gc_prologue() drops the routed outputs the summary callback reads; the
+    retry reuses the summary instead of calling the callback on an emptied area.
+    """
+    calls: list[int] = []
+
+    def counted_summary(area: SubtaskArea) -> str:
+        calls.append(len(area.routed))
+        return fare_summary(area)
+
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    earlier = ScriptedArea("earlier", script=[[user("Prices are in EUR.")]])
+    task = SubtaskArea("Find the cheapest fare first.", done=fare_found, summary=counted_summary)
+    coop.register(earlier)
+    coop.register(task)
+    coop.render()  # earlier's notice, then the instruction (exclusive)
+    final = assistant("FARE: 120 EUR.")
+    push(context, final)
+    task.route(final)
+    coop.render()  # done: retires in observe
+    before = items(context)
+    earlier.fail_in = "observe"
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()  # collects the sub-task, then the earlier area fails
+    assert (info.value.area, info.value.phase) == (earlier, "observe")
+    assert items(context) == before
+    assert task in coop and task.collected and task.routed == ()
+    earlier.fail_in = None
+    coop.render()
+    assert calls == [1]
+    assert items(context) == native(
+        gateway_type, user("Prices are in EUR."), user("Sub-task result: FARE: 120 EUR.")
+    )
+    assert coop.areas == (earlier,)
+
+
+def test_subtask_summary_callback_error_is_a_promote_failure_and_keeps_the_area(
+    gateway_type: GatewayType,
+) -> None:
+    def broken(area: SubtaskArea) -> str:
+        raise KeyError("no fare")
+
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    task = SubtaskArea("Do it.", done=fare_found, summary=broken)
+    coop.register(task)
+    coop.render()
+    final = assistant("FARE: 99 EUR.")
+    push(context, final)
+    task.route(final)
+    coop.render()  # retires in observe
+    before = items(context)
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()
+    assert (info.value.area, info.value.phase) == (task, "promote")
+    assert isinstance(info.value.__cause__, KeyError)
+    assert "raised KeyError in promote" in str(info.value)
+    assert items(context) == before
+    assert task in coop and coop.is_retired(task)
+    assert not task.collected and task.routed == (final,)
+
+
+def test_subtask_rejects_a_done_predicate_that_is_not_callable() -> None:
+    with pytest.raises(InputError, match="done must be callable, not NoneType"):
+        SubtaskArea("Do it.", done=None, summary="x")  # type: ignore[arg-type]
+
+
+def test_subtask_rejects_a_role_that_cannot_carry_its_text() -> None:
+    """The role is checked at construction even when only a callback summary will use it."""
+    with pytest.raises(InputError, match="The role 'wizard' given for"):
+        SubtaskArea(user("Do it."), done=fare_found, summary=fare_summary, role="wizard")  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="The role tool given for SubtaskArea instruction"):
+        SubtaskArea("Do it.", done=fare_found, summary="x", role=Role.tool)
+
+
+def test_subtask_rejects_an_instruction_that_renders_to_nothing(gateway_type: GatewayType) -> None:
+    """A blank instruction would create no EffectRange: never observed, exclusive forever."""
+    blank = Message(role=Role.user, content=" \n ")
+    assert native(gateway_type, blank) == []
+    with pytest.raises(InputError, match=r"SubtaskArea instruction\[0\] has no content"):
+        SubtaskArea(blank, done=lambda a: True, summary="x")
+    with pytest.raises(InputError, match=r"SubtaskArea summary\[1\] has no content"):
+        SubtaskArea("Do it.", done=lambda a: True, summary=[user("kept"), blank])
+
+
+def test_route_rejects_values_that_are_not_messages() -> None:
+    task = SubtaskArea("Do it.", done=fare_found, summary="x")
+    for value, name in ((None, "NoneType"), (3, "int"), ("FARE: 1", "str")):
+        with pytest.raises(InputError, match=f"not {name}"):
+            task.route(value)  # type: ignore[arg-type]
+    assert task.routed == ()
+
+
+def test_subtask_renders_its_instruction_again_after_a_rolled_back_render(
+    gateway_type: GatewayType,
+) -> None:
+    """An instruction the gateway rejected is rolled back; the retry must fail loudly again.
+
+    Before, the area believed itself rendered: it returned nothing, never got a
+    range, was never observed, and held the cursor forever without an error.
+    """
+    if gateway_type in (GatewayType.openai_chat, GatewayType.openai_responses):
+        pytest.skip("OpenAI gateways carry tool call arguments as text, unparsed")
+    bad_call = Message(
+        role=Role.assistant,
+        content=(ToolCallPart(call_id="s1", name="lookup", arguments="[1, 2]"),),
+    )
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    task = SubtaskArea([user("Look it up."), bad_call, result("s1")], done=fare_found, summary="x")
+    coop.register(task)
+    for _ in range(2):
+        with pytest.raises(AreaCallbackError) as info:
+            coop.render()
+        assert (info.value.area, info.value.phase) == (task, "render")
+        assert isinstance(info.value.__cause__, ProviderRuleError)
+        assert len(context) == 0
+        assert coop.effect_range(task) is None

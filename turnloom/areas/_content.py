@@ -2,27 +2,50 @@
 
 from __future__ import annotations
 
-__all__ = ("MessageContent", "as_messages")
+__all__ = ("MessageContent", "as_messages", "text_role")
 
 from collections.abc import Sequence
 from typing import TypeAlias, cast
 
-from turnloom.context.message import Message, Role, check_message
+from turnloom.context.message import Message, Role, TextPart, check_message
 from turnloom.errors import InputError
 
 MessageContent: TypeAlias = "str | Message | Sequence[Message]"
 """Text (one message of the given role), one message, or messages oldest first."""
 
 
+def text_role(role: object, *, where: str) -> Role:
+    """Check the role given for text content: a :class:`Role` that carries text.
+
+    Raises:
+        InputError: ``role`` is not a Role, or is ``tool`` (a tool message
+            carries tool results only; the OpenAI gateways render its text to
+            nothing).
+    """
+    try:
+        checked = Role(cast("str", role))
+    except ValueError:
+        raise InputError(f"The role {role!r} given for {where} text is not a Role.") from None
+    if checked is Role.tool:
+        raise InputError(
+            f"The role tool given for {where} text carries tool results only; "
+            "use user, assistant, developer or system."
+        )
+    return checked
+
+
 def as_messages(content: MessageContent, *, role: Role, where: str) -> tuple[Message, ...]:
     """Normalise ``content`` to a tuple of checked messages, oldest first.
 
     Raises:
-        InputError: ``content`` is empty text, an empty sequence, or not text
-            or messages.
+        InputError: ``content`` is empty text, an empty sequence, a message
+            with no content (no part other than blank text: no gateway
+            renders it), or not text or messages; ``role`` is not a Role
+            that carries text (see :func:`text_role`).
         InvalidMessageError, InvalidTextError, DuplicateIdError: a message is
             malformed (see :func:`~turnloom.context.check_message`).
     """
+    role = text_role(role, where=where)
     if isinstance(content, str):
         if not content.strip():
             raise InputError(f"{where} is empty or whitespace-only text.")
@@ -39,4 +62,9 @@ def as_messages(content: MessageContent, *, role: Role, where: str) -> tuple[Mes
         )
     for index, message in enumerate(messages):
         check_message(message, where=f"{where}[{index}]")
+        if all(type(p) is TextPart and (not p.text or p.text.isspace()) for p in message.parts):
+            raise InputError(
+                f"{where}[{index}] has no content: it holds only blank text, which no "
+                "gateway renders."
+            )
     return messages

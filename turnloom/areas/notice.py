@@ -23,7 +23,20 @@ class OneShotNotice:
     source of truth"). It yields the cursor, so later areas render in the
     same pass. Because it retires on its first render, the Collector reclaims
     its tail (the notice and everything after it) at the first later safe
-    point where no retained area's range overlaps it; nothing survives.
+    point where every area whose range overlaps it *or lies after it* has
+    retired (the Collector reclaims only whole runs of components from the
+    Context tail backward); nothing survives. An area that keeps rendering
+    after the notice, or a :class:`PinnedNotice` registered after it, keeps
+    the notice in the Context for as long as it is retained.
+
+    A failed ``CoopContext.render()`` rolls the Context back but cannot roll
+    back the notice's own state: if an area later in the same pass fails, the
+    notice's items are removed while the notice stays retired, and the next
+    safe point removes it without rendering it again (seed 000: a retired area
+    never renders). The notice is then lost; after an
+    :class:`~turnloom.errors.AreaCallbackError`, ``notice.rendered`` true while
+    the notice has no EffectRange identifies this, and a new notice can be
+    registered.
 
     Args:
         content: text (one message of ``role``), a message, or messages,
@@ -32,7 +45,9 @@ class OneShotNotice:
             for the model, never promoted to an instruction.
 
     Raises:
-        InputError: ``content`` is empty or not text / messages.
+        InputError: ``content`` is empty, not text / messages, or holds a
+            message with no content (only blank text, which no gateway
+            renders); ``role`` is not a Role or is ``tool``.
         InvalidMessageError, InvalidTextError, DuplicateIdError: a message is
             malformed; raised here, never at render time.
     """
@@ -69,7 +84,7 @@ class OneShotNotice:
         del context
 
     def render(self) -> list[Message]:
-        """The notice's messages; retires the area.
+        """The notice's messages (a new list, oldest first); retires the area.
 
         Raises:
             StateError: called a second time (a CoopContext never does).
@@ -107,16 +122,19 @@ class PinnedNotice:
         role: the role of a text notice. Default ``user``.
 
     Raises:
-        InputError: ``content`` is empty or not text / messages.
+        InputError: ``content`` is empty, not text / messages, or holds a
+            message with no content (only blank text, which no gateway
+            renders); ``role`` is not a Role or is ``tool``.
         InvalidMessageError, InvalidTextError, DuplicateIdError: a message is
             malformed; raised here, never at render time.
     """
 
-    __slots__ = ("_messages", "_rendered")
+    __slots__ = ("_kept", "_messages", "_rendered")
 
     def __init__(self, content: MessageContent, *, role: Role = Role.user) -> None:
         self._messages = as_messages(content, role=role, where="PinnedNotice content")
         self._rendered = False
+        self._kept = False
 
     @property
     def life_state(self) -> AreaLifeState:
@@ -139,12 +157,20 @@ class PinnedNotice:
         return self._rendered
 
     def observe(self, context: Sequence[NativeContent]) -> None:
-        """Nothing to learn from its own items."""
+        """Learn that the rendered items were kept (the area owns an EffectRange)."""
         del context
+        self._kept = True
 
     def render(self) -> list[Message]:
-        """The messages on the first call, then an empty list (the range stays put)."""
-        if self._rendered:
+        """The messages (a new list, oldest first) until they are known kept, then ``[]``.
+
+        A CoopContext observes an area before rendering it again exactly when
+        the area owns an EffectRange. A render without that observation means
+        the previous items are not in the Context (a later failure rolled the
+        render back), so the messages are rendered again. The empty renders
+        leave the EffectRange where the first kept one put it.
+        """
+        if self._kept:
             return []
         self._rendered = True
         return list(self._messages)

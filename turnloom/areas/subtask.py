@@ -12,14 +12,18 @@ __all__ = ("SubtaskArea", "SubtaskPredicate", "SubtaskSummary")
 from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
-from turnloom.areas._content import MessageContent, as_messages
+from turnloom.areas._content import MessageContent, as_messages, text_role
 from turnloom.context.area import AreaFlowState, AreaLifeState
 from turnloom.context.gateway import NativeContent
 from turnloom.context.message import Message, Role, check_message
-from turnloom.errors import StateError
+from turnloom.errors import InputError, StateError
 
 SubtaskPredicate: TypeAlias = "Callable[[SubtaskArea], bool]"
-"""Called with the area after each observation; ``True`` when the sub-task is done."""
+"""Called with the area after each observation; ``True`` when the sub-task is done.
+
+An exception it raises propagates from ``observe()``: the CoopContext rolls the
+render back and raises ``AreaCallbackError`` with phase ``observe``.
+"""
 
 SubtaskSummary: TypeAlias = "MessageContent | Callable[[SubtaskArea], MessageContent]"
 """The summary to promote, or a callback producing it from the finished area."""
@@ -41,9 +45,12 @@ class SubtaskArea:
     3. When ``done`` holds (checked inside ``observe()``, as the seed asks
        for state changes), the area yields and retires; its render is
        skipped and later areas render in the same pass. At the next safe
-       point the Collector reclaims the tail from the instruction onward (the
-       model's intermediate outputs included, unless a retained area's range
-       overlaps it) and appends the summary from :meth:`promote`.
+       point where every area whose range overlaps the sub-task's range or
+       lies after it has retired, the Collector reclaims the tail from the
+       instruction onward (the model's intermediate outputs included) and
+       appends the summary from :meth:`promote`. A retained area that renders
+       after the sub-task (for example in the pass where it retires) keeps
+       the whole tail, intermediate items included, until it retires too.
 
     Note the one-call lag this implies: the model call made right after
     completion still sees the intermediate items; the summary replaces them
@@ -59,8 +66,11 @@ class SubtaskArea:
         role: the role of text given as instruction or summary. Default ``user``.
 
     Raises:
-        InputError: ``instruction`` or a fixed ``summary`` is empty or not
-            text / messages.
+        InputError: ``instruction`` or a fixed ``summary`` is empty, not text /
+            messages, or holds a message with no content (only blank text: an
+            instruction that renders to nothing would never be observed and
+            would hold the cursor forever); ``done`` is not callable; ``role``
+            is not a Role or is ``tool``.
         InvalidMessageError, InvalidTextError, DuplicateIdError: a message of
             them is malformed.
     """
@@ -70,9 +80,9 @@ class SubtaskArea:
         "_done",
         "_flow_state",
         "_instruction",
+        "_kept",
         "_life_state",
         "_observed",
-        "_rendered",
         "_role",
         "_routed",
         "_summary",
@@ -86,6 +96,8 @@ class SubtaskArea:
         summary: SubtaskSummary,
         role: Role = Role.user,
     ) -> None:
+        if not callable(done):
+            raise InputError(f"SubtaskArea done must be callable, not {type(done).__name__}.")
         self._instruction = as_messages(instruction, role=role, where="SubtaskArea instruction")
         self._summary: tuple[Message, ...] | Callable[[SubtaskArea], MessageContent]
         if callable(summary):
@@ -93,10 +105,10 @@ class SubtaskArea:
         else:
             self._summary = as_messages(summary, role=role, where="SubtaskArea summary")
         self._done = done
-        self._role = role
+        self._role = text_role(role, where="SubtaskArea")
         self._life_state = AreaLifeState.retain
         self._flow_state = AreaFlowState.exclusive
-        self._rendered = False
+        self._kept = False
         self._collected = False
         self._routed: list[Message] = []
         self._observed: Sequence[NativeContent] = ()
@@ -125,12 +137,20 @@ class SubtaskArea:
 
     @property
     def observed(self) -> Sequence[NativeContent]:
-        """The latest snapshot of the area's EffectRange (empty before the first)."""
+        """The latest snapshot of the area's EffectRange (empty before the first).
+
+        A read-only Sequence of NativeContent, oldest first; the items are the
+        Context's own (shared, not copied) and must not be mutated.
+        """
         return self._observed
 
     @property
     def collected(self) -> bool:
-        """Whether the Collector has reclaimed the area (``gc_prologue`` ran)."""
+        """Whether ``gc_prologue()`` ran: the Collector selected the area for removal.
+
+        A render that collected the area and then failed leaves it registered
+        (with ``collected`` true) until the next ``render()`` removes it.
+        """
         return self._collected
 
     def route(self, output: Message | Sequence[Message]) -> None:
@@ -139,14 +159,27 @@ class SubtaskArea:
         Routing does not change the area's state; ``done`` is evaluated at the
         next observation.
 
+        Args:
+            output: one message, or messages oldest first.
+
         Raises:
             StateError: the area has retired; nothing was recorded.
+            InputError: ``output`` is neither a Message nor a sequence of
+                them (text included); nothing was recorded.
             InvalidMessageError, InvalidTextError, DuplicateIdError: a message
                 is malformed; nothing was recorded.
         """
         if self._life_state is AreaLifeState.retired:
             raise StateError("Output was routed to a SubtaskArea that has already finished.")
-        messages = (output,) if isinstance(output, Message) else tuple(output)
+        if isinstance(output, Message):
+            messages: tuple[Message, ...] = (output,)
+        elif isinstance(output, Sequence) and not isinstance(output, str | bytes):
+            messages = tuple(output)
+        else:
+            raise InputError(
+                "SubtaskArea.route() takes a Message or a sequence of Messages, "
+                f"not {type(output).__name__}."
+            )
         for index, message in enumerate(messages):
             check_message(message, where=f"routed output[{index}]")
         self._routed.extend(messages)
@@ -160,23 +193,35 @@ class SubtaskArea:
         an ``observe`` failure and rolls back).
         """
         self._observed = context
+        self._kept = True  # observed: the instruction's items are in the Context
         if self._done(self):
             self._flow_state = AreaFlowState.yielded
             self._life_state = AreaLifeState.retired
 
     def render(self) -> list[Message]:
-        """The instruction on the first call, then nothing (the area keeps the cursor)."""
-        if self._rendered:
+        """The instruction (a new list, oldest first) until it is known kept, then ``[]``.
+
+        A CoopContext observes an area before rendering it again exactly when
+        the area owns an EffectRange, so a render without that observation
+        means the instruction is not in the Context (a failed render rolled
+        it back) and it is rendered again. Then the area keeps the cursor.
+        """
+        if self._kept:
             return []
-        self._rendered = True
         return list(self._instruction)
 
     def promote(self) -> tuple[Message, ...]:
         """The summary messages, oldest first (the callback's result when one was given).
 
+        A CoopContext calls it once per area, even when the render that
+        collected the area failed later and was rolled back: the summary is
+        kept, so the callback never sees the area after ``gc_prologue()``.
+
         Raises:
             InputError, InvalidMessageError: the callback produced empty or
                 malformed content.
+            Exception: whatever the summary callback raises, unchanged (the
+                CoopContext reports it as a ``promote`` failure).
         """
         summary = self._summary
         if callable(summary):

@@ -107,7 +107,8 @@ class ContextAreaImplementation(Protocol):
     as follows:
 
     * ``life_state`` -- read at every collection (the safe point at the start
-      of ``CoopContext.render()``) and before observing and rendering.
+      of ``CoopContext.render()``), before observing, and again after
+      ``observe()`` (before rendering).
     * ``flow_state`` -- read after every successful ``render()``.
     * ``observe(context)`` -- called only when the area is retained, has
       reached the cursor and already owns an :class:`EffectRange`; ``context``

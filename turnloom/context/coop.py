@@ -42,7 +42,10 @@ Decisions beyond the seed (issue 3):
   before that ``render()`` call and :class:`~turnloom.errors.AreaCallbackError`
   is raised naming the area and the phase, with the original exception as its
   ``__cause__``. What areas did to their own state, and ``gc_prologue()``
-  notifications already delivered, cannot be undone by turnloom.
+  notifications already delivered, cannot be undone by turnloom; instead the
+  CoopContext remembers them, and the retry (which selects those areas again)
+  reuses their promoted messages without calling ``promote()`` again and
+  skips their ``gc_prologue()``.
 * **Open tool calls.** Nothing may be placed between a model's tool call and
   its result (Source: OpenAI Chat ``tool`` messages follow their
   ``tool_calls`` message; Anthropic ``tool_result`` blocks open the next user
@@ -51,23 +54,34 @@ Decisions beyond the seed (issue 3):
   ``render()`` raises :class:`~turnloom.errors.OpenToolCallError` and changes
   nothing: the caller pushes the result and renders again, so an area's
   output always lands after the whole call group. An area (or a promotion)
-  whose own messages leave a call open fails as an :class:`AreaCallbackError`.
+  whose own messages leave a call open, or hold a tool result that does not
+  answer a call of the nearest preceding call group among them, fails as an
+  :class:`AreaCallbackError`.
 * **Empty renders.** A render counts as non-empty when it appended at least
   one native item; messages that render to nothing (whitespace-only text)
   create no EffectRange, so a range always points at existing items.
 * **Retirement is sticky.** Once a CoopContext has read ``retired``, it treats
-  the area as retired even if the property later says otherwise.
+  the area as retired even if the property later says otherwise. An area
+  whose ``promote()`` result was kept by a collection that a later failure
+  rolled back counts as retired too, whatever it says now.
 * **Removal callbacks.** Every area removed from a CoopContext, including a
   retired area that never rendered, has ``promote()`` and then
-  ``gc_prologue()`` called exactly once. Promoted messages are appended in
-  the order of the areas' ``earliest`` index; areas without a range follow in
-  registration order.
+  ``gc_prologue()`` succeed exactly once (a call that raised, or whose
+  promotion was rejected, is made again at the next collection). Every
+  promotion is validated, rendered through the gateway and checked for open
+  tool calls and for results without their call before the first
+  ``gc_prologue()``, so a rejected promotion delivers no final notification.
+  Promoted messages are appended in the order of the areas' ``earliest``
+  index; areas without a range follow in registration order.
 
 Ownership: a CoopContext and its Context are used by one thread at a time
 (any thread, for example a worker thread of the runtime, but never two at
 once). Nothing here locks. A call made from inside an area callback (a
 re-entrant ``render()`` or ``register()``) raises
-:class:`~turnloom.errors.StateError`.
+:class:`~turnloom.errors.StateError`. Only the Collector removes Context
+items: ``render()`` raises :class:`~turnloom.errors.StateError` when the
+Context holds fewer items than after the previous successful render (one
+CoopContext per Context).
 
 Cost: a ``render()`` reads every area's ``life_state`` and plans collection in
 O(n) for n registered areas (the ranges are kept sorted by ``earliest``), plus
@@ -159,9 +173,15 @@ def plan_collection(ranges: Sequence[EffectRange], retired: Sequence[bool]) -> C
         the plan; ``start`` is ``None`` when nothing is reclaimable.
 
     Raises:
-        InputError: the two sequences differ in length, or a range has
-            ``latest < earliest`` or a negative ``earliest``.
+        InputError: an argument is not a sequence, the two sequences differ
+            in length, an entry is not an EffectRange, or a range's ends are
+            not integers with ``0 <= earliest <= latest``.
     """
+    if not isinstance(ranges, Sequence) or not isinstance(retired, Sequence):
+        raise InputError(
+            "plan_collection takes sequences of EffectRange and of bool, not "
+            f"{type(ranges).__name__} and {type(retired).__name__}."
+        )
     n = len(ranges)
     if len(retired) != n:
         raise InputError(
@@ -170,13 +190,20 @@ def plan_collection(ranges: Sequence[EffectRange], retired: Sequence[bool]) -> C
         )
     if n == 0:
         return _NOTHING
-    earliest = [r.earliest for r in ranges]
     for i, r in enumerate(ranges):
-        if r.earliest < 0 or r.latest < r.earliest:
+        if not isinstance(r, EffectRange):
+            raise InputError(f"Range {i} is a {type(r).__name__}, not an EffectRange.")
+        if (
+            type(r.earliest) is not int
+            or type(r.latest) is not int
+            or r.earliest < 0
+            or r.latest < r.earliest
+        ):
             raise InputError(
-                f"EffectRange {i} is [{r.earliest}, {r.latest}]; a range needs "
-                "0 <= earliest <= latest."
+                f"EffectRange {i} is [{r.earliest!r}, {r.latest!r}]; a range needs "
+                "integers 0 <= earliest <= latest."
             )
+    earliest = [r.earliest for r in ranges]
     order = sorted(range(n), key=earliest.__getitem__)
     # Merge in ascending ``earliest``: a range starts a new component when it
     # begins after every index the current component covers.
@@ -263,15 +290,22 @@ class CoopStatistics(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Entry:
-    """One registered area and what the CoopContext knows about it."""
+    """One registered area and what the CoopContext knows about it.
 
-    __slots__ = ("area", "range", "retired", "seq")
+    ``promoted`` and ``prologued`` record what the area was told by a
+    collection; a rollback keeps them, so a retry neither asks for the
+    promotion again nor repeats ``gc_prologue()``.
+    """
+
+    __slots__ = ("area", "prologued", "promoted", "range", "retired", "seq")
 
     def __init__(self, area: ContextAreaImplementation, seq: int, retired: bool) -> None:
         self.area = area
         self.seq = seq
         self.range: EffectRange | None = None
         self.retired = retired
+        self.promoted: tuple[Message, ...] | None = None
+        self.prologued = False
 
     def describe(self) -> str:
         return f"area #{self.seq} ({type(self.area).__qualname__})"
@@ -326,6 +360,7 @@ class CoopContext:
         "_context",
         "_counters",
         "_cursor",
+        "_floor",
         "_gateway",
         "_last",
         "_materialized",
@@ -344,6 +379,7 @@ class CoopContext:
         self._by_id: dict[int, _Entry] = {}
         self._materialized: list[_Entry] = []  # areas with a range, ascending earliest
         self._cursor = 0
+        self._floor = 0  # len(context) after the last successful render()
         self._busy = False
         self._seq = 0
         self._last: CollectionReport | None = None
@@ -428,8 +464,9 @@ class CoopContext:
 
         Raises:
             InvalidAreaError: ``area`` lacks protocol members (``missing``
-                names them), a state member holds a value that is not an
-                AreaLifeState / AreaFlowState, or ``area`` is unhashable.
+                names them), reading a member raised, a state member holds a
+                value that is not an AreaLifeState / AreaFlowState, or
+                ``area`` is unhashable (``hash()`` raised).
             DuplicateAreaError: this very instance is already registered.
             StateError: called from inside an area callback.
         """
@@ -437,11 +474,8 @@ class CoopContext:
             raise StateError("CoopContext.register() was called from inside an area callback.")
         name = type(area).__qualname__
         missing: list[str] = []
-        for member in _METHOD_MEMBERS:
-            if not callable(getattr(area, member, None)):
-                missing.append(member)
         states: dict[str, object] = {}
-        for member in _STATE_MEMBERS:
+        for member in _METHOD_MEMBERS + _STATE_MEMBERS:
             try:
                 states[member] = getattr(area, member)
             except AttributeError:
@@ -451,6 +485,9 @@ class CoopContext:
                     f"Reading {member} of the {name} area raised {type(exc).__name__}: {exc}.",
                     missing=(member,),
                 ) from exc
+            else:
+                if member in _METHOD_MEMBERS and not callable(states[member]):
+                    missing.append(member)
         if missing:
             listed = ", ".join(sorted(missing))
             raise InvalidAreaError(
@@ -459,7 +496,7 @@ class CoopContext:
             )
         try:
             hash(area)
-        except TypeError as exc:
+        except Exception as exc:
             raise InvalidAreaError(
                 f"The {name} area is unhashable; an area must be hashable "
                 "(use @dataclass(eq=False) for dataclasses)."
@@ -504,11 +541,20 @@ class CoopContext:
                 value; ``area`` and ``phase`` name it, ``__cause__`` is the
                 original error. The CoopContext and the Context are as they
                 were before this call.
-            StateError: called from inside an area callback.
+            StateError: called from inside an area callback, or the Context
+                holds fewer items than after the last successful render
+                (something other than the Collector removed items); nothing
+                was changed.
         """
         if self._busy:
             raise StateError("CoopContext.render() was called from inside an area callback.")
-        open_ids = _open_call_ids(self._context)
+        if len(self._context) < self._floor:
+            raise StateError(
+                f"The Context holds {len(self._context)} items but held {self._floor} after "
+                "the last render(); only this CoopContext's Collector may remove items "
+                "(detach_tail), so the EffectRanges no longer match the Context."
+            )
+        open_ids = _open_call_ids(self._gateway, len(self._context), self._context)
         if open_ids:
             listed = ", ".join(repr(c) for c in open_ids)
             raise OpenToolCallError(
@@ -535,6 +581,7 @@ class CoopContext:
             promoted + len(report.promoted_items),
         )
         self._last = report
+        self._floor = len(self._context)
         return self._context
 
     # -- phases -----------------------------------------------------------
@@ -558,7 +605,13 @@ class CoopContext:
     def _collect(self, undo: _Undo) -> CollectionReport:
         unrendered: list[_Entry] = []
         for entry in self._order:
-            if not entry.retired and self._read_life(entry) is AreaLifeState.retired:
+            if entry.retired:
+                pass
+            elif entry.promoted is not None:
+                # Selected by a collection that was rolled back: its state
+                # changes in promote()/gc_prologue() cannot cancel collection.
+                self._retire(entry, undo)
+            elif self._read_life(entry) is AreaLifeState.retired:
                 self._retire(entry, undo)
             if entry.retired and entry.range is None:
                 unrendered.append(entry)
@@ -571,19 +624,45 @@ class CoopContext:
         if not chosen:
             return _EMPTY_REPORT
         context = self._context
+        # Each promotion is checked, rendered through the gateway and checked
+        # for open calls before it is kept, and all of them before the first
+        # gc_prologue(): that call is the area's final notification, so nothing
+        # may fail after it for a reason the promotions carry. A kept promotion
+        # is reused if this render fails later, so promote() succeeds once.
+        cut = len(context) if plan.start is None else plan.start
         promotions: list[tuple[_Entry, tuple[Message, ...]]] = []
+        rendered: list[NativeContent] = []
         for entry in chosen:
-            result = _call(entry, "promote", entry.area.promote)
-            promotions.append((entry, _checked_messages(entry, "promote", result)))
+            messages = entry.promoted
+            if messages is None:
+                result = _call(entry, "promote", entry.area.promote)
+                messages = _checked_messages(entry, "promote", result)
+                _check_results(entry, "promote", messages)
+            for message in messages:
+                rendered.extend(_call(entry, "promote", self._gateway.render, message))
+            if messages:
+                open_ids = _open_call_ids(self._gateway, cut, context, rendered)
+                if open_ids:
+                    raise AreaCallbackError(
+                        f"Context Area {entry.describe()} promote() left tool call(s) "
+                        f"{', '.join(repr(c) for c in open_ids)} without a result; an area "
+                        "must promote each call together with its result.",
+                        area=entry.area,
+                        phase="promote",
+                    )
+            entry.promoted = messages
+            promotions.append((entry, messages))
         for entry in chosen:
-            _call(entry, "gc_prologue", entry.area.gc_prologue)
+            if not entry.prologued:
+                _call(entry, "gc_prologue", entry.area.gc_prologue)
+                entry.prologued = True
         detached: list[NativeContent] = []
         if plan.start is not None:
             detached = context.detach_tail(plan.start)
             undo.detached = (plan.start, detached)
         first_promoted = len(context)
-        for entry, messages in promotions:
-            self._append(entry, "promote", messages)
+        for item in rendered:
+            context.push_back(item)
         promoted_items = tuple(context.snapshot(first_promoted))
         removed = {id(e) for e in chosen}
         order: list[_Entry] = []
@@ -676,9 +755,10 @@ class CoopContext:
         if not messages:
             return
         context = self._context
-        for message in messages:
-            _call(entry, phase, context.emplace_message, message)
-        open_ids = _open_call_ids(context)
+        for index, message in enumerate(messages):
+            _call(entry, phase, _emplace, context, message, f"{phase}()[{index}]")
+        _check_results(entry, phase, messages)
+        open_ids = _open_call_ids(self._gateway, len(context), context)
         if open_ids:
             raise AreaCallbackError(
                 f"Context Area {entry.describe()} {phase}() left tool call(s) "
@@ -693,7 +773,9 @@ class CoopContext:
         if undo.detached is not None:
             start, tail = undo.detached
             context.detach_tail(start)
-            for item in tail:
+            # Only the items that were there before this render: a callback
+            # may have appended to the Context before the detach.
+            for item in tail[: undo.context_len - start]:
                 context.push_back(item)
         else:
             context.detach_tail(undo.context_len)
@@ -793,12 +875,60 @@ def _checked_messages(entry: _Entry, phase: str, result: object) -> tuple[Messag
     return tuple(result)
 
 
+def _check_results(entry: _Entry, phase: str, messages: Sequence[Message]) -> None:
+    """Raise unless each tool result answers a call of the nearest preceding call group.
+
+    ``messages`` are what one area appends in one go. A render never starts
+    with a call open (and a promotion follows a detached tail), so a result
+    can only answer a call among them. Pairing is positional: a result
+    answers the calls of the nearest preceding model turn (consecutive
+    assistant messages, as for open calls), with only results in between.
+    Source: OpenAI Chat ``tool`` messages follow their
+    ``tool_calls`` message; Anthropic ``tool_result`` blocks open the next
+    user turn; Gemini's function-response turn follows the call turn.
+    """
+    calls: set[str] = set()
+    orphans: list[str] = []
+    in_model_turn = False
+    for message in messages:
+        if message.role is Role.assistant:
+            ids = {c.call_id for c in message.tool_calls}
+            calls = calls | ids if in_model_turn else ids
+            in_model_turn = True
+            continue
+        in_model_turn = False
+        results = message.tool_results
+        orphans.extend(r.call_id for r in results if r.call_id not in calls)
+        if len(results) < len(message.parts):
+            calls = set()  # user text, or a system message, ends the call group
+    if orphans:
+        raise AreaCallbackError(
+            f"Context Area {entry.describe()} {phase}() returned tool result(s) "
+            f"{', '.join(repr(c) for c in orphans)} without their call; an area must "
+            "render each result right after the call it answers.",
+            area=entry.area,
+            phase=phase,
+        )
+
+
+def _emplace(context: Context, message: object, where: str) -> None:
+    """``context.emplace_message(message)``; a non-Message is named by ``where``."""
+    if not isinstance(message, Message):
+        raise InvalidMessageError(f"{where} is a {type(message).__name__}, not a turnloom Message.")
+    context.emplace_message(message)
+
+
 def _check_one(message: object, where: str) -> int:
     return check_message(message, where=where)
 
 
-def _open_call_ids(context: Context) -> tuple[str, ...]:
-    """Ids of the tool calls at the Context's tail that have no result yet, in call order.
+def _open_call_ids(
+    gateway: Gateway, cut: int, context: Context, extra: Sequence[NativeContent] = ()
+) -> tuple[str, ...]:
+    """Ids of the tool calls that have no result yet at the tail, in call order.
+
+    The items scanned are the Context's first ``cut`` items followed by
+    ``extra`` (the native items a collection is about to append).
 
     Scans back from the tail: results (tool messages, or user turns carrying
     tool results), then the model turn before them (consecutive assistant
@@ -808,14 +938,13 @@ def _open_call_ids(context: Context) -> tuple[str, ...]:
     id). A user, system or developer message without results ends the scan,
     and so does an item the gateway cannot parse.
     """
-    gateway = context.gateway
-    index = len(context) - 1
+    index = cut + len(extra) - 1
     answered: set[str] = set()
     result_ids: list[str] = []
     call_ids: list[str] = []  # newest first while scanning
     in_model_turn = False
     while index >= 0:
-        item = context.snapshot(index, index + 1)[0]
+        item = extra[index - cut] if index >= cut else context.snapshot(index, index + 1)[0]
         index -= 1
         try:
             message = gateway.parse(item)

@@ -315,3 +315,42 @@ def test_state_changes_inside_promote_or_gc_prologue_cannot_cancel_collection(
     assert coop.areas == ()
     assert len(context) == 0
     assert fickle.log == [("fickle", "render"), ("fickle", "promote"), ("fickle", "gc_prologue")]
+
+
+def test_plan_rejects_values_that_are_not_effect_ranges_with_a_typed_error() -> None:
+    """Bad input at the door: an InputError naming the entry, never AttributeError/TypeError."""
+    with pytest.raises(InputError, match=r"Range 0 is a tuple, not an EffectRange\."):
+        plan_collection([(0, 1)], [True])  # type: ignore[list-item]
+    with pytest.raises(InputError, match=r"EffectRange 1 is \['a', 'b'\]"):
+        plan_collection([R(0, 1), R("a", "b")], [True, True])  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="sequences of EffectRange and of bool, not NoneType"):
+        plan_collection(None, None)  # type: ignore[arg-type]
+
+
+def test_retained_area_nested_in_a_retired_one_blocks_the_component(
+    gateway_type: GatewayType,
+) -> None:
+    """outer spans inner; outer retires first: nothing goes until inner retires too."""
+    log: Log = []
+    context = Context(gateway_type)
+    coop = CoopContext(context)
+    outer = ScriptedArea("outer", log, script=[[user("o1")], [user("o2")]])
+    inner = ScriptedArea("inner", log, script=[[user("i1")], [], [], [user("i2")]])
+    coop.register(outer)
+    coop.register(inner)
+    coop.render()  # o1 i1
+    coop.render()  # o2: outer now spans inner
+    outer.life = AreaLifeState.retired
+    coop.render()  # outer retired, inner (nested, retained) blocks the component
+    assert coop.areas == (outer, inner)
+    assert "promote" not in [e for _, e in log]
+    coop.render()  # inner renders i2 past outer's end: still one component
+    o1, i1, o2, i2 = (len(native(gateway_type, user(t))) for t in ("o1", "i1", "o2", "i2"))
+    assert coop.effect_range(outer) == EffectRange(0, o1 + i1 + o2 - 1)
+    assert coop.effect_range(inner) == EffectRange(o1, o1 + i1 + o2 + i2 - 1)
+    inner.life = AreaLifeState.retired
+    coop.render()
+    assert len(coop) == 0
+    assert len(context) == 0
+    report = coop.last_collection
+    assert report is not None and report.components == 1

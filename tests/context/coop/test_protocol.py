@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from tests.context.coop.support import ScriptedArea, gateway_or_skip, native, user
-from turnloom.context import NativeContent
+from turnloom.context import EffectRange, NativeContent
 from turnloom.context.area import (
     AreaFlowState,
     AreaLifeState,
@@ -227,7 +227,9 @@ def test_register_tells_equal_areas_apart_by_identity(gateway_type: GatewayType)
     coop.render()
     assert coop.areas == (first, second)
     assert list(context.snapshot()) == native(gateway_type, user("same"), user("same"))
-    assert coop.effect_range(first) != coop.effect_range(second)
+    width = len(native(gateway_type, user("same")))
+    assert coop.effect_range(first) == EffectRange(0, width - 1)
+    assert coop.effect_range(second) == EffectRange(width, 2 * width - 1)
 
 
 class _BadState(OneShotNoticeArea):
@@ -248,3 +250,29 @@ def test_register_rejects_state_member_of_wrong_type() -> None:
 def test_coop_context_rejects_a_non_context() -> None:
     with pytest.raises(InputError, match="wraps a turnloom Context, not a list"):
         CoopContext([])  # type: ignore[arg-type]
+
+
+class _ObserveRaises(ScriptedArea):
+    @property
+    def observe(self) -> None:  # type: ignore[override]
+        raise RuntimeError("observe is not ready")
+
+
+class _HashRaises(ScriptedArea):
+    def __hash__(self) -> int:
+        raise ValueError("no hash today")
+
+
+def test_register_turns_errors_from_members_or_hash_into_invalid_area_error() -> None:
+    """Whatever reading a member or hashing raises, register() answers with a typed error."""
+    coop = CoopContext(Context(GatewayType.openai_chat))
+    with pytest.raises(InvalidAreaError) as info:
+        coop.register(_ObserveRaises("o"))  # type: ignore[arg-type]
+    assert info.value.missing == ("observe",)
+    assert "Reading observe of the _ObserveRaises area raised RuntimeError" in str(info.value)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    with pytest.raises(InvalidAreaError) as info:
+        coop.register(_HashRaises("h"))
+    assert "The _HashRaises area is unhashable" in str(info.value)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert coop.areas == ()

@@ -9,6 +9,8 @@ Invariants checked after every step (issue 3):
 * each render's collection matches the brute-force oracle, promotes every
   removed area before any gc_prologue, and appends exactly what the gateway
   renders for the promoted and rendered messages;
+* promote() and gc_prologue() succeed at most once per area, even across a
+  failed render() that reached them (a removed area: exactly once each);
 * a failed render() leaves everything as it was.
 """
 
@@ -75,6 +77,8 @@ class MachineArea:
         self.promotes = promotes
         self.renders = 0
         self.fail_in: str | None = None
+        self.promote_calls = 0  # successful calls
+        self.prologue_calls = 0
 
     @property
     def life_state(self) -> AreaLifeState:
@@ -100,15 +104,22 @@ class MachineArea:
         self.events.append((self.name, "render", messages))
         return list(messages)
 
+    @property
+    def promotion(self) -> tuple[Message, ...]:
+        return (user(f"{self.name} summary"),) if self.promotes else ()
+
     def promote(self) -> tuple[Message, ...]:
-        messages = (user(f"{self.name} summary"),) if self.promotes else ()
-        self.events.append((self.name, "promote", messages))
-        return messages
+        self.events.append((self.name, "promote", self.promotion))
+        if self.fail_in == "promote":
+            raise RuntimeError(f"{self.name} promote fails")
+        self.promote_calls += 1
+        return self.promotion
 
     def gc_prologue(self) -> None:
         self.events.append((self.name, "gc_prologue", ()))
         if self.fail_in == "gc_prologue":
             raise RuntimeError(f"{self.name} gc_prologue fails")
+        self.prologue_calls += 1
 
 
 class CoopMachine(RuleBasedStateMachine):
@@ -207,6 +218,8 @@ class CoopMachine(RuleBasedStateMachine):
     def render(self) -> None:
         before = items(self.context)
         start, removed = self._expected_collection()
+        to_promote = [a.name for a in removed if a.promote_calls == 0]
+        to_close = [a.name for a in removed if a.prologue_calls == 0]
         self.events.clear()
         assert self.coop.render() is self.context
         after = items(self.context)
@@ -221,11 +234,14 @@ class CoopMachine(RuleBasedStateMachine):
         assert all(x is y for x, y in zip(report.detached, before[cut:], strict=True))
         assert len(report.detached) == len(before) - cut
         self.garbage.extend(report.detached)
-        # promote() of every removed area, then gc_prologue() of each, in that order.
+        # promote() of every removed area not promoted by an earlier failed
+        # render, then gc_prologue() of each not yet told, in that order.
         gc_phase = [(n, e) for n, e, _ in self.events if e in ("promote", "gc_prologue")]
-        names = [a.name for a in removed]
-        assert gc_phase == [(n, "promote") for n in names] + [(n, "gc_prologue") for n in names]
-        promoted = [m for _, e, ms in self.events if e == "promote" for m in ms]
+        assert gc_phase == [(n, "promote") for n in to_promote] + [
+            (n, "gc_prologue") for n in to_close
+        ]
+        assert all((a.promote_calls, a.prologue_calls) == (1, 1) for a in removed)
+        promoted = [m for a in removed for m in a.promotion]
         assert list(report.promoted) == promoted
         promoted_items = after[cut : cut + len(report.promoted_items)]
         assert promoted_items == native(self.kind, *promoted)
@@ -280,8 +296,12 @@ class CoopMachine(RuleBasedStateMachine):
         """Make one callback fail where the render is sure to reach it; nothing may change."""
         _, removed = self._expected_collection()
         choices: list[tuple[MachineArea, str]] = []
-        if removed:  # fails after every promote() and the earlier gc_prologue()s
-            choices.append((removed[-1], "gc_prologue"))
+        untold = [a for a in removed if a.prologue_calls == 0]
+        if untold:  # fails after every promote() and the earlier gc_prologue()s
+            choices.append((untold[-1], "gc_prologue"))
+        unpromoted = [a for a in removed if a.promote_calls == 0]
+        if unpromoted:  # fails after the earlier promote()s, before any gc_prologue()
+            choices.append((unpromoted[-1], "promote"))
         cursor = self.coop.cursor
         if isinstance(cursor, MachineArea) and cursor.life is AreaLifeState.retain:
             # fails after the whole collection: detach, promotions, cursor repair
@@ -325,6 +345,12 @@ class CoopMachine(RuleBasedStateMachine):
     def items_are_never_mutated(self) -> None:
         for item in items(self.context):
             assert msgspec.json.encode(item) == self.encoded[id(item)]
+
+    @invariant()
+    def gc_callbacks_succeed_at_most_once_per_area(self) -> None:
+        for area in self.registered:
+            assert area.promote_calls <= 1
+            assert area.prologue_calls <= 1
 
     @invariant()
     def registered_areas_match_the_model(self) -> None:
