@@ -19,6 +19,8 @@ __all__ = (
     "EffectRange",
     "Gateway",
     "GatewayType",
+    "HistoryLimits",
+    "HistoryStatistics",
     "ImagePart",
     "Message",
     "NativeContent",
@@ -30,6 +32,7 @@ __all__ = (
     "TextPart",
     "ToolCallPart",
     "ToolResultPart",
+    "TurnHistory",
     "Violation",
     "check_message",
     "complete_pairs",
@@ -57,6 +60,7 @@ from turnloom.context.coop import (
     plan_collection,
 )
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, Violation, get_gateway
+from turnloom.context.history import HistoryLimits, HistoryStatistics, TurnHistory
 from turnloom.context.message import (
     ImagePart,
     Message,

@@ -14,13 +14,16 @@ __all__ = (
     "ContextPrepareRequest",
     "Foundation",
     "FoundationClosedError",
+    "HistoryLimits",
     "Invocation",
     "ManagerStatistics",
     "PreparedContext",
     "TurnSnapshot",
     "state_call_id",
+    "state_tool_definition",
 )
 
+from turnloom.context.history import HistoryLimits
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.manager import ContextManager, Invocation
@@ -32,4 +35,4 @@ from turnloom.runtime.schemas import (
     PreparedContext,
     TurnSnapshot,
 )
-from turnloom.runtime.state import STATE_TOOL_NAME, state_call_id
+from turnloom.runtime.state import STATE_TOOL_NAME, state_call_id, state_tool_definition

@@ -29,16 +29,19 @@ __all__ = (
     "is_state_message",
     "state_call_id",
     "state_messages",
+    "state_tool_definition",
 )
 
 import hashlib
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
+from turnloom.context.gateway import GatewayType
 from turnloom.context.message import Message, Role, TextPart, ToolCallPart, ToolResultPart
-from turnloom.errors import DuplicateIdError, InvalidMessageError, InvalidTextError
+from turnloom.errors import DuplicateIdError, InputError, InvalidMessageError, InvalidTextError
 from turnloom.runtime.schemas import ContextContribution
 
 STATE_TOOL_NAME = "turnloom_runtime_context"
@@ -144,6 +147,77 @@ def state_messages(
         ),
     )
     return call, result
+
+
+_STATE_TOOL_DESCRIPTION = (
+    "Returns the runtime context of the current turn (behaviour rules, loop budget and "
+    "named sections) as JSON data. The runtime supplies it; there is no need to call it."
+)
+
+
+def state_tool_definition(gateway: GatewayType | str) -> dict[str, Any]:
+    """The declaration of the runtime-state tool, as one entry of the request's ``tools``.
+
+    A prepared input that carries the runtime-state pair holds a call of
+    :data:`STATE_TOOL_NAME`; declare the tool beside the agent's own so that
+    the call names a known tool (some endpoints, Amazon Bedrock's Anthropic
+    models among them, reject tool blocks when no tools are declared). The
+    tool takes no arguments.
+
+    Shapes, per provider's ``tools`` entry:
+
+    * ``openai_chat``: ``{"type": "function", "function": {"name",
+      "description", "parameters"}}``
+    * ``openai_responses``: ``{"type": "function", "name", "description",
+      "parameters", "strict": false}``
+    * ``anthropic``: ``{"name", "description", "input_schema"}``
+    * ``gemini``: ``{"functionDeclarations": [{"name", "description",
+      "parameters"}]}`` (one ``Tool``; its declaration may be merged into the
+      agent's own ``Tool``)
+
+    Returns:
+        a new dict each call (the caller may change it).
+
+    Raises:
+        InputError: ``gateway`` names no known gateway.
+    """
+    try:
+        kind = GatewayType(gateway)
+    except ValueError:
+        raise InputError(f"Unknown gateway {gateway!r}.") from None
+    parameters = {"type": "object", "properties": {}}
+    if kind is GatewayType.openai_chat:
+        return {
+            "type": "function",
+            "function": {
+                "name": STATE_TOOL_NAME,
+                "description": _STATE_TOOL_DESCRIPTION,
+                "parameters": parameters,
+            },
+        }
+    if kind is GatewayType.openai_responses:
+        return {
+            "type": "function",
+            "name": STATE_TOOL_NAME,
+            "description": _STATE_TOOL_DESCRIPTION,
+            "parameters": parameters,
+            "strict": False,
+        }
+    if kind is GatewayType.anthropic:
+        return {
+            "name": STATE_TOOL_NAME,
+            "description": _STATE_TOOL_DESCRIPTION,
+            "input_schema": parameters,
+        }
+    return {
+        "functionDeclarations": [
+            {
+                "name": STATE_TOOL_NAME,
+                "description": _STATE_TOOL_DESCRIPTION,
+                "parameters": parameters,
+            }
+        ]
+    }
 
 
 def is_state_message(message: Message, call_id: str | None = None) -> bool:
