@@ -114,7 +114,7 @@ def test_invalid_json_in_a_list_file_keeps_the_trajectories_before_it(
 def test_an_unreadable_file_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", str(tmp_path / "missing.json")]) == 1
     [line] = _errors(capsys.readouterr().err)
-    assert "missing.json, message ?: cannot read the file" in line
+    assert "missing.json: cannot read the file" in line
 
 
 def test_a_gateway_missing_from_the_build_is_a_clean_usage_error(
@@ -147,3 +147,13 @@ def test_python_dash_m_turnloom_runs_the_same_command_line() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("sessions: 2  ")
+
+
+def test_an_empty_file_is_reported_as_holding_no_trajectories(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "empty.jsonl"
+    source.write_text("\n")
+    assert main(["replay", str(source)]) == 1
+    [line] = _errors(capsys.readouterr().err)
+    assert line == f"turnloom replay: error: {source}: the file holds no trajectories."

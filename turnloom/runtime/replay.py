@@ -105,8 +105,10 @@ class ReplayError(msgspec.Struct, frozen=True, kw_only=True):
     def __str__(self) -> str:
         where = [self.source]
         if self.trajectory is not None:
+            # A trajectory-level error names its message, or "?" when unknown;
+            # a file-level error (no trajectory) names only the file.
             where.append(f"trajectory {self.trajectory}")
-        where.append(f"message {self.message}" if self.message is not None else "message ?")
+            where.append(f"message {self.message}" if self.message is not None else "message ?")
         return f"{', '.join(where)}: {self.reason}"
 
 
@@ -213,9 +215,24 @@ def load_trajectories(path: str | Path) -> tuple[list[Trajectory], list[ReplayEr
 
     Returns:
         the trajectories that could be read, and an error for each part that
-        could not (naming the trajectory and, when it can be found, the message).
+        could not (naming the trajectory and, when it can be found, the
+        message); a file that cannot be read, or holds no trajectory at all,
+        is one error naming only the file.
     """
-    source = str(path)
+    trajectories, errors = _load(str(path), path)
+    if not trajectories and not errors:
+        errors = [
+            ReplayError(
+                source=str(path),
+                trajectory=None,
+                message=None,
+                reason="the file holds no trajectories.",
+            )
+        ]
+    return trajectories, errors
+
+
+def _load(source: str, path: str | Path) -> tuple[list[Trajectory], list[ReplayError]]:
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
