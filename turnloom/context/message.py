@@ -257,7 +257,8 @@ def check_message(message: object, *, where: str = "message") -> int:
     Checks: ``message`` is a :class:`Message` with a known role and parts of
     the part union; every string is valid UTF-8 (no lone surrogates); call ids,
     tool names and set ids are non-empty; call ids are unique within the
-    message; an image has exactly one of ``url`` and ``data``.
+    message; an image has exactly one of ``url`` and ``data``, and string
+    fields (a base64 image has its ``media_type``).
 
     Args:
         message: the value to check.
@@ -342,6 +343,11 @@ def _require_id(value: object, where: str, field: str) -> None:
 
 
 def _check_image(part: ImagePart, where: str, field: str) -> None:
+    for name in ("url", "data", "media_type", "detail"):
+        if not isinstance(getattr(part, name), str | None):
+            raise InvalidMessageError(
+                f"{where} {field}.{name} must be a string.", field=f"{field}.{name}"
+            )
     if (part.url is None) == (part.data is None):
         raise InvalidMessageError(
             f"{where} {field} must set exactly one of url and data.", field=field

@@ -72,13 +72,15 @@ from turnloom.context.message import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    check_message,
 )
 from turnloom.errors import InvalidMessageError
 
 _log = logging.getLogger("turnloom.gateway.anthropic")
 
 _GATEWAY = GatewayType.anthropic.value
-_ROLES = frozenset({"user", "assistant", "system"})
+# A tuple: membership compares, never hashes (a malformed role may be a list).
+_ROLES = ("user", "assistant", "system")
 
 
 class AnthropicGateway:
@@ -238,10 +240,20 @@ class AnthropicGateway:
         ``usage``) are not kept. A user item holding only ``tool_result`` blocks parses
         to a ``tool`` message.
 
+        The message passes :func:`~turnloom.context.check_message`, so it
+        can be committed as it is.
+
         Raises:
             InvalidMessageError: not an object, an unknown role, content of the
                 wrong shape, a ``tool_use``/``tool_result`` without its id.
+            InvalidTextError: a string holds a lone surrogate (not valid UTF-8).
+            DuplicateIdError: two tool calls of the item share a call id.
         """
+        message = self._parse_item(item)
+        check_message(message, where="An Anthropic message")
+        return message
+
+    def _parse_item(self, item: NativeContent) -> Message:
         item = require_object(item, "Anthropic", "message")
         role_name = item.get("role")
         if role_name not in _ROLES:
@@ -321,7 +333,7 @@ class AnthropicGateway:
             return ToolCallPart(
                 call_id=call_id,
                 name=name,
-                arguments=args_text(block.get("input", {})),
+                arguments=args_text(block.get("input", {}), "Anthropic", f"{field}.input"),
                 extras=extras or None,
             )
         elif kind == "tool_result":
@@ -480,7 +492,7 @@ class AnthropicGateway:
                     )
                 if kind == "tool_result":
                     call_id = block.get("tool_use_id")
-                    if role != "user" or call_id not in open_calls:
+                    if role != "user" or not isinstance(call_id, str) or call_id not in open_calls:
                         out.append(
                             violation(
                                 index,

@@ -68,6 +68,7 @@ from turnloom.context.gateways._common import (
     args_text,
     blank,
     drop_foreign,
+    json_text,
     layout_of,
     make_layout,
     require_object,
@@ -83,6 +84,7 @@ from turnloom.context.message import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    check_message,
 )
 from turnloom.errors import InvalidMessageError
 
@@ -252,10 +254,20 @@ class GeminiGateway:
         responses only to ``tool``. A function call without an ``id`` (model
         output may omit it) gets the call id ``"<name>#<position>"``.
 
+        The message passes :func:`~turnloom.context.check_message`, so it
+        can be committed as it is.
+
         Raises:
             InvalidMessageError: not an object, an unknown role, parts of the
                 wrong shape.
+            InvalidTextError: a string holds a lone surrogate (not valid UTF-8).
+            DuplicateIdError: two tool calls of the item share a call id.
         """
+        message = self._parse_item(item)
+        check_message(message, where="A Gemini content")
+        return message
+
+    def _parse_item(self, item: NativeContent) -> Message:
         item = require_object(item, "Gemini", "content")
         role_name = item.get("role", "user")
         if role_name not in ("user", "model", "system"):
@@ -318,7 +330,9 @@ class GeminiGateway:
             return ToolCallPart(
                 call_id=call_id,
                 name=name,
-                arguments=args_text(call.get("args", {})),
+                arguments=args_text(
+                    call.get("args", {}), "Gemini", f"{field}.{_k('functionCall', snake)}.args"
+                ),
                 extras=extras or None,
             )
         response = block.get(_k("functionResponse", snake))
@@ -337,7 +351,9 @@ class GeminiGateway:
             ):
                 text, is_error = value["error"], True
             else:
-                text = json.dumps(value, ensure_ascii=False)
+                text = json_text(
+                    value, "Gemini", f"{field}.{_k('functionResponse', snake)}.response"
+                )
                 is_error = isinstance(value, dict) and "error" in value
                 json_results.append(call_id)
             return ToolResultPart(

@@ -52,13 +52,15 @@ from turnloom.context.message import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    check_message,
 )
 from turnloom.errors import InvalidMessageError
 
 _log = logging.getLogger("turnloom.gateway.openai_chat")
 
 _GATEWAY = GatewayType.openai_chat.value
-_ROLES = frozenset(r.value for r in Role)
+# A tuple: membership compares, never hashes (a malformed role may be a list).
+_ROLES = tuple(r.value for r in Role)
 _MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id"})
 
 
@@ -237,10 +239,20 @@ class OpenAIChatGateway:
     def parse(self, item: NativeContent) -> Message:
         """Parse one Chat message (request item or a choice's ``message``).
 
+        The message passes :func:`~turnloom.context.check_message`, so it
+        can be committed as it is.
+
         Raises:
             InvalidMessageError: not a JSON object, an unknown role, a content or
                 ``tool_calls`` of the wrong shape.
+            InvalidTextError: a string holds a lone surrogate (not valid UTF-8).
+            DuplicateIdError: two tool calls of the item share a call id.
         """
+        message = self._parse_item(item)
+        check_message(message, where="An OpenAI Chat message")
+        return message
+
+    def _parse_item(self, item: NativeContent) -> Message:
         if not isinstance(item, dict):
             raise InvalidMessageError(
                 f"An OpenAI Chat message must be an object, not {type(item).__name__}."
@@ -384,7 +396,7 @@ class OpenAIChatGateway:
                 continue
             if role == "tool":
                 call_id = item.get("tool_call_id")
-                if call_id in open_calls:
+                if isinstance(call_id, str) and call_id in open_calls:
                     del open_calls[call_id]
                 else:
                     violations.append(
@@ -432,8 +444,26 @@ class OpenAIChatGateway:
                                 "whitespace-only text part.",
                             )
                         )
+            if calls is not None and not isinstance(calls, list):
+                violations.append(
+                    Violation(
+                        index=index,
+                        rule="malformed_tool_calls",
+                        message=f"Assistant message {index} has tool_calls that are not a list.",
+                    )
+                )
+                calls = None
             for call in calls or ():
                 call_id = call.get("id") if isinstance(call, dict) else None
+                if not isinstance(call_id, str) or not call_id:
+                    violations.append(
+                        Violation(
+                            index=index,
+                            rule="missing_call_id",
+                            message=f"Assistant message {index} has a tool call without an id.",
+                        )
+                    )
+                    continue
                 if call_id in open_calls:
                     violations.append(
                         Violation(
@@ -442,7 +472,7 @@ class OpenAIChatGateway:
                             message=f"Assistant message {index} has two calls with id {call_id!r}.",
                         )
                     )
-                open_calls[call_id] = index  # type: ignore[index]
+                open_calls[call_id] = index
         for call_id, at in open_calls.items():
             violations.append(
                 Violation(

@@ -1,0 +1,202 @@
+"""Hostile inputs: malformed native items, and neutral messages at the edges of the rules.
+
+Invariants protected here:
+
+* ``parse()`` / ``parse_request()`` on a malformed native item raise a typed
+  turnloom error naming the field, never ``KeyError``/``TypeError``/
+  ``AttributeError``, and what they return passes ``check_message`` (the door).
+* ``validate()`` on malformed native input reports violations and never raises.
+* a gateway never emits an input that its own ``validate()`` rejects, also for
+  model output parsed by the gateway and answered by the host.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from turnloom.context import (
+    get_gateway,
+)
+from turnloom.errors import InvalidMessageError, InvalidTextError
+
+# -- parse: malformed native items --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("provider", "item", "field"),
+    [
+        ("openai_chat", {"role": ["user"], "content": "x"}, "role"),
+        ("openai_responses", {"role": {"r": 1}, "content": "x"}, "role"),
+        ("anthropic", {"role": ["user"], "content": "x"}, "role"),
+        ("gemini", {"role": ["user"], "parts": [{"text": "x"}]}, "role"),
+        (
+            "openai_responses",
+            {"type": "reasoning", "id": "rs_1", "summary": ["x"]},
+            "summary[0]",
+        ),
+        (
+            "anthropic",
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t", "name": "f", "input": [1]}],
+            },
+            "content[0].input",
+        ),
+        (
+            "anthropic",
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {"a": {1}}}],
+            },
+            "content[0].input",
+        ),
+        (
+            "gemini",
+            {"role": "model", "parts": [{"functionCall": {"name": "f", "args": "x"}}]},
+            "parts[0].functionCall.args",
+        ),
+        (
+            "gemini",
+            {"role": "model", "parts": [{"functionCall": {"name": "f", "args": {"a": {1}}}}]},
+            "parts[0].functionCall.args",
+        ),
+        (
+            "gemini",
+            {"role": "user", "parts": [{"functionResponse": {"name": "f", "response": {1, 2}}}]},
+            "parts[0].functionResponse.response",
+        ),
+        (
+            "anthropic",
+            {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": {}}}]},
+            "content[0].url",
+        ),
+        (
+            "openai_chat",
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": 5}}]},
+            "content[0].url",
+        ),
+        (
+            "openai_chat",
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": "data:;base64,AA"}}],
+            },
+            "content[0].media_type",
+        ),
+        (
+            "openai_responses",
+            {"role": "user", "content": [{"type": "input_image", "image_url": "data:;base64,AA"}]},
+            "content[0].media_type",
+        ),
+    ],
+)
+def test_malformed_native_item_raises_invalid_message_error_naming_the_field(
+    provider: str, item: dict[str, Any], field: str
+) -> None:
+    """Invariant: parse() raises InvalidMessageError with ``field`` set, never a foreign error."""
+    with pytest.raises(InvalidMessageError) as info:
+        get_gateway(provider).parse(item)
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("provider", "item"),
+    [
+        ("openai_chat", {"role": "user", "content": "bad \ud800"}),
+        ("openai_responses", {"role": "user", "content": "bad \ud800"}),
+        ("anthropic", {"role": "user", "content": [{"type": "text", "text": "bad \ud800"}]}),
+        ("gemini", {"role": "user", "parts": [{"text": "bad \ud800"}]}),
+    ],
+)
+def test_lone_surrogate_in_a_native_item_is_rejected_by_parse(
+    provider: str, item: dict[str, Any]
+) -> None:
+    """Invariant: parse() never returns a message the commit door would reject."""
+    with pytest.raises(InvalidTextError) as info:
+        get_gateway(provider).parse(item)
+    assert info.value.field == "content"
+
+
+@pytest.mark.parametrize(
+    ("provider", "body", "field"),
+    [
+        ("openai_chat", {"messages": [{"role": {}, "content": "x"}]}, "role"),
+        ("anthropic", {"system": 5, "messages": []}, "content"),
+        ("gemini", {"systemInstruction": {"parts": "x"}, "contents": []}, "parts"),
+        ("openai_responses", {"input": [{"type": "reasoning", "summary": [1]}]}, "summary[0]"),
+    ],
+)
+def test_malformed_request_body_raises_invalid_message_error(
+    provider: str, body: dict[str, Any], field: str
+) -> None:
+    """Invariant: parse_request() raises InvalidMessageError naming the field."""
+    with pytest.raises(InvalidMessageError) as info:
+        get_gateway(provider).parse_request(body)
+    assert info.value.field == field
+
+
+# -- validate: malformed native input ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("provider", "items", "expected"),
+    [
+        ("openai_chat", [{"role": ["user"], "content": "x"}], [(0, "unknown_role")]),
+        ("openai_responses", [{"role": {}, "content": "x"}], [(0, "unknown_role")]),
+        ("anthropic", [{"role": ["user"], "content": "x"}], [(0, "unknown_role")]),
+        ("gemini", [{"role": ["user"], "parts": [{"text": "x"}]}], [(0, "unknown_role")]),
+        (
+            "openai_chat",
+            [
+                {"role": "user", "content": "q"},
+                {"role": "tool", "tool_call_id": ["c"], "content": "r"},
+            ],
+            [(1, "tool_result_without_call")],
+        ),
+        (
+            "openai_chat",
+            [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "a", "tool_calls": 3},
+            ],
+            [(1, "malformed_tool_calls")],
+        ),
+        (
+            "openai_chat",
+            [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": ["c"]}]},
+            ],
+            [(1, "missing_call_id")],
+        ),
+        (
+            "anthropic",
+            [
+                {"role": "user", "content": "q"},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": ["t"]}]},
+            ],
+            [(1, "tool_result_without_call")],
+        ),
+        (
+            "openai_responses",
+            [{"role": "user", "content": "q"}, {"type": "function_call_output", "call_id": ["c"]}],
+            [(1, "tool_result_without_call")],
+        ),
+        (
+            "openai_responses",
+            [
+                {"role": "user", "content": "q"},
+                {"type": "function_call", "call_id": {}, "name": "f"},
+            ],
+            [(1, "missing_call_id")],
+        ),
+        ("gemini", [{"role": "user", "parts": [{"text": "q"}]}, "junk"], [(1, "unknown_role")]),
+    ],
+)
+def test_validate_reports_malformed_input_without_raising(
+    provider: str, items: list[Any], expected: list[tuple[int, str]]
+) -> None:
+    """Invariant: validate() turns malformed input into violations; it never raises."""
+    assert [(v.index, v.rule) for v in get_gateway(provider).validate(items)] == expected
