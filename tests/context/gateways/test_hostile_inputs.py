@@ -16,7 +16,13 @@ from typing import Any
 
 import pytest
 
+from tests.context.gateways._support import ITEM_FIELD, rendered
 from turnloom.context import (
+    Message,
+    Role,
+    TextPart,
+    ToolResultPart,
+    complete_pairs,
     get_gateway,
 )
 from turnloom.errors import InvalidMessageError, InvalidTextError
@@ -200,3 +206,53 @@ def test_validate_reports_malformed_input_without_raising(
 ) -> None:
     """Invariant: validate() turns malformed input into violations; it never raises."""
     assert [(v.index, v.rule) for v in get_gateway(provider).validate(items)] == expected
+
+
+# -- model output parsed, answered by the host, rendered ------------------------
+
+
+def _body_items(provider: str, messages: list[Message]) -> list[dict[str, Any]]:
+    gateway = get_gateway(provider)
+    return list(gateway.request_body(rendered(gateway, messages))[ITEM_FIELD[provider]])
+
+
+def test_gemini_calls_without_ids_answered_by_the_host_validate() -> None:
+    """Gemini output omits call ids; the host answers "<name>#<n>": responses carry no id.
+
+    Parallel same-name calls answered in reverse order still render in call order.
+    """
+    gw = get_gateway("gemini")
+    output = gw.parse(
+        {
+            "role": "model",
+            "parts": [
+                {"functionCall": {"name": "weather", "args": {"city": "Paris"}}},
+                {"functionCall": {"name": "weather", "args": {"city": "Rome"}}},
+            ],
+        }
+    )
+    assert [c.call_id for c in output.tool_calls] == ["weather#0", "weather#1"]
+    history = [
+        Message(role=Role.user, content="Weather in Paris and Rome?"),
+        output,
+        Message(
+            role=Role.tool,
+            content=(
+                ToolResultPart(
+                    call_id="weather#1", name="weather", content=(TextPart(text="sun"),)
+                ),
+                ToolResultPart(
+                    call_id="weather#0", name="weather", content=(TextPart(text="rain"),)
+                ),
+            ),
+        ),
+    ]
+    items = _body_items("gemini", complete_pairs(history))
+    assert items[2] == {
+        "role": "user",
+        "parts": [
+            {"functionResponse": {"name": "weather", "response": {"output": "rain"}}},
+            {"functionResponse": {"name": "weather", "response": {"output": "sun"}}},
+        ],
+    }
+    assert gw.validate(items) == []

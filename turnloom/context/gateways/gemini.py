@@ -526,7 +526,10 @@ class GeminiGateway:
         contents made only of function responses are merged into one; its
         responses are ordered as the calls of the preceding model turn (by id,
         else by name; responses answering no call keep their order at the end)
-        and a missing name is filled from the call. A model turn with calls
+        and a missing name is filled from the call. A call sent without an id
+        (model output may omit it) is answered by the response with the id
+        :meth:`parse` gave it (``"<name>#<position>"``), else by name; that
+        response is sent without an id, like its call. A model turn with calls
         that nothing precedes (its user turn held only parts Gemini cannot
         carry, or was cut) is left out with its responses, with a logged
         warning. Input items are not modified.
@@ -656,20 +659,47 @@ def _ordered(item: NativeContent, calls: list[dict[str, Any]]) -> NativeContent:
 
     ordered: list[Any] = []
     for call in calls:
-        for p in parts:
-            key, fr = inner(p)
-            if (call.get("id") is not None and fr.get("id") == call.get("id")) or (
-                call.get("id") is None and fr.get("name") == call.get("name")
-            ):
-                if not fr.get("name") and call.get("name"):
-                    p = {key: {**fr, "name": call["name"]}}
-                ordered.append(p)
-                parts.remove(next(q for q in parts if inner(q)[1] is fr))
-                break
+        call_id, name = call.get("id"), call.get("name")
+        if call_id is not None:
+            match = next((p for p in parts if inner(p)[1].get("id") == call_id), None)
+        else:
+            # Model output may omit call ids: parse names such a call
+            # "<name>#<position>", which is the id the host answers with. The
+            # call is matched by name, same-name responses in position order,
+            # and the response is sent without the id the call never had.
+            same = [p for p in parts if _answers_by_name(inner(p)[1], name)]
+            match = min(same, key=lambda p: _position(inner(p)[1], name), default=None)
+        if match is None:
+            continue
+        parts.pop(next(n for n, q in enumerate(parts) if q is match))
+        key, fr = inner(match)
+        fixed = dict(fr)
+        if not fixed.get("name") and name:
+            fixed["name"] = name
+        if call_id is None:
+            fixed.pop("id", None)
+        ordered.append(match if fixed == fr else {**match, key: fixed})
     ordered.extend(parts)
     if ordered == item["parts"]:
         return item
     return {**item, "parts": ordered}
+
+
+def _answers_by_name(response: dict[str, Any], name: Any) -> bool:
+    if response.get("name"):
+        return bool(response["name"] == name)
+    response_id = response.get("id")
+    return isinstance(response_id, str) and response_id.startswith(f"{name}#")
+
+
+def _position(response: dict[str, Any], name: Any) -> int:
+    """The position parse gave a call without id ("<name>#<position>"), else -1."""
+    response_id = response.get("id")
+    if isinstance(response_id, str) and response_id.startswith(f"{name}#"):
+        suffix = response_id[len(f"{name}#") :]
+        if suffix.isdigit():
+            return int(suffix)
+    return -1
 
 
 def _image_block(part: ImagePart, snake: bool) -> dict[str, Any]:
