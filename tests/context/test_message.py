@@ -129,6 +129,28 @@ def test_check_message_returns_the_encoded_size() -> None:
             InvalidTextError,
             "content",
         ),
+        (
+            Message(
+                role=Role.user, content=(TextPart(text="x"), ToolCallPart(call_id="c", name="f"))
+            ),
+            InvalidMessageError,
+            "content[1]",
+        ),
+        (
+            Message(role=Role.system, content=(ToolResultPart(call_id="c"),)),
+            InvalidMessageError,
+            "content[0]",
+        ),
+        (
+            Message(role=Role.assistant, content=(ToolResultPart(call_id="c"),)),
+            InvalidMessageError,
+            "content[0]",
+        ),
+        (
+            Message(role=Role.user, content=(ImagePart(url=5),)),  # type: ignore[arg-type]
+            InvalidMessageError,
+            "content[0].url",
+        ),
     ],
 )
 def test_check_message_rejects_each_malformed_field(
@@ -212,6 +234,8 @@ _parts = st.one_of(
 )
 def test_encode_decode_round_trip(role: Role, parts: list[Any], layout: Any) -> None:
     """Invariant: decode(encode(m)) == m for every valid message (surrogate-free text)."""
+    if any(type(p) is ToolCallPart for p in parts):
+        role = Role.assistant  # only assistant messages carry tool calls
     message = Message(role=role, content=tuple(parts), layout=layout)
     try:
         check_message(message)

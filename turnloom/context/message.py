@@ -256,7 +256,8 @@ def check_message(message: object, *, where: str = "message") -> int:
 
     Checks: ``message`` is a :class:`Message` with a known role and parts of
     the part union; every string is valid UTF-8 (no lone surrogates); call ids,
-    tool names and set ids are non-empty; call ids are unique within the
+    tool names and set ids are non-empty; tool calls are in an assistant
+    message and tool results in a tool or user message; call ids are unique within the
     message; an image has exactly one of ``url`` and ``data``, and string
     fields (a base64 image has its ``media_type``).
 
@@ -296,6 +297,8 @@ def check_message(message: object, *, where: str = "message") -> int:
     seen: set[str] = set()
     for i, part in enumerate(message.parts):
         field = f"content[{i}]"
+        if isinstance(part, ToolCallPart | ToolResultPart):
+            _check_placement(part, role, where, field)
         if isinstance(part, ToolCallPart):
             _require_id(part.call_id, where, f"{field}.call_id")
             _require_id(part.name, where, f"{field}.name")
@@ -335,6 +338,25 @@ def check_message(message: object, *, where: str = "message") -> int:
         ) from exc
     except TypeError as exc:
         raise InvalidMessageError(f"{where} holds a value that is not JSON: {exc}.") from exc
+
+
+def _check_placement(
+    part: ToolCallPart | ToolResultPart, role: Role, where: str, field: str
+) -> None:
+    # Pairing and every gateway read calls from assistant messages and results
+    # from tool and user messages; elsewhere a part would be lost or orphaned.
+    if isinstance(part, ToolCallPart) and role is not Role.assistant:
+        raise InvalidMessageError(
+            f"{where} {field} is a tool call in a {role.value} message; only assistant "
+            "messages carry tool calls.",
+            field=field,
+        )
+    if isinstance(part, ToolResultPart) and role not in (Role.tool, Role.user):
+        raise InvalidMessageError(
+            f"{where} {field} is a tool result in a {role.value} message; only tool and "
+            "user messages carry tool results.",
+            field=field,
+        )
 
 
 def _require_id(value: object, where: str, field: str) -> None:

@@ -96,6 +96,19 @@ from turnloom.errors import InvalidMessageError, InvalidTextError
             {"role": "user", "content": [{"type": "input_image", "image_url": "data:;base64,AA"}]},
             "content[0].media_type",
         ),
+        (
+            "anthropic",
+            {
+                "role": "user",
+                "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+            },
+            "content[0]",
+        ),
+        (
+            "gemini",
+            {"role": "model", "parts": [{"functionResponse": {"name": "f", "response": {}}}]},
+            "content[0]",  # found by check_message, which names the neutral field
+        ),
     ],
 )
 def test_malformed_native_item_raises_invalid_message_error_naming_the_field(
