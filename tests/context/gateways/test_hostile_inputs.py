@@ -269,3 +269,53 @@ def test_gemini_calls_without_ids_answered_by_the_host_validate() -> None:
         ],
     }
     assert gw.validate(items) == []
+
+
+# -- Anthropic: an error result needs content ----------------------------------
+
+
+@pytest.mark.parametrize("content", [(), (TextPart(text=" \n"),)])
+def test_anthropic_error_result_without_content_is_sent_with_a_text(
+    content: tuple[TextPart, ...],
+) -> None:
+    """The API rejects ``is_error`` with empty content: an error without output says so.
+
+    Source: Anthropic Messages API error "tool_result: content cannot be empty if
+    `is_error` is true".
+    """
+    gw = get_gateway("anthropic")
+    message = Message(
+        role=Role.tool, content=(ToolResultPart(call_id="t1", is_error=True, content=content),)
+    )
+    assert gw.render(message) == [
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "t1",
+                    "content": [{"type": "text", "text": "The tool failed without output."}],
+                    "is_error": True,
+                }
+            ],
+        }
+    ]
+
+
+@pytest.mark.parametrize("content", [[], "", "  ", None])
+def test_anthropic_validate_flags_an_error_result_without_content(content: Any) -> None:
+    """Invariant: validate() reports what the API rejects (empty error result content)."""
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": "t1", "is_error": True}
+    if content is not None:
+        block["content"] = content
+    items = [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}],
+        },
+        {"role": "user", "content": [block]},
+    ]
+    assert [(v.index, v.rule) for v in get_gateway("anthropic").validate(items)] == [
+        (2, "empty_error_result")
+    ]

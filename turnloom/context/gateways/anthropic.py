@@ -8,7 +8,9 @@ message):
 * ``tool`` (or ``user`` carrying tool results): one ``user`` item whose
   ``tool_result`` blocks come first, in part order, then any other blocks.
   A result's content is a list of ``text``/``image`` blocks and ``is_error``
-  is always sent.
+  is always sent; an error result without content (or with blank text only)
+  is sent with the text "The tool failed without output." (the API rejects
+  an empty error result).
 * ``assistant``: blocks in part order: ``thinking`` (text + ``signature``) and
   ``redacted_thinking`` (``data``) for reasoning produced by Anthropic,
   ``text``, ``tool_use`` (``id``, ``name``, ``input``: the arguments decoded
@@ -81,6 +83,8 @@ _log = logging.getLogger("turnloom.gateway.anthropic")
 _GATEWAY = GatewayType.anthropic.value
 # A tuple: membership compares, never hashes (a malformed role may be a list).
 _ROLES = ("user", "assistant", "system")
+# Sent for an error result that has no content (the API rejects it empty).
+_EMPTY_ERROR_TEXT = "The tool failed without output."
 
 
 class AnthropicGateway:
@@ -218,6 +222,13 @@ class AnthropicGateway:
             type(p) is TextPart for p in result.content
         ):
             content = "".join(p.text for p in result.content if type(p) is TextPart)
+        if result.is_error and _empty_result(content):
+            # The API rejects an error result without content.
+            content = (
+                _EMPTY_ERROR_TEXT
+                if isinstance(content, str)
+                else [{"type": "text", "text": _EMPTY_ERROR_TEXT}]
+            )
         block: dict[str, Any] = {
             "type": "tool_result",
             "tool_use_id": result.call_id,
@@ -439,7 +450,7 @@ class AnthropicGateway:
         block; no ``tool_result`` without a ``tool_use`` in the directly
         preceding assistant item; ``tool_use`` ids unique in the whole input
         (the API rejects a reused id); no empty content and no empty or
-        whitespace-only text block. Adjacent same-role items are not a
+        whitespace-only text block; an error ``tool_result`` has content. Adjacent same-role items are not a
         violation: the API combines them (recorded traffic shows it accepts
         them), and :meth:`request_body` merges them. ``system`` items are
         accepted anywhere (top level or inline). A leading ``assistant`` item
@@ -608,8 +619,21 @@ class AnthropicGateway:
         return body
 
 
+def _empty_result(content: Any) -> bool:
+    return content is None or (isinstance(content, str) and blank(content)) or content == []
+
+
 def _check_result_texts(block: dict[str, Any], index: int, j: int, out: list[Violation]) -> None:
     inner = block.get("content")
+    if block.get("is_error") is True and _empty_result(inner):
+        out.append(
+            violation(
+                index,
+                "empty_error_result",
+                f"Item {index} content[{j}] is an error result without content; the API "
+                "needs content when is_error is true.",
+            )
+        )
     if isinstance(inner, list):
         for k, sub in enumerate(inner):
             if (
