@@ -450,9 +450,10 @@ class AnthropicGateway:
         block; no ``tool_result`` without a ``tool_use`` in the directly
         preceding assistant item; ``tool_use`` ids unique in the whole input
         (the API rejects a reused id); no empty content and no empty or
-        whitespace-only text block; an error ``tool_result`` has content. Adjacent same-role items are not a
-        violation: the API combines them (recorded traffic shows it accepts
-        them), and :meth:`request_body` merges them. ``system`` items are
+        whitespace-only text block; an error ``tool_result`` has content.
+        Adjacent same-role items are not a violation: the API combines them
+        (recorded traffic shows it accepts them), and :meth:`request_body`
+        merges them. ``system`` items are
         accepted anywhere (top level or inline). A leading ``assistant`` item
         is not flagged: the API rejected it in 2024 ("first message must use
         the user role") but accepts it now (it is how a reply is prefilled).
