@@ -319,3 +319,24 @@ def test_anthropic_validate_flags_an_error_result_without_content(content: Any) 
     assert [(v.index, v.rule) for v in get_gateway("anthropic").validate(items)] == [
         (2, "empty_error_result")
     ]
+
+
+def test_anthropic_parse_records_its_layout_for_extras_inside_a_result() -> None:
+    """Invariant: a parsed message with extras anywhere names its gateway in ``layout``,
+    so other gateways do not emit Anthropic's ``cache_control`` (found by hypothesis)."""
+    item = {
+        "role": "user",
+        "content": [
+            {
+                "type": "tool_result",
+                "tool_use_id": "t1",
+                "content": [{"type": "text", "text": "ok", "cache_control": {"type": "ephemeral"}}],
+                "is_error": False,
+            }
+        ],
+    }
+    message = get_gateway("anthropic").parse(item)
+    assert message.layout == {"gateway": "anthropic"}
+    assert get_gateway("openai_chat").render(message) == [
+        {"role": "tool", "tool_call_id": "t1", "content": "ok"}
+    ]

@@ -301,7 +301,12 @@ class AnthropicGateway:
         has_extras = bool(extras)
         for i, block in enumerate(blocks):
             part = self._parse_block(block, f"content[{i}]", string_results, no_is_error)
-            has_extras = has_extras or bool(getattr(part, "extras", None))
+            inner = part.content if type(part) is ToolResultPart else ()
+            has_extras = (
+                has_extras
+                or bool(getattr(part, "extras", None))
+                or any(getattr(q, "extras", None) for q in inner)
+            )
             parts.append(part)
         hints["string_results"] = string_results
         hints["no_is_error"] = no_is_error
