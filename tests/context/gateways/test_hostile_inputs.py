@@ -18,6 +18,7 @@ import pytest
 
 from tests.context.gateways._support import ITEM_FIELD, rendered
 from turnloom.context import (
+    ImagePart,
     Message,
     Role,
     TextPart,
@@ -340,3 +341,41 @@ def test_anthropic_parse_records_its_layout_for_extras_inside_a_result() -> None
     assert get_gateway("openai_chat").render(message) == [
         {"role": "tool", "tool_call_id": "t1", "content": "ok"}
     ]
+
+
+# -- instructions are text only (OpenAI Chat, Anthropic) ------------------------
+
+
+@pytest.mark.parametrize("provider", ["openai_chat", "anthropic"])
+@pytest.mark.parametrize("role", [Role.system, Role.developer])
+def test_image_in_an_instruction_is_dropped_where_instructions_are_text_only(
+    provider: str, role: Role, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Chat system/developer content is text only; Anthropic system content has no image.
+
+    Source: OpenAI Chat ``ChatCompletionSystemMessageParam`` / Anthropic
+    ``SystemMessageParam`` and ``system`` (text blocks, no image).
+    """
+    gw = get_gateway(provider)
+    message = Message(
+        role=role, content=(TextPart(text="Be brief."), ImagePart(url="https://x/a.png"))
+    )
+    native_role = role.value if provider == "openai_chat" else "system"
+    expected_content = [{"type": "text", "text": "Be brief."}]
+    with caplog.at_level("WARNING"):
+        assert gw.render(message) == [{"role": native_role, "content": expected_content}]
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    item = {
+        "role": native_role,
+        "content": [{"type": "text", "text": "Be brief."}, _NATIVE_IMAGE[provider]],
+    }
+    rule = "non_text_instruction" if provider == "openai_chat" else "image_in_instruction"
+    assert [(v.index, v.rule) for v in gw.validate([{"role": "user", "content": "q"}, item])] == [
+        (1, rule)
+    ]
+
+
+_NATIVE_IMAGE = {
+    "openai_chat": {"type": "image_url", "image_url": {"url": "https://x/a.png"}},
+    "anthropic": {"type": "image", "source": {"type": "url", "url": "https://x/a.png"}},
+}

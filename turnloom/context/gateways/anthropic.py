@@ -25,15 +25,16 @@ message):
 Where system messages live in a Context: as ``{"role": "system"}`` items
 where they were appended; only the request body moves them.
 
-Lossy mappings, documented: ``developer`` becomes ``system`` (Anthropic has
-no developer role); reasoning of other providers is dropped (Anthropic cannot
-verify it); opaque parts of other gateways are dropped with a logged warning;
-an image's ``detail`` hint is not carried; tool call arguments travel as an
-object, so their text is re-encoded as compact JSON (same value, possibly
-different whitespace) and arguments that are not a JSON object are rejected
-with :class:`~turnloom.errors.ProviderRuleError`; a tool result's ``name`` is
-not carried (:meth:`AnthropicGateway.parse_request` fills it from the call);
-empty and whitespace-only text blocks are never emitted.
+Lossy mappings, documented: ``developer`` becomes ``system`` (Anthropic has no
+developer role); images of system and developer messages are dropped with a
+logged warning (system content carries no images); reasoning of other providers
+is dropped (Anthropic cannot verify it); opaque parts of other gateways are
+dropped with a logged warning; an image's ``detail`` hint is not carried; tool
+call arguments travel as an object, so their text is re-encoded as compact JSON
+(same value, possibly different whitespace) and arguments that are not a JSON
+object are rejected with :class:`~turnloom.errors.ProviderRuleError`; a tool
+result's ``name`` is not carried (:meth:`AnthropicGateway.parse_request` fills
+it from the call); empty and whitespace-only text blocks are never emitted.
 
 Layout kept for an exact re-emission (``Message.layout``): content sent as a
 string (``"content": "string"``), tool results whose content was a string
@@ -127,13 +128,21 @@ class AnthropicGateway:
             results = [p for p in message.parts if type(p) is ToolResultPart]
             for result in results:
                 blocks.append(self._result_block(result, layout, own))
+            instructions = role in (Role.system, Role.developer)
             for part in message.parts:
                 if type(part) is ToolResultPart:
+                    continue
+                if instructions and type(part) is ImagePart:
+                    _log.warning(
+                        "Dropped an image from a %s message: Anthropic system content "
+                        "carries no images.",
+                        role.value,
+                    )
                     continue
                 block = self._content_block(part, own)
                 if block is not None:
                     blocks.append(block)
-            native_role = "system" if role in (Role.system, Role.developer) else "user"
+            native_role = "system" if instructions else "user"
         if not blocks:
             return []
         content: str | list[Any] = blocks
@@ -455,7 +464,9 @@ class AnthropicGateway:
         block; no ``tool_result`` without a ``tool_use`` in the directly
         preceding assistant item; ``tool_use`` ids unique in the whole input
         (the API rejects a reused id); no empty content and no empty or
-        whitespace-only text block; an error ``tool_result`` has content.
+        whitespace-only text block; an error ``tool_result`` has content;
+        ``system`` items hold no image (text, and beta blocks such as
+        ``tool_addition`` seen in recorded traffic).
         Adjacent same-role items are not a violation: the API combines them
         (recorded traffic shows it accepts them), and :meth:`request_body`
         merges them. ``system`` items are
@@ -499,6 +510,15 @@ class AnthropicGateway:
             other_seen = False
             for j, block in enumerate(blocks):
                 kind = block.get("type") if isinstance(block, dict) else None
+                if role == "system" and kind == "image":
+                    out.append(
+                        violation(
+                            index,
+                            "image_in_instruction",
+                            f"Item {index} content[{j}] is an image block; system content "
+                            "carries no images.",
+                        )
+                    )
                 if kind == "text" and blank(str(block.get("text", ""))):
                     out.append(
                         violation(

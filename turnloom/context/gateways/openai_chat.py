@@ -21,12 +21,13 @@ without a ``content`` key (``"content": "absent"``). System and developer
 messages stay in ``messages`` where they are.
 
 Lossy mappings, documented: reasoning parts are dropped (Chat Completions has
-no field to replay them); opaque parts of other gateways are dropped with a
-logged warning; an image inside a tool result is dropped with a warning (the
-``tool`` role takes text only); empty or whitespace-only text parts are never
-emitted. Native fields the neutral model does not name (``name``,
-``refusal``, ``audio``, ...) are kept in ``Message.extras`` and re-emitted
-verbatim.
+no field to replay them); images of system and developer messages are dropped
+with a logged warning (their content is text only); opaque parts of other
+gateways are dropped with a logged warning; an image inside a tool result is
+dropped with a warning (the ``tool`` role takes text only); empty or
+whitespace-only text parts are never emitted. Native fields the neutral model
+does not name (``name``, ``refusal``, ``audio``, ...) are kept in
+``Message.extras`` and re-emitted verbatim.
 
 Source: OpenAI Chat Completions API reference, ``messages`` parameter; tool
 messages must answer a preceding assistant message's ``tool_calls``.
@@ -124,6 +125,12 @@ class OpenAIChatGateway:
                     if own and part.extras:
                         block.update(part.extras)
                     out.append(block)
+            elif type(part) is ImagePart and role in (Role.system, Role.developer):
+                _log.warning(
+                    "Dropped an image from a %s message: OpenAI Chat %s content is text only.",
+                    role.value,
+                    role.value,
+                )
             elif type(part) is ImagePart:
                 url = (
                     part.url
@@ -379,7 +386,8 @@ class OpenAIChatGateway:
         message, so an id reused in a later turn is accepted (the recorded
         tau-bench GPT-4o traffic does this in 37 of 150 sessions). No empty or
         whitespace-only text content (an assistant message may have ``null``
-        content only when it has tool calls).
+        content only when it has tool calls); system and developer content is
+        text only.
         """
         violations: list[Violation] = []
         open_calls: dict[str, int] = {}  # call id -> index of its assistant message
@@ -431,6 +439,16 @@ class OpenAIChatGateway:
                 )
             elif isinstance(content, list):
                 for j, block in enumerate(content):
+                    kind = block.get("type") if isinstance(block, dict) else None
+                    if role in ("system", "developer") and kind != "text":
+                        violations.append(
+                            Violation(
+                                index=index,
+                                rule="non_text_instruction",
+                                message=f"{role.capitalize()} message {index} content[{j}] is "
+                                f"a {kind!r} part; {role} content is text only.",
+                            )
+                        )
                     if (
                         isinstance(block, dict)
                         and block.get("type") == "text"
