@@ -67,7 +67,9 @@ class TextPart(_Part, frozen=True, tag="text"):
     """Plain text.
 
     Attributes:
-        text: the text; may be empty here, gateways never emit an empty block.
+        text: the text; may be empty here. Gateways never emit an empty or
+            whitespace-only block, except to re-emit recorded traffic exactly
+            (the ``keep_blank`` layout of Gemini and OpenAI Responses).
         extras: provider-native fields of this part that the neutral model does
             not name (``cache_control``, Gemini ``thoughtSignature``), re-emitted
             verbatim by the gateway that produced them and ignored by others.
@@ -95,7 +97,9 @@ class ToolCallPart(_Part, frozen=True, tag="tool_call"):
     """A tool call made by the model.
 
     Attributes:
-        call_id: the provider's id for this call; unique within a context.
+        call_id: the provider's id for this call; unique within its message. A
+            later turn may reuse it (pairing is positional, see
+            :mod:`turnloom.context.pairing`).
         name: the tool (function) name.
         arguments: the arguments as JSON text, exactly as the model produced
             them (OpenAI carries a string; Anthropic and Gemini carry an object,

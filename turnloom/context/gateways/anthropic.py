@@ -603,7 +603,7 @@ class AnthropicGateway:
 
         The leading run of ``system`` items becomes the top-level ``system``
         (omitted when there is none): the content string when it is a single
-        string-form item, else every text block in order. Adjacent items of
+        string-form item, else every block of the run in order. Adjacent items of
         the same role are merged into one (tool results first, so a merged
         user turn still opens with its results), unless the gateway was built
         with ``merge_turns=False``. A ``tool_use`` id already used by an
