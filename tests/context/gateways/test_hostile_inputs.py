@@ -20,6 +20,7 @@ from tests.context.gateways._support import ITEM_FIELD, rendered
 from turnloom.context import (
     ImagePart,
     Message,
+    ReasoningPart,
     Role,
     TextPart,
     ToolResultPart,
@@ -379,3 +380,51 @@ _NATIVE_IMAGE = {
     "openai_chat": {"type": "image_url", "image_url": {"url": "https://x/a.png"}},
     "anthropic": {"type": "image", "source": {"type": "url", "url": "https://x/a.png"}},
 }
+
+
+# -- replies that render to nothing -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "reasoning",
+    [
+        ReasoningPart(text="plan", gateway="anthropic"),
+        ReasoningPart(redacted=True, gateway="anthropic"),
+    ],
+)
+def test_anthropic_reasoning_without_signature_is_left_out(reasoning: ReasoningPart) -> None:
+    """The API verifies thinking by its signature (redacted: data); without it, no block.
+
+    validate() flags such a block (it is what the API rejects).
+    """
+    gw = get_gateway("anthropic")
+    message = Message(role=Role.assistant, content=(reasoning, TextPart(text="Hi.")))
+    assert gw.render(message) == [
+        {"role": "assistant", "content": [{"type": "text", "text": "Hi."}]}
+    ]
+    items = [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "plan", "signature": None},
+                {"type": "redacted_thinking", "data": ""},
+                {"type": "text", "text": "Hi."},
+            ],
+        },
+    ]
+    assert [(v.index, v.rule) for v in gw.validate(items)] == [
+        (1, "reasoning_without_signature"),
+        (1, "reasoning_without_signature"),
+    ]
+
+
+def test_chat_reply_with_only_extras_renders_to_nothing() -> None:
+    """An assistant message whose parts all drop (reasoning only) is no Chat item, even
+    with message extras: ``{"role": "assistant", "content": null}`` fails validate()."""
+    message = Message(
+        role=Role.assistant,
+        content=(ReasoningPart(text="t", signature="c2ln", gateway="anthropic"),),
+        extras={"name": "bot"},
+    )
+    assert get_gateway("openai_chat").render(message) == []

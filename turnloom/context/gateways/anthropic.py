@@ -12,7 +12,8 @@ message):
   is sent with the text "The tool failed without output." (the API rejects
   an empty error result).
 * ``assistant``: blocks in part order: ``thinking`` (text + ``signature``) and
-  ``redacted_thinking`` (``data``) for reasoning produced by Anthropic,
+  ``redacted_thinking`` (``data``) for reasoning produced by Anthropic (one
+  without its signature or data cannot be verified and is left out),
   ``text``, ``tool_use`` (``id``, ``name``, ``input``: the arguments decoded
   to an object), ``anthropic`` opaque blocks (server tool use, web search
   results, MCP blocks, compaction) verbatim. Parallel calls are one item.
@@ -205,6 +206,11 @@ class AnthropicGateway:
         if type(part) is ReasoningPart:
             if part.gateway != _GATEWAY:
                 drop_foreign(part, _GATEWAY, _log)
+                return None
+            if not (part.encrypted_content if part.redacted else part.signature):
+                # The API verifies each thinking block by its signature (redacted:
+                # its data); one without cannot be replayed.
+                _log.debug("Dropped Anthropic reasoning without its signature or data.")
                 return None
             if part.redacted:
                 block = {"type": "redacted_thinking", "data": part.encrypted_content or ""}
@@ -464,7 +470,9 @@ class AnthropicGateway:
         block; no ``tool_result`` without a ``tool_use`` in the directly
         preceding assistant item; ``tool_use`` ids unique in the whole input
         (the API rejects a reused id); no empty content and no empty or
-        whitespace-only text block; an error ``tool_result`` has content;
+        whitespace-only text block; an error ``tool_result`` has content; a
+        ``thinking`` block has its ``signature`` (``redacted_thinking``: its
+        ``data``);
         ``system`` items hold no image (text, and beta blocks such as
         ``tool_addition`` seen in recorded traffic).
         Adjacent same-role items are not a violation: the API combines them
@@ -527,6 +535,17 @@ class AnthropicGateway:
                             f"Item {index} content[{j}] is an empty or whitespace-only text block.",
                         )
                     )
+                if kind in ("thinking", "redacted_thinking"):
+                    key = "signature" if kind == "thinking" else "data"
+                    value = block.get(key)
+                    if not isinstance(value, str) or not value:
+                        out.append(
+                            violation(
+                                index,
+                                "reasoning_without_signature",
+                                f"Item {index} content[{j}] is a {kind} block without its {key}.",
+                            )
+                        )
                 if kind == "tool_result":
                     call_id = block.get("tool_use_id")
                     if role != "user" or not isinstance(call_id, str) or call_id not in open_calls:

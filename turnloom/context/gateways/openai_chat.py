@@ -174,9 +174,10 @@ class OpenAIChatGateway:
                     "messages carry text only."
                 )
         calls = message.tool_calls
-        if not blocks and not calls and not (own and message.extras):
+        if not blocks and not calls:
             # Nothing to say (an interrupted or reasoning-only reply): no item,
-            # since an assistant message needs content or tool calls.
+            # since an assistant message needs content or tool calls (extras
+            # such as ``name`` alone do not make one).
             return []
         content: str | list[Any] | None = blocks or None
         if (
