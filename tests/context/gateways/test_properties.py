@@ -227,6 +227,14 @@ def _layout(parts: Sequence[Part]) -> dict[str, Any] | None:
     return _ANTHROPIC if any(has_extras(p) for p in parts) else None
 
 
+_bare_reasoning = st.builds(
+    ReasoningPart,
+    text=_nasty_texts,
+    redacted=st.booleans(),
+    gateway=st.sampled_from(PROVIDERS),
+)
+
+
 @st.composite
 def _nasty_result(draw: st.DrawFn, call: ToolCallPart) -> ToolResultPart:
     """A result that may be empty, blank, image-only, with extras, an error."""
@@ -276,8 +284,18 @@ def nasty_conversations(draw: st.DrawFn) -> list[Message]:
         )
         for _ in range(draw(st.integers(0, 3))):
             if draw(st.integers(0, 4)) == 0:
-                reasoning = draw(st.lists(_reasoning(), min_size=1, max_size=2))
-                messages.append(Message(role=Role.assistant, content=tuple(reasoning)))
+                # Reasoning only; some of it bare (no signature, id or data), and
+                # the message may carry extras of its own.
+                reasoning = draw(st.lists(_reasoning() | _bare_reasoning, min_size=1, max_size=2))
+                extras = draw(st.sampled_from([None, {"name": "agent"}]))
+                messages.append(
+                    Message(
+                        role=Role.assistant,
+                        content=tuple(reasoning),
+                        extras=extras,
+                        layout={"gateway": "openai_chat"} if extras else None,
+                    )
+                )
                 continue
             reply = draw(_assistant())
             messages.append(reply)
