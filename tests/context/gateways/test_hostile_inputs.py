@@ -428,3 +428,11 @@ def test_chat_reply_with_only_extras_renders_to_nothing() -> None:
         extras={"name": "bot"},
     )
     assert get_gateway("openai_chat").render(message) == []
+
+
+def test_gemini_validate_reads_an_unset_role_as_user_like_parse() -> None:
+    """Gemini ``Content.role`` may be unset (a user turn): parse() and validate() agree."""
+    gw = get_gateway("gemini")
+    content = {"parts": [{"text": "Hi"}]}
+    assert gw.parse(content) == Message(role=Role.user, content="Hi")
+    assert gw.validate([content]) == []

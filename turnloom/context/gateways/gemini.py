@@ -418,8 +418,8 @@ class GeminiGateway:
         turn; a model turn with function calls directly follows a user turn or a
         function-response turn (the API rejects it after another model turn or
         first); call ids unique within a model turn; every response has a name;
-        roles are ``user`` or ``model``; no content without parts; no empty or
-        whitespace-only text part (thought parts excepted), except a content
+        roles are ``user`` or ``model`` (unset means ``user``); no content
+        without parts; no empty or whitespace-only text part (thought parts excepted), except a content
         whose only part is an empty text: the Gemini API accepts an empty
         prompt (recorded traffic, 6 requests). Adjacent contents
         of the same role are accepted (recorded traffic). ``system`` items are
@@ -433,7 +433,8 @@ class GeminiGateway:
         calls_at = -1
         previous_role: str | None = None
         for index, item in enumerate(items):
-            role = item.get("role") if isinstance(item, dict) else None
+            # ``role`` may be left unset (a user turn), as parse() reads it.
+            role = item.get("role", "user") if isinstance(item, dict) else None
             if role == "system":
                 continue
             if role not in ("user", "model"):
