@@ -411,19 +411,18 @@ class GeminiGateway:
     def validate(self, items: Sequence[NativeContent]) -> list[Violation]:
         """Check Gemini's structural rules over a ``contents`` list.
 
-        Rules (Source: Gemini API function calling): the function calls of a
-        model turn are answered by the directly following ``user`` content,
-        which holds one ``functionResponse`` per call, in call order (matched
-        by id, else by name), and no response that answers no call of that
-        turn; a model turn with function calls directly follows a user turn or a
-        function-response turn (the API rejects it after another model turn or
-        first); call ids unique within a model turn; every response has a name;
-        roles are ``user`` or ``model`` (unset means ``user``); no content
-        without parts; no empty or whitespace-only text part (thought parts excepted), except a content
-        whose only part is an empty text: the Gemini API accepts an empty
-        prompt (recorded traffic, 6 requests). Adjacent contents
-        of the same role are accepted (recorded traffic). ``system`` items are
-        turnloom's and are lifted by :meth:`request_body`.
+        Rules (Source: Gemini API function calling): the function calls of a model turn
+        are answered by the directly following ``user`` content, which holds one
+        ``functionResponse`` per call, in call order (matched by id, else by name), and
+        no response that answers no call of that turn; a model turn with function calls
+        directly follows a user turn or a function-response turn (the API rejects it
+        after another model turn or first); call ids unique within a model turn; every
+        response has a name; roles are ``user`` or ``model`` (unset means ``user``); no
+        content without parts; no empty or whitespace-only text part (thought parts
+        excepted), except a content whose only part is an empty text: the Gemini API
+        accepts an empty prompt (recorded traffic, 6 requests). Adjacent contents of
+        the same role are accepted (recorded traffic). ``system`` items are turnloom's
+        and are lifted by :meth:`request_body`.
 
         Returns:
             every violation, in item order; empty when the input is valid.
