@@ -263,7 +263,7 @@ def check_message(message: object, *, where: str = "message") -> int:
     tool names and set ids are non-empty; tool calls are in an assistant
     message and tool results in a tool or user message; call ids are unique within the
     message; an image has exactly one of ``url`` and ``data``, and string
-    fields (a base64 image has its ``media_type``).
+    fields (a base64 image has its ``media_type``, which is ``image/...``).
 
     Args:
         message: the value to check.
@@ -381,6 +381,11 @@ def _check_image(part: ImagePart, where: str, field: str) -> None:
     if part.data is not None and not part.media_type:
         raise InvalidMessageError(
             f"{where} {field} gives base64 data without its media_type.",
+            field=f"{field}.media_type",
+        )
+    if part.media_type is not None and not part.media_type.startswith("image/"):
+        raise InvalidMessageError(
+            f"{where} {field}.media_type {part.media_type!r} is not an image type.",
             field=f"{field}.media_type",
         )
 

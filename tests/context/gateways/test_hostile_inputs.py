@@ -24,6 +24,7 @@ from turnloom.context import (
     Role,
     TextPart,
     ToolResultPart,
+    check_message,
     complete_pairs,
     get_gateway,
 )
@@ -436,3 +437,48 @@ def test_gemini_validate_reads_an_unset_role_as_user_like_parse() -> None:
     content = {"parts": [{"text": "Hi"}]}
     assert gw.parse(content) == Message(role=Role.user, content="Hi")
     assert gw.validate([content]) == []
+
+
+# -- image media types -------------------------------------------------------------
+
+
+def test_image_media_type_must_be_an_image_type_at_the_door() -> None:
+    """check_message rejects ``media_type`` that is not ``image/...`` (naming the field)."""
+    message = Message(
+        role=Role.user, content=(ImagePart(data="JVBERi0=", media_type="application/pdf"),)
+    )
+    with pytest.raises(InvalidMessageError) as info:
+        check_message(message)
+    assert info.value.field == "content[0].media_type"
+
+
+def test_anthropic_drops_base64_images_of_types_it_does_not_take(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Anthropic takes base64 JPEG, PNG, GIF and WebP only; validate flags other types.
+
+    Source: Anthropic Messages API, vision (supported image formats).
+    """
+    gw = get_gateway("anthropic")
+    message = Message(
+        role=Role.user,
+        content=(TextPart(text="Look"), ImagePart(data="AAAA", media_type="image/heic")),
+    )
+    with caplog.at_level("WARNING"):
+        assert gw.render(message) == [
+            {"role": "user", "content": [{"type": "text", "text": "Look"}]}
+        ]
+    assert [r.getMessage() for r in caplog.records] == [
+        "Dropped a image/heic image: Anthropic takes base64 images of types "
+        "image/jpeg, image/png, image/gif, image/webp only."
+    ]
+    item = {
+        "role": "user",
+        "content": [
+            {
+                "type": "image",
+                "source": {"type": "base64", "media_type": "image/heic", "data": "AAAA"},
+            }
+        ],
+    }
+    assert [(v.index, v.rule) for v in gw.validate([item])] == [(0, "unsupported_media_type")]

@@ -227,6 +227,9 @@ def _layout(parts: Sequence[Part]) -> dict[str, Any] | None:
     return _ANTHROPIC if any(has_extras(p) for p in parts) else None
 
 
+_nasty_images = st.one_of(
+    _images, st.just(ImagePart(data="AAAAGGZ0eXBoZWlj", media_type="image/heic"))
+)
 _bare_reasoning = st.builds(
     ReasoningPart,
     text=_nasty_texts,
@@ -242,7 +245,7 @@ def _nasty_result(draw: st.DrawFn, call: ToolCallPart) -> ToolResultPart:
     for _ in range(draw(st.integers(0, 2))):
         kind = draw(st.integers(0, 5))
         if kind == 0:
-            content.append(draw(_images))
+            content.append(draw(_nasty_images))
         elif kind == 1:
             gateway = draw(st.sampled_from(PROVIDERS))
             content.append(OpaquePart(gateway=gateway, item=_RESULT_OPAQUE[gateway]))
@@ -278,7 +281,7 @@ def nasty_conversations(draw: st.DrawFn) -> list[Message]:
             messages.append(draw(_instruction()))
         user_parts: list[Part] = [TextPart(text=draw(_nasty_texts), extras=draw(_extras))]
         if draw(st.integers(0, 4)) == 0:
-            user_parts.append(draw(_images))
+            user_parts.append(draw(_nasty_images))
         messages.append(
             Message(role=Role.user, content=tuple(user_parts), layout=_layout(user_parts))
         )

@@ -30,12 +30,14 @@ Lossy mappings, documented: ``developer`` becomes ``system`` (Anthropic has no
 developer role); images of system and developer messages are dropped with a
 logged warning (system content carries no images); reasoning of other providers
 is dropped (Anthropic cannot verify it); opaque parts of other gateways are
-dropped with a logged warning; an image's ``detail`` hint is not carried; tool
-call arguments travel as an object, so their text is re-encoded as compact JSON
-(same value, possibly different whitespace) and arguments that are not a JSON
-object are rejected with :class:`~turnloom.errors.ProviderRuleError`; a tool
-result's ``name`` is not carried (:meth:`AnthropicGateway.parse_request` fills
-it from the call); empty and whitespace-only text blocks are never emitted.
+dropped with a logged warning; an image's ``detail`` hint is not carried; a
+base64 image of a type other than JPEG, PNG, GIF or WebP is dropped with a
+logged warning; tool call arguments travel as an object, so their text is re-
+encoded as compact JSON (same value, possibly different whitespace) and
+arguments that are not a JSON object are rejected with
+:class:`~turnloom.errors.ProviderRuleError`; a tool result's ``name`` is not
+carried (:meth:`AnthropicGateway.parse_request` fills it from the call); empty
+and whitespace-only text blocks are never emitted.
 
 Layout kept for an exact re-emission (``Message.layout``): content sent as a
 string (``"content": "string"``), tool results whose content was a string
@@ -85,6 +87,8 @@ _log = logging.getLogger("turnloom.gateway.anthropic")
 _GATEWAY = GatewayType.anthropic.value
 # A tuple: membership compares, never hashes (a malformed role may be a list).
 _ROLES = ("user", "assistant", "system")
+# The media types of a base64 image source (Source: Anthropic Messages API, vision).
+_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 # Sent for an error result that has no content (the API rejects it empty).
 _EMPTY_ERROR_TEXT = "The tool failed without output."
 
@@ -168,6 +172,13 @@ class AnthropicGateway:
                 block.update(part.extras)
             return block
         if type(part) is ImagePart:
+            if part.data is not None and part.media_type not in _MEDIA_TYPES:
+                _log.warning(
+                    "Dropped a %s image: Anthropic takes base64 images of types %s only.",
+                    part.media_type,
+                    ", ".join(_MEDIA_TYPES),
+                )
+                return None
             if part.url is not None:
                 source: dict[str, Any] = {"type": "url", "url": part.url}
             else:
@@ -464,23 +475,21 @@ class AnthropicGateway:
     def validate(self, items: Sequence[NativeContent]) -> list[Violation]:
         """Check the Messages API's structural rules over a ``messages`` list.
 
-        Rules (Source: Anthropic Messages API, tool use): every ``tool_use`` of
-        an assistant item is answered by a ``tool_result`` in the directly
-        following user item, and that item holds its results before any other
-        block; no ``tool_result`` without a ``tool_use`` in the directly
-        preceding assistant item; ``tool_use`` ids unique in the whole input
-        (the API rejects a reused id); no empty content and no empty or
-        whitespace-only text block; an error ``tool_result`` has content; a
-        ``thinking`` block has its ``signature`` (``redacted_thinking``: its
-        ``data``);
-        ``system`` items hold no image (text, and beta blocks such as
-        ``tool_addition`` seen in recorded traffic).
-        Adjacent same-role items are not a violation: the API combines them
-        (recorded traffic shows it accepts them), and :meth:`request_body`
-        merges them. ``system`` items are
-        accepted anywhere (top level or inline). A leading ``assistant`` item
-        is not flagged: the API rejected it in 2024 ("first message must use
-        the user role") but accepts it now (it is how a reply is prefilled).
+        Rules (Source: Anthropic Messages API, tool use): every ``tool_use`` of an
+        assistant item is answered by a ``tool_result`` in the directly following user
+        item, and that item holds its results before any other block; no
+        ``tool_result`` without a ``tool_use`` in the directly preceding assistant
+        item; ``tool_use`` ids unique in the whole input (the API rejects a reused id);
+        no empty content and no empty or whitespace-only text block; an error
+        ``tool_result`` has content; a ``thinking`` block has its ``signature``
+        (``redacted_thinking``: its ``data``); a base64 image is JPEG, PNG, GIF or
+        WebP; ``system`` items hold no image (text, and beta blocks such as
+        ``tool_addition`` seen in recorded traffic). Adjacent same-role items are not a
+        violation: the API combines them (recorded traffic shows it accepts them), and
+        :meth:`request_body` merges them. ``system`` items are accepted anywhere (top
+        level or inline). A leading ``assistant`` item is not flagged: the API rejected
+        it in 2024 ("first message must use the user role") but accepts it now (it is
+        how a reply is prefilled).
 
         Returns:
             every violation, in item order; empty when the input is valid.
@@ -518,6 +527,21 @@ class AnthropicGateway:
             other_seen = False
             for j, block in enumerate(blocks):
                 kind = block.get("type") if isinstance(block, dict) else None
+                source = block.get("source") if kind == "image" else None
+                if (
+                    isinstance(source, dict)
+                    and source.get("type") == "base64"
+                    and source.get("media_type") not in _MEDIA_TYPES
+                ):
+                    out.append(
+                        violation(
+                            index,
+                            "unsupported_media_type",
+                            f"Item {index} content[{j}] is a base64 image of type "
+                            f"{source.get('media_type')!r}; the API takes "
+                            f"{', '.join(_MEDIA_TYPES)}.",
+                        )
+                    )
                 if role == "system" and kind == "image":
                     out.append(
                         violation(
