@@ -374,6 +374,9 @@ def _check_image(part: ImagePart, where: str, field: str) -> None:
             raise InvalidMessageError(
                 f"{where} {field}.{name} must be a string.", field=f"{field}.{name}"
             )
+    for name in ("url", "data"):
+        if getattr(part, name) == "":
+            raise InvalidMessageError(f"{where} {field}.{name} is empty.", field=f"{field}.{name}")
     if (part.url is None) == (part.data is None):
         raise InvalidMessageError(
             f"{where} {field} must set exactly one of url and data.", field=field

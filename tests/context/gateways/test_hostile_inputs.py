@@ -28,7 +28,7 @@ from turnloom.context import (
     complete_pairs,
     get_gateway,
 )
-from turnloom.errors import InvalidMessageError, InvalidTextError
+from turnloom.errors import DuplicateIdError, InvalidMessageError, InvalidTextError
 
 # -- parse: malformed native items --------------------------------------------
 
@@ -482,3 +482,43 @@ def test_anthropic_drops_base64_images_of_types_it_does_not_take(
         ],
     }
     assert [(v.index, v.rule) for v in gw.validate([item])] == [(0, "unsupported_media_type")]
+
+
+@pytest.mark.parametrize(
+    ("provider", "body", "error", "field"),
+    [
+        (
+            "openai_responses",
+            {"instructions": [{"role": "system", "content": "x"}], "input": []},
+            InvalidMessageError,
+            "instructions",
+        ),
+        (
+            "openai_chat",
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            InvalidMessageError,
+            "content[0].url",
+        ),
+        (
+            "openai_responses",
+            {
+                "input": [
+                    {"role": "user", "content": "q"},
+                    {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                    {"type": "function_call", "call_id": "c", "name": "g", "arguments": "{}"},
+                ]
+            },
+            DuplicateIdError,
+            None,
+        ),
+    ],
+)
+def test_request_body_content_is_never_silently_lost_or_left_for_the_door(
+    provider: str, body: dict[str, Any], error: type[Exception], field: str | None
+) -> None:
+    """Invariant: parse_request() raises instead of dropping a field (instructions given
+    as a list) or returning a message check_message would reject (an empty image URL,
+    one model turn calling the same id twice)."""
+    with pytest.raises(error) as info:
+        get_gateway(provider).parse_request(body)
+    assert getattr(info.value, "field", None) == field

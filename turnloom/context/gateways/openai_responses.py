@@ -74,7 +74,7 @@ from turnloom.context.message import (
     ToolResultPart,
     check_message,
 )
-from turnloom.errors import InvalidMessageError
+from turnloom.errors import DuplicateIdError, InvalidMessageError
 
 _log = logging.getLogger("turnloom.gateway.openai_responses")
 
@@ -464,6 +464,8 @@ class OpenAIResponsesGateway:
 
         Raises:
             InvalidMessageError: an item is malformed.
+            InvalidTextError: a string holds a lone surrogate.
+            DuplicateIdError: one model turn has two calls with the same call id.
         """
         out: list[Message] = []
         names: dict[str, str] = {}
@@ -501,13 +503,21 @@ class OpenAIResponsesGateway:
         ``input`` string becomes one user message.
 
         Raises:
-            InvalidMessageError: ``input`` is missing or an item is malformed.
+            InvalidMessageError: ``input`` is missing, ``instructions`` is not a
+                string, or an item is malformed.
+            InvalidTextError: a string holds a lone surrogate.
+            DuplicateIdError: one model turn has two calls with the same call id.
         """
         body = require_object(body, "OpenAI Responses", "request body")
         out: list[Message] = []
         instructions = body.get("instructions")
         if isinstance(instructions, str):
             out.append(self.parse({"type": _INSTRUCTIONS, "text": instructions}))
+        elif instructions is not None:
+            raise InvalidMessageError(
+                "OpenAI Responses request body instructions must be a string.",
+                field="instructions",
+            )
         items = body.get("input")
         if isinstance(items, str):
             out.append(Message(role=Role.user, content=items))
@@ -693,6 +703,13 @@ def _has_message_item(message: Message) -> bool:
 
 
 def _join(first: Message, second: Message) -> Message:
+    ids = {c.call_id for c in first.tool_calls}
+    for call in second.tool_calls:
+        if call.call_id in ids:
+            raise DuplicateIdError(
+                f"OpenAI Responses model turn has two function_call items with call_id "
+                f"{call.call_id!r}."
+            )
     layout: dict[str, Any] | None = None
     if first.layout or second.layout:
         layout = {"gateway": _GATEWAY}
