@@ -261,9 +261,10 @@ def check_message(message: object, *, where: str = "message") -> int:
     Checks: ``message`` is a :class:`Message` with a known role and parts of
     the part union; every string is valid UTF-8 (no lone surrogates); call ids,
     tool names and set ids are non-empty; tool calls are in an assistant
-    message and tool results in a tool or user message; call ids are unique within the
-    message; an image has exactly one of ``url`` and ``data``, and string
-    fields (a base64 image has its ``media_type``, which is ``image/...``).
+    message and tool results in a tool or user message; call ids are unique
+    within the message; an image has exactly one of ``url`` and ``data`` (non-
+    empty), and string fields (a base64 image has its ``media_type``, which is
+    ``image/...``).
 
     Args:
         message: the value to check.
