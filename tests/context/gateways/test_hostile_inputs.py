@@ -311,7 +311,7 @@ def test_anthropic_validate_flags_an_error_result_without_content(content: Any) 
     block: dict[str, Any] = {"type": "tool_result", "tool_use_id": "t1", "is_error": True}
     if content is not None:
         block["content"] = content
-    items = [
+    items: list[dict[str, Any]] = [
         {"role": "user", "content": "q"},
         {
             "role": "assistant",
@@ -403,7 +403,7 @@ def test_anthropic_reasoning_without_signature_is_left_out(reasoning: ReasoningP
     assert gw.render(message) == [
         {"role": "assistant", "content": [{"type": "text", "text": "Hi."}]}
     ]
-    items = [
+    items: list[dict[str, Any]] = [
         {"role": "user", "content": "q"},
         {
             "role": "assistant",
