@@ -147,6 +147,22 @@ def test_check_message_returns_the_encoded_size() -> None:
             "content[0]",
         ),
         (
+            Message(
+                role=Role.assistant,
+                content=(OpaquePart(gateway="openai_responses", item=["refusal"]),),  # type: ignore[arg-type]
+            ),
+            InvalidMessageError,
+            "content[0].item",
+        ),
+        (
+            Message(
+                role=Role.tool,
+                content=(ToolResultPart(call_id="c", content=(OpaquePart(gateway="x", item=1),)),),  # type: ignore[arg-type]
+            ),
+            InvalidMessageError,
+            "content[0].content[0].item",
+        ),
+        (
             Message(role=Role.user, content=(ImagePart(url=5),)),  # type: ignore[arg-type]
             InvalidMessageError,
             "content[0].url",

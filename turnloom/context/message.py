@@ -260,11 +260,11 @@ def check_message(message: object, *, where: str = "message") -> int:
 
     Checks: ``message`` is a :class:`Message` with a known role and parts of
     the part union; every string is valid UTF-8 (no lone surrogates); call ids,
-    tool names and set ids are non-empty; tool calls are in an assistant
-    message and tool results in a tool or user message; call ids are unique
-    within the message; an image has exactly one of ``url`` and ``data`` (non-
-    empty), and string fields (a base64 image has its ``media_type``, which is
-    ``image/...``).
+    tool names and set ids are non-empty; an opaque part's item is an object;
+    tool calls are in an assistant message and tool results in a tool or user
+    message; call ids are unique within the message; an image has exactly one
+    of ``url`` and ``data`` (non- empty), and string fields (a base64 image has
+    its ``media_type``, which is ``image/...``).
 
     Args:
         message: the value to check.
@@ -326,10 +326,12 @@ def check_message(message: object, *, where: str = "message") -> int:
                     )
                 if isinstance(inner, ImagePart):
                     _check_image(inner, where, f"{field}.content[{j}]")
+                elif isinstance(inner, OpaquePart):
+                    _check_opaque(inner, where, f"{field}.content[{j}]")
         elif isinstance(part, ImagePart):
             _check_image(part, where, field)
         elif isinstance(part, OpaquePart):
-            _require_id(part.gateway, where, f"{field}.gateway")
+            _check_opaque(part, where, field)
         elif not isinstance(part, TextPart | ReasoningPart):
             raise InvalidMessageError(
                 f"{where} {field} is a {type(part).__name__}, not a message part.",
@@ -367,6 +369,14 @@ def _check_placement(
 def _require_id(value: object, where: str, field: str) -> None:
     if not isinstance(value, str) or not value:
         raise InvalidMessageError(f"{where} {field} must be a non-empty string.", field=field)
+
+
+def _check_opaque(part: OpaquePart, where: str, field: str) -> None:
+    _require_id(part.gateway, where, f"{field}.gateway")
+    if not isinstance(part.item, dict):
+        raise InvalidMessageError(
+            f"{where} {field}.item must be a JSON object.", field=f"{field}.item"
+        )
 
 
 def _check_image(part: ImagePart, where: str, field: str) -> None:
