@@ -162,6 +162,27 @@ def test_check_message_returns_the_encoded_size() -> None:
             InvalidMessageError,
             "content[0].content[0].item",
         ),
+        (Message(role=Role.user, content=5), InvalidMessageError, "content"),  # type: ignore[arg-type]
+        (
+            Message(role=Role.user, content=(TextPart(text=5),)),  # type: ignore[arg-type]
+            InvalidMessageError,
+            "content[0].text",
+        ),
+        (
+            Message(role=Role.user, content=(TextPart(text="x", extras=[1]),)),  # type: ignore[arg-type]
+            InvalidMessageError,
+            "content[0].extras",
+        ),
+        (
+            Message(role=Role.tool, content=(ToolResultPart(call_id="c", is_error="yes"),)),  # type: ignore[arg-type]
+            InvalidMessageError,
+            "content[0].is_error",
+        ),
+        (
+            Message(role=Role.tool, content=(ToolResultPart(call_id="c", content=5),)),  # type: ignore[arg-type]
+            InvalidMessageError,
+            "content[0].content",
+        ),
         (
             Message(role=Role.user, content=(ImagePart(url=5),)),  # type: ignore[arg-type]
             InvalidMessageError,

@@ -258,13 +258,14 @@ def message_size(message: Message) -> int:
 def check_message(message: object, *, where: str = "message") -> int:
     """Validate one message at the door; return its serialized size in bytes.
 
-    Checks: ``message`` is a :class:`Message` with a known role and parts of
-    the part union; every string is valid UTF-8 (no lone surrogates); call ids,
-    tool names and set ids are non-empty; an opaque part's item is an object;
-    tool calls are in an assistant message and tool results in a tool or user
-    message; call ids are unique within the message; an image has exactly one
-    of ``url`` and ``data`` (non- empty), and string fields (a base64 image has
-    its ``media_type``, which is ``image/...``).
+    Checks: ``message`` is a :class:`Message` whose fields have their declared
+    types, with a known role and parts of the part union; every string is valid
+    UTF-8 (no lone surrogates); call ids, tool names and set ids are non-empty;
+    an opaque part's item is an object; tool calls are in an assistant message
+    and tool results in a tool or user message; call ids are unique within the
+    message; an image has exactly one of ``url`` and ``data`` (non- empty), and
+    string fields (a base64 image has its ``media_type``, which is
+    ``image/...``).
 
     Args:
         message: the value to check.
@@ -299,6 +300,8 @@ def check_message(message: object, *, where: str = "message") -> int:
         raise InvalidMessageError(
             f"{where} layout must be an object naming its gateway.", field="layout"
         )
+    if not isinstance(message.content, tuple):
+        raise InvalidMessageError(f"{where} content must be a tuple of parts.", field="content")
     seen: set[str] = set()
     for i, part in enumerate(message.parts):
         field = f"content[{i}]"
@@ -317,6 +320,11 @@ def check_message(message: object, *, where: str = "message") -> int:
             seen.add(part.call_id)
         elif isinstance(part, ToolResultPart):
             _require_id(part.call_id, where, f"{field}.call_id")
+            if not isinstance(part.content, tuple):
+                raise InvalidMessageError(
+                    f"{where} {field}.content must be a tuple of parts.",
+                    field=f"{field}.content",
+                )
             for j, inner in enumerate(part.content):
                 if not isinstance(inner, TextPart | ImagePart | OpaquePart):
                     raise InvalidMessageError(
@@ -338,13 +346,24 @@ def check_message(message: object, *, where: str = "message") -> int:
                 field=field,
             )
     try:
-        return len(_encoder.encode(message))
+        data = _encoder.encode(message)
     except UnicodeEncodeError as exc:
         raise InvalidTextError(
             f"{where} holds text that is not valid UTF-8 ({exc.reason}).", field="content"
         ) from exc
     except TypeError as exc:
         raise InvalidMessageError(f"{where} holds a value that is not JSON: {exc}.") from exc
+    try:
+        # Struct construction does not check field types; decoding the encoding
+        # does (a text that is not a str would otherwise fail at render time).
+        _decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        field = text.rpartition("at `$.")[2].rstrip("`") if "at `$." in text else ""
+        raise InvalidMessageError(
+            f"{where} has a field of the wrong type: {text}.", field=field
+        ) from exc
+    return len(data)
 
 
 def _check_placement(
