@@ -130,6 +130,65 @@ def test_check_message_returns_the_encoded_size() -> None:
             InvalidTextError,
             "content",
         ),
+        (
+            Message(
+                role=Role.user, content=(TextPart(text="x"), ToolCallPart(call_id="c", name="f"))
+            ),
+            InvalidMessageError,
+            "content[1]",
+        ),
+        (
+            Message(role=Role.system, content=(ToolResultPart(call_id="c"),)),
+            InvalidMessageError,
+            "content[0]",
+        ),
+        (
+            Message(role=Role.assistant, content=(ToolResultPart(call_id="c"),)),
+            InvalidMessageError,
+            "content[0]",
+        ),
+        (
+            Message(
+                role=Role.assistant,
+                content=(OpaquePart(gateway="openai_responses", item=["refusal"]),),  # type: ignore[arg-type]
+            ),
+            InvalidMessageError,
+            "content[0].item",
+        ),
+        (
+            Message(
+                role=Role.tool,
+                content=(ToolResultPart(call_id="c", content=(OpaquePart(gateway="x", item=1),)),),  # type: ignore[arg-type]
+            ),
+            InvalidMessageError,
+            "content[0].content[0].item",
+        ),
+        (Message(role=Role.user, content=5), InvalidMessageError, "content"),  # type: ignore[arg-type]
+        (
+            Message(role=Role.user, content=(TextPart(text=5),)),  # type: ignore[arg-type]
+            InvalidMessageError,
+            "content[0].text",
+        ),
+        (
+            Message(role=Role.user, content=(TextPart(text="x", extras=[1]),)),  # type: ignore[arg-type]
+            InvalidMessageError,
+            "content[0].extras",
+        ),
+        (
+            Message(role=Role.tool, content=(ToolResultPart(call_id="c", is_error="yes"),)),  # type: ignore[arg-type]
+            InvalidMessageError,
+            "content[0].is_error",
+        ),
+        (
+            Message(role=Role.tool, content=(ToolResultPart(call_id="c", content=5),)),  # type: ignore[arg-type]
+            InvalidMessageError,
+            "content[0].content",
+        ),
+        (
+            Message(role=Role.user, content=(ImagePart(url=5),)),  # type: ignore[arg-type]
+            InvalidMessageError,
+            "content[0].url",
+        ),
     ],
 )
 def test_check_message_rejects_each_malformed_field(
@@ -213,6 +272,8 @@ _parts = st.one_of(
 )
 def test_encode_decode_round_trip(role: Role, parts: list[Any], layout: Any) -> None:
     """Invariant: decode(encode(m)) == m for every valid message (surrogate-free text)."""
+    if any(type(p) is ToolCallPart for p in parts):
+        role = Role.assistant  # only assistant messages carry tool calls
     message = Message(role=role, content=tuple(parts), layout=layout)
     try:
         check_message(message)

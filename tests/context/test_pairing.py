@@ -80,6 +80,34 @@ def test_cancel_closes_open_calls_with_an_error_result() -> None:
     ]
 
 
+def test_cancelled_results_follow_the_arrived_results_in_a_user_message_with_text() -> None:
+    """cancel: results riding on a user message with text get the cancelled ones after
+    them and before the text (as documented), not in a tool message before them."""
+    arrived = ToolResultPart(call_id="a", content=(TextPart(text="a"),))
+    history = [
+        USER,
+        calls("a", "b"),
+        Message(role=Role.user, content=(arrived, TextPart(text="more"))),
+    ]
+    assert complete_pairs(history, open_calls="cancel") == [
+        USER,
+        calls("a", "b"),
+        Message(
+            role=Role.user,
+            content=(
+                arrived,
+                ToolResultPart(
+                    call_id="b",
+                    name="f",
+                    is_error=True,
+                    content=(TextPart(text=CANCELLED_RESULT_TEXT),),
+                ),
+                TextPart(text="more"),
+            ),
+        ),
+    ]
+
+
 def test_orphan_results_and_blank_text_are_dropped() -> None:
     """A result with no call in the preceding group goes; so does whitespace-only text."""
     history = [USER, results("x"), Message(role=Role.assistant, content="  "), USER]

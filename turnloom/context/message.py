@@ -67,7 +67,9 @@ class TextPart(_Part, frozen=True, tag="text"):
     """Plain text.
 
     Attributes:
-        text: the text; may be empty here, gateways never emit an empty block.
+        text: the text; may be empty here. Gateways never emit an empty or
+            whitespace-only block, except to re-emit recorded traffic exactly
+            (the ``keep_blank`` layout of Gemini and OpenAI Responses).
         extras: provider-native fields of this part that the neutral model does
             not name (``cache_control``, Gemini ``thoughtSignature``), re-emitted
             verbatim by the gateway that produced them and ignored by others.
@@ -95,7 +97,9 @@ class ToolCallPart(_Part, frozen=True, tag="tool_call"):
     """A tool call made by the model.
 
     Attributes:
-        call_id: the provider's id for this call; unique within a context.
+        call_id: the provider's id for this call; unique within its message. A
+            later turn may reuse it (pairing is positional, see
+            :mod:`turnloom.context.pairing`).
         name: the tool (function) name.
         arguments: the arguments as JSON text, exactly as the model produced
             them (OpenAI carries a string; Anthropic and Gemini carry an object,
@@ -260,10 +264,14 @@ def message_size(message: Message) -> int:
 def check_message(message: object, *, where: str = "message") -> int:
     """Validate one message at the door; return its serialized size in bytes.
 
-    Checks: ``message`` is a :class:`Message` with a known role and parts of
-    the part union; every string is valid UTF-8 (no lone surrogates); call ids,
-    tool names and set ids are non-empty; call ids are unique within the
-    message; an image has exactly one of ``url`` and ``data``.
+    Checks: ``message`` is a :class:`Message` whose fields have their declared
+    types, with a known role and parts of the part union; every string is valid
+    UTF-8 (no lone surrogates); call ids, tool names and set ids are non-empty;
+    an opaque part's item is an object; tool calls are in an assistant message
+    and tool results in a tool or user message; call ids are unique within the
+    message; an image has exactly one of ``url`` and ``data`` (non- empty), and
+    string fields (a base64 image has its ``media_type``, which is
+    ``image/...``).
 
     Args:
         message: the value to check.
@@ -298,9 +306,13 @@ def check_message(message: object, *, where: str = "message") -> int:
         raise InvalidMessageError(
             f"{where} layout must be an object naming its gateway.", field="layout"
         )
+    if not isinstance(message.content, tuple):
+        raise InvalidMessageError(f"{where} content must be a tuple of parts.", field="content")
     seen: set[str] = set()
     for i, part in enumerate(message.parts):
         field = f"content[{i}]"
+        if isinstance(part, ToolCallPart | ToolResultPart):
+            _check_placement(part, role, where, field)
         if isinstance(part, ToolCallPart):
             _require_id(part.call_id, where, f"{field}.call_id")
             _require_id(part.name, where, f"{field}.name")
@@ -314,6 +326,11 @@ def check_message(message: object, *, where: str = "message") -> int:
             seen.add(part.call_id)
         elif isinstance(part, ToolResultPart):
             _require_id(part.call_id, where, f"{field}.call_id")
+            if not isinstance(part.content, tuple):
+                raise InvalidMessageError(
+                    f"{where} {field}.content must be a tuple of parts.",
+                    field=f"{field}.content",
+                )
             for j, inner in enumerate(part.content):
                 if not isinstance(inner, TextPart | ImagePart | OpaquePart):
                     raise InvalidMessageError(
@@ -323,23 +340,55 @@ def check_message(message: object, *, where: str = "message") -> int:
                     )
                 if isinstance(inner, ImagePart):
                     _check_image(inner, where, f"{field}.content[{j}]")
+                elif isinstance(inner, OpaquePart):
+                    _check_opaque(inner, where, f"{field}.content[{j}]")
         elif isinstance(part, ImagePart):
             _check_image(part, where, field)
         elif isinstance(part, OpaquePart):
-            _require_id(part.gateway, where, f"{field}.gateway")
+            _check_opaque(part, where, field)
         elif not isinstance(part, TextPart | ReasoningPart):
             raise InvalidMessageError(
                 f"{where} {field} is a {type(part).__name__}, not a message part.",
                 field=field,
             )
     try:
-        return len(_encoder.encode(message))
+        data = _encoder.encode(message)
     except UnicodeEncodeError as exc:
         raise InvalidTextError(
             f"{where} holds text that is not valid UTF-8 ({exc.reason}).", field="content"
         ) from exc
     except TypeError as exc:
         raise InvalidMessageError(f"{where} holds a value that is not JSON: {exc}.") from exc
+    try:
+        # Struct construction does not check field types; decoding the encoding
+        # does (a text that is not a str would otherwise fail at render time).
+        _decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        field = text.rpartition("at `$.")[2].rstrip("`") if "at `$." in text else ""
+        raise InvalidMessageError(
+            f"{where} has a field of the wrong type: {text}.", field=field
+        ) from exc
+    return len(data)
+
+
+def _check_placement(
+    part: ToolCallPart | ToolResultPart, role: Role, where: str, field: str
+) -> None:
+    # Pairing and every gateway read calls from assistant messages and results
+    # from tool and user messages; elsewhere a part would be lost or orphaned.
+    if isinstance(part, ToolCallPart) and role is not Role.assistant:
+        raise InvalidMessageError(
+            f"{where} {field} is a tool call in a {role.value} message; only assistant "
+            "messages carry tool calls.",
+            field=field,
+        )
+    if isinstance(part, ToolResultPart) and role not in (Role.tool, Role.user):
+        raise InvalidMessageError(
+            f"{where} {field} is a tool result in a {role.value} message; only tool and "
+            "user messages carry tool results.",
+            field=field,
+        )
 
 
 def _require_id(value: object, where: str, field: str) -> None:
@@ -347,7 +396,23 @@ def _require_id(value: object, where: str, field: str) -> None:
         raise InvalidMessageError(f"{where} {field} must be a non-empty string.", field=field)
 
 
+def _check_opaque(part: OpaquePart, where: str, field: str) -> None:
+    _require_id(part.gateway, where, f"{field}.gateway")
+    if not isinstance(part.item, dict):
+        raise InvalidMessageError(
+            f"{where} {field}.item must be a JSON object.", field=f"{field}.item"
+        )
+
+
 def _check_image(part: ImagePart, where: str, field: str) -> None:
+    for name in ("url", "data", "media_type", "detail"):
+        if not isinstance(getattr(part, name), str | None):
+            raise InvalidMessageError(
+                f"{where} {field}.{name} must be a string.", field=f"{field}.{name}"
+            )
+    for name in ("url", "data"):
+        if getattr(part, name) == "":
+            raise InvalidMessageError(f"{where} {field}.{name} is empty.", field=f"{field}.{name}")
     if (part.url is None) == (part.data is None):
         raise InvalidMessageError(
             f"{where} {field} must set exactly one of url and data.", field=field
@@ -355,6 +420,11 @@ def _check_image(part: ImagePart, where: str, field: str) -> None:
     if part.data is not None and not part.media_type:
         raise InvalidMessageError(
             f"{where} {field} gives base64 data without its media_type.",
+            field=f"{field}.media_type",
+        )
+    if part.media_type is not None and not part.media_type.startswith("image/"):
+        raise InvalidMessageError(
+            f"{where} {field}.media_type {part.media_type!r} is not an image type.",
             field=f"{field}.media_type",
         )
 

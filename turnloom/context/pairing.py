@@ -57,6 +57,18 @@ def _clean_parts(parts: Iterable[Part]) -> tuple[Part, ...]:
     return tuple(p for p in parts if not (type(p) is TextPart and _blank(p.text) and not p.extras))
 
 
+def _cancelled(calls: Iterable[ToolCallPart]) -> tuple[ToolResultPart, ...]:
+    return tuple(
+        ToolResultPart(
+            call_id=call.call_id,
+            name=call.name,
+            is_error=True,
+            content=(TextPart(text=CANCELLED_RESULT_TEXT),),
+        )
+        for call in calls
+    )
+
+
 def open_call_ids(messages: Sequence[Message]) -> tuple[str, ...]:
     """Ids of the calls of the last call group that have no result yet, in call order."""
     pending: dict[str, None] = {}
@@ -148,16 +160,7 @@ def complete_pairs(
         nonlocal group_at
         if pending and group_at >= 0:
             if open_calls == "cancel":
-                results = tuple(
-                    ToolResultPart(
-                        call_id=call.call_id,
-                        name=call.name,
-                        is_error=True,
-                        content=(TextPart(text=CANCELLED_RESULT_TEXT),),
-                    )
-                    for call in pending.values()
-                )
-                out.append(Message(role=Role.tool, content=results))
+                out.append(Message(role=Role.tool, content=_cancelled(pending.values())))
             else:
                 owner = out[group_at]
                 kept = tuple(
@@ -186,9 +189,21 @@ def complete_pairs(
                     kept_parts.append(part)
             if not kept_parts:
                 continue
+            ends_group = role is Role.user and any(
+                type(p) is not ToolResultPart for p in kept_parts
+            )
+            if ends_group and open_calls == "cancel" and pending:
+                # The cancelled results go after the results that arrived and
+                # before the text, which starts a new user turn.
+                at = max(
+                    (i + 1 for i, p in enumerate(kept_parts) if type(p) is ToolResultPart),
+                    default=0,
+                )
+                kept_parts[at:at] = _cancelled(pending.values())
+                pending.clear()
             if len(kept_parts) != len(parts):
                 message = msgspec.structs.replace(message, content=tuple(kept_parts))
-            if role is Role.user and any(type(p) is not ToolResultPart for p in kept_parts):
+            if ends_group:
                 # Text after the results starts a new user turn: the group ends.
                 close_group()
             out.append(message)

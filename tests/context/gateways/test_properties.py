@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -194,6 +195,167 @@ def test_rendered_input_passes_own_validate(
         check_message(message)
     gateway = get_gateway(provider)
     completed = complete_pairs(messages, open_calls=policy)  # type: ignore[arg-type]
+    body = gateway.request_body(rendered(gateway, completed))
+    items = body[ITEM_FIELD[provider]]
+    assert gateway.validate(items) == []
+    assert _sdk_errors(provider, items) == []
+
+
+# -- nastier inputs ---------------------------------------------------------------
+
+# One opaque item per gateway, valid inside that gateway's tool results.
+_RESULT_OPAQUE: dict[str, dict[str, Any]] = {
+    "openai_chat": {"type": "file", "file": {"file_id": "file-1"}},
+    "openai_responses": {"type": "input_file", "file_id": "file-1"},
+    "anthropic": {
+        "type": "document",
+        "source": {"type": "text", "media_type": "text/plain", "data": "notes"},
+    },
+    "gemini": {"inlineData": {"mimeType": "application/pdf", "data": "JVBERi0="}},
+}
+_nasty_texts = st.sampled_from(["Hello", " ", "", "\n\n", "\t \n", "ok", "\u3000", "漢字"])
+_extras = st.sampled_from([None, {"cache_control": {"type": "ephemeral"}}])
+# Parts with extras belong to a message whose layout names the gateway they are for.
+_ANTHROPIC = {"gateway": "anthropic"}
+
+
+def _layout(parts: Sequence[Part]) -> dict[str, Any] | None:
+    def has_extras(p: Part) -> bool:
+        inner = p.content if type(p) is ToolResultPart else ()
+        return bool(getattr(p, "extras", None)) or any(getattr(q, "extras", None) for q in inner)
+
+    return _ANTHROPIC if any(has_extras(p) for p in parts) else None
+
+
+_nasty_images = st.one_of(
+    _images, st.just(ImagePart(data="AAAAGGZ0eXBoZWlj", media_type="image/heic"))
+)
+_bare_reasoning = st.builds(
+    ReasoningPart,
+    text=_nasty_texts,
+    redacted=st.booleans(),
+    gateway=st.sampled_from(PROVIDERS),
+)
+
+
+@st.composite
+def _nasty_result(draw: st.DrawFn, call: ToolCallPart) -> ToolResultPart:
+    """A result that may be empty, blank, image-only, with extras, an error."""
+    content: list[TextPart | ImagePart | OpaquePart] = []
+    for _ in range(draw(st.integers(0, 2))):
+        kind = draw(st.integers(0, 5))
+        if kind == 0:
+            content.append(draw(_nasty_images))
+        elif kind == 1:
+            gateway = draw(st.sampled_from(PROVIDERS))
+            content.append(OpaquePart(gateway=gateway, item=_RESULT_OPAQUE[gateway]))
+        else:
+            content.append(TextPart(text=draw(_nasty_texts), extras=draw(_extras)))
+    return ToolResultPart(
+        call_id=call.call_id,
+        name=call.name if draw(st.booleans()) else None,
+        is_error=draw(st.booleans()),
+        content=tuple(content),
+    )
+
+
+@st.composite
+def _instruction(draw: st.DrawFn) -> Message:
+    role = draw(st.sampled_from([Role.system, Role.developer]))
+    return Message(role=role, content=draw(_nasty_texts))
+
+
+@st.composite
+def nasty_conversations(draw: st.DrawFn) -> list[Message]:
+    """Conversations with blank text everywhere, empty or image-only results, results
+    first, instructions between a call and its results, reasoning-only replies, results
+    riding on user messages with text, and text parts with extras."""
+    messages: list[Message] = []
+    if draw(st.booleans()):
+        # A history cut in the middle of a call group: its results come first.
+        messages.append(
+            Message(role=Role.tool, content=(ToolResultPart(call_id="call_a", content=()),))
+        )
+    for _ in range(draw(st.integers(1, 4))):
+        if draw(st.integers(0, 3)) == 0:
+            messages.append(draw(_instruction()))
+        user_parts: list[Part] = [TextPart(text=draw(_nasty_texts), extras=draw(_extras))]
+        if draw(st.integers(0, 4)) == 0:
+            user_parts.append(draw(_nasty_images))
+        messages.append(
+            Message(role=Role.user, content=tuple(user_parts), layout=_layout(user_parts))
+        )
+        for _ in range(draw(st.integers(0, 3))):
+            if draw(st.integers(0, 4)) == 0:
+                # Reasoning only; some of it bare (no signature, id or data), and
+                # the message may carry extras of its own.
+                reasoning = draw(st.lists(_reasoning() | _bare_reasoning, min_size=1, max_size=2))
+                extras = draw(st.sampled_from([None, {"name": "agent"}]))
+                messages.append(
+                    Message(
+                        role=Role.assistant,
+                        content=tuple(reasoning),
+                        extras=extras,
+                        layout={"gateway": "openai_chat"} if extras else None,
+                    )
+                )
+                continue
+            reply = draw(_assistant())
+            messages.append(reply)
+            calls = list(reply.tool_calls)
+            order = draw(st.permutations(calls)) if calls else []
+            answered = order[: draw(st.integers(0, len(order)))] if order else []
+            results = [draw(_nasty_result(c)) for c in answered]
+            if results and draw(st.integers(0, 3)) == 0:
+                messages.append(draw(_instruction()))
+            while results:
+                size = draw(st.integers(1, len(results)))
+                chunk: list[Part] = list(results[:size])
+                results = results[size:]
+                if draw(st.integers(0, 3)) == 0:
+                    chunk.append(TextPart(text=draw(_nasty_texts)))
+                    role = Role.user
+                else:
+                    role = Role.tool
+                messages.append(Message(role=role, content=tuple(chunk), layout=_layout(chunk)))
+    return messages
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    messages=nasty_conversations(),
+    policy=st.sampled_from(["exclude", "cancel"]),
+    source=st.sampled_from((None, *PROVIDERS)),
+)
+def test_nasty_input_passes_own_validate(
+    provider: str,
+    messages: list[Message],
+    policy: str,
+    source: str | None,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Invariant: a gateway's body of completed messages passes its own validate().
+
+    With ``source`` set, the conversation first goes through that gateway and back
+    (render, request body, parse_request), so it carries that gateway's layout and
+    extras when the target gateway renders it.
+    """
+    caplog.set_level(logging.ERROR)
+    for message in messages:
+        check_message(message)
+    completed = complete_pairs(messages, open_calls=policy)  # type: ignore[arg-type]
+    if source is not None:
+        origin = get_gateway(source)
+        completed = complete_pairs(
+            origin.parse_request(origin.request_body(rendered(origin, completed))),
+            open_calls=policy,  # type: ignore[arg-type]
+        )
+    gateway = get_gateway(provider)
     body = gateway.request_body(rendered(gateway, completed))
     items = body[ITEM_FIELD[provider]]
     assert gateway.validate(items) == []

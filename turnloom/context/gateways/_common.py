@@ -7,6 +7,7 @@ __all__ = (
     "args_text",
     "blank",
     "drop_foreign",
+    "json_text",
     "layout_of",
     "make_layout",
     "require_object",
@@ -62,9 +63,34 @@ def args_object(arguments: str, call_id: str, provider: str) -> dict[str, Any]:
     return value
 
 
-def args_text(value: Any) -> str:
-    """Encode a provider's argument object as compact JSON text (key order kept)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+def args_text(value: Any, provider: str, field: str) -> str:
+    """Encode a provider's argument object as compact JSON text (key order kept).
+
+    Raises:
+        InvalidMessageError: ``value`` is not a JSON object; ``field`` names it.
+    """
+    if not isinstance(value, dict):
+        raise InvalidMessageError(
+            f"{provider} {field} must be a JSON object, not {type(value).__name__}.", field=field
+        )
+    return json_text(value, provider, field, separators=(",", ":"))
+
+
+def json_text(
+    value: Any, provider: str, field: str, separators: tuple[str, str] | None = None
+) -> str:
+    """Encode a native JSON value as text (non-ASCII kept).
+
+    Raises:
+        InvalidMessageError: ``value`` holds something JSON cannot carry (a set,
+            bytes, a non-string key...); ``field`` names it.
+    """
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=separators)
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessageError(
+            f"{provider} {field} holds a value that is not JSON: {exc}.", field=field
+        ) from exc
 
 
 def require_object(item: Any, provider: str, what: str = "item") -> dict[str, Any]:

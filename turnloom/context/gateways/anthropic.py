@@ -8,9 +8,12 @@ message):
 * ``tool`` (or ``user`` carrying tool results): one ``user`` item whose
   ``tool_result`` blocks come first, in part order, then any other blocks.
   A result's content is a list of ``text``/``image`` blocks and ``is_error``
-  is always sent.
+  is always sent; an error result without content (or with blank text only)
+  is sent with the text "The tool failed without output." (the API rejects
+  an empty error result).
 * ``assistant``: blocks in part order: ``thinking`` (text + ``signature``) and
-  ``redacted_thinking`` (``data``) for reasoning produced by Anthropic,
+  ``redacted_thinking`` (``data``) for reasoning produced by Anthropic (one
+  without its signature or data cannot be verified and is left out),
   ``text``, ``tool_use`` (``id``, ``name``, ``input``: the arguments decoded
   to an object), ``anthropic`` opaque blocks (server tool use, web search
   results, MCP blocks, compaction) verbatim. Parallel calls are one item.
@@ -23,15 +26,18 @@ message):
 Where system messages live in a Context: as ``{"role": "system"}`` items
 where they were appended; only the request body moves them.
 
-Lossy mappings, documented: ``developer`` becomes ``system`` (Anthropic has
-no developer role); reasoning of other providers is dropped (Anthropic cannot
-verify it); opaque parts of other gateways are dropped with a logged warning;
-an image's ``detail`` hint is not carried; tool call arguments travel as an
-object, so their text is re-encoded as compact JSON (same value, possibly
-different whitespace) and arguments that are not a JSON object are rejected
-with :class:`~turnloom.errors.ProviderRuleError`; a tool result's ``name`` is
-not carried (:meth:`AnthropicGateway.parse_request` fills it from the call);
-empty and whitespace-only text blocks are never emitted.
+Lossy mappings, documented: ``developer`` becomes ``system`` (Anthropic has no
+developer role); images of system and developer messages are dropped with a
+logged warning (system content carries no images); reasoning of other providers
+is dropped (Anthropic cannot verify it); opaque parts of other gateways are
+dropped with a logged warning; an image's ``detail`` hint is not carried; a
+base64 image of a type other than JPEG, PNG, GIF or WebP is dropped with a
+logged warning; tool call arguments travel as an object, so their text is re-
+encoded as compact JSON (same value, possibly different whitespace) and
+arguments that are not a JSON object are rejected with
+:class:`~turnloom.errors.ProviderRuleError`; a tool result's ``name`` is not
+carried (:meth:`AnthropicGateway.parse_request` fills it from the call); empty
+and whitespace-only text blocks are never emitted.
 
 Layout kept for an exact re-emission (``Message.layout``): content sent as a
 string (``"content": "string"``), tool results whose content was a string
@@ -72,13 +78,19 @@ from turnloom.context.message import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    check_message,
 )
 from turnloom.errors import InvalidMessageError
 
 _log = logging.getLogger("turnloom.gateway.anthropic")
 
 _GATEWAY = GatewayType.anthropic.value
-_ROLES = frozenset({"user", "assistant", "system"})
+# A tuple: membership compares, never hashes (a malformed role may be a list).
+_ROLES = ("user", "assistant", "system")
+# The media types of a base64 image source (Source: Anthropic Messages API, vision).
+_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+# Sent for an error result that has no content (the API rejects it empty).
+_EMPTY_ERROR_TEXT = "The tool failed without output."
 
 
 class AnthropicGateway:
@@ -121,13 +133,21 @@ class AnthropicGateway:
             results = [p for p in message.parts if type(p) is ToolResultPart]
             for result in results:
                 blocks.append(self._result_block(result, layout, own))
+            instructions = role in (Role.system, Role.developer)
             for part in message.parts:
                 if type(part) is ToolResultPart:
+                    continue
+                if instructions and type(part) is ImagePart:
+                    _log.warning(
+                        "Dropped an image from a %s message: Anthropic system content "
+                        "carries no images.",
+                        role.value,
+                    )
                     continue
                 block = self._content_block(part, own)
                 if block is not None:
                     blocks.append(block)
-            native_role = "system" if role in (Role.system, Role.developer) else "user"
+            native_role = "system" if instructions else "user"
         if not blocks:
             return []
         content: str | list[Any] = blocks
@@ -152,6 +172,13 @@ class AnthropicGateway:
                 block.update(part.extras)
             return block
         if type(part) is ImagePart:
+            if part.data is not None and part.media_type not in _MEDIA_TYPES:
+                _log.warning(
+                    "Dropped a %s image: Anthropic takes base64 images of types %s only.",
+                    part.media_type,
+                    ", ".join(_MEDIA_TYPES),
+                )
+                return None
             if part.url is not None:
                 source: dict[str, Any] = {"type": "url", "url": part.url}
             else:
@@ -191,6 +218,11 @@ class AnthropicGateway:
             if part.gateway != _GATEWAY:
                 drop_foreign(part, _GATEWAY, _log)
                 return None
+            if not (part.encrypted_content if part.redacted else part.signature):
+                # The API verifies each thinking block by its signature (redacted:
+                # its data); one without cannot be replayed.
+                _log.debug("Dropped Anthropic reasoning without its signature or data.")
+                return None
             if part.redacted:
                 block = {"type": "redacted_thinking", "data": part.encrypted_content or ""}
             else:
@@ -216,6 +248,13 @@ class AnthropicGateway:
             type(p) is TextPart for p in result.content
         ):
             content = "".join(p.text for p in result.content if type(p) is TextPart)
+        if result.is_error and _empty_result(content):
+            # The API rejects an error result without content.
+            content = (
+                _EMPTY_ERROR_TEXT
+                if isinstance(content, str)
+                else [{"type": "text", "text": _EMPTY_ERROR_TEXT}]
+            )
         block: dict[str, Any] = {
             "type": "tool_result",
             "tool_use_id": result.call_id,
@@ -238,10 +277,20 @@ class AnthropicGateway:
         ``usage``) are not kept. A user item holding only ``tool_result`` blocks parses
         to a ``tool`` message.
 
+        The message passes :func:`~turnloom.context.check_message`, so it
+        can be committed as it is.
+
         Raises:
             InvalidMessageError: not an object, an unknown role, content of the
                 wrong shape, a ``tool_use``/``tool_result`` without its id.
+            InvalidTextError: a string holds a lone surrogate (not valid UTF-8).
+            DuplicateIdError: two tool calls of the item share a call id.
         """
+        message = self._parse_item(item)
+        check_message(message, where="An Anthropic message")
+        return message
+
+    def _parse_item(self, item: NativeContent) -> Message:
         item = require_object(item, "Anthropic", "message")
         role_name = item.get("role")
         if role_name not in _ROLES:
@@ -278,7 +327,12 @@ class AnthropicGateway:
         has_extras = bool(extras)
         for i, block in enumerate(blocks):
             part = self._parse_block(block, f"content[{i}]", string_results, no_is_error)
-            has_extras = has_extras or bool(getattr(part, "extras", None))
+            inner = part.content if type(part) is ToolResultPart else ()
+            has_extras = (
+                has_extras
+                or bool(getattr(part, "extras", None))
+                or any(getattr(q, "extras", None) for q in inner)
+            )
             parts.append(part)
         hints["string_results"] = string_results
         hints["no_is_error"] = no_is_error
@@ -321,7 +375,7 @@ class AnthropicGateway:
             return ToolCallPart(
                 call_id=call_id,
                 name=name,
-                arguments=args_text(block.get("input", {})),
+                arguments=args_text(block.get("input", {}), "Anthropic", f"{field}.input"),
                 extras=extras or None,
             )
         elif kind == "tool_result":
@@ -421,18 +475,21 @@ class AnthropicGateway:
     def validate(self, items: Sequence[NativeContent]) -> list[Violation]:
         """Check the Messages API's structural rules over a ``messages`` list.
 
-        Rules (Source: Anthropic Messages API, tool use): every ``tool_use`` of
-        an assistant item is answered by a ``tool_result`` in the directly
-        following user item, and that item holds its results before any other
-        block; no ``tool_result`` without a ``tool_use`` in the directly
-        preceding assistant item; ``tool_use`` ids unique in the whole input
-        (the API rejects a reused id); no empty content and no empty or
-        whitespace-only text block. Adjacent same-role items are not a
-        violation: the API combines them (recorded traffic shows it accepts
-        them), and :meth:`request_body` merges them. ``system`` items are
-        accepted anywhere (top level or inline). A leading ``assistant`` item
-        is not flagged: the API rejected it in 2024 ("first message must use
-        the user role") but accepts it now (it is how a reply is prefilled).
+        Rules (Source: Anthropic Messages API, tool use): every ``tool_use`` of an
+        assistant item is answered by a ``tool_result`` in the directly following user
+        item, and that item holds its results before any other block; no
+        ``tool_result`` without a ``tool_use`` in the directly preceding assistant
+        item; ``tool_use`` ids unique in the whole input (the API rejects a reused id);
+        no empty content and no empty or whitespace-only text block; an error
+        ``tool_result`` has content; a ``thinking`` block has its ``signature``
+        (``redacted_thinking``: its ``data``); a base64 image is JPEG, PNG, GIF or
+        WebP; ``system`` items hold no image (text, and beta blocks such as
+        ``tool_addition`` seen in recorded traffic). Adjacent same-role items are not a
+        violation: the API combines them (recorded traffic shows it accepts them), and
+        :meth:`request_body` merges them. ``system`` items are accepted anywhere (top
+        level or inline). A leading ``assistant`` item is not flagged: the API rejected
+        it in 2024 ("first message must use the user role") but accepts it now (it is
+        how a reply is prefilled).
 
         Returns:
             every violation, in item order; empty when the input is valid.
@@ -470,6 +527,30 @@ class AnthropicGateway:
             other_seen = False
             for j, block in enumerate(blocks):
                 kind = block.get("type") if isinstance(block, dict) else None
+                source = block.get("source") if kind == "image" else None
+                if (
+                    isinstance(source, dict)
+                    and source.get("type") == "base64"
+                    and source.get("media_type") not in _MEDIA_TYPES
+                ):
+                    out.append(
+                        violation(
+                            index,
+                            "unsupported_media_type",
+                            f"Item {index} content[{j}] is a base64 image of type "
+                            f"{source.get('media_type')!r}; the API takes "
+                            f"{', '.join(_MEDIA_TYPES)}.",
+                        )
+                    )
+                if role == "system" and kind == "image":
+                    out.append(
+                        violation(
+                            index,
+                            "image_in_instruction",
+                            f"Item {index} content[{j}] is an image block; system content "
+                            "carries no images.",
+                        )
+                    )
                 if kind == "text" and blank(str(block.get("text", ""))):
                     out.append(
                         violation(
@@ -478,9 +559,20 @@ class AnthropicGateway:
                             f"Item {index} content[{j}] is an empty or whitespace-only text block.",
                         )
                     )
+                if kind in ("thinking", "redacted_thinking"):
+                    key = "signature" if kind == "thinking" else "data"
+                    value = block.get(key)
+                    if not isinstance(value, str) or not value:
+                        out.append(
+                            violation(
+                                index,
+                                "reasoning_without_signature",
+                                f"Item {index} content[{j}] is a {kind} block without its {key}.",
+                            )
+                        )
                 if kind == "tool_result":
                     call_id = block.get("tool_use_id")
-                    if role != "user" or call_id not in open_calls:
+                    if role != "user" or not isinstance(call_id, str) or call_id not in open_calls:
                         out.append(
                             violation(
                                 index,
@@ -554,7 +646,7 @@ class AnthropicGateway:
 
         The leading run of ``system`` items becomes the top-level ``system``
         (omitted when there is none): the content string when it is a single
-        string-form item, else every text block in order. Adjacent items of
+        string-form item, else every block of the run in order. Adjacent items of
         the same role are merged into one (tool results first, so a merged
         user turn still opens with its results), unless the gateway was built
         with ``merge_turns=False``. A ``tool_use`` id already used by an
@@ -596,8 +688,21 @@ class AnthropicGateway:
         return body
 
 
+def _empty_result(content: Any) -> bool:
+    return content is None or (isinstance(content, str) and blank(content)) or content == []
+
+
 def _check_result_texts(block: dict[str, Any], index: int, j: int, out: list[Violation]) -> None:
     inner = block.get("content")
+    if block.get("is_error") is True and _empty_result(inner):
+        out.append(
+            violation(
+                index,
+                "empty_error_result",
+                f"Item {index} content[{j}] is an error result without content; the API "
+                "needs content when is_error is true.",
+            )
+        )
     if isinstance(inner, list):
         for k, sub in enumerate(inner):
             if (

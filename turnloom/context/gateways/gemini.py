@@ -68,6 +68,7 @@ from turnloom.context.gateways._common import (
     args_text,
     blank,
     drop_foreign,
+    json_text,
     layout_of,
     make_layout,
     require_object,
@@ -83,6 +84,7 @@ from turnloom.context.message import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    check_message,
 )
 from turnloom.errors import InvalidMessageError
 
@@ -252,10 +254,20 @@ class GeminiGateway:
         responses only to ``tool``. A function call without an ``id`` (model
         output may omit it) gets the call id ``"<name>#<position>"``.
 
+        The message passes :func:`~turnloom.context.check_message`, so it
+        can be committed as it is.
+
         Raises:
             InvalidMessageError: not an object, an unknown role, parts of the
                 wrong shape.
+            InvalidTextError: a string holds a lone surrogate (not valid UTF-8).
+            DuplicateIdError: two tool calls of the item share a call id.
         """
+        message = self._parse_item(item)
+        check_message(message, where="A Gemini content")
+        return message
+
+    def _parse_item(self, item: NativeContent) -> Message:
         item = require_object(item, "Gemini", "content")
         role_name = item.get("role", "user")
         if role_name not in ("user", "model", "system"):
@@ -318,7 +330,9 @@ class GeminiGateway:
             return ToolCallPart(
                 call_id=call_id,
                 name=name,
-                arguments=args_text(call.get("args", {})),
+                arguments=args_text(
+                    call.get("args", {}), "Gemini", f"{field}.{_k('functionCall', snake)}.args"
+                ),
                 extras=extras or None,
             )
         response = block.get(_k("functionResponse", snake))
@@ -337,7 +351,9 @@ class GeminiGateway:
             ):
                 text, is_error = value["error"], True
             else:
-                text = json.dumps(value, ensure_ascii=False)
+                text = json_text(
+                    value, "Gemini", f"{field}.{_k('functionResponse', snake)}.response"
+                )
                 is_error = isinstance(value, dict) and "error" in value
                 json_results.append(call_id)
             return ToolResultPart(
@@ -395,19 +411,18 @@ class GeminiGateway:
     def validate(self, items: Sequence[NativeContent]) -> list[Violation]:
         """Check Gemini's structural rules over a ``contents`` list.
 
-        Rules (Source: Gemini API function calling): the function calls of a
-        model turn are answered by the directly following ``user`` content,
-        which holds one ``functionResponse`` per call, in call order (matched
-        by id, else by name), and no response that answers no call of that
-        turn; a model turn with function calls directly follows a user turn or a
-        function-response turn (the API rejects it after another model turn or
-        first); call ids unique within a model turn; every response has a name;
-        roles are ``user`` or ``model``; no content without parts; no empty or
-        whitespace-only text part (thought parts excepted), except a content
-        whose only part is an empty text: the Gemini API accepts an empty
-        prompt (recorded traffic, 6 requests). Adjacent contents
-        of the same role are accepted (recorded traffic). ``system`` items are
-        turnloom's and are lifted by :meth:`request_body`.
+        Rules (Source: Gemini API function calling): the function calls of a model turn
+        are answered by the directly following ``user`` content, which holds one
+        ``functionResponse`` per call, in call order (matched by id, else by name), and
+        no response that answers no call of that turn; a model turn with function calls
+        directly follows a user turn or a function-response turn (the API rejects it
+        after another model turn or first); call ids unique within a model turn; every
+        response has a name; roles are ``user`` or ``model`` (unset means ``user``); no
+        content without parts; no empty or whitespace-only text part (thought parts
+        excepted), except a content whose only part is an empty text: the Gemini API
+        accepts an empty prompt (recorded traffic, 6 requests). Adjacent contents of
+        the same role are accepted (recorded traffic). ``system`` items are turnloom's
+        and are lifted by :meth:`request_body`.
 
         Returns:
             every violation, in item order; empty when the input is valid.
@@ -417,7 +432,8 @@ class GeminiGateway:
         calls_at = -1
         previous_role: str | None = None
         for index, item in enumerate(items):
-            role = item.get("role") if isinstance(item, dict) else None
+            # ``role`` may be left unset (a user turn), as parse() reads it.
+            role = item.get("role", "user") if isinstance(item, dict) else None
             if role == "system":
                 continue
             if role not in ("user", "model"):
@@ -510,7 +526,10 @@ class GeminiGateway:
         contents made only of function responses are merged into one; its
         responses are ordered as the calls of the preceding model turn (by id,
         else by name; responses answering no call keep their order at the end)
-        and a missing name is filled from the call. A model turn with calls
+        and a missing name is filled from the call. A call sent without an id
+        (model output may omit it) is answered by the response with the id
+        :meth:`parse` gave it (``"<name>#<position>"``), else by name; that
+        response is sent without an id, like its call. A model turn with calls
         that nothing precedes (its user turn held only parts Gemini cannot
         carry, or was cut) is left out with its responses, with a logged
         warning. Input items are not modified.
@@ -640,20 +659,47 @@ def _ordered(item: NativeContent, calls: list[dict[str, Any]]) -> NativeContent:
 
     ordered: list[Any] = []
     for call in calls:
-        for p in parts:
-            key, fr = inner(p)
-            if (call.get("id") is not None and fr.get("id") == call.get("id")) or (
-                call.get("id") is None and fr.get("name") == call.get("name")
-            ):
-                if not fr.get("name") and call.get("name"):
-                    p = {key: {**fr, "name": call["name"]}}
-                ordered.append(p)
-                parts.remove(next(q for q in parts if inner(q)[1] is fr))
-                break
+        call_id, name = call.get("id"), call.get("name")
+        if call_id is not None:
+            match = next((p for p in parts if inner(p)[1].get("id") == call_id), None)
+        else:
+            # Model output may omit call ids: parse names such a call
+            # "<name>#<position>", which is the id the host answers with. The
+            # call is matched by name, same-name responses in position order,
+            # and the response is sent without the id the call never had.
+            same = [p for p in parts if _answers_by_name(inner(p)[1], name)]
+            match = min(same, key=lambda p: _position(inner(p)[1], name), default=None)
+        if match is None:
+            continue
+        parts.pop(next(n for n, q in enumerate(parts) if q is match))
+        key, fr = inner(match)
+        fixed = dict(fr)
+        if not fixed.get("name") and name:
+            fixed["name"] = name
+        if call_id is None:
+            fixed.pop("id", None)
+        ordered.append(match if fixed == fr else {**match, key: fixed})
     ordered.extend(parts)
     if ordered == item["parts"]:
         return item
     return {**item, "parts": ordered}
+
+
+def _answers_by_name(response: dict[str, Any], name: Any) -> bool:
+    if response.get("name"):
+        return bool(response["name"] == name)
+    response_id = response.get("id")
+    return isinstance(response_id, str) and response_id.startswith(f"{name}#")
+
+
+def _position(response: dict[str, Any], name: Any) -> int:
+    """The position parse gave a call without id ("<name>#<position>"), else -1."""
+    response_id = response.get("id")
+    if isinstance(response_id, str) and response_id.startswith(f"{name}#"):
+        suffix = response_id[len(f"{name}#") :]
+        if suffix.isdigit():
+            return int(suffix)
+    return -1
 
 
 def _image_block(part: ImagePart, snake: bool) -> dict[str, Any]:

@@ -21,12 +21,13 @@ without a ``content`` key (``"content": "absent"``). System and developer
 messages stay in ``messages`` where they are.
 
 Lossy mappings, documented: reasoning parts are dropped (Chat Completions has
-no field to replay them); opaque parts of other gateways are dropped with a
-logged warning; an image inside a tool result is dropped with a warning (the
-``tool`` role takes text only); empty or whitespace-only text parts are never
-emitted. Native fields the neutral model does not name (``name``,
-``refusal``, ``audio``, ...) are kept in ``Message.extras`` and re-emitted
-verbatim.
+no field to replay them); images of system and developer messages are dropped
+with a logged warning (their content is text only); opaque parts of other
+gateways are dropped with a logged warning; an image inside a tool result is
+dropped with a warning (the ``tool`` role takes text only); empty or
+whitespace-only text parts are never emitted. Native fields the neutral model
+does not name (``name``, ``refusal``, ``audio``, ...) are kept in
+``Message.extras`` and re-emitted verbatim.
 
 Source: OpenAI Chat Completions API reference, ``messages`` parameter; tool
 messages must answer a preceding assistant message's ``tool_calls``.
@@ -52,13 +53,15 @@ from turnloom.context.message import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    check_message,
 )
 from turnloom.errors import InvalidMessageError
 
 _log = logging.getLogger("turnloom.gateway.openai_chat")
 
 _GATEWAY = GatewayType.openai_chat.value
-_ROLES = frozenset(r.value for r in Role)
+# A tuple: membership compares, never hashes (a malformed role may be a list).
+_ROLES = tuple(r.value for r in Role)
 _MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id"})
 
 
@@ -122,6 +125,12 @@ class OpenAIChatGateway:
                     if own and part.extras:
                         block.update(part.extras)
                     out.append(block)
+            elif type(part) is ImagePart and role in (Role.system, Role.developer):
+                _log.warning(
+                    "Dropped an image from a %s message: OpenAI Chat %s content is text only.",
+                    role.value,
+                    role.value,
+                )
             elif type(part) is ImagePart:
                 url = (
                     part.url
@@ -165,9 +174,10 @@ class OpenAIChatGateway:
                     "messages carry text only."
                 )
         calls = message.tool_calls
-        if not blocks and not calls and not (own and message.extras):
+        if not blocks and not calls:
             # Nothing to say (an interrupted or reasoning-only reply): no item,
-            # since an assistant message needs content or tool calls.
+            # since an assistant message needs content or tool calls (extras
+            # such as ``name`` alone do not make one).
             return []
         content: str | list[Any] | None = blocks or None
         if (
@@ -237,10 +247,20 @@ class OpenAIChatGateway:
     def parse(self, item: NativeContent) -> Message:
         """Parse one Chat message (request item or a choice's ``message``).
 
+        The message passes :func:`~turnloom.context.check_message`, so it
+        can be committed as it is.
+
         Raises:
             InvalidMessageError: not a JSON object, an unknown role, a content or
                 ``tool_calls`` of the wrong shape.
+            InvalidTextError: a string holds a lone surrogate (not valid UTF-8).
+            DuplicateIdError: two tool calls of the item share a call id.
         """
+        message = self._parse_item(item)
+        check_message(message, where="An OpenAI Chat message")
+        return message
+
+    def _parse_item(self, item: NativeContent) -> Message:
         if not isinstance(item, dict):
             raise InvalidMessageError(
                 f"An OpenAI Chat message must be an object, not {type(item).__name__}."
@@ -367,7 +387,8 @@ class OpenAIChatGateway:
         message, so an id reused in a later turn is accepted (the recorded
         tau-bench GPT-4o traffic does this in 37 of 150 sessions). No empty or
         whitespace-only text content (an assistant message may have ``null``
-        content only when it has tool calls).
+        content only when it has tool calls); system and developer content is
+        text only.
         """
         violations: list[Violation] = []
         open_calls: dict[str, int] = {}  # call id -> index of its assistant message
@@ -384,7 +405,7 @@ class OpenAIChatGateway:
                 continue
             if role == "tool":
                 call_id = item.get("tool_call_id")
-                if call_id in open_calls:
+                if isinstance(call_id, str) and call_id in open_calls:
                     del open_calls[call_id]
                 else:
                     violations.append(
@@ -419,6 +440,16 @@ class OpenAIChatGateway:
                 )
             elif isinstance(content, list):
                 for j, block in enumerate(content):
+                    kind = block.get("type") if isinstance(block, dict) else None
+                    if role in ("system", "developer") and kind != "text":
+                        violations.append(
+                            Violation(
+                                index=index,
+                                rule="non_text_instruction",
+                                message=f"{role.capitalize()} message {index} content[{j}] is "
+                                f"a {kind!r} part; {role} content is text only.",
+                            )
+                        )
                     if (
                         isinstance(block, dict)
                         and block.get("type") == "text"
@@ -432,8 +463,26 @@ class OpenAIChatGateway:
                                 "whitespace-only text part.",
                             )
                         )
+            if calls is not None and not isinstance(calls, list):
+                violations.append(
+                    Violation(
+                        index=index,
+                        rule="malformed_tool_calls",
+                        message=f"Assistant message {index} has tool_calls that are not a list.",
+                    )
+                )
+                calls = None
             for call in calls or ():
                 call_id = call.get("id") if isinstance(call, dict) else None
+                if not isinstance(call_id, str) or not call_id:
+                    violations.append(
+                        Violation(
+                            index=index,
+                            rule="missing_call_id",
+                            message=f"Assistant message {index} has a tool call without an id.",
+                        )
+                    )
+                    continue
                 if call_id in open_calls:
                     violations.append(
                         Violation(
@@ -442,7 +491,7 @@ class OpenAIChatGateway:
                             message=f"Assistant message {index} has two calls with id {call_id!r}.",
                         )
                     )
-                open_calls[call_id] = index  # type: ignore[index]
+                open_calls[call_id] = index
         for call_id, at in open_calls.items():
             violations.append(
                 Violation(

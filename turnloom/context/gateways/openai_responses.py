@@ -72,13 +72,15 @@ from turnloom.context.message import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    check_message,
 )
-from turnloom.errors import InvalidMessageError
+from turnloom.errors import DuplicateIdError, InvalidMessageError
 
 _log = logging.getLogger("turnloom.gateway.openai_responses")
 
 _GATEWAY = GatewayType.openai_responses.value
-_ROLES = frozenset({"user", "assistant", "system", "developer"})
+# A tuple: membership compares, never hashes (a malformed role may be a list).
+_ROLES = ("user", "assistant", "system", "developer")
 _INSTRUCTIONS = "instructions"
 # Item types that are input, not model output; everything else typed is output.
 _NOT_OUTPUT = frozenset({"message", "function_call_output", "reasoning", _INSTRUCTIONS})
@@ -321,9 +323,19 @@ class OpenAIResponsesGateway:
         ``function_call_output`` to ``tool``. Use :meth:`parse_items` to
         group one response's consecutive items into one assistant message.
 
+        The message passes :func:`~turnloom.context.check_message`, so it
+        can be committed as it is.
+
         Raises:
             InvalidMessageError: not an object, an unknown role or item shape.
+            InvalidTextError: a string holds a lone surrogate (not valid UTF-8).
+            DuplicateIdError: two tool calls of the item share a call id.
         """
+        message = self._parse_item(item)
+        check_message(message, where="An OpenAI Responses item")
+        return message
+
+    def _parse_item(self, item: NativeContent) -> Message:
         item = require_object(item, "OpenAI Responses", "item")
         kind = item.get("type")
         if "role" in item and kind in (None, "message"):
@@ -452,6 +464,8 @@ class OpenAIResponsesGateway:
 
         Raises:
             InvalidMessageError: an item is malformed.
+            InvalidTextError: a string holds a lone surrogate.
+            DuplicateIdError: one model turn has two calls with the same call id.
         """
         out: list[Message] = []
         names: dict[str, str] = {}
@@ -489,13 +503,21 @@ class OpenAIResponsesGateway:
         ``input`` string becomes one user message.
 
         Raises:
-            InvalidMessageError: ``input`` is missing or an item is malformed.
+            InvalidMessageError: ``input`` is missing, ``instructions`` is not a
+                string, or an item is malformed.
+            InvalidTextError: a string holds a lone surrogate.
+            DuplicateIdError: one model turn has two calls with the same call id.
         """
         body = require_object(body, "OpenAI Responses", "request body")
         out: list[Message] = []
         instructions = body.get("instructions")
         if isinstance(instructions, str):
             out.append(self.parse({"type": _INSTRUCTIONS, "text": instructions}))
+        elif instructions is not None:
+            raise InvalidMessageError(
+                "OpenAI Responses request body instructions must be a string.",
+                field="instructions",
+            )
         items = body.get("input")
         if isinstance(items, str):
             out.append(Message(role=Role.user, content=items))
@@ -596,7 +618,7 @@ class OpenAIResponsesGateway:
                 continue
             if kind == "function_call_output":
                 call_id = item.get("call_id")
-                if call_id in open_calls and call_id not in answered:
+                if isinstance(call_id, str) and call_id in open_calls and call_id not in answered:
                     answered.add(call_id)
                 else:
                     out.append(
@@ -681,6 +703,13 @@ def _has_message_item(message: Message) -> bool:
 
 
 def _join(first: Message, second: Message) -> Message:
+    ids = {c.call_id for c in first.tool_calls}
+    for call in second.tool_calls:
+        if call.call_id in ids:
+            raise DuplicateIdError(
+                f"OpenAI Responses model turn has two function_call items with call_id "
+                f"{call.call_id!r}."
+            )
     layout: dict[str, Any] | None = None
     if first.layout or second.layout:
         layout = {"gateway": _GATEWAY}
@@ -725,6 +754,12 @@ def _parse_reasoning(item: NativeContent) -> ReasoningPart:
         k: v for k, v in item.items() if k not in ("type", "id", "summary", "encrypted_content")
     }
     text = ""
+    for i, entry in enumerate(summary if isinstance(summary, list) else ()):
+        if not isinstance(entry, dict):
+            raise InvalidMessageError(
+                f"OpenAI Responses reasoning summary[{i}] must be an object.",
+                field=f"summary[{i}]",
+            )
     if isinstance(summary, list) and all(
         isinstance(s, dict) and s.get("type") == "summary_text" and isinstance(s.get("text"), str)
         for s in summary
