@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from turnloom.context import GatewayType, Message, Role, TextPart, ToolCallPart
-from turnloom.errors import ProviderRuleError
+from turnloom.errors import InvalidMessageError, ProviderRuleError
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
 
 pytestmark = pytest.mark.anyio
@@ -75,3 +75,20 @@ async def test_openai_chat_carries_arguments_text_verbatim() -> None:
             )
         )
         assert manager.record("c", "t1", [_TRUNCATED]) == 1
+
+
+@pytest.mark.parametrize("gateway", list(GatewayType))
+@pytest.mark.parametrize("text", ["", "   ", "\n\n"])
+async def test_a_turn_whose_input_renders_to_nothing_is_rejected_before_commit(
+    gateway: GatewayType, text: str
+) -> None:
+    """Invariant: no prepared input is ever an empty request (every provider rejects one)."""
+    async with Foundation(gateway=gateway) as foundation:
+        manager = foundation.manager
+        with pytest.raises(InvalidMessageError, match="has no input that renders to content"):
+            manager.accept_turn(
+                TurnSnapshot(
+                    context_id="c", turn_id="t1", input=(Message(role=Role.user, content=text),)
+                )
+            )
+        assert manager.context_ids() == ()

@@ -539,7 +539,8 @@ class ContextManager:
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
             InvalidMessageError: a malformed id or message, an input message
-                with a system/developer role, or an instruction with another role.
+                with a system/developer role, an instruction with another role,
+                or an input that renders to nothing (empty, or blank text only).
             InvalidTextError: text that is not valid UTF-8.
             ItemTooLargeError: a message is over the per-item byte cap.
             DuplicateIdError: the turn id was already committed to the context.
@@ -562,7 +563,13 @@ class ContextManager:
                 raise InvalidMessageError(
                     f"Turn {snapshot.turn_id!r} {what} must be a tuple of Messages.", field=what
                 )
-        self._check_renderable(snapshot.input, f"Turn {snapshot.turn_id!r} input")
+        if not self._check_renderable(snapshot.input, f"Turn {snapshot.turn_id!r} input"):
+            raise InvalidMessageError(
+                f"Turn {snapshot.turn_id!r} of context {context_id!r} has no input that "
+                "renders to content (empty, or only blank text); every provider rejects "
+                "a model input without it.",
+                field="input",
+            )
         self._check_renderable(snapshot.instructions, f"Turn {snapshot.turn_id!r} instructions")
         history.commit(
             snapshot.turn_id,
@@ -616,23 +623,28 @@ class ContextManager:
         self._evict(state)
         return recorded
 
-    def _check_renderable(self, messages: Sequence[Message] | None, where: str) -> None:
+    def _check_renderable(self, messages: Sequence[Message] | None, where: str) -> int:
         """Render each message once at the door so provider rules fail here, not at prepare.
 
         A message the gateway cannot carry (for example tool call arguments
         that are not a JSON object, for Anthropic and Gemini) would otherwise
         be committed and then fail every later prepare of its context.
+
+        Returns:
+            how many native items the messages render to.
         """
         if not messages:
-            return
+            return 0
         gateway = self._gateway
+        rendered = 0
         for i, message in enumerate(messages):
             label = f"{where}[{i}]"
             check_message(message, where=label)
             try:
-                gateway.render(message)
+                rendered += len(gateway.render(message))
             except ProviderRuleError as exc:
                 raise ProviderRuleError(f"{label}: {exc}", exc.violations) from exc
+        return rendered
 
     def remove_context(self, context_id: str) -> None:
         """Forget a context and its whole history (its counters are kept).
