@@ -45,6 +45,9 @@ __all__ = (
 )
 
 import bisect
+import ctypes
+import sys
+import sysconfig
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -425,16 +428,73 @@ def _render_entries(
         else:
             items.append(native)  # type: ignore[arg-type]
             sizes.append(native_sizes)  # type: ignore[arg-type]
-    return _Rendered(tuple(items), tuple(sizes), sum(sizes))
+    rendered = tuple(items)
+    _untrack_json(rendered)
+    return _Rendered(rendered, tuple(sizes), sum(sizes))
 
 
 def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Sizes]:
-    """Render one message: a lone item and its size bare, else tuples."""
+    """Render one message: a lone item and its size bare, else tuples.
+
+    Each item is untracked (see :func:`_untrack_json`) once the JSON encoder
+    has sized it.
+    """
     items = gateway.render(message)
     if len(items) == 1:
         item = items[0]
-        return item, len(_encoder.encode(item))
-    return tuple(items), tuple(len(_encoder.encode(item)) for item in items)
+        size = len(_encoder.encode(item))
+        _untrack_json(item)
+        return item, size
+    sizes = tuple(len(_encoder.encode(item)) for item in items)
+    native = tuple(items)
+    _untrack_json(native)
+    return native, sizes
+
+
+def _gc_untrack() -> ctypes._NamedFuncPointer | None:
+    """CPython's ``PyObject_GC_UnTrack``, or None where it is not safe to call."""
+    if sys.implementation.name != "cpython" or sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return None
+    untrack = ctypes.pythonapi.PyObject_GC_UnTrack
+    untrack.argtypes = (ctypes.py_object,)
+    untrack.restype = None
+    return untrack
+
+
+_GC_UNTRACK = _gc_untrack()
+_CONTAINERS = frozenset({dict, list, tuple})
+
+
+def _untrack_json(value: object) -> None:
+    """Untrack cached native items (a tuple of them, or one) from the cyclic GC.
+
+    An assistant item that calls tools is four containers (the item, its
+    ``tool_calls`` list, a dict per call holding a dict) that CPython keeps
+    tracked for as long as the render cache holds them, and a full collection
+    visits every one. Untracking them is safe: the item was just JSON-encoded,
+    so it is a finite tree of JSON values with no cycle, and the cache never
+    changes it (prepared items are documented read-only). CPython tracks a
+    dict again if a container is later stored in it; a list stays untracked,
+    so a caller who broke the read-only rule by putting a reference cycle
+    into one would leak that cycle, never crash. The tuples the caches keep
+    the items in are untracked too: CPython untracks a tuple only when it
+    holds no dict or list at all, tracked or not. Only exact dicts, lists and
+    tuples are untracked (``PyObject_GC_UnTrack`` must be given a GC object),
+    and nothing is done outside CPython with the GIL.
+    """
+    untrack = _GC_UNTRACK
+    if untrack is None:
+        return
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        kind = type(node)
+        if kind is dict:
+            untrack(node)
+            stack.extend(v for v in node.values() if type(v) in _CONTAINERS)  # type: ignore[attr-defined]
+        elif kind is list or kind is tuple:
+            untrack(node)
+            stack.extend(v for v in node if type(v) in _CONTAINERS)  # type: ignore[attr-defined]
 
 
 class HistoryView:
