@@ -27,10 +27,11 @@ once: per-message and per-turn caches are filled by single assignments (a
 racing render at worst recomputes a value), and the shared run is changed
 only under a lock. A view older than the run renders privately.
 
-Garbage-collector cost: the per-message and per-turn bookkeeping is not
-tracked by Python's cyclic collector (see the comment above ``_Entry``), so
-a held history adds to a full collection's pause only the native items that
-hold containers (for example an assistant item's ``tool_calls`` list).
+Garbage-collector cost: neither the per-message and per-turn bookkeeping
+nor (on CPython) the cached native items are tracked by Python's cyclic
+collector (see the comment above ``_Entry`` and :func:`_untrack_json`), so a
+held history adds a few tracked objects per history, none per message, to
+what a full collection visits.
 """
 
 from __future__ import annotations
@@ -235,7 +236,9 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
             more = self.more = {}  # a racing thread at worst loses one cached value
         cached = more.get(slot)
         if cached is None:
-            cached = more[slot] = _render_message(self.message, gateway)
+            cached = _render_message(self.message, gateway)
+            _untrack_json(cached)  # the pair holds a dict, so CPython would keep it tracked
+            more[slot] = cached
         return cached
 
 
