@@ -433,7 +433,10 @@ def _render_entries(
             items.append(native)  # type: ignore[arg-type]
             sizes.append(native_sizes)  # type: ignore[arg-type]
     rendered = tuple(items)
-    _untrack_json(rendered)
+    if _GC_UNTRACK is not None:
+        # Its items are untracked already (by _render_message); CPython keeps
+        # a tuple holding dicts tracked, so untrack the tuple itself.
+        _GC_UNTRACK(id(rendered))
     return _Rendered(rendered, tuple(sizes), sum(sizes))
 
 
