@@ -23,9 +23,15 @@ output tuple.
 
 Thread safety: mutate a :class:`TurnHistory` from one thread (the event loop).
 Views are immutable and may be rendered from any number of worker threads at
-once: per-message and per-turn caches are filled by single dict assignments
-(a racing render at worst recomputes a value), and the shared run is changed
+once: per-message and per-turn caches are filled by single assignments (a
+racing render at worst recomputes a value), and the shared run is changed
 only under a lock. A view older than the run renders privately.
+
+Garbage-collector cost: neither the per-message and per-turn bookkeeping
+nor (on CPython) the cached native items are tracked by Python's cyclic
+collector (see the comment above ``_Entry`` and :func:`_untrack_json`), so a
+held history adds a few tracked objects per history, none per message, to
+what a full collection visits.
 """
 
 from __future__ import annotations
@@ -40,9 +46,13 @@ __all__ = (
 )
 
 import bisect
+import ctypes
+import gc
+import sys
+import sysconfig
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
@@ -131,19 +141,19 @@ class RenderedHistory:
         turn_start: index in ``items`` of the turn's first input item.
     """
 
-    __slots__ = ("_head", "_key", "_layout", "bytes", "items", "turn_start")
+    __slots__ = ("_head", "_layout", "_slot", "bytes", "items", "turn_start")
 
     def __init__(
         self,
         items: tuple[NativeContent, ...],
         layout: _Layout,
         head: _Rendered,
-        key: _CacheKey,
+        slot: int,
     ) -> None:
         self.items = items
         self._layout = layout
         self._head = head
-        self._key = key
+        self._slot = slot
         self.turn_start: int = len(items) - len(head.items)
         self.bytes: int = layout.bytes + head.bytes
 
@@ -165,54 +175,100 @@ class RenderedHistory:
             return layout.bytes
         turn_start = layout.item_ends[index - 1] if index else layout.origin[0]
         bytes_start = layout.byte_ends[index - 1] if index else layout.origin[1]
-        inside = layout.turns[index].cache[self._key].sizes[: position - turn_start]
+        full = layout.turns[index].full_for(self._slot)
+        assert full is not None  # a turn in a run was rendered with the run's key
+        inside = full.sizes[: position - turn_start]
         return pinned.bytes + bytes_start - layout.origin[1] + sum(inside)
 
 
-class _Entry:
-    """One message of a history with its size and per-gateway render cache."""
+# Garbage-collector cost. A held history keeps one _Entry per message and one
+# _Turn and a few _Rendered per turn. They are msgspec Structs with
+# ``gc=False``: the cyclic collector never tracks them, so a full collection
+# does not visit them, and the tuples and dicts holding only them (turn
+# inputs and outputs, per-slot caches) are untracked by the collector too.
+# This is safe because no reference cycle can pass through them:
+#
+# * they refer only to messages (JSON data, untracked themselves), str and
+#   int values, tuples and int-keyed dicts of each other (a turn to its
+#   entries and renders, never back), and native items;
+# * native items were sized by JSON-encoding them (``_render_message``), so
+#   each is a finite tree of JSON values, which cannot hold a cycle or refer
+#   to anything outside itself;
+# * gateways (which may refer to anything, a manager for example) are never
+#   stored in them: caches are indexed by a small int slot, and the
+#   slot -> gateway map lives in the (tracked) ``_Shared``;
+# * none of them is reachable from outside this module except through
+#   ``RenderedHistory``, which is tracked and only refers to them.
+#
+# Slot 0 is the first gateway (and render key) the history is rendered with,
+# in practice the manager's only gateway: its render goes in a field, with no
+# container at all when a message renders to one item. Other slots use a
+# small dict per entry or turn.
 
-    __slots__ = ("message", "native", "size")
-
-    def __init__(self, message: Message, size: int) -> None:
-        self.message = message
-        self.size = size
-        # gateway -> (items, sizes); filled by render threads.
-        self.native: dict[Gateway, tuple[tuple[NativeContent, ...], tuple[int, ...]]] = {}
+_Native = NativeContent | tuple[NativeContent, ...]
+"""One message rendered: one item bare (the common case), else a tuple of them."""
+_Sizes = int | tuple[int, ...]
+"""Their serialized sizes, in bytes, in the same shape."""
 
 
-class _Rendered:
-    __slots__ = ("bytes", "items", "sizes")
+class _Entry(msgspec.Struct, gc=False, eq=False):
+    """One message of a history with its size and render cache (see above)."""
 
-    def __init__(
-        self, items: tuple[NativeContent, ...], sizes: tuple[int, ...], total: int
-    ) -> None:
-        self.items = items
-        self.sizes = sizes
-        self.bytes = total
+    message: Message
+    size: int
+    # Slot 0's render. ``sizes`` is assigned before ``native``, so a thread
+    # that reads a set ``native`` reads its sizes.
+    native: _Native | None = None
+    sizes: _Sizes = 0
+    more: dict[int, tuple[_Native, _Sizes]] | None = None  # other gateway slots
+
+    def rendered(self, gateway: Gateway, slot: int) -> tuple[_Native, _Sizes]:
+        """The message rendered for ``gateway`` (cache slot ``slot``), cached."""
+        if slot == 0:
+            native = self.native
+            if native is None:
+                native, sizes = _render_message(self.message, gateway)
+                self.sizes = sizes
+                self.native = native
+                return native, sizes
+            return native, self.sizes
+        more = self.more
+        if more is None:
+            more = self.more = {}  # a racing thread at worst loses one cached value
+        cached = more.get(slot)
+        if cached is None:
+            cached = _render_message(self.message, gateway)
+            _untrack_json(cached)  # the pair holds a dict, so CPython would keep it tracked
+            more[slot] = cached
+        return cached
+
+
+class _Rendered(msgspec.Struct, gc=False, eq=False):
+    """Rendered entries: items, their sizes (bytes) and the total (bytes)."""
+
+    items: tuple[NativeContent, ...]
+    sizes: tuple[int, ...]
+    bytes: int
 
 
 _CacheKey = tuple[Gateway, str]
 
 
-class _Turn:
-    """An immutable snapshot of one turn. A change makes a new ``_Turn``."""
+class _Turn(msgspec.Struct, gc=False, eq=False):
+    """An immutable snapshot of one turn. A change makes a new ``_Turn``.
 
-    __slots__ = ("bytes", "cache", "input", "input_cache", "outputs", "turn_id")
+    ``full`` and ``head`` are the whole turn and its input rendered for render
+    key slot 0; ``more_full`` and ``more_head`` hold other slots.
+    """
 
-    def __init__(
-        self,
-        turn_id: str,
-        input: tuple[_Entry, ...],
-        outputs: tuple[_Entry, ...],
-        total_bytes: int,
-    ) -> None:
-        self.turn_id = turn_id
-        self.input = input
-        self.outputs = outputs
-        self.bytes = total_bytes
-        self.cache: dict[_CacheKey, _Rendered] = {}
-        self.input_cache: dict[_CacheKey, _Rendered] = {}
+    turn_id: str
+    input: tuple[_Entry, ...]
+    outputs: tuple[_Entry, ...]
+    bytes: int
+    full: _Rendered | None = None
+    head: _Rendered | None = None
+    more_full: dict[int, _Rendered] | None = None
+    more_head: dict[int, _Rendered] | None = None
 
     @property
     def items(self) -> int:
@@ -225,6 +281,51 @@ class _Turn:
             self.outputs + added,
             self.bytes + sum(e.size for e in added),
         )
+
+    def full_for(self, slot: int) -> _Rendered | None:
+        """The whole turn rendered for key slot ``slot``, if cached."""
+        if slot == 0:
+            return self.full
+        return self.more_full.get(slot) if self.more_full is not None else None
+
+    def render_full(
+        self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy
+    ) -> _Rendered:
+        """The whole turn rendered for (gateway slot, key slot) ``slots``, cached.
+
+        A racing render at worst recomputes it.
+        """
+        slot = slots[1]
+        rendered = self.full_for(slot)
+        if rendered is None:
+            rendered = _render_entries(self.input + self.outputs, gateway, slots[0], policy)
+            if slot == 0:
+                self.full = rendered
+            else:
+                if self.more_full is None:
+                    self.more_full = {}
+                self.more_full[slot] = rendered
+        return rendered
+
+    def render_head(
+        self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy
+    ) -> _Rendered:
+        """The turn's input rendered for ``slots``, cached (see :meth:`render_full`)."""
+        slot = slots[1]
+        rendered = (
+            self.head
+            if slot == 0
+            else (self.more_head.get(slot) if self.more_head is not None else None)
+        )
+        if rendered is None:
+            rendered = _render_entries(self.input, gateway, slots[0], policy)
+            if slot == 0:
+                self.head = rendered
+            else:
+                if self.more_head is None:
+                    self.more_head = {}
+                self.more_head[slot] = rendered
+        return rendered
 
 
 class _Layout:
@@ -291,17 +392,28 @@ class _Run:
 
 
 class _Shared:
-    """Render caches shared by all views of one history."""
+    """Render caches shared by all views of one history, and the cache slots."""
 
-    __slots__ = ("lock", "runs")
+    __slots__ = ("gateway_slots", "key_slots", "lock", "runs")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.runs: dict[_CacheKey, _Run] = {}
+        # Gateways and render keys are referred to by slot number in the
+        # untracked entries and turns (see above); assigned in first-use order.
+        self.gateway_slots: dict[Gateway, int] = {}
+        self.key_slots: dict[_CacheKey, int] = {}
+
+    def slots(self, key: _CacheKey) -> tuple[int, int]:
+        """The (gateway slot, key slot) of a render key, assigned on first use."""
+        with self.lock:
+            gateway_slot = self.gateway_slots.setdefault(key[0], len(self.gateway_slots))
+            key_slot = self.key_slots.setdefault(key, len(self.key_slots))
+        return gateway_slot, key_slot
 
 
 def _render_entries(
-    entries: Sequence[_Entry], gateway: Gateway, policy: OpenCallPolicy
+    entries: Sequence[_Entry], gateway: Gateway, slot: int, policy: OpenCallPolicy
 ) -> _Rendered:
     """Render whole-turn entries with every call/result pair complete."""
     messages = [e.message for e in entries]
@@ -311,24 +423,97 @@ def _render_entries(
     for message in complete_pairs(messages, open_calls=policy):
         entry = by_id.get(id(message))
         if entry is not None and entry.message is message:
-            cached = entry.native.get(gateway)
-            if cached is None:
-                cached = _render_message(message, gateway)
-                entry.native[gateway] = cached
-            items.extend(cached[0])
-            sizes.extend(cached[1])
+            native, native_sizes = entry.rendered(gateway, slot)
         else:
-            rendered, rendered_sizes = _render_message(message, gateway)
-            items.extend(rendered)
-            sizes.extend(rendered_sizes)
-    return _Rendered(tuple(items), tuple(sizes), sum(sizes))
+            native, native_sizes = _render_message(message, gateway)
+        if type(native) is tuple:
+            items.extend(native)
+            sizes.extend(native_sizes)  # type: ignore[arg-type]
+        else:
+            items.append(native)  # type: ignore[arg-type]
+            sizes.append(native_sizes)  # type: ignore[arg-type]
+    rendered = tuple(items)
+    if _GC_UNTRACK is not None:
+        # Its items are untracked already (by _render_message); CPython keeps
+        # a tuple holding dicts tracked, so untrack the tuple itself.
+        _GC_UNTRACK(id(rendered))
+    return _Rendered(rendered, tuple(sizes), sum(sizes))
 
 
-def _render_message(
-    message: Message, gateway: Gateway
-) -> tuple[tuple[NativeContent, ...], tuple[int, ...]]:
-    items = tuple(gateway.render(message))
-    return items, tuple(len(_encoder.encode(item)) for item in items)
+def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Sizes]:
+    """Render one message: a lone item and its size bare, else tuples.
+
+    Each item is untracked (see :func:`_untrack_json`) once the JSON encoder
+    has sized it.
+    """
+    items = gateway.render(message)
+    if len(items) == 1:
+        item = items[0]
+        size = len(_encoder.encode(item))
+        _untrack_json(item)
+        return item, size
+    sizes = tuple(len(_encoder.encode(item)) for item in items)
+    native = tuple(items)
+    _untrack_json(native)
+    return native, sizes
+
+
+def _gc_untrack() -> Callable[[int], None] | None:
+    """CPython's ``PyObject_GC_UnTrack``, taking an object's address (``id()``).
+
+    None outside CPython, or where the GIL is disabled (untracking is only
+    safe while the caller holds the GIL).
+    """
+    if sys.implementation.name != "cpython" or sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return None
+    # An own prototype, so ctypes.pythonapi's shared function object is not changed.
+    prototype = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
+    return prototype(("PyObject_GC_UnTrack", ctypes.pythonapi))
+
+
+_GC_UNTRACK = _gc_untrack()
+_CONTAINERS = frozenset({dict, list, tuple})
+
+
+def _untrack_json(value: object) -> None:
+    """Untrack cached native items (a tuple of them, or one) from the cyclic GC.
+
+    An assistant item that calls tools is four containers (the item, its
+    ``tool_calls`` list, a dict per call holding a dict) that CPython keeps
+    tracked for as long as the render cache holds them, and a full collection
+    visits every one. Untracking them is safe: the item was just JSON-encoded,
+    so it is a finite tree of JSON values with no cycle, and the cache never
+    changes it (prepared items are documented read-only). CPython tracks a
+    dict again if a container is later stored in it; a list stays untracked,
+    so a caller who broke the read-only rule by putting a reference cycle
+    into one would leak that cycle, never crash. The tuples the caches keep
+    the items in are untracked too: CPython untracks a tuple only when it
+    holds no dict or list at all, tracked or not. Only exact dicts, lists and
+    tuples are untracked (``PyObject_GC_UnTrack`` must be given a GC object),
+    each while ``value`` keeps it alive, and nothing is done outside CPython
+    with the GIL. Costs about a microsecond per tracked container, once per
+    cached message; a plain text item is already untracked and costs a check.
+    """
+    untrack = _GC_UNTRACK
+    if untrack is None:
+        return
+    is_tracked = gc.is_tracked
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        kind = type(node)
+        children: Iterable[object]
+        if kind is dict:
+            children = node.values()  # type: ignore[attr-defined]
+        elif kind is list or kind is tuple:
+            children = node  # type: ignore[assignment]
+        else:
+            continue
+        if is_tracked(node):
+            untrack(id(node))
+        for child in children:
+            if type(child) in _CONTAINERS:
+                stack.append(child)
 
 
 class HistoryView:
@@ -418,12 +603,10 @@ class HistoryView:
             else:
                 raise UnknownTurnError(f"The history holds no turn {turn_id!r}.")
         key: _CacheKey = (gateway, open_calls)
-        current = turns[position]
-        head = current.input_cache.get(key)
-        if head is None:
-            head = current.input_cache[key] = _render_entries(current.input, gateway, open_calls)
-        closed = turns[:position]
         shared = self._shared
+        slots = shared.slots(key)
+        head = turns[position].render_head(gateway, slots, open_calls)
+        closed = turns[:position]
         with shared.lock:
             run = shared.runs.get(key)
             newest = position == len(turns) - 1 and (
@@ -431,8 +614,8 @@ class HistoryView:
             )
             if newest:
                 if run is None or not self._advance(run, closed):
-                    run = shared.runs[key] = self._build(closed, key, gateway, open_calls)
-                self._append(run, closed, key, gateway, open_calls)
+                    run = shared.runs[key] = self._build(gateway, slots, open_calls)
+                self._append(run, closed, gateway, slots, open_calls)
                 # One copy of the run into the output tuple.
                 run.items.extend(head.items)
                 items = tuple(run.items)
@@ -440,20 +623,14 @@ class HistoryView:
                 layout = run.layout
         if not newest:
             # An older view (or an earlier turn): a private run, the cache untouched.
-            private = self._build(closed, key, gateway, open_calls)
-            self._append(private, closed, key, gateway, open_calls)
+            private = self._build(gateway, slots, open_calls)
+            self._append(private, closed, gateway, slots, open_calls)
             items = tuple(private.items) + head.items
             layout = private.layout
-        return RenderedHistory(items, layout, head, key)
+        return RenderedHistory(items, layout, head, slots[1])
 
-    def _build(
-        self,
-        closed: tuple[_Turn, ...],
-        key: _CacheKey,
-        gateway: Gateway,
-        policy: OpenCallPolicy,
-    ) -> _Run:
-        pinned = _render_entries(self._pinned, gateway, policy)
+    def _build(self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy) -> _Run:
+        pinned = _render_entries(self._pinned, gateway, slots[0], policy)
         layout = _Layout(pinned, (), (0, 0), (), ())
         return _Run(self._pinned, layout, list(pinned.items), self._evicted, self._generation)
 
@@ -490,8 +667,8 @@ class HistoryView:
         self,
         run: _Run,
         closed: tuple[_Turn, ...],
-        key: _CacheKey,
         gateway: Gateway,
+        slots: tuple[int, int],
         policy: OpenCallPolicy,
     ) -> None:
         layout = run.layout
@@ -503,11 +680,7 @@ class HistoryView:
         items_at = layout.item_ends[-1] if layout.item_ends else layout.origin[0]
         bytes_at = layout.byte_ends[-1] if layout.byte_ends else layout.origin[1]
         for turn in closed[reuse:]:
-            rendered = turn.cache.get(key)
-            if rendered is None:
-                rendered = turn.cache[key] = _render_entries(
-                    turn.input + turn.outputs, gateway, policy
-                )
+            rendered = turn.render_full(gateway, slots, policy)
             run.items.extend(rendered.items)
             items_at += len(rendered.items)
             bytes_at += rendered.bytes

@@ -1,0 +1,230 @@
+"""TurnHistory's cost to Python's cyclic garbage collector.
+
+A full collection visits every tracked object, so a held history must not add
+tracked objects per message: its bookkeeping (entries, turns, rendered runs)
+and its cached native items are untracked, and untracking changes no value.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from turnloom.context import GatewayType, Message, NativeContent, Role, get_gateway
+from turnloom.context.gateway import Gateway
+from turnloom.context.history import HistoryLimits, TurnHistory
+from turnloom.runtime.replay import load_trajectories
+
+CHAT = get_gateway(GatewayType.openai_chat)
+ANTHROPIC = get_gateway(GatewayType.anthropic)
+
+cpython_only = pytest.mark.skipif(
+    sys.implementation.name != "cpython", reason="native items are untracked on CPython only"
+)
+
+
+def _history(tau_bench_path: Path, count: int) -> TurnHistory:
+    """The first ``count`` tau-bench trajectories as one history's turns."""
+    trajectories, errors = load_trajectories(tau_bench_path)
+    assert errors == []
+    history = TurnHistory(HistoryLimits(max_turns=10_000, max_items=100_000, max_bytes=1 << 30))
+    number = 0
+    for trajectory in trajectories[:count]:
+        instructions: list[Message] = []
+        turn_id: str | None = None
+        for native in trajectory.messages:
+            message = CHAT.parse(native)
+            if message.role in (Role.system, Role.developer):
+                instructions.append(message)
+            elif message.role is Role.user:
+                turn_id = f"t{number}"
+                number += 1
+                history.commit(turn_id, [message], instructions=instructions or None)
+                instructions = []
+            elif turn_id is not None:
+                history.record(turn_id, [message])
+    return history
+
+
+def _containers(value: Any) -> list[Any]:
+    """Every dict, list and tuple in a JSON-like value, the value included."""
+    found: list[Any] = []
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if type(node) in (dict, list, tuple):
+            found.append(node)
+            stack.extend(node.values() if type(node) is dict else node)
+    return found
+
+
+def _bookkeeping(history: TurnHistory) -> list[Any]:
+    """The history's per-message and per-turn objects, and the caches they hold."""
+    objects: list[Any] = list(history._pinned)
+    for turn in history._turns:
+        objects.extend((turn, turn.input, turn.outputs, *turn.input, *turn.outputs))
+        for rendered in (turn.full, turn.head):
+            if rendered is not None:
+                objects.extend((rendered, rendered.items, rendered.sizes))
+    return objects
+
+
+def _render_all(history: TurnHistory, gateway: Gateway, open_calls: str = "exclude") -> list[Any]:
+    """Render every turn of the history (as successive prepares do); return the renders."""
+    view = history.view()
+    return [
+        view.render(gateway, turn_id, open_calls=open_calls)  # type: ignore[arg-type]
+        for turn_id in view.turn_ids
+    ]
+
+
+@cpython_only
+def test_history_bookkeeping_and_cached_items_are_not_tracked(tau_bench_path: Path) -> None:
+    """Invariant: no entry, turn, rendered run, cached native item (nor any dict or
+    list inside it) of a rendered history is tracked by the cyclic GC."""
+    history = _history(tau_bench_path, 5)
+    renders = _render_all(history, CHAT)
+    gc.collect()  # tuples and dicts holding only untracked objects are untracked here
+    objects = _bookkeeping(history)
+    stats = history.statistics()
+    entries = [o for o in objects if type(o).__name__ == "_Entry"]
+    assert len(entries) == stats.items + stats.pinned_items
+    # Every message was rendered but the last turn's outputs (its continuation).
+    unrendered = [e for e in entries if e.native is None]
+    assert unrendered == list(history._turns[-1].outputs)
+    assert [type(o).__name__ for o in objects if gc.is_tracked(o)] == []
+    items = renders[-1].items
+    assert len(items) == sum(len(CHAT.render(m)) for m in _complete(history))
+    tracked = [c for item in items for c in _containers(item) if gc.is_tracked(c)]
+    assert tracked == []
+    # Some items are nested containers (assistant tool calls): the check is not vacuous.
+    assert sum(1 for item in items if "tool_calls" in item) > 10
+
+
+def _complete(history: TurnHistory) -> list[Message]:
+    """The messages the last turn's render holds: pinned, whole turns, last input."""
+    view = history.view()
+    ids = view.turn_ids
+    messages = list(view.pinned)
+    for turn_id in ids[:-1]:
+        messages.extend(view.turn_messages(turn_id))
+    messages.extend(view.turn_input(ids[-1]))
+    return messages
+
+
+@cpython_only
+def test_held_history_adds_no_tracked_objects_per_message(tau_bench_path: Path) -> None:
+    """Invariant: a rendered history holds exactly as many tracked objects with 50
+    trajectories as with 5 (only the few per-history objects are tracked)."""
+    counts = []
+    for count in (5, 50):
+        history = _history(tau_bench_path, count)
+        _render_all(history, CHAT)
+        gc.collect()
+        reached = _tracked_reachable(history)
+        counts.append(reached)
+        del history
+    assert counts[0] == counts[1]
+
+
+def _tracked_reachable(root: object) -> int:
+    """How many tracked objects are reachable from ``root`` through tracked objects,
+    counting what untracked bookkeeping refers to (walked through ``_bookkeeping``)."""
+    assert isinstance(root, TurnHistory)
+    seen: set[int] = set()
+    stack: list[Any] = [root, *_bookkeeping(root)]
+    for turn in root._turns:
+        for entry in (*turn.input, *turn.outputs):
+            stack.append(entry.native)
+    tracked = 0
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if gc.is_tracked(node):
+            tracked += 1
+            # Do not follow the shared gateway singletons and classes.
+            stack.extend(
+                r for r in gc.get_referents(node) if not isinstance(r, type | Gateway | str)
+            )
+    return tracked
+
+
+def test_cached_renders_equal_fresh_renders_for_every_gateway_and_policy(
+    tau_bench_path: Path,
+) -> None:
+    """Invariant: a history rendered for several gateways and open-call policies
+    (cache slot 0 and the other slots) gives, for each, exactly the items a
+    history rendered only for that gateway and policy gives."""
+    mixed = _history(tau_bench_path, 3)
+    keys = [(CHAT, "exclude"), (ANTHROPIC, "exclude"), (CHAT, "cancel"), (ANTHROPIC, "cancel")]
+    for _ in range(2):  # the second round is served from the caches
+        for gateway, policy in keys:
+            fresh = _history(tau_bench_path, 3)
+            expected = [r.items for r in _render_all(fresh, gateway, policy)]
+            got = _render_all(mixed, gateway, policy)
+            assert [r.items for r in got] == expected
+            assert [r.bytes for r in got] == [r.bytes for r in _render_all(fresh, gateway, policy)]
+            assert all(type(item) is dict for r in got for item in r.items)
+    assert mixed._shared.gateway_slots == {CHAT: 0, ANTHROPIC: 1}
+    if sys.implementation.name == "cpython":
+        gc.collect()
+        others = [t.more_full for t in mixed._turns] + [
+            e.more for t in mixed._turns for e in t.input + t.outputs
+        ]
+        assert [o for o in others if o is not None and gc.is_tracked(o)] == []
+        # Filled: all but the last turn's whole render and its outputs' renders.
+        unfilled = 1 + len(mixed._turns[-1].outputs)
+        assert sum(1 for o in others if o is None) == unfilled
+
+
+class _SelfReferringGateway:
+    """The OpenAI Chat gateway, holding a reference to the history it renders."""
+
+    def __init__(self) -> None:
+        self.history: TurnHistory | None = None
+
+    @property
+    def type(self) -> GatewayType:
+        return GatewayType.openai_chat
+
+    def render(self, message: Message) -> list[NativeContent]:
+        return CHAT.render(message)
+
+    def parse(self, item: NativeContent) -> Message:
+        return CHAT.parse(item)
+
+    def parse_request(self, body: dict[str, Any]) -> list[Message]:
+        return CHAT.parse_request(body)
+
+
+def test_cycle_through_a_gateway_is_still_collected(tau_bench_path: Path) -> None:
+    """Invariant: untracked bookkeeping never refers to a gateway, so a cycle
+    history -> caches -> gateway -> history is found and freed by the collector."""
+    history = _history(tau_bench_path, 2)
+    gateway = _SelfReferringGateway()
+    gateway.history = history
+    _render_all(history, gateway)  # type: ignore[arg-type]
+    probe = weakref.ref(gateway)
+    del gateway, history
+    gc.collect()
+    assert probe() is None
+
+
+@cpython_only
+def test_untracked_item_dict_is_tracked_again_when_a_container_is_stored(
+    tau_bench_path: Path,
+) -> None:
+    """Invariant (CPython, relied on by the render cache): a cached item dict that
+    someone stores a container into becomes tracked again."""
+    history = _history(tau_bench_path, 1)
+    item = next(i for i in _render_all(history, CHAT)[-1].items if "tool_calls" in i)
+    assert (gc.is_tracked(item), gc.is_tracked(item["tool_calls"])) == (False, False)
+    item["extra"] = [1]
+    assert (gc.is_tracked(item), gc.is_tracked(item["tool_calls"])) == (True, False)
