@@ -258,6 +258,10 @@ async def _run(
                         try:
                             prefix = await manager.prepare_nowait(request)
                         except QueueFullError:
+                            # Wait outside the handler: awaiting inside it would
+                            # keep the exception and its traceback alive.
+                            prefix = None
+                        if prefix is None:
                             prefix = await manager.prepare(request)
                         latencies.append(time.perf_counter() - begin)
                         continuation = []
