@@ -50,7 +50,8 @@ class Foundation:
             settle before cancelling them (default 5.0; ``math.inf`` waits).
 
     Raises:
-        InputError: a bound is not positive, or an unknown gateway or policy.
+        InputError: a bound is not positive, ``history_limits`` is not a
+            :class:`HistoryLimits`, or an unknown gateway or policy.
 
     Example::
 
@@ -84,7 +85,7 @@ class Foundation:
                 f"close_grace_period must be a non-negative number of seconds, not "
                 f"{close_grace_period!r}."
             )
-        check_options(gateway, max_pending_preparations, behavior_rules, open_calls)
+        check_options(gateway, max_pending_preparations, behavior_rules, open_calls, history_limits)
         self._options = {
             "gateway": gateway,
             "max_pending_preparations": max_pending_preparations,
