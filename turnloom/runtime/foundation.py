@@ -189,13 +189,16 @@ class Foundation:
         Cancellation:
             Cleanup is shielded: a cancelled ``aclose`` still completes every
             step (bounded by the grace period plus the longest running render),
-            then the cancellation is delivered.
+            then the cancellation is delivered. A cancelled second call likewise
+            returns only after the first call's cleanup, then is cancelled.
         """
         if self._manager is None or self._closed_event is None:
             return
         if self._closing:
             with anyio.CancelScope(shield=True):
                 await self._closed_event.wait()
+            # As below: a cancellation that arrived while waiting is delivered now.
+            await anyio.lowlevel.checkpoint()
             return
         self._closing = True
         manager = self._manager

@@ -1096,16 +1096,19 @@ class ContextManager:
                         self._render.observe(prepared.render_seconds)
                     self._issued[id(prepared)] = prepared
                     preparation.result = prepared
-            if preparation.result is None and preparation.error is None:
-                preparation.error = FoundationClosedError(
-                    f"The preparation of turn {request.turn_id!r} of context "
-                    f"{request.context_id!r} was cancelled while the Foundation closed."
-                )
         except Exception as exc:
             if isinstance(exc, AreaCallbackError) and exc.phase == "register" and areas is not None:
                 areas.attached.pop(id(exc.area), None)  # the worker dropped it
             preparation.error = exc
         finally:
+            if preparation.result is None and preparation.error is None:
+                # Cancelled by aclose, or by a cancellation of the scope the
+                # Foundation was opened in: a requester elsewhere still gets
+                # the typed error.
+                preparation.error = FoundationClosedError(
+                    f"The preparation of turn {request.turn_id!r} of context "
+                    f"{request.context_id!r} was cancelled while the Foundation closed."
+                )
             if not preparation.wanted:
                 self._discarded += 1
             elif preparation.result is not None:
