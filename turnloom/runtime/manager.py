@@ -514,7 +514,13 @@ class ContextManager:
 
     @property
     def closed(self) -> bool:
-        """True once the Foundation began closing; every call then raises."""
+        """True once the Foundation began closing.
+
+        From then on every call that reads or changes contexts (``accept_turn``,
+        ``record``, ``prepare``, ``build``, ``history``, ...) raises
+        :class:`FoundationClosedError`; :meth:`statistics`, :meth:`context_ids`
+        and the properties still answer.
+        """
         return self._closed
 
     def context_ids(self) -> tuple[str, ...]:
@@ -687,6 +693,7 @@ class ContextManager:
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: a malformed context id.
             UnknownContextError: no such context.
             StateError: a model call is in flight for the context.
         """
@@ -731,6 +738,7 @@ class ContextManager:
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: a malformed context id.
             UnknownContextError: no turn was committed to ``context_id``.
             InvalidAreaError: ``area`` lacks protocol members (``missing``
                 names them), holds a state value that is not an
@@ -783,8 +791,8 @@ class ContextManager:
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
             UnknownContextError: no turn was committed to ``context_id``.
-            InvalidMessageError: ``item`` is not a JSON object of the
-                manager's gateway, a result answers no open routed call, or
+            InvalidMessageError: a malformed context id, ``item`` is not a
+                JSON object of the manager's gateway, a result answers no open routed call, or
                 another item is routed while a routed call has no result.
             InvalidTextError: its text is not valid UTF-8.
             ItemTooLargeError: its JSON encoding is over the history's
@@ -923,9 +931,11 @@ class ContextManager:
         Waits, in order, for a free slot in the pending queue (backpressure: a
         full queue makes ``prepare`` wait; use :meth:`prepare_nowait` to fail
         instead), for the turn's commit (``prepare`` may be called before
-        ``accept_turn``), and for a worker thread. The history and the request's
-        state are captured once, at the commit; rendering runs in the worker.
-        Bound the whole wait with ``anyio.fail_after``.
+        ``accept_turn``), and for a worker thread. The request is validated and
+        its contributions copied at the call (changing a list afterwards has no
+        effect); the history and the request's state are captured once, when
+        the turn is committed; rendering runs in the worker. Bound the whole
+        wait with ``anyio.fail_after``.
 
         Returns:
             the prefix: pinned instructions, earlier turns, the turn's input,
@@ -936,7 +946,8 @@ class ContextManager:
             FoundationClosedError: the Foundation is closing or closed, or closed
                 while the preparation waited.
             InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
-                request (ids, contribution names or text, loop budget).
+                request (ids, contributions that are not a tuple or list,
+                contribution names or text, loop budget); no slot was taken.
             UnknownTurnError: the turn was evicted before it could be captured.
             ProviderRuleError: the gateway rejected a message while rendering.
             AreaCallbackError: an attached area raised (or returned a wrong
