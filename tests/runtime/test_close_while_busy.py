@@ -307,3 +307,46 @@ async def test_cancelling_a_preparation_from_outside_settles_it_exactly(
         # Up to the turn's input, then the runtime-state pair (outputs are the continuation).
         assert [i["role"] for i in prepared.items] == ["system", "user", "assistant", "tool"]
         assert manager.statistics().prepared_total == 1
+
+
+async def test_cancelling_the_host_of_a_rendering_foundation_waits_for_the_thread() -> None:
+    """The scope around ``async with Foundation()`` is cancelled mid-render: the exit
+    waits for the worker thread (never abandoned), then the scope absorbs the
+    cancellation; nothing leaks."""
+    gateway = BlockingGateway()
+    box: dict[str, Any] = {}
+    host_done = anyio.Event()
+
+    async def host() -> None:
+        with anyio.CancelScope() as scope:
+            box["scope"] = scope
+            async with Foundation(gateway=gateway) as foundation:
+                box["foundation"] = foundation
+                foundation.manager.accept_turn(_turn())
+                gateway.hold = True
+                await foundation.manager.prepare(_req())
+        box["caught"] = scope.cancelled_caught
+        host_done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(host)
+        await anyio.to_thread.run_sync(gateway.entered.wait, 10)
+        rendered = gateway.returned
+        box["scope"].cancel()
+        await anyio.wait_all_tasks_blocked()
+        assert not host_done.is_set()  # the exit waits for the thread
+        assert box["foundation"].manager.statistics().pending == 1
+        gateway.release.set()
+        with anyio.fail_after(10):
+            await host_done.wait()
+    foundation: Foundation = box["foundation"]
+    stats = foundation.manager.statistics()
+    assert box["caught"] is True
+    assert gateway.returned > rendered
+    assert (stats.pending, stats.discarded_total, stats.prepared_total, stats.closed) == (
+        0,
+        1,
+        0,
+        True,
+    )
+    assert foundation.limiter.borrowed_tokens == 0
