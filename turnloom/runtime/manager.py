@@ -1068,13 +1068,6 @@ class ContextManager:
                     if request.behavior_rules is not None
                     else self._behavior_rules
                 )
-                pair = state_messages(
-                    request.context_id,
-                    request.turn_id,
-                    contributions=request.contributions,
-                    behavior_rules=behavior_rules,
-                    loop_budget=request.loop_budget,
-                )
                 last = state.last
                 areas = state.areas
                 # No collection while a model call of the context is in flight.
@@ -1084,7 +1077,7 @@ class ContextManager:
                     self._render_in_thread,
                     view,
                     request,
-                    pair,
+                    behavior_rules,
                     last,
                     started - preparation.requested_at,
                     areas,
@@ -1148,7 +1141,7 @@ class ContextManager:
         self,
         view: HistoryView,
         request: ContextPrepareRequest,
-        pair: tuple[Message, Message] | None,
+        behavior_rules: str | None,
         last: _Layout | None,
         queued: float,
         areas: _Areas | None,
@@ -1156,6 +1149,14 @@ class ContextManager:
     ) -> tuple[PreparedContext, _Layout, _AreaSection | None]:
         begin = time.perf_counter()
         gateway = self._gateway
+        # The request was frozen at the door; its JSON encoding is CPU work.
+        pair = state_messages(
+            request.context_id,
+            request.turn_id,
+            contributions=request.contributions,
+            behavior_rules=behavior_rules,
+            loop_budget=request.loop_budget,
+        )
         rendered = view.render(gateway, request.turn_id, open_calls=self._open_calls)
         items = rendered.items
         total = rendered.bytes
