@@ -792,7 +792,8 @@ class ContextManager:
             FoundationClosedError: the Foundation is closing or closed.
             UnknownContextError: no turn was committed to ``context_id``.
             InvalidMessageError: a malformed context id, ``item`` is not a
-                JSON object of the manager's gateway, a result answers no open routed call, or
+                JSON object of the manager's gateway, it carries a runtime-state
+                call or result, a result answers no open routed call, or
                 another item is routed while a routed call has no result.
             InvalidTextError: its text is not valid UTF-8.
             ItemTooLargeError: its JSON encoding is over the history's
@@ -829,6 +830,12 @@ class ContextManager:
         copy: NativeContent = msgspec.json.decode(encoded)
         message = self._gateway.parse(copy)
         check_message(message, where=f"item routed to context {context_id!r}")
+        if is_state_message(message):
+            raise InvalidMessageError(
+                f"The item routed to context {context_id!r} carries a runtime-state call or "
+                f"result (tool {STATE_TOOL_NAME!r}, or a reserved 'tlrs_' call id); the "
+                "runtime supplies that pair itself."
+            )
         areas = state.areas
         open_calls = areas.open_calls if areas is not None else ()
         results = message.tool_results
