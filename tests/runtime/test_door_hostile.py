@@ -159,10 +159,10 @@ async def test_build_rejects_a_prefix_prepared_for_another_gateway_or_forged() -
             manager.build(foreign, [assistant("a")])
         good = msgspec.structs.replace(foreign, gateway=manager.gateway.type)
         forged = (
-            msgspec.structs.replace(good, reserved_ids=None),  # type: ignore[arg-type]
-            msgspec.structs.replace(good, items=None),  # type: ignore[arg-type]
+            msgspec.structs.replace(good, reserved_ids=None),
+            msgspec.structs.replace(good, items=None),
             msgspec.structs.replace(good, items=("not a dict",)),
-            msgspec.structs.replace(good, state_call_id=5),  # type: ignore[arg-type]
+            msgspec.structs.replace(good, state_call_id=5),
         )
         for prefix in forged:
             with pytest.raises(InvalidMessageError, match="not prepared by this manager"):

@@ -239,7 +239,7 @@ _HOSTILE = st.one_of(
             "\u2028\u2029\x00\x1f",
         ]
     ),
-    st.text(st.characters(exclude_categories=("Cs",)), max_size=40),
+    st.text(st.characters(exclude_categories=["Cs"]), max_size=40),
 )
 
 
