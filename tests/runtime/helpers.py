@@ -56,6 +56,7 @@ class BlockingGateway:
         self.entered = threading.Event()
         self.release = threading.Event()
         self.renders = 0
+        self.returned = 0  # renders that finished (none abandoned mid-render)
 
     @property
     def type(self) -> GatewayType:
@@ -66,7 +67,10 @@ class BlockingGateway:
         if self.hold:
             self.entered.set()
             self.release.wait(10)
-        return CHAT.render(message)
+        try:
+            return CHAT.render(message)
+        finally:
+            self.returned += 1
 
     def parse(self, item: NativeContent) -> Message:
         return CHAT.parse(item)

@@ -50,7 +50,8 @@ class Foundation:
             settle before cancelling them (default 5.0; ``math.inf`` waits).
 
     Raises:
-        InputError: a bound is not positive, or an unknown gateway or policy.
+        InputError: a bound is not positive, ``history_limits`` is not a
+            :class:`HistoryLimits`, or an unknown gateway or policy.
 
     Example::
 
@@ -84,7 +85,7 @@ class Foundation:
                 f"close_grace_period must be a non-negative number of seconds, not "
                 f"{close_grace_period!r}."
             )
-        check_options(gateway, max_pending_preparations, behavior_rules, open_calls)
+        check_options(gateway, max_pending_preparations, behavior_rules, open_calls, history_limits)
         self._options = {
             "gateway": gateway,
             "max_pending_preparations": max_pending_preparations,
@@ -188,13 +189,16 @@ class Foundation:
         Cancellation:
             Cleanup is shielded: a cancelled ``aclose`` still completes every
             step (bounded by the grace period plus the longest running render),
-            then the cancellation is delivered.
+            then the cancellation is delivered. A cancelled second call likewise
+            returns only after the first call's cleanup, then is cancelled.
         """
         if self._manager is None or self._closed_event is None:
             return
         if self._closing:
             with anyio.CancelScope(shield=True):
                 await self._closed_event.wait()
+            # As below: a cancellation that arrived while waiting is delivered now.
+            await anyio.lowlevel.checkpoint()
             return
         self._closing = True
         manager = self._manager

@@ -28,6 +28,7 @@ __all__ = ("ContextManager", "Invocation")
 import math
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -74,6 +75,7 @@ from turnloom.runtime.schemas import (
     TurnSnapshot,
 )
 from turnloom.runtime.state import (
+    STATE_TOOL_NAME,
     check_contributions,
     is_state_message,
     state_call_id,
@@ -312,13 +314,19 @@ def check_options(
     max_pending_preparations: int,
     behavior_rules: str | None,
     open_calls: str,
+    history_limits: HistoryLimits | None = None,
 ) -> Gateway:
     """Validate the manager's options; return the gateway instance.
 
     Raises:
-        InputError: a bound is not a positive integer, an unknown gateway or
-            ``open_calls`` policy, or behaviour rules that are not valid text.
+        InputError: a bound is not a positive integer, ``history_limits`` is
+            not a :class:`HistoryLimits`, an unknown gateway or ``open_calls``
+            policy, or behaviour rules that are not valid text.
     """
+    if history_limits is not None and not isinstance(history_limits, HistoryLimits):
+        raise InputError(
+            f"history_limits must be a HistoryLimits, not a {type(history_limits).__name__}."
+        )
     if (
         not isinstance(max_pending_preparations, int)
         or isinstance(max_pending_preparations, bool)
@@ -429,8 +437,9 @@ class ContextManager:
             an explicit error result.
 
     Raises:
-        InputError: a bound is not a positive integer, an unknown gateway, or an
-            unknown ``open_calls`` policy.
+        InputError: a bound is not a positive integer, ``history_limits`` is
+            not a :class:`HistoryLimits`, an unknown gateway, or an unknown
+            ``open_calls`` policy.
     """
 
     def __init__(
@@ -444,7 +453,9 @@ class ContextManager:
         behavior_rules: str | None = None,
         open_calls: OpenCallPolicy = "exclude",
     ) -> None:
-        self._gateway = check_options(gateway, max_pending_preparations, behavior_rules, open_calls)
+        self._gateway = check_options(
+            gateway, max_pending_preparations, behavior_rules, open_calls, history_limits
+        )
         self._task_group = task_group
         self._limiter = limiter
         self._capacity = max_pending_preparations
@@ -455,6 +466,11 @@ class ContextManager:
         self._contexts: dict[str, _ContextState] = {}
         self._waiters: dict[str, _Waiters] = {}
         self._preparations: set[_Preparation] = set()
+        # id -> prefix, for every prefix prepare returned that is still alive:
+        # build continues only these (O(1), no hashing of the items).
+        self._issued: weakref.WeakValueDictionary[int, PreparedContext] = (
+            weakref.WeakValueDictionary()
+        )
         self._settled = anyio.Event()
         self._settled.set()
         self._closed = False
@@ -498,7 +514,13 @@ class ContextManager:
 
     @property
     def closed(self) -> bool:
-        """True once the Foundation began closing; every call then raises."""
+        """True once the Foundation began closing.
+
+        From then on every call that reads or changes contexts (``accept_turn``,
+        ``record``, ``prepare``, ``build``, ``history``, ...) raises
+        :class:`FoundationClosedError`; :meth:`statistics`, :meth:`context_ids`
+        and the properties still answer.
+        """
         return self._closed
 
     def context_ids(self) -> tuple[str, ...]:
@@ -509,13 +531,18 @@ class ContextManager:
         """An immutable view of one context's history (O(1)).
 
         Raises:
+            FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: ``context_id`` is not a non-empty str of at
+                most 256 characters.
             UnknownContextError: no turn was ever committed to ``context_id``.
         """
+        self._check_open()
         return self._context(context_id).history.view()
 
     def _context(self, context_id: str) -> _ContextState:
-        state = self._contexts.get(context_id)
+        state = self._contexts.get(context_id) if isinstance(context_id, str) else None
         if state is None:
+            check_id(context_id, "context id")
             raise UnknownContextError(f"No turn was committed to context {context_id!r}.")
         return state
 
@@ -539,8 +566,9 @@ class ContextManager:
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
             InvalidMessageError: a malformed id or message, an input message
-                with a system/developer role, an instruction with another role,
-                or an input that renders to nothing (empty, or blank text only).
+                with a system/developer role or carrying a runtime-state call or
+                result, an instruction with another role, or an input that
+                renders to nothing (empty, or blank text only).
             InvalidTextError: text that is not valid UTF-8.
             ItemTooLargeError: a message is over the per-item byte cap.
             DuplicateIdError: the turn id was already committed to the context.
@@ -563,6 +591,11 @@ class ContextManager:
                 raise InvalidMessageError(
                     f"Turn {snapshot.turn_id!r} {what} must be a tuple of Messages.", field=what
                 )
+        check_id(snapshot.turn_id, "turn id")
+        if snapshot.input is not None:
+            self._reject_state(
+                snapshot.input, context_id, snapshot.turn_id, f"Turn {snapshot.turn_id!r} input"
+            )
         if not self._check_renderable(snapshot.input, f"Turn {snapshot.turn_id!r} input"):
             raise InvalidMessageError(
                 f"Turn {snapshot.turn_id!r} of context {context_id!r} has no input that "
@@ -601,7 +634,8 @@ class ContextManager:
             UnknownContextError: no turn was committed to ``context_id``.
             UnknownTurnError: ``turn_id`` was never committed to the context.
             InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
-                message, or one carrying the runtime-state call or result.
+                id or message, or a message carrying a runtime-state call or
+                result (of any turn).
             ItemTooLargeError: a message is over the per-item byte cap.
             ProviderRuleError: the gateway cannot render a message (for example
                 tool call arguments that are not a JSON object, for Anthropic
@@ -609,19 +643,27 @@ class ContextManager:
         """
         self._check_open()
         state = self._context(context_id)
+        check_id(turn_id, "turn id")
         if isinstance(outputs, Message) or not isinstance(outputs, Sequence):
             raise InvalidMessageError("record takes a sequence of Messages, oldest first.")
-        call_id = state_call_id(context_id, turn_id)
-        for i, message in enumerate(outputs):
-            if isinstance(message, Message) and is_state_message(message, call_id):
-                raise InvalidMessageError(
-                    f"Output {i} of turn {turn_id!r} carries the runtime-state call "
-                    f"{call_id!r}; runtime state never enters history."
-                )
+        self._reject_state(outputs, context_id, turn_id, f"Output of turn {turn_id!r}")
         self._check_renderable(outputs, f"Output of turn {turn_id!r}")
         recorded = state.history.record(turn_id, outputs)
         self._evict(state)
         return recorded
+
+    def _reject_state(
+        self, messages: Sequence[Message], context_id: str, turn_id: str, where: str
+    ) -> None:
+        """Runtime state never enters history: reject messages carrying any turn's state pair."""
+        call_id = state_call_id(context_id, turn_id)
+        for i, message in enumerate(messages):
+            if isinstance(message, Message) and is_state_message(message, call_id):
+                raise InvalidMessageError(
+                    f"{where}[{i}] carries a runtime-state call or result (tool "
+                    f"{STATE_TOOL_NAME!r}, or a reserved 'tlrs_' call id); runtime state "
+                    "never enters history."
+                )
 
     def _check_renderable(self, messages: Sequence[Message] | None, where: str) -> int:
         """Render each message once at the door so provider rules fail here, not at prepare.
@@ -651,6 +693,7 @@ class ContextManager:
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: a malformed context id.
             UnknownContextError: no such context.
             StateError: a model call is in flight for the context.
         """
@@ -695,6 +738,7 @@ class ContextManager:
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: a malformed context id.
             UnknownContextError: no turn was committed to ``context_id``.
             InvalidAreaError: ``area`` lacks protocol members (``missing``
                 names them), holds a state value that is not an
@@ -747,8 +791,9 @@ class ContextManager:
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
             UnknownContextError: no turn was committed to ``context_id``.
-            InvalidMessageError: ``item`` is not a JSON object of the
-                manager's gateway, a result answers no open routed call, or
+            InvalidMessageError: a malformed context id, ``item`` is not a
+                JSON object of the manager's gateway, it carries a runtime-state
+                call or result, a result answers no open routed call, or
                 another item is routed while a routed call has no result.
             InvalidTextError: its text is not valid UTF-8.
             ItemTooLargeError: its JSON encoding is over the history's
@@ -785,6 +830,12 @@ class ContextManager:
         copy: NativeContent = msgspec.json.decode(encoded)
         message = self._gateway.parse(copy)
         check_message(message, where=f"item routed to context {context_id!r}")
+        if is_state_message(message):
+            raise InvalidMessageError(
+                f"The item routed to context {context_id!r} carries a runtime-state call or "
+                f"result (tool {STATE_TOOL_NAME!r}, or a reserved 'tlrs_' call id); the "
+                "runtime supplies that pair itself."
+            )
         areas = state.areas
         open_calls = areas.open_calls if areas is not None else ()
         results = message.tool_results
@@ -824,6 +875,7 @@ class ContextManager:
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: a malformed context or turn id.
             UnknownContextError: no turn was committed to ``context_id``.
             UnknownTurnError: the turn is not held (never committed, or evicted).
             StateError: another invocation is in flight for the context.
@@ -837,6 +889,7 @@ class ContextManager:
         """
         self._check_open()
         state = self._context(context_id)
+        check_id(turn_id, "turn id")
         if not state.history.has_turn(turn_id):
             raise UnknownTurnError(
                 f"Turn {turn_id!r} is not held by context {context_id!r} (never committed "
@@ -859,14 +912,25 @@ class ContextManager:
 
     # -- preparation -----------------------------------------------------------
 
-    def _check_request(self, request: ContextPrepareRequest) -> None:
+    def _check_request(self, request: ContextPrepareRequest) -> ContextPrepareRequest:
+        """Validate a request; return it with its contributions frozen in a tuple.
+
+        The copy is what the preparation captures, so a list the caller
+        changes after the call can neither bypass validation nor change state.
+        """
         if not isinstance(request, ContextPrepareRequest):
             raise InvalidMessageError(
                 f"prepare takes a ContextPrepareRequest, not a {type(request).__name__}."
             )
         check_id(request.context_id, "context id")
         check_id(request.turn_id, "turn id")
-        check_contributions(request.contributions, request.behavior_rules, request.loop_budget)
+        contributions = request.contributions
+        if type(contributions) is not tuple and isinstance(contributions, list):
+            contributions = tuple(contributions)
+        check_contributions(contributions, request.behavior_rules, request.loop_budget)
+        if contributions is request.contributions:
+            return request
+        return msgspec.structs.replace(request, contributions=contributions)
 
     async def prepare(self, request: ContextPrepareRequest) -> PreparedContext:
         """Prepare the model input of a committed turn.
@@ -874,9 +938,11 @@ class ContextManager:
         Waits, in order, for a free slot in the pending queue (backpressure: a
         full queue makes ``prepare`` wait; use :meth:`prepare_nowait` to fail
         instead), for the turn's commit (``prepare`` may be called before
-        ``accept_turn``), and for a worker thread. The history and the request's
-        state are captured once, at the commit; rendering runs in the worker.
-        Bound the whole wait with ``anyio.fail_after``.
+        ``accept_turn``), and for a worker thread. The request is validated and
+        its contributions copied at the call (changing a list afterwards has no
+        effect); the history and the request's state are captured once, when
+        the turn is committed; rendering runs in the worker. Bound the whole
+        wait with ``anyio.fail_after``.
 
         Returns:
             the prefix: pinned instructions, earlier turns, the turn's input,
@@ -887,7 +953,8 @@ class ContextManager:
             FoundationClosedError: the Foundation is closing or closed, or closed
                 while the preparation waited.
             InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
-                request (ids, contribution names or text, loop budget).
+                request (ids, contributions that are not a tuple or list,
+                contribution names or text, loop budget); no slot was taken.
             UnknownTurnError: the turn was evicted before it could be captured.
             ProviderRuleError: the gateway rejected a message while rendering.
             AreaCallbackError: an attached area raised (or returned a wrong
@@ -905,7 +972,7 @@ class ContextManager:
             discarded result is reused by the next preparation of the context.
         """
         self._check_open()
-        self._check_request(request)
+        request = self._check_request(request)
         requested_at = anyio.current_time()
         await self._slots.acquire()
         return await self._admit(request, requested_at)
@@ -923,7 +990,7 @@ class ContextManager:
             As :meth:`prepare` after admission.
         """
         self._check_open()
-        self._check_request(request)
+        request = self._check_request(request)
         requested_at = anyio.current_time()
         try:
             self._slots.acquire_nowait()
@@ -1008,13 +1075,6 @@ class ContextManager:
                     if request.behavior_rules is not None
                     else self._behavior_rules
                 )
-                pair = state_messages(
-                    request.context_id,
-                    request.turn_id,
-                    contributions=request.contributions,
-                    behavior_rules=behavior_rules,
-                    loop_budget=request.loop_budget,
-                )
                 last = state.last
                 areas = state.areas
                 # No collection while a model call of the context is in flight.
@@ -1024,7 +1084,7 @@ class ContextManager:
                     self._render_in_thread,
                     view,
                     request,
-                    pair,
+                    behavior_rules,
                     last,
                     started - preparation.requested_at,
                     areas,
@@ -1045,17 +1105,21 @@ class ContextManager:
                         self._prefix_reused += prepared.reused_bytes
                         self._latency.observe(anyio.current_time() - preparation.requested_at)
                         self._render.observe(prepared.render_seconds)
+                    self._issued[id(prepared)] = prepared
                     preparation.result = prepared
-            if preparation.result is None and preparation.error is None:
-                preparation.error = FoundationClosedError(
-                    f"The preparation of turn {request.turn_id!r} of context "
-                    f"{request.context_id!r} was cancelled while the Foundation closed."
-                )
         except Exception as exc:
             if isinstance(exc, AreaCallbackError) and exc.phase == "register" and areas is not None:
                 areas.attached.pop(id(exc.area), None)  # the worker dropped it
             preparation.error = exc
         finally:
+            if preparation.result is None and preparation.error is None:
+                # Cancelled by aclose, or by a cancellation of the scope the
+                # Foundation was opened in: a requester elsewhere still gets
+                # the typed error.
+                preparation.error = FoundationClosedError(
+                    f"The preparation of turn {request.turn_id!r} of context "
+                    f"{request.context_id!r} was cancelled while the Foundation closed."
+                )
             if not preparation.wanted:
                 self._discarded += 1
             elif preparation.result is not None:
@@ -1084,7 +1148,7 @@ class ContextManager:
         self,
         view: HistoryView,
         request: ContextPrepareRequest,
-        pair: tuple[Message, Message] | None,
+        behavior_rules: str | None,
         last: _Layout | None,
         queued: float,
         areas: _Areas | None,
@@ -1092,6 +1156,14 @@ class ContextManager:
     ) -> tuple[PreparedContext, _Layout, _AreaSection | None]:
         begin = time.perf_counter()
         gateway = self._gateway
+        # The request was frozen at the door; its JSON encoding is CPU work.
+        pair = state_messages(
+            request.context_id,
+            request.turn_id,
+            contributions=request.contributions,
+            behavior_rules=behavior_rules,
+            loop_budget=request.loop_budget,
+        )
         rendered = view.render(gateway, request.turn_id, open_calls=self._open_calls)
         items = rendered.items
         total = rendered.bytes
@@ -1166,10 +1238,15 @@ class ContextManager:
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: ``prefix`` was not returned by this manager's
+                :meth:`prepare` (built by hand, changed with
+                ``msgspec.structs.replace``, or from another Foundation), or
+                ``continuation`` is not a sequence of Messages.
             InvalidMessageError, InvalidTextError: a malformed continuation
-                message, or one carrying the runtime-state call or result.
+                message, or one carrying a runtime-state call or result.
             DuplicateIdError: a continuation message repeats an id of the
-                prefix's turn (its input message ids or the state call id).
+                prefix's turn (its input message ids or the state call id) or
+                of an earlier continuation message.
             ProviderRuleError: the gateway rejected a message.
         """
         self._check_open()
@@ -1177,21 +1254,33 @@ class ContextManager:
             raise InvalidMessageError(
                 f"build takes a PreparedContext prefix, not a {type(prefix).__name__}."
             )
+        if self._issued.get(id(prefix)) is not prefix:
+            raise InvalidMessageError(
+                f"The prefix of turn {prefix.turn_id!r} of context {prefix.context_id!r} was "
+                "not prepared by this manager (built by hand, copied or changed, or "
+                "prepared by another Foundation); build only continues prefixes that this "
+                "manager's prepare returned."
+            )
+        if isinstance(continuation, Message) or not isinstance(continuation, Sequence):
+            raise InvalidMessageError(
+                "build takes a sequence of continuation Messages, oldest first."
+            )
         reserved = set(prefix.reserved_ids)
         for i, message in enumerate(continuation):
             check_message(message, where=f"continuation[{i}]")
             if is_state_message(message, prefix.state_call_id):
                 raise InvalidMessageError(
-                    f"continuation[{i}] carries the runtime-state call; it is already in "
-                    "the prefix and is never repeated."
+                    f"continuation[{i}] carries a runtime-state call or result; the turn's "
+                    "pair is already in the prefix and is never repeated."
                 )
-            if message.id is not None and message.id in reserved:
-                raise DuplicateIdError(
-                    f"continuation[{i}] repeats id {message.id!r} of the prefix's turn."
-                )
-        gateway = (
-            self._gateway if self._gateway.type == prefix.gateway else get_gateway(prefix.gateway)
-        )
+            if message.id is not None:
+                if message.id in reserved:
+                    raise DuplicateIdError(
+                        f"continuation[{i}] repeats id {message.id!r} of the prefix's turn or "
+                        "of an earlier continuation message."
+                    )
+                reserved.add(message.id)
+        gateway = self._gateway
         items: list[NativeContent] = list(prefix.items)
         for message in complete_pairs(continuation, open_calls=self._open_calls):
             items.extend(gateway.render(message))

@@ -101,7 +101,7 @@ AreaPass: TypeAlias = Literal["none", "rendered", "reused_invocation", "reused_u
 """
 
 
-class PreparedContext(msgspec.Struct, frozen=True, kw_only=True):
+class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     """The prepared, cache-stable prefix of a turn's model input.
 
     Attributes:

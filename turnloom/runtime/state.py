@@ -13,8 +13,10 @@ placed directly after the current turn's input.
 * The result text is a JSON document (:func:`state_messages`): every string is
   JSON-escaped, so contribution text cannot close the document or pose as a
   message of its own.
-* The pair is never recorded into history; ``record`` and ``build`` reject
-  messages that carry it.
+* The pair is never recorded into history: ``accept_turn``, ``record`` and
+  ``build`` reject messages that carry it. Every call id of the form
+  ``tlrs_`` + 24 lowercase hex digits is reserved for it, so no message can
+  place the state call or result of another turn ahead of time.
 * With no behaviour rules, no loop budget and no contributions, there is no
   pair: the prepared input is exactly the history.
 
@@ -48,6 +50,7 @@ STATE_TOOL_NAME = "turnloom_runtime_context"
 """The tool name of the synthetic runtime-state call."""
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]{0,63}")
+_STATE_ID = re.compile(r"tlrs_[0-9a-f]{24}")
 _encoder = msgspec.json.Encoder()
 
 
@@ -78,11 +81,18 @@ def check_contributions(
     """Validate the state of one preparation request at the door.
 
     Raises:
-        InvalidMessageError: a contribution is not a :class:`ContextContribution`,
-            has a malformed name, or ``loop_budget`` is not a positive integer.
+        InvalidMessageError: ``contributions`` is not a tuple or list, a
+            contribution is not a :class:`ContextContribution` or has a
+            malformed name, or ``loop_budget`` is not a positive integer.
         InvalidTextError: text that is not valid UTF-8 (a lone surrogate).
         DuplicateIdError: two contributions share a name.
     """
+    if not isinstance(contributions, tuple | list):
+        raise InvalidMessageError(
+            "contributions must be a tuple of ContextContribution, not a "
+            f"{type(contributions).__name__}.",
+            field="contributions",
+        )
     seen: set[str] = set()
     for i, contribution in enumerate(contributions):
         if not isinstance(contribution, ContextContribution):
@@ -223,14 +233,14 @@ def state_tool_definition(gateway: GatewayType | str) -> dict[str, Any]:
 def is_state_message(message: Message, call_id: str | None = None) -> bool:
     """True when ``message`` carries a runtime-state call or result.
 
-    A call is recognised by the tool name :data:`STATE_TOOL_NAME` or by
-    ``call_id``; a result by ``call_id`` or by its name.
+    A call or result is recognised by the tool name :data:`STATE_TOOL_NAME`,
+    by ``call_id``, or by a call id in the reserved form of
+    :func:`state_call_id` (any turn's).
     """
     for part in message.parts:
-        if type(part) is ToolCallPart and (part.name == STATE_TOOL_NAME or part.call_id == call_id):
-            return True
-        if type(part) is ToolResultPart and (
-            part.call_id == call_id or part.name == STATE_TOOL_NAME
-        ):
-            return True
+        if type(part) is ToolCallPart or type(part) is ToolResultPart:
+            if part.name == STATE_TOOL_NAME or part.call_id == call_id:
+                return True
+            if isinstance(part.call_id, str) and _STATE_ID.fullmatch(part.call_id):
+                return True
     return False
