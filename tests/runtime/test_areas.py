@@ -142,7 +142,7 @@ class HeldArea(FlakyArea):
 
 
 async def test_a_one_shot_notice_sits_after_the_turn_input_and_is_collected_next() -> None:
-    """Prefix = instructions + turns + turn input + area section + state pair; then GC."""
+    """Prefix = instructions + turns + turn input + state pair + area section; then GC."""
     async with Foundation() as foundation:
         manager = foundation.manager
         manager.accept_turn(snapshot("t1", "Where is my bag?", instructions=(SYSTEM,)))
@@ -150,16 +150,16 @@ async def test_a_one_shot_notice_sits_after_the_turn_input_and_is_collected_next
         assert manager.statistics().areas_attached == 1
         first = await manager.prepare(request("t1", loop_budget=3))
         call_id = state_call_id("c", "t1")
-        assert list(first.items[:3]) == [
+        assert list(first.items[:2]) == [
             {"role": "system", "content": "You are an airline agent."},
             {"role": "user", "content": "Where is my bag?"},
-            {"role": "user", "content": "Bags are tracked by tag number."},
         ]
-        assert first.items[3]["tool_calls"][0]["id"] == call_id
-        assert first.items[4]["tool_call_id"] == call_id
+        assert first.items[2]["tool_calls"][0]["id"] == call_id
+        assert first.items[3]["tool_call_id"] == call_id
+        assert first.items[4] == {"role": "user", "content": "Bags are tracked by tag number."}
         assert (first.turn_start, first.area_start, first.area_items, first.item_count) == (
             1,
-            2,
+            4,
             1,
             5,
         )

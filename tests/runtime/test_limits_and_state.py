@@ -284,8 +284,8 @@ def test_client_text_is_escaped_data_right_after_the_turn_input_and_stable(
             prefix = await manager.prepare(request)
             gateway = manager.gateway
             call_id = state_call_id("c", "t1")
-            pair = prefix.items[prefix.area_start :]
-            assert prefix.area_start == prefix.turn_start + 1 and len(pair) == 2
+            pair = prefix.items[prefix.turn_start + 1 : prefix.area_start]
+            assert prefix.area_start == prefix.turn_start + 3 and len(pair) == 2
             state = gateway.parse(pair[1])
             [part] = state.tool_results
             [text] = part.content
@@ -300,16 +300,18 @@ def test_client_text_is_escaped_data_right_after_the_turn_input_and_stable(
             outputs = [call("k1"), result("k1", "found"), assistant("done")]
             manager.record("c", "t1", outputs)
             encoded = json.dumps(prefix.items)
+            pinned_only = _instruction_text(
+                kind, gateway.request_body(prefix.items[: prefix.turn_start])
+            )
+            assert "Be kind." in pinned_only
             for step in range(len(outputs) + 1):
                 items = manager.build(prefix, outputs[:step])
                 assert json.dumps(items[: prefix.item_count]) == encoded
                 body = gateway.request_body(items)
                 assert gateway.validate(body[_BODY[kind]]) == []
-                instructions = _instruction_text(kind, body)
-                assert "Be kind." in instructions
-                for hostile in (memory, rules):
-                    if hostile.strip() and hostile not in "Be kind.":
-                        assert json.dumps(hostile)[1:-1] not in instructions
+                # The instructions are exactly those of the pinned items alone:
+                # no client text reached them, whatever it holds.
+                assert _instruction_text(kind, body) == pinned_only
             again = await manager.prepare(request)
             assert json.dumps(again.items) == encoded
             assert manager.history("c").turn_messages("t1") == (user("hello"), *outputs)

@@ -96,10 +96,13 @@ class ManagerMachine(RuleBasedStateMachine):
         assert prepared.items[0] == {"role": "system", "content": SYSTEM.text}
         assert prepared.bytes == sum(len(msgspec.json.encode(i)) for i in prepared.items)
         assert prepared.item_count == len(prepared.items)
-        # turn input (one message), then the area section, then the state pair
-        assert prepared.area_start == prepared.turn_start + 1
+        # turn input (one message), then the state pair, then the area section
         pair = 0 if prepared.state_call_id is None else 2
-        assert prepared.item_count == prepared.area_start + prepared.area_items + pair
+        assert prepared.area_start == prepared.turn_start + 1 + pair
+        assert prepared.item_count == prepared.area_start + prepared.area_items
+        if pair:
+            call = prepared.items[prepared.turn_start + 1]
+            assert call["tool_calls"][0]["id"] == prepared.state_call_id
 
     def _settle(self) -> None:
         deadline = time.monotonic() + 10

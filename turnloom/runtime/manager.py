@@ -258,7 +258,7 @@ class _Layout:
         self.items = items
         self.bytes = total
         self.rendered = rendered
-        self.extra_sizes = extra_sizes  # area section + state pair, after the history
+        self.extra_sizes = extra_sizes  # state pair + area section, after the history
 
     def bytes_before(self, count: int) -> int:
         """Serialized size of ``items[:count]``, in bytes."""
@@ -375,7 +375,8 @@ class ContextManager:
     event loop.
 
     A prepared prefix is, in order: pinned instructions, earlier turns, the
-    turn's input, the context's *area section*, then the runtime-state pair.
+    turn's input, the runtime-state pair (when there is state), then the
+    context's *area section*.
     Send ``manager.gateway.request_body(prefix.items)`` (see
     :attr:`PreparedContext.items`).
 
@@ -390,7 +391,7 @@ class ContextManager:
       context's areas: in the worker thread, after the history is rendered,
       the manager appends the items routed since the last pass, runs
       ``coop.render()`` (collection, then one unfold pass) and appends the
-      whole area section after the turn's input. An area that fails
+      whole area section after the turn's input and its runtime-state pair. An area that fails
       (:class:`~turnloom.errors.AreaCallbackError`) or a routed tool call
       still waiting for its result (:class:`~turnloom.errors.OpenToolCallError`)
       fails the preparation; the CoopContext and its Context are as they were
@@ -946,8 +947,8 @@ class ContextManager:
 
         Returns:
             the prefix: pinned instructions, earlier turns, the turn's input,
-            the area section, and the runtime-state pair when the request or
-            manager carries state. Send ``manager.gateway.request_body(items)``.
+            the runtime-state pair when the request or manager carries state,
+            and the area section. Send ``manager.gateway.request_body(items)``.
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed, or closed
@@ -1172,6 +1173,13 @@ class ContextManager:
         extra: tuple[NativeContent, ...] = ()
         section: _AreaSection | None = None
         outcome: AreaPass = "none"
+        if pair is not None:
+            # Issue 5: the pair sits directly after the turn's input; the area
+            # section follows it.
+            call_id = state_call_id(request.context_id, request.turn_id)
+            reserved.append(call_id)
+            extra = tuple(gateway.render(pair[0])) + tuple(gateway.render(pair[1]))
+        pair_items = len(extra)
         if areas is not None:
             try:
                 section = _area_section(areas, run_pass)
@@ -1182,12 +1190,8 @@ class ContextManager:
                     f"been routed; turn {request.turn_id!r} cannot be prepared until it is.",
                     call_ids=exc.call_ids,
                 ) from exc
-            extra = section.items
+            extra += section.items
             outcome = section.outcome
-        if pair is not None:
-            call_id = state_call_id(request.context_id, request.turn_id)
-            reserved.append(call_id)
-            extra += tuple(gateway.render(pair[0])) + tuple(gateway.render(pair[1]))
         extra_sizes = tuple(len(_encoder.encode(item)) for item in extra)
         if extra:
             items += extra
@@ -1205,7 +1209,7 @@ class ContextManager:
             bytes=total,
             tokens=math.ceil(total / 4),
             turn_start=rendered.turn_start,
-            area_start=len(rendered.items),
+            area_start=len(rendered.items) + pair_items,
             area_items=len(section.items) if section is not None else 0,
             area_pass=outcome,
             state_call_id=call_id,

@@ -109,11 +109,12 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
         turn_id: the turn it was prepared for.
         gateway: the provider the items are rendered for.
         items: tuple of NativeContent, oldest first: pinned instructions, the
-            earlier turns, the turn's input, the area section (``area_items``
-            items from ``area_start``), then the runtime-state pair when there
-            is one. Shared with caches: treat as read-only. These are items,
-            not a request: send ``manager.gateway.request_body(items)`` (or
-            the body of :meth:`ContextManager.build`'s result). For Anthropic
+            earlier turns, the turn's input, the runtime-state pair when there
+            is one (directly after the input, issue 5), then the area section
+            (``area_items`` items from ``area_start``). Shared with caches:
+            treat as read-only. These are items, not a request: send
+            ``manager.gateway.request_body(items)`` (or the body of
+            :meth:`ContextManager.build`'s result). For Anthropic
             and Gemini that body moves the instructions to their top-level
             field (``system``, ``systemInstruction``) and merges adjacent
             turns; only the body is guaranteed to pass the gateway's
@@ -122,8 +123,9 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
         bytes: serialized size of ``items``, in bytes (JSON).
         tokens: approximate token count, ``ceil(bytes / 4)``.
         turn_start: index in ``items`` of the turn's first input item.
-        area_start: index in ``items`` of the area section's first item (the
-            index right after the turn's input, also when the section is empty).
+        area_start: index in ``items`` of the area section's first item (right
+            after the runtime-state pair, or after the turn's input when there
+            is no pair; also when the section is empty).
         area_items: how many items the area section holds.
         area_pass: how the area section was obtained (see :data:`AreaPass`).
         state_call_id: the call id of the runtime-state pair, or None when the
