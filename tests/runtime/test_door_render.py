@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 
 from turnloom.context import GatewayType, Message, Role, TextPart, ToolCallPart
-from turnloom.errors import InvalidMessageError, ProviderRuleError
-from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
+from turnloom.errors import InvalidMessageError, ItemTooLargeError, ProviderRuleError
+from turnloom.runtime import (
+    ContextContribution,
+    ContextPrepareRequest,
+    Foundation,
+    HistoryLimits,
+    TurnSnapshot,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -92,3 +98,51 @@ async def test_a_turn_whose_input_renders_to_nothing_is_rejected_before_commit(
                 )
             )
         assert manager.context_ids() == ()
+
+
+async def test_runtime_state_over_the_item_cap_is_rejected_at_the_call_without_a_slot() -> None:
+    """Invariant: the state result obeys the per-item byte cap like any history item."""
+    limits = HistoryLimits(max_item_bytes=1000)
+    async with Foundation(history_limits=limits) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(
+            TurnSnapshot(
+                context_id="c", turn_id="t1", input=(Message(role=Role.user, content="Hi"),)
+            )
+        )
+        big = ContextContribution(name="memory", content="x" * 995)
+        with pytest.raises(ItemTooLargeError, match="carries at least 1001 bytes") as caught:
+            await manager.prepare(
+                ContextPrepareRequest(context_id="c", turn_id="t1", contributions=(big,))
+            )
+        assert (caught.value.size, caught.value.limit) == (1001, 1000)
+        assert manager.statistics().pending == 0
+
+
+async def test_runtime_state_whose_encoding_exceeds_the_cap_fails_the_preparation() -> None:
+    """Escaping can push the encoded result over the cap: the worker measures it exactly."""
+    limits = HistoryLimits(max_item_bytes=1000)
+    async with Foundation(history_limits=limits) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(
+            TurnSnapshot(
+                context_id="c", turn_id="t1", input=(Message(role=Role.user, content="Hi"),)
+            )
+        )
+        # 400 quotes: 406 characters carried, each quote escaped twice over
+        # (in the state document, then in the native item's JSON string).
+        quoted = ContextContribution(name="memory", content='"' * 400)
+        with pytest.raises(ItemTooLargeError, match="runtime-state result of turn 't1'"):
+            await manager.prepare(
+                ContextPrepareRequest(context_id="c", turn_id="t1", contributions=(quoted,))
+            )
+        stats = manager.statistics()
+        assert (stats.pending, stats.failed_total) == (0, 1)
+        ok = await manager.prepare(
+            ContextPrepareRequest(
+                context_id="c",
+                turn_id="t1",
+                contributions=(ContextContribution(name="memory", content="fits"),),
+            )
+        )
+        assert ok.state_call_id is not None

@@ -929,6 +929,20 @@ class ContextManager:
         if type(contributions) is not tuple and isinstance(contributions, list):
             contributions = tuple(contributions)
         check_contributions(contributions, request.behavior_rules, request.loop_budget)
+        # The state result is one item under the per-item cap. Its text is at
+        # least as long as the texts it carries (UTF-8 bytes >= characters), so
+        # this bound fails early without encoding on the event loop; the exact
+        # size is checked in the worker.
+        cap = self._limits.max_item_bytes
+        carried = sum(len(c.name) + len(c.content) for c in contributions)
+        carried += len(request.behavior_rules or "")
+        if carried > cap:
+            raise ItemTooLargeError(
+                f"The runtime state of turn {request.turn_id!r} carries at least {carried} "
+                f"bytes, over the per-item cap of {cap} bytes.",
+                size=carried,
+                limit=cap,
+            )
         if contributions is request.contributions:
             return request
         return msgspec.structs.replace(request, contributions=contributions)
@@ -956,6 +970,9 @@ class ContextManager:
             InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
                 request (ids, contributions that are not a tuple or list,
                 contribution names or text, loop budget); no slot was taken.
+            ItemTooLargeError: the runtime-state result would exceed the
+                per-item byte cap: raised at the call when the carried texts
+                alone exceed it (no slot taken), else by the preparation.
             UnknownTurnError: the turn was evicted before it could be captured.
             ProviderRuleError: the gateway rejected a message while rendering.
             AreaCallbackError: an attached area raised (or returned a wrong
@@ -984,7 +1001,7 @@ class ContextManager:
         Raises:
             QueueFullError: all ``capacity`` slots are taken; nothing was admitted.
             FoundationClosedError, InvalidMessageError, InvalidTextError,
-            DuplicateIdError, UnknownTurnError, ProviderRuleError,
+            DuplicateIdError, ItemTooLargeError, UnknownTurnError, ProviderRuleError,
             AreaCallbackError, OpenToolCallError: as :meth:`prepare`.
 
         Cancellation:
@@ -1179,6 +1196,16 @@ class ContextManager:
             call_id = state_call_id(request.context_id, request.turn_id)
             reserved.append(call_id)
             extra = tuple(gateway.render(pair[0])) + tuple(gateway.render(pair[1]))
+            cap = self._limits.max_item_bytes
+            size = len(_encoder.encode(extra[-1]))
+            if size > cap:
+                raise ItemTooLargeError(
+                    f"The runtime-state result of turn {request.turn_id!r} of context "
+                    f"{request.context_id!r} is {size} bytes, over the per-item cap of "
+                    f"{cap} bytes.",
+                    size=size,
+                    limit=cap,
+                )
         pair_items = len(extra)
         if areas is not None:
             try:
