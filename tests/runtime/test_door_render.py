@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from turnloom.context import GatewayType, Message, Role, TextPart, ToolCallPart
+from turnloom.context import GatewayType, Message, ReasoningPart, Role, TextPart, ToolCallPart
 from turnloom.errors import InvalidMessageError, ItemTooLargeError, ProviderRuleError
 from turnloom.runtime import (
     ContextContribution,
@@ -146,3 +146,25 @@ async def test_runtime_state_whose_encoding_exceeds_the_cap_fails_the_preparatio
             )
         )
         assert ok.state_call_id is not None
+
+
+async def test_a_cancelled_call_that_only_began_to_think_is_not_recorded() -> None:
+    """Issue 5: an empty partial output (blank text, unsigned blank reasoning) is not recorded."""
+    async with Foundation(gateway=GatewayType.anthropic) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(
+            TurnSnapshot(
+                context_id="c", turn_id="t1", input=(Message(role=Role.user, content="Hi"),)
+            )
+        )
+        partial = Message(
+            role=Role.assistant,
+            content=(ReasoningPart(text="  ", gateway="anthropic"), TextPart(text="\n\n")),
+        )
+        signed = Message(
+            role=Role.assistant,
+            content=(ReasoningPart(text="", signature="sig", gateway="anthropic"),),
+        )
+        assert manager.record("c", "t1", [partial]) == 0
+        assert manager.record("c", "t1", [signed]) == 1
+        assert manager.history("c").turn_messages("t1")[1:] == (signed,)

@@ -57,7 +57,7 @@ from collections.abc import Callable, Iterable, Sequence
 import msgspec
 
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.message import Message, Part, Role, TextPart, check_message
+from turnloom.context.message import Message, Part, ReasoningPart, Role, TextPart, check_message
 from turnloom.context.pairing import OpenCallPolicy, complete_pairs
 from turnloom.errors import (
     DuplicateIdError,
@@ -696,9 +696,27 @@ class HistoryView:
 
 
 def _blank(message: Message) -> bool:
-    """True when the message has nothing but empty or whitespace-only text."""
+    """True when the message has nothing but empty or whitespace-only text.
+
+    Reasoning with blank text and no signature, encrypted content or
+    redaction counts as blank too: it is what a model call cancelled while
+    it thought leaves behind, and no provider can verify or show it.
+    """
     parts: tuple[Part, ...] = message.parts
-    return all(type(p) is TextPart and (not p.text or p.text.isspace()) for p in parts)
+    return all(_blank_part(p) for p in parts)
+
+
+def _blank_part(part: Part) -> bool:
+    if type(part) is TextPart:
+        return not part.text or part.text.isspace()
+    if type(part) is ReasoningPart:
+        return (
+            (not part.text or part.text.isspace())
+            and part.signature is None
+            and part.encrypted_content is None
+            and not part.redacted
+        )
+    return False
 
 
 def check_id(value: object, what: str) -> str:
