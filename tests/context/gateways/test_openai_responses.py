@@ -245,3 +245,39 @@ def test_reasoning_of_other_providers_is_dropped() -> None:
     assert gw.render(message) == [
         {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
     ]
+
+
+def test_validate_flags_two_items_with_one_id() -> None:
+    """Responses rejects an input holding two items with one id ("Duplicate item found")."""
+    reply: dict[str, Any] = {
+        "type": "message",
+        "id": "msg_1",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": "Gate 4.", "annotations": []}],
+    }
+    items: list[dict[str, Any]] = [
+        {"role": "user", "content": "Where is my bag?"},
+        reply,
+        {"role": "user", "content": "Again?"},
+        dict(reply),
+    ]
+    [violation] = gw.validate(items)
+    assert (violation.index, violation.rule) == (3, "duplicate_item_id")
+    assert "'msg_1'" in violation.message and "item 1" in violation.message
+
+
+def test_request_body_leaves_out_an_item_replayed_with_its_reasoning() -> None:
+    """An output replayed twice is sent once: the API rejects two items with one id."""
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAA"}
+    reply = {
+        "type": "message",
+        "id": "msg_1",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": "Gate 4.", "annotations": []}],
+    }
+    question = {"role": "user", "content": "Where is my bag?"}
+    body = gw.request_body([question, reasoning, reply, dict(reasoning), dict(reply)])
+    assert body == {"input": [question, reasoning, reply]}
+    assert gw.validate(body["input"]) == []

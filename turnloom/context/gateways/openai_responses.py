@@ -543,7 +543,9 @@ class OpenAIResponsesGateway:
         ``function_call_output`` answers an open ``function_call`` of the
         current model turn (the calls since the last input message or
         results); every call is answered before the next input message or
-        model turn; call ids unique within a model turn; no empty or
+        model turn; call ids unique within a model turn; item ids (``id``)
+        unique over the input ("Duplicate item found with id ...", a 400 seen
+        in public reports when a history is replayed twice); no empty or
         whitespace-only ``input_text`` part and no empty content list in user,
         system or developer messages. Content given as an empty string is not
         flagged: the API accepted it (recorded traffic, user and assistant).
@@ -580,10 +582,23 @@ class OpenAIResponsesGateway:
             open_calls.clear()
             answered.clear()
 
+        item_ids: dict[str, int] = {}
         for index, item in enumerate(items):
             if not isinstance(item, dict):
                 out.append(violation(index, "not_an_object", f"Item {index} is not an object."))
                 continue
+            item_id = item.get("id")
+            if isinstance(item_id, str) and item_id:
+                first = item_ids.setdefault(item_id, index)
+                if first != index:
+                    out.append(
+                        violation(
+                            index,
+                            "duplicate_item_id",
+                            f"Item {index} repeats the id {item_id!r} of item {first}; the API "
+                            "rejects an input holding two items with one id.",
+                        )
+                    )
             kind = item.get("type")
             if leading and kind == "function_call_output":
                 in_results = True
@@ -663,7 +678,11 @@ class OpenAIResponsesGateway:
         ``instructions`` items are removed from ``input`` and their texts
         joined with a blank line (``instructions`` is omitted when there is
         none); every other item stays in order. The Responses API accepts
-        adjacent items of the same role, so nothing is merged.
+        adjacent items of the same role, so nothing is merged. An item equal
+        to an earlier item with the same ``id`` (the same output replayed
+        twice) is left out, with a reasoning item directly before it, since
+        the API rejects two items with one id; a different item reusing an id
+        is kept, and :meth:`validate` flags it.
 
         Source: OpenAI Responses API, ``instructions`` and ``input``.
         """
@@ -671,7 +690,25 @@ class OpenAIResponsesGateway:
         body: dict[str, Any] = {}
         if texts:
             body["instructions"] = "\n\n".join(texts)
-        body["input"] = [i for i in items if i.get("type") != _INSTRUCTIONS]
+        seen: dict[str, NativeContent] = {}
+        kept: list[NativeContent] = []
+        for item in items:
+            if item.get("type") == _INSTRUCTIONS:
+                continue
+            item_id = item.get("id")
+            if isinstance(item_id, str) and item_id:
+                first = seen.get(item_id)
+                if first is None:
+                    seen[item_id] = item
+                elif first == item:
+                    # A reasoning item directly before the replayed output
+                    # belongs to that replay: it goes too, or it would be
+                    # left without the item it must be followed by.
+                    if kept and kept[-1].get("type") == "reasoning":
+                        kept.pop()
+                    continue
+            kept.append(item)
+        body["input"] = kept
         return body
 
 
