@@ -7,7 +7,7 @@ __all__ = ("MessageContent", "as_messages", "text_role")
 from collections.abc import Sequence
 from typing import TypeAlias, cast
 
-from turnloom.context.message import Message, Role, TextPart, check_message
+from turnloom.context.message import Message, Role, TextPart, check_message, is_blank_text
 from turnloom.errors import InputError
 
 MessageContent: TypeAlias = "str | Message | Sequence[Message]"
@@ -62,7 +62,7 @@ def as_messages(content: MessageContent, *, role: Role, where: str) -> tuple[Mes
         )
     for index, message in enumerate(messages):
         check_message(message, where=f"{where}[{index}]")
-        if all(type(p) is TextPart and (not p.text or p.text.isspace()) for p in message.parts):
+        if all(type(p) is TextPart and is_blank_text(p.text) for p in message.parts):
             raise InputError(
                 f"{where}[{index}] has no content: it holds only blank text, which no "
                 "gateway renders."

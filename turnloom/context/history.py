@@ -57,7 +57,15 @@ from collections.abc import Callable, Iterable, Sequence
 import msgspec
 
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.message import Message, Part, ReasoningPart, Role, TextPart, check_message
+from turnloom.context.message import (
+    Message,
+    Part,
+    ReasoningPart,
+    Role,
+    TextPart,
+    check_message,
+    is_blank_text,
+)
 from turnloom.context.pairing import OpenCallPolicy, complete_pairs
 from turnloom.errors import (
     DuplicateIdError,
@@ -708,10 +716,10 @@ def _blank(message: Message) -> bool:
 
 def _blank_part(part: Part) -> bool:
     if type(part) is TextPart:
-        return not part.text or part.text.isspace()
+        return is_blank_text(part.text)
     if type(part) is ReasoningPart:
         return (
-            (not part.text or part.text.isspace())
+            is_blank_text(part.text)
             and part.signature is None
             and part.encrypted_content is None
             and not part.redacted

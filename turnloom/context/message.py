@@ -38,6 +38,7 @@ __all__ = (
     "check_message",
     "decode_message",
     "encode_message",
+    "is_blank_text",
     "message_size",
 )
 
@@ -235,6 +236,15 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     def tool_results(self) -> tuple[ToolResultPart, ...]:
         """The tool results of this message, in order."""
         return tuple(p for p in self.parts if type(p) is ToolResultPart)
+
+
+def is_blank_text(text: str) -> bool:
+    """True for empty and whitespace-only text.
+
+    No gateway emits such a text block (providers reject them), and a model
+    output holding nothing else is not recorded.
+    """
+    return not text or text.isspace()
 
 
 _encoder = msgspec.json.Encoder()

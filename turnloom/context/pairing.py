@@ -35,6 +35,7 @@ from turnloom.context.message import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    is_blank_text,
 )
 
 OpenCallPolicy: TypeAlias = Literal["exclude", "cancel"]
@@ -49,12 +50,10 @@ OpenCallPolicy: TypeAlias = Literal["exclude", "cancel"]
 CANCELLED_RESULT_TEXT = "The tool call was cancelled before it returned a result."
 
 
-def _blank(text: str) -> bool:
-    return not text or text.isspace()
-
-
 def _clean_parts(parts: Iterable[Part]) -> tuple[Part, ...]:
-    return tuple(p for p in parts if not (type(p) is TextPart and _blank(p.text) and not p.extras))
+    return tuple(
+        p for p in parts if not (type(p) is TextPart and is_blank_text(p.text) and not p.extras)
+    )
 
 
 def _cancelled(calls: Iterable[ToolCallPart]) -> tuple[ToolResultPart, ...]:

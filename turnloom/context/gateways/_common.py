@@ -20,12 +20,8 @@ from typing import Any
 
 from turnloom.context.gateway import Violation
 from turnloom.context.message import Message, OpaquePart, ReasoningPart
+from turnloom.context.message import is_blank_text as blank
 from turnloom.errors import InvalidMessageError, ProviderRuleError
-
-
-def blank(text: str) -> bool:
-    """True for empty and whitespace-only text (which no gateway emits)."""
-    return not text or text.isspace()
 
 
 def layout_of(message: Message, gateway: str) -> dict[str, Any]:

@@ -54,6 +54,7 @@ from turnloom.context.message import (
     ToolCallPart,
     ToolResultPart,
     check_message,
+    is_blank_text,
 )
 from turnloom.errors import InvalidMessageError
 
@@ -63,10 +64,6 @@ _GATEWAY = GatewayType.openai_chat.value
 # A tuple: membership compares, never hashes (a malformed role may be a list).
 _ROLES = tuple(r.value for r in Role)
 _MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id"})
-
-
-def _blank(text: str) -> bool:
-    return not text or text.isspace()
 
 
 class OpenAIChatGateway:
@@ -116,11 +113,11 @@ class OpenAIChatGateway:
             and not (own and parts[0].extras)
             and layout.get("content") != "list"
         ):
-            return None if _blank(parts[0].text) else parts[0].text
+            return None if is_blank_text(parts[0].text) else parts[0].text
         out: list[Any] = []
         for part in parts:
             if type(part) is TextPart:
-                if not _blank(part.text):
+                if not is_blank_text(part.text):
                     block: dict[str, Any] = {"type": "text", "text": part.text}
                     if own and part.extras:
                         block.update(part.extras)
@@ -160,7 +157,7 @@ class OpenAIChatGateway:
         blocks: list[Any] = []
         for part in message.parts:
             if type(part) is TextPart:
-                if not _blank(part.text):
+                if not is_blank_text(part.text):
                     blocks.append(
                         {"type": "text", "text": part.text, **((own and part.extras) or {})}
                     )
@@ -453,7 +450,7 @@ class OpenAIChatGateway:
                     if (
                         isinstance(block, dict)
                         and block.get("type") == "text"
-                        and _blank(str(block.get("text", "")))
+                        and is_blank_text(str(block.get("text", "")))
                     ):
                         violations.append(
                             Violation(
@@ -524,7 +521,7 @@ def _empty_content(content: Any) -> bool:
     if content is None:
         return True
     if isinstance(content, str):
-        return _blank(content)
+        return is_blank_text(content)
     return isinstance(content, list) and not content
 
 
