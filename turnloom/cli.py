@@ -112,11 +112,18 @@ def _print_summary(summary: ReplaySummary, out: TextIO) -> None:
     )
 
 
-def _replay(args: argparse.Namespace) -> int:
+def _gateway_available(command: str, gateway: str) -> bool:
+    """Whether ``gateway`` is in this build; prints the one-line usage error if not."""
     try:
-        get_gateway(args.gateway)
+        get_gateway(gateway)
     except InputError as exc:
-        print(f"turnloom replay: error: {exc}", file=sys.stderr)
+        print(f"turnloom {command}: error: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
+def _replay(args: argparse.Namespace) -> int:
+    if not _gateway_available("replay", args.gateway):
         return 2
     trajectories: list[Trajectory] = []
     load_errors: list[ReplayError] = []
@@ -184,10 +191,7 @@ def _print_report(report: LoadtestReport, out: TextIO) -> None:
 
 
 def _loadtest(args: argparse.Namespace) -> int:
-    try:
-        get_gateway(args.gateway)
-    except InputError as exc:
-        print(f"turnloom loadtest: error: {exc}", file=sys.stderr)
+    if not _gateway_available("loadtest", args.gateway):
         return 2
     if args.source == "builtin":
         trajectories = builtin_trajectories(min(args.sessions, 64), turns=(args.turns, args.turns))
