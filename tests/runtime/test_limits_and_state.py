@@ -127,19 +127,22 @@ def test_eviction_is_exact_with_pinned_instructions_and_invocations(
                 stats = manager.statistics()
                 assert history.turn_ids == tuple(t[0] for t in model)
                 assert history.pinned == PINNED
-                assert (stats.history_turns, stats.history_items, stats.history_bytes) == (
+                assert (stats.history.turns, stats.history.items, stats.history.bytes) == (
                     len(model),
                     sum(t[1] for t in model),
                     sum(t[2] for t in model),
                 )
-                assert (stats.evicted_turns_total, stats.dropped_late_outputs_total) == (
+                assert (
+                    stats.history.evicted_turns_total,
+                    stats.history.dropped_late_outputs_total,
+                ) == (
                     len(evicted),
                     late,
                 )
                 if len(model) > 1:
                     assert len(model) <= max_turns
-                    assert stats.history_items <= max_items
-                    assert stats.history_bytes <= max_bytes
+                    assert stats.history.items <= max_items
+                    assert stats.history.bytes <= max_bytes
             if model:
                 prefix = await manager.prepare(
                     ContextPrepareRequest(context_id="c", turn_id=model[-1][0])
@@ -186,7 +189,7 @@ async def test_many_concurrent_prepares_never_exceed_the_capacity(capacity: int)
                 tg.start_soon(nowait, i)
             await anyio.wait_all_tasks_blocked()
             stats = manager.statistics()
-            assert (stats.pending, refused, stats.rejected_total) == (
+            assert (stats.preparations.pending, refused, stats.preparations.rejected_total) == (
                 capacity,
                 sessions - capacity,
                 sessions - capacity,
@@ -194,17 +197,21 @@ async def test_many_concurrent_prepares_never_exceed_the_capacity(capacity: int)
             for i in range(sessions, 2 * sessions):
                 tg.start_soon(waiting, i)
             await anyio.wait_all_tasks_blocked()
-            assert manager.statistics().waiting_for_slot == sessions
+            assert manager.statistics().preparations.waiting_for_slot == sessions
             for i in range(2 * sessions):
                 manager.accept_turn(
                     TurnSnapshot(context_id=f"c{i}", turn_id="t1", input=(user(f"hi {i}"),))
                 )
                 await anyio.wait_all_tasks_blocked()
-                peak = max(peak, manager.statistics().pending)
-                assert manager.statistics().pending <= capacity
+                peak = max(peak, manager.statistics().preparations.pending)
+                assert manager.statistics().preparations.pending <= capacity
         stats = manager.statistics()
         assert peak == capacity
-        assert (stats.pending, stats.waiting_for_slot, stats.prepared_total) == (
+        assert (
+            stats.preparations.pending,
+            stats.preparations.waiting_for_slot,
+            stats.preparations.prepared_total,
+        ) == (
             0,
             0,
             capacity + sessions,

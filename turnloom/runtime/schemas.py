@@ -12,9 +12,14 @@ from __future__ import annotations
 
 __all__ = (
     "AreaPass",
+    "AreaStatistics",
     "ContextContribution",
     "ContextPrepareRequest",
+    "HistoryTotals",
+    "LatencyHistograms",
     "ManagerStatistics",
+    "PrefixStatistics",
+    "PreparationStatistics",
     "PreparedContext",
     "TurnSnapshot",
 )
@@ -157,80 +162,130 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     render_seconds: float = 0.0
 
 
-class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """A frozen snapshot of a :class:`~turnloom.runtime.ContextManager`'s counters.
-
-    Counters ending in ``_total`` only grow. Latency histograms are cumulative
-    bucket counts over :attr:`latency_bounds` (seconds, upper bounds; the last
-    count is the ``+Inf`` bucket).
+class PreparationStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """The bounded preparation queue of a :class:`~turnloom.runtime.ContextManager`.
 
     Attributes:
-        closed: the manager no longer accepts calls.
-        contexts: contexts held.
         capacity: the bound on pending preparations.
         pending: preparations admitted and not yet settled (waiting for their
             turn's commit or rendering).
         waiting_for_slot: ``prepare`` calls waiting for a free slot.
-        invocations: model calls in flight.
-        history_turns, history_items, history_bytes: held across all contexts
-            (bytes of serialized messages; pinned instructions excluded).
         prepared_total: preparations delivered to their requester.
         failed_total: preparations that ended with an error.
         discarded_total: preparations whose requester was cancelled; their
             result, if any, was dropped.
         rejected_total: ``prepare_nowait`` calls refused for lack of a slot.
-        evicted_turns_total, evicted_items_total: evicted from histories.
-        dropped_late_outputs_total: outputs recorded for evicted turns, dropped.
-        dropped_blank_outputs_total: empty or whitespace-only outputs not recorded.
-        prefix_bytes_total: bytes of previous prefixes compared for stability.
-        prefix_reused_bytes_total: of those, bytes reused byte for byte.
-        latency_bounds: histogram bucket upper bounds, in seconds.
-        prepare_latency_counts: cumulative counts of end-to-end prepare latency.
-        prepare_latency_sum: sum of those latencies, in seconds.
-        render_counts: cumulative counts of worker-thread render time.
-        render_sum: sum of render times, in seconds.
-        areas_attached: Context Areas attached across contexts and not yet
-            collected (including those waiting for their first area pass).
-        areas_registered_total: successful ``attach_area`` calls.
-        area_renders_total: area passes run (collection, then one unfold pass).
-        area_passes_reused_total: preparations that reused the previous area
-            section instead of running a pass (a model call was in flight, or
-            the previous section was never delivered).
-        areas_collected_total: areas removed by the Collector.
-        area_items_reclaimed_total: native items the Collector detached from
-            area sections (the collected areas' tails, routed outputs inside
-            them included).
-        area_items_promoted_total: native items appended for promoted messages.
     """
 
-    closed: bool
-    contexts: int
     capacity: int
     pending: int
     waiting_for_slot: int
-    invocations: int
-    history_turns: int
-    history_items: int
-    history_bytes: int
     prepared_total: int
     failed_total: int
     discarded_total: int
     rejected_total: int
+
+
+class HistoryTotals(msgspec.Struct, frozen=True, kw_only=True):
+    """The histories of every context of a manager, summed.
+
+    Attributes:
+        turns, items, bytes: held across all contexts (bytes of serialized
+            messages; pinned instructions excluded).
+        evicted_turns_total, evicted_items_total: evicted from histories
+            (removed contexts included).
+        dropped_late_outputs_total: outputs recorded for evicted turns, dropped.
+        dropped_blank_outputs_total: empty or whitespace-only outputs not recorded.
+    """
+
+    turns: int
+    items: int
+    bytes: int
     evicted_turns_total: int
     evicted_items_total: int
     dropped_late_outputs_total: int
     dropped_blank_outputs_total: int
-    prefix_bytes_total: int
-    prefix_reused_bytes_total: int
-    latency_bounds: tuple[float, ...]
-    prepare_latency_counts: tuple[int, ...]
-    prepare_latency_sum: float
+
+
+class PrefixStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """Prefix stability: how much of each context's previous prefix the next one reused.
+
+    Attributes:
+        bytes_total: bytes of previous prefixes compared for stability.
+        reused_bytes_total: of those, bytes reused byte for byte.
+    """
+
+    bytes_total: int
+    reused_bytes_total: int
+
+
+class LatencyHistograms(msgspec.Struct, frozen=True, kw_only=True):
+    """Cumulative histograms of prepare latency and render time.
+
+    Attributes:
+        bounds: bucket upper bounds, in seconds; each count tuple has one
+            more entry, the ``+Inf`` bucket.
+        prepare_counts: cumulative counts of end-to-end prepare latency.
+        prepare_sum: sum of those latencies, in seconds.
+        render_counts: cumulative counts of worker-thread render time.
+        render_sum: sum of render times, in seconds.
+    """
+
+    bounds: tuple[float, ...]
+    prepare_counts: tuple[int, ...]
+    prepare_sum: float
     render_counts: tuple[int, ...]
     render_sum: float
-    areas_attached: int = 0
-    areas_registered_total: int = 0
-    area_renders_total: int = 0
-    area_passes_reused_total: int = 0
-    areas_collected_total: int = 0
-    area_items_reclaimed_total: int = 0
-    area_items_promoted_total: int = 0
+
+
+class AreaStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """The Context Areas of every context of a manager.
+
+    Attributes:
+        attached: areas attached across contexts and not yet collected
+            (including those waiting for their first area pass).
+        registered_total: successful ``attach_area`` calls.
+        renders_total: area passes run (collection, then one unfold pass).
+        passes_reused_total: preparations that reused the previous area
+            section instead of running a pass (a model call was in flight, or
+            the previous section was never delivered).
+        collected_total: areas removed by the Collector.
+        items_reclaimed_total: native items the Collector detached from area
+            sections (the collected areas' tails, routed outputs inside them
+            included).
+        items_promoted_total: native items appended for promoted messages.
+    """
+
+    attached: int = 0
+    registered_total: int = 0
+    renders_total: int = 0
+    passes_reused_total: int = 0
+    collected_total: int = 0
+    items_reclaimed_total: int = 0
+    items_promoted_total: int = 0
+
+
+class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """A frozen snapshot of a :class:`~turnloom.runtime.ContextManager`'s counters.
+
+    Counters ending in ``_total`` only grow.
+
+    Attributes:
+        closed: the manager no longer accepts calls.
+        contexts: contexts held.
+        invocations: model calls in flight.
+        preparations: the bounded queue and how preparations settled.
+        history: the histories held, and what left them.
+        prefix: prefix stability.
+        latency: prepare-latency and render-time histograms.
+        areas: Context Areas attached, passes run, areas collected.
+    """
+
+    closed: bool
+    contexts: int
+    invocations: int
+    preparations: PreparationStatistics
+    history: HistoryTotals
+    prefix: PrefixStatistics
+    latency: LatencyHistograms
+    areas: AreaStatistics
