@@ -17,7 +17,12 @@ from turnloom.context.area import ContextAreaImplementation
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import HistoryLimits, TurnHistory, check_id
 from turnloom.context.message import Message
-from turnloom.errors import DuplicateAreaError, StateError, UnknownContextError
+from turnloom.errors import (
+    DuplicateAreaError,
+    StateError,
+    UnknownContextError,
+    UnknownTurnError,
+)
 from turnloom.runtime._area_section import AreaSection, SectionResult, answer_routed_calls
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._render import DeliveredPrefix
@@ -59,6 +64,22 @@ class ContextTable:
             check_id(context_id, "context id")
             raise UnknownContextError(f"No turn was committed to context {context_id!r}.")
         return state
+
+    def holding(self, context_id: str, turn_id: str) -> ContextState | None:
+        """The context when it holds ``turn_id``; None while the turn is not committed.
+
+        Raises:
+            UnknownTurnError: the turn was evicted.
+        """
+        state = self.contexts.get(context_id)
+        if state is None or state.history.has_turn(turn_id):
+            return state
+        if state.history.was_evicted(turn_id):
+            raise UnknownTurnError(
+                f"Turn {turn_id!r} of context {context_id!r} was evicted before it "
+                "could be prepared."
+            )
+        return None
 
     def commit(self, context_id: str, snapshot: TurnSnapshot) -> None:
         """Commit a checked turn, creating the context on its first turn, then evict.
@@ -102,6 +123,38 @@ class ContextTable:
         # Safe point only: never while a model call is in flight.
         if state.in_flight is None and state.history.over_limits():
             state.history.evict()
+
+    def begin_call(self, context_id: str, turn_id: str) -> ContextState:
+        """Mark a model call of ``turn_id`` as in flight; return the context.
+
+        Raises:
+            InvalidMessageError: a malformed context or turn id.
+            UnknownContextError: no turn was committed to ``context_id``.
+            UnknownTurnError: the turn is not held (never committed, or evicted).
+            StateError: another model call is in flight for the context.
+        """
+        state = self.get(context_id)
+        check_id(turn_id, "turn id")
+        if not state.history.has_turn(turn_id):
+            raise UnknownTurnError(
+                f"Turn {turn_id!r} is not held by context {context_id!r} (never committed "
+                "or evicted)."
+            )
+        if state.in_flight is not None:
+            raise StateError(
+                f"Context {context_id!r} already has a model call in flight for turn "
+                f"{state.in_flight!r}."
+            )
+        state.in_flight = turn_id
+        self._counters.invocations += 1
+        return state
+
+    def end_call(self, state: ContextState, *, evict: bool) -> None:
+        """The model call in flight ended; run the eviction it held back when ``evict``."""
+        state.in_flight = None
+        self._counters.invocations -= 1
+        if evict:
+            self.evict(state)
 
     def remove(self, context_id: str) -> None:
         """Forget a context (its counters are kept).

@@ -11,6 +11,7 @@ __all__ = (
     "ManagerOptions",
     "check_continuation",
     "check_foundation_options",
+    "check_outputs",
     "check_renderable",
     "check_request",
     "check_routed_item",
@@ -162,6 +163,23 @@ def check_renderable(gateway: Gateway, messages: Sequence[Message] | None, where
         except ProviderRuleError as exc:
             raise ProviderRuleError(f"{label}: {exc}", exc.violations) from exc
     return rendered
+
+
+def check_outputs(
+    gateway: Gateway, context_id: str, turn_id: str, outputs: Sequence[Message]
+) -> None:
+    """Validate the outputs of a turn to record (see ``ContextManager.record``).
+
+    Raises:
+        InvalidMessageError, InvalidTextError: a malformed turn id or message,
+            not a sequence of Messages, or a runtime-state call or result.
+        ProviderRuleError: the gateway cannot render a message.
+    """
+    check_id(turn_id, "turn id")
+    if isinstance(outputs, Message) or not isinstance(outputs, Sequence):
+        raise InvalidMessageError("record takes a sequence of Messages, oldest first.")
+    reject_state(outputs, context_id, turn_id, f"Output of turn {turn_id!r}")
+    check_renderable(gateway, outputs, f"Output of turn {turn_id!r}")
 
 
 def check_snapshot(snapshot: TurnSnapshot, gateway: Gateway) -> str:

@@ -16,11 +16,11 @@ from typing import Any
 
 import msgspec
 
-from turnloom.context.gateway import Gateway, NativeContent
+from turnloom.context.gateway import NativeContent
 from turnloom.context.history import HistoryView, RenderedHistory
-from turnloom.context.pairing import OpenCallPolicy
 from turnloom.errors import ItemTooLargeError, OpenToolCallError
 from turnloom.runtime._area_section import AreaSection, SectionResult, run_area_step
+from turnloom.runtime._door import ManagerOptions
 from turnloom.runtime.schemas import AreaPass, ContextPrepareRequest, PreparedContext
 from turnloom.runtime.state import state_call_id, state_messages
 
@@ -78,9 +78,7 @@ def common_prefix(new: tuple[Any, ...], old: tuple[Any, ...]) -> int:
 
 
 def render_preparation(
-    gateway: Gateway,
-    max_item_bytes: int,
-    open_calls: OpenCallPolicy,
+    options: ManagerOptions,
     view: HistoryView,
     request: ContextPrepareRequest,
     behavior_rules: str | None,
@@ -96,11 +94,13 @@ def render_preparation(
         last: the context's last delivered prefix, to count reused bytes.
 
     Raises:
-        ItemTooLargeError: the runtime-state result is over ``max_item_bytes``.
+        ItemTooLargeError: the runtime-state result is over the per-item cap.
         ProviderRuleError: the gateway rejected a message.
         AreaCallbackError, OpenToolCallError: from the area step.
     """
     begin = time.perf_counter()
+    gateway = options.gateway
+    max_item_bytes = options.history_limits.max_item_bytes
     # The request was frozen at the door; its JSON encoding is CPU work.
     pair = state_messages(
         request.context_id,
@@ -109,7 +109,7 @@ def render_preparation(
         behavior_rules=behavior_rules,
         loop_budget=request.loop_budget,
     )
-    rendered = view.render(gateway, request.turn_id, open_calls=open_calls)
+    rendered = view.render(gateway, request.turn_id, open_calls=options.open_calls)
     items = rendered.items
     total = rendered.bytes
     call_id: str | None = None

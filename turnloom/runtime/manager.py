@@ -39,14 +39,11 @@ import anyio.abc
 
 from turnloom.context.area import ContextAreaImplementation
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.history import HistoryLimits, HistoryView, check_id
+from turnloom.context.history import HistoryLimits, HistoryView
 from turnloom.context.message import Message
 from turnloom.context.pairing import complete_pairs
 from turnloom.errors import (
     AreaCallbackError,
-    InvalidMessageError,
-    StateError,
-    UnknownTurnError,
 )
 from turnloom.runtime._area_section import (
     check_area,
@@ -56,11 +53,10 @@ from turnloom.runtime._counters import Counters
 from turnloom.runtime._door import (
     ManagerOptions,
     check_continuation,
-    check_renderable,
+    check_outputs,
     check_request,
     check_routed_item,
     check_snapshot,
-    reject_state,
 )
 from turnloom.runtime._queue import Preparation, PreparationQueue
 from turnloom.runtime._render import render_preparation
@@ -129,6 +125,7 @@ class ContextManager:
         limiter: anyio.CapacityLimiter,
         options: ManagerOptions,
     ) -> None:
+        self._options = options
         self._gateway = options.gateway
         self._limiter = limiter
         self._limits = options.history_limits
@@ -251,11 +248,7 @@ class ContextManager:
         """
         self._check_open()
         state = self._table.get(context_id)
-        check_id(turn_id, "turn id")
-        if isinstance(outputs, Message) or not isinstance(outputs, Sequence):
-            raise InvalidMessageError("record takes a sequence of Messages, oldest first.")
-        reject_state(outputs, context_id, turn_id, f"Output of turn {turn_id!r}")
-        check_renderable(self._gateway, outputs, f"Output of turn {turn_id!r}")
+        check_outputs(self._gateway, context_id, turn_id, outputs)
         return self._table.record(state, turn_id, outputs)
 
     def remove_context(self, context_id: str) -> None:
@@ -370,27 +363,11 @@ class ContextManager:
             context is released.
         """
         self._check_open()
-        state = self._table.get(context_id)
-        check_id(turn_id, "turn id")
-        if not state.history.has_turn(turn_id):
-            raise UnknownTurnError(
-                f"Turn {turn_id!r} is not held by context {context_id!r} (never committed "
-                "or evicted)."
-            )
-        if state.in_flight is not None:
-            raise StateError(
-                f"Context {context_id!r} already has a model call in flight for turn "
-                f"{state.in_flight!r}."
-            )
-        state.in_flight = turn_id
-        self._counters.invocations += 1
+        state = self._table.begin_call(context_id, turn_id)
         try:
             yield Invocation(self, context_id, turn_id)
         finally:
-            state.in_flight = None
-            self._counters.invocations -= 1
-            if not self._closed:
-                self._table.evict(state)
+            self._table.end_call(state, evict=not self._closed)
 
     # -- preparation -----------------------------------------------------------
 
@@ -473,15 +450,9 @@ class ContextManager:
                     f"The Foundation closed while waiting for turn {turn_id!r} of context "
                     f"{context_id!r}."
                 )
-            state = self._table.contexts.get(context_id)
+            state = self._table.holding(context_id, turn_id)
             if state is not None:
-                if state.history.has_turn(turn_id):
-                    return state
-                if state.history.was_evicted(turn_id):
-                    raise UnknownTurnError(
-                        f"Turn {turn_id!r} of context {context_id!r} was evicted before it "
-                        "could be prepared."
-                    )
+                return state
             await self._queue.next_commit(context_id)
 
     async def _prepare(self, preparation: Preparation, scope: anyio.CancelScope) -> None:
@@ -501,9 +472,7 @@ class ContextManager:
         try:
             prepared, delivered, section = await anyio.to_thread.run_sync(
                 render_preparation,
-                self._gateway,
-                self._limits.max_item_bytes,
-                self._open_calls,
+                self._options,
                 view,
                 request,
                 behavior_rules,
