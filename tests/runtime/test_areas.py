@@ -42,13 +42,6 @@ from turnloom.runtime import (
 
 pytestmark = pytest.mark.anyio
 
-_BODY_ITEMS = {
-    GatewayType.openai_chat: "messages",
-    GatewayType.openai_responses: "input",
-    GatewayType.anthropic: "messages",
-    GatewayType.gemini: "contents",
-}
-
 
 def snapshot(turn_id: str, text: str, **kw: Any) -> TurnSnapshot:
     return TurnSnapshot(context_id="c", turn_id=turn_id, input=(user(text),), **kw)
@@ -266,7 +259,7 @@ async def test_the_combined_input_passes_every_gateways_rules(kind: GatewayType)
         contributions = (ContextContribution(name="memory", content="likes tea"),)
         first = await manager.prepare(request("t2", contributions=contributions))
         body = gateway.request_body(first.items)
-        assert gateway.validate(body[_BODY_ITEMS[kind]]) == []
+        assert gateway.validate(body[gateway.items_field]) == []
         routed = [
             item
             for message in (assistant("Looking."), call("k1", "booking"), result("k1", "AB12"))
@@ -283,7 +276,7 @@ async def test_the_combined_input_passes_every_gateways_rules(kind: GatewayType)
         for step in range(len(outputs) + 1):
             items = manager.build(second, outputs[:step])
             body = gateway.request_body(items)
-            assert gateway.validate(body[_BODY_ITEMS[kind]]) == [], (kind, step)
+            assert gateway.validate(body[gateway.items_field]) == [], (kind, step)
 
 
 async def test_no_collection_while_a_model_call_is_in_flight() -> None:

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.runtime.helpers import assistant, call, result, user
-from turnloom.context import GatewayType, Message, Role
+from turnloom.context import GatewayType, Message, Role, get_gateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.message import check_message
 from turnloom.errors import QueueFullError, UnknownTurnError
@@ -223,12 +223,6 @@ async def test_many_concurrent_prepares_never_exceed_the_capacity(capacity: int)
         )
 
 
-_BODY = {
-    GatewayType.openai_chat: "messages",
-    GatewayType.openai_responses: "input",
-    GatewayType.anthropic: "messages",
-    GatewayType.gemini: "contents",
-}
 _INSTRUCTIONS = {
     GatewayType.openai_chat: None,
     GatewayType.openai_responses: None,
@@ -256,7 +250,7 @@ def _instruction_text(kind: GatewayType, body: dict[str, Any]) -> str:
     key = _INSTRUCTIONS[kind]
     if key is not None and key in body:
         parts.append(body[key])
-    for item in body[_BODY[kind]]:
+    for item in body[get_gateway(kind).items_field]:
         if item.get("role") in ("system", "developer"):
             parts.append(item)
     return json.dumps(parts)
@@ -315,7 +309,7 @@ def test_client_text_is_escaped_data_right_after_the_turn_input_and_stable(
                 items = manager.build(prefix, outputs[:step])
                 assert json.dumps(items[: prefix.item_count]) == encoded
                 body = gateway.request_body(items)
-                assert gateway.validate(body[_BODY[kind]]) == []
+                assert gateway.validate(body[gateway.items_field]) == []
                 # The instructions are exactly those of the pinned items alone:
                 # no client text reached them, whatever it holds.
                 assert _instruction_text(kind, body) == pinned_only

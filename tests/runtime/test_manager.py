@@ -438,14 +438,6 @@ async def test_a_caller_bounds_the_wait_for_a_commit_with_fail_after() -> None:
         assert prefix.items == ({"role": "user", "content": "now"},)
 
 
-_BODY_ITEMS = {
-    GatewayType.openai_chat: "messages",
-    GatewayType.openai_responses: "input",
-    GatewayType.anthropic: "messages",
-    GatewayType.gemini: "contents",
-}
-
-
 @pytest.mark.parametrize("kind", list(GatewayType))
 async def test_the_state_pair_and_continuation_pass_every_gateways_rules(kind: GatewayType) -> None:
     """The runtime-state pair sits where every provider accepts it, before the continuation."""
@@ -461,7 +453,7 @@ async def test_the_state_pair_and_continuation_pass_every_gateways_rules(kind: G
         for step in range(len(outputs) + 1):
             items = manager.build(prefix, outputs[:step])
             body = gateway.request_body(items)
-            assert gateway.validate(body[_BODY_ITEMS[kind]]) == [], (kind, step)
+            assert gateway.validate(body[gateway.items_field]) == [], (kind, step)
         manager.accept_turn(snapshot("t2", "thanks"))
         second = await manager.prepare(request("t2"))
-        assert gateway.validate(gateway.request_body(second.items)[_BODY_ITEMS[kind]]) == []
+        assert gateway.validate(gateway.request_body(second.items)[gateway.items_field]) == []

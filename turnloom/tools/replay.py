@@ -60,13 +60,6 @@ from turnloom.tools.transcript import Reply, Turn, snapshot, turn_ids, walk
 
 _encoder = msgspec.json.Encoder()
 _CHAT = GatewayType.openai_chat
-# The field of each gateway's request body that holds the item list.
-_BODY_ITEMS = {
-    GatewayType.openai_chat: "messages",
-    GatewayType.openai_responses: "input",
-    GatewayType.anthropic: "messages",
-    GatewayType.gemini: "contents",
-}
 
 
 class ReplaySummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -223,7 +216,7 @@ async def _replay_one(
                     # The provider's rules apply to the request body, where
                     # the gateway lifts instructions and merges adjacent turns.
                     body = gateway.request_body(items)
-                    violations = gateway.validate(body[_BODY_ITEMS[gateway.type]])
+                    violations = gateway.validate(body[gateway.items_field])
                     if violations:
                         return fail(
                             index,
