@@ -34,6 +34,7 @@ __all__ = (
     "ToolResultPart",
     "TurnHistory",
     "Violation",
+    "check_id",
     "check_message",
     "complete_pairs",
     "decode_message",
@@ -60,7 +61,7 @@ from turnloom.context.coop import (
     plan_collection,
 )
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, Violation, get_gateway
-from turnloom.context.history import HistoryLimits, HistoryStatistics, TurnHistory
+from turnloom.context.history import HistoryLimits, HistoryStatistics, TurnHistory, check_id
 from turnloom.context.message import (
     ImagePart,
     Message,

@@ -102,10 +102,8 @@ def hold_until_answered(messages: Sequence[Message]) -> list[Message]:
         messages: neutral messages, oldest first.
 
     Returns:
-        a new list with the same messages, oldest first.
-
-    Source: issue 4, small input 3 (a notice injected while a call is open
-    goes after its result).
+        a new list with the same messages, oldest first. A notice injected
+        while a call is open goes after its result.
     """
     out: list[Message] = []
     held: list[Message] = []

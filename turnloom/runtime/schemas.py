@@ -3,10 +3,10 @@
 All are frozen msgspec Structs with keyword-only fields. Construction does not
 validate; the :class:`~turnloom.runtime.ContextManager` validates at its door
 (``accept_turn``, ``prepare``) and raises typed errors before changing state.
-
-Source: seed 004 (``TurnSnapshot``, ``ContextContribution``,
-``ContextPrepareRequest``, the prepared prefix).
 """
+
+# Contract: seed 004 (TurnSnapshot, ContextContribution, ContextPrepareRequest,
+# the prepared prefix).
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
         gateway: the provider the items are rendered for.
         items: tuple of NativeContent, oldest first: pinned instructions, the
             earlier turns, the turn's input, the runtime-state pair when there
-            is one (directly after the input, issue 5), then the area section
+            is one (directly after the input), then the area section
             (``area_items`` items from ``area_start``). Shared with caches:
             treat as read-only. These are items, not a request: send
             ``manager.gateway.request_body(items)`` (or the body of

@@ -101,7 +101,7 @@ class _Parsed(msgspec.Struct, frozen=True):
 def _parse(trajectory: Trajectory, chat: Gateway) -> _Parsed | ReplayError:
     """Parse and check a whole trajectory before any of it reaches the manager."""
     messages: list[Message] = []
-    open_calls: set[str] = set()
+    unanswered: set[str] = set()
     turn_started = False
 
     def fail(index: int, reason: str) -> ReplayError:
@@ -117,19 +117,19 @@ def _parse(trajectory: Trajectory, chat: Gateway) -> _Parsed | ReplayError:
         role = message.role
         if role is Role.tool:
             call_id = message.tool_results[0].call_id
-            if call_id not in open_calls:
+            if call_id not in unanswered:
                 return fail(
                     index,
                     f"tool message answers call {call_id!r}, which the directly preceding "
                     "assistant message did not make.",
                 )
-            open_calls.discard(call_id)
+            unanswered.discard(call_id)
         elif role is Role.assistant:
             if not turn_started:
                 return fail(index, "assistant message before any user message (no turn to answer).")
-            open_calls = {c.call_id for c in message.tool_calls}
+            unanswered = {c.call_id for c in message.tool_calls}
         else:
-            open_calls = set()
+            unanswered = set()
             if role is Role.user:
                 turn_started = True
         messages.append(message)
