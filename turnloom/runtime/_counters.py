@@ -14,8 +14,6 @@ from __future__ import annotations
 
 __all__ = ("LATENCY_BOUNDS", "Counters", "Histogram")
 
-import bisect
-
 from turnloom.context.history import HistoryStatistics
 from turnloom.runtime.schemas import (
     AreaStatistics,
@@ -57,7 +55,12 @@ class Histogram:
 
     def observe(self, seconds: float) -> None:
         """Count one observation, in seconds; the last bucket is ``+Inf``."""
-        self.counts[bisect.bisect_left(LATENCY_BOUNDS, seconds)] += 1
+        index = len(LATENCY_BOUNDS)
+        for i, bound in enumerate(LATENCY_BOUNDS):
+            if seconds <= bound:
+                index = i
+                break
+        self.counts[index] += 1
         self.sum += seconds
 
     def cumulative(self) -> tuple[int, ...]:
