@@ -110,6 +110,7 @@ from turnloom.context.area import (
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.message import Message, Role, check_message
 from turnloom.context.native import Context
+from turnloom.context.pairing import unanswered_calls
 from turnloom.errors import (
     AreaCallbackError,
     DuplicateAreaError,
@@ -928,14 +929,12 @@ def _open_call_ids(
 
     Scans back from the tail: results (tool messages, or user turns carrying
     tool results), then the model turn before them (consecutive assistant
-    items: OpenAI Responses emits one item per call). A call is answered by a
-    result with its id; results whose id matches no call of the group answer
-    the remaining calls in order (a Gemini function response may carry no
-    id). A user, system or developer message without results ends the scan,
+    items: OpenAI Responses emits one item per call); which calls the results
+    answer is :func:`~turnloom.context.pairing.unanswered_calls`'s rule. A
+    user, system or developer message without results ends the scan,
     and so does an item the gateway cannot parse.
     """
     index = cut + len(extra) - 1
-    answered: set[str] = set()
     result_ids: list[str] = []
     call_ids: list[str] = []  # newest first while scanning
     in_model_turn = False
@@ -956,12 +955,8 @@ def _open_call_ids(
         if not results:
             break
         for result in results:
-            answered.add(result.call_id)
             result_ids.append(result.call_id)
     if not call_ids:
         return ()
     call_ids.reverse()
-    called = set(call_ids)
-    unmatched = sum(1 for r in result_ids if r not in called)
-    still_open = [c for c in call_ids if c not in answered]
-    return tuple(still_open[unmatched:])
+    return unanswered_calls(call_ids, result_ids)

@@ -54,6 +54,7 @@ from turnloom.context.coop import CoopContext
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.message import Message
 from turnloom.context.native import Context
+from turnloom.context.pairing import unanswered_calls
 from turnloom.errors import AreaCallbackError, InputError, InvalidMessageError
 from turnloom.runtime.schemas import AreaPass
 
@@ -146,9 +147,7 @@ def answer_routed_calls(
                 f"{context_id!r} have no result yet; route their results before any "
                 "other item."
             )
-        answered = {r.call_id for r in results}
-        unmatched = sum(1 for r in results if r.call_id not in unanswered)
-        unanswered = tuple(c for c in unanswered if c not in answered)[unmatched:]
+        unanswered = unanswered_calls(unanswered, [r.call_id for r in results])
     elif results:
         raise InvalidMessageError(
             f"The item routed to context {context_id!r} holds tool result(s) "
