@@ -21,9 +21,8 @@ preparation waits, the preparation is cancelled with it; when it is already
 rendering, the worker thread is never abandoned mid-render: it finishes, its
 result is discarded, and only then is the slot freed.
 
-The area section's safe points, threads and reuse are described in
-:mod:`turnloom.runtime._area_section`; :data:`~turnloom.runtime.AreaPass`
-names how each preparation got its section.
+The area section's safe points, threads and reuse are documented on
+:data:`~turnloom.runtime.AreaPass`.
 """
 
 from __future__ import annotations
@@ -42,12 +41,8 @@ from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import HistoryLimits, HistoryView
 from turnloom.context.message import Message
 from turnloom.context.pairing import complete_pairs
-from turnloom.errors import (
-    AreaCallbackError,
-)
-from turnloom.runtime._area_section import (
-    check_area,
-)
+from turnloom.errors import AreaCallbackError
+from turnloom.runtime._area_section import check_area
 from turnloom.runtime._contexts import ContextState, ContextTable
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._door import (
@@ -107,8 +102,8 @@ class ContextManager:
     :meth:`attach_area` or :meth:`route`: the area section. It is volatile
     per-turn content, so it goes after the durable history; it never enters
     history and is never evicted with it. Every preparation that renders is
-    a safe point for it; see the module docstring for the safe points,
-    threads, model calls in flight and undelivered sections.
+    a safe point for it; see :data:`~turnloom.runtime.AreaPass` for the safe
+    points, threads, model calls in flight and undelivered sections.
 
     Args:
         task_group: the Foundation's task group; preparations run in it.

@@ -103,6 +103,43 @@ AreaPass: TypeAlias = Literal["none", "rendered", "reused_invocation", "reused_u
 * ``"reused_undelivered"`` -- the previous area pass never reached a
   requester (its preparation was cancelled or discarded), so its section was
   reused instead of rendering over it.
+
+The area section of a context:
+
+* **Safe points.** Every preparation that renders is a safe point for its
+  context's areas: in the worker thread, after the history is rendered, the
+  manager appends the items routed since the last pass, runs
+  ``coop.render()`` (collection, then one unfold pass) and appends the whole
+  area section after the turn's input and its runtime-state pair. An area
+  that fails (:class:`~turnloom.errors.AreaCallbackError`) or a routed tool
+  call still waiting for its result (:class:`~turnloom.errors.OpenToolCallError`)
+  fails the preparation; the CoopContext and its Context are as they were
+  (routed items wait for the next pass), its slot is freed and history is
+  unchanged. A failing area fails every pass until it recovers; remove the
+  context to drop it.
+* **Threads.** A CoopContext is used by one thread at a time: each context's
+  is guarded by a :class:`threading.Lock` taken only in worker threads, so
+  two preparations of one context render their area passes one after the
+  other (the second holds its worker token while it waits). The event loop
+  never touches a CoopContext: ``attach_area`` checks the area with the same
+  checks as ``CoopContext.register`` and queues it, ``route`` checks and
+  queues the item; the next pass enrols both.
+* **Model calls in flight.** No collection happens while an invocation of the
+  context is in flight. A preparation that captures its state while one is in
+  flight does not wait for it (a host may prepare the next turn while the
+  model still answers, or from inside its invocation block): it skips the
+  pass and reuses the previous area section as it is
+  (``area_pass == "reused_invocation"``); queued areas and routed items wait
+  for the next pass.
+* **Undelivered sections.** A pass changes the areas (a
+  :class:`~turnloom.areas.OneShotNotice` retires when it renders), so a
+  section no requester received would be lost: when a preparation is
+  cancelled or discarded after its pass ran, the next preparation reuses that
+  section instead of running a pass (``"reused_undelivered"``), and the pass
+  after that collects.
+* **Cost.** A pass costs what ``CoopContext.render()`` costs plus one copy and
+  one JSON size count of the area section, which collection keeps short; the
+  history part stays incremental.
 """
 
 
