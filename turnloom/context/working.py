@@ -37,8 +37,9 @@ import copy
 import enum
 import inspect
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, NoReturn, Self, TypeVar
+from typing import Any, Literal, NoReturn, Self, TypeVar
 
 import msgspec
 
@@ -58,9 +59,6 @@ from turnloom.context.message import (
 from turnloom.context.scope import ContextScope, check_scope, scope_indices
 from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
 from turnloom.errors import FrozenValueError, InvalidArgumentError
-
-if TYPE_CHECKING:
-    import anyio
 
 T = TypeVar("T")
 
@@ -551,7 +549,7 @@ class WorkingContext:
         self.token_counter = token_counter
         self.limit = limit
         self.shared = shared
-        self._lock: anyio.Lock | None = None
+        self._lock: AbstractAsyncContextManager[None] | None = None
 
     def _derived(
         self,
@@ -636,7 +634,7 @@ class WorkingContext:
     # -- locking ---------------------------------------------------------
 
     @property
-    def lock(self) -> anyio.Lock:
+    def lock(self) -> AbstractAsyncContextManager[None]:
         """The context's ``anyio.Lock``, for multi-step atomicity across awaits.
 
         Take it (``async with ctx.lock:``) when two or more mutations with an
