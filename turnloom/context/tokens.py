@@ -396,7 +396,7 @@ class OpenAITokenCounter:
         self.image_rule: ImageRule = _check_image_rule(image_rule)
         self._image_size = _check_hook(image_size)
         try:
-            import bpe_openai  # type: ignore[import-untyped]  # the optional extra
+            import bpe_openai  # the optional extra
         except ImportError as exc:
             raise MissingDependencyError(
                 "OpenAITokenCounter needs the bpe-openai package, which ships the OpenAI "
