@@ -475,7 +475,7 @@ def test_context_diff_is_frozen_hashable_and_picklable() -> None:
 
 def test_freeze_deep_freezes_and_unaliases_scratchpad_values() -> None:
     """Regression (seed 002): a frozen value aliased the live scratchpad and changed with it."""
-    plan = {"steps": [1, 2], "tags": {"a"}, "raw": bytearray(b"x")}
+    plan: dict[str, Any] = {"steps": [1, 2], "tags": {"a"}, "raw": bytearray(b"x")}
     ctx = WorkingContext(messages=[user("a")], scratchpad={"plan": plan, "n": 1})
     frozen = ctx.freeze()
     plan["steps"].append(3)
@@ -562,8 +562,8 @@ def test_deep_freeze_rules() -> None:
         "s": frozenset({5}),
         "box": frozen["box"],
         "m": user("m"),
-    }  # type: ignore[index]
-    assert frozen["box"] is not box and frozen["box"].items == [1]  # type: ignore[index]
+    }
+    assert frozen["box"] is not box and frozen["box"].items == [1]
     assert frozen["m"] is not None
     loop: list[Any] = []
     loop.append(loop)

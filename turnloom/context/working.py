@@ -39,7 +39,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, Literal, NoReturn, Self, TypeVar
+from typing import Any, Literal, NoReturn, Self, TypeVar, overload
 
 import msgspec
 
@@ -172,7 +172,7 @@ class FrozenDict(dict[str, Any]):
 _ATOMS = (str, bytes, int, float, complex, bool, type(None), enum.Enum, range, frozenset)
 
 
-def deep_freeze(value: object) -> object:
+def deep_freeze(value: object) -> Any:
     """An immutable, un-aliased copy of a scratchpad value.
 
     Rules: ``dict`` (any mapping) becomes :class:`FrozenDict`, ``list`` and
@@ -651,7 +651,12 @@ class WorkingContext:
             self._lock = new_lock()
         return self._lock
 
-    async def apply_locked(self, fn: Callable[[Self], Awaitable[T] | T]) -> T:
+    @overload
+    async def apply_locked(self, fn: Callable[[Self], Awaitable[T]]) -> T: ...
+    @overload
+    async def apply_locked(self, fn: Callable[[Self], T]) -> T: ...
+
+    async def apply_locked(self, fn: Callable[[Self], Any]) -> Any:
         """Run ``fn(self)`` while holding :attr:`lock`; await its result if awaitable.
 
         Serialises ``fn`` against every other holder of the lock.
