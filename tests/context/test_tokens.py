@@ -287,3 +287,13 @@ def test_openai_token_counter_without_its_extra_raises_instead_of_falling_back(
         OpenAITokenCounter()
     assert (info.value.package, info.value.extra) == ("bpe-openai", "tokens")
     assert isinstance(info.value, ImportError)
+
+
+@pytest.mark.parametrize("counter", [ApproxTokenCounter(), OpenAITokenCounter()], ids=repr)
+def test_count_rejects_what_is_not_a_message_list(counter: TokenCounter) -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        counter.count("hello")  # type: ignore[arg-type]
+    assert info.value.field == "messages"
+    with pytest.raises(InvalidArgumentError) as info:
+        counter.count([Message(role=Role.user, content="a"), {"role": "user"}])  # type: ignore[list-item]
+    assert info.value.field == "messages[1]"

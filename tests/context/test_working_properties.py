@@ -72,6 +72,7 @@ def test_freeze_round_trips_through_a_rehydrated_context(ctx: WorkingContext) ->
     assert hash(again) == hash(frozen)  # the journal is not part of the hash
     assert frozen == ctx.freeze()
     assert hash(frozen) == hash(ctx.freeze())
+    assert pickle.loads(pickle.dumps(frozen)) == frozen
 
 
 @settings(max_examples=100, deadline=None)

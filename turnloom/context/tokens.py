@@ -64,7 +64,7 @@ import base64
 import binascii
 import math
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, Protocol, TypeAlias, cast, runtime_checkable
 
 import msgspec
@@ -292,6 +292,25 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
+def _sum_messages(messages: Sequence[Message], per_message: Callable[[Message], int]) -> int:
+    # A cheap type check only: messages are checked in full where they enter
+    # a context or a history; counting must not pay for that twice.
+    if isinstance(messages, str | bytes) or not isinstance(messages, Iterable):
+        raise InvalidArgumentError(
+            f"messages must be a sequence of Message, not a {type(messages).__name__}.",
+            field="messages",
+        )
+    total = 0
+    for i, message in enumerate(messages):
+        if not isinstance(message, Message):
+            raise InvalidArgumentError(
+                f"messages[{i}] is a {type(message).__name__}, not a turnloom Message.",
+                field=f"messages[{i}]",
+            )
+        total += per_message(message)
+    return total
+
+
 def _check_image_rule(rule: object) -> ImageRule:
     if rule not in _IMAGE_RULES:
         raise InvalidArgumentError(
@@ -347,8 +366,12 @@ class ApproxTokenCounter:
         )
 
     def count(self, messages: Sequence[Message]) -> int:
-        """The tokens of ``messages``: the sum over each message; 0 when empty."""
-        return sum(self.count_message(m) for m in messages)
+        """The tokens of ``messages``: the sum over each message; 0 when empty.
+
+        Raises:
+            InvalidArgumentError: ``messages`` is not a sequence of Message.
+        """
+        return _sum_messages(messages, self.count_message)
 
     def __repr__(self) -> str:
         return f"ApproxTokenCounter(image_rule={self.image_rule!r})"
@@ -420,8 +443,12 @@ class OpenAITokenCounter:
         )
 
     def count(self, messages: Sequence[Message]) -> int:
-        """The tokens of ``messages``: the sum over each message; 0 when empty."""
-        return sum(self.count_message(m) for m in messages)
+        """The tokens of ``messages``: the sum over each message; 0 when empty.
+
+        Raises:
+            InvalidArgumentError: ``messages`` is not a sequence of Message.
+        """
+        return _sum_messages(messages, self.count_message)
 
     def __repr__(self) -> str:
         return f"OpenAITokenCounter({self.encoding!r}, image_rule={self.image_rule!r})"

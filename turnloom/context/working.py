@@ -802,6 +802,8 @@ class WorkingContext:
 
     def tokens(self) -> int:
         """The tokens of :meth:`assembled`, by the configured counter."""
+        # Synchronous (the seed's is awaitable): counters here are local and
+        # pure, and this layer must run in a worker thread without a loop.
         return self.token_counter.count(self.assembled())
 
     def headroom(self) -> int | None:
