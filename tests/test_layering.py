@@ -11,6 +11,8 @@ imports under ``if TYPE_CHECKING`` included), so a rule on
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -116,3 +118,20 @@ def test_imports_resolve_to_full_dotted_names(
     fake.write_text(source + "\n", encoding="utf-8")
     monkeypatch.setattr(f"{__name__}.PACKAGE", tmp_path / "turnloom")
     assert expected in imported_modules(fake)
+
+
+def test_importing_the_context_layer_loads_no_event_loop_library() -> None:
+    """The WorkingContext lock imports anyio lazily: ``import turnloom.context`` never does."""
+    code = (
+        "import sys, turnloom.context\n"
+        "loaded = sorted({'anyio', 'trio', 'asyncio'} & set(sys.modules))\n"
+        "print(','.join(loaded))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=PACKAGE.parent,
+    )
+    assert done.stdout.strip() == ""
