@@ -35,6 +35,8 @@ __all__ = (
     "InvalidMessageError",
     "InvalidTextError",
     "ItemTooLargeError",
+    "MemoryQueryError",
+    "MemoryStoreError",
     "MissingDependencyError",
     "OpenToolCallError",
     "OutOfOrderTurnError",
@@ -45,6 +47,7 @@ __all__ = (
     "TurnloomError",
     "UnknownAreaError",
     "UnknownContextError",
+    "UnknownStrategyError",
     "UnknownTurnError",
     "Violation",
 )
@@ -255,3 +258,37 @@ class MissingDependencyError(TurnloomError, ImportError):
         super().__init__(message)
         self.package = package
         self.extra = extra
+
+
+class UnknownStrategyError(InputError, LookupError):
+    """An assembly strategy name that no strategy is registered under.
+
+    Attributes:
+        name: the name asked for (cut to 64 characters).
+        known: the registered names, sorted.
+    """
+
+    def __init__(self, message: str, *, name: str, known: Sequence[str]) -> None:
+        super().__init__(message)
+        self.name = name
+        self.known = tuple(known)
+
+
+class MemoryQueryError(InputError):
+    """A memory query the store cannot run (for example malformed FTS5 syntax).
+
+    Attributes:
+        query: the query (cut to 64 characters).
+    """
+
+    def __init__(self, message: str, *, query: str) -> None:
+        super().__init__(message)
+        self.query = query
+
+
+class MemoryStoreError(TurnloomError):
+    """A memory source failed: a missing or unreadable database, or malformed results.
+
+    Nothing was changed in the store by the failing call. The cause, when a
+    foreign error, is the ``__cause__``.
+    """

@@ -29,10 +29,13 @@ __all__ = (
     "GatewayType",
     "HistoryLimits",
     "HistoryStatistics",
+    "HydratedMemory",
     "ImagePart",
     "ImageRule",
     "ImageSizeHook",
     "LastNTurns",
+    "MemoryEntry",
+    "MemorySource",
     "Message",
     "MutationJournal",
     "NativeContent",
@@ -48,6 +51,7 @@ __all__ = (
     "RoleFilter",
     "Since",
     "Tagged",
+    "TenantScope",
     "TextPart",
     "TokenCounter",
     "ToolCallPart",
@@ -58,6 +62,7 @@ __all__ = (
     "approx_text_tokens",
     "check_id",
     "check_message",
+    "check_tenant_scope",
     "complete_pairs",
     "decode_message",
     "deep_freeze",
@@ -67,6 +72,7 @@ __all__ = (
     "hold_until_answered",
     "image_size",
     "image_tokens",
+    "memory_payload",
     "message_size",
     "open_call_ids",
     "plan_collection",
@@ -90,6 +96,14 @@ from turnloom.context.coop import (
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, Violation, get_gateway
 from turnloom.context.history import HistoryLimits, HistoryStatistics, TurnHistory, check_id
 from turnloom.context.journal import MutationJournal
+from turnloom.context.memory import (
+    HydratedMemory,
+    MemoryEntry,
+    MemorySource,
+    TenantScope,
+    check_tenant_scope,
+    memory_payload,
+)
 from turnloom.context.message import (
     ImagePart,
     Message,

@@ -7,9 +7,14 @@ work goes to worker threads through the Foundation's limiter.
 from __future__ import annotations
 
 __all__ = (
+    "HYDRATE_TOOL_NAME",
     "STATE_TOOL_NAME",
     "AreaPass",
     "AreaStatistics",
+    "AssembledContext",
+    "AssemblyMetadata",
+    "AssemblyStatistics",
+    "AssemblyStrategy",
     "ContextContribution",
     "ContextManager",
     "ContextPrepareRequest",
@@ -17,24 +22,43 @@ __all__ = (
     "FoundationClosedError",
     "HistoryLimits",
     "HistoryTotals",
+    "HydratingStrategy",
+    "Hydration",
     "Invocation",
+    "JITStrategy",
     "LatencyHistograms",
     "ManagerStatistics",
     "PrefixStatistics",
     "PreparationStatistics",
     "PreparedContext",
+    "StrategyOptions",
+    "StratifiedStrategy",
     "TurnSnapshot",
+    "make_strategy",
     "state_call_id",
     "state_tool_definition",
 )
 
 from turnloom.context.history import HistoryLimits
+from turnloom.runtime.assembly import (
+    HYDRATE_TOOL_NAME,
+    AssembledContext,
+    AssemblyMetadata,
+    AssemblyStrategy,
+    HydratingStrategy,
+    Hydration,
+    JITStrategy,
+    StrategyOptions,
+    StratifiedStrategy,
+    make_strategy,
+)
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.manager import ContextManager, Invocation
 from turnloom.runtime.schemas import (
     AreaPass,
     AreaStatistics,
+    AssemblyStatistics,
     ContextContribution,
     ContextPrepareRequest,
     HistoryTotals,

@@ -26,6 +26,7 @@ import msgspec
 
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_gateway
 from turnloom.context.history import HistoryLimits, check_id
+from turnloom.context.memory import MemorySource, check_tenant_scope
 from turnloom.context.message import Message, check_message
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.errors import (
@@ -35,6 +36,11 @@ from turnloom.errors import (
     InvalidTextError,
     ItemTooLargeError,
     ProviderRuleError,
+)
+from turnloom.runtime.assembly import (
+    AssemblyStrategy,
+    StrategyOptions,
+    make_strategy,
 )
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext, TurnSnapshot
 from turnloom.runtime.state import (
@@ -55,6 +61,8 @@ class ManagerOptions(msgspec.Struct, frozen=True, kw_only=True):
     history_limits: HistoryLimits
     behavior_rules: str | None
     open_calls: OpenCallPolicy
+    strategy: AssemblyStrategy | None = None
+    tenant_limit: int | None = None
 
 
 class FoundationOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,6 +86,10 @@ def check_foundation_options(
     behavior_rules: str | None,
     open_calls: str,
     close_grace_period: float,
+    strategy: str | AssemblyStrategy | None = None,
+    memory: MemorySource | None = None,
+    strategy_options: StrategyOptions | None = None,
+    max_tenant_preparations: int | None = None,
 ) -> FoundationOptions:
     """Validate every option of a Foundation once; return them checked and frozen.
 
@@ -85,7 +97,10 @@ def check_foundation_options(
         InputError: a bound is not a positive integer, the grace period is
             not a non-negative number, ``history_limits`` is not a
             :class:`HistoryLimits`, an unknown gateway or ``open_calls``
-            policy, or behaviour rules that are not valid text.
+            policy, behaviour rules that are not valid text, a ``strategy``
+            that is neither a name nor an AssemblyStrategy, ``memory`` or
+            ``strategy_options`` without a named strategy, or bad options.
+        UnknownStrategyError: ``strategy`` names no registered strategy.
     """
     if not _positive_int(worker_threads):
         raise InputError(f"worker_threads must be a positive integer, not {worker_threads!r}.")
@@ -108,18 +123,53 @@ def check_foundation_options(
     if open_calls not in ("exclude", "cancel"):
         raise InputError(f"open_calls must be 'exclude' or 'cancel', not {open_calls!r}.")
     check_contributions((), behavior_rules, None)
+    if max_tenant_preparations is None:
+        tenant_limit = (max_pending_preparations + 1) // 2
+    elif _positive_int(max_tenant_preparations):
+        tenant_limit = min(max_tenant_preparations, max_pending_preparations)
+    else:
+        raise InputError(
+            "max_tenant_preparations must be a positive integer or None, not "
+            f"{max_tenant_preparations!r}."
+        )
+    checked_gateway = gateway if isinstance(gateway, Gateway) else get_gateway(gateway)
     manager = ManagerOptions(
-        gateway=gateway if isinstance(gateway, Gateway) else get_gateway(gateway),
+        gateway=checked_gateway,
         max_pending_preparations=max_pending_preparations,
         history_limits=history_limits if history_limits is not None else HistoryLimits(),
         behavior_rules=behavior_rules,
         open_calls="cancel" if open_calls == "cancel" else "exclude",
+        strategy=_strategy(strategy, checked_gateway, memory, strategy_options),
+        tenant_limit=tenant_limit,
     )
     return FoundationOptions(
         manager=manager,
         worker_threads=worker_threads,
         close_grace_period=float(close_grace_period),
     )
+
+
+def _strategy(
+    strategy: object,
+    gateway: Gateway,
+    memory: MemorySource | None,
+    options: StrategyOptions | None,
+) -> AssemblyStrategy | None:
+    if isinstance(strategy, str):
+        return make_strategy(strategy, gateway=gateway, memory=memory, options=options)
+    if memory is not None or options is not None:
+        raise InputError(
+            "memory and strategy_options configure a strategy chosen by name; pass "
+            "strategy='jit' or strategy='stratified' (a strategy object brings its own)."
+        )
+    if strategy is None:
+        return None
+    if not isinstance(strategy, AssemblyStrategy):
+        raise InputError(
+            f"strategy must be a strategy name or an AssemblyStrategy, not a "
+            f"{type(strategy).__name__}."
+        )
+    return strategy
 
 
 def reject_state(messages: Sequence[Message], context_id: str, turn_id: str, where: str) -> None:
@@ -234,6 +284,12 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
     if type(contributions) is not tuple and isinstance(contributions, list):
         contributions = tuple(contributions)
     check_contributions(contributions, request.behavior_rules, request.loop_budget)
+    check_tenant_scope(request.scope)
+    if not isinstance(request.auto_hydrate, bool):
+        raise InvalidMessageError(
+            f"auto_hydrate must be a bool, not {type(request.auto_hydrate).__name__}.",
+            field="auto_hydrate",
+        )
     # The state result is one item under the per-item cap. Its text is at
     # least as long as the texts it carries (UTF-8 bytes >= characters), so
     # this bound fails early without encoding on the event loop; the exact

@@ -20,6 +20,7 @@ import anyio.abc
 
 from turnloom.errors import QueueFullError
 from turnloom.runtime._counters import Counters
+from turnloom.runtime._slots import FairSlots, Tenant
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
 
@@ -27,16 +28,22 @@ from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
 class Preparation:
     """One admitted preparation and how it settled."""
 
-    __slots__ = ("done", "error", "request", "requested_at", "result", "scope", "wanted")
+    __slots__ = ("done", "error", "request", "requested_at", "result", "scope", "tenant", "wanted")
 
     def __init__(self, request: ContextPrepareRequest, requested_at: float) -> None:
         self.request = request
+        self.tenant = tenant_of(request)
         self.requested_at = requested_at  # anyio.current_time() of the call
         self.done = anyio.Event()
         self.scope: anyio.CancelScope | None = None
         self.wanted = True
         self.result: PreparedContext | None = None
         self.error: BaseException | None = None
+
+
+def tenant_of(request: ContextPrepareRequest) -> Tenant:
+    """The tenant whose share of the slots a request uses (None without a scope)."""
+    return request.scope.tenant_id if request.scope is not None else None
 
 
 class _Waiters:
@@ -52,13 +59,22 @@ Work = Callable[[Preparation, anyio.CancelScope], Awaitable[None]]
 
 
 class PreparationQueue:
-    """At most ``capacity`` preparations admitted and not yet settled."""
+    """At most ``capacity`` preparations admitted and not yet settled.
 
-    def __init__(self, capacity: int, task_group: anyio.abc.TaskGroup, counters: Counters) -> None:
+    Slots are shared between tenants by the rule of :mod:`turnloom.runtime._slots`.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        task_group: anyio.abc.TaskGroup,
+        counters: Counters,
+        tenant_limit: int | None = None,
+    ) -> None:
         self.capacity = capacity
         self._task_group = task_group
         self._counters = counters
-        self._slots = anyio.Semaphore(capacity)
+        self._slots = FairSlots(capacity, tenant_limit if tenant_limit is not None else capacity)
         self._preparations: set[Preparation] = set()
         self._settled = anyio.Event()
         self._settled.set()
@@ -73,27 +89,39 @@ class PreparationQueue:
     @property
     def waiting_for_slot(self) -> int:
         """Calls waiting in :meth:`acquire`."""
-        return self._slots.statistics().tasks_waiting
+        return self._slots.waiting
 
-    async def acquire(self) -> None:
-        """Wait for a free slot (cancellable; nothing is admitted yet)."""
-        await self._slots.acquire()
+    @property
+    def tenant_limit(self) -> int:
+        """The most slots one tenant holds at once."""
+        return self._slots.tenant_limit
+
+    async def acquire(self, request: ContextPrepareRequest) -> None:
+        """Wait for a slot for the request's tenant (cancellable; nothing is admitted yet)."""
+        await self._slots.acquire(tenant_of(request))
 
     def acquire_nowait(self, request: ContextPrepareRequest) -> None:
-        """Take a free slot at once.
+        """Take a slot at once.
 
         Raises:
-            QueueFullError: every slot is taken (counted as a rejection).
+            QueueFullError: every slot is taken, or the request's tenant holds
+                its limit (counted as a rejection).
         """
-        try:
-            self._slots.acquire_nowait()
-        except anyio.WouldBlock:
+        tenant = tenant_of(request)
+        if not self._slots.try_acquire(tenant):
             self._counters.rejected += 1
+            if self._slots.free and tenant is not None:
+                raise QueueFullError(
+                    f"Tenant {tenant[:64]!r} holds its limit of {self._slots.tenant_limit} "
+                    f"preparation slots; preparation of turn {request.turn_id!r} of context "
+                    f"{request.context_id!r} was refused.",
+                    capacity=self.capacity,
+                )
             raise QueueFullError(
                 f"All {self.capacity} preparation slots are taken; preparation of turn "
                 f"{request.turn_id!r} of context {request.context_id!r} was refused.",
                 capacity=self.capacity,
-            ) from None
+            )
 
     async def admit(
         self, request: ContextPrepareRequest, requested_at: float, work: Work
@@ -116,7 +144,7 @@ class PreparationQueue:
             self._task_group.start_soon(self._own, preparation, work)
         except BaseException:
             self._preparations.discard(preparation)
-            self._slots.release()
+            self._slots.release(preparation.tenant)
             if not self._preparations:
                 self._settled.set()
             raise
@@ -159,7 +187,7 @@ class PreparationQueue:
             else:
                 self._counters.failed += 1
             self._preparations.discard(preparation)
-            self._slots.release()
+            self._slots.release(preparation.tenant)
             if not self._preparations:
                 self._settled.set()
             preparation.done.set()

@@ -8,7 +8,7 @@ prefix, what to keep for the next comparison, and the area step's result.
 
 from __future__ import annotations
 
-__all__ = ("DeliveredPrefix", "common_prefix", "render_preparation")
+__all__ = ("DeliveredPrefix", "assembled_prompt", "common_prefix", "render_preparation")
 
 import math
 import time
@@ -16,21 +16,25 @@ from typing import Any
 
 import msgspec
 
-from turnloom.context.gateway import NativeContent
+from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import HistoryView, RenderedHistory
+from turnloom.context.memory import memory_payload
+from turnloom.context.message import Message, Role, TextPart
 from turnloom.errors import ItemTooLargeError, OpenToolCallError
 from turnloom.runtime._area_section import AreaSection, SectionResult, run_area_step
 from turnloom.runtime._door import ManagerOptions
+from turnloom.runtime.assembly import AssembledContext
 from turnloom.runtime.schemas import AreaPass, ContextPrepareRequest, PreparedContext
 from turnloom.runtime.state import state_call_id, state_messages
 
 _encoder = msgspec.json.Encoder()
+_CACHE_CONTROL = {"cache_control": {"type": "ephemeral"}}
 
 
 class DeliveredPrefix:
     """A delivered prefix and how to count the bytes of any leading part of it."""
 
-    __slots__ = ("bytes", "extra_sizes", "items", "rendered")
+    __slots__ = ("bytes", "extra_sizes", "items", "lead_sizes", "rendered")
 
     def __init__(
         self,
@@ -38,18 +42,25 @@ class DeliveredPrefix:
         total: int,
         rendered: RenderedHistory,
         extra_sizes: tuple[int, ...],
+        lead_sizes: tuple[int, ...] = (),
     ) -> None:
         self.items = items
         self.bytes = total
         self.rendered = rendered
         self.extra_sizes = extra_sizes  # state pair + area section, after the history
+        self.lead_sizes = lead_sizes  # the assembled system prompt, before the history
 
     def bytes_before(self, count: int) -> int:
         """Serialized size of ``items[:count]``, in bytes."""
+        lead = len(self.lead_sizes)
+        if count <= lead:
+            return sum(self.lead_sizes[:count])
+        base = sum(self.lead_sizes)
+        count -= lead
         history = len(self.rendered.items)
         if count <= history:
-            return self.rendered.bytes_before(count)
-        return self.rendered.bytes + sum(self.extra_sizes[: count - history])
+            return base + self.rendered.bytes_before(count)
+        return base + self.rendered.bytes + sum(self.extra_sizes[: count - history])
 
 
 def common_prefix(new: tuple[Any, ...], old: tuple[Any, ...]) -> int:
@@ -86,12 +97,15 @@ def render_preparation(
     queued: float,
     areas: AreaSection | None,
     run_pass: bool,
+    assembled: AssembledContext | None = None,
 ) -> tuple[PreparedContext, DeliveredPrefix, SectionResult | None]:
-    """Render one preparation: history, runtime-state pair, area section.
+    """Render one preparation: assembled prompt, history, runtime-state pair, area section.
 
     Args:
         queued: seconds from the request to the start of rendering.
         last: the context's last delivered prefix, to count reused bytes.
+        assembled: the turn's assembly: its system prompt goes first, its
+            recalled memory into the runtime-state pair.
 
     Raises:
         ItemTooLargeError: the runtime-state result is over the per-item cap.
@@ -101,6 +115,14 @@ def render_preparation(
     begin = time.perf_counter()
     gateway = options.gateway
     max_item_bytes = options.history_limits.max_item_bytes
+    lead: tuple[NativeContent, ...] = ()
+    memory: dict[str, object] | None = None
+    if assembled is not None:
+        lead = assembled_prompt(gateway, assembled)
+        hydrated = assembled.memory_context
+        if hydrated is not None:
+            entries, omitted = memory_payload(hydrated.entries, assembled.max_memory_chars)
+            memory = {"query": hydrated.query, "entries": entries, "omitted": omitted}
     # The request was frozen at the door; its JSON encoding is CPU work.
     pair = state_messages(
         request.context_id,
@@ -108,10 +130,12 @@ def render_preparation(
         contributions=request.contributions,
         behavior_rules=behavior_rules,
         loop_budget=request.loop_budget,
+        memory=memory,
     )
     rendered = view.render(gateway, request.turn_id, open_calls=options.open_calls)
-    items = rendered.items
-    total = rendered.bytes
+    lead_sizes = tuple(len(_encoder.encode(item)) for item in lead)
+    items = lead + rendered.items if lead else rendered.items
+    total = rendered.bytes + sum(lead_sizes)
     call_id: str | None = None
     reserved: list[str] = []
     extra: tuple[NativeContent, ...] = ()
@@ -160,8 +184,8 @@ def render_preparation(
         item_count=len(items),
         bytes=total,
         tokens=math.ceil(total / 4),
-        turn_start=rendered.turn_start,
-        area_start=len(rendered.items) + pair_items,
+        turn_start=len(lead) + rendered.turn_start,
+        area_start=len(lead) + len(rendered.items) + pair_items,
         area_items=len(section.items) if section is not None else 0,
         area_pass=outcome,
         state_call_id=call_id,
@@ -169,5 +193,22 @@ def render_preparation(
         reused_bytes=reused,
         queued_seconds=queued,
         render_seconds=time.perf_counter() - begin,
+        assembled=assembled,
     )
-    return prepared, DeliveredPrefix(items, total, rendered, extra_sizes), section
+    return prepared, DeliveredPrefix(items, total, rendered, extra_sizes, lead_sizes), section
+
+
+def assembled_prompt(gateway: Gateway, assembled: AssembledContext) -> tuple[NativeContent, ...]:
+    """The native items of an assembly's system prompt (none without one).
+
+    With ``cache_breakpoint`` the prompt's text block carries Anthropic's
+    ``cache_control`` marker, so the cached prefix ends with it. Source:
+    Anthropic prompt caching guide, ``cache_control`` on system text blocks.
+    """
+    if assembled.system_prompt is None:
+        return ()
+    part = TextPart(
+        text=assembled.system_prompt,
+        extras=dict(_CACHE_CONTROL) if assembled.cache_breakpoint else None,
+    )
+    return tuple(gateway.render(Message(role=Role.system, content=(part,))))

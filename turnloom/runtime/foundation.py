@@ -14,6 +14,8 @@ Closing order (:meth:`Foundation.aclose`):
    rendering in a worker thread is not abandoned: its thread finishes first.
 4. Close the manager: histories are released, no worker thread holds a token
    of the limiter.
+
+A memory source bound to the Foundation is borrowed and is never closed by it.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ import anyio.lowlevel
 
 from turnloom.context.gateway import Gateway, GatewayType
 from turnloom.context.history import HistoryLimits
+from turnloom.context.memory import MemorySource
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.errors import StateError
 from turnloom.runtime._door import check_foundation_options
+from turnloom.runtime.assembly import AssemblyStrategy, StrategyOptions
 from turnloom.runtime.manager import ContextManager
 
 
@@ -48,10 +52,31 @@ class Foundation:
             result in prepared inputs.
         close_grace_period: seconds :meth:`aclose` lets pending preparations
             settle before cancelling them (default 5.0; ``math.inf`` waits).
+        strategy: the per-turn assembly strategy: ``"jit"``, ``"stratified"``
+            (see :mod:`turnloom.runtime.assembly`), an
+            :class:`~turnloom.runtime.assembly.AssemblyStrategy` object, or
+            None (default: no assembled prompt, no memory).
+        memory: the memory source a named strategy searches. Borrowed: the
+            Foundation never closes it; it stays open and usable after
+            :meth:`aclose`.
+        strategy_options: the named strategy's static layer and bounds.
+        max_tenant_preparations: the most preparation slots one tenant (the
+            ``tenant_id`` of a request's scope) holds at once; default half
+            the capacity, rounded up.
+
+    Fairness of preparation slots: a tenant holds at most
+    ``max_tenant_preparations`` slots, so a tenant flooding the queue leaves
+    the rest to the others; a freed slot goes to the waiting request whose
+    tenant holds the fewest slots (longest waiting first among equals), and
+    a new request never overtakes an eligible waiting one. Requests without a
+    scope share one bucket bounded only by the capacity.
 
     Raises:
         InputError: a bound is not positive, ``history_limits`` is not a
-            :class:`HistoryLimits`, or an unknown gateway or policy.
+            :class:`HistoryLimits`, an unknown gateway or policy, or a
+            ``memory``/``strategy_options`` without a named strategy.
+        UnknownStrategyError: ``strategy`` names no known strategy (``known``
+            lists them).
 
     Example::
 
@@ -71,6 +96,10 @@ class Foundation:
         behavior_rules: str | None = None,
         open_calls: OpenCallPolicy = "exclude",
         close_grace_period: float = 5.0,
+        strategy: str | AssemblyStrategy | None = None,
+        memory: MemorySource | None = None,
+        strategy_options: StrategyOptions | None = None,
+        max_tenant_preparations: int | None = None,
     ) -> None:
         self._options = check_foundation_options(
             gateway=gateway,
@@ -80,6 +109,10 @@ class Foundation:
             behavior_rules=behavior_rules,
             open_calls=open_calls,
             close_grace_period=close_grace_period,
+            strategy=strategy,
+            memory=memory,
+            strategy_options=strategy_options,
+            max_tenant_preparations=max_tenant_preparations,
         )
         self._task_group: anyio.abc.TaskGroup | None = None
         self._limiter: anyio.CapacityLimiter | None = None

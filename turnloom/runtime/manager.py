@@ -29,9 +29,11 @@ from __future__ import annotations
 
 __all__ = ("ContextManager", "Invocation")
 
+import time
 import weakref
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -39,11 +41,11 @@ import anyio.abc
 from turnloom.context.area import ContextAreaImplementation
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import HistoryLimits, HistoryView
-from turnloom.context.message import Message
+from turnloom.context.message import Message, ToolCallPart
 from turnloom.context.pairing import complete_pairs
-from turnloom.errors import AreaCallbackError
+from turnloom.errors import AreaCallbackError, StateError
 from turnloom.runtime._area_section import check_area
-from turnloom.runtime._contexts import ContextState, ContextTable
+from turnloom.runtime._contexts import ContextState, ContextTable, TurnAssembly
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._door import (
     ManagerOptions,
@@ -55,6 +57,12 @@ from turnloom.runtime._door import (
 )
 from turnloom.runtime._queue import Preparation, PreparationQueue
 from turnloom.runtime._render import render_preparation
+from turnloom.runtime.assembly import (
+    AssembledContext,
+    AssemblyStrategy,
+    HydratingStrategy,
+    assembly_query,
+)
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.schemas import (
     ContextPrepareRequest,
@@ -127,7 +135,11 @@ class ContextManager:
         self._behavior_rules = options.behavior_rules
         self._open_calls = options.open_calls
         self._counters = Counters()
-        self._queue = PreparationQueue(options.max_pending_preparations, task_group, self._counters)
+        self._strategy = options.strategy
+        self._counters.strategy = self._strategy.name if self._strategy is not None else None
+        self._queue = PreparationQueue(
+            options.max_pending_preparations, task_group, self._counters, options.tenant_limit
+        )
         self._table = ContextTable(self._limits, self._gateway, self._counters)
         # id -> prefix, for every prefix prepare returned that is still alive:
         # build continues only these (O(1), no hashing of the items).
@@ -147,6 +159,26 @@ class ContextManager:
     def capacity(self) -> int:
         """The bound on pending preparations."""
         return self._queue.capacity
+
+    @property
+    def tenant_limit(self) -> int:
+        """The most preparation slots one tenant holds at once (see :class:`Foundation`)."""
+        return self._queue.tenant_limit
+
+    @property
+    def strategy(self) -> AssemblyStrategy | None:
+        """The assembly strategy, or None."""
+        return self._strategy
+
+    def tool_definitions(self) -> list[dict[str, Any]]:
+        """The tools the assembly strategy needs declared, in the gateway's ``tools`` shape.
+
+        ``[hydrate_context]`` for JIT, ``[]`` for stratified or without a
+        strategy. Declare them beside the agent's own tools.
+        """
+        if self._strategy is None:
+            return []
+        return self._strategy.tool_definitions(self._gateway)
 
     @property
     def history_limits(self) -> HistoryLimits:
@@ -411,7 +443,7 @@ class ContextManager:
         self._check_open()
         request = check_request(request, self._limits.max_item_bytes)
         requested_at = anyio.current_time()
-        await self._queue.acquire()
+        await self._queue.acquire(request)
         return await self._queue.admit(request, requested_at, self._prepare)
 
     async def prepare_nowait(self, request: ContextPrepareRequest) -> PreparedContext:
@@ -459,6 +491,10 @@ class ContextManager:
         behavior_rules = (
             request.behavior_rules if request.behavior_rules is not None else self._behavior_rules
         )
+        assembled = None
+        if self._strategy is not None:
+            # Memory I/O on the loop, in this preparation's cancel scope.
+            assembled = await self._assemble(self._strategy, state, view, request)
         last = state.last
         areas = state.areas
         # No collection while a model call of the context is in flight.
@@ -475,6 +511,7 @@ class ContextManager:
                 queued,
                 areas,
                 run_pass,
+                assembled,
                 limiter=self._limiter,
             )
         except AreaCallbackError as exc:
@@ -499,6 +536,95 @@ class ContextManager:
             )
         self._issued[id(prepared)] = prepared
         preparation.result = prepared
+
+    async def _assemble(
+        self,
+        strategy: AssemblyStrategy,
+        state: ContextState,
+        view: HistoryView,
+        request: ContextPrepareRequest,
+    ) -> AssembledContext:
+        """The turn's assembly: run the strategy once per turn, share its result.
+
+        A preparation of a turn whose assembly is running waits for it; one
+        whose assembly failed or was cancelled assembles again.
+        """
+        turn_id = request.turn_id
+        while True:
+            record = state.assembly
+            if record is None or record.turn_id != turn_id:
+                break
+            if record.result is not None:
+                self._counters.assembly_reused += 1
+                return record.result
+            await record.done.wait()
+        record = state.assembly = TurnAssembly(turn_id)
+        started = time.perf_counter()
+        try:
+            result = await strategy.assemble(
+                query=assembly_query(view.turn_input(turn_id)),
+                scope=request.scope,
+                intent_verdict=None,
+                auto_hydrate=request.auto_hydrate,
+            )
+            if not isinstance(result, AssembledContext):
+                raise StateError(
+                    f"The assembly strategy {strategy.name!r} returned a "
+                    f"{type(result).__name__}, not an AssembledContext."
+                )
+        except BaseException as exc:
+            if state.assembly is record:
+                state.assembly = None
+            if isinstance(exc, Exception):
+                self._counters.assembly_failed += 1
+            raise
+        finally:
+            record.done.set()
+        memory = result.memory_context
+        self._counters.assembled(
+            len(memory.entries) if memory is not None else None, time.perf_counter() - started
+        )
+        record.result = result
+        return result
+
+    async def hydrate_context(self, prefix: PreparedContext, call: ToolCallPart) -> Message:
+        """Answer the model's ``hydrate_context`` call of a JIT turn with a tool result.
+
+        The search runs within the scope of the request that prepared
+        ``prefix`` (never a process-wide one), with the strategy's top-k and
+        output-size cap. Record the call and this result as the turn's
+        outputs (or pass them as the continuation of :meth:`build`).
+
+        Returns:
+            a ``tool`` message answering ``call`` (``is_error`` with a reason
+            when the model's arguments were wrong or the turn has no scope).
+
+        Raises:
+            FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: ``prefix`` was not returned by this manager's
+                :meth:`prepare`, or ``call`` is not a ToolCallPart naming
+                ``hydrate_context``.
+            StateError: the Foundation's strategy has no ``hydrate_context``
+                tool (it is not JIT).
+            MemoryStoreError: the memory source failed.
+
+        Cancellation:
+            As the memory source's search; nothing in the manager changes.
+        """
+        self._check_open()
+        check_continuation(prefix, (), self._issued)
+        strategy = self._strategy
+        if not isinstance(strategy, HydratingStrategy):
+            name = strategy.name if strategy is not None else None
+            raise StateError(
+                f"The assembly strategy {name!r} has no hydrate_context tool; only a JIT "
+                "strategy's model recalls memory by calling it."
+            )
+        scope = prefix.assembled.scope if prefix.assembled is not None else None
+        answer = await strategy.hydrate(call, scope=scope)
+        self._counters.hydrate_calls += 1
+        self._counters.assembly_entries += answer.entries_count
+        return answer.message
 
     # -- continuation ------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 __all__ = (
     "AreaPass",
     "AreaStatistics",
+    "AssemblyStatistics",
     "ContextContribution",
     "ContextPrepareRequest",
     "HistoryTotals",
@@ -29,7 +30,9 @@ from typing import Literal, TypeAlias
 import msgspec
 
 from turnloom.context.gateway import GatewayType, NativeContent
+from turnloom.context.memory import TenantScope
 from turnloom.context.message import Message
+from turnloom.runtime.assembly import AssembledContext
 
 
 class TurnSnapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -83,6 +86,12 @@ class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
             pair, never promoted to system or developer instructions.
         loop_budget: the static budget of model calls for this turn, if any;
             carried in the runtime-state pair, never rewritten per model call.
+        scope: the tenant the turn acts for. It always reaches the assembled
+            prompt and the memory source (when the Foundation has an assembly
+            strategy) and decides the tenant's share of preparation slots.
+        auto_hydrate: whether the assembly strategy recalls memory for this
+            turn; the only switch of hydration (the scope is identity, not
+            policy).
     """
 
     context_id: str
@@ -90,6 +99,8 @@ class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
     contributions: tuple[ContextContribution, ...] = ()
     behavior_rules: str | None = None
     loop_budget: int | None = None
+    scope: TenantScope | None = None
+    auto_hydrate: bool = True
 
 
 AreaPass: TypeAlias = Literal["none", "rendered", "reused_invocation", "reused_undelivered"]
@@ -179,6 +190,10 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
         queued_seconds: time from the request to the start of rendering, in
             seconds (waiting for a slot, the turn's commit and a worker thread).
         render_seconds: time spent rendering in the worker thread, in seconds.
+        assembled: what the Foundation's assembly strategy assembled for the
+            turn (the same object for every preparation of the turn), or None
+            without a strategy. Its system prompt is ``items[0]``; its
+            recalled memory is in the runtime-state pair.
     """
 
     context_id: str
@@ -197,6 +212,7 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     reused_bytes: int = 0
     queued_seconds: float = 0.0
     render_seconds: float = 0.0
+    assembled: AssembledContext | None = None
 
 
 class PreparationStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -302,6 +318,35 @@ class AreaStatistics(msgspec.Struct, frozen=True, kw_only=True):
     items_promoted_total: int = 0
 
 
+class AssemblyStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """The assembly strategy of a manager: turns assembled, memory recalled, latency.
+
+    Attributes:
+        strategy: the strategy's name, or None without one.
+        assemblies_total: turns assembled (the strategy ran).
+        reused_total: preparations that reused their turn's assembly.
+        failed_total: assemblies that raised (a memory source failure).
+        hydrations_total: assemblies that recalled memory.
+        entries_total: memory entries recalled, by assemblies and by
+            ``hydrate_context`` calls.
+        tool_calls_total: ``hydrate_context`` calls answered.
+        bounds: latency bucket upper bounds, in seconds (``+Inf`` implied).
+        latency_counts: cumulative counts of assembly latency.
+        latency_sum: sum of assembly latencies, in seconds.
+    """
+
+    strategy: str | None = None
+    assemblies_total: int = 0
+    reused_total: int = 0
+    failed_total: int = 0
+    hydrations_total: int = 0
+    entries_total: int = 0
+    tool_calls_total: int = 0
+    bounds: tuple[float, ...] = ()
+    latency_counts: tuple[int, ...] = ()
+    latency_sum: float = 0.0
+
+
 class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """A frozen snapshot of a :class:`~turnloom.runtime.ContextManager`'s counters.
 
@@ -316,6 +361,7 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
         prefix: prefix stability.
         latency: prepare-latency and render-time histograms.
         areas: Context Areas attached, passes run, areas collected.
+        assembly: the assembly strategy's counters.
     """
 
     closed: bool
@@ -326,3 +372,4 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
     prefix: PrefixStatistics
     latency: LatencyHistograms
     areas: AreaStatistics
+    assembly: AssemblyStatistics = AssemblyStatistics()

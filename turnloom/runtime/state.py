@@ -124,24 +124,29 @@ def state_messages(
     contributions: Sequence[ContextContribution] = (),
     behavior_rules: str | None = None,
     loop_budget: int | None = None,
+    memory: dict[str, Any] | None = None,
 ) -> tuple[Message, Message] | None:
     """The runtime-state call and result messages of one turn, or None when empty.
 
     The result's text is the JSON object ``{"context_id", "turn_id",
-    "behavior_rules"?, "loop_budget"?, "sections": [{"name", "content"}, ...]}``
-    with keys in that order; equal inputs give byte-identical output.
+    "behavior_rules"?, "loop_budget"?, "memory"?, "sections": [{"name",
+    "content"}, ...]}`` with keys in that order; equal inputs give
+    byte-identical output. ``memory`` is the turn's recalled memory (the
+    per-turn layer of an assembly strategy), as JSON data.
 
     Returns:
         ``(assistant call message, tool result message)``, or None when there
-        is no behaviour rule, no loop budget and no contribution.
+        is no behaviour rule, no loop budget, no memory and no contribution.
     """
-    if not contributions and behavior_rules is None and loop_budget is None:
+    if not contributions and behavior_rules is None and loop_budget is None and memory is None:
         return None
     document: dict[str, object] = {"context_id": context_id, "turn_id": turn_id}
     if behavior_rules is not None:
         document["behavior_rules"] = behavior_rules
     if loop_budget is not None:
         document["loop_budget"] = loop_budget
+    if memory is not None:
+        document["memory"] = memory
     document["sections"] = [{"name": c.name, "content": c.content} for c in contributions]
     text = _encoder.encode(document).decode()
     call_id = state_call_id(context_id, turn_id)
