@@ -5,7 +5,7 @@ Layout (one database file, or ``":memory:"``):
 * ``memory_entries`` -- one row per entry: ``tenant_id``, ``sub_tenant_id``
   and ``namespace`` (``''`` for None), the entry id (unique within its
   scope), its text and source.
-* ``memory_fts`` -- an FTS5 index over the text (``unicode61`` tokenizer),
+* ``memory_fts`` -- an FTS5 index over the text (``porter unicode61`` tokenizer: English stems),
   external content of ``memory_entries``.
 
 Isolation is part of the query itself: every search joins the full-text
@@ -58,7 +58,7 @@ _SCHEMA = (
         UNIQUE (tenant_id, sub_tenant_id, namespace, entry_id)
     )""",
     """CREATE VIRTUAL TABLE IF NOT EXISTS memory_fts USING fts5(
-        text, content='memory_entries', content_rowid='id', tokenize='unicode61'
+        text, content='memory_entries', content_rowid='id', tokenize='porter unicode61'
     )""",
 )
 
