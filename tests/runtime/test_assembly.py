@@ -132,7 +132,7 @@ def test_a_memory_without_async_search_is_rejected() -> None:
 
 
 def test_bad_strategy_options_are_rejected_naming_the_field() -> None:
-    with pytest.raises(InputError, match="strategy_options.top_k"):
+    with pytest.raises(InputError, match=r"strategy_options\.top_k"):
         Foundation(strategy="stratified", strategy_options=StrategyOptions(top_k=0))
 
 
