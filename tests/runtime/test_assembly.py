@@ -288,9 +288,7 @@ async def test_hydrate_context_searches_within_the_scope_of_the_request() -> Non
         _turn(manager, "t1", "flight?", context_id="a")
         _turn(manager, "t1", "flight?", context_id="g")
         a = await manager.prepare(ContextPrepareRequest(context_id="a", turn_id="t1", scope=ACME))
-        g = await manager.prepare(
-            ContextPrepareRequest(context_id="g", turn_id="t1", scope=GLOBEX)
-        )
+        g = await manager.prepare(ContextPrepareRequest(context_id="g", turn_id="t1", scope=GLOBEX))
         for_a, error_a = _result(await manager.hydrate_context(a, _call('{"query": "flight"}')))
         for_g, error_g = _result(await manager.hydrate_context(g, _call('{"query": "flight"}')))
         stats = manager.statistics().assembly

@@ -31,9 +31,7 @@ def _tag(n: int) -> str:
     return f"zq{n}xk"  # a token no other text holds
 
 
-async def _run(
-    gateway: str, rows: list[tuple[TenantScope, str]], turns: list[TenantScope]
-) -> None:
+async def _run(gateway: str, rows: list[tuple[TenantScope, str]], turns: list[TenantScope]) -> None:
     owner: dict[str, TenantScope] = {}
     with SQLiteMemory() as memory:
         for n, (scope, word) in enumerate(rows):
@@ -47,7 +45,9 @@ async def _run(
                     context_id = f"c{i % 2}"
                     turn_id = f"t{i}"
                     manager.accept_turn(
-                        TurnSnapshot(context_id=context_id, turn_id=turn_id, input=(user(question),))
+                        TurnSnapshot(
+                            context_id=context_id, turn_id=turn_id, input=(user(question),)
+                        )
                     )
                     prefix = await manager.prepare(
                         ContextPrepareRequest(context_id=context_id, turn_id=turn_id, scope=scope)
