@@ -24,6 +24,7 @@ from turnloom.context import (
     get_gateway,
     message_size,
 )
+from turnloom.context.callids import rename_call_ids
 from turnloom.context.history import HistoryLimits, TurnHistory
 from turnloom.errors import (
     DuplicateIdError,
@@ -270,6 +271,10 @@ def test_a_reused_call_id_in_a_later_turn_pairs_with_its_own_call() -> None:
     history.commit("t3", [user("c")])
     items = history.view().render(CHAT, "t3").items
     assert [i.get("content") for i in items if i["role"] == "tool"] == ["one", "two"]
+    # The request carries each call id once: the reuse is renamed in its call
+    # and its result alike.
+    assert [c["id"] for i in items for c in i.get("tool_calls", ())] == ["c1", "c1_r2"]
+    assert [i["tool_call_id"] for i in items if i["role"] == "tool"] == ["c1", "c1_r2"]
     assert CHAT.validate(items) == []
 
 
@@ -308,7 +313,8 @@ def _naive(history: TurnHistory, turn_id: str) -> list[NativeContent]:
             out.extend(CHAT.render(message))
         if tid == turn_id:
             break
-    return out
+    # The cold render of a request: call ids made unique over the whole list.
+    return rename_call_ids(CHAT.type, out)
 
 
 @settings(max_examples=60, deadline=None)

@@ -39,6 +39,7 @@ import anyio.abc
 import msgspec
 
 from turnloom.context.area import ContextAreaImplementation
+from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.coop import CoopContext
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_gateway
 from turnloom.context.history import (
@@ -472,6 +473,9 @@ class ContextManager:
         self._issued: weakref.WeakValueDictionary[int, PreparedContext] = (
             weakref.WeakValueDictionary()
         )
+        # id -> the call-id renaming state after that prefix's items (build
+        # continues it); an entry goes when its prefix is collected.
+        self._call_ids: dict[int, CallIdRenamer] = {}
         self._settled = anyio.Event()
         self._settled.set()
         self._closed = False
@@ -1098,7 +1102,7 @@ class ContextManager:
                 # No collection while a model call of the context is in flight.
                 run_pass = state.invocation is None
                 started = anyio.current_time()
-                prepared, layout, section = await anyio.to_thread.run_sync(
+                prepared, layout, section, call_ids = await anyio.to_thread.run_sync(
                     self._render_in_thread,
                     view,
                     request,
@@ -1124,6 +1128,8 @@ class ContextManager:
                         self._latency.observe(anyio.current_time() - preparation.requested_at)
                         self._render.observe(prepared.render_seconds)
                     self._issued[id(prepared)] = prepared
+                    self._call_ids[id(prepared)] = call_ids
+                    weakref.finalize(prepared, self._call_ids.pop, id(prepared), None)
                     preparation.result = prepared
         except Exception as exc:
             if isinstance(exc, AreaCallbackError) and exc.phase == "register" and areas is not None:
@@ -1171,7 +1177,7 @@ class ContextManager:
         queued: float,
         areas: _Areas | None,
         run_pass: bool,
-    ) -> tuple[PreparedContext, _Layout, _AreaSection | None]:
+    ) -> tuple[PreparedContext, _Layout, _AreaSection | None, CallIdRenamer]:
         begin = time.perf_counter()
         gateway = self._gateway
         # The request was frozen at the door; its JSON encoding is CPU work.
@@ -1183,6 +1189,8 @@ class ContextManager:
             loop_budget=request.loop_budget,
         )
         rendered = view.render(gateway, request.turn_id, open_calls=self._open_calls)
+        # The pair and the area section continue the history's call-id renaming.
+        call_ids = rendered.call_ids
         items = rendered.items
         total = rendered.bytes
         call_id: str | None = None
@@ -1195,7 +1203,11 @@ class ContextManager:
             # section follows it.
             call_id = state_call_id(request.context_id, request.turn_id)
             reserved.append(call_id)
-            extra = tuple(gateway.render(pair[0])) + tuple(gateway.render(pair[1]))
+            extra = tuple(
+                rename_call_ids(
+                    gateway.type, [*gateway.render(pair[0]), *gateway.render(pair[1])], call_ids
+                )
+            )
             cap = self._limits.max_item_bytes
             size = len(_encoder.encode(extra[-1]))
             if size > cap:
@@ -1217,7 +1229,7 @@ class ContextManager:
                     f"been routed; turn {request.turn_id!r} cannot be prepared until it is.",
                     call_ids=exc.call_ids,
                 ) from exc
-            extra += section.items
+            extra += tuple(rename_call_ids(gateway.type, section.items, call_ids))
             outcome = section.outcome
         extra_sizes = tuple(len(_encoder.encode(item)) for item in extra)
         if extra:
@@ -1245,7 +1257,7 @@ class ContextManager:
             queued_seconds=queued,
             render_seconds=time.perf_counter() - begin,
         )
-        return prepared, _Layout(items, total, rendered, extra_sizes), section
+        return prepared, _Layout(items, total, rendered, extra_sizes), section, call_ids
 
     # -- continuation ------------------------------------------------------------
 
@@ -1262,7 +1274,12 @@ class ContextManager:
         The continuation (the turn's model outputs and tool results so far,
         oldest first) is rendered and appended; the prefix, including its
         runtime-state pair, is reused as is and never refreshed. Calls without
-        a result are handled by the ``open_calls`` policy. Cost: O(continuation).
+        a result are handled by the ``open_calls`` policy. A continuation call
+        reusing a call id of the prefix or of an earlier continuation call is
+        renamed, with its results, by the rule of
+        :mod:`turnloom.context.callids`, continued from the prefix, so the
+        items hold each call id once. Cost: O(continuation), plus a C-speed
+        copy of the prefix's set of call ids.
 
         Returns:
             tuple of NativeContent, oldest first.
@@ -1313,8 +1330,9 @@ class ContextManager:
                 reserved.add(message.id)
         gateway = self._gateway
         items: list[NativeContent] = list(prefix.items)
+        call_ids = self._call_ids[id(prefix)].copy()
         for message in complete_pairs(continuation, open_calls=self._open_calls):
-            items.extend(gateway.render(message))
+            items.extend(rename_call_ids(gateway.type, gateway.render(message), call_ids))
         return tuple(items)
 
     # -- lifecycle (driven by the Foundation) ---------------------------------------

@@ -47,6 +47,13 @@ contents written with snake_case part keys (``function_call``,
 ``inline_data``, ``thought_signature``, as the Vertex AI traffic has them);
 ``"json_results"`` (call ids whose ``response`` was carried as JSON text).
 
+Call ids: ids are optional on Gemini (model output may omit them; calls and
+responses without one are matched by name and have nothing to rename). An id
+that is given is matched to its response by id, so a reused one is renamed
+``<id>_r<n>`` in its ``functionCall`` and the ``functionResponse`` answering
+it, by the rule of :mod:`turnloom.context.callids`, in every prepared input
+and in :meth:`GeminiGateway.request_body`; no id is ever added.
+
 Source: Gemini API reference (``Content``, ``Part``, ``FunctionCall``,
 ``FunctionResponse``, ``systemInstruction``); function calling guide:
 respond to every function call of a model turn in one content, in order.
@@ -62,6 +69,7 @@ import mimetypes
 from collections.abc import Sequence
 from typing import Any
 
+from turnloom.context.callids import CallIdRenamer, register_rewriter, rename_call_ids
 from turnloom.context.gateway import GatewayType, NativeContent, Violation, register_gateway
 from turnloom.context.gateways._common import (
     args_object,
@@ -416,7 +424,8 @@ class GeminiGateway:
         ``functionResponse`` per call, in call order (matched by id, else by name), and
         no response that answers no call of that turn; a model turn with function calls
         directly follows a user turn or a function-response turn (the API rejects it
-        after another model turn or first); call ids unique within a model turn; every
+        after another model turn or first); call ids (where given) unique in the whole
+        input, so a response matched by id answers one call; every
         response has a name; roles are ``user`` or ``model`` (unset means ``user``); no
         content without parts; no empty or whitespace-only text part (thought parts
         excepted), except a content whose only part is an empty text: the Gemini API
@@ -431,6 +440,7 @@ class GeminiGateway:
         calls: list[tuple[str | None, str]] = []  # (id, name) of the previous model turn
         calls_at = -1
         previous_role: str | None = None
+        all_calls: dict[str, int] = {}  # every call id so far -> its content
         for index, item in enumerate(items):
             # ``role`` may be left unset (a user turn), as parse() reads it.
             role = item.get("role", "user") if isinstance(item, dict) else None
@@ -484,6 +494,18 @@ class GeminiGateway:
                                 f"Content {index} has two function calls with id {call_id!r}.",
                             )
                         )
+                    elif isinstance(call_id, str) and call_id in all_calls:
+                        out.append(
+                            violation(
+                                index,
+                                "duplicate_call_id",
+                                f"Content {index} reuses function call id {call_id!r} of "
+                                f"content {all_calls[call_id]}; call ids must be unique in a "
+                                "request.",
+                            )
+                        )
+                    if isinstance(call_id, str):
+                        all_calls.setdefault(call_id, index)
                     turn_calls.append((call_id, str(fc.get("name"))))
             if calls:
                 _check_answers(calls, calls_at, index, role, responses, out)
@@ -532,7 +554,10 @@ class GeminiGateway:
         response is sent without an id, like its call. A model turn with calls
         that nothing precedes (its user turn held only parts Gemini cannot
         carry, or was cut) is left out with its responses, with a logged
-        warning. Input items are not modified.
+        warning. A call id used by an earlier call is first renamed in its call
+        and in the responses answering it (the rule of
+        :mod:`turnloom.context.callids`), so responses matched by id answer
+        their own call. Input items are not modified.
 
         Source: Gemini API function calling (one response turn, call order;
         "function call turn comes immediately after a user turn or after a
@@ -542,7 +567,7 @@ class GeminiGateway:
         system_parts: list[Any] = []
         contents: list[NativeContent] = []
         calls: list[dict[str, Any]] = []
-        for item in items:
+        for item in rename_call_ids(GatewayType.gemini, items):
             if item.get("role") == "system":
                 system_parts.extend(item.get("parts", ()))
                 continue
@@ -733,3 +758,44 @@ def _parse_image(block: dict[str, Any], snake: bool) -> ImagePart | None:
 
 
 register_gateway(GatewayType.gemini, GeminiGateway)
+
+
+def _rewrite_call_ids(item: NativeContent, renamer: CallIdRenamer) -> NativeContent:
+    """Report one content's call and response ids to ``renamer``; the content with its ids.
+
+    Calls and responses without an id (model output may omit it) are matched
+    by name and have nothing to rename.
+    """
+    parts = item.get("parts") if isinstance(item, dict) else None
+    role = item.get("role", "user") if isinstance(item, dict) else None
+    if not isinstance(parts, list) or role not in ("user", "model"):
+        return item
+    new_parts: list[Any] | None = None
+    other = False
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict):
+            other = True
+            continue
+        if role == "model":
+            key = "functionCall" if "functionCall" in part else "function_call"
+        else:
+            key = "functionResponse" if "functionResponse" in part else "function_response"
+        inner = part.get(key)
+        if not isinstance(inner, dict):
+            other = True
+            continue
+        call_id = inner.get("id")
+        if not isinstance(call_id, str):
+            continue
+        new_id = renamer.call(call_id) if role == "model" else renamer.result(call_id)
+        if new_id != call_id:
+            if new_parts is None:
+                new_parts = list(parts)
+            new_parts[j] = {**part, key: {**inner, "id": new_id}}
+    if role == "user" and other:
+        # User content that is not a function response starts the next turn.
+        renamer.end_group()
+    return item if new_parts is None else {**item, "parts": new_parts}
+
+
+register_rewriter(GatewayType.gemini, _rewrite_call_ids)
