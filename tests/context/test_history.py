@@ -371,3 +371,16 @@ def test_views_render_the_same_from_many_threads_at_once() -> None:
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(render, range(len(views) * 8)))
     assert results == [expected[i % len(views)] for i in range(len(views) * 8)]
+
+
+def test_a_model_output_holding_only_a_signed_empty_text_is_recorded() -> None:
+    """A Gemini thought signature on an empty text is content, not a blank output."""
+    gemini = get_gateway(GatewayType.gemini)
+    native = {"role": "model", "parts": [{"text": "", "thoughtSignature": "U0lHX0I="}]}
+    history = TurnHistory()
+    history.commit("t1", [user("a")])
+    assert history.record("t1", [gemini.parse(native), assistant("  ")]) == 1
+    assert history.statistics().dropped_blank_outputs == 1
+    history.commit("t2", [user("b")])
+    items = history.view().render(gemini, "t2").items
+    assert items[1] == native

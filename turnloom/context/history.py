@@ -771,8 +771,9 @@ class HistoryView:
 def _blank(message: Message) -> bool:
     """True when the message has nothing but empty or whitespace-only text.
 
-    Reasoning with blank text and no signature, encrypted content or
-    redaction counts as blank too: it is what a model call cancelled while
+    A blank text part with extras (a Gemini thought signature on an empty
+    text) is content. Reasoning with blank text and no signature, encrypted
+    content or redaction counts as blank too: it is what a model call cancelled while
     it thought leaves behind, and no provider can verify or show it.
     """
     parts: tuple[Part, ...] = message.parts
@@ -781,7 +782,9 @@ def _blank(message: Message) -> bool:
 
 def _blank_part(part: Part) -> bool:
     if type(part) is TextPart:
-        return is_blank_text(part.text)
+        # Extras are content: a blank text part may carry a Gemini thought
+        # signature (the SDK keeps {"text": "", "thoughtSignature": ...}).
+        return is_blank_text(part.text) and not part.extras
     if type(part) is ReasoningPart:
         return (
             is_blank_text(part.text)
