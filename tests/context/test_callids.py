@@ -133,6 +133,27 @@ def test_a_result_for_no_call_of_its_group_keeps_its_id() -> None:
     assert renamer.result("x") == "x_r2"
 
 
+def test_forget_is_exact_only_when_no_kept_rename_depended_on_the_dropped_ids() -> None:
+    """Eviction: forgetting is refused exactly when a kept rename came from a dropped id."""
+
+    def state(*ids: str) -> CallIdRenamer:
+        renamer = CallIdRenamer()
+        for call_id in ids:
+            renamer.end_group()
+            renamer.call(call_id)
+        return renamer
+
+    kept = state("y", "x", "x")  # the second x became x_r2
+    assert kept.forget(state("y")) is True
+    assert ("y" in kept, "x" in kept, "x_r2" in kept) == (False, True, True)
+    # The dropped x is the first use whose reuse was renamed.
+    assert state("x", "x").forget(state("x")) is False
+    # A dropped x_r3 is a name the counter of x may have skipped.
+    refused = state("x_r3", "x", "x")
+    assert refused.forget(state("x_r3")) is False
+    assert "x_r3" in refused
+
+
 # -- every gateway: request_body renames, validate flags --------------------------
 
 

@@ -384,3 +384,31 @@ def test_a_model_output_holding_only_a_signed_empty_text_is_recorded() -> None:
     history.commit("t2", [user("b")])
     items = history.view().render(gemini, "t2").items
     assert items[1] == native
+
+
+def test_eviction_renders_the_kept_turns_as_a_cold_render_would() -> None:
+    """Invariant: after eviction, call ids are renamed as if the kept turns were all there
+    was: with no rename the evicted ids are forgotten, after a rename the run is rebuilt."""
+    history = TurnHistory(HistoryLimits(max_turns=2))
+    history.commit("t1", [user("a")])
+    history.record("t1", [call("c1"), result("c1")])
+    history.commit("t2", [user("b")])
+    history.record("t2", [call("c1"), result("c1")])
+    history.commit("t3", [user("c")])
+    ids = [
+        c["id"] for i in history.view().render(CHAT, "t3").items for c in i.get("tool_calls", ())
+    ]
+    assert ids == ["c1", "c1_r2"]
+    assert history.evict() == ("t1",)  # the renamed reuse in t2 is now the first c1
+    history.record("t3", [call("c2"), result("c2")])
+    history.commit("t4", [user("d")])
+    ids = [
+        c["id"] for i in history.view().render(CHAT, "t4").items for c in i.get("tool_calls", ())
+    ]
+    assert ids == ["c1", "c2"]
+    assert history.evict() == ("t2",)  # nothing renamed: c1 is forgotten
+    history.record("t4", [call("c1"), result("c1")])
+    history.commit("t5", [user("e")])
+    items = history.view().render(CHAT, "t5").items
+    assert [c["id"] for i in items for c in i.get("tool_calls", ())] == ["c2", "c1"]
+    assert [i["tool_call_id"] for i in items if i["role"] == "tool"] == ["c2", "c1"]

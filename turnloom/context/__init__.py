@@ -10,6 +10,7 @@ __all__ = (
     "CANCELLED_RESULT_TEXT",
     "AreaFlowState",
     "AreaLifeState",
+    "CallIdRenamer",
     "CollectionPlan",
     "CollectionReport",
     "Context",
@@ -43,6 +44,7 @@ __all__ = (
     "message_size",
     "open_call_ids",
     "plan_collection",
+    "rename_call_ids",
 )
 
 from turnloom.context import gateways as _gateways  # registers the built-in gateways
@@ -52,6 +54,7 @@ from turnloom.context.area import (
     ContextAreaImplementation,
     EffectRange,
 )
+from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.coop import (
     CollectionPlan,
     CollectionReport,

@@ -123,14 +123,26 @@ class CallIdRenamer:
         self._group = {}
         self._in_results = False
 
-    def forget(self, dropped: CallIdRenamer) -> None:
+    def forget(self, dropped: CallIdRenamer) -> bool:
         """Remove the ids that ``dropped`` saw: items left out at the request's front.
 
-        The state then equals one built from the remaining items only, provided
-        nothing was renamed (:attr:`renamed` is 0: every id occurs in one call
-        group); with renames, build the state from the remaining items instead.
+        Exact only when no rename of the remaining items depended on the
+        dropped ones: no dropped id is an id this state renamed a reuse of,
+        nor one of the form ``<such id>_r<n>``. Then the state equals one built
+        from the remaining items alone, and True is returned. Otherwise nothing
+        changes and False is returned: rename the remaining items anew.
+
+        Args:
+            dropped: a fresh renamer advanced over the dropped items only.
         """
+        counters = self._counters
+        if counters:
+            for call_id in dropped._seen:
+                base, sep, number = call_id.rpartition("_r")
+                if call_id in counters or (sep and number.isdigit() and base in counters):
+                    return False
         self._seen.difference_update(dropped._seen)
+        return True
 
 
 Rewriter = Callable[[NativeContent, CallIdRenamer], NativeContent]

@@ -27,8 +27,10 @@ The run applies it to each closed turn once, when the turn is appended, so a
 rename depends only on the items before it and the run stays a byte-stable
 prefix while only appends happen. The turn's input continues from the run's
 state (:attr:`RenderedHistory.call_ids`). Eviction forgets the evicted
-items' ids; when the run renamed anything, the run is rebuilt from the
-per-turn caches instead, so it always equals a render of the kept history.
+items' ids; when a rename of a kept item depended on an evicted item (the
+evicted turn held the first use of a reused id), the kept items rename
+differently and the run is rebuilt from the per-turn caches (O(kept items),
+once per such eviction), so it always equals a render of the kept history.
 
 Thread safety: mutate a :class:`TurnHistory` from one thread (the event loop).
 Views are immutable and may be rendered from any number of worker threads at
@@ -706,21 +708,19 @@ class HistoryView:
             # changes), so the last kept turn being the same object means the
             # whole kept run is this view's prefix.
             or (kept and closed[kept - 1] is not layout.turns[-1])
-            # A rename in the run may have been caused by an evicted item: a
-            # render of the kept turns alone could rename differently, so the
-            # run is rebuilt (once per such eviction, from the turn caches).
-            or (dropped and run.call_ids.renamed)
         ):
             return False
         if dropped:
             origin = (layout.item_ends[dropped - 1], layout.byte_ends[dropped - 1])
             start = len(layout.pinned.items)
             end = start + origin[0] - layout.origin[0]
-            # Nothing was renamed, so each id occurs in one place: forgetting
-            # the evicted items' ids leaves the state of the kept items.
             evicted_ids = CallIdRenamer()
             rename_call_ids(gateway.type, run.items[start:end], evicted_ids)
-            run.call_ids.forget(evicted_ids)
+            if not run.call_ids.forget(evicted_ids):
+                # A rename of a kept item depended on an evicted one: a render
+                # of the kept turns alone renames differently, so the run is
+                # rebuilt from the per-turn caches (O(kept items), once).
+                return False
             del run.items[start:end]
             run.layout = _Layout(
                 layout.pinned,
