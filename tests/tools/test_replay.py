@@ -23,13 +23,10 @@ from tests.context.gateways._support import ITEM_FIELD, call_sites
 from turnloom.context import GatewayType
 from turnloom.context.callids import rename_call_ids
 from turnloom.errors import InputError
-from turnloom.runtime.replay import (
-    builtin_trajectories,
-    load_trajectories,
-    percentile,
-    replay,
-)
-from turnloom.runtime.workload import generate_trajectories
+from turnloom.tools._stats import percentile
+from turnloom.tools.replay import replay
+from turnloom.tools.trajectories import builtin_trajectories, load_trajectories
+from turnloom.tools.workload import generate_trajectories
 
 CHAT_INPUT = TypeAdapter(list[ChatCompletionMessageParam])
 
