@@ -377,6 +377,12 @@ def test_an_injected_call_gets_the_documented_placeholder_signature() -> None:
             ],
         }
     ]
+    # The official SDK reads the JSON value as the documented dummy's bytes.
+    from google.genai import types
+
+    content = types.Content.model_validate(gw.render(injected)[0])
+    assert content.parts is not None
+    assert content.parts[0].thought_signature == b"skip_thought_signature_validator"
     # Other gateways ignore the Gemini hint.
     assert get_gateway("openai_chat").render(injected)[0]["tool_calls"][0] == {
         "id": "s1",
