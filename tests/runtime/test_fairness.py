@@ -21,6 +21,11 @@ def _commit(manager: ContextManager, context_id: str, turn_id: str) -> None:
     manager.accept_turn(TurnSnapshot(context_id=context_id, turn_id=turn_id, input=(user("hi"),)))
 
 
+def _admitted_or_waiting(manager: ContextManager) -> int:
+    stats = manager.statistics().preparations
+    return stats.pending + stats.waiting_for_slot
+
+
 async def _until(condition: object) -> None:
     """Let the other tasks run until ``condition()`` holds (a hang guard, not a timing)."""
     with anyio.fail_after(30):
@@ -104,7 +109,7 @@ async def test_one_tenant_flooding_cannot_take_every_slot_from_another() -> None
         async with anyio.create_task_group() as group:
             for n in range(8):
                 group.start_soon(flood, n)
-            await _until(lambda: manager.statistics().preparations.waiting_for_slot == 6)
+            await _until(lambda: _admitted_or_waiting(manager) == 8)
             assert manager.statistics().preparations.pending == 2  # A holds its limit
             prefix = await manager.prepare(
                 ContextPrepareRequest(context_id="b", turn_id="t1", scope=B)
@@ -134,15 +139,15 @@ async def test_a_waiting_tenant_gets_the_next_freed_slot_before_the_flooders_que
         async with anyio.create_task_group() as group:
             for n in range(4):
                 group.start_soon(prepare, "a", f"t{n}", A)
-                await _until(
-                    lambda n=n: manager.statistics().preparations.waiting_for_slot == max(0, n - 1)
-                )
+                await _until(lambda n=n: _admitted_or_waiting(manager) == n + 1)
             group.start_soon(prepare, "b", "t1", B)
-            await _until(lambda: manager.statistics().preparations.waiting_for_slot == 3)
+            await _until(lambda: _admitted_or_waiting(manager) == 5)
             _commit(manager, "a", "t0")  # its slot frees: B holds fewer than A, B goes next
             await _until(lambda: order == ["at0", "bt1"])
+            # Then A's t2 takes B's slot (A's t1 and t2 held; t3 waits).
+            await _until(lambda: _admitted_or_waiting(manager) == 3)
             stats = manager.statistics().preparations
-            assert (stats.pending, stats.waiting_for_slot) == (2, 1)  # A's t1, t2; t3 waits
+            assert (stats.pending, stats.waiting_for_slot) == (2, 1)
             for n in range(1, 4):
                 _commit(manager, "a", f"t{n}")
     assert order[:2] == ["at0", "bt1"]

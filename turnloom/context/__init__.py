@@ -14,6 +14,7 @@ __all__ = (
     "ApproxTokenCounter",
     "AreaFlowState",
     "AreaLifeState",
+    "CallIdRenamer",
     "CollectionPlan",
     "CollectionReport",
     "Context",
@@ -76,6 +77,7 @@ __all__ = (
     "message_size",
     "open_call_ids",
     "plan_collection",
+    "rename_call_ids",
     "scope_indices",
 )
 
@@ -86,6 +88,7 @@ from turnloom.context.area import (
     ContextAreaImplementation,
     EffectRange,
 )
+from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.coop import (
     CollectionPlan,
     CollectionReport,

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import HistoryView, RenderedHistory
 from turnloom.context.memory import memory_payload
@@ -32,9 +33,13 @@ _CACHE_CONTROL = {"cache_control": {"type": "ephemeral"}}
 
 
 class DeliveredPrefix:
-    """A delivered prefix and how to count the bytes of any leading part of it."""
+    """A delivered prefix and how to count the bytes of any leading part of it.
 
-    __slots__ = ("bytes", "extra_sizes", "items", "lead_sizes", "rendered")
+    ``call_ids`` is the call-id renaming state after ``items``
+    (:mod:`turnloom.context.callids`); ``build`` continues it, on a copy.
+    """
+
+    __slots__ = ("bytes", "call_ids", "extra_sizes", "items", "lead_sizes", "rendered")
 
     def __init__(
         self,
@@ -42,12 +47,14 @@ class DeliveredPrefix:
         total: int,
         rendered: RenderedHistory,
         extra_sizes: tuple[int, ...],
+        call_ids: CallIdRenamer,
         lead_sizes: tuple[int, ...] = (),
     ) -> None:
         self.items = items
         self.bytes = total
         self.rendered = rendered
         self.extra_sizes = extra_sizes  # state pair + area section, after the history
+        self.call_ids = call_ids
         self.lead_sizes = lead_sizes  # the assembled system prompt, before the history
 
     def bytes_before(self, count: int) -> int:
@@ -133,6 +140,8 @@ def render_preparation(
         memory=memory,
     )
     rendered = view.render(gateway, request.turn_id, open_calls=options.open_calls)
+    # The pair and the area section continue the history's call-id renaming.
+    call_ids = rendered.call_ids
     lead_sizes = tuple(len(_encoder.encode(item)) for item in lead)
     items = lead + rendered.items if lead else rendered.items
     total = rendered.bytes + sum(lead_sizes)
@@ -145,7 +154,11 @@ def render_preparation(
         # The pair sits directly after the turn's input; the area section follows it.
         call_id = state_call_id(request.context_id, request.turn_id)
         reserved.append(call_id)
-        extra = tuple(gateway.render(pair[0])) + tuple(gateway.render(pair[1]))
+        extra = tuple(
+            rename_call_ids(
+                gateway.type, [*gateway.render(pair[0]), *gateway.render(pair[1])], call_ids
+            )
+        )
         size = len(_encoder.encode(extra[-1]))
         if size > max_item_bytes:
             raise ItemTooLargeError(
@@ -166,7 +179,7 @@ def render_preparation(
                 f"been routed; turn {request.turn_id!r} cannot be prepared until it is.",
                 call_ids=exc.call_ids,
             ) from exc
-        extra += section.items
+        extra += tuple(rename_call_ids(gateway.type, section.items, call_ids))
         outcome = section.outcome
     extra_sizes = tuple(len(_encoder.encode(item)) for item in extra)
     if extra:
@@ -195,7 +208,11 @@ def render_preparation(
         render_seconds=time.perf_counter() - begin,
         assembled=assembled,
     )
-    return prepared, DeliveredPrefix(items, total, rendered, extra_sizes, lead_sizes), section
+    return (
+        prepared,
+        DeliveredPrefix(items, total, rendered, extra_sizes, call_ids, lead_sizes),
+        section,
+    )
 
 
 def assembled_prompt(gateway: Gateway, assembled: AssembledContext) -> tuple[NativeContent, ...]:
