@@ -27,6 +27,7 @@ Usage: python scripts/bench_assembly.py [--turns N] [--gateway G] [--top-k K] [-
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 from pathlib import Path
@@ -137,8 +138,7 @@ async def _run(
 
 def _shares(prefixes: list[PreparedContext]) -> list[float]:
     return [
-        current.reused_bytes / previous.bytes
-        for previous, current in zip(prefixes, prefixes[1:], strict=False)
+        current.reused_bytes / previous.bytes for previous, current in itertools.pairwise(prefixes)
     ]
 
 
@@ -180,8 +180,8 @@ def main() -> None:
         rows.append(reused / compared)
         print(
             f"{name:12s} reuse of the previous input: mean {statistics.mean(shares):6.1%}  "
-            f"min {min(shares):6.1%}  total {reused:,} of {compared:,} bytes ({reused / compared:.1%})"
-            f"  last input {prefixes[-1].bytes:,} bytes"
+            f"min {min(shares):6.1%}  total {reused:,} of {compared:,} bytes "
+            f"({reused / compared:.1%})  last input {prefixes[-1].bytes:,} bytes"
         )
     if rows[1]:
         print(f"stratified / seed layout, total reused bytes: {rows[0] / rows[1]:.1f}x")
