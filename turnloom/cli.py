@@ -1,4 +1,4 @@
-"""The ``turnloom`` command line: ``replay`` and ``loadtest``.
+"""The ``turnloom`` command line: ``replay``, ``loadtest`` and ``memory``.
 
 Exit status: 0 when everything succeeded, 1 when a session failed (the others
 still ran and are reported), 2 for a usage error (bad option, a gateway not
@@ -20,10 +20,14 @@ import msgspec
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from turnloom.context.gateway import GatewayType, get_gateway
-from turnloom.errors import InputError
+from turnloom.context.memory import TenantScope
+from turnloom.errors import InputError, TurnloomError
+from turnloom.runtime.assembly import STRATEGIES
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.metrics import MetricsServer, serve_metrics
+from turnloom.stores import SQLiteMemory
 from turnloom.tools.loadtest import LoadtestReport, count_model_calls, loadtest
+from turnloom.tools.memory import add_memory_parser, run_memory
 from turnloom.tools.replay import ReplaySummary, replay
 from turnloom.tools.trajectories import (
     ReplayError,
@@ -66,6 +70,11 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument(
         "--sessions", type=_positive, default=24, help="sessions of the built-in workload (24)"
     )
+    rp.add_argument(
+        "--strategy", choices=sorted(STRATEGIES), help="assemble every turn with this strategy"
+    )
+    rp.add_argument("--memory", metavar="DB", help="the SQLite memory database it searches")
+    rp.add_argument("--tenant", default="replay", metavar="T", help="the sessions' tenant")
     lt = commands.add_parser(
         "loadtest",
         help="run many concurrent sessions through one Foundation",
@@ -89,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     lt.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON")
     lt.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_memory_parser(commands)
     return parser
 
 
@@ -109,6 +119,12 @@ def _print_summary(summary: ReplaySummary, out: TextIO) -> None:
         f"wall: {summary.seconds:.2f} s",
         file=out,
     )
+    if summary.strategy is not None:
+        print(
+            f"strategy: {summary.strategy}  hydrated entries: {summary.hydrated_entries}  "
+            f"prefix reuse: {summary.prefix_reuse:.1%}",
+            file=out,
+        )
 
 
 def _gateway_available(command: str, gateway: str) -> bool:
@@ -142,7 +158,12 @@ def _replay(args: argparse.Namespace) -> int:
                 f"turnloom replay: error: cannot write {args.out}: {exc.strerror}.", file=sys.stderr
             )
             return 2
+    memory: SQLiteMemory | None = None
     try:
+        if args.memory is not None:
+            if args.strategy is None:
+                raise InputError("--memory needs --strategy jit or --strategy stratified.")
+            memory = SQLiteMemory(args.memory, create=False)
         summary = anyio.run(
             lambda: replay(
                 trajectories,
@@ -150,11 +171,19 @@ def _replay(args: argparse.Namespace) -> int:
                 concurrency=args.concurrency,
                 out=out,
                 load_errors=load_errors,
+                strategy=args.strategy,
+                memory=memory,
+                scope=TenantScope(tenant_id=args.tenant) if args.strategy else None,
             )
         )
+    except TurnloomError as exc:
+        print(f"turnloom replay: error: {exc}", file=sys.stderr)
+        return 2
     finally:
         if out is not None:
             out.close()
+        if memory is not None:
+            memory.close()
     for error in summary.errors:
         print(f"turnloom replay: error: {error}", file=sys.stderr)
     _print_summary(summary, sys.stdout)
@@ -252,6 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _replay(args)
     if args.command == "loadtest":
         return _loadtest(args)
+    if args.command == "memory":
+        return run_memory(args)
     raise AssertionError(f"unhandled command {args.command!r}")
 
 
