@@ -128,7 +128,9 @@ class ContextManager:
         self._open_calls = options.open_calls
         self._counters = Counters()
         self._queue = PreparationQueue(options.max_pending_preparations, task_group, self._counters)
-        self._table = ContextTable(self._limits, self._gateway, self._counters)
+        self._table = ContextTable(
+            self._limits, self._gateway, self._counters, options.token_counter
+        )
         # id -> prefix, for every prefix prepare returned that is still alive:
         # build continues only these (O(1), no hashing of the items).
         self._issued: weakref.WeakValueDictionary[int, PreparedContext] = (
@@ -489,11 +491,14 @@ class ContextManager:
         if scope.cancel_called:
             return
         if preparation.wanted:
-            if areas is not None and section is not None:
+            # A scoped prepare leaves what unscoped ones compare with and reuse.
+            unscoped = request.scope is None
+            if unscoped and areas is not None and section is not None:
                 areas.delivered = max(areas.delivered, section.generation)
-            state.last = delivered
+            if unscoped:
+                state.last = delivered
             self._counters.delivered(
-                last.bytes if last is not None else 0,
+                last.bytes if last is not None and unscoped else 0,
                 prepared,
                 anyio.current_time() - preparation.requested_at,
             )
