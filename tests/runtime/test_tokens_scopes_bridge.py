@@ -29,11 +29,13 @@ from tests.runtime.helpers import SYSTEM, assistant, call, result, user
 from turnloom.context import (
     AllOf,
     ApproxTokenCounter,
+    ContextScope,
     FrozenContext,
     LastNTurns,
     Message,
     Not,
     OpenAITokenCounter,
+    Role,
     RoleFilter,
     Since,
     Tagged,
@@ -154,7 +156,7 @@ async def test_max_tokens_evicts_whole_turns_oldest_first_and_pinned_are_not_cou
     pinned instructions (far over the bound) are never counted or evicted."""
     per_turn = _turn_tokens("x" * 40)  # user 3+1+10, assistant 3+3+10
     assert per_turn == 30
-    big_system = Message(role="system", content="S" * 4000)
+    big_system = Message(role=Role.system, content="S" * 4000)
     limits = HistoryLimits(max_tokens=per_turn * 3)
     async with Foundation(history_limits=limits) as foundation:
         manager = foundation.manager
@@ -299,7 +301,12 @@ async def test_scoped_prepares_never_disturb_unscoped_ones(tau_bench_path: Path)
     """Interleaved with scoped prepares, every unscoped prepare is byte-identical to a
     cold render of the history and reuses the whole previous prefix (byte-stable)."""
     trajectories = _tau_messages(tau_bench_path, 3)
-    scopes = [LastNTurns(1), RoleFilter("user", "assistant"), Since(3), LastNTurns(3)]
+    scopes: list[ContextScope] = [
+        LastNTurns(1),
+        RoleFilter("user", "assistant"),
+        Since(3),
+        LastNTurns(3),
+    ]
     async with Foundation() as foundation:
         manager = foundation.manager
         previous = None
@@ -342,7 +349,11 @@ async def test_a_bad_scope_fails_at_the_door_before_a_slot_is_taken() -> None:
         manager = foundation.manager
         await _voice_history(manager)
         for bad in (object(), "LastNTurns(2)", 4):
-            request = ContextPrepareRequest(context_id="c", turn_id="t3", scope=bad)  # type: ignore[arg-type]
+            request = ContextPrepareRequest(
+                context_id="c",
+                turn_id="t3",
+                scope=bad,  # type: ignore[arg-type]
+            )
             with pytest.raises(InvalidArgumentError) as info:
                 await manager.prepare(request)
             assert info.value.field == "scope"
@@ -384,7 +395,12 @@ async def test_working_context_is_the_retained_history_paired_and_independent() 
         manager.record("c", "t3", [call("open")])  # no result yet
         ctx = await manager.working_context("c")
         assert ctx.prefix.as_messages() == [SYSTEM]
-        assert [m.text or m.role.value for m in ctx.messages][:4] == ["u0", "assistant", "tool", "a0"]
+        assert [m.text or m.role.value for m in ctx.messages][:4] == [
+            "u0",
+            "assistant",
+            "tool",
+            "a0",
+        ]
         assert len(ctx.messages) == 11  # 12 kept, the open call excluded
         assert all(c.call_id != "open" for m in ctx.messages for c in m.tool_calls)
         ctx.append(user("sub-agent scribble")).note("plan", [1, 2])
@@ -393,7 +409,13 @@ async def test_working_context_is_the_retained_history_paired_and_independent() 
         assert sliced.messages == [user("u3")]
         frozen = await manager.briefing("c", scope=LastNTurns(2))
     assert isinstance(frozen, FrozenContext)
-    assert frozen.messages == (user("u2"), call("k2"), result("k2", "r2"), assistant("a2"), user("u3"))
+    assert frozen.messages == (
+        user("u2"),
+        call("k2"),
+        result("k2", "r2"),
+        assistant("a2"),
+        user("u3"),
+    )
     assert frozen.prefix.grounding == (SYSTEM,)
 
 
@@ -423,16 +445,22 @@ async def test_fold_records_a_sub_agent_result_as_the_delegating_call_result() -
         assert manager.fold("c", "t3", sub, call_id="delegate") == 1
         outputs = manager.history("c").turn_messages("t3")[1:]
         assert outputs[-1] == Message(
-            role="tool",
+            role=Role.tool,
             content=(
                 ToolResultPart(
-                    call_id="delegate", name="research", content=(TextPart(text="Lisbon is sunny."),)
+                    call_id="delegate",
+                    name="research",
+                    content=(TextPart(text="Lisbon is sunny."),),
                 ),
             ),
         )
         prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t3"))
         items = manager.build(prefix, outputs)
-        assert items[-1] == {"role": "tool", "tool_call_id": "delegate", "content": "Lisbon is sunny."}
+        assert items[-1] == {
+            "role": "tool",
+            "tool_call_id": "delegate",
+            "content": "Lisbon is sunny.",
+        }
         assert manager.fold("c", "t3", sub.freeze(), agent="researcher") == 1
         tagged = await manager.working_context("c", scope=Tagged("researcher"))
         assert [m.text for m in tagged.messages] == ["Lisbon is sunny."]

@@ -424,9 +424,7 @@ class OpenAITokenCounter:
                 # bpe-openai reads its vocabularies with importlib.resources'
                 # deprecated open_binary when first imported: its warning,
                 # not the caller's, and an error under ``-W error``.
-                warnings.filterwarnings(
-                    "ignore", "open_binary is deprecated", DeprecationWarning
-                )
+                warnings.filterwarnings("ignore", "open_binary is deprecated", DeprecationWarning)
                 import bpe_openai  # the optional extra
         except ImportError as exc:
             raise MissingDependencyError(

@@ -96,8 +96,10 @@ class ContextTable:
             as ``TurnHistory.commit``; nothing changed when it raises.
         """
         state = self.contexts.get(context_id)
-        history = state.history if state is not None else TurnHistory(
-            self._limits, token_counter=self._token_counter
+        history = (
+            state.history
+            if state is not None
+            else TurnHistory(self._limits, token_counter=self._token_counter)
         )
         before = history.statistics()
         history.commit(
