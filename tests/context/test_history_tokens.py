@@ -54,7 +54,7 @@ def _outputs(n: int, kinds: list[str]) -> list[Message]:
             out.append(assistant(f"answer {n}.{j}"))
         elif kind in "co":
             last = f"k{n}_{j}"
-            out.append(call(last, arguments='{"n": %d}' % j))
+            out.append(call(last, arguments=f'{{"n": {j}}}'))
             if kind == "o":
                 last = None
         elif last is not None:
