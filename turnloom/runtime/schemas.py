@@ -253,6 +253,8 @@ class HistoryTotals(msgspec.Struct, frozen=True, kw_only=True):
             (removed contexts included).
         dropped_late_outputs_total: outputs recorded for evicted turns, dropped.
         dropped_blank_outputs_total: empty or whitespace-only outputs not recorded.
+        tokens: tokens of the messages held across all contexts (pinned
+            instructions excluded), by the Foundation's token counter.
     """
 
     turns: int
@@ -262,6 +264,7 @@ class HistoryTotals(msgspec.Struct, frozen=True, kw_only=True):
     evicted_items_total: int
     dropped_late_outputs_total: int
     dropped_blank_outputs_total: int
+    tokens: int = 0
 
 
 class PrefixStatistics(msgspec.Struct, frozen=True, kw_only=True):
