@@ -27,6 +27,7 @@ Usage: python scripts/bench_budget.py [--items N] [--repeat R] [--backend asynci
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -63,17 +64,15 @@ def _transcripts(path: Path) -> list[list[Message]]:
 def _load(manager: ContextManager, transcripts: list[list[Message]], items: int) -> str:
     """Commit turns round the transcripts until ``items`` messages are held."""
     held = 0
-    number = 0
+    ids = (f"t{n}" for n in itertools.count())
     latest = ""
     pinned_done = False
     while True:
         for messages in transcripts:
-            ids = (f"t{number + i}" for i in range(1_000_000))
             for step in walk(messages, ids=ids):
                 if isinstance(step, Turn):
                     if held >= items:
                         return latest
-                    number += 1
                     turn = snapshot("c", step)
                     if pinned_done:
                         turn = TurnSnapshot(context_id="c", turn_id=turn.turn_id, input=turn.input)

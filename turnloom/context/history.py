@@ -50,6 +50,7 @@ __all__ = (
 import bisect
 import ctypes
 import gc
+import itertools
 import sys
 import sysconfig
 import threading
@@ -732,20 +733,25 @@ class HistoryView:
             ProviderRuleError: the gateway rejects a message's content.
         """
         position = self._position(turn_id)
-        spans = [(*t.input, *t.outputs) for t in self._turns[:position]]
-        spans.append(self._turns[position].input)
-        messages = [e.message for span in spans for e in span]
-        keep = scope_indices(scope, messages)
+        turns = self._turns[:position]
+        entries = [e for t in turns for e in (*t.input, *t.outputs)]
+        ends = list(itertools.accumulate(t.items for t in turns))  # where each turn ends
+        head = self._turns[position].input
+        keep = scope_indices(scope, [e.message for e in (*entries, *head)])
+        # Group the kept entries by turn, each turn's in order; cost follows the kept.
+        kept_spans: list[list[_Entry]] = []
+        span_at = -1
+        for i in sorted(i for i in keep if 0 <= i < len(entries)):
+            span = bisect.bisect_right(ends, i)
+            if span != span_at:
+                kept_spans.append([])
+                span_at = span
+            kept_spans[-1].append(entries[i])
+        kept_spans.append(list(head))  # the turn's input, whole
         shared = self._shared
         slots = shared.slots((gateway, open_calls))
         counter = shared.counter
         pinned = _render_entries(self._pinned, gateway, slots[0], open_calls, counter)
-        at = 0
-        kept_spans: list[list[_Entry]] = []
-        for span in spans[:-1]:
-            kept_spans.append([e for i, e in enumerate(span, at) if i in keep])
-            at += len(span)
-        kept_spans.append(list(spans[-1]))  # the turn's input, whole
         items: list[NativeContent] = []
         sizes: list[int] = []
         tokens = 0
@@ -760,6 +766,10 @@ class HistoryView:
         tail = _Rendered(tuple(items), tuple(sizes), sum(sizes), tokens)
         positions = _TurnPositions(pinned, (), (0, 0), (), ())
         return RenderedHistory(pinned.items + tail.items, positions, tail, slots[1], turn_start)
+
+    def messages(self) -> tuple[Message, ...]:
+        """Every kept turn's input then outputs, oldest first (pinned excluded)."""
+        return tuple(e.message for t in self._turns for e in (*t.input, *t.outputs))
 
     def scope_messages(self, turn_id: str) -> tuple[Message, ...]:
         """The messages a scope of :meth:`render_scoped` indexes, in order.

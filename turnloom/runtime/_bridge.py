@@ -42,7 +42,7 @@ def working_context(
         PositionalScopeError: a scope without ``indices`` asked a positional
             scope's ``matches``.
     """
-    messages = [m for turn_id in view.turn_ids for m in view.turn_messages(turn_id)]
+    messages = list(view.messages())
     if scope is not None:
         keep = scope_indices(scope, messages)
         messages = [m for i, m in enumerate(messages) if i in keep]
