@@ -46,6 +46,7 @@ from turnloom.context import (
     complete_pairs,
     get_gateway,
 )
+from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.history import HistoryLimits, TurnHistory
 from turnloom.errors import InvalidArgumentError, PositionalScopeError, UnknownTurnError
 from turnloom.runtime import ContextManager, ContextPrepareRequest, Foundation, TurnSnapshot
@@ -78,11 +79,11 @@ def _parsed(items: tuple[Any, ...]) -> list[Message]:
 
 
 def _cold_items(messages: list[Message]) -> tuple[Any, ...]:
-    """What a cold render of ``messages`` gives: complete pairs, then each rendered."""
+    """A cold render of ``messages``: complete pairs, render each, unique call ids."""
     out: list[Any] = []
     for message in complete_pairs(messages):
         out.extend(CHAT.render(message))
-    return tuple(out)
+    return tuple(rename_call_ids(CHAT.type, out, CallIdRenamer()))
 
 
 # -- one estimator -------------------------------------------------------------------
@@ -108,7 +109,10 @@ async def test_history_prepare_and_working_context_report_one_token_number(
     assert len(ids) >= 1 and pinned
     whole = counter.count(pinned + view_messages)
     assert prepared.tokens == whole
-    assert prepared.tokens == counter.count(_parsed(prepared.items))
+    # The messages as recorded: the request renames reused call ids (a wire
+    # detail), which the count does not follow.
+    renamed = counter.count(_parsed(prepared.items))
+    assert renamed >= prepared.tokens
     assert briefing.tokens() == whole
     assert briefing.token_counter is counter
     history = TurnHistory(token_counter=counter)
@@ -334,6 +338,8 @@ async def test_scoped_prepares_never_disturb_unscoped_ones(tau_bench_path: Path)
                         assert whole.items[: previous.item_count] == previous.items
                         assert whole.reused_bytes == previous.bytes
                     assert scoped.item_count <= whole.item_count
+                    body = CHAT.request_body(scoped.items)[CHAT.items_field]
+                    assert CHAT.validate(body) == []  # pairs complete, call ids unique
                     previous = whole
                 elif isinstance(step, Reply | Output):
                     manager.record("c", step.turn_id, (step.message,))

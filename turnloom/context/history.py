@@ -23,6 +23,17 @@ turns appended). A render does Python work only for new items; what remains
 proportional to the history is one C-speed copy of item references into the
 output tuple.
 
+Call ids: a history may reuse a call id in a later turn; a rendered input
+carries each call id once, by the rule of :mod:`turnloom.context.callids`.
+The run applies it to each closed turn once, when the turn is appended, so a
+rename depends only on the items before it and the run stays a byte-stable
+prefix while only appends happen. The turn's input continues from the run's
+state (:attr:`RenderedHistory.call_ids`). Eviction forgets the evicted
+items' ids; when a rename of a kept item depended on an evicted item (the
+evicted turn held the first use of a reused id), the kept items rename
+differently and the run is rebuilt from the per-turn caches (O(kept items),
+once per such eviction), so it always equals a render of the kept history.
+
 Thread safety: mutate a :class:`TurnHistory` from one thread (the event loop).
 Views are immutable and may be rendered from any number of worker threads at
 once: per-message and per-turn caches are filled by single assignments (a
@@ -59,6 +70,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
+from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.message import (
     Message,
@@ -173,22 +185,25 @@ class RenderedHistory:
         tokens: tokens of the messages ``items`` render, by the history's
             token counter (each message counted once, when it entered).
         turn_start: index in ``items`` of the turn's first input item.
+        call_ids: the call-id renaming state after ``items`` (see
+            :mod:`turnloom.context.callids`): continue it over items appended
+            to this input so their call ids stay unique. Owned by the caller.
     """
 
-    __slots__ = ("_head", "_positions", "_slot", "bytes", "items", "tokens", "turn_start")
+    __slots__ = ("_head", "_positions", "bytes", "call_ids", "items", "tokens", "turn_start")
 
     def __init__(
         self,
         items: tuple[NativeContent, ...],
         positions: _TurnPositions,
         head: _Rendered,
-        slot: int,
+        call_ids: CallIdRenamer,
         turn_start: int | None = None,
     ) -> None:
         self.items = items
         self._positions = positions
         self._head = head
-        self._slot = slot
+        self.call_ids = call_ids
         head_start = len(items) - len(head.items)
         self.turn_start: int = head_start if turn_start is None else turn_start
         self.bytes: int = positions.bytes + head.bytes
@@ -213,9 +228,7 @@ class RenderedHistory:
             return positions.bytes
         turn_start = positions.item_ends[index - 1] if index else positions.origin[0]
         bytes_start = positions.byte_ends[index - 1] if index else positions.origin[1]
-        full = positions.turns[index].full_for(self._slot)
-        assert full is not None  # a turn in a run was rendered with the run's key
-        inside = full.sizes[: position - turn_start]
+        inside = positions.rendered[index].sizes[: position - turn_start]
         return pinned.bytes + bytes_start - positions.origin[1] + sum(inside)
 
 
@@ -386,16 +399,19 @@ class _TurnPositions:
     Positions are kept in one running coordinate that is never rebased: turn
     ``i`` ends at item ``item_ends[i]`` and byte ``byte_ends[i]``, and the run
     of turns begins at ``origin``. Dropping turns from the front moves
-    ``origin`` with a C-speed slice of the ends. ``turn_tokens`` is the
+    ``origin`` with a C-speed slice of the ends. ``rendered[i]`` is turn
+    ``i`` as the run holds it: its cached render with call ids renamed for
+    this run (the same object when no id changed). ``turn_tokens`` is the
     tokens of the turns' renders.
     """
 
-    __slots__ = ("byte_ends", "item_ends", "origin", "pinned", "turn_tokens", "turns")
+    __slots__ = ("byte_ends", "item_ends", "origin", "pinned", "rendered", "turn_tokens", "turns")
 
     def __init__(
         self,
         pinned: _Rendered,
         turns: tuple[_Turn, ...],
+        rendered: tuple[_Rendered, ...],
         origin: tuple[int, int],
         item_ends: tuple[int, ...],
         byte_ends: tuple[int, ...],
@@ -403,6 +419,7 @@ class _TurnPositions:
     ) -> None:
         self.pinned = pinned
         self.turns = turns
+        self.rendered = rendered
         self.origin = origin
         self.item_ends = item_ends
         self.byte_ends = byte_ends
@@ -431,10 +448,14 @@ class _Run:
 
     ``items`` is a list changed in place (evicted turns deleted at the front,
     closed turns appended), so a prepare copies the run once, into its output
-    tuple, and never walks it in Python. Guarded by ``_Shared.lock``.
+    tuple, and never walks it in Python. ``call_ids`` is the call-id renaming
+    state after ``items``: a turn is renamed once, when it is appended, and
+    what it became depends only on the items before it, so the run stays a
+    byte-stable prefix while only appends happen. Guarded by
+    ``_Shared.lock``.
     """
 
-    __slots__ = ("evicted", "generation", "items", "pinned_entries", "positions")
+    __slots__ = ("call_ids", "evicted", "generation", "items", "pinned_entries", "positions")
 
     def __init__(
         self,
@@ -443,12 +464,14 @@ class _Run:
         items: list[NativeContent],
         evicted: int,
         generation: int,
+        call_ids: CallIdRenamer,
     ) -> None:
         self.pinned_entries = pinned_entries
         self.positions = positions
         self.items = items
         self.evicted = evicted
         self.generation = generation
+        self.call_ids = call_ids
 
 
 class _Shared:
@@ -511,6 +534,26 @@ def _render_entries(
         # a tuple holding dicts tracked, so untrack the tuple itself.
         _GC_UNTRACK(id(rendered))
     return _Rendered(rendered, tuple(sizes), sum(sizes), tokens)
+
+
+def _renamed(rendered: _Rendered, gateway: Gateway, call_ids: CallIdRenamer) -> _Rendered:
+    """``rendered`` with call ids renamed by ``call_ids`` (advanced past it).
+
+    Returns ``rendered`` itself when no id changed; else a new ``_Rendered``
+    whose changed items are new objects, sized and untracked like any
+    rendered item.
+    """
+    items = rename_call_ids(gateway.type, rendered.items, call_ids)
+    if all(new is old for new, old in zip(items, rendered.items, strict=True)):
+        return rendered
+    sizes = tuple(
+        size if new is old else len(_encoder.encode(new))
+        for new, old, size in zip(items, rendered.items, rendered.sizes, strict=True)
+    )
+    out = tuple(items)
+    _untrack_json(out)
+    # Tokens are those of the messages as recorded: renaming is a wire detail.
+    return _Rendered(out, sizes, sum(sizes), rendered.tokens)
 
 
 def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Sizes]:
@@ -687,9 +730,13 @@ class HistoryView:
                 run is None or (self._evicted >= run.evicted and self._generation >= run.generation)
             )
             if newest:
-                if run is None or not self._advance(run, closed, slots[1]):
+                if run is None or not self._advance(run, closed, gateway):
                     run = shared.runs[key] = self._build(gateway, slots, open_calls)
                 self._append(run, closed, gateway, slots, open_calls)
+                # The turn's input continues the run's renaming on a copy:
+                # the run itself ends with the closed turns.
+                call_ids = run.call_ids.copy()
+                head = _renamed(head, gateway, call_ids)
                 # One copy of the run into the output tuple.
                 run.items.extend(head.items)
                 items = tuple(run.items)
@@ -699,9 +746,11 @@ class HistoryView:
             # An older view (or an earlier turn): a private run, the cache untouched.
             private = self._build(gateway, slots, open_calls)
             self._append(private, closed, gateway, slots, open_calls)
+            call_ids = private.call_ids
+            head = _renamed(head, gateway, call_ids)
             items = tuple(private.items) + head.items
             positions = private.positions
-        return RenderedHistory(items, positions, head, slots[1])
+        return RenderedHistory(items, positions, head, call_ids)
 
     def render_scoped(
         self,
@@ -723,8 +772,9 @@ class HistoryView:
 
         Renders privately: the shared run and the per-turn renders that
         :meth:`render` reuses are neither read nor changed (only per-message
-        renders, which do not depend on the scope, are shared). A scope that
-        keeps every message renders what :meth:`render` renders.
+        renders, which do not depend on the scope, are shared). Call ids are
+        made unique over the sliced view by the same renaming rule. A scope
+        that keeps every message renders what :meth:`render` renders.
 
         Raises:
             UnknownTurnError: the view holds no turn ``turn_id``.
@@ -751,7 +801,12 @@ class HistoryView:
         shared = self._shared
         slots = shared.slots((gateway, open_calls))
         counter = shared.counter
-        pinned = _render_entries(self._pinned, gateway, slots[0], open_calls, counter)
+        call_ids = CallIdRenamer()
+        pinned = _renamed(
+            _render_entries(self._pinned, gateway, slots[0], open_calls, counter),
+            gateway,
+            call_ids,
+        )
         items: list[NativeContent] = []
         sizes: list[int] = []
         tokens = 0
@@ -759,13 +814,17 @@ class HistoryView:
         for entries in kept_spans:
             turn_start = len(pinned.items) + len(items)
             if entries:
-                part = _render_entries(entries, gateway, slots[0], open_calls, counter)
+                part = _renamed(
+                    _render_entries(entries, gateway, slots[0], open_calls, counter),
+                    gateway,
+                    call_ids,
+                )
                 items.extend(part.items)
                 sizes.extend(part.sizes)
                 tokens += part.tokens
         tail = _Rendered(tuple(items), tuple(sizes), sum(sizes), tokens)
-        positions = _TurnPositions(pinned, (), (0, 0), (), ())
-        return RenderedHistory(pinned.items + tail.items, positions, tail, slots[1], turn_start)
+        positions = _TurnPositions(pinned, (), (), (0, 0), (), ())
+        return RenderedHistory(pinned.items + tail.items, positions, tail, call_ids, turn_start)
 
     def messages(self) -> tuple[Message, ...]:
         """Every kept turn's input then outputs, oldest first (pinned excluded)."""
@@ -791,11 +850,18 @@ class HistoryView:
         raise UnknownTurnError(f"The history holds no turn {turn_id!r}.")
 
     def _build(self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy) -> _Run:
-        pinned = _render_entries(self._pinned, gateway, slots[0], policy, self._shared.counter)
-        positions = _TurnPositions(pinned, (), (0, 0), (), ())
-        return _Run(self._pinned, positions, list(pinned.items), self._evicted, self._generation)
+        call_ids = CallIdRenamer()
+        pinned = _renamed(
+            _render_entries(self._pinned, gateway, slots[0], policy, self._shared.counter),
+            gateway,
+            call_ids,
+        )
+        positions = _TurnPositions(pinned, (), (), (0, 0), (), ())
+        return _Run(
+            self._pinned, positions, list(pinned.items), self._evicted, self._generation, call_ids
+        )
 
-    def _advance(self, run: _Run, closed: tuple[_Turn, ...], slot: int) -> bool:
+    def _advance(self, run: _Run, closed: tuple[_Turn, ...], gateway: Gateway) -> bool:
         """Drop the turns evicted since the run was built; False when it cannot be reused."""
         positions = run.positions
         dropped = self._evicted - run.evicted
@@ -813,15 +879,20 @@ class HistoryView:
         if dropped:
             origin = (positions.item_ends[dropped - 1], positions.byte_ends[dropped - 1])
             start = len(positions.pinned.items)
-            del run.items[start : start + origin[0] - positions.origin[0]]
-            gone = 0
-            for turn in positions.turns[:dropped]:
-                full = turn.full_for(slot)
-                assert full is not None  # a turn in a run was rendered with the run's key
-                gone += full.tokens
+            end = start + origin[0] - positions.origin[0]
+            evicted_ids = CallIdRenamer()
+            rename_call_ids(gateway.type, run.items[start:end], evicted_ids)
+            if not run.call_ids.forget(evicted_ids):
+                # A rename of a kept item depended on an evicted one: a render
+                # of the kept turns alone renames differently, so the run is
+                # rebuilt from the per-turn caches (O(kept items), once).
+                return False
+            del run.items[start:end]
+            gone = sum(r.tokens for r in positions.rendered[:dropped])
             run.positions = _TurnPositions(
                 positions.pinned,
                 positions.turns[dropped:],
+                positions.rendered[dropped:],
                 origin,
                 positions.item_ends[dropped:],
                 positions.byte_ends[dropped:],
@@ -847,8 +918,14 @@ class HistoryView:
         items_at = positions.item_ends[-1] if positions.item_ends else positions.origin[0]
         bytes_at = positions.byte_ends[-1] if positions.byte_ends else positions.origin[1]
         tokens = positions.turn_tokens
+        renders: list[_Rendered] = []
         for turn in closed[reuse:]:
-            rendered = turn.render_full(gateway, slots, policy, self._shared.counter)
+            rendered = _renamed(
+                turn.render_full(gateway, slots, policy, self._shared.counter),
+                gateway,
+                run.call_ids,
+            )
+            renders.append(rendered)
             run.items.extend(rendered.items)
             items_at += len(rendered.items)
             bytes_at += rendered.bytes
@@ -858,6 +935,7 @@ class HistoryView:
         run.positions = _TurnPositions(
             positions.pinned,
             closed,
+            positions.rendered + tuple(renders),
             positions.origin,
             positions.item_ends + tuple(item_ends),
             positions.byte_ends + tuple(byte_ends),
@@ -868,8 +946,9 @@ class HistoryView:
 def _blank(message: Message) -> bool:
     """True when the message has nothing but empty or whitespace-only text.
 
-    Reasoning with blank text and no signature, encrypted content or
-    redaction counts as blank too: it is what a model call cancelled while
+    A blank text part with extras (a Gemini thought signature on an empty
+    text) is content. Reasoning with blank text and no signature, encrypted
+    content or redaction counts as blank too: it is what a model call cancelled while
     it thought leaves behind, and no provider can verify or show it.
     """
     parts: tuple[Part, ...] = message.parts
@@ -878,7 +957,9 @@ def _blank(message: Message) -> bool:
 
 def _blank_part(part: Part) -> bool:
     if type(part) is TextPart:
-        return is_blank_text(part.text)
+        # Extras are content: a blank text part may carry a Gemini thought
+        # signature (the SDK keeps {"text": "", "thoughtSignature": ...}).
+        return is_blank_text(part.text) and not part.extras
     if type(part) is ReasoningPart:
         return (
             is_blank_text(part.text)
