@@ -507,3 +507,108 @@ async def test_working_context_leaves_no_thread_behind_when_cancelled() -> None:
             await manager.working_context("c")
         assert foundation.limiter.borrowed_tokens == 0
         assert manager.history("c").turn_ids == ("t0", "t1", "t2", "t3")
+
+
+async def test_scoped_prepares_show_the_area_section_as_it_stands_without_a_pass() -> None:
+    """A scoped prepare never runs an area pass ("reused_scoped") and never marks a
+    section delivered: the unscoped prepares run and collect exactly as alone."""
+    from turnloom.areas import OneShotNotice
+
+    async with Foundation() as foundation:
+        manager = foundation.manager
+        await _voice_history(manager)
+        manager.attach_area("c", OneShotNotice("Gate change: B12."))
+
+        async def prepare(scope: ContextScope | None) -> Any:
+            request = ContextPrepareRequest(context_id="c", turn_id="t3", scope=scope)
+            return await manager.prepare(request)
+
+        first = await prepare(LastNTurns(1))
+        assert (first.area_pass, first.area_items) == ("reused_scoped", 0)
+        whole = await prepare(None)
+        assert (whole.area_pass, whole.area_items) == ("rendered", 1)
+        voice = await prepare(LastNTurns(1))
+        assert (voice.area_pass, voice.area_items) == ("reused_scoped", 1)
+        assert voice.items[voice.area_start :] == whole.items[whole.area_start :]
+        again = await prepare(None)  # the one-shot notice retired: collected now
+        assert (again.area_pass, again.area_items) == ("rendered", 0)
+        areas = manager.statistics().areas
+    assert (areas.renders_total, areas.collected_total, areas.passes_reused_total) == (2, 1, 2)
+
+
+async def test_a_scoped_prepare_cancelled_mid_render_leaves_the_unscoped_prefix() -> None:
+    """Cancelled while its worker renders, a scoped prepare settles, frees its slot
+    and changes nothing the next unscoped prepare compares with or reuses."""
+    from tests.runtime.helpers import BlockingGateway
+    from turnloom.runtime import ContextContribution
+
+    gateway = BlockingGateway()
+    async with Foundation(gateway=gateway, worker_threads=1) as foundation:
+        manager = foundation.manager
+        await _voice_history(manager)
+        whole = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t3"))
+        gateway.hold = True
+        with anyio.CancelScope() as scope:
+
+            async def cancel_when_rendering() -> None:
+                await anyio.to_thread.run_sync(gateway.entered.wait, 10)
+                scope.cancel()
+                gateway.release.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cancel_when_rendering)
+                # The state pair is rendered fresh: the worker blocks there.
+                await manager.prepare(
+                    ContextPrepareRequest(
+                        context_id="c",
+                        turn_id="t3",
+                        scope=Since(0),
+                        contributions=(ContextContribution(name="time", content="09:00"),),
+                    )
+                )
+        gateway.hold = False
+        with anyio.fail_after(10):
+            while manager.statistics().preparations.pending:
+                await anyio.sleep(0.005)
+        again = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t3"))
+        stats = manager.statistics()
+    assert gateway.entered.is_set() and gateway.returned == gateway.renders
+    assert again.items == whole.items
+    assert again.reused_bytes == whole.bytes
+    assert stats.preparations.discarded_total == 1
+    assert stats.prefix.reused_bytes_total == stats.prefix.bytes_total == whole.bytes
+
+
+async def test_a_scoped_prepare_never_counts_as_delivering_an_undelivered_section() -> None:
+    """An area pass whose unscoped preparation was discarded is still reused by the
+    next unscoped prepare ("reused_undelivered"), even after a scoped one showed it."""
+    from tests.runtime.helpers import BlockingGateway
+    from turnloom.areas import OneShotNotice
+
+    gateway = BlockingGateway()
+    async with Foundation(gateway=gateway, worker_threads=1) as foundation:
+        manager = foundation.manager
+        await _voice_history(manager)
+        manager.attach_area("c", OneShotNotice("Gate change: B12."))
+        gateway.hold = True  # the notice is rendered fresh in the area pass: it blocks
+        with anyio.CancelScope() as scope:
+
+            async def cancel_when_rendering() -> None:
+                await anyio.to_thread.run_sync(gateway.entered.wait, 10)
+                scope.cancel()
+                gateway.release.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cancel_when_rendering)
+                await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t3"))
+        gateway.hold = False
+        with anyio.fail_after(10):
+            while manager.statistics().preparations.pending:
+                await anyio.sleep(0.005)
+        voice = await manager.prepare(
+            ContextPrepareRequest(context_id="c", turn_id="t3", scope=LastNTurns(1))
+        )
+        whole = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t3"))
+    assert (voice.area_pass, voice.area_items) == ("reused_scoped", 1)
+    assert (whole.area_pass, whole.area_items) == ("reused_undelivered", 1)
+    assert whole.items[whole.area_start :] == voice.items[voice.area_start :]
