@@ -391,6 +391,8 @@ class ContextManager:
             the prefix: pinned instructions, earlier turns, the turn's input,
             the runtime-state pair when the request or manager carries state,
             and the area section. Send ``manager.gateway.request_body(items)``.
+            With ``request.scope`` the earlier turns are the sliced view (see
+            :class:`~turnloom.runtime.ContextPrepareRequest`).
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed, or closed
@@ -398,6 +400,10 @@ class ContextManager:
             InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
                 request (ids, contributions that are not a tuple or list,
                 contribution names or text, loop budget); no slot was taken.
+            InvalidArgumentError: the request's ``scope`` is not a scope; no
+                slot was taken.
+            PositionalScopeError: a scope without ``indices`` asked a
+                positional scope's ``matches`` (raised by the preparation).
             ItemTooLargeError: the runtime-state result would exceed the
                 per-item byte cap: raised at the call when the carried texts
                 alone exceed it (no slot taken), else by the preparation.
@@ -435,7 +441,8 @@ class ContextManager:
         Raises:
             QueueFullError: all ``capacity`` slots are taken; nothing was admitted.
             FoundationClosedError, InvalidMessageError, InvalidTextError,
-            DuplicateIdError, ItemTooLargeError, UnknownTurnError, ProviderRuleError,
+            DuplicateIdError, InvalidArgumentError, PositionalScopeError,
+            ItemTooLargeError, UnknownTurnError, ProviderRuleError,
             AreaCallbackError, OpenToolCallError: as :meth:`prepare`.
 
         Cancellation:
