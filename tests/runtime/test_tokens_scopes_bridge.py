@@ -612,3 +612,23 @@ async def test_a_scoped_prepare_never_counts_as_delivering_an_undelivered_sectio
     assert (voice.area_pass, voice.area_items) == ("reused_scoped", 1)
     assert (whole.area_pass, whole.area_items) == ("reused_undelivered", 1)
     assert whole.items[whole.area_start :] == voice.items[voice.area_start :]
+
+
+async def test_the_foundations_own_counter_is_the_one_every_number_comes_from() -> None:
+    """A host counter (here one token per message) drives max_tokens, the statistics,
+    PreparedContext.tokens and working_context().tokens() alike."""
+
+    class OnePerMessage:
+        def count(self, messages: Any) -> int:
+            return len(messages)
+
+    limits = HistoryLimits(max_tokens=5)
+    async with Foundation(history_limits=limits, token_counter=OnePerMessage()) as foundation:
+        manager = foundation.manager
+        await _voice_history(manager)  # 4 + 2 + 4 + 1 messages: only t2 and t3 fit
+        assert manager.history("c").turn_ids == ("t2", "t3")
+        assert manager.statistics().history.tokens == 5
+        prepared = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t3"))
+        assert prepared.tokens == 1 + 4 + 1  # pinned (not counted against limits) + t2 + input
+        ctx = await manager.working_context("c")
+        assert ctx.tokens() == prepared.tokens
