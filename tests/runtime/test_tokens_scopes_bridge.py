@@ -241,7 +241,12 @@ async def test_scoped_prepare_is_the_sliced_view_with_pinned_and_turn_input() ->
         )
         assert manager.statistics().history == before
         assert manager.history("c").turn_ids == ("t0", "t1", "t2", "t3")
+        # The scoped prefix is continued by build like any other.
+        outputs = [call("k3"), result("k3", "r3")]
+        manager.record("c", "t3", outputs)
+        built = manager.build(prepared, outputs)
     expected = [SYSTEM, user("u2"), call("k2"), result("k2", "r2"), assistant("a2"), user("u3")]
+    assert built == _cold_items([*expected, *outputs])
     assert prepared.items == _cold_items(expected)
     assert prepared.turn_start == 5
     assert prepared.tokens == ApproxTokenCounter().count(expected)

@@ -55,7 +55,10 @@ class Foundation:
             ``HistoryLimits.max_tokens``, the history statistics,
             ``PreparedContext.tokens`` and ``ContextManager.working_context``
             all use that count. It must count a list as the sum of its
-            messages, as the built-in counters do.
+            messages, as the built-in counters do. Counting runs in
+            ``accept_turn`` and ``record``, on the event loop: about 2.5 us
+            per tau-bench message for the approximate counter, 57 us for
+            ``OpenAITokenCounter("o200k_base")`` (``scripts/bench_tokens.py``).
 
     Raises:
         InputError: a bound is not positive, ``history_limits`` is not a
