@@ -128,7 +128,7 @@ async def _run(
                 manager.accept_turn(snapshot("session", step))
                 prefixes.append(
                     await manager.prepare(
-                        ContextPrepareRequest(context_id="session", turn_id=turn_id, scope=_SCOPE)
+                        ContextPrepareRequest(context_id="session", turn_id=turn_id, tenant=_SCOPE)
                     )
                 )
             elif isinstance(step, Reply | Output):

@@ -50,7 +50,7 @@ async def _run(gateway: str, rows: list[tuple[TenantScope, str]], turns: list[Te
                         )
                     )
                     prefix = await manager.prepare(
-                        ContextPrepareRequest(context_id=context_id, turn_id=turn_id, scope=scope)
+                        ContextPrepareRequest(context_id=context_id, turn_id=turn_id, tenant=scope)
                     )
                     seen = msgspec.json.encode(prefix.items).decode()
                     if strategy == "jit":

@@ -103,7 +103,7 @@ async def test_one_tenant_flooding_cannot_take_every_slot_from_another() -> None
         delivered: list[str] = []
 
         async def flood(n: int) -> None:
-            await manager.prepare(ContextPrepareRequest(context_id="a", turn_id=f"t{n}", scope=A))
+            await manager.prepare(ContextPrepareRequest(context_id="a", turn_id=f"t{n}", tenant=A))
             delivered.append(f"a{n}")
 
         async with anyio.create_task_group() as group:
@@ -112,7 +112,7 @@ async def test_one_tenant_flooding_cannot_take_every_slot_from_another() -> None
             await _until(lambda: _admitted_or_waiting(manager) == 8)
             assert manager.statistics().preparations.pending == 2  # A holds its limit
             prefix = await manager.prepare(
-                ContextPrepareRequest(context_id="b", turn_id="t1", scope=B)
+                ContextPrepareRequest(context_id="b", turn_id="t1", tenant=B)
             )
             delivered.append("b")
             assert prefix.turn_id == "t1"
@@ -132,7 +132,7 @@ async def test_a_waiting_tenant_gets_the_next_freed_slot_before_the_flooders_que
 
         async def prepare(context_id: str, turn_id: str, scope: TenantScope) -> None:
             await manager.prepare(
-                ContextPrepareRequest(context_id=context_id, turn_id=turn_id, scope=scope)
+                ContextPrepareRequest(context_id=context_id, turn_id=turn_id, tenant=scope)
             )
             order.append(f"{context_id}{turn_id}")
 
@@ -161,15 +161,15 @@ async def test_prepare_nowait_refuses_a_tenant_at_its_limit_but_serves_another()
             for n in range(2):
                 group.start_soon(
                     manager.prepare,
-                    ContextPrepareRequest(context_id="a", turn_id=f"t{n}", scope=A),
+                    ContextPrepareRequest(context_id="a", turn_id=f"t{n}", tenant=A),
                 )
             await _until(lambda: manager.statistics().preparations.pending == 2)
             with pytest.raises(QueueFullError, match="'flooder' holds its limit of 2"):
                 await manager.prepare_nowait(
-                    ContextPrepareRequest(context_id="a", turn_id="t9", scope=A)
+                    ContextPrepareRequest(context_id="a", turn_id="t9", tenant=A)
                 )
             prefix = await manager.prepare_nowait(
-                ContextPrepareRequest(context_id="b", turn_id="t1", scope=B)
+                ContextPrepareRequest(context_id="b", turn_id="t1", tenant=B)
             )
             assert prefix.turn_id == "t1"
             for n in range(2):

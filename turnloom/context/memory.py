@@ -60,31 +60,33 @@ class TenantScope(msgspec.Struct, frozen=True, kw_only=True):
 def _check_scope_id(value: object, field: str) -> None:
     if not isinstance(value, str) or not value:
         raise InvalidMessageError(
-            f"scope.{field} must be a non-empty string, not {type(value).__name__} "
-            f"{str(value)[:32]!r}.",
-            field=f"scope.{field}",
+            f"{field} must be a non-empty string, not {type(value).__name__} {str(value)[:32]!r}.",
+            field=field,
         )
     if len(value) > MAX_SCOPE_ID_LENGTH:
         raise InvalidMessageError(
-            f"scope.{field} {value[:32]!r}... is {len(value)} characters; at most "
+            f"{field} {value[:32]!r}... is {len(value)} characters; at most "
             f"{MAX_SCOPE_ID_LENGTH} are allowed.",
-            field=f"scope.{field}",
+            field=field,
         )
     if not value.isprintable():
         raise InvalidMessageError(
-            f"scope.{field} {value[:32]!r} holds a control or non-printable character.",
-            field=f"scope.{field}",
+            f"{field} {value[:32]!r} holds a control or non-printable character.", field=field
         )
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidMessageError(
-            f"scope.{field} {value[:32]!r} is not valid UTF-8.", field=f"scope.{field}"
+            f"{field} {value[:32]!r} is not valid UTF-8.", field=field
         ) from None
 
 
-def check_tenant_scope(scope: object) -> TenantScope | None:
-    """Validate a request's scope: None, or a :class:`TenantScope` of printable ids.
+def check_tenant_scope(scope: object, field: str = "scope") -> TenantScope | None:
+    """Validate a tenant scope: None, or a :class:`TenantScope` of printable ids.
+
+    Args:
+        scope: the value to check.
+        field: how errors name it (``"tenant"`` for a prepare request's).
 
     Returns:
         ``scope``, checked.
@@ -92,19 +94,20 @@ def check_tenant_scope(scope: object) -> TenantScope | None:
     Raises:
         InvalidMessageError: not a TenantScope, or an id that is empty, longer
             than :data:`MAX_SCOPE_ID_LENGTH`, not printable (a newline, a
-            control character) or not valid UTF-8; ``field`` names it.
+            control character) or not valid UTF-8; its ``field`` names it
+            (``"tenant.tenant_id"``).
     """
     if scope is None:
         return None
     if not isinstance(scope, TenantScope):
         raise InvalidMessageError(
-            f"scope must be a TenantScope or None, not a {type(scope).__name__}.", field="scope"
+            f"{field} must be a TenantScope or None, not a {type(scope).__name__}.", field=field
         )
-    _check_scope_id(scope.tenant_id, "tenant_id")
+    _check_scope_id(scope.tenant_id, f"{field}.tenant_id")
     if scope.sub_tenant_id is not None:
-        _check_scope_id(scope.sub_tenant_id, "sub_tenant_id")
+        _check_scope_id(scope.sub_tenant_id, f"{field}.sub_tenant_id")
     if scope.namespace is not None:
-        _check_scope_id(scope.namespace, "namespace")
+        _check_scope_id(scope.namespace, f"{field}.namespace")
     return scope
 
 

@@ -29,9 +29,12 @@ from turnloom.context.history import HistoryLimits, check_id
 from turnloom.context.memory import MemorySource, check_tenant_scope
 from turnloom.context.message import Message, check_message
 from turnloom.context.pairing import OpenCallPolicy
+from turnloom.context.scope import check_scope
+from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
 from turnloom.errors import (
     DuplicateIdError,
     InputError,
+    InvalidArgumentError,
     InvalidMessageError,
     InvalidTextError,
     ItemTooLargeError,
@@ -63,6 +66,7 @@ class ManagerOptions(msgspec.Struct, frozen=True, kw_only=True):
     open_calls: OpenCallPolicy
     strategy: AssemblyStrategy | None = None
     tenant_limit: int | None = None
+    token_counter: TokenCounter
 
 
 class FoundationOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -90,6 +94,7 @@ def check_foundation_options(
     memory: MemorySource | None = None,
     strategy_options: StrategyOptions | None = None,
     max_tenant_preparations: int | None = None,
+    token_counter: TokenCounter | None = None,
 ) -> FoundationOptions:
     """Validate every option of a Foundation once; return them checked and frozen.
 
@@ -101,7 +106,16 @@ def check_foundation_options(
             that is neither a name nor an AssemblyStrategy, ``memory`` or
             ``strategy_options`` without a named strategy, or bad options.
         UnknownStrategyError: ``strategy`` names no registered strategy.
+        InvalidArgumentError: ``token_counter`` has no ``count`` method.
     """
+    if token_counter is None:
+        token_counter = ApproxTokenCounter()
+    elif not callable(getattr(token_counter, "count", None)):
+        raise InvalidArgumentError(
+            f"token_counter must have a count(messages) method; a "
+            f"{type(token_counter).__name__:.40} has none.",
+            field="token_counter",
+        )
     if not _positive_int(worker_threads):
         raise InputError(f"worker_threads must be a positive integer, not {worker_threads!r}.")
     if not (isinstance(close_grace_period, int | float) and close_grace_period >= 0) or (
@@ -141,6 +155,7 @@ def check_foundation_options(
         open_calls="cancel" if open_calls == "cancel" else "exclude",
         strategy=_strategy(strategy, checked_gateway, memory, strategy_options),
         tenant_limit=tenant_limit,
+        token_counter=token_counter,
     )
     return FoundationOptions(
         manager=manager,
@@ -272,6 +287,8 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
 
     Raises:
         InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed request.
+        InvalidArgumentError: ``scope`` is neither None nor a scope (an object
+            with a callable ``matches``); ``field`` is ``"scope"``.
         ItemTooLargeError: the carried texts alone exceed ``max_item_bytes``.
     """
     if not isinstance(request, ContextPrepareRequest):
@@ -280,11 +297,13 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
         )
     check_id(request.context_id, "context id")
     check_id(request.turn_id, "turn id")
+    if request.scope is not None:
+        check_scope(request.scope)
     contributions = request.contributions
     if type(contributions) is not tuple and isinstance(contributions, list):
         contributions = tuple(contributions)
     check_contributions(contributions, request.behavior_rules, request.loop_budget)
-    check_tenant_scope(request.scope)
+    check_tenant_scope(request.tenant, "tenant")
     if not isinstance(request.auto_hydrate, bool):
         raise InvalidMessageError(
             f"auto_hydrate must be a bool, not {type(request.auto_hydrate).__name__}.",

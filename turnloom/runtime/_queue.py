@@ -42,8 +42,8 @@ class Preparation:
 
 
 def tenant_of(request: ContextPrepareRequest) -> Tenant:
-    """The tenant whose share of the slots a request uses (None without a scope)."""
-    return request.scope.tenant_id if request.scope is not None else None
+    """The tenant whose share of the slots a request uses (None without one)."""
+    return request.tenant.tenant_id if request.tenant is not None else None
 
 
 class _Waiters:

@@ -3,9 +3,9 @@
 The rule (documented on :class:`~turnloom.runtime.Foundation`):
 
 1. At most ``capacity`` preparations hold a slot at once.
-2. A tenant (the ``tenant_id`` of a request's scope) holds at most
+2. A tenant (the ``tenant_id`` of a request's ``tenant``) holds at most
    ``tenant_limit`` slots, so a tenant flooding the queue always leaves
-   ``capacity - tenant_limit`` slots to the others. Requests without a scope
+   ``capacity - tenant_limit`` slots to the others. Requests without a tenant
    form one bucket that only the capacity bounds (a single-tenant host keeps
    every slot).
 3. When a slot frees, it goes to the waiting request whose tenant holds the

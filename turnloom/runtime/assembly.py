@@ -142,8 +142,8 @@ class AssembledContext(msgspec.Struct, frozen=True, kw_only=True):
         activation_log: which entries were recalled and their scores
             (``{"entries": [{"id", "score"}, ...]}``), or None without hydration.
         metadata: strategy name, latency and entry count.
-        scope: the scope the turn was assembled for; ``hydrate_context``
-            searches within it.
+        tenant: the tenant scope the turn was assembled for;
+            ``hydrate_context`` searches within it.
         cache_breakpoint: the system prompt's end carries an Anthropic
             ``cache_control`` breakpoint.
         max_memory_chars: the cap on the characters of entry text the runtime
@@ -156,7 +156,7 @@ class AssembledContext(msgspec.Struct, frozen=True, kw_only=True):
     memory_context: HydratedMemory | None = None
     state_overrides: dict[str, str] = msgspec.field(default_factory=dict)
     activation_log: dict[str, Any] | None = None
-    scope: TenantScope | None = None
+    tenant: TenantScope | None = None
     cache_breakpoint: bool = False
     max_memory_chars: int = 0
 
@@ -372,7 +372,7 @@ class JITStrategy:
         prompt = self.prompt(scope)
         return AssembledContext(
             system_prompt=prompt,
-            scope=scope,
+            tenant=scope,
             metadata=AssemblyMetadata(
                 strategy_name=self.name,
                 latency_ms=(time.perf_counter() - started) * 1000,
@@ -520,7 +520,7 @@ class StratifiedStrategy:
                 "l1_hash": hashlib.blake2b(layer_one.encode(), digest_size=8).hexdigest()
             },
             activation_log=_activation(hydrated.entries) if hydrated is not None else None,
-            scope=scope,
+            tenant=scope,
             cache_breakpoint=cache_breakpoint,
             max_memory_chars=self._options.max_memory_chars,
             metadata=AssemblyMetadata(

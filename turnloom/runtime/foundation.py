@@ -32,6 +32,7 @@ from turnloom.context.gateway import Gateway, GatewayType
 from turnloom.context.history import HistoryLimits
 from turnloom.context.memory import MemorySource
 from turnloom.context.pairing import OpenCallPolicy
+from turnloom.context.tokens import TokenCounter
 from turnloom.errors import StateError
 from turnloom.runtime._door import check_foundation_options
 from turnloom.runtime.assembly import AssemblyStrategy, StrategyOptions
@@ -52,6 +53,16 @@ class Foundation:
             result in prepared inputs.
         close_grace_period: seconds :meth:`aclose` lets pending preparations
             settle before cancelling them (default 5.0; ``math.inf`` waits).
+        token_counter: the one estimator of tokens
+            (:class:`~turnloom.context.ApproxTokenCounter` by default): each
+            message is counted once when it enters a history, and
+            ``HistoryLimits.max_tokens``, the history statistics,
+            ``PreparedContext.tokens`` and ``ContextManager.working_context``
+            all use that count. It must count a list as the sum of its
+            messages, as the built-in counters do. Counting runs in
+            ``accept_turn`` and ``record``, on the event loop: about 2.5 us
+            per tau-bench message for the approximate counter, 57 us for
+            ``OpenAITokenCounter("o200k_base")`` (``scripts/bench_tokens.py``).
         strategy: the per-turn assembly strategy: ``"jit"``, ``"stratified"``
             (see :mod:`turnloom.runtime.assembly`), an
             :class:`~turnloom.runtime.assembly.AssemblyStrategy` object, or
@@ -61,7 +72,7 @@ class Foundation:
             :meth:`aclose`.
         strategy_options: the named strategy's static layer and bounds.
         max_tenant_preparations: the most preparation slots one tenant (the
-            ``tenant_id`` of a request's scope) holds at once; default half
+            ``tenant_id`` of a request's ``tenant``) holds at once; default half
             the capacity, rounded up.
 
     Fairness of preparation slots: a tenant holds at most
@@ -69,7 +80,7 @@ class Foundation:
     the rest to the others; a freed slot goes to the waiting request whose
     tenant holds the fewest slots (longest waiting first among equals), and
     a new request never overtakes an eligible waiting one. Requests without a
-    scope share one bucket bounded only by the capacity.
+    tenant share one bucket bounded only by the capacity.
 
     Raises:
         InputError: a bound is not positive, ``history_limits`` is not a
@@ -77,6 +88,7 @@ class Foundation:
             ``memory``/``strategy_options`` without a named strategy.
         UnknownStrategyError: ``strategy`` names no known strategy (``known``
             lists them).
+        InvalidArgumentError: ``token_counter`` has no ``count`` method.
 
     Example::
 
@@ -96,6 +108,7 @@ class Foundation:
         behavior_rules: str | None = None,
         open_calls: OpenCallPolicy = "exclude",
         close_grace_period: float = 5.0,
+        token_counter: TokenCounter | None = None,
         strategy: str | AssemblyStrategy | None = None,
         memory: MemorySource | None = None,
         strategy_options: StrategyOptions | None = None,
@@ -109,6 +122,7 @@ class Foundation:
             behavior_rules=behavior_rules,
             open_calls=open_calls,
             close_grace_period=close_grace_period,
+            token_counter=token_counter,
             strategy=strategy,
             memory=memory,
             strategy_options=strategy_options,

@@ -208,7 +208,7 @@ async def _replay_one(
                 turns += 1
                 started = time.perf_counter()
                 prefix = await manager.prepare(
-                    ContextPrepareRequest(context_id=context_id, turn_id=turn_id, scope=scope)
+                    ContextPrepareRequest(context_id=context_id, turn_id=turn_id, tenant=scope)
                 )
                 latencies.append(time.perf_counter() - started)
                 continuation = []
