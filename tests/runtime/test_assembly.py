@@ -582,3 +582,82 @@ async def test_closing_the_foundation_leaves_a_borrowed_source_open_and_usable()
         found = await memory.search("window", scope=ACME, top_k=1)
         assert [e.id for e in found] == ["seat"]
     memory.close()
+
+
+async def test_a_prepare_of_the_same_turn_for_another_tenant_never_reuses_the_assembly() -> None:
+    """Isolation across prepares of one turn: the shared assembly is keyed by tenant."""
+    async with Foundation(strategy="stratified", memory=_memory()) as foundation:
+        manager = foundation.manager
+        _turn(manager, "t1", "flight")
+        acme = await manager.prepare(
+            ContextPrepareRequest(context_id="c", turn_id="t1", tenant=ACME)
+        )
+        globex = await manager.prepare(
+            ContextPrepareRequest(context_id="c", turn_id="t1", tenant=GLOBEX)
+        )
+        off = await manager.prepare(
+            ContextPrepareRequest(context_id="c", turn_id="t1", tenant=GLOBEX, auto_hydrate=False)
+        )
+        stats = manager.statistics().assembly
+    assert sorted(e["id"] for e in _state_document(acme)["memory"]["entries"]) == [
+        "refund",
+        "seat",
+    ]
+    assert [e["id"] for e in _state_document(globex)["memory"]["entries"]] == ["secret"]
+    assert "Globex" not in _encode(acme.items).decode()
+    assert off.assembled is not None and off.assembled.memory_context is None
+    assert (stats.assemblies_total, stats.reused_total) == (3, 0)
+
+
+async def test_a_history_scoped_prepare_carries_the_assembly_too() -> None:
+    """The history scope (a sliced view) and the tenant scope are independent."""
+    from turnloom.context import LastNTurns
+
+    async with Foundation(strategy="stratified", memory=_memory()) as foundation:
+        manager = foundation.manager
+        for n in (1, 2, 3):
+            _turn(manager, f"t{n}", "window seat")
+        voice = await manager.prepare(
+            ContextPrepareRequest(context_id="c", turn_id="t3", tenant=ACME, scope=LastNTurns(1))
+        )
+        full = await manager.prepare(
+            ContextPrepareRequest(context_id="c", turn_id="t3", tenant=ACME)
+        )
+    assert voice.assembled is full.assembled
+    assert voice.items[0] == full.items[0]
+    assert voice.item_count == 1 + 1 + 1 + 2  # prompt, pinned system, t3's input, state pair
+    assert _state_document(voice) == _state_document(full)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"strategy_options": StrategyOptions(top_k=101)}, r"strategy_options\.top_k"),
+        ({"strategy_options": StrategyOptions(max_memory_chars=-1)}, "max_memory_chars"),
+        ({"strategy_options": StrategyOptions(prompt_budget=0)}, "prompt_budget"),
+        ({"strategy_options": StrategyOptions(cache_min_tokens=True)}, "cache_min_tokens"),
+        ({"strategy_options": StrategyOptions(instructions=" ")}, "non-blank"),
+        ({"strategy_options": StrategyOptions(instructions="\ud800")}, "UTF-8"),
+        ({"strategy_options": {"top_k": 3}}, "must be StrategyOptions"),
+    ],
+)
+def test_each_bad_strategy_option_is_rejected(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        Foundation(strategy="stratified", **kwargs)
+
+
+@pytest.mark.parametrize("strategy", [3, object()])
+def test_a_strategy_that_is_neither_a_name_nor_a_strategy_is_rejected(strategy: object) -> None:
+    with pytest.raises(InputError, match="strategy name or an AssemblyStrategy"):
+        Foundation(strategy=strategy)  # type: ignore[arg-type]
+
+
+async def test_auto_hydrate_must_be_a_bool() -> None:
+    async with Foundation(strategy="stratified") as foundation:
+        manager = foundation.manager
+        _turn(manager, "t1", "x")
+        with pytest.raises(InvalidMessageError) as caught:
+            await manager.prepare(
+                ContextPrepareRequest(context_id="c", turn_id="t1", auto_hydrate=1)  # type: ignore[arg-type]
+            )
+        assert caught.value.field == "auto_hydrate"

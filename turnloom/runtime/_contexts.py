@@ -18,6 +18,7 @@ import anyio
 from turnloom.context.area import ContextAreaImplementation
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import HistoryLimits, TurnHistory, check_id
+from turnloom.context.memory import TenantScope
 from turnloom.context.message import Message
 from turnloom.context.tokens import TokenCounter
 from turnloom.errors import (
@@ -34,12 +35,17 @@ from turnloom.runtime.schemas import TurnSnapshot
 
 
 class TurnAssembly:
-    """The assembly of one turn: running (``done`` unset) or finished with ``result``."""
+    """The assembly of one turn for one tenant and hydration choice.
 
-    __slots__ = ("done", "result", "turn_id")
+    Running while ``done`` is unset; finished with ``result``. ``key`` is
+    ``(turn id, tenant, auto_hydrate)``: a prepare of the same turn for
+    another tenant never reuses it.
+    """
 
-    def __init__(self, turn_id: str) -> None:
-        self.turn_id = turn_id
+    __slots__ = ("done", "key", "result")
+
+    def __init__(self, key: tuple[str, TenantScope | None, bool]) -> None:
+        self.key = key
         self.done = anyio.Event()
         self.result: AssembledContext | None = None
 

@@ -568,18 +568,21 @@ class ContextManager:
         """The turn's assembly: run the strategy once per turn, share its result.
 
         A preparation of a turn whose assembly is running waits for it; one
-        whose assembly failed or was cancelled assembles again.
+        whose assembly failed or was cancelled assembles again. The result is
+        shared only with prepares of the same turn, tenant and
+        ``auto_hydrate``: another tenant's prepare of the turn assembles anew.
         """
         turn_id = request.turn_id
+        key = (turn_id, request.tenant, request.auto_hydrate)
         while True:
             record = state.assembly
-            if record is None or record.turn_id != turn_id:
+            if record is None or record.key != key:
                 break
             if record.result is not None:
                 self._counters.assembly_reused += 1
                 return record.result
             await record.done.wait()
-        record = state.assembly = TurnAssembly(turn_id)
+        record = state.assembly = TurnAssembly(key)
         started = time.perf_counter()
         try:
             result = await strategy.assemble(
