@@ -31,7 +31,9 @@ def _tag(n: int) -> str:
     return f"zq{n}xk"  # a token no other text holds
 
 
-async def _run(gateway: str, rows: list[tuple[TenantScope, str]], turns: list[TenantScope]) -> None:
+async def _run(
+    gateway: str, rows: list[tuple[TenantScope, str]], turns: list[list[TenantScope]]
+) -> None:
     owner: dict[str, TenantScope] = {}
     with SQLiteMemory() as memory:
         for n, (scope, word) in enumerate(rows):
@@ -41,7 +43,7 @@ async def _run(gateway: str, rows: list[tuple[TenantScope, str]], turns: list[Te
         for strategy in ("stratified", "jit"):
             async with Foundation(gateway=gateway, strategy=strategy, memory=memory) as f:
                 manager = f.manager
-                for i, scope in enumerate(turns):
+                for i, scopes in enumerate(turns):
                     context_id = f"c{i % 2}"
                     turn_id = f"t{i}"
                     manager.accept_turn(
@@ -49,30 +51,41 @@ async def _run(gateway: str, rows: list[tuple[TenantScope, str]], turns: list[Te
                             context_id=context_id, turn_id=turn_id, input=(user(question),)
                         )
                     )
-                    prefix = await manager.prepare(
-                        ContextPrepareRequest(context_id=context_id, turn_id=turn_id, tenant=scope)
-                    )
-                    seen = msgspec.json.encode(prefix.items).decode()
-                    if strategy == "jit":
-                        call = ToolCallPart(
-                            call_id=f"k{i}",
-                            name=HYDRATE_TOOL_NAME,
-                            arguments=json.dumps({"query": question}),
+                    # Every tenant preparing this turn (one turn may be prepared for several).
+                    for j, scope in enumerate(scopes):
+                        prefix = await manager.prepare(
+                            ContextPrepareRequest(
+                                context_id=context_id, turn_id=turn_id, tenant=scope
+                            )
                         )
-                        answer = await manager.hydrate_context(prefix, call)
-                        seen += msgspec.json.encode(answer).decode()
-                    leaked = [tag for tag, o in owner.items() if o != scope and tag in seen]
-                    assert leaked == [], f"{strategy}: {scope} saw {leaked}"
-                    mine = [tag for tag, o in owner.items() if o == scope]
-                    # Not vacuous: with up to 5 entries recalled, the tenant sees its own.
-                    assert any(tag in seen for tag in mine) == bool(mine)
+                        seen = msgspec.json.encode(prefix.items).decode()
+                        if strategy == "jit":
+                            call = ToolCallPart(
+                                call_id=f"k{i}-{j}",
+                                name=HYDRATE_TOOL_NAME,
+                                arguments=json.dumps({"query": question}),
+                            )
+                            answer = await manager.hydrate_context(prefix, call)
+                            seen += msgspec.json.encode(answer).decode()
+                        leaked = [tag for tag, o in owner.items() if o != scope and tag in seen]
+                        assert leaked == [], f"{strategy}: {scope} saw {leaked}"
+                        mine = [tag for tag, o in owner.items() if o == scope]
+                        # Not vacuous: with up to 5 entries recalled, a tenant sees its own.
+                        assert any(tag in seen for tag in mine) == bool(mine)
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(rows=_rows, turns=st.lists(_scope, min_size=1, max_size=4), anthropic=st.booleans())
+@given(
+    rows=_rows,
+    turns=st.lists(st.lists(_scope, min_size=1, max_size=2), min_size=1, max_size=4),
+    anthropic=st.booleans(),
+)
 def test_no_entry_of_one_tenant_appears_in_another_tenants_input_or_tool_result(
-    backend: str, rows: list[tuple[TenantScope, str]], turns: list[TenantScope], anthropic: bool
+    backend: str,
+    rows: list[tuple[TenantScope, str]],
+    turns: list[list[TenantScope]],
+    anthropic: bool,
 ) -> None:
     """For random tenants and memories, every prepared input (stratified) and every
     ``hydrate_context`` result (JIT) holds entries of its own scope only."""
