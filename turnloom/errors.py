@@ -13,6 +13,9 @@ The subclasses are grouped by how a caller reacts:
   (unknown context or turn, a turn evicted, an invocation already in flight).
 * :class:`AreaCallbackError` -- a caller-supplied Context Area raised; the
   CoopContext and its Context were left as they were before the call.
+* :class:`MemoryStoreError` -- a memory source failed (a missing database,
+  SQLite failing, malformed results); the store was not changed. Retry, or
+  serve the turn without memory.
 * :class:`MissingDependencyError` -- an optional feature needs a package that
   is not installed; install the named extra.
 

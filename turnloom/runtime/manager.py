@@ -103,9 +103,11 @@ class ContextManager:
     ``foundation.manager``. All methods must be called from the Foundation's
     event loop.
 
-    A prepared prefix is, in order: pinned instructions, earlier turns, the
-    turn's input, the runtime-state pair (when there is state), then the
-    context's *area section*. Send ``manager.gateway.request_body(prefix.items)``
+    A prepared prefix is, in order: the assembled system prompt (with an
+    assembly strategy, see :mod:`turnloom.runtime.assembly`), pinned
+    instructions, earlier turns, the turn's input, the runtime-state pair
+    (when there is state or recalled memory), then the context's *area
+    section*. Send ``manager.gateway.request_body(prefix.items)``
     (see :attr:`PreparedContext.items`).
 
     Context Areas: each context lazily owns one

@@ -177,7 +177,8 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
         context_id: the conversation.
         turn_id: the turn it was prepared for.
         gateway: the provider the items are rendered for.
-        items: tuple of NativeContent, oldest first: pinned instructions, the
+        items: tuple of NativeContent, oldest first: the assembled system
+            prompt (with an assembly strategy), pinned instructions, the
             earlier turns, the turn's input, the runtime-state pair when there
             is one (directly after the input), then the area section
             (``area_items`` items from ``area_start``). Shared with caches:
