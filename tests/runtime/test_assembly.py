@@ -663,3 +663,41 @@ async def test_auto_hydrate_must_be_a_bool() -> None:
                 ContextPrepareRequest(context_id="c", turn_id="t1", auto_hydrate=1)  # type: ignore[arg-type]
             )
         assert caught.value.field == "auto_hydrate"
+
+
+class TenfoldCounter:
+    """A host counter: ten times the approximate count."""
+
+    def count(self, messages: Sequence[Message]) -> int:
+        return 10 * ApproxTokenCounter().count(messages)
+
+
+def test_the_jit_budget_and_the_cache_threshold_use_the_foundations_counter() -> None:
+    """One counter everywhere: the prompt that fits by the default counter does not by
+    the host's, and the host's count decides the Anthropic breakpoint."""
+    with pytest.raises(InputError, match="takes 1760 tokens with the longest scope"):
+        Foundation(strategy="jit", token_counter=TenfoldCounter())
+    gateway = get_gateway("anthropic")
+    options = StrategyOptions(instructions="policy " * 200)
+    default = StratifiedStrategy(gateway=gateway, options=options)
+    tenfold = StratifiedStrategy(gateway=gateway, options=options, token_counter=TenfoldCounter())
+
+    async def breakpoints() -> tuple[bool, bool]:
+        a = await default.assemble(query="q", scope=ACME, intent_verdict=None)
+        b = await tenfold.assemble(query="q", scope=ACME, intent_verdict=None)
+        return a.cache_breakpoint, b.cache_breakpoint
+
+    assert anyio.run(breakpoints) == (False, True)
+
+
+class NotASequenceMemory:
+    async def search(self, query: str, *, scope: TenantScope, top_k: int) -> Any:
+        return 42
+
+
+async def test_a_source_returning_no_sequence_is_a_store_error() -> None:
+    async with Foundation(strategy="stratified", memory=NotASequenceMemory()) as foundation:
+        manager = foundation.manager
+        _turn(manager, "t1", "x")
+        with pytest.raises(MemoryStoreError, match="returned a int, not a sequence"):
+            await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1", tenant=ACME))

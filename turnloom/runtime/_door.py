@@ -153,7 +153,7 @@ def check_foundation_options(
         history_limits=history_limits if history_limits is not None else HistoryLimits(),
         behavior_rules=behavior_rules,
         open_calls="cancel" if open_calls == "cancel" else "exclude",
-        strategy=_strategy(strategy, checked_gateway, memory, strategy_options),
+        strategy=_strategy(strategy, checked_gateway, memory, strategy_options, token_counter),
         tenant_limit=tenant_limit,
         token_counter=token_counter,
     )
@@ -169,9 +169,12 @@ def _strategy(
     gateway: Gateway,
     memory: MemorySource | None,
     options: StrategyOptions | None,
+    token_counter: TokenCounter,
 ) -> AssemblyStrategy | None:
     if isinstance(strategy, str):
-        return make_strategy(strategy, gateway=gateway, memory=memory, options=options)
+        return make_strategy(
+            strategy, gateway=gateway, memory=memory, options=options, token_counter=token_counter
+        )
     if memory is not None or options is not None:
         raise InputError(
             "memory and strategy_options configure a strategy chosen by name; pass "
