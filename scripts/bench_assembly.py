@@ -1,8 +1,10 @@
 """Prefix reuse across a 20-turn stratified session, beside the seed's layout, in one run.
 
 The session is real GPT-4o traffic: consecutive tau-bench airline trajectories
-(``../shared/data/tau-bench/airline-150.json``) walked into one context (the
-first trajectory's system policy pinned), until it has ``--turns`` user turns.
+(``../shared/data/tau-bench/airline-150.json``) walked into one context until
+it has ``--turns`` user turns. The airline policy (the trajectories' system
+message) is the strategy's L0, so the assembled system prompt is as long as
+a production one.
 Every turn is prepared, then its recorded replies and tool results are
 recorded. Memory is an in-memory :class:`~turnloom.stores.SQLiteMemory` of
 one tenant holding the assistant replies of other trajectories, so each turn
@@ -18,8 +20,10 @@ Two layouts run over the same session, memory and top-k:
 For each turn after the first it takes the share of the previous prepared
 input that the new one reuses byte for byte
 (``PreparedContext.reused_bytes / previous bytes``), and prints the mean and
-the minimum per layout, the total reused bytes, and the ratio between the
-layouts. Measured in one run; nothing is asserted.
+the minimum per layout, the total reused bytes, the same total over the
+previous inputs without their runtime-state pair (the per-turn part that is
+never meant to be reused), and the ratio between the layouts. Measured in
+one run; nothing is asserted.
 
 Usage: python scripts/bench_assembly.py [--turns N] [--gateway G] [--top-k K] [--data PATH]
 """
@@ -86,11 +90,11 @@ def _session(trajectories: list[Any], turns: int) -> list[Message]:
     chat = get_gateway(GatewayType.openai_chat)
     messages: list[Message] = []
     count = 0
-    for number, trajectory in enumerate(trajectories):
+    for trajectory in trajectories:
         for native in trajectory["traj"]:
             message = chat.parse(native)
-            if message.role is Role.system and number:
-                continue  # one pinned policy for the whole session
+            if message.role is Role.system:
+                continue  # the policy is the strategy's L0
             if message.role is Role.user:
                 if count == turns:
                     return messages
@@ -110,9 +114,12 @@ def _memory_texts(trajectories: list[Any]) -> list[str]:
 
 
 async def _run(
-    session: list[Message], memory: SQLiteMemory, gateway: str, strategy: Any, top_k: int
+    session: list[Message],
+    memory: SQLiteMemory,
+    gateway: str,
+    strategy: Any,
+    options: StrategyOptions,
 ) -> list[PreparedContext]:
-    options = StrategyOptions(top_k=top_k)
     kwargs: dict[str, Any] = (
         {"strategy": "stratified", "memory": memory, "strategy_options": options}
         if strategy is None
@@ -136,6 +143,14 @@ async def _run(
     return prefixes
 
 
+def _durable(prefix: PreparedContext) -> int:
+    """Bytes of ``prefix`` without its per-turn runtime-state pair (its volatile part)."""
+    if prefix.state_call_id is None:
+        return prefix.bytes
+    pair = prefix.items[prefix.area_start - 2 : prefix.area_start]
+    return prefix.bytes - sum(len(msgspec.json.encode(item)) for item in pair)
+
+
 def _shares(prefixes: list[PreparedContext]) -> list[float]:
     return [
         current.reused_bytes / previous.bytes for previous, current in itertools.pairwise(prefixes)
@@ -151,26 +166,30 @@ def main() -> None:
     args = parser.parse_args()
 
     trajectories = json.loads(args.data.read_text(encoding="utf-8"))
+    policy = trajectories[0]["traj"][0]["content"]
     session = _session(trajectories[:50], args.turns)
     gateway = get_gateway(args.gateway)
+    options = StrategyOptions(instructions=policy, top_k=args.top_k)
     with SQLiteMemory() as memory:
         memory.add_many(_memory_texts(trajectories[50:]), scope=_SCOPE, source="tau-bench")
-        stratified = anyio.run(_run, session, memory, args.gateway, None, args.top_k)
-        seed_inner = StratifiedStrategy(
-            gateway=gateway, memory=memory, options=StrategyOptions(top_k=args.top_k)
-        )
+        stratified = anyio.run(_run, session, memory, args.gateway, None, options)
+        seed_inner = StratifiedStrategy(gateway=gateway, memory=memory, options=options)
         seed = anyio.run(
             _run,
             session,
             memory,
             args.gateway,
-            SeedLayoutStrategy(seed_inner, StrategyOptions().max_memory_chars),
-            args.top_k,
+            SeedLayoutStrategy(seed_inner, options.max_memory_chars),
+            options,
         )
+    first = stratified[0].assembled
+    assert first is not None and first.system_prompt is not None
     print(
         f"session: {len(stratified)} turns, {len(session)} messages, gateway {args.gateway}, "
         f"top-k {args.top_k}, memory entries recalled: "
-        f"{sum(p.assembled.metadata.entries_count for p in stratified if p.assembled)}"
+        f"{sum(p.assembled.metadata.entries_count for p in stratified if p.assembled)}; "
+        f"L0+L1 {len(first.system_prompt):,} characters, cache breakpoint: "
+        f"{first.cache_breakpoint}"
     )
     rows = []
     for name, prefixes in (("stratified", stratified), ("seed layout", seed)):
@@ -178,11 +197,13 @@ def main() -> None:
         reused = sum(p.reused_bytes for p in prefixes[1:])
         compared = sum(p.bytes for p in prefixes[:-1])
         rows.append(reused / compared)
+        durable = sum(_durable(p) for p in prefixes[:-1])
         print(
             f"{name:12s} reuse of the previous input: mean {statistics.mean(shares):6.1%}  "
             f"min {min(shares):6.1%}  total {reused:,} of {compared:,} bytes "
             f"({reused / compared:.1%})  last input {prefixes[-1].bytes:,} bytes"
         )
+        print(f"{'':12s} of the previous inputs without their state pair: {reused / durable:.1%}")
     if rows[1]:
         print(f"stratified / seed layout, total reused bytes: {rows[0] / rows[1]:.1f}x")
     else:

@@ -701,3 +701,30 @@ async def test_a_source_returning_no_sequence_is_a_store_error() -> None:
         _turn(manager, "t1", "x")
         with pytest.raises(MemoryStoreError, match="returned a int, not a sequence"):
             await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1", tenant=ACME))
+
+
+@pytest.mark.parametrize("kind", list(GatewayType))
+async def test_a_jit_turn_with_a_hydrate_call_is_a_valid_request_for_every_gateway(
+    kind: GatewayType,
+) -> None:
+    """The JIT loop end to end: prepare, the model's hydrate_context call, its result
+    as the continuation; the prefix is reused as is and the body passes validate()."""
+    async with Foundation(gateway=kind, strategy="jit", memory=_memory()) as foundation:
+        manager = foundation.manager
+        _turn(manager, "t1", "Where is my refund?")
+        prefix = await manager.prepare(
+            ContextPrepareRequest(context_id="c", turn_id="t1", tenant=ACME)
+        )
+        call = ToolCallPart(
+            call_id="call_1", name=HYDRATE_TOOL_NAME, arguments='{"query": "refund"}'
+        )
+        result = await manager.hydrate_context(prefix, call)
+        continuation = [Message(role=Role.assistant, content=(call,)), result]
+        items = manager.build(prefix, continuation)
+        assert items[: prefix.item_count] == prefix.items
+        body = manager.gateway.request_body(items)
+        assert manager.gateway.validate(body[manager.gateway.items_field]) == []
+        assert "Refund requested for flight AB12" in _encode(body).decode()
+        assert manager.record("c", "t1", continuation) == 2
+        [tool] = manager.tool_definitions()
+        assert HYDRATE_TOOL_NAME in _encode(tool).decode()
