@@ -53,14 +53,14 @@ def test_replay_writes_every_prepared_input(
     assert main(["replay", str(source), "--out", str(out)]) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted((r["session"], r["turn"], r["call"]) for r in records) == [
-        ("good.jsonl#0", 0, 0),
-        ("good.jsonl#0", 0, 1),
-        ("good.jsonl#1", 0, 0),
-        ("good.jsonl#1", 0, 1),
+        ("0:good.jsonl#0", 0, 0),
+        ("0:good.jsonl#0", 0, 1),
+        ("1:good.jsonl#1", 0, 0),
+        ("1:good.jsonl#1", 0, 1),
     ]
     by_call = {(r["session"], r["call"]): r["messages"] for r in records}
-    assert by_call[("good.jsonl#0", 0)] == GOOD[:2]
-    assert by_call[("good.jsonl#0", 1)] == GOOD[:4]
+    assert by_call[("0:good.jsonl#0", 0)] == GOOD[:2]
+    assert by_call[("0:good.jsonl#0", 1)] == GOOD[:4]
     assert "sessions: 2  turns: 2  model calls prepared: 4" in capsys.readouterr().out
 
 
