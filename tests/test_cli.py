@@ -111,8 +111,8 @@ def test_invalid_json_in_a_list_file_keeps_the_trajectories_before_it(
     assert "sessions: 1  " in out
 
 
-def test_an_unreadable_file_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["replay", str(tmp_path / "missing.json")]) == 1
+def test_an_unreadable_file_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", str(tmp_path / "missing.json")]) == 2
     [line] = _errors(capsys.readouterr().err)
     assert "missing.json: cannot read the file" in line
 
@@ -154,6 +154,6 @@ def test_an_empty_file_is_reported_as_holding_no_trajectories(
 ) -> None:
     source = tmp_path / "empty.jsonl"
     source.write_text("\n")
-    assert main(["replay", str(source)]) == 1
+    assert main(["replay", str(source)]) == 2
     [line] = _errors(capsys.readouterr().err)
     assert line == f"turnloom replay: error: {source}: the file holds no trajectories."

@@ -12,6 +12,7 @@ trajectories are kept.
 from __future__ import annotations
 
 __all__ = (
+    "SAMPLE",
     "ReplayError",
     "Trajectory",
     "builtin_trajectories",
@@ -32,6 +33,10 @@ from turnloom.errors import TurnloomError
 from turnloom.tools.workload import generate_trajectories
 
 _decoder = msgspec.json.Decoder()
+
+SAMPLE = Path(__file__).resolve().parent / "data" / "tau-bench-airline-5.json"
+"""Five real tau-bench airline trajectories shipped with turnloom (MIT License,
+Copyright (c) 2024 Sierra; ``SOURCE.md`` and ``LICENSE`` lie beside the file)."""
 
 
 class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
