@@ -111,7 +111,9 @@ def test_invalid_json_in_a_list_file_keeps_the_trajectories_before_it(
     assert "sessions: 1  " in out
 
 
-def test_an_unreadable_file_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unreadable_file_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["replay", str(tmp_path / "missing.json")]) == 2
     [line] = _errors(capsys.readouterr().err)
     assert "missing.json: cannot read the file" in line
