@@ -208,7 +208,7 @@ def test_ctrl_c_in_a_long_replay_on_a_terminal_shows_progress_then_exits_130(
     # A terminal 80 columns wide (a fresh pty has 0, and tqdm then draws nothing).
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     process = subprocess.Popen(
-        [sys.executable, "-m", "turnloom", "replay", "--sessions", "5000", "--backend", backend],
+        [sys.executable, "-m", "turnloom", "replay", "--sessions", "1000", "--backend", backend],
         stdout=subprocess.PIPE,
         stderr=terminal,
         cwd=ROOT,
@@ -241,7 +241,7 @@ def test_ctrl_c_in_a_loadtest_exits_130_with_one_line(backend: str) -> None:
             "turnloom",
             "loadtest",
             "--sessions",
-            "20000",
+            "2000",
             "--metrics-port",
             "0",
             "--backend",
@@ -420,4 +420,20 @@ def test_help_names_the_gateway_default_and_every_exit_status(command: str) -> N
     assert "--backend {asyncio,trio} the event loop to run on (default: asyncio;" in text
     epilog = " ".join(done.stdout.split("exit status:")[1].split())
     assert epilog == " ".join(f"{status} {meaning}" for status, meaning in EXIT_STATUSES)
-    assert [status for status, _ in EXIT_STATUSES] == [0, 1, 2, 130]
+    assert [status for status, _ in EXIT_STATUSES] == [0, 1, 2, 130, 141]
+
+
+def test_a_reader_that_goes_away_is_exit_141_without_a_traceback() -> None:
+    """``turnloom replay | head -1``: the closed pipe is not an error to report."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "turnloom", "replay", "--sessions", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    with process:
+        assert process.stdout is not None and process.stderr is not None
+        process.stdout.close()  # the reader is gone before the summary is written
+        stderr = process.stderr.read()
+        assert process.wait(timeout=HANG_GUARD) == 141
+    assert stderr == b""

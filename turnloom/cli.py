@@ -53,6 +53,7 @@ EXIT_STATUSES = (
         "metrics port that cannot be used: nothing ran",
     ),
     (130, "interrupted (Ctrl-C)"),
+    (141, "the reader of the output went away (a closed pipe, as with '| head')"),
 )
 """The exit statuses of every command, with their meaning."""
 
@@ -514,6 +515,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in refused.args:
             print(f"{command}: error: {line}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # Python's documented recipe: no more output, and no second error
+        # when the interpreter flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except BaseException as exc:
         if not _interrupted(exc):
             raise
