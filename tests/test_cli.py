@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -159,3 +161,37 @@ def test_an_empty_file_is_reported_as_holding_no_trajectories(
     assert main(["replay", str(source)]) == 2
     [line] = _errors(capsys.readouterr().err)
     assert line == f"turnloom replay: error: {source}: the file holds no trajectories."
+
+
+def test_trio_backend_without_trio_is_a_clean_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        return None if name == "trio" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert main(["replay", "--sessions", "1", "--backend", "trio"]) == 2
+    assert capsys.readouterr() == (
+        "",
+        "turnloom replay: error: the trio backend needs the 'trio' package (pip install trio).\n",
+    )
+
+
+def test_every_door_problem_is_reported_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gateway, backend and output are checked together: one line each, exit 2, no run."""
+    monkeypatch.setattr(gateway_module, "_FACTORIES", {})
+    monkeypatch.setattr(gateway_module, "_INSTANCES", {})
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    out = tmp_path / "nowhere" / "x.jsonl"
+    assert main(["replay", "--gateway", "gemini", "--backend", "trio", "--out", str(out)]) == 2
+    assert capsys.readouterr() == (
+        "",
+        "turnloom replay: error: Gateway 'gemini' is not available in this build.\n"
+        "turnloom replay: error: the trio backend needs the 'trio' package (pip install trio).\n"
+        f"turnloom replay: error: cannot write --out {out}: the folder {out.parent} does not "
+        "exist.\n",
+    )
