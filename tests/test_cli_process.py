@@ -332,16 +332,16 @@ def test_a_missing_input_is_one_line_and_exit_2_in_both_commands(
 
 
 @pytest.mark.parametrize(
-    "layout",
+    "text",
     [
-        pytest.param(lambda: json.dumps({"traj": GOOD}, indent=2), id="pretty-object"),
-        pytest.param(lambda: json.dumps(GOOD, indent=2), id="pretty-message-list"),
-        pytest.param(lambda: json.dumps({"messages": GOOD}), id="one-line-object"),
+        json.dumps({"traj": GOOD}, indent=2),
+        json.dumps(GOOD, indent=2),
+        json.dumps({"messages": GOOD}),
     ],
+    ids=["pretty-object", "pretty-message-list", "one-line-object"],
 )
-def test_a_single_trajectory_reads_however_it_is_laid_out(tmp_path: Path, layout: object) -> None:
-    assert callable(layout)
-    path = _write(tmp_path / "one.json", layout())
+def test_a_single_trajectory_reads_however_it_is_laid_out(tmp_path: Path, text: str) -> None:
+    path = _write(tmp_path / "one.json", text)
     done = turnloom_cli("replay", path)
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.startswith("sessions: 1  turns: 1  model calls prepared: 2  items: 6  ")
