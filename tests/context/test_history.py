@@ -23,8 +23,10 @@ from turnloom.context import (
     complete_pairs,
     get_gateway,
     message_size,
+    open_call_ids,
 )
 from turnloom.context.history import HistoryLimits, TurnHistory
+from turnloom.context.pairing import OpenCallPolicy
 from turnloom.errors import (
     DuplicateIdError,
     InputError,
@@ -291,34 +293,67 @@ _op = st.one_of(
     st.tuples(st.just("text"), st.integers(0, 3)),
     st.tuples(st.just("call"), st.integers(0, 3)),
     st.tuples(st.just("result"), st.integers(0, 3)),
+    st.tuples(st.just("answer"), st.integers(0, 3)),
     st.tuples(st.just("evict"), st.integers(0, 3)),
     st.tuples(st.just("render"), st.integers(0, 3)),
     st.tuples(st.just("late"), st.integers(0, 3)),
+    st.tuples(st.just("fail"), st.integers(0, 3)),
 )
 
 
-def _naive(history: TurnHistory, turn_id: str) -> list[NativeContent]:
+class FlakyGateway(CountingGateway):
+    """The OpenAI Chat gateway; ``render`` raises on its ``fail_in``-th call from now."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_in: int | None = None
+
+    def render(self, message: Message) -> list[NativeContent]:
+        if self.fail_in is not None:
+            self.fail_in -= 1
+            if self.fail_in < 0:
+                self.fail_in = None
+                raise RuntimeError("injected render failure")
+        return super().render(message)
+
+
+def cold_render(
+    history: TurnHistory, turn_id: str, policy: OpenCallPolicy = "exclude"
+) -> list[NativeContent]:
+    """The oracle: the retained history completed at once, rendered without any cache."""
+    messages = complete_pairs(list(history.view().input_messages(turn_id)), open_calls=policy)
+    return [item for message in messages for item in CHAT.render(message)]
+
+
+def _answer(history: TurnHistory, n: int) -> bool:
+    """Commit a turn whose input answers calls left open by the newest turn (approval)."""
     view = history.view()
-    out: list[NativeContent] = []
-    for pinned in complete_pairs(list(view.pinned)):
-        out.extend(CHAT.render(pinned))
-    for tid in view.turn_ids:
-        messages = view.turn_input(tid) if tid == turn_id else view.turn_messages(tid)
-        for message in complete_pairs(list(messages)):
-            out.extend(CHAT.render(message))
-        if tid == turn_id:
-            break
-    return out
+    turn_id = view.turn_ids[-1]
+    open_ids = open_call_ids(
+        view.input_messages(turn_id) + view.turn_messages(turn_id)[len(view.turn_input(turn_id)) :]
+    )
+    if not open_ids:
+        return False
+    answered = open_ids[:1] if n % 3 == 0 else open_ids
+    answer: list[Message] = [result(i, f"approved {i}") for i in answered]
+    if n % 3 == 2:
+        answer.append(user("and then?"))
+    history.commit(f"{turn_id}-answer", answer)
+    return True
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(_op, min_size=1, max_size=60))
-def test_cached_render_equals_a_from_scratch_render(ops: list[tuple[str, int]]) -> None:
-    """Whatever the order of commits, records, evictions and renders, the cache is exact."""
+@settings(max_examples=120, deadline=None)
+@given(st.lists(_op, min_size=1, max_size=60), st.sampled_from(["exclude", "cancel"]))
+def test_cached_render_equals_a_from_scratch_render(
+    ops: list[tuple[str, int]], policy: OpenCallPolicy
+) -> None:
+    """Invariant: whatever the order of commits, records, approvals (results as the next
+    turn's input), evictions, renders and renders that fail part-way, every render equals
+    a cold render of the retained history paired as one input."""
+    gateway = FlakyGateway()
     history = TurnHistory(HistoryLimits(max_turns=4, max_items=12))
     turn = 0
     history.commit("t0", [user("u0")], instructions=[SYSTEM])
-    next_call = 0
     for kind, n in ops:
         turns = history.turn_ids
         if kind == "commit":
@@ -327,17 +362,26 @@ def test_cached_render_equals_a_from_scratch_render(ops: list[tuple[str, int]]) 
         elif kind == "text":
             history.record(turns[-1], [assistant(f"a{n}")])
         elif kind == "call":
-            next_call += 1
-            history.record(turns[-1], [call(f"c{n}")])
+            history.record(turns[-1], [call(f"c{n}"), call(f"d{n}")][: n % 2 + 1])
         elif kind == "result":
             history.record(turns[-1], [result(f"c{n}", f"r{n}")])
+        elif kind == "answer":
+            _answer(history, n)
         elif kind == "late":
             history.record(turns[n % len(turns)], [assistant(f"late{n}")])
         elif kind == "evict":
             history.evict()
         target = history.turn_ids[n % len(history.turn_ids)]
-        rendered = history.view().render(CHAT, target)
-        assert list(rendered.items) == _naive(history, target)
+        if kind == "fail":
+            target = history.turn_ids[-1]
+            gateway.fail_in = n
+            try:
+                history.view().render(gateway, target, open_calls=policy)
+            except RuntimeError:
+                pass
+            gateway.fail_in = None
+        rendered = history.view().render(gateway, target, open_calls=policy)
+        assert list(rendered.items) == cold_render(history, target, policy)
         sizes = [len(msgspec.json.encode(item)) for item in rendered.items]
         assert rendered.bytes == sum(sizes)
         assert [rendered.bytes_before(k) for k in range(len(sizes) + 2)] == [
@@ -365,3 +409,118 @@ def test_views_render_the_same_from_many_threads_at_once() -> None:
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(render, range(len(views) * 8)))
     assert results == [expected[i % len(views)] for i in range(len(views) * 8)]
+
+
+# -- pairing across turns --------------------------------------------------------
+
+
+def _delete_branch_history() -> TurnHistory:
+    """Issue small input: the result of t1's call arrives as t2's input (an approval)."""
+    history = TurnHistory()
+    history.commit("t1", [user("Delete the old branch.")])
+    history.record("t1", [call("c1", "delete_branch")])
+    history.commit("t2", [result("c1", "deleted")])
+    return history
+
+
+@pytest.mark.parametrize("policy", ["exclude", "cancel"])
+def test_a_result_given_as_the_next_turns_input_pairs_with_the_earlier_call(
+    policy: OpenCallPolicy,
+) -> None:
+    """Invariant: pairing spans turns: prepare(t2) holds the user message, the call and
+    its result, in order, and under "cancel" nothing claims the call was cancelled."""
+    history = _delete_branch_history()
+    expected = [
+        {"role": "user", "content": "Delete the old branch."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "delete_branch", "arguments": "{}"},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "deleted"},
+    ]
+    for _ in range(2):  # the second render is served from the caches
+        rendered = history.view().render(CHAT, "t2", open_calls=policy)
+        assert list(rendered.items) == expected
+        assert rendered.turn_start == 2
+    history.record("t2", [assistant("Done.")])
+    history.commit("t3", [user("Thanks.")])
+    rendered = history.view().render(CHAT, "t3", open_calls=policy)
+    assert list(rendered.items) == [
+        *expected,
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": "Thanks."},
+    ]
+
+
+def test_an_unanswered_call_is_closed_where_the_next_turn_ends_its_group() -> None:
+    """Invariant: a call answered neither in its turn nor by the next turn's input is
+    excluded (or cancelled, after the results that did arrive) exactly once."""
+    history = TurnHistory()
+    history.commit("t1", [user("Do both.")])
+    history.record(
+        "t1",
+        [
+            Message(
+                role=Role.assistant,
+                content=(
+                    ToolCallPart(call_id="a", name="f", arguments="{}"),
+                    ToolCallPart(call_id="b", name="f", arguments="{}"),
+                ),
+            )
+        ],
+    )
+    history.commit("t2", [result("a", "A"), user("Skip b.")])
+    for policy in ("exclude", "cancel"):
+        rendered = list(history.view().render(CHAT, "t2", open_calls=policy).items)
+        assert rendered == cold_render(history, "t2", policy)  # type: ignore[arg-type]
+        assert CHAT.validate(rendered) == []
+    calls = history.view().render(CHAT, "t2").items[1]["tool_calls"]
+    assert [c["id"] for c in calls] == ["a"]
+    cancelled = history.view().render(CHAT, "t2", open_calls="cancel").items
+    assert [i.get("tool_call_id") for i in cancelled] == [None, None, "a", "b", None]
+
+
+def test_eviction_of_a_call_leaves_out_its_result_and_keeps_the_limits() -> None:
+    """Decision: eviction keeps the limits hard; a result whose call was evicted with
+    its turn is left out of every render (never an orphan), like a call without result."""
+    history = TurnHistory(HistoryLimits(max_turns=1))
+    history.commit("t1", [user("Delete the old branch.")], instructions=[SYSTEM])
+    history.record("t1", [call("c1", "delete_branch")])
+    history.commit("t2", [result("c1", "deleted"), user("And now?")])
+    before = history.view().render(CHAT, "t2").items  # the run is cached with the pair
+    assert [i["role"] for i in before] == ["system", "user", "assistant", "tool", "user"]
+    assert history.evict() == ("t1",)
+    assert history.turn_ids == ("t2",)
+    for policy in ("exclude", "cancel"):
+        rendered = list(history.view().render(CHAT, "t2", open_calls=policy).items)
+        assert rendered == [
+            {"role": "system", "content": SYSTEM.text},
+            {"role": "user", "content": "And now?"},
+        ]
+
+
+def test_eviction_rebuilds_a_cached_turn_whose_results_lost_their_call() -> None:
+    """Invariant: when the turn holding a call is evicted after the next turn (which
+    answers it) was cached in the render run, that turn renders without the result."""
+    history = TurnHistory(HistoryLimits(max_turns=2))
+    history.commit("t1", [user("Delete the old branch.")], instructions=[SYSTEM])
+    history.record("t1", [call("c1", "delete_branch")])
+    history.commit("t2", [result("c1", "deleted"), user("Thanks.")])
+    history.commit("t3", [user("Next.")])
+    cached = history.view().render(CHAT, "t3").items
+    assert [i["role"] for i in cached] == ["system", "user", "assistant", "tool", "user", "user"]
+    assert history.evict() == ("t1",)
+    rendered = list(history.view().render(CHAT, "t3").items)
+    assert rendered == cold_render(history, "t3")
+    assert rendered == [
+        {"role": "system", "content": SYSTEM.text},
+        {"role": "user", "content": "Thanks."},
+        {"role": "user", "content": "Next."},
+    ]

@@ -63,10 +63,11 @@ from turnloom.context.message import (
     ReasoningPart,
     Role,
     TextPart,
+    ToolCallPart,
     check_message,
     is_blank_text,
 )
-from turnloom.context.pairing import OpenCallPolicy, complete_pairs
+from turnloom.context.pairing import CallTracker, OpenCallPolicy, complete_pairs
 from turnloom.errors import (
     DuplicateIdError,
     InputError,
@@ -149,21 +150,22 @@ class RenderedHistory:
         turn_start: index in ``items`` of the turn's first input item.
     """
 
-    __slots__ = ("_head", "_layout", "_slot", "bytes", "items", "turn_start")
+    __slots__ = ("_layout", "_slot", "_tail", "bytes", "items", "turn_start")
 
     def __init__(
         self,
         items: tuple[NativeContent, ...],
         layout: _Layout,
-        head: _Rendered,
+        tail: _Rendered,
         slot: int,
+        turn_start: int,
     ) -> None:
         self.items = items
         self._layout = layout
-        self._head = head
+        self._tail = tail  # everything after the run: unsettled turns, then the turn's input
         self._slot = slot
-        self.turn_start: int = len(items) - len(head.items)
-        self.bytes: int = layout.bytes + head.bytes
+        self.turn_start = turn_start
+        self.bytes: int = layout.bytes + tail.bytes
 
     def bytes_before(self, count: int) -> int:
         """Serialized size of ``items[:count]``, in bytes.
@@ -172,8 +174,9 @@ class RenderedHistory:
         """
         count = max(0, min(count, len(self.items)))
         layout = self._layout
-        if count > self.turn_start:
-            return layout.bytes + sum(self._head.sizes[: count - self.turn_start])
+        run_end = len(self.items) - len(self._tail.items)
+        if count > run_end:
+            return layout.bytes + sum(self._tail.sizes[: count - run_end])
         pinned = layout.pinned
         if count <= len(pinned.items):
             return sum(pinned.sizes[:count])
@@ -183,9 +186,7 @@ class RenderedHistory:
             return layout.bytes
         turn_start = layout.item_ends[index - 1] if index else layout.origin[0]
         bytes_start = layout.byte_ends[index - 1] if index else layout.origin[1]
-        full = layout.turns[index].full_for(self._slot)
-        assert full is not None  # a turn in a run was rendered with the run's key
-        inside = full.sizes[: position - turn_start]
+        inside = layout.renders[index].sizes[: position - turn_start]
         return pinned.bytes + bytes_start - layout.origin[1] + sum(inside)
 
 
@@ -251,22 +252,45 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
         return cached
 
 
+_SpanKey = tuple[tuple[tuple[str, str], ...], tuple[str, ...] | None]
+"""What a turn's render depends on besides its messages: the calls carried into
+it (id, name) and, for a span that does not end the input, the ids of its open
+calls that a later span answers (None when it ends the input)."""
+
+_NO_KEY: _SpanKey = ((), None)
+
+
 class _Rendered(msgspec.Struct, gc=False, eq=False):
-    """Rendered entries: items, their sizes (bytes) and the total (bytes)."""
+    """Rendered entries: items, their sizes (bytes), the total (bytes) and the span key."""
 
     items: tuple[NativeContent, ...]
     sizes: tuple[int, ...]
     bytes: int
+    key: _SpanKey = _NO_KEY
 
 
 _CacheKey = tuple[Gateway, str]
+
+
+def _span_key(
+    carried: tuple[ToolCallPart, ...],
+    answered: frozenset[str] | None,
+    policy: OpenCallPolicy,
+) -> _SpanKey:
+    if answered is not None and policy == "cancel":
+        answered = frozenset()  # under "cancel" a span that goes on changes nothing at its end
+    return (
+        tuple((c.call_id, c.name) for c in carried),
+        None if answered is None else tuple(sorted(answered)),
+    )
 
 
 class _Turn(msgspec.Struct, gc=False, eq=False):
     """An immutable snapshot of one turn. A change makes a new ``_Turn``.
 
     ``full`` and ``head`` are the whole turn and its input rendered for render
-    key slot 0; ``more_full`` and ``more_head`` hold other slots.
+    key slot 0, each for the span key it holds (a cache of one); ``more``
+    holds other slots, by (slot, whole turn).
     """
 
     turn_id: str
@@ -275,12 +299,16 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
     bytes: int
     full: _Rendered | None = None
     head: _Rendered | None = None
-    more_full: dict[int, _Rendered] | None = None
-    more_head: dict[int, _Rendered] | None = None
+    more: dict[tuple[int, bool], _Rendered] | None = None
 
     @property
     def items(self) -> int:
         return len(self.input) + len(self.outputs)
+
+    def messages(self, whole: bool) -> list[Message]:
+        """The turn's messages (``whole``), or its input only."""
+        entries = self.input + self.outputs if whole else self.input
+        return [e.message for e in entries]
 
     def with_outputs(self, added: tuple[_Entry, ...]) -> _Turn:
         return _Turn(
@@ -290,49 +318,41 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
             self.bytes + sum(e.size for e in added),
         )
 
-    def full_for(self, slot: int) -> _Rendered | None:
-        """The whole turn rendered for key slot ``slot``, if cached."""
-        if slot == 0:
-            return self.full
-        return self.more_full.get(slot) if self.more_full is not None else None
-
-    def render_full(
-        self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy
+    def render(
+        self,
+        gateway: Gateway,
+        slots: tuple[int, int],
+        policy: OpenCallPolicy,
+        whole: bool,
+        carried: tuple[ToolCallPart, ...],
+        answered: frozenset[str] | None,
     ) -> _Rendered:
-        """The whole turn rendered for (gateway slot, key slot) ``slots``, cached.
+        """The turn (``whole``) or its input rendered as one span, cached per key slot.
 
-        A racing render at worst recomputes it.
+        ``carried`` and ``answered`` are :func:`complete_pairs`' ``carried``
+        and ``answered_later``. The cache holds one render per (slot, whole)
+        and is filled by one assignment of a render that carries its span
+        key, so a racing render at worst recomputes it.
         """
         slot = slots[1]
-        rendered = self.full_for(slot)
-        if rendered is None:
-            rendered = _render_entries(self.input + self.outputs, gateway, slots[0], policy)
-            if slot == 0:
+        key = _span_key(carried, answered, policy)
+        if slot == 0:
+            cached = self.full if whole else self.head
+        else:
+            cached = self.more.get((slot, whole)) if self.more is not None else None
+        if cached is not None and cached.key == key:
+            return cached
+        entries = self.input + self.outputs if whole else self.input
+        rendered = _render_entries(entries, gateway, slots[0], policy, carried, answered, key)
+        if slot == 0:
+            if whole:
                 self.full = rendered
             else:
-                if self.more_full is None:
-                    self.more_full = {}
-                self.more_full[slot] = rendered
-        return rendered
-
-    def render_head(
-        self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy
-    ) -> _Rendered:
-        """The turn's input rendered for ``slots``, cached (see :meth:`render_full`)."""
-        slot = slots[1]
-        rendered = (
-            self.head
-            if slot == 0
-            else (self.more_head.get(slot) if self.more_head is not None else None)
-        )
-        if rendered is None:
-            rendered = _render_entries(self.input, gateway, slots[0], policy)
-            if slot == 0:
                 self.head = rendered
-            else:
-                if self.more_head is None:
-                    self.more_head = {}
-                self.more_head[slot] = rendered
+        else:
+            if self.more is None:
+                self.more = {}
+            self.more[(slot, whole)] = rendered
         return rendered
 
 
@@ -345,18 +365,20 @@ class _Layout:
     ``origin`` with a C-speed slice of the ends.
     """
 
-    __slots__ = ("byte_ends", "item_ends", "origin", "pinned", "turns")
+    __slots__ = ("byte_ends", "item_ends", "origin", "pinned", "renders", "turns")
 
     def __init__(
         self,
         pinned: _Rendered,
         turns: tuple[_Turn, ...],
+        renders: tuple[_Rendered, ...],
         origin: tuple[int, int],
         item_ends: tuple[int, ...],
         byte_ends: tuple[int, ...],
     ) -> None:
         self.pinned = pinned
         self.turns = turns
+        self.renders = renders  # each turn's render, as appended
         self.origin = origin
         self.item_ends = item_ends
         self.byte_ends = byte_ends
@@ -382,7 +404,7 @@ class _Run:
     tuple, and never walks it in Python. Guarded by ``_Shared.lock``.
     """
 
-    __slots__ = ("evicted", "generation", "items", "layout", "pinned_entries")
+    __slots__ = ("carry", "evicted", "generation", "items", "layout", "pinned_entries")
 
     def __init__(
         self,
@@ -397,6 +419,8 @@ class _Run:
         self.items = items
         self.evicted = evicted
         self.generation = generation
+        # The calls still open after the run's last turn, carried into the next.
+        self.carry: tuple[ToolCallPart, ...] = ()
 
 
 class _Shared:
@@ -421,14 +445,23 @@ class _Shared:
 
 
 def _render_entries(
-    entries: Sequence[_Entry], gateway: Gateway, slot: int, policy: OpenCallPolicy
+    entries: Sequence[_Entry],
+    gateway: Gateway,
+    slot: int,
+    policy: OpenCallPolicy,
+    carried: tuple[ToolCallPart, ...] = (),
+    answered: frozenset[str] | None = None,
+    key: _SpanKey = _NO_KEY,
 ) -> _Rendered:
-    """Render whole-turn entries with every call/result pair complete."""
+    """Render entries as one span with every call/result pair complete (see complete_pairs)."""
     messages = [e.message for e in entries]
     by_id = {id(e.message): e for e in entries}
     items: list[NativeContent] = []
     sizes: list[int] = []
-    for message in complete_pairs(messages, open_calls=policy):
+    completed = complete_pairs(
+        messages, open_calls=policy, carried=carried, answered_later=answered
+    )
+    for message in completed:
         entry = by_id.get(id(message))
         if entry is not None and entry.message is message:
             native, native_sizes = entry.rendered(gateway, slot)
@@ -445,7 +478,93 @@ def _render_entries(
         # Its items are untracked already (by _render_message); CPython keeps
         # a tuple holding dicts tracked, so untrack the tuple itself.
         _GC_UNTRACK(id(rendered))
-    return _Rendered(rendered, tuple(sizes), sum(sizes))
+    return _Rendered(rendered, tuple(sizes), sum(sizes), key)
+
+
+def _join(parts: Sequence[_Rendered]) -> _Rendered:
+    """Renders one after the other, as one."""
+    if len(parts) == 1:
+        return parts[0]
+    items: list[NativeContent] = []
+    sizes: list[int] = []
+    for part in parts:
+        items.extend(part.items)
+        sizes.extend(part.sizes)
+    return _Rendered(tuple(items), tuple(sizes), sum(sizes))
+
+
+class _Plan:
+    """How the turns after a run and a turn's input render (computed before any change).
+
+    ``renders[i]`` renders ``turns[i]``; the first ``settled`` of them are
+    final (the call group open at their end, if any, ended within ``turns``)
+    and may join the run, after which ``carry`` is carried into the next;
+    the rest and ``head`` (the turn's input) form the tail rendered for this
+    prepare only.
+    """
+
+    __slots__ = ("carry", "head", "renders", "settled")
+
+    def __init__(
+        self,
+        renders: list[_Rendered],
+        settled: int,
+        carry: tuple[ToolCallPart, ...],
+        head: _Rendered,
+    ) -> None:
+        self.renders = renders
+        self.settled = settled
+        self.carry = carry
+        self.head = head
+
+    def tail(self) -> _Rendered:
+        return _join([*self.renders[self.settled :], self.head])
+
+
+def _plan(
+    turns: Sequence[_Turn],
+    head: _Turn,
+    carry: tuple[ToolCallPart, ...],
+    gateway: Gateway,
+    slots: tuple[int, int],
+    policy: OpenCallPolicy,
+) -> _Plan:
+    """Pair ``turns`` and then ``head``'s input as one input continuing ``carry``; render them.
+
+    One :class:`~turnloom.context.pairing.CallTracker` pass finds, for each
+    turn, the calls carried into it and which of the calls open at its end a
+    later turn answers; each turn is then rendered as a span with those (a
+    cached render is reused when they are the same), so the spans together
+    equal the whole input completed at once. Changes nothing shared except
+    the per-turn caches.
+    """
+    tracker = CallTracker(carry)
+    count = len(turns)
+    starts: list[tuple[ToolCallPart, ...]] = []
+    ends: list[tuple[int, tuple[ToolCallPart, ...]]] = []
+    left: dict[int, set[str]] = {}  # group -> ids its end left without a result
+    resolved: dict[int, int] = {}  # group -> index of the turn where it ended or was answered
+    for index, turn in enumerate((*turns, head)):
+        starts.append(tuple(tracker.open.values()))
+        for message in turn.messages(index < count):
+            group = tracker.group
+            step = tracker.feed(message)
+            if step.closed:
+                left[group] = {c.call_id for c in step.closed}
+            if tracker.group != group or not tracker.open:
+                resolved.setdefault(group, index)
+        ends.append((tracker.group, tuple(tracker.open.values())))
+    left.setdefault(tracker.group, set()).update(tracker.open)
+    renders: list[_Rendered] = []
+    settled = count
+    for index, turn in enumerate(turns):
+        group, still_open = ends[index]
+        answered = frozenset(c.call_id for c in still_open) - left.get(group, set())
+        renders.append(turn.render(gateway, slots, policy, True, starts[index], answered))
+        if still_open and settled == count and resolved.get(group, count) >= count:
+            settled = index  # its open group runs into the input: not final yet
+    rendered_head = head.render(gateway, slots, policy, False, starts[count], None)
+    return _Plan(renders, settled, starts[settled], rendered_head)
 
 
 def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Sizes]:
@@ -586,9 +705,12 @@ class HistoryView:
 
         The outputs of ``turn_id`` itself are not included: they are the
         continuation of the turn's model calls (see seed 004, ``build``).
-        Each turn is completed on its own with
-        :func:`~turnloom.context.complete_pairs` (a turn begins with user input,
-        so a call/result pair never spans two turns).
+        The retained turns and the turn's input are paired as one input
+        (see the class docstring of :class:`TurnHistory`): the items equal
+        ``complete_pairs(input_messages(turn_id), open_calls=open_calls)``
+        rendered message by message. When a render raises (a gateway error,
+        a MemoryError), the shared render cache is dropped, so the next
+        render equals a cold one.
 
         Args:
             gateway: the provider to render for.
@@ -613,7 +735,7 @@ class HistoryView:
         key: _CacheKey = (gateway, open_calls)
         shared = self._shared
         slots = shared.slots(key)
-        head = turns[position].render_head(gateway, slots, open_calls)
+        head = turns[position]
         closed = turns[:position]
         with shared.lock:
             run = shared.runs.get(key)
@@ -621,25 +743,58 @@ class HistoryView:
                 run is None or (self._evicted >= run.evicted and self._generation >= run.generation)
             )
             if newest:
-                if run is None or not self._advance(run, closed):
-                    run = shared.runs[key] = self._build(gateway, slots, open_calls)
-                self._append(run, closed, gateway, slots, open_calls)
-                # One copy of the run into the output tuple.
-                run.items.extend(head.items)
-                items = tuple(run.items)
-                del run.items[len(run.items) - len(head.items) :]
+                try:
+                    if run is None or not self._advance(run, closed):
+                        run = self._build(gateway, slots, open_calls)
+                    shared.runs[key] = run
+                    # Everything that can fail (a gateway, an area of memory)
+                    # runs before the run changes.
+                    plan = _plan(
+                        closed[len(run.layout.turns) :], head, run.carry, gateway, slots, open_calls
+                    )
+                    tail = plan.tail()
+                    self._append(run, closed, plan)
+                    # One copy of the run into the output tuple.
+                    run.items.extend(tail.items)
+                    items = tuple(run.items)
+                    del run.items[len(run.items) - len(tail.items) :]
+                except BaseException:
+                    # The run may be half changed: drop it; the next render rebuilds it.
+                    shared.runs.pop(key, None)
+                    raise
                 layout = run.layout
         if not newest:
             # An older view (or an earlier turn): a private run, the cache untouched.
             private = self._build(gateway, slots, open_calls)
-            self._append(private, closed, gateway, slots, open_calls)
-            items = tuple(private.items) + head.items
+            plan = _plan(closed, head, (), gateway, slots, open_calls)
+            tail = plan.tail()
+            self._append(private, closed, plan)
+            items = tuple(private.items) + tail.items
             layout = private.layout
-        return RenderedHistory(items, layout, head, slots[1])
+        return RenderedHistory(items, layout, tail, slots[1], len(items) - len(plan.head.items))
+
+    def input_messages(self, turn_id: str) -> tuple[Message, ...]:
+        """The messages a render of ``turn_id`` is made of, before pairing.
+
+        The pinned instructions, every message of the turns before
+        ``turn_id``, then its input, oldest first. Rendering
+        ``complete_pairs(input_messages(t))`` message by message gives
+        exactly :meth:`render`'s items (a cold render, without any cache).
+
+        Raises:
+            UnknownTurnError: the view holds no turn ``turn_id``.
+        """
+        out = [e.message for e in self._pinned]
+        for turn in self._turns:
+            if turn.turn_id == turn_id:
+                out.extend(e.message for e in turn.input)
+                return tuple(out)
+            out.extend(e.message for e in turn.input + turn.outputs)
+        raise UnknownTurnError(f"The history holds no turn {turn_id!r}.")
 
     def _build(self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy) -> _Run:
         pinned = _render_entries(self._pinned, gateway, slots[0], policy)
-        layout = _Layout(pinned, (), (0, 0), (), ())
+        layout = _Layout(pinned, (), (), (0, 0), (), ())
         return _Run(self._pinned, layout, list(pinned.items), self._evicted, self._generation)
 
     def _advance(self, run: _Run, closed: tuple[_Turn, ...]) -> bool:
@@ -655,6 +810,9 @@ class HistoryView:
             # changes), so the last kept turn being the same object means the
             # whole kept run is this view's prefix.
             or (kept and closed[kept - 1] is not layout.turns[-1])
+            # The first kept turn answered calls of an evicted turn: without
+            # them its results are orphans, so its render changes.
+            or (dropped and kept and layout.renders[dropped].key[0])
         ):
             return False
         if dropped:
@@ -664,43 +822,43 @@ class HistoryView:
             run.layout = _Layout(
                 layout.pinned,
                 layout.turns[dropped:],
+                layout.renders[dropped:],
                 origin,
                 layout.item_ends[dropped:],
                 layout.byte_ends[dropped:],
             )
             run.evicted = self._evicted
+            if not kept:
+                run.carry = ()  # the calls it carried were evicted with their turn
         return True
 
-    def _append(
-        self,
-        run: _Run,
-        closed: tuple[_Turn, ...],
-        gateway: Gateway,
-        slots: tuple[int, int],
-        policy: OpenCallPolicy,
-    ) -> None:
+    def _append(self, run: _Run, closed: tuple[_Turn, ...], plan: _Plan) -> None:
+        """Append the plan's settled turns to the run (``closed`` holds them after the run's)."""
+        if not plan.settled:
+            return
         layout = run.layout
         reuse = len(layout.turns)
-        if reuse == len(closed):
-            return
         item_ends: list[int] = []
         byte_ends: list[int] = []
         items_at = layout.item_ends[-1] if layout.item_ends else layout.origin[0]
         bytes_at = layout.byte_ends[-1] if layout.byte_ends else layout.origin[1]
-        for turn in closed[reuse:]:
-            rendered = turn.render_full(gateway, slots, policy)
-            run.items.extend(rendered.items)
+        renders = plan.renders[: plan.settled]
+        for rendered in renders:
             items_at += len(rendered.items)
             bytes_at += rendered.bytes
             item_ends.append(items_at)
             byte_ends.append(bytes_at)
+        for rendered in renders:
+            run.items.extend(rendered.items)
         run.layout = _Layout(
             layout.pinned,
-            closed,
+            closed[: reuse + plan.settled],
+            layout.renders + tuple(renders),
             layout.origin,
             layout.item_ends + tuple(item_ends),
             layout.byte_ends + tuple(byte_ends),
         )
+        run.carry = plan.carry
 
 
 def _blank(message: Message) -> bool:
@@ -749,6 +907,25 @@ def check_id(value: object, what: str) -> str:
 
 class TurnHistory:
     """The bounded history of one context, in whole turns.
+
+    Pairing across turns. Tool calls and results pair over the whole retained
+    history, by the rule of :class:`~turnloom.context.CallTracker`, not turn
+    by turn: a result recorded late to its turn, or given as the next turn's
+    input (an approval flow: the model asks, a person approves, the result
+    arrives with the next turn), answers the call it follows. A turn whose
+    call group is still open at its end renders once the turns after it show
+    whether they answer it; until then it is rendered with each prepare
+    rather than cached in the shared run.
+
+    Eviction and calls. Eviction drops whole turns and the limits stay hard:
+    no turn is kept beyond them to hold a call for its result. A call is
+    evicted with its turn, whether its result is still expected or already
+    arrived as a later turn's input; that result is then left out of every
+    render (never sent without its call), as a call without its result is.
+    A result that arrives after its call's turn was evicted is dropped too:
+    recorded to the evicted turn it is counted in ``dropped_late_outputs``,
+    given as turn input it is left out. Hosts whose tool results arrive as
+    turn input should allow at least two turns.
 
     Args:
         limits: the bounds; see :class:`HistoryLimits`.
