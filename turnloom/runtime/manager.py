@@ -50,7 +50,7 @@ from turnloom.context.history import (
 )
 from turnloom.context.message import Message, check_message
 from turnloom.context.native import Context
-from turnloom.context.pairing import OpenCallPolicy, complete_pairs
+from turnloom.context.pairing import CallTracker, OpenCallPolicy, complete_pairs
 from turnloom.errors import (
     AreaCallbackError,
     DuplicateAreaError,
@@ -145,17 +145,17 @@ class _Areas:
     thread holding ``lock``. The event loop never touches it; it hands new
     areas and routed items over through the two deques (``append`` on the
     loop, ``popleft``/``appendleft`` in a worker: both atomic). ``attached``
-    and ``open_calls`` are owned by the loop; ``rendered`` is written only
-    by workers (under ``lock``) and ``delivered`` only by the loop; both
-    only grow.
+    and ``calls`` (the pairing state of the routed items) are owned by the
+    loop; ``rendered`` is written only by workers (under ``lock``) and
+    ``delivered`` only by the loop; both only grow.
     """
 
     __slots__ = (
         "attached",
+        "calls",
         "coop",
         "delivered",
         "lock",
-        "open_calls",
         "pending_areas",
         "pending_items",
         "rendered",
@@ -168,7 +168,7 @@ class _Areas:
         self.pending_items: deque[NativeContent] = deque()
         # id -> area: attached and not yet known to be collected.
         self.attached: dict[int, ContextAreaImplementation] = {}
-        self.open_calls: tuple[str, ...] = ()  # calls of routed items still unanswered
+        self.calls = CallTracker()  # routed calls still unanswered
         self.rendered = 0  # area passes run
         self.delivered = 0  # the newest pass whose section reached a requester
 
@@ -838,27 +838,23 @@ class ContextManager:
                 "runtime supplies that pair itself."
             )
         areas = state.areas
-        open_calls = areas.open_calls if areas is not None else ()
-        results = message.tool_results
-        if open_calls:
-            if not results or message.tool_calls:
-                raise InvalidMessageError(
-                    f"Tool call(s) {', '.join(map(repr, open_calls))} routed to context "
-                    f"{context_id!r} have no result yet; route their results before any "
-                    "other item."
-                )
-            answered = {r.call_id for r in results}
-            unmatched = sum(1 for r in results if r.call_id not in open_calls)
-            open_calls = tuple(c for c in open_calls if c not in answered)[unmatched:]
-        elif results:
+        tracker = areas.calls.copy() if areas is not None else CallTracker()
+        open_calls = tracker.open_ids
+        step = tracker.feed(message)
+        if open_calls and (step.closed or message.tool_calls):
+            raise InvalidMessageError(
+                f"Tool call(s) {', '.join(map(repr, open_calls))} routed to context "
+                f"{context_id!r} have no result yet; route their results before any "
+                "other item."
+            )
+        if step.orphans:
             raise InvalidMessageError(
                 f"The item routed to context {context_id!r} holds tool result(s) "
-                f"{', '.join(repr(r.call_id) for r in results)} that answer no routed call."
+                f"{', '.join(repr(r.call_id) for r in step.orphans)} that answer no open "
+                "routed call."
             )
-        if message.tool_calls:
-            open_calls = tuple(c.call_id for c in message.tool_calls)
         areas = self._areas(state)
-        areas.open_calls = open_calls
+        areas.calls = tracker
         areas.pending_items.append(copy)
 
     # -- invocations ---------------------------------------------------------

@@ -49,7 +49,7 @@ import msgspec
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_gateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.message import Message, Role
-from turnloom.context.pairing import complete_pairs
+from turnloom.context.pairing import CallTracker, complete_pairs
 from turnloom.errors import InputError, TurnloomError
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext, TurnSnapshot
@@ -383,7 +383,7 @@ def _parse(trajectory: Trajectory, chat: Gateway) -> _Parsed | ReplayError:
     """Parse and check a whole trajectory before any of it reaches the manager."""
     messages: list[Message] = []
     roles: list[Role] = []
-    open_calls: set[str] = set()
+    calls = CallTracker()
     turn_started = False
 
     def fail(index: int, reason: str) -> ReplayError:
@@ -397,23 +397,17 @@ def _parse(trajectory: Trajectory, chat: Gateway) -> _Parsed | ReplayError:
         except TurnloomError as exc:
             return fail(index, str(exc))
         role = message.role
-        if role is Role.tool:
-            call_id = message.tool_results[0].call_id
-            if call_id not in open_calls:
-                return fail(
-                    index,
-                    f"tool message answers call {call_id!r}, which the directly preceding "
-                    "assistant message did not make.",
-                )
-            open_calls.discard(call_id)
-        elif role is Role.assistant:
-            if not turn_started:
-                return fail(index, "assistant message before any user message (no turn to answer).")
-            open_calls = {c.call_id for c in message.tool_calls}
-        else:
-            open_calls = set()
-            if role is Role.user:
-                turn_started = True
+        if role is Role.assistant and not turn_started:
+            return fail(index, "assistant message before any user message (no turn to answer).")
+        orphans = calls.feed(message).orphans
+        if orphans:
+            return fail(
+                index,
+                f"tool message answers call {orphans[0].call_id!r}, which the directly "
+                "preceding assistant message did not make.",
+            )
+        if role is Role.user:
+            turn_started = True
         messages.append(message)
         roles.append(role)
     return _Parsed(messages, roles)
