@@ -479,7 +479,7 @@ def test_an_unanswered_call_is_closed_where_the_next_turn_ends_its_group() -> No
     history.commit("t2", [result("a", "A"), user("Skip b.")])
     for policy in ("exclude", "cancel"):
         rendered = list(history.view().render(CHAT, "t2", open_calls=policy).items)
-        assert rendered == cold_render(history, "t2", policy)  # type: ignore[arg-type]
+        assert rendered == cold_render(history, "t2", policy)
         assert CHAT.validate(rendered) == []
     calls = history.view().render(CHAT, "t2").items[1]["tool_calls"]
     assert [c["id"] for c in calls] == ["a"]

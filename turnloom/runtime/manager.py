@@ -504,6 +504,11 @@ class ContextManager:
         return self._gateway
 
     @property
+    def open_calls(self) -> OpenCallPolicy:
+        """What a prepared input does with a tool call left without a result."""
+        return self._open_calls
+
+    @property
     def capacity(self) -> int:
         """The bound on pending preparations."""
         return self._capacity
