@@ -34,6 +34,7 @@ from turnloom.errors import (
     InvalidTextError,
     ItemTooLargeError,
     OutOfOrderTurnError,
+    StateError,
     UnknownTurnError,
 )
 
@@ -524,3 +525,80 @@ def test_eviction_rebuilds_a_cached_turn_whose_results_lost_their_call() -> None
         {"role": "user", "content": "Thanks."},
         {"role": "user", "content": "Next."},
     ]
+
+
+# -- duplicate records, late outputs, retraction ----------------------------------
+
+
+def test_recording_a_message_id_again_is_idempotent_and_other_content_is_an_error() -> None:
+    """Invariant: the same id recorded twice to a turn (an interrupted reply committed
+    twice) is stored once and counted; the same id with other content is rejected and
+    nothing of that record is kept."""
+    history = TurnHistory()
+    history.commit("t1", [user("Hi.")])
+    reply = Message(role=Role.assistant, content="Hello!", id="m1")
+    assert history.record("t1", [reply]) == 1
+    assert history.record("t1", [reply, assistant("More.")]) == 1
+    assert history.view().turn_messages("t1") == (user("Hi."), reply, assistant("More."))
+    assert history.statistics().duplicate_outputs == 1
+    other = Message(role=Role.assistant, content="Hello?", id="m1")
+    with pytest.raises(DuplicateIdError, match="'m1'"):
+        history.record("t1", [assistant("kept?"), other])
+    assert history.view().turn_messages("t1") == (user("Hi."), reply, assistant("More."))
+    history.commit("t2", [user("Again.")])
+    with pytest.raises(DuplicateIdError, match="another turn"):
+        history.record("t2", [reply])
+    with pytest.raises(DuplicateIdError, match="'m1'"):
+        history.commit("t3", [Message(role=Role.user, content="x", id="m1")])
+    assert history.turn_ids == ("t1", "t2")
+
+
+def test_late_outputs_after_the_evicted_ids_were_forgotten_are_dropped_and_counted() -> None:
+    """Issue small input: a late output for a turn evicted more than remember_evicted
+    turns ago is dropped and counted (not UnknownTurnError); with the turn's serial,
+    a late output for a turn whose id was reused never lands in the new turn."""
+    history = TurnHistory(HistoryLimits(max_turns=1), remember_evicted=2)
+    history.commit("t0", [user("first")])
+    serial = history.turn_serial("t0")
+    with pytest.raises(UnknownTurnError):
+        history.record("never", [assistant("x")])
+    for n in range(1, 5):
+        history.commit(f"t{n}", [user(f"q{n}")])
+        history.evict()
+    assert not history.was_evicted("t0")  # forgotten
+    assert history.record("t0", [assistant("late")]) == 0
+    history.commit("t0", [user("the id again")])  # allowed once forgotten
+    assert history.record("t0", [assistant("late for the old t0")], serial=serial) == 0
+    assert history.view().turn_messages("t0") == (user("the id again"),)
+    assert history.statistics().dropped_late_outputs == 2
+    assert history.record("t0", [assistant("now")], serial=history.turn_serial("t0")) == 1
+
+
+def test_retract_takes_back_the_newest_turn_without_an_answer() -> None:
+    """Invariant: a retracted false start is not in the next turn's input; its id is
+    gone (late outputs dropped, not reusable); only an unanswered newest turn goes."""
+    history = TurnHistory()
+    history.commit("t1", [user("Book a flight.")], instructions=[SYSTEM])
+    history.record("t1", [assistant("Where to?")])
+    history.commit("t2", [user("uh")])
+    with pytest.raises(StateError, match="newest"):
+        history.retract("t1")
+    history.retract("t2")
+    assert history.turn_ids == ("t1",)
+    assert history.statistics().retracted_turns == 1
+    assert (history.statistics().items, history.statistics().turns) == (2, 1)
+    assert history.record("t2", [assistant("late")]) == 0
+    with pytest.raises(DuplicateIdError):
+        history.commit("t2", [user("again")])
+    history.commit("t3", [user("To Oslo.")])
+    assert list(history.view().render(CHAT, "t3").items) == [
+        {"role": "system", "content": SYSTEM.text},
+        {"role": "user", "content": "Book a flight."},
+        {"role": "assistant", "content": "Where to?"},
+        {"role": "user", "content": "To Oslo."},
+    ]
+    with pytest.raises(StateError, match="output"):
+        history.record("t3", [assistant("Sure.")])
+        history.retract("t3")
+    with pytest.raises(UnknownTurnError):
+        history.retract("t9")

@@ -74,6 +74,7 @@ from turnloom.errors import (
     InvalidMessageError,
     ItemTooLargeError,
     OutOfOrderTurnError,
+    StateError,
     UnknownTurnError,
 )
 
@@ -121,9 +122,12 @@ class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
         evicted_turns: turns evicted since the history was created.
         evicted_items: messages evicted with them.
         evicted_bytes: bytes evicted with them.
-        dropped_late_outputs: messages recorded for an already evicted turn,
-            dropped.
+        dropped_late_outputs: messages recorded for a turn no longer held
+            (evicted or retracted), dropped.
         dropped_blank_outputs: empty or whitespace-only messages not recorded.
+        duplicate_outputs: messages recorded again with an id and content
+            already held in their turn, not stored again.
+        retracted_turns: turns retracted since the history was created.
     """
 
     turns: int
@@ -136,6 +140,8 @@ class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
     evicted_bytes: int
     dropped_late_outputs: int
     dropped_blank_outputs: int
+    duplicate_outputs: int = 0
+    retracted_turns: int = 0
 
 
 class RenderedHistory:
@@ -297,6 +303,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
     input: tuple[_Entry, ...]
     outputs: tuple[_Entry, ...]
     bytes: int
+    serial: int  # the history's commit count when it was committed: unique in the history
     full: _Rendered | None = None
     head: _Rendered | None = None
     more: dict[tuple[int, bool], _Rendered] | None = None
@@ -316,6 +323,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
             self.input,
             self.outputs + added,
             self.bytes + sum(e.size for e in added),
+            self.serial,
         )
 
     def render(
@@ -940,19 +948,24 @@ class TurnHistory:
     __slots__ = (
         "_blank_dropped",
         "_bytes",
+        "_duplicates",
         "_evicted",
         "_evicted_bytes",
         "_evicted_ids",
         "_evicted_items",
+        "_forgotten",
         "_generation",
         "_ids",
         "_items",
         "_late_dropped",
         "_limits",
+        "_message_ids",
         "_pinned",
         "_pinned_bytes",
         "_remember",
+        "_retracted",
         "_sequence",
+        "_serial",
         "_shared",
         "_turns",
         "_view",
@@ -978,6 +991,12 @@ class TurnHistory:
         self._evicted_ids: OrderedDict[str, None] = OrderedDict()
         self._late_dropped = 0
         self._blank_dropped = 0
+        self._duplicates = 0
+        self._retracted = 0
+        self._forgotten = 0  # ids of gone turns no longer remembered
+        self._serial = 0
+        # message id -> (serial of its turn, message), for every held message with an id
+        self._message_ids: dict[str, tuple[int, Message]] = {}
         self._sequence: int | None = None
         self._shared = _Shared()
         self._view: HistoryView | None = None
@@ -1029,6 +1048,8 @@ class TurnHistory:
             evicted_bytes=self._evicted_bytes,
             dropped_late_outputs=self._late_dropped,
             dropped_blank_outputs=self._blank_dropped,
+            duplicate_outputs=self._duplicates,
+            retracted_turns=self._retracted,
         )
 
     def over_limits(self) -> bool:
@@ -1085,7 +1106,8 @@ class TurnHistory:
                 a pinned role, or an instruction with another role.
             InvalidTextError: text that is not valid UTF-8.
             ItemTooLargeError: one message is over the per-item byte cap.
-            DuplicateIdError: ``turn_id`` is kept or was evicted recently.
+            DuplicateIdError: ``turn_id`` is kept or was evicted (or retracted)
+                recently, or an input message has the id of a held message.
             OutOfOrderTurnError: ``sequence`` is not greater than the previous one.
         """
         check_id(turn_id, "turn id")
@@ -1109,6 +1131,16 @@ class TurnHistory:
                     field="role",
                 )
         entries = self._entries(input, f"turn {turn_id!r} input")
+        seen: set[str] = set()
+        for i, entry in enumerate(entries):
+            message_id = entry.message.id
+            if message_id is not None:
+                if message_id in seen or message_id in self._message_ids:
+                    raise DuplicateIdError(
+                        f"Turn {turn_id!r} input[{i}] has id {message_id!r}, which a message "
+                        "of this context already has."
+                    )
+                seen.add(message_id)
         pinned: tuple[_Entry, ...] | None = None
         if instructions is not None:
             for i, message in enumerate(instructions):
@@ -1125,33 +1157,63 @@ class TurnHistory:
             self._pinned_bytes = sum(e.size for e in pinned)
         if sequence is not None:
             self._sequence = sequence
-        turn = _Turn(turn_id, entries, (), sum(e.size for e in entries))
+        self._serial += 1
+        turn = _Turn(turn_id, entries, (), sum(e.size for e in entries), self._serial)
+        for entry in entries:
+            if entry.message.id is not None:
+                self._message_ids[entry.message.id] = (self._serial, entry.message)
         self._turns = (*self._turns, turn)
         self._ids.add(turn_id)
         self._items += turn.items
         self._bytes += turn.bytes
         self._view = None
 
-    def record(self, turn_id: str, outputs: Sequence[Message]) -> int:
+    def turn_serial(self, turn_id: str) -> int:
+        """The serial of the held turn ``turn_id``: unique in this history, never reused.
+
+        Pass it to :meth:`record` so that outputs arriving after the turn is
+        gone are dropped even when its id was forgotten and reused.
+
+        Raises:
+            UnknownTurnError: ``turn_id`` is not held.
+        """
+        for turn in reversed(self._turns):
+            if turn.turn_id == turn_id:
+                return turn.serial
+        raise UnknownTurnError(f"Turn {turn_id!r} is not held by this context.")
+
+    def record(
+        self, turn_id: str, outputs: Sequence[Message], *, serial: int | None = None
+    ) -> int:
         """Append a turn's outputs (model messages, tool results), in order.
 
         Empty and whitespace-only messages (an interrupted model output) are
-        not recorded, and counted. Outputs for an evicted turn are dropped and
-        counted; they never bring the turn back. Record does not evict; call
-        :meth:`evict` at a safe point.
+        not recorded, and counted. A message whose id the turn already holds
+        with equal content (an output committed twice) is not stored again,
+        and counted. Outputs for a turn no longer held are *late*: dropped and
+        counted; they never bring the turn back. A turn is known to be gone
+        when its id is remembered as evicted or retracted, when ``serial``
+        names another turn than the one now holding ``turn_id`` (the id was
+        reused), or when ids of gone turns were forgotten (an id never
+        committed then cannot be told from one of them). Record does not
+        evict; call :meth:`evict` at a safe point.
 
         Args:
             turn_id: the turn the outputs belong to.
             outputs: the messages, oldest first.
+            serial: the turn's :meth:`turn_serial`, when the caller kept it.
 
         Returns:
             how many messages were recorded.
 
         Raises:
-            UnknownTurnError: ``turn_id`` was never committed (or was evicted too
-                long ago to be remembered).
-            InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
-                message; nothing was recorded.
+            UnknownTurnError: ``turn_id`` was certainly never committed (no id
+                of a gone turn was forgotten yet).
+            InvalidMessageError, InvalidTextError: a malformed message;
+                nothing was recorded.
+            DuplicateIdError: a message has the id of a held message with
+                other content, or of a message of another turn; nothing was
+                recorded.
             ItemTooLargeError: one message is over the per-item byte cap;
                 nothing was recorded.
         """
@@ -1160,20 +1222,50 @@ class TurnHistory:
             if self._turns[i].turn_id == turn_id:
                 position = i
                 break
-        if position < 0:
-            if turn_id in self._evicted_ids:
+        if position < 0 or (serial is not None and self._turns[position].serial != serial):
+            known = position >= 0 or serial is not None or turn_id in self._evicted_ids
+            if known or self._forgotten:
                 # Validate anyway: a malformed late output is still an error.
                 self._entries(outputs, f"turn {turn_id!r} output")
                 self._late_dropped += len(outputs)
                 return 0
             raise UnknownTurnError(f"Turn {turn_id!r} was never committed to this context.")
         entries = self._entries(outputs, f"turn {turn_id!r} output")
-        kept = tuple(e for e in entries if not _blank(e.message))
-        self._blank_dropped += len(entries) - len(kept)
+        old = self._turns[position]
+        kept: list[_Entry] = []
+        added: dict[str, Message] = {}
+        duplicates = blank = 0
+        for i, entry in enumerate(entries):
+            message = entry.message
+            if message.id is not None:
+                held = self._message_ids.get(message.id)
+                same = (
+                    added.get(message.id)
+                    if held is None
+                    else (held[1] if held[0] == old.serial else None)
+                )
+                if same is not None and same == message:
+                    duplicates += 1
+                    continue
+                if held is not None or message.id in added:
+                    raise DuplicateIdError(
+                        f"Turn {turn_id!r} output[{i}] has id {message.id!r}, which a "
+                        "message of this context already has with other content (or in "
+                        "another turn); nothing was recorded."
+                    )
+                added[message.id] = message
+            if _blank(message):
+                blank += 1
+                continue
+            kept.append(entry)
+        self._duplicates += duplicates
+        self._blank_dropped += blank
         if not kept:
             return 0
-        old = self._turns[position]
-        new = old.with_outputs(kept)
+        for entry in kept:
+            if entry.message.id is not None:
+                self._message_ids[entry.message.id] = (old.serial, entry.message)
+        new = old.with_outputs(tuple(kept))
         if position != len(self._turns) - 1:
             self._generation += 1
         self._turns = (*self._turns[:position], new, *self._turns[position + 1 :])
@@ -1212,10 +1304,56 @@ class TurnHistory:
         self._evicted += count
         self._evicted_items += items
         self._evicted_bytes += total
-        for turn_id in evicted:
-            self._ids.discard(turn_id)
-            self._evicted_ids[turn_id] = None
-        while len(self._evicted_ids) > self._remember:
-            self._evicted_ids.popitem(last=False)
+        for turn in turns[:count]:
+            self._forget(turn)
         self._view = None
         return evicted
+
+    def _forget(self, turn: _Turn) -> None:
+        """Drop a turn's ids; remember its id as gone (a bounded number of them)."""
+        self._ids.discard(turn.turn_id)
+        message_ids = self._message_ids
+        if message_ids:
+            for entry in turn.input + turn.outputs:
+                if entry.message.id is not None:
+                    message_ids.pop(entry.message.id, None)
+        self._evicted_ids[turn.turn_id] = None
+        while len(self._evicted_ids) > self._remember:
+            self._evicted_ids.popitem(last=False)
+            self._forgotten += 1
+
+    def retract(self, turn_id: str) -> None:
+        """Take back the newest turn, which produced no output (a false start).
+
+        The turn's input leaves the history as if it had never been
+        committed: the next turn's input does not hold it. Its id is
+        remembered like an evicted turn's: it cannot be committed again, and
+        outputs recorded for it later are dropped and counted. The sequence
+        it carried stays used.
+
+        Raises:
+            InvalidMessageError: a malformed id.
+            UnknownTurnError: ``turn_id`` is not held.
+            StateError: ``turn_id`` is not the newest turn, or outputs were
+                recorded for it (it answered: record a correction instead).
+        """
+        check_id(turn_id, "turn id")
+        if not self.has_turn(turn_id):
+            raise UnknownTurnError(f"Turn {turn_id!r} is not held by this context.")
+        turn = self._turns[-1]
+        if turn.turn_id != turn_id:
+            raise StateError(
+                f"Turn {turn_id!r} is not the newest turn ({turn.turn_id!r} is); only the "
+                "newest turn can be retracted."
+            )
+        if turn.outputs:
+            raise StateError(
+                f"Turn {turn_id!r} has {len(turn.outputs)} recorded output(s); only a turn "
+                "that produced no answer can be retracted."
+            )
+        self._turns = self._turns[:-1]
+        self._items -= turn.items
+        self._bytes -= turn.bytes
+        self._retracted += 1
+        self._forget(turn)
+        self._view = None
