@@ -10,6 +10,7 @@ __all__ = (
     "CANCELLED_RESULT_TEXT",
     "AreaFlowState",
     "AreaLifeState",
+    "CallTracker",
     "CollectionPlan",
     "CollectionReport",
     "Context",
@@ -26,6 +27,7 @@ __all__ = (
     "NativeContent",
     "OpaquePart",
     "OpenCallPolicy",
+    "PairingStep",
     "Part",
     "ReasoningPart",
     "Role",
@@ -43,6 +45,7 @@ __all__ = (
     "message_size",
     "open_call_ids",
     "plan_collection",
+    "played_prefix",
 )
 
 from turnloom.context import gateways as _gateways  # registers the built-in gateways
@@ -61,6 +64,7 @@ from turnloom.context.coop import (
 )
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, Violation, get_gateway
 from turnloom.context.history import HistoryLimits, HistoryStatistics, TurnHistory
+from turnloom.context.interruption import played_prefix
 from turnloom.context.message import (
     ImagePart,
     Message,
@@ -79,7 +83,9 @@ from turnloom.context.message import (
 from turnloom.context.native import Context
 from turnloom.context.pairing import (
     CANCELLED_RESULT_TEXT,
+    CallTracker,
     OpenCallPolicy,
+    PairingStep,
     complete_pairs,
     hold_until_answered,
     open_call_ids,

@@ -1182,9 +1182,7 @@ class TurnHistory:
                 return turn.serial
         raise UnknownTurnError(f"Turn {turn_id!r} is not held by this context.")
 
-    def record(
-        self, turn_id: str, outputs: Sequence[Message], *, serial: int | None = None
-    ) -> int:
+    def record(self, turn_id: str, outputs: Sequence[Message], *, serial: int | None = None) -> int:
         """Append a turn's outputs (model messages, tool results), in order.
 
         Empty and whitespace-only messages (an interrupted model output) are

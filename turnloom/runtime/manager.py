@@ -48,11 +48,13 @@ from turnloom.context.history import (
     TurnHistory,
     check_id,
 )
+from turnloom.context.interruption import played_prefix
 from turnloom.context.message import Message, check_message
 from turnloom.context.native import Context
 from turnloom.context.pairing import CallTracker, OpenCallPolicy, complete_pairs
 from turnloom.errors import (
     AreaCallbackError,
+    ContextRemovedError,
     DuplicateAreaError,
     DuplicateIdError,
     InputError,
@@ -277,16 +279,39 @@ class _Waiters:
 
 
 class _Preparation:
-    __slots__ = ("done", "error", "request", "requested_at", "result", "scope", "wanted")
+    __slots__ = (
+        "areas",
+        "done",
+        "error",
+        "layout",
+        "origin",
+        "request",
+        "requested_at",
+        "result",
+        "scope",
+        "section",
+        "state",
+        "wanted",
+    )
 
-    def __init__(self, request: ContextPrepareRequest, requested_at: float) -> None:
+    def __init__(
+        self, request: ContextPrepareRequest, requested_at: float, origin: _ContextState | None
+    ) -> None:
         self.request = request
         self.requested_at = requested_at
+        # The context the request was made for: a context created again with
+        # the same id after a removal never serves it.
+        self.origin = origin
         self.done = anyio.Event()
         self.scope: anyio.CancelScope | None = None
         self.wanted = True
         self.result: PreparedContext | None = None
         self.error: BaseException | None = None
+        # Set with ``result``; applied when the requester receives it (_deliver).
+        self.state: _ContextState | None = None
+        self.layout: _Layout | None = None
+        self.areas: _Areas | None = None
+        self.section: _AreaSection | None = None
 
 
 class Invocation:
@@ -297,16 +322,31 @@ class Invocation:
         turn_id: the turn the model call answers.
     """
 
-    __slots__ = ("_manager", "context_id", "turn_id")
+    __slots__ = ("_manager", "_serial", "_state", "context_id", "turn_id")
 
-    def __init__(self, manager: ContextManager, context_id: str, turn_id: str) -> None:
+    def __init__(
+        self, manager: ContextManager, state: _ContextState, context_id: str, turn_id: str
+    ) -> None:
         self._manager = manager
+        self._state = state
+        self._serial = state.history.turn_serial(turn_id)
         self.context_id = context_id
         self.turn_id = turn_id
 
     def record(self, outputs: Sequence[Message]) -> int:
-        """Record outputs of this turn; see :meth:`ContextManager.record`."""
-        return self._manager.record(self.context_id, self.turn_id, outputs)
+        """Record outputs of this turn; see :meth:`ContextManager.record`.
+
+        Bound to the turn the invocation was opened for: outputs recorded
+        after that turn is gone (evicted, retracted, its context removed,
+        even if its id was since reused) are dropped and counted as late.
+        """
+        return self._manager._record(
+            self._state, self.context_id, self.turn_id, outputs, self._serial
+        )
+
+    def record_interrupted(self, output: Message, *, played: int) -> int:
+        """Record this call's interrupted output; see :meth:`ContextManager.record_interrupted`."""
+        return self.record([played_prefix(output, played)])
 
 
 def check_options(
@@ -485,6 +525,9 @@ class ContextManager:
         self._removed_evicted_items = 0
         self._removed_late = 0
         self._removed_blank = 0
+        self._removed_duplicates = 0
+        self._removed_retracted = 0
+        self._waiting_for_turn = 0
         self._prefix_bytes = 0
         self._prefix_reused = 0
         self._latency = _Histogram()
@@ -648,15 +691,89 @@ class ContextManager:
                 and Gemini); nothing was recorded.
         """
         self._check_open()
-        state = self._context(context_id)
+        return self._record(self._context(context_id), context_id, turn_id, outputs, None)
+
+    def _record(
+        self,
+        state: _ContextState,
+        context_id: str,
+        turn_id: str,
+        outputs: Sequence[Message],
+        serial: int | None,
+    ) -> int:
+        self._check_open()
         check_id(turn_id, "turn id")
         if isinstance(outputs, Message) or not isinstance(outputs, Sequence):
             raise InvalidMessageError("record takes a sequence of Messages, oldest first.")
         self._reject_state(outputs, context_id, turn_id, f"Output of turn {turn_id!r}")
         self._check_renderable(outputs, f"Output of turn {turn_id!r}")
-        recorded = state.history.record(turn_id, outputs)
+        if self._contexts.get(context_id) is not state:
+            # The invocation's context was removed: its outputs are late.
+            self._removed_late += len(outputs)
+            return 0
+        recorded = state.history.record(turn_id, outputs, serial=serial)
         self._evict(state)
         return recorded
+
+    def record_interrupted(
+        self, context_id: str, turn_id: str, output: Message, *, played: int
+    ) -> int:
+        """Record a model output interrupted while it was played (a voice barge-in).
+
+        Only what the user heard is recorded: the output's text up to
+        ``played`` characters (see :func:`~turnloom.context.played_prefix`);
+        its tool calls stay, and as they have no result the ``open_calls``
+        policy excludes or cancels them in the next input unless their
+        results are recorded. An output cut before any text was played and
+        without calls is blank and not recorded.
+
+        Args:
+            context_id: the conversation.
+            turn_id: the turn the output answered.
+            output: the whole assistant message the model produced.
+            played: how many characters of its text were played, counted
+                over its text parts in order.
+
+        Returns:
+            how many messages were recorded (0 or 1).
+
+        Raises:
+            InvalidMessageError: ``output`` is not an assistant Message, or
+                ``played`` is not a non-negative integer; and as :meth:`record`.
+            FoundationClosedError, UnknownContextError, UnknownTurnError,
+            InvalidTextError, DuplicateIdError, ItemTooLargeError,
+            ProviderRuleError: as :meth:`record`.
+        """
+        self._check_open()
+        state = self._context(context_id)
+        return self._record(state, context_id, turn_id, [played_prefix(output, played)], None)
+
+    def retract_turn(self, context_id: str, turn_id: str) -> None:
+        """Take back the newest turn of a context that produced no answer (a false start).
+
+        A voice host commits the user's speech as a turn; when it turns out
+        to be a false start (noise, a cough, words cut off), retracting it
+        keeps it out of every later input. The turn's id stays used (see
+        :meth:`TurnHistory.retract`); preparations of it that were already
+        delivered keep their prefix; later ones fail with
+        :class:`~turnloom.errors.UnknownTurnError`.
+
+        Raises:
+            FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: a malformed id.
+            UnknownContextError: no such context.
+            UnknownTurnError: the turn is not held.
+            StateError: the turn is not the newest, outputs were recorded for
+                it, or a model call of the context is in flight.
+        """
+        self._check_open()
+        state = self._context(context_id)
+        if state.invocation is not None:
+            raise StateError(
+                f"Context {context_id!r} has a model call in flight (turn "
+                f"{state.invocation.turn_id!r}); retract after the invocation ends."
+            )
+        state.history.retract(turn_id)
 
     def _reject_state(
         self, messages: Sequence[Message], context_id: str, turn_id: str, where: str
@@ -697,6 +814,11 @@ class ContextManager:
     def remove_context(self, context_id: str) -> None:
         """Forget a context and its whole history (its counters are kept).
 
+        Preparations waiting for a turn of the context settle at once with
+        :class:`~turnloom.errors.ContextRemovedError` and free their slots; a
+        context created again with the same id never serves them. Outputs an
+        :class:`Invocation` of it records later are dropped and counted.
+
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
             InvalidMessageError: a malformed context id.
@@ -712,6 +834,10 @@ class ContextManager:
             )
         self._fold(state)
         del self._contexts[context_id]
+        # Preparations waiting for a turn of it settle now, with ContextRemovedError.
+        waiters = self._waiters.pop(context_id, None)
+        if waiters is not None:
+            waiters.event.set()
 
     def _fold(self, state: _ContextState) -> None:
         stats = state.history.statistics()
@@ -719,6 +845,8 @@ class ContextManager:
         self._removed_evicted_items += stats.evicted_items
         self._removed_late += stats.dropped_late_outputs
         self._removed_blank += stats.dropped_blank_outputs
+        self._removed_duplicates += stats.duplicate_outputs
+        self._removed_retracted += stats.retracted_turns
 
     def _evict(self, state: _ContextState) -> None:
         # Safe point only: never while a model call is in flight (seed 000/004).
@@ -902,7 +1030,7 @@ class ContextManager:
                 f"Context {context_id!r} already has a model call in flight for turn "
                 f"{state.invocation.turn_id!r}."
             )
-        invocation = state.invocation = Invocation(self, context_id, turn_id)
+        invocation = state.invocation = Invocation(self, state, context_id, turn_id)
         self._invocations += 1
         try:
             yield invocation
@@ -993,8 +1121,9 @@ class ContextManager:
         self._check_open()
         request = self._check_request(request)
         requested_at = anyio.current_time()
+        origin = self._contexts.get(request.context_id)
         await self._slots.acquire()
-        return await self._admit(request, requested_at)
+        return await self._admit(request, requested_at, origin)
 
     async def prepare_nowait(self, request: ContextPrepareRequest) -> PreparedContext:
         """Like :meth:`prepare`, but refuse at once when every slot is taken.
@@ -1020,10 +1149,12 @@ class ContextManager:
                 f"{request.turn_id!r} of context {request.context_id!r} was refused.",
                 capacity=self._capacity,
             ) from None
-        return await self._admit(request, requested_at)
+        return await self._admit(request, requested_at, self._contexts.get(request.context_id))
 
-    async def _admit(self, request: ContextPrepareRequest, requested_at: float) -> PreparedContext:
-        preparation = _Preparation(request, requested_at)
+    async def _admit(
+        self, request: ContextPrepareRequest, requested_at: float, origin: _ContextState | None
+    ) -> PreparedContext:
+        preparation = _Preparation(request, requested_at, origin)
         try:
             if self._closed:
                 raise FoundationClosedError(
@@ -1043,15 +1174,40 @@ class ContextManager:
         except BaseException:
             # The requester is gone: the preparation is discarded, never abandoned.
             preparation.wanted = False
-            if preparation.scope is not None:
+            if preparation.result is not None:
+                # It settled, but the requester was cancelled before it resumed
+                # (a deadline between the two): nothing was delivered, so an
+                # area section it holds goes to the next preparation.
+                self._discarded += 1
+            elif preparation.scope is not None:
                 preparation.scope.cancel()
             raise
         if preparation.error is not None:
             raise preparation.error
-        assert preparation.result is not None
-        return preparation.result
+        return self._deliver(preparation)
 
-    async def _wait_for_turn(self, context_id: str, turn_id: str) -> _ContextState:
+    def _deliver(self, preparation: _Preparation) -> PreparedContext:
+        """Account a result its requester receives: the only place a result counts as delivered."""
+        prepared = preparation.result
+        state = preparation.state
+        layout = preparation.layout
+        assert prepared is not None and state is not None and layout is not None
+        areas, section = preparation.areas, preparation.section
+        if areas is not None and section is not None:
+            areas.delivered = max(areas.delivered, section.generation)
+        last = state.last
+        self._prefix_bytes += last.bytes if last is not None else 0
+        state.last = layout
+        self._prefix_reused += prepared.reused_bytes
+        self._latency.observe(anyio.current_time() - preparation.requested_at)
+        self._render.observe(prepared.render_seconds)
+        self._issued[id(prepared)] = prepared
+        self._prepared += 1
+        return prepared
+
+    async def _wait_for_turn(self, preparation: _Preparation) -> _ContextState:
+        context_id = preparation.request.context_id
+        turn_id = preparation.request.turn_id
         while True:
             if self._closed:
                 raise FoundationClosedError(
@@ -1059,21 +1215,31 @@ class ContextManager:
                     f"{context_id!r}."
                 )
             state = self._contexts.get(context_id)
+            if preparation.origin is not None and state is not preparation.origin:
+                raise ContextRemovedError(
+                    f"Context {context_id!r} was removed while the preparation of turn "
+                    f"{turn_id!r} waited.",
+                    context_id=context_id,
+                    turn_id=turn_id,
+                )
             if state is not None:
+                preparation.origin = state
                 if state.history.has_turn(turn_id):
                     return state
                 if state.history.was_evicted(turn_id):
                     raise UnknownTurnError(
-                        f"Turn {turn_id!r} of context {context_id!r} was evicted before it "
-                        "could be prepared."
+                        f"Turn {turn_id!r} of context {context_id!r} was evicted or retracted "
+                        "before it could be prepared."
                     )
             waiters = self._waiters.get(context_id)
             if waiters is None:
                 waiters = self._waiters[context_id] = _Waiters()
             waiters.count += 1
+            self._waiting_for_turn += 1
             try:
                 await waiters.event.wait()
             finally:
+                self._waiting_for_turn -= 1
                 waiters.count -= 1
                 if waiters.count == 0 and self._waiters.get(context_id) is waiters:
                     del self._waiters[context_id]
@@ -1086,7 +1252,7 @@ class ContextManager:
                 preparation.scope = scope
                 if not preparation.wanted:
                     scope.cancel()
-                state = await self._wait_for_turn(request.context_id, request.turn_id)
+                state = await self._wait_for_turn(preparation)
                 # Capture once: an immutable view and the request's state.
                 view = state.history.view()
                 behavior_rules = (
@@ -1115,16 +1281,11 @@ class ContextManager:
                     self._count_section(areas, section)
                 # Cancelled while the thread ran (the thread was not
                 # abandoned): the result is discarded.
-                if not scope.cancel_called:
-                    if preparation.wanted:
-                        if areas is not None and section is not None:
-                            areas.delivered = max(areas.delivered, section.generation)
-                        self._prefix_bytes += last.bytes if last is not None else 0
-                        state.last = layout
-                        self._prefix_reused += prepared.reused_bytes
-                        self._latency.observe(anyio.current_time() - preparation.requested_at)
-                        self._render.observe(prepared.render_seconds)
-                    self._issued[id(prepared)] = prepared
+                if not scope.cancel_called and preparation.wanted:
+                    preparation.state = state
+                    preparation.layout = layout
+                    preparation.areas = areas
+                    preparation.section = section
                     preparation.result = prepared
         except Exception as exc:
             if isinstance(exc, AreaCallbackError) and exc.phase == "register" and areas is not None:
@@ -1139,12 +1300,13 @@ class ContextManager:
                     f"The preparation of turn {request.turn_id!r} of context "
                     f"{request.context_id!r} was cancelled while the Foundation closed."
                 )
-            if not preparation.wanted:
-                self._discarded += 1
-            elif preparation.result is not None:
-                self._prepared += 1
-            else:
-                self._failed += 1
+            # A result is counted when its requester receives it or is found
+            # gone (_admit); everything else is counted here.
+            if preparation.result is None:
+                if preparation.wanted:
+                    self._failed += 1
+                else:
+                    self._discarded += 1
             self._preparations.discard(preparation)
             self._slots.release()
             if not self._preparations:
@@ -1355,6 +1517,8 @@ class ContextManager:
         evicted_items = self._removed_evicted_items
         late = self._removed_late
         blank = self._removed_blank
+        duplicates = self._removed_duplicates
+        retracted = self._removed_retracted
         # tuple() copies at C speed under the GIL, so a scrape from another
         # thread never sees the dict change size mid-iteration.
         attached = 0
@@ -1369,6 +1533,8 @@ class ContextManager:
             evicted_items += stats.evicted_items
             late += stats.dropped_late_outputs
             blank += stats.dropped_blank_outputs
+            duplicates += stats.duplicate_outputs
+            retracted += stats.retracted_turns
         slot_stats = self._slots.statistics()
         return ManagerStatistics(
             closed=self._closed,
@@ -1388,6 +1554,9 @@ class ContextManager:
             evicted_items_total=evicted_items,
             dropped_late_outputs_total=late,
             dropped_blank_outputs_total=blank,
+            waiting_for_turn=self._waiting_for_turn,
+            duplicate_outputs_total=duplicates,
+            retracted_turns_total=retracted,
             prefix_bytes_total=self._prefix_bytes,
             prefix_reused_bytes_total=self._prefix_reused,
             latency_bounds=LATENCY_BOUNDS,

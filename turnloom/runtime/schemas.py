@@ -171,6 +171,9 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
         pending: preparations admitted and not yet settled (waiting for their
             turn's commit or rendering).
         waiting_for_slot: ``prepare`` calls waiting for a free slot.
+        waiting_for_turn: admitted preparations waiting for their turn's
+            commit (a mistyped context or turn id waits here until the
+            caller's deadline).
         invocations: model calls in flight.
         history_turns, history_items, history_bytes: held across all contexts
             (bytes of serialized messages; pinned instructions excluded).
@@ -180,8 +183,12 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
             result, if any, was dropped.
         rejected_total: ``prepare_nowait`` calls refused for lack of a slot.
         evicted_turns_total, evicted_items_total: evicted from histories.
-        dropped_late_outputs_total: outputs recorded for evicted turns, dropped.
+        dropped_late_outputs_total: outputs recorded for turns no longer held
+            (evicted, retracted, or of a removed context), dropped.
         dropped_blank_outputs_total: empty or whitespace-only outputs not recorded.
+        duplicate_outputs_total: outputs recorded again with an id and content
+            their turn already held, not stored again.
+        retracted_turns_total: turns taken back with ``retract_turn``.
         prefix_bytes_total: bytes of previous prefixes compared for stability.
         prefix_reused_bytes_total: of those, bytes reused byte for byte.
         latency_bounds: histogram bucket upper bounds, in seconds.
@@ -227,6 +234,9 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
     prepare_latency_sum: float
     render_counts: tuple[int, ...]
     render_sum: float
+    waiting_for_turn: int = 0
+    duplicate_outputs_total: int = 0
+    retracted_turns_total: int = 0
     areas_attached: int = 0
     areas_registered_total: int = 0
     area_renders_total: int = 0
