@@ -39,11 +39,14 @@ class FlakyGateway:
 
     Renders on the thread that created it (the event loop, where the manager
     checks messages at the door) never fail. ``rate`` is the chance that one
-    render call in a worker raises :class:`InjectedRenderError`.
+    render call in a worker raises :class:`InjectedRenderError`; while
+    ``fail_in`` is set to n, the worker render call after the next n fails
+    instead (once).
     """
 
     def __init__(self, rate: float, seed: int) -> None:
         self.rate = rate
+        self.fail_in: int | None = None  # when set, the render call after this many fails
         self.failures = 0
         self._random = random.Random(seed)
         self._lock = threading.Lock()
@@ -57,6 +60,9 @@ class FlakyGateway:
         if threading.get_ident() != self._loop_thread:
             with self._lock:
                 fail = self._random.random() < self.rate
+                if self.fail_in is not None:
+                    fail = self.fail_in <= 0
+                    self.fail_in = None if fail else self.fail_in - 1
                 self.failures += fail
             if fail:
                 raise InjectedRenderError("injected render failure")
