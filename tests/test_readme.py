@@ -15,16 +15,19 @@ def _blocks(language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", README, flags=re.DOTALL)
 
 
-def test_the_api_example_runs_and_prints_what_the_readme_says(tmp_path: Path) -> None:
-    [example] = _blocks("python")
-    [expected] = _blocks("text")
-    script = tmp_path / "example.py"
-    script.write_text(example, encoding="utf-8")
-    done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, check=False, cwd=ROOT
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == expected
+def test_each_api_example_runs_and_prints_what_the_readme_says(tmp_path: Path) -> None:
+    """Each python block of the README runs and prints the text block that follows it."""
+    examples = _blocks("python")
+    outputs = _blocks("text")
+    assert len(examples) == len(outputs) == 2
+    for index, (example, expected) in enumerate(zip(examples, outputs, strict=True)):
+        script = tmp_path / f"example{index}.py"
+        script.write_text(example, encoding="utf-8")
+        done = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, check=False, cwd=ROOT
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == expected
 
 
 def test_ci_runs_exactly_the_readme_test_command() -> None:

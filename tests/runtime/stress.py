@@ -127,7 +127,7 @@ async def run_stress(
     limits = limits if limits is not None else HistoryLimits(max_turns=4, max_items=14)
     counts = {"prepares": 0, "failed": 0, "wrong": 0, "invalid": 0, "approvals": 0}
     async with Foundation(
-        gateway=gateway,  # type: ignore[arg-type]
+        gateway=gateway,
         history_limits=limits,
         open_calls=policy,
         max_pending_preparations=4 * contexts,

@@ -283,7 +283,7 @@ async def test_an_interrupted_reply_is_recorded_as_far_as_it_was_played() -> Non
     """Issue: a barge-in records the assistant output truncated to what was played;
     its open call follows the open_calls policy in the next input."""
     for policy in ("exclude", "cancel"):
-        async with Foundation(open_calls=policy) as foundation:  # type: ignore[arg-type]
+        async with Foundation(open_calls=policy) as foundation:
             manager = foundation.manager
             manager.accept_turn(
                 TurnSnapshot(context_id="v", turn_id="t1", input=(user("Any flights?"),))

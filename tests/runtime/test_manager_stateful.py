@@ -76,7 +76,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self.portal: BlockingPortal = self._portal_cm.__enter__()
         self.gateway = FlakyGateway(rate=0.0, seed=0)
         self.foundation = Foundation(
-            gateway=self.gateway,  # type: ignore[arg-type]
+            gateway=self.gateway,
             history_limits=LIMITS,
             max_pending_preparations=CAPACITY,
             worker_threads=2,
