@@ -8,11 +8,13 @@ The subclasses are grouped by how a caller reacts:
 * :class:`CapacityError` -- a bound was reached (pending preparations, an item
   over the per-item byte cap). Back off, or wait instead of using ``*_nowait``.
 * :class:`ProviderRuleError` -- an input would break a provider's documented
-  structural rule. It carries every :class:`~turnloom.context.Violation`.
+  structural rule. It carries every :class:`Violation`.
 * :class:`StateError` -- the call does not fit the current state of an object
   (unknown context or turn, a turn evicted, an invocation already in flight).
 * :class:`AreaCallbackError` -- a caller-supplied Context Area raised; the
   CoopContext and its Context were left as they were before the call.
+* :class:`MissingDependencyError` -- an optional feature needs a package that
+  is not installed; install the named extra.
 
 Lifecycle errors that mirror anyio's (a closed Foundation) live in
 ``turnloom.runtime`` so that this module, which ``turnloom.context`` imports,
@@ -27,13 +29,17 @@ __all__ = (
     "ContextRemovedError",
     "DuplicateAreaError",
     "DuplicateIdError",
+    "FrozenValueError",
     "InputError",
     "InvalidAreaError",
+    "InvalidArgumentError",
     "InvalidMessageError",
     "InvalidTextError",
     "ItemTooLargeError",
+    "MissingDependencyError",
     "OpenToolCallError",
     "OutOfOrderTurnError",
+    "PositionalScopeError",
     "ProviderRuleError",
     "QueueFullError",
     "StateError",
@@ -41,13 +47,26 @@ __all__ = (
     "UnknownAreaError",
     "UnknownContextError",
     "UnknownTurnError",
+    "Violation",
 )
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from turnloom.context.gateway import Violation
+import msgspec
+
+
+class Violation(msgspec.Struct, frozen=True, kw_only=True):
+    """One breach of a provider's structural rule (carried by :class:`ProviderRuleError`).
+
+    Attributes:
+        index: position of the offending item in the checked sequence.
+        rule: a short stable name of the rule (``"tool_result_without_call"``).
+        message: a full sentence naming the offending id or field.
+    """
+
+    index: int
+    rule: str
+    message: str
 
 
 class TurnloomError(Exception):
@@ -211,3 +230,46 @@ class ContextRemovedError(StateError):
         super().__init__(message)
         self.context_id = context_id
         self.turn_id = turn_id
+
+
+class InvalidArgumentError(InputError):
+    """An argument of a value-layer call has the wrong type or value.
+
+    Raised by the WorkingContext family (contexts, prefixes, journals, scopes,
+    token counters) before anything changed.
+
+    Attributes:
+        field: the name of the offending argument or field (``"limit"``,
+            ``"scratchpad['']"``, ``"scopes[1]"``).
+    """
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class PositionalScopeError(InputError, TypeError):
+    """A positional scope was asked about one message alone.
+
+    A positional scope (``LastNTurns``, or a combinator holding one) measures
+    from the end of the list, so ``matches(message, index)`` cannot answer;
+    select with ``indices(messages)`` or ``WorkingContext.slice`` instead.
+    """
+
+
+class FrozenValueError(StateError, TypeError):
+    """A write into a frozen snapshot value (a scratchpad mapping of a FrozenContext)."""
+
+
+class MissingDependencyError(TurnloomError, ImportError):
+    """An optional feature needs a package that is not installed.
+
+    Attributes:
+        package: the distribution that is missing (``"bpe-openai"``).
+        extra: the turnloom extra that installs it (``"tokens"``).
+    """
+
+    def __init__(self, message: str, *, package: str, extra: str) -> None:
+        super().__init__(message)
+        self.package = package
+        self.extra = extra

@@ -9,21 +9,18 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Sequence
-from typing import Any
 
 import anyio
 import msgspec
 
 from tests.runtime.helpers import CHAT, SYSTEM, assistant, call, result, user
 from turnloom.context import (
-    GatewayType,
     Message,
     NativeContent,
-    Violation,
     complete_pairs,
     open_call_ids,
 )
+from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
@@ -34,7 +31,7 @@ class InjectedRenderError(RuntimeError):
     """The failure a :class:`FlakyGateway` raises."""
 
 
-class FlakyGateway:
+class FlakyGateway(OpenAIChatGateway):
     """The OpenAI Chat gateway whose ``render`` raises at random points in worker threads.
 
     Renders on the thread that created it (the event loop, where the manager
@@ -52,10 +49,6 @@ class FlakyGateway:
         self._lock = threading.Lock()
         self._loop_thread = threading.get_ident()
 
-    @property
-    def type(self) -> GatewayType:
-        return GatewayType.openai_chat
-
     def render(self, message: Message) -> list[NativeContent]:
         if threading.get_ident() != self._loop_thread:
             with self._lock:
@@ -66,19 +59,7 @@ class FlakyGateway:
                 self.failures += fail
             if fail:
                 raise InjectedRenderError("injected render failure")
-        return CHAT.render(message)
-
-    def parse(self, item: NativeContent) -> Message:
-        return CHAT.parse(item)
-
-    def parse_request(self, body: dict[str, Any]) -> list[Message]:
-        return CHAT.parse_request(body)
-
-    def validate(self, items: Sequence[NativeContent]) -> list[Violation]:
-        return CHAT.validate(items)
-
-    def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
-        return CHAT.request_body(items)
+        return super().render(message)
 
 
 def cold_render(manager: ContextManager, context_id: str, turn_id: str) -> list[NativeContent]:
@@ -219,5 +200,5 @@ async def run_stress(
         invalid=counts["invalid"],
         injected=gateway.failures,
         approvals=counts["approvals"],
-        evicted_turns=stats.evicted_turns_total,
+        evicted_turns=stats.history.evicted_turns_total,
     )

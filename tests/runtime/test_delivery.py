@@ -19,7 +19,7 @@ from turnloom.context.history import HistoryLimits
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.errors import ContextRemovedError, DuplicateIdError, StateError, UnknownTurnError
 from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext, TurnSnapshot
-from turnloom.runtime import manager as manager_module
+from turnloom.runtime import _queue as queue_module
 
 pytestmark = pytest.mark.anyio
 
@@ -102,14 +102,18 @@ async def test_removing_a_context_settles_its_waiters_and_frees_their_slots() ->
                 group.start_soon(waits_for_next_turn, f"call-{n}")
             await anyio.wait_all_tasks_blocked()
             stats = manager.statistics()
-            assert (stats.pending, stats.waiting_for_turn) == (16, 16)
+            assert (stats.preparations.pending, stats.preparations.waiting_for_turn) == (16, 16)
             for n in range(16):
                 manager.remove_context(f"call-{n}")
         assert sorted((e.context_id, e.turn_id) for e in errors) == sorted(
             (f"call-{n}", "t2") for n in range(16)
         )
         stats = manager.statistics()
-        assert (stats.pending, stats.waiting_for_turn, stats.failed_total) == (0, 0, 16)
+        assert (
+            stats.preparations.pending,
+            stats.preparations.waiting_for_turn,
+            stats.preparations.failed_total,
+        ) == (0, 0, 16)
         manager.accept_turn(TurnSnapshot(context_id="other", turn_id="t1", input=(user("hi"),)))
         prepared = await manager.prepare_nowait(
             ContextPrepareRequest(context_id="other", turn_id="t1")
@@ -142,13 +146,13 @@ async def test_a_context_created_again_never_serves_a_request_for_the_removed_on
             await anyio.wait_all_tasks_blocked()
             group.start_soon(old_request)  # waits for the slot
             await anyio.wait_all_tasks_blocked()
-            assert manager.statistics().waiting_for_slot == 1
+            assert manager.statistics().preparations.waiting_for_slot == 1
             manager.remove_context("c")
             manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("new"),)))
             manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(user("new 2"),)))
             manager.accept_turn(TurnSnapshot(context_id="a", turn_id="t2", input=(user("a2"),)))
         assert outcome[1] == "c"
-        assert manager.statistics().pending == 0
+        assert manager.statistics().preparations.pending == 0
 
 
 # -- late delivery -------------------------------------------------------------------
@@ -162,7 +166,7 @@ async def test_a_section_whose_requester_was_cancelled_after_settling_is_deliver
     preparation rendered reaches the next requester, exactly once."""
     scopes: list[anyio.CancelScope] = []
 
-    class CancelledOnSettle(manager_module._Preparation):
+    class CancelledOnSettle(queue_module.Preparation):
         def __init__(self, *args: Any) -> None:
             super().__init__(*args)
             done = self.done
@@ -178,7 +182,7 @@ async def test_a_section_whose_requester_was_cancelled_after_settling_is_deliver
 
             self.done = Done()  # type: ignore[assignment]
 
-    monkeypatch.setattr(manager_module, "_Preparation", CancelledOnSettle)
+    monkeypatch.setattr(queue_module, "Preparation", CancelledOnSettle)
     async with Foundation() as foundation:
         manager = foundation.manager
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("hi"),)))
@@ -195,9 +199,9 @@ async def test_a_section_whose_requester_was_cancelled_after_settling_is_deliver
         assert len(carried) == 1
         assert len(received) == 2  # the first requester got the cancellation
         stats = manager.statistics()
-        assert stats.prepared_total == len(received)
-        assert stats.discarded_total == 3 - len(received)
-        assert stats.pending == 0
+        assert stats.preparations.prepared_total == len(received)
+        assert stats.preparations.discarded_total == 3 - len(received)
+        assert stats.preparations.pending == 0
 
 
 # -- duplicate records and late outputs --------------------------------------------
@@ -217,7 +221,7 @@ async def test_a_reply_committed_twice_is_kept_once() -> None:
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(user("bye"),)))
         prepared = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))
         assert [i["content"] for i in prepared.items] == ["hi", "Hello, how can I help?", "bye"]
-        assert manager.statistics().duplicate_outputs_total == 1
+        assert manager.statistics().history.duplicate_outputs_total == 1
 
 
 async def test_late_outputs_long_after_eviction_or_for_a_reused_id_are_dropped() -> None:
@@ -236,10 +240,10 @@ async def test_late_outputs_long_after_eviction_or_for_a_reused_id_are_dropped()
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t0", input=(user("again"),)))
         assert invocation.record([assistant("late for the first t0")]) == 0
         assert manager.history("c").turn_messages("t0") == (user("again"),)
-        assert manager.statistics().dropped_late_outputs_total == 3
+        assert manager.statistics().history.dropped_late_outputs_total == 3
         manager.remove_context("c")
         assert invocation.record([assistant("after removal")]) == 0
-        assert manager.statistics().dropped_late_outputs_total == 4
+        assert manager.statistics().history.dropped_late_outputs_total == 4
 
 
 # -- visible waiting -----------------------------------------------------------------
@@ -268,12 +272,16 @@ async def test_a_mistyped_turn_id_waits_visibly_and_the_timeout_names_it() -> No
         async with anyio.create_task_group() as group:
             group.start_soon(documented_pattern)
             await anyio.wait_all_tasks_blocked()
-            assert manager.statistics().waiting_for_turn == 1
+            assert manager.statistics().preparations.waiting_for_turn == 1
             deadlines[0].deadline = anyio.current_time()  # the caller's deadline passes
         await anyio.wait_all_tasks_blocked()
         assert str(caught[0]) == "turn 't-1' of context 'call-7' not prepared"
         stats = manager.statistics()
-        assert (stats.waiting_for_turn, stats.pending, stats.discarded_total) == (0, 0, 1)
+        assert (
+            stats.preparations.waiting_for_turn,
+            stats.preparations.pending,
+            stats.preparations.discarded_total,
+        ) == (0, 0, 1)
 
 
 # -- voice interruption ------------------------------------------------------------
@@ -335,4 +343,4 @@ async def test_a_false_start_is_retracted_and_the_next_input_does_not_hold_it() 
         async with manager.invocation("v", "t3"):
             with pytest.raises(StateError, match="in flight"):
                 manager.retract_turn("v", "t3")
-        assert manager.statistics().retracted_turns_total == 1
+        assert manager.statistics().history.retracted_turns_total == 1

@@ -128,7 +128,7 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def _settle(self) -> None:
         deadline = time.monotonic() + 10
-        while self.portal.call(self.manager.statistics).pending != len(self.parked):
+        while self.portal.call(self.manager.statistics).preparations.pending != len(self.parked):
             assert time.monotonic() < deadline, "a preparation never settled"
             time.sleep(0.002)
 
@@ -178,14 +178,14 @@ class ManagerMachine(RuleBasedStateMachine):
         if kind == "late":
             if not model.evicted:
                 return
-            before = self.portal.call(self.manager.statistics).dropped_late_outputs_total
+            before = self.portal.call(self.manager.statistics).history.dropped_late_outputs_total
             assert (
                 self.portal.call(
                     self.manager.record, context_id, model.evicted[0], [assistant("late")]
                 )
                 == 0
             )
-            after = self.portal.call(self.manager.statistics).dropped_late_outputs_total
+            after = self.portal.call(self.manager.statistics).history.dropped_late_outputs_total
             assert after == before + 1
             return
         if kind == "twice":
@@ -259,10 +259,10 @@ class ManagerMachine(RuleBasedStateMachine):
         """The caller hangs up: parked preparations of the context settle at once."""
         if not self.models[context_id].turns:
             return
-        before = self.portal.call(self.manager.statistics).areas_attached
+        before = self.portal.call(self.manager.statistics).areas.attached
         self.portal.call(self.manager.remove_context, context_id)
         self.dropped_with_removal += (
-            before - self.portal.call(self.manager.statistics).areas_attached
+            before - self.portal.call(self.manager.statistics).areas.attached
         )
         for entry in [p for p in self.parked if p[0] == context_id]:
             self.parked.remove(entry)
@@ -294,7 +294,9 @@ class ManagerMachine(RuleBasedStateMachine):
 
         self.portal.call(attempt)
         self.rejected += 1
-        assert self.portal.call(self.manager.statistics).rejected_total == self.rejected
+        assert (
+            self.portal.call(self.manager.statistics).preparations.rejected_total == self.rejected
+        )
 
     @precondition(lambda self: bool(self.parked))
     @rule(index=st.integers(0, CAPACITY - 1))
@@ -383,16 +385,16 @@ class ManagerMachine(RuleBasedStateMachine):
     @invariant()
     def attached_areas_are_held_or_collected(self) -> None:
         stats = self.portal.call(self.manager.statistics)
-        assert stats.areas_registered_total == self.attached
-        assert stats.areas_attached == (
-            self.attached - stats.areas_collected_total - self.dropped_with_removal
+        assert stats.areas.registered_total == self.attached
+        assert stats.areas.attached == (
+            self.attached - stats.areas.collected_total - self.dropped_with_removal
         )
 
     @invariant()
     def queue_is_bounded_and_nothing_leaks(self) -> None:
         stats = self.portal.call(self.manager.statistics)
-        assert stats.pending <= CAPACITY
-        assert stats.pending == len(self.parked)
+        assert stats.preparations.pending <= CAPACITY
+        assert stats.preparations.pending == len(self.parked)
         assert stats.invocations == 0
 
     @invariant()

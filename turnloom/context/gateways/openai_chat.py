@@ -26,8 +26,10 @@ with a logged warning (their content is text only); opaque parts of other
 gateways are dropped with a logged warning; an image inside a tool result is
 dropped with a warning (the ``tool`` role takes text only); empty or
 whitespace-only text parts are never emitted. Native fields the neutral model
-does not name (``name``, ``refusal``, ``audio``, ...) are kept in
-``Message.extras`` and re-emitted verbatim.
+does not name (``refusal``, ``audio``, ...) are kept in ``Message.extras``
+and re-emitted verbatim. The participant ``name`` of a system, developer,
+user or assistant message is ``Message.name``; a ``tool`` message's ``name``
+(the function's) is the tool result's ``name`` and stays in its extras.
 
 Source: OpenAI Chat Completions API reference, ``messages`` parameter; tool
 messages must answer a preceding assistant message's ``tool_calls``.
@@ -41,7 +43,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from turnloom.context.gateway import GatewayType, NativeContent, Violation, register_gateway
+from turnloom.context.gateway import (
+    Gateway,
+    GatewayType,
+    NativeContent,
+    Violation,
+    register_gateway,
+)
 from turnloom.context.gateways._common import drop_foreign, layout_of, require_object
 from turnloom.context.message import (
     ImagePart,
@@ -66,7 +74,7 @@ _ROLES = tuple(r.value for r in Role)
 _MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id"})
 
 
-class OpenAIChatGateway:
+class OpenAIChatGateway(Gateway):
     """Renders and parses OpenAI Chat Completions messages. Stateless, thread-safe."""
 
     __slots__ = ()
@@ -74,6 +82,21 @@ class OpenAIChatGateway:
     @property
     def type(self) -> GatewayType:
         return GatewayType.openai_chat
+
+    items_field = "messages"
+    """The field of :meth:`request_body` that holds the item list."""
+
+    def tool_definition(
+        self, name: str, description: str, parameters: dict[str, Any]
+    ) -> dict[str, Any]:
+        """One function tool's ``tools`` entry.
+
+        Shape: ``{"type": "function", "function": {"name", "description", "parameters"}}``.
+        """
+        return {
+            "type": "function",
+            "function": {"name": name, "description": description, "parameters": parameters},
+        }
 
     # -- rendering -------------------------------------------------------
 
@@ -92,7 +115,10 @@ class OpenAIChatGateway:
             if role is Role.user and rest:
                 content = self._render_content(rest, role, layout, own)
                 if content is not None:
-                    items.append({"role": "user", "content": content})
+                    rest_item: NativeContent = {"role": "user", "content": content}
+                    if message.name is not None:
+                        rest_item["name"] = message.name
+                    items.append(rest_item)
             return items
         if role is Role.assistant:
             return self._render_assistant(message, layout, own)
@@ -100,6 +126,8 @@ class OpenAIChatGateway:
         if content is None:
             return []
         item: NativeContent = {"role": role.value, "content": content}
+        if message.name is not None:
+            item["name"] = message.name
         if own and message.extras:
             item.update(message.extras)
         return [item]
@@ -197,6 +225,8 @@ class OpenAIChatGateway:
                 }
                 for c in calls
             ]
+        if message.name is not None:
+            item["name"] = message.name
         if own and message.extras:
             item.update(message.extras)
         return [item]
@@ -289,6 +319,14 @@ class OpenAIChatGateway:
                 content=(result,),
                 layout=_layout(content, inner, bool(extras) or _any_extras(inner)),
             )
+        # A null name stays an extra, so that the item re-emits exactly.
+        name = extras.pop("name") if extras and extras.get("name") is not None else None
+        if name is not None and (not isinstance(name, str) or not name):
+            raise InvalidMessageError(
+                f"OpenAI Chat {role.value} message name must be a non-empty string.",
+                field="name",
+            )
+        extras = extras or None
         parts: list[Part] = list(self._parse_content(content, "content"))
         hints_layout = _layout(content, parts, False)
         if role is Role.assistant and "content" not in item:
@@ -304,7 +342,9 @@ class OpenAIChatGateway:
                     parts.append(self._parse_call(call, i))
         if hints_layout is None and (extras or _any_extras(parts)):
             hints_layout = {"gateway": _GATEWAY}
-        return Message(role=role, content=tuple(parts), extras=extras, layout=hints_layout)
+        return Message(
+            role=role, content=tuple(parts), extras=extras, layout=hints_layout, name=name
+        )
 
     def parse_request(self, body: dict[str, Any]) -> list[Message]:
         """Parse a Chat Completions request body's ``messages``, in order.
@@ -372,7 +412,9 @@ class OpenAIChatGateway:
 
     # -- rules -----------------------------------------------------------
 
-    def validate(self, items: Sequence[NativeContent]) -> list[Violation]:
+    def validate(
+        self, items: Sequence[NativeContent], *, continues_response: bool = False
+    ) -> list[Violation]:
         """Check Chat's structural rules over a whole ``messages`` list.
 
         Rules (Source: OpenAI Chat Completions API, ``tool`` messages):
