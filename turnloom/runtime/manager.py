@@ -245,10 +245,14 @@ class ContextManager:
         """Record model outputs and tool results of a turn, in order.
 
         Empty or whitespace-only messages (for example the partial output of a
-        cancelled model call) are not recorded. Outputs for a turn that was
-        evicted are dropped and counted; they never bring the turn back. The
-        runtime-state pair never enters history: messages carrying it are
-        rejected.
+        cancelled model call) are not recorded. A message whose id and
+        content the turn already holds (a reply committed twice) is not
+        stored again, and counted. Outputs for a turn no longer held (evicted,
+        however long ago, or retracted) are dropped and counted; they never
+        bring the turn back (see :meth:`~turnloom.context.TurnHistory.record`;
+        record through the :class:`Invocation` to bind outputs to the very
+        turn even when its id is reused). The runtime-state pair never enters
+        history: messages carrying it are rejected.
 
         Returns:
             how many messages were recorded.
@@ -256,7 +260,11 @@ class ContextManager:
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
             UnknownContextError: no turn was committed to ``context_id``.
-            UnknownTurnError: ``turn_id`` was never committed to the context.
+            UnknownTurnError: ``turn_id`` was certainly never committed to the
+                context.
+            DuplicateIdError: a message has the id of a held message with
+                other content (or of another turn's message); nothing was
+                recorded.
             InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
                 id or message, or a message carrying a runtime-state call or
                 result (of any turn).
@@ -462,8 +470,12 @@ class ContextManager:
         ``accept_turn``), and for a worker thread. The request is validated and
         its contributions copied at the call (changing a list afterwards has no
         effect); the history and the request's state are captured once, when
-        the turn is committed; rendering runs in the worker. Bound the whole
-        wait with ``anyio.fail_after``.
+        the turn is committed; rendering runs in the worker. A turn that is
+        never committed (a mistyped id) is waited for until the caller's
+        deadline; such waits are counted in
+        ``statistics().preparations.waiting_for_turn``. Bound the whole wait
+        with ``anyio.fail_after(seconds, reason=...)``, the reason naming the
+        context and turn ids, so the ``TimeoutError`` says what never came.
 
         Returns:
             the prefix: pinned instructions, earlier turns, the turn's input,
@@ -479,7 +491,10 @@ class ContextManager:
             ItemTooLargeError: the runtime-state result would exceed the
                 per-item byte cap: raised at the call when the carried texts
                 alone exceed it (no slot taken), else by the preparation.
-            UnknownTurnError: the turn was evicted before it could be captured.
+            UnknownTurnError: the turn was evicted (or retracted) before it could
+                be captured.
+            ContextRemovedError: the context was removed while the preparation
+                waited (a context created again with the same id never serves it).
             ProviderRuleError: the gateway rejected a message while rendering.
             AreaCallbackError: an attached area raised (or returned a wrong
                 value) in the area pass; ``area`` and ``phase`` name it. The
@@ -491,9 +506,12 @@ class ContextManager:
             Cancelled while waiting for a slot: nothing was admitted. Cancelled
             later: the preparation is cancelled if it still waits for its turn
             or a thread, or, if it is rendering, the thread finishes and the
-            result is discarded; the slot is freed when it settles. History is
-            never changed by a preparation. An area pass that ran for a
-            discarded result is reused by the next preparation of the context.
+            result is discarded; the slot is freed when it settles. Cancelled
+            after the preparation settled but before the requester resumed: the
+            cancellation propagates and the result is discarded, never counted
+            as delivered. History is never changed by a preparation. An area
+            pass that ran for a discarded result is reused by the next
+            preparation of the context, so it is delivered exactly once.
         """
         self._check_open()
         request = check_request(request, self._limits.max_item_bytes)
@@ -514,8 +532,9 @@ class ContextManager:
         Raises:
             QueueFullError: all ``capacity`` slots are taken; nothing was admitted.
             FoundationClosedError, InvalidMessageError, InvalidTextError,
-            DuplicateIdError, ItemTooLargeError, UnknownTurnError, ProviderRuleError,
-            AreaCallbackError, OpenToolCallError: as :meth:`prepare`.
+            DuplicateIdError, ItemTooLargeError, UnknownTurnError,
+            ContextRemovedError, ProviderRuleError, AreaCallbackError,
+            OpenToolCallError: as :meth:`prepare`.
 
         Cancellation:
             As :meth:`prepare` after admission.
