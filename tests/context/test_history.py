@@ -584,3 +584,18 @@ def test_retract_takes_back_the_newest_turn_without_an_answer() -> None:
         history.retract("t3")
     with pytest.raises(UnknownTurnError):
         history.retract("t9")
+
+
+def test_a_turn_made_only_of_results_whose_call_was_evicted_renders_no_input() -> None:
+    """Decision, the edge of the rule above: when the limits cannot hold the turn that
+    made a call and the next turn, whose whole input is the call's result, the result
+    is left out too: the render holds the pinned instructions only, never the orphan."""
+    history = TurnHistory(HistoryLimits(max_turns=1))
+    history.commit("t1", [user("Delete the old branch.")], instructions=[SYSTEM])
+    history.record("t1", [call("c1", "delete_branch")])
+    history.commit("t2", [result("c1", "deleted")])
+    assert history.evict() == ("t1",)
+    for policy in ("exclude", "cancel"):
+        rendered = history.view().render(CHAT, "t2", open_calls=policy)
+        assert list(rendered.items) == [{"role": "system", "content": SYSTEM.text}]
+        assert rendered.turn_start == 1
