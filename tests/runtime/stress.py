@@ -20,6 +20,7 @@ from turnloom.context import (
     complete_pairs,
     open_call_ids,
 )
+from turnloom.context.callids import rename_call_ids
 from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.pairing import OpenCallPolicy
@@ -63,10 +64,11 @@ class FlakyGateway(OpenAIChatGateway):
 
 
 def cold_render(manager: ContextManager, context_id: str, turn_id: str) -> list[NativeContent]:
-    """The oracle: the retained history paired as one input, rendered without any cache."""
+    """The oracle: the retained history paired as one input, rendered without any cache,
+    call ids made unique over the whole list."""
     messages = manager.history(context_id).input_messages(turn_id)
     completed = complete_pairs(list(messages), open_calls=manager.open_calls)
-    return [item for message in completed for item in CHAT.render(message)]
+    return rename_call_ids(CHAT.type, [item for m in completed for item in CHAT.render(m)])
 
 
 class StressReport(msgspec.Struct, frozen=True, kw_only=True):

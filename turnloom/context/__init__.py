@@ -14,6 +14,7 @@ __all__ = (
     "ApproxTokenCounter",
     "AreaFlowState",
     "AreaLifeState",
+    "CallIdRenamer",
     "CallTracker",
     "CollectionPlan",
     "CollectionReport",
@@ -73,6 +74,7 @@ __all__ = (
     "open_call_ids",
     "plan_collection",
     "played_prefix",
+    "rename_call_ids",
     "scope_indices",
 )
 
@@ -83,6 +85,7 @@ from turnloom.context.area import (
     ContextAreaImplementation,
     EffectRange,
 )
+from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.coop import (
     CollectionPlan,
     CollectionReport,

@@ -21,6 +21,18 @@ turns appended). A render does Python work only for new items; what remains
 proportional to the history is one C-speed copy of item references into the
 output tuple.
 
+Call ids: a history may reuse a call id in a later turn; a rendered input
+carries each call id once, by the rule of :mod:`turnloom.context.callids`.
+The run applies it to each closed turn once, when the turn joins it, so a
+rename depends only on the items before it and the run stays a byte-stable
+prefix while only appends happen. The turns rendered per prepare and the
+turn's input continue from the run's state (:attr:`RenderedHistory.call_ids`).
+Eviction forgets the evicted items' ids; when a rename of a kept item
+depended on an evicted item (the evicted turn held the first use of a reused
+id), the kept items rename differently and the run is rebuilt from the
+per-turn caches (O(kept items), once per such eviction), so it always equals
+a render of the kept history.
+
 Thread safety: mutate a :class:`TurnHistory` from one thread (the event loop).
 Views are immutable and may be rendered from any number of worker threads at
 once: per-message and per-turn caches are filled by single assignments (a
@@ -56,6 +68,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
+from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.message import (
     Message,
@@ -151,22 +164,25 @@ class RenderedHistory:
         bytes: serialized size of ``items`` (the sum of each item's JSON
             encoding), in bytes.
         turn_start: index in ``items`` of the turn's first input item.
+        call_ids: the call-id renaming state after ``items`` (see
+            :mod:`turnloom.context.callids`): continue it over items appended
+            to this input so their call ids stay unique. Owned by the caller.
     """
 
-    __slots__ = ("_positions", "_slot", "_tail", "bytes", "items", "turn_start")
+    __slots__ = ("_positions", "_tail", "bytes", "call_ids", "items", "turn_start")
 
     def __init__(
         self,
         items: tuple[NativeContent, ...],
         positions: _TurnPositions,
         tail: _Rendered,
-        slot: int,
+        call_ids: CallIdRenamer,
         turn_start: int,
     ) -> None:
         self.items = items
         self._positions = positions
         self._tail = tail  # everything after the run: unsettled turns, then the turn's input
-        self._slot = slot
+        self.call_ids = call_ids
         self.turn_start = turn_start
         self.bytes: int = positions.bytes + tail.bytes
 
@@ -189,7 +205,7 @@ class RenderedHistory:
             return positions.bytes
         turn_start = positions.item_ends[index - 1] if index else positions.origin[0]
         bytes_start = positions.byte_ends[index - 1] if index else positions.origin[1]
-        inside = positions.renders[index].sizes[: position - turn_start]
+        inside = positions.rendered[index].sizes[: position - turn_start]
         return pinned.bytes + bytes_start - positions.origin[1] + sum(inside)
 
 
@@ -367,23 +383,25 @@ class _TurnPositions:
     Positions are kept in one running coordinate that is never rebased: turn
     ``i`` ends at item ``item_ends[i]`` and byte ``byte_ends[i]``, and the run
     of turns begins at ``origin``. Dropping turns from the front moves
-    ``origin`` with a C-speed slice of the ends.
+    ``origin`` with a C-speed slice of the ends. ``rendered[i]`` is turn
+    ``i`` as the run holds it: its cached render with call ids renamed for
+    this run (the same object when no id changed).
     """
 
-    __slots__ = ("byte_ends", "item_ends", "origin", "pinned", "renders", "turns")
+    __slots__ = ("byte_ends", "item_ends", "origin", "pinned", "rendered", "turns")
 
     def __init__(
         self,
         pinned: _Rendered,
         turns: tuple[_Turn, ...],
-        renders: tuple[_Rendered, ...],
+        rendered: tuple[_Rendered, ...],
         origin: tuple[int, int],
         item_ends: tuple[int, ...],
         byte_ends: tuple[int, ...],
     ) -> None:
         self.pinned = pinned
         self.turns = turns
-        self.renders = renders  # each turn's render, as appended
+        self.rendered = rendered
         self.origin = origin
         self.item_ends = item_ends
         self.byte_ends = byte_ends
@@ -406,10 +424,20 @@ class _Run:
 
     ``items`` is a list changed in place (evicted turns deleted at the front,
     closed turns appended), so a prepare copies the run once, into its output
-    tuple, and never walks it in Python. Guarded by ``_Shared.lock``.
+    tuple, and never walks it in Python. ``call_ids`` and ``carry`` are the
+    call-id renaming and pairing states after ``items``. Guarded by
+    ``_Shared.lock``.
     """
 
-    __slots__ = ("carry", "evicted", "generation", "items", "pinned_entries", "positions")
+    __slots__ = (
+        "call_ids",
+        "carry",
+        "evicted",
+        "generation",
+        "items",
+        "pinned_entries",
+        "positions",
+    )
 
     def __init__(
         self,
@@ -418,12 +446,17 @@ class _Run:
         items: list[NativeContent],
         evicted: int,
         generation: int,
+        call_ids: CallIdRenamer,
     ) -> None:
         self.pinned_entries = pinned_entries
         self.positions = positions
         self.items = items
         self.evicted = evicted
         self.generation = generation
+        # The call-id renaming state after ``items``: a turn is renamed once,
+        # when it joins the run, and what it became depends only on the items
+        # before it, so the run stays a byte-stable prefix while only appends happen.
+        self.call_ids = call_ids
         # The calls still open after the run's last turn, carried into the next.
         self.carry: tuple[ToolCallPart, ...] = ()
 
@@ -486,6 +519,25 @@ def _render_entries(
     return _Rendered(rendered, tuple(sizes), sum(sizes), key)
 
 
+def _renamed(rendered: _Rendered, gateway: Gateway, call_ids: CallIdRenamer) -> _Rendered:
+    """``rendered`` with call ids renamed by ``call_ids`` (advanced past it).
+
+    Returns ``rendered`` itself when no id changed; else a new ``_Rendered``
+    whose changed items are new objects, sized and untracked like any
+    rendered item.
+    """
+    items = rename_call_ids(gateway.type, rendered.items, call_ids)
+    if all(new is old for new, old in zip(items, rendered.items, strict=True)):
+        return rendered
+    sizes = tuple(
+        size if new is old else len(_encoder.encode(new))
+        for new, old, size in zip(items, rendered.items, rendered.sizes, strict=True)
+    )
+    out = tuple(items)
+    _untrack_json(out)
+    return _Rendered(out, sizes, sum(sizes), rendered.key)
+
+
 def _join(parts: Sequence[_Rendered]) -> _Rendered:
     """Renders one after the other, as one."""
     if len(parts) == 1:
@@ -505,7 +557,8 @@ class _Plan:
     final (the call group open at their end, if any, ended within ``turns``)
     and may join the run, after which ``carry`` is carried into the next;
     the rest and ``head`` (the turn's input) form the tail rendered for this
-    prepare only.
+    prepare only. Renders are as cached: call ids are renamed by
+    :meth:`rename`, in input order.
     """
 
     __slots__ = ("carry", "head", "renders", "settled")
@@ -522,8 +575,19 @@ class _Plan:
         self.carry = carry
         self.head = head
 
-    def tail(self) -> _Rendered:
-        return _join([*self.renders[self.settled :], self.head])
+    def rename(
+        self, gateway: Gateway, call_ids: CallIdRenamer
+    ) -> tuple[list[_Rendered], _Rendered, CallIdRenamer]:
+        """The settled renders renamed with ``call_ids`` (advancing it), then the tail.
+
+        Returns the renamed settled renders, the tail (the other turns, then
+        the head) renamed on a copy, and that copy, advanced past the tail.
+        """
+        settled = [_renamed(r, gateway, call_ids) for r in self.renders[: self.settled]]
+        after = call_ids.copy()
+        tail = [_renamed(r, gateway, after) for r in self.renders[self.settled :]]
+        tail.append(_renamed(self.head, gateway, after))
+        return settled, _join(tail), after
 
 
 def _plan(
@@ -749,7 +813,7 @@ class HistoryView:
             )
             if newest:
                 try:
-                    if run is None or not self._advance(run, closed):
+                    if run is None or not self._advance(run, closed, gateway):
                         run = self._build(gateway, slots, open_calls)
                     shared.runs[key] = run
                     # Everything that can fail (a gateway, an area of memory)
@@ -762,8 +826,8 @@ class HistoryView:
                         slots,
                         open_calls,
                     )
-                    tail = plan.tail()
-                    self._append(run, closed, plan)
+                    settled, tail, call_ids = plan.rename(gateway, run.call_ids)
+                    self._append(run, closed, plan, settled)
                     # One copy of the run into the output tuple.
                     run.items.extend(tail.items)
                     items = tuple(run.items)
@@ -777,19 +841,21 @@ class HistoryView:
             # An older view (or an earlier turn): a private run, the cache untouched.
             private = self._build(gateway, slots, open_calls)
             plan = _plan(closed, head, (), gateway, slots, open_calls)
-            tail = plan.tail()
-            self._append(private, closed, plan)
+            settled, tail, call_ids = plan.rename(gateway, private.call_ids)
+            self._append(private, closed, plan, settled)
             items = tuple(private.items) + tail.items
             positions = private.positions
-        return RenderedHistory(items, positions, tail, slots[1], len(items) - len(plan.head.items))
+        turn_start = len(items) - len(plan.head.items)
+        return RenderedHistory(items, positions, tail, call_ids, turn_start)
 
     def input_messages(self, turn_id: str) -> tuple[Message, ...]:
         """The messages a render of ``turn_id`` is made of, before pairing.
 
         The pinned instructions, every message of the turns before
         ``turn_id``, then its input, oldest first. Rendering
-        ``complete_pairs(input_messages(t))`` message by message gives
-        exactly :meth:`render`'s items (a cold render, without any cache).
+        ``complete_pairs(input_messages(t))`` message by message, with call
+        ids renamed by ``rename_call_ids`` over the whole list, gives exactly
+        :meth:`render`'s items (a cold render, without any cache).
 
         Raises:
             UnknownTurnError: the view holds no turn ``turn_id``.
@@ -803,11 +869,16 @@ class HistoryView:
         raise UnknownTurnError(f"The history holds no turn {turn_id!r}.")
 
     def _build(self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy) -> _Run:
-        pinned = _render_entries(self._pinned, gateway, slots[0], policy)
+        call_ids = CallIdRenamer()
+        pinned = _renamed(
+            _render_entries(self._pinned, gateway, slots[0], policy), gateway, call_ids
+        )
         positions = _TurnPositions(pinned, (), (), (0, 0), (), ())
-        return _Run(self._pinned, positions, list(pinned.items), self._evicted, self._generation)
+        return _Run(
+            self._pinned, positions, list(pinned.items), self._evicted, self._generation, call_ids
+        )
 
-    def _advance(self, run: _Run, closed: tuple[_Turn, ...]) -> bool:
+    def _advance(self, run: _Run, closed: tuple[_Turn, ...], gateway: Gateway) -> bool:
         """Drop the turns evicted since the run was built; False when it cannot be reused."""
         positions = run.positions
         dropped = self._evicted - run.evicted
@@ -822,17 +893,25 @@ class HistoryView:
             or (kept and closed[kept - 1] is not positions.turns[-1])
             # The first kept turn answered calls of an evicted turn: without
             # them its results are orphans, so its render changes.
-            or (dropped and kept and positions.renders[dropped].key[0])
+            or (dropped and kept and positions.rendered[dropped].key[0])
         ):
             return False
         if dropped:
             origin = (positions.item_ends[dropped - 1], positions.byte_ends[dropped - 1])
             start = len(positions.pinned.items)
-            del run.items[start : start + origin[0] - positions.origin[0]]
+            end = start + origin[0] - positions.origin[0]
+            evicted_ids = CallIdRenamer()
+            rename_call_ids(gateway.type, run.items[start:end], evicted_ids)
+            if not run.call_ids.forget(evicted_ids):
+                # A rename of a kept item depended on an evicted one: a render
+                # of the kept turns alone renames differently, so the run is
+                # rebuilt from the per-turn caches (O(kept items), once).
+                return False
+            del run.items[start:end]
             run.positions = _TurnPositions(
                 positions.pinned,
                 positions.turns[dropped:],
-                positions.renders[dropped:],
+                positions.rendered[dropped:],
                 origin,
                 positions.item_ends[dropped:],
                 positions.byte_ends[dropped:],
@@ -842,8 +921,13 @@ class HistoryView:
                 run.carry = ()  # the calls it carried were evicted with their turn
         return True
 
-    def _append(self, run: _Run, closed: tuple[_Turn, ...], plan: _Plan) -> None:
-        """Append the plan's settled turns to the run (``closed`` holds them after the run's)."""
+    def _append(
+        self, run: _Run, closed: tuple[_Turn, ...], plan: _Plan, renders: list[_Rendered]
+    ) -> None:
+        """Append the plan's settled turns, renamed (``renders``), to the run.
+
+        ``closed`` holds them after the run's turns.
+        """
         if not plan.settled:
             return
         positions = run.positions
@@ -852,7 +936,6 @@ class HistoryView:
         byte_ends: list[int] = []
         items_at = positions.item_ends[-1] if positions.item_ends else positions.origin[0]
         bytes_at = positions.byte_ends[-1] if positions.byte_ends else positions.origin[1]
-        renders = plan.renders[: plan.settled]
         for rendered in renders:
             items_at += len(rendered.items)
             bytes_at += rendered.bytes
@@ -863,7 +946,7 @@ class HistoryView:
         run.positions = _TurnPositions(
             positions.pinned,
             closed[: reuse + plan.settled],
-            positions.renders + tuple(renders),
+            positions.rendered + tuple(renders),
             positions.origin,
             positions.item_ends + tuple(item_ends),
             positions.byte_ends + tuple(byte_ends),
@@ -874,8 +957,9 @@ class HistoryView:
 def _blank(message: Message) -> bool:
     """True when the message has nothing but empty or whitespace-only text.
 
-    Reasoning with blank text and no signature, encrypted content or
-    redaction counts as blank too: it is what a model call cancelled while
+    A blank text part with extras (a Gemini thought signature on an empty
+    text) is content. Reasoning with blank text and no signature, encrypted
+    content or redaction counts as blank too: it is what a model call cancelled while
     it thought leaves behind, and no provider can verify or show it.
     """
     parts: tuple[Part, ...] = message.parts
@@ -884,7 +968,9 @@ def _blank(message: Message) -> bool:
 
 def _blank_part(part: Part) -> bool:
     if type(part) is TextPart:
-        return is_blank_text(part.text)
+        # Extras are content: a blank text part may carry a Gemini thought
+        # signature (the SDK keeps {"text": "", "thoughtSignature": ...}).
+        return is_blank_text(part.text) and not part.extras
     if type(part) is ReasoningPart:
         return (
             is_blank_text(part.text)
