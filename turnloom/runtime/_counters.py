@@ -105,13 +105,14 @@ class Counters:
         "rejected",
         "render",
         "retracted",
+        "tokens",
         "turns",
     )
 
     def __init__(self) -> None:
         self.invocations = 0
         self.prepared = self.failed = self.discarded = self.rejected = 0
-        self.turns = self.items = self.bytes = 0
+        self.turns = self.items = self.bytes = self.tokens = 0
         self.evicted_turns = self.evicted_items = self.late = self.blank = 0
         self.duplicates = self.retracted = 0
         self.prefix_bytes = self.prefix_reused = 0
@@ -126,6 +127,7 @@ class Counters:
         self.turns += after.turns - before.turns
         self.items += after.items - before.items
         self.bytes += after.bytes - before.bytes
+        self.tokens += after.tokens - before.tokens
         self.evicted_turns += after.evicted_turns - before.evicted_turns
         self.evicted_items += after.evicted_items - before.evicted_items
         self.late += after.dropped_late_outputs - before.dropped_late_outputs
@@ -138,6 +140,7 @@ class Counters:
         self.turns -= held.turns
         self.items -= held.items
         self.bytes -= held.bytes
+        self.tokens -= held.tokens
 
     def delivered(self, compared: int, prepared: PreparedContext, latency: float) -> None:
         """Count a delivered prefix: ``compared`` bytes of the previous one, latency in seconds."""
@@ -181,6 +184,7 @@ class Counters:
                 dropped_blank_outputs_total=self.blank,
                 duplicate_outputs_total=self.duplicates,
                 retracted_turns_total=self.retracted,
+                tokens=self.tokens,
             ),
             prefix=PrefixStatistics(
                 bytes_total=self.prefix_bytes, reused_bytes_total=self.prefix_reused
