@@ -15,6 +15,7 @@ __all__ = (
     "AreaFlowState",
     "AreaLifeState",
     "CallIdRenamer",
+    "CallTracker",
     "CollectionPlan",
     "CollectionReport",
     "Context",
@@ -44,6 +45,7 @@ __all__ = (
     "OpaquePart",
     "OpenAITokenCounter",
     "OpenCallPolicy",
+    "PairingStep",
     "Part",
     "PositionalScope",
     "PrefixContext",
@@ -77,6 +79,7 @@ __all__ = (
     "message_size",
     "open_call_ids",
     "plan_collection",
+    "played_prefix",
     "rename_call_ids",
     "scope_indices",
 )
@@ -98,6 +101,7 @@ from turnloom.context.coop import (
 )
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, Violation, get_gateway
 from turnloom.context.history import HistoryLimits, HistoryStatistics, TurnHistory, check_id
+from turnloom.context.interruption import played_prefix
 from turnloom.context.journal import MutationJournal
 from turnloom.context.memory import (
     HydratedMemory,
@@ -125,7 +129,9 @@ from turnloom.context.message import (
 from turnloom.context.native import Context
 from turnloom.context.pairing import (
     CANCELLED_RESULT_TEXT,
+    CallTracker,
     OpenCallPolicy,
+    PairingStep,
     complete_pairs,
     hold_until_answered,
     open_call_ids,

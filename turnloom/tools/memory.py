@@ -20,7 +20,7 @@ import argparse
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from turnloom.context.memory import MemoryEntry, TenantScope
 from turnloom.errors import TurnloomError
@@ -39,7 +39,7 @@ def _positive(text: str) -> int:
     return value
 
 
-def add_memory_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_memory_parser(commands: argparse._SubParsersAction[Any]) -> None:
     """Add the ``memory`` command and its ``add`` and ``search`` subcommands."""
     memory = commands.add_parser(
         "memory",
