@@ -728,3 +728,31 @@ async def test_a_jit_turn_with_a_hydrate_call_is_a_valid_request_for_every_gatew
         assert manager.record("c", "t1", continuation) == 2
         [tool] = manager.tool_definitions()
         assert HYDRATE_TOOL_NAME in _encode(tool).decode()
+
+
+async def test_a_cancelled_hydrate_context_changes_nothing() -> None:
+    """Cancelled mid-search: no count moves and the next call answers normally."""
+    memory = BlockingMemory()
+    async with Foundation(strategy="jit", memory=memory) as foundation:
+        manager = foundation.manager
+        _turn(manager, "t1", "x")
+        prefix = await manager.prepare(
+            ContextPrepareRequest(context_id="c", turn_id="t1", tenant=ACME)
+        )
+        call = _call('{"query": "blocked"}')
+        with anyio.CancelScope() as scope:
+
+            async def cancel_when_searching() -> None:
+                await memory.entered.wait()
+                scope.cancel()
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(cancel_when_searching)
+                await manager.hydrate_context(prefix, call)
+        assert scope.cancelled_caught
+        assert manager.statistics().assembly.tool_calls_total == 0
+        memory.release.set()
+        document, is_error = _result(await manager.hydrate_context(prefix, call))
+        stats = manager.statistics().assembly
+    assert not is_error and [e["id"] for e in document["entries"]] == ["b"]
+    assert (stats.tool_calls_total, stats.entries_total, memory.calls) == (1, 1, 2)

@@ -1,5 +1,5 @@
 """Synchronous, pure core of turnloom: messages, gateways, Context, CoopContext,
-WorkingContext, scopes and token counters.
+WorkingContext, scopes, token counters, tenant scopes and the memory protocol.
 
 Nothing here imports an event-loop library; every function may be called from
 a worker thread that owns its data.
