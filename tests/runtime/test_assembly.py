@@ -453,6 +453,7 @@ class CountingStrategy:
     def __init__(self) -> None:
         self.inner = StratifiedStrategy(gateway=get_gateway("openai_chat"))
         self.calls: list[str] = []
+        self.verdicts: list[Any] = []
 
     def tool_definitions(self, gateway: Any) -> list[dict[str, Any]]:
         return []
@@ -466,6 +467,7 @@ class CountingStrategy:
         auto_hydrate: bool = True,
     ) -> AssembledContext:
         self.calls.append(query)
+        self.verdicts.append(intent_verdict)
         await anyio.sleep(0)
         return await self.inner.assemble(
             query=query, scope=scope, intent_verdict=intent_verdict, auto_hydrate=auto_hydrate
@@ -489,9 +491,14 @@ async def test_the_strategy_runs_once_per_turn_and_every_prepare_of_it_reuses_th
             _turn(manager, "t1", "hello")
         again = await manager.prepare(request)
         _turn(manager, "t2", "next")
-        await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2", tenant=ACME))
+        await manager.prepare(
+            ContextPrepareRequest(
+                context_id="c", turn_id="t2", tenant=ACME, intent_verdict="book_flight"
+            )
+        )
         stats = manager.statistics().assembly
     assert strategy.calls == ["hello", "next"]
+    assert strategy.verdicts == [None, "book_flight"]
     assert all(r.assembled is again.assembled for r in results)
     assert (stats.strategy, stats.assemblies_total, stats.reused_total) == ("counting", 2, 3)
     assert stats.latency_counts[-1] == 2

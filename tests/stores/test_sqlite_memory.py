@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -104,9 +105,12 @@ def test_a_file_that_is_not_sqlite_is_a_store_error(tmp_path: Path) -> None:
 
 
 def test_entries_persist_in_a_file(tmp_path: Path) -> None:
+    """A file database persists, in WAL mode so searches never block a writer."""
     path = tmp_path / "m.db"
     with SQLiteMemory(path) as memory:
         memory.add("aisle seat", scope=ACME, entry_id="s", source="crm")
+    with sqlite3.connect(path) as connection:
+        assert connection.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     with SQLiteMemory(path, create=False) as memory:
         [entry] = memory.search_text("aisle", scope=ACME, top_k=1)
     assert (entry.id, entry.text, entry.source) == ("s", "aisle seat", "crm")

@@ -708,7 +708,7 @@ class ContextManager:
             result = await strategy.assemble(
                 query=assembly_query(view.turn_input(turn_id)),
                 scope=request.tenant,
-                intent_verdict=None,
+                intent_verdict=request.intent_verdict,
                 auto_hydrate=request.auto_hydrate,
             )
             if not isinstance(result, AssembledContext):

@@ -25,7 +25,7 @@ __all__ = (
     "TurnSnapshot",
 )
 
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import msgspec
 
@@ -103,6 +103,10 @@ class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
         auto_hydrate: whether the assembly strategy recalls memory for this
             turn; the only switch of hydration (the tenant is identity, not
             policy).
+        intent_verdict: an optional classifier verdict handed to the
+            strategy's ``assemble`` as is (the built-in strategies ignore
+            it). The turn's first prepare decides; later prepares of the turn
+            reuse its assembly.
     """
 
     context_id: str
@@ -113,6 +117,7 @@ class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
     scope: ContextScope | None = None
     tenant: TenantScope | None = None
     auto_hydrate: bool = True
+    intent_verdict: Any = None
 
 
 AreaPass: TypeAlias = Literal[

@@ -166,6 +166,9 @@ class SQLiteMemory:
             self._connection: sqlite3.Connection | None = sqlite3.connect(
                 self.path, check_same_thread=False, isolation_level=None
             )
+            if self.path != ":memory:":
+                # Readers (a daemon's searches) never block the writer (the CLI's add).
+                self._connection.execute("PRAGMA journal_mode=WAL")
             for statement in _SCHEMA:
                 self._connection.execute(statement)
         except sqlite3.Error as exc:
