@@ -20,7 +20,8 @@ import msgspec
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from turnloom.context.gateway import GatewayType, get_gateway
-from turnloom.errors import InputError
+from turnloom.errors import ConfigError, InputError
+from turnloom.runtime.config import RuntimeConfig, load_config
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.metrics import MetricsServer, serve_metrics
 from turnloom.tools.loadtest import LoadtestReport, count_model_calls, loadtest
@@ -41,6 +42,20 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
     return value
+
+
+_CONFIG_HELP = "build the context manager from this YAML or TOML file's 'context' section"
+
+
+def _config(command: str, path: Path | None) -> tuple[bool, RuntimeConfig | None]:
+    """Load ``--config``: (ok, config); prints the one-line usage error when not ok."""
+    if path is None:
+        return True, None
+    try:
+        return True, load_config(path)
+    except ConfigError as exc:
+        print(f"turnloom {command}: error: {exc}", file=sys.stderr)
+        return False, None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument(
         "--sessions", type=_positive, default=24, help="sessions of the built-in workload (24)"
     )
+    rp.add_argument("--config", type=Path, metavar="FILE", help=_CONFIG_HELP)
     lt = commands.add_parser(
         "loadtest",
         help="run many concurrent sessions through one Foundation",
@@ -89,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     lt.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON")
     lt.add_argument("--no-progress", action="store_true", help="no progress bar")
+    lt.add_argument("--config", type=Path, metavar="FILE", help=_CONFIG_HELP)
     return parser
 
 
@@ -124,6 +141,9 @@ def _gateway_available(command: str, gateway: str) -> bool:
 def _replay(args: argparse.Namespace) -> int:
     if not _gateway_available("replay", args.gateway):
         return 2
+    ok, config = _config("replay", args.config)
+    if not ok:
+        return 2
     trajectories: list[Trajectory] = []
     load_errors: list[ReplayError] = []
     if args.paths:
@@ -150,6 +170,7 @@ def _replay(args: argparse.Namespace) -> int:
                 concurrency=args.concurrency,
                 out=out,
                 load_errors=load_errors,
+                config=config,
             )
         )
     finally:
@@ -192,6 +213,9 @@ def _print_report(report: LoadtestReport, out: TextIO) -> None:
 def _loadtest(args: argparse.Namespace) -> int:
     if not _gateway_available("loadtest", args.gateway):
         return 2
+    ok, config = _config("loadtest", args.config)
+    if not ok:
+        return 2
     if args.source == "builtin":
         trajectories = builtin_trajectories(min(args.sessions, 64), turns=(args.turns, args.turns))
     else:
@@ -228,6 +252,7 @@ def _loadtest(args: argparse.Namespace) -> int:
                 gateway=args.gateway,
                 on_model_call=lambda: bar.update(),
                 on_open=on_open,
+                config=config,
             )
         )
     except (InputError, OSError) as exc:

@@ -7,10 +7,12 @@ from :mod:`turnloom.errors` before any state changes; none touches a context.
 from __future__ import annotations
 
 __all__ = (
+    "DEFAULT_MAX_PENDING_PREPARATIONS",
     "FoundationOptions",
     "ManagerOptions",
     "check_continuation",
     "check_foundation_options",
+    "check_manager_options",
     "check_outputs",
     "check_renderable",
     "check_request",
@@ -46,6 +48,9 @@ from turnloom.runtime.state import (
 
 _encoder = msgspec.json.Encoder()
 
+DEFAULT_MAX_PENDING_PREPARATIONS = 16
+"""The default bound on pending preparations of a ContextManager."""
+
 
 class ManagerOptions(msgspec.Struct, frozen=True, kw_only=True):
     """The checked options of a ContextManager (see :class:`~turnloom.runtime.Foundation`)."""
@@ -69,33 +74,22 @@ def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def check_foundation_options(
+def check_manager_options(
     *,
     gateway: GatewayType | str | Gateway,
     max_pending_preparations: int,
-    worker_threads: int,
     history_limits: HistoryLimits | None,
     behavior_rules: str | None,
     open_calls: str,
-    close_grace_period: float,
-) -> FoundationOptions:
-    """Validate every option of a Foundation once; return them checked and frozen.
+) -> ManagerOptions:
+    """Validate every option of a ContextManager once; return them checked and frozen.
 
     Raises:
-        InputError: a bound is not a positive integer, the grace period is
-            not a non-negative number, ``history_limits`` is not a
-            :class:`HistoryLimits`, an unknown gateway or ``open_calls``
-            policy, or behaviour rules that are not valid text.
+        InputError: ``max_pending_preparations`` is not a positive integer,
+            ``history_limits`` is not a :class:`HistoryLimits`, an unknown
+            gateway or ``open_calls`` policy, or behaviour rules that are not
+            valid text.
     """
-    if not _positive_int(worker_threads):
-        raise InputError(f"worker_threads must be a positive integer, not {worker_threads!r}.")
-    if not (isinstance(close_grace_period, int | float) and close_grace_period >= 0) or (
-        math.isnan(close_grace_period)
-    ):
-        raise InputError(
-            f"close_grace_period must be a non-negative number of seconds, not "
-            f"{close_grace_period!r}."
-        )
     if history_limits is not None and not isinstance(history_limits, HistoryLimits):
         raise InputError(
             f"history_limits must be a HistoryLimits, not a {type(history_limits).__name__}."
@@ -108,13 +102,36 @@ def check_foundation_options(
     if open_calls not in ("exclude", "cancel"):
         raise InputError(f"open_calls must be 'exclude' or 'cancel', not {open_calls!r}.")
     check_contributions((), behavior_rules, None)
-    manager = ManagerOptions(
+    return ManagerOptions(
         gateway=gateway if isinstance(gateway, Gateway) else get_gateway(gateway),
         max_pending_preparations=max_pending_preparations,
         history_limits=history_limits if history_limits is not None else HistoryLimits(),
         behavior_rules=behavior_rules,
         open_calls="cancel" if open_calls == "cancel" else "exclude",
     )
+
+
+def check_foundation_options(
+    *,
+    manager: ManagerOptions,
+    worker_threads: int,
+    close_grace_period: float,
+) -> FoundationOptions:
+    """Validate the Foundation's own options once; return them with its manager's, frozen.
+
+    Raises:
+        InputError: ``worker_threads`` is not a positive integer, or the grace
+            period is not a non-negative number.
+    """
+    if not _positive_int(worker_threads):
+        raise InputError(f"worker_threads must be a positive integer, not {worker_threads!r}.")
+    if not (isinstance(close_grace_period, int | float) and close_grace_period >= 0) or (
+        math.isnan(close_grace_period)
+    ):
+        raise InputError(
+            f"close_grace_period must be a non-negative number of seconds, not "
+            f"{close_grace_period!r}."
+        )
     return FoundationOptions(
         manager=manager,
         worker_threads=worker_threads,

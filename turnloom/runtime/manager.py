@@ -37,17 +37,19 @@ import anyio
 import anyio.abc
 
 from turnloom.context.area import ContextAreaImplementation
-from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.history import HistoryLimits, HistoryView
+from turnloom.context.gateway import Gateway, GatewayType, NativeContent
+from turnloom.context.history import HistoryLimits, HistoryView, check_id
 from turnloom.context.message import Message
-from turnloom.context.pairing import complete_pairs
-from turnloom.errors import AreaCallbackError
+from turnloom.context.pairing import OpenCallPolicy, complete_pairs
+from turnloom.errors import AreaCallbackError, StateError, UnknownContextError
 from turnloom.runtime._area_section import check_area
 from turnloom.runtime._contexts import ContextState, ContextTable
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._door import (
+    DEFAULT_MAX_PENDING_PREPARATIONS,
     ManagerOptions,
     check_continuation,
+    check_manager_options,
     check_outputs,
     check_request,
     check_routed_item,
@@ -87,9 +89,13 @@ class Invocation:
 class ContextManager:
     """Keeps each context's history and prepares provider-native model inputs.
 
-    Created and owned by a :class:`~turnloom.runtime.Foundation`; reach it as
-    ``foundation.manager``. All methods must be called from the Foundation's
-    event loop.
+    A host builds it first (directly, or from a configuration with
+    :func:`~turnloom.runtime.build_context_manager`), then binds it to a
+    :class:`~turnloom.runtime.Foundation` (``Foundation(manager)``), which owns
+    it from then on: building needs no Foundation service. ``Foundation(...)``
+    with the same keyword arguments builds one itself. Reach it as
+    ``foundation.manager``. Every method must be called from the Foundation's
+    event loop; until the Foundation is open they raise :class:`StateError`.
 
     A prepared prefix is, in order: pinned instructions, earlier turns, the
     turn's input, the runtime-state pair (when there is state), then the
@@ -106,35 +112,82 @@ class ContextManager:
     points, threads, model calls in flight and undelivered sections.
 
     Args:
-        task_group: the Foundation's task group; preparations run in it.
-        limiter: the Foundation's worker-thread limiter.
-        options: the checked options (gateway, the bound on pending
-            preparations, history limits, default behaviour rules, the
-            ``open_calls`` policy); see :class:`~turnloom.runtime.Foundation`.
+        gateway: the provider prepared inputs are rendered for (a
+            :class:`GatewayType`, its name, or a Gateway instance).
+        max_pending_preparations: the bound on pending preparations (default 16).
+        history_limits: the bounds of each context's history (default
+            ``HistoryLimits()``).
+        behavior_rules: default application behaviour rules, carried as data
+            in each turn's runtime-state pair (see :mod:`turnloom.runtime.state`).
+        open_calls: ``"exclude"`` (default) or ``"cancel"`` calls without a
+            result in prepared inputs.
+
+    Raises:
+        InputError: a bound is not positive, ``history_limits`` is not a
+            :class:`HistoryLimits`, an unknown gateway or policy, or behaviour
+            rules that are not valid text.
     """
 
     def __init__(
         self,
         *,
-        task_group: anyio.abc.TaskGroup,
-        limiter: anyio.CapacityLimiter,
-        options: ManagerOptions,
+        gateway: GatewayType | str | Gateway = GatewayType.openai_chat,
+        max_pending_preparations: int = DEFAULT_MAX_PENDING_PREPARATIONS,
+        history_limits: HistoryLimits | None = None,
+        behavior_rules: str | None = None,
+        open_calls: OpenCallPolicy = "exclude",
     ) -> None:
+        options = check_manager_options(
+            gateway=gateway,
+            max_pending_preparations=max_pending_preparations,
+            history_limits=history_limits,
+            behavior_rules=behavior_rules,
+            open_calls=open_calls,
+        )
         self._options = options
         self._gateway = options.gateway
-        self._limiter = limiter
         self._limits = options.history_limits
         self._behavior_rules = options.behavior_rules
         self._open_calls = options.open_calls
         self._counters = Counters()
-        self._queue = PreparationQueue(options.max_pending_preparations, task_group, self._counters)
         self._table = ContextTable(self._limits, self._gateway, self._counters)
         # id -> prefix, for every prefix prepare returned that is still alive:
         # build continues only these (O(1), no hashing of the items).
         self._issued: weakref.WeakValueDictionary[int, PreparedContext] = (
             weakref.WeakValueDictionary()
         )
-        self._closed = False
+        # Set by _bind, when the owning Foundation opens.
+        self._queue: PreparationQueue | None = None
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._bound = False
+        self._closing = False  # intake stopped (the Foundation began closing)
+        self._closed = False  # outputs drained, preparations settled, histories released
+        # Each context's final history, kept when the manager closes.
+        self._final: dict[str, HistoryView] = {}
+
+    def _bind(self, *, task_group: anyio.abc.TaskGroup, limiter: anyio.CapacityLimiter) -> None:
+        """Bind to the opening Foundation's task group and limiter (once).
+
+        Raises:
+            StateError: the manager was already bound to a Foundation.
+        """
+        self._check_unbound()
+        self._bound = True
+        self._limiter = limiter
+        self._queue = PreparationQueue(
+            self._options.max_pending_preparations, task_group, self._counters
+        )
+
+    def _check_unbound(self) -> None:
+        if self._bound:
+            raise StateError(
+                "This ContextManager was already bound to a Foundation; build a new one."
+            )
+
+    @property
+    def options(self) -> ManagerOptions:
+        """The checked options the manager was built with."""
+        return self._options
 
     # -- properties --------------------------------------------------------
 
@@ -146,7 +199,7 @@ class ContextManager:
     @property
     def capacity(self) -> int:
         """The bound on pending preparations."""
-        return self._queue.capacity
+        return self._options.max_pending_preparations
 
     @property
     def history_limits(self) -> HistoryLimits:
@@ -157,34 +210,62 @@ class ContextManager:
     def closed(self) -> bool:
         """True once the Foundation began closing.
 
-        From then on every call that reads or changes contexts (``accept_turn``,
-        ``record``, ``prepare``, ``build``, ``history``, ...) raises
-        :class:`FoundationClosedError`; :meth:`statistics`, :meth:`context_ids`
-        and the properties still answer.
+        From then on every call that starts work (``accept_turn``, ``prepare``,
+        ``build``, ``invocation``, areas, new output streams) raises
+        :class:`FoundationClosedError`. :meth:`record` is accepted until the
+        output streams are drained and preparations settled, then raises it
+        too; :meth:`history`, :meth:`context_ids`, :meth:`statistics` and the
+        properties still answer after the close.
         """
-        return self._closed
+        return self._closing
 
     def context_ids(self) -> tuple[str, ...]:
-        """The ids of the contexts held, in creation order."""
+        """The ids of the contexts held, in creation order (after the close: at the close)."""
+        if self._closed:
+            return tuple(self._final)
         return tuple(self._table.contexts)
 
     def history(self, context_id: str) -> HistoryView:
         """An immutable view of one context's history (O(1)).
 
+        After the close it answers with each context's final history: what it
+        held once the output streams were drained and preparations settled, so
+        a host can persist the last utterance of a session that shut down.
+
         Raises:
-            FoundationClosedError: the Foundation is closing or closed.
+            StateError: the manager is not bound to an open Foundation yet.
             InvalidMessageError: ``context_id`` is not a non-empty str of at
                 most 256 characters.
-            UnknownContextError: no turn was ever committed to ``context_id``.
+            UnknownContextError: no turn was ever committed to ``context_id``
+                (or, after the close, it was not held at the close).
         """
-        self._check_open()
+        if self._closed:
+            final = self._final.get(context_id) if isinstance(context_id, str) else None
+            if final is None:
+                check_id(context_id, "context id")
+                raise UnknownContextError(
+                    f"Context {context_id!r} was not held when the Foundation closed."
+                )
+            return final
+        self._check_bound()
         return self._table.get(context_id).history.view()
 
-    def _check_open(self) -> None:
-        if self._closed:
+    def _check_bound(self) -> PreparationQueue:
+        queue = self._queue
+        if queue is None:
+            raise StateError(
+                "This ContextManager is not bound to an open Foundation yet; open "
+                "'async with Foundation(manager)' first."
+            )
+        return queue
+
+    def _check_open(self) -> PreparationQueue:
+        queue = self._check_bound()
+        if self._closing:
             raise FoundationClosedError(
                 "The Foundation is closed; the ContextManager accepts no calls."
             )
+        return queue
 
     # -- turns -------------------------------------------------------------
 
@@ -212,10 +293,10 @@ class ContextManager:
             OutOfOrderTurnError: the snapshot's sequence is not newer than the
                 context's previous one.
         """
-        self._check_open()
+        queue = self._check_open()
         context_id = check_snapshot(snapshot, self._gateway)
         self._table.commit(context_id, snapshot)
-        self._queue.wake(context_id)
+        queue.wake(context_id)
 
     def record(self, context_id: str, turn_id: str, outputs: Sequence[Message]) -> int:
         """Record model outputs and tool results of a turn, in order.
@@ -226,11 +307,16 @@ class ContextManager:
         runtime-state pair never enters history: messages carrying it are
         rejected.
 
+        Outputs are accepted while the Foundation closes, until its output
+        streams are drained and its preparations settled (the last utterance
+        of a session that shuts down is kept); see :meth:`history` after close.
+
         Returns:
             how many messages were recorded.
 
         Raises:
-            FoundationClosedError: the Foundation is closing or closed.
+            StateError: the manager is not bound to an open Foundation yet.
+            FoundationClosedError: the Foundation finished closing.
             UnknownContextError: no turn was committed to ``context_id``.
             UnknownTurnError: ``turn_id`` was never committed to the context.
             InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
@@ -241,7 +327,12 @@ class ContextManager:
                 tool call arguments that are not a JSON object, for Anthropic
                 and Gemini); nothing was recorded.
         """
-        self._check_open()
+        self._check_bound()
+        if self._closed:
+            raise FoundationClosedError(
+                "The Foundation is closed; its output streams were drained and no more "
+                "outputs are recorded."
+            )
         state = self._table.get(context_id)
         check_outputs(self._gateway, context_id, turn_id, outputs)
         return self._table.record(state, turn_id, outputs)
@@ -362,7 +453,7 @@ class ContextManager:
         try:
             yield Invocation(self, context_id, turn_id)
         finally:
-            self._table.end_call(state, evict=not self._closed)
+            self._table.end_call(state, evict=not self._closing)
 
     # -- preparation -----------------------------------------------------------
 
@@ -408,11 +499,11 @@ class ContextManager:
             never changed by a preparation. An area pass that ran for a
             discarded result is reused by the next preparation of the context.
         """
-        self._check_open()
+        queue = self._check_open()
         request = check_request(request, self._limits.max_item_bytes)
         requested_at = anyio.current_time()
-        await self._queue.acquire()
-        return await self._queue.admit(request, requested_at, self._prepare)
+        await queue.acquire()
+        return await queue.admit(request, requested_at, self._prepare)
 
     async def prepare_nowait(self, request: ContextPrepareRequest) -> PreparedContext:
         """Like :meth:`prepare`, but refuse at once when every slot is taken.
@@ -432,15 +523,16 @@ class ContextManager:
         Cancellation:
             As :meth:`prepare` after admission.
         """
-        self._check_open()
+        queue = self._check_open()
         request = check_request(request, self._limits.max_item_bytes)
         requested_at = anyio.current_time()
-        self._queue.acquire_nowait(request)
-        return await self._queue.admit(request, requested_at, self._prepare)
+        queue.acquire_nowait(request)
+        return await queue.admit(request, requested_at, self._prepare)
 
     async def _wait_for_turn(self, context_id: str, turn_id: str) -> ContextState:
+        queue = self._check_bound()
         while True:
-            if self._closed:
+            if self._closing:
                 raise FoundationClosedError(
                     f"The Foundation closed while waiting for turn {turn_id!r} of context "
                     f"{context_id!r}."
@@ -448,7 +540,7 @@ class ContextManager:
             state = self._table.holding(context_id, turn_id)
             if state is not None:
                 return state
-            await self._queue.next_commit(context_id)
+            await queue.next_commit(context_id)
 
     async def _prepare(self, preparation: Preparation, scope: anyio.CancelScope) -> None:
         """The work of one owned preparation: wait, capture, render, deliver, count."""
@@ -547,12 +639,16 @@ class ContextManager:
         """Close in order: stop intake, let preparations settle, cancel, release.
 
         Not shielded: the Foundation calls it in a shielded scope. The
-        histories are released even when a step fails.
+        histories are released (their final views kept for :meth:`history`)
+        even when a step fails.
         """
+        queue = self._check_bound()
         try:
-            self._closed = True
-            await self._queue.aclose(grace_period)
+            self._closing = True
+            await queue.aclose(grace_period)
         finally:
+            self._closed = True
+            self._final = {cid: state.history.view() for cid, state in self._table.contexts.items()}
             self._table.release()
 
     # -- statistics --------------------------------------------------------------------
@@ -567,9 +663,9 @@ class ContextManager:
         """
         queue = self._queue
         return self._counters.snapshot(
-            closed=self._closed,
+            closed=self._closing,
             contexts=len(self._table.contexts),
-            capacity=queue.capacity,
-            pending=queue.pending,
-            waiting_for_slot=queue.waiting_for_slot,
+            capacity=self._options.max_pending_preparations,
+            pending=queue.pending if queue is not None else 0,
+            waiting_for_slot=queue.waiting_for_slot if queue is not None else 0,
         )

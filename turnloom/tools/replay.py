@@ -47,7 +47,9 @@ from turnloom.context.history import HistoryLimits
 from turnloom.context.message import Message, Role
 from turnloom.context.pairing import complete_pairs
 from turnloom.errors import InputError, TurnloomError
+from turnloom.runtime.config import RuntimeConfig, build_context_manager
 from turnloom.runtime.foundation import Foundation
+from turnloom.runtime.manager import ContextManager
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
 from turnloom.tools._stats import percentile
 from turnloom.tools.trajectories import (
@@ -286,6 +288,7 @@ async def replay(
     out: BinaryIO | None = None,
     history_limits: HistoryLimits | None = None,
     load_errors: Sequence[ReplayError] = (),
+    config: RuntimeConfig | None = None,
 ) -> ReplaySummary:
     """Replay ``trajectories`` through one Foundation, ``concurrency`` sessions at a time.
 
@@ -299,6 +302,9 @@ async def replay(
         history_limits: the history bounds; by default large enough that a
             recorded session is never evicted (eviction would change inputs).
         load_errors: errors from loading, carried into the summary.
+        config: a host configuration (``turnloom replay --config FILE``):
+            the manager is built from its ``context`` section before the
+            Foundation is bound, and ``history_limits`` is not used.
 
     Returns:
         the summary; failed sessions are listed in ``errors``, never raised.
@@ -325,11 +331,13 @@ async def replay(
     next_index = 0
     lock = anyio.Lock()
 
-    async with Foundation(
-        gateway=gateway,
-        history_limits=limits,
-        max_pending_preparations=max(16, concurrency),
-    ) as foundation:
+    if config is not None:
+        manager = build_context_manager(config, gateway=gateway)
+    else:
+        manager = ContextManager(
+            gateway=gateway, history_limits=limits, max_pending_preparations=max(16, concurrency)
+        )
+    async with Foundation(manager) as foundation:
 
         async def worker() -> None:
             nonlocal next_index
