@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_gateway
-from turnloom.context.history import HistoryLimits, check_id
+from turnloom.context.history import HistoryLimits, check_id, reject_instructions
 from turnloom.context.message import Message, check_message
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.errors import (
@@ -190,12 +190,14 @@ def check_outputs(
     Raises:
         InvalidMessageError, InvalidTextError: a malformed turn id or message,
             not a sequence of Messages, or a runtime-state call or result.
+        InstructionMessageError: a ``system`` or ``developer`` message.
         ProviderRuleError: the gateway cannot render a message.
     """
     check_id(turn_id, "turn id")
     if isinstance(outputs, Message) or not isinstance(outputs, Sequence):
         raise InvalidMessageError("record takes a sequence of Messages, oldest first.")
     reject_state(outputs, context_id, turn_id, f"Output of turn {turn_id!r}")
+    reject_instructions(outputs, "outputs", f"Output of turn {turn_id!r}")
     check_renderable(gateway, outputs, f"Output of turn {turn_id!r}")
 
 
@@ -283,6 +285,7 @@ def check_continuation(
         InvalidMessageError, InvalidTextError: ``prefix`` is not one of
             ``issued``, ``continuation`` is not a sequence of Messages, a
             malformed message, or one carrying a runtime-state call or result.
+        InstructionMessageError: a ``system`` or ``developer`` message.
         DuplicateIdError: a message repeats an id of the prefix's turn or of
             an earlier continuation message.
     """
@@ -300,6 +303,7 @@ def check_continuation(
     if isinstance(continuation, Message) or not isinstance(continuation, Sequence):
         raise InvalidMessageError("build takes a sequence of continuation Messages, oldest first.")
     reserved = set(prefix.reserved_ids)
+    reject_instructions(continuation, "continuation", "continuation")
     for i, message in enumerate(continuation):
         check_message(message, where=f"continuation[{i}]")
         if is_state_message(message, prefix.state_call_id):

@@ -322,6 +322,8 @@ class ContextManager:
             InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
                 id or message, or a message carrying a runtime-state call or
                 result (of any turn).
+            InstructionMessageError: a ``system`` or ``developer`` message: pinned
+                instructions change only through a turn's snapshot.
             ItemTooLargeError: a message is over the per-item byte cap.
             ProviderRuleError: the gateway cannot render a message (for example
                 tool call arguments that are not a JSON object, for Anthropic
@@ -620,6 +622,8 @@ class ContextManager:
                 ``continuation`` is not a sequence of Messages.
             InvalidMessageError, InvalidTextError: a malformed continuation
                 message, or one carrying a runtime-state call or result.
+            InstructionMessageError: a ``system`` or ``developer`` continuation
+                message: pinned instructions change only through a turn's snapshot.
             DuplicateIdError: a continuation message repeats an id of the
                 prefix's turn (its input message ids or the state call id) or
                 of an earlier continuation message.
