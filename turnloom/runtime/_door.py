@@ -42,6 +42,7 @@ from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext, Tur
 from turnloom.runtime.state import (
     STATE_TOOL_NAME,
     check_contributions,
+    check_perception,
     is_state_message,
     state_call_id,
 )
@@ -236,11 +237,13 @@ def check_snapshot(snapshot: TurnSnapshot, gateway: Gateway) -> str:
 def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> ContextPrepareRequest:
     """Validate a request; return it with its contributions frozen in a tuple.
 
-    The copy is what the preparation captures, so a list the caller
-    changes after the call can neither bypass validation nor change state.
+    The copy is what the preparation captures, so a list (or a perception's
+    source dict) the caller changes after the call can neither bypass
+    validation nor change state. The perception's time is converted to UTC.
 
     Raises:
-        InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed request.
+        InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
+            request (ids, contributions, behaviour rules, loop budget, perception).
         ItemTooLargeError: the carried texts alone exceed ``max_item_bytes``.
     """
     if not isinstance(request, ContextPrepareRequest):
@@ -253,12 +256,18 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
     if type(contributions) is not tuple and isinstance(contributions, list):
         contributions = tuple(contributions)
     check_contributions(contributions, request.behavior_rules, request.loop_budget)
+    perception = request.perception
+    if perception is not None:
+        perception = check_perception(perception)
     # The state result is one item under the per-item cap. Its text is at
     # least as long as the texts it carries (UTF-8 bytes >= characters), so
     # this bound fails early without encoding on the event loop; the exact
     # size is checked in the worker.
     carried = sum(len(c.name) + len(c.content) for c in contributions)
     carried += len(request.behavior_rules or "")
+    if perception is not None:
+        carried += len(perception.modality or "")
+        carried += sum(len(k) + len(v) for k, v in perception.source.items())
     if carried > max_item_bytes:
         raise ItemTooLargeError(
             f"The runtime state of turn {request.turn_id!r} carries at least {carried} "
@@ -266,9 +275,9 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
             size=carried,
             limit=max_item_bytes,
         )
-    if contributions is request.contributions:
+    if contributions is request.contributions and perception is None:
         return request
-    return msgspec.structs.replace(request, contributions=contributions)
+    return msgspec.structs.replace(request, contributions=contributions, perception=perception)
 
 
 def check_continuation(

@@ -108,6 +108,7 @@ def render_preparation(
         contributions=request.contributions,
         behavior_rules=behavior_rules,
         loop_budget=request.loop_budget,
+        perception=request.perception,
     )
     rendered = view.render(gateway, request.turn_id, open_calls=options.open_calls)
     items = rendered.items

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 __all__ = ("Foundation",)
 
+from collections.abc import Callable
+from datetime import datetime
 from types import TracebackType
 
 import anyio
@@ -53,12 +55,15 @@ class Foundation:
         worker_threads: the most worker threads rendering at once (default 4).
         close_grace_period: seconds :meth:`aclose` lets pending preparations
             settle before cancelling them (default 5.0; ``math.inf`` waits).
+        clock: returns the current time as a timezone-aware datetime; read
+            once per preparation whose :class:`~turnloom.runtime.Perception`
+            gives no time (default ``datetime.now(UTC)``; inject one in tests).
 
     Raises:
         InputError: a bound is not positive, ``history_limits`` is not a
             :class:`HistoryLimits`, an unknown gateway or policy, ``manager``
-            is not a ContextManager, or ``manager`` is given together with a
-            manager option.
+            is not a ContextManager, ``manager`` is given together with a
+            manager option, or ``clock`` is not callable.
 
     Example::
 
@@ -79,6 +84,7 @@ class Foundation:
         behavior_rules: str | None = None,
         open_calls: OpenCallPolicy = "exclude",
         close_grace_period: float = 5.0,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         if manager is None:
             manager = ContextManager(
@@ -111,6 +117,9 @@ class Foundation:
                     f"Foundation got a manager and its option(s) {', '.join(given)}; "
                     "build the manager with them instead."
                 )
+        if clock is not None and not callable(clock):
+            raise InputError(f"clock must be callable, not a {type(clock).__name__}.")
+        self._clock = clock
         self._options = check_foundation_options(
             manager=manager.options,
             worker_threads=worker_threads,
@@ -171,7 +180,10 @@ class Foundation:
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         try:
-            self._built._bind(task_group=task_group, limiter=limiter)
+            if self._clock is None:
+                self._built._bind(task_group=task_group, limiter=limiter)
+            else:
+                self._built._bind(task_group=task_group, limiter=limiter, clock=self._clock)
             self._manager = self._built
         except BaseException as exc:
             await task_group.__aexit__(type(exc), exc, exc.__traceback__)

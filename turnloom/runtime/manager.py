@@ -30,11 +30,13 @@ from __future__ import annotations
 __all__ = ("ContextManager", "Invocation")
 
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 
 import anyio
 import anyio.abc
+import msgspec
 
 from turnloom.context.area import ContextAreaImplementation
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent
@@ -64,6 +66,11 @@ from turnloom.runtime.schemas import (
     PreparedContext,
     TurnSnapshot,
 )
+from turnloom.runtime.state import check_time
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
 
 
 class Invocation:
@@ -159,14 +166,21 @@ class ContextManager:
         # Set by _bind, when the owning Foundation opens.
         self._queue: PreparationQueue | None = None
         self._limiter: anyio.CapacityLimiter | None = None
+        self._clock: Callable[[], datetime] = _utc_now
         self._bound = False
         self._closing = False  # intake stopped (the Foundation began closing)
         self._closed = False  # outputs drained, preparations settled, histories released
         # Each context's final history, kept when the manager closes.
         self._final: dict[str, HistoryView] = {}
 
-    def _bind(self, *, task_group: anyio.abc.TaskGroup, limiter: anyio.CapacityLimiter) -> None:
-        """Bind to the opening Foundation's task group and limiter (once).
+    def _bind(
+        self,
+        *,
+        task_group: anyio.abc.TaskGroup,
+        limiter: anyio.CapacityLimiter,
+        clock: Callable[[], datetime] = _utc_now,
+    ) -> None:
+        """Bind to the opening Foundation's task group, limiter and clock (once).
 
         Raises:
             StateError: the manager was already bound to a Foundation.
@@ -174,6 +188,7 @@ class ContextManager:
         self._check_unbound()
         self._bound = True
         self._limiter = limiter
+        self._clock = clock
         self._queue = PreparationQueue(
             self._options.max_pending_preparations, task_group, self._counters
         )
@@ -468,7 +483,9 @@ class ContextManager:
         ``accept_turn``), and for a worker thread. The request is validated and
         its contributions copied at the call (changing a list afterwards has no
         effect); the history and the request's state are captured once, when
-        the turn is committed; rendering runs in the worker. Bound the whole
+        the turn is committed, together with the perception's time (the
+        Foundation's clock, when the request gives none); rendering runs in
+        the worker. Bound the whole
         wait with ``anyio.fail_after``.
 
         Returns:
@@ -481,7 +498,9 @@ class ContextManager:
                 while the preparation waited.
             InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
                 request (ids, contributions that are not a tuple or list,
-                contribution names or text, loop budget); no slot was taken.
+                contribution names or text, loop budget, perception); no slot
+                was taken. Also when the Foundation's clock returns a naive
+                datetime for a perception without a time.
             ItemTooLargeError: the runtime-state result would exceed the
                 per-item byte cap: raised at the call when the carried texts
                 alone exceed it (no slot taken), else by the preparation.
@@ -548,8 +567,14 @@ class ContextManager:
         """The work of one owned preparation: wait, capture, render, deliver, count."""
         request = preparation.request
         state = await self._wait_for_turn(request.context_id, request.turn_id)
-        # Capture once: an immutable view and the request's state.
+        # Capture once: an immutable view and the request's state, its time included.
         view = state.history.view()
+        perception = request.perception
+        if perception is not None and perception.time is None:
+            now = check_time(self._clock(), "The Foundation's clock value")
+            request = msgspec.structs.replace(
+                request, perception=msgspec.structs.replace(perception, time=now)
+            )
         behavior_rules = (
             request.behavior_rules if request.behavior_rules is not None else self._behavior_rules
         )
@@ -569,7 +594,7 @@ class ContextManager:
                 queued,
                 areas,
                 run_pass,
-                limiter=self._limiter,
+                limiter=self._limiter,  # set by _bind, before any prepare can run
             )
         except AreaCallbackError as exc:
             if exc.phase == "register" and areas is not None:

@@ -18,12 +18,14 @@ __all__ = (
     "HistoryTotals",
     "LatencyHistograms",
     "ManagerStatistics",
+    "Perception",
     "PrefixStatistics",
     "PreparationStatistics",
     "PreparedContext",
     "TurnSnapshot",
 )
 
+from datetime import datetime
 from typing import Literal, TypeAlias
 
 import msgspec
@@ -69,6 +71,29 @@ class ContextContribution(msgspec.Struct, frozen=True, kw_only=True):
     content: str
 
 
+class Perception(msgspec.Struct, frozen=True, kw_only=True):
+    """What the host perceived around one turn: when, through what, from where.
+
+    Captured once per preparation and carried as escaped data in the turn's
+    runtime-state pair (key ``"perception"``), so it is byte-identical in
+    every model call of the turn and never becomes an instruction.
+
+    Attributes:
+        time: when the turn happened, a timezone-aware datetime (converted to
+            UTC); None: the Foundation's clock when the preparation captures
+            its state (after the turn's commit).
+        modality: how the input arrived, an identifier (``"text"``,
+            ``"voice"``, ``"video"`` ...), or None.
+        source: free-form properties of the input's source (``channel``,
+            ``locale``, ``device`` ...): identifier keys, text values; carried
+            sorted by key.
+    """
+
+    time: datetime | None = None
+    modality: str | None = None
+    source: dict[str, str] = msgspec.field(default_factory=dict)
+
+
 class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
     """A request to prepare the model input of one committed turn.
 
@@ -83,6 +108,8 @@ class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
             pair, never promoted to system or developer instructions.
         loop_budget: the static budget of model calls for this turn, if any;
             carried in the runtime-state pair, never rewritten per model call.
+        perception: the turn's time, modality and source properties, or None
+            for none (see :class:`Perception`).
     """
 
     context_id: str
@@ -90,6 +117,7 @@ class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
     contributions: tuple[ContextContribution, ...] = ()
     behavior_rules: str | None = None
     loop_budget: int | None = None
+    perception: Perception | None = None
 
 
 AreaPass: TypeAlias = Literal["none", "rendered", "reused_invocation", "reused_undelivered"]
