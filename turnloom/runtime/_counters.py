@@ -20,6 +20,7 @@ from turnloom.runtime.schemas import (
     HistoryTotals,
     LatencyHistograms,
     ManagerStatistics,
+    OutputStatistics,
     PrefixStatistics,
     PreparationStatistics,
     PreparedContext,
@@ -149,6 +150,7 @@ class Counters:
         capacity: int,
         pending: int,
         waiting_for_slot: int,
+        outputs: OutputStatistics,
     ) -> ManagerStatistics:
         """The frozen statistics, O(1): the running totals and the queue's state."""
         return ManagerStatistics(
@@ -192,4 +194,5 @@ class Counters:
                 items_reclaimed_total=self.area_items_reclaimed,
                 items_promoted_total=self.area_items_promoted,
             ),
+            outputs=outputs,
         )

@@ -4,16 +4,23 @@ A Foundation is opened with ``async with``; it
 owns a task group (where preparations run), one :class:`anyio.CapacityLimiter`
 for every worker thread it uses, and the :class:`ContextManager`.
 
-Closing order (:meth:`Foundation.aclose`):
+Closing order (:meth:`Foundation.aclose`), the seed's lifecycle:
 
-1. Stop accepting: every new call raises :class:`FoundationClosedError`, and
-   preparations still waiting for their turn's commit fail with it.
-2. Let owned preparations settle within :attr:`Foundation.close_grace_period`
-   seconds (default 5).
-3. Cancel the preparations that have not settled. A preparation that is
-   rendering in a worker thread is not abandoned: its thread finishes first.
-4. Close the manager: histories are released, no worker thread holds a token
-   of the limiter.
+1. Stop intake: every call that starts work (``accept_turn``, ``prepare``,
+   ``build``, ``invocation``, areas, new output streams) raises
+   :class:`FoundationClosedError`; the host's producers stop here.
+2. Drain the record consumers: what the manager's output streams still hold
+   is recorded (see :meth:`ContextManager.consume_outputs`); ``record`` is
+   still accepted until the manager closes.
+3. Let owned preparations settle within :attr:`Foundation.close_grace_period`
+   seconds (default 5; shared with step 2), then cancel the rest (failing
+   with :class:`FoundationClosedError`; preparations still waiting for their
+   turn's commit fail with it at once). A preparation that is rendering in a
+   worker thread is not abandoned: its thread finishes first.
+4. Close the manager: ``record`` raises :class:`FoundationClosedError`;
+   histories are released, each context's final history staying readable
+   through :meth:`ContextManager.history`; no worker thread holds a token of
+   the limiter.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from __future__ import annotations
 __all__ = ("ContextManager", "Invocation")
 
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
@@ -43,7 +43,14 @@ from turnloom.context.gateway import Gateway, GatewayType, NativeContent
 from turnloom.context.history import HistoryLimits, HistoryView, check_id
 from turnloom.context.message import Message
 from turnloom.context.pairing import OpenCallPolicy, complete_pairs
-from turnloom.errors import AreaCallbackError, StateError, UnknownContextError
+from turnloom.errors import (
+    AreaCallbackError,
+    InputError,
+    InvalidMessageError,
+    StateError,
+    TurnloomError,
+    UnknownContextError,
+)
 from turnloom.runtime._area_section import check_area
 from turnloom.runtime._contexts import ContextState, ContextTable
 from turnloom.runtime._counters import Counters
@@ -57,12 +64,15 @@ from turnloom.runtime._door import (
     check_routed_item,
     check_snapshot,
 )
+from turnloom.runtime._outputs import OutputStreams
 from turnloom.runtime._queue import Preparation, PreparationQueue
 from turnloom.runtime._render import render_preparation
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.schemas import (
     ContextPrepareRequest,
     ManagerStatistics,
+    OutputRecord,
+    OutputStatistics,
     PreparedContext,
     TurnSnapshot,
 )
@@ -165,6 +175,7 @@ class ContextManager:
         )
         # Set by _bind, when the owning Foundation opens.
         self._queue: PreparationQueue | None = None
+        self._outputs: OutputStreams | None = None
         self._limiter: anyio.CapacityLimiter | None = None
         self._clock: Callable[[], datetime] = _utc_now
         self._bound = False
@@ -192,6 +203,7 @@ class ContextManager:
         self._queue = PreparationQueue(
             self._options.max_pending_preparations, task_group, self._counters
         )
+        self._outputs = OutputStreams(task_group, self._record_output)
 
     def _check_unbound(self) -> None:
         if self._bound:
@@ -353,6 +365,68 @@ class ContextManager:
         state = self._table.get(context_id)
         check_outputs(self._gateway, context_id, turn_id, outputs)
         return self._table.record(state, turn_id, outputs)
+
+    def consume_outputs(
+        self,
+        stream: AsyncIterable[OutputRecord],
+        *,
+        on_error: Callable[[object, TurnloomError], None] | None = None,
+    ) -> None:
+        """Consume an output stream in the manager's own task, recording each record.
+
+        The stream form of :meth:`record`: an anyio memory object stream
+        (``anyio.create_memory_object_stream[OutputRecord]``; pass its receive
+        side) or any async iterable of :class:`OutputRecord`. Each record is
+        recorded exactly as ``record(context_id, turn_id, outputs)`` would,
+        through the same checks, in the order the stream yields them; push
+        calls to :meth:`record` may be mixed in. Several streams may be
+        consumed at once.
+
+        A record refused with a typed error (not an OutputRecord, unknown
+        context or turn, a malformed or instruction message ...) records
+        nothing, is counted in ``statistics().outputs.rejected_total`` and is
+        passed to ``on_error(record, error)`` when given; the consumer goes
+        on. An exception the stream itself raises (or ``on_error`` raises)
+        ends the consumer and propagates out of the Foundation's task group.
+
+        Close order (the Foundation's ``aclose``): intake stops first; a
+        memory object stream is then drained at once -- what it still holds,
+        senders blocked on it included, is recorded in order -- and its
+        receive side closed (a producer still sending gets
+        :class:`anyio.BrokenResourceError`); any other stream is given up to
+        the grace period to end (its producer stops and ends it), then its
+        consumer is cancelled and its ``aclose()``, if any, awaited. Only then
+        do preparations settle and the manager close: everything sent before
+        the close is in :meth:`history` afterwards.
+
+        Raises:
+            StateError: the manager is not bound to an open Foundation yet.
+            FoundationClosedError: the Foundation is closing or closed.
+            InputError: ``stream`` is not an async iterable, or ``on_error`` is
+                not callable.
+
+        Cancellation:
+            The consumer belongs to the Foundation's task group: cancelling
+            the scope the Foundation was opened in cancels it without losing a
+            record of a memory object stream (the close drains it).
+        """
+        self._check_open()
+        if not isinstance(stream, AsyncIterable):
+            raise InputError(
+                f"consume_outputs takes an async iterable of OutputRecord (for example an "
+                f"anyio memory object receive stream), not a {type(stream).__name__}."
+            )
+        if on_error is not None and not callable(on_error):
+            raise InputError(f"on_error must be callable, not a {type(on_error).__name__}.")
+        assert self._outputs is not None  # bound with the queue
+        self._outputs.start(stream, on_error)
+
+    def _record_output(self, record: object) -> int:
+        if not isinstance(record, OutputRecord):
+            raise InvalidMessageError(
+                f"An output stream yielded a {type(record).__name__}, not an OutputRecord."
+            )
+        return self.record(record.context_id, record.turn_id, record.outputs)
 
     def remove_context(self, context_id: str) -> None:
         """Forget a context and its whole history (its counters are kept).
@@ -665,16 +739,23 @@ class ContextManager:
     # -- lifecycle (driven by the Foundation) ---------------------------------------
 
     async def _aclose(self, grace_period: float) -> None:
-        """Close in order: stop intake, let preparations settle, cancel, release.
+        """Close in order: stop intake, drain output streams, let preparations settle, release.
 
-        Not shielded: the Foundation calls it in a shielded scope. The
-        histories are released (their final views kept for :meth:`history`)
-        even when a step fails.
+        ``grace_period`` bounds the first two waits together. Not shielded:
+        the Foundation calls it in a shielded scope. Preparations settle and
+        the histories are released (their final views kept for
+        :meth:`history`) even when a step fails.
         """
         queue = self._check_bound()
+        outputs = self._outputs
+        deadline = anyio.current_time() + grace_period
         try:
             self._closing = True
-            await queue.aclose(grace_period)
+            try:
+                if outputs is not None:
+                    await outputs.aclose(grace_period)
+            finally:
+                await queue.aclose(max(0.0, deadline - anyio.current_time()))
         finally:
             self._closed = True
             self._final = {cid: state.history.view() for cid, state in self._table.contexts.items()}
@@ -697,4 +778,5 @@ class ContextManager:
             capacity=self._options.max_pending_preparations,
             pending=queue.pending if queue is not None else 0,
             waiting_for_slot=queue.waiting_for_slot if queue is not None else 0,
+            outputs=self._outputs.statistics() if self._outputs is not None else OutputStatistics(),
         )

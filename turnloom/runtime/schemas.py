@@ -18,6 +18,8 @@ __all__ = (
     "HistoryTotals",
     "LatencyHistograms",
     "ManagerStatistics",
+    "OutputRecord",
+    "OutputStatistics",
     "Perception",
     "PrefixStatistics",
     "PreparationStatistics",
@@ -118,6 +120,24 @@ class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
     behavior_rules: str | None = None
     loop_budget: int | None = None
     perception: Perception | None = None
+
+
+class OutputRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """Model outputs of one turn, as an output stream carries them.
+
+    The stream form of :meth:`~turnloom.runtime.ContextManager.record`: a
+    manager consuming a stream (``consume_outputs``) records each record as
+    ``record(context_id, turn_id, outputs)`` would.
+
+    Attributes:
+        context_id: the conversation.
+        turn_id: the turn the outputs answer.
+        outputs: model messages and tool results, oldest first.
+    """
+
+    context_id: str
+    turn_id: str
+    outputs: tuple[Message, ...]
 
 
 AreaPass: TypeAlias = Literal["none", "rendered", "reused_invocation", "reused_undelivered"]
@@ -330,6 +350,25 @@ class AreaStatistics(msgspec.Struct, frozen=True, kw_only=True):
     items_promoted_total: int = 0
 
 
+class OutputStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """The output streams a manager consumes.
+
+    Attributes:
+        streams: streams being consumed now.
+        records_total: records recorded from streams (by their consumers and
+            by the close's drain).
+        drained_total: of those, records the close drained from a stream.
+        rejected_total: records refused with a typed error (bad record,
+            unknown context or turn, a malformed or instruction message);
+            nothing of a refused record was recorded.
+    """
+
+    streams: int = 0
+    records_total: int = 0
+    drained_total: int = 0
+    rejected_total: int = 0
+
+
 class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """A frozen snapshot of a :class:`~turnloom.runtime.ContextManager`'s counters.
 
@@ -344,6 +383,7 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
         prefix: prefix stability.
         latency: prepare-latency and render-time histograms.
         areas: Context Areas attached, passes run, areas collected.
+        outputs: output streams consumed and their records.
     """
 
     closed: bool
@@ -354,3 +394,4 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
     prefix: PrefixStatistics
     latency: LatencyHistograms
     areas: AreaStatistics
+    outputs: OutputStatistics = msgspec.field(default_factory=OutputStatistics)
