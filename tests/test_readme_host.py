@@ -15,7 +15,8 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def _block(info: str) -> str:
-    [block] = re.findall(rf"```{info}\n(.*?)```", README, flags=re.DOTALL)
+    blocks: list[str] = re.findall(rf"```{info}\n(.*?)```", README, flags=re.DOTALL)
+    [block] = blocks
     return block
 
 
