@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 
 import anyio
 import pytest
+from prometheus_client import CollectorRegistry
 
 from tests.runtime.helpers import SYSTEM, assistant, user
 from turnloom.errors import (
@@ -24,6 +25,7 @@ from turnloom.runtime import (
     OutputStatistics,
     TurnSnapshot,
 )
+from turnloom.runtime.metrics import ManagerCollector
 
 pytestmark = pytest.mark.anyio
 
@@ -75,6 +77,28 @@ async def test_outputs_sent_just_before_close_are_all_in_history_after_it() -> N
         with pytest.raises(FoundationClosedError):
             manager.record("c", "t1", [assistant("too late")])
     assert _texts(manager) == [f"u{i}" for i in range(20)]
+
+
+async def test_output_stream_metrics_follow_the_statistics() -> None:
+    registry = CollectorRegistry()
+    send, receive = anyio.create_memory_object_stream[object](8)
+    async with Foundation() as foundation, send:
+        manager = foundation.manager
+        registry.register(ManagerCollector(manager.statistics))
+        manager.accept_turn(_turn())
+        manager.consume_outputs(receive)  # type: ignore[arg-type]
+        await send.send(_out("a"))
+        await send.send("not a record")
+        await anyio.wait_all_tasks_blocked()
+        assert registry.get_sample_value("turnloom_output_streams") == 1
+        send.send_nowait(_out("b"))  # to the waiting consumer
+        send.send_nowait(_out("c"))  # buffered: drained by the close
+        await foundation.aclose()
+    value = registry.get_sample_value
+    assert value("turnloom_output_streams") == 0
+    assert value("turnloom_output_records_total", {"outcome": "recorded"}) == 3
+    assert value("turnloom_output_records_total", {"outcome": "rejected"}) == 1
+    assert value("turnloom_output_records_drained_total") == 1
 
 
 async def test_a_stream_whose_producer_closed_ends_and_is_closed() -> None:

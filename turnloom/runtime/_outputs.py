@@ -62,6 +62,7 @@ class OutputStreams:
         self._task_group = task_group
         self._record = record
         self._consumers: list[_Consumer] = []
+        self.active = 0  # consumers running
         self.records = 0
         self.drained = 0
         self.rejected = 0
@@ -73,12 +74,13 @@ class OutputStreams:
         consumer = _Consumer(source, on_error)
         self._consumers = [c for c in self._consumers if not c.ended]
         self._consumers.append(consumer)
+        self.active += 1
         self._task_group.start_soon(self._consume, consumer)
 
     def statistics(self) -> OutputStatistics:
-        """The streams consumed now and the running totals."""
+        """The streams consumed now and the running totals; O(1), safe from another thread."""
         return OutputStatistics(
-            streams=sum(1 for c in self._consumers if not c.done.is_set()),
+            streams=self.active,
             records_total=self.records,
             drained_total=self.drained,
             rejected_total=self.rejected,
@@ -113,6 +115,7 @@ class OutputStreams:
                 if aclose is not None:
                     with anyio.CancelScope(shield=True):
                         await aclose()
+            self.active -= 1
             consumer.done.set()
 
     async def aclose(self, grace_period: float) -> None:
