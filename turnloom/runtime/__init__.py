@@ -24,6 +24,7 @@ __all__ = (
     "HistoryTotals",
     "Invocation",
     "LatencyHistograms",
+    "ManagerOptions",
     "ManagerStatistics",
     "OutputRecord",
     "OutputStatistics",
@@ -43,6 +44,7 @@ __all__ = (
 )
 
 from turnloom.context.history import HistoryLimits
+from turnloom.runtime._door import ManagerOptions
 from turnloom.runtime.config import (
     CONTEXT_PLUGIN_GROUP,
     ContextConfig,

@@ -261,7 +261,8 @@ class ContextManager:
 
         After the close it answers with each context's final history: what it
         held once the output streams were drained and preparations settled, so
-        a host can persist the last utterance of a session that shut down.
+        a host can persist the last utterance of a session that shut down
+        (the manager keeps those views until it is dropped).
 
         Raises:
             StateError: the manager is not bound to an open Foundation yet.
