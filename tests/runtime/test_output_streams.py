@@ -79,6 +79,32 @@ async def test_outputs_sent_just_before_close_are_all_in_history_after_it() -> N
     assert _texts(manager) == [f"u{i}" for i in range(20)]
 
 
+async def test_a_sender_blocked_on_an_unbuffered_stream_is_drained_at_close() -> None:
+    """What is in the stream includes a blocked sender's record; its next send is refused."""
+    send, receive = anyio.create_memory_object_stream[OutputRecord](0)
+    refused: list[bool] = []
+
+    async def producer() -> None:
+        with send:
+            await send.send(_out("blocked"))
+            try:
+                await send.send(_out("after close"))
+            except anyio.BrokenResourceError:
+                refused.append(True)
+
+    async with Foundation() as foundation:
+        manager = foundation.manager
+        manager.accept_turn(_turn())
+        manager.consume_outputs(receive)
+        await anyio.wait_all_tasks_blocked()
+        async with anyio.create_task_group() as producers:
+            producers.start_soon(producer)
+            await foundation.aclose()  # the producer first runs while the close waits
+        assert refused == [True]
+        assert _texts(manager) == ["blocked"]
+        assert manager.statistics().outputs == OutputStatistics(records_total=1, drained_total=1)
+
+
 async def test_output_stream_metrics_follow_the_statistics() -> None:
     registry = CollectorRegistry()
     send, receive = anyio.create_memory_object_stream[object](8)
