@@ -12,6 +12,7 @@ from tests.conftest import DATA_DIR
 from tests.runtime.helpers import user
 from turnloom.context.gateway import GatewayType
 from turnloom.context.history import HistoryLimits
+from turnloom.context.tokens import ApproxTokenCounter
 from turnloom.errors import ConfigError, InputError, StateError, UnknownPluginError
 from turnloom.runtime import (
     ContextConfig,
@@ -185,6 +186,7 @@ def test_an_unknown_plugin_lists_the_known_ones() -> None:
 _PLUGIN_MODULE = """
 import msgspec
 from turnloom.context.history import HistoryLimits
+from turnloom.context.tokens import ApproxTokenCounter
 from turnloom.runtime import ContextManager
 
 
@@ -322,6 +324,7 @@ async def test_the_one_line_foundation_still_builds_its_own_manager() -> None:
         {"history_limits": HistoryLimits()},
         {"behavior_rules": "x"},
         {"open_calls": "cancel"},
+        {"token_counter": ApproxTokenCounter()},
     ],
 )
 def test_a_manager_and_a_manager_option_together_are_refused(options: dict[str, object]) -> None:

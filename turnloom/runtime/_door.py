@@ -30,9 +30,12 @@ from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_ga
 from turnloom.context.history import HistoryLimits, check_id, reject_instructions
 from turnloom.context.message import Message, check_message
 from turnloom.context.pairing import OpenCallPolicy
+from turnloom.context.scope import check_scope
+from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
 from turnloom.errors import (
     DuplicateIdError,
     InputError,
+    InvalidArgumentError,
     InvalidMessageError,
     InvalidTextError,
     ItemTooLargeError,
@@ -61,6 +64,7 @@ class ManagerOptions(msgspec.Struct, frozen=True, kw_only=True):
     history_limits: HistoryLimits
     behavior_rules: str | None
     open_calls: OpenCallPolicy
+    token_counter: TokenCounter
 
 
 class FoundationOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -82,6 +86,7 @@ def check_manager_options(
     history_limits: HistoryLimits | None,
     behavior_rules: str | None,
     open_calls: str,
+    token_counter: TokenCounter | None = None,
 ) -> ManagerOptions:
     """Validate every option of a ContextManager once; return them checked and frozen.
 
@@ -90,7 +95,16 @@ def check_manager_options(
             ``history_limits`` is not a :class:`HistoryLimits`, an unknown
             gateway or ``open_calls`` policy, or behaviour rules that are not
             valid text.
+        InvalidArgumentError: ``token_counter`` has no ``count`` method.
     """
+    if token_counter is None:
+        token_counter = ApproxTokenCounter()
+    elif not callable(getattr(token_counter, "count", None)):
+        raise InvalidArgumentError(
+            f"token_counter must have a count(messages) method; a "
+            f"{type(token_counter).__name__:.40} has none.",
+            field="token_counter",
+        )
     if history_limits is not None and not isinstance(history_limits, HistoryLimits):
         raise InputError(
             f"history_limits must be a HistoryLimits, not a {type(history_limits).__name__}."
@@ -109,6 +123,7 @@ def check_manager_options(
         history_limits=history_limits if history_limits is not None else HistoryLimits(),
         behavior_rules=behavior_rules,
         open_calls="cancel" if open_calls == "cancel" else "exclude",
+        token_counter=token_counter,
     )
 
 
@@ -244,6 +259,8 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
     Raises:
         InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
             request (ids, contributions, behaviour rules, loop budget, perception).
+        InvalidArgumentError: ``scope`` is neither None nor a scope (an object
+            with a callable ``matches``); ``field`` is ``"scope"``.
         ItemTooLargeError: the carried texts alone exceed ``max_item_bytes``.
     """
     if not isinstance(request, ContextPrepareRequest):
@@ -252,6 +269,8 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
         )
     check_id(request.context_id, "context id")
     check_id(request.turn_id, "turn id")
+    if request.scope is not None:
+        check_scope(request.scope)
     contributions = request.contributions
     if type(contributions) is not tuple and isinstance(contributions, list):
         contributions = tuple(contributions)
