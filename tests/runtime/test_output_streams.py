@@ -95,11 +95,11 @@ async def test_a_sender_blocked_on_an_unbuffered_stream_is_drained_at_close() ->
     async with Foundation() as foundation:
         manager = foundation.manager
         manager.accept_turn(_turn())
-        manager.consume_outputs(receive)
-        await anyio.wait_all_tasks_blocked()
         async with anyio.create_task_group() as producers:
             producers.start_soon(producer)
-            await foundation.aclose()  # the producer first runs while the close waits
+            await anyio.wait_all_tasks_blocked()  # no receiver yet: the producer waits in send
+            manager.consume_outputs(receive)
+            await foundation.aclose()  # the consumer never took it: the drain does
         assert refused == [True]
         assert _texts(manager) == ["blocked"]
         assert manager.statistics().outputs == OutputStatistics(records_total=1, drained_total=1)
