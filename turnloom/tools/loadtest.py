@@ -142,6 +142,8 @@ async def loadtest(
     Raises:
         InputError: no trajectories, ``sessions`` not positive, a malformed
             trajectory, or an unknown or unavailable gateway.
+        ConfigError: ``config`` names a plugin that no longer resolves or
+            builds no ContextManager.
 
     Cancellation:
         Cancelling stops every session and closes the Foundation in order.

@@ -315,6 +315,8 @@ async def replay(
     Raises:
         InputError: ``gateway`` is unknown or not available, or
             ``concurrency`` is not positive.
+        ConfigError: ``config`` names a plugin that no longer resolves or
+            builds no ContextManager.
 
     Cancellation:
         Cancelling the replay cancels the sessions and closes the Foundation;
