@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 import anyio
 import msgspec
 
-from turnloom.context.gateway import GatewayType, get_gateway
+from turnloom.context.gateway import GatewayType
 from turnloom.context.history import HistoryLimits
 from turnloom.context.message import Message
 from turnloom.errors import InputError, QueueFullError, TurnloomError
@@ -30,7 +30,7 @@ from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.manager import ContextManager
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
 from turnloom.tools._stats import peak_rss_bytes, percentile
-from turnloom.tools.trajectories import Trajectory
+from turnloom.tools.trajectories import ReplayError, Trajectory, check_trajectory
 from turnloom.tools.transcript import Reply, Turn, snapshot, walk
 
 _TICK = 0.005
@@ -141,7 +141,8 @@ async def loadtest(
 
     Raises:
         InputError: no trajectories, ``sessions`` not positive, a malformed
-            trajectory, or an unknown or unavailable gateway.
+            trajectory (by :func:`~turnloom.tools.trajectories.check_trajectory`,
+            the rule ``replay`` uses), or an unknown or unavailable gateway.
         ConfigError: ``config`` names a plugin that no longer resolves or
             builds no ContextManager.
 
@@ -160,13 +161,11 @@ async def loadtest(
             history_limits=history_limits,
             max_pending_preparations=max_pending_preparations,
         )
-    chat = get_gateway(GatewayType.openai_chat)
     scripts: list[list[Message]] = []
     for trajectory in trajectories:
-        try:
-            parsed = [chat.parse(m) for m in trajectory.messages]
-        except TurnloomError as exc:
-            raise InputError(f"{trajectory.source}, trajectory {trajectory.index}: {exc}") from exc
+        parsed = check_trajectory(trajectory)
+        if isinstance(parsed, ReplayError):
+            raise InputError(str(parsed))
         scripts.append(parsed)
 
     latencies: list[float] = []
