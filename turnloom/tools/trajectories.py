@@ -29,6 +29,7 @@ import msgspec
 
 from turnloom.context.gateway import GatewayType, get_gateway
 from turnloom.context.message import Message, Role
+from turnloom.context.pairing import CallTracker
 from turnloom.errors import TurnloomError
 from turnloom.tools.workload import generate_trajectories
 
@@ -351,7 +352,7 @@ def check_trajectory(trajectory: Trajectory) -> list[Message] | ReplayError:
     """
     chat = get_gateway(GatewayType.openai_chat)
     messages: list[Message] = []
-    unanswered: set[str] = set()
+    calls = CallTracker()
     turn_started = False
 
     def fail(index: int | None, reason: str) -> ReplayError:
@@ -365,23 +366,17 @@ def check_trajectory(trajectory: Trajectory) -> list[Message] | ReplayError:
         except TurnloomError as exc:
             return fail(index, str(exc))
         role = message.role
-        if role is Role.tool:
-            call_id = message.tool_results[0].call_id
-            if call_id not in unanswered:
-                return fail(
-                    index,
-                    f"tool message answers call {call_id!r}, which the directly preceding "
-                    "assistant message did not make.",
-                )
-            unanswered.discard(call_id)
-        elif role is Role.assistant:
-            if not turn_started:
-                return fail(index, "assistant message before any user message (no turn to answer).")
-            unanswered = {c.call_id for c in message.tool_calls}
-        else:
-            unanswered = set()
-            if role is Role.user:
-                turn_started = True
+        if role is Role.assistant and not turn_started:
+            return fail(index, "assistant message before any user message (no turn to answer).")
+        orphans = calls.feed(message).orphans
+        if orphans:
+            return fail(
+                index,
+                f"tool message answers call {orphans[0].call_id!r}, which the directly "
+                "preceding assistant message did not make.",
+            )
+        if role is Role.user:
+            turn_started = True
         messages.append(message)
     if not turn_started:
         return fail(None, "the trajectory holds no user message, so no turn to replay.")
