@@ -31,8 +31,9 @@ from turnloom import __version__
 from turnloom.context.gateway import GatewayType, get_gateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.memory import TenantScope, check_tenant_scope
-from turnloom.errors import InputError, TurnloomError
+from turnloom.errors import ConfigError, InputError, TurnloomError
 from turnloom.runtime.assembly import STRATEGIES
+from turnloom.runtime.config import RuntimeConfig, load_config
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.metrics import MetricsServer, serve_metrics
 from turnloom.stores import SQLiteMemory
@@ -132,6 +133,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (shown on a terminal only)"
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="build the context manager from this YAML or TOML file's 'context' section",
     )
 
 
@@ -247,6 +254,20 @@ def _check_run_options(args: argparse.Namespace) -> list[str]:
     if args.backend == "trio" and importlib.util.find_spec("trio") is None:
         problems.append("the trio backend needs the 'trio' package (pip install trio).")
     return problems
+
+
+def _load_config(args: argparse.Namespace) -> RuntimeConfig | None:
+    """The ``--config`` file, checked; None without one.
+
+    Raises:
+        _Refused: the file cannot be read or checked (one line naming the key).
+    """
+    if args.config is None:
+        return None
+    try:
+        return load_config(args.config)
+    except ConfigError as exc:
+        raise _Refused(str(exc)) from None
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -397,6 +418,7 @@ def _replay(args: argparse.Namespace) -> int:
     problems = _check_run_options(args) + _check_output("--out", args.out, paths)
     if problems:
         raise _Refused(*problems)
+    config = _load_config(args)
     load_errors: list[ReplayError] = []
     if paths:
         # Trajectory-level problems are reported with the summary, beside the
@@ -406,6 +428,10 @@ def _replay(args: argparse.Namespace) -> int:
             trajectories = trajectories[: args.sessions]
     else:
         trajectories = builtin_trajectories(args.sessions or _REPLAY_SESSIONS)
+    if config is not None and args.strategy is not None:
+        raise _Refused(
+            "--strategy cannot be combined with --config: the configured plugin builds the manager."
+        )
     memory, scope = _open_memory(args)
     out = _open_output("--out", args.out) if args.out is not None else None
     bar = _progress(args, total=len(trajectories), unit="session", delay=_PROGRESS_DELAY)
@@ -419,6 +445,7 @@ def _replay(args: argparse.Namespace) -> int:
                 out=out,
                 load_errors=load_errors,
                 on_session=lambda: bar.update(),
+                config=config,
                 strategy=args.strategy,
                 memory=memory,
                 scope=scope,
@@ -473,6 +500,7 @@ def _loadtest(args: argparse.Namespace) -> int:
     problems = _check_run_options(args) + _check_output("--json", args.json, paths)
     if problems:
         raise _Refused(*problems)
+    config = _load_config(args)
     errors: list[ReplayError] = []
     if source is None:
         trajectories = builtin_trajectories(min(args.sessions, 64), turns=(args.turns, args.turns))
@@ -514,6 +542,7 @@ def _loadtest(args: argparse.Namespace) -> int:
                 gateway=args.gateway,
                 on_model_call=lambda: bar.update(),
                 on_open=on_open,
+                config=config,
             ),
         )
     finally:

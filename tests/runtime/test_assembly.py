@@ -763,3 +763,22 @@ async def test_a_cancelled_hydrate_context_changes_nothing() -> None:
         stats = manager.statistics().assembly
     assert not is_error and [e["id"] for e in document["entries"]] == ["b"]
     assert (stats.tool_calls_total, stats.entries_total, memory.calls) == (1, 1, 2)
+
+
+async def test_a_host_built_manager_carries_its_strategy_and_memory_into_the_foundation() -> None:
+    """Seed 004's construction order: build the manager (lending it the memory), bind it."""
+    from turnloom.runtime import ContextManager
+
+    memory = _memory()
+    manager = ContextManager(strategy="stratified", memory=memory, max_tenant_preparations=3)
+    with pytest.raises(InputError, match="option\\(s\\) strategy, memory"):
+        Foundation(manager, strategy="jit", memory=memory)
+    async with Foundation(manager) as foundation:
+        assert foundation.manager is manager and manager.tenant_limit == 3
+        _turn(manager, "t1", "window seat")
+        prefix = await manager.prepare(
+            ContextPrepareRequest(context_id="c", turn_id="t1", tenant=ACME)
+        )
+    assert [e["id"] for e in _state_document(prefix)["memory"]["entries"]] == ["seat"]
+    assert not memory.closed
+    memory.close()

@@ -177,3 +177,16 @@ def test_tau_bench_replays_exactly_outside_what_the_strategy_adds(
     assert summary.hydrated_entries == (1407 if strategy == "stratified" else 0)
     assert summary.turns == 282
     assert json.dumps(summary.prefix_reuse)  # a number
+
+
+def test_replay_refuses_a_strategy_with_a_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "turnloom.toml"
+    config.write_text('[context]\nplugin = "default"\n', encoding="utf-8")
+    code = main(["replay", "--sessions", "1", "--strategy", "jit", "--config", str(config)])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "turnloom replay: error: --strategy cannot be combined with --config: the configured "
+        "plugin builds the manager.\n"
+    )

@@ -7,6 +7,7 @@ work goes to worker threads through the Foundation's limiter.
 from __future__ import annotations
 
 __all__ = (
+    "CONTEXT_PLUGIN_GROUP",
     "HYDRATE_TOOL_NAME",
     "STATE_TOOL_NAME",
     "AreaPass",
@@ -15,9 +16,13 @@ __all__ = (
     "AssemblyMetadata",
     "AssemblyStatistics",
     "AssemblyStrategy",
+    "ContextConfig",
     "ContextContribution",
+    "ContextInitConfig",
     "ContextManager",
+    "ContextPlugin",
     "ContextPrepareRequest",
+    "DefaultContextPlugin",
     "Foundation",
     "FoundationClosedError",
     "HistoryLimits",
@@ -27,19 +32,30 @@ __all__ = (
     "Invocation",
     "JITStrategy",
     "LatencyHistograms",
+    "ManagerOptions",
     "ManagerStatistics",
+    "OutputRecord",
+    "OutputStatistics",
+    "Perception",
     "PrefixStatistics",
     "PreparationStatistics",
     "PreparedContext",
+    "RuntimeConfig",
     "StrategyOptions",
     "StratifiedStrategy",
     "TurnSnapshot",
+    "build_context_manager",
+    "context_plugin_names",
+    "load_config",
     "make_strategy",
+    "parse_config",
+    "resolve_context_plugin",
     "state_call_id",
     "state_tool_definition",
 )
 
 from turnloom.context.history import HistoryLimits
+from turnloom.runtime._door import ManagerOptions
 from turnloom.runtime.assembly import (
     HYDRATE_TOOL_NAME,
     AssembledContext,
@@ -51,6 +67,19 @@ from turnloom.runtime.assembly import (
     StrategyOptions,
     StratifiedStrategy,
     make_strategy,
+)
+from turnloom.runtime.config import (
+    CONTEXT_PLUGIN_GROUP,
+    ContextConfig,
+    ContextInitConfig,
+    ContextPlugin,
+    DefaultContextPlugin,
+    RuntimeConfig,
+    build_context_manager,
+    context_plugin_names,
+    load_config,
+    parse_config,
+    resolve_context_plugin,
 )
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.foundation import Foundation
@@ -64,6 +93,9 @@ from turnloom.runtime.schemas import (
     HistoryTotals,
     LatencyHistograms,
     ManagerStatistics,
+    OutputRecord,
+    OutputStatistics,
+    Perception,
     PrefixStatistics,
     PreparationStatistics,
     PreparedContext,

@@ -21,6 +21,7 @@ from turnloom.runtime.schemas import (
     HistoryTotals,
     LatencyHistograms,
     ManagerStatistics,
+    OutputStatistics,
     PrefixStatistics,
     PreparationStatistics,
     PreparedContext,
@@ -179,6 +180,7 @@ class Counters:
         pending: int,
         waiting_for_slot: int,
         waiting_for_turn: int,
+        outputs: OutputStatistics,
     ) -> ManagerStatistics:
         """The frozen statistics, O(1): the running totals and the queue's state."""
         return ManagerStatistics(
@@ -226,6 +228,7 @@ class Counters:
                 items_reclaimed_total=self.area_items_reclaimed,
                 items_promoted_total=self.area_items_promoted,
             ),
+            outputs=outputs,
             assembly=AssemblyStatistics(
                 strategy=self.strategy,
                 assemblies_total=self.assemblies,

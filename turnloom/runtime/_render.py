@@ -146,6 +146,7 @@ def render_preparation(
         contributions=request.contributions,
         behavior_rules=behavior_rules,
         loop_budget=request.loop_budget,
+        perception=request.perception,
         memory=memory,
     )
     counter = options.token_counter

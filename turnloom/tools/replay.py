@@ -58,7 +58,9 @@ from turnloom.context.memory import MemorySource, TenantScope, check_tenant_scop
 from turnloom.context.message import Message
 from turnloom.context.pairing import complete_pairs
 from turnloom.errors import InputError, TurnloomError
+from turnloom.runtime.config import RuntimeConfig, build_context_manager
 from turnloom.runtime.foundation import Foundation
+from turnloom.runtime.manager import ContextManager
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
 from turnloom.tools._stats import percentile
 from turnloom.tools.trajectories import (
@@ -297,6 +299,7 @@ async def replay(
     history_limits: HistoryLimits | None = None,
     load_errors: Sequence[ReplayError] = (),
     on_session: Callable[[], None] | None = None,
+    config: RuntimeConfig | None = None,
     strategy: str | None = None,
     memory: MemorySource | None = None,
     scope: TenantScope | None = None,
@@ -318,6 +321,9 @@ async def replay(
         scope: the tenant every session acts for.
         on_session: called on the event loop after each session ends,
             replayed or failed (drives a progress bar).
+        config: a host configuration (``turnloom replay --config FILE``):
+            the manager is built from its ``context`` section before the
+            Foundation is bound, and ``history_limits`` is not used.
 
     Each session's context id is its :func:`session_ids` entry, so no two
     sessions share a context and one session's failure never touches another.
@@ -327,8 +333,12 @@ async def replay(
 
     Raises:
         InputError: ``gateway`` is unknown or not available,
-            ``concurrency`` is not positive, or a bad strategy, memory or scope.
+            ``concurrency`` is not positive, a bad strategy, memory or scope,
+            or ``strategy`` together with ``config`` (the configured plugin
+            builds the manager).
         UnknownStrategyError: ``strategy`` names no known strategy.
+        ConfigError: ``config`` names a plugin that no longer resolves or
+            builds no ContextManager.
 
     Cancellation:
         Cancelling the replay cancels the sessions and closes the Foundation;
@@ -348,13 +358,22 @@ async def replay(
     next_index = 0
     lock = anyio.Lock()
 
-    async with Foundation(
-        gateway=gateway,
-        history_limits=limits,
-        max_pending_preparations=max(16, concurrency),
-        strategy=strategy,
-        memory=memory,
-    ) as foundation:
+    if config is not None:
+        if strategy is not None or memory is not None:
+            raise InputError(
+                "A replay with a config builds its manager with the configured plugin; "
+                "strategy and memory cannot be added to it."
+            )
+        manager = build_context_manager(config, gateway=gateway)
+    else:
+        manager = ContextManager(
+            gateway=gateway,
+            history_limits=limits,
+            max_pending_preparations=max(16, concurrency),
+            strategy=strategy,
+            memory=memory,
+        )
+    async with Foundation(manager) as foundation:
 
         async def worker() -> None:
             nonlocal next_index
