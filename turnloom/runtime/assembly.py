@@ -375,7 +375,11 @@ class JITStrategy:
         intent_verdict: Any | None,
         auto_hydrate: bool = True,
     ) -> AssembledContext:
-        """The minimal prompt; never hydrates (``memory_context`` is None)."""
+        """The minimal prompt; never hydrates (``memory_context`` is None).
+
+        Cancellation:
+            Nothing is awaited; a cancellation is delivered by the caller.
+        """
         started = time.perf_counter()
         prompt = self.prompt(scope)
         return AssembledContext(
@@ -517,7 +521,14 @@ class StratifiedStrategy:
         intent_verdict: Any | None,
         auto_hydrate: bool = True,
     ) -> AssembledContext:
-        """L0+L1 as the system prompt; L2 recalled when ``auto_hydrate`` and a scope and memory."""
+        """L0+L1 as the system prompt; L2 recalled when ``auto_hydrate`` and a scope and memory.
+
+        Raises:
+            MemoryStoreError: the memory source failed or returned malformed entries.
+
+        Cancellation:
+            As the memory source's search; nothing is kept.
+        """
         started = time.perf_counter()
         layer_one = self.layer_one(scope)
         prompt = f"{self._options.instructions}\n\n{layer_one}"

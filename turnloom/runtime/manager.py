@@ -740,8 +740,12 @@ class ContextManager:
         its contributions copied at the call (changing a list afterwards has no
         effect); the history and the request's state are captured once, when
         the turn is committed, together with the perception's time (the
-        Foundation's clock, when the request gives none); rendering runs in
-        the worker. A turn that is
+        Foundation's clock, when the request gives none). With an assembly
+        strategy, the turn's first prepare (per tenant and ``auto_hydrate``)
+        then awaits the strategy on the event loop, memory I/O included, in
+        this preparation's cancel scope; the other prepares of the turn wait
+        for it and reuse its result. Rendering runs in the worker. Slots are
+        shared fairly between tenants (see :class:`ContextManager`). A turn that is
         never committed (a mistyped id) is waited for until the caller's
         deadline; such waits are counted in
         ``statistics().preparations.waiting_for_turn``. Bound the whole wait
@@ -749,7 +753,8 @@ class ContextManager:
         context and turn ids, so the ``TimeoutError`` says what never came.
 
         Returns:
-            the prefix: pinned instructions, earlier turns, the turn's input,
+            the prefix: the assembled system prompt (with a strategy), pinned
+            instructions, earlier turns, the turn's input,
             the runtime-state pair when the request or manager carries state,
             and the area section. Send ``manager.gateway.request_body(items)``.
             With ``request.scope`` the earlier turns are the sliced view (see
@@ -780,11 +785,16 @@ class ContextManager:
                 area section is as it was before the pass.
             OpenToolCallError: the area section would end with a routed tool
                 call whose result has not been routed; nothing changed.
+            MemoryStoreError: the strategy's memory source failed or returned
+                malformed entries; the next prepare of the turn assembles again.
+            StateError: a custom strategy returned something that is not an
+                AssembledContext.
 
         Cancellation:
             Cancelled while waiting for a slot: nothing was admitted. Cancelled
-            later: the preparation is cancelled if it still waits for its turn
-            or a thread, or, if it is rendering, the thread finishes and the
+            later: the preparation is cancelled if it still waits for its turn,
+            its assembly (the strategy's memory I/O; the next prepare of the
+            turn assembles again) or a thread, or, if it is rendering, the thread finishes and the
             result is discarded; the slot is freed when it settles. Cancelled
             after the preparation settled but before the requester resumed: the
             cancellation propagates and the result is discarded, never counted
