@@ -151,9 +151,9 @@ def _livekit_bytes(ctx: llm.ChatContext, provider: str) -> bytes:
     return _encode(body)
 
 
-def _timed(work: Callable[[], object]) -> float:
+def _timed(work: Callable[..., object], *args: object) -> float:
     begin = time.perf_counter()
-    work()
+    work(*args)
     return time.perf_counter() - begin
 
 
@@ -198,14 +198,14 @@ async def measure(rounds: int) -> tuple[dict[tuple[str, int], float], dict[int, 
                     await benches[program, size].one_turn()
                     provider = _LIVEKIT_FORMAT[program]
                     samples.setdefault((f"livekit bytes {program}", size), []).append(
-                        _timed(lambda: _livekit_bytes(livekit[size], provider))
+                        _timed(_livekit_bytes, livekit[size], provider)
                     )
                 else:
                     samples.setdefault(("livekit", size), []).append(
-                        _timed(lambda: livekit[size].to_provider_format("openai"))
+                        _timed(livekit[size].to_provider_format, "openai")
                     )
                     samples.setdefault(("langchain", size), []).append(
-                        _timed(lambda: convert_to_openai_messages(langchain[size]))
+                        _timed(convert_to_openai_messages, langchain[size])
                     )
         for (gateway, size), bench in benches.items():
             if gateway is GatewayType.openai_chat:
