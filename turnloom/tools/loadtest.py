@@ -69,6 +69,10 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
         errors: the first few error messages.
         think_time: seconds each session paused between its turns (a user
             reading and typing); 0 runs the sessions saturated.
+        render_seconds: worker-thread render time of the delivered prepares
+            (``PreparedContext.render_seconds``), summed, in seconds.
+        cpu_seconds: CPU time of the whole process during the run (every
+            thread), in seconds.
     """
 
     sessions: int
@@ -90,6 +94,8 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
     evicted_turns: int
     errors: tuple[str, ...]
     think_time: float = 0.0
+    render_seconds: float = 0.0
+    cpu_seconds: float = 0.0
 
 
 def count_model_calls(
@@ -229,7 +235,9 @@ async def _run(
 ) -> LoadtestReport:
     errors: list[str] = []
     counts = {"turns": 0, "calls": 0, "failed": 0}
+    rendering = [0.0]
     started = time.perf_counter()
+    cpu_started = time.process_time()
 
     async with Foundation(manager) as foundation:
         if on_open is not None:
@@ -262,6 +270,7 @@ async def _run(
                         if prefix is None:
                             prefix = await manager.prepare(request)
                         latencies.append(time.perf_counter() - begin)
+                        rendering[0] += prefix.render_seconds
                         continuation = []
                     elif prefix is None:
                         continue
@@ -299,6 +308,7 @@ async def _run(
             stop.set()
         stats = manager.statistics()
     seconds = time.perf_counter() - started
+    cpu_seconds = time.process_time() - cpu_started
     return LoadtestReport(
         sessions=sessions,
         sessions_failed=counts["failed"],
@@ -319,6 +329,8 @@ async def _run(
         evicted_turns=stats.history.evicted_turns_total,
         errors=tuple(errors),
         think_time=think_time,
+        render_seconds=rendering[0],
+        cpu_seconds=cpu_seconds,
     )
 
 
