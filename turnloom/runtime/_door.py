@@ -7,9 +7,11 @@ from :mod:`turnloom.errors` before any state changes; none touches a context.
 from __future__ import annotations
 
 __all__ = (
+    "DurableOptions",
     "FoundationOptions",
     "ManagerOptions",
     "check_continuation",
+    "check_durable_options",
     "check_foundation_options",
     "check_outputs",
     "check_renderable",
@@ -20,7 +22,9 @@ __all__ = (
 )
 
 import math
+import uuid
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import msgspec
 
@@ -43,8 +47,30 @@ from turnloom.runtime.state import (
     is_state_message,
     state_call_id,
 )
+from turnloom.runtime.store import ContextStore
+from turnloom.stores import open_context_store
 
 _encoder = msgspec.json.Encoder()
+
+
+class DurableOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """The checked store options of a ContextManager (see :class:`~turnloom.runtime.Foundation`).
+
+    Attributes:
+        store: the :class:`~turnloom.runtime.store.ContextStore`.
+        owns_store: True when the Foundation opened the store from a URL (and closes it).
+        owner: this manager's name in leases.
+        lease_ttl: seconds a lease lasts unless renewed.
+        idle_after: seconds of disuse after which a context leaves memory.
+        history_limits: the history limits (a restore rebuilds with them).
+    """
+
+    store: Any
+    owns_store: bool
+    owner: str
+    lease_ttl: float
+    idle_after: float
+    history_limits: HistoryLimits
 
 
 class ManagerOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,6 +81,7 @@ class ManagerOptions(msgspec.Struct, frozen=True, kw_only=True):
     history_limits: HistoryLimits
     behavior_rules: str | None
     open_calls: OpenCallPolicy
+    durable: DurableOptions | None = None
 
 
 class FoundationOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -119,6 +146,60 @@ def check_foundation_options(
         manager=manager,
         worker_threads=worker_threads,
         close_grace_period=float(close_grace_period),
+    )
+
+
+def _seconds(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and not math.isnan(value)
+        and value > 0
+    )
+
+
+def check_durable_options(
+    *,
+    store: object,
+    lease_ttl: float,
+    idle_after: float,
+    owner: str | None,
+    history_limits: HistoryLimits,
+) -> DurableOptions | None:
+    """Validate the store options of a Foundation; None when there is no store.
+
+    Raises:
+        InputError: ``store`` is neither a store URL nor a ContextStore, a time
+            that is not a positive number of seconds (``idle_after`` may be
+            ``math.inf``; ``lease_ttl`` must be finite), or a malformed owner.
+        MissingDependencyError: a Redis URL without the ``redis`` package.
+    """
+    if store is None:
+        return None
+    if not (_seconds(lease_ttl) and math.isfinite(lease_ttl)):
+        raise InputError(f"lease_ttl must be a positive number of seconds, not {lease_ttl!r}.")
+    if not _seconds(idle_after):
+        raise InputError(f"idle_after must be a positive number of seconds, not {idle_after!r}.")
+    if owner is None:
+        owner = f"turnloom-{uuid.uuid4().hex}"
+    elif not isinstance(owner, str) or not owner or " " in owner or len(owner) > 256:
+        raise InputError(
+            f"owner must be a non-empty str without spaces, at most 256 characters, not {owner!r}."
+        )
+    owns = isinstance(store, str)
+    if isinstance(store, str):
+        store = open_context_store(store)
+    if not isinstance(store, ContextStore):
+        raise InputError(
+            f"store must be a store URL or a ContextStore, not a {type(store).__name__}."
+        )
+    return DurableOptions(
+        store=store,
+        owns_store=owns,
+        owner=owner,
+        lease_ttl=float(lease_ttl),
+        idle_after=float(idle_after),
+        history_limits=history_limits,
     )
 
 

@@ -12,7 +12,9 @@ Closing order (:meth:`Foundation.aclose`):
    seconds (default 5).
 3. Cancel the preparations that have not settled. A preparation that is
    rendering in a worker thread is not abandoned: its thread finishes first.
-4. Close the manager: histories are released, no worker thread holds a token
+4. With a store: write what is queued (within the grace period), release
+   every lease, close the store when the Foundation opened it.
+5. Close the manager: histories are released, no worker thread holds a token
    of the limiter.
 """
 
@@ -25,13 +27,15 @@ from types import TracebackType
 import anyio
 import anyio.abc
 import anyio.lowlevel
+import msgspec
 
 from turnloom.context.gateway import Gateway, GatewayType
 from turnloom.context.history import HistoryLimits
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.errors import StateError
-from turnloom.runtime._door import check_foundation_options
+from turnloom.runtime._door import check_durable_options, check_foundation_options
 from turnloom.runtime.manager import ContextManager
+from turnloom.runtime.store import ContextStore
 
 
 class Foundation:
@@ -48,10 +52,27 @@ class Foundation:
             result in prepared inputs.
         close_grace_period: seconds :meth:`aclose` lets pending preparations
             settle before cancelling them (default 5.0; ``math.inf`` waits).
+        store: where contexts are kept durably: None (default: in memory
+            only), a URL (``"sqlite:PATH"``, ``"sqlite::memory:"``,
+            ``"redis://127.0.0.1:6379/0"``; the Foundation opens and closes
+            the store) or a :class:`~turnloom.runtime.store.ContextStore`
+            (the caller closes it). With a store, contexts are claimed
+            (:meth:`ContextManager.claim`) and changes are acknowledged by
+            :meth:`ContextManager.flush`.
+        lease_ttl: seconds a context's lease lasts unless renewed (default
+            10.0); it is renewed every third of that while held. After a crash
+            another host can claim the context once it expired.
+        idle_after: seconds after its last use at which a held context leaves
+            memory and its lease is released (default 300.0; ``math.inf``
+            keeps it).
+        owner: this Foundation's name in leases (default: a random unique one).
 
     Raises:
         InputError: a bound is not positive, ``history_limits`` is not a
-            :class:`HistoryLimits`, or an unknown gateway or policy.
+            :class:`HistoryLimits`, an unknown gateway or policy, a store that
+            is neither a known URL nor a ContextStore, or a non-positive
+            ``lease_ttl`` / ``idle_after``.
+        MissingDependencyError: a Redis URL without the ``redis`` package.
 
     Example::
 
@@ -71,6 +92,10 @@ class Foundation:
         behavior_rules: str | None = None,
         open_calls: OpenCallPolicy = "exclude",
         close_grace_period: float = 5.0,
+        store: str | ContextStore | None = None,
+        lease_ttl: float = 10.0,
+        idle_after: float = 300.0,
+        owner: str | None = None,
     ) -> None:
         self._options = check_foundation_options(
             gateway=gateway,
@@ -81,6 +106,18 @@ class Foundation:
             open_calls=open_calls,
             close_grace_period=close_grace_period,
         )
+        durable = check_durable_options(
+            store=store,
+            lease_ttl=lease_ttl,
+            idle_after=idle_after,
+            owner=owner,
+            history_limits=self._options.manager.history_limits,
+        )
+        if durable is not None:
+            self._options = msgspec.structs.replace(
+                self._options,
+                manager=msgspec.structs.replace(self._options.manager, durable=durable),
+            )
         self._task_group: anyio.abc.TaskGroup | None = None
         self._limiter: anyio.CapacityLimiter | None = None
         self._manager: ContextManager | None = None

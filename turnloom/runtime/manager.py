@@ -38,7 +38,7 @@ import anyio.abc
 
 from turnloom.context.area import ContextAreaImplementation
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.history import HistoryLimits, HistoryView
+from turnloom.context.history import HistoryLimits, HistoryView, check_id
 from turnloom.context.message import Message
 from turnloom.context.pairing import complete_pairs
 from turnloom.errors import AreaCallbackError
@@ -53,6 +53,7 @@ from turnloom.runtime._door import (
     check_routed_item,
     check_snapshot,
 )
+from turnloom.runtime._durable import Durability
 from turnloom.runtime._queue import Preparation, PreparationQueue
 from turnloom.runtime._render import render_preparation
 from turnloom.runtime.errors import FoundationClosedError
@@ -62,6 +63,7 @@ from turnloom.runtime.schemas import (
     PreparedContext,
     TurnSnapshot,
 )
+from turnloom.runtime.store import ContextStore
 
 
 class Invocation:
@@ -129,6 +131,17 @@ class ContextManager:
         self._counters = Counters()
         self._queue = PreparationQueue(options.max_pending_preparations, task_group, self._counters)
         self._table = ContextTable(self._limits, self._gateway, self._counters)
+        self._durable: Durability | None = None
+        if options.durable is not None:
+            self._durable = Durability(
+                options.durable,
+                limiter,
+                self._table.install,
+                self._table.unload,
+                self._unloadable,
+            )
+            self._table.log = self._durable.log
+            task_group.start_soon(self._durable.run)
         # id -> prefix, for every prefix prepare returned that is still alive:
         # build continues only these (O(1), no hashing of the items).
         self._issued: weakref.WeakValueDictionary[int, PreparedContext] = (
@@ -211,9 +224,17 @@ class ContextManager:
                 and Gemini); nothing was committed.
             OutOfOrderTurnError: the snapshot's sequence is not newer than the
                 context's previous one.
+            NotClaimedError: with a store, the context is not claimed (see
+                :meth:`claim`).
+            StaleLeaseError: with a store, this manager lost the context's lease.
+
+        Durability: with a store the commit is queued for the store's next
+        batch and is durable once :meth:`flush` returns.
         """
         self._check_open()
         context_id = check_snapshot(snapshot, self._gateway)
+        if self._durable is not None:
+            self._durable.check_writable(context_id)
         self._table.commit(context_id, snapshot)
         self._queue.wake(context_id)
 
@@ -240,8 +261,13 @@ class ContextManager:
             ProviderRuleError: the gateway cannot render a message (for example
                 tool call arguments that are not a JSON object, for Anthropic
                 and Gemini); nothing was recorded.
+            NotClaimedError, StaleLeaseError: as :meth:`accept_turn`.
+
+        Durability: as :meth:`accept_turn`.
         """
         self._check_open()
+        if self._durable is not None:
+            self._durable.check_writable(context_id)
         state = self._table.get(context_id)
         check_outputs(self._gateway, context_id, turn_id, outputs)
         return self._table.record(state, turn_id, outputs)
@@ -254,9 +280,98 @@ class ContextManager:
             InvalidMessageError: a malformed context id.
             UnknownContextError: no such context.
             StateError: a model call is in flight for the context.
+            NotClaimedError, StaleLeaseError: as :meth:`accept_turn`.
+
+        With a store, the context's log is deleted from the store and its lease
+        released by the store's next batch (:meth:`flush` waits for it).
         """
         self._check_open()
+        if self._durable is not None:
+            self._durable.check_writable(context_id)
         self._table.remove(context_id)
+        if self._durable is not None:
+            self._durable.forget(context_id)
+
+    # -- durability -----------------------------------------------------------------
+
+    @property
+    def store(self) -> ContextStore | None:
+        """The durable context store, or None when the Foundation has none."""
+        return self._durable.store if self._durable is not None else None
+
+    async def claim(self, context_id: str) -> bool:
+        """Own a context on this host: take its lease and restore it from the store.
+
+        With a store, a context must be claimed before :meth:`accept_turn`,
+        :meth:`record` or :meth:`remove_context` change it; claiming one this
+        manager already holds costs no I/O and marks it used. When the lease
+        is taken, the context's stored log is replayed (in a worker thread)
+        into its history, which then equals the history of the host that
+        wrote it, so the next prepared input equals what that host would have
+        prepared (the area section and the last delivered prefix are not
+        stored). The lease is renewed while the manager holds the context; a
+        context unused for ``idle_after`` seconds leaves memory and its lease
+        is released; claim it again to bring it back. Without a store this
+        only checks the id and returns False.
+
+        Returns:
+            True when the lease was taken by this call, False when it was held.
+
+        Raises:
+            FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: a malformed context id.
+            LeaseHeldError: another owner holds the lease and it has not
+                expired; retry after it expires (``lease_ttl``).
+            StoreRecordError: a stored record of the context does not decode
+                or does not apply; ``index`` names it. The lease was released.
+            StoreUnavailableError: the store cannot be reached.
+
+        Cancellation:
+            A cancelled claim releases the lease it took and leaves the
+            context as it was.
+        """
+        self._check_open()
+        if self._durable is None:
+            check_id(context_id, "context id")
+            return False
+        return await self._durable.claim(context_id)
+
+    async def flush(self, context_id: str | None = None) -> None:
+        """Wait until every change made before the call is in the store.
+
+        Changes (:meth:`accept_turn`, :meth:`record`, evictions,
+        :meth:`remove_context`) are sent to the store in batches by one writer
+        task: one round trip (Redis) or transaction (SQLite) for every change
+        queued since the previous batch, whatever the number of contexts. A
+        change is *acknowledged* once a flush made after it returned: a crash
+        of this process after that never loses it (how durable the store
+        itself is, is the store's own contract: see
+        :class:`~turnloom.stores.SQLiteContextStore`,
+        :class:`~turnloom.stores.RedisContextStore`). A crash before that may
+        lose a tail of each context's unacknowledged changes, never a change
+        in the middle. Without a store it returns at once.
+
+        Args:
+            context_id: raise only this context's refused writes; None raises
+                any context's.
+
+        Raises:
+            StaleLeaseError: the store refused a write: another owner holds the
+                context's lease. Its unwritten changes are discarded and it left
+                this manager's memory.
+            StoreUnavailableError: the store stayed unreachable through the
+                writer's bounded retry (about a second); the changes stay queued
+                and the next flush retries them.
+
+        Cancellation:
+            The queued changes stay queued; the writer still writes them.
+        """
+        if self._durable is not None:
+            await self._durable.flush(context_id)
+
+    def _unloadable(self, context_id: str) -> bool:
+        state = self._table.contexts.get(context_id)
+        return state is None or state.in_flight is None
 
     # -- areas -------------------------------------------------------------------
 
@@ -454,6 +569,8 @@ class ContextManager:
         """The work of one owned preparation: wait, capture, render, deliver, count."""
         request = preparation.request
         state = await self._wait_for_turn(request.context_id, request.turn_id)
+        if self._durable is not None:
+            self._durable.touch(request.context_id)
         # Capture once: an immutable view and the request's state.
         view = state.history.view()
         behavior_rules = (
@@ -551,7 +668,11 @@ class ContextManager:
         """
         try:
             self._closed = True
-            await self._queue.aclose(grace_period)
+            try:
+                await self._queue.aclose(grace_period)
+            finally:
+                if self._durable is not None:
+                    await self._durable.aclose(grace_period)
         finally:
             self._table.release()
 
