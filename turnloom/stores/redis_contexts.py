@@ -108,6 +108,13 @@ return 1
 """
 
 
+def _library() -> str:
+    try:
+        return sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return ""
+
+
 class RedisContextStore:
     """A :class:`~turnloom.runtime.store.ContextStore` on a Redis server.
 
@@ -182,10 +189,7 @@ class RedisContextStore:
     def _check(self) -> None:
         if self._closed:
             raise StoreError(f"{self!r} is closed.")
-        try:
-            library = sniffio.current_async_library()
-        except sniffio.AsyncLibraryNotFoundError:
-            library = ""
+        library = _library()
         if library != "asyncio":
             raise StoreError(
                 f"{self!r} runs on asyncio only (the redis client is asyncio-based), not "
@@ -307,4 +311,5 @@ class RedisContextStore:
         if self._closed:
             return
         self._closed = True
-        await self._client.aclose()
+        if _library() == "asyncio":  # elsewhere every call was refused: nothing is open
+            await self._client.aclose()
