@@ -72,7 +72,11 @@ Record: TypeAlias = TurnCommitted | OutputsRecorded | TurnsEvicted
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)
-_version = msgspec.msgpack.Decoder(_Record)
+class _Version(msgspec.Struct):
+    v: int = 0
+
+
+_version = msgspec.msgpack.Decoder(_Version)
 
 
 def encode_record(record: Record) -> bytes:
