@@ -1,0 +1,300 @@
+"""A ContextManager with a durable store: claims, flush, restore, fencing, idle unloading.
+
+Every test runs on a real SQLite file (asyncio and trio) and on the real
+Redis server (asyncio).
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import Mapping, Sequence
+
+import anyio
+import pytest
+import redis
+
+from tests.runtime.helpers import SYSTEM, assistant, call, result, user
+from tests.stores.conftest import REDIS_URL
+from turnloom.context.history import HistoryLimits
+from turnloom.errors import (
+    InputError,
+    LeaseHeldError,
+    NotClaimedError,
+    StaleLeaseError,
+    StoreRecordError,
+)
+from turnloom.runtime import (
+    ContextContribution,
+    ContextManager,
+    ContextPrepareRequest,
+    Foundation,
+    TurnSnapshot,
+)
+from turnloom.runtime.store import ContextStore, LogWrite
+from turnloom.stores import open_context_store
+
+pytestmark = pytest.mark.anyio
+
+LIMITS = HistoryLimits(max_turns=3)
+
+
+def snapshot(context_id: str, turn_id: str, text: str, **extra: object) -> TurnSnapshot:
+    return TurnSnapshot(context_id=context_id, turn_id=turn_id, input=(user(text),), **extra)  # type: ignore[arg-type]
+
+
+def request(context_id: str, turn_id: str) -> ContextPrepareRequest:
+    return ContextPrepareRequest(
+        context_id=context_id,
+        turn_id=turn_id,
+        contributions=(ContextContribution(name="memory", content="likes aisles"),),
+    )
+
+
+async def converse(manager: ContextManager, context_id: str, turns: range) -> None:
+    """Turns with a tool call, its result and an answer each; the first sets instructions."""
+    for i in turns:
+        manager.accept_turn(
+            snapshot(
+                context_id, f"t{i}", f"question {i}", instructions=(SYSTEM,) if i == 0 else None
+            )
+        )
+        async with manager.invocation(context_id, f"t{i}") as invocation:
+            invocation.record([call(f"k{i}"), result(f"k{i}", f"found {i}")])
+        manager.record(context_id, f"t{i}", [assistant(f"answer {i}")])
+
+
+def expire_lease(store_url: str, context_id: str) -> None:
+    """What a stalled host sees: its lease ran out (the store's own record of it)."""
+    if store_url.startswith("sqlite:"):
+        with sqlite3.connect(store_url.removeprefix("sqlite:")) as db:
+            db.execute(
+                "UPDATE turnloom_contexts SET expires_at = 0 WHERE context_id = ?", (context_id,)
+            )
+    else:
+        prefix = store_url.split("prefix=")[1]
+        client = redis.Redis.from_url(REDIS_URL)
+        client.delete(f"{prefix}ctx:{context_id}:lease")
+        client.close()
+
+
+async def test_a_context_must_be_claimed_before_it_changes(store_url: str) -> None:
+    async with Foundation(store=store_url) as foundation:
+        manager = foundation.manager
+        with pytest.raises(NotClaimedError, match="await manager.claim") as caught:
+            manager.accept_turn(snapshot("c", "t1", "hi"))
+        assert caught.value.context_id == "c"
+        assert manager.context_ids() == ()
+        assert await manager.claim("c") is True
+        assert await manager.claim("c") is False  # held: no I/O
+        manager.accept_turn(snapshot("c", "t1", "hi"))
+        with pytest.raises(NotClaimedError):
+            manager.record("other", "t1", [assistant("x")])
+    async with Foundation() as plain:  # without a store claim only checks the id
+        assert await plain.manager.claim("c") is False
+        with pytest.raises(InputError):
+            await plain.manager.claim("")
+
+
+async def test_another_host_restores_and_prepares_exactly_what_the_first_would(
+    store_url: str,
+) -> None:
+    """Same acknowledged history -> the same prepared input (evictions included)."""
+    async with Foundation(store=store_url, history_limits=LIMITS) as first:
+        manager = first.manager
+        await manager.claim("c")
+        await converse(manager, "c", range(5))
+        manager.accept_turn(snapshot("c", "t5", "last question"))
+        await manager.flush()
+        expected = await manager.prepare(request("c", "t5"))
+        held = manager.history("c")
+    assert held.turn_ids == ("t3", "t4", "t5")  # t0..t2 were evicted and logged so
+    async with Foundation(store=store_url, history_limits=LIMITS) as second:
+        manager = second.manager
+        assert await manager.claim("c") is True
+        restored = manager.history("c")
+        assert restored.turn_ids == held.turn_ids
+        assert restored.pinned == held.pinned == (SYSTEM,)
+        for turn_id in held.turn_ids:
+            assert restored.turn_messages(turn_id) == held.turn_messages(turn_id)
+        prepared = await manager.prepare(request("c", "t5"))
+        assert prepared.items == expected.items
+        assert manager.statistics().history.turns == 3
+        with pytest.raises(InputError):  # evicted ids are remembered after a restore
+            manager.accept_turn(snapshot("c", "t1", "again"))
+
+
+async def test_a_stale_owner_is_refused_by_the_store_and_told_with_a_typed_error(
+    store_url: str,
+) -> None:
+    async with (
+        Foundation(store=store_url, owner="host-a", lease_ttl=30) as host_a,
+        Foundation(store=store_url, owner="host-b", lease_ttl=30) as host_b,
+    ):
+        a, b = host_a.manager, host_b.manager
+        await a.claim("c")
+        await converse(a, "c", range(2))
+        await a.flush()
+        with pytest.raises(LeaseHeldError, match="host-a"):
+            await b.claim("c")
+        expire_lease(store_url, "c")  # host A stalls past its lease
+        assert await b.claim("c") is True
+        await converse(b, "c", range(2, 3))
+        await b.flush()
+        # Host A does not know yet: its commit is local, the store refuses the write.
+        a.accept_turn(snapshot("c", "t9", "from a stale host"))
+        with pytest.raises(StaleLeaseError, match="refused a write of context 'c'") as caught:
+            await a.flush("c")
+        assert caught.value.context_id == "c"
+        assert a.context_ids() == ()  # it left host A's memory
+        with pytest.raises(StaleLeaseError):
+            a.accept_turn(snapshot("c", "t10", "again"))
+        await a.flush()  # nothing queued any more
+        with pytest.raises(StaleLeaseError):
+            await a.flush("c")
+        assert b.history("c").turn_ids == ("t0", "t1", "t2")
+    async with Foundation(store=store_url) as third:
+        await third.manager.claim("c")
+        assert third.manager.history("c").turn_ids == ("t0", "t1", "t2")
+
+
+async def test_closing_writes_what_is_queued_and_releases_the_leases(store_url: str) -> None:
+    async with Foundation(store=store_url, lease_ttl=30) as first:
+        await first.manager.claim("c")
+        await converse(first.manager, "c", range(3))  # no flush
+    async with Foundation(store=store_url, lease_ttl=30) as second:
+        assert await second.manager.claim("c") is True  # released: no wait for expiry
+        assert second.manager.history("c").turn_ids == ("t0", "t1", "t2")
+
+
+async def test_idle_contexts_leave_memory_and_come_back_on_next_use(store_url: str) -> None:
+    async with Foundation(store=store_url, idle_after=0.2, lease_ttl=30) as foundation:
+        manager = foundation.manager
+        for context_id in ("a", "b"):
+            await manager.claim(context_id)
+            await converse(manager, context_id, range(2))
+        await manager.flush()
+        before = manager.history("a")
+        with anyio.fail_after(10):
+            while manager.context_ids():
+                await anyio.sleep(0.05)
+        assert manager.statistics().contexts == 0
+        assert manager.statistics().history.turns == 0
+        with pytest.raises(NotClaimedError):
+            manager.accept_turn(snapshot("a", "t2", "hi"))
+        assert manager.store is not None
+        assert set(await manager.store.idle(0.0)) == {"a", "b"}  # leases released
+        assert await manager.claim("a") is True
+        assert manager.history("a").turn_messages("t1") == before.turn_messages("t1")
+        assert manager.statistics().history.turns == 2
+        manager.accept_turn(snapshot("a", "t2", "back"))
+
+
+async def test_a_context_in_a_model_call_never_leaves_memory_idle(store_url: str) -> None:
+    async with Foundation(store=store_url, idle_after=0.1, lease_ttl=30) as foundation:
+        manager = foundation.manager
+        await manager.claim("c")
+        manager.accept_turn(snapshot("c", "t1", "hi"))
+        await manager.flush()
+        async with manager.invocation("c", "t1") as invocation:
+            await anyio.sleep(0.4)  # several maintenance rounds
+            assert manager.context_ids() == ("c",)
+            invocation.record([assistant("still here")])
+        await manager.flush()
+
+
+async def test_remove_context_deletes_its_log(store_url: str) -> None:
+    async with Foundation(store=store_url) as foundation:
+        manager = foundation.manager
+        await manager.claim("c")
+        await converse(manager, "c", range(2))
+        await manager.flush()
+        manager.remove_context("c")
+        await manager.flush()
+        assert manager.store is not None
+        assert await manager.store.load("c") == ()
+        assert await manager.claim("c") is True  # a new, empty context
+        assert manager.context_ids() == ()
+
+
+async def test_an_undecodable_record_fails_the_claim_naming_the_context(store_url: str) -> None:
+    store = open_context_store(store_url)
+    try:
+        token = await store.acquire("c", "writer", 30)
+        await store.append([("c", token, 0, (b"\xc1garbage",))])
+        await store.release({"c": token})
+        async with Foundation(store=store, owner="reader") as foundation:
+            with pytest.raises(StoreRecordError, match="context 'c'") as caught:
+                await foundation.manager.claim("c")
+            assert (caught.value.context_id, caught.value.index) == ("c", 0)
+            assert foundation.manager.context_ids() == ()
+        # The failed claim released its lease.
+        assert await store.acquire("c", "someone-else", 30) > token
+    finally:
+        await store.aclose()
+
+
+class CountingStore:
+    """A real store that counts the batches the writer sends."""
+
+    def __init__(self, store: ContextStore) -> None:
+        self.inner = store
+        self.batches: list[int] = []
+
+    async def acquire(self, context_id: str, owner: str, ttl: float) -> int:
+        return await self.inner.acquire(context_id, owner, ttl)
+
+    async def renew(self, leases: Mapping[str, int], ttl: float) -> frozenset[str]:
+        return await self.inner.renew(leases, ttl)
+
+    async def release(self, leases: Mapping[str, int]) -> None:
+        await self.inner.release(leases)
+
+    async def append(self, writes: Sequence[LogWrite]) -> frozenset[str]:
+        self.batches.append(len(writes))
+        return await self.inner.append(writes)
+
+    async def load(self, context_id: str) -> tuple[bytes, ...]:
+        return await self.inner.load(context_id)
+
+    async def forget(self, context_id: str, token: int) -> bool:
+        return await self.inner.forget(context_id, token)
+
+    async def idle(self, seconds: float) -> tuple[str, ...]:
+        return await self.inner.idle(seconds)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_changes_of_many_contexts_go_to_the_store_in_one_batch(store_url: str) -> None:
+    store = CountingStore(open_context_store(store_url))
+    try:
+        async with Foundation(store=store) as foundation:
+            manager = foundation.manager
+            for i in range(100):
+                await manager.claim(f"c{i}")
+            for i in range(100):
+                manager.accept_turn(snapshot(f"c{i}", "t1", "hi"))
+                manager.record(f"c{i}", "t1", [assistant("a"), assistant("b")])
+            await manager.flush()
+            assert store.batches == [100]  # 200 changes, one round trip
+            assert await store.load("c7") != ()
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"store": 42}, "store must be"),
+        ({"store": "mysql://x"}, "Unknown store URL"),
+        ({"store": "sqlite::memory:", "lease_ttl": 0}, "lease_ttl"),
+        ({"store": "sqlite::memory:", "lease_ttl": math.inf}, "lease_ttl"),
+        ({"store": "sqlite::memory:", "idle_after": math.nan}, "idle_after"),
+        ({"store": "sqlite::memory:", "owner": "two words"}, "owner"),
+    ],
+)
+def test_store_options_are_checked_at_the_door(options: dict[str, object], match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        Foundation(**options)  # type: ignore[arg-type]
