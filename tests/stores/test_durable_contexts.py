@@ -81,7 +81,7 @@ def expire_lease(store_url: str, context_id: str) -> None:
 async def test_a_context_must_be_claimed_before_it_changes(store_url: str) -> None:
     async with Foundation(store=store_url) as foundation:
         manager = foundation.manager
-        with pytest.raises(NotClaimedError, match="await manager.claim") as caught:
+        with pytest.raises(NotClaimedError, match=r"await manager\.claim") as caught:
             manager.accept_turn(snapshot("c", "t1", "hi"))
         assert caught.value.context_id == "c"
         assert manager.context_ids() == ()
