@@ -21,6 +21,17 @@ turns appended). A render does Python work only for new items; what remains
 proportional to the history is one C-speed copy of item references into the
 output tuple.
 
+Call ids: a history may reuse a call id in a later turn; a rendered input
+carries each call id once, by the rule of :mod:`turnloom.context.callids`.
+The run applies it to each closed turn once, when the turn is appended, so a
+rename depends only on the items before it and the run stays a byte-stable
+prefix while only appends happen. The turn's input continues from the run's
+state (:attr:`RenderedHistory.call_ids`). Eviction forgets the evicted
+items' ids; when a rename of a kept item depended on an evicted item (the
+evicted turn held the first use of a reused id), the kept items rename
+differently and the run is rebuilt from the per-turn caches (O(kept items),
+once per such eviction), so it always equals a render of the kept history.
+
 Thread safety: mutate a :class:`TurnHistory` from one thread (the event loop).
 Views are immutable and may be rendered from any number of worker threads at
 once: per-message and per-turn caches are filled by single assignments (a
@@ -56,6 +67,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
+from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.message import (
     Message,
@@ -144,21 +156,24 @@ class RenderedHistory:
         bytes: serialized size of ``items`` (the sum of each item's JSON
             encoding), in bytes.
         turn_start: index in ``items`` of the turn's first input item.
+        call_ids: the call-id renaming state after ``items`` (see
+            :mod:`turnloom.context.callids`): continue it over items appended
+            to this input so their call ids stay unique. Owned by the caller.
     """
 
-    __slots__ = ("_head", "_positions", "_slot", "bytes", "items", "turn_start")
+    __slots__ = ("_head", "_positions", "bytes", "call_ids", "items", "turn_start")
 
     def __init__(
         self,
         items: tuple[NativeContent, ...],
         positions: _TurnPositions,
         head: _Rendered,
-        slot: int,
+        call_ids: CallIdRenamer,
     ) -> None:
         self.items = items
         self._positions = positions
         self._head = head
-        self._slot = slot
+        self.call_ids = call_ids
         self.turn_start: int = len(items) - len(head.items)
         self.bytes: int = positions.bytes + head.bytes
 
@@ -180,9 +195,7 @@ class RenderedHistory:
             return positions.bytes
         turn_start = positions.item_ends[index - 1] if index else positions.origin[0]
         bytes_start = positions.byte_ends[index - 1] if index else positions.origin[1]
-        full = positions.turns[index].full_for(self._slot)
-        assert full is not None  # a turn in a run was rendered with the run's key
-        inside = full.sizes[: position - turn_start]
+        inside = positions.rendered[index].sizes[: position - turn_start]
         return pinned.bytes + bytes_start - positions.origin[1] + sum(inside)
 
 
@@ -339,21 +352,25 @@ class _TurnPositions:
     Positions are kept in one running coordinate that is never rebased: turn
     ``i`` ends at item ``item_ends[i]`` and byte ``byte_ends[i]``, and the run
     of turns begins at ``origin``. Dropping turns from the front moves
-    ``origin`` with a C-speed slice of the ends.
+    ``origin`` with a C-speed slice of the ends. ``rendered[i]`` is turn
+    ``i`` as the run holds it: its cached render with call ids renamed for
+    this run (the same object when no id changed).
     """
 
-    __slots__ = ("byte_ends", "item_ends", "origin", "pinned", "turns")
+    __slots__ = ("byte_ends", "item_ends", "origin", "pinned", "rendered", "turns")
 
     def __init__(
         self,
         pinned: _Rendered,
         turns: tuple[_Turn, ...],
+        rendered: tuple[_Rendered, ...],
         origin: tuple[int, int],
         item_ends: tuple[int, ...],
         byte_ends: tuple[int, ...],
     ) -> None:
         self.pinned = pinned
         self.turns = turns
+        self.rendered = rendered
         self.origin = origin
         self.item_ends = item_ends
         self.byte_ends = byte_ends
@@ -376,10 +393,14 @@ class _Run:
 
     ``items`` is a list changed in place (evicted turns deleted at the front,
     closed turns appended), so a prepare copies the run once, into its output
-    tuple, and never walks it in Python. Guarded by ``_Shared.lock``.
+    tuple, and never walks it in Python. ``call_ids`` is the call-id renaming
+    state after ``items``: a turn is renamed once, when it is appended, and
+    what it became depends only on the items before it, so the run stays a
+    byte-stable prefix while only appends happen. Guarded by
+    ``_Shared.lock``.
     """
 
-    __slots__ = ("evicted", "generation", "items", "pinned_entries", "positions")
+    __slots__ = ("call_ids", "evicted", "generation", "items", "pinned_entries", "positions")
 
     def __init__(
         self,
@@ -388,12 +409,14 @@ class _Run:
         items: list[NativeContent],
         evicted: int,
         generation: int,
+        call_ids: CallIdRenamer,
     ) -> None:
         self.pinned_entries = pinned_entries
         self.positions = positions
         self.items = items
         self.evicted = evicted
         self.generation = generation
+        self.call_ids = call_ids
 
 
 class _Shared:
@@ -443,6 +466,25 @@ def _render_entries(
         # a tuple holding dicts tracked, so untrack the tuple itself.
         _GC_UNTRACK(id(rendered))
     return _Rendered(rendered, tuple(sizes), sum(sizes))
+
+
+def _renamed(rendered: _Rendered, gateway: Gateway, call_ids: CallIdRenamer) -> _Rendered:
+    """``rendered`` with call ids renamed by ``call_ids`` (advanced past it).
+
+    Returns ``rendered`` itself when no id changed; else a new ``_Rendered``
+    whose changed items are new objects, sized and untracked like any
+    rendered item.
+    """
+    items = rename_call_ids(gateway.type, rendered.items, call_ids)
+    if all(new is old for new, old in zip(items, rendered.items, strict=True)):
+        return rendered
+    sizes = tuple(
+        size if new is old else len(_encoder.encode(new))
+        for new, old, size in zip(items, rendered.items, rendered.sizes, strict=True)
+    )
+    out = tuple(items)
+    _untrack_json(out)
+    return _Rendered(out, sizes, sum(sizes))
 
 
 def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Sizes]:
@@ -618,9 +660,13 @@ class HistoryView:
                 run is None or (self._evicted >= run.evicted and self._generation >= run.generation)
             )
             if newest:
-                if run is None or not self._advance(run, closed):
+                if run is None or not self._advance(run, closed, gateway):
                     run = shared.runs[key] = self._build(gateway, slots, open_calls)
                 self._append(run, closed, gateway, slots, open_calls)
+                # The turn's input continues the run's renaming on a copy:
+                # the run itself ends with the closed turns.
+                call_ids = run.call_ids.copy()
+                head = _renamed(head, gateway, call_ids)
                 # One copy of the run into the output tuple.
                 run.items.extend(head.items)
                 items = tuple(run.items)
@@ -630,16 +676,23 @@ class HistoryView:
             # An older view (or an earlier turn): a private run, the cache untouched.
             private = self._build(gateway, slots, open_calls)
             self._append(private, closed, gateway, slots, open_calls)
+            call_ids = private.call_ids
+            head = _renamed(head, gateway, call_ids)
             items = tuple(private.items) + head.items
             positions = private.positions
-        return RenderedHistory(items, positions, head, slots[1])
+        return RenderedHistory(items, positions, head, call_ids)
 
     def _build(self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy) -> _Run:
-        pinned = _render_entries(self._pinned, gateway, slots[0], policy)
-        positions = _TurnPositions(pinned, (), (0, 0), (), ())
-        return _Run(self._pinned, positions, list(pinned.items), self._evicted, self._generation)
+        call_ids = CallIdRenamer()
+        pinned = _renamed(
+            _render_entries(self._pinned, gateway, slots[0], policy), gateway, call_ids
+        )
+        positions = _TurnPositions(pinned, (), (), (0, 0), (), ())
+        return _Run(
+            self._pinned, positions, list(pinned.items), self._evicted, self._generation, call_ids
+        )
 
-    def _advance(self, run: _Run, closed: tuple[_Turn, ...]) -> bool:
+    def _advance(self, run: _Run, closed: tuple[_Turn, ...], gateway: Gateway) -> bool:
         """Drop the turns evicted since the run was built; False when it cannot be reused."""
         positions = run.positions
         dropped = self._evicted - run.evicted
@@ -657,10 +710,19 @@ class HistoryView:
         if dropped:
             origin = (positions.item_ends[dropped - 1], positions.byte_ends[dropped - 1])
             start = len(positions.pinned.items)
-            del run.items[start : start + origin[0] - positions.origin[0]]
+            end = start + origin[0] - positions.origin[0]
+            evicted_ids = CallIdRenamer()
+            rename_call_ids(gateway.type, run.items[start:end], evicted_ids)
+            if not run.call_ids.forget(evicted_ids):
+                # A rename of a kept item depended on an evicted one: a render
+                # of the kept turns alone renames differently, so the run is
+                # rebuilt from the per-turn caches (O(kept items), once).
+                return False
+            del run.items[start:end]
             run.positions = _TurnPositions(
                 positions.pinned,
                 positions.turns[dropped:],
+                positions.rendered[dropped:],
                 origin,
                 positions.item_ends[dropped:],
                 positions.byte_ends[dropped:],
@@ -684,8 +746,10 @@ class HistoryView:
         byte_ends: list[int] = []
         items_at = positions.item_ends[-1] if positions.item_ends else positions.origin[0]
         bytes_at = positions.byte_ends[-1] if positions.byte_ends else positions.origin[1]
+        renders: list[_Rendered] = []
         for turn in closed[reuse:]:
-            rendered = turn.render_full(gateway, slots, policy)
+            rendered = _renamed(turn.render_full(gateway, slots, policy), gateway, run.call_ids)
+            renders.append(rendered)
             run.items.extend(rendered.items)
             items_at += len(rendered.items)
             bytes_at += rendered.bytes
@@ -694,6 +758,7 @@ class HistoryView:
         run.positions = _TurnPositions(
             positions.pinned,
             closed,
+            positions.rendered + tuple(renders),
             positions.origin,
             positions.item_ends + tuple(item_ends),
             positions.byte_ends + tuple(byte_ends),
@@ -703,8 +768,9 @@ class HistoryView:
 def _blank(message: Message) -> bool:
     """True when the message has nothing but empty or whitespace-only text.
 
-    Reasoning with blank text and no signature, encrypted content or
-    redaction counts as blank too: it is what a model call cancelled while
+    A blank text part with extras (a Gemini thought signature on an empty
+    text) is content. Reasoning with blank text and no signature, encrypted
+    content or redaction counts as blank too: it is what a model call cancelled while
     it thought leaves behind, and no provider can verify or show it.
     """
     parts: tuple[Part, ...] = message.parts
@@ -713,7 +779,9 @@ def _blank(message: Message) -> bool:
 
 def _blank_part(part: Part) -> bool:
     if type(part) is TextPart:
-        return is_blank_text(part.text)
+        # Extras are content: a blank text part may carry a Gemini thought
+        # signature (the SDK keeps {"text": "", "thoughtSignature": ...}).
+        return is_blank_text(part.text) and not part.extras
     if type(part) is ReasoningPart:
         return (
             is_blank_text(part.text)

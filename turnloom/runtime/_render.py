@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import NativeContent
 from turnloom.context.history import HistoryView, RenderedHistory
 from turnloom.errors import ItemTooLargeError, OpenToolCallError
@@ -28,9 +29,13 @@ _encoder = msgspec.json.Encoder()
 
 
 class DeliveredPrefix:
-    """A delivered prefix and how to count the bytes of any leading part of it."""
+    """A delivered prefix and how to count the bytes of any leading part of it.
 
-    __slots__ = ("bytes", "extra_sizes", "items", "rendered")
+    ``call_ids`` is the call-id renaming state after ``items``
+    (:mod:`turnloom.context.callids`); ``build`` continues it, on a copy.
+    """
+
+    __slots__ = ("bytes", "call_ids", "extra_sizes", "items", "rendered")
 
     def __init__(
         self,
@@ -38,11 +43,13 @@ class DeliveredPrefix:
         total: int,
         rendered: RenderedHistory,
         extra_sizes: tuple[int, ...],
+        call_ids: CallIdRenamer,
     ) -> None:
         self.items = items
         self.bytes = total
         self.rendered = rendered
         self.extra_sizes = extra_sizes  # state pair + area section, after the history
+        self.call_ids = call_ids
 
     def bytes_before(self, count: int) -> int:
         """Serialized size of ``items[:count]``, in bytes."""
@@ -110,6 +117,8 @@ def render_preparation(
         loop_budget=request.loop_budget,
     )
     rendered = view.render(gateway, request.turn_id, open_calls=options.open_calls)
+    # The pair and the area section continue the history's call-id renaming.
+    call_ids = rendered.call_ids
     items = rendered.items
     total = rendered.bytes
     call_id: str | None = None
@@ -121,7 +130,11 @@ def render_preparation(
         # The pair sits directly after the turn's input; the area section follows it.
         call_id = state_call_id(request.context_id, request.turn_id)
         reserved.append(call_id)
-        extra = tuple(gateway.render(pair[0])) + tuple(gateway.render(pair[1]))
+        extra = tuple(
+            rename_call_ids(
+                gateway.type, [*gateway.render(pair[0]), *gateway.render(pair[1])], call_ids
+            )
+        )
         size = len(_encoder.encode(extra[-1]))
         if size > max_item_bytes:
             raise ItemTooLargeError(
@@ -142,7 +155,7 @@ def render_preparation(
                 f"been routed; turn {request.turn_id!r} cannot be prepared until it is.",
                 call_ids=exc.call_ids,
             ) from exc
-        extra += section.items
+        extra += tuple(rename_call_ids(gateway.type, section.items, call_ids))
         outcome = section.outcome
     extra_sizes = tuple(len(_encoder.encode(item)) for item in extra)
     if extra:
@@ -170,4 +183,4 @@ def render_preparation(
         queued_seconds=queued,
         render_seconds=time.perf_counter() - begin,
     )
-    return prepared, DeliveredPrefix(items, total, rendered, extra_sizes), section
+    return prepared, DeliveredPrefix(items, total, rendered, extra_sizes, call_ids), section

@@ -37,6 +37,7 @@ import anyio
 import anyio.abc
 
 from turnloom.context.area import ContextAreaImplementation
+from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import HistoryLimits, HistoryView, check_id
 from turnloom.context.message import Message
@@ -147,6 +148,9 @@ class ContextManager:
         self._issued: weakref.WeakValueDictionary[int, PreparedContext] = (
             weakref.WeakValueDictionary()
         )
+        # id -> the call-id renaming state after that prefix's items (build
+        # continues it); an entry goes when its prefix is collected.
+        self._call_ids: dict[int, CallIdRenamer] = {}
         self._closed = False
 
     # -- properties --------------------------------------------------------
@@ -615,6 +619,8 @@ class ContextManager:
                 anyio.current_time() - preparation.requested_at,
             )
         self._issued[id(prepared)] = prepared
+        self._call_ids[id(prepared)] = delivered.call_ids
+        weakref.finalize(prepared, self._call_ids.pop, id(prepared), None)
         preparation.result = prepared
 
     # -- continuation ------------------------------------------------------------
@@ -632,7 +638,12 @@ class ContextManager:
         The continuation (the turn's model outputs and tool results so far,
         oldest first) is rendered and appended; the prefix, including its
         runtime-state pair, is reused as is and never refreshed. Calls without
-        a result are handled by the ``open_calls`` policy. Cost: O(continuation).
+        a result are handled by the ``open_calls`` policy. A continuation call
+        reusing a call id of the prefix or of an earlier continuation call is
+        renamed, with its results, by the rule of
+        :mod:`turnloom.context.callids`, continued from the prefix, so the
+        items hold each call id once. Cost: O(continuation), plus a C-speed
+        copy of the prefix's set of call ids.
 
         Returns:
             tuple of NativeContent, oldest first.
@@ -654,8 +665,9 @@ class ContextManager:
         check_continuation(prefix, continuation, self._issued)
         gateway = self._gateway
         items: list[NativeContent] = list(prefix.items)
+        call_ids = self._call_ids[id(prefix)].copy()
         for message in complete_pairs(continuation, open_calls=self._open_calls):
-            items.extend(gateway.render(message))
+            items.extend(rename_call_ids(gateway.type, gateway.render(message), call_ids))
         return tuple(items)
 
     # -- lifecycle (driven by the Foundation) ---------------------------------------
