@@ -11,6 +11,7 @@ __all__ = ("main",)
 
 import argparse
 import sys
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
@@ -20,9 +21,10 @@ import msgspec
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from turnloom.context.gateway import GatewayType, get_gateway
-from turnloom.errors import InputError
+from turnloom.errors import InputError, StoreError
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.metrics import MetricsServer, serve_metrics
+from turnloom.tools.fleet import run_fleet
 from turnloom.tools.loadtest import LoadtestReport, count_model_calls, loadtest
 from turnloom.tools.replay import ReplaySummary, replay
 from turnloom.tools.trajectories import (
@@ -89,6 +91,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     lt.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON")
     lt.add_argument("--no-progress", action="store_true", help="no progress bar")
+    lt.add_argument(
+        "--store",
+        metavar="URL",
+        help="keep sessions in a durable store: sqlite:PATH or redis://HOST:PORT/DB "
+        "(every commit is flushed before its prepare)",
+    )
+    lt.add_argument(
+        "--processes",
+        type=_positive,
+        default=1,
+        help="spread the sessions over N processes (sharing --store) and add them up (1)",
+    )
+    lt.add_argument("--first-session", type=int, default=0, help=argparse.SUPPRESS)
+    lt.add_argument("--run-id", default=None, help=argparse.SUPPRESS)
     return parser
 
 
@@ -187,11 +203,53 @@ def _print_report(report: LoadtestReport, out: TextIO) -> None:
         f"evictions: {report.evicted_turns} turns",
         file=out,
     )
+    if report.store:
+        print(f"store: {report.store}  lease takeovers: {report.takeovers}", file=out)
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    common = ["--turns", str(args.turns), "--source", args.source, "--gateway", args.gateway]
+    if args.store is not None:
+        common += ["--store", args.store]
+    try:
+        report = run_fleet(
+            common,
+            processes=args.processes,
+            sessions=args.sessions,
+            run_id=args.run_id or f"{uuid.uuid4().hex[:8]}:",
+        )
+    except InputError as exc:
+        print(f"turnloom loadtest: error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"processes: {report.processes}  sessions: {report.sessions}  failed: "
+        f"{report.sessions_failed}  turns: {report.turns}  prepares: {report.prepares}",
+        file=sys.stdout,
+    )
+    print(
+        f"throughput: {report.prepares_per_second:.0f} prepares/s  wall: {report.seconds:.2f} s"
+        f"  store: {report.store or 'off'}  lease takeovers: {report.takeovers}",
+        file=sys.stdout,
+    )
+    print(
+        f"prepare latency (worst process): p50 {report.prepare_p50_ms:.2f} ms  "
+        f"p99 {report.prepare_p99_ms:.2f} ms  event-loop lag max {report.loop_lag_max_ms:.2f} ms",
+        file=sys.stdout,
+    )
+    rss = "  ".join(f"{b / 2**20:.1f}" for b in report.peak_rss_bytes)
+    print(f"peak RSS per process: {rss} MiB", file=sys.stdout)
+    for message in report.errors:
+        print(f"turnloom loadtest: error: {message}", file=sys.stderr)
+    if args.json is not None:
+        args.json.write_bytes(msgspec.json.format(msgspec.json.encode(report)) + b"\n")
+    return 1 if report.sessions_failed else 0
 
 
 def _loadtest(args: argparse.Namespace) -> int:
     if not _gateway_available("loadtest", args.gateway):
         return 2
+    if args.processes > 1:
+        return _fleet(args)
     if args.source == "builtin":
         trajectories = builtin_trajectories(min(args.sessions, 64), turns=(args.turns, args.turns))
     else:
@@ -228,9 +286,12 @@ def _loadtest(args: argparse.Namespace) -> int:
                 gateway=args.gateway,
                 on_model_call=lambda: bar.update(),
                 on_open=on_open,
+                store=args.store,
+                first_session=args.first_session,
+                run_id=args.run_id or (f"{uuid.uuid4().hex[:8]}:" if args.store else ""),
             )
         )
-    except (InputError, OSError) as exc:
+    except (InputError, OSError, StoreError) as exc:
         print(f"turnloom loadtest: error: {exc}", file=sys.stderr)
         return 2
     finally:

@@ -72,6 +72,8 @@ Record: TypeAlias = TurnCommitted | OutputsRecorded | TurnsEvicted
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)
+
+
 class _Version(msgspec.Struct):
     v: int = 0
 

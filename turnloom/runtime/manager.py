@@ -373,6 +373,11 @@ class ContextManager:
         if self._durable is not None:
             await self._durable.flush(context_id)
 
+    @property
+    def takeovers(self) -> int:
+        """Claims that restored a context from the store (0 without a store)."""
+        return self._durable.takeovers if self._durable is not None else 0
+
     def _unloadable(self, context_id: str) -> bool:
         state = self._table.contexts.get(context_id)
         return state is None or state.in_flight is None

@@ -2,8 +2,9 @@
 
 Keys, under a prefix (default ``"turnloom:"``): ``<prefix>ctx:<id>:log`` (a
 list of records), ``<prefix>ctx:<id>:lease`` (``"<token> <owner>"`` with a
-``PX`` expiry), ``<prefix>ctx:<id>:fence`` (the token counter, never
-deleted) and ``<prefix>used`` (a sorted set: context id by the server time of
+``PX`` expiry), ``<prefix>ctx:<id>:fence`` (the token counter; it outlives
+the context by a day after :meth:`~RedisContextStore.forget`, far longer than
+any lease, so a token is never issued twice while a holder may live) and ``<prefix>used`` (a sorted set: context id by the server time of
 its last write, in milliseconds). Every check-and-write runs as one Lua
 script on the server, so a write with a stale token is refused by Redis
 itself; lease expiry uses the server's clock, so hosts' clocks do not matter.
@@ -54,6 +55,7 @@ if current then
   end
 end
 local token = redis.call('INCR', KEYS[2])
+redis.call('PERSIST', KEYS[2])
 redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1], 'PX', ARGV[2])
 return {token, '', 0}
 """
@@ -96,12 +98,13 @@ redis.call('ZADD', KEYS[3], now[1] * 1000 + math.floor(now[2] / 1000), ARGV[3])
 return redis.call('LLEN', KEYS[2])
 """
 
-# KEYS: lease, log, used. ARGV: token, context id.
+# KEYS: lease, log, used, fence. ARGV: token, context id.
 _FORGET = """
 local current = redis.call('GET', KEYS[1])
 if not current or string.match(current, '^%d+') ~= ARGV[1] then
   return 0
 end
+redis.call('PEXPIRE', KEYS[4], 86400000)
 redis.call('DEL', KEYS[2])
 redis.call('ZREM', KEYS[3], ARGV[2])
 return 1
@@ -289,6 +292,7 @@ class RedisContextStore:
             self._key(context_id, "lease"),
             self._key(context_id, "log"),
             f"{self._prefix}used",
+            self._key(context_id, "fence"),
         ]
         return bool(await self._call(self._forget(keys=keys, args=[token, context_id])))
 

@@ -58,6 +58,11 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
         rejections: ``prepare_nowait`` calls refused because the queue was full.
         evicted_turns: turns evicted from histories.
         errors: the first few error messages.
+        store: the store URL sessions were kept in (``""``: memory only). With
+            a store each session claims its context, every turn's commit is
+            acknowledged by a flush before its prepare, and the context is
+            removed from the store when the session ends.
+        takeovers: claims that restored a context another owner had stored.
     """
 
     sessions: int
@@ -78,6 +83,8 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
     rejections: int
     evicted_turns: int
     errors: tuple[str, ...]
+    store: str = ""
+    takeovers: int = 0
 
 
 def count_model_calls(
@@ -113,6 +120,9 @@ async def loadtest(
     max_pending_preparations: int = 16,
     on_model_call: Callable[[], None] | None = None,
     on_open: Callable[[Foundation], None] | None = None,
+    store: str | None = None,
+    first_session: int = 0,
+    run_id: str = "",
 ) -> LoadtestReport:
     """Run ``sessions`` concurrent sessions over ``trajectories`` (cycled).
 
@@ -128,6 +138,13 @@ async def loadtest(
             (drives a progress bar).
         on_open: called with the open Foundation before sessions start (for
             example to serve its metrics).
+        store: a store URL (``sqlite:PATH``, ``redis://HOST:PORT/DB``) to keep
+            the sessions in; see :attr:`LoadtestReport.store`.
+        first_session: the number of the first session (several processes
+            share one workload: process ``k`` runs sessions
+            ``first_session .. first_session + sessions - 1``).
+        run_id: prefixed to every context id, so runs sharing a store never
+            meet.
 
     Returns:
         the report.
@@ -175,6 +192,9 @@ async def loadtest(
             max_pending_preparations=max_pending_preparations,
             on_model_call=on_model_call,
             on_open=on_open,
+            store=store,
+            first_session=first_session,
+            run_id=run_id,
             latencies=latencies,
             lags=lags,
             gc_pauses=gc_pauses,
@@ -193,6 +213,9 @@ async def _run(
     max_pending_preparations: int,
     on_model_call: Callable[[], None] | None,
     on_open: Callable[[Foundation], None] | None,
+    store: str | None,
+    first_session: int,
+    run_id: str,
     latencies: list[float],
     lags: list[float],
     gc_pauses: list[tuple[int, float]],
@@ -205,23 +228,29 @@ async def _run(
         gateway=gateway,
         history_limits=history_limits,
         max_pending_preparations=max_pending_preparations,
+        store=store,
     ) as foundation:
         manager = foundation.manager
         if on_open is not None:
             on_open(foundation)
 
         async def session(number: int) -> None:
+            number += first_session
             script = scripts[number % len(scripts)]
-            context_id = f"session-{number}"
+            context_id = f"{run_id}session-{number}"
             prefix: PreparedContext | None = None
             continuation: list[Message] = []
             turn_id = ""
             try:
+                if store is not None:
+                    await manager.claim(context_id)
                 for step in walk(script, max_turns=turns):
                     if isinstance(step, Turn):
                         turn_id = step.turn_id
                         manager.accept_turn(snapshot(context_id, step))
                         counts["turns"] += 1
+                        if store is not None:
+                            await manager.flush(context_id)  # the commit is acknowledged
                         request = ContextPrepareRequest(context_id=context_id, turn_id=turn_id)
                         begin = time.perf_counter()
                         try:
@@ -250,6 +279,9 @@ async def _run(
                     else:
                         manager.record(context_id, turn_id, [step.message])
                         continuation.append(step.message)
+                if store is not None:
+                    manager.remove_context(context_id)
+                    await manager.flush(context_id)
             except TurnloomError as exc:
                 counts["failed"] += 1
                 if len(errors) < 10:
@@ -269,6 +301,7 @@ async def _run(
                     group.start_soon(session, number)
             stop.set()
         stats = manager.statistics()
+        takeovers = manager.takeovers
     seconds = time.perf_counter() - started
     return LoadtestReport(
         sessions=sessions,
@@ -289,4 +322,6 @@ async def _run(
         rejections=stats.preparations.rejected_total,
         evicted_turns=stats.history.evicted_turns_total,
         errors=tuple(errors),
+        store=store or "",
+        takeovers=takeovers,
     )
