@@ -144,7 +144,8 @@ def test_replaying_the_log_rebuilds_the_history_exactly(
                 )
                 committed.append(turn_id)
             elif committed and op[0] == "record":
-                turn_id = committed[int(op[1]) % len(committed)]  # held, or evicted (late)
+                assert isinstance(op[1], int)
+                turn_id = committed[op[1] % len(committed)]  # held, or evicted (late)
                 texts = op[2]
                 assert isinstance(texts, list)
                 table.record(table.get("c"), turn_id, [assistant(t) for t in texts])

@@ -29,6 +29,7 @@ import anyio.to_thread
 
 from turnloom.context.history import TurnHistory, check_id
 from turnloom.errors import (
+    LeaseError,
     NotClaimedError,
     StaleLeaseError,
     StoreError,
@@ -387,7 +388,7 @@ class Durability:
             with anyio.move_on_after(grace_period):
                 try:
                     await self.flush()
-                except StoreError:
+                except (StoreError, LeaseError):
                     pass  # what was not written is what a crash would lose
             self._closed = True
             self._scope.cancel()

@@ -4,8 +4,9 @@ Keys, under a prefix (default ``"turnloom:"``): ``<prefix>ctx:<id>:log`` (a
 list of records), ``<prefix>ctx:<id>:lease`` (``"<token> <owner>"`` with a
 ``PX`` expiry), ``<prefix>ctx:<id>:fence`` (the token counter; it outlives
 the context by a day after :meth:`~RedisContextStore.forget`, far longer than
-any lease, so a token is never issued twice while a holder may live) and ``<prefix>used`` (a sorted set: context id by the server time of
-its last write, in milliseconds). Every check-and-write runs as one Lua
+any lease, so a token is never issued twice while a holder may live) and
+``<prefix>used`` (a sorted set: context id by the server time of its last
+write, in milliseconds). Every check-and-write runs as one Lua
 script on the server, so a write with a stale token is refused by Redis
 itself; lease expiry uses the server's clock, so hosts' clocks do not matter.
 A batch of appends to many contexts is one pipelined round trip.
@@ -129,10 +130,12 @@ class RedisContextStore:
             connection error (default 3).
         backoff_cap: the longest wait between two retries, in seconds
             (default 0.5); waits start at 0.05 s and double.
+        max_connections: the most connections open at once (default 32);
+            more concurrent calls wait for a free one.
 
     Raises:
         InputError: not a ``redis://``/``rediss://``/``unix://`` URL, an empty
-            prefix or a negative retry count.
+            prefix, a negative retry count or a non-positive connection bound.
         MissingDependencyError: the ``redis`` package is not installed (extra
             ``redis``).
     """
@@ -144,17 +147,22 @@ class RedisContextStore:
         prefix: str = "turnloom:",
         retries: int = 3,
         backoff_cap: float = 0.5,
+        max_connections: int = 32,
     ) -> None:
         if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
             raise InputError(f"A Redis store needs a redis:// URL, not {url!r}.")
         if not isinstance(prefix, str) or not prefix:
             raise InputError("A Redis store's key prefix must be a non-empty str.")
+        if not isinstance(max_connections, int) or max_connections < 1:
+            raise InputError(
+                f"max_connections must be a positive integer, not {max_connections!r}."
+            )
         if not isinstance(retries, int) or retries < 0:
             raise InputError(f"retries must be a non-negative integer, not {retries!r}.")
         try:
             import redis.asyncio
             from redis.backoff import ExponentialBackoff
-            from redis.retry import Retry
+            from redis.asyncio.retry import Retry
         except ImportError as exc:
             raise MissingDependencyError(
                 "The Redis context store needs the 'redis' package: pip install 'turnloom[redis]'.",
@@ -170,11 +178,18 @@ class RedisContextStore:
             redis.exceptions.TimeoutError,
         )
         self._response_error = redis.exceptions.ResponseError
-        self._client: Any = redis.asyncio.Redis.from_url(
+        retry = Retry(ExponentialBackoff(cap=backoff_cap, base=0.05), retries)
+        # A bounded pool that waits for a free connection: a thousand sessions
+        # claiming at once queue for connections rather than opening one each.
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
             url,
-            retry=Retry(ExponentialBackoff(cap=backoff_cap, base=0.05), retries),
+            max_connections=max_connections,
+            timeout=None,
+            retry=retry,
             retry_on_error=list(self._errors),
-            health_check_interval=0,
+        )
+        self._client: Any = redis.asyncio.Redis(
+            connection_pool=pool, retry=retry, retry_on_error=list(self._errors)
         )
         self._acquire = self._client.register_script(_ACQUIRE)
         self._renew = self._client.register_script(_RENEW)
