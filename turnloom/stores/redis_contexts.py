@@ -188,6 +188,7 @@ class RedisContextStore:
             retry=retry,
             retry_on_error=list(self._errors),
         )
+        self._pool: Any = pool
         self._client: Any = redis.asyncio.Redis(
             connection_pool=pool, retry=retry, retry_on_error=list(self._errors)
         )
@@ -331,4 +332,7 @@ class RedisContextStore:
             return
         self._closed = True
         if _library() == "asyncio":  # elsewhere every call was refused: nothing is open
-            await self._client.aclose()
+            try:
+                await self._client.aclose()
+            finally:
+                await self._pool.disconnect()
