@@ -298,3 +298,55 @@ async def test_changes_of_many_contexts_go_to_the_store_in_one_batch(store_url: 
 def test_store_options_are_checked_at_the_door(options: dict[str, object], match: str) -> None:
     with pytest.raises(InputError, match=match):
         Foundation(**options)  # type: ignore[arg-type]
+
+
+class SlowLoadStore(CountingStore):
+    """A real store whose ``load`` waits until the test lets it go on."""
+
+    def __init__(self, store: ContextStore) -> None:
+        super().__init__(store)
+        self.loading = anyio.Event()
+        self.go_on = anyio.Event()
+
+    async def load(self, context_id: str) -> tuple[bytes, ...]:
+        self.loading.set()
+        await self.go_on.wait()
+        return await self.inner.load(context_id)
+
+
+async def test_a_claim_cancelled_while_restoring_releases_its_lease(store_url: str) -> None:
+    async with Foundation(store=store_url, owner="writer") as first:
+        await first.manager.claim("c")
+        await converse(first.manager, "c", range(2))
+    store = SlowLoadStore(open_context_store(store_url))
+    try:
+        async with Foundation(store=store, owner="reader") as foundation:
+            manager = foundation.manager
+            async with anyio.create_task_group() as group:
+                group.start_soon(manager.claim, "c")
+                await store.loading.wait()
+                group.cancel_scope.cancel()
+            assert manager.context_ids() == ()
+            with pytest.raises(NotClaimedError):
+                manager.accept_turn(snapshot("c", "t9", "hi"))
+            # The lease was released: another owner takes it at once.
+            other = await store.inner.acquire("c", "someone-else", 30)
+            await store.inner.release({"c": other})
+            store.go_on.set()
+            assert await manager.claim("c") is True
+            assert manager.history("c").turn_ids == ("t0", "t1")
+    finally:
+        await store.aclose()
+
+
+async def test_a_cancelled_flush_leaves_the_changes_queued_and_written(store_url: str) -> None:
+    async with Foundation(store=store_url) as foundation:
+        manager = foundation.manager
+        await manager.claim("c")
+        await converse(manager, "c", range(2))
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await manager.flush()
+        await manager.flush()
+        assert manager.store is not None
+        assert len(await manager.store.load("c")) == 6  # 2 commits, 4 records

@@ -161,8 +161,8 @@ class RedisContextStore:
             raise InputError(f"retries must be a non-negative integer, not {retries!r}.")
         try:
             import redis.asyncio
-            from redis.backoff import ExponentialBackoff
             from redis.asyncio.retry import Retry
+            from redis.backoff import ExponentialBackoff
         except ImportError as exc:
             raise MissingDependencyError(
                 "The Redis context store needs the 'redis' package: pip install 'turnloom[redis]'.",
