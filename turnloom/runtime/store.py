@@ -89,7 +89,7 @@ class ContextStore(Protocol):
         ...
 
     async def idle(self, seconds: float) -> tuple[str, ...]:
-        """Ids of stored contexts not written for ``seconds`` and not leased, oldest first."""
+        """Ids of stored contexts unwritten for at least ``seconds``, not leased, oldest first."""
         ...
 
     async def aclose(self) -> None:

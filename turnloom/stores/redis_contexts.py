@@ -317,9 +317,7 @@ class RedisContextStore:
         self._check()
         now_s, now_us = await self._call(self._client.time())
         bound = now_s * 1000 + now_us // 1000 - round(seconds * 1000)
-        found = await self._call(
-            self._client.zrangebyscore(f"{self._prefix}used", "-inf", f"({bound}")
-        )
+        found = await self._call(self._client.zrangebyscore(f"{self._prefix}used", "-inf", bound))
         ids = [member.decode() for member in found]
         if not ids:
             return ()

@@ -269,7 +269,7 @@ class SQLiteContextStore:
 
         def work(db: sqlite3.Connection, now: float) -> tuple[str, ...]:
             rows = db.execute(
-                "SELECT context_id FROM turnloom_contexts WHERE length > 0 AND used_at < ? "
+                "SELECT context_id FROM turnloom_contexts WHERE length > 0 AND used_at <= ? "
                 "AND (owner IS NULL OR expires_at <= ?) ORDER BY used_at, context_id",
                 (now - seconds, now),
             ).fetchall()
