@@ -126,7 +126,14 @@ async def test_a_closed_store_refuses_calls(store_url: str) -> None:
 
 
 def test_store_urls_and_options_are_checked_at_the_door() -> None:
-    for url in ("postgres://x", "sqlite:", "", "redis:/x"):
+    for url in (
+        "postgres://x",
+        "sqlite:",
+        "",
+        "redis:/x",
+        "sqlite:x.db?mode=ro",
+        "sqlite:x?synchronous=OFF",
+    ):
         with pytest.raises(InputError):
             open_context_store(url)
     with pytest.raises(InputError):
@@ -136,6 +143,9 @@ def test_store_urls_and_options_are_checked_at_the_door() -> None:
     with pytest.raises(InputError, match="prefix"):
         RedisContextStore("redis://127.0.0.1:6379/0", prefix="")
     assert isinstance(open_context_store("sqlite::memory:"), SQLiteContextStore)
+    assert (
+        repr(open_context_store("sqlite:x.db?synchronous=normal")) == "SQLiteContextStore('x.db')"
+    )
     redis_store = open_context_store("redis://127.0.0.1:6379/0?prefix=app1:")
     assert isinstance(redis_store, RedisContextStore)
     assert repr(redis_store) == "RedisContextStore('redis://127.0.0.1:6379/0', prefix='app1:')"

@@ -85,6 +85,8 @@ async def test_a_context_must_be_claimed_before_it_changes(store_url: str) -> No
             manager.accept_turn(snapshot("c", "t1", "hi"))
         assert caught.value.context_id == "c"
         assert manager.context_ids() == ()
+        with pytest.raises(InputError):
+            await manager.flush("")
         assert await manager.claim("c") is True
         assert await manager.claim("c") is False  # held: no I/O
         manager.accept_turn(snapshot("c", "t1", "hi"))

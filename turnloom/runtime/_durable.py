@@ -250,6 +250,7 @@ class Durability:
             still writes them.
         """
         if context_id is not None:
+            check_id(context_id, "context id")
             why = self._lost.get(context_id)
             if why is not None:
                 raise StaleLeaseError(

@@ -23,6 +23,11 @@ result is discarded, and only then is the slot freed.
 
 The area section's safe points, threads and reuse are documented on
 :data:`~turnloom.runtime.AreaPass`.
+
+With a durable store (``Foundation(store=...)``), a context is owned through
+a lease (:meth:`ContextManager.claim`), every history change is also queued
+for the store, and :meth:`ContextManager.flush` acknowledges them; the
+module ``_durable`` holds that side.
 """
 
 from __future__ import annotations
@@ -360,6 +365,7 @@ class ContextManager:
                 any context's.
 
         Raises:
+            InvalidMessageError: a malformed ``context_id``.
             StaleLeaseError: the store refused a write: another owner holds the
                 context's lease. Its unwritten changes are discarded and it left
                 this manager's memory.

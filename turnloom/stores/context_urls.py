@@ -15,7 +15,8 @@ def open_context_store(url: str) -> SQLiteContextStore | RedisContextStore:
     """The context store a URL names; no I/O happens until its first call.
 
     Args:
-        url: ``sqlite:PATH`` (a file, created when missing), ``sqlite::memory:``,
+        url: ``sqlite:PATH`` (a file, created when missing; ``?synchronous=NORMAL``
+            trades power-loss durability for speed), ``sqlite::memory:``,
             or ``redis://HOST:PORT/DB`` (also ``rediss://``, ``unix://``); a
             ``prefix`` query parameter sets the Redis key prefix
             (``redis://127.0.0.1:6379/0?prefix=app1:``).
@@ -27,17 +28,23 @@ def open_context_store(url: str) -> SQLiteContextStore | RedisContextStore:
     if not isinstance(url, str):
         raise InputError(f"A store URL must be a str, not a {type(url).__name__}.")
     if url.startswith("sqlite:"):
-        path = url.removeprefix("sqlite:")
+        path, _, query = url.removeprefix("sqlite:").partition("?")
         if path.startswith("//"):
             path = path[2:]
         if not path:
             raise InputError("A sqlite: store URL needs a path: sqlite:PATH or sqlite::memory:.")
-        return SQLiteContextStore(path)
+        options = parse_qs(query, keep_blank_values=True)
+        synchronous = options.pop("synchronous", ["FULL"])[-1].upper()
+        if options:
+            raise InputError(f"Unknown sqlite: store URL parameter {sorted(options)[0]!r}.")
+        if synchronous not in ("FULL", "NORMAL"):
+            raise InputError(f"synchronous must be FULL or NORMAL, not {synchronous[:20]!r}.")
+        return SQLiteContextStore(path, synchronous="NORMAL" if synchronous == "NORMAL" else "FULL")
     if url.startswith(("redis://", "rediss://", "unix://")):
         parts = urlsplit(url)
-        query = parse_qs(parts.query, keep_blank_values=True)
-        prefix = query.pop("prefix", ["turnloom:"])[-1]
-        rest = "&".join(f"{k}={v}" for k, values in query.items() for v in values)
+        params = parse_qs(parts.query, keep_blank_values=True)
+        prefix = params.pop("prefix", ["turnloom:"])[-1]
+        rest = "&".join(f"{k}={v}" for k, values in params.items() for v in values)
         return RedisContextStore(urlunsplit(parts._replace(query=rest)), prefix=prefix)
     raise InputError(
         f"Unknown store URL {url[:80]!r}: use sqlite:PATH, sqlite::memory: or redis://HOST:PORT/DB."
