@@ -281,8 +281,14 @@ async def test_a_vanished_redis_server_is_a_typed_error_and_nothing_acknowledged
                 await manager.flush()
             with pytest.raises(StoreUnavailableError):
                 await manager.flush()  # still queued, still unreachable
+            down = manager.statistics().store
+            assert down is not None
+            assert (down.pending_records, down.write_failures_total) == (2, 2)
             await group.start(proxy.run)  # back, on the same port
             await manager.flush()  # the queued changes are written now
+            up = manager.statistics().store
+            assert up is not None
+            assert (up.pending_records, up.records_written_total) == (0, 6)
             await _converse(manager, 3, 4)
         await store.aclose()
         proxy.stop()

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 import anyio
 import pytest
 import redis
+from prometheus_client import CollectorRegistry
 
 from tests.runtime.helpers import SYSTEM, assistant, call, result, user
 from tests.stores.conftest import REDIS_URL
@@ -29,8 +30,10 @@ from turnloom.runtime import (
     ContextManager,
     ContextPrepareRequest,
     Foundation,
+    StoreStatistics,
     TurnSnapshot,
 )
+from turnloom.runtime.metrics import ManagerCollector
 from turnloom.runtime.store import ContextStore, LogWrite
 from turnloom.stores import open_context_store
 
@@ -122,6 +125,9 @@ async def test_another_host_restores_and_prepares_exactly_what_the_first_would(
         prepared = await manager.prepare(request("c", "t5"))
         assert prepared.items == expected.items
         assert manager.statistics().history.turns == 3
+        restored_stats = manager.statistics().store
+        assert restored_stats is not None
+        assert (restored_stats.claims_total, restored_stats.takeovers_total) == (1, 1)
         with pytest.raises(InputError):  # evicted ids are remembered after a restore
             manager.accept_turn(snapshot("c", "t1", "again"))
 
@@ -149,6 +155,9 @@ async def test_a_stale_owner_is_refused_by_the_store_and_told_with_a_typed_error
             await a.flush("c")
         assert caught.value.context_id == "c"
         assert a.context_ids() == ()  # it left host A's memory
+        lost = a.statistics().store
+        assert lost is not None
+        assert (lost.leases_lost_total, lost.claimed, lost.pending_records) == (1, 0, 0)
         with pytest.raises(StaleLeaseError):
             a.accept_turn(snapshot("c", "t10", "again"))
         await a.flush()  # nothing queued any more
@@ -182,6 +191,9 @@ async def test_idle_contexts_leave_memory_and_come_back_on_next_use(store_url: s
                 await anyio.sleep(0.05)
         assert manager.statistics().contexts == 0
         assert manager.statistics().history.turns == 0
+        unloaded = manager.statistics().store
+        assert unloaded is not None
+        assert (unloaded.idle_unloads_total, unloaded.claimed) == (2, 0)
         with pytest.raises(NotClaimedError):
             manager.accept_turn(snapshot("a", "t2", "hi"))
         assert manager.store is not None
@@ -279,9 +291,28 @@ async def test_changes_of_many_contexts_go_to_the_store_in_one_batch(store_url: 
             for i in range(100):
                 manager.accept_turn(snapshot(f"c{i}", "t1", "hi"))
                 manager.record(f"c{i}", "t1", [assistant("a"), assistant("b")])
+            assert manager.statistics().store == StoreStatistics(
+                claimed=100,
+                pending_records=200,
+                batches_total=0,
+                records_written_total=0,
+                write_failures_total=0,
+                claims_total=100,
+                takeovers_total=0,
+                leases_lost_total=0,
+                idle_unloads_total=0,
+            )
             await manager.flush()
             assert store.batches == [100]  # 200 changes, one round trip
             assert await store.load("c7") != ()
+            stats = manager.statistics().store
+            assert stats is not None
+            assert (stats.pending_records, stats.batches_total) == (0, 1)
+            assert stats.records_written_total == 200
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(ManagerCollector(manager.statistics))
+            assert registry.get_sample_value("turnloom_store_records_written_total") == 200
+            assert registry.get_sample_value("turnloom_store_contexts_claimed") == 100
     finally:
         await store.aclose()
 

@@ -23,6 +23,7 @@ __all__ = (
     "PrefixStatistics",
     "PreparationStatistics",
     "PreparedContext",
+    "StoreStatistics",
     "TurnSnapshot",
     "state_call_id",
     "state_tool_definition",
@@ -43,6 +44,7 @@ from turnloom.runtime.schemas import (
     PrefixStatistics,
     PreparationStatistics,
     PreparedContext,
+    StoreStatistics,
     TurnSnapshot,
 )
 from turnloom.runtime.state import STATE_TOOL_NAME, state_call_id, state_tool_definition

@@ -37,6 +37,7 @@ from turnloom.errors import (
 )
 from turnloom.runtime._door import DurableOptions
 from turnloom.runtime._records import Record, encode_record, replay
+from turnloom.runtime.schemas import StoreStatistics
 from turnloom.runtime.store import ContextStore, LogWrite
 
 _RETRY_DELAYS = (0.05, 0.2, 0.5)  # seconds between the writer's attempts of one batch
@@ -106,7 +107,14 @@ class Durability:
         self._completed = 0  # write cycles completed
         self._closed = False
         self._scope = anyio.CancelScope()
+        self._pending = 0  # records logged and not written, over every claim
+        self._batches = 0
+        self._written = 0
+        self._failures = 0
+        self._claims_total = 0
         self.takeovers = 0  # claims that restored a stored context
+        self._lost_total = 0
+        self._idle_unloads = 0
 
     @property
     def store(self) -> ContextStore:
@@ -157,12 +165,14 @@ class Durability:
         if claim is None:
             return  # the state of a context this manager lost; the store has the truth
         claim.pending.append(encode_record(record))
+        self._pending += 1
         self._wake.set()
 
     def forget(self, context_id: str) -> None:
         """Queue the deletion of a held context's log and the release of its lease."""
         claim = self._claims.pop(context_id, None)
         if claim is not None:
+            self._pending -= len(claim.pending)
             self._forgets.append((context_id, claim.token))
             self._wake.set()
 
@@ -212,6 +222,7 @@ class Durability:
                 raise
             self._lost.pop(context_id, None)
             self._claims[context_id] = _Claim(token, len(log), anyio.current_time())
+            self._claims_total += 1
             if log:
                 self.takeovers += 1
             self._install(context_id, history)
@@ -225,6 +236,8 @@ class Durability:
         if claim is None or claim.token != token:
             return
         del self._claims[context_id]
+        self._pending -= len(claim.pending)
+        self._lost_total += 1
         self._lost[context_id] = why
         self._unload(context_id)
 
@@ -291,6 +304,7 @@ class Durability:
         forgets, self._forgets = self._forgets, []
         refused: frozenset[str] = frozenset()
         error: BaseException | None = None
+        self._batches += 1
         for delay in (*_RETRY_DELAYS, None):
             try:
                 if writes:
@@ -311,6 +325,8 @@ class Durability:
                 error = exc
                 break
         self._forgets[:0] = forgets  # not done: retried by the next cycle
+        if error is not None:
+            self._failures += 1
         stale: dict[str, StaleLeaseError] = {}
         if error is None:
             for cid, token, _, records in writes:
@@ -325,6 +341,8 @@ class Durability:
                 elif claim is not None and claim.token == token:
                     del claim.pending[: len(records)]
                     claim.written += len(records)
+                    self._pending -= len(records)
+                    self._written += len(records)
         self._completed = cycle
         for waiter in tuple(self._waiters):
             if waiter.error is None:
@@ -371,11 +389,26 @@ class Durability:
         for cid in idle:
             del self._claims[cid]
             self._unload(cid)
+        self._idle_unloads += len(idle)
         if idle:
             try:
                 await self._store.release(idle)
             except StoreError:
                 pass  # the leases expire by themselves
+
+    def statistics(self) -> StoreStatistics:
+        """A frozen snapshot of the counters, O(1)."""
+        return StoreStatistics(
+            claimed=len(self._claims),
+            pending_records=self._pending,
+            batches_total=self._batches,
+            records_written_total=self._written,
+            write_failures_total=self._failures,
+            claims_total=self._claims_total,
+            takeovers_total=self.takeovers,
+            leases_lost_total=self._lost_total,
+            idle_unloads_total=self._idle_unloads,
+        )
 
     # -- closing ---------------------------------------------------------------------
 

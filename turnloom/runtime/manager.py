@@ -40,6 +40,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 import anyio.abc
+import msgspec
 
 from turnloom.context.area import ContextAreaImplementation
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
@@ -710,10 +711,13 @@ class ContextManager:
         values from two adjacent moments.
         """
         queue = self._queue
-        return self._counters.snapshot(
+        snapshot = self._counters.snapshot(
             closed=self._closed,
             contexts=len(self._table.contexts),
             capacity=queue.capacity,
             pending=queue.pending,
             waiting_for_slot=queue.waiting_for_slot,
         )
+        if self._durable is not None:
+            snapshot = msgspec.structs.replace(snapshot, store=self._durable.statistics())
+        return snapshot

@@ -21,6 +21,7 @@ __all__ = (
     "PrefixStatistics",
     "PreparationStatistics",
     "PreparedContext",
+    "StoreStatistics",
     "TurnSnapshot",
 )
 
@@ -302,6 +303,33 @@ class AreaStatistics(msgspec.Struct, frozen=True, kw_only=True):
     items_promoted_total: int = 0
 
 
+class StoreStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """The durable store side of a manager (see ``Foundation(store=...)``).
+
+    Attributes:
+        claimed: contexts whose lease this manager holds.
+        pending_records: changes logged and not yet written to the store.
+        batches_total: write batches sent to the store (appends and forgets).
+        records_written_total: records the store accepted.
+        write_failures_total: batches that failed (store unreachable after
+            the bounded retry); their records stayed queued.
+        claims_total: leases taken by :meth:`~turnloom.runtime.ContextManager.claim`.
+        takeovers_total: claims that restored a stored context.
+        leases_lost_total: leases lost (a refused write or a failed renewal).
+        idle_unloads_total: contexts that left memory idle.
+    """
+
+    claimed: int
+    pending_records: int
+    batches_total: int
+    records_written_total: int
+    write_failures_total: int
+    claims_total: int
+    takeovers_total: int
+    leases_lost_total: int
+    idle_unloads_total: int
+
+
 class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """A frozen snapshot of a :class:`~turnloom.runtime.ContextManager`'s counters.
 
@@ -316,6 +344,7 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
         prefix: prefix stability.
         latency: prepare-latency and render-time histograms.
         areas: Context Areas attached, passes run, areas collected.
+        store: the durable store side; None without a store.
     """
 
     closed: bool
@@ -326,3 +355,4 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
     prefix: PrefixStatistics
     latency: LatencyHistograms
     areas: AreaStatistics
+    store: StoreStatistics | None = None
