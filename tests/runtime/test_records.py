@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from tests.runtime.helpers import CHAT, SYSTEM, assistant, call, result, user
 from turnloom.context import Message, Role
 from turnloom.context.history import HistoryLimits, TurnHistory
+from turnloom.context.tokens import ApproxTokenCounter
 from turnloom.errors import DuplicateIdError, StoreRecordError, TurnloomError
 from turnloom.runtime._contexts import ContextTable
 from turnloom.runtime._counters import Counters
@@ -118,13 +119,20 @@ def _same(left: TurnHistory, right: TurnHistory) -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=st.lists(_op, max_size=40), max_turns=st.integers(1, 4), max_items=st.integers(2, 9))
+@given(
+    ops=st.lists(_op, max_size=40),
+    max_turns=st.integers(1, 4),
+    max_items=st.integers(2, 9),
+    max_tokens=st.integers(5, 80),
+)
 def test_replaying_the_log_rebuilds_the_history_exactly(
-    ops: list[tuple[object, ...]], max_turns: int, max_items: int
+    ops: list[tuple[object, ...]], max_turns: int, max_items: int, max_tokens: int
 ) -> None:
-    """Commits, records (also late and blank), evictions held back by a model call."""
-    limits = HistoryLimits(max_turns=max_turns, max_items=max_items)
-    table = ContextTable(limits, CHAT, Counters())
+    """Commits, records (also late and blank), evictions by turns, items and
+    tokens, evictions held back by a model call."""
+    limits = HistoryLimits(max_turns=max_turns, max_items=max_items, max_tokens=max_tokens)
+    counter = ApproxTokenCounter()
+    table = ContextTable(limits, CHAT, Counters(), counter)
     log: list[bytes] = []
     table.log = lambda context_id, record: log.append(encode_record(record))
     committed: list[str] = []
@@ -160,4 +168,4 @@ def test_replaying_the_log_rebuilds_the_history_exactly(
     if not committed:
         assert log == []
         return
-    _same(replay("c", log, limits), table.get("c").history)
+    _same(replay("c", log, limits, counter), table.get("c").history)

@@ -202,8 +202,16 @@ class LastNTurns:
         pinned = {i for i, m in enumerate(messages) if m.role in _PINNED}
         if self.n <= 0:
             return frozenset(pinned)
-        starts = [i for i, m in enumerate(messages) if m.role is Role.user and not m.tool_results]
-        cut = 0 if len(starts) <= self.n else starts[-self.n]
+        # Walk back from the end to the n-th last turn start: the cost follows
+        # the kept turns, not the whole list.
+        cut, found = 0, 0
+        for i in range(len(messages) - 1, -1, -1):
+            message = messages[i]
+            if message.role is Role.user and not message.tool_results:
+                found += 1
+                if found == self.n:
+                    cut = i
+                    break
         return frozenset(pinned.union(range(cut, len(messages))))
 
 

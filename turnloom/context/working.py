@@ -551,6 +551,19 @@ class WorkingContext:
         self.shared = shared
         self._lock: AbstractAsyncContextManager[None] | None = None
 
+    @classmethod
+    def _from_checked(
+        cls, prefix: PrefixContext, messages: list[Message], token_counter: TokenCounter
+    ) -> WorkingContext:
+        """A context over messages checked already (a history's): no second door.
+
+        For the runtime's bridge, which hands a retained history over; every
+        message of a history was checked when it entered.
+        """
+        context = object.__new__(cls)
+        context._init(prefix, messages, {}, MutationJournal(), token_counter, None, False)
+        return context
+
     def _derived(
         self,
         messages: list[Message],

@@ -211,7 +211,12 @@ class Durability:
                 history = None
                 if log:
                     history = await anyio.to_thread.run_sync(
-                        replay, context_id, log, self._options.history_limits, limiter=self._limiter
+                        replay,
+                        context_id,
+                        log,
+                        self._options.history_limits,
+                        self._options.token_counter,
+                        limiter=self._limiter,
                     )
             except BaseException:
                 with anyio.CancelScope(shield=True):

@@ -36,6 +36,7 @@ import msgspec
 
 from turnloom.context.history import HistoryLimits, TurnHistory
 from turnloom.context.message import Message
+from turnloom.context.tokens import TokenCounter
 from turnloom.errors import StoreRecordError, TurnloomError
 
 SCHEMA_VERSION = 1
@@ -122,17 +123,24 @@ def decode_record(data: bytes, context_id: str, index: int) -> Record:
     return record
 
 
-def replay(context_id: str, log: Sequence[bytes], limits: HistoryLimits) -> TurnHistory:
+def replay(
+    context_id: str,
+    log: Sequence[bytes],
+    limits: HistoryLimits,
+    token_counter: TokenCounter | None = None,
+) -> TurnHistory:
     """Rebuild a context's history from its log, oldest record first.
 
-    Runs in a worker thread: the history is new and owned by the caller.
+    Runs in a worker thread: the history is new and owned by the caller. The
+    limits and the token counter must be the ones the log was written with
+    (evictions depend on them).
 
     Raises:
         StoreRecordError: a record does not decode, or does not apply to the
             history rebuilt so far (a duplicate turn, an eviction that evicts
             other turns than it logged); ``index`` names it.
     """
-    history = TurnHistory(limits)
+    history = TurnHistory(limits, token_counter=token_counter)
     for index, data in enumerate(log):
         record = decode_record(data, context_id, index)
         try:

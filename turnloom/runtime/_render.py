@@ -10,7 +10,6 @@ from __future__ import annotations
 
 __all__ = ("DeliveredPrefix", "common_prefix", "render_preparation")
 
-import math
 import time
 from typing import Any
 
@@ -20,7 +19,12 @@ from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import NativeContent
 from turnloom.context.history import HistoryView, RenderedHistory
 from turnloom.errors import ItemTooLargeError, OpenToolCallError
-from turnloom.runtime._area_section import AreaSection, SectionResult, run_area_step
+from turnloom.runtime._area_section import (
+    AreaSection,
+    SectionResult,
+    current_section,
+    run_area_step,
+)
 from turnloom.runtime._door import ManagerOptions
 from turnloom.runtime.schemas import AreaPass, ContextPrepareRequest, PreparedContext
 from turnloom.runtime.state import state_call_id, state_messages
@@ -96,6 +100,11 @@ def render_preparation(
 ) -> tuple[PreparedContext, DeliveredPrefix, SectionResult | None]:
     """Render one preparation: history, runtime-state pair, area section.
 
+    A request with a ``scope`` renders the sliced view
+    (``HistoryView.render_scoped``) and shows the area section as it stands
+    (:func:`current_section`): nothing the unscoped preparations reuse is
+    read for it or changed by it, and its ``reused_bytes`` is 0.
+
     Args:
         queued: seconds from the request to the start of rendering.
         last: the context's last delivered prefix, to count reused bytes.
@@ -116,11 +125,18 @@ def render_preparation(
         behavior_rules=behavior_rules,
         loop_budget=request.loop_budget,
     )
-    rendered = view.render(gateway, request.turn_id, open_calls=options.open_calls)
+    counter = options.token_counter
+    if request.scope is None:
+        rendered = view.render(gateway, request.turn_id, open_calls=options.open_calls)
+    else:
+        rendered = view.render_scoped(
+            gateway, request.turn_id, request.scope, open_calls=options.open_calls
+        )
     # The pair and the area section continue the history's call-id renaming.
     call_ids = rendered.call_ids
     items = rendered.items
     total = rendered.bytes
+    tokens = rendered.tokens
     call_id: str | None = None
     reserved: list[str] = []
     extra: tuple[NativeContent, ...] = ()
@@ -135,6 +151,7 @@ def render_preparation(
                 gateway.type, [*gateway.render(pair[0]), *gateway.render(pair[1])], call_ids
             )
         )
+        tokens += counter.count(pair)
         size = len(_encoder.encode(extra[-1]))
         if size > max_item_bytes:
             raise ItemTooLargeError(
@@ -147,7 +164,10 @@ def render_preparation(
     pair_items = len(extra)
     if areas is not None:
         try:
-            section = run_area_step(areas, run_pass)
+            if request.scope is not None:
+                section = current_section(areas)
+            else:
+                section = run_area_step(areas, run_pass)
         except OpenToolCallError as exc:
             raise OpenToolCallError(
                 f"The area section of context {request.context_id!r} ends with routed "
@@ -157,13 +177,15 @@ def render_preparation(
             ) from exc
         extra += tuple(rename_call_ids(gateway.type, section.items, call_ids))
         outcome = section.outcome
+        # Area items are native; each is counted as the message it parses to.
+        tokens += counter.count([gateway.parse(item) for item in section.items])
     extra_sizes = tuple(len(_encoder.encode(item)) for item in extra)
     if extra:
         items += extra
         total += sum(extra_sizes)
     reserved.extend(m.id for m in view.turn_input(request.turn_id) if m.id is not None)
     reused = 0
-    if last is not None:
+    if last is not None and request.scope is None:
         reused = last.bytes_before(common_prefix(items, last.items))
     prepared = PreparedContext(
         context_id=request.context_id,
@@ -172,7 +194,7 @@ def render_preparation(
         items=items,
         item_count=len(items),
         bytes=total,
-        tokens=math.ceil(total / 4),
+        tokens=tokens,
         turn_start=rendered.turn_start,
         area_start=len(rendered.items) + pair_items,
         area_items=len(section.items) if section is not None else 0,
