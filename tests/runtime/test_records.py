@@ -26,6 +26,7 @@ from turnloom.runtime._records import (
     Record,
     TurnCommitted,
     TurnsEvicted,
+    checkpoint,
     decode_record,
     encode_record,
     replay,
@@ -103,7 +104,7 @@ _op = st.one_of(
 )
 
 
-def _same(left: TurnHistory, right: TurnHistory) -> None:
+def _same(left: TurnHistory, right: TurnHistory, *, counters: bool = True) -> None:
     a, b = left.view(), right.view()
     assert a.turn_ids == b.turn_ids
     assert a.pinned == b.pinned
@@ -111,11 +112,14 @@ def _same(left: TurnHistory, right: TurnHistory) -> None:
         assert a.turn_messages(turn_id) == b.turn_messages(turn_id)
         assert a.render(CHAT, turn_id).items == b.render(CHAT, turn_id).items
     # Drops are counted, not stored: a record that kept nothing is not logged.
-    kept = ("turns", "items", "bytes", "pinned_items", "pinned_bytes", "evicted_turns")
+    kept: tuple[str, ...] = ("turns", "items", "bytes", "pinned_items", "pinned_bytes")
+    if counters:  # a checkpoint does not carry what left before it
+        kept += ("evicted_turns",)
     assert [getattr(left.statistics(), k) for k in kept] == [
         getattr(right.statistics(), k) for k in kept
     ]
-    assert all(left.was_evicted(t) == right.was_evicted(t) for t in (f"t{i}" for i in range(40)))
+    assert all(left.was_evicted(t) == right.was_evicted(t) for t in (f"t{i}" for i in range(42)))
+    assert left.sequence == right.sequence
 
 
 @settings(max_examples=150, deadline=None)
@@ -168,4 +172,27 @@ def test_replaying_the_log_rebuilds_the_history_exactly(
     if not committed:
         assert log == []
         return
-    _same(replay("c", log, limits, counter), table.get("c").history)
+    history = table.get("c").history
+    _same(replay("c", log, limits, counter), history)
+    # A checkpoint taken now, then more changes: the same history again.
+    compacted = [checkpoint(history.view(), history.evicted_ids, history.sequence)]
+    table.log = lambda context_id, record: compacted.append(encode_record(record))
+    extra = f"t{len(committed)}"
+    table.commit("c", TurnSnapshot(context_id="c", turn_id=extra, input=(user("after"),)))
+    table.record(table.get("c"), extra, [assistant("answer after")])
+    for turn_id in committed:  # late outputs for evicted turns are dropped again
+        table.record(table.get("c"), turn_id, [assistant("late")])
+        break
+    log.extend(compacted[1:])
+    _same(replay("c", log, limits, counter), history)
+    _same(replay("c", compacted, limits, counter), history, counters=False)
+
+
+def test_a_checkpoint_anywhere_but_first_is_a_typed_error() -> None:
+    history = TurnHistory(HistoryLimits())
+    history.commit("t1", (user("x"),))
+    data = checkpoint(history.view(), (), None)
+    assert replay("c", [data], HistoryLimits()).turn_ids == ("t1",)
+    with pytest.raises(StoreRecordError, match="only ever opens a log") as caught:
+        replay("c", [data, data], HistoryLimits())
+    assert caught.value.index == 1

@@ -157,3 +157,21 @@ async def test_the_redis_store_says_it_needs_asyncio(store_url: str) -> None:
     with pytest.raises(StoreError, match="asyncio only"):
         await store.load("c")
     await store.aclose()
+
+
+async def test_replace_swaps_a_whole_log_only_for_the_holder_at_the_expected_length(
+    store_url: str,
+) -> None:
+    store = open_context_store(store_url)
+    try:
+        token = await store.acquire("c", "host-a", 30.0)
+        await store.append([("c", token, 0, (b"r0", b"r1", b"r2"))])
+        assert not await store.replace("c", token, 2, (b"ckpt",))  # the log moved on
+        assert not await store.replace("c", token + 1, 3, (b"ckpt",))  # not the lease
+        assert await store.load("c") == (b"r0", b"r1", b"r2")
+        assert await store.replace("c", token, 3, (b"ckpt",))
+        assert await store.load("c") == (b"ckpt",)
+        assert await store.append([("c", token, 1, (b"r3",))]) == frozenset()
+        assert await store.load("c") == (b"ckpt", b"r3")
+    finally:
+        await store.aclose()

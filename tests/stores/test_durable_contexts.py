@@ -15,7 +15,7 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
-from tests.runtime.helpers import SYSTEM, assistant, call, result, user
+from tests.runtime.helpers import CHAT, SYSTEM, assistant, call, result, user
 from tests.stores.conftest import REDIS_URL
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import (
@@ -33,6 +33,9 @@ from turnloom.runtime import (
     StoreStatistics,
     TurnSnapshot,
 )
+from turnloom.runtime._contexts import ContextTable
+from turnloom.runtime._counters import Counters
+from turnloom.runtime._records import encode_record
 from turnloom.runtime.metrics import ManagerCollector
 from turnloom.runtime.store import ContextStore, LogWrite
 from turnloom.stores import open_context_store
@@ -268,6 +271,11 @@ class CountingStore:
         self.batches.append(len(writes))
         return await self.inner.append(writes)
 
+    async def replace(
+        self, context_id: str, token: int, length: int, records: tuple[bytes, ...]
+    ) -> bool:
+        return await self.inner.replace(context_id, token, length, records)
+
     async def load(self, context_id: str) -> tuple[bytes, ...]:
         return await self.inner.load(context_id)
 
@@ -301,6 +309,7 @@ async def test_changes_of_many_contexts_go_to_the_store_in_one_batch(store_url: 
                 takeovers_total=0,
                 leases_lost_total=0,
                 idle_unloads_total=0,
+                compactions_total=0,
             )
             await manager.flush()
             assert store.batches == [100]  # 200 changes, one round trip
@@ -383,3 +392,68 @@ async def test_a_cancelled_flush_leaves_the_changes_queued_and_written(store_url
         await manager.flush()
         assert manager.store is not None
         assert len(await manager.store.load("c")) == 6  # 2 commits, 4 records
+
+
+async def test_a_long_log_is_compacted_and_restores_the_same_history(store_url: str) -> None:
+    """Compaction keeps the log about as long as the history, and changes nothing restored."""
+    async with Foundation(store=store_url, history_limits=LIMITS) as first:
+        manager = first.manager
+        await manager.claim("c")
+        for block in range(6):  # 60 turns of 4 records each, 3 turns held
+            await converse(manager, "c", range(block * 10, block * 10 + 10))
+            await manager.flush()
+        manager.accept_turn(snapshot("c", "t60", "late", sequence=60))
+        await manager.flush()
+        stats = manager.statistics().store
+        assert stats is not None and stats.compactions_total >= 1
+        assert manager.store is not None
+        log = await manager.store.load("c")
+        assert len(log) <= 64 + 4  # not the 240 records the context wrote
+        held = manager.history("c")
+        expected = await manager.prepare(request("c", "t60"))
+        with pytest.raises(InputError):  # evicted ids stay remembered
+            manager.accept_turn(snapshot("c", "t5", "reused id"))
+    async with Foundation(store=store_url, history_limits=LIMITS) as second:
+        manager = second.manager
+        await manager.claim("c")
+        restored = manager.history("c")
+        assert restored.turn_ids == held.turn_ids == ("t58", "t59", "t60")
+        assert restored.pinned == held.pinned == (SYSTEM,)
+        for turn_id in held.turn_ids:
+            assert restored.turn_messages(turn_id) == held.turn_messages(turn_id)
+        assert (await manager.prepare(request("c", "t60"))).items == expected.items
+        with pytest.raises(InputError):  # the remembered evicted ids came back
+            manager.accept_turn(snapshot("c", "t5", "reused id"))
+        with pytest.raises(InputError):  # and so did the sequence
+            manager.accept_turn(snapshot("c", "t61", "old", sequence=60))
+        assert manager.record("c", "t10", [assistant("late output")]) == 0  # dropped
+
+
+async def test_a_claim_compacts_a_long_log_it_restores(store_url: str) -> None:
+    """A log written by a host that never compacted (an older turnloom) is compacted."""
+    table = ContextTable(LIMITS, CHAT, Counters())
+    log: list[bytes] = []
+    table.log = lambda context_id, record: log.append(encode_record(record))
+    for i in range(30):
+        table.commit("c", snapshot("c", f"t{i}", f"question {i}"))
+        table.record(table.get("c"), f"t{i}", [assistant(f"answer {i}")])
+    assert len(log) == 30 * 2 + 27  # commits, records, evictions
+    store = open_context_store(store_url)
+    try:
+        token = await store.acquire("c", "old-host", 30)
+        await store.append([("c", token, 0, tuple(log))])
+        await store.release({"c": token})
+    finally:
+        await store.aclose()
+    async with Foundation(store=store_url, history_limits=LIMITS) as foundation:
+        manager = foundation.manager
+        await manager.claim("c")
+        assert manager.history("c").turn_ids == ("t27", "t28", "t29")
+        assert manager.store is not None
+        assert len(await manager.store.load("c")) == 1  # one checkpoint
+        manager.accept_turn(snapshot("c", "t30", "next"))
+        await manager.flush()
+        assert len(await manager.store.load("c")) == 3  # then a commit and an eviction
+    async with Foundation(store=store_url, history_limits=LIMITS) as again:
+        await again.manager.claim("c")
+        assert again.manager.history("c").turn_ids == ("t28", "t29", "t30")

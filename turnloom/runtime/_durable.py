@@ -10,6 +10,12 @@ contexts held (every third of the lease time) and unloads contexts idle
 longer than ``idle_after`` (they stay in the store; the next
 :meth:`Durability.claim` restores them).
 
+Compaction: once a context's log holds more than ``8`` records per turn
+held (and at least 64), the writer replaces it by one checkpoint of the
+history (``ContextStore.replace``, atomic), so a restore replays about what
+the history holds, not everything the context ever did. A claim compacts the
+log it restored the same way.
+
 What a crash loses: changes logged after the last completed flush may be
 lost (all of them, or a tail of them: a context's records are appended in
 order, so what survives is always a prefix of what was logged). Nothing a
@@ -36,21 +42,24 @@ from turnloom.errors import (
     StoreUnavailableError,
 )
 from turnloom.runtime._door import DurableOptions
-from turnloom.runtime._records import Record, encode_record, replay
+from turnloom.runtime._records import Record, checkpoint, encode_record, replay
 from turnloom.runtime.schemas import StoreStatistics
 from turnloom.runtime.store import ContextStore, LogWrite
 
 _RETRY_DELAYS = (0.05, 0.2, 0.5)  # seconds between the writer's attempts of one batch
+_COMPACT_MIN = 64  # records: shorter logs are never compacted
+_COMPACT_PER_TURN = 8  # records per turn held above which a log is compacted
 
 
 class _Claim:
     """A context this manager holds the lease of."""
 
-    __slots__ = ("pending", "token", "used", "written")
+    __slots__ = ("pending", "resync", "token", "used", "written")
 
     def __init__(self, token: int, written: int, used: float) -> None:
         self.token = token
         self.written = written  # records of the context's log in the store
+        self.resync = False  # a compaction failed midway: reread the log's length
         self.pending: list[bytes] = []  # logged, not yet appended
         self.used = used  # loop time of the last use
 
@@ -79,6 +88,7 @@ class Durability:
         unload: drops a context's in-memory state.
         can_unload: False while a context must stay in memory (a model call
             is in flight).
+        history: the in-memory history of a context, or None.
     """
 
     def __init__(
@@ -88,6 +98,7 @@ class Durability:
         install: Callable[[str, TurnHistory | None], None],
         unload: Callable[[str], None],
         can_unload: Callable[[str], bool],
+        history: Callable[[str], TurnHistory | None],
     ) -> None:
         store = options.store
         assert isinstance(store, ContextStore)
@@ -97,6 +108,7 @@ class Durability:
         self._install = install
         self._unload = unload
         self._can_unload = can_unload
+        self._history = history
         self._claims: dict[str, _Claim] = {}
         self._claiming: dict[str, anyio.Event] = {}
         self._lost: dict[str, str] = {}  # context id -> why
@@ -115,6 +127,7 @@ class Durability:
         self.takeovers = 0  # claims that restored a stored context
         self._lost_total = 0
         self._idle_unloads = 0
+        self._compactions = 0
 
     @property
     def store(self) -> ContextStore:
@@ -226,11 +239,13 @@ class Durability:
                         pass  # the lease expires by itself
                 raise
             self._lost.pop(context_id, None)
-            self._claims[context_id] = _Claim(token, len(log), anyio.current_time())
+            claim = self._claims[context_id] = _Claim(token, len(log), anyio.current_time())
             self._claims_total += 1
             if log:
                 self.takeovers += 1
             self._install(context_id, history)
+            if history is not None:
+                await self._compact(context_id, claim, history)
             return True
         finally:
             del self._claiming[context_id]
@@ -301,10 +316,13 @@ class Durability:
     async def _cycle(self) -> None:
         self._started += 1
         cycle = self._started
+        for cid, unsure in tuple(self._claims.items()):
+            if unsure.resync:
+                await self._resync(cid, unsure)
         writes: list[LogWrite] = [
-            (cid, claim.token, claim.written, tuple(claim.pending))
-            for cid, claim in self._claims.items()
-            if claim.pending
+            (cid, c.token, c.written, tuple(c.pending))
+            for cid, c in self._claims.items()
+            if c.pending and not c.resync
         ]
         forgets, self._forgets = self._forgets, []
         refused: frozenset[str] = frozenset()
@@ -348,6 +366,12 @@ class Durability:
                     claim.written += len(records)
                     self._pending -= len(records)
                     self._written += len(records)
+        if error is None:
+            for cid, token, _, _ in writes:
+                claim = self._claims.get(cid)
+                history = self._history(cid)
+                if claim is not None and claim.token == token and history is not None:
+                    await self._compact(cid, claim, history)
         self._completed = cycle
         for waiter in tuple(self._waiters):
             if waiter.error is None:
@@ -360,6 +384,40 @@ class Durability:
                     waiter.error = error
                 self._waiters.remove(waiter)
                 waiter.event.set()
+
+    async def _resync(self, context_id: str, claim: _Claim) -> None:
+        """Reread the length of a log whose compaction may or may not have happened."""
+        try:
+            log = await self._store.load(context_id)
+        except StoreError:
+            return  # still unknown: its writes wait for the next cycle
+        if self._claims.get(context_id) is claim:
+            claim.written = len(log)
+            claim.resync = False
+
+    async def _compact(self, context_id: str, claim: _Claim, history: TurnHistory) -> None:
+        """Replace a long log by a checkpoint of the history it rebuilds.
+
+        Only when everything logged is written (the store's log is then
+        exactly ``history``); a failure leaves either log, both valid, and
+        the length is reread before the next write of the context.
+        """
+        bound = max(_COMPACT_MIN, _COMPACT_PER_TURN * len(history.turn_ids))
+        if claim.written <= bound or claim.pending or claim.resync:
+            return
+        view, evicted, sequence = history.view(), history.evicted_ids, history.sequence
+        length = claim.written
+        blob = await anyio.to_thread.run_sync(
+            checkpoint, view, evicted, sequence, limiter=self._limiter
+        )
+        try:
+            replaced = await self._store.replace(context_id, claim.token, length, (blob,))
+        except StoreError:
+            claim.resync = True
+            return
+        if replaced and claim.written == length:
+            claim.written = 1
+            self._compactions += 1
 
     # -- maintenance ----------------------------------------------------------------
 
@@ -413,6 +471,7 @@ class Durability:
             takeovers_total=self.takeovers,
             leases_lost_total=self._lost_total,
             idle_unloads_total=self._idle_unloads,
+            compactions_total=self._compactions,
         )
 
     # -- closing ---------------------------------------------------------------------

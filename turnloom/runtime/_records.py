@@ -9,6 +9,13 @@ change is applied through the same ``TurnHistory`` methods in the same order
 same points as the host that wrote it, including evictions an in-flight model
 call held back).
 
+A *checkpoint* record stands for a whole log prefix: the history as it is
+(pinned instructions, the turns held with their outputs, the remembered
+evicted turn ids, the last sequence). A store replaces a long log by one
+checkpoint (compaction); replaying the checkpoint and the records after it
+rebuilds the same history as replaying the whole log, except for counters of
+what left the history before the checkpoint.
+
 Encoding: one msgspec MessagePack map per record, tagged by ``kind``, carrying
 the schema version ``v``. A field added by a later version has a default, so
 a record written by an older version decodes; a record of a newer version, or
@@ -20,10 +27,13 @@ from __future__ import annotations
 
 __all__ = (
     "SCHEMA_VERSION",
+    "Checkpoint",
+    "CheckpointTurn",
     "OutputsRecorded",
     "Record",
     "TurnCommitted",
     "TurnsEvicted",
+    "checkpoint",
     "decode_record",
     "encode_record",
     "replay",
@@ -34,7 +44,7 @@ from typing import TypeAlias
 
 import msgspec
 
-from turnloom.context.history import HistoryLimits, TurnHistory
+from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory
 from turnloom.context.message import Message
 from turnloom.context.tokens import TokenCounter
 from turnloom.errors import StoreRecordError, TurnloomError
@@ -69,10 +79,47 @@ class TurnsEvicted(_Record, frozen=True, kw_only=True, tag="evict"):
     turn_ids: tuple[str, ...]
 
 
-Record: TypeAlias = TurnCommitted | OutputsRecorded | TurnsEvicted
+class CheckpointTurn(msgspec.Struct, frozen=True, kw_only=True):
+    """One turn held at a checkpoint: its input and its recorded outputs."""
+
+    turn_id: str
+    input: tuple[Message, ...]
+    outputs: tuple[Message, ...] = ()
+
+
+class Checkpoint(_Record, frozen=True, kw_only=True, tag="checkpoint"):
+    """The whole history at one moment; only ever the first record of a log."""
+
+    pinned: tuple[Message, ...] = ()
+    turns: tuple[CheckpointTurn, ...]
+    evicted: tuple[str, ...] = ()
+    sequence: int | None = None
+
+
+Record: TypeAlias = TurnCommitted | OutputsRecorded | TurnsEvicted | Checkpoint
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)
+
+
+def checkpoint(view: HistoryView, evicted: tuple[str, ...], sequence: int | None) -> bytes:
+    """The encoded checkpoint of a history (its view, evicted ids and last sequence).
+
+    Runs in a worker thread: O(history).
+    """
+    turns = []
+    for turn_id in view.turn_ids:
+        given = view.turn_input(turn_id)
+        turns.append(
+            CheckpointTurn(
+                turn_id=turn_id,
+                input=given,
+                outputs=view.turn_messages(turn_id)[len(given) :],
+            )
+        )
+    return encode_record(
+        Checkpoint(pinned=view.pinned, turns=tuple(turns), evicted=evicted, sequence=sequence)
+    )
 
 
 class _Version(msgspec.Struct):
@@ -123,6 +170,19 @@ def decode_record(data: bytes, context_id: str, index: int) -> Record:
     return record
 
 
+def _restore(history: TurnHistory, record: Checkpoint) -> None:
+    history.remember_evicted(record.evicted)
+    for i, turn in enumerate(record.turns):
+        history.commit(
+            turn.turn_id,
+            turn.input,
+            instructions=record.pinned if i == 0 else None,
+            sequence=record.sequence if i == 0 else None,
+        )
+        if turn.outputs:
+            history.record(turn.turn_id, turn.outputs)
+
+
 def replay(
     context_id: str,
     log: Sequence[bytes],
@@ -153,6 +213,15 @@ def replay(
                 )
             elif isinstance(record, OutputsRecorded):
                 history.record(record.turn_id, record.outputs)
+            elif isinstance(record, Checkpoint):
+                if index:
+                    raise StoreRecordError(
+                        f"Record {index} of context {context_id!r} is a checkpoint; a "
+                        "checkpoint only ever opens a log.",
+                        context_id=context_id,
+                        index=index,
+                    )
+                _restore(history, record)
             else:
                 evicted = history.evict()
                 if evicted != record.turn_ids:

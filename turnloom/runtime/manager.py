@@ -45,7 +45,7 @@ import msgspec
 from turnloom.context.area import ContextAreaImplementation
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.history import HistoryLimits, HistoryView, check_id
+from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory, check_id
 from turnloom.context.message import Message
 from turnloom.context.pairing import complete_pairs
 from turnloom.context.scope import ContextScope, check_scope
@@ -151,6 +151,7 @@ class ContextManager:
                 self._table.install,
                 self._table.unload,
                 self._unloadable,
+                self._held_history,
             )
             self._table.log = self._durable.log
             task_group.start_soon(self._durable.run)
@@ -389,6 +390,10 @@ class ContextManager:
     def takeovers(self) -> int:
         """Claims that restored a context from the store (0 without a store)."""
         return self._durable.takeovers if self._durable is not None else 0
+
+    def _held_history(self, context_id: str) -> TurnHistory | None:
+        state = self._table.contexts.get(context_id)
+        return state.history if state is not None else None
 
     def _unloadable(self, context_id: str) -> bool:
         state = self._table.contexts.get(context_id)

@@ -221,6 +221,7 @@ def _store_metrics(store: StoreStatistics) -> Iterator[Metric]:
         ("takeovers", "Claims that restored a stored context.", store.takeovers_total),
         ("leases_lost", "Leases lost to another owner or expiry.", store.leases_lost_total),
         ("idle_unloads", "Contexts that left memory idle.", store.idle_unloads_total),
+        ("compactions", "Logs replaced by a checkpoint.", store.compactions_total),
     ):
         yield CounterMetricFamily(f"turnloom_store_{name}", text, value)
 

@@ -340,6 +340,7 @@ class StoreStatistics(msgspec.Struct, frozen=True, kw_only=True):
         takeovers_total: claims that restored a stored context.
         leases_lost_total: leases lost (a refused write or a failed renewal).
         idle_unloads_total: contexts that left memory idle.
+        compactions_total: logs replaced by a checkpoint of their history.
     """
 
     claimed: int
@@ -351,6 +352,7 @@ class StoreStatistics(msgspec.Struct, frozen=True, kw_only=True):
     takeovers_total: int
     leases_lost_total: int
     idle_unloads_total: int
+    compactions_total: int
 
 
 class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):

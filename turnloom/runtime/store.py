@@ -17,6 +17,9 @@ Contract every implementation keeps:
 * **Idempotent appends.** A write names the log position of its first record;
   records the log already holds at those positions are skipped. A retried
   write (after a dropped connection whose reply was lost) never duplicates.
+* **Atomic compaction.** :meth:`ContextStore.replace` swaps a whole log for
+  a shorter one in one step, under the same lease check, and only when the
+  log still has the length the caller saw.
 * **Durability.** When :meth:`ContextStore.append` returns, its records are as
   durable as the store promises (its class docstring says how durable); when
   it raises, any part of the write may have been applied, and a retry of the
@@ -73,6 +76,17 @@ class ContextStore(Protocol):
         Returns:
             the ids whose write was refused because its token is not the live
             lease's (nothing of theirs was written); the rest were appended.
+        """
+        ...
+
+    async def replace(
+        self, context_id: str, token: int, length: int, records: tuple[bytes, ...]
+    ) -> bool:
+        """Replace the whole log by ``records`` (compaction), atomically.
+
+        Returns:
+            False when refused, nothing changed: ``token`` is not the live
+            lease's, or the log does not hold exactly ``length`` records.
         """
         ...
 

@@ -99,6 +99,24 @@ redis.call('ZADD', KEYS[3], now[1] * 1000 + math.floor(now[2] / 1000), ARGV[3])
 return redis.call('LLEN', KEYS[2])
 """
 
+# KEYS: lease, log, used. ARGV: token, expected length, context id, records...
+_REPLACE = """
+local current = redis.call('GET', KEYS[1])
+if not current or string.match(current, '^%d+') ~= ARGV[1] then
+  return 0
+end
+if redis.call('LLEN', KEYS[2]) ~= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('DEL', KEYS[2])
+for i = 4, #ARGV do
+  redis.call('RPUSH', KEYS[2], ARGV[i])
+end
+local now = redis.call('TIME')
+redis.call('ZADD', KEYS[3], now[1] * 1000 + math.floor(now[2] / 1000), ARGV[3])
+return 1
+"""
+
 # KEYS: lease, log, used, fence. ARGV: token, context id.
 _FORGET = """
 local current = redis.call('GET', KEYS[1])
@@ -197,6 +215,7 @@ class RedisContextStore:
         self._release = self._client.register_script(_RELEASE)
         self._append = self._client.register_script(_APPEND)
         self._forget = self._client.register_script(_FORGET)
+        self._replace = self._client.register_script(_REPLACE)
         self._closed = False
 
     def __repr__(self) -> str:
@@ -294,6 +313,21 @@ class RedisContextStore:
                     "end of its log."
                 )
         return frozenset(refused)
+
+    async def replace(
+        self, context_id: str, token: int, length: int, records: tuple[bytes, ...]
+    ) -> bool:
+        """See :meth:`ContextStore.replace`: one script."""
+        self._check()
+        keys = [
+            self._key(context_id, "lease"),
+            self._key(context_id, "log"),
+            f"{self._prefix}used",
+        ]
+        reply = await self._call(
+            self._replace(keys=keys, args=[token, length, context_id, *records])
+        )
+        return bool(reply)
 
     async def load(self, context_id: str) -> tuple[bytes, ...]:
         """See :meth:`ContextStore.load`."""

@@ -234,6 +234,34 @@ class SQLiteContextStore:
 
         return await self._run(work)
 
+    async def replace(
+        self, context_id: str, token: int, length: int, records: tuple[bytes, ...]
+    ) -> bool:
+        """See :meth:`ContextStore.replace`: one transaction."""
+
+        def work(db: sqlite3.Connection, now: float) -> bool:
+            row = db.execute(
+                "SELECT token, owner, expires_at, length FROM turnloom_contexts "
+                "WHERE context_id = ?",
+                (context_id,),
+            ).fetchone()
+            if row is None or row[0] != token or row[1] is None or row[2] <= now:
+                return False
+            if row[3] != length:
+                return False
+            db.execute("DELETE FROM turnloom_records WHERE context_id = ?", (context_id,))
+            db.executemany(
+                "INSERT INTO turnloom_records VALUES (?, ?, ?)",
+                ((context_id, i, data) for i, data in enumerate(records)),
+            )
+            db.execute(
+                "UPDATE turnloom_contexts SET length = ?, used_at = ? WHERE context_id = ?",
+                (len(records), now, context_id),
+            )
+            return True
+
+        return await self._run(work)
+
     async def load(self, context_id: str) -> tuple[bytes, ...]:
         """See :meth:`ContextStore.load`."""
 
