@@ -24,6 +24,7 @@ from turnloom.errors import (
     NotClaimedError,
     StaleLeaseError,
     StoreRecordError,
+    StoreUnavailableError,
 )
 from turnloom.runtime import (
     ContextContribution,
@@ -457,3 +458,45 @@ async def test_a_claim_compacts_a_long_log_it_restores(store_url: str) -> None:
     async with Foundation(store=store_url, history_limits=LIMITS) as again:
         await again.manager.claim("c")
         assert again.manager.history("c").turn_ids == ("t28", "t29", "t30")
+
+
+class LostReplyStore(CountingStore):
+    """A real store whose ``replace`` reply is lost: applied or not, the caller cannot tell."""
+
+    def __init__(self, store: ContextStore, *, applied: bool) -> None:
+        super().__init__(store)
+        self.applied = applied
+        self.replaces = 0
+
+    async def replace(
+        self, context_id: str, token: int, length: int, records: tuple[bytes, ...]
+    ) -> bool:
+        self.replaces += 1
+        if self.applied:
+            await self.inner.replace(context_id, token, length, records)
+        raise StoreUnavailableError("The reply was lost.")
+
+
+@pytest.mark.parametrize("applied", [True, False])
+async def test_a_compaction_whose_reply_is_lost_never_misplaces_a_record(
+    store_url: str, applied: bool
+) -> None:
+    store = LostReplyStore(open_context_store(store_url), applied=applied)
+    try:
+        async with Foundation(store=store, history_limits=LIMITS) as first:
+            manager = first.manager
+            await manager.claim("c")
+            await converse(manager, "c", range(20))  # 80 records + evictions: compacts
+            await manager.flush()
+            assert store.replaces == 1
+            await converse(manager, "c", range(20, 24))
+            await manager.flush()  # written after rereading the log's length
+            held = manager.history("c")
+        async with Foundation(store=store.inner, history_limits=LIMITS) as second:
+            await second.manager.claim("c")
+            restored = second.manager.history("c")
+            assert restored.turn_ids == held.turn_ids == ("t21", "t22", "t23")
+            for turn_id in held.turn_ids:
+                assert restored.turn_messages(turn_id) == held.turn_messages(turn_id)
+    finally:
+        await store.aclose()
