@@ -33,6 +33,7 @@ from __future__ import annotations
 __all__ = (
     "AreaCallbackError",
     "CapacityError",
+    "ContextRemovedError",
     "DuplicateAreaError",
     "DuplicateIdError",
     "FrozenValueError",
@@ -226,6 +227,23 @@ class OpenToolCallError(StateError):
 
 class UnknownAreaError(InputError, LookupError):
     """An area that is not registered with the CoopContext it was looked up in."""
+
+
+class ContextRemovedError(StateError):
+    """The context a preparation waited for was removed (``remove_context``).
+
+    A context created again with the same id is a new conversation: it never
+    serves a request made for the removed one.
+
+    Attributes:
+        context_id: the removed context.
+        turn_id: the turn the preparation waited for.
+    """
+
+    def __init__(self, message: str, *, context_id: str, turn_id: str) -> None:
+        super().__init__(message)
+        self.context_id = context_id
+        self.turn_id = turn_id
 
 
 class InvalidArgumentError(InputError):

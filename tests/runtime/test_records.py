@@ -17,7 +17,7 @@ from tests.runtime.helpers import CHAT, SYSTEM, assistant, call, result, user
 from turnloom.context import Message, Role
 from turnloom.context.history import HistoryLimits, TurnHistory
 from turnloom.context.tokens import ApproxTokenCounter
-from turnloom.errors import DuplicateIdError, StoreRecordError, TurnloomError
+from turnloom.errors import DuplicateIdError, StateError, StoreRecordError, TurnloomError
 from turnloom.runtime._contexts import ContextTable
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._records import (
@@ -101,6 +101,7 @@ _op = st.one_of(
     st.tuples(st.just("commit"), st.booleans(), st.text(max_size=30)),
     st.tuples(st.just("record"), st.integers(0, 12), st.lists(st.text(max_size=40), max_size=3)),
     st.tuples(st.just("call"), st.integers(0, 12), st.booleans()),
+    st.tuples(st.just("retract")),
 )
 
 
@@ -132,8 +133,8 @@ def _same(left: TurnHistory, right: TurnHistory, *, counters: bool = True) -> No
 def test_replaying_the_log_rebuilds_the_history_exactly(
     ops: list[tuple[object, ...]], max_turns: int, max_items: int, max_tokens: int
 ) -> None:
-    """Commits, records (also late and blank), evictions by turns, items and
-    tokens, evictions held back by a model call."""
+    """Commits, records (also late and blank), retractions, evictions by turns,
+    items and tokens, evictions held back by a model call."""
     limits = HistoryLimits(max_turns=max_turns, max_items=max_items, max_tokens=max_tokens)
     counter = ApproxTokenCounter()
     table = ContextTable(limits, CHAT, Counters(), counter)
@@ -161,6 +162,8 @@ def test_replaying_the_log_rebuilds_the_history_exactly(
                 texts = op[2]
                 assert isinstance(texts, list)
                 table.record(table.get("c"), turn_id, [assistant(t) for t in texts])
+            elif committed and op[0] == "retract":
+                table.retract(table.get("c"), "c", committed[-1])
             elif committed and op[0] == "call":
                 state = table.get("c")
                 if state.in_flight is None and state.history.has_turn(committed[-1]):
@@ -174,6 +177,8 @@ def test_replaying_the_log_rebuilds_the_history_exactly(
         return
     history = table.get("c").history
     _same(replay("c", log, limits, counter), history)
+    if not history.turn_ids:  # every turn retracted: nothing to checkpoint
+        return
     # A checkpoint taken now, then more changes: the same history again.
     compacted = [checkpoint(history.view(), history.evicted_ids, history.sequence)]
     table.log = lambda context_id, record: compacted.append(encode_record(record))
@@ -190,6 +195,8 @@ def test_replaying_the_log_rebuilds_the_history_exactly(
 
 def test_a_checkpoint_anywhere_but_first_is_a_typed_error() -> None:
     history = TurnHistory(HistoryLimits())
+    with pytest.raises(StateError, match="without turns"):
+        checkpoint(history.view(), (), None)
     history.commit("t1", (user("x"),))
     data = checkpoint(history.view(), (), None)
     assert replay("c", [data], HistoryLimits()).turn_ids == ("t1",)

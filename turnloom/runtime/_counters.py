@@ -91,6 +91,7 @@ class Counters:
         "blank",
         "bytes",
         "discarded",
+        "duplicates",
         "evicted_items",
         "evicted_turns",
         "failed",
@@ -103,6 +104,7 @@ class Counters:
         "prepared",
         "rejected",
         "render",
+        "retracted",
         "tokens",
         "turns",
     )
@@ -112,6 +114,7 @@ class Counters:
         self.prepared = self.failed = self.discarded = self.rejected = 0
         self.turns = self.items = self.bytes = self.tokens = 0
         self.evicted_turns = self.evicted_items = self.late = self.blank = 0
+        self.duplicates = self.retracted = 0
         self.prefix_bytes = self.prefix_reused = 0
         self.latency = Histogram()
         self.render = Histogram()
@@ -129,6 +132,8 @@ class Counters:
         self.evicted_items += after.evicted_items - before.evicted_items
         self.late += after.dropped_late_outputs - before.dropped_late_outputs
         self.blank += after.dropped_blank_outputs - before.dropped_blank_outputs
+        self.duplicates += after.duplicate_outputs - before.duplicate_outputs
+        self.retracted += after.retracted_turns - before.retracted_turns
 
     def history_removed(self, held: HistoryStatistics) -> None:
         """A history was released: what it held is no longer held (its totals stay)."""
@@ -152,6 +157,7 @@ class Counters:
         capacity: int,
         pending: int,
         waiting_for_slot: int,
+        waiting_for_turn: int,
     ) -> ManagerStatistics:
         """The frozen statistics, O(1): the running totals and the queue's state."""
         return ManagerStatistics(
@@ -162,6 +168,7 @@ class Counters:
                 capacity=capacity,
                 pending=pending,
                 waiting_for_slot=waiting_for_slot,
+                waiting_for_turn=waiting_for_turn,
                 prepared_total=self.prepared,
                 failed_total=self.failed,
                 discarded_total=self.discarded,
@@ -175,6 +182,8 @@ class Counters:
                 evicted_items_total=self.evicted_items,
                 dropped_late_outputs_total=self.late,
                 dropped_blank_outputs_total=self.blank,
+                duplicate_outputs_total=self.duplicates,
+                retracted_turns_total=self.retracted,
                 tokens=self.tokens,
             ),
             prefix=PrefixStatistics(

@@ -402,9 +402,10 @@ class Durability:
         exactly ``history``); a failure leaves either log, both valid, and
         the length is reread before the next write of the context.
         """
-        bound = max(_COMPACT_MIN, _COMPACT_PER_TURN * len(history.turn_ids))
-        if claim.written <= bound or claim.pending or claim.resync:
-            return
+        held = len(history.turn_ids)
+        bound = max(_COMPACT_MIN, _COMPACT_PER_TURN * held)
+        if not held or claim.written <= bound or claim.pending or claim.resync:
+            return  # a checkpoint needs a turn to carry the instructions and sequence
         view, evicted, sequence = history.view(), history.evicted_ids, history.sequence
         length = claim.written
         blob = await anyio.to_thread.run_sync(

@@ -2,12 +2,12 @@
 
 Synchronous and loop-free. A context's log is the ordered list of changes its
 history went through on the owning host: a turn committed, outputs recorded,
-turns evicted. Replaying the log into an empty :class:`TurnHistory` with the
-same limits rebuilds the history exactly, evictions included, because each
-change is applied through the same ``TurnHistory`` methods in the same order
-(an eviction is logged when it happened, so a restored history evicts at the
-same points as the host that wrote it, including evictions an in-flight model
-call held back).
+turns evicted, the newest turn retracted. Replaying the log into an empty
+:class:`TurnHistory` with the same limits rebuilds the history exactly,
+evictions included, because each change is applied through the same
+``TurnHistory`` methods in the same order (an eviction is logged when it
+happened, so a restored history evicts at the same points as the host that
+wrote it, including evictions an in-flight model call held back).
 
 A *checkpoint* record stands for a whole log prefix: the history as it is
 (pinned instructions, the turns held with their outputs, the remembered
@@ -32,6 +32,7 @@ __all__ = (
     "OutputsRecorded",
     "Record",
     "TurnCommitted",
+    "TurnRetracted",
     "TurnsEvicted",
     "checkpoint",
     "decode_record",
@@ -47,7 +48,7 @@ import msgspec
 from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory
 from turnloom.context.message import Message
 from turnloom.context.tokens import TokenCounter
-from turnloom.errors import StoreRecordError, TurnloomError
+from turnloom.errors import StateError, StoreRecordError, TurnloomError
 
 SCHEMA_VERSION = 1
 """The version written into every new record."""
@@ -79,6 +80,12 @@ class TurnsEvicted(_Record, frozen=True, kw_only=True, tag="evict"):
     turn_ids: tuple[str, ...]
 
 
+class TurnRetracted(_Record, frozen=True, kw_only=True, tag="retract"):
+    """The newest turn was taken back (``TurnHistory.retract``)."""
+
+    turn_id: str
+
+
 class CheckpointTurn(msgspec.Struct, frozen=True, kw_only=True):
     """One turn held at a checkpoint: its input and its recorded outputs."""
 
@@ -96,7 +103,7 @@ class Checkpoint(_Record, frozen=True, kw_only=True, tag="checkpoint"):
     sequence: int | None = None
 
 
-Record: TypeAlias = TurnCommitted | OutputsRecorded | TurnsEvicted | Checkpoint
+Record: TypeAlias = TurnCommitted | OutputsRecorded | TurnsEvicted | TurnRetracted | Checkpoint
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)
@@ -105,8 +112,14 @@ _decoder = msgspec.msgpack.Decoder(Record)
 def checkpoint(view: HistoryView, evicted: tuple[str, ...], sequence: int | None) -> bytes:
     """The encoded checkpoint of a history (its view, evicted ids and last sequence).
 
-    Runs in a worker thread: O(history).
+    Runs in a worker thread: O(history). The history must hold a turn (its
+    first turn carries the pinned instructions and the sequence).
+
+    Raises:
+        StateError: the history holds no turn.
     """
+    if not view.turn_ids:
+        raise StateError("A history without turns has no checkpoint.")
     turns = []
     for turn_id in view.turn_ids:
         given = view.turn_input(turn_id)
@@ -213,6 +226,8 @@ def replay(
                 )
             elif isinstance(record, OutputsRecorded):
                 history.record(record.turn_id, record.outputs)
+            elif isinstance(record, TurnRetracted):
+                history.retract(record.turn_id)
             elif isinstance(record, Checkpoint):
                 if index:
                     raise StoreRecordError(

@@ -86,6 +86,14 @@ class Foundation:
         InvalidArgumentError: ``token_counter`` has no ``count`` method.
         MissingDependencyError: a Redis URL without the ``redis`` package.
 
+    Exceptions leaving ``async with``: an exception raised in the body (a
+    :class:`~turnloom.errors.TurnloomError`, an ``OSError``, a
+    ``KeyboardInterrupt``) leaves as it was raised, not wrapped in an
+    ``ExceptionGroup``, when it is the only one; ``except TurnloomError``
+    catches it. Only if the Foundation's own tasks failed as well does a
+    ``BaseExceptionGroup`` holding all of them leave; ``except*`` handles
+    both cases.
+
     Example::
 
         async with Foundation() as foundation:
@@ -212,7 +220,15 @@ class Foundation:
             await self.aclose()
         finally:
             assert self._task_group is not None
-            result = await self._task_group.__aexit__(exc_type, exc, tb)
+            try:
+                result = await self._task_group.__aexit__(exc_type, exc, tb)
+            except BaseExceptionGroup as group:
+                # The task group wraps the body's own exception; when it is the
+                # only one, let it leave as it was raised (a false result
+                # re-raises ``exc`` with its own traceback).
+                if exc is None or list(group.exceptions) != [exc]:
+                    raise
+                result = False
         return result
 
     async def aclose(self) -> None:

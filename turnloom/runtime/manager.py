@@ -46,8 +46,9 @@ from turnloom.context.area import ContextAreaImplementation
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory, check_id
+from turnloom.context.interruption import played_prefix
 from turnloom.context.message import Message
-from turnloom.context.pairing import complete_pairs
+from turnloom.context.pairing import OpenCallPolicy, complete_pairs
 from turnloom.context.scope import ContextScope, check_scope
 from turnloom.context.working import FrozenContext, WorkingContext
 from turnloom.errors import AreaCallbackError
@@ -84,16 +85,34 @@ class Invocation:
         turn_id: the turn the model call answers.
     """
 
-    __slots__ = ("_manager", "context_id", "turn_id")
+    __slots__ = ("_manager", "_serial", "_state", "context_id", "turn_id")
 
-    def __init__(self, manager: ContextManager, context_id: str, turn_id: str) -> None:
+    def __init__(
+        self, manager: ContextManager, state: ContextState, context_id: str, turn_id: str
+    ) -> None:
         self._manager = manager
+        self._state = state
+        self._serial = state.history.turn_serial(turn_id)
         self.context_id = context_id
         self.turn_id = turn_id
 
     def record(self, outputs: Sequence[Message]) -> int:
-        """Record outputs of this turn; see :meth:`ContextManager.record`."""
-        return self._manager.record(self.context_id, self.turn_id, outputs)
+        """Record outputs of this turn; see :meth:`ContextManager.record`.
+
+        Bound to the turn the invocation was opened for: outputs recorded
+        after that turn is gone (evicted, retracted, its context removed,
+        even when its id was since reused) are dropped and counted as late.
+        """
+        manager = self._manager
+        manager._check_open()
+        check_outputs(manager.gateway, self.context_id, self.turn_id, outputs)
+        return manager._table.record(
+            self._state, self.turn_id, outputs, self._serial, self.context_id
+        )
+
+    def record_interrupted(self, output: Message, *, played: int) -> int:
+        """Record this call's interrupted output; see :meth:`ContextManager.record_interrupted`."""
+        return self.record([played_prefix(output, played)])
 
 
 class ContextManager:
@@ -178,6 +197,11 @@ class ContextManager:
         return self._queue.capacity
 
     @property
+    def open_calls(self) -> OpenCallPolicy:
+        """What a prepared input does with a tool call left without a result."""
+        return self._open_calls
+
+    @property
     def history_limits(self) -> HistoryLimits:
         """The bounds of each context's history."""
         return self._limits
@@ -258,10 +282,14 @@ class ContextManager:
         """Record model outputs and tool results of a turn, in order.
 
         Empty or whitespace-only messages (for example the partial output of a
-        cancelled model call) are not recorded. Outputs for a turn that was
-        evicted are dropped and counted; they never bring the turn back. The
-        runtime-state pair never enters history: messages carrying it are
-        rejected.
+        cancelled model call) are not recorded. A message whose id and
+        content the turn already holds (a reply committed twice) is not
+        stored again, and counted. Outputs for a turn no longer held (evicted,
+        however long ago, or retracted) are dropped and counted; they never
+        bring the turn back (see :meth:`~turnloom.context.TurnHistory.record`;
+        record through the :class:`Invocation` to bind outputs to the very
+        turn even when its id is reused). The runtime-state pair never enters
+        history: messages carrying it are rejected.
 
         Returns:
             how many messages were recorded.
@@ -269,7 +297,11 @@ class ContextManager:
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
             UnknownContextError: no turn was committed to ``context_id``.
-            UnknownTurnError: ``turn_id`` was never committed to the context.
+            UnknownTurnError: ``turn_id`` was certainly never committed to the
+                context.
+            DuplicateIdError: a message has the id of a held message with
+                other content (or of another turn's message); nothing was
+                recorded.
             InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
                 id or message, or a message carrying a runtime-state call or
                 result (of any turn).
@@ -288,8 +320,73 @@ class ContextManager:
         check_outputs(self._gateway, context_id, turn_id, outputs)
         return self._table.record(state, turn_id, outputs)
 
+    def record_interrupted(
+        self, context_id: str, turn_id: str, output: Message, *, played: int
+    ) -> int:
+        """Record a model output interrupted while it was played (a voice barge-in).
+
+        Only what the user heard is recorded: the output's text up to
+        ``played`` characters (see :func:`~turnloom.context.played_prefix`);
+        its tool calls stay, and as they have no result the ``open_calls``
+        policy excludes or cancels them in the next input unless their
+        results are recorded. An output cut before any text was played and
+        without other parts is blank and not recorded.
+
+        Args:
+            context_id: the conversation.
+            turn_id: the turn the output answered.
+            output: the whole assistant message the model produced.
+            played: how many characters of its text were played, counted
+                over its text parts in order.
+
+        Returns:
+            how many messages were recorded (0 or 1).
+
+        Raises:
+            InvalidMessageError: ``output`` is not an assistant Message, or
+                ``played`` is not a non-negative int; and as :meth:`record`.
+            FoundationClosedError, UnknownContextError, UnknownTurnError,
+            InvalidTextError, DuplicateIdError, ItemTooLargeError,
+            ProviderRuleError: as :meth:`record`.
+        """
+        self._check_open()
+        self._table.get(context_id)
+        return self.record(context_id, turn_id, [played_prefix(output, played)])
+
+    def retract_turn(self, context_id: str, turn_id: str) -> None:
+        """Take back the newest turn of a context that produced no answer (a false start).
+
+        A voice host commits the user's speech as a turn; when it turns out
+        to be a false start (noise, a cough, words cut off), retracting it
+        keeps it out of every later input. Its id stays used (see
+        :meth:`~turnloom.context.TurnHistory.retract`): outputs recorded for
+        it later are dropped and counted, and a later prepare of it raises
+        :class:`~turnloom.errors.UnknownTurnError`. Prefixes already
+        delivered for it are unchanged.
+
+        Raises:
+            FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: a malformed id.
+            UnknownContextError: no such context.
+            UnknownTurnError: the turn is not held.
+            StateError: the turn is not the newest, outputs were recorded for
+                it, or a model call of the context is in flight.
+            NotClaimedError, StaleLeaseError: as :meth:`accept_turn`.
+
+            Nothing changed when any of these is raised.
+        """
+        self._check_open()
+        if self._durable is not None:
+            self._durable.check_writable(context_id)
+        self._table.retract(self._table.get(context_id), context_id, turn_id)
+
     def remove_context(self, context_id: str) -> None:
         """Forget a context and its whole history (its counters are kept).
+
+        Preparations waiting for a turn of the context settle at once with
+        :class:`~turnloom.errors.ContextRemovedError` and free their slots; a
+        context created again with the same id never serves them. Outputs an
+        :class:`Invocation` of it records later are dropped and counted.
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
@@ -305,6 +402,7 @@ class ContextManager:
         if self._durable is not None:
             self._durable.check_writable(context_id)
         self._table.remove(context_id)
+        self._queue.wake(context_id)
         if self._durable is not None:
             self._durable.forget(context_id)
 
@@ -501,7 +599,7 @@ class ContextManager:
         self._check_open()
         state = self._table.begin_call(context_id, turn_id)
         try:
-            yield Invocation(self, context_id, turn_id)
+            yield Invocation(self, state, context_id, turn_id)
         finally:
             self._table.end_call(state, evict=not self._closed)
 
@@ -516,8 +614,12 @@ class ContextManager:
         ``accept_turn``), and for a worker thread. The request is validated and
         its contributions copied at the call (changing a list afterwards has no
         effect); the history and the request's state are captured once, when
-        the turn is committed; rendering runs in the worker. Bound the whole
-        wait with ``anyio.fail_after``.
+        the turn is committed; rendering runs in the worker. A turn that is
+        never committed (a mistyped id) is waited for until the caller's
+        deadline; such waits are counted in
+        ``statistics().preparations.waiting_for_turn``. Bound the whole wait
+        with ``anyio.fail_after(seconds, reason=...)``, the reason naming the
+        context and turn ids, so the ``TimeoutError`` says what never came.
 
         Returns:
             the prefix: pinned instructions, earlier turns, the turn's input,
@@ -539,7 +641,10 @@ class ContextManager:
             ItemTooLargeError: the runtime-state result would exceed the
                 per-item byte cap: raised at the call when the carried texts
                 alone exceed it (no slot taken), else by the preparation.
-            UnknownTurnError: the turn was evicted before it could be captured.
+            UnknownTurnError: the turn was evicted (or retracted) before it could
+                be captured.
+            ContextRemovedError: the context was removed while the preparation
+                waited (a context created again with the same id never serves it).
             ProviderRuleError: the gateway rejected a message while rendering.
             AreaCallbackError: an attached area raised (or returned a wrong
                 value) in the area pass; ``area`` and ``phase`` name it. The
@@ -551,15 +656,19 @@ class ContextManager:
             Cancelled while waiting for a slot: nothing was admitted. Cancelled
             later: the preparation is cancelled if it still waits for its turn
             or a thread, or, if it is rendering, the thread finishes and the
-            result is discarded; the slot is freed when it settles. History is
-            never changed by a preparation. An area pass that ran for a
-            discarded result is reused by the next preparation of the context.
+            result is discarded; the slot is freed when it settles. Cancelled
+            after the preparation settled but before the requester resumed: the
+            cancellation propagates and the result is discarded, never counted
+            as delivered. History is never changed by a preparation. An area
+            pass that ran for a discarded result is reused by the next
+            preparation of the context, so it is delivered exactly once.
         """
         self._check_open()
         request = check_request(request, self._limits.max_item_bytes)
         requested_at = anyio.current_time()
+        origin = self._table.contexts.get(request.context_id)
         await self._queue.acquire()
-        return await self._queue.admit(request, requested_at, self._prepare)
+        return await self._queue.admit(request, requested_at, origin, self._prepare)
 
     async def prepare_nowait(self, request: ContextPrepareRequest) -> PreparedContext:
         """Like :meth:`prepare`, but refuse at once when every slot is taken.
@@ -574,8 +683,9 @@ class ContextManager:
             QueueFullError: all ``capacity`` slots are taken; nothing was admitted.
             FoundationClosedError, InvalidMessageError, InvalidTextError,
             DuplicateIdError, InvalidArgumentError, PositionalScopeError,
-            ItemTooLargeError, UnknownTurnError, ProviderRuleError,
-            AreaCallbackError, OpenToolCallError: as :meth:`prepare`.
+            ItemTooLargeError, UnknownTurnError, ContextRemovedError,
+            ProviderRuleError, AreaCallbackError, OpenToolCallError: as
+            :meth:`prepare`.
 
         Cancellation:
             As :meth:`prepare` after admission.
@@ -584,24 +694,30 @@ class ContextManager:
         request = check_request(request, self._limits.max_item_bytes)
         requested_at = anyio.current_time()
         self._queue.acquire_nowait(request)
-        return await self._queue.admit(request, requested_at, self._prepare)
+        origin = self._table.contexts.get(request.context_id)
+        return await self._queue.admit(request, requested_at, origin, self._prepare)
 
-    async def _wait_for_turn(self, context_id: str, turn_id: str) -> ContextState:
+    async def _wait_for_turn(self, preparation: Preparation) -> ContextState:
+        context_id = preparation.request.context_id
+        turn_id = preparation.request.turn_id
         while True:
             if self._closed:
                 raise FoundationClosedError(
                     f"The Foundation closed while waiting for turn {turn_id!r} of context "
                     f"{context_id!r}."
                 )
-            state = self._table.holding(context_id, turn_id)
+            state = self._table.holding(context_id, turn_id, preparation.origin)
             if state is not None:
                 return state
+            if preparation.origin is None:
+                # Created since the call: the request is now for this context.
+                preparation.origin = self._table.contexts.get(context_id)
             await self._queue.next_commit(context_id)
 
     async def _prepare(self, preparation: Preparation, scope: anyio.CancelScope) -> None:
         """The work of one owned preparation: wait, capture, render, deliver, count."""
         request = preparation.request
-        state = await self._wait_for_turn(request.context_id, request.turn_id)
+        state = await self._wait_for_turn(preparation)
         if self._durable is not None:
             self._durable.touch(request.context_id)
         # Capture once: an immutable view and the request's state.
@@ -636,10 +752,13 @@ class ContextManager:
             self._table.count_section(areas, section)
         # Cancelled while the thread ran (the thread was not abandoned): the
         # result is discarded.
-        if scope.cancel_called:
+        if scope.cancel_called or not preparation.wanted:
             return
-        if preparation.wanted:
-            # A scoped prepare leaves what unscoped ones compare with and reuse.
+
+        def deliver() -> None:
+            # Run by the queue when the requester receives the result, never
+            # for a result its requester did not get. A scoped prepare leaves
+            # what unscoped ones compare with and reuse.
             unscoped = request.scope is None
             if unscoped and areas is not None and section is not None:
                 areas.delivered = max(areas.delivered, section.generation)
@@ -650,9 +769,11 @@ class ContextManager:
                 prepared,
                 anyio.current_time() - preparation.requested_at,
             )
-        self._issued[id(prepared)] = prepared
-        self._call_ids[id(prepared)] = delivered.call_ids
-        weakref.finalize(prepared, self._call_ids.pop, id(prepared), None)
+            self._issued[id(prepared)] = prepared
+            self._call_ids[id(prepared)] = delivered.call_ids
+            weakref.finalize(prepared, self._call_ids.pop, id(prepared), None)
+
+        preparation.deliver = deliver
         preparation.result = prepared
 
     # -- continuation ------------------------------------------------------------
@@ -831,6 +952,7 @@ class ContextManager:
             capacity=queue.capacity,
             pending=queue.pending,
             waiting_for_slot=queue.waiting_for_slot,
+            waiting_for_turn=queue.waiting_for_turn,
         )
         if self._durable is not None:
             snapshot = msgspec.structs.replace(snapshot, store=self._durable.statistics())

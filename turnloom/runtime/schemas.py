@@ -228,10 +228,14 @@ class PreparationStatistics(msgspec.Struct, frozen=True, kw_only=True):
         pending: preparations admitted and not yet settled (waiting for their
             turn's commit or rendering).
         waiting_for_slot: ``prepare`` calls waiting for a free slot.
+        waiting_for_turn: admitted preparations waiting for their turn's
+            commit (a mistyped context or turn id waits here until the
+            caller's deadline).
         prepared_total: preparations delivered to their requester.
         failed_total: preparations that ended with an error.
-        discarded_total: preparations whose requester was cancelled; their
-            result, if any, was dropped.
+        discarded_total: preparations whose requester was cancelled, even
+            after the preparation settled; their result, if any, was dropped
+            (an area section it held goes to the next preparation).
         rejected_total: ``prepare_nowait`` calls refused for lack of a slot.
     """
 
@@ -242,6 +246,7 @@ class PreparationStatistics(msgspec.Struct, frozen=True, kw_only=True):
     failed_total: int
     discarded_total: int
     rejected_total: int
+    waiting_for_turn: int = 0
 
 
 class HistoryTotals(msgspec.Struct, frozen=True, kw_only=True):
@@ -252,8 +257,12 @@ class HistoryTotals(msgspec.Struct, frozen=True, kw_only=True):
             messages; pinned instructions excluded).
         evicted_turns_total, evicted_items_total: evicted from histories
             (removed contexts included).
-        dropped_late_outputs_total: outputs recorded for evicted turns, dropped.
+        dropped_late_outputs_total: outputs recorded for turns no longer held
+            (evicted, retracted, or of a removed context), dropped.
         dropped_blank_outputs_total: empty or whitespace-only outputs not recorded.
+        duplicate_outputs_total: outputs recorded again with an id and content
+            their turn already held, not stored again.
+        retracted_turns_total: turns taken back with ``retract_turn``.
         tokens: tokens of the messages held across all contexts (pinned
             instructions excluded), by the Foundation's token counter.
     """
@@ -265,6 +274,8 @@ class HistoryTotals(msgspec.Struct, frozen=True, kw_only=True):
     evicted_items_total: int
     dropped_late_outputs_total: int
     dropped_blank_outputs_total: int
+    duplicate_outputs_total: int = 0
+    retracted_turns_total: int = 0
     tokens: int = 0
 
 

@@ -28,7 +28,7 @@ from turnloom.errors import InputError, QueueFullError, TurnloomError
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
 from turnloom.tools._stats import peak_rss_bytes, percentile
-from turnloom.tools.trajectories import Trajectory
+from turnloom.tools.trajectories import ReplayError, Trajectory, check_trajectory
 from turnloom.tools.transcript import Reply, Turn, snapshot, walk
 
 _TICK = 0.005
@@ -151,7 +151,8 @@ async def loadtest(
 
     Raises:
         InputError: no trajectories, ``sessions`` not positive, a malformed
-            trajectory, or an unknown or unavailable gateway.
+            trajectory (by :func:`~turnloom.tools.trajectories.check_trajectory`,
+            the rule ``replay`` uses), or an unknown or unavailable gateway.
 
     Cancellation:
         Cancelling stops every session and closes the Foundation in order.
@@ -161,13 +162,11 @@ async def loadtest(
     if sessions < 1:
         raise InputError(f"sessions must be a positive integer, not {sessions}.")
     get_gateway(gateway)
-    chat = get_gateway(GatewayType.openai_chat)
     scripts: list[list[Message]] = []
     for trajectory in trajectories:
-        try:
-            parsed = [chat.parse(m) for m in trajectory.messages]
-        except TurnloomError as exc:
-            raise InputError(f"{trajectory.source}, trajectory {trajectory.index}: {exc}") from exc
+        parsed = check_trajectory(trajectory)
+        if isinstance(parsed, ReplayError):
+            raise InputError(str(parsed))
         scripts.append(parsed)
 
     latencies: list[float] = []
