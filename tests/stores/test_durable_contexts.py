@@ -500,3 +500,29 @@ async def test_a_compaction_whose_reply_is_lost_never_misplaces_a_record(
                 assert restored.turn_messages(turn_id) == held.turn_messages(turn_id)
     finally:
         await store.aclose()
+
+
+async def test_a_held_lease_is_renewed_and_a_lost_one_is_noticed(store_url: str) -> None:
+    """Renewal keeps a lease past its time-to-live; a renewal that fails ends the ownership."""
+    store = open_context_store(store_url)
+    try:
+        async with Foundation(store=store_url, owner="host-a", lease_ttl=0.3) as host:
+            manager = host.manager
+            await manager.claim("c")
+            manager.accept_turn(snapshot("c", "t1", "hi"))
+            await manager.flush()
+            await anyio.sleep(1.0)  # more than three times the lease's time-to-live
+            with pytest.raises(LeaseHeldError, match="host-a"):
+                await store.acquire("c", "host-b", 30)
+            expire_lease(store_url, "c")
+            token = await store.acquire("c", "host-b", 30)
+            with anyio.fail_after(10):
+                while manager.context_ids():  # the next renewal finds the lease gone
+                    await anyio.sleep(0.05)
+            with pytest.raises(StaleLeaseError, match="expired before it was renewed"):
+                manager.accept_turn(snapshot("c", "t2", "again"))
+            stats = manager.statistics().store
+            assert stats is not None and stats.leases_lost_total == 1
+            await store.release({"c": token})
+    finally:
+        await store.aclose()
