@@ -31,7 +31,8 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 from turnloom import __version__
 from turnloom.context.gateway import GatewayType, get_gateway
 from turnloom.context.history import HistoryLimits
-from turnloom.errors import InputError, StoreError
+from turnloom.errors import ConfigError, InputError, StoreError
+from turnloom.runtime.config import RuntimeConfig, load_config
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.metrics import MetricsServer, serve_metrics
 from turnloom.tools.fleet import run_fleet
@@ -130,6 +131,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (shown on a terminal only)"
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="build the context manager from this YAML or TOML file's 'context' section",
     )
 
 
@@ -249,6 +256,20 @@ def _check_run_options(args: argparse.Namespace) -> list[str]:
     if args.backend == "trio" and importlib.util.find_spec("trio") is None:
         problems.append("the trio backend needs the 'trio' package (pip install trio).")
     return problems
+
+
+def _load_config(args: argparse.Namespace) -> RuntimeConfig | None:
+    """The ``--config`` file, checked; None without one.
+
+    Raises:
+        _Refused: the file cannot be read or checked (one line naming the key).
+    """
+    if args.config is None:
+        return None
+    try:
+        return load_config(args.config)
+    except ConfigError as exc:
+        raise _Refused(str(exc)) from None
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -374,6 +395,7 @@ def _replay(args: argparse.Namespace) -> int:
     problems = _check_run_options(args) + _check_output("--out", args.out, paths)
     if problems:
         raise _Refused(*problems)
+    config = _load_config(args)
     load_errors: list[ReplayError] = []
     if paths:
         # Trajectory-level problems are reported with the summary, beside the
@@ -395,6 +417,7 @@ def _replay(args: argparse.Namespace) -> int:
                 out=out,
                 load_errors=load_errors,
                 on_session=lambda: bar.update(),
+                config=config,
             ),
         )
     finally:
@@ -443,6 +466,8 @@ def _print_report(report: LoadtestReport, out: TextIO) -> None:
 def _fleet(args: argparse.Namespace) -> int:
     common = ["--turns", str(args.turns), "--source", args.source, "--gateway", args.gateway]
     common += ["--backend", args.backend]
+    if args.config is not None:
+        common += ["--config", str(args.config)]
     if args.store is not None:
         common += ["--store", args.store]
     try:
@@ -486,6 +511,7 @@ def _loadtest(args: argparse.Namespace) -> int:
         raise _Refused(*problems)
     if args.processes > 1:
         return _fleet(args)
+    config = _load_config(args)
     errors: list[ReplayError] = []
     if source is None:
         trajectories = builtin_trajectories(min(args.sessions, 64), turns=(args.turns, args.turns))
@@ -527,6 +553,7 @@ def _loadtest(args: argparse.Namespace) -> int:
                 gateway=args.gateway,
                 on_model_call=lambda: bar.update(),
                 on_open=on_open,
+                config=config,
                 store=args.store,
                 first_session=args.first_session,
                 run_id=args.run_id or (f"{uuid.uuid4().hex[:8]}:" if args.store else ""),

@@ -33,11 +33,13 @@ from __future__ import annotations
 __all__ = (
     "AreaCallbackError",
     "CapacityError",
+    "ConfigError",
     "ContextRemovedError",
     "DuplicateAreaError",
     "DuplicateIdError",
     "FrozenValueError",
     "InputError",
+    "InstructionMessageError",
     "InvalidAreaError",
     "InvalidArgumentError",
     "InvalidMessageError",
@@ -60,6 +62,7 @@ __all__ = (
     "TurnloomError",
     "UnknownAreaError",
     "UnknownContextError",
+    "UnknownPluginError",
     "UnknownTurnError",
     "Violation",
 )
@@ -106,6 +109,53 @@ class InvalidMessageError(InputError):
 
 class InvalidTextError(InvalidMessageError):
     """Text that cannot be sent: invalid UTF-8 or a lone surrogate."""
+
+
+class InstructionMessageError(InvalidMessageError):
+    """A ``system`` or ``developer`` message where only conversation may go.
+
+    Pinned instructions change only through a committed turn's
+    ``instructions``; a model output, a tool result or a continuation can never
+    carry one (it would land mid-history).
+
+    Attributes:
+        field: the offending message (``"outputs[2]"``, ``"continuation[0]"``).
+        role: its role, ``"system"`` or ``"developer"``.
+    """
+
+    def __init__(self, message: str, *, field: str, role: str) -> None:
+        super().__init__(message, field=field)
+        self.role = role
+
+
+class ConfigError(InputError):
+    """A configuration file or mapping that cannot configure the runtime.
+
+    Raised before anything is built: the file cannot be read or parsed, a key
+    is unknown or missing, or a value has the wrong type or range.
+
+    Attributes:
+        key: dotted path of the offending key (``"context.init_config.history_max_turns"``),
+            or ``""`` when the whole document is at fault.
+    """
+
+    def __init__(self, message: str, *, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class UnknownPluginError(ConfigError, LookupError):
+    """A configuration names a context plugin that is neither built in nor registered.
+
+    Attributes:
+        plugin: the name asked for.
+        known: the names that would have resolved, sorted.
+    """
+
+    def __init__(self, message: str, *, key: str, plugin: str, known: Sequence[str]) -> None:
+        super().__init__(message, key=key)
+        self.plugin = plugin
+        self.known = tuple(known)
 
 
 class DuplicateIdError(InputError):

@@ -526,3 +526,16 @@ async def test_a_held_lease_is_renewed_and_a_lost_one_is_noticed(store_url: str)
             await store.release({"c": token})
     finally:
         await store.aclose()
+
+
+async def test_a_host_built_manager_carries_its_store(store_url: str) -> None:
+    manager = ContextManager(store=store_url, history_limits=LIMITS)
+    with pytest.raises(InputError, match="store"):
+        Foundation(manager, store=store_url)
+    async with Foundation(manager) as foundation:
+        assert foundation.manager is manager
+        await manager.claim("c")
+        await converse(manager, "c", range(2))
+    async with Foundation(store=store_url, history_limits=LIMITS) as again:
+        await again.manager.claim("c")
+        assert again.manager.history("c").turn_ids == ("t0", "t1")

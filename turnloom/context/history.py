@@ -57,6 +57,7 @@ __all__ = (
     "RenderedHistory",
     "TurnHistory",
     "check_id",
+    "reject_instructions",
 )
 
 import bisect
@@ -95,6 +96,7 @@ from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
 from turnloom.errors import (
     DuplicateIdError,
     InputError,
+    InstructionMessageError,
     InvalidArgumentError,
     InvalidMessageError,
     ItemTooLargeError,
@@ -107,6 +109,28 @@ _encoder = msgspec.json.Encoder()
 _DEFAULT_COUNTER = ApproxTokenCounter()
 _PINNED_ROLES = (Role.system, Role.developer)
 _MAX_ID_LENGTH = 256
+
+
+def reject_instructions(messages: Sequence[object], field: str, where: str) -> None:
+    """No mid-conversation instructions: refuse ``system`` and ``developer`` messages.
+
+    Pinned instructions change only through a committed turn's
+    ``instructions``; a turn's input, a model output, a tool result or a
+    continuation never carries one, so none lands mid-history. Items that are
+    not Messages are left to the message checks.
+
+    Raises:
+        InstructionMessageError: ``messages[i]`` has role ``system`` or
+            ``developer``; ``field`` is ``f"{field}[{i}]"``.
+    """
+    for i, message in enumerate(messages):
+        if isinstance(message, Message) and message.role in _PINNED_ROLES:
+            raise InstructionMessageError(
+                f"{where}[{i}] is a {message.role!s} message; pinned instructions change "
+                "only through a turn snapshot's instructions, never mid-conversation.",
+                field=f"{field}[{i}]",
+                role=str(message.role),
+            )
 
 
 class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -1468,13 +1492,7 @@ class TurnHistory:
                     f"Turn {turn_id!r} has sequence {sequence}, but turn sequence "
                     f"{self._sequence} was already committed; turns must arrive in order."
                 )
-        for i, message in enumerate(input):
-            if isinstance(message, Message) and message.role in _PINNED_ROLES:
-                raise InvalidMessageError(
-                    f"Turn {turn_id!r} input[{i}] has role {message.role!s}; instructions "
-                    "go in the snapshot's instructions, never in turn input.",
-                    field="role",
-                )
+        reject_instructions(input, "input", f"Turn {turn_id!r} input")
         entries = self._entries(input, f"turn {turn_id!r} input")
         seen: set[str] = set()
         for i, entry in enumerate(entries):

@@ -20,6 +20,7 @@ from turnloom.runtime.schemas import (
     HistoryTotals,
     LatencyHistograms,
     ManagerStatistics,
+    OutputStatistics,
     PrefixStatistics,
     PreparationStatistics,
     PreparedContext,
@@ -158,6 +159,7 @@ class Counters:
         pending: int,
         waiting_for_slot: int,
         waiting_for_turn: int,
+        outputs: OutputStatistics,
     ) -> ManagerStatistics:
         """The frozen statistics, O(1): the running totals and the queue's state."""
         return ManagerStatistics(
@@ -205,4 +207,5 @@ class Counters:
                 items_reclaimed_total=self.area_items_reclaimed,
                 items_promoted_total=self.area_items_promoted,
             ),
+            outputs=outputs,
         )

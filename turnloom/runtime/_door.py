@@ -7,12 +7,16 @@ from :mod:`turnloom.errors` before any state changes; none touches a context.
 from __future__ import annotations
 
 __all__ = (
+    "DEFAULT_IDLE_AFTER",
+    "DEFAULT_LEASE_TTL",
+    "DEFAULT_MAX_PENDING_PREPARATIONS",
     "DurableOptions",
     "FoundationOptions",
     "ManagerOptions",
     "check_continuation",
     "check_durable_options",
     "check_foundation_options",
+    "check_manager_options",
     "check_outputs",
     "check_renderable",
     "check_request",
@@ -29,7 +33,7 @@ from typing import Any
 import msgspec
 
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_gateway
-from turnloom.context.history import HistoryLimits, check_id
+from turnloom.context.history import HistoryLimits, check_id, reject_instructions
 from turnloom.context.message import Message, check_message
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.scope import check_scope
@@ -47,6 +51,7 @@ from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext, Tur
 from turnloom.runtime.state import (
     STATE_TOOL_NAME,
     check_contributions,
+    check_perception,
     is_state_message,
     state_call_id,
 )
@@ -54,6 +59,15 @@ from turnloom.runtime.store import ContextStore
 from turnloom.stores import open_context_store
 
 _encoder = msgspec.json.Encoder()
+
+DEFAULT_MAX_PENDING_PREPARATIONS = 16
+"""The default bound on pending preparations of a ContextManager."""
+
+DEFAULT_LEASE_TTL = 10.0
+"""The default lifetime of a context's lease, in seconds."""
+
+DEFAULT_IDLE_AFTER = 300.0
+"""The default disuse, in seconds, after which a held context leaves memory."""
 
 
 class DurableOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -102,24 +116,22 @@ def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def check_foundation_options(
+def check_manager_options(
     *,
     gateway: GatewayType | str | Gateway,
     max_pending_preparations: int,
-    worker_threads: int,
     history_limits: HistoryLimits | None,
     behavior_rules: str | None,
     open_calls: str,
-    close_grace_period: float,
     token_counter: TokenCounter | None = None,
-) -> FoundationOptions:
-    """Validate every option of a Foundation once; return them checked and frozen.
+) -> ManagerOptions:
+    """Validate every option of a ContextManager once; return them checked and frozen.
 
     Raises:
-        InputError: a bound is not a positive integer, the grace period is
-            not a non-negative number, ``history_limits`` is not a
-            :class:`HistoryLimits`, an unknown gateway or ``open_calls``
-            policy, or behaviour rules that are not valid text.
+        InputError: ``max_pending_preparations`` is not a positive integer,
+            ``history_limits`` is not a :class:`HistoryLimits`, an unknown
+            gateway or ``open_calls`` policy, or behaviour rules that are not
+            valid text.
         InvalidArgumentError: ``token_counter`` has no ``count`` method.
     """
     if token_counter is None:
@@ -129,15 +141,6 @@ def check_foundation_options(
             f"token_counter must have a count(messages) method; a "
             f"{type(token_counter).__name__:.40} has none.",
             field="token_counter",
-        )
-    if not _positive_int(worker_threads):
-        raise InputError(f"worker_threads must be a positive integer, not {worker_threads!r}.")
-    if not (isinstance(close_grace_period, int | float) and close_grace_period >= 0) or (
-        math.isnan(close_grace_period)
-    ):
-        raise InputError(
-            f"close_grace_period must be a non-negative number of seconds, not "
-            f"{close_grace_period!r}."
         )
     if history_limits is not None and not isinstance(history_limits, HistoryLimits):
         raise InputError(
@@ -151,7 +154,7 @@ def check_foundation_options(
     if open_calls not in ("exclude", "cancel"):
         raise InputError(f"open_calls must be 'exclude' or 'cancel', not {open_calls!r}.")
     check_contributions((), behavior_rules, None)
-    manager = ManagerOptions(
+    return ManagerOptions(
         gateway=gateway if isinstance(gateway, Gateway) else get_gateway(gateway),
         max_pending_preparations=max_pending_preparations,
         history_limits=history_limits if history_limits is not None else HistoryLimits(),
@@ -159,6 +162,29 @@ def check_foundation_options(
         open_calls="cancel" if open_calls == "cancel" else "exclude",
         token_counter=token_counter,
     )
+
+
+def check_foundation_options(
+    *,
+    manager: ManagerOptions,
+    worker_threads: int,
+    close_grace_period: float,
+) -> FoundationOptions:
+    """Validate the Foundation's own options once; return them with its manager's, frozen.
+
+    Raises:
+        InputError: ``worker_threads`` is not a positive integer, or the grace
+            period is not a non-negative number.
+    """
+    if not _positive_int(worker_threads):
+        raise InputError(f"worker_threads must be a positive integer, not {worker_threads!r}.")
+    if not (isinstance(close_grace_period, int | float) and close_grace_period >= 0) or (
+        math.isnan(close_grace_period)
+    ):
+        raise InputError(
+            f"close_grace_period must be a non-negative number of seconds, not "
+            f"{close_grace_period!r}."
+        )
     return FoundationOptions(
         manager=manager,
         worker_threads=worker_threads,
@@ -273,12 +299,14 @@ def check_outputs(
     Raises:
         InvalidMessageError, InvalidTextError: a malformed turn id or message,
             not a sequence of Messages, or a runtime-state call or result.
+        InstructionMessageError: a ``system`` or ``developer`` message.
         ProviderRuleError: the gateway cannot render a message.
     """
     check_id(turn_id, "turn id")
     if isinstance(outputs, Message) or not isinstance(outputs, Sequence):
         raise InvalidMessageError("record takes a sequence of Messages, oldest first.")
     reject_state(outputs, context_id, turn_id, f"Output of turn {turn_id!r}")
+    reject_instructions(outputs, "outputs", f"Output of turn {turn_id!r}")
     check_renderable(gateway, outputs, f"Output of turn {turn_id!r}")
 
 
@@ -317,11 +345,13 @@ def check_snapshot(snapshot: TurnSnapshot, gateway: Gateway) -> str:
 def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> ContextPrepareRequest:
     """Validate a request; return it with its contributions frozen in a tuple.
 
-    The copy is what the preparation captures, so a list the caller
-    changes after the call can neither bypass validation nor change state.
+    The copy is what the preparation captures, so a list (or a perception's
+    source dict) the caller changes after the call can neither bypass
+    validation nor change state. The perception's time is converted to UTC.
 
     Raises:
-        InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed request.
+        InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
+            request (ids, contributions, behaviour rules, loop budget, perception).
         InvalidArgumentError: ``scope`` is neither None nor a scope (an object
             with a callable ``matches``); ``field`` is ``"scope"``.
         ItemTooLargeError: the carried texts alone exceed ``max_item_bytes``.
@@ -338,12 +368,18 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
     if type(contributions) is not tuple and isinstance(contributions, list):
         contributions = tuple(contributions)
     check_contributions(contributions, request.behavior_rules, request.loop_budget)
+    perception = request.perception
+    if perception is not None:
+        perception = check_perception(perception)
     # The state result is one item under the per-item cap. Its text is at
     # least as long as the texts it carries (UTF-8 bytes >= characters), so
     # this bound fails early without encoding on the event loop; the exact
     # size is checked in the worker.
     carried = sum(len(c.name) + len(c.content) for c in contributions)
     carried += len(request.behavior_rules or "")
+    if perception is not None:
+        carried += len(perception.modality or "")
+        carried += sum(len(k) + len(v) for k, v in perception.source.items())
     if carried > max_item_bytes:
         raise ItemTooLargeError(
             f"The runtime state of turn {request.turn_id!r} carries at least {carried} "
@@ -351,9 +387,9 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
             size=carried,
             limit=max_item_bytes,
         )
-    if contributions is request.contributions:
+    if contributions is request.contributions and perception is None:
         return request
-    return msgspec.structs.replace(request, contributions=contributions)
+    return msgspec.structs.replace(request, contributions=contributions, perception=perception)
 
 
 def check_continuation(
@@ -370,6 +406,7 @@ def check_continuation(
         InvalidMessageError, InvalidTextError: ``prefix`` is not one of
             ``issued``, ``continuation`` is not a sequence of Messages, a
             malformed message, or one carrying a runtime-state call or result.
+        InstructionMessageError: a ``system`` or ``developer`` message.
         DuplicateIdError: a message repeats an id of the prefix's turn or of
             an earlier continuation message.
     """
@@ -387,6 +424,7 @@ def check_continuation(
     if isinstance(continuation, Message) or not isinstance(continuation, Sequence):
         raise InvalidMessageError("build takes a sequence of continuation Messages, oldest first.")
     reserved = set(prefix.reserved_ids)
+    reject_instructions(continuation, "continuation", "continuation")
     for i, message in enumerate(continuation):
         check_message(message, where=f"continuation[{i}]")
         if is_state_message(message, prefix.state_call_id):

@@ -35,8 +35,9 @@ from __future__ import annotations
 __all__ = ("ContextManager", "Invocation")
 
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 
 import anyio
 import anyio.abc
@@ -44,37 +45,58 @@ import msgspec
 
 from turnloom.context.area import ContextAreaImplementation
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
-from turnloom.context.gateway import Gateway, NativeContent
+from turnloom.context.gateway import Gateway, GatewayType, NativeContent
 from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory, check_id
 from turnloom.context.interruption import played_prefix
 from turnloom.context.message import Message
 from turnloom.context.pairing import OpenCallPolicy, complete_pairs
 from turnloom.context.scope import ContextScope, check_scope
+from turnloom.context.tokens import TokenCounter
 from turnloom.context.working import FrozenContext, WorkingContext
-from turnloom.errors import AreaCallbackError
+from turnloom.errors import (
+    AreaCallbackError,
+    InputError,
+    InvalidMessageError,
+    StateError,
+    TurnloomError,
+    UnknownContextError,
+)
 from turnloom.runtime._area_section import check_area
 from turnloom.runtime._bridge import folded_message, working_context
 from turnloom.runtime._contexts import ContextState, ContextTable
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._door import (
+    DEFAULT_IDLE_AFTER,
+    DEFAULT_LEASE_TTL,
+    DEFAULT_MAX_PENDING_PREPARATIONS,
     ManagerOptions,
     check_continuation,
+    check_durable_options,
+    check_manager_options,
     check_outputs,
     check_request,
     check_routed_item,
     check_snapshot,
 )
 from turnloom.runtime._durable import Durability
+from turnloom.runtime._outputs import OutputStreams
 from turnloom.runtime._queue import Preparation, PreparationQueue
 from turnloom.runtime._render import render_preparation
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.schemas import (
     ContextPrepareRequest,
     ManagerStatistics,
+    OutputRecord,
+    OutputStatistics,
     PreparedContext,
     TurnSnapshot,
 )
+from turnloom.runtime.state import check_time
 from turnloom.runtime.store import ContextStore
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
 
 
 class Invocation:
@@ -104,7 +126,7 @@ class Invocation:
         even when its id was since reused) are dropped and counted as late.
         """
         manager = self._manager
-        manager._check_open()
+        manager._check_recording()
         check_outputs(manager.gateway, self.context_id, self.turn_id, outputs)
         return manager._table.record(
             self._state, self.turn_id, outputs, self._serial, self.context_id
@@ -118,9 +140,13 @@ class Invocation:
 class ContextManager:
     """Keeps each context's history and prepares provider-native model inputs.
 
-    Created and owned by a :class:`~turnloom.runtime.Foundation`; reach it as
-    ``foundation.manager``. All methods must be called from the Foundation's
-    event loop.
+    A host builds it first (directly, or from a configuration with
+    :func:`~turnloom.runtime.build_context_manager`), then binds it to a
+    :class:`~turnloom.runtime.Foundation` (``Foundation(manager)``), which owns
+    it from then on: building needs no Foundation service. ``Foundation(...)``
+    with the same keyword arguments builds one itself. Reach it as
+    ``foundation.manager``. Every method must be called from the Foundation's
+    event loop; until the Foundation is open they raise :class:`StateError`.
 
     A prepared prefix is, in order: pinned instructions, earlier turns, the
     turn's input, the runtime-state pair (when there is state), then the
@@ -137,43 +163,85 @@ class ContextManager:
     points, threads, model calls in flight and undelivered sections.
 
     Args:
-        task_group: the Foundation's task group; preparations run in it.
-        limiter: the Foundation's worker-thread limiter.
-        options: the checked options (gateway, the bound on pending
-            preparations, history limits, default behaviour rules, the
-            ``open_calls`` policy); see :class:`~turnloom.runtime.Foundation`.
+        gateway: the provider prepared inputs are rendered for (a
+            :class:`GatewayType`, its name, or a Gateway instance).
+        max_pending_preparations: the bound on pending preparations (default 16).
+        history_limits: the bounds of each context's history (default
+            ``HistoryLimits()``).
+        behavior_rules: default application behaviour rules, carried as data
+            in each turn's runtime-state pair (see :mod:`turnloom.runtime.state`).
+        open_calls: ``"exclude"`` (default) or ``"cancel"`` calls without a
+            result in prepared inputs.
+        token_counter: the one estimator of tokens (default
+            :class:`~turnloom.context.ApproxTokenCounter`); see
+            :class:`~turnloom.runtime.Foundation`.
+        store: where contexts are kept durably: None (default: in memory
+            only), a URL (``"sqlite:PATH"``, ``"sqlite::memory:"``,
+            ``"redis://127.0.0.1:6379/0"``; the manager opens the store and
+            closes it when its Foundation closes) or a
+            :class:`~turnloom.runtime.store.ContextStore` (the caller closes
+            it). With a store, contexts are claimed (:meth:`claim`) and
+            changes are acknowledged by :meth:`flush`.
+        lease_ttl: seconds a context's lease lasts unless renewed (default
+            10.0); it is renewed every third of that while held. After a crash
+            another host can claim the context once it expired.
+        idle_after: seconds after its last use at which a held context leaves
+            memory and its lease is released (default 300.0; ``math.inf``
+            keeps it).
+        owner: this manager's name in leases (default: a random unique one).
+
+    Raises:
+        InputError: a bound is not positive, ``history_limits`` is not a
+            :class:`HistoryLimits`, an unknown gateway or policy, or behaviour
+            rules that are not valid text, a store that is neither a known URL
+            nor a ContextStore, a non-positive ``lease_ttl`` / ``idle_after``,
+            or a malformed ``owner``.
+        InvalidArgumentError: ``token_counter`` has no ``count`` method.
+        MissingDependencyError: a Redis URL without the ``redis`` package.
     """
 
     def __init__(
         self,
         *,
-        task_group: anyio.abc.TaskGroup,
-        limiter: anyio.CapacityLimiter,
-        options: ManagerOptions,
+        gateway: GatewayType | str | Gateway = GatewayType.openai_chat,
+        max_pending_preparations: int = DEFAULT_MAX_PENDING_PREPARATIONS,
+        history_limits: HistoryLimits | None = None,
+        behavior_rules: str | None = None,
+        open_calls: OpenCallPolicy = "exclude",
+        token_counter: TokenCounter | None = None,
+        store: str | ContextStore | None = None,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+        idle_after: float = DEFAULT_IDLE_AFTER,
+        owner: str | None = None,
     ) -> None:
+        options = check_manager_options(
+            gateway=gateway,
+            max_pending_preparations=max_pending_preparations,
+            history_limits=history_limits,
+            behavior_rules=behavior_rules,
+            open_calls=open_calls,
+            token_counter=token_counter,
+        )
+        durable = check_durable_options(
+            store=store,
+            lease_ttl=lease_ttl,
+            idle_after=idle_after,
+            owner=owner,
+            history_limits=options.history_limits,
+            token_counter=options.token_counter,
+        )
+        if durable is not None:
+            options = msgspec.structs.replace(options, durable=durable)
         self._options = options
         self._gateway = options.gateway
-        self._limiter = limiter
         self._limits = options.history_limits
         self._behavior_rules = options.behavior_rules
         self._open_calls = options.open_calls
         self._counters = Counters()
-        self._queue = PreparationQueue(options.max_pending_preparations, task_group, self._counters)
         self._table = ContextTable(
             self._limits, self._gateway, self._counters, options.token_counter
         )
-        self._durable: Durability | None = None
-        if options.durable is not None:
-            self._durable = Durability(
-                options.durable,
-                limiter,
-                self._table.install,
-                self._table.unload,
-                self._unloadable,
-                self._held_history,
-            )
-            self._table.log = self._durable.log
-            task_group.start_soon(self._durable.run)
+        self._durable: Durability | None = None  # set by _bind when there is a store
         # id -> prefix, for every prefix prepare returned that is still alive:
         # build continues only these (O(1), no hashing of the items).
         self._issued: weakref.WeakValueDictionary[int, PreparedContext] = (
@@ -182,7 +250,59 @@ class ContextManager:
         # id -> the call-id renaming state after that prefix's items (build
         # continues it); an entry goes when its prefix is collected.
         self._call_ids: dict[int, CallIdRenamer] = {}
-        self._closed = False
+        # Set by _bind, when the owning Foundation opens.
+        self._queue: PreparationQueue | None = None
+        self._outputs: OutputStreams | None = None
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._clock: Callable[[], datetime] = _utc_now
+        self._bound = False
+        self._closing = False  # intake stopped (the Foundation began closing)
+        self._closed = False  # outputs drained, preparations settled, histories released
+        # Each context's final history, kept when the manager closes.
+        self._final: dict[str, HistoryView] = {}
+
+    def _bind(
+        self,
+        *,
+        task_group: anyio.abc.TaskGroup,
+        limiter: anyio.CapacityLimiter,
+        clock: Callable[[], datetime] = _utc_now,
+    ) -> None:
+        """Bind to the opening Foundation's task group, limiter and clock (once).
+
+        Raises:
+            StateError: the manager was already bound to a Foundation.
+        """
+        self._check_unbound()
+        self._bound = True
+        self._limiter = limiter
+        self._clock = clock
+        self._queue = PreparationQueue(
+            self._options.max_pending_preparations, task_group, self._counters
+        )
+        self._outputs = OutputStreams(task_group, self._record_output)
+        if self._options.durable is not None:
+            self._durable = Durability(
+                self._options.durable,
+                limiter,
+                self._table.install,
+                self._table.unload,
+                self._unloadable,
+                self._held_history,
+            )
+            self._table.log = self._durable.log
+            task_group.start_soon(self._durable.run)
+
+    def _check_unbound(self) -> None:
+        if self._bound:
+            raise StateError(
+                "This ContextManager was already bound to a Foundation; build a new one."
+            )
+
+    @property
+    def options(self) -> ManagerOptions:
+        """The checked options the manager was built with."""
+        return self._options
 
     # -- properties --------------------------------------------------------
 
@@ -194,7 +314,7 @@ class ContextManager:
     @property
     def capacity(self) -> int:
         """The bound on pending preparations."""
-        return self._queue.capacity
+        return self._options.max_pending_preparations
 
     @property
     def open_calls(self) -> OpenCallPolicy:
@@ -210,34 +330,72 @@ class ContextManager:
     def closed(self) -> bool:
         """True once the Foundation began closing.
 
-        From then on every call that reads or changes contexts (``accept_turn``,
-        ``record``, ``prepare``, ``build``, ``history``, ...) raises
-        :class:`FoundationClosedError`; :meth:`statistics`, :meth:`context_ids`
-        and the properties still answer.
+        From then on every call that starts work (``accept_turn``, ``prepare``,
+        ``build``, ``invocation``, areas, new output streams) raises
+        :class:`FoundationClosedError`. :meth:`record` is accepted until the
+        output streams are drained and preparations settled, then raises it
+        too; :meth:`history`, :meth:`context_ids`, :meth:`statistics` and the
+        properties still answer after the close.
         """
-        return self._closed
+        return self._closing
 
     def context_ids(self) -> tuple[str, ...]:
-        """The ids of the contexts held, in creation order."""
+        """The ids of the contexts held, in creation order (after the close: at the close)."""
+        if self._closed:
+            return tuple(self._final)
         return tuple(self._table.contexts)
 
     def history(self, context_id: str) -> HistoryView:
         """An immutable view of one context's history (O(1)).
 
+        After the close it answers with each context's final history: what it
+        held once the output streams were drained and preparations settled, so
+        a host can persist the last utterance of a session that shut down
+        (the manager keeps those views until it is dropped).
+
         Raises:
-            FoundationClosedError: the Foundation is closing or closed.
+            StateError: the manager is not bound to an open Foundation yet.
             InvalidMessageError: ``context_id`` is not a non-empty str of at
                 most 256 characters.
-            UnknownContextError: no turn was ever committed to ``context_id``.
+            UnknownContextError: no turn was ever committed to ``context_id``
+                (or, after the close, it was not held at the close).
         """
-        self._check_open()
+        if self._closed:
+            final = self._final.get(context_id) if isinstance(context_id, str) else None
+            if final is None:
+                check_id(context_id, "context id")
+                raise UnknownContextError(
+                    f"Context {context_id!r} was not held when the Foundation closed."
+                )
+            return final
+        self._check_bound()
         return self._table.get(context_id).history.view()
 
-    def _check_open(self) -> None:
+    def _check_bound(self) -> PreparationQueue:
+        queue = self._queue
+        if queue is None:
+            raise StateError(
+                "This ContextManager is not bound to an open Foundation yet; open "
+                "'async with Foundation(manager)' first."
+            )
+        return queue
+
+    def _check_recording(self) -> None:
+        """Outputs are recorded until the close drained the streams and settled preparations."""
+        self._check_bound()
         if self._closed:
+            raise FoundationClosedError(
+                "The Foundation is closed; its output streams were drained and no more "
+                "outputs are recorded."
+            )
+
+    def _check_open(self) -> PreparationQueue:
+        queue = self._check_bound()
+        if self._closing:
             raise FoundationClosedError(
                 "The Foundation is closed; the ContextManager accepts no calls."
             )
+        return queue
 
     # -- turns -------------------------------------------------------------
 
@@ -271,12 +429,12 @@ class ContextManager:
         Durability: with a store the commit is queued for the store's next
         batch and is durable once :meth:`flush` returns.
         """
-        self._check_open()
+        queue = self._check_open()
         context_id = check_snapshot(snapshot, self._gateway)
         if self._durable is not None:
             self._durable.check_writable(context_id)
         self._table.commit(context_id, snapshot)
-        self._queue.wake(context_id)
+        queue.wake(context_id)
 
     def record(self, context_id: str, turn_id: str, outputs: Sequence[Message]) -> int:
         """Record model outputs and tool results of a turn, in order.
@@ -291,11 +449,16 @@ class ContextManager:
         turn even when its id is reused). The runtime-state pair never enters
         history: messages carrying it are rejected.
 
+        Outputs are accepted while the Foundation closes, until its output
+        streams are drained and its preparations settled (the last utterance
+        of a session that shuts down is kept); see :meth:`history` after close.
+
         Returns:
             how many messages were recorded.
 
         Raises:
-            FoundationClosedError: the Foundation is closing or closed.
+            StateError: the manager is not bound to an open Foundation yet.
+            FoundationClosedError: the Foundation finished closing.
             UnknownContextError: no turn was committed to ``context_id``.
             UnknownTurnError: ``turn_id`` was certainly never committed to the
                 context.
@@ -305,6 +468,8 @@ class ContextManager:
             InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
                 id or message, or a message carrying a runtime-state call or
                 result (of any turn).
+            InstructionMessageError: a ``system`` or ``developer`` message: pinned
+                instructions change only through a turn's snapshot.
             ItemTooLargeError: a message is over the per-item byte cap.
             ProviderRuleError: the gateway cannot render a message (for example
                 tool call arguments that are not a JSON object, for Anthropic
@@ -313,7 +478,7 @@ class ContextManager:
 
         Durability: as :meth:`accept_turn`.
         """
-        self._check_open()
+        self._check_recording()
         if self._durable is not None:
             self._durable.check_writable(context_id)
         state = self._table.get(context_id)
@@ -349,7 +514,7 @@ class ContextManager:
             InvalidTextError, DuplicateIdError, ItemTooLargeError,
             ProviderRuleError: as :meth:`record`.
         """
-        self._check_open()
+        self._check_recording()
         self._table.get(context_id)
         return self.record(context_id, turn_id, [played_prefix(output, played)])
 
@@ -380,6 +545,68 @@ class ContextManager:
             self._durable.check_writable(context_id)
         self._table.retract(self._table.get(context_id), context_id, turn_id)
 
+    def consume_outputs(
+        self,
+        stream: AsyncIterable[OutputRecord],
+        *,
+        on_error: Callable[[object, TurnloomError], None] | None = None,
+    ) -> None:
+        """Consume an output stream in the manager's own task, recording each record.
+
+        The stream form of :meth:`record`: an anyio memory object stream
+        (``anyio.create_memory_object_stream[OutputRecord]``; pass its receive
+        side) or any async iterable of :class:`OutputRecord`. Each record is
+        recorded exactly as ``record(context_id, turn_id, outputs)`` would,
+        through the same checks, in the order the stream yields them; push
+        calls to :meth:`record` may be mixed in. Several streams may be
+        consumed at once.
+
+        A record refused with a typed error (not an OutputRecord, unknown
+        context or turn, a malformed or instruction message ...) records
+        nothing, is counted in ``statistics().outputs.rejected_total`` and is
+        passed to ``on_error(record, error)`` when given; the consumer goes
+        on. An exception the stream itself raises (or ``on_error`` raises)
+        ends the consumer and propagates out of the Foundation's task group.
+
+        Close order (the Foundation's ``aclose``): intake stops first; a
+        memory object stream is then drained at once -- what it still holds,
+        senders blocked on it included, is recorded in order -- and its
+        receive side closed (a producer still sending gets
+        :class:`anyio.BrokenResourceError`); any other stream is given up to
+        the grace period to end (its producer stops and ends it), then its
+        consumer is cancelled and its ``aclose()``, if any, awaited. Only then
+        do preparations settle and the manager close: everything sent before
+        the close is in :meth:`history` afterwards.
+
+        Raises:
+            StateError: the manager is not bound to an open Foundation yet.
+            FoundationClosedError: the Foundation is closing or closed.
+            InputError: ``stream`` is not an async iterable, or ``on_error`` is
+                not callable.
+
+        Cancellation:
+            The consumer belongs to the Foundation's task group: cancelling
+            the scope the Foundation was opened in cancels it without losing a
+            record of a memory object stream (the close drains it).
+        """
+        self._check_open()
+        if not isinstance(stream, AsyncIterable):
+            raise InputError(
+                f"consume_outputs takes an async iterable of OutputRecord (for example an "
+                f"anyio memory object receive stream), not a {type(stream).__name__}."
+            )
+        if on_error is not None and not callable(on_error):
+            raise InputError(f"on_error must be callable, not a {type(on_error).__name__}.")
+        assert self._outputs is not None  # bound with the queue
+        self._outputs.start(stream, on_error)
+
+    def _record_output(self, record: object) -> int:
+        if not isinstance(record, OutputRecord):
+            raise InvalidMessageError(
+                f"An output stream yielded a {type(record).__name__}, not an OutputRecord."
+            )
+        return self.record(record.context_id, record.turn_id, record.outputs)
+
     def remove_context(self, context_id: str) -> None:
         """Forget a context and its whole history (its counters are kept).
 
@@ -398,11 +625,11 @@ class ContextManager:
         With a store, the context's log is deleted from the store and its lease
         released by the store's next batch (:meth:`flush` waits for it).
         """
-        self._check_open()
+        queue = self._check_open()
         if self._durable is not None:
             self._durable.check_writable(context_id)
         self._table.remove(context_id)
-        self._queue.wake(context_id)
+        queue.wake(context_id)
         if self._durable is not None:
             self._durable.forget(context_id)
 
@@ -601,7 +828,7 @@ class ContextManager:
         try:
             yield Invocation(self, state, context_id, turn_id)
         finally:
-            self._table.end_call(state, evict=not self._closed)
+            self._table.end_call(state, evict=not self._closing)
 
     # -- preparation -----------------------------------------------------------
 
@@ -614,7 +841,9 @@ class ContextManager:
         ``accept_turn``), and for a worker thread. The request is validated and
         its contributions copied at the call (changing a list afterwards has no
         effect); the history and the request's state are captured once, when
-        the turn is committed; rendering runs in the worker. A turn that is
+        the turn is committed, together with the perception's time (the
+        Foundation's clock, when the request gives none); rendering runs in
+        the worker. A turn that is
         never committed (a mistyped id) is waited for until the caller's
         deadline; such waits are counted in
         ``statistics().preparations.waiting_for_turn``. Bound the whole wait
@@ -633,7 +862,9 @@ class ContextManager:
                 while the preparation waited.
             InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
                 request (ids, contributions that are not a tuple or list,
-                contribution names or text, loop budget); no slot was taken.
+                contribution names or text, loop budget, perception); no slot
+                was taken. Also when the Foundation's clock returns a naive
+                datetime for a perception without a time.
             InvalidArgumentError: the request's ``scope`` is not a scope; no
                 slot was taken.
             PositionalScopeError: a scope without ``indices`` asked a
@@ -663,12 +894,12 @@ class ContextManager:
             pass that ran for a discarded result is reused by the next
             preparation of the context, so it is delivered exactly once.
         """
-        self._check_open()
+        queue = self._check_open()
         request = check_request(request, self._limits.max_item_bytes)
         requested_at = anyio.current_time()
         origin = self._table.contexts.get(request.context_id)
-        await self._queue.acquire()
-        return await self._queue.admit(request, requested_at, origin, self._prepare)
+        await queue.acquire()
+        return await queue.admit(request, requested_at, origin, self._prepare)
 
     async def prepare_nowait(self, request: ContextPrepareRequest) -> PreparedContext:
         """Like :meth:`prepare`, but refuse at once when every slot is taken.
@@ -690,18 +921,19 @@ class ContextManager:
         Cancellation:
             As :meth:`prepare` after admission.
         """
-        self._check_open()
+        queue = self._check_open()
         request = check_request(request, self._limits.max_item_bytes)
         requested_at = anyio.current_time()
-        self._queue.acquire_nowait(request)
+        queue.acquire_nowait(request)
         origin = self._table.contexts.get(request.context_id)
-        return await self._queue.admit(request, requested_at, origin, self._prepare)
+        return await queue.admit(request, requested_at, origin, self._prepare)
 
     async def _wait_for_turn(self, preparation: Preparation) -> ContextState:
+        queue = self._check_bound()
         context_id = preparation.request.context_id
         turn_id = preparation.request.turn_id
         while True:
-            if self._closed:
+            if self._closing:
                 raise FoundationClosedError(
                     f"The Foundation closed while waiting for turn {turn_id!r} of context "
                     f"{context_id!r}."
@@ -712,7 +944,7 @@ class ContextManager:
             if preparation.origin is None:
                 # Created since the call: the request is now for this context.
                 preparation.origin = self._table.contexts.get(context_id)
-            await self._queue.next_commit(context_id)
+            await queue.next_commit(context_id)
 
     async def _prepare(self, preparation: Preparation, scope: anyio.CancelScope) -> None:
         """The work of one owned preparation: wait, capture, render, deliver, count."""
@@ -720,8 +952,14 @@ class ContextManager:
         state = await self._wait_for_turn(preparation)
         if self._durable is not None:
             self._durable.touch(request.context_id)
-        # Capture once: an immutable view and the request's state.
+        # Capture once: an immutable view and the request's state, its time included.
         view = state.history.view()
+        perception = request.perception
+        if perception is not None and perception.time is None:
+            now = check_time(self._clock(), "The Foundation's clock value")
+            request = msgspec.structs.replace(
+                request, perception=msgspec.structs.replace(perception, time=now)
+            )
         behavior_rules = (
             request.behavior_rules if request.behavior_rules is not None else self._behavior_rules
         )
@@ -741,7 +979,7 @@ class ContextManager:
                 queued,
                 areas,
                 run_pass,
-                limiter=self._limiter,
+                limiter=self._limiter,  # set by _bind, before any prepare can run
             )
         except AreaCallbackError as exc:
             if exc.phase == "register" and areas is not None:
@@ -809,6 +1047,8 @@ class ContextManager:
                 ``continuation`` is not a sequence of Messages.
             InvalidMessageError, InvalidTextError: a malformed continuation
                 message, or one carrying a runtime-state call or result.
+            InstructionMessageError: a ``system`` or ``developer`` continuation
+                message: pinned instructions change only through a turn's snapshot.
             DuplicateIdError: a continuation message repeats an id of the
                 prefix's turn (its input message ids or the state call id) or
                 of an earlier continuation message.
@@ -920,19 +1160,30 @@ class ContextManager:
     # -- lifecycle (driven by the Foundation) ---------------------------------------
 
     async def _aclose(self, grace_period: float) -> None:
-        """Close in order: stop intake, let preparations settle, cancel, release.
+        """Close in order: stop intake, drain output streams, let preparations settle, release.
 
-        Not shielded: the Foundation calls it in a shielded scope. The
-        histories are released even when a step fails.
+        ``grace_period`` bounds the first two waits together. Not shielded:
+        the Foundation calls it in a shielded scope. Preparations settle and
+        the histories are released (their final views kept for
+        :meth:`history`) even when a step fails.
         """
+        queue = self._check_bound()
+        outputs = self._outputs
+        deadline = anyio.current_time() + grace_period
         try:
-            self._closed = True
+            self._closing = True
             try:
-                await self._queue.aclose(grace_period)
+                if outputs is not None:
+                    await outputs.aclose(grace_period)
             finally:
-                if self._durable is not None:
-                    await self._durable.aclose(grace_period)
+                try:
+                    await queue.aclose(max(0.0, deadline - anyio.current_time()))
+                finally:
+                    if self._durable is not None:
+                        await self._durable.aclose(grace_period)
         finally:
+            self._closed = True
+            self._final = {cid: state.history.view() for cid, state in self._table.contexts.items()}
             self._table.release()
 
     # -- statistics --------------------------------------------------------------------
@@ -947,12 +1198,13 @@ class ContextManager:
         """
         queue = self._queue
         snapshot = self._counters.snapshot(
-            closed=self._closed,
+            closed=self._closing,
             contexts=len(self._table.contexts),
-            capacity=queue.capacity,
-            pending=queue.pending,
-            waiting_for_slot=queue.waiting_for_slot,
-            waiting_for_turn=queue.waiting_for_turn,
+            capacity=self._options.max_pending_preparations,
+            pending=queue.pending if queue is not None else 0,
+            waiting_for_slot=queue.waiting_for_slot if queue is not None else 0,
+            waiting_for_turn=queue.waiting_for_turn if queue is not None else 0,
+            outputs=self._outputs.statistics() if self._outputs is not None else OutputStatistics(),
         )
         if self._durable is not None:
             snapshot = msgspec.structs.replace(snapshot, store=self._durable.statistics())

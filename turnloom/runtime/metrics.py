@@ -37,6 +37,9 @@ name                                      type       meaning
 ``areas_collected_total``                 counter    areas removed by the Collector
 ``area_items_reclaimed_total``            counter    items reclaimed (detached) by the Collector
 ``area_items_promoted_total``             counter    items appended for promoted messages
+``output_streams``                        gauge      output streams being consumed
+``output_records_total{outcome}``         counter    stream records: recorded, rejected
+``output_records_drained_total``          counter    of the recorded, drained at close
 ========================================  =========  ======================================
 
 The endpoint is served by ``prometheus_client``'s own WSGI server
@@ -217,6 +220,20 @@ class ManagerCollector(Collector):
             "turnloom_area_items_promoted",
             "Native items appended for messages promoted by collected areas.",
             s.areas.items_promoted_total,
+        )
+        yield GaugeMetricFamily(
+            "turnloom_output_streams", "Output streams being consumed.", s.outputs.streams
+        )
+        records = CounterMetricFamily(
+            "turnloom_output_records", "Output stream records by outcome.", labels=["outcome"]
+        )
+        records.add_metric(["recorded"], s.outputs.records_total)
+        records.add_metric(["rejected"], s.outputs.rejected_total)
+        yield records
+        yield CounterMetricFamily(
+            "turnloom_output_records_drained",
+            "Output stream records recorded by the close's drain.",
+            s.outputs.drained_total,
         )
         if s.store is not None:
             yield from _store_metrics(s.store)

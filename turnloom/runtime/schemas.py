@@ -18,6 +18,9 @@ __all__ = (
     "HistoryTotals",
     "LatencyHistograms",
     "ManagerStatistics",
+    "OutputRecord",
+    "OutputStatistics",
+    "Perception",
     "PrefixStatistics",
     "PreparationStatistics",
     "PreparedContext",
@@ -25,6 +28,7 @@ __all__ = (
     "TurnSnapshot",
 )
 
+from datetime import datetime
 from typing import Literal, TypeAlias
 
 import msgspec
@@ -71,6 +75,29 @@ class ContextContribution(msgspec.Struct, frozen=True, kw_only=True):
     content: str
 
 
+class Perception(msgspec.Struct, frozen=True, kw_only=True):
+    """What the host perceived around one turn: when, through what, from where.
+
+    Captured once per preparation and carried as escaped data in the turn's
+    runtime-state pair (key ``"perception"``), so it is byte-identical in
+    every model call of the turn and never becomes an instruction.
+
+    Attributes:
+        time: when the turn happened, a timezone-aware datetime (converted to
+            UTC); None: the Foundation's clock when the preparation captures
+            its state (after the turn's commit).
+        modality: how the input arrived, an identifier (``"text"``,
+            ``"voice"``, ``"video"`` ...), or None.
+        source: free-form properties of the input's source (``channel``,
+            ``locale``, ``device`` ...): identifier keys, text values; carried
+            sorted by key.
+    """
+
+    time: datetime | None = None
+    modality: str | None = None
+    source: dict[str, str] = msgspec.field(default_factory=dict)
+
+
 class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
     """A request to prepare the model input of one committed turn.
 
@@ -95,6 +122,8 @@ class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
             unscoped ones reuse: history, render caches, the prefix that
             ``reused_bytes`` compares with, the area section (shown as it
             stands, without a pass: ``area_pass == "reused_scoped"``).
+        perception: the turn's time, modality and source properties, or None
+            for none (see :class:`Perception`).
     """
 
     context_id: str
@@ -103,6 +132,25 @@ class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
     behavior_rules: str | None = None
     loop_budget: int | None = None
     scope: ContextScope | None = None
+    perception: Perception | None = None
+
+
+class OutputRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """Model outputs of one turn, as an output stream carries them.
+
+    The stream form of :meth:`~turnloom.runtime.ContextManager.record`: a
+    manager consuming a stream (``consume_outputs``) records each record as
+    ``record(context_id, turn_id, outputs)`` would.
+
+    Attributes:
+        context_id: the conversation.
+        turn_id: the turn the outputs answer.
+        outputs: model messages and tool results, oldest first.
+    """
+
+    context_id: str
+    turn_id: str
+    outputs: tuple[Message, ...]
 
 
 AreaPass: TypeAlias = Literal[
@@ -337,6 +385,25 @@ class AreaStatistics(msgspec.Struct, frozen=True, kw_only=True):
     items_promoted_total: int = 0
 
 
+class OutputStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """The output streams a manager consumes.
+
+    Attributes:
+        streams: streams being consumed now.
+        records_total: records recorded from streams (by their consumers and
+            by the close's drain).
+        drained_total: of those, records the close drained from a stream.
+        rejected_total: records refused with a typed error (bad record,
+            unknown context or turn, a malformed or instruction message);
+            nothing of a refused record was recorded.
+    """
+
+    streams: int = 0
+    records_total: int = 0
+    drained_total: int = 0
+    rejected_total: int = 0
+
+
 class StoreStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """The durable store side of a manager (see ``Foundation(store=...)``).
 
@@ -380,6 +447,7 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
         prefix: prefix stability.
         latency: prepare-latency and render-time histograms.
         areas: Context Areas attached, passes run, areas collected.
+        outputs: output streams consumed and their records.
         store: the durable store side; None without a store.
     """
 
@@ -391,4 +459,5 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
     prefix: PrefixStatistics
     latency: LatencyHistograms
     areas: AreaStatistics
+    outputs: OutputStatistics = msgspec.field(default_factory=OutputStatistics)
     store: StoreStatistics | None = None

@@ -21,11 +21,13 @@ from collections.abc import Callable, Sequence
 import anyio
 import msgspec
 
-from turnloom.context.gateway import GatewayType, get_gateway
+from turnloom.context.gateway import GatewayType
 from turnloom.context.history import HistoryLimits
 from turnloom.context.message import Message
 from turnloom.errors import InputError, QueueFullError, TurnloomError
+from turnloom.runtime.config import RuntimeConfig, build_context_manager
 from turnloom.runtime.foundation import Foundation
+from turnloom.runtime.manager import ContextManager
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
 from turnloom.tools._stats import peak_rss_bytes, percentile
 from turnloom.tools.trajectories import ReplayError, Trajectory, check_trajectory
@@ -120,6 +122,7 @@ async def loadtest(
     max_pending_preparations: int = 16,
     on_model_call: Callable[[], None] | None = None,
     on_open: Callable[[Foundation], None] | None = None,
+    config: RuntimeConfig | None = None,
     store: str | None = None,
     first_session: int = 0,
     run_id: str = "",
@@ -138,6 +141,10 @@ async def loadtest(
             (drives a progress bar).
         on_open: called with the open Foundation before sessions start (for
             example to serve its metrics).
+        config: a host configuration (``turnloom loadtest --config FILE``):
+            the manager is built from its ``context`` section before the
+            Foundation is bound; ``history_limits`` and
+            ``max_pending_preparations`` are not used.
         store: a store URL (``sqlite:PATH``, ``redis://HOST:PORT/DB``) to keep
             the sessions in; see :attr:`LoadtestReport.store`.
         first_session: the number of the first session (several processes
@@ -153,6 +160,8 @@ async def loadtest(
         InputError: no trajectories, ``sessions`` not positive, a malformed
             trajectory (by :func:`~turnloom.tools.trajectories.check_trajectory`,
             the rule ``replay`` uses), or an unknown or unavailable gateway.
+        ConfigError: ``config`` names a plugin that no longer resolves or
+            builds no ContextManager.
 
     Cancellation:
         Cancelling stops every session and closes the Foundation in order.
@@ -161,7 +170,17 @@ async def loadtest(
         raise InputError("loadtest needs at least one trajectory.")
     if sessions < 1:
         raise InputError(f"sessions must be a positive integer, not {sessions}.")
-    get_gateway(gateway)
+    if config is not None:
+        if store is not None:
+            raise InputError("loadtest takes a store or a config, not both.")
+        manager = build_context_manager(config, gateway=gateway)
+    else:
+        manager = ContextManager(
+            gateway=gateway,
+            history_limits=history_limits,
+            max_pending_preparations=max_pending_preparations,
+            store=store,
+        )
     scripts: list[list[Message]] = []
     for trajectory in trajectories:
         parsed = check_trajectory(trajectory)
@@ -186,9 +205,7 @@ async def loadtest(
             scripts,
             sessions=sessions,
             turns=turns,
-            gateway=gateway,
-            history_limits=history_limits,
-            max_pending_preparations=max_pending_preparations,
+            manager=manager,
             on_model_call=on_model_call,
             on_open=on_open,
             store=store,
@@ -207,9 +224,7 @@ async def _run(
     *,
     sessions: int,
     turns: int | None,
-    gateway: GatewayType | str,
-    history_limits: HistoryLimits | None,
-    max_pending_preparations: int,
+    manager: ContextManager,
     on_model_call: Callable[[], None] | None,
     on_open: Callable[[Foundation], None] | None,
     store: str | None,
@@ -223,13 +238,7 @@ async def _run(
     counts = {"turns": 0, "calls": 0, "failed": 0}
     started = time.perf_counter()
 
-    async with Foundation(
-        gateway=gateway,
-        history_limits=history_limits,
-        max_pending_preparations=max_pending_preparations,
-        store=store,
-    ) as foundation:
-        manager = foundation.manager
+    async with Foundation(manager) as foundation:
         if on_open is not None:
             on_open(foundation)
 

@@ -53,7 +53,9 @@ from turnloom.context.history import HistoryLimits
 from turnloom.context.message import Message
 from turnloom.context.pairing import complete_pairs
 from turnloom.errors import InputError, TurnloomError
+from turnloom.runtime.config import RuntimeConfig, build_context_manager
 from turnloom.runtime.foundation import Foundation
+from turnloom.runtime.manager import ContextManager
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
 from turnloom.tools._stats import percentile
 from turnloom.tools.trajectories import (
@@ -269,6 +271,7 @@ async def replay(
     history_limits: HistoryLimits | None = None,
     load_errors: Sequence[ReplayError] = (),
     on_session: Callable[[], None] | None = None,
+    config: RuntimeConfig | None = None,
 ) -> ReplaySummary:
     """Replay ``trajectories`` through one Foundation, ``concurrency`` sessions at a time.
 
@@ -284,6 +287,9 @@ async def replay(
         load_errors: errors from loading, carried into the summary.
         on_session: called on the event loop after each session ends,
             replayed or failed (drives a progress bar).
+        config: a host configuration (``turnloom replay --config FILE``):
+            the manager is built from its ``context`` section before the
+            Foundation is bound, and ``history_limits`` is not used.
 
     Each session's context id is its :func:`session_ids` entry, so no two
     sessions share a context and one session's failure never touches another.
@@ -294,6 +300,8 @@ async def replay(
     Raises:
         InputError: ``gateway`` is unknown or not available, or
             ``concurrency`` is not positive.
+        ConfigError: ``config`` names a plugin that no longer resolves or
+            builds no ContextManager.
 
     Cancellation:
         Cancelling the replay cancels the sessions and closes the Foundation;
@@ -312,11 +320,13 @@ async def replay(
     next_index = 0
     lock = anyio.Lock()
 
-    async with Foundation(
-        gateway=gateway,
-        history_limits=limits,
-        max_pending_preparations=max(16, concurrency),
-    ) as foundation:
+    if config is not None:
+        manager = build_context_manager(config, gateway=gateway)
+    else:
+        manager = ContextManager(
+            gateway=gateway, history_limits=limits, max_pending_preparations=max(16, concurrency)
+        )
+    async with Foundation(manager) as foundation:
 
         async def worker() -> None:
             nonlocal next_index
