@@ -18,10 +18,11 @@ import sys
 import anyio
 
 from tests.runtime.helpers import SYSTEM, assistant, call, result, user
+from tests.stores.helpers import hosting
 from turnloom.context import Message
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import StaleLeaseError
-from turnloom.runtime import ContextManager, ContextPrepareRequest, Foundation, TurnSnapshot
+from turnloom.runtime import ContextManager, ContextPrepareRequest, TurnSnapshot
 
 CONTEXTS = 6
 LIMITS = HistoryLimits(max_turns=4)
@@ -57,7 +58,7 @@ async def _turn(manager: ContextManager, context_id: str, index: int) -> None:
 
 
 async def load(url: str) -> None:
-    async with Foundation(store=url, history_limits=LIMITS, lease_ttl=LEASE_TTL) as foundation:
+    async with hosting(url, history_limits=LIMITS, lease_ttl=LEASE_TTL) as foundation:
         manager = foundation.manager
         index = 0
         while True:
@@ -70,7 +71,7 @@ async def load(url: str) -> None:
 
 
 async def stall(url: str) -> None:
-    async with Foundation(store=url, lease_ttl=LEASE_TTL, owner="stalled-host") as foundation:
+    async with hosting(url, lease_ttl=LEASE_TTL, owner="stalled-host") as foundation:
         manager = foundation.manager
         await manager.claim("race")
         index = 0

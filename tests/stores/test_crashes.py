@@ -27,6 +27,7 @@ import redis
 from tests.runtime.helpers import user
 from tests.stores.conftest import REDIS_URL
 from tests.stores.crash_worker import CONTEXTS, LIMITS, snapshot, turn_outputs
+from tests.stores.helpers import hosting
 from turnloom.errors import LeaseHeldError, StoreUnavailableError
 from turnloom.runtime import ContextManager, ContextPrepareRequest, Foundation, TurnSnapshot
 from turnloom.stores import RedisContextStore
@@ -97,7 +98,7 @@ async def test_a_killed_host_loses_nothing_acknowledged(
     assert process.returncode == -9
 
     async with (
-        Foundation(store=store_url, history_limits=LIMITS) as restored,
+        hosting(store_url, history_limits=LIMITS) as restored,
         Foundation(history_limits=LIMITS) as cold,
     ):
         manager = restored.manager
@@ -148,7 +149,7 @@ async def test_a_stalled_host_is_fenced_off_by_the_store(
         with anyio.fail_after(60):
             lines = [await reader.line() for _ in range(4)]
             assert lines == ["ACK a0", "ACK a1", "ACK a2", "STALL"]
-            async with Foundation(store=store_url, owner="healthy-host") as healthy:
+            async with hosting(store_url, owner="healthy-host") as healthy:
                 manager = healthy.manager
                 await _claim_after_expiry(manager, "race")
                 assert manager.history("race").turn_ids == ("a0", "a1", "a2")
@@ -164,7 +165,7 @@ async def test_a_stalled_host_is_fenced_off_by_the_store(
                     TurnSnapshot(context_id="race", turn_id="b1", input=(user("b"),))
                 )
                 await manager.flush()  # still the owner
-        async with Foundation(store=store_url) as later:
+        async with hosting(store_url) as later:
             await later.manager.claim("race")
             assert later.manager.history("race").turn_ids == ("a0", "a1", "a2", "b0", "b1")
     finally:
@@ -194,7 +195,7 @@ async def _converse(manager: ContextManager, first: int, last: int) -> None:
 
 
 async def _stored_turns(store_url: str) -> tuple[str, ...]:
-    async with Foundation(store=store_url, history_limits=LIMITS) as check:
+    async with hosting(store_url, history_limits=LIMITS) as check:
         await check.manager.claim("c")
         view = check.manager.history("c")
         for turn_id in view.turn_ids:
@@ -209,7 +210,7 @@ async def test_a_dropped_redis_connection_is_retried_without_loss_or_duplicates(
 ) -> None:
     name = f"tl-{redis_prefix.split(':')[1]}"
     url = f"{store_url}&client_name={name}"
-    async with Foundation(store=url, history_limits=LIMITS) as foundation:
+    async with hosting(url, history_limits=LIMITS) as foundation:
         manager = foundation.manager
         await manager.claim("c")
         await _converse(manager, 0, 2)

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.runtime.helpers import CHAT, SYSTEM, assistant, call, result, user
 from tests.stores.conftest import REDIS_URL
+from tests.stores.helpers import hosting
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import (
     InputError,
@@ -39,11 +40,12 @@ from turnloom.runtime._counters import Counters
 from turnloom.runtime._records import encode_record
 from turnloom.runtime.metrics import ManagerCollector
 from turnloom.runtime.store import ContextStore, LogWrite
-from turnloom.stores import open_context_store
+from turnloom.stores import SQLiteContextStore, open_context_store
 
 pytestmark = pytest.mark.anyio
 
 LIMITS = HistoryLimits(max_turns=3)
+MEMORY = SQLiteContextStore(":memory:")  # never opened: no I/O until a call
 
 
 def snapshot(context_id: str, turn_id: str, text: str, **extra: object) -> TurnSnapshot:
@@ -86,7 +88,7 @@ def expire_lease(store_url: str, context_id: str) -> None:
 
 
 async def test_a_context_must_be_claimed_before_it_changes(store_url: str) -> None:
-    async with Foundation(store=store_url) as foundation:
+    async with hosting(store_url) as foundation:
         manager = foundation.manager
         with pytest.raises(NotClaimedError, match=r"await manager\.claim") as caught:
             manager.accept_turn(snapshot("c", "t1", "hi"))
@@ -109,7 +111,7 @@ async def test_another_host_restores_and_prepares_exactly_what_the_first_would(
     store_url: str,
 ) -> None:
     """Same acknowledged history -> the same prepared input (evictions included)."""
-    async with Foundation(store=store_url, history_limits=LIMITS) as first:
+    async with hosting(store_url, history_limits=LIMITS) as first:
         manager = first.manager
         await manager.claim("c")
         await converse(manager, "c", range(5))
@@ -118,7 +120,7 @@ async def test_another_host_restores_and_prepares_exactly_what_the_first_would(
         expected = await manager.prepare(request("c", "t5"))
         held = manager.history("c")
     assert held.turn_ids == ("t3", "t4", "t5")  # t0..t2 were evicted and logged so
-    async with Foundation(store=store_url, history_limits=LIMITS) as second:
+    async with hosting(store_url, history_limits=LIMITS) as second:
         manager = second.manager
         assert await manager.claim("c") is True
         restored = manager.history("c")
@@ -140,8 +142,8 @@ async def test_a_stale_owner_is_refused_by_the_store_and_told_with_a_typed_error
     store_url: str,
 ) -> None:
     async with (
-        Foundation(store=store_url, owner="host-a", lease_ttl=30) as host_a,
-        Foundation(store=store_url, owner="host-b", lease_ttl=30) as host_b,
+        hosting(store_url, owner="host-a", lease_ttl=30) as host_a,
+        hosting(store_url, owner="host-b", lease_ttl=30) as host_b,
     ):
         a, b = host_a.manager, host_b.manager
         await a.claim("c")
@@ -168,22 +170,22 @@ async def test_a_stale_owner_is_refused_by_the_store_and_told_with_a_typed_error
         with pytest.raises(StaleLeaseError):
             await a.flush("c")
         assert b.history("c").turn_ids == ("t0", "t1", "t2")
-    async with Foundation(store=store_url) as third:
+    async with hosting(store_url) as third:
         await third.manager.claim("c")
         assert third.manager.history("c").turn_ids == ("t0", "t1", "t2")
 
 
 async def test_closing_writes_what_is_queued_and_releases_the_leases(store_url: str) -> None:
-    async with Foundation(store=store_url, lease_ttl=30) as first:
+    async with hosting(store_url, lease_ttl=30) as first:
         await first.manager.claim("c")
         await converse(first.manager, "c", range(3))  # no flush
-    async with Foundation(store=store_url, lease_ttl=30) as second:
+    async with hosting(store_url, lease_ttl=30) as second:
         assert await second.manager.claim("c") is True  # released: no wait for expiry
         assert second.manager.history("c").turn_ids == ("t0", "t1", "t2")
 
 
 async def test_idle_contexts_leave_memory_and_come_back_on_next_use(store_url: str) -> None:
-    async with Foundation(store=store_url, idle_after=0.2, lease_ttl=30) as foundation:
+    async with hosting(store_url, idle_after=0.2, lease_ttl=30) as foundation:
         manager = foundation.manager
         for context_id in ("a", "b"):
             await manager.claim(context_id)
@@ -209,7 +211,7 @@ async def test_idle_contexts_leave_memory_and_come_back_on_next_use(store_url: s
 
 
 async def test_a_context_in_a_model_call_never_leaves_memory_idle(store_url: str) -> None:
-    async with Foundation(store=store_url, idle_after=0.1, lease_ttl=30) as foundation:
+    async with hosting(store_url, idle_after=0.1, lease_ttl=30) as foundation:
         manager = foundation.manager
         await manager.claim("c")
         manager.accept_turn(snapshot("c", "t1", "hi"))
@@ -222,7 +224,7 @@ async def test_a_context_in_a_model_call_never_leaves_memory_idle(store_url: str
 
 
 async def test_remove_context_deletes_its_log(store_url: str) -> None:
-    async with Foundation(store=store_url) as foundation:
+    async with hosting(store_url) as foundation:
         manager = foundation.manager
         await manager.claim("c")
         await converse(manager, "c", range(2))
@@ -330,12 +332,12 @@ async def test_changes_of_many_contexts_go_to_the_store_in_one_batch(store_url: 
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        ({"store": 42}, "store must be"),
-        ({"store": "mysql://x"}, "Unknown store URL"),
-        ({"store": "sqlite::memory:", "lease_ttl": 0}, "lease_ttl"),
-        ({"store": "sqlite::memory:", "lease_ttl": math.inf}, "lease_ttl"),
-        ({"store": "sqlite::memory:", "idle_after": math.nan}, "idle_after"),
-        ({"store": "sqlite::memory:", "owner": "two words"}, "owner"),
+        ({"store": 42}, "store must be a ContextStore, not a int"),
+        ({"store": "sqlite:x.db"}, "open it with"),
+        ({"store": MEMORY, "lease_ttl": 0}, "lease_ttl"),
+        ({"store": MEMORY, "lease_ttl": math.inf}, "lease_ttl"),
+        ({"store": MEMORY, "idle_after": math.nan}, "idle_after"),
+        ({"store": MEMORY, "owner": "two words"}, "owner"),
     ],
 )
 def test_store_options_are_checked_at_the_door(options: dict[str, object], match: str) -> None:
@@ -358,7 +360,7 @@ class SlowLoadStore(CountingStore):
 
 
 async def test_a_claim_cancelled_while_restoring_releases_its_lease(store_url: str) -> None:
-    async with Foundation(store=store_url, owner="writer") as first:
+    async with hosting(store_url, owner="writer") as first:
         await first.manager.claim("c")
         await converse(first.manager, "c", range(2))
     store = SlowLoadStore(open_context_store(store_url))
@@ -383,7 +385,7 @@ async def test_a_claim_cancelled_while_restoring_releases_its_lease(store_url: s
 
 
 async def test_a_cancelled_flush_leaves_the_changes_queued_and_written(store_url: str) -> None:
-    async with Foundation(store=store_url) as foundation:
+    async with hosting(store_url) as foundation:
         manager = foundation.manager
         await manager.claim("c")
         await converse(manager, "c", range(2))
@@ -397,7 +399,7 @@ async def test_a_cancelled_flush_leaves_the_changes_queued_and_written(store_url
 
 async def test_a_long_log_is_compacted_and_restores_the_same_history(store_url: str) -> None:
     """Compaction keeps the log about as long as the history, and changes nothing restored."""
-    async with Foundation(store=store_url, history_limits=LIMITS) as first:
+    async with hosting(store_url, history_limits=LIMITS) as first:
         manager = first.manager
         await manager.claim("c")
         for block in range(6):  # 60 turns of 4 records each, 3 turns held
@@ -414,7 +416,7 @@ async def test_a_long_log_is_compacted_and_restores_the_same_history(store_url: 
         expected = await manager.prepare(request("c", "t60"))
         with pytest.raises(InputError):  # evicted ids stay remembered
             manager.accept_turn(snapshot("c", "t5", "reused id"))
-    async with Foundation(store=store_url, history_limits=LIMITS) as second:
+    async with hosting(store_url, history_limits=LIMITS) as second:
         manager = second.manager
         await manager.claim("c")
         restored = manager.history("c")
@@ -446,7 +448,7 @@ async def test_a_claim_compacts_a_long_log_it_restores(store_url: str) -> None:
         await store.release({"c": token})
     finally:
         await store.aclose()
-    async with Foundation(store=store_url, history_limits=LIMITS) as foundation:
+    async with hosting(store_url, history_limits=LIMITS) as foundation:
         manager = foundation.manager
         await manager.claim("c")
         assert manager.history("c").turn_ids == ("t27", "t28", "t29")
@@ -455,7 +457,7 @@ async def test_a_claim_compacts_a_long_log_it_restores(store_url: str) -> None:
         manager.accept_turn(snapshot("c", "t30", "next"))
         await manager.flush()
         assert len(await manager.store.load("c")) == 3  # then a commit and an eviction
-    async with Foundation(store=store_url, history_limits=LIMITS) as again:
+    async with hosting(store_url, history_limits=LIMITS) as again:
         await again.manager.claim("c")
         assert again.manager.history("c").turn_ids == ("t28", "t29", "t30")
 
@@ -506,7 +508,7 @@ async def test_a_held_lease_is_renewed_and_a_lost_one_is_noticed(store_url: str)
     """Renewal keeps a lease past its time-to-live; a renewal that fails ends the ownership."""
     store = open_context_store(store_url)
     try:
-        async with Foundation(store=store_url, owner="host-a", lease_ttl=0.3) as host:
+        async with hosting(store_url, owner="host-a", lease_ttl=0.3) as host:
             manager = host.manager
             await manager.claim("c")
             manager.accept_turn(snapshot("c", "t1", "hi"))
@@ -529,13 +531,15 @@ async def test_a_held_lease_is_renewed_and_a_lost_one_is_noticed(store_url: str)
 
 
 async def test_a_host_built_manager_carries_its_store(store_url: str) -> None:
-    manager = ContextManager(store=store_url, history_limits=LIMITS)
-    with pytest.raises(InputError, match="store"):
-        Foundation(manager, store=store_url)
-    async with Foundation(manager) as foundation:
-        assert foundation.manager is manager
-        await manager.claim("c")
-        await converse(manager, "c", range(2))
-    async with Foundation(store=store_url, history_limits=LIMITS) as again:
+    async with open_context_store(store_url) as store:
+        manager = ContextManager(store=store, history_limits=LIMITS)
+        with pytest.raises(InputError, match="store"):
+            Foundation(manager, store=store)
+        async with Foundation(manager) as foundation:
+            assert foundation.manager is manager
+            await manager.claim("c")
+            await converse(manager, "c", range(2))
+        assert await store.load("c") != ()  # the Foundation left the store open
+    async with hosting(store_url, history_limits=LIMITS) as again:
         await again.manager.claim("c")
         assert again.manager.history("c").turn_ids == ("t0", "t1")

@@ -34,6 +34,7 @@ import msgspec
 
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_gateway
 from turnloom.context.history import HistoryLimits, check_id, reject_instructions
+from turnloom.context.memory import MemorySource, check_tenant_scope
 from turnloom.context.message import Message, check_message
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.scope import check_scope
@@ -47,6 +48,11 @@ from turnloom.errors import (
     ItemTooLargeError,
     ProviderRuleError,
 )
+from turnloom.runtime.assembly import (
+    AssemblyStrategy,
+    StrategyOptions,
+    make_strategy,
+)
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext, TurnSnapshot
 from turnloom.runtime.state import (
     STATE_TOOL_NAME,
@@ -56,7 +62,6 @@ from turnloom.runtime.state import (
     state_call_id,
 )
 from turnloom.runtime.store import ContextStore
-from turnloom.stores import open_context_store
 
 _encoder = msgspec.json.Encoder()
 
@@ -75,7 +80,6 @@ class DurableOptions(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         store: the :class:`~turnloom.runtime.store.ContextStore`.
-        owns_store: True when the Foundation opened the store from a URL (and closes it).
         owner: this manager's name in leases.
         lease_ttl: seconds a lease lasts unless renewed.
         idle_after: seconds of disuse after which a context leaves memory.
@@ -84,7 +88,6 @@ class DurableOptions(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     store: Any
-    owns_store: bool
     owner: str
     lease_ttl: float
     idle_after: float
@@ -100,8 +103,10 @@ class ManagerOptions(msgspec.Struct, frozen=True, kw_only=True):
     history_limits: HistoryLimits
     behavior_rules: str | None
     open_calls: OpenCallPolicy
+    tenant_limit: int
     token_counter: TokenCounter
     durable: DurableOptions | None = None
+    strategy: AssemblyStrategy | None = None
 
 
 class FoundationOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -124,14 +129,22 @@ def check_manager_options(
     behavior_rules: str | None,
     open_calls: str,
     token_counter: TokenCounter | None = None,
+    strategy: str | AssemblyStrategy | None = None,
+    memory: MemorySource | None = None,
+    strategy_options: StrategyOptions | None = None,
+    max_tenant_preparations: int | None = None,
 ) -> ManagerOptions:
     """Validate every option of a ContextManager once; return them checked and frozen.
 
     Raises:
-        InputError: ``max_pending_preparations`` is not a positive integer,
-            ``history_limits`` is not a :class:`HistoryLimits`, an unknown
-            gateway or ``open_calls`` policy, or behaviour rules that are not
-            valid text.
+        InputError: ``max_pending_preparations`` or ``max_tenant_preparations``
+            is not a positive integer, ``history_limits`` is not a
+            :class:`HistoryLimits`, an unknown gateway or ``open_calls``
+            policy, behaviour rules that are not valid text, a ``strategy``
+            that is neither a name nor an AssemblyStrategy, ``memory`` or
+            ``strategy_options`` without a named strategy, or bad strategy
+            options.
+        UnknownStrategyError: ``strategy`` names no registered strategy.
         InvalidArgumentError: ``token_counter`` has no ``count`` method.
     """
     if token_counter is None:
@@ -154,12 +167,24 @@ def check_manager_options(
     if open_calls not in ("exclude", "cancel"):
         raise InputError(f"open_calls must be 'exclude' or 'cancel', not {open_calls!r}.")
     check_contributions((), behavior_rules, None)
+    if max_tenant_preparations is None:
+        tenant_limit = (max_pending_preparations + 1) // 2
+    elif _positive_int(max_tenant_preparations):
+        tenant_limit = min(max_tenant_preparations, max_pending_preparations)
+    else:
+        raise InputError(
+            "max_tenant_preparations must be a positive integer or None, not "
+            f"{max_tenant_preparations!r}."
+        )
+    checked_gateway = gateway if isinstance(gateway, Gateway) else get_gateway(gateway)
     return ManagerOptions(
-        gateway=gateway if isinstance(gateway, Gateway) else get_gateway(gateway),
+        gateway=checked_gateway,
         max_pending_preparations=max_pending_preparations,
         history_limits=history_limits if history_limits is not None else HistoryLimits(),
         behavior_rules=behavior_rules,
         open_calls="cancel" if open_calls == "cancel" else "exclude",
+        strategy=_strategy(strategy, checked_gateway, memory, strategy_options, token_counter),
+        tenant_limit=tenant_limit,
         token_counter=token_counter,
     )
 
@@ -213,10 +238,10 @@ def check_durable_options(
     """Validate the store options of a Foundation; None when there is no store.
 
     Raises:
-        InputError: ``store`` is neither a store URL nor a ContextStore, a time
-            that is not a positive number of seconds (``idle_after`` may be
-            ``math.inf``; ``lease_ttl`` must be finite), or a malformed owner.
-        MissingDependencyError: a Redis URL without the ``redis`` package.
+        InputError: ``store`` is not a ContextStore (a URL string included:
+            the runtime never opens stores), a time that is not a positive
+            number of seconds (``idle_after`` may be ``math.inf``;
+            ``lease_ttl`` must be finite), or a malformed owner.
     """
     if store is None:
         return None
@@ -230,22 +255,47 @@ def check_durable_options(
         raise InputError(
             f"owner must be a non-empty str without spaces, at most 256 characters, not {owner!r}."
         )
-    owns = isinstance(store, str)
     if isinstance(store, str):
-        store = open_context_store(store)
-    if not isinstance(store, ContextStore):
         raise InputError(
-            f"store must be a store URL or a ContextStore, not a {type(store).__name__}."
+            f"store must be a ContextStore, not the URL {store[:80]!r}: open it with "
+            "'async with turnloom.stores.open_context_store(url) as store'."
         )
+    if not isinstance(store, ContextStore):
+        raise InputError(f"store must be a ContextStore, not a {type(store).__name__}.")
     return DurableOptions(
         store=store,
-        owns_store=owns,
         owner=owner,
         lease_ttl=float(lease_ttl),
         idle_after=float(idle_after),
         history_limits=history_limits,
         token_counter=token_counter,
     )
+
+
+def _strategy(
+    strategy: object,
+    gateway: Gateway,
+    memory: MemorySource | None,
+    options: StrategyOptions | None,
+    token_counter: TokenCounter,
+) -> AssemblyStrategy | None:
+    if isinstance(strategy, str):
+        return make_strategy(
+            strategy, gateway=gateway, memory=memory, options=options, token_counter=token_counter
+        )
+    if memory is not None or options is not None:
+        raise InputError(
+            "memory and strategy_options configure a strategy chosen by name; pass "
+            "strategy='jit' or strategy='stratified' (a strategy object brings its own)."
+        )
+    if strategy is None:
+        return None
+    if not isinstance(strategy, AssemblyStrategy):
+        raise InputError(
+            f"strategy must be a strategy name or an AssemblyStrategy, not a "
+            f"{type(strategy).__name__}."
+        )
+    return strategy
 
 
 def reject_state(messages: Sequence[Message], context_id: str, turn_id: str, where: str) -> None:
@@ -371,6 +421,12 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
     perception = request.perception
     if perception is not None:
         perception = check_perception(perception)
+    check_tenant_scope(request.tenant, "tenant")
+    if not isinstance(request.auto_hydrate, bool):
+        raise InvalidMessageError(
+            f"auto_hydrate must be a bool, not {type(request.auto_hydrate).__name__}.",
+            field="auto_hydrate",
+        )
     # The state result is one item under the per-item cap. Its text is at
     # least as long as the texts it carries (UTF-8 bytes >= characters), so
     # this bound fails early without encoding on the event loop; the exact

@@ -480,8 +480,8 @@ class Durability:
     async def aclose(self, grace_period: float) -> None:
         """Write what is queued (within ``grace_period`` seconds), release every lease.
 
-        Not shielded: the manager's close runs shielded. Closes the store when
-        the Foundation opened it from a URL.
+        Not shielded: the manager's close runs shielded. The store stays
+        open: its opener closes it.
         """
         try:
             with anyio.move_on_after(grace_period):
@@ -505,5 +505,3 @@ class Durability:
                 waiter.error = StoreError("The Foundation closed before the write completed.")
                 waiter.event.set()
             self._waiters.clear()
-            if self._options.owns_store:
-                await self._store.aclose()

@@ -17,12 +17,15 @@ Closing order (:meth:`Foundation.aclose`), the seed's lifecycle:
    with :class:`FoundationClosedError`; preparations still waiting for their
    turn's commit fail with it at once). A preparation that is rendering in a
    worker thread is not abandoned: its thread finishes first.
-4. With a durable store: write what is queued (within the grace period),
-   release every lease, close the store when it was opened from a URL.
+4. With a durable store: write what is queued (within the grace period) and
+   release every lease; the store itself stays open (its opener closes it).
 5. Close the manager: ``record`` raises :class:`FoundationClosedError`;
    histories are released, each context's final history staying readable
    through :meth:`ContextManager.history`; no worker thread holds a token of
    the limiter.
+
+A memory source bound to the manager is borrowed and is never closed by the
+Foundation.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import anyio.lowlevel
 
 from turnloom.context.gateway import Gateway, GatewayType
 from turnloom.context.history import HistoryLimits
+from turnloom.context.memory import MemorySource
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.tokens import TokenCounter
 from turnloom.errors import InputError, StateError
@@ -48,6 +52,7 @@ from turnloom.runtime._door import (
     DEFAULT_MAX_PENDING_PREPARATIONS,
     check_foundation_options,
 )
+from turnloom.runtime.assembly import AssemblyStrategy, StrategyOptions
 from turnloom.runtime.manager import ContextManager
 from turnloom.runtime.store import ContextStore
 
@@ -66,13 +71,15 @@ class Foundation:
             owns it from then on. None (default): built from the keyword
             arguments below.
         gateway, max_pending_preparations, history_limits, behavior_rules,
-            open_calls, token_counter, store, lease_ttl, idle_after, owner:
-            the manager's options when ``manager`` is None (see
-            :class:`ContextManager`); they may not be given with ``manager``.
-            ``store`` keeps contexts durably (``"sqlite:PATH"``,
-            ``"redis://127.0.0.1:6379/0"`` or a
-            :class:`~turnloom.runtime.store.ContextStore`; default None:
-            memory only).
+            open_calls, token_counter, strategy, memory, strategy_options,
+            max_tenant_preparations, store, lease_ttl, idle_after, owner: the
+            manager's options when ``manager`` is None (see
+            :class:`ContextManager`: assembly strategies, the borrowed memory
+            source, per-tenant fairness of slots, the durable context store);
+            they may not be given with ``manager``. ``store`` keeps contexts
+            durably: a :class:`~turnloom.runtime.store.ContextStore` (open
+            one with ``turnloom.stores.open_context_store(url)``; default
+            None: memory only).
         worker_threads: the most worker threads rendering at once (default 4).
         close_grace_period: seconds :meth:`aclose` lets pending preparations
             settle before cancelling them (default 5.0; ``math.inf`` waits).
@@ -97,7 +104,6 @@ class Foundation:
             is not a ContextManager, ``manager`` is given together with a
             manager option, ``clock`` is not callable, or a store option is
             malformed (see :class:`ContextManager`).
-        MissingDependencyError: a Redis store URL without the ``redis`` package.
         InvalidArgumentError: ``token_counter`` has no ``count`` method.
 
     Exceptions leaving ``async with``: an exception raised in the body (a
@@ -129,6 +135,10 @@ class Foundation:
         close_grace_period: float = 5.0,
         token_counter: TokenCounter | None = None,
         clock: Callable[[], datetime] | None = None,
+        strategy: str | AssemblyStrategy | None = None,
+        memory: MemorySource | None = None,
+        strategy_options: StrategyOptions | None = None,
+        max_tenant_preparations: int | None = None,
         store: str | ContextStore | None = None,
         lease_ttl: float = DEFAULT_LEASE_TTL,
         idle_after: float = DEFAULT_IDLE_AFTER,
@@ -142,6 +152,10 @@ class Foundation:
                 behavior_rules=behavior_rules,
                 open_calls=open_calls,
                 token_counter=token_counter,
+                strategy=strategy,
+                memory=memory,
+                strategy_options=strategy_options,
+                max_tenant_preparations=max_tenant_preparations,
                 store=store,
                 lease_ttl=lease_ttl,
                 idle_after=idle_after,
@@ -163,6 +177,10 @@ class Foundation:
                     ("behavior_rules", behavior_rules, None),
                     ("open_calls", open_calls, "exclude"),
                     ("token_counter", token_counter, None),
+                    ("strategy", strategy, None),
+                    ("memory", memory, None),
+                    ("strategy_options", strategy_options, None),
+                    ("max_tenant_preparations", max_tenant_preparations, None),
                     ("store", store, None),
                     ("lease_ttl", lease_ttl, DEFAULT_LEASE_TTL),
                     ("idle_after", idle_after, DEFAULT_IDLE_AFTER),

@@ -5,7 +5,10 @@ the runtime encodes and decodes them, see the module ``_records``) and one
 *lease*: the right to write that log, held by one owner at a time, with an
 expiry and a fencing token. Implementations live in :mod:`turnloom.stores`:
 :class:`~turnloom.stores.SQLiteContextStore` (embedded, the default) and
-:class:`~turnloom.stores.RedisContextStore` (fleets).
+:class:`~turnloom.stores.RedisContextStore` (fleets); the runtime never
+imports them, and never opens or closes a store: the host opens one
+(``turnloom.stores.open_context_store(url)``), hands it to the manager, and
+closes it after the Foundation.
 
 Contract every implementation keeps:
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 __all__ = ("RedisContextStore",)
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import Any, Self, TypeAlias
 
 import sniffio
 
@@ -357,6 +357,14 @@ class RedisContextStore:
             return ()
         leased = await self._call(self._client.mget([self._key(c, "lease") for c in ids]))
         return tuple(c for c, lease in zip(ids, leased, strict=True) if lease is None)
+
+    async def __aenter__(self) -> Self:
+        """The store itself; :meth:`aclose` runs when the block exits."""
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Close the store (see :meth:`aclose`)."""
+        await self.aclose()
 
     async def aclose(self) -> None:
         """Close the client's connections; idempotent."""

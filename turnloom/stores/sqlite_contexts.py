@@ -24,7 +24,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Literal, TypeAlias, TypeVar
+from typing import Literal, Self, TypeAlias, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -304,6 +304,14 @@ class SQLiteContextStore:
             return tuple(row[0] for row in rows)
 
         return await self._run(work)
+
+    async def __aenter__(self) -> Self:
+        """The store itself; :meth:`aclose` runs when the block exits."""
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Close the store (see :meth:`aclose`)."""
+        await self.aclose()
 
     async def aclose(self) -> None:
         """Close the connection (after any running call); idempotent."""

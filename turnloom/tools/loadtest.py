@@ -29,6 +29,7 @@ from turnloom.runtime.config import RuntimeConfig, build_context_manager
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.manager import ContextManager
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
+from turnloom.stores import open_context_store
 from turnloom.tools._stats import peak_rss_bytes, percentile
 from turnloom.tools.trajectories import ReplayError, Trajectory, check_trajectory
 from turnloom.tools.transcript import Reply, Turn, snapshot, walk
@@ -146,7 +147,8 @@ async def loadtest(
             Foundation is bound; ``history_limits`` and
             ``max_pending_preparations`` are not used.
         store: a store URL (``sqlite:PATH``, ``redis://HOST:PORT/DB``) to keep
-            the sessions in; see :attr:`LoadtestReport.store`.
+            the sessions in, opened here and closed after the run; see
+            :attr:`LoadtestReport.store`.
         first_session: the number of the first session (several processes
             share one workload: process ``k`` runs sessions
             ``first_session .. first_session + sessions - 1``).
@@ -170,17 +172,8 @@ async def loadtest(
         raise InputError("loadtest needs at least one trajectory.")
     if sessions < 1:
         raise InputError(f"sessions must be a positive integer, not {sessions}.")
-    if config is not None:
-        if store is not None:
-            raise InputError("loadtest takes a store or a config, not both.")
-        manager = build_context_manager(config, gateway=gateway)
-    else:
-        manager = ContextManager(
-            gateway=gateway,
-            history_limits=history_limits,
-            max_pending_preparations=max_pending_preparations,
-            store=store,
-        )
+    if config is not None and store is not None:
+        raise InputError("loadtest takes a store or a config, not both.")
     scripts: list[list[Message]] = []
     for trajectory in trajectories:
         parsed = check_trajectory(trajectory)
@@ -199,8 +192,18 @@ async def loadtest(
         else:
             gc_pauses.append((info["generation"], time.perf_counter() - gc_started[0]))
 
+    opened = open_context_store(store) if store is not None else None
     gc.callbacks.append(on_gc)
     try:
+        if config is not None:
+            manager = build_context_manager(config, gateway=gateway)
+        else:
+            manager = ContextManager(
+                gateway=gateway,
+                history_limits=history_limits,
+                max_pending_preparations=max_pending_preparations,
+                store=opened,
+            )
         return await _run(
             scripts,
             sessions=sessions,
@@ -217,6 +220,9 @@ async def loadtest(
         )
     finally:
         gc.callbacks.remove(on_gc)
+        if opened is not None:
+            with anyio.CancelScope(shield=True):
+                await opened.aclose()
 
 
 async def _run(
