@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import anyio
-import anyio.abc
 import pytest
+from anyio.streams.memory import MemoryObjectSendStream
 from prometheus_client import CollectorRegistry
 
 from tests.runtime.helpers import SYSTEM, assistant, user
@@ -321,7 +321,7 @@ async def test_an_on_error_raising_at_close_still_drains_and_closes_every_other_
     def refuse(record: object, error: TurnloomError) -> None:
         raise _HostBug("on_error failed")
 
-    async def producer(name: str, send: anyio.abc.ObjectSendStream[OutputRecord]) -> None:
+    async def producer(name: str, send: MemoryObjectSendStream[OutputRecord]) -> None:
         refused = OutputRecord(context_id="gone", turn_id="t1", outputs=())
         with send:
             try:
