@@ -7,10 +7,14 @@ from :mod:`turnloom.errors` before any state changes; none touches a context.
 from __future__ import annotations
 
 __all__ = (
+    "DEFAULT_IDLE_AFTER",
+    "DEFAULT_LEASE_TTL",
     "DEFAULT_MAX_PENDING_PREPARATIONS",
+    "DurableOptions",
     "FoundationOptions",
     "ManagerOptions",
     "check_continuation",
+    "check_durable_options",
     "check_foundation_options",
     "check_manager_options",
     "check_outputs",
@@ -22,7 +26,9 @@ __all__ = (
 )
 
 import math
+import uuid
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import msgspec
 
@@ -55,11 +61,38 @@ from turnloom.runtime.state import (
     is_state_message,
     state_call_id,
 )
+from turnloom.runtime.store import ContextStore
 
 _encoder = msgspec.json.Encoder()
 
 DEFAULT_MAX_PENDING_PREPARATIONS = 16
 """The default bound on pending preparations of a ContextManager."""
+
+DEFAULT_LEASE_TTL = 10.0
+"""The default lifetime of a context's lease, in seconds."""
+
+DEFAULT_IDLE_AFTER = 300.0
+"""The default disuse, in seconds, after which a held context leaves memory."""
+
+
+class DurableOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """The checked store options of a ContextManager (see :class:`~turnloom.runtime.Foundation`).
+
+    Attributes:
+        store: the :class:`~turnloom.runtime.store.ContextStore`.
+        owner: this manager's name in leases.
+        lease_ttl: seconds a lease lasts unless renewed.
+        idle_after: seconds of disuse after which a context leaves memory.
+        history_limits: the history limits (a restore rebuilds with them).
+        token_counter: the token counter (a restore counts with it).
+    """
+
+    store: Any
+    owner: str
+    lease_ttl: float
+    idle_after: float
+    history_limits: HistoryLimits
+    token_counter: Any
 
 
 class ManagerOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,6 +105,7 @@ class ManagerOptions(msgspec.Struct, frozen=True, kw_only=True):
     open_calls: OpenCallPolicy
     tenant_limit: int
     token_counter: TokenCounter
+    durable: DurableOptions | None = None
     strategy: AssemblyStrategy | None = None
 
 
@@ -106,7 +140,8 @@ def check_manager_options(
         InputError: ``max_pending_preparations`` or ``max_tenant_preparations``
             is not a positive integer, ``history_limits`` is not a
             :class:`HistoryLimits`, an unknown gateway or ``open_calls``
-            policy, behaviour rules that are not valid text, a ``strategy``
+            policy, behaviour rules that are not valid text or alone exceed
+            the per-item cap (``ItemTooLargeError``), a ``strategy``
             that is neither a name nor an AssemblyStrategy, ``memory`` or
             ``strategy_options`` without a named strategy, or bad strategy
             options.
@@ -132,7 +167,8 @@ def check_manager_options(
         )
     if open_calls not in ("exclude", "cancel"):
         raise InputError(f"open_calls must be 'exclude' or 'cancel', not {open_calls!r}.")
-    check_contributions((), behavior_rules, None)
+    limits = history_limits if history_limits is not None else HistoryLimits()
+    check_behavior_rules(behavior_rules, limits.max_item_bytes)
     if max_tenant_preparations is None:
         tenant_limit = (max_pending_preparations + 1) // 2
     elif _positive_int(max_tenant_preparations):
@@ -146,7 +182,7 @@ def check_manager_options(
     return ManagerOptions(
         gateway=checked_gateway,
         max_pending_preparations=max_pending_preparations,
-        history_limits=history_limits if history_limits is not None else HistoryLimits(),
+        history_limits=limits,
         behavior_rules=behavior_rules,
         open_calls="cancel" if open_calls == "cancel" else "exclude",
         strategy=_strategy(strategy, checked_gateway, memory, strategy_options, token_counter),
@@ -180,6 +216,61 @@ def check_foundation_options(
         manager=manager,
         worker_threads=worker_threads,
         close_grace_period=float(close_grace_period),
+    )
+
+
+def _seconds(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and not math.isnan(value)
+        and value > 0
+    )
+
+
+def check_durable_options(
+    *,
+    store: object,
+    lease_ttl: float,
+    idle_after: float,
+    owner: str | None,
+    history_limits: HistoryLimits,
+    token_counter: TokenCounter,
+) -> DurableOptions | None:
+    """Validate the store options of a Foundation; None when there is no store.
+
+    Raises:
+        InputError: ``store`` is not a ContextStore (a URL string included:
+            the runtime never opens stores), a time that is not a positive
+            number of seconds (``idle_after`` may be ``math.inf``;
+            ``lease_ttl`` must be finite), or a malformed owner.
+    """
+    if store is None:
+        return None
+    if not (_seconds(lease_ttl) and math.isfinite(lease_ttl)):
+        raise InputError(f"lease_ttl must be a positive number of seconds, not {lease_ttl!r}.")
+    if not _seconds(idle_after):
+        raise InputError(f"idle_after must be a positive number of seconds, not {idle_after!r}.")
+    if owner is None:
+        owner = f"turnloom-{uuid.uuid4().hex}"
+    elif not isinstance(owner, str) or not owner or " " in owner or len(owner) > 256:
+        raise InputError(
+            f"owner must be a non-empty str without spaces, at most 256 characters, not {owner!r}."
+        )
+    if isinstance(store, str):
+        raise InputError(
+            f"store must be a ContextStore, not the URL {store[:80]!r}: open it with "
+            "'async with turnloom.stores.open_context_store(url) as store'."
+        )
+    if not isinstance(store, ContextStore):
+        raise InputError(f"store must be a ContextStore, not a {type(store).__name__}.")
+    return DurableOptions(
+        store=store,
+        owner=owner,
+        lease_ttl=float(lease_ttl),
+        idle_after=float(idle_after),
+        history_limits=history_limits,
+        token_counter=token_counter,
     )
 
 
@@ -303,6 +394,38 @@ def check_snapshot(snapshot: TurnSnapshot, gateway: Gateway) -> str:
     return context_id
 
 
+def check_carried(carried: int, max_item_bytes: int, what: str) -> None:
+    """The runtime-state result is one item under the per-item cap: refuse early.
+
+    ``carried`` counts the characters of the texts the result carries; its
+    encoding is at least that many bytes (UTF-8 bytes >= characters), so
+    this bound fails before anything is encoded. The exact size is checked
+    in the worker.
+
+    Raises:
+        ItemTooLargeError: ``carried`` exceeds ``max_item_bytes``.
+    """
+    if carried > max_item_bytes:
+        raise ItemTooLargeError(
+            f"{what} carries at least {carried} bytes, over the per-item cap of "
+            f"{max_item_bytes} bytes.",
+            size=carried,
+            limit=max_item_bytes,
+        )
+
+
+def check_behavior_rules(behavior_rules: str | None, max_item_bytes: int) -> None:
+    """Default behaviour rules: valid text that fits the runtime-state result.
+
+    Raises:
+        InvalidTextError: text that is not valid UTF-8.
+        ItemTooLargeError: the rules alone exceed ``max_item_bytes``, so every
+            turn's runtime-state result would.
+    """
+    check_contributions((), behavior_rules, None)
+    check_carried(len(behavior_rules or ""), max_item_bytes, "behavior_rules")
+
+
 def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> ContextPrepareRequest:
     """Validate a request; return it with its contributions frozen in a tuple.
 
@@ -338,22 +461,12 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
             f"auto_hydrate must be a bool, not {type(request.auto_hydrate).__name__}.",
             field="auto_hydrate",
         )
-    # The state result is one item under the per-item cap. Its text is at
-    # least as long as the texts it carries (UTF-8 bytes >= characters), so
-    # this bound fails early without encoding on the event loop; the exact
-    # size is checked in the worker.
     carried = sum(len(c.name) + len(c.content) for c in contributions)
     carried += len(request.behavior_rules or "")
     if perception is not None:
         carried += len(perception.modality or "")
         carried += sum(len(k) + len(v) for k, v in perception.source.items())
-    if carried > max_item_bytes:
-        raise ItemTooLargeError(
-            f"The runtime state of turn {request.turn_id!r} carries at least {carried} "
-            f"bytes, over the per-item cap of {max_item_bytes} bytes.",
-            size=carried,
-            limit=max_item_bytes,
-        )
+    check_carried(carried, max_item_bytes, f"The runtime state of turn {request.turn_id!r}")
     if contributions is request.contributions and perception is None:
         return request
     return msgspec.structs.replace(request, contributions=contributions, perception=perception)
