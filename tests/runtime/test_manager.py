@@ -468,9 +468,9 @@ async def test_build_checks_each_continuation_message_once(
     same message objects) has only its new messages checked, and keeps the ids
     of the checked ones: a later repeat of their id is still refused."""
     import turnloom.runtime._door as door
+    from turnloom.context.message import check_message as real
 
     checked: list[Message] = []
-    real = door.check_message
 
     def counting(message: object, *, where: str = "message") -> int:
         assert isinstance(message, Message)
