@@ -26,8 +26,8 @@ from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import msgspec
 
-from turnloom.context.message import Message
-from turnloom.errors import InputError
+from turnloom.context.message import Message, NativeKeys, declare_native_keys
+from turnloom.errors import InputError, excerpt
 
 NativeContent: TypeAlias = dict[str, Any]
 """One item of a provider's request, in the provider's own shape (a JSON object)."""
@@ -137,8 +137,22 @@ _FACTORIES: dict[GatewayType, Callable[[], Gateway]] = {}
 _INSTANCES: dict[GatewayType, Gateway] = {}
 
 
-def register_gateway(kind: GatewayType, factory: Callable[[], Gateway]) -> None:
-    """Register the factory of the gateway for ``kind`` (used by gateway modules)."""
+def register_gateway(
+    kind: GatewayType, factory: Callable[[], Gateway], native_keys: NativeKeys | None = None
+) -> None:
+    """Register the factory of the gateway for ``kind`` (used by gateway modules).
+
+    Args:
+        kind: the provider.
+        factory: makes the gateway.
+        native_keys: the keys the gateway writes itself and its layout hints,
+            declared once, here; the door
+            (:func:`~turnloom.context.check_message`) refuses extras holding
+            those keys and layouts naming ``kind`` that break the hints. A
+            gateway that declares nothing gets no layout accepted.
+    """
+    if native_keys is not None:
+        declare_native_keys(GatewayType(kind).value, native_keys)
     _FACTORIES[kind] = factory
     _INSTANCES.pop(kind, None)
 
@@ -153,7 +167,7 @@ def get_gateway(kind: GatewayType | str) -> Gateway:
         key = GatewayType(kind)
     except ValueError:
         known = ", ".join(t.value for t in GatewayType)
-        raise InputError(f"Unknown gateway {kind!r}; known gateways: {known}.") from None
+        raise InputError(f"Unknown gateway {excerpt(kind)}; known gateways: {known}.") from None
     gateway = _INSTANCES.get(key)
     if gateway is None:
         factory = _FACTORIES.get(key)

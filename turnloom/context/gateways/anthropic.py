@@ -77,6 +77,7 @@ from turnloom.context.message import (
     Role,
     TextPart,
     ToolCallPart,
+    NativeKeys,
     ToolResultPart,
     check_message,
 )
@@ -89,6 +90,16 @@ _GATEWAY = GatewayType.anthropic.value
 _ROLES = ("user", "assistant", "system")
 # The media types of a base64 image source (Source: Anthropic Messages API, vision).
 _MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+# The keys this gateway writes itself: extras never replace them (checked at the door).
+_WRITES = NativeKeys(
+    message=frozenset({"role", "content"}),
+    text=frozenset({"type", "text"}),
+    image=frozenset({"type", "source"}),
+    tool_call=frozenset({"type", "id", "name", "input"}),
+    tool_result=frozenset({"type", "tool_use_id", "content", "is_error"}),
+    reasoning=frozenset({"type", "thinking", "signature", "data"}),
+    hints={"content": ("string",), "string_results": "ids", "no_is_error": "ids"},
+)
 # Sent for an error result that has no content (the API rejects it empty).
 _EMPTY_ERROR_TEXT = "The tool failed without output."
 
@@ -823,4 +834,4 @@ def _parse_image(block: dict[str, Any]) -> ImagePart | None:
     return None
 
 
-register_gateway(GatewayType.anthropic, AnthropicGateway)
+register_gateway(GatewayType.anthropic, AnthropicGateway, _WRITES)

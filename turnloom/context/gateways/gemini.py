@@ -32,8 +32,8 @@ later system messages move to ``systemInstruction`` (no in-conversation
 system role); reasoning of other providers is dropped; a tool result's text
 parts are joined into one ``output`` string; a ``response`` object other
 than ``{"output": str}`` / ``{"error": str}`` is carried as its JSON text;
-a result's multimodal ``parts`` parse into ``ToolResultPart.extras``
-verbatim (not into image parts); an image's ``detail`` is not carried, and
+a result's multimodal ``parts`` parse into the result's image parts, and
+into ``gemini`` opaque parts for other media; an image's ``detail`` is not carried, and
 an image URL without a media type gets the type its file name suggests
 (``image/*`` when it suggests none); tool call
 arguments travel as an object (re-encoded as compact JSON, and arguments
@@ -83,8 +83,10 @@ from turnloom.context.message import (
     Role,
     TextPart,
     ToolCallPart,
+    NativeKeys,
     ToolResultPart,
     check_message,
+    decode_json_text,
 )
 from turnloom.errors import InvalidMessageError
 
@@ -103,6 +105,34 @@ _KEYS = {
     "fileUri": "file_uri",
 }
 _SNAKE = frozenset(_KEYS.values())
+# A Part holds exactly one of these data fields (Gemini API, ``Part`` union).
+_DATA = frozenset(
+    {"text", "executableCode", "codeExecutionResult", "executable_code", "code_execution_result"}
+    | {k for name in ("functionCall", "functionResponse", "inlineData", "fileData") for k in (name, _KEYS[name])}
+)
+
+
+def _check_json_results(message: Message, where: str) -> None:
+    """A result listed in ``json_results`` holds strict JSON text (render decodes it)."""
+    listed = (message.layout or {}).get("json_results", ())
+    for i, part in enumerate(message.parts):
+        if type(part) is ToolResultPart and part.call_id in listed:
+            text = "".join(p.text for p in part.content if type(p) is TextPart)
+            decode_json_text(text, where=where, field=f"content[{i}].content")
+
+
+# The keys this gateway writes itself: extras never replace them (checked at the
+# door); the functionResponse object is where a result's extras go.
+_WRITES = NativeKeys(
+    message=frozenset({"role", "parts"}),
+    text=_DATA,
+    image=_DATA,
+    tool_call=_DATA,
+    tool_result=frozenset({"id", "name", "response", "parts"}),
+    reasoning=_DATA | {"thought", "thoughtSignature", "thought_signature"},
+    hints={"snake": "flag", "json_results": "ids", "no_id": "ids", "keep_blank": "flag"},
+    check_layout=_check_json_results,
+)
 
 
 def _k(name: str, snake: bool) -> str:
@@ -236,8 +266,10 @@ class GeminiGateway:
         }
         if result.call_id in layout.get("no_id", ()):
             del inner["id"]
-        media = [_image_block(p, snake) for p in result.content if type(p) is ImagePart] + [
-            p.item for p in result.content if type(p) is OpaquePart and p.gateway == _GATEWAY
+        media = [
+            _image_block(p, snake) if type(p) is ImagePart else p.item
+            for p in result.content
+            if type(p) is ImagePart or (type(p) is OpaquePart and p.gateway == _GATEWAY)
         ]
         if media:
             inner["parts"] = media
@@ -343,7 +375,13 @@ class GeminiGateway:
                 call_id = f"{name}#{i}"
                 no_id.append(call_id)
             value = response.get("response", {})
-            extras = {k: v for k, v in response.items() if k not in ("id", "name", "response")}
+            extras = {k: v for k, v in response.items() if k not in _WRITES.tool_result}
+            media = response.get("parts", [])
+            if not isinstance(media, list) or not all(isinstance(m, dict) for m in media):
+                raise InvalidMessageError(
+                    f"Gemini {field} functionResponse parts must be a list of objects.",
+                    field=f"{field}.parts",
+                )
             if isinstance(value, dict) and len(value) == 1 and isinstance(value.get("output"), str):
                 text, is_error = value["output"], False
             elif (
@@ -358,7 +396,10 @@ class GeminiGateway:
                 json_results.append(call_id)
             return ToolResultPart(
                 call_id=call_id,
-                content=(TextPart(text=text),),
+                content=(
+                    TextPart(text=text),
+                    *(_parse_image(m, snake) or OpaquePart(gateway=_GATEWAY, item=m) for m in media),
+                ),
                 is_error=is_error,
                 name=name if isinstance(name, str) and name else None,
                 extras=extras or None,
@@ -732,4 +773,4 @@ def _parse_image(block: dict[str, Any], snake: bool) -> ImagePart | None:
     return None
 
 
-register_gateway(GatewayType.gemini, GeminiGateway)
+register_gateway(GatewayType.gemini, GeminiGateway, _WRITES)

@@ -52,6 +52,7 @@ from turnloom.context.message import (
     Role,
     TextPart,
     ToolCallPart,
+    NativeKeys,
     ToolResultPart,
     check_message,
     is_blank_text,
@@ -63,7 +64,16 @@ _log = logging.getLogger("turnloom.gateway.openai_chat")
 _GATEWAY = GatewayType.openai_chat.value
 # A tuple: membership compares, never hashes (a malformed role may be a list).
 _ROLES = tuple(r.value for r in Role)
-_MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id"})
+# The keys this gateway writes itself: extras never replace them (checked at the door).
+_WRITES = NativeKeys(
+    message=frozenset({"role", "content", "tool_calls", "tool_call_id"}),
+    text=frozenset({"type", "text"}),
+    image=frozenset({"type", "image_url"}),
+    tool_call=frozenset({"id", "type", "function"}),
+    tool_result=frozenset({"role", "tool_call_id", "content"}),
+    hints={"content": ("list", "absent")},
+)
+_MESSAGE_KEYS = _WRITES.message
 
 
 class OpenAIChatGateway:
@@ -342,7 +352,7 @@ class OpenAIChatGateway:
                 f"OpenAI Chat {field} arguments must be a JSON string.",
                 field=f"{field}.function.arguments",
             )
-        extras = {k: v for k, v in call.items() if k not in ("id", "type", "function")} or None
+        extras = {k: v for k, v in call.items() if k not in _WRITES.tool_call} or None
         return ToolCallPart(call_id=call_id, name=name, arguments=arguments, extras=extras)
 
     def _parse_content(self, content: Any, field: str) -> tuple[Part, ...]:
@@ -536,4 +546,4 @@ def _parse_image(block: dict[str, Any]) -> ImagePart:
     return ImagePart(url=url, detail=detail, extras=extras)
 
 
-register_gateway(GatewayType.openai_chat, OpenAIChatGateway)
+register_gateway(GatewayType.openai_chat, OpenAIChatGateway, _WRITES)

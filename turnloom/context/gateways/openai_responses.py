@@ -71,6 +71,7 @@ from turnloom.context.message import (
     Role,
     TextPart,
     ToolCallPart,
+    NativeKeys,
     ToolResultPart,
     check_message,
 )
@@ -84,6 +85,23 @@ _ROLES = ("user", "assistant", "system", "developer")
 _INSTRUCTIONS = "instructions"
 # Item types that are input, not model output; everything else typed is output.
 _NOT_OUTPUT = frozenset({"message", "function_call_output", "reasoning", _INSTRUCTIONS})
+# The keys this gateway writes itself: extras never replace them (checked at the door).
+_WRITES = NativeKeys(
+    message=frozenset({"type", "role", "id", "status", "content"}),
+    text=frozenset({"type", "text"}),
+    image=frozenset({"type", "image_url", "detail"}),
+    tool_call=frozenset({"type", "call_id", "name", "arguments"}),
+    tool_result=frozenset({"type", "call_id", "output"}),
+    reasoning=frozenset({"type", "id", "summary", "encrypted_content"}),
+    hints={
+        "content": ("list",),
+        "keep_blank": "flag",
+        "instructions": "flag",
+        "list_outputs": "ids",
+        "typed": "flag",
+        "status": "text",
+    },
+)
 
 
 def _is_output_message(item: NativeContent) -> bool:
@@ -130,6 +148,8 @@ class OpenAIResponsesGateway:
         content = self._input_content(rest, layout, own)
         if content is not None:
             item: NativeContent = {"role": role.value, "content": content}
+            if layout:
+                _write_recorded(item, message, layout)
             if own and message.extras:
                 item.update(message.extras)
             items.append(item)
@@ -291,7 +311,7 @@ class OpenAIResponsesGateway:
                 "type": "message",
                 "role": "assistant",
                 "id": message.id,
-                "status": "completed",
+                "status": layout.get("status", "completed"),
                 "content": content,
             }
             if message.extras:
@@ -308,6 +328,8 @@ class OpenAIResponsesGateway:
                     {"type": "output_text", "text": part.text, **((own and part.extras) or {})}
                 ]
             item = {"role": "assistant", "content": text_content}
+            if layout:
+                _write_recorded(item, message, layout)
             if own and message.extras:
                 item.update(message.extras)
             out.append(item)
@@ -390,14 +412,26 @@ class OpenAIResponsesGateway:
                 f"OpenAI Responses message has unknown role {role_name!r}.", field="role"
             )
         role = Role(role_name)
-        message_id = item.get("id") if role is Role.assistant else None
-        extras = {
-            k: v
-            for k, v in item.items()
-            if k not in ("role", "content") and not (k == "id" and message_id is not None)
-        }
+        message_id = item.get("id")
+        if message_id is not None and (not isinstance(message_id, str) or not message_id):
+            raise InvalidMessageError(
+                "OpenAI Responses message id must be a non-empty string.", field="id"
+            )
+        extras = {k: v for k, v in item.items() if k not in _WRITES.message}
         content = item.get("content")
         hints: dict[str, Any] = {}
+        if "type" in item:
+            if item["type"] != "message":
+                raise InvalidMessageError(
+                    "OpenAI Responses message type must be 'message'.", field="type"
+                )
+            hints["typed"] = True
+        if "status" in item:
+            if not isinstance(item["status"], str):
+                raise InvalidMessageError(
+                    "OpenAI Responses message status must be a string.", field="status"
+                )
+            hints["status"] = item["status"]
         parts: list[Part] = []
         if isinstance(content, str):
             parts.append(TextPart(text=content))
@@ -419,8 +453,6 @@ class OpenAIResponsesGateway:
             extras or message_id is not None or any(getattr(p, "extras", None) for p in parts)
         ):
             layout = {"gateway": _GATEWAY}
-        if not isinstance(message_id, str):
-            message_id = None
         return Message(
             role=role, content=tuple(parts), id=message_id, extras=extras or None, layout=layout
         )
@@ -785,7 +817,17 @@ def _parse_content_block(block: Any, field: str) -> TextPart | ImagePart | Opaqu
     return OpaquePart(gateway=_GATEWAY, item=block)
 
 
-def _parse_reasoning(item: NativeContent) -> ReasoningPart:
+def _write_recorded(item: NativeContent, message: Message, layout: dict[str, Any]) -> None:
+    """Write the recorded ``type``, ``id`` and ``status`` of an input-form message."""
+    if layout.get("typed"):
+        item["type"] = "message"
+    if message.id is not None:
+        item["id"] = message.id
+    if "status" in layout:
+        item["status"] = layout["status"]
+
+
+def _parse_reasoning(item: NativeContent) -> ReasoningPart | OpaquePart:
     summary = item.get("summary", [])
     extras = {
         k: v for k, v in item.items() if k not in ("type", "id", "summary", "encrypted_content")
@@ -811,7 +853,8 @@ def _parse_reasoning(item: NativeContent) -> ReasoningPart:
             and text
         )
     ):
-        extras["summary"] = summary
+        # A summary the neutral text cannot carry: the item stays native, verbatim.
+        return OpaquePart(gateway=_GATEWAY, item=item)
     encrypted = item.get("encrypted_content")
     return ReasoningPart(
         text=text,
@@ -822,4 +865,4 @@ def _parse_reasoning(item: NativeContent) -> ReasoningPart:
     )
 
 
-register_gateway(GatewayType.openai_responses, OpenAIResponsesGateway)
+register_gateway(GatewayType.openai_responses, OpenAIResponsesGateway, _WRITES)
