@@ -20,7 +20,7 @@ import msgspec
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from turnloom.context.gateway import GatewayType, get_gateway
-from turnloom.errors import InputError
+from turnloom.errors import InputError, excerpt
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.loadtest import LoadtestReport, count_model_calls, loadtest
 from turnloom.runtime.metrics import MetricsServer, serve_metrics
@@ -38,7 +38,7 @@ def _positive(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{excerpt(text)} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
     return value

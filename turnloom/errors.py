@@ -22,6 +22,7 @@ never imports an event-loop library.
 from __future__ import annotations
 
 __all__ = (
+    "EXCERPT_LIMIT",
     "AreaCallbackError",
     "CapacityError",
     "DuplicateAreaError",
@@ -35,7 +36,6 @@ __all__ = (
     "OutOfOrderTurnError",
     "ProviderRuleError",
     "QueueFullError",
-    "EXCERPT_LIMIT",
     "StateError",
     "TurnTooLargeError",
     "TurnloomError",
@@ -79,7 +79,7 @@ def excerpt(value: object) -> str:
         for strings, bytes and containers.
     """
     if isinstance(value, bytes | bytearray | memoryview):
-        text = repr(bytes(value[:_repr.maxstring]))
+        text = repr(bytes(value[: _repr.maxstring]))
         if len(value) > _repr.maxstring:
             text += "..."
     else:

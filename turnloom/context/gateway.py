@@ -172,6 +172,6 @@ def get_gateway(kind: GatewayType | str) -> Gateway:
     if gateway is None:
         factory = _FACTORIES.get(key)
         if factory is None:
-            raise InputError(f"Gateway {key.value!r} is not available in this build.")
+            raise InputError(f"Gateway {excerpt(key.value)} is not available in this build.")
         gateway = _INSTANCES[key] = factory()
     return gateway

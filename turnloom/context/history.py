@@ -42,6 +42,7 @@ __all__ = (
     "HistoryView",
     "RenderedHistory",
     "TurnHistory",
+    "check_batch_length",
     "check_id",
 )
 
@@ -73,7 +74,9 @@ from turnloom.errors import (
     InvalidMessageError,
     ItemTooLargeError,
     OutOfOrderTurnError,
+    TurnTooLargeError,
     UnknownTurnError,
+    excerpt,
 )
 
 _encoder = msgspec.json.Encoder()
@@ -105,7 +108,9 @@ class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
         for name in ("max_turns", "max_items", "max_bytes", "max_item_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InputError(f"History limit {name} must be a positive integer, not {value!r}.")
+                raise InputError(
+                    f"History limit {name} must be a positive integer, not {excerpt(value)}."
+                )
 
 
 class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -566,7 +571,7 @@ class HistoryView:
         for turn in self._turns:
             if turn.turn_id == turn_id:
                 return tuple(e.message for e in turn.input + turn.outputs)
-        raise UnknownTurnError(f"The history holds no turn {turn_id!r}.")
+        raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
     def turn_input(self, turn_id: str) -> tuple[Message, ...]:
         """The input messages of ``turn_id``, in order.
@@ -577,7 +582,7 @@ class HistoryView:
         for turn in reversed(self._turns):
             if turn.turn_id == turn_id:
                 return tuple(e.message for e in turn.input)
-        raise UnknownTurnError(f"The history holds no turn {turn_id!r}.")
+        raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
     def render(
         self, gateway: Gateway, turn_id: str, *, open_calls: OpenCallPolicy = "exclude"
@@ -609,7 +614,7 @@ class HistoryView:
                 if turn.turn_id == turn_id:
                     break
             else:
-                raise UnknownTurnError(f"The history holds no turn {turn_id!r}.")
+                raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
         key: _CacheKey = (gateway, open_calls)
         shared = self._shared
         slots = shared.slots(key)
@@ -727,6 +732,22 @@ def _blank_part(part: Part) -> bool:
     return False
 
 
+def check_batch_length(count: int, limits: HistoryLimits, where: str) -> None:
+    """Refuse a batch that makes one turn hold more than ``limits.max_items`` messages.
+
+    Raises:
+        TurnTooLargeError: ``count`` is over the limit (``unit="items"``).
+    """
+    if count > limits.max_items:
+        raise TurnTooLargeError(
+            f"{where} would make the turn hold {count} messages, over the history's "
+            f"limit of {limits.max_items}.",
+            unit="items",
+            size=count,
+            limit=limits.max_items,
+        )
+
+
 def check_id(value: object, what: str) -> str:
     """Validate a context or turn id: a non-empty str of at most 256 characters.
 
@@ -734,16 +755,16 @@ def check_id(value: object, what: str) -> str:
         InvalidMessageError: the id is not such a string, or is not valid UTF-8.
     """
     if not isinstance(value, str) or not value:
-        raise InvalidMessageError(f"The {what} must be a non-empty string, not {value!r}.")
+        raise InvalidMessageError(f"The {what} must be a non-empty string, not {excerpt(value)}.")
     if len(value) > _MAX_ID_LENGTH:
         raise InvalidMessageError(
-            f"The {what} {value[:32]!r}... is {len(value)} characters; at most "
+            f"The {what} {excerpt(value[:32])}... is {len(value)} characters; at most "
             f"{_MAX_ID_LENGTH} are allowed."
         )
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidMessageError(f"The {what} {value!r} is not valid UTF-8.") from None
+        raise InvalidMessageError(f"The {what} {excerpt(value)} is not valid UTF-8.") from None
     return value
 
 
@@ -865,9 +886,51 @@ class TurnHistory:
 
     # -- changing --------------------------------------------------------
 
-    def _entries(self, messages: Sequence[Message], where: str) -> tuple[_Entry, ...]:
-        cap = self._limits.max_item_bytes
-        entries: list[_Entry] = []
+    def check_batch(
+        self,
+        messages: Sequence[object],
+        where: str,
+        *,
+        turn_id: str | None = None,
+        pinned: bool = False,
+    ) -> tuple[int, ...]:
+        """Check a batch of messages at the door; return each one's size in bytes.
+
+        The batch's length is checked first, in O(1): a turn (its input, or
+        its messages so far plus ``messages``) holds at most ``max_items``
+        messages. Then each message passes
+        :func:`~turnloom.context.check_message` and the per-item cap, and the
+        running total is checked against ``max_bytes`` (with the turn's bytes
+        so far), so a batch far over a limit costs at most about ``max_bytes``
+        of work before it is refused. Nothing changes.
+
+        Pinned instructions are not counted against the history's limits, so
+        for them (``pinned``) only the count is bounded (at ``max_items``)
+        besides the per-item cap.
+
+        Args:
+            messages: the batch, oldest first.
+            where: how error messages name it (``"turn 't1' input"``).
+            turn_id: the held turn the batch is added to (a record), if any.
+            pinned: the batch is a turn's new pinned instructions.
+
+        Raises:
+            TurnTooLargeError: the turn would hold more than ``max_items``
+                messages or ``max_bytes`` bytes.
+            ItemTooLargeError: one message is over the per-item byte cap.
+            InvalidMessageError, InvalidTextError, DuplicateIdError: a
+                malformed message.
+        """
+        limits = self._limits
+        held_items = held_bytes = 0
+        if turn_id is not None:
+            for turn in self._turns:
+                if turn.turn_id == turn_id:
+                    held_items, held_bytes = turn.items, turn.bytes
+        check_batch_length(held_items + len(messages), limits, where)
+        cap = limits.max_item_bytes
+        total = held_bytes
+        sizes: list[int] = []
         for i, message in enumerate(messages):
             label = f"{where}[{i}]"
             size = check_message(message, where=label)
@@ -877,8 +940,28 @@ class TurnHistory:
                     size=size,
                     limit=cap,
                 )
-            entries.append(_Entry(message, size))
-        return tuple(entries)
+            total += size
+            if total > limits.max_bytes and not pinned:
+                raise TurnTooLargeError(
+                    f"{where} would make the turn hold at least {total} bytes, over the "
+                    f"history's limit of {limits.max_bytes} bytes.",
+                    unit="bytes",
+                    size=total,
+                    limit=limits.max_bytes,
+                )
+            sizes.append(size)
+        return tuple(sizes)
+
+    def _entries(
+        self,
+        messages: Sequence[Message],
+        where: str,
+        turn_id: str | None = None,
+        *,
+        pinned: bool = False,
+    ) -> tuple[_Entry, ...]:
+        sizes = self.check_batch(messages, where, turn_id=turn_id, pinned=pinned)
+        return tuple(_Entry(m, s) for m, s in zip(messages, sizes, strict=True))
 
     def commit(
         self,
@@ -913,35 +996,40 @@ class TurnHistory:
         """
         check_id(turn_id, "turn id")
         if self.has_turn(turn_id) or turn_id in self._evicted_ids:
-            raise DuplicateIdError(f"Turn {turn_id!r} was already committed to this context.")
+            raise DuplicateIdError(
+                f"Turn {excerpt(turn_id)} was already committed to this context."
+            )
         if sequence is not None:
             if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 0:
                 raise InvalidMessageError(
-                    f"Turn {turn_id!r} sequence must be a non-negative integer, not {sequence!r}."
+                    f"Turn {excerpt(turn_id)} sequence must be a non-negative integer, not "
+                    f"{excerpt(sequence)}."
                 )
             if self._sequence is not None and sequence <= self._sequence:
                 raise OutOfOrderTurnError(
-                    f"Turn {turn_id!r} has sequence {sequence}, but turn sequence "
+                    f"Turn {excerpt(turn_id)} has sequence {sequence}, but turn sequence "
                     f"{self._sequence} was already committed; turns must arrive in order."
                 )
         for i, message in enumerate(input):
             if isinstance(message, Message) and message.role in _PINNED_ROLES:
                 raise InvalidMessageError(
-                    f"Turn {turn_id!r} input[{i}] has role {message.role!s}; instructions "
+                    f"Turn {excerpt(turn_id)} input[{i}] has role {message.role!s}; instructions "
                     "go in the snapshot's instructions, never in turn input.",
                     field="role",
                 )
-        entries = self._entries(input, f"turn {turn_id!r} input")
+        entries = self._entries(input, f"turn {excerpt(turn_id)} input")
         pinned: tuple[_Entry, ...] | None = None
         if instructions is not None:
             for i, message in enumerate(instructions):
                 if isinstance(message, Message) and message.role not in _PINNED_ROLES:
                     raise InvalidMessageError(
-                        f"Turn {turn_id!r} instructions[{i}] has role {message.role!s}; "
+                        f"Turn {excerpt(turn_id)} instructions[{i}] has role {message.role!s}; "
                         "instructions are system or developer messages.",
                         field="role",
                     )
-            pinned = self._entries(instructions, f"turn {turn_id!r} instructions")
+            pinned = self._entries(
+                instructions, f"turn {excerpt(turn_id)} instructions", pinned=True
+            )
         # Validated: change state.
         if pinned is not None:
             self._pinned = pinned
@@ -986,11 +1074,11 @@ class TurnHistory:
         if position < 0:
             if turn_id in self._evicted_ids:
                 # Validate anyway: a malformed late output is still an error.
-                self._entries(outputs, f"turn {turn_id!r} output")
+                self._entries(outputs, f"turn {excerpt(turn_id)} output")
                 self._late_dropped += len(outputs)
                 return 0
-            raise UnknownTurnError(f"Turn {turn_id!r} was never committed to this context.")
-        entries = self._entries(outputs, f"turn {turn_id!r} output")
+            raise UnknownTurnError(f"Turn {excerpt(turn_id)} was never committed to this context.")
+        entries = self._entries(outputs, f"turn {excerpt(turn_id)} output", turn_id)
         kept = tuple(e for e in entries if not _blank(e.message))
         self._blank_dropped += len(entries) - len(kept)
         if not kept:

@@ -384,7 +384,7 @@ def _strict_copy(value: Any, where: str, field: str, depth: int = 0) -> Any:
         elif isinstance(item, float):
             if not math.isfinite(item):
                 raise _json_error(
-                    where, _path(field, path), f"holds {item!r}, which is not JSON (strict)."
+                    where, _path(field, path), f"holds {excerpt(item)}, which is not JSON (strict)."
                 )
             into[key] = float(item)
         elif isinstance(item, dict | list | tuple):
@@ -720,9 +720,7 @@ def _check_leaf(
         _copy_extras(part, "image", gateway, where, field)
     elif isinstance(part, OpaquePart):
         _check_opaque(part, where, field)
-        msgspec.structs.force_setattr(
-            part, "item", _strict_copy(part.item, where, f"{field}.item")
-        )
+        msgspec.structs.force_setattr(part, "item", _strict_copy(part.item, where, f"{field}.item"))
     else:
         _copy_extras(part, "text", gateway, where, field)
 

@@ -30,7 +30,7 @@ import anyio.lowlevel
 from turnloom.context.gateway import Gateway, GatewayType
 from turnloom.context.history import HistoryLimits
 from turnloom.context.pairing import OpenCallPolicy
-from turnloom.errors import InputError, StateError
+from turnloom.errors import InputError, StateError, excerpt
 from turnloom.runtime.manager import ContextManager, check_options
 
 
@@ -77,13 +77,15 @@ class Foundation:
             or isinstance(worker_threads, bool)
             or worker_threads < 1
         ):
-            raise InputError(f"worker_threads must be a positive integer, not {worker_threads!r}.")
+            raise InputError(
+                f"worker_threads must be a positive integer, not {excerpt(worker_threads)}."
+            )
         if not (isinstance(close_grace_period, int | float) and close_grace_period >= 0) or (
             math.isnan(close_grace_period)
         ):
             raise InputError(
                 f"close_grace_period must be a non-negative number of seconds, not "
-                f"{close_grace_period!r}."
+                f"{excerpt(close_grace_period)}."
             )
         check_options(gateway, max_pending_preparations, behavior_rules, open_calls, history_limits)
         self._options = {

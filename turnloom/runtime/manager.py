@@ -46,6 +46,7 @@ from turnloom.context.history import (
     HistoryView,
     RenderedHistory,
     TurnHistory,
+    check_batch_length,
     check_id,
 )
 from turnloom.context.message import Message, check_message
@@ -65,6 +66,7 @@ from turnloom.errors import (
     StateError,
     UnknownContextError,
     UnknownTurnError,
+    excerpt,
 )
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.schemas import (
@@ -334,10 +336,10 @@ def check_options(
     ):
         raise InputError(
             "max_pending_preparations must be a positive integer, not "
-            f"{max_pending_preparations!r}."
+            f"{excerpt(max_pending_preparations)}."
         )
     if open_calls not in ("exclude", "cancel"):
-        raise InputError(f"open_calls must be 'exclude' or 'cancel', not {open_calls!r}.")
+        raise InputError(f"open_calls must be 'exclude' or 'cancel', not {excerpt(open_calls)}.")
     check_contributions((), behavior_rules, None)
     return gateway if isinstance(gateway, Gateway) else get_gateway(gateway)
 
@@ -544,7 +546,7 @@ class ContextManager:
         state = self._contexts.get(context_id) if isinstance(context_id, str) else None
         if state is None:
             check_id(context_id, "context id")
-            raise UnknownContextError(f"No turn was committed to context {context_id!r}.")
+            raise UnknownContextError(f"No turn was committed to context {excerpt(context_id)}.")
         return state
 
     def _check_open(self) -> None:
@@ -590,21 +592,34 @@ class ContextManager:
         for what, value in (("input", snapshot.input), ("instructions", snapshot.instructions)):
             if value is not None and not isinstance(value, tuple | list):
                 raise InvalidMessageError(
-                    f"Turn {snapshot.turn_id!r} {what} must be a tuple of Messages.", field=what
+                    f"Turn {excerpt(snapshot.turn_id)} {what} must be a tuple of Messages.",
+                    field=what,
                 )
         check_id(snapshot.turn_id, "turn id")
+        rendered = self._check_renderable(
+            history, snapshot.input, f"Turn {excerpt(snapshot.turn_id)} input"
+        )
         if snapshot.input is not None:
             self._reject_state(
-                snapshot.input, context_id, snapshot.turn_id, f"Turn {snapshot.turn_id!r} input"
+                snapshot.input,
+                context_id,
+                snapshot.turn_id,
+                f"Turn {excerpt(snapshot.turn_id)} input",
             )
-        if not self._check_renderable(snapshot.input, f"Turn {snapshot.turn_id!r} input"):
+        if not rendered:
             raise InvalidMessageError(
-                f"Turn {snapshot.turn_id!r} of context {context_id!r} has no input that "
+                f"Turn {excerpt(snapshot.turn_id)} of context {excerpt(context_id)} has no "
+                f"input that "
                 "renders to content (empty, or only blank text); every provider rejects "
                 "a model input without it.",
                 field="input",
             )
-        self._check_renderable(snapshot.instructions, f"Turn {snapshot.turn_id!r} instructions")
+        self._check_renderable(
+            history,
+            snapshot.instructions,
+            f"Turn {excerpt(snapshot.turn_id)} instructions",
+            pinned=True,
+        )
         history.commit(
             snapshot.turn_id,
             snapshot.input,
@@ -647,8 +662,10 @@ class ContextManager:
         check_id(turn_id, "turn id")
         if isinstance(outputs, Message) or not isinstance(outputs, Sequence):
             raise InvalidMessageError("record takes a sequence of Messages, oldest first.")
-        self._reject_state(outputs, context_id, turn_id, f"Output of turn {turn_id!r}")
-        self._check_renderable(outputs, f"Output of turn {turn_id!r}")
+        self._check_renderable(
+            state.history, outputs, f"Output of turn {excerpt(turn_id)}", turn_id=turn_id
+        )
+        self._reject_state(outputs, context_id, turn_id, f"Output of turn {excerpt(turn_id)}")
         recorded = state.history.record(turn_id, outputs)
         self._evict(state)
         return recorded
@@ -662,12 +679,22 @@ class ContextManager:
             if isinstance(message, Message) and is_state_message(message, call_id):
                 raise InvalidMessageError(
                     f"{where}[{i}] carries a runtime-state call or result (tool "
-                    f"{STATE_TOOL_NAME!r}, or a reserved 'tlrs_' call id); runtime state "
+                    f"{excerpt(STATE_TOOL_NAME)}, or a reserved 'tlrs_' call id); runtime state "
                     "never enters history."
                 )
 
-    def _check_renderable(self, messages: Sequence[Message] | None, where: str) -> int:
-        """Render each message once at the door so provider rules fail here, not at prepare.
+    def _check_renderable(
+        self,
+        history: TurnHistory,
+        messages: Sequence[Message] | None,
+        where: str,
+        *,
+        turn_id: str | None = None,
+        pinned: bool = False,
+    ) -> int:
+        """Check the batch (its limits first), then render each message once at the door.
+
+        Provider rules fail here, not at prepare.
 
         A message the gateway cannot carry (for example tool call arguments
         that are not a JSON object, for Anthropic and Gemini) would otherwise
@@ -678,11 +705,11 @@ class ContextManager:
         """
         if not messages:
             return 0
+        history.check_batch(messages, where, turn_id=turn_id, pinned=pinned)
         gateway = self._gateway
         rendered = 0
         for i, message in enumerate(messages):
             label = f"{where}[{i}]"
-            check_message(message, where=label)
             try:
                 rendered += len(gateway.render(message))
             except ProviderRuleError as exc:
@@ -702,7 +729,7 @@ class ContextManager:
         state = self._context(context_id)
         if state.invocation is not None:
             raise StateError(
-                f"Context {context_id!r} has a model call in flight; remove it after "
+                f"Context {excerpt(context_id)} has a model call in flight; remove it after "
                 "the invocation ends."
             )
         self._fold(state)
@@ -758,7 +785,7 @@ class ContextManager:
         if areas is not None and areas.attached.get(id(area)) is area:
             raise DuplicateAreaError(
                 f"This {type(area).__qualname__} area is already attached to context "
-                f"{context_id!r}."
+                f"{excerpt(context_id)}."
             )
         areas = self._areas(state)
         areas.attached[id(area)] = area
@@ -806,35 +833,37 @@ class ContextManager:
         state = self._context(context_id)
         if not isinstance(item, dict):
             raise InvalidMessageError(
-                f"An item routed to context {context_id!r} must be a native item (dict), "
+                f"An item routed to context {excerpt(context_id)} must be a native item (dict), "
                 f"not a {type(item).__name__}."
             )
         try:
             encoded = _encoder.encode(item)
         except UnicodeEncodeError as exc:
             raise InvalidTextError(
-                f"The item routed to context {context_id!r} holds text that is not valid "
+                f"The item routed to context {excerpt(context_id)} holds text that is not valid "
                 f"UTF-8 (a lone surrogate): {exc}."
             ) from exc
-        except (TypeError, ValueError, OverflowError) as exc:
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise InvalidMessageError(
-                f"The item routed to context {context_id!r} is not JSON data: {exc}."
-            ) from exc
+                f"The item routed to context {excerpt(context_id)} is not JSON data: "
+                f"{excerpt(str(exc))}."
+            ) from None
         cap = self._limits.max_item_bytes
         if len(encoded) > cap:
             raise ItemTooLargeError(
-                f"The item routed to context {context_id!r} is {len(encoded)} bytes, over the "
+                f"The item routed to context {excerpt(context_id)} is {len(encoded)} bytes, "
+                f"over the "
                 f"per-item cap of {cap} bytes.",
                 size=len(encoded),
                 limit=cap,
             )
         copy: NativeContent = msgspec.json.decode(encoded)
         message = self._gateway.parse(copy)
-        check_message(message, where=f"item routed to context {context_id!r}")
+        check_message(message, where=f"item routed to context {excerpt(context_id)}")
         if is_state_message(message):
             raise InvalidMessageError(
-                f"The item routed to context {context_id!r} carries a runtime-state call or "
-                f"result (tool {STATE_TOOL_NAME!r}, or a reserved 'tlrs_' call id); the "
+                f"The item routed to context {excerpt(context_id)} carries a runtime-state call or "
+                f"result (tool {excerpt(STATE_TOOL_NAME)}, or a reserved 'tlrs_' call id); the "
                 "runtime supplies that pair itself."
             )
         areas = state.areas
@@ -844,7 +873,7 @@ class ContextManager:
             if not results or message.tool_calls:
                 raise InvalidMessageError(
                     f"Tool call(s) {', '.join(map(repr, open_calls))} routed to context "
-                    f"{context_id!r} have no result yet; route their results before any "
+                    f"{excerpt(context_id)} have no result yet; route their results before any "
                     "other item."
                 )
             answered = {r.call_id for r in results}
@@ -852,7 +881,7 @@ class ContextManager:
             open_calls = tuple(c for c in open_calls if c not in answered)[unmatched:]
         elif results:
             raise InvalidMessageError(
-                f"The item routed to context {context_id!r} holds tool result(s) "
+                f"The item routed to context {excerpt(context_id)} holds tool result(s) "
                 f"{', '.join(repr(r.call_id) for r in results)} that answer no routed call."
             )
         if message.tool_calls:
@@ -893,13 +922,14 @@ class ContextManager:
         check_id(turn_id, "turn id")
         if not state.history.has_turn(turn_id):
             raise UnknownTurnError(
-                f"Turn {turn_id!r} is not held by context {context_id!r} (never committed "
+                f"Turn {excerpt(turn_id)} is not held by context {excerpt(context_id)} "
+                f"(never committed "
                 "or evicted)."
             )
         if state.invocation is not None:
             raise StateError(
-                f"Context {context_id!r} already has a model call in flight for turn "
-                f"{state.invocation.turn_id!r}."
+                f"Context {excerpt(context_id)} already has a model call in flight for turn "
+                f"{excerpt(state.invocation.turn_id)}."
             )
         invocation = state.invocation = Invocation(self, context_id, turn_id)
         self._invocations += 1
@@ -938,7 +968,7 @@ class ContextManager:
         carried += len(request.behavior_rules or "")
         if carried > cap:
             raise ItemTooLargeError(
-                f"The runtime state of turn {request.turn_id!r} carries at least {carried} "
+                f"The runtime state of turn {excerpt(request.turn_id)} carries at least {carried} "
                 f"bytes, over the per-item cap of {cap} bytes.",
                 size=carried,
                 limit=cap,
@@ -1016,7 +1046,7 @@ class ContextManager:
             self._rejected += 1
             raise QueueFullError(
                 f"All {self._capacity} preparation slots are taken; preparation of turn "
-                f"{request.turn_id!r} of context {request.context_id!r} was refused.",
+                f"{excerpt(request.turn_id)} of context {excerpt(request.context_id)} was refused.",
                 capacity=self._capacity,
             ) from None
         return await self._admit(request, requested_at)
@@ -1054,8 +1084,8 @@ class ContextManager:
         while True:
             if self._closed:
                 raise FoundationClosedError(
-                    f"The Foundation closed while waiting for turn {turn_id!r} of context "
-                    f"{context_id!r}."
+                    f"The Foundation closed while waiting for turn {excerpt(turn_id)} of context "
+                    f"{excerpt(context_id)}."
                 )
             state = self._contexts.get(context_id)
             if state is not None:
@@ -1063,7 +1093,8 @@ class ContextManager:
                     return state
                 if state.history.was_evicted(turn_id):
                     raise UnknownTurnError(
-                        f"Turn {turn_id!r} of context {context_id!r} was evicted before it "
+                        f"Turn {excerpt(turn_id)} of context {excerpt(context_id)} was "
+                        f"evicted before it "
                         "could be prepared."
                     )
             waiters = self._waiters.get(context_id)
@@ -1135,8 +1166,8 @@ class ContextManager:
                 # Foundation was opened in: a requester elsewhere still gets
                 # the typed error.
                 preparation.error = FoundationClosedError(
-                    f"The preparation of turn {request.turn_id!r} of context "
-                    f"{request.context_id!r} was cancelled while the Foundation closed."
+                    f"The preparation of turn {excerpt(request.turn_id)} of context "
+                    f"{excerpt(request.context_id)} was cancelled while the Foundation closed."
                 )
             if not preparation.wanted:
                 self._discarded += 1
@@ -1200,8 +1231,8 @@ class ContextManager:
             size = len(_encoder.encode(extra[-1]))
             if size > cap:
                 raise ItemTooLargeError(
-                    f"The runtime-state result of turn {request.turn_id!r} of context "
-                    f"{request.context_id!r} is {size} bytes, over the per-item cap of "
+                    f"The runtime-state result of turn {excerpt(request.turn_id)} of context "
+                    f"{excerpt(request.context_id)} is {size} bytes, over the per-item cap of "
                     f"{cap} bytes.",
                     size=size,
                     limit=cap,
@@ -1212,9 +1243,9 @@ class ContextManager:
                 section = _area_section(areas, run_pass)
             except OpenToolCallError as exc:
                 raise OpenToolCallError(
-                    f"The area section of context {request.context_id!r} ends with routed "
+                    f"The area section of context {excerpt(request.context_id)} ends with routed "
                     f"tool call(s) {', '.join(map(repr, exc.call_ids))} whose result has not "
-                    f"been routed; turn {request.turn_id!r} cannot be prepared until it is.",
+                    f"been routed; turn {excerpt(request.turn_id)} cannot be prepared until it is.",
                     call_ids=exc.call_ids,
                 ) from exc
             extra += section.items
@@ -1287,7 +1318,8 @@ class ContextManager:
             )
         if self._issued.get(id(prefix)) is not prefix:
             raise InvalidMessageError(
-                f"The prefix of turn {prefix.turn_id!r} of context {prefix.context_id!r} was "
+                f"The prefix of turn {excerpt(prefix.turn_id)} of context "
+                f"{excerpt(prefix.context_id)} was "
                 "not prepared by this manager (built by hand, copied or changed, or "
                 "prepared by another Foundation); build only continues prefixes that this "
                 "manager's prepare returned."
@@ -1296,6 +1328,7 @@ class ContextManager:
             raise InvalidMessageError(
                 "build takes a sequence of continuation Messages, oldest first."
             )
+        check_batch_length(len(continuation), self._limits, "The continuation")
         reserved = set(prefix.reserved_ids)
         for i, message in enumerate(continuation):
             check_message(message, where=f"continuation[{i}]")
@@ -1307,7 +1340,8 @@ class ContextManager:
             if message.id is not None:
                 if message.id in reserved:
                     raise DuplicateIdError(
-                        f"continuation[{i}] repeats id {message.id!r} of the prefix's turn or "
+                        f"continuation[{i}] repeats id {excerpt(message.id)} of the "
+                        f"prefix's turn or "
                         "of an earlier continuation message."
                     )
                 reserved.add(message.id)

@@ -50,7 +50,7 @@ from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_ga
 from turnloom.context.history import HistoryLimits
 from turnloom.context.message import Message, Role
 from turnloom.context.pairing import complete_pairs
-from turnloom.errors import InputError, TurnloomError
+from turnloom.errors import InputError, TurnloomError, excerpt
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext, TurnSnapshot
 from turnloom.runtime.workload import generate_trajectories
@@ -402,7 +402,7 @@ def _parse(trajectory: Trajectory, chat: Gateway) -> _Parsed | ReplayError:
             if call_id not in open_calls:
                 return fail(
                     index,
-                    f"tool message answers call {call_id!r}, which the directly preceding "
+                    f"tool message answers call {excerpt(call_id)}, which the directly preceding "
                     "assistant message did not make.",
                 )
             open_calls.discard(call_id)

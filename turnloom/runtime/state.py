@@ -43,7 +43,13 @@ import msgspec
 
 from turnloom.context.gateway import GatewayType
 from turnloom.context.message import Message, Role, TextPart, ToolCallPart, ToolResultPart
-from turnloom.errors import DuplicateIdError, InputError, InvalidMessageError, InvalidTextError
+from turnloom.errors import (
+    DuplicateIdError,
+    InputError,
+    InvalidMessageError,
+    InvalidTextError,
+    excerpt,
+)
 from turnloom.runtime.schemas import ContextContribution
 
 STATE_TOOL_NAME = "turnloom_runtime_context"
@@ -102,12 +108,12 @@ def check_contributions(
         name = contribution.name
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise InvalidMessageError(
-                f"contributions[{i}] name {name!r} is not an identifier: a letter, then "
+                f"contributions[{i}] name {excerpt(name)} is not an identifier: a letter, then "
                 "at most 63 letters, digits, '_', '-' or '.'.",
                 field=f"contributions[{i}].name",
             )
         if name in seen:
-            raise DuplicateIdError(f"Two contributions are named {name!r}.")
+            raise DuplicateIdError(f"Two contributions are named {excerpt(name)}.")
         seen.add(name)
         _check_text(contribution.content, f"contributions[{i}] ({name}) content")
     if behavior_rules is not None:
@@ -115,7 +121,9 @@ def check_contributions(
     if loop_budget is not None and (
         not isinstance(loop_budget, int) or isinstance(loop_budget, bool) or loop_budget < 1
     ):
-        raise InvalidMessageError(f"loop_budget must be a positive integer, not {loop_budget!r}.")
+        raise InvalidMessageError(
+            f"loop_budget must be a positive integer, not {excerpt(loop_budget)}."
+        )
 
 
 def state_messages(
@@ -194,7 +202,7 @@ def state_tool_definition(gateway: GatewayType | str) -> dict[str, Any]:
     try:
         kind = GatewayType(gateway)
     except ValueError:
-        raise InputError(f"Unknown gateway {gateway!r}.") from None
+        raise InputError(f"Unknown gateway {excerpt(gateway)}.") from None
     parameters = {"type": "object", "properties": {}}
     if kind is GatewayType.openai_chat:
         return {

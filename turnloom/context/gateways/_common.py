@@ -21,7 +21,7 @@ from typing import Any
 from turnloom.context.gateway import Violation
 from turnloom.context.message import Message, OpaquePart, ReasoningPart
 from turnloom.context.message import is_blank_text as blank
-from turnloom.errors import InvalidMessageError, ProviderRuleError
+from turnloom.errors import InvalidMessageError, ProviderRuleError, excerpt
 
 
 def layout_of(message: Message, gateway: str) -> dict[str, Any]:
@@ -53,7 +53,7 @@ def args_object(arguments: str, call_id: str, provider: str) -> dict[str, Any]:
         value = None
     if not isinstance(value, dict):
         raise ProviderRuleError(
-            f"The arguments of tool call {call_id!r} are not a JSON object; {provider} "
+            f"The arguments of tool call {excerpt(call_id)} are not a JSON object; {provider} "
             "carries tool call arguments as an object only."
         )
     return value

@@ -71,17 +71,17 @@ from turnloom.context.gateways._common import (
 from turnloom.context.message import (
     ImagePart,
     Message,
+    NativeKeys,
     OpaquePart,
     Part,
     ReasoningPart,
     Role,
     TextPart,
     ToolCallPart,
-    NativeKeys,
     ToolResultPart,
     check_message,
 )
-from turnloom.errors import InvalidMessageError
+from turnloom.errors import InvalidMessageError, excerpt
 
 _log = logging.getLogger("turnloom.gateway.anthropic")
 
@@ -306,7 +306,7 @@ class AnthropicGateway:
         role_name = item.get("role")
         if role_name not in _ROLES:
             raise InvalidMessageError(
-                f"Anthropic message has unknown role {role_name!r}.", field="role"
+                f"Anthropic message has unknown role {excerpt(role_name)}.", field="role"
             )
         extras: dict[str, Any] = {}
         message_id = None
@@ -512,7 +512,9 @@ class AnthropicGateway:
             role = item.get("role") if isinstance(item, dict) else None
             if role not in _ROLES:
                 out.append(
-                    violation(index, "unknown_role", f"Item {index} has unknown role {role!r}.")
+                    violation(
+                        index, "unknown_role", f"Item {index} has unknown role {excerpt(role)}."
+                    )
                 )
                 continue
             content = item.get("content")
@@ -549,7 +551,7 @@ class AnthropicGateway:
                             index,
                             "unsupported_media_type",
                             f"Item {index} content[{j}] is a base64 image of type "
-                            f"{source.get('media_type')!r}; the API takes "
+                            f"{excerpt(source.get('media_type'))}; the API takes "
                             f"{', '.join(_MEDIA_TYPES)}.",
                         )
                     )
@@ -588,7 +590,8 @@ class AnthropicGateway:
                             violation(
                                 index,
                                 "tool_result_without_call",
-                                f"Item {index} content[{j}] answers tool_use {call_id!r}, which "
+                                f"Item {index} content[{j}] answers tool_use "
+                                f"{excerpt(call_id)}, which "
                                 "is not a call of the directly preceding assistant item.",
                             )
                         )
@@ -597,7 +600,8 @@ class AnthropicGateway:
                             violation(
                                 index,
                                 "tool_result_not_first",
-                                f"Item {index} content[{j}] (result of {call_id!r}) comes after "
+                                f"Item {index} content[{j}] (result of {excerpt(call_id)}) "
+                                f"comes after "
                                 "other content; tool_result blocks must come first.",
                             )
                         )
@@ -613,7 +617,7 @@ class AnthropicGateway:
                         violation(
                             at,
                             "tool_call_without_result",
-                            f"tool_use {call_id!r} of item {at} has no tool_result in item "
+                            f"tool_use {excerpt(call_id)} of item {at} has no tool_result in item "
                             f"{at + 1}.",
                         )
                     )
@@ -636,7 +640,7 @@ class AnthropicGateway:
                                 violation(
                                     index,
                                     "duplicate_call_id",
-                                    f"Item {index} reuses tool_use id {call_id!r} of item "
+                                    f"Item {index} reuses tool_use id {excerpt(call_id)} of item "
                                     f"{seen_ids[call_id]}; tool_use ids must be unique.",
                                 )
                             )
@@ -647,7 +651,8 @@ class AnthropicGateway:
                 violation(
                     at,
                     "tool_call_without_result",
-                    f"tool_use {call_id!r} of item {at} has no tool_result (the input ends).",
+                    f"tool_use {excerpt(call_id)} of item {at} has no tool_result (the "
+                    f"input ends).",
                 )
             )
         return sorted(out, key=lambda v: v.index)

@@ -77,18 +77,18 @@ from turnloom.context.gateways._common import (
 from turnloom.context.message import (
     ImagePart,
     Message,
+    NativeKeys,
     OpaquePart,
     Part,
     ReasoningPart,
     Role,
     TextPart,
     ToolCallPart,
-    NativeKeys,
     ToolResultPart,
     check_message,
     decode_json_text,
 )
-from turnloom.errors import InvalidMessageError
+from turnloom.errors import InvalidMessageError, excerpt
 
 _log = logging.getLogger("turnloom.gateway.gemini")
 
@@ -108,7 +108,8 @@ _SNAKE = frozenset(_KEYS.values())
 # A Part holds exactly one of these data fields (Gemini API, ``Part`` union).
 _DATA = frozenset(
     {"text", "executableCode", "codeExecutionResult", "executable_code", "code_execution_result"}
-    | {k for name in ("functionCall", "functionResponse", "inlineData", "fileData") for k in (name, _KEYS[name])}
+    | {"functionCall", "functionResponse", "inlineData", "fileData"}
+    | {"function_call", "function_response", "inline_data", "file_data"}
 )
 
 
@@ -304,7 +305,7 @@ class GeminiGateway:
         role_name = item.get("role", "user")
         if role_name not in ("user", "model", "system"):
             raise InvalidMessageError(
-                f"Gemini content has unknown role {role_name!r}.", field="role"
+                f"Gemini content has unknown role {excerpt(role_name)}.", field="role"
             )
         raw = item.get("parts")
         if not isinstance(raw, list):
@@ -398,7 +399,7 @@ class GeminiGateway:
                 call_id=call_id,
                 content=(
                     TextPart(text=text),
-                    *(_parse_image(m, snake) or OpaquePart(gateway=_GATEWAY, item=m) for m in media),
+                    *(_media_part(m, snake) for m in media),
                 ),
                 is_error=is_error,
                 name=name if isinstance(name, str) and name else None,
@@ -479,7 +480,9 @@ class GeminiGateway:
                 continue
             if role not in ("user", "model"):
                 out.append(
-                    violation(index, "unknown_role", f"Item {index} has unknown role {role!r}.")
+                    violation(
+                        index, "unknown_role", f"Item {index} has unknown role {excerpt(role)}."
+                    )
                 )
                 calls, calls_at = [], -1
                 continue
@@ -522,7 +525,8 @@ class GeminiGateway:
                             violation(
                                 index,
                                 "duplicate_call_id",
-                                f"Content {index} has two function calls with id {call_id!r}.",
+                                f"Content {index} has two function calls with id "
+                                f"{excerpt(call_id)}.",
                             )
                         )
                     turn_calls.append((call_id, str(fc.get("name"))))
@@ -649,7 +653,7 @@ def _check_answers(
             violation(
                 index,
                 "tool_result_without_call",
-                f"Content {index} answers {g!r}, which is not a call of content {calls_at}.",
+                f"Content {index} answers {excerpt(g)}, which is not a call of content {calls_at}.",
             )
         )
     missing = [w for w in want if w not in got]
@@ -658,7 +662,7 @@ def _check_answers(
             violation(
                 calls_at,
                 "tool_call_without_result",
-                f"Call {w!r} of content {calls_at} has no response in content {index}.",
+                f"Call {excerpt(w)} of content {calls_at} has no response in content {index}.",
             )
         )
     if not extra and not missing and got != want:
@@ -741,6 +745,11 @@ def _position(response: dict[str, Any], name: Any) -> int:
         if suffix.isdigit():
             return int(suffix)
     return -1
+
+
+def _media_part(block: dict[str, Any], snake: bool) -> ImagePart | OpaquePart:
+    """One part of a function response's ``parts``: an image, else kept verbatim."""
+    return _parse_image(block, snake) or OpaquePart(gateway=_GATEWAY, item=block)
 
 
 def _image_block(part: ImagePart, snake: bool) -> dict[str, Any]:

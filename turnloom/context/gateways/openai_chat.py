@@ -46,18 +46,18 @@ from turnloom.context.gateways._common import drop_foreign, layout_of, require_o
 from turnloom.context.message import (
     ImagePart,
     Message,
+    NativeKeys,
     OpaquePart,
     Part,
     ReasoningPart,
     Role,
     TextPart,
     ToolCallPart,
-    NativeKeys,
     ToolResultPart,
     check_message,
     is_blank_text,
 )
-from turnloom.errors import InvalidMessageError
+from turnloom.errors import InvalidMessageError, excerpt
 
 _log = logging.getLogger("turnloom.gateway.openai_chat")
 
@@ -275,7 +275,7 @@ class OpenAIChatGateway:
         role_name = item.get("role")
         if role_name not in _ROLES:
             raise InvalidMessageError(
-                f"OpenAI Chat message has unknown role {role_name!r}.", field="role"
+                f"OpenAI Chat message has unknown role {excerpt(role_name)}.", field="role"
             )
         role = Role(role_name)
         extras = {k: v for k, v in item.items() if k not in _MESSAGE_KEYS} or None
@@ -406,7 +406,7 @@ class OpenAIChatGateway:
                     Violation(
                         index=index,
                         rule="unknown_role",
-                        message=f"Item {index} has unknown role {role!r}.",
+                        message=f"Item {index} has unknown role {excerpt(role)}.",
                     )
                 )
                 continue
@@ -419,7 +419,8 @@ class OpenAIChatGateway:
                         Violation(
                             index=index,
                             rule="tool_result_without_call",
-                            message=f"Tool message {index} answers call {call_id!r}, which is "
+                            message=f"Tool message {index} answers call {excerpt(call_id)}, "
+                            f"which is "
                             "not an open call of the directly preceding assistant message.",
                         )
                     )
@@ -429,7 +430,7 @@ class OpenAIChatGateway:
                     Violation(
                         index=at,
                         rule="tool_call_without_result",
-                        message=f"Call {call_id!r} of assistant message {at} has no tool "
+                        message=f"Call {excerpt(call_id)} of assistant message {at} has no tool "
                         f"message before item {index}.",
                     )
                 )
@@ -454,7 +455,7 @@ class OpenAIChatGateway:
                                 index=index,
                                 rule="non_text_instruction",
                                 message=f"{role.capitalize()} message {index} content[{j}] is "
-                                f"a {kind!r} part; {role} content is text only.",
+                                f"a {excerpt(kind)} part; {role} content is text only.",
                             )
                         )
                     if (
@@ -495,7 +496,8 @@ class OpenAIChatGateway:
                         Violation(
                             index=index,
                             rule="duplicate_call_id",
-                            message=f"Assistant message {index} has two calls with id {call_id!r}.",
+                            message=f"Assistant message {index} has two calls with id "
+                            f"{excerpt(call_id)}.",
                         )
                     )
                 open_calls[call_id] = index
@@ -504,7 +506,8 @@ class OpenAIChatGateway:
                 Violation(
                     index=at,
                     rule="tool_call_without_result",
-                    message=f"Call {call_id!r} of assistant message {at} has no tool message.",
+                    message=f"Call {excerpt(call_id)} of assistant message {at} has no tool "
+                    f"message.",
                 )
             )
         return sorted(violations, key=lambda v: v.index)

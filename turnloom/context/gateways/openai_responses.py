@@ -65,17 +65,17 @@ from turnloom.context.gateways._common import (
 from turnloom.context.message import (
     ImagePart,
     Message,
+    NativeKeys,
     OpaquePart,
     Part,
     ReasoningPart,
     Role,
     TextPart,
     ToolCallPart,
-    NativeKeys,
     ToolResultPart,
     check_message,
 )
-from turnloom.errors import DuplicateIdError, InvalidMessageError
+from turnloom.errors import DuplicateIdError, InvalidMessageError, excerpt
 
 _log = logging.getLogger("turnloom.gateway.openai_responses")
 
@@ -409,7 +409,7 @@ class OpenAIResponsesGateway:
         role_name = item.get("role")
         if role_name not in _ROLES:
             raise InvalidMessageError(
-                f"OpenAI Responses message has unknown role {role_name!r}.", field="role"
+                f"OpenAI Responses message has unknown role {excerpt(role_name)}.", field="role"
             )
         role = Role(role_name)
         message_id = item.get("id")
@@ -607,7 +607,7 @@ class OpenAIResponsesGateway:
                         violation(
                             at,
                             "tool_call_without_result",
-                            f"function_call {call_id!r} (item {at}) has no "
+                            f"function_call {excerpt(call_id)} (item {at}) has no "
                             f"function_call_output before item {before}.",
                         )
                     )
@@ -627,7 +627,8 @@ class OpenAIResponsesGateway:
                         violation(
                             index,
                             "duplicate_item_id",
-                            f"Item {index} repeats the id {item_id!r} of item {first}; the API "
+                            f"Item {index} repeats the id {excerpt(item_id)} of item "
+                            f"{first}; the API "
                             "rejects an input holding two items with one id.",
                         )
                     )
@@ -643,7 +644,7 @@ class OpenAIResponsesGateway:
                         violation(
                             index,
                             "reasoning_without_following_item",
-                            f"Reasoning item {index} ({item.get('id')!r}) is not directly "
+                            f"Reasoning item {index} ({excerpt(item.get('id'))}) is not directly "
                             "followed by the output item it belongs to.",
                         )
                     )
@@ -651,7 +652,9 @@ class OpenAIResponsesGateway:
                 role = item.get("role")
                 if role not in _ROLES:
                     out.append(
-                        violation(index, "unknown_role", f"Item {index} has unknown role {role!r}.")
+                        violation(
+                            index, "unknown_role", f"Item {index} has unknown role {excerpt(role)}."
+                        )
                     )
                     continue
                 if role == "assistant":
@@ -672,7 +675,8 @@ class OpenAIResponsesGateway:
                         violation(
                             index,
                             "tool_result_without_call",
-                            f"function_call_output {index} answers {call_id!r}, which is not "
+                            f"function_call_output {index} answers {excerpt(call_id)}, "
+                            f"which is not "
                             "an open function_call of the current model turn.",
                         )
                     )
@@ -696,7 +700,8 @@ class OpenAIResponsesGateway:
                         violation(
                             index,
                             "duplicate_call_id",
-                            f"function_call {index} reuses call id {call_id!r} of the same turn.",
+                            f"function_call {index} reuses call id {excerpt(call_id)} of "
+                            f"the same turn.",
                         )
                     )
                 else:
@@ -777,7 +782,7 @@ def _join(first: Message, second: Message) -> Message:
         if call.call_id in ids:
             raise DuplicateIdError(
                 f"OpenAI Responses model turn has two function_call items with call_id "
-                f"{call.call_id!r}."
+                f"{excerpt(call.call_id)}."
             )
     layout: dict[str, Any] | None = None
     if first.layout or second.layout:
