@@ -171,10 +171,11 @@ def test_item_and_byte_limits_evict_but_never_the_newest_turn() -> None:
     for i in range(3):
         history.commit(f"t{i}", [user("xxxx")])
     assert history.evict() == ()
-    history.record("t2", [user("xxxx"), user("xxxx"), user("xxxx")])
+    history.record("t2", [user("xxxx"), user("xxxx")])
     assert history.evict() == ("t0", "t1")
     assert history.turn_ids == ("t2",)
-    assert history.statistics().items == 4  # the newest turn is kept even over the limit
+    # The newest turn is never evicted; it cannot outgrow the limits (TurnTooLargeError).
+    assert history.statistics().items == 3
 
 
 def test_an_item_over_the_byte_cap_is_rejected_and_nothing_changes() -> None:

@@ -42,6 +42,7 @@ __all__ = (
     "declare_native_keys",
     "decode_json_text",
     "decode_message",
+    "strict_json",
     "encode_message",
     "is_blank_text",
     "message_size",
@@ -428,6 +429,22 @@ def _strict_copy(value: Any, where: str, field: str, depth: int = 0) -> Any:
                 f"holds a {type(item).__name__}, which is not JSON data.",
             )
     return root[0]
+
+
+def strict_json(value: Any, *, where: str = "value", field: str = "") -> Any:
+    """A private deep copy of the JSON ``value``, checked strictly.
+
+    Strict JSON: objects with string keys, arrays (lists or tuples, copied to
+    lists), strings without lone surrogates, finite numbers, booleans and null,
+    nested at most :data:`MAX_JSON_DEPTH` levels. Iterative: no depth raises
+    ``RecursionError``.
+
+    Raises:
+        InvalidMessageError: a value JSON cannot carry, NaN or an infinity, or
+            nesting deeper than the cap; ``field`` names the path.
+        InvalidTextError: a string or key holds a lone surrogate.
+    """
+    return _strict_copy(value, where, field)
 
 
 def _path(field: str, path: tuple[Any, ...]) -> str:

@@ -552,7 +552,9 @@ class OpenAIResponsesGateway:
             )
         items = body.get("input")
         if isinstance(items, str):
-            out.append(Message(role=Role.user, content=items))
+            message = Message(role=Role.user, content=items)
+            check_message(message, where="The OpenAI Responses input string")
+            out.append(message)
             return out
         if not isinstance(items, list):
             raise InvalidMessageError(
