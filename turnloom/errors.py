@@ -85,8 +85,8 @@ def excerpt(value: object) -> str:
     else:
         try:
             text = _repr.repr(value)
-        except Exception:  # a foreign __repr__ that fails
-            text = f"<{type(value).__name__}>"
+        except Exception:  # a foreign __repr__ that fails, an int too long to print
+            text = f"<{type(value).__name__}...>"
     if len(text) > EXCERPT_LIMIT:
         text = text[: EXCERPT_LIMIT - 3] + "..."
     return text
