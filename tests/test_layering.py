@@ -35,3 +35,23 @@ def test_the_context_layer_never_imports_an_event_loop() -> None:
         or "turnloom.runtime" in p.read_text(encoding="utf-8")
     }
     assert offenders == set()
+
+
+def test_importing_the_context_layer_loads_no_event_loop_library() -> None:
+    """The WorkingContext lock imports anyio lazily: ``import turnloom.context`` never does."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, turnloom.context\n"
+        "loaded = sorted({'anyio', 'trio', 'asyncio'} & set(sys.modules))\n"
+        "print(','.join(loaded))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=PACKAGE.parent,
+    )
+    assert done.stdout.strip() == ""

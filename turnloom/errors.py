@@ -13,6 +13,8 @@ The subclasses are grouped by how a caller reacts:
   (unknown context or turn, a turn evicted, an invocation already in flight).
 * :class:`AreaCallbackError` -- a caller-supplied Context Area raised; the
   CoopContext and its Context were left as they were before the call.
+* :class:`MissingDependencyError` -- an optional feature needs a package that
+  is not installed; install the named extra.
 
 Lifecycle errors that mirror anyio's (a closed Foundation) live in
 ``turnloom.runtime`` so that this module, which ``turnloom.context`` imports,
@@ -27,13 +29,17 @@ __all__ = (
     "CapacityError",
     "DuplicateAreaError",
     "DuplicateIdError",
+    "FrozenValueError",
     "InputError",
     "InvalidAreaError",
+    "InvalidArgumentError",
     "InvalidMessageError",
     "InvalidTextError",
     "ItemTooLargeError",
+    "MissingDependencyError",
     "OpenToolCallError",
     "OutOfOrderTurnError",
+    "PositionalScopeError",
     "ProviderRuleError",
     "QueueFullError",
     "StateError",
@@ -257,3 +263,46 @@ class OpenToolCallError(StateError):
 
 class UnknownAreaError(InputError, LookupError):
     """An area that is not registered with the CoopContext it was looked up in."""
+
+
+class InvalidArgumentError(InputError):
+    """An argument of a value-layer call has the wrong type or value.
+
+    Raised by the WorkingContext family (contexts, prefixes, journals, scopes,
+    token counters) before anything changed.
+
+    Attributes:
+        field: the name of the offending argument or field (``"limit"``,
+            ``"scratchpad['']"``, ``"scopes[1]"``).
+    """
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class PositionalScopeError(InputError, TypeError):
+    """A positional scope was asked about one message alone.
+
+    A positional scope (``LastNTurns``, or a combinator holding one) measures
+    from the end of the list, so ``matches(message, index)`` cannot answer;
+    select with ``indices(messages)`` or ``WorkingContext.slice`` instead.
+    """
+
+
+class FrozenValueError(StateError, TypeError):
+    """A write into a frozen snapshot value (a scratchpad mapping of a FrozenContext)."""
+
+
+class MissingDependencyError(TurnloomError, ImportError):
+    """An optional feature needs a package that is not installed.
+
+    Attributes:
+        package: the distribution that is missing (``"bpe-openai"``).
+        extra: the turnloom extra that installs it (``"tokens"``).
+    """
+
+    def __init__(self, message: str, *, package: str, extra: str) -> None:
+        super().__init__(message)
+        self.package = package
+        self.extra = extra

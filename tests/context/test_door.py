@@ -203,6 +203,7 @@ def test_native_bodies_with_nan_or_deep_values_are_refused_by_parse_request() ->
     ("message", "field"),
     [
         (Message(role=Role.user, content="hi", extras={"role": "system"}), "extras.role"),
+        (Message(role=Role.user, content="hi", name="bob", extras={"name": "eve"}), "extras.name"),
         (
             Message(
                 role=Role.user,
@@ -362,7 +363,7 @@ def test_layout_hints_are_type_checked_at_the_door(
 
 
 def test_a_checked_message_holds_copies_of_what_the_caller_passed() -> None:
-    extras: dict[str, Any] = {"name": "alice", "meta": {"tags": ["a"]}}
+    extras: dict[str, Any] = {"refusal": "alice", "meta": {"tags": ["a"]}}
     layout: dict[str, Any] = {"gateway": "openai_chat", "content": "list"}
     item: dict[str, Any] = {"type": "file", "file": {"id": "f1"}}
     message = Message(
@@ -382,7 +383,7 @@ def test_a_checked_message_holds_copies_of_what_the_caller_passed() -> None:
         {
             "role": "user",
             "content": [{"type": "text", "text": "hi"}, {"type": "file", "file": {"id": "f1"}}],
-            "name": "alice",
+            "refusal": "alice",
             "meta": {"tags": ["a"]},
         }
     ]

@@ -59,7 +59,7 @@ def test_check_message_returns_the_encoded_size() -> None:
     assert check_message(message) == len(encode_message(message)) == message_size(message)
     assert encode_message(message) == (
         b'{"role":"user","content":[{"type":"text","text":"h\xc3\xa9llo","extras":null}],'
-        b'"id":null,"extras":null,"layout":null}'
+        b'"id":null,"extras":null,"layout":null,"name":null}'
     )
 
 

@@ -27,7 +27,7 @@ def _deep(levels: int) -> Any:
 
 async def test_mutating_extras_after_commit_changes_no_later_input() -> None:
     """Committed values are private copies: the host's dict is not held by reference."""
-    extras: dict[str, Any] = {"name": "alice"}
+    extras: dict[str, Any] = {"refusal": "alice"}
     text_extras: dict[str, Any] = {"cache_marker": {"n": 1}}
     async with Foundation(gateway=GatewayType.openai_chat) as foundation:
         manager = foundation.manager
@@ -37,7 +37,7 @@ async def test_mutating_extras_after_commit_changes_no_later_input() -> None:
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(message,)))
         first = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
         extras["role"] = "system"
-        extras["name"] = "bad \ud800"
+        extras["refusal"] = "bad \ud800"
         text_extras["cache_marker"]["n"] = float("nan")
         manager.accept_turn(
             TurnSnapshot(
@@ -49,7 +49,7 @@ async def test_mutating_extras_after_commit_changes_no_later_input() -> None:
         assert first.items[0] == {
             "role": "user",
             "content": [{"type": "text", "text": "hi", "cache_marker": {"n": 1}}],
-            "name": "alice",
+            "refusal": "alice",
         }
 
 

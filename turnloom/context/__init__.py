@@ -1,4 +1,5 @@
-"""Synchronous, pure core of turnloom: messages, gateways, Context, CoopContext.
+"""Synchronous, pure core of turnloom: messages, gateways, Context, CoopContext,
+WorkingContext, scopes and token counters.
 
 Nothing here imports an event-loop library; every function may be called from
 a worker thread that owns its data.
@@ -8,41 +9,67 @@ from __future__ import annotations
 
 __all__ = (
     "CANCELLED_RESULT_TEXT",
+    "AllOf",
+    "AnyOf",
+    "ApproxTokenCounter",
     "AreaFlowState",
     "AreaLifeState",
     "CollectionPlan",
     "CollectionReport",
     "Context",
     "ContextAreaImplementation",
+    "ContextDiff",
+    "ContextScope",
     "CoopContext",
     "CoopStatistics",
     "EffectRange",
+    "FrozenContext",
+    "FrozenDict",
     "Gateway",
     "GatewayType",
     "HistoryLimits",
     "HistoryStatistics",
     "ImagePart",
+    "ImageRule",
+    "ImageSizeHook",
+    "LastNTurns",
     "Message",
+    "MutationJournal",
     "NativeContent",
+    "Not",
     "OpaquePart",
+    "OpenAITokenCounter",
     "OpenCallPolicy",
     "Part",
+    "PositionalScope",
+    "PrefixContext",
     "ReasoningPart",
     "Role",
+    "RoleFilter",
+    "Since",
+    "Tagged",
     "TextPart",
+    "TokenCounter",
     "ToolCallPart",
     "ToolResultPart",
     "TurnHistory",
     "Violation",
+    "WorkingContext",
+    "approx_text_tokens",
     "check_message",
     "complete_pairs",
     "decode_message",
+    "deep_freeze",
     "encode_message",
+    "estimate_message_tokens",
     "get_gateway",
     "hold_until_answered",
+    "image_size",
+    "image_tokens",
     "message_size",
     "open_call_ids",
     "plan_collection",
+    "scope_indices",
 )
 
 from turnloom.context import gateways as _gateways  # registers the built-in gateways
@@ -61,6 +88,7 @@ from turnloom.context.coop import (
 )
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, Violation, get_gateway
 from turnloom.context.history import HistoryLimits, HistoryStatistics, TurnHistory
+from turnloom.context.journal import MutationJournal
 from turnloom.context.message import (
     ImagePart,
     Message,
@@ -83,6 +111,37 @@ from turnloom.context.pairing import (
     complete_pairs,
     hold_until_answered,
     open_call_ids,
+)
+from turnloom.context.scope import (
+    AllOf,
+    AnyOf,
+    ContextScope,
+    LastNTurns,
+    Not,
+    PositionalScope,
+    RoleFilter,
+    Since,
+    Tagged,
+    scope_indices,
+)
+from turnloom.context.tokens import (
+    ApproxTokenCounter,
+    ImageRule,
+    ImageSizeHook,
+    OpenAITokenCounter,
+    TokenCounter,
+    approx_text_tokens,
+    estimate_message_tokens,
+    image_size,
+    image_tokens,
+)
+from turnloom.context.working import (
+    ContextDiff,
+    FrozenContext,
+    FrozenDict,
+    PrefixContext,
+    WorkingContext,
+    deep_freeze,
 )
 
 del _gateways

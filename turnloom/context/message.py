@@ -42,10 +42,10 @@ __all__ = (
     "declare_native_keys",
     "decode_json_text",
     "decode_message",
-    "strict_json",
     "encode_message",
     "is_blank_text",
     "message_size",
+    "strict_json",
 )
 
 import enum
@@ -221,6 +221,11 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         role: who speaks.
         content: the parts, in order.
         id: the provider's message or item id, when it has one.
+        name: the participant who wrote the message (an agent of a team, a
+            user), when known; the :class:`~turnloom.context.Tagged` scope
+            selects by it. Only OpenAI Chat has a field for it (``name`` of a
+            system, developer, user or assistant message); the other gateways
+            drop it when rendering. ``None`` or a non-empty string.
         extras: provider-native message fields the neutral model does not name,
             re-emitted verbatim by the gateway that produced them. A gateway
             emits the message's and its parts' extras only when ``layout`` is
@@ -241,6 +246,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     id: str | None = None
     extras: dict[str, Any] | None = None
     layout: dict[str, Any] | None = None
+    name: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.content, str):
@@ -574,6 +580,8 @@ def check_message(message: object, *, where: str = "message") -> int:
         msgspec.structs.force_setattr(message, "role", role)
     if message.id is not None and (not isinstance(message.id, str) or not message.id):
         raise InvalidMessageError(f"{where} has an empty id.", field="id")
+    if message.name is not None:
+        _require_id(message.name, where, "name")
     gateway = _check_layout(message, where)
     if not isinstance(message.content, tuple):
         raise InvalidMessageError(f"{where} content must be a tuple of parts.", field="content")

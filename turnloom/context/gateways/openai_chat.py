@@ -26,8 +26,10 @@ with a logged warning (their content is text only); opaque parts of other
 gateways are dropped with a logged warning; an image inside a tool result is
 dropped with a warning (the ``tool`` role takes text only); empty or
 whitespace-only text parts are never emitted. Native fields the neutral model
-does not name (``name``, ``refusal``, ``audio``, ...) are kept in
-``Message.extras`` and re-emitted verbatim.
+does not name (``refusal``, ``audio``, ...) are kept in ``Message.extras``
+and re-emitted verbatim. The participant ``name`` of a system, developer,
+user or assistant message is ``Message.name``; a ``tool`` message's ``name``
+(the function's) is the tool result's ``name`` and stays in its extras.
 
 Source: OpenAI Chat Completions API reference, ``messages`` parameter; tool
 messages must answer a preceding assistant message's ``tool_calls``.
@@ -66,14 +68,15 @@ _GATEWAY = GatewayType.openai_chat.value
 _ROLES = tuple(r.value for r in Role)
 # The keys this gateway writes itself: extras never replace them (checked at the door).
 _WRITES = NativeKeys(
-    message=frozenset({"role", "content", "tool_calls", "tool_call_id"}),
+    message=frozenset({"role", "content", "tool_calls", "tool_call_id", "name"}),
     text=frozenset({"type", "text"}),
     image=frozenset({"type", "image_url"}),
     tool_call=frozenset({"id", "type", "function"}),
     tool_result=frozenset({"role", "tool_call_id", "content"}),
-    hints={"content": ("list", "absent")},
+    hints={"content": ("list", "absent"), "null_name": "flag"},
 )
-_MESSAGE_KEYS = _WRITES.message
+# ``name`` is parsed on its own: Message.name, or a tool result's extra.
+_MESSAGE_KEYS = _WRITES.message - {"name"}
 
 
 class OpenAIChatGateway:
@@ -102,7 +105,9 @@ class OpenAIChatGateway:
             if role is Role.user and rest:
                 content = self._render_content(rest, role, layout, own)
                 if content is not None:
-                    items.append({"role": "user", "content": content})
+                    rest_item: NativeContent = {"role": "user", "content": content}
+                    _write_name(rest_item, message, layout)
+                    items.append(rest_item)
             return items
         if role is Role.assistant:
             return self._render_assistant(message, layout, own)
@@ -110,6 +115,7 @@ class OpenAIChatGateway:
         if content is None:
             return []
         item: NativeContent = {"role": role.value, "content": content}
+        _write_name(item, message, layout)
         if own and message.extras:
             item.update(message.extras)
         return [item]
@@ -207,6 +213,7 @@ class OpenAIChatGateway:
                 }
                 for c in calls
             ]
+        _write_name(item, message, layout)
         if own and message.extras:
             item.update(message.extras)
         return [item]
@@ -299,6 +306,15 @@ class OpenAIChatGateway:
                 content=(result,),
                 layout=_layout(content, inner, bool(extras) or _any_extras(inner)),
             )
+        # A null name is a layout hint, so that the item re-emits exactly.
+        null_name = extras is not None and "name" in extras and extras["name"] is None
+        name = extras.pop("name") if extras and "name" in extras else None
+        if name is not None and (not isinstance(name, str) or not name):
+            raise InvalidMessageError(
+                f"OpenAI Chat {role.value} message name must be a non-empty string.",
+                field="name",
+            )
+        extras = extras or None
         parts: list[Part] = list(self._parse_content(content, "content"))
         hints_layout = _layout(content, parts, False)
         if role is Role.assistant and "content" not in item:
@@ -314,7 +330,11 @@ class OpenAIChatGateway:
                     parts.append(self._parse_call(call, i))
         if hints_layout is None and (extras or _any_extras(parts)):
             hints_layout = {"gateway": _GATEWAY}
-        return Message(role=role, content=tuple(parts), extras=extras, layout=hints_layout)
+        if null_name:
+            hints_layout = {**(hints_layout or {"gateway": _GATEWAY}), "null_name": True}
+        return Message(
+            role=role, content=tuple(parts), extras=extras, layout=hints_layout, name=name
+        )
 
     def parse_request(self, body: dict[str, Any]) -> list[Message]:
         """Parse a Chat Completions request body's ``messages``, in order.
@@ -524,6 +544,14 @@ def _layout(content: Any, parts: Sequence[Part], has_extras: bool) -> dict[str, 
     if has_extras:
         return {"gateway": _GATEWAY}
     return None
+
+
+def _write_name(item: NativeContent, message: Message, layout: dict[str, Any]) -> None:
+    """The participant name: ``Message.name``, or the null one a recorded item carried."""
+    if message.name is not None:
+        item["name"] = message.name
+    elif layout.get("null_name"):
+        item["name"] = None
 
 
 def _any_extras(parts: Sequence[Any]) -> bool:
