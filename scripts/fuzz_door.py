@@ -178,7 +178,9 @@ def mutate(value: Any, rng: random.Random) -> str:
     if kind == 3 and isinstance(parent[key], str):
         text = parent[key]
         cut = rng.randrange(len(text) + 1)
-        parent[key] = text[:cut] + rng.choice(("\ud800", "\udfff", "\\ud83c", "\x00", "\n")) + text[cut:]
+        parent[key] = (
+            text[:cut] + rng.choice(("\ud800", "\udfff", "\\ud83c", "\x00", "\n")) + text[cut:]
+        )
         return "surrogate"
     if kind == 4:
         parent[key] = "x" * rng.choice((1024 * 1024 + 1, 300_000))
@@ -350,8 +352,12 @@ def main(argv: list[str] | None = None) -> int:
     crashes = sum(counts.crashes.values())
     print(f"fuzz_door: seed {args.seed}, {args.iterations} iterations in {elapsed:.1f} s")
     print(f"  inputs:            {counts.inputs} (native bodies and turnloom-form messages)")
-    print(f"  parse_request:     {counts.parsed_accepted} accepted, {counts.parsed_refused} refused")
-    print(f"  decode_message:    {counts.decoded_accepted} accepted, {counts.decoded_refused} refused")
+    print(
+        f"  parse_request:     {counts.parsed_accepted} accepted, {counts.parsed_refused} refused"
+    )
+    print(
+        f"  decode_message:    {counts.decoded_accepted} accepted, {counts.decoded_refused} refused"
+    )
     print(f"  accepted requests rendered on a gateway without error: {counts.rendered}")
     print(f"  refusals (TurnloomError) by type: {dict(counts.refusals.most_common())}")
     print(f"  crashes (any other exception): {crashes}")

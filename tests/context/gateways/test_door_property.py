@@ -231,7 +231,9 @@ def _paths(value: Any) -> list[tuple[Any, ...]]:
 def mutated_recorded(draw: st.DrawFn) -> dict[str, Any]:
     """A recorded message in turnloom's dict form with one to three mutations."""
     records = recorded_messages()
-    data = msgspec.json.decode(msgspec.json.encode(records[draw(st.integers(0, len(records) - 1))]))
+    data: dict[str, Any] = msgspec.json.decode(
+        msgspec.json.encode(records[draw(st.integers(0, len(records) - 1))]), type=dict[str, Any]
+    )
     for _ in range(draw(st.integers(1, 3))):
         paths = _paths(data)
         if not paths:

@@ -114,11 +114,21 @@ _DATA = frozenset(
 
 
 def _check_json_results(message: Message, where: str) -> None:
-    """A result listed in ``json_results`` holds strict JSON text (render decodes it)."""
+    """A result listed in ``json_results`` whose text is JSON holds strict JSON.
+
+    Render decodes such a text into the ``response`` object; NaN, a lone
+    surrogate or nesting past the depth cap would make the body invalid.
+    """
     listed = (message.layout or {}).get("json_results", ())
     for i, part in enumerate(message.parts):
         if type(part) is ToolResultPart and part.call_id in listed:
             text = "".join(p.text for p in part.content if type(p) is TextPart)
+            try:
+                json.loads(text)
+            except ValueError:
+                continue  # not JSON: a plain output of the same id, sent as such
+            except RecursionError:
+                pass  # decode_json_text refuses it, typed
             decode_json_text(text, where=where, field=f"content[{i}].content")
 
 
@@ -268,7 +278,7 @@ class GeminiGateway:
         if result.call_id in layout.get("no_id", ()):
             del inner["id"]
         media = [
-            _image_block(p, snake) if type(p) is ImagePart else p.item
+            _image_block(p, snake) if isinstance(p, ImagePart) else p.item
             for p in result.content
             if type(p) is ImagePart or (type(p) is OpaquePart and p.gateway == _GATEWAY)
         ]
