@@ -57,7 +57,7 @@ _steps = st.lists(
     steps=_steps,
     max_turns=st.integers(1, 4),
     max_items=st.integers(2, 9),
-    max_bytes=st.integers(120, 900),
+    max_bytes=st.integers(200, 900),
 )
 def test_eviction_is_exact_with_pinned_instructions_and_invocations(
     steps: list[tuple[str, int, bool]], max_turns: int, max_items: int, max_bytes: int

@@ -283,7 +283,10 @@ _SURROGATE = "bad \ud800 text"
             ),
             "content",
         ),
-        (Message(role=Role.user, content="fine", extras={"name": _SURROGATE}), "extras.name"),
+        (
+            Message(role=Role.user, content="fine", extras={"refusal": _SURROGATE}),
+            "extras.refusal",
+        ),
     ],
 )
 def test_lone_surrogate_is_rejected_at_commit(message: Message, field: str) -> None:
