@@ -76,7 +76,7 @@ async def _run(rounds: int, items: int) -> dict[str, tuple[list[float], list[flo
                 results[mode][1].append(prepared.render_seconds)
                 manager.record("c", turn_id, [Message(role=Role.assistant, content="ok")])
         churn = managers["churn"].statistics()
-        assert churn.area_items_reclaimed_total == 2 * (rounds - 1)
+        assert churn.areas.items_reclaimed_total == 2 * (rounds - 1)
     return results
 
 

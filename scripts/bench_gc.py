@@ -5,7 +5,7 @@ under load its pause grows with the history a process holds and stalls the
 event loop (``turnloom loadtest`` reports it as the longest GC pause). This
 benchmark fills histories through the real path (a Foundation's
 ContextManager: ``accept_turn``, ``prepare``, ``record``) with the built-in
-workload (``turnloom.runtime.replay.builtin_trajectories``, OpenAI Chat by
+workload (``turnloom.tools.trajectories.builtin_trajectories``, OpenAI Chat by
 default) until N items are held, then prints:
 
 * tracked objects per held item (``len(gc.get_objects())`` after a full
@@ -31,10 +31,11 @@ from typing import Any
 import anyio
 import msgspec
 
-from turnloom.context import Message, Role
+from turnloom.context import Message
 from turnloom.context.gateway import GatewayType, get_gateway
-from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
-from turnloom.runtime.replay import builtin_trajectories
+from turnloom.runtime import ContextPrepareRequest, Foundation
+from turnloom.tools.trajectories import builtin_trajectories
+from turnloom.tools.transcript import Turn, snapshot, walk
 
 _TURNS = 30
 _SCRIPTS = 64
@@ -66,29 +67,14 @@ async def _fill(size: int, gateway: str, scripts: list[list[Message]]) -> tuple[
             script = scripts[number % len(scripts)]
             context_id = f"c{number}"
             number += 1
-            instructions: list[Message] = []
-            turn = 0
-            turn_id = ""
-            for message in script:
-                if message.role in (Role.system, Role.developer):
-                    instructions.append(message)
-                elif message.role is Role.user:
-                    turn_id = f"t{turn}"
-                    turn += 1
-                    manager.accept_turn(
-                        TurnSnapshot(
-                            context_id=context_id,
-                            turn_id=turn_id,
-                            input=(message,),
-                            instructions=tuple(instructions) if instructions else None,
-                        )
-                    )
-                    instructions = []
+            for step in walk(script):
+                if isinstance(step, Turn):
+                    manager.accept_turn(snapshot(context_id, step))
                     await manager.prepare(
-                        ContextPrepareRequest(context_id=context_id, turn_id=turn_id)
+                        ContextPrepareRequest(context_id=context_id, turn_id=step.turn_id)
                     )
                 else:
-                    manager.record(context_id, turn_id, [message])
+                    manager.record(context_id, step.turn_id, [step.message])
             stats = manager.history(context_id)
             held += len(stats.pinned) + sum(len(stats.turn_messages(t)) for t in stats.turn_ids)
         tracked = _tracked() - before

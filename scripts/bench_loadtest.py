@@ -14,8 +14,8 @@ import argparse
 
 import anyio
 
-from turnloom.runtime.loadtest import LoadtestReport, loadtest
-from turnloom.runtime.replay import Trajectory, builtin_trajectories
+from turnloom.tools.loadtest import LoadtestReport, loadtest
+from turnloom.tools.trajectories import Trajectory, builtin_trajectories
 
 
 def _line(report: LoadtestReport) -> str:

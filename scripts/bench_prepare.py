@@ -100,7 +100,7 @@ async def measure(rounds: int) -> dict[int, tuple[float, float]]:
                 Foundation(history_limits=limits, worker_threads=1)
             )
             bench = _Bench(size, foundation)
-            while bench.manager.statistics().history_items < size:
+            while bench.manager.statistics().history.items < size:
                 await bench.one_turn()
             for _ in range(20):  # warm up at the full size
                 await bench.one_turn()
@@ -109,7 +109,7 @@ async def measure(rounds: int) -> dict[int, tuple[float, float]]:
             for bench in benches:
                 bench.samples.append(await bench.one_turn())
         for bench in benches:
-            assert abs(bench.manager.statistics().history_items - bench.size) <= 4
+            assert abs(bench.manager.statistics().history.items - bench.size) <= 4
     return {
         bench.size: (
             statistics.median(s[0] for s in bench.samples),

@@ -21,12 +21,6 @@ from turnloom.context import Gateway, Message, complete_pairs, get_gateway
 from turnloom.context.gateways import AnthropicGateway
 
 PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
-ITEMS = {
-    "openai_chat": "messages",
-    "openai_responses": "input",
-    "anthropic": "messages",
-    "gemini": "contents",
-}
 FIELDS = {
     "openai_chat": ("messages",),
     "openai_responses": ("instructions", "input"),
@@ -52,11 +46,8 @@ def recordings(data: Path) -> None:
             body = record["request"]
             want = {k: body[k] for k in FIELDS[provider] if k in body}
             exact += _body(exact_gw, exact_gw.parse_request(body)) == want
-            if provider == "openai_responses":
-                continues = bool(body.get("previous_response_id") or body.get("conversation"))
-                violations = gateway.validate(body["input"], continues_response=continues)  # type: ignore[call-arg]
-            else:
-                violations = gateway.validate(body[ITEMS[provider]])
+            continues = bool(body.get("previous_response_id") or body.get("conversation"))
+            violations = gateway.validate(body[gateway.items_field], continues_response=continues)
             clean += not violations
         print(f"  {provider:17} {exact}/{len(accepted)} exact, {clean}/{len(accepted)} valid")
 
@@ -81,7 +72,7 @@ def tau_bench(data: Path) -> None:
             bodies = [_body(gateway, t) for t in trajectories]
             elapsed = min(elapsed, time.perf_counter() - start)
         for body in bodies:
-            valid += not gateway.validate(body[ITEMS[provider]])
+            valid += not gateway.validate(body[gateway.items_field])
         base = base or elapsed
         print(
             f"  {provider:17} validate() clean {valid}/{len(trajectories)}; render+body "

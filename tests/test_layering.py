@@ -1,47 +1,127 @@
-"""Layering rules of DESIGN.md, checked on the source."""
+"""Layering rules of DESIGN.md, checked on the source.
+
+Imports point down: ``context`` (synchronous, pure) <- ``areas`` <- ``runtime``
+(async) <- ``tools`` <- ``cli``. Every import of every module is resolved to
+its full dotted name (relative imports against the module's own package, and
+imports under ``if TYPE_CHECKING`` included), so a rule on
+``turnloom.runtime`` catches ``from ..runtime import x`` as well as
+``import turnloom.runtime.manager``.
+"""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "turnloom"
+EVENT_LOOPS = ("anyio", "trio", "asyncio")
 
 
-def _imports(path: Path) -> set[str]:
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The full dotted names of every module ``path`` imports (relative ones resolved).
+
+    ``from a.b import c`` yields ``a.b`` and ``a.b.c`` (``c`` may be a module).
+    """
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                if node.level - 1 >= len(parts):
+                    raise AssertionError(f"{module}: relative import beyond the top package")
+                base = ".".join(parts[: len(parts) - (node.level - 1)])
+                source = f"{base}.{node.module}" if node.module else base
+            else:
+                assert node.module is not None
+                source = node.module
+            names.add(source)
+            names.update(f"{source}.{alias.name}" for alias in node.names)
     return names
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _offenders(folder: str, forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+    root = PACKAGE / folder if folder else PACKAGE
+    found: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        bad = sorted(n for n in imported_modules(path) if _under(n, forbidden))
+        if bad:
+            found[str(path.relative_to(PACKAGE))] = bad
+    return found
 
 
 def test_only_the_metrics_module_imports_prometheus_client() -> None:
     users = {
         str(p.relative_to(PACKAGE))
         for p in PACKAGE.rglob("*.py")
-        if "prometheus_client" in _imports(p)
+        if any(_under(n, ("prometheus_client",)) for n in imported_modules(p))
     }
     assert users == {"runtime/metrics.py"}
 
 
-def test_the_context_layer_never_imports_an_event_loop() -> None:
-    offenders = {
+def test_the_context_layer_imports_no_event_loop_and_nothing_above_it() -> None:
+    forbidden = (*EVENT_LOOPS, "turnloom.areas", "turnloom.runtime", "turnloom.tools")
+    assert _offenders("context", (*forbidden, "turnloom.cli")) == {}
+
+
+def test_areas_import_only_the_context_layer() -> None:
+    forbidden = (*EVENT_LOOPS, "turnloom.runtime", "turnloom.tools", "turnloom.cli")
+    assert _offenders("areas", forbidden) == {}
+
+
+def test_the_runtime_never_imports_the_command_line_jobs() -> None:
+    assert _offenders("runtime", ("turnloom.tools", "turnloom.cli", "tqdm")) == {}
+
+
+def test_only_the_command_line_imports_tqdm() -> None:
+    users = {
         str(p.relative_to(PACKAGE))
-        for p in (PACKAGE / "context").rglob("*.py")
-        if _imports(p) & {"anyio", "trio", "asyncio", "turnloom.runtime"}
-        or "turnloom.runtime" in p.read_text(encoding="utf-8")
+        for p in PACKAGE.rglob("*.py")
+        if any(_under(n, ("tqdm",)) for n in imported_modules(p))
     }
-    assert offenders == set()
+    assert users == {"cli.py"}
+
+
+@pytest.mark.parametrize(
+    ("where", "source", "expected"),
+    [
+        ("context/pairing.py", "from ..runtime import Foundation", "turnloom.runtime"),
+        ("context/pairing.py", "from . import coop", "turnloom.context.coop"),
+        ("context/gateways/gemini.py", "from ...areas import notice", "turnloom.areas.notice"),
+        ("context/__init__.py", "from .history import TurnHistory", "turnloom.context.history"),
+        ("areas/notice.py", "import turnloom.runtime.manager", "turnloom.runtime.manager"),
+    ],
+)
+def test_imports_resolve_to_full_dotted_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, source: str, expected: str
+) -> None:
+    """The resolver the rules rely on: relative imports are resolved against the
+    importing module's package, and nothing is cut to its top-level name."""
+    fake = tmp_path / "turnloom" / where
+    fake.parent.mkdir(parents=True, exist_ok=True)
+    fake.write_text(source + "\n", encoding="utf-8")
+    monkeypatch.setattr(f"{__name__}.PACKAGE", tmp_path / "turnloom")
+    assert expected in imported_modules(fake)
 
 
 def test_importing_the_context_layer_loads_no_event_loop_library() -> None:
     """The WorkingContext lock imports anyio lazily: ``import turnloom.context`` never does."""
-    import subprocess
-    import sys
-
     code = (
         "import sys, turnloom.context\n"
         "loaded = sorted({'anyio', 'trio', 'asyncio'} & set(sys.modules))\n"

@@ -1,6 +1,6 @@
 """The lock of a shared WorkingContext: the value layer's one use of anyio.
 
-``turnloom.context`` never imports an event-loop library (DESIGN.md, layers):
+``turnloom.context`` never imports an event-loop library:
 everything there must run in a worker thread that owns its data. Only
 ``WorkingContext.lock`` and ``apply_locked`` need a lock, and only when a
 coroutine asks for one. They import this module at that moment, so importing

@@ -22,15 +22,14 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 from turnloom.context.gateway import GatewayType, get_gateway
 from turnloom.errors import InputError, excerpt
 from turnloom.runtime.foundation import Foundation
-from turnloom.runtime.loadtest import LoadtestReport, count_model_calls, loadtest
 from turnloom.runtime.metrics import MetricsServer, serve_metrics
-from turnloom.runtime.replay import (
+from turnloom.tools.loadtest import LoadtestReport, count_model_calls, loadtest
+from turnloom.tools.replay import ReplaySummary, replay
+from turnloom.tools.trajectories import (
     ReplayError,
-    ReplaySummary,
     Trajectory,
     builtin_trajectories,
     load_trajectories,
-    replay,
 )
 
 

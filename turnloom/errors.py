@@ -8,7 +8,7 @@ The subclasses are grouped by how a caller reacts:
 * :class:`CapacityError` -- a bound was reached (pending preparations, an item
   over the per-item byte cap). Back off, or wait instead of using ``*_nowait``.
 * :class:`ProviderRuleError` -- an input would break a provider's documented
-  structural rule. It carries every :class:`~turnloom.context.Violation`.
+  structural rule. It carries every :class:`Violation`.
 * :class:`StateError` -- the call does not fit the current state of an object
   (unknown context or turn, a turn evicted, an invocation already in flight).
 * :class:`AreaCallbackError` -- a caller-supplied Context Area raised; the
@@ -48,15 +48,28 @@ __all__ = (
     "UnknownAreaError",
     "UnknownContextError",
     "UnknownTurnError",
+    "Violation",
     "excerpt",
 )
 
 import reprlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from turnloom.context.gateway import Violation
+import msgspec
+
+
+class Violation(msgspec.Struct, frozen=True, kw_only=True):
+    """One breach of a provider's structural rule (carried by :class:`ProviderRuleError`).
+
+    Attributes:
+        index: position of the offending item in the checked sequence.
+        rule: a short stable name of the rule (``"tool_result_without_call"``).
+        message: a full sentence naming the offending id or field.
+    """
+
+    index: int
+    rule: str
+    message: str
 
 
 EXCERPT_LIMIT = 80

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import msgspec
 import pytest
@@ -19,11 +17,11 @@ from turnloom.context import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
-    Violation,
     complete_pairs,
     get_gateway,
     message_size,
 )
+from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits, TurnHistory
 from turnloom.errors import (
     DuplicateIdError,
@@ -38,31 +36,15 @@ from turnloom.errors import (
 CHAT = get_gateway(GatewayType.openai_chat)
 
 
-class CountingGateway:
+class CountingGateway(OpenAIChatGateway):
     """The OpenAI Chat gateway, counting how many messages it renders."""
 
     def __init__(self) -> None:
         self.rendered = 0
 
-    @property
-    def type(self) -> GatewayType:
-        return GatewayType.openai_chat
-
     def render(self, message: Message) -> list[NativeContent]:
         self.rendered += 1
-        return CHAT.render(message)
-
-    def parse(self, item: NativeContent) -> Message:
-        return CHAT.parse(item)
-
-    def parse_request(self, body: dict[str, Any]) -> list[Message]:
-        return CHAT.parse_request(body)
-
-    def validate(self, items: Sequence[NativeContent]) -> list[Violation]:
-        return CHAT.validate(items)
-
-    def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
-        return CHAT.request_body(items)
+        return super().render(message)
 
 
 def user(text: str) -> Message:

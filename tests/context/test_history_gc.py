@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from turnloom.context import GatewayType, Message, NativeContent, Role, get_gateway
+from turnloom.context import GatewayType, Message, NativeContent, get_gateway
 from turnloom.context.gateway import Gateway
 from turnloom.context.history import HistoryLimits, TurnHistory
-from turnloom.runtime.replay import load_trajectories
+from turnloom.tools.trajectories import load_trajectories
+from turnloom.tools.transcript import Turn, turn_ids, walk
 
 CHAT = get_gateway(GatewayType.openai_chat)
 ANTHROPIC = get_gateway(GatewayType.anthropic)
@@ -33,21 +34,14 @@ def _history(tau_bench_path: Path, count: int) -> TurnHistory:
     trajectories, errors = load_trajectories(tau_bench_path)
     assert errors == []
     history = TurnHistory(HistoryLimits(max_turns=10_000, max_items=100_000, max_bytes=1 << 30))
-    number = 0
+    ids = turn_ids()
     for trajectory in trajectories[:count]:
-        instructions: list[Message] = []
-        turn_id: str | None = None
-        for native in trajectory.messages:
-            message = CHAT.parse(native)
-            if message.role in (Role.system, Role.developer):
-                instructions.append(message)
-            elif message.role is Role.user:
-                turn_id = f"t{number}"
-                number += 1
-                history.commit(turn_id, [message], instructions=instructions or None)
-                instructions = []
-            elif turn_id is not None:
-                history.record(turn_id, [message])
+        messages = [CHAT.parse(native) for native in trajectory.messages]
+        for step in walk(messages, ids=ids):
+            if isinstance(step, Turn):
+                history.commit(step.turn_id, [step.input], instructions=step.instructions)
+            else:
+                history.record(step.turn_id, [step.message])
     return history
 
 

@@ -17,6 +17,7 @@ from turnloom.context import (
     hold_until_answered,
     open_call_ids,
 )
+from turnloom.context.pairing import unanswered_calls
 
 USER = Message(role=Role.user, content="q")
 
@@ -228,3 +229,14 @@ def test_hold_until_answered_is_a_permutation_that_keeps_result_order(
     assert sorted(map(id, held)) == sorted(map(id, history))
     pairs = [m for m in history if m.role in (Role.assistant, Role.tool)]
     assert [m for m in held if m.role in (Role.assistant, Role.tool)] == pairs
+
+
+def test_unanswered_calls_pairs_by_id_then_unmatched_results_in_call_order() -> None:
+    """Invariant (the one pairing rule of routed items and area tails): a result
+    answers its call by id; a result whose id matches no call answers the
+    earliest remaining call."""
+    assert unanswered_calls(["a", "b", "c"], []) == ("a", "b", "c")
+    assert unanswered_calls(["a", "b", "c"], ["b"]) == ("a", "c")
+    assert unanswered_calls(["a", "b", "c"], ["x"]) == ("b", "c")
+    assert unanswered_calls(["a", "b", "c"], ["c", "x", "y"]) == ()
+    assert unanswered_calls([], ["x"]) == ()

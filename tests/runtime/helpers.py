@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from typing import Any
 
 from turnloom.context import (
     GatewayType,
@@ -14,9 +12,9 @@ from turnloom.context import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
-    Violation,
     get_gateway,
 )
+from turnloom.context.gateways import OpenAIChatGateway
 
 CHAT = get_gateway(GatewayType.openai_chat)
 SYSTEM = Message(role=Role.system, content="You are an airline agent.")
@@ -44,7 +42,7 @@ def result(call_id: str, text: str = "ok") -> Message:
     )
 
 
-class BlockingGateway:
+class BlockingGateway(OpenAIChatGateway):
     """The OpenAI Chat gateway whose ``render`` can be held in the worker thread.
 
     While ``hold`` is set, a render signals ``entered`` and waits for
@@ -58,28 +56,12 @@ class BlockingGateway:
         self.renders = 0
         self.returned = 0  # renders that finished (none abandoned mid-render)
 
-    @property
-    def type(self) -> GatewayType:
-        return GatewayType.openai_chat
-
     def render(self, message: Message) -> list[NativeContent]:
         self.renders += 1
         if self.hold:
             self.entered.set()
             self.release.wait(10)
         try:
-            return CHAT.render(message)
+            return super().render(message)
         finally:
             self.returned += 1
-
-    def parse(self, item: NativeContent) -> Message:
-        return CHAT.parse(item)
-
-    def parse_request(self, body: dict[str, Any]) -> list[Message]:
-        return CHAT.parse_request(body)
-
-    def validate(self, items: Sequence[NativeContent]) -> list[Violation]:
-        return CHAT.validate(items)
-
-    def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
-        return CHAT.request_body(items)

@@ -42,13 +42,6 @@ from turnloom.runtime import (
 
 pytestmark = pytest.mark.anyio
 
-_BODY_ITEMS = {
-    GatewayType.openai_chat: "messages",
-    GatewayType.openai_responses: "input",
-    GatewayType.anthropic: "messages",
-    GatewayType.gemini: "contents",
-}
-
 
 def snapshot(turn_id: str, text: str, **kw: Any) -> TurnSnapshot:
     return TurnSnapshot(context_id="c", turn_id=turn_id, input=(user(text),), **kw)
@@ -147,7 +140,7 @@ async def test_a_one_shot_notice_sits_after_the_turn_input_and_is_collected_next
         manager = foundation.manager
         manager.accept_turn(snapshot("t1", "Where is my bag?", instructions=(SYSTEM,)))
         manager.attach_area("c", OneShotNotice("Bags are tracked by tag number."))
-        assert manager.statistics().areas_attached == 1
+        assert manager.statistics().areas.attached == 1
         first = await manager.prepare(request("t1", loop_budget=3))
         call_id = state_call_id("c", "t1")
         assert list(first.items[:2]) == [
@@ -165,8 +158,8 @@ async def test_a_one_shot_notice_sits_after_the_turn_input_and_is_collected_next
         )
         assert first.area_pass == "rendered"
         stats = manager.statistics()
-        assert (stats.area_renders_total, stats.areas_collected_total) == (1, 0)
-        assert stats.area_items_reclaimed_total == 0
+        assert (stats.areas.renders_total, stats.areas.collected_total) == (1, 0)
+        assert stats.areas.items_reclaimed_total == 0
 
         manager.record("c", "t1", [assistant("It is at gate 4.")])
         manager.accept_turn(snapshot("t2", "Thanks"))
@@ -181,16 +174,16 @@ async def test_a_one_shot_notice_sits_after_the_turn_input_and_is_collected_next
         assert history_of(manager)[0] == ("t1", "t2")  # the notice never entered history
         stats = manager.statistics()
         assert (
-            stats.areas_registered_total,
-            stats.areas_attached,
-            stats.area_renders_total,
-            stats.areas_collected_total,
-            stats.area_items_reclaimed_total,
-            stats.area_items_promoted_total,
+            stats.areas.registered_total,
+            stats.areas.attached,
+            stats.areas.renders_total,
+            stats.areas.collected_total,
+            stats.areas.items_reclaimed_total,
+            stats.areas.items_promoted_total,
         ) == (1, 0, 2, 1, 1, 0)
         manager.remove_context("c")
         kept = manager.statistics()
-        assert (kept.areas_collected_total, kept.area_items_reclaimed_total) == (1, 1)
+        assert (kept.areas.collected_total, kept.areas.items_reclaimed_total) == (1, 1)
 
 
 async def test_a_subtask_runs_over_several_prepares_then_leaves_its_summary() -> None:
@@ -231,7 +224,7 @@ async def test_a_subtask_runs_over_several_prepares_then_leaves_its_summary() ->
         assert p3.area_items == 4
         assert p3.items[3]["tool_calls"][0]["id"] == "k1"
         assert p3.items[4] == {"role": "tool", "tool_call_id": "k1", "content": "free within 24h"}
-        assert manager.statistics().areas_collected_total == 0
+        assert manager.statistics().areas.collected_total == 0
 
         p4 = await manager.prepare(request("t1"))  # the next safe point reclaims its tail
         assert list(p4.items) == [
@@ -241,11 +234,11 @@ async def test_a_subtask_runs_over_several_prepares_then_leaves_its_summary() ->
         assert subtask.collected
         stats = manager.statistics()
         assert (
-            stats.area_renders_total,
-            stats.areas_collected_total,
-            stats.area_items_reclaimed_total,
-            stats.area_items_promoted_total,
-            stats.areas_attached,
+            stats.areas.renders_total,
+            stats.areas.collected_total,
+            stats.areas.items_reclaimed_total,
+            stats.areas.items_promoted_total,
+            stats.areas.attached,
         ) == (4, 1, 4, 1, 0)
         assert CHAT.validate(list(p3.items)) == []
 
@@ -266,7 +259,7 @@ async def test_the_combined_input_passes_every_gateways_rules(kind: GatewayType)
         contributions = (ContextContribution(name="memory", content="likes tea"),)
         first = await manager.prepare(request("t2", contributions=contributions))
         body = gateway.request_body(first.items)
-        assert gateway.validate(body[_BODY_ITEMS[kind]]) == []
+        assert gateway.validate(body[gateway.items_field]) == []
         routed = [
             item
             for message in (assistant("Looking."), call("k1", "booking"), result("k1", "AB12"))
@@ -283,7 +276,7 @@ async def test_the_combined_input_passes_every_gateways_rules(kind: GatewayType)
         for step in range(len(outputs) + 1):
             items = manager.build(second, outputs[:step])
             body = gateway.request_body(items)
-            assert gateway.validate(body[_BODY_ITEMS[kind]]) == [], (kind, step)
+            assert gateway.validate(body[gateway.items_field]) == [], (kind, step)
 
 
 async def test_no_collection_while_a_model_call_is_in_flight() -> None:
@@ -302,8 +295,8 @@ async def test_no_collection_while_a_model_call_is_in_flight() -> None:
         assert during.items == first.items
         assert during.area_pass == "reused_invocation"
         stats = manager.statistics()
-        assert (stats.area_renders_total, stats.area_passes_reused_total) == (1, 1)
-        assert stats.areas_collected_total == 0
+        assert (stats.areas.renders_total, stats.areas.passes_reused_total) == (1, 1)
+        assert stats.areas.collected_total == 0
         after = await manager.prepare(request("t1"))
         assert after.area_pass == "rendered"
         # The routed item landed after the first notice, so the Collector
@@ -311,7 +304,7 @@ async def test_no_collection_while_a_model_call_is_in_flight() -> None:
         # collected range are detached too); the second notice renders next.
         assert list(after.items[1:]) == [{"role": "user", "content": "second notice"}]
         stats = manager.statistics()
-        assert (stats.areas_collected_total, stats.area_items_reclaimed_total) == (1, 2)
+        assert (stats.areas.collected_total, stats.areas.items_reclaimed_total) == (1, 2)
 
 
 @pytest.mark.parametrize("kind", [GatewayType.openai_chat, GatewayType.anthropic])
@@ -332,13 +325,17 @@ async def test_an_area_that_raises_fails_the_prepare_and_changes_nothing(kind: G
         assert (caught.value.area, caught.value.phase) == (flaky, "render")
         assert isinstance(caught.value.__cause__, ValueError)
         stats = manager.statistics()
-        assert (stats.pending, stats.failed_total, stats.prepared_total) == (0, 1, 0)
-        assert (stats.area_renders_total, stats.areas_attached) == (0, 1)
+        assert (
+            stats.preparations.pending,
+            stats.preparations.failed_total,
+            stats.preparations.prepared_total,
+        ) == (0, 1, 0)
+        assert (stats.areas.renders_total, stats.areas.attached) == (0, 1)
         assert history_of(manager) == before
         flaky.broken = False
         again = await manager.prepare(request("t1"))
         assert list(again.items[1:]) == [*routed, *native(manager, user("recalled: window seat"))]
-        assert manager.statistics().area_renders_total == 1
+        assert manager.statistics().areas.renders_total == 1
 
 
 async def test_a_routed_call_without_its_result_fails_the_prepare_until_it_is_routed() -> None:
@@ -352,7 +349,7 @@ async def test_a_routed_call_without_its_result_fails_the_prepare_until_it_is_ro
             await manager.prepare(request("t1"))
         assert caught.value.call_ids == ("k9",)
         assert "'c'" in str(caught.value)
-        assert manager.statistics().pending == 0
+        assert manager.statistics().preparations.pending == 0
         with pytest.raises(InvalidMessageError):
             manager.route("c", {"role": "assistant", "content": "jumped the queue"})
         manager.route("c", {"role": "tool", "tool_call_id": "k9", "content": "3 hits"})
@@ -405,7 +402,7 @@ async def test_attach_area_and_route_reject_bad_input_before_changing_anything()
             with pytest.raises(error):
                 manager.route("c", bad)  # type: ignore[arg-type]
         stats = manager.statistics()
-        assert (stats.areas_registered_total, stats.areas_attached) == (1, 1)
+        assert (stats.areas.registered_total, stats.areas.attached) == (1, 1)
         prepared = await manager.prepare(request("t1"))
         assert list(prepared.items) == [
             {"role": "user", "content": "hi"},
@@ -432,11 +429,15 @@ async def test_cancelling_a_prepare_during_the_area_pass_keeps_slots_history_and
                 tg.start_soon(cancel_when_rendering)
                 await manager.prepare(request("t1"))
         assert scope.cancelled_caught
-        assert manager.statistics().pending == 1  # owned until the thread finishes
+        assert manager.statistics().preparations.pending == 1  # owned until the thread finishes
         held.release.set()
-        await _wait_until(lambda: manager.statistics().pending == 0)
+        await _wait_until(lambda: manager.statistics().preparations.pending == 0)
         stats = manager.statistics()
-        assert (stats.discarded_total, stats.prepared_total, stats.area_renders_total) == (1, 0, 1)
+        assert (
+            stats.preparations.discarded_total,
+            stats.preparations.prepared_total,
+            stats.areas.renders_total,
+        ) == (1, 0, 1)
         assert history_of(manager) == before
         reused = await manager.prepare(request("t1"))
         assert reused.area_pass == "reused_undelivered"
@@ -444,7 +445,7 @@ async def test_cancelling_a_prepare_during_the_area_pass_keeps_slots_history_and
         collected = await manager.prepare(request("t1"))
         assert (collected.area_pass, collected.area_items) == ("rendered", 0)
         stats = manager.statistics()
-        assert (stats.area_passes_reused_total, stats.area_items_reclaimed_total) == (1, 1)
+        assert (stats.areas.passes_reused_total, stats.areas.items_reclaimed_total) == (1, 1)
         assert held.renders == 1
 
 
@@ -484,7 +485,11 @@ async def test_an_area_that_turns_invalid_before_its_first_pass_is_dropped() -> 
         assert (caught.value.area, caught.value.phase) == (fickle, "register")
         assert isinstance(caught.value.__cause__, InvalidAreaError)
         stats = manager.statistics()
-        assert (stats.areas_attached, stats.areas_registered_total, stats.pending) == (0, 1, 0)
+        assert (stats.areas.attached, stats.areas.registered_total, stats.preparations.pending) == (
+            0,
+            1,
+            0,
+        )
         prepared = await manager.prepare(request("t1"))
         assert (prepared.items, prepared.area_pass) == (
             ({"role": "user", "content": "hi"},),

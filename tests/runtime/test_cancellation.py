@@ -74,26 +74,26 @@ async def test_cancelling_prepare_at_each_await_point_frees_its_slot(phase: str)
             stats = manager.statistics()
             if phase == "render":
                 # Still owned by the manager: the thread finishes first.
-                assert stats.pending == 1
+                assert stats.preparations.pending == 1
                 gateway.hold = False
                 gateway.release.set()
-                await _wait_until(lambda: manager.statistics().pending == 0)
+                await _wait_until(lambda: manager.statistics().preparations.pending == 0)
             elif phase == "slot":
-                assert (stats.pending, stats.waiting_for_slot) == (1, 0)
+                assert (stats.preparations.pending, stats.preparations.waiting_for_slot) == (1, 0)
                 manager.accept_turn(
                     TurnSnapshot(context_id="c", turn_id="t2", input=(user("next"),))
                 )
             else:
                 # The preparation settles as soon as it is scheduled again.
                 await anyio.wait_all_tasks_blocked()
-                assert manager.statistics().pending == 0
+                assert manager.statistics().preparations.pending == 0
             if phase == "thread":
                 foundation.limiter.release_on_behalf_of(token)
 
         stats = manager.statistics()
-        assert (stats.pending, stats.waiting_for_slot) == (0, 0)
-        assert stats.discarded_total == (0 if phase == "slot" else 1)
-        assert manager._waiters == {}
+        assert (stats.preparations.pending, stats.preparations.waiting_for_slot) == (0, 0)
+        assert stats.preparations.discarded_total == (0 if phase == "slot" else 1)
+        assert manager._queue._waiters == {}
         assert foundation.limiter.borrowed_tokens == 0
         history = manager.history("c")
         assert (history.turn_ids[:1], history.turn_messages("t1")) == (before[0], before[1])

@@ -68,8 +68,12 @@ async def test_a_requester_outside_the_foundations_scope_gets_the_closed_error()
             errors.append(exc)
     assert [type(e) for e in errors] == [FoundationClosedError]
     stats = foundation.manager.statistics()
-    assert (stats.pending, stats.waiting_for_slot, stats.prepared_total) == (0, 0, 0)
-    assert (stats.failed_total, stats.discarded_total) == (1, 0)
+    assert (
+        stats.preparations.pending,
+        stats.preparations.waiting_for_slot,
+        stats.preparations.prepared_total,
+    ) == (0, 0, 0)
+    assert (stats.preparations.failed_total, stats.preparations.discarded_total) == (1, 0)
     assert foundation.limiter.borrowed_tokens == 0
 
 
@@ -92,12 +96,16 @@ async def test_close_while_one_waits_for_its_turn_and_one_for_a_slot() -> None:
             tg.start_soon(requester, "slot")
             await anyio.wait_all_tasks_blocked()
             stats = manager.statistics()
-            assert (stats.pending, stats.waiting_for_slot) == (1, 1)
+            assert (stats.preparations.pending, stats.preparations.waiting_for_slot) == (1, 1)
             await foundation.aclose()
         stats = manager.statistics()
         assert outcomes == {"turn": "closed", "slot": "closed"}
-        assert (stats.pending, stats.waiting_for_slot, stats.failed_total) == (0, 0, 1)
-        assert stats.discarded_total == 0
+        assert (
+            stats.preparations.pending,
+            stats.preparations.waiting_for_slot,
+            stats.preparations.failed_total,
+        ) == (0, 0, 1)
+        assert stats.preparations.discarded_total == 0
 
 
 async def test_close_while_an_invocation_is_in_flight_releases_it_cleanly() -> None:
@@ -143,7 +151,11 @@ async def test_two_concurrent_acloses_both_return_after_the_render_finished() ->
         # Both returned only after the held render (and the rest of its prepare) ran.
         assert returned == [gateway.returned, gateway.returned] and returned[0] > rendered
         stats = manager.statistics()
-        assert (stats.pending, stats.failed_total, stats.prepared_total) == (0, 1, 0)
+        assert (
+            stats.preparations.pending,
+            stats.preparations.failed_total,
+            stats.preparations.prepared_total,
+        ) == (0, 1, 0)
         assert foundation.limiter.borrowed_tokens == 0
 
 
@@ -176,7 +188,7 @@ async def test_a_cancelled_second_aclose_delivers_its_cancellation_after_cleanup
             assert caught == []  # still waiting for the first close
             gateway.release.set()
         assert caught == [True]
-        assert manager.statistics().pending == 0
+        assert manager.statistics().preparations.pending == 0
 
 
 async def test_every_call_after_exit_raises_the_closed_error() -> None:
@@ -209,7 +221,11 @@ async def test_every_call_after_exit_raises_the_closed_error() -> None:
             pass
     await foundation.aclose()  # idempotent after exit
     stats = manager.statistics()
-    assert (stats.pending, stats.contexts, stats.prepared_total) == (0, 0, 1)
+    assert (stats.preparations.pending, stats.contexts, stats.preparations.prepared_total) == (
+        0,
+        0,
+        1,
+    )
 
 
 CANCELLERS = ("scope", "fail_after", "task_group")
@@ -286,19 +302,23 @@ async def test_cancelling_a_preparation_from_outside_settles_it_exactly(
         stats = manager.statistics()
         if point == "render":
             # Still owned: the thread has not finished; the slot is still taken.
-            assert (stats.pending, stats.discarded_total) == (1, 0)
+            assert (stats.preparations.pending, stats.preparations.discarded_total) == (1, 0)
             gateway.hold = False
             gateway.release.set()
         elif point == "thread":
             foundation.limiter.release_on_behalf_of(token)
         with anyio.fail_after(10):
-            while manager.statistics().pending:
+            while manager.statistics().preparations.pending:
                 await anyio.sleep(0.005)
         stats = manager.statistics()
-        assert (stats.pending, stats.waiting_for_slot) == (0, 0)
-        assert (stats.discarded_total, stats.prepared_total, stats.failed_total) == (1, 0, 0)
+        assert (stats.preparations.pending, stats.preparations.waiting_for_slot) == (0, 0)
+        assert (
+            stats.preparations.discarded_total,
+            stats.preparations.prepared_total,
+            stats.preparations.failed_total,
+        ) == (1, 0, 0)
         assert foundation.limiter.borrowed_tokens == 0
-        assert manager._waiters == {}
+        assert manager._queue._waiters == {}
         if point == "render":
             assert gateway.returned > rendered  # the render thread ran to its end
         assert manager.history("c").turn_ids == ("t1",)
@@ -306,7 +326,7 @@ async def test_cancelling_a_preparation_from_outside_settles_it_exactly(
         prepared = await manager.prepare_nowait(_req("t1"))
         # Up to the turn's input, then the runtime-state pair (outputs are the continuation).
         assert [i["role"] for i in prepared.items] == ["system", "user", "assistant", "tool"]
-        assert manager.statistics().prepared_total == 1
+        assert manager.statistics().preparations.prepared_total == 1
 
 
 async def test_cancelling_the_host_of_a_rendering_foundation_waits_for_the_thread() -> None:
@@ -335,7 +355,7 @@ async def test_cancelling_the_host_of_a_rendering_foundation_waits_for_the_threa
         box["scope"].cancel()
         await anyio.wait_all_tasks_blocked()
         assert not host_done.is_set()  # the exit waits for the thread
-        assert box["foundation"].manager.statistics().pending == 1
+        assert box["foundation"].manager.statistics().preparations.pending == 1
         gateway.release.set()
         with anyio.fail_after(10):
             await host_done.wait()
@@ -343,7 +363,12 @@ async def test_cancelling_the_host_of_a_rendering_foundation_waits_for_the_threa
     stats = foundation.manager.statistics()
     assert box["caught"] is True
     assert gateway.returned > rendered
-    assert (stats.pending, stats.discarded_total, stats.prepared_total, stats.closed) == (
+    assert (
+        stats.preparations.pending,
+        stats.preparations.discarded_total,
+        stats.preparations.prepared_total,
+        stats.closed,
+    ) == (
         0,
         1,
         0,

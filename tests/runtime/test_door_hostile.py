@@ -112,7 +112,11 @@ async def test_a_request_whose_contributions_are_not_a_sequence_fails_before_a_s
         with pytest.raises(InvalidMessageError):
             await manager.prepare_nowait(bad)
         stats = manager.statistics()
-        assert (stats.pending, stats.failed_total, stats.prepared_total) == (0, 0, 0)
+        assert (
+            stats.preparations.pending,
+            stats.preparations.failed_total,
+            stats.preparations.prepared_total,
+        ) == (0, 0, 0)
 
 
 async def test_state_is_captured_at_the_request_not_from_a_list_mutated_later() -> None:
@@ -136,7 +140,7 @@ async def test_state_is_captured_at_the_request_not_from_a_list_mutated_later() 
         assert prepared.items[-1]["content"] == (
             '{"context_id":"c","turn_id":"t1","sections":[{"name":"memory","content":"likes tea"}]}'
         )
-        assert manager.statistics().failed_total == 0
+        assert manager.statistics().preparations.failed_total == 0
 
 
 @pytest.mark.parametrize("continuation", [None, 5, assistant("one message")], ids=repr)
@@ -299,7 +303,11 @@ async def test_a_typed_error_is_a_turnloom_error_for_every_bad_prepare() -> None
             with pytest.raises(TurnloomError):
                 await manager.prepare(request)  # type: ignore[arg-type]
         stats = manager.statistics()
-        assert (stats.pending, stats.failed_total, stats.prepared_total) == (0, 0, 0)
+        assert (
+            stats.preparations.pending,
+            stats.preparations.failed_total,
+            stats.preparations.prepared_total,
+        ) == (0, 0, 0)
         assert manager.history("c").turn_ids == ("t1",)
 
 

@@ -123,7 +123,7 @@ async def test_runtime_state_over_the_item_cap_is_rejected_at_the_call_without_a
                 ContextPrepareRequest(context_id="c", turn_id="t1", contributions=(big,))
             )
         assert (caught.value.size, caught.value.limit) == (1001, 1000)
-        assert manager.statistics().pending == 0
+        assert manager.statistics().preparations.pending == 0
 
 
 async def test_runtime_state_whose_encoding_exceeds_the_cap_fails_the_preparation() -> None:
@@ -144,7 +144,7 @@ async def test_runtime_state_whose_encoding_exceeds_the_cap_fails_the_preparatio
                 ContextPrepareRequest(context_id="c", turn_id="t1", contributions=(quoted,))
             )
         stats = manager.statistics()
-        assert (stats.pending, stats.failed_total) == (0, 1)
+        assert (stats.preparations.pending, stats.preparations.failed_total) == (0, 1)
         ok = await manager.prepare(
             ContextPrepareRequest(
                 context_id="c",

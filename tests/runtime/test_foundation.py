@@ -64,7 +64,7 @@ async def test_a_preparation_waiting_for_its_turn_fails_with_closed_at_close() -
             await foundation.aclose()
     assert len(errors) == 1
     stats = manager.statistics()
-    assert (stats.pending, stats.failed_total) == (0, 1)
+    assert (stats.preparations.pending, stats.preparations.failed_total) == (0, 1)
 
 
 async def test_a_rendering_preparation_settles_within_the_grace_period() -> None:
@@ -83,10 +83,10 @@ async def test_a_rendering_preparation_settles_within_the_grace_period() -> None
             await anyio.to_thread.run_sync(gateway.entered.wait, 10)
             tg.start_soon(foundation.aclose)
             await anyio.wait_all_tasks_blocked()
-            assert manager.closed and manager.statistics().pending == 1
+            assert manager.closed and manager.statistics().preparations.pending == 1
             gateway.release.set()
     assert [p.items for p in got] == [({"role": "user", "content": "hi"},)]
-    assert manager.statistics().prepared_total == 1
+    assert manager.statistics().preparations.prepared_total == 1
 
 
 async def test_after_the_grace_period_a_render_is_cancelled_but_not_abandoned() -> None:
@@ -114,7 +114,7 @@ async def test_after_the_grace_period_a_render_is_cancelled_but_not_abandoned() 
             await foundation.aclose()
             # aclose returned only after the thread finished.
             assert gateway.release.is_set()
-            assert manager.statistics().pending == 0
+            assert manager.statistics().preparations.pending == 0
     assert len(errors) == 1
     assert foundation.limiter.borrowed_tokens == 0
 
@@ -134,7 +134,7 @@ async def test_a_cancelled_aclose_still_completes_its_cleanup() -> None:
                 scope.cancel()
                 await foundation.aclose()
             assert scope.cancelled_caught
-            assert manager.closed and manager.statistics().pending == 0
+            assert manager.closed and manager.statistics().preparations.pending == 0
 
 
 async def test_a_foundation_opens_once_and_validates_options() -> None:

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.runtime.helpers import assistant, call, result, user
-from turnloom.context import GatewayType, Message, Role
+from turnloom.context import GatewayType, Message, Role, get_gateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.message import check_message
 from turnloom.errors import QueueFullError, TurnTooLargeError, UnknownTurnError
@@ -133,19 +133,22 @@ def test_eviction_is_exact_with_pinned_instructions_and_invocations(
                 stats = manager.statistics()
                 assert history.turn_ids == tuple(t[0] for t in model)
                 assert history.pinned == PINNED
-                assert (stats.history_turns, stats.history_items, stats.history_bytes) == (
+                assert (stats.history.turns, stats.history.items, stats.history.bytes) == (
                     len(model),
                     sum(t[1] for t in model),
                     sum(t[2] for t in model),
                 )
-                assert (stats.evicted_turns_total, stats.dropped_late_outputs_total) == (
+                assert (
+                    stats.history.evicted_turns_total,
+                    stats.history.dropped_late_outputs_total,
+                ) == (
                     len(evicted),
                     late,
                 )
                 if len(model) > 1:
                     assert len(model) <= max_turns
-                    assert stats.history_items <= max_items
-                    assert stats.history_bytes <= max_bytes
+                    assert stats.history.items <= max_items
+                    assert stats.history.bytes <= max_bytes
             if model:
                 prefix = await manager.prepare(
                     ContextPrepareRequest(context_id="c", turn_id=model[-1][0])
@@ -192,7 +195,7 @@ async def test_many_concurrent_prepares_never_exceed_the_capacity(capacity: int)
                 tg.start_soon(nowait, i)
             await anyio.wait_all_tasks_blocked()
             stats = manager.statistics()
-            assert (stats.pending, refused, stats.rejected_total) == (
+            assert (stats.preparations.pending, refused, stats.preparations.rejected_total) == (
                 capacity,
                 sessions - capacity,
                 sessions - capacity,
@@ -200,17 +203,21 @@ async def test_many_concurrent_prepares_never_exceed_the_capacity(capacity: int)
             for i in range(sessions, 2 * sessions):
                 tg.start_soon(waiting, i)
             await anyio.wait_all_tasks_blocked()
-            assert manager.statistics().waiting_for_slot == sessions
+            assert manager.statistics().preparations.waiting_for_slot == sessions
             for i in range(2 * sessions):
                 manager.accept_turn(
                     TurnSnapshot(context_id=f"c{i}", turn_id="t1", input=(user(f"hi {i}"),))
                 )
                 await anyio.wait_all_tasks_blocked()
-                peak = max(peak, manager.statistics().pending)
-                assert manager.statistics().pending <= capacity
+                peak = max(peak, manager.statistics().preparations.pending)
+                assert manager.statistics().preparations.pending <= capacity
         stats = manager.statistics()
         assert peak == capacity
-        assert (stats.pending, stats.waiting_for_slot, stats.prepared_total) == (
+        assert (
+            stats.preparations.pending,
+            stats.preparations.waiting_for_slot,
+            stats.preparations.prepared_total,
+        ) == (
             0,
             0,
             capacity + sessions,
@@ -222,12 +229,6 @@ async def test_many_concurrent_prepares_never_exceed_the_capacity(capacity: int)
         )
 
 
-_BODY = {
-    GatewayType.openai_chat: "messages",
-    GatewayType.openai_responses: "input",
-    GatewayType.anthropic: "messages",
-    GatewayType.gemini: "contents",
-}
 _INSTRUCTIONS = {
     GatewayType.openai_chat: None,
     GatewayType.openai_responses: None,
@@ -255,7 +256,7 @@ def _instruction_text(kind: GatewayType, body: dict[str, Any]) -> str:
     key = _INSTRUCTIONS[kind]
     if key is not None and key in body:
         parts.append(body[key])
-    for item in body[_BODY[kind]]:
+    for item in body[get_gateway(kind).items_field]:
         if item.get("role") in ("system", "developer"):
             parts.append(item)
     return json.dumps(parts)
@@ -314,7 +315,7 @@ def test_client_text_is_escaped_data_right_after_the_turn_input_and_stable(
                 items = manager.build(prefix, outputs[:step])
                 assert json.dumps(items[: prefix.item_count]) == encoded
                 body = gateway.request_body(items)
-                assert gateway.validate(body[_BODY[kind]]) == []
+                assert gateway.validate(body[gateway.items_field]) == []
                 # The instructions are exactly those of the pinned items alone:
                 # no client text reached them, whatever it holds.
                 assert _instruction_text(kind, body) == pinned_only

@@ -33,7 +33,7 @@ from turnloom.runtime import (
     TurnSnapshot,
     state_call_id,
 )
-from turnloom.runtime.manager import _common_prefix
+from turnloom.runtime._render import common_prefix as _common_prefix
 
 pytestmark = pytest.mark.anyio
 
@@ -85,13 +85,18 @@ async def test_prepare_then_build_gives_the_exact_native_input() -> None:
         ]
         assert second.reused_bytes == prefix.bytes  # the whole previous prefix is reused
         stats = manager.statistics()
-        assert (stats.prepared_total, stats.pending, stats.history_turns, stats.history_items) == (
+        assert (
+            stats.preparations.prepared_total,
+            stats.preparations.pending,
+            stats.history.turns,
+            stats.history.items,
+        ) == (
             2,
             0,
             2,
             5,
         )
-        assert (stats.prefix_bytes_total, stats.prefix_reused_bytes_total) == (
+        assert (stats.prefix.bytes_total, stats.prefix.reused_bytes_total) == (
             prefix.bytes,
             prefix.bytes,
         )
@@ -108,11 +113,11 @@ async def test_prepare_waits_for_the_commit_of_its_turn() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(requester)
             await anyio.wait_all_tasks_blocked()
-            assert manager.statistics().pending == 1
+            assert manager.statistics().preparations.pending == 1
             assert got == []
             manager.accept_turn(snapshot("t1", "now", context_id="late"))
         assert [list(p.items) for p in got] == [[{"role": "user", "content": "now"}]]
-        assert manager.statistics().pending == 0
+        assert manager.statistics().preparations.pending == 0
 
 
 async def test_a_full_queue_makes_prepare_wait_and_prepare_nowait_raise() -> None:
@@ -134,14 +139,22 @@ async def test_a_full_queue_makes_prepare_wait_and_prepare_nowait_raise() -> Non
             tg.start_soon(second)
             await anyio.wait_all_tasks_blocked()
             stats = manager.statistics()
-            assert (stats.pending, stats.waiting_for_slot, stats.capacity) == (1, 1, 1)
+            assert (
+                stats.preparations.pending,
+                stats.preparations.waiting_for_slot,
+                stats.preparations.capacity,
+            ) == (1, 1, 1)
             with pytest.raises(QueueFullError) as info:
                 await manager.prepare_nowait(request("t1"))
             assert info.value.capacity == 1
             manager.accept_turn(snapshot("t1", "go"))
         assert order == ["first", "second"]
         stats = manager.statistics()
-        assert (stats.pending, stats.rejected_total, stats.prepared_total) == (0, 1, 2)
+        assert (
+            stats.preparations.pending,
+            stats.preparations.rejected_total,
+            stats.preparations.prepared_total,
+        ) == (0, 1, 2)
 
 
 async def test_bad_turns_are_rejected_at_the_door_and_nothing_changes() -> None:
@@ -214,7 +227,7 @@ async def test_bad_requests_fail_before_taking_a_slot() -> None:
         for req, error in bad:
             with pytest.raises(error):
                 await manager.prepare(req)
-        assert manager.statistics().pending == 0
+        assert manager.statistics().preparations.pending == 0
 
 
 async def test_the_runtime_state_pair_follows_the_turn_input_and_is_stable() -> None:
@@ -344,13 +357,17 @@ async def test_one_invocation_per_context_and_eviction_waits_for_it() -> None:
             assert manager.statistics().invocations == 1
         assert manager.history("c1").turn_ids == ("t2",)  # evicted at the safe point
         stats = manager.statistics()
-        assert (stats.invocations, stats.evicted_turns_total, stats.evicted_items_total) == (
+        assert (
+            stats.invocations,
+            stats.history.evicted_turns_total,
+            stats.history.evicted_items_total,
+        ) == (
             0,
             1,
             2,
         )
         assert manager.record("c1", "t1", [assistant("late")]) == 0
-        assert manager.statistics().dropped_late_outputs_total == 1
+        assert manager.statistics().history.dropped_late_outputs_total == 1
         with pytest.raises(UnknownTurnError):
             async with manager.invocation("c1", "t1"):
                 pass
@@ -359,7 +376,7 @@ async def test_one_invocation_per_context_and_eviction_waits_for_it() -> None:
                 pass
         manager.remove_context("c1")
         assert manager.context_ids() == ()
-        assert manager.statistics().evicted_turns_total == 1
+        assert manager.statistics().history.evicted_turns_total == 1
 
 
 async def test_a_cancelled_invocation_records_no_blank_partial_output() -> None:
@@ -372,7 +389,7 @@ async def test_a_cancelled_invocation_records_no_blank_partial_output() -> None:
                 scope.cancel()
                 await anyio.sleep(1)
         assert manager.history("c1").turn_messages("t1") == (user("a"),)
-        assert manager.statistics().dropped_blank_outputs_total == 1
+        assert manager.statistics().history.dropped_blank_outputs_total == 1
         assert manager.statistics().invocations == 0
 
 
@@ -383,7 +400,7 @@ async def test_preparing_an_evicted_turn_fails() -> None:
         manager.accept_turn(snapshot("t2", "b"))
         with pytest.raises(UnknownTurnError):
             await manager.prepare(request("t1"))
-        assert manager.statistics().failed_total == 1
+        assert manager.statistics().preparations.failed_total == 1
 
 
 async def test_a_custom_gateway_instance_is_used_for_rendering() -> None:
@@ -415,18 +432,10 @@ async def test_a_caller_bounds_the_wait_for_a_commit_with_fail_after() -> None:
                 await manager.prepare(request("never"))
         await anyio.wait_all_tasks_blocked()
         stats = manager.statistics()
-        assert (stats.pending, stats.discarded_total) == (0, 1)
+        assert (stats.preparations.pending, stats.preparations.discarded_total) == (0, 1)
         manager.accept_turn(snapshot("t1", "now"))
         prefix = await manager.prepare_nowait(request("t1"))
         assert prefix.items == ({"role": "user", "content": "now"},)
-
-
-_BODY_ITEMS = {
-    GatewayType.openai_chat: "messages",
-    GatewayType.openai_responses: "input",
-    GatewayType.anthropic: "messages",
-    GatewayType.gemini: "contents",
-}
 
 
 @pytest.mark.parametrize("kind", list(GatewayType))
@@ -444,7 +453,7 @@ async def test_the_state_pair_and_continuation_pass_every_gateways_rules(kind: G
         for step in range(len(outputs) + 1):
             items = manager.build(prefix, outputs[:step])
             body = gateway.request_body(items)
-            assert gateway.validate(body[_BODY_ITEMS[kind]]) == [], (kind, step)
+            assert gateway.validate(body[gateway.items_field]) == [], (kind, step)
         manager.accept_turn(snapshot("t2", "thanks"))
         second = await manager.prepare(request("t2"))
-        assert gateway.validate(gateway.request_body(second.items)[_BODY_ITEMS[kind]]) == []
+        assert gateway.validate(gateway.request_body(second.items)[gateway.items_field]) == []

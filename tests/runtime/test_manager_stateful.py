@@ -106,7 +106,7 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def _settle(self) -> None:
         deadline = time.monotonic() + 10
-        while self.portal.call(self.manager.statistics).pending != len(self.parked):
+        while self.portal.call(self.manager.statistics).preparations.pending != len(self.parked):
             assert time.monotonic() < deadline, "a preparation never settled"
             time.sleep(0.002)
 
@@ -152,14 +152,14 @@ class ManagerMachine(RuleBasedStateMachine):
         if kind == "late":
             if not model.evicted:
                 return
-            before = self.portal.call(self.manager.statistics).dropped_late_outputs_total
+            before = self.portal.call(self.manager.statistics).history.dropped_late_outputs_total
             assert (
                 self.portal.call(
                     self.manager.record, context_id, model.evicted[0], [assistant("late")]
                 )
                 == 0
             )
-            after = self.portal.call(self.manager.statistics).dropped_late_outputs_total
+            after = self.portal.call(self.manager.statistics).history.dropped_late_outputs_total
             assert after == before + 1
             return
         if kind == "text":
@@ -218,7 +218,9 @@ class ManagerMachine(RuleBasedStateMachine):
 
         self.portal.call(attempt)
         self.rejected += 1
-        assert self.portal.call(self.manager.statistics).rejected_total == self.rejected
+        assert (
+            self.portal.call(self.manager.statistics).preparations.rejected_total == self.rejected
+        )
 
     @precondition(lambda self: bool(self.parked))
     @rule(index=st.integers(0, CAPACITY - 1))
@@ -303,14 +305,14 @@ class ManagerMachine(RuleBasedStateMachine):
     @invariant()
     def attached_areas_are_held_or_collected(self) -> None:
         stats = self.portal.call(self.manager.statistics)
-        assert stats.areas_registered_total == self.attached
-        assert stats.areas_attached == self.attached - stats.areas_collected_total
+        assert stats.areas.registered_total == self.attached
+        assert stats.areas.attached == self.attached - stats.areas.collected_total
 
     @invariant()
     def queue_is_bounded_and_nothing_leaks(self) -> None:
         stats = self.portal.call(self.manager.statistics)
-        assert stats.pending <= CAPACITY
-        assert stats.pending == len(self.parked)
+        assert stats.preparations.pending <= CAPACITY
+        assert stats.preparations.pending == len(self.parked)
         assert stats.invocations == 0
 
     @invariant()

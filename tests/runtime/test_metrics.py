@@ -71,7 +71,7 @@ async def test_the_metrics_endpoint_serves_the_manager_statistics() -> None:
     assert samples[("turnloom_prefix_stability_ratio", ())] == pytest.approx(
         expected_reused / first.bytes
     )
-    assert stats.prefix_reused_bytes_total == expected_reused
+    assert stats.prefix.reused_bytes_total == expected_reused
     assert second.area_items == 0
     assert samples[("turnloom_areas_registered_total", ())] == 1
     assert samples[("turnloom_areas_attached", ())] == 0
@@ -80,4 +80,4 @@ async def test_the_metrics_endpoint_serves_the_manager_statistics() -> None:
     assert samples[("turnloom_areas_collected_total", ())] == 1
     assert samples[("turnloom_area_items_reclaimed_total", ())] == 3  # 2 notice items + 1 routed
     assert samples[("turnloom_area_items_promoted_total", ())] == 0
-    assert stats.area_items_reclaimed_total == 3
+    assert stats.areas.items_reclaimed_total == 3

@@ -1,4 +1,4 @@
-"""Built-in Context Areas (seed 000).
+"""Built-in Context Areas.
 
 Each is a plain class satisfying
 :class:`~turnloom.context.area.ContextAreaImplementation` structurally:

@@ -1,7 +1,6 @@
-"""Notices: rendered once, then retired (``OneShotNotice``) or kept (``PinnedNotice``).
+"""Notices: rendered once, then retired (``OneShotNotice``) or kept (``PinnedNotice``)."""
 
-Source: seed 000 (the minimal ``OneShotNoticeArea`` example, made reusable).
-"""
+# Contract: seed 000 (the minimal OneShotNoticeArea example, made reusable).
 
 from __future__ import annotations
 
@@ -32,8 +31,8 @@ class OneShotNotice:
     A failed ``CoopContext.render()`` rolls the Context back but cannot roll
     back the notice's own state: if an area later in the same pass fails, the
     notice's items are removed while the notice stays retired, and the next
-    safe point removes it without rendering it again (seed 000: a retired area
-    never renders). The notice is then lost; after an
+    safe point removes it without rendering it again (a retired area never
+    renders). The notice is then lost; after an
     :class:`~turnloom.errors.AreaCallbackError`, ``notice.rendered`` true while
     the notice has no EffectRange identifies this, and a new notice can be
     registered.

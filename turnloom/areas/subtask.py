@@ -1,9 +1,10 @@
 """``SubtaskArea``: holds the cursor over several model calls, then leaves a summary.
 
-Source: seed 000 (an area that needs several model turns stays exclusive,
-then yields and retires; ``promote()`` keeps what must survive reclamation)
-and issue 3 (built-in sub-task area).
+An area that needs several model turns stays exclusive, then yields and
+retires; ``promote()`` keeps what must survive reclamation.
 """
+
+# Contract: seed 000 (multi-turn areas); the built-in area is issue 3's.
 
 from __future__ import annotations
 

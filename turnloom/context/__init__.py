@@ -56,6 +56,7 @@ __all__ = (
     "Violation",
     "WorkingContext",
     "approx_text_tokens",
+    "check_id",
     "check_message",
     "complete_pairs",
     "decode_message",
@@ -87,7 +88,7 @@ from turnloom.context.coop import (
     plan_collection,
 )
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, Violation, get_gateway
-from turnloom.context.history import HistoryLimits, HistoryStatistics, TurnHistory
+from turnloom.context.history import HistoryLimits, HistoryStatistics, TurnHistory, check_id
 from turnloom.context.journal import MutationJournal
 from turnloom.context.message import (
     ImagePart,

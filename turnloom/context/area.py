@@ -1,7 +1,5 @@
 """The Context Area protocol: lifetime and scheduling states, and ``EffectRange``.
 
-Source: seed 000 (Declaring a Context Area).
-
 A Context Area is any object that contributes neutral :class:`Message` values
 to a :class:`~turnloom.context.coop.CoopContext`. It is *structural*: an area
 does not inherit from a turnloom class and is not decorated; an object with
@@ -48,7 +46,7 @@ from turnloom.context.message import Message
 class AreaLifeState(enum.StrEnum):
     """Whether an area is still active (``retain``) or finished (``retired``).
 
-    Source: seed 000, ``life_state``. The transition ``retain -> retired`` is
+    The transition ``retain -> retired`` is
     irreversible; a retired area waits until the Collector can reclaim its
     tail and is then removed from the CoopContext.
     """
@@ -59,8 +57,6 @@ class AreaLifeState(enum.StrEnum):
 
 class AreaFlowState(enum.StrEnum):
     """How an area schedules the cursor after a successful ``render()``.
-
-    Source: seed 000, ``flow_state``.
 
     * ``exclusive``: the cursor stays on this area and ``CoopContext.render()``
       returns at once, so only this area renders before the next model call.
@@ -91,7 +87,7 @@ class EffectRange(msgspec.Struct, frozen=True):
         """Whether the two closed intervals share at least one index.
 
         Touching ranges overlap: ``[2, 5]`` and ``[5, 9]`` share index 5.
-        Source: seed 000, the Collector follows overlapping closed intervals.
+        The Collector follows overlapping closed intervals.
         """
         return self.earliest <= other.latest and other.earliest <= self.latest
 
@@ -103,8 +99,7 @@ class EffectRange(msgspec.Struct, frozen=True):
 class ContextAreaImplementation(Protocol):
     """The structural contract of a Context Area (no base class, no decorator).
 
-    Source: seed 000, Contract table. A CoopContext reads and calls the members
-    as follows:
+    A CoopContext reads and calls the members as follows:
 
     * ``life_state`` -- read at every collection (the safe point at the start
       of ``CoopContext.render()``), before observing, and again after

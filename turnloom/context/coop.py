@@ -1,8 +1,5 @@
 """``CoopContext``: cooperating Context Areas over one Context, and the Collector.
 
-Source: seed 000 (Declaring a Context Area), with the gaps it admits closed
-as issue 3 specifies.
-
 A :class:`CoopContext` wraps one :class:`~turnloom.context.Context`. Areas are
 registered in order; a *cursor* points at one of them. Each
 :meth:`CoopContext.render` call is a safe point between model invocations and
@@ -30,7 +27,7 @@ does two things, in this order:
    ``flow_state`` decides: ``exclusive`` keeps the cursor on it and ends the
    pass, ``yielded`` moves the cursor on.
 
-Decisions beyond the seed (issue 3):
+Decisions beyond the area contract:
 
 * **Register validation.** :meth:`CoopContext.register` rejects an object
   lacking protocol members (:class:`~turnloom.errors.InvalidAreaError` with
@@ -113,6 +110,7 @@ from turnloom.context.area import (
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.message import Message, Role, check_message
 from turnloom.context.native import Context
+from turnloom.context.pairing import unanswered_calls
 from turnloom.errors import (
     AreaCallbackError,
     DuplicateAreaError,
@@ -162,8 +160,7 @@ def plan_collection(ranges: Sequence[EffectRange], retired: Sequence[bool]) -> C
     components. The component reaching furthest toward the tail comes first;
     the run extends backward component by component while every area of the
     component is retired, and stops at the first component holding a retained
-    area. Source: seed 000 (the Collector); the multi-component run is
-    issue 3.
+    area.
 
     Args:
         ranges: the EffectRange of each area that has rendered, in any order.
@@ -290,7 +287,7 @@ class CoopStatistics(msgspec.Struct, frozen=True, kw_only=True):
 # -- the CoopContext --------------------------------------------------------
 
 
-class _Entry:
+class _Registration:
     """One registered area and what the CoopContext knows about it.
 
     ``promoted`` and ``prologued`` record what the area was told by a
@@ -335,15 +332,15 @@ class _Undo:
         self.context_len = len(coop._context)
         self.counters = coop._counters
         self.detached: tuple[int, list[NativeContent]] | None = None
-        self.changes: list[tuple[_Entry, EffectRange | None, bool]] = []
-        self.by_id_removed: list[_Entry] = []
+        self.changes: list[tuple[_Registration, EffectRange | None, bool]] = []
+        self.by_id_removed: list[_Registration] = []
 
 
 class CoopContext:
     """Cooperating Context Areas over one :class:`Context`, with the Collector.
 
-    Source: seed 000. See the module docstring for the render algorithm and
-    the decisions this class makes beyond the seed.
+    See the module docstring for the render algorithm and the decisions this
+    class makes beyond the area contract.
 
     A CoopContext is used by one thread at a time; it does no locking, and
     the wrapped Context must not be changed by another thread while a call
@@ -376,9 +373,9 @@ class CoopContext:
             )
         self._context = context
         self._gateway: Gateway = context.gateway
-        self._order: list[_Entry] = []  # registration order; the cursor indexes it
-        self._by_id: dict[int, _Entry] = {}
-        self._materialized: list[_Entry] = []  # areas with a range, ascending earliest
+        self._order: list[_Registration] = []  # registration order; the cursor indexes it
+        self._by_id: dict[int, _Registration] = {}
+        self._materialized: list[_Registration] = []  # areas with a range, ascending earliest
         self._cursor = 0
         self._floor = 0  # len(context) after the last successful render()
         self._busy = False
@@ -447,7 +444,7 @@ class CoopContext:
             items_promoted=promoted,
         )
 
-    def _entry(self, area: object) -> _Entry:
+    def _entry(self, area: object) -> _Registration:
         entry = self._by_id.get(id(area))
         if entry is None or entry.area is not area:
             raise UnknownAreaError(
@@ -521,7 +518,7 @@ class CoopContext:
                 missing=("flow_state",),
             )
         self._seq += 1
-        entry = _Entry(area, self._seq, life is AreaLifeState.retired)
+        entry = _Registration(area, self._seq, life is AreaLifeState.retired)
         self._order.append(entry)
         self._by_id[id(area)] = entry
 
@@ -589,11 +586,11 @@ class CoopContext:
 
     # -- phases -----------------------------------------------------------
 
-    def _retire(self, entry: _Entry, undo: _Undo) -> None:
+    def _retire(self, entry: _Registration, undo: _Undo) -> None:
         undo.changes.append((entry, entry.range, entry.retired))
         entry.retired = True
 
-    def _read_life(self, entry: _Entry) -> AreaLifeState:
+    def _read_life(self, entry: _Registration) -> AreaLifeState:
         value = _call(entry, "life_state", getattr, entry.area, "life_state")
         life = _as_life(value)
         if life is None:
@@ -606,7 +603,7 @@ class CoopContext:
         return life
 
     def _collect(self, undo: _Undo) -> CollectionReport:
-        unrendered: list[_Entry] = []
+        unrendered: list[_Registration] = []
         for entry in self._order:
             if entry.retired:
                 pass
@@ -633,7 +630,7 @@ class CoopContext:
         # may fail after it for a reason the promotions carry. A kept promotion
         # is reused if this render fails later, so promote() succeeds once.
         cut = len(context) if plan.start is None else plan.start
-        promotions: list[tuple[_Entry, tuple[Message, ...]]] = []
+        promotions: list[tuple[_Registration, tuple[Message, ...]]] = []
         rendered: list[NativeContent] = []
         for entry in chosen:
             messages = entry.promoted
@@ -668,7 +665,7 @@ class CoopContext:
             context.push_back(item)
         promoted_items = tuple(context.snapshot(first_promoted))
         removed = {id(e) for e in chosen}
-        order: list[_Entry] = []
+        order: list[_Registration] = []
         cursor = 0
         for index, entry in enumerate(self._order):
             if id(entry) in removed:
@@ -753,7 +750,7 @@ class CoopContext:
             cursor = cursor + 1 if cursor + 1 < n else 0
         self._cursor = cursor
 
-    def _append(self, entry: _Entry, phase: str, messages: Sequence[Message]) -> None:
+    def _append(self, entry: _Registration, phase: str, messages: Sequence[Message]) -> None:
         """Emplace ``messages`` for ``entry``; they must not leave a tool call open."""
         if not messages:
             return
@@ -832,7 +829,7 @@ class _RangeView(Sequence[NativeContent]):
         return f"<EffectRange view of {self._len} items>"
 
 
-def _call(entry: _Entry, phase: str, fn: Callable[..., _T], *args: object) -> _T:
+def _call(entry: _Registration, phase: str, fn: Callable[..., _T], *args: object) -> _T:
     try:
         return fn(*args)
     except Exception as exc:
@@ -865,7 +862,7 @@ def _as_flow(value: object) -> AreaFlowState | None:
         return None
 
 
-def _checked_messages(entry: _Entry, phase: str, result: object) -> tuple[Message, ...]:
+def _checked_messages(entry: _Registration, phase: str, result: object) -> tuple[Message, ...]:
     if not isinstance(result, tuple | list):
         raise AreaCallbackError(
             f"Context Area {entry.describe()} {phase}() returned a "
@@ -878,7 +875,7 @@ def _checked_messages(entry: _Entry, phase: str, result: object) -> tuple[Messag
     return tuple(result)
 
 
-def _check_results(entry: _Entry, phase: str, messages: Sequence[Message]) -> None:
+def _check_results(entry: _Registration, phase: str, messages: Sequence[Message]) -> None:
     """Raise unless each tool result answers a call of the nearest preceding call group.
 
     ``messages`` are what one area appends in one go. A render never starts
@@ -935,14 +932,12 @@ def _open_call_ids(
 
     Scans back from the tail: results (tool messages, or user turns carrying
     tool results), then the model turn before them (consecutive assistant
-    items: OpenAI Responses emits one item per call). A call is answered by a
-    result with its id; results whose id matches no call of the group answer
-    the remaining calls in order (a Gemini function response may carry no
-    id). A user, system or developer message without results ends the scan,
+    items: OpenAI Responses emits one item per call); which calls the results
+    answer is :func:`~turnloom.context.pairing.unanswered_calls`'s rule. A
+    user, system or developer message without results ends the scan,
     and so does an item the gateway cannot parse.
     """
     index = cut + len(extra) - 1
-    answered: set[str] = set()
     result_ids: list[str] = []
     call_ids: list[str] = []  # newest first while scanning
     in_model_turn = False
@@ -963,12 +958,8 @@ def _open_call_ids(
         if not results:
             break
         for result in results:
-            answered.add(result.call_id)
             result_ids.append(result.call_id)
     if not call_ids:
         return ()
     call_ids.reverse()
-    called = set(call_ids)
-    unmatched = sum(1 for r in result_ids if r not in called)
-    still_open = [c for c in call_ids if c not in answered]
-    return tuple(still_open[unmatched:])
+    return unanswered_calls(call_ids, result_ids)

@@ -24,10 +24,8 @@ import enum
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
-import msgspec
-
 from turnloom.context.message import Message, NativeKeys, declare_native_keys
-from turnloom.errors import InputError, excerpt
+from turnloom.errors import InputError, Violation, excerpt
 
 NativeContent: TypeAlias = dict[str, Any]
 """One item of a provider's request, in the provider's own shape (a JSON object)."""
@@ -40,20 +38,6 @@ class GatewayType(enum.StrEnum):
     openai_responses = "openai_responses"
     anthropic = "anthropic"
     gemini = "gemini"
-
-
-class Violation(msgspec.Struct, frozen=True, kw_only=True):
-    """One breach of a provider's structural rule.
-
-    Attributes:
-        index: position of the offending item in the checked sequence.
-        rule: a short stable name of the rule (``"tool_result_without_call"``).
-        message: a full sentence naming the offending id or field.
-    """
-
-    index: int
-    rule: str
-    message: str
 
 
 @runtime_checkable
@@ -72,11 +56,40 @@ class Gateway(Protocol):
     items and lifts the leading run into ``system``; Gemini keeps
     ``{"role": "system"}`` items and lifts all of them into
     ``systemInstruction``.
+
+    A gateway class may subclass ``Gateway`` to inherit the default
+    :meth:`parse_items`.
     """
+
+    __slots__ = ()
 
     @property
     def type(self) -> GatewayType:
         """Which provider this gateway speaks for."""
+        ...
+
+    @property
+    def items_field(self) -> str:
+        """The field of :meth:`request_body` that holds the item list.
+
+        ``"messages"`` (OpenAI Chat, Anthropic), ``"input"`` (OpenAI
+        Responses), ``"contents"`` (Gemini).
+        """
+        ...
+
+    def tool_definition(
+        self, name: str, description: str, parameters: dict[str, Any]
+    ) -> dict[str, Any]:
+        """One function tool's declaration, as one entry of the provider's ``tools`` list.
+
+        Args:
+            name: the tool's name.
+            description: what it does.
+            parameters: its arguments as a JSON Schema object.
+
+        Returns:
+            a new dict each call (the caller may change it).
+        """
         ...
 
     def render(self, message: Message) -> list[NativeContent]:
@@ -111,8 +124,29 @@ class Gateway(Protocol):
         """
         ...
 
-    def validate(self, items: Sequence[NativeContent]) -> list[Violation]:
+    def parse_items(self, items: Sequence[NativeContent]) -> list[Message]:
+        """Parse a list of native items into messages, in order.
+
+        By default one :meth:`parse` per item; a gateway whose one message
+        spans several items (OpenAI Responses: an assistant message, its
+        reasoning and its calls) groups them.
+
+        Raises:
+            InvalidMessageError: an item is not of this provider's shape.
+        """
+        return [self.parse(item) for item in items]
+
+    def validate(
+        self, items: Sequence[NativeContent], *, continues_response: bool = False
+    ) -> list[Violation]:
         """Check a whole input against the provider's structural rules.
+
+        Args:
+            items: the item list of a request body (its :attr:`items_field`).
+            continues_response: the request continues a stored response
+                (OpenAI Responses ``previous_response_id``), so it may start
+                with results of calls made there. Gateways without stored
+                responses ignore it.
 
         Returns:
             every violation found, in item order; empty when the input is valid.

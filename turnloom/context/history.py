@@ -1,6 +1,6 @@
 """``TurnHistory``: the bounded history of one context, kept in whole turns.
 
-Source: seed 004 (native history). A history holds the pinned instructions
+A history holds the pinned instructions
 (``system`` and ``developer`` messages) and a sequence of committed turns,
 oldest first. A turn is its input (the committed user messages) followed by
 its outputs (model messages and tool results recorded while answering it).
@@ -87,9 +87,6 @@ _MAX_ID_LENGTH = 256
 class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
     """The bounds of one context's history.
 
-    Source: seed 004 (``history_max_turns``, ``history_max_items``,
-    ``history_max_bytes``).
-
     Attributes:
         max_turns: most turns kept (default 32).
         max_items: most messages kept across all turns (default 4,096).
@@ -154,21 +151,21 @@ class RenderedHistory:
         turn_start: index in ``items`` of the turn's first input item.
     """
 
-    __slots__ = ("_head", "_layout", "_slot", "bytes", "items", "turn_start")
+    __slots__ = ("_head", "_positions", "_slot", "bytes", "items", "turn_start")
 
     def __init__(
         self,
         items: tuple[NativeContent, ...],
-        layout: _Layout,
+        positions: _TurnPositions,
         head: _Rendered,
         slot: int,
     ) -> None:
         self.items = items
-        self._layout = layout
+        self._positions = positions
         self._head = head
         self._slot = slot
         self.turn_start: int = len(items) - len(head.items)
-        self.bytes: int = layout.bytes + head.bytes
+        self.bytes: int = positions.bytes + head.bytes
 
     def bytes_before(self, count: int) -> int:
         """Serialized size of ``items[:count]``, in bytes.
@@ -176,22 +173,22 @@ class RenderedHistory:
         Costs O(log turns + one turn), never a pass over the whole history.
         """
         count = max(0, min(count, len(self.items)))
-        layout = self._layout
+        positions = self._positions
         if count > self.turn_start:
-            return layout.bytes + sum(self._head.sizes[: count - self.turn_start])
-        pinned = layout.pinned
+            return positions.bytes + sum(self._head.sizes[: count - self.turn_start])
+        pinned = positions.pinned
         if count <= len(pinned.items):
             return sum(pinned.sizes[:count])
-        position = layout.origin[0] + count - len(pinned.items)  # in the running coordinate
-        index = bisect.bisect_right(layout.item_ends, position)
-        if index == len(layout.turns):  # exactly the end of the last turn
-            return layout.bytes
-        turn_start = layout.item_ends[index - 1] if index else layout.origin[0]
-        bytes_start = layout.byte_ends[index - 1] if index else layout.origin[1]
-        full = layout.turns[index].full_for(self._slot)
+        position = positions.origin[0] + count - len(pinned.items)  # in the running coordinate
+        index = bisect.bisect_right(positions.item_ends, position)
+        if index == len(positions.turns):  # exactly the end of the last turn
+            return positions.bytes
+        turn_start = positions.item_ends[index - 1] if index else positions.origin[0]
+        bytes_start = positions.byte_ends[index - 1] if index else positions.origin[1]
+        full = positions.turns[index].full_for(self._slot)
         assert full is not None  # a turn in a run was rendered with the run's key
         inside = full.sizes[: position - turn_start]
-        return pinned.bytes + bytes_start - layout.origin[1] + sum(inside)
+        return pinned.bytes + bytes_start - positions.origin[1] + sum(inside)
 
 
 # Garbage-collector cost. A held history keeps one _Entry per message and one
@@ -341,7 +338,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         return rendered
 
 
-class _Layout:
+class _TurnPositions:
     """Where each closed turn sits in a run: an immutable snapshot.
 
     Positions are kept in one running coordinate that is never rebased: turn
@@ -387,18 +384,18 @@ class _Run:
     tuple, and never walks it in Python. Guarded by ``_Shared.lock``.
     """
 
-    __slots__ = ("evicted", "generation", "items", "layout", "pinned_entries")
+    __slots__ = ("evicted", "generation", "items", "pinned_entries", "positions")
 
     def __init__(
         self,
         pinned_entries: tuple[_Entry, ...],
-        layout: _Layout,
+        positions: _TurnPositions,
         items: list[NativeContent],
         evicted: int,
         generation: int,
     ) -> None:
         self.pinned_entries = pinned_entries
-        self.layout = layout
+        self.positions = positions
         self.items = items
         self.evicted = evicted
         self.generation = generation
@@ -590,7 +587,7 @@ class HistoryView:
         """Render the pinned instructions, the turns before ``turn_id`` and its input.
 
         The outputs of ``turn_id`` itself are not included: they are the
-        continuation of the turn's model calls (see seed 004, ``build``).
+        continuation of the turn's model calls (see ``ContextManager.build``).
         Each turn is completed on its own with
         :func:`~turnloom.context.complete_pairs` (a turn begins with user input,
         so a call/result pair never spans two turns).
@@ -633,25 +630,25 @@ class HistoryView:
                 run.items.extend(head.items)
                 items = tuple(run.items)
                 del run.items[len(run.items) - len(head.items) :]
-                layout = run.layout
+                positions = run.positions
         if not newest:
             # An older view (or an earlier turn): a private run, the cache untouched.
             private = self._build(gateway, slots, open_calls)
             self._append(private, closed, gateway, slots, open_calls)
             items = tuple(private.items) + head.items
-            layout = private.layout
-        return RenderedHistory(items, layout, head, slots[1])
+            positions = private.positions
+        return RenderedHistory(items, positions, head, slots[1])
 
     def _build(self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy) -> _Run:
         pinned = _render_entries(self._pinned, gateway, slots[0], policy)
-        layout = _Layout(pinned, (), (0, 0), (), ())
-        return _Run(self._pinned, layout, list(pinned.items), self._evicted, self._generation)
+        positions = _TurnPositions(pinned, (), (0, 0), (), ())
+        return _Run(self._pinned, positions, list(pinned.items), self._evicted, self._generation)
 
     def _advance(self, run: _Run, closed: tuple[_Turn, ...]) -> bool:
         """Drop the turns evicted since the run was built; False when it cannot be reused."""
-        layout = run.layout
+        positions = run.positions
         dropped = self._evicted - run.evicted
-        kept = len(layout.turns) - dropped
+        kept = len(positions.turns) - dropped
         if (
             run.pinned_entries is not self._pinned
             or run.generation != self._generation
@@ -659,19 +656,19 @@ class HistoryView:
             # Turns only change at the end (the generation counts other
             # changes), so the last kept turn being the same object means the
             # whole kept run is this view's prefix.
-            or (kept and closed[kept - 1] is not layout.turns[-1])
+            or (kept and closed[kept - 1] is not positions.turns[-1])
         ):
             return False
         if dropped:
-            origin = (layout.item_ends[dropped - 1], layout.byte_ends[dropped - 1])
-            start = len(layout.pinned.items)
-            del run.items[start : start + origin[0] - layout.origin[0]]
-            run.layout = _Layout(
-                layout.pinned,
-                layout.turns[dropped:],
+            origin = (positions.item_ends[dropped - 1], positions.byte_ends[dropped - 1])
+            start = len(positions.pinned.items)
+            del run.items[start : start + origin[0] - positions.origin[0]]
+            run.positions = _TurnPositions(
+                positions.pinned,
+                positions.turns[dropped:],
                 origin,
-                layout.item_ends[dropped:],
-                layout.byte_ends[dropped:],
+                positions.item_ends[dropped:],
+                positions.byte_ends[dropped:],
             )
             run.evicted = self._evicted
         return True
@@ -684,14 +681,14 @@ class HistoryView:
         slots: tuple[int, int],
         policy: OpenCallPolicy,
     ) -> None:
-        layout = run.layout
-        reuse = len(layout.turns)
+        positions = run.positions
+        reuse = len(positions.turns)
         if reuse == len(closed):
             return
         item_ends: list[int] = []
         byte_ends: list[int] = []
-        items_at = layout.item_ends[-1] if layout.item_ends else layout.origin[0]
-        bytes_at = layout.byte_ends[-1] if layout.byte_ends else layout.origin[1]
+        items_at = positions.item_ends[-1] if positions.item_ends else positions.origin[0]
+        bytes_at = positions.byte_ends[-1] if positions.byte_ends else positions.origin[1]
         for turn in closed[reuse:]:
             rendered = turn.render_full(gateway, slots, policy)
             run.items.extend(rendered.items)
@@ -699,12 +696,12 @@ class HistoryView:
             bytes_at += rendered.bytes
             item_ends.append(items_at)
             byte_ends.append(bytes_at)
-        run.layout = _Layout(
-            layout.pinned,
+        run.positions = _TurnPositions(
+            positions.pinned,
             closed,
-            layout.origin,
-            layout.item_ends + tuple(item_ends),
-            layout.byte_ends + tuple(byte_ends),
+            positions.origin,
+            positions.item_ends + tuple(item_ends),
+            positions.byte_ends + tuple(byte_ends),
         )
 
 
@@ -751,8 +748,19 @@ def check_batch_length(count: int, limits: HistoryLimits, where: str) -> None:
 def check_id(value: object, what: str) -> str:
     """Validate a context or turn id: a non-empty str of at most 256 characters.
 
+    The one id rule of turnloom: :class:`TurnHistory` applies it to turn ids,
+    the runtime's ContextManager to context and turn ids at its door.
+
+    Args:
+        value: the id to check.
+        what: how the error names it (``"context id"``, ``"turn id"``).
+
+    Returns:
+        ``value``, checked.
+
     Raises:
-        InvalidMessageError: the id is not such a string, or is not valid UTF-8.
+        InvalidMessageError: the id is not such a string (its excerpt is cut
+            to 32 characters), or is not valid UTF-8.
     """
     if not isinstance(value, str) or not value:
         raise InvalidMessageError(f"The {what} must be a non-empty string, not {excerpt(value)}.")

@@ -1,4 +1,4 @@
-"""MutationJournal: append-only authored history with a commit watermark (seed 002)."""
+"""MutationJournal: append-only authored history with a commit watermark."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``Context``: the append-only, provider-native item list of one conversation.
 
-Source: seed 000 (Context Areas). Areas append through
+Areas append through
 :meth:`Context.emplace_message` (a neutral message rendered by the active
 gateway); model output is appended verbatim with :meth:`Context.push_back`;
 only the Collector removes items, and only a tail, with

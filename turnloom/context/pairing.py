@@ -21,6 +21,7 @@ __all__ = (
     "complete_pairs",
     "hold_until_answered",
     "open_call_ids",
+    "unanswered_calls",
 )
 
 from collections.abc import Iterable, Sequence
@@ -84,6 +85,24 @@ def open_call_ids(messages: Sequence[Message]) -> tuple[str, ...]:
     return tuple(pending)
 
 
+def unanswered_calls(call_ids: Sequence[str], result_ids: Sequence[str]) -> tuple[str, ...]:
+    """The calls of one model turn that its results leave unanswered, in call order.
+
+    A result answers the call with its id; results whose id matches no call
+    answer the remaining calls in order (a Gemini function response may carry
+    no id). Source: OpenAI Chat ``tool`` messages, Anthropic ``tool_result``
+    blocks and Gemini function-response turns all follow their call turn.
+
+    Args:
+        call_ids: the call ids of the model turn, in call order.
+        result_ids: the call ids the results that followed it carry.
+    """
+    called = set(call_ids)
+    answered = set(result_ids)
+    unmatched = sum(1 for r in result_ids if r not in called)
+    return tuple(c for c in call_ids if c not in answered)[unmatched:]
+
+
 def hold_until_answered(messages: Sequence[Message]) -> list[Message]:
     """Move messages that arrived while calls were open to after those calls' results.
 
@@ -102,10 +121,8 @@ def hold_until_answered(messages: Sequence[Message]) -> list[Message]:
         messages: neutral messages, oldest first.
 
     Returns:
-        a new list with the same messages, oldest first.
-
-    Source: issue 4, small input 3 (a notice injected while a call is open
-    goes after its result).
+        a new list with the same messages, oldest first. A notice injected
+        while a call is open goes after its result.
     """
     out: list[Message] = []
     held: list[Message] = []

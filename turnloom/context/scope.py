@@ -1,4 +1,4 @@
-"""Scopes: which messages of a list a sliced view keeps (seed 002).
+"""Scopes: which messages of a list a sliced view keeps.
 
 A scope answers either per message, through ``matches(message, index)``
 (:class:`ContextScope`), or over a whole list, through ``indices(messages)``

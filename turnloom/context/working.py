@@ -1,4 +1,4 @@
-"""WorkingContext: an agent's in-flight reasoning state, on four axes (seed 002).
+"""WorkingContext: an agent's in-flight reasoning state, on four axes.
 
 * ``prefix`` -- :class:`PrefixContext`, the cache-stable head (system prompt,
   grounding messages, structured-output schema block). Frozen: changing it

@@ -1,4 +1,4 @@
-"""The async runtime: Foundation, ContextManager, bounded preparations (seed 004).
+"""The async runtime: Foundation, ContextManager, bounded preparations.
 
 Everything here runs on one event loop through anyio (asyncio or trio); CPU
 work goes to worker threads through the Foundation's limiter.
@@ -9,14 +9,19 @@ from __future__ import annotations
 __all__ = (
     "STATE_TOOL_NAME",
     "AreaPass",
+    "AreaStatistics",
     "ContextContribution",
     "ContextManager",
     "ContextPrepareRequest",
     "Foundation",
     "FoundationClosedError",
     "HistoryLimits",
+    "HistoryTotals",
     "Invocation",
+    "LatencyHistograms",
     "ManagerStatistics",
+    "PrefixStatistics",
+    "PreparationStatistics",
     "PreparedContext",
     "TurnSnapshot",
     "state_call_id",
@@ -29,9 +34,14 @@ from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.manager import ContextManager, Invocation
 from turnloom.runtime.schemas import (
     AreaPass,
+    AreaStatistics,
     ContextContribution,
     ContextPrepareRequest,
+    HistoryTotals,
+    LatencyHistograms,
     ManagerStatistics,
+    PrefixStatistics,
+    PreparationStatistics,
     PreparedContext,
     TurnSnapshot,
 )

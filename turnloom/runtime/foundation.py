@@ -1,6 +1,6 @@
 """The ``Foundation``: the actor that owns the ContextManager and its resources.
 
-Source: seed 004 (lifecycle). A Foundation is opened with ``async with``; it
+A Foundation is opened with ``async with``; it
 owns a task group (where preparations run), one :class:`anyio.CapacityLimiter`
 for every worker thread it uses, and the :class:`ContextManager`.
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 __all__ = ("Foundation",)
 
-import math
 from types import TracebackType
 
 import anyio
@@ -30,8 +29,9 @@ import anyio.lowlevel
 from turnloom.context.gateway import Gateway, GatewayType
 from turnloom.context.history import HistoryLimits
 from turnloom.context.pairing import OpenCallPolicy
-from turnloom.errors import InputError, StateError, excerpt
-from turnloom.runtime.manager import ContextManager, check_options
+from turnloom.errors import StateError
+from turnloom.runtime._door import check_foundation_options
+from turnloom.runtime.manager import ContextManager
 
 
 class Foundation:
@@ -72,31 +72,15 @@ class Foundation:
         open_calls: OpenCallPolicy = "exclude",
         close_grace_period: float = 5.0,
     ) -> None:
-        if (
-            not isinstance(worker_threads, int)
-            or isinstance(worker_threads, bool)
-            or worker_threads < 1
-        ):
-            raise InputError(
-                f"worker_threads must be a positive integer, not {excerpt(worker_threads)}."
-            )
-        if not (isinstance(close_grace_period, int | float) and close_grace_period >= 0) or (
-            math.isnan(close_grace_period)
-        ):
-            raise InputError(
-                f"close_grace_period must be a non-negative number of seconds, not "
-                f"{excerpt(close_grace_period)}."
-            )
-        check_options(gateway, max_pending_preparations, behavior_rules, open_calls, history_limits)
-        self._options = {
-            "gateway": gateway,
-            "max_pending_preparations": max_pending_preparations,
-            "history_limits": history_limits,
-            "behavior_rules": behavior_rules,
-            "open_calls": open_calls,
-        }
-        self._worker_threads = worker_threads
-        self._grace = float(close_grace_period)
+        self._options = check_foundation_options(
+            gateway=gateway,
+            max_pending_preparations=max_pending_preparations,
+            worker_threads=worker_threads,
+            history_limits=history_limits,
+            behavior_rules=behavior_rules,
+            open_calls=open_calls,
+            close_grace_period=close_grace_period,
+        )
         self._task_group: anyio.abc.TaskGroup | None = None
         self._limiter: anyio.CapacityLimiter | None = None
         self._manager: ContextManager | None = None
@@ -107,7 +91,7 @@ class Foundation:
     @property
     def close_grace_period(self) -> float:
         """Seconds :meth:`aclose` lets pending preparations settle before cancelling."""
-        return self._grace
+        return self._options.close_grace_period
 
     @property
     def manager(self) -> ContextManager:
@@ -141,19 +125,16 @@ class Foundation:
 
         Raises:
             StateError: the Foundation was already opened once (it is single-use).
-            InputError: an option was invalid (see the constructor).
         """
         if self._used:
             raise StateError("A Foundation can be opened only once; create a new one.")
         self._used = True
-        limiter = anyio.CapacityLimiter(self._worker_threads)
+        limiter = anyio.CapacityLimiter(self._options.worker_threads)
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         try:
             self._manager = ContextManager(
-                task_group=task_group,
-                limiter=limiter,
-                **self._options,  # type: ignore[arg-type]
+                task_group=task_group, limiter=limiter, options=self._options.manager
             )
         except BaseException as exc:
             await task_group.__aexit__(type(exc), exc, exc.__traceback__)
@@ -206,13 +187,8 @@ class Foundation:
         manager = self._manager
         with anyio.CancelScope(shield=True):
             try:
-                manager._stop_intake()
-                with anyio.move_on_after(self._grace):
-                    await manager._wait_settled()
-                manager._cancel_pending()
-                await manager._wait_settled()
+                await manager._aclose(self._options.close_grace_period)
             finally:
-                manager._release()
                 self._closed_event.set()
         # Deliver a cancellation that arrived while the cleanup was shielded.
         await anyio.lowlevel.checkpoint()

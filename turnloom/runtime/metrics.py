@@ -80,76 +80,80 @@ class ManagerCollector(Collector):
         """Yield every turnloom metric family for the current snapshot."""
         s = self._statistics()
         yield GaugeMetricFamily(
-            "turnloom_preparations_pending", "Preparations admitted and not settled.", s.pending
+            "turnloom_preparations_pending",
+            "Preparations admitted and not settled.",
+            s.preparations.pending,
         )
         yield GaugeMetricFamily(
-            "turnloom_preparations_capacity", "Bound on pending preparations.", s.capacity
+            "turnloom_preparations_capacity",
+            "Bound on pending preparations.",
+            s.preparations.capacity,
         )
         yield GaugeMetricFamily(
             "turnloom_preparations_waiting_for_slot",
             "prepare calls waiting for a free slot.",
-            s.waiting_for_slot,
+            s.preparations.waiting_for_slot,
         )
         settled = CounterMetricFamily(
             "turnloom_preparations", "Settled preparations by outcome.", labels=["outcome"]
         )
-        settled.add_metric(["prepared"], s.prepared_total)
-        settled.add_metric(["failed"], s.failed_total)
-        settled.add_metric(["discarded"], s.discarded_total)
+        settled.add_metric(["prepared"], s.preparations.prepared_total)
+        settled.add_metric(["failed"], s.preparations.failed_total)
+        settled.add_metric(["discarded"], s.preparations.discarded_total)
         yield settled
         yield CounterMetricFamily(
             "turnloom_preparations_rejected",
             "prepare_nowait calls refused for lack of a slot.",
-            s.rejected_total,
+            s.preparations.rejected_total,
         )
         yield HistogramMetricFamily(
             "turnloom_prepare_latency_seconds",
             "Time from a prepare request to its delivery, in seconds.",
-            buckets=_buckets(s.latency_bounds, s.prepare_latency_counts),
-            sum_value=s.prepare_latency_sum,
+            buckets=_buckets(s.latency.bounds, s.latency.prepare_counts),
+            sum_value=s.latency.prepare_sum,
         )
         yield HistogramMetricFamily(
             "turnloom_render_seconds",
             "Time spent rendering a preparation in a worker thread, in seconds.",
-            buckets=_buckets(s.latency_bounds, s.render_counts),
-            sum_value=s.render_sum,
+            buckets=_buckets(s.latency.bounds, s.latency.render_counts),
+            sum_value=s.latency.render_sum,
         )
         yield GaugeMetricFamily("turnloom_contexts", "Contexts held.", s.contexts)
         yield GaugeMetricFamily(
             "turnloom_invocations_in_flight", "Model calls in flight.", s.invocations
         )
-        yield GaugeMetricFamily("turnloom_history_turns", "Turns held.", s.history_turns)
-        yield GaugeMetricFamily("turnloom_history_items", "Messages held.", s.history_items)
+        yield GaugeMetricFamily("turnloom_history_turns", "Turns held.", s.history.turns)
+        yield GaugeMetricFamily("turnloom_history_items", "Messages held.", s.history.items)
         yield GaugeMetricFamily(
-            "turnloom_history_bytes", "Serialized bytes of messages held.", s.history_bytes
+            "turnloom_history_bytes", "Serialized bytes of messages held.", s.history.bytes
         )
         yield CounterMetricFamily(
-            "turnloom_evicted_turns", "Turns evicted from histories.", s.evicted_turns_total
+            "turnloom_evicted_turns", "Turns evicted from histories.", s.history.evicted_turns_total
         )
         yield CounterMetricFamily(
-            "turnloom_evicted_items", "Messages evicted with them.", s.evicted_items_total
+            "turnloom_evicted_items", "Messages evicted with them.", s.history.evicted_items_total
         )
         yield CounterMetricFamily(
             "turnloom_dropped_late_outputs",
             "Outputs recorded for evicted turns, dropped.",
-            s.dropped_late_outputs_total,
+            s.history.dropped_late_outputs_total,
         )
         yield CounterMetricFamily(
             "turnloom_dropped_blank_outputs",
             "Empty or whitespace-only outputs not recorded.",
-            s.dropped_blank_outputs_total,
+            s.history.dropped_blank_outputs_total,
         )
         yield CounterMetricFamily(
             "turnloom_prefix_compared_bytes",
             "Bytes of previous prefixes compared with the next prefix of the same context.",
-            s.prefix_bytes_total,
+            s.prefix.bytes_total,
         )
         yield CounterMetricFamily(
             "turnloom_prefix_reused_bytes",
             "Of those, bytes reused byte for byte.",
-            s.prefix_reused_bytes_total,
+            s.prefix.reused_bytes_total,
         )
-        ratio = s.prefix_reused_bytes_total / s.prefix_bytes_total if s.prefix_bytes_total else 1.0
+        ratio = s.prefix.reused_bytes_total / s.prefix.bytes_total if s.prefix.bytes_total else 1.0
         yield GaugeMetricFamily(
             "turnloom_prefix_stability_ratio",
             "Share of previous prefix bytes reused byte for byte.",
@@ -158,37 +162,37 @@ class ManagerCollector(Collector):
         yield GaugeMetricFamily(
             "turnloom_areas_attached",
             "Context Areas attached across contexts and not yet collected.",
-            s.areas_attached,
+            s.areas.attached,
         )
         yield CounterMetricFamily(
             "turnloom_areas_registered",
             "Context Areas attached with attach_area.",
-            s.areas_registered_total,
+            s.areas.registered_total,
         )
         yield CounterMetricFamily(
             "turnloom_area_renders",
             "Area passes run (collection, then one unfold pass).",
-            s.area_renders_total,
+            s.areas.renders_total,
         )
         yield CounterMetricFamily(
             "turnloom_area_passes_reused",
             "Preparations that reused the previous area section instead of running a pass.",
-            s.area_passes_reused_total,
+            s.areas.passes_reused_total,
         )
         yield CounterMetricFamily(
             "turnloom_areas_collected",
             "Context Areas removed by the Collector.",
-            s.areas_collected_total,
+            s.areas.collected_total,
         )
         yield CounterMetricFamily(
             "turnloom_area_items_reclaimed",
             "Native items reclaimed (detached) by the Collector.",
-            s.area_items_reclaimed_total,
+            s.areas.items_reclaimed_total,
         )
         yield CounterMetricFamily(
             "turnloom_area_items_promoted",
             "Native items appended for messages promoted by collected areas.",
-            s.area_items_promoted_total,
+            s.areas.items_promoted_total,
         )
 
 

@@ -3,18 +3,23 @@
 All are frozen msgspec Structs with keyword-only fields. Construction does not
 validate; the :class:`~turnloom.runtime.ContextManager` validates at its door
 (``accept_turn``, ``prepare``) and raises typed errors before changing state.
-
-Source: seed 004 (``TurnSnapshot``, ``ContextContribution``,
-``ContextPrepareRequest``, the prepared prefix).
 """
+
+# Contract: seed 004 (TurnSnapshot, ContextContribution, ContextPrepareRequest,
+# the prepared prefix).
 
 from __future__ import annotations
 
 __all__ = (
     "AreaPass",
+    "AreaStatistics",
     "ContextContribution",
     "ContextPrepareRequest",
+    "HistoryTotals",
+    "LatencyHistograms",
     "ManagerStatistics",
+    "PrefixStatistics",
+    "PreparationStatistics",
     "PreparedContext",
     "TurnSnapshot",
 )
@@ -98,6 +103,43 @@ AreaPass: TypeAlias = Literal["none", "rendered", "reused_invocation", "reused_u
 * ``"reused_undelivered"`` -- the previous area pass never reached a
   requester (its preparation was cancelled or discarded), so its section was
   reused instead of rendering over it.
+
+The area section of a context:
+
+* **Safe points.** Every preparation that renders is a safe point for its
+  context's areas: in the worker thread, after the history is rendered, the
+  manager appends the items routed since the last pass, runs
+  ``coop.render()`` (collection, then one unfold pass) and appends the whole
+  area section after the turn's input and its runtime-state pair. An area
+  that fails (:class:`~turnloom.errors.AreaCallbackError`) or a routed tool
+  call still waiting for its result (:class:`~turnloom.errors.OpenToolCallError`)
+  fails the preparation; the CoopContext and its Context are as they were
+  (routed items wait for the next pass), its slot is freed and history is
+  unchanged. A failing area fails every pass until it recovers; remove the
+  context to drop it.
+* **Threads.** A CoopContext is used by one thread at a time: each context's
+  is guarded by a :class:`threading.Lock` taken only in worker threads, so
+  two preparations of one context render their area passes one after the
+  other (the second holds its worker token while it waits). The event loop
+  never touches a CoopContext: ``attach_area`` checks the area with the same
+  checks as ``CoopContext.register`` and queues it, ``route`` checks and
+  queues the item; the next pass enrols both.
+* **Model calls in flight.** No collection happens while an invocation of the
+  context is in flight. A preparation that captures its state while one is in
+  flight does not wait for it (a host may prepare the next turn while the
+  model still answers, or from inside its invocation block): it skips the
+  pass and reuses the previous area section as it is
+  (``area_pass == "reused_invocation"``); queued areas and routed items wait
+  for the next pass.
+* **Undelivered sections.** A pass changes the areas (a
+  :class:`~turnloom.areas.OneShotNotice` retires when it renders), so a
+  section no requester received would be lost: when a preparation is
+  cancelled or discarded after its pass ran, the next preparation reuses that
+  section instead of running a pass (``"reused_undelivered"``), and the pass
+  after that collects.
+* **Cost.** A pass costs what ``CoopContext.render()`` costs plus one copy and
+  one JSON size count of the area section, which collection keeps short; the
+  history part stays incremental.
 """
 
 
@@ -110,7 +152,7 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
         gateway: the provider the items are rendered for.
         items: tuple of NativeContent, oldest first: pinned instructions, the
             earlier turns, the turn's input, the runtime-state pair when there
-            is one (directly after the input, issue 5), then the area section
+            is one (directly after the input), then the area section
             (``area_items`` items from ``area_start``). Shared with caches:
             treat as read-only. These are items, not a request: send
             ``manager.gateway.request_body(items)`` (or the body of
@@ -157,80 +199,130 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     render_seconds: float = 0.0
 
 
-class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """A frozen snapshot of a :class:`~turnloom.runtime.ContextManager`'s counters.
-
-    Counters ending in ``_total`` only grow. Latency histograms are cumulative
-    bucket counts over :attr:`latency_bounds` (seconds, upper bounds; the last
-    count is the ``+Inf`` bucket).
+class PreparationStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """The bounded preparation queue of a :class:`~turnloom.runtime.ContextManager`.
 
     Attributes:
-        closed: the manager no longer accepts calls.
-        contexts: contexts held.
         capacity: the bound on pending preparations.
         pending: preparations admitted and not yet settled (waiting for their
             turn's commit or rendering).
         waiting_for_slot: ``prepare`` calls waiting for a free slot.
-        invocations: model calls in flight.
-        history_turns, history_items, history_bytes: held across all contexts
-            (bytes of serialized messages; pinned instructions excluded).
         prepared_total: preparations delivered to their requester.
         failed_total: preparations that ended with an error.
         discarded_total: preparations whose requester was cancelled; their
             result, if any, was dropped.
         rejected_total: ``prepare_nowait`` calls refused for lack of a slot.
-        evicted_turns_total, evicted_items_total: evicted from histories.
-        dropped_late_outputs_total: outputs recorded for evicted turns, dropped.
-        dropped_blank_outputs_total: empty or whitespace-only outputs not recorded.
-        prefix_bytes_total: bytes of previous prefixes compared for stability.
-        prefix_reused_bytes_total: of those, bytes reused byte for byte.
-        latency_bounds: histogram bucket upper bounds, in seconds.
-        prepare_latency_counts: cumulative counts of end-to-end prepare latency.
-        prepare_latency_sum: sum of those latencies, in seconds.
-        render_counts: cumulative counts of worker-thread render time.
-        render_sum: sum of render times, in seconds.
-        areas_attached: Context Areas attached across contexts and not yet
-            collected (including those waiting for their first area pass).
-        areas_registered_total: successful ``attach_area`` calls.
-        area_renders_total: area passes run (collection, then one unfold pass).
-        area_passes_reused_total: preparations that reused the previous area
-            section instead of running a pass (a model call was in flight, or
-            the previous section was never delivered).
-        areas_collected_total: areas removed by the Collector.
-        area_items_reclaimed_total: native items the Collector detached from
-            area sections (the collected areas' tails, routed outputs inside
-            them included).
-        area_items_promoted_total: native items appended for promoted messages.
     """
 
-    closed: bool
-    contexts: int
     capacity: int
     pending: int
     waiting_for_slot: int
-    invocations: int
-    history_turns: int
-    history_items: int
-    history_bytes: int
     prepared_total: int
     failed_total: int
     discarded_total: int
     rejected_total: int
+
+
+class HistoryTotals(msgspec.Struct, frozen=True, kw_only=True):
+    """The histories of every context of a manager, summed.
+
+    Attributes:
+        turns, items, bytes: held across all contexts (bytes of serialized
+            messages; pinned instructions excluded).
+        evicted_turns_total, evicted_items_total: evicted from histories
+            (removed contexts included).
+        dropped_late_outputs_total: outputs recorded for evicted turns, dropped.
+        dropped_blank_outputs_total: empty or whitespace-only outputs not recorded.
+    """
+
+    turns: int
+    items: int
+    bytes: int
     evicted_turns_total: int
     evicted_items_total: int
     dropped_late_outputs_total: int
     dropped_blank_outputs_total: int
-    prefix_bytes_total: int
-    prefix_reused_bytes_total: int
-    latency_bounds: tuple[float, ...]
-    prepare_latency_counts: tuple[int, ...]
-    prepare_latency_sum: float
+
+
+class PrefixStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """Prefix stability: how much of each context's previous prefix the next one reused.
+
+    Attributes:
+        bytes_total: bytes of previous prefixes compared for stability.
+        reused_bytes_total: of those, bytes reused byte for byte.
+    """
+
+    bytes_total: int
+    reused_bytes_total: int
+
+
+class LatencyHistograms(msgspec.Struct, frozen=True, kw_only=True):
+    """Cumulative histograms of prepare latency and render time.
+
+    Attributes:
+        bounds: bucket upper bounds, in seconds; each count tuple has one
+            more entry, the ``+Inf`` bucket.
+        prepare_counts: cumulative counts of end-to-end prepare latency.
+        prepare_sum: sum of those latencies, in seconds.
+        render_counts: cumulative counts of worker-thread render time.
+        render_sum: sum of render times, in seconds.
+    """
+
+    bounds: tuple[float, ...]
+    prepare_counts: tuple[int, ...]
+    prepare_sum: float
     render_counts: tuple[int, ...]
     render_sum: float
-    areas_attached: int = 0
-    areas_registered_total: int = 0
-    area_renders_total: int = 0
-    area_passes_reused_total: int = 0
-    areas_collected_total: int = 0
-    area_items_reclaimed_total: int = 0
-    area_items_promoted_total: int = 0
+
+
+class AreaStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """The Context Areas of every context of a manager.
+
+    Attributes:
+        attached: areas attached across contexts and not yet collected
+            (including those waiting for their first area pass).
+        registered_total: successful ``attach_area`` calls.
+        renders_total: area passes run (collection, then one unfold pass).
+        passes_reused_total: preparations that reused the previous area
+            section instead of running a pass (a model call was in flight, or
+            the previous section was never delivered).
+        collected_total: areas removed by the Collector.
+        items_reclaimed_total: native items the Collector detached from area
+            sections (the collected areas' tails, routed outputs inside them
+            included).
+        items_promoted_total: native items appended for promoted messages.
+    """
+
+    attached: int = 0
+    registered_total: int = 0
+    renders_total: int = 0
+    passes_reused_total: int = 0
+    collected_total: int = 0
+    items_reclaimed_total: int = 0
+    items_promoted_total: int = 0
+
+
+class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """A frozen snapshot of a :class:`~turnloom.runtime.ContextManager`'s counters.
+
+    Counters ending in ``_total`` only grow.
+
+    Attributes:
+        closed: the manager no longer accepts calls.
+        contexts: contexts held.
+        invocations: model calls in flight.
+        preparations: the bounded queue and how preparations settled.
+        history: the histories held, and what left them.
+        prefix: prefix stability.
+        latency: prepare-latency and render-time histograms.
+        areas: Context Areas attached, passes run, areas collected.
+    """
+
+    closed: bool
+    contexts: int
+    invocations: int
+    preparations: PreparationStatistics
+    history: HistoryTotals
+    prefix: PrefixStatistics
+    latency: LatencyHistograms
+    areas: AreaStatistics

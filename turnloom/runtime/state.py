@@ -1,6 +1,5 @@
 """The runtime-state pair: per-turn state as one synthetic tool call and its result.
 
-Source: seed 004 (the synthetic runtime-context function-call/output pair).
 Volatile per-turn state (behaviour rules, the static loop budget, named
 contributions such as memory or perception) must not rewrite the durable,
 cache-stable history, and client-supplied text must never become a system or
@@ -41,15 +40,9 @@ from typing import Any
 
 import msgspec
 
-from turnloom.context.gateway import GatewayType
+from turnloom.context.gateway import Gateway, GatewayType, get_gateway
 from turnloom.context.message import Message, Role, TextPart, ToolCallPart, ToolResultPart
-from turnloom.errors import (
-    DuplicateIdError,
-    InputError,
-    InvalidMessageError,
-    InvalidTextError,
-    excerpt,
-)
+from turnloom.errors import DuplicateIdError, InvalidMessageError, InvalidTextError, excerpt
 from turnloom.runtime.schemas import ContextContribution
 
 STATE_TOOL_NAME = "turnloom_runtime_context"
@@ -173,69 +166,28 @@ _STATE_TOOL_DESCRIPTION = (
 )
 
 
-def state_tool_definition(gateway: GatewayType | str) -> dict[str, Any]:
+def state_tool_definition(gateway: GatewayType | str | Gateway) -> dict[str, Any]:
     """The declaration of the runtime-state tool, as one entry of the request's ``tools``.
 
     A prepared input that carries the runtime-state pair holds a call of
     :data:`STATE_TOOL_NAME`; declare the tool beside the agent's own so that
     the call names a known tool (some endpoints, Amazon Bedrock's Anthropic
     models among them, reject tool blocks when no tools are declared). The
-    tool takes no arguments.
-
-    Shapes, per provider's ``tools`` entry:
-
-    * ``openai_chat``: ``{"type": "function", "function": {"name",
-      "description", "parameters"}}``
-    * ``openai_responses``: ``{"type": "function", "name", "description",
-      "parameters", "strict": false}``
-    * ``anthropic``: ``{"name", "description", "input_schema"}``
-    * ``gemini``: ``{"functionDeclarations": [{"name", "description",
-      "parameters"}]}`` (one ``Tool``; its declaration may be merged into the
-      agent's own ``Tool``)
+    tool takes no arguments. The shape is the gateway's
+    (:meth:`~turnloom.context.Gateway.tool_definition`); for Gemini it is one
+    ``Tool`` whose declaration may be merged into the agent's own ``Tool``.
 
     Returns:
         a new dict each call (the caller may change it).
 
     Raises:
-        InputError: ``gateway`` names no known gateway.
+        InputError: ``gateway`` names no known or available gateway.
     """
-    try:
-        kind = GatewayType(gateway)
-    except ValueError:
-        raise InputError(f"Unknown gateway {excerpt(gateway)}.") from None
-    parameters = {"type": "object", "properties": {}}
-    if kind is GatewayType.openai_chat:
-        return {
-            "type": "function",
-            "function": {
-                "name": STATE_TOOL_NAME,
-                "description": _STATE_TOOL_DESCRIPTION,
-                "parameters": parameters,
-            },
-        }
-    if kind is GatewayType.openai_responses:
-        return {
-            "type": "function",
-            "name": STATE_TOOL_NAME,
-            "description": _STATE_TOOL_DESCRIPTION,
-            "parameters": parameters,
-            "strict": False,
-        }
-    if kind is GatewayType.anthropic:
-        return {
-            "name": STATE_TOOL_NAME,
-            "description": _STATE_TOOL_DESCRIPTION,
-            "input_schema": parameters,
-        }
-    return {
-        "functionDeclarations": [
-            {
-                "name": STATE_TOOL_NAME,
-                "description": _STATE_TOOL_DESCRIPTION,
-                "parameters": parameters,
-            }
-        ]
-    }
+    if not isinstance(gateway, Gateway):
+        gateway = get_gateway(gateway)
+    return gateway.tool_definition(
+        STATE_TOOL_NAME, _STATE_TOOL_DESCRIPTION, {"type": "object", "properties": {}}
+    )
 
 
 def is_state_message(message: Message, call_id: str | None = None) -> bool:

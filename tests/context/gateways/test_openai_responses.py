@@ -71,7 +71,7 @@ def test_output_message_keeps_its_reasoning() -> None:
             "content": [{"type": "output_text", "text": "42", "annotations": []}],
         },
     ]
-    messages = gw.parse_items(items)  # type: ignore[attr-defined]
+    messages = gw.parse_items(items)
     assert len(messages) == 1
     assert messages[0].id == "msg_1"
     assert gw.render(messages[0]) == items
@@ -87,7 +87,7 @@ def test_parse_items_groups_calls_and_outputs() -> None:
         {"type": "function_call_output", "call_id": "c2", "output": "sun"},
         {"type": "function_call_output", "call_id": "c1", "output": "rain"},
     ]
-    messages = gw.parse_items(items)  # type: ignore[attr-defined]
+    messages = gw.parse_items(items)
     assert messages == [
         Message(role=Role.user, content="weather?"),
         Message(
@@ -230,7 +230,7 @@ def test_continued_response_may_start_with_outputs() -> None:
     """With previous_response_id/conversation, leading outputs answer server-held calls."""
     items = [_out("a"), _USER]
     assert [v.rule for v in gw.validate(items)] == ["tool_result_without_call"]
-    assert gw.validate(items, continues_response=True) == []  # type: ignore[call-arg]
+    assert gw.validate(items, continues_response=True) == []
 
 
 def test_reasoning_of_other_providers_is_dropped() -> None:

@@ -41,10 +41,8 @@ def _exact_gateway(provider: str) -> Gateway:
 
 
 def _validate(gateway: Gateway, provider: str, body: dict[str, Any], items: Any) -> list[Any]:
-    if provider == "openai_responses":
-        continues = bool(body.get("previous_response_id") or body.get("conversation"))
-        return list(gateway.validate(items, continues_response=continues))  # type: ignore[call-arg]
-    return list(gateway.validate(items))
+    continues = bool(body.get("previous_response_id") or body.get("conversation"))
+    return list(gateway.validate(items, continues_response=continues))
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

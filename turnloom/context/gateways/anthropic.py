@@ -57,7 +57,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from turnloom.context.gateway import GatewayType, NativeContent, Violation, register_gateway
+from turnloom.context.gateway import (
+    Gateway,
+    GatewayType,
+    NativeContent,
+    Violation,
+    register_gateway,
+)
 from turnloom.context.gateways._common import (
     args_object,
     args_text,
@@ -104,7 +110,7 @@ _WRITES = NativeKeys(
 _EMPTY_ERROR_TEXT = "The tool failed without output."
 
 
-class AnthropicGateway:
+class AnthropicGateway(Gateway):
     """Renders and parses Anthropic Messages items. Stateless, thread-safe.
 
     Args:
@@ -121,6 +127,18 @@ class AnthropicGateway:
     @property
     def type(self) -> GatewayType:
         return GatewayType.anthropic
+
+    items_field = "messages"
+    """The field of :meth:`request_body` that holds the item list."""
+
+    def tool_definition(
+        self, name: str, description: str, parameters: dict[str, Any]
+    ) -> dict[str, Any]:
+        """One function tool's ``tools`` entry.
+
+        Shape: ``{"name", "description", "input_schema"}``.
+        """
+        return {"name": name, "description": description, "input_schema": parameters}
 
     # -- rendering -------------------------------------------------------
 
@@ -483,7 +501,9 @@ class AnthropicGateway:
 
     # -- rules -----------------------------------------------------------
 
-    def validate(self, items: Sequence[NativeContent]) -> list[Violation]:
+    def validate(
+        self, items: Sequence[NativeContent], *, continues_response: bool = False
+    ) -> list[Violation]:
         """Check the Messages API's structural rules over a ``messages`` list.
 
         Rules (Source: Anthropic Messages API, tool use): every ``tool_use`` of an

@@ -62,7 +62,13 @@ import mimetypes
 from collections.abc import Sequence
 from typing import Any
 
-from turnloom.context.gateway import GatewayType, NativeContent, Violation, register_gateway
+from turnloom.context.gateway import (
+    Gateway,
+    GatewayType,
+    NativeContent,
+    Violation,
+    register_gateway,
+)
 from turnloom.context.gateways._common import (
     args_object,
     args_text,
@@ -150,7 +156,7 @@ def _k(name: str, snake: bool) -> str:
     return _KEYS[name] if snake else name
 
 
-class GeminiGateway:
+class GeminiGateway(Gateway):
     """Renders and parses Gemini ``Content`` items. Stateless, thread-safe."""
 
     __slots__ = ()
@@ -158,6 +164,23 @@ class GeminiGateway:
     @property
     def type(self) -> GatewayType:
         return GatewayType.gemini
+
+    items_field = "contents"
+    """The field of :meth:`request_body` that holds the item list."""
+
+    def tool_definition(
+        self, name: str, description: str, parameters: dict[str, Any]
+    ) -> dict[str, Any]:
+        """One function tool's ``tools`` entry.
+
+        Shape: ``{"functionDeclarations": [{"name", "description", "parameters"}]}``.
+        """
+        # One ``Tool``; its declaration may be merged into the agent's own ``Tool``.
+        return {
+            "functionDeclarations": [
+                {"name": name, "description": description, "parameters": parameters}
+            ]
+        }
 
     # -- rendering -------------------------------------------------------
 
@@ -460,7 +483,9 @@ class GeminiGateway:
 
     # -- rules -----------------------------------------------------------
 
-    def validate(self, items: Sequence[NativeContent]) -> list[Violation]:
+    def validate(
+        self, items: Sequence[NativeContent], *, continues_response: bool = False
+    ) -> list[Violation]:
         """Check Gemini's structural rules over a ``contents`` list.
 
         Rules (Source: Gemini API function calling): the function calls of a model turn

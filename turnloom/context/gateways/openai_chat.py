@@ -43,7 +43,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from turnloom.context.gateway import GatewayType, NativeContent, Violation, register_gateway
+from turnloom.context.gateway import (
+    Gateway,
+    GatewayType,
+    NativeContent,
+    Violation,
+    register_gateway,
+)
 from turnloom.context.gateways._common import drop_foreign, layout_of, require_object
 from turnloom.context.message import (
     ImagePart,
@@ -79,7 +85,7 @@ _WRITES = NativeKeys(
 _MESSAGE_KEYS = _WRITES.message - {"name"}
 
 
-class OpenAIChatGateway:
+class OpenAIChatGateway(Gateway):
     """Renders and parses OpenAI Chat Completions messages. Stateless, thread-safe."""
 
     __slots__ = ()
@@ -87,6 +93,21 @@ class OpenAIChatGateway:
     @property
     def type(self) -> GatewayType:
         return GatewayType.openai_chat
+
+    items_field = "messages"
+    """The field of :meth:`request_body` that holds the item list."""
+
+    def tool_definition(
+        self, name: str, description: str, parameters: dict[str, Any]
+    ) -> dict[str, Any]:
+        """One function tool's ``tools`` entry.
+
+        Shape: ``{"type": "function", "function": {"name", "description", "parameters"}}``.
+        """
+        return {
+            "type": "function",
+            "function": {"name": name, "description": description, "parameters": parameters},
+        }
 
     # -- rendering -------------------------------------------------------
 
@@ -402,7 +423,9 @@ class OpenAIChatGateway:
 
     # -- rules -----------------------------------------------------------
 
-    def validate(self, items: Sequence[NativeContent]) -> list[Violation]:
+    def validate(
+        self, items: Sequence[NativeContent], *, continues_response: bool = False
+    ) -> list[Violation]:
         """Check Chat's structural rules over a whole ``messages`` list.
 
         Rules (Source: OpenAI Chat Completions API, ``tool`` messages):

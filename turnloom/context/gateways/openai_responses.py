@@ -53,7 +53,13 @@ from typing import Any
 
 import msgspec
 
-from turnloom.context.gateway import GatewayType, NativeContent, Violation, register_gateway
+from turnloom.context.gateway import (
+    Gateway,
+    GatewayType,
+    NativeContent,
+    Violation,
+    register_gateway,
+)
 from turnloom.context.gateways._common import (
     blank,
     drop_foreign,
@@ -116,7 +122,7 @@ def _follows_reasoning(item: NativeContent) -> bool:
     return isinstance(kind, str) and "role" not in item and kind not in _NOT_OUTPUT
 
 
-class OpenAIResponsesGateway:
+class OpenAIResponsesGateway(Gateway):
     """Renders and parses OpenAI Responses input items. Stateless, thread-safe."""
 
     __slots__ = ()
@@ -124,6 +130,24 @@ class OpenAIResponsesGateway:
     @property
     def type(self) -> GatewayType:
         return GatewayType.openai_responses
+
+    items_field = "input"
+    """The field of :meth:`request_body` that holds the item list."""
+
+    def tool_definition(
+        self, name: str, description: str, parameters: dict[str, Any]
+    ) -> dict[str, Any]:
+        """One function tool's ``tools`` entry.
+
+        Shape: ``{"type": "function", "name", "description", "parameters", "strict": false}``.
+        """
+        return {
+            "type": "function",
+            "name": name,
+            "description": description,
+            "parameters": parameters,
+            "strict": False,
+        }
 
     # -- rendering -------------------------------------------------------
 

@@ -20,13 +20,10 @@ from pydantic import TypeAdapter
 
 from turnloom.context import GatewayType
 from turnloom.errors import InputError
-from turnloom.runtime.replay import (
-    builtin_trajectories,
-    load_trajectories,
-    percentile,
-    replay,
-)
-from turnloom.runtime.workload import generate_trajectories
+from turnloom.tools._stats import percentile
+from turnloom.tools.replay import replay
+from turnloom.tools.trajectories import builtin_trajectories, load_trajectories
+from turnloom.tools.workload import generate_trajectories
 
 CHAT_INPUT = TypeAdapter(list[ChatCompletionMessageParam])
 

@@ -10,8 +10,9 @@ import pytest
 
 from turnloom.cli import main
 from turnloom.errors import InputError
-from turnloom.runtime.loadtest import count_model_calls, loadtest, peak_rss_bytes
-from turnloom.runtime.replay import builtin_trajectories
+from turnloom.tools._stats import peak_rss_bytes
+from turnloom.tools.loadtest import count_model_calls, loadtest
+from turnloom.tools.trajectories import builtin_trajectories
 
 
 def test_long_sessions_evict_and_a_small_queue_rejects() -> None:

@@ -1,8 +1,9 @@
 """Many concurrent sessions through one Foundation (``turnloom loadtest``).
 
-Each session replays a trajectory (built-in generated, or read from a file)
-through the full flow: ``accept_turn``, ``prepare_nowait`` (falling back to
-``prepare`` when the queue is full, which counts as a rejection), one
+Each session replays a trajectory (built-in generated, or read from a file),
+walked into turns by :func:`turnloom.tools.transcript.walk`, through the full
+flow: ``accept_turn``, ``prepare_nowait`` (falling back to ``prepare`` when the
+queue is full, which counts as a rejection), one
 invocation per model call recording the reply, ``record`` for tool results
 and ``build`` for every later model call of the turn. Histories keep their
 default limits, so long sessions evict. A ticker task measures event-loop lag:
@@ -11,11 +12,9 @@ it sleeps a fixed interval and records how late it wakes.
 
 from __future__ import annotations
 
-__all__ = ("LoadtestReport", "count_model_calls", "loadtest", "peak_rss_bytes")
+__all__ = ("LoadtestReport", "count_model_calls", "loadtest")
 
 import gc
-import resource
-import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -24,11 +23,13 @@ import msgspec
 
 from turnloom.context.gateway import GatewayType, get_gateway
 from turnloom.context.history import HistoryLimits
-from turnloom.context.message import Message, Role
+from turnloom.context.message import Message
 from turnloom.errors import InputError, QueueFullError, TurnloomError
 from turnloom.runtime.foundation import Foundation
-from turnloom.runtime.replay import Trajectory, percentile
-from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext, TurnSnapshot
+from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
+from turnloom.tools._stats import peak_rss_bytes, percentile
+from turnloom.tools.trajectories import Trajectory
+from turnloom.tools.transcript import Reply, Turn, snapshot, walk
 
 _TICK = 0.005
 
@@ -77,26 +78,6 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
     rejections: int
     evicted_turns: int
     errors: tuple[str, ...]
-
-
-def peak_rss_bytes() -> int:
-    """The peak resident set size of this process, in bytes (``getrusage``)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
-
-
-def _truncate(messages: Sequence[Message], turns: int | None) -> list[Message]:
-    if turns is None:
-        return list(messages)
-    out: list[Message] = []
-    seen = 0
-    for message in messages:
-        if message.role is Role.user:
-            seen += 1
-            if seen > turns:
-                break
-        out.append(message)
-    return out
 
 
 def count_model_calls(
@@ -170,7 +151,7 @@ async def loadtest(
             parsed = [chat.parse(m) for m in trajectory.messages]
         except TurnloomError as exc:
             raise InputError(f"{trajectory.source}, trajectory {trajectory.index}: {exc}") from exc
-        scripts.append(_truncate(parsed, turns))
+        scripts.append(parsed)
 
     latencies: list[float] = []
     lags: list[float] = []
@@ -188,6 +169,7 @@ async def loadtest(
         return await _run(
             scripts,
             sessions=sessions,
+            turns=turns,
             gateway=gateway,
             history_limits=history_limits,
             max_pending_preparations=max_pending_preparations,
@@ -205,6 +187,7 @@ async def _run(
     scripts: list[list[Message]],
     *,
     sessions: int,
+    turns: int | None,
     gateway: GatewayType | str,
     history_limits: HistoryLimits | None,
     max_pending_preparations: int,
@@ -230,28 +213,14 @@ async def _run(
         async def session(number: int) -> None:
             script = scripts[number % len(scripts)]
             context_id = f"session-{number}"
-            instructions: list[Message] = []
             prefix: PreparedContext | None = None
             continuation: list[Message] = []
             turn_id = ""
-            turn = 0
             try:
-                for message in script:
-                    role = message.role
-                    if role in (Role.system, Role.developer):
-                        instructions.append(message)
-                    elif role is Role.user:
-                        turn_id = f"t{turn}"
-                        turn += 1
-                        manager.accept_turn(
-                            TurnSnapshot(
-                                context_id=context_id,
-                                turn_id=turn_id,
-                                input=(message,),
-                                instructions=tuple(instructions) if instructions else None,
-                            )
-                        )
-                        instructions = []
+                for step in walk(script, max_turns=turns):
+                    if isinstance(step, Turn):
+                        turn_id = step.turn_id
+                        manager.accept_turn(snapshot(context_id, step))
                         counts["turns"] += 1
                         request = ContextPrepareRequest(context_id=context_id, turn_id=turn_id)
                         begin = time.perf_counter()
@@ -267,7 +236,7 @@ async def _run(
                         continuation = []
                     elif prefix is None:
                         continue
-                    elif role is Role.assistant:
+                    elif isinstance(step, Reply):
                         if continuation:
                             manager.build(prefix, continuation)
                         counts["calls"] += 1
@@ -276,11 +245,11 @@ async def _run(
                         async with manager.invocation(context_id, turn_id) as invocation:
                             # The model answers: give other sessions the loop.
                             await anyio.lowlevel.checkpoint()
-                            invocation.record([message])
-                        continuation.append(message)
+                            invocation.record([step.message])
+                        continuation.append(step.message)
                     else:
-                        manager.record(context_id, turn_id, [message])
-                        continuation.append(message)
+                        manager.record(context_id, turn_id, [step.message])
+                        continuation.append(step.message)
             except TurnloomError as exc:
                 counts["failed"] += 1
                 if len(errors) < 10:
@@ -306,9 +275,9 @@ async def _run(
         sessions_failed=counts["failed"],
         turns=counts["turns"],
         model_calls=counts["calls"],
-        prepares=stats.prepared_total,
+        prepares=stats.preparations.prepared_total,
         seconds=seconds,
-        prepares_per_second=stats.prepared_total / seconds if seconds else 0.0,
+        prepares_per_second=stats.preparations.prepared_total / seconds if seconds else 0.0,
         prepare_p50_ms=percentile(latencies, 50) * 1000,
         prepare_p95_ms=percentile(latencies, 95) * 1000,
         prepare_p99_ms=percentile(latencies, 99) * 1000,
@@ -317,7 +286,7 @@ async def _run(
         gc_full_collections=sum(1 for generation, _ in gc_pauses if generation == 2),
         gc_pause_max_ms=max((pause for _, pause in gc_pauses), default=0.0) * 1000,
         peak_rss_bytes=peak_rss_bytes(),
-        rejections=stats.rejected_total,
-        evicted_turns=stats.evicted_turns_total,
+        rejections=stats.preparations.rejected_total,
+        evicted_turns=stats.history.evicted_turns_total,
         errors=tuple(errors),
     )

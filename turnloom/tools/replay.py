@@ -1,12 +1,11 @@
 """Replay recorded agent transcripts through one Foundation (``turnloom replay``).
 
-Each trajectory (a list of OpenAI Chat messages) is one session, one context:
+Each trajectory (a list of OpenAI Chat messages) is one session, one context,
+walked into turns by :func:`turnloom.tools.transcript.walk`:
 
-* ``system``/``developer`` messages become the pinned instructions of the next
-  committed turn;
-* every ``user`` message commits a turn and ``prepare`` builds the input of
-  its first model call;
-* every ``assistant`` message is one model call: its input is the prefix
+* every turn is committed and ``prepare`` builds the input of its first
+  model call;
+* every ``assistant`` reply is one model call: its input is the prefix
   (first call of the turn) or ``build(prefix, continuation)`` (later calls);
   the recorded reply is then recorded as the turn's output inside an
   invocation, and so are the ``tool`` results.
@@ -16,7 +15,7 @@ trajectory itself: it must equal, message for message, the messages before
 that assistant reply. Two documented normalizations are allowed, and counted
 as ``normalized``: what the gateway round trip changes (for example an empty
 text part is never emitted) and calls left without a result, which are
-excluded (seed 004). For the other gateways the item list of every request
+excluded. For the other gateways the item list of every request
 body (``request_body``) must pass the gateway's ``validate()``.
 
 A trajectory that is malformed (not JSON, an unknown role, a tool message
@@ -36,11 +35,8 @@ __all__ = (
 )
 
 import json
-import math
-import re
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, BinaryIO
 
 import anyio
@@ -52,64 +48,18 @@ from turnloom.context.message import Message, Role
 from turnloom.context.pairing import complete_pairs
 from turnloom.errors import InputError, TurnloomError, excerpt
 from turnloom.runtime.foundation import Foundation
-from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext, TurnSnapshot
-from turnloom.runtime.workload import generate_trajectories
+from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
+from turnloom.tools._stats import percentile
+from turnloom.tools.trajectories import (
+    ReplayError,
+    Trajectory,
+    builtin_trajectories,
+    load_trajectories,
+)
+from turnloom.tools.transcript import Reply, Turn, snapshot, turn_ids, walk
 
 _encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder()
 _CHAT = GatewayType.openai_chat
-# The field of each gateway's request body that holds the item list.
-_BODY_ITEMS = {
-    GatewayType.openai_chat: "messages",
-    GatewayType.openai_responses: "input",
-    GatewayType.anthropic: "messages",
-    GatewayType.gemini: "contents",
-}
-
-
-class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
-    """One recorded session.
-
-    Attributes:
-        source: where it came from (a file path, or ``"builtin"``).
-        index: its position in the source, from 0.
-        messages: the OpenAI Chat messages, oldest first, as decoded JSON.
-    """
-
-    source: str
-    index: int
-    messages: list[Any]
-
-    @property
-    def session_id(self) -> str:
-        """``"<file name>#<index>"``, the context id of the session."""
-        return f"{Path(self.source).name}#{self.index}"
-
-
-class ReplayError(msgspec.Struct, frozen=True, kw_only=True):
-    """A trajectory that could not be replayed.
-
-    Attributes:
-        source: the file (or ``"builtin"``).
-        trajectory: the trajectory index in the file, or None when the file
-            could not be split into trajectories.
-        message: the message index in the trajectory, or None when unknown.
-        reason: a full sentence.
-    """
-
-    source: str
-    trajectory: int | None
-    message: int | None
-    reason: str
-
-    def __str__(self) -> str:
-        where = [self.source]
-        if self.trajectory is not None:
-            # A trajectory-level error names its message, or "?" when unknown;
-            # a file-level error (no trajectory) names only the file.
-            where.append(f"trajectory {self.trajectory}")
-            where.append(f"message {self.message}" if self.message is not None else "message ?")
-        return f"{', '.join(where)}: {self.reason}"
 
 
 class ReplaySummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -141,249 +91,17 @@ class ReplaySummary(msgspec.Struct, frozen=True, kw_only=True):
     seconds: float
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The nearest-rank ``q``-th percentile (0..100) of ``values``; 0.0 when empty."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
-# -- loading ---------------------------------------------------------------------
-
-_TRAJ_KEY = re.compile(r'"(?:traj|messages)"\s*:\s*\[')
-_SPACE = re.compile(r"\s*")
-
-
-def _scan_array(text: str, start: int) -> tuple[int, int | None]:
-    """Decode the elements of the JSON array opening at ``text[start]``.
-
-    Returns:
-        (number of elements decoded, index of the first one that fails or None).
-    """
-    decoder = json.JSONDecoder()
-    pos = _SPACE.match(text, start + 1).end()  # type: ignore[union-attr]
-    count = 0
-    if text.startswith("]", pos):
-        return 0, None
-    while True:
-        try:
-            _, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            return count, count
-        count += 1
-        pos = _SPACE.match(text, pos).end()  # type: ignore[union-attr]
-        if text.startswith(",", pos):
-            pos = _SPACE.match(text, pos + 1).end()  # type: ignore[union-attr]
-        elif text.startswith("]", pos):
-            return count, None
-        else:
-            return count, count
-
-
-def _locate_message(text: str, start: int) -> int | None:
-    """The index of the first malformed message of the trajectory at ``start``."""
-    if text.startswith("[", start):
-        return _scan_array(text, start)[1]
-    found = _TRAJ_KEY.search(text, start)
-    if found is None:
-        return None
-    return _scan_array(text, found.end() - 1)[1]
-
-
-def _messages_of(value: Any) -> list[Any] | None:
-    if isinstance(value, list):
-        return value
-    if isinstance(value, dict):
-        for key in ("traj", "messages"):
-            if isinstance(value.get(key), list):
-                return value[key]  # type: ignore[no-any-return]
-    return None
-
-
-def load_trajectories(path: str | Path) -> tuple[list[Trajectory], list[ReplayError]]:
-    """Read trajectories from a tau-bench list file or a JSONL file.
-
-    The tau-bench format is one JSON list whose entries hold the messages in
-    ``traj`` (or ``messages``), or are message lists themselves. JSONL holds
-    one trajectory per line: a message list, or an object with ``traj`` or
-    ``messages``. A file that decodes as one list of trajectories is the list
-    format; a file whose first line is a JSON value of its own, or that holds
-    one message list, is JSONL; anything else starting with ``[`` is a damaged
-    list file.
-
-    Returns:
-        the trajectories that could be read, and an error for each part that
-        could not (naming the trajectory and, when it can be found, the
-        message); a file that cannot be read, or holds no trajectory at all,
-        is one error naming only the file.
-    """
-    trajectories, errors = _load(str(path), path)
-    if not trajectories and not errors:
-        errors = [
-            ReplayError(
-                source=str(path),
-                trajectory=None,
-                message=None,
-                reason="the file holds no trajectories.",
-            )
-        ]
-    return trajectories, errors
-
-
-def _load(source: str, path: str | Path) -> tuple[list[Trajectory], list[ReplayError]]:
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        return [], [
-            ReplayError(
-                source=source,
-                trajectory=None,
-                message=None,
-                reason=f"cannot read the file: {exc.strerror}.",
-            )
-        ]
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return [], [
-            ReplayError(
-                source=source,
-                trajectory=None,
-                message=None,
-                reason=f"the file is not valid UTF-8 (byte {exc.start}).",
-            )
-        ]
-    try:
-        data = _decoder.decode(raw)
-    except msgspec.DecodeError:
-        lines = [line for line in text.splitlines() if line.strip()]
-        try:
-            json.loads(lines[0] if lines else "")
-        except json.JSONDecodeError:
-            if text.lstrip().startswith("[") and len(lines) > 0:
-                return _load_list(source, text, None)
-        return _load_lines(source, text)
-    if isinstance(data, list) and not all(isinstance(x, dict) and "role" in x for x in data):
-        return _load_list(source, text, data)
-    return _load_lines(source, text)
-
-
-def _trajectory_or_error(source: str, index: int, value: Any) -> Trajectory | ReplayError:
-    messages = _messages_of(value)
-    if messages is None:
-        return ReplayError(
-            source=source,
-            trajectory=index,
-            message=None,
-            reason="the trajectory is neither a message list nor an object with 'traj' "
-            "or 'messages'.",
-        )
-    return Trajectory(source=source, index=index, messages=messages)
-
-
-def _load_list(
-    source: str, text: str, data: list[Any] | None
-) -> tuple[list[Trajectory], list[ReplayError]]:
-    trajectories: list[Trajectory] = []
-    errors: list[ReplayError] = []
-    if data is not None:
-        for index, value in enumerate(data):
-            item = _trajectory_or_error(source, index, value)
-            (trajectories if isinstance(item, Trajectory) else errors).append(item)  # type: ignore[arg-type]
-        return trajectories, errors
-    # Not valid JSON: keep every trajectory before the damage, then report it.
-    decoder = json.JSONDecoder()
-    pos = _SPACE.match(text, text.index("[") + 1).end()  # type: ignore[union-attr]
-    index = 0
-    while pos < len(text) and not text.startswith("]", pos):
-        try:
-            value, end = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as exc:
-            line, column = exc.lineno, exc.colno
-            errors.append(
-                ReplayError(
-                    source=source,
-                    trajectory=index,
-                    message=_locate_message(text, pos),
-                    reason=f"invalid JSON at line {line}, column {column}: {exc.msg}.",
-                )
-            )
-            return trajectories, errors
-        item = _trajectory_or_error(source, index, value)
-        (trajectories if isinstance(item, Trajectory) else errors).append(item)  # type: ignore[arg-type]
-        index += 1
-        pos = _SPACE.match(text, end).end()  # type: ignore[union-attr]
-        if text.startswith(",", pos):
-            pos = _SPACE.match(text, pos + 1).end()  # type: ignore[union-attr]
-        elif not text.startswith("]", pos):
-            errors.append(
-                ReplayError(
-                    source=source,
-                    trajectory=index,
-                    message=None,
-                    reason="invalid JSON: expected ',' or ']' after a trajectory.",
-                )
-            )
-            return trajectories, errors
-    return trajectories, errors
-
-
-def _load_lines(source: str, text: str) -> tuple[list[Trajectory], list[ReplayError]]:
-    trajectories: list[Trajectory] = []
-    errors: list[ReplayError] = []
-    index = 0
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as exc:
-            errors.append(
-                ReplayError(
-                    source=source,
-                    trajectory=index,
-                    message=_locate_message(line, len(line) - len(line.lstrip())),
-                    reason=f"invalid JSON on line {number}, column {exc.colno}: {exc.msg}.",
-                )
-            )
-        else:
-            item = _trajectory_or_error(source, index, value)
-            (trajectories if isinstance(item, Trajectory) else errors).append(item)  # type: ignore[arg-type]
-        index += 1
-    return trajectories, errors
-
-
-def builtin_trajectories(
-    sessions: int = 24, *, seed: int = 0, turns: tuple[int, int] = (3, 9)
-) -> list[Trajectory]:
-    """The built-in generated workload (see :mod:`turnloom.runtime.workload`).
-
-    Args:
-        sessions: how many trajectories.
-        seed: equal seeds give equal trajectories.
-        turns: inclusive range of user turns per trajectory.
-    """
-    return [
-        Trajectory(source="builtin", index=i, messages=messages)
-        for i, messages in enumerate(generate_trajectories(sessions, seed=seed, turns=turns))
-    ]
-
-
 # -- checking at the door ----------------------------------------------------------
 
 
 class _Parsed(msgspec.Struct, frozen=True):
     messages: list[Message]
-    roles: list[Role]
 
 
 def _parse(trajectory: Trajectory, chat: Gateway) -> _Parsed | ReplayError:
     """Parse and check a whole trajectory before any of it reaches the manager."""
     messages: list[Message] = []
-    roles: list[Role] = []
-    open_calls: set[str] = set()
+    unanswered: set[str] = set()
     turn_started = False
 
     def fail(index: int, reason: str) -> ReplayError:
@@ -399,24 +117,23 @@ def _parse(trajectory: Trajectory, chat: Gateway) -> _Parsed | ReplayError:
         role = message.role
         if role is Role.tool:
             call_id = message.tool_results[0].call_id
-            if call_id not in open_calls:
+            if call_id not in unanswered:
                 return fail(
                     index,
                     f"tool message answers call {excerpt(call_id)}, which the directly preceding "
                     "assistant message did not make.",
                 )
-            open_calls.discard(call_id)
+            unanswered.discard(call_id)
         elif role is Role.assistant:
             if not turn_started:
                 return fail(index, "assistant message before any user message (no turn to answer).")
-            open_calls = {c.call_id for c in message.tool_calls}
+            unanswered = {c.call_id for c in message.tool_calls}
         else:
-            open_calls = set()
+            unanswered = set()
             if role is Role.user:
                 turn_started = True
         messages.append(message)
-        roles.append(role)
-    return _Parsed(messages, roles)
+    return _Parsed(messages)
 
 
 # -- replaying ---------------------------------------------------------------------
@@ -452,14 +169,14 @@ async def _replay_one(
     gateway = manager.gateway
     verify_exact = gateway.type is _CHAT
     context_id = trajectory.session_id
-    instructions: list[Message] = []
     prefix: PreparedContext | None = None
     continuation: list[Message] = []
     turn_id = ""
-    turn_index = -1
+    turn_number = -1
     call_index = 0
     turns = calls = items_total = bytes_total = normalized = 0
     latencies: list[float] = []
+    index = 0
 
     def fail(index: int, reason: str) -> ReplayError:
         return ReplayError(
@@ -467,22 +184,11 @@ async def _replay_one(
         )
 
     try:
-        for index, (message, role) in enumerate(zip(parsed.messages, parsed.roles, strict=True)):
-            if role in (Role.system, Role.developer):
-                instructions.append(message)
-                continue
-            if role is Role.user:
-                turn_index += 1
-                turn_id = f"turn-{turn_index}"
-                manager.accept_turn(
-                    TurnSnapshot(
-                        context_id=context_id,
-                        turn_id=turn_id,
-                        input=(message,),
-                        instructions=tuple(instructions) if instructions else None,
-                    )
-                )
-                instructions = []
+        for step in walk(parsed.messages, ids=turn_ids("turn-")):
+            index = step.index
+            if isinstance(step, Turn):
+                turn_id, turn_number = step.turn_id, step.number
+                manager.accept_turn(snapshot(context_id, step))
                 turns += 1
                 started = time.perf_counter()
                 prefix = await manager.prepare(
@@ -493,7 +199,8 @@ async def _replay_one(
                 call_index = 0
                 continue
             assert prefix is not None
-            if role is Role.assistant:
+            message = step.message
+            if isinstance(step, Reply):
                 items = manager.build(prefix, continuation) if continuation else prefix.items
                 size = prefix.bytes + sum(
                     len(_encoder.encode(i)) for i in items[prefix.item_count :]
@@ -509,7 +216,7 @@ async def _replay_one(
                     # The provider's rules apply to the request body, where
                     # the gateway lifts instructions and merges adjacent turns.
                     body = gateway.request_body(items)
-                    violations = gateway.validate(body[_BODY_ITEMS[gateway.type]])
+                    violations = gateway.validate(body[gateway.items_field])
                     if violations:
                         return fail(
                             index,
@@ -524,7 +231,7 @@ async def _replay_one(
                         _encoder.encode(
                             {
                                 "session": context_id,
-                                "turn": turn_index,
+                                "turn": turn_number,
                                 "call": call_index,
                                 **(
                                     {"messages": items}

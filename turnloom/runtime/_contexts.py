@@ -1,0 +1,250 @@
+"""The manager's contexts: each one's history, area section and last prefix, counted.
+
+Synchronous and loop-free: every change to a history (commit, record,
+eviction, removal) goes through :class:`ContextTable`, which keeps the
+running totals of :class:`~turnloom.runtime._counters.Counters` in step with
+it. Checking the input is the caller's job (``_door``); the table enforces
+only what the history and the in-flight model call decide.
+"""
+
+from __future__ import annotations
+
+__all__ = ("ContextState", "ContextTable")
+
+from collections.abc import Sequence
+
+from turnloom.context.area import ContextAreaImplementation
+from turnloom.context.gateway import Gateway, NativeContent
+from turnloom.context.history import HistoryLimits, TurnHistory, check_id
+from turnloom.context.message import Message
+from turnloom.errors import (
+    DuplicateAreaError,
+    StateError,
+    UnknownContextError,
+    UnknownTurnError,
+    excerpt,
+)
+from turnloom.runtime._area_section import AreaSection, SectionResult, answer_routed_calls
+from turnloom.runtime._counters import Counters
+from turnloom.runtime._render import DeliveredPrefix
+from turnloom.runtime.schemas import TurnSnapshot
+
+
+class ContextState:
+    """One context: its history, the model call in flight, its last prefix, its areas."""
+
+    __slots__ = ("areas", "history", "in_flight", "last")
+
+    def __init__(self, history: TurnHistory) -> None:
+        self.history = history
+        self.in_flight: str | None = None  # the turn id of the model call in flight
+        self.last: DeliveredPrefix | None = None  # the last delivered prefix
+        self.areas: AreaSection | None = None  # created by the first attach_area or route
+
+
+class ContextTable:
+    """The contexts of one manager, by id, in creation order."""
+
+    __slots__ = ("_counters", "_gateway", "_limits", "contexts")
+
+    def __init__(self, limits: HistoryLimits, gateway: Gateway, counters: Counters) -> None:
+        self._limits = limits
+        self._gateway = gateway
+        self._counters = counters
+        self.contexts: dict[str, ContextState] = {}
+
+    def get(self, context_id: str) -> ContextState:
+        """The context ``context_id``.
+
+        Raises:
+            InvalidMessageError: a malformed context id.
+            UnknownContextError: no turn was committed to it.
+        """
+        state = self.contexts.get(context_id) if isinstance(context_id, str) else None
+        if state is None:
+            check_id(context_id, "context id")
+            raise UnknownContextError(f"No turn was committed to context {excerpt(context_id)}.")
+        return state
+
+    def holding(self, context_id: str, turn_id: str) -> ContextState | None:
+        """The context when it holds ``turn_id``; None while the turn is not committed.
+
+        Raises:
+            UnknownTurnError: the turn was evicted.
+        """
+        state = self.contexts.get(context_id)
+        if state is None or state.history.has_turn(turn_id):
+            return state
+        if state.history.was_evicted(turn_id):
+            raise UnknownTurnError(
+                f"Turn {excerpt(turn_id)} of context {excerpt(context_id)} was evicted before it "
+                "could be prepared."
+            )
+        return None
+
+    def history_of(self, context_id: str) -> TurnHistory:
+        """The history of ``context_id``, or an empty one with the limits for a new context."""
+        state = self.contexts.get(context_id)
+        return state.history if state is not None else TurnHistory(self._limits)
+
+    def commit(self, context_id: str, snapshot: TurnSnapshot) -> None:
+        """Commit a checked turn, creating the context on its first turn, then evict.
+
+        Raises:
+            as ``TurnHistory.commit``; nothing changed when it raises.
+        """
+        state = self.contexts.get(context_id)
+        history = state.history if state is not None else TurnHistory(self._limits)
+        before = history.statistics()
+        history.commit(
+            snapshot.turn_id,
+            snapshot.input,
+            instructions=snapshot.instructions,
+            sequence=snapshot.sequence,
+        )
+        if state is None:
+            state = self.contexts[context_id] = ContextState(history)
+        self._evict(state)
+        self._counters.history_changed(before, history.statistics())
+
+    def record(self, state: ContextState, turn_id: str, outputs: Sequence[Message]) -> int:
+        """Record checked outputs of a turn, then evict; return how many were recorded.
+
+        Raises:
+            as ``TurnHistory.record``; nothing changed when it raises.
+        """
+        before = state.history.statistics()
+        recorded = state.history.record(turn_id, outputs)
+        self._evict(state)
+        self._counters.history_changed(before, state.history.statistics())
+        return recorded
+
+    def evict(self, state: ContextState) -> None:
+        """Evict down to the limits, if no model call is in flight (a safe point)."""
+        before = state.history.statistics()
+        self._evict(state)
+        self._counters.history_changed(before, state.history.statistics())
+
+    def _evict(self, state: ContextState) -> None:
+        # Safe point only: never while a model call is in flight.
+        if state.in_flight is None and state.history.over_limits():
+            state.history.evict()
+
+    def begin_call(self, context_id: str, turn_id: str) -> ContextState:
+        """Mark a model call of ``turn_id`` as in flight; return the context.
+
+        Raises:
+            InvalidMessageError: a malformed context or turn id.
+            UnknownContextError: no turn was committed to ``context_id``.
+            UnknownTurnError: the turn is not held (never committed, or evicted).
+            StateError: another model call is in flight for the context.
+        """
+        state = self.get(context_id)
+        check_id(turn_id, "turn id")
+        if not state.history.has_turn(turn_id):
+            raise UnknownTurnError(
+                f"Turn {excerpt(turn_id)} is not held by context {excerpt(context_id)} "
+                f"(never committed "
+                "or evicted)."
+            )
+        if state.in_flight is not None:
+            raise StateError(
+                f"Context {excerpt(context_id)} already has a model call in flight for turn "
+                f"{excerpt(state.in_flight)}."
+            )
+        state.in_flight = turn_id
+        self._counters.invocations += 1
+        return state
+
+    def end_call(self, state: ContextState, *, evict: bool) -> None:
+        """The model call in flight ended; run the eviction it held back when ``evict``."""
+        state.in_flight = None
+        self._counters.invocations -= 1
+        if evict:
+            self.evict(state)
+
+    def remove(self, context_id: str) -> None:
+        """Forget a context (its counters are kept).
+
+        Raises:
+            InvalidMessageError, UnknownContextError: as :meth:`get`.
+            StateError: a model call is in flight for the context.
+        """
+        state = self.get(context_id)
+        if state.in_flight is not None:
+            raise StateError(
+                f"Context {excerpt(context_id)} has a model call in flight; remove it after "
+                "the invocation ends."
+            )
+        self._forget(state)
+        del self.contexts[context_id]
+
+    def release(self) -> None:
+        """Forget every context (closing)."""
+        for state in self.contexts.values():
+            self._forget(state)
+        self.contexts.clear()
+
+    def _forget(self, state: ContextState) -> None:
+        self._counters.history_removed(state.history.statistics())
+        if state.areas is not None:
+            self._counters.areas_attached -= len(state.areas.attached)
+
+    def _areas(self, state: ContextState) -> AreaSection:
+        areas = state.areas
+        if areas is None:
+            areas = state.areas = AreaSection(self._gateway)
+        return areas
+
+    def attach(self, state: ContextState, area: ContextAreaImplementation, context_id: str) -> None:
+        """Queue a checked area for the context's next area pass.
+
+        Raises:
+            DuplicateAreaError: this very instance is attached and not collected.
+        """
+        areas = state.areas
+        if areas is not None and areas.attached.get(id(area)) is area:
+            raise DuplicateAreaError(
+                f"This {type(area).__qualname__} area is already attached to context "
+                f"{excerpt(context_id)}."
+            )
+        areas = self._areas(state)
+        areas.attached[id(area)] = area
+        areas.pending_areas.append(area)
+        self._counters.areas_registered += 1
+        self._counters.areas_attached += 1
+
+    def route(
+        self, state: ContextState, copy: NativeContent, message: Message, context_id: str
+    ) -> None:
+        """Queue a checked routed item (``copy``, parsed as ``message``) for the next pass.
+
+        Raises:
+            InvalidMessageError: it breaks the pairing of routed calls and results.
+        """
+        areas = state.areas
+        unanswered = answer_routed_calls(
+            areas.unanswered_calls if areas is not None else (), message, context_id
+        )
+        areas = self._areas(state)
+        areas.unanswered_calls = unanswered
+        areas.pending_items.append(copy)
+
+    def detach(self, areas: AreaSection, gone: tuple[object, ...]) -> None:
+        """Forget areas that left the section (collected, or dropped by a worker)."""
+        for area in gone:
+            if areas.attached.get(id(area)) is area:
+                del areas.attached[id(area)]
+                self._counters.areas_attached -= 1
+
+    def count_section(self, areas: AreaSection, section: SectionResult) -> None:
+        """Count what a preparation's area step did; forget the areas it collected."""
+        counters = self._counters
+        if section.outcome != "rendered":
+            counters.area_reused += 1
+            return
+        counters.area_renders += 1
+        counters.areas_collected += section.collected
+        counters.area_items_reclaimed += section.reclaimed
+        counters.area_items_promoted += section.promoted
+        self.detach(areas, section.removed)

@@ -1,0 +1,195 @@
+"""The ContextManager's counters: running totals, two histograms, the statistics snapshot.
+
+Synchronous and loop-free. Every total is updated where the counted thing
+changes (a commit, a record, an eviction, a removal, a settled preparation,
+an area pass), so :meth:`Counters.snapshot` costs O(1) in the number of
+contexts: a scrape never walks the contexts.
+
+Written only on the event loop; :meth:`Counters.snapshot` may run on a
+scraping thread and reads each field atomically (the snapshot may mix values
+of two adjacent moments).
+"""
+
+from __future__ import annotations
+
+__all__ = ("LATENCY_BOUNDS", "Counters", "Histogram")
+
+from turnloom.context.history import HistoryStatistics
+from turnloom.runtime.schemas import (
+    AreaStatistics,
+    HistoryTotals,
+    LatencyHistograms,
+    ManagerStatistics,
+    PrefixStatistics,
+    PreparationStatistics,
+    PreparedContext,
+)
+
+LATENCY_BOUNDS: tuple[float, ...] = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+"""Upper bounds, in seconds, of the prepare-latency and render-time histograms."""
+
+
+class Histogram:
+    """Bucket counts over :data:`LATENCY_BOUNDS` and their sum, in seconds."""
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BOUNDS) + 1)
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        """Count one observation, in seconds; the last bucket is ``+Inf``."""
+        index = len(LATENCY_BOUNDS)
+        for i, bound in enumerate(LATENCY_BOUNDS):
+            if seconds <= bound:
+                index = i
+                break
+        self.counts[index] += 1
+        self.sum += seconds
+
+    def cumulative(self) -> tuple[int, ...]:
+        """The cumulative bucket counts, ``+Inf`` last."""
+        total = 0
+        out: list[int] = []
+        for count in self.counts:
+            total += count
+            out.append(total)
+        return tuple(out)
+
+
+class Counters:
+    """Every counter of one manager, kept as running totals.
+
+    ``turns``, ``items`` and ``bytes`` are what the contexts hold now (a
+    removed context's are subtracted); the ``_total`` counters only grow.
+    """
+
+    __slots__ = (
+        "area_items_promoted",
+        "area_items_reclaimed",
+        "area_renders",
+        "area_reused",
+        "areas_attached",
+        "areas_collected",
+        "areas_registered",
+        "blank",
+        "bytes",
+        "discarded",
+        "evicted_items",
+        "evicted_turns",
+        "failed",
+        "invocations",
+        "items",
+        "late",
+        "latency",
+        "prefix_bytes",
+        "prefix_reused",
+        "prepared",
+        "rejected",
+        "render",
+        "turns",
+    )
+
+    def __init__(self) -> None:
+        self.invocations = 0
+        self.prepared = self.failed = self.discarded = self.rejected = 0
+        self.turns = self.items = self.bytes = 0
+        self.evicted_turns = self.evicted_items = self.late = self.blank = 0
+        self.prefix_bytes = self.prefix_reused = 0
+        self.latency = Histogram()
+        self.render = Histogram()
+        self.areas_attached = self.areas_registered = 0
+        self.area_renders = self.area_reused = self.areas_collected = 0
+        self.area_items_reclaimed = self.area_items_promoted = 0
+
+    def history_changed(self, before: HistoryStatistics, after: HistoryStatistics) -> None:
+        """Add what one history's change (commit, record, eviction) did to the totals."""
+        self.turns += after.turns - before.turns
+        self.items += after.items - before.items
+        self.bytes += after.bytes - before.bytes
+        self.evicted_turns += after.evicted_turns - before.evicted_turns
+        self.evicted_items += after.evicted_items - before.evicted_items
+        self.late += after.dropped_late_outputs - before.dropped_late_outputs
+        self.blank += after.dropped_blank_outputs - before.dropped_blank_outputs
+
+    def history_removed(self, held: HistoryStatistics) -> None:
+        """A history was released: what it held is no longer held (its totals stay)."""
+        self.turns -= held.turns
+        self.items -= held.items
+        self.bytes -= held.bytes
+
+    def delivered(self, compared: int, prepared: PreparedContext, latency: float) -> None:
+        """Count a delivered prefix: ``compared`` bytes of the previous one, latency in seconds."""
+        self.prefix_bytes += compared
+        self.prefix_reused += prepared.reused_bytes
+        self.latency.observe(latency)
+        self.render.observe(prepared.render_seconds)
+
+    def snapshot(
+        self,
+        *,
+        closed: bool,
+        contexts: int,
+        capacity: int,
+        pending: int,
+        waiting_for_slot: int,
+    ) -> ManagerStatistics:
+        """The frozen statistics, O(1): the running totals and the queue's state."""
+        return ManagerStatistics(
+            closed=closed,
+            contexts=contexts,
+            invocations=self.invocations,
+            preparations=PreparationStatistics(
+                capacity=capacity,
+                pending=pending,
+                waiting_for_slot=waiting_for_slot,
+                prepared_total=self.prepared,
+                failed_total=self.failed,
+                discarded_total=self.discarded,
+                rejected_total=self.rejected,
+            ),
+            history=HistoryTotals(
+                turns=self.turns,
+                items=self.items,
+                bytes=self.bytes,
+                evicted_turns_total=self.evicted_turns,
+                evicted_items_total=self.evicted_items,
+                dropped_late_outputs_total=self.late,
+                dropped_blank_outputs_total=self.blank,
+            ),
+            prefix=PrefixStatistics(
+                bytes_total=self.prefix_bytes, reused_bytes_total=self.prefix_reused
+            ),
+            latency=LatencyHistograms(
+                bounds=LATENCY_BOUNDS,
+                prepare_counts=self.latency.cumulative(),
+                prepare_sum=self.latency.sum,
+                render_counts=self.render.cumulative(),
+                render_sum=self.render.sum,
+            ),
+            areas=AreaStatistics(
+                attached=self.areas_attached,
+                registered_total=self.areas_registered,
+                renders_total=self.area_renders,
+                passes_reused_total=self.area_reused,
+                collected_total=self.areas_collected,
+                items_reclaimed_total=self.area_items_reclaimed,
+                items_promoted_total=self.area_items_promoted,
+            ),
+        )

@@ -1,0 +1,387 @@
+"""The door checks of the Foundation and its ContextManager: pure and synchronous.
+
+Each function validates one call's input completely and raises a typed error
+from :mod:`turnloom.errors` before any state changes; none touches a context.
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "FoundationOptions",
+    "ManagerOptions",
+    "check_continuation",
+    "check_foundation_options",
+    "check_outputs",
+    "check_renderable",
+    "check_request",
+    "check_routed_item",
+    "check_snapshot",
+    "reject_state",
+)
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+import msgspec
+
+from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_gateway
+from turnloom.context.history import HistoryLimits, TurnHistory, check_batch_length, check_id
+from turnloom.context.message import Message, check_message
+from turnloom.context.pairing import OpenCallPolicy
+from turnloom.errors import (
+    DuplicateIdError,
+    InputError,
+    InvalidMessageError,
+    InvalidTextError,
+    ItemTooLargeError,
+    ProviderRuleError,
+    excerpt,
+)
+from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext, TurnSnapshot
+from turnloom.runtime.state import (
+    STATE_TOOL_NAME,
+    check_contributions,
+    is_state_message,
+    state_call_id,
+)
+
+_encoder = msgspec.json.Encoder()
+
+
+class ManagerOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """The checked options of a ContextManager (see :class:`~turnloom.runtime.Foundation`)."""
+
+    gateway: Gateway
+    max_pending_preparations: int
+    history_limits: HistoryLimits
+    behavior_rules: str | None
+    open_calls: OpenCallPolicy
+
+
+class FoundationOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """The checked options of a Foundation: its manager's, the threads, the grace period."""
+
+    manager: ManagerOptions
+    worker_threads: int
+    close_grace_period: float
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def check_foundation_options(
+    *,
+    gateway: GatewayType | str | Gateway,
+    max_pending_preparations: int,
+    worker_threads: int,
+    history_limits: HistoryLimits | None,
+    behavior_rules: str | None,
+    open_calls: str,
+    close_grace_period: float,
+) -> FoundationOptions:
+    """Validate every option of a Foundation once; return them checked and frozen.
+
+    Raises:
+        InputError: a bound is not a positive integer, the grace period is
+            not a non-negative number, ``history_limits`` is not a
+            :class:`HistoryLimits`, an unknown gateway or ``open_calls``
+            policy, or behaviour rules that are not valid text.
+    """
+    if not _positive_int(worker_threads):
+        raise InputError(
+            f"worker_threads must be a positive integer, not {excerpt(worker_threads)}."
+        )
+    if not (isinstance(close_grace_period, int | float) and close_grace_period >= 0) or (
+        math.isnan(close_grace_period)
+    ):
+        raise InputError(
+            f"close_grace_period must be a non-negative number of seconds, not "
+            f"{excerpt(close_grace_period)}."
+        )
+    if history_limits is not None and not isinstance(history_limits, HistoryLimits):
+        raise InputError(
+            f"history_limits must be a HistoryLimits, not a {type(history_limits).__name__}."
+        )
+    if not _positive_int(max_pending_preparations):
+        raise InputError(
+            "max_pending_preparations must be a positive integer, not "
+            f"{excerpt(max_pending_preparations)}."
+        )
+    if open_calls not in ("exclude", "cancel"):
+        raise InputError(f"open_calls must be 'exclude' or 'cancel', not {excerpt(open_calls)}.")
+    check_contributions((), behavior_rules, None)
+    manager = ManagerOptions(
+        gateway=gateway if isinstance(gateway, Gateway) else get_gateway(gateway),
+        max_pending_preparations=max_pending_preparations,
+        history_limits=history_limits if history_limits is not None else HistoryLimits(),
+        behavior_rules=behavior_rules,
+        open_calls="cancel" if open_calls == "cancel" else "exclude",
+    )
+    return FoundationOptions(
+        manager=manager,
+        worker_threads=worker_threads,
+        close_grace_period=float(close_grace_period),
+    )
+
+
+def reject_state(messages: Sequence[Message], context_id: str, turn_id: str, where: str) -> None:
+    """Runtime state never enters history: reject messages carrying any turn's state pair.
+
+    Raises:
+        InvalidMessageError: ``messages[i]`` carries a runtime-state call or result.
+    """
+    call_id = state_call_id(context_id, turn_id)
+    for i, message in enumerate(messages):
+        if isinstance(message, Message) and is_state_message(message, call_id):
+            raise InvalidMessageError(
+                f"{where}[{i}] carries a runtime-state call or result (tool "
+                f"{excerpt(STATE_TOOL_NAME)}, or a reserved 'tlrs_' call id); runtime state "
+                "never enters history."
+            )
+
+
+def check_renderable(
+    gateway: Gateway,
+    messages: Sequence[Message] | None,
+    where: str,
+    history: TurnHistory,
+    *,
+    turn_id: str | None = None,
+    pinned: bool = False,
+) -> int:
+    """Check a batch (its limits first), then render each message once at the door.
+
+    The batch is checked by ``history.check_batch`` (its length in O(1), then
+    each message and the running bytes), so provider rules and limits fail
+    here, not at prepare. A message the gateway cannot carry would otherwise
+    be committed and then fail every later prepare of its context.
+
+    Args:
+        turn_id: the held turn the batch is added to (a record), if any.
+        pinned: the batch is a turn's new pinned instructions.
+
+    Returns:
+        how many native items the messages render to.
+
+    Raises:
+        TurnTooLargeError: the turn would be over the history's limits.
+        ItemTooLargeError: a message is over the per-item byte cap.
+        InvalidMessageError, InvalidTextError: a malformed message.
+        ProviderRuleError: the gateway cannot render a message.
+    """
+    if not messages:
+        return 0
+    history.check_batch(messages, where, turn_id=turn_id, pinned=pinned)
+    rendered = 0
+    for i, message in enumerate(messages):
+        label = f"{where}[{i}]"
+        try:
+            rendered += len(gateway.render(message))
+        except ProviderRuleError as exc:
+            raise ProviderRuleError(f"{label}: {exc}", exc.violations) from exc
+    return rendered
+
+
+def check_outputs(
+    gateway: Gateway,
+    context_id: str,
+    turn_id: str,
+    outputs: Sequence[Message],
+    history: TurnHistory,
+) -> None:
+    """Validate the outputs of a turn to record (see ``ContextManager.record``).
+
+    Raises:
+        InvalidMessageError, InvalidTextError: a malformed turn id or message,
+            not a sequence of Messages, or a runtime-state call or result.
+        ProviderRuleError: the gateway cannot render a message.
+    """
+    check_id(turn_id, "turn id")
+    if isinstance(outputs, Message) or not isinstance(outputs, Sequence):
+        raise InvalidMessageError("record takes a sequence of Messages, oldest first.")
+    check_renderable(
+        gateway, outputs, f"Output of turn {excerpt(turn_id)}", history, turn_id=turn_id
+    )
+    reject_state(outputs, context_id, turn_id, f"Output of turn {excerpt(turn_id)}")
+
+
+def check_snapshot(
+    snapshot: TurnSnapshot, gateway: Gateway, history_of: Callable[[str], TurnHistory]
+) -> str:
+    """Validate a turn to commit (everything but what the history checks); return its context id.
+
+    ``history_of(context_id)`` gives the context's history (an empty one for
+    a new context): its limits bound the turn, checked on the batch first.
+
+    Raises:
+        InvalidMessageError, InvalidTextError, ProviderRuleError: as
+            :meth:`~turnloom.runtime.ContextManager.accept_turn`.
+    """
+    if not isinstance(snapshot, TurnSnapshot):
+        raise InvalidMessageError(
+            f"accept_turn takes a TurnSnapshot, not a {type(snapshot).__name__}."
+        )
+    context_id = check_id(snapshot.context_id, "context id")
+    for what, value in (("input", snapshot.input), ("instructions", snapshot.instructions)):
+        if value is not None and not isinstance(value, tuple | list):
+            raise InvalidMessageError(
+                f"Turn {excerpt(snapshot.turn_id)} {what} must be a tuple of Messages.", field=what
+            )
+    check_id(snapshot.turn_id, "turn id")
+    history = history_of(context_id)
+    where = f"Turn {excerpt(snapshot.turn_id)} input"
+    rendered = check_renderable(gateway, snapshot.input, where, history)
+    if snapshot.input is not None:
+        reject_state(snapshot.input, context_id, snapshot.turn_id, where)
+    if not rendered:
+        raise InvalidMessageError(
+            f"Turn {excerpt(snapshot.turn_id)} of context {excerpt(context_id)} has no input that "
+            "renders to content (empty, or only blank text); every provider rejects "
+            "a model input without it.",
+            field="input",
+        )
+    check_renderable(
+        gateway,
+        snapshot.instructions,
+        f"Turn {excerpt(snapshot.turn_id)} instructions",
+        history,
+        pinned=True,
+    )
+    return context_id
+
+
+def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> ContextPrepareRequest:
+    """Validate a request; return it with its contributions frozen in a tuple.
+
+    The copy is what the preparation captures, so a list the caller
+    changes after the call can neither bypass validation nor change state.
+
+    Raises:
+        InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed request.
+        ItemTooLargeError: the carried texts alone exceed ``max_item_bytes``.
+    """
+    if not isinstance(request, ContextPrepareRequest):
+        raise InvalidMessageError(
+            f"prepare takes a ContextPrepareRequest, not a {type(request).__name__}."
+        )
+    check_id(request.context_id, "context id")
+    check_id(request.turn_id, "turn id")
+    contributions = request.contributions
+    if type(contributions) is not tuple and isinstance(contributions, list):
+        contributions = tuple(contributions)
+    check_contributions(contributions, request.behavior_rules, request.loop_budget)
+    # The state result is one item under the per-item cap. Its text is at
+    # least as long as the texts it carries (UTF-8 bytes >= characters), so
+    # this bound fails early without encoding on the event loop; the exact
+    # size is checked in the worker.
+    carried = sum(len(c.name) + len(c.content) for c in contributions)
+    carried += len(request.behavior_rules or "")
+    if carried > max_item_bytes:
+        raise ItemTooLargeError(
+            f"The runtime state of turn {excerpt(request.turn_id)} carries at least {carried} "
+            f"bytes, over the per-item cap of {max_item_bytes} bytes.",
+            size=carried,
+            limit=max_item_bytes,
+        )
+    if contributions is request.contributions:
+        return request
+    return msgspec.structs.replace(request, contributions=contributions)
+
+
+def check_continuation(
+    prefix: PreparedContext,
+    continuation: Sequence[Message],
+    issued: Mapping[int, PreparedContext],
+    limits: HistoryLimits,
+) -> None:
+    """Validate a prefix and its continuation (see ``ContextManager.build``).
+
+    Args:
+        issued: id -> prefix, for every prefix the manager's prepare returned.
+        limits: the history's limits; a continuation is one turn's messages.
+
+    Raises:
+        InvalidMessageError, InvalidTextError: ``prefix`` is not one of
+            ``issued``, ``continuation`` is not a sequence of Messages, a
+            malformed message, or one carrying a runtime-state call or result.
+        DuplicateIdError: a message repeats an id of the prefix's turn or of
+            an earlier continuation message.
+    """
+    if not isinstance(prefix, PreparedContext):
+        raise InvalidMessageError(
+            f"build takes a PreparedContext prefix, not a {type(prefix).__name__}."
+        )
+    if issued.get(id(prefix)) is not prefix:
+        raise InvalidMessageError(
+            f"The prefix of turn {excerpt(prefix.turn_id)} of context "
+            f"{excerpt(prefix.context_id)} was "
+            "not prepared by this manager (built by hand, copied or changed, or "
+            "prepared by another Foundation); build only continues prefixes that this "
+            "manager's prepare returned."
+        )
+    if isinstance(continuation, Message) or not isinstance(continuation, Sequence):
+        raise InvalidMessageError("build takes a sequence of continuation Messages, oldest first.")
+    check_batch_length(len(continuation), limits, "The continuation")
+    reserved = set(prefix.reserved_ids)
+    for i, message in enumerate(continuation):
+        check_message(message, where=f"continuation[{i}]")
+        if is_state_message(message, prefix.state_call_id):
+            raise InvalidMessageError(
+                f"continuation[{i}] carries a runtime-state call or result; the turn's "
+                "pair is already in the prefix and is never repeated."
+            )
+        if message.id is not None:
+            if message.id in reserved:
+                raise DuplicateIdError(
+                    f"continuation[{i}] repeats id {excerpt(message.id)} of the prefix's turn or "
+                    "of an earlier continuation message."
+                )
+            reserved.add(message.id)
+
+
+def check_routed_item(
+    gateway: Gateway, max_item_bytes: int, context_id: str, item: NativeContent
+) -> tuple[NativeContent, Message]:
+    """Validate one item routed to an area section; return a private copy and its Message.
+
+    Raises:
+        InvalidMessageError: not a JSON object of the gateway, or it carries a
+            runtime-state call or result.
+        InvalidTextError: its text is not valid UTF-8.
+        ItemTooLargeError: its JSON encoding is over ``max_item_bytes``.
+    """
+    if not isinstance(item, dict):
+        raise InvalidMessageError(
+            f"An item routed to context {excerpt(context_id)} must be a native item (dict), "
+            f"not a {type(item).__name__}."
+        )
+    try:
+        encoded = _encoder.encode(item)
+    except UnicodeEncodeError as exc:
+        raise InvalidTextError(
+            f"The item routed to context {excerpt(context_id)} holds text that is not valid "
+            f"UTF-8 (a lone surrogate): {exc}."
+        ) from exc
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise InvalidMessageError(
+            f"The item routed to context {excerpt(context_id)} is not JSON data: "
+            f"{excerpt(str(exc))}."
+        ) from None
+    if len(encoded) > max_item_bytes:
+        raise ItemTooLargeError(
+            f"The item routed to context {excerpt(context_id)} is {len(encoded)} bytes, over the "
+            f"per-item cap of {max_item_bytes} bytes.",
+            size=len(encoded),
+            limit=max_item_bytes,
+        )
+    copy: NativeContent = msgspec.json.decode(encoded)
+    message = gateway.parse(copy)
+    check_message(message, where=f"item routed to context {excerpt(context_id)}")
+    if is_state_message(message):
+        raise InvalidMessageError(
+            f"The item routed to context {excerpt(context_id)} carries a runtime-state call or "
+            f"result (tool {excerpt(STATE_TOOL_NAME)}, or a reserved 'tlrs_' call id); the "
+            "runtime supplies that pair itself."
+        )
+    return copy, message

@@ -1,0 +1,205 @@
+"""The bounded pending queue of a ContextManager: slots, owned preparations, turn waiters.
+
+The async part of the manager's shell. A preparation is owned by the queue,
+not by its requester: :meth:`PreparationQueue.admit` starts it as a task in
+the Foundation's task group and it holds its slot until it is *settled*
+(delivered, failed or discarded), in ``finally``. A requester cancelled while
+its preparation runs marks it unwanted and cancels its scope; a worker thread
+that is rendering is never abandoned (anyio's ``run_sync`` does not return
+before the thread does).
+"""
+
+from __future__ import annotations
+
+__all__ = ("Preparation", "PreparationQueue")
+
+from collections.abc import Awaitable, Callable
+
+import anyio
+import anyio.abc
+
+from turnloom.errors import QueueFullError, excerpt
+from turnloom.runtime._counters import Counters
+from turnloom.runtime.errors import FoundationClosedError
+from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
+
+
+class Preparation:
+    """One admitted preparation and how it settled."""
+
+    __slots__ = ("done", "error", "request", "requested_at", "result", "scope", "wanted")
+
+    def __init__(self, request: ContextPrepareRequest, requested_at: float) -> None:
+        self.request = request
+        self.requested_at = requested_at  # anyio.current_time() of the call
+        self.done = anyio.Event()
+        self.scope: anyio.CancelScope | None = None
+        self.wanted = True
+        self.result: PreparedContext | None = None
+        self.error: BaseException | None = None
+
+
+class _Waiters:
+    __slots__ = ("count", "event")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.count = 0
+
+
+Work = Callable[[Preparation, anyio.CancelScope], Awaitable[None]]
+"""What a preparation does once admitted; it sets ``result`` unless cancelled."""
+
+
+class PreparationQueue:
+    """At most ``capacity`` preparations admitted and not yet settled."""
+
+    def __init__(self, capacity: int, task_group: anyio.abc.TaskGroup, counters: Counters) -> None:
+        self.capacity = capacity
+        self._task_group = task_group
+        self._counters = counters
+        self._slots = anyio.Semaphore(capacity)
+        self._preparations: set[Preparation] = set()
+        self._settled = anyio.Event()
+        self._settled.set()
+        self._waiters: dict[str, _Waiters] = {}
+        self.closed = False
+
+    @property
+    def pending(self) -> int:
+        """Preparations admitted and not yet settled."""
+        return len(self._preparations)
+
+    @property
+    def waiting_for_slot(self) -> int:
+        """Calls waiting in :meth:`acquire`."""
+        return self._slots.statistics().tasks_waiting
+
+    async def acquire(self) -> None:
+        """Wait for a free slot (cancellable; nothing is admitted yet)."""
+        await self._slots.acquire()
+
+    def acquire_nowait(self, request: ContextPrepareRequest) -> None:
+        """Take a free slot at once.
+
+        Raises:
+            QueueFullError: every slot is taken (counted as a rejection).
+        """
+        try:
+            self._slots.acquire_nowait()
+        except anyio.WouldBlock:
+            self._counters.rejected += 1
+            raise QueueFullError(
+                f"All {self.capacity} preparation slots are taken; preparation of turn "
+                f"{excerpt(request.turn_id)} of context {excerpt(request.context_id)} was refused.",
+                capacity=self.capacity,
+            ) from None
+
+    async def admit(
+        self, request: ContextPrepareRequest, requested_at: float, work: Work
+    ) -> PreparedContext:
+        """Run ``work`` as an owned preparation in the slot the caller holds; await it.
+
+        Raises:
+            FoundationClosedError: the queue closed while the caller waited for
+                its slot, or the preparation was cancelled by the close.
+            whatever ``work`` raised.
+        """
+        preparation = Preparation(request, requested_at)
+        try:
+            if self.closed:
+                raise FoundationClosedError(
+                    "The Foundation closed while the preparation waited for a slot."
+                )
+            self._preparations.add(preparation)
+            self._settled = anyio.Event() if self._settled.is_set() else self._settled
+            self._task_group.start_soon(self._own, preparation, work)
+        except BaseException:
+            self._preparations.discard(preparation)
+            self._slots.release()
+            if not self._preparations:
+                self._settled.set()
+            raise
+        try:
+            await preparation.done.wait()
+        except BaseException:
+            # The requester is gone: the preparation is discarded, never abandoned.
+            preparation.wanted = False
+            if preparation.scope is not None:
+                preparation.scope.cancel()
+            raise
+        if preparation.error is not None:
+            raise preparation.error
+        assert preparation.result is not None
+        return preparation.result
+
+    async def _own(self, preparation: Preparation, work: Work) -> None:
+        try:
+            with anyio.CancelScope() as scope:
+                preparation.scope = scope
+                if not preparation.wanted:
+                    scope.cancel()
+                await work(preparation, scope)
+        except Exception as exc:
+            preparation.error = exc
+        finally:
+            if preparation.result is None and preparation.error is None:
+                # Cancelled by aclose, or by a cancellation of the scope the
+                # Foundation was opened in: a requester elsewhere still gets
+                # the typed error.
+                request = preparation.request
+                preparation.error = FoundationClosedError(
+                    f"The preparation of turn {excerpt(request.turn_id)} of context "
+                    f"{excerpt(request.context_id)} was cancelled while the Foundation closed."
+                )
+            if not preparation.wanted:
+                self._counters.discarded += 1
+            elif preparation.result is not None:
+                self._counters.prepared += 1
+            else:
+                self._counters.failed += 1
+            self._preparations.discard(preparation)
+            self._slots.release()
+            if not self._preparations:
+                self._settled.set()
+            preparation.done.set()
+
+    def wake(self, context_id: str) -> None:
+        """Wake the preparations waiting for a commit to ``context_id``."""
+        waiters = self._waiters.pop(context_id, None)
+        if waiters is not None:
+            waiters.event.set()
+
+    async def next_commit(self, context_id: str) -> None:
+        """Wait until :meth:`wake` is called for ``context_id`` or the queue closes."""
+        waiters = self._waiters.get(context_id)
+        if waiters is None:
+            waiters = self._waiters[context_id] = _Waiters()
+        waiters.count += 1
+        try:
+            await waiters.event.wait()
+        finally:
+            waiters.count -= 1
+            if waiters.count == 0 and self._waiters.get(context_id) is waiters:
+                del self._waiters[context_id]
+
+    async def aclose(self, grace_period: float) -> None:
+        """Stop intake, let preparations settle for ``grace_period`` seconds, cancel the rest.
+
+        Returns once every preparation settled. Not shielded: the caller
+        shields it.
+        """
+        self.closed = True
+        for waiters in self._waiters.values():
+            waiters.event.set()
+        self._waiters.clear()
+        with anyio.move_on_after(grace_period):
+            await self._wait_settled()
+        for preparation in tuple(self._preparations):
+            if preparation.scope is not None:
+                preparation.scope.cancel()
+        await self._wait_settled()
+
+    async def _wait_settled(self) -> None:
+        while self._preparations:
+            await self._settled.wait()

@@ -1,0 +1,173 @@
+"""The worker-thread render of one preparation and its prefix byte accounting.
+
+Synchronous and loop-free: :func:`render_preparation` runs in a worker thread
+on data the event loop captured (an immutable history view, the frozen
+request, the context's last delivered prefix) and returns the prepared
+prefix, what to keep for the next comparison, and the area step's result.
+"""
+
+from __future__ import annotations
+
+__all__ = ("DeliveredPrefix", "common_prefix", "render_preparation")
+
+import math
+import time
+from typing import Any
+
+import msgspec
+
+from turnloom.context.gateway import NativeContent
+from turnloom.context.history import HistoryView, RenderedHistory
+from turnloom.errors import ItemTooLargeError, OpenToolCallError, excerpt
+from turnloom.runtime._area_section import AreaSection, SectionResult, run_area_step
+from turnloom.runtime._door import ManagerOptions
+from turnloom.runtime.schemas import AreaPass, ContextPrepareRequest, PreparedContext
+from turnloom.runtime.state import state_call_id, state_messages
+
+_encoder = msgspec.json.Encoder()
+
+
+class DeliveredPrefix:
+    """A delivered prefix and how to count the bytes of any leading part of it."""
+
+    __slots__ = ("bytes", "extra_sizes", "items", "rendered")
+
+    def __init__(
+        self,
+        items: tuple[NativeContent, ...],
+        total: int,
+        rendered: RenderedHistory,
+        extra_sizes: tuple[int, ...],
+    ) -> None:
+        self.items = items
+        self.bytes = total
+        self.rendered = rendered
+        self.extra_sizes = extra_sizes  # state pair + area section, after the history
+
+    def bytes_before(self, count: int) -> int:
+        """Serialized size of ``items[:count]``, in bytes."""
+        history = len(self.rendered.items)
+        if count <= history:
+            return self.rendered.bytes_before(count)
+        return self.rendered.bytes + sum(self.extra_sizes[: count - history])
+
+
+def common_prefix(new: tuple[Any, ...], old: tuple[Any, ...]) -> int:
+    """Length of the longest common prefix; tuple comparison checks identity first.
+
+    The common case (the old prefix is kept whole) is one C-speed comparison.
+    Otherwise it gallops (1, 2, 4, ... items) before bisecting, so the cost
+    follows the common prefix, not the whole input, when they part early
+    (after an eviction).
+    """
+    limit = min(len(new), len(old))
+    if new[:limit] == (old if limit == len(old) else old[:limit]):
+        return limit
+    lo, step = 0, 1
+    while lo + step < limit and new[lo : lo + step] == old[lo : lo + step]:
+        lo += step
+        step *= 2
+    hi = min(limit, lo + step) - 1
+    while lo < hi:  # new[:lo] == old[:lo] holds throughout
+        mid = (lo + hi + 1) // 2
+        if new[lo:mid] == old[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def render_preparation(
+    options: ManagerOptions,
+    view: HistoryView,
+    request: ContextPrepareRequest,
+    behavior_rules: str | None,
+    last: DeliveredPrefix | None,
+    queued: float,
+    areas: AreaSection | None,
+    run_pass: bool,
+) -> tuple[PreparedContext, DeliveredPrefix, SectionResult | None]:
+    """Render one preparation: history, runtime-state pair, area section.
+
+    Args:
+        queued: seconds from the request to the start of rendering.
+        last: the context's last delivered prefix, to count reused bytes.
+
+    Raises:
+        ItemTooLargeError: the runtime-state result is over the per-item cap.
+        ProviderRuleError: the gateway rejected a message.
+        AreaCallbackError, OpenToolCallError: from the area step.
+    """
+    begin = time.perf_counter()
+    gateway = options.gateway
+    max_item_bytes = options.history_limits.max_item_bytes
+    # The request was frozen at the door; its JSON encoding is CPU work.
+    pair = state_messages(
+        request.context_id,
+        request.turn_id,
+        contributions=request.contributions,
+        behavior_rules=behavior_rules,
+        loop_budget=request.loop_budget,
+    )
+    rendered = view.render(gateway, request.turn_id, open_calls=options.open_calls)
+    items = rendered.items
+    total = rendered.bytes
+    call_id: str | None = None
+    reserved: list[str] = []
+    extra: tuple[NativeContent, ...] = ()
+    section: SectionResult | None = None
+    outcome: AreaPass = "none"
+    if pair is not None:
+        # The pair sits directly after the turn's input; the area section follows it.
+        call_id = state_call_id(request.context_id, request.turn_id)
+        reserved.append(call_id)
+        extra = tuple(gateway.render(pair[0])) + tuple(gateway.render(pair[1]))
+        size = len(_encoder.encode(extra[-1]))
+        if size > max_item_bytes:
+            raise ItemTooLargeError(
+                f"The runtime-state result of turn {excerpt(request.turn_id)} of context "
+                f"{excerpt(request.context_id)} is {size} bytes, over the per-item cap of "
+                f"{max_item_bytes} bytes.",
+                size=size,
+                limit=max_item_bytes,
+            )
+    pair_items = len(extra)
+    if areas is not None:
+        try:
+            section = run_area_step(areas, run_pass)
+        except OpenToolCallError as exc:
+            raise OpenToolCallError(
+                f"The area section of context {excerpt(request.context_id)} ends with routed "
+                f"tool call(s) {', '.join(map(repr, exc.call_ids))} whose result has not "
+                f"been routed; turn {excerpt(request.turn_id)} cannot be prepared until it is.",
+                call_ids=exc.call_ids,
+            ) from exc
+        extra += section.items
+        outcome = section.outcome
+    extra_sizes = tuple(len(_encoder.encode(item)) for item in extra)
+    if extra:
+        items += extra
+        total += sum(extra_sizes)
+    reserved.extend(m.id for m in view.turn_input(request.turn_id) if m.id is not None)
+    reused = 0
+    if last is not None:
+        reused = last.bytes_before(common_prefix(items, last.items))
+    prepared = PreparedContext(
+        context_id=request.context_id,
+        turn_id=request.turn_id,
+        gateway=gateway.type,
+        items=items,
+        item_count=len(items),
+        bytes=total,
+        tokens=math.ceil(total / 4),
+        turn_start=rendered.turn_start,
+        area_start=len(rendered.items) + pair_items,
+        area_items=len(section.items) if section is not None else 0,
+        area_pass=outcome,
+        state_call_id=call_id,
+        reserved_ids=tuple(reserved),
+        reused_bytes=reused,
+        queued_seconds=queued,
+        render_seconds=time.perf_counter() - begin,
+    )
+    return prepared, DeliveredPrefix(items, total, rendered, extra_sizes), section
