@@ -266,3 +266,33 @@ def test_leading_call_turn_is_left_out_with_a_warning(caplog: pytest.LogCaptureF
         body = gw.request_body(items)
     assert body == {"contents": [{"role": "user", "parts": [{"text": "next"}]}]}
     assert caplog.records[-1].getMessage().startswith("Left out a leading model turn")
+
+
+def test_two_responses_with_one_id_one_json_one_plain_re_render_exactly() -> None:
+    """Was a JSONDecodeError: the json_results hint names the id both responses share."""
+    native = {
+        "role": "user",
+        "parts": [
+            {"functionResponse": {"id": "x", "name": "f", "response": {"a": 1}}},
+            {"functionResponse": {"id": "x", "name": "f", "response": {"output": "plain"}}},
+        ],
+    }
+    assert gw.render(gw.parse(native)) == [native]
+
+
+def test_request_body_passes_a_non_object_function_response_and_validate_flags_it() -> None:
+    """Was an AttributeError: a functionResponse that is not an object is not ordered."""
+    items: list[dict[str, Any]] = [
+        _USER,
+        {"role": "model", "parts": [{"functionCall": {"id": "x", "name": "f", "args": {}}}]},
+        {"role": "user", "parts": [{"functionResponse": "plain"}]},
+    ]
+    assert gw.parse(items[2]).parts == (
+        OpaquePart(gateway="gemini", item={"functionResponse": "plain"}),
+    )
+    body = gw.request_body(items)
+    assert body == {"contents": items}
+    assert [(v.index, v.rule) for v in gw.validate(body["contents"])] == [
+        (1, "tool_call_without_result"),
+        (2, "malformed_function_response"),
+    ]

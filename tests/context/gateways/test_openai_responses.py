@@ -281,3 +281,15 @@ def test_request_body_leaves_out_an_item_replayed_with_its_reasoning() -> None:
     body = gw.request_body([question, reasoning, reply, dict(reasoning), dict(reply)])
     assert body == {"input": [question, reasoning, reply]}
     assert gw.validate(body["input"]) == []
+
+
+def test_request_body_of_an_instructions_item_without_text() -> None:
+    """Was a KeyError: an instructions item without a text string carries nothing."""
+    user = {"role": "user", "content": "hi"}
+    items: list[dict[str, Any]] = [
+        {"type": "instructions"},
+        {"type": "instructions", "text": "Be brief."},
+        user,
+    ]
+    assert gw.request_body(items) == {"instructions": "Be brief.", "input": [user]}
+    assert [(v.index, v.rule) for v in gw.validate(items)] == [(0, "malformed_instructions")]

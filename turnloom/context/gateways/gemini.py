@@ -111,6 +111,7 @@ _KEYS = {
     "fileUri": "file_uri",
 }
 _SNAKE = frozenset(_KEYS.values())
+_PLAIN = object()  # a response sent as {"output": text} / {"error": text}
 # A Part holds exactly one of these data fields (Gemini API, ``Part`` union).
 _DATA = frozenset(
     {"text", "executableCode", "codeExecutionResult", "executable_code", "code_execution_result"}
@@ -286,13 +287,16 @@ class GeminiGateway(Gateway):
     ) -> dict[str, Any]:
         texts = [p.text for p in result.content if type(p) is TextPart]
         text = "".join(texts)
-        response: Any
+        response: Any = _PLAIN
         if result.call_id in layout.get("json_results", ()):
-            response = json.loads(text)
-        elif result.is_error:
-            response = {"error": text}
-        else:
-            response = {"output": text}
+            # The hint names call ids: with one id answered twice in a content,
+            # a text that is not JSON was a plain output of the same id.
+            try:
+                response = json.loads(text)
+            except ValueError:
+                response = _PLAIN
+        if response is _PLAIN:
+            response = {"error": text} if result.is_error else {"output": text}
         inner: dict[str, Any] = {
             "id": result.call_id,
             "name": result.name or "",
@@ -540,6 +544,15 @@ class GeminiGateway(Gateway):
                             )
                         )
                 fr = part.get("functionResponse", part.get("function_response"))
+                if fr is not None and not isinstance(fr, dict):
+                    out.append(
+                        violation(
+                            index,
+                            "malformed_function_response",
+                            f"Content {index} parts[{j}] has a function response that is not "
+                            "an object.",
+                        )
+                    )
                 if isinstance(fr, dict):
                     name = fr.get("name")
                     if not isinstance(name, str) or not name:
@@ -724,7 +737,8 @@ def _only_responses(item: NativeContent) -> bool:
         and isinstance(parts, list)
         and bool(parts)
         and all(
-            isinstance(p, dict) and ("functionResponse" in p or "function_response" in p)
+            isinstance(p, dict)
+            and isinstance(p.get("functionResponse", p.get("function_response")), dict)
             for p in parts
         )
     )

@@ -709,6 +709,14 @@ class OpenAIResponsesGateway(Gateway):
                 in_results = True
                 continue
             if kind == _INSTRUCTIONS:
+                if not isinstance(item.get("text"), str):
+                    out.append(
+                        violation(
+                            index,
+                            "malformed_instructions",
+                            f"Instructions item {index} has no text string.",
+                        )
+                    )
                 continue
             if in_results:
                 close(index)
@@ -749,7 +757,13 @@ class OpenAIResponsesGateway(Gateway):
 
         Source: OpenAI Responses API, ``instructions`` and ``input``.
         """
-        texts = [i["text"] for i in items if i.get("type") == _INSTRUCTIONS]
+        # An instructions item without text (turnloom never renders one)
+        # carries no instructions; validate() flags it.
+        texts = [
+            text
+            for i in items
+            if i.get("type") == _INSTRUCTIONS and isinstance(text := i.get("text"), str)
+        ]
         body: dict[str, Any] = {}
         if texts:
             body["instructions"] = "\n\n".join(texts)
