@@ -59,6 +59,7 @@ import msgspec
 
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.message import (
+    DEFAULT_MAX_MESSAGE_BYTES,
     Message,
     Part,
     ReasoningPart,
@@ -89,9 +90,12 @@ class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         max_turns: most turns kept (default 32).
-        max_items: most messages kept across all turns (default 4,096).
-        max_bytes: most bytes of serialized messages kept (default 8 MiB). This
-            bounds retained content, not process memory.
+        max_items: most messages kept across all turns (default 4,096); one
+            turn never holds more (its input, or its messages once recorded),
+            nor more pinned instructions than this.
+        max_bytes: most bytes of serialized messages kept (default 8 MiB), and
+            the most one turn holds. This bounds retained content, not
+            process memory.
         max_item_bytes: the per-item cap: one message larger than this, in
             bytes, is rejected when it is committed or recorded (default 1 MiB).
     """
@@ -99,7 +103,7 @@ class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
     max_turns: int = 32
     max_items: int = 4096
     max_bytes: int = 8 * 1024 * 1024
-    max_item_bytes: int = 1024 * 1024
+    max_item_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_items", "max_bytes", "max_item_bytes"):
@@ -999,6 +1003,8 @@ class TurnHistory:
                 a pinned role, or an instruction with another role.
             InvalidTextError: text that is not valid UTF-8.
             ItemTooLargeError: one message is over the per-item byte cap.
+            TurnTooLargeError: the input is over ``max_items`` or ``max_bytes``,
+                or the instructions over ``max_items`` (checked first).
             DuplicateIdError: ``turn_id`` is kept or was evicted recently.
             OutOfOrderTurnError: ``sequence`` is not greater than the previous one.
         """
@@ -1073,6 +1079,8 @@ class TurnHistory:
                 message; nothing was recorded.
             ItemTooLargeError: one message is over the per-item byte cap;
                 nothing was recorded.
+            TurnTooLargeError: the turn would hold more than ``max_items``
+                messages or ``max_bytes`` bytes; nothing was recorded.
         """
         position = -1
         for i in range(len(self._turns) - 1, -1, -1):

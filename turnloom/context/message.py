@@ -227,7 +227,8 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             system, developer, user or assistant message); the other gateways
             drop it when rendering. ``None`` or a non-empty string.
         extras: provider-native message fields the neutral model does not name,
-            re-emitted verbatim by the gateway that produced them. A gateway
+            re-emitted verbatim by the gateway that produced them; strict JSON,
+            never a key that gateway writes itself (see :class:`NativeKeys`). A gateway
             emits the message's and its parts' extras only when ``layout`` is
             None (a message built by hand) or names that gateway (a gateway
             that parses a message with extras always records itself there).

@@ -17,8 +17,9 @@ Rendering (Message -> native):
 
 Layout kept for exact re-emission (``Message.layout``): a single text sent as
 a one-element list (``"content": "list"``), an assistant message sent
-without a ``content`` key (``"content": "absent"``). System and developer
-messages stay in ``messages`` where they are.
+without a ``content`` key (``"content": "absent"``), a ``"name": null``
+(``"null_name"``). System and developer messages stay in ``messages`` where
+they are.
 
 Lossy mappings, documented: reasoning parts are dropped (Chat Completions has
 no field to replay them); images of system and developer messages are dropped

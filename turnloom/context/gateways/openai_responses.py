@@ -38,6 +38,11 @@ several assistant messages; opaque parts of other gateways are dropped with a
 logged warning; empty and whitespace-only text is never emitted, except an
 empty assistant message this gateway parsed from accepted traffic.
 
+Recorded message fields this gateway writes itself are layout and fields,
+never extras: an item's ``id`` is ``Message.id``, its ``"type": "message"``
+and ``status`` are the ``"typed"`` and ``"status"`` hints. A reasoning item
+whose ``summary`` is not summary texts is kept whole as an opaque part.
+
 Source: OpenAI Responses API reference (``input`` item types,
 ``instructions``, reasoning items with ``encrypted_content``; "Item of type
 'reasoning' was provided without its required following item").
