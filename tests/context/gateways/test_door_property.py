@@ -308,8 +308,10 @@ def _covers(with_extras: Any, base: Any) -> bool:
             and all(_covers(w, b) for w, b in zip(with_extras, base, strict=True))
         )
     if isinstance(base, str) and isinstance(with_extras, list):
-        # One text part with extras is sent as a list holding that text.
-        return len(with_extras) == 1 and with_extras[0].get("text") == base
+        # A text part with extras is sent as a list of text blocks (a blank one
+        # left out) instead of as a string; the text is the same.
+        texts = [b.get("text") for b in with_extras if isinstance(b, dict)]
+        return len(texts) == len(with_extras) and "".join(map(str, texts)) == base
     return bool(with_extras == base)
 
 
