@@ -41,6 +41,7 @@ from turnloom.context import (
     decode_message,
     get_gateway,
 )
+from turnloom.context.message import is_blank_text
 from turnloom.errors import TurnloomError
 
 EXAMPLES = int(os.environ.get("TURNLOOM_DOOR_EXAMPLES", "500"))
@@ -311,7 +312,10 @@ def _covers(with_extras: Any, base: Any) -> bool:
         # A text part with extras is sent as a list of text blocks (a blank one
         # left out) instead of as a string; the text is the same.
         texts = [b.get("text") for b in with_extras if isinstance(b, dict)]
-        return len(texts) == len(with_extras) and "".join(map(str, texts)) == base
+        joined = "".join(map(str, texts))
+        return len(texts) == len(with_extras) and (
+            joined == base or is_blank_text(base) == (not texts)
+        )
     return bool(with_extras == base)
 
 
