@@ -11,7 +11,12 @@ and N stays fixed. Each round commits a turn, prepares it (timed end to end,
 and the worker-thread render time reported by the PreparedContext), and
 records the turn's outputs. The sizes take turns, round-robin.
 
-Usage: python scripts/bench_prepare.py [--rounds R] [--backend asyncio|trio]
+With ``--reuse K`` the call ids cycle through K values, so every turn reuses
+an id of an earlier one and every eviction drops the first use of a reused
+id: the worst case of call-id renaming, where each eviction re-renames the
+kept history once (see turnloom.context.history).
+
+Usage: python scripts/bench_prepare.py [--rounds R] [--backend asyncio|trio] [--reuse K]
 """
 
 from __future__ import annotations
@@ -30,8 +35,10 @@ from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
 SIZES = (100, 1_000, 10_000)
 
 
-def _turn_outputs(n: int) -> list[Message]:
-    call_id = f"call_{n}"
+def _turn_outputs(n: int, reuse: int = 0) -> list[Message]:
+    # With ``reuse`` k > 0, call ids cycle through k values: every turn reuses
+    # an id of an earlier turn (the rename path of turnloom.context.callids).
+    call_id = f"call_{n % reuse if reuse else n}"
     return [
         Message(
             role=Role.assistant,
@@ -57,8 +64,9 @@ def _turn_outputs(n: int) -> list[Message]:
 class _Bench:
     """One Foundation holding one context of ``size`` items."""
 
-    def __init__(self, size: int, foundation: Foundation) -> None:
+    def __init__(self, size: int, foundation: Foundation, reuse: int) -> None:
         self.size = size
+        self.reuse = reuse
         self.manager = foundation.manager
         self.turn = 0
         self.samples: list[tuple[float, float]] = []
@@ -81,12 +89,12 @@ class _Bench:
         begin = time.perf_counter()
         prefix = await manager.prepare(ContextPrepareRequest(context_id="bench", turn_id=turn_id))
         latency = time.perf_counter() - begin
-        manager.record("bench", turn_id, _turn_outputs(self.turn))
+        manager.record("bench", turn_id, _turn_outputs(self.turn, self.reuse))
         self.turn += 1
         return latency, prefix.render_seconds
 
 
-async def measure(rounds: int) -> dict[int, tuple[float, float]]:
+async def measure(rounds: int, reuse: int = 0) -> dict[int, tuple[float, float]]:
     """Median prepare latency and render time per size, in seconds.
 
     The sizes are measured round-robin, one turn each in turn, so load from
@@ -99,7 +107,7 @@ async def measure(rounds: int) -> dict[int, tuple[float, float]]:
             foundation = await stack.enter_async_context(
                 Foundation(history_limits=limits, worker_threads=1)
             )
-            bench = _Bench(size, foundation)
+            bench = _Bench(size, foundation, reuse)
             while bench.manager.statistics().history.items < size:
                 await bench.one_turn()
             for _ in range(20):  # warm up at the full size
@@ -123,8 +131,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    parser.add_argument(
+        "--reuse",
+        type=int,
+        default=0,
+        help="cycle call ids through this many values (0: every call id is new)",
+    )
     args = parser.parse_args()
-    results = anyio.run(measure, args.rounds, backend=args.backend)
+    results = anyio.run(measure, args.rounds, args.reuse, backend=args.backend)
     for size, (latency, render) in results.items():
         print(
             f"{size:>6} items: prepare p50 {latency * 1e6:8.1f} us   "

@@ -21,6 +21,7 @@ from turnloom.context import (
     get_gateway,
     message_size,
 )
+from turnloom.context.callids import rename_call_ids
 from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits, TurnHistory
 from turnloom.errors import (
@@ -253,6 +254,10 @@ def test_a_reused_call_id_in_a_later_turn_pairs_with_its_own_call() -> None:
     history.commit("t3", [user("c")])
     items = history.view().render(CHAT, "t3").items
     assert [i.get("content") for i in items if i["role"] == "tool"] == ["one", "two"]
+    # The request carries each call id once: the reuse is renamed in its call
+    # and its result alike.
+    assert [c["id"] for i in items for c in i.get("tool_calls", ())] == ["c1", "c1_r2"]
+    assert [i["tool_call_id"] for i in items if i["role"] == "tool"] == ["c1", "c1_r2"]
     assert CHAT.validate(items) == []
 
 
@@ -291,7 +296,8 @@ def _naive(history: TurnHistory, turn_id: str) -> list[NativeContent]:
             out.extend(CHAT.render(message))
         if tid == turn_id:
             break
-    return out
+    # The cold render of a request: call ids made unique over the whole list.
+    return rename_call_ids(CHAT.type, out)
 
 
 @settings(max_examples=60, deadline=None)
@@ -348,3 +354,44 @@ def test_views_render_the_same_from_many_threads_at_once() -> None:
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(render, range(len(views) * 8)))
     assert results == [expected[i % len(views)] for i in range(len(views) * 8)]
+
+
+def test_a_model_output_holding_only_a_signed_empty_text_is_recorded() -> None:
+    """A Gemini thought signature on an empty text is content, not a blank output."""
+    gemini = get_gateway(GatewayType.gemini)
+    native = {"role": "model", "parts": [{"text": "", "thoughtSignature": "U0lHX0I="}]}
+    history = TurnHistory()
+    history.commit("t1", [user("a")])
+    assert history.record("t1", [gemini.parse(native), assistant("  ")]) == 1
+    assert history.statistics().dropped_blank_outputs == 1
+    history.commit("t2", [user("b")])
+    items = history.view().render(gemini, "t2").items
+    assert items[1] == native
+
+
+def test_eviction_renders_the_kept_turns_as_a_cold_render_would() -> None:
+    """Invariant: after eviction, call ids are renamed as if the kept turns were all there
+    was: with no rename the evicted ids are forgotten, after a rename the run is rebuilt."""
+    history = TurnHistory(HistoryLimits(max_turns=2))
+    history.commit("t1", [user("a")])
+    history.record("t1", [call("c1"), result("c1")])
+    history.commit("t2", [user("b")])
+    history.record("t2", [call("c1"), result("c1")])
+    history.commit("t3", [user("c")])
+    ids = [
+        c["id"] for i in history.view().render(CHAT, "t3").items for c in i.get("tool_calls", ())
+    ]
+    assert ids == ["c1", "c1_r2"]
+    assert history.evict() == ("t1",)  # the renamed reuse in t2 is now the first c1
+    history.record("t3", [call("c2"), result("c2")])
+    history.commit("t4", [user("d")])
+    ids = [
+        c["id"] for i in history.view().render(CHAT, "t4").items for c in i.get("tool_calls", ())
+    ]
+    assert ids == ["c1", "c2"]
+    assert history.evict() == ("t2",)  # nothing renamed: c1 is forgotten
+    history.record("t4", [call("c1"), result("c1")])
+    history.commit("t5", [user("e")])
+    items = history.view().render(CHAT, "t5").items
+    assert [c["id"] for i in items for c in i.get("tool_calls", ())] == ["c2", "c1"]
+    assert [i["tool_call_id"] for i in items if i["role"] == "tool"] == ["c2", "c1"]

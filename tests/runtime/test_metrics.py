@@ -62,6 +62,7 @@ async def test_the_metrics_endpoint_serves_the_manager_statistics() -> None:
     assert samples[("turnloom_prepare_latency_seconds_bucket", (("le", "+Inf"),))] == 2
     assert samples[("turnloom_history_turns", ())] == 1
     assert samples[("turnloom_history_items", ())] == 1
+    assert samples[("turnloom_history_tokens", ())] == 3 + 1 + 1  # user "b"
     assert samples[("turnloom_evicted_turns_total", ())] == 1
     assert samples[("turnloom_evicted_items_total", ())] == 2
     assert samples[("turnloom_dropped_late_outputs_total", ())] == 1

@@ -55,6 +55,7 @@ def _recount(manager: ContextManager, removed: list[TurnHistory]) -> tuple[Histo
         evicted_items_total=sum(s.evicted_items for s in every),
         dropped_late_outputs_total=sum(s.dropped_late_outputs for s in every),
         dropped_blank_outputs_total=sum(s.dropped_blank_outputs for s in every),
+        tokens=sum(s.tokens for s in live),
     )
     attached = sum(
         len(state.areas.attached)

@@ -2,8 +2,9 @@
 
 Must show (issue 2): 150 sessions, 1,808 model calls prepared, 0 errors; every
 prepared input equals, message for message, the trajectory's messages before
-that assistant reply; every input validates against ``openai``'s
-``ChatCompletionMessageParam``.
+that assistant reply, with call ids reused from an earlier call renamed (the
+callids rule; 227 inputs hold such a reuse); every input validates against
+``openai``'s ``ChatCompletionMessageParam``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from pydantic import TypeAdapter
 
+from tests.context.gateways._support import ITEM_FIELD, call_sites
 from turnloom.context import GatewayType
+from turnloom.context.callids import rename_call_ids
 from turnloom.errors import InputError
 from turnloom.tools._stats import percentile
 from turnloom.tools.replay import replay
@@ -28,22 +31,32 @@ from turnloom.tools.workload import generate_trajectories
 CHAT_INPUT = TypeAdapter(list[ChatCompletionMessageParam])
 
 
-def _check_records(records: list[dict[str, Any]], sessions: dict[str, list[Any]]) -> int:
-    """Check each written input against its own trajectory; return how many."""
+def _check_records(
+    records: list[dict[str, Any]], sessions: dict[str, list[Any]]
+) -> tuple[int, int]:
+    """Check each written input against its own trajectory.
+
+    Returns:
+        how many inputs, and how many of them differ from the trajectory
+        (each only by the renaming of reused call ids).
+    """
     positions: dict[str, list[int]] = {
         sid: [i for i, m in enumerate(traj) if m["role"] == "assistant"]
         for sid, traj in sessions.items()
     }
     seen: dict[str, int] = {}
+    renamed = 0
     for record in records:
         sid = record["session"]
         k = seen.get(sid, 0)
         seen[sid] = k + 1
         reply = positions[sid][k]
-        assert record["messages"] == sessions[sid][:reply], (sid, k)
+        want = sessions[sid][:reply]
+        assert record["messages"] == rename_call_ids(GatewayType.openai_chat, want), (sid, k)
+        renamed += record["messages"] != want
         CHAT_INPUT.validate_python(record["messages"])
     assert seen == {sid: len(p) for sid, p in positions.items() if p}
-    return len(records)
+    return len(records), renamed
 
 
 def test_tau_bench_replays_with_exact_fidelity(tau_bench_path: Path) -> None:
@@ -53,7 +66,8 @@ def test_tau_bench_replays_with_exact_fidelity(tau_bench_path: Path) -> None:
     summary = anyio.run(lambda: replay(trajectories, out=out, concurrency=8))
     assert summary.errors == ()
     assert (summary.sessions, summary.turns, summary.model_calls) == (150, 1096, 1808)
-    assert summary.normalized == 0
+    # The only normalization: reused call ids renamed, in these 227 inputs.
+    assert summary.normalized == 227
     records = [json.loads(line) for line in out.getvalue().splitlines()]
     assert summary.items == sum(len(r["messages"]) for r in records)
     assert summary.bytes == sum(
@@ -62,7 +76,7 @@ def test_tau_bench_replays_with_exact_fidelity(tau_bench_path: Path) -> None:
         for m in r["messages"]
     )
     sessions = {t.session_id: t.messages for t in trajectories}
-    assert _check_records(records, sessions) == 1808
+    assert _check_records(records, sessions) == (1808, 227)
     assert 0 < summary.prepare_p50_ms <= summary.prepare_p99_ms
 
 
@@ -81,7 +95,11 @@ def test_the_builtin_workload_is_deterministic_and_replays_exactly() -> None:
         (),
     )
     records = [json.loads(line) for line in out.getvalue().splitlines()]
-    assert _check_records(records, {t.session_id: t.messages for t in trajectories}) == replies
+    # The generated workload reuses call ids across turns too: 90 inputs.
+    assert _check_records(records, {t.session_id: t.messages for t in trajectories}) == (
+        replies,
+        90,
+    )
 
 
 @pytest.mark.parametrize("kind", [g for g in GatewayType if g is not GatewayType.openai_chat])
@@ -94,6 +112,40 @@ def test_tau_bench_replays_through_every_gateway_with_valid_inputs(
     summary = anyio.run(lambda: replay(trajectories, gateway=kind, concurrency=8))
     assert summary.errors == ()
     assert (summary.sessions, summary.turns, summary.model_calls) == (150, 1096, 1808)
+
+
+@pytest.mark.parametrize("kind", list(GatewayType))
+def test_every_replayed_tau_bench_input_carries_each_call_id_once(
+    kind: GatewayType, tau_bench_path: Path
+) -> None:
+    """Issue 8 must-show: 1,808 inputs, 0 duplicate call ids, each result after its call.
+
+    Counted from the written requests themselves, not through validate(). Before
+    the callids rule, 227 of the 1,808 OpenAI Responses inputs held a reused id.
+    """
+    trajectories, _ = load_trajectories(tau_bench_path)
+    out = io.BytesIO()
+    summary = anyio.run(lambda: replay(trajectories, gateway=kind, out=out, concurrency=8))
+    assert summary.errors == ()
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    duplicates = orphans = calls = 0
+    for record in records:
+        items = (
+            record["messages"]
+            if kind is GatewayType.openai_chat
+            else record["request"][ITEM_FIELD[kind.value]]
+        )
+        sites = call_sites(kind.value, items)
+        first: dict[str, int] = {}
+        for site, index, call_id in sites:
+            if site == "call":
+                calls += 1
+                duplicates += call_id in first
+                first.setdefault(call_id, index)
+            else:
+                orphans += first.get(call_id, index) >= index
+    assert (len(records), duplicates, orphans) == (1808, 0, 0)
+    assert calls == 6_743  # calls summed over all inputs, the same on every gateway
 
 
 def test_percentile_is_nearest_rank() -> None:

@@ -14,6 +14,7 @@ __all__ = (
     "ApproxTokenCounter",
     "AreaFlowState",
     "AreaLifeState",
+    "CallIdRenamer",
     "CollectionPlan",
     "CollectionReport",
     "Context",
@@ -70,6 +71,7 @@ __all__ = (
     "message_size",
     "open_call_ids",
     "plan_collection",
+    "rename_call_ids",
     "scope_indices",
 )
 
@@ -80,6 +82,7 @@ from turnloom.context.area import (
     ContextAreaImplementation,
     EffectRange,
 )
+from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.coop import (
     CollectionPlan,
     CollectionReport,

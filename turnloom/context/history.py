@@ -5,8 +5,10 @@ A history holds the pinned instructions
 oldest first. A turn is its input (the committed user messages) followed by
 its outputs (model messages and tool results recorded while answering it).
 
-Limits count turns, items (neutral messages) and bytes (the JSON encoding of
-each message, see :func:`~turnloom.context.check_message`). Eviction drops
+Limits count turns, items (neutral messages), bytes (the JSON encoding of
+each message, see :func:`~turnloom.context.check_message`) and, optionally,
+tokens (each message counted once, when it enters, by the history's
+:class:`~turnloom.context.TokenCounter`). Eviction drops
 whole turns, oldest first, and never the newest turn; pinned instructions are
 neither evicted nor counted. A per-item byte cap rejects one oversized message
 before anything changes.
@@ -20,6 +22,17 @@ that is changed in place (evicted turns deleted at the front, newly closed
 turns appended). A render does Python work only for new items; what remains
 proportional to the history is one C-speed copy of item references into the
 output tuple.
+
+Call ids: a history may reuse a call id in a later turn; a rendered input
+carries each call id once, by the rule of :mod:`turnloom.context.callids`.
+The run applies it to each closed turn once, when the turn is appended, so a
+rename depends only on the items before it and the run stays a byte-stable
+prefix while only appends happen. The turn's input continues from the run's
+state (:attr:`RenderedHistory.call_ids`). Eviction forgets the evicted
+items' ids; when a rename of a kept item depended on an evicted item (the
+evicted turn held the first use of a reused id), the kept items rename
+differently and the run is rebuilt from the per-turn caches (O(kept items),
+once per such eviction), so it always equals a render of the kept history.
 
 Thread safety: mutate a :class:`TurnHistory` from one thread (the event loop).
 Views are immutable and may be rendered from any number of worker threads at
@@ -49,6 +62,7 @@ __all__ = (
 import bisect
 import ctypes
 import gc
+import itertools
 import sys
 import sysconfig
 import threading
@@ -57,6 +71,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
+from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.message import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -69,9 +84,12 @@ from turnloom.context.message import (
     is_blank_text,
 )
 from turnloom.context.pairing import OpenCallPolicy, complete_pairs
+from turnloom.context.scope import ContextScope, scope_indices
+from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
 from turnloom.errors import (
     DuplicateIdError,
     InputError,
+    InvalidArgumentError,
     InvalidMessageError,
     ItemTooLargeError,
     OutOfOrderTurnError,
@@ -81,6 +99,7 @@ from turnloom.errors import (
 )
 
 _encoder = msgspec.json.Encoder()
+_DEFAULT_COUNTER = ApproxTokenCounter()
 _PINNED_ROLES = (Role.system, Role.developer)
 _MAX_ID_LENGTH = 256
 
@@ -98,19 +117,30 @@ class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
             process memory.
         max_item_bytes: the per-item cap: one message larger than this, in
             bytes, is rejected when it is committed or recorded (default 1 MiB).
+        max_tokens: most tokens of messages kept across all turns, counted by
+            the history's token counter (the Foundation's); ``None`` (default)
+            for no token bound.
+
+    Raises:
+        InvalidArgumentError: a limit is not a positive integer (``field``
+            names it; ``max_tokens`` may also be ``None``).
     """
 
     max_turns: int = 32
     max_items: int = 4096
     max_bytes: int = 8 * 1024 * 1024
     max_item_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "max_items", "max_bytes", "max_item_bytes"):
+        for name in ("max_turns", "max_items", "max_bytes", "max_item_bytes", "max_tokens"):
             value = getattr(self, name)
+            if value is None and name == "max_tokens":
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InputError(
-                    f"History limit {name} must be a positive integer, not {excerpt(value)}."
+                raise InvalidArgumentError(
+                    f"History limit {name} must be a positive integer, not {excerpt(value)}.",
+                    field=name,
                 )
 
 
@@ -129,6 +159,10 @@ class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
         dropped_late_outputs: messages recorded for an already evicted turn,
             dropped.
         dropped_blank_outputs: empty or whitespace-only messages not recorded.
+        tokens: tokens of the kept messages (pinned instructions excluded),
+            by the history's token counter.
+        pinned_tokens: tokens of the pinned instructions.
+        evicted_tokens: tokens evicted with the evicted turns.
     """
 
     turns: int
@@ -141,6 +175,9 @@ class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
     evicted_bytes: int
     dropped_late_outputs: int
     dropped_blank_outputs: int
+    tokens: int = 0
+    pinned_tokens: int = 0
+    evicted_tokens: int = 0
 
 
 class RenderedHistory:
@@ -152,24 +189,32 @@ class RenderedHistory:
             with the render caches and must be treated as read-only.
         bytes: serialized size of ``items`` (the sum of each item's JSON
             encoding), in bytes.
+        tokens: tokens of the messages ``items`` render, by the history's
+            token counter (each message counted once, when it entered).
         turn_start: index in ``items`` of the turn's first input item.
+        call_ids: the call-id renaming state after ``items`` (see
+            :mod:`turnloom.context.callids`): continue it over items appended
+            to this input so their call ids stay unique. Owned by the caller.
     """
 
-    __slots__ = ("_head", "_positions", "_slot", "bytes", "items", "turn_start")
+    __slots__ = ("_head", "_positions", "bytes", "call_ids", "items", "tokens", "turn_start")
 
     def __init__(
         self,
         items: tuple[NativeContent, ...],
         positions: _TurnPositions,
         head: _Rendered,
-        slot: int,
+        call_ids: CallIdRenamer,
+        turn_start: int | None = None,
     ) -> None:
         self.items = items
         self._positions = positions
         self._head = head
-        self._slot = slot
-        self.turn_start: int = len(items) - len(head.items)
+        self.call_ids = call_ids
+        head_start = len(items) - len(head.items)
+        self.turn_start: int = head_start if turn_start is None else turn_start
         self.bytes: int = positions.bytes + head.bytes
+        self.tokens: int = positions.tokens + head.tokens
 
     def bytes_before(self, count: int) -> int:
         """Serialized size of ``items[:count]``, in bytes.
@@ -178,8 +223,9 @@ class RenderedHistory:
         """
         count = max(0, min(count, len(self.items)))
         positions = self._positions
-        if count > self.turn_start:
-            return positions.bytes + sum(self._head.sizes[: count - self.turn_start])
+        head_start = len(self.items) - len(self._head.items)
+        if count > head_start:
+            return positions.bytes + sum(self._head.sizes[: count - head_start])
         pinned = positions.pinned
         if count <= len(pinned.items):
             return sum(pinned.sizes[:count])
@@ -189,9 +235,7 @@ class RenderedHistory:
             return positions.bytes
         turn_start = positions.item_ends[index - 1] if index else positions.origin[0]
         bytes_start = positions.byte_ends[index - 1] if index else positions.origin[1]
-        full = positions.turns[index].full_for(self._slot)
-        assert full is not None  # a turn in a run was rendered with the run's key
-        inside = full.sizes[: position - turn_start]
+        inside = positions.rendered[index].sizes[: position - turn_start]
         return pinned.bytes + bytes_start - positions.origin[1] + sum(inside)
 
 
@@ -226,10 +270,11 @@ _Sizes = int | tuple[int, ...]
 
 
 class _Entry(msgspec.Struct, gc=False, eq=False):
-    """One message of a history with its size and render cache (see above)."""
+    """One message of a history with its size, its tokens and render cache (see above)."""
 
     message: Message
     size: int
+    tokens: int
     # Slot 0's render. ``sizes`` is assigned before ``native``, so a thread
     # that reads a set ``native`` reads its sizes.
     native: _Native | None = None
@@ -258,11 +303,12 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
 
 
 class _Rendered(msgspec.Struct, gc=False, eq=False):
-    """Rendered entries: items, their sizes (bytes) and the total (bytes)."""
+    """Rendered entries: items, their sizes (bytes), the total (bytes) and its tokens."""
 
     items: tuple[NativeContent, ...]
     sizes: tuple[int, ...]
     bytes: int
+    tokens: int
 
 
 _CacheKey = tuple[Gateway, str]
@@ -279,6 +325,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
     input: tuple[_Entry, ...]
     outputs: tuple[_Entry, ...]
     bytes: int
+    tokens: int
     full: _Rendered | None = None
     head: _Rendered | None = None
     more_full: dict[int, _Rendered] | None = None
@@ -294,6 +341,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
             self.input,
             self.outputs + added,
             self.bytes + sum(e.size for e in added),
+            self.tokens + sum(e.tokens for e in added),
         )
 
     def full_for(self, slot: int) -> _Rendered | None:
@@ -303,7 +351,11 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         return self.more_full.get(slot) if self.more_full is not None else None
 
     def render_full(
-        self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy
+        self,
+        gateway: Gateway,
+        slots: tuple[int, int],
+        policy: OpenCallPolicy,
+        counter: TokenCounter,
     ) -> _Rendered:
         """The whole turn rendered for (gateway slot, key slot) ``slots``, cached.
 
@@ -312,7 +364,9 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         slot = slots[1]
         rendered = self.full_for(slot)
         if rendered is None:
-            rendered = _render_entries(self.input + self.outputs, gateway, slots[0], policy)
+            rendered = _render_entries(
+                self.input + self.outputs, gateway, slots[0], policy, counter
+            )
             if slot == 0:
                 self.full = rendered
             else:
@@ -322,7 +376,11 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         return rendered
 
     def render_head(
-        self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy
+        self,
+        gateway: Gateway,
+        slots: tuple[int, int],
+        policy: OpenCallPolicy,
+        counter: TokenCounter,
     ) -> _Rendered:
         """The turn's input rendered for ``slots``, cached (see :meth:`render_full`)."""
         slot = slots[1]
@@ -332,7 +390,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
             else (self.more_head.get(slot) if self.more_head is not None else None)
         )
         if rendered is None:
-            rendered = _render_entries(self.input, gateway, slots[0], policy)
+            rendered = _render_entries(self.input, gateway, slots[0], policy, counter)
             if slot == 0:
                 self.head = rendered
             else:
@@ -348,24 +406,36 @@ class _TurnPositions:
     Positions are kept in one running coordinate that is never rebased: turn
     ``i`` ends at item ``item_ends[i]`` and byte ``byte_ends[i]``, and the run
     of turns begins at ``origin``. Dropping turns from the front moves
-    ``origin`` with a C-speed slice of the ends.
+    ``origin`` with a C-speed slice of the ends. ``rendered[i]`` is turn
+    ``i`` as the run holds it: its cached render with call ids renamed for
+    this run (the same object when no id changed). ``turn_tokens`` is the
+    tokens of the turns' renders.
     """
 
-    __slots__ = ("byte_ends", "item_ends", "origin", "pinned", "turns")
+    __slots__ = ("byte_ends", "item_ends", "origin", "pinned", "rendered", "turn_tokens", "turns")
 
     def __init__(
         self,
         pinned: _Rendered,
         turns: tuple[_Turn, ...],
+        rendered: tuple[_Rendered, ...],
         origin: tuple[int, int],
         item_ends: tuple[int, ...],
         byte_ends: tuple[int, ...],
+        turn_tokens: int = 0,
     ) -> None:
         self.pinned = pinned
         self.turns = turns
+        self.rendered = rendered
         self.origin = origin
         self.item_ends = item_ends
         self.byte_ends = byte_ends
+        self.turn_tokens = turn_tokens
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of those items' messages."""
+        return self.pinned.tokens + self.turn_tokens
 
     @property
     def items(self) -> int:
@@ -385,10 +455,14 @@ class _Run:
 
     ``items`` is a list changed in place (evicted turns deleted at the front,
     closed turns appended), so a prepare copies the run once, into its output
-    tuple, and never walks it in Python. Guarded by ``_Shared.lock``.
+    tuple, and never walks it in Python. ``call_ids`` is the call-id renaming
+    state after ``items``: a turn is renamed once, when it is appended, and
+    what it became depends only on the items before it, so the run stays a
+    byte-stable prefix while only appends happen. Guarded by
+    ``_Shared.lock``.
     """
 
-    __slots__ = ("evicted", "generation", "items", "pinned_entries", "positions")
+    __slots__ = ("call_ids", "evicted", "generation", "items", "pinned_entries", "positions")
 
     def __init__(
         self,
@@ -397,20 +471,23 @@ class _Run:
         items: list[NativeContent],
         evicted: int,
         generation: int,
+        call_ids: CallIdRenamer,
     ) -> None:
         self.pinned_entries = pinned_entries
         self.positions = positions
         self.items = items
         self.evicted = evicted
         self.generation = generation
+        self.call_ids = call_ids
 
 
 class _Shared:
     """Render caches shared by all views of one history, and the cache slots."""
 
-    __slots__ = ("gateway_slots", "key_slots", "lock", "runs")
+    __slots__ = ("counter", "gateway_slots", "key_slots", "lock", "runs")
 
-    def __init__(self) -> None:
+    def __init__(self, counter: TokenCounter) -> None:
+        self.counter = counter  # counts messages the renders make (a cancelled result)
         self.lock = threading.Lock()
         self.runs: dict[_CacheKey, _Run] = {}
         # Gateways and render keys are referred to by slot number in the
@@ -427,19 +504,31 @@ class _Shared:
 
 
 def _render_entries(
-    entries: Sequence[_Entry], gateway: Gateway, slot: int, policy: OpenCallPolicy
+    entries: Sequence[_Entry],
+    gateway: Gateway,
+    slot: int,
+    policy: OpenCallPolicy,
+    counter: TokenCounter,
 ) -> _Rendered:
-    """Render whole-turn entries with every call/result pair complete."""
+    """Render whole-turn entries with every call/result pair complete.
+
+    A message kept as it is costs the tokens counted when it entered; one
+    that pairing changed (a call left out, a cancelled result) is counted by
+    ``counter`` here.
+    """
     messages = [e.message for e in entries]
     by_id = {id(e.message): e for e in entries}
     items: list[NativeContent] = []
     sizes: list[int] = []
+    tokens = 0
     for message in complete_pairs(messages, open_calls=policy):
         entry = by_id.get(id(message))
         if entry is not None and entry.message is message:
             native, native_sizes = entry.rendered(gateway, slot)
+            tokens += entry.tokens
         else:
             native, native_sizes = _render_message(message, gateway)
+            tokens += counter.count((message,))
         if type(native) is tuple:
             items.extend(native)
             sizes.extend(native_sizes)  # type: ignore[arg-type]
@@ -451,7 +540,27 @@ def _render_entries(
         # Its items are untracked already (by _render_message); CPython keeps
         # a tuple holding dicts tracked, so untrack the tuple itself.
         _GC_UNTRACK(id(rendered))
-    return _Rendered(rendered, tuple(sizes), sum(sizes))
+    return _Rendered(rendered, tuple(sizes), sum(sizes), tokens)
+
+
+def _renamed(rendered: _Rendered, gateway: Gateway, call_ids: CallIdRenamer) -> _Rendered:
+    """``rendered`` with call ids renamed by ``call_ids`` (advanced past it).
+
+    Returns ``rendered`` itself when no id changed; else a new ``_Rendered``
+    whose changed items are new objects, sized and untracked like any
+    rendered item.
+    """
+    items = rename_call_ids(gateway.type, rendered.items, call_ids)
+    if all(new is old for new, old in zip(items, rendered.items, strict=True)):
+        return rendered
+    sizes = tuple(
+        size if new is old else len(_encoder.encode(new))
+        for new, old, size in zip(items, rendered.items, rendered.sizes, strict=True)
+    )
+    out = tuple(items)
+    _untrack_json(out)
+    # Tokens are those of the messages as recorded: renaming is a wire detail.
+    return _Rendered(out, sizes, sum(sizes), rendered.tokens)
 
 
 def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Sizes]:
@@ -619,7 +728,8 @@ class HistoryView:
         key: _CacheKey = (gateway, open_calls)
         shared = self._shared
         slots = shared.slots(key)
-        head = turns[position].render_head(gateway, slots, open_calls)
+        counter = shared.counter
+        head = turns[position].render_head(gateway, slots, open_calls, counter)
         closed = turns[:position]
         with shared.lock:
             run = shared.runs.get(key)
@@ -627,9 +737,13 @@ class HistoryView:
                 run is None or (self._evicted >= run.evicted and self._generation >= run.generation)
             )
             if newest:
-                if run is None or not self._advance(run, closed):
+                if run is None or not self._advance(run, closed, gateway):
                     run = shared.runs[key] = self._build(gateway, slots, open_calls)
                 self._append(run, closed, gateway, slots, open_calls)
+                # The turn's input continues the run's renaming on a copy:
+                # the run itself ends with the closed turns.
+                call_ids = run.call_ids.copy()
+                head = _renamed(head, gateway, call_ids)
                 # One copy of the run into the output tuple.
                 run.items.extend(head.items)
                 items = tuple(run.items)
@@ -639,16 +753,122 @@ class HistoryView:
             # An older view (or an earlier turn): a private run, the cache untouched.
             private = self._build(gateway, slots, open_calls)
             self._append(private, closed, gateway, slots, open_calls)
+            call_ids = private.call_ids
+            head = _renamed(head, gateway, call_ids)
             items = tuple(private.items) + head.items
             positions = private.positions
-        return RenderedHistory(items, positions, head, slots[1])
+        return RenderedHistory(items, positions, head, call_ids)
+
+    def render_scoped(
+        self,
+        gateway: Gateway,
+        turn_id: str,
+        scope: ContextScope,
+        *,
+        open_calls: OpenCallPolicy = "exclude",
+    ) -> RenderedHistory:
+        """Render the sliced view of what :meth:`render` renders for ``turn_id``.
+
+        ``scope`` selects among the turns' messages: those of the turns before
+        ``turn_id`` then its input, indexed from 0 in that order (the list
+        :meth:`scope_messages` returns). The pinned instructions and the
+        turn's own input are always kept. Each turn's kept messages are then
+        completed with :func:`~turnloom.context.complete_pairs`, so a call
+        whose result the scope left out is excluded or cancelled (by
+        ``open_calls``) and a result whose call it left out is dropped.
+
+        Renders privately: the shared run and the per-turn renders that
+        :meth:`render` reuses are neither read nor changed (only per-message
+        renders, which do not depend on the scope, are shared). Call ids are
+        made unique over the sliced view by the same renaming rule. A scope
+        that keeps every message renders what :meth:`render` renders.
+
+        Raises:
+            UnknownTurnError: the view holds no turn ``turn_id``.
+            PositionalScopeError: a scope without ``indices`` asked a
+                positional scope's ``matches``.
+            ProviderRuleError: the gateway rejects a message's content.
+        """
+        position = self._position(turn_id)
+        turns = self._turns[:position]
+        entries = [e for t in turns for e in (*t.input, *t.outputs)]
+        ends = list(itertools.accumulate(t.items for t in turns))  # where each turn ends
+        head = self._turns[position].input
+        keep = scope_indices(scope, [e.message for e in (*entries, *head)])
+        # Group the kept entries by turn, each turn's in order; cost follows the kept.
+        kept_spans: list[list[_Entry]] = []
+        span_at = -1
+        for i in sorted(i for i in keep if 0 <= i < len(entries)):
+            span = bisect.bisect_right(ends, i)
+            if span != span_at:
+                kept_spans.append([])
+                span_at = span
+            kept_spans[-1].append(entries[i])
+        kept_spans.append(list(head))  # the turn's input, whole
+        shared = self._shared
+        slots = shared.slots((gateway, open_calls))
+        counter = shared.counter
+        call_ids = CallIdRenamer()
+        pinned = _renamed(
+            _render_entries(self._pinned, gateway, slots[0], open_calls, counter),
+            gateway,
+            call_ids,
+        )
+        items: list[NativeContent] = []
+        sizes: list[int] = []
+        tokens = 0
+        turn_start = 0
+        for entries in kept_spans:
+            turn_start = len(pinned.items) + len(items)
+            if entries:
+                part = _renamed(
+                    _render_entries(entries, gateway, slots[0], open_calls, counter),
+                    gateway,
+                    call_ids,
+                )
+                items.extend(part.items)
+                sizes.extend(part.sizes)
+                tokens += part.tokens
+        tail = _Rendered(tuple(items), tuple(sizes), sum(sizes), tokens)
+        positions = _TurnPositions(pinned, (), (), (0, 0), (), ())
+        return RenderedHistory(pinned.items + tail.items, positions, tail, call_ids, turn_start)
+
+    def messages(self) -> tuple[Message, ...]:
+        """Every kept turn's input then outputs, oldest first (pinned excluded)."""
+        return tuple(e.message for t in self._turns for e in (*t.input, *t.outputs))
+
+    def scope_messages(self, turn_id: str) -> tuple[Message, ...]:
+        """The messages a scope of :meth:`render_scoped` indexes, in order.
+
+        The turns before ``turn_id`` (input then outputs), then its input.
+
+        Raises:
+            UnknownTurnError: the view holds no turn ``turn_id``.
+        """
+        position = self._position(turn_id)
+        out = [e.message for t in self._turns[:position] for e in (*t.input, *t.outputs)]
+        out.extend(e.message for e in self._turns[position].input)
+        return tuple(out)
+
+    def _position(self, turn_id: str) -> int:
+        for position in range(len(self._turns) - 1, -1, -1):
+            if self._turns[position].turn_id == turn_id:
+                return position
+        raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
     def _build(self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy) -> _Run:
-        pinned = _render_entries(self._pinned, gateway, slots[0], policy)
-        positions = _TurnPositions(pinned, (), (0, 0), (), ())
-        return _Run(self._pinned, positions, list(pinned.items), self._evicted, self._generation)
+        call_ids = CallIdRenamer()
+        pinned = _renamed(
+            _render_entries(self._pinned, gateway, slots[0], policy, self._shared.counter),
+            gateway,
+            call_ids,
+        )
+        positions = _TurnPositions(pinned, (), (), (0, 0), (), ())
+        return _Run(
+            self._pinned, positions, list(pinned.items), self._evicted, self._generation, call_ids
+        )
 
-    def _advance(self, run: _Run, closed: tuple[_Turn, ...]) -> bool:
+    def _advance(self, run: _Run, closed: tuple[_Turn, ...], gateway: Gateway) -> bool:
         """Drop the turns evicted since the run was built; False when it cannot be reused."""
         positions = run.positions
         dropped = self._evicted - run.evicted
@@ -666,13 +886,24 @@ class HistoryView:
         if dropped:
             origin = (positions.item_ends[dropped - 1], positions.byte_ends[dropped - 1])
             start = len(positions.pinned.items)
-            del run.items[start : start + origin[0] - positions.origin[0]]
+            end = start + origin[0] - positions.origin[0]
+            evicted_ids = CallIdRenamer()
+            rename_call_ids(gateway.type, run.items[start:end], evicted_ids)
+            if not run.call_ids.forget(evicted_ids):
+                # A rename of a kept item depended on an evicted one: a render
+                # of the kept turns alone renames differently, so the run is
+                # rebuilt from the per-turn caches (O(kept items), once).
+                return False
+            del run.items[start:end]
+            gone = sum(r.tokens for r in positions.rendered[:dropped])
             run.positions = _TurnPositions(
                 positions.pinned,
                 positions.turns[dropped:],
+                positions.rendered[dropped:],
                 origin,
                 positions.item_ends[dropped:],
                 positions.byte_ends[dropped:],
+                positions.turn_tokens - gone,
             )
             run.evicted = self._evicted
         return True
@@ -693,27 +924,38 @@ class HistoryView:
         byte_ends: list[int] = []
         items_at = positions.item_ends[-1] if positions.item_ends else positions.origin[0]
         bytes_at = positions.byte_ends[-1] if positions.byte_ends else positions.origin[1]
+        tokens = positions.turn_tokens
+        renders: list[_Rendered] = []
         for turn in closed[reuse:]:
-            rendered = turn.render_full(gateway, slots, policy)
+            rendered = _renamed(
+                turn.render_full(gateway, slots, policy, self._shared.counter),
+                gateway,
+                run.call_ids,
+            )
+            renders.append(rendered)
             run.items.extend(rendered.items)
             items_at += len(rendered.items)
             bytes_at += rendered.bytes
+            tokens += rendered.tokens
             item_ends.append(items_at)
             byte_ends.append(bytes_at)
         run.positions = _TurnPositions(
             positions.pinned,
             closed,
+            positions.rendered + tuple(renders),
             positions.origin,
             positions.item_ends + tuple(item_ends),
             positions.byte_ends + tuple(byte_ends),
+            tokens,
         )
 
 
 def _blank(message: Message) -> bool:
     """True when the message has nothing but empty or whitespace-only text.
 
-    Reasoning with blank text and no signature, encrypted content or
-    redaction counts as blank too: it is what a model call cancelled while
+    A blank text part with extras (a Gemini thought signature on an empty
+    text) is content. Reasoning with blank text and no signature, encrypted
+    content or redaction counts as blank too: it is what a model call cancelled while
     it thought leaves behind, and no provider can verify or show it.
     """
     parts: tuple[Part, ...] = message.parts
@@ -722,7 +964,9 @@ def _blank(message: Message) -> bool:
 
 def _blank_part(part: Part) -> bool:
     if type(part) is TextPart:
-        return is_blank_text(part.text)
+        # Extras are content: a blank text part may carry a Gemini thought
+        # signature (the SDK keeps {"text": "", "thoughtSignature": ...}).
+        return is_blank_text(part.text) and not part.extras
     if type(part) is ReasoningPart:
         return (
             is_blank_text(part.text)
@@ -788,9 +1032,15 @@ class TurnHistory:
         remember_evicted: how many evicted turn ids are remembered, so that late
             outputs for them are dropped (and counted) rather than rejected as
             unknown, and their ids are not reused.
+        token_counter: counts each message once, when it is committed or
+            recorded; ``max_tokens``, the statistics and every rendered
+            ``tokens`` use that count (:class:`ApproxTokenCounter` by default).
+            It must count a list as the sum of its messages, as the built-in
+            counters do.
 
     Raises:
         InputError: ``remember_evicted`` is negative.
+        InvalidArgumentError: ``token_counter`` has no ``count`` method.
     """
 
     __slots__ = (
@@ -800,6 +1050,7 @@ class TurnHistory:
         "_evicted_bytes",
         "_evicted_ids",
         "_evicted_items",
+        "_evicted_tokens",
         "_generation",
         "_ids",
         "_items",
@@ -807,18 +1058,29 @@ class TurnHistory:
         "_limits",
         "_pinned",
         "_pinned_bytes",
+        "_pinned_tokens",
         "_remember",
         "_sequence",
         "_shared",
+        "_tokens",
         "_turns",
         "_view",
     )
 
     def __init__(
-        self, limits: HistoryLimits | None = None, *, remember_evicted: int = 1024
+        self,
+        limits: HistoryLimits | None = None,
+        *,
+        remember_evicted: int = 1024,
+        token_counter: TokenCounter | None = None,
     ) -> None:
         if remember_evicted < 0:
             raise InputError("remember_evicted must not be negative.")
+        counter = _DEFAULT_COUNTER if token_counter is None else token_counter
+        if not callable(getattr(counter, "count", None)):
+            raise InvalidArgumentError(
+                "token_counter must have a count(messages) method.", field="token_counter"
+            )
         self._limits = limits if limits is not None else HistoryLimits()
         self._remember = remember_evicted
         self._pinned: tuple[_Entry, ...] = ()
@@ -828,14 +1090,17 @@ class TurnHistory:
         self._generation = 0  # changes of a turn other than the newest
         self._items = 0
         self._bytes = 0
+        self._tokens = 0
+        self._pinned_tokens = 0
         self._evicted = 0
         self._evicted_items = 0
         self._evicted_bytes = 0
+        self._evicted_tokens = 0
         self._evicted_ids: OrderedDict[str, None] = OrderedDict()
         self._late_dropped = 0
         self._blank_dropped = 0
         self._sequence: int | None = None
-        self._shared = _Shared()
+        self._shared = _Shared(counter)
         self._view: HistoryView | None = None
 
     # -- reading ---------------------------------------------------------
@@ -844,6 +1109,11 @@ class TurnHistory:
     def limits(self) -> HistoryLimits:
         """The bounds of this history."""
         return self._limits
+
+    @property
+    def token_counter(self) -> TokenCounter:
+        """The counter every token number of this history comes from."""
+        return self._shared.counter
 
     @property
     def turn_ids(self) -> tuple[str, ...]:
@@ -885,6 +1155,9 @@ class TurnHistory:
             evicted_bytes=self._evicted_bytes,
             dropped_late_outputs=self._late_dropped,
             dropped_blank_outputs=self._blank_dropped,
+            tokens=self._tokens,
+            pinned_tokens=self._pinned_tokens,
+            evicted_tokens=self._evicted_tokens,
         )
 
     def over_limits(self) -> bool:
@@ -894,6 +1167,7 @@ class TurnHistory:
             len(self._turns) > limits.max_turns
             or self._items > limits.max_items
             or self._bytes > limits.max_bytes
+            or (limits.max_tokens is not None and self._tokens > limits.max_tokens)
         )
 
     # -- changing --------------------------------------------------------
@@ -973,7 +1247,8 @@ class TurnHistory:
         pinned: bool = False,
     ) -> tuple[_Entry, ...]:
         sizes = self.check_batch(messages, where, turn_id=turn_id, pinned=pinned)
-        return tuple(_Entry(m, s) for m, s in zip(messages, sizes, strict=True))
+        count = self._shared.counter.count
+        return tuple(_Entry(m, s, count((m,))) for m, s in zip(messages, sizes, strict=True))
 
     def commit(
         self,
@@ -1048,13 +1323,17 @@ class TurnHistory:
         if pinned is not None:
             self._pinned = pinned
             self._pinned_bytes = sum(e.size for e in pinned)
+            self._pinned_tokens = sum(e.tokens for e in pinned)
         if sequence is not None:
             self._sequence = sequence
-        turn = _Turn(turn_id, entries, (), sum(e.size for e in entries))
+        turn = _Turn(
+            turn_id, entries, (), sum(e.size for e in entries), sum(e.tokens for e in entries)
+        )
         self._turns = (*self._turns, turn)
         self._ids.add(turn_id)
         self._items += turn.items
         self._bytes += turn.bytes
+        self._tokens += turn.tokens
         self._view = None
 
     def record(self, turn_id: str, outputs: Sequence[Message]) -> int:
@@ -1106,6 +1385,7 @@ class TurnHistory:
         self._turns = (*self._turns[:position], new, *self._turns[position + 1 :])
         self._items += len(kept)
         self._bytes += new.bytes - old.bytes
+        self._tokens += new.tokens - old.tokens
         self._view = None
         return len(kept)
 
@@ -1113,22 +1393,26 @@ class TurnHistory:
         """Drop whole turns, oldest first, until every limit holds.
 
         The newest turn is never evicted, so a single turn larger than a limit
-        is kept alone. Pinned instructions are never evicted.
+        is kept alone. Pinned instructions are never evicted, and never
+        counted against a limit.
 
         Returns:
             the ids of the evicted turns, oldest first.
         """
         count = 0
-        items = total = 0
+        items = total = tokens = 0
         limits = self._limits
+        max_tokens = limits.max_tokens
         turns = self._turns
         while len(turns) - count > 1 and (
             len(turns) - count > limits.max_turns
             or self._items - items > limits.max_items
             or self._bytes - total > limits.max_bytes
+            or (max_tokens is not None and self._tokens - tokens > max_tokens)
         ):
             items += turns[count].items
             total += turns[count].bytes
+            tokens += turns[count].tokens
             count += 1
         if not count:
             return ()
@@ -1136,9 +1420,11 @@ class TurnHistory:
         self._turns = turns[count:]
         self._items -= items
         self._bytes -= total
+        self._tokens -= tokens
         self._evicted += count
         self._evicted_items += items
         self._evicted_bytes += total
+        self._evicted_tokens += tokens
         for turn_id in evicted:
             self._ids.discard(turn_id)
             self._evicted_ids[turn_id] = None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 __all__ = (
     "CANCELLED_RESULT_TEXT",
+    "STEP_SIGNATURE_KEYS",
     "OpenCallPolicy",
     "complete_pairs",
     "hold_until_answered",
@@ -50,6 +51,16 @@ OpenCallPolicy: TypeAlias = Literal["exclude", "cancel"]
 
 CANCELLED_RESULT_TEXT = "The tool call was cancelled before it returned a result."
 
+STEP_SIGNATURE_KEYS = ("thoughtSignature", "thought_signature")
+"""Extras keys of a tool call that sign the model step, not the call.
+
+Gemini signs a parallel step once, on its first ``functionCall`` part
+(``thoughtSignature``; ``thought_signature`` in snake_case traffic), and
+rejects a current-turn step sent without it. When
+:func:`complete_pairs` leaves out a step's first call, the signature moves to
+the step's first kept call.
+"""
+
 
 def _clean_parts(parts: Iterable[Part]) -> tuple[Part, ...]:
     return tuple(
@@ -67,6 +78,25 @@ def _cancelled(calls: Iterable[ToolCallPart]) -> tuple[ToolResultPart, ...]:
         )
         for call in calls
     )
+
+
+def _keep_step_signature(
+    parts: tuple[Part, ...], kept: tuple[Part, ...], excluded: dict[str, ToolCallPart]
+) -> tuple[Part, ...]:
+    """``kept`` with the step signature of an excluded first call on the first kept call."""
+    first = next((p for p in parts if type(p) is ToolCallPart), None)
+    if first is None or first.call_id not in excluded or not first.extras:
+        return kept
+    signature = {k: v for k, v in first.extras.items() if k in STEP_SIGNATURE_KEYS}
+    if not signature:
+        return kept
+    for i, part in enumerate(kept):
+        if type(part) is ToolCallPart:
+            if part.extras and any(k in part.extras for k in STEP_SIGNATURE_KEYS):
+                return kept
+            signed = msgspec.structs.replace(part, extras={**(part.extras or {}), **signature})
+            return (*kept[:i], signed, *kept[i + 1 :])
+    return kept
 
 
 def open_call_ids(messages: Sequence[Message]) -> tuple[str, ...]:
@@ -153,9 +183,13 @@ def complete_pairs(
 ) -> list[Message]:
     """Return ``messages`` with every call answered and every result answering a call.
 
-    Also drops empty and whitespace-only text parts, and messages left with
-    no content. Messages that need no change are returned as the same objects,
-    so callers can cache their rendering by identity.
+    Also drops empty and whitespace-only text parts (unless they carry
+    extras, such as a Gemini thought signature), and messages left with no
+    content. A call left out under ``"exclude"`` that signs its model step
+    (:data:`STEP_SIGNATURE_KEYS`) passes its signature to the step's first
+    kept call, so the step is not sent unsigned. Messages that need no
+    change are returned as the same objects, so callers can cache their
+    rendering by identity.
 
     Args:
         messages: neutral messages, oldest first.
@@ -182,6 +216,7 @@ def complete_pairs(
                 kept = tuple(
                     p for p in owner.parts if not (type(p) is ToolCallPart and p.call_id in pending)
                 )
+                kept = _keep_step_signature(owner.parts, kept, pending)
                 if kept:
                     out[group_at] = msgspec.structs.replace(owner, content=kept)
                 else:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from turnloom.context.message import Message, Role
-from turnloom.errors import InvalidArgumentError, PositionalScopeError
+from turnloom.errors import InvalidArgumentError, PositionalScopeError, excerpt
 
 _PINNED = (Role.system, Role.developer)
 
@@ -117,7 +117,7 @@ class RoleFilter:
                 normalized.add(Role(role))
             except ValueError:
                 raise InvalidArgumentError(
-                    f"RoleFilter role {role!r:.40} is not a role.", field=f"roles[{i}]"
+                    f"RoleFilter role {excerpt(role)} is not a role.", field=f"roles[{i}]"
                 ) from None
         object.__setattr__(self, "roles", frozenset(normalized))
 
@@ -202,8 +202,16 @@ class LastNTurns:
         pinned = {i for i, m in enumerate(messages) if m.role in _PINNED}
         if self.n <= 0:
             return frozenset(pinned)
-        starts = [i for i, m in enumerate(messages) if m.role is Role.user and not m.tool_results]
-        cut = 0 if len(starts) <= self.n else starts[-self.n]
+        # Walk back from the end to the n-th last turn start: the cost follows
+        # the kept turns, not the whole list.
+        cut, found = 0, 0
+        for i in range(len(messages) - 1, -1, -1):
+            message = messages[i]
+            if message.role is Role.user and not message.tool_results:
+                found += 1
+                if found == self.n:
+                    cut = i
+                    break
         return frozenset(pinned.union(range(cut, len(messages))))
 
 
@@ -211,7 +219,7 @@ def _require_count(value: object, field: str, *, minimum: int | None) -> None:
     if type(value) is not int or (minimum is not None and value < minimum):
         bound = f" >= {minimum}" if minimum is not None else ""
         raise InvalidArgumentError(
-            f"{field} must be an int{bound}, not {value!r:.40}.", field=field
+            f"{field} must be an int{bound}, not {excerpt(value)}.", field=field
         )
 
 

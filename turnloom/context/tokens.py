@@ -64,6 +64,7 @@ import base64
 import binascii
 import math
 import struct
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, Protocol, TypeAlias, cast, runtime_checkable
 
@@ -419,7 +420,12 @@ class OpenAITokenCounter:
         self.image_rule: ImageRule = _check_image_rule(image_rule)
         self._image_size = _check_hook(image_size)
         try:
-            import bpe_openai  # the optional extra
+            with warnings.catch_warnings():
+                # bpe-openai reads its vocabularies with importlib.resources'
+                # deprecated open_binary when first imported: its warning,
+                # not the caller's, and an error under ``-W error``.
+                warnings.filterwarnings("ignore", "open_binary is deprecated", DeprecationWarning)
+                import bpe_openai  # the optional extra
         except ImportError as exc:
             raise MissingDependencyError(
                 "OpenAITokenCounter needs the bpe-openai package, which ships the OpenAI "

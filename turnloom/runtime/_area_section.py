@@ -10,7 +10,14 @@ The safe points, threads and reuse of an area section are documented on
 
 from __future__ import annotations
 
-__all__ = ("AreaSection", "SectionResult", "answer_routed_calls", "check_area", "run_area_step")
+__all__ = (
+    "AreaSection",
+    "SectionResult",
+    "answer_routed_calls",
+    "check_area",
+    "current_section",
+    "run_area_step",
+)
 
 import threading
 from collections import deque
@@ -122,6 +129,15 @@ def answer_routed_calls(
     if message.tool_calls:
         unanswered = tuple(c.call_id for c in message.tool_calls)
     return unanswered
+
+
+def current_section(areas: AreaSection) -> SectionResult:
+    """The area section as it stands, for a scoped preparation, in a worker thread.
+
+    Runs no pass: queued areas and routed items wait for the next one.
+    """
+    with areas.lock:
+        return SectionResult(tuple(areas.coop.context.snapshot()), "reused_scoped", areas.rendered)
 
 
 def run_area_step(areas: AreaSection, run_pass: bool) -> SectionResult:

@@ -17,6 +17,7 @@ from turnloom.context.area import ContextAreaImplementation
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import HistoryLimits, TurnHistory, check_id
 from turnloom.context.message import Message
+from turnloom.context.tokens import TokenCounter
 from turnloom.errors import (
     DuplicateAreaError,
     StateError,
@@ -45,10 +46,17 @@ class ContextState:
 class ContextTable:
     """The contexts of one manager, by id, in creation order."""
 
-    __slots__ = ("_counters", "_gateway", "_limits", "contexts")
+    __slots__ = ("_counters", "_gateway", "_limits", "_token_counter", "contexts")
 
-    def __init__(self, limits: HistoryLimits, gateway: Gateway, counters: Counters) -> None:
+    def __init__(
+        self,
+        limits: HistoryLimits,
+        gateway: Gateway,
+        counters: Counters,
+        token_counter: TokenCounter | None = None,
+    ) -> None:
         self._limits = limits
+        self._token_counter = token_counter
         self._gateway = gateway
         self._counters = counters
         self.contexts: dict[str, ContextState] = {}
@@ -94,7 +102,11 @@ class ContextTable:
             as ``TurnHistory.commit``; nothing changed when it raises.
         """
         state = self.contexts.get(context_id)
-        history = state.history if state is not None else TurnHistory(self._limits)
+        history = (
+            state.history
+            if state is not None
+            else TurnHistory(self._limits, token_counter=self._token_counter)
+        )
         before = history.statistics()
         history.commit(
             snapshot.turn_id,

@@ -103,13 +103,14 @@ class Counters:
         "prepared",
         "rejected",
         "render",
+        "tokens",
         "turns",
     )
 
     def __init__(self) -> None:
         self.invocations = 0
         self.prepared = self.failed = self.discarded = self.rejected = 0
-        self.turns = self.items = self.bytes = 0
+        self.turns = self.items = self.bytes = self.tokens = 0
         self.evicted_turns = self.evicted_items = self.late = self.blank = 0
         self.prefix_bytes = self.prefix_reused = 0
         self.latency = Histogram()
@@ -123,6 +124,7 @@ class Counters:
         self.turns += after.turns - before.turns
         self.items += after.items - before.items
         self.bytes += after.bytes - before.bytes
+        self.tokens += after.tokens - before.tokens
         self.evicted_turns += after.evicted_turns - before.evicted_turns
         self.evicted_items += after.evicted_items - before.evicted_items
         self.late += after.dropped_late_outputs - before.dropped_late_outputs
@@ -133,6 +135,7 @@ class Counters:
         self.turns -= held.turns
         self.items -= held.items
         self.bytes -= held.bytes
+        self.tokens -= held.tokens
 
     def delivered(self, compared: int, prepared: PreparedContext, latency: float) -> None:
         """Count a delivered prefix: ``compared`` bytes of the previous one, latency in seconds."""
@@ -172,6 +175,7 @@ class Counters:
                 evicted_items_total=self.evicted_items,
                 dropped_late_outputs_total=self.late,
                 dropped_blank_outputs_total=self.blank,
+                tokens=self.tokens,
             ),
             prefix=PrefixStatistics(
                 bytes_total=self.prefix_bytes, reused_bytes_total=self.prefix_reused

@@ -28,9 +28,12 @@ from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_ga
 from turnloom.context.history import HistoryLimits, TurnHistory, check_batch_length, check_id
 from turnloom.context.message import Message, check_message
 from turnloom.context.pairing import OpenCallPolicy
+from turnloom.context.scope import check_scope
+from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
 from turnloom.errors import (
     DuplicateIdError,
     InputError,
+    InvalidArgumentError,
     InvalidMessageError,
     InvalidTextError,
     ItemTooLargeError,
@@ -56,6 +59,7 @@ class ManagerOptions(msgspec.Struct, frozen=True, kw_only=True):
     history_limits: HistoryLimits
     behavior_rules: str | None
     open_calls: OpenCallPolicy
+    token_counter: TokenCounter
 
 
 class FoundationOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -79,6 +83,7 @@ def check_foundation_options(
     behavior_rules: str | None,
     open_calls: str,
     close_grace_period: float,
+    token_counter: TokenCounter | None = None,
 ) -> FoundationOptions:
     """Validate every option of a Foundation once; return them checked and frozen.
 
@@ -87,7 +92,16 @@ def check_foundation_options(
             not a non-negative number, ``history_limits`` is not a
             :class:`HistoryLimits`, an unknown gateway or ``open_calls``
             policy, or behaviour rules that are not valid text.
+        InvalidArgumentError: ``token_counter`` has no ``count`` method.
     """
+    if token_counter is None:
+        token_counter = ApproxTokenCounter()
+    elif not callable(getattr(token_counter, "count", None)):
+        raise InvalidArgumentError(
+            f"token_counter must have a count(messages) method; a "
+            f"{type(token_counter).__name__:.40} has none.",
+            field="token_counter",
+        )
     if not _positive_int(worker_threads):
         raise InputError(
             f"worker_threads must be a positive integer, not {excerpt(worker_threads)}."
@@ -117,6 +131,7 @@ def check_foundation_options(
         history_limits=history_limits if history_limits is not None else HistoryLimits(),
         behavior_rules=behavior_rules,
         open_calls="cancel" if open_calls == "cancel" else "exclude",
+        token_counter=token_counter,
     )
     return FoundationOptions(
         manager=manager,
@@ -259,6 +274,8 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
 
     Raises:
         InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed request.
+        InvalidArgumentError: ``scope`` is neither None nor a scope (an object
+            with a callable ``matches``); ``field`` is ``"scope"``.
         ItemTooLargeError: the carried texts alone exceed ``max_item_bytes``.
     """
     if not isinstance(request, ContextPrepareRequest):
@@ -267,6 +284,8 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
         )
     check_id(request.context_id, "context id")
     check_id(request.turn_id, "turn id")
+    if request.scope is not None:
+        check_scope(request.scope)
     contributions = request.contributions
     if type(contributions) is not tuple and isinstance(contributions, list):
         contributions = tuple(contributions)

@@ -10,16 +10,21 @@ from __future__ import annotations
 
 __all__ = ("DeliveredPrefix", "common_prefix", "render_preparation")
 
-import math
 import time
 from typing import Any
 
 import msgspec
 
+from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import NativeContent
 from turnloom.context.history import HistoryView, RenderedHistory
 from turnloom.errors import ItemTooLargeError, OpenToolCallError, excerpt
-from turnloom.runtime._area_section import AreaSection, SectionResult, run_area_step
+from turnloom.runtime._area_section import (
+    AreaSection,
+    SectionResult,
+    current_section,
+    run_area_step,
+)
 from turnloom.runtime._door import ManagerOptions
 from turnloom.runtime.schemas import AreaPass, ContextPrepareRequest, PreparedContext
 from turnloom.runtime.state import state_call_id, state_messages
@@ -28,9 +33,13 @@ _encoder = msgspec.json.Encoder()
 
 
 class DeliveredPrefix:
-    """A delivered prefix and how to count the bytes of any leading part of it."""
+    """A delivered prefix and how to count the bytes of any leading part of it.
 
-    __slots__ = ("bytes", "extra_sizes", "items", "rendered")
+    ``call_ids`` is the call-id renaming state after ``items``
+    (:mod:`turnloom.context.callids`); ``build`` continues it, on a copy.
+    """
+
+    __slots__ = ("bytes", "call_ids", "extra_sizes", "items", "rendered")
 
     def __init__(
         self,
@@ -38,11 +47,13 @@ class DeliveredPrefix:
         total: int,
         rendered: RenderedHistory,
         extra_sizes: tuple[int, ...],
+        call_ids: CallIdRenamer,
     ) -> None:
         self.items = items
         self.bytes = total
         self.rendered = rendered
         self.extra_sizes = extra_sizes  # state pair + area section, after the history
+        self.call_ids = call_ids
 
     def bytes_before(self, count: int) -> int:
         """Serialized size of ``items[:count]``, in bytes."""
@@ -89,6 +100,11 @@ def render_preparation(
 ) -> tuple[PreparedContext, DeliveredPrefix, SectionResult | None]:
     """Render one preparation: history, runtime-state pair, area section.
 
+    A request with a ``scope`` renders the sliced view
+    (``HistoryView.render_scoped``) and shows the area section as it stands
+    (:func:`current_section`): nothing the unscoped preparations reuse is
+    read for it or changed by it, and its ``reused_bytes`` is 0.
+
     Args:
         queued: seconds from the request to the start of rendering.
         last: the context's last delivered prefix, to count reused bytes.
@@ -109,9 +125,18 @@ def render_preparation(
         behavior_rules=behavior_rules,
         loop_budget=request.loop_budget,
     )
-    rendered = view.render(gateway, request.turn_id, open_calls=options.open_calls)
+    counter = options.token_counter
+    if request.scope is None:
+        rendered = view.render(gateway, request.turn_id, open_calls=options.open_calls)
+    else:
+        rendered = view.render_scoped(
+            gateway, request.turn_id, request.scope, open_calls=options.open_calls
+        )
+    # The pair and the area section continue the history's call-id renaming.
+    call_ids = rendered.call_ids
     items = rendered.items
     total = rendered.bytes
+    tokens = rendered.tokens
     call_id: str | None = None
     reserved: list[str] = []
     extra: tuple[NativeContent, ...] = ()
@@ -121,7 +146,12 @@ def render_preparation(
         # The pair sits directly after the turn's input; the area section follows it.
         call_id = state_call_id(request.context_id, request.turn_id)
         reserved.append(call_id)
-        extra = tuple(gateway.render(pair[0])) + tuple(gateway.render(pair[1]))
+        extra = tuple(
+            rename_call_ids(
+                gateway.type, [*gateway.render(pair[0]), *gateway.render(pair[1])], call_ids
+            )
+        )
+        tokens += counter.count(pair)
         size = len(_encoder.encode(extra[-1]))
         if size > max_item_bytes:
             raise ItemTooLargeError(
@@ -134,7 +164,10 @@ def render_preparation(
     pair_items = len(extra)
     if areas is not None:
         try:
-            section = run_area_step(areas, run_pass)
+            if request.scope is not None:
+                section = current_section(areas)
+            else:
+                section = run_area_step(areas, run_pass)
         except OpenToolCallError as exc:
             raise OpenToolCallError(
                 f"The area section of context {excerpt(request.context_id)} ends with routed "
@@ -142,15 +175,17 @@ def render_preparation(
                 f"been routed; turn {excerpt(request.turn_id)} cannot be prepared until it is.",
                 call_ids=exc.call_ids,
             ) from exc
-        extra += section.items
+        extra += tuple(rename_call_ids(gateway.type, section.items, call_ids))
         outcome = section.outcome
+        # Area items are native; each is counted as the message it parses to.
+        tokens += counter.count([gateway.parse(item) for item in section.items])
     extra_sizes = tuple(len(_encoder.encode(item)) for item in extra)
     if extra:
         items += extra
         total += sum(extra_sizes)
     reserved.extend(m.id for m in view.turn_input(request.turn_id) if m.id is not None)
     reused = 0
-    if last is not None:
+    if last is not None and request.scope is None:
         reused = last.bytes_before(common_prefix(items, last.items))
     prepared = PreparedContext(
         context_id=request.context_id,
@@ -159,7 +194,7 @@ def render_preparation(
         items=items,
         item_count=len(items),
         bytes=total,
-        tokens=math.ceil(total / 4),
+        tokens=tokens,
         turn_start=rendered.turn_start,
         area_start=len(rendered.items) + pair_items,
         area_items=len(section.items) if section is not None else 0,
@@ -170,4 +205,4 @@ def render_preparation(
         queued_seconds=queued,
         render_seconds=time.perf_counter() - begin,
     )
-    return prepared, DeliveredPrefix(items, total, rendered, extra_sizes), section
+    return prepared, DeliveredPrefix(items, total, rendered, extra_sizes, call_ids), section

@@ -37,12 +37,16 @@ import anyio
 import anyio.abc
 
 from turnloom.context.area import ContextAreaImplementation
+from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.history import HistoryLimits, HistoryView
+from turnloom.context.history import HistoryLimits, HistoryView, check_id
 from turnloom.context.message import Message
 from turnloom.context.pairing import complete_pairs
+from turnloom.context.scope import ContextScope, check_scope
+from turnloom.context.working import FrozenContext, WorkingContext
 from turnloom.errors import AreaCallbackError, excerpt
 from turnloom.runtime._area_section import check_area
+from turnloom.runtime._bridge import folded_message, working_context
 from turnloom.runtime._contexts import ContextState, ContextTable
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._door import (
@@ -128,12 +132,17 @@ class ContextManager:
         self._open_calls = options.open_calls
         self._counters = Counters()
         self._queue = PreparationQueue(options.max_pending_preparations, task_group, self._counters)
-        self._table = ContextTable(self._limits, self._gateway, self._counters)
+        self._table = ContextTable(
+            self._limits, self._gateway, self._counters, options.token_counter
+        )
         # id -> prefix, for every prefix prepare returned that is still alive:
         # build continues only these (O(1), no hashing of the items).
         self._issued: weakref.WeakValueDictionary[int, PreparedContext] = (
             weakref.WeakValueDictionary()
         )
+        # id -> the call-id renaming state after that prefix's items (build
+        # continues it); an entry goes when its prefix is collected.
+        self._call_ids: dict[int, CallIdRenamer] = {}
         self._closed = False
 
     # -- properties --------------------------------------------------------
@@ -386,6 +395,8 @@ class ContextManager:
             the prefix: pinned instructions, earlier turns, the turn's input,
             the runtime-state pair when the request or manager carries state,
             and the area section. Send ``manager.gateway.request_body(items)``.
+            With ``request.scope`` the earlier turns are the sliced view (see
+            :class:`~turnloom.runtime.ContextPrepareRequest`).
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed, or closed
@@ -393,6 +404,10 @@ class ContextManager:
             InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
                 request (ids, contributions that are not a tuple or list,
                 contribution names or text, loop budget); no slot was taken.
+            InvalidArgumentError: the request's ``scope`` is not a scope; no
+                slot was taken.
+            PositionalScopeError: a scope without ``indices`` asked a
+                positional scope's ``matches`` (raised by the preparation).
             ItemTooLargeError: the runtime-state result would exceed the
                 per-item byte cap: raised at the call when the carried texts
                 alone exceed it (no slot taken), else by the preparation.
@@ -430,7 +445,8 @@ class ContextManager:
         Raises:
             QueueFullError: all ``capacity`` slots are taken; nothing was admitted.
             FoundationClosedError, InvalidMessageError, InvalidTextError,
-            DuplicateIdError, ItemTooLargeError, UnknownTurnError, ProviderRuleError,
+            DuplicateIdError, InvalidArgumentError, PositionalScopeError,
+            ItemTooLargeError, UnknownTurnError, ProviderRuleError,
             AreaCallbackError, OpenToolCallError: as :meth:`prepare`.
 
         Cancellation:
@@ -493,15 +509,20 @@ class ContextManager:
         if scope.cancel_called:
             return
         if preparation.wanted:
-            if areas is not None and section is not None:
+            # A scoped prepare leaves what unscoped ones compare with and reuse.
+            unscoped = request.scope is None
+            if unscoped and areas is not None and section is not None:
                 areas.delivered = max(areas.delivered, section.generation)
-            state.last = delivered
+            if unscoped:
+                state.last = delivered
             self._counters.delivered(
-                last.bytes if last is not None else 0,
+                last.bytes if last is not None and unscoped else 0,
                 prepared,
                 anyio.current_time() - preparation.requested_at,
             )
         self._issued[id(prepared)] = prepared
+        self._call_ids[id(prepared)] = delivered.call_ids
+        weakref.finalize(prepared, self._call_ids.pop, id(prepared), None)
         preparation.result = prepared
 
     # -- continuation ------------------------------------------------------------
@@ -519,7 +540,12 @@ class ContextManager:
         The continuation (the turn's model outputs and tool results so far,
         oldest first) is rendered and appended; the prefix, including its
         runtime-state pair, is reused as is and never refreshed. Calls without
-        a result are handled by the ``open_calls`` policy. Cost: O(continuation).
+        a result are handled by the ``open_calls`` policy. A continuation call
+        reusing a call id of the prefix or of an earlier continuation call is
+        renamed, with its results, by the rule of
+        :mod:`turnloom.context.callids`, continued from the prefix, so the
+        items hold each call id once. Cost: O(continuation), plus a C-speed
+        copy of the prefix's set of call ids.
 
         Returns:
             tuple of NativeContent, oldest first.
@@ -543,9 +569,104 @@ class ContextManager:
         check_continuation(prefix, continuation, self._issued, self._limits)
         gateway = self._gateway
         items: list[NativeContent] = list(prefix.items)
+        call_ids = self._call_ids[id(prefix)].copy()
         for message in complete_pairs(continuation, open_calls=self._open_calls):
-            items.extend(gateway.render(message))
+            items.extend(rename_call_ids(gateway.type, gateway.render(message), call_ids))
         return tuple(items)
+
+    # -- sub-agents ----------------------------------------------------------------
+
+    async def working_context(
+        self, context_id: str, *, scope: ContextScope | None = None
+    ) -> WorkingContext:
+        """The retained history of a context as a WorkingContext, for a sub-agent briefing.
+
+        The prefix's grounding is the pinned instructions; the messages are
+        every kept turn's input and outputs, oldest first, sliced by ``scope``
+        (indices are positions in that list) and with every call/result pair
+        complete under the ``open_calls`` policy. The token counter is the
+        Foundation's, so ``tokens()`` is the number the history and
+        ``PreparedContext.tokens`` report for the same messages. The result
+        is independent of the manager: changing it changes no history. Built
+        from a view captured at the call, in a worker thread.
+
+        Raises:
+            FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: a malformed context id.
+            UnknownContextError: no turn was committed to ``context_id``.
+            InvalidArgumentError: ``scope`` is not a scope.
+            PositionalScopeError: a scope without ``indices`` asked a
+                positional scope's ``matches``.
+
+        Cancellation:
+            Nothing changes either way; a cancelled call waits for its worker
+            thread (never abandoned) and the result is dropped.
+        """
+        self._check_open()
+        view = self._table.get(context_id).history.view()
+        if scope is not None:
+            check_scope(scope)
+        options = self._options
+        return await anyio.to_thread.run_sync(
+            working_context,
+            view,
+            scope,
+            options.open_calls,
+            options.token_counter,
+            limiter=self._limiter,
+        )
+
+    async def briefing(
+        self, context_id: str, *, scope: ContextScope | None = None
+    ) -> FrozenContext:
+        """:meth:`working_context`, frozen: an immutable snapshot to hand a sub-agent.
+
+        Raises:
+            As :meth:`working_context`.
+
+        Cancellation:
+            As :meth:`working_context`.
+        """
+        return (await self.working_context(context_id, scope=scope)).freeze()
+
+    def fold(
+        self,
+        context_id: str,
+        turn_id: str,
+        result: WorkingContext | FrozenContext | str,
+        *,
+        call_id: str | None = None,
+        agent: str | None = None,
+    ) -> int:
+        """Fold a sub-agent's result into a turn, through :meth:`record`.
+
+        The result's text (``result`` itself, or the text of the last
+        assistant message of its messages that has text) is recorded as one
+        message of ``turn_id``: with ``call_id``, the tool result answering
+        that call of the turn (the call that delegated to the sub-agent, its
+        tool name taken from the call); without it, an assistant message
+        named ``agent``.
+
+        Returns:
+            how many messages were recorded (1, or 0 when the turn was
+            evicted and the output dropped).
+
+        Raises:
+            FoundationClosedError, UnknownContextError, UnknownTurnError,
+            InvalidMessageError, InvalidTextError, ItemTooLargeError,
+            ProviderRuleError: as :meth:`record`; with ``call_id``,
+            UnknownTurnError also when the turn is no longer held.
+            InvalidArgumentError: ``result`` is not a WorkingContext,
+                FrozenContext or string, or has no assistant text;
+                ``call_id`` names no call of the turn still without a
+                result; ``agent`` is malformed or given with ``call_id``.
+                Nothing was recorded.
+        """
+        self._check_open()
+        view = self._table.get(context_id).history.view()
+        check_id(turn_id, "turn id")
+        message = folded_message(result, view, turn_id, call_id=call_id, agent=agent)
+        return self.record(context_id, turn_id, (message,))
 
     # -- lifecycle (driven by the Foundation) ---------------------------------------
 

@@ -20,6 +20,7 @@ name                                      type       meaning
 ``contexts``                              gauge      contexts held
 ``invocations_in_flight``                 gauge      model calls in flight
 ``history_turns`` / ``_items`` / ``_bytes``  gauge   held across contexts
+``history_tokens``                        gauge      tokens held (the Foundation's counter)
 ``evicted_turns_total`` / ``_items_total``  counter  evicted from histories
 ``dropped_late_outputs_total``            counter    outputs for evicted turns, dropped
 ``dropped_blank_outputs_total``           counter    empty partial outputs, not recorded
@@ -126,6 +127,11 @@ class ManagerCollector(Collector):
         yield GaugeMetricFamily("turnloom_history_items", "Messages held.", s.history.items)
         yield GaugeMetricFamily(
             "turnloom_history_bytes", "Serialized bytes of messages held.", s.history.bytes
+        )
+        yield GaugeMetricFamily(
+            "turnloom_history_tokens",
+            "Tokens of messages held, by the Foundation's token counter.",
+            s.history.tokens,
         )
         yield CounterMetricFamily(
             "turnloom_evicted_turns", "Turns evicted from histories.", s.history.evicted_turns_total

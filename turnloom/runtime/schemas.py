@@ -30,6 +30,7 @@ import msgspec
 
 from turnloom.context.gateway import GatewayType, NativeContent
 from turnloom.context.message import Message
+from turnloom.context.scope import ContextScope
 
 
 class TurnSnapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -83,6 +84,16 @@ class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
             pair, never promoted to system or developer instructions.
         loop_budget: the static budget of model calls for this turn, if any;
             carried in the runtime-state pair, never rewritten per model call.
+        scope: a :class:`~turnloom.context.ContextScope` (for example
+            ``LastNTurns(4)`` for a realtime voice model) that slices the
+            history this input shows: it selects among the messages of the
+            earlier turns and the turn's input, indexed from 0 in that order;
+            the pinned instructions and the turn's input are always kept, and
+            call/result pairs are completed after slicing. ``None`` (default)
+            prepares the whole history. A scoped prepare changes nothing the
+            unscoped ones reuse: history, render caches, the prefix that
+            ``reused_bytes`` compares with, the area section (shown as it
+            stands, without a pass: ``area_pass == "reused_scoped"``).
     """
 
     context_id: str
@@ -90,9 +101,12 @@ class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
     contributions: tuple[ContextContribution, ...] = ()
     behavior_rules: str | None = None
     loop_budget: int | None = None
+    scope: ContextScope | None = None
 
 
-AreaPass: TypeAlias = Literal["none", "rendered", "reused_invocation", "reused_undelivered"]
+AreaPass: TypeAlias = Literal[
+    "none", "rendered", "reused_invocation", "reused_undelivered", "reused_scoped"
+]
 """How a preparation got its area section (see ``ContextManager``).
 
 * ``"none"`` -- the context has no area section (no area attached, nothing routed).
@@ -103,6 +117,8 @@ AreaPass: TypeAlias = Literal["none", "rendered", "reused_invocation", "reused_u
 * ``"reused_undelivered"`` -- the previous area pass never reached a
   requester (its preparation was cancelled or discarded), so its section was
   reused instead of rendering over it.
+* ``"reused_scoped"`` -- a scoped prepare (``ContextPrepareRequest.scope``)
+  shows the area section as it stands and never runs a pass.
 
 The area section of a context:
 
@@ -163,7 +179,10 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
             ``validate()``.
         item_count: ``len(items)``.
         bytes: serialized size of ``items``, in bytes (JSON).
-        tokens: approximate token count, ``ceil(bytes / 4)``.
+        tokens: tokens of the messages ``items`` render, by the Foundation's
+            token counter: each history message as counted when it entered
+            (the number the history's limits and statistics use), plus the
+            runtime-state pair and the area section.
         turn_start: index in ``items`` of the turn's first input item.
         area_start: index in ``items`` of the area section's first item (right
             after the runtime-state pair, or after the turn's input when there
@@ -175,7 +194,8 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
         reserved_ids: ids a continuation may not repeat: the state call id and
             the message ids of the turn's input.
         reused_bytes: bytes at the start of ``items`` equal to the previous
-            prepared prefix of the same context (prefix stability).
+            prepared prefix of the same context (prefix stability); 0 for a
+            scoped prepare, which is not compared.
         queued_seconds: time from the request to the start of rendering, in
             seconds (waiting for a slot, the turn's commit and a worker thread).
         render_seconds: time spent rendering in the worker thread, in seconds.
@@ -233,6 +253,8 @@ class HistoryTotals(msgspec.Struct, frozen=True, kw_only=True):
             (removed contexts included).
         dropped_late_outputs_total: outputs recorded for evicted turns, dropped.
         dropped_blank_outputs_total: empty or whitespace-only outputs not recorded.
+        tokens: tokens of the messages held across all contexts (pinned
+            instructions excluded), by the Foundation's token counter.
     """
 
     turns: int
@@ -242,6 +264,7 @@ class HistoryTotals(msgspec.Struct, frozen=True, kw_only=True):
     evicted_items_total: int
     dropped_late_outputs_total: int
     dropped_blank_outputs_total: int
+    tokens: int = 0
 
 
 class PrefixStatistics(msgspec.Struct, frozen=True, kw_only=True):

@@ -150,6 +150,9 @@ def state_messages(
     call = Message(
         role=Role.assistant,
         content=(ToolCallPart(call_id=call_id, name=STATE_TOOL_NAME, arguments="{}"),),
+        # The model did not produce this call: Gemini sends it with Google's
+        # placeholder thought signature (other gateways ignore the hint).
+        layout={"gateway": GatewayType.gemini.value, "injected": True},
     )
     result = Message(
         role=Role.tool,

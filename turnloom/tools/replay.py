@@ -12,10 +12,12 @@ walked into turns by :func:`turnloom.tools.transcript.walk`:
 
 For OpenAI Chat the prepared input of every model call is checked against the
 trajectory itself: it must equal, message for message, the messages before
-that assistant reply. Two documented normalizations are allowed, and counted
-as ``normalized``: what the gateway round trip changes (for example an empty
-text part is never emitted) and calls left without a result, which are
-excluded. For the other gateways the item list of every request
+that assistant reply. Three documented normalizations are allowed, and
+counted as ``normalized``: what the gateway round trip changes (for example an
+empty text part is never emitted), calls left without a result, which are
+excluded, and call ids reused from an earlier call, which are renamed so that
+each request carries every call id once (:mod:`turnloom.context.callids`).
+For the other gateways the item list of every request
 body (``request_body``) must pass the gateway's ``validate()``.
 
 A trajectory that is malformed (not JSON, an unknown role, a tool message
@@ -42,6 +44,7 @@ from typing import Any, BinaryIO
 import anyio
 import msgspec
 
+from turnloom.context.callids import rename_call_ids
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_gateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.message import Message, Role
@@ -152,7 +155,7 @@ def _expected(chat: Gateway, messages: Sequence[Message]) -> list[NativeContent]
     out: list[NativeContent] = []
     for message in complete_pairs(messages):
         out.extend(chat.render(message))
-    return out
+    return rename_call_ids(chat.type, out)
 
 
 async def _replay_one(

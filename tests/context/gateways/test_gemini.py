@@ -16,6 +16,7 @@ from turnloom.context import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    complete_pairs,
     get_gateway,
 )
 from turnloom.errors import InvalidMessageError, ProviderRuleError
@@ -296,3 +297,150 @@ def test_request_body_passes_a_non_object_function_response_and_validate_flags_i
         (1, "tool_call_without_result"),
         (2, "malformed_function_response"),
     ]
+
+
+# -- thought signatures -------------------------------------------------------------
+
+_SIGNED_STEP = {
+    "role": "model",
+    "parts": [
+        {"functionCall": {"id": "a", "name": "f", "args": {}}, "thoughtSignature": "U0lHX0E="},
+        {"functionCall": {"id": "b", "name": "f", "args": {}}},
+    ],
+}
+
+
+def _response(*ids: str) -> dict[str, Any]:
+    return {
+        "role": "user",
+        "parts": [
+            {"functionResponse": {"id": i, "name": "f", "response": {"output": i}}} for i in ids
+        ],
+    }
+
+
+def test_an_excluded_signed_first_call_passes_its_signature_to_the_first_kept_call() -> None:
+    """Invariant: a step never goes out unsigned because its first call had no result."""
+    step = gw.parse(_SIGNED_STEP)
+    completed = complete_pairs(
+        [Message(role=Role.user, content="go"), step, gw.parse(_response("b"))]
+    )
+    items = [i for m in completed for i in gw.render(m)]
+    assert items[1] == {
+        "role": "model",
+        "parts": [
+            {"functionCall": {"id": "b", "name": "f", "args": {}}, "thoughtSignature": "U0lHX0E="}
+        ],
+    }
+    assert gw.validate(gw.request_body(items)["contents"]) == []
+
+
+def test_a_signature_on_an_empty_text_part_is_kept_and_not_flagged() -> None:
+    """The SDK's {"text": "", "thoughtSignature": ...} output re-renders exactly, validly."""
+    native = {
+        "role": "model",
+        "parts": [
+            {"functionCall": {"id": "a", "name": "f", "args": {}}, "thoughtSignature": "U0lHX0E="},
+            {"text": "", "thoughtSignature": "U0lHX0I="},
+        ],
+    }
+    only = {"role": "model", "parts": [{"text": "", "thoughtSignature": "U0lHX0I="}]}
+    assert gw.render(gw.parse(native)) == [native]
+    assert gw.render(gw.parse(only)) == [only]
+    items: list[dict[str, Any]] = [_USER, native, _response("a"), only]
+    assert gw.validate(items) == []
+
+
+def test_a_recorded_model_content_of_one_empty_text_re_renders_exactly() -> None:
+    """The API accepts [{"text": ""}] from the model; keep_blank re-emits it."""
+    native = {"role": "model", "parts": [{"text": ""}]}
+    message = gw.parse(native)
+    assert message.layout == {"gateway": "gemini", "keep_blank": True}
+    assert gw.render(message) == [native]
+
+
+def test_an_injected_call_gets_the_documented_placeholder_signature() -> None:
+    """Google's placeholder for calls the model did not produce, base64 as JSON bytes."""
+    injected = Message(
+        role=Role.assistant,
+        content=(ToolCallPart(call_id="s1", name="state"),),
+        layout={"gateway": "gemini", "injected": True},
+    )
+    assert gw.render(injected) == [
+        {
+            "role": "model",
+            "parts": [
+                {
+                    "functionCall": {"id": "s1", "name": "state", "args": {}},
+                    "thoughtSignature": "c2tpcF90aG91Z2h0X3NpZ25hdHVyZV92YWxpZGF0b3I=",
+                }
+            ],
+        }
+    ]
+    # The official SDK reads the JSON value as the documented dummy's bytes.
+    from google.genai import types
+
+    content = types.Content.model_validate(gw.render(injected)[0])
+    assert content.parts is not None
+    assert content.parts[0].thought_signature == b"skip_thought_signature_validator"
+    # Other gateways ignore the Gemini hint.
+    assert get_gateway("openai_chat").render(injected)[0]["tool_calls"][0] == {
+        "id": "s1",
+        "type": "function",
+        "function": {"name": "state", "arguments": "{}"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("items", "expected"),
+    [
+        # A signed call earlier; the current turn's step is unsigned.
+        (
+            [
+                _USER,
+                _SIGNED_STEP,
+                _response("a", "b"),
+                {
+                    "role": "model",
+                    "parts": [{"functionCall": {"id": "c", "name": "f", "args": {}}}],
+                },
+                _response("c"),
+            ],
+            [(3, "missing_thought_signature")],
+        ),
+        # The unsigned step is in an earlier turn: not flagged.
+        (
+            [
+                _USER,
+                {
+                    "role": "model",
+                    "parts": [{"functionCall": {"id": "c", "name": "f", "args": {}}}],
+                },
+                _response("c"),
+                _USER,
+                _SIGNED_STEP,
+                _response("a", "b"),
+            ],
+            [],
+        ),
+        # Only thought text is signed (Gemini 2.5): calls are not validated.
+        (
+            [
+                _USER,
+                {
+                    "role": "model",
+                    "parts": [
+                        {"text": "t", "thought": True, "thoughtSignature": "U0lH"},
+                        {"functionCall": {"id": "c", "name": "f", "args": {}}},
+                    ],
+                },
+                _response("c"),
+            ],
+            [],
+        ),
+    ],
+)
+def test_validate_flags_an_unsigned_current_turn_step(
+    items: list[dict[str, Any]], expected: list[tuple[int, str]]
+) -> None:
+    assert [(v.index, v.rule) for v in gw.validate(items)] == expected

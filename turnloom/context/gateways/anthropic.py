@@ -44,6 +44,12 @@ string (``"content": "string"``), tool results whose content was a string
 (``"string_results"``: call ids) or that had no ``is_error``
 (``"no_is_error"``: call ids).
 
+Call ids: the API rejects a ``tool_use`` id used twice in one request. A
+reused id is renamed ``<id>_r<n>`` in its ``tool_use`` and the
+``tool_result`` blocks answering it, by the rule of
+:mod:`turnloom.context.callids`, in every prepared input and in
+:meth:`AnthropicGateway.request_body`.
+
 Source: Anthropic Messages API reference (``messages``, ``system``, content
 blocks; tool use: ``tool_result`` blocks go in the next user message, before
 any other content; consecutive same-role turns are combined).
@@ -57,6 +63,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from turnloom.context.callids import CallIdRenamer, register_rewriter, rename_call_ids
 from turnloom.context.gateway import (
     Gateway,
     GatewayType,
@@ -685,10 +692,11 @@ class AnthropicGateway(Gateway):
         string-form item, else every block of the run in order. Adjacent items of
         the same role are merged into one (tool results first, so a merged
         user turn still opens with its results), unless the gateway was built
-        with ``merge_turns=False``. A ``tool_use`` id already used by an
-        earlier turn is renamed (``<id>_r<n>``) in its call and in the results
-        that answer it, because the API rejects reused ids while turnloom
-        pairs positionally. Input items are not modified.
+        with ``merge_turns=False``. A ``tool_use`` id already used earlier in
+        the request is renamed in its call and in the results that answer it
+        (the rule of :mod:`turnloom.context.callids`), because the API rejects
+        reused ids while turnloom pairs positionally. Input items are not
+        modified.
 
         Source: Anthropic Messages API, ``system`` parameter and tool use.
         """
@@ -710,7 +718,7 @@ class AnthropicGateway(Gateway):
             else:
                 body["system"] = system_blocks
         messages: list[NativeContent] = []
-        for item in _rename_reused_ids(items[start:]):
+        for item in rename_call_ids(GatewayType.anthropic, items[start:]):
             if (
                 self._merge_turns
                 and messages
@@ -773,50 +781,35 @@ def _merge(first: NativeContent, second: NativeContent) -> NativeContent:
     return merged
 
 
-def _rename_reused_ids(items: Sequence[NativeContent]) -> list[NativeContent]:
-    seen: set[str] = set()
-    renamed: dict[str, str] = {}
-    out: list[NativeContent] = []
-    for item in items:
-        content = item.get("content")
-        if not isinstance(content, list):
-            out.append(item)
-            continue
-        role = item.get("role")
-        if role == "assistant":
-            renamed = {}
-            new_blocks: list[Any] | None = None
-            for j, block in enumerate(content):
-                if isinstance(block, dict) and block.get("type") == "tool_use":
-                    call_id = block.get("id")
-                    if call_id in seen:
-                        n = 2
-                        while f"{call_id}_r{n}" in seen:
-                            n += 1
-                        new_id = f"{call_id}_r{n}"
-                        renamed[call_id] = new_id
-                        if new_blocks is None:
-                            new_blocks = list(content)
-                        new_blocks[j] = {**block, "id": new_id}
-                        seen.add(new_id)
-                    elif isinstance(call_id, str):
-                        seen.add(call_id)
-            out.append(item if new_blocks is None else {**item, "content": new_blocks})
-        elif role == "user" and renamed:
-            new_blocks = [
-                {**b, "tool_use_id": renamed[b["tool_use_id"]]}
-                if isinstance(b, dict)
-                and b.get("type") == "tool_result"
-                and b.get("tool_use_id") in renamed
-                else b
-                for b in content
-            ]
-            out.append({**item, "content": new_blocks})
+def _rewrite_call_ids(item: NativeContent, renamer: CallIdRenamer) -> NativeContent:
+    """Report one item's tool_use and tool_result ids to ``renamer``; the item with its ids."""
+    content = item.get("content") if isinstance(item, dict) else None
+    role = item.get("role") if isinstance(item, dict) else None
+    if not isinstance(content, list):
+        if role == "user":
+            renamer.end_group()
+        return item
+    new_blocks: list[Any] | None = None
+    other = False
+    for j, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if role == "assistant" and kind == "tool_use":
+            key, call_id = "id", block.get("id")
+            new_id = renamer.call(call_id) if isinstance(call_id, str) else call_id
+        elif role == "user" and kind == "tool_result":
+            key, call_id = "tool_use_id", block.get("tool_use_id")
+            new_id = renamer.result(call_id) if isinstance(call_id, str) else call_id
         else:
-            if role == "user":
-                renamed = {}
-            out.append(item)
-    return out
+            other = True
+            continue
+        if new_id != call_id:
+            if new_blocks is None:
+                new_blocks = list(content)
+            new_blocks[j] = {**block, key: new_id}
+    if role == "user" and other:
+        # User content after the results starts the next turn: the group ends.
+        renamer.end_group()
+    return item if new_blocks is None else {**item, "content": new_blocks}
 
 
 def _with_result_names(message: Message, names: dict[str, str]) -> Message:
@@ -860,3 +853,4 @@ def _parse_image(block: dict[str, Any]) -> ImagePart | None:
 
 
 register_gateway(GatewayType.anthropic, AnthropicGateway, _WRITES)
+register_rewriter(GatewayType.anthropic, _rewrite_call_ids)

@@ -40,12 +40,31 @@ arguments travel as an object (re-encoded as compact JSON, and arguments
 that are not a JSON object raise :class:`~turnloom.errors.ProviderRuleError`);
 media that is not an image (audio, video, PDF) is kept only as an opaque
 ``gemini`` part; opaque parts of other gateways are dropped with a logged
-warning; empty and whitespace-only text is never emitted.
+warning; empty and whitespace-only text is never emitted, except a text
+part carrying a thought signature (``{"text": "", "thoughtSignature"}``, as
+the official SDK keeps model output) and blank text of a content parsed with
+it (``keep_blank``).
 
 Layout kept for exact re-emission (``Message.layout``): ``"snake": true`` for
 contents written with snake_case part keys (``function_call``,
 ``inline_data``, ``thought_signature``, as the Vertex AI traffic has them);
-``"json_results"`` (call ids whose ``response`` was carried as JSON text).
+``"json_results"`` (call ids whose ``response`` was carried as JSON text),
+``"keep_blank"`` (the content held blank text). Set by a host or the runtime:
+``"injected": true`` marks calls the model did not produce (the runtime-state
+call): the first function call of such a model content is sent with Google's
+placeholder thought signature, since Gemini 3 rejects an unsigned call in the
+current turn.
+
+Thought signatures: a signature is kept verbatim where the model put it;
+when :func:`~turnloom.context.complete_pairs` leaves out the signed first call
+of a parallel step, the signature moves to the step's first kept call.
+
+Call ids: ids are optional on Gemini (model output may omit them; calls and
+responses without one are matched by name and have nothing to rename). An id
+that is given is matched to its response by id, so a reused one is renamed
+``<id>_r<n>`` in its ``functionCall`` and the ``functionResponse`` answering
+it, by the rule of :mod:`turnloom.context.callids`, in every prepared input
+and in :meth:`GeminiGateway.request_body`; no id is ever added.
 
 Source: Gemini API reference (``Content``, ``Part``, ``FunctionCall``,
 ``FunctionResponse``, ``systemInstruction``); function calling guide:
@@ -56,12 +75,14 @@ from __future__ import annotations
 
 __all__ = ("GeminiGateway",)
 
+import base64
 import json
 import logging
 import mimetypes
 from collections.abc import Sequence
 from typing import Any
 
+from turnloom.context.callids import CallIdRenamer, register_rewriter, rename_call_ids
 from turnloom.context.gateway import (
     Gateway,
     GatewayType,
@@ -94,6 +115,7 @@ from turnloom.context.message import (
     check_message,
     decode_json_text,
 )
+from turnloom.context.pairing import STEP_SIGNATURE_KEYS
 from turnloom.errors import InvalidMessageError, excerpt
 
 _log = logging.getLogger("turnloom.gateway.gemini")
@@ -148,9 +170,25 @@ _WRITES = NativeKeys(
     tool_call=_DATA,
     tool_result=frozenset({"id", "name", "response", "parts"}),
     reasoning=_DATA | {"thought", "thoughtSignature", "thought_signature"},
-    hints={"snake": "flag", "json_results": "ids", "no_id": "ids", "keep_blank": "flag"},
+    hints={
+        "snake": "flag",
+        "json_results": "ids",
+        "no_id": "ids",
+        "keep_blank": "flag",
+        "injected": "flag",
+    },
     check_layout=_check_json_results,
 )
+
+# The thought signature of a call the model did not produce (the runtime-state
+# call, a host's injected call). Source: Gemini API, Thought Signatures, FAQ
+# (https://ai.google.dev/gemini-api/docs/thought-signatures#faqs): such calls
+# may carry the dummy signature "context_engineering_is_the_way_to_go" or
+# "skip_thought_signature_validator"; Vertex AI documents the second for
+# requests built by hand. The field is bytes, so the JSON carries its base64
+# encoding: the recorded accepted request test_google_model_structured_output#1
+# of ../shared/data/provider-recordings/gemini.jsonl sends exactly this value.
+_INJECTED_SIGNATURE = base64.b64encode(b"skip_thought_signature_validator").decode("ascii")
 
 
 def _k(name: str, snake: bool) -> str:
@@ -197,13 +235,16 @@ class GeminiGateway(Gateway):
         role = message.role
         if role is Role.assistant:
             no_id = layout.get("no_id", ())
+            keep_blank = bool(layout.get("keep_blank"))
             parts = [
                 p
                 for part in message.parts
-                if (p := self._model_part(part, own, snake, no_id)) is not None
+                if (p := self._model_part(part, own, snake, no_id, keep_blank)) is not None
             ]
             if not parts:
                 return []
+            if layout.get("injected"):
+                _sign_injected(parts, snake)
             item: NativeContent = {"role": "model", "parts": parts}
             if own and message.extras:
                 item.update(message.extras)
@@ -232,7 +273,9 @@ class GeminiGateway(Gateway):
         self, part: Part, own: bool, snake: bool, keep_blank: bool = False
     ) -> dict[str, Any] | None:
         if type(part) is TextPart:
-            if blank(part.text) and not keep_blank:
+            # A blank text carrying a thought signature is kept: the signature
+            # belongs to the model step (the official SDK keeps such parts).
+            if blank(part.text) and not keep_blank and not (own and _signed(part.extras)):
                 return None
             block: dict[str, Any] = {"text": part.text}
         elif type(part) is ImagePart:
@@ -253,7 +296,7 @@ class GeminiGateway(Gateway):
         return block
 
     def _model_part(
-        self, part: Part, own: bool, snake: bool, no_id: Sequence[str]
+        self, part: Part, own: bool, snake: bool, no_id: Sequence[str], keep_blank: bool
     ) -> dict[str, Any] | None:
         if type(part) is ToolCallPart:
             call: dict[str, Any] = {
@@ -280,7 +323,7 @@ class GeminiGateway(Gateway):
         if type(part) is ToolResultPart:
             _log.warning("Dropped the result of call %s from a model turn.", part.call_id)
             return None
-        return self._user_part(part, own, snake)
+        return self._user_part(part, own, snake, keep_blank)
 
     def _response_part(
         self, result: ToolResultPart, layout: dict[str, Any], own: bool, snake: bool
@@ -497,11 +540,19 @@ class GeminiGateway(Gateway):
         ``functionResponse`` per call, in call order (matched by id, else by name), and
         no response that answers no call of that turn; a model turn with function calls
         directly follows a user turn or a function-response turn (the API rejects it
-        after another model turn or first); call ids unique within a model turn; every
+        after another model turn or first); call ids (where given) unique in the whole
+        input, so a response matched by id answers one call; every
         response has a name; roles are ``user`` or ``model`` (unset means ``user``); no
         content without parts; no empty or whitespace-only text part (thought parts
         excepted), except a content whose only part is an empty text: the Gemini API
-        accepts an empty prompt (recorded traffic, 6 requests). Adjacent contents of
+        accepts an empty prompt (recorded traffic, 6 requests), and except a part that
+        carries a thought signature (``{"text": "", "thoughtSignature": ...}``, model
+        output the official SDK keeps). When a function call of the input carries a
+        thought signature (Gemini 3 traffic), the first function call of every model
+        step of the current turn
+        (the contents after the last user content that is not only function
+        responses) carries one too: Gemini 3 rejects the request otherwise (Source:
+        Gemini API, Thought Signatures). Adjacent contents of
         the same role are accepted (recorded traffic). ``system`` items are turnloom's
         and are lifted by :meth:`request_body`.
 
@@ -509,9 +560,11 @@ class GeminiGateway(Gateway):
             every violation, in item order; empty when the input is valid.
         """
         out: list[Violation] = []
+        _check_signatures(items, out)
         calls: list[tuple[str | None, str]] = []  # (id, name) of the previous model turn
         calls_at = -1
         previous_role: str | None = None
+        all_calls: dict[str, int] = {}  # every call id so far -> its content
         for index, item in enumerate(items):
             # ``role`` may be left unset (a user turn), as parse() reads it.
             role = item.get("role", "user") if isinstance(item, dict) else None
@@ -535,7 +588,11 @@ class GeminiGateway(Gateway):
                 if not isinstance(part, dict):
                     continue
                 if isinstance(part.get("text"), str) and not part.get("thought"):
-                    if blank(part["text"]) and (part["text"] or len(parts) > 1):
+                    if (
+                        blank(part["text"])
+                        and (part["text"] or len(parts) > 1)
+                        and not _signed(part)
+                    ):
                         out.append(
                             violation(
                                 index,
@@ -577,6 +634,18 @@ class GeminiGateway(Gateway):
                                 f"{excerpt(call_id)}.",
                             )
                         )
+                    elif isinstance(call_id, str) and call_id in all_calls:
+                        out.append(
+                            violation(
+                                index,
+                                "duplicate_call_id",
+                                f"Content {index} reuses function call id {excerpt(call_id)} of "
+                                f"content {all_calls[call_id]}; call ids must be unique in a "
+                                "request.",
+                            )
+                        )
+                    if isinstance(call_id, str):
+                        all_calls.setdefault(call_id, index)
                     turn_calls.append((call_id, str(fc.get("name"))))
             if calls:
                 _check_answers(calls, calls_at, index, role, responses, out)
@@ -625,7 +694,10 @@ class GeminiGateway(Gateway):
         response is sent without an id, like its call. A model turn with calls
         that nothing precedes (its user turn held only parts Gemini cannot
         carry, or was cut) is left out with its responses, with a logged
-        warning. Input items are not modified.
+        warning. A call id used by an earlier call is first renamed in its call
+        and in the responses answering it (the rule of
+        :mod:`turnloom.context.callids`), so responses matched by id answer
+        their own call. Input items are not modified.
 
         Source: Gemini API function calling (one response turn, call order;
         "function call turn comes immediately after a user turn or after a
@@ -635,7 +707,7 @@ class GeminiGateway(Gateway):
         system_parts: list[Any] = []
         contents: list[NativeContent] = []
         calls: list[dict[str, Any]] = []
-        for item in items:
+        for item in rename_call_ids(GatewayType.gemini, items):
             if item.get("role") == "system":
                 system_parts.extend(item.get("parts", ()))
                 continue
@@ -721,6 +793,74 @@ def _check_answers(
                 f"Content {index} answers the calls of content {calls_at} out of call order.",
             )
         )
+
+
+def _signed(part: dict[str, Any] | None) -> bool:
+    """The part (or a part's extras) carries a thought signature."""
+    return bool(part) and any(k in part for k in STEP_SIGNATURE_KEYS)  # type: ignore[operator]
+
+
+def _sign_injected(parts: list[dict[str, Any]], snake: bool) -> None:
+    """Give the first function call of an injected step the placeholder signature."""
+    key = _k("functionCall", snake)
+    for n, part in enumerate(parts):
+        if key in part:
+            if not _signed(part):
+                parts[n] = {**part, _k("thoughtSignature", snake): _INJECTED_SIGNATURE}
+            return
+
+
+def _check_signatures(items: Sequence[NativeContent], out: list[Violation]) -> None:
+    """Flag an unsigned current-turn step when the input's function calls carry signatures.
+
+    A function call signed by the model marks Gemini 3 traffic, which signs
+    every step and rejects an unsigned one; a signature on thought text alone
+    is Gemini 2.5 traffic, which does not validate call signatures, and the
+    placeholder of an injected call is not the model's.
+    """
+    if not any(
+        _signed(p)
+        and ("functionCall" in p or "function_call" in p)
+        and _INJECTED_SIGNATURE not in (p.get(k) for k in STEP_SIGNATURE_KEYS)
+        for c in items
+        if isinstance(c, dict) and isinstance(c.get("parts"), list)
+        for p in c["parts"]
+        if isinstance(p, dict)
+    ):
+        return
+    start = 0
+    for index, item in enumerate(items):
+        if (
+            isinstance(item, dict)
+            and item.get("role", "user") == "user"
+            and not _only_responses(item)
+        ):
+            start = index + 1
+    for index in range(start, len(items)):
+        item = items[index]
+        if not isinstance(item, dict) or item.get("role") != "model":
+            continue
+        parts = item.get("parts")
+        first = next(
+            (
+                p
+                for p in (parts if isinstance(parts, list) else ())
+                if isinstance(p, dict) and ("functionCall" in p or "function_call" in p)
+            ),
+            None,
+        )
+        if first is not None and not _signed(first):
+            call = first.get("functionCall", first.get("function_call"))
+            name = call.get("name") if isinstance(call, dict) else None
+            out.append(
+                violation(
+                    index,
+                    "missing_thought_signature",
+                    f"Content {index} calls {excerpt(name)} in the current turn without a thought "
+                    "signature on its first function call, while the input carries "
+                    "signatures; Gemini 3 rejects it.",
+                )
+            )
 
 
 def _has_calls(item: NativeContent) -> bool:
@@ -832,3 +972,44 @@ def _parse_image(block: dict[str, Any], snake: bool) -> ImagePart | None:
 
 
 register_gateway(GatewayType.gemini, GeminiGateway, _WRITES)
+
+
+def _rewrite_call_ids(item: NativeContent, renamer: CallIdRenamer) -> NativeContent:
+    """Report one content's call and response ids to ``renamer``; the content with its ids.
+
+    Calls and responses without an id (model output may omit it) are matched
+    by name and have nothing to rename.
+    """
+    parts = item.get("parts") if isinstance(item, dict) else None
+    role = item.get("role", "user") if isinstance(item, dict) else None
+    if not isinstance(parts, list) or role not in ("user", "model"):
+        return item
+    new_parts: list[Any] | None = None
+    other = False
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict):
+            other = True
+            continue
+        if role == "model":
+            key = "functionCall" if "functionCall" in part else "function_call"
+        else:
+            key = "functionResponse" if "functionResponse" in part else "function_response"
+        inner = part.get(key)
+        if not isinstance(inner, dict):
+            other = True
+            continue
+        call_id = inner.get("id")
+        if not isinstance(call_id, str):
+            continue
+        new_id = renamer.call(call_id) if role == "model" else renamer.result(call_id)
+        if new_id != call_id:
+            if new_parts is None:
+                new_parts = list(parts)
+            new_parts[j] = {**part, key: {**inner, "id": new_id}}
+    if role == "user" and other:
+        # User content that is not a function response starts the next turn.
+        renamer.end_group()
+    return item if new_parts is None else {**item, "parts": new_parts}
+
+
+register_rewriter(GatewayType.gemini, _rewrite_call_ids)

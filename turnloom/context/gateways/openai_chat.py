@@ -32,6 +32,14 @@ and re-emitted verbatim. The participant ``name`` of a system, developer,
 user or assistant message is ``Message.name``; a ``tool`` message's ``name``
 (the function's) is the tool result's ``name`` and stays in its extras.
 
+Call ids: Chat pairs a ``tool`` message with the directly preceding
+assistant message and accepts an id reused in a later turn, so renaming is
+not needed by this provider. turnloom still sends each call id once per
+request (:meth:`OpenAIChatGateway.request_body` and every prepared input
+apply the rule of :mod:`turnloom.context.callids`), so one history renders
+to a valid input on every provider and ``validate`` checks one rule for all:
+a reused id becomes ``<id>_r<n>`` in its call and its ``tool`` messages.
+
 Source: OpenAI Chat Completions API reference, ``messages`` parameter; tool
 messages must answer a preceding assistant message's ``tool_calls``.
 """
@@ -44,6 +52,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from turnloom.context.callids import CallIdRenamer, register_rewriter, rename_call_ids
 from turnloom.context.gateway import (
     Gateway,
     GatewayType,
@@ -433,16 +442,19 @@ class OpenAIChatGateway(Gateway):
         ``tool`` messages follow directly the assistant message whose
         ``tool_calls`` they answer (only other ``tool`` messages between);
         every call is answered before the next non-tool message; no result
-        without its call; call ids unique within one assistant message. Chat
-        pairs a result with the open call of the directly preceding assistant
-        message, so an id reused in a later turn is accepted (the recorded
-        tau-bench GPT-4o traffic does this in 37 of 150 sessions). No empty or
+        without its call before it; call ids unique in the whole input. Chat
+        itself pairs a result with the open call of the directly preceding
+        assistant message and accepts an id reused in a later turn (the
+        recorded tau-bench GPT-4o traffic does this in 37 of 150 sessions),
+        but turnloom sends every request with unique call ids
+        (:meth:`request_body`), so one input converts to every provider. No empty or
         whitespace-only text content (an assistant message may have ``null``
         content only when it has tool calls); system and developer content is
         text only.
         """
         violations: list[Violation] = []
         open_calls: dict[str, int] = {}  # call id -> index of its assistant message
+        all_calls: dict[str, int] = {}  # every call id so far -> its assistant message
         for index, item in enumerate(items):
             role = item.get("role") if isinstance(item, dict) else None
             if role not in _ROLES:
@@ -544,7 +556,19 @@ class OpenAIChatGateway(Gateway):
                             f"{excerpt(call_id)}.",
                         )
                     )
+                elif call_id in all_calls:
+                    violations.append(
+                        Violation(
+                            index=index,
+                            rule="duplicate_call_id",
+                            message=f"Assistant message {index} reuses call id "
+                            f"{excerpt(call_id)} of "
+                            f"assistant message {all_calls[call_id]}; call ids must be unique "
+                            "in a request.",
+                        )
+                    )
                 open_calls[call_id] = index
+                all_calls.setdefault(call_id, index)
         for call_id, at in open_calls.items():
             violations.append(
                 Violation(
@@ -557,8 +581,13 @@ class OpenAIChatGateway(Gateway):
         return sorted(violations, key=lambda v: v.index)
 
     def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
-        """``{"messages": [...]}``, the items unchanged."""
-        return {"messages": list(items)}
+        """``{"messages": [...]}``: the items, call ids made unique in the request.
+
+        A call id used by an earlier call is renamed in its call and in the
+        ``tool`` messages answering it (:mod:`turnloom.context.callids`);
+        otherwise the items are unchanged. Input items are not modified.
+        """
+        return {"messages": rename_call_ids(GatewayType.openai_chat, items)}
 
 
 def _layout(content: Any, parts: Sequence[Part], has_extras: bool) -> dict[str, Any] | None:
@@ -602,3 +631,37 @@ def _parse_image(block: dict[str, Any]) -> ImagePart:
 
 
 register_gateway(GatewayType.openai_chat, OpenAIChatGateway, _WRITES)
+
+
+def _rewrite_call_ids(item: NativeContent, renamer: CallIdRenamer) -> NativeContent:
+    """Report one message's calls and results to ``renamer``; the item with its ids."""
+    if not isinstance(item, dict):
+        return item
+    role = item.get("role")
+    if role == "tool":
+        call_id = item.get("tool_call_id")
+        if isinstance(call_id, str):
+            new_id = renamer.result(call_id)
+            if new_id != call_id:
+                return {**item, "tool_call_id": new_id}
+        return item
+    # Every other message ends the call group; an assistant message with
+    # tool_calls opens the next one.
+    renamer.end_group()
+    calls = item.get("tool_calls") if role == "assistant" else None
+    if not isinstance(calls, list) or not calls:
+        return item
+    new_calls: list[Any] | None = None
+    for j, call in enumerate(calls):
+        call_id = call.get("id") if isinstance(call, dict) else None
+        if not isinstance(call_id, str):
+            continue
+        new_id = renamer.call(call_id)
+        if new_id != call_id:
+            if new_calls is None:
+                new_calls = list(calls)
+            new_calls[j] = {**call, "id": new_id}
+    return item if new_calls is None else {**item, "tool_calls": new_calls}
+
+
+register_rewriter(GatewayType.openai_chat, _rewrite_call_ids)

@@ -38,6 +38,13 @@ several assistant messages; opaque parts of other gateways are dropped with a
 logged warning; empty and whitespace-only text is never emitted, except an
 empty assistant message this gateway parsed from accepted traffic.
 
+Call ids: the API rejects a ``call_id`` used by two ``function_call`` items
+of one input ("Duplicate function_call_output for call_id ..."), while
+turnloom pairs calls and results by position and a history may reuse an id
+in a later turn. A reused id is renamed ``<id>_r<n>`` in its call and the
+outputs answering it, by the rule of :mod:`turnloom.context.callids`, in
+every prepared input and in :meth:`OpenAIResponsesGateway.request_body`.
+
 Recorded message fields this gateway writes itself are layout and fields,
 never extras: an item's ``id`` is ``Message.id``, its ``"type": "message"``
 and ``status`` are the ``"typed"`` and ``"status"`` hints. A reasoning item
@@ -58,6 +65,7 @@ from typing import Any
 
 import msgspec
 
+from turnloom.context.callids import CallIdRenamer, register_rewriter, rename_call_ids
 from turnloom.context.gateway import (
     Gateway,
     GatewayType,
@@ -606,7 +614,8 @@ class OpenAIResponsesGateway(Gateway):
         ``function_call_output`` answers an open ``function_call`` of the
         current model turn (the calls since the last input message or
         results); every call is answered before the next input message or
-        model turn; call ids unique within a model turn; item ids (``id``)
+        model turn; call ids unique in the whole input (the API rejects a
+        ``call_id`` used by two ``function_call`` items); item ids (``id``)
         unique over the input ("Duplicate item found with id ...", a 400 seen
         in public reports when a history is replayed twice); no empty or
         whitespace-only ``input_text`` part and no empty content list in user,
@@ -646,6 +655,7 @@ class OpenAIResponsesGateway(Gateway):
             answered.clear()
 
         item_ids: dict[str, int] = {}
+        all_calls: dict[str, int] = {}  # every call id so far -> its item
         for index, item in enumerate(items):
             if not isinstance(item, dict):
                 out.append(violation(index, "not_an_object", f"Item {index} is not an object."))
@@ -734,17 +744,20 @@ class OpenAIResponsesGateway(Gateway):
                             index, "missing_call_id", f"function_call {index} has no call_id."
                         )
                     )
-                elif call_id in open_calls:
+                elif call_id in all_calls:
                     out.append(
                         violation(
                             index,
                             "duplicate_call_id",
-                            f"function_call {index} reuses call id {excerpt(call_id)} of "
-                            f"the same turn.",
+                            f"function_call {index} reuses call id {excerpt(call_id)} of item "
+                            f"{all_calls[call_id]}; call ids must be unique in a request.",
                         )
                     )
+                    # Still open: its output is not flagged a second time.
+                    open_calls[call_id] = index
                 else:
                     open_calls[call_id] = index
+                    all_calls[call_id] = index
         close(len(items))
         return sorted(out, key=lambda v: v.index)
 
@@ -758,7 +771,10 @@ class OpenAIResponsesGateway(Gateway):
         to an earlier item with the same ``id`` (the same output replayed
         twice) is left out, with a reasoning item directly before it, since
         the API rejects two items with one id; a different item reusing an id
-        is kept, and :meth:`validate` flags it.
+        is kept, and :meth:`validate` flags it. Then a ``call_id`` used by an
+        earlier ``function_call`` is renamed in its call and in the outputs
+        answering it (the rule of :mod:`turnloom.context.callids`): the API
+        rejects two ``function_call`` items with one ``call_id``.
 
         Source: OpenAI Responses API, ``instructions`` and ``input``.
         """
@@ -790,7 +806,7 @@ class OpenAIResponsesGateway(Gateway):
                         kept.pop()
                     continue
             kept.append(item)
-        body["input"] = kept
+        body["input"] = rename_call_ids(GatewayType.openai_responses, kept)
         return body
 
 
@@ -916,3 +932,23 @@ def _parse_reasoning(item: NativeContent) -> ReasoningPart | OpaquePart:
 
 
 register_gateway(GatewayType.openai_responses, OpenAIResponsesGateway, _WRITES)
+
+
+def _rewrite_call_ids(item: NativeContent, renamer: CallIdRenamer) -> NativeContent:
+    """Report one item's ``call_id`` to ``renamer``; the item with the id it is sent with."""
+    if not isinstance(item, dict):
+        return item
+    kind = item.get("type")
+    if kind in ("function_call", "function_call_output"):
+        call_id = item.get("call_id")
+        if not isinstance(call_id, str):
+            return item
+        new_id = renamer.call(call_id) if kind == "function_call" else renamer.result(call_id)
+        return item if new_id == call_id else {**item, "call_id": new_id}
+    if "role" in item and kind in (None, "message") and item.get("role") != "assistant":
+        # An input message ends the model turn's call group.
+        renamer.end_group()
+    return item
+
+
+register_rewriter(GatewayType.openai_responses, _rewrite_call_ids)

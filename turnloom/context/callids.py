@@ -1,0 +1,182 @@
+"""Unique call ids within one request: the renaming rule every gateway uses.
+
+A history may reuse a call id in a later model turn: recorded OpenAI Chat
+traffic does (37 of the 150 tau-bench airline trajectories), and turnloom
+pairs calls and results by position, so each result still answers its own
+call. Providers that match results to calls by id do not: OpenAI Responses
+rejects a request in which two ``function_call`` items share a ``call_id``
+("Duplicate function_call_output for call_id ..."), Anthropic rejects a
+reused ``tool_use`` id. A request must therefore carry each call id once.
+
+The rule (:class:`CallIdRenamer`), applied to a request's items oldest first:
+
+* the first occurrence of a call id keeps it;
+* a later call reusing an id present earlier in the request gets
+  ``<id>_r<n>``, with ``n`` the next number of a counter kept per id
+  (starting at 2) and advanced past any candidate already present;
+* the results that answer a renamed call (those after it, in its call group)
+  get the same new id;
+* a new id never equals an id present before it; an id present after it that
+  equals it is a reuse there, and is renamed in its turn.
+
+A renamed id depends only on the items before it, never on those after, so
+renaming an input and then appending to it leaves the renamed prefix byte for
+byte as it was: the prefix a provider caches stays stable while only appends
+happen. An input whose call ids are unique is returned unchanged.
+
+Each gateway supplies how its native items carry calls and results (a
+*rewriter*, registered with :func:`register_rewriter`); the rule itself lives
+only here. :func:`rename_call_ids` applies it to a whole item list;
+:class:`~turnloom.context.TurnHistory` applies it incrementally, turn by turn.
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "CallIdRenamer",
+    "Rewriter",
+    "register_rewriter",
+    "rename_call_ids",
+)
+
+from collections.abc import Callable, Sequence
+
+from turnloom.context.gateway import GatewayType, NativeContent
+
+
+class CallIdRenamer:
+    """The state of the renaming rule after some items of one request.
+
+    A rewriter reports, item by item in request order, the calls
+    (:meth:`call`) and results (:meth:`result`) it finds and the points where
+    a call group ends (:meth:`end_group`), and writes back the ids returned.
+    A call after a result, or after :meth:`end_group`, opens a new call group.
+
+    Not thread-safe: one renamer is used by one thread at a time. Use
+    :meth:`copy` to continue from a state while keeping it.
+
+    Attributes:
+        renamed: how many calls this state renamed so far.
+    """
+
+    __slots__ = ("_counters", "_group", "_in_results", "_seen", "renamed")
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self._counters: dict[str, int] = {}
+        # The current call group: original id -> new ids, in call order (an id
+        # twice in one group gets two, consumed in order by its results).
+        self._group: dict[str, list[str]] = {}
+        self._in_results = False
+        self.renamed = 0
+
+    def copy(self) -> CallIdRenamer:
+        """An independent renamer in the same state (copies of its sets and maps)."""
+        other = CallIdRenamer()
+        other._seen = set(self._seen)
+        other._counters = dict(self._counters)
+        other._group = {k: list(v) for k, v in self._group.items()}
+        other._in_results = self._in_results
+        other.renamed = self.renamed
+        return other
+
+    def __contains__(self, call_id: object) -> bool:
+        """True when ``call_id`` is present in the items seen so far (after renaming)."""
+        return call_id in self._seen
+
+    def call(self, call_id: str) -> str:
+        """Register a call with ``call_id``; return the id it is sent with."""
+        if self._in_results:
+            self._group = {}
+            self._in_results = False
+        new_id = call_id
+        seen = self._seen
+        if call_id in seen:
+            n = self._counters.get(call_id, 1)
+            while True:
+                n += 1
+                new_id = f"{call_id}_r{n}"
+                if new_id not in seen:
+                    break
+            self._counters[call_id] = n
+            self.renamed += 1
+        seen.add(new_id)
+        self._group.setdefault(call_id, []).append(new_id)
+        return new_id
+
+    def result(self, call_id: str) -> str:
+        """Register a result answering ``call_id``; return the id it is sent with.
+
+        A result answers the call of the current group with that id (the
+        first one not yet answered when the group has two); a result that
+        answers no call of the group keeps its id.
+        """
+        self._in_results = True
+        new_ids = self._group.get(call_id)
+        if not new_ids:
+            self._seen.add(call_id)
+            return call_id
+        return new_ids.pop(0) if len(new_ids) > 1 else new_ids[0]
+
+    def end_group(self) -> None:
+        """The current call group ends (an input message, text after the results)."""
+        self._group = {}
+        self._in_results = False
+
+    def forget(self, dropped: CallIdRenamer) -> bool:
+        """Remove the ids that ``dropped`` saw: items left out at the request's front.
+
+        Exact only when no rename of the remaining items depended on the
+        dropped ones: no dropped id is an id this state renamed a reuse of,
+        nor one of the form ``<such id>_r<n>``. Then the state equals one built
+        from the remaining items alone, and True is returned. Otherwise nothing
+        changes and False is returned: rename the remaining items anew.
+
+        Args:
+            dropped: a fresh renamer advanced over the dropped items only.
+        """
+        counters = self._counters
+        if counters:
+            for call_id in dropped._seen:
+                base, sep, number = call_id.rpartition("_r")
+                if call_id in counters or (sep and number.isdigit() and base in counters):
+                    return False
+        self._seen.difference_update(dropped._seen)
+        return True
+
+
+Rewriter = Callable[[NativeContent, CallIdRenamer], NativeContent]
+"""A gateway's rewriter: report one native item's calls and results to the
+renamer and return the item with the ids it returned (the same object when
+nothing changed; never modify the item in place)."""
+
+_REWRITERS: dict[GatewayType, Rewriter] = {}
+
+
+def register_rewriter(kind: GatewayType, rewriter: Rewriter) -> None:
+    """Register how ``kind``'s native items carry call ids (used by gateway modules)."""
+    _REWRITERS[kind] = rewriter
+
+
+def rename_call_ids(
+    kind: GatewayType, items: Sequence[NativeContent], renamer: CallIdRenamer | None = None
+) -> list[NativeContent]:
+    """Apply the renaming rule to ``items`` of gateway ``kind``, oldest first.
+
+    Args:
+        kind: the gateway whose native items these are.
+        items: the items, oldest first; never modified.
+        renamer: the state after the items before ``items`` (it is advanced
+            past them), or None to start a request.
+
+    Returns:
+        a new list: the items, each the same object unless an id changed.
+
+    A gateway kind without a registered rewriter (every built-in has one)
+    gets its items back unchanged.
+    """
+    rewrite = _REWRITERS.get(kind)
+    if rewrite is None:
+        return list(items)
+    state = renamer if renamer is not None else CallIdRenamer()
+    return [rewrite(item, state) for item in items]

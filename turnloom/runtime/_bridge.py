@@ -1,0 +1,117 @@
+"""The bridge between a context's history and a sub-agent's WorkingContext.
+
+Synchronous and loop-free. Out: :func:`working_context` turns the retained
+history of a context (an immutable view) into a
+:class:`~turnloom.context.WorkingContext` for a sub-agent briefing, sliced by a
+scope and with every call/result pair complete. Back: :func:`folded_message`
+turns a sub-agent's result into one message of the parent's turn (a tool
+result answering the call that delegated, or an assistant message), which the
+manager records through its ordinary door.
+"""
+
+from __future__ import annotations
+
+__all__ = ("folded_message", "working_context")
+
+from turnloom.context.history import HistoryView
+from turnloom.context.message import Message, Role, TextPart, ToolResultPart
+from turnloom.context.pairing import OpenCallPolicy, complete_pairs
+from turnloom.context.scope import ContextScope, scope_indices
+from turnloom.context.tokens import TokenCounter
+from turnloom.context.working import FrozenContext, PrefixContext, WorkingContext
+from turnloom.errors import InvalidArgumentError, excerpt
+
+
+def working_context(
+    view: HistoryView,
+    scope: ContextScope | None,
+    open_calls: OpenCallPolicy,
+    token_counter: TokenCounter,
+) -> WorkingContext:
+    """The retained history of ``view`` as a WorkingContext, in a worker thread.
+
+    The prefix holds the pinned instructions as its grounding (so
+    ``prefix.as_messages()`` is exactly them); the messages are every kept
+    turn's input and outputs, oldest first, selected by ``scope`` (indices
+    are positions in that list, as in ``WorkingContext.slice``) and then
+    completed with :func:`~turnloom.context.complete_pairs` under
+    ``open_calls``: the briefing never holds a call without its result or a
+    result without its call. The scratchpad and journal are empty.
+
+    Raises:
+        PositionalScopeError: a scope without ``indices`` asked a positional
+            scope's ``matches``.
+    """
+    messages = list(view.messages())
+    if scope is not None:
+        keep = scope_indices(scope, messages)
+        messages = [m for i, m in enumerate(messages) if i in keep]
+    prefix = PrefixContext(grounding=view.pinned)
+    completed = complete_pairs(messages, open_calls=open_calls)
+    return WorkingContext._from_checked(prefix, completed, token_counter)
+
+
+def folded_message(
+    result: WorkingContext | FrozenContext | str,
+    view: HistoryView,
+    turn_id: str,
+    *,
+    call_id: str | None,
+    agent: str | None,
+) -> Message:
+    """The message that folds a sub-agent's ``result`` into turn ``turn_id``.
+
+    The result's text is ``result`` itself when it is a string, otherwise the
+    text of the last assistant message of its messages that has text. With
+    ``call_id`` the message is a tool result answering that call of the turn
+    (its tool name taken from the call); without it, an assistant message
+    whose ``name`` is ``agent`` (so ``Tagged(agent)`` selects it). A tool
+    result has no participant name (OpenAI Chat's ``name`` of a ``tool``
+    message is the function's), so ``agent`` goes with the assistant form only.
+
+    Raises:
+        InvalidArgumentError: ``result`` is of another type, or has no
+            assistant text (``field="result"``); ``call_id`` names no call
+            of the turn that is still without a result (``field="call_id"``);
+            ``agent`` is not a non-empty string, or is given with ``call_id``
+            (``field="agent"``).
+        UnknownTurnError: the view holds no turn ``turn_id``.
+    """
+    if isinstance(result, str):
+        text = result
+    elif isinstance(result, WorkingContext | FrozenContext):
+        text = next(
+            (m.text for m in reversed(result.messages) if m.role is Role.assistant and m.text),
+            "",
+        )
+    else:
+        raise InvalidArgumentError(
+            "result must be a WorkingContext, a FrozenContext or a string, not a "
+            f"{type(result).__name__:.40}.",
+            field="result",
+        )
+    if not text.strip():
+        raise InvalidArgumentError(
+            "The sub-agent's result has no assistant text to fold into the turn.", field="result"
+        )
+    if agent is not None and (not isinstance(agent, str) or not agent):
+        raise InvalidArgumentError("agent must be a non-empty string or None.", field="agent")
+    if agent is not None and call_id is not None:
+        raise InvalidArgumentError(
+            "agent names an assistant message; a tool result (call_id) carries no "
+            "participant name.",
+            field="agent",
+        )
+    if call_id is None:
+        return Message(role=Role.assistant, content=text, name=agent)
+    messages = view.turn_messages(turn_id)
+    answered = {r.call_id for m in messages for r in m.tool_results}
+    calls = [c for m in messages for c in m.tool_calls if c.call_id == call_id]
+    if not calls or call_id in answered:
+        raise InvalidArgumentError(
+            f"Turn {excerpt(turn_id)} holds no tool call {excerpt(call_id)} still without a "
+            "result.",
+            field="call_id",
+        )
+    part = ToolResultPart(call_id=call_id, name=calls[-1].name, content=(TextPart(text=text),))
+    return Message(role=Role.tool, content=(part,))
