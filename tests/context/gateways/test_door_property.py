@@ -303,11 +303,13 @@ def _covers(with_extras: Any, base: Any) -> bool:
             k in with_extras and _covers(with_extras[k], v) for k, v in base.items()
         )
     if isinstance(base, list):
-        return (
-            isinstance(with_extras, list)
-            and len(with_extras) == len(base)
-            and all(_covers(w, b) for w, b in zip(with_extras, base, strict=True))
-        )
+        # In order, every element of ``base`` is covered by one of
+        # ``with_extras``: extras may add a part (Gemini keeps an empty text
+        # that carries a thoughtSignature) but never change one.
+        if not isinstance(with_extras, list):
+            return False
+        rest = iter(with_extras)
+        return all(any(_covers(w, b) for w in rest) for b in base)
     if isinstance(base, str) and isinstance(with_extras, list):
         # A text part with extras is sent as a list of text blocks (a blank one
         # left out) instead of as a string; the text is the same.
