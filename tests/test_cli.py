@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,14 +55,14 @@ def test_replay_writes_every_prepared_input(
     assert main(["replay", str(source), "--out", str(out)]) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted((r["session"], r["turn"], r["call"]) for r in records) == [
-        ("good.jsonl#0", 0, 0),
-        ("good.jsonl#0", 0, 1),
-        ("good.jsonl#1", 0, 0),
-        ("good.jsonl#1", 0, 1),
+        ("0:good.jsonl#0", 0, 0),
+        ("0:good.jsonl#0", 0, 1),
+        ("1:good.jsonl#1", 0, 0),
+        ("1:good.jsonl#1", 0, 1),
     ]
     by_call = {(r["session"], r["call"]): r["messages"] for r in records}
-    assert by_call[("good.jsonl#0", 0)] == GOOD[:2]
-    assert by_call[("good.jsonl#0", 1)] == GOOD[:4]
+    assert by_call[("0:good.jsonl#0", 0)] == GOOD[:2]
+    assert by_call[("0:good.jsonl#0", 1)] == GOOD[:4]
     assert "sessions: 2  turns: 2  model calls prepared: 4" in capsys.readouterr().out
 
 
@@ -111,8 +113,10 @@ def test_invalid_json_in_a_list_file_keeps_the_trajectories_before_it(
     assert "sessions: 1  " in out
 
 
-def test_an_unreadable_file_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["replay", str(tmp_path / "missing.json")]) == 1
+def test_an_unreadable_file_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["replay", str(tmp_path / "missing.json")]) == 2
     [line] = _errors(capsys.readouterr().err)
     assert "missing.json: cannot read the file" in line
 
@@ -154,6 +158,40 @@ def test_an_empty_file_is_reported_as_holding_no_trajectories(
 ) -> None:
     source = tmp_path / "empty.jsonl"
     source.write_text("\n")
-    assert main(["replay", str(source)]) == 1
+    assert main(["replay", str(source)]) == 2
     [line] = _errors(capsys.readouterr().err)
     assert line == f"turnloom replay: error: {source}: the file holds no trajectories."
+
+
+def test_trio_backend_without_trio_is_a_clean_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        return None if name == "trio" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert main(["replay", "--sessions", "1", "--backend", "trio"]) == 2
+    assert capsys.readouterr() == (
+        "",
+        "turnloom replay: error: the trio backend needs the 'trio' package (pip install trio).\n",
+    )
+
+
+def test_every_door_problem_is_reported_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gateway, backend and output are checked together: one line each, exit 2, no run."""
+    monkeypatch.setattr(gateway_module, "_FACTORIES", {})
+    monkeypatch.setattr(gateway_module, "_INSTANCES", {})
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    out = tmp_path / "nowhere" / "x.jsonl"
+    assert main(["replay", "--gateway", "gemini", "--backend", "trio", "--out", str(out)]) == 2
+    assert capsys.readouterr() == (
+        "",
+        "turnloom replay: error: Gateway 'gemini' is not available in this build.\n"
+        "turnloom replay: error: the trio backend needs the 'trio' package (pip install trio).\n"
+        f"turnloom replay: error: cannot write --out {out}: the folder {out.parent} does not "
+        "exist.\n",
+    )

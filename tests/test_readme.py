@@ -1,11 +1,19 @@
-"""The README's commands and API example are the ones that work."""
+"""The README's commands and API examples are the ones that work."""
 
 from __future__ import annotations
 
+import fnmatch
+import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from turnloom.context.gateway import GatewayType
+from turnloom.tools.trajectories import SAMPLE
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -15,16 +23,47 @@ def _blocks(language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", README, flags=re.DOTALL)
 
 
-def test_the_api_example_runs_and_prints_what_the_readme_says(tmp_path: Path) -> None:
-    [example] = _blocks("python")
-    [expected] = _blocks("text")
-    script = tmp_path / "example.py"
-    script.write_text(example, encoding="utf-8")
-    done = subprocess.run(
+def _run_python(script: Path, code: str) -> subprocess.CompletedProcess[str]:
+    script.write_text(code, encoding="utf-8")
+    return subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, check=False, cwd=ROOT
     )
+
+
+def test_each_api_example_runs_and_prints_what_the_readme_says(tmp_path: Path) -> None:
+    """Each python block of the README runs and prints the text block that follows it."""
+    examples = _blocks("python")
+    outputs = _blocks("text")
+    assert len(examples) == len(outputs) >= 2
+    for index, (example, expected) in enumerate(zip(examples, outputs, strict=True)):
+        done = _run_python(tmp_path / f"example{index}.py", example)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == expected
+
+
+# What the forty-line example prints on each gateway, as the README says below it.
+_EVERY_GATEWAY = {
+    GatewayType.openai_chat: "messages 3\nmessages 5\n",
+    GatewayType.openai_responses: "input 3\ninput 5\n",
+    GatewayType.anthropic: "messages 1\nmessages 3\n",
+    GatewayType.gemini: "contents 2\ncontents 4\n",
+}
+
+
+@pytest.mark.parametrize("gateway", list(GatewayType), ids=lambda g: g.value)
+def test_the_forty_line_example_is_gateway_neutral(tmp_path: Path, gateway: GatewayType) -> None:
+    """Only the gateway name changes: the example reads the body's items_field."""
+    example = _blocks("python")[0]
+    assert example.count('gateway="openai_chat"') == 1
+    done = _run_python(
+        tmp_path / "example.py", example.replace('gateway="openai_chat"', f'gateway="{gateway}"')
+    )
     assert done.returncode == 0, done.stderr
-    assert done.stdout == expected
+    assert done.stdout == _EVERY_GATEWAY[gateway]
+    first, second = (line.split() for line in _EVERY_GATEWAY[gateway].splitlines())
+    if gateway is not GatewayType.openai_chat:
+        claim = f"`{' '.join(first)}` and `{' '.join(second)}`"
+        assert claim in " ".join(README.split())
 
 
 def test_ci_runs_exactly_the_readme_test_command() -> None:
@@ -34,3 +73,57 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     assert "set -euo pipefail" in ci
     assert "python -m pip install -e '.[test]'" in ci
     assert ci.strip().splitlines()[-1] == test.strip()
+
+
+def _console(command: str) -> tuple[list[str], list[str]]:
+    """The README's console block that runs ``command``: its argv and its output lines."""
+    for block in _blocks("console"):
+        lines = block.strip().splitlines()
+        if lines[0].startswith(f"$ {command}"):
+            return shlex.split(lines[0][2:]), lines[1:]
+    raise AssertionError(f"no console block runs {command!r}")
+
+
+def test_the_sample_replay_prints_the_readme_figures(tmp_path: Path) -> None:
+    """``turnloom replay --sample`` on a fresh clone: the shipped data, the README's counts."""
+    argv, expected = _console("turnloom replay --sample")
+    done = subprocess.run(
+        [sys.executable, "-m", *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},  # this checkout, from another folder
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    got = done.stdout.splitlines()
+    assert got[0] == expected[0]  # sessions, turns, model calls, items, bytes
+    assert got[2].split("wall:")[0] == expected[2].split("wall:")[0]  # normalized, errors
+    assert (tmp_path / "inputs.jsonl").stat().st_size > 0
+
+
+def test_the_sample_ships_with_its_licence_and_source_and_is_package_data() -> None:
+    folder = SAMPLE.parent
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "LICENSE",
+        "SOURCE.md",
+        "tau-bench-airline-5.json",
+    ]
+    assert "Copyright (c) 2024 Sierra" in (folder / "LICENSE").read_text(encoding="utf-8")
+    source = (folder / "SOURCE.md").read_text(encoding="utf-8")
+    assert "sierra-research/tau-bench" in source and "MIT License" in source
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert '"tools/data/*.json", "tools/data/*.md", "tools/data/LICENSE"' in pyproject
+
+
+def test_what_the_readme_commands_write_is_ignored_by_git() -> None:
+    """``--out inputs.jsonl`` and ``--json report.json`` never show up as new files."""
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    written = re.findall(r"--(?:out|json) (\S+)", "\n".join(_blocks("console")))
+    assert sorted(written) == ["inputs.jsonl", "report.json"]
+    for name in written:
+        assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), name

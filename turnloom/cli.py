@@ -1,36 +1,77 @@
 """The ``turnloom`` command line: ``replay`` and ``loadtest``.
 
-Exit status: 0 when everything succeeded, 1 when a session failed (the others
-still ran and are reported), 2 for a usage error (bad option, a gateway not
-available in this build).
+Every problem is one line on stderr, ``turnloom <command>: error: ...``; no
+traceback reaches the user for anything the command line can foresee.
+Everything a run needs is checked before it starts (gateway, backend, inputs,
+output paths, metrics port), so a bad option never costs a run or its report.
+
+Exit status (also in ``--help``): see :data:`EXIT_STATUSES`.
 """
 
 from __future__ import annotations
 
-__all__ = ("main",)
+__all__ = ("EXIT_STATUSES", "main")
 
 import argparse
+import importlib.util
+import os
+import signal
 import sys
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, NoReturn, TextIO, TypeVar
 
 import anyio
+import anyio.abc
 import msgspec
 from tqdm import tqdm  # type: ignore[import-untyped]
 
+from turnloom import __version__
 from turnloom.context.gateway import GatewayType, get_gateway
-from turnloom.errors import InputError, excerpt
+from turnloom.context.history import HistoryLimits
+from turnloom.errors import ConfigError, InputError, excerpt
+from turnloom.runtime.config import RuntimeConfig, load_config
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.metrics import MetricsServer, serve_metrics
 from turnloom.tools.loadtest import LoadtestReport, count_model_calls, loadtest
-from turnloom.tools.replay import ReplaySummary, replay
+from turnloom.tools.replay import REPLAY_LIMITS, ReplaySummary, replay
 from turnloom.tools.trajectories import (
+    SAMPLE,
     ReplayError,
     Trajectory,
     builtin_trajectories,
+    check_trajectory,
     load_trajectories,
 )
+
+EXIT_STATUSES = (
+    (0, "every session ran and every check passed"),
+    (1, "a session or trajectory failed: each is one error line, the others still ran"),
+    (
+        2,
+        "usage error, an input that cannot be read, or an output, backend, gateway or "
+        "metrics port that cannot be used: nothing ran",
+    ),
+    (130, "interrupted (Ctrl-C)"),
+    (141, "the reader of the output went away (a closed pipe, as with '| head')"),
+)
+"""The exit statuses of every command, with their meaning."""
+
+_T = TypeVar("_T")
+_REPLAY_SESSIONS = 24
+_PROGRESS_DELAY = 1.0  # seconds before a replay's progress bar appears
+
+
+class _Refused(Exception):
+    """A problem found at the door: each argument is one error line; exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (``turnloom replay: error: ...``), status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help').\n")
 
 
 def _positive(text: str) -> int:
@@ -43,53 +84,275 @@ def _positive(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (0 to 65535)")
+    return value
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:g} MiB"
+
+
+def _paragraphs(*texts: str) -> str:
+    return "\n\n".join(textwrap.fill(text, 79) for text in texts)
+
+
+def _epilog() -> str:
+    lines = ["exit status:"]
+    for status, meaning in EXIT_STATUSES:
+        lines.append(
+            textwrap.fill(meaning, 79, initial_indent=f"  {status:<5}", subsequent_indent=" " * 7)
+        )
+    return "\n".join(lines)
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    gateways = [g.value for g in GatewayType]
+    parser.add_argument(
+        "--gateway",
+        choices=gateways,
+        default=GatewayType.openai_chat.value,
+        metavar="G",
+        help="the provider whose native input is prepared: "
+        f"{', '.join(gateways)} (default: openai_chat)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("asyncio", "trio"),
+        default="asyncio",
+        help="the event loop to run on (default: asyncio; trio needs the 'trio' package)",
+    )
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (shown on a terminal only)"
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="build the context manager from this YAML or TOML file's 'context' section",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(
         prog="turnloom",
         description="Cooperative context runtime for LLM agents: replay transcripts, load-test.",
+        epilog=_epilog(),
+        formatter_class=formatter,
     )
+    parser.add_argument("--version", action="version", version=f"turnloom {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    gateways = [g.value for g in GatewayType]
 
+    defaults = HistoryLimits()
     rp = commands.add_parser(
         "replay",
         help="replay agent transcripts through the ContextManager",
-        description="Replay OpenAI-chat transcripts (tau-bench list or JSONL) through one "
-        "Foundation; with no PATH, a built-in generated workload.",
+        description=_paragraphs(
+            "Replay OpenAI Chat transcripts (tau-bench list, one trajectory, or JSONL) "
+            "through one Foundation, checking every prepared input against what the agent "
+            f"sent; with no PATH and no --sample, a built-in generated workload of "
+            f"{_REPLAY_SESSIONS} sessions.",
+            "History limits: replay keeps every turn of a session (eviction would change the "
+            "inputs it checks) and accepts messages up to "
+            f"{_mib(REPLAY_LIMITS.max_item_bytes)}; loadtest and the library use turnloom's "
+            f"defaults ({defaults.max_turns} turns, {defaults.max_items:,} items and "
+            f"{_mib(defaults.max_bytes)} per context, {_mib(defaults.max_item_bytes)} per "
+            "message).",
+        ),
+        epilog=_epilog(),
+        formatter_class=formatter,
     )
-    rp.add_argument("paths", nargs="*", metavar="PATH", help="tau-bench list or JSONL files")
-    rp.add_argument("--gateway", choices=gateways, default=GatewayType.openai_chat.value)
-    rp.add_argument("--out", type=Path, metavar="FILE.jsonl", help="write every prepared input")
+    rp.add_argument("paths", nargs="*", type=Path, metavar="PATH", help="transcript files")
     rp.add_argument(
-        "--concurrency", type=_positive, default=4, help="sessions replayed at once (4)"
+        "--sample",
+        action="store_true",
+        help="replay the 5 real tau-bench trajectories shipped with turnloom",
     )
     rp.add_argument(
-        "--sessions", type=_positive, default=24, help="sessions of the built-in workload (24)"
+        "--out", type=Path, metavar="FILE.jsonl", help="write every prepared input (JSONL)"
     )
+    rp.add_argument(
+        "--concurrency",
+        type=_positive,
+        default=4,
+        metavar="N",
+        help="sessions replayed at once (default: 4)",
+    )
+    rp.add_argument(
+        "--sessions",
+        type=_positive,
+        metavar="N",
+        help=f"replay the first N trajectories of the inputs (default: all), or N sessions "
+        f"of the built-in workload (default: {_REPLAY_SESSIONS})",
+    )
+    _add_run_options(rp)
+
     lt = commands.add_parser(
         "loadtest",
         help="run many concurrent sessions through one Foundation",
-        description="Run N concurrent sessions in one Foundation and report throughput, "
-        "prepare latency, event-loop lag, peak RSS, rejections and evictions.",
+        description=_paragraphs(
+            "Run N concurrent sessions in one Foundation and report throughput, prepare "
+            "latency, event-loop lag, peak RSS, rejections and evictions. Histories keep "
+            "turnloom's default limits, so long sessions evict."
+        ),
+        epilog=_epilog(),
+        formatter_class=formatter,
     )
-    lt.add_argument("--sessions", type=_positive, default=100, help="concurrent sessions (100)")
-    lt.add_argument("--turns", type=_positive, default=40, help="turns per session, at most (40)")
+    lt.add_argument(
+        "--sessions", type=_positive, default=100, help="concurrent sessions (default: 100)"
+    )
+    lt.add_argument(
+        "--turns", type=_positive, default=40, help="turns per session, at most (default: 40)"
+    )
     lt.add_argument(
         "--source",
         default="builtin",
-        metavar="builtin|PATH",
-        help="the built-in workload, or a tau-bench/JSONL file (builtin)",
+        metavar="builtin|sample|PATH",
+        help="the built-in workload, the shipped tau-bench sample, or a transcript file "
+        "(default: builtin)",
     )
-    lt.add_argument("--gateway", choices=gateways, default=GatewayType.openai_chat.value)
     lt.add_argument(
         "--metrics-port",
-        type=int,
+        type=_port,
         metavar="P",
         help="serve Prometheus /metrics on 127.0.0.1:P while running (0: any free port)",
     )
     lt.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON")
-    lt.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_run_options(lt)
     return parser
+
+
+# -- the door ----------------------------------------------------------------------
+
+
+def _check_run_options(args: argparse.Namespace) -> list[str]:
+    problems: list[str] = []
+    try:
+        get_gateway(args.gateway)
+    except InputError as exc:
+        problems.append(str(exc))
+    if args.backend == "trio" and importlib.util.find_spec("trio") is None:
+        problems.append("the trio backend needs the 'trio' package (pip install trio).")
+    return problems
+
+
+def _load_config(args: argparse.Namespace) -> RuntimeConfig | None:
+    """The ``--config`` file, checked; None without one.
+
+    Raises:
+        _Refused: the file cannot be read or checked (one line naming the key).
+    """
+    if args.config is None:
+        return None
+    try:
+        return load_config(args.config)
+    except ConfigError as exc:
+        raise _Refused(str(exc)) from None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
+
+
+def _check_output(option: str, path: Path | None, inputs: Sequence[Path]) -> list[str]:
+    """Whether ``path`` can be written, without creating or truncating it."""
+    if path is None:
+        return []
+    if any(_same_file(path, source) for source in inputs):
+        return [f"{option} {path} is one of the inputs; it would be overwritten."]
+    if path.is_dir():
+        return [f"cannot write {option} {path}: it is a directory."]
+    parent = path.parent
+    if not parent.is_dir():
+        return [f"cannot write {option} {path}: the folder {parent} does not exist."]
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return [f"cannot write {option} {path}: permission denied."]
+    return []
+
+
+def _open_output(option: str, path: Path) -> BinaryIO:
+    try:
+        return path.open("wb")
+    except OSError as exc:
+        raise _Refused(f"cannot write {option} {path}: {exc.strerror}.") from None
+
+
+def _load(paths: Sequence[Path]) -> tuple[list[Trajectory], list[ReplayError]]:
+    """Read every input with the one loader: the trajectories and the trajectory-level errors.
+
+    Raises:
+        _Refused: a file cannot be read as a whole (one line per such file).
+    """
+    trajectories: list[Trajectory] = []
+    file_errors: list[str] = []
+    errors: list[ReplayError] = []
+    for path in paths:
+        loaded, problems = load_trajectories(path)
+        trajectories.extend(loaded)
+        for problem in problems:
+            if problem.file_level:
+                file_errors.append(str(problem))
+            else:
+                errors.append(problem)
+    if file_errors:
+        raise _Refused(*file_errors)
+    return trajectories, errors
+
+
+def _run(args: argparse.Namespace, job: Callable[[], Awaitable[_T]]) -> _T:
+    """Run ``job`` on the chosen backend; Ctrl-C cancels it and raises KeyboardInterrupt.
+
+    SIGINT is turned into a cancellation of the job, the shutdown path the
+    runtime is built for (the Foundation closes in order, worker threads
+    finish), instead of a KeyboardInterrupt landing at an arbitrary point.
+    """
+
+    async def watch(scope: anyio.CancelScope, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        with anyio.open_signal_receiver(signal.SIGINT) as signals:
+            task_status.started()
+            async for _ in signals:
+                scope.cancel()
+                return
+
+    async def supervised() -> _T:
+        done: list[_T] = []
+        try:
+            async with anyio.create_task_group() as group:
+                await group.start(watch, group.cancel_scope)
+                done.append(await job())
+                group.cancel_scope.cancel()
+        except BaseExceptionGroup as failed:
+            if len(failed.exceptions) == 1:
+                raise failed.exceptions[0] from None
+            raise
+        if not done:
+            raise KeyboardInterrupt
+        return done[0]
+
+    return anyio.run(supervised, backend=args.backend)
+
+
+def _progress(args: argparse.Namespace, *, total: int, unit: str, delay: float = 0.0) -> tqdm:
+    return tqdm(
+        total=total,
+        unit=unit,
+        desc=args.command,
+        delay=delay,
+        disable=args.no_progress or not sys.stderr.isatty(),
+        file=sys.stderr,
+    )
+
+
+# -- replay ------------------------------------------------------------------------
 
 
 def _print_summary(summary: ReplaySummary, out: TextIO) -> None:
@@ -111,54 +374,47 @@ def _print_summary(summary: ReplaySummary, out: TextIO) -> None:
     )
 
 
-def _gateway_available(command: str, gateway: str) -> bool:
-    """Whether ``gateway`` is in this build; prints the one-line usage error if not."""
-    try:
-        get_gateway(gateway)
-    except InputError as exc:
-        print(f"turnloom {command}: error: {exc}", file=sys.stderr)
-        return False
-    return True
-
-
 def _replay(args: argparse.Namespace) -> int:
-    if not _gateway_available("replay", args.gateway):
-        return 2
-    trajectories: list[Trajectory] = []
+    paths: list[Path] = [*args.paths, *([SAMPLE] if args.sample else [])]
+    problems = _check_run_options(args) + _check_output("--out", args.out, paths)
+    if problems:
+        raise _Refused(*problems)
+    config = _load_config(args)
     load_errors: list[ReplayError] = []
-    if args.paths:
-        for path in args.paths:
-            loaded, errors = load_trajectories(path)
-            trajectories.extend(loaded)
-            load_errors.extend(errors)
+    if paths:
+        # Trajectory-level problems are reported with the summary, beside the
+        # ones the replay finds while checking each trajectory.
+        trajectories, load_errors = _load(paths)
+        if args.sessions is not None:
+            trajectories = trajectories[: args.sessions]
     else:
-        trajectories = builtin_trajectories(args.sessions)
-    out = None
-    if args.out is not None:
-        try:
-            out = args.out.open("wb")
-        except OSError as exc:
-            print(
-                f"turnloom replay: error: cannot write {args.out}: {exc.strerror}.", file=sys.stderr
-            )
-            return 2
+        trajectories = builtin_trajectories(args.sessions or _REPLAY_SESSIONS)
+    out = _open_output("--out", args.out) if args.out is not None else None
+    bar = _progress(args, total=len(trajectories), unit="session", delay=_PROGRESS_DELAY)
     try:
-        summary = anyio.run(
+        summary = _run(
+            args,
             lambda: replay(
                 trajectories,
                 gateway=args.gateway,
                 concurrency=args.concurrency,
                 out=out,
                 load_errors=load_errors,
-            )
+                on_session=lambda: bar.update(),
+                config=config,
+            ),
         )
     finally:
+        bar.close()
         if out is not None:
             out.close()
     for error in summary.errors:
         print(f"turnloom replay: error: {error}", file=sys.stderr)
     _print_summary(summary, sys.stdout)
     return 1 if summary.errors else 0
+
+
+# -- loadtest ----------------------------------------------------------------------
 
 
 def _print_report(report: LoadtestReport, out: TextIO) -> None:
@@ -190,37 +446,46 @@ def _print_report(report: LoadtestReport, out: TextIO) -> None:
 
 
 def _loadtest(args: argparse.Namespace) -> int:
-    if not _gateway_available("loadtest", args.gateway):
-        return 2
-    if args.source == "builtin":
+    source = {"builtin": None, "sample": SAMPLE}.get(args.source, Path(args.source))
+    paths = [source] if source is not None else []
+    problems = _check_run_options(args) + _check_output("--json", args.json, paths)
+    if problems:
+        raise _Refused(*problems)
+    config = _load_config(args)
+    errors: list[ReplayError] = []
+    if source is None:
         trajectories = builtin_trajectories(min(args.sessions, 64), turns=(args.turns, args.turns))
     else:
-        trajectories, load_errors = load_trajectories(args.source)
-        problems = [str(e) for e in load_errors]
-        if not trajectories:
-            problems.append(f"{args.source}: the file holds no trajectories.")
-        if problems:
-            for problem in problems:
-                print(f"turnloom loadtest: error: {problem}", file=sys.stderr)
-            return 2
+        loaded, errors = _load(paths)
+        trajectories = []
+        for trajectory in loaded:
+            checked = check_trajectory(trajectory)
+            if isinstance(checked, ReplayError):
+                errors.append(checked)
+            else:
+                trajectories.append(trajectory)
+    for error in errors:
+        print(f"turnloom loadtest: error: {error}", file=sys.stderr)
+    if not trajectories:
+        return 1
     total = count_model_calls(trajectories, sessions=args.sessions, turns=args.turns)
-    bar = tqdm(
-        total=total,
-        unit="call",
-        desc="loadtest",
-        disable=args.no_progress or not sys.stderr.isatty(),
-        file=sys.stderr,
-    )
+    bar = _progress(args, total=total, unit="call")
     servers: list[MetricsServer] = []
 
     def on_open(foundation: Foundation) -> None:
         if args.metrics_port is not None:
-            server = serve_metrics(foundation.manager.statistics, port=args.metrics_port)
+            try:
+                server = serve_metrics(foundation.manager.statistics, port=args.metrics_port)
+            except OSError as exc:
+                raise _Refused(
+                    f"cannot serve metrics on 127.0.0.1:{args.metrics_port}: {exc.strerror or exc}."
+                ) from None
             servers.append(server)
-            print(f"serving metrics at {server.url}", file=sys.stderr)
+            print(f"serving metrics at {server.url}", file=sys.stderr, flush=True)
 
     try:
-        report = anyio.run(
+        report = _run(
+            args,
             lambda: loadtest(
                 trajectories,
                 sessions=args.sessions,
@@ -228,11 +493,9 @@ def _loadtest(args: argparse.Namespace) -> int:
                 gateway=args.gateway,
                 on_model_call=lambda: bar.update(),
                 on_open=on_open,
-            )
+                config=config,
+            ),
         )
-    except (InputError, OSError) as exc:
-        print(f"turnloom loadtest: error: {exc}", file=sys.stderr)
-        return 2
     finally:
         bar.close()
         for server in servers:
@@ -241,18 +504,52 @@ def _loadtest(args: argparse.Namespace) -> int:
     for message in report.errors:
         print(f"turnloom loadtest: error: {message}", file=sys.stderr)
     if args.json is not None:
-        args.json.write_bytes(msgspec.json.format(msgspec.json.encode(report)) + b"\n")
-    return 1 if report.sessions_failed else 0
+        # Checked at the door; the report is on stdout even if this write fails.
+        with _open_output("--json", args.json) as report_file:
+            report_file.write(msgspec.json.format(msgspec.json.encode(report)) + b"\n")
+    return 1 if report.sessions_failed or errors else 0
+
+
+# -- entry point -------------------------------------------------------------------
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "replay": _replay,
+    "loadtest": _loadtest,
+}
+
+
+def _interrupted(exc: BaseException) -> bool:
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(KeyboardInterrupt)[1] is None
+    return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); return the exit status.
+
+    Usage errors exit through ``SystemExit(2)`` from argparse (``--help`` and
+    ``--version`` through ``SystemExit(0)``); every other status is returned.
+    """
     args = _parser().parse_args(argv)
-    if args.command == "replay":
-        return _replay(args)
-    if args.command == "loadtest":
-        return _loadtest(args)
-    raise AssertionError(f"unhandled command {args.command!r}")
+    command = f"turnloom {args.command}"
+    try:
+        return _COMMANDS[args.command](args)
+    except _Refused as refused:
+        for line in refused.args:
+            print(f"{command}: error: {line}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # Python's documented recipe: no more output, and no second error
+        # when the interpreter flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except BaseException as exc:
+        if not _interrupted(exc):
+            raise
+        print(f"{command}: interrupted.", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -27,10 +27,13 @@ __all__ = (
     "EXCERPT_LIMIT",
     "AreaCallbackError",
     "CapacityError",
+    "ConfigError",
+    "ContextRemovedError",
     "DuplicateAreaError",
     "DuplicateIdError",
     "FrozenValueError",
     "InputError",
+    "InstructionMessageError",
     "InvalidAreaError",
     "InvalidArgumentError",
     "InvalidMessageError",
@@ -47,6 +50,7 @@ __all__ = (
     "TurnloomError",
     "UnknownAreaError",
     "UnknownContextError",
+    "UnknownPluginError",
     "UnknownTurnError",
     "Violation",
     "excerpt",
@@ -134,6 +138,53 @@ class InvalidMessageError(InputError):
 
 class InvalidTextError(InvalidMessageError):
     """Text that cannot be sent: invalid UTF-8 or a lone surrogate."""
+
+
+class InstructionMessageError(InvalidMessageError):
+    """A ``system`` or ``developer`` message where only conversation may go.
+
+    Pinned instructions change only through a committed turn's
+    ``instructions``; a model output, a tool result or a continuation can never
+    carry one (it would land mid-history).
+
+    Attributes:
+        field: the offending message (``"outputs[2]"``, ``"continuation[0]"``).
+        role: its role, ``"system"`` or ``"developer"``.
+    """
+
+    def __init__(self, message: str, *, field: str, role: str) -> None:
+        super().__init__(message, field=field)
+        self.role = role
+
+
+class ConfigError(InputError):
+    """A configuration file or mapping that cannot configure the runtime.
+
+    Raised before anything is built: the file cannot be read or parsed, a key
+    is unknown or missing, or a value has the wrong type or range.
+
+    Attributes:
+        key: dotted path of the offending key (``"context.init_config.history_max_turns"``),
+            or ``""`` when the whole document is at fault.
+    """
+
+    def __init__(self, message: str, *, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class UnknownPluginError(ConfigError, LookupError):
+    """A configuration names a context plugin that is neither built in nor registered.
+
+    Attributes:
+        plugin: the name asked for.
+        known: the names that would have resolved, sorted.
+    """
+
+    def __init__(self, message: str, *, key: str, plugin: str, known: Sequence[str]) -> None:
+        super().__init__(message, key=key)
+        self.plugin = plugin
+        self.known = tuple(known)
 
 
 class DuplicateIdError(InputError):
@@ -276,6 +327,23 @@ class OpenToolCallError(StateError):
 
 class UnknownAreaError(InputError, LookupError):
     """An area that is not registered with the CoopContext it was looked up in."""
+
+
+class ContextRemovedError(StateError):
+    """The context a preparation waited for was removed (``remove_context``).
+
+    A context created again with the same id is a new conversation: it never
+    serves a request made for the removed one.
+
+    Attributes:
+        context_id: the removed context.
+        turn_id: the turn the preparation waited for.
+    """
+
+    def __init__(self, message: str, *, context_id: str, turn_id: str) -> None:
+        super().__init__(message)
+        self.context_id = context_id
+        self.turn_id = turn_id
 
 
 class InvalidArgumentError(InputError):

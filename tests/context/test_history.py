@@ -20,10 +20,12 @@ from turnloom.context import (
     complete_pairs,
     get_gateway,
     message_size,
+    open_call_ids,
 )
 from turnloom.context.callids import rename_call_ids
 from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits, TurnHistory
+from turnloom.context.pairing import OpenCallPolicy
 from turnloom.errors import (
     DuplicateIdError,
     InputError,
@@ -31,6 +33,7 @@ from turnloom.errors import (
     InvalidTextError,
     ItemTooLargeError,
     OutOfOrderTurnError,
+    StateError,
     UnknownTurnError,
 )
 
@@ -279,35 +282,68 @@ _op = st.one_of(
     st.tuples(st.just("text"), st.integers(0, 3)),
     st.tuples(st.just("call"), st.integers(0, 3)),
     st.tuples(st.just("result"), st.integers(0, 3)),
+    st.tuples(st.just("answer"), st.integers(0, 3)),
     st.tuples(st.just("evict"), st.integers(0, 3)),
     st.tuples(st.just("render"), st.integers(0, 3)),
     st.tuples(st.just("late"), st.integers(0, 3)),
+    st.tuples(st.just("fail"), st.integers(0, 3)),
 )
 
 
-def _naive(history: TurnHistory, turn_id: str) -> list[NativeContent]:
+class FlakyGateway(CountingGateway):
+    """The OpenAI Chat gateway; ``render`` raises on its ``fail_in``-th call from now."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_in: int | None = None
+
+    def render(self, message: Message) -> list[NativeContent]:
+        if self.fail_in is not None:
+            self.fail_in -= 1
+            if self.fail_in < 0:
+                self.fail_in = None
+                raise RuntimeError("injected render failure")
+        return super().render(message)
+
+
+def cold_render(
+    history: TurnHistory, turn_id: str, policy: OpenCallPolicy = "exclude"
+) -> list[NativeContent]:
+    """The oracle: the retained history completed at once, rendered without any cache,
+    call ids made unique over the whole list."""
+    messages = complete_pairs(list(history.view().input_messages(turn_id)), open_calls=policy)
+    return rename_call_ids(CHAT.type, [item for m in messages for item in CHAT.render(m)])
+
+
+def _answer(history: TurnHistory, n: int) -> bool:
+    """Commit a turn whose input answers calls left open by the newest turn (approval)."""
     view = history.view()
-    out: list[NativeContent] = []
-    for pinned in complete_pairs(list(view.pinned)):
-        out.extend(CHAT.render(pinned))
-    for tid in view.turn_ids:
-        messages = view.turn_input(tid) if tid == turn_id else view.turn_messages(tid)
-        for message in complete_pairs(list(messages)):
-            out.extend(CHAT.render(message))
-        if tid == turn_id:
-            break
-    # The cold render of a request: call ids made unique over the whole list.
-    return rename_call_ids(CHAT.type, out)
+    turn_id = view.turn_ids[-1]
+    open_ids = open_call_ids(
+        view.input_messages(turn_id) + view.turn_messages(turn_id)[len(view.turn_input(turn_id)) :]
+    )
+    if not open_ids:
+        return False
+    answered = open_ids[:1] if n % 3 == 0 else open_ids
+    answer: list[Message] = [result(i, f"approved {i}") for i in answered]
+    if n % 3 == 2:
+        answer.append(user("and then?"))
+    history.commit(f"{turn_id}-answer", answer)
+    return True
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(_op, min_size=1, max_size=60))
-def test_cached_render_equals_a_from_scratch_render(ops: list[tuple[str, int]]) -> None:
-    """Whatever the order of commits, records, evictions and renders, the cache is exact."""
+@settings(max_examples=120, deadline=None)
+@given(st.lists(_op, min_size=1, max_size=60), st.sampled_from(["exclude", "cancel"]))
+def test_cached_render_equals_a_from_scratch_render(
+    ops: list[tuple[str, int]], policy: OpenCallPolicy
+) -> None:
+    """Invariant: whatever the order of commits, records, approvals (results as the next
+    turn's input), evictions, renders and renders that fail part-way, every render equals
+    a cold render of the retained history paired as one input."""
+    gateway = FlakyGateway()
     history = TurnHistory(HistoryLimits(max_turns=4, max_items=12))
     turn = 0
     history.commit("t0", [user("u0")], instructions=[SYSTEM])
-    next_call = 0
     for kind, n in ops:
         turns = history.turn_ids
         if kind == "commit":
@@ -316,17 +352,26 @@ def test_cached_render_equals_a_from_scratch_render(ops: list[tuple[str, int]]) 
         elif kind == "text":
             history.record(turns[-1], [assistant(f"a{n}")])
         elif kind == "call":
-            next_call += 1
-            history.record(turns[-1], [call(f"c{n}")])
+            history.record(turns[-1], [call(f"c{n}"), call(f"d{n}")][: n % 2 + 1])
         elif kind == "result":
             history.record(turns[-1], [result(f"c{n}", f"r{n}")])
+        elif kind == "answer":
+            _answer(history, n)
         elif kind == "late":
             history.record(turns[n % len(turns)], [assistant(f"late{n}")])
         elif kind == "evict":
             history.evict()
         target = history.turn_ids[n % len(history.turn_ids)]
-        rendered = history.view().render(CHAT, target)
-        assert list(rendered.items) == _naive(history, target)
+        if kind == "fail":
+            target = history.turn_ids[-1]
+            gateway.fail_in = n
+            try:
+                history.view().render(gateway, target, open_calls=policy)
+            except RuntimeError:
+                pass
+            gateway.fail_in = None
+        rendered = history.view().render(gateway, target, open_calls=policy)
+        assert list(rendered.items) == cold_render(history, target, policy)
         sizes = [len(msgspec.json.encode(item)) for item in rendered.items]
         assert rendered.bytes == sum(sizes)
         assert [rendered.bytes_before(k) for k in range(len(sizes) + 2)] == [
@@ -354,6 +399,213 @@ def test_views_render_the_same_from_many_threads_at_once() -> None:
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(render, range(len(views) * 8)))
     assert results == [expected[i % len(views)] for i in range(len(views) * 8)]
+
+
+# -- pairing across turns --------------------------------------------------------
+
+
+def _delete_branch_history() -> TurnHistory:
+    """Issue small input: the result of t1's call arrives as t2's input (an approval)."""
+    history = TurnHistory()
+    history.commit("t1", [user("Delete the old branch.")])
+    history.record("t1", [call("c1", "delete_branch")])
+    history.commit("t2", [result("c1", "deleted")])
+    return history
+
+
+@pytest.mark.parametrize("policy", ["exclude", "cancel"])
+def test_a_result_given_as_the_next_turns_input_pairs_with_the_earlier_call(
+    policy: OpenCallPolicy,
+) -> None:
+    """Invariant: pairing spans turns: prepare(t2) holds the user message, the call and
+    its result, in order, and under "cancel" nothing claims the call was cancelled."""
+    history = _delete_branch_history()
+    expected = [
+        {"role": "user", "content": "Delete the old branch."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "delete_branch", "arguments": "{}"},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "deleted"},
+    ]
+    for _ in range(2):  # the second render is served from the caches
+        rendered = history.view().render(CHAT, "t2", open_calls=policy)
+        assert list(rendered.items) == expected
+        assert rendered.turn_start == 2
+    history.record("t2", [assistant("Done.")])
+    history.commit("t3", [user("Thanks.")])
+    rendered = history.view().render(CHAT, "t3", open_calls=policy)
+    assert list(rendered.items) == [
+        *expected,
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": "Thanks."},
+    ]
+
+
+def test_an_unanswered_call_is_closed_where_the_next_turn_ends_its_group() -> None:
+    """Invariant: a call answered neither in its turn nor by the next turn's input is
+    excluded (or cancelled, after the results that did arrive) exactly once."""
+    history = TurnHistory()
+    history.commit("t1", [user("Do both.")])
+    history.record(
+        "t1",
+        [
+            Message(
+                role=Role.assistant,
+                content=(
+                    ToolCallPart(call_id="a", name="f", arguments="{}"),
+                    ToolCallPart(call_id="b", name="f", arguments="{}"),
+                ),
+            )
+        ],
+    )
+    history.commit("t2", [result("a", "A"), user("Skip b.")])
+    for policy in ("exclude", "cancel"):
+        rendered = list(history.view().render(CHAT, "t2", open_calls=policy).items)
+        assert rendered == cold_render(history, "t2", policy)
+        assert CHAT.validate(rendered) == []
+    calls = history.view().render(CHAT, "t2").items[1]["tool_calls"]
+    assert [c["id"] for c in calls] == ["a"]
+    cancelled = history.view().render(CHAT, "t2", open_calls="cancel").items
+    assert [i.get("tool_call_id") for i in cancelled] == [None, None, "a", "b", None]
+
+
+def test_eviction_of_a_call_leaves_out_its_result_and_keeps_the_limits() -> None:
+    """Decision: eviction keeps the limits hard; a result whose call was evicted with
+    its turn is left out of every render (never an orphan), like a call without result."""
+    history = TurnHistory(HistoryLimits(max_turns=1))
+    history.commit("t1", [user("Delete the old branch.")], instructions=[SYSTEM])
+    history.record("t1", [call("c1", "delete_branch")])
+    history.commit("t2", [result("c1", "deleted"), user("And now?")])
+    before = history.view().render(CHAT, "t2").items  # the run is cached with the pair
+    assert [i["role"] for i in before] == ["system", "user", "assistant", "tool", "user"]
+    assert history.evict() == ("t1",)
+    assert history.turn_ids == ("t2",)
+    for policy in ("exclude", "cancel"):
+        rendered = list(history.view().render(CHAT, "t2", open_calls=policy).items)
+        assert rendered == [
+            {"role": "system", "content": SYSTEM.text},
+            {"role": "user", "content": "And now?"},
+        ]
+
+
+def test_eviction_rebuilds_a_cached_turn_whose_results_lost_their_call() -> None:
+    """Invariant: when the turn holding a call is evicted after the next turn (which
+    answers it) was cached in the render run, that turn renders without the result."""
+    history = TurnHistory(HistoryLimits(max_turns=2))
+    history.commit("t1", [user("Delete the old branch.")], instructions=[SYSTEM])
+    history.record("t1", [call("c1", "delete_branch")])
+    history.commit("t2", [result("c1", "deleted"), user("Thanks.")])
+    history.commit("t3", [user("Next.")])
+    cached = history.view().render(CHAT, "t3").items
+    assert [i["role"] for i in cached] == ["system", "user", "assistant", "tool", "user", "user"]
+    assert history.evict() == ("t1",)
+    rendered = list(history.view().render(CHAT, "t3").items)
+    assert rendered == cold_render(history, "t3")
+    assert rendered == [
+        {"role": "system", "content": SYSTEM.text},
+        {"role": "user", "content": "Thanks."},
+        {"role": "user", "content": "Next."},
+    ]
+
+
+# -- duplicate records, late outputs, retraction ----------------------------------
+
+
+def test_recording_a_message_id_again_is_idempotent_and_other_content_is_an_error() -> None:
+    """Invariant: the same id recorded twice to a turn (an interrupted reply committed
+    twice) is stored once and counted; the same id with other content is rejected and
+    nothing of that record is kept."""
+    history = TurnHistory()
+    history.commit("t1", [user("Hi.")])
+    reply = Message(role=Role.assistant, content="Hello!", id="m1")
+    assert history.record("t1", [reply]) == 1
+    assert history.record("t1", [reply, assistant("More.")]) == 1
+    assert history.view().turn_messages("t1") == (user("Hi."), reply, assistant("More."))
+    assert history.statistics().duplicate_outputs == 1
+    other = Message(role=Role.assistant, content="Hello?", id="m1")
+    with pytest.raises(DuplicateIdError, match="'m1'"):
+        history.record("t1", [assistant("kept?"), other])
+    assert history.view().turn_messages("t1") == (user("Hi."), reply, assistant("More."))
+    history.commit("t2", [user("Again.")])
+    with pytest.raises(DuplicateIdError, match="another turn"):
+        history.record("t2", [reply])
+    with pytest.raises(DuplicateIdError, match="'m1'"):
+        history.commit("t3", [Message(role=Role.user, content="x", id="m1")])
+    assert history.turn_ids == ("t1", "t2")
+
+
+def test_late_outputs_after_the_evicted_ids_were_forgotten_are_dropped_and_counted() -> None:
+    """Issue small input: a late output for a turn evicted more than remember_evicted
+    turns ago is dropped and counted (not UnknownTurnError); with the turn's serial,
+    a late output for a turn whose id was reused never lands in the new turn."""
+    history = TurnHistory(HistoryLimits(max_turns=1), remember_evicted=2)
+    history.commit("t0", [user("first")])
+    serial = history.turn_serial("t0")
+    with pytest.raises(UnknownTurnError):
+        history.record("never", [assistant("x")])
+    for n in range(1, 5):
+        history.commit(f"t{n}", [user(f"q{n}")])
+        history.evict()
+    assert not history.was_evicted("t0")  # forgotten
+    assert history.record("t0", [assistant("late")]) == 0
+    history.commit("t0", [user("the id again")])  # allowed once forgotten
+    assert history.record("t0", [assistant("late for the old t0")], serial=serial) == 0
+    assert history.view().turn_messages("t0") == (user("the id again"),)
+    assert history.statistics().dropped_late_outputs == 2
+    assert history.record("t0", [assistant("now")], serial=history.turn_serial("t0")) == 1
+
+
+def test_retract_takes_back_the_newest_turn_without_an_answer() -> None:
+    """Invariant: a retracted false start is not in the next turn's input; its id is
+    gone (late outputs dropped, not reusable); only an unanswered newest turn goes."""
+    history = TurnHistory()
+    history.commit("t1", [user("Book a flight.")], instructions=[SYSTEM])
+    history.record("t1", [assistant("Where to?")])
+    history.commit("t2", [user("uh")])
+    with pytest.raises(StateError, match="newest"):
+        history.retract("t1")
+    history.retract("t2")
+    assert history.turn_ids == ("t1",)
+    assert history.statistics().retracted_turns == 1
+    assert (history.statistics().items, history.statistics().turns) == (2, 1)
+    assert history.record("t2", [assistant("late")]) == 0
+    with pytest.raises(DuplicateIdError):
+        history.commit("t2", [user("again")])
+    history.commit("t3", [user("To Oslo.")])
+    assert list(history.view().render(CHAT, "t3").items) == [
+        {"role": "system", "content": SYSTEM.text},
+        {"role": "user", "content": "Book a flight."},
+        {"role": "assistant", "content": "Where to?"},
+        {"role": "user", "content": "To Oslo."},
+    ]
+    with pytest.raises(StateError, match="output"):
+        history.record("t3", [assistant("Sure.")])
+        history.retract("t3")
+    with pytest.raises(UnknownTurnError):
+        history.retract("t9")
+
+
+def test_a_turn_made_only_of_results_whose_call_was_evicted_renders_no_input() -> None:
+    """Decision, the edge of the rule above: when the limits cannot hold the turn that
+    made a call and the next turn, whose whole input is the call's result, the result
+    is left out too: the render holds the pinned instructions only, never the orphan."""
+    history = TurnHistory(HistoryLimits(max_turns=1))
+    history.commit("t1", [user("Delete the old branch.")], instructions=[SYSTEM])
+    history.record("t1", [call("c1", "delete_branch")])
+    history.commit("t2", [result("c1", "deleted")])
+    assert history.evict() == ("t1",)
+    for policy in ("exclude", "cancel"):
+        rendered = history.view().render(CHAT, "t2", open_calls=policy)
+        assert list(rendered.items) == [{"role": "system", "content": SYSTEM.text}]
+        assert rendered.turn_start == 1
 
 
 def test_a_model_output_holding_only_a_signed_empty_text_is_recorded() -> None:

@@ -169,12 +169,13 @@ def test_cached_renders_equal_fresh_renders_for_every_gateway_and_policy(
     assert mixed._shared.gateway_slots == {CHAT: 0, ANTHROPIC: 1}
     if sys.implementation.name == "cpython":
         gc.collect()
-        others = [t.more_full for t in mixed._turns] + [
+        others = [t.more for t in mixed._turns] + [
             e.more for t in mixed._turns for e in t.input + t.outputs
         ]
         assert [o for o in others if o is not None and gc.is_tracked(o)] == []
-        # Filled: all but the last turn's whole render and its outputs' renders.
-        unfilled = 1 + len(mixed._turns[-1].outputs)
+        # Filled: all but the last turn's outputs' renders (its input's are cached
+        # with its head render, in ``more`` beside the other turns' whole renders).
+        unfilled = len(mixed._turns[-1].outputs)
         assert sum(1 for o in others if o is None) == unfilled
 
 

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from turnloom.context import (
     CANCELLED_RESULT_TEXT,
+    CallTracker,
     Message,
     ReasoningPart,
     Role,
@@ -17,7 +18,6 @@ from turnloom.context import (
     hold_until_answered,
     open_call_ids,
 )
-from turnloom.context.pairing import unanswered_calls
 
 USER = Message(role=Role.user, content="q")
 
@@ -231,12 +231,34 @@ def test_hold_until_answered_is_a_permutation_that_keeps_result_order(
     assert [m for m in held if m.role in (Role.assistant, Role.tool)] == pairs
 
 
-def test_unanswered_calls_pairs_by_id_then_unmatched_results_in_call_order() -> None:
-    """Invariant (the one pairing rule of routed items and area tails): a result
-    answers its call by id; a result whose id matches no call answers the
-    earliest remaining call."""
-    assert unanswered_calls(["a", "b", "c"], []) == ("a", "b", "c")
-    assert unanswered_calls(["a", "b", "c"], ["b"]) == ("a", "c")
-    assert unanswered_calls(["a", "b", "c"], ["x"]) == ("b", "c")
-    assert unanswered_calls(["a", "b", "c"], ["c", "x", "y"]) == ()
-    assert unanswered_calls([], ["x"]) == ()
+def test_call_tracker_is_the_one_pairing_rule() -> None:
+    """Invariant (the one pairing rule of history, area sections, routed items and
+    replay): a result answers an open call of the current group by id; other ids are
+    orphans; a group ends at the next assistant, user, system or developer message, or
+    after the results of a user message that also holds text, leaving its open calls
+    closed; with model_turns, consecutive assistant messages form one group."""
+    tracker = CallTracker()
+    assert tracker.feed(USER) == ((), (), (), False)
+    assert tracker.feed(calls("a", "b", "c")).closed == ()
+    step = tracker.feed(results("b", "x"))
+    assert ([r.call_id for r in step.paired], [r.call_id for r in step.orphans]) == (["b"], ["x"])
+    assert tracker.open_ids == ("a", "c")
+    answered_then_text = Message(
+        role=Role.user,
+        content=(ToolResultPart(call_id="a", content=(TextPart(text="a"),)), TextPart(text="t")),
+    )
+    step = tracker.feed(answered_then_text)
+    assert [r.call_id for r in step.paired] == ["a"]
+    assert [c.call_id for c in step.closed] == ["c"]
+    assert not tracker.open
+    tracker.feed(calls("a"))
+    assert [c.call_id for c in tracker.feed(calls("d")).closed] == ["a"]
+    carried = CallTracker(calls("e").tool_calls)
+    assert [r.call_id for r in carried.feed(results("e")).paired] == ["e"]
+    turns = CallTracker(model_turns=True)
+    turns.feed(calls("a"))
+    turns.feed(calls("b"))
+    assert turns.feed(results("a", "b")).orphans == ()
+    copy = turns.copy()
+    copy.feed(calls("z"))
+    assert (turns.open_ids, copy.open_ids) == ((), ("z",))

@@ -201,7 +201,6 @@ async def test_every_call_after_exit_raises_the_closed_error() -> None:
         lambda: manager.accept_turn(_turn("t2")),
         lambda: manager.record("c", "t1", [assistant("a")]),
         lambda: manager.build(prefix, []),
-        lambda: manager.history("c"),
         lambda: manager.remove_context("c"),
         lambda: manager.attach_area("c", OneShotNotice("n")),
         lambda: manager.route("c", {"role": "assistant", "content": "x"}),
@@ -209,6 +208,8 @@ async def test_every_call_after_exit_raises_the_closed_error() -> None:
     for attempt in sync:
         with pytest.raises(FoundationClosedError):
             attempt()
+    # The history stays readable: the final view, taken at the close.
+    assert manager.history("c").turn_ids == ("t1",)
     async_calls: tuple[Callable[[], Awaitable[PreparedContext]], ...] = (
         lambda: manager.prepare(_req()),
         lambda: manager.prepare_nowait(_req()),
@@ -318,7 +319,7 @@ async def test_cancelling_a_preparation_from_outside_settles_it_exactly(
             stats.preparations.failed_total,
         ) == (1, 0, 0)
         assert foundation.limiter.borrowed_tokens == 0
-        assert manager._queue._waiters == {}
+        assert manager._check_bound()._waiters == {}
         if point == "render":
             assert gateway.returned > rendered  # the render thread ran to its end
         assert manager.history("c").turn_ids == ("t1",)

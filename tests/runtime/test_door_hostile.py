@@ -311,17 +311,18 @@ async def test_a_typed_error_is_a_turnloom_error_for_every_bad_prepare() -> None
         assert manager.history("c").turn_ids == ("t1",)
 
 
-async def test_history_of_an_unknown_context_is_typed_and_after_close_is_closed() -> None:
-    from turnloom.runtime import FoundationClosedError
-
+async def test_history_of_an_unknown_context_is_typed_and_after_close_is_the_final_view() -> None:
     async with Foundation() as foundation:
         manager = foundation.manager
         with pytest.raises(UnknownContextError):
             manager.history("nope")
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("hi"),)))
         await foundation.aclose()
-        with pytest.raises(FoundationClosedError):
-            manager.history("c")
+        assert manager.history("c").turn_ids == ("t1",)
+        with pytest.raises(UnknownContextError):
+            manager.history("nope")
+        with pytest.raises(InvalidMessageError):
+            manager.history("")
 
 
 async def test_item_cap_rejects_an_oversized_output_and_changes_nothing() -> None:

@@ -1,9 +1,12 @@
 """A hypothesis state machine driving the ContextManager on a live event loop.
 
-Rules: accept turns, record outputs (text, blank partials, calls, results,
-late outputs for evicted turns), prepare, park preparations waiting for a
+Rules: accept turns (user text, or the result of the newest turn's open call:
+an approval), record outputs (text, blank partials, calls, results, a reply
+recorded twice, late outputs for evicted turns), prepare, prepare while the
+gateway fails part-way through the render, park preparations waiting for a
 future turn, refuse with ``prepare_nowait`` when the queue is full, cancel
-parked preparations, run invocations that commit a turn while in flight,
+parked preparations, remove a context (its parked preparations settle with
+ContextRemovedError), run invocations that commit a turn while in flight,
 attach Context Areas (one-shot, pinned, sub-task) and route model output to
 the area section.
 
@@ -12,8 +15,9 @@ parked preparations (no leaked slot); each history holds exactly the turns a
 plain model predicts (whole turns, oldest first, limits respected, no
 eviction while an invocation is in flight); every prepared input passes the
 gateway's ``validate()``, starts with the pinned instructions and holds, in
-order, the turn's input, the area section and the state pair; every attached
-area is either still attached or counted as collected.
+order, a cold render of the retained history up to the turn's input, the state
+pair and the area section; every attached area is either still attached or
+counted as collected.
 """
 
 from __future__ import annotations
@@ -31,10 +35,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tests.runtime.helpers import CHAT, SYSTEM, assistant, call, result, user
+from tests.runtime.stress import FlakyGateway, InjectedRenderError, cold_render
 from turnloom.areas import OneShotNotice, PinnedNotice, SubtaskArea
-from turnloom.context import Message
+from turnloom.context import Message, Role
 from turnloom.context.history import HistoryLimits
-from turnloom.errors import QueueFullError
+from turnloom.errors import AreaCallbackError, ContextRemovedError, DuplicateIdError, QueueFullError
 from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext, TurnSnapshot
 
 LIMITS = HistoryLimits(max_turns=3, max_items=7)
@@ -69,8 +74,12 @@ class ManagerMachine(RuleBasedStateMachine):
         super().__init__()
         self._portal_cm = start_blocking_portal(self.backend)
         self.portal: BlockingPortal = self._portal_cm.__enter__()
+        self.gateway = FlakyGateway(rate=0.0, seed=0)
         self.foundation = Foundation(
-            history_limits=LIMITS, max_pending_preparations=CAPACITY, worker_threads=2
+            gateway=self.gateway,
+            history_limits=LIMITS,
+            max_pending_preparations=CAPACITY,
+            worker_threads=2,
         )
         self._foundation_cm = self.portal.wrap_async_context_manager(self.foundation)
         self._foundation_cm.__enter__()
@@ -79,7 +88,9 @@ class ManagerMachine(RuleBasedStateMachine):
         self.parked: list[tuple[str, str, Future[PreparedContext]]] = []
         self.rejected = 0
         self.attached = 0
+        self.dropped_with_removal = 0  # attached areas that left with a removed context
         self.routed_calls = 0
+        self.replies = 0
 
     def teardown(self) -> None:
         try:
@@ -91,14 +102,25 @@ class ManagerMachine(RuleBasedStateMachine):
 
     # -- helpers -----------------------------------------------------------------
 
-    def _check_prepared(self, prepared: PreparedContext, context_id: str) -> None:
+    def _check_prepared(
+        self,
+        prepared: PreparedContext,
+        context_id: str,
+        captured: tuple[list[Any], ...] = (),
+    ) -> None:
+        """Check a prepared input; ``captured`` lists the cold renders of the histories
+        it may have captured (default: the history as it is now)."""
         assert CHAT.validate(prepared.items) == []
         assert prepared.items[0] == {"role": "system", "content": SYSTEM.text}
         assert prepared.bytes == sum(len(msgspec.json.encode(i)) for i in prepared.items)
         assert prepared.item_count == len(prepared.items)
-        # turn input (one message), then the state pair, then the area section
+        # the retained history up to the turn's input, exactly as a cold render
+        # gives it, then the state pair, then the area section
+        if not captured:
+            captured = (self.portal.call(cold_render, self.manager, context_id, prepared.turn_id),)
+        [expected] = [e for e in captured if list(prepared.items[: len(e)]) == e][:1]
         pair = 0 if prepared.state_call_id is None else 2
-        assert prepared.area_start == prepared.turn_start + 1 + pair
+        assert prepared.area_start == len(expected) + pair
         assert prepared.item_count == prepared.area_start + prepared.area_items
         if pair:
             call = prepared.items[prepared.turn_start + 1]
@@ -110,16 +132,19 @@ class ManagerMachine(RuleBasedStateMachine):
             assert time.monotonic() < deadline, "a preparation never settled"
             time.sleep(0.002)
 
-    def _accept(self, context_id: str) -> str:
+    def _accept(self, context_id: str, approve: bool = False) -> str:
         model = self.models[context_id]
         turn_id = f"t{model.next}"
         first = model.next == 0
+        answer = model.open_call if approve and model.turns else None
         self.portal.call(
             self.manager.accept_turn,
             TurnSnapshot(
                 context_id=context_id,
                 turn_id=turn_id,
-                input=(user(f"question {model.next}"),),
+                input=(user(f"question {model.next}"),)
+                if answer is None
+                else (result(answer, "approved"),),
                 instructions=(SYSTEM,) if first else None,
             ),
         )
@@ -130,9 +155,10 @@ class ManagerMachine(RuleBasedStateMachine):
 
     # -- rules -------------------------------------------------------------------
 
-    @rule(context_id=st.sampled_from(CONTEXTS))
-    def accept(self, context_id: str) -> None:
-        turn_id = self._accept(context_id)
+    @rule(context_id=st.sampled_from(CONTEXTS), approve=st.booleans())
+    def accept(self, context_id: str, approve: bool) -> None:
+        """A new turn: user text, or (approve) the result of the open call as its input."""
+        turn_id = self._accept(context_id, approve)
         self.models[context_id].evict()
         for entry in [p for p in self.parked if p[:2] == (context_id, turn_id)]:
             self.parked.remove(entry)
@@ -141,7 +167,7 @@ class ManagerMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(m.turns for m in self.models.values()))
     @rule(
         context_id=st.sampled_from(CONTEXTS),
-        kind=st.sampled_from(["text", "blank", "call", "result", "late"]),
+        kind=st.sampled_from(["text", "blank", "call", "result", "late", "twice"]),
     )
     def record(self, context_id: str, kind: str) -> None:
         model = self.models[context_id]
@@ -162,8 +188,22 @@ class ManagerMachine(RuleBasedStateMachine):
             after = self.portal.call(self.manager.statistics).history.dropped_late_outputs_total
             assert after == before + 1
             return
+        if kind == "twice":
+            self.replies += 1
+            reply = Message(role=Role.assistant, content="a reply", id=f"reply-{self.replies}")
+            assert self.portal.call(self.manager.record, context_id, turn_id, [reply]) == 1
+            # An interrupted reply committed again: kept once, counted.
+            assert self.portal.call(self.manager.record, context_id, turn_id, [reply]) == 0
+            changed = msgspec.structs.replace(reply, content="another reply")
+            with pytest.raises(DuplicateIdError):
+                self.portal.call(self.manager.record, context_id, turn_id, [changed])
+            model.add(1)
+            model.open_call = None  # an assistant message ends the call group
+            model.evict()
+            return
         if kind == "text":
             outputs = [assistant("an answer")]
+            model.open_call = None
         elif kind == "blank":
             outputs = [assistant("  ")]
         elif kind == "call":
@@ -194,6 +234,42 @@ class ManagerMachine(RuleBasedStateMachine):
         prepared = self.portal.call(self.manager.prepare, request)
         self._check_prepared(prepared, context_id)
         assert (prepared.state_call_id is not None) is contribution
+
+    @precondition(lambda self: any(m.turns for m in self.models.values()))
+    @rule(context_id=st.sampled_from(CONTEXTS), fail_in=st.integers(0, 6))
+    def prepare_with_a_failing_render(self, context_id: str, fail_in: int) -> None:
+        """The gateway raises at a chosen render call of the worker; the next prepare
+        still equals a cold render."""
+        model = self.models[context_id]
+        if not model.turns or len(self.parked) >= CAPACITY:
+            return
+        request = ContextPrepareRequest(context_id=context_id, turn_id=model.turns[-1][0])
+        self.gateway.fail_in = fail_in
+        try:
+            self._check_prepared(self.portal.call(self.manager.prepare, request), context_id)
+        except (InjectedRenderError, AreaCallbackError):
+            pass
+        finally:
+            self.gateway.fail_in = None
+        self._check_prepared(self.portal.call(self.manager.prepare, request), context_id)
+
+    @precondition(lambda self: any(m.turns for m in self.models.values()))
+    @rule(context_id=st.sampled_from(CONTEXTS))
+    def remove(self, context_id: str) -> None:
+        """The caller hangs up: parked preparations of the context settle at once."""
+        if not self.models[context_id].turns:
+            return
+        before = self.portal.call(self.manager.statistics).areas.attached
+        self.portal.call(self.manager.remove_context, context_id)
+        self.dropped_with_removal += (
+            before - self.portal.call(self.manager.statistics).areas.attached
+        )
+        for entry in [p for p in self.parked if p[0] == context_id]:
+            self.parked.remove(entry)
+            with pytest.raises(ContextRemovedError):
+                entry[2].result(timeout=10)
+        self.models[context_id] = _Model()
+        self._settle()
 
     @precondition(lambda self: len(self.parked) < CAPACITY)
     @rule(context_id=st.sampled_from(CONTEXTS))
@@ -238,6 +314,7 @@ class ManagerMachine(RuleBasedStateMachine):
             return
         turn_id = model.turns[-1][0]
         held_before: list[Any] = []
+        in_flight: list[list[Any]] = []  # the cold render while the call is in flight
 
         async def run() -> None:
             with anyio.CancelScope() as scope:
@@ -256,6 +333,7 @@ class ManagerMachine(RuleBasedStateMachine):
                         *held_before,
                         f"t{model.next}",
                     )
+                    in_flight.append(cold_render(self.manager, context_id, f"t{model.next}"))
                     if cancel:
                         scope.cancel()
                         await anyio.sleep(1)
@@ -267,9 +345,11 @@ class ManagerMachine(RuleBasedStateMachine):
         model.open_call = None
         model.evict()
         new_turn = model.turns[-1][0]
+        after = self.portal.call(cold_render, self.manager, context_id, new_turn)
         for entry in [p for p in self.parked if p[:2] == (context_id, new_turn)]:
             self.parked.remove(entry)
-            self._check_prepared(entry[2].result(timeout=10), context_id)
+            # Captured at the commit (in flight) or after the eviction at exit.
+            self._check_prepared(entry[2].result(timeout=10), context_id, (*in_flight, after))
 
     @precondition(lambda self: any(m.turns for m in self.models.values()))
     @rule(
@@ -306,7 +386,9 @@ class ManagerMachine(RuleBasedStateMachine):
     def attached_areas_are_held_or_collected(self) -> None:
         stats = self.portal.call(self.manager.statistics)
         assert stats.areas.registered_total == self.attached
-        assert stats.areas.attached == self.attached - stats.areas.collected_total
+        assert stats.areas.attached == (
+            self.attached - stats.areas.collected_total - self.dropped_with_removal
+        )
 
     @invariant()
     def queue_is_bounded_and_nothing_leaks(self) -> None:

@@ -24,7 +24,7 @@ from turnloom.context import GatewayType
 from turnloom.context.callids import rename_call_ids
 from turnloom.errors import InputError
 from turnloom.tools._stats import percentile
-from turnloom.tools.replay import replay
+from turnloom.tools.replay import replay, session_ids
 from turnloom.tools.trajectories import builtin_trajectories, load_trajectories
 from turnloom.tools.workload import generate_trajectories
 
@@ -75,7 +75,7 @@ def test_tau_bench_replays_with_exact_fidelity(tau_bench_path: Path) -> None:
         for r in records
         for m in r["messages"]
     )
-    sessions = {t.session_id: t.messages for t in trajectories}
+    sessions = dict(zip(session_ids(trajectories), (t.messages for t in trajectories), strict=True))
     assert _check_records(records, sessions) == (1808, 227)
     assert 0 < summary.prepare_p50_ms <= summary.prepare_p99_ms
 
@@ -96,10 +96,8 @@ def test_the_builtin_workload_is_deterministic_and_replays_exactly() -> None:
     )
     records = [json.loads(line) for line in out.getvalue().splitlines()]
     # The generated workload reuses call ids across turns too: 90 inputs.
-    assert _check_records(records, {t.session_id: t.messages for t in trajectories}) == (
-        replies,
-        90,
-    )
+    sessions = dict(zip(session_ids(trajectories), (t.messages for t in trajectories), strict=True))
+    assert _check_records(records, sessions) == (replies, 90)
 
 
 @pytest.mark.parametrize("kind", [g for g in GatewayType if g is not GatewayType.openai_chat])

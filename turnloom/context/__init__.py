@@ -15,6 +15,7 @@ __all__ = (
     "AreaFlowState",
     "AreaLifeState",
     "CallIdRenamer",
+    "CallTracker",
     "CollectionPlan",
     "CollectionReport",
     "Context",
@@ -41,6 +42,7 @@ __all__ = (
     "OpaquePart",
     "OpenAITokenCounter",
     "OpenCallPolicy",
+    "PairingStep",
     "Part",
     "PositionalScope",
     "PrefixContext",
@@ -71,6 +73,7 @@ __all__ = (
     "message_size",
     "open_call_ids",
     "plan_collection",
+    "played_prefix",
     "rename_call_ids",
     "scope_indices",
 )
@@ -92,6 +95,7 @@ from turnloom.context.coop import (
 )
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, Violation, get_gateway
 from turnloom.context.history import HistoryLimits, HistoryStatistics, TurnHistory, check_id
+from turnloom.context.interruption import played_prefix
 from turnloom.context.journal import MutationJournal
 from turnloom.context.message import (
     ImagePart,
@@ -111,7 +115,9 @@ from turnloom.context.message import (
 from turnloom.context.native import Context
 from turnloom.context.pairing import (
     CANCELLED_RESULT_TEXT,
+    CallTracker,
     OpenCallPolicy,
+    PairingStep,
     complete_pairs,
     hold_until_answered,
     open_call_ids,

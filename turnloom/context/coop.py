@@ -110,7 +110,7 @@ from turnloom.context.area import (
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.message import Message, Role, check_message
 from turnloom.context.native import Context
-from turnloom.context.pairing import unanswered_calls
+from turnloom.context.pairing import CallTracker
 from turnloom.errors import (
     AreaCallbackError,
     DuplicateAreaError,
@@ -880,27 +880,13 @@ def _check_results(entry: _Registration, phase: str, messages: Sequence[Message]
 
     ``messages`` are what one area appends in one go. A render never starts
     with a call open (and a promotion follows a detached tail), so a result
-    can only answer a call among them. Pairing is positional: a result
-    answers the calls of the nearest preceding model turn (consecutive
-    assistant messages, as for open calls), with only results in between.
-    Source: OpenAI Chat ``tool`` messages follow their
-    ``tool_calls`` message; Anthropic ``tool_result`` blocks open the next
-    user turn; Gemini's function-response turn follows the call turn.
+    can only answer a call among them. Pairing is :class:`CallTracker`'s,
+    with a model turn (consecutive assistant messages) as one call group.
     """
-    calls: set[str] = set()
+    tracker = CallTracker(model_turns=True)
     orphans: list[str] = []
-    in_model_turn = False
     for message in messages:
-        if message.role is Role.assistant:
-            ids = {c.call_id for c in message.tool_calls}
-            calls = calls | ids if in_model_turn else ids
-            in_model_turn = True
-            continue
-        in_model_turn = False
-        results = message.tool_results
-        orphans.extend(r.call_id for r in results if r.call_id not in calls)
-        if len(results) < len(message.parts):
-            calls = set()  # user text, or a system message, ends the call group
+        orphans.extend(r.call_id for r in tracker.feed(message).orphans)
     if orphans:
         raise AreaCallbackError(
             f"Context Area {entry.describe()} {phase}() returned tool result(s) "
@@ -930,16 +916,15 @@ def _open_call_ids(
     The items scanned are the Context's first ``cut`` items followed by
     ``extra`` (the native items a collection is about to append).
 
-    Scans back from the tail: results (tool messages, or user turns carrying
-    tool results), then the model turn before them (consecutive assistant
-    items: OpenAI Responses emits one item per call); which calls the results
-    answer is :func:`~turnloom.context.pairing.unanswered_calls`'s rule. A
-    user, system or developer message without results ends the scan,
-    and so does an item the gateway cannot parse.
+    Scans back from the tail over results (tool messages, or user turns
+    carrying tool results) to the model turn before them (consecutive
+    assistant items: OpenAI Responses emits one item per call), then pairs
+    them with :class:`CallTracker`. A user, system or developer message
+    without results ends the scan, and so does an item the gateway cannot
+    parse.
     """
     index = cut + len(extra) - 1
-    result_ids: list[str] = []
-    call_ids: list[str] = []  # newest first while scanning
+    tail: list[Message] = []  # the trailing model turn and the results after it, newest first
     in_model_turn = False
     while index >= 0:
         item = extra[index - cut] if index >= cut else context.snapshot(index, index + 1)[0]
@@ -950,16 +935,12 @@ def _open_call_ids(
             break
         if message.role is Role.assistant:
             in_model_turn = True
-            call_ids.extend(c.call_id for c in reversed(message.tool_calls))
-            continue
-        if in_model_turn:
+        elif in_model_turn or not message.tool_results:
             break
-        results = message.tool_results
-        if not results:
-            break
-        for result in results:
-            result_ids.append(result.call_id)
-    if not call_ids:
+        tail.append(message)
+    if not in_model_turn:
         return ()
-    call_ids.reverse()
-    return unanswered_calls(call_ids, result_ids)
+    tracker = CallTracker(model_turns=True)
+    for message in reversed(tail):
+        tracker.feed(message)
+    return tracker.open_ids

@@ -25,14 +25,15 @@ output tuple.
 
 Call ids: a history may reuse a call id in a later turn; a rendered input
 carries each call id once, by the rule of :mod:`turnloom.context.callids`.
-The run applies it to each closed turn once, when the turn is appended, so a
+The run applies it to each closed turn once, when the turn joins it, so a
 rename depends only on the items before it and the run stays a byte-stable
-prefix while only appends happen. The turn's input continues from the run's
-state (:attr:`RenderedHistory.call_ids`). Eviction forgets the evicted
-items' ids; when a rename of a kept item depended on an evicted item (the
-evicted turn held the first use of a reused id), the kept items rename
-differently and the run is rebuilt from the per-turn caches (O(kept items),
-once per such eviction), so it always equals a render of the kept history.
+prefix while only appends happen. The turns rendered per prepare and the
+turn's input continue from the run's state (:attr:`RenderedHistory.call_ids`).
+Eviction forgets the evicted items' ids; when a rename of a kept item
+depended on an evicted item (the evicted turn held the first use of a reused
+id), the kept items rename differently and the run is rebuilt from the
+per-turn caches (O(kept items), once per such eviction), so it always equals
+a render of the kept history.
 
 Thread safety: mutate a :class:`TurnHistory` from one thread (the event loop).
 Views are immutable and may be rendered from any number of worker threads at
@@ -57,6 +58,7 @@ __all__ = (
     "TurnHistory",
     "check_batch_length",
     "check_id",
+    "reject_instructions",
 )
 
 import bisect
@@ -80,19 +82,28 @@ from turnloom.context.message import (
     ReasoningPart,
     Role,
     TextPart,
+    ToolCallPart,
+    ToolResultPart,
     check_message,
     is_blank_text,
 )
-from turnloom.context.pairing import OpenCallPolicy, complete_pairs
+from turnloom.context.pairing import (
+    CANCELLED_RESULT_TEXT,
+    CallTracker,
+    OpenCallPolicy,
+    complete_pairs,
+)
 from turnloom.context.scope import ContextScope, scope_indices
 from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
 from turnloom.errors import (
     DuplicateIdError,
     InputError,
+    InstructionMessageError,
     InvalidArgumentError,
     InvalidMessageError,
     ItemTooLargeError,
     OutOfOrderTurnError,
+    StateError,
     TurnTooLargeError,
     UnknownTurnError,
     excerpt,
@@ -102,6 +113,28 @@ _encoder = msgspec.json.Encoder()
 _DEFAULT_COUNTER = ApproxTokenCounter()
 _PINNED_ROLES = (Role.system, Role.developer)
 _MAX_ID_LENGTH = 256
+
+
+def reject_instructions(messages: Sequence[object], field: str, where: str) -> None:
+    """No mid-conversation instructions: refuse ``system`` and ``developer`` messages.
+
+    Pinned instructions change only through a committed turn's
+    ``instructions``; a turn's input, a model output, a tool result or a
+    continuation never carries one, so none lands mid-history. Items that are
+    not Messages are left to the message checks.
+
+    Raises:
+        InstructionMessageError: ``messages[i]`` has role ``system`` or
+            ``developer``; ``field`` is ``f"{field}[{i}]"``.
+    """
+    for i, message in enumerate(messages):
+        if isinstance(message, Message) and message.role in _PINNED_ROLES:
+            raise InstructionMessageError(
+                f"{where}[{i}] is a {message.role!s} message; pinned instructions change "
+                "only through a turn snapshot's instructions, never mid-conversation.",
+                field=f"{field}[{i}]",
+                role=str(message.role),
+            )
 
 
 class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -156,9 +189,12 @@ class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
         evicted_turns: turns evicted since the history was created.
         evicted_items: messages evicted with them.
         evicted_bytes: bytes evicted with them.
-        dropped_late_outputs: messages recorded for an already evicted turn,
-            dropped.
+        dropped_late_outputs: messages recorded for a turn no longer held
+            (evicted or retracted), dropped.
         dropped_blank_outputs: empty or whitespace-only messages not recorded.
+        duplicate_outputs: messages recorded again with an id and content
+            already held in their turn, not stored again.
+        retracted_turns: turns retracted since the history was created.
         tokens: tokens of the kept messages (pinned instructions excluded),
             by the history's token counter.
         pinned_tokens: tokens of the pinned instructions.
@@ -175,6 +211,8 @@ class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
     evicted_bytes: int
     dropped_late_outputs: int
     dropped_blank_outputs: int
+    duplicate_outputs: int = 0
+    retracted_turns: int = 0
     tokens: int = 0
     pinned_tokens: int = 0
     evicted_tokens: int = 0
@@ -197,24 +235,23 @@ class RenderedHistory:
             to this input so their call ids stay unique. Owned by the caller.
     """
 
-    __slots__ = ("_head", "_positions", "bytes", "call_ids", "items", "tokens", "turn_start")
+    __slots__ = ("_positions", "_tail", "bytes", "call_ids", "items", "tokens", "turn_start")
 
     def __init__(
         self,
         items: tuple[NativeContent, ...],
         positions: _TurnPositions,
-        head: _Rendered,
+        tail: _Rendered,
         call_ids: CallIdRenamer,
-        turn_start: int | None = None,
+        turn_start: int,
     ) -> None:
         self.items = items
         self._positions = positions
-        self._head = head
+        self._tail = tail  # everything after the run: unsettled turns, then the turn's input
         self.call_ids = call_ids
-        head_start = len(items) - len(head.items)
-        self.turn_start: int = head_start if turn_start is None else turn_start
-        self.bytes: int = positions.bytes + head.bytes
-        self.tokens: int = positions.tokens + head.tokens
+        self.turn_start = turn_start
+        self.bytes: int = positions.bytes + tail.bytes
+        self.tokens: int = positions.tokens + tail.tokens
 
     def bytes_before(self, count: int) -> int:
         """Serialized size of ``items[:count]``, in bytes.
@@ -223,9 +260,9 @@ class RenderedHistory:
         """
         count = max(0, min(count, len(self.items)))
         positions = self._positions
-        head_start = len(self.items) - len(self._head.items)
-        if count > head_start:
-            return positions.bytes + sum(self._head.sizes[: count - head_start])
+        run_end = len(self.items) - len(self._tail.items)
+        if count > run_end:
+            return positions.bytes + sum(self._tail.sizes[: count - run_end])
         pinned = positions.pinned
         if count <= len(pinned.items):
             return sum(pinned.sizes[:count])
@@ -302,23 +339,49 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
         return cached
 
 
+_SpanKey = tuple[tuple[tuple[str, str], ...], tuple[str, ...] | None]
+"""What a turn's render depends on besides its messages: the calls carried into
+it (id, name) and, for a span that does not end the input, the ids of its open
+calls that a later span answers (None when it ends the input)."""
+
+_NO_KEY: _SpanKey = ((), None)
+
+
 class _Rendered(msgspec.Struct, gc=False, eq=False):
-    """Rendered entries: items, their sizes (bytes), the total (bytes) and its tokens."""
+    """Rendered entries: items, their sizes (bytes), the total (bytes), its tokens, the span key."""
 
     items: tuple[NativeContent, ...]
     sizes: tuple[int, ...]
     bytes: int
     tokens: int
+    key: _SpanKey = _NO_KEY
+    # Items before the first one rendered from an entry: cancelled results
+    # closing a call group carried in from an earlier span.
+    lead: int = 0
 
 
 _CacheKey = tuple[Gateway, str]
+
+
+def _span_key(
+    carried: tuple[ToolCallPart, ...],
+    answered: frozenset[str] | None,
+    policy: OpenCallPolicy,
+) -> _SpanKey:
+    if answered is not None and policy == "cancel":
+        answered = frozenset()  # under "cancel" a span that goes on changes nothing at its end
+    return (
+        tuple((c.call_id, c.name) for c in carried),
+        None if answered is None else tuple(sorted(answered)),
+    )
 
 
 class _Turn(msgspec.Struct, gc=False, eq=False):
     """An immutable snapshot of one turn. A change makes a new ``_Turn``.
 
     ``full`` and ``head`` are the whole turn and its input rendered for render
-    key slot 0; ``more_full`` and ``more_head`` hold other slots.
+    key slot 0, each for the span key it holds (a cache of one); ``more``
+    holds other slots, by (slot, whole turn).
     """
 
     turn_id: str
@@ -326,14 +389,19 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
     outputs: tuple[_Entry, ...]
     bytes: int
     tokens: int
+    serial: int  # the history's commit count when it was committed: unique in the history
     full: _Rendered | None = None
     head: _Rendered | None = None
-    more_full: dict[int, _Rendered] | None = None
-    more_head: dict[int, _Rendered] | None = None
+    more: dict[tuple[int, bool], _Rendered] | None = None
 
     @property
     def items(self) -> int:
         return len(self.input) + len(self.outputs)
+
+    def messages(self, whole: bool) -> list[Message]:
+        """The turn's messages (``whole``), or its input only."""
+        entries = self.input + self.outputs if whole else self.input
+        return [e.message for e in entries]
 
     def with_outputs(self, added: tuple[_Entry, ...]) -> _Turn:
         return _Turn(
@@ -342,61 +410,47 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
             self.outputs + added,
             self.bytes + sum(e.size for e in added),
             self.tokens + sum(e.tokens for e in added),
+            self.serial,
         )
 
-    def full_for(self, slot: int) -> _Rendered | None:
-        """The whole turn rendered for key slot ``slot``, if cached."""
-        if slot == 0:
-            return self.full
-        return self.more_full.get(slot) if self.more_full is not None else None
-
-    def render_full(
+    def render(
         self,
         gateway: Gateway,
         slots: tuple[int, int],
         policy: OpenCallPolicy,
         counter: TokenCounter,
+        whole: bool,
+        carried: tuple[ToolCallPart, ...],
+        answered: frozenset[str] | None,
     ) -> _Rendered:
-        """The whole turn rendered for (gateway slot, key slot) ``slots``, cached.
+        """The turn (``whole``) or its input rendered as one span, cached per key slot.
 
-        A racing render at worst recomputes it.
+        ``carried`` and ``answered`` are :func:`complete_pairs`' ``carried``
+        and ``answered_later``. The cache holds one render per (slot, whole)
+        and is filled by one assignment of a render that carries its span
+        key, so a racing render at worst recomputes it.
         """
         slot = slots[1]
-        rendered = self.full_for(slot)
-        if rendered is None:
-            rendered = _render_entries(
-                self.input + self.outputs, gateway, slots[0], policy, counter
-            )
-            if slot == 0:
+        key = _span_key(carried, answered, policy)
+        if slot == 0:
+            cached = self.full if whole else self.head
+        else:
+            cached = self.more.get((slot, whole)) if self.more is not None else None
+        if cached is not None and cached.key == key:
+            return cached
+        entries = self.input + self.outputs if whole else self.input
+        rendered = _render_entries(
+            entries, gateway, slots[0], policy, counter, carried, answered, key
+        )
+        if slot == 0:
+            if whole:
                 self.full = rendered
             else:
-                if self.more_full is None:
-                    self.more_full = {}
-                self.more_full[slot] = rendered
-        return rendered
-
-    def render_head(
-        self,
-        gateway: Gateway,
-        slots: tuple[int, int],
-        policy: OpenCallPolicy,
-        counter: TokenCounter,
-    ) -> _Rendered:
-        """The turn's input rendered for ``slots``, cached (see :meth:`render_full`)."""
-        slot = slots[1]
-        rendered = (
-            self.head
-            if slot == 0
-            else (self.more_head.get(slot) if self.more_head is not None else None)
-        )
-        if rendered is None:
-            rendered = _render_entries(self.input, gateway, slots[0], policy, counter)
-            if slot == 0:
                 self.head = rendered
-            else:
-                if self.more_head is None:
-                    self.more_head = {}
-                self.more_head[slot] = rendered
+        else:
+            if self.more is None:
+                self.more = {}
+            self.more[(slot, whole)] = rendered
         return rendered
 
 
@@ -455,14 +509,20 @@ class _Run:
 
     ``items`` is a list changed in place (evicted turns deleted at the front,
     closed turns appended), so a prepare copies the run once, into its output
-    tuple, and never walks it in Python. ``call_ids`` is the call-id renaming
-    state after ``items``: a turn is renamed once, when it is appended, and
-    what it became depends only on the items before it, so the run stays a
-    byte-stable prefix while only appends happen. Guarded by
+    tuple, and never walks it in Python. ``call_ids`` and ``carry`` are the
+    call-id renaming and pairing states after ``items``. Guarded by
     ``_Shared.lock``.
     """
 
-    __slots__ = ("call_ids", "evicted", "generation", "items", "pinned_entries", "positions")
+    __slots__ = (
+        "call_ids",
+        "carry",
+        "evicted",
+        "generation",
+        "items",
+        "pinned_entries",
+        "positions",
+    )
 
     def __init__(
         self,
@@ -478,7 +538,12 @@ class _Run:
         self.items = items
         self.evicted = evicted
         self.generation = generation
+        # The call-id renaming state after ``items``: a turn is renamed once,
+        # when it joins the run, and what it became depends only on the items
+        # before it, so the run stays a byte-stable prefix while only appends happen.
         self.call_ids = call_ids
+        # The calls still open after the run's last turn, carried into the next.
+        self.carry: tuple[ToolCallPart, ...] = ()
 
 
 class _Shared:
@@ -509,8 +574,11 @@ def _render_entries(
     slot: int,
     policy: OpenCallPolicy,
     counter: TokenCounter,
+    carried: tuple[ToolCallPart, ...] = (),
+    answered: frozenset[str] | None = None,
+    key: _SpanKey = _NO_KEY,
 ) -> _Rendered:
-    """Render whole-turn entries with every call/result pair complete.
+    """Render entries as one span with every call/result pair complete (see complete_pairs).
 
     A message kept as it is costs the tokens counted when it entered; one
     that pairing changed (a call left out, a cancelled result) is counted by
@@ -521,8 +589,14 @@ def _render_entries(
     items: list[NativeContent] = []
     sizes: list[int] = []
     tokens = 0
-    for message in complete_pairs(messages, open_calls=policy):
+    lead = -1
+    completed = complete_pairs(
+        messages, open_calls=policy, carried=carried, answered_later=answered
+    )
+    for message in completed:
         entry = by_id.get(id(message))
+        if lead < 0 and (entry is not None or not _is_cancelled_results(message)):
+            lead = len(items)
         if entry is not None and entry.message is message:
             native, native_sizes = entry.rendered(gateway, slot)
             tokens += entry.tokens
@@ -540,7 +614,8 @@ def _render_entries(
         # Its items are untracked already (by _render_message); CPython keeps
         # a tuple holding dicts tracked, so untrack the tuple itself.
         _GC_UNTRACK(id(rendered))
-    return _Rendered(rendered, tuple(sizes), sum(sizes), tokens)
+    lead = len(items) if lead < 0 else lead
+    return _Rendered(rendered, tuple(sizes), sum(sizes), tokens, key, lead)
 
 
 def _renamed(rendered: _Rendered, gateway: Gateway, call_ids: CallIdRenamer) -> _Rendered:
@@ -560,7 +635,117 @@ def _renamed(rendered: _Rendered, gateway: Gateway, call_ids: CallIdRenamer) -> 
     out = tuple(items)
     _untrack_json(out)
     # Tokens are those of the messages as recorded: renaming is a wire detail.
-    return _Rendered(out, sizes, sum(sizes), rendered.tokens)
+    return _Rendered(out, sizes, sum(sizes), rendered.tokens, rendered.key, rendered.lead)
+
+
+_CANCELLED_CONTENT = (TextPart(text=CANCELLED_RESULT_TEXT),)
+
+
+def _is_cancelled_results(message: Message) -> bool:
+    """True for the message of cancelled results ``complete_pairs`` adds to close calls."""
+    return message.role is Role.tool and all(
+        type(p) is ToolResultPart and p.is_error and p.content == _CANCELLED_CONTENT
+        for p in message.parts
+    )
+
+
+def _join(parts: Sequence[_Rendered]) -> _Rendered:
+    """Renders one after the other, as one."""
+    if len(parts) == 1:
+        return parts[0]
+    items: list[NativeContent] = []
+    sizes: list[int] = []
+    for part in parts:
+        items.extend(part.items)
+        sizes.extend(part.sizes)
+    return _Rendered(tuple(items), tuple(sizes), sum(sizes), sum(p.tokens for p in parts))
+
+
+class _Plan:
+    """How the turns after a run and a turn's input render (computed before any change).
+
+    ``renders[i]`` renders ``turns[i]``; the first ``settled`` of them are
+    final (the call group open at their end, if any, ended within ``turns``)
+    and may join the run, after which ``carry`` is carried into the next;
+    the rest and ``head`` (the turn's input) form the tail rendered for this
+    prepare only. Renders are as cached: call ids are renamed by
+    :meth:`rename`, in input order.
+    """
+
+    __slots__ = ("carry", "head", "renders", "settled")
+
+    def __init__(
+        self,
+        renders: list[_Rendered],
+        settled: int,
+        carry: tuple[ToolCallPart, ...],
+        head: _Rendered,
+    ) -> None:
+        self.renders = renders
+        self.settled = settled
+        self.carry = carry
+        self.head = head
+
+    def rename(
+        self, gateway: Gateway, call_ids: CallIdRenamer
+    ) -> tuple[list[_Rendered], _Rendered, CallIdRenamer]:
+        """The settled renders renamed with ``call_ids`` (advancing it), then the tail.
+
+        Returns the renamed settled renders, the tail (the other turns, then
+        the head) renamed on a copy, and that copy, advanced past the tail.
+        """
+        settled = [_renamed(r, gateway, call_ids) for r in self.renders[: self.settled]]
+        after = call_ids.copy()
+        tail = [_renamed(r, gateway, after) for r in self.renders[self.settled :]]
+        tail.append(_renamed(self.head, gateway, after))
+        return settled, _join(tail), after
+
+
+def _plan(
+    turns: Sequence[_Turn],
+    head: _Turn,
+    carry: tuple[ToolCallPart, ...],
+    gateway: Gateway,
+    slots: tuple[int, int],
+    policy: OpenCallPolicy,
+    counter: TokenCounter,
+) -> _Plan:
+    """Pair ``turns`` and then ``head``'s input as one input continuing ``carry``; render them.
+
+    One :class:`~turnloom.context.pairing.CallTracker` pass finds, for each
+    turn, the calls carried into it and which of the calls open at its end a
+    later turn answers; each turn is then rendered as a span with those (a
+    cached render is reused when they are the same), so the spans together
+    equal the whole input completed at once. Changes nothing shared except
+    the per-turn caches.
+    """
+    tracker = CallTracker(carry)
+    count = len(turns)
+    starts: list[tuple[ToolCallPart, ...]] = []
+    ends: list[tuple[int, tuple[ToolCallPart, ...]]] = []
+    left: dict[int, set[str]] = {}  # group -> ids its end left without a result
+    resolved: dict[int, int] = {}  # group -> index of the turn where it ended or was answered
+    for index, turn in enumerate((*turns, head)):
+        starts.append(tuple(tracker.open.values()))
+        for message in turn.messages(index < count):
+            group = tracker.group
+            step = tracker.feed(message)
+            if step.closed:
+                left[group] = {c.call_id for c in step.closed}
+            if tracker.group != group or not tracker.open:
+                resolved.setdefault(group, index)
+        ends.append((tracker.group, tuple(tracker.open.values())))
+    left.setdefault(tracker.group, set()).update(tracker.open)
+    renders: list[_Rendered] = []
+    settled = count
+    for index, turn in enumerate(turns):
+        group, still_open = ends[index]
+        answered = frozenset(c.call_id for c in still_open) - left.get(group, set())
+        renders.append(turn.render(gateway, slots, policy, counter, True, starts[index], answered))
+        if still_open and settled == count and resolved.get(group, count) >= count:
+            settled = index  # its open group runs into the input: not final yet
+    rendered_head = head.render(gateway, slots, policy, counter, False, starts[count], None)
+    return _Plan(renders, settled, starts[settled], rendered_head)
 
 
 def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Sizes]:
@@ -701,9 +886,12 @@ class HistoryView:
 
         The outputs of ``turn_id`` itself are not included: they are the
         continuation of the turn's model calls (see ``ContextManager.build``).
-        Each turn is completed on its own with
-        :func:`~turnloom.context.complete_pairs` (a turn begins with user input,
-        so a call/result pair never spans two turns).
+        The retained turns and the turn's input are paired as one input
+        (see the class docstring of :class:`TurnHistory`): the items equal
+        ``complete_pairs(input_messages(turn_id), open_calls=open_calls)``
+        rendered message by message. When a render raises (a gateway error,
+        a MemoryError), the shared render cache is dropped, so the next
+        render equals a cold one.
 
         Args:
             gateway: the provider to render for.
@@ -728,8 +916,7 @@ class HistoryView:
         key: _CacheKey = (gateway, open_calls)
         shared = self._shared
         slots = shared.slots(key)
-        counter = shared.counter
-        head = turns[position].render_head(gateway, slots, open_calls, counter)
+        head = turns[position]
         closed = turns[:position]
         with shared.lock:
             run = shared.runs.get(key)
@@ -737,27 +924,42 @@ class HistoryView:
                 run is None or (self._evicted >= run.evicted and self._generation >= run.generation)
             )
             if newest:
-                if run is None or not self._advance(run, closed, gateway):
-                    run = shared.runs[key] = self._build(gateway, slots, open_calls)
-                self._append(run, closed, gateway, slots, open_calls)
-                # The turn's input continues the run's renaming on a copy:
-                # the run itself ends with the closed turns.
-                call_ids = run.call_ids.copy()
-                head = _renamed(head, gateway, call_ids)
-                # One copy of the run into the output tuple.
-                run.items.extend(head.items)
-                items = tuple(run.items)
-                del run.items[len(run.items) - len(head.items) :]
+                try:
+                    if run is None or not self._advance(run, closed, gateway):
+                        run = self._build(gateway, slots, open_calls)
+                    shared.runs[key] = run
+                    # Everything that can fail (a gateway, an area of memory)
+                    # runs before the run changes.
+                    plan = _plan(
+                        closed[len(run.positions.turns) :],
+                        head,
+                        run.carry,
+                        gateway,
+                        slots,
+                        open_calls,
+                        shared.counter,
+                    )
+                    settled, tail, call_ids = plan.rename(gateway, run.call_ids)
+                    self._append(run, closed, plan, settled)
+                    # One copy of the run into the output tuple.
+                    run.items.extend(tail.items)
+                    items = tuple(run.items)
+                    del run.items[len(run.items) - len(tail.items) :]
+                except BaseException:
+                    # The run may be half changed: drop it; the next render rebuilds it.
+                    shared.runs.pop(key, None)
+                    raise
                 positions = run.positions
         if not newest:
             # An older view (or an earlier turn): a private run, the cache untouched.
             private = self._build(gateway, slots, open_calls)
-            self._append(private, closed, gateway, slots, open_calls)
-            call_ids = private.call_ids
-            head = _renamed(head, gateway, call_ids)
-            items = tuple(private.items) + head.items
+            plan = _plan(closed, head, (), gateway, slots, open_calls, shared.counter)
+            settled, tail, call_ids = plan.rename(gateway, private.call_ids)
+            self._append(private, closed, plan, settled)
+            items = tuple(private.items) + tail.items
             positions = private.positions
-        return RenderedHistory(items, positions, head, call_ids)
+        turn_start = len(items) - len(plan.head.items) + plan.head.lead
+        return RenderedHistory(items, positions, tail, call_ids, turn_start)
 
     def render_scoped(
         self,
@@ -772,9 +974,9 @@ class HistoryView:
         ``scope`` selects among the turns' messages: those of the turns before
         ``turn_id`` then its input, indexed from 0 in that order (the list
         :meth:`scope_messages` returns). The pinned instructions and the
-        turn's own input are always kept. Each turn's kept messages are then
-        completed with :func:`~turnloom.context.complete_pairs`, so a call
-        whose result the scope left out is excluded or cancelled (by
+        turn's own input are always kept. The kept messages are then paired
+        as one input, as :meth:`render` pairs (across turns), so a call whose
+        result the scope left out is excluded or cancelled (by
         ``open_calls``) and a result whose call it left out is dropped.
 
         Renders privately: the shared run and the per-turn renders that
@@ -814,24 +1016,21 @@ class HistoryView:
             gateway,
             call_ids,
         )
-        items: list[NativeContent] = []
-        sizes: list[int] = []
-        tokens = 0
-        turn_start = 0
-        for entries in kept_spans:
-            turn_start = len(pinned.items) + len(items)
-            if entries:
-                part = _renamed(
-                    _render_entries(entries, gateway, slots[0], open_calls, counter),
-                    gateway,
-                    call_ids,
-                )
-                items.extend(part.items)
-                sizes.extend(part.sizes)
-                tokens += part.tokens
-        tail = _Rendered(tuple(items), tuple(sizes), sum(sizes), tokens)
+        # Each turn's kept messages as a throwaway turn, so the render caches
+        # of the history's own turns are not touched; paired as one input.
+        spans = [
+            _Turn("", tuple(e), (), sum(x.size for x in e), sum(x.tokens for x in e), 0)
+            for e in kept_spans[:-1]
+        ]
+        own = self._turns[position]
+        head_turn = _Turn(own.turn_id, own.input, (), 0, 0, 0)
+        plan = _plan(spans, head_turn, (), gateway, slots, open_calls, counter)
+        settled, tail, call_ids = plan.rename(gateway, call_ids)
+        body = _join([*settled, tail]) if settled else tail
         positions = _TurnPositions(pinned, (), (), (0, 0), (), ())
-        return RenderedHistory(pinned.items + tail.items, positions, tail, call_ids, turn_start)
+        items = pinned.items + body.items
+        turn_start = len(items) - len(plan.head.items) + plan.head.lead
+        return RenderedHistory(items, positions, body, call_ids, turn_start)
 
     def messages(self) -> tuple[Message, ...]:
         """Every kept turn's input then outputs, oldest first (pinned excluded)."""
@@ -854,6 +1053,26 @@ class HistoryView:
         for position in range(len(self._turns) - 1, -1, -1):
             if self._turns[position].turn_id == turn_id:
                 return position
+        raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
+
+    def input_messages(self, turn_id: str) -> tuple[Message, ...]:
+        """The messages a render of ``turn_id`` is made of, before pairing.
+
+        The pinned instructions, every message of the turns before
+        ``turn_id``, then its input, oldest first. Rendering
+        ``complete_pairs(input_messages(t))`` message by message, with call
+        ids renamed by ``rename_call_ids`` over the whole list, gives exactly
+        :meth:`render`'s items (a cold render, without any cache).
+
+        Raises:
+            UnknownTurnError: the view holds no turn ``turn_id``.
+        """
+        out = [e.message for e in self._pinned]
+        for turn in self._turns:
+            if turn.turn_id == turn_id:
+                out.extend(e.message for e in turn.input)
+                return tuple(out)
+            out.extend(e.message for e in turn.input + turn.outputs)
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
     def _build(self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy) -> _Run:
@@ -881,6 +1100,9 @@ class HistoryView:
             # changes), so the last kept turn being the same object means the
             # whole kept run is this view's prefix.
             or (kept and closed[kept - 1] is not positions.turns[-1])
+            # The first kept turn answered calls of an evicted turn: without
+            # them its results are orphans, so its render changes.
+            or (dropped and kept and positions.rendered[dropped].key[0])
         ):
             return False
         if dropped:
@@ -906,48 +1128,44 @@ class HistoryView:
                 positions.turn_tokens - gone,
             )
             run.evicted = self._evicted
+            if not kept:
+                run.carry = ()  # the calls it carried were evicted with their turn
         return True
 
     def _append(
-        self,
-        run: _Run,
-        closed: tuple[_Turn, ...],
-        gateway: Gateway,
-        slots: tuple[int, int],
-        policy: OpenCallPolicy,
+        self, run: _Run, closed: tuple[_Turn, ...], plan: _Plan, renders: list[_Rendered]
     ) -> None:
+        """Append the plan's settled turns, renamed (``renders``), to the run.
+
+        ``closed`` holds them after the run's turns.
+        """
+        if not plan.settled:
+            return
         positions = run.positions
         reuse = len(positions.turns)
-        if reuse == len(closed):
-            return
         item_ends: list[int] = []
         byte_ends: list[int] = []
         items_at = positions.item_ends[-1] if positions.item_ends else positions.origin[0]
         bytes_at = positions.byte_ends[-1] if positions.byte_ends else positions.origin[1]
         tokens = positions.turn_tokens
-        renders: list[_Rendered] = []
-        for turn in closed[reuse:]:
-            rendered = _renamed(
-                turn.render_full(gateway, slots, policy, self._shared.counter),
-                gateway,
-                run.call_ids,
-            )
-            renders.append(rendered)
-            run.items.extend(rendered.items)
+        for rendered in renders:
             items_at += len(rendered.items)
             bytes_at += rendered.bytes
             tokens += rendered.tokens
             item_ends.append(items_at)
             byte_ends.append(bytes_at)
+        for rendered in renders:
+            run.items.extend(rendered.items)
         run.positions = _TurnPositions(
             positions.pinned,
-            closed,
+            closed[: reuse + plan.settled],
             positions.rendered + tuple(renders),
             positions.origin,
             positions.item_ends + tuple(item_ends),
             positions.byte_ends + tuple(byte_ends),
             tokens,
         )
+        run.carry = plan.carry
 
 
 def _blank(message: Message) -> bool:
@@ -1027,6 +1245,25 @@ def check_id(value: object, what: str) -> str:
 class TurnHistory:
     """The bounded history of one context, in whole turns.
 
+    Pairing across turns. Tool calls and results pair over the whole retained
+    history, by the rule of :class:`~turnloom.context.CallTracker`, not turn
+    by turn: a result recorded late to its turn, or given as the next turn's
+    input (an approval flow: the model asks, a person approves, the result
+    arrives with the next turn), answers the call it follows. A turn whose
+    call group is still open at its end renders once the turns after it show
+    whether they answer it; until then it is rendered with each prepare
+    rather than cached in the shared run.
+
+    Eviction and calls. Eviction drops whole turns and the limits stay hard:
+    no turn is kept beyond them to hold a call for its result. A call is
+    evicted with its turn, whether its result is still expected or already
+    arrived as a later turn's input; that result is then left out of every
+    render (never sent without its call), as a call without its result is.
+    A result that arrives after its call's turn was evicted is dropped too:
+    recorded to the evicted turn it is counted in ``dropped_late_outputs``,
+    given as turn input it is left out. Hosts whose tool results arrive as
+    turn input should allow at least two turns.
+
     Args:
         limits: the bounds; see :class:`HistoryLimits`.
         remember_evicted: how many evicted turn ids are remembered, so that late
@@ -1046,21 +1283,26 @@ class TurnHistory:
     __slots__ = (
         "_blank_dropped",
         "_bytes",
+        "_duplicates",
         "_evicted",
         "_evicted_bytes",
         "_evicted_ids",
         "_evicted_items",
         "_evicted_tokens",
+        "_forgotten",
         "_generation",
         "_ids",
         "_items",
         "_late_dropped",
         "_limits",
+        "_message_ids",
         "_pinned",
         "_pinned_bytes",
         "_pinned_tokens",
         "_remember",
+        "_retracted",
         "_sequence",
+        "_serial",
         "_shared",
         "_tokens",
         "_turns",
@@ -1099,6 +1341,12 @@ class TurnHistory:
         self._evicted_ids: OrderedDict[str, None] = OrderedDict()
         self._late_dropped = 0
         self._blank_dropped = 0
+        self._duplicates = 0
+        self._retracted = 0
+        self._forgotten = 0  # ids of gone turns no longer remembered
+        self._serial = 0
+        # message id -> (serial of its turn, message), for every held message with an id
+        self._message_ids: dict[str, tuple[int, Message]] = {}
         self._sequence: int | None = None
         self._shared = _Shared(counter)
         self._view: HistoryView | None = None
@@ -1155,6 +1403,8 @@ class TurnHistory:
             evicted_bytes=self._evicted_bytes,
             dropped_late_outputs=self._late_dropped,
             dropped_blank_outputs=self._blank_dropped,
+            duplicate_outputs=self._duplicates,
+            retracted_turns=self._retracted,
             tokens=self._tokens,
             pinned_tokens=self._pinned_tokens,
             evicted_tokens=self._evicted_tokens,
@@ -1280,7 +1530,8 @@ class TurnHistory:
             ItemTooLargeError: one message is over the per-item byte cap.
             TurnTooLargeError: the input is over ``max_items`` or ``max_bytes``,
                 or the instructions over ``max_items`` (checked first).
-            DuplicateIdError: ``turn_id`` is kept or was evicted recently.
+            DuplicateIdError: ``turn_id`` is kept or was evicted (or retracted)
+                recently, or an input message has the id of a held message.
             OutOfOrderTurnError: ``sequence`` is not greater than the previous one.
         """
         check_id(turn_id, "turn id")
@@ -1299,14 +1550,19 @@ class TurnHistory:
                     f"Turn {excerpt(turn_id)} has sequence {sequence}, but turn sequence "
                     f"{self._sequence} was already committed; turns must arrive in order."
                 )
-        for i, message in enumerate(input):
-            if isinstance(message, Message) and message.role in _PINNED_ROLES:
-                raise InvalidMessageError(
-                    f"Turn {excerpt(turn_id)} input[{i}] has role {message.role!s}; instructions "
-                    "go in the snapshot's instructions, never in turn input.",
-                    field="role",
-                )
+        reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
         entries = self._entries(input, f"turn {excerpt(turn_id)} input")
+        seen: set[str] = set()
+        for i, entry in enumerate(entries):
+            message_id = entry.message.id
+            if message_id is not None:
+                if message_id in seen or message_id in self._message_ids:
+                    raise DuplicateIdError(
+                        f"Turn {excerpt(turn_id)} input[{i}] has id {excerpt(message_id)}, "
+                        f"which a message "
+                        "of this context already has."
+                    )
+                seen.add(message_id)
         pinned: tuple[_Entry, ...] | None = None
         if instructions is not None:
             for i, message in enumerate(instructions):
@@ -1326,9 +1582,18 @@ class TurnHistory:
             self._pinned_tokens = sum(e.tokens for e in pinned)
         if sequence is not None:
             self._sequence = sequence
+        self._serial += 1
         turn = _Turn(
-            turn_id, entries, (), sum(e.size for e in entries), sum(e.tokens for e in entries)
+            turn_id,
+            entries,
+            (),
+            sum(e.size for e in entries),
+            sum(e.tokens for e in entries),
+            self._serial,
         )
+        for entry in entries:
+            if entry.message.id is not None:
+                self._message_ids[entry.message.id] = (self._serial, entry.message)
         self._turns = (*self._turns, turn)
         self._ids.add(turn_id)
         self._items += turn.items
@@ -1336,26 +1601,50 @@ class TurnHistory:
         self._tokens += turn.tokens
         self._view = None
 
-    def record(self, turn_id: str, outputs: Sequence[Message]) -> int:
+    def turn_serial(self, turn_id: str) -> int:
+        """The serial of the held turn ``turn_id``: unique in this history, never reused.
+
+        Pass it to :meth:`record` so that outputs arriving after the turn is
+        gone are dropped even when its id was forgotten and reused.
+
+        Raises:
+            UnknownTurnError: ``turn_id`` is not held.
+        """
+        for turn in reversed(self._turns):
+            if turn.turn_id == turn_id:
+                return turn.serial
+        raise UnknownTurnError(f"Turn {excerpt(turn_id)} is not held by this context.")
+
+    def record(self, turn_id: str, outputs: Sequence[Message], *, serial: int | None = None) -> int:
         """Append a turn's outputs (model messages, tool results), in order.
 
         Empty and whitespace-only messages (an interrupted model output) are
-        not recorded, and counted. Outputs for an evicted turn are dropped and
-        counted; they never bring the turn back. Record does not evict; call
-        :meth:`evict` at a safe point.
+        not recorded, and counted. A message whose id the turn already holds
+        with equal content (an output committed twice) is not stored again,
+        and counted. Outputs for a turn no longer held are *late*: dropped and
+        counted; they never bring the turn back. A turn is known to be gone
+        when its id is remembered as evicted or retracted, when ``serial``
+        names another turn than the one now holding ``turn_id`` (the id was
+        reused), or when ids of gone turns were forgotten (an id never
+        committed then cannot be told from one of them). Record does not
+        evict; call :meth:`evict` at a safe point.
 
         Args:
             turn_id: the turn the outputs belong to.
             outputs: the messages, oldest first.
+            serial: the turn's :meth:`turn_serial`, when the caller kept it.
 
         Returns:
             how many messages were recorded.
 
         Raises:
-            UnknownTurnError: ``turn_id`` was never committed (or was evicted too
-                long ago to be remembered).
-            InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
-                message; nothing was recorded.
+            UnknownTurnError: ``turn_id`` was certainly never committed (no id
+                of a gone turn was forgotten yet).
+            InvalidMessageError, InvalidTextError: a malformed message;
+                nothing was recorded.
+            DuplicateIdError: a message has the id of a held message with
+                other content, or of a message of another turn; nothing was
+                recorded.
             ItemTooLargeError: one message is over the per-item byte cap;
                 nothing was recorded.
             TurnTooLargeError: the turn would hold more than ``max_items``
@@ -1366,20 +1655,51 @@ class TurnHistory:
             if self._turns[i].turn_id == turn_id:
                 position = i
                 break
-        if position < 0:
-            if turn_id in self._evicted_ids:
+        if position < 0 or (serial is not None and self._turns[position].serial != serial):
+            known = position >= 0 or serial is not None or turn_id in self._evicted_ids
+            if known or self._forgotten:
                 # Validate anyway: a malformed late output is still an error.
                 self._entries(outputs, f"turn {excerpt(turn_id)} output")
                 self._late_dropped += len(outputs)
                 return 0
             raise UnknownTurnError(f"Turn {excerpt(turn_id)} was never committed to this context.")
         entries = self._entries(outputs, f"turn {excerpt(turn_id)} output", turn_id)
-        kept = tuple(e for e in entries if not _blank(e.message))
-        self._blank_dropped += len(entries) - len(kept)
+        old = self._turns[position]
+        kept: list[_Entry] = []
+        added: dict[str, Message] = {}
+        duplicates = blank = 0
+        for i, entry in enumerate(entries):
+            message = entry.message
+            if message.id is not None:
+                held = self._message_ids.get(message.id)
+                same = (
+                    added.get(message.id)
+                    if held is None
+                    else (held[1] if held[0] == old.serial else None)
+                )
+                if same is not None and same == message:
+                    duplicates += 1
+                    continue
+                if held is not None or message.id in added:
+                    raise DuplicateIdError(
+                        f"Turn {excerpt(turn_id)} output[{i}] has id {excerpt(message.id)}, "
+                        f"which a "
+                        "message of this context already has with other content (or in "
+                        "another turn); nothing was recorded."
+                    )
+                added[message.id] = message
+            if _blank(message):
+                blank += 1
+                continue
+            kept.append(entry)
+        self._duplicates += duplicates
+        self._blank_dropped += blank
         if not kept:
             return 0
-        old = self._turns[position]
-        new = old.with_outputs(kept)
+        for entry in kept:
+            if entry.message.id is not None:
+                self._message_ids[entry.message.id] = (old.serial, entry.message)
+        new = old.with_outputs(tuple(kept))
         if position != len(self._turns) - 1:
             self._generation += 1
         self._turns = (*self._turns[:position], new, *self._turns[position + 1 :])
@@ -1425,10 +1745,58 @@ class TurnHistory:
         self._evicted_items += items
         self._evicted_bytes += total
         self._evicted_tokens += tokens
-        for turn_id in evicted:
-            self._ids.discard(turn_id)
-            self._evicted_ids[turn_id] = None
-        while len(self._evicted_ids) > self._remember:
-            self._evicted_ids.popitem(last=False)
+        for turn in turns[:count]:
+            self._forget(turn)
         self._view = None
         return evicted
+
+    def _forget(self, turn: _Turn) -> None:
+        """Drop a turn's ids; remember its id as gone (a bounded number of them)."""
+        self._ids.discard(turn.turn_id)
+        message_ids = self._message_ids
+        if message_ids:
+            for entry in turn.input + turn.outputs:
+                if entry.message.id is not None:
+                    message_ids.pop(entry.message.id, None)
+        self._evicted_ids[turn.turn_id] = None
+        while len(self._evicted_ids) > self._remember:
+            self._evicted_ids.popitem(last=False)
+            self._forgotten += 1
+
+    def retract(self, turn_id: str) -> None:
+        """Take back the newest turn, which produced no output (a false start).
+
+        The turn's input leaves the history as if it had never been
+        committed: the next turn's input does not hold it. Its id is
+        remembered like an evicted turn's: it cannot be committed again, and
+        outputs recorded for it later are dropped and counted. The sequence
+        it carried stays used.
+
+        Raises:
+            InvalidMessageError: a malformed id.
+            UnknownTurnError: ``turn_id`` is not held.
+            StateError: ``turn_id`` is not the newest turn, or outputs were
+                recorded for it (it answered: record a correction instead).
+        """
+        check_id(turn_id, "turn id")
+        if not self.has_turn(turn_id):
+            raise UnknownTurnError(f"Turn {excerpt(turn_id)} is not held by this context.")
+        turn = self._turns[-1]
+        if turn.turn_id != turn_id:
+            raise StateError(
+                f"Turn {excerpt(turn_id)} is not the newest turn ({excerpt(turn.turn_id)} "
+                f"is); only the "
+                "newest turn can be retracted."
+            )
+        if turn.outputs:
+            raise StateError(
+                f"Turn {excerpt(turn_id)} has {len(turn.outputs)} recorded output(s); only a turn "
+                "that produced no answer can be retracted."
+            )
+        self._turns = self._turns[:-1]
+        self._items -= turn.items
+        self._bytes -= turn.bytes
+        self._tokens -= turn.tokens
+        self._retracted += 1
+        self._forget(turn)
+        self._view = None

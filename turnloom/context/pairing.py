@@ -10,7 +10,9 @@ Pairing is positional, as the providers pair: a result answers a call of the
 nearest preceding assistant message with tool calls, and only until the next
 user, system, developer or assistant message. A call id may therefore be
 reused in a later turn (recorded OpenAI traffic does this); each result pairs
-with its own call.
+with its own call. :class:`CallTracker` is the one statement of that rule;
+everything else here, the history, the area section and the replay parser
+apply it through it.
 """
 
 from __future__ import annotations
@@ -18,15 +20,17 @@ from __future__ import annotations
 __all__ = (
     "CANCELLED_RESULT_TEXT",
     "STEP_SIGNATURE_KEYS",
+    "CallTracker",
     "OpenCallPolicy",
+    "PairingStep",
     "complete_pairs",
     "hold_until_answered",
     "open_call_ids",
-    "unanswered_calls",
 )
 
 from collections.abc import Iterable, Sequence
-from typing import Literal, TypeAlias
+from collections.abc import Set as AbstractSet
+from typing import Literal, NamedTuple, TypeAlias
 
 import msgspec
 
@@ -99,38 +103,130 @@ def _keep_step_signature(
     return kept
 
 
-def open_call_ids(messages: Sequence[Message]) -> tuple[str, ...]:
-    """Ids of the calls of the last call group that have no result yet, in call order."""
-    pending: dict[str, None] = {}
-    for message in messages:
-        if message.role is Role.assistant:
-            calls = message.tool_calls
-            if calls or message.text.strip():
-                pending = {c.call_id: None for c in calls}
-        elif message.role is Role.tool or (message.role is Role.user and message.tool_results):
-            for result in message.tool_results:
-                pending.pop(result.call_id, None)
-        elif message.role is Role.user:
-            pending = {}
-    return tuple(pending)
+class PairingStep(NamedTuple):
+    """What one message did to the pairing state (see :meth:`CallTracker.feed`).
+
+    Attributes:
+        paired: the message's tool results that answer an open call, in order.
+        orphans: its tool results that answer no open call, in order.
+        closed: the calls its arrival left without a result by ending their
+            group, in call order (empty when the group was fully answered).
+        results: True when the message carries tool results (a ``tool``
+            message, or a ``user`` message with tool results).
+    """
+
+    paired: tuple[ToolResultPart, ...]
+    orphans: tuple[ToolResultPart, ...]
+    closed: tuple[ToolCallPart, ...]
+    results: bool
 
 
-def unanswered_calls(call_ids: Sequence[str], result_ids: Sequence[str]) -> tuple[str, ...]:
-    """The calls of one model turn that its results leave unanswered, in call order.
+_NO_STEP = PairingStep((), (), (), False)
 
-    A result answers the call with its id; results whose id matches no call
-    answer the remaining calls in order (a Gemini function response may carry
-    no id). Source: OpenAI Chat ``tool`` messages, Anthropic ``tool_result``
-    blocks and Gemini function-response turns all follow their call turn.
+
+def _ends_group(part: Part) -> bool:
+    """True for a part that, beside tool results in a user message, starts a new user turn."""
+    return type(part) is not ToolResultPart and not (
+        type(part) is TextPart and is_blank_text(part.text) and not part.extras
+    )
+
+
+class CallTracker:
+    """The pairing rule, applied one message at a time, oldest first.
+
+    This is the only statement of the rule; history rendering, the area
+    section, routed items and the replay parser all use it. A *call group*
+    is the tool calls of one assistant message (with ``model_turns=True``:
+    of consecutive assistant messages, as OpenAI Responses emits one item per
+    call). A tool result answers a call of the current group with its id and
+    only until the group ends; a result with any other id is an orphan. The
+    group ends at the next assistant message (which starts the next group),
+    at a ``user``, ``system`` or ``developer`` message, and at a ``user``
+    message that carries non-blank content besides its tool results (after
+    those results). Calls still open when their group ends are *closed*
+    without a result. A call id may be reused by a later group; each result
+    pairs with its own group's call.
+
+    Source: OpenAI Chat ``tool`` messages follow their ``tool_calls``
+    message; Anthropic ``tool_result`` blocks open the next user turn; Gemini's
+    function-response turn follows the call turn.
 
     Args:
-        call_ids: the call ids of the model turn, in call order.
-        result_ids: the call ids the results that followed it carry.
+        carried: calls of a group that began before the first message fed
+            (a span continuing an earlier one), still without a result.
+        model_turns: let consecutive assistant messages form one group.
+
+    Attributes:
+        open: the current group's calls without a result yet, by call id, in
+            call order. Read-only for callers.
+        group: a serial number, increased each time a group ends or starts.
     """
-    called = set(call_ids)
-    answered = set(result_ids)
-    unmatched = sum(1 for r in result_ids if r not in called)
-    return tuple(c for c in call_ids if c not in answered)[unmatched:]
+
+    __slots__ = ("_in_model_turn", "_model_turns", "group", "open")
+
+    def __init__(self, carried: Iterable[ToolCallPart] = (), *, model_turns: bool = False) -> None:
+        self.open: dict[str, ToolCallPart] = {c.call_id: c for c in carried}
+        self.group = 0
+        self._model_turns = model_turns
+        self._in_model_turn = False
+
+    @property
+    def open_ids(self) -> tuple[str, ...]:
+        """Ids of :attr:`open`, in call order."""
+        return tuple(self.open)
+
+    def copy(self) -> CallTracker:
+        """An independent tracker in the same state."""
+        twin = CallTracker(self.open.values(), model_turns=self._model_turns)
+        twin.group = self.group
+        twin._in_model_turn = self._in_model_turn
+        return twin
+
+    def _end(self) -> tuple[ToolCallPart, ...]:
+        closed = tuple(self.open.values())
+        self.open = {}
+        self.group += 1
+        return closed
+
+    def feed(self, message: Message) -> PairingStep:
+        """Apply one message; return what it paired, orphaned and closed."""
+        role = message.role
+        if role is Role.assistant:
+            calls = message.tool_calls
+            if self._model_turns and self._in_model_turn:
+                for call in calls:
+                    self.open[call.call_id] = call
+                return _NO_STEP
+            self._in_model_turn = True
+            closed = self._end()
+            if calls:
+                self.open = {c.call_id: c for c in calls}
+            return PairingStep((), (), closed, False) if closed else _NO_STEP
+        self._in_model_turn = False
+        results = message.tool_results
+        if role is Role.tool or (role is Role.user and results):
+            open_calls = self.open
+            paired: list[ToolResultPart] = []
+            orphans: list[ToolResultPart] = []
+            for result in results:
+                if open_calls.pop(result.call_id, None) is not None:
+                    paired.append(result)
+                else:
+                    orphans.append(result)
+            closed = ()
+            if role is Role.user and any(_ends_group(p) for p in message.parts):
+                closed = self._end()
+            return PairingStep(tuple(paired), tuple(orphans), closed, True)
+        closed = self._end()
+        return PairingStep((), (), closed, False) if closed else _NO_STEP
+
+
+def open_call_ids(messages: Sequence[Message]) -> tuple[str, ...]:
+    """Ids of the calls of the last call group that have no result yet, in call order."""
+    tracker = CallTracker()
+    for message in messages:
+        tracker.feed(message)
+    return tracker.open_ids
 
 
 def hold_until_answered(messages: Sequence[Message]) -> list[Message]:
@@ -151,124 +247,147 @@ def hold_until_answered(messages: Sequence[Message]) -> list[Message]:
         messages: neutral messages, oldest first.
 
     Returns:
-        a new list with the same messages, oldest first. A notice injected
-        while a call is open goes after its result.
+        a new list with the same messages, oldest first.
     """
     out: list[Message] = []
     held: list[Message] = []
-    pending: set[str] = set()
+    tracker = CallTracker()
     for message in messages:
         role = message.role
         if role is Role.tool or (role is Role.user and message.tool_results):
             out.append(message)
-            pending.difference_update(r.call_id for r in message.tool_results)
-            if not pending:
+            tracker.feed(message)
+            if not tracker.open:
                 out.extend(held)
                 held.clear()
         elif role is Role.assistant:
             out.extend(held)
             held.clear()
             out.append(message)
-            pending = {c.call_id for c in message.tool_calls}
-        elif pending:
+            tracker.feed(message)
+        elif tracker.open:
             held.append(message)
         else:
             out.append(message)
+            tracker.feed(message)
     out.extend(held)
     return out
 
 
 def complete_pairs(
-    messages: Sequence[Message], *, open_calls: OpenCallPolicy = "exclude"
+    messages: Sequence[Message],
+    *,
+    open_calls: OpenCallPolicy = "exclude",
+    carried: Sequence[ToolCallPart] = (),
+    answered_later: AbstractSet[str] | None = None,
 ) -> list[Message]:
     """Return ``messages`` with every call answered and every result answering a call.
 
-    Also drops empty and whitespace-only text parts (unless they carry
-    extras, such as a Gemini thought signature), and messages left with no
-    content. A call left out under ``"exclude"`` that signs its model step
-    (:data:`STEP_SIGNATURE_KEYS`) passes its signature to the step's first
-    kept call, so the step is not sent unsigned. Messages that need no
-    change are returned as the same objects, so callers can cache their
-    rendering by identity.
+    Pairing follows :class:`CallTracker`. Also drops empty and
+    whitespace-only text parts (unless they carry extras, such as a Gemini
+    thought signature), and messages left with no content. A call left out
+    under ``"exclude"`` that signs its model step (:data:`STEP_SIGNATURE_KEYS`)
+    passes its signature to the step's first kept call, so the step is not
+    sent unsigned. Messages that need no change are returned as the same
+    objects, so callers can cache their rendering by identity.
+
+    By default ``messages`` are a whole input: no call is open before the
+    first message and every call still open after the last is closed. A
+    history renders its turns one span at a time with ``carried`` and
+    ``answered_later``, so that the concatenation of the spans equals the
+    whole input completed at once:
+
+    * ``carried``: the open calls of a group that began in an earlier span;
+      results at the start of this span answer them. Under ``"cancel"`` the
+      ones left without a result get their cancelled results here; under
+      ``"exclude"`` the earlier span already left them out.
+    * ``answered_later``: when not None, the span does not end the input:
+      calls open at its end stay open (nothing is cancelled here), and under
+      ``"exclude"`` those whose id is not in ``answered_later`` are left out
+      of their message.
 
     Args:
         messages: neutral messages, oldest first.
         open_calls: the policy for calls without a result (see
             :data:`OpenCallPolicy`). Default ``"exclude"``, which follows seed
             004: incomplete pairs are left out of the next model input.
+        carried: calls open before the first message, in call order.
+        answered_later: ids of the calls open at the end that a later span
+            answers, or None when the input ends here.
 
     Returns:
         a new list of messages, oldest first.
     """
     out: list[Message] = []
-    # State of the current call group: index in ``out`` of its assistant
-    # message, the calls still open, and where to insert cancelled results.
-    group_at = -1
-    pending: dict[str, ToolCallPart] = {}
+    tracker = CallTracker(carried)
+    owner = -1  # index in ``out`` of the current group's assistant message
 
-    def close_group() -> None:
-        nonlocal group_at
-        if pending and group_at >= 0:
+    def drop_calls(left: Iterable[ToolCallPart]) -> None:
+        nonlocal owner
+        ids = {c.call_id: c for c in left}
+        if owner < 0 or not ids:
+            return
+        message = out[owner]
+        kept = tuple(p for p in message.parts if not (type(p) is ToolCallPart and p.call_id in ids))
+        kept = _keep_step_signature(message.parts, kept, ids)
+        if kept:
+            out[owner] = msgspec.structs.replace(message, content=kept)
+        else:
+            del out[owner]
+            owner = -1
+
+    def close(left: tuple[ToolCallPart, ...]) -> None:
+        if left:
             if open_calls == "cancel":
-                out.append(Message(role=Role.tool, content=_cancelled(pending.values())))
+                out.append(Message(role=Role.tool, content=_cancelled(left)))
             else:
-                owner = out[group_at]
-                kept = tuple(
-                    p for p in owner.parts if not (type(p) is ToolCallPart and p.call_id in pending)
-                )
-                kept = _keep_step_signature(owner.parts, kept, pending)
-                if kept:
-                    out[group_at] = msgspec.structs.replace(owner, content=kept)
-                else:
-                    del out[group_at]
-        pending.clear()
-        group_at = -1
+                drop_calls(left)
 
     for message in messages:
-        role = message.role
         parts = message.parts
         cleaned = _clean_parts(parts)
-        is_results = role is Role.tool or (role is Role.user and bool(message.tool_results))
-        if is_results:
+        step = tracker.feed(message)
+        if step.results:
             kept_parts: list[Part] = []
+            paired = step.paired
+            matched = 0
             for part in cleaned:
                 if type(part) is ToolResultPart:
-                    if part.call_id in pending:
-                        del pending[part.call_id]
+                    # ``paired`` holds the answering results in part order.
+                    if matched < len(paired) and part is paired[matched]:
+                        matched += 1
                         kept_parts.append(part)
-                elif role is Role.user:
+                elif message.role is Role.user:
                     kept_parts.append(part)
             if not kept_parts:
                 continue
-            ends_group = role is Role.user and any(
-                type(p) is not ToolResultPart for p in kept_parts
-            )
-            if ends_group and open_calls == "cancel" and pending:
-                # The cancelled results go after the results that arrived and
-                # before the text, which starts a new user turn.
-                at = max(
-                    (i + 1 for i, p in enumerate(kept_parts) if type(p) is ToolResultPart),
-                    default=0,
-                )
-                kept_parts[at:at] = _cancelled(pending.values())
-                pending.clear()
-            if len(kept_parts) != len(parts):
+            if step.closed:
+                if open_calls == "cancel":
+                    # The cancelled results go after the results that arrived and
+                    # before the text, which starts a new user turn.
+                    at = max(
+                        (i + 1 for i, p in enumerate(kept_parts) if type(p) is ToolResultPart),
+                        default=0,
+                    )
+                    kept_parts[at:at] = _cancelled(step.closed)
+                else:
+                    drop_calls(step.closed)
+                owner = -1
+            if len(kept_parts) != len(parts) or (step.closed and open_calls == "cancel"):
                 message = msgspec.structs.replace(message, content=tuple(kept_parts))
-            if ends_group:
-                # Text after the results starts a new user turn: the group ends.
-                close_group()
             out.append(message)
             continue
-        close_group()
+        close(step.closed)
+        owner = -1
         if not cleaned:
             continue
         if len(cleaned) != len(parts):
             message = msgspec.structs.replace(message, content=cleaned)
         out.append(message)
-        if role is Role.assistant:
-            calls = message.tool_calls
-            if calls:
-                group_at = len(out) - 1
-                pending = {c.call_id: c for c in calls}
-    close_group()
+        if message.role is Role.assistant and message.tool_calls:
+            owner = len(out) - 1
+    if answered_later is None:
+        close(tuple(tracker.open.values()))
+    elif open_calls == "exclude":
+        drop_calls(c for c in tracker.open.values() if c.call_id not in answered_later)
     return out

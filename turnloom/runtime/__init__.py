@@ -7,28 +7,57 @@ work goes to worker threads through the Foundation's limiter.
 from __future__ import annotations
 
 __all__ = (
+    "CONTEXT_PLUGIN_GROUP",
     "STATE_TOOL_NAME",
     "AreaPass",
     "AreaStatistics",
+    "ContextConfig",
     "ContextContribution",
+    "ContextInitConfig",
     "ContextManager",
+    "ContextPlugin",
     "ContextPrepareRequest",
+    "DefaultContextPlugin",
     "Foundation",
     "FoundationClosedError",
     "HistoryLimits",
     "HistoryTotals",
     "Invocation",
     "LatencyHistograms",
+    "ManagerOptions",
     "ManagerStatistics",
+    "OutputRecord",
+    "OutputStatistics",
+    "Perception",
     "PrefixStatistics",
     "PreparationStatistics",
     "PreparedContext",
+    "RuntimeConfig",
     "TurnSnapshot",
+    "build_context_manager",
+    "context_plugin_names",
+    "load_config",
+    "parse_config",
+    "resolve_context_plugin",
     "state_call_id",
     "state_tool_definition",
 )
 
 from turnloom.context.history import HistoryLimits
+from turnloom.runtime._door import ManagerOptions
+from turnloom.runtime.config import (
+    CONTEXT_PLUGIN_GROUP,
+    ContextConfig,
+    ContextInitConfig,
+    ContextPlugin,
+    DefaultContextPlugin,
+    RuntimeConfig,
+    build_context_manager,
+    context_plugin_names,
+    load_config,
+    parse_config,
+    resolve_context_plugin,
+)
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.manager import ContextManager, Invocation
@@ -40,6 +69,9 @@ from turnloom.runtime.schemas import (
     HistoryTotals,
     LatencyHistograms,
     ManagerStatistics,
+    OutputRecord,
+    OutputStatistics,
+    Perception,
     PrefixStatistics,
     PreparationStatistics,
     PreparedContext,

@@ -27,7 +27,7 @@ from turnloom.context.coop import CoopContext
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.message import Message
 from turnloom.context.native import Context
-from turnloom.context.pairing import unanswered_calls
+from turnloom.context.pairing import CallTracker
 from turnloom.errors import AreaCallbackError, InputError, InvalidMessageError, excerpt
 from turnloom.runtime.schemas import AreaPass
 
@@ -39,20 +39,20 @@ class AreaSection:
     thread holding ``lock``. The event loop never touches it; it hands new
     areas and routed items over through the two deques (``append`` on the
     loop, ``popleft``/``appendleft`` in a worker: both atomic). ``attached``
-    and ``unanswered_calls`` are owned by the loop; ``rendered`` is written
-    only by workers (under ``lock``) and ``delivered`` only by the loop; both
-    only grow.
+    and ``calls`` (the pairing state of the routed items) are owned by the
+    loop; ``rendered`` is written only by workers (under ``lock``) and
+    ``delivered`` only by the loop; both only grow.
     """
 
     __slots__ = (
         "attached",
+        "calls",
         "coop",
         "delivered",
         "lock",
         "pending_areas",
         "pending_items",
         "rendered",
-        "unanswered_calls",
     )
 
     def __init__(self, gateway: Gateway) -> None:
@@ -62,7 +62,7 @@ class AreaSection:
         self.pending_items: deque[NativeContent] = deque()
         # id -> area: attached and not yet known to be collected.
         self.attached: dict[int, ContextAreaImplementation] = {}
-        self.unanswered_calls: tuple[str, ...] = ()  # call ids of routed items
+        self.calls = CallTracker()  # routed calls still unanswered
         self.rendered = 0  # area passes run
         self.delivered = 0  # the newest pass whose section reached a requester
 
@@ -100,35 +100,34 @@ def check_area(gateway: Gateway, area: ContextAreaImplementation) -> None:
     CoopContext(Context(gateway)).register(area)
 
 
-def answer_routed_calls(
-    unanswered: tuple[str, ...], message: Message, context_id: str
-) -> tuple[str, ...]:
-    """The routed calls still unanswered once ``message`` is routed after ``unanswered``.
+def answer_routed_calls(calls: CallTracker, message: Message, context_id: str) -> CallTracker:
+    """The pairing state of the routed items once ``message`` is routed after them.
 
     A routed tool call must be directly followed by its results before
-    anything else is routed.
+    anything else is routed. Pairing is :class:`~turnloom.context.CallTracker`'s.
+    ``calls`` is not changed.
 
     Raises:
         InvalidMessageError: ``message`` is not a result while calls are
-            unanswered, or holds results that answer no routed call.
+            unanswered (or ends their group), or holds results that answer no
+            routed call.
     """
-    results = message.tool_results
-    if unanswered:
-        if not results or message.tool_calls:
-            raise InvalidMessageError(
-                f"Tool call(s) {', '.join(map(repr, unanswered))} routed to context "
-                f"{excerpt(context_id)} have no result yet; route their results before any "
-                "other item."
-            )
-        unanswered = unanswered_calls(unanswered, [r.call_id for r in results])
-    elif results:
+    tracker = calls.copy()
+    unanswered = tracker.open_ids
+    step = tracker.feed(message)
+    if unanswered and (step.closed or message.tool_calls):
+        raise InvalidMessageError(
+            f"Tool call(s) {', '.join(map(repr, unanswered))} routed to context "
+            f"{excerpt(context_id)} have no result yet; route their results before any "
+            "other item."
+        )
+    if step.orphans:
         raise InvalidMessageError(
             f"The item routed to context {excerpt(context_id)} holds tool result(s) "
-            f"{', '.join(repr(r.call_id) for r in results)} that answer no routed call."
+            f"{', '.join(repr(r.call_id) for r in step.orphans)} that answer no open "
+            "routed call."
         )
-    if message.tool_calls:
-        unanswered = tuple(c.call_id for c in message.tool_calls)
-    return unanswered
+    return tracker
 
 
 def current_section(areas: AreaSection) -> SectionResult:

@@ -17,8 +17,10 @@ from turnloom.context.area import ContextAreaImplementation
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import HistoryLimits, TurnHistory, check_id
 from turnloom.context.message import Message
+from turnloom.context.pairing import CallTracker
 from turnloom.context.tokens import TokenCounter
 from turnloom.errors import (
+    ContextRemovedError,
     DuplicateAreaError,
     StateError,
     UnknownContextError,
@@ -74,19 +76,36 @@ class ContextTable:
             raise UnknownContextError(f"No turn was committed to context {excerpt(context_id)}.")
         return state
 
-    def holding(self, context_id: str, turn_id: str) -> ContextState | None:
+    def holding(
+        self, context_id: str, turn_id: str, origin: ContextState | None
+    ) -> ContextState | None:
         """The context when it holds ``turn_id``; None while the turn is not committed.
 
+        Args:
+            context_id: the context.
+            turn_id: the turn.
+            origin: the context the request was made for, or None when it did
+                not exist yet.
+
         Raises:
-            UnknownTurnError: the turn was evicted.
+            ContextRemovedError: ``origin`` was removed (the id may name a new context).
+            UnknownTurnError: the turn was evicted or retracted.
         """
         state = self.contexts.get(context_id)
+        if origin is not None and state is not origin:
+            raise ContextRemovedError(
+                f"Context {excerpt(context_id)} was removed while the preparation of turn "
+                f"{excerpt(turn_id)} waited.",
+                context_id=context_id,
+                turn_id=turn_id,
+            )
         if state is None or state.history.has_turn(turn_id):
             return state
         if state.history.was_evicted(turn_id):
             raise UnknownTurnError(
-                f"Turn {excerpt(turn_id)} of context {excerpt(context_id)} was evicted before it "
-                "could be prepared."
+                f"Turn {excerpt(turn_id)} of context {excerpt(context_id)} was evicted or "
+                f"retracted "
+                "before it could be prepared."
             )
         return None
 
@@ -119,14 +138,28 @@ class ContextTable:
         self._evict(state)
         self._counters.history_changed(before, history.statistics())
 
-    def record(self, state: ContextState, turn_id: str, outputs: Sequence[Message]) -> int:
+    def record(
+        self,
+        state: ContextState,
+        turn_id: str,
+        outputs: Sequence[Message],
+        serial: int | None = None,
+        context_id: str | None = None,
+    ) -> int:
         """Record checked outputs of a turn, then evict; return how many were recorded.
+
+        With ``serial`` (an invocation's turn), outputs for another turn than
+        that one, or for a context no longer held as ``context_id``, are late:
+        dropped and counted.
 
         Raises:
             as ``TurnHistory.record``; nothing changed when it raises.
         """
+        if context_id is not None and self.contexts.get(context_id) is not state:
+            self._counters.late += len(outputs)
+            return 0
         before = state.history.statistics()
-        recorded = state.history.record(turn_id, outputs)
+        recorded = state.history.record(turn_id, outputs, serial=serial)
         self._evict(state)
         self._counters.history_changed(before, state.history.statistics())
         return recorded
@@ -174,6 +207,23 @@ class ContextTable:
         self._counters.invocations -= 1
         if evict:
             self.evict(state)
+
+    def retract(self, state: ContextState, context_id: str, turn_id: str) -> None:
+        """Take back the newest turn, which produced no answer.
+
+        Raises:
+            StateError: a model call is in flight for the context, or as
+                ``TurnHistory.retract``; nothing changed when it raises.
+            UnknownTurnError, InvalidMessageError: as ``TurnHistory.retract``.
+        """
+        if state.in_flight is not None:
+            raise StateError(
+                f"Context {excerpt(context_id)} has a model call in flight (turn "
+                f"{excerpt(state.in_flight)}); retract after the invocation ends."
+            )
+        before = state.history.statistics()
+        state.history.retract(turn_id)
+        self._counters.history_changed(before, state.history.statistics())
 
     def remove(self, context_id: str) -> None:
         """Forget a context (its counters are kept).
@@ -235,11 +285,11 @@ class ContextTable:
             InvalidMessageError: it breaks the pairing of routed calls and results.
         """
         areas = state.areas
-        unanswered = answer_routed_calls(
-            areas.unanswered_calls if areas is not None else (), message, context_id
+        calls = answer_routed_calls(
+            areas.calls if areas is not None else CallTracker(), message, context_id
         )
         areas = self._areas(state)
-        areas.unanswered_calls = unanswered
+        areas.calls = calls
         areas.pending_items.append(copy)
 
     def detach(self, areas: AreaSection, gone: tuple[object, ...]) -> None:

@@ -20,6 +20,7 @@ from turnloom.runtime.schemas import (
     HistoryTotals,
     LatencyHistograms,
     ManagerStatistics,
+    OutputStatistics,
     PrefixStatistics,
     PreparationStatistics,
     PreparedContext,
@@ -91,6 +92,7 @@ class Counters:
         "blank",
         "bytes",
         "discarded",
+        "duplicates",
         "evicted_items",
         "evicted_turns",
         "failed",
@@ -103,6 +105,7 @@ class Counters:
         "prepared",
         "rejected",
         "render",
+        "retracted",
         "tokens",
         "turns",
     )
@@ -112,6 +115,7 @@ class Counters:
         self.prepared = self.failed = self.discarded = self.rejected = 0
         self.turns = self.items = self.bytes = self.tokens = 0
         self.evicted_turns = self.evicted_items = self.late = self.blank = 0
+        self.duplicates = self.retracted = 0
         self.prefix_bytes = self.prefix_reused = 0
         self.latency = Histogram()
         self.render = Histogram()
@@ -129,6 +133,8 @@ class Counters:
         self.evicted_items += after.evicted_items - before.evicted_items
         self.late += after.dropped_late_outputs - before.dropped_late_outputs
         self.blank += after.dropped_blank_outputs - before.dropped_blank_outputs
+        self.duplicates += after.duplicate_outputs - before.duplicate_outputs
+        self.retracted += after.retracted_turns - before.retracted_turns
 
     def history_removed(self, held: HistoryStatistics) -> None:
         """A history was released: what it held is no longer held (its totals stay)."""
@@ -152,6 +158,8 @@ class Counters:
         capacity: int,
         pending: int,
         waiting_for_slot: int,
+        waiting_for_turn: int,
+        outputs: OutputStatistics,
     ) -> ManagerStatistics:
         """The frozen statistics, O(1): the running totals and the queue's state."""
         return ManagerStatistics(
@@ -162,6 +170,7 @@ class Counters:
                 capacity=capacity,
                 pending=pending,
                 waiting_for_slot=waiting_for_slot,
+                waiting_for_turn=waiting_for_turn,
                 prepared_total=self.prepared,
                 failed_total=self.failed,
                 discarded_total=self.discarded,
@@ -175,6 +184,8 @@ class Counters:
                 evicted_items_total=self.evicted_items,
                 dropped_late_outputs_total=self.late,
                 dropped_blank_outputs_total=self.blank,
+                duplicate_outputs_total=self.duplicates,
+                retracted_turns_total=self.retracted,
                 tokens=self.tokens,
             ),
             prefix=PrefixStatistics(
@@ -196,4 +207,5 @@ class Counters:
                 items_reclaimed_total=self.area_items_reclaimed,
                 items_promoted_total=self.area_items_promoted,
             ),
+            outputs=outputs,
         )

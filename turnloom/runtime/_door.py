@@ -7,10 +7,12 @@ from :mod:`turnloom.errors` before any state changes; none touches a context.
 from __future__ import annotations
 
 __all__ = (
+    "DEFAULT_MAX_PENDING_PREPARATIONS",
     "FoundationOptions",
     "ManagerOptions",
     "check_continuation",
     "check_foundation_options",
+    "check_manager_options",
     "check_outputs",
     "check_renderable",
     "check_request",
@@ -25,7 +27,13 @@ from collections.abc import Callable, Mapping, Sequence
 import msgspec
 
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_gateway
-from turnloom.context.history import HistoryLimits, TurnHistory, check_batch_length, check_id
+from turnloom.context.history import (
+    HistoryLimits,
+    TurnHistory,
+    check_batch_length,
+    check_id,
+    reject_instructions,
+)
 from turnloom.context.message import Message, check_message
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.scope import check_scope
@@ -44,11 +52,15 @@ from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext, Tur
 from turnloom.runtime.state import (
     STATE_TOOL_NAME,
     check_contributions,
+    check_perception,
     is_state_message,
     state_call_id,
 )
 
 _encoder = msgspec.json.Encoder()
+
+DEFAULT_MAX_PENDING_PREPARATIONS = 16
+"""The default bound on pending preparations of a ContextManager."""
 
 
 class ManagerOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,24 +86,22 @@ def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def check_foundation_options(
+def check_manager_options(
     *,
     gateway: GatewayType | str | Gateway,
     max_pending_preparations: int,
-    worker_threads: int,
     history_limits: HistoryLimits | None,
     behavior_rules: str | None,
     open_calls: str,
-    close_grace_period: float,
     token_counter: TokenCounter | None = None,
-) -> FoundationOptions:
-    """Validate every option of a Foundation once; return them checked and frozen.
+) -> ManagerOptions:
+    """Validate every option of a ContextManager once; return them checked and frozen.
 
     Raises:
-        InputError: a bound is not a positive integer, the grace period is
-            not a non-negative number, ``history_limits`` is not a
-            :class:`HistoryLimits`, an unknown gateway or ``open_calls``
-            policy, or behaviour rules that are not valid text.
+        InputError: ``max_pending_preparations`` is not a positive integer,
+            ``history_limits`` is not a :class:`HistoryLimits`, an unknown
+            gateway or ``open_calls`` policy, or behaviour rules that are not
+            valid text.
         InvalidArgumentError: ``token_counter`` has no ``count`` method.
     """
     if token_counter is None:
@@ -101,17 +111,6 @@ def check_foundation_options(
             f"token_counter must have a count(messages) method; a "
             f"{type(token_counter).__name__:.40} has none.",
             field="token_counter",
-        )
-    if not _positive_int(worker_threads):
-        raise InputError(
-            f"worker_threads must be a positive integer, not {excerpt(worker_threads)}."
-        )
-    if not (isinstance(close_grace_period, int | float) and close_grace_period >= 0) or (
-        math.isnan(close_grace_period)
-    ):
-        raise InputError(
-            f"close_grace_period must be a non-negative number of seconds, not "
-            f"{excerpt(close_grace_period)}."
         )
     if history_limits is not None and not isinstance(history_limits, HistoryLimits):
         raise InputError(
@@ -125,7 +124,7 @@ def check_foundation_options(
     if open_calls not in ("exclude", "cancel"):
         raise InputError(f"open_calls must be 'exclude' or 'cancel', not {excerpt(open_calls)}.")
     check_contributions((), behavior_rules, None)
-    manager = ManagerOptions(
+    return ManagerOptions(
         gateway=gateway if isinstance(gateway, Gateway) else get_gateway(gateway),
         max_pending_preparations=max_pending_preparations,
         history_limits=history_limits if history_limits is not None else HistoryLimits(),
@@ -133,6 +132,31 @@ def check_foundation_options(
         open_calls="cancel" if open_calls == "cancel" else "exclude",
         token_counter=token_counter,
     )
+
+
+def check_foundation_options(
+    *,
+    manager: ManagerOptions,
+    worker_threads: int,
+    close_grace_period: float,
+) -> FoundationOptions:
+    """Validate the Foundation's own options once; return them with its manager's, frozen.
+
+    Raises:
+        InputError: ``worker_threads`` is not a positive integer, or the grace
+            period is not a non-negative number.
+    """
+    if not _positive_int(worker_threads):
+        raise InputError(
+            f"worker_threads must be a positive integer, not {excerpt(worker_threads)}."
+        )
+    if not (isinstance(close_grace_period, int | float) and close_grace_period >= 0) or (
+        math.isnan(close_grace_period)
+    ):
+        raise InputError(
+            f"close_grace_period must be a non-negative number of seconds, not "
+            f"{excerpt(close_grace_period)}."
+        )
     return FoundationOptions(
         manager=manager,
         worker_threads=worker_threads,
@@ -210,6 +234,7 @@ def check_outputs(
     Raises:
         InvalidMessageError, InvalidTextError: a malformed turn id or message,
             not a sequence of Messages, or a runtime-state call or result.
+        InstructionMessageError: a ``system`` or ``developer`` message.
         ProviderRuleError: the gateway cannot render a message.
     """
     check_id(turn_id, "turn id")
@@ -219,6 +244,7 @@ def check_outputs(
         gateway, outputs, f"Output of turn {excerpt(turn_id)}", history, turn_id=turn_id
     )
     reject_state(outputs, context_id, turn_id, f"Output of turn {excerpt(turn_id)}")
+    reject_instructions(outputs, "outputs", f"Output of turn {excerpt(turn_id)}")
 
 
 def check_snapshot(
@@ -269,11 +295,13 @@ def check_snapshot(
 def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> ContextPrepareRequest:
     """Validate a request; return it with its contributions frozen in a tuple.
 
-    The copy is what the preparation captures, so a list the caller
-    changes after the call can neither bypass validation nor change state.
+    The copy is what the preparation captures, so a list (or a perception's
+    source dict) the caller changes after the call can neither bypass
+    validation nor change state. The perception's time is converted to UTC.
 
     Raises:
-        InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed request.
+        InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
+            request (ids, contributions, behaviour rules, loop budget, perception).
         InvalidArgumentError: ``scope`` is neither None nor a scope (an object
             with a callable ``matches``); ``field`` is ``"scope"``.
         ItemTooLargeError: the carried texts alone exceed ``max_item_bytes``.
@@ -290,12 +318,18 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
     if type(contributions) is not tuple and isinstance(contributions, list):
         contributions = tuple(contributions)
     check_contributions(contributions, request.behavior_rules, request.loop_budget)
+    perception = request.perception
+    if perception is not None:
+        perception = check_perception(perception)
     # The state result is one item under the per-item cap. Its text is at
     # least as long as the texts it carries (UTF-8 bytes >= characters), so
     # this bound fails early without encoding on the event loop; the exact
     # size is checked in the worker.
     carried = sum(len(c.name) + len(c.content) for c in contributions)
     carried += len(request.behavior_rules or "")
+    if perception is not None:
+        carried += len(perception.modality or "")
+        carried += sum(len(k) + len(v) for k, v in perception.source.items())
     if carried > max_item_bytes:
         raise ItemTooLargeError(
             f"The runtime state of turn {excerpt(request.turn_id)} carries at least {carried} "
@@ -303,9 +337,9 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
             size=carried,
             limit=max_item_bytes,
         )
-    if contributions is request.contributions:
+    if contributions is request.contributions and perception is None:
         return request
-    return msgspec.structs.replace(request, contributions=contributions)
+    return msgspec.structs.replace(request, contributions=contributions, perception=perception)
 
 
 def check_continuation(
@@ -324,6 +358,7 @@ def check_continuation(
         InvalidMessageError, InvalidTextError: ``prefix`` is not one of
             ``issued``, ``continuation`` is not a sequence of Messages, a
             malformed message, or one carrying a runtime-state call or result.
+        InstructionMessageError: a ``system`` or ``developer`` message.
         DuplicateIdError: a message repeats an id of the prefix's turn or of
             an earlier continuation message.
     """
@@ -343,6 +378,7 @@ def check_continuation(
         raise InvalidMessageError("build takes a sequence of continuation Messages, oldest first.")
     check_batch_length(len(continuation), limits, "The continuation")
     reserved = set(prefix.reserved_ids)
+    reject_instructions(continuation, "continuation", "continuation")
     for i, message in enumerate(continuation):
         check_message(message, where=f"continuation[{i}]")
         if is_state_message(message, prefix.state_call_id):

@@ -6,7 +6,10 @@ the Foundation's task group and it holds its slot until it is *settled*
 (delivered, failed or discarded), in ``finally``. A requester cancelled while
 its preparation runs marks it unwanted and cancels its scope; a worker thread
 that is rendering is never abandoned (anyio's ``run_sync`` does not return
-before the thread does).
+before the thread does). A result counts as delivered only when its requester
+resumes with it: a requester cancelled after its preparation settled (a
+deadline between the two) discards it, and what it would have delivered
+(an area section) goes to the next preparation.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 __all__ = ("Preparation", "PreparationQueue")
 
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
@@ -23,19 +27,39 @@ from turnloom.runtime._counters import Counters
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
 
+if TYPE_CHECKING:
+    from turnloom.runtime._contexts import ContextState
+
 
 class Preparation:
     """One admitted preparation and how it settled."""
 
-    __slots__ = ("done", "error", "request", "requested_at", "result", "scope", "wanted")
+    __slots__ = (
+        "deliver",
+        "done",
+        "error",
+        "origin",
+        "request",
+        "requested_at",
+        "result",
+        "scope",
+        "wanted",
+    )
 
-    def __init__(self, request: ContextPrepareRequest, requested_at: float) -> None:
+    def __init__(
+        self, request: ContextPrepareRequest, requested_at: float, origin: ContextState | None
+    ) -> None:
         self.request = request
         self.requested_at = requested_at  # anyio.current_time() of the call
+        # The context the request was made for (None: not created yet); a
+        # context created again with the same id after a removal never serves it.
+        self.origin = origin
         self.done = anyio.Event()
         self.scope: anyio.CancelScope | None = None
         self.wanted = True
         self.result: PreparedContext | None = None
+        # Set with ``result``: what delivering it changes, run when the requester gets it.
+        self.deliver: Callable[[], None] | None = None
         self.error: BaseException | None = None
 
 
@@ -63,6 +87,7 @@ class PreparationQueue:
         self._settled = anyio.Event()
         self._settled.set()
         self._waiters: dict[str, _Waiters] = {}
+        self._waiting_for_turn = 0
         self.closed = False
 
     @property
@@ -74,6 +99,11 @@ class PreparationQueue:
     def waiting_for_slot(self) -> int:
         """Calls waiting in :meth:`acquire`."""
         return self._slots.statistics().tasks_waiting
+
+    @property
+    def waiting_for_turn(self) -> int:
+        """Admitted preparations waiting in :meth:`next_commit`."""
+        return self._waiting_for_turn
 
     async def acquire(self) -> None:
         """Wait for a free slot (cancellable; nothing is admitted yet)."""
@@ -96,7 +126,11 @@ class PreparationQueue:
             ) from None
 
     async def admit(
-        self, request: ContextPrepareRequest, requested_at: float, work: Work
+        self,
+        request: ContextPrepareRequest,
+        requested_at: float,
+        origin: ContextState | None,
+        work: Work,
     ) -> PreparedContext:
         """Run ``work`` as an owned preparation in the slot the caller holds; await it.
 
@@ -105,7 +139,7 @@ class PreparationQueue:
                 its slot, or the preparation was cancelled by the close.
             whatever ``work`` raised.
         """
-        preparation = Preparation(request, requested_at)
+        preparation = Preparation(request, requested_at, origin)
         try:
             if self.closed:
                 raise FoundationClosedError(
@@ -125,12 +159,19 @@ class PreparationQueue:
         except BaseException:
             # The requester is gone: the preparation is discarded, never abandoned.
             preparation.wanted = False
-            if preparation.scope is not None:
+            if preparation.result is not None:
+                # It settled, but the requester was cancelled before it resumed:
+                # nothing was delivered.
+                self._counters.discarded += 1
+            elif preparation.scope is not None:
                 preparation.scope.cancel()
             raise
         if preparation.error is not None:
             raise preparation.error
         assert preparation.result is not None
+        if preparation.deliver is not None:
+            preparation.deliver()
+        self._counters.prepared += 1
         return preparation.result
 
     async def _own(self, preparation: Preparation, work: Work) -> None:
@@ -152,12 +193,12 @@ class PreparationQueue:
                     f"The preparation of turn {excerpt(request.turn_id)} of context "
                     f"{excerpt(request.context_id)} was cancelled while the Foundation closed."
                 )
-            if not preparation.wanted:
-                self._counters.discarded += 1
-            elif preparation.result is not None:
-                self._counters.prepared += 1
-            else:
-                self._counters.failed += 1
+            # A result is counted by its requester (admit); the rest here.
+            if preparation.result is None:
+                if preparation.wanted:
+                    self._counters.failed += 1
+                else:
+                    self._counters.discarded += 1
             self._preparations.discard(preparation)
             self._slots.release()
             if not self._preparations:
@@ -165,7 +206,7 @@ class PreparationQueue:
             preparation.done.set()
 
     def wake(self, context_id: str) -> None:
-        """Wake the preparations waiting for a commit to ``context_id``."""
+        """Wake the preparations waiting for a commit to (or the removal of) ``context_id``."""
         waiters = self._waiters.pop(context_id, None)
         if waiters is not None:
             waiters.event.set()
@@ -176,9 +217,11 @@ class PreparationQueue:
         if waiters is None:
             waiters = self._waiters[context_id] = _Waiters()
         waiters.count += 1
+        self._waiting_for_turn += 1
         try:
             await waiters.event.wait()
         finally:
+            self._waiting_for_turn -= 1
             waiters.count -= 1
             if waiters.count == 0 and self._waiters.get(context_id) is waiters:
                 del self._waiters[context_id]

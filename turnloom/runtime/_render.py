@@ -124,6 +124,7 @@ def render_preparation(
         contributions=request.contributions,
         behavior_rules=behavior_rules,
         loop_budget=request.loop_budget,
+        perception=request.perception,
     )
     counter = options.token_counter
     if request.scope is None:

@@ -4,22 +4,31 @@ A Foundation is opened with ``async with``; it
 owns a task group (where preparations run), one :class:`anyio.CapacityLimiter`
 for every worker thread it uses, and the :class:`ContextManager`.
 
-Closing order (:meth:`Foundation.aclose`):
+Closing order (:meth:`Foundation.aclose`), the seed's lifecycle:
 
-1. Stop accepting: every new call raises :class:`FoundationClosedError`, and
-   preparations still waiting for their turn's commit fail with it.
-2. Let owned preparations settle within :attr:`Foundation.close_grace_period`
-   seconds (default 5).
-3. Cancel the preparations that have not settled. A preparation that is
-   rendering in a worker thread is not abandoned: its thread finishes first.
-4. Close the manager: histories are released, no worker thread holds a token
-   of the limiter.
+1. Stop intake: every call that starts work (``accept_turn``, ``prepare``,
+   ``build``, ``invocation``, areas, new output streams) raises
+   :class:`FoundationClosedError`; the host's producers stop here.
+2. Drain the record consumers: what the manager's output streams still hold
+   is recorded (see :meth:`ContextManager.consume_outputs`); ``record`` is
+   still accepted until the manager closes.
+3. Let owned preparations settle within :attr:`Foundation.close_grace_period`
+   seconds (default 5; shared with step 2), then cancel the rest (failing
+   with :class:`FoundationClosedError`; preparations still waiting for their
+   turn's commit fail with it at once). A preparation that is rendering in a
+   worker thread is not abandoned: its thread finishes first.
+4. Close the manager: ``record`` raises :class:`FoundationClosedError`;
+   histories are released, each context's final history staying readable
+   through :meth:`ContextManager.history`; no worker thread holds a token of
+   the limiter.
 """
 
 from __future__ import annotations
 
 __all__ = ("Foundation",)
 
+from collections.abc import Callable
+from datetime import datetime
 from types import TracebackType
 
 import anyio
@@ -30,23 +39,29 @@ from turnloom.context.gateway import Gateway, GatewayType
 from turnloom.context.history import HistoryLimits
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.tokens import TokenCounter
-from turnloom.errors import StateError
-from turnloom.runtime._door import check_foundation_options
+from turnloom.errors import InputError, StateError
+from turnloom.runtime._door import DEFAULT_MAX_PENDING_PREPARATIONS, check_foundation_options
 from turnloom.runtime.manager import ContextManager
 
 
 class Foundation:
     """Owns the runtime's task group, worker-thread limiter and ContextManager.
 
+    Two ways to make one: bind a manager the host built first (the seed's
+    construction order; building a manager needs no Foundation service), or
+    let the Foundation build one from the manager's keyword arguments.
+
     Args:
-        gateway: the provider prepared inputs are rendered for.
-        max_pending_preparations: the bound on pending preparations (default 16).
+        manager: a :class:`ContextManager` built by the host (for example
+            with :func:`~turnloom.runtime.build_context_manager` from a
+            configuration file), not yet bound to a Foundation; the Foundation
+            owns it from then on. None (default): built from the keyword
+            arguments below.
+        gateway, max_pending_preparations, history_limits, behavior_rules,
+            open_calls, token_counter: the manager's options when ``manager``
+            is None (see :class:`ContextManager`); they may not be given with
+            ``manager``.
         worker_threads: the most worker threads rendering at once (default 4).
-        history_limits: the bounds of each context's history.
-        behavior_rules: application behaviour rules carried as data in each
-            turn's runtime-state pair (see :mod:`turnloom.runtime.state`).
-        open_calls: ``"exclude"`` (default) or ``"cancel"`` calls without a
-            result in prepared inputs.
         close_grace_period: seconds :meth:`aclose` lets pending preparations
             settle before cancelling them (default 5.0; ``math.inf`` waits).
         token_counter: the one estimator of tokens
@@ -59,11 +74,25 @@ class Foundation:
             ``accept_turn`` and ``record``, on the event loop: about 2.5 us
             per tau-bench message for the approximate counter, 57 us for
             ``OpenAITokenCounter("o200k_base")`` (``scripts/bench_tokens.py``).
+            A manager option too.
+        clock: returns the current time as a timezone-aware datetime; read
+            once per preparation whose :class:`~turnloom.runtime.Perception`
+            gives no time (default ``datetime.now(UTC)``; inject one in tests).
 
     Raises:
         InputError: a bound is not positive, ``history_limits`` is not a
-            :class:`HistoryLimits`, or an unknown gateway or policy.
+            :class:`HistoryLimits`, an unknown gateway or policy, ``manager``
+            is not a ContextManager, ``manager`` is given together with a
+            manager option, or ``clock`` is not callable.
         InvalidArgumentError: ``token_counter`` has no ``count`` method.
+
+    Exceptions leaving ``async with``: an exception raised in the body (a
+    :class:`~turnloom.errors.TurnloomError`, an ``OSError``, a
+    ``KeyboardInterrupt``) leaves as it was raised, not wrapped in an
+    ``ExceptionGroup``, when it is the only one; ``except TurnloomError``
+    catches it. Only if the Foundation's own tasks failed as well does a
+    ``BaseExceptionGroup`` holding all of them leave; ``except*`` handles
+    both cases.
 
     Example::
 
@@ -75,26 +104,60 @@ class Foundation:
 
     def __init__(
         self,
+        manager: ContextManager | None = None,
         *,
         gateway: GatewayType | str | Gateway = GatewayType.openai_chat,
-        max_pending_preparations: int = 16,
+        max_pending_preparations: int = DEFAULT_MAX_PENDING_PREPARATIONS,
         worker_threads: int = 4,
         history_limits: HistoryLimits | None = None,
         behavior_rules: str | None = None,
         open_calls: OpenCallPolicy = "exclude",
         close_grace_period: float = 5.0,
         token_counter: TokenCounter | None = None,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
+        if manager is None:
+            manager = ContextManager(
+                gateway=gateway,
+                max_pending_preparations=max_pending_preparations,
+                history_limits=history_limits,
+                behavior_rules=behavior_rules,
+                open_calls=open_calls,
+                token_counter=token_counter,
+            )
+        elif not isinstance(manager, ContextManager):
+            raise InputError(f"manager must be a ContextManager, not a {type(manager).__name__}.")
+        else:
+            given = [
+                name
+                for name, value, default in (
+                    ("gateway", gateway, GatewayType.openai_chat),
+                    (
+                        "max_pending_preparations",
+                        max_pending_preparations,
+                        DEFAULT_MAX_PENDING_PREPARATIONS,
+                    ),
+                    ("history_limits", history_limits, None),
+                    ("behavior_rules", behavior_rules, None),
+                    ("open_calls", open_calls, "exclude"),
+                    ("token_counter", token_counter, None),
+                )
+                if value != default
+            ]
+            if given:
+                raise InputError(
+                    f"Foundation got a manager and its option(s) {', '.join(given)}; "
+                    "build the manager with them instead."
+                )
+        if clock is not None and not callable(clock):
+            raise InputError(f"clock must be callable, not a {type(clock).__name__}.")
+        self._clock = clock
         self._options = check_foundation_options(
-            gateway=gateway,
-            max_pending_preparations=max_pending_preparations,
+            manager=manager.options,
             worker_threads=worker_threads,
-            history_limits=history_limits,
-            behavior_rules=behavior_rules,
-            open_calls=open_calls,
             close_grace_period=close_grace_period,
-            token_counter=token_counter,
         )
+        self._built = manager
         self._task_group: anyio.abc.TaskGroup | None = None
         self._limiter: anyio.CapacityLimiter | None = None
         self._manager: ContextManager | None = None
@@ -138,18 +201,22 @@ class Foundation:
         """Open the task group, the limiter and the manager.
 
         Raises:
-            StateError: the Foundation was already opened once (it is single-use).
+            StateError: the Foundation was already opened once (it is single-use),
+                or its manager is already bound to another Foundation.
         """
         if self._used:
             raise StateError("A Foundation can be opened only once; create a new one.")
         self._used = True
+        self._built._check_unbound()
         limiter = anyio.CapacityLimiter(self._options.worker_threads)
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         try:
-            self._manager = ContextManager(
-                task_group=task_group, limiter=limiter, options=self._options.manager
-            )
+            if self._clock is None:
+                self._built._bind(task_group=task_group, limiter=limiter)
+            else:
+                self._built._bind(task_group=task_group, limiter=limiter, clock=self._clock)
+            self._manager = self._built
         except BaseException as exc:
             await task_group.__aexit__(type(exc), exc, exc.__traceback__)
             raise
@@ -174,7 +241,15 @@ class Foundation:
             await self.aclose()
         finally:
             assert self._task_group is not None
-            result = await self._task_group.__aexit__(exc_type, exc, tb)
+            try:
+                result = await self._task_group.__aexit__(exc_type, exc, tb)
+            except BaseExceptionGroup as group:
+                # The task group wraps the body's own exception; when it is the
+                # only one, let it leave as it was raised (a false result
+                # re-raises ``exc`` with its own traceback).
+                if exc is None or list(group.exceptions) != [exc]:
+                    raise
+                result = False
         return result
 
     async def aclose(self) -> None:

@@ -30,42 +30,64 @@ from __future__ import annotations
 __all__ = ("ContextManager", "Invocation")
 
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 
 import anyio
 import anyio.abc
+import msgspec
 
 from turnloom.context.area import ContextAreaImplementation
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
-from turnloom.context.gateway import Gateway, NativeContent
+from turnloom.context.gateway import Gateway, GatewayType, NativeContent
 from turnloom.context.history import HistoryLimits, HistoryView, check_id
+from turnloom.context.interruption import played_prefix
 from turnloom.context.message import Message
-from turnloom.context.pairing import complete_pairs
+from turnloom.context.pairing import OpenCallPolicy, complete_pairs
 from turnloom.context.scope import ContextScope, check_scope
+from turnloom.context.tokens import TokenCounter
 from turnloom.context.working import FrozenContext, WorkingContext
-from turnloom.errors import AreaCallbackError, excerpt
+from turnloom.errors import (
+    AreaCallbackError,
+    InputError,
+    InvalidMessageError,
+    StateError,
+    TurnloomError,
+    UnknownContextError,
+    excerpt,
+)
 from turnloom.runtime._area_section import check_area
 from turnloom.runtime._bridge import folded_message, working_context
 from turnloom.runtime._contexts import ContextState, ContextTable
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._door import (
+    DEFAULT_MAX_PENDING_PREPARATIONS,
     ManagerOptions,
     check_continuation,
+    check_manager_options,
     check_outputs,
     check_request,
     check_routed_item,
     check_snapshot,
 )
+from turnloom.runtime._outputs import OutputStreams
 from turnloom.runtime._queue import Preparation, PreparationQueue
 from turnloom.runtime._render import render_preparation
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.schemas import (
     ContextPrepareRequest,
     ManagerStatistics,
+    OutputRecord,
+    OutputStatistics,
     PreparedContext,
     TurnSnapshot,
 )
+from turnloom.runtime.state import check_time
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
 
 
 class Invocation:
@@ -76,24 +98,46 @@ class Invocation:
         turn_id: the turn the model call answers.
     """
 
-    __slots__ = ("_manager", "context_id", "turn_id")
+    __slots__ = ("_manager", "_serial", "_state", "context_id", "turn_id")
 
-    def __init__(self, manager: ContextManager, context_id: str, turn_id: str) -> None:
+    def __init__(
+        self, manager: ContextManager, state: ContextState, context_id: str, turn_id: str
+    ) -> None:
         self._manager = manager
+        self._state = state
+        self._serial = state.history.turn_serial(turn_id)
         self.context_id = context_id
         self.turn_id = turn_id
 
     def record(self, outputs: Sequence[Message]) -> int:
-        """Record outputs of this turn; see :meth:`ContextManager.record`."""
-        return self._manager.record(self.context_id, self.turn_id, outputs)
+        """Record outputs of this turn; see :meth:`ContextManager.record`.
+
+        Bound to the turn the invocation was opened for: outputs recorded
+        after that turn is gone (evicted, retracted, its context removed,
+        even when its id was since reused) are dropped and counted as late.
+        """
+        manager = self._manager
+        manager._check_recording()
+        check_outputs(manager.gateway, self.context_id, self.turn_id, outputs, self._state.history)
+        return manager._table.record(
+            self._state, self.turn_id, outputs, self._serial, self.context_id
+        )
+
+    def record_interrupted(self, output: Message, *, played: int) -> int:
+        """Record this call's interrupted output; see :meth:`ContextManager.record_interrupted`."""
+        return self.record([played_prefix(output, played)])
 
 
 class ContextManager:
     """Keeps each context's history and prepares provider-native model inputs.
 
-    Created and owned by a :class:`~turnloom.runtime.Foundation`; reach it as
-    ``foundation.manager``. All methods must be called from the Foundation's
-    event loop.
+    A host builds it first (directly, or from a configuration with
+    :func:`~turnloom.runtime.build_context_manager`), then binds it to a
+    :class:`~turnloom.runtime.Foundation` (``Foundation(manager)``), which owns
+    it from then on: building needs no Foundation service. ``Foundation(...)``
+    with the same keyword arguments builds one itself. Reach it as
+    ``foundation.manager``. Every method must be called from the Foundation's
+    event loop; until the Foundation is open they raise :class:`StateError`.
 
     A prepared prefix is, in order: pinned instructions, earlier turns, the
     turn's input, the runtime-state pair (when there is state), then the
@@ -110,28 +154,50 @@ class ContextManager:
     points, threads, model calls in flight and undelivered sections.
 
     Args:
-        task_group: the Foundation's task group; preparations run in it.
-        limiter: the Foundation's worker-thread limiter.
-        options: the checked options (gateway, the bound on pending
-            preparations, history limits, default behaviour rules, the
-            ``open_calls`` policy); see :class:`~turnloom.runtime.Foundation`.
+        gateway: the provider prepared inputs are rendered for (a
+            :class:`GatewayType`, its name, or a Gateway instance).
+        max_pending_preparations: the bound on pending preparations (default 16).
+        history_limits: the bounds of each context's history (default
+            ``HistoryLimits()``).
+        behavior_rules: default application behaviour rules, carried as data
+            in each turn's runtime-state pair (see :mod:`turnloom.runtime.state`).
+        open_calls: ``"exclude"`` (default) or ``"cancel"`` calls without a
+            result in prepared inputs.
+        token_counter: the one estimator of tokens (default
+            :class:`~turnloom.context.ApproxTokenCounter`); see
+            :class:`~turnloom.runtime.Foundation`.
+
+    Raises:
+        InputError: a bound is not positive, ``history_limits`` is not a
+            :class:`HistoryLimits`, an unknown gateway or policy, or behaviour
+            rules that are not valid text.
+        InvalidArgumentError: ``token_counter`` has no ``count`` method.
     """
 
     def __init__(
         self,
         *,
-        task_group: anyio.abc.TaskGroup,
-        limiter: anyio.CapacityLimiter,
-        options: ManagerOptions,
+        gateway: GatewayType | str | Gateway = GatewayType.openai_chat,
+        max_pending_preparations: int = DEFAULT_MAX_PENDING_PREPARATIONS,
+        history_limits: HistoryLimits | None = None,
+        behavior_rules: str | None = None,
+        open_calls: OpenCallPolicy = "exclude",
+        token_counter: TokenCounter | None = None,
     ) -> None:
+        options = check_manager_options(
+            gateway=gateway,
+            max_pending_preparations=max_pending_preparations,
+            history_limits=history_limits,
+            behavior_rules=behavior_rules,
+            open_calls=open_calls,
+            token_counter=token_counter,
+        )
         self._options = options
         self._gateway = options.gateway
-        self._limiter = limiter
         self._limits = options.history_limits
         self._behavior_rules = options.behavior_rules
         self._open_calls = options.open_calls
         self._counters = Counters()
-        self._queue = PreparationQueue(options.max_pending_preparations, task_group, self._counters)
         self._table = ContextTable(
             self._limits, self._gateway, self._counters, options.token_counter
         )
@@ -143,7 +209,48 @@ class ContextManager:
         # id -> the call-id renaming state after that prefix's items (build
         # continues it); an entry goes when its prefix is collected.
         self._call_ids: dict[int, CallIdRenamer] = {}
-        self._closed = False
+        # Set by _bind, when the owning Foundation opens.
+        self._queue: PreparationQueue | None = None
+        self._outputs: OutputStreams | None = None
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._clock: Callable[[], datetime] = _utc_now
+        self._bound = False
+        self._closing = False  # intake stopped (the Foundation began closing)
+        self._closed = False  # outputs drained, preparations settled, histories released
+        # Each context's final history, kept when the manager closes.
+        self._final: dict[str, HistoryView] = {}
+
+    def _bind(
+        self,
+        *,
+        task_group: anyio.abc.TaskGroup,
+        limiter: anyio.CapacityLimiter,
+        clock: Callable[[], datetime] = _utc_now,
+    ) -> None:
+        """Bind to the opening Foundation's task group, limiter and clock (once).
+
+        Raises:
+            StateError: the manager was already bound to a Foundation.
+        """
+        self._check_unbound()
+        self._bound = True
+        self._limiter = limiter
+        self._clock = clock
+        self._queue = PreparationQueue(
+            self._options.max_pending_preparations, task_group, self._counters
+        )
+        self._outputs = OutputStreams(task_group, self._record_output)
+
+    def _check_unbound(self) -> None:
+        if self._bound:
+            raise StateError(
+                "This ContextManager was already bound to a Foundation; build a new one."
+            )
+
+    @property
+    def options(self) -> ManagerOptions:
+        """The checked options the manager was built with."""
+        return self._options
 
     # -- properties --------------------------------------------------------
 
@@ -155,7 +262,12 @@ class ContextManager:
     @property
     def capacity(self) -> int:
         """The bound on pending preparations."""
-        return self._queue.capacity
+        return self._options.max_pending_preparations
+
+    @property
+    def open_calls(self) -> OpenCallPolicy:
+        """What a prepared input does with a tool call left without a result."""
+        return self._open_calls
 
     @property
     def history_limits(self) -> HistoryLimits:
@@ -166,34 +278,72 @@ class ContextManager:
     def closed(self) -> bool:
         """True once the Foundation began closing.
 
-        From then on every call that reads or changes contexts (``accept_turn``,
-        ``record``, ``prepare``, ``build``, ``history``, ...) raises
-        :class:`FoundationClosedError`; :meth:`statistics`, :meth:`context_ids`
-        and the properties still answer.
+        From then on every call that starts work (``accept_turn``, ``prepare``,
+        ``build``, ``invocation``, areas, new output streams) raises
+        :class:`FoundationClosedError`. :meth:`record` is accepted until the
+        output streams are drained and preparations settled, then raises it
+        too; :meth:`history`, :meth:`context_ids`, :meth:`statistics` and the
+        properties still answer after the close.
         """
-        return self._closed
+        return self._closing
 
     def context_ids(self) -> tuple[str, ...]:
-        """The ids of the contexts held, in creation order."""
+        """The ids of the contexts held, in creation order (after the close: at the close)."""
+        if self._closed:
+            return tuple(self._final)
         return tuple(self._table.contexts)
 
     def history(self, context_id: str) -> HistoryView:
         """An immutable view of one context's history (O(1)).
 
+        After the close it answers with each context's final history: what it
+        held once the output streams were drained and preparations settled, so
+        a host can persist the last utterance of a session that shut down
+        (the manager keeps those views until it is dropped).
+
         Raises:
-            FoundationClosedError: the Foundation is closing or closed.
+            StateError: the manager is not bound to an open Foundation yet.
             InvalidMessageError: ``context_id`` is not a non-empty str of at
                 most 256 characters.
-            UnknownContextError: no turn was ever committed to ``context_id``.
+            UnknownContextError: no turn was ever committed to ``context_id``
+                (or, after the close, it was not held at the close).
         """
-        self._check_open()
+        if self._closed:
+            final = self._final.get(context_id) if isinstance(context_id, str) else None
+            if final is None:
+                check_id(context_id, "context id")
+                raise UnknownContextError(
+                    f"Context {excerpt(context_id)} was not held when the Foundation closed."
+                )
+            return final
+        self._check_bound()
         return self._table.get(context_id).history.view()
 
-    def _check_open(self) -> None:
+    def _check_bound(self) -> PreparationQueue:
+        queue = self._queue
+        if queue is None:
+            raise StateError(
+                "This ContextManager is not bound to an open Foundation yet; open "
+                "'async with Foundation(manager)' first."
+            )
+        return queue
+
+    def _check_recording(self) -> None:
+        """Outputs are recorded until the close drained the streams and settled preparations."""
+        self._check_bound()
         if self._closed:
+            raise FoundationClosedError(
+                "The Foundation is closed; its output streams were drained and no more "
+                "outputs are recorded."
+            )
+
+    def _check_open(self) -> PreparationQueue:
+        queue = self._check_bound()
+        if self._closing:
             raise FoundationClosedError(
                 "The Foundation is closed; the ContextManager accepts no calls."
             )
+        return queue
 
     # -- turns -------------------------------------------------------------
 
@@ -223,30 +373,45 @@ class ContextManager:
             OutOfOrderTurnError: the snapshot's sequence is not newer than the
                 context's previous one.
         """
-        self._check_open()
+        queue = self._check_open()
         context_id = check_snapshot(snapshot, self._gateway, self._table.history_of)
         self._table.commit(context_id, snapshot)
-        self._queue.wake(context_id)
+        queue.wake(context_id)
 
     def record(self, context_id: str, turn_id: str, outputs: Sequence[Message]) -> int:
         """Record model outputs and tool results of a turn, in order.
 
         Empty or whitespace-only messages (for example the partial output of a
-        cancelled model call) are not recorded. Outputs for a turn that was
-        evicted are dropped and counted; they never bring the turn back. The
-        runtime-state pair never enters history: messages carrying it are
-        rejected.
+        cancelled model call) are not recorded. A message whose id and
+        content the turn already holds (a reply committed twice) is not
+        stored again, and counted. Outputs for a turn no longer held (evicted,
+        however long ago, or retracted) are dropped and counted; they never
+        bring the turn back (see :meth:`~turnloom.context.TurnHistory.record`;
+        record through the :class:`Invocation` to bind outputs to the very
+        turn even when its id is reused). The runtime-state pair never enters
+        history: messages carrying it are rejected.
+
+        Outputs are accepted while the Foundation closes, until its output
+        streams are drained and its preparations settled (the last utterance
+        of a session that shuts down is kept); see :meth:`history` after close.
 
         Returns:
             how many messages were recorded.
 
         Raises:
-            FoundationClosedError: the Foundation is closing or closed.
+            StateError: the manager is not bound to an open Foundation yet.
+            FoundationClosedError: the Foundation finished closing.
             UnknownContextError: no turn was committed to ``context_id``.
-            UnknownTurnError: ``turn_id`` was never committed to the context.
+            UnknownTurnError: ``turn_id`` was certainly never committed to the
+                context.
+            DuplicateIdError: a message has the id of a held message with
+                other content (or of another turn's message); nothing was
+                recorded.
             InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
                 id or message, or a message carrying a runtime-state call or
                 result (of any turn).
+            InstructionMessageError: a ``system`` or ``developer`` message: pinned
+                instructions change only through a turn's snapshot.
             ItemTooLargeError: a message is over the per-item byte cap.
             TurnTooLargeError: the turn would hold more than ``max_items``
                 messages or ``max_bytes`` bytes (checked on the batch first).
@@ -254,13 +419,137 @@ class ContextManager:
                 tool call arguments that are not a JSON object, for Anthropic
                 and Gemini); nothing was recorded.
         """
-        self._check_open()
+        self._check_recording()
         state = self._table.get(context_id)
         check_outputs(self._gateway, context_id, turn_id, outputs, state.history)
         return self._table.record(state, turn_id, outputs)
 
+    def record_interrupted(
+        self, context_id: str, turn_id: str, output: Message, *, played: int
+    ) -> int:
+        """Record a model output interrupted while it was played (a voice barge-in).
+
+        Only what the user heard is recorded: the output's text up to
+        ``played`` characters (see :func:`~turnloom.context.played_prefix`);
+        its tool calls stay, and as they have no result the ``open_calls``
+        policy excludes or cancels them in the next input unless their
+        results are recorded. An output cut before any text was played and
+        without other parts is blank and not recorded.
+
+        Args:
+            context_id: the conversation.
+            turn_id: the turn the output answered.
+            output: the whole assistant message the model produced.
+            played: how many characters of its text were played, counted
+                over its text parts in order.
+
+        Returns:
+            how many messages were recorded (0 or 1).
+
+        Raises:
+            InvalidMessageError: ``output`` is not an assistant Message, or
+                ``played`` is not a non-negative int; and as :meth:`record`.
+            FoundationClosedError, UnknownContextError, UnknownTurnError,
+            InvalidTextError, DuplicateIdError, ItemTooLargeError,
+            ProviderRuleError: as :meth:`record`.
+        """
+        self._check_recording()
+        self._table.get(context_id)
+        return self.record(context_id, turn_id, [played_prefix(output, played)])
+
+    def retract_turn(self, context_id: str, turn_id: str) -> None:
+        """Take back the newest turn of a context that produced no answer (a false start).
+
+        A voice host commits the user's speech as a turn; when it turns out
+        to be a false start (noise, a cough, words cut off), retracting it
+        keeps it out of every later input. Its id stays used (see
+        :meth:`~turnloom.context.TurnHistory.retract`): outputs recorded for
+        it later are dropped and counted, and a later prepare of it raises
+        :class:`~turnloom.errors.UnknownTurnError`. Prefixes already
+        delivered for it are unchanged.
+
+        Raises:
+            FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: a malformed id.
+            UnknownContextError: no such context.
+            UnknownTurnError: the turn is not held.
+            StateError: the turn is not the newest, outputs were recorded for
+                it, or a model call of the context is in flight.
+
+            Nothing changed when any of these is raised.
+        """
+        self._check_open()
+        self._table.retract(self._table.get(context_id), context_id, turn_id)
+
+    def consume_outputs(
+        self,
+        stream: AsyncIterable[OutputRecord],
+        *,
+        on_error: Callable[[object, TurnloomError], None] | None = None,
+    ) -> None:
+        """Consume an output stream in the manager's own task, recording each record.
+
+        The stream form of :meth:`record`: an anyio memory object stream
+        (``anyio.create_memory_object_stream[OutputRecord]``; pass its receive
+        side) or any async iterable of :class:`OutputRecord`. Each record is
+        recorded exactly as ``record(context_id, turn_id, outputs)`` would,
+        through the same checks, in the order the stream yields them; push
+        calls to :meth:`record` may be mixed in. Several streams may be
+        consumed at once.
+
+        A record refused with a typed error (not an OutputRecord, unknown
+        context or turn, a malformed or instruction message ...) records
+        nothing, is counted in ``statistics().outputs.rejected_total`` and is
+        passed to ``on_error(record, error)`` when given; the consumer goes
+        on. An exception the stream itself raises (or ``on_error`` raises)
+        ends the consumer and propagates out of the Foundation's task group.
+
+        Close order (the Foundation's ``aclose``): intake stops first; a
+        memory object stream is then drained at once -- what it still holds,
+        senders blocked on it included, is recorded in order -- and its
+        receive side closed (a producer still sending gets
+        :class:`anyio.BrokenResourceError`); any other stream is given up to
+        the grace period to end (its producer stops and ends it), then its
+        consumer is cancelled and its ``aclose()``, if any, awaited. Only then
+        do preparations settle and the manager close: everything sent before
+        the close is in :meth:`history` afterwards.
+
+        Raises:
+            StateError: the manager is not bound to an open Foundation yet.
+            FoundationClosedError: the Foundation is closing or closed.
+            InputError: ``stream`` is not an async iterable, or ``on_error`` is
+                not callable.
+
+        Cancellation:
+            The consumer belongs to the Foundation's task group: cancelling
+            the scope the Foundation was opened in cancels it without losing a
+            record of a memory object stream (the close drains it).
+        """
+        self._check_open()
+        if not isinstance(stream, AsyncIterable):
+            raise InputError(
+                f"consume_outputs takes an async iterable of OutputRecord (for example an "
+                f"anyio memory object receive stream), not a {type(stream).__name__}."
+            )
+        if on_error is not None and not callable(on_error):
+            raise InputError(f"on_error must be callable, not a {type(on_error).__name__}.")
+        assert self._outputs is not None  # bound with the queue
+        self._outputs.start(stream, on_error)
+
+    def _record_output(self, record: object) -> int:
+        if not isinstance(record, OutputRecord):
+            raise InvalidMessageError(
+                f"An output stream yielded a {type(record).__name__}, not an OutputRecord."
+            )
+        return self.record(record.context_id, record.turn_id, record.outputs)
+
     def remove_context(self, context_id: str) -> None:
         """Forget a context and its whole history (its counters are kept).
+
+        Preparations waiting for a turn of the context settle at once with
+        :class:`~turnloom.errors.ContextRemovedError` and free their slots; a
+        context created again with the same id never serves them. Outputs an
+        :class:`Invocation` of it records later are dropped and counted.
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
@@ -268,8 +557,9 @@ class ContextManager:
             UnknownContextError: no such context.
             StateError: a model call is in flight for the context.
         """
-        self._check_open()
+        queue = self._check_open()
         self._table.remove(context_id)
+        queue.wake(context_id)
 
     # -- areas -------------------------------------------------------------------
 
@@ -373,9 +663,9 @@ class ContextManager:
         self._check_open()
         state = self._table.begin_call(context_id, turn_id)
         try:
-            yield Invocation(self, context_id, turn_id)
+            yield Invocation(self, state, context_id, turn_id)
         finally:
-            self._table.end_call(state, evict=not self._closed)
+            self._table.end_call(state, evict=not self._closing)
 
     # -- preparation -----------------------------------------------------------
 
@@ -388,8 +678,14 @@ class ContextManager:
         ``accept_turn``), and for a worker thread. The request is validated and
         its contributions copied at the call (changing a list afterwards has no
         effect); the history and the request's state are captured once, when
-        the turn is committed; rendering runs in the worker. Bound the whole
-        wait with ``anyio.fail_after``.
+        the turn is committed, together with the perception's time (the
+        Foundation's clock, when the request gives none); rendering runs in
+        the worker. A turn that is
+        never committed (a mistyped id) is waited for until the caller's
+        deadline; such waits are counted in
+        ``statistics().preparations.waiting_for_turn``. Bound the whole wait
+        with ``anyio.fail_after(seconds, reason=...)``, the reason naming the
+        context and turn ids, so the ``TimeoutError`` says what never came.
 
         Returns:
             the prefix: pinned instructions, earlier turns, the turn's input,
@@ -403,7 +699,9 @@ class ContextManager:
                 while the preparation waited.
             InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
                 request (ids, contributions that are not a tuple or list,
-                contribution names or text, loop budget); no slot was taken.
+                contribution names or text, loop budget, perception); no slot
+                was taken. Also when the Foundation's clock returns a naive
+                datetime for a perception without a time.
             InvalidArgumentError: the request's ``scope`` is not a scope; no
                 slot was taken.
             PositionalScopeError: a scope without ``indices`` asked a
@@ -411,7 +709,10 @@ class ContextManager:
             ItemTooLargeError: the runtime-state result would exceed the
                 per-item byte cap: raised at the call when the carried texts
                 alone exceed it (no slot taken), else by the preparation.
-            UnknownTurnError: the turn was evicted before it could be captured.
+            UnknownTurnError: the turn was evicted (or retracted) before it could
+                be captured.
+            ContextRemovedError: the context was removed while the preparation
+                waited (a context created again with the same id never serves it).
             ProviderRuleError: the gateway rejected a message while rendering.
             AreaCallbackError: an attached area raised (or returned a wrong
                 value) in the area pass; ``area`` and ``phase`` name it. The
@@ -423,15 +724,19 @@ class ContextManager:
             Cancelled while waiting for a slot: nothing was admitted. Cancelled
             later: the preparation is cancelled if it still waits for its turn
             or a thread, or, if it is rendering, the thread finishes and the
-            result is discarded; the slot is freed when it settles. History is
-            never changed by a preparation. An area pass that ran for a
-            discarded result is reused by the next preparation of the context.
+            result is discarded; the slot is freed when it settles. Cancelled
+            after the preparation settled but before the requester resumed: the
+            cancellation propagates and the result is discarded, never counted
+            as delivered. History is never changed by a preparation. An area
+            pass that ran for a discarded result is reused by the next
+            preparation of the context, so it is delivered exactly once.
         """
-        self._check_open()
+        queue = self._check_open()
         request = check_request(request, self._limits.max_item_bytes)
         requested_at = anyio.current_time()
-        await self._queue.acquire()
-        return await self._queue.admit(request, requested_at, self._prepare)
+        origin = self._table.contexts.get(request.context_id)
+        await queue.acquire()
+        return await queue.admit(request, requested_at, origin, self._prepare)
 
     async def prepare_nowait(self, request: ContextPrepareRequest) -> PreparedContext:
         """Like :meth:`prepare`, but refuse at once when every slot is taken.
@@ -446,36 +751,50 @@ class ContextManager:
             QueueFullError: all ``capacity`` slots are taken; nothing was admitted.
             FoundationClosedError, InvalidMessageError, InvalidTextError,
             DuplicateIdError, InvalidArgumentError, PositionalScopeError,
-            ItemTooLargeError, UnknownTurnError, ProviderRuleError,
-            AreaCallbackError, OpenToolCallError: as :meth:`prepare`.
+            ItemTooLargeError, UnknownTurnError, ContextRemovedError,
+            ProviderRuleError, AreaCallbackError, OpenToolCallError: as
+            :meth:`prepare`.
 
         Cancellation:
             As :meth:`prepare` after admission.
         """
-        self._check_open()
+        queue = self._check_open()
         request = check_request(request, self._limits.max_item_bytes)
         requested_at = anyio.current_time()
-        self._queue.acquire_nowait(request)
-        return await self._queue.admit(request, requested_at, self._prepare)
+        queue.acquire_nowait(request)
+        origin = self._table.contexts.get(request.context_id)
+        return await queue.admit(request, requested_at, origin, self._prepare)
 
-    async def _wait_for_turn(self, context_id: str, turn_id: str) -> ContextState:
+    async def _wait_for_turn(self, preparation: Preparation) -> ContextState:
+        queue = self._check_bound()
+        context_id = preparation.request.context_id
+        turn_id = preparation.request.turn_id
         while True:
-            if self._closed:
+            if self._closing:
                 raise FoundationClosedError(
                     f"The Foundation closed while waiting for turn {excerpt(turn_id)} of context "
                     f"{excerpt(context_id)}."
                 )
-            state = self._table.holding(context_id, turn_id)
+            state = self._table.holding(context_id, turn_id, preparation.origin)
             if state is not None:
                 return state
-            await self._queue.next_commit(context_id)
+            if preparation.origin is None:
+                # Created since the call: the request is now for this context.
+                preparation.origin = self._table.contexts.get(context_id)
+            await queue.next_commit(context_id)
 
     async def _prepare(self, preparation: Preparation, scope: anyio.CancelScope) -> None:
         """The work of one owned preparation: wait, capture, render, deliver, count."""
         request = preparation.request
-        state = await self._wait_for_turn(request.context_id, request.turn_id)
-        # Capture once: an immutable view and the request's state.
+        state = await self._wait_for_turn(preparation)
+        # Capture once: an immutable view and the request's state, its time included.
         view = state.history.view()
+        perception = request.perception
+        if perception is not None and perception.time is None:
+            now = check_time(self._clock(), "The Foundation's clock value")
+            request = msgspec.structs.replace(
+                request, perception=msgspec.structs.replace(perception, time=now)
+            )
         behavior_rules = (
             request.behavior_rules if request.behavior_rules is not None else self._behavior_rules
         )
@@ -495,7 +814,7 @@ class ContextManager:
                 queued,
                 areas,
                 run_pass,
-                limiter=self._limiter,
+                limiter=self._limiter,  # set by _bind, before any prepare can run
             )
         except AreaCallbackError as exc:
             if exc.phase == "register" and areas is not None:
@@ -506,10 +825,13 @@ class ContextManager:
             self._table.count_section(areas, section)
         # Cancelled while the thread ran (the thread was not abandoned): the
         # result is discarded.
-        if scope.cancel_called:
+        if scope.cancel_called or not preparation.wanted:
             return
-        if preparation.wanted:
-            # A scoped prepare leaves what unscoped ones compare with and reuse.
+
+        def deliver() -> None:
+            # Run by the queue when the requester receives the result, never
+            # for a result its requester did not get. A scoped prepare leaves
+            # what unscoped ones compare with and reuse.
             unscoped = request.scope is None
             if unscoped and areas is not None and section is not None:
                 areas.delivered = max(areas.delivered, section.generation)
@@ -520,9 +842,11 @@ class ContextManager:
                 prepared,
                 anyio.current_time() - preparation.requested_at,
             )
-        self._issued[id(prepared)] = prepared
-        self._call_ids[id(prepared)] = delivered.call_ids
-        weakref.finalize(prepared, self._call_ids.pop, id(prepared), None)
+            self._issued[id(prepared)] = prepared
+            self._call_ids[id(prepared)] = delivered.call_ids
+            weakref.finalize(prepared, self._call_ids.pop, id(prepared), None)
+
+        preparation.deliver = deliver
         preparation.result = prepared
 
     # -- continuation ------------------------------------------------------------
@@ -558,6 +882,8 @@ class ContextManager:
                 ``continuation`` is not a sequence of Messages.
             InvalidMessageError, InvalidTextError: a malformed continuation
                 message, or one carrying a runtime-state call or result.
+            InstructionMessageError: a ``system`` or ``developer`` continuation
+                message: pinned instructions change only through a turn's snapshot.
             DuplicateIdError: a continuation message repeats an id of the
                 prefix's turn (its input message ids or the state call id) or
                 of an earlier continuation message.
@@ -671,15 +997,26 @@ class ContextManager:
     # -- lifecycle (driven by the Foundation) ---------------------------------------
 
     async def _aclose(self, grace_period: float) -> None:
-        """Close in order: stop intake, let preparations settle, cancel, release.
+        """Close in order: stop intake, drain output streams, let preparations settle, release.
 
-        Not shielded: the Foundation calls it in a shielded scope. The
-        histories are released even when a step fails.
+        ``grace_period`` bounds the first two waits together. Not shielded:
+        the Foundation calls it in a shielded scope. Preparations settle and
+        the histories are released (their final views kept for
+        :meth:`history`) even when a step fails.
         """
+        queue = self._check_bound()
+        outputs = self._outputs
+        deadline = anyio.current_time() + grace_period
         try:
-            self._closed = True
-            await self._queue.aclose(grace_period)
+            self._closing = True
+            try:
+                if outputs is not None:
+                    await outputs.aclose(grace_period)
+            finally:
+                await queue.aclose(max(0.0, deadline - anyio.current_time()))
         finally:
+            self._closed = True
+            self._final = {cid: state.history.view() for cid, state in self._table.contexts.items()}
             self._table.release()
 
     # -- statistics --------------------------------------------------------------------
@@ -694,9 +1031,11 @@ class ContextManager:
         """
         queue = self._queue
         return self._counters.snapshot(
-            closed=self._closed,
+            closed=self._closing,
             contexts=len(self._table.contexts),
-            capacity=queue.capacity,
-            pending=queue.pending,
-            waiting_for_slot=queue.waiting_for_slot,
+            capacity=self._options.max_pending_preparations,
+            pending=queue.pending if queue is not None else 0,
+            waiting_for_slot=queue.waiting_for_slot if queue is not None else 0,
+            waiting_for_turn=queue.waiting_for_turn if queue is not None else 0,
+            outputs=self._outputs.statistics() if self._outputs is not None else OutputStatistics(),
         )

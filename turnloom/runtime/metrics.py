@@ -13,6 +13,7 @@ name                                      type       meaning
 ``preparations_pending``                  gauge      admitted, not yet settled
 ``preparations_capacity``                 gauge      the bound on pending preparations
 ``preparations_waiting_for_slot``         gauge      ``prepare`` calls waiting for a slot
+``preparations_waiting_for_turn``         gauge      admitted, waiting for their turn's commit
 ``preparations_total{outcome}``           counter    settled: prepared, failed, discarded
 ``preparations_rejected_total``           counter    ``prepare_nowait`` refusals
 ``prepare_latency_seconds``               histogram  request to delivery, seconds
@@ -24,6 +25,8 @@ name                                      type       meaning
 ``evicted_turns_total`` / ``_items_total``  counter  evicted from histories
 ``dropped_late_outputs_total``            counter    outputs for evicted turns, dropped
 ``dropped_blank_outputs_total``           counter    empty partial outputs, not recorded
+``duplicate_outputs_total``               counter    outputs recorded again, stored once
+``retracted_turns_total``                 counter    turns taken back (false starts)
 ``prefix_compared_bytes_total``           counter    previous-prefix bytes compared
 ``prefix_reused_bytes_total``             counter    of those, reused byte for byte
 ``prefix_stability_ratio``                gauge      reused / compared (1.0 when none)
@@ -34,6 +37,9 @@ name                                      type       meaning
 ``areas_collected_total``                 counter    areas removed by the Collector
 ``area_items_reclaimed_total``            counter    items reclaimed (detached) by the Collector
 ``area_items_promoted_total``             counter    items appended for promoted messages
+``output_streams``                        gauge      output streams being consumed
+``output_records_total{outcome}``         counter    stream records: recorded, rejected
+``output_records_drained_total``          counter    of the recorded, drained at close
 ========================================  =========  ======================================
 
 The endpoint is served by ``prometheus_client``'s own WSGI server
@@ -95,6 +101,11 @@ class ManagerCollector(Collector):
             "prepare calls waiting for a free slot.",
             s.preparations.waiting_for_slot,
         )
+        yield GaugeMetricFamily(
+            "turnloom_preparations_waiting_for_turn",
+            "Admitted preparations waiting for their turn's commit.",
+            s.preparations.waiting_for_turn,
+        )
         settled = CounterMetricFamily(
             "turnloom_preparations", "Settled preparations by outcome.", labels=["outcome"]
         )
@@ -141,13 +152,23 @@ class ManagerCollector(Collector):
         )
         yield CounterMetricFamily(
             "turnloom_dropped_late_outputs",
-            "Outputs recorded for evicted turns, dropped.",
+            "Outputs recorded for turns no longer held, dropped.",
             s.history.dropped_late_outputs_total,
         )
         yield CounterMetricFamily(
             "turnloom_dropped_blank_outputs",
             "Empty or whitespace-only outputs not recorded.",
             s.history.dropped_blank_outputs_total,
+        )
+        yield CounterMetricFamily(
+            "turnloom_duplicate_outputs",
+            "Outputs recorded again with the same id and content, stored once.",
+            s.history.duplicate_outputs_total,
+        )
+        yield CounterMetricFamily(
+            "turnloom_retracted_turns",
+            "Turns taken back because they produced no answer.",
+            s.history.retracted_turns_total,
         )
         yield CounterMetricFamily(
             "turnloom_prefix_compared_bytes",
@@ -199,6 +220,20 @@ class ManagerCollector(Collector):
             "turnloom_area_items_promoted",
             "Native items appended for messages promoted by collected areas.",
             s.areas.items_promoted_total,
+        )
+        yield GaugeMetricFamily(
+            "turnloom_output_streams", "Output streams being consumed.", s.outputs.streams
+        )
+        records = CounterMetricFamily(
+            "turnloom_output_records", "Output stream records by outcome.", labels=["outcome"]
+        )
+        records.add_metric(["recorded"], s.outputs.records_total)
+        records.add_metric(["rejected"], s.outputs.rejected_total)
+        yield records
+        yield CounterMetricFamily(
+            "turnloom_output_records_drained",
+            "Output stream records recorded by the close's drain.",
+            s.outputs.drained_total,
         )
 
 

@@ -18,12 +18,16 @@ __all__ = (
     "HistoryTotals",
     "LatencyHistograms",
     "ManagerStatistics",
+    "OutputRecord",
+    "OutputStatistics",
+    "Perception",
     "PrefixStatistics",
     "PreparationStatistics",
     "PreparedContext",
     "TurnSnapshot",
 )
 
+from datetime import datetime
 from typing import Literal, TypeAlias
 
 import msgspec
@@ -70,6 +74,29 @@ class ContextContribution(msgspec.Struct, frozen=True, kw_only=True):
     content: str
 
 
+class Perception(msgspec.Struct, frozen=True, kw_only=True):
+    """What the host perceived around one turn: when, through what, from where.
+
+    Captured once per preparation and carried as escaped data in the turn's
+    runtime-state pair (key ``"perception"``), so it is byte-identical in
+    every model call of the turn and never becomes an instruction.
+
+    Attributes:
+        time: when the turn happened, a timezone-aware datetime (converted to
+            UTC); None: the Foundation's clock when the preparation captures
+            its state (after the turn's commit).
+        modality: how the input arrived, an identifier (``"text"``,
+            ``"voice"``, ``"video"`` ...), or None.
+        source: free-form properties of the input's source (``channel``,
+            ``locale``, ``device`` ...): identifier keys, text values; carried
+            sorted by key.
+    """
+
+    time: datetime | None = None
+    modality: str | None = None
+    source: dict[str, str] = msgspec.field(default_factory=dict)
+
+
 class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
     """A request to prepare the model input of one committed turn.
 
@@ -94,6 +121,8 @@ class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
             unscoped ones reuse: history, render caches, the prefix that
             ``reused_bytes`` compares with, the area section (shown as it
             stands, without a pass: ``area_pass == "reused_scoped"``).
+        perception: the turn's time, modality and source properties, or None
+            for none (see :class:`Perception`).
     """
 
     context_id: str
@@ -102,6 +131,25 @@ class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
     behavior_rules: str | None = None
     loop_budget: int | None = None
     scope: ContextScope | None = None
+    perception: Perception | None = None
+
+
+class OutputRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """Model outputs of one turn, as an output stream carries them.
+
+    The stream form of :meth:`~turnloom.runtime.ContextManager.record`: a
+    manager consuming a stream (``consume_outputs``) records each record as
+    ``record(context_id, turn_id, outputs)`` would.
+
+    Attributes:
+        context_id: the conversation.
+        turn_id: the turn the outputs answer.
+        outputs: model messages and tool results, oldest first.
+    """
+
+    context_id: str
+    turn_id: str
+    outputs: tuple[Message, ...]
 
 
 AreaPass: TypeAlias = Literal[
@@ -227,10 +275,14 @@ class PreparationStatistics(msgspec.Struct, frozen=True, kw_only=True):
         pending: preparations admitted and not yet settled (waiting for their
             turn's commit or rendering).
         waiting_for_slot: ``prepare`` calls waiting for a free slot.
+        waiting_for_turn: admitted preparations waiting for their turn's
+            commit (a mistyped context or turn id waits here until the
+            caller's deadline).
         prepared_total: preparations delivered to their requester.
         failed_total: preparations that ended with an error.
-        discarded_total: preparations whose requester was cancelled; their
-            result, if any, was dropped.
+        discarded_total: preparations whose requester was cancelled, even
+            after the preparation settled; their result, if any, was dropped
+            (an area section it held goes to the next preparation).
         rejected_total: ``prepare_nowait`` calls refused for lack of a slot.
     """
 
@@ -241,6 +293,7 @@ class PreparationStatistics(msgspec.Struct, frozen=True, kw_only=True):
     failed_total: int
     discarded_total: int
     rejected_total: int
+    waiting_for_turn: int = 0
 
 
 class HistoryTotals(msgspec.Struct, frozen=True, kw_only=True):
@@ -251,8 +304,12 @@ class HistoryTotals(msgspec.Struct, frozen=True, kw_only=True):
             messages; pinned instructions excluded).
         evicted_turns_total, evicted_items_total: evicted from histories
             (removed contexts included).
-        dropped_late_outputs_total: outputs recorded for evicted turns, dropped.
+        dropped_late_outputs_total: outputs recorded for turns no longer held
+            (evicted, retracted, or of a removed context), dropped.
         dropped_blank_outputs_total: empty or whitespace-only outputs not recorded.
+        duplicate_outputs_total: outputs recorded again with an id and content
+            their turn already held, not stored again.
+        retracted_turns_total: turns taken back with ``retract_turn``.
         tokens: tokens of the messages held across all contexts (pinned
             instructions excluded), by the Foundation's token counter.
     """
@@ -264,6 +321,8 @@ class HistoryTotals(msgspec.Struct, frozen=True, kw_only=True):
     evicted_items_total: int
     dropped_late_outputs_total: int
     dropped_blank_outputs_total: int
+    duplicate_outputs_total: int = 0
+    retracted_turns_total: int = 0
     tokens: int = 0
 
 
@@ -325,6 +384,25 @@ class AreaStatistics(msgspec.Struct, frozen=True, kw_only=True):
     items_promoted_total: int = 0
 
 
+class OutputStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """The output streams a manager consumes.
+
+    Attributes:
+        streams: streams being consumed now.
+        records_total: records recorded from streams (by their consumers and
+            by the close's drain).
+        drained_total: of those, records the close drained from a stream.
+        rejected_total: records refused with a typed error (bad record,
+            unknown context or turn, a malformed or instruction message);
+            nothing of a refused record was recorded.
+    """
+
+    streams: int = 0
+    records_total: int = 0
+    drained_total: int = 0
+    rejected_total: int = 0
+
+
 class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """A frozen snapshot of a :class:`~turnloom.runtime.ContextManager`'s counters.
 
@@ -339,6 +417,7 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
         prefix: prefix stability.
         latency: prepare-latency and render-time histograms.
         areas: Context Areas attached, passes run, areas collected.
+        outputs: output streams consumed and their records.
     """
 
     closed: bool
@@ -349,3 +428,4 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
     prefix: PrefixStatistics
     latency: LatencyHistograms
     areas: AreaStatistics
+    outputs: OutputStatistics = msgspec.field(default_factory=OutputStatistics)

@@ -1,7 +1,8 @@
 """The runtime-state pair: per-turn state as one synthetic tool call and its result.
 
-Volatile per-turn state (behaviour rules, the static loop budget, named
-contributions such as memory or perception) must not rewrite the durable,
+Volatile per-turn state (behaviour rules, the static loop budget, what the
+host perceived -- time, modality, source -- and named contributions such as
+memory) must not rewrite the durable,
 cache-stable history, and client-supplied text must never become a system or
 developer instruction. turnloom therefore carries it as data: an assistant
 message calling the tool :data:`STATE_TOOL_NAME`, followed by its result,
@@ -16,8 +17,8 @@ placed directly after the current turn's input.
   ``build`` reject messages that carry it. Every call id of the form
   ``tlrs_`` + 24 lowercase hex digits is reserved for it, so no message can
   place the state call or result of another turn ahead of time.
-* With no behaviour rules, no loop budget and no contributions, there is no
-  pair: the prepared input is exactly the history.
+* With no behaviour rules, no loop budget, no perception and no
+  contributions, there is no pair: the prepared input is exactly the history.
 
 Everything here is pure and synchronous.
 """
@@ -27,6 +28,8 @@ from __future__ import annotations
 __all__ = (
     "STATE_TOOL_NAME",
     "check_contributions",
+    "check_perception",
+    "check_time",
     "is_state_message",
     "state_call_id",
     "state_messages",
@@ -35,7 +38,8 @@ __all__ = (
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -43,7 +47,7 @@ import msgspec
 from turnloom.context.gateway import Gateway, GatewayType, get_gateway
 from turnloom.context.message import Message, Role, TextPart, ToolCallPart, ToolResultPart
 from turnloom.errors import DuplicateIdError, InvalidMessageError, InvalidTextError, excerpt
-from turnloom.runtime.schemas import ContextContribution
+from turnloom.runtime.schemas import ContextContribution, Perception
 
 STATE_TOOL_NAME = "turnloom_runtime_context"
 """The tool name of the synthetic runtime-state call."""
@@ -119,6 +123,71 @@ def check_contributions(
         )
 
 
+def check_time(value: object, what: str) -> datetime:
+    """A timezone-aware datetime, converted to UTC.
+
+    Raises:
+        InvalidMessageError: ``value`` is not a datetime, or it is naive (no
+            timezone: its instant is unknown).
+    """
+    if not isinstance(value, datetime):
+        raise InvalidMessageError(
+            f"{what} must be a datetime, not a {type(value).__name__}.", field=what
+        )
+    if value.utcoffset() is None:
+        raise InvalidMessageError(
+            f"{what} must be timezone-aware (for example datetime.now(UTC)); a naive "
+            "datetime names no instant.",
+            field=what,
+        )
+    return value.astimezone(UTC)
+
+
+def check_perception(perception: object) -> Perception:
+    """Validate a request's perception at the door; return a private, normalized copy.
+
+    The copy has its time in UTC and its source properties in a new dict
+    sorted by key, so a dict the caller changes afterwards changes nothing.
+
+    Raises:
+        InvalidMessageError: not a :class:`Perception`, a naive or non-datetime
+            time, a modality or source key that is not an identifier (a
+            letter, then at most 63 letters, digits, ``_``, ``-`` or ``.``), or
+            a source value that is not a string; ``field`` names it.
+        InvalidTextError: a source value that is not valid UTF-8.
+    """
+    if not isinstance(perception, Perception):
+        raise InvalidMessageError(
+            f"perception must be a Perception, not a {type(perception).__name__}.",
+            field="perception",
+        )
+    time = perception.time
+    if time is not None:
+        time = check_time(time, "perception.time")
+    modality = perception.modality
+    if modality is not None and not (isinstance(modality, str) and _NAME.fullmatch(modality)):
+        raise InvalidMessageError(
+            f"perception.modality {excerpt(str(modality)[:64])} is not an identifier such as "
+            "'text', 'voice' or 'video'.",
+            field="perception.modality",
+        )
+    source = perception.source
+    if not isinstance(source, Mapping):
+        raise InvalidMessageError(
+            f"perception.source must be a mapping of str to str, not a {type(source).__name__}.",
+            field="perception.source",
+        )
+    for key, value in source.items():
+        if not (isinstance(key, str) and _NAME.fullmatch(key)):
+            raise InvalidMessageError(
+                f"perception.source key {excerpt(str(key)[:64])} is not an identifier: a letter, "
+                "then at most 63 letters, digits, '_', '-' or '.'.",
+                field="perception.source",
+            )
+        _check_text(value, f"perception.source[{excerpt(key)}]")
+    return Perception(time=time, modality=modality, source=dict(sorted(source.items())))
+
+
 def state_messages(
     context_id: str,
     turn_id: str,
@@ -126,24 +195,35 @@ def state_messages(
     contributions: Sequence[ContextContribution] = (),
     behavior_rules: str | None = None,
     loop_budget: int | None = None,
+    perception: Perception | None = None,
 ) -> tuple[Message, Message] | None:
     """The runtime-state call and result messages of one turn, or None when empty.
 
     The result's text is the JSON object ``{"context_id", "turn_id",
-    "behavior_rules"?, "loop_budget"?, "sections": [{"name", "content"}, ...]}``
-    with keys in that order; equal inputs give byte-identical output.
+    "behavior_rules"?, "loop_budget"?, "perception"?: {"time"?, "modality"?,
+    "source"}, "sections": [{"name", "content"}, ...]}`` with keys in that
+    order; ``time`` is RFC 3339 in UTC (``"2026-11-30T17:00:00Z"``). Equal
+    inputs give byte-identical output.
 
     Returns:
         ``(assistant call message, tool result message)``, or None when there
-        is no behaviour rule, no loop budget and no contribution.
+        is no behaviour rule, no loop budget, no perception and no contribution.
     """
-    if not contributions and behavior_rules is None and loop_budget is None:
+    if not contributions and behavior_rules is None and loop_budget is None and perception is None:
         return None
     document: dict[str, object] = {"context_id": context_id, "turn_id": turn_id}
     if behavior_rules is not None:
         document["behavior_rules"] = behavior_rules
     if loop_budget is not None:
         document["loop_budget"] = loop_budget
+    if perception is not None:
+        seen: dict[str, object] = {}
+        if perception.time is not None:
+            seen["time"] = perception.time
+        if perception.modality is not None:
+            seen["modality"] = perception.modality
+        seen["source"] = perception.source
+        document["perception"] = seen
     document["sections"] = [{"name": c.name, "content": c.content} for c in contributions]
     text = _encoder.encode(document).decode()
     call_id = state_call_id(context_id, turn_id)

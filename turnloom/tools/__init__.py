@@ -11,4 +11,6 @@ areas; nothing in the library imports tools.
 * :mod:`turnloom.tools.replay` -- ``turnloom replay``.
 * :mod:`turnloom.tools.loadtest` -- ``turnloom loadtest``.
 * :mod:`turnloom.tools.workload` -- the generated, deterministic workload.
+* ``data/`` -- five real tau-bench trajectories (``replay --sample``), with
+  their ``SOURCE.md`` and ``LICENSE``.
 """

@@ -21,14 +21,16 @@ from collections.abc import Callable, Sequence
 import anyio
 import msgspec
 
-from turnloom.context.gateway import GatewayType, get_gateway
+from turnloom.context.gateway import GatewayType
 from turnloom.context.history import HistoryLimits
 from turnloom.context.message import Message
 from turnloom.errors import InputError, QueueFullError, TurnloomError
+from turnloom.runtime.config import RuntimeConfig, build_context_manager
 from turnloom.runtime.foundation import Foundation
+from turnloom.runtime.manager import ContextManager
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
 from turnloom.tools._stats import peak_rss_bytes, percentile
-from turnloom.tools.trajectories import Trajectory
+from turnloom.tools.trajectories import ReplayError, Trajectory, check_trajectory
 from turnloom.tools.transcript import Reply, Turn, snapshot, walk
 
 _TICK = 0.005
@@ -113,6 +115,7 @@ async def loadtest(
     max_pending_preparations: int = 16,
     on_model_call: Callable[[], None] | None = None,
     on_open: Callable[[Foundation], None] | None = None,
+    config: RuntimeConfig | None = None,
 ) -> LoadtestReport:
     """Run ``sessions`` concurrent sessions over ``trajectories`` (cycled).
 
@@ -128,13 +131,20 @@ async def loadtest(
             (drives a progress bar).
         on_open: called with the open Foundation before sessions start (for
             example to serve its metrics).
+        config: a host configuration (``turnloom loadtest --config FILE``):
+            the manager is built from its ``context`` section before the
+            Foundation is bound; ``history_limits`` and
+            ``max_pending_preparations`` are not used.
 
     Returns:
         the report.
 
     Raises:
         InputError: no trajectories, ``sessions`` not positive, a malformed
-            trajectory, or an unknown or unavailable gateway.
+            trajectory (by :func:`~turnloom.tools.trajectories.check_trajectory`,
+            the rule ``replay`` uses), or an unknown or unavailable gateway.
+        ConfigError: ``config`` names a plugin that no longer resolves or
+            builds no ContextManager.
 
     Cancellation:
         Cancelling stops every session and closes the Foundation in order.
@@ -143,14 +153,19 @@ async def loadtest(
         raise InputError("loadtest needs at least one trajectory.")
     if sessions < 1:
         raise InputError(f"sessions must be a positive integer, not {sessions}.")
-    get_gateway(gateway)
-    chat = get_gateway(GatewayType.openai_chat)
+    if config is not None:
+        manager = build_context_manager(config, gateway=gateway)
+    else:
+        manager = ContextManager(
+            gateway=gateway,
+            history_limits=history_limits,
+            max_pending_preparations=max_pending_preparations,
+        )
     scripts: list[list[Message]] = []
     for trajectory in trajectories:
-        try:
-            parsed = [chat.parse(m) for m in trajectory.messages]
-        except TurnloomError as exc:
-            raise InputError(f"{trajectory.source}, trajectory {trajectory.index}: {exc}") from exc
+        parsed = check_trajectory(trajectory)
+        if isinstance(parsed, ReplayError):
+            raise InputError(str(parsed))
         scripts.append(parsed)
 
     latencies: list[float] = []
@@ -170,9 +185,7 @@ async def loadtest(
             scripts,
             sessions=sessions,
             turns=turns,
-            gateway=gateway,
-            history_limits=history_limits,
-            max_pending_preparations=max_pending_preparations,
+            manager=manager,
             on_model_call=on_model_call,
             on_open=on_open,
             latencies=latencies,
@@ -188,9 +201,7 @@ async def _run(
     *,
     sessions: int,
     turns: int | None,
-    gateway: GatewayType | str,
-    history_limits: HistoryLimits | None,
-    max_pending_preparations: int,
+    manager: ContextManager,
     on_model_call: Callable[[], None] | None,
     on_open: Callable[[Foundation], None] | None,
     latencies: list[float],
@@ -201,12 +212,7 @@ async def _run(
     counts = {"turns": 0, "calls": 0, "failed": 0}
     started = time.perf_counter()
 
-    async with Foundation(
-        gateway=gateway,
-        history_limits=history_limits,
-        max_pending_preparations=max_pending_preparations,
-    ) as foundation:
-        manager = foundation.manager
+    async with Foundation(manager) as foundation:
         if on_open is not None:
             on_open(foundation)
 

@@ -28,17 +28,20 @@ and message index; the other sessions still run.
 from __future__ import annotations
 
 __all__ = (
+    "REPLAY_LIMITS",
     "ReplayError",
     "ReplaySummary",
     "Trajectory",
     "builtin_trajectories",
     "load_trajectories",
     "replay",
+    "session_ids",
 )
 
 import json
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, BinaryIO
 
 import anyio
@@ -47,22 +50,45 @@ import msgspec
 from turnloom.context.callids import rename_call_ids
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_gateway
 from turnloom.context.history import HistoryLimits
-from turnloom.context.message import Message, Role
+from turnloom.context.message import Message
 from turnloom.context.pairing import complete_pairs
-from turnloom.errors import InputError, TurnloomError, excerpt
+from turnloom.errors import InputError, TurnloomError
+from turnloom.runtime.config import RuntimeConfig, build_context_manager
 from turnloom.runtime.foundation import Foundation
+from turnloom.runtime.manager import ContextManager
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
 from turnloom.tools._stats import percentile
 from turnloom.tools.trajectories import (
     ReplayError,
     Trajectory,
     builtin_trajectories,
+    check_trajectory,
     load_trajectories,
 )
 from turnloom.tools.transcript import Reply, Turn, snapshot, turn_ids, walk
 
 _encoder = msgspec.json.Encoder()
 _CHAT = GatewayType.openai_chat
+
+REPLAY_LIMITS = HistoryLimits(
+    max_turns=100_000, max_items=1_000_000, max_bytes=1 << 40, max_item_bytes=64 << 20
+)
+"""The history bounds of a replay: no recorded session is ever evicted (eviction
+would change the inputs the replay checks) and one message may be up to 64 MiB.
+The library's defaults (:class:`~turnloom.context.history.HistoryLimits`, used
+by ``loadtest``) are far lower."""
+
+
+def session_ids(trajectories: Sequence[Trajectory]) -> list[str]:
+    """The context id of each trajectory in a replay, unique by position.
+
+    ``"<position>:<file name>#<index>"``: ``position`` is the trajectory's
+    place in the replayed sequence, so the same file given twice, or two
+    files with one name in different folders, never share a context.
+    """
+    return [
+        f"{position}:{Path(t.source).name}#{t.index}" for position, t in enumerate(trajectories)
+    ]
 
 
 class ReplaySummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -94,51 +120,6 @@ class ReplaySummary(msgspec.Struct, frozen=True, kw_only=True):
     seconds: float
 
 
-# -- checking at the door ----------------------------------------------------------
-
-
-class _Parsed(msgspec.Struct, frozen=True):
-    messages: list[Message]
-
-
-def _parse(trajectory: Trajectory, chat: Gateway) -> _Parsed | ReplayError:
-    """Parse and check a whole trajectory before any of it reaches the manager."""
-    messages: list[Message] = []
-    unanswered: set[str] = set()
-    turn_started = False
-
-    def fail(index: int, reason: str) -> ReplayError:
-        return ReplayError(
-            source=trajectory.source, trajectory=trajectory.index, message=index, reason=reason
-        )
-
-    for index, native in enumerate(trajectory.messages):
-        try:
-            message = chat.parse(native)
-        except TurnloomError as exc:
-            return fail(index, str(exc))
-        role = message.role
-        if role is Role.tool:
-            call_id = message.tool_results[0].call_id
-            if call_id not in unanswered:
-                return fail(
-                    index,
-                    f"tool message answers call {excerpt(call_id)}, which the directly preceding "
-                    "assistant message did not make.",
-                )
-            unanswered.discard(call_id)
-        elif role is Role.assistant:
-            if not turn_started:
-                return fail(index, "assistant message before any user message (no turn to answer).")
-            unanswered = {c.call_id for c in message.tool_calls}
-        else:
-            unanswered = set()
-            if role is Role.user:
-                turn_started = True
-        messages.append(message)
-    return _Parsed(messages)
-
-
 # -- replaying ---------------------------------------------------------------------
 
 
@@ -161,17 +142,17 @@ def _expected(chat: Gateway, messages: Sequence[Message]) -> list[NativeContent]
 async def _replay_one(
     foundation: Foundation,
     trajectory: Trajectory,
+    context_id: str,
     chat: Gateway,
     totals: _Totals,
     emit: Callable[[bytes], None] | None,
 ) -> ReplayError | None:
-    parsed = _parse(trajectory, chat)
+    parsed = check_trajectory(trajectory)
     if isinstance(parsed, ReplayError):
         return parsed
     manager = foundation.manager
     gateway = manager.gateway
     verify_exact = gateway.type is _CHAT
-    context_id = trajectory.session_id
     prefix: PreparedContext | None = None
     continuation: list[Message] = []
     turn_id = ""
@@ -187,7 +168,7 @@ async def _replay_one(
         )
 
     try:
-        for step in walk(parsed.messages, ids=turn_ids("turn-")):
+        for step in walk(parsed, ids=turn_ids("turn-")):
             index = step.index
             if isinstance(step, Turn):
                 turn_id, turn_number = step.turn_id, step.number
@@ -210,7 +191,7 @@ async def _replay_one(
                 )
                 if verify_exact:
                     if list(items) != trajectory.messages[:index]:
-                        if list(items) != _expected(chat, parsed.messages[:index]):
+                        if list(items) != _expected(chat, parsed[:index]):
                             return fail(
                                 index, _first_difference(items, trajectory.messages[:index])
                             )
@@ -289,6 +270,8 @@ async def replay(
     out: BinaryIO | None = None,
     history_limits: HistoryLimits | None = None,
     load_errors: Sequence[ReplayError] = (),
+    on_session: Callable[[], None] | None = None,
+    config: RuntimeConfig | None = None,
 ) -> ReplaySummary:
     """Replay ``trajectories`` through one Foundation, ``concurrency`` sessions at a time.
 
@@ -299,9 +282,17 @@ async def replay(
         out: where to write every prepared input as JSONL (``session``,
             ``turn``, ``call``, and ``messages`` for OpenAI Chat or the
             gateway's ``request`` body for the others), or None.
-        history_limits: the history bounds; by default large enough that a
-            recorded session is never evicted (eviction would change inputs).
+        history_limits: the history bounds (default :data:`REPLAY_LIMITS`:
+            no eviction, messages up to 64 MiB).
         load_errors: errors from loading, carried into the summary.
+        on_session: called on the event loop after each session ends,
+            replayed or failed (drives a progress bar).
+        config: a host configuration (``turnloom replay --config FILE``):
+            the manager is built from its ``context`` section before the
+            Foundation is bound, and ``history_limits`` is not used.
+
+    Each session's context id is its :func:`session_ids` entry, so no two
+    sessions share a context and one session's failure never touches another.
 
     Returns:
         the summary; failed sessions are listed in ``errors``, never raised.
@@ -309,6 +300,8 @@ async def replay(
     Raises:
         InputError: ``gateway`` is unknown or not available, or
             ``concurrency`` is not positive.
+        ConfigError: ``config`` names a plugin that no longer resolves or
+            builds no ContextManager.
 
     Cancellation:
         Cancelling the replay cancels the sessions and closes the Foundation;
@@ -317,9 +310,8 @@ async def replay(
     get_gateway(gateway)
     if concurrency < 1:
         raise InputError(f"concurrency must be a positive integer, not {concurrency}.")
-    limits = history_limits or HistoryLimits(
-        max_turns=100_000, max_items=1_000_000, max_bytes=1 << 40, max_item_bytes=64 << 20
-    )
+    limits = history_limits or REPLAY_LIMITS
+    ids = session_ids(trajectories)
     chat = get_gateway(_CHAT)
     totals = _Totals()
     errors: list[ReplayError] = list(load_errors)
@@ -328,11 +320,13 @@ async def replay(
     next_index = 0
     lock = anyio.Lock()
 
-    async with Foundation(
-        gateway=gateway,
-        history_limits=limits,
-        max_pending_preparations=max(16, concurrency),
-    ) as foundation:
+    if config is not None:
+        manager = build_context_manager(config, gateway=gateway)
+    else:
+        manager = ContextManager(
+            gateway=gateway, history_limits=limits, max_pending_preparations=max(16, concurrency)
+        )
+    async with Foundation(manager) as foundation:
 
         async def worker() -> None:
             nonlocal next_index
@@ -343,10 +337,13 @@ async def replay(
                 results[position] = await _replay_one(
                     foundation,
                     trajectories[position],
+                    ids[position],
                     chat,
                     totals,
                     records.append if out is not None else None,
                 )
+                if on_session is not None:
+                    on_session()
                 if out is not None and records:
                     # One session's records stay together; the file is written
                     # off the event loop.

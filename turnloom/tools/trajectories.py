@@ -1,14 +1,24 @@
-"""Recorded agent transcripts (trajectories): reading them, and the built-in workload.
+"""Recorded agent transcripts (trajectories): reading and checking them, the built-in workload.
 
-Synchronous. The tau-bench list format and JSONL are read
-(:func:`load_trajectories`); a part that cannot be read becomes a
-:class:`ReplayError` naming the file, the trajectory and, when it can be
-found, the message, while the other trajectories are kept.
+Synchronous. The tau-bench list format, a single trajectory and JSONL are read
+(:func:`load_trajectories`) and each trajectory is checked whole
+(:func:`check_trajectory`) by the one rule both ``replay`` and ``loadtest``
+use. What cannot be read becomes a :class:`ReplayError`: a file-level one
+(``trajectory`` is None) when the file as a whole cannot be read, or one naming
+the trajectory and, when it can be found, the message, while the other
+trajectories are kept.
 """
 
 from __future__ import annotations
 
-__all__ = ("ReplayError", "Trajectory", "builtin_trajectories", "load_trajectories")
+__all__ = (
+    "SAMPLE",
+    "ReplayError",
+    "Trajectory",
+    "builtin_trajectories",
+    "check_trajectory",
+    "load_trajectories",
+)
 
 import json
 import re
@@ -17,9 +27,17 @@ from typing import Any
 
 import msgspec
 
+from turnloom.context.gateway import GatewayType, get_gateway
+from turnloom.context.message import Message, Role
+from turnloom.context.pairing import CallTracker
+from turnloom.errors import TurnloomError, excerpt
 from turnloom.tools.workload import generate_trajectories
 
 _decoder = msgspec.json.Decoder()
+
+SAMPLE = Path(__file__).resolve().parent / "data" / "tau-bench-airline-5.json"
+"""Five real tau-bench airline trajectories shipped with turnloom (MIT License,
+Copyright (c) 2024 Sierra; ``SOURCE.md`` and ``LICENSE`` lie beside the file)."""
 
 
 class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
@@ -34,11 +52,6 @@ class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
     source: str
     index: int
     messages: list[Any]
-
-    @property
-    def session_id(self) -> str:
-        """``"<file name>#<index>"``, the context id of the session."""
-        return f"{Path(self.source).name}#{self.index}"
 
 
 class ReplayError(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,6 +69,11 @@ class ReplayError(msgspec.Struct, frozen=True, kw_only=True):
     trajectory: int | None
     message: int | None
     reason: str
+
+    @property
+    def file_level(self) -> bool:
+        """True when the file as a whole could not be read (no trajectory is named)."""
+        return self.trajectory is None
 
     def __str__(self) -> str:
         where = [self.source]
@@ -117,33 +135,42 @@ def _messages_of(value: Any) -> list[Any] | None:
     return None
 
 
-def load_trajectories(path: str | Path) -> tuple[list[Trajectory], list[ReplayError]]:
-    """Read trajectories from a tau-bench list file or a JSONL file.
+def _is_message(value: Any) -> bool:
+    return isinstance(value, dict) and "role" in value
 
-    The tau-bench format is one JSON list whose entries hold the messages in
-    ``traj`` (or ``messages``), or are message lists themselves. JSONL holds
-    one trajectory per line: a message list, or an object with ``traj`` or
-    ``messages``. A file that decodes as one list of trajectories is the list
-    format; a file whose first line is a JSON value of its own, or that holds
-    one message list, is JSONL; anything else starting with ``[`` is a damaged
-    list file.
+
+def _file_error(source: str, reason: str) -> ReplayError:
+    return ReplayError(source=source, trajectory=None, message=None, reason=reason)
+
+
+def load_trajectories(path: str | Path) -> tuple[list[Trajectory], list[ReplayError]]:
+    """Read trajectories from a tau-bench list file, a single trajectory, or JSONL.
+
+    Formats, decided from the whole file:
+
+    * tau-bench list: one JSON list whose entries hold the messages in
+      ``traj`` (or ``messages``), or are message lists themselves;
+    * a single trajectory: one JSON message list, or one object with ``traj``
+      or ``messages``, laid out in any way (pretty-printed or on one line);
+    * JSONL: one trajectory per line (a message list or an object as above);
+      a file is JSONL when it does not decode as one JSON value and one of
+      its first two non-blank lines decodes on its own.
+
+    A file that does not decode and starts with ``[`` is a damaged list: the
+    trajectories before the damage are kept and the damage is reported with
+    its trajectory (and message, when it can be found).
 
     Returns:
-        the trajectories that could be read, and an error for each part that
-        could not (naming the trajectory and, when it can be found, the
-        message); a file that cannot be read, or holds no trajectory at all,
-        is one error naming only the file.
+        the trajectories that could be read, and the errors. A file that
+        cannot be read, is not UTF-8, is not JSON or JSONL, holds a JSON
+        value that is no trajectory, or holds no trajectory at all is one
+        file-level error (``trajectory`` None, see :attr:`ReplayError.file_level`)
+        and no trajectories.
     """
-    trajectories, errors = _load(str(path), path)
+    source = str(path)
+    trajectories, errors = _load(source, path)
     if not trajectories and not errors:
-        errors = [
-            ReplayError(
-                source=str(path),
-                trajectory=None,
-                message=None,
-                reason="the file holds no trajectories.",
-            )
-        ]
+        errors = [_file_error(source, "the file holds no trajectories.")]
     return trajectories, errors
 
 
@@ -151,38 +178,79 @@ def _load(source: str, path: str | Path) -> tuple[list[Trajectory], list[ReplayE
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
-        return [], [
-            ReplayError(
-                source=source,
-                trajectory=None,
-                message=None,
-                reason=f"cannot read the file: {exc.strerror}.",
-            )
-        ]
+        return [], [_file_error(source, f"cannot read the file: {exc.strerror}.")]
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return [], [
-            ReplayError(
-                source=source,
-                trajectory=None,
-                message=None,
-                reason=f"the file is not valid UTF-8 (byte {exc.start}).",
-            )
-        ]
+        return [], [_file_error(source, f"the file is not valid UTF-8 (byte {exc.start}).")]
     try:
         data = _decoder.decode(raw)
     except msgspec.DecodeError:
-        lines = [line for line in text.splitlines() if line.strip()]
-        try:
-            json.loads(lines[0] if lines else "")
-        except json.JSONDecodeError:
-            if text.lstrip().startswith("[") and len(lines) > 0:
-                return _load_list(source, text, None)
-        return _load_lines(source, text)
-    if isinstance(data, list) and not all(isinstance(x, dict) and "role" in x for x in data):
+        return _load_damaged(source, text)
+    if isinstance(data, list):
+        if data and all(_is_message(x) for x in data):
+            return [Trajectory(source=source, index=0, messages=data)], []
         return _load_list(source, text, data)
-    return _load_lines(source, text)
+    if isinstance(data, dict):
+        messages = _messages_of(data)
+        if messages is None:
+            return [], [
+                _file_error(
+                    source,
+                    "the file holds one JSON object without a 'traj' or 'messages' list.",
+                )
+            ]
+        return [Trajectory(source=source, index=0, messages=messages)], []
+    return [], [
+        _file_error(source, f"the file holds a JSON {type(data).__name__}, not trajectories.")
+    ]
+
+
+def _decodes_alone(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), (list, dict))
+    except json.JSONDecodeError:
+        return False
+
+
+def _load_damaged(source: str, text: str) -> tuple[list[Trajectory], list[ReplayError]]:
+    """A file that is not one JSON value: JSONL, a damaged list, or not JSON at all."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return [], []
+    if len(lines) > 1 and any(_decodes_alone(line) for line in lines[:2]):
+        return _load_lines(source, text)
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        first = _SPACE.match(stripped, 1).end()  # type: ignore[union-attr]
+        if stripped.startswith("{", first) and _starts_with_message(stripped, first):
+            # One damaged message list: a single trajectory.
+            return [], [
+                ReplayError(
+                    source=source,
+                    trajectory=0,
+                    message=_scan_array(stripped, 0)[1],
+                    reason=_json_problem(text),
+                )
+            ]
+        return _load_list(source, text, None)
+    return [], [_file_error(source, _json_problem(text))]
+
+
+def _starts_with_message(text: str, pos: int) -> bool:
+    try:
+        value, _ = json.JSONDecoder().raw_decode(text, pos)
+    except json.JSONDecodeError:
+        return bool(re.match(r'\{\s*"role"\s*:', text[pos:]))
+    return _is_message(value)
+
+
+def _json_problem(text: str) -> str:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        return f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}."
+    return "invalid JSON."
 
 
 def _trajectory_or_error(source: str, index: int, value: Any) -> Trajectory | ReplayError:
@@ -268,6 +336,51 @@ def _load_lines(source: str, text: str) -> tuple[list[Trajectory], list[ReplayEr
             (trajectories if isinstance(item, Trajectory) else errors).append(item)  # type: ignore[arg-type]
         index += 1
     return trajectories, errors
+
+
+def check_trajectory(trajectory: Trajectory) -> list[Message] | ReplayError:
+    """Parse and check a whole trajectory before any of it reaches a manager.
+
+    Every message must parse as OpenAI Chat (the recorded format), the first
+    ``user`` message must come before any ``assistant`` message, each ``tool``
+    message must answer a call of the directly preceding assistant message,
+    and the trajectory must hold at least one ``user`` message (a turn).
+
+    Returns:
+        the parsed messages, oldest first, or the error naming the first
+        offending message.
+    """
+    chat = get_gateway(GatewayType.openai_chat)
+    messages: list[Message] = []
+    calls = CallTracker()
+    turn_started = False
+
+    def fail(index: int | None, reason: str) -> ReplayError:
+        return ReplayError(
+            source=trajectory.source, trajectory=trajectory.index, message=index, reason=reason
+        )
+
+    for index, native in enumerate(trajectory.messages):
+        try:
+            message = chat.parse(native)
+        except TurnloomError as exc:
+            return fail(index, str(exc))
+        role = message.role
+        if role is Role.assistant and not turn_started:
+            return fail(index, "assistant message before any user message (no turn to answer).")
+        orphans = calls.feed(message).orphans
+        if orphans:
+            return fail(
+                index,
+                f"tool message answers call {excerpt(orphans[0].call_id)}, which the directly "
+                "preceding assistant message did not make.",
+            )
+        if role is Role.user:
+            turn_started = True
+        messages.append(message)
+    if not turn_started:
+        return fail(None, "the trajectory holds no user message, so no turn to replay.")
+    return messages
 
 
 def builtin_trajectories(

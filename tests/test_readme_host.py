@@ -1,0 +1,44 @@
+"""The README's hosting example: the config file and the host-built manager work as shown."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from turnloom.runtime import ContextInitConfig, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _block(info: str) -> str:
+    blocks: list[str] = re.findall(rf"```{info}\n(.*?)```", README, flags=re.DOTALL)
+    [block] = blocks
+    return block
+
+
+def test_the_readme_config_file_loads_with_the_runtime_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "host.yaml"
+    path.write_text(_block("yaml"), encoding="utf-8")
+    init = load_config(path).context.init_config
+    assert init == ContextInitConfig(behavior_rules="Stay within the museum's visitor policy.")
+
+
+def test_the_readme_host_example_runs_and_prints_what_it_says(tmp_path: Path) -> None:
+    (tmp_path / "host.yaml").write_text(_block("yaml"), encoding="utf-8")
+    script = tmp_path / "host.py"
+    script.write_text(_block("python host"), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == _block("text host")
