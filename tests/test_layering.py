@@ -89,6 +89,34 @@ def test_the_runtime_never_imports_the_command_line_jobs() -> None:
     assert _offenders("runtime", ("turnloom.tools", "turnloom.cli", "tqdm")) == {}
 
 
+def test_stores_import_only_the_context_layer_and_errors() -> None:
+    """Stores are I/O adapters behind the context layer's protocols: they import
+    ``turnloom.context`` and ``turnloom.errors`` of turnloom, and anyio only to reach
+    a worker thread (no other event-loop library)."""
+    forbidden = (
+        "trio",
+        "asyncio",
+        "turnloom.runtime",
+        "turnloom.areas",
+        "turnloom.tools",
+        "turnloom.cli",
+    )
+    assert _offenders("stores", forbidden) == {}
+    allowed = ("turnloom.context", "turnloom.errors", "turnloom.stores")
+    outside = {
+        str(path.relative_to(PACKAGE)): sorted(
+            n for n in imported_modules(path) if _under(n, ("turnloom",)) and not _under(n, allowed)
+        )
+        for path in sorted((PACKAGE / "stores").rglob("*.py"))
+    }
+    assert {k: v for k, v in outside.items() if v} == {}
+
+
+def test_the_runtime_knows_stores_only_through_the_memory_protocol() -> None:
+    assert _offenders("runtime", ("turnloom.stores",)) == {}
+    assert _offenders("context", ("turnloom.stores",)) == {}
+
+
 def test_only_the_command_line_imports_tqdm() -> None:
     users = {
         str(p.relative_to(PACKAGE))

@@ -1,4 +1,4 @@
-"""The ``turnloom`` command line: ``replay`` and ``loadtest``.
+"""The ``turnloom`` command line: ``replay``, ``loadtest`` and ``memory``.
 
 Every problem is one line on stderr, ``turnloom <command>: error: ...``; no
 traceback reaches the user for anything the command line can foresee.
@@ -30,11 +30,15 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 from turnloom import __version__
 from turnloom.context.gateway import GatewayType, get_gateway
 from turnloom.context.history import HistoryLimits
-from turnloom.errors import ConfigError, InputError, excerpt
+from turnloom.context.memory import TenantScope, check_tenant_scope
+from turnloom.errors import ConfigError, InputError, TurnloomError, excerpt
+from turnloom.runtime.assembly import STRATEGIES
 from turnloom.runtime.config import RuntimeConfig, load_config
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.metrics import MetricsServer, serve_metrics
+from turnloom.stores import SQLiteMemory
 from turnloom.tools.loadtest import LoadtestReport, count_model_calls, loadtest
+from turnloom.tools.memory import add_memory_parser, run_memory
 from turnloom.tools.replay import REPLAY_LIMITS, ReplaySummary, replay
 from turnloom.tools.trajectories import (
     SAMPLE,
@@ -191,6 +195,15 @@ def _parser() -> argparse.ArgumentParser:
         help=f"replay the first N trajectories of the inputs (default: all), or N sessions "
         f"of the built-in workload (default: {_REPLAY_SESSIONS})",
     )
+    rp.add_argument(
+        "--strategy",
+        choices=sorted(STRATEGIES),
+        help="assemble every turn with this strategy: jit or stratified",
+    )
+    rp.add_argument("--memory", metavar="DB", help="the SQLite memory database it searches")
+    rp.add_argument(
+        "--tenant", default="replay", metavar="T", help="the sessions' tenant (default: replay)"
+    )
     _add_run_options(rp)
 
     lt = commands.add_parser(
@@ -225,6 +238,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     lt.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON")
     _add_run_options(lt)
+    add_memory_parser(commands)
     return parser
 
 
@@ -372,6 +386,31 @@ def _print_summary(summary: ReplaySummary, out: TextIO) -> None:
         f"wall: {summary.seconds:.2f} s",
         file=out,
     )
+    if summary.strategy is not None:
+        print(
+            f"strategy: {summary.strategy}  hydrated entries: {summary.hydrated_entries}  "
+            f"prefix reuse: {summary.prefix_reuse:.1%}",
+            file=out,
+        )
+
+
+def _open_memory(args: argparse.Namespace) -> tuple[SQLiteMemory | None, TenantScope | None]:
+    """The memory database and tenant of ``replay --strategy``, checked at the door.
+
+    Raises:
+        _Refused: ``--memory`` without ``--strategy``, a bad tenant, or a
+            database that is missing or unusable.
+    """
+    if args.strategy is None:
+        if args.memory is not None:
+            raise _Refused("--memory needs --strategy jit or --strategy stratified.")
+        return None, None
+    try:
+        scope = check_tenant_scope(TenantScope(tenant_id=args.tenant), "--tenant")
+        memory = SQLiteMemory(args.memory, create=False) if args.memory is not None else None
+    except TurnloomError as exc:
+        raise _Refused(str(exc)) from None
+    return memory, scope
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -389,6 +428,11 @@ def _replay(args: argparse.Namespace) -> int:
             trajectories = trajectories[: args.sessions]
     else:
         trajectories = builtin_trajectories(args.sessions or _REPLAY_SESSIONS)
+    if config is not None and args.strategy is not None:
+        raise _Refused(
+            "--strategy cannot be combined with --config: the configured plugin builds the manager."
+        )
+    memory, scope = _open_memory(args)
     out = _open_output("--out", args.out) if args.out is not None else None
     bar = _progress(args, total=len(trajectories), unit="session", delay=_PROGRESS_DELAY)
     try:
@@ -402,12 +446,17 @@ def _replay(args: argparse.Namespace) -> int:
                 load_errors=load_errors,
                 on_session=lambda: bar.update(),
                 config=config,
+                strategy=args.strategy,
+                memory=memory,
+                scope=scope,
             ),
         )
     finally:
         bar.close()
         if out is not None:
             out.close()
+        if memory is not None:
+            memory.close()
     for error in summary.errors:
         print(f"turnloom replay: error: {error}", file=sys.stderr)
     _print_summary(summary, sys.stdout)
@@ -515,6 +564,7 @@ def _loadtest(args: argparse.Namespace) -> int:
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "replay": _replay,
     "loadtest": _loadtest,
+    "memory": run_memory,
 }
 
 

@@ -13,6 +13,9 @@ The subclasses are grouped by how a caller reacts:
   (unknown context or turn, a turn evicted, an invocation already in flight).
 * :class:`AreaCallbackError` -- a caller-supplied Context Area raised; the
   CoopContext and its Context were left as they were before the call.
+* :class:`MemoryStoreError` -- a memory source failed (a missing database,
+  SQLite failing, malformed results); the store was not changed. Retry, or
+  serve the turn without memory.
 * :class:`MissingDependencyError` -- an optional feature needs a package that
   is not installed; install the named extra.
 
@@ -39,6 +42,8 @@ __all__ = (
     "InvalidMessageError",
     "InvalidTextError",
     "ItemTooLargeError",
+    "MemoryQueryError",
+    "MemoryStoreError",
     "MissingDependencyError",
     "OpenToolCallError",
     "OutOfOrderTurnError",
@@ -51,6 +56,7 @@ __all__ = (
     "UnknownAreaError",
     "UnknownContextError",
     "UnknownPluginError",
+    "UnknownStrategyError",
     "UnknownTurnError",
     "Violation",
     "excerpt",
@@ -387,3 +393,37 @@ class MissingDependencyError(TurnloomError, ImportError):
         super().__init__(message)
         self.package = package
         self.extra = extra
+
+
+class UnknownStrategyError(InputError, LookupError):
+    """An assembly strategy name that no strategy is registered under.
+
+    Attributes:
+        name: the name asked for (cut to 64 characters).
+        known: the registered names, sorted.
+    """
+
+    def __init__(self, message: str, *, name: str, known: Sequence[str]) -> None:
+        super().__init__(message)
+        self.name = name
+        self.known = tuple(known)
+
+
+class MemoryQueryError(InputError):
+    """A memory query the store cannot run (for example malformed FTS5 syntax).
+
+    Attributes:
+        query: the query (cut to 64 characters).
+    """
+
+    def __init__(self, message: str, *, query: str) -> None:
+        super().__init__(message)
+        self.query = query
+
+
+class MemoryStoreError(TurnloomError):
+    """A memory source failed: a missing or unreadable database, or malformed results.
+
+    Nothing was changed in the store by the failing call. The cause, when a
+    foreign error, is the ``__cause__``.
+    """

@@ -82,3 +82,49 @@ async def test_the_metrics_endpoint_serves_the_manager_statistics() -> None:
     assert samples[("turnloom_area_items_reclaimed_total", ())] == 3  # 2 notice items + 1 routed
     assert samples[("turnloom_area_items_promoted_total", ())] == 0
     assert stats.areas.items_reclaimed_total == 3
+
+
+async def test_assembly_metrics_are_labelled_by_strategy_only() -> None:
+    """Assembly latency and hydrated entries per strategy; no tenant or context label."""
+    from turnloom.context import TenantScope
+    from turnloom.stores import SQLiteMemory
+
+    scope = TenantScope(tenant_id="acme")
+    with SQLiteMemory() as memory:
+        memory.add("window seat preference", scope=scope)
+        memory.add("window upgrade request", scope=scope)
+        async with Foundation(strategy="stratified", memory=memory) as foundation:
+            manager = foundation.manager
+            for n in (1, 2):
+                manager.accept_turn(
+                    TurnSnapshot(context_id=f"c{n}", turn_id="t1", input=(user("window"),))
+                )
+                request = ContextPrepareRequest(context_id=f"c{n}", turn_id="t1", tenant=scope)
+                await manager.prepare(request)
+                await manager.prepare(request)
+            server = serve_metrics(manager.statistics)
+            try:
+                samples = await anyio.to_thread.run_sync(_scrape, server.url)
+            finally:
+                server.close()
+    label = (("strategy", "stratified"),)
+    assert samples[("turnloom_assemblies_total", label)] == 2
+    assert samples[("turnloom_assembly_reused_total", label)] == 2
+    assert samples[("turnloom_hydrated_entries_total", label)] == 4
+    assert samples[("turnloom_hydrate_context_calls_total", label)] == 0
+    assert samples[("turnloom_assembly_failures_total", label)] == 0
+    assert samples[("turnloom_assembly_latency_seconds_count", label)] == 2
+    labels = {
+        key for name, labels in samples for key, _ in labels if name.startswith("turnloom_assem")
+    }
+    assert labels <= {"strategy", "le"}
+
+
+async def test_no_assembly_families_without_a_strategy() -> None:
+    async with Foundation() as foundation:
+        server = serve_metrics(foundation.manager.statistics)
+        try:
+            samples = await anyio.to_thread.run_sync(_scrape, server.url)
+        finally:
+            server.close()
+    assert not any(name.startswith("turnloom_assembl") for name, _ in samples)

@@ -1,5 +1,5 @@
 """Synchronous, pure core of turnloom: messages, gateways, Context, CoopContext,
-WorkingContext, scopes and token counters.
+WorkingContext, scopes, token counters, tenant scopes and the memory protocol.
 
 Nothing here imports an event-loop library; every function may be called from
 a worker thread that owns its data.
@@ -31,10 +31,13 @@ __all__ = (
     "GatewayType",
     "HistoryLimits",
     "HistoryStatistics",
+    "HydratedMemory",
     "ImagePart",
     "ImageRule",
     "ImageSizeHook",
     "LastNTurns",
+    "MemoryEntry",
+    "MemorySource",
     "Message",
     "MutationJournal",
     "NativeContent",
@@ -51,6 +54,7 @@ __all__ = (
     "RoleFilter",
     "Since",
     "Tagged",
+    "TenantScope",
     "TextPart",
     "TokenCounter",
     "ToolCallPart",
@@ -61,6 +65,7 @@ __all__ = (
     "approx_text_tokens",
     "check_id",
     "check_message",
+    "check_tenant_scope",
     "complete_pairs",
     "decode_message",
     "deep_freeze",
@@ -70,6 +75,7 @@ __all__ = (
     "hold_until_answered",
     "image_size",
     "image_tokens",
+    "memory_payload",
     "message_size",
     "open_call_ids",
     "plan_collection",
@@ -97,6 +103,14 @@ from turnloom.context.gateway import Gateway, GatewayType, NativeContent, Violat
 from turnloom.context.history import HistoryLimits, HistoryStatistics, TurnHistory, check_id
 from turnloom.context.interruption import played_prefix
 from turnloom.context.journal import MutationJournal
+from turnloom.context.memory import (
+    HydratedMemory,
+    MemoryEntry,
+    MemorySource,
+    TenantScope,
+    check_tenant_scope,
+    memory_payload,
+)
 from turnloom.context.message import (
     ImagePart,
     Message,

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 __all__ = (
     "CONTEXT_PLUGIN_GROUP",
+    "HYDRATE_TOOL_NAME",
     "STATE_TOOL_NAME",
     "AreaPass",
     "AreaStatistics",
+    "AssembledContext",
+    "AssemblyMetadata",
+    "AssemblyStatistics",
+    "AssemblyStrategy",
     "ContextConfig",
     "ContextContribution",
     "ContextInitConfig",
@@ -22,7 +27,10 @@ __all__ = (
     "FoundationClosedError",
     "HistoryLimits",
     "HistoryTotals",
+    "HydratingStrategy",
+    "Hydration",
     "Invocation",
+    "JITStrategy",
     "LatencyHistograms",
     "ManagerOptions",
     "ManagerStatistics",
@@ -33,10 +41,13 @@ __all__ = (
     "PreparationStatistics",
     "PreparedContext",
     "RuntimeConfig",
+    "StrategyOptions",
+    "StratifiedStrategy",
     "TurnSnapshot",
     "build_context_manager",
     "context_plugin_names",
     "load_config",
+    "make_strategy",
     "parse_config",
     "resolve_context_plugin",
     "state_call_id",
@@ -45,6 +56,18 @@ __all__ = (
 
 from turnloom.context.history import HistoryLimits
 from turnloom.runtime._door import ManagerOptions
+from turnloom.runtime.assembly import (
+    HYDRATE_TOOL_NAME,
+    AssembledContext,
+    AssemblyMetadata,
+    AssemblyStrategy,
+    HydratingStrategy,
+    Hydration,
+    JITStrategy,
+    StrategyOptions,
+    StratifiedStrategy,
+    make_strategy,
+)
 from turnloom.runtime.config import (
     CONTEXT_PLUGIN_GROUP,
     ContextConfig,
@@ -64,6 +87,7 @@ from turnloom.runtime.manager import ContextManager, Invocation
 from turnloom.runtime.schemas import (
     AreaPass,
     AreaStatistics,
+    AssemblyStatistics,
     ContextContribution,
     ContextPrepareRequest,
     HistoryTotals,

@@ -1,7 +1,7 @@
 """The manager's contexts: each one's history, area section and last prefix, counted.
 
-Synchronous and loop-free: every change to a history (commit, record,
-eviction, removal) goes through :class:`ContextTable`, which keeps the
+Synchronous (a turn's assembly holds one anyio event): every change to a
+history (commit, record, eviction, removal) goes through :class:`ContextTable`, which keeps the
 running totals of :class:`~turnloom.runtime._counters.Counters` in step with
 it. Checking the input is the caller's job (``_door``); the table enforces
 only what the history and the in-flight model call decide.
@@ -9,13 +9,16 @@ only what the history and the in-flight model call decide.
 
 from __future__ import annotations
 
-__all__ = ("ContextState", "ContextTable")
+__all__ = ("ContextState", "ContextTable", "TurnAssembly")
 
 from collections.abc import Sequence
+
+import anyio
 
 from turnloom.context.area import ContextAreaImplementation
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import HistoryLimits, TurnHistory, check_id
+from turnloom.context.memory import TenantScope
 from turnloom.context.message import Message
 from turnloom.context.pairing import CallTracker
 from turnloom.context.tokens import TokenCounter
@@ -30,19 +33,37 @@ from turnloom.errors import (
 from turnloom.runtime._area_section import AreaSection, SectionResult, answer_routed_calls
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._render import DeliveredPrefix
+from turnloom.runtime.assembly import AssembledContext
 from turnloom.runtime.schemas import TurnSnapshot
+
+
+class TurnAssembly:
+    """The assembly of one turn for one tenant and hydration choice.
+
+    Running while ``done`` is unset; finished with ``result``. ``key`` is
+    ``(turn id, tenant, auto_hydrate)``: a prepare of the same turn for
+    another tenant never reuses it.
+    """
+
+    __slots__ = ("done", "key", "result")
+
+    def __init__(self, key: tuple[str, TenantScope | None, bool]) -> None:
+        self.key = key
+        self.done = anyio.Event()
+        self.result: AssembledContext | None = None
 
 
 class ContextState:
     """One context: its history, the model call in flight, its last prefix, its areas."""
 
-    __slots__ = ("areas", "history", "in_flight", "last")
+    __slots__ = ("areas", "assembly", "history", "in_flight", "last")
 
     def __init__(self, history: TurnHistory) -> None:
         self.history = history
         self.in_flight: str | None = None  # the turn id of the model call in flight
         self.last: DeliveredPrefix | None = None  # the last delivered prefix
         self.areas: AreaSection | None = None  # created by the first attach_area or route
+        self.assembly: TurnAssembly | None = None  # the latest turn's assembly
 
 
 class ContextTable:

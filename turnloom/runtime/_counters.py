@@ -17,6 +17,7 @@ __all__ = ("LATENCY_BOUNDS", "Counters", "Histogram")
 from turnloom.context.history import HistoryStatistics
 from turnloom.runtime.schemas import (
     AreaStatistics,
+    AssemblyStatistics,
     HistoryTotals,
     LatencyHistograms,
     ManagerStatistics,
@@ -89,6 +90,11 @@ class Counters:
         "areas_attached",
         "areas_collected",
         "areas_registered",
+        "assemblies",
+        "assembly_entries",
+        "assembly_failed",
+        "assembly_latency",
+        "assembly_reused",
         "blank",
         "bytes",
         "discarded",
@@ -96,6 +102,8 @@ class Counters:
         "evicted_items",
         "evicted_turns",
         "failed",
+        "hydrate_calls",
+        "hydrations",
         "invocations",
         "items",
         "late",
@@ -106,6 +114,7 @@ class Counters:
         "rejected",
         "render",
         "retracted",
+        "strategy",
         "tokens",
         "turns",
     )
@@ -122,6 +131,10 @@ class Counters:
         self.areas_attached = self.areas_registered = 0
         self.area_renders = self.area_reused = self.areas_collected = 0
         self.area_items_reclaimed = self.area_items_promoted = 0
+        self.strategy: str | None = None
+        self.assemblies = self.assembly_reused = self.assembly_failed = 0
+        self.hydrations = self.assembly_entries = self.hydrate_calls = 0
+        self.assembly_latency = Histogram()
 
     def history_changed(self, before: HistoryStatistics, after: HistoryStatistics) -> None:
         """Add what one history's change (commit, record, eviction) did to the totals."""
@@ -149,6 +162,14 @@ class Counters:
         self.prefix_reused += prepared.reused_bytes
         self.latency.observe(latency)
         self.render.observe(prepared.render_seconds)
+
+    def assembled(self, entries: int | None, seconds: float) -> None:
+        """Count one assembly: ``entries`` recalled (None: no hydration), ``seconds`` spent."""
+        self.assemblies += 1
+        self.assembly_latency.observe(seconds)
+        if entries is not None:
+            self.hydrations += 1
+            self.assembly_entries += entries
 
     def snapshot(
         self,
@@ -208,4 +229,16 @@ class Counters:
                 items_promoted_total=self.area_items_promoted,
             ),
             outputs=outputs,
+            assembly=AssemblyStatistics(
+                strategy=self.strategy,
+                assemblies_total=self.assemblies,
+                reused_total=self.assembly_reused,
+                failed_total=self.assembly_failed,
+                hydrations_total=self.hydrations,
+                entries_total=self.assembly_entries,
+                tool_calls_total=self.hydrate_calls,
+                bounds=LATENCY_BOUNDS,
+                latency_counts=self.assembly_latency.cumulative(),
+                latency_sum=self.assembly_latency.sum,
+            ),
         )

@@ -34,6 +34,7 @@ from turnloom.context.history import (
     check_id,
     reject_instructions,
 )
+from turnloom.context.memory import MemorySource, check_tenant_scope
 from turnloom.context.message import Message, check_message
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.scope import check_scope
@@ -47,6 +48,11 @@ from turnloom.errors import (
     ItemTooLargeError,
     ProviderRuleError,
     excerpt,
+)
+from turnloom.runtime.assembly import (
+    AssemblyStrategy,
+    StrategyOptions,
+    make_strategy,
 )
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext, TurnSnapshot
 from turnloom.runtime.state import (
@@ -71,7 +77,9 @@ class ManagerOptions(msgspec.Struct, frozen=True, kw_only=True):
     history_limits: HistoryLimits
     behavior_rules: str | None
     open_calls: OpenCallPolicy
+    tenant_limit: int
     token_counter: TokenCounter
+    strategy: AssemblyStrategy | None = None
 
 
 class FoundationOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -94,14 +102,22 @@ def check_manager_options(
     behavior_rules: str | None,
     open_calls: str,
     token_counter: TokenCounter | None = None,
+    strategy: str | AssemblyStrategy | None = None,
+    memory: MemorySource | None = None,
+    strategy_options: StrategyOptions | None = None,
+    max_tenant_preparations: int | None = None,
 ) -> ManagerOptions:
     """Validate every option of a ContextManager once; return them checked and frozen.
 
     Raises:
-        InputError: ``max_pending_preparations`` is not a positive integer,
-            ``history_limits`` is not a :class:`HistoryLimits`, an unknown
-            gateway or ``open_calls`` policy, or behaviour rules that are not
-            valid text.
+        InputError: ``max_pending_preparations`` or ``max_tenant_preparations``
+            is not a positive integer, ``history_limits`` is not a
+            :class:`HistoryLimits`, an unknown gateway or ``open_calls``
+            policy, behaviour rules that are not valid text, a ``strategy``
+            that is neither a name nor an AssemblyStrategy, ``memory`` or
+            ``strategy_options`` without a named strategy, or bad strategy
+            options.
+        UnknownStrategyError: ``strategy`` names no registered strategy.
         InvalidArgumentError: ``token_counter`` has no ``count`` method.
     """
     if token_counter is None:
@@ -124,12 +140,24 @@ def check_manager_options(
     if open_calls not in ("exclude", "cancel"):
         raise InputError(f"open_calls must be 'exclude' or 'cancel', not {excerpt(open_calls)}.")
     check_contributions((), behavior_rules, None)
+    if max_tenant_preparations is None:
+        tenant_limit = (max_pending_preparations + 1) // 2
+    elif _positive_int(max_tenant_preparations):
+        tenant_limit = min(max_tenant_preparations, max_pending_preparations)
+    else:
+        raise InputError(
+            "max_tenant_preparations must be a positive integer or None, not "
+            f"{excerpt(max_tenant_preparations)}."
+        )
+    checked_gateway = gateway if isinstance(gateway, Gateway) else get_gateway(gateway)
     return ManagerOptions(
-        gateway=gateway if isinstance(gateway, Gateway) else get_gateway(gateway),
+        gateway=checked_gateway,
         max_pending_preparations=max_pending_preparations,
         history_limits=history_limits if history_limits is not None else HistoryLimits(),
         behavior_rules=behavior_rules,
         open_calls="cancel" if open_calls == "cancel" else "exclude",
+        strategy=_strategy(strategy, checked_gateway, memory, strategy_options, token_counter),
+        tenant_limit=tenant_limit,
         token_counter=token_counter,
     )
 
@@ -162,6 +190,32 @@ def check_foundation_options(
         worker_threads=worker_threads,
         close_grace_period=float(close_grace_period),
     )
+
+
+def _strategy(
+    strategy: object,
+    gateway: Gateway,
+    memory: MemorySource | None,
+    options: StrategyOptions | None,
+    token_counter: TokenCounter,
+) -> AssemblyStrategy | None:
+    if isinstance(strategy, str):
+        return make_strategy(
+            strategy, gateway=gateway, memory=memory, options=options, token_counter=token_counter
+        )
+    if memory is not None or options is not None:
+        raise InputError(
+            "memory and strategy_options configure a strategy chosen by name; pass "
+            "strategy='jit' or strategy='stratified' (a strategy object brings its own)."
+        )
+    if strategy is None:
+        return None
+    if not isinstance(strategy, AssemblyStrategy):
+        raise InputError(
+            f"strategy must be a strategy name or an AssemblyStrategy, not a "
+            f"{type(strategy).__name__}."
+        )
+    return strategy
 
 
 def reject_state(messages: Sequence[Message], context_id: str, turn_id: str, where: str) -> None:
@@ -321,6 +375,12 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
     perception = request.perception
     if perception is not None:
         perception = check_perception(perception)
+    check_tenant_scope(request.tenant, "tenant")
+    if not isinstance(request.auto_hydrate, bool):
+        raise InvalidMessageError(
+            f"auto_hydrate must be a bool, not {type(request.auto_hydrate).__name__}.",
+            field="auto_hydrate",
+        )
     # The state result is one item under the per-item cap. Its text is at
     # least as long as the texts it carries (UTF-8 bytes >= characters), so
     # this bound fails early without encoding on the event loop; the exact

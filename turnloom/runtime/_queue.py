@@ -24,6 +24,7 @@ import anyio.abc
 
 from turnloom.errors import QueueFullError, excerpt
 from turnloom.runtime._counters import Counters
+from turnloom.runtime._slots import FairSlots, Tenant
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
 
@@ -43,6 +44,7 @@ class Preparation:
         "requested_at",
         "result",
         "scope",
+        "tenant",
         "wanted",
     )
 
@@ -50,6 +52,7 @@ class Preparation:
         self, request: ContextPrepareRequest, requested_at: float, origin: ContextState | None
     ) -> None:
         self.request = request
+        self.tenant = tenant_of(request)
         self.requested_at = requested_at  # anyio.current_time() of the call
         # The context the request was made for (None: not created yet); a
         # context created again with the same id after a removal never serves it.
@@ -61,6 +64,11 @@ class Preparation:
         # Set with ``result``: what delivering it changes, run when the requester gets it.
         self.deliver: Callable[[], None] | None = None
         self.error: BaseException | None = None
+
+
+def tenant_of(request: ContextPrepareRequest) -> Tenant:
+    """The tenant whose share of the slots a request uses (None without one)."""
+    return request.tenant.tenant_id if request.tenant is not None else None
 
 
 class _Waiters:
@@ -76,13 +84,22 @@ Work = Callable[[Preparation, anyio.CancelScope], Awaitable[None]]
 
 
 class PreparationQueue:
-    """At most ``capacity`` preparations admitted and not yet settled."""
+    """At most ``capacity`` preparations admitted and not yet settled.
 
-    def __init__(self, capacity: int, task_group: anyio.abc.TaskGroup, counters: Counters) -> None:
+    Slots are shared between tenants by the rule of :mod:`turnloom.runtime._slots`.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        task_group: anyio.abc.TaskGroup,
+        counters: Counters,
+        tenant_limit: int | None = None,
+    ) -> None:
         self.capacity = capacity
         self._task_group = task_group
         self._counters = counters
-        self._slots = anyio.Semaphore(capacity)
+        self._slots = FairSlots(capacity, tenant_limit if tenant_limit is not None else capacity)
         self._preparations: set[Preparation] = set()
         self._settled = anyio.Event()
         self._settled.set()
@@ -98,32 +115,44 @@ class PreparationQueue:
     @property
     def waiting_for_slot(self) -> int:
         """Calls waiting in :meth:`acquire`."""
-        return self._slots.statistics().tasks_waiting
+        return self._slots.waiting
+
+    @property
+    def tenant_limit(self) -> int:
+        """The most slots one tenant holds at once."""
+        return self._slots.tenant_limit
 
     @property
     def waiting_for_turn(self) -> int:
         """Admitted preparations waiting in :meth:`next_commit`."""
         return self._waiting_for_turn
 
-    async def acquire(self) -> None:
-        """Wait for a free slot (cancellable; nothing is admitted yet)."""
-        await self._slots.acquire()
+    async def acquire(self, request: ContextPrepareRequest) -> None:
+        """Wait for a slot for the request's tenant (cancellable; nothing is admitted yet)."""
+        await self._slots.acquire(tenant_of(request))
 
     def acquire_nowait(self, request: ContextPrepareRequest) -> None:
-        """Take a free slot at once.
+        """Take a slot at once.
 
         Raises:
-            QueueFullError: every slot is taken (counted as a rejection).
+            QueueFullError: every slot is taken, or the request's tenant holds
+                its limit (counted as a rejection).
         """
-        try:
-            self._slots.acquire_nowait()
-        except anyio.WouldBlock:
+        tenant = tenant_of(request)
+        if not self._slots.try_acquire(tenant):
             self._counters.rejected += 1
+            if self._slots.free and tenant is not None:
+                raise QueueFullError(
+                    f"Tenant {excerpt(tenant[:64])} holds its limit of {self._slots.tenant_limit} "
+                    f"preparation slots; preparation of turn {excerpt(request.turn_id)} of context "
+                    f"{excerpt(request.context_id)} was refused.",
+                    capacity=self.capacity,
+                )
             raise QueueFullError(
                 f"All {self.capacity} preparation slots are taken; preparation of turn "
                 f"{excerpt(request.turn_id)} of context {excerpt(request.context_id)} was refused.",
                 capacity=self.capacity,
-            ) from None
+            )
 
     async def admit(
         self,
@@ -150,7 +179,7 @@ class PreparationQueue:
             self._task_group.start_soon(self._own, preparation, work)
         except BaseException:
             self._preparations.discard(preparation)
-            self._slots.release()
+            self._slots.release(preparation.tenant)
             if not self._preparations:
                 self._settled.set()
             raise
@@ -200,7 +229,7 @@ class PreparationQueue:
                 else:
                     self._counters.discarded += 1
             self._preparations.discard(preparation)
-            self._slots.release()
+            self._slots.release(preparation.tenant)
             if not self._preparations:
                 self._settled.set()
             preparation.done.set()

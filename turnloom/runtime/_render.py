@@ -8,7 +8,7 @@ prefix, what to keep for the next comparison, and the area step's result.
 
 from __future__ import annotations
 
-__all__ = ("DeliveredPrefix", "common_prefix", "render_preparation")
+__all__ = ("DeliveredPrefix", "assembled_prompt", "common_prefix", "render_preparation")
 
 import time
 from typing import Any
@@ -16,8 +16,10 @@ from typing import Any
 import msgspec
 
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
-from turnloom.context.gateway import NativeContent
+from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import HistoryView, RenderedHistory
+from turnloom.context.memory import memory_payload
+from turnloom.context.message import Message, Role, TextPart
 from turnloom.errors import ItemTooLargeError, OpenToolCallError, excerpt
 from turnloom.runtime._area_section import (
     AreaSection,
@@ -26,10 +28,12 @@ from turnloom.runtime._area_section import (
     run_area_step,
 )
 from turnloom.runtime._door import ManagerOptions
+from turnloom.runtime.assembly import AssembledContext
 from turnloom.runtime.schemas import AreaPass, ContextPrepareRequest, PreparedContext
 from turnloom.runtime.state import state_call_id, state_messages
 
 _encoder = msgspec.json.Encoder()
+_CACHE_CONTROL = {"cache_control": {"type": "ephemeral"}}
 
 
 class DeliveredPrefix:
@@ -39,7 +43,7 @@ class DeliveredPrefix:
     (:mod:`turnloom.context.callids`); ``build`` continues it, on a copy.
     """
 
-    __slots__ = ("bytes", "call_ids", "extra_sizes", "items", "rendered")
+    __slots__ = ("bytes", "call_ids", "extra_sizes", "items", "lead_sizes", "rendered")
 
     def __init__(
         self,
@@ -48,19 +52,26 @@ class DeliveredPrefix:
         rendered: RenderedHistory,
         extra_sizes: tuple[int, ...],
         call_ids: CallIdRenamer,
+        lead_sizes: tuple[int, ...] = (),
     ) -> None:
         self.items = items
         self.bytes = total
         self.rendered = rendered
         self.extra_sizes = extra_sizes  # state pair + area section, after the history
         self.call_ids = call_ids
+        self.lead_sizes = lead_sizes  # the assembled system prompt, before the history
 
     def bytes_before(self, count: int) -> int:
         """Serialized size of ``items[:count]``, in bytes."""
+        lead = len(self.lead_sizes)
+        if count <= lead:
+            return sum(self.lead_sizes[:count])
+        base = sum(self.lead_sizes)
+        count -= lead
         history = len(self.rendered.items)
         if count <= history:
-            return self.rendered.bytes_before(count)
-        return self.rendered.bytes + sum(self.extra_sizes[: count - history])
+            return base + self.rendered.bytes_before(count)
+        return base + self.rendered.bytes + sum(self.extra_sizes[: count - history])
 
 
 def common_prefix(new: tuple[Any, ...], old: tuple[Any, ...]) -> int:
@@ -97,8 +108,9 @@ def render_preparation(
     queued: float,
     areas: AreaSection | None,
     run_pass: bool,
+    assembled: AssembledContext | None = None,
 ) -> tuple[PreparedContext, DeliveredPrefix, SectionResult | None]:
-    """Render one preparation: history, runtime-state pair, area section.
+    """Render one preparation: assembled prompt, history, runtime-state pair, area section.
 
     A request with a ``scope`` renders the sliced view
     (``HistoryView.render_scoped``) and shows the area section as it stands
@@ -108,6 +120,8 @@ def render_preparation(
     Args:
         queued: seconds from the request to the start of rendering.
         last: the context's last delivered prefix, to count reused bytes.
+        assembled: the turn's assembly: its system prompt goes first, its
+            recalled memory into the runtime-state pair.
 
     Raises:
         ItemTooLargeError: the runtime-state result is over the per-item cap.
@@ -117,6 +131,14 @@ def render_preparation(
     begin = time.perf_counter()
     gateway = options.gateway
     max_item_bytes = options.history_limits.max_item_bytes
+    lead: tuple[NativeContent, ...] = ()
+    memory: dict[str, object] | None = None
+    if assembled is not None:
+        lead = assembled_prompt(gateway, assembled)
+        hydrated = assembled.memory_context
+        if hydrated is not None:
+            entries, omitted = memory_payload(hydrated.entries, assembled.max_memory_chars)
+            memory = {"query": hydrated.query, "entries": entries, "omitted": omitted}
     # The request was frozen at the door; its JSON encoding is CPU work.
     pair = state_messages(
         request.context_id,
@@ -125,6 +147,7 @@ def render_preparation(
         behavior_rules=behavior_rules,
         loop_budget=request.loop_budget,
         perception=request.perception,
+        memory=memory,
     )
     counter = options.token_counter
     if request.scope is None:
@@ -135,9 +158,11 @@ def render_preparation(
         )
     # The pair and the area section continue the history's call-id renaming.
     call_ids = rendered.call_ids
-    items = rendered.items
-    total = rendered.bytes
-    tokens = rendered.tokens
+    lead_sizes = tuple(len(_encoder.encode(item)) for item in lead)
+    items = lead + rendered.items if lead else rendered.items
+    total = rendered.bytes + sum(lead_sizes)
+    prompt = _prompt_message(assembled) if assembled is not None else None
+    tokens = rendered.tokens + (counter.count([prompt]) if prompt is not None else 0)
     call_id: str | None = None
     reserved: list[str] = []
     extra: tuple[NativeContent, ...] = ()
@@ -196,8 +221,8 @@ def render_preparation(
         item_count=len(items),
         bytes=total,
         tokens=tokens,
-        turn_start=rendered.turn_start,
-        area_start=len(rendered.items) + pair_items,
+        turn_start=len(lead) + rendered.turn_start,
+        area_start=len(lead) + len(rendered.items) + pair_items,
         area_items=len(section.items) if section is not None else 0,
         area_pass=outcome,
         state_call_id=call_id,
@@ -205,5 +230,31 @@ def render_preparation(
         reused_bytes=reused,
         queued_seconds=queued,
         render_seconds=time.perf_counter() - begin,
+        assembled=assembled,
     )
-    return prepared, DeliveredPrefix(items, total, rendered, extra_sizes, call_ids), section
+    return (
+        prepared,
+        DeliveredPrefix(items, total, rendered, extra_sizes, call_ids, lead_sizes),
+        section,
+    )
+
+
+def _prompt_message(assembled: AssembledContext) -> Message | None:
+    if assembled.system_prompt is None:
+        return None
+    part = TextPart(
+        text=assembled.system_prompt,
+        extras=dict(_CACHE_CONTROL) if assembled.cache_breakpoint else None,
+    )
+    return Message(role=Role.system, content=(part,))
+
+
+def assembled_prompt(gateway: Gateway, assembled: AssembledContext) -> tuple[NativeContent, ...]:
+    """The native items of an assembly's system prompt (none without one).
+
+    With ``cache_breakpoint`` the prompt's text block carries Anthropic's
+    ``cache_control`` marker, so the cached prefix ends with it. Source:
+    Anthropic prompt caching guide, ``cache_control`` on system text blocks.
+    """
+    message = _prompt_message(assembled)
+    return () if message is None else tuple(gateway.render(message))

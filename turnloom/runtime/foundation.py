@@ -21,6 +21,9 @@ Closing order (:meth:`Foundation.aclose`), the seed's lifecycle:
    histories are released, each context's final history staying readable
    through :meth:`ContextManager.history`; no worker thread holds a token of
    the limiter.
+
+A memory source bound to the manager is borrowed and is never closed by the
+Foundation.
 """
 
 from __future__ import annotations
@@ -37,10 +40,12 @@ import anyio.lowlevel
 
 from turnloom.context.gateway import Gateway, GatewayType
 from turnloom.context.history import HistoryLimits
+from turnloom.context.memory import MemorySource
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.tokens import TokenCounter
 from turnloom.errors import InputError, StateError
 from turnloom.runtime._door import DEFAULT_MAX_PENDING_PREPARATIONS, check_foundation_options
+from turnloom.runtime.assembly import AssemblyStrategy, StrategyOptions
 from turnloom.runtime.manager import ContextManager
 
 
@@ -58,9 +63,11 @@ class Foundation:
             owns it from then on. None (default): built from the keyword
             arguments below.
         gateway, max_pending_preparations, history_limits, behavior_rules,
-            open_calls, token_counter: the manager's options when ``manager``
-            is None (see :class:`ContextManager`); they may not be given with
-            ``manager``.
+            open_calls, token_counter, strategy, memory, strategy_options,
+            max_tenant_preparations: the manager's options when ``manager``
+            is None (see :class:`ContextManager`: assembly strategies, the
+            borrowed memory source, per-tenant fairness of slots); they may
+            not be given with ``manager``.
         worker_threads: the most worker threads rendering at once (default 4).
         close_grace_period: seconds :meth:`aclose` lets pending preparations
             settle before cancelling them (default 5.0; ``math.inf`` waits).
@@ -115,6 +122,10 @@ class Foundation:
         close_grace_period: float = 5.0,
         token_counter: TokenCounter | None = None,
         clock: Callable[[], datetime] | None = None,
+        strategy: str | AssemblyStrategy | None = None,
+        memory: MemorySource | None = None,
+        strategy_options: StrategyOptions | None = None,
+        max_tenant_preparations: int | None = None,
     ) -> None:
         if manager is None:
             manager = ContextManager(
@@ -124,6 +135,10 @@ class Foundation:
                 behavior_rules=behavior_rules,
                 open_calls=open_calls,
                 token_counter=token_counter,
+                strategy=strategy,
+                memory=memory,
+                strategy_options=strategy_options,
+                max_tenant_preparations=max_tenant_preparations,
             )
         elif not isinstance(manager, ContextManager):
             raise InputError(f"manager must be a ContextManager, not a {type(manager).__name__}.")
@@ -141,6 +156,10 @@ class Foundation:
                     ("behavior_rules", behavior_rules, None),
                     ("open_calls", open_calls, "exclude"),
                     ("token_counter", token_counter, None),
+                    ("strategy", strategy, None),
+                    ("memory", memory, None),
+                    ("strategy_options", strategy_options, None),
+                    ("max_tenant_preparations", max_tenant_preparations, None),
                 )
                 if value != default
             ]

@@ -29,10 +29,12 @@ from __future__ import annotations
 
 __all__ = ("ContextManager", "Invocation")
 
+import time
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -43,7 +45,8 @@ from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent
 from turnloom.context.history import HistoryLimits, HistoryView, check_id
 from turnloom.context.interruption import played_prefix
-from turnloom.context.message import Message
+from turnloom.context.memory import MemorySource
+from turnloom.context.message import Message, ToolCallPart
 from turnloom.context.pairing import OpenCallPolicy, complete_pairs
 from turnloom.context.scope import ContextScope, check_scope
 from turnloom.context.tokens import TokenCounter
@@ -59,7 +62,7 @@ from turnloom.errors import (
 )
 from turnloom.runtime._area_section import check_area
 from turnloom.runtime._bridge import folded_message, working_context
-from turnloom.runtime._contexts import ContextState, ContextTable
+from turnloom.runtime._contexts import ContextState, ContextTable, TurnAssembly
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._door import (
     DEFAULT_MAX_PENDING_PREPARATIONS,
@@ -74,6 +77,13 @@ from turnloom.runtime._door import (
 from turnloom.runtime._outputs import OutputStreams
 from turnloom.runtime._queue import Preparation, PreparationQueue
 from turnloom.runtime._render import render_preparation
+from turnloom.runtime.assembly import (
+    AssembledContext,
+    AssemblyStrategy,
+    HydratingStrategy,
+    StrategyOptions,
+    assembly_query,
+)
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.schemas import (
     ContextPrepareRequest,
@@ -139,9 +149,11 @@ class ContextManager:
     ``foundation.manager``. Every method must be called from the Foundation's
     event loop; until the Foundation is open they raise :class:`StateError`.
 
-    A prepared prefix is, in order: pinned instructions, earlier turns, the
-    turn's input, the runtime-state pair (when there is state), then the
-    context's *area section*. Send ``manager.gateway.request_body(prefix.items)``
+    A prepared prefix is, in order: the assembled system prompt (with an
+    assembly strategy, see :mod:`turnloom.runtime.assembly`), pinned
+    instructions, earlier turns, the turn's input, the runtime-state pair
+    (when there is state or recalled memory), then the context's *area
+    section*. Send ``manager.gateway.request_body(prefix.items)``
     (see :attr:`PreparedContext.items`).
 
     Context Areas: each context lazily owns one
@@ -166,11 +178,32 @@ class ContextManager:
         token_counter: the one estimator of tokens (default
             :class:`~turnloom.context.ApproxTokenCounter`); see
             :class:`~turnloom.runtime.Foundation`.
+        strategy: the per-turn assembly strategy: ``"jit"``, ``"stratified"``
+            (see :mod:`turnloom.runtime.assembly`), an
+            :class:`~turnloom.runtime.assembly.AssemblyStrategy` object, or
+            None (default: no assembled prompt, no memory).
+        memory: the memory source a named strategy searches. Borrowed: neither
+            the manager nor its Foundation ever closes it; it stays open and
+            usable after the Foundation closed.
+        strategy_options: the named strategy's static layer and bounds.
+        max_tenant_preparations: the most preparation slots one tenant (the
+            ``tenant_id`` of a request's ``tenant``) holds at once; default
+            half the capacity, rounded up.
+
+    Fairness of preparation slots: a tenant holds at most
+    ``max_tenant_preparations`` slots, so a tenant flooding the queue leaves
+    the rest to the others; a freed slot goes to the waiting request whose
+    tenant holds the fewest slots (longest waiting first among equals), and
+    a new request never overtakes an eligible waiting one. Requests without a
+    tenant share one bucket bounded only by the capacity.
 
     Raises:
         InputError: a bound is not positive, ``history_limits`` is not a
-            :class:`HistoryLimits`, an unknown gateway or policy, or behaviour
-            rules that are not valid text.
+            :class:`HistoryLimits`, an unknown gateway or policy, behaviour
+            rules that are not valid text, ``memory`` or ``strategy_options``
+            without a named strategy, or bad strategy options.
+        UnknownStrategyError: ``strategy`` names no known strategy (``known``
+            lists them).
         InvalidArgumentError: ``token_counter`` has no ``count`` method.
     """
 
@@ -183,6 +216,10 @@ class ContextManager:
         behavior_rules: str | None = None,
         open_calls: OpenCallPolicy = "exclude",
         token_counter: TokenCounter | None = None,
+        strategy: str | AssemblyStrategy | None = None,
+        memory: MemorySource | None = None,
+        strategy_options: StrategyOptions | None = None,
+        max_tenant_preparations: int | None = None,
     ) -> None:
         options = check_manager_options(
             gateway=gateway,
@@ -191,13 +228,19 @@ class ContextManager:
             behavior_rules=behavior_rules,
             open_calls=open_calls,
             token_counter=token_counter,
+            strategy=strategy,
+            memory=memory,
+            strategy_options=strategy_options,
+            max_tenant_preparations=max_tenant_preparations,
         )
         self._options = options
+        self._strategy = options.strategy
         self._gateway = options.gateway
         self._limits = options.history_limits
         self._behavior_rules = options.behavior_rules
         self._open_calls = options.open_calls
         self._counters = Counters()
+        self._counters.strategy = self._strategy.name if self._strategy is not None else None
         self._table = ContextTable(
             self._limits, self._gateway, self._counters, options.token_counter
         )
@@ -237,7 +280,10 @@ class ContextManager:
         self._limiter = limiter
         self._clock = clock
         self._queue = PreparationQueue(
-            self._options.max_pending_preparations, task_group, self._counters
+            self._options.max_pending_preparations,
+            task_group,
+            self._counters,
+            self._options.tenant_limit,
         )
         self._outputs = OutputStreams(task_group, self._record_output)
 
@@ -268,6 +314,26 @@ class ContextManager:
     def open_calls(self) -> OpenCallPolicy:
         """What a prepared input does with a tool call left without a result."""
         return self._open_calls
+
+    @property
+    def tenant_limit(self) -> int:
+        """The most preparation slots one tenant holds at once (see :class:`Foundation`)."""
+        return self._options.tenant_limit
+
+    @property
+    def strategy(self) -> AssemblyStrategy | None:
+        """The assembly strategy, or None."""
+        return self._strategy
+
+    def tool_definitions(self) -> list[dict[str, Any]]:
+        """The tools the assembly strategy needs declared, in the gateway's ``tools`` shape.
+
+        ``[hydrate_context]`` for JIT, ``[]`` for stratified or without a
+        strategy. Declare them beside the agent's own tools.
+        """
+        if self._strategy is None:
+            return []
+        return self._strategy.tool_definitions(self._gateway)
 
     @property
     def history_limits(self) -> HistoryLimits:
@@ -679,8 +745,12 @@ class ContextManager:
         its contributions copied at the call (changing a list afterwards has no
         effect); the history and the request's state are captured once, when
         the turn is committed, together with the perception's time (the
-        Foundation's clock, when the request gives none); rendering runs in
-        the worker. A turn that is
+        Foundation's clock, when the request gives none). With an assembly
+        strategy, the turn's first prepare (per tenant and ``auto_hydrate``)
+        then awaits the strategy on the event loop, memory I/O included, in
+        this preparation's cancel scope; the other prepares of the turn wait
+        for it and reuse its result. Rendering runs in the worker. Slots are
+        shared fairly between tenants (see :class:`ContextManager`). A turn that is
         never committed (a mistyped id) is waited for until the caller's
         deadline; such waits are counted in
         ``statistics().preparations.waiting_for_turn``. Bound the whole wait
@@ -688,7 +758,8 @@ class ContextManager:
         context and turn ids, so the ``TimeoutError`` says what never came.
 
         Returns:
-            the prefix: pinned instructions, earlier turns, the turn's input,
+            the prefix: the assembled system prompt (with a strategy), pinned
+            instructions, earlier turns, the turn's input,
             the runtime-state pair when the request or manager carries state,
             and the area section. Send ``manager.gateway.request_body(items)``.
             With ``request.scope`` the earlier turns are the sliced view (see
@@ -719,11 +790,16 @@ class ContextManager:
                 area section is as it was before the pass.
             OpenToolCallError: the area section would end with a routed tool
                 call whose result has not been routed; nothing changed.
+            MemoryStoreError: the strategy's memory source failed or returned
+                malformed entries; the next prepare of the turn assembles again.
+            StateError: a custom strategy returned something that is not an
+                AssembledContext.
 
         Cancellation:
             Cancelled while waiting for a slot: nothing was admitted. Cancelled
-            later: the preparation is cancelled if it still waits for its turn
-            or a thread, or, if it is rendering, the thread finishes and the
+            later: the preparation is cancelled if it still waits for its turn,
+            its assembly (the strategy's memory I/O; the next prepare of the
+            turn assembles again) or a thread, or, if it is rendering, the thread finishes and the
             result is discarded; the slot is freed when it settles. Cancelled
             after the preparation settled but before the requester resumed: the
             cancellation propagates and the result is discarded, never counted
@@ -735,7 +811,7 @@ class ContextManager:
         request = check_request(request, self._limits.max_item_bytes)
         requested_at = anyio.current_time()
         origin = self._table.contexts.get(request.context_id)
-        await queue.acquire()
+        await queue.acquire(request)
         return await queue.admit(request, requested_at, origin, self._prepare)
 
     async def prepare_nowait(self, request: ContextPrepareRequest) -> PreparedContext:
@@ -798,6 +874,10 @@ class ContextManager:
         behavior_rules = (
             request.behavior_rules if request.behavior_rules is not None else self._behavior_rules
         )
+        assembled = None
+        if self._strategy is not None:
+            # Memory I/O on the loop, in this preparation's cancel scope.
+            assembled = await self._assemble(self._strategy, state, view, request)
         last = state.last
         areas = state.areas
         # No collection while a model call of the context is in flight.
@@ -814,6 +894,7 @@ class ContextManager:
                 queued,
                 areas,
                 run_pass,
+                assembled,
                 limiter=self._limiter,  # set by _bind, before any prepare can run
             )
         except AreaCallbackError as exc:
@@ -848,6 +929,98 @@ class ContextManager:
 
         preparation.deliver = deliver
         preparation.result = prepared
+
+    async def _assemble(
+        self,
+        strategy: AssemblyStrategy,
+        state: ContextState,
+        view: HistoryView,
+        request: ContextPrepareRequest,
+    ) -> AssembledContext:
+        """The turn's assembly: run the strategy once per turn, share its result.
+
+        A preparation of a turn whose assembly is running waits for it; one
+        whose assembly failed or was cancelled assembles again. The result is
+        shared only with prepares of the same turn, tenant and
+        ``auto_hydrate``: another tenant's prepare of the turn assembles anew.
+        """
+        turn_id = request.turn_id
+        key = (turn_id, request.tenant, request.auto_hydrate)
+        while True:
+            record = state.assembly
+            if record is None or record.key != key:
+                break
+            if record.result is not None:
+                self._counters.assembly_reused += 1
+                return record.result
+            await record.done.wait()
+        record = state.assembly = TurnAssembly(key)
+        started = time.perf_counter()
+        try:
+            result = await strategy.assemble(
+                query=assembly_query(view.turn_input(turn_id)),
+                scope=request.tenant,
+                intent_verdict=request.intent_verdict,
+                auto_hydrate=request.auto_hydrate,
+            )
+            if not isinstance(result, AssembledContext):
+                raise StateError(
+                    f"The assembly strategy {excerpt(strategy.name)} returned a "
+                    f"{type(result).__name__}, not an AssembledContext."
+                )
+        except BaseException as exc:
+            if state.assembly is record:
+                state.assembly = None
+            if isinstance(exc, Exception):
+                self._counters.assembly_failed += 1
+            raise
+        finally:
+            record.done.set()
+        memory = result.memory_context
+        self._counters.assembled(
+            len(memory.entries) if memory is not None else None, time.perf_counter() - started
+        )
+        record.result = result
+        return result
+
+    async def hydrate_context(self, prefix: PreparedContext, call: ToolCallPart) -> Message:
+        """Answer the model's ``hydrate_context`` call of a JIT turn with a tool result.
+
+        The search runs within the scope of the request that prepared
+        ``prefix`` (never a process-wide one), with the strategy's top-k and
+        output-size cap. Record the call and this result as the turn's
+        outputs (or pass them as the continuation of :meth:`build`).
+
+        Returns:
+            a ``tool`` message answering ``call`` (``is_error`` with a reason
+            when the model's arguments were wrong or the turn has no scope).
+
+        Raises:
+            FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: ``prefix`` was not returned by this manager's
+                :meth:`prepare`, or ``call`` is not a ToolCallPart naming
+                ``hydrate_context``.
+            StateError: the Foundation's strategy has no ``hydrate_context``
+                tool (it is not JIT).
+            MemoryStoreError: the memory source failed.
+
+        Cancellation:
+            As the memory source's search; nothing in the manager changes.
+        """
+        self._check_open()
+        check_continuation(prefix, (), self._issued)
+        strategy = self._strategy
+        if not isinstance(strategy, HydratingStrategy):
+            name = strategy.name if strategy is not None else None
+            raise StateError(
+                f"The assembly strategy {excerpt(name)} has no hydrate_context tool; only a JIT "
+                "strategy's model recalls memory by calling it."
+            )
+        scope = prefix.assembled.tenant if prefix.assembled is not None else None
+        answer = await strategy.hydrate(call, scope=scope)
+        self._counters.hydrate_calls += 1
+        self._counters.assembly_entries += answer.entries_count
+        return answer.message
 
     # -- continuation ------------------------------------------------------------
 

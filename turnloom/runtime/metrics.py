@@ -40,7 +40,18 @@ name                                      type       meaning
 ``output_streams``                        gauge      output streams being consumed
 ``output_records_total{outcome}``         counter    stream records: recorded, rejected
 ``output_records_drained_total``          counter    of the recorded, drained at close
+``assemblies_total{strategy}``            counter    turns assembled by the strategy
+``assembly_reused_total{strategy}``       counter    preparations reusing their turn's assembly
+``assembly_failures_total{strategy}``     counter    assemblies that raised
+``assembly_latency_seconds{strategy}``    histogram  time in the strategy's ``assemble``
+``hydrated_entries_total{strategy}``      counter    memory entries recalled (assemblies and
+                                                     ``hydrate_context`` calls)
+``hydrate_context_calls_total{strategy}`` counter    ``hydrate_context`` calls answered
 ========================================  =========  ======================================
+
+The assembly families exist only when the Foundation has a strategy. Their
+one label is the strategy's name (one per Foundation), never a tenant or a
+context: the label set stays bounded.
 
 The endpoint is served by ``prometheus_client``'s own WSGI server
 (:func:`serve_metrics`), on the loopback interface by default.
@@ -235,6 +246,39 @@ class ManagerCollector(Collector):
             "Output stream records recorded by the close's drain.",
             s.outputs.drained_total,
         )
+        a = s.assembly
+        if a.strategy is None:
+            return
+        label = [a.strategy]
+        for name, documentation, value in (
+            ("turnloom_assemblies", "Turns assembled by the strategy.", a.assemblies_total),
+            (
+                "turnloom_assembly_reused",
+                "Preparations that reused their turn's assembly.",
+                a.reused_total,
+            ),
+            ("turnloom_assembly_failures", "Assemblies that raised.", a.failed_total),
+            (
+                "turnloom_hydrated_entries",
+                "Memory entries recalled by assemblies and hydrate_context calls.",
+                a.entries_total,
+            ),
+            (
+                "turnloom_hydrate_context_calls",
+                "hydrate_context calls answered.",
+                a.tool_calls_total,
+            ),
+        ):
+            family = CounterMetricFamily(name, documentation, labels=["strategy"])
+            family.add_metric(label, value)
+            yield family
+        latency = HistogramMetricFamily(
+            "turnloom_assembly_latency_seconds",
+            "Time spent in the strategy's assemble, in seconds.",
+            labels=["strategy"],
+        )
+        latency.add_metric(label, _buckets(a.bounds, a.latency_counts), sum_value=a.latency_sum)
+        yield latency
 
 
 class MetricsServer:

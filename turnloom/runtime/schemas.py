@@ -13,6 +13,7 @@ from __future__ import annotations
 __all__ = (
     "AreaPass",
     "AreaStatistics",
+    "AssemblyStatistics",
     "ContextContribution",
     "ContextPrepareRequest",
     "HistoryTotals",
@@ -28,13 +29,15 @@ __all__ = (
 )
 
 from datetime import datetime
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import msgspec
 
 from turnloom.context.gateway import GatewayType, NativeContent
+from turnloom.context.memory import TenantScope
 from turnloom.context.message import Message
 from turnloom.context.scope import ContextScope
+from turnloom.runtime.assembly import AssembledContext
 
 
 class TurnSnapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -123,6 +126,16 @@ class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
             stands, without a pass: ``area_pass == "reused_scoped"``).
         perception: the turn's time, modality and source properties, or None
             for none (see :class:`Perception`).
+        tenant: the tenant the turn acts for. It always reaches the assembled
+            prompt and the memory source (when the Foundation has an assembly
+            strategy) and decides the tenant's share of preparation slots.
+        auto_hydrate: whether the assembly strategy recalls memory for this
+            turn; the only switch of hydration (the tenant is identity, not
+            policy).
+        intent_verdict: an optional classifier verdict handed to the
+            strategy's ``assemble`` as is (the built-in strategies ignore
+            it). The turn's first prepare decides; later prepares of the turn
+            reuse its assembly.
     """
 
     context_id: str
@@ -132,6 +145,9 @@ class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
     loop_budget: int | None = None
     scope: ContextScope | None = None
     perception: Perception | None = None
+    tenant: TenantScope | None = None
+    auto_hydrate: bool = True
+    intent_verdict: Any = None
 
 
 class OutputRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -214,7 +230,8 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
         context_id: the conversation.
         turn_id: the turn it was prepared for.
         gateway: the provider the items are rendered for.
-        items: tuple of NativeContent, oldest first: pinned instructions, the
+        items: tuple of NativeContent, oldest first: the assembled system
+            prompt (with an assembly strategy), pinned instructions, the
             earlier turns, the turn's input, the runtime-state pair when there
             is one (directly after the input), then the area section
             (``area_items`` items from ``area_start``). Shared with caches:
@@ -247,6 +264,10 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
         queued_seconds: time from the request to the start of rendering, in
             seconds (waiting for a slot, the turn's commit and a worker thread).
         render_seconds: time spent rendering in the worker thread, in seconds.
+        assembled: what the Foundation's assembly strategy assembled for the
+            turn (the same object for every preparation of the turn), or None
+            without a strategy. Its system prompt is ``items[0]``; its
+            recalled memory is in the runtime-state pair.
     """
 
     context_id: str
@@ -265,6 +286,7 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     reused_bytes: int = 0
     queued_seconds: float = 0.0
     render_seconds: float = 0.0
+    assembled: AssembledContext | None = None
 
 
 class PreparationStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -403,6 +425,35 @@ class OutputStatistics(msgspec.Struct, frozen=True, kw_only=True):
     rejected_total: int = 0
 
 
+class AssemblyStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """The assembly strategy of a manager: turns assembled, memory recalled, latency.
+
+    Attributes:
+        strategy: the strategy's name, or None without one.
+        assemblies_total: turns assembled (the strategy ran).
+        reused_total: preparations that reused their turn's assembly.
+        failed_total: assemblies that raised (a memory source failure).
+        hydrations_total: assemblies that recalled memory.
+        entries_total: memory entries recalled, by assemblies and by
+            ``hydrate_context`` calls.
+        tool_calls_total: ``hydrate_context`` calls answered.
+        bounds: latency bucket upper bounds, in seconds (``+Inf`` implied).
+        latency_counts: cumulative counts of assembly latency.
+        latency_sum: sum of assembly latencies, in seconds.
+    """
+
+    strategy: str | None = None
+    assemblies_total: int = 0
+    reused_total: int = 0
+    failed_total: int = 0
+    hydrations_total: int = 0
+    entries_total: int = 0
+    tool_calls_total: int = 0
+    bounds: tuple[float, ...] = ()
+    latency_counts: tuple[int, ...] = ()
+    latency_sum: float = 0.0
+
+
 class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """A frozen snapshot of a :class:`~turnloom.runtime.ContextManager`'s counters.
 
@@ -418,6 +469,7 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
         latency: prepare-latency and render-time histograms.
         areas: Context Areas attached, passes run, areas collected.
         outputs: output streams consumed and their records.
+        assembly: the assembly strategy's counters.
     """
 
     closed: bool
@@ -429,3 +481,4 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
     latency: LatencyHistograms
     areas: AreaStatistics
     outputs: OutputStatistics = msgspec.field(default_factory=OutputStatistics)
+    assembly: AssemblyStatistics = AssemblyStatistics()

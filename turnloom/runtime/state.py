@@ -196,20 +196,29 @@ def state_messages(
     behavior_rules: str | None = None,
     loop_budget: int | None = None,
     perception: Perception | None = None,
+    memory: dict[str, Any] | None = None,
 ) -> tuple[Message, Message] | None:
     """The runtime-state call and result messages of one turn, or None when empty.
 
     The result's text is the JSON object ``{"context_id", "turn_id",
     "behavior_rules"?, "loop_budget"?, "perception"?: {"time"?, "modality"?,
-    "source"}, "sections": [{"name", "content"}, ...]}`` with keys in that
-    order; ``time`` is RFC 3339 in UTC (``"2026-11-30T17:00:00Z"``). Equal
-    inputs give byte-identical output.
+    "source"}, "memory"?, "sections": [{"name", "content"}, ...]}`` with keys
+    in that order; ``time`` is RFC 3339 in UTC (``"2026-11-30T17:00:00Z"``);
+    ``memory`` is the turn's recalled memory (the per-turn layer of an
+    assembly strategy), as JSON data. Equal inputs give byte-identical output.
 
     Returns:
         ``(assistant call message, tool result message)``, or None when there
-        is no behaviour rule, no loop budget, no perception and no contribution.
+        is no behaviour rule, no loop budget, no perception, no memory and no
+        contribution.
     """
-    if not contributions and behavior_rules is None and loop_budget is None and perception is None:
+    if (
+        not contributions
+        and behavior_rules is None
+        and loop_budget is None
+        and perception is None
+        and memory is None
+    ):
         return None
     document: dict[str, object] = {"context_id": context_id, "turn_id": turn_id}
     if behavior_rules is not None:
@@ -224,6 +233,8 @@ def state_messages(
             seen["modality"] = perception.modality
         seen["source"] = perception.source
         document["perception"] = seen
+    if memory is not None:
+        document["memory"] = memory
     document["sections"] = [{"name": c.name, "content": c.content} for c in contributions]
     text = _encoder.encode(document).decode()
     call_id = state_call_id(context_id, turn_id)

@@ -12,7 +12,11 @@ walked into turns by :func:`turnloom.tools.transcript.walk`:
 
 For OpenAI Chat the prepared input of every model call is checked against the
 trajectory itself: it must equal, message for message, the messages before
-that assistant reply. Three documented normalizations are allowed, and
+that assistant reply. With an assembly strategy (``strategy="jit"`` or
+``"stratified"`` and a memory source) every session acts for one tenant
+scope; the assembled system prompt (the first item) and the runtime-state
+pair carrying the recalled memory are what the strategy adds, and the rest
+must still equal the trajectory. Three documented normalizations are allowed, and
 counted as ``normalized``: what the gateway round trip changes (for example an
 empty text part is never emitted), calls left without a result, which are
 excluded, and call ids reused from an earlier call, which are renamed so that
@@ -50,6 +54,7 @@ import msgspec
 from turnloom.context.callids import rename_call_ids
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_gateway
 from turnloom.context.history import HistoryLimits
+from turnloom.context.memory import MemorySource, TenantScope, check_tenant_scope
 from turnloom.context.message import Message
 from turnloom.context.pairing import complete_pairs
 from turnloom.errors import InputError, TurnloomError
@@ -106,6 +111,10 @@ class ReplaySummary(msgspec.Struct, frozen=True, kw_only=True):
         prepare_p50_ms, prepare_p99_ms: ``prepare`` latency percentiles, in
             milliseconds (nearest rank).
         seconds: wall time of the replay, in seconds.
+        strategy: the assembly strategy's name, or None.
+        hydrated_entries: memory entries the strategy recalled.
+        prefix_reuse: share of each previous prepared input of a session
+            that the next one reused byte for byte (1.0 when none compared).
     """
 
     sessions: int
@@ -118,6 +127,9 @@ class ReplaySummary(msgspec.Struct, frozen=True, kw_only=True):
     prepare_p50_ms: float
     prepare_p99_ms: float
     seconds: float
+    strategy: str | None = None
+    hydrated_entries: int = 0
+    prefix_reuse: float = 1.0
 
 
 # -- replaying ---------------------------------------------------------------------
@@ -146,6 +158,7 @@ async def _replay_one(
     chat: Gateway,
     totals: _Totals,
     emit: Callable[[bytes], None] | None,
+    scope: TenantScope | None = None,
 ) -> ReplayError | None:
     parsed = check_trajectory(trajectory)
     if isinstance(parsed, ReplayError):
@@ -176,7 +189,7 @@ async def _replay_one(
                 turns += 1
                 started = time.perf_counter()
                 prefix = await manager.prepare(
-                    ContextPrepareRequest(context_id=context_id, turn_id=turn_id)
+                    ContextPrepareRequest(context_id=context_id, turn_id=turn_id, tenant=scope)
                 )
                 latencies.append(time.perf_counter() - started)
                 continuation = []
@@ -190,11 +203,10 @@ async def _replay_one(
                     len(_encoder.encode(i)) for i in items[prefix.item_count :]
                 )
                 if verify_exact:
-                    if list(items) != trajectory.messages[:index]:
-                        if list(items) != _expected(chat, parsed[:index]):
-                            return fail(
-                                index, _first_difference(items, trajectory.messages[:index])
-                            )
+                    core = _without_assembly(prefix, items)
+                    if core != trajectory.messages[:index]:
+                        if core != _expected(chat, parsed[:index]):
+                            return fail(index, _first_difference(core, trajectory.messages[:index]))
                         normalized += 1
                 else:
                     # The provider's rules apply to the request body, where
@@ -249,6 +261,22 @@ async def _replay_one(
     return None
 
 
+def _without_assembly(
+    prefix: PreparedContext, items: Sequence[NativeContent]
+) -> list[NativeContent]:
+    """OpenAI Chat ``items`` without what an assembly strategy added.
+
+    That is the assembled system prompt (``items[0]``) and the runtime-state
+    call and result, the two items before ``area_start``.
+    """
+    core = list(items)
+    if prefix.state_call_id is not None:
+        del core[prefix.area_start - 2 : prefix.area_start]
+    if prefix.assembled is not None and prefix.assembled.system_prompt is not None:
+        del core[0]
+    return core
+
+
 def _first_difference(items: Sequence[NativeContent], expected: Sequence[Any]) -> str:
     for position, (got, want) in enumerate(zip(items, expected, strict=False)):
         if got != want:
@@ -272,6 +300,9 @@ async def replay(
     load_errors: Sequence[ReplayError] = (),
     on_session: Callable[[], None] | None = None,
     config: RuntimeConfig | None = None,
+    strategy: str | None = None,
+    memory: MemorySource | None = None,
+    scope: TenantScope | None = None,
 ) -> ReplaySummary:
     """Replay ``trajectories`` through one Foundation, ``concurrency`` sessions at a time.
 
@@ -285,6 +316,9 @@ async def replay(
         history_limits: the history bounds (default :data:`REPLAY_LIMITS`:
             no eviction, messages up to 64 MiB).
         load_errors: errors from loading, carried into the summary.
+        strategy: the assembly strategy (``"jit"`` or ``"stratified"``), or None.
+        memory: the memory source the strategy searches (borrowed: not closed).
+        scope: the tenant every session acts for.
         on_session: called on the event loop after each session ends,
             replayed or failed (drives a progress bar).
         config: a host configuration (``turnloom replay --config FILE``):
@@ -298,8 +332,11 @@ async def replay(
         the summary; failed sessions are listed in ``errors``, never raised.
 
     Raises:
-        InputError: ``gateway`` is unknown or not available, or
-            ``concurrency`` is not positive.
+        InputError: ``gateway`` is unknown or not available,
+            ``concurrency`` is not positive, a bad strategy, memory or scope,
+            or ``strategy`` together with ``config`` (the configured plugin
+            builds the manager).
+        UnknownStrategyError: ``strategy`` names no known strategy.
         ConfigError: ``config`` names a plugin that no longer resolves or
             builds no ContextManager.
 
@@ -308,6 +345,7 @@ async def replay(
         records already handed to ``out`` are written.
     """
     get_gateway(gateway)
+    check_tenant_scope(scope)
     if concurrency < 1:
         raise InputError(f"concurrency must be a positive integer, not {concurrency}.")
     limits = history_limits or REPLAY_LIMITS
@@ -321,10 +359,19 @@ async def replay(
     lock = anyio.Lock()
 
     if config is not None:
+        if strategy is not None or memory is not None:
+            raise InputError(
+                "A replay with a config builds its manager with the configured plugin; "
+                "strategy and memory cannot be added to it."
+            )
         manager = build_context_manager(config, gateway=gateway)
     else:
         manager = ContextManager(
-            gateway=gateway, history_limits=limits, max_pending_preparations=max(16, concurrency)
+            gateway=gateway,
+            history_limits=limits,
+            max_pending_preparations=max(16, concurrency),
+            strategy=strategy,
+            memory=memory,
         )
     async with Foundation(manager) as foundation:
 
@@ -341,6 +388,7 @@ async def replay(
                     chat,
                     totals,
                     records.append if out is not None else None,
+                    scope,
                 )
                 if on_session is not None:
                     on_session()
@@ -353,6 +401,7 @@ async def replay(
         async with anyio.create_task_group() as workers:
             for _ in range(min(concurrency, max(1, len(trajectories)))):
                 workers.start_soon(worker)
+        statistics = foundation.manager.statistics()
     errors.extend(e for e in results if e is not None)
     return ReplaySummary(
         sessions=totals.sessions,
@@ -365,4 +414,11 @@ async def replay(
         prepare_p50_ms=percentile(totals.latencies, 50) * 1000,
         prepare_p99_ms=percentile(totals.latencies, 99) * 1000,
         seconds=time.perf_counter() - started,
+        strategy=statistics.assembly.strategy,
+        hydrated_entries=statistics.assembly.entries_total,
+        prefix_reuse=(
+            statistics.prefix.reused_bytes_total / statistics.prefix.bytes_total
+            if statistics.prefix.bytes_total
+            else 1.0
+        ),
     )

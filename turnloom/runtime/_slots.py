@@ -1,0 +1,133 @@
+"""The preparation slots of a ContextManager, shared fairly between tenants.
+
+The rule (documented on :class:`~turnloom.runtime.Foundation`):
+
+1. At most ``capacity`` preparations hold a slot at once.
+2. A tenant (the ``tenant_id`` of a request's ``tenant``) holds at most
+   ``tenant_limit`` slots, so a tenant flooding the queue always leaves
+   ``capacity - tenant_limit`` slots to the others. Requests without a tenant
+   form one bucket that only the capacity bounds (a single-tenant host keeps
+   every slot).
+3. When a slot frees, it goes to the waiting request whose tenant holds the
+   fewest slots (among tenants under their limit); ties go to the request
+   that has waited longest. A new request never overtakes an eligible
+   waiting one.
+
+So a tenant that arrives while another floods waits for at most one
+preparation to settle, not behind the whole flood.
+
+Event-loop only; every method is O(tenants waiting).
+"""
+
+from __future__ import annotations
+
+__all__ = ("FairSlots",)
+
+import itertools
+from collections import deque
+
+import anyio
+import anyio.lowlevel
+
+Tenant = str | None
+
+
+class _Waiter:
+    __slots__ = ("event", "granted", "order", "tenant")
+
+    def __init__(self, tenant: Tenant, order: int) -> None:
+        self.tenant = tenant
+        self.order = order
+        self.event = anyio.Event()
+        self.granted = False
+
+
+class FairSlots:
+    """``capacity`` slots, at most ``tenant_limit`` per tenant, fewest-held tenant first."""
+
+    def __init__(self, capacity: int, tenant_limit: int) -> None:
+        self.capacity = capacity
+        self.tenant_limit = tenant_limit
+        self.free = capacity
+        self.waiting = 0
+        self._held: dict[Tenant, int] = {}
+        self._queues: dict[Tenant, deque[_Waiter]] = {}
+        self._order = itertools.count()
+
+    def held(self, tenant: Tenant) -> int:
+        """Slots ``tenant`` holds now."""
+        return self._held.get(tenant, 0)
+
+    def _limit(self, tenant: Tenant) -> int:
+        return self.capacity if tenant is None else self.tenant_limit
+
+    def _take(self, tenant: Tenant) -> None:
+        self.free -= 1
+        self._held[tenant] = self._held.get(tenant, 0) + 1
+
+    def try_acquire(self, tenant: Tenant) -> bool:
+        """Take a slot at once if the rule allows it now; return whether one was taken."""
+        # Grants are eager, so while a slot is free every waiter is at its limit:
+        # taking it overtakes no eligible waiter.
+        if self.free and self.held(tenant) < self._limit(tenant):
+            self._take(tenant)
+            return True
+        return False
+
+    async def acquire(self, tenant: Tenant) -> None:
+        """Wait for a slot for ``tenant``.
+
+        Cancellation:
+            A cancelled call holds no slot: one granted to it in the meantime
+            is handed to the next waiter.
+        """
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        if self.try_acquire(tenant):
+            await anyio.lowlevel.cancel_shielded_checkpoint()
+            return
+        waiter = _Waiter(tenant, next(self._order))
+        self._queues.setdefault(tenant, deque()).append(waiter)
+        self.waiting += 1
+        try:
+            await waiter.event.wait()
+        except BaseException:
+            if waiter.granted:
+                self.release(tenant)
+            else:
+                queue = self._queues[tenant]
+                queue.remove(waiter)
+                if not queue:
+                    del self._queues[tenant]
+                self.waiting -= 1
+            raise
+
+    def release(self, tenant: Tenant) -> None:
+        """Give back a slot ``tenant`` held; hand it on by the rule."""
+        left = self._held[tenant] - 1
+        if left:
+            self._held[tenant] = left
+        else:
+            del self._held[tenant]
+        self.free += 1
+        self._grant()
+
+    def _grant(self) -> None:
+        while self.free and self._queues:
+            best: deque[_Waiter] | None = None
+            best_key = (0, 0)
+            for tenant, queue in self._queues.items():
+                held = self.held(tenant)
+                if held >= self._limit(tenant):
+                    continue
+                key = (held, queue[0].order)
+                if best is None or key < best_key:
+                    best, best_key = queue, key
+            if best is None:
+                return
+            waiter = best.popleft()
+            if not best:
+                del self._queues[waiter.tenant]
+            self.waiting -= 1
+            self._take(waiter.tenant)
+            waiter.granted = True
+            waiter.event.set()
