@@ -1008,7 +1008,7 @@ class ContextManager:
             As the memory source's search; nothing in the manager changes.
         """
         self._check_open()
-        check_continuation(prefix, (), self._issued)
+        check_continuation(prefix, (), self._issued, self._limits)
         strategy = self._strategy
         if not isinstance(strategy, HydratingStrategy):
             name = strategy.name if strategy is not None else None
