@@ -161,7 +161,7 @@ class SQLiteMemory:
         self._limiter = limiter
         self._lock = threading.Lock()
         if self.path != ":memory:" and not create and not Path(self.path).is_file():
-            raise MemoryStoreError(f"No memory database at {excerpt(self.path)}.")
+            raise MemoryStoreError(f"No memory database at {self.path!r}.")
         try:
             self._connection: sqlite3.Connection | None = sqlite3.connect(
                 self.path, check_same_thread=False, isolation_level=None
@@ -173,7 +173,7 @@ class SQLiteMemory:
                 self._connection.execute(statement)
         except sqlite3.Error as exc:
             raise MemoryStoreError(
-                f"{excerpt(self.path)} is not a usable memory database: {exc}."
+                f"{self.path!r} is not a usable memory database: {exc}."
             ) from exc
 
     # -- lifecycle ---------------------------------------------------------------
@@ -203,7 +203,7 @@ class SQLiteMemory:
 
     def _open(self) -> sqlite3.Connection:
         if self._connection is None:
-            raise MemoryStoreError(f"The memory database {excerpt(self.path)} is closed.")
+            raise MemoryStoreError(f"The memory database {self.path!r} is closed.")
         return self._connection
 
     # -- writing -----------------------------------------------------------------
@@ -275,7 +275,7 @@ class SQLiteMemory:
                     raise
                 connection.execute("COMMIT")
             except sqlite3.Error as exc:
-                raise MemoryStoreError(f"Storing into {excerpt(self.path)} failed: {exc}.") from exc
+                raise MemoryStoreError(f"Storing into {self.path!r} failed: {exc}.") from exc
         return [entry_id for entry_id, _ in rows]
 
     @staticmethod
@@ -328,7 +328,7 @@ class SQLiteMemory:
                     .fetchone()
                 )
             except sqlite3.Error as exc:
-                raise MemoryStoreError(f"Reading {excerpt(self.path)} failed: {exc}.") from exc
+                raise MemoryStoreError(f"Reading {self.path!r} failed: {exc}.") from exc
         return int(row[0])
 
     def search_fts(self, expression: str, *, scope: TenantScope, top_k: int) -> list[MemoryEntry]:
@@ -358,9 +358,9 @@ class SQLiteMemory:
                         f"The FTS5 query {excerpt(expression[:64])} is malformed: {exc}.",
                         query=expression[:64],
                     ) from exc
-                raise MemoryStoreError(f"Searching {excerpt(self.path)} failed: {exc}.") from exc
+                raise MemoryStoreError(f"Searching {self.path!r} failed: {exc}.") from exc
             except sqlite3.Error as exc:
-                raise MemoryStoreError(f"Searching {excerpt(self.path)} failed: {exc}.") from exc
+                raise MemoryStoreError(f"Searching {self.path!r} failed: {exc}.") from exc
         return [
             MemoryEntry(id=entry_id, text=text, source=source, score=-float(rank))
             for entry_id, text, source, rank in rows

@@ -102,7 +102,7 @@ def run_memory(args: argparse.Namespace) -> int:
             with SQLiteMemory(args.db) as memory:
                 stored = sum(add_texts(memory, scope, texts, source) for source, texts in batches)
                 total = memory.count(scope)
-            print(f"stored {stored} entries; tenant {excerpt(args.tenant)} holds {total}.")
+            print(f"stored {stored} entries; tenant {args.tenant!r} holds {total}.")
             return 0
         with SQLiteMemory(args.db, create=False) as memory:
             if args.text:
