@@ -109,9 +109,10 @@ _WRITES = NativeKeys(
     message=frozenset({"type", "role", "id", "status", "content"}),
     text=frozenset({"type", "text"}),
     image=frozenset({"type", "image_url", "detail"}),
-    tool_call=frozenset({"type", "call_id", "name", "arguments"}),
-    tool_result=frozenset({"type", "call_id", "output"}),
-    reasoning=frozenset({"type", "id", "summary", "encrypted_content"}),
+    # "role" too: an input item with a role is a message, whatever its type.
+    tool_call=frozenset({"type", "call_id", "name", "arguments", "role"}),
+    tool_result=frozenset({"type", "call_id", "output", "role"}),
+    reasoning=frozenset({"type", "id", "summary", "encrypted_content", "role"}),
     hints={
         "content": ("list",),
         "keep_blank": "flag",
