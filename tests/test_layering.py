@@ -1,7 +1,8 @@
 """Layering rules of DESIGN.md, checked on the source.
 
 Imports point down: ``context`` (synchronous, pure) <- ``areas`` <- ``runtime``
-(async) <- ``tools`` <- ``cli``. Every import of every module is resolved to
+(async) <- ``tools`` <- ``cli``; ``stores`` (I/O adapters) sit under
+``runtime``, which defines their protocols. Every import of every module is resolved to
 its full dotted name (relative imports against the module's own package, and
 imports under ``if TYPE_CHECKING`` included), so a rule on
 ``turnloom.runtime`` catches ``from ..runtime import x`` as well as
@@ -83,6 +84,26 @@ def test_the_context_layer_imports_no_event_loop_and_nothing_above_it() -> None:
 def test_areas_import_only_the_context_layer() -> None:
     forbidden = (*EVENT_LOOPS, "turnloom.runtime", "turnloom.tools", "turnloom.cli")
     assert _offenders("areas", forbidden) == {}
+
+
+def test_stores_import_nothing_above_them() -> None:
+    """Stores are adapters behind the runtime's protocols: they never import the runtime."""
+    forbidden = ("turnloom.runtime", "turnloom.areas", "turnloom.tools", "turnloom.cli")
+    assert _offenders("stores", forbidden) == {}
+
+
+def test_the_lower_layers_never_import_the_stores() -> None:
+    assert _offenders("context", ("turnloom.stores",)) == {}
+    assert _offenders("areas", ("turnloom.stores",)) == {}
+
+
+def test_only_the_stores_talk_to_redis_and_sqlite() -> None:
+    users = {
+        str(p.relative_to(PACKAGE)).split("/")[0]
+        for p in PACKAGE.rglob("*.py")
+        if any(_under(n, ("redis", "sqlite3")) for n in imported_modules(p))
+    }
+    assert users == {"stores"}
 
 
 def test_the_runtime_never_imports_the_command_line_jobs() -> None:

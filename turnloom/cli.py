@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import textwrap
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO, NoReturn, TextIO, TypeVar
@@ -31,12 +32,13 @@ from turnloom import __version__
 from turnloom.context.gateway import GatewayType, get_gateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.memory import TenantScope, check_tenant_scope
-from turnloom.errors import ConfigError, InputError, TurnloomError, excerpt
+from turnloom.errors import ConfigError, InputError, StoreError, TurnloomError, excerpt
 from turnloom.runtime.assembly import STRATEGIES
 from turnloom.runtime.config import RuntimeConfig, load_config
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.metrics import MetricsServer, serve_metrics
 from turnloom.stores import SQLiteMemory
+from turnloom.tools.fleet import run_fleet
 from turnloom.tools.loadtest import LoadtestReport, count_model_calls, loadtest
 from turnloom.tools.memory import add_memory_parser, run_memory
 from turnloom.tools.replay import REPLAY_LIMITS, ReplaySummary, replay
@@ -238,6 +240,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     lt.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON")
     _add_run_options(lt)
+    lt.add_argument(
+        "--store",
+        metavar="URL",
+        help="keep sessions in a durable store: sqlite:PATH or redis://HOST:PORT/DB "
+        "(every commit is flushed before its prepare)",
+    )
+    lt.add_argument(
+        "--processes",
+        type=_positive,
+        default=1,
+        help="spread the sessions over N processes (sharing --store) and add them up (1)",
+    )
+    lt.add_argument("--first-session", type=int, default=0, help=argparse.SUPPRESS)
+    lt.add_argument("--run-id", default=None, help=argparse.SUPPRESS)
     add_memory_parser(commands)
     return parser
 
@@ -492,6 +508,48 @@ def _print_report(report: LoadtestReport, out: TextIO) -> None:
         f"evictions: {report.evicted_turns} turns",
         file=out,
     )
+    if report.store:
+        print(f"store: {report.store}  lease takeovers: {report.takeovers}", file=out)
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    common = ["--turns", str(args.turns), "--source", args.source, "--gateway", args.gateway]
+    common += ["--backend", args.backend]
+    if args.config is not None:
+        common += ["--config", str(args.config)]
+    if args.store is not None:
+        common += ["--store", args.store]
+    try:
+        report = run_fleet(
+            common,
+            processes=args.processes,
+            sessions=args.sessions,
+            run_id=args.run_id or f"{uuid.uuid4().hex[:8]}:",
+        )
+    except InputError as exc:
+        raise _Refused(str(exc)) from None
+    print(
+        f"processes: {report.processes}  sessions: {report.sessions}  failed: "
+        f"{report.sessions_failed}  turns: {report.turns}  prepares: {report.prepares}",
+        file=sys.stdout,
+    )
+    print(
+        f"throughput: {report.prepares_per_second:.0f} prepares/s  wall: {report.seconds:.2f} s"
+        f"  store: {report.store or 'off'}  lease takeovers: {report.takeovers}",
+        file=sys.stdout,
+    )
+    print(
+        f"prepare latency (worst process): p50 {report.prepare_p50_ms:.2f} ms  "
+        f"p99 {report.prepare_p99_ms:.2f} ms  event-loop lag max {report.loop_lag_max_ms:.2f} ms",
+        file=sys.stdout,
+    )
+    rss = "  ".join(f"{b / 2**20:.1f}" for b in report.peak_rss_bytes)
+    print(f"peak RSS per process: {rss} MiB", file=sys.stdout)
+    for message in report.errors:
+        print(f"turnloom loadtest: error: {message}", file=sys.stderr)
+    if args.json is not None:
+        args.json.write_bytes(msgspec.json.format(msgspec.json.encode(report)) + b"\n")
+    return 1 if report.sessions_failed else 0
 
 
 def _loadtest(args: argparse.Namespace) -> int:
@@ -500,6 +558,8 @@ def _loadtest(args: argparse.Namespace) -> int:
     problems = _check_run_options(args) + _check_output("--json", args.json, paths)
     if problems:
         raise _Refused(*problems)
+    if args.processes > 1:
+        return _fleet(args)
     config = _load_config(args)
     errors: list[ReplayError] = []
     if source is None:
@@ -543,8 +603,13 @@ def _loadtest(args: argparse.Namespace) -> int:
                 on_model_call=lambda: bar.update(),
                 on_open=on_open,
                 config=config,
+                store=args.store,
+                first_session=args.first_session,
+                run_id=args.run_id or (f"{uuid.uuid4().hex[:8]}:" if args.store else ""),
             ),
         )
+    except (InputError, StoreError) as exc:
+        raise _Refused(str(exc)) from None
     finally:
         bar.close()
         for server in servers:

@@ -18,6 +18,13 @@ The subclasses are grouped by how a caller reacts:
   serve the turn without memory.
 * :class:`MissingDependencyError` -- an optional feature needs a package that
   is not installed; install the named extra.
+* :class:`LeaseError` (a :class:`StateError`) -- a context is owned by another
+  host, or this host's ownership ended; claim it again (which restores it from
+  the store) or leave it to its owner.
+* :class:`StoreError` -- the durable context store failed: unreachable after a
+  bounded retry (:class:`StoreUnavailableError`, try again later; nothing
+  acknowledged was lost), or a stored record cannot be decoded
+  (:class:`StoreRecordError`, the context cannot be restored).
 
 Lifecycle errors that mirror anyio's (a closed Foundation) live in
 ``turnloom.runtime`` so that this module, which ``turnloom.context`` imports,
@@ -42,15 +49,22 @@ __all__ = (
     "InvalidMessageError",
     "InvalidTextError",
     "ItemTooLargeError",
+    "LeaseError",
+    "LeaseHeldError",
     "MemoryQueryError",
     "MemoryStoreError",
     "MissingDependencyError",
+    "NotClaimedError",
     "OpenToolCallError",
     "OutOfOrderTurnError",
     "PositionalScopeError",
     "ProviderRuleError",
     "QueueFullError",
+    "StaleLeaseError",
     "StateError",
+    "StoreError",
+    "StoreRecordError",
+    "StoreUnavailableError",
     "TurnTooLargeError",
     "TurnloomError",
     "UnknownAreaError",
@@ -393,6 +407,61 @@ class MissingDependencyError(TurnloomError, ImportError):
         super().__init__(message)
         self.package = package
         self.extra = extra
+
+
+class LeaseError(StateError):
+    """A context's ownership does not allow the call (durable stores only).
+
+    Attributes:
+        context_id: the context.
+    """
+
+    def __init__(self, message: str, *, context_id: str) -> None:
+        super().__init__(message)
+        self.context_id = context_id
+
+
+class LeaseHeldError(LeaseError):
+    """Another owner holds the context's lease and it has not expired."""
+
+
+class StaleLeaseError(LeaseError):
+    """This owner's lease of the context is no longer current.
+
+    The store refused a write carrying an old fencing token (the lease expired
+    and another owner acquired it), or a renewal found the lease gone. What
+    this owner wrote before is kept; what it had not yet written was refused.
+    """
+
+
+class NotClaimedError(LeaseError):
+    """A manager with a durable store was asked to change a context it has not claimed."""
+
+
+class StoreError(TurnloomError):
+    """The durable context store failed."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store could not be reached within the bounded retry.
+
+    Nothing acknowledged was lost; writes not yet acknowledged stay queued and
+    are retried by the next flush.
+    """
+
+
+class StoreRecordError(StoreError):
+    """A stored record of a context cannot be decoded (corrupt, or a newer schema).
+
+    Attributes:
+        context_id: the context whose record failed.
+        index: the record's position in the context's log (0 is the oldest).
+    """
+
+    def __init__(self, message: str, *, context_id: str, index: int) -> None:
+        super().__init__(message)
+        self.context_id = context_id
+        self.index = index
 
 
 class UnknownStrategyError(InputError, LookupError):

@@ -1381,6 +1381,39 @@ class TurnHistory:
         """True when ``turn_id`` was committed and has since been evicted (and is remembered)."""
         return turn_id in self._evicted_ids
 
+    @property
+    def sequence(self) -> int | None:
+        """The sequence of the newest turn committed with one, or None."""
+        return self._sequence
+
+    @property
+    def evicted_ids(self) -> tuple[str, ...]:
+        """The remembered evicted turn ids, oldest first."""
+        return tuple(self._evicted_ids)
+
+    def remember_evicted(self, turn_ids: Sequence[str]) -> None:
+        """Remember turn ids as evicted without ever holding them (restoring a checkpoint).
+
+        Afterwards they behave as turns this history evicted itself: late
+        outputs for them are dropped and counted, and their ids cannot be
+        committed again. Only the newest ``remember_evicted`` ids are kept.
+
+        Raises:
+            InvalidMessageError: a malformed id.
+            DuplicateIdError: an id is a turn this history holds; nothing changed.
+        """
+        for turn_id in turn_ids:
+            check_id(turn_id, "turn id")
+            if self.has_turn(turn_id):
+                raise DuplicateIdError(
+                    f"Turn {excerpt(turn_id)} is held by this history; it cannot be "
+                    f"remembered as evicted."
+                )
+        for turn_id in turn_ids:
+            self._evicted_ids[turn_id] = None
+        while len(self._evicted_ids) > self._remember:
+            self._evicted_ids.popitem(last=False)
+
     def view(self) -> HistoryView:
         """An immutable view of the history as it is now, in O(1)."""
         view = self._view

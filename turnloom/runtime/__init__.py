@@ -41,6 +41,7 @@ __all__ = (
     "PreparationStatistics",
     "PreparedContext",
     "RuntimeConfig",
+    "StoreStatistics",
     "StrategyOptions",
     "StratifiedStrategy",
     "TurnSnapshot",
@@ -99,6 +100,7 @@ from turnloom.runtime.schemas import (
     PrefixStatistics,
     PreparationStatistics,
     PreparedContext,
+    StoreStatistics,
     TurnSnapshot,
 )
 from turnloom.runtime.state import STATE_TOOL_NAME, state_call_id, state_tool_definition

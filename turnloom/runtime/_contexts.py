@@ -3,17 +3,20 @@
 Synchronous (a turn's assembly holds one anyio event): every change to a
 history (commit, record, eviction, removal) goes through :class:`ContextTable`, which keeps the
 running totals of :class:`~turnloom.runtime._counters.Counters` in step with
-it. Checking the input is the caller's job (``_door``); the table enforces
-only what the history and the in-flight model call decide.
+it, and hands each change to its ``log`` hook (the durable store's writer,
+see ``_durable``) as a record, in the order the changes happened. Checking
+the input is the caller's job (``_door``); the table enforces only what the
+history and the in-flight model call decide.
 """
 
 from __future__ import annotations
 
 __all__ = ("ContextState", "ContextTable", "TurnAssembly")
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import anyio
+import msgspec
 
 from turnloom.context.area import ContextAreaImplementation
 from turnloom.context.gateway import Gateway, NativeContent
@@ -32,6 +35,13 @@ from turnloom.errors import (
 )
 from turnloom.runtime._area_section import AreaSection, SectionResult, answer_routed_calls
 from turnloom.runtime._counters import Counters
+from turnloom.runtime._records import (
+    OutputsRecorded,
+    Record,
+    TurnCommitted,
+    TurnRetracted,
+    TurnsEvicted,
+)
 from turnloom.runtime._render import DeliveredPrefix
 from turnloom.runtime.assembly import AssembledContext
 from turnloom.runtime.schemas import TurnSnapshot
@@ -56,9 +66,10 @@ class TurnAssembly:
 class ContextState:
     """One context: its history, the model call in flight, its last prefix, its areas."""
 
-    __slots__ = ("areas", "assembly", "history", "in_flight", "last")
+    __slots__ = ("areas", "assembly", "context_id", "history", "in_flight", "last")
 
-    def __init__(self, history: TurnHistory) -> None:
+    def __init__(self, context_id: str, history: TurnHistory) -> None:
+        self.context_id = context_id
         self.history = history
         self.in_flight: str | None = None  # the turn id of the model call in flight
         self.last: DeliveredPrefix | None = None  # the last delivered prefix
@@ -69,7 +80,15 @@ class ContextState:
 class ContextTable:
     """The contexts of one manager, by id, in creation order."""
 
-    __slots__ = ("_counters", "_gateway", "_limits", "_token_counter", "contexts")
+    __slots__ = (
+        "_counters",
+        "_empty",
+        "_gateway",
+        "_limits",
+        "_token_counter",
+        "contexts",
+        "log",
+    )
 
     def __init__(
         self,
@@ -82,7 +101,10 @@ class ContextTable:
         self._token_counter = token_counter
         self._gateway = gateway
         self._counters = counters
+        self._empty = TurnHistory(limits).statistics()
         self.contexts: dict[str, ContextState] = {}
+        # Called with every change of a history, in order (a durable store's writer).
+        self.log: Callable[[str, Record], None] | None = None
 
     def get(self, context_id: str) -> ContextState:
         """The context ``context_id``.
@@ -155,7 +177,19 @@ class ContextTable:
             sequence=snapshot.sequence,
         )
         if state is None:
-            state = self.contexts[context_id] = ContextState(history)
+            state = self.contexts[context_id] = ContextState(context_id, history)
+        if self.log is not None:
+            self.log(
+                context_id,
+                TurnCommitted(
+                    turn_id=snapshot.turn_id,
+                    input=tuple(snapshot.input),
+                    instructions=(
+                        tuple(snapshot.instructions) if snapshot.instructions is not None else None
+                    ),
+                    sequence=snapshot.sequence,
+                ),
+            )
         self._evict(state)
         self._counters.history_changed(before, history.statistics())
 
@@ -181,6 +215,8 @@ class ContextTable:
             return 0
         before = state.history.statistics()
         recorded = state.history.record(turn_id, outputs, serial=serial)
+        if recorded and self.log is not None:
+            self.log(state.context_id, OutputsRecorded(turn_id=turn_id, outputs=tuple(outputs)))
         self._evict(state)
         self._counters.history_changed(before, state.history.statistics())
         return recorded
@@ -194,7 +230,9 @@ class ContextTable:
     def _evict(self, state: ContextState) -> None:
         # Safe point only: never while a model call is in flight.
         if state.in_flight is None and state.history.over_limits():
-            state.history.evict()
+            evicted = state.history.evict()
+            if evicted and self.log is not None:
+                self.log(state.context_id, TurnsEvicted(turn_ids=evicted))
 
     def begin_call(self, context_id: str, turn_id: str) -> ContextState:
         """Mark a model call of ``turn_id`` as in flight; return the context.
@@ -244,6 +282,8 @@ class ContextTable:
             )
         before = state.history.statistics()
         state.history.retract(turn_id)
+        if self.log is not None:
+            self.log(context_id, TurnRetracted(turn_id=turn_id))
         self._counters.history_changed(before, state.history.statistics())
 
     def remove(self, context_id: str) -> None:
@@ -261,6 +301,29 @@ class ContextTable:
             )
         self._forget(state)
         del self.contexts[context_id]
+
+    def install(self, context_id: str, history: TurnHistory | None) -> None:
+        """Replace a context's in-memory state by a restored history (None: no state)."""
+        self.unload(context_id)
+        if history is not None:
+            self.contexts[context_id] = ContextState(context_id, history)
+            # Held now; what the history counted before it was stored was
+            # counted by the manager that counted it.
+            held = msgspec.structs.replace(
+                history.statistics(),
+                evicted_turns=0,
+                evicted_items=0,
+                evicted_bytes=0,
+                dropped_late_outputs=0,
+                dropped_blank_outputs=0,
+            )
+            self._counters.history_changed(self._empty, held)
+
+    def unload(self, context_id: str) -> None:
+        """Drop a context's in-memory state, if any (it stays in the durable store)."""
+        state = self.contexts.pop(context_id, None)
+        if state is not None:
+            self._forget(state)
 
     def release(self) -> None:
         """Forget every context (closing)."""

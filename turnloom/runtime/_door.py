@@ -7,10 +7,14 @@ from :mod:`turnloom.errors` before any state changes; none touches a context.
 from __future__ import annotations
 
 __all__ = (
+    "DEFAULT_IDLE_AFTER",
+    "DEFAULT_LEASE_TTL",
     "DEFAULT_MAX_PENDING_PREPARATIONS",
+    "DurableOptions",
     "FoundationOptions",
     "ManagerOptions",
     "check_continuation",
+    "check_durable_options",
     "check_foundation_options",
     "check_manager_options",
     "check_outputs",
@@ -22,7 +26,9 @@ __all__ = (
 )
 
 import math
+import uuid
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import msgspec
 
@@ -62,11 +68,38 @@ from turnloom.runtime.state import (
     is_state_message,
     state_call_id,
 )
+from turnloom.runtime.store import ContextStore
 
 _encoder = msgspec.json.Encoder()
 
 DEFAULT_MAX_PENDING_PREPARATIONS = 16
 """The default bound on pending preparations of a ContextManager."""
+
+DEFAULT_LEASE_TTL = 10.0
+"""The default lifetime of a context's lease, in seconds."""
+
+DEFAULT_IDLE_AFTER = 300.0
+"""The default disuse, in seconds, after which a held context leaves memory."""
+
+
+class DurableOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """The checked store options of a ContextManager (see :class:`~turnloom.runtime.Foundation`).
+
+    Attributes:
+        store: the :class:`~turnloom.runtime.store.ContextStore`.
+        owner: this manager's name in leases.
+        lease_ttl: seconds a lease lasts unless renewed.
+        idle_after: seconds of disuse after which a context leaves memory.
+        history_limits: the history limits (a restore rebuilds with them).
+        token_counter: the token counter (a restore counts with it).
+    """
+
+    store: Any
+    owner: str
+    lease_ttl: float
+    idle_after: float
+    history_limits: HistoryLimits
+    token_counter: Any
 
 
 class ManagerOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -79,6 +112,7 @@ class ManagerOptions(msgspec.Struct, frozen=True, kw_only=True):
     open_calls: OpenCallPolicy
     tenant_limit: int
     token_counter: TokenCounter
+    durable: DurableOptions | None = None
     strategy: AssemblyStrategy | None = None
 
 
@@ -189,6 +223,66 @@ def check_foundation_options(
         manager=manager,
         worker_threads=worker_threads,
         close_grace_period=float(close_grace_period),
+    )
+
+
+def _seconds(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and not math.isnan(value)
+        and value > 0
+    )
+
+
+def check_durable_options(
+    *,
+    store: object,
+    lease_ttl: float,
+    idle_after: float,
+    owner: str | None,
+    history_limits: HistoryLimits,
+    token_counter: TokenCounter,
+) -> DurableOptions | None:
+    """Validate the store options of a Foundation; None when there is no store.
+
+    Raises:
+        InputError: ``store`` is not a ContextStore (a URL string included:
+            the runtime never opens stores), a time that is not a positive
+            number of seconds (``idle_after`` may be ``math.inf``;
+            ``lease_ttl`` must be finite), or a malformed owner.
+    """
+    if store is None:
+        return None
+    if not (_seconds(lease_ttl) and math.isfinite(lease_ttl)):
+        raise InputError(
+            f"lease_ttl must be a positive number of seconds, not {excerpt(lease_ttl)}."
+        )
+    if not _seconds(idle_after):
+        raise InputError(
+            f"idle_after must be a positive number of seconds, not {excerpt(idle_after)}."
+        )
+    if owner is None:
+        owner = f"turnloom-{uuid.uuid4().hex}"
+    elif not isinstance(owner, str) or not owner or " " in owner or len(owner) > 256:
+        raise InputError(
+            f"owner must be a non-empty str without spaces, at most 256 characters, not "
+            f"{excerpt(owner)}."
+        )
+    if isinstance(store, str):
+        raise InputError(
+            f"store must be a ContextStore, not the URL {excerpt(store[:80])}: open it with "
+            "'async with turnloom.stores.open_context_store(url) as store'."
+        )
+    if not isinstance(store, ContextStore):
+        raise InputError(f"store must be a ContextStore, not a {type(store).__name__}.")
+    return DurableOptions(
+        store=store,
+        owner=owner,
+        lease_ttl=float(lease_ttl),
+        idle_after=float(idle_after),
+        history_limits=history_limits,
+        token_counter=token_counter,
     )
 
 

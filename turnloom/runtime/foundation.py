@@ -17,7 +17,9 @@ Closing order (:meth:`Foundation.aclose`), the seed's lifecycle:
    with :class:`FoundationClosedError`; preparations still waiting for their
    turn's commit fail with it at once). A preparation that is rendering in a
    worker thread is not abandoned: its thread finishes first.
-4. Close the manager: ``record`` raises :class:`FoundationClosedError`;
+4. With a durable store: write what is queued (within the grace period) and
+   release every lease; the store itself stays open (its opener closes it).
+5. Close the manager: ``record`` raises :class:`FoundationClosedError`;
    histories are released, each context's final history staying readable
    through :meth:`ContextManager.history`; no worker thread holds a token of
    the limiter.
@@ -44,9 +46,15 @@ from turnloom.context.memory import MemorySource
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.tokens import TokenCounter
 from turnloom.errors import InputError, StateError
-from turnloom.runtime._door import DEFAULT_MAX_PENDING_PREPARATIONS, check_foundation_options
+from turnloom.runtime._door import (
+    DEFAULT_IDLE_AFTER,
+    DEFAULT_LEASE_TTL,
+    DEFAULT_MAX_PENDING_PREPARATIONS,
+    check_foundation_options,
+)
 from turnloom.runtime.assembly import AssemblyStrategy, StrategyOptions
 from turnloom.runtime.manager import ContextManager
+from turnloom.runtime.store import ContextStore
 
 
 class Foundation:
@@ -64,10 +72,14 @@ class Foundation:
             arguments below.
         gateway, max_pending_preparations, history_limits, behavior_rules,
             open_calls, token_counter, strategy, memory, strategy_options,
-            max_tenant_preparations: the manager's options when ``manager``
-            is None (see :class:`ContextManager`: assembly strategies, the
-            borrowed memory source, per-tenant fairness of slots); they may
-            not be given with ``manager``.
+            max_tenant_preparations, store, lease_ttl, idle_after, owner: the
+            manager's options when ``manager`` is None (see
+            :class:`ContextManager`: assembly strategies, the borrowed memory
+            source, per-tenant fairness of slots, the durable context store);
+            they may not be given with ``manager``. ``store`` keeps contexts
+            durably: a :class:`~turnloom.runtime.store.ContextStore` (open
+            one with ``turnloom.stores.open_context_store(url)``; default
+            None: memory only).
         worker_threads: the most worker threads rendering at once (default 4).
         close_grace_period: seconds :meth:`aclose` lets pending preparations
             settle before cancelling them (default 5.0; ``math.inf`` waits).
@@ -90,7 +102,8 @@ class Foundation:
         InputError: a bound is not positive, ``history_limits`` is not a
             :class:`HistoryLimits`, an unknown gateway or policy, ``manager``
             is not a ContextManager, ``manager`` is given together with a
-            manager option, or ``clock`` is not callable.
+            manager option, ``clock`` is not callable, or a store option is
+            malformed (see :class:`ContextManager`).
         InvalidArgumentError: ``token_counter`` has no ``count`` method.
 
     Exceptions leaving ``async with``: an exception raised in the body (a
@@ -126,6 +139,10 @@ class Foundation:
         memory: MemorySource | None = None,
         strategy_options: StrategyOptions | None = None,
         max_tenant_preparations: int | None = None,
+        store: str | ContextStore | None = None,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+        idle_after: float = DEFAULT_IDLE_AFTER,
+        owner: str | None = None,
     ) -> None:
         if manager is None:
             manager = ContextManager(
@@ -139,6 +156,10 @@ class Foundation:
                 memory=memory,
                 strategy_options=strategy_options,
                 max_tenant_preparations=max_tenant_preparations,
+                store=store,
+                lease_ttl=lease_ttl,
+                idle_after=idle_after,
+                owner=owner,
             )
         elif not isinstance(manager, ContextManager):
             raise InputError(f"manager must be a ContextManager, not a {type(manager).__name__}.")
@@ -160,6 +181,10 @@ class Foundation:
                     ("memory", memory, None),
                     ("strategy_options", strategy_options, None),
                     ("max_tenant_preparations", max_tenant_preparations, None),
+                    ("store", store, None),
+                    ("lease_ttl", lease_ttl, DEFAULT_LEASE_TTL),
+                    ("idle_after", idle_after, DEFAULT_IDLE_AFTER),
+                    ("owner", owner, None),
                 )
                 if value != default
             ]

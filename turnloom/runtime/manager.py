@@ -23,6 +23,11 @@ result is discarded, and only then is the slot freed.
 
 The area section's safe points, threads and reuse are documented on
 :data:`~turnloom.runtime.AreaPass`.
+
+With a durable store (``Foundation(store=...)``), a context is owned through
+a lease (:meth:`ContextManager.claim`), every history change is also queued
+for the store, and :meth:`ContextManager.flush` acknowledges them; the
+module ``_durable`` holds that side.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ import msgspec
 from turnloom.context.area import ContextAreaImplementation
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent
-from turnloom.context.history import HistoryLimits, HistoryView, check_id
+from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory, check_id
 from turnloom.context.interruption import played_prefix
 from turnloom.context.memory import MemorySource
 from turnloom.context.message import Message, ToolCallPart
@@ -65,15 +70,19 @@ from turnloom.runtime._bridge import folded_message, working_context
 from turnloom.runtime._contexts import ContextState, ContextTable, TurnAssembly
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._door import (
+    DEFAULT_IDLE_AFTER,
+    DEFAULT_LEASE_TTL,
     DEFAULT_MAX_PENDING_PREPARATIONS,
     ManagerOptions,
     check_continuation,
+    check_durable_options,
     check_manager_options,
     check_outputs,
     check_request,
     check_routed_item,
     check_snapshot,
 )
+from turnloom.runtime._durable import Durability
 from turnloom.runtime._outputs import OutputStreams
 from turnloom.runtime._queue import Preparation, PreparationQueue
 from turnloom.runtime._render import render_preparation
@@ -94,6 +103,7 @@ from turnloom.runtime.schemas import (
     TurnSnapshot,
 )
 from turnloom.runtime.state import check_time
+from turnloom.runtime.store import ContextStore
 
 
 def _utc_now() -> datetime:
@@ -189,6 +199,19 @@ class ContextManager:
         max_tenant_preparations: the most preparation slots one tenant (the
             ``tenant_id`` of a request's ``tenant``) holds at once; default
             half the capacity, rounded up.
+        store: where contexts are kept durably: None (default: in memory
+            only) or a :class:`~turnloom.runtime.store.ContextStore`, for
+            example ``turnloom.stores.open_context_store("sqlite:PATH")`` or
+            ``("redis://127.0.0.1:6379/0")``. Borrowed: the opener closes it,
+            after the Foundation. With a store, contexts are claimed
+            (:meth:`claim`) and changes are acknowledged by :meth:`flush`.
+        lease_ttl: seconds a context's lease lasts unless renewed (default
+            10.0); it is renewed every third of that while held. After a crash
+            another host can claim the context once it expired.
+        idle_after: seconds after its last use at which a held context leaves
+            memory and its lease is released (default 300.0; ``math.inf``
+            keeps it).
+        owner: this manager's name in leases (default: a random unique one).
 
     Fairness of preparation slots: a tenant holds at most
     ``max_tenant_preparations`` slots, so a tenant flooding the queue leaves
@@ -201,7 +224,9 @@ class ContextManager:
         InputError: a bound is not positive, ``history_limits`` is not a
             :class:`HistoryLimits`, an unknown gateway or policy, behaviour
             rules that are not valid text, ``memory`` or ``strategy_options``
-            without a named strategy, or bad strategy options.
+            without a named strategy, bad strategy options, a store that is
+            not a ContextStore, a non-positive ``lease_ttl`` / ``idle_after``,
+            or a malformed ``owner``.
         UnknownStrategyError: ``strategy`` names no known strategy (``known``
             lists them).
         InvalidArgumentError: ``token_counter`` has no ``count`` method.
@@ -220,6 +245,10 @@ class ContextManager:
         memory: MemorySource | None = None,
         strategy_options: StrategyOptions | None = None,
         max_tenant_preparations: int | None = None,
+        store: str | ContextStore | None = None,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+        idle_after: float = DEFAULT_IDLE_AFTER,
+        owner: str | None = None,
     ) -> None:
         options = check_manager_options(
             gateway=gateway,
@@ -233,6 +262,16 @@ class ContextManager:
             strategy_options=strategy_options,
             max_tenant_preparations=max_tenant_preparations,
         )
+        durable = check_durable_options(
+            store=store,
+            lease_ttl=lease_ttl,
+            idle_after=idle_after,
+            owner=owner,
+            history_limits=options.history_limits,
+            token_counter=options.token_counter,
+        )
+        if durable is not None:
+            options = msgspec.structs.replace(options, durable=durable)
         self._options = options
         self._strategy = options.strategy
         self._gateway = options.gateway
@@ -244,6 +283,7 @@ class ContextManager:
         self._table = ContextTable(
             self._limits, self._gateway, self._counters, options.token_counter
         )
+        self._durable: Durability | None = None  # set by _bind when there is a store
         # id -> prefix, for every prefix prepare returned that is still alive:
         # build continues only these (O(1), no hashing of the items).
         self._issued: weakref.WeakValueDictionary[int, PreparedContext] = (
@@ -286,6 +326,17 @@ class ContextManager:
             self._options.tenant_limit,
         )
         self._outputs = OutputStreams(task_group, self._record_output)
+        if self._options.durable is not None:
+            self._durable = Durability(
+                self._options.durable,
+                limiter,
+                self._table.install,
+                self._table.unload,
+                self._unloadable,
+                self._held_history,
+            )
+            self._table.log = self._durable.log
+            task_group.start_soon(self._durable.run)
 
     def _check_unbound(self) -> None:
         if self._bound:
@@ -438,9 +489,17 @@ class ContextManager:
                 and Gemini); nothing was committed.
             OutOfOrderTurnError: the snapshot's sequence is not newer than the
                 context's previous one.
+            NotClaimedError: with a store, the context is not claimed (see
+                :meth:`claim`).
+            StaleLeaseError: with a store, this manager lost the context's lease.
+
+        Durability: with a store the commit is queued for the store's next
+        batch and is durable once :meth:`flush` returns.
         """
         queue = self._check_open()
         context_id = check_snapshot(snapshot, self._gateway, self._table.history_of)
+        if self._durable is not None:
+            self._durable.check_writable(context_id)
         self._table.commit(context_id, snapshot)
         queue.wake(context_id)
 
@@ -484,8 +543,13 @@ class ContextManager:
             ProviderRuleError: the gateway cannot render a message (for example
                 tool call arguments that are not a JSON object, for Anthropic
                 and Gemini); nothing was recorded.
+            NotClaimedError, StaleLeaseError: as :meth:`accept_turn`.
+
+        Durability: as :meth:`accept_turn`.
         """
         self._check_recording()
+        if self._durable is not None:
+            self._durable.check_writable(context_id)
         state = self._table.get(context_id)
         check_outputs(self._gateway, context_id, turn_id, outputs, state.history)
         return self._table.record(state, turn_id, outputs)
@@ -541,10 +605,13 @@ class ContextManager:
             UnknownTurnError: the turn is not held.
             StateError: the turn is not the newest, outputs were recorded for
                 it, or a model call of the context is in flight.
+            NotClaimedError, StaleLeaseError: as :meth:`accept_turn`.
 
             Nothing changed when any of these is raised.
         """
         self._check_open()
+        if self._durable is not None:
+            self._durable.check_writable(context_id)
         self._table.retract(self._table.get(context_id), context_id, turn_id)
 
     def consume_outputs(
@@ -622,10 +689,109 @@ class ContextManager:
             InvalidMessageError: a malformed context id.
             UnknownContextError: no such context.
             StateError: a model call is in flight for the context.
+            NotClaimedError, StaleLeaseError: as :meth:`accept_turn`.
+
+        With a store, the context's log is deleted from the store and its lease
+        released by the store's next batch (:meth:`flush` waits for it).
         """
         queue = self._check_open()
+        if self._durable is not None:
+            self._durable.check_writable(context_id)
         self._table.remove(context_id)
         queue.wake(context_id)
+        if self._durable is not None:
+            self._durable.forget(context_id)
+
+    # -- durability -----------------------------------------------------------------
+
+    @property
+    def store(self) -> ContextStore | None:
+        """The durable context store, or None when the Foundation has none."""
+        return self._durable.store if self._durable is not None else None
+
+    async def claim(self, context_id: str) -> bool:
+        """Own a context on this host: take its lease and restore it from the store.
+
+        With a store, a context must be claimed before :meth:`accept_turn`,
+        :meth:`record` or :meth:`remove_context` change it; claiming one this
+        manager already holds costs no I/O and marks it used. When the lease
+        is taken, the context's stored log is replayed (in a worker thread)
+        into its history, which then equals the history of the host that
+        wrote it, so the next prepared input equals what that host would have
+        prepared (the area section and the last delivered prefix are not
+        stored). The lease is renewed while the manager holds the context; a
+        context unused for ``idle_after`` seconds leaves memory and its lease
+        is released; claim it again to bring it back. Without a store this
+        only checks the id and returns False.
+
+        Returns:
+            True when the lease was taken by this call, False when it was held.
+
+        Raises:
+            FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: a malformed context id.
+            LeaseHeldError: another owner holds the lease and it has not
+                expired; retry after it expires (``lease_ttl``).
+            StoreRecordError: a stored record of the context does not decode
+                or does not apply; ``index`` names it. The lease was released.
+            StoreUnavailableError: the store cannot be reached.
+
+        Cancellation:
+            A cancelled claim releases the lease it took and leaves the
+            context as it was.
+        """
+        self._check_open()
+        if self._durable is None:
+            check_id(context_id, "context id")
+            return False
+        return await self._durable.claim(context_id)
+
+    async def flush(self, context_id: str | None = None) -> None:
+        """Wait until every change made before the call is in the store.
+
+        Changes (:meth:`accept_turn`, :meth:`record`, evictions,
+        :meth:`remove_context`) are sent to the store in batches by one writer
+        task: one round trip (Redis) or transaction (SQLite) for every change
+        queued since the previous batch, whatever the number of contexts. A
+        change is *acknowledged* once a flush made after it returned: a crash
+        of this process after that never loses it (how durable the store
+        itself is, is the store's own contract: see
+        :class:`~turnloom.stores.SQLiteContextStore`,
+        :class:`~turnloom.stores.RedisContextStore`). A crash before that may
+        lose a tail of each context's unacknowledged changes, never a change
+        in the middle. Without a store it returns at once.
+
+        Args:
+            context_id: raise only this context's refused writes; None raises
+                any context's.
+
+        Raises:
+            InvalidMessageError: a malformed ``context_id``.
+            StaleLeaseError: the store refused a write: another owner holds the
+                context's lease. Its unwritten changes are discarded and it left
+                this manager's memory.
+            StoreUnavailableError: the store stayed unreachable through the
+                writer's bounded retry (about a second); the changes stay queued
+                and the next flush retries them.
+
+        Cancellation:
+            The queued changes stay queued; the writer still writes them.
+        """
+        if self._durable is not None:
+            await self._durable.flush(context_id)
+
+    @property
+    def takeovers(self) -> int:
+        """Claims that restored a context from the store (0 without a store)."""
+        return self._durable.takeovers if self._durable is not None else 0
+
+    def _held_history(self, context_id: str) -> TurnHistory | None:
+        state = self._table.contexts.get(context_id)
+        return state.history if state is not None else None
+
+    def _unloadable(self, context_id: str) -> bool:
+        state = self._table.contexts.get(context_id)
+        return state is None or state.in_flight is None
 
     # -- areas -------------------------------------------------------------------
 
@@ -863,6 +1029,8 @@ class ContextManager:
         """The work of one owned preparation: wait, capture, render, deliver, count."""
         request = preparation.request
         state = await self._wait_for_turn(preparation)
+        if self._durable is not None:
+            self._durable.touch(request.context_id)
         # Capture once: an immutable view and the request's state, its time included.
         view = state.history.view()
         perception = request.perception
@@ -1186,7 +1354,11 @@ class ContextManager:
                 if outputs is not None:
                     await outputs.aclose(grace_period)
             finally:
-                await queue.aclose(max(0.0, deadline - anyio.current_time()))
+                try:
+                    await queue.aclose(max(0.0, deadline - anyio.current_time()))
+                finally:
+                    if self._durable is not None:
+                        await self._durable.aclose(grace_period)
         finally:
             self._closed = True
             self._final = {cid: state.history.view() for cid, state in self._table.contexts.items()}
@@ -1203,7 +1375,7 @@ class ContextManager:
         values from two adjacent moments.
         """
         queue = self._queue
-        return self._counters.snapshot(
+        snapshot = self._counters.snapshot(
             closed=self._closing,
             contexts=len(self._table.contexts),
             capacity=self._options.max_pending_preparations,
@@ -1212,3 +1384,6 @@ class ContextManager:
             waiting_for_turn=queue.waiting_for_turn if queue is not None else 0,
             outputs=self._outputs.statistics() if self._outputs is not None else OutputStatistics(),
         )
+        if self._durable is not None:
+            snapshot = msgspec.structs.replace(snapshot, store=self._durable.statistics())
+        return snapshot

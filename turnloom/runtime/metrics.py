@@ -74,7 +74,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from turnloom.runtime.schemas import ManagerStatistics
+from turnloom.runtime.schemas import ManagerStatistics, StoreStatistics
 
 
 def _buckets(bounds: tuple[float, ...], counts: tuple[int, ...]) -> list[tuple[str, float]]:
@@ -246,6 +246,8 @@ class ManagerCollector(Collector):
             "Output stream records recorded by the close's drain.",
             s.outputs.drained_total,
         )
+        if s.store is not None:
+            yield from _store_metrics(s.store)
         a = s.assembly
         if a.strategy is None:
             return
@@ -279,6 +281,28 @@ class ManagerCollector(Collector):
         )
         latency.add_metric(label, _buckets(a.bounds, a.latency_counts), sum_value=a.latency_sum)
         yield latency
+
+
+def _store_metrics(store: StoreStatistics) -> Iterator[Metric]:
+    yield GaugeMetricFamily(
+        "turnloom_store_contexts_claimed", "Contexts whose lease is held.", store.claimed
+    )
+    yield GaugeMetricFamily(
+        "turnloom_store_pending_records",
+        "Changes logged and not yet written to the store.",
+        store.pending_records,
+    )
+    for name, text, value in (
+        ("batches", "Write batches sent to the store.", store.batches_total),
+        ("records_written", "Records the store accepted.", store.records_written_total),
+        ("write_failures", "Write batches that failed.", store.write_failures_total),
+        ("claims", "Leases taken.", store.claims_total),
+        ("takeovers", "Claims that restored a stored context.", store.takeovers_total),
+        ("leases_lost", "Leases lost to another owner or expiry.", store.leases_lost_total),
+        ("idle_unloads", "Contexts that left memory idle.", store.idle_unloads_total),
+        ("compactions", "Logs replaced by a checkpoint.", store.compactions_total),
+    ):
+        yield CounterMetricFamily(f"turnloom_store_{name}", text, value)
 
 
 class MetricsServer:

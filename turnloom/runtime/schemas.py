@@ -25,6 +25,7 @@ __all__ = (
     "PrefixStatistics",
     "PreparationStatistics",
     "PreparedContext",
+    "StoreStatistics",
     "TurnSnapshot",
 )
 
@@ -454,6 +455,35 @@ class AssemblyStatistics(msgspec.Struct, frozen=True, kw_only=True):
     latency_sum: float = 0.0
 
 
+class StoreStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """The durable store side of a manager (see ``Foundation(store=...)``).
+
+    Attributes:
+        claimed: contexts whose lease this manager holds.
+        pending_records: changes logged and not yet written to the store.
+        batches_total: write batches sent to the store (appends and forgets).
+        records_written_total: records the store accepted.
+        write_failures_total: batches that failed (store unreachable after
+            the bounded retry); their records stayed queued.
+        claims_total: leases taken by :meth:`~turnloom.runtime.ContextManager.claim`.
+        takeovers_total: claims that restored a stored context.
+        leases_lost_total: leases lost (a refused write or a failed renewal).
+        idle_unloads_total: contexts that left memory idle.
+        compactions_total: logs replaced by a checkpoint of their history.
+    """
+
+    claimed: int
+    pending_records: int
+    batches_total: int
+    records_written_total: int
+    write_failures_total: int
+    claims_total: int
+    takeovers_total: int
+    leases_lost_total: int
+    idle_unloads_total: int
+    compactions_total: int
+
+
 class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """A frozen snapshot of a :class:`~turnloom.runtime.ContextManager`'s counters.
 
@@ -470,6 +500,7 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
         areas: Context Areas attached, passes run, areas collected.
         outputs: output streams consumed and their records.
         assembly: the assembly strategy's counters.
+        store: the durable store side; None without a store.
     """
 
     closed: bool
@@ -482,3 +513,4 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
     areas: AreaStatistics
     outputs: OutputStatistics = msgspec.field(default_factory=OutputStatistics)
     assembly: AssemblyStatistics = AssemblyStatistics()
+    store: StoreStatistics | None = None

@@ -29,6 +29,7 @@ from turnloom.runtime.config import RuntimeConfig, build_context_manager
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.manager import ContextManager
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
+from turnloom.stores import open_context_store
 from turnloom.tools._stats import peak_rss_bytes, percentile
 from turnloom.tools.trajectories import ReplayError, Trajectory, check_trajectory
 from turnloom.tools.transcript import Reply, Turn, snapshot, walk
@@ -60,6 +61,11 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
         rejections: ``prepare_nowait`` calls refused because the queue was full.
         evicted_turns: turns evicted from histories.
         errors: the first few error messages.
+        store: the store URL sessions were kept in (``""``: memory only). With
+            a store each session claims its context, every turn's commit is
+            acknowledged by a flush before its prepare, and the context is
+            removed from the store when the session ends.
+        takeovers: claims that restored a context another owner had stored.
     """
 
     sessions: int
@@ -80,6 +86,8 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
     rejections: int
     evicted_turns: int
     errors: tuple[str, ...]
+    store: str = ""
+    takeovers: int = 0
 
 
 def count_model_calls(
@@ -116,6 +124,9 @@ async def loadtest(
     on_model_call: Callable[[], None] | None = None,
     on_open: Callable[[Foundation], None] | None = None,
     config: RuntimeConfig | None = None,
+    store: str | None = None,
+    first_session: int = 0,
+    run_id: str = "",
 ) -> LoadtestReport:
     """Run ``sessions`` concurrent sessions over ``trajectories`` (cycled).
 
@@ -135,6 +146,14 @@ async def loadtest(
             the manager is built from its ``context`` section before the
             Foundation is bound; ``history_limits`` and
             ``max_pending_preparations`` are not used.
+        store: a store URL (``sqlite:PATH``, ``redis://HOST:PORT/DB``) to keep
+            the sessions in, opened here and closed after the run; see
+            :attr:`LoadtestReport.store`.
+        first_session: the number of the first session (several processes
+            share one workload: process ``k`` runs sessions
+            ``first_session .. first_session + sessions - 1``).
+        run_id: prefixed to every context id, so runs sharing a store never
+            meet.
 
     Returns:
         the report.
@@ -153,14 +172,8 @@ async def loadtest(
         raise InputError("loadtest needs at least one trajectory.")
     if sessions < 1:
         raise InputError(f"sessions must be a positive integer, not {sessions}.")
-    if config is not None:
-        manager = build_context_manager(config, gateway=gateway)
-    else:
-        manager = ContextManager(
-            gateway=gateway,
-            history_limits=history_limits,
-            max_pending_preparations=max_pending_preparations,
-        )
+    if config is not None and store is not None:
+        raise InputError("loadtest takes a store or a config, not both.")
     scripts: list[list[Message]] = []
     for trajectory in trajectories:
         parsed = check_trajectory(trajectory)
@@ -179,8 +192,18 @@ async def loadtest(
         else:
             gc_pauses.append((info["generation"], time.perf_counter() - gc_started[0]))
 
+    opened = open_context_store(store) if store is not None else None
     gc.callbacks.append(on_gc)
     try:
+        if config is not None:
+            manager = build_context_manager(config, gateway=gateway)
+        else:
+            manager = ContextManager(
+                gateway=gateway,
+                history_limits=history_limits,
+                max_pending_preparations=max_pending_preparations,
+                store=opened,
+            )
         return await _run(
             scripts,
             sessions=sessions,
@@ -188,12 +211,18 @@ async def loadtest(
             manager=manager,
             on_model_call=on_model_call,
             on_open=on_open,
+            store=store,
+            first_session=first_session,
+            run_id=run_id,
             latencies=latencies,
             lags=lags,
             gc_pauses=gc_pauses,
         )
     finally:
         gc.callbacks.remove(on_gc)
+        if opened is not None:
+            with anyio.CancelScope(shield=True):
+                await opened.aclose()
 
 
 async def _run(
@@ -204,6 +233,9 @@ async def _run(
     manager: ContextManager,
     on_model_call: Callable[[], None] | None,
     on_open: Callable[[Foundation], None] | None,
+    store: str | None,
+    first_session: int,
+    run_id: str,
     latencies: list[float],
     lags: list[float],
     gc_pauses: list[tuple[int, float]],
@@ -217,17 +249,22 @@ async def _run(
             on_open(foundation)
 
         async def session(number: int) -> None:
+            number += first_session
             script = scripts[number % len(scripts)]
-            context_id = f"session-{number}"
+            context_id = f"{run_id}session-{number}"
             prefix: PreparedContext | None = None
             continuation: list[Message] = []
             turn_id = ""
             try:
+                if store is not None:
+                    await manager.claim(context_id)
                 for step in walk(script, max_turns=turns):
                     if isinstance(step, Turn):
                         turn_id = step.turn_id
                         manager.accept_turn(snapshot(context_id, step))
                         counts["turns"] += 1
+                        if store is not None:
+                            await manager.flush(context_id)  # the commit is acknowledged
                         request = ContextPrepareRequest(context_id=context_id, turn_id=turn_id)
                         begin = time.perf_counter()
                         try:
@@ -256,6 +293,9 @@ async def _run(
                     else:
                         manager.record(context_id, turn_id, [step.message])
                         continuation.append(step.message)
+                if store is not None:
+                    manager.remove_context(context_id)
+                    await manager.flush(context_id)
             except TurnloomError as exc:
                 counts["failed"] += 1
                 if len(errors) < 10:
@@ -275,6 +315,7 @@ async def _run(
                     group.start_soon(session, number)
             stop.set()
         stats = manager.statistics()
+        takeovers = manager.takeovers
     seconds = time.perf_counter() - started
     return LoadtestReport(
         sessions=sessions,
@@ -295,4 +336,6 @@ async def _run(
         rejections=stats.preparations.rejected_total,
         evicted_turns=stats.history.evicted_turns_total,
         errors=tuple(errors),
+        store=store or "",
+        takeovers=takeovers,
     )

@@ -1,0 +1,177 @@
+"""The ContextStore contract, checked on the real SQLite and Redis stores.
+
+Fencing is the store's job: a write with a token that is not the live lease's
+is refused by the store itself (a transaction / a server-side script), not by
+the client. Appends are idempotent by log position, so a retried batch never
+duplicates a record.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from turnloom.errors import InputError, LeaseHeldError, StoreError
+from turnloom.runtime.store import ContextStore
+from turnloom.stores import RedisContextStore, SQLiteContextStore, open_context_store
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_both_stores_satisfy_the_protocol(store_url: str) -> None:
+    store = open_context_store(store_url)
+    try:
+        assert isinstance(store, ContextStore)
+    finally:
+        await store.aclose()
+
+
+async def test_a_lease_is_exclusive_and_tokens_only_grow(store_url: str) -> None:
+    store = open_context_store(store_url)
+    try:
+        first = await store.acquire("c", "host-a", 30.0)
+        with pytest.raises(LeaseHeldError) as caught:
+            await store.acquire("c", "host-b", 30.0)
+        assert caught.value.context_id == "c"
+        assert "host-a" in str(caught.value)
+        again = await store.acquire("c", "host-a", 30.0)  # the holder may take it again
+        await store.release({"c": again})
+        taken = await store.acquire("c", "host-b", 30.0)
+        assert first < again < taken
+        assert await store.acquire("other", "host-a", 30.0) >= 1  # leases are per context
+    finally:
+        await store.aclose()
+
+
+async def test_the_store_refuses_a_write_with_a_stale_token(store_url: str) -> None:
+    """Host A's lease expires, host B takes it; A's write is refused by the store."""
+    store = open_context_store(store_url)
+    try:
+        stale = await store.acquire("c", "host-a", 0.05)
+        assert await store.append([("c", stale, 0, (b"a0",))]) == frozenset()
+        with anyio.fail_after(10):
+            while True:
+                try:
+                    live = await store.acquire("c", "host-b", 30.0)
+                    break
+                except LeaseHeldError:
+                    await anyio.sleep(0.02)
+        refused = await store.append([("c", stale, 1, (b"a1",)), ("d", 99, 0, (b"x",))])
+        assert refused == {"c", "d"}  # "d" was never leased at all
+        assert await store.append([("c", live, 1, (b"b1",))]) == frozenset()
+        assert await store.load("c") == (b"a0", b"b1")
+        assert await store.load("d") == ()
+        assert not await store.forget("c", stale)
+        assert await store.renew({"c": stale}, 30.0) == {"c"}
+        assert await store.renew({"c": live}, 30.0) == frozenset()
+        await store.release({"c": stale})  # a stale release leaves the live lease alone
+        assert await store.append([("c", live, 2, (b"b2",))]) == frozenset()
+        assert await store.load("c") == (b"a0", b"b1", b"b2")
+    finally:
+        await store.aclose()
+
+
+async def test_a_retried_append_never_duplicates(store_url: str) -> None:
+    store = open_context_store(store_url)
+    try:
+        token = await store.acquire("c", "host-a", 30.0)
+        batch = [("c", token, 0, (b"r0", b"r1"))]
+        assert await store.append(batch) == frozenset()
+        assert await store.append(batch) == frozenset()  # the same batch again
+        assert await store.append([("c", token, 1, (b"r1", b"r2"))]) == frozenset()  # overlap
+        assert await store.load("c") == (b"r0", b"r1", b"r2")
+        with pytest.raises(StoreError, match="starts at record 5"):
+            await store.append([("c", token, 5, (b"gap",))])
+        assert await store.load("c") == (b"r0", b"r1", b"r2")
+    finally:
+        await store.aclose()
+
+
+async def test_one_batch_writes_many_contexts_and_forget_deletes_one_log(store_url: str) -> None:
+    store = open_context_store(store_url)
+    try:
+        tokens = {c: await store.acquire(c, "host-a", 30.0) for c in ("a", "b", "c")}
+        writes = [(c, t, 0, (c.encode() * 3, b"\x00\xff")) for c, t in tokens.items()]
+        assert await store.append(writes) == frozenset()
+        assert await store.forget("b", tokens["b"])
+        assert await store.load("a") == (b"aaa", b"\x00\xff")
+        assert await store.load("b") == ()
+        assert await store.load("c") == (b"ccc", b"\x00\xff")
+        # The token counter survives forget: a new lease still fences the old one.
+        await store.release({"b": tokens["b"]})
+        assert await store.acquire("b", "host-b", 30.0) > tokens["b"]
+    finally:
+        await store.aclose()
+
+
+async def test_idle_lists_stored_contexts_that_nobody_leases(store_url: str) -> None:
+    store = open_context_store(store_url)
+    try:
+        tokens = {c: await store.acquire(c, "host-a", 30.0) for c in ("old", "held", "empty")}
+        await store.append([(c, tokens[c], 0, (b"r",)) for c in ("old", "held")])
+        await store.release({"old": tokens["old"], "empty": tokens["empty"]})
+        assert await store.idle(0.0) == ("old",)  # "held" is leased, "empty" has no log
+        assert await store.idle(3600.0) == ()  # written just now
+    finally:
+        await store.aclose()
+
+
+async def test_a_closed_store_refuses_calls(store_url: str) -> None:
+    store = open_context_store(store_url)
+    await store.acquire("c", "host-a", 30.0)
+    await store.aclose()
+    await store.aclose()
+    with pytest.raises(StoreError, match="closed"):
+        await store.load("c")
+
+
+def test_store_urls_and_options_are_checked_at_the_door() -> None:
+    for url in (
+        "postgres://x",
+        "sqlite:",
+        "",
+        "redis:/x",
+        "sqlite:x.db?mode=ro",
+        "sqlite:x?synchronous=OFF",
+    ):
+        with pytest.raises(InputError):
+            open_context_store(url)
+    with pytest.raises(InputError):
+        open_context_store(42)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="synchronous"):
+        SQLiteContextStore(":memory:", synchronous="OFF")  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="prefix"):
+        RedisContextStore("redis://127.0.0.1:6379/0", prefix="")
+    assert isinstance(open_context_store("sqlite::memory:"), SQLiteContextStore)
+    assert (
+        repr(open_context_store("sqlite:x.db?synchronous=normal")) == "SQLiteContextStore('x.db')"
+    )
+    redis_store = open_context_store("redis://127.0.0.1:6379/0?prefix=app1:")
+    assert isinstance(redis_store, RedisContextStore)
+    assert repr(redis_store) == "RedisContextStore('redis://127.0.0.1:6379/0', prefix='app1:')"
+
+
+@pytest.mark.parametrize("kind", [pytest.param(("redis", "trio"), id="redis-trio")])
+async def test_the_redis_store_says_it_needs_asyncio(store_url: str) -> None:
+    store = open_context_store(store_url)
+    with pytest.raises(StoreError, match="asyncio only"):
+        await store.load("c")
+    await store.aclose()
+
+
+async def test_replace_swaps_a_whole_log_only_for_the_holder_at_the_expected_length(
+    store_url: str,
+) -> None:
+    store = open_context_store(store_url)
+    try:
+        token = await store.acquire("c", "host-a", 30.0)
+        await store.append([("c", token, 0, (b"r0", b"r1", b"r2"))])
+        assert not await store.replace("c", token, 2, (b"ckpt",))  # the log moved on
+        assert not await store.replace("c", token + 1, 3, (b"ckpt",))  # not the lease
+        assert await store.load("c") == (b"r0", b"r1", b"r2")
+        assert await store.replace("c", token, 3, (b"ckpt",))
+        assert await store.load("c") == (b"ckpt",)
+        assert await store.append([("c", token, 1, (b"r3",))]) == frozenset()
+        assert await store.load("c") == (b"ckpt", b"r3")
+    finally:
+        await store.aclose()

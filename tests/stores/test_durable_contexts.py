@@ -1,0 +1,545 @@
+"""A ContextManager with a durable store: claims, flush, restore, fencing, idle unloading.
+
+Every test runs on a real SQLite file (asyncio and trio) and on the real
+Redis server (asyncio).
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import Mapping, Sequence
+
+import anyio
+import pytest
+import redis
+from prometheus_client import CollectorRegistry
+
+from tests.runtime.helpers import CHAT, SYSTEM, assistant, call, result, user
+from tests.stores.conftest import REDIS_URL
+from tests.stores.helpers import hosting
+from turnloom.context.history import HistoryLimits
+from turnloom.errors import (
+    InputError,
+    LeaseHeldError,
+    NotClaimedError,
+    StaleLeaseError,
+    StoreRecordError,
+    StoreUnavailableError,
+)
+from turnloom.runtime import (
+    ContextContribution,
+    ContextManager,
+    ContextPrepareRequest,
+    Foundation,
+    StoreStatistics,
+    TurnSnapshot,
+)
+from turnloom.runtime._contexts import ContextTable
+from turnloom.runtime._counters import Counters
+from turnloom.runtime._records import encode_record
+from turnloom.runtime.metrics import ManagerCollector
+from turnloom.runtime.store import ContextStore, LogWrite
+from turnloom.stores import SQLiteContextStore, open_context_store
+
+pytestmark = pytest.mark.anyio
+
+LIMITS = HistoryLimits(max_turns=3)
+MEMORY = SQLiteContextStore(":memory:")  # never opened: no I/O until a call
+
+
+def snapshot(context_id: str, turn_id: str, text: str, **extra: object) -> TurnSnapshot:
+    return TurnSnapshot(context_id=context_id, turn_id=turn_id, input=(user(text),), **extra)  # type: ignore[arg-type]
+
+
+def request(context_id: str, turn_id: str) -> ContextPrepareRequest:
+    return ContextPrepareRequest(
+        context_id=context_id,
+        turn_id=turn_id,
+        contributions=(ContextContribution(name="memory", content="likes aisles"),),
+    )
+
+
+async def converse(manager: ContextManager, context_id: str, turns: range) -> None:
+    """Turns with a tool call, its result and an answer each; the first sets instructions."""
+    for i in turns:
+        manager.accept_turn(
+            snapshot(
+                context_id, f"t{i}", f"question {i}", instructions=(SYSTEM,) if i == 0 else None
+            )
+        )
+        async with manager.invocation(context_id, f"t{i}") as invocation:
+            invocation.record([call(f"k{i}"), result(f"k{i}", f"found {i}")])
+        manager.record(context_id, f"t{i}", [assistant(f"answer {i}")])
+
+
+def expire_lease(store_url: str, context_id: str) -> None:
+    """What a stalled host sees: its lease ran out (the store's own record of it)."""
+    if store_url.startswith("sqlite:"):
+        with sqlite3.connect(store_url.removeprefix("sqlite:")) as db:
+            db.execute(
+                "UPDATE turnloom_contexts SET expires_at = 0 WHERE context_id = ?", (context_id,)
+            )
+    else:
+        prefix = store_url.split("prefix=")[1]
+        client = redis.Redis.from_url(REDIS_URL)
+        client.delete(f"{prefix}ctx:{context_id}:lease")
+        client.close()
+
+
+async def test_a_context_must_be_claimed_before_it_changes(store_url: str) -> None:
+    async with hosting(store_url) as foundation:
+        manager = foundation.manager
+        with pytest.raises(NotClaimedError, match=r"await manager\.claim") as caught:
+            manager.accept_turn(snapshot("c", "t1", "hi"))
+        assert caught.value.context_id == "c"
+        assert manager.context_ids() == ()
+        with pytest.raises(InputError):
+            await manager.flush("")
+        assert await manager.claim("c") is True
+        assert await manager.claim("c") is False  # held: no I/O
+        manager.accept_turn(snapshot("c", "t1", "hi"))
+        with pytest.raises(NotClaimedError):
+            manager.record("other", "t1", [assistant("x")])
+    async with Foundation() as plain:  # without a store claim only checks the id
+        assert await plain.manager.claim("c") is False
+        with pytest.raises(InputError):
+            await plain.manager.claim("")
+
+
+async def test_another_host_restores_and_prepares_exactly_what_the_first_would(
+    store_url: str,
+) -> None:
+    """Same acknowledged history -> the same prepared input (evictions included)."""
+    async with hosting(store_url, history_limits=LIMITS) as first:
+        manager = first.manager
+        await manager.claim("c")
+        await converse(manager, "c", range(5))
+        manager.accept_turn(snapshot("c", "t5", "last question"))
+        await manager.flush()
+        expected = await manager.prepare(request("c", "t5"))
+        held = manager.history("c")
+    assert held.turn_ids == ("t3", "t4", "t5")  # t0..t2 were evicted and logged so
+    async with hosting(store_url, history_limits=LIMITS) as second:
+        manager = second.manager
+        assert await manager.claim("c") is True
+        restored = manager.history("c")
+        assert restored.turn_ids == held.turn_ids
+        assert restored.pinned == held.pinned == (SYSTEM,)
+        for turn_id in held.turn_ids:
+            assert restored.turn_messages(turn_id) == held.turn_messages(turn_id)
+        prepared = await manager.prepare(request("c", "t5"))
+        assert prepared.items == expected.items
+        assert manager.statistics().history.turns == 3
+        restored_stats = manager.statistics().store
+        assert restored_stats is not None
+        assert (restored_stats.claims_total, restored_stats.takeovers_total) == (1, 1)
+        with pytest.raises(InputError):  # evicted ids are remembered after a restore
+            manager.accept_turn(snapshot("c", "t1", "again"))
+
+
+async def test_a_stale_owner_is_refused_by_the_store_and_told_with_a_typed_error(
+    store_url: str,
+) -> None:
+    async with (
+        hosting(store_url, owner="host-a", lease_ttl=30) as host_a,
+        hosting(store_url, owner="host-b", lease_ttl=30) as host_b,
+    ):
+        a, b = host_a.manager, host_b.manager
+        await a.claim("c")
+        await converse(a, "c", range(2))
+        await a.flush()
+        with pytest.raises(LeaseHeldError, match="host-a"):
+            await b.claim("c")
+        expire_lease(store_url, "c")  # host A stalls past its lease
+        assert await b.claim("c") is True
+        await converse(b, "c", range(2, 3))
+        await b.flush()
+        # Host A does not know yet: its commit is local, the store refuses the write.
+        a.accept_turn(snapshot("c", "t9", "from a stale host"))
+        with pytest.raises(StaleLeaseError, match="refused a write of context 'c'") as caught:
+            await a.flush("c")
+        assert caught.value.context_id == "c"
+        assert a.context_ids() == ()  # it left host A's memory
+        lost = a.statistics().store
+        assert lost is not None
+        assert (lost.leases_lost_total, lost.claimed, lost.pending_records) == (1, 0, 0)
+        with pytest.raises(StaleLeaseError):
+            a.accept_turn(snapshot("c", "t10", "again"))
+        await a.flush()  # nothing queued any more
+        with pytest.raises(StaleLeaseError):
+            await a.flush("c")
+        assert b.history("c").turn_ids == ("t0", "t1", "t2")
+    async with hosting(store_url) as third:
+        await third.manager.claim("c")
+        assert third.manager.history("c").turn_ids == ("t0", "t1", "t2")
+
+
+async def test_closing_writes_what_is_queued_and_releases_the_leases(store_url: str) -> None:
+    async with hosting(store_url, lease_ttl=30) as first:
+        await first.manager.claim("c")
+        await converse(first.manager, "c", range(3))  # no flush
+    async with hosting(store_url, lease_ttl=30) as second:
+        assert await second.manager.claim("c") is True  # released: no wait for expiry
+        assert second.manager.history("c").turn_ids == ("t0", "t1", "t2")
+
+
+async def test_idle_contexts_leave_memory_and_come_back_on_next_use(store_url: str) -> None:
+    async with hosting(store_url, idle_after=0.2, lease_ttl=30) as foundation:
+        manager = foundation.manager
+        for context_id in ("a", "b"):
+            await manager.claim(context_id)
+            await converse(manager, context_id, range(2))
+        await manager.flush()
+        before = manager.history("a")
+        with anyio.fail_after(10):
+            while manager.context_ids():
+                await anyio.sleep(0.05)
+        assert manager.statistics().contexts == 0
+        assert manager.statistics().history.turns == 0
+        unloaded = manager.statistics().store
+        assert unloaded is not None
+        assert (unloaded.idle_unloads_total, unloaded.claimed) == (2, 0)
+        with pytest.raises(NotClaimedError):
+            manager.accept_turn(snapshot("a", "t2", "hi"))
+        assert manager.store is not None
+        assert set(await manager.store.idle(0.0)) == {"a", "b"}  # leases released
+        assert await manager.claim("a") is True
+        assert manager.history("a").turn_messages("t1") == before.turn_messages("t1")
+        assert manager.statistics().history.turns == 2
+        manager.accept_turn(snapshot("a", "t2", "back"))
+
+
+async def test_a_context_in_a_model_call_never_leaves_memory_idle(store_url: str) -> None:
+    async with hosting(store_url, idle_after=0.1, lease_ttl=30) as foundation:
+        manager = foundation.manager
+        await manager.claim("c")
+        manager.accept_turn(snapshot("c", "t1", "hi"))
+        await manager.flush()
+        async with manager.invocation("c", "t1") as invocation:
+            await anyio.sleep(0.4)  # several maintenance rounds
+            assert manager.context_ids() == ("c",)
+            invocation.record([assistant("still here")])
+        await manager.flush()
+
+
+async def test_remove_context_deletes_its_log(store_url: str) -> None:
+    async with hosting(store_url) as foundation:
+        manager = foundation.manager
+        await manager.claim("c")
+        await converse(manager, "c", range(2))
+        await manager.flush()
+        manager.remove_context("c")
+        await manager.flush()
+        assert manager.store is not None
+        assert await manager.store.load("c") == ()
+        assert await manager.claim("c") is True  # a new, empty context
+        assert manager.context_ids() == ()
+
+
+async def test_an_undecodable_record_fails_the_claim_naming_the_context(store_url: str) -> None:
+    store = open_context_store(store_url)
+    try:
+        token = await store.acquire("c", "writer", 30)
+        await store.append([("c", token, 0, (b"\xc1garbage",))])
+        await store.release({"c": token})
+        async with Foundation(store=store, owner="reader") as foundation:
+            with pytest.raises(StoreRecordError, match="context 'c'") as caught:
+                await foundation.manager.claim("c")
+            assert (caught.value.context_id, caught.value.index) == ("c", 0)
+            assert foundation.manager.context_ids() == ()
+        # The failed claim released its lease.
+        assert await store.acquire("c", "someone-else", 30) > token
+    finally:
+        await store.aclose()
+
+
+class CountingStore:
+    """A real store that counts the batches the writer sends."""
+
+    def __init__(self, store: ContextStore) -> None:
+        self.inner = store
+        self.batches: list[int] = []
+
+    async def acquire(self, context_id: str, owner: str, ttl: float) -> int:
+        return await self.inner.acquire(context_id, owner, ttl)
+
+    async def renew(self, leases: Mapping[str, int], ttl: float) -> frozenset[str]:
+        return await self.inner.renew(leases, ttl)
+
+    async def release(self, leases: Mapping[str, int]) -> None:
+        await self.inner.release(leases)
+
+    async def append(self, writes: Sequence[LogWrite]) -> frozenset[str]:
+        self.batches.append(len(writes))
+        return await self.inner.append(writes)
+
+    async def replace(
+        self, context_id: str, token: int, length: int, records: tuple[bytes, ...]
+    ) -> bool:
+        return await self.inner.replace(context_id, token, length, records)
+
+    async def load(self, context_id: str) -> tuple[bytes, ...]:
+        return await self.inner.load(context_id)
+
+    async def forget(self, context_id: str, token: int) -> bool:
+        return await self.inner.forget(context_id, token)
+
+    async def idle(self, seconds: float) -> tuple[str, ...]:
+        return await self.inner.idle(seconds)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_changes_of_many_contexts_go_to_the_store_in_one_batch(store_url: str) -> None:
+    store = CountingStore(open_context_store(store_url))
+    try:
+        async with Foundation(store=store) as foundation:
+            manager = foundation.manager
+            for i in range(100):
+                await manager.claim(f"c{i}")
+            for i in range(100):
+                manager.accept_turn(snapshot(f"c{i}", "t1", "hi"))
+                manager.record(f"c{i}", "t1", [assistant("a"), assistant("b")])
+            assert manager.statistics().store == StoreStatistics(
+                claimed=100,
+                pending_records=200,
+                batches_total=0,
+                records_written_total=0,
+                write_failures_total=0,
+                claims_total=100,
+                takeovers_total=0,
+                leases_lost_total=0,
+                idle_unloads_total=0,
+                compactions_total=0,
+            )
+            await manager.flush()
+            assert store.batches == [100]  # 200 changes, one round trip
+            assert await store.load("c7") != ()
+            stats = manager.statistics().store
+            assert stats is not None
+            assert (stats.pending_records, stats.batches_total) == (0, 1)
+            assert stats.records_written_total == 200
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(ManagerCollector(manager.statistics))
+            assert registry.get_sample_value("turnloom_store_records_written_total") == 200
+            assert registry.get_sample_value("turnloom_store_contexts_claimed") == 100
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"store": 42}, "store must be a ContextStore, not a int"),
+        ({"store": "sqlite:x.db"}, "open it with"),
+        ({"store": MEMORY, "lease_ttl": 0}, "lease_ttl"),
+        ({"store": MEMORY, "lease_ttl": math.inf}, "lease_ttl"),
+        ({"store": MEMORY, "idle_after": math.nan}, "idle_after"),
+        ({"store": MEMORY, "owner": "two words"}, "owner"),
+    ],
+)
+def test_store_options_are_checked_at_the_door(options: dict[str, object], match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        Foundation(**options)  # type: ignore[arg-type]
+
+
+class SlowLoadStore(CountingStore):
+    """A real store whose ``load`` waits until the test lets it go on."""
+
+    def __init__(self, store: ContextStore) -> None:
+        super().__init__(store)
+        self.loading = anyio.Event()
+        self.go_on = anyio.Event()
+
+    async def load(self, context_id: str) -> tuple[bytes, ...]:
+        self.loading.set()
+        await self.go_on.wait()
+        return await self.inner.load(context_id)
+
+
+async def test_a_claim_cancelled_while_restoring_releases_its_lease(store_url: str) -> None:
+    async with hosting(store_url, owner="writer") as first:
+        await first.manager.claim("c")
+        await converse(first.manager, "c", range(2))
+    store = SlowLoadStore(open_context_store(store_url))
+    try:
+        async with Foundation(store=store, owner="reader") as foundation:
+            manager = foundation.manager
+            async with anyio.create_task_group() as group:
+                group.start_soon(manager.claim, "c")
+                await store.loading.wait()
+                group.cancel_scope.cancel()
+            assert manager.context_ids() == ()
+            with pytest.raises(NotClaimedError):
+                manager.accept_turn(snapshot("c", "t9", "hi"))
+            # The lease was released: another owner takes it at once.
+            other = await store.inner.acquire("c", "someone-else", 30)
+            await store.inner.release({"c": other})
+            store.go_on.set()
+            assert await manager.claim("c") is True
+            assert manager.history("c").turn_ids == ("t0", "t1")
+    finally:
+        await store.aclose()
+
+
+async def test_a_cancelled_flush_leaves_the_changes_queued_and_written(store_url: str) -> None:
+    async with hosting(store_url) as foundation:
+        manager = foundation.manager
+        await manager.claim("c")
+        await converse(manager, "c", range(2))
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await manager.flush()
+        await manager.flush()
+        assert manager.store is not None
+        assert len(await manager.store.load("c")) == 6  # 2 commits, 4 records
+
+
+async def test_a_long_log_is_compacted_and_restores_the_same_history(store_url: str) -> None:
+    """Compaction keeps the log about as long as the history, and changes nothing restored."""
+    async with hosting(store_url, history_limits=LIMITS) as first:
+        manager = first.manager
+        await manager.claim("c")
+        for block in range(6):  # 60 turns of 4 records each, 3 turns held
+            await converse(manager, "c", range(block * 10, block * 10 + 10))
+            await manager.flush()
+        manager.accept_turn(snapshot("c", "t60", "late", sequence=60))
+        await manager.flush()
+        stats = manager.statistics().store
+        assert stats is not None and stats.compactions_total >= 1
+        assert manager.store is not None
+        log = await manager.store.load("c")
+        assert len(log) <= 64 + 4  # not the 240 records the context wrote
+        held = manager.history("c")
+        expected = await manager.prepare(request("c", "t60"))
+        with pytest.raises(InputError):  # evicted ids stay remembered
+            manager.accept_turn(snapshot("c", "t5", "reused id"))
+    async with hosting(store_url, history_limits=LIMITS) as second:
+        manager = second.manager
+        await manager.claim("c")
+        restored = manager.history("c")
+        assert restored.turn_ids == held.turn_ids == ("t58", "t59", "t60")
+        assert restored.pinned == held.pinned == (SYSTEM,)
+        for turn_id in held.turn_ids:
+            assert restored.turn_messages(turn_id) == held.turn_messages(turn_id)
+        assert (await manager.prepare(request("c", "t60"))).items == expected.items
+        with pytest.raises(InputError):  # the remembered evicted ids came back
+            manager.accept_turn(snapshot("c", "t5", "reused id"))
+        with pytest.raises(InputError):  # and so did the sequence
+            manager.accept_turn(snapshot("c", "t61", "old", sequence=60))
+        assert manager.record("c", "t10", [assistant("late output")]) == 0  # dropped
+
+
+async def test_a_claim_compacts_a_long_log_it_restores(store_url: str) -> None:
+    """A log written by a host that never compacted (an older turnloom) is compacted."""
+    table = ContextTable(LIMITS, CHAT, Counters())
+    log: list[bytes] = []
+    table.log = lambda context_id, record: log.append(encode_record(record))
+    for i in range(30):
+        table.commit("c", snapshot("c", f"t{i}", f"question {i}"))
+        table.record(table.get("c"), f"t{i}", [assistant(f"answer {i}")])
+    assert len(log) == 30 * 2 + 27  # commits, records, evictions
+    store = open_context_store(store_url)
+    try:
+        token = await store.acquire("c", "old-host", 30)
+        await store.append([("c", token, 0, tuple(log))])
+        await store.release({"c": token})
+    finally:
+        await store.aclose()
+    async with hosting(store_url, history_limits=LIMITS) as foundation:
+        manager = foundation.manager
+        await manager.claim("c")
+        assert manager.history("c").turn_ids == ("t27", "t28", "t29")
+        assert manager.store is not None
+        assert len(await manager.store.load("c")) == 1  # one checkpoint
+        manager.accept_turn(snapshot("c", "t30", "next"))
+        await manager.flush()
+        assert len(await manager.store.load("c")) == 3  # then a commit and an eviction
+    async with hosting(store_url, history_limits=LIMITS) as again:
+        await again.manager.claim("c")
+        assert again.manager.history("c").turn_ids == ("t28", "t29", "t30")
+
+
+class LostReplyStore(CountingStore):
+    """A real store whose ``replace`` reply is lost: applied or not, the caller cannot tell."""
+
+    def __init__(self, store: ContextStore, *, applied: bool) -> None:
+        super().__init__(store)
+        self.applied = applied
+        self.replaces = 0
+
+    async def replace(
+        self, context_id: str, token: int, length: int, records: tuple[bytes, ...]
+    ) -> bool:
+        self.replaces += 1
+        if self.applied:
+            await self.inner.replace(context_id, token, length, records)
+        raise StoreUnavailableError("The reply was lost.")
+
+
+@pytest.mark.parametrize("applied", [True, False])
+async def test_a_compaction_whose_reply_is_lost_never_misplaces_a_record(
+    store_url: str, applied: bool
+) -> None:
+    store = LostReplyStore(open_context_store(store_url), applied=applied)
+    try:
+        async with Foundation(store=store, history_limits=LIMITS) as first:
+            manager = first.manager
+            await manager.claim("c")
+            await converse(manager, "c", range(20))  # 80 records + evictions: compacts
+            await manager.flush()
+            assert store.replaces == 1
+            await converse(manager, "c", range(20, 24))
+            await manager.flush()  # written after rereading the log's length
+            held = manager.history("c")
+        async with Foundation(store=store.inner, history_limits=LIMITS) as second:
+            await second.manager.claim("c")
+            restored = second.manager.history("c")
+            assert restored.turn_ids == held.turn_ids == ("t21", "t22", "t23")
+            for turn_id in held.turn_ids:
+                assert restored.turn_messages(turn_id) == held.turn_messages(turn_id)
+    finally:
+        await store.aclose()
+
+
+async def test_a_held_lease_is_renewed_and_a_lost_one_is_noticed(store_url: str) -> None:
+    """Renewal keeps a lease past its time-to-live; a renewal that fails ends the ownership."""
+    store = open_context_store(store_url)
+    try:
+        async with hosting(store_url, owner="host-a", lease_ttl=0.3) as host:
+            manager = host.manager
+            await manager.claim("c")
+            manager.accept_turn(snapshot("c", "t1", "hi"))
+            await manager.flush()
+            await anyio.sleep(1.0)  # more than three times the lease's time-to-live
+            with pytest.raises(LeaseHeldError, match="host-a"):
+                await store.acquire("c", "host-b", 30)
+            expire_lease(store_url, "c")
+            token = await store.acquire("c", "host-b", 30)
+            with anyio.fail_after(10):
+                while manager.context_ids():  # the next renewal finds the lease gone
+                    await anyio.sleep(0.05)
+            with pytest.raises(StaleLeaseError, match="expired before it was renewed"):
+                manager.accept_turn(snapshot("c", "t2", "again"))
+            stats = manager.statistics().store
+            assert stats is not None and stats.leases_lost_total == 1
+            await store.release({"c": token})
+    finally:
+        await store.aclose()
+
+
+async def test_a_host_built_manager_carries_its_store(store_url: str) -> None:
+    async with open_context_store(store_url) as store:
+        manager = ContextManager(store=store, history_limits=LIMITS)
+        with pytest.raises(InputError, match="store"):
+            Foundation(manager, store=store)
+        async with Foundation(manager) as foundation:
+            assert foundation.manager is manager
+            await manager.claim("c")
+            await converse(manager, "c", range(2))
+        assert await store.load("c") != ()  # the Foundation left the store open
+    async with hosting(store_url, history_limits=LIMITS) as again:
+        await again.manager.claim("c")
+        assert again.manager.history("c").turn_ids == ("t0", "t1")

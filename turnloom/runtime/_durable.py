@@ -1,0 +1,508 @@
+"""Durable contexts: leases, the batched writer, renewal, idle unloading, restore.
+
+The manager's synchronous calls change a history and *log* the change here
+(:meth:`Durability.log`, encoding the record at once); a writer task sends
+everything logged so far to the store in one batched
+:meth:`~turnloom.runtime.store.ContextStore.append`, while later changes queue
+for the next batch. :meth:`Durability.flush` returns once everything logged
+before it is in the store. A maintenance task renews the leases of the
+contexts held (every third of the lease time) and unloads contexts idle
+longer than ``idle_after`` (they stay in the store; the next
+:meth:`Durability.claim` restores them).
+
+Compaction: once a context's log holds more than ``8`` records per turn
+held (and at least 64), the writer replaces it by one checkpoint of the
+history (``ContextStore.replace``, atomic), so a restore replays about what
+the history holds, not everything the context ever did. A claim compacts the
+log it restored the same way.
+
+What a crash loses: changes logged after the last completed flush may be
+lost (all of them, or a tail of them: a context's records are appended in
+order, so what survives is always a prefix of what was logged). Nothing a
+flush returned for is lost, within the store's own durability.
+"""
+
+from __future__ import annotations
+
+__all__ = ("Durability",)
+
+import math
+from collections.abc import Callable
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+from turnloom.context.history import TurnHistory, check_id
+from turnloom.errors import (
+    LeaseError,
+    NotClaimedError,
+    StaleLeaseError,
+    StoreError,
+    StoreUnavailableError,
+    excerpt,
+)
+from turnloom.runtime._door import DurableOptions
+from turnloom.runtime._records import Record, checkpoint, encode_record, replay
+from turnloom.runtime.schemas import StoreStatistics
+from turnloom.runtime.store import ContextStore, LogWrite
+
+_RETRY_DELAYS = (0.05, 0.2, 0.5)  # seconds between the writer's attempts of one batch
+_COMPACT_MIN = 64  # records: shorter logs are never compacted
+_COMPACT_PER_TURN = 8  # records per turn held above which a log is compacted
+
+
+class _Claim:
+    """A context this manager holds the lease of."""
+
+    __slots__ = ("pending", "resync", "token", "used", "written")
+
+    def __init__(self, token: int, written: int, used: float) -> None:
+        self.token = token
+        self.written = written  # records of the context's log in the store
+        self.resync = False  # a compaction failed midway: reread the log's length
+        self.pending: list[bytes] = []  # logged, not yet appended
+        self.used = used  # loop time of the last use
+
+
+class _Waiter:
+    """A flush waiting for a write cycle."""
+
+    __slots__ = ("context_id", "error", "event", "target")
+
+    def __init__(self, target: int, context_id: str | None) -> None:
+        self.target = target
+        self.context_id = context_id
+        self.event = anyio.Event()
+        self.error: BaseException | None = None
+
+
+class Durability:
+    """The durable side of one ContextManager.
+
+    Args:
+        options: the checked store options.
+        limits: the history limits (replay rebuilds with them).
+        limiter: the Foundation's worker-thread limiter (replay runs there).
+        install: puts a restored history (or None: nothing stored) in place of
+            the context's in-memory state.
+        unload: drops a context's in-memory state.
+        can_unload: False while a context must stay in memory (a model call
+            is in flight).
+        history: the in-memory history of a context, or None.
+    """
+
+    def __init__(
+        self,
+        options: DurableOptions,
+        limiter: anyio.CapacityLimiter,
+        install: Callable[[str, TurnHistory | None], None],
+        unload: Callable[[str], None],
+        can_unload: Callable[[str], bool],
+        history: Callable[[str], TurnHistory | None],
+    ) -> None:
+        store = options.store
+        assert isinstance(store, ContextStore)
+        self._store: ContextStore = store
+        self._options = options
+        self._limiter = limiter
+        self._install = install
+        self._unload = unload
+        self._can_unload = can_unload
+        self._history = history
+        self._claims: dict[str, _Claim] = {}
+        self._claiming: dict[str, anyio.Event] = {}
+        self._lost: dict[str, str] = {}  # context id -> why
+        self._forgets: list[tuple[str, int]] = []
+        self._waiters: list[_Waiter] = []
+        self._wake = anyio.Event()
+        self._started = 0  # write cycles started
+        self._completed = 0  # write cycles completed
+        self._closed = False
+        self._scope = anyio.CancelScope()
+        self._pending = 0  # records logged and not written, over every claim
+        self._batches = 0
+        self._written = 0
+        self._failures = 0
+        self._claims_total = 0
+        self.takeovers = 0  # claims that restored a stored context
+        self._lost_total = 0
+        self._idle_unloads = 0
+        self._compactions = 0
+
+    @property
+    def store(self) -> ContextStore:
+        """The store."""
+        return self._store
+
+    def claimed(self) -> tuple[str, ...]:
+        """The ids of the contexts whose lease this manager holds."""
+        return tuple(self._claims)
+
+    # -- synchronous hooks (event loop) -------------------------------------------
+
+    def check_writable(self, context_id: str) -> None:
+        """Raise unless this manager holds the context's lease.
+
+        Raises:
+            InvalidMessageError: a malformed context id.
+            StaleLeaseError: the lease was lost (refused write, failed renewal).
+            NotClaimedError: the context was never claimed, or left memory idle.
+        """
+        claim = self._claims.get(context_id) if isinstance(context_id, str) else None
+        if claim is not None:
+            claim.used = anyio.current_time()
+            return
+        check_id(context_id, "context id")
+        why = self._lost.get(context_id)
+        if why is not None:
+            raise StaleLeaseError(
+                f"This manager no longer owns context {excerpt(context_id)} ({why}); claim it "
+                "again to restore it from the store.",
+                context_id=context_id,
+            )
+        raise NotClaimedError(
+            f"Context {excerpt(context_id)} is not claimed by this manager; await "
+            "manager.claim(context_id) before changing it.",
+            context_id=context_id,
+        )
+
+    def touch(self, context_id: str) -> None:
+        """Mark a held context as used now (it is not idle)."""
+        claim = self._claims.get(context_id)
+        if claim is not None:
+            claim.used = anyio.current_time()
+
+    def log(self, context_id: str, record: Record) -> None:
+        """Queue one change of a held context for the next batch; ignored when not held."""
+        claim = self._claims.get(context_id)
+        if claim is None:
+            return  # the state of a context this manager lost; the store has the truth
+        claim.pending.append(encode_record(record))
+        self._pending += 1
+        self._wake.set()
+
+    def forget(self, context_id: str) -> None:
+        """Queue the deletion of a held context's log and the release of its lease."""
+        claim = self._claims.pop(context_id, None)
+        if claim is not None:
+            self._pending -= len(claim.pending)
+            self._forgets.append((context_id, claim.token))
+            self._wake.set()
+
+    # -- claims -------------------------------------------------------------------
+
+    async def claim(self, context_id: str) -> bool:
+        """Hold the context's lease; restore it from the store when not in memory.
+
+        Returns:
+            True when the lease was acquired now (the context was restored from
+            the store, or is new); False when it was already held.
+
+        Raises:
+            LeaseHeldError: another owner holds the lease.
+            StoreRecordError: a stored record does not decode or apply.
+            StoreUnavailableError: the store cannot be reached.
+        """
+        check_id(context_id, "context id")
+        while True:
+            claim = self._claims.get(context_id)
+            if claim is not None:
+                claim.used = anyio.current_time()
+                return False
+            busy = self._claiming.get(context_id)
+            if busy is None:
+                break
+            await busy.wait()
+        done = self._claiming[context_id] = anyio.Event()
+        try:
+            if any(c == context_id for c, _ in self._forgets):
+                await self.flush()
+            store = self._store
+            token = await store.acquire(context_id, self._options.owner, self._options.lease_ttl)
+            try:
+                log = await store.load(context_id)
+                history = None
+                if log:
+                    history = await anyio.to_thread.run_sync(
+                        replay,
+                        context_id,
+                        log,
+                        self._options.history_limits,
+                        self._options.token_counter,
+                        limiter=self._limiter,
+                    )
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await store.release({context_id: token})
+                    except StoreError:
+                        pass  # the lease expires by itself
+                raise
+            self._lost.pop(context_id, None)
+            claim = self._claims[context_id] = _Claim(token, len(log), anyio.current_time())
+            self._claims_total += 1
+            if log:
+                self.takeovers += 1
+            self._install(context_id, history)
+            if history is not None:
+                await self._compact(context_id, claim, history)
+            return True
+        finally:
+            del self._claiming[context_id]
+            done.set()
+
+    def _lose(self, context_id: str, token: int, why: str) -> None:
+        claim = self._claims.get(context_id)
+        if claim is None or claim.token != token:
+            return
+        del self._claims[context_id]
+        self._pending -= len(claim.pending)
+        self._lost_total += 1
+        self._lost[context_id] = why
+        self._unload(context_id)
+
+    # -- the writer ------------------------------------------------------------------
+
+    async def flush(self, context_id: str | None = None) -> None:
+        """Wait until every change logged before the call is in the store.
+
+        Args:
+            context_id: when given, only this context's failures are raised
+                (the wait still covers every context: one batch).
+
+        Raises:
+            StaleLeaseError: the store refused a write of the context (or of
+                any context, without ``context_id``): another owner holds its
+                lease. Its unwritten changes are discarded and it left memory.
+            StoreUnavailableError: the store was unreachable through the
+                writer's bounded retry; the changes stay queued (a later flush
+                retries them) and nothing acknowledged was lost.
+
+        Cancellation:
+            Cancelling the wait leaves the queued changes queued; the writer
+            still writes them.
+        """
+        if context_id is not None:
+            check_id(context_id, "context id")
+            why = self._lost.get(context_id)
+            if why is not None:
+                raise StaleLeaseError(
+                    f"This manager no longer owns context {excerpt(context_id)} ({why}).",
+                    context_id=context_id,
+                )
+        if not self._forgets and not any(c.pending for c in self._claims.values()):
+            return
+        waiter = _Waiter(self._started + 1, context_id)
+        self._waiters.append(waiter)
+        self._wake.set()
+        try:
+            await waiter.event.wait()
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+        if waiter.error is not None:
+            raise waiter.error
+
+    async def run(self) -> None:
+        """The writer and the maintenance loop; runs until :meth:`aclose` stops it."""
+        with self._scope:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._maintain)
+                while True:
+                    await self._wake.wait()
+                    self._wake = anyio.Event()
+                    await self._cycle()
+
+    async def _cycle(self) -> None:
+        self._started += 1
+        cycle = self._started
+        for cid, unsure in tuple(self._claims.items()):
+            if unsure.resync:
+                await self._resync(cid, unsure)
+        writes: list[LogWrite] = [
+            (cid, c.token, c.written, tuple(c.pending))
+            for cid, c in self._claims.items()
+            if c.pending and not c.resync
+        ]
+        forgets, self._forgets = self._forgets, []
+        refused: frozenset[str] = frozenset()
+        error: BaseException | None = None
+        self._batches += 1
+        for delay in (*_RETRY_DELAYS, None):
+            try:
+                if writes:
+                    refused = await self._store.append(writes)
+                while forgets:
+                    context_id, token = forgets[0]
+                    if await self._store.forget(context_id, token):
+                        await self._store.release({context_id: token})
+                    forgets.pop(0)
+                error = None
+                break
+            except StoreUnavailableError as exc:
+                error = exc
+                if delay is None or self._closed:
+                    break
+                await anyio.sleep(delay)
+            except StoreError as exc:
+                error = exc
+                break
+        self._forgets[:0] = forgets  # not done: retried by the next cycle
+        if error is not None:
+            self._failures += 1
+        stale: dict[str, StaleLeaseError] = {}
+        if error is None:
+            for cid, token, _, records in writes:
+                claim = self._claims.get(cid)
+                if cid in refused:
+                    stale[cid] = StaleLeaseError(
+                        f"The store refused a write of context {excerpt(cid)}: its lease (token "
+                        f"{token}) is no longer this manager's; another owner holds it.",
+                        context_id=cid,
+                    )
+                    self._lose(cid, token, "the store refused a write")
+                elif claim is not None and claim.token == token:
+                    del claim.pending[: len(records)]
+                    claim.written += len(records)
+                    self._pending -= len(records)
+                    self._written += len(records)
+        if error is None:
+            for cid, token, _, _ in writes:
+                claim = self._claims.get(cid)
+                history = self._history(cid)
+                if claim is not None and claim.token == token and history is not None:
+                    await self._compact(cid, claim, history)
+        self._completed = cycle
+        for waiter in tuple(self._waiters):
+            if waiter.error is None:
+                if waiter.context_id is None and stale:
+                    waiter.error = next(iter(stale.values()))
+                elif waiter.context_id in stale:
+                    waiter.error = stale[waiter.context_id]
+            if waiter.target <= cycle:
+                if waiter.error is None and error is not None:
+                    waiter.error = error
+                self._waiters.remove(waiter)
+                waiter.event.set()
+
+    async def _resync(self, context_id: str, claim: _Claim) -> None:
+        """Reread the length of a log whose compaction may or may not have happened."""
+        try:
+            log = await self._store.load(context_id)
+        except StoreError:
+            return  # still unknown: its writes wait for the next cycle
+        if self._claims.get(context_id) is claim:
+            claim.written = len(log)
+            claim.resync = False
+
+    async def _compact(self, context_id: str, claim: _Claim, history: TurnHistory) -> None:
+        """Replace a long log by a checkpoint of the history it rebuilds.
+
+        Only when everything logged is written (the store's log is then
+        exactly ``history``); a failure leaves either log, both valid, and
+        the length is reread before the next write of the context.
+        """
+        held = len(history.turn_ids)
+        bound = max(_COMPACT_MIN, _COMPACT_PER_TURN * held)
+        if not held or claim.written <= bound or claim.pending or claim.resync:
+            return  # a checkpoint needs a turn to carry the instructions and sequence
+        view, evicted, sequence = history.view(), history.evicted_ids, history.sequence
+        length = claim.written
+        blob = await anyio.to_thread.run_sync(
+            checkpoint, view, evicted, sequence, limiter=self._limiter
+        )
+        try:
+            replaced = await self._store.replace(context_id, claim.token, length, (blob,))
+        except StoreError:
+            claim.resync = True
+            return
+        if replaced and claim.written == length:
+            claim.written = 1
+            self._compactions += 1
+
+    # -- maintenance ----------------------------------------------------------------
+
+    async def _maintain(self) -> None:
+        options = self._options
+        interval = min(options.lease_ttl / 3, options.idle_after / 2)
+        while True:
+            await anyio.sleep(interval)
+            await self._renew()
+            await self._unload_idle()
+
+    async def _renew(self) -> None:
+        leases = {cid: claim.token for cid, claim in self._claims.items()}
+        if not leases:
+            return
+        try:
+            lost = await self._store.renew(leases, self._options.lease_ttl)
+        except StoreError:
+            return  # retried at the next interval; a lease that expires meanwhile is fenced
+        for cid in lost:
+            self._lose(cid, leases[cid], "its lease expired before it was renewed")
+
+    async def _unload_idle(self) -> None:
+        if math.isinf(self._options.idle_after):
+            return
+        bound = anyio.current_time() - self._options.idle_after
+        idle = {
+            cid: claim.token
+            for cid, claim in self._claims.items()
+            if claim.used <= bound and not claim.pending and self._can_unload(cid)
+        }
+        for cid in idle:
+            del self._claims[cid]
+            self._unload(cid)
+        self._idle_unloads += len(idle)
+        if idle:
+            try:
+                await self._store.release(idle)
+            except StoreError:
+                pass  # the leases expire by themselves
+
+    def statistics(self) -> StoreStatistics:
+        """A frozen snapshot of the counters, O(1)."""
+        return StoreStatistics(
+            claimed=len(self._claims),
+            pending_records=self._pending,
+            batches_total=self._batches,
+            records_written_total=self._written,
+            write_failures_total=self._failures,
+            claims_total=self._claims_total,
+            takeovers_total=self.takeovers,
+            leases_lost_total=self._lost_total,
+            idle_unloads_total=self._idle_unloads,
+            compactions_total=self._compactions,
+        )
+
+    # -- closing ---------------------------------------------------------------------
+
+    async def aclose(self, grace_period: float) -> None:
+        """Write what is queued (within ``grace_period`` seconds), release every lease.
+
+        Not shielded: the manager's close runs shielded. The store stays
+        open: its opener closes it.
+        """
+        try:
+            with anyio.move_on_after(grace_period):
+                try:
+                    await self.flush()
+                except (StoreError, LeaseError):
+                    pass  # what was not written is what a crash would lose
+            self._closed = True
+            self._scope.cancel()
+            leases = {cid: claim.token for cid, claim in self._claims.items()}
+            self._claims.clear()
+            if leases:
+                with anyio.move_on_after(grace_period):
+                    try:
+                        await self._store.release(leases)
+                    except StoreError:
+                        pass  # the leases expire by themselves
+        finally:
+            self._scope.cancel()
+            for waiter in self._waiters:
+                waiter.error = StoreError("The Foundation closed before the write completed.")
+                waiter.event.set()
+            self._waiters.clear()

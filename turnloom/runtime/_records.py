@@ -1,0 +1,260 @@
+"""The records a durable store keeps per context, their schema version, and replay.
+
+Synchronous and loop-free. A context's log is the ordered list of changes its
+history went through on the owning host: a turn committed, outputs recorded,
+turns evicted, the newest turn retracted. Replaying the log into an empty
+:class:`TurnHistory` with the same limits rebuilds the history exactly,
+evictions included, because each change is applied through the same
+``TurnHistory`` methods in the same order (an eviction is logged when it
+happened, so a restored history evicts at the same points as the host that
+wrote it, including evictions an in-flight model call held back).
+
+A *checkpoint* record stands for a whole log prefix: the history as it is
+(pinned instructions, the turns held with their outputs, the remembered
+evicted turn ids, the last sequence). A store replaces a long log by one
+checkpoint (compaction); replaying the checkpoint and the records after it
+rebuilds the same history as replaying the whole log, except for counters of
+what left the history before the checkpoint.
+
+Encoding: one msgspec MessagePack map per record, tagged by ``kind``, carrying
+the schema version ``v``. A field added by a later version has a default, so
+a record written by an older version decodes; a record of a newer version, or
+bytes that do not decode, raise :class:`~turnloom.errors.StoreRecordError`
+naming the context and the record's position, never a silent skip.
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "SCHEMA_VERSION",
+    "Checkpoint",
+    "CheckpointTurn",
+    "OutputsRecorded",
+    "Record",
+    "TurnCommitted",
+    "TurnRetracted",
+    "TurnsEvicted",
+    "checkpoint",
+    "decode_record",
+    "encode_record",
+    "replay",
+)
+
+from collections.abc import Sequence
+from typing import TypeAlias
+
+import msgspec
+
+from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory
+from turnloom.context.message import Message
+from turnloom.context.tokens import TokenCounter
+from turnloom.errors import StateError, StoreRecordError, TurnloomError, excerpt
+
+SCHEMA_VERSION = 1
+"""The version written into every new record."""
+
+
+class _Record(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
+    v: int = SCHEMA_VERSION
+
+
+class TurnCommitted(_Record, frozen=True, kw_only=True, tag="commit"):
+    """A turn was committed (``TurnHistory.commit``)."""
+
+    turn_id: str
+    input: tuple[Message, ...]
+    instructions: tuple[Message, ...] | None = None
+    sequence: int | None = None
+
+
+class OutputsRecorded(_Record, frozen=True, kw_only=True, tag="record"):
+    """Outputs of a turn were recorded (``TurnHistory.record``), as given."""
+
+    turn_id: str
+    outputs: tuple[Message, ...]
+
+
+class TurnsEvicted(_Record, frozen=True, kw_only=True, tag="evict"):
+    """Turns were evicted (``TurnHistory.evict``), oldest first."""
+
+    turn_ids: tuple[str, ...]
+
+
+class TurnRetracted(_Record, frozen=True, kw_only=True, tag="retract"):
+    """The newest turn was taken back (``TurnHistory.retract``)."""
+
+    turn_id: str
+
+
+class CheckpointTurn(msgspec.Struct, frozen=True, kw_only=True):
+    """One turn held at a checkpoint: its input and its recorded outputs."""
+
+    turn_id: str
+    input: tuple[Message, ...]
+    outputs: tuple[Message, ...] = ()
+
+
+class Checkpoint(_Record, frozen=True, kw_only=True, tag="checkpoint"):
+    """The whole history at one moment; only ever the first record of a log."""
+
+    pinned: tuple[Message, ...] = ()
+    turns: tuple[CheckpointTurn, ...]
+    evicted: tuple[str, ...] = ()
+    sequence: int | None = None
+
+
+Record: TypeAlias = TurnCommitted | OutputsRecorded | TurnsEvicted | TurnRetracted | Checkpoint
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Record)
+
+
+def checkpoint(view: HistoryView, evicted: tuple[str, ...], sequence: int | None) -> bytes:
+    """The encoded checkpoint of a history (its view, evicted ids and last sequence).
+
+    Runs in a worker thread: O(history). The history must hold a turn (its
+    first turn carries the pinned instructions and the sequence).
+
+    Raises:
+        StateError: the history holds no turn.
+    """
+    if not view.turn_ids:
+        raise StateError("A history without turns has no checkpoint.")
+    turns = []
+    for turn_id in view.turn_ids:
+        given = view.turn_input(turn_id)
+        turns.append(
+            CheckpointTurn(
+                turn_id=turn_id,
+                input=given,
+                outputs=view.turn_messages(turn_id)[len(given) :],
+            )
+        )
+    return encode_record(
+        Checkpoint(pinned=view.pinned, turns=tuple(turns), evicted=evicted, sequence=sequence)
+    )
+
+
+class _Version(msgspec.Struct):
+    v: int = 0
+
+
+_version = msgspec.msgpack.Decoder(_Version)
+
+
+def encode_record(record: Record) -> bytes:
+    """The stored bytes of one record."""
+    return _encoder.encode(record)
+
+
+def decode_record(data: bytes, context_id: str, index: int) -> Record:
+    """Decode the record at ``index`` of ``context_id``'s log.
+
+    Raises:
+        StoreRecordError: the bytes do not decode to a record, or the record was
+            written by a newer schema version than :data:`SCHEMA_VERSION`.
+    """
+    try:
+        record = _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        try:
+            version = _version.decode(data).v
+        except msgspec.DecodeError:
+            version = None
+        if version is not None and version > SCHEMA_VERSION:
+            raise StoreRecordError(
+                f"Record {index} of context {excerpt(context_id)} was written with schema version "
+                f"{version}, newer than this turnloom's {SCHEMA_VERSION}; upgrade to read it.",
+                context_id=context_id,
+                index=index,
+            ) from exc
+        raise StoreRecordError(
+            f"Record {index} of context {excerpt(context_id)} cannot be decoded: {exc}.",
+            context_id=context_id,
+            index=index,
+        ) from exc
+    if record.v > SCHEMA_VERSION:
+        raise StoreRecordError(
+            f"Record {index} of context {excerpt(context_id)} was written with schema version "
+            f"{record.v}, newer than this turnloom's {SCHEMA_VERSION}; upgrade to read it.",
+            context_id=context_id,
+            index=index,
+        )
+    return record
+
+
+def _restore(history: TurnHistory, record: Checkpoint) -> None:
+    history.remember_evicted(record.evicted)
+    for i, turn in enumerate(record.turns):
+        history.commit(
+            turn.turn_id,
+            turn.input,
+            instructions=record.pinned if i == 0 else None,
+            sequence=record.sequence if i == 0 else None,
+        )
+        if turn.outputs:
+            history.record(turn.turn_id, turn.outputs)
+
+
+def replay(
+    context_id: str,
+    log: Sequence[bytes],
+    limits: HistoryLimits,
+    token_counter: TokenCounter | None = None,
+) -> TurnHistory:
+    """Rebuild a context's history from its log, oldest record first.
+
+    Runs in a worker thread: the history is new and owned by the caller. The
+    limits and the token counter must be the ones the log was written with
+    (evictions depend on them).
+
+    Raises:
+        StoreRecordError: a record does not decode, or does not apply to the
+            history rebuilt so far (a duplicate turn, an eviction that evicts
+            other turns than it logged); ``index`` names it.
+    """
+    history = TurnHistory(limits, token_counter=token_counter)
+    for index, data in enumerate(log):
+        record = decode_record(data, context_id, index)
+        try:
+            if isinstance(record, TurnCommitted):
+                history.commit(
+                    record.turn_id,
+                    record.input,
+                    instructions=record.instructions,
+                    sequence=record.sequence,
+                )
+            elif isinstance(record, OutputsRecorded):
+                history.record(record.turn_id, record.outputs)
+            elif isinstance(record, TurnRetracted):
+                history.retract(record.turn_id)
+            elif isinstance(record, Checkpoint):
+                if index:
+                    raise StoreRecordError(
+                        f"Record {index} of context {excerpt(context_id)} is a checkpoint; a "
+                        "checkpoint only ever opens a log.",
+                        context_id=context_id,
+                        index=index,
+                    )
+                _restore(history, record)
+            else:
+                evicted = history.evict()
+                if evicted != record.turn_ids:
+                    raise StoreRecordError(
+                        f"Record {index} of context {excerpt(context_id)} logs the eviction of "
+                        f"{excerpt(list(record.turn_ids))}, but the history rebuilt from the "
+                        f"records before it evicts {excerpt(list(evicted))}; the log is corrupt "
+                        "or was written with other history limits.",
+                        context_id=context_id,
+                        index=index,
+                    )
+        except StoreRecordError:
+            raise
+        except TurnloomError as exc:
+            raise StoreRecordError(
+                f"Record {index} of context {excerpt(context_id)} does not apply to the history "
+                f"rebuilt from the records before it: {exc}",
+                context_id=context_id,
+                index=index,
+            ) from exc
+    return history

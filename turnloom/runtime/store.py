@@ -1,0 +1,114 @@
+"""The ``ContextStore`` protocol: where a ContextManager keeps its contexts durably.
+
+A store keeps, per context id, an append-only *log* of opaque records (bytes;
+the runtime encodes and decodes them, see the module ``_records``) and one
+*lease*: the right to write that log, held by one owner at a time, with an
+expiry and a fencing token. Implementations live in :mod:`turnloom.stores`:
+:class:`~turnloom.stores.SQLiteContextStore` (embedded, the default) and
+:class:`~turnloom.stores.RedisContextStore` (fleets); the runtime never
+imports them, and never opens or closes a store: the host opens one
+(``turnloom.stores.open_context_store(url)``), hands it to the manager, and
+closes it after the Foundation.
+
+Contract every implementation keeps:
+
+* **Fencing.** :meth:`ContextStore.acquire` returns a token greater than every
+  token issued before for that context. Every write carries its token, and
+  the store itself refuses a write whose token is not the one of the live
+  lease (expired, released, or superseded): the check and the write are one
+  atomic step inside the store (a transaction, a server-side script).
+* **Idempotent appends.** A write names the log position of its first record;
+  records the log already holds at those positions are skipped. A retried
+  write (after a dropped connection whose reply was lost) never duplicates.
+* **Atomic compaction.** :meth:`ContextStore.replace` swaps a whole log for
+  a shorter one in one step, under the same lease check, and only when the
+  log still has the length the caller saw.
+* **Durability.** When :meth:`ContextStore.append` returns, its records are as
+  durable as the store promises (its class docstring says how durable); when
+  it raises, any part of the write may have been applied, and a retry of the
+  same write completes it without duplicates.
+"""
+
+from __future__ import annotations
+
+__all__ = ("ContextStore", "LogWrite")
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, TypeAlias, runtime_checkable
+
+LogWrite: TypeAlias = tuple[str, int, int, tuple[bytes, ...]]
+"""One context's part of a batched append: ``(context_id, token, start, records)``.
+
+``start`` is the log position (0 is the oldest record) of ``records[0]``.
+"""
+
+
+@runtime_checkable
+class ContextStore(Protocol):
+    """Durable per-context logs with leases; see the module docstring for the contract.
+
+    Every method may raise :class:`~turnloom.errors.StoreUnavailableError` when
+    the store cannot be reached within its bounded retry.
+    """
+
+    async def acquire(self, context_id: str, owner: str, ttl: float) -> int:
+        """Take the context's lease for ``ttl`` seconds; return its fencing token.
+
+        An owner may take a lease it already holds again (with a new token).
+
+        Raises:
+            LeaseHeldError: another owner holds a lease that has not expired.
+        """
+        ...
+
+    async def renew(self, leases: Mapping[str, int], ttl: float) -> frozenset[str]:
+        """Extend each held lease (context id -> token) to ``ttl`` seconds from now.
+
+        Returns:
+            the ids whose lease is no longer held with that token (not extended).
+        """
+        ...
+
+    async def release(self, leases: Mapping[str, int]) -> None:
+        """Give up each lease still held with its token; others are left alone."""
+        ...
+
+    async def append(self, writes: Sequence[LogWrite]) -> frozenset[str]:
+        """Append records to the logs of several contexts, in one batch.
+
+        Returns:
+            the ids whose write was refused because its token is not the live
+            lease's (nothing of theirs was written); the rest were appended.
+        """
+        ...
+
+    async def replace(
+        self, context_id: str, token: int, length: int, records: tuple[bytes, ...]
+    ) -> bool:
+        """Replace the whole log by ``records`` (compaction), atomically.
+
+        Returns:
+            False when refused, nothing changed: ``token`` is not the live
+            lease's, or the log does not hold exactly ``length`` records.
+        """
+        ...
+
+    async def load(self, context_id: str) -> tuple[bytes, ...]:
+        """The context's log, oldest record first; empty for an unknown context."""
+        ...
+
+    async def forget(self, context_id: str, token: int) -> bool:
+        """Delete the context's log; the lease (and its token counter) stays.
+
+        Returns:
+            False when refused: ``token`` is not the live lease's.
+        """
+        ...
+
+    async def idle(self, seconds: float) -> tuple[str, ...]:
+        """Ids of stored contexts unwritten for at least ``seconds``, not leased, oldest first."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the store's connections; idempotent."""
+        ...

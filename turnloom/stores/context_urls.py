@@ -1,0 +1,51 @@
+"""Open a context store from a URL: ``sqlite:PATH``, ``sqlite::memory:``, ``redis://...``."""
+
+from __future__ import annotations
+
+__all__ = ("open_context_store",)
+
+from urllib.parse import parse_qs, urlsplit, urlunsplit
+
+from turnloom.errors import InputError
+from turnloom.stores.redis_contexts import RedisContextStore
+from turnloom.stores.sqlite_contexts import SQLiteContextStore
+
+
+def open_context_store(url: str) -> SQLiteContextStore | RedisContextStore:
+    """The context store a URL names; no I/O happens until its first call.
+
+    Args:
+        url: ``sqlite:PATH`` (a file, created when missing; ``?synchronous=NORMAL``
+            trades power-loss durability for speed), ``sqlite::memory:``,
+            or ``redis://HOST:PORT/DB`` (also ``rediss://``, ``unix://``); a
+            ``prefix`` query parameter sets the Redis key prefix
+            (``redis://127.0.0.1:6379/0?prefix=app1:``).
+
+    Raises:
+        InputError: any other URL, or ``sqlite:`` without a path.
+        MissingDependencyError: a Redis URL without the ``redis`` package.
+    """
+    if not isinstance(url, str):
+        raise InputError(f"A store URL must be a str, not a {type(url).__name__}.")
+    if url.startswith("sqlite:"):
+        path, _, query = url.removeprefix("sqlite:").partition("?")
+        if path.startswith("//"):
+            path = path[2:]
+        if not path:
+            raise InputError("A sqlite: store URL needs a path: sqlite:PATH or sqlite::memory:.")
+        options = parse_qs(query, keep_blank_values=True)
+        synchronous = options.pop("synchronous", ["FULL"])[-1].upper()
+        if options:
+            raise InputError(f"Unknown sqlite: store URL parameter {sorted(options)[0]!r}.")
+        if synchronous not in ("FULL", "NORMAL"):
+            raise InputError(f"synchronous must be FULL or NORMAL, not {synchronous[:20]!r}.")
+        return SQLiteContextStore(path, synchronous="NORMAL" if synchronous == "NORMAL" else "FULL")
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        parts = urlsplit(url)
+        params = parse_qs(parts.query, keep_blank_values=True)
+        prefix = params.pop("prefix", ["turnloom:"])[-1]
+        rest = "&".join(f"{k}={v}" for k, values in params.items() for v in values)
+        return RedisContextStore(urlunsplit(parts._replace(query=rest)), prefix=prefix)
+    raise InputError(
+        f"Unknown store URL {url[:80]!r}: use sqlite:PATH, sqlite::memory: or redis://HOST:PORT/DB."
+    )

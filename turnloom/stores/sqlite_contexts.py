@@ -1,0 +1,326 @@
+"""The embedded context store: one SQLite file (standard library), WAL mode.
+
+Every call runs in a worker thread (one at a time per store, on one
+connection), so the event loop never waits on the disk. Each write is one
+``BEGIN IMMEDIATE`` transaction: the lease check and the append are atomic,
+and several processes may share one file (SQLite's file locks order them; a
+busy file is waited for up to ``busy_timeout`` seconds).
+
+Durability: with ``synchronous="FULL"`` (the default) an append that returned
+survives a crash of the process and of the machine (the WAL is fsynced at
+every commit); with ``"NORMAL"`` it survives a crash of the process, and a
+power loss may lose the last commits. A crash between two appends loses
+nothing that an append returned for. ``":memory:"`` keeps nothing (tests).
+
+Leases use the machine's wall clock (``time.time()``), so every process
+sharing a file must run on one host; use the Redis store across hosts.
+"""
+
+from __future__ import annotations
+
+__all__ = ("SQLiteContextStore",)
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Literal, Self, TypeAlias, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from turnloom.errors import (
+    InputError,
+    LeaseHeldError,
+    StoreError,
+    StoreUnavailableError,
+)
+
+# (context_id, token, start, records): see turnloom.runtime.store.LogWrite.
+_LogWrite: TypeAlias = tuple[str, int, int, tuple[bytes, ...]]
+
+_T = TypeVar("_T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS turnloom_contexts (
+    context_id TEXT PRIMARY KEY,
+    token INTEGER NOT NULL,
+    owner TEXT,
+    expires_at REAL NOT NULL,
+    used_at REAL NOT NULL,
+    length INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS turnloom_records (
+    context_id TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (context_id, position)
+) WITHOUT ROWID;
+"""
+
+
+class SQLiteContextStore:
+    """A :class:`~turnloom.runtime.store.ContextStore` in one SQLite file.
+
+    Args:
+        path: the database file (created when missing), or ``":memory:"``.
+        synchronous: ``"FULL"`` (default) or ``"NORMAL"``; see the module
+            docstring for what each survives.
+        busy_timeout: seconds a write waits for another process's
+            transaction on the same file before failing (default 5.0).
+
+    Raises:
+        InputError: an unknown ``synchronous`` mode or a negative timeout.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Literal["FULL", "NORMAL"] = "FULL",
+        busy_timeout: float = 5.0,
+    ) -> None:
+        if synchronous not in ("FULL", "NORMAL"):
+            raise InputError(f"synchronous must be 'FULL' or 'NORMAL', not {synchronous!r}.")
+        if not isinstance(busy_timeout, int | float) or busy_timeout < 0:
+            raise InputError(f"busy_timeout must be a non-negative number, not {busy_timeout!r}.")
+        self._path = os.fspath(path)
+        self._synchronous = synchronous
+        self._busy_timeout = float(busy_timeout)
+        self._connection: sqlite3.Connection | None = None
+        self._limiter = anyio.CapacityLimiter(1)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"SQLiteContextStore({self._path!r})"
+
+    # -- plumbing (worker thread) ---------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        connection = self._connection
+        if connection is None:
+            connection = sqlite3.connect(
+                self._path,
+                timeout=self._busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            try:
+                connection.execute("PRAGMA journal_mode=WAL")
+                connection.execute(f"PRAGMA synchronous={self._synchronous}")
+                connection.executescript(_SCHEMA)
+            except BaseException:
+                connection.close()
+                raise
+            self._connection = connection
+        return connection
+
+    def _transaction(self, work: Callable[[sqlite3.Connection, float], _T]) -> _T:
+        connection = self._connect()
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            result = work(connection, time.time())
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+        connection.execute("COMMIT")
+        return result
+
+    async def _run(self, work: Callable[[sqlite3.Connection, float], _T]) -> _T:
+        if self._closed:
+            raise StoreError(f"{self!r} is closed.")
+        try:
+            # Not abandoned on cancellation: the transaction finishes (or rolls
+            # back) before the cancellation is delivered.
+            return await anyio.to_thread.run_sync(self._transaction, work, limiter=self._limiter)
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailableError(f"{self!r} could not complete a write: {exc}.") from exc
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self!r} failed: {exc}.") from exc
+
+    # -- the protocol -------------------------------------------------------------
+
+    async def acquire(self, context_id: str, owner: str, ttl: float) -> int:
+        """See :meth:`ContextStore.acquire`. The token counter survives release and forget."""
+
+        def work(db: sqlite3.Connection, now: float) -> int:
+            row = db.execute(
+                "SELECT token, owner, expires_at FROM turnloom_contexts WHERE context_id = ?",
+                (context_id,),
+            ).fetchone()
+            if row is not None and row[1] is not None and row[2] > now and row[1] != owner:
+                raise LeaseHeldError(
+                    f"Context {context_id!r} is leased by {row[1]!r} for another "
+                    f"{row[2] - now:.3f} seconds.",
+                    context_id=context_id,
+                )
+            token = (row[0] if row is not None else 0) + 1
+            db.execute(
+                "INSERT INTO turnloom_contexts VALUES (?, ?, ?, ?, ?, 0) "
+                "ON CONFLICT (context_id) DO UPDATE SET token = excluded.token, "
+                "owner = excluded.owner, expires_at = excluded.expires_at",
+                (context_id, token, owner, now + ttl, now),
+            )
+            return token
+
+        return await self._run(work)
+
+    async def renew(self, leases: Mapping[str, int], ttl: float) -> frozenset[str]:
+        """See :meth:`ContextStore.renew`."""
+        items = tuple(leases.items())
+
+        def work(db: sqlite3.Connection, now: float) -> frozenset[str]:
+            lost: set[str] = set()
+            for context_id, token in items:
+                cursor = db.execute(
+                    "UPDATE turnloom_contexts SET expires_at = ? WHERE context_id = ? AND "
+                    "token = ? AND owner IS NOT NULL AND expires_at > ?",
+                    (now + ttl, context_id, token, now),
+                )
+                if cursor.rowcount == 0:
+                    lost.add(context_id)
+            return frozenset(lost)
+
+        return await self._run(work)
+
+    async def release(self, leases: Mapping[str, int]) -> None:
+        """See :meth:`ContextStore.release`."""
+        items = tuple(leases.items())
+
+        def work(db: sqlite3.Connection, now: float) -> None:
+            db.executemany(
+                "UPDATE turnloom_contexts SET owner = NULL, expires_at = 0 "
+                "WHERE context_id = ? AND token = ?",
+                items,
+            )
+
+        await self._run(work)
+
+    async def append(self, writes: Sequence[_LogWrite]) -> frozenset[str]:
+        """See :meth:`ContextStore.append`: one transaction for the whole batch.
+
+        Raises:
+            StoreError: a write starts after the end of its log (a gap).
+        """
+        batch = tuple(writes)
+
+        def work(db: sqlite3.Connection, now: float) -> frozenset[str]:
+            refused: set[str] = set()
+            for context_id, token, start, records in batch:
+                row = db.execute(
+                    "SELECT token, owner, expires_at, length FROM turnloom_contexts "
+                    "WHERE context_id = ?",
+                    (context_id,),
+                ).fetchone()
+                if row is None or row[0] != token or row[1] is None or row[2] <= now:
+                    refused.add(context_id)
+                    continue
+                length = row[3]
+                if start > length:
+                    raise StoreError(
+                        f"A write to context {context_id!r} starts at record {start}, but "
+                        f"its log holds {length}."
+                    )
+                fresh = records[length - start :]
+                db.executemany(
+                    "INSERT INTO turnloom_records VALUES (?, ?, ?)",
+                    ((context_id, length + i, data) for i, data in enumerate(fresh)),
+                )
+                db.execute(
+                    "UPDATE turnloom_contexts SET length = ?, used_at = ? WHERE context_id = ?",
+                    (length + len(fresh), now, context_id),
+                )
+            return frozenset(refused)
+
+        return await self._run(work)
+
+    async def replace(
+        self, context_id: str, token: int, length: int, records: tuple[bytes, ...]
+    ) -> bool:
+        """See :meth:`ContextStore.replace`: one transaction."""
+
+        def work(db: sqlite3.Connection, now: float) -> bool:
+            row = db.execute(
+                "SELECT token, owner, expires_at, length FROM turnloom_contexts "
+                "WHERE context_id = ?",
+                (context_id,),
+            ).fetchone()
+            if row is None or row[0] != token or row[1] is None or row[2] <= now:
+                return False
+            if row[3] != length:
+                return False
+            db.execute("DELETE FROM turnloom_records WHERE context_id = ?", (context_id,))
+            db.executemany(
+                "INSERT INTO turnloom_records VALUES (?, ?, ?)",
+                ((context_id, i, data) for i, data in enumerate(records)),
+            )
+            db.execute(
+                "UPDATE turnloom_contexts SET length = ?, used_at = ? WHERE context_id = ?",
+                (len(records), now, context_id),
+            )
+            return True
+
+        return await self._run(work)
+
+    async def load(self, context_id: str) -> tuple[bytes, ...]:
+        """See :meth:`ContextStore.load`."""
+
+        def work(db: sqlite3.Connection, now: float) -> tuple[bytes, ...]:
+            rows = db.execute(
+                "SELECT data FROM turnloom_records WHERE context_id = ? ORDER BY position",
+                (context_id,),
+            ).fetchall()
+            return tuple(bytes(row[0]) for row in rows)
+
+        return await self._run(work)
+
+    async def forget(self, context_id: str, token: int) -> bool:
+        """See :meth:`ContextStore.forget`."""
+
+        def work(db: sqlite3.Connection, now: float) -> bool:
+            row = db.execute(
+                "SELECT token, owner, expires_at FROM turnloom_contexts WHERE context_id = ?",
+                (context_id,),
+            ).fetchone()
+            if row is None or row[0] != token or row[1] is None or row[2] <= now:
+                return False
+            db.execute("DELETE FROM turnloom_records WHERE context_id = ?", (context_id,))
+            db.execute(
+                "UPDATE turnloom_contexts SET length = 0 WHERE context_id = ?", (context_id,)
+            )
+            return True
+
+        return await self._run(work)
+
+    async def idle(self, seconds: float) -> tuple[str, ...]:
+        """See :meth:`ContextStore.idle`."""
+
+        def work(db: sqlite3.Connection, now: float) -> tuple[str, ...]:
+            rows = db.execute(
+                "SELECT context_id FROM turnloom_contexts WHERE length > 0 AND used_at <= ? "
+                "AND (owner IS NULL OR expires_at <= ?) ORDER BY used_at, context_id",
+                (now - seconds, now),
+            ).fetchall()
+            return tuple(row[0] for row in rows)
+
+        return await self._run(work)
+
+    async def __aenter__(self) -> Self:
+        """The store itself; :meth:`aclose` runs when the block exits."""
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Close the store (see :meth:`aclose`)."""
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection (after any running call); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        connection = self._connection
+        self._connection = None
+        if connection is not None:
+            with anyio.CancelScope(shield=True):
+                async with self._limiter:
+                    connection.close()
