@@ -149,6 +149,48 @@ def test_each_bad_key_is_a_config_error_naming_it(document: object, key: str) ->
         assert repr(key) in str(caught.value)
 
 
+def test_behaviour_rules_over_the_item_cap_are_a_config_error_naming_the_key() -> None:
+    """Rules that alone exceed ``history_max_item_bytes`` fail at the config's door.
+
+    Otherwise the file loads and every prepare of every turn raises
+    ItemTooLargeError (the runtime-state result carries the rules).
+    """
+    document = {
+        "context": {"init_config": {"behavior_rules": "x" * 101, "history_max_item_bytes": 100}}
+    }
+    with pytest.raises(ConfigError) as caught:
+        parse_config(document)
+    assert caught.value.key == "context.init_config.behavior_rules"
+    assert str(caught.value) == (
+        "In configuration key 'context.init_config.behavior_rules': behavior_rules carries "
+        "at least 101 bytes, over the per-item cap of 100 bytes."
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (
+            ": : :\n",
+            "while parsing a block mapping, expected <block end>, but found ':' "
+            "(at line 1, column 1)",
+        ),
+        (
+            "context: !!python/object/apply:os.system ['echo']\n",
+            "could not determine a constructor for the tag "
+            "'tag:yaml.org,2002:python/object/apply:os.system' (at line 1, column 10)",
+        ),
+    ],
+)
+def test_a_yaml_parse_error_is_one_line(tmp_path: Path, text: str, reason: str) -> None:
+    """The parser's message (several lines, with a caret) is one line: the CLI prints one."""
+    path = tmp_path / "host.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value) == f"Configuration file 'host.yaml' is not valid YAML: {reason}"
+
+
 @pytest.mark.parametrize(
     ("name", "text", "match"),
     [

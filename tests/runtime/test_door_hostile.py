@@ -23,6 +23,7 @@ from turnloom.errors import (
     DuplicateIdError,
     InputError,
     InvalidMessageError,
+    ItemTooLargeError,
     TurnloomError,
     UnknownContextError,
 )
@@ -269,6 +270,23 @@ async def test_foundation_options_are_validated_at_construction(options: dict[st
     """A bad option is a typed InputError before anything opens, never a late crash."""
     with pytest.raises(InputError):
         Foundation(**options)
+
+
+def test_default_behaviour_rules_over_the_item_cap_are_refused_at_construction() -> None:
+    """Rules that alone exceed the per-item cap would fail every prepare: refused up front.
+
+    The runtime-state result carries the manager's behaviour rules in every
+    turn; rules longer than ``max_item_bytes`` can never fit, so the manager
+    is never built (before: built, then every ``prepare`` raised).
+    """
+    limits = HistoryLimits(max_item_bytes=1000)
+    with pytest.raises(ItemTooLargeError) as caught:
+        Foundation(history_limits=limits, behavior_rules="x" * 1001)
+    assert (caught.value.size, caught.value.limit) == (1001, 1000)
+    assert str(caught.value) == (
+        "behavior_rules carries at least 1001 bytes, over the per-item cap of 1000 bytes."
+    )
+    Foundation(history_limits=limits, behavior_rules="x" * 900)  # fits: accepted
 
 
 async def test_a_typed_error_is_a_turnloom_error_for_every_bad_prepare() -> None:

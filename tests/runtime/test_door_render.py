@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from turnloom.context import GatewayType, Message, ReasoningPart, Role, TextPart, ToolCallPart
-from turnloom.errors import InvalidMessageError, ItemTooLargeError
+from turnloom.errors import InvalidMessageError, ItemTooLargeError, ProviderRuleError
 from turnloom.runtime import (
     ContextContribution,
     ContextPrepareRequest,
@@ -175,3 +175,28 @@ async def test_a_cancelled_call_that_only_began_to_think_is_not_recorded() -> No
         assert manager.record("c", "t1", [partial]) == 0
         assert manager.record("c", "t1", [signed]) == 1
         assert manager.history("c").turn_messages("t1")[1:] == (signed,)
+
+
+async def test_an_anthropic_call_id_the_api_rejects_is_refused_at_record() -> None:
+    """Invariant: a call id outside Anthropic's pattern never enters history.
+
+    Recorded, ``functions.get_weather:0`` (another provider's id) would make
+    every later input of the context a request the API rejects.
+    """
+    foreign = Message(
+        role=Role.assistant,
+        content=(ToolCallPart(call_id="functions.get_weather:0", name="get_weather"),),
+    )
+    async with Foundation(gateway=GatewayType.anthropic) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(
+            TurnSnapshot(
+                context_id="c", turn_id="t1", input=(Message(role=Role.user, content="Hi"),)
+            )
+        )
+        with pytest.raises(ProviderRuleError, match=r"Output of turn 't1'\[0\]: Call id "):
+            manager.record("c", "t1", [foreign])
+        assert manager.history("c").turn_messages("t1") == (Message(role=Role.user, content="Hi"),)
+        prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
+        body = manager.gateway.request_body(prefix.items)
+        assert manager.gateway.validate(body["messages"]) == []

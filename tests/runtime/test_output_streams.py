@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 
 import anyio
 import pytest
+from anyio.streams.memory import MemoryObjectSendStream
 from prometheus_client import CollectorRegistry
 
 from tests.runtime.helpers import SYSTEM, assistant, user
@@ -291,3 +292,65 @@ async def test_consume_outputs_checks_its_arguments_and_the_lifecycle() -> None:
             await foundation.aclose()
             with pytest.raises(FoundationClosedError):
                 manager.consume_outputs(receive)
+
+
+class _HostBug(Exception):
+    """An ``on_error`` handler that fails."""
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+async def test_an_on_error_raising_at_close_still_drains_and_closes_every_other_stream() -> None:
+    """Close order holds for every stream when one stream's ``on_error`` raises in the drain.
+
+    Two unbuffered streams, each with a sender blocked in ``send``; stream
+    a's record is refused and its ``on_error`` raises. Stream b's record is
+    still recorded, both receive sides are closed (each producer's next send
+    is refused, none is left waiting), and the handler's error leaves the
+    Foundation. Before: the close stopped at stream a, b's record was lost
+    and b's producer waited until it was cancelled.
+    """
+    send_a, receive_a = anyio.create_memory_object_stream[OutputRecord](0)
+    send_b, receive_b = anyio.create_memory_object_stream[OutputRecord](0)
+    outcome: dict[str, str] = {}
+
+    def refuse(record: object, error: TurnloomError) -> None:
+        raise _HostBug("on_error failed")
+
+    async def producer(name: str, send: MemoryObjectSendStream[OutputRecord]) -> None:
+        refused = OutputRecord(context_id="gone", turn_id="t1", outputs=())
+        with send:
+            try:
+                await send.send(_out(name) if name == "b" else refused)
+            except anyio.get_cancelled_exc_class():
+                outcome[name] = "never taken"
+                raise
+            try:
+                send.send_nowait(_out("after close"))
+                outcome[name] = "taken after close"
+            except anyio.WouldBlock:
+                outcome[name] = "still open"
+            except anyio.BrokenResourceError:
+                outcome[name] = "refused"
+
+    with pytest.raises(BaseException) as caught:
+        async with Foundation() as foundation:
+            manager = foundation.manager
+            manager.accept_turn(_turn())
+            async with anyio.create_task_group() as producers:
+                producers.start_soon(producer, "a", send_a)
+                producers.start_soon(producer, "b", send_b)
+                await anyio.wait_all_tasks_blocked()  # both producers wait in send
+                manager.consume_outputs(receive_a, on_error=refuse)
+                manager.consume_outputs(receive_b)
+                await foundation.aclose()  # the consumers never ran: the drain takes both
+    assert [type(e) for e in _leaves(caught.value)] == [_HostBug]
+    assert outcome == {"a": "refused", "b": "refused"}
+    assert _texts(manager) == ["b"]
+    assert manager.statistics().outputs == OutputStatistics(
+        records_total=1, drained_total=1, rejected_total=1
+    )

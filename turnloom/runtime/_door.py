@@ -147,7 +147,8 @@ def check_manager_options(
         InputError: ``max_pending_preparations`` or ``max_tenant_preparations``
             is not a positive integer, ``history_limits`` is not a
             :class:`HistoryLimits`, an unknown gateway or ``open_calls``
-            policy, behaviour rules that are not valid text, a ``strategy``
+            policy, behaviour rules that are not valid text or alone exceed
+            the per-item cap (``ItemTooLargeError``), a ``strategy``
             that is neither a name nor an AssemblyStrategy, ``memory`` or
             ``strategy_options`` without a named strategy, or bad strategy
             options.
@@ -173,7 +174,8 @@ def check_manager_options(
         )
     if open_calls not in ("exclude", "cancel"):
         raise InputError(f"open_calls must be 'exclude' or 'cancel', not {excerpt(open_calls)}.")
-    check_contributions((), behavior_rules, None)
+    limits = history_limits if history_limits is not None else HistoryLimits()
+    check_behavior_rules(behavior_rules, limits.max_item_bytes)
     if max_tenant_preparations is None:
         tenant_limit = (max_pending_preparations + 1) // 2
     elif _positive_int(max_tenant_preparations):
@@ -187,7 +189,7 @@ def check_manager_options(
     return ManagerOptions(
         gateway=checked_gateway,
         max_pending_preparations=max_pending_preparations,
-        history_limits=history_limits if history_limits is not None else HistoryLimits(),
+        history_limits=limits,
         behavior_rules=behavior_rules,
         open_calls="cancel" if open_calls == "cancel" else "exclude",
         strategy=_strategy(strategy, checked_gateway, memory, strategy_options, token_counter),
@@ -440,6 +442,38 @@ def check_snapshot(
     return context_id
 
 
+def check_carried(carried: int, max_item_bytes: int, what: str) -> None:
+    """The runtime-state result is one item under the per-item cap: refuse early.
+
+    ``carried`` counts the characters of the texts the result carries; its
+    encoding is at least that many bytes (UTF-8 bytes >= characters), so
+    this bound fails before anything is encoded. The exact size is checked
+    in the worker.
+
+    Raises:
+        ItemTooLargeError: ``carried`` exceeds ``max_item_bytes``.
+    """
+    if carried > max_item_bytes:
+        raise ItemTooLargeError(
+            f"{what} carries at least {carried} bytes, over the per-item cap of "
+            f"{max_item_bytes} bytes.",
+            size=carried,
+            limit=max_item_bytes,
+        )
+
+
+def check_behavior_rules(behavior_rules: str | None, max_item_bytes: int) -> None:
+    """Default behaviour rules: valid text that fits the runtime-state result.
+
+    Raises:
+        InvalidTextError: text that is not valid UTF-8.
+        ItemTooLargeError: the rules alone exceed ``max_item_bytes``, so every
+            turn's runtime-state result would.
+    """
+    check_contributions((), behavior_rules, None)
+    check_carried(len(behavior_rules or ""), max_item_bytes, "behavior_rules")
+
+
 def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> ContextPrepareRequest:
     """Validate a request; return it with its contributions frozen in a tuple.
 
@@ -475,22 +509,12 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
             f"auto_hydrate must be a bool, not {type(request.auto_hydrate).__name__}.",
             field="auto_hydrate",
         )
-    # The state result is one item under the per-item cap. Its text is at
-    # least as long as the texts it carries (UTF-8 bytes >= characters), so
-    # this bound fails early without encoding on the event loop; the exact
-    # size is checked in the worker.
     carried = sum(len(c.name) + len(c.content) for c in contributions)
     carried += len(request.behavior_rules or "")
     if perception is not None:
         carried += len(perception.modality or "")
         carried += sum(len(k) + len(v) for k, v in perception.source.items())
-    if carried > max_item_bytes:
-        raise ItemTooLargeError(
-            f"The runtime state of turn {excerpt(request.turn_id)} carries at least {carried} "
-            f"bytes, over the per-item cap of {max_item_bytes} bytes.",
-            size=carried,
-            limit=max_item_bytes,
-        )
+    check_carried(carried, max_item_bytes, f"The runtime state of turn {excerpt(request.turn_id)}")
     if contributions is request.contributions and perception is None:
         return request
     return msgspec.structs.replace(request, contributions=contributions, perception=perception)

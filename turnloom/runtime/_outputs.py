@@ -122,6 +122,10 @@ class OutputStreams:
         """Drain and close every stream in the documented order.
 
         Not shielded: the manager's close runs in the Foundation's shielded scope.
+
+        Raises:
+            whatever a stream's ``on_error`` raised while its stream drained
+            (the first such error), after every stream was drained and closed.
         """
         consumers = tuple(self._consumers)
         others = [c for c in consumers if not isinstance(c.source, MemoryObjectReceiveStream)]
@@ -132,11 +136,21 @@ class OutputStreams:
             consumer.scope.cancel()
         for consumer in consumers:
             await consumer.done.wait()
+        # An on_error that raises while its stream drains ends that stream
+        # only: every other stream is still drained and every one closed (a
+        # blocked sender is never left waiting); then the first error leaves.
+        error: BaseException | None = None
         for consumer in consumers:
             source = consumer.source
             if isinstance(source, MemoryObjectReceiveStream) and not consumer.ended:
-                self._drain(consumer, source)
-                source.close()
+                try:
+                    self._drain(consumer, source)
+                except BaseException as exc:
+                    error = error or exc
+                finally:
+                    source.close()
+        if error is not None:
+            raise error
 
     def _drain(self, consumer: _Consumer, stream: MemoryObjectReceiveStream[OutputRecord]) -> None:
         while True:

@@ -64,9 +64,8 @@ import yaml
 from turnloom.context.gateway import Gateway, GatewayType, get_gateway
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import ConfigError, InputError, UnknownPluginError, excerpt
-from turnloom.runtime._door import DEFAULT_MAX_PENDING_PREPARATIONS
+from turnloom.runtime._door import DEFAULT_MAX_PENDING_PREPARATIONS, check_behavior_rules
 from turnloom.runtime.manager import ContextManager
-from turnloom.runtime.state import check_contributions
 
 CONTEXT_PLUGIN_GROUP = "turnloom.context_plugins"
 """The entry point group third-party context plugins register under."""
@@ -254,7 +253,8 @@ def parse_config(document: object) -> RuntimeConfig:
     Raises:
         ConfigError: a key that is missing or unknown, a value of the wrong
             type or out of range, or behaviour rules that are not valid
-            text; ``key`` is its dotted path.
+            text or alone exceed ``history_max_item_bytes``; ``key`` is its
+            dotted path.
         UnknownPluginError: ``context.plugin`` names no known plugin.
     """
     try:
@@ -268,13 +268,25 @@ def parse_config(document: object) -> RuntimeConfig:
         raise _config_error(exc, "context.init_config") from None
     if isinstance(init_config, ContextInitConfig):
         try:
-            check_contributions((), init_config.behavior_rules, None)
+            check_behavior_rules(init_config.behavior_rules, init_config.history_max_item_bytes)
         except InputError as exc:
             raise ConfigError(
                 f"In configuration key 'context.init_config.behavior_rules': {exc}",
                 key="context.init_config.behavior_rules",
             ) from exc
     return RuntimeConfig(context=ContextConfig(plugin=raw.context.plugin, init_config=init_config))
+
+
+def _parse_error(exc: Exception) -> str:
+    """The parser's reason on one line, with its line and column as TOML's gives them.
+
+    PyYAML's message spans lines (the offending text and a caret under it).
+    """
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        reason = ", ".join(r for r in (exc.context, exc.problem) if r)
+        return f"{reason} (at line {mark.line + 1}, column {mark.column + 1})"
+    return " ".join(str(exc).split())
 
 
 def load_config(path: str | PathLike[str]) -> RuntimeConfig:
@@ -305,7 +317,7 @@ def load_config(path: str | PathLike[str]) -> RuntimeConfig:
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(
             f"Configuration file {excerpt(file.name)} is not valid {suffix[1:].upper()}: "
-            f"{str(exc)[:200]}",
+            f"{_parse_error(exc)[:200]}",
             key="",
         ) from None
     return parse_config(document)

@@ -635,7 +635,9 @@ class ContextManager:
         nothing, is counted in ``statistics().outputs.rejected_total`` and is
         passed to ``on_error(record, error)`` when given; the consumer goes
         on. An exception the stream itself raises (or ``on_error`` raises)
-        ends the consumer and propagates out of the Foundation's task group.
+        ends the consumer and propagates out of the Foundation's task group;
+        raised while the close drains, it leaves after every other stream was
+        drained and every stream closed.
 
         Close order (the Foundation's ``aclose``): intake stops first; a
         memory object stream is then drained at once -- what it still holds,

@@ -319,3 +319,50 @@ def test_validate_reports_each_rule(
 ) -> None:
     """Each structural rule is reported with the index of the offending item."""
     assert _rules(items) == expected
+
+
+@pytest.mark.parametrize("call_id", ["functions.get_weather:0", "call 1", "Bash:12", "é", "a|b"])
+def test_a_call_id_outside_the_api_pattern_is_refused_at_render(call_id: str) -> None:
+    """The API checks tool_use ids against ``^[a-zA-Z0-9_-]+$`` and rejects the request.
+
+    Such an id (another provider's, for example ``functions.get_weather:0``)
+    would be committed to history and then break every later input of the
+    context, so rendering (the door's check) refuses the call and its result.
+    """
+    call = Message(
+        role=Role.assistant,
+        content=(ToolCallPart(call_id=call_id, name="f", arguments="{}"),),
+    )
+    result = Message(
+        role=Role.tool, content=(ToolResultPart(call_id=call_id, content=(TextPart(text="r"),)),)
+    )
+    for message in (call, result):
+        with pytest.raises(ProviderRuleError) as caught:
+            gw.render(message)
+        assert str(caught.value) == (
+            f"Call id {call_id!r} is not letters, digits, '_' and '-' only; Anthropic "
+            "rejects such a tool_use id."
+        )
+    for good in ("toolu_01A-b_9", "call_r2", "tlrs_0af3"):
+        assert (
+            gw.render(
+                Message(role=Role.assistant, content=(ToolCallPart(call_id=good, name="f"),))
+            )[0]["content"][0]["id"]
+            == good
+        )
+
+
+def test_validate_flags_a_tool_use_id_outside_the_api_pattern() -> None:
+    """validate() reports the id the API would reject, naming the item."""
+    items: list[dict[str, Any]] = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "fn.a:0", "name": "f", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "fn.a:0", "content": "r"}],
+        },
+    ]
+    assert _rules(items) == [(1, "invalid_call_id")]

@@ -48,7 +48,11 @@ Call ids: the API rejects a ``tool_use`` id used twice in one request. A
 reused id is renamed ``<id>_r<n>`` in its ``tool_use`` and the
 ``tool_result`` blocks answering it, by the rule of
 :mod:`turnloom.context.callids`, in every prepared input and in
-:meth:`AnthropicGateway.request_body`.
+:meth:`AnthropicGateway.request_body`. The API also checks each ``tool_use``
+id against ``^[a-zA-Z0-9_-]+$`` (another provider's id such as
+``functions.get_weather:0`` is rejected): rendering a call or result with such
+an id raises :class:`~turnloom.errors.ProviderRuleError`, so it never enters a
+history.
 
 Source: Anthropic Messages API reference (``messages``, ``system``, content
 blocks; tool use: ``tool_result`` blocks go in the next user message, before
@@ -60,6 +64,7 @@ from __future__ import annotations
 __all__ = ("AnthropicGateway",)
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -94,7 +99,7 @@ from turnloom.context.message import (
     ToolResultPart,
     check_message,
 )
-from turnloom.errors import InvalidMessageError, excerpt
+from turnloom.errors import InvalidMessageError, ProviderRuleError, excerpt
 
 _log = logging.getLogger("turnloom.gateway.anthropic")
 
@@ -115,6 +120,8 @@ _WRITES = NativeKeys(
 )
 # Sent for an error result that has no content (the API rejects it empty).
 _EMPTY_ERROR_TEXT = "The tool failed without output."
+# The API checks every tool_use id (and tool_use_id) against this pattern.
+_CALL_ID = re.compile(r"[a-zA-Z0-9_-]+")
 
 
 class AnthropicGateway(Gateway):
@@ -153,7 +160,9 @@ class AnthropicGateway(Gateway):
         """Render ``message`` into zero or one Anthropic item.
 
         Raises:
-            ProviderRuleError: a tool call's arguments are not a JSON object.
+            ProviderRuleError: a tool call's arguments are not a JSON object, or
+                a call id (of a call or a result) is not letters, digits, ``_``
+                and ``-`` only (the API's pattern for ``tool_use`` ids).
         """
         layout = layout_of(message, _GATEWAY)
         own = message.layout is None or bool(layout)
@@ -241,6 +250,7 @@ class AnthropicGateway(Gateway):
 
     def _assistant_block(self, part: Part, own: bool) -> dict[str, Any] | None:
         if type(part) is ToolCallPart:
+            _check_call_id(part.call_id)
             block: dict[str, Any] = {
                 "type": "tool_use",
                 "id": part.call_id,
@@ -278,6 +288,7 @@ class AnthropicGateway(Gateway):
     def _result_block(
         self, result: ToolResultPart, layout: dict[str, Any], own: bool
     ) -> dict[str, Any]:
+        _check_call_id(result.call_id)
         inner = [b for p in result.content if (b := self._content_block(p, own)) is not None]
         content: str | list[Any] = inner
         if result.call_id in layout.get("string_results", ()) and all(
@@ -517,7 +528,8 @@ class AnthropicGateway(Gateway):
         assistant item is answered by a ``tool_result`` in the directly following user
         item, and that item holds its results before any other block; no
         ``tool_result`` without a ``tool_use`` in the directly preceding assistant
-        item; ``tool_use`` ids unique in the whole input (the API rejects a reused id);
+        item; ``tool_use`` ids unique in the whole input (the API rejects a reused id)
+        and made of letters, digits, ``_`` and ``-`` (the API's id pattern);
         no empty content and no empty or whitespace-only text block; an error
         ``tool_result`` has content; a ``thinking`` block has its ``signature``
         (``redacted_thinking``: its ``data``); a base64 image is JPEG, PNG, GIF or
@@ -662,6 +674,15 @@ class AnthropicGateway(Gateway):
                                 )
                             )
                             continue
+                        if not _CALL_ID.fullmatch(call_id):
+                            out.append(
+                                violation(
+                                    index,
+                                    "invalid_call_id",
+                                    f"Item {index} has tool_use id {call_id[:64]!r}; the API "
+                                    "takes letters, digits, '_' and '-' only.",
+                                )
+                            )
                         if call_id in seen_ids:
                             out.append(
                                 violation(
@@ -734,6 +755,20 @@ class AnthropicGateway(Gateway):
 
 def _empty_result(content: Any) -> bool:
     return content is None or (isinstance(content, str) and blank(content)) or content == []
+
+
+def _check_call_id(call_id: str) -> None:
+    """Refuse a call id the API rejects (its pattern for ``tool_use`` ids).
+
+    Raises:
+        ProviderRuleError: ``call_id`` holds a character other than a letter,
+            digit, ``_`` or ``-``.
+    """
+    if not _CALL_ID.fullmatch(call_id):
+        raise ProviderRuleError(
+            f"Call id {call_id[:64]!r} is not letters, digits, '_' and '-' only; Anthropic "
+            "rejects such a tool_use id."
+        )
 
 
 def _check_result_texts(block: dict[str, Any], index: int, j: int, out: list[Violation]) -> None:
