@@ -25,7 +25,7 @@ _TRUNCATED = Message(
 )
 
 
-@pytest.mark.parametrize("gateway", [GatewayType.anthropic, GatewayType.gemini])
+@pytest.mark.parametrize("gateway", list(GatewayType))
 async def test_truncated_tool_arguments_are_rejected_at_record_and_history_is_unchanged(
     gateway: GatewayType,
 ) -> None:
@@ -40,8 +40,9 @@ async def test_truncated_tool_arguments_are_rejected_at_record_and_history_is_un
             )
         )
         before = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
-        with pytest.raises(ProviderRuleError, match=r"Output of turn 't1'\[0\]"):
+        with pytest.raises(InvalidMessageError, match=r"Output of turn 't1'\[0\]") as info:
             manager.record("c", "t1", [_TRUNCATED])
+        assert info.value.field == "content[1].arguments"
         manager.accept_turn(
             TurnSnapshot(
                 context_id="c",
@@ -54,13 +55,14 @@ async def test_truncated_tool_arguments_are_rejected_at_record_and_history_is_un
         assert after.items[: before.item_count] == before.items
 
 
-@pytest.mark.parametrize("gateway", [GatewayType.anthropic, GatewayType.gemini])
+@pytest.mark.parametrize("gateway", list(GatewayType))
 async def test_truncated_tool_arguments_in_turn_input_are_rejected_before_commit(
     gateway: GatewayType,
 ) -> None:
+    """Arguments are strict JSON object text on every gateway: refused at the door."""
     async with Foundation(gateway=gateway) as foundation:
         manager = foundation.manager
-        with pytest.raises(ProviderRuleError, match=r"Turn 't1' input\[1\]"):
+        with pytest.raises(InvalidMessageError, match=r"Turn 't1' input\[1\]"):
             manager.accept_turn(
                 TurnSnapshot(
                     context_id="c",
@@ -72,7 +74,7 @@ async def test_truncated_tool_arguments_in_turn_input_are_rejected_before_commit
 
 
 async def test_openai_chat_carries_arguments_text_verbatim() -> None:
-    """OpenAI Chat sends arguments as a string, so the same output is accepted there."""
+    """OpenAI Chat sends valid arguments text as it came (whitespace and key order kept)."""
     async with Foundation(gateway=GatewayType.openai_chat) as foundation:
         manager = foundation.manager
         manager.accept_turn(
@@ -80,7 +82,12 @@ async def test_openai_chat_carries_arguments_text_verbatim() -> None:
                 context_id="c", turn_id="t1", input=(Message(role=Role.user, content="Hi"),)
             )
         )
-        assert manager.record("c", "t1", [_TRUNCATED]) == 1
+        text = '{"z": 1,   "a": [2]}'
+        call = Message(
+            role=Role.assistant, content=(ToolCallPart(call_id="c1", name="f", arguments=text),)
+        )
+        assert manager.record("c", "t1", [call]) == 1
+        assert manager.gateway.render(call)[0]["tool_calls"][0]["function"]["arguments"] == text
 
 
 @pytest.mark.parametrize("gateway", list(GatewayType))

@@ -89,6 +89,7 @@ from turnloom.context.gateways._common import (
 from turnloom.context.message import (
     ImagePart,
     Message,
+    NativeKeys,
     OpaquePart,
     Part,
     ReasoningPart,
@@ -98,7 +99,7 @@ from turnloom.context.message import (
     ToolResultPart,
     check_message,
 )
-from turnloom.errors import InvalidMessageError, ProviderRuleError
+from turnloom.errors import InvalidMessageError, ProviderRuleError, excerpt
 
 _log = logging.getLogger("turnloom.gateway.anthropic")
 
@@ -107,6 +108,16 @@ _GATEWAY = GatewayType.anthropic.value
 _ROLES = ("user", "assistant", "system")
 # The media types of a base64 image source (Source: Anthropic Messages API, vision).
 _MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+# The keys this gateway writes itself: extras never replace them (checked at the door).
+_WRITES = NativeKeys(
+    message=frozenset({"role", "content"}),
+    text=frozenset({"type", "text"}),
+    image=frozenset({"type", "source"}),
+    tool_call=frozenset({"type", "id", "name", "input"}),
+    tool_result=frozenset({"type", "tool_use_id", "content", "is_error"}),
+    reasoning=frozenset({"type", "thinking", "signature", "data"}),
+    hints={"content": ("string",), "string_results": "ids", "no_is_error": "ids"},
+)
 # Sent for an error result that has no content (the API rejects it empty).
 _EMPTY_ERROR_TEXT = "The tool failed without output."
 # The API checks every tool_use id (and tool_use_id) against this pattern.
@@ -331,7 +342,7 @@ class AnthropicGateway(Gateway):
         role_name = item.get("role")
         if role_name not in _ROLES:
             raise InvalidMessageError(
-                f"Anthropic message has unknown role {role_name!r}.", field="role"
+                f"Anthropic message has unknown role {excerpt(role_name)}.", field="role"
             )
         extras: dict[str, Any] = {}
         message_id = None
@@ -540,7 +551,9 @@ class AnthropicGateway(Gateway):
             role = item.get("role") if isinstance(item, dict) else None
             if role not in _ROLES:
                 out.append(
-                    violation(index, "unknown_role", f"Item {index} has unknown role {role!r}.")
+                    violation(
+                        index, "unknown_role", f"Item {index} has unknown role {excerpt(role)}."
+                    )
                 )
                 continue
             content = item.get("content")
@@ -577,7 +590,7 @@ class AnthropicGateway(Gateway):
                             index,
                             "unsupported_media_type",
                             f"Item {index} content[{j}] is a base64 image of type "
-                            f"{source.get('media_type')!r}; the API takes "
+                            f"{excerpt(source.get('media_type'))}; the API takes "
                             f"{', '.join(_MEDIA_TYPES)}.",
                         )
                     )
@@ -616,7 +629,8 @@ class AnthropicGateway(Gateway):
                             violation(
                                 index,
                                 "tool_result_without_call",
-                                f"Item {index} content[{j}] answers tool_use {call_id!r}, which "
+                                f"Item {index} content[{j}] answers tool_use "
+                                f"{excerpt(call_id)}, which "
                                 "is not a call of the directly preceding assistant item.",
                             )
                         )
@@ -625,7 +639,8 @@ class AnthropicGateway(Gateway):
                             violation(
                                 index,
                                 "tool_result_not_first",
-                                f"Item {index} content[{j}] (result of {call_id!r}) comes after "
+                                f"Item {index} content[{j}] (result of {excerpt(call_id)}) "
+                                f"comes after "
                                 "other content; tool_result blocks must come first.",
                             )
                         )
@@ -641,7 +656,7 @@ class AnthropicGateway(Gateway):
                         violation(
                             at,
                             "tool_call_without_result",
-                            f"tool_use {call_id!r} of item {at} has no tool_result in item "
+                            f"tool_use {excerpt(call_id)} of item {at} has no tool_result in item "
                             f"{at + 1}.",
                         )
                     )
@@ -673,7 +688,7 @@ class AnthropicGateway(Gateway):
                                 violation(
                                     index,
                                     "duplicate_call_id",
-                                    f"Item {index} reuses tool_use id {call_id!r} of item "
+                                    f"Item {index} reuses tool_use id {excerpt(call_id)} of item "
                                     f"{seen_ids[call_id]}; tool_use ids must be unique.",
                                 )
                             )
@@ -684,7 +699,8 @@ class AnthropicGateway(Gateway):
                 violation(
                     at,
                     "tool_call_without_result",
-                    f"tool_use {call_id!r} of item {at} has no tool_result (the input ends).",
+                    f"tool_use {excerpt(call_id)} of item {at} has no tool_result (the "
+                    f"input ends).",
                 )
             )
         return sorted(out, key=lambda v: v.index)
@@ -871,5 +887,5 @@ def _parse_image(block: dict[str, Any]) -> ImagePart | None:
     return None
 
 
-register_gateway(GatewayType.anthropic, AnthropicGateway)
+register_gateway(GatewayType.anthropic, AnthropicGateway, _WRITES)
 register_rewriter(GatewayType.anthropic, _rewrite_call_ids)
