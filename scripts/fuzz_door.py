@@ -46,7 +46,7 @@ from typing import Any
 import msgspec
 
 from turnloom.context import GatewayType, Message, decode_message, get_gateway
-from turnloom.errors import ProviderRuleError, TurnloomError
+from turnloom.errors import TurnloomError
 
 RECORDINGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "provider-recordings"
 PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
@@ -249,13 +249,7 @@ def exercise(messages: list[Message], counts: Counts, sample: Any) -> None:
         gateway = get_gateway(kind)
         stage = "render"
         try:
-            try:
-                items = [item for message in messages for item in gateway.render(message)]
-            except ProviderRuleError:
-                # One gateway's provider rule (Anthropic's tool_use id pattern): a
-                # manager of that gateway refuses the message at its door.
-                counts.refusals["ProviderRuleError (render)"] += 1
-                continue
+            items = [item for message in messages for item in gateway.render(message)]
             stage = "request_body"
             body = gateway.request_body(items)
             stage = "json.dumps"

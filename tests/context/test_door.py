@@ -524,3 +524,22 @@ def test_json_text_round_trip_of_the_door_value() -> None:
     assert json.loads(json.dumps(value, allow_nan=False)) == msgspec.json.decode(
         msgspec.json.encode(value)
     )
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 5, b"sig"])
+def test_an_optional_string_field_of_another_type_is_refused(value: object) -> None:
+    """Invariant: a non-string in an optional string field never passes the door.
+
+    The JSON encoder writes NaN and infinity as ``null``, so the encode-decode
+    type check alone accepted ``signature=nan`` (found by scripts/fuzz_door.py).
+    """
+    message = Message(
+        role=Role.assistant,
+        content=(ReasoningPart(text="t", signature=value, gateway="anthropic"),),  # type: ignore[arg-type]
+    )
+    with pytest.raises(InvalidMessageError) as caught:
+        check_message(message, where="m")
+    assert caught.value.field == "content[0].signature"
+    assert str(caught.value) == (
+        f"m content[0].signature must be a string or None, not a {type(value).__name__}."
+    )

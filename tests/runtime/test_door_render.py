@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from turnloom.context import GatewayType, Message, ReasoningPart, Role, TextPart, ToolCallPart
-from turnloom.errors import InvalidMessageError, ItemTooLargeError, ProviderRuleError
+from turnloom.context import (
+    GatewayType,
+    Message,
+    ReasoningPart,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+)
+from turnloom.errors import InvalidMessageError, ItemTooLargeError
 from turnloom.runtime import (
     ContextContribution,
     ContextPrepareRequest,
@@ -177,26 +185,43 @@ async def test_a_cancelled_call_that_only_began_to_think_is_not_recorded() -> No
         assert manager.history("c").turn_messages("t1")[1:] == (signed,)
 
 
-async def test_an_anthropic_call_id_the_api_rejects_is_refused_at_record() -> None:
-    """Invariant: a call id outside Anthropic's pattern never enters history.
+async def test_an_anthropic_call_id_the_api_rejects_is_sent_renamed() -> None:
+    """Invariant: a recorded call id outside Anthropic's pattern never reaches the wire.
 
-    Recorded, ``functions.get_weather:0`` (another provider's id) would make
-    every later input of the context a request the API rejects.
+    ``functions.get_weather:0`` (another provider's id) is recorded as it is,
+    and every prepared input carries it as ``functions_get_weather_0`` in the
+    call and its result, so the request validates.
     """
     foreign = Message(
         role=Role.assistant,
         content=(ToolCallPart(call_id="functions.get_weather:0", name="get_weather"),),
     )
+    answer = Message(
+        role=Role.tool,
+        content=(
+            ToolResultPart(call_id="functions.get_weather:0", content=(TextPart(text="Sunny"),)),
+        ),
+    )
     async with Foundation(gateway=GatewayType.anthropic) as foundation:
         manager = foundation.manager
-        manager.accept_turn(
-            TurnSnapshot(
-                context_id="c", turn_id="t1", input=(Message(role=Role.user, content="Hi"),)
+        for turn in ("t1", "t2"):
+            manager.accept_turn(
+                TurnSnapshot(
+                    context_id="c", turn_id=turn, input=(Message(role=Role.user, content="Hi"),)
+                )
             )
-        )
-        with pytest.raises(ProviderRuleError, match=r"Output of turn 't1'\[0\]: Call id "):
-            manager.record("c", "t1", [foreign])
-        assert manager.history("c").turn_messages("t1") == (Message(role=Role.user, content="Hi"),)
-        prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
+            if turn == "t1":
+                assert manager.record("c", "t1", [foreign, answer]) == 2
+        prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))
         body = manager.gateway.request_body(prefix.items)
+        blocks = [
+            b
+            for item in body["messages"][1:3]
+            for b in item["content"]
+            if b["type"] in ("tool_use", "tool_result")
+        ]
+        assert [b.get("id") or b.get("tool_use_id") for b in blocks] == [
+            "functions_get_weather_0",
+            "functions_get_weather_0",
+        ]
         assert manager.gateway.validate(body["messages"]) == []

@@ -604,6 +604,7 @@ def check_message(message: object, *, where: str = "message") -> int:
             _copy_extras(part, "tool_call", gateway, where, field)
         elif isinstance(part, ToolResultPart):
             _require_id(part.call_id, where, f"{field}.call_id")
+            _optional_strings(part, ("name",), where, field)
             if not isinstance(part.content, tuple):
                 raise InvalidMessageError(
                     f"{where} {field}.content must be a tuple of parts.",
@@ -622,6 +623,9 @@ def check_message(message: object, *, where: str = "message") -> int:
         elif isinstance(part, TextPart | ImagePart | OpaquePart):
             _check_leaf(part, gateway, where, field)
         elif isinstance(part, ReasoningPart):
+            _optional_strings(
+                part, ("signature", "encrypted_content", "id", "gateway"), where, field
+            )
             # Only the gateway that produced reasoning renders it (and its extras).
             producer = part.gateway if isinstance(part.gateway, str) else None
             _copy_extras(part, "reasoning", producer, where, field, only=True)
@@ -738,10 +742,26 @@ def _copy_extras(
     msgspec.structs.force_setattr(owner, "extras", _strict_copy(extras, where, label, depth=0))
 
 
+def _optional_strings(part: _Part, names: tuple[str, ...], where: str, field: str) -> None:
+    """Each of ``names`` is None or a str.
+
+    The encode-decode check below cannot see this for an optional field: the
+    JSON encoder writes a NaN or infinite float as ``null``.
+    """
+    for name in names:
+        value = getattr(part, name)
+        if value is not None and not isinstance(value, str):
+            raise InvalidMessageError(
+                f"{where} {field}.{name} must be a string or None, not a {type(value).__name__}.",
+                field=f"{field}.{name}",
+            )
+
+
 def _check_leaf(
     part: TextPart | ImagePart | OpaquePart, gateway: str | None, where: str, field: str
 ) -> None:
     if isinstance(part, ImagePart):
+        _optional_strings(part, ("url", "data", "media_type", "detail"), where, field)
         _check_image(part, where, field)
         _copy_extras(part, "image", gateway, where, field)
     elif isinstance(part, OpaquePart):

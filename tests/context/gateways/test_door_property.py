@@ -42,7 +42,7 @@ from turnloom.context import (
     get_gateway,
 )
 from turnloom.context.message import is_blank_text
-from turnloom.errors import ProviderRuleError, TurnloomError
+from turnloom.errors import TurnloomError
 
 EXAMPLES = int(os.environ.get("TURNLOOM_DOOR_EXAMPLES", "500"))
 _settings = settings(
@@ -277,12 +277,7 @@ def door(candidate: Message | dict[str, Any]) -> Message | None:
 def renders_everywhere(accepted: list[Message]) -> None:
     """render, request_body and both JSON encoders succeed on every gateway."""
     for gateway in GATEWAYS:
-        try:
-            items = [item for message in accepted for item in gateway.render(message)]
-        except ProviderRuleError:
-            # A provider rule of one gateway (Anthropic's tool_use id pattern);
-            # a manager of that gateway refuses it at its door (check_renderable).
-            continue
+        items = [item for message in accepted for item in gateway.render(message)]
         body = gateway.request_body(items)
         json.dumps(body, allow_nan=False)
         msgspec.json.encode(body)
@@ -363,8 +358,5 @@ def test_extras_never_replace_what_a_gateway_writes(candidate: Message | dict[st
         return
     bare = _without_extras(message)
     for gateway in GATEWAYS:
-        try:
-            base = gateway.render(bare)
-        except ProviderRuleError:
-            continue  # refused by this gateway's provider rule, with or without extras
+        base = gateway.render(bare)
         assert _covers(gateway.render(message), base), gateway.type

@@ -50,9 +50,9 @@ reused id is renamed ``<id>_r<n>`` in its ``tool_use`` and the
 :mod:`turnloom.context.callids`, in every prepared input and in
 :meth:`AnthropicGateway.request_body`. The API also checks each ``tool_use``
 id against ``^[a-zA-Z0-9_-]+$`` (another provider's id such as
-``functions.get_weather:0`` is rejected): rendering a call or result with such
-an id raises :class:`~turnloom.errors.ProviderRuleError`, so it never enters a
-history.
+``functions.get_weather:0`` is rejected): the same rule renames such an id,
+each refused character replaced by ``_`` (``functions_get_weather_0``, then
+``_r<n>`` if that id is present already), in the call and its results.
 
 Source: Anthropic Messages API reference (``messages``, ``system``, content
 blocks; tool use: ``tool_result`` blocks go in the next user message, before
@@ -99,7 +99,7 @@ from turnloom.context.message import (
     ToolResultPart,
     check_message,
 )
-from turnloom.errors import InvalidMessageError, ProviderRuleError, excerpt
+from turnloom.errors import InvalidMessageError, excerpt
 
 _log = logging.getLogger("turnloom.gateway.anthropic")
 
@@ -250,7 +250,6 @@ class AnthropicGateway(Gateway):
 
     def _assistant_block(self, part: Part, own: bool) -> dict[str, Any] | None:
         if type(part) is ToolCallPart:
-            _check_call_id(part.call_id)
             block: dict[str, Any] = {
                 "type": "tool_use",
                 "id": part.call_id,
@@ -288,7 +287,6 @@ class AnthropicGateway(Gateway):
     def _result_block(
         self, result: ToolResultPart, layout: dict[str, Any], own: bool
     ) -> dict[str, Any]:
-        _check_call_id(result.call_id)
         inner = [b for p in result.content if (b := self._content_block(p, own)) is not None]
         content: str | list[Any] = inner
         if result.call_id in layout.get("string_results", ()) and all(
@@ -757,18 +755,12 @@ def _empty_result(content: Any) -> bool:
     return content is None or (isinstance(content, str) and blank(content)) or content == []
 
 
-def _check_call_id(call_id: str) -> None:
-    """Refuse a call id the API rejects (its pattern for ``tool_use`` ids).
+_NOT_ID = re.compile(r"[^a-zA-Z0-9_-]")
 
-    Raises:
-        ProviderRuleError: ``call_id`` holds a character other than a letter,
-            digit, ``_`` or ``-``.
-    """
-    if not _CALL_ID.fullmatch(call_id):
-        raise ProviderRuleError(
-            f"Call id {call_id[:64]!r} is not letters, digits, '_' and '-' only; Anthropic "
-            "rejects such a tool_use id."
-        )
+
+def _fix_call_id(call_id: str) -> str:
+    """``call_id`` with each character the API's tool_use id pattern refuses as ``_``."""
+    return _NOT_ID.sub("_", call_id) or "_"
 
 
 def _check_result_texts(block: dict[str, Any], index: int, j: int, out: list[Violation]) -> None:
@@ -830,7 +822,7 @@ def _rewrite_call_ids(item: NativeContent, renamer: CallIdRenamer) -> NativeCont
         kind = block.get("type") if isinstance(block, dict) else None
         if role == "assistant" and kind == "tool_use":
             key, call_id = "id", block.get("id")
-            new_id = renamer.call(call_id) if isinstance(call_id, str) else call_id
+            new_id = renamer.call(call_id, _fix_call_id) if isinstance(call_id, str) else call_id
         elif role == "user" and kind == "tool_result":
             key, call_id = "tool_use_id", block.get("tool_use_id")
             new_id = renamer.result(call_id) if isinstance(call_id, str) else call_id
