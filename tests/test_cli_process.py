@@ -365,7 +365,7 @@ def test_replay_keeps_a_message_the_default_limits_refuse_as_its_help_says(
     loaded = turnloom_cli("loadtest", "--sessions", "1", "--source", big)
     assert loaded.returncode == 1
     refused = re.fullmatch(
-        r"turnloom loadtest: error: session-0: turn 't0' input\[0\] is (\d+) bytes, over "
+        r"turnloom loadtest: error: session-0: [Tt]urn 't0' input\[0\] is (\d+) bytes, over "
         rf"the per-item cap of {HistoryLimits().max_item_bytes} bytes\.\n",
         loaded.stderr,
     )

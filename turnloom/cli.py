@@ -33,7 +33,7 @@ from turnloom import __version__
 from turnloom.context.gateway import GatewayType, get_gateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.memory import TenantScope, check_tenant_scope
-from turnloom.errors import ConfigError, InputError, StoreError, TurnloomError
+from turnloom.errors import ConfigError, InputError, StoreError, TurnloomError, excerpt
 from turnloom.runtime.assembly import STRATEGIES
 from turnloom.runtime.config import RuntimeConfig, load_config
 from turnloom.runtime.foundation import Foundation
@@ -90,7 +90,7 @@ def _positive(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{excerpt(text)} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
     return value

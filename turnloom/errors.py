@@ -34,6 +34,7 @@ never imports an event-loop library.
 from __future__ import annotations
 
 __all__ = (
+    "EXCERPT_LIMIT",
     "AreaCallbackError",
     "CapacityError",
     "ConfigError",
@@ -64,6 +65,7 @@ __all__ = (
     "StoreError",
     "StoreRecordError",
     "StoreUnavailableError",
+    "TurnTooLargeError",
     "TurnloomError",
     "UnknownAreaError",
     "UnknownContextError",
@@ -71,8 +73,10 @@ __all__ = (
     "UnknownStrategyError",
     "UnknownTurnError",
     "Violation",
+    "excerpt",
 )
 
+import reprlib
 from collections.abc import Sequence
 
 import msgspec
@@ -90,6 +94,45 @@ class Violation(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     rule: str
     message: str
+
+
+EXCERPT_LIMIT = 80
+"""The most characters of a value an error message quotes (see :func:`excerpt`)."""
+
+_repr = reprlib.Repr()
+_repr.maxstring = 60
+_repr.maxother = 60
+_repr.maxlong = 40
+_repr.maxlevel = 2
+_repr.maxdict = _repr.maxlist = _repr.maxtuple = _repr.maxset = _repr.maxfrozenset = 4
+
+
+def excerpt(value: object) -> str:
+    """A short, escaped excerpt of ``value`` for an error message.
+
+    Every turnloom error that quotes a value the caller handed over quotes it
+    through this function, so a huge value (a 1 MiB id) gives a short message
+    and control characters (a newline that would forge a log line, a lone
+    surrogate, a bidi override) appear escaped, as in ``repr``.
+
+    Returns:
+        at most :data:`EXCERPT_LIMIT` characters: the value's ``repr``, with the
+        middle of long strings, the tail of long containers and nested levels
+        elided (``...``). Costs O(:data:`EXCERPT_LIMIT`), not O(len(value)),
+        for strings, bytes and containers.
+    """
+    if isinstance(value, bytes | bytearray | memoryview):
+        text = repr(bytes(value[: _repr.maxstring]))
+        if len(value) > _repr.maxstring:
+            text += "..."
+    else:
+        try:
+            text = _repr.repr(value)
+        except Exception:  # a foreign __repr__ that fails, an int too long to print
+            text = f"<{type(value).__name__}...>"
+    if len(text) > EXCERPT_LIMIT:
+        text = text[: EXCERPT_LIMIT - 3] + "..."
+    return text
 
 
 class TurnloomError(Exception):
@@ -194,6 +237,27 @@ class ItemTooLargeError(CapacityError, InputError):
 
     def __init__(self, message: str, *, size: int, limit: int) -> None:
         super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
+class TurnTooLargeError(CapacityError, InputError):
+    """A batch of messages (a turn's input, a record, a continuation) is over a limit.
+
+    Checked on the whole batch before any message of it is checked, so a
+    batch far over the limit is refused in O(1) for items and in
+    O(limit) for bytes.
+
+    Attributes:
+        unit: ``"items"`` or ``"bytes"``.
+        size: the batch's size in that unit (for bytes: at least this much; the
+            count stops at the first message over the limit).
+        limit: the limit, in that unit.
+    """
+
+    def __init__(self, message: str, *, unit: str, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.unit = unit
         self.size = size
         self.limit = limit
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 
 from tests.context.coop.support import (
@@ -22,10 +24,13 @@ from turnloom.context import (
     ContextAreaImplementation,
     CoopContext,
     EffectRange,
+    Gateway,
     GatewayType,
     Message,
+    NativeContent,
     Role,
     ToolCallPart,
+    get_gateway,
 )
 from turnloom.errors import (
     AreaCallbackError,
@@ -277,6 +282,25 @@ def test_route_rejects_values_that_are_not_messages() -> None:
     assert task.routed == ()
 
 
+class _RefusingGateway:
+    """The real gateway, except that it rejects any message calling ``lookup``.
+
+    Stands in for a provider rule the door cannot see, so that an area's render
+    fails inside the gateway.
+    """
+
+    def __init__(self, kind: GatewayType) -> None:
+        self._inner = get_gateway(kind)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def render(self, message: Message) -> list[NativeContent]:
+        if any(c.name == "lookup" for c in message.tool_calls):
+            raise ProviderRuleError("lookup cannot be carried.")
+        return self._inner.render(message)
+
+
 def test_subtask_renders_its_instruction_again_after_a_rolled_back_render(
     gateway_type: GatewayType,
 ) -> None:
@@ -285,13 +309,11 @@ def test_subtask_renders_its_instruction_again_after_a_rolled_back_render(
     Before, the area believed itself rendered: it returned nothing, never got a
     range, was never observed, and held the cursor forever without an error.
     """
-    if gateway_type in (GatewayType.openai_chat, GatewayType.openai_responses):
-        pytest.skip("OpenAI gateways carry tool call arguments as text, unparsed")
     bad_call = Message(
         role=Role.assistant,
-        content=(ToolCallPart(call_id="s1", name="lookup", arguments="[1, 2]"),),
+        content=(ToolCallPart(call_id="s1", name="lookup", arguments="{}"),),
     )
-    context = Context(gateway_type)
+    context = Context(cast(Gateway, _RefusingGateway(gateway_type)))
     coop = CoopContext(context)
     task = SubtaskArea([user("Look it up."), bad_call, result("s1")], done=fare_found, summary="x")
     coop.register(task)

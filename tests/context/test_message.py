@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 from typing import Any
 
 import msgspec
@@ -258,7 +259,7 @@ _parts = st.one_of(
         ToolCallPart,
         call_id=st.uuids().map(str),
         name=st.text(min_size=1),
-        arguments=st.text(),
+        arguments=st.dictionaries(st.text(), st.integers() | st.text()).map(json.dumps),
     ),
     st.builds(ReasoningPart, text=st.text(), signature=st.none() | st.text()),
 )

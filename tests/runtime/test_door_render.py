@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from turnloom.context import GatewayType, Message, ReasoningPart, Role, TextPart, ToolCallPart
-from turnloom.errors import InvalidMessageError, ItemTooLargeError, ProviderRuleError
+from turnloom.context import (
+    GatewayType,
+    Message,
+    ReasoningPart,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+)
+from turnloom.errors import InvalidMessageError, ItemTooLargeError
 from turnloom.runtime import (
     ContextContribution,
     ContextPrepareRequest,
@@ -25,7 +33,7 @@ _TRUNCATED = Message(
 )
 
 
-@pytest.mark.parametrize("gateway", [GatewayType.anthropic, GatewayType.gemini])
+@pytest.mark.parametrize("gateway", list(GatewayType))
 async def test_truncated_tool_arguments_are_rejected_at_record_and_history_is_unchanged(
     gateway: GatewayType,
 ) -> None:
@@ -40,8 +48,9 @@ async def test_truncated_tool_arguments_are_rejected_at_record_and_history_is_un
             )
         )
         before = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
-        with pytest.raises(ProviderRuleError, match=r"Output of turn 't1'\[0\]"):
+        with pytest.raises(InvalidMessageError, match=r"Output of turn 't1'\[0\]") as info:
             manager.record("c", "t1", [_TRUNCATED])
+        assert info.value.field == "content[1].arguments"
         manager.accept_turn(
             TurnSnapshot(
                 context_id="c",
@@ -54,13 +63,14 @@ async def test_truncated_tool_arguments_are_rejected_at_record_and_history_is_un
         assert after.items[: before.item_count] == before.items
 
 
-@pytest.mark.parametrize("gateway", [GatewayType.anthropic, GatewayType.gemini])
+@pytest.mark.parametrize("gateway", list(GatewayType))
 async def test_truncated_tool_arguments_in_turn_input_are_rejected_before_commit(
     gateway: GatewayType,
 ) -> None:
+    """Arguments are strict JSON object text on every gateway: refused at the door."""
     async with Foundation(gateway=gateway) as foundation:
         manager = foundation.manager
-        with pytest.raises(ProviderRuleError, match=r"Turn 't1' input\[1\]"):
+        with pytest.raises(InvalidMessageError, match=r"Turn 't1' input\[1\]"):
             manager.accept_turn(
                 TurnSnapshot(
                     context_id="c",
@@ -72,7 +82,7 @@ async def test_truncated_tool_arguments_in_turn_input_are_rejected_before_commit
 
 
 async def test_openai_chat_carries_arguments_text_verbatim() -> None:
-    """OpenAI Chat sends arguments as a string, so the same output is accepted there."""
+    """OpenAI Chat sends valid arguments text as it came (whitespace and key order kept)."""
     async with Foundation(gateway=GatewayType.openai_chat) as foundation:
         manager = foundation.manager
         manager.accept_turn(
@@ -80,7 +90,12 @@ async def test_openai_chat_carries_arguments_text_verbatim() -> None:
                 context_id="c", turn_id="t1", input=(Message(role=Role.user, content="Hi"),)
             )
         )
-        assert manager.record("c", "t1", [_TRUNCATED]) == 1
+        text = '{"z": 1,   "a": [2]}'
+        call = Message(
+            role=Role.assistant, content=(ToolCallPart(call_id="c1", name="f", arguments=text),)
+        )
+        assert manager.record("c", "t1", [call]) == 1
+        assert manager.gateway.render(call)[0]["tool_calls"][0]["function"]["arguments"] == text
 
 
 @pytest.mark.parametrize("gateway", list(GatewayType))
@@ -170,26 +185,43 @@ async def test_a_cancelled_call_that_only_began_to_think_is_not_recorded() -> No
         assert manager.history("c").turn_messages("t1")[1:] == (signed,)
 
 
-async def test_an_anthropic_call_id_the_api_rejects_is_refused_at_record() -> None:
-    """Invariant: a call id outside Anthropic's pattern never enters history.
+async def test_an_anthropic_call_id_the_api_rejects_is_sent_renamed() -> None:
+    """Invariant: a recorded call id outside Anthropic's pattern never reaches the wire.
 
-    Recorded, ``functions.get_weather:0`` (another provider's id) would make
-    every later input of the context a request the API rejects.
+    ``functions.get_weather:0`` (another provider's id) is recorded as it is,
+    and every prepared input carries it as ``functions_get_weather_0`` in the
+    call and its result, so the request validates.
     """
     foreign = Message(
         role=Role.assistant,
         content=(ToolCallPart(call_id="functions.get_weather:0", name="get_weather"),),
     )
+    answer = Message(
+        role=Role.tool,
+        content=(
+            ToolResultPart(call_id="functions.get_weather:0", content=(TextPart(text="Sunny"),)),
+        ),
+    )
     async with Foundation(gateway=GatewayType.anthropic) as foundation:
         manager = foundation.manager
-        manager.accept_turn(
-            TurnSnapshot(
-                context_id="c", turn_id="t1", input=(Message(role=Role.user, content="Hi"),)
+        for turn in ("t1", "t2"):
+            manager.accept_turn(
+                TurnSnapshot(
+                    context_id="c", turn_id=turn, input=(Message(role=Role.user, content="Hi"),)
+                )
             )
-        )
-        with pytest.raises(ProviderRuleError, match=r"Output of turn 't1'\[0\]: Call id "):
-            manager.record("c", "t1", [foreign])
-        assert manager.history("c").turn_messages("t1") == (Message(role=Role.user, content="Hi"),)
-        prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
+            if turn == "t1":
+                assert manager.record("c", "t1", [foreign, answer]) == 2
+        prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))
         body = manager.gateway.request_body(prefix.items)
+        blocks = [
+            b
+            for item in body["messages"][1:3]
+            for b in item["content"]
+            if b["type"] in ("tool_use", "tool_result")
+        ]
+        assert [b.get("id") or b.get("tool_use_id") for b in blocks] == [
+            "functions_get_weather_0",
+            "functions_get_weather_0",
+        ]
         assert manager.gateway.validate(body["messages"]) == []

@@ -24,7 +24,7 @@ from tests.runtime.helpers import assistant, call, result, user
 from turnloom.context import GatewayType, Message, Role, get_gateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.message import check_message
-from turnloom.errors import QueueFullError, UnknownTurnError
+from turnloom.errors import QueueFullError, TurnTooLargeError, UnknownTurnError
 from turnloom.runtime import (
     ContextContribution,
     ContextPrepareRequest,
@@ -56,8 +56,8 @@ _steps = st.lists(
 @given(
     steps=_steps,
     max_turns=st.integers(1, 4),
-    max_items=st.integers(1, 9),
-    max_bytes=st.integers(60, 900),
+    max_items=st.integers(2, 9),
+    max_bytes=st.integers(200, 900),
 )
 def test_eviction_is_exact_with_pinned_instructions_and_invocations(
     steps: list[tuple[str, int, bool]], max_turns: int, max_items: int, max_bytes: int
@@ -98,20 +98,26 @@ def test_eviction_is_exact_with_pinned_instructions_and_invocations(
                     evict()  # at the commit (no invocation in flight)
                     if in_flight:
                         async with manager.invocation("c", turn_id) as invocation:
-                            invocation.record(outputs)
                             size = sum(check_message(o) for o in outputs)
-                            model[-1] = (turn_id, 1 + len(outputs), model[-1][2] + size)
+                            if 1 + len(outputs) > max_items or model[-1][2] + size > max_bytes:
+                                # A turn never outgrows the history's limits.
+                                with pytest.raises(TurnTooLargeError):
+                                    invocation.record(outputs)
+                            elif outputs:
+                                invocation.record(outputs)
+                                model[-1] = (turn_id, 1 + len(outputs), model[-1][2] + size)
                             # Deferred: exactly what was committed, nothing evicted yet.
                             assert manager.history("c").turn_ids == tuple(t[0] for t in model)
                         evict()
                     else:
                         for output in outputs:
+                            size = check_message(output)
+                            if model[-1][1] + 1 > max_items or model[-1][2] + size > max_bytes:
+                                with pytest.raises(TurnTooLargeError):
+                                    manager.record("c", turn_id, [output])
+                                break
                             manager.record("c", turn_id, [output])
-                            model[-1] = (
-                                turn_id,
-                                model[-1][1] + 1,
-                                model[-1][2] + check_message(output),
-                            )
+                            model[-1] = (turn_id, model[-1][1] + 1, model[-1][2] + size)
                             evict()
                 elif evicted:
                     turn_id = evicted[value % len(evicted)]

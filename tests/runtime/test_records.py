@@ -8,6 +8,8 @@ back), so a restored host prepares what the writing host would have.
 
 from __future__ import annotations
 
+import contextlib
+
 import msgspec
 import pytest
 from hypothesis import given, settings
@@ -17,7 +19,13 @@ from tests.runtime.helpers import CHAT, SYSTEM, assistant, call, result, user
 from turnloom.context import Message, Role
 from turnloom.context.history import HistoryLimits, TurnHistory
 from turnloom.context.tokens import ApproxTokenCounter
-from turnloom.errors import DuplicateIdError, StateError, StoreRecordError, TurnloomError
+from turnloom.errors import (
+    DuplicateIdError,
+    StateError,
+    StoreRecordError,
+    TurnloomError,
+    TurnTooLargeError,
+)
 from turnloom.runtime._contexts import ContextTable
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._records import (
@@ -186,7 +194,9 @@ def test_replaying_the_log_rebuilds_the_history_exactly(
     table.commit("c", TurnSnapshot(context_id="c", turn_id=extra, input=(user("after"),)))
     table.record(table.get("c"), extra, [assistant("answer after")])
     for turn_id in committed:  # late outputs for evicted turns are dropped again
-        table.record(table.get("c"), turn_id, [assistant("late")])
+        # (a turn still held by a model call in flight may be full: refused, no change)
+        with contextlib.suppress(TurnTooLargeError):
+            table.record(table.get("c"), turn_id, [assistant("late")])
         break
     log.extend(compacted[1:])
     _same(replay("c", log, limits, counter), history)

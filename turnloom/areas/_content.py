@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TypeAlias, cast
 
 from turnloom.context.message import Message, Role, TextPart, check_message, is_blank_text
-from turnloom.errors import InputError
+from turnloom.errors import InputError, excerpt
 
 MessageContent: TypeAlias = "str | Message | Sequence[Message]"
 """Text (one message of the given role), one message, or messages oldest first."""
@@ -25,7 +25,9 @@ def text_role(role: object, *, where: str) -> Role:
     try:
         checked = Role(cast("str", role))
     except ValueError:
-        raise InputError(f"The role {role!r} given for {where} text is not a Role.") from None
+        raise InputError(
+            f"The role {excerpt(role)} given for {where} text is not a Role."
+        ) from None
     if checked is Role.tool:
         raise InputError(
             f"The role tool given for {where} text carries tool results only; "

@@ -17,7 +17,11 @@ The rule (:class:`CallIdRenamer`), applied to a request's items oldest first:
 * the results that answer a renamed call (those after it, in its call group)
   get the same new id;
 * a new id never equals an id present before it; an id present after it that
-  equals it is a reuse there, and is renamed in its turn.
+  equals it is a reuse there, and is renamed in its turn;
+* where a provider restricts the characters of an id (Anthropic:
+  ``^[a-zA-Z0-9_-]+$``), its rewriter passes a ``fix`` function that maps an
+  id to an allowed one; a call whose id it changes is renamed to the fixed id
+  (then ``<fixed>_r<n>`` when that is present already), and its results with it.
 
 A renamed id depends only on the items before it, never on those after, so
 renaming an input and then appending to it leaves the renamed prefix byte for
@@ -84,21 +88,30 @@ class CallIdRenamer:
         """True when ``call_id`` is present in the items seen so far (after renaming)."""
         return call_id in self._seen
 
-    def call(self, call_id: str) -> str:
-        """Register a call with ``call_id``; return the id it is sent with."""
+    def call(self, call_id: str, fix: Callable[[str], str] | None = None) -> str:
+        """Register a call with ``call_id``; return the id it is sent with.
+
+        Args:
+            call_id: the call's id as recorded.
+            fix: the provider's id rule, when it has one: maps an id to one
+                it accepts (the same string when it already does).
+        """
         if self._in_results:
             self._group = {}
             self._in_results = False
-        new_id = call_id
+        base = call_id if fix is None else fix(call_id)
+        new_id = base
         seen = self._seen
-        if call_id in seen:
-            n = self._counters.get(call_id, 1)
+        if base in seen:
+            n = self._counters.get(base, 1)
             while True:
                 n += 1
-                new_id = f"{call_id}_r{n}"
+                new_id = f"{base}_r{n}"
                 if new_id not in seen:
                     break
-            self._counters[call_id] = n
+            self._counters[base] = n
+            self.renamed += 1
+        elif base != call_id:
             self.renamed += 1
         seen.add(new_id)
         self._group.setdefault(call_id, []).append(new_id)

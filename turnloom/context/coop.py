@@ -120,6 +120,7 @@ from turnloom.errors import (
     OpenToolCallError,
     StateError,
     UnknownAreaError,
+    excerpt,
 )
 
 _T = TypeVar("_T")
@@ -197,7 +198,7 @@ def plan_collection(ranges: Sequence[EffectRange], retired: Sequence[bool]) -> C
             or r.latest < r.earliest
         ):
             raise InputError(
-                f"EffectRange {i} is [{r.earliest!r}, {r.latest!r}]; a range needs "
+                f"EffectRange {i} is [{excerpt(r.earliest)}, {excerpt(r.latest)}]; a range needs "
                 "integers 0 <= earliest <= latest."
             )
     earliest = [r.earliest for r in ranges]
@@ -506,12 +507,14 @@ class CoopContext:
         life = _as_life(states["life_state"])
         if life is None:
             raise InvalidAreaError(
-                f"The {name} area's life_state is {states['life_state']!r}, not an AreaLifeState.",
+                f"The {name} area's life_state is {excerpt(states['life_state'])}, not an "
+                f"AreaLifeState.",
                 missing=("life_state",),
             )
         if _as_flow(states["flow_state"]) is None:
             raise InvalidAreaError(
-                f"The {name} area's flow_state is {states['flow_state']!r}, not an AreaFlowState.",
+                f"The {name} area's flow_state is {excerpt(states['flow_state'])}, not an "
+                f"AreaFlowState.",
                 missing=("flow_state",),
             )
         self._seq += 1
@@ -592,7 +595,7 @@ class CoopContext:
         life = _as_life(value)
         if life is None:
             raise AreaCallbackError(
-                f"Context Area {entry.describe()} has life_state {value!r}, "
+                f"Context Area {entry.describe()} has life_state {excerpt(value)}, "
                 "which is not an AreaLifeState.",
                 area=entry.area,
                 phase="life_state",
@@ -736,7 +739,7 @@ class CoopContext:
                 kind = _as_flow(flow)
                 if kind is None:
                     raise AreaCallbackError(
-                        f"Context Area {entry.describe()} has flow_state {flow!r}, "
+                        f"Context Area {entry.describe()} has flow_state {excerpt(flow)}, "
                         "which is not an AreaFlowState.",
                         area=entry.area,
                         phase="flow_state",

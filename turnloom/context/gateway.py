@@ -24,8 +24,8 @@ import enum
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
-from turnloom.context.message import Message
-from turnloom.errors import InputError, Violation
+from turnloom.context.message import Message, NativeKeys, declare_native_keys
+from turnloom.errors import InputError, Violation, excerpt
 
 NativeContent: TypeAlias = dict[str, Any]
 """One item of a provider's request, in the provider's own shape (a JSON object)."""
@@ -171,8 +171,22 @@ _FACTORIES: dict[GatewayType, Callable[[], Gateway]] = {}
 _INSTANCES: dict[GatewayType, Gateway] = {}
 
 
-def register_gateway(kind: GatewayType, factory: Callable[[], Gateway]) -> None:
-    """Register the factory of the gateway for ``kind`` (used by gateway modules)."""
+def register_gateway(
+    kind: GatewayType, factory: Callable[[], Gateway], native_keys: NativeKeys | None = None
+) -> None:
+    """Register the factory of the gateway for ``kind`` (used by gateway modules).
+
+    Args:
+        kind: the provider.
+        factory: makes the gateway.
+        native_keys: the keys the gateway writes itself and its layout hints,
+            declared once, here; the door
+            (:func:`~turnloom.context.check_message`) refuses extras holding
+            those keys and layouts naming ``kind`` that break the hints. A
+            gateway that declares nothing gets no layout accepted.
+    """
+    if native_keys is not None:
+        declare_native_keys(GatewayType(kind).value, native_keys)
     _FACTORIES[kind] = factory
     _INSTANCES.pop(kind, None)
 
@@ -187,11 +201,11 @@ def get_gateway(kind: GatewayType | str) -> Gateway:
         key = GatewayType(kind)
     except ValueError:
         known = ", ".join(t.value for t in GatewayType)
-        raise InputError(f"Unknown gateway {kind!r}; known gateways: {known}.") from None
+        raise InputError(f"Unknown gateway {excerpt(kind)}; known gateways: {known}.") from None
     gateway = _INSTANCES.get(key)
     if gateway is None:
         factory = _FACTORIES.get(key)
         if factory is None:
-            raise InputError(f"Gateway {key.value!r} is not available in this build.")
+            raise InputError(f"Gateway {excerpt(key.value)} is not available in this build.")
         gateway = _INSTANCES[key] = factory()
     return gateway

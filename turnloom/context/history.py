@@ -56,6 +56,7 @@ __all__ = (
     "HistoryView",
     "RenderedHistory",
     "TurnHistory",
+    "check_batch_length",
     "check_id",
     "reject_instructions",
 )
@@ -75,6 +76,7 @@ import msgspec
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.message import (
+    DEFAULT_MAX_MESSAGE_BYTES,
     Message,
     Part,
     ReasoningPart,
@@ -102,7 +104,9 @@ from turnloom.errors import (
     ItemTooLargeError,
     OutOfOrderTurnError,
     StateError,
+    TurnTooLargeError,
     UnknownTurnError,
+    excerpt,
 )
 
 _encoder = msgspec.json.Encoder()
@@ -138,9 +142,12 @@ class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         max_turns: most turns kept (default 32).
-        max_items: most messages kept across all turns (default 4,096).
-        max_bytes: most bytes of serialized messages kept (default 8 MiB). This
-            bounds retained content, not process memory.
+        max_items: most messages kept across all turns (default 4,096); one
+            turn never holds more (its input, or its messages once recorded),
+            nor more pinned instructions than this.
+        max_bytes: most bytes of serialized messages kept (default 8 MiB), and
+            the most one turn holds. This bounds retained content, not
+            process memory.
         max_item_bytes: the per-item cap: one message larger than this, in
             bytes, is rejected when it is committed or recorded (default 1 MiB).
         max_tokens: most tokens of messages kept across all turns, counted by
@@ -155,7 +162,7 @@ class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
     max_turns: int = 32
     max_items: int = 4096
     max_bytes: int = 8 * 1024 * 1024
-    max_item_bytes: int = 1024 * 1024
+    max_item_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_tokens: int | None = None
 
     def __post_init__(self) -> None:
@@ -165,7 +172,7 @@ class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidArgumentError(
-                    f"History limit {name} must be a positive integer, not {value!r:.40}.",
+                    f"History limit {name} must be a positive integer, not {excerpt(value)}.",
                     field=name,
                 )
 
@@ -859,7 +866,7 @@ class HistoryView:
         for turn in self._turns:
             if turn.turn_id == turn_id:
                 return tuple(e.message for e in turn.input + turn.outputs)
-        raise UnknownTurnError(f"The history holds no turn {turn_id!r}.")
+        raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
     def turn_input(self, turn_id: str) -> tuple[Message, ...]:
         """The input messages of ``turn_id``, in order.
@@ -870,7 +877,7 @@ class HistoryView:
         for turn in reversed(self._turns):
             if turn.turn_id == turn_id:
                 return tuple(e.message for e in turn.input)
-        raise UnknownTurnError(f"The history holds no turn {turn_id!r}.")
+        raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
     def render(
         self, gateway: Gateway, turn_id: str, *, open_calls: OpenCallPolicy = "exclude"
@@ -905,7 +912,7 @@ class HistoryView:
                 if turn.turn_id == turn_id:
                     break
             else:
-                raise UnknownTurnError(f"The history holds no turn {turn_id!r}.")
+                raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
         key: _CacheKey = (gateway, open_calls)
         shared = self._shared
         slots = shared.slots(key)
@@ -1046,7 +1053,7 @@ class HistoryView:
         for position in range(len(self._turns) - 1, -1, -1):
             if self._turns[position].turn_id == turn_id:
                 return position
-        raise UnknownTurnError(f"The history holds no turn {turn_id!r}.")
+        raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
     def input_messages(self, turn_id: str) -> tuple[Message, ...]:
         """The messages a render of ``turn_id`` is made of, before pairing.
@@ -1066,7 +1073,7 @@ class HistoryView:
                 out.extend(e.message for e in turn.input)
                 return tuple(out)
             out.extend(e.message for e in turn.input + turn.outputs)
-        raise UnknownTurnError(f"The history holds no turn {turn_id!r}.")
+        raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
     def _build(self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy) -> _Run:
         call_ids = CallIdRenamer()
@@ -1188,6 +1195,22 @@ def _blank_part(part: Part) -> bool:
     return False
 
 
+def check_batch_length(count: int, limits: HistoryLimits, where: str) -> None:
+    """Refuse a batch that makes one turn hold more than ``limits.max_items`` messages.
+
+    Raises:
+        TurnTooLargeError: ``count`` is over the limit (``unit="items"``).
+    """
+    if count > limits.max_items:
+        raise TurnTooLargeError(
+            f"{where} would make the turn hold {count} messages, over the history's "
+            f"limit of {limits.max_items}.",
+            unit="items",
+            size=count,
+            limit=limits.max_items,
+        )
+
+
 def check_id(value: object, what: str) -> str:
     """Validate a context or turn id: a non-empty str of at most 256 characters.
 
@@ -1206,16 +1229,16 @@ def check_id(value: object, what: str) -> str:
             to 32 characters), or is not valid UTF-8.
     """
     if not isinstance(value, str) or not value:
-        raise InvalidMessageError(f"The {what} must be a non-empty string, not {value!r}.")
+        raise InvalidMessageError(f"The {what} must be a non-empty string, not {excerpt(value)}.")
     if len(value) > _MAX_ID_LENGTH:
         raise InvalidMessageError(
-            f"The {what} {value[:32]!r}... is {len(value)} characters; at most "
+            f"The {what} {excerpt(value[:32])}... is {len(value)} characters; at most "
             f"{_MAX_ID_LENGTH} are allowed."
         )
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidMessageError(f"The {what} {value!r} is not valid UTF-8.") from None
+        raise InvalidMessageError(f"The {what} {excerpt(value)} is not valid UTF-8.") from None
     return value
 
 
@@ -1383,7 +1406,8 @@ class TurnHistory:
             check_id(turn_id, "turn id")
             if self.has_turn(turn_id):
                 raise DuplicateIdError(
-                    f"Turn {turn_id!r} is held by this history; it cannot be remembered as evicted."
+                    f"Turn {excerpt(turn_id)} is held by this history; it cannot be "
+                    f"remembered as evicted."
                 )
         for turn_id in turn_ids:
             self._evicted_ids[turn_id] = None
@@ -1431,10 +1455,51 @@ class TurnHistory:
 
     # -- changing --------------------------------------------------------
 
-    def _entries(self, messages: Sequence[Message], where: str) -> tuple[_Entry, ...]:
-        cap = self._limits.max_item_bytes
-        count = self._shared.counter.count
-        entries: list[_Entry] = []
+    def check_batch(
+        self,
+        messages: Sequence[object],
+        where: str,
+        *,
+        turn_id: str | None = None,
+        pinned: bool = False,
+    ) -> tuple[int, ...]:
+        """Check a batch of messages at the door; return each one's size in bytes.
+
+        The batch's length is checked first, in O(1): a turn (its input, or
+        its messages so far plus ``messages``) holds at most ``max_items``
+        messages. Then each message passes
+        :func:`~turnloom.context.check_message` and the per-item cap, and the
+        running total is checked against ``max_bytes`` (with the turn's bytes
+        so far), so a batch far over a limit costs at most about ``max_bytes``
+        of work before it is refused. Nothing changes.
+
+        Pinned instructions are not counted against the history's limits, so
+        for them (``pinned``) only the count is bounded (at ``max_items``)
+        besides the per-item cap.
+
+        Args:
+            messages: the batch, oldest first.
+            where: how error messages name it (``"turn 't1' input"``).
+            turn_id: the held turn the batch is added to (a record), if any.
+            pinned: the batch is a turn's new pinned instructions.
+
+        Raises:
+            TurnTooLargeError: the turn would hold more than ``max_items``
+                messages or ``max_bytes`` bytes.
+            ItemTooLargeError: one message is over the per-item byte cap.
+            InvalidMessageError, InvalidTextError, DuplicateIdError: a
+                malformed message.
+        """
+        limits = self._limits
+        held_items = held_bytes = 0
+        if turn_id is not None:
+            for turn in self._turns:
+                if turn.turn_id == turn_id:
+                    held_items, held_bytes = turn.items, turn.bytes
+        check_batch_length(held_items + len(messages), limits, where)
+        cap = limits.max_item_bytes
+        total = held_bytes
+        sizes: list[int] = []
         for i, message in enumerate(messages):
             label = f"{where}[{i}]"
             size = check_message(message, where=label)
@@ -1444,8 +1509,29 @@ class TurnHistory:
                     size=size,
                     limit=cap,
                 )
-            entries.append(_Entry(message, size, count((message,))))
-        return tuple(entries)
+            total += size
+            if total > limits.max_bytes and not pinned:
+                raise TurnTooLargeError(
+                    f"{where} would make the turn hold at least {total} bytes, over the "
+                    f"history's limit of {limits.max_bytes} bytes.",
+                    unit="bytes",
+                    size=total,
+                    limit=limits.max_bytes,
+                )
+            sizes.append(size)
+        return tuple(sizes)
+
+    def _entries(
+        self,
+        messages: Sequence[Message],
+        where: str,
+        turn_id: str | None = None,
+        *,
+        pinned: bool = False,
+    ) -> tuple[_Entry, ...]:
+        sizes = self.check_batch(messages, where, turn_id=turn_id, pinned=pinned)
+        count = self._shared.counter.count
+        return tuple(_Entry(m, s, count((m,))) for m, s in zip(messages, sizes, strict=True))
 
     def commit(
         self,
@@ -1475,32 +1561,38 @@ class TurnHistory:
                 a pinned role, or an instruction with another role.
             InvalidTextError: text that is not valid UTF-8.
             ItemTooLargeError: one message is over the per-item byte cap.
+            TurnTooLargeError: the input is over ``max_items`` or ``max_bytes``,
+                or the instructions over ``max_items`` (checked first).
             DuplicateIdError: ``turn_id`` is kept or was evicted (or retracted)
                 recently, or an input message has the id of a held message.
             OutOfOrderTurnError: ``sequence`` is not greater than the previous one.
         """
         check_id(turn_id, "turn id")
         if self.has_turn(turn_id) or turn_id in self._evicted_ids:
-            raise DuplicateIdError(f"Turn {turn_id!r} was already committed to this context.")
+            raise DuplicateIdError(
+                f"Turn {excerpt(turn_id)} was already committed to this context."
+            )
         if sequence is not None:
             if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 0:
                 raise InvalidMessageError(
-                    f"Turn {turn_id!r} sequence must be a non-negative integer, not {sequence!r}."
+                    f"Turn {excerpt(turn_id)} sequence must be a non-negative integer, not "
+                    f"{excerpt(sequence)}."
                 )
             if self._sequence is not None and sequence <= self._sequence:
                 raise OutOfOrderTurnError(
-                    f"Turn {turn_id!r} has sequence {sequence}, but turn sequence "
+                    f"Turn {excerpt(turn_id)} has sequence {sequence}, but turn sequence "
                     f"{self._sequence} was already committed; turns must arrive in order."
                 )
-        reject_instructions(input, "input", f"Turn {turn_id!r} input")
-        entries = self._entries(input, f"turn {turn_id!r} input")
+        reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
+        entries = self._entries(input, f"turn {excerpt(turn_id)} input")
         seen: set[str] = set()
         for i, entry in enumerate(entries):
             message_id = entry.message.id
             if message_id is not None:
                 if message_id in seen or message_id in self._message_ids:
                     raise DuplicateIdError(
-                        f"Turn {turn_id!r} input[{i}] has id {message_id!r}, which a message "
+                        f"Turn {excerpt(turn_id)} input[{i}] has id {excerpt(message_id)}, "
+                        f"which a message "
                         "of this context already has."
                     )
                 seen.add(message_id)
@@ -1509,11 +1601,13 @@ class TurnHistory:
             for i, message in enumerate(instructions):
                 if isinstance(message, Message) and message.role not in _PINNED_ROLES:
                     raise InvalidMessageError(
-                        f"Turn {turn_id!r} instructions[{i}] has role {message.role!s}; "
+                        f"Turn {excerpt(turn_id)} instructions[{i}] has role {message.role!s}; "
                         "instructions are system or developer messages.",
                         field="role",
                     )
-            pinned = self._entries(instructions, f"turn {turn_id!r} instructions")
+            pinned = self._entries(
+                instructions, f"turn {excerpt(turn_id)} instructions", pinned=True
+            )
         # Validated: change state.
         if pinned is not None:
             self._pinned = pinned
@@ -1552,7 +1646,7 @@ class TurnHistory:
         for turn in reversed(self._turns):
             if turn.turn_id == turn_id:
                 return turn.serial
-        raise UnknownTurnError(f"Turn {turn_id!r} is not held by this context.")
+        raise UnknownTurnError(f"Turn {excerpt(turn_id)} is not held by this context.")
 
     def record(self, turn_id: str, outputs: Sequence[Message], *, serial: int | None = None) -> int:
         """Append a turn's outputs (model messages, tool results), in order.
@@ -1586,6 +1680,8 @@ class TurnHistory:
                 recorded.
             ItemTooLargeError: one message is over the per-item byte cap;
                 nothing was recorded.
+            TurnTooLargeError: the turn would hold more than ``max_items``
+                messages or ``max_bytes`` bytes; nothing was recorded.
         """
         position = -1
         for i in range(len(self._turns) - 1, -1, -1):
@@ -1596,11 +1692,11 @@ class TurnHistory:
             known = position >= 0 or serial is not None or turn_id in self._evicted_ids
             if known or self._forgotten:
                 # Validate anyway: a malformed late output is still an error.
-                self._entries(outputs, f"turn {turn_id!r} output")
+                self._entries(outputs, f"turn {excerpt(turn_id)} output")
                 self._late_dropped += len(outputs)
                 return 0
-            raise UnknownTurnError(f"Turn {turn_id!r} was never committed to this context.")
-        entries = self._entries(outputs, f"turn {turn_id!r} output")
+            raise UnknownTurnError(f"Turn {excerpt(turn_id)} was never committed to this context.")
+        entries = self._entries(outputs, f"turn {excerpt(turn_id)} output", turn_id)
         old = self._turns[position]
         kept: list[_Entry] = []
         added: dict[str, Message] = {}
@@ -1619,7 +1715,8 @@ class TurnHistory:
                     continue
                 if held is not None or message.id in added:
                     raise DuplicateIdError(
-                        f"Turn {turn_id!r} output[{i}] has id {message.id!r}, which a "
+                        f"Turn {excerpt(turn_id)} output[{i}] has id {excerpt(message.id)}, "
+                        f"which a "
                         "message of this context already has with other content (or in "
                         "another turn); nothing was recorded."
                     )
@@ -1716,16 +1813,17 @@ class TurnHistory:
         """
         check_id(turn_id, "turn id")
         if not self.has_turn(turn_id):
-            raise UnknownTurnError(f"Turn {turn_id!r} is not held by this context.")
+            raise UnknownTurnError(f"Turn {excerpt(turn_id)} is not held by this context.")
         turn = self._turns[-1]
         if turn.turn_id != turn_id:
             raise StateError(
-                f"Turn {turn_id!r} is not the newest turn ({turn.turn_id!r} is); only the "
+                f"Turn {excerpt(turn_id)} is not the newest turn ({excerpt(turn.turn_id)} "
+                f"is); only the "
                 "newest turn can be retracted."
             )
         if turn.outputs:
             raise StateError(
-                f"Turn {turn_id!r} has {len(turn.outputs)} recorded output(s); only a turn "
+                f"Turn {excerpt(turn_id)} has {len(turn.outputs)} recorded output(s); only a turn "
                 "that produced no answer can be retracted."
             )
         self._turns = self._turns[:-1]

@@ -12,7 +12,7 @@ __all__ = ("played_prefix",)
 import msgspec
 
 from turnloom.context.message import Message, Part, Role, TextPart
-from turnloom.errors import InvalidMessageError
+from turnloom.errors import InvalidMessageError, excerpt
 
 
 def played_prefix(output: Message, played: int) -> Message:
@@ -46,7 +46,7 @@ def played_prefix(output: Message, played: int) -> Message:
         )
     if not isinstance(played, int) or isinstance(played, bool) or played < 0:
         raise InvalidMessageError(
-            f"played must be a non-negative number of characters, not {played!r}.",
+            f"played must be a non-negative number of characters, not {excerpt(played)}.",
             field="played",
         )
     left = played

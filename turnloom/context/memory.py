@@ -34,7 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
-from turnloom.errors import InvalidMessageError
+from turnloom.errors import InvalidMessageError, excerpt
 
 MAX_SCOPE_ID_LENGTH = 128
 """The longest tenant, sub-tenant or namespace id, in characters."""
@@ -60,24 +60,26 @@ class TenantScope(msgspec.Struct, frozen=True, kw_only=True):
 def _check_scope_id(value: object, field: str) -> None:
     if not isinstance(value, str) or not value:
         raise InvalidMessageError(
-            f"{field} must be a non-empty string, not {type(value).__name__} {str(value)[:32]!r}.",
+            f"{field} must be a non-empty string, not {type(value).__name__} "
+            f"{excerpt(str(value)[:32])}.",
             field=field,
         )
     if len(value) > MAX_SCOPE_ID_LENGTH:
         raise InvalidMessageError(
-            f"{field} {value[:32]!r}... is {len(value)} characters; at most "
+            f"{field} {excerpt(value[:32])}... is {len(value)} characters; at most "
             f"{MAX_SCOPE_ID_LENGTH} are allowed.",
             field=field,
         )
     if not value.isprintable():
         raise InvalidMessageError(
-            f"{field} {value[:32]!r} holds a control or non-printable character.", field=field
+            f"{field} {excerpt(value[:32])} holds a control or non-printable character.",
+            field=field,
         )
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidMessageError(
-            f"{field} {value[:32]!r} is not valid UTF-8.", field=field
+            f"{field} {excerpt(value[:32])} is not valid UTF-8.", field=field
         ) from None
 
 

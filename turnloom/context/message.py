@@ -26,8 +26,11 @@ offending field. The runtime checks every message it accepts with
 from __future__ import annotations
 
 __all__ = (
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "MAX_JSON_DEPTH",
     "ImagePart",
     "Message",
+    "NativeKeys",
     "OpaquePart",
     "Part",
     "ReasoningPart",
@@ -36,18 +39,46 @@ __all__ = (
     "ToolCallPart",
     "ToolResultPart",
     "check_message",
+    "declare_native_keys",
+    "decode_json_text",
     "decode_message",
     "encode_message",
     "is_blank_text",
     "message_size",
+    "strict_json",
 )
 
 import enum
-from typing import Any, TypeAlias, cast
+import json
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, TypeAlias, cast
 
 import msgspec
 
-from turnloom.errors import DuplicateIdError, InvalidMessageError, InvalidTextError
+from turnloom.errors import (
+    DuplicateIdError,
+    InvalidMessageError,
+    InvalidTextError,
+    ItemTooLargeError,
+    excerpt,
+)
+
+MAX_JSON_DEPTH = 64
+"""The deepest nesting of JSON the door accepts, in levels of arrays and objects.
+
+It applies to every JSON value a message carries besides its own fields:
+tool call ``arguments`` (as decoded), ``extras``, ``layout`` and opaque
+items. A scalar is depth 0, ``{}`` depth 1, ``{"a": [1]}`` depth 2; the
+field holding an ``extras`` object counts as that object's first level.
+Real tool arguments and provider items nest far less (the recorded traffic
+in ``provider-recordings`` stays under 12); the cap keeps every later
+encoder and decoder (json, msgspec, the providers' own) far from its
+recursion limit.
+"""
+
+DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+"""The default per-item cap, in bytes of a message's JSON encoding (1 MiB)."""
 
 
 class Role(enum.StrEnum):
@@ -196,7 +227,8 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             system, developer, user or assistant message); the other gateways
             drop it when rendering. ``None`` or a non-empty string.
         extras: provider-native message fields the neutral model does not name,
-            re-emitted verbatim by the gateway that produced them. A gateway
+            re-emitted verbatim by the gateway that produced them; strict JSON,
+            never a key that gateway writes itself (see :class:`NativeKeys`). A gateway
             emits the message's and its parts' extras only when ``layout`` is
             None (a message built by hand) or names that gateway (a gateway
             that parses a message with extras always records itself there).
@@ -253,8 +285,231 @@ def is_blank_text(text: str) -> bool:
     return not text or text.isspace()
 
 
+Hint: TypeAlias = "Literal['flag', 'text', 'ids'] | tuple[str, ...]"
+"""The type of one layout hint: ``"flag"`` a bool, ``"text"`` a string, ``"ids"``
+a list of strings (call ids), a tuple of strings: one of those values."""
+
+
+class NativeKeys(msgspec.Struct, frozen=True, kw_only=True):
+    """The native keys one gateway writes itself, per element, and its layout hints.
+
+    Each gateway declares this once, when it registers
+    (:func:`~turnloom.context.gateway.register_gateway`). The door
+    (:func:`check_message`) refuses ``extras`` holding one of these keys, so
+    extras can never replace what the gateway writes (a user message whose
+    extras say ``"role": "system"``, an assistant message whose extras carry
+    ``tool_calls`` past pairing), and it type-checks a layout that names the
+    gateway against ``hints``.
+
+    Attributes:
+        message: keys of the native item a message renders to (its message,
+            content or turn object).
+        text, image, tool_call, tool_result, reasoning: keys of the native
+            object each part kind renders to, where that part's ``extras`` are
+            merged (for a tool result: the object its extras are merged into,
+            which is the ``tool`` message itself on OpenAI Chat).
+        hints: the layout hints the gateway reads, by name, with their type.
+        check_layout: a further check of a message whose layout names the
+            gateway, for hints that depend on content; raises
+            :class:`~turnloom.errors.InvalidMessageError` (or a subclass).
+    """
+
+    message: frozenset[str] = frozenset()
+    text: frozenset[str] = frozenset()
+    image: frozenset[str] = frozenset()
+    tool_call: frozenset[str] = frozenset()
+    tool_result: frozenset[str] = frozenset()
+    reasoning: frozenset[str] = frozenset()
+    hints: Mapping[str, Hint] = msgspec.field(default_factory=dict)
+    check_layout: Callable[[Message, str], None] | None = None
+
+
+_DECLARED: dict[str, NativeKeys] = {}
+_ANY: dict[str, frozenset[str]] = {}
+_ELEMENTS = ("message", "text", "image", "tool_call", "tool_result", "reasoning")
+
+
+def declare_native_keys(gateway: str, keys: NativeKeys) -> None:
+    """Declare the native keys ``gateway`` writes (called by ``register_gateway``)."""
+    _DECLARED[gateway] = keys
+    for element in _ELEMENTS:
+        _ANY[element] = frozenset().union(*(getattr(k, element) for k in _DECLARED.values()))
+
+
+def _reserved(element: str, gateway: str | None) -> frozenset[str]:
+    """Keys extras of ``element`` may not hold: one gateway's, or every gateway's."""
+    if gateway is None:
+        return _ANY.get(element, frozenset())
+    keys = _DECLARED.get(gateway)
+    return getattr(keys, element) if keys is not None else frozenset()
+
+
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Message)
+_any_decoder = msgspec.json.Decoder()
+
+
+def _json_error(where: str, field: str, problem: str, text: bool = False) -> InvalidMessageError:
+    kind = InvalidTextError if text else InvalidMessageError
+    label = f"{where} {field}" if field else where
+    return kind(f"{label} {problem}", field=field)
+
+
+def _strict_copy(value: Any, where: str, field: str, depth: int = 0) -> Any:
+    """A deep copy of the JSON ``value``, checked strictly; iterative (no recursion).
+
+    Strict JSON: objects with string keys, arrays (lists or tuples, copied
+    to lists), strings without lone surrogates, finite numbers, booleans and
+    null, nested at most :data:`MAX_JSON_DEPTH` levels (``depth`` levels
+    already enclose ``value``).
+
+    Raises:
+        InvalidMessageError: a value JSON cannot carry, NaN or an infinity, or
+            nesting deeper than the cap; ``field`` names the path.
+        InvalidTextError: a string or key holds a lone surrogate.
+    """
+    root: list[Any] = [None]
+    # (value, container, key, depth of value, path of value)
+    stack: list[tuple[Any, Any, Any, int, tuple[Any, ...]]] = [(value, root, 0, depth, ())]
+    while stack:
+        item, into, key, level, path = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise _json_error(
+                        where,
+                        _path(field, path),
+                        f"holds a lone surrogate (not valid UTF-8): {excerpt(item)}.",
+                        text=True,
+                    ) from None
+            into[key] = item if type(item) is str else str.__str__(item)
+        elif item is None or item is True or item is False:
+            into[key] = item
+        elif isinstance(item, int):
+            into[key] = int(item)
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise _json_error(
+                    where, _path(field, path), f"holds {excerpt(item)}, which is not JSON (strict)."
+                )
+            into[key] = float(item)
+        elif isinstance(item, dict | list | tuple):
+            if level + 1 > MAX_JSON_DEPTH:
+                raise _json_error(
+                    where,
+                    _path(field, path),
+                    f"nests JSON deeper than {MAX_JSON_DEPTH} levels.",
+                )
+            if isinstance(item, dict):
+                copy: dict[str, Any] = {}
+                for k, v in item.items():
+                    if not isinstance(k, str):
+                        raise _json_error(
+                            where,
+                            _path(field, path),
+                            f"has a key {excerpt(k)} that is not a string.",
+                        )
+                    if not k.isascii():
+                        try:
+                            k.encode("utf-8")
+                        except UnicodeEncodeError:
+                            raise _json_error(
+                                where,
+                                _path(field, path),
+                                f"has a key with a lone surrogate: {excerpt(k)}.",
+                                text=True,
+                            ) from None
+                    copy[k] = None
+                    stack.append((v, copy, k, level + 1, (*path, k)))
+                into[key] = copy
+            else:
+                array: list[Any] = [None] * len(item)
+                for i, v in enumerate(item):
+                    stack.append((v, array, i, level + 1, (*path, i)))
+                into[key] = array
+        else:
+            raise _json_error(
+                where,
+                _path(field, path),
+                f"holds a {type(item).__name__}, which is not JSON data.",
+            )
+    return root[0]
+
+
+def strict_json(value: Any, *, where: str = "value", field: str = "") -> Any:
+    """A private deep copy of the JSON ``value``, checked strictly.
+
+    Strict JSON: objects with string keys, arrays (lists or tuples, copied to
+    lists), strings without lone surrogates, finite numbers, booleans and null,
+    nested at most :data:`MAX_JSON_DEPTH` levels. Iterative: no depth raises
+    ``RecursionError``.
+
+    Raises:
+        InvalidMessageError: a value JSON cannot carry, NaN or an infinity, or
+            nesting deeper than the cap; ``field`` names the path.
+        InvalidTextError: a string or key holds a lone surrogate.
+    """
+    return _strict_copy(value, where, field)
+
+
+def _path(field: str, path: tuple[Any, ...]) -> str:
+    out = field
+    for step in path[:8]:
+        out += f"[{step}]" if isinstance(step, int) else f".{excerpt(step)[1:-1]}"
+    return out + (".…" if len(path) > 8 else "")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (strict)")
+
+
+def decode_json_text(text: str, *, where: str = "value", field: str = "") -> Any:
+    """Decode JSON text strictly: the value, or a typed error.
+
+    Strict JSON (RFC 8259): no ``NaN`` or ``Infinity``, no number out of the
+    float range, no lone surrogate, also not an escaped one (``"\\ud83c"``),
+    nesting at most :data:`MAX_JSON_DEPTH` levels. Every later encoding of the
+    value (``json.dumps(..., allow_nan=False)``, msgspec) succeeds.
+
+    Args:
+        text: the JSON text.
+        where, field: how error messages name the text.
+
+    Raises:
+        InvalidTextError: the text holds a lone surrogate, raw or escaped.
+        InvalidMessageError: the text is not strict JSON, or nests too deeply.
+    """
+    try:
+        value = _any_decoder.decode(text)
+    except (msgspec.DecodeError, RecursionError, UnicodeEncodeError) as exc:
+        # Classify the failure with the standard parser (slow path only).
+        try:
+            json.loads(text, parse_constant=_reject_constant)
+        except RecursionError:
+            raise _json_error(
+                where, field, f"nests JSON deeper than {MAX_JSON_DEPTH} levels."
+            ) from None
+        except UnicodeEncodeError:
+            raise _json_error(where, field, "holds a lone surrogate.", text=True) from None
+        except ValueError as inner:
+            raise _json_error(
+                where, field, f"is not strict JSON ({excerpt(str(inner))})."
+            ) from None
+        if isinstance(exc, RecursionError):
+            raise _json_error(
+                where, field, f"nests JSON deeper than {MAX_JSON_DEPTH} levels."
+            ) from None
+        # The standard parser took it: a lone surrogate (escaped) or a huge number.
+        value = None
+        try:
+            value = json.loads(text, parse_constant=_reject_constant)
+        except RecursionError:
+            pass
+        _strict_copy(value, where, field)
+        raise _json_error(where, field, f"is not strict JSON ({excerpt(str(exc))}).") from None
+    return _strict_copy(value, where, field)
 
 
 def encode_message(message: Message) -> bytes:
@@ -285,9 +540,21 @@ def check_message(message: object, *, where: str = "message") -> int:
     UTF-8 (no lone surrogates); call ids, tool names and set ids are non-empty;
     an opaque part's item is an object; tool calls are in an assistant message
     and tool results in a tool or user message; call ids are unique within the
-    message; an image has exactly one of ``url`` and ``data`` (non- empty), and
-    string fields (a base64 image has its ``media_type``, which is
-    ``image/...``).
+    message; an image has exactly one of ``url`` and ``data`` (non-empty)
+    and a base64 image has its ``media_type``, which is ``image/...``.
+
+    The JSON a message carries is checked strictly (see
+    :func:`decode_json_text` and :data:`MAX_JSON_DEPTH`): tool call
+    ``arguments`` are blank (meaning ``{}``) or the text of a JSON object;
+    ``extras``, ``layout`` and opaque items are JSON data. ``extras`` never
+    hold a key a gateway writes itself (:class:`NativeKeys`: the keys of the
+    gateway ``layout`` names, else of every gateway; a reasoning part's, of
+    the gateway that produced it). A ``layout`` names a gateway that declared
+    its keys and holds only that gateway's hints, each of its type.
+
+    Once checked, the message holds private deep copies of its ``extras``,
+    ``layout`` and opaque items (set in place): a caller that changes the
+    dicts it passed in changes nothing the message carries.
 
     Args:
         message: the value to check.
@@ -298,16 +565,17 @@ def check_message(message: object, *, where: str = "message") -> int:
 
     Raises:
         InvalidMessageError: a field is malformed; ``field`` names it.
-        InvalidTextError: a string is not valid UTF-8.
+        InvalidTextError: a string is not valid UTF-8 (also one escaped in
+            JSON text).
         DuplicateIdError: two tool calls of the message share a call id.
     """
     if not isinstance(message, Message):
         raise InvalidMessageError(f"{where} is a {type(message).__name__}, not a turnloom Message.")
     try:
         role = Role(message.role)
-    except ValueError:
+    except (ValueError, TypeError):
         raise InvalidMessageError(
-            f"{where} has unknown role {message.role!r}.", field="role"
+            f"{where} has unknown role {excerpt(message.role)}.", field="role"
         ) from None
     if role is not message.role:
         msgspec.structs.force_setattr(message, "role", role)
@@ -315,17 +583,10 @@ def check_message(message: object, *, where: str = "message") -> int:
         raise InvalidMessageError(f"{where} has an empty id.", field="id")
     if message.name is not None:
         _require_id(message.name, where, "name")
-    layout = message.layout
-    if layout is not None and (
-        not isinstance(layout, dict)
-        or not isinstance(layout.get("gateway"), str)
-        or not layout["gateway"]
-    ):
-        raise InvalidMessageError(
-            f"{where} layout must be an object naming its gateway.", field="layout"
-        )
+    gateway = _check_layout(message, where)
     if not isinstance(message.content, tuple):
         raise InvalidMessageError(f"{where} content must be a tuple of parts.", field="content")
+    _copy_extras(message, "message", gateway, where, "extras")
     seen: set[str] = set()
     for i, part in enumerate(message.parts):
         field = f"content[{i}]"
@@ -334,49 +595,59 @@ def check_message(message: object, *, where: str = "message") -> int:
         if isinstance(part, ToolCallPart):
             _require_id(part.call_id, where, f"{field}.call_id")
             _require_id(part.name, where, f"{field}.name")
-            if not isinstance(part.arguments, str):
-                raise InvalidMessageError(
-                    f"{where} {field}.arguments must be JSON text (str).",
-                    field=f"{field}.arguments",
-                )
+            _check_arguments(part.arguments, where, f"{field}.arguments")
             if part.call_id in seen:
-                raise DuplicateIdError(f"{where} has two tool calls with call id {part.call_id!r}.")
+                raise DuplicateIdError(
+                    f"{where} has two tool calls with call id {excerpt(part.call_id)}."
+                )
             seen.add(part.call_id)
+            _copy_extras(part, "tool_call", gateway, where, field)
         elif isinstance(part, ToolResultPart):
             _require_id(part.call_id, where, f"{field}.call_id")
+            _optional_strings(part, ("name",), where, field)
             if not isinstance(part.content, tuple):
                 raise InvalidMessageError(
                     f"{where} {field}.content must be a tuple of parts.",
                     field=f"{field}.content",
                 )
+            _copy_extras(part, "tool_result", gateway, where, field)
             for j, inner in enumerate(part.content):
+                inner_field = f"{field}.content[{j}]"
                 if not isinstance(inner, TextPart | ImagePart | OpaquePart):
                     raise InvalidMessageError(
-                        f"{where} {field}.content[{j}] is a {type(inner).__name__}; "
+                        f"{where} {inner_field} is a {type(inner).__name__}; "
                         "a tool result holds text, image or opaque parts.",
-                        field=f"{field}.content[{j}]",
+                        field=inner_field,
                     )
-                if isinstance(inner, ImagePart):
-                    _check_image(inner, where, f"{field}.content[{j}]")
-                elif isinstance(inner, OpaquePart):
-                    _check_opaque(inner, where, f"{field}.content[{j}]")
-        elif isinstance(part, ImagePart):
-            _check_image(part, where, field)
-        elif isinstance(part, OpaquePart):
-            _check_opaque(part, where, field)
-        elif not isinstance(part, TextPart | ReasoningPart):
+                _check_leaf(inner, gateway, where, inner_field)
+        elif isinstance(part, TextPart | ImagePart | OpaquePart):
+            _check_leaf(part, gateway, where, field)
+        elif isinstance(part, ReasoningPart):
+            _optional_strings(
+                part, ("signature", "encrypted_content", "id", "gateway"), where, field
+            )
+            # Only the gateway that produced reasoning renders it (and its extras).
+            producer = part.gateway if isinstance(part.gateway, str) else None
+            _copy_extras(part, "reasoning", producer, where, field, only=True)
+        else:
             raise InvalidMessageError(
                 f"{where} {field} is a {type(part).__name__}, not a message part.",
                 field=field,
             )
+    if gateway is not None:
+        declared = _DECLARED[gateway]
+        if declared.check_layout is not None:
+            declared.check_layout(message, where)
     try:
         data = _encoder.encode(message)
     except UnicodeEncodeError as exc:
         raise InvalidTextError(
             f"{where} holds text that is not valid UTF-8 ({exc.reason}).", field="content"
         ) from exc
-    except TypeError as exc:
-        raise InvalidMessageError(f"{where} holds a value that is not JSON: {exc}.") from exc
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise InvalidMessageError(
+            f"{where} holds a value that is not JSON: {excerpt(str(exc))}."
+        ) from None
     try:
         # Struct construction does not check field types; decoding the encoding
         # does (a text that is not a str would otherwise fail at render time).
@@ -385,9 +656,135 @@ def check_message(message: object, *, where: str = "message") -> int:
         text = str(exc)
         field = text.rpartition("at `$.")[2].rstrip("`") if "at `$." in text else ""
         raise InvalidMessageError(
-            f"{where} has a field of the wrong type: {text}.", field=field
-        ) from exc
+            f"{where} has a field of the wrong type: {excerpt(text)}.", field=field
+        ) from None
     return len(data)
+
+
+def _check_layout(message: Message, where: str) -> str | None:
+    """Type-check ``message.layout``; return the gateway it names (None: no layout)."""
+    layout = message.layout
+    if layout is None:
+        return None
+    gateway = layout.get("gateway") if isinstance(layout, dict) else None
+    if not isinstance(gateway, str) or not gateway:
+        raise InvalidMessageError(
+            f"{where} layout must be an object naming its gateway.", field="layout"
+        )
+    declared = _DECLARED.get(gateway)
+    if declared is None:
+        raise InvalidMessageError(
+            f"{where} layout names {excerpt(gateway)}, which is no gateway that declared "
+            "its native keys.",
+            field="layout.gateway",
+        )
+    copy: dict[str, Any] = {"gateway": gateway}
+    for key, value in layout.items():
+        if key == "gateway":
+            continue
+        field = f"layout.{excerpt(key)[1:-1] if isinstance(key, str) else excerpt(key)}"
+        hint = declared.hints.get(key) if isinstance(key, str) else None
+        if hint is None:
+            raise InvalidMessageError(
+                f"{where} {field} is not a layout hint of the {gateway} gateway "
+                f"(it reads {', '.join(sorted(declared.hints)) or 'none'}).",
+                field=field,
+            )
+        if hint == "flag":
+            ok = type(value) is bool
+            want = "a bool"
+        elif hint == "text":
+            ok = isinstance(value, str)
+            want = "a string"
+        elif hint == "ids":
+            ok = isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+            want = "a list of strings"
+        else:
+            ok = isinstance(value, str) and value in hint
+            want = "one of " + ", ".join(map(repr, hint))
+        if not ok:
+            raise InvalidMessageError(
+                f"{where} {field} must be {want}, not {excerpt(value)}.", field=field
+            )
+        copy[key] = _strict_copy(value, where, field, depth=1)
+    msgspec.structs.force_setattr(message, "layout", copy)
+    return gateway
+
+
+def _copy_extras(
+    owner: Message | Part,
+    element: str,
+    gateway: str | None,
+    where: str,
+    field: str,
+    *,
+    only: bool = False,
+) -> None:
+    """Check ``owner.extras`` against the reserved keys and hold a private copy.
+
+    ``gateway`` None means every declared gateway may emit the extras, unless
+    ``only``: then none does (reasoning no gateway produced is never rendered).
+    """
+    extras = owner.extras  # type: ignore[union-attr]
+    if extras is None:
+        return
+    label = field if field == "extras" else f"{field}.extras"
+    if not isinstance(extras, dict):
+        raise InvalidMessageError(f"{where} {label} must be a JSON object.", field=label)
+    reserved = frozenset() if only and gateway is None else _reserved(element, gateway)
+    clash = [k for k in extras if k in reserved] if reserved else []
+    if clash:
+        raise InvalidMessageError(
+            f"{where} {label} holds {excerpt(clash[0])}, a key the "
+            f"{gateway or 'a'} gateway writes itself; extras never replace it.",
+            field=f"{label}.{excerpt(clash[0])[1:-1]}",
+        )
+    msgspec.structs.force_setattr(owner, "extras", _strict_copy(extras, where, label, depth=0))
+
+
+def _optional_strings(part: _Part, names: tuple[str, ...], where: str, field: str) -> None:
+    """Each of ``names`` is None or a str.
+
+    The encode-decode check below cannot see this for an optional field: the
+    JSON encoder writes a NaN or infinite float as ``null``.
+    """
+    for name in names:
+        value = getattr(part, name)
+        if value is not None and not isinstance(value, str):
+            raise InvalidMessageError(
+                f"{where} {field}.{name} must be a string or None, not a {type(value).__name__}.",
+                field=f"{field}.{name}",
+            )
+
+
+def _check_leaf(
+    part: TextPart | ImagePart | OpaquePart, gateway: str | None, where: str, field: str
+) -> None:
+    if isinstance(part, ImagePart):
+        _optional_strings(part, ("url", "data", "media_type", "detail"), where, field)
+        _check_image(part, where, field)
+        _copy_extras(part, "image", gateway, where, field)
+    elif isinstance(part, OpaquePart):
+        _check_opaque(part, where, field)
+        msgspec.structs.force_setattr(part, "item", _strict_copy(part.item, where, f"{field}.item"))
+    else:
+        _copy_extras(part, "text", gateway, where, field)
+
+
+def _check_arguments(arguments: object, where: str, field: str) -> None:
+    """Tool call arguments: blank (no arguments) or the strict JSON text of an object."""
+    if not isinstance(arguments, str):
+        raise InvalidMessageError(f"{where} {field} must be JSON text (str).", field=field)
+    if is_blank_text(arguments):
+        return
+    value = decode_json_text(arguments, where=where, field=field)
+    if not isinstance(value, dict):
+        raise InvalidMessageError(
+            f"{where} {field} must be the JSON text of an object, not of a "
+            f"{type(value).__name__}: {excerpt(arguments)}; every provider carries tool "
+            "call arguments as an object.",
+            field=field,
+        )
 
 
 def _check_placement(
@@ -442,41 +839,87 @@ def _check_image(part: ImagePart, where: str, field: str) -> None:
         )
     if part.media_type is not None and not part.media_type.startswith("image/"):
         raise InvalidMessageError(
-            f"{where} {field}.media_type {part.media_type!r} is not an image type.",
+            f"{where} {field}.media_type {excerpt(part.media_type)} is not an image type.",
             field=f"{field}.media_type",
         )
 
 
-def decode_message(data: bytes | str | dict[str, Any], *, where: str = "message") -> Message:
+def decode_message(
+    data: bytes | str | dict[str, Any],
+    *,
+    where: str = "message",
+    max_bytes: int | None = DEFAULT_MAX_MESSAGE_BYTES,
+) -> Message:
     """Decode and validate one message from JSON bytes/str or a plain dict.
 
     The dict form is turnloom's own (``{"role": ..., "content": [{"type":
     "text", "text": ...}]}``), not a provider's; gateways parse native items.
+    The message passes :func:`check_message`.
+
+    Args:
+        data: the message.
+        where: how error messages name it.
+        max_bytes: the per-item cap, in bytes of JSON (None: no cap). Bytes or
+            text longer than the cap are refused before anything is decoded;
+            a dict, once checked, by its encoded size.
 
     Raises:
+        ItemTooLargeError: the data or the message's encoding is over ``max_bytes``.
         InvalidTextError: the bytes are not valid UTF-8, or text holds a lone
             surrogate.
-        InvalidMessageError: malformed JSON, an unknown role or part type, or a
-            field of the wrong type; ``field`` names it where msgspec does.
+        InvalidMessageError: malformed JSON, JSON nested deeper than
+            :data:`MAX_JSON_DEPTH`, an unknown role or part type, or a field of
+            the wrong type; ``field`` names it where msgspec does.
         DuplicateIdError: two tool calls of the message share a call id.
     """
+    if max_bytes is not None and isinstance(data, bytes | str) and len(data) > max_bytes:
+        # A str of n characters encodes to at least n bytes.
+        raise ItemTooLargeError(
+            f"{where} is at least {len(data)} bytes, over the per-item cap of {max_bytes} bytes.",
+            size=len(data),
+            limit=max_bytes,
+        )
     try:
         if isinstance(data, dict):
             message = msgspec.convert(data, Message)
-        else:
+        elif isinstance(data, bytes | str):
             message = _decoder.decode(data)
+        else:
+            raise InvalidMessageError(
+                f"{where} must be JSON bytes, text or a dict, not {type(data).__name__}."
+            )
     except UnicodeDecodeError as exc:
-        raise InvalidTextError(f"{where} is not valid UTF-8: {exc.reason}.") from exc
+        raise InvalidTextError(f"{where} is not valid UTF-8: {exc.reason}.") from None
+    except UnicodeEncodeError as exc:
+        raise InvalidTextError(f"{where} holds a lone surrogate: {exc.reason}.") from None
+    except RecursionError:
+        raise InvalidMessageError(
+            f"{where} nests JSON deeper than {MAX_JSON_DEPTH} levels."
+        ) from None
     except msgspec.ValidationError as exc:
         text = str(exc)
         field = text.rpartition("at `$.")[2].rstrip("`") if "at `$." in text else ""
-        if "invalid utf-8" in text.lower() or "surrogate" in text.lower():
-            raise InvalidTextError(f"{where}: {text}.", field=field) from exc
-        raise InvalidMessageError(f"{where}: {text}.", field=field) from exc
+        if "invalid utf-8" in text.lower() or "surrogate" in text.lower() or _unencodable(text):
+            raise InvalidTextError(f"{where}: {excerpt(text)}.", field=field) from None
+        raise InvalidMessageError(f"{where}: {excerpt(text)}.", field=field) from None
     except msgspec.DecodeError as exc:
         text = str(exc)
-        if "utf-8" in text.lower():
-            raise InvalidTextError(f"{where} is not valid UTF-8: {text}.") from exc
-        raise InvalidMessageError(f"{where} is not valid JSON: {text}.") from exc
-    check_message(message, where=where)
+        if "utf-8" in text.lower() or "surrogate" in text.lower():
+            raise InvalidTextError(f"{where} is not valid UTF-8: {excerpt(text)}.") from None
+        raise InvalidMessageError(f"{where} is not valid JSON: {excerpt(text)}.") from None
+    size = check_message(message, where=where)
+    if max_bytes is not None and size > max_bytes:
+        raise ItemTooLargeError(
+            f"{where} is {size} bytes, over the per-item cap of {max_bytes} bytes.",
+            size=size,
+            limit=max_bytes,
+        )
     return message
+
+
+def _unencodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from turnloom.context.message import Message, Role
-from turnloom.errors import InvalidArgumentError, PositionalScopeError
+from turnloom.errors import InvalidArgumentError, PositionalScopeError, excerpt
 
 _PINNED = (Role.system, Role.developer)
 
@@ -117,7 +117,7 @@ class RoleFilter:
                 normalized.add(Role(role))
             except ValueError:
                 raise InvalidArgumentError(
-                    f"RoleFilter role {role!r:.40} is not a role.", field=f"roles[{i}]"
+                    f"RoleFilter role {excerpt(role)} is not a role.", field=f"roles[{i}]"
                 ) from None
         object.__setattr__(self, "roles", frozenset(normalized))
 
@@ -219,7 +219,7 @@ def _require_count(value: object, field: str, *, minimum: int | None) -> None:
     if type(value) is not int or (minimum is not None and value < minimum):
         bound = f" >= {minimum}" if minimum is not None else ""
         raise InvalidArgumentError(
-            f"{field} must be an int{bound}, not {value!r:.40}.", field=field
+            f"{field} must be an int{bound}, not {excerpt(value)}.", field=field
         )
 
 

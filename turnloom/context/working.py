@@ -58,7 +58,7 @@ from turnloom.context.message import (
 )
 from turnloom.context.scope import ContextScope, check_scope, scope_indices
 from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
-from turnloom.errors import FrozenValueError, InvalidArgumentError
+from turnloom.errors import FrozenValueError, InvalidArgumentError, excerpt
 
 T = TypeVar("T")
 
@@ -236,7 +236,7 @@ def _checked_messages(messages: object, field: str) -> list[Message]:
 def _check_key(key: object, field: str = "key") -> str:
     if not isinstance(key, str) or not key:
         raise InvalidArgumentError(
-            f"A scratchpad key must be a non-empty string, not {key!r:.40}.", field=field
+            f"A scratchpad key must be a non-empty string, not {excerpt(key)}.", field=field
         )
     return key
 
@@ -248,7 +248,7 @@ def _checked_scratchpad(scratchpad: object, field: str = "scratchpad") -> dict[s
             field=field,
         )
     for key in scratchpad:
-        _check_key(key, f"{field}[{key!r:.40}]")
+        _check_key(key, f"{field}[{excerpt(key)}]")
     return dict(scratchpad)
 
 
@@ -518,7 +518,7 @@ class WorkingContext:
             )
         if limit is not None and (type(limit) is not int or limit < 0):
             raise InvalidArgumentError(
-                f"limit must be None or an int >= 0, not {limit!r:.40}.", field="limit"
+                f"limit must be None or an int >= 0, not {excerpt(limit)}.", field="limit"
             )
         if type(shared) is not bool:
             raise InvalidArgumentError("shared must be a bool.", field="shared")
@@ -726,7 +726,7 @@ class WorkingContext:
             raise InvalidArgumentError("other must be a WorkingContext.", field="other")
         if mode not in _MERGE_MODES:
             raise InvalidArgumentError(
-                f"mode must be 'concat' or 'union', not {mode!r:.40}.", field="mode"
+                f"mode must be 'concat' or 'union', not {excerpt(mode)}.", field="mode"
             )
         incoming = list(other.messages)
         if mode == "union":

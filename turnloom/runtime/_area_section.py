@@ -28,7 +28,7 @@ from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.message import Message
 from turnloom.context.native import Context
 from turnloom.context.pairing import CallTracker
-from turnloom.errors import AreaCallbackError, InputError, InvalidMessageError
+from turnloom.errors import AreaCallbackError, InputError, InvalidMessageError, excerpt
 from turnloom.runtime.schemas import AreaPass
 
 
@@ -118,12 +118,12 @@ def answer_routed_calls(calls: CallTracker, message: Message, context_id: str) -
     if unanswered and (step.closed or message.tool_calls):
         raise InvalidMessageError(
             f"Tool call(s) {', '.join(map(repr, unanswered))} routed to context "
-            f"{context_id!r} have no result yet; route their results before any "
+            f"{excerpt(context_id)} have no result yet; route their results before any "
             "other item."
         )
     if step.orphans:
         raise InvalidMessageError(
-            f"The item routed to context {context_id!r} holds tool result(s) "
+            f"The item routed to context {excerpt(context_id)} holds tool result(s) "
             f"{', '.join(repr(r.call_id) for r in step.orphans)} that answer no open "
             "routed call."
         )

@@ -19,7 +19,7 @@ from turnloom.context.pairing import OpenCallPolicy, complete_pairs
 from turnloom.context.scope import ContextScope, scope_indices
 from turnloom.context.tokens import TokenCounter
 from turnloom.context.working import FrozenContext, PrefixContext, WorkingContext
-from turnloom.errors import InvalidArgumentError
+from turnloom.errors import InvalidArgumentError, excerpt
 
 
 def working_context(
@@ -109,7 +109,8 @@ def folded_message(
     calls = [c for m in messages for c in m.tool_calls if c.call_id == call_id]
     if not calls or call_id in answered:
         raise InvalidArgumentError(
-            f"Turn {turn_id!r} holds no tool call {call_id!r:.60} still without a result.",
+            f"Turn {excerpt(turn_id)} holds no tool call {excerpt(call_id)} still without a "
+            "result.",
             field="call_id",
         )
     part = ToolResultPart(call_id=call_id, name=calls[-1].name, content=(TextPart(text=text),))

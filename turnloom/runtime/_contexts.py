@@ -31,6 +31,7 @@ from turnloom.errors import (
     StateError,
     UnknownContextError,
     UnknownTurnError,
+    excerpt,
 )
 from turnloom.runtime._area_section import AreaSection, SectionResult, answer_routed_calls
 from turnloom.runtime._counters import Counters
@@ -115,7 +116,7 @@ class ContextTable:
         state = self.contexts.get(context_id) if isinstance(context_id, str) else None
         if state is None:
             check_id(context_id, "context id")
-            raise UnknownContextError(f"No turn was committed to context {context_id!r}.")
+            raise UnknownContextError(f"No turn was committed to context {excerpt(context_id)}.")
         return state
 
     def holding(
@@ -136,8 +137,8 @@ class ContextTable:
         state = self.contexts.get(context_id)
         if origin is not None and state is not origin:
             raise ContextRemovedError(
-                f"Context {context_id!r} was removed while the preparation of turn "
-                f"{turn_id!r} waited.",
+                f"Context {excerpt(context_id)} was removed while the preparation of turn "
+                f"{excerpt(turn_id)} waited.",
                 context_id=context_id,
                 turn_id=turn_id,
             )
@@ -145,10 +146,16 @@ class ContextTable:
             return state
         if state.history.was_evicted(turn_id):
             raise UnknownTurnError(
-                f"Turn {turn_id!r} of context {context_id!r} was evicted or retracted "
+                f"Turn {excerpt(turn_id)} of context {excerpt(context_id)} was evicted or "
+                f"retracted "
                 "before it could be prepared."
             )
         return None
+
+    def history_of(self, context_id: str) -> TurnHistory:
+        """The history of ``context_id``, or an empty one with the limits for a new context."""
+        state = self.contexts.get(context_id)
+        return state.history if state is not None else TurnHistory(self._limits)
 
     def commit(self, context_id: str, snapshot: TurnSnapshot) -> None:
         """Commit a checked turn, creating the context on its first turn, then evict.
@@ -240,13 +247,14 @@ class ContextTable:
         check_id(turn_id, "turn id")
         if not state.history.has_turn(turn_id):
             raise UnknownTurnError(
-                f"Turn {turn_id!r} is not held by context {context_id!r} (never committed "
+                f"Turn {excerpt(turn_id)} is not held by context {excerpt(context_id)} "
+                f"(never committed "
                 "or evicted)."
             )
         if state.in_flight is not None:
             raise StateError(
-                f"Context {context_id!r} already has a model call in flight for turn "
-                f"{state.in_flight!r}."
+                f"Context {excerpt(context_id)} already has a model call in flight for turn "
+                f"{excerpt(state.in_flight)}."
             )
         state.in_flight = turn_id
         self._counters.invocations += 1
@@ -269,8 +277,8 @@ class ContextTable:
         """
         if state.in_flight is not None:
             raise StateError(
-                f"Context {context_id!r} has a model call in flight (turn "
-                f"{state.in_flight!r}); retract after the invocation ends."
+                f"Context {excerpt(context_id)} has a model call in flight (turn "
+                f"{excerpt(state.in_flight)}); retract after the invocation ends."
             )
         before = state.history.statistics()
         state.history.retract(turn_id)
@@ -288,7 +296,7 @@ class ContextTable:
         state = self.get(context_id)
         if state.in_flight is not None:
             raise StateError(
-                f"Context {context_id!r} has a model call in flight; remove it after "
+                f"Context {excerpt(context_id)} has a model call in flight; remove it after "
                 "the invocation ends."
             )
         self._forget(state)
@@ -344,7 +352,7 @@ class ContextTable:
         if areas is not None and areas.attached.get(id(area)) is area:
             raise DuplicateAreaError(
                 f"This {type(area).__qualname__} area is already attached to context "
-                f"{context_id!r}."
+                f"{excerpt(context_id)}."
             )
         areas = self._areas(state)
         areas.attached[id(area)] = area

@@ -27,13 +27,19 @@ __all__ = (
 
 import math
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
 
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_gateway
-from turnloom.context.history import HistoryLimits, check_id, reject_instructions
+from turnloom.context.history import (
+    HistoryLimits,
+    TurnHistory,
+    check_batch_length,
+    check_id,
+    reject_instructions,
+)
 from turnloom.context.memory import MemorySource, check_tenant_scope
 from turnloom.context.message import Message, check_message
 from turnloom.context.pairing import OpenCallPolicy
@@ -47,6 +53,7 @@ from turnloom.errors import (
     InvalidTextError,
     ItemTooLargeError,
     ProviderRuleError,
+    excerpt,
 )
 from turnloom.runtime.assembly import (
     AssemblyStrategy,
@@ -163,10 +170,10 @@ def check_manager_options(
     if not _positive_int(max_pending_preparations):
         raise InputError(
             "max_pending_preparations must be a positive integer, not "
-            f"{max_pending_preparations!r}."
+            f"{excerpt(max_pending_preparations)}."
         )
     if open_calls not in ("exclude", "cancel"):
-        raise InputError(f"open_calls must be 'exclude' or 'cancel', not {open_calls!r}.")
+        raise InputError(f"open_calls must be 'exclude' or 'cancel', not {excerpt(open_calls)}.")
     limits = history_limits if history_limits is not None else HistoryLimits()
     check_behavior_rules(behavior_rules, limits.max_item_bytes)
     if max_tenant_preparations is None:
@@ -176,7 +183,7 @@ def check_manager_options(
     else:
         raise InputError(
             "max_tenant_preparations must be a positive integer or None, not "
-            f"{max_tenant_preparations!r}."
+            f"{excerpt(max_tenant_preparations)}."
         )
     checked_gateway = gateway if isinstance(gateway, Gateway) else get_gateway(gateway)
     return ManagerOptions(
@@ -204,13 +211,15 @@ def check_foundation_options(
             period is not a non-negative number.
     """
     if not _positive_int(worker_threads):
-        raise InputError(f"worker_threads must be a positive integer, not {worker_threads!r}.")
+        raise InputError(
+            f"worker_threads must be a positive integer, not {excerpt(worker_threads)}."
+        )
     if not (isinstance(close_grace_period, int | float) and close_grace_period >= 0) or (
         math.isnan(close_grace_period)
     ):
         raise InputError(
             f"close_grace_period must be a non-negative number of seconds, not "
-            f"{close_grace_period!r}."
+            f"{excerpt(close_grace_period)}."
         )
     return FoundationOptions(
         manager=manager,
@@ -248,18 +257,23 @@ def check_durable_options(
     if store is None:
         return None
     if not (_seconds(lease_ttl) and math.isfinite(lease_ttl)):
-        raise InputError(f"lease_ttl must be a positive number of seconds, not {lease_ttl!r}.")
+        raise InputError(
+            f"lease_ttl must be a positive number of seconds, not {excerpt(lease_ttl)}."
+        )
     if not _seconds(idle_after):
-        raise InputError(f"idle_after must be a positive number of seconds, not {idle_after!r}.")
+        raise InputError(
+            f"idle_after must be a positive number of seconds, not {excerpt(idle_after)}."
+        )
     if owner is None:
         owner = f"turnloom-{uuid.uuid4().hex}"
     elif not isinstance(owner, str) or not owner or " " in owner or len(owner) > 256:
         raise InputError(
-            f"owner must be a non-empty str without spaces, at most 256 characters, not {owner!r}."
+            f"owner must be a non-empty str without spaces, at most 256 characters, not "
+            f"{excerpt(owner)}."
         )
     if isinstance(store, str):
         raise InputError(
-            f"store must be a ContextStore, not the URL {store[:80]!r}: open it with "
+            f"store must be a ContextStore, not the URL {excerpt(store[:80])}: open it with "
             "'async with turnloom.stores.open_context_store(url) as store'."
         )
     if not isinstance(store, ContextStore):
@@ -311,31 +325,46 @@ def reject_state(messages: Sequence[Message], context_id: str, turn_id: str, whe
         if isinstance(message, Message) and is_state_message(message, call_id):
             raise InvalidMessageError(
                 f"{where}[{i}] carries a runtime-state call or result (tool "
-                f"{STATE_TOOL_NAME!r}, or a reserved 'tlrs_' call id); runtime state "
+                f"{excerpt(STATE_TOOL_NAME)}, or a reserved 'tlrs_' call id); runtime state "
                 "never enters history."
             )
 
 
-def check_renderable(gateway: Gateway, messages: Sequence[Message] | None, where: str) -> int:
-    """Render each message once at the door so provider rules fail here, not at prepare.
+def check_renderable(
+    gateway: Gateway,
+    messages: Sequence[Message] | None,
+    where: str,
+    history: TurnHistory,
+    *,
+    turn_id: str | None = None,
+    pinned: bool = False,
+) -> int:
+    """Check a batch (its limits first), then render each message once at the door.
 
-    A message the gateway cannot carry (for example tool call arguments
-    that are not a JSON object, for Anthropic and Gemini) would otherwise
+    The batch is checked by ``history.check_batch`` (its length in O(1), then
+    each message and the running bytes), so provider rules and limits fail
+    here, not at prepare. A message the gateway cannot carry would otherwise
     be committed and then fail every later prepare of its context.
+
+    Args:
+        turn_id: the held turn the batch is added to (a record), if any.
+        pinned: the batch is a turn's new pinned instructions.
 
     Returns:
         how many native items the messages render to.
 
     Raises:
+        TurnTooLargeError: the turn would be over the history's limits.
+        ItemTooLargeError: a message is over the per-item byte cap.
         InvalidMessageError, InvalidTextError: a malformed message.
         ProviderRuleError: the gateway cannot render a message.
     """
     if not messages:
         return 0
+    history.check_batch(messages, where, turn_id=turn_id, pinned=pinned)
     rendered = 0
     for i, message in enumerate(messages):
         label = f"{where}[{i}]"
-        check_message(message, where=label)
         try:
             rendered += len(gateway.render(message))
         except ProviderRuleError as exc:
@@ -344,7 +373,11 @@ def check_renderable(gateway: Gateway, messages: Sequence[Message] | None, where
 
 
 def check_outputs(
-    gateway: Gateway, context_id: str, turn_id: str, outputs: Sequence[Message]
+    gateway: Gateway,
+    context_id: str,
+    turn_id: str,
+    outputs: Sequence[Message],
+    history: TurnHistory,
 ) -> None:
     """Validate the outputs of a turn to record (see ``ContextManager.record``).
 
@@ -357,13 +390,20 @@ def check_outputs(
     check_id(turn_id, "turn id")
     if isinstance(outputs, Message) or not isinstance(outputs, Sequence):
         raise InvalidMessageError("record takes a sequence of Messages, oldest first.")
-    reject_state(outputs, context_id, turn_id, f"Output of turn {turn_id!r}")
-    reject_instructions(outputs, "outputs", f"Output of turn {turn_id!r}")
-    check_renderable(gateway, outputs, f"Output of turn {turn_id!r}")
+    check_renderable(
+        gateway, outputs, f"Output of turn {excerpt(turn_id)}", history, turn_id=turn_id
+    )
+    reject_state(outputs, context_id, turn_id, f"Output of turn {excerpt(turn_id)}")
+    reject_instructions(outputs, "outputs", f"Output of turn {excerpt(turn_id)}")
 
 
-def check_snapshot(snapshot: TurnSnapshot, gateway: Gateway) -> str:
+def check_snapshot(
+    snapshot: TurnSnapshot, gateway: Gateway, history_of: Callable[[str], TurnHistory]
+) -> str:
     """Validate a turn to commit (everything but what the history checks); return its context id.
+
+    ``history_of(context_id)`` gives the context's history (an empty one for
+    a new context): its limits bound the turn, checked on the batch first.
 
     Raises:
         InvalidMessageError, InvalidTextError, ProviderRuleError: as
@@ -377,20 +417,28 @@ def check_snapshot(snapshot: TurnSnapshot, gateway: Gateway) -> str:
     for what, value in (("input", snapshot.input), ("instructions", snapshot.instructions)):
         if value is not None and not isinstance(value, tuple | list):
             raise InvalidMessageError(
-                f"Turn {snapshot.turn_id!r} {what} must be a tuple of Messages.", field=what
+                f"Turn {excerpt(snapshot.turn_id)} {what} must be a tuple of Messages.", field=what
             )
     check_id(snapshot.turn_id, "turn id")
-    where = f"Turn {snapshot.turn_id!r} input"
+    history = history_of(context_id)
+    where = f"Turn {excerpt(snapshot.turn_id)} input"
+    rendered = check_renderable(gateway, snapshot.input, where, history)
     if snapshot.input is not None:
         reject_state(snapshot.input, context_id, snapshot.turn_id, where)
-    if not check_renderable(gateway, snapshot.input, where):
+    if not rendered:
         raise InvalidMessageError(
-            f"Turn {snapshot.turn_id!r} of context {context_id!r} has no input that "
+            f"Turn {excerpt(snapshot.turn_id)} of context {excerpt(context_id)} has no input that "
             "renders to content (empty, or only blank text); every provider rejects "
             "a model input without it.",
             field="input",
         )
-    check_renderable(gateway, snapshot.instructions, f"Turn {snapshot.turn_id!r} instructions")
+    check_renderable(
+        gateway,
+        snapshot.instructions,
+        f"Turn {excerpt(snapshot.turn_id)} instructions",
+        history,
+        pinned=True,
+    )
     return context_id
 
 
@@ -466,7 +514,7 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
     if perception is not None:
         carried += len(perception.modality or "")
         carried += sum(len(k) + len(v) for k, v in perception.source.items())
-    check_carried(carried, max_item_bytes, f"The runtime state of turn {request.turn_id!r}")
+    check_carried(carried, max_item_bytes, f"The runtime state of turn {excerpt(request.turn_id)}")
     if contributions is request.contributions and perception is None:
         return request
     return msgspec.structs.replace(request, contributions=contributions, perception=perception)
@@ -492,12 +540,14 @@ def check_continuation(
     prefix: PreparedContext,
     continuation: Sequence[Message],
     issued: Mapping[int, PreparedContext],
+    limits: HistoryLimits,
     checked: CheckedContinuation | None = None,
 ) -> CheckedContinuation:
     """Validate a prefix and its continuation (see ``ContextManager.build``).
 
     Args:
         issued: id -> prefix, for every prefix the manager's prepare returned.
+        limits: the history's limits; a continuation is one turn's messages.
         checked: what an earlier call returned for the same prefix: when the
             continuation starts with those very message objects, only the
             messages after them are checked (each message is checked once).
@@ -519,13 +569,15 @@ def check_continuation(
         )
     if issued.get(id(prefix)) is not prefix:
         raise InvalidMessageError(
-            f"The prefix of turn {prefix.turn_id!r} of context {prefix.context_id!r} was "
+            f"The prefix of turn {excerpt(prefix.turn_id)} of context "
+            f"{excerpt(prefix.context_id)} was "
             "not prepared by this manager (built by hand, copied or changed, or "
             "prepared by another Foundation); build only continues prefixes that this "
             "manager's prepare returned."
         )
     if isinstance(continuation, Message) or not isinstance(continuation, Sequence):
         raise InvalidMessageError("build takes a sequence of continuation Messages, oldest first.")
+    check_batch_length(len(continuation), limits, "The continuation")
     reject_instructions(continuation, "continuation", "continuation")
     start = 0
     if checked is not None and _starts_with(continuation, checked.messages):
@@ -544,7 +596,7 @@ def check_continuation(
         if message.id is not None:
             if message.id in reserved:
                 raise DuplicateIdError(
-                    f"continuation[{i}] repeats id {message.id!r} of the prefix's turn or "
+                    f"continuation[{i}] repeats id {excerpt(message.id)} of the prefix's turn or "
                     "of an earlier continuation message."
                 )
             reserved.add(message.id)
@@ -571,34 +623,35 @@ def check_routed_item(
     """
     if not isinstance(item, dict):
         raise InvalidMessageError(
-            f"An item routed to context {context_id!r} must be a native item (dict), "
+            f"An item routed to context {excerpt(context_id)} must be a native item (dict), "
             f"not a {type(item).__name__}."
         )
     try:
         encoded = _encoder.encode(item)
     except UnicodeEncodeError as exc:
         raise InvalidTextError(
-            f"The item routed to context {context_id!r} holds text that is not valid "
+            f"The item routed to context {excerpt(context_id)} holds text that is not valid "
             f"UTF-8 (a lone surrogate): {exc}."
         ) from exc
-    except (TypeError, ValueError, OverflowError) as exc:
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         raise InvalidMessageError(
-            f"The item routed to context {context_id!r} is not JSON data: {exc}."
-        ) from exc
+            f"The item routed to context {excerpt(context_id)} is not JSON data: "
+            f"{excerpt(str(exc))}."
+        ) from None
     if len(encoded) > max_item_bytes:
         raise ItemTooLargeError(
-            f"The item routed to context {context_id!r} is {len(encoded)} bytes, over the "
+            f"The item routed to context {excerpt(context_id)} is {len(encoded)} bytes, over the "
             f"per-item cap of {max_item_bytes} bytes.",
             size=len(encoded),
             limit=max_item_bytes,
         )
     copy: NativeContent = msgspec.json.decode(encoded)
     message = gateway.parse(copy)
-    check_message(message, where=f"item routed to context {context_id!r}")
+    check_message(message, where=f"item routed to context {excerpt(context_id)}")
     if is_state_message(message):
         raise InvalidMessageError(
-            f"The item routed to context {context_id!r} carries a runtime-state call or "
-            f"result (tool {STATE_TOOL_NAME!r}, or a reserved 'tlrs_' call id); the "
+            f"The item routed to context {excerpt(context_id)} carries a runtime-state call or "
+            f"result (tool {excerpt(STATE_TOOL_NAME)}, or a reserved 'tlrs_' call id); the "
             "runtime supplies that pair itself."
         )
     return copy, message

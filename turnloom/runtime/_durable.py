@@ -40,6 +40,7 @@ from turnloom.errors import (
     StaleLeaseError,
     StoreError,
     StoreUnavailableError,
+    excerpt,
 )
 from turnloom.runtime._door import DurableOptions
 from turnloom.runtime._records import Record, checkpoint, encode_record, replay
@@ -156,12 +157,12 @@ class Durability:
         why = self._lost.get(context_id)
         if why is not None:
             raise StaleLeaseError(
-                f"This manager no longer owns context {context_id!r} ({why}); claim it "
+                f"This manager no longer owns context {excerpt(context_id)} ({why}); claim it "
                 "again to restore it from the store.",
                 context_id=context_id,
             )
         raise NotClaimedError(
-            f"Context {context_id!r} is not claimed by this manager; await "
+            f"Context {excerpt(context_id)} is not claimed by this manager; await "
             "manager.claim(context_id) before changing it.",
             context_id=context_id,
         )
@@ -287,7 +288,7 @@ class Durability:
             why = self._lost.get(context_id)
             if why is not None:
                 raise StaleLeaseError(
-                    f"This manager no longer owns context {context_id!r} ({why}).",
+                    f"This manager no longer owns context {excerpt(context_id)} ({why}).",
                     context_id=context_id,
                 )
         if not self._forgets and not any(c.pending for c in self._claims.values()):
@@ -356,7 +357,7 @@ class Durability:
                 claim = self._claims.get(cid)
                 if cid in refused:
                     stale[cid] = StaleLeaseError(
-                        f"The store refused a write of context {cid!r}: its lease (token "
+                        f"The store refused a write of context {excerpt(cid)}: its lease (token "
                         f"{token}) is no longer this manager's; another owner holds it.",
                         context_id=cid,
                     )

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.abc
 
-from turnloom.errors import QueueFullError
+from turnloom.errors import QueueFullError, excerpt
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._slots import FairSlots, Tenant
 from turnloom.runtime.errors import FoundationClosedError
@@ -143,14 +143,14 @@ class PreparationQueue:
             self._counters.rejected += 1
             if self._slots.free and tenant is not None:
                 raise QueueFullError(
-                    f"Tenant {tenant[:64]!r} holds its limit of {self._slots.tenant_limit} "
-                    f"preparation slots; preparation of turn {request.turn_id!r} of context "
-                    f"{request.context_id!r} was refused.",
+                    f"Tenant {excerpt(tenant[:64])} holds its limit of {self._slots.tenant_limit} "
+                    f"preparation slots; preparation of turn {excerpt(request.turn_id)} of context "
+                    f"{excerpt(request.context_id)} was refused.",
                     capacity=self.capacity,
                 )
             raise QueueFullError(
                 f"All {self.capacity} preparation slots are taken; preparation of turn "
-                f"{request.turn_id!r} of context {request.context_id!r} was refused.",
+                f"{excerpt(request.turn_id)} of context {excerpt(request.context_id)} was refused.",
                 capacity=self.capacity,
             )
 
@@ -219,8 +219,8 @@ class PreparationQueue:
                 # the typed error.
                 request = preparation.request
                 preparation.error = FoundationClosedError(
-                    f"The preparation of turn {request.turn_id!r} of context "
-                    f"{request.context_id!r} was cancelled while the Foundation closed."
+                    f"The preparation of turn {excerpt(request.turn_id)} of context "
+                    f"{excerpt(request.context_id)} was cancelled while the Foundation closed."
                 )
             # A result is counted by its requester (admit); the rest here.
             if preparation.result is None:

@@ -48,7 +48,7 @@ import msgspec
 from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory
 from turnloom.context.message import Message
 from turnloom.context.tokens import TokenCounter
-from turnloom.errors import StateError, StoreRecordError, TurnloomError
+from turnloom.errors import StateError, StoreRecordError, TurnloomError, excerpt
 
 SCHEMA_VERSION = 1
 """The version written into every new record."""
@@ -163,19 +163,19 @@ def decode_record(data: bytes, context_id: str, index: int) -> Record:
             version = None
         if version is not None and version > SCHEMA_VERSION:
             raise StoreRecordError(
-                f"Record {index} of context {context_id!r} was written with schema version "
+                f"Record {index} of context {excerpt(context_id)} was written with schema version "
                 f"{version}, newer than this turnloom's {SCHEMA_VERSION}; upgrade to read it.",
                 context_id=context_id,
                 index=index,
             ) from exc
         raise StoreRecordError(
-            f"Record {index} of context {context_id!r} cannot be decoded: {exc}.",
+            f"Record {index} of context {excerpt(context_id)} cannot be decoded: {exc}.",
             context_id=context_id,
             index=index,
         ) from exc
     if record.v > SCHEMA_VERSION:
         raise StoreRecordError(
-            f"Record {index} of context {context_id!r} was written with schema version "
+            f"Record {index} of context {excerpt(context_id)} was written with schema version "
             f"{record.v}, newer than this turnloom's {SCHEMA_VERSION}; upgrade to read it.",
             context_id=context_id,
             index=index,
@@ -231,7 +231,7 @@ def replay(
             elif isinstance(record, Checkpoint):
                 if index:
                     raise StoreRecordError(
-                        f"Record {index} of context {context_id!r} is a checkpoint; a "
+                        f"Record {index} of context {excerpt(context_id)} is a checkpoint; a "
                         "checkpoint only ever opens a log.",
                         context_id=context_id,
                         index=index,
@@ -241,9 +241,9 @@ def replay(
                 evicted = history.evict()
                 if evicted != record.turn_ids:
                     raise StoreRecordError(
-                        f"Record {index} of context {context_id!r} logs the eviction of "
-                        f"{list(record.turn_ids)!r}, but the history rebuilt from the "
-                        f"records before it evicts {list(evicted)!r}; the log is corrupt "
+                        f"Record {index} of context {excerpt(context_id)} logs the eviction of "
+                        f"{excerpt(list(record.turn_ids))}, but the history rebuilt from the "
+                        f"records before it evicts {excerpt(list(evicted))}; the log is corrupt "
                         "or was written with other history limits.",
                         context_id=context_id,
                         index=index,
@@ -252,7 +252,7 @@ def replay(
             raise
         except TurnloomError as exc:
             raise StoreRecordError(
-                f"Record {index} of context {context_id!r} does not apply to the history "
+                f"Record {index} of context {excerpt(context_id)} does not apply to the history "
                 f"rebuilt from the records before it: {exc}",
                 context_id=context_id,
                 index=index,

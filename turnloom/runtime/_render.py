@@ -20,7 +20,7 @@ from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import HistoryView, RenderedHistory
 from turnloom.context.memory import memory_payload
 from turnloom.context.message import Message, Role, TextPart
-from turnloom.errors import ItemTooLargeError, OpenToolCallError
+from turnloom.errors import ItemTooLargeError, OpenToolCallError, excerpt
 from turnloom.runtime._area_section import (
     AreaSection,
     SectionResult,
@@ -181,8 +181,8 @@ def render_preparation(
         size = len(_encoder.encode(extra[-1]))
         if size > max_item_bytes:
             raise ItemTooLargeError(
-                f"The runtime-state result of turn {request.turn_id!r} of context "
-                f"{request.context_id!r} is {size} bytes, over the per-item cap of "
+                f"The runtime-state result of turn {excerpt(request.turn_id)} of context "
+                f"{excerpt(request.context_id)} is {size} bytes, over the per-item cap of "
                 f"{max_item_bytes} bytes.",
                 size=size,
                 limit=max_item_bytes,
@@ -196,9 +196,9 @@ def render_preparation(
                 section = run_area_step(areas, run_pass)
         except OpenToolCallError as exc:
             raise OpenToolCallError(
-                f"The area section of context {request.context_id!r} ends with routed "
+                f"The area section of context {excerpt(request.context_id)} ends with routed "
                 f"tool call(s) {', '.join(map(repr, exc.call_ids))} whose result has not "
-                f"been routed; turn {request.turn_id!r} cannot be prepared until it is.",
+                f"been routed; turn {excerpt(request.turn_id)} cannot be prepared until it is.",
                 call_ids=exc.call_ids,
             ) from exc
         extra += tuple(rename_call_ids(gateway.type, section.items, call_ids))

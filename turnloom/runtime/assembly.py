@@ -74,6 +74,7 @@ from turnloom.errors import (
     InvalidMessageError,
     MemoryStoreError,
     UnknownStrategyError,
+    excerpt,
 )
 
 HYDRATE_TOOL_NAME = "hydrate_context"
@@ -285,7 +286,8 @@ def _check_options(options: StrategyOptions) -> StrategyOptions:
         value = getattr(options, field)
         if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
             raise InputError(
-                f"strategy_options.{field} must be an integer in [{low}, {high}], not {value!r}."
+                f"strategy_options.{field} must be an integer in [{low}, {high}], not "
+                f"{excerpt(value)}."
             )
     text = options.instructions
     if not isinstance(text, str) or not text.strip():
@@ -412,8 +414,8 @@ class JITStrategy:
         """
         if not isinstance(call, ToolCallPart) or call.name != HYDRATE_TOOL_NAME:
             raise InvalidMessageError(
-                f"hydrate_context answers a ToolCallPart named {HYDRATE_TOOL_NAME!r}, not "
-                f"{getattr(call, 'name', type(call).__name__)!r}.",
+                f"hydrate_context answers a ToolCallPart named {excerpt(HYDRATE_TOOL_NAME)}, not "
+                f"{excerpt(getattr(call, 'name', type(call).__name__))}.",
                 field="call",
             )
         problem, query, top_k = self._arguments(call.arguments)
@@ -595,7 +597,7 @@ def make_strategy(
         known = sorted(STRATEGIES)
         shown = str(name)[:64]
         raise UnknownStrategyError(
-            f"Unknown assembly strategy {shown!r}; known strategies: {', '.join(known)}.",
+            f"Unknown assembly strategy {excerpt(shown)}; known strategies: {', '.join(known)}.",
             name=shown,
             known=known,
         )

@@ -63,7 +63,7 @@ import yaml
 
 from turnloom.context.gateway import Gateway, GatewayType, get_gateway
 from turnloom.context.history import HistoryLimits
-from turnloom.errors import ConfigError, InputError, UnknownPluginError
+from turnloom.errors import ConfigError, InputError, UnknownPluginError, excerpt
 from turnloom.runtime._door import DEFAULT_MAX_PENDING_PREPARATIONS, check_behavior_rules
 from turnloom.runtime.manager import ContextManager
 
@@ -190,7 +190,7 @@ def _config_error(exc: msgspec.ValidationError, prefix: str) -> ConfigError:
     named = _UNKNOWN.match(reason) or _MISSING.match(reason)
     if named is not None:
         key = ".".join(p for p in (key, named["name"]) if p)
-    where = f"configuration key {key!r}" if key else "the configuration"
+    where = f"configuration key {excerpt(key)}" if key else "the configuration"
     short = reason if len(reason) <= 160 else reason[:157] + "..."
     return ConfigError(f"In {where}: {short}.", key=key)
 
@@ -216,7 +216,7 @@ def resolve_context_plugin(name: str) -> ContextPlugin:
     if not found:
         known = context_plugin_names()
         raise UnknownPluginError(
-            f"No context plugin is named {name[:128]!r}; known plugins: {', '.join(known)}.",
+            f"No context plugin is named {excerpt(name[:128])}; known plugins: {', '.join(known)}.",
             key=key,
             plugin=name,
             known=known,
@@ -225,7 +225,8 @@ def resolve_context_plugin(name: str) -> ContextPlugin:
         plugin = found[0].load()
     except Exception as exc:
         raise ConfigError(
-            f"The context plugin {name!r} ({found[0].value}) cannot be loaded: {exc}.", key=key
+            f"The context plugin {excerpt(name)} ({found[0].value}) cannot be loaded: {exc}.",
+            key=key,
         ) from exc
     config_type = getattr(plugin, "config_type", None)
     if not (
@@ -234,7 +235,7 @@ def resolve_context_plugin(name: str) -> ContextPlugin:
         and issubclass(config_type, msgspec.Struct)
     ):
         raise ConfigError(
-            f"The context plugin {name!r} ({found[0].value}) is not a ContextPlugin: it "
+            f"The context plugin {excerpt(name)} ({found[0].value}) is not a ContextPlugin: it "
             "needs a 'config_type' msgspec Struct and a 'build' method.",
             key=key,
         )
@@ -303,19 +304,19 @@ def load_config(path: str | PathLike[str]) -> RuntimeConfig:
     suffix = file.suffix.lower()
     if suffix not in (".yaml", ".yml", ".toml"):
         raise ConfigError(
-            f"Configuration file {file.name!r}: use a .yaml, .yml or .toml file.", key=""
+            f"Configuration file {excerpt(file.name)}: use a .yaml, .yml or .toml file.", key=""
         )
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(
-            f"Configuration file {str(file)!r} cannot be read: {exc}.", key=""
+            f"Configuration file {excerpt(str(file))} cannot be read: {exc}.", key=""
         ) from exc
     try:
         document = tomllib.loads(text) if suffix == ".toml" else yaml.safe_load(text)
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(
-            f"Configuration file {file.name!r} is not valid {suffix[1:].upper()}: "
+            f"Configuration file {excerpt(file.name)} is not valid {suffix[1:].upper()}: "
             f"{_parse_error(exc)[:200]}",
             key="",
         ) from None
@@ -341,7 +342,7 @@ def build_context_manager(
     plugin = resolve_context_plugin(context.plugin)
     if not isinstance(context.init_config, plugin.config_type):
         raise ConfigError(
-            f"The init_config of context plugin {context.plugin!r} must be a "
+            f"The init_config of context plugin {excerpt(context.plugin)} must be a "
             f"{plugin.config_type.__name__}, not a {type(context.init_config).__name__}.",
             key="context.init_config",
         )
@@ -350,7 +351,7 @@ def build_context_manager(
     manager = plugin.build(context.init_config, gateway=gateway)
     if not isinstance(manager, ContextManager):
         raise ConfigError(
-            f"The context plugin {context.plugin!r} built a {type(manager).__name__}, not a "
+            f"The context plugin {excerpt(context.plugin)} built a {type(manager).__name__}, not a "
             "ContextManager.",
             key="context.plugin",
         )

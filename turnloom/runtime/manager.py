@@ -63,6 +63,7 @@ from turnloom.errors import (
     StateError,
     TurnloomError,
     UnknownContextError,
+    excerpt,
 )
 from turnloom.runtime._area_section import check_area
 from turnloom.runtime._bridge import folded_message, working_context
@@ -138,7 +139,7 @@ class Invocation:
         """
         manager = self._manager
         manager._check_recording()
-        check_outputs(manager.gateway, self.context_id, self.turn_id, outputs)
+        check_outputs(manager.gateway, self.context_id, self.turn_id, outputs, self._state.history)
         return manager._table.record(
             self._state, self.turn_id, outputs, self._serial, self.context_id
         )
@@ -433,7 +434,7 @@ class ContextManager:
             if final is None:
                 check_id(context_id, "context id")
                 raise UnknownContextError(
-                    f"Context {context_id!r} was not held when the Foundation closed."
+                    f"Context {excerpt(context_id)} was not held when the Foundation closed."
                 )
             return final
         self._check_bound()
@@ -484,6 +485,8 @@ class ContextManager:
                 renders to nothing (empty, or blank text only).
             InvalidTextError: text that is not valid UTF-8.
             ItemTooLargeError: a message is over the per-item byte cap.
+            TurnTooLargeError: the turn would hold more than ``max_items``
+                messages or ``max_bytes`` bytes (checked on the batch first).
             DuplicateIdError: the turn id was already committed to the context.
             ProviderRuleError: the gateway cannot render a message (for example
                 tool call arguments that are not a JSON object, for Anthropic
@@ -498,7 +501,7 @@ class ContextManager:
         batch and is durable once :meth:`flush` returns.
         """
         queue = self._check_open()
-        context_id = check_snapshot(snapshot, self._gateway)
+        context_id = check_snapshot(snapshot, self._gateway, self._table.history_of)
         if self._durable is not None:
             self._durable.check_writable(context_id)
         self._table.commit(context_id, snapshot)
@@ -539,6 +542,8 @@ class ContextManager:
             InstructionMessageError: a ``system`` or ``developer`` message: pinned
                 instructions change only through a turn's snapshot.
             ItemTooLargeError: a message is over the per-item byte cap.
+            TurnTooLargeError: the turn would hold more than ``max_items``
+                messages or ``max_bytes`` bytes (checked on the batch first).
             ProviderRuleError: the gateway cannot render a message (for example
                 tool call arguments that are not a JSON object, for Anthropic
                 and Gemini); nothing was recorded.
@@ -550,7 +555,7 @@ class ContextManager:
         if self._durable is not None:
             self._durable.check_writable(context_id)
         state = self._table.get(context_id)
-        check_outputs(self._gateway, context_id, turn_id, outputs)
+        check_outputs(self._gateway, context_id, turn_id, outputs, state.history)
         return self._table.record(state, turn_id, outputs)
 
     def record_interrupted(
@@ -1015,8 +1020,8 @@ class ContextManager:
         while True:
             if self._closing:
                 raise FoundationClosedError(
-                    f"The Foundation closed while waiting for turn {turn_id!r} of context "
-                    f"{context_id!r}."
+                    f"The Foundation closed while waiting for turn {excerpt(turn_id)} of context "
+                    f"{excerpt(context_id)}."
                 )
             state = self._table.holding(context_id, turn_id, preparation.origin)
             if state is not None:
@@ -1134,7 +1139,7 @@ class ContextManager:
             )
             if not isinstance(result, AssembledContext):
                 raise StateError(
-                    f"The assembly strategy {strategy.name!r} returned a "
+                    f"The assembly strategy {excerpt(strategy.name)} returned a "
                     f"{type(result).__name__}, not an AssembledContext."
                 )
         except BaseException as exc:
@@ -1177,12 +1182,12 @@ class ContextManager:
             As the memory source's search; nothing in the manager changes.
         """
         self._check_open()
-        check_continuation(prefix, (), self._issued)
+        check_continuation(prefix, (), self._issued, self._limits)
         strategy = self._strategy
         if not isinstance(strategy, HydratingStrategy):
             name = strategy.name if strategy is not None else None
             raise StateError(
-                f"The assembly strategy {name!r} has no hydrate_context tool; only a JIT "
+                f"The assembly strategy {excerpt(name)} has no hydrate_context tool; only a JIT "
                 "strategy's model recalls memory by calling it."
             )
         scope = prefix.assembled.tenant if prefix.assembled is not None else None
@@ -1235,11 +1240,13 @@ class ContextManager:
                 prefix's turn (its input message ids or the state call id) or
                 of an earlier continuation message.
             ProviderRuleError: the gateway rejected a message.
+            TurnTooLargeError: the continuation holds more than ``max_items``
+                messages.
         """
         self._check_open()
         key = id(prefix)
         self._checked[key] = check_continuation(
-            prefix, continuation, self._issued, self._checked.get(key)
+            prefix, continuation, self._issued, self._limits, self._checked.get(key)
         )
         gateway = self._gateway
         items: list[NativeContent] = list(prefix.items)

@@ -46,7 +46,7 @@ import msgspec
 
 from turnloom.context.gateway import Gateway, GatewayType, get_gateway
 from turnloom.context.message import Message, Role, TextPart, ToolCallPart, ToolResultPart
-from turnloom.errors import DuplicateIdError, InvalidMessageError, InvalidTextError
+from turnloom.errors import DuplicateIdError, InvalidMessageError, InvalidTextError, excerpt
 from turnloom.runtime.schemas import ContextContribution, Perception
 
 STATE_TOOL_NAME = "turnloom_runtime_context"
@@ -105,12 +105,12 @@ def check_contributions(
         name = contribution.name
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise InvalidMessageError(
-                f"contributions[{i}] name {name!r} is not an identifier: a letter, then "
+                f"contributions[{i}] name {excerpt(name)} is not an identifier: a letter, then "
                 "at most 63 letters, digits, '_', '-' or '.'.",
                 field=f"contributions[{i}].name",
             )
         if name in seen:
-            raise DuplicateIdError(f"Two contributions are named {name!r}.")
+            raise DuplicateIdError(f"Two contributions are named {excerpt(name)}.")
         seen.add(name)
         _check_text(contribution.content, f"contributions[{i}] ({name}) content")
     if behavior_rules is not None:
@@ -118,7 +118,9 @@ def check_contributions(
     if loop_budget is not None and (
         not isinstance(loop_budget, int) or isinstance(loop_budget, bool) or loop_budget < 1
     ):
-        raise InvalidMessageError(f"loop_budget must be a positive integer, not {loop_budget!r}.")
+        raise InvalidMessageError(
+            f"loop_budget must be a positive integer, not {excerpt(loop_budget)}."
+        )
 
 
 def check_time(value: object, what: str) -> datetime:
@@ -165,7 +167,7 @@ def check_perception(perception: object) -> Perception:
     modality = perception.modality
     if modality is not None and not (isinstance(modality, str) and _NAME.fullmatch(modality)):
         raise InvalidMessageError(
-            f"perception.modality {str(modality)[:64]!r} is not an identifier such as "
+            f"perception.modality {excerpt(str(modality)[:64])} is not an identifier such as "
             "'text', 'voice' or 'video'.",
             field="perception.modality",
         )
@@ -178,11 +180,11 @@ def check_perception(perception: object) -> Perception:
     for key, value in source.items():
         if not (isinstance(key, str) and _NAME.fullmatch(key)):
             raise InvalidMessageError(
-                f"perception.source key {str(key)[:64]!r} is not an identifier: a letter, "
+                f"perception.source key {excerpt(str(key)[:64])} is not an identifier: a letter, "
                 "then at most 63 letters, digits, '_', '-' or '.'.",
                 field="perception.source",
             )
-        _check_text(value, f"perception.source[{key!r}]")
+        _check_text(value, f"perception.source[{excerpt(key)}]")
     return Perception(time=time, modality=modality, source=dict(sorted(source.items())))
 
 

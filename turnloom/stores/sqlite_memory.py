@@ -44,7 +44,7 @@ import anyio
 import anyio.to_thread
 
 from turnloom.context.memory import MemoryEntry, TenantScope, check_tenant_scope
-from turnloom.errors import InvalidArgumentError, MemoryQueryError, MemoryStoreError
+from turnloom.errors import InvalidArgumentError, MemoryQueryError, MemoryStoreError, excerpt
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS memory_entries (
@@ -114,7 +114,7 @@ def _scope(scope: object) -> TenantScope:
 def _top_k(top_k: object) -> int:
     if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
         raise InvalidArgumentError(
-            f"top_k must be a positive integer, not {top_k!r}.", field="top_k"
+            f"top_k must be a positive integer, not {excerpt(top_k)}.", field="top_k"
         )
     return top_k
 
@@ -355,7 +355,7 @@ class SQLiteMemory:
             except sqlite3.OperationalError as exc:
                 if "fts5" in str(exc) or "syntax error" in str(exc) or "no such column" in str(exc):
                     raise MemoryQueryError(
-                        f"The FTS5 query {expression[:64]!r} is malformed: {exc}.",
+                        f"The FTS5 query {excerpt(expression[:64])} is malformed: {exc}.",
                         query=expression[:64],
                     ) from exc
                 raise MemoryStoreError(f"Searching {self.path!r} failed: {exc}.") from exc

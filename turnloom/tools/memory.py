@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from turnloom.context.memory import MemoryEntry, TenantScope
-from turnloom.errors import TurnloomError
+from turnloom.errors import TurnloomError, excerpt
 from turnloom.stores import SQLiteMemory
 
 DEFAULT_DB = "turnloom-memory.db"
@@ -33,7 +33,7 @@ def _positive(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{excerpt(text)} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
     return value

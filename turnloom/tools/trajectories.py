@@ -30,7 +30,7 @@ import msgspec
 from turnloom.context.gateway import GatewayType, get_gateway
 from turnloom.context.message import Message, Role
 from turnloom.context.pairing import CallTracker
-from turnloom.errors import TurnloomError
+from turnloom.errors import TurnloomError, excerpt
 from turnloom.tools.workload import generate_trajectories
 
 _decoder = msgspec.json.Decoder()
@@ -372,7 +372,7 @@ def check_trajectory(trajectory: Trajectory) -> list[Message] | ReplayError:
         if orphans:
             return fail(
                 index,
-                f"tool message answers call {orphans[0].call_id!r}, which the directly "
+                f"tool message answers call {excerpt(orphans[0].call_id)}, which the directly "
                 "preceding assistant message did not make.",
             )
         if role is Role.user:

@@ -321,13 +321,24 @@ def test_validate_reports_each_rule(
     assert _rules(items) == expected
 
 
-@pytest.mark.parametrize("call_id", ["functions.get_weather:0", "call 1", "Bash:12", "é", "a|b"])
-def test_a_call_id_outside_the_api_pattern_is_refused_at_render(call_id: str) -> None:
-    """The API checks tool_use ids against ``^[a-zA-Z0-9_-]+$`` and rejects the request.
+@pytest.mark.parametrize(
+    ("call_id", "sent"),
+    [
+        ("functions.get_weather:0", "functions_get_weather_0"),
+        ("call 1", "call_1"),
+        ("Bash:12", "Bash_12"),
+        ("é", "_"),
+        ("a|b", "a_b"),
+    ],
+)
+def test_a_call_id_outside_the_api_pattern_is_renamed_in_call_and_result(
+    call_id: str, sent: str
+) -> None:
+    """Invariant: every tool_use id sent matches the API's ``^[a-zA-Z0-9_-]+$``.
 
-    Such an id (another provider's, for example ``functions.get_weather:0``)
-    would be committed to history and then break every later input of the
-    context, so rendering (the door's check) refuses the call and its result.
+    Another provider's id (``functions.get_weather:0``) is renamed by the one
+    call-id rule, each refused character replaced by ``_``, in the call and the
+    result that answers it; the request validates.
     """
     call = Message(
         role=Role.assistant,
@@ -336,13 +347,12 @@ def test_a_call_id_outside_the_api_pattern_is_refused_at_render(call_id: str) ->
     result = Message(
         role=Role.tool, content=(ToolResultPart(call_id=call_id, content=(TextPart(text="r"),)),)
     )
-    for message in (call, result):
-        with pytest.raises(ProviderRuleError) as caught:
-            gw.render(message)
-        assert str(caught.value) == (
-            f"Call id {call_id!r} is not letters, digits, '_' and '-' only; Anthropic "
-            "rejects such a tool_use id."
-        )
+    user = Message(role=Role.user, content="hi")
+    items = [item for m in (user, call, result) for item in gw.render(m)]
+    body = gw.request_body(items)
+    assert body["messages"][1]["content"][0]["id"] == sent
+    assert body["messages"][2]["content"][0]["tool_use_id"] == sent
+    assert gw.validate(body["messages"]) == []
     for good in ("toolu_01A-b_9", "call_r2", "tlrs_0af3"):
         assert (
             gw.render(
@@ -350,6 +360,32 @@ def test_a_call_id_outside_the_api_pattern_is_refused_at_render(call_id: str) ->
             )[0]["content"][0]["id"]
             == good
         )
+
+
+def test_a_fixed_call_id_never_equals_an_id_already_sent() -> None:
+    """``a.b`` becomes ``a_b``; a later call really named ``a_b`` is a reuse: ``a_b_r2``."""
+    messages = []
+    for call_id in ("a.b", "a_b"):
+        messages.append(Message(role=Role.user, content="go"))
+        messages.append(
+            Message(role=Role.assistant, content=(ToolCallPart(call_id=call_id, name="f"),))
+        )
+        messages.append(
+            Message(
+                role=Role.tool,
+                content=(ToolResultPart(call_id=call_id, content=(TextPart(text="ok"),)),),
+            )
+        )
+    items = [item for m in messages for item in gw.render(m)]
+    body = gw.request_body(items)
+    ids = [
+        block.get("id") or block.get("tool_use_id")
+        for item in body["messages"]
+        for block in (item["content"] if isinstance(item["content"], list) else [])
+        if block.get("type") in ("tool_use", "tool_result")
+    ]
+    assert ids == ["a_b", "a_b", "a_b_r2", "a_b_r2"]
+    assert gw.validate(body["messages"]) == []
 
 
 def test_validate_flags_a_tool_use_id_outside_the_api_pattern() -> None:

@@ -59,7 +59,7 @@ from turnloom.errors import DuplicateIdError, InvalidMessageError, InvalidTextEr
                 "role": "assistant",
                 "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {"a": {1}}}],
             },
-            "content[0].input",
+            "content[0].input.a",
         ),
         (
             "gemini",
@@ -69,7 +69,7 @@ from turnloom.errors import DuplicateIdError, InvalidMessageError, InvalidTextEr
         (
             "gemini",
             {"role": "model", "parts": [{"functionCall": {"name": "f", "args": {"a": {1}}}}]},
-            "parts[0].functionCall.args",
+            "parts[0].functionCall.args.a",
         ),
         (
             "gemini",

@@ -294,7 +294,7 @@ def nasty_conversations(draw: st.DrawFn) -> list[Message]:
                 # Reasoning only; some of it bare (no signature, id or data), and
                 # the message may carry extras of its own.
                 reasoning = draw(st.lists(_reasoning() | _bare_reasoning, min_size=1, max_size=2))
-                extras = draw(st.sampled_from([None, {"name": "agent"}]))
+                extras = draw(st.sampled_from([None, {"refusal": "agent"}]))
                 messages.append(
                     Message(
                         role=Role.assistant,

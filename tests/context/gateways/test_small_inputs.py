@@ -268,7 +268,7 @@ _SURROGATE = "bad \ud800 text"
                 role=Role.assistant,
                 content=(ToolCallPart(call_id="c1", name="f", arguments='{"a":"\ud800"}'),),
             ),
-            "content",
+            "content[0].arguments.a",
         ),
         (
             Message(
@@ -283,7 +283,10 @@ _SURROGATE = "bad \ud800 text"
             ),
             "content",
         ),
-        (Message(role=Role.user, content="fine", extras={"name": _SURROGATE}), "content"),
+        (
+            Message(role=Role.user, content="fine", extras={"refusal": _SURROGATE}),
+            "extras.refusal",
+        ),
     ],
 )
 def test_lone_surrogate_is_rejected_at_commit(message: Message, field: str) -> None:
@@ -291,7 +294,8 @@ def test_lone_surrogate_is_rejected_at_commit(message: Message, field: str) -> N
     with pytest.raises(InvalidTextError) as info:
         check_message(message, where="turn t1 input[0]")
     assert info.value.field == field
-    assert str(info.value).startswith("turn t1 input[0] holds text that is not valid UTF-8")
+    assert str(info.value).startswith("turn t1 input[0]")
+    assert "not valid UTF-8" in str(info.value)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

@@ -19,9 +19,9 @@ import logging
 from typing import Any
 
 from turnloom.context.gateway import Violation
-from turnloom.context.message import Message, OpaquePart, ReasoningPart
+from turnloom.context.message import Message, OpaquePart, ReasoningPart, strict_json
 from turnloom.context.message import is_blank_text as blank
-from turnloom.errors import InvalidMessageError, ProviderRuleError
+from turnloom.errors import InvalidMessageError, ProviderRuleError, excerpt
 
 
 def layout_of(message: Message, gateway: str) -> dict[str, Any]:
@@ -53,7 +53,7 @@ def args_object(arguments: str, call_id: str, provider: str) -> dict[str, Any]:
         value = None
     if not isinstance(value, dict):
         raise ProviderRuleError(
-            f"The arguments of tool call {call_id!r} are not a JSON object; {provider} "
+            f"The arguments of tool call {excerpt(call_id)} are not a JSON object; {provider} "
             "carries tool call arguments as an object only."
         )
     return value
@@ -75,14 +75,17 @@ def args_text(value: Any, provider: str, field: str) -> str:
 def json_text(
     value: Any, provider: str, field: str, separators: tuple[str, str] | None = None
 ) -> str:
-    """Encode a native JSON value as text (non-ASCII kept).
+    """Encode a native JSON value as text (non-ASCII kept), strictly.
 
     Raises:
         InvalidMessageError: ``value`` holds something JSON cannot carry (a set,
-            bytes, a non-string key...); ``field`` names it.
+            bytes, a non-string key, NaN, nesting deeper than
+            :data:`~turnloom.context.message.MAX_JSON_DEPTH`); ``field`` names it.
+        InvalidTextError: a string holds a lone surrogate.
     """
+    value = strict_json(value, where=provider, field=field)
     try:
-        return json.dumps(value, ensure_ascii=False, separators=separators)
+        return json.dumps(value, ensure_ascii=False, separators=separators, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidMessageError(
             f"{provider} {field} holds a value that is not JSON: {exc}.", field=field

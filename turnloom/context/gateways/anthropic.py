@@ -50,9 +50,9 @@ reused id is renamed ``<id>_r<n>`` in its ``tool_use`` and the
 :mod:`turnloom.context.callids`, in every prepared input and in
 :meth:`AnthropicGateway.request_body`. The API also checks each ``tool_use``
 id against ``^[a-zA-Z0-9_-]+$`` (another provider's id such as
-``functions.get_weather:0`` is rejected): rendering a call or result with such
-an id raises :class:`~turnloom.errors.ProviderRuleError`, so it never enters a
-history.
+``functions.get_weather:0`` is rejected): the same rule renames such an id,
+each refused character replaced by ``_`` (``functions_get_weather_0``, then
+``_r<n>`` if that id is present already), in the call and its results.
 
 Source: Anthropic Messages API reference (``messages``, ``system``, content
 blocks; tool use: ``tool_result`` blocks go in the next user message, before
@@ -89,6 +89,7 @@ from turnloom.context.gateways._common import (
 from turnloom.context.message import (
     ImagePart,
     Message,
+    NativeKeys,
     OpaquePart,
     Part,
     ReasoningPart,
@@ -98,7 +99,7 @@ from turnloom.context.message import (
     ToolResultPart,
     check_message,
 )
-from turnloom.errors import InvalidMessageError, ProviderRuleError
+from turnloom.errors import InvalidMessageError, excerpt
 
 _log = logging.getLogger("turnloom.gateway.anthropic")
 
@@ -107,6 +108,16 @@ _GATEWAY = GatewayType.anthropic.value
 _ROLES = ("user", "assistant", "system")
 # The media types of a base64 image source (Source: Anthropic Messages API, vision).
 _MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+# The keys this gateway writes itself: extras never replace them (checked at the door).
+_WRITES = NativeKeys(
+    message=frozenset({"role", "content"}),
+    text=frozenset({"type", "text"}),
+    image=frozenset({"type", "source"}),
+    tool_call=frozenset({"type", "id", "name", "input"}),
+    tool_result=frozenset({"type", "tool_use_id", "content", "is_error"}),
+    reasoning=frozenset({"type", "thinking", "signature", "data"}),
+    hints={"content": ("string",), "string_results": "ids", "no_is_error": "ids"},
+)
 # Sent for an error result that has no content (the API rejects it empty).
 _EMPTY_ERROR_TEXT = "The tool failed without output."
 # The API checks every tool_use id (and tool_use_id) against this pattern.
@@ -239,7 +250,6 @@ class AnthropicGateway(Gateway):
 
     def _assistant_block(self, part: Part, own: bool) -> dict[str, Any] | None:
         if type(part) is ToolCallPart:
-            _check_call_id(part.call_id)
             block: dict[str, Any] = {
                 "type": "tool_use",
                 "id": part.call_id,
@@ -277,7 +287,6 @@ class AnthropicGateway(Gateway):
     def _result_block(
         self, result: ToolResultPart, layout: dict[str, Any], own: bool
     ) -> dict[str, Any]:
-        _check_call_id(result.call_id)
         inner = [b for p in result.content if (b := self._content_block(p, own)) is not None]
         content: str | list[Any] = inner
         if result.call_id in layout.get("string_results", ()) and all(
@@ -331,7 +340,7 @@ class AnthropicGateway(Gateway):
         role_name = item.get("role")
         if role_name not in _ROLES:
             raise InvalidMessageError(
-                f"Anthropic message has unknown role {role_name!r}.", field="role"
+                f"Anthropic message has unknown role {excerpt(role_name)}.", field="role"
             )
         extras: dict[str, Any] = {}
         message_id = None
@@ -540,7 +549,9 @@ class AnthropicGateway(Gateway):
             role = item.get("role") if isinstance(item, dict) else None
             if role not in _ROLES:
                 out.append(
-                    violation(index, "unknown_role", f"Item {index} has unknown role {role!r}.")
+                    violation(
+                        index, "unknown_role", f"Item {index} has unknown role {excerpt(role)}."
+                    )
                 )
                 continue
             content = item.get("content")
@@ -577,7 +588,7 @@ class AnthropicGateway(Gateway):
                             index,
                             "unsupported_media_type",
                             f"Item {index} content[{j}] is a base64 image of type "
-                            f"{source.get('media_type')!r}; the API takes "
+                            f"{excerpt(source.get('media_type'))}; the API takes "
                             f"{', '.join(_MEDIA_TYPES)}.",
                         )
                     )
@@ -616,7 +627,8 @@ class AnthropicGateway(Gateway):
                             violation(
                                 index,
                                 "tool_result_without_call",
-                                f"Item {index} content[{j}] answers tool_use {call_id!r}, which "
+                                f"Item {index} content[{j}] answers tool_use "
+                                f"{excerpt(call_id)}, which "
                                 "is not a call of the directly preceding assistant item.",
                             )
                         )
@@ -625,7 +637,8 @@ class AnthropicGateway(Gateway):
                             violation(
                                 index,
                                 "tool_result_not_first",
-                                f"Item {index} content[{j}] (result of {call_id!r}) comes after "
+                                f"Item {index} content[{j}] (result of {excerpt(call_id)}) "
+                                f"comes after "
                                 "other content; tool_result blocks must come first.",
                             )
                         )
@@ -641,7 +654,7 @@ class AnthropicGateway(Gateway):
                         violation(
                             at,
                             "tool_call_without_result",
-                            f"tool_use {call_id!r} of item {at} has no tool_result in item "
+                            f"tool_use {excerpt(call_id)} of item {at} has no tool_result in item "
                             f"{at + 1}.",
                         )
                     )
@@ -673,7 +686,7 @@ class AnthropicGateway(Gateway):
                                 violation(
                                     index,
                                     "duplicate_call_id",
-                                    f"Item {index} reuses tool_use id {call_id!r} of item "
+                                    f"Item {index} reuses tool_use id {excerpt(call_id)} of item "
                                     f"{seen_ids[call_id]}; tool_use ids must be unique.",
                                 )
                             )
@@ -684,7 +697,8 @@ class AnthropicGateway(Gateway):
                 violation(
                     at,
                     "tool_call_without_result",
-                    f"tool_use {call_id!r} of item {at} has no tool_result (the input ends).",
+                    f"tool_use {excerpt(call_id)} of item {at} has no tool_result (the "
+                    f"input ends).",
                 )
             )
         return sorted(out, key=lambda v: v.index)
@@ -741,18 +755,12 @@ def _empty_result(content: Any) -> bool:
     return content is None or (isinstance(content, str) and blank(content)) or content == []
 
 
-def _check_call_id(call_id: str) -> None:
-    """Refuse a call id the API rejects (its pattern for ``tool_use`` ids).
+_NOT_ID = re.compile(r"[^a-zA-Z0-9_-]")
 
-    Raises:
-        ProviderRuleError: ``call_id`` holds a character other than a letter,
-            digit, ``_`` or ``-``.
-    """
-    if not _CALL_ID.fullmatch(call_id):
-        raise ProviderRuleError(
-            f"Call id {call_id[:64]!r} is not letters, digits, '_' and '-' only; Anthropic "
-            "rejects such a tool_use id."
-        )
+
+def _fix_call_id(call_id: str) -> str:
+    """``call_id`` with each character the API's tool_use id pattern refuses as ``_``."""
+    return _NOT_ID.sub("_", call_id) or "_"
 
 
 def _check_result_texts(block: dict[str, Any], index: int, j: int, out: list[Violation]) -> None:
@@ -814,7 +822,7 @@ def _rewrite_call_ids(item: NativeContent, renamer: CallIdRenamer) -> NativeCont
         kind = block.get("type") if isinstance(block, dict) else None
         if role == "assistant" and kind == "tool_use":
             key, call_id = "id", block.get("id")
-            new_id = renamer.call(call_id) if isinstance(call_id, str) else call_id
+            new_id = renamer.call(call_id, _fix_call_id) if isinstance(call_id, str) else call_id
         elif role == "user" and kind == "tool_result":
             key, call_id = "tool_use_id", block.get("tool_use_id")
             new_id = renamer.result(call_id) if isinstance(call_id, str) else call_id
@@ -871,5 +879,5 @@ def _parse_image(block: dict[str, Any]) -> ImagePart | None:
     return None
 
 
-register_gateway(GatewayType.anthropic, AnthropicGateway)
+register_gateway(GatewayType.anthropic, AnthropicGateway, _WRITES)
 register_rewriter(GatewayType.anthropic, _rewrite_call_ids)

@@ -32,8 +32,8 @@ later system messages move to ``systemInstruction`` (no in-conversation
 system role); reasoning of other providers is dropped; a tool result's text
 parts are joined into one ``output`` string; a ``response`` object other
 than ``{"output": str}`` / ``{"error": str}`` is carried as its JSON text;
-a result's multimodal ``parts`` parse into ``ToolResultPart.extras``
-verbatim (not into image parts); an image's ``detail`` is not carried, and
+a result's multimodal ``parts`` parse into the result's image parts, and
+into ``gemini`` opaque parts for other media; an image's ``detail`` is not carried, and
 an image URL without a media type gets the type its file name suggests
 (``image/*`` when it suggests none); tool call
 arguments travel as an object (re-encoded as compact JSON, and arguments
@@ -104,6 +104,7 @@ from turnloom.context.gateways._common import (
 from turnloom.context.message import (
     ImagePart,
     Message,
+    NativeKeys,
     OpaquePart,
     Part,
     ReasoningPart,
@@ -112,9 +113,10 @@ from turnloom.context.message import (
     ToolCallPart,
     ToolResultPart,
     check_message,
+    decode_json_text,
 )
 from turnloom.context.pairing import STEP_SIGNATURE_KEYS
-from turnloom.errors import InvalidMessageError
+from turnloom.errors import InvalidMessageError, excerpt
 
 _log = logging.getLogger("turnloom.gateway.gemini")
 
@@ -132,6 +134,51 @@ _KEYS = {
 }
 _SNAKE = frozenset(_KEYS.values())
 _PLAIN = object()  # a response sent as {"output": text} / {"error": text}
+# A Part holds exactly one of these data fields (Gemini API, ``Part`` union).
+_DATA = frozenset(
+    {"text", "executableCode", "codeExecutionResult", "executable_code", "code_execution_result"}
+    | {"functionCall", "functionResponse", "inlineData", "fileData"}
+    | {"function_call", "function_response", "inline_data", "file_data"}
+)
+
+
+def _check_json_results(message: Message, where: str) -> None:
+    """A result listed in ``json_results`` whose text is JSON holds strict JSON.
+
+    Render decodes such a text into the ``response`` object; NaN, a lone
+    surrogate or nesting past the depth cap would make the body invalid.
+    """
+    listed = (message.layout or {}).get("json_results", ())
+    for i, part in enumerate(message.parts):
+        if type(part) is ToolResultPart and part.call_id in listed:
+            text = "".join(p.text for p in part.content if type(p) is TextPart)
+            try:
+                json.loads(text)
+            except ValueError:
+                continue  # not JSON: a plain output of the same id, sent as such
+            except RecursionError:
+                pass  # decode_json_text refuses it, typed
+            decode_json_text(text, where=where, field=f"content[{i}].content")
+
+
+# The keys this gateway writes itself: extras never replace them (checked at the
+# door); the functionResponse object is where a result's extras go.
+_WRITES = NativeKeys(
+    message=frozenset({"role", "parts"}),
+    text=_DATA,
+    image=_DATA,
+    tool_call=_DATA,
+    tool_result=frozenset({"id", "name", "response", "parts"}),
+    reasoning=_DATA | {"thought", "thoughtSignature", "thought_signature"},
+    hints={
+        "snake": "flag",
+        "json_results": "ids",
+        "no_id": "ids",
+        "keep_blank": "flag",
+        "injected": "flag",
+    },
+    check_layout=_check_json_results,
+)
 
 # The thought signature of a call the model did not produce (the runtime-state
 # call, a host's injected call). Source: Gemini API, Thought Signatures, FAQ
@@ -300,8 +347,10 @@ class GeminiGateway(Gateway):
         }
         if result.call_id in layout.get("no_id", ()):
             del inner["id"]
-        media = [_image_block(p, snake) for p in result.content if type(p) is ImagePart] + [
-            p.item for p in result.content if type(p) is OpaquePart and p.gateway == _GATEWAY
+        media = [
+            _image_block(p, snake) if isinstance(p, ImagePart) else p.item
+            for p in result.content
+            if type(p) is ImagePart or (type(p) is OpaquePart and p.gateway == _GATEWAY)
         ]
         if media:
             inner["parts"] = media
@@ -336,7 +385,7 @@ class GeminiGateway(Gateway):
         role_name = item.get("role", "user")
         if role_name not in ("user", "model", "system"):
             raise InvalidMessageError(
-                f"Gemini content has unknown role {role_name!r}.", field="role"
+                f"Gemini content has unknown role {excerpt(role_name)}.", field="role"
             )
         raw = item.get("parts")
         if not isinstance(raw, list):
@@ -407,7 +456,13 @@ class GeminiGateway(Gateway):
                 call_id = f"{name}#{i}"
                 no_id.append(call_id)
             value = response.get("response", {})
-            extras = {k: v for k, v in response.items() if k not in ("id", "name", "response")}
+            extras = {k: v for k, v in response.items() if k not in _WRITES.tool_result}
+            media = response.get("parts", [])
+            if not isinstance(media, list) or not all(isinstance(m, dict) for m in media):
+                raise InvalidMessageError(
+                    f"Gemini {field} functionResponse parts must be a list of objects.",
+                    field=f"{field}.parts",
+                )
             if isinstance(value, dict) and len(value) == 1 and isinstance(value.get("output"), str):
                 text, is_error = value["output"], False
             elif (
@@ -422,7 +477,10 @@ class GeminiGateway(Gateway):
                 json_results.append(call_id)
             return ToolResultPart(
                 call_id=call_id,
-                content=(TextPart(text=text),),
+                content=(
+                    TextPart(text=text),
+                    *(_media_part(m, snake) for m in media),
+                ),
                 is_error=is_error,
                 name=name if isinstance(name, str) and name else None,
                 extras=extras or None,
@@ -514,7 +572,9 @@ class GeminiGateway(Gateway):
                 continue
             if role not in ("user", "model"):
                 out.append(
-                    violation(index, "unknown_role", f"Item {index} has unknown role {role!r}.")
+                    violation(
+                        index, "unknown_role", f"Item {index} has unknown role {excerpt(role)}."
+                    )
                 )
                 calls, calls_at = [], -1
                 continue
@@ -570,7 +630,8 @@ class GeminiGateway(Gateway):
                             violation(
                                 index,
                                 "duplicate_call_id",
-                                f"Content {index} has two function calls with id {call_id!r}.",
+                                f"Content {index} has two function calls with id "
+                                f"{excerpt(call_id)}.",
                             )
                         )
                     elif isinstance(call_id, str) and call_id in all_calls:
@@ -578,7 +639,7 @@ class GeminiGateway(Gateway):
                             violation(
                                 index,
                                 "duplicate_call_id",
-                                f"Content {index} reuses function call id {call_id!r} of "
+                                f"Content {index} reuses function call id {excerpt(call_id)} of "
                                 f"content {all_calls[call_id]}; call ids must be unique in a "
                                 "request.",
                             )
@@ -712,7 +773,7 @@ def _check_answers(
             violation(
                 index,
                 "tool_result_without_call",
-                f"Content {index} answers {g!r}, which is not a call of content {calls_at}.",
+                f"Content {index} answers {excerpt(g)}, which is not a call of content {calls_at}.",
             )
         )
     missing = [w for w in want if w not in got]
@@ -721,7 +782,7 @@ def _check_answers(
             violation(
                 calls_at,
                 "tool_call_without_result",
-                f"Call {w!r} of content {calls_at} has no response in content {index}.",
+                f"Call {excerpt(w)} of content {calls_at} has no response in content {index}.",
             )
         )
     if not extra and not missing and got != want:
@@ -795,7 +856,7 @@ def _check_signatures(items: Sequence[NativeContent], out: list[Violation]) -> N
                 violation(
                     index,
                     "missing_thought_signature",
-                    f"Content {index} calls {name!r} in the current turn without a thought "
+                    f"Content {index} calls {excerpt(name)} in the current turn without a thought "
                     "signature on its first function call, while the input carries "
                     "signatures; Gemini 3 rejects it.",
                 )
@@ -875,6 +936,11 @@ def _position(response: dict[str, Any], name: Any) -> int:
     return -1
 
 
+def _media_part(block: dict[str, Any], snake: bool) -> ImagePart | OpaquePart:
+    """One part of a function response's ``parts``: an image, else kept verbatim."""
+    return _parse_image(block, snake) or OpaquePart(gateway=_GATEWAY, item=block)
+
+
 def _image_block(part: ImagePart, snake: bool) -> dict[str, Any]:
     mime = _k("mimeType", snake)
     if part.data is not None:
@@ -905,7 +971,7 @@ def _parse_image(block: dict[str, Any], snake: bool) -> ImagePart | None:
     return None
 
 
-register_gateway(GatewayType.gemini, GeminiGateway)
+register_gateway(GatewayType.gemini, GeminiGateway, _WRITES)
 
 
 def _rewrite_call_ids(item: NativeContent, renamer: CallIdRenamer) -> NativeContent:

@@ -17,8 +17,9 @@ Rendering (Message -> native):
 
 Layout kept for exact re-emission (``Message.layout``): a single text sent as
 a one-element list (``"content": "list"``), an assistant message sent
-without a ``content`` key (``"content": "absent"``). System and developer
-messages stay in ``messages`` where they are.
+without a ``content`` key (``"content": "absent"``), a ``"name": null``
+(``"null_name"``). System and developer messages stay in ``messages`` where
+they are.
 
 Lossy mappings, documented: reasoning parts are dropped (Chat Completions has
 no field to replay them); images of system and developer messages are dropped
@@ -63,6 +64,7 @@ from turnloom.context.gateways._common import drop_foreign, layout_of, require_o
 from turnloom.context.message import (
     ImagePart,
     Message,
+    NativeKeys,
     OpaquePart,
     Part,
     ReasoningPart,
@@ -73,14 +75,24 @@ from turnloom.context.message import (
     check_message,
     is_blank_text,
 )
-from turnloom.errors import InvalidMessageError
+from turnloom.errors import InvalidMessageError, excerpt
 
 _log = logging.getLogger("turnloom.gateway.openai_chat")
 
 _GATEWAY = GatewayType.openai_chat.value
 # A tuple: membership compares, never hashes (a malformed role may be a list).
 _ROLES = tuple(r.value for r in Role)
-_MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id"})
+# The keys this gateway writes itself: extras never replace them (checked at the door).
+_WRITES = NativeKeys(
+    message=frozenset({"role", "content", "tool_calls", "tool_call_id", "name"}),
+    text=frozenset({"type", "text"}),
+    image=frozenset({"type", "image_url"}),
+    tool_call=frozenset({"id", "type", "function"}),
+    tool_result=frozenset({"role", "tool_call_id", "content"}),
+    hints={"content": ("list", "absent"), "null_name": "flag"},
+)
+# ``name`` is parsed on its own: Message.name, or a tool result's extra.
+_MESSAGE_KEYS = _WRITES.message - {"name"}
 
 
 class OpenAIChatGateway(Gateway):
@@ -125,8 +137,7 @@ class OpenAIChatGateway(Gateway):
                 content = self._render_content(rest, role, layout, own)
                 if content is not None:
                     rest_item: NativeContent = {"role": "user", "content": content}
-                    if message.name is not None:
-                        rest_item["name"] = message.name
+                    _write_name(rest_item, message, layout)
                     items.append(rest_item)
             return items
         if role is Role.assistant:
@@ -135,8 +146,7 @@ class OpenAIChatGateway(Gateway):
         if content is None:
             return []
         item: NativeContent = {"role": role.value, "content": content}
-        if message.name is not None:
-            item["name"] = message.name
+        _write_name(item, message, layout)
         if own and message.extras:
             item.update(message.extras)
         return [item]
@@ -234,8 +244,7 @@ class OpenAIChatGateway(Gateway):
                 }
                 for c in calls
             ]
-        if message.name is not None:
-            item["name"] = message.name
+        _write_name(item, message, layout)
         if own and message.extras:
             item.update(message.extras)
         return [item]
@@ -304,7 +313,7 @@ class OpenAIChatGateway(Gateway):
         role_name = item.get("role")
         if role_name not in _ROLES:
             raise InvalidMessageError(
-                f"OpenAI Chat message has unknown role {role_name!r}.", field="role"
+                f"OpenAI Chat message has unknown role {excerpt(role_name)}.", field="role"
             )
         role = Role(role_name)
         extras = {k: v for k, v in item.items() if k not in _MESSAGE_KEYS} or None
@@ -328,8 +337,9 @@ class OpenAIChatGateway(Gateway):
                 content=(result,),
                 layout=_layout(content, inner, bool(extras) or _any_extras(inner)),
             )
-        # A null name stays an extra, so that the item re-emits exactly.
-        name = extras.pop("name") if extras and extras.get("name") is not None else None
+        # A null name is a layout hint, so that the item re-emits exactly.
+        null_name = extras is not None and "name" in extras and extras["name"] is None
+        name = extras.pop("name") if extras and "name" in extras else None
         if name is not None and (not isinstance(name, str) or not name):
             raise InvalidMessageError(
                 f"OpenAI Chat {role.value} message name must be a non-empty string.",
@@ -351,6 +361,8 @@ class OpenAIChatGateway(Gateway):
                     parts.append(self._parse_call(call, i))
         if hints_layout is None and (extras or _any_extras(parts)):
             hints_layout = {"gateway": _GATEWAY}
+        if null_name:
+            hints_layout = {**(hints_layout or {"gateway": _GATEWAY}), "null_name": True}
         return Message(
             role=role, content=tuple(parts), extras=extras, layout=hints_layout, name=name
         )
@@ -391,7 +403,7 @@ class OpenAIChatGateway(Gateway):
                 f"OpenAI Chat {field} arguments must be a JSON string.",
                 field=f"{field}.function.arguments",
             )
-        extras = {k: v for k, v in call.items() if k not in ("id", "type", "function")} or None
+        extras = {k: v for k, v in call.items() if k not in _WRITES.tool_call} or None
         return ToolCallPart(call_id=call_id, name=name, arguments=arguments, extras=extras)
 
     def _parse_content(self, content: Any, field: str) -> tuple[Part, ...]:
@@ -450,7 +462,7 @@ class OpenAIChatGateway(Gateway):
                     Violation(
                         index=index,
                         rule="unknown_role",
-                        message=f"Item {index} has unknown role {role!r}.",
+                        message=f"Item {index} has unknown role {excerpt(role)}.",
                     )
                 )
                 continue
@@ -463,7 +475,8 @@ class OpenAIChatGateway(Gateway):
                         Violation(
                             index=index,
                             rule="tool_result_without_call",
-                            message=f"Tool message {index} answers call {call_id!r}, which is "
+                            message=f"Tool message {index} answers call {excerpt(call_id)}, "
+                            f"which is "
                             "not an open call of the directly preceding assistant message.",
                         )
                     )
@@ -473,7 +486,7 @@ class OpenAIChatGateway(Gateway):
                     Violation(
                         index=at,
                         rule="tool_call_without_result",
-                        message=f"Call {call_id!r} of assistant message {at} has no tool "
+                        message=f"Call {excerpt(call_id)} of assistant message {at} has no tool "
                         f"message before item {index}.",
                     )
                 )
@@ -498,7 +511,7 @@ class OpenAIChatGateway(Gateway):
                                 index=index,
                                 rule="non_text_instruction",
                                 message=f"{role.capitalize()} message {index} content[{j}] is "
-                                f"a {kind!r} part; {role} content is text only.",
+                                f"a {excerpt(kind)} part; {role} content is text only.",
                             )
                         )
                     if (
@@ -539,7 +552,8 @@ class OpenAIChatGateway(Gateway):
                         Violation(
                             index=index,
                             rule="duplicate_call_id",
-                            message=f"Assistant message {index} has two calls with id {call_id!r}.",
+                            message=f"Assistant message {index} has two calls with id "
+                            f"{excerpt(call_id)}.",
                         )
                     )
                 elif call_id in all_calls:
@@ -547,7 +561,8 @@ class OpenAIChatGateway(Gateway):
                         Violation(
                             index=index,
                             rule="duplicate_call_id",
-                            message=f"Assistant message {index} reuses call id {call_id!r} of "
+                            message=f"Assistant message {index} reuses call id "
+                            f"{excerpt(call_id)} of "
                             f"assistant message {all_calls[call_id]}; call ids must be unique "
                             "in a request.",
                         )
@@ -559,7 +574,8 @@ class OpenAIChatGateway(Gateway):
                 Violation(
                     index=at,
                     rule="tool_call_without_result",
-                    message=f"Call {call_id!r} of assistant message {at} has no tool message.",
+                    message=f"Call {excerpt(call_id)} of assistant message {at} has no tool "
+                    f"message.",
                 )
             )
         return sorted(violations, key=lambda v: v.index)
@@ -581,6 +597,14 @@ def _layout(content: Any, parts: Sequence[Part], has_extras: bool) -> dict[str, 
     if has_extras:
         return {"gateway": _GATEWAY}
     return None
+
+
+def _write_name(item: NativeContent, message: Message, layout: dict[str, Any]) -> None:
+    """The participant name: ``Message.name``, or the null one a recorded item carried."""
+    if message.name is not None:
+        item["name"] = message.name
+    elif layout.get("null_name"):
+        item["name"] = None
 
 
 def _any_extras(parts: Sequence[Any]) -> bool:
@@ -606,7 +630,7 @@ def _parse_image(block: dict[str, Any]) -> ImagePart:
     return ImagePart(url=url, detail=detail, extras=extras)
 
 
-register_gateway(GatewayType.openai_chat, OpenAIChatGateway)
+register_gateway(GatewayType.openai_chat, OpenAIChatGateway, _WRITES)
 
 
 def _rewrite_call_ids(item: NativeContent, renamer: CallIdRenamer) -> NativeContent:

@@ -45,6 +45,11 @@ in a later turn. A reused id is renamed ``<id>_r<n>`` in its call and the
 outputs answering it, by the rule of :mod:`turnloom.context.callids`, in
 every prepared input and in :meth:`OpenAIResponsesGateway.request_body`.
 
+Recorded message fields this gateway writes itself are layout and fields,
+never extras: an item's ``id`` is ``Message.id``, its ``"type": "message"``
+and ``status`` are the ``"typed"`` and ``"status"`` hints. A reasoning item
+whose ``summary`` is not summary texts is kept whole as an opaque part.
+
 Source: OpenAI Responses API reference (``input`` item types,
 ``instructions``, reasoning items with ``encrypted_content``; "Item of type
 'reasoning' was provided without its required following item").
@@ -79,6 +84,7 @@ from turnloom.context.gateways._common import (
 from turnloom.context.message import (
     ImagePart,
     Message,
+    NativeKeys,
     OpaquePart,
     Part,
     ReasoningPart,
@@ -88,7 +94,7 @@ from turnloom.context.message import (
     ToolResultPart,
     check_message,
 )
-from turnloom.errors import DuplicateIdError, InvalidMessageError
+from turnloom.errors import DuplicateIdError, InvalidMessageError, excerpt
 
 _log = logging.getLogger("turnloom.gateway.openai_responses")
 
@@ -98,6 +104,24 @@ _ROLES = ("user", "assistant", "system", "developer")
 _INSTRUCTIONS = "instructions"
 # Item types that are input, not model output; everything else typed is output.
 _NOT_OUTPUT = frozenset({"message", "function_call_output", "reasoning", _INSTRUCTIONS})
+# The keys this gateway writes itself: extras never replace them (checked at the door).
+_WRITES = NativeKeys(
+    message=frozenset({"type", "role", "id", "status", "content"}),
+    text=frozenset({"type", "text"}),
+    image=frozenset({"type", "image_url", "detail"}),
+    # "role" too: an input item with a role is a message, whatever its type.
+    tool_call=frozenset({"type", "call_id", "name", "arguments", "role"}),
+    tool_result=frozenset({"type", "call_id", "output", "role"}),
+    reasoning=frozenset({"type", "id", "summary", "encrypted_content", "role"}),
+    hints={
+        "content": ("list",),
+        "keep_blank": "flag",
+        "instructions": "flag",
+        "list_outputs": "ids",
+        "typed": "flag",
+        "status": "text",
+    },
+)
 
 
 def _is_output_message(item: NativeContent) -> bool:
@@ -162,6 +186,8 @@ class OpenAIResponsesGateway(Gateway):
         content = self._input_content(rest, layout, own)
         if content is not None:
             item: NativeContent = {"role": role.value, "content": content}
+            if layout:
+                _write_recorded(item, message, layout)
             if own and message.extras:
                 item.update(message.extras)
             items.append(item)
@@ -323,7 +349,7 @@ class OpenAIResponsesGateway(Gateway):
                 "type": "message",
                 "role": "assistant",
                 "id": message.id,
-                "status": "completed",
+                "status": layout.get("status", "completed"),
                 "content": content,
             }
             if message.extras:
@@ -340,6 +366,8 @@ class OpenAIResponsesGateway(Gateway):
                     {"type": "output_text", "text": part.text, **((own and part.extras) or {})}
                 ]
             item = {"role": "assistant", "content": text_content}
+            if layout:
+                _write_recorded(item, message, layout)
             if own and message.extras:
                 item.update(message.extras)
             out.append(item)
@@ -419,17 +447,29 @@ class OpenAIResponsesGateway(Gateway):
         role_name = item.get("role")
         if role_name not in _ROLES:
             raise InvalidMessageError(
-                f"OpenAI Responses message has unknown role {role_name!r}.", field="role"
+                f"OpenAI Responses message has unknown role {excerpt(role_name)}.", field="role"
             )
         role = Role(role_name)
-        message_id = item.get("id") if role is Role.assistant else None
-        extras = {
-            k: v
-            for k, v in item.items()
-            if k not in ("role", "content") and not (k == "id" and message_id is not None)
-        }
+        message_id = item.get("id")
+        if message_id is not None and (not isinstance(message_id, str) or not message_id):
+            raise InvalidMessageError(
+                "OpenAI Responses message id must be a non-empty string.", field="id"
+            )
+        extras = {k: v for k, v in item.items() if k not in _WRITES.message}
         content = item.get("content")
         hints: dict[str, Any] = {}
+        if "type" in item:
+            if item["type"] != "message":
+                raise InvalidMessageError(
+                    "OpenAI Responses message type must be 'message'.", field="type"
+                )
+            hints["typed"] = True
+        if "status" in item:
+            if not isinstance(item["status"], str):
+                raise InvalidMessageError(
+                    "OpenAI Responses message status must be a string.", field="status"
+                )
+            hints["status"] = item["status"]
         parts: list[Part] = []
         if isinstance(content, str):
             parts.append(TextPart(text=content))
@@ -451,8 +491,6 @@ class OpenAIResponsesGateway(Gateway):
             extras or message_id is not None or any(getattr(p, "extras", None) for p in parts)
         ):
             layout = {"gateway": _GATEWAY}
-        if not isinstance(message_id, str):
-            message_id = None
         return Message(
             role=role, content=tuple(parts), id=message_id, extras=extras or None, layout=layout
         )
@@ -552,7 +590,9 @@ class OpenAIResponsesGateway(Gateway):
             )
         items = body.get("input")
         if isinstance(items, str):
-            out.append(Message(role=Role.user, content=items))
+            message = Message(role=Role.user, content=items)
+            check_message(message, where="The OpenAI Responses input string")
+            out.append(message)
             return out
         if not isinstance(items, list):
             raise InvalidMessageError(
@@ -608,7 +648,7 @@ class OpenAIResponsesGateway(Gateway):
                         violation(
                             at,
                             "tool_call_without_result",
-                            f"function_call {call_id!r} (item {at}) has no "
+                            f"function_call {excerpt(call_id)} (item {at}) has no "
                             f"function_call_output before item {before}.",
                         )
                     )
@@ -629,7 +669,8 @@ class OpenAIResponsesGateway(Gateway):
                         violation(
                             index,
                             "duplicate_item_id",
-                            f"Item {index} repeats the id {item_id!r} of item {first}; the API "
+                            f"Item {index} repeats the id {excerpt(item_id)} of item "
+                            f"{first}; the API "
                             "rejects an input holding two items with one id.",
                         )
                     )
@@ -645,7 +686,7 @@ class OpenAIResponsesGateway(Gateway):
                         violation(
                             index,
                             "reasoning_without_following_item",
-                            f"Reasoning item {index} ({item.get('id')!r}) is not directly "
+                            f"Reasoning item {index} ({excerpt(item.get('id'))}) is not directly "
                             "followed by the output item it belongs to.",
                         )
                     )
@@ -653,7 +694,9 @@ class OpenAIResponsesGateway(Gateway):
                 role = item.get("role")
                 if role not in _ROLES:
                     out.append(
-                        violation(index, "unknown_role", f"Item {index} has unknown role {role!r}.")
+                        violation(
+                            index, "unknown_role", f"Item {index} has unknown role {excerpt(role)}."
+                        )
                     )
                     continue
                 if role == "assistant":
@@ -674,7 +717,8 @@ class OpenAIResponsesGateway(Gateway):
                         violation(
                             index,
                             "tool_result_without_call",
-                            f"function_call_output {index} answers {call_id!r}, which is not "
+                            f"function_call_output {index} answers {excerpt(call_id)}, "
+                            f"which is not "
                             "an open function_call of the current model turn.",
                         )
                     )
@@ -706,7 +750,7 @@ class OpenAIResponsesGateway(Gateway):
                         violation(
                             index,
                             "duplicate_call_id",
-                            f"function_call {index} reuses call id {call_id!r} of item "
+                            f"function_call {index} reuses call id {excerpt(call_id)} of item "
                             f"{all_calls[call_id]}; call ids must be unique in a request.",
                         )
                     )
@@ -800,7 +844,7 @@ def _join(first: Message, second: Message) -> Message:
         if call.call_id in ids:
             raise DuplicateIdError(
                 f"OpenAI Responses model turn has two function_call items with call_id "
-                f"{call.call_id!r}."
+                f"{excerpt(call.call_id)}."
             )
     layout: dict[str, Any] | None = None
     if first.layout or second.layout:
@@ -840,7 +884,17 @@ def _parse_content_block(block: Any, field: str) -> TextPart | ImagePart | Opaqu
     return OpaquePart(gateway=_GATEWAY, item=block)
 
 
-def _parse_reasoning(item: NativeContent) -> ReasoningPart:
+def _write_recorded(item: NativeContent, message: Message, layout: dict[str, Any]) -> None:
+    """Write the recorded ``type``, ``id`` and ``status`` of an input-form message."""
+    if layout.get("typed"):
+        item["type"] = "message"
+    if message.id is not None:
+        item["id"] = message.id
+    if "status" in layout:
+        item["status"] = layout["status"]
+
+
+def _parse_reasoning(item: NativeContent) -> ReasoningPart | OpaquePart:
     summary = item.get("summary", [])
     extras = {
         k: v for k, v in item.items() if k not in ("type", "id", "summary", "encrypted_content")
@@ -866,7 +920,8 @@ def _parse_reasoning(item: NativeContent) -> ReasoningPart:
             and text
         )
     ):
-        extras["summary"] = summary
+        # A summary the neutral text cannot carry: the item stays native, verbatim.
+        return OpaquePart(gateway=_GATEWAY, item=item)
     encrypted = item.get("encrypted_content")
     return ReasoningPart(
         text=text,
@@ -877,7 +932,7 @@ def _parse_reasoning(item: NativeContent) -> ReasoningPart:
     )
 
 
-register_gateway(GatewayType.openai_responses, OpenAIResponsesGateway)
+register_gateway(GatewayType.openai_responses, OpenAIResponsesGateway, _WRITES)
 
 
 def _rewrite_call_ids(item: NativeContent, renamer: CallIdRenamer) -> NativeContent:
