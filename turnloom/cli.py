@@ -14,6 +14,7 @@ __all__ = ("EXIT_STATUSES", "main")
 
 import argparse
 import importlib.util
+import math
 import os
 import signal
 import sys
@@ -39,7 +40,12 @@ from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.metrics import MetricsServer, serve_metrics
 from turnloom.stores import SQLiteMemory
 from turnloom.tools.fleet import run_fleet
-from turnloom.tools.loadtest import LoadtestReport, count_model_calls, loadtest
+from turnloom.tools.loadtest import (
+    LoadtestReport,
+    count_model_calls,
+    loadtest,
+    sustained_sessions,
+)
 from turnloom.tools.memory import add_memory_parser, run_memory
 from turnloom.tools.replay import REPLAY_LIMITS, ReplaySummary, replay
 from turnloom.tools.trajectories import (
@@ -87,6 +93,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{excerpt(text)} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{value} is not a finite number of seconds >= 0")
     return value
 
 
@@ -237,6 +253,19 @@ def _parser() -> argparse.ArgumentParser:
         type=_port,
         metavar="P",
         help="serve Prometheus /metrics on 127.0.0.1:P while running (0: any free port)",
+    )
+    lt.add_argument(
+        "--think-time",
+        type=_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="a user's pause between a session's turns (default: 0, saturated; 2 with --sustained)",
+    )
+    lt.add_argument(
+        "--sustained",
+        action="store_true",
+        help="search for the most sessions whose prepare p99 stays under 50 ms with the "
+        "think time, starting at --sessions, and report it",
     )
     lt.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON")
     _add_run_options(lt)
@@ -577,6 +606,8 @@ def _loadtest(args: argparse.Namespace) -> int:
         print(f"turnloom loadtest: error: {error}", file=sys.stderr)
     if not trajectories:
         return 1
+    if args.sustained:
+        return _sustained(args, trajectories, config, errors)
     total = count_model_calls(trajectories, sessions=args.sessions, turns=args.turns)
     bar = _progress(args, total=total, unit="call")
     servers: list[MetricsServer] = []
@@ -603,6 +634,7 @@ def _loadtest(args: argparse.Namespace) -> int:
                 on_model_call=lambda: bar.update(),
                 on_open=on_open,
                 config=config,
+                think_time=args.think_time,
                 store=args.store,
                 first_session=args.first_session,
                 run_id=args.run_id or (f"{uuid.uuid4().hex[:8]}:" if args.store else ""),
@@ -622,6 +654,45 @@ def _loadtest(args: argparse.Namespace) -> int:
         with _open_output("--json", args.json) as report_file:
             report_file.write(msgspec.json.format(msgspec.json.encode(report)) + b"\n")
     return 1 if report.sessions_failed or errors else 0
+
+
+def _sustained(
+    args: argparse.Namespace,
+    trajectories: list[Trajectory],
+    config: RuntimeConfig | None,
+    errors: list[ReplayError],
+) -> int:
+    think_time = args.think_time or 2.0
+
+    def on_run(report: LoadtestReport) -> None:
+        print(
+            f"{report.sessions:>6} sessions: prepare p99 {report.prepare_p99_ms:8.2f} ms  "
+            f"failed {report.sessions_failed}  loop lag max {report.loop_lag_max_ms:.2f} ms",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    result = _run(
+        args,
+        lambda: sustained_sessions(
+            trajectories,
+            start=args.sessions,
+            turns=args.turns,
+            think_time=think_time,
+            gateway=args.gateway,
+            config=config,
+            on_run=on_run,
+        ),
+    )
+    print(
+        f"sustained: {result.sessions} sessions at prepare p99 < {result.p99_limit_ms:g} ms "
+        f"with a {result.think_time:g} s think time (backend {args.backend}, "
+        f"{len(result.runs)} runs)"
+    )
+    if args.json is not None:
+        with _open_output("--json", args.json) as report_file:
+            report_file.write(msgspec.json.format(msgspec.json.encode(result)) + b"\n")
+    return 1 if errors else 0
 
 
 # -- entry point -------------------------------------------------------------------

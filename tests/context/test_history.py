@@ -652,3 +652,34 @@ def test_eviction_renders_the_kept_turns_as_a_cold_render_would() -> None:
     items = history.view().render(CHAT, "t5").items
     assert [c["id"] for i in items for c in i.get("tool_calls", ())] == ["c2", "c1"]
     assert [i["tool_call_id"] for i in items if i["role"] == "tool"] == ["c2", "c1"]
+
+
+def test_a_batch_checked_at_the_door_is_not_checked_again_when_committed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """check_batch then commit/record of the same message objects: each message is
+    checked (and encoded to size it) once; other objects are checked anew, and
+    the sizes reused are the sizes check_message gives."""
+    import turnloom.context.history as history_module
+    from turnloom.context.message import check_message as real
+
+    checked: list[object] = []
+
+    def counting(message: object, *, where: str = "message") -> int:
+        checked.append(message)
+        return real(message, where=where)
+
+    monkeypatch.setattr(history_module, "check_message", counting)
+    history = TurnHistory()
+    first = (Message(role=Role.user, content="hello"),)
+    assert history.check_batch(first, "input") == (real(first[0]),)
+    history.commit("t1", first)
+    assert checked == [first[0]]
+    outputs = (Message(role=Role.assistant, content="hi there"),)
+    history.check_batch(outputs, "outputs", turn_id="t1")
+    history.record("t1", list(outputs))
+    assert checked == [first[0], outputs[0]]
+    assert history.statistics().bytes == real(first[0]) + real(outputs[0])
+    again = (Message(role=Role.assistant, content="hi there"),)  # equal, not the same
+    history.record("t1", again)
+    assert checked == [first[0], outputs[0], again[0]]

@@ -459,3 +459,55 @@ async def test_the_state_pair_and_continuation_pass_every_gateways_rules(kind: G
         manager.accept_turn(snapshot("t2", "thanks"))
         second = await manager.prepare(request("t2"))
         assert gateway.validate(gateway.request_body(second.items)[gateway.items_field]) == []
+
+
+async def test_build_checks_each_continuation_message_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A continuation that extends the one build last checked for the prefix (the
+    same message objects) has only its new messages checked, and keeps the ids
+    of the checked ones: a later repeat of their id is still refused."""
+    import turnloom.runtime._door as door
+    from turnloom.context.message import check_message as real
+
+    checked: list[Message] = []
+
+    def counting(message: object, *, where: str = "message") -> int:
+        assert isinstance(message, Message)
+        checked.append(message)
+        return real(message, where=where)
+
+    monkeypatch.setattr(door, "check_message", counting)
+    async with Foundation() as foundation:
+        manager = foundation.manager
+        manager.accept_turn(snapshot("t1", "q"))
+        prefix = await manager.prepare(request("t1"))
+        del checked[:]  # the turn's input, checked at accept_turn
+        first = Message(role=Role.assistant, content="a", id="a1")
+        second, third = call("k1"), result("k1")
+        continuation = [first]
+        manager.build(prefix, continuation)
+        continuation += [second, third]
+        items = manager.build(prefix, continuation)
+        assert checked == [first, second, third]
+        assert len(items) == 4
+        with pytest.raises(DuplicateIdError, match=r"continuation\[3\] repeats id 'a1'"):
+            manager.build(prefix, [*continuation, Message(role=Role.user, content="x", id="a1")])
+        assert checked == [first, second, third, checked[-1]]
+        # Another object in an already checked place: the whole continuation is checked.
+        replaced = [Message(role=Role.assistant, content="b", id="a1"), second, third]
+        del checked[:]
+        manager.build(prefix, replaced)
+        assert checked == replaced
+
+
+async def test_build_refuses_a_bad_message_put_where_a_checked_one_was() -> None:
+    """Checked messages are remembered by identity: a malformed message replacing
+    one of them is checked and refused."""
+    async with Foundation() as foundation:
+        manager = foundation.manager
+        manager.accept_turn(snapshot("t1", "q"))
+        prefix = await manager.prepare(request("t1"))
+        manager.build(prefix, [call("k1"), result("k1")])
+        with pytest.raises(InvalidMessageError, match=r"continuation\[0\]"):
+            manager.build(prefix, [result(state_call_id("c1", "t1")), result("k1")])

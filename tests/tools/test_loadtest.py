@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 
+import turnloom.tools.loadtest as loadtest_module
 from turnloom.cli import main
 from turnloom.errors import InputError
 from turnloom.tools._stats import peak_rss_bytes
-from turnloom.tools.loadtest import count_model_calls, loadtest
+from turnloom.tools.loadtest import count_model_calls, loadtest, sustained_sessions
 from turnloom.tools.trajectories import builtin_trajectories
 
 
@@ -50,6 +53,103 @@ def test_bad_arguments_are_input_errors() -> None:
         anyio.run(lambda: loadtest([], sessions=1))
     with pytest.raises(InputError):
         anyio.run(lambda: loadtest(builtin_trajectories(1), sessions=0))
+
+
+def test_think_time_pauses_between_turns_and_is_reported() -> None:
+    """Each session pauses ``think_time`` before each turn after its first (and
+    starts within one think time): 3 turns at 0.05 s take at least 0.1 s."""
+    trajectories = builtin_trajectories(2, turns=(3, 3))
+    report = anyio.run(lambda: loadtest(trajectories, sessions=2, turns=3, think_time=0.05))
+    assert (report.turns, report.prepares, report.sessions_failed) == (6, 6, 0)
+    assert report.think_time == 0.05
+    assert report.seconds >= 0.1
+
+
+@pytest.mark.parametrize("think_time", [-0.5, math.inf, math.nan])
+def test_a_bad_think_time_is_an_input_error(think_time: float) -> None:
+    with pytest.raises(InputError, match="think_time must be a finite number >= 0"):
+        anyio.run(lambda: loadtest(builtin_trajectories(1), sessions=1, think_time=think_time))
+
+
+def test_sustained_search_doubles_up_to_the_cap_when_every_run_holds() -> None:
+    """The search doubles from ``start`` and never runs more than ``max_sessions``."""
+    trajectories = builtin_trajectories(2, turns=(2, 2))
+    result = anyio.run(
+        lambda: sustained_sessions(
+            trajectories, start=1, turns=2, think_time=0.0, p99_limit_ms=math.inf, max_sessions=5
+        )
+    )
+    assert [run.sessions for run in result.runs] == [1, 2, 4, 5]
+    assert (result.sessions, result.think_time) == (5, 0.0)
+
+
+def test_sustained_search_halves_to_zero_when_no_run_holds() -> None:
+    """A limit no run meets (p99 < 0 ms): start, then halving to one session, result 0."""
+    trajectories = builtin_trajectories(1, turns=(1, 1))
+    result = anyio.run(
+        lambda: sustained_sessions(trajectories, start=4, turns=1, think_time=0.0, p99_limit_ms=0.0)
+    )
+    assert [run.sessions for run in result.runs] == [4, 2, 1]
+    assert result.sessions == 0
+
+
+def test_sustained_search_bisects_between_the_holding_and_the_missing_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Doubling 10, 20, 40, 80 (misses), then bisecting 60, 50, 45, 47, 48: the
+    result is the largest count that held, within ``precision`` of one that missed.
+
+    The runs are replaced by a model whose p99 in milliseconds is the session count.
+    """
+    template = anyio.run(lambda: loadtest(builtin_trajectories(1), sessions=1, turns=1))
+
+    async def model(trajectories: object, *, sessions: int, **options: object) -> object:
+        return msgspec.structs.replace(template, sessions=sessions, prepare_p99_ms=float(sessions))
+
+    monkeypatch.setattr(loadtest_module, "loadtest", model)
+    result = anyio.run(
+        lambda: sustained_sessions(
+            builtin_trajectories(1), start=10, p99_limit_ms=48.5, precision=1.01
+        )
+    )
+    assert [run.sessions for run in result.runs] == [10, 20, 40, 80, 60, 50, 45, 47, 48, 49]
+    assert result.sessions == 48
+
+
+def test_sustained_search_refuses_bad_arguments() -> None:
+    trajectories = builtin_trajectories(1, turns=(1, 1))
+    with pytest.raises(InputError, match="precision must be above 1"):
+        anyio.run(lambda: sustained_sessions(trajectories, precision=1.0))
+    with pytest.raises(InputError, match="start must be between 1 and max_sessions"):
+        anyio.run(lambda: sustained_sessions(trajectories, start=0))
+
+
+def test_the_cli_reports_sustained_sessions(capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(
+        [
+            "loadtest",
+            "--sessions",
+            "2",
+            "--turns",
+            "1",
+            "--think-time",
+            "0.01",
+            "--sustained",
+            "--no-progress",
+        ]
+    )
+    assert status == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("sustained: ")
+    assert "sessions at prepare p99 < 50 ms with a 0.01 s think time (backend asyncio, " in out
+    assert "     2 sessions: prepare p99 " in err
+
+
+def test_the_cli_refuses_a_negative_think_time(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["loadtest", "--think-time", "-1"])
+    assert exit_info.value.code == 2
+    assert "-1.0 is not a finite number of seconds >= 0" in capsys.readouterr().err
 
 
 def test_the_cli_writes_a_json_report_and_serves_metrics(

@@ -1283,6 +1283,7 @@ class TurnHistory:
     __slots__ = (
         "_blank_dropped",
         "_bytes",
+        "_checked",
         "_duplicates",
         "_evicted",
         "_evicted_bytes",
@@ -1324,6 +1325,11 @@ class TurnHistory:
                 "token_counter must have a count(messages) method.", field="token_counter"
             )
         self._limits = limits if limits is not None else HistoryLimits()
+        # The last batch check_batch passed and its messages' sizes. Messages
+        # are frozen, so the same objects checked again (the door, then the
+        # commit or record they pass) reuse their sizes: each message is
+        # checked and sized once.
+        self._checked: tuple[tuple[object, ...], tuple[int, ...]] = ((), ())
         self._remember = remember_evicted
         self._pinned: tuple[_Entry, ...] = ()
         self._pinned_bytes = 0
@@ -1471,7 +1477,9 @@ class TurnHistory:
         :func:`~turnloom.context.check_message` and the per-item cap, and the
         running total is checked against ``max_bytes`` (with the turn's bytes
         so far), so a batch far over a limit costs at most about ``max_bytes``
-        of work before it is refused. Nothing changes.
+        of work before it is refused. Nothing changes but a memo: the same
+        message objects checked again (the batch the door checked, then
+        committed) reuse their sizes instead of being encoded again.
 
         Pinned instructions are not counted against the history's limits, so
         for them (``pinned``) only the count is bounded (at ``max_items``)
@@ -1500,9 +1508,13 @@ class TurnHistory:
         cap = limits.max_item_bytes
         total = held_bytes
         sizes: list[int] = []
+        seen, seen_sizes = self._checked
+        known = len(seen) == len(messages) and all(
+            a is b for a, b in zip(seen, messages, strict=True)
+        )
         for i, message in enumerate(messages):
             label = f"{where}[{i}]"
-            size = check_message(message, where=label)
+            size = seen_sizes[i] if known else check_message(message, where=label)
             if size > cap:
                 raise ItemTooLargeError(
                     f"{label} is {size} bytes, over the per-item cap of {cap} bytes.",
@@ -1519,7 +1531,9 @@ class TurnHistory:
                     limit=limits.max_bytes,
                 )
             sizes.append(size)
-        return tuple(sizes)
+        result = tuple(sizes)
+        self._checked = (tuple(messages), result)
+        return result
 
     def _entries(
         self,

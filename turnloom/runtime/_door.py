@@ -520,17 +520,40 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
     return msgspec.structs.replace(request, contributions=contributions, perception=perception)
 
 
+class CheckedContinuation:
+    """The continuation messages already checked against one prefix.
+
+    ``messages`` passed every check of :func:`check_continuation`; ``ids``
+    holds the prefix's reserved ids and theirs. Messages are frozen, so a
+    later continuation that starts with the same message objects needs only
+    its new messages checked.
+    """
+
+    __slots__ = ("ids", "messages")
+
+    def __init__(self, messages: tuple[Message, ...], ids: frozenset[str]) -> None:
+        self.messages = messages
+        self.ids = ids
+
+
 def check_continuation(
     prefix: PreparedContext,
     continuation: Sequence[Message],
     issued: Mapping[int, PreparedContext],
     limits: HistoryLimits,
-) -> None:
+    checked: CheckedContinuation | None = None,
+) -> CheckedContinuation:
     """Validate a prefix and its continuation (see ``ContextManager.build``).
 
     Args:
         issued: id -> prefix, for every prefix the manager's prepare returned.
         limits: the history's limits; a continuation is one turn's messages.
+        checked: what an earlier call returned for the same prefix: when the
+            continuation starts with those very message objects, only the
+            messages after them are checked (each message is checked once).
+
+    Returns:
+        what to pass as ``checked`` to the next call for this prefix.
 
     Raises:
         InvalidMessageError, InvalidTextError: ``prefix`` is not one of
@@ -555,9 +578,15 @@ def check_continuation(
     if isinstance(continuation, Message) or not isinstance(continuation, Sequence):
         raise InvalidMessageError("build takes a sequence of continuation Messages, oldest first.")
     check_batch_length(len(continuation), limits, "The continuation")
-    reserved = set(prefix.reserved_ids)
     reject_instructions(continuation, "continuation", "continuation")
-    for i, message in enumerate(continuation):
+    start = 0
+    if checked is not None and _starts_with(continuation, checked.messages):
+        start = len(checked.messages)
+        reserved = set(checked.ids)
+    else:
+        reserved = set(prefix.reserved_ids)
+    for i in range(start, len(continuation)):
+        message = continuation[i]
         check_message(message, where=f"continuation[{i}]")
         if is_state_message(message, prefix.state_call_id):
             raise InvalidMessageError(
@@ -571,6 +600,14 @@ def check_continuation(
                     "of an earlier continuation message."
                 )
             reserved.add(message.id)
+    return CheckedContinuation(tuple(continuation), frozenset(reserved))
+
+
+def _starts_with(messages: Sequence[Message], head: tuple[Message, ...]) -> bool:
+    """True when ``messages`` starts with the very objects of ``head`` (identity)."""
+    if len(messages) < len(head):
+        return False
+    return all(a is b for a, b in zip(head, messages, strict=False))
 
 
 def check_routed_item(

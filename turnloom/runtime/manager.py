@@ -73,6 +73,7 @@ from turnloom.runtime._door import (
     DEFAULT_IDLE_AFTER,
     DEFAULT_LEASE_TTL,
     DEFAULT_MAX_PENDING_PREPARATIONS,
+    CheckedContinuation,
     ManagerOptions,
     check_continuation,
     check_durable_options,
@@ -292,6 +293,9 @@ class ContextManager:
         # id -> the call-id renaming state after that prefix's items (build
         # continues it); an entry goes when its prefix is collected.
         self._call_ids: dict[int, CallIdRenamer] = {}
+        # id -> the continuation build last checked for that prefix (the next
+        # build checks only what follows it); goes with the prefix.
+        self._checked: dict[int, CheckedContinuation] = {}
         # Set by _bind, when the owning Foundation opens.
         self._queue: PreparationQueue | None = None
         self._outputs: OutputStreams | None = None
@@ -1095,7 +1099,7 @@ class ContextManager:
             )
             self._issued[id(prepared)] = prepared
             self._call_ids[id(prepared)] = delivered.call_ids
-            weakref.finalize(prepared, self._call_ids.pop, id(prepared), None)
+            weakref.finalize(prepared, self._forget, id(prepared))
 
         preparation.deliver = deliver
         preparation.result = prepared
@@ -1194,6 +1198,11 @@ class ContextManager:
 
     # -- continuation ------------------------------------------------------------
 
+    def _forget(self, key: int) -> None:
+        """Drop what build keeps for a prefix that was collected."""
+        self._call_ids.pop(key, None)
+        self._checked.pop(key, None)
+
     def build(
         self, prefix: PreparedContext, continuation: Sequence[Message] = ()
     ) -> tuple[NativeContent, ...]:
@@ -1235,7 +1244,10 @@ class ContextManager:
                 messages.
         """
         self._check_open()
-        check_continuation(prefix, continuation, self._issued, self._limits)
+        key = id(prefix)
+        self._checked[key] = check_continuation(
+            prefix, continuation, self._issued, self._limits, self._checked.get(key)
+        )
         gateway = self._gateway
         items: list[NativeContent] = list(prefix.items)
         call_ids = self._call_ids[id(prefix)].copy()

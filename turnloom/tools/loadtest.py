@@ -12,9 +12,16 @@ it sleeps a fixed interval and records how late it wakes.
 
 from __future__ import annotations
 
-__all__ = ("LoadtestReport", "count_model_calls", "loadtest")
+__all__ = (
+    "LoadtestReport",
+    "SustainedReport",
+    "count_model_calls",
+    "loadtest",
+    "sustained_sessions",
+)
 
 import gc
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -61,6 +68,12 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
         rejections: ``prepare_nowait`` calls refused because the queue was full.
         evicted_turns: turns evicted from histories.
         errors: the first few error messages.
+        think_time: seconds each session paused between its turns (a user
+            reading and typing); 0 runs the sessions saturated.
+        render_seconds: worker-thread render time of the delivered prepares
+            (``PreparedContext.render_seconds``), summed, in seconds.
+        cpu_seconds: CPU time of the whole process during the run (every
+            thread), in seconds.
         store: the store URL sessions were kept in (``""``: memory only). With
             a store each session claims its context, every turn's commit is
             acknowledged by a flush before its prepare, and the context is
@@ -86,6 +99,9 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
     rejections: int
     evicted_turns: int
     errors: tuple[str, ...]
+    think_time: float = 0.0
+    render_seconds: float = 0.0
+    cpu_seconds: float = 0.0
     store: str = ""
     takeovers: int = 0
 
@@ -124,6 +140,7 @@ async def loadtest(
     on_model_call: Callable[[], None] | None = None,
     on_open: Callable[[Foundation], None] | None = None,
     config: RuntimeConfig | None = None,
+    think_time: float = 0.0,
     store: str | None = None,
     first_session: int = 0,
     run_id: str = "",
@@ -146,6 +163,10 @@ async def loadtest(
             the manager is built from its ``context`` section before the
             Foundation is bound; ``history_limits`` and
             ``max_pending_preparations`` are not used.
+        think_time: seconds a session pauses before each turn after its first
+            (a user between turns). With a think time the sessions' first
+            turns are spread evenly over one think time, so they do not all
+            arrive at once. 0 (the default): no pause, the runtime saturated.
         store: a store URL (``sqlite:PATH``, ``redis://HOST:PORT/DB``) to keep
             the sessions in, opened here and closed after the run; see
             :attr:`LoadtestReport.store`.
@@ -172,6 +193,8 @@ async def loadtest(
         raise InputError("loadtest needs at least one trajectory.")
     if sessions < 1:
         raise InputError(f"sessions must be a positive integer, not {sessions}.")
+    if not (math.isfinite(think_time) and think_time >= 0):
+        raise InputError(f"think_time must be a finite number >= 0, not {think_time!r}.")
     if config is not None and store is not None:
         raise InputError("loadtest takes a store or a config, not both.")
     scripts: list[list[Message]] = []
@@ -217,6 +240,7 @@ async def loadtest(
             latencies=latencies,
             lags=lags,
             gc_pauses=gc_pauses,
+            think_time=think_time,
         )
     finally:
         gc.callbacks.remove(on_gc)
@@ -239,10 +263,13 @@ async def _run(
     latencies: list[float],
     lags: list[float],
     gc_pauses: list[tuple[int, float]],
+    think_time: float,
 ) -> LoadtestReport:
     errors: list[str] = []
     counts = {"turns": 0, "calls": 0, "failed": 0}
+    rendering = [0.0]
     started = time.perf_counter()
+    cpu_started = time.process_time()
 
     async with Foundation(manager) as foundation:
         if on_open is not None:
@@ -255,11 +282,15 @@ async def _run(
             prefix: PreparedContext | None = None
             continuation: list[Message] = []
             turn_id = ""
+            if think_time:
+                await anyio.sleep(think_time * (number - first_session) / sessions)
             try:
                 if store is not None:
                     await manager.claim(context_id)
                 for step in walk(script, max_turns=turns):
                     if isinstance(step, Turn):
+                        if think_time and turn_id:
+                            await anyio.sleep(think_time)
                         turn_id = step.turn_id
                         manager.accept_turn(snapshot(context_id, step))
                         counts["turns"] += 1
@@ -276,6 +307,7 @@ async def _run(
                         if prefix is None:
                             prefix = await manager.prepare(request)
                         latencies.append(time.perf_counter() - begin)
+                        rendering[0] += prefix.render_seconds
                         continuation = []
                     elif prefix is None:
                         continue
@@ -317,6 +349,7 @@ async def _run(
         stats = manager.statistics()
         takeovers = manager.takeovers
     seconds = time.perf_counter() - started
+    cpu_seconds = time.process_time() - cpu_started
     return LoadtestReport(
         sessions=sessions,
         sessions_failed=counts["failed"],
@@ -338,4 +371,112 @@ async def _run(
         errors=tuple(errors),
         store=store or "",
         takeovers=takeovers,
+        think_time=think_time,
+        render_seconds=rendering[0],
+        cpu_seconds=cpu_seconds,
+    )
+
+
+class SustainedReport(msgspec.Struct, frozen=True, kw_only=True):
+    """How many sessions one process sustains (see :func:`sustained_sessions`).
+
+    Attributes:
+        sessions: the most sessions run whose prepare p99 stayed under the
+            limit with no failed session (0 when even the first run missed).
+        p99_limit_ms: the prepare-latency limit, in milliseconds.
+        think_time: the sessions' pause between turns, in seconds.
+        runs: every run made, in order.
+    """
+
+    sessions: int
+    p99_limit_ms: float
+    think_time: float
+    runs: tuple[LoadtestReport, ...]
+
+
+async def sustained_sessions(
+    trajectories: Sequence[Trajectory],
+    *,
+    start: int = 100,
+    turns: int | None = None,
+    think_time: float = 2.0,
+    p99_limit_ms: float = 50.0,
+    precision: float = 1.25,
+    max_sessions: int = 100_000,
+    gateway: GatewayType | str = GatewayType.openai_chat,
+    config: RuntimeConfig | None = None,
+    on_run: Callable[[LoadtestReport], None] | None = None,
+) -> SustainedReport:
+    """The most concurrent sessions whose prepare p99 stays under ``p99_limit_ms``.
+
+    Runs :func:`loadtest` with ``think_time``, doubling the session count from
+    ``start`` until a run misses (p99 at or over the limit, or a failed
+    session), or halving it when ``start`` already misses, then bisects
+    between the last run that held and the first that missed until they are
+    within a factor ``precision``. Each run is a fresh Foundation.
+
+    Args:
+        trajectories, turns, gateway, config: as :func:`loadtest`.
+        start: the first session count.
+        think_time: seconds each session pauses between turns.
+        p99_limit_ms: the prepare p99 latency to stay under, milliseconds.
+        precision: stop bisecting when the missing count is at most this
+            factor above the holding one (> 1).
+        max_sessions: never run more sessions than this; when every run up
+            to it holds, it is the result.
+        on_run: called with each run's report as it finishes.
+
+    Returns:
+        the report; ``sessions`` is the largest count that held.
+
+    Raises:
+        InputError: ``start`` not in ``[1, max_sessions]``, ``precision`` not above 1, or as
+            :func:`loadtest`.
+        ConfigError: as :func:`loadtest`.
+
+    Cancellation:
+        Cancelling stops the current run (as :func:`loadtest`); nothing is returned.
+    """
+    if not 1 <= start <= max_sessions:
+        raise InputError(f"start must be between 1 and max_sessions, not {start}.")
+    if not precision > 1:
+        raise InputError(f"precision must be above 1, not {precision!r}.")
+    runs: list[LoadtestReport] = []
+
+    async def holds(sessions: int) -> bool:
+        report = await loadtest(
+            trajectories,
+            sessions=sessions,
+            turns=turns,
+            gateway=gateway,
+            config=config,
+            think_time=think_time,
+        )
+        runs.append(report)
+        if on_run is not None:
+            on_run(report)
+        return not report.sessions_failed and report.prepare_p99_ms < p99_limit_ms
+
+    good, bad = 0, start
+    if await holds(start):
+        good, bad = start, min(start * 2, max_sessions)
+        while bad > good and await holds(bad):
+            good, bad = bad, min(bad * 2, max_sessions)
+    else:
+        while bad > 1 and not good:
+            candidate = bad // 2
+            if await holds(candidate):
+                good = candidate
+            else:
+                bad = candidate
+    while good < bad and bad > good * precision:
+        middle = (good + bad) // 2
+        if middle == good:
+            break
+        if await holds(middle):
+            good = middle
+        else:
+            bad = middle
+    return SustainedReport(
+        sessions=good, p99_limit_ms=p99_limit_ms, think_time=think_time, runs=tuple(runs)
     )

@@ -1,0 +1,265 @@
+"""turnloom beside LiveKit Agents and LangChain at 100, 1,000 and 10,000 history items.
+
+Two tables, measured in one run, the sizes and the programs taking turns
+round-robin so load from elsewhere on the machine affects them alike:
+
+1. **prepare**: turnloom's incremental prepare (commit a turn, ``prepare`` it
+   end to end on the event loop, record its outputs; the history stays at N
+   items by eviction) beside LiveKit Agents' ``ChatContext.to_provider_format
+   ("openai")`` and LangChain's ``convert_to_openai_messages`` converting the
+   same N-item history (they keep no render cache, so each call converts it
+   all). Ratios are peer time / turnloom time (above 1: turnloom is faster).
+2. **time to bytes**, per gateway: prepare, ``request_body`` and a JSON encode
+   (msgspec for every program) of the whole request body, beside LiveKit's
+   conversion to the same provider plus the same encode. The last column is
+   turnloom's 10,000/100 ratio (the goal is at most 2x).
+
+The turns are those of ``scripts/bench_prepare.py`` (a user message, a tool
+call, its result and an answer). LiveKit and LangChain are the ``bench``
+extra: ``pip install -e '.[bench]'``.
+
+Usage: python scripts/bench_peers.py [--rounds R] [--backend asyncio|trio]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from typing import Any
+
+import anyio
+import msgspec
+from bench_prepare import SIZES, _turn_outputs
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+    convert_to_openai_messages,
+)
+from livekit.agents import llm
+
+from turnloom.context import Message, Role
+from turnloom.context.gateway import GatewayType
+from turnloom.context.history import HistoryLimits
+from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
+
+_encode = msgspec.json.Encoder().encode
+_LIVEKIT_FORMAT = {
+    GatewayType.openai_chat: "openai",
+    GatewayType.openai_responses: "openai.responses",
+    GatewayType.anthropic: "anthropic",
+    GatewayType.gemini: "google",
+}
+
+
+class _Turnloom:
+    """One Foundation holding one context of ``size`` items for ``gateway``."""
+
+    def __init__(self, size: int, foundation: Foundation) -> None:
+        self.size = size
+        self.manager = foundation.manager
+        self.turn = 0
+        self.prepare: list[float] = []
+        self.to_bytes: list[float] = []
+
+    async def one_turn(self, *, timed: bool = True) -> None:
+        manager = self.manager
+        turn_id = f"t{self.turn}"
+        manager.accept_turn(
+            TurnSnapshot(
+                context_id="bench",
+                turn_id=turn_id,
+                input=(Message(role=Role.user, content=f"Check reservation {self.turn}."),),
+                instructions=(
+                    (Message(role=Role.system, content="You are an airline agent."),)
+                    if self.turn == 0
+                    else None
+                ),
+            )
+        )
+        if timed:
+            begin = time.perf_counter()
+            request = ContextPrepareRequest(context_id="bench", turn_id=turn_id)
+            prefix = await manager.prepare(request)
+            prepared = time.perf_counter()
+            body = _encode(manager.gateway.request_body(prefix.items))
+            done = time.perf_counter()
+            assert body
+            self.prepare.append(prepared - begin)
+            self.to_bytes.append(done - begin)
+        manager.record("bench", turn_id, _turn_outputs(self.turn))
+        self.turn += 1
+
+
+def _livekit_history(size: int) -> llm.ChatContext:
+    ctx = llm.ChatContext()
+    ctx.add_message(role="system", content="You are an airline agent.")
+    n = 0
+    while len(ctx.items) < size:
+        ctx.add_message(role="user", content=f"Check reservation {n}.")
+        ctx.items.append(
+            llm.FunctionCall(
+                call_id=f"call_{n}", name="get_reservation", arguments=f'{{"id": "R{n:05d}"}}'
+            )
+        )
+        ctx.items.append(
+            llm.FunctionCallOutput(
+                call_id=f"call_{n}",
+                name="get_reservation",
+                output=f'{{"reservation": "R{n:05d}", "status": "ok"}}',
+                is_error=False,
+            )
+        )
+        ctx.add_message(role="assistant", content=f"Reservation R{n:05d} is confirmed.")
+        n += 1
+    return ctx
+
+
+def _langchain_history(size: int) -> list[BaseMessage]:
+    messages: list[BaseMessage] = [SystemMessage("You are an airline agent.")]
+    n = 0
+    while len(messages) < size:
+        messages.append(HumanMessage(f"Check reservation {n}."))
+        messages.append(
+            AIMessage(
+                "",
+                tool_calls=[
+                    {"id": f"call_{n}", "name": "get_reservation", "args": {"id": f"R{n:05d}"}}
+                ],
+            )
+        )
+        messages.append(
+            ToolMessage(f'{{"reservation": "R{n:05d}", "status": "ok"}}', tool_call_id=f"call_{n}")
+        )
+        messages.append(AIMessage(f"Reservation R{n:05d} is confirmed."))
+        n += 1
+    return messages
+
+
+def _livekit_bytes(ctx: llm.ChatContext, provider: str) -> bytes:
+    items, extra = ctx.to_provider_format(provider)
+    body: dict[str, Any] = {"messages": items}
+    if extra is not None:
+        body["system"] = extra.system_messages
+    return _encode(body)
+
+
+def _timed(work: Callable[..., object], *args: object) -> float:
+    begin = time.perf_counter()
+    work(*args)
+    return time.perf_counter() - begin
+
+
+async def measure(rounds: int) -> tuple[dict[tuple[str, int], float], dict[int, int]]:
+    """Median seconds per (program, size); and turnloom's history sizes."""
+    samples: dict[tuple[str, int], list[float]] = {}
+    items: dict[int, int] = {}
+    async with AsyncExitStack() as stack:
+        benches: dict[tuple[GatewayType, int], _Turnloom] = {}
+        for gateway in GatewayType:
+            for size in SIZES:
+                limits = HistoryLimits(max_turns=size, max_items=size, max_bytes=1 << 40)
+                foundation = await stack.enter_async_context(
+                    Foundation(gateway=gateway, history_limits=limits, worker_threads=1)
+                )
+                bench = _Turnloom(size, foundation)
+                while bench.manager.statistics().history.items < size:
+                    await bench.one_turn(timed=False)  # fill: commit and record only
+                for _ in range(20):  # warm up at the full size
+                    await bench.one_turn()
+                bench.prepare.clear()
+                bench.to_bytes.clear()
+                benches[gateway, size] = bench
+        livekit = {size: _livekit_history(size) for size in SIZES}
+        langchain = {size: _langchain_history(size) for size in SIZES}
+        # The retained histories (twelve turnloom ones, six peer ones) go to
+        # the permanent generation: a full collection walking them would land
+        # in whichever sample triggers it. Pauses are measured by
+        # scripts/bench_gc.py and ``turnloom loadtest``.
+        gc.collect()
+        gc.freeze()
+        order = random.Random(0)
+        steps: list[tuple[int, GatewayType | str]] = [
+            (size, program) for size in SIZES for program in (*GatewayType, "peers")
+        ]
+        for _ in range(rounds):
+            # A random order each round: a sample that follows a heavy one
+            # (a 10,000-item conversion) lands in every column alike.
+            order.shuffle(steps)
+            for size, program in steps:
+                if isinstance(program, GatewayType):
+                    await benches[program, size].one_turn()
+                    provider = _LIVEKIT_FORMAT[program]
+                    samples.setdefault((f"livekit bytes {program}", size), []).append(
+                        _timed(_livekit_bytes, livekit[size], provider)
+                    )
+                else:
+                    samples.setdefault(("livekit", size), []).append(
+                        _timed(livekit[size].to_provider_format, "openai")
+                    )
+                    samples.setdefault(("langchain", size), []).append(
+                        _timed(convert_to_openai_messages, langchain[size])
+                    )
+        for (gateway, size), bench in benches.items():
+            if gateway is GatewayType.openai_chat:
+                samples["turnloom", size] = bench.prepare
+                items[size] = bench.manager.statistics().history.items
+            samples[f"turnloom bytes {gateway}", size] = bench.to_bytes
+    return {key: statistics.median(values) for key, values in samples.items()}, items
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:10.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    args = parser.parse_args()
+    medians, items = anyio.run(measure, args.rounds, backend=args.backend)
+    print("prepare (median microseconds; ratio = peer / turnloom)")
+    print(
+        f"{'items':>7} {'turnloom':>10} {'livekit':>10} {'ratio':>7} {'langchain':>10} {'ratio':>7}"
+    )
+    for size in SIZES:
+        ours, lk, lc = (
+            medians["turnloom", size],
+            medians["livekit", size],
+            medians["langchain", size],
+        )
+        print(
+            f"{size:>7} {_us(ours)} {_us(lk)} {lk / ours:6.2f}x {_us(lc)} {lc / ours:6.2f}x"
+            f"   (turnloom history: {items[size]} items)"
+        )
+    top, base = SIZES[-1], SIZES[0]
+    print(
+        f"turnloom prepare 10,000/100: {medians['turnloom', top] / medians['turnloom', base]:.2f}x"
+    )
+    print()
+    print("time to bytes: prepare + request_body + JSON encode (median microseconds)")
+    print(
+        f"{'gateway':<17}"
+        + "".join(f"{f'{s} ours':>12}{f'{s} lk':>11}" for s in SIZES)
+        + "  ours 10k/100"
+    )
+    for gateway in GatewayType:
+        row = f"{gateway.value:<17}"
+        for size in SIZES:
+            row += f"{_us(medians[f'turnloom bytes {gateway}', size]):>12}"
+            row += f"{_us(medians[f'livekit bytes {gateway}', size]):>11}"
+        ratio = (
+            medians[f"turnloom bytes {gateway}", top] / medians[f"turnloom bytes {gateway}", base]
+        )
+        print(row + f"  {ratio:11.2f}x")
+
+
+if __name__ == "__main__":
+    main()
