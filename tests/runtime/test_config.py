@@ -176,6 +176,12 @@ def test_behaviour_rules_over_the_item_cap_are_a_config_error_naming_the_key() -
             "(at line 1, column 1)",
         ),
         (
+            "context:\n  plugin: default\n  init_config:\n    history_max_turns: 4\n"
+            "    history_max_turns: 400\n",
+            "while constructing a mapping, found duplicate key 'history_max_turns' "
+            "(at line 5, column 5)",
+        ),
+        (
             "context: !!python/object/apply:os.system ['echo']\n",
             "could not determine a constructor for the tag "
             "'tag:yaml.org,2002:python/object/apply:os.system' (at line 1, column 10)",

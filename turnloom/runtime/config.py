@@ -277,6 +277,35 @@ def parse_config(document: object) -> RuntimeConfig:
     return RuntimeConfig(context=ContextConfig(plugin=raw.context.plugin, init_config=init_config))
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that names one key twice.
+
+    The plain safe loader keeps the last value, so a second
+    ``history_max_turns`` would silently win; TOML refuses it already.
+    """
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                f"found duplicate key {excerpt(key)}",
+                key_node.start_mark,
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=True)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+    _unique_mapping,
+)
+
+
 def _parse_error(exc: Exception) -> str:
     """The parser's reason on one line, with its line and column as TOML's gives them.
 
@@ -292,7 +321,8 @@ def _parse_error(exc: Exception) -> str:
 def load_config(path: str | PathLike[str]) -> RuntimeConfig:
     """Read and check a configuration file: YAML (``.yaml``, ``.yml``) or TOML (``.toml``).
 
-    YAML is read with PyYAML's safe loader; TOML with the standard ``tomllib``.
+    YAML is read with PyYAML's safe loader (a key named twice in one mapping
+    is a parse error, as in TOML); TOML with the standard ``tomllib``.
 
     Raises:
         ConfigError: the file cannot be read, its suffix names no known
@@ -313,7 +343,9 @@ def load_config(path: str | PathLike[str]) -> RuntimeConfig:
             f"Configuration file {excerpt(str(file))} cannot be read: {exc}.", key=""
         ) from exc
     try:
-        document = tomllib.loads(text) if suffix == ".toml" else yaml.safe_load(text)
+        document = (
+            tomllib.loads(text) if suffix == ".toml" else yaml.load(text, Loader=_UniqueKeyLoader)
+        )
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(
             f"Configuration file {excerpt(file.name)} is not valid {suffix[1:].upper()}: "
