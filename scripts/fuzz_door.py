@@ -46,6 +46,7 @@ from typing import Any
 import msgspec
 
 from turnloom.context import GatewayType, Message, decode_message, get_gateway
+from turnloom.context.message import declared_native_keys
 from turnloom.errors import TurnloomError
 
 RECORDINGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "provider-recordings"
@@ -58,35 +59,16 @@ ITEM_LISTS = {
     "gemini": "contents",
 }
 ROLES = ("system", "developer", "user", "assistant", "tool", "model", "function", "robot", "\ud800")
-# Keys the gateways write themselves, to plant where extras come from.
-WRITTEN = (
-    "role",
-    "content",
-    "tool_calls",
-    "tool_call_id",
-    "type",
-    "id",
-    "status",
-    "parts",
-    "text",
-    "functionCall",
-    "functionResponse",
-    "function_call",
-    "call_id",
-    "arguments",
-    "output",
-    "input",
-    "name",
-    "tool_use_id",
-    "is_error",
-    "summary",
-    "thought",
-    "thoughtSignature",
-    "signature",
-    "data",
-    "source",
-    "image_url",
-    "instructions",
+# Keys the gateways write themselves (as each declared them), to plant where extras come from.
+WRITTEN = tuple(
+    sorted(
+        {
+            key
+            for keys in declared_native_keys().values()
+            for element in ("message", "text", "image", "tool_call", "tool_result", "reasoning")
+            for key in getattr(keys, element)
+        }
+    )
 )
 
 

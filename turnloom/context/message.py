@@ -40,6 +40,7 @@ __all__ = (
     "ToolResultPart",
     "check_message",
     "declare_native_keys",
+    "declared_native_keys",
     "decode_json_text",
     "decode_message",
     "encode_message",
@@ -334,6 +335,11 @@ def declare_native_keys(gateway: str, keys: NativeKeys) -> None:
     _DECLARED[gateway] = keys
     for element in _ELEMENTS:
         _ANY[element] = frozenset().union(*(getattr(k, element) for k in _DECLARED.values()))
+
+
+def declared_native_keys() -> dict[str, NativeKeys]:
+    """The native keys each registered gateway declared, by gateway name (a copy)."""
+    return dict(_DECLARED)
 
 
 def _reserved(element: str, gateway: str | None) -> frozenset[str]:

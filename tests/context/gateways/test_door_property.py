@@ -41,7 +41,7 @@ from turnloom.context import (
     decode_message,
     get_gateway,
 )
-from turnloom.context.message import is_blank_text
+from turnloom.context.message import declared_native_keys, is_blank_text
 from turnloom.errors import TurnloomError
 
 EXAMPLES = int(os.environ.get("TURNLOOM_DOOR_EXAMPLES", "500"))
@@ -53,48 +53,17 @@ _settings = settings(
 
 GATEWAYS = tuple(get_gateway(kind) for kind in GatewayType)
 # Keys gateways write, planted where extras and opaque items come from.
-NATIVE_KEYS = (
-    "role",
-    "content",
-    "tool_calls",
-    "tool_call_id",
-    "type",
-    "id",
-    "status",
-    "parts",
-    "text",
-    "functionCall",
-    "functionResponse",
-    "function_call",
-    "call_id",
-    "arguments",
-    "output",
-    "input",
-    "name",
-    "tool_use_id",
-    "is_error",
-    "summary",
-    "thought",
-    "thoughtSignature",
-    "signature",
-    "source",
-    "image_url",
-    "instructions",
-    "cache_control",
+NATIVE_KEYS = tuple(
+    sorted(
+        {
+            key
+            for keys in declared_native_keys().values()
+            for element in ("message", "text", "image", "tool_call", "tool_result", "reasoning")
+            for key in getattr(keys, element)
+        }
+    )
 )
-HINTS = (
-    "content",
-    "string_results",
-    "no_is_error",
-    "snake",
-    "json_results",
-    "no_id",
-    "keep_blank",
-    "instructions",
-    "list_outputs",
-    "typed",
-    "status",
-)
+HINTS = tuple(sorted({hint for keys in declared_native_keys().values() for hint in keys.hints}))
 IDS = ("c1", "c2", "f#0")
 
 scalars = st.one_of(
