@@ -97,19 +97,29 @@ class BodyWriter:
         """The tag of the oldest item held back (not yet handed out), or None."""
         raise NotImplementedError
 
-    def forget(self, first_kept: int, first_body: NativeContent, dropped: CallIdRenamer) -> bool:
+    def can_open(self, body_item: NativeContent) -> bool:
+        """True when ``body_item``, handed out first for a segment, may follow segment 0 directly.
+
+        That is: had the segments between been absent, this item would have
+        been handed out unchanged (not merged into, reordered after or left
+        out because of an item before it). Checked when the item is handed
+        out, so a cache need not keep the item.
+        """
+        return True
+
+    def forget(self, first_kept: int, dropped: CallIdRenamer) -> bool:
         """Drop the segments tagged ``1 .. first_kept - 1`` from the state, when exact.
 
         Segment 0 (the pinned instructions) stays. The caller has checked
-        that no body item spans from a dropped segment into a kept one and
-        that nothing of a dropped segment is held back. On True the state
+        that no body item spans from a dropped segment into a kept one,
+        that nothing of a dropped segment is held back and that the first
+        kept segment's first body item :meth:`can_open`. On True the state
         equals one fed segment 0 and the kept segments only, and the kept
         body items are what that state would have handed out; on False the
         state may be half changed and must be discarded.
 
         Args:
             first_kept: the tag of the first kept segment.
-            first_body: the first body item handed out for that segment.
             dropped: a fresh renamer advanced over the dropped items.
         """
         raise NotImplementedError
@@ -199,15 +209,16 @@ class EncodedBody:
         return _splice(header, writer.field, (*self._chunks, *map(_encode, out)))
 
 
-class _Segment:
-    """The body items of one segment (tag), encoded and comma-joined."""
+class _Segment(msgspec.Struct, gc=False):
+    """One segment of a :class:`BodyRun` (its encoded items are kept beside it).
 
-    __slots__ = ("first", "reach", "tag")
+    Untracked by the cyclic collector (``gc=False``): it holds ints and a
+    bool only, so no cycle can pass through it.
+    """
 
-    def __init__(self, tag: int) -> None:
-        self.tag = tag
-        self.reach = tag  # the last tag a body item of this segment was built from
-        self.first: NativeContent | None = None  # its first body item
+    tag: int
+    reach: int  # the last tag a body item of this segment was built from
+    opens: bool | None = None  # can_open of its first body item; None: none handed out
 
 
 class BodyRun:
@@ -237,7 +248,7 @@ class BodyRun:
         self._writer = writer
         segments, data = self._segments, self._data
         if not segments or segments[-1].tag != tag:
-            segments.append(_Segment(tag))
+            segments.append(_Segment(tag, tag))
             data.append(b"")
         if not out:
             return
@@ -254,8 +265,8 @@ class BodyRun:
                 index -= 1
             segment = segments[index]
             segment.reach = max(segment.reach, reach)
-            if segment.first is None:
-                segment.first = out[start]
+            if segment.opens is None:
+                segment.opens = writer.can_open(out[start])
             joined = b",".join(map(_encode, out[start:end]))
             data[index] = data[index] + b"," + joined if data[index] else joined
             start = end
@@ -285,10 +296,10 @@ class BodyRun:
         if held is not None and 0 < held < first_kept:
             return False
         first = segments[end]
-        if first.tag != first_kept or first.first is None:
+        if first.tag != first_kept or not first.opens:
             return False
         writer = self._writer.copy()
-        if not writer.forget(first_kept, first.first, dropped):
+        if not writer.forget(first_kept, dropped):
             return False
         self._writer = writer
         del segments[cut:end]

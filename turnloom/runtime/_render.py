@@ -8,18 +8,28 @@ prefix, what to keep for the next comparison, and the area step's result.
 
 from __future__ import annotations
 
-__all__ = ("DeliveredPrefix", "assembled_prompt", "common_prefix", "render_preparation")
+__all__ = (
+    "DeliveredPrefix",
+    "assembled_prompt",
+    "body_bytes",
+    "common_prefix",
+    "continuation_items",
+    "render_preparation",
+)
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
+from turnloom.context.body import EncodedBody
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import HistoryView, RenderedHistory
 from turnloom.context.memory import memory_payload
 from turnloom.context.message import Message, Role, TextPart
+from turnloom.context.pairing import OpenCallPolicy, complete_pairs
 from turnloom.errors import ItemTooLargeError, OpenToolCallError, excerpt
 from turnloom.runtime._area_section import (
     AreaSection,
@@ -41,9 +51,12 @@ class DeliveredPrefix:
 
     ``call_ids`` is the call-id renaming state after ``items``
     (:mod:`turnloom.context.callids`); ``build`` continues it, on a copy.
+    ``body`` is the request body of ``items`` with the history's closed
+    turns kept encoded (None with an assembled system prompt before the
+    history, or a gateway without a body writer): see :func:`body_bytes`.
     """
 
-    __slots__ = ("bytes", "call_ids", "extra_sizes", "items", "lead_sizes", "rendered")
+    __slots__ = ("body", "bytes", "call_ids", "extra_sizes", "items", "lead_sizes", "rendered")
 
     def __init__(
         self,
@@ -53,8 +66,10 @@ class DeliveredPrefix:
         extra_sizes: tuple[int, ...],
         call_ids: CallIdRenamer,
         lead_sizes: tuple[int, ...] = (),
+        body: EncodedBody | None = None,
     ) -> None:
         self.items = items
+        self.body = body
         self.bytes = total
         self.rendered = rendered
         self.extra_sizes = extra_sizes  # state pair + area section, after the history
@@ -232,11 +247,51 @@ def render_preparation(
         render_seconds=time.perf_counter() - begin,
         assembled=assembled,
     )
+    # The cached body starts at the history's pinned instructions: an
+    # assembled prompt before them changes its leading fields, so such a
+    # prefix is encoded whole (body_bytes).
+    body = rendered.body.extend(extra) if rendered.body is not None and not lead else None
     return (
         prepared,
-        DeliveredPrefix(items, total, rendered, extra_sizes, call_ids, lead_sizes),
+        DeliveredPrefix(items, total, rendered, extra_sizes, call_ids, lead_sizes, body),
         section,
     )
+
+
+def continuation_items(
+    gateway: Gateway,
+    call_ids: CallIdRenamer,
+    continuation: Sequence[Message],
+    open_calls: OpenCallPolicy,
+) -> list[NativeContent]:
+    """The native items of a checked continuation, paired, call ids continued from ``call_ids``.
+
+    ``call_ids`` (the prefix's renaming state) is not changed: a copy is advanced.
+    """
+    renamer = call_ids.copy()
+    items: list[NativeContent] = []
+    for message in complete_pairs(continuation, open_calls=open_calls):
+        items.extend(rename_call_ids(gateway.type, gateway.render(message), renamer))
+    return items
+
+
+def body_bytes(
+    gateway: Gateway,
+    body: EncodedBody | None,
+    items: Sequence[NativeContent],
+    added: Sequence[NativeContent],
+) -> bytes:
+    """``msgspec.json.encode(gateway.request_body([*items, *added]))``, from ``body`` when cached.
+
+    Args:
+        body: the request body of ``items`` with its cached part, or None
+            to encode the whole body.
+        items: a delivered prefix's items.
+        added: the items after them (a rendered continuation).
+    """
+    if body is None:
+        return _encoder.encode(gateway.request_body((*items, *added)))
+    return body.extend(added).encode()
 
 
 def _prompt_message(assembled: AssembledContext) -> Message | None:

@@ -46,13 +46,14 @@ import anyio.abc
 import msgspec
 
 from turnloom.context.area import ContextAreaImplementation
-from turnloom.context.callids import CallIdRenamer, rename_call_ids
+from turnloom.context.body import EncodedBody
+from turnloom.context.callids import CallIdRenamer
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent
 from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory, check_id
 from turnloom.context.interruption import played_prefix
 from turnloom.context.memory import MemorySource
 from turnloom.context.message import Message, ToolCallPart
-from turnloom.context.pairing import OpenCallPolicy, complete_pairs
+from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.scope import ContextScope, check_scope
 from turnloom.context.tokens import TokenCounter
 from turnloom.context.working import FrozenContext, WorkingContext
@@ -86,7 +87,11 @@ from turnloom.runtime._door import (
 from turnloom.runtime._durable import Durability
 from turnloom.runtime._outputs import OutputStreams
 from turnloom.runtime._queue import Preparation, PreparationQueue
-from turnloom.runtime._render import render_preparation
+from turnloom.runtime._render import (
+    body_bytes,
+    continuation_items,
+    render_preparation,
+)
 from turnloom.runtime.assembly import (
     AssembledContext,
     AssemblyStrategy,
@@ -296,6 +301,7 @@ class ContextManager:
         # id -> the continuation build last checked for that prefix (the next
         # build checks only what follows it); goes with the prefix.
         self._checked: dict[int, CheckedContinuation] = {}
+        self._bodies: dict[int, EncodedBody | None] = {}  # for request_bytes
         # Set by _bind, when the owning Foundation opens.
         self._queue: PreparationQueue | None = None
         self._outputs: OutputStreams | None = None
@@ -1099,6 +1105,7 @@ class ContextManager:
             )
             self._issued[id(prepared)] = prepared
             self._call_ids[id(prepared)] = delivered.call_ids
+            self._bodies[id(prepared)] = delivered.body
             weakref.finalize(prepared, self._forget, id(prepared))
 
         preparation.deliver = deliver
@@ -1202,6 +1209,7 @@ class ContextManager:
         """Drop what build keeps for a prefix that was collected."""
         self._call_ids.pop(key, None)
         self._checked.pop(key, None)
+        self._bodies.pop(key, None)
 
     def build(
         self, prefix: PreparedContext, continuation: Sequence[Message] = ()
@@ -1243,17 +1251,43 @@ class ContextManager:
             TurnTooLargeError: the continuation holds more than ``max_items``
                 messages.
         """
+        return (*prefix.items, *self._continuation(prefix, continuation))
+
+    def request_bytes(self, prefix: PreparedContext, continuation: Sequence[Message] = ()) -> bytes:
+        """The encoded request body of ``build(prefix, continuation)``, as UTF-8 JSON bytes.
+
+        Equal, byte for byte, to
+        ``msgspec.json.encode(manager.gateway.request_body(manager.build(prefix,
+        continuation)))``, but the body items of the pinned instructions and
+        the closed turns are not encoded again: the history's render cache
+        keeps them encoded (and, for Anthropic and Gemini, merged), so the
+        cost is the continuation and the open turn plus one C-speed join of
+        the cached bytes. Checks and renders the continuation as
+        :meth:`build` does. A prefix whose assembly put a system prompt
+        before the history is encoded whole. The caller adds the model,
+        tools and settings (for example by splicing the bytes, or by decoding).
+
+        Returns:
+            the body's JSON bytes (``{"messages": [...]}`` and the like).
+
+        Raises:
+            the errors of :meth:`build`, for the same reasons.
+        """
+        added = self._continuation(prefix, continuation)
+        return body_bytes(self._gateway, self._bodies.get(id(prefix)), prefix.items, added)
+
+    def _continuation(
+        self, prefix: PreparedContext, continuation: Sequence[Message]
+    ) -> list[NativeContent]:
+        """Check ``continuation`` against ``prefix``; its native items (see build)."""
         self._check_open()
         key = id(prefix)
         self._checked[key] = check_continuation(
             prefix, continuation, self._issued, self._limits, self._checked.get(key)
         )
-        gateway = self._gateway
-        items: list[NativeContent] = list(prefix.items)
-        call_ids = self._call_ids[id(prefix)].copy()
-        for message in complete_pairs(continuation, open_calls=self._open_calls):
-            items.extend(rename_call_ids(gateway.type, gateway.render(message), call_ids))
-        return tuple(items)
+        return continuation_items(
+            self._gateway, self._call_ids[key], continuation, self._open_calls
+        )
 
     # -- sub-agents ----------------------------------------------------------------
 

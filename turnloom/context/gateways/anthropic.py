@@ -823,14 +823,16 @@ class _AnthropicBody(BodyWriter):
     def held_origin(self) -> int | None:
         return self._held_at if self._held is not None else None
 
-    def forget(self, first_kept: int, first_body: NativeContent, dropped: CallIdRenamer) -> bool:
+    def forget(self, first_kept: int, dropped: CallIdRenamer) -> bool:
         # The leading run must end in the pinned items' segment's successor:
         # then the kept items follow the system field directly, as before.
         if self._leading or self._system_to != 0 or self._lead_end == 0:
             return False
-        if first_body.get("role") == "system":
-            return False  # it would join the leading run
         return self.renamer.forget(dropped)
+
+    def can_open(self, body_item: NativeContent) -> bool:
+        # A system item right after the pinned ones would join the leading run.
+        return body_item.get("role") != "system"
 
 
 def _empty_result(content: Any) -> bool:

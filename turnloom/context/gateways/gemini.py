@@ -825,15 +825,16 @@ class _GeminiBody(BodyWriter):
     def held_origin(self) -> int | None:
         return self._held_at if self._held is not None else None
 
-    def forget(self, first_kept: int, first_body: NativeContent, dropped: CallIdRenamer) -> bool:
+    def can_open(self, body_item: NativeContent) -> bool:
+        # A user content that is not only responses neither merges, nor is
+        # reordered, nor left out, whatever precedes it.
+        return body_item.get("role") == "user" and not _only_responses(body_item)
+
+    def forget(self, first_kept: int, dropped: CallIdRenamer) -> bool:
         if any(0 < tag < first_kept for tag in self._system_tags):
             return False
-        # The first kept content must start the contents as it stood: the
-        # leading-call-turn rule was done before it, and a user content that
-        # is not only responses neither merges, nor is reordered, nor left out.
+        # The leading-call-turn rule was done before the first kept content.
         if self._front or self._front_at >= first_kept:
-            return False
-        if first_body.get("role") != "user" or _only_responses(first_body):
             return False
         self._system_tags = {tag for tag in self._system_tags if tag >= first_kept or not tag}
         return self.renamer.forget(dropped)

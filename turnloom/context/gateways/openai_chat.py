@@ -660,7 +660,7 @@ class _ChatBody(BodyWriter):
     def held_origin(self) -> int | None:
         return None
 
-    def forget(self, first_kept: int, first_body: NativeContent, dropped: CallIdRenamer) -> bool:
+    def forget(self, first_kept: int, dropped: CallIdRenamer) -> bool:
         return self.renamer.forget(dropped)
 
 

@@ -942,7 +942,7 @@ class _ResponsesBody(BodyWriter):
     as items are handed out, so only kept items are renamed, in order.
     """
 
-    __slots__ = ("_dups", "_held", "_order", "_seen", "_texts")
+    __slots__ = ("_dups", "_held", "_order", "_seen", "_seen_at", "_texts")
 
     field = "input"
 
@@ -951,7 +951,10 @@ class _ResponsesBody(BodyWriter):
         # An instructions item without text (turnloom never renders one)
         # carries no instructions; validate() flags it.
         self._texts: list[tuple[int, str]] = []
-        self._seen: dict[str, tuple[NativeContent, int]] = {}  # item id -> first item, its tag
+        # Item id -> the first item with it, and its tag (two maps: no
+        # tuple per id for the cyclic collector to track).
+        self._seen: dict[str, NativeContent] = {}
+        self._seen_at: dict[str, int] = {}
         self._order: list[tuple[int, str]] = []  # (tag, id) of _seen entries with tag > 0
         self._held: list[tuple[NativeContent, int]] = []  # trailing kept reasoning items
         # (tag, tag it depended on): an item left out as a replay, or a
@@ -971,15 +974,17 @@ class _ResponsesBody(BodyWriter):
             if isinstance(item_id, str) and item_id:
                 first = seen.get(item_id)
                 if first is None:
-                    seen[item_id] = (item, tag)
+                    seen[item_id] = item
+                    self._seen_at[item_id] = tag
                     if tag:
                         self._order.append((tag, item_id))
-                elif first[0] == item:
+                elif first == item:
                     # A reasoning item directly before the replayed output
                     # belongs to that replay: it goes too, or it would be
                     # left without the item it must be followed by.
-                    if first[1] != tag:
-                        self._dups.append((tag, first[1]))
+                    cause = self._seen_at[item_id]
+                    if cause != tag:
+                        self._dups.append((tag, cause))
                     if held:
                         origin = held.pop()[1]
                         if origin != tag:
@@ -1009,6 +1014,7 @@ class _ResponsesBody(BodyWriter):
         other.renamer = self.renamer.copy()
         other._texts = list(self._texts)
         other._seen = dict(self._seen)
+        other._seen_at = dict(self._seen_at)
         other._order = list(self._order)
         other._held = list(self._held)
         other._dups = list(self._dups)
@@ -1017,7 +1023,7 @@ class _ResponsesBody(BodyWriter):
     def held_origin(self) -> int | None:
         return self._held[0][1] if self._held else None
 
-    def forget(self, first_kept: int, first_body: NativeContent, dropped: CallIdRenamer) -> bool:
+    def forget(self, first_kept: int, dropped: CallIdRenamer) -> bool:
         if any(0 < tag < first_kept for tag, _ in self._texts):
             return False
         # A kept item left out because of a dropped one, or a dropped item
@@ -1032,6 +1038,7 @@ class _ResponsesBody(BodyWriter):
         cut = 0
         while cut < len(order) and order[cut][0] < first_kept:
             del self._seen[order[cut][1]]
+            del self._seen_at[order[cut][1]]
             cut += 1
         del order[:cut]
         return self.renamer.forget(dropped)
