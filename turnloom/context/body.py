@@ -252,7 +252,6 @@ class BodyRun:
             data.append(b"")
         if not out:
             return
-        index = len(segments) - 1
         start = 0
         while start < len(out):
             origin = marks[start][0]
@@ -261,6 +260,7 @@ class BodyRun:
             while end < len(out) and marks[end][0] == origin:
                 reach = max(reach, marks[end][1])
                 end += 1
+            index = len(segments) - 1
             while segments[index].tag > origin:  # an item held back from an earlier segment
                 index -= 1
             segment = segments[index]
