@@ -107,10 +107,10 @@ def test_cached_body_equals_the_encoded_request_body(
         if kind_ == "fail":
             gateway.fail_in = n
             with contextlib.suppress(RuntimeError):
-                history.view().render(gateway, target, open_calls=policy)  # type: ignore[arg-type]
+                history.view().render(gateway, target, open_calls=policy)
             gateway.fail_in = None
-        rendered = history.view().render(gateway, target, open_calls=policy)  # type: ignore[arg-type]
-        assert_body_is_exact(gateway, rendered, n)  # type: ignore[arg-type]
+        rendered = history.view().render(gateway, target, open_calls=policy)
+        assert_body_is_exact(gateway, rendered, n)
 
 
 @pytest.mark.parametrize("kind", list(GatewayType))
@@ -204,7 +204,7 @@ def test_a_cut_before_responses_ordered_by_a_dropped_call_turn_is_refused() -> N
     def response(name: str) -> dict[str, Any]:
         return {"functionResponse": {"id": name, "name": name, "response": {"ok": 1}}}
 
-    calls = [{"functionCall": {"id": n, "name": n, "args": {}}} for n in ("a", "b")]
+    calls: list[Any] = [{"functionCall": {"id": n, "name": n, "args": {}}} for n in ("a", "b")]
     run.append([{"role": "user", "parts": [{"text": "q"}]}, {"role": "model", "parts": calls}], 1)
     run.append([{"role": "user", "parts": [response("b"), response("a")]}], 2)
     run.append([{"role": "model", "parts": [{"text": "done"}]}], 3)
