@@ -11,14 +11,11 @@ from __future__ import annotations
 __all__ = (
     "DeliveredPrefix",
     "assembled_prompt",
-    "body_bytes",
     "common_prefix",
-    "continuation_items",
     "render_preparation",
 )
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -29,7 +26,6 @@ from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import HistoryView, RenderedHistory
 from turnloom.context.memory import memory_payload
 from turnloom.context.message import Message, Role, TextPart
-from turnloom.context.pairing import OpenCallPolicy, complete_pairs
 from turnloom.errors import ItemTooLargeError, OpenToolCallError, excerpt
 from turnloom.runtime._area_section import (
     AreaSection,
@@ -53,7 +49,7 @@ class DeliveredPrefix:
     (:mod:`turnloom.context.callids`); ``build`` continues it, on a copy.
     ``body`` is the request body of ``items`` with the history's closed
     turns kept encoded (None with an assembled system prompt before the
-    history, or a gateway without a body writer): see :func:`body_bytes`.
+    history, or a gateway without a body writer).
     """
 
     __slots__ = ("body", "bytes", "call_ids", "extra_sizes", "items", "lead_sizes", "rendered")
@@ -249,49 +245,13 @@ def render_preparation(
     )
     # The cached body starts at the history's pinned instructions: an
     # assembled prompt before them changes its leading fields, so such a
-    # prefix is encoded whole (body_bytes).
+    # prefix is encoded whole (IssuedPrefixes.request_bytes).
     body = rendered.body.extend(extra) if rendered.body is not None and not lead else None
     return (
         prepared,
         DeliveredPrefix(items, total, rendered, extra_sizes, call_ids, lead_sizes, body),
         section,
     )
-
-
-def continuation_items(
-    gateway: Gateway,
-    call_ids: CallIdRenamer,
-    continuation: Sequence[Message],
-    open_calls: OpenCallPolicy,
-) -> list[NativeContent]:
-    """The native items of a checked continuation, paired, call ids continued from ``call_ids``.
-
-    ``call_ids`` (the prefix's renaming state) is not changed: a copy is advanced.
-    """
-    renamer = call_ids.copy()
-    items: list[NativeContent] = []
-    for message in complete_pairs(continuation, open_calls=open_calls):
-        items.extend(rename_call_ids(gateway.type, gateway.render(message), renamer))
-    return items
-
-
-def body_bytes(
-    gateway: Gateway,
-    body: EncodedBody | None,
-    items: Sequence[NativeContent],
-    added: Sequence[NativeContent],
-) -> bytes:
-    """``msgspec.json.encode(gateway.request_body([*items, *added]))``, from ``body`` when cached.
-
-    Args:
-        body: the request body of ``items`` with its cached part, or None
-            to encode the whole body.
-        items: a delivered prefix's items.
-        added: the items after them (a rendered continuation).
-    """
-    if body is None:
-        return _encoder.encode(gateway.request_body((*items, *added)))
-    return body.extend(added).encode()
 
 
 def _prompt_message(assembled: AssembledContext) -> Message | None:
