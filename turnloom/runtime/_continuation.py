@@ -79,7 +79,8 @@ class IssuedPrefixes:
         self, prefix: PreparedContext, continuation: Sequence[Message]
     ) -> tuple[NativeContent, ...]:
         """The prefix's items, then the continuation rendered (see ``ContextManager.build``)."""
-        return (*prefix.items, *self._continue(prefix, continuation))
+        added = self._continue(prefix, continuation)  # checks the prefix first
+        return (*prefix.items, *added)
 
     def request_bytes(self, prefix: PreparedContext, continuation: Sequence[Message]) -> bytes:
         """The encoded request body of :meth:`build`'s items (see ``ContextManager.request_bytes``).
