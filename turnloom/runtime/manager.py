@@ -103,7 +103,7 @@ from turnloom.runtime.schemas import (
     PreparedContext,
     TurnSnapshot,
 )
-from turnloom.runtime.state import check_time
+from turnloom.runtime.state import EarlierStatePolicy, check_time
 from turnloom.runtime.store import ContextStore
 
 
@@ -162,10 +162,14 @@ class ContextManager:
 
     A prepared prefix is, in order: the assembled system prompt (with an
     assembly strategy, see :mod:`turnloom.runtime.assembly`), pinned
-    instructions, earlier turns, the turn's input, the runtime-state pair
-    (when there is state or recalled memory), then the context's *area
-    section*. Send ``manager.gateway.request_body(prefix.items)``
-    (see :attr:`PreparedContext.items`).
+    instructions, earlier turns (each its input, the runtime-state pair it
+    was last sent with under ``earlier_state="keep"``, then its outputs), the
+    turn's input, the runtime-state pair (when there is state or recalled
+    memory), then the context's *area section*. Send
+    ``manager.gateway.request_body(prefix.items)`` (see
+    :attr:`PreparedContext.items`). While the history does not evict and no
+    area section is shown, each model input (a prepare, or a ``build``) then
+    begins with the previous one, so a provider's prompt cache reuses it.
 
     Context Areas: each context lazily owns one
     :class:`~turnloom.context.CoopContext` over its own
@@ -186,6 +190,12 @@ class ContextManager:
             in each turn's runtime-state pair (see :mod:`turnloom.runtime.state`).
         open_calls: ``"exclude"`` (default) or ``"cancel"`` calls without a
             result in prepared inputs.
+        earlier_state: ``"keep"`` (default) or ``"drop"`` earlier turns'
+            runtime-state pairs in later inputs (see
+            :data:`~turnloom.runtime.state.EarlierStatePolicy`). Kept, a
+            turn's pair is the one its last delivered unscoped prepare
+            carried, byte for byte; it counts against the history limits,
+            leaves with its turn and is stored with it by a durable store.
         token_counter: the one estimator of tokens (default
             :class:`~turnloom.context.ApproxTokenCounter`); see
             :class:`~turnloom.runtime.Foundation`.
@@ -241,6 +251,7 @@ class ContextManager:
         history_limits: HistoryLimits | None = None,
         behavior_rules: str | None = None,
         open_calls: OpenCallPolicy = "exclude",
+        earlier_state: EarlierStatePolicy = "keep",
         token_counter: TokenCounter | None = None,
         strategy: str | AssemblyStrategy | None = None,
         memory: MemorySource | None = None,
@@ -257,6 +268,7 @@ class ContextManager:
             history_limits=history_limits,
             behavior_rules=behavior_rules,
             open_calls=open_calls,
+            earlier_state=earlier_state,
             token_counter=token_counter,
             strategy=strategy,
             memory=memory,
@@ -369,6 +381,11 @@ class ContextManager:
     def open_calls(self) -> OpenCallPolicy:
         """What a prepared input does with a tool call left without a result."""
         return self._open_calls
+
+    @property
+    def earlier_state(self) -> EarlierStatePolicy:
+        """Whether later inputs keep earlier turns' runtime-state pairs (``"keep"``) or not."""
+        return self._options.earlier_state
 
     @property
     def tenant_limit(self) -> int:
@@ -931,10 +948,13 @@ class ContextManager:
 
         Returns:
             the prefix: the assembled system prompt (with a strategy), pinned
-            instructions, earlier turns, the turn's input,
-            the runtime-state pair when the request or manager carries state,
-            and the area section. Send ``manager.gateway.request_body(items)``.
-            With ``request.scope`` the earlier turns are the sliced view (see
+            instructions, earlier turns (with their kept runtime-state pairs,
+            see ``earlier_state``), the turn's input, the runtime-state pair
+            when the request or manager carries state, and the area section.
+            Send ``manager.gateway.request_body(items)``. Delivered to its
+            requester, an unscoped prefix's pair becomes the turn's kept pair.
+            With ``request.scope`` the earlier turns are the sliced view of
+            recorded messages, without kept pairs, and nothing is kept (see
             :class:`~turnloom.runtime.ContextPrepareRequest`).
 
         Raises:
@@ -1039,6 +1059,7 @@ class ContextManager:
             self._durable.touch(request.context_id)
         # Capture once: an immutable view and the request's state, its time included.
         view = state.history.view()
+        serial = state.history.turn_serial(request.turn_id)
         perception = request.perception
         if perception is not None and perception.time is None:
             now = check_time(self._clock(), "The Foundation's clock value")
@@ -1092,6 +1113,8 @@ class ContextManager:
                 areas.delivered = max(areas.delivered, section.generation)
             if unscoped:
                 state.last = delivered
+                if self._options.earlier_state == "keep":
+                    self._table.keep_state(state, request.turn_id, delivered.state, serial)
             self._counters.delivered(
                 last.bytes if last is not None and unscoped else 0,
                 prepared,
