@@ -225,11 +225,13 @@ class ContextTable:
     def keep_state(
         self, state: ContextState, turn_id: str, pair: tuple[Message, ...], serial: int
     ) -> None:
-        """Keep a delivered prefix's runtime-state pair (or none) as its turn's, then evict.
+        """Keep a delivered prefix's runtime-state pair (or none) as its turn's.
 
         Nothing happens when the context is no longer held as ``state`` or the
         turn (``serial``) is gone: a kept pair leaves with its turn. The pair
-        was built and checked by the render, so this never raises.
+        was built and checked by the render, so this never raises. It does not
+        evict: the prefix just delivered stays a render of the history, and
+        the next commit, record or end of a model call evicts as usual.
         """
         if self.contexts.get(state.context_id) is not state:
             return
@@ -241,7 +243,6 @@ class ContextTable:
             return
         if self.log is not None:
             self.log(state.context_id, StateKept(turn_id=turn_id, state=pair))
-        self._evict(state)
         self._counters.history_changed(before, history.statistics())
 
     def evict(self, state: ContextState) -> None:

@@ -41,8 +41,9 @@ class DeliveredPrefix:
 
     ``call_ids`` is the call-id renaming state after ``items``
     (:mod:`turnloom.context.callids`); ``build`` continues it, on a copy.
-    ``state`` is the runtime-state pair the prefix carries (call, result), or
-    () without one: what its turn keeps once it is delivered.
+    ``state`` is what the prefix's turn keeps once it is delivered: its
+    runtime-state pair (call, result), or () without one or when the pair
+    carries recalled memory (tenant data; see :mod:`turnloom.runtime.state`).
     """
 
     __slots__ = ("bytes", "call_ids", "extra_sizes", "items", "lead_sizes", "rendered", "state")
@@ -239,7 +240,13 @@ def render_preparation(
     return (
         prepared,
         DeliveredPrefix(
-            items, total, rendered, extra_sizes, call_ids, lead_sizes, pair if pair else ()
+            items,
+            total,
+            rendered,
+            extra_sizes,
+            call_ids,
+            lead_sizes,
+            pair if pair is not None and memory is None else (),
         ),
         section,
     )

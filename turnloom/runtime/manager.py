@@ -194,7 +194,8 @@ class ContextManager:
             runtime-state pairs in later inputs (see
             :data:`~turnloom.runtime.state.EarlierStatePolicy`). Kept, a
             turn's pair is the one its last delivered unscoped prepare
-            carried, byte for byte; it counts against the history limits,
+            carried, byte for byte (none when it carried recalled memory,
+            which is tenant data); it counts against the history limits,
             leaves with its turn and is stored with it by a durable store.
         token_counter: the one estimator of tokens (default
             :class:`~turnloom.context.ApproxTokenCounter`); see

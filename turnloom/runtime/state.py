@@ -26,9 +26,13 @@ delivered unscoped preparation, byte for byte (same call id, same text), in
 its place after the turn's input and before its outputs, in every later
 input: the previous model input is then a prefix of the next while the
 history does not evict, and the kept pair counts against the history's limits
-(items, bytes, tokens) and leaves with its turn. ``"drop"`` sends only the
-current turn's pair: each new turn's input differs from the previous input
-right after the previous turn's input, so what follows it is billed again.
+(items, bytes, tokens) and leaves with its turn. A pair that carries
+recalled memory (an assembly strategy's per-turn layer) is never kept: the
+memory was recalled for that request's tenant, and a later turn of the
+context may be prepared for another one; such a turn's later inputs hold no
+pair, as under ``"drop"``. ``"drop"`` sends only the current turn's pair: each
+new turn's input differs from the previous input right after the previous
+turn's input, so what follows it is billed again.
 
 Everything here is pure and synchronous.
 """
@@ -67,8 +71,9 @@ EarlierStatePolicy: TypeAlias = Literal["keep", "drop"]
 """What later inputs hold of an earlier turn's runtime-state pair.
 
 ``"keep"`` (default): the pair of the turn's last delivered unscoped
-preparation, exactly as it was sent, after the turn's input. ``"drop"``:
-nothing; only the current turn carries its pair.
+preparation, exactly as it was sent, after the turn's input (none when that
+pair carried recalled memory). ``"drop"``: nothing; only the current turn
+carries its pair.
 """
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]{0,63}")
