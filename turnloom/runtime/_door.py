@@ -178,9 +178,7 @@ def check_manager_options(
     if open_calls not in ("exclude", "cancel"):
         raise InputError(f"open_calls must be 'exclude' or 'cancel', not {excerpt(open_calls)}.")
     if earlier_state not in ("keep", "drop"):
-        raise InputError(
-            f"earlier_state must be 'keep' or 'drop', not {excerpt(earlier_state)}."
-        )
+        raise InputError(f"earlier_state must be 'keep' or 'drop', not {excerpt(earlier_state)}.")
     limits = history_limits if history_limits is not None else HistoryLimits()
     check_behavior_rules(behavior_rules, limits.max_item_bytes)
     if max_tenant_preparations is None:

@@ -996,7 +996,8 @@ class ContextManager:
             result is discarded; the slot is freed when it settles. Cancelled
             after the preparation settled but before the requester resumed: the
             cancellation propagates and the result is discarded, never counted
-            as delivered. History is never changed by a preparation. An area
+            as delivered. A preparation changes no recorded message; only a result
+            delivered to its requester sets its turn's kept pair. An area
             pass that ran for a discarded result is reused by the next
             preparation of the context, so it is delivered exactly once.
         """
