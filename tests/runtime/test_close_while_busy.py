@@ -319,7 +319,7 @@ async def test_cancelling_a_preparation_from_outside_settles_it_exactly(
             stats.preparations.failed_total,
         ) == (1, 0, 0)
         assert foundation.limiter.borrowed_tokens == 0
-        assert manager._check_bound()._waiters == {}
+        assert manager._check_bound().queue._waiters == {}
         if point == "render":
             assert gateway.returned > rendered  # the render thread ran to its end
         assert manager.history("c").turn_ids == ("t1",)

@@ -467,7 +467,7 @@ async def test_build_checks_each_continuation_message_once(
     """A continuation that extends the one build last checked for the prefix (the
     same message objects) has only its new messages checked, and keeps the ids
     of the checked ones: a later repeat of their id is still refused."""
-    import turnloom.runtime._door as door
+    import turnloom.runtime._continuation as continuation_module
     from turnloom.context.message import check_message as real
 
     checked: list[Message] = []
@@ -477,7 +477,7 @@ async def test_build_checks_each_continuation_message_once(
         checked.append(message)
         return real(message, where=where)
 
-    monkeypatch.setattr(door, "check_message", counting)
+    monkeypatch.setattr(continuation_module, "check_message", counting)
     async with Foundation() as foundation:
         manager = foundation.manager
         manager.accept_turn(snapshot("t1", "q"))

@@ -3,10 +3,11 @@
 Synchronous (a turn's assembly holds one anyio event): every change to a
 history (commit, record, kept state, eviction, removal) goes through
 :class:`ContextTable`, which keeps the running totals of
-:class:`~turnloom.runtime._counters.Counters` in step with it, and hands each change to its ``log`` hook (the durable store's writer,
-see ``_durable``) as a record, in the order the changes happened. Checking
-the input is the caller's job (``_door``); the table enforces only what the
-history and the in-flight model call decide.
+:class:`~turnloom.runtime._counters.Counters` in step with it, and hands each
+change to its ``log`` hook (the durable store's writer, see ``_durable``) as
+a record, in the order the changes happened. Checking the input is the
+caller's job (``_door``); the table enforces only what the history and the
+in-flight model call decide.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ __all__ = (
     "DurableOptions",
     "FoundationOptions",
     "ManagerOptions",
-    "check_continuation",
     "check_durable_options",
     "check_foundation_options",
     "check_manager_options",
@@ -27,7 +26,7 @@ __all__ = (
 
 import math
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -36,7 +35,6 @@ from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_ga
 from turnloom.context.history import (
     HistoryLimits,
     TurnHistory,
-    check_batch_length,
     check_id,
     reject_instructions,
 )
@@ -46,7 +44,6 @@ from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.scope import check_scope
 from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
 from turnloom.errors import (
-    DuplicateIdError,
     InputError,
     InvalidArgumentError,
     InvalidMessageError,
@@ -60,7 +57,7 @@ from turnloom.runtime.assembly import (
     StrategyOptions,
     make_strategy,
 )
-from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext, TurnSnapshot
+from turnloom.runtime.schemas import ContextPrepareRequest, TurnSnapshot
 from turnloom.runtime.state import (
     STATE_TOOL_NAME,
     EarlierStatePolicy,
@@ -524,96 +521,6 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
     if contributions is request.contributions and perception is None:
         return request
     return msgspec.structs.replace(request, contributions=contributions, perception=perception)
-
-
-class CheckedContinuation:
-    """The continuation messages already checked against one prefix.
-
-    ``messages`` passed every check of :func:`check_continuation`; ``ids``
-    holds the prefix's reserved ids and theirs. Messages are frozen, so a
-    later continuation that starts with the same message objects needs only
-    its new messages checked.
-    """
-
-    __slots__ = ("ids", "messages")
-
-    def __init__(self, messages: tuple[Message, ...], ids: frozenset[str]) -> None:
-        self.messages = messages
-        self.ids = ids
-
-
-def check_continuation(
-    prefix: PreparedContext,
-    continuation: Sequence[Message],
-    issued: Mapping[int, PreparedContext],
-    limits: HistoryLimits,
-    checked: CheckedContinuation | None = None,
-) -> CheckedContinuation:
-    """Validate a prefix and its continuation (see ``ContextManager.build``).
-
-    Args:
-        issued: id -> prefix, for every prefix the manager's prepare returned.
-        limits: the history's limits; a continuation is one turn's messages.
-        checked: what an earlier call returned for the same prefix: when the
-            continuation starts with those very message objects, only the
-            messages after them are checked (each message is checked once).
-
-    Returns:
-        what to pass as ``checked`` to the next call for this prefix.
-
-    Raises:
-        InvalidMessageError, InvalidTextError: ``prefix`` is not one of
-            ``issued``, ``continuation`` is not a sequence of Messages, a
-            malformed message, or one carrying a runtime-state call or result.
-        InstructionMessageError: a ``system`` or ``developer`` message.
-        DuplicateIdError: a message repeats an id of the prefix's turn or of
-            an earlier continuation message.
-    """
-    if not isinstance(prefix, PreparedContext):
-        raise InvalidMessageError(
-            f"build takes a PreparedContext prefix, not a {type(prefix).__name__}."
-        )
-    if issued.get(id(prefix)) is not prefix:
-        raise InvalidMessageError(
-            f"The prefix of turn {excerpt(prefix.turn_id)} of context "
-            f"{excerpt(prefix.context_id)} was "
-            "not prepared by this manager (built by hand, copied or changed, or "
-            "prepared by another Foundation); build only continues prefixes that this "
-            "manager's prepare returned."
-        )
-    if isinstance(continuation, Message) or not isinstance(continuation, Sequence):
-        raise InvalidMessageError("build takes a sequence of continuation Messages, oldest first.")
-    check_batch_length(len(continuation), limits, "The continuation")
-    reject_instructions(continuation, "continuation", "continuation")
-    start = 0
-    if checked is not None and _starts_with(continuation, checked.messages):
-        start = len(checked.messages)
-        reserved = set(checked.ids)
-    else:
-        reserved = set(prefix.reserved_ids)
-    for i in range(start, len(continuation)):
-        message = continuation[i]
-        check_message(message, where=f"continuation[{i}]")
-        if is_state_message(message, prefix.state_call_id):
-            raise InvalidMessageError(
-                f"continuation[{i}] carries a runtime-state call or result; the turn's "
-                "pair is already in the prefix and is never repeated."
-            )
-        if message.id is not None:
-            if message.id in reserved:
-                raise DuplicateIdError(
-                    f"continuation[{i}] repeats id {excerpt(message.id)} of the prefix's turn or "
-                    "of an earlier continuation message."
-                )
-            reserved.add(message.id)
-    return CheckedContinuation(tuple(continuation), frozenset(reserved))
-
-
-def _starts_with(messages: Sequence[Message], head: tuple[Message, ...]) -> bool:
-    """True when ``messages`` starts with the very objects of ``head`` (identity)."""
-    if len(messages) < len(head):
-        return False
-    return all(a is b for a, b in zip(head, messages, strict=False))
 
 
 def check_routed_item(

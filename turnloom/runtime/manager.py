@@ -34,8 +34,6 @@ from __future__ import annotations
 
 __all__ = ("ContextManager", "Invocation")
 
-import time
-import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -46,18 +44,16 @@ import anyio.abc
 import msgspec
 
 from turnloom.context.area import ContextAreaImplementation
-from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent
 from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory, check_id
 from turnloom.context.interruption import played_prefix
 from turnloom.context.memory import MemorySource
 from turnloom.context.message import Message, ToolCallPart
-from turnloom.context.pairing import OpenCallPolicy, complete_pairs
+from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.scope import ContextScope, check_scope
 from turnloom.context.tokens import TokenCounter
 from turnloom.context.working import FrozenContext, WorkingContext
 from turnloom.errors import (
-    AreaCallbackError,
     InputError,
     InvalidMessageError,
     StateError,
@@ -67,15 +63,14 @@ from turnloom.errors import (
 )
 from turnloom.runtime._area_section import check_area
 from turnloom.runtime._bridge import folded_message, working_context
-from turnloom.runtime._contexts import ContextState, ContextTable, TurnAssembly
+from turnloom.runtime._contexts import ContextState, ContextTable
+from turnloom.runtime._continuation import IssuedPrefixes
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._door import (
     DEFAULT_IDLE_AFTER,
     DEFAULT_LEASE_TTL,
     DEFAULT_MAX_PENDING_PREPARATIONS,
-    CheckedContinuation,
     ManagerOptions,
-    check_continuation,
     check_durable_options,
     check_manager_options,
     check_outputs,
@@ -85,14 +80,12 @@ from turnloom.runtime._door import (
 )
 from turnloom.runtime._durable import Durability
 from turnloom.runtime._outputs import OutputStreams
-from turnloom.runtime._queue import Preparation, PreparationQueue
-from turnloom.runtime._render import render_preparation
+from turnloom.runtime._preparing import Preparer
+from turnloom.runtime._queue import PreparationQueue
 from turnloom.runtime.assembly import (
-    AssembledContext,
     AssemblyStrategy,
     HydratingStrategy,
     StrategyOptions,
-    assembly_query,
 )
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.schemas import (
@@ -103,7 +96,7 @@ from turnloom.runtime.schemas import (
     PreparedContext,
     TurnSnapshot,
 )
-from turnloom.runtime.state import EarlierStatePolicy, check_time
+from turnloom.runtime.state import EarlierStatePolicy
 from turnloom.runtime.store import ContextStore
 
 
@@ -298,22 +291,10 @@ class ContextManager:
             self._limits, self._gateway, self._counters, options.token_counter
         )
         self._durable: Durability | None = None  # set by _bind when there is a store
-        # id -> prefix, for every prefix prepare returned that is still alive:
-        # build continues only these (O(1), no hashing of the items).
-        self._issued: weakref.WeakValueDictionary[int, PreparedContext] = (
-            weakref.WeakValueDictionary()
-        )
-        # id -> the call-id renaming state after that prefix's items (build
-        # continues it); an entry goes when its prefix is collected.
-        self._call_ids: dict[int, CallIdRenamer] = {}
-        # id -> the continuation build last checked for that prefix (the next
-        # build checks only what follows it); goes with the prefix.
-        self._checked: dict[int, CheckedContinuation] = {}
+        self._issued = IssuedPrefixes(self._gateway, self._limits, self._open_calls)
         # Set by _bind, when the owning Foundation opens.
-        self._queue: PreparationQueue | None = None
         self._outputs: OutputStreams | None = None
-        self._limiter: anyio.CapacityLimiter | None = None
-        self._clock: Callable[[], datetime] = _utc_now
+        self._preparer: Preparer | None = None
         self._bound = False
         self._closing = False  # intake stopped (the Foundation began closing)
         self._closed = False  # outputs drained, preparations settled, histories released
@@ -334,9 +315,7 @@ class ContextManager:
         """
         self._check_unbound()
         self._bound = True
-        self._limiter = limiter
-        self._clock = clock
-        self._queue = PreparationQueue(
+        queue = PreparationQueue(
             self._options.max_pending_preparations,
             task_group,
             self._counters,
@@ -354,6 +333,16 @@ class ContextManager:
             )
             self._table.log = self._durable.log
             task_group.start_soon(self._durable.run)
+        self._preparer = Preparer(
+            self._options,
+            self._table,
+            self._counters,
+            self._issued,
+            queue,
+            limiter,
+            clock,
+            self._durable,
+        )
 
     def _check_unbound(self) -> None:
         if self._bound:
@@ -458,14 +447,14 @@ class ContextManager:
         self._check_bound()
         return self._table.get(context_id).history.view()
 
-    def _check_bound(self) -> PreparationQueue:
-        queue = self._queue
-        if queue is None:
+    def _check_bound(self) -> Preparer:
+        preparer = self._preparer
+        if preparer is None:
             raise StateError(
                 "This ContextManager is not bound to an open Foundation yet; open "
                 "'async with Foundation(manager)' first."
             )
-        return queue
+        return preparer
 
     def _check_recording(self) -> None:
         """Outputs are recorded until the close drained the streams and settled preparations."""
@@ -476,13 +465,13 @@ class ContextManager:
                 "outputs are recorded."
             )
 
-    def _check_open(self) -> PreparationQueue:
-        queue = self._check_bound()
+    def _check_open(self) -> Preparer:
+        preparer = self._check_bound()
         if self._closing:
             raise FoundationClosedError(
                 "The Foundation is closed; the ContextManager accepts no calls."
             )
-        return queue
+        return preparer
 
     # -- turns -------------------------------------------------------------
 
@@ -518,7 +507,7 @@ class ContextManager:
         Durability: with a store the commit is queued for the store's next
         batch and is durable once :meth:`flush` returns.
         """
-        queue = self._check_open()
+        queue = self._check_open().queue
         context_id = check_snapshot(snapshot, self._gateway, self._table.history_of)
         if self._durable is not None:
             self._durable.check_writable(context_id)
@@ -718,7 +707,7 @@ class ContextManager:
         With a store, the context's log is deleted from the store and its lease
         released by the store's next batch (:meth:`flush` waits for it).
         """
-        queue = self._check_open()
+        queue = self._check_open().queue
         if self._durable is not None:
             self._durable.check_writable(context_id)
         self._table.remove(context_id)
@@ -1001,12 +990,13 @@ class ContextManager:
             pass that ran for a discarded result is reused by the next
             preparation of the context, so it is delivered exactly once.
         """
-        queue = self._check_open()
+        preparer = self._check_open()
+        queue = preparer.queue
         request = check_request(request, self._limits.max_item_bytes)
         requested_at = anyio.current_time()
         origin = self._table.contexts.get(request.context_id)
         await queue.acquire(request)
-        return await queue.admit(request, requested_at, origin, self._prepare)
+        return await queue.admit(request, requested_at, origin, preparer.run)
 
     async def prepare_nowait(self, request: ContextPrepareRequest) -> PreparedContext:
         """Like :meth:`prepare`, but refuse at once when every slot is taken.
@@ -1028,159 +1018,13 @@ class ContextManager:
         Cancellation:
             As :meth:`prepare` after admission.
         """
-        queue = self._check_open()
+        preparer = self._check_open()
+        queue = preparer.queue
         request = check_request(request, self._limits.max_item_bytes)
         requested_at = anyio.current_time()
         queue.acquire_nowait(request)
         origin = self._table.contexts.get(request.context_id)
-        return await queue.admit(request, requested_at, origin, self._prepare)
-
-    async def _wait_for_turn(self, preparation: Preparation) -> ContextState:
-        queue = self._check_bound()
-        context_id = preparation.request.context_id
-        turn_id = preparation.request.turn_id
-        while True:
-            if self._closing:
-                raise FoundationClosedError(
-                    f"The Foundation closed while waiting for turn {excerpt(turn_id)} of context "
-                    f"{excerpt(context_id)}."
-                )
-            state = self._table.holding(context_id, turn_id, preparation.origin)
-            if state is not None:
-                return state
-            if preparation.origin is None:
-                # Created since the call: the request is now for this context.
-                preparation.origin = self._table.contexts.get(context_id)
-            await queue.next_commit(context_id)
-
-    async def _prepare(self, preparation: Preparation, scope: anyio.CancelScope) -> None:
-        """The work of one owned preparation: wait, capture, render, deliver, count."""
-        request = preparation.request
-        state = await self._wait_for_turn(preparation)
-        if self._durable is not None:
-            self._durable.touch(request.context_id)
-        # Capture once: an immutable view and the request's state, its time included.
-        view = state.history.view()
-        serial = state.history.turn_serial(request.turn_id)
-        perception = request.perception
-        if perception is not None and perception.time is None:
-            now = check_time(self._clock(), "The Foundation's clock value")
-            request = msgspec.structs.replace(
-                request, perception=msgspec.structs.replace(perception, time=now)
-            )
-        behavior_rules = (
-            request.behavior_rules if request.behavior_rules is not None else self._behavior_rules
-        )
-        assembled = None
-        if self._strategy is not None:
-            # Memory I/O on the loop, in this preparation's cancel scope.
-            assembled = await self._assemble(self._strategy, state, view, request)
-        last = state.last
-        areas = state.areas
-        # No collection while a model call of the context is in flight.
-        run_pass = state.in_flight is None
-        queued = anyio.current_time() - preparation.requested_at
-        try:
-            prepared, delivered, section = await anyio.to_thread.run_sync(
-                render_preparation,
-                self._options,
-                view,
-                request,
-                behavior_rules,
-                last,
-                queued,
-                areas,
-                run_pass,
-                assembled,
-                limiter=self._limiter,  # set by _bind, before any prepare can run
-            )
-        except AreaCallbackError as exc:
-            if exc.phase == "register" and areas is not None:
-                self._table.detach(areas, (exc.area,))  # the worker dropped it
-            raise
-        if areas is not None and section is not None:
-            # The area section changed whether or not the result is wanted.
-            self._table.count_section(areas, section)
-        # Cancelled while the thread ran (the thread was not abandoned): the
-        # result is discarded.
-        if scope.cancel_called or not preparation.wanted:
-            return
-
-        def deliver() -> None:
-            # Run by the queue when the requester receives the result, never
-            # for a result its requester did not get. A scoped prepare leaves
-            # what unscoped ones compare with and reuse.
-            unscoped = request.scope is None
-            if unscoped and areas is not None and section is not None:
-                areas.delivered = max(areas.delivered, section.generation)
-            if unscoped:
-                state.last = delivered
-                if self._options.earlier_state == "keep":
-                    self._table.keep_state(state, request.turn_id, delivered.state, serial)
-            self._counters.delivered(
-                last.bytes if last is not None and unscoped else 0,
-                prepared,
-                anyio.current_time() - preparation.requested_at,
-            )
-            self._issued[id(prepared)] = prepared
-            self._call_ids[id(prepared)] = delivered.call_ids
-            weakref.finalize(prepared, self._forget, id(prepared))
-
-        preparation.deliver = deliver
-        preparation.result = prepared
-
-    async def _assemble(
-        self,
-        strategy: AssemblyStrategy,
-        state: ContextState,
-        view: HistoryView,
-        request: ContextPrepareRequest,
-    ) -> AssembledContext:
-        """The turn's assembly: run the strategy once per turn, share its result.
-
-        A preparation of a turn whose assembly is running waits for it; one
-        whose assembly failed or was cancelled assembles again. The result is
-        shared only with prepares of the same turn, tenant and
-        ``auto_hydrate``: another tenant's prepare of the turn assembles anew.
-        """
-        turn_id = request.turn_id
-        key = (turn_id, request.tenant, request.auto_hydrate)
-        while True:
-            record = state.assembly
-            if record is None or record.key != key:
-                break
-            if record.result is not None:
-                self._counters.assembly_reused += 1
-                return record.result
-            await record.done.wait()
-        record = state.assembly = TurnAssembly(key)
-        started = time.perf_counter()
-        try:
-            result = await strategy.assemble(
-                query=assembly_query(view.turn_input(turn_id)),
-                scope=request.tenant,
-                intent_verdict=request.intent_verdict,
-                auto_hydrate=request.auto_hydrate,
-            )
-            if not isinstance(result, AssembledContext):
-                raise StateError(
-                    f"The assembly strategy {excerpt(strategy.name)} returned a "
-                    f"{type(result).__name__}, not an AssembledContext."
-                )
-        except BaseException as exc:
-            if state.assembly is record:
-                state.assembly = None
-            if isinstance(exc, Exception):
-                self._counters.assembly_failed += 1
-            raise
-        finally:
-            record.done.set()
-        memory = result.memory_context
-        self._counters.assembled(
-            len(memory.entries) if memory is not None else None, time.perf_counter() - started
-        )
-        record.result = result
-        return result
+        return await queue.admit(request, requested_at, origin, preparer.run)
 
     async def hydrate_context(self, prefix: PreparedContext, call: ToolCallPart) -> Message:
         """Answer the model's ``hydrate_context`` call of a JIT turn with a tool result.
@@ -1207,7 +1051,7 @@ class ContextManager:
             As the memory source's search; nothing in the manager changes.
         """
         self._check_open()
-        check_continuation(prefix, (), self._issued, self._limits)
+        self._issued.check(prefix)
         strategy = self._strategy
         if not isinstance(strategy, HydratingStrategy):
             name = strategy.name if strategy is not None else None
@@ -1222,11 +1066,6 @@ class ContextManager:
         return answer.message
 
     # -- continuation ------------------------------------------------------------
-
-    def _forget(self, key: int) -> None:
-        """Drop what build keeps for a prefix that was collected."""
-        self._call_ids.pop(key, None)
-        self._checked.pop(key, None)
 
     def build(
         self, prefix: PreparedContext, continuation: Sequence[Message] = ()
@@ -1269,16 +1108,7 @@ class ContextManager:
                 messages.
         """
         self._check_open()
-        key = id(prefix)
-        self._checked[key] = check_continuation(
-            prefix, continuation, self._issued, self._limits, self._checked.get(key)
-        )
-        gateway = self._gateway
-        items: list[NativeContent] = list(prefix.items)
-        call_ids = self._call_ids[id(prefix)].copy()
-        for message in complete_pairs(continuation, open_calls=self._open_calls):
-            items.extend(rename_call_ids(gateway.type, gateway.render(message), call_ids))
-        return tuple(items)
+        return self._issued.build(prefix, continuation)
 
     # -- sub-agents ----------------------------------------------------------------
 
@@ -1319,7 +1149,7 @@ class ContextManager:
             scope,
             options.open_calls,
             options.token_counter,
-            limiter=self._limiter,
+            limiter=self._check_bound().limiter,
         )
 
     async def briefing(
@@ -1384,11 +1214,13 @@ class ContextManager:
         the histories are released (their final views kept for
         :meth:`history`) even when a step fails.
         """
-        queue = self._check_bound()
+        preparer = self._check_bound()
+        queue = preparer.queue
         outputs = self._outputs
         deadline = anyio.current_time() + grace_period
         try:
             self._closing = True
+            preparer.closing = True
             try:
                 if outputs is not None:
                     await outputs.aclose(grace_period)
@@ -1413,7 +1245,7 @@ class ContextManager:
         only reads counters, each read atomically; the snapshot may mix
         values from two adjacent moments.
         """
-        queue = self._queue
+        queue = self._preparer.queue if self._preparer is not None else None
         snapshot = self._counters.snapshot(
             closed=self._closing,
             contexts=len(self._table.contexts),

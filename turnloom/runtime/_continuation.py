@@ -1,0 +1,163 @@
+"""Continuing prepared prefixes: the prefixes a manager issued, and ``build``.
+
+Synchronous. A prefix that :meth:`ContextManager.prepare` delivered is
+registered here with the call-id renaming state after its items; ``build``
+continues only registered prefixes (an O(1) identity lookup, no hashing of the
+items) and checks each continuation message once, however many model calls
+of the turn repeat it. What is kept for a prefix goes when the prefix is
+collected.
+"""
+
+from __future__ import annotations
+
+__all__ = ("CheckedContinuation", "IssuedPrefixes", "check_continuation")
+
+import weakref
+from collections.abc import Mapping, Sequence
+
+from turnloom.context.callids import CallIdRenamer, rename_call_ids
+from turnloom.context.gateway import Gateway, NativeContent
+from turnloom.context.history import HistoryLimits, check_batch_length, reject_instructions
+from turnloom.context.message import Message, check_message
+from turnloom.context.pairing import OpenCallPolicy, complete_pairs
+from turnloom.errors import DuplicateIdError, InvalidMessageError, excerpt
+from turnloom.runtime.schemas import PreparedContext
+from turnloom.runtime.state import is_state_message
+
+
+class IssuedPrefixes:
+    """Every prefix a manager delivered that is still alive, and what ``build`` keeps for it."""
+
+    __slots__ = ("_call_ids", "_checked", "_gateway", "_issued", "_limits", "_open_calls")
+
+    def __init__(self, gateway: Gateway, limits: HistoryLimits, open_calls: OpenCallPolicy) -> None:
+        self._gateway = gateway
+        self._limits = limits
+        self._open_calls = open_calls
+        self._issued: weakref.WeakValueDictionary[int, PreparedContext] = (
+            weakref.WeakValueDictionary()
+        )
+        # id -> the call-id renaming state after that prefix's items.
+        self._call_ids: dict[int, CallIdRenamer] = {}
+        # id -> the continuation last checked for that prefix.
+        self._checked: dict[int, CheckedContinuation] = {}
+
+    def add(self, prefix: PreparedContext, call_ids: CallIdRenamer) -> None:
+        """Register a delivered prefix; what is kept for it goes when it is collected."""
+        key = id(prefix)
+        self._issued[key] = prefix
+        self._call_ids[key] = call_ids
+        weakref.finalize(prefix, self._forget, key)
+
+    def _forget(self, key: int) -> None:
+        self._call_ids.pop(key, None)
+        self._checked.pop(key, None)
+
+    def check(self, prefix: PreparedContext) -> None:
+        """Raise :class:`InvalidMessageError` unless ``prefix`` was delivered by this manager."""
+        check_continuation(prefix, (), self._issued, self._limits)
+
+    def build(
+        self, prefix: PreparedContext, continuation: Sequence[Message]
+    ) -> tuple[NativeContent, ...]:
+        """The prefix's items, then the continuation rendered (see ``ContextManager.build``)."""
+        key = id(prefix)
+        self._checked[key] = check_continuation(
+            prefix, continuation, self._issued, self._limits, self._checked.get(key)
+        )
+        gateway = self._gateway
+        items: list[NativeContent] = list(prefix.items)
+        call_ids = self._call_ids[key].copy()
+        for message in complete_pairs(continuation, open_calls=self._open_calls):
+            items.extend(rename_call_ids(gateway.type, gateway.render(message), call_ids))
+        return tuple(items)
+
+
+class CheckedContinuation:
+    """The continuation messages already checked against one prefix.
+
+    ``messages`` passed every check of :func:`check_continuation`; ``ids``
+    holds the prefix's reserved ids and theirs. Messages are frozen, so a
+    later continuation that starts with the same message objects needs only
+    its new messages checked.
+    """
+
+    __slots__ = ("ids", "messages")
+
+    def __init__(self, messages: tuple[Message, ...], ids: frozenset[str]) -> None:
+        self.messages = messages
+        self.ids = ids
+
+
+def check_continuation(
+    prefix: PreparedContext,
+    continuation: Sequence[Message],
+    issued: Mapping[int, PreparedContext],
+    limits: HistoryLimits,
+    checked: CheckedContinuation | None = None,
+) -> CheckedContinuation:
+    """Validate a prefix and its continuation (see ``ContextManager.build``).
+
+    Args:
+        issued: id -> prefix, for every prefix the manager's prepare returned.
+        limits: the history's limits; a continuation is one turn's messages.
+        checked: what an earlier call returned for the same prefix: when the
+            continuation starts with those very message objects, only the
+            messages after them are checked (each message is checked once).
+
+    Returns:
+        what to pass as ``checked`` to the next call for this prefix.
+
+    Raises:
+        InvalidMessageError, InvalidTextError: ``prefix`` is not one of
+            ``issued``, ``continuation`` is not a sequence of Messages, a
+            malformed message, or one carrying a runtime-state call or result.
+        InstructionMessageError: a ``system`` or ``developer`` message.
+        DuplicateIdError: a message repeats an id of the prefix's turn or of
+            an earlier continuation message.
+    """
+    if not isinstance(prefix, PreparedContext):
+        raise InvalidMessageError(
+            f"build takes a PreparedContext prefix, not a {type(prefix).__name__}."
+        )
+    if issued.get(id(prefix)) is not prefix:
+        raise InvalidMessageError(
+            f"The prefix of turn {excerpt(prefix.turn_id)} of context "
+            f"{excerpt(prefix.context_id)} was "
+            "not prepared by this manager (built by hand, copied or changed, or "
+            "prepared by another Foundation); build only continues prefixes that this "
+            "manager's prepare returned."
+        )
+    if isinstance(continuation, Message) or not isinstance(continuation, Sequence):
+        raise InvalidMessageError("build takes a sequence of continuation Messages, oldest first.")
+    check_batch_length(len(continuation), limits, "The continuation")
+    reject_instructions(continuation, "continuation", "continuation")
+    start = 0
+    if checked is not None and _starts_with(continuation, checked.messages):
+        start = len(checked.messages)
+        reserved = set(checked.ids)
+    else:
+        reserved = set(prefix.reserved_ids)
+    for i in range(start, len(continuation)):
+        message = continuation[i]
+        check_message(message, where=f"continuation[{i}]")
+        if is_state_message(message, prefix.state_call_id):
+            raise InvalidMessageError(
+                f"continuation[{i}] carries a runtime-state call or result; the turn's "
+                "pair is already in the prefix and is never repeated."
+            )
+        if message.id is not None:
+            if message.id in reserved:
+                raise DuplicateIdError(
+                    f"continuation[{i}] repeats id {excerpt(message.id)} of the prefix's turn or "
+                    "of an earlier continuation message."
+                )
+            reserved.add(message.id)
+    return CheckedContinuation(tuple(continuation), frozenset(reserved))
+
+
+def _starts_with(messages: Sequence[Message], head: tuple[Message, ...]) -> bool:
+    """True when ``messages`` starts with the very objects of ``head`` (identity)."""
+    if len(messages) < len(head):
+        return False
+    return all(a is b for a, b in zip(head, messages, strict=False))

@@ -1,0 +1,226 @@
+"""The work of one owned preparation: wait for the turn, capture, assemble, render, deliver.
+
+The async part the :class:`~turnloom.runtime._queue.PreparationQueue` runs for
+each admitted preparation (see ``ContextManager.prepare`` for its contract).
+The history and the request's state are captured once, when the turn is
+committed; an assembly strategy runs on the event loop, once per turn, in the
+preparation's cancel scope; the render runs in a worker thread through the
+Foundation's limiter and is never abandoned mid-render. What delivering a
+result changes is deferred to ``Preparation.deliver``, which the queue runs
+only when the requester resumes with it.
+"""
+
+from __future__ import annotations
+
+__all__ = ("Preparer",)
+
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+import anyio
+import msgspec
+
+from turnloom.context.history import HistoryView
+from turnloom.errors import AreaCallbackError, StateError, excerpt
+from turnloom.runtime._contexts import ContextState, ContextTable, TurnAssembly
+from turnloom.runtime._continuation import IssuedPrefixes
+from turnloom.runtime._counters import Counters
+from turnloom.runtime._door import ManagerOptions
+from turnloom.runtime._durable import Durability
+from turnloom.runtime._queue import Preparation, PreparationQueue
+from turnloom.runtime._render import render_preparation
+from turnloom.runtime.assembly import AssembledContext, AssemblyStrategy, assembly_query
+from turnloom.runtime.errors import FoundationClosedError
+from turnloom.runtime.schemas import ContextPrepareRequest
+from turnloom.runtime.state import check_time
+
+
+class Preparer:
+    """Runs admitted preparations for one bound manager.
+
+    ``queue`` is the manager's bounded pending queue and ``limiter`` the
+    Foundation's worker-thread limiter.
+
+    ``closing`` is set by the manager when its Foundation begins closing: a
+    preparation still waiting for its turn then fails with
+    :class:`FoundationClosedError`.
+    """
+
+    __slots__ = (
+        "_clock",
+        "_counters",
+        "_durable",
+        "_issued",
+        "_options",
+        "_table",
+        "closing",
+        "limiter",
+        "queue",
+    )
+
+    def __init__(
+        self,
+        options: ManagerOptions,
+        table: ContextTable,
+        counters: Counters,
+        issued: IssuedPrefixes,
+        queue: PreparationQueue,
+        limiter: anyio.CapacityLimiter,
+        clock: Callable[[], datetime],
+        durable: Durability | None,
+    ) -> None:
+        self._options = options
+        self._table = table
+        self._counters = counters
+        self._issued = issued
+        self.queue = queue
+        self.limiter = limiter
+        self._clock = clock
+        self._durable = durable
+        self.closing = False
+
+    async def _wait_for_turn(self, preparation: Preparation) -> ContextState:
+        context_id = preparation.request.context_id
+        turn_id = preparation.request.turn_id
+        while True:
+            if self.closing:
+                raise FoundationClosedError(
+                    f"The Foundation closed while waiting for turn {excerpt(turn_id)} of context "
+                    f"{excerpt(context_id)}."
+                )
+            state = self._table.holding(context_id, turn_id, preparation.origin)
+            if state is not None:
+                return state
+            if preparation.origin is None:
+                # Created since the call: the request is now for this context.
+                preparation.origin = self._table.contexts.get(context_id)
+            await self.queue.next_commit(context_id)
+
+    async def run(self, preparation: Preparation, scope: anyio.CancelScope) -> None:
+        """The work of one owned preparation: wait, capture, render, deliver, count."""
+        options = self._options
+        request = preparation.request
+        state = await self._wait_for_turn(preparation)
+        if self._durable is not None:
+            self._durable.touch(request.context_id)
+        # Capture once: an immutable view and the request's state, its time included.
+        view = state.history.view()
+        serial = state.history.turn_serial(request.turn_id)
+        perception = request.perception
+        if perception is not None and perception.time is None:
+            now = check_time(self._clock(), "The Foundation's clock value")
+            request = msgspec.structs.replace(
+                request, perception=msgspec.structs.replace(perception, time=now)
+            )
+        behavior_rules = (
+            request.behavior_rules if request.behavior_rules is not None else options.behavior_rules
+        )
+        assembled = None
+        if options.strategy is not None:
+            # Memory I/O on the loop, in this preparation's cancel scope.
+            assembled = await self._assemble(options.strategy, state, view, request)
+        last = state.last
+        areas = state.areas
+        # No collection while a model call of the context is in flight.
+        run_pass = state.in_flight is None
+        queued = anyio.current_time() - preparation.requested_at
+        try:
+            prepared, delivered, section = await anyio.to_thread.run_sync(
+                render_preparation,
+                options,
+                view,
+                request,
+                behavior_rules,
+                last,
+                queued,
+                areas,
+                run_pass,
+                assembled,
+                limiter=self.limiter,
+            )
+        except AreaCallbackError as exc:
+            if exc.phase == "register" and areas is not None:
+                self._table.detach(areas, (exc.area,))  # the worker dropped it
+            raise
+        if areas is not None and section is not None:
+            # The area section changed whether or not the result is wanted.
+            self._table.count_section(areas, section)
+        # Cancelled while the thread ran (the thread was not abandoned): the
+        # result is discarded.
+        if scope.cancel_called or not preparation.wanted:
+            return
+
+        def deliver() -> None:
+            # Run by the queue when the requester receives the result, never
+            # for a result its requester did not get. A scoped prepare leaves
+            # what unscoped ones compare with and reuse.
+            unscoped = request.scope is None
+            if unscoped and areas is not None and section is not None:
+                areas.delivered = max(areas.delivered, section.generation)
+            if unscoped:
+                state.last = delivered
+                if options.earlier_state == "keep":
+                    self._table.keep_state(state, request.turn_id, delivered.state, serial)
+            self._counters.delivered(
+                last.bytes if last is not None and unscoped else 0,
+                prepared,
+                anyio.current_time() - preparation.requested_at,
+            )
+            self._issued.add(prepared, delivered.call_ids)
+
+        preparation.deliver = deliver
+        preparation.result = prepared
+
+    async def _assemble(
+        self,
+        strategy: AssemblyStrategy,
+        state: ContextState,
+        view: HistoryView,
+        request: ContextPrepareRequest,
+    ) -> AssembledContext:
+        """The turn's assembly: run the strategy once per turn, share its result.
+
+        A preparation of a turn whose assembly is running waits for it; one
+        whose assembly failed or was cancelled assembles again. The result is
+        shared only with prepares of the same turn, tenant and
+        ``auto_hydrate``: another tenant's prepare of the turn assembles anew.
+        """
+        turn_id = request.turn_id
+        key = (turn_id, request.tenant, request.auto_hydrate)
+        while True:
+            record = state.assembly
+            if record is None or record.key != key:
+                break
+            if record.result is not None:
+                self._counters.assembly_reused += 1
+                return record.result
+            await record.done.wait()
+        record = state.assembly = TurnAssembly(key)
+        started = time.perf_counter()
+        try:
+            result = await strategy.assemble(
+                query=assembly_query(view.turn_input(turn_id)),
+                scope=request.tenant,
+                intent_verdict=request.intent_verdict,
+                auto_hydrate=request.auto_hydrate,
+            )
+            if not isinstance(result, AssembledContext):
+                raise StateError(
+                    f"The assembly strategy {excerpt(strategy.name)} returned a "
+                    f"{type(result).__name__}, not an AssembledContext."
+                )
+        except BaseException as exc:
+            if state.assembly is record:
+                state.assembly = None
+            if isinstance(exc, Exception):
+                self._counters.assembly_failed += 1
+            raise
+        finally:
+            record.done.set()
+        memory = result.memory_context
+        self._counters.assembled(
+            len(memory.entries) if memory is not None else None, time.perf_counter() - started
+        )
+        record.result = result
+        return result
