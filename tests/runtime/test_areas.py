@@ -164,13 +164,16 @@ async def test_a_one_shot_notice_sits_after_the_turn_input_and_is_collected_next
         manager.record("c", "t1", [assistant("It is at gate 4.")])
         manager.accept_turn(snapshot("t2", "Thanks"))
         second = await manager.prepare(request("t2"))
+        # t1 keeps the state pair it was sent (earlier_state="keep"), not the notice.
         assert list(second.items) == [
             {"role": "system", "content": "You are an airline agent."},
             {"role": "user", "content": "Where is my bag?"},
+            first.items[2],
+            first.items[3],
             {"role": "assistant", "content": "It is at gate 4."},
             {"role": "user", "content": "Thanks"},
         ]
-        assert (second.area_start, second.area_items, second.area_pass) == (4, 0, "rendered")
+        assert (second.area_start, second.area_items, second.area_pass) == (6, 0, "rendered")
         assert history_of(manager)[0] == ("t1", "t2")  # the notice never entered history
         stats = manager.statistics()
         assert (

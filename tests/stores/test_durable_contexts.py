@@ -32,6 +32,7 @@ from turnloom.runtime import (
     ContextManager,
     ContextPrepareRequest,
     Foundation,
+    PreparedContext,
     StoreStatistics,
     TurnSnapshot,
 )
@@ -543,3 +544,30 @@ async def test_a_host_built_manager_carries_its_store(store_url: str) -> None:
     async with hosting(store_url, history_limits=LIMITS) as again:
         await again.manager.claim("c")
         assert again.manager.history("c").turn_ids == ("t0", "t1")
+
+
+async def test_a_restored_context_sends_the_kept_state_pairs_again(store_url: str) -> None:
+    """Invariant: the kept runtime-state pairs are stored with their turns, so the host
+    that restores a context prepares byte for byte what the writing host would have."""
+    prefixes: list[PreparedContext] = []
+    for last in ("t2", "t2-again"):  # a retracted id is never committed again
+        async with hosting(store_url, lease_ttl=30) as host:
+            manager = host.manager
+            await manager.claim("c")
+            if not prefixes:
+                for i in range(2):
+                    manager.accept_turn(
+                        snapshot("c", f"t{i}", f"q{i}", instructions=(SYSTEM,) if i == 0 else None)
+                    )
+                    await manager.prepare(request("c", f"t{i}"))
+                    manager.record("c", f"t{i}", [assistant(f"answer {i}")])
+                await manager.flush()
+            assert len(manager.history("c").turn_state("t0")) == 2
+            manager.accept_turn(snapshot("c", last, "q2"))
+            prefixes.append(await manager.prepare(request("c", last)))
+            manager.retract_turn("c", last)
+            await manager.flush()
+    earlier = prefixes[0].turn_start
+    assert prefixes[1].turn_start == earlier
+    assert prefixes[1].items[:earlier] == prefixes[0].items[:earlier]
+    assert sum("tlrs_" in str(item) for item in prefixes[0].items[:earlier]) == 4  # t0, t1

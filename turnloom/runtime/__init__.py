@@ -23,6 +23,7 @@ __all__ = (
     "ContextPlugin",
     "ContextPrepareRequest",
     "DefaultContextPlugin",
+    "EarlierStatePolicy",
     "Foundation",
     "FoundationClosedError",
     "HistoryLimits",
@@ -103,4 +104,9 @@ from turnloom.runtime.schemas import (
     StoreStatistics,
     TurnSnapshot,
 )
-from turnloom.runtime.state import STATE_TOOL_NAME, state_call_id, state_tool_definition
+from turnloom.runtime.state import (
+    STATE_TOOL_NAME,
+    EarlierStatePolicy,
+    state_call_id,
+    state_tool_definition,
+)

@@ -41,9 +41,12 @@ class DeliveredPrefix:
 
     ``call_ids`` is the call-id renaming state after ``items``
     (:mod:`turnloom.context.callids`); ``build`` continues it, on a copy.
+    ``state`` is what the prefix's turn keeps once it is delivered: its
+    runtime-state pair (call, result), or () without one or when the pair
+    carries recalled memory (tenant data; see :mod:`turnloom.runtime.state`).
     """
 
-    __slots__ = ("bytes", "call_ids", "extra_sizes", "items", "lead_sizes", "rendered")
+    __slots__ = ("bytes", "call_ids", "extra_sizes", "items", "lead_sizes", "rendered", "state")
 
     def __init__(
         self,
@@ -53,6 +56,7 @@ class DeliveredPrefix:
         extra_sizes: tuple[int, ...],
         call_ids: CallIdRenamer,
         lead_sizes: tuple[int, ...] = (),
+        state: tuple[Message, ...] = (),
     ) -> None:
         self.items = items
         self.bytes = total
@@ -60,6 +64,7 @@ class DeliveredPrefix:
         self.extra_sizes = extra_sizes  # state pair + area section, after the history
         self.call_ids = call_ids
         self.lead_sizes = lead_sizes  # the assembled system prompt, before the history
+        self.state = state
 
     def bytes_before(self, count: int) -> int:
         """Serialized size of ``items[:count]``, in bytes."""
@@ -234,7 +239,15 @@ def render_preparation(
     )
     return (
         prepared,
-        DeliveredPrefix(items, total, rendered, extra_sizes, call_ids, lead_sizes),
+        DeliveredPrefix(
+            items,
+            total,
+            rendered,
+            extra_sizes,
+            call_ids,
+            lead_sizes,
+            pair if pair is not None and memory is None else (),
+        ),
         section,
     )
 

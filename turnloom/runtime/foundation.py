@@ -54,6 +54,7 @@ from turnloom.runtime._door import (
 )
 from turnloom.runtime.assembly import AssemblyStrategy, StrategyOptions
 from turnloom.runtime.manager import ContextManager
+from turnloom.runtime.state import EarlierStatePolicy
 from turnloom.runtime.store import ContextStore
 
 
@@ -71,7 +72,7 @@ class Foundation:
             owns it from then on. None (default): built from the keyword
             arguments below.
         gateway, max_pending_preparations, history_limits, behavior_rules,
-            open_calls, token_counter, strategy, memory, strategy_options,
+            open_calls, earlier_state, token_counter, strategy, memory, strategy_options,
             max_tenant_preparations, store, lease_ttl, idle_after, owner: the
             manager's options when ``manager`` is None (see
             :class:`ContextManager`: assembly strategies, the borrowed memory
@@ -132,6 +133,7 @@ class Foundation:
         history_limits: HistoryLimits | None = None,
         behavior_rules: str | None = None,
         open_calls: OpenCallPolicy = "exclude",
+        earlier_state: EarlierStatePolicy = "keep",
         close_grace_period: float = 5.0,
         token_counter: TokenCounter | None = None,
         clock: Callable[[], datetime] | None = None,
@@ -151,6 +153,7 @@ class Foundation:
                 history_limits=history_limits,
                 behavior_rules=behavior_rules,
                 open_calls=open_calls,
+                earlier_state=earlier_state,
                 token_counter=token_counter,
                 strategy=strategy,
                 memory=memory,
@@ -176,6 +179,7 @@ class Foundation:
                     ("history_limits", history_limits, None),
                     ("behavior_rules", behavior_rules, None),
                     ("open_calls", open_calls, "exclude"),
+                    ("earlier_state", earlier_state, "keep"),
                     ("token_counter", token_counter, None),
                     ("strategy", strategy, None),
                     ("memory", memory, None),

@@ -96,6 +96,7 @@ from turnloom.runtime.schemas import (
     PreparedContext,
     TurnSnapshot,
 )
+from turnloom.runtime.state import EarlierStatePolicy
 from turnloom.runtime.store import ContextStore
 
 
@@ -154,10 +155,14 @@ class ContextManager:
 
     A prepared prefix is, in order: the assembled system prompt (with an
     assembly strategy, see :mod:`turnloom.runtime.assembly`), pinned
-    instructions, earlier turns, the turn's input, the runtime-state pair
-    (when there is state or recalled memory), then the context's *area
-    section*. Send ``manager.gateway.request_body(prefix.items)``
-    (see :attr:`PreparedContext.items`).
+    instructions, earlier turns (each its input, the runtime-state pair it
+    was last sent with under ``earlier_state="keep"``, then its outputs), the
+    turn's input, the runtime-state pair (when there is state or recalled
+    memory), then the context's *area section*. Send
+    ``manager.gateway.request_body(prefix.items)`` (see
+    :attr:`PreparedContext.items`). While the history does not evict and no
+    area section is shown, each model input (a prepare, or a ``build``) then
+    begins with the previous one, so a provider's prompt cache reuses it.
 
     Context Areas: each context lazily owns one
     :class:`~turnloom.context.CoopContext` over its own
@@ -178,6 +183,13 @@ class ContextManager:
             in each turn's runtime-state pair (see :mod:`turnloom.runtime.state`).
         open_calls: ``"exclude"`` (default) or ``"cancel"`` calls without a
             result in prepared inputs.
+        earlier_state: ``"keep"`` (default) or ``"drop"`` earlier turns'
+            runtime-state pairs in later inputs (see
+            :data:`~turnloom.runtime.state.EarlierStatePolicy`). Kept, a
+            turn's pair is the one its last delivered unscoped prepare
+            carried, byte for byte (none when it carried recalled memory,
+            which is tenant data); it counts against the history limits,
+            leaves with its turn and is stored with it by a durable store.
         token_counter: the one estimator of tokens (default
             :class:`~turnloom.context.ApproxTokenCounter`); see
             :class:`~turnloom.runtime.Foundation`.
@@ -233,6 +245,7 @@ class ContextManager:
         history_limits: HistoryLimits | None = None,
         behavior_rules: str | None = None,
         open_calls: OpenCallPolicy = "exclude",
+        earlier_state: EarlierStatePolicy = "keep",
         token_counter: TokenCounter | None = None,
         strategy: str | AssemblyStrategy | None = None,
         memory: MemorySource | None = None,
@@ -249,6 +262,7 @@ class ContextManager:
             history_limits=history_limits,
             behavior_rules=behavior_rules,
             open_calls=open_calls,
+            earlier_state=earlier_state,
             token_counter=token_counter,
             strategy=strategy,
             memory=memory,
@@ -357,6 +371,11 @@ class ContextManager:
     def open_calls(self) -> OpenCallPolicy:
         """What a prepared input does with a tool call left without a result."""
         return self._open_calls
+
+    @property
+    def earlier_state(self) -> EarlierStatePolicy:
+        """Whether later inputs keep earlier turns' runtime-state pairs (``"keep"``) or not."""
+        return self._options.earlier_state
 
     @property
     def tenant_limit(self) -> int:
@@ -919,10 +938,13 @@ class ContextManager:
 
         Returns:
             the prefix: the assembled system prompt (with a strategy), pinned
-            instructions, earlier turns, the turn's input,
-            the runtime-state pair when the request or manager carries state,
-            and the area section. Send ``manager.gateway.request_body(items)``.
-            With ``request.scope`` the earlier turns are the sliced view (see
+            instructions, earlier turns (with their kept runtime-state pairs,
+            see ``earlier_state``), the turn's input, the runtime-state pair
+            when the request or manager carries state, and the area section.
+            Send ``manager.gateway.request_body(items)``. Delivered to its
+            requester, an unscoped prefix's pair becomes the turn's kept pair.
+            With ``request.scope`` the earlier turns are the sliced view of
+            recorded messages, without kept pairs, and nothing is kept (see
             :class:`~turnloom.runtime.ContextPrepareRequest`).
 
         Raises:
@@ -963,7 +985,8 @@ class ContextManager:
             result is discarded; the slot is freed when it settles. Cancelled
             after the preparation settled but before the requester resumed: the
             cancellation propagates and the result is discarded, never counted
-            as delivered. History is never changed by a preparation. An area
+            as delivered. A preparation changes no recorded message; only a result
+            delivered to its requester sets its turn's kept pair. An area
             pass that ran for a discarded result is reused by the next
             preparation of the context, so it is delivered exactly once.
         """

@@ -233,8 +233,10 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
         gateway: the provider the items are rendered for.
         items: tuple of NativeContent, oldest first: the assembled system
             prompt (with an assembly strategy), pinned instructions, the
-            earlier turns, the turn's input, the runtime-state pair when there
-            is one (directly after the input), then the area section
+            earlier turns (each its input, its kept runtime-state pair under
+            ``earlier_state="keep"``, then its outputs), the turn's input,
+            the runtime-state pair when there is one (directly after the
+            input), then the area section
             (``area_items`` items from ``area_start``). Shared with caches:
             treat as read-only. These are items, not a request: send
             ``manager.gateway.request_body(items)`` (or the body of
@@ -247,8 +249,9 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
         bytes: serialized size of ``items``, in bytes (JSON).
         tokens: tokens of the messages ``items`` render, by the Foundation's
             token counter: each history message as counted when it entered
-            (the number the history's limits and statistics use), plus the
-            runtime-state pair and the area section.
+            (the number the history's limits and statistics use; earlier
+            turns' kept pairs included), plus the runtime-state pair and the
+            area section.
         turn_start: index in ``items`` of the turn's first input item.
         area_start: index in ``items`` of the area section's first item (right
             after the runtime-state pair, or after the turn's input when there
