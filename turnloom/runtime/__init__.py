@@ -66,6 +66,7 @@ from turnloom.context.history import HistoryLimits
 from turnloom.runtime._areas import Areas
 from turnloom.runtime._bridge import Bridge
 from turnloom.runtime._door import ManagerOptions
+from turnloom.runtime._invocation import Invocation
 from turnloom.runtime._leases import Leases
 from turnloom.runtime._outputs import OutputStreams
 from turnloom.runtime._strategies import STRATEGIES, JITStrategy, StratifiedStrategy, make_strategy
@@ -95,7 +96,7 @@ from turnloom.runtime.config import (
 )
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.foundation import Foundation
-from turnloom.runtime.manager import ContextManager, Invocation
+from turnloom.runtime.manager import ContextManager
 from turnloom.runtime.schemas import (
     AreaPass,
     AreaStatistics,

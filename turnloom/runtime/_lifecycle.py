@@ -15,7 +15,8 @@ __all__ = ("Lifecycle",)
 
 from typing import TYPE_CHECKING
 
-from turnloom.errors import StateError
+from turnloom.context.history import HistoryView, check_id
+from turnloom.errors import StateError, UnknownContextError, excerpt
 from turnloom.runtime.errors import FoundationClosedError
 
 if TYPE_CHECKING:
@@ -25,13 +26,14 @@ if TYPE_CHECKING:
 class Lifecycle:
     """Where one manager is in its life: unbound, open, closing, closed."""
 
-    __slots__ = ("bound", "closed", "closing", "preparer")
+    __slots__ = ("bound", "closed", "closing", "final", "preparer")
 
     def __init__(self) -> None:
         self.bound = False  # a Foundation began binding the manager
         self.preparer: Preparer | None = None  # set once the binding completed
         self.closing = False  # intake stopped (the Foundation began closing)
         self.closed = False  # outputs drained, preparations settled, histories released
+        self.final: dict[str, HistoryView] = {}  # each context's history at the close
 
     def check_unbound(self) -> None:
         """Raise unless no Foundation was ever bound.
@@ -85,3 +87,23 @@ class Lifecycle:
                 "The Foundation is closed; its output streams were drained and no more "
                 "outputs are recorded."
             )
+
+    def close(self, final: dict[str, HistoryView]) -> None:
+        """Mark the manager closed, keeping each context's final history."""
+        self.closed = True
+        self.final = final
+
+    def final_view(self, context_id: str) -> HistoryView:
+        """A context's history as it was at the close.
+
+        Raises:
+            InvalidMessageError: a malformed context id.
+            UnknownContextError: the context was not held at the close.
+        """
+        final = self.final.get(context_id) if isinstance(context_id, str) else None
+        if final is None:
+            check_id(context_id, "context id")
+            raise UnknownContextError(
+                f"Context {excerpt(context_id)} was not held when the Foundation closed."
+            )
+        return final

@@ -14,36 +14,15 @@ slot in the bounded pending queue, waits for the named turn's commit,
 captures the history and the request's state once, and renders in a worker
 thread through the Foundation's :class:`anyio.CapacityLimiter`.
 
-A prepared prefix is, in order: the assembled system prompt (with an
-assembly strategy, see :mod:`turnloom.runtime.assembly`), pinned
-instructions, earlier turns, the turn's input, the runtime-state pair (when
-there is state or recalled memory), then the context's area section (see
-:class:`~turnloom.runtime.Areas`). Send
-``manager.gateway.request_body(prefix.items)`` (see
-:attr:`PreparedContext.items`).
-
-A preparation is owned by the manager, not by its requester: it runs as a task
-in the Foundation's task group and holds its slot until it is *settled*
-(delivered, failed or discarded). When the requester is cancelled while the
-preparation waits, the preparation is cancelled with it; when it is already
-rendering, the worker thread is never abandoned mid-render: it finishes, its
-result is discarded, and only then is the slot freed.
-
-Fairness of preparation slots: a tenant holds at most
-``max_tenant_preparations`` slots, so a tenant flooding the queue leaves the
-rest to the others; a freed slot goes to the waiting request whose tenant
-holds the fewest slots (longest waiting first among equals), and a new
-request never overtakes an eligible waiting one. Requests without a tenant
-share one bucket bounded only by the capacity.
-
 The host features beside the core are small objects reached from the
 manager, each documented on its own class: ``manager.leases``
 (:class:`~turnloom.runtime.Leases`: durable ownership, ``claim`` and
 ``flush``), ``manager.areas`` (:class:`~turnloom.runtime.Areas`: Context
 Areas and routed items), ``manager.bridge`` (:class:`~turnloom.runtime.Bridge`:
 sub-agent briefings and folded results), ``manager.outputs``
-(:class:`~turnloom.runtime.OutputStreams`: consumed output streams) and
-``manager.assembly`` (:class:`~turnloom.runtime.Assembly`: the strategy, its
+(:class:`~turnloom.runtime.OutputStreams`: consumed output streams),
+``manager.voice`` (:class:`~turnloom.runtime.Voice`: barge-ins and false
+starts) and ``manager.assembly`` (:class:`~turnloom.runtime.Assembly`: the strategy, its
 tools and ``hydrate_context``). They share the manager's lifecycle
 (``_lifecycle``), so each raises the same typed errors before the Foundation
 opens and after it closed.
@@ -62,16 +41,14 @@ import anyio.abc
 import msgspec
 
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent
-from turnloom.context.history import HistoryLimits, HistoryView, check_id
-from turnloom.context.interruption import played_prefix
+from turnloom.context.history import HistoryLimits, HistoryView
 from turnloom.context.memory import MemorySource
 from turnloom.context.message import Message
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.tokens import TokenCounter
-from turnloom.errors import UnknownContextError, excerpt
 from turnloom.runtime._areas import Areas
 from turnloom.runtime._bridge import Bridge
-from turnloom.runtime._contexts import ContextState, ContextTable
+from turnloom.runtime._contexts import ContextTable
 from turnloom.runtime._continuation import IssuedPrefixes
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._door import (
@@ -85,6 +62,7 @@ from turnloom.runtime._door import (
     check_snapshot,
 )
 from turnloom.runtime._durable import Durability
+from turnloom.runtime._invocation import Invocation
 from turnloom.runtime._leases import Leases
 from turnloom.runtime._lifecycle import Lifecycle
 from turnloom.runtime._outputs import OutputStreams
@@ -105,44 +83,6 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-class Invocation:
-    """One model call in flight for a turn; see :meth:`ContextManager.invocation`.
-
-    Attributes:
-        context_id: the conversation.
-        turn_id: the turn the model call answers.
-    """
-
-    __slots__ = ("_manager", "_serial", "_state", "context_id", "turn_id")
-
-    def __init__(
-        self, manager: ContextManager, state: ContextState, context_id: str, turn_id: str
-    ) -> None:
-        self._manager = manager
-        self._state = state
-        self._serial = state.history.turn_serial(turn_id)
-        self.context_id = context_id
-        self.turn_id = turn_id
-
-    def record(self, outputs: Sequence[Message]) -> int:
-        """Record outputs of this turn; see :meth:`ContextManager.record`.
-
-        Bound to the turn the invocation was opened for: outputs recorded
-        after that turn is gone (evicted, retracted, its context removed,
-        even when its id was since reused) are dropped and counted as late.
-        """
-        manager = self._manager
-        manager._life.check_recording()
-        check_outputs(manager.gateway, self.context_id, self.turn_id, outputs, self._state.history)
-        return manager._table.record(
-            self._state, self.turn_id, outputs, self._serial, self.context_id
-        )
-
-    def record_interrupted(self, output: Message, *, played: int) -> int:
-        """Record this call's interrupted output (see ``manager.voice.record_interrupted``)."""
-        return self.record([played_prefix(output, played)])
-
-
 class ContextManager:
     """Keeps each context's history and prepares provider-native model inputs.
 
@@ -153,9 +93,15 @@ class ContextManager:
     with the same keyword arguments builds one itself. Reach it as
     ``foundation.manager``. Every method must be called from the Foundation's
     event loop; until the Foundation is open they raise :class:`StateError`.
-    What a prefix holds, slot fairness and the feature objects
-    (:attr:`leases`, :attr:`areas`, :attr:`bridge`, :attr:`outputs`,
-    :attr:`assembly`) are described in :mod:`turnloom.runtime.manager`.
+    What a prefix holds: see :meth:`prepare`.
+
+    Attributes:
+        leases: durable ownership of contexts (:class:`~turnloom.runtime.Leases`).
+        areas: Context Areas and routed items (:class:`~turnloom.runtime.Areas`).
+        bridge: sub-agent briefings and results (:class:`~turnloom.runtime.Bridge`).
+        outputs: consumed output streams (:class:`~turnloom.runtime.OutputStreams`).
+        voice: barge-ins and false starts (:class:`~turnloom.runtime.Voice`).
+        assembly: the strategy and its tools (:class:`~turnloom.runtime.Assembly`).
 
     Args:
         gateway: the provider prepared inputs are rendered for (a
@@ -180,14 +126,16 @@ class ContextManager:
         strategy_options: the named strategy's static layer and bounds.
         max_tenant_preparations: the most preparation slots one tenant (the
             ``tenant_id`` of a request's ``tenant``) holds at once; default
-            half the capacity, rounded up.
-        store: where contexts are kept durably: None (default: in memory
-            only) or a :class:`~turnloom.runtime.store.ContextStore`, for
-            example ``turnloom.stores.open_context_store("sqlite:PATH")`` or
-            ``("redis://127.0.0.1:6379/0")``. Borrowed: the opener closes it,
-            after the Foundation. With a store, contexts are claimed
-            (``manager.leases.claim``) and changes are acknowledged by
-            ``manager.leases.flush`` (see :class:`~turnloom.runtime.Leases`).
+            half the capacity, rounded up. A freed slot goes to the waiting
+            request whose tenant holds the fewest slots (longest waiting
+            first among equals); a new request never overtakes an eligible
+            waiting one; requests without a tenant share one bucket bounded
+            only by the capacity.
+        store: where contexts are kept durably (see :attr:`leases`): None
+            (default: in memory only) or a
+            :class:`~turnloom.runtime.store.ContextStore`, for example
+            ``turnloom.stores.open_context_store("sqlite:PATH")``. Borrowed:
+            the opener closes it, after the Foundation.
         lease_ttl: seconds a context's lease lasts unless renewed (default
             10.0); it is renewed every third of that while held. After a crash
             another host can claim the context once it expired.
@@ -250,13 +198,12 @@ class ContextManager:
         )
         self._issued = IssuedPrefixes(options.gateway, options.history_limits, options.open_calls)
         self._durable: Durability | None = None  # set by _bind when there is a store
-        self._final: dict[str, HistoryView] = {}  # each context's history at the close
-        self._leases = Leases(life)
-        self._areas = Areas(life, table, options.gateway, options.history_limits.max_item_bytes)
-        self._bridge = Bridge(life, table, options.open_calls, options.token_counter, self.record)
-        self._outputs = OutputStreams(life, self.record)
-        self._voice = Voice(life, table, self._leases, self.record)
-        self._assembly = Assembly(life, options.strategy, options.gateway, self._issued, counters)
+        self.leases = Leases(life)
+        self.areas = Areas(life, table, options.gateway, options.history_limits.max_item_bytes)
+        self.bridge = Bridge(life, table, options.open_calls, options.token_counter, self.record)
+        self.outputs = OutputStreams(life, self.record)
+        self.voice = Voice(life, table, self.leases, self.record)
+        self.assembly = Assembly(life, options.strategy, options.gateway, self._issued, counters)
 
     def _bind(
         self,
@@ -270,25 +217,16 @@ class ContextManager:
         Raises:
             StateError: the manager was already bound to a Foundation.
         """
-        life = self._life
+        life, options, table, counters = self._life, self._options, self._table, self._counters
         life.check_unbound()
         life.bound = True
-        options = self._options
         queue = PreparationQueue(
-            options.max_pending_preparations, task_group, self._counters, options.tenant_limit
+            options.max_pending_preparations, task_group, counters, options.tenant_limit
         )
-        self._outputs._bind(task_group)
-        self._durable = self._leases._bind(options.durable, task_group, limiter, self._table)
-        life.preparer = Preparer(
-            options,
-            self._table,
-            self._counters,
-            self._issued,
-            queue,
-            limiter,
-            clock,
-            self._durable,
-        )
+        self.outputs._bind(task_group)
+        durable = self._durable = self.leases._bind(options.durable, task_group, limiter, table)
+        issued = self._issued
+        life.preparer = Preparer(options, table, counters, issued, queue, limiter, clock, durable)
 
     # -- properties --------------------------------------------------------
 
@@ -323,36 +261,6 @@ class ContextManager:
         return self._options.history_limits
 
     @property
-    def leases(self) -> Leases:
-        """Durable ownership of contexts: ``claim``, ``flush``, ``store``, ``takeovers``."""
-        return self._leases
-
-    @property
-    def areas(self) -> Areas:
-        """The contexts' Context Areas: ``attach`` and ``route``."""
-        return self._areas
-
-    @property
-    def bridge(self) -> Bridge:
-        """Sub-agents: ``working_context``, ``briefing`` and ``fold``."""
-        return self._bridge
-
-    @property
-    def outputs(self) -> OutputStreams:
-        """The output streams the manager consumes: ``consume`` and ``statistics``."""
-        return self._outputs
-
-    @property
-    def voice(self) -> Voice:
-        """Voice hosts' edits: ``record_interrupted`` and ``retract_turn``."""
-        return self._voice
-
-    @property
-    def assembly(self) -> Assembly:
-        """The assembly strategy: ``strategy``, ``tool_definitions``, ``hydrate_context``."""
-        return self._assembly
-
-    @property
     def closed(self) -> bool:
         """True once the Foundation began closing.
 
@@ -368,7 +276,7 @@ class ContextManager:
     def context_ids(self) -> tuple[str, ...]:
         """The ids of the contexts held, in creation order (after the close: at the close)."""
         if self._life.closed:
-            return tuple(self._final)
+            return tuple(self._life.final)
         return tuple(self._table.contexts)
 
     def history(self, context_id: str) -> HistoryView:
@@ -387,13 +295,7 @@ class ContextManager:
                 (or, after the close, it was not held at the close).
         """
         if self._life.closed:
-            final = self._final.get(context_id) if isinstance(context_id, str) else None
-            if final is None:
-                check_id(context_id, "context id")
-                raise UnknownContextError(
-                    f"Context {excerpt(context_id)} was not held when the Foundation closed."
-                )
-            return final
+            return self._life.final_view(context_id)
         self._life.check_bound()
         return self._table.get(context_id).history.view()
 
@@ -433,7 +335,7 @@ class ContextManager:
         """
         queue = self._life.check_open().queue
         context_id = check_snapshot(snapshot, self.gateway, self._table.history_of)
-        self._leases._check_writable(context_id)
+        self.leases._check_writable(context_id)
         self._table.commit(context_id, snapshot)
         queue.wake(context_id)
 
@@ -464,11 +366,11 @@ class ContextManager:
             UnknownTurnError: ``turn_id`` was certainly never committed to the
                 context.
             DuplicateIdError: a message has the id of a held message with
-                other content (or of another turn's message); nothing was
-                recorded.
-            InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
-                id or message, or a message carrying a runtime-state call or
-                result (of any turn).
+                other content (or of another turn's message), or a malformed
+                batch repeats one; nothing was recorded.
+            InvalidMessageError, InvalidTextError: a malformed id or message,
+                or a message carrying a runtime-state call or result (of any
+                turn).
             InstructionMessageError: a ``system`` or ``developer`` message: pinned
                 instructions change only through a turn's snapshot.
             ItemTooLargeError: a message is over the per-item byte cap.
@@ -482,7 +384,7 @@ class ContextManager:
         Durability: as :meth:`accept_turn`.
         """
         self._life.check_recording()
-        self._leases._check_writable(context_id)
+        self.leases._check_writable(context_id)
         state = self._table.get(context_id)
         check_outputs(self.gateway, context_id, turn_id, outputs, state.history)
         return self._table.record(state, turn_id, outputs)
@@ -506,7 +408,7 @@ class ContextManager:
         released by the store's next batch (``manager.leases.flush`` waits for it).
         """
         queue = self._life.check_open().queue
-        self._leases._check_writable(context_id)
+        self.leases._check_writable(context_id)
         self._table.remove(context_id)
         queue.wake(context_id)
         if self._durable is not None:
@@ -542,7 +444,7 @@ class ContextManager:
         self._life.check_open()
         state = self._table.begin_call(context_id, turn_id)
         try:
-            yield Invocation(self, state, context_id, turn_id)
+            yield Invocation(self._life, self._table, self.gateway, state, context_id, turn_id)
         finally:
             self._table.end_call(state, evict=not self._life.closing)
 
@@ -551,24 +453,20 @@ class ContextManager:
     async def prepare(self, request: ContextPrepareRequest) -> PreparedContext:
         """Prepare the model input of a committed turn.
 
-        Waits, in order, for a free slot in the pending queue (backpressure: a
-        full queue makes ``prepare`` wait; use :meth:`prepare_nowait` to fail
-        instead), for the turn's commit (``prepare`` may be called before
-        ``accept_turn``), and for a worker thread. The request is validated and
-        its contributions copied at the call (changing a list afterwards has no
-        effect); the history and the request's state are captured once, when
-        the turn is committed, together with the perception's time (the
-        Foundation's clock, when the request gives none). With an assembly
-        strategy, the turn's first prepare (per tenant and ``auto_hydrate``)
-        then awaits the strategy on the event loop, memory I/O included, in
-        this preparation's cancel scope; the other prepares of the turn wait
-        for it and reuse its result. Rendering runs in the worker. Slots are
-        shared fairly between tenants (see :class:`ContextManager`). A turn that is
-        never committed (a mistyped id) is waited for until the caller's
-        deadline; such waits are counted in
-        ``statistics().preparations.waiting_for_turn``. Bound the whole wait
-        with ``anyio.fail_after(seconds, reason=...)``, the reason naming the
-        context and turn ids, so the ``TimeoutError`` says what never came.
+        Waits, in order, for a free slot in the pending queue (a full queue
+        makes it wait: backpressure; :meth:`prepare_nowait` fails instead;
+        slots are shared fairly, see ``max_tenant_preparations``), for the
+        turn's commit (it may be called before ``accept_turn``), for the
+        turn's assembly (with a strategy, the turn's first prepare per tenant
+        and ``auto_hydrate`` awaits it on the event loop, memory I/O included,
+        in this preparation's cancel scope; the others reuse its result), and
+        for a worker thread, where it renders. The request is validated and
+        its contributions copied at the call; the history, the request's state
+        and the perception's time (the Foundation's clock when the request
+        gives none) are captured once, at the commit. A turn never committed
+        (a mistyped id) is waited for until the caller's deadline (counted in
+        ``statistics().preparations.waiting_for_turn``): bound the wait with
+        ``anyio.fail_after(seconds, reason=...)`` naming the context and turn.
 
         Returns:
             the prefix: the assembled system prompt (with a strategy), pinned
@@ -612,8 +510,9 @@ class ContextManager:
             Cancelled while waiting for a slot: nothing was admitted. Cancelled
             later: the preparation is cancelled if it still waits for its turn,
             its assembly (the strategy's memory I/O; the next prepare of the
-            turn assembles again) or a thread, or, if it is rendering, the thread finishes and the
-            result is discarded; the slot is freed when it settles. Cancelled
+            turn assembles again) or a thread, or, if it is rendering, the
+            thread finishes and the result is discarded; the slot is freed
+            when it settles. Cancelled
             after the preparation settled but before the requester resumed: the
             cancellation propagates and the result is discarded, never counted
             as delivered. History is never changed by a preparation. An area
@@ -639,11 +538,7 @@ class ContextManager:
 
         Raises:
             QueueFullError: all ``capacity`` slots are taken; nothing was admitted.
-            FoundationClosedError, InvalidMessageError, InvalidTextError,
-            DuplicateIdError, InvalidArgumentError, PositionalScopeError,
-            ItemTooLargeError, UnknownTurnError, ContextRemovedError,
-            ProviderRuleError, AreaCallbackError, OpenToolCallError: as
-            :meth:`prepare`.
+            Every error of :meth:`prepare`, for the same reasons.
 
         Cancellation:
             As :meth:`prepare` after admission.
@@ -719,7 +614,7 @@ class ContextManager:
             life.closing = True
             preparer.closing = True
             try:
-                await self._outputs._aclose(grace_period)
+                await self.outputs._aclose(grace_period)
             finally:
                 try:
                     await queue.aclose(max(0.0, deadline - anyio.current_time()))
@@ -727,8 +622,7 @@ class ContextManager:
                     if self._durable is not None:
                         await self._durable.aclose(grace_period)
         finally:
-            life.closed = True
-            self._final = {cid: state.history.view() for cid, state in self._table.contexts.items()}
+            life.close({cid: state.history.view() for cid, state in self._table.contexts.items()})
             self._table.release()
 
     # -- statistics --------------------------------------------------------------------
@@ -750,7 +644,7 @@ class ContextManager:
             pending=queue.pending if queue is not None else 0,
             waiting_for_slot=queue.waiting_for_slot if queue is not None else 0,
             waiting_for_turn=queue.waiting_for_turn if queue is not None else 0,
-            outputs=self._outputs.statistics(),
+            outputs=self.outputs.statistics(),
         )
         if self._durable is not None:
             snapshot = msgspec.structs.replace(snapshot, store=self._durable.statistics())
