@@ -184,7 +184,7 @@ async def test_a_kept_pair_leaves_with_its_turn() -> None:
         await manager.prepare(request("t3"))
         grown = manager.statistics().history
         assert grown.items == before.items + 2
-        manager.retract_turn("c", "t3")
+        manager.voice.retract_turn("c", "t3")
         after = manager.statistics().history
         assert after.items == before.items - 1  # the input and its kept pair are gone
         assert after.bytes == before.bytes - len(msgspec.json.encode(user("x")))

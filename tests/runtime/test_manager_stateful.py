@@ -381,7 +381,7 @@ class ManagerMachine(RuleBasedStateMachine):
                 messages = [call(call_id), result(call_id, "routed result")]
             for message in messages:
                 for item in CHAT.render(message):
-                    self.portal.call(manager.route, context_id, item)
+                    self.portal.call(manager.areas.route, context_id, item)
             return
         area: OneShotNotice | PinnedNotice | SubtaskArea
         if kind == "one_shot":
@@ -390,7 +390,7 @@ class ManagerMachine(RuleBasedStateMachine):
             area = PinnedNotice("a pinned notice")
         else:
             area = SubtaskArea("a sub-task", done=lambda a: True, summary="its summary")
-        self.portal.call(manager.attach_area, context_id, area)
+        self.portal.call(manager.areas.attach, context_id, area)
         self.attached += 1
 
     # -- invariants ----------------------------------------------------------------

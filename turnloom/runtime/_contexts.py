@@ -75,7 +75,7 @@ class ContextState:
         self.history = history
         self.in_flight: str | None = None  # the turn id of the model call in flight
         self.last: DeliveredPrefix | None = None  # the last delivered prefix
-        self.areas: AreaSection | None = None  # created by the first attach_area or route
+        self.areas: AreaSection | None = None  # created by the first areas.attach or areas.route
         self.assembly: TurnAssembly | None = None  # the latest turn's assembly
 
 

@@ -52,11 +52,8 @@ from turnloom.errors import (
     ProviderRuleError,
     excerpt,
 )
-from turnloom.runtime.assembly import (
-    AssemblyStrategy,
-    StrategyOptions,
-    make_strategy,
-)
+from turnloom.runtime._strategies import make_strategy
+from turnloom.runtime.assembly import AssemblyStrategy, StrategyOptions
 from turnloom.runtime.schemas import ContextPrepareRequest, TurnSnapshot
 from turnloom.runtime.state import (
     STATE_TOOL_NAME,
@@ -140,6 +137,10 @@ def check_manager_options(
     strategy_options: StrategyOptions | None = None,
     max_tenant_preparations: int | None = None,
     earlier_state: str = "keep",
+    store: object = None,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
+    idle_after: float = DEFAULT_IDLE_AFTER,
+    owner: str | None = None,
 ) -> ManagerOptions:
     """Validate every option of a ContextManager once; return them checked and frozen.
 
@@ -151,7 +152,8 @@ def check_manager_options(
             the per-item cap (``ItemTooLargeError``), a ``strategy``
             that is neither a name nor an AssemblyStrategy, ``memory`` or
             ``strategy_options`` without a named strategy, or bad strategy
-            options.
+            options; and the store options' errors (see
+            :func:`check_durable_options`).
         UnknownStrategyError: ``strategy`` names no registered strategy.
         InvalidArgumentError: ``token_counter`` has no ``count`` method.
     """
@@ -188,6 +190,7 @@ def check_manager_options(
             f"{excerpt(max_tenant_preparations)}."
         )
     checked_gateway = gateway if isinstance(gateway, Gateway) else get_gateway(gateway)
+    checked_strategy = _strategy(strategy, checked_gateway, memory, strategy_options, token_counter)
     return ManagerOptions(
         gateway=checked_gateway,
         max_pending_preparations=max_pending_preparations,
@@ -195,9 +198,17 @@ def check_manager_options(
         behavior_rules=behavior_rules,
         open_calls="cancel" if open_calls == "cancel" else "exclude",
         earlier_state="drop" if earlier_state == "drop" else "keep",
-        strategy=_strategy(strategy, checked_gateway, memory, strategy_options, token_counter),
+        strategy=checked_strategy,
         tenant_limit=tenant_limit,
         token_counter=token_counter,
+        durable=check_durable_options(
+            store=store,
+            lease_ttl=lease_ttl,
+            idle_after=idle_after,
+            owner=owner,
+            history_limits=limits,
+            token_counter=token_counter,
+        ),
     )
 
 

@@ -10,8 +10,8 @@ Closing order (:meth:`Foundation.aclose`), the seed's lifecycle:
    ``build``, ``invocation``, areas, new output streams) raises
    :class:`FoundationClosedError`; the host's producers stop here.
 2. Drain the record consumers: what the manager's output streams still hold
-   is recorded (see :meth:`ContextManager.consume_outputs`); ``record`` is
-   still accepted until the manager closes.
+   is recorded (see :meth:`~turnloom.runtime.OutputStreams.consume`);
+   ``record`` is still accepted until the manager closes.
 3. Let owned preparations settle within :attr:`Foundation.close_grace_period`
    seconds (default 5; shared with step 2), then cancel the rest (failing
    with :class:`FoundationClosedError`; preparations still waiting for their
@@ -88,7 +88,7 @@ class Foundation:
             (:class:`~turnloom.context.ApproxTokenCounter` by default): each
             message is counted once when it enters a history, and
             ``HistoryLimits.max_tokens``, the history statistics,
-            ``PreparedContext.tokens`` and ``ContextManager.working_context``
+            ``PreparedContext.tokens`` and ``manager.bridge.working_context``
             all use that count. It must count a list as the sum of its
             messages, as the built-in counters do. Counting runs in
             ``accept_turn`` and ``record``, on the event loop: about 2.5 us
@@ -255,7 +255,7 @@ class Foundation:
         if self._used:
             raise StateError("A Foundation can be opened only once; create a new one.")
         self._used = True
-        self._built._check_unbound()
+        self._built._life.check_unbound()
         limiter = anyio.CapacityLimiter(self._options.worker_threads)
         task_group = anyio.create_task_group()
         await task_group.__aenter__()

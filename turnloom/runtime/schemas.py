@@ -155,7 +155,7 @@ class OutputRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Model outputs of one turn, as an output stream carries them.
 
     The stream form of :meth:`~turnloom.runtime.ContextManager.record`: a
-    manager consuming a stream (``consume_outputs``) records each record as
+    manager consuming a stream (``manager.outputs.consume``) records each record as
     ``record(context_id, turn_id, outputs)`` would.
 
     Attributes:
@@ -202,7 +202,7 @@ The area section of a context:
   is guarded by a :class:`threading.Lock` taken only in worker threads, so
   two preparations of one context render their area passes one after the
   other (the second holds its worker token while it waits). The event loop
-  never touches a CoopContext: ``attach_area`` checks the area with the same
+  never touches a CoopContext: ``areas.attach`` checks the area with the same
   checks as ``CoopContext.register`` and queues it, ``route`` checks and
   queues the item; the next pass enrols both.
 * **Model calls in flight.** No collection happens while an invocation of the
@@ -389,7 +389,7 @@ class AreaStatistics(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         attached: areas attached across contexts and not yet collected
             (including those waiting for their first area pass).
-        registered_total: successful ``attach_area`` calls.
+        registered_total: successful ``areas.attach`` calls.
         renders_total: area passes run (collection, then one unfold pass).
         passes_reused_total: preparations that reused the previous area
             section instead of running a pass (a model call was in flight, or
@@ -468,7 +468,7 @@ class StoreStatistics(msgspec.Struct, frozen=True, kw_only=True):
         records_written_total: records the store accepted.
         write_failures_total: batches that failed (store unreachable after
             the bounded retry); their records stayed queued.
-        claims_total: leases taken by :meth:`~turnloom.runtime.ContextManager.claim`.
+        claims_total: leases taken by :meth:`~turnloom.runtime.Leases.claim`.
         takeovers_total: claims that restored a stored context.
         leases_lost_total: leases lost (a refused write or a failed renewal).
         idle_unloads_total: contexts that left memory idle.
