@@ -12,17 +12,24 @@ from tests.runtime.helpers import assistant, call, result, user
 from turnloom.context import GatewayType, Message, Role, get_gateway
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import InstructionMessageError
-from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
+from turnloom.runtime import ContextPrepareRequest, EarlierStatePolicy, Foundation, TurnSnapshot
 
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.parametrize("policy", ["keep", "drop"])
 @pytest.mark.parametrize("kind", list(GatewayType))
-async def test_prepare_and_build_rename_reused_ids_the_same_way(kind: GatewayType) -> None:
+async def test_prepare_and_build_rename_reused_ids_the_same_way(
+    kind: GatewayType, policy: EarlierStatePolicy
+) -> None:
     """Invariants: every prepared or built input holds each call id once; a renamed id
-    is the same in build's continuation and in the next turn's prefix; the prefix of
-    turn 1 (history and input) is the start of turn 2's prefix, item for item."""
-    async with Foundation(gateway=kind, behavior_rules="Answer briefly.") as foundation:
+    is the same in build's continuation and in the next turn's prefix; turn 1's last
+    input (prefix, state pair, continuation) is the start of turn 2's prefix, item for
+    item (``keep``), or turn 1's history and input are, then its continuation
+    (``drop``)."""
+    async with Foundation(
+        gateway=kind, behavior_rules="Answer briefly.", earlier_state=policy
+    ) as foundation:
         manager = foundation.manager
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("one"),)))
         p1 = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
@@ -39,9 +46,12 @@ async def test_prepare_and_build_rename_reused_ids_the_same_way(kind: GatewayTyp
 
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(user("two"),)))
         p2 = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))
-        stable = p1.items[: p1.area_start - 2]  # history and input, before the state pair
-        assert p2.items[: len(stable)] == stable
-        assert list(p2.items[len(stable) : len(stable) + len(continuation)]) == continuation
+        if policy == "keep":
+            assert p2.items[: len(built)] == tuple(built)
+        else:
+            stable = p1.items[: p1.area_start - 2]  # history and input, before the state pair
+            assert p2.items[: len(stable)] == stable
+            assert list(p2.items[len(stable) : len(stable) + len(continuation)]) == continuation
         sites = call_sites(kind.value, list(p2.items))
         assert max(Counter(s[2] for s in sites if s[0] == "call").values()) == 1
         gateway = get_gateway(kind)

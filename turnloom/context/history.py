@@ -2,8 +2,12 @@
 
 A history holds the pinned instructions
 (``system`` and ``developer`` messages) and a sequence of committed turns,
-oldest first. A turn is its input (the committed user messages) followed by
-its outputs (model messages and tool results recorded while answering it).
+oldest first. A turn is its input (the committed user messages), then its
+*kept state* if any (messages the host kept in place, the runtime-state pair
+its model was sent: :meth:`TurnHistory.keep_state`), then its outputs (model
+messages and tool results recorded while answering it). A turn renders its
+kept state only once it is an earlier turn: the render of a turn's own input
+never holds it.
 
 Limits count turns, items (neutral messages), bytes (the JSON encoding of
 each message, see :func:`~turnloom.context.check_message`) and, optionally,
@@ -183,7 +187,9 @@ class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         turns: turns kept.
-        items: messages kept in those turns (pinned instructions excluded).
+        items: messages kept in those turns (pinned instructions excluded),
+            kept state messages (:meth:`TurnHistory.keep_state`) included;
+            ``bytes`` and ``tokens`` count them too.
         bytes: serialized size of those messages, in bytes.
         pinned_items: pinned instruction messages (not counted in ``items``).
         pinned_bytes: their serialized size, in bytes.
@@ -401,7 +407,9 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
 
     ``full`` and ``head`` are the whole turn and its input rendered for render
     key slot 0, each for the span key it holds (a cache of one); ``more``
-    holds other slots, by (slot, whole turn).
+    holds other slots, by (slot, whole turn). The whole turn is its input,
+    its kept ``state``, then its outputs; ``bytes``, ``tokens`` and ``items``
+    count all three.
     """
 
     turn_id: str
@@ -410,18 +418,22 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
     bytes: int
     tokens: int
     serial: int  # the history's commit count when it was committed: unique in the history
+    state: tuple[_Entry, ...] = ()  # the kept state, between the input and the outputs
     full: _Rendered | None = None
     head: _Rendered | None = None
     more: dict[tuple[int, bool], _Rendered] | None = None
 
     @property
     def items(self) -> int:
-        return len(self.input) + len(self.outputs)
+        return len(self.input) + len(self.state) + len(self.outputs)
+
+    def entries(self, whole: bool) -> tuple[_Entry, ...]:
+        """The whole turn's entries (input, kept state, outputs), or its input only."""
+        return self.input + self.state + self.outputs if whole else self.input
 
     def messages(self, whole: bool) -> list[Message]:
         """The turn's messages (``whole``), or its input only."""
-        entries = self.input + self.outputs if whole else self.input
-        return [e.message for e in entries]
+        return [e.message for e in self.entries(whole)]
 
     def with_outputs(self, added: tuple[_Entry, ...]) -> _Turn:
         return _Turn(
@@ -431,6 +443,19 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
             self.bytes + sum(e.size for e in added),
             self.tokens + sum(e.tokens for e in added),
             self.serial,
+            self.state,
+        )
+
+    def with_state(self, state: tuple[_Entry, ...]) -> _Turn:
+        old = self.state
+        return _Turn(
+            self.turn_id,
+            self.input,
+            self.outputs,
+            self.bytes + sum(e.size for e in state) - sum(e.size for e in old),
+            self.tokens + sum(e.tokens for e in state) - sum(e.tokens for e in old),
+            self.serial,
+            state,
         )
 
     def render(
@@ -458,7 +483,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
             cached = self.more.get((slot, whole)) if self.more is not None else None
         if cached is not None and cached.key == key:
             return cached
-        entries = self.input + self.outputs if whole else self.input
+        entries = self.entries(whole)
         rendered = _render_entries(
             entries, gateway, slots[0], policy, counter, carried, answered, key
         )
@@ -905,13 +930,26 @@ class HistoryView:
                 return tuple(e.message for e in turn.input)
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
+    def turn_state(self, turn_id: str) -> tuple[Message, ...]:
+        """The kept state messages of ``turn_id`` (see :meth:`TurnHistory.keep_state`), or ().
+
+        Raises:
+            UnknownTurnError: the view holds no turn ``turn_id``.
+        """
+        for turn in reversed(self._turns):
+            if turn.turn_id == turn_id:
+                return tuple(e.message for e in turn.state)
+        raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
+
     def render(
         self, gateway: Gateway, turn_id: str, *, open_calls: OpenCallPolicy = "exclude"
     ) -> RenderedHistory:
         """Render the pinned instructions, the turns before ``turn_id`` and its input.
 
         The outputs of ``turn_id`` itself are not included: they are the
-        continuation of the turn's model calls (see ``ContextManager.build``).
+        continuation of the turn's model calls (see ``ContextManager.build``);
+        neither is its kept state. Each turn before it is its input, its kept
+        state, then its outputs.
         The retained turns and the turn's input are paired as one input
         (see the class docstring of :class:`TurnHistory`): the items equal
         ``complete_pairs(input_messages(turn_id), open_calls=open_calls)``
@@ -1010,8 +1048,11 @@ class HistoryView:
         Renders privately: the shared run and the per-turn renders that
         :meth:`render` reuses are neither read nor changed (only per-message
         renders, which do not depend on the scope, are shared). Call ids are
-        made unique over the sliced view by the same renaming rule. A scope
-        that keeps every message renders what :meth:`render` renders.
+        made unique over the sliced view by the same renaming rule. Kept state
+        (:meth:`TurnHistory.keep_state`) is not part of the sliced view: a
+        scope indexes and renders recorded messages only. A scope that keeps
+        every message of a history without kept state renders what
+        :meth:`render` renders.
 
         Raises:
             UnknownTurnError: the view holds no turn ``turn_id``.
@@ -1087,7 +1128,8 @@ class HistoryView:
         """The messages a render of ``turn_id`` is made of, before pairing.
 
         The pinned instructions, every message of the turns before
-        ``turn_id``, then its input, oldest first. Rendering
+        ``turn_id`` (its input, kept state, then outputs), then its input,
+        oldest first. Rendering
         ``complete_pairs(input_messages(t))`` message by message, with call
         ids renamed by ``rename_call_ids`` over the whole list, gives exactly
         :meth:`render`'s items (a cold render, without any cache).
@@ -1100,7 +1142,7 @@ class HistoryView:
             if turn.turn_id == turn_id:
                 out.extend(e.message for e in turn.input)
                 return tuple(out)
-            out.extend(e.message for e in turn.input + turn.outputs)
+            out.extend(turn.messages(True))
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
     def _build(
@@ -1816,6 +1858,76 @@ class TurnHistory:
         self._tokens += new.tokens - old.tokens
         self._view = None
         return len(kept)
+
+    def keep_state(
+        self, turn_id: str, messages: Sequence[Message], *, serial: int | None = None
+    ) -> bool:
+        """Keep ``messages`` as the turn's state, in place of any it kept before.
+
+        Kept state sits between the turn's input and its outputs once the turn
+        is an earlier turn of a render (a render of the turn's own input never
+        holds it), so a host that sent its model per-turn state there (the
+        runtime-state pair) sends the same bytes again in later inputs. It
+        counts like recorded messages (items, bytes, tokens, against the
+        limits) and leaves with its turn (eviction, retraction). An empty
+        ``messages`` keeps none. Keeping does not evict; call :meth:`evict`
+        at a safe point.
+
+        Args:
+            turn_id: the held turn.
+            messages: the state messages, oldest first; messages without an id.
+            serial: the turn's :meth:`turn_serial`, when the caller kept it.
+
+        Returns:
+            True when the turn is held and now keeps ``messages``; False when
+            it is no longer held (evicted, retracted, or ``serial`` names
+            another turn): nothing changed.
+
+        Raises:
+            InvalidMessageError: a malformed message, one with a pinned role or
+                one with an id; nothing changed.
+            InvalidTextError: text that is not valid UTF-8; nothing changed.
+            ItemTooLargeError: one message is over the per-item byte cap;
+                nothing changed.
+        """
+        reject_instructions(messages, "state", f"Turn {excerpt(turn_id)} state")
+        cap = self._limits.max_item_bytes
+        count = self._shared.counter.count
+        entries: list[_Entry] = []
+        for i, message in enumerate(messages):
+            label = f"turn {excerpt(turn_id)} state[{i}]"
+            size = check_message(message, where=label)
+            if size > cap:
+                raise ItemTooLargeError(
+                    f"{label} is {size} bytes, over the per-item cap of {cap} bytes.",
+                    size=size,
+                    limit=cap,
+                )
+            if message.id is not None:
+                raise InvalidMessageError(
+                    f"{label} has id {excerpt(message.id)}; kept state messages carry no id.",
+                    field="id",
+                )
+            entries.append(_Entry(message, size, count((message,))))
+        position = len(self._turns) - 1
+        while position >= 0 and self._turns[position].turn_id != turn_id:
+            position -= 1
+        if position < 0 or (serial is not None and self._turns[position].serial != serial):
+            return False
+        old = self._turns[position]
+        if len(old.state) == len(entries) and all(
+            a.message == b.message for a, b in zip(old.state, entries, strict=True)
+        ):
+            return True
+        new = old.with_state(tuple(entries))
+        if position != len(self._turns) - 1:
+            self._generation += 1
+        self._turns = (*self._turns[:position], new, *self._turns[position + 1 :])
+        self._items += new.items - old.items
+        self._bytes += new.bytes - old.bytes
+        self._tokens += new.tokens - old.tokens
+        self._view = None
+        return True
 
     def evict(self) -> tuple[str, ...]:
         """Drop whole turns, oldest first, until every limit holds.

@@ -106,6 +106,7 @@ class Preparer:
             self._durable.touch(request.context_id)
         # Capture once: an immutable view and the request's state, its time included.
         view = state.history.view()
+        serial = state.history.turn_serial(request.turn_id)
         perception = request.perception
         if perception is not None and perception.time is None:
             now = check_time(self._clock(), "The Foundation's clock value")
@@ -159,6 +160,8 @@ class Preparer:
                 areas.delivered = max(areas.delivered, section.generation)
             if unscoped:
                 state.last = delivered
+                if options.earlier_state == "keep":
+                    self._table.keep_state(state, request.turn_id, delivered.state, serial)
             self._counters.delivered(
                 last.bytes if last is not None and unscoped else 0,
                 prepared,

@@ -47,12 +47,24 @@ class DeliveredPrefix:
 
     ``call_ids`` is the call-id renaming state after ``items``
     (:mod:`turnloom.context.callids`); ``build`` continues it, on a copy.
+    ``state`` is what the prefix's turn keeps once it is delivered: its
+    runtime-state pair (call, result), or () without one or when the pair
+    carries recalled memory (tenant data; see :mod:`turnloom.runtime.state`).
     ``body`` is the request body of ``items`` with the history's closed
     turns kept encoded (None with an assembled system prompt before the
     history, or a gateway without a body writer).
     """
 
-    __slots__ = ("body", "bytes", "call_ids", "extra_sizes", "items", "lead_sizes", "rendered")
+    __slots__ = (
+        "body",
+        "bytes",
+        "call_ids",
+        "extra_sizes",
+        "items",
+        "lead_sizes",
+        "rendered",
+        "state",
+    )
 
     def __init__(
         self,
@@ -62,6 +74,7 @@ class DeliveredPrefix:
         extra_sizes: tuple[int, ...],
         call_ids: CallIdRenamer,
         lead_sizes: tuple[int, ...] = (),
+        state: tuple[Message, ...] = (),
         body: EncodedBody | None = None,
     ) -> None:
         self.items = items
@@ -71,6 +84,7 @@ class DeliveredPrefix:
         self.extra_sizes = extra_sizes  # state pair + area section, after the history
         self.call_ids = call_ids
         self.lead_sizes = lead_sizes  # the assembled system prompt, before the history
+        self.state = state
 
     def bytes_before(self, count: int) -> int:
         """Serialized size of ``items[:count]``, in bytes."""
@@ -249,7 +263,16 @@ def render_preparation(
     body = rendered.body.extend(extra) if rendered.body is not None and not lead else None
     return (
         prepared,
-        DeliveredPrefix(items, total, rendered, extra_sizes, call_ids, lead_sizes, body),
+        DeliveredPrefix(
+            items,
+            total,
+            rendered,
+            extra_sizes,
+            call_ids,
+            lead_sizes,
+            pair if pair is not None and memory is None else (),
+            body,
+        ),
         section,
     )
 
