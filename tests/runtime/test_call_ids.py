@@ -61,15 +61,20 @@ async def test_prepare_and_build_rename_reused_ids_the_same_way(
         assert gateway.validate(items) == []
 
 
+@pytest.mark.parametrize("policy", ["keep", "drop"])
 @pytest.mark.parametrize("kind", list(GatewayType))
-async def test_request_bytes_equal_the_encoded_body_of_build(kind: GatewayType) -> None:
+async def test_request_bytes_equal_the_encoded_body_of_build(
+    kind: GatewayType, policy: EarlierStatePolicy
+) -> None:
     """Invariant: ``request_bytes(prefix, continuation)`` is byte for byte
     ``msgspec.json.encode(request_body(build(prefix, continuation)))`` for every
     gateway, turn after turn (the closed turns come from the render cache), and a
     continuation refused by ``build`` is refused the same way."""
     encode = msgspec.json.Encoder().encode
     limits = HistoryLimits(max_turns=3)
-    async with Foundation(gateway=kind, history_limits=limits) as foundation:
+    async with Foundation(
+        gateway=kind, history_limits=limits, behavior_rules="Be brief.", earlier_state=policy
+    ) as foundation:
         manager = foundation.manager
         gateway = manager.gateway
         for n in range(6):
