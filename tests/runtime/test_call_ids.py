@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 
+import msgspec
 import pytest
 
 from tests.context.gateways._support import ITEM_FIELD, call_sites
-from tests.runtime.helpers import call, result, user
-from turnloom.context import GatewayType, get_gateway
+from tests.runtime.helpers import assistant, call, result, user
+from turnloom.context import GatewayType, Message, Role, get_gateway
+from turnloom.context.history import HistoryLimits
+from turnloom.errors import InstructionMessageError
 from turnloom.runtime import ContextPrepareRequest, EarlierStatePolicy, Foundation, TurnSnapshot
 
 pytestmark = pytest.mark.anyio
@@ -56,3 +59,33 @@ async def test_prepare_and_build_rename_reused_ids_the_same_way(
         items = body[ITEM_FIELD[kind.value]]
         assert [s[2] for s in call_sites(kind.value, items) if s[0] == "call"][-1] == "c1_r3"
         assert gateway.validate(items) == []
+
+
+@pytest.mark.parametrize("policy", ["keep", "drop"])
+@pytest.mark.parametrize("kind", list(GatewayType))
+async def test_request_bytes_equal_the_encoded_body_of_build(
+    kind: GatewayType, policy: EarlierStatePolicy
+) -> None:
+    """Invariant: ``request_bytes(prefix, continuation)`` is byte for byte
+    ``msgspec.json.encode(request_body(build(prefix, continuation)))`` for every
+    gateway, turn after turn (the closed turns come from the render cache), and a
+    continuation refused by ``build`` is refused the same way."""
+    encode = msgspec.json.Encoder().encode
+    limits = HistoryLimits(max_turns=3)
+    async with Foundation(
+        gateway=kind, history_limits=limits, behavior_rules="Be brief.", earlier_state=policy
+    ) as foundation:
+        manager = foundation.manager
+        gateway = manager.gateway
+        for n in range(6):
+            manager.accept_turn(
+                TurnSnapshot(context_id="c", turn_id=f"t{n}", input=(user(f"q{n}"),))
+            )
+            prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id=f"t{n}"))
+            assert manager.request_bytes(prefix) == encode(gateway.request_body(prefix.items))
+            steps = [call("c1"), result("c1", f"r{n}"), assistant(f"a{n}")]
+            built = manager.build(prefix, steps)
+            assert manager.request_bytes(prefix, steps) == encode(gateway.request_body(built))
+            manager.record("c", f"t{n}", steps)
+        with pytest.raises(InstructionMessageError):
+            manager.request_bytes(prefix, [Message(role=Role.system, content="no")])

@@ -393,3 +393,15 @@ async def test_a_routed_item_carrying_a_runtime_state_call_is_rejected() -> None
         assert _fingerprint(foundation) == before
         prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
         assert (prefix.area_pass, prefix.area_items, prefix.item_count) == ("none", 0, 3)
+
+
+async def test_request_bytes_rejects_a_forged_prefix_as_build_does() -> None:
+    """Invariant: request_bytes checks the prefix with build's check (same typed error)."""
+    async with Foundation() as foundation:
+        manager = foundation.manager
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("x"),)))
+        own = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
+        for prefix in (msgspec.structs.replace(own, items=None), msgspec.structs.replace(own)):
+            with pytest.raises(InvalidMessageError, match="not prepared by this manager"):
+                manager.request_bytes(prefix)
+        assert manager.request_bytes(own) == b'{"messages":[{"role":"user","content":"x"}]}'

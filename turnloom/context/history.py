@@ -77,6 +77,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
+from turnloom.context.body import BodyRun, EncodedBody, body_writer
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.message import (
@@ -239,9 +240,26 @@ class RenderedHistory:
         call_ids: the call-id renaming state after ``items`` (see
             :mod:`turnloom.context.callids`): continue it over items appended
             to this input so their call ids stay unique. Owned by the caller.
+        body: the gateway's request body of ``items``, with the body items
+            of the pinned instructions and the closed turns kept encoded by
+            the render cache (:class:`~turnloom.context.body.EncodedBody`):
+            ``body.encode()`` equals
+            ``msgspec.json.encode(gateway.request_body(items))`` and costs
+            O(items after the cached run) plus a C-speed join. None for a
+            private render (an older view, :meth:`HistoryView.render_scoped`)
+            or a gateway without a body writer.
     """
 
-    __slots__ = ("_positions", "_tail", "bytes", "call_ids", "items", "tokens", "turn_start")
+    __slots__ = (
+        "_positions",
+        "_tail",
+        "body",
+        "bytes",
+        "call_ids",
+        "items",
+        "tokens",
+        "turn_start",
+    )
 
     def __init__(
         self,
@@ -250,8 +268,10 @@ class RenderedHistory:
         tail: _Rendered,
         call_ids: CallIdRenamer,
         turn_start: int,
+        body: EncodedBody | None = None,
     ) -> None:
         self.items = items
+        self.body = body
         self._positions = positions
         self._tail = tail  # everything after the run: unsettled turns, then the turn's input
         self.call_ids = call_ids
@@ -535,14 +555,18 @@ class _Run:
     ``items`` is a list changed in place (evicted turns deleted at the front,
     closed turns appended), so a prepare copies the run once, into its output
     tuple, and never walks it in Python. ``call_ids`` and ``carry`` are the
-    call-id renaming and pairing states after ``items``. Guarded by
-    ``_Shared.lock``.
+    call-id renaming and pairing states after ``items``. ``body`` keeps the
+    request body of ``items`` encoded, one segment per turn: segment 0 is
+    the pinned instructions, turn ``i`` of ``positions`` is segment
+    ``first_tag + i``. Guarded by ``_Shared.lock``.
     """
 
     __slots__ = (
+        "body",
         "call_ids",
         "carry",
         "evicted",
+        "first_tag",
         "generation",
         "items",
         "pinned_entries",
@@ -569,6 +593,8 @@ class _Run:
         self.call_ids = call_ids
         # The calls still open after the run's last turn, carried into the next.
         self.carry: tuple[ToolCallPart, ...] = ()
+        self.body: BodyRun | None = None
+        self.first_tag = 1
 
 
 class _Shared:
@@ -983,6 +1009,7 @@ class HistoryView:
                     run.items.extend(tail.items)
                     items = tuple(run.items)
                     del run.items[len(run.items) - len(tail.items) :]
+                    body = run.body.snapshot(tail.items) if run.body is not None else None
                 except BaseException:
                     # The run may be half changed: drop it; the next render rebuilds it.
                     shared.runs.pop(key, None)
@@ -990,14 +1017,15 @@ class HistoryView:
                 positions = run.positions
         if not newest:
             # An older view (or an earlier turn): a private run, the cache untouched.
-            private = self._build(gateway, slots, open_calls)
+            private = self._build(gateway, slots, open_calls, body=False)
             plan = _plan(closed, head, (), gateway, slots, open_calls, shared.counter)
             settled, tail, call_ids = plan.rename(gateway, private.call_ids)
             self._append(private, closed, plan, settled)
             items = tuple(private.items) + tail.items
             positions = private.positions
+            body = None
         turn_start = len(items) - len(plan.head.items) + plan.head.lead
-        return RenderedHistory(items, positions, tail, call_ids, turn_start)
+        return RenderedHistory(items, positions, tail, call_ids, turn_start, body)
 
     def render_scoped(
         self,
@@ -1117,7 +1145,9 @@ class HistoryView:
             out.extend(turn.messages(True))
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
-    def _build(self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy) -> _Run:
+    def _build(
+        self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy, body: bool = True
+    ) -> _Run:
         call_ids = CallIdRenamer()
         pinned = _renamed(
             _render_entries(self._pinned, gateway, slots[0], policy, self._shared.counter),
@@ -1125,9 +1155,12 @@ class HistoryView:
             call_ids,
         )
         positions = _TurnPositions(pinned, (), (), (0, 0), (), ())
-        return _Run(
+        run = _Run(
             self._pinned, positions, list(pinned.items), self._evicted, self._generation, call_ids
         )
+        if body:
+            run.body = _body_run(gateway, positions, run.first_tag)
+        return run
 
     def _advance(self, run: _Run, closed: tuple[_Turn, ...], gateway: Gateway) -> bool:
         """Drop the turns evicted since the run was built; False when it cannot be reused."""
@@ -1159,6 +1192,15 @@ class HistoryView:
                 # rebuilt from the per-turn caches (O(kept items), once).
                 return False
             del run.items[start:end]
+            first_kept = run.first_tag + dropped
+            if run.body is not None and not run.body.drop(first_kept, evicted_ids):
+                # The kept body differs from the cached one (a turn merged
+                # across the cut, say): rebuilt from the kept renders, once.
+                run.body = None
+                rebuild = True
+            else:
+                rebuild = False
+            run.first_tag = first_kept
             gone = sum(r.tokens for r in positions.rendered[:dropped])
             run.positions = _TurnPositions(
                 positions.pinned,
@@ -1172,6 +1214,8 @@ class HistoryView:
             run.evicted = self._evicted
             if not kept:
                 run.carry = ()  # the calls it carried were evicted with their turn
+            if rebuild:
+                run.body = _body_run(gateway, run.positions, run.first_tag)
         return True
 
     def _append(
@@ -1196,8 +1240,13 @@ class HistoryView:
             tokens += rendered.tokens
             item_ends.append(items_at)
             byte_ends.append(bytes_at)
+        body = run.body
+        tag = run.first_tag + reuse
         for rendered in renders:
             run.items.extend(rendered.items)
+            if body is not None:
+                body.append(rendered.items, tag)
+                tag += 1
         run.positions = _TurnPositions(
             positions.pinned,
             closed[: reuse + plan.settled],
@@ -1208,6 +1257,18 @@ class HistoryView:
             tokens,
         )
         run.carry = plan.carry
+
+
+def _body_run(gateway: Gateway, positions: _TurnPositions, first_tag: int) -> BodyRun | None:
+    """The encoded request body of a run's items (segment 0 the pinned, then each turn)."""
+    writer = body_writer(gateway)
+    if writer is None:
+        return None
+    body = BodyRun(writer)
+    body.append(positions.pinned.items, 0)
+    for tag, rendered in enumerate(positions.rendered, first_tag):
+        body.append(rendered.items, tag)
+    return body
 
 
 def _blank(message: Message) -> bool:

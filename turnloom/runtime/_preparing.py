@@ -167,7 +167,7 @@ class Preparer:
                 prepared,
                 anyio.current_time() - preparation.requested_at,
             )
-            self._issued.add(prepared, delivered.call_ids)
+            self._issued.add(prepared, delivered.call_ids, delivered.body)
 
         preparation.deliver = deliver
         preparation.result = prepared

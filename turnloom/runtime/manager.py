@@ -615,6 +615,30 @@ class ContextManager:
         self._life.check_open()
         return self._issued.build(prefix, continuation)
 
+    def request_bytes(self, prefix: PreparedContext, continuation: Sequence[Message] = ()) -> bytes:
+        """The encoded request body of ``build(prefix, continuation)``, as UTF-8 JSON bytes.
+
+        Equal, byte for byte, to
+        ``msgspec.json.encode(manager.gateway.request_body(manager.build(prefix,
+        continuation)))``, but the body items of the pinned instructions and
+        the closed turns are not encoded again: the history's render cache
+        keeps them encoded (and, for Anthropic and Gemini, merged; see
+        :mod:`turnloom.context.body`), so the cost is the open turn and the
+        continuation plus one C-speed join of the cached bytes. Checks and
+        renders the continuation as :meth:`build` does. A prefix whose
+        assembly put a system prompt before the history is encoded whole.
+        The caller adds the model, tools and settings (by splicing the
+        bytes, or by decoding them).
+
+        Returns:
+            the body's JSON bytes (``{"messages": [...]}`` and the like).
+
+        Raises:
+            the errors of :meth:`build`, for the same reasons.
+        """
+        self._life.check_open()
+        return self._issued.request_bytes(prefix, continuation)
+
     # -- lifecycle (driven by the Foundation) ---------------------------------------
 
     async def _aclose(self, grace_period: float) -> None:
