@@ -32,9 +32,10 @@ from __future__ import annotations
 
 __all__ = ("ContextManager", "Invocation")
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -615,29 +616,43 @@ class ContextManager:
         self._life.check_open()
         return self._issued.build(prefix, continuation)
 
-    def request_bytes(self, prefix: PreparedContext, continuation: Sequence[Message] = ()) -> bytes:
-        """The encoded request body of ``build(prefix, continuation)``, as UTF-8 JSON bytes.
+    def request_bytes(
+        self,
+        prefix: PreparedContext,
+        continuation: Sequence[Message] = (),
+        *,
+        fields: Mapping[str, Any] | None = None,
+    ) -> bytes:
+        """The whole request body of ``build(prefix, continuation)``, as UTF-8 JSON bytes.
 
-        Equal, byte for byte, to
-        ``msgspec.json.encode(manager.gateway.request_body(manager.build(prefix,
-        continuation)))``, but the body items of the pinned instructions and
-        the closed turns are not encoded again: the history's render cache
-        keeps them encoded (and, for Anthropic and Gemini, merged; see
-        :mod:`turnloom.context.body`), so the cost is the open turn and the
-        continuation plus one C-speed join of the cached bytes. Checks and
-        renders the continuation as :meth:`build` does. A prefix whose
-        assembly put a system prompt before the history is encoded whole.
-        The caller adds the model, tools and settings (by splicing the
-        bytes, or by decoding them).
+        Equal, byte for byte, to ``msgspec.json.encode({**fields,
+        **manager.gateway.request_body(manager.build(prefix, continuation))})``,
+        but the body items of the pinned instructions and the closed turns are
+        not encoded again: the history's render cache keeps them encoded (for
+        Anthropic and Gemini, merged; see :mod:`turnloom.context.body`), so
+        the cost is the open turn and the continuation plus one C-speed join
+        of the cached bytes. The continuation is checked and rendered as
+        :meth:`build` does. A prefix whose assembly put a system prompt
+        before the history is encoded whole.
+
+        Args:
+            fields: the request's own top-level fields, for example
+                ``{"model": "gpt-4o", "tools": [...]}``, written first.
 
         Returns:
-            the body's JSON bytes (``{"messages": [...]}`` and the like).
+            the body's JSON bytes (``{"model": ..., "messages": [...]}`` and the like).
 
         Raises:
-            the errors of :meth:`build`, for the same reasons.
+            InvalidArgumentError: ``fields`` is not a str-keyed mapping of JSON
+                data, or sets a field the body writes (the gateway's
+                ``items_field``, or its instructions field: ``system``,
+                ``systemInstruction``, ``instructions``).
+            FoundationClosedError, InvalidMessageError, InvalidTextError,
+            InstructionMessageError, DuplicateIdError, ProviderRuleError,
+            TurnTooLargeError: as :meth:`build`, for the same reasons.
         """
         self._life.check_open()
-        return self._issued.request_bytes(prefix, continuation)
+        return self._issued.request_bytes(prefix, continuation, fields)
 
     # -- lifecycle (driven by the Foundation) ---------------------------------------
 
