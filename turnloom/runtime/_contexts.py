@@ -47,6 +47,7 @@ from turnloom.runtime._records import (
 from turnloom.runtime._render import DeliveredPrefix
 from turnloom.runtime.assembly import AssembledContext
 from turnloom.runtime.schemas import TurnSnapshot
+from turnloom.runtime.state import EarlierStatePolicy
 
 
 class TurnAssembly:
@@ -84,6 +85,7 @@ class ContextTable:
 
     __slots__ = (
         "_counters",
+        "_drop_state",
         "_empty",
         "_gateway",
         "_limits",
@@ -98,8 +100,11 @@ class ContextTable:
         gateway: Gateway,
         counters: Counters,
         token_counter: TokenCounter | None = None,
+        earlier_state: EarlierStatePolicy = "keep",
     ) -> None:
         self._limits = limits
+        # Under "drop" no history keeps state: a restored one lets go of its pairs.
+        self._drop_state = earlier_state == "drop"
         self._token_counter = token_counter
         self._gateway = gateway
         self._counters = counters
@@ -328,10 +333,15 @@ class ContextTable:
         del self.contexts[context_id]
 
     def install(self, context_id: str, history: TurnHistory | None) -> None:
-        """Replace a context's in-memory state by a restored history (None: no state)."""
+        """Replace a context's in-memory state by a restored history (None: no state).
+
+        Under ``earlier_state="drop"`` the restored turns' kept pairs (stored
+        by a ``"keep"`` host) are let go, and that is logged, so no earlier
+        pair is sent and the stored log rebuilds this history.
+        """
         self.unload(context_id)
         if history is not None:
-            self.contexts[context_id] = ContextState(context_id, history)
+            state = self.contexts[context_id] = ContextState(context_id, history)
             # Held now; what the history counted before it was stored was
             # counted by the manager that counted it.
             held = msgspec.structs.replace(
@@ -343,6 +353,11 @@ class ContextTable:
                 dropped_blank_outputs=0,
             )
             self._counters.history_changed(self._empty, held)
+            if self._drop_state:
+                view = history.view()
+                for turn_id in view.turn_ids:
+                    if view.turn_state(turn_id):
+                        self.keep_state(state, turn_id, (), history.turn_serial(turn_id))
 
     def unload(self, context_id: str) -> None:
         """Drop a context's in-memory state, if any (it stays in the durable store)."""
