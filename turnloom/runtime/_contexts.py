@@ -29,6 +29,7 @@ from turnloom.context.tokens import TokenCounter
 from turnloom.errors import (
     ContextRemovedError,
     DuplicateAreaError,
+    ItemTooLargeError,
     StateError,
     UnknownContextError,
     UnknownTurnError,
@@ -234,10 +235,12 @@ class ContextTable:
         """Keep a delivered prefix's runtime-state pair (or none) as its turn's.
 
         Nothing happens when the context is no longer held as ``state`` or the
-        turn (``serial``) is gone: a kept pair leaves with its turn. The pair
-        was built and checked by the render, so this never raises. It does not
-        evict: the prefix just delivered stays a render of the history, and
-        the next commit, record or end of a model call evicts as usual.
+        turn (``serial``) is gone: a kept pair leaves with its turn. A pair
+        the render sent within the per-item byte cap can be over it as a
+        history message (its encoding is longer than the native item's): the
+        turn then keeps none. This never raises. It does not evict: the
+        prefix just delivered stays a render of the history, and the next
+        commit, record or end of a model call evicts as usual.
         """
         if self.contexts.get(state.context_id) is not state:
             return
@@ -245,7 +248,14 @@ class ContextTable:
         if not history.has_turn(turn_id) or history.view().turn_state(turn_id) == pair:
             return  # gone, or delivered again unchanged: nothing to log
         before = history.statistics()
-        if not history.keep_state(turn_id, pair, serial=serial):
+        try:
+            kept = history.keep_state(turn_id, pair, serial=serial)
+        except ItemTooLargeError:
+            pair = ()
+            if history.view().turn_state(turn_id) == pair:
+                return
+            kept = history.keep_state(turn_id, pair, serial=serial)
+        if not kept:
             return
         if self.log is not None:
             self.log(state.context_id, StateKept(turn_id=turn_id, state=pair))

@@ -32,7 +32,8 @@ history does not evict, and the kept pair counts against the history's limits
 recalled memory (an assembly strategy's per-turn layer) is never kept: the
 memory was recalled for that request's tenant, and a later turn of the
 context may be prepared for another one; such a turn's later inputs hold no
-pair, as under ``"drop"``. ``"drop"`` sends only the current turn's pair: each
+pair, as under ``"drop"``. Neither is a pair whose result, sent within the
+per-item byte cap, is over it as a history message (its encoding is longer). ``"drop"`` sends only the current turn's pair: each
 new turn's input differs from the previous input right after the previous
 turn's input, so what follows it is billed again.
 
