@@ -14,7 +14,6 @@ from turnloom.context import GatewayType, get_gateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.scope import LastNTurns
 from turnloom.errors import ConfigError, InputError
-from turnloom.runtime.state import state_messages
 from turnloom.runtime import (
     ContextContribution,
     ContextManager,
@@ -26,6 +25,7 @@ from turnloom.runtime import (
     build_context_manager,
     parse_config,
 )
+from turnloom.runtime.state import state_messages
 
 pytestmark = pytest.mark.anyio
 

@@ -33,9 +33,10 @@ recalled memory (an assembly strategy's per-turn layer) is never kept: the
 memory was recalled for that request's tenant, and a later turn of the
 context may be prepared for another one; such a turn's later inputs hold no
 pair, as under ``"drop"``. Neither is a pair whose result, sent within the
-per-item byte cap, is over it as a history message (its encoding is longer). ``"drop"`` sends only the current turn's pair: each
-new turn's input differs from the previous input right after the previous
-turn's input, so what follows it is billed again.
+per-item byte cap, is over it as a history message (its encoding is
+longer). ``"drop"`` sends only the current turn's pair: each new turn's
+input differs from the previous input right after the previous turn's
+input, so what follows it is billed again.
 
 Everything here is pure and synchronous.
 """
