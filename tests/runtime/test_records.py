@@ -12,7 +12,7 @@ import contextlib
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.runtime.helpers import CHAT, SYSTEM, assistant, call, result, user
@@ -140,6 +140,14 @@ def _same(left: TurnHistory, right: TurnHistory, *, counters: bool = True) -> No
     max_turns=st.integers(1, 4),
     max_items=st.integers(2, 9),
     max_tokens=st.integers(5, 80),
+)
+# A checkpointed turn whose outputs fill it and whose pair was kept after
+# them: restoring the pair before the outputs refused the outputs.
+@example(
+    ops=[("commit", False, ""), ("record", 0, ["0"]), ("keep", 0, True)],
+    max_turns=1,
+    max_items=2,
+    max_tokens=5,
 )
 def test_replaying_the_log_rebuilds_the_history_exactly(
     ops: list[tuple[object, ...]], max_turns: int, max_items: int, max_tokens: int

@@ -208,10 +208,12 @@ def _restore(history: TurnHistory, record: Checkpoint) -> None:
             instructions=record.pinned if i == 0 else None,
             sequence=record.sequence if i == 0 else None,
         )
-        if turn.state:
-            history.keep_state(turn.turn_id, turn.state)
+        # Outputs first: they were accepted with or without the pair (keeping
+        # checks no limit), and a record checks the turn's size with its pair.
         if turn.outputs:
             history.record(turn.turn_id, turn.outputs)
+        if turn.state:
+            history.keep_state(turn.turn_id, turn.state)
 
 
 def replay(
