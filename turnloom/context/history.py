@@ -1736,6 +1736,29 @@ class TurnHistory:
         self._tokens += turn.tokens
         self._view = None
 
+    def output_renders(self, turn_id: str, gateway: Gateway) -> dict[int, Sequence[NativeContent]]:
+        """The held outputs of ``turn_id`` rendered for ``gateway``, by ``id()`` of their message.
+
+        Each output message object the history holds (so one that passed
+        :meth:`check_batch`) maps to its cached render, rendered and cached
+        now if it was not yet (a history restored from a store). Empty when
+        no turn ``turn_id`` is held. O(the turn's outputs); the ids are valid
+        while the caller holds the messages (the history holds them too).
+
+        Raises:
+            ProviderRuleError: ``gateway`` cannot render a held output (it
+                rendered at the door unless the history was built without one).
+        """
+        for turn in reversed(self._turns):
+            if turn.turn_id == turn_id:
+                slot = self._shared.gateway_slot(gateway)
+                renders: dict[int, Sequence[NativeContent]] = {}
+                for entry in turn.outputs:
+                    native = entry.rendered(gateway, slot)[0]
+                    renders[id(entry.message)] = native if type(native) is tuple else (native,)  # type: ignore[assignment]
+                return renders
+        return {}
+
     def turn_serial(self, turn_id: str) -> int:
         """The serial of the held turn ``turn_id``: unique in this history, never reused.
 

@@ -1065,7 +1065,9 @@ class ContextManager:
         copy of the prefix's set of call ids.
 
         Returns:
-            tuple of NativeContent, oldest first.
+            tuple of NativeContent, oldest first; shared with caches (the
+            prefix's items, and the cached renders of continuation messages
+            the turn recorded): treat as read-only.
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
@@ -1085,7 +1087,14 @@ class ContextManager:
                 messages.
         """
         self._check_open()
-        return self._issued.build(prefix, continuation)
+        state = (
+            self._table.contexts.get(prefix.context_id)
+            if isinstance(prefix, PreparedContext)
+            else None
+        )
+        return self._issued.build(
+            prefix, continuation, state.history if state is not None else None
+        )
 
     # -- sub-agents ----------------------------------------------------------------
 
