@@ -1408,6 +1408,11 @@ class TurnHistory:
         return self._limits
 
     @property
+    def held_items(self) -> int:
+        """Messages held: the kept turns' and the pinned instructions (O(1))."""
+        return self._items + len(self._pinned)
+
+    @property
     def token_counter(self) -> TokenCounter:
         """The counter every token number of this history comes from."""
         return self._shared.counter

@@ -381,11 +381,10 @@ def check_outputs(
     check_id(turn_id, "turn id")
     if isinstance(outputs, Message) or not isinstance(outputs, Sequence):
         raise InvalidMessageError("record takes a sequence of Messages, oldest first.")
-    check_renderable(
-        gateway, outputs, f"Output of turn {excerpt(turn_id)}", history, turn_id=turn_id
-    )
-    reject_state(outputs, context_id, turn_id, f"Output of turn {excerpt(turn_id)}")
-    reject_instructions(outputs, "outputs", f"Output of turn {excerpt(turn_id)}")
+    where = f"Output of turn {excerpt(turn_id)}"
+    check_renderable(gateway, outputs, where, history, turn_id=turn_id)
+    reject_state(outputs, context_id, turn_id, where)
+    reject_instructions(outputs, "outputs", where)
 
 
 def check_snapshot(

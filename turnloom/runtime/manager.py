@@ -972,8 +972,11 @@ class ContextManager:
         request = check_request(request, self._limits.max_item_bytes)
         requested_at = anyio.current_time()
         origin = self._table.contexts.get(request.context_id)
-        await queue.acquire(request)
-        return await queue.admit(request, requested_at, origin, preparer.run)
+        # A request that waited for its slot runs as a task, in the order the
+        # slots were granted; one that found a slot free may run inline.
+        waited = await queue.acquire(request)
+        inline = None if waited else preparer.run_inline
+        return await queue.admit(request, requested_at, origin, preparer.run, inline)
 
     async def prepare_nowait(self, request: ContextPrepareRequest) -> PreparedContext:
         """Like :meth:`prepare`, but refuse at once when every slot is taken.
@@ -1001,7 +1004,9 @@ class ContextManager:
         requested_at = anyio.current_time()
         queue.acquire_nowait(request)
         origin = self._table.contexts.get(request.context_id)
-        return await queue.admit(request, requested_at, origin, preparer.run)
+        return await queue.admit(
+            request, requested_at, origin, preparer.run, preparer.run_inline, checkpointed=False
+        )
 
     async def hydrate_context(self, prefix: PreparedContext, call: ToolCallPart) -> Message:
         """Answer the model's ``hydrate_context`` call of a JIT turn with a tool result.
