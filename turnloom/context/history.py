@@ -65,6 +65,7 @@ import bisect
 import ctypes
 import gc
 import itertools
+import operator
 import sys
 import sysconfig
 import threading
@@ -858,8 +859,13 @@ def _untrack_json(value: object) -> None:
             children = node  # type: ignore[assignment]
         else:
             continue
-        if is_tracked(node):
-            untrack(id(node))
+        if not is_tracked(node):
+            # Untracked already: by an earlier pass, which untracked its
+            # containers too, or by CPython, which keeps a dict untracked only
+            # while it holds no list, dict or tracked tuple, and a tuple only
+            # when none it holds is tracked. Nothing below it needs untracking.
+            continue
+        untrack(id(node))
         for child in children:
             if type(child) in _CONTAINERS:
                 stack.append(child)
@@ -1569,9 +1575,7 @@ class TurnHistory:
         memo = _UNCHECKED
         for memo in self._checked:
             seen = memo[0]
-            if len(seen) == len(messages) and all(
-                a is b for a, b in zip(seen, messages, strict=True)
-            ):
+            if len(seen) == len(messages) and all(map(operator.is_, seen, messages)):
                 break
         else:
             memo = _UNCHECKED

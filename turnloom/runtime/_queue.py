@@ -181,7 +181,8 @@ class PreparationQueue:
         spot, no task is started and the slot is freed at once; the result is
         delivered as a task's would be. Unless the caller already passed a
         checkpoint (``checkpointed``, as :meth:`acquire` does), the caller
-        then passes one, and a caller cancelled there discards the result.
+        then passes one, holding the slot, and a caller cancelled there
+        discards the result.
 
         Raises:
             FoundationClosedError: the queue closed while the caller waited for
@@ -198,13 +199,17 @@ class PreparationQueue:
                     self._counters.failed += 1
                 raise
             if done is not None:
-                self._slots.release(tenant)
                 if not checkpointed:
+                    # The slot is held until the requester resumes with the result.
                     try:
                         await anyio.lowlevel.checkpoint()
                     except BaseException:
                         self._counters.discarded += 1  # settled, but the requester is gone
                         raise
+                    finally:
+                        self._slots.release(tenant)
+                else:
+                    self._slots.release(tenant)
                 prepared, deliver = done
                 deliver()
                 self._counters.prepared += 1

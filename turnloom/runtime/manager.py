@@ -972,11 +972,17 @@ class ContextManager:
         request = check_request(request, self._limits.max_item_bytes)
         requested_at = anyio.current_time()
         origin = self._table.contexts.get(request.context_id)
-        # A request that waited for its slot runs as a task, in the order the
-        # slots were granted; one that found a slot free may run inline.
         waited = await queue.acquire(request)
-        inline = None if waited else preparer.run_inline
-        return await queue.admit(request, requested_at, origin, preparer.run, inline)
+        # One that waited for its slot passes a checkpoint after an inline
+        # render, so requesters granted before it resume first.
+        return await queue.admit(
+            request,
+            requested_at,
+            origin,
+            preparer.run,
+            preparer.run_inline,
+            checkpointed=not waited,
+        )
 
     async def prepare_nowait(self, request: ContextPrepareRequest) -> PreparedContext:
         """Like :meth:`prepare`, but refuse at once when every slot is taken.
