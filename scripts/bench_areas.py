@@ -53,7 +53,7 @@ async def _run(rounds: int, items: int) -> dict[str, tuple[list[float], list[flo
                 manager.record("c", f"w{n}", [Message(role=Role.assistant, content=f"answer {n}")])
             if mode == "pinned":
                 for k in range(10):
-                    manager.attach_area("c", PinnedNotice(f"pinned fact {k}"))
+                    manager.areas.attach("c", PinnedNotice(f"pinned fact {k}"))
         for r in range(rounds):
             for mode in MODES:
                 manager = managers[mode]
@@ -66,8 +66,8 @@ async def _run(rounds: int, items: int) -> dict[str, tuple[list[float], list[flo
                     )
                 )
                 if mode == "churn":
-                    manager.attach_area("c", OneShotNotice(f"notice {r}"))
-                    manager.route("c", {"role": "assistant", "content": f"routed {r}"})
+                    manager.areas.attach("c", OneShotNotice(f"notice {r}"))
+                    manager.areas.route("c", {"role": "assistant", "content": f"routed {r}"})
                 begin = time.perf_counter()
                 prepared = await manager.prepare(
                     ContextPrepareRequest(context_id="c", turn_id=turn_id)

@@ -144,7 +144,7 @@ async def _run(args: argparse.Namespace) -> None:
                 f"{prepared.tokens:>9,} tokens  x{seconds / base:.2f} of unscoped"
             )
         seconds, ctx = await _median(
-            lambda: manager.working_context("c", scope=LastNTurns(4)), args.repeat
+            lambda: manager.bridge.working_context("c", scope=LastNTurns(4)), args.repeat
         )
         print(
             f"{'working_context(LastNTurns(4))':32} {seconds * 1e3:8.3f} ms  "

@@ -9,8 +9,9 @@ round-robin so load from elsewhere on the machine affects them alike:
    ("openai")`` and LangChain's ``convert_to_openai_messages`` converting the
    same N-item history (they keep no render cache, so each call converts it
    all). Ratios are peer time / turnloom time (above 1: turnloom is faster).
-2. **time to bytes**, per gateway: prepare, ``request_body`` and a JSON encode
-   (msgspec for every program) of the whole request body, beside LiveKit's
+2. **time to bytes**, per gateway: prepare and the request body's JSON bytes
+   (turnloom: ``manager.request_bytes``, which keeps the closed turns' body
+   encoded; peers: a msgspec encode of the whole body), beside LiveKit's
    conversion to the same provider plus the same encode. The last column is
    turnloom's 10,000/100 ratio (the goal is at most 2x).
 
@@ -89,7 +90,7 @@ class _Turnloom:
             request = ContextPrepareRequest(context_id="bench", turn_id=turn_id)
             prefix = await manager.prepare(request)
             prepared = time.perf_counter()
-            body = _encode(manager.gateway.request_body(prefix.items))
+            body = manager.request_bytes(prefix)  # the closed turns' body cached, encoded
             done = time.perf_counter()
             assert body
             self.prepare.append(prepared - begin)

@@ -34,7 +34,7 @@ from turnloom.context.gateway import GatewayType, get_gateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.memory import TenantScope, check_tenant_scope
 from turnloom.errors import ConfigError, InputError, StoreError, TurnloomError, excerpt
-from turnloom.runtime.assembly import STRATEGIES
+from turnloom.runtime import STRATEGIES
 from turnloom.runtime.config import RuntimeConfig, load_config
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.metrics import MetricsServer, serve_metrics

@@ -132,8 +132,11 @@ async def run_stress(
     results of the calls its newest turn left open, as an approval), records
     outputs (text, one or two calls, results, late outputs to older turns)
     and prepares its newest turn (sometimes an older one, sometimes two at
-    once) while the gateway fails renders at random. Every successful prepare
-    is compared with :func:`cold_render` and checked with ``validate()``.
+    once) while the gateway fails renders at random. Contexts with an odd
+    index send runtime state (a loop budget), so each prepared turn keeps its
+    state pair and later renders carry it. Every successful prepare is
+    compared with :func:`cold_render` (the items before its own state pair)
+    and checked with ``validate()``.
     """
     gateway = FlakyGateway(rate, seed)
     limits = limits if limits is not None else HistoryLimits(max_turns=4, max_items=14)
@@ -163,13 +166,27 @@ async def _run(
             if counts["prepares"] >= prepares:
                 return
             counts["prepares"] += 1
-            request = ContextPrepareRequest(context_id=context_id, turn_id=turn_id)
+            # Always the same state for a context: concurrent prepares of its
+            # turns keep equal pairs, so the history the oracle reads afterwards
+            # is the one each prepare captured.
+            budget = 4 if int(context_id.removeprefix("ctx")) % 2 else None
+            request = ContextPrepareRequest(
+                context_id=context_id, turn_id=turn_id, loop_budget=budget
+            )
+            # The oracle before and after: a concurrent prepare of another turn
+            # of the context may keep that turn's first pair while this one waits.
+            before = cold_render(manager, context_id, turn_id)
             try:
                 prepared = await manager.prepare(request)
             except InjectedRenderError:
                 counts["failed"] += 1
                 return
-            if list(prepared.items) != cold_render(manager, context_id, turn_id):
+            pair = 0 if prepared.state_call_id is None else 2
+            core = list(prepared.items[: prepared.area_start - pair])
+            if core not in (
+                before,
+                cold_render(manager, context_id, turn_id),
+            ) or prepared.area_start != len(prepared.items):
                 counts["wrong"] += 1
             if CHAT.validate(prepared.items):
                 counts["invalid"] += 1

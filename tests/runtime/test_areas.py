@@ -139,7 +139,7 @@ async def test_a_one_shot_notice_sits_after_the_turn_input_and_is_collected_next
     async with Foundation() as foundation:
         manager = foundation.manager
         manager.accept_turn(snapshot("t1", "Where is my bag?", instructions=(SYSTEM,)))
-        manager.attach_area("c", OneShotNotice("Bags are tracked by tag number."))
+        manager.areas.attach("c", OneShotNotice("Bags are tracked by tag number."))
         assert manager.statistics().areas.attached == 1
         first = await manager.prepare(request("t1", loop_budget=3))
         call_id = state_call_id("c", "t1")
@@ -164,13 +164,16 @@ async def test_a_one_shot_notice_sits_after_the_turn_input_and_is_collected_next
         manager.record("c", "t1", [assistant("It is at gate 4.")])
         manager.accept_turn(snapshot("t2", "Thanks"))
         second = await manager.prepare(request("t2"))
+        # t1 keeps the state pair it was sent (earlier_state="keep"), not the notice.
         assert list(second.items) == [
             {"role": "system", "content": "You are an airline agent."},
             {"role": "user", "content": "Where is my bag?"},
+            first.items[2],
+            first.items[3],
             {"role": "assistant", "content": "It is at gate 4."},
             {"role": "user", "content": "Thanks"},
         ]
-        assert (second.area_start, second.area_items, second.area_pass) == (4, 0, "rendered")
+        assert (second.area_start, second.area_items, second.area_pass) == (6, 0, "rendered")
         assert history_of(manager)[0] == ("t1", "t2")  # the notice never entered history
         stats = manager.statistics()
         assert (
@@ -196,7 +199,7 @@ async def test_a_subtask_runs_over_several_prepares_then_leaves_its_summary() ->
             done=lambda area: len(area.routed) >= 2,
             summary="Fare rules: changes are free within 24 hours.",
         )
-        manager.attach_area("c", subtask)
+        manager.areas.attach("c", subtask)
         instruction = {"role": "user", "content": "Look up the fare rules first."}
 
         p1 = await manager.prepare(request("t1"))
@@ -208,7 +211,7 @@ async def test_a_subtask_runs_over_several_prepares_then_leaves_its_summary() ->
         step = assistant("Checking the fare class.")
         subtask.route(step)
         for item in native(manager, step):
-            manager.route("c", item)
+            manager.areas.route("c", item)
         p2 = await manager.prepare(request("t1"))
         assert list(p2.items[1:]) == [
             instruction,
@@ -219,7 +222,7 @@ async def test_a_subtask_runs_over_several_prepares_then_leaves_its_summary() ->
         lookup, found = call("k1", "fare_rules"), result("k1", "free within 24h")
         subtask.route(lookup)
         for item in native(manager, lookup) + native(manager, found):
-            manager.route("c", item)
+            manager.areas.route("c", item)
         p3 = await manager.prepare(request("t1"))  # done holds: it retires in observe()
         assert p3.area_items == 4
         assert p3.items[3]["tool_calls"][0]["id"] == "k1"
@@ -252,10 +255,10 @@ async def test_the_combined_input_passes_every_gateways_rules(kind: GatewayType)
         manager.accept_turn(snapshot("t1", "hello", instructions=(SYSTEM,)))
         manager.record("c", "t1", [call("h1", "lookup"), result("h1", "found"), assistant("Done.")])
         manager.accept_turn(snapshot("t2", "and now?"))
-        manager.attach_area("c", PinnedNotice("The customer is a gold member."))
-        manager.attach_area("c", OneShotNotice("Mention the new baggage policy."))
+        manager.areas.attach("c", PinnedNotice("The customer is a gold member."))
+        manager.areas.attach("c", OneShotNotice("Mention the new baggage policy."))
         subtask = SubtaskArea("Check the booking.", done=lambda a: False, summary="checked")
-        manager.attach_area("c", subtask)
+        manager.areas.attach("c", subtask)
         contributions = (ContextContribution(name="memory", content="likes tea"),)
         first = await manager.prepare(request("t2", contributions=contributions))
         body = gateway.request_body(first.items)
@@ -266,7 +269,7 @@ async def test_the_combined_input_passes_every_gateways_rules(kind: GatewayType)
             for item in gateway.render(message)
         ]
         for item in routed:
-            manager.route("c", item)
+            manager.areas.route("c", item)
         second = await manager.prepare(request("t2", contributions=contributions))
         assert second.area_pass == "rendered"
         assert second.area_items == first.area_items + len(routed) == 6
@@ -284,12 +287,12 @@ async def test_no_collection_while_a_model_call_is_in_flight() -> None:
     async with Foundation() as foundation:
         manager = foundation.manager
         manager.accept_turn(snapshot("t1", "hi"))
-        manager.attach_area("c", OneShotNotice("first notice"))
+        manager.areas.attach("c", OneShotNotice("first notice"))
         first = await manager.prepare(request("t1"))
         assert first.items[1:] == ({"role": "user", "content": "first notice"},)
         async with manager.invocation("c", "t1") as invocation:
-            manager.attach_area("c", OneShotNotice("second notice"))
-            manager.route("c", {"role": "assistant", "content": "routed meanwhile"})
+            manager.areas.attach("c", OneShotNotice("second notice"))
+            manager.areas.route("c", {"role": "assistant", "content": "routed meanwhile"})
             during = await manager.prepare(request("t1"))
             invocation.record([assistant("hello")])
         assert during.items == first.items
@@ -318,8 +321,8 @@ async def test_an_area_that_raises_fails_the_prepare_and_changes_nothing(kind: G
         flaky = FlakyArea()
         routed = native(manager, assistant("routed before the failure"))
         for item in routed:
-            manager.route("c", item)
-        manager.attach_area("c", flaky)
+            manager.areas.route("c", item)
+        manager.areas.attach("c", flaky)
         with pytest.raises(AreaCallbackError) as caught:
             await manager.prepare(request("t1"))
         assert (caught.value.area, caught.value.phase) == (flaky, "render")
@@ -344,15 +347,15 @@ async def test_a_routed_call_without_its_result_fails_the_prepare_until_it_is_ro
         manager = foundation.manager
         manager.accept_turn(snapshot("t1", "hi"))
         (call_item,) = native(manager, call("k9", "search"))
-        manager.route("c", call_item)
+        manager.areas.route("c", call_item)
         with pytest.raises(OpenToolCallError) as caught:
             await manager.prepare(request("t1"))
         assert caught.value.call_ids == ("k9",)
         assert "'c'" in str(caught.value)
         assert manager.statistics().preparations.pending == 0
         with pytest.raises(InvalidMessageError):
-            manager.route("c", {"role": "assistant", "content": "jumped the queue"})
-        manager.route("c", {"role": "tool", "tool_call_id": "k9", "content": "3 hits"})
+            manager.areas.route("c", {"role": "assistant", "content": "jumped the queue"})
+        manager.areas.route("c", {"role": "tool", "tool_call_id": "k9", "content": "3 hits"})
         ok = await manager.prepare(request("t1"))
         assert list(ok.items[1:]) == [
             call_item,
@@ -367,9 +370,9 @@ async def test_attach_area_and_route_reject_bad_input_before_changing_anything()
         manager = foundation.manager
         notice = OneShotNotice("n")
         with pytest.raises(UnknownContextError):
-            manager.attach_area("nope", notice)
+            manager.areas.attach("nope", notice)
         with pytest.raises(UnknownContextError):
-            manager.route("nope", {"role": "assistant", "content": "x"})
+            manager.areas.route("nope", {"role": "assistant", "content": "x"})
         manager.accept_turn(snapshot("t1", "hi"))
 
         class Partial:
@@ -380,17 +383,17 @@ async def test_attach_area_and_route_reject_bad_input_before_changing_anything()
                 return []
 
         with pytest.raises(InvalidAreaError) as missing:
-            manager.attach_area("c", Partial())  # type: ignore[arg-type]
+            manager.areas.attach("c", Partial())  # type: ignore[arg-type]
         assert missing.value.missing == ("gc_prologue", "observe", "promote")
 
         class Unhashable(FlakyArea):
             __hash__ = None  # type: ignore[assignment]
 
         with pytest.raises(InvalidAreaError):
-            manager.attach_area("c", Unhashable())
-        manager.attach_area("c", notice)
+            manager.areas.attach("c", Unhashable())
+        manager.areas.attach("c", notice)
         with pytest.raises(DuplicateAreaError):
-            manager.attach_area("c", notice)
+            manager.areas.attach("c", notice)
         for bad, error in (
             ("text", InvalidMessageError),
             ({"role": "nobody", "content": "x"}, InvalidMessageError),
@@ -400,7 +403,7 @@ async def test_attach_area_and_route_reject_bad_input_before_changing_anything()
             ({"role": "assistant", "content": object()}, InvalidMessageError),
         ):
             with pytest.raises(error):
-                manager.route("c", bad)  # type: ignore[arg-type]
+                manager.areas.route("c", bad)  # type: ignore[arg-type]
         stats = manager.statistics()
         assert (stats.areas.registered_total, stats.areas.attached) == (1, 1)
         prepared = await manager.prepare(request("t1"))
@@ -418,7 +421,7 @@ async def test_cancelling_a_prepare_during_the_area_pass_keeps_slots_history_and
         manager.record("c", "t1", [assistant("hello")])
         before = history_of(manager)
         held = HeldArea(hold=True)
-        manager.attach_area("c", held)
+        manager.areas.attach("c", held)
         with anyio.CancelScope() as scope:
             async with anyio.create_task_group() as tg:
 
@@ -455,7 +458,7 @@ async def test_two_prepares_of_one_context_never_render_its_areas_at_once() -> N
         manager = foundation.manager
         manager.accept_turn(snapshot("t1", "hi"))
         held = HeldArea(hold=False, retire=False)
-        manager.attach_area("c", held)
+        manager.areas.attach("c", held)
         got: list[tuple[NativeContent, ...]] = []
 
         async def one() -> None:
@@ -472,13 +475,13 @@ async def test_two_prepares_of_one_context_never_render_its_areas_at_once() -> N
 
 
 async def test_an_area_that_turns_invalid_before_its_first_pass_is_dropped() -> None:
-    """Checked at attach_area; if its state members break later, the pass drops it."""
+    """Checked at areas.attach; if its state members break later, the pass drops it."""
     async with Foundation() as foundation:
         manager = foundation.manager
         manager.accept_turn(snapshot("t1", "hi"))
         fickle = FlakyArea()
         fickle.broken = False
-        manager.attach_area("c", fickle)
+        manager.areas.attach("c", fickle)
         fickle._life = "gone"  # type: ignore[assignment]
         with pytest.raises(AreaCallbackError) as caught:
             await manager.prepare(request("t1"))
@@ -496,6 +499,6 @@ async def test_an_area_that_turns_invalid_before_its_first_pass_is_dropped() -> 
             "rendered",
         )
         fickle._life = AreaLifeState.retain
-        manager.attach_area("c", fickle)  # no longer attached, so it may come back
+        manager.areas.attach("c", fickle)  # no longer attached, so it may come back
         again = await manager.prepare(request("t1"))
         assert again.items[1:] == ({"role": "user", "content": "recalled: window seat"},)

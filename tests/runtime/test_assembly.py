@@ -159,7 +159,7 @@ async def test_a_bad_request_scope_fails_at_the_door(scope: object, field: str) 
 async def test_a_strategy_object_is_used_as_given() -> None:
     strategy = StratifiedStrategy(gateway=get_gateway("openai_chat"))
     async with Foundation(strategy=strategy) as foundation:
-        assert foundation.manager.strategy is strategy
+        assert foundation.manager.assembly.strategy is strategy
 
 
 # -- tenant scope is identity, not hydration policy ------------------------------------
@@ -264,7 +264,7 @@ async def test_jit_never_hydrates_inline_and_declares_its_tool() -> None:
         prefix = await manager.prepare(
             ContextPrepareRequest(context_id="c", turn_id="t1", tenant=ACME)
         )
-        [tool] = manager.tool_definitions()
+        [tool] = manager.assembly.tool_definitions()
     assert tool["name"] == HYDRATE_TOOL_NAME
     assert prefix.assembled is not None and prefix.assembled.memory_context is None
     assert memory.scopes == []
@@ -292,8 +292,12 @@ async def test_hydrate_context_searches_within_the_scope_of_the_request() -> Non
         g = await manager.prepare(
             ContextPrepareRequest(context_id="g", turn_id="t1", tenant=GLOBEX)
         )
-        for_a, error_a = _result(await manager.hydrate_context(a, _call('{"query": "flight"}')))
-        for_g, error_g = _result(await manager.hydrate_context(g, _call('{"query": "flight"}')))
+        for_a, error_a = _result(
+            await manager.assembly.hydrate_context(a, _call('{"query": "flight"}'))
+        )
+        for_g, error_g = _result(
+            await manager.assembly.hydrate_context(g, _call('{"query": "flight"}'))
+        )
         stats = manager.statistics().assembly
     assert not error_a and not error_g
     assert sorted(e["id"] for e in for_a["entries"]) == ["refund", "seat"]
@@ -310,11 +314,13 @@ async def test_hydrate_context_applies_top_k_and_the_output_cap() -> None:
             ContextPrepareRequest(context_id="c", turn_id="t1", tenant=ACME)
         )
         one, _ = _result(
-            await manager.hydrate_context(prefix, _call('{"query": "flight", "top_k": 1}'))
+            await manager.assembly.hydrate_context(prefix, _call('{"query": "flight", "top_k": 1}'))
         )
-        capped, _ = _result(await manager.hydrate_context(prefix, _call('{"query": "flight"}')))
+        capped, _ = _result(
+            await manager.assembly.hydrate_context(prefix, _call('{"query": "flight"}'))
+        )
         over, is_error = _result(
-            await manager.hydrate_context(prefix, _call('{"query": "flight", "top_k": 3}'))
+            await manager.assembly.hydrate_context(prefix, _call('{"query": "flight", "top_k": 3}'))
         )
     assert len(one["entries"]) == 1
     assert [len(e["text"]) for e in capped["entries"]] == [10]
@@ -340,7 +346,9 @@ async def test_model_mistakes_in_the_arguments_give_an_error_result(
         prefix = await manager.prepare(
             ContextPrepareRequest(context_id="c", turn_id="t1", tenant=ACME)
         )
-        document, is_error = _result(await manager.hydrate_context(prefix, _call(arguments)))
+        document, is_error = _result(
+            await manager.assembly.hydrate_context(prefix, _call(arguments))
+        )
     assert is_error and document == {"error": error}
 
 
@@ -349,7 +357,9 @@ async def test_hydrate_context_without_a_scope_says_there_is_no_memory_to_search
         manager = foundation.manager
         _turn(manager, "t1", "x")
         prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
-        document, is_error = _result(await manager.hydrate_context(prefix, _call('{"query":"a"}')))
+        document, is_error = _result(
+            await manager.assembly.hydrate_context(prefix, _call('{"query":"a"}'))
+        )
     assert is_error
     assert document == {"error": "This turn has no tenant scope, so there is no memory to search."}
 
@@ -362,16 +372,16 @@ async def test_hydrate_context_rejects_host_mistakes() -> None:
             ContextPrepareRequest(context_id="c", turn_id="t1", tenant=ACME)
         )
         with pytest.raises(InvalidMessageError, match="'lookup'"):
-            await manager.hydrate_context(prefix, _call("{}", name="lookup"))
+            await manager.assembly.hydrate_context(prefix, _call("{}", name="lookup"))
         forged = msgspec.structs.replace(prefix, assembled=None)
         with pytest.raises(InvalidMessageError, match="not prepared by this manager"):
-            await manager.hydrate_context(forged, _call('{"query": "a"}'))
+            await manager.assembly.hydrate_context(forged, _call('{"query": "a"}'))
     async with Foundation(strategy="stratified") as foundation:
         manager = foundation.manager
         _turn(manager, "t1", "x")
         prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
         with pytest.raises(StateError, match="'stratified' has no hydrate_context tool"):
-            await manager.hydrate_context(prefix, _call('{"query": "a"}'))
+            await manager.assembly.hydrate_context(prefix, _call('{"query": "a"}'))
 
 
 # -- stratified -------------------------------------------------------------------------
@@ -725,7 +735,7 @@ async def test_a_jit_turn_with_a_hydrate_call_is_a_valid_request_for_every_gatew
         call = ToolCallPart(
             call_id="call_1", name=HYDRATE_TOOL_NAME, arguments='{"query": "refund"}'
         )
-        result = await manager.hydrate_context(prefix, call)
+        result = await manager.assembly.hydrate_context(prefix, call)
         continuation = [Message(role=Role.assistant, content=(call,)), result]
         items = manager.build(prefix, continuation)
         assert items[: prefix.item_count] == prefix.items
@@ -733,7 +743,7 @@ async def test_a_jit_turn_with_a_hydrate_call_is_a_valid_request_for_every_gatew
         assert manager.gateway.validate(body[manager.gateway.items_field]) == []
         assert "Refund requested for flight AB12" in _encode(body).decode()
         assert manager.record("c", "t1", continuation) == 2
-        [tool] = manager.tool_definitions()
+        [tool] = manager.assembly.tool_definitions()
         assert HYDRATE_TOOL_NAME in _encode(tool).decode()
 
 
@@ -755,11 +765,11 @@ async def test_a_cancelled_hydrate_context_changes_nothing() -> None:
 
             async with anyio.create_task_group() as group:
                 group.start_soon(cancel_when_searching)
-                await manager.hydrate_context(prefix, call)
+                await manager.assembly.hydrate_context(prefix, call)
         assert scope.cancelled_caught
         assert manager.statistics().assembly.tool_calls_total == 0
         memory.release.set()
-        document, is_error = _result(await manager.hydrate_context(prefix, call))
+        document, is_error = _result(await manager.assembly.hydrate_context(prefix, call))
         stats = manager.statistics().assembly
     assert not is_error and [e["id"] for e in document["entries"]] == ["b"]
     assert (stats.tool_calls_total, stats.entries_total, memory.calls) == (1, 1, 2)

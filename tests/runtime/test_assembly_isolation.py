@@ -65,7 +65,7 @@ async def _run(
                                 name=HYDRATE_TOOL_NAME,
                                 arguments=json.dumps({"query": question}),
                             )
-                            answer = await manager.hydrate_context(prefix, call)
+                            answer = await manager.assembly.hydrate_context(prefix, call)
                             seen += msgspec.json.encode(answer).decode()
                         leaked = [tag for tag, o in owner.items() if o != scope and tag in seen]
                         assert leaked == [], f"{strategy}: {scope} saw {leaked}"

@@ -93,7 +93,7 @@ async def test_cancelling_prepare_at_each_await_point_frees_its_slot(phase: str)
         stats = manager.statistics()
         assert (stats.preparations.pending, stats.preparations.waiting_for_slot) == (0, 0)
         assert stats.preparations.discarded_total == (0 if phase == "slot" else 1)
-        assert manager._check_bound().queue._waiters == {}
+        assert manager._life.check_bound().queue._waiters == {}
         assert foundation.limiter.borrowed_tokens == 0
         history = manager.history("c")
         assert (history.turn_ids[:1], history.turn_messages("t1")) == (before[0], before[1])

@@ -202,8 +202,8 @@ async def test_every_call_after_exit_raises_the_closed_error() -> None:
         lambda: manager.record("c", "t1", [assistant("a")]),
         lambda: manager.build(prefix, []),
         lambda: manager.remove_context("c"),
-        lambda: manager.attach_area("c", OneShotNotice("n")),
-        lambda: manager.route("c", {"role": "assistant", "content": "x"}),
+        lambda: manager.areas.attach("c", OneShotNotice("n")),
+        lambda: manager.areas.route("c", {"role": "assistant", "content": "x"}),
     )
     for attempt in sync:
         with pytest.raises(FoundationClosedError):
@@ -319,7 +319,7 @@ async def test_cancelling_a_preparation_from_outside_settles_it_exactly(
             stats.preparations.failed_total,
         ) == (1, 0, 0)
         assert foundation.limiter.borrowed_tokens == 0
-        assert manager._check_bound().queue._waiters == {}
+        assert manager._life.check_bound().queue._waiters == {}
         if point == "render":
             assert gateway.returned > rendered  # the render thread ran to its end
         assert manager.history("c").turn_ids == ("t1",)

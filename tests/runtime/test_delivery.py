@@ -186,7 +186,7 @@ async def test_a_section_whose_requester_was_cancelled_after_settling_is_deliver
     async with Foundation() as foundation:
         manager = foundation.manager
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("hi"),)))
-        manager.attach_area("c", OneShotNotice("Boarding closes at 10:40."))
+        manager.areas.attach("c", OneShotNotice("Boarding closes at 10:40."))
         request = ContextPrepareRequest(context_id="c", turn_id="t1")
         received: list[PreparedContext] = []
         with anyio.CancelScope() as scope:
@@ -321,7 +321,7 @@ async def test_an_interrupted_reply_is_recorded_as_far_as_it_was_played() -> Non
                 assert [c["id"] for c in said["tool_calls"]] == ["c1"]
                 assert prepared.items[2]["tool_call_id"] == "c1"
             assert CHAT.validate(prepared.items) == []
-            assert manager.record_interrupted("v", "t2", assistant("Okay"), played=0) == 0
+            assert manager.voice.record_interrupted("v", "t2", assistant("Okay"), played=0) == 0
 
 
 async def test_a_false_start_is_retracted_and_the_next_input_does_not_hold_it() -> None:
@@ -332,15 +332,15 @@ async def test_a_false_start_is_retracted_and_the_next_input_does_not_hold_it() 
         manager.accept_turn(TurnSnapshot(context_id="v", turn_id="t1", input=(user("Hi."),)))
         manager.record("v", "t1", [assistant("Hello!")])
         manager.accept_turn(TurnSnapshot(context_id="v", turn_id="t2", input=(user("uhm"),)))
-        manager.retract_turn("v", "t2")
+        manager.voice.retract_turn("v", "t2")
         manager.accept_turn(TurnSnapshot(context_id="v", turn_id="t3", input=(user("Book it."),)))
         prepared = await manager.prepare(ContextPrepareRequest(context_id="v", turn_id="t3"))
         assert [i["content"] for i in prepared.items] == ["Hi.", "Hello!", "Book it."]
         with pytest.raises(UnknownTurnError, match="retracted"):
             await manager.prepare(ContextPrepareRequest(context_id="v", turn_id="t2"))
         with pytest.raises(StateError, match="newest"):
-            manager.retract_turn("v", "t1")
+            manager.voice.retract_turn("v", "t1")
         async with manager.invocation("v", "t3"):
             with pytest.raises(StateError, match="in flight"):
-                manager.retract_turn("v", "t3")
+                manager.voice.retract_turn("v", "t3")
         assert manager.statistics().history.retracted_turns_total == 1

@@ -65,8 +65,8 @@ async def test_every_id_taking_entry_rejects_a_malformed_context_id_typed(bad: o
             lambda: manager.history(bad),  # type: ignore[arg-type]
             lambda: manager.record(bad, "t1", [assistant("a")]),  # type: ignore[arg-type]
             lambda: manager.remove_context(bad),  # type: ignore[arg-type]
-            lambda: manager.attach_area(bad, OneShotNotice("n")),  # type: ignore[arg-type]
-            lambda: manager.route(bad, {"role": "assistant", "content": "x"}),  # type: ignore[arg-type]
+            lambda: manager.areas.attach(bad, OneShotNotice("n")),  # type: ignore[arg-type]
+            lambda: manager.areas.route(bad, {"role": "assistant", "content": "x"}),  # type: ignore[arg-type]
         )
         for attempt in sync_calls:
             with pytest.raises(InputError):
@@ -376,7 +376,7 @@ async def test_a_routed_item_carrying_a_runtime_state_call_is_rejected() -> None
             ],
         }
         with pytest.raises(InvalidMessageError, match="runtime-state"):
-            manager.route("c", forged)
+            manager.areas.route("c", forged)
         named = {
             "role": "assistant",
             "content": None,
@@ -389,7 +389,19 @@ async def test_a_routed_item_carrying_a_runtime_state_call_is_rejected() -> None
             ],
         }
         with pytest.raises(InvalidMessageError, match="runtime-state"):
-            manager.route("c", named)
+            manager.areas.route("c", named)
         assert _fingerprint(foundation) == before
         prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
         assert (prefix.area_pass, prefix.area_items, prefix.item_count) == ("none", 0, 3)
+
+
+async def test_request_bytes_rejects_a_forged_prefix_as_build_does() -> None:
+    """Invariant: request_bytes checks the prefix with build's check (same typed error)."""
+    async with Foundation() as foundation:
+        manager = foundation.manager
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("x"),)))
+        own = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
+        for prefix in (msgspec.structs.replace(own, items=None), msgspec.structs.replace(own)):
+            with pytest.raises(InvalidMessageError, match="not prepared by this manager"):
+                manager.request_bytes(prefix)
+        assert manager.request_bytes(own) == b'{"messages":[{"role":"user","content":"x"}]}'

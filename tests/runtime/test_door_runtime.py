@@ -111,6 +111,6 @@ async def test_route_refuses_deep_items_typed() -> None:
             )
         )
         with pytest.raises(InvalidMessageError):
-            manager.route("c", {"role": "assistant", "content": "x", "meta": _deep(5_000)})
+            manager.areas.route("c", {"role": "assistant", "content": "x", "meta": _deep(5_000)})
         with pytest.raises(InvalidMessageError):
-            manager.route("c", {"role": "assistant", "content": "x", "meta": _deep(100)})
+            manager.areas.route("c", {"role": "assistant", "content": "x", "meta": _deep(100)})

@@ -51,7 +51,9 @@ class _Model:
     """What one context's history should hold."""
 
     def __init__(self) -> None:
-        self.turns: list[tuple[str, int]] = []  # (turn id, items)
+        self.turns: list[tuple[str, int]] = []  # (turn id, items, its kept state pair included)
+        self.kept: dict[str, int] = {}  # turn id -> items of its kept state pair
+        self.grown = False  # a pair was kept since the last eviction point
         self.evicted: list[str] = []
         self.next = 0
         self.open_call: str | None = None
@@ -61,6 +63,7 @@ class _Model:
             len(self.turns) > LIMITS.max_turns or sum(n for _, n in self.turns) > LIMITS.max_items
         ):
             self.evicted.append(self.turns.pop(0)[0])
+        self.grown = False
 
     def add(self, items: int) -> None:
         turn_id, n = self.turns[-1]
@@ -234,6 +237,15 @@ class ManagerMachine(RuleBasedStateMachine):
         prepared = self.portal.call(self.manager.prepare, request)
         self._check_prepared(prepared, context_id)
         assert (prepared.state_call_id is not None) is contribution
+        self._kept(context_id, 2 if contribution else 0)
+
+    def _kept(self, context_id: str, items: int) -> None:
+        """A delivered unscoped prepare of the newest turn: its pair (or none) is kept."""
+        model = self.models[context_id]
+        turn_id = model.turns[-1][0]
+        model.add(items - model.kept.get(turn_id, 0))
+        model.kept[turn_id] = items  # counted from now on; the next change evicts
+        model.grown = True
 
     @precondition(lambda self: any(m.turns for m in self.models.values()))
     @rule(context_id=st.sampled_from(CONTEXTS), fail_in=st.integers(0, 6))
@@ -252,6 +264,7 @@ class ManagerMachine(RuleBasedStateMachine):
         finally:
             self.gateway.fail_in = None
         self._check_prepared(self.portal.call(self.manager.prepare, request), context_id)
+        self._kept(context_id, 0)
 
     @precondition(lambda self: any(m.turns for m in self.models.values()))
     @rule(context_id=st.sampled_from(CONTEXTS))
@@ -368,7 +381,7 @@ class ManagerMachine(RuleBasedStateMachine):
                 messages = [call(call_id), result(call_id, "routed result")]
             for message in messages:
                 for item in CHAT.render(message):
-                    self.portal.call(manager.route, context_id, item)
+                    self.portal.call(manager.areas.route, context_id, item)
             return
         area: OneShotNotice | PinnedNotice | SubtaskArea
         if kind == "one_shot":
@@ -377,7 +390,7 @@ class ManagerMachine(RuleBasedStateMachine):
             area = PinnedNotice("a pinned notice")
         else:
             area = SubtaskArea("a sub-task", done=lambda a: True, summary="its summary")
-        self.portal.call(manager.attach_area, context_id, area)
+        self.portal.call(manager.areas.attach, context_id, area)
         self.attached += 1
 
     # -- invariants ----------------------------------------------------------------
@@ -404,10 +417,11 @@ class ManagerMachine(RuleBasedStateMachine):
                 continue
             view = self.portal.call(self.manager.history, context_id)
             assert view.turn_ids == tuple(t for t, _ in model.turns)
-            items = sum(len(view.turn_messages(t)) for t in view.turn_ids)
+            items = sum(len(view.turn_messages(t)) + len(view.turn_state(t)) for t in view.turn_ids)
             assert items == sum(n for _, n in model.turns)
             assert len(model.turns) <= LIMITS.max_turns
-            assert len(model.turns) == 1 or items <= LIMITS.max_items
+            # Keeping a pair does not evict: the next commit or record does.
+            assert len(model.turns) == 1 or items <= LIMITS.max_items or model.grown
             assert view.pinned == (SYSTEM,)
 
 

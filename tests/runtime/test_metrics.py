@@ -36,10 +36,10 @@ async def test_the_metrics_endpoint_serves_the_manager_statistics() -> None:
         )
         # A two-message notice is rendered by the first prepare, then routed
         # output lands after it; the second prepare's Collector reclaims all 3.
-        manager.attach_area("c", OneShotNotice((user("notice 1"), user("notice 2"))))
+        manager.areas.attach("c", OneShotNotice((user("notice 1"), user("notice 2"))))
         first = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
         assert first.area_items == 2
-        manager.route("c", {"role": "assistant", "content": "routed"})
+        manager.areas.route("c", {"role": "assistant", "content": "routed"})
         manager.record("c", "t1", [assistant("A"), assistant(" ")])
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(user("b"),)))
         second = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))

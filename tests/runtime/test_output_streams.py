@@ -48,7 +48,7 @@ async def test_a_memory_stream_is_recorded_in_order_beside_push_records() -> Non
     async with Foundation() as foundation, send:
         manager = foundation.manager
         manager.accept_turn(_turn())
-        manager.consume_outputs(receive)
+        manager.outputs.consume(receive)
         await send.send(_out("one"))
         await anyio.wait_all_tasks_blocked()
         manager.record("c", "t1", [assistant("pushed")])
@@ -64,7 +64,7 @@ async def test_outputs_sent_just_before_close_are_all_in_history_after_it() -> N
     async with Foundation() as foundation, send:
         manager = foundation.manager
         manager.accept_turn(_turn())
-        manager.consume_outputs(receive)
+        manager.outputs.consume(receive)
         await anyio.wait_all_tasks_blocked()  # the consumer waits in receive()
         for i in range(20):
             send.send_nowait(_out(f"u{i}"))  # the first wakes the consumer, 19 are buffered
@@ -99,7 +99,7 @@ async def test_a_sender_blocked_on_an_unbuffered_stream_is_drained_at_close() ->
         async with anyio.create_task_group() as producers:
             producers.start_soon(producer)
             await anyio.wait_all_tasks_blocked()  # no receiver yet: the producer waits in send
-            manager.consume_outputs(receive)
+            manager.outputs.consume(receive)
             await foundation.aclose()  # the consumer never took it: the drain does
         assert refused == [True]
         assert _texts(manager) == ["blocked"]
@@ -113,7 +113,7 @@ async def test_output_stream_metrics_follow_the_statistics() -> None:
         manager = foundation.manager
         registry.register(ManagerCollector(manager.statistics))
         manager.accept_turn(_turn())
-        manager.consume_outputs(receive)  # type: ignore[arg-type]
+        manager.outputs.consume(receive)  # type: ignore[arg-type]
         await send.send(_out("a"))
         await send.send("not a record")
         await anyio.wait_all_tasks_blocked()
@@ -133,7 +133,7 @@ async def test_a_stream_whose_producer_closed_ends_and_is_closed() -> None:
     async with Foundation() as foundation:
         manager = foundation.manager
         manager.accept_turn(_turn())
-        manager.consume_outputs(receive)
+        manager.outputs.consume(receive)
         async with send:
             await send.send(_out("last words"))
         await anyio.wait_all_tasks_blocked()
@@ -152,7 +152,7 @@ async def test_an_async_iterable_is_given_the_grace_period_to_end_at_close() -> 
     async with Foundation() as foundation:
         manager = foundation.manager
         manager.accept_turn(_turn())
-        manager.consume_outputs(utterances())
+        manager.outputs.consume(utterances())
         await foundation.aclose()  # at once: the generator still has records to yield
         assert _texts(manager) == [f"g{i}" for i in range(5)]
         assert manager.statistics().outputs.drained_total == 0
@@ -170,7 +170,7 @@ async def test_record_is_accepted_while_the_close_drains() -> None:
     async with Foundation() as foundation:
         manager = foundation.manager
         manager.accept_turn(_turn())
-        manager.consume_outputs(stream())
+        manager.outputs.consume(stream())
 
         async def late_producer() -> None:
             await anyio.wait_all_tasks_blocked()
@@ -193,7 +193,7 @@ async def test_refused_records_go_to_on_error_and_the_consumer_goes_on() -> None
     async with Foundation() as foundation, send:
         manager = foundation.manager
         manager.accept_turn(_turn())
-        manager.consume_outputs(receive, on_error=lambda r, e: errors.append((r, type(e))))  # type: ignore[arg-type]
+        manager.outputs.consume(receive, on_error=lambda r, e: errors.append((r, type(e))))  # type: ignore[arg-type]
         bad = [
             "not a record",
             _out("for a turn never committed", turn_id="t9"),
@@ -225,7 +225,7 @@ async def test_cancelling_the_foundations_scope_still_drains_the_stream() -> Non
         async with Foundation() as foundation:
             manager = foundation.manager
             manager.accept_turn(_turn())
-            manager.consume_outputs(receive)
+            manager.outputs.consume(receive)
             await anyio.wait_all_tasks_blocked()
             for i in range(6):
                 send.send_nowait(_out(f"c{i}"))
@@ -253,7 +253,7 @@ async def test_a_stream_that_never_ends_is_cancelled_after_the_grace_period() ->
     async with Foundation(close_grace_period=0) as foundation:
         manager = foundation.manager
         manager.accept_turn(_turn())
-        manager.consume_outputs(endless())
+        manager.outputs.consume(endless())
         await anyio.wait_all_tasks_blocked()
         await foundation.aclose()
         assert finalized == [True]
@@ -266,7 +266,7 @@ async def test_a_cancelled_aclose_still_drains_then_delivers_the_cancellation() 
     async with Foundation() as foundation, send:
         manager = foundation.manager
         manager.accept_turn(_turn())
-        manager.consume_outputs(receive)
+        manager.outputs.consume(receive)
         await anyio.wait_all_tasks_blocked()
         send.send_nowait(_out("a"))
         send.send_nowait(_out("b"))
@@ -282,16 +282,16 @@ async def test_consume_outputs_checks_its_arguments_and_the_lifecycle() -> None:
     send, receive = anyio.create_memory_object_stream[OutputRecord](1)
     with send, receive:
         with pytest.raises(StateError, match="not bound"):
-            manager.consume_outputs(receive)
+            manager.outputs.consume(receive)
         async with Foundation(manager) as foundation:
             with pytest.raises(InputError, match="async iterable"):
-                manager.consume_outputs([_out("x")])  # type: ignore[arg-type]
+                manager.outputs.consume([_out("x")])  # type: ignore[arg-type]
             with pytest.raises(InputError, match="on_error must be callable"):
-                manager.consume_outputs(receive, on_error="log")  # type: ignore[arg-type]
+                manager.outputs.consume(receive, on_error="log")  # type: ignore[arg-type]
             assert manager.statistics().outputs.streams == 0
             await foundation.aclose()
             with pytest.raises(FoundationClosedError):
-                manager.consume_outputs(receive)
+                manager.outputs.consume(receive)
 
 
 class _HostBug(Exception):
@@ -345,8 +345,8 @@ async def test_an_on_error_raising_at_close_still_drains_and_closes_every_other_
                 producers.start_soon(producer, "a", send_a)
                 producers.start_soon(producer, "b", send_b)
                 await anyio.wait_all_tasks_blocked()  # both producers wait in send
-                manager.consume_outputs(receive_a, on_error=refuse)
-                manager.consume_outputs(receive_b)
+                manager.outputs.consume(receive_a, on_error=refuse)
+                manager.outputs.consume(receive_b)
                 await foundation.aclose()  # the consumers never ran: the drain takes both
     assert [type(e) for e in _leaves(caught.value)] == [_HostBug]
     assert outcome == {"a": "refused", "b": "refused"}

@@ -32,6 +32,7 @@ from turnloom.runtime._records import (
     SCHEMA_VERSION,
     OutputsRecorded,
     Record,
+    StateKept,
     TurnCommitted,
     TurnsEvicted,
     checkpoint,
@@ -73,11 +74,11 @@ def test_a_record_of_a_newer_schema_is_a_typed_error_naming_the_context() -> Non
     newer = msgspec.msgpack.encode(
         {"kind": "evict", "v": SCHEMA_VERSION + 1, "turn_ids": ["t0"], "added_later": 1}
     )
-    with pytest.raises(StoreRecordError, match="schema version 2") as caught:
+    with pytest.raises(StoreRecordError, match=f"schema version {SCHEMA_VERSION + 1},") as caught:
         decode_record(newer, "ctx-9", 4)
     assert (caught.value.context_id, caught.value.index) == ("ctx-9", 4)
     unknown_kind = msgspec.msgpack.encode({"kind": "teleport", "v": SCHEMA_VERSION + 1})
-    with pytest.raises(StoreRecordError, match="schema version 2"):
+    with pytest.raises(StoreRecordError, match=f"schema version {SCHEMA_VERSION + 1},"):
         decode_record(unknown_kind, "ctx-9", 0)
 
 
@@ -110,6 +111,7 @@ _op = st.one_of(
     st.tuples(st.just("record"), st.integers(0, 12), st.lists(st.text(max_size=40), max_size=3)),
     st.tuples(st.just("call"), st.integers(0, 12), st.booleans()),
     st.tuples(st.just("retract")),
+    st.tuples(st.just("keep"), st.integers(0, 12), st.booleans()),
 )
 
 
@@ -119,6 +121,7 @@ def _same(left: TurnHistory, right: TurnHistory, *, counters: bool = True) -> No
     assert a.pinned == b.pinned
     for turn_id in a.turn_ids:
         assert a.turn_messages(turn_id) == b.turn_messages(turn_id)
+        assert a.turn_state(turn_id) == b.turn_state(turn_id)
         assert a.render(CHAT, turn_id).items == b.render(CHAT, turn_id).items
     # Drops are counted, not stored: a record that kept nothing is not logged.
     kept: tuple[str, ...] = ("turns", "items", "bytes", "pinned_items", "pinned_bytes")
@@ -141,8 +144,9 @@ def _same(left: TurnHistory, right: TurnHistory, *, counters: bool = True) -> No
 def test_replaying_the_log_rebuilds_the_history_exactly(
     ops: list[tuple[object, ...]], max_turns: int, max_items: int, max_tokens: int
 ) -> None:
-    """Commits, records (also late and blank), retractions, evictions by turns,
-    items and tokens, evictions held back by a model call."""
+    """Commits, records (also late and blank), kept state pairs (set, replaced,
+    cleared, for gone turns), retractions, evictions by turns, items and tokens,
+    evictions held back by a model call."""
     limits = HistoryLimits(max_turns=max_turns, max_items=max_items, max_tokens=max_tokens)
     counter = ApproxTokenCounter()
     table = ContextTable(limits, CHAT, Counters(), counter)
@@ -170,6 +174,17 @@ def test_replaying_the_log_rebuilds_the_history_exactly(
                 texts = op[2]
                 assert isinstance(texts, list)
                 table.record(table.get("c"), turn_id, [assistant(t) for t in texts])
+            elif committed and op[0] == "keep":
+                assert isinstance(op[1], int)
+                turn_id = committed[op[1] % len(committed)]
+                state = table.get("c")
+                if state.history.has_turn(turn_id):
+                    serial = state.history.turn_serial(turn_id)
+                    kept = (
+                        call(f"tlrs_{op[1]}", "turnloom_runtime_context"),
+                        result(f"tlrs_{op[1]}"),
+                    )
+                    table.keep_state(state, turn_id, kept if op[2] else (), serial)
             elif committed and op[0] == "retract":
                 table.retract(table.get("c"), "c", committed[-1])
             elif committed and op[0] == "call":
@@ -212,4 +227,23 @@ def test_a_checkpoint_anywhere_but_first_is_a_typed_error() -> None:
     assert replay("c", [data], HistoryLimits()).turn_ids == ("t1",)
     with pytest.raises(StoreRecordError, match="only ever opens a log") as caught:
         replay("c", [data, data], HistoryLimits())
+    assert caught.value.index == 1
+
+
+def test_kept_state_survives_a_checkpoint_and_a_state_record_for_a_gone_turn_is_an_error() -> None:
+    """A restored history holds each turn's kept state (so a restarted host sends the
+    same bytes again); a log that keeps the state of a turn it does not hold is corrupt."""
+    history = TurnHistory(HistoryLimits())
+    history.commit("t1", (user("x"),))
+    kept = (call("tlrs_1", "turnloom_runtime_context"), result("tlrs_1", "state"))
+    history.keep_state("t1", kept)
+    history.record("t1", (assistant("ok"),))
+    data = checkpoint(history.view(), (), None)
+    restored = replay("c", [data], HistoryLimits())
+    assert restored.view().turn_state("t1") == kept
+    assert restored.statistics() == history.statistics()
+    commit = encode_record(TurnCommitted(turn_id="t1", input=(user("x"),)))
+    orphan = encode_record(StateKept(turn_id="t9", state=kept))
+    with pytest.raises(StoreRecordError, match="keeps the state of turn 't9'") as caught:
+        replay("c", [commit, orphan], HistoryLimits())
     assert caught.value.index == 1

@@ -102,7 +102,7 @@ async def _drive(steps: list[tuple[str, str]]) -> ManagerStatistics:
                             )
                         )
                 elif operation == "attach":
-                    manager.attach_area(context_id, OneShotNotice("note"))
+                    manager.areas.attach(context_id, OneShotNotice("note"))
                 elif operation == "prepare":
                     await manager.prepare(
                         ContextPrepareRequest(context_id=context_id, turn_id=turn_id)

@@ -104,7 +104,7 @@ async def test_history_prepare_and_working_context_report_one_token_number(
         stats = manager.history("c")
         view_messages = [m for t in stats.turn_ids for m in stats.turn_messages(t)]
         prepared = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="next"))
-        briefing = await manager.working_context("c")
+        briefing = await manager.bridge.working_context("c")
     pinned = list(stats.pinned)
     assert len(ids) >= 1 and pinned
     whole = counter.count(pinned + view_messages)
@@ -137,7 +137,7 @@ async def test_prepared_tokens_count_the_state_pair_and_area_section() -> None:
         manager.accept_turn(
             TurnSnapshot(context_id="c", turn_id="t1", input=(user("hi"),), instructions=(SYSTEM,))
         )
-        manager.attach_area("c", OneShotNotice("Flights to Lisbon are delayed."))
+        manager.areas.attach("c", OneShotNotice("Flights to Lisbon are delayed."))
         prepared = await manager.prepare(
             ContextPrepareRequest(
                 context_id="c",
@@ -371,7 +371,7 @@ async def test_a_bad_scope_fails_at_the_door_before_a_slot_is_taken() -> None:
             with pytest.raises(InvalidArgumentError):
                 await manager.prepare_nowait(request)
             with pytest.raises(InvalidArgumentError):
-                await manager.working_context("c", scope=bad)  # type: ignore[arg-type]
+                await manager.bridge.working_context("c", scope=bad)  # type: ignore[arg-type]
         stats = manager.statistics().preparations
         assert (stats.pending, stats.prepared_total, stats.failed_total) == (0, 0, 0)
 
@@ -404,7 +404,7 @@ async def test_working_context_is_the_retained_history_paired_and_independent() 
         manager = foundation.manager
         await _voice_history(manager)
         manager.record("c", "t3", [call("open")])  # no result yet
-        ctx = await manager.working_context("c")
+        ctx = await manager.bridge.working_context("c")
         assert ctx.prefix.as_messages() == [SYSTEM]
         assert [m.text or m.role.value for m in ctx.messages][:4] == [
             "u0",
@@ -416,9 +416,9 @@ async def test_working_context_is_the_retained_history_paired_and_independent() 
         assert all(c.call_id != "open" for m in ctx.messages for c in m.tool_calls)
         ctx.append(user("sub-agent scribble")).note("plan", [1, 2])
         assert manager.history("c").turn_messages("t3") == (user("u3"), call("open"))
-        sliced = await manager.working_context("c", scope=LastNTurns(1))
+        sliced = await manager.bridge.working_context("c", scope=LastNTurns(1))
         assert sliced.messages == [user("u3")]
-        frozen = await manager.briefing("c", scope=LastNTurns(2))
+        frozen = await manager.bridge.briefing("c", scope=LastNTurns(2))
     assert isinstance(frozen, FrozenContext)
     assert frozen.messages == (
         user("u2"),
@@ -439,7 +439,7 @@ async def test_working_context_tokens_equal_a_scoped_prepare() -> None:
             prepared = await manager.prepare(
                 ContextPrepareRequest(context_id="c", turn_id="t3", scope=scope)
             )
-            ctx = await manager.working_context("c", scope=scope)
+            ctx = await manager.bridge.working_context("c", scope=scope)
             assert ctx.tokens() == prepared.tokens
 
 
@@ -450,10 +450,10 @@ async def test_fold_records_a_sub_agent_result_as_the_delegating_call_result() -
         manager = foundation.manager
         await _voice_history(manager)
         manager.record("c", "t3", [call("delegate", name="research")])
-        brief = await manager.working_context("c", scope=LastNTurns(1))
+        brief = await manager.bridge.working_context("c", scope=LastNTurns(1))
         sub = WorkingContext(prefix=brief.prefix, messages=brief.messages)
         sub.append(assistant("thinking")).append(assistant("Lisbon is sunny."))
-        assert manager.fold("c", "t3", sub, call_id="delegate") == 1
+        assert manager.bridge.fold("c", "t3", sub, call_id="delegate") == 1
         outputs = manager.history("c").turn_messages("t3")[1:]
         assert outputs[-1] == Message(
             role=Role.tool,
@@ -472,8 +472,8 @@ async def test_fold_records_a_sub_agent_result_as_the_delegating_call_result() -
             "tool_call_id": "delegate",
             "content": "Lisbon is sunny.",
         }
-        assert manager.fold("c", "t3", sub.freeze(), agent="researcher") == 1
-        tagged = await manager.working_context("c", scope=Tagged("researcher"))
+        assert manager.bridge.fold("c", "t3", sub.freeze(), agent="researcher") == 1
+        tagged = await manager.bridge.working_context("c", scope=Tagged("researcher"))
         assert [m.text for m in tagged.messages] == ["Lisbon is sunny."]
 
 
@@ -495,10 +495,10 @@ async def test_fold_refuses_bad_results_before_recording() -> None:
         ]
         for kwargs, field in cases:
             with pytest.raises(InvalidArgumentError) as info:
-                manager.fold("c", "t3", **kwargs)
+                manager.bridge.fold("c", "t3", **kwargs)
             assert info.value.field == field
         with pytest.raises(UnknownTurnError):
-            manager.fold("c", "t9", "ok", call_id="d1")
+            manager.bridge.fold("c", "t9", "ok", call_id="d1")
         assert manager.history("c").turn_messages("t3") == before
 
 
@@ -509,7 +509,7 @@ async def test_working_context_leaves_no_thread_behind_when_cancelled() -> None:
         await _voice_history(manager)
         with anyio.CancelScope() as scope:
             scope.cancel()
-            await manager.working_context("c")
+            await manager.bridge.working_context("c")
         assert foundation.limiter.borrowed_tokens == 0
         assert manager.history("c").turn_ids == ("t0", "t1", "t2", "t3")
 
@@ -522,7 +522,7 @@ async def test_scoped_prepares_show_the_area_section_as_it_stands_without_a_pass
     async with Foundation() as foundation:
         manager = foundation.manager
         await _voice_history(manager)
-        manager.attach_area("c", OneShotNotice("Gate change: B12."))
+        manager.areas.attach("c", OneShotNotice("Gate change: B12."))
 
         async def prepare(scope: ContextScope | None) -> Any:
             request = ContextPrepareRequest(context_id="c", turn_id="t3", scope=scope)
@@ -594,7 +594,7 @@ async def test_a_scoped_prepare_never_counts_as_delivering_an_undelivered_sectio
     async with Foundation(gateway=gateway, worker_threads=1) as foundation:
         manager = foundation.manager
         await _voice_history(manager)
-        manager.attach_area("c", OneShotNotice("Gate change: B12."))
+        manager.areas.attach("c", OneShotNotice("Gate change: B12."))
         gateway.hold = True  # the notice is rendered fresh in the area pass: it blocks
         with anyio.CancelScope() as scope:
 
@@ -635,5 +635,5 @@ async def test_the_foundations_own_counter_is_the_one_every_number_comes_from() 
         assert manager.statistics().history.tokens == 5
         prepared = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t3"))
         assert prepared.tokens == 1 + 4 + 1  # pinned (not counted against limits) + t2 + input
-        ctx = await manager.working_context("c")
+        ctx = await manager.bridge.working_context("c")
         assert ctx.tokens() == prepared.tokens

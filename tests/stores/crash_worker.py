@@ -48,7 +48,7 @@ def snapshot(context_id: str, index: int) -> TurnSnapshot:
 
 
 async def _turn(manager: ContextManager, context_id: str, index: int) -> None:
-    await manager.claim(context_id)
+    await manager.leases.claim(context_id)
     manager.accept_turn(snapshot(context_id, index))
     await manager.prepare(ContextPrepareRequest(context_id=context_id, turn_id=f"t{index}"))
     outputs = turn_outputs(context_id, index)
@@ -65,7 +65,7 @@ async def load(url: str) -> None:
             async with anyio.create_task_group() as group:
                 for c in range(CONTEXTS):
                     group.start_soon(_turn, manager, f"c{c}", index)
-            await manager.flush()
+            await manager.leases.flush()
             print(f"ACK {index}", flush=True)
             index += 1
 
@@ -73,14 +73,14 @@ async def load(url: str) -> None:
 async def stall(url: str) -> None:
     async with hosting(url, lease_ttl=LEASE_TTL, owner="stalled-host") as foundation:
         manager = foundation.manager
-        await manager.claim("race")
+        await manager.leases.claim("race")
         index = 0
         try:
             while True:
                 manager.accept_turn(
                     TurnSnapshot(context_id="race", turn_id=f"a{index}", input=(user("a"),))
                 )
-                await manager.flush("race")
+                await manager.leases.flush("race")
                 print(f"ACK a{index}", flush=True)
                 if index == 2:
                     print("STALL", flush=True)

@@ -73,7 +73,7 @@ async def _claim_after_expiry(manager: ContextManager, context_id: str) -> None:
     with anyio.fail_after(15):
         while True:
             try:
-                await manager.claim(context_id)
+                await manager.leases.claim(context_id)
                 return
             except LeaseHeldError:
                 await anyio.sleep(0.05)
@@ -156,7 +156,7 @@ async def test_a_stalled_host_is_fenced_off_by_the_store(
                 manager.accept_turn(
                     TurnSnapshot(context_id="race", turn_id="b0", input=(user("b"),))
                 )
-                await manager.flush()
+                await manager.leases.flush()
                 assert process.stdin is not None
                 await process.stdin.send(b"go\n")  # the stalled host resumes and writes a3
                 assert await reader.line() == "STALE race"
@@ -164,9 +164,9 @@ async def test_a_stalled_host_is_fenced_off_by_the_store(
                 manager.accept_turn(
                     TurnSnapshot(context_id="race", turn_id="b1", input=(user("b"),))
                 )
-                await manager.flush()  # still the owner
+                await manager.leases.flush()  # still the owner
         async with hosting(store_url) as later:
-            await later.manager.claim("race")
+            await later.manager.leases.claim("race")
             assert later.manager.history("race").turn_ids == ("a0", "a1", "a2", "b0", "b1")
     finally:
         await _stop(process)
@@ -196,7 +196,7 @@ async def _converse(manager: ContextManager, first: int, last: int) -> None:
 
 async def _stored_turns(store_url: str) -> tuple[str, ...]:
     async with hosting(store_url, history_limits=LIMITS) as check:
-        await check.manager.claim("c")
+        await check.manager.leases.claim("c")
         view = check.manager.history("c")
         for turn_id in view.turn_ids:
             i = int(turn_id[1:])
@@ -212,12 +212,12 @@ async def test_a_dropped_redis_connection_is_retried_without_loss_or_duplicates(
     url = f"{store_url}&client_name={name}"
     async with hosting(url, history_limits=LIMITS) as foundation:
         manager = foundation.manager
-        await manager.claim("c")
+        await manager.leases.claim("c")
         await _converse(manager, 0, 2)
-        await manager.flush()
+        await manager.leases.flush()
         assert _kill_clients(name) >= 1  # CLIENT KILL: the server drops the connection
         await _converse(manager, 2, 4)
-        await manager.flush()  # retried on a new connection
+        await manager.leases.flush()  # retried on a new connection
         assert _kill_clients(name) >= 1
         await _converse(manager, 4, 5)
     assert await _stored_turns(store_url) == ("t1", "t2", "t3", "t4")
@@ -273,20 +273,20 @@ async def test_a_vanished_redis_server_is_a_typed_error_and_nothing_acknowledged
         )
         async with Foundation(store=store, history_limits=LIMITS) as foundation:
             manager = foundation.manager
-            await manager.claim("c")
+            await manager.leases.claim("c")
             await _converse(manager, 0, 2)
-            await manager.flush()  # acknowledged: t0, t1
+            await manager.leases.flush()  # acknowledged: t0, t1
             proxy.stop()  # the server goes away
             await _converse(manager, 2, 3)
             with pytest.raises(StoreUnavailableError):
-                await manager.flush()
+                await manager.leases.flush()
             with pytest.raises(StoreUnavailableError):
-                await manager.flush()  # still queued, still unreachable
+                await manager.leases.flush()  # still queued, still unreachable
             down = manager.statistics().store
             assert down is not None
             assert (down.pending_records, down.write_failures_total) == (2, 2)
             await group.start(proxy.run)  # back, on the same port
-            await manager.flush()  # the queued changes are written now
+            await manager.leases.flush()  # the queued changes are written now
             up = manager.statistics().store
             assert up is not None
             assert (up.pending_records, up.records_written_total) == (0, 6)

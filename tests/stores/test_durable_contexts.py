@@ -32,6 +32,7 @@ from turnloom.runtime import (
     ContextManager,
     ContextPrepareRequest,
     Foundation,
+    PreparedContext,
     StoreStatistics,
     TurnSnapshot,
 )
@@ -90,21 +91,21 @@ def expire_lease(store_url: str, context_id: str) -> None:
 async def test_a_context_must_be_claimed_before_it_changes(store_url: str) -> None:
     async with hosting(store_url) as foundation:
         manager = foundation.manager
-        with pytest.raises(NotClaimedError, match=r"await manager\.claim") as caught:
+        with pytest.raises(NotClaimedError, match=r"await manager\.leases\.claim") as caught:
             manager.accept_turn(snapshot("c", "t1", "hi"))
         assert caught.value.context_id == "c"
         assert manager.context_ids() == ()
         with pytest.raises(InputError):
-            await manager.flush("")
-        assert await manager.claim("c") is True
-        assert await manager.claim("c") is False  # held: no I/O
+            await manager.leases.flush("")
+        assert await manager.leases.claim("c") is True
+        assert await manager.leases.claim("c") is False  # held: no I/O
         manager.accept_turn(snapshot("c", "t1", "hi"))
         with pytest.raises(NotClaimedError):
             manager.record("other", "t1", [assistant("x")])
     async with Foundation() as plain:  # without a store claim only checks the id
-        assert await plain.manager.claim("c") is False
+        assert await plain.manager.leases.claim("c") is False
         with pytest.raises(InputError):
-            await plain.manager.claim("")
+            await plain.manager.leases.claim("")
 
 
 async def test_another_host_restores_and_prepares_exactly_what_the_first_would(
@@ -113,16 +114,16 @@ async def test_another_host_restores_and_prepares_exactly_what_the_first_would(
     """Same acknowledged history -> the same prepared input (evictions included)."""
     async with hosting(store_url, history_limits=LIMITS) as first:
         manager = first.manager
-        await manager.claim("c")
+        await manager.leases.claim("c")
         await converse(manager, "c", range(5))
         manager.accept_turn(snapshot("c", "t5", "last question"))
-        await manager.flush()
+        await manager.leases.flush()
         expected = await manager.prepare(request("c", "t5"))
         held = manager.history("c")
     assert held.turn_ids == ("t3", "t4", "t5")  # t0..t2 were evicted and logged so
     async with hosting(store_url, history_limits=LIMITS) as second:
         manager = second.manager
-        assert await manager.claim("c") is True
+        assert await manager.leases.claim("c") is True
         restored = manager.history("c")
         assert restored.turn_ids == held.turn_ids
         assert restored.pinned == held.pinned == (SYSTEM,)
@@ -146,19 +147,19 @@ async def test_a_stale_owner_is_refused_by_the_store_and_told_with_a_typed_error
         hosting(store_url, owner="host-b", lease_ttl=30) as host_b,
     ):
         a, b = host_a.manager, host_b.manager
-        await a.claim("c")
+        await a.leases.claim("c")
         await converse(a, "c", range(2))
-        await a.flush()
+        await a.leases.flush()
         with pytest.raises(LeaseHeldError, match="host-a"):
-            await b.claim("c")
+            await b.leases.claim("c")
         expire_lease(store_url, "c")  # host A stalls past its lease
-        assert await b.claim("c") is True
+        assert await b.leases.claim("c") is True
         await converse(b, "c", range(2, 3))
-        await b.flush()
+        await b.leases.flush()
         # Host A does not know yet: its commit is local, the store refuses the write.
         a.accept_turn(snapshot("c", "t9", "from a stale host"))
         with pytest.raises(StaleLeaseError, match="refused a write of context 'c'") as caught:
-            await a.flush("c")
+            await a.leases.flush("c")
         assert caught.value.context_id == "c"
         assert a.context_ids() == ()  # it left host A's memory
         lost = a.statistics().store
@@ -166,21 +167,21 @@ async def test_a_stale_owner_is_refused_by_the_store_and_told_with_a_typed_error
         assert (lost.leases_lost_total, lost.claimed, lost.pending_records) == (1, 0, 0)
         with pytest.raises(StaleLeaseError):
             a.accept_turn(snapshot("c", "t10", "again"))
-        await a.flush()  # nothing queued any more
+        await a.leases.flush()  # nothing queued any more
         with pytest.raises(StaleLeaseError):
-            await a.flush("c")
+            await a.leases.flush("c")
         assert b.history("c").turn_ids == ("t0", "t1", "t2")
     async with hosting(store_url) as third:
-        await third.manager.claim("c")
+        await third.manager.leases.claim("c")
         assert third.manager.history("c").turn_ids == ("t0", "t1", "t2")
 
 
 async def test_closing_writes_what_is_queued_and_releases_the_leases(store_url: str) -> None:
     async with hosting(store_url, lease_ttl=30) as first:
-        await first.manager.claim("c")
+        await first.manager.leases.claim("c")
         await converse(first.manager, "c", range(3))  # no flush
     async with hosting(store_url, lease_ttl=30) as second:
-        assert await second.manager.claim("c") is True  # released: no wait for expiry
+        assert await second.manager.leases.claim("c") is True  # released: no wait for expiry
         assert second.manager.history("c").turn_ids == ("t0", "t1", "t2")
 
 
@@ -188,9 +189,9 @@ async def test_idle_contexts_leave_memory_and_come_back_on_next_use(store_url: s
     async with hosting(store_url, idle_after=0.2, lease_ttl=30) as foundation:
         manager = foundation.manager
         for context_id in ("a", "b"):
-            await manager.claim(context_id)
+            await manager.leases.claim(context_id)
             await converse(manager, context_id, range(2))
-        await manager.flush()
+        await manager.leases.flush()
         before = manager.history("a")
         with anyio.fail_after(10):
             while manager.context_ids():
@@ -202,9 +203,9 @@ async def test_idle_contexts_leave_memory_and_come_back_on_next_use(store_url: s
         assert (unloaded.idle_unloads_total, unloaded.claimed) == (2, 0)
         with pytest.raises(NotClaimedError):
             manager.accept_turn(snapshot("a", "t2", "hi"))
-        assert manager.store is not None
-        assert set(await manager.store.idle(0.0)) == {"a", "b"}  # leases released
-        assert await manager.claim("a") is True
+        assert manager.leases.store is not None
+        assert set(await manager.leases.store.idle(0.0)) == {"a", "b"}  # leases released
+        assert await manager.leases.claim("a") is True
         assert manager.history("a").turn_messages("t1") == before.turn_messages("t1")
         assert manager.statistics().history.turns == 2
         manager.accept_turn(snapshot("a", "t2", "back"))
@@ -213,27 +214,27 @@ async def test_idle_contexts_leave_memory_and_come_back_on_next_use(store_url: s
 async def test_a_context_in_a_model_call_never_leaves_memory_idle(store_url: str) -> None:
     async with hosting(store_url, idle_after=0.1, lease_ttl=30) as foundation:
         manager = foundation.manager
-        await manager.claim("c")
+        await manager.leases.claim("c")
         manager.accept_turn(snapshot("c", "t1", "hi"))
-        await manager.flush()
+        await manager.leases.flush()
         async with manager.invocation("c", "t1") as invocation:
             await anyio.sleep(0.4)  # several maintenance rounds
             assert manager.context_ids() == ("c",)
             invocation.record([assistant("still here")])
-        await manager.flush()
+        await manager.leases.flush()
 
 
 async def test_remove_context_deletes_its_log(store_url: str) -> None:
     async with hosting(store_url) as foundation:
         manager = foundation.manager
-        await manager.claim("c")
+        await manager.leases.claim("c")
         await converse(manager, "c", range(2))
-        await manager.flush()
+        await manager.leases.flush()
         manager.remove_context("c")
-        await manager.flush()
-        assert manager.store is not None
-        assert await manager.store.load("c") == ()
-        assert await manager.claim("c") is True  # a new, empty context
+        await manager.leases.flush()
+        assert manager.leases.store is not None
+        assert await manager.leases.store.load("c") == ()
+        assert await manager.leases.claim("c") is True  # a new, empty context
         assert manager.context_ids() == ()
 
 
@@ -245,7 +246,7 @@ async def test_an_undecodable_record_fails_the_claim_naming_the_context(store_ur
         await store.release({"c": token})
         async with Foundation(store=store, owner="reader") as foundation:
             with pytest.raises(StoreRecordError, match="context 'c'") as caught:
-                await foundation.manager.claim("c")
+                await foundation.manager.leases.claim("c")
             assert (caught.value.context_id, caught.value.index) == ("c", 0)
             assert foundation.manager.context_ids() == ()
         # The failed claim released its lease.
@@ -298,7 +299,7 @@ async def test_changes_of_many_contexts_go_to_the_store_in_one_batch(store_url: 
         async with Foundation(store=store) as foundation:
             manager = foundation.manager
             for i in range(100):
-                await manager.claim(f"c{i}")
+                await manager.leases.claim(f"c{i}")
             for i in range(100):
                 manager.accept_turn(snapshot(f"c{i}", "t1", "hi"))
                 manager.record(f"c{i}", "t1", [assistant("a"), assistant("b")])
@@ -314,7 +315,7 @@ async def test_changes_of_many_contexts_go_to_the_store_in_one_batch(store_url: 
                 idle_unloads_total=0,
                 compactions_total=0,
             )
-            await manager.flush()
+            await manager.leases.flush()
             assert store.batches == [100]  # 200 changes, one round trip
             assert await store.load("c7") != ()
             stats = manager.statistics().store
@@ -361,14 +362,14 @@ class SlowLoadStore(CountingStore):
 
 async def test_a_claim_cancelled_while_restoring_releases_its_lease(store_url: str) -> None:
     async with hosting(store_url, owner="writer") as first:
-        await first.manager.claim("c")
+        await first.manager.leases.claim("c")
         await converse(first.manager, "c", range(2))
     store = SlowLoadStore(open_context_store(store_url))
     try:
         async with Foundation(store=store, owner="reader") as foundation:
             manager = foundation.manager
             async with anyio.create_task_group() as group:
-                group.start_soon(manager.claim, "c")
+                group.start_soon(manager.leases.claim, "c")
                 await store.loading.wait()
                 group.cancel_scope.cancel()
             assert manager.context_ids() == ()
@@ -378,7 +379,7 @@ async def test_a_claim_cancelled_while_restoring_releases_its_lease(store_url: s
             other = await store.inner.acquire("c", "someone-else", 30)
             await store.inner.release({"c": other})
             store.go_on.set()
-            assert await manager.claim("c") is True
+            assert await manager.leases.claim("c") is True
             assert manager.history("c").turn_ids == ("t0", "t1")
     finally:
         await store.aclose()
@@ -387,30 +388,30 @@ async def test_a_claim_cancelled_while_restoring_releases_its_lease(store_url: s
 async def test_a_cancelled_flush_leaves_the_changes_queued_and_written(store_url: str) -> None:
     async with hosting(store_url) as foundation:
         manager = foundation.manager
-        await manager.claim("c")
+        await manager.leases.claim("c")
         await converse(manager, "c", range(2))
         with anyio.CancelScope() as scope:
             scope.cancel()
-            await manager.flush()
-        await manager.flush()
-        assert manager.store is not None
-        assert len(await manager.store.load("c")) == 6  # 2 commits, 4 records
+            await manager.leases.flush()
+        await manager.leases.flush()
+        assert manager.leases.store is not None
+        assert len(await manager.leases.store.load("c")) == 6  # 2 commits, 4 records
 
 
 async def test_a_long_log_is_compacted_and_restores_the_same_history(store_url: str) -> None:
     """Compaction keeps the log about as long as the history, and changes nothing restored."""
     async with hosting(store_url, history_limits=LIMITS) as first:
         manager = first.manager
-        await manager.claim("c")
+        await manager.leases.claim("c")
         for block in range(6):  # 60 turns of 4 records each, 3 turns held
             await converse(manager, "c", range(block * 10, block * 10 + 10))
-            await manager.flush()
+            await manager.leases.flush()
         manager.accept_turn(snapshot("c", "t60", "late", sequence=60))
-        await manager.flush()
+        await manager.leases.flush()
         stats = manager.statistics().store
         assert stats is not None and stats.compactions_total >= 1
-        assert manager.store is not None
-        log = await manager.store.load("c")
+        assert manager.leases.store is not None
+        log = await manager.leases.store.load("c")
         assert len(log) <= 64 + 4  # not the 240 records the context wrote
         held = manager.history("c")
         expected = await manager.prepare(request("c", "t60"))
@@ -418,7 +419,7 @@ async def test_a_long_log_is_compacted_and_restores_the_same_history(store_url: 
             manager.accept_turn(snapshot("c", "t5", "reused id"))
     async with hosting(store_url, history_limits=LIMITS) as second:
         manager = second.manager
-        await manager.claim("c")
+        await manager.leases.claim("c")
         restored = manager.history("c")
         assert restored.turn_ids == held.turn_ids == ("t58", "t59", "t60")
         assert restored.pinned == held.pinned == (SYSTEM,)
@@ -450,15 +451,15 @@ async def test_a_claim_compacts_a_long_log_it_restores(store_url: str) -> None:
         await store.aclose()
     async with hosting(store_url, history_limits=LIMITS) as foundation:
         manager = foundation.manager
-        await manager.claim("c")
+        await manager.leases.claim("c")
         assert manager.history("c").turn_ids == ("t27", "t28", "t29")
-        assert manager.store is not None
-        assert len(await manager.store.load("c")) == 1  # one checkpoint
+        assert manager.leases.store is not None
+        assert len(await manager.leases.store.load("c")) == 1  # one checkpoint
         manager.accept_turn(snapshot("c", "t30", "next"))
-        await manager.flush()
-        assert len(await manager.store.load("c")) == 3  # then a commit and an eviction
+        await manager.leases.flush()
+        assert len(await manager.leases.store.load("c")) == 3  # then a commit and an eviction
     async with hosting(store_url, history_limits=LIMITS) as again:
-        await again.manager.claim("c")
+        await again.manager.leases.claim("c")
         assert again.manager.history("c").turn_ids == ("t28", "t29", "t30")
 
 
@@ -487,15 +488,15 @@ async def test_a_compaction_whose_reply_is_lost_never_misplaces_a_record(
     try:
         async with Foundation(store=store, history_limits=LIMITS) as first:
             manager = first.manager
-            await manager.claim("c")
+            await manager.leases.claim("c")
             await converse(manager, "c", range(20))  # 80 records + evictions: compacts
-            await manager.flush()
+            await manager.leases.flush()
             assert store.replaces == 1
             await converse(manager, "c", range(20, 24))
-            await manager.flush()  # written after rereading the log's length
+            await manager.leases.flush()  # written after rereading the log's length
             held = manager.history("c")
         async with Foundation(store=store.inner, history_limits=LIMITS) as second:
-            await second.manager.claim("c")
+            await second.manager.leases.claim("c")
             restored = second.manager.history("c")
             assert restored.turn_ids == held.turn_ids == ("t21", "t22", "t23")
             for turn_id in held.turn_ids:
@@ -510,9 +511,9 @@ async def test_a_held_lease_is_renewed_and_a_lost_one_is_noticed(store_url: str)
     try:
         async with hosting(store_url, owner="host-a", lease_ttl=0.3) as host:
             manager = host.manager
-            await manager.claim("c")
+            await manager.leases.claim("c")
             manager.accept_turn(snapshot("c", "t1", "hi"))
-            await manager.flush()
+            await manager.leases.flush()
             await anyio.sleep(1.0)  # more than three times the lease's time-to-live
             with pytest.raises(LeaseHeldError, match="host-a"):
                 await store.acquire("c", "host-b", 30)
@@ -537,9 +538,36 @@ async def test_a_host_built_manager_carries_its_store(store_url: str) -> None:
             Foundation(manager, store=store)
         async with Foundation(manager) as foundation:
             assert foundation.manager is manager
-            await manager.claim("c")
+            await manager.leases.claim("c")
             await converse(manager, "c", range(2))
         assert await store.load("c") != ()  # the Foundation left the store open
     async with hosting(store_url, history_limits=LIMITS) as again:
-        await again.manager.claim("c")
+        await again.manager.leases.claim("c")
         assert again.manager.history("c").turn_ids == ("t0", "t1")
+
+
+async def test_a_restored_context_sends_the_kept_state_pairs_again(store_url: str) -> None:
+    """Invariant: the kept runtime-state pairs are stored with their turns, so the host
+    that restores a context prepares byte for byte what the writing host would have."""
+    prefixes: list[PreparedContext] = []
+    for last in ("t2", "t2-again"):  # a retracted id is never committed again
+        async with hosting(store_url, lease_ttl=30) as host:
+            manager = host.manager
+            await manager.leases.claim("c")
+            if not prefixes:
+                for i in range(2):
+                    manager.accept_turn(
+                        snapshot("c", f"t{i}", f"q{i}", instructions=(SYSTEM,) if i == 0 else None)
+                    )
+                    await manager.prepare(request("c", f"t{i}"))
+                    manager.record("c", f"t{i}", [assistant(f"answer {i}")])
+                await manager.leases.flush()
+            assert len(manager.history("c").turn_state("t0")) == 2
+            manager.accept_turn(snapshot("c", last, "q2"))
+            prefixes.append(await manager.prepare(request("c", last)))
+            manager.voice.retract_turn("c", last)
+            await manager.leases.flush()
+    earlier = prefixes[0].turn_start
+    assert prefixes[1].turn_start == earlier
+    assert prefixes[1].items[:earlier] == prefixes[0].items[:earlier]
+    assert sum("tlrs_" in str(item) for item in prefixes[0].items[:earlier]) == 4  # t0, t1

@@ -2,8 +2,12 @@
 
 A history holds the pinned instructions
 (``system`` and ``developer`` messages) and a sequence of committed turns,
-oldest first. A turn is its input (the committed user messages) followed by
-its outputs (model messages and tool results recorded while answering it).
+oldest first. A turn is its input (the committed user messages), then its
+*kept state* if any (messages the host kept in place, the runtime-state pair
+its model was sent: :meth:`TurnHistory.keep_state`), then its outputs (model
+messages and tool results recorded while answering it). A turn renders its
+kept state only once it is an earlier turn: the render of a turn's own input
+never holds it.
 
 Limits count turns, items (neutral messages), bytes (the JSON encoding of
 each message, see :func:`~turnloom.context.check_message`) and, optionally,
@@ -74,6 +78,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
+from turnloom.context.body import BodyRun, EncodedBody, body_writer
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.message import (
@@ -184,7 +189,9 @@ class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         turns: turns kept.
-        items: messages kept in those turns (pinned instructions excluded).
+        items: messages kept in those turns (pinned instructions excluded),
+            kept state messages (:meth:`TurnHistory.keep_state`) included;
+            ``bytes`` and ``tokens`` count them too.
         bytes: serialized size of those messages, in bytes.
         pinned_items: pinned instruction messages (not counted in ``items``).
         pinned_bytes: their serialized size, in bytes.
@@ -235,9 +242,26 @@ class RenderedHistory:
         call_ids: the call-id renaming state after ``items`` (see
             :mod:`turnloom.context.callids`): continue it over items appended
             to this input so their call ids stay unique. Owned by the caller.
+        body: the gateway's request body of ``items``, with the body items
+            of the pinned instructions and the closed turns kept encoded by
+            the render cache (:class:`~turnloom.context.body.EncodedBody`):
+            ``body.encode()`` equals
+            ``msgspec.json.encode(gateway.request_body(items))`` and costs
+            O(items after the cached run) plus a C-speed join. None for a
+            private render (an older view, :meth:`HistoryView.render_scoped`)
+            or a gateway without a body writer.
     """
 
-    __slots__ = ("_positions", "_tail", "bytes", "call_ids", "items", "tokens", "turn_start")
+    __slots__ = (
+        "_positions",
+        "_tail",
+        "body",
+        "bytes",
+        "call_ids",
+        "items",
+        "tokens",
+        "turn_start",
+    )
 
     def __init__(
         self,
@@ -246,8 +270,10 @@ class RenderedHistory:
         tail: _Rendered,
         call_ids: CallIdRenamer,
         turn_start: int,
+        body: EncodedBody | None = None,
     ) -> None:
         self.items = items
+        self.body = body
         self._positions = positions
         self._tail = tail  # everything after the run: unsettled turns, then the turn's input
         self.call_ids = call_ids
@@ -395,7 +421,9 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
 
     ``full`` and ``head`` are the whole turn and its input rendered for render
     key slot 0, each for the span key it holds (a cache of one); ``more``
-    holds other slots, by (slot, whole turn).
+    holds other slots, by (slot, whole turn). The whole turn is its input,
+    its kept ``state``, then its outputs; ``bytes``, ``tokens`` and ``items``
+    count all three.
     """
 
     turn_id: str
@@ -404,18 +432,22 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
     bytes: int
     tokens: int
     serial: int  # the history's commit count when it was committed: unique in the history
+    state: tuple[_Entry, ...] = ()  # the kept state, between the input and the outputs
     full: _Rendered | None = None
     head: _Rendered | None = None
     more: dict[tuple[int, bool], _Rendered] | None = None
 
     @property
     def items(self) -> int:
-        return len(self.input) + len(self.outputs)
+        return len(self.input) + len(self.state) + len(self.outputs)
+
+    def entries(self, whole: bool) -> tuple[_Entry, ...]:
+        """The whole turn's entries (input, kept state, outputs), or its input only."""
+        return self.input + self.state + self.outputs if whole else self.input
 
     def messages(self, whole: bool) -> list[Message]:
         """The turn's messages (``whole``), or its input only."""
-        entries = self.input + self.outputs if whole else self.input
-        return [e.message for e in entries]
+        return [e.message for e in self.entries(whole)]
 
     def with_outputs(self, added: tuple[_Entry, ...]) -> _Turn:
         return _Turn(
@@ -425,6 +457,19 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
             self.bytes + sum(e.size for e in added),
             self.tokens + sum(e.tokens for e in added),
             self.serial,
+            self.state,
+        )
+
+    def with_state(self, state: tuple[_Entry, ...]) -> _Turn:
+        old = self.state
+        return _Turn(
+            self.turn_id,
+            self.input,
+            self.outputs,
+            self.bytes + sum(e.size for e in state) - sum(e.size for e in old),
+            self.tokens + sum(e.tokens for e in state) - sum(e.tokens for e in old),
+            self.serial,
+            state,
         )
 
     def render(
@@ -452,7 +497,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
             cached = self.more.get((slot, whole)) if self.more is not None else None
         if cached is not None and cached.key == key:
             return cached
-        entries = self.input + self.outputs if whole else self.input
+        entries = self.entries(whole)
         rendered = _render_entries(
             entries, gateway, slots[0], policy, counter, carried, answered, key
         )
@@ -524,14 +569,18 @@ class _Run:
     ``items`` is a list changed in place (evicted turns deleted at the front,
     closed turns appended), so a prepare copies the run once, into its output
     tuple, and never walks it in Python. ``call_ids`` and ``carry`` are the
-    call-id renaming and pairing states after ``items``. Guarded by
-    ``_Shared.lock``.
+    call-id renaming and pairing states after ``items``. ``body`` keeps the
+    request body of ``items`` encoded, one segment per turn: segment 0 is
+    the pinned instructions, turn ``i`` of ``positions`` is segment
+    ``first_tag + i``. Guarded by ``_Shared.lock``.
     """
 
     __slots__ = (
+        "body",
         "call_ids",
         "carry",
         "evicted",
+        "first_tag",
         "generation",
         "items",
         "pinned_entries",
@@ -558,6 +607,8 @@ class _Run:
         self.call_ids = call_ids
         # The calls still open after the run's last turn, carried into the next.
         self.carry: tuple[ToolCallPart, ...] = ()
+        self.body: BodyRun | None = None
+        self.first_tag = 1
 
 
 class _Shared:
@@ -926,13 +977,26 @@ class HistoryView:
                 return tuple(e.message for e in turn.input)
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
+    def turn_state(self, turn_id: str) -> tuple[Message, ...]:
+        """The kept state messages of ``turn_id`` (see :meth:`TurnHistory.keep_state`), or ().
+
+        Raises:
+            UnknownTurnError: the view holds no turn ``turn_id``.
+        """
+        for turn in reversed(self._turns):
+            if turn.turn_id == turn_id:
+                return tuple(e.message for e in turn.state)
+        raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
+
     def render(
         self, gateway: Gateway, turn_id: str, *, open_calls: OpenCallPolicy = "exclude"
     ) -> RenderedHistory:
         """Render the pinned instructions, the turns before ``turn_id`` and its input.
 
         The outputs of ``turn_id`` itself are not included: they are the
-        continuation of the turn's model calls (see ``ContextManager.build``).
+        continuation of the turn's model calls (see ``ContextManager.build``);
+        neither is its kept state. Each turn before it is its input, its kept
+        state, then its outputs.
         The retained turns and the turn's input are paired as one input
         (see the class docstring of :class:`TurnHistory`): the items equal
         ``complete_pairs(input_messages(turn_id), open_calls=open_calls)``
@@ -992,6 +1056,7 @@ class HistoryView:
                     run.items.extend(tail.items)
                     items = tuple(run.items)
                     del run.items[len(run.items) - len(tail.items) :]
+                    body = run.body.snapshot(tail.items) if run.body is not None else None
                 except BaseException:
                     # The run may be half changed: drop it; the next render rebuilds it.
                     shared.runs.pop(key, None)
@@ -999,14 +1064,15 @@ class HistoryView:
                 positions = run.positions
         if not newest:
             # An older view (or an earlier turn): a private run, the cache untouched.
-            private = self._build(gateway, slots, open_calls)
+            private = self._build(gateway, slots, open_calls, body=False)
             plan = _plan(closed, head, (), gateway, slots, open_calls, shared.counter)
             settled, tail, call_ids = plan.rename(gateway, private.call_ids)
             self._append(private, closed, plan, settled)
             items = tuple(private.items) + tail.items
             positions = private.positions
+            body = None
         turn_start = len(items) - len(plan.head.items) + plan.head.lead
-        return RenderedHistory(items, positions, tail, call_ids, turn_start)
+        return RenderedHistory(items, positions, tail, call_ids, turn_start, body)
 
     def render_scoped(
         self,
@@ -1029,8 +1095,11 @@ class HistoryView:
         Renders privately: the shared run and the per-turn renders that
         :meth:`render` reuses are neither read nor changed (only per-message
         renders, which do not depend on the scope, are shared). Call ids are
-        made unique over the sliced view by the same renaming rule. A scope
-        that keeps every message renders what :meth:`render` renders.
+        made unique over the sliced view by the same renaming rule. Kept state
+        (:meth:`TurnHistory.keep_state`) is not part of the sliced view: a
+        scope indexes and renders recorded messages only. A scope that keeps
+        every message of a history without kept state renders what
+        :meth:`render` renders.
 
         Raises:
             UnknownTurnError: the view holds no turn ``turn_id``.
@@ -1106,7 +1175,8 @@ class HistoryView:
         """The messages a render of ``turn_id`` is made of, before pairing.
 
         The pinned instructions, every message of the turns before
-        ``turn_id``, then its input, oldest first. Rendering
+        ``turn_id`` (its input, kept state, then outputs), then its input,
+        oldest first. Rendering
         ``complete_pairs(input_messages(t))`` message by message, with call
         ids renamed by ``rename_call_ids`` over the whole list, gives exactly
         :meth:`render`'s items (a cold render, without any cache).
@@ -1119,10 +1189,12 @@ class HistoryView:
             if turn.turn_id == turn_id:
                 out.extend(e.message for e in turn.input)
                 return tuple(out)
-            out.extend(e.message for e in turn.input + turn.outputs)
+            out.extend(turn.messages(True))
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
-    def _build(self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy) -> _Run:
+    def _build(
+        self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy, body: bool = True
+    ) -> _Run:
         call_ids = CallIdRenamer()
         pinned = _renamed(
             _render_entries(self._pinned, gateway, slots[0], policy, self._shared.counter),
@@ -1130,9 +1202,12 @@ class HistoryView:
             call_ids,
         )
         positions = _TurnPositions(pinned, (), (), (0, 0), (), ())
-        return _Run(
+        run = _Run(
             self._pinned, positions, list(pinned.items), self._evicted, self._generation, call_ids
         )
+        if body:
+            run.body = _body_run(gateway, positions, run.first_tag)
+        return run
 
     def _advance(self, run: _Run, closed: tuple[_Turn, ...], gateway: Gateway) -> bool:
         """Drop the turns evicted since the run was built; False when it cannot be reused."""
@@ -1164,6 +1239,15 @@ class HistoryView:
                 # rebuilt from the per-turn caches (O(kept items), once).
                 return False
             del run.items[start:end]
+            first_kept = run.first_tag + dropped
+            if run.body is not None and not run.body.drop(first_kept, evicted_ids):
+                # The kept body differs from the cached one (a turn merged
+                # across the cut, say): rebuilt from the kept renders, once.
+                run.body = None
+                rebuild = True
+            else:
+                rebuild = False
+            run.first_tag = first_kept
             gone = sum(r.tokens for r in positions.rendered[:dropped])
             run.positions = _TurnPositions(
                 positions.pinned,
@@ -1177,6 +1261,8 @@ class HistoryView:
             run.evicted = self._evicted
             if not kept:
                 run.carry = ()  # the calls it carried were evicted with their turn
+            if rebuild:
+                run.body = _body_run(gateway, run.positions, run.first_tag)
         return True
 
     def _append(
@@ -1201,8 +1287,13 @@ class HistoryView:
             tokens += rendered.tokens
             item_ends.append(items_at)
             byte_ends.append(bytes_at)
+        body = run.body
+        tag = run.first_tag + reuse
         for rendered in renders:
             run.items.extend(rendered.items)
+            if body is not None:
+                body.append(rendered.items, tag)
+                tag += 1
         run.positions = _TurnPositions(
             positions.pinned,
             closed[: reuse + plan.settled],
@@ -1213,6 +1304,18 @@ class HistoryView:
             tokens,
         )
         run.carry = plan.carry
+
+
+def _body_run(gateway: Gateway, positions: _TurnPositions, first_tag: int) -> BodyRun | None:
+    """The encoded request body of a run's items (segment 0 the pinned, then each turn)."""
+    writer = body_writer(gateway)
+    if writer is None:
+        return None
+    body = BodyRun(writer)
+    body.append(positions.pinned.items, 0)
+    for tag, rendered in enumerate(positions.rendered, first_tag):
+        body.append(rendered.items, tag)
+    return body
 
 
 def _blank(message: Message) -> bool:
@@ -1875,6 +1978,76 @@ class TurnHistory:
         self._tokens += new.tokens - old.tokens
         self._view = None
         return len(kept)
+
+    def keep_state(
+        self, turn_id: str, messages: Sequence[Message], *, serial: int | None = None
+    ) -> bool:
+        """Keep ``messages`` as the turn's state, in place of any it kept before.
+
+        Kept state sits between the turn's input and its outputs once the turn
+        is an earlier turn of a render (a render of the turn's own input never
+        holds it), so a host that sent its model per-turn state there (the
+        runtime-state pair) sends the same bytes again in later inputs. It
+        counts like recorded messages (items, bytes, tokens, against the
+        limits) and leaves with its turn (eviction, retraction). An empty
+        ``messages`` keeps none. Keeping does not evict; call :meth:`evict`
+        at a safe point.
+
+        Args:
+            turn_id: the held turn.
+            messages: the state messages, oldest first; messages without an id.
+            serial: the turn's :meth:`turn_serial`, when the caller kept it.
+
+        Returns:
+            True when the turn is held and now keeps ``messages``; False when
+            it is no longer held (evicted, retracted, or ``serial`` names
+            another turn): nothing changed.
+
+        Raises:
+            InvalidMessageError: a malformed message, one with a pinned role or
+                one with an id; nothing changed.
+            InvalidTextError: text that is not valid UTF-8; nothing changed.
+            ItemTooLargeError: one message is over the per-item byte cap;
+                nothing changed.
+        """
+        reject_instructions(messages, "state", f"Turn {excerpt(turn_id)} state")
+        cap = self._limits.max_item_bytes
+        count = self._shared.counter.count
+        entries: list[_Entry] = []
+        for i, message in enumerate(messages):
+            label = f"turn {excerpt(turn_id)} state[{i}]"
+            size = check_message(message, where=label)
+            if size > cap:
+                raise ItemTooLargeError(
+                    f"{label} is {size} bytes, over the per-item cap of {cap} bytes.",
+                    size=size,
+                    limit=cap,
+                )
+            if message.id is not None:
+                raise InvalidMessageError(
+                    f"{label} has id {excerpt(message.id)}; kept state messages carry no id.",
+                    field="id",
+                )
+            entries.append(_Entry(message, size, count((message,))))
+        position = len(self._turns) - 1
+        while position >= 0 and self._turns[position].turn_id != turn_id:
+            position -= 1
+        if position < 0 or (serial is not None and self._turns[position].serial != serial):
+            return False
+        old = self._turns[position]
+        if len(old.state) == len(entries) and all(
+            a.message == b.message for a, b in zip(old.state, entries, strict=True)
+        ):
+            return True
+        new = old.with_state(tuple(entries))
+        if position != len(self._turns) - 1:
+            self._generation += 1
+        self._turns = (*self._turns[:position], new, *self._turns[position + 1 :])
+        self._items += new.items - old.items
+        self._bytes += new.bytes - old.bytes
+        self._tokens += new.tokens - old.tokens
+        self._view = None
+        return True
 
     def evict(self) -> tuple[str, ...]:
         """Drop whole turns, oldest first, until every limit holds.

@@ -10,12 +10,16 @@ __all__ = (
     "CONTEXT_PLUGIN_GROUP",
     "HYDRATE_TOOL_NAME",
     "STATE_TOOL_NAME",
+    "STRATEGIES",
     "AreaPass",
     "AreaStatistics",
+    "Areas",
     "AssembledContext",
+    "Assembly",
     "AssemblyMetadata",
     "AssemblyStatistics",
     "AssemblyStrategy",
+    "Bridge",
     "ContextConfig",
     "ContextContribution",
     "ContextInitConfig",
@@ -23,6 +27,7 @@ __all__ = (
     "ContextPlugin",
     "ContextPrepareRequest",
     "DefaultContextPlugin",
+    "EarlierStatePolicy",
     "Foundation",
     "FoundationClosedError",
     "HistoryLimits",
@@ -32,10 +37,12 @@ __all__ = (
     "Invocation",
     "JITStrategy",
     "LatencyHistograms",
+    "Leases",
     "ManagerOptions",
     "ManagerStatistics",
     "OutputRecord",
     "OutputStatistics",
+    "OutputStreams",
     "Perception",
     "PrefixStatistics",
     "PreparationStatistics",
@@ -45,6 +52,7 @@ __all__ = (
     "StrategyOptions",
     "StratifiedStrategy",
     "TurnSnapshot",
+    "Voice",
     "build_context_manager",
     "context_plugin_names",
     "load_config",
@@ -56,18 +64,23 @@ __all__ = (
 )
 
 from turnloom.context.history import HistoryLimits
+from turnloom.runtime._areas import Areas
+from turnloom.runtime._bridge import Bridge
 from turnloom.runtime._door import ManagerOptions
+from turnloom.runtime._invocation import Invocation
+from turnloom.runtime._leases import Leases
+from turnloom.runtime._outputs import OutputStreams
+from turnloom.runtime._strategies import STRATEGIES, JITStrategy, StratifiedStrategy, make_strategy
+from turnloom.runtime._voice import Voice
 from turnloom.runtime.assembly import (
     HYDRATE_TOOL_NAME,
     AssembledContext,
+    Assembly,
     AssemblyMetadata,
     AssemblyStrategy,
     HydratingStrategy,
     Hydration,
-    JITStrategy,
     StrategyOptions,
-    StratifiedStrategy,
-    make_strategy,
 )
 from turnloom.runtime.config import (
     CONTEXT_PLUGIN_GROUP,
@@ -84,7 +97,7 @@ from turnloom.runtime.config import (
 )
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.foundation import Foundation
-from turnloom.runtime.manager import ContextManager, Invocation
+from turnloom.runtime.manager import ContextManager
 from turnloom.runtime.schemas import (
     AreaPass,
     AreaStatistics,
@@ -103,4 +116,9 @@ from turnloom.runtime.schemas import (
     StoreStatistics,
     TurnSnapshot,
 )
-from turnloom.runtime.state import STATE_TOOL_NAME, state_call_id, state_tool_definition
+from turnloom.runtime.state import (
+    STATE_TOOL_NAME,
+    EarlierStatePolicy,
+    state_call_id,
+    state_tool_definition,
+)

@@ -162,7 +162,7 @@ def run_area_step(areas: AreaSection, run_pass: bool) -> SectionResult:
             try:
                 coop.register(area)
             except InputError as exc:
-                # Checked at attach_area; only an area whose state members
+                # Checked at areas.attach; only an area whose state members
                 # changed since then gets here. It is dropped.
                 raise AreaCallbackError(
                     f"Context Area {type(area).__qualname__} could not be registered: {exc}",

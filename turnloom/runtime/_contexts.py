@@ -1,12 +1,13 @@
 """The manager's contexts: each one's history, area section and last prefix, counted.
 
 Synchronous (a turn's assembly holds one anyio event): every change to a
-history (commit, record, eviction, removal) goes through :class:`ContextTable`, which keeps the
-running totals of :class:`~turnloom.runtime._counters.Counters` in step with
-it, and hands each change to its ``log`` hook (the durable store's writer,
-see ``_durable``) as a record, in the order the changes happened. Checking
-the input is the caller's job (``_door``); the table enforces only what the
-history and the in-flight model call decide.
+history (commit, record, kept state, eviction, removal) goes through
+:class:`ContextTable`, which keeps the running totals of
+:class:`~turnloom.runtime._counters.Counters` in step with it, and hands each
+change to its ``log`` hook (the durable store's writer, see ``_durable``) as
+a record, in the order the changes happened. Checking the input is the
+caller's job (``_door``); the table enforces only what the history and the
+in-flight model call decide.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from turnloom.runtime._counters import Counters
 from turnloom.runtime._records import (
     OutputsRecorded,
     Record,
+    StateKept,
     TurnCommitted,
     TurnRetracted,
     TurnsEvicted,
@@ -73,7 +75,7 @@ class ContextState:
         self.history = history
         self.in_flight: str | None = None  # the turn id of the model call in flight
         self.last: DeliveredPrefix | None = None  # the last delivered prefix
-        self.areas: AreaSection | None = None  # created by the first attach_area or route
+        self.areas: AreaSection | None = None  # created by the first areas.attach or areas.route
         self.assembly: TurnAssembly | None = None  # the latest turn's assembly
 
 
@@ -220,6 +222,29 @@ class ContextTable:
         self._evict(state)
         self._counters.history_changed(before, state.history.statistics())
         return recorded
+
+    def keep_state(
+        self, state: ContextState, turn_id: str, pair: tuple[Message, ...], serial: int
+    ) -> None:
+        """Keep a delivered prefix's runtime-state pair (or none) as its turn's.
+
+        Nothing happens when the context is no longer held as ``state`` or the
+        turn (``serial``) is gone: a kept pair leaves with its turn. The pair
+        was built and checked by the render, so this never raises. It does not
+        evict: the prefix just delivered stays a render of the history, and
+        the next commit, record or end of a model call evicts as usual.
+        """
+        if self.contexts.get(state.context_id) is not state:
+            return
+        history = state.history
+        if not history.has_turn(turn_id) or history.view().turn_state(turn_id) == pair:
+            return  # gone, or delivered again unchanged: nothing to log
+        before = history.statistics()
+        if not history.keep_state(turn_id, pair, serial=serial):
+            return
+        if self.log is not None:
+            self.log(state.context_id, StateKept(turn_id=turn_id, state=pair))
+        self._counters.history_changed(before, history.statistics())
 
     def evict(self, state: ContextState) -> None:
         """Evict down to the limits, if no model call is in flight (a safe point)."""

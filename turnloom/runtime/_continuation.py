@@ -15,6 +15,9 @@ __all__ = ("CheckedContinuation", "IssuedPrefixes", "check_continuation")
 import weakref
 from collections.abc import Container, Mapping, Sequence
 
+import msgspec
+
+from turnloom.context.body import EncodedBody
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import (
@@ -33,7 +36,15 @@ from turnloom.runtime.state import is_state_message
 class IssuedPrefixes:
     """Every prefix a manager delivered that is still alive, and what ``build`` keeps for it."""
 
-    __slots__ = ("_call_ids", "_checked", "_gateway", "_issued", "_limits", "_open_calls")
+    __slots__ = (
+        "_bodies",
+        "_call_ids",
+        "_checked",
+        "_gateway",
+        "_issued",
+        "_limits",
+        "_open_calls",
+    )
 
     def __init__(self, gateway: Gateway, limits: HistoryLimits, open_calls: OpenCallPolicy) -> None:
         self._gateway = gateway
@@ -46,17 +57,24 @@ class IssuedPrefixes:
         self._call_ids: dict[int, CallIdRenamer] = {}
         # id -> the continuation last checked for that prefix.
         self._checked: dict[int, CheckedContinuation] = {}
+        # id -> the request body of that prefix's items, its closed turns
+        # kept encoded (None: encode the body whole).
+        self._bodies: dict[int, EncodedBody | None] = {}
 
-    def add(self, prefix: PreparedContext, call_ids: CallIdRenamer) -> None:
+    def add(
+        self, prefix: PreparedContext, call_ids: CallIdRenamer, body: EncodedBody | None = None
+    ) -> None:
         """Register a delivered prefix; what is kept for it goes when it is collected."""
         key = id(prefix)
         self._issued[key] = prefix
         self._call_ids[key] = call_ids
+        self._bodies[key] = body
         weakref.finalize(prefix, self._forget, key)
 
     def _forget(self, key: int) -> None:
         self._call_ids.pop(key, None)
         self._checked.pop(key, None)
+        self._bodies.pop(key, None)
 
     def check(self, prefix: PreparedContext) -> None:
         """Raise :class:`InvalidMessageError` unless ``prefix`` was delivered by this manager."""
@@ -75,6 +93,33 @@ class IssuedPrefixes:
         objects) were checked and rendered at the door, so they are not
         checked again and their cached renders are used.
         """
+        added = self._continue(prefix, continuation, history)  # checks the prefix first
+        return (*prefix.items, *added)
+
+    def request_bytes(
+        self,
+        prefix: PreparedContext,
+        continuation: Sequence[Message],
+        history: TurnHistory | None = None,
+    ) -> bytes:
+        """The encoded request body of :meth:`build`'s items (see ``ContextManager.request_bytes``).
+
+        Equal to ``msgspec.json.encode(gateway.request_body(build(...)))``;
+        from the prefix's cached body when it has one.
+        """
+        added = self._continue(prefix, continuation, history)
+        body = self._bodies.get(id(prefix))
+        if body is None:
+            return _encoder.encode(self._gateway.request_body((*prefix.items, *added)))
+        return body.extend(added).encode()
+
+    def _continue(
+        self,
+        prefix: PreparedContext,
+        continuation: Sequence[Message],
+        history: TurnHistory | None,
+    ) -> list[NativeContent]:
+        """Check ``continuation`` against ``prefix``; its items, call ids continued."""
         key = id(prefix)
         gateway = self._gateway
         issued = self._issued.get(key) is prefix  # else check_continuation raises
@@ -86,13 +131,16 @@ class IssuedPrefixes:
         self._checked[key] = check_continuation(
             prefix, continuation, self._issued, self._limits, self._checked.get(key), renders
         )
-        items: list[NativeContent] = list(prefix.items)
+        items: list[NativeContent] = []
         call_ids = self._call_ids[key].copy()
         for message in complete_pairs(continuation, open_calls=self._open_calls):
             native = renders.get(id(message))
             rendered = native if native is not None else gateway.render(message)
             items.extend(rename_call_ids(gateway.type, rendered, call_ids))
-        return tuple(items)
+        return items
+
+
+_encoder = msgspec.json.Encoder()
 
 
 class CheckedContinuation:

@@ -51,14 +51,12 @@ from turnloom.errors import (
     ItemTooLargeError,
     excerpt,
 )
-from turnloom.runtime.assembly import (
-    AssemblyStrategy,
-    StrategyOptions,
-    make_strategy,
-)
+from turnloom.runtime._strategies import make_strategy
+from turnloom.runtime.assembly import AssemblyStrategy, StrategyOptions
 from turnloom.runtime.schemas import ContextPrepareRequest, TurnSnapshot
 from turnloom.runtime.state import (
     STATE_TOOL_NAME,
+    EarlierStatePolicy,
     check_contributions,
     check_perception,
     is_state_message,
@@ -110,6 +108,7 @@ class ManagerOptions(msgspec.Struct, frozen=True, kw_only=True):
     token_counter: TokenCounter
     durable: DurableOptions | None = None
     strategy: AssemblyStrategy | None = None
+    earlier_state: EarlierStatePolicy = "keep"
 
 
 class FoundationOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -136,18 +135,24 @@ def check_manager_options(
     memory: MemorySource | None = None,
     strategy_options: StrategyOptions | None = None,
     max_tenant_preparations: int | None = None,
+    earlier_state: str = "keep",
+    store: object = None,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
+    idle_after: float = DEFAULT_IDLE_AFTER,
+    owner: str | None = None,
 ) -> ManagerOptions:
     """Validate every option of a ContextManager once; return them checked and frozen.
 
     Raises:
         InputError: ``max_pending_preparations`` or ``max_tenant_preparations``
             is not a positive integer, ``history_limits`` is not a
-            :class:`HistoryLimits`, an unknown gateway or ``open_calls``
-            policy, behaviour rules that are not valid text or alone exceed
+            :class:`HistoryLimits`, an unknown gateway, ``open_calls`` or
+            ``earlier_state`` policy, behaviour rules that are not valid text or alone exceed
             the per-item cap (``ItemTooLargeError``), a ``strategy``
             that is neither a name nor an AssemblyStrategy, ``memory`` or
             ``strategy_options`` without a named strategy, or bad strategy
-            options.
+            options; and the store options' errors (see
+            :func:`check_durable_options`).
         UnknownStrategyError: ``strategy`` names no registered strategy.
         InvalidArgumentError: ``token_counter`` has no ``count`` method.
     """
@@ -170,6 +175,8 @@ def check_manager_options(
         )
     if open_calls not in ("exclude", "cancel"):
         raise InputError(f"open_calls must be 'exclude' or 'cancel', not {excerpt(open_calls)}.")
+    if earlier_state not in ("keep", "drop"):
+        raise InputError(f"earlier_state must be 'keep' or 'drop', not {excerpt(earlier_state)}.")
     limits = history_limits if history_limits is not None else HistoryLimits()
     check_behavior_rules(behavior_rules, limits.max_item_bytes)
     if max_tenant_preparations is None:
@@ -182,15 +189,25 @@ def check_manager_options(
             f"{excerpt(max_tenant_preparations)}."
         )
     checked_gateway = gateway if isinstance(gateway, Gateway) else get_gateway(gateway)
+    checked_strategy = _strategy(strategy, checked_gateway, memory, strategy_options, token_counter)
     return ManagerOptions(
         gateway=checked_gateway,
         max_pending_preparations=max_pending_preparations,
         history_limits=limits,
         behavior_rules=behavior_rules,
         open_calls="cancel" if open_calls == "cancel" else "exclude",
-        strategy=_strategy(strategy, checked_gateway, memory, strategy_options, token_counter),
+        earlier_state="drop" if earlier_state == "drop" else "keep",
+        strategy=checked_strategy,
         tenant_limit=tenant_limit,
         token_counter=token_counter,
+        durable=check_durable_options(
+            store=store,
+            lease_ttl=lease_ttl,
+            idle_after=idle_after,
+            owner=owner,
+            history_limits=limits,
+            token_counter=token_counter,
+        ),
     )
 
 

@@ -163,7 +163,7 @@ class Durability:
             )
         raise NotClaimedError(
             f"Context {excerpt(context_id)} is not claimed by this manager; await "
-            "manager.claim(context_id) before changing it.",
+            "manager.leases.claim(context_id) before changing it.",
             context_id=context_id,
         )
 

@@ -1,4 +1,4 @@
-"""The output streams a ContextManager consumes, each in its own task, drained at close.
+"""``OutputStreams``: the output streams a ContextManager consumes, reached as ``manager.outputs``.
 
 A stream is an :class:`anyio.abc.ObjectReceiveStream`-like memory object
 stream or any async iterable of :class:`~turnloom.runtime.OutputRecord`. Its
@@ -6,7 +6,7 @@ consumer runs in the Foundation's task group and records each record through
 the manager's ``record`` (the same door); a record refused with a typed error
 is counted and handed to the stream's ``on_error``, and the consumer goes on.
 
-Close (:meth:`OutputStreams.aclose`), after the manager stopped intake:
+Close (``OutputStreams._aclose``), after the manager stopped intake:
 
 1. Streams that are not memory object streams are given up to the grace
    period to end (their producers stop first and close them); then their
@@ -26,14 +26,16 @@ from __future__ import annotations
 
 __all__ = ("OutputErrorHandler", "OutputStreams")
 
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable, Callable, Sequence
 from typing import Any
 
 import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from turnloom.errors import TurnloomError
+from turnloom.context.message import Message
+from turnloom.errors import InputError, InvalidMessageError, TurnloomError
+from turnloom.runtime._lifecycle import Lifecycle
 from turnloom.runtime.schemas import OutputRecord, OutputStatistics
 
 OutputErrorHandler = Callable[[object, TurnloomError], None]
@@ -54,48 +56,122 @@ class _Consumer:
 
 
 class OutputStreams:
-    """The consumers of one manager's output streams, and their counters."""
+    """The output streams a manager consumes. Reach it as ``manager.outputs``.
+
+    Every method must be called from the Foundation's event loop; its
+    counters are also in ``manager.statistics().outputs``.
+    """
+
+    __slots__ = (
+        "_active",
+        "_consumers",
+        "_drained",
+        "_life",
+        "_record",
+        "_records",
+        "_rejected",
+        "_task_group",
+    )
 
     def __init__(
-        self, task_group: anyio.abc.TaskGroup, record: Callable[[OutputRecord], int]
+        self, life: Lifecycle, record: Callable[[str, str, Sequence[Message]], int]
     ) -> None:
-        self._task_group = task_group
-        self._record = record
+        self._life = life
+        self._record = record  # the manager's record
+        self._task_group: anyio.abc.TaskGroup | None = None  # the Foundation's, once open
         self._consumers: list[_Consumer] = []
-        self.active = 0  # consumers running
-        self.records = 0
-        self.drained = 0
-        self.rejected = 0
+        self._active = 0  # consumers running
+        self._records = 0
+        self._drained = 0
+        self._rejected = 0
 
-    def start(
-        self, source: AsyncIterable[OutputRecord], on_error: OutputErrorHandler | None
+    def _bind(self, task_group: anyio.abc.TaskGroup) -> None:
+        self._task_group = task_group
+
+    def consume(
+        self,
+        stream: AsyncIterable[OutputRecord],
+        *,
+        on_error: OutputErrorHandler | None = None,
     ) -> None:
-        """Consume ``source`` in a new task of the Foundation's task group."""
-        consumer = _Consumer(source, on_error)
+        """Consume an output stream in the manager's own task, recording each record.
+
+        The stream form of ``manager.record``: an anyio memory object stream
+        (``anyio.create_memory_object_stream[OutputRecord]``; pass its receive
+        side) or any async iterable of :class:`OutputRecord`. Each record is
+        recorded exactly as ``record(context_id, turn_id, outputs)`` would,
+        through the same checks, in the order the stream yields them; push
+        calls to ``record`` may be mixed in. Several streams may be consumed
+        at once.
+
+        A record refused with a typed error (not an OutputRecord, unknown
+        context or turn, a malformed or instruction message ...) records
+        nothing, is counted in ``statistics().rejected_total`` and is
+        passed to ``on_error(record, error)`` when given; the consumer goes
+        on. An exception the stream itself raises (or ``on_error`` raises)
+        ends the consumer and propagates out of the Foundation's task group;
+        raised while the close drains, it leaves after every other stream was
+        drained and every stream closed.
+
+        Close order (the Foundation's ``aclose``): intake stops first; a
+        memory object stream is then drained at once -- what it still holds,
+        senders blocked on it included, is recorded in order -- and its
+        receive side closed (a producer still sending gets
+        :class:`anyio.BrokenResourceError`); any other stream is given up to
+        the grace period to end (its producer stops and ends it), then its
+        consumer is cancelled and its ``aclose()``, if any, awaited. Only then
+        do preparations settle and the manager close: everything sent before
+        the close is in ``manager.history`` afterwards.
+
+        Raises:
+            StateError: the manager is not bound to an open Foundation yet.
+            FoundationClosedError: the Foundation is closing or closed.
+            InputError: ``stream`` is not an async iterable, or ``on_error`` is
+                not callable.
+
+        Cancellation:
+            The consumer belongs to the Foundation's task group: cancelling
+            the scope the Foundation was opened in cancels it without losing a
+            record of a memory object stream (the close drains it).
+        """
+        self._life.check_open()
+        if not isinstance(stream, AsyncIterable):
+            raise InputError(
+                f"consume takes an async iterable of OutputRecord (for example an "
+                f"anyio memory object receive stream), not a {type(stream).__name__}."
+            )
+        if on_error is not None and not callable(on_error):
+            raise InputError(f"on_error must be callable, not a {type(on_error).__name__}.")
+        assert self._task_group is not None  # bound before the lifecycle opens
+        consumer = _Consumer(stream, on_error)
         self._consumers = [c for c in self._consumers if not c.ended]
         self._consumers.append(consumer)
-        self.active += 1
+        self._active += 1
         self._task_group.start_soon(self._consume, consumer)
 
     def statistics(self) -> OutputStatistics:
         """The streams consumed now and the running totals; O(1), safe from another thread."""
         return OutputStatistics(
-            streams=self.active,
-            records_total=self.records,
-            drained_total=self.drained,
-            rejected_total=self.rejected,
+            streams=self._active,
+            records_total=self._records,
+            drained_total=self._drained,
+            rejected_total=self._rejected,
         )
 
     def _take(self, consumer: _Consumer, record: Any) -> bool:
         """Record one record; count it; a refused one goes to ``on_error``."""
         try:
-            self._record(record)
+            if not isinstance(record, OutputRecord):
+                raise InvalidMessageError(
+                    f"An output stream yielded a {type(record).__name__}, not an OutputRecord."
+                )
+            self._record(record.context_id, record.turn_id, record.outputs)
         except TurnloomError as exc:
-            self.rejected += 1
+            self._rejected += 1
             if consumer.on_error is not None:
                 consumer.on_error(record, exc)
             return False
-        self.records += 1
+        self._records += 1
         return True
 
     async def _consume(self, consumer: _Consumer) -> None:
@@ -115,10 +191,10 @@ class OutputStreams:
                 if aclose is not None:
                     with anyio.CancelScope(shield=True):
                         await aclose()
-            self.active -= 1
+            self._active -= 1
             consumer.done.set()
 
-    async def aclose(self, grace_period: float) -> None:
+    async def _aclose(self, grace_period: float) -> None:
         """Drain and close every stream in the documented order.
 
         Not shielded: the manager's close runs in the Foundation's shielded scope.
@@ -159,4 +235,4 @@ class OutputStreams:
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 return
             if self._take(consumer, record):
-                self.drained += 1
+                self._drained += 1

@@ -122,6 +122,7 @@ class Preparer:
         state = await self._wait_for_turn(preparation)
         request = self._capture(preparation.request, state)
         view = state.history.view()
+        serial = state.history.turn_serial(request.turn_id)
         assembled = None
         if options.strategy is not None:
             # Memory I/O on the loop, in this preparation's cancel scope.
@@ -157,7 +158,15 @@ class Preparer:
         if scope.cancel_called or not preparation.wanted:
             return
         preparation.deliver = self._deliverer(
-            request, state, areas, prepared, delivered, section, last, preparation.requested_at
+            request,
+            state,
+            serial,
+            areas,
+            prepared,
+            delivered,
+            section,
+            last,
+            preparation.requested_at,
         )
         preparation.result = prepared
 
@@ -198,6 +207,7 @@ class Preparer:
             return None  # the task raises what waiting for the turn raises
         history = state.history
         request = self._capture(request, state)
+        serial = history.turn_serial(request.turn_id)
         last = state.last
         prepared, delivered, _ = render_preparation(
             options,
@@ -210,7 +220,7 @@ class Preparer:
             state.in_flight is None,
         )
         return prepared, self._deliverer(
-            request, state, None, prepared, delivered, None, last, requested_at
+            request, state, serial, None, prepared, delivered, None, last, requested_at
         )
 
     def _capture(
@@ -235,6 +245,7 @@ class Preparer:
         self,
         request: ContextPrepareRequest,
         state: ContextState,
+        serial: int,
         areas: AreaSection | None,
         prepared: PreparedContext,
         delivered: DeliveredPrefix,
@@ -242,6 +253,8 @@ class Preparer:
         last: DeliveredPrefix | None,
         requested_at: float,
     ) -> Callable[[], None]:
+        options = self._options
+
         def deliver() -> None:
             # Run by the queue when the requester receives the result, never
             # for a result its requester did not get. A scoped prepare leaves
@@ -251,12 +264,14 @@ class Preparer:
                 areas.delivered = max(areas.delivered, section.generation)
             if unscoped:
                 state.last = delivered
+                if options.earlier_state == "keep":
+                    self._table.keep_state(state, request.turn_id, delivered.state, serial)
             self._counters.delivered(
                 last.bytes if last is not None and unscoped else 0,
                 prepared,
                 anyio.current_time() - requested_at,
             )
-            self._issued.add(prepared, delivered.call_ids)
+            self._issued.add(prepared, delivered.call_ids, delivered.body)
 
         return deliver
 

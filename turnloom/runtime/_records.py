@@ -2,7 +2,9 @@
 
 Synchronous and loop-free. A context's log is the ordered list of changes its
 history went through on the owning host: a turn committed, outputs recorded,
-turns evicted, the newest turn retracted. Replaying the log into an empty
+a turn's runtime-state pair kept (``ContextManager(earlier_state="keep")``,
+so a restarted host sends the same bytes again), turns evicted, the newest
+turn retracted. Replaying the log into an empty
 :class:`TurnHistory` with the same limits rebuilds the history exactly,
 evictions included, because each change is applied through the same
 ``TurnHistory`` methods in the same order (an eviction is logged when it
@@ -11,7 +13,7 @@ wrote it, including evictions an in-flight model call held back).
 
 A *checkpoint* record stands for a whole log prefix: the history as it is
 (pinned instructions, the turns held with their outputs, the remembered
-evicted turn ids, the last sequence). A store replaces a long log by one
+evicted turn ids, the last sequence, each turn's kept state). A store replaces a long log by one
 checkpoint (compaction); replaying the checkpoint and the records after it
 rebuilds the same history as replaying the whole log, except for counters of
 what left the history before the checkpoint.
@@ -31,6 +33,7 @@ __all__ = (
     "CheckpointTurn",
     "OutputsRecorded",
     "Record",
+    "StateKept",
     "TurnCommitted",
     "TurnRetracted",
     "TurnsEvicted",
@@ -50,7 +53,9 @@ from turnloom.context.message import Message
 from turnloom.context.tokens import TokenCounter
 from turnloom.errors import StateError, StoreRecordError, TurnloomError, excerpt
 
-SCHEMA_VERSION = 1
+# Version 2 added StateKept and CheckpointTurn.state: kept state counts
+# against the limits, so a version-1 reader could not replay the evictions.
+SCHEMA_VERSION = 2
 """The version written into every new record."""
 
 
@@ -74,6 +79,13 @@ class OutputsRecorded(_Record, frozen=True, kw_only=True, tag="record"):
     outputs: tuple[Message, ...]
 
 
+class StateKept(_Record, frozen=True, kw_only=True, tag="state"):
+    """A turn's kept state was set (``TurnHistory.keep_state``): its runtime-state pair, or ()."""
+
+    turn_id: str
+    state: tuple[Message, ...] = ()
+
+
 class TurnsEvicted(_Record, frozen=True, kw_only=True, tag="evict"):
     """Turns were evicted (``TurnHistory.evict``), oldest first."""
 
@@ -87,11 +99,12 @@ class TurnRetracted(_Record, frozen=True, kw_only=True, tag="retract"):
 
 
 class CheckpointTurn(msgspec.Struct, frozen=True, kw_only=True):
-    """One turn held at a checkpoint: its input and its recorded outputs."""
+    """One turn held at a checkpoint: its input, its kept state and its recorded outputs."""
 
     turn_id: str
     input: tuple[Message, ...]
     outputs: tuple[Message, ...] = ()
+    state: tuple[Message, ...] = ()
 
 
 class Checkpoint(_Record, frozen=True, kw_only=True, tag="checkpoint"):
@@ -103,7 +116,9 @@ class Checkpoint(_Record, frozen=True, kw_only=True, tag="checkpoint"):
     sequence: int | None = None
 
 
-Record: TypeAlias = TurnCommitted | OutputsRecorded | TurnsEvicted | TurnRetracted | Checkpoint
+Record: TypeAlias = (
+    TurnCommitted | OutputsRecorded | StateKept | TurnsEvicted | TurnRetracted | Checkpoint
+)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)
@@ -128,6 +143,7 @@ def checkpoint(view: HistoryView, evicted: tuple[str, ...], sequence: int | None
                 turn_id=turn_id,
                 input=given,
                 outputs=view.turn_messages(turn_id)[len(given) :],
+                state=view.turn_state(turn_id),
             )
         )
     return encode_record(
@@ -192,6 +208,8 @@ def _restore(history: TurnHistory, record: Checkpoint) -> None:
             instructions=record.pinned if i == 0 else None,
             sequence=record.sequence if i == 0 else None,
         )
+        if turn.state:
+            history.keep_state(turn.turn_id, turn.state)
         if turn.outputs:
             history.record(turn.turn_id, turn.outputs)
 
@@ -226,6 +244,15 @@ def replay(
                 )
             elif isinstance(record, OutputsRecorded):
                 history.record(record.turn_id, record.outputs)
+            elif isinstance(record, StateKept):
+                if not history.keep_state(record.turn_id, record.state):
+                    raise StoreRecordError(
+                        f"Record {index} of context {excerpt(context_id)} keeps the state of "
+                        f"turn {excerpt(record.turn_id)}, which the history rebuilt from the "
+                        "records before it does not hold; the log is corrupt.",
+                        context_id=context_id,
+                        index=index,
+                    )
             elif isinstance(record, TurnRetracted):
                 history.retract(record.turn_id)
             elif isinstance(record, Checkpoint):

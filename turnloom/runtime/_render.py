@@ -8,13 +8,19 @@ prefix, what to keep for the next comparison, and the area step's result.
 
 from __future__ import annotations
 
-__all__ = ("DeliveredPrefix", "assembled_prompt", "common_prefix", "render_preparation")
+__all__ = (
+    "DeliveredPrefix",
+    "assembled_prompt",
+    "common_prefix",
+    "render_preparation",
+)
 
 import time
 from typing import Any
 
 import msgspec
 
+from turnloom.context.body import EncodedBody
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import HistoryView, RenderedHistory
@@ -41,9 +47,24 @@ class DeliveredPrefix:
 
     ``call_ids`` is the call-id renaming state after ``items``
     (:mod:`turnloom.context.callids`); ``build`` continues it, on a copy.
+    ``state`` is what the prefix's turn keeps once it is delivered: its
+    runtime-state pair (call, result), or () without one or when the pair
+    carries recalled memory (tenant data; see :mod:`turnloom.runtime.state`).
+    ``body`` is the request body of ``items`` with the history's closed
+    turns kept encoded (None with an assembled system prompt before the
+    history, or a gateway without a body writer).
     """
 
-    __slots__ = ("bytes", "call_ids", "extra_sizes", "items", "lead_sizes", "rendered")
+    __slots__ = (
+        "body",
+        "bytes",
+        "call_ids",
+        "extra_sizes",
+        "items",
+        "lead_sizes",
+        "rendered",
+        "state",
+    )
 
     def __init__(
         self,
@@ -53,13 +74,17 @@ class DeliveredPrefix:
         extra_sizes: tuple[int, ...],
         call_ids: CallIdRenamer,
         lead_sizes: tuple[int, ...] = (),
+        state: tuple[Message, ...] = (),
+        body: EncodedBody | None = None,
     ) -> None:
         self.items = items
+        self.body = body
         self.bytes = total
         self.rendered = rendered
         self.extra_sizes = extra_sizes  # state pair + area section, after the history
         self.call_ids = call_ids
         self.lead_sizes = lead_sizes  # the assembled system prompt, before the history
+        self.state = state
 
     def bytes_before(self, count: int) -> int:
         """Serialized size of ``items[:count]``, in bytes."""
@@ -232,9 +257,22 @@ def render_preparation(
         render_seconds=time.perf_counter() - begin,
         assembled=assembled,
     )
+    # The cached body starts at the history's pinned instructions: an
+    # assembled prompt before them changes its leading fields, so such a
+    # prefix is encoded whole (IssuedPrefixes.request_bytes).
+    body = rendered.body.extend(extra) if rendered.body is not None and not lead else None
     return (
         prepared,
-        DeliveredPrefix(items, total, rendered, extra_sizes, call_ids, lead_sizes),
+        DeliveredPrefix(
+            items,
+            total,
+            rendered,
+            extra_sizes,
+            call_ids,
+            lead_sizes,
+            pair if pair is not None and memory is None else (),
+            body,
+        ),
         section,
     )
 

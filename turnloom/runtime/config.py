@@ -93,6 +93,9 @@ class ContextInitConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         history_max_item_bytes: the per-item byte cap (1 MiB).
         open_calls: ``"exclude"`` or ``"cancel"`` calls without a result in
             prepared inputs (``"exclude"``).
+        earlier_state: ``"keep"`` or ``"drop"`` earlier turns' runtime-state
+            pairs in later inputs (``"keep"``: each exactly as it was sent,
+            so the previous input is a prefix of the next).
     """
 
     behavior_rules: str | None = None
@@ -102,6 +105,7 @@ class ContextInitConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     history_max_bytes: _Positive = _LIMITS.max_bytes
     history_max_item_bytes: _Positive = _LIMITS.max_item_bytes
     open_calls: Literal["exclude", "cancel"] = "exclude"
+    earlier_state: Literal["keep", "drop"] = "keep"
 
     def history_limits(self) -> HistoryLimits:
         """The history bounds these keys give."""
@@ -146,6 +150,7 @@ class DefaultContextPlugin:
             history_limits=init_config.history_limits(),
             behavior_rules=init_config.behavior_rules,
             open_calls=init_config.open_calls,
+            earlier_state=init_config.earlier_state,
         )
 
 

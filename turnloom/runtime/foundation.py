@@ -10,8 +10,8 @@ Closing order (:meth:`Foundation.aclose`), the seed's lifecycle:
    ``build``, ``invocation``, areas, new output streams) raises
    :class:`FoundationClosedError`; the host's producers stop here.
 2. Drain the record consumers: what the manager's output streams still hold
-   is recorded (see :meth:`ContextManager.consume_outputs`); ``record`` is
-   still accepted until the manager closes.
+   is recorded (see :meth:`~turnloom.runtime.OutputStreams.consume`);
+   ``record`` is still accepted until the manager closes.
 3. Let owned preparations settle within :attr:`Foundation.close_grace_period`
    seconds (default 5; shared with step 2), then cancel the rest (failing
    with :class:`FoundationClosedError`; preparations still waiting for their
@@ -54,6 +54,7 @@ from turnloom.runtime._door import (
 )
 from turnloom.runtime.assembly import AssemblyStrategy, StrategyOptions
 from turnloom.runtime.manager import ContextManager
+from turnloom.runtime.state import EarlierStatePolicy
 from turnloom.runtime.store import ContextStore
 
 
@@ -71,7 +72,7 @@ class Foundation:
             owns it from then on. None (default): built from the keyword
             arguments below.
         gateway, max_pending_preparations, history_limits, behavior_rules,
-            open_calls, token_counter, strategy, memory, strategy_options,
+            open_calls, earlier_state, token_counter, strategy, memory, strategy_options,
             max_tenant_preparations, store, lease_ttl, idle_after, owner: the
             manager's options when ``manager`` is None (see
             :class:`ContextManager`: assembly strategies, the borrowed memory
@@ -87,7 +88,7 @@ class Foundation:
             (:class:`~turnloom.context.ApproxTokenCounter` by default): each
             message is counted once when it enters a history, and
             ``HistoryLimits.max_tokens``, the history statistics,
-            ``PreparedContext.tokens`` and ``ContextManager.working_context``
+            ``PreparedContext.tokens`` and ``manager.bridge.working_context``
             all use that count. It must count a list as the sum of its
             messages, as the built-in counters do. Counting runs in
             ``accept_turn`` and ``record``, on the event loop: about 2.5 us
@@ -132,6 +133,7 @@ class Foundation:
         history_limits: HistoryLimits | None = None,
         behavior_rules: str | None = None,
         open_calls: OpenCallPolicy = "exclude",
+        earlier_state: EarlierStatePolicy = "keep",
         close_grace_period: float = 5.0,
         token_counter: TokenCounter | None = None,
         clock: Callable[[], datetime] | None = None,
@@ -151,6 +153,7 @@ class Foundation:
                 history_limits=history_limits,
                 behavior_rules=behavior_rules,
                 open_calls=open_calls,
+                earlier_state=earlier_state,
                 token_counter=token_counter,
                 strategy=strategy,
                 memory=memory,
@@ -176,6 +179,7 @@ class Foundation:
                     ("history_limits", history_limits, None),
                     ("behavior_rules", behavior_rules, None),
                     ("open_calls", open_calls, "exclude"),
+                    ("earlier_state", earlier_state, "keep"),
                     ("token_counter", token_counter, None),
                     ("strategy", strategy, None),
                     ("memory", memory, None),
@@ -251,7 +255,7 @@ class Foundation:
         if self._used:
             raise StateError("A Foundation can be opened only once; create a new one.")
         self._used = True
-        self._built._check_unbound()
+        self._built._life.check_unbound()
         limiter = anyio.CapacityLimiter(self._options.worker_threads)
         task_group = anyio.create_task_group()
         await task_group.__aenter__()

@@ -31,7 +31,7 @@ name                                      type       meaning
 ``prefix_reused_bytes_total``             counter    of those, reused byte for byte
 ``prefix_stability_ratio``                gauge      reused / compared (1.0 when none)
 ``areas_attached``                        gauge      Context Areas attached, not collected
-``areas_registered_total``                counter    ``attach_area`` calls accepted
+``areas_registered_total``                counter    ``areas.attach`` calls accepted
 ``area_renders_total``                    counter    area passes run (collect, then unfold)
 ``area_passes_reused_total``              counter    previous area section reused instead
 ``areas_collected_total``                 counter    areas removed by the Collector
@@ -204,7 +204,7 @@ class ManagerCollector(Collector):
         )
         yield CounterMetricFamily(
             "turnloom_areas_registered",
-            "Context Areas attached with attach_area.",
+            "Context Areas attached with areas.attach.",
             s.areas.registered_total,
         )
         yield CounterMetricFamily(

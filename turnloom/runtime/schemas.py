@@ -155,7 +155,7 @@ class OutputRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Model outputs of one turn, as an output stream carries them.
 
     The stream form of :meth:`~turnloom.runtime.ContextManager.record`: a
-    manager consuming a stream (``consume_outputs``) records each record as
+    manager consuming a stream (``manager.outputs.consume``) records each record as
     ``record(context_id, turn_id, outputs)`` would.
 
     Attributes:
@@ -202,7 +202,7 @@ The area section of a context:
   is guarded by a :class:`threading.Lock` taken only in worker threads, so
   two preparations of one context render their area passes one after the
   other (the second holds its worker token while it waits). The event loop
-  never touches a CoopContext: ``attach_area`` checks the area with the same
+  never touches a CoopContext: ``areas.attach`` checks the area with the same
   checks as ``CoopContext.register`` and queues it, ``route`` checks and
   queues the item; the next pass enrols both.
 * **Model calls in flight.** No collection happens while an invocation of the
@@ -233,8 +233,10 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
         gateway: the provider the items are rendered for.
         items: tuple of NativeContent, oldest first: the assembled system
             prompt (with an assembly strategy), pinned instructions, the
-            earlier turns, the turn's input, the runtime-state pair when there
-            is one (directly after the input), then the area section
+            earlier turns (each its input, its kept runtime-state pair under
+            ``earlier_state="keep"``, then its outputs), the turn's input,
+            the runtime-state pair when there is one (directly after the
+            input), then the area section
             (``area_items`` items from ``area_start``). Shared with caches:
             treat as read-only. These are items, not a request: send
             ``manager.gateway.request_body(items)`` (or the body of
@@ -247,8 +249,9 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
         bytes: serialized size of ``items``, in bytes (JSON).
         tokens: tokens of the messages ``items`` render, by the Foundation's
             token counter: each history message as counted when it entered
-            (the number the history's limits and statistics use), plus the
-            runtime-state pair and the area section.
+            (the number the history's limits and statistics use; earlier
+            turns' kept pairs included), plus the runtime-state pair and the
+            area section.
         turn_start: index in ``items`` of the turn's first input item.
         area_start: index in ``items`` of the area section's first item (right
             after the runtime-state pair, or after the turn's input when there
@@ -386,7 +389,7 @@ class AreaStatistics(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         attached: areas attached across contexts and not yet collected
             (including those waiting for their first area pass).
-        registered_total: successful ``attach_area`` calls.
+        registered_total: successful ``areas.attach`` calls.
         renders_total: area passes run (collection, then one unfold pass).
         passes_reused_total: preparations that reused the previous area
             section instead of running a pass (a model call was in flight, or
@@ -465,7 +468,7 @@ class StoreStatistics(msgspec.Struct, frozen=True, kw_only=True):
         records_written_total: records the store accepted.
         write_failures_total: batches that failed (store unreachable after
             the bounded retry); their records stayed queued.
-        claims_total: leases taken by :meth:`~turnloom.runtime.ContextManager.claim`.
+        claims_total: leases taken by :meth:`~turnloom.runtime.Leases.claim`.
         takeovers_total: claims that restored a stored context.
         leases_lost_total: leases lost (a refused write or a failed renewal).
         idle_unloads_total: contexts that left memory idle.

@@ -20,6 +20,20 @@ placed directly after the current turn's input.
 * With no behaviour rules, no loop budget, no perception and no
   contributions, there is no pair: the prepared input is exactly the history.
 
+Earlier turns' pairs (:data:`EarlierStatePolicy`). Providers cache a request
+by exact prefix. By default (``"keep"``) each turn keeps the pair of its last
+delivered unscoped preparation, byte for byte (same call id, same text), in
+its place after the turn's input and before its outputs, in every later
+input: the previous model input is then a prefix of the next while the
+history does not evict, and the kept pair counts against the history's limits
+(items, bytes, tokens) and leaves with its turn. A pair that carries
+recalled memory (an assembly strategy's per-turn layer) is never kept: the
+memory was recalled for that request's tenant, and a later turn of the
+context may be prepared for another one; such a turn's later inputs hold no
+pair, as under ``"drop"``. ``"drop"`` sends only the current turn's pair: each
+new turn's input differs from the previous input right after the previous
+turn's input, so what follows it is billed again.
+
 Everything here is pure and synchronous.
 """
 
@@ -27,6 +41,7 @@ from __future__ import annotations
 
 __all__ = (
     "STATE_TOOL_NAME",
+    "EarlierStatePolicy",
     "check_contributions",
     "check_perception",
     "check_time",
@@ -40,7 +55,7 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 import msgspec
 
@@ -51,6 +66,15 @@ from turnloom.runtime.schemas import ContextContribution, Perception
 
 STATE_TOOL_NAME = "turnloom_runtime_context"
 """The tool name of the synthetic runtime-state call."""
+
+EarlierStatePolicy: TypeAlias = Literal["keep", "drop"]
+"""What later inputs hold of an earlier turn's runtime-state pair.
+
+``"keep"`` (default): the pair of the turn's last delivered unscoped
+preparation, exactly as it was sent, after the turn's input (none when that
+pair carried recalled memory). ``"drop"``: nothing; only the current turn
+carries its pair.
+"""
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]{0,63}")
 _STATE_ID = re.compile(r"tlrs_[0-9a-f]{24}")

@@ -286,7 +286,7 @@ async def _run(
                 await anyio.sleep(think_time * (number - first_session) / sessions)
             try:
                 if store is not None:
-                    await manager.claim(context_id)
+                    await manager.leases.claim(context_id)
                 for step in walk(script, max_turns=turns):
                     if isinstance(step, Turn):
                         if think_time and turn_id:
@@ -295,7 +295,7 @@ async def _run(
                         manager.accept_turn(snapshot(context_id, step))
                         counts["turns"] += 1
                         if store is not None:
-                            await manager.flush(context_id)  # the commit is acknowledged
+                            await manager.leases.flush(context_id)  # the commit is acknowledged
                         request = ContextPrepareRequest(context_id=context_id, turn_id=turn_id)
                         begin = time.perf_counter()
                         try:
@@ -327,7 +327,7 @@ async def _run(
                         continuation.append(step.message)
                 if store is not None:
                     manager.remove_context(context_id)
-                    await manager.flush(context_id)
+                    await manager.leases.flush(context_id)
             except TurnloomError as exc:
                 counts["failed"] += 1
                 if len(errors) < 10:
@@ -354,7 +354,7 @@ async def _run(
         finally:
             gc.unfreeze()
         stats = manager.statistics()
-        takeovers = manager.takeovers
+        takeovers = manager.leases.takeovers
     seconds = time.perf_counter() - started
     cpu_seconds = time.process_time() - cpu_started
     return LoadtestReport(

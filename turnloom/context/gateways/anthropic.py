@@ -68,7 +68,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from turnloom.context.callids import CallIdRenamer, register_rewriter, rename_call_ids
+from turnloom.context.body import BodyWriter
+from turnloom.context.callids import CallIdRenamer, register_rewriter
 from turnloom.context.gateway import (
     Gateway,
     GatewayType,
@@ -719,36 +720,119 @@ class AnthropicGateway(Gateway):
 
         Source: Anthropic Messages API, ``system`` parameter and tool use.
         """
-        body: dict[str, Any] = {}
-        start = 0
-        system_blocks: list[Any] = []
-        system_strings: list[str] = []
-        while start < len(items) and items[start].get("role") == "system":
-            content = items[start].get("content")
-            if isinstance(content, str):
-                system_strings.append(content)
-                system_blocks.append({"type": "text", "text": content})
-            else:
-                system_blocks.extend(content or ())
-            start += 1
-        if start:
-            if start == 1 and len(system_strings) == 1:
-                body["system"] = system_strings[0]
-            else:
-                body["system"] = system_blocks
+        writer = self.body_writer()
         messages: list[NativeContent] = []
-        for item in rename_call_ids(GatewayType.anthropic, items[start:]):
+        writer.feed(items, messages)
+        return {**writer.finish(messages), "messages": messages}
+
+    def body_writer(self) -> BodyWriter:
+        """A new :class:`~turnloom.context.body.BodyWriter` of :meth:`request_body`."""
+        return _AnthropicBody(self._merge_turns)
+
+
+class _AnthropicBody(BodyWriter):
+    """:meth:`AnthropicGateway.request_body`, item by item.
+
+    The last message is held back: the next item may merge into it.
+    """
+
+    __slots__ = (
+        "_blocks",
+        "_held",
+        "_held_at",
+        "_held_to",
+        "_lead_end",
+        "_leading",
+        "_merge_turns",
+        "_strings",
+        "_system",
+        "_system_to",
+    )
+
+    field = "messages"
+
+    def __init__(self, merge_turns: bool) -> None:
+        super().__init__()
+        self._merge_turns = merge_turns
+        self._leading = True  # still in the leading run of system items
+        self._system = 0  # how many items the leading run has
+        self._system_to = 0  # the last tag the leading run took an item from
+        self._lead_end = 0  # the tag of the item that ended the leading run
+        self._blocks: list[Any] = []
+        self._strings: list[str] = []
+        self._held: NativeContent | None = None
+        self._held_at = 0  # the tags of its first and last items
+        self._held_to = 0
+
+    def feed(self, items: Sequence[NativeContent], out: list[NativeContent], tag: int = 0) -> None:
+        for item in items:
+            if self._leading:
+                if item.get("role") == "system":
+                    content = item.get("content")
+                    if isinstance(content, str):
+                        self._strings.append(content)
+                        self._blocks.append({"type": "text", "text": content})
+                    else:
+                        self._blocks.extend(content or ())
+                    self._system += 1
+                    self._system_to = tag
+                    continue
+                self._leading = False
+                self._lead_end = tag
+            # Call ids are renamed after the leading run, before merging.
+            item = _rewrite_call_ids(item, self.renamer)
+            held = self._held
             if (
                 self._merge_turns
-                and messages
-                and messages[-1].get("role") == item.get("role")
+                and held is not None
+                and held.get("role") == item.get("role")
                 and item.get("role") in ("user", "assistant")
             ):
-                messages[-1] = _merge(messages[-1], item)
-            else:
-                messages.append(item)
-        body["messages"] = messages
-        return body
+                self._held = _merge(held, item)
+                self._held_to = tag
+                continue
+            if held is not None:
+                self._hand_out(out, held, self._held_at, self._held_to)
+            self._held = item
+            self._held_at = self._held_to = tag
+
+    def finish(self, out: list[NativeContent]) -> dict[str, Any]:
+        if self._held is not None:
+            self._hand_out(out, self._held, self._held_at, self._held_to)
+            self._held = None
+        if not self._system:
+            return {}
+        if self._system == 1 and len(self._strings) == 1:
+            return {"system": self._strings[0]}
+        return {"system": list(self._blocks)}
+
+    def copy(self) -> _AnthropicBody:
+        other = _AnthropicBody(self._merge_turns)
+        other.renamer = self.renamer.copy()
+        other._leading = self._leading
+        other._system = self._system
+        other._system_to = self._system_to
+        other._lead_end = self._lead_end
+        other._blocks = list(self._blocks)
+        other._strings = list(self._strings)
+        other._held = self._held
+        other._held_at = self._held_at
+        other._held_to = self._held_to
+        return other
+
+    def held_origin(self) -> int | None:
+        return self._held_at if self._held is not None else None
+
+    def forget(self, first_kept: int, dropped: CallIdRenamer) -> bool:
+        # The leading run must end in the pinned items' segment's successor:
+        # then the kept items follow the system field directly, as before.
+        if self._leading or self._system_to != 0 or self._lead_end == 0:
+            return False
+        return self.renamer.forget(dropped)
+
+    def can_open(self, body_item: NativeContent) -> bool:
+        # A system item right after the pinned ones would join the leading run.
+        return body_item.get("role") != "system"
 
 
 def _empty_result(content: Any) -> bool:

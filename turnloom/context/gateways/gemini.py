@@ -82,6 +82,7 @@ import mimetypes
 from collections.abc import Sequence
 from typing import Any
 
+from turnloom.context.body import BodyWriter
 from turnloom.context.callids import CallIdRenamer, register_rewriter, rename_call_ids
 from turnloom.context.gateway import (
     Gateway,
@@ -703,49 +704,140 @@ class GeminiGateway(Gateway):
         "function call turn comes immediately after a user turn or after a
         function response turn").
         """
-        body: dict[str, Any] = {}
-        system_parts: list[Any] = []
+        writer = self.body_writer()
         contents: list[NativeContent] = []
-        calls: list[dict[str, Any]] = []
-        for item in rename_call_ids(GatewayType.gemini, items):
+        writer.feed(items, contents)
+        return {**writer.finish(contents), "contents": contents}
+
+    def body_writer(self) -> BodyWriter:
+        """A new :class:`~turnloom.context.body.BodyWriter` of :meth:`request_body`."""
+        return _GeminiBody()
+
+
+class _GeminiBody(BodyWriter):
+    """:meth:`GeminiGateway.request_body`, item by item.
+
+    The last content is held back (the next item may merge into it); a
+    content is settled when the next one does not: its responses are put in
+    call order, then the leading-call-turn rule decides whether it goes out.
+    """
+
+    __slots__ = (
+        "_calls",
+        "_drop_responses",
+        "_front",
+        "_front_at",
+        "_held",
+        "_held_at",
+        "_held_to",
+        "_system",
+        "_system_tags",
+    )
+
+    field = "contents"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._system: list[Any] = []
+        self._system_tags: set[int] = set()
+        self._held: NativeContent | None = None
+        self._held_at = 0
+        self._held_to = 0
+        self._calls: list[dict[str, Any]] = []  # the calls of the last settled model content
+        self._front = True  # no content handed out yet
+        self._front_at = 0  # the tag of the first content handed out
+        self._drop_responses = False  # a leading call turn was left out: its responses go too
+
+    def feed(self, items: Sequence[NativeContent], out: list[NativeContent], tag: int = 0) -> None:
+        for item in rename_call_ids(GatewayType.gemini, items, self.renamer):
             if item.get("role") == "system":
-                system_parts.extend(item.get("parts", ()))
+                self._system.extend(item.get("parts", ()))
+                self._system_tags.add(tag)
                 continue
-            if contents and (
-                (_only_responses(item) and _only_responses(contents[-1]))
-                or (item.get("role") == "model" and contents[-1].get("role") == "model")
+            held = self._held
+            if held is not None and (
+                (_only_responses(item) and _only_responses(held))
+                or (item.get("role") == "model" and held.get("role") == "model")
             ):
-                contents[-1] = {**contents[-1], "parts": [*contents[-1]["parts"], *item["parts"]]}
-            else:
-                contents.append(item)
-        for index, item in enumerate(contents):
-            if item.get("role") == "model":
-                calls = [
-                    fc
-                    for p in item.get("parts", ())
-                    if isinstance(p, dict)
-                    and isinstance(fc := p.get("functionCall", p.get("function_call")), dict)
-                ]
-            elif calls and _only_responses(item):
-                contents[index] = _ordered(item, calls)
-                calls = []
-            else:
-                calls = []
-        while contents and contents[0].get("role") == "model" and _has_calls(contents[0]):
-            # Nothing precedes this call turn (its user turn was cut, or held
-            # only parts Gemini cannot carry): the API rejects it, so the call
-            # group is left out, as complete_pairs leaves out unusable pairs.
-            _log.warning(
-                "Left out a leading model turn with function calls (and its responses): "
-                "Gemini needs a user turn before it."
-            )
-            del contents[0]
-            if contents and _only_responses(contents[0]):
-                del contents[0]
-        if system_parts:
-            body["systemInstruction"] = {"role": "user", "parts": system_parts}
-        body["contents"] = contents
-        return body
+                self._held = {**held, "parts": [*held["parts"], *item["parts"]]}
+                self._held_to = tag
+                continue
+            if held is not None:
+                self._settle(held, out)
+            self._held = item
+            self._held_at = self._held_to = tag
+
+    def _settle(self, content: NativeContent, out: list[NativeContent]) -> None:
+        if content.get("role") == "model":
+            self._calls = [
+                fc
+                for p in content.get("parts", ())
+                if isinstance(p, dict)
+                and isinstance(fc := p.get("functionCall", p.get("function_call")), dict)
+            ]
+        elif self._calls and _only_responses(content):
+            content = _ordered(content, self._calls)
+            self._calls = []
+        else:
+            self._calls = []
+        if self._front:
+            if self._drop_responses:
+                self._drop_responses = False
+                if _only_responses(content):
+                    return
+            if content.get("role") == "model" and _has_calls(content):
+                # Nothing precedes this call turn (its user turn was cut, or
+                # held only parts Gemini cannot carry): the API rejects it,
+                # so the call group is left out, as complete_pairs leaves
+                # out unusable pairs.
+                _log.warning(
+                    "Left out a leading model turn with function calls (and its responses): "
+                    "Gemini needs a user turn before it."
+                )
+                self._drop_responses = True
+                return
+            self._front = False
+            self._front_at = self._held_at
+        self._hand_out(out, content, self._held_at, self._held_to)
+
+    def finish(self, out: list[NativeContent]) -> dict[str, Any]:
+        if self._held is not None:
+            self._settle(self._held, out)
+            self._held = None
+        if self._system:
+            return {"systemInstruction": {"role": "user", "parts": list(self._system)}}
+        return {}
+
+    def copy(self) -> _GeminiBody:
+        other = _GeminiBody()
+        other.renamer = self.renamer.copy()
+        other._system = list(self._system)
+        other._system_tags = set(self._system_tags)
+        other._held = self._held
+        other._held_at = self._held_at
+        other._held_to = self._held_to
+        other._calls = self._calls
+        other._front = self._front
+        other._front_at = self._front_at
+        other._drop_responses = self._drop_responses
+        return other
+
+    def held_origin(self) -> int | None:
+        return self._held_at if self._held is not None else None
+
+    def can_open(self, body_item: NativeContent) -> bool:
+        # A user content that is not only responses neither merges, nor is
+        # reordered, nor left out, whatever precedes it.
+        return body_item.get("role") == "user" and not _only_responses(body_item)
+
+    def forget(self, first_kept: int, dropped: CallIdRenamer) -> bool:
+        if any(0 < tag < first_kept for tag in self._system_tags):
+            return False
+        # The leading-call-turn rule was done before the first kept content.
+        if self._front or self._front_at >= first_kept:
+            return False
+        self._system_tags = {tag for tag in self._system_tags if tag >= first_kept or not tag}
+        return self.renamer.forget(dropped)
 
 
 def _check_answers(

@@ -52,6 +52,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from turnloom.context.body import BodyWriter
 from turnloom.context.callids import CallIdRenamer, register_rewriter, rename_call_ids
 from turnloom.context.gateway import (
     Gateway,
@@ -587,7 +588,14 @@ class OpenAIChatGateway(Gateway):
         ``tool`` messages answering it (:mod:`turnloom.context.callids`);
         otherwise the items are unchanged. Input items are not modified.
         """
-        return {"messages": rename_call_ids(GatewayType.openai_chat, items)}
+        writer = self.body_writer()
+        messages: list[NativeContent] = []
+        writer.feed(items, messages)
+        return {**writer.finish(messages), "messages": messages}
+
+    def body_writer(self) -> BodyWriter:
+        """A new :class:`~turnloom.context.body.BodyWriter` of :meth:`request_body`."""
+        return _ChatBody()
 
 
 def _layout(content: Any, parts: Sequence[Part], has_extras: bool) -> dict[str, Any] | None:
@@ -628,6 +636,32 @@ def _parse_image(block: dict[str, Any]) -> ImagePart:
         head, _, data = url.partition(";base64,")
         return ImagePart(data=data, media_type=head[5:], detail=detail, extras=extras)
     return ImagePart(url=url, detail=detail, extras=extras)
+
+
+class _ChatBody(BodyWriter):
+    """:meth:`OpenAIChatGateway.request_body`, item by item: each item final at once."""
+
+    __slots__ = ()
+
+    field = "messages"
+
+    def feed(self, items: Sequence[NativeContent], out: list[NativeContent], tag: int = 0) -> None:
+        for item in rename_call_ids(GatewayType.openai_chat, items, self.renamer):
+            self._hand_out(out, item, tag, tag)
+
+    def finish(self, out: list[NativeContent]) -> dict[str, Any]:
+        return {}
+
+    def copy(self) -> _ChatBody:
+        other = _ChatBody()
+        other.renamer = self.renamer.copy()
+        return other
+
+    def held_origin(self) -> int | None:
+        return None
+
+    def forget(self, first_kept: int, dropped: CallIdRenamer) -> bool:
+        return self.renamer.forget(dropped)
 
 
 register_gateway(GatewayType.openai_chat, OpenAIChatGateway, _WRITES)

@@ -65,7 +65,8 @@ from typing import Any
 
 import msgspec
 
-from turnloom.context.callids import CallIdRenamer, register_rewriter, rename_call_ids
+from turnloom.context.body import BodyWriter
+from turnloom.context.callids import CallIdRenamer, register_rewriter
 from turnloom.context.gateway import (
     Gateway,
     GatewayType,
@@ -779,36 +780,14 @@ class OpenAIResponsesGateway(Gateway):
 
         Source: OpenAI Responses API, ``instructions`` and ``input``.
         """
-        # An instructions item without text (turnloom never renders one)
-        # carries no instructions; validate() flags it.
-        texts = [
-            text
-            for i in items
-            if i.get("type") == _INSTRUCTIONS and isinstance(text := i.get("text"), str)
-        ]
-        body: dict[str, Any] = {}
-        if texts:
-            body["instructions"] = "\n\n".join(texts)
-        seen: dict[str, NativeContent] = {}
+        writer = self.body_writer()
         kept: list[NativeContent] = []
-        for item in items:
-            if item.get("type") == _INSTRUCTIONS:
-                continue
-            item_id = item.get("id")
-            if isinstance(item_id, str) and item_id:
-                first = seen.get(item_id)
-                if first is None:
-                    seen[item_id] = item
-                elif first == item:
-                    # A reasoning item directly before the replayed output
-                    # belongs to that replay: it goes too, or it would be
-                    # left without the item it must be followed by.
-                    if kept and kept[-1].get("type") == "reasoning":
-                        kept.pop()
-                    continue
-            kept.append(item)
-        body["input"] = rename_call_ids(GatewayType.openai_responses, kept)
-        return body
+        writer.feed(items, kept)
+        return {**writer.finish(kept), "input": kept}
+
+    def body_writer(self) -> BodyWriter:
+        """A new :class:`~turnloom.context.body.BodyWriter` of :meth:`request_body`."""
+        return _ResponsesBody()
 
 
 def _texts(parts: Sequence[Part]) -> list[str]:
@@ -953,3 +932,113 @@ def _rewrite_call_ids(item: NativeContent, renamer: CallIdRenamer) -> NativeCont
 
 
 register_rewriter(GatewayType.openai_responses, _rewrite_call_ids)
+
+
+class _ResponsesBody(BodyWriter):
+    """:meth:`OpenAIResponsesGateway.request_body`, item by item.
+
+    Trailing reasoning items are held back: a replayed output that follows
+    takes the reasoning directly before it out with it. Call ids are renamed
+    as items are handed out, so only kept items are renamed, in order.
+    """
+
+    __slots__ = ("_dups", "_held", "_order", "_seen", "_seen_at", "_texts")
+
+    field = "input"
+
+    def __init__(self) -> None:
+        super().__init__()
+        # An instructions item without text (turnloom never renders one)
+        # carries no instructions; validate() flags it.
+        self._texts: list[tuple[int, str]] = []
+        # Item id -> the first item with it, and its tag (two maps: no
+        # tuple per id for the cyclic collector to track).
+        self._seen: dict[str, NativeContent] = {}
+        self._seen_at: dict[str, int] = {}
+        self._order: list[tuple[int, str]] = []  # (tag, id) of _seen entries with tag > 0
+        self._held: list[tuple[NativeContent, int]] = []  # trailing kept reasoning items
+        # (tag, tag it depended on): an item left out as a replay, or a
+        # reasoning item taken out with it, in a later segment than its cause.
+        self._dups: list[tuple[int, int]] = []
+
+    def feed(self, items: Sequence[NativeContent], out: list[NativeContent], tag: int = 0) -> None:
+        seen, held = self._seen, self._held
+        for item in items:
+            kind = item.get("type")
+            if kind == _INSTRUCTIONS:
+                text = item.get("text")
+                if isinstance(text, str):
+                    self._texts.append((tag, text))
+                continue
+            item_id = item.get("id")
+            if isinstance(item_id, str) and item_id:
+                first = seen.get(item_id)
+                if first is None:
+                    seen[item_id] = item
+                    self._seen_at[item_id] = tag
+                    if tag:
+                        self._order.append((tag, item_id))
+                elif first == item:
+                    # A reasoning item directly before the replayed output
+                    # belongs to that replay: it goes too, or it would be
+                    # left without the item it must be followed by.
+                    cause = self._seen_at[item_id]
+                    if cause != tag:
+                        self._dups.append((tag, cause))
+                    if held:
+                        origin = held.pop()[1]
+                        if origin != tag:
+                            self._dups.append((tag, origin))
+                    continue
+            if kind == "reasoning":
+                held.append((item, tag))
+                continue
+            self._flush(out)
+            self._hand_out(out, _rewrite_call_ids(item, self.renamer), tag, tag)
+
+    def _flush(self, out: list[NativeContent]) -> None:
+        held = self._held
+        if held:
+            for item, origin in held:
+                self._hand_out(out, _rewrite_call_ids(item, self.renamer), origin, origin)
+            held.clear()
+
+    def finish(self, out: list[NativeContent]) -> dict[str, Any]:
+        self._flush(out)
+        if self._texts:
+            return {"instructions": "\n\n".join(text for _, text in self._texts)}
+        return {}
+
+    def copy(self) -> _ResponsesBody:
+        other = _ResponsesBody()
+        other.renamer = self.renamer.copy()
+        other._texts = list(self._texts)
+        other._seen = dict(self._seen)
+        other._seen_at = dict(self._seen_at)
+        other._order = list(self._order)
+        other._held = list(self._held)
+        other._dups = list(self._dups)
+        return other
+
+    def held_origin(self) -> int | None:
+        return self._held[0][1] if self._held else None
+
+    def forget(self, first_kept: int, dropped: CallIdRenamer) -> bool:
+        if any(0 < tag < first_kept for tag, _ in self._texts):
+            return False
+        # A kept item left out because of a dropped one, or a dropped item
+        # left out because of a pinned one (its call id would be forgotten).
+        if any(
+            (cause < first_kept <= tag) or (cause == 0 < tag < first_kept)
+            for tag, cause in self._dups
+        ):
+            return False
+        self._dups = [d for d in self._dups if d[0] >= first_kept]
+        order = self._order
+        cut = 0
+        while cut < len(order) and order[cut][0] < first_kept:
+            del self._seen[order[cut][1]]
+            del self._seen_at[order[cut][1]]
+            cut += 1
+        del order[:cut]
+        return self.renamer.forget(dropped)

@@ -1,0 +1,146 @@
+"""Time to bytes at 100, 1,000 and 10,000 history items: encoding the body whole vs cached.
+
+For each gateway and size, one Foundation holds one context of N items (the
+turns of ``scripts/bench_prepare.py``: a user message, a tool call, its result
+and an answer; the history stays at N items by eviction, one new turn per
+step like a real agent). Each step commits a turn, prepares it, turns the
+prefix into the request body's bytes both ways, and records the outputs:
+
+* old: ``msgspec.json.encode(gateway.request_body(prefix.items))``, the
+  whole body walked and encoded each call;
+* new: ``manager.request_bytes(prefix)``, the closed turns' body items kept
+  encoded (and merged, for Anthropic and Gemini) by the history.
+
+Both are checked equal every step. Printed: median microseconds of
+prepare + body + encode per path, and each path's 10,000/100 ratio (the
+goal for the new path is at most 2x). The sizes, gateways and both paths
+take turns in one run, so load from elsewhere affects them alike.
+
+Usage: python scripts/bench_bytes.py [--rounds R] [--backend asyncio|trio]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import time
+from contextlib import AsyncExitStack
+
+import anyio
+import msgspec
+from bench_prepare import SIZES, _turn_outputs
+
+from turnloom.context import GatewayType, Message, Role
+from turnloom.context.history import HistoryLimits
+from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
+
+_encode = msgspec.json.Encoder().encode
+
+
+class _Bench:
+    """One context of ``size`` items for one gateway; one turn per step."""
+
+    def __init__(self, foundation: Foundation) -> None:
+        self.manager = foundation.manager
+        self.turn = 0
+        self.old: list[float] = []
+        self.new: list[float] = []
+
+    async def step(self, *, timed: bool = True, old_first: bool = True) -> None:
+        manager = self.manager
+        turn_id = f"t{self.turn}"
+        manager.accept_turn(
+            TurnSnapshot(
+                context_id="bench",
+                turn_id=turn_id,
+                input=(Message(role=Role.user, content=f"Check reservation {self.turn}."),),
+                instructions=(
+                    (Message(role=Role.system, content="You are an airline agent."),)
+                    if self.turn == 0
+                    else None
+                ),
+            )
+        )
+        if timed:
+            begin = time.perf_counter()
+            prefix = await manager.prepare(
+                ContextPrepareRequest(context_id="bench", turn_id=turn_id)
+            )
+            prepared = time.perf_counter() - begin
+            gateway = manager.gateway
+            timings: dict[str, float] = {}
+            results: dict[str, bytes] = {}
+            for path in ("old", "new") if old_first else ("new", "old"):
+                begin = time.perf_counter()
+                if path == "old":
+                    results[path] = _encode(gateway.request_body(prefix.items))
+                else:
+                    results[path] = manager.request_bytes(prefix)
+                timings[path] = time.perf_counter() - begin
+            if results["old"] != results["new"]:
+                raise AssertionError(
+                    f"{gateway.type}: the cached body differs from the encoded one"
+                )
+            self.old.append(prepared + timings["old"])
+            self.new.append(prepared + timings["new"])
+        manager.record("bench", turn_id, _turn_outputs(self.turn))
+        self.turn += 1
+
+
+async def measure(rounds: int) -> dict[tuple[GatewayType, int], tuple[float, float]]:
+    """Median seconds (old, new) of prepare + body + encode per (gateway, size)."""
+    async with AsyncExitStack() as stack:
+        benches: dict[tuple[GatewayType, int], _Bench] = {}
+        for gateway in GatewayType:
+            for size in SIZES:
+                limits = HistoryLimits(max_turns=size, max_items=size, max_bytes=1 << 40)
+                foundation = await stack.enter_async_context(
+                    Foundation(gateway=gateway, history_limits=limits, worker_threads=1)
+                )
+                bench = _Bench(foundation)
+                while bench.manager.statistics().history.items < size:
+                    await bench.step(timed=False)
+                for _ in range(10):  # warm up at the full size
+                    await bench.step()
+                bench.old.clear()
+                bench.new.clear()
+                benches[gateway, size] = bench
+        # The held histories go to the permanent generation (see bench_peers.py).
+        gc.collect()
+        gc.freeze()
+        order = random.Random(0)
+        keys = list(benches)
+        for round_ in range(rounds):
+            order.shuffle(keys)
+            for key in keys:
+                await benches[key].step(old_first=round_ % 2 == 0)
+        return {
+            key: (statistics.median(bench.old), statistics.median(bench.new))
+            for key, bench in benches.items()
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    args = parser.parse_args()
+    medians = anyio.run(measure, args.rounds, backend=args.backend)
+    print("prepare + request body + encode to bytes (median microseconds)")
+    header = f"{'gateway':<17}" + "".join(f"{f'{s} old':>11}{f'{s} new':>11}" for s in SIZES)
+    print(header + f"{'old 10k/100':>13}{'new 10k/100':>13}")
+    base, top = SIZES[0], SIZES[-1]
+    for gateway in GatewayType:
+        row = f"{gateway.value:<17}"
+        for size in SIZES:
+            old, new = medians[gateway, size]
+            row += f"{old * 1e6:11.1f}{new * 1e6:11.1f}"
+        old_ratio = medians[gateway, top][0] / medians[gateway, base][0]
+        new_ratio = medians[gateway, top][1] / medians[gateway, base][1]
+        print(row + f"{old_ratio:12.2f}x{new_ratio:12.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""The request body kept encoded by the history equals the gateway's body, encoded.
+
+Oracle: ``msgspec.json.encode(gateway.request_body(items))``. The cached path
+(:class:`~turnloom.context.body.EncodedBody` from ``RenderedHistory.body``)
+must produce the same bytes for every gateway, after any sequence of commits,
+records, evictions and failed renders, with or without a continuation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.context.test_history import SYSTEM, _answer, _op, assistant, call, result, user
+from turnloom.context import GatewayType, Message, NativeContent, get_gateway
+from turnloom.context.body import BodyRun, body_writer
+from turnloom.context.callids import CallIdRenamer, rename_call_ids
+from turnloom.context.gateway import Gateway
+from turnloom.context.history import HistoryLimits, RenderedHistory, TurnHistory
+from turnloom.context.pairing import OpenCallPolicy
+from turnloom.errors import TurnTooLargeError
+from turnloom.tools.trajectories import load_trajectories
+from turnloom.tools.transcript import Turn, turn_ids, walk
+
+_encode = msgspec.json.Encoder().encode
+CHAT = get_gateway(GatewayType.openai_chat)
+
+
+class Flaky:
+    """A built-in gateway whose ``render`` raises on its ``fail_in``-th call from now."""
+
+    def __init__(self, inner: Gateway) -> None:
+        self.inner = inner
+        self.fail_in: int | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def render(self, message: Message) -> list[NativeContent]:
+        if self.fail_in is not None:
+            self.fail_in -= 1
+            if self.fail_in < 0:
+                self.fail_in = None
+                raise RuntimeError("injected render failure")
+        return self.inner.render(message)
+
+
+def _continuation(gateway: Gateway, rendered: RenderedHistory, n: int) -> list[NativeContent]:
+    """A continuation's items: a call, its result and an answer, ids continued."""
+    messages = [call(f"k{n}"), result(f"k{n}", "done"), assistant("ok")]
+    items = [item for m in messages for item in gateway.render(m)]
+    return rename_call_ids(gateway.type, items, rendered.call_ids.copy())
+
+
+def assert_body_is_exact(gateway: Gateway, rendered: RenderedHistory, n: int = 0) -> None:
+    """The cached body, alone and extended by a continuation, equals the encoded body."""
+    assert rendered.body is not None
+    assert rendered.body.encode() == _encode(gateway.request_body(rendered.items))
+    more = _continuation(gateway, rendered, n)
+    assert rendered.body.extend(more).encode() == _encode(
+        gateway.request_body([*rendered.items, *more])
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(_op, min_size=1, max_size=60),
+    st.sampled_from(["exclude", "cancel"]),
+    st.sampled_from(list(GatewayType)),
+)
+def test_cached_body_equals_the_encoded_request_body(
+    ops: list[tuple[str, int]], policy: OpenCallPolicy, kind: GatewayType
+) -> None:
+    """Invariant: whatever the commits, records, approvals, evictions and renders that
+    fail part-way, the body the history keeps encoded is byte for byte the encoded
+    ``request_body`` of the rendered items, for every gateway (merges of adjacent
+    turns across a cut included)."""
+    gateway = Flaky(get_gateway(kind))
+    history = TurnHistory(HistoryLimits(max_turns=4, max_items=12))
+    turn = 0
+    history.commit("t0", [user("u0")], instructions=[SYSTEM])
+    for kind_, n in ops:
+        turns = history.turn_ids
+        if kind_ == "commit":
+            turn += 1
+            history.commit(f"t{turn}", [user(f"u{turn}")] * (n % 2 + 1))
+        elif kind_ == "evict":
+            history.evict()
+        with contextlib.suppress(TurnTooLargeError):
+            if kind_ == "text":
+                history.record(turns[-1], [assistant(f"a{n}")])
+            elif kind_ == "call":
+                history.record(turns[-1], [call(f"c{n}"), call(f"d{n}")][: n % 2 + 1])
+            elif kind_ == "result":
+                history.record(turns[-1], [result(f"c{n}", f"r{n}")])
+            elif kind_ == "answer":
+                _answer(history, n)
+            elif kind_ == "late":
+                history.record(turns[n % len(turns)], [assistant(f"late{n}")])
+        target = history.turn_ids[-1]
+        if kind_ == "fail":
+            gateway.fail_in = n
+            with contextlib.suppress(RuntimeError):
+                history.view().render(gateway, target, open_calls=policy)
+            gateway.fail_in = None
+        rendered = history.view().render(gateway, target, open_calls=policy)
+        assert_body_is_exact(gateway, rendered, n)
+
+
+@pytest.mark.parametrize("kind", list(GatewayType))
+@pytest.mark.parametrize("max_turns", [10_000, 3])
+def test_cached_body_equals_the_encoded_request_body_on_tau_bench(
+    tau_bench_path: Path, kind: GatewayType, max_turns: int
+) -> None:
+    """Invariant: on 40 real trajectories held as one history (all kept, or evicting to
+    3 turns), every prepare's cached body equals the encoded request body."""
+    trajectories, errors = load_trajectories(tau_bench_path)
+    assert errors == []
+    gateway = get_gateway(kind)
+    history = TurnHistory(HistoryLimits(max_turns=max_turns, max_items=100_000, max_bytes=1 << 30))
+    ids = turn_ids()
+    checked = 0
+    for trajectory in trajectories[:40]:
+        messages = [CHAT.parse(native) for native in trajectory.messages]
+        for step in walk(messages, ids=ids):
+            if isinstance(step, Turn):
+                history.commit(step.turn_id, [step.input], instructions=step.instructions)
+                history.evict()
+                rendered = history.view().render(gateway, step.turn_id)
+                assert_body_is_exact(gateway, rendered, checked)
+                checked += 1
+            else:
+                history.record(step.turn_id, [step.message])
+    assert checked == 357
+
+
+def test_an_earlier_turn_renders_without_a_cached_body() -> None:
+    """Invariant: a private render (an earlier turn, an older view) has no cached body,
+    so its callers encode the body whole; the newest turn's render has one."""
+    history = TurnHistory()
+    history.commit("t1", [user("a")])
+    history.record("t1", [assistant("A")])
+    history.commit("t2", [user("b")])
+    view = history.view()
+    assert view.render(CHAT, "t1").body is None
+    assert view.render(CHAT, "t2").body is not None
+
+
+def _segments(run: BodyRun) -> list[tuple[int, int, bytes]]:
+    return [(s.tag, s.reach, d) for s, d in zip(run._segments, run._data, strict=True)]
+
+
+def _user(text: str) -> NativeContent:
+    return {"role": "user", "content": text}
+
+
+def test_a_body_item_belongs_to_the_segment_it_starts_in() -> None:
+    """Invariant: a held-back body item handed out during a later segment is kept with
+    the segment of its first item; a merge across a cut is recorded as its reach,
+    and dropping such a segment is refused (the caller rebuilds)."""
+    writer = body_writer(get_gateway(GatewayType.anthropic))
+    assert writer is not None
+    run = BodyRun(writer)
+    run.append([{"role": "system", "content": "s"}], 0)
+    run.append([_user("a"), {"role": "assistant", "content": "b"}], 1)
+    run.append([_user("c"), {"role": "assistant", "content": "g"}], 2)  # hands out b, c
+    run.append([_user("e"), _user("h")], 3)
+    run.append([_user("i"), {"role": "assistant", "content": "f"}], 4)  # i joins e, h
+    merged = (
+        b'{"role":"user","content":[{"type":"text","text":"e"},'
+        b'{"type":"text","text":"h"},{"type":"text","text":"i"}]}'
+    )
+    assert _segments(run) == [
+        (0, 0, b""),
+        (1, 1, b'{"role":"user","content":"a"},{"role":"assistant","content":"b"}'),
+        (2, 2, b'{"role":"user","content":"c"},{"role":"assistant","content":"g"}'),
+        (3, 4, merged),
+        (4, 4, b""),
+    ]
+    dropped = CallIdRenamer()
+    assert run.drop(2, dropped) is True
+    assert run.drop(3, dropped) is True
+    assert [tag for tag, _, _ in _segments(run)] == [0, 3, 4]
+    assert run.drop(4, dropped) is False  # segment 3's message holds segment 4's item
+    assert [tag for tag, _, _ in _segments(run)] == [0, 3, 4]
+    assert run.snapshot().encode() == (
+        b'{"system":"s","messages":[' + merged + b',{"role":"assistant","content":"f"}]}'
+    )
+
+
+def test_a_cut_before_responses_ordered_by_a_dropped_call_turn_is_refused() -> None:
+    """Invariant (Gemini): responses put in call order after a dropped model turn would
+    keep their original order once it is gone, so that cut is refused."""
+    writer = body_writer(get_gateway(GatewayType.gemini))
+    assert writer is not None
+    run = BodyRun(writer)
+
+    def response(name: str) -> dict[str, Any]:
+        return {"functionResponse": {"id": name, "name": name, "response": {"ok": 1}}}
+
+    calls: list[Any] = [{"functionCall": {"id": n, "name": n, "args": {}}} for n in ("a", "b")]
+    run.append([{"role": "user", "parts": [{"text": "q"}]}, {"role": "model", "parts": calls}], 1)
+    run.append([{"role": "user", "parts": [response("b"), response("a")]}], 2)
+    run.append([{"role": "model", "parts": [{"text": "done"}]}], 3)
+    assert run.drop(2, CallIdRenamer()) is False
+    assert run.snapshot().encode() == _encode(
+        get_gateway(GatewayType.gemini).request_body(
+            [
+                {"role": "user", "parts": [{"text": "q"}]},
+                {"role": "model", "parts": calls},
+                {"role": "user", "parts": [response("b"), response("a")]},
+                {"role": "model", "parts": [{"text": "done"}]},
+            ]
+        )
+    )

@@ -1,0 +1,307 @@
+"""Request bodies built item by item, and kept encoded between model calls.
+
+A gateway's :meth:`~turnloom.context.Gateway.request_body` is a fold over the
+item list: call ids are renamed, instructions lifted into a top-level field,
+adjacent turns merged (Anthropic, Gemini), replayed outputs left out (OpenAI
+Responses). A :class:`BodyWriter` is that fold in streaming form: it is fed
+items oldest first, hands out each body item once nothing later can change it
+(a merged turn is held back until the next item shows whether it merges too),
+and :meth:`BodyWriter.finish` returns the top-level fields. The built-in
+gateways implement ``request_body`` with their writer, so the rule lives in
+one place and both paths produce the same body.
+
+:class:`EncodedBody` is a body whose settled part is kept as JSON bytes: the
+encoded body items of the closed turns of a history (the history keeps them
+per turn, in its render cache, see :class:`~turnloom.context.TurnHistory`),
+the writer state after them, and the items that follow, not yet fed.
+:meth:`EncodedBody.encode` returns exactly
+``msgspec.json.encode(gateway.request_body(items))`` for all its items while
+encoding only the items after the cached part; :meth:`EncodedBody.extend`
+appends items (a continuation) in O(appended items).
+
+:class:`BodyRun` is the mutable cache a history keeps per render key: items
+appended segment by segment (one segment per closed turn), segments dropped
+at the front on eviction when the body of the kept segments is provably what
+is cached (else the caller rebuilds it from the kept items).
+"""
+
+from __future__ import annotations
+
+__all__ = ("BodyRun", "BodyWriter", "EncodedBody", "body_writer")
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from turnloom.context.callids import CallIdRenamer
+from turnloom.context.gateway import Gateway, NativeContent
+
+_encode = msgspec.json.Encoder().encode
+
+
+class BodyWriter:
+    """The request body of one gateway, built item by item (abstract base).
+
+    A writer is fed items oldest first with :meth:`feed`; each body item is
+    appended to the caller's list once it is final. :meth:`finish` flushes
+    the items held back and returns the body's other top-level fields.
+    A writer is changed by :meth:`feed` and :meth:`finish`; :meth:`copy`
+    gives an independent one in the same state. Not thread-safe: a writer
+    that others may read must not be fed (copy it first).
+
+    ``marks``, when a list, receives one ``(origin, last)`` pair per body
+    item handed out: the tags (see :meth:`feed`) of the first and last
+    items it was built from. :class:`BodyRun` uses them to know which
+    segment each body item belongs to.
+
+    Attributes:
+        field: the body field holding the item list (the gateway's
+            ``items_field``).
+        renamer: the call-id renaming state (:mod:`turnloom.context.callids`).
+    """
+
+    __slots__ = ("marks", "renamer")
+
+    field: str = ""
+
+    def __init__(self) -> None:
+        self.renamer = CallIdRenamer()
+        self.marks: list[tuple[int, int]] | None = None
+
+    def feed(self, items: Sequence[NativeContent], out: list[NativeContent], tag: int = 0) -> None:
+        """Feed ``items`` (oldest first); append the body items they settle to ``out``.
+
+        Args:
+            items: native items of the gateway, never modified.
+            out: receives settled body items, in body order.
+            tag: the segment the items belong to (non-decreasing from call
+                to call), reported through ``marks``.
+        """
+        raise NotImplementedError
+
+    def finish(self, out: list[NativeContent]) -> dict[str, Any]:
+        """Append every held-back body item to ``out``; the body's other fields.
+
+        Returns:
+            the top-level fields that go before the item list, in body order
+            (empty when there is none). The writer must not be fed after.
+        """
+        raise NotImplementedError
+
+    def copy(self) -> BodyWriter:
+        """An independent writer in the same state (``marks`` not copied)."""
+        raise NotImplementedError
+
+    def held_origin(self) -> int | None:
+        """The tag of the oldest item held back (not yet handed out), or None."""
+        raise NotImplementedError
+
+    def can_open(self, body_item: NativeContent) -> bool:
+        """True when ``body_item``, handed out first for a segment, may follow segment 0 directly.
+
+        That is: had the segments between been absent, this item would have
+        been handed out unchanged (not merged into, reordered after or left
+        out because of an item before it). Checked when the item is handed
+        out, so a cache need not keep the item.
+        """
+        return True
+
+    def forget(self, first_kept: int, dropped: CallIdRenamer) -> bool:
+        """Drop the segments tagged ``1 .. first_kept - 1`` from the state, when exact.
+
+        Segment 0 (the pinned instructions) stays. The caller has checked
+        that no body item spans from a dropped segment into a kept one,
+        that nothing of a dropped segment is held back and that the first
+        kept segment's first body item :meth:`can_open`. On True the state
+        equals one fed segment 0 and the kept segments only, and the kept
+        body items are what that state would have handed out; on False the
+        state may be half changed and must be discarded.
+
+        Args:
+            first_kept: the tag of the first kept segment.
+            dropped: a fresh renamer advanced over the dropped items.
+        """
+        raise NotImplementedError
+
+    def _hand_out(
+        self, out: list[NativeContent], item: NativeContent, origin: int, last: int
+    ) -> None:
+        out.append(item)
+        marks = self.marks
+        if marks is not None:
+            marks.append((origin, last))
+
+
+def body_writer(gateway: Gateway) -> BodyWriter | None:
+    """A new writer for ``gateway``'s request body, or None when it has none.
+
+    The built-in gateways provide one (``body_writer()``); a registered
+    gateway without it gets None, and callers fall back to encoding
+    ``request_body`` whole.
+    """
+    make = getattr(gateway, "body_writer", None)
+    if make is None:
+        return None
+    writer = make()
+    return writer if isinstance(writer, BodyWriter) else None
+
+
+def _splice(header: dict[str, Any], field: str, chunks: Sequence[bytes]) -> bytes:
+    """The encoded body: ``header`` then ``field`` holding the joined encoded items."""
+    head = _encode({**header, field: []})
+    # msgspec writes dict keys in insertion order with no whitespace, so the
+    # body ends with the empty item list and the closing brace: b"[]}".
+    return b"".join((head[:-2], b",".join([c for c in chunks if c]), b"]}"))
+
+
+class EncodedBody:
+    """A request body whose leading part is kept encoded; immutable.
+
+    Holds the JSON bytes of the body items already settled (``chunks``),
+    the writer state after them (never fed again: copied on use) and the
+    native items after them (``rest``), not fed yet.
+
+    Built by a history render (``RenderedHistory.body``) or
+    :meth:`start`; extended with :meth:`extend`.
+    """
+
+    __slots__ = ("_chunks", "_rest", "_writer")
+
+    def __init__(
+        self,
+        writer: BodyWriter,
+        chunks: tuple[bytes, ...],
+        rest: tuple[NativeContent, ...] = (),
+    ) -> None:
+        self._writer = writer
+        self._chunks = chunks
+        self._rest = rest
+
+    @classmethod
+    def start(cls, writer: BodyWriter, items: Sequence[NativeContent] = ()) -> EncodedBody:
+        """A body of ``items`` with nothing cached (``writer`` is fresh and not fed)."""
+        return cls(writer, (), tuple(items))
+
+    def extend(self, items: Sequence[NativeContent]) -> EncodedBody:
+        """This body with ``items`` appended (nothing is fed or encoded until :meth:`encode`).
+
+        Costs O(len(items)) plus a C-speed copy of the references of the
+        items not fed yet.
+        """
+        if not items:
+            return self
+        return EncodedBody(self._writer, self._chunks, self._rest + tuple(items))
+
+    def encode(self) -> bytes:
+        """The encoded request body of all the items, as UTF-8 JSON bytes.
+
+        Equal, byte for byte, to ``msgspec.json.encode(gateway.request_body(items))``.
+        Costs: a copy of the writer state (a C-speed copy of the call-id set),
+        feeding and encoding the items not cached, and one C-speed join of
+        the cached bytes.
+        """
+        writer = self._writer.copy()
+        out: list[NativeContent] = []
+        if self._rest:
+            writer.feed(self._rest, out)
+        header = writer.finish(out)
+        return _splice(header, writer.field, (*self._chunks, *map(_encode, out)))
+
+
+class _Segment(msgspec.Struct, gc=False):
+    """One segment of a :class:`BodyRun` (its encoded items are kept beside it).
+
+    Untracked by the cyclic collector (``gc=False``): it holds ints and a
+    bool only, so no cycle can pass through it.
+    """
+
+    tag: int
+    reach: int  # the last tag a body item of this segment was built from
+    opens: bool | None = None  # can_open of its first body item; None: none handed out
+
+
+class BodyRun:
+    """The encoded body of a run of segments, changed in place (see the module docstring).
+
+    Segment tags increase from one :meth:`append` to the next; segment 0 is
+    the pinned instructions and is never dropped. The writer state is
+    replaced, never changed, so a :meth:`snapshot` stays valid. Not
+    thread-safe: guarded by the history's lock.
+    """
+
+    __slots__ = ("_data", "_segments", "_writer")
+
+    def __init__(self, writer: BodyWriter) -> None:
+        self._writer = writer
+        self._segments: list[_Segment] = []
+        self._data: list[bytes] = []  # the encoded items of each segment, as in _segments
+
+    def append(self, items: Sequence[NativeContent], tag: int) -> None:
+        """Feed one segment's items; encode the body items they settle."""
+        writer = self._writer.copy()
+        out: list[NativeContent] = []
+        marks: list[tuple[int, int]] = []
+        writer.marks = marks
+        writer.feed(items, out, tag)
+        writer.marks = None
+        self._writer = writer
+        segments, data = self._segments, self._data
+        if not segments or segments[-1].tag != tag:
+            segments.append(_Segment(tag, tag))
+            data.append(b"")
+        if not out:
+            return
+        start = 0
+        while start < len(out):
+            origin = marks[start][0]
+            end = start
+            reach = origin
+            while end < len(out) and marks[end][0] == origin:
+                reach = max(reach, marks[end][1])
+                end += 1
+            index = len(segments) - 1
+            while segments[index].tag > origin:  # an item held back from an earlier segment
+                index -= 1
+            segment = segments[index]
+            segment.reach = max(segment.reach, reach)
+            if segment.opens is None:
+                segment.opens = writer.can_open(out[start])
+            joined = b",".join(map(_encode, out[start:end]))
+            data[index] = data[index] + b"," + joined if data[index] else joined
+            start = end
+
+    def snapshot(self, rest: tuple[NativeContent, ...] = ()) -> EncodedBody:
+        """The body as it stands, then ``rest``: O(segments) C-speed reference copies."""
+        return EncodedBody(self._writer, tuple(self._data), rest)
+
+    def drop(self, first_kept: int, dropped: CallIdRenamer) -> bool:
+        """Drop the segments tagged below ``first_kept`` (but 0), when the rest stays exact.
+
+        Returns False, changing nothing, when the kept body differs from
+        what is cached (a body item spans the cut, or the gateway's state
+        depends on the dropped items); the caller then builds a new run
+        from the kept items.
+        """
+        segments = self._segments
+        cut = 1 if segments and segments[0].tag == 0 else 0
+        end = cut
+        while end < len(segments) and segments[end].tag < first_kept:
+            if segments[end].reach >= first_kept:
+                return False
+            end += 1
+        if end == len(segments):
+            return False  # nothing kept after the pinned segment: rebuild (cheap)
+        held = self._writer.held_origin()
+        if held is not None and 0 < held < first_kept:
+            return False
+        first = segments[end]
+        if first.tag != first_kept or not first.opens:
+            return False
+        writer = self._writer.copy()
+        if not writer.forget(first_kept, dropped):
+            return False
+        self._writer = writer
+        del segments[cut:end]
+        del self._data[cut:end]
+        return True

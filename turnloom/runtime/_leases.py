@@ -1,0 +1,159 @@
+"""``Leases``: a manager's durable ownership of contexts, reached as ``manager.leases``.
+
+The host-facing side of ``_durable``: with a store, a context is owned through
+a lease (:meth:`Leases.claim`), every history change is also queued for the
+store, and :meth:`Leases.flush` acknowledges them. The writer, renewal, idle
+unloading and restore live in :class:`~turnloom.runtime._durable.Durability`,
+made when the Foundation opens.
+"""
+
+from __future__ import annotations
+
+__all__ = ("Leases",)
+
+import anyio
+import anyio.abc
+
+from turnloom.context.history import TurnHistory, check_id
+from turnloom.runtime._contexts import ContextTable
+from turnloom.runtime._door import DurableOptions
+from turnloom.runtime._durable import Durability
+from turnloom.runtime._lifecycle import Lifecycle
+from turnloom.runtime.store import ContextStore
+
+
+class Leases:
+    """Which contexts this manager owns in the durable store, and the store's acknowledgements.
+
+    Reach it as ``manager.leases``; it exists for every manager. With a store
+    (``Foundation(store=...)``), a context must be claimed before
+    ``accept_turn``, ``record``, ``retract_turn`` or ``remove_context``
+    change it (they raise :class:`~turnloom.errors.NotClaimedError` or
+    :class:`~turnloom.errors.StaleLeaseError` otherwise), and each of those
+    changes is durable once a later :meth:`flush` returned. Without a store,
+    :meth:`claim` only checks the id, :meth:`flush` returns at once and
+    :attr:`store` is None. Every method must be called from the Foundation's
+    event loop.
+    """
+
+    __slots__ = ("_durable", "_life")
+
+    def __init__(self, life: Lifecycle) -> None:
+        self._life = life
+        self._durable: Durability | None = None  # made when the Foundation opens
+
+    def _bind(
+        self,
+        options: DurableOptions | None,
+        task_group: anyio.abc.TaskGroup,
+        limiter: anyio.CapacityLimiter,
+        table: ContextTable,
+    ) -> Durability | None:
+        """Start the durable side (with a store) in the opening Foundation's task group."""
+        if options is None:
+            return None
+
+        def history(context_id: str) -> TurnHistory | None:
+            state = table.contexts.get(context_id)
+            return state.history if state is not None else None
+
+        def unloadable(context_id: str) -> bool:
+            state = table.contexts.get(context_id)
+            return state is None or state.in_flight is None
+
+        durable = Durability(options, limiter, table.install, table.unload, unloadable, history)
+        table.log = durable.log
+        task_group.start_soon(durable.run)
+        self._durable = durable
+        return durable
+
+    def _check_writable(self, context_id: str) -> None:
+        """With a store, raise unless this manager holds the context's lease.
+
+        Raises:
+            InvalidMessageError, StaleLeaseError, NotClaimedError: as
+                ``Durability.check_writable``.
+        """
+        if self._durable is not None:
+            self._durable.check_writable(context_id)
+
+    @property
+    def store(self) -> ContextStore | None:
+        """The durable context store, or None when the Foundation has none."""
+        return self._durable.store if self._durable is not None else None
+
+    @property
+    def takeovers(self) -> int:
+        """Claims that restored a context from the store (0 without a store)."""
+        return self._durable.takeovers if self._durable is not None else 0
+
+    async def claim(self, context_id: str) -> bool:
+        """Own a context on this host: take its lease and restore it from the store.
+
+        Claiming a context this manager already holds costs no I/O and marks
+        it used. When the lease is taken, the context's stored log is
+        replayed (in a worker thread) into its history, which then equals the
+        history of the host that wrote it, so the next prepared input equals
+        what that host would have prepared (the area section and the last
+        delivered prefix are not stored). The lease is renewed while the
+        manager holds the context; a context unused for ``idle_after``
+        seconds leaves memory and its lease is released; claim it again to
+        bring it back. Without a store this only checks the id and returns
+        False.
+
+        Returns:
+            True when the lease was taken by this call, False when it was held.
+
+        Raises:
+            StateError: the manager is not bound to an open Foundation yet.
+            FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: a malformed context id.
+            LeaseHeldError: another owner holds the lease and it has not
+                expired; retry after it expires (``lease_ttl``).
+            StoreRecordError: a stored record of the context does not decode
+                or does not apply; ``index`` names it. The lease was released.
+            StoreUnavailableError: the store cannot be reached.
+
+        Cancellation:
+            A cancelled claim releases the lease it took and leaves the
+            context as it was.
+        """
+        self._life.check_open()
+        if self._durable is None:
+            check_id(context_id, "context id")
+            return False
+        return await self._durable.claim(context_id)
+
+    async def flush(self, context_id: str | None = None) -> None:
+        """Wait until every change made before the call is in the store.
+
+        Changes (``accept_turn``, ``record``, evictions, ``remove_context``)
+        are sent to the store in batches by one writer task: one round trip
+        (Redis) or transaction (SQLite) for every change queued since the
+        previous batch, whatever the number of contexts. A change is
+        *acknowledged* once a flush made after it returned: a crash of this
+        process after that never loses it (how durable the store itself is,
+        is the store's own contract: see
+        :class:`~turnloom.stores.SQLiteContextStore`,
+        :class:`~turnloom.stores.RedisContextStore`). A crash before that may
+        lose a tail of each context's unacknowledged changes, never a change
+        in the middle. Without a store it returns at once.
+
+        Args:
+            context_id: raise only this context's refused writes; None raises
+                any context's.
+
+        Raises:
+            InvalidMessageError: a malformed ``context_id``.
+            StaleLeaseError: the store refused a write: another owner holds the
+                context's lease. Its unwritten changes are discarded and it left
+                this manager's memory.
+            StoreUnavailableError: the store stayed unreachable through the
+                writer's bounded retry (about a second); the changes stay queued
+                and the next flush retries them.
+
+        Cancellation:
+            The queued changes stay queued; the writer still writes them.
+        """
+        if self._durable is not None:
+            await self._durable.flush(context_id)

@@ -1,0 +1,105 @@
+"""``Voice``: the history edits a voice host makes, reached as ``manager.voice``.
+
+A spoken reply can be cut off by the user (a barge-in), and a committed turn
+can turn out to be a false start (noise, a cough, words cut off). Both edits
+go through the manager's ordinary doors: an interrupted output is recorded by
+``manager.record`` as what was played, and a retraction is checked and
+applied by the context table in one step.
+"""
+
+from __future__ import annotations
+
+__all__ = ("Voice",)
+
+from collections.abc import Callable, Sequence
+
+from turnloom.context.interruption import played_prefix
+from turnloom.context.message import Message
+from turnloom.runtime._contexts import ContextTable
+from turnloom.runtime._leases import Leases
+from turnloom.runtime._lifecycle import Lifecycle
+
+
+class Voice:
+    """Barge-ins and false starts of a manager's contexts. Reach it as ``manager.voice``.
+
+    Every method must be called from the Foundation's event loop. Within an
+    :meth:`~turnloom.runtime.ContextManager.invocation`,
+    ``Invocation.record_interrupted`` binds an interrupted output to the
+    very turn the model call answered.
+    """
+
+    __slots__ = ("_leases", "_life", "_record", "_table")
+
+    def __init__(
+        self,
+        life: Lifecycle,
+        table: ContextTable,
+        leases: Leases,
+        record: Callable[[str, str, Sequence[Message]], int],
+    ) -> None:
+        self._life = life
+        self._table = table
+        self._leases = leases
+        self._record = record  # the manager's record
+
+    def record_interrupted(
+        self, context_id: str, turn_id: str, output: Message, *, played: int
+    ) -> int:
+        """Record a model output interrupted while it was played (a voice barge-in).
+
+        Only what the user heard is recorded, through ``manager.record``: the
+        output's text up to ``played`` characters (see
+        :func:`~turnloom.context.played_prefix`); its tool calls stay, and as
+        they have no result the ``open_calls`` policy excludes or cancels them
+        in the next input unless their results are recorded. An output cut
+        before any text was played and without other parts is blank and not
+        recorded.
+
+        Args:
+            context_id: the conversation.
+            turn_id: the turn the output answered.
+            output: the whole assistant message the model produced.
+            played: how many characters of its text were played, counted
+                over its text parts in order.
+
+        Returns:
+            how many messages were recorded (0 or 1).
+
+        Raises:
+            InvalidMessageError: ``output`` is not an assistant Message, or
+                ``played`` is not a non-negative int; and as ``manager.record``.
+            StateError, FoundationClosedError, UnknownContextError,
+            UnknownTurnError, InvalidTextError, DuplicateIdError,
+            ItemTooLargeError, ProviderRuleError, NotClaimedError,
+            StaleLeaseError: as ``manager.record``.
+        """
+        self._life.check_recording()
+        self._table.get(context_id)
+        return self._record(context_id, turn_id, [played_prefix(output, played)])
+
+    def retract_turn(self, context_id: str, turn_id: str) -> None:
+        """Take back the newest turn of a context that produced no answer (a false start).
+
+        A voice host commits the user's speech as a turn; when it turns out
+        to be a false start, retracting it keeps it out of every later input.
+        Its id stays used (see :meth:`~turnloom.context.TurnHistory.retract`):
+        outputs recorded for it later are dropped and counted, and a later
+        prepare of it raises :class:`~turnloom.errors.UnknownTurnError`.
+        Prefixes already delivered for it are unchanged.
+
+        Raises:
+            StateError: the manager is not bound to an open Foundation yet.
+            FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: a malformed id.
+            UnknownContextError: no such context.
+            UnknownTurnError: the turn is not held.
+            StateError: the turn is not the newest, outputs were recorded for
+                it, or a model call of the context is in flight.
+            NotClaimedError, StaleLeaseError: as ``manager.accept_turn``.
+
+            Nothing changed when any of these is raised.
+        """
+        self._life.check_open()
+        self._leases._check_writable(context_id)
+        self._table.retract(self._table.get(context_id), context_id, turn_id)
