@@ -12,7 +12,9 @@ state in one step, so they are atomic with respect to other tasks.
 :meth:`~ContextManager.prepare` is the only long operation: it waits for a
 slot in the bounded pending queue, waits for the named turn's commit,
 captures the history and the request's state once, and renders in a worker
-thread through the Foundation's :class:`anyio.CapacityLimiter`.
+thread through the Foundation's :class:`anyio.CapacityLimiter` (a small,
+bounded render of a committed turn runs inline, see
+:meth:`~ContextManager.prepare`).
 
 The host features beside the core are small objects reached from the
 manager, each documented on its own class: ``manager.leases``
@@ -475,7 +477,12 @@ class ContextManager:
         turn's assembly (with a strategy, the turn's first prepare per tenant
         and ``auto_hydrate`` awaits it on the event loop, memory I/O included,
         in this preparation's cancel scope; the others reuse its result), and
-        for a worker thread, where it renders. The request is validated and
+        for a worker thread, where it renders. A preparation whose turn is
+        committed, without a strategy, scope or area section, for a built-in
+        gateway and a context holding at most 512 messages, renders inline on
+        the event loop instead when a worker thread is free (a bounded step
+        costing less than the thread handoff; same result, same counters); it
+        holds its slot until its requester resumes. The request is validated and
         its contributions copied at the call; the history, the request's state
         and the perception's time (the Foundation's clock when the request
         gives none) are captured once, at the commit. A turn never committed
@@ -530,7 +537,8 @@ class ContextManager:
             its assembly (the strategy's memory I/O; the next prepare of the
             turn assembles again) or a thread, or, if it is rendering, the
             thread finishes and the result is discarded; the slot is freed
-            when it settles. Cancelled
+            when it settles (an inline render never waits, so it cannot be
+            cancelled midway). Cancelled
             after the preparation settled but before the requester resumed: the
             cancellation propagates and the result is discarded, never counted
             as delivered. A preparation changes no recorded message; only a result
