@@ -13,10 +13,12 @@ import pytest
 from tests.runtime.helpers import CHAT, BlockingGateway, assistant, call, result, user
 from turnloom.context import Message, NativeContent
 from turnloom.context.gateways import OpenAIChatGateway
+from turnloom.context.message import check_message
 from turnloom.context.history import TurnHistory
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
 from turnloom.runtime import _continuation as continuation_module
 from turnloom.runtime import _preparing as preparing_module
+from turnloom.runtime._render import render_preparation
 
 pytestmark = pytest.mark.anyio
 
@@ -60,7 +62,7 @@ async def test_build_checks_recorded_messages_once_and_equals_a_fresh_render(
     (it passed the door), checks one it never saw, and its items equal the prefix plus
     the continuation rendered anew."""
     checked: list[Message] = []
-    real = getattr(continuation_module, "check_message")  # noqa: B009
+    real = check_message
 
     def counting(message: Any, *, where: str = "message") -> int:
         checked.append(message)
@@ -87,7 +89,7 @@ async def test_a_small_prepare_renders_inline_with_the_worker_result(
     event loop's thread, a custom gateway's in a worker thread, and both deliver the
     same items and count one delivered prepare each."""
     threads: list[bool] = []
-    real = getattr(preparing_module, "render_preparation")  # noqa: B009
+    real = render_preparation
 
     def spy(*args: Any) -> Any:
         threads.append(threading.current_thread() is threading.main_thread())
