@@ -13,8 +13,8 @@ import pytest
 from tests.runtime.helpers import CHAT, BlockingGateway, assistant, call, result, user
 from turnloom.context import Message, NativeContent
 from turnloom.context.gateways import OpenAIChatGateway
-from turnloom.context.message import check_message
 from turnloom.context.history import TurnHistory
+from turnloom.context.message import check_message
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
 from turnloom.runtime import _continuation as continuation_module
 from turnloom.runtime import _preparing as preparing_module
