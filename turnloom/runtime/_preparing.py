@@ -50,6 +50,17 @@ work (a cold render, or a rebuild after an eviction), so it stays a small,
 bounded step; a larger history always renders in a worker thread.
 """
 
+INLINE_SHARE = 0.25
+"""The most of the event loop's time inline renders take, over windows of
+:data:`INLINE_WINDOW` seconds; past it a preparation renders in a worker thread.
+
+Inline renders save the thread handoff, but a loop busy with them is late for
+everything else it runs; a worker's render leaves the loop free for a switch
+interval at a time."""
+
+INLINE_WINDOW = 0.02
+"""The window, in seconds, over which :data:`INLINE_SHARE` is kept."""
+
 _INLINE_GATEWAYS = frozenset(
     {AnthropicGateway, GeminiGateway, OpenAIChatGateway, OpenAIResponsesGateway}
 )
@@ -70,6 +81,8 @@ class Preparer:
         "_clock",
         "_counters",
         "_durable",
+        "_inline_spent",
+        "_inline_window",
         "_issued",
         "_options",
         "_table",
@@ -98,6 +111,8 @@ class Preparer:
         self._clock = clock
         self._durable = durable
         self.closing = False
+        self._inline_window = 0.0  # when the current window began (time.perf_counter())
+        self._inline_spent = 0.0  # seconds spent rendering inline in it
 
     async def _wait_for_turn(self, preparation: Preparation) -> ContextState:
         context_id = preparation.request.context_id
@@ -178,8 +193,10 @@ class Preparer:
         Runs only when nothing in it can wait or grows with the history: the
         turn is committed, there is no assembly strategy, scope or area
         section, the gateway is a built-in one (its render is pure and
-        cheap), the context holds at most :data:`INLINE_MAX_ITEMS` items and a
-        worker thread is free (else the preparation would wait for one). It
+        cheap), the context holds at most :data:`INLINE_MAX_ITEMS` items, a
+        worker thread is free (else the preparation would wait for one) and
+        inline renders took less than :data:`INLINE_SHARE` of the loop's
+        time in the current window. It
         then does what :meth:`run` does, with the render inline: the same
         capture, the same result. Returns the result and what delivering it
         changes, or None (nothing was done: run the preparation as a task).
@@ -195,6 +212,11 @@ class Preparer:
             or type(options.gateway) not in _INLINE_GATEWAYS
             or self.limiter.available_tokens < 1
         ):
+            return None
+        began = time.perf_counter()
+        if began - self._inline_window >= INLINE_WINDOW:
+            self._inline_window, self._inline_spent = began, 0.0
+        elif self._inline_spent >= INLINE_SHARE * INLINE_WINDOW:
             return None
         state = self._table.contexts.get(request.context_id)
         if (
@@ -219,6 +241,7 @@ class Preparer:
             None,
             state.in_flight is None,
         )
+        self._inline_spent += time.perf_counter() - began
         return prepared, self._deliverer(
             request, state, serial, None, prepared, delivered, None, last, requested_at
         )
