@@ -27,15 +27,24 @@ is cached (else the caller rebuilds it from the kept items).
 
 from __future__ import annotations
 
-__all__ = ("BodyRun", "BodyWriter", "EncodedBody", "body_writer")
+__all__ = (
+    "BodyRun",
+    "BodyWriter",
+    "EncodedBody",
+    "body_writer",
+    "encode_fields",
+    "reserved_fields",
+    "with_fields",
+)
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 
 from turnloom.context.callids import CallIdRenamer
 from turnloom.context.gateway import Gateway, NativeContent
+from turnloom.errors import InvalidArgumentError, excerpt
 
 _encode = msgspec.json.Encoder().encode
 
@@ -58,12 +67,15 @@ class BodyWriter:
     Attributes:
         field: the body field holding the item list (the gateway's
             ``items_field``).
+        header: the other top-level fields :meth:`finish` may return (for
+            example Anthropic's ``"system"``).
         renamer: the call-id renaming state (:mod:`turnloom.context.callids`).
     """
 
     __slots__ = ("marks", "renamer")
 
     field: str = ""
+    header: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self.renamer = CallIdRenamer()
@@ -145,6 +157,56 @@ def body_writer(gateway: Gateway) -> BodyWriter | None:
         return None
     writer = make()
     return writer if isinstance(writer, BodyWriter) else None
+
+
+def reserved_fields(gateway: Gateway) -> frozenset[str]:
+    """The top-level fields ``gateway``'s request body writes itself (items, instructions)."""
+    writer = body_writer(gateway)
+    header = writer.header if writer is not None else tuple(gateway.request_body(()))
+    return frozenset((gateway.items_field, *header))
+
+
+def encode_fields(fields: Mapping[str, Any], reserved: frozenset[str]) -> bytes:
+    """The JSON members of ``fields`` (``b'"model":"m","tools":[...]'``), braces left off.
+
+    The caller's own top-level request fields (model name, tools, generation
+    settings) to splice into an encoded body. Empty ``fields`` give ``b""``.
+
+    Raises:
+        InvalidArgumentError: ``fields`` is not a mapping with str keys, a key
+            is one the body writes itself (``reserved``), or a value is not
+            JSON data (or holds text that is not valid UTF-8).
+    """
+    if not isinstance(fields, Mapping):
+        raise InvalidArgumentError(
+            f"fields must be a mapping of top-level request fields, not a {type(fields).__name__}.",
+            field="fields",
+        )
+    for key in fields:
+        if not isinstance(key, str):
+            raise InvalidArgumentError(
+                f"fields keys must be str, not {type(key).__name__}.", field="fields"
+            )
+        if key in reserved:
+            raise InvalidArgumentError(
+                f"fields cannot set {excerpt(key)}: the request body writes it from the "
+                f"prepared items (it writes {', '.join(sorted(reserved))}).",
+                field=f"fields[{excerpt(key)}]",
+            )
+    try:
+        encoded = _encode(dict(fields))
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise InvalidArgumentError(
+            f"fields are not JSON data: {excerpt(str(exc))}.", field="fields"
+        ) from None
+    return encoded[1:-1]
+
+
+def with_fields(body: bytes, members: bytes) -> bytes:
+    """``body`` (an encoded JSON object with at least one member) with ``members`` first."""
+    if not members:
+        return body
+    return b"".join((b"{", members, b",", body[1:]))
 
 
 def _splice(header: dict[str, Any], field: str, chunks: Sequence[bytes]) -> bytes:

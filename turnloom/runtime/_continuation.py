@@ -14,10 +14,11 @@ __all__ = ("CheckedContinuation", "IssuedPrefixes", "check_continuation")
 
 import weakref
 from collections.abc import Container, Mapping, Sequence
+from typing import Any
 
 import msgspec
 
-from turnloom.context.body import EncodedBody
+from turnloom.context.body import EncodedBody, encode_fields, reserved_fields, with_fields
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import (
@@ -44,6 +45,7 @@ class IssuedPrefixes:
         "_issued",
         "_limits",
         "_open_calls",
+        "_reserved",
     )
 
     def __init__(self, gateway: Gateway, limits: HistoryLimits, open_calls: OpenCallPolicy) -> None:
@@ -60,6 +62,7 @@ class IssuedPrefixes:
         # id -> the request body of that prefix's items, its closed turns
         # kept encoded (None: encode the body whole).
         self._bodies: dict[int, EncodedBody | None] = {}
+        self._reserved = reserved_fields(gateway)
 
     def add(
         self, prefix: PreparedContext, call_ids: CallIdRenamer, body: EncodedBody | None = None
@@ -100,18 +103,25 @@ class IssuedPrefixes:
         self,
         prefix: PreparedContext,
         continuation: Sequence[Message],
+        fields: Mapping[str, Any] | None = None,
         history: TurnHistory | None = None,
     ) -> bytes:
         """The encoded request body of :meth:`build`'s items (see ``ContextManager.request_bytes``).
 
-        Equal to ``msgspec.json.encode(gateway.request_body(build(...)))``;
-        from the prefix's cached body when it has one.
+        Equal to ``msgspec.json.encode({**fields,
+        **gateway.request_body(build(...))})``; from the prefix's cached body
+        when it has one. ``fields`` are checked before the continuation.
         """
+        members = b""
+        if fields is not None:
+            members = encode_fields(fields, self._reserved)
         added = self._continue(prefix, continuation, history)
         body = self._bodies.get(id(prefix))
         if body is None:
-            return _encoder.encode(self._gateway.request_body((*prefix.items, *added)))
-        return body.extend(added).encode()
+            encoded = _encoder.encode(self._gateway.request_body((*prefix.items, *added)))
+        else:
+            encoded = body.extend(added).encode()
+        return with_fields(encoded, members)
 
     def _continue(
         self,

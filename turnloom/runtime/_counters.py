@@ -14,6 +14,8 @@ from __future__ import annotations
 
 __all__ = ("LATENCY_BOUNDS", "Counters", "Histogram")
 
+from typing import TYPE_CHECKING
+
 from turnloom.context.history import HistoryStatistics
 from turnloom.runtime.schemas import (
     AreaStatistics,
@@ -25,7 +27,11 @@ from turnloom.runtime.schemas import (
     PrefixStatistics,
     PreparationStatistics,
     PreparedContext,
+    StoreStatistics,
 )
+
+if TYPE_CHECKING:
+    from turnloom.runtime._queue import PreparationQueue
 
 LATENCY_BOUNDS: tuple[float, ...] = (
     0.0005,
@@ -177,12 +183,17 @@ class Counters:
         closed: bool,
         contexts: int,
         capacity: int,
-        pending: int,
-        waiting_for_slot: int,
-        waiting_for_turn: int,
+        queue: PreparationQueue | None,
         outputs: OutputStatistics,
+        store: StoreStatistics | None,
     ) -> ManagerStatistics:
-        """The frozen statistics, O(1): the running totals and the queue's state."""
+        """The frozen statistics, O(1): the running totals and the queue's state.
+
+        ``queue`` is None before the manager is bound; ``store`` without a store.
+        """
+        pending = queue.pending if queue is not None else 0
+        waiting_for_slot = queue.waiting_for_slot if queue is not None else 0
+        waiting_for_turn = queue.waiting_for_turn if queue is not None else 0
         return ManagerStatistics(
             closed=closed,
             contexts=contexts,
@@ -229,6 +240,7 @@ class Counters:
                 items_promoted_total=self.area_items_promoted,
             ),
             outputs=outputs,
+            store=store,
             assembly=AssemblyStatistics(
                 strategy=self.strategy,
                 assemblies_total=self.assemblies,

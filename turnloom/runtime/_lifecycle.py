@@ -1,6 +1,6 @@
 """The binding and closing state one ContextManager shares with its feature objects.
 
-Synchronous. A manager is built unbound; it is bound once, when its
+A manager is built unbound; it is bound once, when its
 Foundation opens (``preparer`` is set then); it is *closing* once the
 Foundation began closing (intake stops) and *closed* once its output streams
 were drained and its preparations settled. Every public call of the manager
@@ -13,13 +13,19 @@ from __future__ import annotations
 
 __all__ = ("Lifecycle",)
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
+
+import anyio
 
 from turnloom.context.history import HistoryView, check_id
 from turnloom.errors import StateError, UnknownContextError, excerpt
 from turnloom.runtime.errors import FoundationClosedError
 
 if TYPE_CHECKING:
+    from turnloom.runtime._contexts import ContextState
+    from turnloom.runtime._durable import Durability
+    from turnloom.runtime._outputs import OutputStreams
     from turnloom.runtime._preparing import Preparer
 
 
@@ -88,10 +94,39 @@ class Lifecycle:
                 "outputs are recorded."
             )
 
-    def close(self, final: dict[str, HistoryView]) -> None:
-        """Mark the manager closed, keeping each context's final history."""
-        self.closed = True
-        self.final = final
+    async def aclose(
+        self,
+        grace_period: float,
+        outputs: OutputStreams,
+        durable: Durability | None,
+        contexts: Mapping[str, ContextState],
+    ) -> None:
+        """Close in order: stop intake, drain output streams, let preparations settle.
+
+        ``grace_period`` (seconds) bounds the first two waits together; the
+        durable writer gets its own. Not shielded: the Foundation calls it in
+        a shielded scope. The manager is marked closed, each context's final
+        history kept for ``history``, even when a step fails.
+
+        Raises:
+            StateError: the manager was never bound.
+        """
+        preparer = self.check_bound()
+        deadline = anyio.current_time() + grace_period
+        try:
+            self.closing = True
+            preparer.closing = True
+            try:
+                await outputs._aclose(grace_period)
+            finally:
+                try:
+                    await preparer.queue.aclose(max(0.0, deadline - anyio.current_time()))
+                finally:
+                    if durable is not None:
+                        await durable.aclose(grace_period)
+        finally:
+            self.closed = True
+            self.final = {cid: state.history.view() for cid, state in contexts.items()}
 
     def final_view(self, context_id: str) -> HistoryView:
         """A context's history as it was at the close.

@@ -34,13 +34,13 @@ from __future__ import annotations
 
 __all__ = ("ContextManager", "Invocation")
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from typing import Any
 
 import anyio
 import anyio.abc
-import msgspec
 
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent
 from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory
@@ -118,40 +118,28 @@ class ContextManager:
             result in prepared inputs.
         earlier_state: ``"keep"`` (default) or ``"drop"`` earlier turns'
             runtime-state pairs in later inputs (see
-            :data:`~turnloom.runtime.state.EarlierStatePolicy`). Kept, a
-            turn's pair is the one its last delivered unscoped prepare
-            carried, byte for byte (none when it carried recalled memory,
-            which is tenant data); it counts against the history limits,
-            leaves with its turn and is stored with it by a durable store.
+            :data:`~turnloom.runtime.state.EarlierStatePolicy`).
         token_counter: the one estimator of tokens (default
             :class:`~turnloom.context.ApproxTokenCounter`); see
             :class:`~turnloom.runtime.Foundation`.
-        strategy: the per-turn assembly strategy: ``"jit"``, ``"stratified"``
-            (see :mod:`turnloom.runtime.assembly`), an
-            :class:`~turnloom.runtime.assembly.AssemblyStrategy` object, or
-            None (default: no assembled prompt, no memory).
-        memory: the memory source a named strategy searches. Borrowed: neither
-            the manager nor its Foundation ever closes it; it stays open and
-            usable after the Foundation closed.
+        strategy: the per-turn assembly strategy (see :attr:`assembly`):
+            ``"jit"``, ``"stratified"``, an ``AssemblyStrategy``, or None
+            (default: no assembled prompt, no memory).
+        memory: the memory source a named strategy searches. Borrowed: never
+            closed by the manager or its Foundation.
         strategy_options: the named strategy's static layer and bounds.
         max_tenant_preparations: the most preparation slots one tenant (the
             ``tenant_id`` of a request's ``tenant``) holds at once; default
             half the capacity, rounded up. A freed slot goes to the waiting
-            request whose tenant holds the fewest slots (longest waiting
-            first among equals); a new request never overtakes an eligible
-            waiting one; requests without a tenant share one bucket bounded
-            only by the capacity.
+            request whose tenant holds the fewest slots (then the longest
+            waiting); requests without a tenant share one bucket.
         store: where contexts are kept durably (see :attr:`leases`): None
-            (default: in memory only) or a
-            :class:`~turnloom.runtime.store.ContextStore`, for example
-            ``turnloom.stores.open_context_store("sqlite:PATH")``. Borrowed:
-            the opener closes it, after the Foundation.
-        lease_ttl: seconds a context's lease lasts unless renewed (default
-            10.0); it is renewed every third of that while held. After a crash
-            another host can claim the context once it expired.
-        idle_after: seconds after its last use at which a held context leaves
-            memory and its lease is released (default 300.0; ``math.inf``
-            keeps it).
+            (default: in memory only) or a ``ContextStore``, for example
+            ``open_context_store("sqlite:PATH")``. Borrowed: never closed here.
+        lease_ttl: seconds a lease lasts unless renewed (default 10.0; renewed
+            every third of that while held).
+        idle_after: seconds after its last use at which a held context is
+            unloaded and its lease released (default 300.0; ``math.inf``: never).
         owner: this manager's name in leases (default: a random unique one).
 
     Raises:
@@ -390,13 +378,9 @@ class ContextManager:
                 turn).
             InstructionMessageError: a ``system`` or ``developer`` message: pinned
                 instructions change only through a turn's snapshot.
-            ItemTooLargeError: a message is over the per-item byte cap.
-            TurnTooLargeError: the turn would hold more than ``max_items``
-                messages or ``max_bytes`` bytes (checked on the batch first).
-            ProviderRuleError: the gateway cannot render a message (for example
-                tool call arguments that are not a JSON object, for Anthropic
-                and Gemini); nothing was recorded.
-            NotClaimedError, StaleLeaseError: as :meth:`accept_turn`.
+            ItemTooLargeError, TurnTooLargeError, ProviderRuleError,
+            NotClaimedError, StaleLeaseError: as :meth:`accept_turn`; nothing
+                was recorded.
 
         Durability: as :meth:`accept_turn`.
         """
@@ -636,29 +620,45 @@ class ContextManager:
         self._life.check_open()
         return self._issued.build(prefix, continuation, self._prefix_history(prefix))
 
-    def request_bytes(self, prefix: PreparedContext, continuation: Sequence[Message] = ()) -> bytes:
-        """The encoded request body of ``build(prefix, continuation)``, as UTF-8 JSON bytes.
+    def request_bytes(
+        self,
+        prefix: PreparedContext,
+        continuation: Sequence[Message] = (),
+        *,
+        fields: Mapping[str, Any] | None = None,
+    ) -> bytes:
+        """The whole request body of ``build(prefix, continuation)``, as UTF-8 JSON bytes.
 
-        Equal, byte for byte, to
-        ``msgspec.json.encode(manager.gateway.request_body(manager.build(prefix,
-        continuation)))``, but the body items of the pinned instructions and
-        the closed turns are not encoded again: the history's render cache
-        keeps them encoded (and, for Anthropic and Gemini, merged; see
-        :mod:`turnloom.context.body`), so the cost is the open turn and the
-        continuation plus one C-speed join of the cached bytes. Checks and
-        renders the continuation as :meth:`build` does. A prefix whose
-        assembly put a system prompt before the history is encoded whole.
-        The caller adds the model, tools and settings (by splicing the
-        bytes, or by decoding them).
+        Equal, byte for byte, to ``msgspec.json.encode({**fields,
+        **manager.gateway.request_body(manager.build(prefix, continuation))})``,
+        but the body items of the pinned instructions and the closed turns are
+        not encoded again: the history's render cache keeps them encoded (for
+        Anthropic and Gemini, merged; see :mod:`turnloom.context.body`), so
+        the cost is the open turn and the continuation plus one C-speed join
+        of the cached bytes. The continuation is checked and rendered as
+        :meth:`build` does. A prefix whose assembly put a system prompt
+        before the history is encoded whole.
+
+        Args:
+            fields: the request's own top-level fields, for example
+                ``{"model": "gpt-4o", "tools": [...]}``, written first.
 
         Returns:
-            the body's JSON bytes (``{"messages": [...]}`` and the like).
+            the body's JSON bytes (``{"model": ..., "messages": [...]}`` and the like).
 
         Raises:
-            the errors of :meth:`build`, for the same reasons.
+            InvalidArgumentError: ``fields`` is not a str-keyed mapping of JSON
+                data, or sets a field the body writes (the gateway's
+                ``items_field``, or its instructions field: ``system``,
+                ``systemInstruction``, ``instructions``).
+            FoundationClosedError, InvalidMessageError, InvalidTextError,
+            InstructionMessageError, DuplicateIdError, ProviderRuleError,
+            TurnTooLargeError: as :meth:`build`, for the same reasons.
         """
         self._life.check_open()
-        return self._issued.request_bytes(prefix, continuation, self._prefix_history(prefix))
+        return self._issued.request_bytes(
+            prefix, continuation, fields, self._prefix_history(prefix)
+        )
 
     def _prefix_history(self, prefix: PreparedContext) -> TurnHistory | None:
         """The held history of a prefix's context (None: not held, or not a prefix)."""
@@ -670,31 +670,10 @@ class ContextManager:
     # -- lifecycle (driven by the Foundation) ---------------------------------------
 
     async def _aclose(self, grace_period: float) -> None:
-        """Close in order: stop intake, drain output streams, let preparations settle, release.
-
-        ``grace_period`` bounds the first two waits together. Not shielded:
-        the Foundation calls it in a shielded scope. Preparations settle and
-        the histories are released (their final views kept for
-        :meth:`history`) even when a step fails.
-        """
-        life = self._life
-        preparer = life.check_bound()
-        queue = preparer.queue
-        deadline = anyio.current_time() + grace_period
-        try:
-            life.closing = True
-            preparer.closing = True
-            try:
-                await self.outputs._aclose(grace_period)
-            finally:
-                try:
-                    await queue.aclose(max(0.0, deadline - anyio.current_time()))
-                finally:
-                    if self._durable is not None:
-                        await self._durable.aclose(grace_period)
-        finally:
-            life.close({cid: state.history.view() for cid, state in self._table.contexts.items()})
-            self._table.release()
+        """Close in order (see :meth:`Lifecycle.aclose`); the Foundation shields it."""
+        table = self._table
+        await self._life.aclose(grace_period, self.outputs, self._durable, table.contexts)
+        table.release()
 
     # -- statistics --------------------------------------------------------------------
 
@@ -707,16 +686,11 @@ class ContextManager:
         values from two adjacent moments.
         """
         preparer = self._life.preparer
-        queue = preparer.queue if preparer is not None else None
-        snapshot = self._counters.snapshot(
+        return self._counters.snapshot(
             closed=self._life.closing,
             contexts=len(self._table.contexts),
             capacity=self._options.max_pending_preparations,
-            pending=queue.pending if queue is not None else 0,
-            waiting_for_slot=queue.waiting_for_slot if queue is not None else 0,
-            waiting_for_turn=queue.waiting_for_turn if queue is not None else 0,
+            queue=preparer.queue if preparer is not None else None,
             outputs=self.outputs.statistics(),
+            store=self._durable.statistics() if self._durable is not None else None,
         )
-        if self._durable is not None:
-            snapshot = msgspec.structs.replace(snapshot, store=self._durable.statistics())
-        return snapshot

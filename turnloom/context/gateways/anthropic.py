@@ -750,6 +750,7 @@ class _AnthropicBody(BodyWriter):
     )
 
     field = "messages"
+    header = ("system",)
 
     def __init__(self, merge_turns: bool) -> None:
         super().__init__()

@@ -735,6 +735,7 @@ class _GeminiBody(BodyWriter):
     )
 
     field = "contents"
+    header = ("systemInstruction",)
 
     def __init__(self) -> None:
         super().__init__()

@@ -945,6 +945,7 @@ class _ResponsesBody(BodyWriter):
     __slots__ = ("_dups", "_held", "_order", "_seen", "_seen_at", "_texts")
 
     field = "input"
+    header = ("instructions",)
 
     def __init__(self) -> None:
         super().__init__()
