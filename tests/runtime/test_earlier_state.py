@@ -25,6 +25,7 @@ from turnloom.runtime import (
     build_context_manager,
     parse_config,
 )
+from turnloom.runtime.state import state_messages
 
 pytestmark = pytest.mark.anyio
 
@@ -224,3 +225,34 @@ async def test_an_unknown_policy_is_refused_at_the_door() -> None:
 async def test_the_configured_policy_reaches_the_manager(policy: EarlierStatePolicy) -> None:
     config = parse_config({"context": {"init_config": {"earlier_state": policy}}})
     assert build_context_manager(config).earlier_state == policy
+
+
+@pytest.mark.parametrize("kind", list(GatewayType))
+async def test_a_pair_within_the_cap_as_sent_but_over_it_as_a_message_is_delivered_not_kept(
+    kind: GatewayType,
+) -> None:
+    """Invariant: a prefix whose pair passed the per-item cap as sent is delivered; when
+    the pair is over the cap as a history message it is not kept (nor the turn's earlier
+    pair: what a turn keeps is its last delivered pair or none), like a memory pair."""
+    cap = 1_000
+    gateway = get_gateway(kind)
+
+    def native_size(note: str) -> int:
+        pair = request("t0", note)
+        messages = state_messages("c", "t0", contributions=pair.contributions)
+        assert messages is not None
+        return len(msgspec.json.encode(gateway.render(messages[1])[-1]))
+
+    note = "x" * max(n for n in range(cap) if native_size("x" * n) <= cap)
+    async with Foundation(gateway=kind, history_limits=HistoryLimits(max_item_bytes=cap)) as f:
+        manager = f.manager
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t0", input=(user("a"),)))
+        await manager.prepare(request("t0", "small"))
+        assert len(manager.history("c").turn_state("t0")) == 2
+        prefix = await manager.prepare(request("t0", note))
+        assert note in str(pair_of(prefix))
+        assert manager.history("c").turn_state("t0") == ()
+        manager.record("c", "t0", [assistant("ok")])
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("b"),)))
+        following = await manager.prepare(request("t1", None))
+        assert "tlrs_" not in str(following.items)

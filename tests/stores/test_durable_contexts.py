@@ -571,3 +571,43 @@ async def test_a_restored_context_sends_the_kept_state_pairs_again(store_url: st
     assert prefixes[1].turn_start == earlier
     assert prefixes[1].items[:earlier] == prefixes[0].items[:earlier]
     assert sum("tlrs_" in str(item) for item in prefixes[0].items[:earlier]) == 4  # t0, t1
+
+
+async def test_a_drop_host_restoring_kept_pairs_sends_no_earlier_pair(store_url: str) -> None:
+    """Invariant (drop): no earlier turn's pair is sent, even by a host configured with
+    ``earlier_state="drop"`` that restores a context a ``"keep"`` host stored; the pairs
+    it no longer keeps leave the history in the log too, so the next host restores the
+    same history and the same evictions."""
+    limits = HistoryLimits(max_items=9)
+    async with hosting(store_url, history_limits=limits) as keeping:
+        manager = keeping.manager
+        await manager.leases.claim("c")
+        for i in range(2):
+            manager.accept_turn(
+                snapshot("c", f"t{i}", f"q{i}", instructions=(SYSTEM,) if i == 0 else None)
+            )
+            await manager.prepare(request("c", f"t{i}"))
+            manager.record("c", f"t{i}", [assistant(f"answer {i}")])
+        await manager.leases.flush()
+        assert manager.statistics().history.items == 8  # two turns of 2 messages and 2 pairs
+    async with hosting(store_url, history_limits=limits, earlier_state="drop") as dropping:
+        manager = dropping.manager
+        await manager.leases.claim("c")
+        view = manager.history("c")
+        assert (view.turn_state("t0"), view.turn_state("t1")) == ((), ())
+        assert manager.statistics().history.items == 4
+        manager.accept_turn(snapshot("c", "t2", "q2"))
+        prefix = await manager.prepare(request("c", "t2"))
+        assert [item for item in prefix.items if "tlrs_" in str(item)] == list(
+            prefix.items[prefix.area_start - 2 : prefix.area_start]
+        )  # the current turn's pair only
+        manager.record("c", "t2", [assistant("answer 2")])
+        manager.accept_turn(snapshot("c", "t3", "q3"))  # 8 messages: nothing evicted
+        await manager.leases.flush()
+        held = manager.history("c")
+    async with hosting(store_url, history_limits=limits) as keeping_again:
+        manager = keeping_again.manager
+        await manager.leases.claim("c")
+        restored = manager.history("c")
+        assert restored.turn_ids == held.turn_ids == ("t0", "t1", "t2", "t3")
+        assert [restored.turn_state(t) for t in restored.turn_ids] == [()] * 4

@@ -29,6 +29,7 @@ from turnloom.context.tokens import TokenCounter
 from turnloom.errors import (
     ContextRemovedError,
     DuplicateAreaError,
+    ItemTooLargeError,
     StateError,
     UnknownContextError,
     UnknownTurnError,
@@ -47,6 +48,7 @@ from turnloom.runtime._records import (
 from turnloom.runtime._render import DeliveredPrefix
 from turnloom.runtime.assembly import AssembledContext
 from turnloom.runtime.schemas import TurnSnapshot
+from turnloom.runtime.state import EarlierStatePolicy
 
 
 class TurnAssembly:
@@ -84,6 +86,7 @@ class ContextTable:
 
     __slots__ = (
         "_counters",
+        "_drop_state",
         "_empty",
         "_gateway",
         "_limits",
@@ -98,8 +101,11 @@ class ContextTable:
         gateway: Gateway,
         counters: Counters,
         token_counter: TokenCounter | None = None,
+        earlier_state: EarlierStatePolicy = "keep",
     ) -> None:
         self._limits = limits
+        # Under "drop" no history keeps state: a restored one lets go of its pairs.
+        self._drop_state = earlier_state == "drop"
         self._token_counter = token_counter
         self._gateway = gateway
         self._counters = counters
@@ -229,10 +235,12 @@ class ContextTable:
         """Keep a delivered prefix's runtime-state pair (or none) as its turn's.
 
         Nothing happens when the context is no longer held as ``state`` or the
-        turn (``serial``) is gone: a kept pair leaves with its turn. The pair
-        was built and checked by the render, so this never raises. It does not
-        evict: the prefix just delivered stays a render of the history, and
-        the next commit, record or end of a model call evicts as usual.
+        turn (``serial``) is gone: a kept pair leaves with its turn. A pair
+        the render sent within the per-item byte cap can be over it as a
+        history message (its encoding is longer than the native item's): the
+        turn then keeps none. This never raises. It does not evict: the
+        prefix just delivered stays a render of the history, and the next
+        commit, record or end of a model call evicts as usual.
         """
         if self.contexts.get(state.context_id) is not state:
             return
@@ -240,7 +248,14 @@ class ContextTable:
         if not history.has_turn(turn_id) or history.view().turn_state(turn_id) == pair:
             return  # gone, or delivered again unchanged: nothing to log
         before = history.statistics()
-        if not history.keep_state(turn_id, pair, serial=serial):
+        try:
+            kept = history.keep_state(turn_id, pair, serial=serial)
+        except ItemTooLargeError:
+            pair = ()
+            if history.view().turn_state(turn_id) == pair:
+                return
+            kept = history.keep_state(turn_id, pair, serial=serial)
+        if not kept:
             return
         if self.log is not None:
             self.log(state.context_id, StateKept(turn_id=turn_id, state=pair))
@@ -328,10 +343,15 @@ class ContextTable:
         del self.contexts[context_id]
 
     def install(self, context_id: str, history: TurnHistory | None) -> None:
-        """Replace a context's in-memory state by a restored history (None: no state)."""
+        """Replace a context's in-memory state by a restored history (None: no state).
+
+        Under ``earlier_state="drop"`` the restored turns' kept pairs (stored
+        by a ``"keep"`` host) are let go, and that is logged, so no earlier
+        pair is sent and the stored log rebuilds this history.
+        """
         self.unload(context_id)
         if history is not None:
-            self.contexts[context_id] = ContextState(context_id, history)
+            state = self.contexts[context_id] = ContextState(context_id, history)
             # Held now; what the history counted before it was stored was
             # counted by the manager that counted it.
             held = msgspec.structs.replace(
@@ -343,6 +363,11 @@ class ContextTable:
                 dropped_blank_outputs=0,
             )
             self._counters.history_changed(self._empty, held)
+            if self._drop_state:
+                view = history.view()
+                for turn_id in view.turn_ids:
+                    if view.turn_state(turn_id):
+                        self.keep_state(state, turn_id, (), history.turn_serial(turn_id))
 
     def unload(self, context_id: str) -> None:
         """Drop a context's in-memory state, if any (it stays in the durable store)."""

@@ -194,7 +194,11 @@ class ContextManager:
         counters = self._counters = Counters()
         counters.strategy = options.strategy.name if options.strategy is not None else None
         table = self._table = ContextTable(
-            options.history_limits, options.gateway, counters, options.token_counter
+            options.history_limits,
+            options.gateway,
+            counters,
+            options.token_counter,
+            options.earlier_state,
         )
         self._issued = IssuedPrefixes(options.gateway, options.history_limits, options.open_calls)
         self._durable: Durability | None = None  # set by _bind when there is a store

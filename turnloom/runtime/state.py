@@ -15,8 +15,10 @@ placed directly after the current turn's input.
   message of its own.
 * The pair is never recorded into history: ``accept_turn``, ``record`` and
   ``build`` reject messages that carry it. Every call id of the form
-  ``tlrs_`` + 24 lowercase hex digits is reserved for it, so no message can
-  place the state call or result of another turn ahead of time.
+  ``tlrs_`` + 24 lowercase hex digits is reserved for it, and so is every id
+  a provider sends in that form (``tlrs.`` + 24 hex digits: Anthropic turns
+  the ``.`` into ``_``), so no message can place the state call or result of
+  another turn ahead of time.
 * With no behaviour rules, no loop budget, no perception and no
   contributions, there is no pair: the prepared input is exactly the history.
 
@@ -30,9 +32,11 @@ history does not evict, and the kept pair counts against the history's limits
 recalled memory (an assembly strategy's per-turn layer) is never kept: the
 memory was recalled for that request's tenant, and a later turn of the
 context may be prepared for another one; such a turn's later inputs hold no
-pair, as under ``"drop"``. ``"drop"`` sends only the current turn's pair: each
-new turn's input differs from the previous input right after the previous
-turn's input, so what follows it is billed again.
+pair, as under ``"drop"``. Neither is a pair whose result, sent within the
+per-item byte cap, is over it as a history message (its encoding is
+longer). ``"drop"`` sends only the current turn's pair: each new turn's
+input differs from the previous input right after the previous turn's
+input, so what follows it is billed again.
 
 Everything here is pure and synchronous.
 """
@@ -77,7 +81,9 @@ carries its pair.
 """
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]{0,63}")
-_STATE_ID = re.compile(r"tlrs_[0-9a-f]{24}")
+# The reserved form, and every id a provider's id rule sends as it: Anthropic's
+# turns each character outside [a-zA-Z0-9_-] into "_" (gateways/anthropic.py).
+_STATE_ID = re.compile(r"tlrs[^a-zA-Z0-9-][0-9a-f]{24}")
 _encoder = msgspec.json.Encoder()
 
 
@@ -313,7 +319,9 @@ def is_state_message(message: Message, call_id: str | None = None) -> bool:
 
     A call or result is recognised by the tool name :data:`STATE_TOOL_NAME`,
     by ``call_id``, or by a call id in the reserved form of
-    :func:`state_call_id` (any turn's).
+    :func:`state_call_id` (any turn's), also once a provider's id rule
+    rewrote it (``"tlrs"``, one character outside ``[a-zA-Z0-9-]``, then 24
+    lowercase hex digits).
     """
     for part in message.parts:
         if type(part) is ToolCallPart or type(part) is ToolResultPart:
