@@ -121,6 +121,11 @@ def excerpt(value: object) -> str:
         elided (``...``). Costs O(:data:`EXCERPT_LIMIT`), not O(len(value)),
         for strings, bytes and containers.
     """
+    if type(value) is str and len(value) <= _repr.maxstring:
+        # The common case, a short id: reprlib would return this very repr.
+        text = repr(value)
+        if len(text) <= _repr.maxstring:
+            return text
     if isinstance(value, bytes | bytearray | memoryview):
         text = repr(bytes(value[: _repr.maxstring]))
         if len(value) > _repr.maxstring:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
+from collections.abc import Iterator
 
 import anyio
 import msgspec
@@ -21,7 +22,12 @@ from turnloom.context import (
     complete_pairs,
     open_call_ids,
 )
-from turnloom.context.callids import rename_call_ids
+from turnloom.context.callids import (
+    _REWRITERS,
+    CallIdRenamer,
+    register_rewriter,
+    rename_call_ids,
+)
 from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.pairing import OpenCallPolicy
@@ -35,13 +41,16 @@ class InjectedRenderError(RuntimeError):
 
 
 class FlakyGateway(OpenAIChatGateway):
-    """The OpenAI Chat gateway whose ``render`` raises at random points in worker threads.
+    """The OpenAI Chat gateway whose renders raise at random points in worker threads.
 
     Renders on the thread that created it (the event loop, where the manager
     checks messages at the door) never fail. ``rate`` is the chance that one
     render call in a worker raises :class:`InjectedRenderError`; while
     ``fail_in`` is set to n, the worker render call after the next n fails
-    instead (once).
+    instead (once). The door's render seeds the history's render cache, so a
+    worker seldom renders a message itself: within :meth:`failing_renames`
+    the call-id rewrite of each item a worker renames (every render renames
+    its turns) is such a render call too.
     """
 
     def __init__(self, rate: float, seed: int) -> None:
@@ -52,7 +61,7 @@ class FlakyGateway(OpenAIChatGateway):
         self._lock = threading.Lock()
         self._loop_thread = threading.get_ident()
 
-    def render(self, message: Message) -> list[NativeContent]:
+    def _maybe_fail(self) -> None:
         if threading.get_ident() != self._loop_thread:
             with self._lock:
                 fail = self._random.random() < self.rate
@@ -62,7 +71,25 @@ class FlakyGateway(OpenAIChatGateway):
                 self.failures += fail
             if fail:
                 raise InjectedRenderError("injected render failure")
+
+    def render(self, message: Message) -> list[NativeContent]:
+        self._maybe_fail()
         return super().render(message)
+
+    @contextlib.contextmanager
+    def failing_renames(self) -> Iterator[None]:
+        """Within the block, a worker's call-id rewrite of an OpenAI Chat item may fail."""
+        original = _REWRITERS[self.type]
+
+        def rewrite(item: NativeContent, renamer: CallIdRenamer) -> NativeContent:
+            self._maybe_fail()
+            return original(item, renamer)
+
+        register_rewriter(self.type, rewrite)
+        try:
+            yield
+        finally:
+            register_rewriter(self.type, original)
 
 
 def cold_render(manager: ContextManager, context_id: str, turn_id: str) -> list[NativeContent]:
@@ -113,6 +140,18 @@ async def run_stress(
     """
     gateway = FlakyGateway(rate, seed)
     limits = limits if limits is not None else HistoryLimits(max_turns=4, max_items=14)
+    with gateway.failing_renames():
+        return await _run(gateway, limits, prepares, seed, policy, contexts)
+
+
+async def _run(
+    gateway: FlakyGateway,
+    limits: HistoryLimits,
+    prepares: int,
+    seed: int,
+    policy: OpenCallPolicy,
+    contexts: int,
+) -> StressReport:
     counts = {"prepares": 0, "failed": 0, "wrong": 0, "invalid": 0, "approvals": 0}
     async with Foundation(
         gateway=gateway,

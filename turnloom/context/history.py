@@ -69,6 +69,7 @@ import bisect
 import ctypes
 import gc
 import itertools
+import operator
 import sys
 import sysconfig
 import threading
@@ -108,6 +109,7 @@ from turnloom.errors import (
     InvalidMessageError,
     ItemTooLargeError,
     OutOfOrderTurnError,
+    ProviderRuleError,
     StateError,
     TurnTooLargeError,
     UnknownTurnError,
@@ -343,6 +345,18 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
     native: _Native | None = None
     sizes: _Sizes = 0
     more: dict[int, tuple[_Native, _Sizes]] | None = None  # other gateway slots
+
+    def seed(self, slot: int, native: _Native, sizes: _Sizes) -> None:
+        """Cache ``native`` (``_render_message``'s result for gateway slot ``slot``)."""
+        if slot == 0:
+            self.sizes = sizes
+            self.native = native
+        else:
+            if self.more is None:
+                self.more = {}
+            pair = (native, sizes)
+            _untrack_json(pair)  # as ``rendered`` does
+            self.more[slot] = pair
 
     def rendered(self, gateway: Gateway, slot: int) -> tuple[_Native, _Sizes]:
         """The message rendered for ``gateway`` (cache slot ``slot``), cached."""
@@ -611,6 +625,11 @@ class _Shared:
         self.gateway_slots: dict[Gateway, int] = {}
         self.key_slots: dict[_CacheKey, int] = {}
 
+    def gateway_slot(self, gateway: Gateway) -> int:
+        """The gateway slot of ``gateway``, assigned on first use."""
+        with self.lock:
+            return self.gateway_slots.setdefault(gateway, len(self.gateway_slots))
+
     def slots(self, key: _CacheKey) -> tuple[int, int]:
         """The (gateway slot, key slot) of a render key, assigned on first use."""
         with self.lock:
@@ -817,6 +836,29 @@ def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Sizes
     return native, sizes
 
 
+def _render_checked(message: Message, gateway: Gateway, label: str) -> tuple[_Native, _Sizes]:
+    """:func:`_render_message` at the door: a provider rule names the message.
+
+    Raises:
+        ProviderRuleError: ``gateway`` cannot render ``message``.
+    """
+    try:
+        return _render_message(message, gateway)
+    except ProviderRuleError as exc:
+        raise ProviderRuleError(f"{label}: {exc}", exc.violations) from exc
+
+
+_Checked = tuple[
+    tuple[object, ...],
+    tuple[int, ...],
+    tuple[tuple[_Native, _Sizes], ...] | None,
+    Gateway | None,
+]
+"""``TurnHistory``'s memo of a batch checked: messages, sizes, renders, gateway."""
+
+_UNCHECKED: _Checked = ((), (), None, None)
+
+
 def _gc_untrack() -> Callable[[int], None] | None:
     """CPython's ``PyObject_GC_UnTrack``, taking an object's address (``id()``).
 
@@ -868,8 +910,13 @@ def _untrack_json(value: object) -> None:
             children = node  # type: ignore[assignment]
         else:
             continue
-        if is_tracked(node):
-            untrack(id(node))
+        if not is_tracked(node):
+            # Untracked already: by an earlier pass, which untracked its
+            # containers too, or by CPython, which keeps a dict untracked only
+            # while it holds no list, dict or tracked tuple, and a tuple only
+            # when none it holds is tracked. Nothing below it needs untracking.
+            continue
+        untrack(id(node))
         for child in children:
             if type(child) in _CONTAINERS:
                 stack.append(child)
@@ -1428,11 +1475,13 @@ class TurnHistory:
                 "token_counter must have a count(messages) method.", field="token_counter"
             )
         self._limits = limits if limits is not None else HistoryLimits()
-        # The last batch check_batch passed and its messages' sizes. Messages
+        # The last two batches check_batch passed (a turn's input and its
+        # instructions), newest first: their messages' sizes and, when they
+        # were rendered at the door, their renders and the gateway. Messages
         # are frozen, so the same objects checked again (the door, then the
-        # commit or record they pass) reuse their sizes: each message is
-        # checked and sized once.
-        self._checked: tuple[tuple[object, ...], tuple[int, ...]] = ((), ())
+        # commit or record they pass) reuse their sizes and seed the render
+        # cache: each message is checked, sized and rendered once.
+        self._checked: tuple[_Checked, _Checked] = (_UNCHECKED, _UNCHECKED)
         self._remember = remember_evicted
         self._pinned: tuple[_Entry, ...] = ()
         self._pinned_bytes = 0
@@ -1466,6 +1515,11 @@ class TurnHistory:
     def limits(self) -> HistoryLimits:
         """The bounds of this history."""
         return self._limits
+
+    @property
+    def held_items(self) -> int:
+        """Messages held: the kept turns' and the pinned instructions (O(1))."""
+        return self._items + len(self._pinned)
 
     @property
     def token_counter(self) -> TokenCounter:
@@ -1571,6 +1625,7 @@ class TurnHistory:
         *,
         turn_id: str | None = None,
         pinned: bool = False,
+        gateway: Gateway | None = None,
     ) -> tuple[int, ...]:
         """Check a batch of messages at the door; return each one's size in bytes.
 
@@ -1588,11 +1643,18 @@ class TurnHistory:
         for them (``pinned``) only the count is bounded (at ``max_items``)
         besides the per-item cap.
 
+        With ``gateway``, each message of a batch that passed is then rendered
+        for it (and its native items sized), so a provider rule fails here;
+        the renders seed the render cache of the entries the same messages
+        become when committed or recorded next (:meth:`rendered_items`
+        counts them).
+
         Args:
             messages: the batch, oldest first.
             where: how error messages name it (``"turn 't1' input"``).
             turn_id: the held turn the batch is added to (a record), if any.
             pinned: the batch is a turn's new pinned instructions.
+            gateway: the gateway to render the batch for, if any.
 
         Raises:
             TurnTooLargeError: the turn would hold more than ``max_items``
@@ -1600,6 +1662,8 @@ class TurnHistory:
             ItemTooLargeError: one message is over the per-item byte cap.
             InvalidMessageError, InvalidTextError, DuplicateIdError: a
                 malformed message.
+            ProviderRuleError: ``gateway`` cannot render ``messages[i]``
+                (the message names it).
         """
         limits = self._limits
         held_items = held_bytes = 0
@@ -1611,16 +1675,20 @@ class TurnHistory:
         cap = limits.max_item_bytes
         total = held_bytes
         sizes: list[int] = []
-        seen, seen_sizes = self._checked
-        known = len(seen) == len(messages) and all(
-            a is b for a, b in zip(seen, messages, strict=True)
-        )
+        memo = _UNCHECKED
+        for memo in self._checked:
+            seen = memo[0]
+            if len(seen) == len(messages) and all(map(operator.is_, seen, messages)):
+                break
+        else:
+            memo = _UNCHECKED
+        _, seen_sizes, seen_renders, seen_gateway = memo
+        known = memo is not _UNCHECKED
         for i, message in enumerate(messages):
-            label = f"{where}[{i}]"
-            size = seen_sizes[i] if known else check_message(message, where=label)
+            size = seen_sizes[i] if known else check_message(message, where=f"{where}[{i}]")
             if size > cap:
                 raise ItemTooLargeError(
-                    f"{label} is {size} bytes, over the per-item cap of {cap} bytes.",
+                    f"{where}[{i}] is {size} bytes, over the per-item cap of {cap} bytes.",
                     size=size,
                     limit=cap,
                 )
@@ -1635,8 +1703,28 @@ class TurnHistory:
                 )
             sizes.append(size)
         result = tuple(sizes)
-        self._checked = (tuple(messages), result)
+        renders: tuple[tuple[_Native, _Sizes], ...] | None = None
+        if gateway is not None:
+            if known and seen_gateway is gateway and seen_renders is not None:
+                renders = seen_renders
+            else:
+                renders = tuple(
+                    _render_checked(message, gateway, f"{where}[{i}]")  # type: ignore[arg-type]
+                    for i, message in enumerate(messages)
+                )
+        elif known and seen_renders is not None:
+            renders, gateway = seen_renders, seen_gateway
+        checked: _Checked = (tuple(messages), result, renders, gateway)
+        newest, older = self._checked
+        self._checked = (checked, older if memo is newest else newest)
         return result
+
+    def rendered_items(self) -> int:
+        """How many native items the last batch :meth:`check_batch` rendered comes to."""
+        renders = self._checked[0][2]
+        if renders is None:
+            return 0
+        return sum(len(native) if type(native) is tuple else 1 for native, _ in renders)
 
     def _entries(
         self,
@@ -1648,7 +1736,16 @@ class TurnHistory:
     ) -> tuple[_Entry, ...]:
         sizes = self.check_batch(messages, where, turn_id=turn_id, pinned=pinned)
         count = self._shared.counter.count
-        return tuple(_Entry(m, s, count((m,))) for m, s in zip(messages, sizes, strict=True))
+        entries = tuple(_Entry(m, s, count((m,))) for m, s in zip(messages, sizes, strict=True))
+        checked, older = self._checked
+        self._checked = (_UNCHECKED, older)  # consumed: the batch's messages are held now
+        _, _, renders, gateway = checked
+        if renders is not None and gateway is not None:
+            # The door's renders of these very messages seed their cache.
+            slot = self._shared.gateway_slot(gateway)
+            for entry, (native, native_sizes) in zip(entries, renders, strict=True):
+                entry.seed(slot, native, native_sizes)
+        return entries
 
     def commit(
         self,
@@ -1750,6 +1847,29 @@ class TurnHistory:
         self._bytes += turn.bytes
         self._tokens += turn.tokens
         self._view = None
+
+    def output_renders(self, turn_id: str, gateway: Gateway) -> dict[int, Sequence[NativeContent]]:
+        """The held outputs of ``turn_id`` rendered for ``gateway``, by ``id()`` of their message.
+
+        Each output message object the history holds (so one that passed
+        :meth:`check_batch`) maps to its cached render, rendered and cached
+        now if it was not yet (a history restored from a store). Empty when
+        no turn ``turn_id`` is held. O(the turn's outputs); the ids are valid
+        while the caller holds the messages (the history holds them too).
+
+        Raises:
+            ProviderRuleError: ``gateway`` cannot render a held output (it
+                rendered at the door unless the history was built without one).
+        """
+        for turn in reversed(self._turns):
+            if turn.turn_id == turn_id:
+                slot = self._shared.gateway_slot(gateway)
+                renders: dict[int, Sequence[NativeContent]] = {}
+                for entry in turn.outputs:
+                    native = entry.rendered(gateway, slot)[0]
+                    renders[id(entry.message)] = native if type(native) is tuple else (native,)  # type: ignore[assignment]
+                return renders
+        return {}
 
     def turn_serial(self, turn_id: str) -> int:
         """The serial of the held turn ``turn_id``: unique in this history, never reused.

@@ -13,7 +13,7 @@ from __future__ import annotations
 __all__ = ("CheckedContinuation", "IssuedPrefixes", "check_continuation")
 
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -21,7 +21,12 @@ import msgspec
 from turnloom.context.body import EncodedBody, encode_fields, reserved_fields, with_fields
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.history import HistoryLimits, check_batch_length, reject_instructions
+from turnloom.context.history import (
+    HistoryLimits,
+    TurnHistory,
+    check_batch_length,
+    reject_instructions,
+)
 from turnloom.context.message import Message, check_message
 from turnloom.context.pairing import OpenCallPolicy, complete_pairs
 from turnloom.errors import DuplicateIdError, InvalidMessageError, excerpt
@@ -79,10 +84,19 @@ class IssuedPrefixes:
         check_continuation(prefix, (), self._issued, self._limits)
 
     def build(
-        self, prefix: PreparedContext, continuation: Sequence[Message]
+        self,
+        prefix: PreparedContext,
+        continuation: Sequence[Message],
+        history: TurnHistory | None = None,
     ) -> tuple[NativeContent, ...]:
-        """The prefix's items, then the continuation rendered (see ``ContextManager.build``)."""
-        added = self._continue(prefix, continuation)  # checks the prefix first
+        """The prefix's items, then the continuation rendered (see ``ContextManager.build``).
+
+        ``history`` is the prefix's context's history, if it is held: the
+        continuation messages that are its turn's recorded outputs (the very
+        objects) were checked and rendered at the door, so they are not
+        checked again and their cached renders are used.
+        """
+        added = self._continue(prefix, continuation, history)  # checks the prefix first
         return (*prefix.items, *added)
 
     def request_bytes(
@@ -90,6 +104,7 @@ class IssuedPrefixes:
         prefix: PreparedContext,
         continuation: Sequence[Message],
         fields: Mapping[str, Any] | None = None,
+        history: TurnHistory | None = None,
     ) -> bytes:
         """The encoded request body of :meth:`build`'s items (see ``ContextManager.request_bytes``).
 
@@ -100,7 +115,7 @@ class IssuedPrefixes:
         members = b""
         if fields is not None:
             members = encode_fields(fields, self._reserved)
-        added = self._continue(prefix, continuation)
+        added = self._continue(prefix, continuation, history)
         body = self._bodies.get(id(prefix))
         if body is None:
             encoded = _encoder.encode(self._gateway.request_body((*prefix.items, *added)))
@@ -109,18 +124,29 @@ class IssuedPrefixes:
         return with_fields(encoded, members)
 
     def _continue(
-        self, prefix: PreparedContext, continuation: Sequence[Message]
+        self,
+        prefix: PreparedContext,
+        continuation: Sequence[Message],
+        history: TurnHistory | None,
     ) -> list[NativeContent]:
         """Check ``continuation`` against ``prefix``; its items, call ids continued."""
         key = id(prefix)
-        self._checked[key] = check_continuation(
-            prefix, continuation, self._issued, self._limits, self._checked.get(key)
-        )
         gateway = self._gateway
+        issued = self._issued.get(key) is prefix  # else check_continuation raises
+        renders = (
+            history.output_renders(prefix.turn_id, gateway)
+            if history is not None and issued
+            else {}
+        )
+        self._checked[key] = check_continuation(
+            prefix, continuation, self._issued, self._limits, self._checked.get(key), renders
+        )
         items: list[NativeContent] = []
         call_ids = self._call_ids[key].copy()
         for message in complete_pairs(continuation, open_calls=self._open_calls):
-            items.extend(rename_call_ids(gateway.type, gateway.render(message), call_ids))
+            native = renders.get(id(message))
+            rendered = native if native is not None else gateway.render(message)
+            items.extend(rename_call_ids(gateway.type, rendered, call_ids))
         return items
 
 
@@ -149,6 +175,7 @@ def check_continuation(
     issued: Mapping[int, PreparedContext],
     limits: HistoryLimits,
     checked: CheckedContinuation | None = None,
+    held: Container[int] = (),
 ) -> CheckedContinuation:
     """Validate a prefix and its continuation (see ``ContextManager.build``).
 
@@ -158,6 +185,8 @@ def check_continuation(
         checked: what an earlier call returned for the same prefix: when the
             continuation starts with those very message objects, only the
             messages after them are checked (each message is checked once).
+        held: ``id()`` of message objects that passed the door's checks (a
+            history's recorded outputs): they are not checked again.
 
     Returns:
         what to pass as ``checked`` to the next call for this prefix.
@@ -194,7 +223,8 @@ def check_continuation(
         reserved = set(prefix.reserved_ids)
     for i in range(start, len(continuation)):
         message = continuation[i]
-        check_message(message, where=f"continuation[{i}]")
+        if id(message) not in held:
+            check_message(message, where=f"continuation[{i}]")
         if is_state_message(message, prefix.state_call_id):
             raise InvalidMessageError(
                 f"continuation[{i}] carries a runtime-state call or result; the turn's "

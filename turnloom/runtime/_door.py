@@ -49,7 +49,6 @@ from turnloom.errors import (
     InvalidMessageError,
     InvalidTextError,
     ItemTooLargeError,
-    ProviderRuleError,
     excerpt,
 )
 from turnloom.runtime._strategies import make_strategy
@@ -355,10 +354,12 @@ def check_renderable(
 ) -> int:
     """Check a batch (its limits first), then render each message once at the door.
 
-    The batch is checked by ``history.check_batch`` (its length in O(1), then
-    each message and the running bytes), so provider rules and limits fail
-    here, not at prepare. A message the gateway cannot carry would otherwise
-    be committed and then fail every later prepare of its context.
+    The batch is checked and rendered by ``history.check_batch`` (its length
+    in O(1), then each message and the running bytes, then the renders), so
+    provider rules and limits fail here, not at prepare. A message the
+    gateway cannot carry would otherwise be committed and then fail every
+    later prepare of its context. The renders seed the history's render
+    cache when the batch is committed or recorded.
 
     Args:
         turn_id: the held turn the batch is added to (a record), if any.
@@ -375,15 +376,8 @@ def check_renderable(
     """
     if not messages:
         return 0
-    history.check_batch(messages, where, turn_id=turn_id, pinned=pinned)
-    rendered = 0
-    for i, message in enumerate(messages):
-        label = f"{where}[{i}]"
-        try:
-            rendered += len(gateway.render(message))
-        except ProviderRuleError as exc:
-            raise ProviderRuleError(f"{label}: {exc}", exc.violations) from exc
-    return rendered
+    history.check_batch(messages, where, turn_id=turn_id, pinned=pinned, gateway=gateway)
+    return history.rendered_items()
 
 
 def check_outputs(
@@ -404,11 +398,10 @@ def check_outputs(
     check_id(turn_id, "turn id")
     if isinstance(outputs, Message) or not isinstance(outputs, Sequence):
         raise InvalidMessageError("record takes a sequence of Messages, oldest first.")
-    check_renderable(
-        gateway, outputs, f"Output of turn {excerpt(turn_id)}", history, turn_id=turn_id
-    )
-    reject_state(outputs, context_id, turn_id, f"Output of turn {excerpt(turn_id)}")
-    reject_instructions(outputs, "outputs", f"Output of turn {excerpt(turn_id)}")
+    where = f"Output of turn {excerpt(turn_id)}"
+    check_renderable(gateway, outputs, where, history, turn_id=turn_id)
+    reject_state(outputs, context_id, turn_id, where)
+    reject_instructions(outputs, "outputs", where)
 
 
 def check_snapshot(

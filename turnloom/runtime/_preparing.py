@@ -21,19 +21,49 @@ from datetime import datetime
 import anyio
 import msgspec
 
+from turnloom.context.gateways import (
+    AnthropicGateway,
+    GeminiGateway,
+    OpenAIChatGateway,
+    OpenAIResponsesGateway,
+)
 from turnloom.context.history import HistoryView
 from turnloom.errors import AreaCallbackError, StateError, excerpt
+from turnloom.runtime._area_section import AreaSection, SectionResult
 from turnloom.runtime._contexts import ContextState, ContextTable, TurnAssembly
 from turnloom.runtime._continuation import IssuedPrefixes
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._door import ManagerOptions
 from turnloom.runtime._durable import Durability
 from turnloom.runtime._queue import Preparation, PreparationQueue
-from turnloom.runtime._render import render_preparation
+from turnloom.runtime._render import DeliveredPrefix, render_preparation
 from turnloom.runtime.assembly import AssembledContext, AssemblyStrategy, assembly_query
 from turnloom.runtime.errors import FoundationClosedError
-from turnloom.runtime.schemas import ContextPrepareRequest
+from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
 from turnloom.runtime.state import check_time
+
+INLINE_MAX_ITEMS = 512
+"""The most items (pinned included) a context may hold for its prepare to render inline.
+
+A render on the event loop costs at most this many cached items' worth of
+work (a cold render, or a rebuild after an eviction), so it stays a small,
+bounded step; a larger history always renders in a worker thread.
+"""
+
+INLINE_SHARE = 0.25
+"""The most of the event loop's time inline renders take, over windows of
+:data:`INLINE_WINDOW` seconds; past it a preparation renders in a worker thread.
+
+Inline renders save the thread handoff, but a loop busy with them is late for
+everything else it runs; a worker's render leaves the loop free for a switch
+interval at a time."""
+
+INLINE_WINDOW = 0.02
+"""The window, in seconds, over which :data:`INLINE_SHARE` is kept."""
+
+_INLINE_GATEWAYS = frozenset(
+    {AnthropicGateway, GeminiGateway, OpenAIChatGateway, OpenAIResponsesGateway}
+)
 
 
 class Preparer:
@@ -51,6 +81,8 @@ class Preparer:
         "_clock",
         "_counters",
         "_durable",
+        "_inline_spent",
+        "_inline_window",
         "_issued",
         "_options",
         "_table",
@@ -79,6 +111,8 @@ class Preparer:
         self._clock = clock
         self._durable = durable
         self.closing = False
+        self._inline_window = 0.0  # when the current window began (time.perf_counter())
+        self._inline_spent = 0.0  # seconds spent rendering inline in it
 
     async def _wait_for_turn(self, preparation: Preparation) -> ContextState:
         context_id = preparation.request.context_id
@@ -100,22 +134,10 @@ class Preparer:
     async def run(self, preparation: Preparation, scope: anyio.CancelScope) -> None:
         """The work of one owned preparation: wait, capture, render, deliver, count."""
         options = self._options
-        request = preparation.request
         state = await self._wait_for_turn(preparation)
-        if self._durable is not None:
-            self._durable.touch(request.context_id)
-        # Capture once: an immutable view and the request's state, its time included.
+        request = self._capture(preparation.request, state)
         view = state.history.view()
         serial = state.history.turn_serial(request.turn_id)
-        perception = request.perception
-        if perception is not None and perception.time is None:
-            now = check_time(self._clock(), "The Foundation's clock value")
-            request = msgspec.structs.replace(
-                request, perception=msgspec.structs.replace(perception, time=now)
-            )
-        behavior_rules = (
-            request.behavior_rules if request.behavior_rules is not None else options.behavior_rules
-        )
         assembled = None
         if options.strategy is not None:
             # Memory I/O on the loop, in this preparation's cancel scope.
@@ -131,7 +153,7 @@ class Preparer:
                 options,
                 view,
                 request,
-                behavior_rules,
+                self._behavior_rules(request),
                 last,
                 queued,
                 areas,
@@ -150,6 +172,111 @@ class Preparer:
         # result is discarded.
         if scope.cancel_called or not preparation.wanted:
             return
+        preparation.deliver = self._deliverer(
+            request,
+            state,
+            serial,
+            areas,
+            prepared,
+            delivered,
+            section,
+            last,
+            preparation.requested_at,
+        )
+        preparation.result = prepared
+
+    def run_inline(
+        self, request: ContextPrepareRequest, requested_at: float, origin: ContextState | None
+    ) -> tuple[PreparedContext, Callable[[], None]] | None:
+        """The whole preparation on the event loop, when its work is small and bounded.
+
+        Runs only when nothing in it can wait or grows with the history: the
+        turn is committed, there is no assembly strategy, scope or area
+        section, the gateway is a built-in one (its render is pure and
+        cheap), the context holds at most :data:`INLINE_MAX_ITEMS` items, a
+        worker thread is free (else the preparation would wait for one) and
+        inline renders took less than :data:`INLINE_SHARE` of the loop's
+        time in the current window. It
+        then does what :meth:`run` does, with the render inline: the same
+        capture, the same result. Returns the result and what delivering it
+        changes, or None (nothing was done: run the preparation as a task).
+
+        Raises:
+            as :meth:`run`'s render.
+        """
+        options = self._options
+        if (
+            self.closing
+            or options.strategy is not None
+            or request.scope is not None
+            or type(options.gateway) not in _INLINE_GATEWAYS
+            or self.limiter.available_tokens < 1
+        ):
+            return None
+        began = time.perf_counter()
+        if began - self._inline_window >= INLINE_WINDOW:
+            self._inline_window, self._inline_spent = began, 0.0
+        elif self._inline_spent >= INLINE_SHARE * INLINE_WINDOW:
+            return None
+        state = self._table.contexts.get(request.context_id)
+        if (
+            state is None
+            or (origin is not None and state is not origin)
+            or state.areas is not None
+            or state.history.held_items > INLINE_MAX_ITEMS
+            or not state.history.has_turn(request.turn_id)
+        ):
+            return None  # the task raises what waiting for the turn raises
+        history = state.history
+        request = self._capture(request, state)
+        serial = history.turn_serial(request.turn_id)
+        last = state.last
+        prepared, delivered, _ = render_preparation(
+            options,
+            history.view(),
+            request,
+            self._behavior_rules(request),
+            last,
+            anyio.current_time() - requested_at,
+            None,
+            state.in_flight is None,
+        )
+        self._inline_spent += time.perf_counter() - began
+        return prepared, self._deliverer(
+            request, state, serial, None, prepared, delivered, None, last, requested_at
+        )
+
+    def _capture(
+        self, request: ContextPrepareRequest, state: ContextState
+    ) -> ContextPrepareRequest:
+        """Capture once, when the turn is held: the request's state, its time included."""
+        if self._durable is not None:
+            self._durable.touch(request.context_id)
+        perception = request.perception
+        if perception is not None and perception.time is None:
+            now = check_time(self._clock(), "The Foundation's clock value")
+            request = msgspec.structs.replace(
+                request, perception=msgspec.structs.replace(perception, time=now)
+            )
+        return request
+
+    def _behavior_rules(self, request: ContextPrepareRequest) -> str | None:
+        rules = request.behavior_rules
+        return rules if rules is not None else self._options.behavior_rules
+
+    def _deliverer(
+        self,
+        request: ContextPrepareRequest,
+        state: ContextState,
+        serial: int,
+        areas: AreaSection | None,
+        prepared: PreparedContext,
+        delivered: DeliveredPrefix,
+        section: SectionResult | None,
+        last: DeliveredPrefix | None,
+        requested_at: float,
+    ) -> Callable[[], None]:
+        options = self._options
 
         def deliver() -> None:
             # Run by the queue when the requester receives the result, never
@@ -165,12 +292,11 @@ class Preparer:
             self._counters.delivered(
                 last.bytes if last is not None and unscoped else 0,
                 prepared,
-                anyio.current_time() - preparation.requested_at,
+                anyio.current_time() - requested_at,
             )
             self._issued.add(prepared, delivered.call_ids, delivered.body)
 
-        preparation.deliver = deliver
-        preparation.result = prepared
+        return deliver
 
     async def _assemble(
         self,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from turnloom.errors import QueueFullError, excerpt
 from turnloom.runtime._counters import Counters
@@ -82,6 +83,13 @@ class _Waiters:
 Work = Callable[[Preparation, anyio.CancelScope], Awaitable[None]]
 """What a preparation does once admitted; it sets ``result`` unless cancelled."""
 
+InlineWork = Callable[
+    [ContextPrepareRequest, float, "ContextState | None"],
+    "tuple[PreparedContext, Callable[[], None]] | None",
+]
+"""The whole of a small preparation, synchronously: its result and what delivering
+it changes, or None when it must run as a task (nothing was done)."""
+
 
 class PreparationQueue:
     """At most ``capacity`` preparations admitted and not yet settled.
@@ -127,9 +135,12 @@ class PreparationQueue:
         """Admitted preparations waiting in :meth:`next_commit`."""
         return self._waiting_for_turn
 
-    async def acquire(self, request: ContextPrepareRequest) -> None:
-        """Wait for a slot for the request's tenant (cancellable; nothing is admitted yet)."""
-        await self._slots.acquire(tenant_of(request))
+    async def acquire(self, request: ContextPrepareRequest) -> bool:
+        """Wait for a slot for the request's tenant (cancellable; nothing is admitted yet).
+
+        Returns whether the call had to wait for it (False: it was free).
+        """
+        return await self._slots.acquire(tenant_of(request))
 
     def acquire_nowait(self, request: ContextPrepareRequest) -> None:
         """Take a slot at once.
@@ -160,14 +171,49 @@ class PreparationQueue:
         requested_at: float,
         origin: ContextState | None,
         work: Work,
+        inline: InlineWork | None = None,
+        *,
+        checkpointed: bool = True,
     ) -> PreparedContext:
         """Run ``work`` as an owned preparation in the slot the caller holds; await it.
+
+        ``inline`` is tried first: when it does the whole preparation on the
+        spot, no task is started and the slot is freed at once; the result is
+        delivered as a task's would be. Unless the caller already passed a
+        checkpoint (``checkpointed``, as :meth:`acquire` does), the caller
+        then passes one, holding the slot, and a caller cancelled there
+        discards the result.
 
         Raises:
             FoundationClosedError: the queue closed while the caller waited for
                 its slot, or the preparation was cancelled by the close.
             whatever ``work`` raised.
         """
+        if inline is not None and not self.closed:
+            tenant = tenant_of(request)
+            try:
+                done = inline(request, requested_at, origin)
+            except BaseException as exc:
+                self._slots.release(tenant)
+                if isinstance(exc, Exception):
+                    self._counters.failed += 1
+                raise
+            if done is not None:
+                if not checkpointed:
+                    # The slot is held until the requester resumes with the result.
+                    try:
+                        await anyio.lowlevel.checkpoint()
+                    except BaseException:
+                        self._counters.discarded += 1  # settled, but the requester is gone
+                        raise
+                    finally:
+                        self._slots.release(tenant)
+                else:
+                    self._slots.release(tenant)
+                prepared, deliver = done
+                deliver()
+                self._counters.prepared += 1
+                return prepared
         preparation = Preparation(request, requested_at, origin)
         try:
             if self.closed:

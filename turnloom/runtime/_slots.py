@@ -74,8 +74,8 @@ class FairSlots:
             return True
         return False
 
-    async def acquire(self, tenant: Tenant) -> None:
-        """Wait for a slot for ``tenant``.
+    async def acquire(self, tenant: Tenant) -> bool:
+        """Wait for a slot for ``tenant``; return whether it had to wait (False: taken at once).
 
         Cancellation:
             A cancelled call holds no slot: one granted to it in the meantime
@@ -84,7 +84,7 @@ class FairSlots:
         await anyio.lowlevel.checkpoint_if_cancelled()
         if self.try_acquire(tenant):
             await anyio.lowlevel.cancel_shielded_checkpoint()
-            return
+            return False
         waiter = _Waiter(tenant, next(self._order))
         self._queues.setdefault(tenant, deque()).append(waiter)
         self.waiting += 1
@@ -100,6 +100,7 @@ class FairSlots:
                     del self._queues[tenant]
                 self.waiting -= 1
             raise
+        return True
 
     def release(self, tenant: Tenant) -> None:
         """Give back a slot ``tenant`` held; hand it on by the rule."""

@@ -12,7 +12,9 @@ state in one step, so they are atomic with respect to other tasks.
 :meth:`~ContextManager.prepare` is the only long operation: it waits for a
 slot in the bounded pending queue, waits for the named turn's commit,
 captures the history and the request's state once, and renders in a worker
-thread through the Foundation's :class:`anyio.CapacityLimiter`.
+thread through the Foundation's :class:`anyio.CapacityLimiter` (a small,
+bounded render of a committed turn runs inline, see
+:meth:`~ContextManager.prepare`).
 
 The host features beside the core are small objects reached from the
 manager, each documented on its own class: ``manager.leases``
@@ -41,7 +43,7 @@ import anyio
 import anyio.abc
 
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent
-from turnloom.context.history import HistoryLimits, HistoryView
+from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory
 from turnloom.context.memory import MemorySource
 from turnloom.context.message import Message
 from turnloom.context.pairing import OpenCallPolicy
@@ -463,7 +465,12 @@ class ContextManager:
         turn's assembly (with a strategy, the turn's first prepare per tenant
         and ``auto_hydrate`` awaits it on the event loop, memory I/O included,
         in this preparation's cancel scope; the others reuse its result), and
-        for a worker thread, where it renders. The request is validated and
+        for a worker thread, where it renders. A preparation whose turn is
+        committed, without a strategy, scope or area section, for a built-in
+        gateway and a context holding at most 512 messages, renders inline on
+        the event loop instead when a worker thread is free (a bounded step
+        costing less than the thread handoff; same result, same counters); it
+        holds its slot until its requester resumes. The request is validated and
         its contributions copied at the call; the history, the request's state
         and the perception's time (the Foundation's clock when the request
         gives none) are captured once, at the commit. A turn never committed
@@ -518,7 +525,8 @@ class ContextManager:
             its assembly (the strategy's memory I/O; the next prepare of the
             turn assembles again) or a thread, or, if it is rendering, the
             thread finishes and the result is discarded; the slot is freed
-            when it settles. Cancelled
+            when it settles (an inline render never waits, so it cannot be
+            cancelled midway). Cancelled
             after the preparation settled but before the requester resumed: the
             cancellation propagates and the result is discarded, never counted
             as delivered. A preparation changes no recorded message; only a result
@@ -531,8 +539,17 @@ class ContextManager:
         request = check_request(request, self.history_limits.max_item_bytes)
         requested_at = anyio.current_time()
         origin = self._table.contexts.get(request.context_id)
-        await queue.acquire(request)
-        return await queue.admit(request, requested_at, origin, preparer.run)
+        waited = await queue.acquire(request)
+        # One that waited for its slot passes a checkpoint after an inline
+        # render, so requesters granted before it resume first.
+        return await queue.admit(
+            request,
+            requested_at,
+            origin,
+            preparer.run,
+            preparer.run_inline,
+            checkpointed=not waited,
+        )
 
     async def prepare_nowait(self, request: ContextPrepareRequest) -> PreparedContext:
         """Like :meth:`prepare`, but refuse at once when every slot is taken.
@@ -556,7 +573,9 @@ class ContextManager:
         requested_at = anyio.current_time()
         queue.acquire_nowait(request)
         origin = self._table.contexts.get(request.context_id)
-        return await queue.admit(request, requested_at, origin, preparer.run)
+        return await queue.admit(
+            request, requested_at, origin, preparer.run, preparer.run_inline, checkpointed=False
+        )
 
     # -- continuation ------------------------------------------------------------
 
@@ -581,7 +600,9 @@ class ContextManager:
         copy of the prefix's set of call ids.
 
         Returns:
-            tuple of NativeContent, oldest first.
+            tuple of NativeContent, oldest first; shared with caches (the
+            prefix's items, and the cached renders of continuation messages
+            the turn recorded): treat as read-only.
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
@@ -601,7 +622,7 @@ class ContextManager:
                 messages.
         """
         self._life.check_open()
-        return self._issued.build(prefix, continuation)
+        return self._issued.build(prefix, continuation, self._prefix_history(prefix))
 
     def request_bytes(
         self,
@@ -639,7 +660,16 @@ class ContextManager:
             TurnTooLargeError: as :meth:`build`, for the same reasons.
         """
         self._life.check_open()
-        return self._issued.request_bytes(prefix, continuation, fields)
+        return self._issued.request_bytes(
+            prefix, continuation, fields, self._prefix_history(prefix)
+        )
+
+    def _prefix_history(self, prefix: PreparedContext) -> TurnHistory | None:
+        """The held history of a prefix's context (None: not held, or not a prefix)."""
+        if not isinstance(prefix, PreparedContext):
+            return None
+        state = self._table.contexts.get(prefix.context_id)
+        return state.history if state is not None else None
 
     # -- lifecycle (driven by the Foundation) ---------------------------------------
 

@@ -340,12 +340,19 @@ async def _run(
                 lags.append(max(0.0, anyio.current_time() - expected))
 
         stop = anyio.Event()
-        async with anyio.create_task_group() as outer:
-            outer.start_soon(ticker, stop)
-            async with anyio.create_task_group() as group:
-                for number in range(sessions):
-                    group.start_soon(session, number)
-            stop.set()
+        # What the process held before the sessions (modules, the scripts) is
+        # never garbage: keep full collections from walking it, so their
+        # pauses follow what the sessions allocate.
+        gc.freeze()
+        try:
+            async with anyio.create_task_group() as outer:
+                outer.start_soon(ticker, stop)
+                async with anyio.create_task_group() as group:
+                    for number in range(sessions):
+                        group.start_soon(session, number)
+                stop.set()
+        finally:
+            gc.unfreeze()
         stats = manager.statistics()
         takeovers = manager.leases.takeovers
     seconds = time.perf_counter() - started

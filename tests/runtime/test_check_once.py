@@ -1,0 +1,111 @@
+"""Each message is checked, sized and rendered once, at the door; a small prepare renders inline.
+
+Every async test runs on asyncio and on trio (``anyio_backend`` fixture).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from tests.runtime.helpers import CHAT, BlockingGateway, assistant, call, result, user
+from turnloom.context import Message, NativeContent
+from turnloom.context.gateways import OpenAIChatGateway
+from turnloom.context.history import TurnHistory
+from turnloom.context.message import check_message
+from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
+from turnloom.runtime import _continuation as continuation_module
+from turnloom.runtime import _preparing as preparing_module
+from turnloom.runtime._render import render_preparation
+
+pytestmark = pytest.mark.anyio
+
+
+class _CountingGateway(OpenAIChatGateway):
+    """The OpenAI Chat gateway counting its render calls."""
+
+    def __init__(self) -> None:
+        self.renders = 0
+
+    def render(self, message: Message) -> list[NativeContent]:
+        self.renders += 1
+        return super().render(message)
+
+
+def test_the_door_render_seeds_the_render_cache() -> None:
+    """Invariant: a batch checked with a gateway, then committed and recorded, is never
+    rendered again: the history's render uses the door's renders, equal to the gateway's."""
+    gateway = _CountingGateway()
+    history = TurnHistory()
+    first = (user("Where is my bag?"),)
+    outputs = (call("c1", "find_bag"), result("c1", "in Paris"), assistant("In Paris."))
+    history.check_batch(first, "input", gateway=gateway)
+    history.commit("t1", first)
+    history.check_batch(outputs, "outputs", turn_id="t1", gateway=gateway)
+    history.record("t1", outputs)
+    second = (user("Thanks"),)
+    history.check_batch(second, "input", gateway=gateway)
+    history.commit("t2", second)
+    assert gateway.renders == 5
+    rendered = history.view().render(gateway, "t2")
+    assert gateway.renders == 5  # no message rendered twice
+    expected = [item for m in (*first, *outputs, *second) for item in CHAT.render(m)]
+    assert list(rendered.items) == expected
+
+
+async def test_build_checks_recorded_messages_once_and_equals_a_fresh_render(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Invariant: build does not check again a continuation message the turn recorded
+    (it passed the door), checks one it never saw, and its items equal the prefix plus
+    the continuation rendered anew."""
+    checked: list[Message] = []
+    real = check_message
+
+    def counting(message: Any, *, where: str = "message") -> int:
+        checked.append(message)
+        return real(message, where=where)
+
+    monkeypatch.setattr(continuation_module, "check_message", counting)
+    async with Foundation() as foundation:
+        manager = foundation.manager
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("hi"),)))
+        prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
+        recorded = [call("c1", "lookup"), result("c1", "found")]
+        manager.record("c", "t1", recorded)
+        unseen = assistant("not recorded")
+        items = manager.build(prefix, [*recorded, unseen])
+    assert checked == [unseen]
+    fresh = [item for m in (*recorded, unseen) for item in CHAT.render(m)]
+    assert list(items) == [*prefix.items, *fresh]
+
+
+async def test_a_small_prepare_renders_inline_with_the_worker_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Invariant: a prepare of a committed turn for a built-in gateway renders on the
+    event loop's thread, a custom gateway's in a worker thread, and both deliver the
+    same items and count one delivered prepare each."""
+    threads: list[bool] = []
+    real = render_preparation
+
+    def spy(*args: Any) -> Any:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real(*args)
+
+    monkeypatch.setattr(preparing_module, "render_preparation", spy)
+    prepared = []
+    for gateway in (OpenAIChatGateway(), BlockingGateway()):
+        async with Foundation(gateway=gateway) as foundation:
+            manager = foundation.manager
+            manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("hi"),)))
+            manager.record("c", "t1", [call("c1"), result("c1")])
+            manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(user("ok"),)))
+            request = ContextPrepareRequest(context_id="c", turn_id="t2", loop_budget=2)
+            prepared.append(await manager.prepare_nowait(request))
+            stats = manager.statistics().preparations
+            assert (stats.prepared_total, stats.pending, stats.failed_total) == (1, 0, 0)
+    assert threads == [True, False]
+    assert prepared[0].items == prepared[1].items
