@@ -6,12 +6,21 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 # The project root's sibling ``shared/`` holds the real inputs (read-only).
 _DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 DATA_DIR = Path(os.environ.get("TURNLOOM_DATA", _DEFAULT_DATA))
 TAU_BENCH = DATA_DIR / "tau-bench" / "airline-150.json"
 RECORDINGS = DATA_DIR / "provider-recordings"
+
+# The suite's property tests draw the same examples on every run, so a run
+# is reproducible and a new counterexample never turns an unrelated change
+# red; TURNLOOM_HYPOTHESIS=explore draws new ones (and keeps failures in the
+# example database) to hunt for bugs.
+settings.register_profile("suite", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile("explore" if os.environ.get("TURNLOOM_HYPOTHESIS") == "explore" else "suite")
 
 
 @pytest.fixture(params=["asyncio", "trio"])
