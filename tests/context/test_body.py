@@ -17,14 +17,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.context.test_history import SYSTEM, _answer, _op, assistant, call, result, user
+from tests.context.test_history import SYSTEM, _op, apply_op, assistant, call, result, user
 from turnloom.context import GatewayType, Message, NativeContent, get_gateway
 from turnloom.context.body import BodyRun, body_writer
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway
 from turnloom.context.history import HistoryLimits, RenderedHistory, TurnHistory
 from turnloom.context.pairing import OpenCallPolicy
-from turnloom.errors import TurnTooLargeError
 from turnloom.tools.trajectories import load_trajectories
 from turnloom.tools.transcript import Turn, turn_ids, walk
 
@@ -86,23 +85,7 @@ def test_cached_body_equals_the_encoded_request_body(
     turn = 0
     history.commit("t0", [user("u0")], instructions=[SYSTEM])
     for kind_, n in ops:
-        turns = history.turn_ids
-        if kind_ == "commit":
-            turn += 1
-            history.commit(f"t{turn}", [user(f"u{turn}")] * (n % 2 + 1))
-        elif kind_ == "evict":
-            history.evict()
-        with contextlib.suppress(TurnTooLargeError):
-            if kind_ == "text":
-                history.record(turns[-1], [assistant(f"a{n}")])
-            elif kind_ == "call":
-                history.record(turns[-1], [call(f"c{n}"), call(f"d{n}")][: n % 2 + 1])
-            elif kind_ == "result":
-                history.record(turns[-1], [result(f"c{n}", f"r{n}")])
-            elif kind_ == "answer":
-                _answer(history, n)
-            elif kind_ == "late":
-                history.record(turns[n % len(turns)], [assistant(f"late{n}")])
+        turn = apply_op(history, kind_, n, turn)
         target = history.turn_ids[-1]
         if kind_ == "fail":
             gateway.fail_in = n

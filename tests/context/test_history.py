@@ -335,6 +335,33 @@ def _answer(history: TurnHistory, n: int) -> bool:
 
 
 @settings(max_examples=120, deadline=None)
+def apply_op(history: TurnHistory, kind: str, n: int, turn: int) -> int:
+    """Apply one generated history operation (see ``_op``); return the newest turn number.
+
+    ``"fail"`` and ``"render"`` change nothing here (the caller renders). A
+    record that would make one turn outgrow ``max_items`` is refused and
+    changes nothing.
+    """
+    turns = history.turn_ids
+    if kind == "commit":
+        turn += 1
+        history.commit(f"t{turn}", [user(f"u{turn}")] * (n % 2 + 1))
+    elif kind == "evict":
+        history.evict()
+    with contextlib.suppress(TurnTooLargeError):
+        if kind == "text":
+            history.record(turns[-1], [assistant(f"a{n}")])
+        elif kind == "call":
+            history.record(turns[-1], [call(f"c{n}"), call(f"d{n}")][: n % 2 + 1])
+        elif kind == "result":
+            history.record(turns[-1], [result(f"c{n}", f"r{n}")])
+        elif kind == "answer":
+            _answer(history, n)
+        elif kind == "late":
+            history.record(turns[n % len(turns)], [assistant(f"late{n}")])
+    return turn
+
+
 @given(st.lists(_op, min_size=1, max_size=60), st.sampled_from(["exclude", "cancel"]))
 def test_cached_render_equals_a_from_scratch_render(
     ops: list[tuple[str, int]], policy: OpenCallPolicy
@@ -347,25 +374,7 @@ def test_cached_render_equals_a_from_scratch_render(
     turn = 0
     history.commit("t0", [user("u0")], instructions=[SYSTEM])
     for kind, n in ops:
-        turns = history.turn_ids
-        if kind == "commit":
-            turn += 1
-            history.commit(f"t{turn}", [user(f"u{turn}")] * (n % 2 + 1))
-        elif kind == "evict":
-            history.evict()
-        # A record that would make one turn outgrow max_items is refused and
-        # changes nothing; the invariant holds either way.
-        with contextlib.suppress(TurnTooLargeError):
-            if kind == "text":
-                history.record(turns[-1], [assistant(f"a{n}")])
-            elif kind == "call":
-                history.record(turns[-1], [call(f"c{n}"), call(f"d{n}")][: n % 2 + 1])
-            elif kind == "result":
-                history.record(turns[-1], [result(f"c{n}", f"r{n}")])
-            elif kind == "answer":
-                _answer(history, n)
-            elif kind == "late":
-                history.record(turns[n % len(turns)], [assistant(f"late{n}")])
+        turn = apply_op(history, kind, n, turn)
         target = history.turn_ids[n % len(history.turn_ids)]
         if kind == "fail":
             target = history.turn_ids[-1]
