@@ -37,7 +37,7 @@ __all__ = (
     "with_fields",
 )
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -299,15 +299,32 @@ class BodyRun:
         self._segments: list[_Segment] = []
         self._data: list[bytes] = []  # the encoded items of each segment, as in _segments
 
+    @classmethod
+    def of(
+        cls, writer: BodyWriter, segments: Iterable[tuple[Sequence[NativeContent], int]]
+    ) -> BodyRun:
+        """A run of ``segments`` (items, tag), fed in order to ``writer``, which it takes.
+
+        The same as appending each segment to a run of a fresh writer, with
+        one writer changed in place instead of a copy per segment.
+        """
+        run = cls(writer)
+        for items, tag in segments:
+            run._feed(writer, items, tag)
+        return run
+
     def append(self, items: Sequence[NativeContent], tag: int) -> None:
         """Feed one segment's items; encode the body items they settle."""
         writer = self._writer.copy()
+        self._feed(writer, items, tag)
+        self._writer = writer
+
+    def _feed(self, writer: BodyWriter, items: Sequence[NativeContent], tag: int) -> None:
         out: list[NativeContent] = []
         marks: list[tuple[int, int]] = []
         writer.marks = marks
         writer.feed(items, out, tag)
         writer.marks = None
-        self._writer = writer
         segments, data = self._segments, self._data
         if not segments or segments[-1].tag != tag:
             segments.append(_Segment(tag, tag))

@@ -37,15 +37,26 @@ only here. :func:`rename_call_ids` applies it to a whole item list;
 from __future__ import annotations
 
 __all__ = (
+    "CallEvent",
     "CallIdRenamer",
     "Rewriter",
+    "record_renames",
     "register_rewriter",
     "rename_call_ids",
+    "rewrite_call_ids",
 )
 
 from collections.abc import Callable, Sequence
 
 from turnloom.context.gateway import GatewayType, NativeContent
+
+CallEvent = tuple[str, str] | str | None
+"""What a rewriter reported to a renamer, in order: ``(call_id, base)`` for a
+call (``base`` the id after the provider's ``fix``), a result's ``call_id``, or
+None where a call group ended. The events of an item list depend only on the
+items, never on the renamer's state, so replaying them
+(:meth:`CallIdRenamer.replay`) from any state gives the ids a renaming of the
+items from that state gives."""
 
 
 class CallIdRenamer:
@@ -96,10 +107,12 @@ class CallIdRenamer:
             fix: the provider's id rule, when it has one: maps an id to one
                 it accepts (the same string when it already does).
         """
+        return self._call(call_id, call_id if fix is None else fix(call_id))
+
+    def _call(self, call_id: str, base: str) -> str:
         if self._in_results:
             self._group = {}
             self._in_results = False
-        base = call_id if fix is None else fix(call_id)
         new_id = base
         seen = self._seen
         if base in seen:
@@ -136,6 +149,23 @@ class CallIdRenamer:
         self._group = {}
         self._in_results = False
 
+    def replay(self, events: Sequence[CallEvent]) -> tuple[str, ...]:
+        """Apply recorded events (see :func:`record_renames`); the ids they are sent with.
+
+        Advances this state exactly as renaming the recorded items from it
+        would, and returns the id of each call and result, in order (what
+        :func:`rewrite_call_ids` writes back), without visiting the items.
+        """
+        ids: list[str] = []
+        for event in events:
+            if event is None:
+                self.end_group()
+            elif type(event) is str:
+                ids.append(self.result(event))
+            else:
+                ids.append(self._call(*event))
+        return tuple(ids)
+
     def forget(self, dropped: CallIdRenamer) -> bool:
         """Remove the ids that ``dropped`` saw: items left out at the request's front.
 
@@ -156,6 +186,64 @@ class CallIdRenamer:
                     return False
         self._seen.difference_update(dropped._seen)
         return True
+
+
+class _Recording(CallIdRenamer):
+    """A renamer that also records the events it is given, and the ids it returns."""
+
+    __slots__ = ("events", "ids")
+
+    def __init__(self, state: CallIdRenamer) -> None:
+        super().__init__()
+        self._seen = state._seen
+        self._counters = state._counters
+        self._group = state._group
+        self._in_results = state._in_results
+        self.renamed = state.renamed
+        self.events: list[CallEvent] = []
+        self.ids: list[str] = []
+
+    def call(self, call_id: str, fix: Callable[[str], str] | None = None) -> str:
+        base = call_id if fix is None else fix(call_id)
+        self.events.append((call_id, base))
+        new_id = self._call(call_id, base)
+        self.ids.append(new_id)
+        return new_id
+
+    def result(self, call_id: str) -> str:
+        self.events.append(call_id)
+        new_id = super().result(call_id)
+        self.ids.append(new_id)
+        return new_id
+
+    def end_group(self) -> None:
+        self.events.append(None)
+        super().end_group()
+
+    def settle(self, state: CallIdRenamer) -> None:
+        """Write the scalar state back into ``state`` (its set and maps are shared)."""
+        state._group = self._group
+        state._in_results = self._in_results
+        state.renamed = self.renamed
+
+
+class _Scripted(CallIdRenamer):
+    """Hands out given ids, in order, to a rewriter (the state of no rule)."""
+
+    __slots__ = ("_ids",)
+
+    def __init__(self, ids: Sequence[str]) -> None:
+        super().__init__()
+        self._ids = iter(ids)
+
+    def call(self, call_id: str, fix: Callable[[str], str] | None = None) -> str:
+        return next(self._ids)
+
+    def result(self, call_id: str) -> str:
+        return next(self._ids)
+
+    def end_group(self) -> None:
+        pass
 
 
 Rewriter = Callable[[NativeContent, CallIdRenamer], NativeContent]
@@ -193,3 +281,32 @@ def rename_call_ids(
         return list(items)
     state = renamer if renamer is not None else CallIdRenamer()
     return [rewrite(item, state) for item in items]
+
+
+def record_renames(
+    kind: GatewayType, items: Sequence[NativeContent], renamer: CallIdRenamer
+) -> tuple[list[NativeContent], tuple[CallEvent, ...], tuple[str, ...]]:
+    """:func:`rename_call_ids` from ``renamer`` (advanced), recording what it did.
+
+    Returns:
+        the renamed items (as :func:`rename_call_ids`), the events the
+        gateway's rewriter reported (replay them with
+        :meth:`CallIdRenamer.replay` to rename the same items from another
+        state without visiting them), and the id each call and result got.
+    """
+    recording = _Recording(renamer)
+    out = rename_call_ids(kind, items, recording)
+    recording.settle(renamer)
+    return out, tuple(recording.events), tuple(recording.ids)
+
+
+def rewrite_call_ids(
+    kind: GatewayType, items: Sequence[NativeContent], ids: Sequence[str]
+) -> list[NativeContent]:
+    """``items`` with the calls and results of their events sent with ``ids``, in order.
+
+    ``ids`` are what :meth:`CallIdRenamer.replay` returned for the items'
+    recorded events: the result equals renaming the items from the state
+    replayed. Each item is the same object unless an id changed.
+    """
+    return rename_call_ids(kind, items, _Scripted(ids))

@@ -35,9 +35,11 @@ prefix while only appends happen. The turns rendered per prepare and the
 turn's input continue from the run's state (:attr:`RenderedHistory.call_ids`).
 Eviction forgets the evicted items' ids; when a rename of a kept item
 depended on an evicted item (the evicted turn held the first use of a reused
-id), the kept items rename differently and the run is rebuilt from the
-per-turn caches (O(kept items), once per such eviction), so it always equals
-a render of the kept history.
+id), the kept items rename differently, and the kept turns are renamed anew
+from their renders before renaming: from the call-id events recorded for
+each turn (O(calls), not a pass over its items), rewriting only the turns
+whose ids change, then the run's items and encoded body are rebuilt from the
+kept renders. The run so always equals a render of the kept history.
 
 Thread safety: mutate a :class:`TurnHistory` from one thread (the event loop).
 Views are immutable and may be rendered from any number of worker threads at
@@ -79,7 +81,13 @@ from collections.abc import Callable, Iterable, Sequence
 import msgspec
 
 from turnloom.context.body import BodyRun, EncodedBody, body_writer
-from turnloom.context.callids import CallIdRenamer, rename_call_ids
+from turnloom.context.callids import (
+    CallEvent,
+    CallIdRenamer,
+    record_renames,
+    rename_call_ids,
+    rewrite_call_ids,
+)
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.message import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -402,6 +410,9 @@ class _Rendered(msgspec.Struct, gc=False, eq=False):
 
 _CacheKey = tuple[Gateway, str]
 
+_CallLog = tuple[tuple[CallEvent, ...], tuple[str, ...]]
+"""A run turn's call-id events and the ids its renamed render sends them with."""
+
 
 def _span_key(
     carried: tuple[ToolCallPart, ...],
@@ -521,11 +532,24 @@ class _TurnPositions:
     of turns begins at ``origin``. Dropping turns from the front moves
     ``origin`` with a C-speed slice of the ends. ``rendered[i]`` is turn
     ``i`` as the run holds it: its cached render with call ids renamed for
-    this run (the same object when no id changed). ``turn_tokens`` is the
-    tokens of the turns' renders.
+    this run (the same object when no id changed); ``sources[i]`` is that
+    render before renaming, and ``logs[i]``, once known, the call-id events
+    of its items and the ids ``rendered[i]`` sends them with (see
+    :func:`~turnloom.context.callids.record_renames`), or None.
+    ``turn_tokens`` is the tokens of the turns' renders.
     """
 
-    __slots__ = ("byte_ends", "item_ends", "origin", "pinned", "rendered", "turn_tokens", "turns")
+    __slots__ = (
+        "byte_ends",
+        "item_ends",
+        "logs",
+        "origin",
+        "pinned",
+        "rendered",
+        "sources",
+        "turn_tokens",
+        "turns",
+    )
 
     def __init__(
         self,
@@ -536,6 +560,8 @@ class _TurnPositions:
         item_ends: tuple[int, ...],
         byte_ends: tuple[int, ...],
         turn_tokens: int = 0,
+        sources: tuple[_Rendered, ...] = (),
+        logs: tuple[_CallLog | None, ...] = (),
     ) -> None:
         self.pinned = pinned
         self.turns = turns
@@ -544,6 +570,8 @@ class _TurnPositions:
         self.item_ends = item_ends
         self.byte_ends = byte_ends
         self.turn_tokens = turn_tokens
+        self.sources = sources
+        self.logs = logs
 
     @property
     def tokens(self) -> int:
@@ -584,6 +612,7 @@ class _Run:
         "generation",
         "items",
         "pinned_entries",
+        "pinned_ids",
         "positions",
     )
 
@@ -597,6 +626,8 @@ class _Run:
         call_ids: CallIdRenamer,
     ) -> None:
         self.pinned_entries = pinned_entries
+        # The call-id renaming state after the pinned instructions (never changed).
+        self.pinned_ids = call_ids.copy()
         self.positions = positions
         self.items = items
         self.evicted = evicted
@@ -695,7 +726,16 @@ def _renamed(rendered: _Rendered, gateway: Gateway, call_ids: CallIdRenamer) -> 
     whose changed items are new objects, sized and untracked like any
     rendered item.
     """
-    items = rename_call_ids(gateway.type, rendered.items, call_ids)
+    return _with_items(rendered, rename_call_ids(gateway.type, rendered.items, call_ids))
+
+
+def _with_items(rendered: _Rendered, items: list[NativeContent]) -> _Rendered:
+    """``rendered`` with its items replaced by ``items``, each the same object or a renamed copy.
+
+    Returns ``rendered`` itself when every item is the same object; else a
+    new ``_Rendered`` whose changed items are sized and untracked like any
+    rendered item.
+    """
     if all(new is old for new, old in zip(items, rendered.items, strict=True)):
         return rendered
     sizes = tuple(
@@ -1227,42 +1267,41 @@ class HistoryView:
             or (dropped and kept and positions.rendered[dropped].key[0])
         ):
             return False
-        if dropped:
-            origin = (positions.item_ends[dropped - 1], positions.byte_ends[dropped - 1])
-            start = len(positions.pinned.items)
-            end = start + origin[0] - positions.origin[0]
-            evicted_ids = CallIdRenamer()
-            rename_call_ids(gateway.type, run.items[start:end], evicted_ids)
-            if not run.call_ids.forget(evicted_ids):
-                # A rename of a kept item depended on an evicted one: a render
-                # of the kept turns alone renames differently, so the run is
-                # rebuilt from the per-turn caches (O(kept items), once).
-                return False
-            del run.items[start:end]
-            first_kept = run.first_tag + dropped
-            if run.body is not None and not run.body.drop(first_kept, evicted_ids):
-                # The kept body differs from the cached one (a turn merged
-                # across the cut, say): rebuilt from the kept renders, once.
-                run.body = None
-                rebuild = True
-            else:
-                rebuild = False
-            run.first_tag = first_kept
-            gone = sum(r.tokens for r in positions.rendered[:dropped])
-            run.positions = _TurnPositions(
-                positions.pinned,
-                positions.turns[dropped:],
-                positions.rendered[dropped:],
-                origin,
-                positions.item_ends[dropped:],
-                positions.byte_ends[dropped:],
-                positions.turn_tokens - gone,
-            )
-            run.evicted = self._evicted
-            if not kept:
-                run.carry = ()  # the calls it carried were evicted with their turn
-            if rebuild:
-                run.body = _body_run(gateway, run.positions, run.first_tag)
+        if not dropped:
+            return True
+        # No call is carried into the first kept turn, so every kept turn
+        # pairs as it did: its render before renaming (``sources``) stands.
+        origin = (positions.item_ends[dropped - 1], positions.byte_ends[dropped - 1])
+        start = len(positions.pinned.items)
+        end = start + origin[0] - positions.origin[0]
+        evicted_ids = CallIdRenamer()
+        rename_call_ids(gateway.type, run.items[start:end], evicted_ids)
+        run.evicted = self._evicted
+        run.first_tag += dropped
+        if not kept:
+            run.carry = ()  # the calls it carried were evicted with their turn
+        if not run.call_ids.forget(evicted_ids):
+            # A rename of a kept item depended on an evicted one: the kept
+            # turns are renamed anew from their sources.
+            _rename_kept(run, dropped, gateway)
+            return True
+        del run.items[start:end]
+        gone = sum(r.tokens for r in positions.rendered[:dropped])
+        run.positions = _TurnPositions(
+            positions.pinned,
+            positions.turns[dropped:],
+            positions.rendered[dropped:],
+            origin,
+            positions.item_ends[dropped:],
+            positions.byte_ends[dropped:],
+            positions.turn_tokens - gone,
+            positions.sources[dropped:],
+            positions.logs[dropped:],
+        )
+        if run.body is not None and not run.body.drop(run.first_tag, evicted_ids):
+            # The kept body differs from the cached one (a turn merged
+            # across the cut, say): rebuilt from the kept renders, once.
+            run.body = _body_run(gateway, run.positions, run.first_tag)
         return True
 
     def _append(
@@ -1302,8 +1341,70 @@ class HistoryView:
             positions.item_ends + tuple(item_ends),
             positions.byte_ends + tuple(byte_ends),
             tokens,
+            positions.sources + tuple(plan.renders[: plan.settled]),
+            positions.logs + (None,) * plan.settled,
         )
         run.carry = plan.carry
+
+
+def _rename_kept(run: _Run, dropped: int, gateway: Gateway) -> None:
+    """Make ``run`` hold its turns after the first ``dropped``, renamed as if they were all.
+
+    Each kept turn is renamed from its source render continuing the state
+    after the pinned instructions, as a build of the kept turns would. A
+    turn's call-id events are recorded the first time (one pass over its
+    items) and replayed after (no pass over them); a turn whose ids come out
+    as the run holds them keeps its renamed render, so only turns whose ids
+    change are rewritten. The items and the encoded body are then rebuilt
+    from the kept renders: C-speed copies and one feed of the body writer.
+    """
+    positions = run.positions
+    kind = gateway.type
+    call_ids = run.pinned_ids.copy()
+    rendered: list[_Rendered] = []
+    logs: list[_CallLog] = []
+    item_ends: list[int] = []
+    byte_ends: list[int] = []
+    items = list(positions.pinned.items)
+    items_at = bytes_at = 0
+    for source, held, log in zip(
+        positions.sources[dropped:],
+        positions.rendered[dropped:],
+        positions.logs[dropped:],
+        strict=True,
+    ):
+        if log is None:
+            renamed, events, ids = record_renames(kind, source.items, call_ids)
+            now = held if tuple(renamed) == held.items else _with_items(source, renamed)
+        else:
+            events = log[0]
+            ids = call_ids.replay(events)
+            if ids == log[1]:
+                now = held
+            else:
+                now = _with_items(source, rewrite_call_ids(kind, source.items, ids))
+        rendered.append(now)
+        logs.append((events, ids))
+        items.extend(now.items)
+        items_at += len(now.items)
+        bytes_at += now.bytes
+        item_ends.append(items_at)
+        byte_ends.append(bytes_at)
+    run.items = items
+    run.call_ids = call_ids
+    run.positions = _TurnPositions(
+        positions.pinned,
+        positions.turns[dropped:],
+        tuple(rendered),
+        (0, 0),
+        tuple(item_ends),
+        tuple(byte_ends),
+        sum(r.tokens for r in rendered),
+        positions.sources[dropped:],
+        tuple(logs),
+    )
+    if run.body is not None:
+        run.body = _body_run(gateway, run.positions, run.first_tag)
 
 
 def _body_run(gateway: Gateway, positions: _TurnPositions, first_tag: int) -> BodyRun | None:
@@ -1311,11 +1412,8 @@ def _body_run(gateway: Gateway, positions: _TurnPositions, first_tag: int) -> Bo
     writer = body_writer(gateway)
     if writer is None:
         return None
-    body = BodyRun(writer)
-    body.append(positions.pinned.items, 0)
-    for tag, rendered in enumerate(positions.rendered, first_tag):
-        body.append(rendered.items, tag)
-    return body
+    segments = [(r.items, tag) for tag, r in enumerate(positions.rendered, first_tag)]
+    return BodyRun.of(writer, [(positions.pinned.items, 0), *segments])
 
 
 def _blank(message: Message) -> bool:
