@@ -42,6 +42,7 @@ from typing import Any
 
 import msgspec
 
+from turnloom.context._untrack import untrack_container
 from turnloom.context.callids import CallIdRenamer
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.errors import InvalidArgumentError, excerpt
@@ -298,6 +299,10 @@ class BodyRun:
         self._writer = writer
         self._segments: list[_Segment] = []
         self._data: list[bytes] = []  # the encoded items of each segment, as in _segments
+        # Untracked by the cyclic collector: they only ever hold bytes and
+        # untracked segments, so no cycle can pass through them.
+        untrack_container(self._segments)
+        untrack_container(self._data)
 
     @classmethod
     def of(

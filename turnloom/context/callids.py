@@ -48,6 +48,7 @@ __all__ = (
 
 from collections.abc import Callable, Sequence
 
+from turnloom.context._untrack import untrack_container
 from turnloom.context.gateway import GatewayType, NativeContent
 
 CallEvent = tuple[str, str] | str | None
@@ -78,6 +79,7 @@ class CallIdRenamer:
 
     def __init__(self) -> None:
         self._seen: set[str] = set()
+        untrack_container(self._seen)  # strings only: no cycle can pass through it
         self._counters: dict[str, int] = {}
         # The current call group: original id -> new ids, in call order (an id
         # twice in one group gets two, consumed in order by its results).
@@ -89,6 +91,7 @@ class CallIdRenamer:
         """An independent renamer in the same state (copies of its sets and maps)."""
         other = CallIdRenamer()
         other._seen = set(self._seen)
+        untrack_container(other._seen)
         other._counters = dict(self._counters)
         other._group = {k: list(v) for k, v in self._group.items()}
         other._in_results = self._in_results

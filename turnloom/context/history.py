@@ -48,9 +48,10 @@ racing render at worst recomputes a value), and the shared run is changed
 only under a lock. A view older than the run renders privately.
 
 Garbage-collector cost: neither the per-message and per-turn bookkeeping
-nor (on CPython) the cached native items are tracked by Python's cyclic
-collector (see the comment above ``_Entry`` and :func:`_untrack_json`), so a
-held history adds a few tracked objects per history, none per message, to
+nor (on CPython) the cached native items, the run's item list and its
+encoded body are tracked by Python's cyclic collector (see the comment
+above ``_Entry`` and :mod:`turnloom.context._untrack`), so a held history
+adds a few tracked objects per history, and no reference per message, to
 what a full collection visits.
 """
 
@@ -68,18 +69,16 @@ __all__ = (
 )
 
 import bisect
-import ctypes
-import gc
 import itertools
 import operator
-import sys
-import sysconfig
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 
 import msgspec
 
+from turnloom.context._untrack import GC_UNTRACK as _GC_UNTRACK
+from turnloom.context._untrack import untrack_container, untrack_json
 from turnloom.context.body import BodyRun, EncodedBody, body_writer
 from turnloom.context.callids import (
     CallEvent,
@@ -363,7 +362,7 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
             if self.more is None:
                 self.more = {}
             pair = (native, sizes)
-            _untrack_json(pair)  # as ``rendered`` does
+            untrack_json(pair)  # as ``rendered`` does
             self.more[slot] = pair
 
     def rendered(self, gateway: Gateway, slot: int) -> tuple[_Native, _Sizes]:
@@ -382,7 +381,7 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
         cached = more.get(slot)
         if cached is None:
             cached = _render_message(self.message, gateway)
-            _untrack_json(cached)  # the pair holds a dict, so CPython would keep it tracked
+            untrack_json(cached)  # the pair holds a dict, so CPython would keep it tracked
             more[slot] = cached
         return cached
 
@@ -743,7 +742,7 @@ def _with_items(rendered: _Rendered, items: list[NativeContent]) -> _Rendered:
         for new, old, size in zip(items, rendered.items, rendered.sizes, strict=True)
     )
     out = tuple(items)
-    _untrack_json(out)
+    untrack_json(out)
     # Tokens are those of the messages as recorded: renaming is a wire detail.
     return _Rendered(out, sizes, sum(sizes), rendered.tokens, rendered.key, rendered.lead)
 
@@ -768,7 +767,9 @@ def _join(parts: Sequence[_Rendered]) -> _Rendered:
     for part in parts:
         items.extend(part.items)
         sizes.extend(part.sizes)
-    return _Rendered(tuple(items), tuple(sizes), sum(sizes), sum(p.tokens for p in parts))
+    out = tuple(items)
+    untrack_container(out)  # untracked native items only (CPython keeps such a tuple tracked)
+    return _Rendered(out, tuple(sizes), sum(sizes), sum(p.tokens for p in parts))
 
 
 class _Plan:
@@ -861,18 +862,18 @@ def _plan(
 def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Sizes]:
     """Render one message: a lone item and its size bare, else tuples.
 
-    Each item is untracked (see :func:`_untrack_json`) once the JSON encoder
-    has sized it.
+    Each item is untracked (see :func:`~turnloom.context._untrack.untrack_json`)
+    once the JSON encoder has sized it.
     """
     items = gateway.render(message)
     if len(items) == 1:
         item = items[0]
         size = len(_encoder.encode(item))
-        _untrack_json(item)
+        untrack_json(item)
         return item, size
     sizes = tuple(len(_encoder.encode(item)) for item in items)
     native = tuple(items)
-    _untrack_json(native)
+    untrack_json(native)
     return native, sizes
 
 
@@ -897,69 +898,6 @@ _Checked = tuple[
 """``TurnHistory``'s memo of a batch checked: messages, sizes, renders, gateway."""
 
 _UNCHECKED: _Checked = ((), (), None, None)
-
-
-def _gc_untrack() -> Callable[[int], None] | None:
-    """CPython's ``PyObject_GC_UnTrack``, taking an object's address (``id()``).
-
-    None outside CPython, or where the GIL is disabled (untracking is only
-    safe while the caller holds the GIL).
-    """
-    if sys.implementation.name != "cpython" or sysconfig.get_config_var("Py_GIL_DISABLED"):
-        return None
-    # An own prototype, so ctypes.pythonapi's shared function object is not changed.
-    prototype = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
-    return prototype(("PyObject_GC_UnTrack", ctypes.pythonapi))
-
-
-_GC_UNTRACK = _gc_untrack()
-_CONTAINERS = frozenset({dict, list, tuple})
-
-
-def _untrack_json(value: object) -> None:
-    """Untrack cached native items (a tuple of them, or one) from the cyclic GC.
-
-    An assistant item that calls tools is four containers (the item, its
-    ``tool_calls`` list, a dict per call holding a dict) that CPython keeps
-    tracked for as long as the render cache holds them, and a full collection
-    visits every one. Untracking them is safe: the item was just JSON-encoded,
-    so it is a finite tree of JSON values with no cycle, and the cache never
-    changes it (prepared items are documented read-only). CPython tracks a
-    dict again if a container is later stored in it; a list stays untracked,
-    so a caller who broke the read-only rule by putting a reference cycle
-    into one would leak that cycle, never crash. The tuples the caches keep
-    the items in are untracked too: CPython untracks a tuple only when it
-    holds no dict or list at all, tracked or not. Only exact dicts, lists and
-    tuples are untracked (``PyObject_GC_UnTrack`` must be given a GC object),
-    each while ``value`` keeps it alive, and nothing is done outside CPython
-    with the GIL. Costs about a microsecond per tracked container, once per
-    cached message; a plain text item is already untracked and costs a check.
-    """
-    untrack = _GC_UNTRACK
-    if untrack is None:
-        return
-    is_tracked = gc.is_tracked
-    stack = [value]
-    while stack:
-        node = stack.pop()
-        kind = type(node)
-        children: Iterable[object]
-        if kind is dict:
-            children = node.values()  # type: ignore[attr-defined]
-        elif kind is list or kind is tuple:
-            children = node  # type: ignore[assignment]
-        else:
-            continue
-        if not is_tracked(node):
-            # Untracked already: by an earlier pass, which untracked its
-            # containers too, or by CPython, which keeps a dict untracked only
-            # while it holds no list, dict or tracked tuple, and a tuple only
-            # when none it holds is tracked. Nothing below it needs untracking.
-            continue
-        untrack(id(node))
-        for child in children:
-            if type(child) in _CONTAINERS:
-                stack.append(child)
 
 
 class HistoryView:
@@ -1095,6 +1033,7 @@ class HistoryView:
                     # One copy of the run into the output tuple.
                     run.items.extend(tail.items)
                     items = tuple(run.items)
+                    untrack_container(items)  # untracked native items only
                     del run.items[len(run.items) - len(tail.items) :]
                     body = run.body.snapshot(tail.items) if run.body is not None else None
                 except BaseException:
@@ -1109,6 +1048,7 @@ class HistoryView:
             settled, tail, call_ids = plan.rename(gateway, private.call_ids)
             self._append(private, closed, plan, settled)
             items = tuple(private.items) + tail.items
+            untrack_container(items)
             positions = private.positions
             body = None
         turn_start = len(items) - len(plan.head.items) + plan.head.lead
@@ -1242,9 +1182,9 @@ class HistoryView:
             call_ids,
         )
         positions = _TurnPositions(pinned, (), (), (0, 0), (), ())
-        run = _Run(
-            self._pinned, positions, list(pinned.items), self._evicted, self._generation, call_ids
-        )
+        items = list(pinned.items)
+        untrack_container(items)  # it only ever holds untracked native items
+        run = _Run(self._pinned, positions, items, self._evicted, self._generation, call_ids)
         if body:
             run.body = _body_run(gateway, positions, run.first_tag)
         return run
@@ -1366,6 +1306,7 @@ def _rename_kept(run: _Run, dropped: int, gateway: Gateway) -> None:
     item_ends: list[int] = []
     byte_ends: list[int] = []
     items = list(positions.pinned.items)
+    untrack_container(items)  # it only ever holds untracked native items
     items_at = bytes_at = 0
     for source, held, log in zip(
         positions.sources[dropped:],
@@ -1585,6 +1526,7 @@ class TurnHistory:
         self._pinned_bytes = 0
         self._turns: tuple[_Turn, ...] = ()
         self._ids: set[str] = set()
+        untrack_container(self._ids)  # turn ids only: no cycle can pass through it
         self._generation = 0  # changes of a turn other than the newest
         self._items = 0
         self._bytes = 0

@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from turnloom.context._untrack import untrack_container, untrack_json
 from turnloom.context.body import EncodedBody
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
@@ -202,6 +203,9 @@ def render_preparation(
                 gateway.type, [*gateway.render(pair[0]), *gateway.render(pair[1])], call_ids
             )
         )
+        # Fresh JSON trees, read-only once prepared: out of the cyclic
+        # collector, so a held prefix adds no tracked containers.
+        untrack_json(extra)
         tokens += counter.count(pair)
         size = len(_encoder.encode(extra[-1]))
         if size > max_item_bytes:
@@ -234,6 +238,10 @@ def render_preparation(
     if extra:
         items += extra
         total += sum(extra_sizes)
+    if section is None and not lead:
+        # The history's untracked items and the untracked pair: out of the
+        # cyclic collector (CPython keeps a tuple holding dicts tracked).
+        untrack_container(items)
     reserved.extend(m.id for m in view.turn_input(request.turn_id) if m.id is not None)
     reused = 0
     if last is not None and request.scope is None:
