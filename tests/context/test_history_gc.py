@@ -182,6 +182,7 @@ def test_a_full_collection_visits_no_reference_per_message(
                 else:
                     history.record(step.turn_id, [step.message])
         assert rendered.body is not None
+        history.view()  # the history caches its view either way
         gc.collect()
         visited.append(_visited(history, rendered))
         del history, rendered

@@ -83,14 +83,15 @@ def untrack_json(value: object) -> None:
                 stack.append(child)
 
 
-def untrack_container(value: list[Any] | set[Any] | tuple[Any, ...]) -> None:
-    """Untrack one list, set or tuple whose elements are never containers that can be in a cycle.
+def untrack_container(value: list[Any] | set[Any] | tuple[Any, ...] | dict[Any, Any]) -> None:
+    """Untrack one container none of whose elements can be in a cycle with it.
 
     For a set of strings, a list of bytes or of untracked JSON items (see
-    :func:`untrack_json`): nothing it holds can refer back to it, so it can
-    be in no cycle. CPython never tracks a list or set again once untracked,
-    so later appends stay invisible to the collector: the caller keeps the
-    element rule for as long as the container lives. (CPython untracks a
+    :func:`untrack_json`), a dict of strings: nothing it holds can refer back
+    to it, so it can be in no cycle. CPython never tracks a list or set again
+    once untracked (a dict, only when a container is stored in it), so later
+    additions stay invisible to the collector: the caller keeps the element
+    rule for as long as the container lives. (CPython untracks a
     tuple by itself only when it holds no dict or list at all, so a tuple of
     untracked native items needs this too.) Costs one C call.
     """

@@ -1537,6 +1537,7 @@ class TurnHistory:
         self._evicted_bytes = 0
         self._evicted_tokens = 0
         self._evicted_ids: OrderedDict[str, None] = OrderedDict()
+        untrack_container(self._evicted_ids)  # turn ids to None only: no cycle through it
         self._late_dropped = 0
         self._blank_dropped = 0
         self._duplicates = 0
