@@ -14,7 +14,7 @@ __all__ = ("Leases",)
 import anyio
 import anyio.abc
 
-from turnloom.context.history import TurnHistory, check_id
+from turnloom.context.history import check_id
 from turnloom.runtime._contexts import ContextTable
 from turnloom.runtime._door import DurableOptions
 from turnloom.runtime._durable import Durability
@@ -53,15 +53,13 @@ class Leases:
         if options is None:
             return None
 
-        def history(context_id: str) -> TurnHistory | None:
-            state = table.contexts.get(context_id)
-            return state.history if state is not None else None
-
         def unloadable(context_id: str) -> bool:
             state = table.contexts.get(context_id)
             return state is None or state.in_flight is None
 
-        durable = Durability(options, limiter, table.install, table.unload, unloadable, history)
+        durable = Durability(
+            options, limiter, table.install, table.unload, unloadable, table.held_history
+        )
         table.log = durable.log
         task_group.start_soon(durable.run)
         self._durable = durable

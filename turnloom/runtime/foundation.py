@@ -260,10 +260,7 @@ class Foundation:
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         try:
-            if self._clock is None:
-                self._built._bind(task_group=task_group, limiter=limiter)
-            else:
-                self._built._bind(task_group=task_group, limiter=limiter, clock=self._clock)
+            self._built._bind(task_group=task_group, limiter=limiter, clock=self._clock)
             self._manager = self._built
         except BaseException as exc:
             await task_group.__aexit__(type(exc), exc, exc.__traceback__)

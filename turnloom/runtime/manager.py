@@ -36,14 +36,14 @@ __all__ = ("ContextManager", "Invocation")
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import anyio
 import anyio.abc
 
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent
-from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory
+from turnloom.context.history import HistoryLimits, HistoryView
 from turnloom.context.memory import MemorySource
 from turnloom.context.message import Message
 from turnloom.context.pairing import OpenCallPolicy
@@ -60,16 +60,12 @@ from turnloom.runtime._door import (
     ManagerOptions,
     check_manager_options,
     check_outputs,
-    check_request,
     check_snapshot,
 )
-from turnloom.runtime._durable import Durability
 from turnloom.runtime._invocation import Invocation
 from turnloom.runtime._leases import Leases
 from turnloom.runtime._lifecycle import Lifecycle
 from turnloom.runtime._outputs import OutputStreams
-from turnloom.runtime._preparing import Preparer
-from turnloom.runtime._queue import PreparationQueue
 from turnloom.runtime._voice import Voice
 from turnloom.runtime.assembly import Assembly, AssemblyStrategy, StrategyOptions
 from turnloom.runtime.schemas import (
@@ -80,10 +76,6 @@ from turnloom.runtime.schemas import (
 )
 from turnloom.runtime.state import EarlierStatePolicy
 from turnloom.runtime.store import ContextStore
-
-
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 class ContextManager:
@@ -190,8 +182,7 @@ class ContextManager:
             idle_after=idle_after,
             owner=owner,
         )
-        life = self._life = Lifecycle()
-        counters = self._counters = Counters()
+        counters = Counters()
         counters.strategy = options.strategy.name if options.strategy is not None else None
         table = self._table = ContextTable(
             options.history_limits,
@@ -200,8 +191,10 @@ class ContextManager:
             options.token_counter,
             options.earlier_state,
         )
-        self._issued = IssuedPrefixes(options.gateway, options.history_limits, options.open_calls)
-        self._durable: Durability | None = None  # set by _bind when there is a store
+        self._issued = IssuedPrefixes(
+            options.gateway, options.history_limits, options.open_calls, table.held_history
+        )
+        life = self._life = Lifecycle(options, table, counters, self._issued)
         self.leases = Leases(life)
         self.areas = Areas(life, table, options.gateway, options.history_limits.max_item_bytes)
         self.bridge = Bridge(life, table, options.open_calls, options.token_counter, self.record)
@@ -214,23 +207,10 @@ class ContextManager:
         *,
         task_group: anyio.abc.TaskGroup,
         limiter: anyio.CapacityLimiter,
-        clock: Callable[[], datetime] = _utc_now,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
-        """Bind to the opening Foundation's task group, limiter and clock (once).
-
-        Raises:
-            StateError: the manager was already bound to a Foundation.
-        """
-        life, options, table, counters = self._life, self._options, self._table, self._counters
-        life.check_unbound()
-        life.bound = True
-        queue = PreparationQueue(
-            options.max_pending_preparations, task_group, counters, options.tenant_limit
-        )
-        self.outputs._bind(task_group)
-        durable = self._durable = self.leases._bind(options.durable, task_group, limiter, table)
-        issued = self._issued
-        life.preparer = Preparer(options, table, counters, issued, queue, limiter, clock, durable)
+        """Bind to the opening Foundation, once (see :meth:`Lifecycle.bind`; raises StateError)."""
+        self._life.bind(self.outputs, self.leases, task_group, limiter, clock)
 
     # -- properties --------------------------------------------------------
 
@@ -284,9 +264,7 @@ class ContextManager:
 
     def context_ids(self) -> tuple[str, ...]:
         """The ids of the contexts held, in creation order (after the close: at the close)."""
-        if self._life.closed:
-            return tuple(self._life.final)
-        return tuple(self._table.contexts)
+        return self._life.context_ids()
 
     def history(self, context_id: str) -> HistoryView:
         """An immutable view of one context's history (O(1)).
@@ -303,10 +281,7 @@ class ContextManager:
             UnknownContextError: no turn was ever committed to ``context_id``
                 (or, after the close, it was not held at the close).
         """
-        if self._life.closed:
-            return self._life.final_view(context_id)
-        self._life.check_bound()
-        return self._table.get(context_id).history.view()
+        return self._life.history(context_id)
 
     # -- turns -------------------------------------------------------------
 
@@ -416,8 +391,8 @@ class ContextManager:
         self.leases._check_writable(context_id)
         self._table.remove(context_id)
         queue.wake(context_id)
-        if self._durable is not None:
-            self._durable.forget(context_id)
+        if self._life.durable is not None:
+            self._life.durable.forget(context_id)
 
     # -- invocations ---------------------------------------------------------
 
@@ -534,22 +509,7 @@ class ContextManager:
             pass that ran for a discarded result is reused by the next
             preparation of the context, so it is delivered exactly once.
         """
-        preparer = self._life.check_open()
-        queue = preparer.queue
-        request = check_request(request, self.history_limits.max_item_bytes)
-        requested_at = anyio.current_time()
-        origin = self._table.contexts.get(request.context_id)
-        waited = await queue.acquire(request)
-        # One that waited for its slot passes a checkpoint after an inline
-        # render, so requesters granted before it resume first.
-        return await queue.admit(
-            request,
-            requested_at,
-            origin,
-            preparer.run,
-            preparer.run_inline,
-            checkpointed=not waited,
-        )
+        return await self._life.check_open().prepare(request, wait=True)
 
     async def prepare_nowait(self, request: ContextPrepareRequest) -> PreparedContext:
         """Like :meth:`prepare`, but refuse at once when every slot is taken.
@@ -567,15 +527,7 @@ class ContextManager:
         Cancellation:
             As :meth:`prepare` after admission.
         """
-        preparer = self._life.check_open()
-        queue = preparer.queue
-        request = check_request(request, self.history_limits.max_item_bytes)
-        requested_at = anyio.current_time()
-        queue.acquire_nowait(request)
-        origin = self._table.contexts.get(request.context_id)
-        return await queue.admit(
-            request, requested_at, origin, preparer.run, preparer.run_inline, checkpointed=False
-        )
+        return await self._life.check_open().prepare(request, wait=False)
 
     # -- continuation ------------------------------------------------------------
 
@@ -622,7 +574,7 @@ class ContextManager:
                 messages.
         """
         self._life.check_open()
-        return self._issued.build(prefix, continuation, self._prefix_history(prefix))
+        return self._issued.build(prefix, continuation)
 
     def request_bytes(
         self,
@@ -660,24 +612,13 @@ class ContextManager:
             TurnTooLargeError: as :meth:`build`, for the same reasons.
         """
         self._life.check_open()
-        return self._issued.request_bytes(
-            prefix, continuation, fields, self._prefix_history(prefix)
-        )
-
-    def _prefix_history(self, prefix: PreparedContext) -> TurnHistory | None:
-        """The held history of a prefix's context (None: not held, or not a prefix)."""
-        if not isinstance(prefix, PreparedContext):
-            return None
-        state = self._table.contexts.get(prefix.context_id)
-        return state.history if state is not None else None
+        return self._issued.request_bytes(prefix, continuation, fields)
 
     # -- lifecycle (driven by the Foundation) ---------------------------------------
 
     async def _aclose(self, grace_period: float) -> None:
         """Close in order (see :meth:`Lifecycle.aclose`); the Foundation shields it."""
-        table = self._table
-        await self._life.aclose(grace_period, self.outputs, self._durable, table.contexts)
-        table.release()
+        await self._life.aclose(grace_period, self.outputs)
 
     # -- statistics --------------------------------------------------------------------
 
@@ -689,12 +630,4 @@ class ContextManager:
         only reads counters, each read atomically; the snapshot may mix
         values from two adjacent moments.
         """
-        preparer = self._life.preparer
-        return self._counters.snapshot(
-            closed=self._life.closing,
-            contexts=len(self._table.contexts),
-            capacity=self._options.max_pending_preparations,
-            queue=preparer.queue if preparer is not None else None,
-            outputs=self.outputs.statistics(),
-            store=self._durable.statistics() if self._durable is not None else None,
-        )
+        return self._life.statistics(self.outputs.statistics())
