@@ -34,6 +34,20 @@ class Leases:
     :meth:`claim` only checks the id, :meth:`flush` returns at once and
     :attr:`store` is None. Every method must be called from the Foundation's
     event loop.
+
+    The durable options are the manager's (``ContextManager(...)`` or
+    ``Foundation(...)`` keyword arguments):
+
+    * ``store``: where contexts are kept durably, a
+      :class:`~turnloom.runtime.store.ContextStore` (for example
+      ``turnloom.stores.open_context_store("sqlite:PATH")``), or None
+      (default: in memory only). Borrowed: never closed by the manager or its
+      Foundation.
+    * ``lease_ttl``: seconds a lease lasts unless renewed (default 10.0;
+      renewed every third of that while held).
+    * ``idle_after``: seconds after its last use at which a held context is
+      unloaded and its lease released (default 300.0; ``math.inf``: never).
+    * ``owner``: this manager's name in leases (default: a random unique one).
     """
 
     __slots__ = ("_durable", "_life")

@@ -78,9 +78,8 @@ class Foundation:
             :class:`ContextManager`: assembly strategies, the borrowed memory
             source, per-tenant fairness of slots, the durable context store);
             they may not be given with ``manager``. ``store`` keeps contexts
-            durably: a :class:`~turnloom.runtime.store.ContextStore` (open
-            one with ``turnloom.stores.open_context_store(url)``; default
-            None: memory only).
+            durably (see :class:`~turnloom.runtime.Leases`; default None:
+            memory only).
         worker_threads: the most worker threads rendering at once (default 4).
         close_grace_period: seconds :meth:`aclose` lets pending preparations
             settle before cancelling them (default 5.0; ``math.inf`` waits).

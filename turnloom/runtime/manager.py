@@ -1,33 +1,17 @@
 """The ``ContextManager``: committed turns in, provider-native model inputs out.
 
 The manager is an actor living on one event loop (asyncio or trio, through
-anyio), an async shell around synchronous rooms: door checks (``_door``), the
-contexts and their histories (``_contexts``), the worker render
-(``_render``), the area section (``_area_section``) and running counters
-(``_counters``); the bounded queue that owns preparations is ``_queue`` and
-the preparation's own work ``_preparing``. Its synchronous methods
+anyio): an async shell around synchronous rooms (door checks, contexts,
+continuation, render, counters: the ``_*`` modules, each named in the README's
+Layout) and the bounded queue that owns preparations. Its synchronous methods
 (:meth:`ContextManager.accept_turn`, :meth:`~ContextManager.record`,
 :meth:`~ContextManager.build`) check their input completely and then change
-state in one step, so they are atomic with respect to other tasks.
-:meth:`~ContextManager.prepare` is the only long operation: it waits for a
-slot in the bounded pending queue, waits for the named turn's commit,
-captures the history and the request's state once, and renders in a worker
-thread through the Foundation's :class:`anyio.CapacityLimiter` (a small,
-bounded render of a committed turn runs inline, see
-:meth:`~ContextManager.prepare`).
-
-The host features beside the core are small objects reached from the
-manager, each documented on its own class: ``manager.leases``
-(:class:`~turnloom.runtime.Leases`: durable ownership, ``claim`` and
-``flush``), ``manager.areas`` (:class:`~turnloom.runtime.Areas`: Context
-Areas and routed items), ``manager.bridge`` (:class:`~turnloom.runtime.Bridge`:
-sub-agent briefings and folded results), ``manager.outputs``
-(:class:`~turnloom.runtime.OutputStreams`: consumed output streams),
-``manager.voice`` (:class:`~turnloom.runtime.Voice`: barge-ins and false
-starts) and ``manager.assembly`` (:class:`~turnloom.runtime.Assembly`: the strategy, its
-tools and ``hydrate_context``). They share the manager's lifecycle
-(``_lifecycle``), so each raises the same typed errors before the Foundation
-opens and after it closed.
+state in one step, so they are atomic with respect to other tasks;
+:meth:`~ContextManager.prepare` is the only long operation. The host features
+beside the core (``manager.leases``, ``areas``, ``bridge``, ``outputs``,
+``voice``, ``assembly``) are small objects, each documented on its own class;
+they share the manager's lifecycle (``_lifecycle``), so each raises the same
+typed errors before the Foundation opens and after it closed.
 """
 
 from __future__ import annotations
@@ -81,14 +65,11 @@ from turnloom.runtime.store import ContextStore
 class ContextManager:
     """Keeps each context's history and prepares provider-native model inputs.
 
-    A host builds it first (directly, or from a configuration with
-    :func:`~turnloom.runtime.build_context_manager`), then binds it to a
-    :class:`~turnloom.runtime.Foundation` (``Foundation(manager)``), which owns
-    it from then on: building needs no Foundation service. ``Foundation(...)``
-    with the same keyword arguments builds one itself. Reach it as
-    ``foundation.manager``. Every method must be called from the Foundation's
-    event loop; until the Foundation is open they raise :class:`StateError`.
-    What a prefix holds: see :meth:`prepare`.
+    Built by the host, then bound to the :class:`~turnloom.runtime.Foundation`
+    that owns it from then on (both ways to make and bind one: see there);
+    reach it as ``foundation.manager``. Every method must be called from the
+    Foundation's event loop; until the Foundation is open they raise
+    :class:`StateError`.
 
     Attributes:
         leases: durable ownership of contexts (:class:`~turnloom.runtime.Leases`).
@@ -125,14 +106,9 @@ class ContextManager:
             half the capacity, rounded up. A freed slot goes to the waiting
             request whose tenant holds the fewest slots (then the longest
             waiting); requests without a tenant share one bucket.
-        store: where contexts are kept durably (see :attr:`leases`): None
-            (default: in memory only) or a ``ContextStore``, for example
-            ``open_context_store("sqlite:PATH")``. Borrowed: never closed here.
-        lease_ttl: seconds a lease lasts unless renewed (default 10.0; renewed
-            every third of that while held).
-        idle_after: seconds after its last use at which a held context is
-            unloaded and its lease released (default 300.0; ``math.inf``: never).
-        owner: this manager's name in leases (default: a random unique one).
+        store, lease_ttl, idle_after, owner: the durable store of contexts
+            and its leases (default: no store, contexts are kept in memory
+            only); each is documented on :class:`~turnloom.runtime.Leases`.
 
     Raises:
         InputError: a bound is not positive, ``history_limits`` is not a
@@ -253,11 +229,10 @@ class ContextManager:
     def closed(self) -> bool:
         """True once the Foundation began closing.
 
-        From then on every call that starts work (``accept_turn``, ``prepare``,
-        ``build``, ``invocation``, areas, new output streams) raises
-        :class:`FoundationClosedError`. :meth:`record` is accepted until the
-        output streams are drained and preparations settled, then raises it
-        too; :meth:`history`, :meth:`context_ids`, :meth:`statistics` and the
+        From then on every call that starts work raises
+        :class:`FoundationClosedError`, and :meth:`record` does once the close
+        finished (see the closing order in :mod:`turnloom.runtime.foundation`);
+        :meth:`history`, :meth:`context_ids`, :meth:`statistics` and the
         properties still answer after the close.
         """
         return self._life.closing
@@ -310,12 +285,9 @@ class ContextManager:
                 and Gemini); nothing was committed.
             OutOfOrderTurnError: the snapshot's sequence is not newer than the
                 context's previous one.
-            NotClaimedError: with a store, the context is not claimed (see
-                ``manager.leases.claim``).
-            StaleLeaseError: with a store, this manager lost the context's lease.
-
-        Durability: with a store the commit is queued for the store's next
-        batch and is durable once ``manager.leases.flush`` returns.
+            NotClaimedError, StaleLeaseError: with a store, the context is not
+                claimed, or this manager lost its lease (see ``manager.leases``:
+                a change is durable once a later ``flush`` returned).
         """
         queue = self._life.check_open().queue
         context_id = check_snapshot(snapshot, self.gateway, self._table.history_of)
@@ -326,19 +298,15 @@ class ContextManager:
     def record(self, context_id: str, turn_id: str, outputs: Sequence[Message]) -> int:
         """Record model outputs and tool results of a turn, in order.
 
-        Empty or whitespace-only messages (for example the partial output of a
-        cancelled model call) are not recorded. A message whose id and
-        content the turn already holds (a reply committed twice) is not
-        stored again, and counted. Outputs for a turn no longer held (evicted,
-        however long ago, or retracted) are dropped and counted; they never
-        bring the turn back (see :meth:`~turnloom.context.TurnHistory.record`;
-        record through the :class:`Invocation` to bind outputs to the very
-        turn even when its id is reused). The runtime-state pair never enters
-        history: messages carrying it are rejected.
+        By the rules of :meth:`~turnloom.context.TurnHistory.record`, blank
+        messages (a cancelled call's partial output), a reply recorded twice
+        and outputs for a turn no longer held (evicted or retracted) are not
+        stored, and counted; record through the :class:`Invocation` to bind
+        outputs to the very turn even when its id is reused. The runtime-state
+        pair never enters history: messages carrying it are rejected.
 
         Outputs are accepted while the Foundation closes, until its output
-        streams are drained and its preparations settled (the last utterance
-        of a session that shuts down is kept); see :meth:`history` after close.
+        streams are drained and its preparations settled (see :meth:`history`).
 
         Returns:
             how many messages were recorded.
@@ -360,8 +328,6 @@ class ContextManager:
             ItemTooLargeError, TurnTooLargeError, ProviderRuleError,
             NotClaimedError, StaleLeaseError: as :meth:`accept_turn`; nothing
                 was recorded.
-
-        Durability: as :meth:`accept_turn`.
         """
         self._life.check_recording()
         self.leases._check_writable(context_id)
@@ -454,14 +420,11 @@ class ContextManager:
         ``anyio.fail_after(seconds, reason=...)`` naming the context and turn.
 
         Returns:
-            the prefix: the assembled system prompt (with a strategy), pinned
-            instructions, earlier turns (with their kept runtime-state pairs,
-            see ``earlier_state``), the turn's input, the runtime-state pair
-            when the request or manager carries state, and the area section.
-            Send ``manager.gateway.request_body(items)``. Delivered to its
-            requester, an unscoped prefix's pair becomes the turn's kept pair.
-            With ``request.scope`` the earlier turns are the sliced view of
-            recorded messages, without kept pairs, and nothing is kept (see
+            the prefix (what it holds and what to send: see
+            :attr:`PreparedContext.items`). Delivered to its requester, an
+            unscoped prefix's pair becomes the turn's kept pair. With
+            ``request.scope`` the earlier turns are the sliced view of recorded
+            messages, without kept pairs, and nothing is kept (see
             :class:`~turnloom.runtime.ContextPrepareRequest`).
 
         Raises:
@@ -501,13 +464,13 @@ class ContextManager:
             turn assembles again) or a thread, or, if it is rendering, the
             thread finishes and the result is discarded; the slot is freed
             when it settles (an inline render never waits, so it cannot be
-            cancelled midway). Cancelled
-            after the preparation settled but before the requester resumed: the
-            cancellation propagates and the result is discarded, never counted
-            as delivered. A preparation changes no recorded message; only a result
-            delivered to its requester sets its turn's kept pair. An area
-            pass that ran for a discarded result is reused by the next
-            preparation of the context, so it is delivered exactly once.
+            cancelled midway). Cancelled after the preparation settled but
+            before the requester resumed: the cancellation propagates and the
+            result is discarded, never counted as delivered. A preparation
+            changes no recorded message; only a result delivered to its
+            requester sets its turn's kept pair. An area pass that ran for a
+            discarded result is reused by the next preparation of the context,
+            so it is delivered exactly once.
         """
         return await self._life.check_open().prepare(request, wait=True)
 
@@ -536,10 +499,8 @@ class ContextManager:
     ) -> tuple[NativeContent, ...]:
         """The input of the next model call of a turn: the prefix, then the continuation.
 
-        Send ``manager.gateway.request_body(items)``, not the items: for
-        Anthropic and Gemini the body moves the instructions to their
-        top-level field and merges adjacent turns, and only the body is
-        guaranteed to pass the gateway's ``validate()``.
+        Send ``manager.gateway.request_body(items)``, not the items (see
+        :attr:`PreparedContext.items`).
 
         The continuation (the turn's model outputs and tool results so far,
         oldest first) is rendered and appended; the prefix, including its
