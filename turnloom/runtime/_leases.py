@@ -89,6 +89,11 @@ class Leases:
         if self._durable is not None:
             self._durable.check_writable(context_id)
 
+    def _forget(self, context_id: str) -> None:
+        """With a store, queue the deletion of a removed context's log and its lease's release."""
+        if self._durable is not None:
+            self._durable.forget(context_id)
+
     @property
     def store(self) -> ContextStore | None:
         """The durable context store, or None when the Foundation has none."""

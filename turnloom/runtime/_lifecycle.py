@@ -1,6 +1,8 @@
-"""The binding and closing state one ContextManager shares with its feature objects.
+"""The state one ContextManager shares with its feature objects, and its life.
 
-A manager is built unbound; it is bound once, when its Foundation opens
+The shared state is made from the manager's checked options: its contexts
+(``table``), running counters (``counters``) and the prefixes it delivered
+(``issued``). A manager is built unbound; it is bound once, when its Foundation opens
 (:meth:`Lifecycle.bind` makes the ``preparer`` and, with a store, the
 ``durable`` side then); it is *closing* once the Foundation began closing
 (intake stops) and *closed* once its output streams were drained and its
@@ -25,15 +27,15 @@ import anyio.abc
 
 from turnloom.context.history import HistoryView, check_id
 from turnloom.errors import StateError, UnknownContextError, excerpt
+from turnloom.runtime._contexts import ContextTable
+from turnloom.runtime._continuation import IssuedPrefixes
+from turnloom.runtime._counters import Counters
+from turnloom.runtime._door import ManagerOptions
 from turnloom.runtime._preparing import Preparer
 from turnloom.runtime._queue import PreparationQueue
 from turnloom.runtime.errors import FoundationClosedError
 
 if TYPE_CHECKING:
-    from turnloom.runtime._contexts import ContextTable
-    from turnloom.runtime._continuation import IssuedPrefixes
-    from turnloom.runtime._counters import Counters
-    from turnloom.runtime._door import ManagerOptions
     from turnloom.runtime._durable import Durability
     from turnloom.runtime._leases import Leases
     from turnloom.runtime._outputs import OutputStreams
@@ -45,36 +47,39 @@ def _utc_now() -> datetime:
 
 
 class Lifecycle:
-    """Where one manager is in its life: unbound, open, closing, closed.
+    """One manager's shared state, and where it is in its life: unbound, open, closing, closed.
 
-    Made with the manager's checked options, its contexts, counters and
-    issued prefixes: what binding builds on and what closing keeps.
+    ``table``, ``counters`` and ``issued`` are made here from the checked
+    options; binding builds on them and closing keeps the final histories.
     """
 
     __slots__ = (
-        "_counters",
-        "_issued",
-        "_options",
-        "_table",
         "bound",
         "closed",
         "closing",
+        "counters",
         "durable",
         "final",
+        "issued",
+        "options",
         "preparer",
+        "table",
     )
 
-    def __init__(
-        self,
-        options: ManagerOptions,
-        table: ContextTable,
-        counters: Counters,
-        issued: IssuedPrefixes,
-    ) -> None:
-        self._options = options
-        self._table = table
-        self._counters = counters
-        self._issued = issued
+    def __init__(self, options: ManagerOptions) -> None:
+        self.options = options
+        strategy = options.strategy.name if options.strategy is not None else None
+        counters = self.counters = Counters(strategy)
+        table = self.table = ContextTable(
+            options.history_limits,
+            options.gateway,
+            counters,
+            options.token_counter,
+            options.earlier_state,
+        )
+        self.issued = IssuedPrefixes(
+            options.gateway, options.history_limits, options.open_calls, table.held_history
+        )
         self.bound = False  # a Foundation began binding the manager
         self.preparer: Preparer | None = None  # set once the binding completed
         self.durable: Durability | None = None  # set by the binding when there is a store
@@ -101,14 +106,14 @@ class Lifecycle:
         """
         self.check_unbound()
         self.bound = True
-        options, table, counters = self._options, self._table, self._counters
+        options, table, counters = self.options, self.table, self.counters
         queue = PreparationQueue(
             options.max_pending_preparations, task_group, counters, options.tenant_limit
         )
         outputs._bind(task_group)
         durable = self.durable = leases._bind(options.durable, task_group, limiter, table)
         self.preparer = Preparer(
-            options, table, counters, self._issued, queue, limiter, clock or _utc_now, durable
+            options, table, counters, self.issued, queue, limiter, clock or _utc_now, durable
         )
 
     def check_unbound(self) -> None:
@@ -192,8 +197,8 @@ class Lifecycle:
                         await durable.aclose(grace_period)
         finally:
             self.closed = True
-            self.final = {cid: state.history.view() for cid, state in self._table.contexts.items()}
-        self._table.release()
+            self.final = {cid: state.history.view() for cid, state in self.table.contexts.items()}
+        self.table.release()
 
     def history(self, context_id: str) -> HistoryView:
         """A context's history now; after the close, as it was at the close.
@@ -206,7 +211,7 @@ class Lifecycle:
         """
         if not self.closed:
             self.check_bound()
-            return self._table.get(context_id).history.view()
+            return self.table.get(context_id).history.view()
         final = self.final.get(context_id) if isinstance(context_id, str) else None
         if final is None:
             check_id(context_id, "context id")
@@ -217,15 +222,15 @@ class Lifecycle:
 
     def context_ids(self) -> tuple[str, ...]:
         """The ids of the contexts held, in creation order (after the close: at the close)."""
-        return tuple(self.final if self.closed else self._table.contexts)
+        return tuple(self.final if self.closed else self.table.contexts)
 
     def statistics(self, outputs: OutputStatistics) -> ManagerStatistics:
         """The manager's statistics now (see ``ContextManager.statistics``), O(1)."""
         preparer, durable = self.preparer, self.durable
-        return self._counters.snapshot(
+        return self.counters.snapshot(
             closed=self.closing,
-            contexts=len(self._table.contexts),
-            capacity=self._options.max_pending_preparations,
+            contexts=len(self.table.contexts),
+            capacity=self.options.max_pending_preparations,
             queue=preparer.queue if preparer is not None else None,
             outputs=outputs,
             store=durable.statistics() if durable is not None else None,

@@ -34,9 +34,6 @@ from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.tokens import TokenCounter
 from turnloom.runtime._areas import Areas
 from turnloom.runtime._bridge import Bridge
-from turnloom.runtime._contexts import ContextTable
-from turnloom.runtime._continuation import IssuedPrefixes
-from turnloom.runtime._counters import Counters
 from turnloom.runtime._door import (
     DEFAULT_IDLE_AFTER,
     DEFAULT_LEASE_TTL,
@@ -158,25 +155,17 @@ class ContextManager:
             idle_after=idle_after,
             owner=owner,
         )
-        counters = Counters()
-        counters.strategy = options.strategy.name if options.strategy is not None else None
-        table = self._table = ContextTable(
-            options.history_limits,
-            options.gateway,
-            counters,
-            options.token_counter,
-            options.earlier_state,
-        )
-        self._issued = IssuedPrefixes(
-            options.gateway, options.history_limits, options.open_calls, table.held_history
-        )
-        life = self._life = Lifecycle(options, table, counters, self._issued)
+        life = self._life = Lifecycle(options)
+        table = self._table = life.table
+        self._issued = life.issued
         self.leases = Leases(life)
         self.areas = Areas(life, table, options.gateway, options.history_limits.max_item_bytes)
         self.bridge = Bridge(life, table, options.open_calls, options.token_counter, self.record)
         self.outputs = OutputStreams(life, self.record)
         self.voice = Voice(life, table, self.leases, self.record)
-        self.assembly = Assembly(life, options.strategy, options.gateway, self._issued, counters)
+        self.assembly = Assembly(
+            life, options.strategy, options.gateway, life.issued, life.counters
+        )
 
     def _bind(
         self,
@@ -357,8 +346,7 @@ class ContextManager:
         self.leases._check_writable(context_id)
         self._table.remove(context_id)
         queue.wake(context_id)
-        if self._life.durable is not None:
-            self._life.durable.forget(context_id)
+        self.leases._forget(context_id)
 
     # -- invocations ---------------------------------------------------------
 
