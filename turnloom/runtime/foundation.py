@@ -22,7 +22,8 @@ Closing order (:meth:`Foundation.aclose`), the seed's lifecycle:
 5. Close the manager: ``record`` raises :class:`FoundationClosedError`;
    histories are released, each context's final history staying readable
    through :meth:`ContextManager.history`; no worker thread holds a token of
-   the limiter.
+   the limiter. ``history``, ``context_ids``, ``statistics`` and the
+   manager's properties still answer.
 
 A memory source bound to the manager is borrowed and is never closed by the
 Foundation.

@@ -92,17 +92,13 @@ class ContextManager:
         token_counter: the one estimator of tokens (default
             :class:`~turnloom.context.ApproxTokenCounter`); see
             :class:`~turnloom.runtime.Foundation`.
-        strategy: the per-turn assembly strategy (see :attr:`assembly`):
-            ``"jit"``, ``"stratified"``, an ``AssemblyStrategy``, or None
-            (default: no assembled prompt, no memory).
-        memory: the memory source a named strategy searches. Borrowed: never
-            closed by the manager or its Foundation.
-        strategy_options: the named strategy's static layer and bounds.
-        max_tenant_preparations: the most preparation slots one tenant (the
-            ``tenant_id`` of a request's ``tenant``) holds at once; default
-            half the capacity, rounded up. A freed slot goes to the waiting
-            request whose tenant holds the fewest slots (then the longest
-            waiting); requests without a tenant share one bucket.
+        strategy, memory, strategy_options: the per-turn assembly strategy
+            (default None: no assembled prompt, no memory), the memory source
+            a named one searches and its options; each is documented on
+            :class:`~turnloom.runtime.Assembly`.
+        max_tenant_preparations: the most preparation slots one tenant holds
+            at once (default half the capacity, rounded up); how slots are
+            shared: :attr:`ContextPrepareRequest.tenant`.
         store, lease_ttl, idle_after, owner: the durable store of contexts
             and its leases (default: no store, contexts are kept in memory
             only); each is documented on :class:`~turnloom.runtime.Leases`.
@@ -164,7 +160,7 @@ class ContextManager:
         self.outputs = OutputStreams(life, self.record)
         self.voice = Voice(life, table, self.leases, self.record)
         self.assembly = Assembly(
-            life, options.strategy, options.gateway, life.issued, life.counters
+            life, options.strategy, options.gateway, self._issued, life.counters
         )
 
     def _bind(
@@ -177,7 +173,11 @@ class ContextManager:
         """Bind to the opening Foundation, once (see :meth:`Lifecycle.bind`; raises StateError)."""
         self._life.bind(self.outputs, self.leases, task_group, limiter, clock)
 
-    # -- properties --------------------------------------------------------
+    async def _aclose(self, grace_period: float) -> None:
+        """Close in order (see :meth:`Lifecycle.aclose`); the Foundation shields it."""
+        await self._life.aclose(grace_period, self.outputs)
+
+    # -- properties and queries --------------------------------------------------------
 
     @property
     def options(self) -> ManagerOptions:
@@ -206,7 +206,7 @@ class ContextManager:
 
     @property
     def tenant_limit(self) -> int:
-        """The most preparation slots one tenant holds at once (see :class:`Foundation`)."""
+        """The most preparation slots one tenant holds at once (``max_tenant_preparations``)."""
         return self._options.tenant_limit
 
     @property
@@ -218,11 +218,8 @@ class ContextManager:
     def closed(self) -> bool:
         """True once the Foundation began closing.
 
-        From then on every call that starts work raises
-        :class:`FoundationClosedError`, and :meth:`record` does once the close
-        finished (see the closing order in :mod:`turnloom.runtime.foundation`);
-        :meth:`history`, :meth:`context_ids`, :meth:`statistics` and the
-        properties still answer after the close.
+        What raises :class:`FoundationClosedError` from then on, and what
+        still answers: the closing order in :mod:`turnloom.runtime.foundation`.
         """
         return self._life.closing
 
@@ -233,30 +230,38 @@ class ContextManager:
     def history(self, context_id: str) -> HistoryView:
         """An immutable view of one context's history (O(1)).
 
-        After the close it answers with each context's final history: what it
-        held once the output streams were drained and preparations settled, so
-        a host can persist the last utterance of a session that shut down
-        (the manager keeps those views until it is dropped).
+        After the close it answers with each context's final history (step 5
+        of the closing order in :mod:`turnloom.runtime.foundation`), so a host
+        can persist the last utterance of a session that shut down (the
+        manager keeps those views until it is dropped).
 
         Raises:
             StateError: the manager is not bound to an open Foundation yet.
-            InvalidMessageError: ``context_id`` is not a non-empty str of at
-                most 256 characters.
+            InvalidMessageError: a malformed context id (see :func:`~turnloom.context.check_id`).
             UnknownContextError: no turn was ever committed to ``context_id``
                 (or, after the close, it was not held at the close).
         """
         return self._life.history(context_id)
 
-    # -- turns -------------------------------------------------------------
+    def statistics(self) -> ManagerStatistics:
+        """A frozen snapshot of the manager's counters, O(1) in the number of contexts.
+
+        Safe to call from another thread (a metrics scrape): it only reads
+        running totals, each read atomically; the snapshot may mix values from
+        two adjacent moments.
+        """
+        return self._life.statistics(self.outputs.statistics())
+
+    # -- turns and their model calls --------------------------------------------
 
     def accept_turn(self, snapshot: TurnSnapshot) -> None:
         """Commit a turn: its input, and new pinned instructions when given.
 
         The first turn of a context creates it. Every message is validated
         before anything changes. After the commit the context's history is
-        evicted down to its limits (whole turns, oldest first) unless a model
-        call is in flight for the context, in which case eviction waits for
-        the invocation to end. Preparations waiting for this turn wake up.
+        evicted down to its limits (whole turns, oldest first; while a model
+        call is in flight, when it ends: see :meth:`invocation`). Preparations
+        waiting for this turn wake up.
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
@@ -348,8 +353,6 @@ class ContextManager:
         queue.wake(context_id)
         self.leases._forget(context_id)
 
-    # -- invocations ---------------------------------------------------------
-
     @asynccontextmanager
     async def invocation(self, context_id: str, turn_id: str) -> AsyncIterator[Invocation]:
         """Mark one model call of a turn as in flight for the duration of the block.
@@ -370,10 +373,9 @@ class ContextManager:
 
         Cancellation:
             Entering and leaving do not wait. When the block is cancelled, what
-            was recorded stays recorded (empty or whitespace-only partial
-            outputs are never recorded), calls left without a result are
-            handled by the ``open_calls`` policy at the next prepare, and the
-            context is released.
+            was recorded stays recorded (a blank partial output never is),
+            calls left without a result are handled by the ``open_calls``
+            policy at the next prepare, and the context is released.
         """
         self._life.check_open()
         state = self._table.begin_call(context_id, turn_id)
@@ -382,14 +384,14 @@ class ContextManager:
         finally:
             self._table.end_call(state, evict=not self._life.closing)
 
-    # -- preparation -----------------------------------------------------------
+    # -- prefixes: preparation and continuation ---------------------------------
 
     async def prepare(self, request: ContextPrepareRequest) -> PreparedContext:
         """Prepare the model input of a committed turn.
 
         Waits, in order, for a free slot in the pending queue (a full queue
         makes it wait: backpressure; :meth:`prepare_nowait` fails instead;
-        slots are shared fairly, see ``max_tenant_preparations``), for the
+        slots are shared fairly, see ``ContextPrepareRequest.tenant``), for the
         turn's commit (it may be called before ``accept_turn``), for the
         turn's assembly (with a strategy, the turn's first prepare per tenant
         and ``auto_hydrate`` awaits it on the event loop, memory I/O included,
@@ -399,11 +401,11 @@ class ContextManager:
         gateway and a context holding at most 512 messages, renders inline on
         the event loop instead when a worker thread is free (a bounded step
         costing less than the thread handoff; same result, same counters); it
-        holds its slot until its requester resumes. The request is validated and
-        its contributions copied at the call; the history, the request's state
-        and the perception's time (the Foundation's clock when the request
-        gives none) are captured once, at the commit. A turn never committed
-        (a mistyped id) is waited for until the caller's deadline (counted in
+        holds its slot until its requester resumes. The request is validated
+        and its contributions copied at the call; the history and the
+        request's state (the perception's time included) are captured once, at
+        the commit. A turn never committed (a mistyped id) is waited for until
+        the caller's deadline (counted in
         ``statistics().preparations.waiting_for_turn``): bound the wait with
         ``anyio.fail_after(seconds, reason=...)`` naming the context and turn.
 
@@ -433,7 +435,7 @@ class ContextManager:
             UnknownTurnError: the turn was evicted (or retracted) before it could
                 be captured.
             ContextRemovedError: the context was removed while the preparation
-                waited (a context created again with the same id never serves it).
+                waited (see :meth:`remove_context`).
             ProviderRuleError: the gateway rejected a message while rendering.
             AreaCallbackError: an attached area raised (or returned a wrong
                 value) in the area pass; ``area`` and ``phase`` name it. The
@@ -472,15 +474,14 @@ class ContextManager:
         does. Await it.
 
         Raises:
-            QueueFullError: all ``capacity`` slots are taken; nothing was admitted.
+            QueueFullError: all ``capacity`` slots are taken, or the request's
+                tenant holds its ``tenant_limit``; nothing was admitted.
             Every error of :meth:`prepare`, for the same reasons.
 
         Cancellation:
             As :meth:`prepare` after admission.
         """
         return await self._life.check_open().prepare(request, wait=False)
-
-    # -- continuation ------------------------------------------------------------
 
     def build(
         self, prefix: PreparedContext, continuation: Sequence[Message] = ()
@@ -511,10 +512,8 @@ class ContextManager:
                 :meth:`prepare` (built by hand, changed with
                 ``msgspec.structs.replace``, or from another Foundation), or
                 ``continuation`` is not a sequence of Messages.
-            InvalidMessageError, InvalidTextError: a malformed continuation
-                message, or one carrying a runtime-state call or result.
-            InstructionMessageError: a ``system`` or ``developer`` continuation
-                message: pinned instructions change only through a turn's snapshot.
+            InvalidMessageError, InvalidTextError, InstructionMessageError: a
+                continuation message rejected as :meth:`record` rejects an output.
             DuplicateIdError: a continuation message repeats an id of the
                 prefix's turn (its input message ids or the state call id) or
                 of an earlier continuation message.
@@ -536,13 +535,11 @@ class ContextManager:
 
         Equal, byte for byte, to ``msgspec.json.encode({**fields,
         **manager.gateway.request_body(manager.build(prefix, continuation))})``,
-        but the body items of the pinned instructions and the closed turns are
-        not encoded again: the history's render cache keeps them encoded (for
-        Anthropic and Gemini, merged; see :mod:`turnloom.context.body`), so
-        the cost is the open turn and the continuation plus one C-speed join
-        of the cached bytes. The continuation is checked and rendered as
-        :meth:`build` does. A prefix whose assembly put a system prompt
-        before the history is encoded whole.
+        at the cost of the open turn and the continuation (checked and
+        rendered as :meth:`build` does) plus one C-speed join: the history's
+        render cache keeps the other body items encoded (see
+        :mod:`turnloom.context.body`; a prefix whose assembly put a system
+        prompt before the history is encoded whole).
 
         Args:
             fields: the request's own top-level fields, for example
@@ -562,21 +559,3 @@ class ContextManager:
         """
         self._life.check_open()
         return self._issued.request_bytes(prefix, continuation, fields)
-
-    # -- lifecycle (driven by the Foundation) ---------------------------------------
-
-    async def _aclose(self, grace_period: float) -> None:
-        """Close in order (see :meth:`Lifecycle.aclose`); the Foundation shields it."""
-        await self._life.aclose(grace_period, self.outputs)
-
-    # -- statistics --------------------------------------------------------------------
-
-    def statistics(self) -> ManagerStatistics:
-        """A frozen snapshot of the manager's counters, O(1) in the number of contexts.
-
-        Every total is kept up to date as it changes, so a scrape never walks
-        the contexts. Safe to call from another thread (a metrics scrape): it
-        only reads counters, each read atomically; the snapshot may mix
-        values from two adjacent moments.
-        """
-        return self._life.statistics(self.outputs.statistics())
