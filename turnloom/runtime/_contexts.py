@@ -160,6 +160,11 @@ class ContextTable:
             )
         return None
 
+    def held_history(self, context_id: str) -> TurnHistory | None:
+        """The history of ``context_id`` while it is held, else None."""
+        state = self.contexts.get(context_id)
+        return state.history if state is not None else None
+
     def history_of(self, context_id: str) -> TurnHistory:
         """The history of ``context_id``, or an empty one with the limits for a new context."""
         state = self.contexts.get(context_id)

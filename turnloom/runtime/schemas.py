@@ -129,7 +129,11 @@ class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
             for none (see :class:`Perception`).
         tenant: the tenant the turn acts for. It always reaches the assembled
             prompt and the memory source (when the Foundation has an assembly
-            strategy) and decides the tenant's share of preparation slots.
+            strategy) and decides the tenant's share of preparation slots: a
+            tenant (its ``tenant_id``) holds at most the manager's
+            ``tenant_limit`` at once, a freed slot goes to the waiting request
+            whose tenant holds the fewest slots (then the longest waiting), and
+            requests without a tenant share one bucket.
         auto_hydrate: whether the assembly strategy recalls memory for this
             turn; the only switch of hydration (the tenant is identity, not
             policy).
