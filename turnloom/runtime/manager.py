@@ -324,7 +324,8 @@ class ContextManager:
             InvalidMessageError: a malformed id or message, an input message
                 with a system/developer role or carrying a runtime-state call or
                 result, an instruction with another role, or an input that
-                renders to nothing (empty, or blank text only).
+                renders to nothing (empty, blank text only, or on a context's first
+                turn only results answering no call).
             InvalidTextError: text that is not valid UTF-8.
             ItemTooLargeError: a message is over the per-item byte cap.
             TurnTooLargeError: the turn would hold more than ``max_items``
