@@ -224,6 +224,38 @@ async def test_a_context_in_a_model_call_never_leaves_memory_idle(store_url: str
         await manager.leases.flush()
 
 
+async def test_a_context_a_preparation_waits_on_never_leaves_memory_idle(store_url: str) -> None:
+    """Invariant: a prepare waiting for a context's next turn (a voice host prepares before
+    the caller speaks) is a use: the context stays held, so the commit needs no new claim
+    and the waiter gets its prefix (it neither waits on an unloaded context nor fails)."""
+    async with hosting(store_url, idle_after=0.2, lease_ttl=30) as foundation:
+        manager = foundation.manager
+        await manager.leases.claim("c")
+        manager.accept_turn(snapshot("c", "t1", "hi"))
+        prepared: list[PreparedContext] = []
+        async with anyio.create_task_group() as group:
+
+            async def next_turn() -> None:
+                prepared.append(await manager.prepare(request("c", "t2")))
+
+            group.start_soon(next_turn)
+            await anyio.wait_all_tasks_blocked()
+            # A witness used after c: once it left memory idle, so would have c.
+            await manager.leases.claim("w")
+            manager.accept_turn(snapshot("w", "t1", "witness"))
+            with anyio.fail_after(10):
+                while "w" in manager.context_ids():
+                    await anyio.sleep(0.05)
+            assert manager.context_ids() == ("c",)
+            manager.accept_turn(snapshot("c", "t2", "there"))
+        [prefix] = prepared
+        assert [item["content"] for item in prefix.items[: prefix.turn_start + 1]] == [
+            "hi",
+            "there",
+        ]
+        await manager.leases.flush()
+
+
 async def test_remove_context_deletes_its_log(store_url: str) -> None:
     async with hosting(store_url) as foundation:
         manager = foundation.manager

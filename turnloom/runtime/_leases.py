@@ -19,6 +19,7 @@ from turnloom.runtime._contexts import ContextTable
 from turnloom.runtime._door import DurableOptions
 from turnloom.runtime._durable import Durability
 from turnloom.runtime._lifecycle import Lifecycle
+from turnloom.runtime._queue import PreparationQueue
 from turnloom.runtime.store import ContextStore
 
 
@@ -48,6 +49,7 @@ class Leases:
         task_group: anyio.abc.TaskGroup,
         limiter: anyio.CapacityLimiter,
         table: ContextTable,
+        queue: PreparationQueue,
     ) -> Durability | None:
         """Start the durable side (with a store) in the opening Foundation's task group."""
         if options is None:
@@ -58,8 +60,9 @@ class Leases:
             return state.history if state is not None else None
 
         def unloadable(context_id: str) -> bool:
+            # In use: a model call in flight, or a preparation waiting for its next turn.
             state = table.contexts.get(context_id)
-            return state is None or state.in_flight is None
+            return (state is None or state.in_flight is None) and not queue.waits_on(context_id)
 
         durable = Durability(options, limiter, table.install, table.unload, unloadable, history)
         table.log = durable.log

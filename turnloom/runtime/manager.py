@@ -139,7 +139,9 @@ class ContextManager:
         lease_ttl: seconds a lease lasts unless renewed (default 10.0; renewed
             every third of that while held).
         idle_after: seconds after its last use at which a held context is
-            unloaded and its lease released (default 300.0; ``math.inf``: never).
+            unloaded and its lease released (default 300.0; ``math.inf``: never);
+            never while a model call or a preparation waiting for its next
+            turn is in progress.
         owner: this manager's name in leases (default: a random unique one).
 
     Raises:
@@ -228,7 +230,9 @@ class ContextManager:
             options.max_pending_preparations, task_group, counters, options.tenant_limit
         )
         self.outputs._bind(task_group)
-        durable = self._durable = self.leases._bind(options.durable, task_group, limiter, table)
+        durable = self._durable = self.leases._bind(
+            options.durable, task_group, limiter, table, queue
+        )
         issued = self._issued
         life.preparer = Preparer(options, table, counters, issued, queue, limiter, clock, durable)
 
