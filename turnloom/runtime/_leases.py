@@ -64,7 +64,11 @@ class Leases:
             state = table.contexts.get(context_id)
             return (state is None or state.in_flight is None) and not queue.waits_on(context_id)
 
-        durable = Durability(options, limiter, table.install, table.unload, unloadable, history)
+        def unload(context_id: str) -> None:
+            table.unload(context_id)
+            queue.wake(context_id)  # its waiters settle: the context left this manager
+
+        durable = Durability(options, limiter, table.install, unload, unloadable, history)
         table.log = durable.log
         task_group.start_soon(durable.run)
         self._durable = durable

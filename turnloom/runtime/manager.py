@@ -511,8 +511,9 @@ class ContextManager:
                 alone exceed it (no slot taken), else by the preparation.
             UnknownTurnError: the turn was evicted (or retracted) before it could
                 be captured.
-            ContextRemovedError: the context was removed while the preparation
-                waited (a context created again with the same id never serves it).
+            ContextRemovedError: the context was removed, or with a store its lease
+                was lost to another host, while the preparation waited (a context
+                created again with the same id never serves it).
             ProviderRuleError: the gateway rejected a message while rendering.
             AreaCallbackError: an attached area raised (or returned a wrong
                 value) in the area pass; ``area`` and ``phase`` name it. The
