@@ -660,7 +660,7 @@ class ContextManager:
             InvalidArgumentError: ``fields`` is not a str-keyed mapping of JSON
                 data, or sets a field the body writes (the gateway's
                 ``items_field``, or its instructions field: ``system``,
-                ``systemInstruction``, ``instructions``).
+                ``systemInstruction`` or ``system_instruction``, ``instructions``).
             FoundationClosedError, InvalidMessageError, InvalidTextError,
             InstructionMessageError, DuplicateIdError, ProviderRuleError,
             TurnTooLargeError: as :meth:`build`, for the same reasons.
