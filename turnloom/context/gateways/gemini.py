@@ -96,6 +96,7 @@ from turnloom.context.gateways._common import (
     args_text,
     blank,
     drop_foreign,
+    empty_input,
     json_text,
     layout_of,
     make_layout,
@@ -563,7 +564,7 @@ class GeminiGateway(Gateway):
         Returns:
             every violation, in item order; empty when the input is valid.
         """
-        out: list[Violation] = []
+        out: list[Violation] = empty_input(items, "contents")
         _check_signatures(items, out)
         calls: list[tuple[str | None, str]] = []  # (id, name) of the previous model turn
         calls_at = -1
