@@ -598,7 +598,11 @@ class ContextManager:
         The continuation (the turn's model outputs and tool results so far,
         oldest first) is rendered and appended; the prefix, including its
         runtime-state pair, is reused as is and never refreshed. Calls without
-        a result are handled by the ``open_calls`` policy. A continuation call
+        a result are handled by the ``open_calls`` policy; a result whose call
+        is not before it in the continuation (the prefix ends at the turn's
+        input: the turn's own calls are in the continuation) is left out,
+        never sent alone, so pass the model's call message with its results.
+        A continuation call
         reusing a call id of the prefix or of an earlier continuation call is
         renamed, with its results, by the rule of
         :mod:`turnloom.context.callids`, continued from the prefix, so the
