@@ -69,6 +69,9 @@ class BodyWriter:
             ``items_field``).
         header: the other top-level fields :meth:`finish` may return (for
             example Anthropic's ``"system"``).
+        spellings: other names the provider (and the gateway's
+            ``parse_request``) reads as one of those fields (Gemini's
+            ``"system_instruction"``); a request must not set them either.
         renamer: the call-id renaming state (:mod:`turnloom.context.callids`).
     """
 
@@ -76,6 +79,7 @@ class BodyWriter:
 
     field: str = ""
     header: tuple[str, ...] = ()
+    spellings: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self.renamer = CallIdRenamer()
@@ -160,10 +164,14 @@ def body_writer(gateway: Gateway) -> BodyWriter | None:
 
 
 def reserved_fields(gateway: Gateway) -> frozenset[str]:
-    """The top-level fields ``gateway``'s request body writes itself (items, instructions)."""
+    """The top-level fields ``gateway``'s request body writes itself (items, instructions).
+
+    Every spelling of them the provider reads counts (see ``BodyWriter.spellings``).
+    """
     writer = body_writer(gateway)
-    header = writer.header if writer is not None else tuple(gateway.request_body(()))
-    return frozenset((gateway.items_field, *header))
+    if writer is None:
+        return frozenset((gateway.items_field, *gateway.request_body(())))
+    return frozenset((gateway.items_field, *writer.header, *writer.spellings))
 
 
 def encode_fields(fields: Mapping[str, Any], reserved: frozenset[str]) -> bytes:

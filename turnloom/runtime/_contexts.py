@@ -145,8 +145,8 @@ class ContextTable:
         state = self.contexts.get(context_id)
         if origin is not None and state is not origin:
             raise ContextRemovedError(
-                f"Context {excerpt(context_id)} was removed while the preparation of turn "
-                f"{excerpt(turn_id)} waited.",
+                f"Context {excerpt(context_id)} was removed (or its lease lost) while the "
+                f"preparation of turn {excerpt(turn_id)} waited.",
                 context_id=context_id,
                 turn_id=turn_id,
             )

@@ -19,6 +19,7 @@ from turnloom.runtime._contexts import ContextTable
 from turnloom.runtime._door import DurableOptions
 from turnloom.runtime._durable import Durability
 from turnloom.runtime._lifecycle import Lifecycle
+from turnloom.runtime._queue import PreparationQueue
 from turnloom.runtime.store import ContextStore
 
 
@@ -46,7 +47,9 @@ class Leases:
     * ``lease_ttl``: seconds a lease lasts unless renewed (default 10.0;
       renewed every third of that while held).
     * ``idle_after``: seconds after its last use at which a held context is
-      unloaded and its lease released (default 300.0; ``math.inf``: never).
+      unloaded and its lease released (default 300.0; ``math.inf``: never);
+      never while a model call or a preparation waiting for its next turn is
+      in progress.
     * ``owner``: this manager's name in leases (default: a random unique one).
     """
 
@@ -62,17 +65,23 @@ class Leases:
         task_group: anyio.abc.TaskGroup,
         limiter: anyio.CapacityLimiter,
         table: ContextTable,
+        queue: PreparationQueue,
     ) -> Durability | None:
         """Start the durable side (with a store) in the opening Foundation's task group."""
         if options is None:
             return None
 
         def unloadable(context_id: str) -> bool:
+            # In use: a model call in flight, or a preparation waiting for its next turn.
             state = table.contexts.get(context_id)
-            return state is None or state.in_flight is None
+            return (state is None or state.in_flight is None) and not queue.waits_on(context_id)
+
+        def unload(context_id: str) -> None:
+            table.unload(context_id)
+            queue.wake(context_id)  # its waiters settle: the context left this manager
 
         durable = Durability(
-            options, limiter, table.install, table.unload, unloadable, table.held_history
+            options, limiter, table.install, unload, unloadable, table.held_history
         )
         table.log = durable.log
         task_group.start_soon(durable.run)

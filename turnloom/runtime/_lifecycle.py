@@ -111,7 +111,7 @@ class Lifecycle:
             options.max_pending_preparations, task_group, counters, options.tenant_limit
         )
         outputs._bind(task_group)
-        durable = self.durable = leases._bind(options.durable, task_group, limiter, table)
+        durable = self.durable = leases._bind(options.durable, task_group, limiter, table, queue)
         self.preparer = Preparer(
             options, table, counters, self.issued, queue, limiter, clock or _utc_now, durable
         )

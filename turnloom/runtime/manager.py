@@ -268,7 +268,8 @@ class ContextManager:
             InvalidMessageError: a malformed id or message, an input message
                 with a system/developer role or carrying a runtime-state call or
                 result, an instruction with another role, or an input that
-                renders to nothing (empty, or blank text only).
+                renders to nothing (empty, blank text only, or on a context's first
+                turn only results answering no call).
             InvalidTextError: text that is not valid UTF-8.
             ItemTooLargeError: a message is over the per-item byte cap.
             TurnTooLargeError: the turn would hold more than ``max_items``
@@ -434,8 +435,8 @@ class ContextManager:
                 alone exceed it (no slot taken), else by the preparation.
             UnknownTurnError: the turn was evicted (or retracted) before it could
                 be captured.
-            ContextRemovedError: the context was removed while the preparation
-                waited (see :meth:`remove_context`).
+            ContextRemovedError: the context was removed, or its lease was lost
+                to another host, while the preparation waited.
             ProviderRuleError: the gateway rejected a message while rendering.
             AreaCallbackError: an attached area raised (or returned a wrong
                 value) in the area pass; ``area`` and ``phase`` name it. The
@@ -494,9 +495,12 @@ class ContextManager:
         The continuation (the turn's model outputs and tool results so far,
         oldest first) is rendered and appended; the prefix, including its
         runtime-state pair, is reused as is and never refreshed. Calls without
-        a result are handled by the ``open_calls`` policy. A continuation call
-        reusing a call id of the prefix or of an earlier continuation call is
-        renamed, with its results, by the rule of
+        a result are handled by the ``open_calls`` policy; a result whose call
+        is not before it in the continuation (the prefix ends at the turn's
+        input: the turn's own calls are in the continuation) is left out,
+        never sent alone, so pass the model's call message with its results.
+        A continuation call reusing a call id of the prefix or of an earlier
+        continuation call is renamed, with its results, by the rule of
         :mod:`turnloom.context.callids`, continued from the prefix, so the
         items hold each call id once. Cost: O(continuation), plus a C-speed
         copy of the prefix's set of call ids.
@@ -552,7 +556,7 @@ class ContextManager:
             InvalidArgumentError: ``fields`` is not a str-keyed mapping of JSON
                 data, or sets a field the body writes (the gateway's
                 ``items_field``, or its instructions field: ``system``,
-                ``systemInstruction``, ``instructions``).
+                ``systemInstruction`` or ``system_instruction``, ``instructions``).
             FoundationClosedError, InvalidMessageError, InvalidTextError,
             InstructionMessageError, DuplicateIdError, ProviderRuleError,
             TurnTooLargeError: as :meth:`build`, for the same reasons.
