@@ -48,6 +48,72 @@ from collections.abc import Callable, Sequence
 from turnloom.context.gateway import GatewayType, NativeContent
 
 
+_MISSING: object = object()
+_TOP = 32  # entries a layered map takes in place before they are frozen as a layer
+
+
+class _Layers:
+    """A str-keyed map that copies in O(log n): frozen layers and a small owned top.
+
+    Each frozen layer is a dict never changed once frozen, so copies share it
+    (across threads too); a lookup reads the top, then the layers newest
+    first. When the top holds :data:`_TOP` entries it is frozen as a layer,
+    merged with the newest layers while they are no more than twice its size,
+    so each entry is copied O(log n) times in all and there are O(log n)
+    layers. ``None`` values are tombstones: they hide older values and are
+    dropped once merged into the oldest layer.
+    """
+
+    __slots__ = ("_frozen", "_top")
+
+    def __init__(self, frozen: tuple[dict[str, object], ...] = ()) -> None:
+        self._frozen = frozen
+        self._top: dict[str, object] = {}
+
+    def get(self, key: str) -> object:
+        """The value of ``key``, or None."""
+        value = self._top.get(key, _MISSING)
+        if value is _MISSING:
+            for layer in reversed(self._frozen):
+                value = layer.get(key, _MISSING)
+                if value is not _MISSING:
+                    break
+            else:
+                return None
+        return value
+
+    def set(self, key: str, value: object) -> None:
+        """Set ``key`` (None hides it)."""
+        top = self._top
+        top[key] = value
+        if len(top) >= _TOP:
+            layers = list(self._frozen)
+            merged = top
+            while layers and len(layers[-1]) <= 2 * len(merged):
+                older = dict(layers.pop())
+                older.update(merged)
+                merged = older
+            if not layers:
+                merged = {k: v for k, v in merged.items() if v is not None}
+            layers.append(merged)
+            self._frozen = tuple(layers)
+            self._top = {}
+
+    def copy(self) -> _Layers:
+        """An independent map with the same entries: O(layers) plus the top."""
+        other = _Layers(self._frozen)
+        other._top = dict(self._top)
+        return other
+
+    def present(self) -> list[str]:
+        """Every key with a value, in no particular order (O(n): for small maps)."""
+        merged: dict[str, object] = {}
+        for layer in self._frozen:
+            merged.update(layer)
+        merged.update(self._top)
+        return [k for k, v in merged.items() if v is not None]
+
+
 class CallIdRenamer:
     """The state of the renaming rule after some items of one request.
 
@@ -57,7 +123,8 @@ class CallIdRenamer:
     A call after a result, or after :meth:`end_group`, opens a new call group.
 
     Not thread-safe: one renamer is used by one thread at a time. Use
-    :meth:`copy` to continue from a state while keeping it.
+    :meth:`copy` to continue from a state while keeping it; a copy costs
+    O(log n) in the ids seen (the states share their frozen layers).
 
     Attributes:
         renamed: how many calls this state renamed so far.
@@ -66,8 +133,9 @@ class CallIdRenamer:
     __slots__ = ("_counters", "_group", "_in_results", "_seen", "renamed")
 
     def __init__(self) -> None:
-        self._seen: set[str] = set()
-        self._counters: dict[str, int] = {}
+        # The ids present (True) or forgotten (None), and the last suffix number per base id.
+        self._seen = _Layers()
+        self._counters = _Layers()
         # The current call group: original id -> new ids, in call order (an id
         # twice in one group gets two, consumed in order by its results).
         self._group: dict[str, list[str]] = {}
@@ -75,10 +143,10 @@ class CallIdRenamer:
         self.renamed = 0
 
     def copy(self) -> CallIdRenamer:
-        """An independent renamer in the same state (copies of its sets and maps)."""
+        """An independent renamer in the same state (O(log n), see the class docstring)."""
         other = CallIdRenamer()
-        other._seen = set(self._seen)
-        other._counters = dict(self._counters)
+        other._seen = self._seen.copy()
+        other._counters = self._counters.copy()
         other._group = {k: list(v) for k, v in self._group.items()}
         other._in_results = self._in_results
         other.renamed = self.renamed
@@ -86,7 +154,7 @@ class CallIdRenamer:
 
     def __contains__(self, call_id: object) -> bool:
         """True when ``call_id`` is present in the items seen so far (after renaming)."""
-        return call_id in self._seen
+        return isinstance(call_id, str) and self._seen.get(call_id) is not None
 
     def call(self, call_id: str, fix: Callable[[str], str] | None = None) -> str:
         """Register a call with ``call_id``; return the id it is sent with.
@@ -102,18 +170,19 @@ class CallIdRenamer:
         base = call_id if fix is None else fix(call_id)
         new_id = base
         seen = self._seen
-        if base in seen:
-            n = self._counters.get(base, 1)
+        if seen.get(base) is not None:
+            counters = self._counters
+            n: int = counters.get(base) or 1  # type: ignore[assignment]
             while True:
                 n += 1
                 new_id = f"{base}_r{n}"
-                if new_id not in seen:
+                if seen.get(new_id) is None:
                     break
-            self._counters[base] = n
+            counters.set(base, n)
             self.renamed += 1
         elif base != call_id:
             self.renamed += 1
-        seen.add(new_id)
+        seen.set(new_id, True)
         self._group.setdefault(call_id, []).append(new_id)
         return new_id
 
@@ -127,7 +196,8 @@ class CallIdRenamer:
         self._in_results = True
         new_ids = self._group.get(call_id)
         if not new_ids:
-            self._seen.add(call_id)
+            if self._seen.get(call_id) is None:
+                self._seen.set(call_id, True)
             return call_id
         return new_ids.pop(0) if len(new_ids) > 1 else new_ids[0]
 
@@ -148,13 +218,18 @@ class CallIdRenamer:
         Args:
             dropped: a fresh renamer advanced over the dropped items only.
         """
+        gone = dropped._seen.present()
         counters = self._counters
-        if counters:
-            for call_id in dropped._seen:
-                base, sep, number = call_id.rpartition("_r")
-                if call_id in counters or (sep and number.isdigit() and base in counters):
-                    return False
-        self._seen.difference_update(dropped._seen)
+        for call_id in gone:
+            base, sep, number = call_id.rpartition("_r")
+            if counters.get(call_id) is not None or (
+                sep and number.isdigit() and counters.get(base) is not None
+            ):
+                return False
+        seen = self._seen
+        for call_id in gone:
+            if seen.get(call_id) is not None:
+                seen.set(call_id, None)
         return True
 
 
