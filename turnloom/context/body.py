@@ -209,12 +209,20 @@ def with_fields(body: bytes, members: bytes) -> bytes:
     return b"".join((b"{", members, b",", body[1:]))
 
 
-def _splice(header: dict[str, Any], field: str, chunks: Sequence[bytes]) -> bytes:
-    """The encoded body: ``header`` then ``field`` holding the joined encoded items."""
-    head = _encode({**header, field: []})
-    # msgspec writes dict keys in insertion order with no whitespace, so the
-    # body ends with the empty item list and the closing brace: b"[]}".
-    return b"".join((head[:-2], b",".join([c for c in chunks if c]), b"]}"))
+def _splice(head: bytes, chunks: list[bytes], members: bytes) -> bytes:
+    """The encoded body: ``head`` (``b'{...,"messages":['``), the items, ``b"]}"``; one copy.
+
+    ``members`` (the caller's fields, :func:`encode_fields`) go first. The
+    item chunks are joined once, with the opening and closing bytes glued to
+    the first and last chunk, so the body's bytes are copied once.
+    """
+    if members:
+        head = b"".join((b"{", members, b",", head[1:]))
+    if not chunks:
+        return head + b"]}"
+    chunks[0] = head + chunks[0]
+    chunks[-1] += b"]}"
+    return b",".join(chunks)
 
 
 class EncodedBody:
@@ -255,24 +263,29 @@ class EncodedBody:
             return self
         return EncodedBody(self._writer, self._chunks, self._rest + tuple(items))
 
-    def encode(self) -> bytes:
+    def encode(self, members: bytes = b"") -> bytes:
         """The encoded request body of all the items, as UTF-8 JSON bytes.
 
-        Equal, byte for byte, to ``msgspec.json.encode(gateway.request_body(items))``.
-        Costs: a copy of the writer state (a C-speed copy of the call-id set),
-        feeding and encoding the items not cached, and one C-speed join of
-        the cached bytes.
+        Equal, byte for byte, to ``msgspec.json.encode(gateway.request_body(items))``;
+        with ``members`` (:func:`encode_fields` of the caller's top-level
+        fields), to ``msgspec.json.encode({**fields, **gateway.request_body(items)})``.
+        Costs: a copy of the writer state (O(log n) in the call ids seen),
+        feeding and encoding the items not cached, a C-speed copy of the
+        cached chunks' references, and one copy of the body's bytes.
         """
         writer = self._writer.copy()
         out: list[NativeContent] = []
         if self._rest:
             writer.feed(self._rest, out)
         header = writer.finish(out)
-        return _splice(header, writer.field, (*self._chunks, *map(_encode, out)))
+        head = _encode({**header, writer.field: []})
+        # msgspec writes dict keys in insertion order with no whitespace, so the
+        # body ends with the empty item list and the closing brace: b"[]}".
+        return _splice(head[:-2], [*self._chunks, *map(_encode, out)], members)
 
 
 class _Segment(msgspec.Struct, gc=False):
-    """One segment of a :class:`BodyRun` (its encoded items are kept beside it).
+    """One segment of a :class:`BodyRun` (its encoded items are kept in the run's chunks).
 
     Untracked by the cyclic collector (``gc=False``): it holds ints and a
     bool only, so no cycle can pass through it.
@@ -281,26 +294,42 @@ class _Segment(msgspec.Struct, gc=False):
     tag: int
     reach: int  # the last tag a body item of this segment was built from
     opens: bool | None = None  # can_open of its first body item; None: none handed out
+    count: int = 0  # how many body items (chunks) it holds
 
 
 class BodyRun:
     """The encoded body of a run of segments, changed in place (see the module docstring).
 
     Segment tags increase from one :meth:`append` to the next; segment 0 is
-    the pinned instructions and is never dropped. The writer state is
-    replaced, never changed, so a :meth:`snapshot` stays valid. Not
-    thread-safe: guarded by the history's lock.
+    the pinned instructions and is never dropped. The body items are kept
+    as one list of encoded chunks, one per body item, in body order; a
+    segment's chunks are contiguous (a held-back item belongs to the
+    segment it started in, before any item of a later one). A chunk equal
+    to the encoding of an item appended with it is that very bytes object,
+    so a history that keeps its items encoded keeps such body items once.
+    The writer state is replaced, never changed, so a :meth:`snapshot`
+    stays valid. Not thread-safe: guarded by the history's lock.
     """
 
-    __slots__ = ("_data", "_segments", "_writer")
+    __slots__ = ("_chunks", "_recent", "_segments", "_writer")
 
     def __init__(self, writer: BodyWriter) -> None:
         self._writer = writer
         self._segments: list[_Segment] = []
-        self._data: list[bytes] = []  # the encoded items of each segment, as in _segments
+        self._chunks: list[bytes] = []  # one per body item, in body order
+        self._recent: dict[bytes, bytes] = {}  # the last segment's items, encoded
 
-    def append(self, items: Sequence[NativeContent], tag: int) -> None:
-        """Feed one segment's items; encode the body items they settle."""
+    def append(
+        self, items: Sequence[NativeContent], tag: int, encoded: Sequence[bytes] = ()
+    ) -> None:
+        """Feed one segment's items; encode the body items they settle.
+
+        Args:
+            items: the segment's native items.
+            tag: the segment's tag (greater than the last one appended).
+            encoded: the items' JSON encodings, when the caller keeps them:
+                a body item encoded to equal bytes shares that object.
+        """
         writer = self._writer.copy()
         out: list[NativeContent] = []
         marks: list[tuple[int, int]] = []
@@ -308,34 +337,30 @@ class BodyRun:
         writer.feed(items, out, tag)
         writer.marks = None
         self._writer = writer
-        segments, data = self._segments, self._data
+        segments = self._segments
         if not segments or segments[-1].tag != tag:
             segments.append(_Segment(tag, tag))
-            data.append(b"")
-        if not out:
-            return
-        start = 0
-        while start < len(out):
-            origin = marks[start][0]
-            end = start
-            reach = origin
-            while end < len(out) and marks[end][0] == origin:
-                reach = max(reach, marks[end][1])
-                end += 1
+        known = self._recent
+        known.update((chunk, chunk) for chunk in encoded)
+        chunks = self._chunks
+        for body_item, (origin, last) in zip(out, marks, strict=True):
             index = len(segments) - 1
             while segments[index].tag > origin:  # an item held back from an earlier segment
                 index -= 1
             segment = segments[index]
-            segment.reach = max(segment.reach, reach)
+            if last > segment.reach:
+                segment.reach = last
             if segment.opens is None:
-                segment.opens = writer.can_open(out[start])
-            joined = b",".join(map(_encode, out[start:end]))
-            data[index] = data[index] + b"," + joined if data[index] else joined
-            start = end
+                segment.opens = writer.can_open(body_item)
+            segment.count += 1
+            chunk = _encode(body_item)
+            chunks.append(known.get(chunk, chunk))
+        if encoded:  # only the last segment's items with any can be handed out later
+            self._recent = {chunk: chunk for chunk in encoded}
 
     def snapshot(self, rest: tuple[NativeContent, ...] = ()) -> EncodedBody:
-        """The body as it stands, then ``rest``: O(segments) C-speed reference copies."""
-        return EncodedBody(self._writer, tuple(self._data), rest)
+        """The body as it stands, then ``rest``: a C-speed copy of the chunks' references."""
+        return EncodedBody(self._writer, tuple(self._chunks), rest)
 
     def drop(self, first_kept: int, dropped: CallIdRenamer) -> bool:
         """Drop the segments tagged below ``first_kept`` (but 0), when the rest stays exact.
@@ -364,6 +389,8 @@ class BodyRun:
         if not writer.forget(first_kept, dropped):
             return False
         self._writer = writer
+        start = segments[0].count if cut else 0
+        count = sum(segment.count for segment in segments[cut:end])
+        del self._chunks[start : start + count]
         del segments[cut:end]
-        del self._data[cut:end]
         return True

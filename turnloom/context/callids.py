@@ -47,7 +47,6 @@ from collections.abc import Callable, Sequence
 
 from turnloom.context.gateway import GatewayType, NativeContent
 
-
 _MISSING: object = object()
 _TOP = 32  # entries a layered map takes in place before they are frozen as a layer
 
@@ -66,8 +65,10 @@ class _Layers:
 
     __slots__ = ("_frozen", "_top")
 
-    def __init__(self, frozen: tuple[dict[str, object], ...] = ()) -> None:
-        self._frozen = frozen
+    def __init__(self, frozen: list[dict[str, object]] | None = None) -> None:
+        # Replaced, never changed in place (copies share it). A list, not a
+        # tuple: one tracked object for the collector however many layers.
+        self._frozen: list[dict[str, object]] = [] if frozen is None else frozen
         self._top: dict[str, object] = {}
 
     def get(self, key: str) -> object:
@@ -96,7 +97,7 @@ class _Layers:
             if not layers:
                 merged = {k: v for k, v in merged.items() if v is not None}
             layers.append(merged)
-            self._frozen = tuple(layers)
+            self._frozen = layers
             self._top = {}
 
     def copy(self) -> _Layers:
