@@ -44,6 +44,7 @@ import msgspec
 
 from turnloom.context.callids import CallIdRenamer
 from turnloom.context.gateway import Gateway, NativeContent
+from turnloom.context.items import exact_bytes
 from turnloom.errors import InvalidArgumentError, excerpt
 
 _encode = msgspec.json.Encoder().encode
@@ -354,7 +355,8 @@ class BodyRun:
                 segment.opens = writer.can_open(body_item)
             segment.count += 1
             chunk = _encode(body_item)
-            chunks.append(known.get(chunk, chunk))
+            shared = known.get(chunk)
+            chunks.append(shared if shared is not None else exact_bytes(chunk))
         if encoded:  # only the last segment's items with any can be handed out later
             self._recent = {chunk: chunk for chunk in encoded}
 

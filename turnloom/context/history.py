@@ -91,7 +91,7 @@ import msgspec
 from turnloom.context.body import BodyRun, EncodedBody, body_writer
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.items import _GC_UNTRACK, NativeItems, _untrack_json
+from turnloom.context.items import _GC_UNTRACK, NativeItems, _untrack_json, encode_item
 from turnloom.context.message import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Message,
@@ -127,7 +127,6 @@ from turnloom.errors import (
     excerpt,
 )
 
-_encoder = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder().decode
 _DEFAULT_COUNTER = ApproxTokenCounter()
 _PINNED_ROLES = (Role.system, Role.developer)
@@ -366,8 +365,8 @@ _Encoded = bytes | tuple[bytes, ...]
 
 def _encode_native(native: _Native) -> _Encoded:
     if type(native) is tuple:
-        return tuple(map(_encoder.encode, native))
-    return _encoder.encode(native)
+        return tuple(map(encode_item, native))
+    return encode_item(native)
 
 
 def _decode_native(encoded: _Encoded) -> _Native:
@@ -798,7 +797,7 @@ def _renamed(rendered: _Rendered, gateway: Gateway, call_ids: CallIdRenamer) -> 
     if all(new is old for new, old in zip(items, rendered.items, strict=True)):
         return rendered
     encoded = tuple(
-        kept if new is old else _encoder.encode(new)
+        kept if new is old else encode_item(new)
         for new, old, kept in zip(items, rendered.items, rendered.encoded, strict=True)
     )
     out = tuple(items)
@@ -931,10 +930,10 @@ def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Encod
     items = gateway.render(message)
     if len(items) == 1:
         item = items[0]
-        encoded = _encoder.encode(item)
+        encoded = encode_item(item)
         _untrack_json(item)
         return item, encoded
-    encodings = tuple(map(_encoder.encode, items))
+    encodings = tuple(map(encode_item, items))
     native = tuple(items)
     _untrack_json(native)
     return native, encodings

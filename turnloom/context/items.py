@@ -15,7 +15,7 @@ msgspec decodes its own encoding to equal values.
 
 from __future__ import annotations
 
-__all__ = ("NativeItems", "common_prefix")
+__all__ = ("NativeItems", "common_prefix", "encode_item", "exact_bytes")
 
 import ctypes
 import gc
@@ -29,6 +29,21 @@ import msgspec
 from turnloom.context.gateway import NativeContent
 
 _decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+
+
+def exact_bytes(encoded: bytes) -> bytes:
+    """``encoded`` in a ``bytes`` object of exactly its size (a copy: one memcpy).
+
+    msgspec returns its output buffer, which holds up to half as much again
+    unused; an encoding that is kept is copied once.
+    """
+    return bytes(memoryview(encoded))
+
+
+def encode_item(item: Any) -> bytes:
+    """The JSON encoding of one native item, to keep (:func:`exact_bytes`)."""
+    return exact_bytes(_encode(item))
 
 
 def _decode_run(encoded: Sequence[bytes]) -> list[NativeContent]:
