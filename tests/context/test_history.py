@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
@@ -25,7 +26,7 @@ from turnloom.context import (
 )
 from turnloom.context.callids import rename_call_ids
 from turnloom.context.gateways import OpenAIChatGateway
-from turnloom.context.history import HistoryLimits, TurnHistory
+from turnloom.context.history import HistoryLimits, RenderedHistory, TurnHistory
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.errors import (
     DuplicateIdError,
@@ -308,6 +309,16 @@ class FlakyGateway(CountingGateway):
         return super().render(message)
 
 
+def plain_common_length(a: Sequence[object], b: Sequence[object]) -> int:
+    """The oracle of a common prefix: a plain scan."""
+    count = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        count += 1
+    return count
+
+
 def cold_render(
     history: TurnHistory, turn_id: str, policy: OpenCallPolicy = "exclude"
 ) -> list[NativeContent]:
@@ -368,11 +379,14 @@ def test_cached_render_equals_a_from_scratch_render(
 ) -> None:
     """Invariant: whatever the order of commits, records, approvals (results as the next
     turn's input), evictions, renders and renders that fail part-way, every render equals
-    a cold render of the retained history paired as one input."""
+    a cold render of the retained history paired as one input. Its items, kept encoded
+    and decoded reusing the previous render's decoded items, equal it too, and their
+    common length with the previous render is that of the two plain lists."""
     gateway = FlakyGateway()
     history = TurnHistory(HistoryLimits(max_turns=4, max_items=12))
     turn = 0
     history.commit("t0", [user("u0")], instructions=[SYSTEM])
+    previous: RenderedHistory | None = None
     for kind, n in ops:
         turn = apply_op(history, kind, n, turn)
         target = history.turn_ids[n % len(history.turn_ids)]
@@ -385,7 +399,14 @@ def test_cached_render_equals_a_from_scratch_render(
                 pass
             gateway.fail_in = None
         rendered = history.view().render(gateway, target, open_calls=policy)
+        common = None
+        if previous is not None:
+            common = rendered.native_items.common_length(previous.native_items)
+            rendered.native_items.adopt(previous.native_items)
         assert list(rendered.items) == cold_render(history, target, policy)
+        if previous is not None:
+            assert common == plain_common_length(rendered.items, previous.items)
+        previous = rendered
         sizes = [len(msgspec.json.encode(item)) for item in rendered.items]
         assert rendered.bytes == sum(sizes)
         assert [rendered.bytes_before(k) for k in range(len(sizes) + 2)] == [
