@@ -138,10 +138,9 @@ def test_an_earlier_turn_renders_without_a_cached_body() -> None:
 def _segments(run: BodyRun) -> list[tuple[int, int, bytes]]:
     """Each segment's tag, reach and encoded body items (comma-joined)."""
     out, start = [], 0
-    for segment in run._segments:
-        chunks = run._chunks[start : start + segment.count]
-        out.append((segment.tag, segment.reach, b",".join(chunks)))
-        start += segment.count
+    for tag, reach, count in zip(run._tags, run._reach, run._counts, strict=True):
+        out.append((tag, reach, b",".join(run._chunks[start : start + count])))
+        start += count
     assert start == len(run._chunks)
     return out
 

@@ -37,6 +37,7 @@ __all__ = (
     "with_fields",
 )
 
+import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -285,19 +286,6 @@ class EncodedBody:
         return _splice(head[:-2], [*self._chunks, *map(_encode, out)], members)
 
 
-class _Segment(msgspec.Struct, gc=False):
-    """One segment of a :class:`BodyRun` (its encoded items are kept in the run's chunks).
-
-    Untracked by the cyclic collector (``gc=False``): it holds ints and a
-    bool only, so no cycle can pass through it.
-    """
-
-    tag: int
-    reach: int  # the last tag a body item of this segment was built from
-    opens: bool | None = None  # can_open of its first body item; None: none handed out
-    count: int = 0  # how many body items (chunks) it holds
-
-
 class BodyRun:
     """The encoded body of a run of segments, changed in place (see the module docstring).
 
@@ -312,11 +300,17 @@ class BodyRun:
     stays valid. Not thread-safe: guarded by the history's lock.
     """
 
-    __slots__ = ("_chunks", "_recent", "_segments", "_writer")
+    __slots__ = ("_chunks", "_counts", "_opens", "_reach", "_recent", "_tags", "_writer")
 
     def __init__(self, writer: BodyWriter) -> None:
         self._writer = writer
-        self._segments: list[_Segment] = []
+        # One entry per segment, oldest first: its tag, the last tag a body
+        # item of it was built from, can_open of its first body item (0: none
+        # handed out yet, 1: False, 2: True) and how many body items it holds.
+        self._tags = array.array("q")
+        self._reach = array.array("q")
+        self._opens = bytearray()
+        self._counts = array.array("q")
         self._chunks: list[bytes] = []  # one per body item, in body order
         self._recent: dict[bytes, bytes] = {}  # the last segment's items, encoded
 
@@ -338,22 +332,24 @@ class BodyRun:
         writer.feed(items, out, tag)
         writer.marks = None
         self._writer = writer
-        segments = self._segments
-        if not segments or segments[-1].tag != tag:
-            segments.append(_Segment(tag, tag))
+        tags, reach, opens, counts = self._tags, self._reach, self._opens, self._counts
+        if not tags or tags[-1] != tag:
+            tags.append(tag)
+            reach.append(tag)
+            opens.append(0)
+            counts.append(0)
         known = self._recent
         known.update((chunk, chunk) for chunk in encoded)
         chunks = self._chunks
         for body_item, (origin, last) in zip(out, marks, strict=True):
-            index = len(segments) - 1
-            while segments[index].tag > origin:  # an item held back from an earlier segment
+            index = len(tags) - 1
+            while tags[index] > origin:  # an item held back from an earlier segment
                 index -= 1
-            segment = segments[index]
-            if last > segment.reach:
-                segment.reach = last
-            if segment.opens is None:
-                segment.opens = writer.can_open(body_item)
-            segment.count += 1
+            if last > reach[index]:
+                reach[index] = last
+            if not opens[index]:
+                opens[index] = 2 if writer.can_open(body_item) else 1
+            counts[index] += 1
             chunk = _encode(body_item)
             shared = known.get(chunk)
             chunks.append(shared if shared is not None else exact_bytes(chunk))
@@ -372,27 +368,29 @@ class BodyRun:
         depends on the dropped items); the caller then builds a new run
         from the kept items.
         """
-        segments = self._segments
-        cut = 1 if segments and segments[0].tag == 0 else 0
+        tags, reach = self._tags, self._reach
+        cut = 1 if tags and tags[0] == 0 else 0
         end = cut
-        while end < len(segments) and segments[end].tag < first_kept:
-            if segments[end].reach >= first_kept:
+        while end < len(tags) and tags[end] < first_kept:
+            if reach[end] >= first_kept:
                 return False
             end += 1
-        if end == len(segments):
+        if end == len(tags):
             return False  # nothing kept after the pinned segment: rebuild (cheap)
         held = self._writer.held_origin()
         if held is not None and 0 < held < first_kept:
             return False
-        first = segments[end]
-        if first.tag != first_kept or not first.opens:
+        if tags[end] != first_kept or self._opens[end] != 2:
             return False
         writer = self._writer.copy()
         if not writer.forget(first_kept, dropped):
             return False
         self._writer = writer
-        start = segments[0].count if cut else 0
-        count = sum(segment.count for segment in segments[cut:end])
+        counts = self._counts
+        start = counts[0] if cut else 0
+        count = sum(counts[cut:end])
         del self._chunks[start : start + count]
-        del segments[cut:end]
+        for segments in (tags, reach, counts):
+            del segments[cut:end]
+        del self._opens[cut:end]
         return True
