@@ -271,8 +271,11 @@ class RenderedHistory:
 
     __slots__ = (
         "_base",
-        "_ends",
+        "_byte_ends",
+        "_item_ends",
+        "_origin",
         "_pinned",
+        "_run",
         "_tail",
         "body",
         "bytes",
@@ -286,27 +289,31 @@ class RenderedHistory:
     def __init__(
         self,
         pinned: _Rendered,
-        run: tuple[bytes, ...],
-        ends: array.array[int],
-        base: int,
         tail: _Rendered,
         call_ids: CallIdRenamer,
-        turn_start: int,
         tokens: int,
+        run: _Run | None = None,
         body: EncodedBody | None = None,
-        epoch: object = None,
-        origin: int = 0,
     ) -> None:
         self._pinned = pinned
-        self._ends = ends  # the running byte end of each run item (the run's coordinate)
-        self._base = base  # the running byte coordinate where the run begins
         self._tail = tail  # everything after the run: unsettled turns, then the turn's input
-        self.native_items = NativeItems(pinned.items, run, tail.items, epoch, origin)
-        self.item_count = len(pinned.items) + len(run) + len(tail.items)
+        if run is None:
+            self._run: tuple[bytes, ...] = ()
+            self._item_ends = self._byte_ends = _NO_ENDS
+            self._origin = self._base = 0
+            epoch = None
+        else:
+            # C-speed copies of the run's references and per-turn offsets.
+            self._run = tuple(run.items)
+            self._item_ends = run.item_ends[:]
+            self._byte_ends = run.byte_ends[:]
+            self._origin, self._base, epoch = run.origin, run.base, run.epoch
+        self.native_items = NativeItems(pinned.items, self._run, tail.items, epoch, self._origin)
+        self.item_count = len(pinned.items) + len(self._run) + len(tail.items)
         self.body = body
         self.call_ids = call_ids
-        self.turn_start = turn_start
-        run_bytes = ends[-1] - base if run else 0
+        self.turn_start = 0
+        run_bytes = self._byte_ends[-1] - self._base if self._run else 0
         self.bytes: int = pinned.bytes + run_bytes + tail.bytes
         self.tokens = tokens
 
@@ -318,19 +325,27 @@ class RenderedHistory:
     def bytes_before(self, count: int) -> int:
         """Serialized size of ``items[:count]``, in bytes.
 
-        Costs O(1) within the pinned instructions' and closed turns' items,
-        else O(items after them), never a pass over the whole history.
+        Costs O(log turns + one turn) within the pinned instructions' and
+        closed turns' items, else O(items after them), never a pass over the
+        whole history.
         """
         count = max(0, min(count, self.item_count))
         pinned = self._pinned
         if count <= len(pinned.items):
             return sum(map(len, pinned.encoded[:count]))
         count -= len(pinned.items)
-        ends = self._ends
-        if count <= len(ends):
-            return pinned.bytes + (ends[count - 1] - self._base if count else 0)
-        run_bytes = ends[-1] - self._base if ends else 0
-        return pinned.bytes + run_bytes + sum(map(len, self._tail.encoded[: count - len(ends)]))
+        run = self._run
+        if count > len(run):
+            run_bytes = self._byte_ends[-1] - self._base if run else 0
+            inside = sum(map(len, self._tail.encoded[: count - len(run)]))
+            return pinned.bytes + run_bytes + inside
+        # The turn holding item ``count - 1`` of the run, in the running coordinate.
+        position = self._origin + count
+        index = bisect.bisect_left(self._item_ends, position)
+        start = self._item_ends[index - 1] if index else self._origin
+        before = self._byte_ends[index - 1] if index else self._base
+        inside = sum(map(len, run[start - self._origin : count]))
+        return pinned.bytes + before - self._base + inside
 
 
 # Garbage-collector cost. A held history keeps one _Entry per message and one
@@ -625,15 +640,15 @@ class _Run:
 
     ``pinned`` is the pinned instructions' render (native, with encodings).
     The closed turns' items are kept only encoded: ``items`` holds one JSON
-    ``bytes`` per item, renamed as the run sends them, oldest first, and
-    ``ends[i]`` the byte where item ``i`` ends in a running coordinate that
-    starts at ``base`` (never rebased, so dropping items at the front is a
-    C-speed delete). Per turn, oldest first: ``turn_items`` (how many items),
-    ``turn_tokens`` and ``turn_carried`` (1 when calls of an earlier turn
-    were carried into it); ``last`` is the newest turn in the run. ``origin``
-    counts the items dropped at the front since ``epoch`` (an object made
-    per run) began, so renders of the same run can tell shared items apart
-    (:class:`~turnloom.context.items.NativeItems`). ``call_ids`` and
+    ``bytes`` per item, renamed as the run sends them, oldest first. Per
+    turn, oldest first: ``item_ends`` and ``byte_ends`` (where it ends, in
+    items and bytes, in running coordinates that begin at ``origin`` and
+    ``base`` and are never rebased, so dropping turns at the front is a
+    C-speed delete), ``turn_tokens`` and ``turn_carried`` (1 when calls of
+    an earlier turn were carried into it); ``last`` is the newest turn in
+    the run. ``origin`` counts the items dropped at the front since
+    ``epoch`` (an object made per run) began, so renders of the same run can
+    tell shared items apart (:class:`~turnloom.context.items.NativeItems`). ``call_ids`` and
     ``carry`` are the call-id renaming and pairing states after the items.
     ``body`` keeps the request body of the items encoded, one segment per
     turn: segment 0 is the pinned instructions, the run's first turn is
@@ -643,13 +658,14 @@ class _Run:
     __slots__ = (
         "base",
         "body",
+        "byte_ends",
         "call_ids",
         "carry",
-        "ends",
         "epoch",
         "evicted",
         "first_tag",
         "generation",
+        "item_ends",
         "items",
         "last",
         "origin",
@@ -657,7 +673,6 @@ class _Run:
         "pinned_entries",
         "tokens",
         "turn_carried",
-        "turn_items",
         "turn_tokens",
     )
 
@@ -672,11 +687,11 @@ class _Run:
         self.pinned_entries = pinned_entries
         self.pinned = pinned
         self.items: list[bytes] = []
-        self.ends = array.array("q")
+        self.item_ends = array.array("q")
+        self.byte_ends = array.array("q")
         self.base = 0
         self.origin = 0
         self.epoch = object()
-        self.turn_items = array.array("q")
         self.turn_tokens = array.array("q")
         self.turn_carried = bytearray()
         self.tokens = pinned.tokens
@@ -695,7 +710,7 @@ class _Run:
     @property
     def turns(self) -> int:
         """How many closed turns the run holds."""
-        return len(self.turn_items)
+        return len(self.item_ends)
 
     def natives(self, start: int, stop: int) -> list[NativeContent]:
         """``items[start:stop]`` decoded (O(their bytes))."""
@@ -1095,16 +1110,11 @@ class HistoryView:
                     # C-speed copies of the run's references (its items stay encoded).
                     rendered = RenderedHistory(
                         run.pinned,
-                        tuple(run.items),
-                        run.ends[:],
-                        run.base,
                         tail,
                         call_ids,
-                        0,
                         run.tokens + tail.tokens,
+                        run,
                         run.body.snapshot(tail.items) if run.body is not None else None,
-                        run.epoch,
-                        run.origin,
                     )
                 except BaseException:
                     # The run may be half changed: drop it; the next render rebuilds it.
@@ -1123,7 +1133,7 @@ class HistoryView:
             settled, tail, call_ids = plan.rename(gateway, call_ids)
             tail = _join([*settled, tail])
             tokens = pinned.tokens + tail.tokens
-            rendered = RenderedHistory(pinned, (), _NO_ENDS, 0, tail, call_ids, 0, tokens)
+            rendered = RenderedHistory(pinned, tail, call_ids, tokens)
         rendered.turn_start = rendered.item_count - len(plan.head.items) + plan.head.lead
         return rendered
 
@@ -1197,7 +1207,7 @@ class HistoryView:
         settled, tail, call_ids = plan.rename(gateway, call_ids)
         body = _join([*settled, tail]) if settled else tail
         tokens = pinned.tokens + body.tokens
-        rendered = RenderedHistory(pinned, (), _NO_ENDS, 0, body, call_ids, 0, tokens)
+        rendered = RenderedHistory(pinned, body, call_ids, tokens)
         rendered.turn_start = rendered.item_count - len(plan.head.items) + plan.head.lead
         return rendered
 
@@ -1274,7 +1284,7 @@ class HistoryView:
         ):
             return False
         if dropped:
-            count = sum(run.turn_items[:dropped])
+            count = run.item_ends[dropped - 1] - run.origin
             evicted_ids = CallIdRenamer()
             rename_call_ids(gateway.type, run.natives(0, count), evicted_ids)
             if not run.call_ids.forget(evicted_ids):
@@ -1291,13 +1301,12 @@ class HistoryView:
             else:
                 rebuild = False
             run.first_tag = first_kept
-            if count:
-                run.base = run.ends[count - 1]
-                del run.items[:count]
-                del run.ends[:count]
-                run.origin += count
+            run.base = run.byte_ends[dropped - 1]
+            run.origin = run.item_ends[dropped - 1]
+            del run.items[:count]
             run.tokens -= sum(run.turn_tokens[:dropped])
-            del run.turn_items[:dropped]
+            del run.item_ends[:dropped]
+            del run.byte_ends[:dropped]
             del run.turn_tokens[:dropped]
             del run.turn_carried[:dropped]
             run.evicted = self._evicted
@@ -1326,15 +1335,15 @@ class HistoryView:
         reuse = run.turns
         body = run.body
         tag = run.first_tag + reuse
-        items, ends = run.items, run.ends
-        at = ends[-1] if ends else run.base
+        items_at = run.item_ends[-1] if reuse else run.origin
+        bytes_at = run.byte_ends[-1] if reuse else run.base
         joined = closed[reuse : reuse + plan.settled]
         for turn, rendered in zip(joined, renders, strict=True):
-            items.extend(rendered.encoded)
-            for chunk in rendered.encoded:
-                at += len(chunk)
-                ends.append(at)
-            run.turn_items.append(len(rendered.encoded))
+            run.items.extend(rendered.encoded)
+            items_at += len(rendered.encoded)
+            bytes_at += rendered.bytes
+            run.item_ends.append(items_at)
+            run.byte_ends.append(bytes_at)
             run.turn_tokens.append(rendered.tokens)
             run.turn_carried.append(1 if rendered.key[0] else 0)
             run.tokens += rendered.tokens
@@ -1358,9 +1367,10 @@ def _body_run(gateway: Gateway, run: _Run) -> BodyRun | None:
     body.append(run.pinned.items, 0, run.pinned.encoded)
     natives = run.natives(0, len(run.items))
     start = 0
-    for tag, count in enumerate(run.turn_items, run.first_tag):
-        body.append(natives[start : start + count], tag, run.items[start : start + count])
-        start += count
+    for tag, end in enumerate(run.item_ends, run.first_tag):
+        stop = end - run.origin
+        body.append(natives[start:stop], tag, run.items[start:stop])
+        start = stop
     return body
 
 
