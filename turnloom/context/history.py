@@ -392,7 +392,10 @@ def _decode_native(encoded: _Encoded) -> _Native:
 
 
 class _Entry(msgspec.Struct, gc=False, eq=False):
-    """One message of a history with its size, its tokens and render cache (see above).
+    """One message of a history with its tokens and render cache (see above).
+
+    Its size in bytes is not kept: the turn keeps the sum (an int per
+    message would be an object per message).
 
     A slot's cache is the message's native items and their JSON encoding.
     The native items go when the message's turn joins a run (:meth:`release`);
@@ -401,7 +404,6 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
     """
 
     message: Message
-    size: int
     tokens: int
     # Slot 0's render. ``encoded`` is assigned before ``native``.
     native: _Native | None = None
@@ -524,7 +526,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
     key slot 0, each for the span key it holds (a cache of one); ``more``
     holds other slots, by (slot, whole turn). The whole turn is its input,
     its kept ``state``, then its outputs; ``bytes``, ``tokens`` and ``items``
-    count all three.
+    count all three, ``state_bytes`` the kept state alone.
     """
 
     turn_id: str
@@ -534,6 +536,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
     tokens: int
     serial: int  # the history's commit count when it was committed: unique in the history
     state: tuple[_Entry, ...] = ()  # the kept state, between the input and the outputs
+    state_bytes: int = 0
     full: _Rendered | None = None
     head: _Rendered | None = None
     more: dict[tuple[int, bool], _Rendered] | None = None
@@ -550,27 +553,31 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         """The turn's messages (``whole``), or its input only."""
         return [e.message for e in self.entries(whole)]
 
-    def with_outputs(self, added: tuple[_Entry, ...]) -> _Turn:
+    def with_outputs(self, added: tuple[_Entry, ...], added_bytes: int) -> _Turn:
+        """This turn with ``added`` outputs (``added_bytes`` their size)."""
         return _Turn(
             self.turn_id,
             self.input,
             self.outputs + added,
-            self.bytes + sum(e.size for e in added),
+            self.bytes + added_bytes,
             self.tokens + sum(e.tokens for e in added),
             self.serial,
             self.state,
+            self.state_bytes,
         )
 
-    def with_state(self, state: tuple[_Entry, ...]) -> _Turn:
+    def with_state(self, state: tuple[_Entry, ...], state_bytes: int) -> _Turn:
+        """This turn keeping ``state`` (``state_bytes`` its size) in place of its own."""
         old = self.state
         return _Turn(
             self.turn_id,
             self.input,
             self.outputs,
-            self.bytes + sum(e.size for e in state) - sum(e.size for e in old),
+            self.bytes + state_bytes - self.state_bytes,
             self.tokens + sum(e.tokens for e in state) - sum(e.tokens for e in old),
             self.serial,
             state,
+            state_bytes,
         )
 
     def render(
@@ -1198,7 +1205,7 @@ class HistoryView:
         # Each turn's kept messages as a throwaway turn, so the render caches
         # of the history's own turns are not touched; paired as one input.
         spans = [
-            _Turn("", tuple(e), (), sum(x.size for x in e), sum(x.tokens for x in e), 0)
+            _Turn("", tuple(e), (), 0, sum(x.tokens for x in e), 0)
             for e in kept_spans[:-1]
         ]
         own = self._turns[position]
@@ -1789,10 +1796,11 @@ class TurnHistory:
         turn_id: str | None = None,
         *,
         pinned: bool = False,
-    ) -> tuple[_Entry, ...]:
+    ) -> tuple[tuple[_Entry, ...], tuple[int, ...]]:
+        """The batch checked (:meth:`check_batch`) as entries, and each one's size."""
         sizes = self.check_batch(messages, where, turn_id=turn_id, pinned=pinned)
         count = self._shared.counter.count
-        entries = tuple(_Entry(m, s, count((m,))) for m, s in zip(messages, sizes, strict=True))
+        entries = tuple(_Entry(m, count((m,))) for m in messages)
         checked, older = self._checked
         self._checked = (_UNCHECKED, older)  # consumed: the batch's messages are held now
         _, _, renders, gateway = checked
@@ -1801,7 +1809,7 @@ class TurnHistory:
             slot = self._shared.gateway_slot(gateway)
             for entry, (native, encoded) in zip(entries, renders, strict=True):
                 entry.seed(slot, native, encoded)
-        return entries
+        return entries, sizes
 
     def commit(
         self,
@@ -1854,7 +1862,7 @@ class TurnHistory:
                     f"{self._sequence} was already committed; turns must arrive in order."
                 )
         reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
-        entries = self._entries(input, f"turn {excerpt(turn_id)} input")
+        entries, sizes = self._entries(input, f"turn {excerpt(turn_id)} input")
         seen: set[str] = set()
         for i, entry in enumerate(entries):
             message_id = entry.message.id
@@ -1867,6 +1875,7 @@ class TurnHistory:
                     )
                 seen.add(message_id)
         pinned: tuple[_Entry, ...] | None = None
+        pinned_sizes: tuple[int, ...] = ()
         if instructions is not None:
             for i, message in enumerate(instructions):
                 if isinstance(message, Message) and message.role not in _PINNED_ROLES:
@@ -1875,13 +1884,13 @@ class TurnHistory:
                         "instructions are system or developer messages.",
                         field="role",
                     )
-            pinned = self._entries(
+            pinned, pinned_sizes = self._entries(
                 instructions, f"turn {excerpt(turn_id)} instructions", pinned=True
             )
         # Validated: change state.
         if pinned is not None:
             self._pinned = pinned
-            self._pinned_bytes = sum(e.size for e in pinned)
+            self._pinned_bytes = sum(pinned_sizes)
             self._pinned_tokens = sum(e.tokens for e in pinned)
         if sequence is not None:
             self._sequence = sequence
@@ -1890,7 +1899,7 @@ class TurnHistory:
             turn_id,
             entries,
             (),
-            sum(e.size for e in entries),
+            sum(sizes),
             sum(e.tokens for e in entries),
             self._serial,
         )
@@ -1989,9 +1998,10 @@ class TurnHistory:
                 self._late_dropped += len(outputs)
                 return 0
             raise UnknownTurnError(f"Turn {excerpt(turn_id)} was never committed to this context.")
-        entries = self._entries(outputs, f"turn {excerpt(turn_id)} output", turn_id)
+        entries, sizes = self._entries(outputs, f"turn {excerpt(turn_id)} output", turn_id)
         old = self._turns[position]
         kept: list[_Entry] = []
+        kept_bytes = 0
         added: dict[str, Message] = {}
         duplicates = blank = 0
         for i, entry in enumerate(entries):
@@ -2018,6 +2028,7 @@ class TurnHistory:
                 blank += 1
                 continue
             kept.append(entry)
+            kept_bytes += sizes[i]
         self._duplicates += duplicates
         self._blank_dropped += blank
         if not kept:
@@ -2025,7 +2036,7 @@ class TurnHistory:
         for entry in kept:
             if entry.message.id is not None:
                 self._message_ids[entry.message.id] = (old.serial, entry.message)
-        new = old.with_outputs(tuple(kept))
+        new = old.with_outputs(tuple(kept), kept_bytes)
         if position != len(self._turns) - 1:
             self._generation += 1
         self._turns = (*self._turns[:position], new, *self._turns[position + 1 :])
@@ -2070,6 +2081,7 @@ class TurnHistory:
         cap = self._limits.max_item_bytes
         count = self._shared.counter.count
         entries: list[_Entry] = []
+        state_bytes = 0
         for i, message in enumerate(messages):
             label = f"turn {excerpt(turn_id)} state[{i}]"
             size = check_message(message, where=label)
@@ -2084,7 +2096,8 @@ class TurnHistory:
                     f"{label} has id {excerpt(message.id)}; kept state messages carry no id.",
                     field="id",
                 )
-            entries.append(_Entry(message, size, count((message,))))
+            entries.append(_Entry(message, count((message,))))
+            state_bytes += size
         position = len(self._turns) - 1
         while position >= 0 and self._turns[position].turn_id != turn_id:
             position -= 1
@@ -2095,7 +2108,7 @@ class TurnHistory:
             a.message == b.message for a, b in zip(old.state, entries, strict=True)
         ):
             return True
-        new = old.with_state(tuple(entries))
+        new = old.with_state(tuple(entries), state_bytes)
         if position != len(self._turns) - 1:
             self._generation += 1
         self._turns = (*self._turns[:position], new, *self._turns[position + 1 :])
