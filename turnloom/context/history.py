@@ -1731,9 +1731,10 @@ class TurnHistory:
         limits = self._limits
         held_items = held_bytes = 0
         if turn_id is not None:
-            for turn in self._turns:
+            for turn in reversed(self._turns):  # the newest turn, in practice: O(1)
                 if turn.turn_id == turn_id:
                     held_items, held_bytes = turn.items, turn.bytes
+                    break
         check_batch_length(held_items + len(messages), limits, where)
         cap = limits.max_item_bytes
         total = held_bytes
