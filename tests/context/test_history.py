@@ -26,7 +26,7 @@ from turnloom.context import (
 )
 from turnloom.context.callids import rename_call_ids
 from turnloom.context.gateways import OpenAIChatGateway
-from turnloom.context.history import HistoryLimits, RenderedHistory, TurnHistory
+from turnloom.context.history import HistoryLimits, HistoryView, RenderedHistory, TurnHistory
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.errors import (
     DuplicateIdError,
@@ -682,6 +682,45 @@ def test_eviction_renders_the_kept_turns_as_a_cold_render_would() -> None:
     items = history.view().render(CHAT, "t5").items
     assert [c["id"] for i in items for c in i.get("tool_calls", ())] == ["c2", "c1"]
     assert [i["tool_call_id"] for i in items if i["role"] == "tool"] == ["c2", "c1"]
+
+
+@pytest.mark.parametrize("kind", list(GatewayType))
+def test_an_eviction_that_renames_anew_keeps_the_items_and_body_of_a_cold_render(
+    kind: GatewayType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Invariant: when an eviction drops the first use of a reused call id, the kept
+    turns are renamed anew from their encoded items (their recorded original ids
+    written back, no message rendered again): the render equals a cold render, its
+    body the encoded request body, and decoding reuses the previous render's decoded
+    items for the items whose bytes did not change."""
+    gateway = get_gateway(kind)
+    renamed_anew = []
+    original = HistoryView._renamed_anew
+    monkeypatch.setattr(
+        HistoryView,
+        "_renamed_anew",
+        lambda self, *args: renamed_anew.append(1) or original(self, *args),
+    )
+    history = TurnHistory(HistoryLimits(max_turns=2))
+    history.commit("t1", [user("a")], instructions=[SYSTEM])
+    history.record("t1", [call("c1"), result("c1", "r1"), assistant("A1")])
+    history.commit("t2", [user("b")])
+    history.record("t2", [call("c1"), result("c1", "r2"), assistant("A2")])
+    history.commit("t3", [user("c")])
+    before = history.view().render(gateway, "t3")
+    previous = before.items
+    assert history.evict() == ("t1",)  # t2's c1 was renamed after t1's: now it is the first
+    rendered = history.view().render(gateway, "t3")
+    assert renamed_anew == [1]
+    rendered.native_items.adopt(before.native_items)
+    items = rendered.items
+    messages = complete_pairs(list(history.view().input_messages("t3")))
+    assert list(items) == rename_call_ids(kind, [i for m in messages for i in gateway.render(m)])
+    assert rendered.body is not None
+    assert rendered.body.encode() == msgspec.json.encode(gateway.request_body(items))
+    # The pinned instructions, t2's "b" and "A2" and t3's input kept their bytes.
+    reused = [i for i in items if any(i is p for p in previous)]
+    assert len(reused) == 4
 
 
 def test_a_batch_checked_at_the_door_is_not_checked_again_when_committed(

@@ -93,8 +93,9 @@ def test_native_items_read_as_the_plain_tuple(
 
 
 def test_adopted_items_are_the_earlier_decoded_objects() -> None:
-    """Invariant: a NativeItems of the same run reuses the earlier one's decoded items
-    for the run coordinates both hold (by identity), and decodes only the others."""
+    """Invariant: a NativeItems reuses the earlier one's decoded items (by identity)
+    for the run coordinates both hold when it comes from the same run, for the same
+    bytes objects when not, and decodes only the others."""
     items = [{"role": "user", "content": f"m{i}"} for i in range(6)]
     encoded = tuple(map(encode_item, items))
     epoch = object()
@@ -106,10 +107,13 @@ def test_adopted_items_are_the_earlier_decoded_objects() -> None:
     assert got == tuple(items[1:6])
     assert [x is y for x, y in zip(got, decoded[1:4], strict=False)] == [True, True, True]
     assert got[3] is not decoded[-1]
-    # Another run (another epoch) is never reused.
-    other = NativeItems((), encoded[:4], (), object(), 0)
+    # Another run (a run renamed anew): reused where it holds the very same bytes
+    # objects, in any position; equal bytes in other objects are decoded anew.
+    other = NativeItems((), (encoded[2], bytes(bytearray(encoded[1])), encoded[0]), (), object())
     other.adopt(earlier)
-    assert all(x is not y for x, y in zip(other.materialize(), decoded, strict=True))
+    got = other.materialize()
+    assert got == (items[2], items[1], items[0])
+    assert [got[0] is decoded[2], got[1] is decoded[1], got[2] is decoded[0]] == [True, False, True]
 
 
 def test_decoded_items_are_untracked_by_the_collector() -> None:

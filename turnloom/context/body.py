@@ -312,7 +312,7 @@ class BodyRun:
         self._opens = bytearray()
         self._counts = array.array("q")
         self._chunks: list[bytes] = []  # one per body item, in body order
-        self._recent: dict[bytes, bytes] = {}  # the last segment's items, encoded
+        self._recent: tuple[bytes, ...] = ()  # the last segment's encodings (when given)
 
     def append(
         self, items: Sequence[NativeContent], tag: int, encoded: Sequence[bytes] = ()
@@ -338,23 +338,38 @@ class BodyRun:
             reach.append(tag)
             opens.append(0)
             counts.append(0)
-        known = self._recent
-        known.update((chunk, chunk) for chunk in encoded)
+        # A body item handed out unchanged (the very item fed now) is its
+        # item's encoding; another one equal to the encoding of an item fed
+        # now or with the last segment (a held-back item) shares it too.
+        by_id = dict(zip(map(id, items), encoded, strict=False))  # ``items`` keeps them alive
+        by_value: dict[bytes, bytes] | None = None
         chunks = self._chunks
-        for body_item, (origin, last) in zip(out, marks, strict=True):
+        count, start = len(out), 0
+        while start < count:
+            origin = marks[start][0]
+            end, top = start, origin
+            while end < count and marks[end][0] == origin:
+                top = max(top, marks[end][1])
+                end += 1
             index = len(tags) - 1
             while tags[index] > origin:  # an item held back from an earlier segment
                 index -= 1
-            if last > reach[index]:
-                reach[index] = last
+            if top > reach[index]:
+                reach[index] = top
             if not opens[index]:
-                opens[index] = 2 if writer.can_open(body_item) else 1
-            counts[index] += 1
-            chunk = _encode(body_item)
-            shared = known.get(chunk)
-            chunks.append(shared if shared is not None else exact_bytes(chunk))
+                opens[index] = 2 if writer.can_open(out[start]) else 1
+            counts[index] += end - start
+            for body_item in out[start:end]:
+                chunk = by_id.get(id(body_item))
+                if chunk is None:
+                    chunk = _encode(body_item)
+                    if by_value is None:
+                        by_value = {e: e for e in (*self._recent, *encoded)}
+                    chunk = by_value.get(chunk) or exact_bytes(chunk)
+                chunks.append(chunk)
+            start = end
         if encoded:  # only the last segment's items with any can be handed out later
-            self._recent = {chunk: chunk for chunk in encoded}
+            self._recent = tuple(encoded)
 
     def snapshot(self, rest: tuple[NativeContent, ...] = ()) -> EncodedBody:
         """The body as it stands, then ``rest``: a C-speed copy of the chunks' references."""

@@ -41,6 +41,8 @@ __all__ = (
     "Rewriter",
     "register_rewriter",
     "rename_call_ids",
+    "reported_call_ids",
+    "restore_call_ids",
 )
 
 from collections.abc import Callable, Sequence
@@ -269,3 +271,76 @@ def rename_call_ids(
         return list(items)
     state = renamer if renamer is not None else CallIdRenamer()
     return [rewrite(item, state) for item in items]
+
+
+class _Recorder(CallIdRenamer):
+    """Records every id a rewriter reports, in order; renames nothing."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: list[str] = []
+
+    def call(self, call_id: str, fix: Callable[[str], str] | None = None) -> str:
+        self.ids.append(call_id)
+        return call_id
+
+    def result(self, call_id: str) -> str:
+        self.ids.append(call_id)
+        return call_id
+
+    def end_group(self) -> None:
+        pass
+
+
+class _Replayer(CallIdRenamer):
+    """Answers each id a rewriter reports with the next of ``ids``, in order."""
+
+    __slots__ = ("_next",)
+
+    def __init__(self, ids: Sequence[str]) -> None:
+        super().__init__()
+        self._next = iter(ids).__next__
+
+    def call(self, call_id: str, fix: Callable[[str], str] | None = None) -> str:
+        return self._next()
+
+    def result(self, call_id: str) -> str:
+        return self._next()
+
+    def end_group(self) -> None:
+        pass
+
+
+def reported_call_ids(kind: GatewayType, items: Sequence[NativeContent]) -> tuple[str, ...]:
+    """Every call and result id ``kind``'s rewriter finds in ``items``, in order.
+
+    What :func:`restore_call_ids` writes back into the same items renamed.
+    Renames nothing; ``()`` for a kind without a rewriter.
+    """
+    rewrite = _REWRITERS.get(kind)
+    if rewrite is None:
+        return ()
+    recorder = _Recorder()
+    for item in items:
+        rewrite(item, recorder)
+    return tuple(recorder.ids)
+
+
+def restore_call_ids(
+    kind: GatewayType, items: Sequence[NativeContent], ids: Sequence[str]
+) -> list[NativeContent]:
+    """``items`` (renamed) with the ids :func:`reported_call_ids` gave before renaming.
+
+    ``ids`` is ``reported_call_ids(kind, originals)`` for the items these
+    were renamed from (same items, ids aside): each is written back where
+    the rewriter finds a call or result id, in order, so the result equals
+    the originals. Items are never modified; an item whose ids are already
+    those is returned as it is.
+    """
+    rewrite = _REWRITERS.get(kind)
+    if rewrite is None:
+        return list(items)
+    replayer = _Replayer(ids)
+    return [rewrite(item, replayer) for item in items]

@@ -89,7 +89,12 @@ from collections.abc import Sequence
 import msgspec
 
 from turnloom.context.body import BodyRun, EncodedBody, body_writer
-from turnloom.context.callids import CallIdRenamer, rename_call_ids
+from turnloom.context.callids import (
+    CallIdRenamer,
+    rename_call_ids,
+    reported_call_ids,
+    restore_call_ids,
+)
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.items import _GC_UNTRACK, NativeItems, _untrack_json, encode_item
 from turnloom.context.message import (
@@ -651,11 +656,14 @@ class _Run:
     turn, oldest first: ``item_ends`` and ``byte_ends`` (where it ends, in
     items and bytes, in running coordinates that begin at ``origin`` and
     ``base`` and are never rebased, so dropping turns at the front is a
-    C-speed delete), ``turn_tokens`` and ``turn_carried`` (1 when calls of
-    an earlier turn were carried into it); ``last`` is the newest turn in
-    the run. ``origin`` counts the items dropped at the front since
-    ``epoch`` (an object made per run) began, so renders of the same run can
-    tell shared items apart (:class:`~turnloom.context.items.NativeItems`). ``call_ids`` and
+    C-speed delete), ``turn_tokens``, ``turn_carried`` (1 when calls of
+    an earlier turn were carried into it) and ``originals`` (for a turn
+    the run renamed, the call ids its items had before, as
+    :func:`~turnloom.context.callids.reported_call_ids` lists them; else
+    None); ``last`` is the newest turn in the run. ``origin`` counts the
+    items dropped at the front since ``epoch`` (an object made per run)
+    began, so renders of the same run can tell shared items apart
+    (:class:`~turnloom.context.items.NativeItems`). ``call_ids`` and
     ``carry`` are the call-id renaming and pairing states after the items.
     ``body`` keeps the request body of the items encoded, one segment per
     turn: segment 0 is the pinned instructions, the run's first turn is
@@ -676,6 +684,7 @@ class _Run:
         "items",
         "last",
         "origin",
+        "originals",
         "pinned",
         "pinned_entries",
         "tokens",
@@ -701,6 +710,7 @@ class _Run:
         self.epoch = object()
         self.turn_tokens = array.array("q")
         self.turn_carried = bytearray()
+        self.originals: list[tuple[str, ...] | None] = []
         self.tokens = pinned.tokens
         self.last: _Turn | None = None
         self.evicted = evicted
@@ -718,6 +728,34 @@ class _Run:
     def turns(self) -> int:
         """How many closed turns the run holds."""
         return len(self.item_ends)
+
+    def join(
+        self,
+        gateway: Gateway,
+        rendered: _Rendered,
+        renamed: _Rendered,
+        carried: bool,
+        originals: tuple[str, ...] | None = None,
+    ) -> None:
+        """Append one closed turn: ``renamed`` is ``rendered`` with the run's call ids.
+
+        ``originals``: ``reported_call_ids`` of ``rendered``'s items, when known.
+        """
+        self.items.extend(renamed.encoded)
+        items_at = self.item_ends[-1] if self.item_ends else self.origin
+        bytes_at = self.byte_ends[-1] if self.byte_ends else self.base
+        self.item_ends.append(items_at + len(renamed.encoded))
+        self.byte_ends.append(bytes_at + renamed.bytes)
+        self.turn_tokens.append(renamed.tokens)
+        self.turn_carried.append(1 if carried else 0)
+        if renamed is rendered:
+            originals = None
+        elif originals is None:
+            originals = reported_call_ids(gateway.type, rendered.items)
+        self.originals.append(originals)
+        self.tokens += renamed.tokens
+        if self.body is not None:
+            self.body.append(renamed.items, self.first_tag + self.turns - 1, renamed.encoded)
 
     def natives(self, start: int, stop: int) -> list[NativeContent]:
         """``items[start:stop]`` decoded (O(their bytes))."""
@@ -808,12 +846,14 @@ def _render_entries(
     return _Rendered(rendered, tuple(encoded), sum(map(len, encoded)), tokens, key, lead)
 
 
-def _renamed(rendered: _Rendered, gateway: Gateway, call_ids: CallIdRenamer) -> _Rendered:
+def _renamed(
+    rendered: _Rendered, gateway: Gateway, call_ids: CallIdRenamer, untrack: bool = True
+) -> _Rendered:
     """``rendered`` with call ids renamed by ``call_ids`` (advanced past it).
 
     Returns ``rendered`` itself when no id changed; else a new ``_Rendered``
-    whose changed items are new objects, encoded and untracked like any
-    rendered item.
+    whose changed items are new objects, encoded and (``untrack``) untracked
+    like any cached item.
     """
     items = rename_call_ids(gateway.type, rendered.items, call_ids)
     if all(new is old for new, old in zip(items, rendered.items, strict=True)):
@@ -823,7 +863,8 @@ def _renamed(rendered: _Rendered, gateway: Gateway, call_ids: CallIdRenamer) -> 
         for new, old, kept in zip(items, rendered.items, rendered.encoded, strict=True)
     )
     out = tuple(items)
-    _untrack_json(out)
+    if untrack:
+        _untrack_json(out)
     # Tokens are those of the messages as recorded: renaming is a wire detail.
     total = sum(map(len, encoded))
     return _Rendered(out, encoded, total, rendered.tokens, rendered.key, rendered.lead)
@@ -1098,7 +1139,9 @@ class HistoryView:
             )
             if newest:
                 try:
-                    if run is None or not self._advance(run, closed, gateway):
+                    if run is not None:
+                        run = self._advance(run, closed, gateway, slots)
+                    if run is None:
                         run = self._build(gateway, slots, open_calls)
                     shared.runs[key] = run
                     # Everything that can fail (a gateway, an area of memory)
@@ -1113,7 +1156,7 @@ class HistoryView:
                         shared.counter,
                     )
                     settled, tail, call_ids = plan.rename(gateway, run.call_ids)
-                    self._append(run, closed, plan, settled, slots)
+                    self._append(run, closed, plan, settled, gateway, slots)
                     # C-speed copies of the run's references (its items stay encoded).
                     rendered = RenderedHistory(
                         run.pinned,
@@ -1204,10 +1247,7 @@ class HistoryView:
         )
         # Each turn's kept messages as a throwaway turn, so the render caches
         # of the history's own turns are not touched; paired as one input.
-        spans = [
-            _Turn("", tuple(e), (), 0, sum(x.tokens for x in e), 0)
-            for e in kept_spans[:-1]
-        ]
+        spans = [_Turn("", tuple(e), (), 0, sum(x.tokens for x in e), 0) for e in kept_spans[:-1]]
         own = self._turns[position]
         head_turn = _Turn(own.turn_id, own.input, (), 0, 0, 0)
         plan = _plan(spans, head_turn, (), gateway, slots, open_calls, counter)
@@ -1273,8 +1313,15 @@ class HistoryView:
         run.body = _body_run(gateway, run)
         return run
 
-    def _advance(self, run: _Run, closed: tuple[_Turn, ...], gateway: Gateway) -> bool:
-        """Drop the turns evicted since the run was built; False when it cannot be reused."""
+    def _advance(
+        self, run: _Run, closed: tuple[_Turn, ...], gateway: Gateway, slots: tuple[int, int]
+    ) -> _Run | None:
+        """Drop the turns evicted since the run was built: the run to use, or None.
+
+        None when the kept turns render differently without the evicted ones
+        (the caller builds a new run); a new run when only their call ids
+        do (:meth:`_renamed_anew`); else ``run``, changed in place.
+        """
         dropped = self._evicted - run.evicted
         kept = run.turns - dropped
         if (
@@ -1289,16 +1336,16 @@ class HistoryView:
             # them its results are orphans, so its render changes.
             or (dropped and kept and run.turn_carried[dropped])
         ):
-            return False
+            return None
         if dropped:
             count = run.item_ends[dropped - 1] - run.origin
             evicted_ids = CallIdRenamer()
             rename_call_ids(gateway.type, run.natives(0, count), evicted_ids)
             if not run.call_ids.forget(evicted_ids):
                 # A rename of a kept item depended on an evicted one: a render
-                # of the kept turns alone renames differently, so the run is
-                # rebuilt (O(kept items), once).
-                return False
+                # of the kept turns alone renames differently, so their call
+                # ids are renamed anew (O(kept items), once).
+                return self._renamed_anew(run, dropped, closed, gateway, slots)
             first_kept = run.first_tag + dropped
             if run.body is not None and not run.body.drop(first_kept, evicted_ids):
                 # The kept body differs from the cached one (a turn merged
@@ -1316,13 +1363,61 @@ class HistoryView:
             del run.byte_ends[:dropped]
             del run.turn_tokens[:dropped]
             del run.turn_carried[:dropped]
+            del run.originals[:dropped]
             run.evicted = self._evicted
             if not kept:
                 run.carry = ()  # the calls it carried were evicted with their turn
                 run.last = None
             if rebuild:
                 run.body = _body_run(gateway, run)
-        return True
+        return run
+
+    def _renamed_anew(
+        self,
+        run: _Run,
+        dropped: int,
+        closed: tuple[_Turn, ...],
+        gateway: Gateway,
+        slots: tuple[int, int],
+    ) -> _Run:
+        """A run of ``run``'s turns after the first ``dropped``, their call ids renamed anew.
+
+        Only valid when the kept turns render as they did (the caller checked
+        that nothing but the evicted call ids changes them): each kept turn's
+        items as rendered are its items in the run, decoded, with the call
+        ids they had before the run renamed them written back (``originals``);
+        those are renamed from scratch after the pinned instructions, as a
+        cold render of the kept turns renames them. Costs O(kept items), with
+        no message rendered again.
+        """
+        call_ids = CallIdRenamer()
+        rename_call_ids(gateway.type, run.pinned.items, call_ids)  # renamed: unchanged
+        new = _Run(self._pinned, run.pinned, self._evicted, self._generation, call_ids)
+        new.body = _body_run(gateway, new)
+        first = run.item_ends[dropped - 1] - run.origin
+        natives = run.natives(first, len(run.items))
+        start = 0
+        for index in range(dropped, run.turns):
+            stop = run.item_ends[index] - run.origin - first
+            items = natives[start:stop]
+            encoded = run.items[first + start : first + stop]
+            originals = run.originals[index]
+            if originals is not None:
+                restored = restore_call_ids(gateway.type, items, originals)
+                encoded = [
+                    kept if new_item is item else encode_item(new_item)
+                    for new_item, item, kept in zip(restored, items, encoded, strict=True)
+                ]
+                items = restored
+            total = sum(map(len, encoded))
+            rendered = _Rendered(tuple(items), tuple(encoded), total, run.turn_tokens[index])
+            renamed = _renamed(rendered, gateway, call_ids, untrack=False)  # not cached
+            new.join(gateway, rendered, renamed, bool(run.turn_carried[index]), originals)
+            closed[index - dropped].release(slots, renamed)
+            start = stop
+        new.last = run.last
+        new.carry = run.carry
+        return new
 
     def _append(
         self,
@@ -1330,6 +1425,7 @@ class HistoryView:
         closed: tuple[_Turn, ...],
         plan: _Plan,
         renders: list[_Rendered],
+        gateway: Gateway,
         slots: tuple[int, int],
     ) -> None:
         """Append the plan's settled turns, renamed (``renders``), to the run.
@@ -1340,24 +1436,10 @@ class HistoryView:
         if not plan.settled:
             return
         reuse = run.turns
-        body = run.body
-        tag = run.first_tag + reuse
-        items_at = run.item_ends[-1] if reuse else run.origin
-        bytes_at = run.byte_ends[-1] if reuse else run.base
         joined = closed[reuse : reuse + plan.settled]
-        for turn, rendered in zip(joined, renders, strict=True):
-            run.items.extend(rendered.encoded)
-            items_at += len(rendered.encoded)
-            bytes_at += rendered.bytes
-            run.item_ends.append(items_at)
-            run.byte_ends.append(bytes_at)
-            run.turn_tokens.append(rendered.tokens)
-            run.turn_carried.append(1 if rendered.key[0] else 0)
-            run.tokens += rendered.tokens
-            if body is not None:
-                body.append(rendered.items, tag, rendered.encoded)
-                tag += 1
-            turn.release(slots, rendered)
+        for turn, rendered, renamed in zip(joined, plan.renders, renders, strict=False):
+            run.join(gateway, rendered, renamed, bool(rendered.key[0]))
+            turn.release(slots, renamed)
         run.last = joined[-1]
         run.carry = plan.carry
 

@@ -29,6 +29,7 @@ import msgspec
 from turnloom.context.gateway import NativeContent
 
 _decode = msgspec.json.Decoder().decode
+_MISSING: Any = object()
 _encode = msgspec.json.Encoder().encode
 
 
@@ -213,30 +214,48 @@ class NativeItems:
         return value
 
     def _decoded(self) -> list[NativeContent]:
-        """The encoded run's items: reused from the source where it has them, else decoded."""
+        """The encoded run's items: reused from the source where it has them, else decoded.
+
+        From a source of the same run (``epoch``), the items both hold are
+        one C-speed slice; from another (a run rebuilt or renamed anew, most
+        of whose items are the very same ``bytes`` objects), each item whose
+        ``bytes`` object the source holds is its decoded value there.
+        """
         encoded = self._encoded
         source = self._source
-        start, stop = 0, 0  # the part reused, as indices into ``encoded``
-        if source is not None and source._value is not None:
+        if source is None or source._value is None or not source._encoded:
+            return _decode_run(encoded)
+        values = source._value[len(source._before) : len(source._before) + len(source._encoded)]
+        if source._epoch is self._epoch:
             start = max(source._origin - self._origin, 0)
             stop = min(source._origin + len(source._encoded) - self._origin, len(encoded))
-        if start >= stop:
-            return _decode_run(encoded)
-        at = len(source._before) + self._origin + start - source._origin  # type: ignore[union-attr]
-        reused = source._value[at : at + stop - start]  # type: ignore[union-attr, index]
-        return [*_decode_run(encoded[:start]), *reused, *_decode_run(encoded[stop:])]
+            if start >= stop:
+                return _decode_run(encoded)
+            at = self._origin + start - source._origin
+            reused = values[at : at + stop - start]
+            return [*_decode_run(encoded[:start]), *reused, *_decode_run(encoded[stop:])]
+        # The source keeps its bytes objects alive, so their ids are theirs alone.
+        known = dict(zip(map(id, source._encoded), values, strict=True))
+        found = [known.get(id(chunk), _MISSING) for chunk in encoded]
+        missing = [chunk for chunk, value in zip(encoded, found, strict=True) if value is _MISSING]
+        if not missing:
+            return found
+        fresh = iter(_decode_run(missing))
+        return [next(fresh) if value is _MISSING else value for value in found]
 
     def adopt(self, earlier: NativeItems) -> None:
         """Reuse ``earlier``'s decoded items when this one decodes (call before sharing it).
 
-        ``earlier`` counts when it comes from the same run (``epoch``) and is
-        decoded, or reused one that is; at most one earlier object is kept
-        alive, until this one decodes. Changes no value.
+        ``earlier`` counts when it is decoded, or reused one that is: from
+        the same run, what both hold is reused positionally, else item by
+        item where they hold the same ``bytes`` object (see :meth:`_decoded`).
+        At most one earlier object is kept alive, until this one decodes.
+        Changes no value.
         """
-        if self._value is not None or self._epoch is None:
+        if self._value is not None or not self._encoded:
             return
         source = earlier if earlier._value is not None else earlier._source
-        if source is not None and source._epoch is self._epoch:
+        if source is not None and source._encoded:
             self._source = source
 
     def item(self, index: int) -> NativeContent:
