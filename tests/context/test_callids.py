@@ -305,7 +305,7 @@ def test_layered_state_equals_a_plain_dict_after_any_sets_hides_and_copies(
     independent of the map it came from, whatever the order of changes."""
     from turnloom.context.callids import _Layers
 
-    layers, oracle = _Layers(), {}
+    layers, oracle = _Layers(), dict[str, object]()
     copies: list[tuple[_Layers, dict[str, object]]] = []
     for op, n in ops:
         key = f"k{n}"
@@ -318,7 +318,8 @@ def test_layered_state_equals_a_plain_dict_after_any_sets_hides_and_copies(
         else:
             copies.append((layers.copy(), dict(oracle)))
             layers, oracle = copies[-1][0].copy(), dict(oracle)
-    for layered, expected in [*copies, (layers, oracle)]:
+    final: list[tuple[_Layers, dict[str, object]]] = [*copies, (layers, oracle)]
+    for layered, expected in final:
         assert {f"k{n}": layered.get(f"k{n}") for n in range(121)} == {
             f"k{n}": expected.get(f"k{n}") for n in range(121)
         }

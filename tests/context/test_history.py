@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import msgspec
 import pytest
@@ -694,13 +695,14 @@ def test_an_eviction_that_renames_anew_keeps_the_items_and_body_of_a_cold_render
     body the encoded request body, and decoding reuses the previous render's decoded
     items for the items whose bytes did not change."""
     gateway = get_gateway(kind)
-    renamed_anew = []
+    renamed_anew: list[int] = []
     original = HistoryView._renamed_anew
-    monkeypatch.setattr(
-        HistoryView,
-        "_renamed_anew",
-        lambda self, *args: renamed_anew.append(1) or original(self, *args),
-    )
+
+    def spy(self: HistoryView, *args: Any) -> Any:
+        renamed_anew.append(1)
+        return original(self, *args)
+
+    monkeypatch.setattr(HistoryView, "_renamed_anew", spy)
     history = TurnHistory(HistoryLimits(max_turns=2))
     history.commit("t1", [user("a")], instructions=[SYSTEM])
     history.record("t1", [call("c1"), result("c1", "r1"), assistant("A1")])
