@@ -26,7 +26,8 @@ no part names), as a ratio to the JSON bytes:
 * natives: native items cached for turns not yet closed; ``shared str`` is
   the part of their deep size that is strings the messages hold (not
   counted again);
-* call ids: the call-id renaming states (the run's and the body writer's);
+* call ids: the call-id renaming states (the run's and the body writer's)
+  and the ids the run's renamed turns had before renaming;
 * run index: the run's lists and arrays of references, offsets and counts;
 
 and the cyclic garbage collector's tracked objects (``len(gc.get_objects())``
@@ -154,7 +155,7 @@ def breakdown(history: TurnHistory, committed: int) -> dict[str, int]:
     if body is not None:
         body_extra, _ = _deep([*body._chunks], seen)
         renamers.append(body._writer.renamer)
-    call_ids = 0
+    call_ids = _deep([run.originals], seen)[0]  # the ids renamed turns had before
     for renamer in renamers:
         for layers in (renamer._seen, renamer._counters):
             call_ids += _deep([layers._top, *layers._frozen], seen)[0]
