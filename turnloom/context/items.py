@@ -268,8 +268,7 @@ class NativeItems:
             return self._before[index]
         index -= before
         if index < len(self._encoded):
-            decoded: NativeContent = _decode(self._encoded[index])
-            _untrack_json(decoded)
+            decoded: NativeContent = _decode(self._encoded[index])  # a fresh copy each call
             return decoded
         return self._after[index - len(self._encoded)]
 
