@@ -1415,9 +1415,9 @@ class HistoryView:
             new.join(gateway, rendered, renamed, bool(run.turn_carried[index]), originals)
             closed[index - dropped].release(slots, renamed)
             start = stop
-        new.last = run.last
-        new.carry = run.carry
-        return new
+        if new.turns:
+            new.last, new.carry = run.last, run.carry
+        return new  # else no turn is kept: none is last, no call is carried
 
     def _append(
         self,
