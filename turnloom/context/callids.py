@@ -50,19 +50,19 @@ from collections.abc import Callable, Sequence
 from turnloom.context.gateway import GatewayType, NativeContent
 
 _MISSING: object = object()
-_TOP = 32  # entries a layered map takes in place before they are frozen as a layer
 
 
 class _Layers:
-    """A str-keyed map that copies in O(log n): frozen layers and a small owned top.
+    """A str-keyed map that copies in O(log n): frozen layers shared by copies, an owned top.
 
-    Each frozen layer is a dict never changed once frozen, so copies share it
-    (across threads too); a lookup reads the top, then the layers newest
-    first. When the top holds :data:`_TOP` entries it is frozen as a layer,
-    merged with the newest layers while they are no more than twice its size,
-    so each entry is copied O(log n) times in all and there are O(log n)
-    layers. ``None`` values are tombstones: they hide older values and are
-    dropped once merged into the oldest layer.
+    Changes go to the top, a plain dict. :meth:`copy` first freezes the top
+    as a layer, merged with the newest layers while they are no more than
+    twice its size, then shares the frozen layers, which are never changed
+    again (across threads too): each entry is copied O(log n) times over the
+    copies made, a map never copied is one dict, and there are O(log n)
+    layers. A lookup reads the top, then the layers newest first. ``None``
+    values are tombstones: they hide older values and are dropped once
+    merged into the oldest layer.
     """
 
     __slots__ = ("_frozen", "_top")
@@ -87,9 +87,12 @@ class _Layers:
 
     def set(self, key: str, value: object) -> None:
         """Set ``key`` (None hides it)."""
+        self._top[key] = value
+
+    def copy(self) -> _Layers:
+        """An independent map with the same entries, sharing the frozen layers."""
         top = self._top
-        top[key] = value
-        if len(top) >= _TOP:
+        if top:
             layers = list(self._frozen)
             merged = top
             while layers and len(layers[-1]) <= 2 * len(merged):
@@ -101,12 +104,7 @@ class _Layers:
             layers.append(merged)
             self._frozen = layers
             self._top = {}
-
-    def copy(self) -> _Layers:
-        """An independent map with the same entries: O(layers) plus the top."""
-        other = _Layers(self._frozen)
-        other._top = dict(self._top)
-        return other
+        return _Layers(self._frozen)
 
     def present(self) -> list[str]:
         """Every key with a value, in no particular order (O(n): for small maps)."""
