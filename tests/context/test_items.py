@@ -127,16 +127,6 @@ def test_decoded_items_are_untracked_by_the_collector() -> None:
     assert [gc.is_tracked(i) or gc.is_tracked(i["tool_calls"]) for i in items] == [False] * 3
 
 
-def test_decoded_items_have_interned_keys() -> None:
-    """Invariant: a decoded item's keys are the interned strings a gateway's literals
-    are (a host's ``item["role"]`` matches by identity, as in a rendered item)."""
-    item = {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f"}}]}
-    [decoded] = NativeItems((), (encode_item(item),)).materialize()
-    keys = [*decoded, *decoded["tool_calls"][0], *decoded["tool_calls"][0]["function"]]
-    assert all(key is sys.intern(key) for key in keys)
-    assert keys == ["role", "tool_calls", "id", "function", "name"]
-
-
 def test_encode_item_is_exact_and_equal_to_msgspec() -> None:
     """encode_item gives msgspec's bytes, held at their exact size."""
     item = {"role": "tool", "content": "x" * 700}

@@ -29,7 +29,6 @@ import msgspec
 from turnloom.context.gateway import NativeContent
 
 _decode = msgspec.json.Decoder().decode
-_intern = sys.intern
 _MISSING: Any = object()
 _encode = msgspec.json.Encoder().encode
 
@@ -49,35 +48,17 @@ def encode_item(item: Any) -> bytes:
 
 
 def _decode_run(encoded: Sequence[bytes]) -> list[NativeContent]:
-    """Items decoded from their JSON encodings, as a render makes them (:func:`_owned`)."""
+    """Items decoded from their JSON encodings, untracked by the cyclic collector.
+
+    Decoded items are kept as long as the prefixes that share them live:
+    untracked (see :func:`_untrack_json`), a held prefix adds no objects to
+    what a full collection visits.
+    """
     if not encoded:
         return []
-    decoded = _decode(b"".join((b"[", b",".join(encoded), b"]")))
-    return [_owned(item) for item in decoded]
-
-
-def _owned(value: Any) -> Any:
-    """Decoded JSON rebuilt with interned object keys, its containers untracked.
-
-    Decoded items are kept and read as long as the prefixes that share them
-    live: with interned keys (the very ``str`` objects a gateway's literals
-    are) a host's ``item["role"]`` finds its key by identity, as in a
-    rendered item; untracked (see :func:`_untrack_json`), a held prefix adds
-    no objects to what the cyclic collector visits. Recursion is bounded by
-    the door's JSON depth cap.
-    """
-    kind = type(value)
-    if kind is dict:
-        out: Any = {
-            _intern(k): (_owned(v) if type(v) in _CONTAINERS else v) for k, v in value.items()
-        }
-    elif kind is list:
-        out = [_owned(v) if type(v) in _CONTAINERS else v for v in value]
-    else:
-        return value
-    if _GC_UNTRACK is not None and gc.is_tracked(out):
-        _GC_UNTRACK(id(out))
-    return out
+    decoded: list[NativeContent] = _decode(b"".join((b"[", b",".join(encoded), b"]")))
+    _untrack_json(decoded)
+    return decoded
 
 
 def common_prefix(new: Sequence[Any], old: Sequence[Any]) -> int:
