@@ -11,8 +11,8 @@ gateways implement ``request_body`` with their writer, so the rule lives in
 one place and both paths produce the same body.
 
 :class:`EncodedBody` is a body whose settled part is kept as JSON bytes: the
-encoded body items of the closed turns of a history (the history keeps them
-per turn, in its render cache, see :class:`~turnloom.context.TurnHistory`),
+encoded body items of the closed turns of a history (one ``bytes`` per body
+item, kept by its render cache, see :class:`~turnloom.context.TurnHistory`),
 the writer state after them, and the items that follow, not yet fed.
 :meth:`EncodedBody.encode` returns exactly
 ``msgspec.json.encode(gateway.request_body(items))`` for all its items while
@@ -22,7 +22,9 @@ appends items (a continuation) in O(appended items).
 :class:`BodyRun` is the mutable cache a history keeps per render key: items
 appended segment by segment (one segment per closed turn), segments dropped
 at the front on eviction when the body of the kept segments is provably what
-is cached (else the caller rebuilds it from the kept items).
+is cached (else the caller rebuilds it from the kept items). A body item
+that encodes to the bytes of an item the history keeps encoded is that very
+``bytes`` object, so a closed turn is held once, not as items and body.
 """
 
 from __future__ import annotations
