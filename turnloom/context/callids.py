@@ -41,11 +41,78 @@ __all__ = (
     "Rewriter",
     "register_rewriter",
     "rename_call_ids",
+    "reported_call_ids",
+    "restore_call_ids",
 )
 
 from collections.abc import Callable, Sequence
 
 from turnloom.context.gateway import GatewayType, NativeContent
+
+_MISSING: object = object()
+
+
+class _Layers:
+    """A str-keyed map that copies in O(log n): frozen layers shared by copies, an owned top.
+
+    Changes go to the top, a plain dict. :meth:`copy` first freezes the top
+    as a layer, merged with the newest layers while they are no more than
+    twice its size, then shares the frozen layers, which are never changed
+    again (across threads too): each entry is copied O(log n) times over the
+    copies made, a map never copied is one dict, and there are O(log n)
+    layers. A lookup reads the top, then the layers newest first. ``None``
+    values are tombstones: they hide older values and are dropped once
+    merged into the oldest layer.
+    """
+
+    __slots__ = ("_frozen", "_top")
+
+    def __init__(self, frozen: list[dict[str, object]] | None = None) -> None:
+        # Replaced, never changed in place (copies share it). A list, not a
+        # tuple: one tracked object for the collector however many layers.
+        self._frozen: list[dict[str, object]] = [] if frozen is None else frozen
+        self._top: dict[str, object] = {}
+
+    def get(self, key: str) -> object:
+        """The value of ``key``, or None."""
+        value = self._top.get(key, _MISSING)
+        if value is _MISSING:
+            for layer in reversed(self._frozen):
+                value = layer.get(key, _MISSING)
+                if value is not _MISSING:
+                    break
+            else:
+                return None
+        return value
+
+    def set(self, key: str, value: object) -> None:
+        """Set ``key`` (None hides it)."""
+        self._top[key] = value
+
+    def copy(self) -> _Layers:
+        """An independent map with the same entries, sharing the frozen layers."""
+        top = self._top
+        if top:
+            layers = list(self._frozen)
+            merged = top
+            while layers and len(layers[-1]) <= 2 * len(merged):
+                older = dict(layers.pop())
+                older.update(merged)
+                merged = older
+            if not layers:
+                merged = {k: v for k, v in merged.items() if v is not None}
+            layers.append(merged)
+            self._frozen = layers
+            self._top = {}
+        return _Layers(self._frozen)
+
+    def present(self) -> list[str]:
+        """Every key with a value, in no particular order (O(n): for small maps)."""
+        merged: dict[str, object] = {}
+        for layer in self._frozen:
+            merged.update(layer)
+        merged.update(self._top)
+        return [k for k, v in merged.items() if v is not None]
 
 
 class CallIdRenamer:
@@ -57,7 +124,8 @@ class CallIdRenamer:
     A call after a result, or after :meth:`end_group`, opens a new call group.
 
     Not thread-safe: one renamer is used by one thread at a time. Use
-    :meth:`copy` to continue from a state while keeping it.
+    :meth:`copy` to continue from a state while keeping it; a copy costs
+    O(log n) in the ids seen (the states share their frozen layers).
 
     Attributes:
         renamed: how many calls this state renamed so far.
@@ -66,8 +134,9 @@ class CallIdRenamer:
     __slots__ = ("_counters", "_group", "_in_results", "_seen", "renamed")
 
     def __init__(self) -> None:
-        self._seen: set[str] = set()
-        self._counters: dict[str, int] = {}
+        # The ids present (True) or forgotten (None), and the last suffix number per base id.
+        self._seen = _Layers()
+        self._counters = _Layers()
         # The current call group: original id -> new ids, in call order (an id
         # twice in one group gets two, consumed in order by its results).
         self._group: dict[str, list[str]] = {}
@@ -75,10 +144,10 @@ class CallIdRenamer:
         self.renamed = 0
 
     def copy(self) -> CallIdRenamer:
-        """An independent renamer in the same state (copies of its sets and maps)."""
+        """An independent renamer in the same state (O(log n), see the class docstring)."""
         other = CallIdRenamer()
-        other._seen = set(self._seen)
-        other._counters = dict(self._counters)
+        other._seen = self._seen.copy()
+        other._counters = self._counters.copy()
         other._group = {k: list(v) for k, v in self._group.items()}
         other._in_results = self._in_results
         other.renamed = self.renamed
@@ -86,7 +155,7 @@ class CallIdRenamer:
 
     def __contains__(self, call_id: object) -> bool:
         """True when ``call_id`` is present in the items seen so far (after renaming)."""
-        return call_id in self._seen
+        return isinstance(call_id, str) and self._seen.get(call_id) is not None
 
     def call(self, call_id: str, fix: Callable[[str], str] | None = None) -> str:
         """Register a call with ``call_id``; return the id it is sent with.
@@ -102,18 +171,19 @@ class CallIdRenamer:
         base = call_id if fix is None else fix(call_id)
         new_id = base
         seen = self._seen
-        if base in seen:
-            n = self._counters.get(base, 1)
+        if seen.get(base) is not None:
+            counters = self._counters
+            n: int = counters.get(base) or 1  # type: ignore[assignment]
             while True:
                 n += 1
                 new_id = f"{base}_r{n}"
-                if new_id not in seen:
+                if seen.get(new_id) is None:
                     break
-            self._counters[base] = n
+            counters.set(base, n)
             self.renamed += 1
         elif base != call_id:
             self.renamed += 1
-        seen.add(new_id)
+        seen.set(new_id, True)
         self._group.setdefault(call_id, []).append(new_id)
         return new_id
 
@@ -127,7 +197,8 @@ class CallIdRenamer:
         self._in_results = True
         new_ids = self._group.get(call_id)
         if not new_ids:
-            self._seen.add(call_id)
+            if self._seen.get(call_id) is None:
+                self._seen.set(call_id, True)
             return call_id
         return new_ids.pop(0) if len(new_ids) > 1 else new_ids[0]
 
@@ -148,13 +219,18 @@ class CallIdRenamer:
         Args:
             dropped: a fresh renamer advanced over the dropped items only.
         """
+        gone = dropped._seen.present()
         counters = self._counters
-        if counters:
-            for call_id in dropped._seen:
-                base, sep, number = call_id.rpartition("_r")
-                if call_id in counters or (sep and number.isdigit() and base in counters):
-                    return False
-        self._seen.difference_update(dropped._seen)
+        for call_id in gone:
+            base, sep, number = call_id.rpartition("_r")
+            if counters.get(call_id) is not None or (
+                sep and number.isdigit() and counters.get(base) is not None
+            ):
+                return False
+        seen = self._seen
+        for call_id in gone:
+            if seen.get(call_id) is not None:
+                seen.set(call_id, None)
         return True
 
 
@@ -193,3 +269,76 @@ def rename_call_ids(
         return list(items)
     state = renamer if renamer is not None else CallIdRenamer()
     return [rewrite(item, state) for item in items]
+
+
+class _Recorder(CallIdRenamer):
+    """Records every id a rewriter reports, in order; renames nothing."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: list[str] = []
+
+    def call(self, call_id: str, fix: Callable[[str], str] | None = None) -> str:
+        self.ids.append(call_id)
+        return call_id
+
+    def result(self, call_id: str) -> str:
+        self.ids.append(call_id)
+        return call_id
+
+    def end_group(self) -> None:
+        pass
+
+
+class _Replayer(CallIdRenamer):
+    """Answers each id a rewriter reports with the next of ``ids``, in order."""
+
+    __slots__ = ("_next",)
+
+    def __init__(self, ids: Sequence[str]) -> None:
+        super().__init__()
+        self._next = iter(ids).__next__
+
+    def call(self, call_id: str, fix: Callable[[str], str] | None = None) -> str:
+        return self._next()
+
+    def result(self, call_id: str) -> str:
+        return self._next()
+
+    def end_group(self) -> None:
+        pass
+
+
+def reported_call_ids(kind: GatewayType, items: Sequence[NativeContent]) -> tuple[str, ...]:
+    """Every call and result id ``kind``'s rewriter finds in ``items``, in order.
+
+    What :func:`restore_call_ids` writes back into the same items renamed.
+    Renames nothing; ``()`` for a kind without a rewriter.
+    """
+    rewrite = _REWRITERS.get(kind)
+    if rewrite is None:
+        return ()
+    recorder = _Recorder()
+    for item in items:
+        rewrite(item, recorder)
+    return tuple(recorder.ids)
+
+
+def restore_call_ids(
+    kind: GatewayType, items: Sequence[NativeContent], ids: Sequence[str]
+) -> list[NativeContent]:
+    """``items`` (renamed) with the ids :func:`reported_call_ids` gave before renaming.
+
+    ``ids`` is ``reported_call_ids(kind, originals)`` for the items these
+    were renamed from (same items, ids aside): each is written back where
+    the rewriter finds a call or result id, in order, so the result equals
+    the originals. Items are never modified; an item whose ids are already
+    those is returned as it is.
+    """
+    rewrite = _REWRITERS.get(kind)
+    if rewrite is None:
+        return list(items)
+    replayer = _Replayer(ids)
+    return [rewrite(item, replayer) for item in items]

@@ -125,9 +125,8 @@ class IssuedPrefixes:
         body = self._bodies.get(id(prefix))
         if body is None:
             encoded = _encoder.encode(self._gateway.request_body((*prefix.items, *added)))
-        else:
-            encoded = body.extend(added).encode()
-        return with_fields(encoded, members)
+            return with_fields(encoded, members)
+        return body.extend(added).encode(members)
 
     def _continue(
         self, prefix: PreparedContext, continuation: Sequence[Message]

@@ -502,8 +502,10 @@ class ContextManager:
         A continuation call reusing a call id of the prefix or of an earlier
         continuation call is renamed, with its results, by the rule of
         :mod:`turnloom.context.callids`, continued from the prefix, so the
-        items hold each call id once. Cost: O(continuation), plus a C-speed
-        copy of the prefix's set of call ids.
+        items hold each call id once. Cost: O(continuation), plus reading
+        ``prefix.items`` (its earlier turns are decoded from the history's
+        encoded bytes on the prefix's first read, only those the context's
+        previous prefix did not decode; then a C-speed copy).
 
         Returns:
             tuple of NativeContent, oldest first; shared with caches (the

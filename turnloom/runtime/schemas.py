@@ -35,6 +35,7 @@ from typing import Any, Literal, TypeAlias
 import msgspec
 
 from turnloom.context.gateway import GatewayType, NativeContent
+from turnloom.context.items import NativeItems
 from turnloom.context.memory import TenantScope
 from turnloom.context.message import Message
 from turnloom.context.scope import ContextScope
@@ -248,7 +249,15 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
             and Gemini that body moves the instructions to their top-level
             field (``system``, ``systemInstruction``) and merges adjacent
             turns; only the body is guaranteed to pass the gateway's
-            ``validate()``.
+            ``validate()``. A property: the earlier turns are held encoded
+            (``native_items``) and decoded on the first read, once per
+            prefix, on the reading thread (C-speed JSON decoding of the items
+            the context's previous prefix did not decode; O(items) the first
+            time or after the history's run was rebuilt); the decoded items
+            are shared with that prefix. :meth:`ContextManager.request_bytes`
+            never reads them.
+        native_items: the same items, the earlier turns still JSON-encoded
+            (:class:`~turnloom.context.items.NativeItems`).
         item_count: ``len(items)``.
         bytes: serialized size of ``items``, in bytes (JSON).
         tokens: tokens of the messages ``items`` render, by the Foundation's
@@ -281,7 +290,7 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     context_id: str
     turn_id: str
     gateway: GatewayType
-    items: tuple[NativeContent, ...]
+    native_items: NativeItems
     item_count: int
     bytes: int
     tokens: int
@@ -295,6 +304,11 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     queued_seconds: float = 0.0
     render_seconds: float = 0.0
     assembled: AssembledContext | None = None
+
+    @property
+    def items(self) -> tuple[NativeContent, ...]:
+        """The prefix's items (see the class docstring), decoded on the first read."""
+        return self.native_items.materialize()
 
 
 class PreparationStatistics(msgspec.Struct, frozen=True, kw_only=True):
