@@ -12,6 +12,27 @@ the history's JSON bytes (``statistics().bytes``), the memory held before
 the render (messages and bookkeeping) and after it, and the ratio held /
 JSON bytes (the goal is at most 2x).
 
+Then, per gateway, where the held memory goes (``sys.getsizeof`` summed
+over the objects each part holds, each object counted once, in this
+order; the rest of what tracemalloc counts is allocator rounding and what
+no part names), as a ratio to the JSON bytes:
+
+* messages: the committed Message structs, their parts and strings;
+* bookkeeping: the history's per-message and per-turn records (entries,
+  turns, id maps): the committed memory that is not messages;
+* closed turns: the run's encoded items (one ``bytes`` per item);
+* body extra: encoded body items that are not the run's item bytes (merged
+  Anthropic turns, the pinned instructions' body);
+* natives: native items cached for turns not yet closed; ``shared str`` is
+  the part of their deep size that is strings the messages hold (not
+  counted again);
+* call ids: the call-id renaming states (the run's and the body writer's)
+  and the ids the run's renamed turns had before renaming;
+* run index: the run's lists and arrays of references, offsets and counts;
+
+and the cyclic garbage collector's tracked objects (``len(gc.get_objects())``
+after a full collection) per history item, committed and with the cache.
+
 Usage: python scripts/bench_memory.py [--items N] [PATH]
 """
 
@@ -19,8 +40,12 @@ from __future__ import annotations
 
 import argparse
 import gc
+import sys
 import tracemalloc
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from turnloom.context import GatewayType, get_gateway
 from turnloom.context.history import HistoryLimits, TurnHistory
@@ -54,10 +79,118 @@ def _fill(history: TurnHistory, trajectories: list[list[object]], items: int) ->
                     history.record(step.turn_id, [step.message])
 
 
-def measure(kind: GatewayType, trajectories: list[list[object]], items: int) -> tuple[int, ...]:
-    """(JSON bytes, held before render, held after render) for one gateway, in bytes."""
+def _deep(roots: list[Any], seen: set[int]) -> tuple[int, int]:
+    """(bytes, of which str) of the objects reachable from ``roots`` not in ``seen``.
+
+    Follows dicts, lists, tuples and msgspec Structs; adds what it counts to
+    ``seen``. Strings met that ``seen`` holds already are counted apart, as
+    shared, in the second number's complement: the first number excludes them.
+    """
+    total = strings = 0
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        size = sys.getsizeof(node)
+        total += size
+        kind = type(node)
+        if kind is str:
+            strings += size
+        elif kind is dict:
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif kind in (list, tuple, set, frozenset):
+            stack.extend(node)
+        elif isinstance(node, msgspec.Struct):
+            stack.extend(getattr(node, f) for f in node.__struct_fields__)
+    return total, strings
+
+
+def _shared_strings(roots: list[Any], seen: set[int]) -> int:
+    """Bytes of the strings reachable from ``roots`` (dicts, lists) that ``seen`` holds."""
+    shared = 0
+    stack = list(roots)
+    visited: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        kind = type(node)
+        if kind is str and id(node) in seen:
+            shared += sys.getsizeof(node)
+        elif kind is dict:
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif kind in (list, tuple):
+            stack.extend(node)
+    return shared
+
+
+def breakdown(history: TurnHistory, committed: int) -> dict[str, int]:
+    """Where the held memory goes (see the module docstring), in bytes.
+
+    Reads the history's private structures: a measurement, not an API.
+    """
+    seen: set[int] = set()
+    entries = [*history._pinned, *(e for t in history._turns for e in t.entries(True))]
+    messages, _ = _deep([e.message for e in entries], seen)
+    [run] = history._shared.runs.values()
+    closed, _ = _deep([*run.items], seen)
+    natives_roots: list[Any] = []
+    for entry in entries:
+        natives_roots.append(entry.native)
+        if entry.more:
+            natives_roots.extend(pair[0] for pair in entry.more.values())
+    for turn in history._turns:
+        natives_roots.extend(r.items for r in (turn.full, turn.head) if r is not None)
+    natives_roots.append(run.pinned.items)
+    shared = _shared_strings(natives_roots, seen)
+    natives, _ = _deep(natives_roots, seen)
+    body = run.body
+    body_extra = 0
+    renamers: list[Any] = [run.call_ids]
+    if body is not None:
+        body_extra, _ = _deep([*body._chunks], seen)
+        renamers.append(body._writer.renamer)
+    call_ids = _deep([run.originals], seen)[0]  # the ids renamed turns had before
+    for renamer in renamers:
+        for layers in (renamer._seen, renamer._counters):
+            call_ids += _deep([layers._top, *layers._frozen], seen)[0]
+    index = sum(
+        sys.getsizeof(x)
+        for x in (run.items, run.item_ends, run.byte_ends, run.turn_tokens, run.turn_carried)
+    )
+    if body is not None:
+        index += sum(
+            sys.getsizeof(x)
+            for x in (body._chunks, body._tags, body._reach, body._opens, body._counts)
+        )
+    return {
+        "messages": messages,
+        "bookkeeping": committed - messages,
+        "closed turns": closed,
+        "body extra": body_extra,
+        "natives": natives,
+        "shared str": shared,
+        "call ids": call_ids,
+        "run index": index,
+    }
+
+
+def measure(
+    kind: GatewayType, trajectories: list[list[object]], items: int
+) -> tuple[int, int, int, dict[str, int], tuple[int, int]]:
+    """JSON bytes, held before and after the render (bytes), the breakdown, tracked objects.
+
+    The tracked objects are those the history adds to the cyclic collector's
+    count, committed and with the render cache.
+    """
     gateway = get_gateway(kind)
     gc.collect()
+    objects = len(gc.get_objects())
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
     history = TurnHistory(
@@ -66,16 +199,19 @@ def measure(kind: GatewayType, trajectories: list[list[object]], items: int) -> 
     newest = _fill(history, trajectories, items)
     gc.collect()
     before = tracemalloc.get_traced_memory()[0] - base
+    tracked_before = len(gc.get_objects()) - objects
     rendered = history.view().render(gateway, newest)
     assert rendered.body is not None
     rendered.body.encode()  # what a prepare's request_bytes does once
     del rendered  # the render cache stays in the history
     gc.collect()
     after = tracemalloc.get_traced_memory()[0] - base
+    tracked_after = len(gc.get_objects()) - objects
     tracemalloc.stop()
     json_bytes = history.statistics().bytes + history.statistics().pinned_bytes
+    parts = breakdown(history, before)
     del history
-    return json_bytes, before, after
+    return json_bytes, before, after, parts, (tracked_before, tracked_after)
 
 
 def main() -> None:
@@ -89,12 +225,29 @@ def main() -> None:
     trajectories = [list(t.messages) for t in loaded]
     print(f"{args.items} history items from {path.name} (tracemalloc, bytes held)")
     print(f"{'gateway':<17}{'JSON MB':>9}{'held MB':>9}{'ratio':>7}{'+cache MB':>11}{'ratio':>7}")
+    results = {}
     for kind in GatewayType:
-        json_bytes, before, after = measure(kind, trajectories, args.items)
+        json_bytes, before, after, parts, tracked = measure(kind, trajectories, args.items)
+        results[kind] = (json_bytes, after, parts, tracked)
         mb = 1 << 20
         print(
             f"{kind.value:<17}{json_bytes / mb:9.1f}{before / mb:9.1f}{before / json_bytes:6.2f}x"
             f"{after / mb:11.1f}{after / json_bytes:6.2f}x"
+        )
+    print()
+    names = list(next(iter(results.values()))[2])
+    print("held memory by part, x JSON bytes (getsizeof; rest: allocator rounding, unnamed)")
+    print(f"{'gateway':<17}" + "".join(f"{name:>13}" for name in [*names, "rest"]))
+    for kind, (json_bytes, after, parts, _) in results.items():
+        counted = sum(v for k, v in parts.items() if k != "shared str")
+        row = "".join(f"{parts[name] / json_bytes:12.3f}x" for name in names)
+        print(f"{kind.value:<17}{row}{(after - counted) / json_bytes:12.3f}x")
+    print()
+    print("tracked objects (gc.get_objects()) per history item: committed, with the cache")
+    for kind, (_, _, _, (tracked_before, tracked_after)) in results.items():
+        print(
+            f"{kind.value:<17}{tracked_before / args.items:10.4f}{tracked_after / args.items:10.4f}"
+            f"   ({tracked_before} and {tracked_after} objects)"
         )
 
 

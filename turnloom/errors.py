@@ -355,7 +355,10 @@ class UnknownAreaError(InputError, LookupError):
 
 
 class ContextRemovedError(StateError):
-    """The context a preparation waited for was removed (``remove_context``).
+    """The context a preparation waited for was removed (``remove_context``) or lost.
+
+    Lost: with a store, another host took the context's lease, so it left
+    this manager.
 
     A context created again with the same id is a new conversation: it never
     serves a request made for the removed one.

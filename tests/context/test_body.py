@@ -144,7 +144,13 @@ def test_an_earlier_turn_renders_without_a_cached_body() -> None:
 
 
 def _segments(run: BodyRun) -> list[tuple[int, int, bytes]]:
-    return [(s.tag, s.reach, d) for s, d in zip(run._segments, run._data, strict=True)]
+    """Each segment's tag, reach and encoded body items (comma-joined)."""
+    out, start = [], 0
+    for tag, reach, count in zip(run._tags, run._reach, run._counts, strict=True):
+        out.append((tag, reach, b",".join(run._chunks[start : start + count])))
+        start += count
+    assert start == len(run._chunks)
+    return out
 
 
 def _user(text: str) -> NativeContent:

@@ -285,3 +285,59 @@ def test_every_prepared_input_has_unique_ids_and_a_byte_stable_prefix(
         assert gateway.validate(body[ITEM_FIELD[provider]]) == []
         previous, previous_items = encoded, rendered.items
         history.record(f"t{k}", _turn_outputs(steps))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["set", "hide", "copy"]),
+            st.integers(0, 120),
+        ),
+        max_size=400,
+    )
+)
+def test_layered_state_equals_a_plain_dict_after_any_sets_hides_and_copies(
+    ops: list[tuple[str, int]],
+) -> None:
+    """Invariant: the renamer's layered map (frozen layers shared by copies, a small
+    owned top, tombstones) reads exactly as a plain dict does, and a copy is
+    independent of the map it came from, whatever the order of changes."""
+    from turnloom.context.callids import _Layers
+
+    layers, oracle = _Layers(), dict[str, object]()
+    copies: list[tuple[_Layers, dict[str, object]]] = []
+    for op, n in ops:
+        key = f"k{n}"
+        if op == "set":
+            layers.set(key, n)
+            oracle[key] = n
+        elif op == "hide":
+            layers.set(key, None)
+            oracle.pop(key, None)
+        else:
+            copies.append((layers.copy(), dict(oracle)))
+            layers, oracle = copies[-1][0].copy(), dict(oracle)
+    final: list[tuple[_Layers, dict[str, object]]] = [*copies, (layers, oracle)]
+    for layered, expected in final:
+        assert {f"k{n}": layered.get(f"k{n}") for n in range(121)} == {
+            f"k{n}": expected.get(f"k{n}") for n in range(121)
+        }
+        assert sorted(layered.present()) == sorted(expected)
+
+
+def test_a_hidden_id_stays_hidden_while_an_older_layer_holds_it() -> None:
+    """Invariant: a tombstone frozen above an older layer that holds the id hides it
+    (it is dropped only once merged into the oldest layer)."""
+    from turnloom.context.callids import _Layers
+
+    layers = _Layers()
+    for n in range(256):  # one large oldest layer
+        layers.set(f"k{n}", n)
+    layers.copy()
+    layers.set("k0", None)
+    layers.copy()  # the tombstone, frozen above it
+    assert len(layers._frozen) == 2
+    assert layers.get("k0") is None
+    assert "k0" not in layers.present()
+    assert layers.copy().get("k0") is None

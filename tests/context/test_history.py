@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import msgspec
 import pytest
@@ -25,7 +27,7 @@ from turnloom.context import (
 )
 from turnloom.context.callids import rename_call_ids
 from turnloom.context.gateways import OpenAIChatGateway
-from turnloom.context.history import HistoryLimits, TurnHistory
+from turnloom.context.history import HistoryLimits, HistoryView, RenderedHistory, TurnHistory
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.errors import (
     DuplicateIdError,
@@ -308,6 +310,16 @@ class FlakyGateway(CountingGateway):
         return super().render(message)
 
 
+def plain_common_length(a: Sequence[object], b: Sequence[object]) -> int:
+    """The oracle of a common prefix: a plain scan."""
+    count = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        count += 1
+    return count
+
+
 def cold_render(
     history: TurnHistory, turn_id: str, policy: OpenCallPolicy = "exclude"
 ) -> list[NativeContent]:
@@ -368,11 +380,14 @@ def test_cached_render_equals_a_from_scratch_render(
 ) -> None:
     """Invariant: whatever the order of commits, records, approvals (results as the next
     turn's input), evictions, renders and renders that fail part-way, every render equals
-    a cold render of the retained history paired as one input."""
+    a cold render of the retained history paired as one input. Its items, kept encoded
+    and decoded reusing the previous render's decoded items, equal it too, and their
+    common length with the previous render is that of the two plain lists."""
     gateway = FlakyGateway()
     history = TurnHistory(HistoryLimits(max_turns=4, max_items=12))
     turn = 0
     history.commit("t0", [user("u0")], instructions=[SYSTEM])
+    previous: RenderedHistory | None = None
     for kind, n in ops:
         turn = apply_op(history, kind, n, turn)
         target = history.turn_ids[n % len(history.turn_ids)]
@@ -385,7 +400,14 @@ def test_cached_render_equals_a_from_scratch_render(
                 pass
             gateway.fail_in = None
         rendered = history.view().render(gateway, target, open_calls=policy)
+        common = None
+        if previous is not None:
+            common = rendered.native_items.common_length(previous.native_items)
+            rendered.native_items.adopt(previous.native_items)
         assert list(rendered.items) == cold_render(history, target, policy)
+        if previous is not None:
+            assert common == plain_common_length(rendered.items, previous.items)
+        previous = rendered
         sizes = [len(msgspec.json.encode(item)) for item in rendered.items]
         assert rendered.bytes == sum(sizes)
         assert [rendered.bytes_before(k) for k in range(len(sizes) + 2)] == [
@@ -661,6 +683,46 @@ def test_eviction_renders_the_kept_turns_as_a_cold_render_would() -> None:
     items = history.view().render(CHAT, "t5").items
     assert [c["id"] for i in items for c in i.get("tool_calls", ())] == ["c2", "c1"]
     assert [i["tool_call_id"] for i in items if i["role"] == "tool"] == ["c2", "c1"]
+
+
+@pytest.mark.parametrize("kind", list(GatewayType))
+def test_an_eviction_that_renames_anew_keeps_the_items_and_body_of_a_cold_render(
+    kind: GatewayType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Invariant: when an eviction drops the first use of a reused call id, the kept
+    turns are renamed anew from their encoded items (their recorded original ids
+    written back, no message rendered again): the render equals a cold render, its
+    body the encoded request body, and decoding reuses the previous render's decoded
+    items for the items whose bytes did not change."""
+    gateway = get_gateway(kind)
+    renamed_anew: list[int] = []
+    original = HistoryView._renamed_anew
+
+    def spy(self: HistoryView, *args: Any) -> Any:
+        renamed_anew.append(1)
+        return original(self, *args)
+
+    monkeypatch.setattr(HistoryView, "_renamed_anew", spy)
+    history = TurnHistory(HistoryLimits(max_turns=2))
+    history.commit("t1", [user("a")], instructions=[SYSTEM])
+    history.record("t1", [call("c1"), result("c1", "r1"), assistant("A1")])
+    history.commit("t2", [user("b")])
+    history.record("t2", [call("c1"), result("c1", "r2"), assistant("A2")])
+    history.commit("t3", [user("c")])
+    before = history.view().render(gateway, "t3")
+    previous = before.items
+    assert history.evict() == ("t1",)  # t2's c1 was renamed after t1's: now it is the first
+    rendered = history.view().render(gateway, "t3")
+    assert renamed_anew == [1]
+    rendered.native_items.adopt(before.native_items)
+    items = rendered.items
+    messages = complete_pairs(list(history.view().input_messages("t3")))
+    assert list(items) == rename_call_ids(kind, [i for m in messages for i in gateway.render(m)])
+    assert rendered.body is not None
+    assert rendered.body.encode() == msgspec.json.encode(gateway.request_body(items))
+    # The pinned instructions, t2's "b" and "A2" and t3's input kept their bytes.
+    reused = [i for i in items if any(i is p for p in previous)]
+    assert len(reused) == 4
 
 
 def test_a_batch_checked_at_the_door_is_not_checked_again_when_committed(

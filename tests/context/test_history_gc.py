@@ -64,7 +64,9 @@ def _bookkeeping(history: TurnHistory) -> list[Any]:
         objects.extend((turn, turn.input, turn.outputs, *turn.input, *turn.outputs))
         for rendered in (turn.full, turn.head):
             if rendered is not None:
-                objects.extend((rendered, rendered.items, rendered.sizes))
+                objects.extend((rendered, rendered.items, rendered.encoded))
+    for run in history._shared.runs.values():  # its item list is one object per run
+        objects.extend((run.pinned, run.pinned.items, run.pinned.encoded, *run.items))
     return objects
 
 
@@ -88,9 +90,21 @@ def test_history_bookkeeping_and_cached_items_are_not_tracked(tau_bench_path: Pa
     stats = history.statistics()
     entries = [o for o in objects if type(o).__name__ == "_Entry"]
     assert len(entries) == stats.items + stats.pinned_items
-    # Every message was rendered but the last turn's outputs (its continuation).
-    unrendered = [e for e in entries if e.native is None]
-    assert unrendered == list(history._turns[-1].outputs)
+    # Every message was rendered but the last turn's outputs (its continuation);
+    # the closed turns joined the run, which holds their items encoded, so only
+    # the pinned instructions and the last turn's input keep native items.
+    assert [e for e in entries if e.native is not None] == [
+        *history._pinned,
+        *history._turns[-1].input,
+    ]
+    assert all(e.native is None and e.encoded is None for e in history._turns[-1].outputs)
+    # A closed turn's message keeps its encoding only when the run holds those bytes.
+    [run] = history._shared.runs.values()
+    held = set(map(id, run.items))
+    closed = [e for turn in history._turns[:-1] for e in turn.entries(True)]
+    kept = [e for e in closed if e.encoded is not None]
+    assert all(id(e.encoded) in held for e in kept if type(e.encoded) is bytes)
+    assert len(kept) > 0.8 * len(closed)  # not vacuous: most closed messages are held so
     assert [type(o).__name__ for o in objects if gc.is_tracked(o)] == []
     items = renders[-1].items
     assert len(items) == sum(len(CHAT.render(m)) for m in _complete(history))
@@ -140,7 +154,7 @@ def _visited(root: object, *others: object) -> tuple[int, int]:
     stack: list[Any] = [root, *others, *_bookkeeping(root)]
     for turn in root._turns:
         for entry in (*turn.input, *turn.outputs):
-            stack.append(entry.native)
+            stack.extend((entry.native, entry.encoded))
     tracked = references = 0
     while stack:
         node = stack.pop()

@@ -559,6 +559,40 @@ async def test_a_failing_memory_source_fails_the_preparation_with_its_typed_erro
     assert stats.preparations.failed_total == 1
 
 
+class ForeignFailingMemory:
+    """A memory source whose client raises its own errors (a vector database's, say)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def search(self, query: str, *, scope: TenantScope, top_k: int) -> list[MemoryEntry]:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    "error", [ConnectionError("refused"), KeyError("k"), ExceptionGroup("g", [ValueError("v")])]
+)
+async def test_a_memory_source_failing_with_a_foreign_error_fails_the_prepare_with_a_store_error(
+    error: Exception,
+) -> None:
+    """Every error a prepare raises is a TurnloomError: a source's own error is translated
+    to MemoryStoreError (the cause kept), and the next prepare of the turn assembles again."""
+    memory = ForeignFailingMemory(error)
+    async with Foundation(strategy="stratified", memory=memory) as foundation:
+        manager = foundation.manager
+        _turn(manager, "t1", "x")
+        request = ContextPrepareRequest(context_id="c", turn_id="t1", tenant=ACME)
+        with pytest.raises(MemoryStoreError, match="The memory source failed") as caught:
+            await manager.prepare(request)
+        assert caught.value.__cause__ is error
+        memory.error = MemoryStoreError("still down.")
+        with pytest.raises(MemoryStoreError, match="still down") as again:
+            await manager.prepare(request)
+        assert again.value is memory.error
+        stats = manager.statistics()
+    assert (stats.assembly.failed_total, stats.preparations.failed_total) == (2, 2)
+
+
 class WrongStrategy(CountingStrategy):
     async def assemble(self, **kwargs: Any) -> AssembledContext:
         return "nope"  # type: ignore[return-value]

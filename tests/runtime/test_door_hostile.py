@@ -18,6 +18,7 @@ from tests.runtime.helpers import assistant, call, result, user
 from turnloom.areas import OneShotNotice
 from turnloom.context import Message, Role, TextPart, ToolResultPart
 from turnloom.context.history import HistoryLimits
+from turnloom.context.items import NativeItems
 from turnloom.context.message import check_message
 from turnloom.errors import (
     DuplicateIdError,
@@ -165,8 +166,8 @@ async def test_build_rejects_a_prefix_prepared_for_another_gateway_or_forged() -
         good = msgspec.structs.replace(foreign, gateway=manager.gateway.type)
         forged = (
             msgspec.structs.replace(good, reserved_ids=None),
-            msgspec.structs.replace(good, items=None),
-            msgspec.structs.replace(good, items=("not a dict",)),
+            msgspec.structs.replace(good, native_items=None),
+            msgspec.structs.replace(good, native_items=NativeItems(("not a dict",))),  # type: ignore[arg-type]
             msgspec.structs.replace(good, state_call_id=5),
         )
         for prefix in forged:
@@ -426,7 +427,10 @@ async def test_request_bytes_rejects_a_forged_prefix_as_build_does() -> None:
         manager = foundation.manager
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("x"),)))
         own = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
-        for prefix in (msgspec.structs.replace(own, items=None), msgspec.structs.replace(own)):
+        for prefix in (
+            msgspec.structs.replace(own, native_items=None),
+            msgspec.structs.replace(own),
+        ):
             with pytest.raises(InvalidMessageError, match="not prepared by this manager"):
                 manager.request_bytes(prefix)
         assert manager.request_bytes(own) == b'{"messages":[{"role":"user","content":"x"}]}'

@@ -115,6 +115,52 @@ async def test_a_turn_whose_input_renders_to_nothing_is_rejected_before_commit(
         assert manager.context_ids() == ()
 
 
+_KEPT_BLANK = {
+    kind: Message(role=Role.user, content=" ", layout={"gateway": kind.value, "keep_blank": True})
+    for kind in (GatewayType.gemini, GatewayType.openai_responses)
+}
+_ORPHAN = Message(
+    role=Role.tool, content=(ToolResultPart(call_id="c9", content=(TextPart(text="r"),)),)
+)
+
+
+@pytest.mark.parametrize(
+    ("gateway", "message"),
+    [
+        *(pytest.param(k, m, id=f"kept-blank-{k.value}") for k, m in _KEPT_BLANK.items()),
+        *(pytest.param(k, _ORPHAN, id=f"orphan-result-{k.value}") for k in GatewayType),
+    ],
+)
+async def test_a_first_turn_whose_input_the_prepared_input_leaves_out_is_rejected_before_commit(
+    gateway: GatewayType, message: Message
+) -> None:
+    """Invariant: no prepared input is ever an empty request, also when the input renders
+    alone but pairing leaves it out (blank text the gateway would keep for a recording,
+    a result answering no call)."""
+    async with Foundation(gateway=gateway) as foundation:
+        manager = foundation.manager
+        assert manager.gateway.render(message) != []
+        with pytest.raises(InvalidMessageError, match="has no input that renders to content"):
+            manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(message,)))
+        assert manager.context_ids() == ()
+
+
+@pytest.mark.parametrize("gateway", list(_KEPT_BLANK))
+async def test_a_later_turn_of_kept_blank_text_only_is_rejected_not_left_out_of_the_input(
+    gateway: GatewayType,
+) -> None:
+    """Invariant: a committed turn's input is in its prepared input (never silently lost)."""
+    async with Foundation(gateway=gateway) as foundation:
+        manager = foundation.manager
+        hello = Message(role=Role.user, content="Hello")
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(hello,)))
+        with pytest.raises(InvalidMessageError, match="has no input that renders to content"):
+            manager.accept_turn(
+                TurnSnapshot(context_id="c", turn_id="t2", input=(_KEPT_BLANK[gateway],))
+            )
+        assert manager.history("c").turn_ids == ("t1",)
+
+
 async def test_runtime_state_over_the_item_cap_is_rejected_at_the_call_without_a_slot() -> None:
     """Invariant: the state result obeys the per-item byte cap like any history item."""
     limits = HistoryLimits(max_item_bytes=1000)

@@ -20,6 +20,7 @@ from tests.stores.conftest import REDIS_URL
 from tests.stores.helpers import hosting
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import (
+    ContextRemovedError,
     InputError,
     LeaseHeldError,
     NotClaimedError,
@@ -222,6 +223,76 @@ async def test_a_context_in_a_model_call_never_leaves_memory_idle(store_url: str
             assert manager.context_ids() == ("c",)
             invocation.record([assistant("still here")])
         await manager.leases.flush()
+
+
+async def test_a_context_a_preparation_waits_on_never_leaves_memory_idle(store_url: str) -> None:
+    """Invariant: a prepare waiting for a context's next turn (a voice host prepares before
+    the caller speaks) is a use: the context stays held, so the commit needs no new claim
+    and the waiter gets its prefix (it neither waits on an unloaded context nor fails)."""
+    async with hosting(store_url, idle_after=0.2, lease_ttl=30) as foundation:
+        manager = foundation.manager
+        await manager.leases.claim("c")
+        manager.accept_turn(snapshot("c", "t1", "hi"))
+        prepared: list[PreparedContext] = []
+        async with anyio.create_task_group() as group:
+
+            async def next_turn() -> None:
+                prepared.append(await manager.prepare(request("c", "t2")))
+
+            group.start_soon(next_turn)
+            await anyio.wait_all_tasks_blocked()
+            # A witness used after c: once it left memory idle, so would have c.
+            await manager.leases.claim("w")
+            manager.accept_turn(snapshot("w", "t1", "witness"))
+            with anyio.fail_after(10):
+                while "w" in manager.context_ids():
+                    await anyio.sleep(0.05)
+            assert manager.context_ids() == ("c",)
+            manager.accept_turn(snapshot("c", "t2", "there"))
+        [prefix] = prepared
+        assert [item["content"] for item in prefix.items[: prefix.turn_start + 1]] == [
+            "hi",
+            "there",
+        ]
+        await manager.leases.flush()
+
+
+async def test_a_preparation_waiting_on_a_context_whose_lease_is_lost_settles_at_once(
+    store_url: str,
+) -> None:
+    """Invariant: no prepare hangs on a context that left this manager (another host took
+    its lease): the waiter settles with ContextRemovedError and frees its slot, as when
+    the context is removed."""
+    async with (
+        hosting(store_url, owner="host-a", lease_ttl=30) as host_a,
+        hosting(store_url, owner="host-b", lease_ttl=30) as host_b,
+    ):
+        a, b = host_a.manager, host_b.manager
+        await a.leases.claim("c")
+        a.accept_turn(snapshot("c", "t1", "hi"))
+        await a.leases.flush()
+        outcome: list[BaseException] = []
+        async with anyio.create_task_group() as group:
+
+            async def next_turn() -> None:
+                try:
+                    await a.prepare(request("c", "t2"))
+                except ContextRemovedError as exc:
+                    outcome.append(exc)
+
+            group.start_soon(next_turn)
+            await anyio.wait_all_tasks_blocked()
+            expire_lease(store_url, "c")  # host A stalls past its lease
+            assert await b.leases.claim("c") is True
+            a.accept_turn(snapshot("c", "t9", "from a stale host"))
+            with pytest.raises(StaleLeaseError):
+                await a.leases.flush("c")
+            with anyio.fail_after(10):  # settles at once; the bound only ends a hang
+                while not outcome:
+                    await anyio.sleep(0.01)
+        [error] = outcome
+        assert (error.context_id, error.turn_id) == ("c", "t2")  # type: ignore[attr-defined]
+        assert a.statistics().preparations.pending == 0
 
 
 async def test_remove_context_deletes_its_log(store_url: str) -> None:

@@ -11,8 +11,8 @@ gateways implement ``request_body`` with their writer, so the rule lives in
 one place and both paths produce the same body.
 
 :class:`EncodedBody` is a body whose settled part is kept as JSON bytes: the
-encoded body items of the closed turns of a history (the history keeps them
-per turn, in its render cache, see :class:`~turnloom.context.TurnHistory`),
+encoded body items of the closed turns of a history (one ``bytes`` per body
+item, kept by its render cache, see :class:`~turnloom.context.TurnHistory`),
 the writer state after them, and the items that follow, not yet fed.
 :meth:`EncodedBody.encode` returns exactly
 ``msgspec.json.encode(gateway.request_body(items))`` for all its items while
@@ -22,7 +22,9 @@ appends items (a continuation) in O(appended items).
 :class:`BodyRun` is the mutable cache a history keeps per render key: items
 appended segment by segment (one segment per closed turn), segments dropped
 at the front on eviction when the body of the kept segments is provably what
-is cached (else the caller rebuilds it from the kept items).
+is cached (else the caller rebuilds it from the kept items). A body item
+that encodes to the bytes of an item the history keeps encoded is that very
+``bytes`` object, so a closed turn is held once, not as items and body.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ __all__ = (
     "with_fields",
 )
 
+import array
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -45,6 +48,7 @@ import msgspec
 from turnloom.context._untrack import untrack_container
 from turnloom.context.callids import CallIdRenamer
 from turnloom.context.gateway import Gateway, NativeContent
+from turnloom.context.items import exact_bytes
 from turnloom.errors import InvalidArgumentError, excerpt
 
 _encode = msgspec.json.Encoder().encode
@@ -70,6 +74,9 @@ class BodyWriter:
             ``items_field``).
         header: the other top-level fields :meth:`finish` may return (for
             example Anthropic's ``"system"``).
+        spellings: other names the provider (and the gateway's
+            ``parse_request``) reads as one of those fields (Gemini's
+            ``"system_instruction"``); a request must not set them either.
         renamer: the call-id renaming state (:mod:`turnloom.context.callids`).
     """
 
@@ -77,6 +84,7 @@ class BodyWriter:
 
     field: str = ""
     header: tuple[str, ...] = ()
+    spellings: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self.renamer = CallIdRenamer()
@@ -161,10 +169,14 @@ def body_writer(gateway: Gateway) -> BodyWriter | None:
 
 
 def reserved_fields(gateway: Gateway) -> frozenset[str]:
-    """The top-level fields ``gateway``'s request body writes itself (items, instructions)."""
+    """The top-level fields ``gateway``'s request body writes itself (items, instructions).
+
+    Every spelling of them the provider reads counts (see ``BodyWriter.spellings``).
+    """
     writer = body_writer(gateway)
-    header = writer.header if writer is not None else tuple(gateway.request_body(()))
-    return frozenset((gateway.items_field, *header))
+    if writer is None:
+        return frozenset((gateway.items_field, *gateway.request_body(())))
+    return frozenset((gateway.items_field, *writer.header, *writer.spellings))
 
 
 def encode_fields(fields: Mapping[str, Any], reserved: frozenset[str]) -> bytes:
@@ -210,12 +222,20 @@ def with_fields(body: bytes, members: bytes) -> bytes:
     return b"".join((b"{", members, b",", body[1:]))
 
 
-def _splice(header: dict[str, Any], field: str, chunks: Sequence[bytes]) -> bytes:
-    """The encoded body: ``header`` then ``field`` holding the joined encoded items."""
-    head = _encode({**header, field: []})
-    # msgspec writes dict keys in insertion order with no whitespace, so the
-    # body ends with the empty item list and the closing brace: b"[]}".
-    return b"".join((head[:-2], b",".join([c for c in chunks if c]), b"]}"))
+def _splice(head: bytes, chunks: list[bytes], members: bytes) -> bytes:
+    """The encoded body: ``head`` (``b'{...,"messages":['``), the items, ``b"]}"``; one copy.
+
+    ``members`` (the caller's fields, :func:`encode_fields`) go first. The
+    item chunks are joined once, with the opening and closing bytes glued to
+    the first and last chunk, so the body's bytes are copied once.
+    """
+    if members:
+        head = b"".join((b"{", members, b",", head[1:]))
+    if not chunks:
+        return head + b"]}"
+    chunks[0] = head + chunks[0]
+    chunks[-1] += b"]}"
+    return b",".join(chunks)
 
 
 class EncodedBody:
@@ -256,108 +276,145 @@ class EncodedBody:
             return self
         return EncodedBody(self._writer, self._chunks, self._rest + tuple(items))
 
-    def encode(self) -> bytes:
+    def encode(self, members: bytes = b"") -> bytes:
         """The encoded request body of all the items, as UTF-8 JSON bytes.
 
-        Equal, byte for byte, to ``msgspec.json.encode(gateway.request_body(items))``.
-        Costs: a copy of the writer state (a C-speed copy of the call-id set),
-        feeding and encoding the items not cached, and one C-speed join of
-        the cached bytes.
+        Equal, byte for byte, to ``msgspec.json.encode(gateway.request_body(items))``;
+        with ``members`` (:func:`encode_fields` of the caller's top-level
+        fields), to ``msgspec.json.encode({**fields, **gateway.request_body(items)})``.
+        Costs: a copy of the writer state (O(log n) in the call ids seen),
+        feeding and encoding the items not cached, a C-speed copy of the
+        cached chunks' references, and one copy of the body's bytes.
         """
         writer = self._writer.copy()
         out: list[NativeContent] = []
         if self._rest:
             writer.feed(self._rest, out)
         header = writer.finish(out)
-        return _splice(header, writer.field, (*self._chunks, *map(_encode, out)))
-
-
-class _Segment(msgspec.Struct, gc=False):
-    """One segment of a :class:`BodyRun` (its encoded items are kept beside it).
-
-    Untracked by the cyclic collector (``gc=False``): it holds ints and a
-    bool only, so no cycle can pass through it.
-    """
-
-    tag: int
-    reach: int  # the last tag a body item of this segment was built from
-    opens: bool | None = None  # can_open of its first body item; None: none handed out
+        head = _encode({**header, writer.field: []})
+        # msgspec writes dict keys in insertion order with no whitespace, so the
+        # body ends with the empty item list and the closing brace: b"[]}".
+        return _splice(head[:-2], [*self._chunks, *map(_encode, out)], members)
 
 
 class BodyRun:
     """The encoded body of a run of segments, changed in place (see the module docstring).
 
     Segment tags increase from one :meth:`append` to the next; segment 0 is
-    the pinned instructions and is never dropped. The writer state is
-    replaced, never changed, so a :meth:`snapshot` stays valid. Not
-    thread-safe: guarded by the history's lock.
+    the pinned instructions and is never dropped. The body items are kept
+    as one list of encoded chunks, one per body item, in body order; a
+    segment's chunks are contiguous (a held-back item belongs to the
+    segment it started in, before any item of a later one). A chunk equal
+    to the encoding of an item appended with it is that very bytes object,
+    so a history that keeps its items encoded keeps such body items once.
+    The writer state is replaced, never changed, so a :meth:`snapshot`
+    stays valid. Not thread-safe: guarded by the history's lock.
     """
 
-    __slots__ = ("_data", "_segments", "_writer")
+    __slots__ = ("_chunks", "_counts", "_opens", "_reach", "_recent", "_tags", "_writer")
 
     def __init__(self, writer: BodyWriter) -> None:
         self._writer = writer
-        self._segments: list[_Segment] = []
-        self._data: list[bytes] = []  # the encoded items of each segment, as in _segments
-        # Untracked by the cyclic collector: they only ever hold bytes and
-        # untracked segments, so no cycle can pass through them.
-        untrack_container(self._segments)
-        untrack_container(self._data)
+        # One entry per segment, oldest first: its tag, the last tag a body
+        # item of it was built from, can_open of its first body item (0: none
+        # handed out yet, 1: False, 2: True) and how many body items it holds.
+        self._tags = array.array("q")
+        self._reach = array.array("q")
+        self._opens = bytearray()
+        self._counts = array.array("q")
+        self._chunks: list[bytes] = []  # one per body item, in body order
+        # Only ever holds bytes, so it can be in no cycle: out of the cyclic
+        # collector, a full collection visits no reference per body item.
+        untrack_container(self._chunks)
+        self._recent: tuple[bytes, ...] = ()  # the last segment's encodings (when given)
+
+    def append(
+        self, items: Sequence[NativeContent], tag: int, encoded: Sequence[bytes] = ()
+    ) -> None:
+        """Feed one segment's items; encode the body items they settle.
+
+        Args:
+            items: the segment's native items.
+            tag: the segment's tag (greater than the last one appended).
+            encoded: the items' JSON encodings, when the caller keeps them:
+                a body item encoded to equal bytes shares that object.
+        """
+        writer = self._writer.copy()
+        self._feed(writer, items, tag, encoded)
+        self._writer = writer
 
     @classmethod
     def of(
-        cls, writer: BodyWriter, segments: Iterable[tuple[Sequence[NativeContent], int]]
+        cls,
+        writer: BodyWriter,
+        segments: Iterable[tuple[Sequence[NativeContent], int, Sequence[bytes]]],
     ) -> BodyRun:
-        """A run of ``segments`` (items, tag), fed in order to ``writer``, which it takes.
+        """A run of ``segments`` (items, tag, encodings) fed in order to ``writer`` (taken).
 
-        The same as appending each segment to a run of a fresh writer, with
-        one writer changed in place instead of a copy per segment.
+        The same as :meth:`append` of each segment to a run of a fresh
+        ``writer``, with the one writer changed in place instead of copied
+        per segment.
         """
         run = cls(writer)
-        for items, tag in segments:
-            run._feed(writer, items, tag)
+        for items, tag, encoded in segments:
+            run._feed(writer, items, tag, encoded)
         return run
 
-    def append(self, items: Sequence[NativeContent], tag: int) -> None:
-        """Feed one segment's items; encode the body items they settle."""
-        writer = self._writer.copy()
-        self._feed(writer, items, tag)
-        self._writer = writer
-
-    def _feed(self, writer: BodyWriter, items: Sequence[NativeContent], tag: int) -> None:
+    def _feed(
+        self,
+        writer: BodyWriter,
+        items: Sequence[NativeContent],
+        tag: int,
+        encoded: Sequence[bytes],
+    ) -> None:
+        """:meth:`append` with ``writer`` (this run's, changed in place)."""
         out: list[NativeContent] = []
         marks: list[tuple[int, int]] = []
         writer.marks = marks
         writer.feed(items, out, tag)
         writer.marks = None
-        segments, data = self._segments, self._data
-        if not segments or segments[-1].tag != tag:
-            segments.append(_Segment(tag, tag))
-            data.append(b"")
-        if not out:
-            return
-        start = 0
-        while start < len(out):
+        tags, reach, opens, counts = self._tags, self._reach, self._opens, self._counts
+        if not tags or tags[-1] != tag:
+            tags.append(tag)
+            reach.append(tag)
+            opens.append(0)
+            counts.append(0)
+        # A body item handed out unchanged (the very item fed now) is its
+        # item's encoding; another one equal to the encoding of an item fed
+        # now or with the last segment (a held-back item) shares it too.
+        by_id = dict(zip(map(id, items), encoded, strict=False))  # ``items`` keeps them alive
+        by_value: dict[bytes, bytes] | None = None
+        chunks = self._chunks
+        count, start = len(out), 0
+        while start < count:
             origin = marks[start][0]
-            end = start
-            reach = origin
-            while end < len(out) and marks[end][0] == origin:
-                reach = max(reach, marks[end][1])
+            end, top = start, origin
+            while end < count and marks[end][0] == origin:
+                top = max(top, marks[end][1])
                 end += 1
-            index = len(segments) - 1
-            while segments[index].tag > origin:  # an item held back from an earlier segment
+            index = len(tags) - 1
+            while tags[index] > origin:  # an item held back from an earlier segment
                 index -= 1
-            segment = segments[index]
-            segment.reach = max(segment.reach, reach)
-            if segment.opens is None:
-                segment.opens = writer.can_open(out[start])
-            joined = b",".join(map(_encode, out[start:end]))
-            data[index] = data[index] + b"," + joined if data[index] else joined
+            if top > reach[index]:
+                reach[index] = top
+            if not opens[index]:
+                opens[index] = 2 if writer.can_open(out[start]) else 1
+            counts[index] += end - start
+            for body_item in out[start:end]:
+                chunk = by_id.get(id(body_item))
+                if chunk is None:
+                    chunk = _encode(body_item)
+                    if by_value is None:
+                        by_value = {e: e for e in (*self._recent, *encoded)}
+                    chunk = by_value.get(chunk) or exact_bytes(chunk)
+                chunks.append(chunk)
             start = end
+        if encoded:  # only the last segment's items with any can be handed out later
+            self._recent = tuple(encoded)
 
     def snapshot(self, rest: tuple[NativeContent, ...] = ()) -> EncodedBody:
-        """The body as it stands, then ``rest``: O(segments) C-speed reference copies."""
-        return EncodedBody(self._writer, tuple(self._data), rest)
+        """The body as it stands, then ``rest``: a C-speed copy of the chunks' references."""
+        return EncodedBody(self._writer, tuple(self._chunks), rest)
 
     def drop(self, first_kept: int, dropped: CallIdRenamer) -> bool:
         """Drop the segments tagged below ``first_kept`` (but 0), when the rest stays exact.
@@ -367,25 +424,29 @@ class BodyRun:
         depends on the dropped items); the caller then builds a new run
         from the kept items.
         """
-        segments = self._segments
-        cut = 1 if segments and segments[0].tag == 0 else 0
+        tags, reach = self._tags, self._reach
+        cut = 1 if tags and tags[0] == 0 else 0
         end = cut
-        while end < len(segments) and segments[end].tag < first_kept:
-            if segments[end].reach >= first_kept:
+        while end < len(tags) and tags[end] < first_kept:
+            if reach[end] >= first_kept:
                 return False
             end += 1
-        if end == len(segments):
+        if end == len(tags):
             return False  # nothing kept after the pinned segment: rebuild (cheap)
         held = self._writer.held_origin()
         if held is not None and 0 < held < first_kept:
             return False
-        first = segments[end]
-        if first.tag != first_kept or not first.opens:
+        if tags[end] != first_kept or self._opens[end] != 2:
             return False
         writer = self._writer.copy()
         if not writer.forget(first_kept, dropped):
             return False
         self._writer = writer
-        del segments[cut:end]
-        del self._data[cut:end]
+        counts = self._counts
+        start = counts[0] if cut else 0
+        count = sum(counts[cut:end])
+        del self._chunks[start : start + count]
+        for segments in (tags, reach, counts):
+            del segments[cut:end]
+        del self._opens[cut:end]
         return True

@@ -43,13 +43,16 @@ __all__ = (
     "record_renames",
     "register_rewriter",
     "rename_call_ids",
-    "rewrite_call_ids",
+    "reported_call_ids",
+    "restore_call_ids",
 )
 
 from collections.abc import Callable, Sequence
 
 from turnloom.context._untrack import untrack_container
 from turnloom.context.gateway import GatewayType, NativeContent
+
+_MISSING: object = object()
 
 CallEvent = tuple[str, str] | str | None
 """What a rewriter reported to a renamer, in order: ``(call_id, base)`` for a
@@ -58,6 +61,72 @@ None where a call group ended. The events of an item list depend only on the
 items, never on the renamer's state, so replaying them
 (:meth:`CallIdRenamer.replay`) from any state gives the ids a renaming of the
 items from that state gives."""
+
+
+class _Layers:
+    """A str-keyed map that copies in O(log n): frozen layers shared by copies, an owned top.
+
+    Changes go to the top, a plain dict. :meth:`copy` first freezes the top
+    as a layer, merged with the newest layers while they are no more than
+    twice its size, then shares the frozen layers, which are never changed
+    again (across threads too): each entry is copied O(log n) times over the
+    copies made, a map never copied is one dict, and there are O(log n)
+    layers. A lookup reads the top, then the layers newest first. ``None``
+    values are tombstones: they hide older values and are dropped once
+    merged into the oldest layer.
+    """
+
+    __slots__ = ("_frozen", "_top")
+
+    def __init__(self, frozen: list[dict[str, object]] | None = None) -> None:
+        # Replaced, never changed in place (copies share it). It holds only
+        # dicts of str to str, int, True or None (which CPython leaves
+        # untracked), so it can be in no cycle: untracked, a full collection
+        # visits none of its references however many layers.
+        self._frozen: list[dict[str, object]] = [] if frozen is None else frozen
+        untrack_container(self._frozen)
+        self._top: dict[str, object] = {}
+
+    def get(self, key: str) -> object:
+        """The value of ``key``, or None."""
+        value = self._top.get(key, _MISSING)
+        if value is _MISSING:
+            for layer in reversed(self._frozen):
+                value = layer.get(key, _MISSING)
+                if value is not _MISSING:
+                    break
+            else:
+                return None
+        return value
+
+    def set(self, key: str, value: object) -> None:
+        """Set ``key`` (None hides it)."""
+        self._top[key] = value
+
+    def copy(self) -> _Layers:
+        """An independent map with the same entries, sharing the frozen layers."""
+        top = self._top
+        if top:
+            layers = list(self._frozen)
+            merged = top
+            while layers and len(layers[-1]) <= 2 * len(merged):
+                older = dict(layers.pop())
+                older.update(merged)
+                merged = older
+            if not layers:
+                merged = {k: v for k, v in merged.items() if v is not None}
+            layers.append(merged)
+            self._frozen = layers
+            self._top = {}
+        return _Layers(self._frozen)
+
+    def present(self) -> list[str]:
+        """Every key with a value, in no particular order (O(n): for small maps)."""
+        merged: dict[str, object] = {}
+        for layer in self._frozen:
+            merged.update(layer)
+        merged.update(self._top)
+        return [k for k, v in merged.items() if v is not None]
 
 
 class CallIdRenamer:
@@ -69,7 +138,8 @@ class CallIdRenamer:
     A call after a result, or after :meth:`end_group`, opens a new call group.
 
     Not thread-safe: one renamer is used by one thread at a time. Use
-    :meth:`copy` to continue from a state while keeping it.
+    :meth:`copy` to continue from a state while keeping it; a copy costs
+    O(log n) in the ids seen (the states share their frozen layers).
 
     Attributes:
         renamed: how many calls this state renamed so far.
@@ -78,9 +148,9 @@ class CallIdRenamer:
     __slots__ = ("_counters", "_group", "_in_results", "_seen", "renamed")
 
     def __init__(self) -> None:
-        self._seen: set[str] = set()
-        untrack_container(self._seen)  # strings only: no cycle can pass through it
-        self._counters: dict[str, int] = {}
+        # The ids present (True) or forgotten (None), and the last suffix number per base id.
+        self._seen = _Layers()
+        self._counters = _Layers()
         # The current call group: original id -> new ids, in call order (an id
         # twice in one group gets two, consumed in order by its results).
         self._group: dict[str, list[str]] = {}
@@ -88,11 +158,10 @@ class CallIdRenamer:
         self.renamed = 0
 
     def copy(self) -> CallIdRenamer:
-        """An independent renamer in the same state (copies of its sets and maps)."""
+        """An independent renamer in the same state (O(log n), see the class docstring)."""
         other = CallIdRenamer()
-        other._seen = set(self._seen)
-        untrack_container(other._seen)
-        other._counters = dict(self._counters)
+        other._seen = self._seen.copy()
+        other._counters = self._counters.copy()
         other._group = {k: list(v) for k, v in self._group.items()}
         other._in_results = self._in_results
         other.renamed = self.renamed
@@ -100,7 +169,7 @@ class CallIdRenamer:
 
     def __contains__(self, call_id: object) -> bool:
         """True when ``call_id`` is present in the items seen so far (after renaming)."""
-        return call_id in self._seen
+        return isinstance(call_id, str) and self._seen.get(call_id) is not None
 
     def call(self, call_id: str, fix: Callable[[str], str] | None = None) -> str:
         """Register a call with ``call_id``; return the id it is sent with.
@@ -118,18 +187,19 @@ class CallIdRenamer:
             self._in_results = False
         new_id = base
         seen = self._seen
-        if base in seen:
-            n = self._counters.get(base, 1)
+        if seen.get(base) is not None:
+            counters = self._counters
+            n: int = counters.get(base) or 1  # type: ignore[assignment]
             while True:
                 n += 1
                 new_id = f"{base}_r{n}"
-                if new_id not in seen:
+                if seen.get(new_id) is None:
                     break
-            self._counters[base] = n
+            counters.set(base, n)
             self.renamed += 1
         elif base != call_id:
             self.renamed += 1
-        seen.add(new_id)
+        seen.set(new_id, True)
         self._group.setdefault(call_id, []).append(new_id)
         return new_id
 
@@ -143,7 +213,8 @@ class CallIdRenamer:
         self._in_results = True
         new_ids = self._group.get(call_id)
         if not new_ids:
-            self._seen.add(call_id)
+            if self._seen.get(call_id) is None:
+                self._seen.set(call_id, True)
             return call_id
         return new_ids.pop(0) if len(new_ids) > 1 else new_ids[0]
 
@@ -157,7 +228,8 @@ class CallIdRenamer:
 
         Advances this state exactly as renaming the recorded items from it
         would, and returns the id of each call and result, in order (what
-        :func:`rewrite_call_ids` writes back), without visiting the items.
+        :func:`restore_call_ids` writes into the items), without visiting
+        the items. Costs O(events).
         """
         ids: list[str] = []
         for event in events:
@@ -181,72 +253,19 @@ class CallIdRenamer:
         Args:
             dropped: a fresh renamer advanced over the dropped items only.
         """
+        gone = dropped._seen.present()
         counters = self._counters
-        if counters:
-            for call_id in dropped._seen:
-                base, sep, number = call_id.rpartition("_r")
-                if call_id in counters or (sep and number.isdigit() and base in counters):
-                    return False
-        self._seen.difference_update(dropped._seen)
+        for call_id in gone:
+            base, sep, number = call_id.rpartition("_r")
+            if counters.get(call_id) is not None or (
+                sep and number.isdigit() and counters.get(base) is not None
+            ):
+                return False
+        seen = self._seen
+        for call_id in gone:
+            if seen.get(call_id) is not None:
+                seen.set(call_id, None)
         return True
-
-
-class _Recording(CallIdRenamer):
-    """A renamer that also records the events it is given, and the ids it returns."""
-
-    __slots__ = ("events", "ids")
-
-    def __init__(self, state: CallIdRenamer) -> None:
-        super().__init__()
-        self._seen = state._seen
-        self._counters = state._counters
-        self._group = state._group
-        self._in_results = state._in_results
-        self.renamed = state.renamed
-        self.events: list[CallEvent] = []
-        self.ids: list[str] = []
-
-    def call(self, call_id: str, fix: Callable[[str], str] | None = None) -> str:
-        base = call_id if fix is None else fix(call_id)
-        self.events.append((call_id, base))
-        new_id = self._call(call_id, base)
-        self.ids.append(new_id)
-        return new_id
-
-    def result(self, call_id: str) -> str:
-        self.events.append(call_id)
-        new_id = super().result(call_id)
-        self.ids.append(new_id)
-        return new_id
-
-    def end_group(self) -> None:
-        self.events.append(None)
-        super().end_group()
-
-    def settle(self, state: CallIdRenamer) -> None:
-        """Write the scalar state back into ``state`` (its set and maps are shared)."""
-        state._group = self._group
-        state._in_results = self._in_results
-        state.renamed = self.renamed
-
-
-class _Scripted(CallIdRenamer):
-    """Hands out given ids, in order, to a rewriter (the state of no rule)."""
-
-    __slots__ = ("_ids",)
-
-    def __init__(self, ids: Sequence[str]) -> None:
-        super().__init__()
-        self._ids = iter(ids)
-
-    def call(self, call_id: str, fix: Callable[[str], str] | None = None) -> str:
-        return next(self._ids)
-
-    def result(self, call_id: str) -> str:
-        return next(self._ids)
-
-    def end_group(self) -> None:
-        pass
 
 
 Rewriter = Callable[[NativeContent, CallIdRenamer], NativeContent]
@@ -286,6 +305,100 @@ def rename_call_ids(
     return [rewrite(item, state) for item in items]
 
 
+class _Recorder(CallIdRenamer):
+    """Records every id a rewriter reports, in order; renames nothing."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: list[str] = []
+
+    def call(self, call_id: str, fix: Callable[[str], str] | None = None) -> str:
+        self.ids.append(call_id)
+        return call_id
+
+    def result(self, call_id: str) -> str:
+        self.ids.append(call_id)
+        return call_id
+
+    def end_group(self) -> None:
+        pass
+
+
+class _Recording(CallIdRenamer):
+    """Renames from a given state (shared, then settled back), recording events and ids."""
+
+    __slots__ = ("events", "ids")
+
+    def __init__(self, state: CallIdRenamer) -> None:
+        super().__init__()
+        self._seen = state._seen
+        self._counters = state._counters
+        self._group = state._group
+        self._in_results = state._in_results
+        self.renamed = state.renamed
+        self.events: list[CallEvent] = []
+        self.ids: list[str] = []
+
+    def call(self, call_id: str, fix: Callable[[str], str] | None = None) -> str:
+        base = call_id if fix is None else fix(call_id)
+        self.events.append((call_id, base))
+        new_id = self._call(call_id, base)
+        self.ids.append(new_id)
+        return new_id
+
+    def result(self, call_id: str) -> str:
+        self.events.append(call_id)
+        new_id = super().result(call_id)
+        self.ids.append(new_id)
+        return new_id
+
+    def end_group(self) -> None:
+        self.events.append(None)
+        super().end_group()
+
+    def settle(self, state: CallIdRenamer) -> None:
+        """Write the state back into ``state`` (its layers are shared, changed in place)."""
+        state._group = self._group
+        state._in_results = self._in_results
+        state.renamed = self.renamed
+
+
+class _Replayer(CallIdRenamer):
+    """Answers each id a rewriter reports with the next of ``ids``, in order."""
+
+    __slots__ = ("_next",)
+
+    def __init__(self, ids: Sequence[str]) -> None:
+        super().__init__()
+        self._next = iter(ids).__next__
+
+    def call(self, call_id: str, fix: Callable[[str], str] | None = None) -> str:
+        return self._next()
+
+    def result(self, call_id: str) -> str:
+        return self._next()
+
+    def end_group(self) -> None:
+        pass
+
+
+def reported_call_ids(kind: GatewayType, items: Sequence[NativeContent]) -> tuple[str, ...]:
+    """Every call and result id ``kind``'s rewriter finds in ``items``, in order.
+
+    What :func:`restore_call_ids` writes back into the same items renamed.
+    Renames nothing; ``()`` for a kind without a rewriter.
+    """
+    rewrite = _REWRITERS.get(kind)
+    if rewrite is None:
+        return ()
+    recorder = _Recorder()
+    for item in items:
+        rewrite(item, recorder)
+    return tuple(recorder.ids)
+
+
 def record_renames(
     kind: GatewayType, items: Sequence[NativeContent], renamer: CallIdRenamer
 ) -> tuple[list[NativeContent], tuple[CallEvent, ...], tuple[str, ...]]:
@@ -303,13 +416,20 @@ def record_renames(
     return out, tuple(recording.events), tuple(recording.ids)
 
 
-def rewrite_call_ids(
+def restore_call_ids(
     kind: GatewayType, items: Sequence[NativeContent], ids: Sequence[str]
 ) -> list[NativeContent]:
-    """``items`` with the calls and results of their events sent with ``ids``, in order.
+    """``items`` with ``ids`` written where the rewriter finds a call or result id, in order.
 
-    ``ids`` are what :meth:`CallIdRenamer.replay` returned for the items'
-    recorded events: the result equals renaming the items from the state
-    replayed. Each item is the same object unless an id changed.
+    ``ids`` is either ``reported_call_ids(kind, originals)`` for the items
+    these were renamed from (same items, ids aside), so the result equals
+    the originals, or what :meth:`CallIdRenamer.replay` returned for the
+    items' recorded events, so the result equals renaming the originals
+    from the state replayed. Items are never modified; an item whose ids
+    are already those is returned as it is.
     """
-    return rename_call_ids(kind, items, _Scripted(ids))
+    rewrite = _REWRITERS.get(kind)
+    if rewrite is None:
+        return list(items)
+    replayer = _Replayer(ids)
+    return [rewrite(item, replayer) for item in items]

@@ -162,7 +162,8 @@ class Gateway(Protocol):
         The caller adds the model name, tools and generation settings. A
         gateway's ``validate`` accepts the item list of this body whenever the
         items were rendered from messages completed by
-        :func:`~turnloom.context.complete_pairs`.
+        :func:`~turnloom.context.complete_pairs` and the list is not empty
+        (an empty one is the ``empty_input`` violation: no provider accepts it).
         """
         ...
 

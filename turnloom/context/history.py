@@ -20,12 +20,23 @@ before anything changes.
 Rendering is incremental. A view (:meth:`TurnHistory.view`) is an immutable
 snapshot taken in O(1), so the event loop does no work proportional to the
 history. :meth:`HistoryView.render` runs in a worker thread: each message is
-rendered once per gateway and cached, each turn's items are cached, and the
-items of the pinned instructions and all closed turns are kept as one run
-that is changed in place (evicted turns deleted at the front, newly closed
-turns appended). A render does Python work only for new items; what remains
-proportional to the history is one C-speed copy of item references into the
-output tuple.
+rendered once per gateway (its native items and their JSON encoding, which
+sizes them) and cached, each turn's items are cached, and the items of the
+pinned instructions and all closed turns are kept as one run that is changed
+in place (evicted turns deleted at the front, newly closed turns appended).
+A render does Python work only for new items; what remains proportional to
+the history is a C-speed copy of the run's references.
+
+Closed turns are kept encoded. When a turn joins the run, the run keeps its
+items only as JSON bytes (one ``bytes`` object per item, shared with the
+encoded request body, :class:`~turnloom.context.body.BodyRun`) and the turn's
+native renders are dropped from the per-message and per-turn caches (a
+message's encoding stays cached when the run holds that very object). A
+render hands its items out as :class:`~turnloom.context.items.NativeItems`,
+decoded on first read (:attr:`RenderedHistory.items`), so the history holds
+each closed turn once, encoded, besides its messages. A rebuilt run (below)
+decodes the cached encodings, or renders again the messages whose encoding
+was dropped (those the run renamed).
 
 Call ids: a history may reuse a call id in a later turn; a rendered input
 carries each call id once, by the rule of :mod:`turnloom.context.callids`.
@@ -35,24 +46,23 @@ prefix while only appends happen. The turns rendered per prepare and the
 turn's input continue from the run's state (:attr:`RenderedHistory.call_ids`).
 Eviction forgets the evicted items' ids; when a rename of a kept item
 depended on an evicted item (the evicted turn held the first use of a reused
-id), the kept items rename differently, and the kept turns are renamed anew
-from their renders before renaming: from the call-id events recorded for
-each turn (O(calls), not a pass over its items), rewriting only the turns
-whose ids change, then the run's items and encoded body are rebuilt from the
-kept renders. The run so always equals a render of the kept history.
+id), the kept items rename differently and the run is rebuilt from the
+messages and their cached encodings (O(kept items), once per such
+eviction), so it always equals a render of the kept history.
 
 Thread safety: mutate a :class:`TurnHistory` from one thread (the event loop).
 Views are immutable and may be rendered from any number of worker threads at
-once: per-message and per-turn caches are filled by single assignments (a
-racing render at worst recomputes a value), and the shared run is changed
-only under a lock. A view older than the run renders privately.
+once: per-message and per-turn caches are filled and dropped by single
+assignments (a racing render at worst recomputes a value), and the shared
+run is changed only under a lock. A view older than the run renders
+privately, without filling the caches.
 
 Garbage-collector cost: neither the per-message and per-turn bookkeeping
-nor (on CPython) the cached native items, the run's item list and its
-encoded body are tracked by Python's cyclic collector (see the comment
-above ``_Entry`` and :mod:`turnloom.context._untrack`), so a held history
-adds a few tracked objects per history, and no reference per message, to
-what a full collection visits.
+nor (on CPython) the cached native items of open turns are tracked by
+Python's cyclic collector (see the comment above ``_Entry`` and
+:func:`~turnloom.context._untrack.untrack_json`), and the run holds bytes
+in untracked lists, so a held history adds a few tracked objects per
+history, and no reference per message, to what a full collection visits.
 """
 
 from __future__ import annotations
@@ -68,6 +78,7 @@ __all__ = (
     "reject_instructions",
 )
 
+import array
 import bisect
 import itertools
 import operator
@@ -85,9 +96,11 @@ from turnloom.context.callids import (
     CallIdRenamer,
     record_renames,
     rename_call_ids,
-    rewrite_call_ids,
+    reported_call_ids,
+    restore_call_ids,
 )
 from turnloom.context.gateway import Gateway, NativeContent
+from turnloom.context.items import NativeItems, encode_item
 from turnloom.context.message import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Message,
@@ -123,7 +136,7 @@ from turnloom.errors import (
     excerpt,
 )
 
-_encoder = msgspec.json.Encoder()
+_decode = msgspec.json.Decoder().decode
 _DEFAULT_COUNTER = ApproxTokenCounter()
 _PINNED_ROLES = (Role.system, Role.developer)
 _MAX_ID_LENGTH = 256
@@ -239,8 +252,13 @@ class RenderedHistory:
 
     Attributes:
         items: tuple of NativeContent, oldest first: pinned instructions, the
-            turns before the turn, then the turn's input. The items are shared
-            with the render caches and must be treated as read-only.
+            turns before the turn, then the turn's input. Decoded from
+            ``native_items`` on first read (the closed turns are kept
+            encoded); the items are shared with the render caches and must be
+            treated as read-only.
+        native_items: the same items as :class:`~turnloom.context.items.NativeItems`,
+            the closed turns still encoded (nothing decoded until read).
+        item_count: ``len(items)``.
         bytes: serialized size of ``items`` (the sum of each item's JSON
             encoding), in bytes.
         tokens: tokens of the messages ``items`` render, by the history's
@@ -254,61 +272,89 @@ class RenderedHistory:
             the render cache (:class:`~turnloom.context.body.EncodedBody`):
             ``body.encode()`` equals
             ``msgspec.json.encode(gateway.request_body(items))`` and costs
-            O(items after the cached run) plus a C-speed join. None for a
-            private render (an older view, :meth:`HistoryView.render_scoped`)
-            or a gateway without a body writer.
+            O(items after the cached run) plus one copy of the body's bytes.
+            None for a private render (an older view,
+            :meth:`HistoryView.render_scoped`) or a gateway without a body
+            writer.
     """
 
     __slots__ = (
-        "_positions",
+        "_base",
+        "_byte_ends",
+        "_item_ends",
+        "_origin",
+        "_pinned",
+        "_run",
         "_tail",
         "body",
         "bytes",
         "call_ids",
-        "items",
+        "item_count",
+        "native_items",
         "tokens",
         "turn_start",
     )
 
     def __init__(
         self,
-        items: tuple[NativeContent, ...],
-        positions: _TurnPositions,
+        pinned: _Rendered,
         tail: _Rendered,
         call_ids: CallIdRenamer,
-        turn_start: int,
+        tokens: int,
+        run: _Run | None = None,
         body: EncodedBody | None = None,
     ) -> None:
-        self.items = items
-        self.body = body
-        self._positions = positions
+        self._pinned = pinned
         self._tail = tail  # everything after the run: unsettled turns, then the turn's input
+        if run is None:
+            self._run: tuple[bytes, ...] = ()
+            self._item_ends = self._byte_ends = _NO_ENDS
+            self._origin = self._base = 0
+            epoch = None
+        else:
+            # C-speed copies of the run's references and per-turn offsets.
+            self._run = tuple(run.items)
+            self._item_ends = run.item_ends[:]
+            self._byte_ends = run.byte_ends[:]
+            self._origin, self._base, epoch = run.origin, run.base, run.epoch
+        self.native_items = NativeItems(pinned.items, self._run, tail.items, epoch, self._origin)
+        self.item_count = len(pinned.items) + len(self._run) + len(tail.items)
+        self.body = body
         self.call_ids = call_ids
-        self.turn_start = turn_start
-        self.bytes: int = positions.bytes + tail.bytes
-        self.tokens: int = positions.tokens + tail.tokens
+        self.turn_start = 0
+        run_bytes = self._byte_ends[-1] - self._base if self._run else 0
+        self.bytes: int = pinned.bytes + run_bytes + tail.bytes
+        self.tokens = tokens
+
+    @property
+    def items(self) -> tuple[NativeContent, ...]:
+        """The items (see the class docstring), decoded on first read."""
+        return self.native_items.materialize()
 
     def bytes_before(self, count: int) -> int:
         """Serialized size of ``items[:count]``, in bytes.
 
-        Costs O(log turns + one turn), never a pass over the whole history.
+        Costs O(log turns + one turn) within the pinned instructions' and
+        closed turns' items, else O(items after them), never a pass over the
+        whole history.
         """
-        count = max(0, min(count, len(self.items)))
-        positions = self._positions
-        run_end = len(self.items) - len(self._tail.items)
-        if count > run_end:
-            return positions.bytes + sum(self._tail.sizes[: count - run_end])
-        pinned = positions.pinned
+        count = max(0, min(count, self.item_count))
+        pinned = self._pinned
         if count <= len(pinned.items):
-            return sum(pinned.sizes[:count])
-        position = positions.origin[0] + count - len(pinned.items)  # in the running coordinate
-        index = bisect.bisect_right(positions.item_ends, position)
-        if index == len(positions.turns):  # exactly the end of the last turn
-            return positions.bytes
-        turn_start = positions.item_ends[index - 1] if index else positions.origin[0]
-        bytes_start = positions.byte_ends[index - 1] if index else positions.origin[1]
-        inside = positions.rendered[index].sizes[: position - turn_start]
-        return pinned.bytes + bytes_start - positions.origin[1] + sum(inside)
+            return sum(map(len, pinned.encoded[:count]))
+        count -= len(pinned.items)
+        run = self._run
+        if count > len(run):
+            run_bytes = self._byte_ends[-1] - self._base if run else 0
+            inside = sum(map(len, self._tail.encoded[: count - len(run)]))
+            return pinned.bytes + run_bytes + inside
+        # The turn holding item ``count - 1`` of the run, in the running coordinate.
+        position = self._origin + count
+        index = bisect.bisect_left(self._item_ends, position)
+        start = self._item_ends[index - 1] if index else self._origin
+        before = self._byte_ends[index - 1] if index else self._base
+        inside = sum(map(len, run[start - self._origin : count]))
+        return pinned.bytes + before - self._base + inside
 
 
 # Garbage-collector cost. A held history keeps one _Entry per message and one
@@ -318,12 +364,12 @@ class RenderedHistory:
 # inputs and outputs, per-slot caches) are untracked by the collector too.
 # This is safe because no reference cycle can pass through them:
 #
-# * they refer only to messages (JSON data, untracked themselves), str and
-#   int values, tuples and int-keyed dicts of each other (a turn to its
+# * they refer only to messages (JSON data, untracked themselves), str, bytes
+#   and int values, tuples and int-keyed dicts of each other (a turn to its
 #   entries and renders, never back), and native items;
-# * native items were sized by JSON-encoding them (``_render_message``), so
-#   each is a finite tree of JSON values, which cannot hold a cycle or refer
-#   to anything outside itself;
+# * native items were JSON-encoded when rendered (``_render_message``) or
+#   decoded from JSON, so each is a finite tree of JSON values, which cannot
+#   hold a cycle or refer to anything outside itself;
 # * gateways (which may refer to anything, a manager for example) are never
 #   stored in them: caches are indexed by a small int slot, and the
 #   slot -> gateway map lives in the (tracked) ``_Shared``;
@@ -331,60 +377,133 @@ class RenderedHistory:
 #   ``RenderedHistory``, which is tracked and only refers to them.
 #
 # Slot 0 is the first gateway (and render key) the history is rendered with,
-# in practice the manager's only gateway: its render goes in a field, with no
+# in practice the manager's only gateway: its render goes in fields, with no
 # container at all when a message renders to one item. Other slots use a
 # small dict per entry or turn.
 
 _Native = NativeContent | tuple[NativeContent, ...]
 """One message rendered: one item bare (the common case), else a tuple of them."""
-_Sizes = int | tuple[int, ...]
-"""Their serialized sizes, in bytes, in the same shape."""
+_Encoded = bytes | tuple[bytes, ...]
+"""Their JSON encodings (each item's size is its length), in the same shape."""
+
+
+def _encode_native(native: _Native) -> _Encoded:
+    if type(native) is tuple:
+        return tuple(map(encode_item, native))
+    return encode_item(native)
+
+
+def _decode_native(encoded: _Encoded) -> _Native:
+    if isinstance(encoded, tuple):
+        return tuple(map(_decode, encoded))
+    decoded: NativeContent = _decode(encoded)
+    return decoded
 
 
 class _Entry(msgspec.Struct, gc=False, eq=False):
-    """One message of a history with its size, its tokens and render cache (see above)."""
+    """One message of a history with its tokens and render cache (see above).
+
+    Its size in bytes is not kept: the turn keeps the sum (an int per
+    message would be an object per message).
+
+    A slot's cache is the message's native items and their JSON encoding.
+    The native items go when the message's turn joins a run (:meth:`release`);
+    the encoding stays when the run holds that very object, so a later
+    render decodes it instead of rendering the message again.
+    """
 
     message: Message
-    size: int
     tokens: int
-    # Slot 0's render. ``sizes`` is assigned before ``native``, so a thread
-    # that reads a set ``native`` reads its sizes.
+    # Slot 0's render. ``encoded`` is assigned before ``native``.
     native: _Native | None = None
-    sizes: _Sizes = 0
-    more: dict[int, tuple[_Native, _Sizes]] | None = None  # other gateway slots
+    encoded: _Encoded | None = None
+    more: dict[int, tuple[_Native | None, _Encoded | None]] | None = None  # other slots
 
-    def seed(self, slot: int, native: _Native, sizes: _Sizes) -> None:
+    def seed(self, slot: int, native: _Native, encoded: _Encoded) -> None:
         """Cache ``native`` (``_render_message``'s result for gateway slot ``slot``)."""
         if slot == 0:
-            self.sizes = sizes
+            self.encoded = encoded
             self.native = native
         else:
             if self.more is None:
                 self.more = {}
-            pair = (native, sizes)
+            pair = (native, encoded)
             untrack_json(pair)  # as ``rendered`` does
             self.more[slot] = pair
 
-    def rendered(self, gateway: Gateway, slot: int) -> tuple[_Native, _Sizes]:
-        """The message rendered for ``gateway`` (cache slot ``slot``), cached."""
-        if slot == 0:
-            native = self.native
-            if native is None:
-                native, sizes = _render_message(self.message, gateway)
-                self.sizes = sizes
-                self.native = native
-                return native, sizes
-            return native, self.sizes
-        more = self.more
-        if more is None:
-            more = self.more = {}  # a racing thread at worst loses one cached value
-        cached = more.get(slot)
-        if cached is None:
-            cached = _render_message(self.message, gateway)
-            untrack_json(cached)  # the pair holds a dict, so CPython would keep it tracked
-            more[slot] = cached
-        return cached
+    def rendered(self, gateway: Gateway, slot: int, store: bool = True) -> tuple[_Native, _Encoded]:
+        """The message rendered for ``gateway`` (cache slot ``slot``): items and encodings.
 
+        From the cache, else decoded from the cached encoding, else rendered;
+        cached unless ``store`` is False (a private render).
+        """
+        more = None
+        if slot == 0:
+            native, encoded = self.native, self.encoded
+        else:
+            more = self.more
+            cached = more.get(slot) if more is not None else None
+            native, encoded = cached if cached is not None else (None, None)
+        if native is not None:
+            # A racing release may have dropped the encoding after ``native`` was read.
+            return native, encoded if encoded is not None else _encode_native(native)
+        if encoded is not None:
+            native = _decode_native(encoded)
+        else:
+            native, encoded = _render_message(self.message, gateway)
+        if store:
+            if slot == 0:
+                untrack_json(native)
+                self.encoded = encoded
+                self.native = native
+            else:
+                if more is None:
+                    more = self.more = {}  # a racing thread at worst loses one cached value
+                pair = (native, encoded)
+                untrack_json(pair)  # the pair holds a dict, so CPython would keep it tracked
+                more[slot] = pair
+        return native, encoded
+
+    def release(self, slot: int, kept: set[int]) -> None:
+        """Drop the native render of ``slot``; its encoding too unless ``kept`` holds its ids.
+
+        ``kept``: ``id()`` of the bytes objects the run holds for this
+        message's turn (alive while the caller holds them).
+        """
+        more = self.more
+        if slot == 0:
+            self.native = None
+            encoded = self.encoded
+        elif more is None or slot not in more:
+            return
+        else:
+            encoded = more[slot][1]
+        if encoded is not None and not all(
+            id(e) in kept for e in (encoded if isinstance(encoded, tuple) else (encoded,))
+        ):
+            encoded = None
+        if slot == 0:
+            self.encoded = encoded
+        elif more is not None:
+            if encoded is None:
+                del more[slot]
+            else:
+                more[slot] = (None, encoded)
+
+
+class _CallLog(msgspec.Struct, gc=False, eq=False):
+    """A run turn's call-id events and the ids its items are sent with (in event order).
+
+    See :func:`~turnloom.context.callids.record_renames`: replaying
+    ``events`` from a renaming state gives the ids a renaming of the turn's
+    original items from that state gives, without visiting the items.
+    """
+
+    events: tuple[CallEvent, ...]
+    ids: tuple[str, ...]
+
+
+_NO_CALLS = _CallLog((), ())  # a turn without calls or results (shared)
 
 _SpanKey = tuple[tuple[tuple[str, str], ...], tuple[str, ...] | None]
 """What a turn's render depends on besides its messages: the calls carried into
@@ -395,10 +514,10 @@ _NO_KEY: _SpanKey = ((), None)
 
 
 class _Rendered(msgspec.Struct, gc=False, eq=False):
-    """Rendered entries: items, their sizes (bytes), the total (bytes), its tokens, the span key."""
+    """Rendered entries: items, their JSON encodings, total bytes, tokens, the span key."""
 
     items: tuple[NativeContent, ...]
-    sizes: tuple[int, ...]
+    encoded: tuple[bytes, ...]
     bytes: int
     tokens: int
     key: _SpanKey = _NO_KEY
@@ -409,8 +528,8 @@ class _Rendered(msgspec.Struct, gc=False, eq=False):
 
 _CacheKey = tuple[Gateway, str]
 
-_CallLog = tuple[tuple[CallEvent, ...], tuple[str, ...]]
-"""A run turn's call-id events and the ids its renamed render sends them with."""
+_Chunks = Sequence[bytes]
+"""Encoded items, one JSON ``bytes`` per item."""
 
 
 def _span_key(
@@ -433,7 +552,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
     key slot 0, each for the span key it holds (a cache of one); ``more``
     holds other slots, by (slot, whole turn). The whole turn is its input,
     its kept ``state``, then its outputs; ``bytes``, ``tokens`` and ``items``
-    count all three.
+    count all three, ``state_bytes`` the kept state alone.
     """
 
     turn_id: str
@@ -443,6 +562,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
     tokens: int
     serial: int  # the history's commit count when it was committed: unique in the history
     state: tuple[_Entry, ...] = ()  # the kept state, between the input and the outputs
+    state_bytes: int = 0
     full: _Rendered | None = None
     head: _Rendered | None = None
     more: dict[tuple[int, bool], _Rendered] | None = None
@@ -459,27 +579,31 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         """The turn's messages (``whole``), or its input only."""
         return [e.message for e in self.entries(whole)]
 
-    def with_outputs(self, added: tuple[_Entry, ...]) -> _Turn:
+    def with_outputs(self, added: tuple[_Entry, ...], added_bytes: int) -> _Turn:
+        """This turn with ``added`` outputs (``added_bytes`` their size)."""
         return _Turn(
             self.turn_id,
             self.input,
             self.outputs + added,
-            self.bytes + sum(e.size for e in added),
+            self.bytes + added_bytes,
             self.tokens + sum(e.tokens for e in added),
             self.serial,
             self.state,
+            self.state_bytes,
         )
 
-    def with_state(self, state: tuple[_Entry, ...]) -> _Turn:
+    def with_state(self, state: tuple[_Entry, ...], state_bytes: int) -> _Turn:
+        """This turn keeping ``state`` (``state_bytes`` its size) in place of its own."""
         old = self.state
         return _Turn(
             self.turn_id,
             self.input,
             self.outputs,
-            self.bytes + sum(e.size for e in state) - sum(e.size for e in old),
+            self.bytes + state_bytes - self.state_bytes,
             self.tokens + sum(e.tokens for e in state) - sum(e.tokens for e in old),
             self.serial,
             state,
+            state_bytes,
         )
 
     def render(
@@ -491,13 +615,15 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         whole: bool,
         carried: tuple[ToolCallPart, ...],
         answered: frozenset[str] | None,
+        store: bool = True,
     ) -> _Rendered:
         """The turn (``whole``) or its input rendered as one span, cached per key slot.
 
         ``carried`` and ``answered`` are :func:`complete_pairs`' ``carried``
         and ``answered_later``. The cache holds one render per (slot, whole)
         and is filled by one assignment of a render that carries its span
-        key, so a racing render at worst recomputes it.
+        key, so a racing render at worst recomputes it; a private render
+        (``store`` False) fills no cache.
         """
         slot = slots[1]
         key = _span_key(carried, answered, policy)
@@ -509,8 +635,10 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
             return cached
         entries = self.entries(whole)
         rendered = _render_entries(
-            entries, gateway, slots[0], policy, counter, carried, answered, key
+            entries, gateway, slots[0], policy, counter, carried, answered, key, store
         )
+        if not store:
+            return rendered
         if slot == 0:
             if whole:
                 self.full = rendered
@@ -522,113 +650,97 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
             self.more[(slot, whole)] = rendered
         return rendered
 
+    def release(self, slots: tuple[int, int], kept: _Chunks) -> None:
+        """Drop this turn's native renders: it joined a run, which holds ``kept`` (its items).
 
-class _TurnPositions:
-    """Where each closed turn sits in a run: an immutable snapshot.
-
-    Positions are kept in one running coordinate that is never rebased: turn
-    ``i`` ends at item ``item_ends[i]`` and byte ``byte_ends[i]``, and the run
-    of turns begins at ``origin``. Dropping turns from the front moves
-    ``origin`` with a C-speed slice of the ends. ``rendered[i]`` is turn
-    ``i`` as the run holds it: its cached render with call ids renamed for
-    this run (the same object when no id changed); ``sources[i]`` is that
-    render before renaming, and ``logs[i]``, once known, the call-id events
-    of its items and the ids ``rendered[i]`` sends them with (see
-    :func:`~turnloom.context.callids.record_renames`), or None.
-    ``turn_tokens`` is the tokens of the turns' renders.
-    """
-
-    __slots__ = (
-        "byte_ends",
-        "item_ends",
-        "logs",
-        "origin",
-        "pinned",
-        "rendered",
-        "sources",
-        "turn_tokens",
-        "turns",
-    )
-
-    def __init__(
-        self,
-        pinned: _Rendered,
-        turns: tuple[_Turn, ...],
-        rendered: tuple[_Rendered, ...],
-        origin: tuple[int, int],
-        item_ends: tuple[int, ...],
-        byte_ends: tuple[int, ...],
-        turn_tokens: int = 0,
-        sources: tuple[_Rendered, ...] = (),
-        logs: tuple[_CallLog | None, ...] = (),
-    ) -> None:
-        self.pinned = pinned
-        self.turns = turns
-        self.rendered = rendered
-        self.origin = origin
-        self.item_ends = item_ends
-        self.byte_ends = byte_ends
-        self.turn_tokens = turn_tokens
-        self.sources = sources
-        self.logs = logs
-
-    @property
-    def tokens(self) -> int:
-        """Tokens of those items' messages."""
-        return self.pinned.tokens + self.turn_tokens
-
-    @property
-    def items(self) -> int:
-        """How many items: pinned, then the turns'."""
-        turns = (self.item_ends[-1] - self.origin[0]) if self.item_ends else 0
-        return len(self.pinned.items) + turns
-
-    @property
-    def bytes(self) -> int:
-        """Serialized bytes of those items."""
-        turns = (self.byte_ends[-1] - self.origin[1]) if self.byte_ends else 0
-        return self.pinned.bytes + turns
+        Its cached whole and input renders (key slot ``slots[1]``) go, and
+        each message's native items for gateway slot ``slots[0]``; a
+        message's encoding stays when ``kept`` holds those very bytes.
+        """
+        gateway_slot, key_slot = slots
+        if key_slot == 0:
+            self.full = self.head = None
+        elif self.more is not None:
+            self.more.pop((key_slot, True), None)
+            self.more.pop((key_slot, False), None)
+        held = set(map(id, kept))
+        for entry in self.entries(True):
+            entry.release(gateway_slot, held)
 
 
 class _Run:
     """The rendered items of the pinned instructions and the closed turns.
 
-    ``items`` is a list changed in place (evicted turns deleted at the front,
-    closed turns appended), so a prepare copies the run once, into its output
-    tuple, and never walks it in Python. ``call_ids`` and ``carry`` are the
-    call-id renaming and pairing states after ``items``. ``body`` keeps the
-    request body of ``items`` encoded, one segment per turn: segment 0 is
-    the pinned instructions, turn ``i`` of ``positions`` is segment
-    ``first_tag + i``. Guarded by ``_Shared.lock``.
+    ``pinned`` is the pinned instructions' render (native, with encodings).
+    The closed turns' items are kept only encoded: ``items`` holds one JSON
+    ``bytes`` per item, renamed as the run sends them, oldest first. Per
+    turn, oldest first: ``item_ends`` and ``byte_ends`` (where it ends, in
+    items and bytes, in running coordinates that begin at ``origin`` and
+    ``base`` and are never rebased, so dropping turns at the front is a
+    C-speed delete), ``turn_tokens``, ``turn_carried`` (1 when calls of
+    an earlier turn were carried into it) and ``calls``: a :class:`_CallLog`
+    once the turn was renamed anew (its call-id events and the ids its
+    items are sent with), else, for a turn the run renamed, the call ids
+    its items had before, as
+    :func:`~turnloom.context.callids.reported_call_ids` lists them, else
+    None (its items carry their own ids). ``last`` is the newest turn in
+    the run. ``origin`` counts the
+    items dropped at the front since ``epoch`` (an object made per run)
+    began, so renders of the same run can tell shared items apart
+    (:class:`~turnloom.context.items.NativeItems`). ``call_ids`` and
+    ``carry`` are the call-id renaming and pairing states after the items.
+    ``body`` keeps the request body of the items encoded, one segment per
+    turn: segment 0 is the pinned instructions, the run's first turn is
+    segment ``first_tag``. Guarded by ``_Shared.lock``.
     """
 
     __slots__ = (
+        "base",
         "body",
+        "byte_ends",
         "call_ids",
+        "calls",
         "carry",
+        "epoch",
         "evicted",
         "first_tag",
         "generation",
+        "item_ends",
         "items",
+        "last",
+        "origin",
+        "pinned",
         "pinned_entries",
-        "pinned_ids",
-        "positions",
+        "tokens",
+        "turn_carried",
+        "turn_tokens",
     )
 
     def __init__(
         self,
         pinned_entries: tuple[_Entry, ...],
-        positions: _TurnPositions,
-        items: list[NativeContent],
+        pinned: _Rendered,
         evicted: int,
         generation: int,
         call_ids: CallIdRenamer,
     ) -> None:
         self.pinned_entries = pinned_entries
-        # The call-id renaming state after the pinned instructions (never changed).
-        self.pinned_ids = call_ids.copy()
-        self.positions = positions
-        self.items = items
+        self.pinned = pinned
+        self.items: list[bytes] = []
+        # Bytes only, so in no cycle: out of the cyclic collector, so a full
+        # collection visits no reference per item.
+        untrack_container(self.items)
+        self.item_ends = array.array("q")
+        self.byte_ends = array.array("q")
+        self.base = 0
+        self.origin = 0
+        self.epoch = object()
+        self.turn_tokens = array.array("q")
+        self.turn_carried = bytearray()
+        self.calls: list[_CallLog | tuple[str, ...] | None] = []
+        untrack_container(self.calls)  # str tuples and untracked structs only
+        self.tokens = pinned.tokens
+        self.last: _Turn | None = None
         self.evicted = evicted
         self.generation = generation
         # The call-id renaming state after ``items``: a turn is renamed once,
@@ -639,6 +751,52 @@ class _Run:
         self.carry: tuple[ToolCallPart, ...] = ()
         self.body: BodyRun | None = None
         self.first_tag = 1
+
+    @property
+    def turns(self) -> int:
+        """How many closed turns the run holds."""
+        return len(self.item_ends)
+
+    def join(
+        self,
+        gateway: Gateway,
+        rendered: _Rendered,
+        renamed: _Rendered,
+        carried: bool,
+    ) -> None:
+        """Append one closed turn: ``renamed`` is ``rendered`` with the run's call ids."""
+        calls = None if renamed is rendered else reported_call_ids(gateway.type, rendered.items)
+        self.add(renamed.encoded, renamed.bytes, renamed.tokens, carried, calls)
+        if self.body is not None:
+            self.body.append(renamed.items, self.first_tag + self.turns - 1, renamed.encoded)
+
+    def add(
+        self,
+        encoded: Sequence[bytes],
+        size: int,
+        tokens: int,
+        carried: bool,
+        calls: _CallLog | tuple[str, ...] | None,
+    ) -> None:
+        """Append one closed turn's encoded items (``size`` bytes in all); not to the body."""
+        self.items.extend(encoded)
+        items_at = self.item_ends[-1] if self.item_ends else self.origin
+        bytes_at = self.byte_ends[-1] if self.byte_ends else self.base
+        self.item_ends.append(items_at + len(encoded))
+        self.byte_ends.append(bytes_at + size)
+        self.turn_tokens.append(tokens)
+        self.turn_carried.append(1 if carried else 0)
+        self.calls.append(calls)
+        self.tokens += tokens
+
+    def natives(self, start: int, stop: int) -> list[NativeContent]:
+        """``items[start:stop]`` decoded (O(their bytes))."""
+        if start >= stop:
+            return []
+        decoded: list[NativeContent] = _decode(
+            b"".join((b"[", b",".join(self.items[start:stop]), b"]"))
+        )
+        return decoded
 
 
 class _Shared:
@@ -677,17 +835,19 @@ def _render_entries(
     carried: tuple[ToolCallPart, ...] = (),
     answered: frozenset[str] | None = None,
     key: _SpanKey = _NO_KEY,
+    store: bool = True,
 ) -> _Rendered:
     """Render entries as one span with every call/result pair complete (see complete_pairs).
 
     A message kept as it is costs the tokens counted when it entered; one
     that pairing changed (a call left out, a cancelled result) is counted by
-    ``counter`` here.
+    ``counter`` here. With ``store`` False the entries' caches are read,
+    never filled.
     """
     messages = [e.message for e in entries]
     by_id = {id(e.message): e for e in entries}
     items: list[NativeContent] = []
-    sizes: list[int] = []
+    encoded: list[bytes] = []
     tokens = 0
     lead = -1
     completed = complete_pairs(
@@ -698,53 +858,45 @@ def _render_entries(
         if lead < 0 and (entry is not None or not _is_cancelled_results(message)):
             lead = len(items)
         if entry is not None and entry.message is message:
-            native, native_sizes = entry.rendered(gateway, slot)
+            native, native_encoded = entry.rendered(gateway, slot, store)
             tokens += entry.tokens
         else:
-            native, native_sizes = _render_message(message, gateway)
+            native, native_encoded = _render_message(message, gateway)
             tokens += counter.count((message,))
         if type(native) is tuple:
             items.extend(native)
-            sizes.extend(native_sizes)  # type: ignore[arg-type]
+            encoded.extend(native_encoded)  # type: ignore[arg-type]
         else:
             items.append(native)  # type: ignore[arg-type]
-            sizes.append(native_sizes)  # type: ignore[arg-type]
+            encoded.append(native_encoded)  # type: ignore[arg-type]
     rendered = tuple(items)
     if _GC_UNTRACK is not None:
         # Its items are untracked already (by _render_message); CPython keeps
         # a tuple holding dicts tracked, so untrack the tuple itself.
         _GC_UNTRACK(id(rendered))
     lead = len(items) if lead < 0 else lead
-    return _Rendered(rendered, tuple(sizes), sum(sizes), tokens, key, lead)
+    return _Rendered(rendered, tuple(encoded), sum(map(len, encoded)), tokens, key, lead)
 
 
 def _renamed(rendered: _Rendered, gateway: Gateway, call_ids: CallIdRenamer) -> _Rendered:
     """``rendered`` with call ids renamed by ``call_ids`` (advanced past it).
 
     Returns ``rendered`` itself when no id changed; else a new ``_Rendered``
-    whose changed items are new objects, sized and untracked like any
-    rendered item.
+    whose changed items are new objects, encoded and untracked like any
+    cached item.
     """
-    return _with_items(rendered, rename_call_ids(gateway.type, rendered.items, call_ids))
-
-
-def _with_items(rendered: _Rendered, items: list[NativeContent]) -> _Rendered:
-    """``rendered`` with its items replaced by ``items``, each the same object or a renamed copy.
-
-    Returns ``rendered`` itself when every item is the same object; else a
-    new ``_Rendered`` whose changed items are sized and untracked like any
-    rendered item.
-    """
+    items = rename_call_ids(gateway.type, rendered.items, call_ids)
     if all(new is old for new, old in zip(items, rendered.items, strict=True)):
         return rendered
-    sizes = tuple(
-        size if new is old else len(_encoder.encode(new))
-        for new, old, size in zip(items, rendered.items, rendered.sizes, strict=True)
+    encoded = tuple(
+        kept if new is old else encode_item(new)
+        for new, old, kept in zip(items, rendered.items, rendered.encoded, strict=True)
     )
     out = tuple(items)
     untrack_json(out)
     # Tokens are those of the messages as recorded: renaming is a wire detail.
-    return _Rendered(out, sizes, sum(sizes), rendered.tokens, rendered.key, rendered.lead)
+    total = sum(map(len, encoded))
+    return _Rendered(out, encoded, total, rendered.tokens, rendered.key, rendered.lead)
 
 
 _CANCELLED_CONTENT = (TextPart(text=CANCELLED_RESULT_TEXT),)
@@ -763,13 +915,14 @@ def _join(parts: Sequence[_Rendered]) -> _Rendered:
     if len(parts) == 1:
         return parts[0]
     items: list[NativeContent] = []
-    sizes: list[int] = []
+    encoded: list[bytes] = []
     for part in parts:
         items.extend(part.items)
-        sizes.extend(part.sizes)
+        encoded.extend(part.encoded)
+    total = sum(p.bytes for p in parts)
     out = tuple(items)
     untrack_container(out)  # untracked native items only (CPython keeps such a tuple tracked)
-    return _Rendered(out, tuple(sizes), sum(sizes), sum(p.tokens for p in parts))
+    return _Rendered(out, tuple(encoded), total, sum(p.tokens for p in parts))
 
 
 class _Plan:
@@ -820,6 +973,7 @@ def _plan(
     slots: tuple[int, int],
     policy: OpenCallPolicy,
     counter: TokenCounter,
+    store: bool = True,
 ) -> _Plan:
     """Pair ``turns`` and then ``head``'s input as one input continuing ``carry``; render them.
 
@@ -828,7 +982,7 @@ def _plan(
     later turn answers; each turn is then rendered as a span with those (a
     cached render is reused when they are the same), so the spans together
     equal the whole input completed at once. Changes nothing shared except
-    the per-turn caches.
+    the per-turn caches, and not those when ``store`` is False.
     """
     tracker = CallTracker(carry)
     count = len(turns)
@@ -852,32 +1006,34 @@ def _plan(
     for index, turn in enumerate(turns):
         group, still_open = ends[index]
         answered = frozenset(c.call_id for c in still_open) - left.get(group, set())
-        renders.append(turn.render(gateway, slots, policy, counter, True, starts[index], answered))
+        renders.append(
+            turn.render(gateway, slots, policy, counter, True, starts[index], answered, store)
+        )
         if still_open and settled == count and resolved.get(group, count) >= count:
             settled = index  # its open group runs into the input: not final yet
-    rendered_head = head.render(gateway, slots, policy, counter, False, starts[count], None)
+    rendered_head = head.render(gateway, slots, policy, counter, False, starts[count], None, store)
     return _Plan(renders, settled, starts[settled], rendered_head)
 
 
-def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Sizes]:
-    """Render one message: a lone item and its size bare, else tuples.
+def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Encoded]:
+    """Render one message: a lone item and its JSON encoding bare, else tuples.
 
     Each item is untracked (see :func:`~turnloom.context._untrack.untrack_json`)
-    once the JSON encoder has sized it.
+    once the JSON encoder has encoded it (which sizes it; the encoding is kept).
     """
     items = gateway.render(message)
     if len(items) == 1:
         item = items[0]
-        size = len(_encoder.encode(item))
+        encoded = encode_item(item)
         untrack_json(item)
-        return item, size
-    sizes = tuple(len(_encoder.encode(item)) for item in items)
+        return item, encoded
+    encodings = tuple(map(encode_item, items))
     native = tuple(items)
     untrack_json(native)
-    return native, sizes
+    return native, encodings
 
 
-def _render_checked(message: Message, gateway: Gateway, label: str) -> tuple[_Native, _Sizes]:
+def _render_checked(message: Message, gateway: Gateway, label: str) -> tuple[_Native, _Encoded]:
     """:func:`_render_message` at the door: a provider rule names the message.
 
     Raises:
@@ -892,7 +1048,7 @@ def _render_checked(message: Message, gateway: Gateway, label: str) -> tuple[_Na
 _Checked = tuple[
     tuple[object, ...],
     tuple[int, ...],
-    tuple[tuple[_Native, _Sizes], ...] | None,
+    tuple[tuple[_Native, _Encoded], ...] | None,
     Gateway | None,
 ]
 """``TurnHistory``'s memo of a batch checked: messages, sizes, renders, gateway."""
@@ -1014,13 +1170,15 @@ class HistoryView:
             )
             if newest:
                 try:
-                    if run is None or not self._advance(run, closed, gateway):
+                    if run is not None:
+                        run = self._advance(run, closed, gateway, slots)
+                    if run is None:
                         run = self._build(gateway, slots, open_calls)
                     shared.runs[key] = run
                     # Everything that can fail (a gateway, an area of memory)
                     # runs before the run changes.
                     plan = _plan(
-                        closed[len(run.positions.turns) :],
+                        closed[run.turns :],
                         head,
                         run.carry,
                         gateway,
@@ -1029,30 +1187,36 @@ class HistoryView:
                         shared.counter,
                     )
                     settled, tail, call_ids = plan.rename(gateway, run.call_ids)
-                    self._append(run, closed, plan, settled)
-                    # One copy of the run into the output tuple.
-                    run.items.extend(tail.items)
-                    items = tuple(run.items)
-                    untrack_container(items)  # untracked native items only
-                    del run.items[len(run.items) - len(tail.items) :]
-                    body = run.body.snapshot(tail.items) if run.body is not None else None
+                    self._append(run, closed, plan, settled, gateway, slots)
+                    # C-speed copies of the run's references (its items stay encoded).
+                    rendered = RenderedHistory(
+                        run.pinned,
+                        tail,
+                        call_ids,
+                        run.tokens + tail.tokens,
+                        run,
+                        run.body.snapshot(tail.items) if run.body is not None else None,
+                    )
                 except BaseException:
                     # The run may be half changed: drop it; the next render rebuilds it.
                     shared.runs.pop(key, None)
                     raise
-                positions = run.positions
         if not newest:
-            # An older view (or an earlier turn): a private run, the cache untouched.
-            private = self._build(gateway, slots, open_calls, body=False)
-            plan = _plan(closed, head, (), gateway, slots, open_calls, shared.counter)
-            settled, tail, call_ids = plan.rename(gateway, private.call_ids)
-            self._append(private, closed, plan, settled)
-            items = tuple(private.items) + tail.items
-            untrack_container(items)
-            positions = private.positions
-            body = None
-        turn_start = len(items) - len(plan.head.items) + plan.head.lead
-        return RenderedHistory(items, positions, tail, call_ids, turn_start, body)
+            # An older view (or an earlier turn): rendered privately, the caches
+            # read but neither filled nor changed.
+            call_ids = CallIdRenamer()
+            pinned = _renamed(
+                _render_entries(self._pinned, gateway, slots[0], open_calls, shared.counter),
+                gateway,
+                call_ids,
+            )
+            plan = _plan(closed, head, (), gateway, slots, open_calls, shared.counter, False)
+            settled, tail, call_ids = plan.rename(gateway, call_ids)
+            tail = _join([*settled, tail])
+            tokens = pinned.tokens + tail.tokens
+            rendered = RenderedHistory(pinned, tail, call_ids, tokens)
+        rendered.turn_start = rendered.item_count - len(plan.head.items) + plan.head.lead
+        return rendered
 
     def render_scoped(
         self,
@@ -1114,19 +1278,16 @@ class HistoryView:
         )
         # Each turn's kept messages as a throwaway turn, so the render caches
         # of the history's own turns are not touched; paired as one input.
-        spans = [
-            _Turn("", tuple(e), (), sum(x.size for x in e), sum(x.tokens for x in e), 0)
-            for e in kept_spans[:-1]
-        ]
+        spans = [_Turn("", tuple(e), (), 0, sum(x.tokens for x in e), 0) for e in kept_spans[:-1]]
         own = self._turns[position]
         head_turn = _Turn(own.turn_id, own.input, (), 0, 0, 0)
         plan = _plan(spans, head_turn, (), gateway, slots, open_calls, counter)
         settled, tail, call_ids = plan.rename(gateway, call_ids)
         body = _join([*settled, tail]) if settled else tail
-        positions = _TurnPositions(pinned, (), (), (0, 0), (), ())
-        items = pinned.items + body.items
-        turn_start = len(items) - len(plan.head.items) + plan.head.lead
-        return RenderedHistory(items, positions, body, call_ids, turn_start)
+        tokens = pinned.tokens + body.tokens
+        rendered = RenderedHistory(pinned, body, call_ids, tokens)
+        rendered.turn_start = rendered.item_count - len(plan.head.items) + plan.head.lead
+        return rendered
 
     def messages(self) -> tuple[Message, ...]:
         """Every kept turn's input then outputs, oldest first (pinned excluded)."""
@@ -1172,28 +1333,28 @@ class HistoryView:
             out.extend(turn.messages(True))
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
-    def _build(
-        self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy, body: bool = True
-    ) -> _Run:
+    def _build(self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy) -> _Run:
         call_ids = CallIdRenamer()
         pinned = _renamed(
             _render_entries(self._pinned, gateway, slots[0], policy, self._shared.counter),
             gateway,
             call_ids,
         )
-        positions = _TurnPositions(pinned, (), (), (0, 0), (), ())
-        items = list(pinned.items)
-        untrack_container(items)  # it only ever holds untracked native items
-        run = _Run(self._pinned, positions, items, self._evicted, self._generation, call_ids)
-        if body:
-            run.body = _body_run(gateway, positions, run.first_tag)
+        run = _Run(self._pinned, pinned, self._evicted, self._generation, call_ids)
+        run.body = _body_run(gateway, run)
         return run
 
-    def _advance(self, run: _Run, closed: tuple[_Turn, ...], gateway: Gateway) -> bool:
-        """Drop the turns evicted since the run was built; False when it cannot be reused."""
-        positions = run.positions
+    def _advance(
+        self, run: _Run, closed: tuple[_Turn, ...], gateway: Gateway, slots: tuple[int, int]
+    ) -> _Run | None:
+        """Drop the turns evicted since the run was built: the run to use, or None.
+
+        None when the kept turns render differently without the evicted ones
+        (the caller builds a new run); a new run when only their call ids
+        do (:meth:`_renamed_anew`); else ``run``, changed in place.
+        """
         dropped = self._evicted - run.evicted
-        kept = len(positions.turns) - dropped
+        kept = run.turns - dropped
         if (
             run.pinned_entries is not self._pinned
             or run.generation != self._generation
@@ -1201,160 +1362,169 @@ class HistoryView:
             # Turns only change at the end (the generation counts other
             # changes), so the last kept turn being the same object means the
             # whole kept run is this view's prefix.
-            or (kept and closed[kept - 1] is not positions.turns[-1])
+            or (kept and closed[kept - 1] is not run.last)
             # The first kept turn answered calls of an evicted turn: without
             # them its results are orphans, so its render changes.
-            or (dropped and kept and positions.rendered[dropped].key[0])
+            or (dropped and kept and run.turn_carried[dropped])
         ):
-            return False
-        if not dropped:
-            return True
-        # No call is carried into the first kept turn, so every kept turn
-        # pairs as it did: its render before renaming (``sources``) stands.
-        origin = (positions.item_ends[dropped - 1], positions.byte_ends[dropped - 1])
-        start = len(positions.pinned.items)
-        end = start + origin[0] - positions.origin[0]
-        evicted_ids = CallIdRenamer()
-        rename_call_ids(gateway.type, run.items[start:end], evicted_ids)
-        run.evicted = self._evicted
-        run.first_tag += dropped
-        if not kept:
-            run.carry = ()  # the calls it carried were evicted with their turn
-        if not run.call_ids.forget(evicted_ids):
-            # A rename of a kept item depended on an evicted one: the kept
-            # turns are renamed anew from their sources.
-            _rename_kept(run, dropped, gateway)
-            return True
-        del run.items[start:end]
-        gone = sum(r.tokens for r in positions.rendered[:dropped])
-        run.positions = _TurnPositions(
-            positions.pinned,
-            positions.turns[dropped:],
-            positions.rendered[dropped:],
-            origin,
-            positions.item_ends[dropped:],
-            positions.byte_ends[dropped:],
-            positions.turn_tokens - gone,
-            positions.sources[dropped:],
-            positions.logs[dropped:],
-        )
-        if run.body is not None and not run.body.drop(run.first_tag, evicted_ids):
-            # The kept body differs from the cached one (a turn merged
-            # across the cut, say): rebuilt from the kept renders, once.
-            run.body = _body_run(gateway, run.positions, run.first_tag)
-        return True
+            return None
+        if dropped:
+            count = run.item_ends[dropped - 1] - run.origin
+            evicted_ids = CallIdRenamer()
+            rename_call_ids(gateway.type, run.natives(0, count), evicted_ids)
+            if not run.call_ids.forget(evicted_ids):
+                # A rename of a kept item depended on an evicted one: a render
+                # of the kept turns alone renames differently, so their call
+                # ids are renamed anew (O(kept items), once).
+                return self._renamed_anew(run, dropped, closed, gateway, slots)
+            first_kept = run.first_tag + dropped
+            if run.body is not None and not run.body.drop(first_kept, evicted_ids):
+                # The kept body differs from the cached one (a turn merged
+                # across the cut, say): rebuilt from the kept items, once.
+                run.body = None
+                rebuild = True
+            else:
+                rebuild = False
+            run.first_tag = first_kept
+            run.base = run.byte_ends[dropped - 1]
+            run.origin = run.item_ends[dropped - 1]
+            del run.items[:count]
+            run.tokens -= sum(run.turn_tokens[:dropped])
+            del run.item_ends[:dropped]
+            del run.byte_ends[:dropped]
+            del run.turn_tokens[:dropped]
+            del run.turn_carried[:dropped]
+            del run.calls[:dropped]
+            run.evicted = self._evicted
+            if not kept:
+                run.carry = ()  # the calls it carried were evicted with their turn
+                run.last = None
+            if rebuild:
+                run.body = _body_run(gateway, run)
+        return run
+
+    def _renamed_anew(
+        self,
+        run: _Run,
+        dropped: int,
+        closed: tuple[_Turn, ...],
+        gateway: Gateway,
+        slots: tuple[int, int],
+    ) -> _Run:
+        """A run of ``run``'s turns after the first ``dropped``, their call ids renamed anew.
+
+        Only valid when the kept turns render as they did (the caller checked
+        that nothing but the evicted call ids changes them): each kept turn
+        is renamed from scratch after the pinned instructions, as a cold
+        render of the kept turns renames it. A turn with a :class:`_CallLog`
+        replays its call-id events (O(its calls), no pass over its items);
+        one renamed anew for the first time is decoded, the ids it had
+        before the run renamed it written back (``calls``), and renamed
+        while its events are recorded. Only a turn whose ids change is
+        decoded and encoded again (its changed items only); the others keep
+        their bytes objects. The encoded body is then built in one pass of
+        the body writer over the kept items, decoded. No message is
+        rendered again.
+        """
+        kind = gateway.type
+        call_ids = CallIdRenamer()
+        rename_call_ids(kind, run.pinned.items, call_ids)  # renamed: unchanged
+        new = _Run(self._pinned, run.pinned, self._evicted, self._generation, call_ids)
+        writer = body_writer(gateway) if run.body is not None else None
+        first = run.item_ends[dropped - 1] - run.origin
+        # The body writer reads every kept item; else only the turns that need it are decoded.
+        natives = run.natives(first, len(run.items)) if writer is not None else None
+        segments: list[tuple[Sequence[NativeContent], int, Sequence[bytes]]] = [
+            (run.pinned.items, 0, run.pinned.encoded)
+        ]
+        start = 0
+        for index in range(dropped, run.turns):
+            stop = run.item_ends[index] - run.origin - first
+            encoded: Sequence[bytes] = run.items[first + start : first + stop]
+            items = natives[start:stop] if natives is not None else None
+            calls = run.calls[index]
+            renamed: list[NativeContent] | None = None
+            if isinstance(calls, _CallLog):
+                ids = call_ids.replay(calls.events)
+                if ids != calls.ids:
+                    if items is None:
+                        items = run.natives(first + start, first + stop)
+                    renamed = restore_call_ids(kind, items, ids)
+                    calls = _CallLog(calls.events, ids)
+            else:
+                if items is None:
+                    items = run.natives(first + start, first + stop)
+                source = items if calls is None else restore_call_ids(kind, items, calls)
+                renamed, events, ids = record_renames(kind, source, call_ids)
+                calls = _CallLog(events, ids) if events else _NO_CALLS
+            if renamed is not None and items is not None:
+                changed = [
+                    kept if new_item is item or new_item == item else encode_item(new_item)
+                    for new_item, item, kept in zip(renamed, items, encoded, strict=True)
+                ]
+                if any(a is not b for a, b in zip(changed, encoded, strict=True)):
+                    encoded = changed
+                    closed[index - dropped].release(slots, changed)
+                items = renamed
+            new.add(
+                encoded,
+                sum(map(len, encoded)),
+                run.turn_tokens[index],
+                bool(run.turn_carried[index]),
+                calls,
+            )
+            if items is not None:
+                segments.append((items, new.first_tag + index - dropped, encoded))
+            start = stop
+        if writer is not None:
+            new.body = BodyRun.of(writer, segments)
+        if new.turns:
+            new.last, new.carry = run.last, run.carry
+        return new  # else no turn is kept: none is last, no call is carried
 
     def _append(
-        self, run: _Run, closed: tuple[_Turn, ...], plan: _Plan, renders: list[_Rendered]
+        self,
+        run: _Run,
+        closed: tuple[_Turn, ...],
+        plan: _Plan,
+        renders: list[_Rendered],
+        gateway: Gateway,
+        slots: tuple[int, int],
     ) -> None:
         """Append the plan's settled turns, renamed (``renders``), to the run.
 
-        ``closed`` holds them after the run's turns.
+        ``closed`` holds them after the run's turns. Each joins the run
+        encoded, and its native renders leave the caches (:meth:`_Turn.release`).
         """
         if not plan.settled:
             return
-        positions = run.positions
-        reuse = len(positions.turns)
-        item_ends: list[int] = []
-        byte_ends: list[int] = []
-        items_at = positions.item_ends[-1] if positions.item_ends else positions.origin[0]
-        bytes_at = positions.byte_ends[-1] if positions.byte_ends else positions.origin[1]
-        tokens = positions.turn_tokens
-        for rendered in renders:
-            items_at += len(rendered.items)
-            bytes_at += rendered.bytes
-            tokens += rendered.tokens
-            item_ends.append(items_at)
-            byte_ends.append(bytes_at)
-        body = run.body
-        tag = run.first_tag + reuse
-        for rendered in renders:
-            run.items.extend(rendered.items)
-            if body is not None:
-                body.append(rendered.items, tag)
-                tag += 1
-        run.positions = _TurnPositions(
-            positions.pinned,
-            closed[: reuse + plan.settled],
-            positions.rendered + tuple(renders),
-            positions.origin,
-            positions.item_ends + tuple(item_ends),
-            positions.byte_ends + tuple(byte_ends),
-            tokens,
-            positions.sources + tuple(plan.renders[: plan.settled]),
-            positions.logs + (None,) * plan.settled,
-        )
+        reuse = run.turns
+        joined = closed[reuse : reuse + plan.settled]
+        for turn, rendered, renamed in zip(joined, plan.renders, renders, strict=False):
+            run.join(gateway, rendered, renamed, bool(rendered.key[0]))
+            turn.release(slots, renamed.encoded)
+        run.last = joined[-1]
         run.carry = plan.carry
 
 
-def _rename_kept(run: _Run, dropped: int, gateway: Gateway) -> None:
-    """Make ``run`` hold its turns after the first ``dropped``, renamed as if they were all.
-
-    Each kept turn is renamed from its source render continuing the state
-    after the pinned instructions, as a build of the kept turns would. A
-    turn's call-id events are recorded the first time (one pass over its
-    items) and replayed after (no pass over them); a turn whose ids come out
-    as the run holds them keeps its renamed render, so only turns whose ids
-    change are rewritten. The items and the encoded body are then rebuilt
-    from the kept renders: C-speed copies and one feed of the body writer.
-    """
-    positions = run.positions
-    kind = gateway.type
-    call_ids = run.pinned_ids.copy()
-    rendered: list[_Rendered] = []
-    logs: list[_CallLog] = []
-    item_ends: list[int] = []
-    byte_ends: list[int] = []
-    items = list(positions.pinned.items)
-    untrack_container(items)  # it only ever holds untracked native items
-    items_at = bytes_at = 0
-    for source, held, log in zip(
-        positions.sources[dropped:],
-        positions.rendered[dropped:],
-        positions.logs[dropped:],
-        strict=True,
-    ):
-        if log is None:
-            renamed, events, ids = record_renames(kind, source.items, call_ids)
-            now = held if tuple(renamed) == held.items else _with_items(source, renamed)
-        else:
-            events = log[0]
-            ids = call_ids.replay(events)
-            if ids == log[1]:
-                now = held
-            else:
-                now = _with_items(source, rewrite_call_ids(kind, source.items, ids))
-        rendered.append(now)
-        logs.append((events, ids))
-        items.extend(now.items)
-        items_at += len(now.items)
-        bytes_at += now.bytes
-        item_ends.append(items_at)
-        byte_ends.append(bytes_at)
-    run.items = items
-    run.call_ids = call_ids
-    run.positions = _TurnPositions(
-        positions.pinned,
-        positions.turns[dropped:],
-        tuple(rendered),
-        (0, 0),
-        tuple(item_ends),
-        tuple(byte_ends),
-        sum(r.tokens for r in rendered),
-        positions.sources[dropped:],
-        tuple(logs),
-    )
-    if run.body is not None:
-        run.body = _body_run(gateway, run.positions, run.first_tag)
+_NO_ENDS: array.array[int] = array.array("q")
 
 
-def _body_run(gateway: Gateway, positions: _TurnPositions, first_tag: int) -> BodyRun | None:
+def _body_run(gateway: Gateway, run: _Run) -> BodyRun | None:
     """The encoded request body of a run's items (segment 0 the pinned, then each turn)."""
     writer = body_writer(gateway)
     if writer is None:
         return None
-    segments = [(r.items, tag) for tag, r in enumerate(positions.rendered, first_tag)]
-    return BodyRun.of(writer, [(positions.pinned.items, 0), *segments])
+    segments: list[tuple[Sequence[NativeContent], int, Sequence[bytes]]] = [
+        (run.pinned.items, 0, run.pinned.encoded)
+    ]
+    natives = run.natives(0, len(run.items))
+    start = 0
+    for tag, end in enumerate(run.item_ends, run.first_tag):
+        stop = end - run.origin
+        segments.append((natives[start:stop], tag, run.items[start:stop]))
+        start = stop
+    return BodyRun.of(writer, segments)
 
 
 def _blank(message: Message) -> bool:
@@ -1709,9 +1879,10 @@ class TurnHistory:
         limits = self._limits
         held_items = held_bytes = 0
         if turn_id is not None:
-            for turn in self._turns:
+            for turn in reversed(self._turns):  # the newest turn, in practice: O(1)
                 if turn.turn_id == turn_id:
                     held_items, held_bytes = turn.items, turn.bytes
+                    break
         check_batch_length(held_items + len(messages), limits, where)
         cap = limits.max_item_bytes
         total = held_bytes
@@ -1744,7 +1915,7 @@ class TurnHistory:
                 )
             sizes.append(size)
         result = tuple(sizes)
-        renders: tuple[tuple[_Native, _Sizes], ...] | None = None
+        renders: tuple[tuple[_Native, _Encoded], ...] | None = None
         if gateway is not None:
             if known and seen_gateway is gateway and seen_renders is not None:
                 renders = seen_renders
@@ -1774,19 +1945,20 @@ class TurnHistory:
         turn_id: str | None = None,
         *,
         pinned: bool = False,
-    ) -> tuple[_Entry, ...]:
+    ) -> tuple[tuple[_Entry, ...], tuple[int, ...]]:
+        """The batch checked (:meth:`check_batch`) as entries, and each one's size."""
         sizes = self.check_batch(messages, where, turn_id=turn_id, pinned=pinned)
         count = self._shared.counter.count
-        entries = tuple(_Entry(m, s, count((m,))) for m, s in zip(messages, sizes, strict=True))
+        entries = tuple(_Entry(m, count((m,))) for m in messages)
         checked, older = self._checked
         self._checked = (_UNCHECKED, older)  # consumed: the batch's messages are held now
         _, _, renders, gateway = checked
         if renders is not None and gateway is not None:
             # The door's renders of these very messages seed their cache.
             slot = self._shared.gateway_slot(gateway)
-            for entry, (native, native_sizes) in zip(entries, renders, strict=True):
-                entry.seed(slot, native, native_sizes)
-        return entries
+            for entry, (native, encoded) in zip(entries, renders, strict=True):
+                entry.seed(slot, native, encoded)
+        return entries, sizes
 
     def commit(
         self,
@@ -1839,7 +2011,7 @@ class TurnHistory:
                     f"{self._sequence} was already committed; turns must arrive in order."
                 )
         reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
-        entries = self._entries(input, f"turn {excerpt(turn_id)} input")
+        entries, sizes = self._entries(input, f"turn {excerpt(turn_id)} input")
         seen: set[str] = set()
         for i, entry in enumerate(entries):
             message_id = entry.message.id
@@ -1852,6 +2024,7 @@ class TurnHistory:
                     )
                 seen.add(message_id)
         pinned: tuple[_Entry, ...] | None = None
+        pinned_sizes: tuple[int, ...] = ()
         if instructions is not None:
             for i, message in enumerate(instructions):
                 if isinstance(message, Message) and message.role not in _PINNED_ROLES:
@@ -1860,13 +2033,13 @@ class TurnHistory:
                         "instructions are system or developer messages.",
                         field="role",
                     )
-            pinned = self._entries(
+            pinned, pinned_sizes = self._entries(
                 instructions, f"turn {excerpt(turn_id)} instructions", pinned=True
             )
         # Validated: change state.
         if pinned is not None:
             self._pinned = pinned
-            self._pinned_bytes = sum(e.size for e in pinned)
+            self._pinned_bytes = sum(pinned_sizes)
             self._pinned_tokens = sum(e.tokens for e in pinned)
         if sequence is not None:
             self._sequence = sequence
@@ -1875,7 +2048,7 @@ class TurnHistory:
             turn_id,
             entries,
             (),
-            sum(e.size for e in entries),
+            sum(sizes),
             sum(e.tokens for e in entries),
             self._serial,
         )
@@ -1974,9 +2147,10 @@ class TurnHistory:
                 self._late_dropped += len(outputs)
                 return 0
             raise UnknownTurnError(f"Turn {excerpt(turn_id)} was never committed to this context.")
-        entries = self._entries(outputs, f"turn {excerpt(turn_id)} output", turn_id)
+        entries, sizes = self._entries(outputs, f"turn {excerpt(turn_id)} output", turn_id)
         old = self._turns[position]
         kept: list[_Entry] = []
+        kept_bytes = 0
         added: dict[str, Message] = {}
         duplicates = blank = 0
         for i, entry in enumerate(entries):
@@ -2003,6 +2177,7 @@ class TurnHistory:
                 blank += 1
                 continue
             kept.append(entry)
+            kept_bytes += sizes[i]
         self._duplicates += duplicates
         self._blank_dropped += blank
         if not kept:
@@ -2010,7 +2185,7 @@ class TurnHistory:
         for entry in kept:
             if entry.message.id is not None:
                 self._message_ids[entry.message.id] = (old.serial, entry.message)
-        new = old.with_outputs(tuple(kept))
+        new = old.with_outputs(tuple(kept), kept_bytes)
         if position != len(self._turns) - 1:
             self._generation += 1
         self._turns = (*self._turns[:position], new, *self._turns[position + 1 :])
@@ -2055,6 +2230,7 @@ class TurnHistory:
         cap = self._limits.max_item_bytes
         count = self._shared.counter.count
         entries: list[_Entry] = []
+        state_bytes = 0
         for i, message in enumerate(messages):
             label = f"turn {excerpt(turn_id)} state[{i}]"
             size = check_message(message, where=label)
@@ -2069,7 +2245,8 @@ class TurnHistory:
                     f"{label} has id {excerpt(message.id)}; kept state messages carry no id.",
                     field="id",
                 )
-            entries.append(_Entry(message, size, count((message,))))
+            entries.append(_Entry(message, count((message,))))
+            state_bytes += size
         position = len(self._turns) - 1
         while position >= 0 and self._turns[position].turn_id != turn_id:
             position -= 1
@@ -2080,7 +2257,7 @@ class TurnHistory:
             a.message == b.message for a, b in zip(old.state, entries, strict=True)
         ):
             return True
-        new = old.with_state(tuple(entries))
+        new = old.with_state(tuple(entries), state_bytes)
         if position != len(self._turns) - 1:
             self._generation += 1
         self._turns = (*self._turns[:position], new, *self._turns[position + 1 :])

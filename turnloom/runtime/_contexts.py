@@ -145,8 +145,8 @@ class ContextTable:
         state = self.contexts.get(context_id)
         if origin is not None and state is not origin:
             raise ContextRemovedError(
-                f"Context {excerpt(context_id)} was removed while the preparation of turn "
-                f"{excerpt(turn_id)} waited.",
+                f"Context {excerpt(context_id)} was removed (or its lease lost) while the "
+                f"preparation of turn {excerpt(turn_id)} waited.",
                 context_id=context_id,
                 turn_id=turn_id,
             )
@@ -159,6 +159,11 @@ class ContextTable:
                 "before it could be prepared."
             )
         return None
+
+    def held_history(self, context_id: str) -> TurnHistory | None:
+        """The history of ``context_id`` while it is held, else None."""
+        state = self.contexts.get(context_id)
+        return state.history if state is not None else None
 
     def history_of(self, context_id: str) -> TurnHistory:
         """The history of ``context_id``, or an empty one with the limits for a new context."""

@@ -4,8 +4,9 @@ Synchronous. A prefix that :meth:`ContextManager.prepare` delivered is
 registered here with the call-id renaming state after its items; ``build``
 continues only registered prefixes (an O(1) identity lookup, no hashing of the
 items) and checks each continuation message once, however many model calls
-of the turn repeat it. What is kept for a prefix goes when the prefix is
-collected.
+of the turn repeat it; the turn's recorded outputs, looked up in the history
+of the prefix's context while it is held, are not checked or rendered again.
+What is kept for a prefix goes when the prefix is collected.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 __all__ = ("CheckedContinuation", "IssuedPrefixes", "check_continuation")
 
 import weakref
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -42,14 +43,23 @@ class IssuedPrefixes:
         "_call_ids",
         "_checked",
         "_gateway",
+        "_histories",
         "_issued",
         "_limits",
         "_open_calls",
         "_reserved",
     )
 
-    def __init__(self, gateway: Gateway, limits: HistoryLimits, open_calls: OpenCallPolicy) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        limits: HistoryLimits,
+        open_calls: OpenCallPolicy,
+        histories: Callable[[str], TurnHistory | None],
+    ) -> None:
         self._gateway = gateway
+        # context id -> its history while it is held (else None).
+        self._histories = histories
         self._limits = limits
         self._open_calls = open_calls
         self._issued: weakref.WeakValueDictionary[int, PreparedContext] = (
@@ -84,19 +94,16 @@ class IssuedPrefixes:
         check_continuation(prefix, (), self._issued, self._limits)
 
     def build(
-        self,
-        prefix: PreparedContext,
-        continuation: Sequence[Message],
-        history: TurnHistory | None = None,
+        self, prefix: PreparedContext, continuation: Sequence[Message]
     ) -> tuple[NativeContent, ...]:
         """The prefix's items, then the continuation rendered (see ``ContextManager.build``).
 
-        ``history`` is the prefix's context's history, if it is held: the
-        continuation messages that are its turn's recorded outputs (the very
-        objects) were checked and rendered at the door, so they are not
-        checked again and their cached renders are used.
+        The continuation messages that are the turn's recorded outputs in the
+        held history of the prefix's context (the very objects) were checked
+        and rendered at the door, so they are not checked again and their
+        cached renders are used.
         """
-        added = self._continue(prefix, continuation, history)  # checks the prefix first
+        added = self._continue(prefix, continuation)  # checks the prefix first
         return (*prefix.items, *added)
 
     def request_bytes(
@@ -104,7 +111,6 @@ class IssuedPrefixes:
         prefix: PreparedContext,
         continuation: Sequence[Message],
         fields: Mapping[str, Any] | None = None,
-        history: TurnHistory | None = None,
     ) -> bytes:
         """The encoded request body of :meth:`build`'s items (see ``ContextManager.request_bytes``).
 
@@ -115,29 +121,22 @@ class IssuedPrefixes:
         members = b""
         if fields is not None:
             members = encode_fields(fields, self._reserved)
-        added = self._continue(prefix, continuation, history)
+        added = self._continue(prefix, continuation)
         body = self._bodies.get(id(prefix))
         if body is None:
             encoded = _encoder.encode(self._gateway.request_body((*prefix.items, *added)))
-        else:
-            encoded = body.extend(added).encode()
-        return with_fields(encoded, members)
+            return with_fields(encoded, members)
+        return body.extend(added).encode(members)
 
     def _continue(
-        self,
-        prefix: PreparedContext,
-        continuation: Sequence[Message],
-        history: TurnHistory | None,
+        self, prefix: PreparedContext, continuation: Sequence[Message]
     ) -> list[NativeContent]:
         """Check ``continuation`` against ``prefix``; its items, call ids continued."""
         key = id(prefix)
         gateway = self._gateway
         issued = self._issued.get(key) is prefix  # else check_continuation raises
-        renders = (
-            history.output_renders(prefix.turn_id, gateway)
-            if history is not None and issued
-            else {}
-        )
+        history = self._histories(prefix.context_id) if issued else None
+        renders = history.output_renders(prefix.turn_id, gateway) if history is not None else {}
         self._checked[key] = check_continuation(
             prefix, continuation, self._issued, self._limits, self._checked.get(key), renders
         )

@@ -125,7 +125,7 @@ class Counters:
         "turns",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, strategy: str | None = None) -> None:
         self.invocations = 0
         self.prepared = self.failed = self.discarded = self.rejected = 0
         self.turns = self.items = self.bytes = self.tokens = 0
@@ -137,7 +137,7 @@ class Counters:
         self.areas_attached = self.areas_registered = 0
         self.area_renders = self.area_reused = self.areas_collected = 0
         self.area_items_reclaimed = self.area_items_promoted = 0
-        self.strategy: str | None = None
+        self.strategy = strategy  # the assembly strategy's name, or None
         self.assemblies = self.assembly_reused = self.assembly_failed = 0
         self.hydrations = self.assembly_entries = self.hydrate_calls = 0
         self.assembly_latency = Histogram()

@@ -40,7 +40,7 @@ from turnloom.context.history import (
 )
 from turnloom.context.memory import MemorySource, check_tenant_scope
 from turnloom.context.message import Message, check_message
-from turnloom.context.pairing import OpenCallPolicy
+from turnloom.context.pairing import OpenCallPolicy, complete_pairs
 from turnloom.context.scope import check_scope
 from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
 from turnloom.errors import (
@@ -432,10 +432,18 @@ def check_snapshot(
     rendered = check_renderable(gateway, snapshot.input, where, history)
     if snapshot.input is not None:
         reject_state(snapshot.input, context_id, snapshot.turn_id, where)
-    if not rendered:
+    # The prepared input holds what pairing keeps (complete_pairs: no blank
+    # text, even where a gateway's layout would re-emit it, no result without
+    # its call), so the input must hold content after it too. Results are
+    # judged against the calls of earlier turns only when there are any.
+    if not rendered or (
+        not complete_pairs(snapshot.input)
+        and (not history.turn_ids or not any(m.tool_results for m in snapshot.input))
+    ):
         raise InvalidMessageError(
             f"Turn {excerpt(snapshot.turn_id)} of context {excerpt(context_id)} has no input that "
-            "renders to content (empty, or only blank text); every provider rejects "
+            "renders to content (empty, only blank text, or on a first turn only results "
+            "answering no call); every provider rejects "
             "a model input without it.",
             field="input",
         )

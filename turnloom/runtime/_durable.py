@@ -88,7 +88,7 @@ class Durability:
             the context's in-memory state.
         unload: drops a context's in-memory state.
         can_unload: False while a context must stay in memory (a model call
-            is in flight).
+            is in flight, or a preparation waits for its next turn).
         history: the in-memory history of a context, or None.
     """
 

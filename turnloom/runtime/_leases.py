@@ -14,11 +14,12 @@ __all__ = ("Leases",)
 import anyio
 import anyio.abc
 
-from turnloom.context.history import TurnHistory, check_id
+from turnloom.context.history import check_id
 from turnloom.runtime._contexts import ContextTable
 from turnloom.runtime._door import DurableOptions
 from turnloom.runtime._durable import Durability
 from turnloom.runtime._lifecycle import Lifecycle
+from turnloom.runtime._queue import PreparationQueue
 from turnloom.runtime.store import ContextStore
 
 
@@ -34,6 +35,22 @@ class Leases:
     :meth:`claim` only checks the id, :meth:`flush` returns at once and
     :attr:`store` is None. Every method must be called from the Foundation's
     event loop.
+
+    The durable options are the manager's (``ContextManager(...)`` or
+    ``Foundation(...)`` keyword arguments):
+
+    * ``store``: where contexts are kept durably, a
+      :class:`~turnloom.runtime.store.ContextStore` (for example
+      ``turnloom.stores.open_context_store("sqlite:PATH")``), or None
+      (default: in memory only). Borrowed: never closed by the manager or its
+      Foundation.
+    * ``lease_ttl``: seconds a lease lasts unless renewed (default 10.0;
+      renewed every third of that while held).
+    * ``idle_after``: seconds after its last use at which a held context is
+      unloaded and its lease released (default 300.0; ``math.inf``: never);
+      never while a model call or a preparation waiting for its next turn is
+      in progress.
+    * ``owner``: this manager's name in leases (default: a random unique one).
     """
 
     __slots__ = ("_durable", "_life")
@@ -48,20 +65,24 @@ class Leases:
         task_group: anyio.abc.TaskGroup,
         limiter: anyio.CapacityLimiter,
         table: ContextTable,
+        queue: PreparationQueue,
     ) -> Durability | None:
         """Start the durable side (with a store) in the opening Foundation's task group."""
         if options is None:
             return None
 
-        def history(context_id: str) -> TurnHistory | None:
-            state = table.contexts.get(context_id)
-            return state.history if state is not None else None
-
         def unloadable(context_id: str) -> bool:
+            # In use: a model call in flight, or a preparation waiting for its next turn.
             state = table.contexts.get(context_id)
-            return state is None or state.in_flight is None
+            return (state is None or state.in_flight is None) and not queue.waits_on(context_id)
 
-        durable = Durability(options, limiter, table.install, table.unload, unloadable, history)
+        def unload(context_id: str) -> None:
+            table.unload(context_id)
+            queue.wake(context_id)  # its waiters settle: the context left this manager
+
+        durable = Durability(
+            options, limiter, table.install, unload, unloadable, table.held_history
+        )
         table.log = durable.log
         task_group.start_soon(durable.run)
         self._durable = durable
@@ -76,6 +97,11 @@ class Leases:
         """
         if self._durable is not None:
             self._durable.check_writable(context_id)
+
+    def _forget(self, context_id: str) -> None:
+        """With a store, queue the deletion of a removed context's log and its lease's release."""
+        if self._durable is not None:
+            self._durable.forget(context_id)
 
     @property
     def store(self) -> ContextStore | None:

@@ -33,7 +33,7 @@ from turnloom.runtime._area_section import AreaSection, SectionResult
 from turnloom.runtime._contexts import ContextState, ContextTable, TurnAssembly
 from turnloom.runtime._continuation import IssuedPrefixes
 from turnloom.runtime._counters import Counters
-from turnloom.runtime._door import ManagerOptions
+from turnloom.runtime._door import ManagerOptions, check_request
 from turnloom.runtime._durable import Durability
 from turnloom.runtime._queue import Preparation, PreparationQueue
 from turnloom.runtime._render import DeliveredPrefix, render_preparation
@@ -113,6 +113,29 @@ class Preparer:
         self.closing = False
         self._inline_window = 0.0  # when the current window began (time.perf_counter())
         self._inline_spent = 0.0  # seconds spent rendering inline in it
+
+    async def prepare(self, request: ContextPrepareRequest, *, wait: bool) -> PreparedContext:
+        """Check a request, take a slot, own the preparation, await its result.
+
+        The flow of ``ContextManager.prepare`` (``wait``) and
+        ``prepare_nowait`` (``wait=False``: take a slot at once or raise
+        :class:`~turnloom.errors.QueueFullError`); see there for the errors
+        and cancellation. The request is checked before a slot is taken.
+        """
+        queue = self.queue
+        request = check_request(request, self._options.history_limits.max_item_bytes)
+        requested_at = anyio.current_time()
+        origin = self._table.contexts.get(request.context_id)
+        if wait:
+            # One that waited for its slot passes a checkpoint after an inline
+            # render, so requesters granted before it resume first.
+            checkpointed = not await queue.acquire(request)
+        else:
+            queue.acquire_nowait(request)
+            checkpointed = False
+        return await queue.admit(
+            request, requested_at, origin, self.run, self.run_inline, checkpointed=checkpointed
+        )
 
     async def _wait_for_turn(self, preparation: Preparation) -> ContextState:
         context_id = preparation.request.context_id

@@ -286,6 +286,10 @@ class PreparationQueue:
         if waiters is not None:
             waiters.event.set()
 
+    def waits_on(self, context_id: str) -> bool:
+        """True while a preparation waits for a commit to (or the removal of) ``context_id``."""
+        return context_id in self._waiters
+
     async def next_commit(self, context_id: str) -> None:
         """Wait until :meth:`wake` is called for ``context_id`` or the queue closes."""
         waiters = self._waiters.get(context_id)

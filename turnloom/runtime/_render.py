@@ -16,15 +16,15 @@ __all__ = (
 )
 
 import time
-from typing import Any
 
 import msgspec
 
-from turnloom.context._untrack import untrack_container, untrack_json
+from turnloom.context._untrack import untrack_json
 from turnloom.context.body import EncodedBody
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import HistoryView, RenderedHistory
+from turnloom.context.items import NativeItems, common_prefix
 from turnloom.context.memory import memory_payload
 from turnloom.context.message import Message, Role, TextPart
 from turnloom.errors import ItemTooLargeError, OpenToolCallError, excerpt
@@ -69,7 +69,7 @@ class DeliveredPrefix:
 
     def __init__(
         self,
-        items: tuple[NativeContent, ...],
+        items: NativeItems,
         total: int,
         rendered: RenderedHistory,
         extra_sizes: tuple[int, ...],
@@ -94,35 +94,10 @@ class DeliveredPrefix:
             return sum(self.lead_sizes[:count])
         base = sum(self.lead_sizes)
         count -= lead
-        history = len(self.rendered.items)
+        history = self.rendered.item_count
         if count <= history:
             return base + self.rendered.bytes_before(count)
         return base + self.rendered.bytes + sum(self.extra_sizes[: count - history])
-
-
-def common_prefix(new: tuple[Any, ...], old: tuple[Any, ...]) -> int:
-    """Length of the longest common prefix; tuple comparison checks identity first.
-
-    The common case (the old prefix is kept whole) is one C-speed comparison.
-    Otherwise it gallops (1, 2, 4, ... items) before bisecting, so the cost
-    follows the common prefix, not the whole input, when they part early
-    (after an eviction).
-    """
-    limit = min(len(new), len(old))
-    if new[:limit] == (old if limit == len(old) else old[:limit]):
-        return limit
-    lo, step = 0, 1
-    while lo + step < limit and new[lo : lo + step] == old[lo : lo + step]:
-        lo += step
-        step *= 2
-    hi = min(limit, lo + step) - 1
-    while lo < hi:  # new[:lo] == old[:lo] holds throughout
-        mid = (lo + hi + 1) // 2
-        if new[lo:mid] == old[lo:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def render_preparation(
@@ -185,7 +160,7 @@ def render_preparation(
     # The pair and the area section continue the history's call-id renaming.
     call_ids = rendered.call_ids
     lead_sizes = tuple(len(_encoder.encode(item)) for item in lead)
-    items = lead + rendered.items if lead else rendered.items
+    items = rendered.native_items.prefixed(lead)
     total = rendered.bytes + sum(lead_sizes)
     prompt = _prompt_message(assembled) if assembled is not None else None
     tokens = rendered.tokens + (counter.count([prompt]) if prompt is not None else 0)
@@ -236,26 +211,23 @@ def render_preparation(
         tokens += counter.count([gateway.parse(item) for item in section.items])
     extra_sizes = tuple(len(_encoder.encode(item)) for item in extra)
     if extra:
-        items += extra
+        items = items.extended(extra)
         total += sum(extra_sizes)
-    if section is None and not lead:
-        # The history's untracked items and the untracked pair: out of the
-        # cyclic collector (CPython keeps a tuple holding dicts tracked).
-        untrack_container(items)
     reserved.extend(m.id for m in view.turn_input(request.turn_id) if m.id is not None)
     reused = 0
     if last is not None and request.scope is None:
-        reused = last.bytes_before(common_prefix(items, last.items))
+        reused = last.bytes_before(items.common_length(last.items))
+        items.adopt(last.items)  # a host reading items decodes only the new ones
     prepared = PreparedContext(
         context_id=request.context_id,
         turn_id=request.turn_id,
         gateway=gateway.type,
-        items=items,
+        native_items=items,
         item_count=len(items),
         bytes=total,
         tokens=tokens,
         turn_start=len(lead) + rendered.turn_start,
-        area_start=len(lead) + len(rendered.items) + pair_items,
+        area_start=len(lead) + rendered.item_count + pair_items,
         area_items=len(section.items) if section is not None else 0,
         area_pass=outcome,
         state_call_id=call_id,

@@ -34,6 +34,7 @@ from turnloom.errors import (
     InputError,
     InvalidMessageError,
     MemoryStoreError,
+    TurnloomError,
     UnknownStrategyError,
     excerpt,
 )
@@ -68,8 +69,21 @@ def _tokens(counter: TokenCounter, prompt: str) -> int:
 async def _recall(
     memory: MemorySource, query: str, scope: TenantScope, top_k: int
 ) -> tuple[MemoryEntry, ...]:
-    """Search ``memory`` and check what it returned (at most ``top_k`` entries)."""
-    found = await memory.search(query, scope=scope, top_k=top_k)
+    """Search ``memory`` and check what it returned (at most ``top_k`` entries).
+
+    Raises:
+        MemoryStoreError: the source raised it, raised another error (kept as
+            the ``__cause__``: a source's own client errors are translated
+            here, the boundary), or returned something malformed.
+    """
+    try:
+        found = await memory.search(query, scope=scope, top_k=top_k)
+    except TurnloomError:
+        raise
+    except Exception as exc:
+        raise MemoryStoreError(
+            f"The memory source failed: {type(exc).__name__}: {excerpt(str(exc))}."
+        ) from exc
     try:
         entries = tuple(found)[:top_k]
     except TypeError:

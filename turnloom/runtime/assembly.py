@@ -228,6 +228,17 @@ class Assembly:
     :meth:`tool_definitions` what the host declares for it, and
     :meth:`hydrate_context` answers a JIT model's memory calls. Every method
     must be called from the Foundation's event loop.
+
+    The assembly options are the manager's (``ContextManager(...)`` or
+    ``Foundation(...)`` keyword arguments):
+
+    * ``strategy``: the per-turn assembly strategy: ``"jit"``,
+      ``"stratified"``, an :class:`AssemblyStrategy`, or None (default: no
+      assembled prompt, no memory).
+    * ``memory``: the memory source a named strategy searches. Borrowed:
+      never closed by the manager or its Foundation.
+    * ``strategy_options``: the named strategy's static layer and bounds
+      (:class:`StrategyOptions`).
     """
 
     __slots__ = ("_counters", "_gateway", "_issued", "_life", "_strategy")

@@ -22,7 +22,8 @@ Closing order (:meth:`Foundation.aclose`), the seed's lifecycle:
 5. Close the manager: ``record`` raises :class:`FoundationClosedError`;
    histories are released, each context's final history staying readable
    through :meth:`ContextManager.history`; no worker thread holds a token of
-   the limiter.
+   the limiter. ``history``, ``context_ids``, ``statistics`` and the
+   manager's properties still answer.
 
 A memory source bound to the manager is borrowed and is never closed by the
 Foundation.
@@ -78,9 +79,8 @@ class Foundation:
             :class:`ContextManager`: assembly strategies, the borrowed memory
             source, per-tenant fairness of slots, the durable context store);
             they may not be given with ``manager``. ``store`` keeps contexts
-            durably: a :class:`~turnloom.runtime.store.ContextStore` (open
-            one with ``turnloom.stores.open_context_store(url)``; default
-            None: memory only).
+            durably (see :class:`~turnloom.runtime.Leases`; default None:
+            memory only).
         worker_threads: the most worker threads rendering at once (default 4).
         close_grace_period: seconds :meth:`aclose` lets pending preparations
             settle before cancelling them (default 5.0; ``math.inf`` waits).
@@ -260,10 +260,7 @@ class Foundation:
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         try:
-            if self._clock is None:
-                self._built._bind(task_group=task_group, limiter=limiter)
-            else:
-                self._built._bind(task_group=task_group, limiter=limiter, clock=self._clock)
+            self._built._bind(task_group=task_group, limiter=limiter, clock=self._clock)
             self._manager = self._built
         except BaseException as exc:
             await task_group.__aexit__(type(exc), exc, exc.__traceback__)

@@ -1,33 +1,17 @@
 """The ``ContextManager``: committed turns in, provider-native model inputs out.
 
 The manager is an actor living on one event loop (asyncio or trio, through
-anyio), an async shell around synchronous rooms: door checks (``_door``), the
-contexts and their histories (``_contexts``), the worker render
-(``_render``), the area section (``_area_section``) and running counters
-(``_counters``); the bounded queue that owns preparations is ``_queue`` and
-the preparation's own work ``_preparing``. Its synchronous methods
+anyio): an async shell around synchronous rooms (door checks, contexts,
+continuation, render, counters: the ``_*`` modules, each named in the README's
+Layout) and the bounded queue that owns preparations. Its synchronous methods
 (:meth:`ContextManager.accept_turn`, :meth:`~ContextManager.record`,
 :meth:`~ContextManager.build`) check their input completely and then change
-state in one step, so they are atomic with respect to other tasks.
-:meth:`~ContextManager.prepare` is the only long operation: it waits for a
-slot in the bounded pending queue, waits for the named turn's commit,
-captures the history and the request's state once, and renders in a worker
-thread through the Foundation's :class:`anyio.CapacityLimiter` (a small,
-bounded render of a committed turn runs inline, see
-:meth:`~ContextManager.prepare`).
-
-The host features beside the core are small objects reached from the
-manager, each documented on its own class: ``manager.leases``
-(:class:`~turnloom.runtime.Leases`: durable ownership, ``claim`` and
-``flush``), ``manager.areas`` (:class:`~turnloom.runtime.Areas`: Context
-Areas and routed items), ``manager.bridge`` (:class:`~turnloom.runtime.Bridge`:
-sub-agent briefings and folded results), ``manager.outputs``
-(:class:`~turnloom.runtime.OutputStreams`: consumed output streams),
-``manager.voice`` (:class:`~turnloom.runtime.Voice`: barge-ins and false
-starts) and ``manager.assembly`` (:class:`~turnloom.runtime.Assembly`: the strategy, its
-tools and ``hydrate_context``). They share the manager's lifecycle
-(``_lifecycle``), so each raises the same typed errors before the Foundation
-opens and after it closed.
+state in one step, so they are atomic with respect to other tasks;
+:meth:`~ContextManager.prepare` is the only long operation. The host features
+beside the core (``manager.leases``, ``areas``, ``bridge``, ``outputs``,
+``voice``, ``assembly``) are small objects, each documented on its own class;
+they share the manager's lifecycle (``_lifecycle``), so each raises the same
+typed errors before the Foundation opens and after it closed.
 """
 
 from __future__ import annotations
@@ -36,23 +20,20 @@ __all__ = ("ContextManager", "Invocation")
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import anyio
 import anyio.abc
 
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent
-from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory
+from turnloom.context.history import HistoryLimits, HistoryView
 from turnloom.context.memory import MemorySource
 from turnloom.context.message import Message
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.tokens import TokenCounter
 from turnloom.runtime._areas import Areas
 from turnloom.runtime._bridge import Bridge
-from turnloom.runtime._contexts import ContextTable
-from turnloom.runtime._continuation import IssuedPrefixes
-from turnloom.runtime._counters import Counters
 from turnloom.runtime._door import (
     DEFAULT_IDLE_AFTER,
     DEFAULT_LEASE_TTL,
@@ -60,16 +41,12 @@ from turnloom.runtime._door import (
     ManagerOptions,
     check_manager_options,
     check_outputs,
-    check_request,
     check_snapshot,
 )
-from turnloom.runtime._durable import Durability
 from turnloom.runtime._invocation import Invocation
 from turnloom.runtime._leases import Leases
 from turnloom.runtime._lifecycle import Lifecycle
 from turnloom.runtime._outputs import OutputStreams
-from turnloom.runtime._preparing import Preparer
-from turnloom.runtime._queue import PreparationQueue
 from turnloom.runtime._voice import Voice
 from turnloom.runtime.assembly import Assembly, AssemblyStrategy, StrategyOptions
 from turnloom.runtime.schemas import (
@@ -82,21 +59,14 @@ from turnloom.runtime.state import EarlierStatePolicy
 from turnloom.runtime.store import ContextStore
 
 
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 class ContextManager:
     """Keeps each context's history and prepares provider-native model inputs.
 
-    A host builds it first (directly, or from a configuration with
-    :func:`~turnloom.runtime.build_context_manager`), then binds it to a
-    :class:`~turnloom.runtime.Foundation` (``Foundation(manager)``), which owns
-    it from then on: building needs no Foundation service. ``Foundation(...)``
-    with the same keyword arguments builds one itself. Reach it as
-    ``foundation.manager``. Every method must be called from the Foundation's
-    event loop; until the Foundation is open they raise :class:`StateError`.
-    What a prefix holds: see :meth:`prepare`.
+    Built by the host, then bound to the :class:`~turnloom.runtime.Foundation`
+    that owns it from then on (both ways to make and bind one: see there);
+    reach it as ``foundation.manager``. Every method must be called from the
+    Foundation's event loop; until the Foundation is open they raise
+    :class:`StateError`.
 
     Attributes:
         leases: durable ownership of contexts (:class:`~turnloom.runtime.Leases`).
@@ -122,25 +92,16 @@ class ContextManager:
         token_counter: the one estimator of tokens (default
             :class:`~turnloom.context.ApproxTokenCounter`); see
             :class:`~turnloom.runtime.Foundation`.
-        strategy: the per-turn assembly strategy (see :attr:`assembly`):
-            ``"jit"``, ``"stratified"``, an ``AssemblyStrategy``, or None
-            (default: no assembled prompt, no memory).
-        memory: the memory source a named strategy searches. Borrowed: never
-            closed by the manager or its Foundation.
-        strategy_options: the named strategy's static layer and bounds.
-        max_tenant_preparations: the most preparation slots one tenant (the
-            ``tenant_id`` of a request's ``tenant``) holds at once; default
-            half the capacity, rounded up. A freed slot goes to the waiting
-            request whose tenant holds the fewest slots (then the longest
-            waiting); requests without a tenant share one bucket.
-        store: where contexts are kept durably (see :attr:`leases`): None
-            (default: in memory only) or a ``ContextStore``, for example
-            ``open_context_store("sqlite:PATH")``. Borrowed: never closed here.
-        lease_ttl: seconds a lease lasts unless renewed (default 10.0; renewed
-            every third of that while held).
-        idle_after: seconds after its last use at which a held context is
-            unloaded and its lease released (default 300.0; ``math.inf``: never).
-        owner: this manager's name in leases (default: a random unique one).
+        strategy, memory, strategy_options: the per-turn assembly strategy
+            (default None: no assembled prompt, no memory), the memory source
+            a named one searches and its options; each is documented on
+            :class:`~turnloom.runtime.Assembly`.
+        max_tenant_preparations: the most preparation slots one tenant holds
+            at once (default half the capacity, rounded up); how slots are
+            shared: :attr:`ContextPrepareRequest.tenant`.
+        store, lease_ttl, idle_after, owner: the durable store of contexts
+            and its leases (default: no store, contexts are kept in memory
+            only); each is documented on :class:`~turnloom.runtime.Leases`.
 
     Raises:
         InputError: a bound is not positive, ``history_limits`` is not a
@@ -190,49 +151,33 @@ class ContextManager:
             idle_after=idle_after,
             owner=owner,
         )
-        life = self._life = Lifecycle()
-        counters = self._counters = Counters()
-        counters.strategy = options.strategy.name if options.strategy is not None else None
-        table = self._table = ContextTable(
-            options.history_limits,
-            options.gateway,
-            counters,
-            options.token_counter,
-            options.earlier_state,
-        )
-        self._issued = IssuedPrefixes(options.gateway, options.history_limits, options.open_calls)
-        self._durable: Durability | None = None  # set by _bind when there is a store
+        life = self._life = Lifecycle(options)
+        table = self._table = life.table
+        self._issued = life.issued
         self.leases = Leases(life)
         self.areas = Areas(life, table, options.gateway, options.history_limits.max_item_bytes)
         self.bridge = Bridge(life, table, options.open_calls, options.token_counter, self.record)
         self.outputs = OutputStreams(life, self.record)
         self.voice = Voice(life, table, self.leases, self.record)
-        self.assembly = Assembly(life, options.strategy, options.gateway, self._issued, counters)
+        self.assembly = Assembly(
+            life, options.strategy, options.gateway, self._issued, life.counters
+        )
 
     def _bind(
         self,
         *,
         task_group: anyio.abc.TaskGroup,
         limiter: anyio.CapacityLimiter,
-        clock: Callable[[], datetime] = _utc_now,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
-        """Bind to the opening Foundation's task group, limiter and clock (once).
+        """Bind to the opening Foundation, once (see :meth:`Lifecycle.bind`; raises StateError)."""
+        self._life.bind(self.outputs, self.leases, task_group, limiter, clock)
 
-        Raises:
-            StateError: the manager was already bound to a Foundation.
-        """
-        life, options, table, counters = self._life, self._options, self._table, self._counters
-        life.check_unbound()
-        life.bound = True
-        queue = PreparationQueue(
-            options.max_pending_preparations, task_group, counters, options.tenant_limit
-        )
-        self.outputs._bind(task_group)
-        durable = self._durable = self.leases._bind(options.durable, task_group, limiter, table)
-        issued = self._issued
-        life.preparer = Preparer(options, table, counters, issued, queue, limiter, clock, durable)
+    async def _aclose(self, grace_period: float) -> None:
+        """Close in order (see :meth:`Lifecycle.aclose`); the Foundation shields it."""
+        await self._life.aclose(grace_period, self.outputs)
 
-    # -- properties --------------------------------------------------------
+    # -- properties and queries --------------------------------------------------------
 
     @property
     def options(self) -> ManagerOptions:
@@ -261,7 +206,7 @@ class ContextManager:
 
     @property
     def tenant_limit(self) -> int:
-        """The most preparation slots one tenant holds at once (see :class:`Foundation`)."""
+        """The most preparation slots one tenant holds at once (``max_tenant_preparations``)."""
         return self._options.tenant_limit
 
     @property
@@ -273,58 +218,58 @@ class ContextManager:
     def closed(self) -> bool:
         """True once the Foundation began closing.
 
-        From then on every call that starts work (``accept_turn``, ``prepare``,
-        ``build``, ``invocation``, areas, new output streams) raises
-        :class:`FoundationClosedError`. :meth:`record` is accepted until the
-        output streams are drained and preparations settled, then raises it
-        too; :meth:`history`, :meth:`context_ids`, :meth:`statistics` and the
-        properties still answer after the close.
+        What raises :class:`FoundationClosedError` from then on, and what
+        still answers: the closing order in :mod:`turnloom.runtime.foundation`.
         """
         return self._life.closing
 
     def context_ids(self) -> tuple[str, ...]:
         """The ids of the contexts held, in creation order (after the close: at the close)."""
-        if self._life.closed:
-            return tuple(self._life.final)
-        return tuple(self._table.contexts)
+        return self._life.context_ids()
 
     def history(self, context_id: str) -> HistoryView:
         """An immutable view of one context's history (O(1)).
 
-        After the close it answers with each context's final history: what it
-        held once the output streams were drained and preparations settled, so
-        a host can persist the last utterance of a session that shut down
-        (the manager keeps those views until it is dropped).
+        After the close it answers with each context's final history (step 5
+        of the closing order in :mod:`turnloom.runtime.foundation`), so a host
+        can persist the last utterance of a session that shut down (the
+        manager keeps those views until it is dropped).
 
         Raises:
             StateError: the manager is not bound to an open Foundation yet.
-            InvalidMessageError: ``context_id`` is not a non-empty str of at
-                most 256 characters.
+            InvalidMessageError: a malformed context id (see :func:`~turnloom.context.check_id`).
             UnknownContextError: no turn was ever committed to ``context_id``
                 (or, after the close, it was not held at the close).
         """
-        if self._life.closed:
-            return self._life.final_view(context_id)
-        self._life.check_bound()
-        return self._table.get(context_id).history.view()
+        return self._life.history(context_id)
 
-    # -- turns -------------------------------------------------------------
+    def statistics(self) -> ManagerStatistics:
+        """A frozen snapshot of the manager's counters, O(1) in the number of contexts.
+
+        Safe to call from another thread (a metrics scrape): it only reads
+        running totals, each read atomically; the snapshot may mix values from
+        two adjacent moments.
+        """
+        return self._life.statistics(self.outputs.statistics())
+
+    # -- turns and their model calls --------------------------------------------
 
     def accept_turn(self, snapshot: TurnSnapshot) -> None:
         """Commit a turn: its input, and new pinned instructions when given.
 
         The first turn of a context creates it. Every message is validated
         before anything changes. After the commit the context's history is
-        evicted down to its limits (whole turns, oldest first) unless a model
-        call is in flight for the context, in which case eviction waits for
-        the invocation to end. Preparations waiting for this turn wake up.
+        evicted down to its limits (whole turns, oldest first; while a model
+        call is in flight, when it ends: see :meth:`invocation`). Preparations
+        waiting for this turn wake up.
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
             InvalidMessageError: a malformed id or message, an input message
                 with a system/developer role or carrying a runtime-state call or
                 result, an instruction with another role, or an input that
-                renders to nothing (empty, or blank text only).
+                renders to nothing (empty, blank text only, or on a context's first
+                turn only results answering no call).
             InvalidTextError: text that is not valid UTF-8.
             ItemTooLargeError: a message is over the per-item byte cap.
             TurnTooLargeError: the turn would hold more than ``max_items``
@@ -335,12 +280,9 @@ class ContextManager:
                 and Gemini); nothing was committed.
             OutOfOrderTurnError: the snapshot's sequence is not newer than the
                 context's previous one.
-            NotClaimedError: with a store, the context is not claimed (see
-                ``manager.leases.claim``).
-            StaleLeaseError: with a store, this manager lost the context's lease.
-
-        Durability: with a store the commit is queued for the store's next
-        batch and is durable once ``manager.leases.flush`` returns.
+            NotClaimedError, StaleLeaseError: with a store, the context is not
+                claimed, or this manager lost its lease (see ``manager.leases``:
+                a change is durable once a later ``flush`` returned).
         """
         queue = self._life.check_open().queue
         context_id = check_snapshot(snapshot, self.gateway, self._table.history_of)
@@ -351,19 +293,15 @@ class ContextManager:
     def record(self, context_id: str, turn_id: str, outputs: Sequence[Message]) -> int:
         """Record model outputs and tool results of a turn, in order.
 
-        Empty or whitespace-only messages (for example the partial output of a
-        cancelled model call) are not recorded. A message whose id and
-        content the turn already holds (a reply committed twice) is not
-        stored again, and counted. Outputs for a turn no longer held (evicted,
-        however long ago, or retracted) are dropped and counted; they never
-        bring the turn back (see :meth:`~turnloom.context.TurnHistory.record`;
-        record through the :class:`Invocation` to bind outputs to the very
-        turn even when its id is reused). The runtime-state pair never enters
-        history: messages carrying it are rejected.
+        By the rules of :meth:`~turnloom.context.TurnHistory.record`, blank
+        messages (a cancelled call's partial output), a reply recorded twice
+        and outputs for a turn no longer held (evicted or retracted) are not
+        stored, and counted; record through the :class:`Invocation` to bind
+        outputs to the very turn even when its id is reused. The runtime-state
+        pair never enters history: messages carrying it are rejected.
 
         Outputs are accepted while the Foundation closes, until its output
-        streams are drained and its preparations settled (the last utterance
-        of a session that shuts down is kept); see :meth:`history` after close.
+        streams are drained and its preparations settled (see :meth:`history`).
 
         Returns:
             how many messages were recorded.
@@ -385,8 +323,6 @@ class ContextManager:
             ItemTooLargeError, TurnTooLargeError, ProviderRuleError,
             NotClaimedError, StaleLeaseError: as :meth:`accept_turn`; nothing
                 was recorded.
-
-        Durability: as :meth:`accept_turn`.
         """
         self._life.check_recording()
         self.leases._check_writable(context_id)
@@ -416,10 +352,7 @@ class ContextManager:
         self.leases._check_writable(context_id)
         self._table.remove(context_id)
         queue.wake(context_id)
-        if self._durable is not None:
-            self._durable.forget(context_id)
-
-    # -- invocations ---------------------------------------------------------
+        self.leases._forget(context_id)
 
     @asynccontextmanager
     async def invocation(self, context_id: str, turn_id: str) -> AsyncIterator[Invocation]:
@@ -441,10 +374,9 @@ class ContextManager:
 
         Cancellation:
             Entering and leaving do not wait. When the block is cancelled, what
-            was recorded stays recorded (empty or whitespace-only partial
-            outputs are never recorded), calls left without a result are
-            handled by the ``open_calls`` policy at the next prepare, and the
-            context is released.
+            was recorded stays recorded (a blank partial output never is),
+            calls left without a result are handled by the ``open_calls``
+            policy at the next prepare, and the context is released.
         """
         self._life.check_open()
         state = self._table.begin_call(context_id, turn_id)
@@ -453,14 +385,14 @@ class ContextManager:
         finally:
             self._table.end_call(state, evict=not self._life.closing)
 
-    # -- preparation -----------------------------------------------------------
+    # -- prefixes: preparation and continuation ---------------------------------
 
     async def prepare(self, request: ContextPrepareRequest) -> PreparedContext:
         """Prepare the model input of a committed turn.
 
         Waits, in order, for a free slot in the pending queue (a full queue
         makes it wait: backpressure; :meth:`prepare_nowait` fails instead;
-        slots are shared fairly, see ``max_tenant_preparations``), for the
+        slots are shared fairly, see ``ContextPrepareRequest.tenant``), for the
         turn's commit (it may be called before ``accept_turn``), for the
         turn's assembly (with a strategy, the turn's first prepare per tenant
         and ``auto_hydrate`` awaits it on the event loop, memory I/O included,
@@ -470,23 +402,20 @@ class ContextManager:
         gateway and a context holding at most 512 messages, renders inline on
         the event loop instead when a worker thread is free (a bounded step
         costing less than the thread handoff; same result, same counters); it
-        holds its slot until its requester resumes. The request is validated and
-        its contributions copied at the call; the history, the request's state
-        and the perception's time (the Foundation's clock when the request
-        gives none) are captured once, at the commit. A turn never committed
-        (a mistyped id) is waited for until the caller's deadline (counted in
+        holds its slot until its requester resumes. The request is validated
+        and its contributions copied at the call; the history and the
+        request's state (the perception's time included) are captured once, at
+        the commit. A turn never committed (a mistyped id) is waited for until
+        the caller's deadline (counted in
         ``statistics().preparations.waiting_for_turn``): bound the wait with
         ``anyio.fail_after(seconds, reason=...)`` naming the context and turn.
 
         Returns:
-            the prefix: the assembled system prompt (with a strategy), pinned
-            instructions, earlier turns (with their kept runtime-state pairs,
-            see ``earlier_state``), the turn's input, the runtime-state pair
-            when the request or manager carries state, and the area section.
-            Send ``manager.gateway.request_body(items)``. Delivered to its
-            requester, an unscoped prefix's pair becomes the turn's kept pair.
-            With ``request.scope`` the earlier turns are the sliced view of
-            recorded messages, without kept pairs, and nothing is kept (see
+            the prefix (what it holds and what to send: see
+            :attr:`PreparedContext.items`). Delivered to its requester, an
+            unscoped prefix's pair becomes the turn's kept pair. With
+            ``request.scope`` the earlier turns are the sliced view of recorded
+            messages, without kept pairs, and nothing is kept (see
             :class:`~turnloom.runtime.ContextPrepareRequest`).
 
         Raises:
@@ -506,8 +435,8 @@ class ContextManager:
                 alone exceed it (no slot taken), else by the preparation.
             UnknownTurnError: the turn was evicted (or retracted) before it could
                 be captured.
-            ContextRemovedError: the context was removed while the preparation
-                waited (a context created again with the same id never serves it).
+            ContextRemovedError: the context was removed, or its lease was lost
+                to another host, while the preparation waited.
             ProviderRuleError: the gateway rejected a message while rendering.
             AreaCallbackError: an attached area raised (or returned a wrong
                 value) in the area pass; ``area`` and ``phase`` name it. The
@@ -526,30 +455,15 @@ class ContextManager:
             turn assembles again) or a thread, or, if it is rendering, the
             thread finishes and the result is discarded; the slot is freed
             when it settles (an inline render never waits, so it cannot be
-            cancelled midway). Cancelled
-            after the preparation settled but before the requester resumed: the
-            cancellation propagates and the result is discarded, never counted
-            as delivered. A preparation changes no recorded message; only a result
-            delivered to its requester sets its turn's kept pair. An area
-            pass that ran for a discarded result is reused by the next
-            preparation of the context, so it is delivered exactly once.
+            cancelled midway). Cancelled after the preparation settled but
+            before the requester resumed: the cancellation propagates and the
+            result is discarded, never counted as delivered. A preparation
+            changes no recorded message; only a result delivered to its
+            requester sets its turn's kept pair. An area pass that ran for a
+            discarded result is reused by the next preparation of the context,
+            so it is delivered exactly once.
         """
-        preparer = self._life.check_open()
-        queue = preparer.queue
-        request = check_request(request, self.history_limits.max_item_bytes)
-        requested_at = anyio.current_time()
-        origin = self._table.contexts.get(request.context_id)
-        waited = await queue.acquire(request)
-        # One that waited for its slot passes a checkpoint after an inline
-        # render, so requesters granted before it resume first.
-        return await queue.admit(
-            request,
-            requested_at,
-            origin,
-            preparer.run,
-            preparer.run_inline,
-            checkpointed=not waited,
-        )
+        return await self._life.check_open().prepare(request, wait=True)
 
     async def prepare_nowait(self, request: ContextPrepareRequest) -> PreparedContext:
         """Like :meth:`prepare`, but refuse at once when every slot is taken.
@@ -561,43 +475,37 @@ class ContextManager:
         does. Await it.
 
         Raises:
-            QueueFullError: all ``capacity`` slots are taken; nothing was admitted.
+            QueueFullError: all ``capacity`` slots are taken, or the request's
+                tenant holds its ``tenant_limit``; nothing was admitted.
             Every error of :meth:`prepare`, for the same reasons.
 
         Cancellation:
             As :meth:`prepare` after admission.
         """
-        preparer = self._life.check_open()
-        queue = preparer.queue
-        request = check_request(request, self.history_limits.max_item_bytes)
-        requested_at = anyio.current_time()
-        queue.acquire_nowait(request)
-        origin = self._table.contexts.get(request.context_id)
-        return await queue.admit(
-            request, requested_at, origin, preparer.run, preparer.run_inline, checkpointed=False
-        )
-
-    # -- continuation ------------------------------------------------------------
+        return await self._life.check_open().prepare(request, wait=False)
 
     def build(
         self, prefix: PreparedContext, continuation: Sequence[Message] = ()
     ) -> tuple[NativeContent, ...]:
         """The input of the next model call of a turn: the prefix, then the continuation.
 
-        Send ``manager.gateway.request_body(items)``, not the items: for
-        Anthropic and Gemini the body moves the instructions to their
-        top-level field and merges adjacent turns, and only the body is
-        guaranteed to pass the gateway's ``validate()``.
+        Send ``manager.gateway.request_body(items)``, not the items (see
+        :attr:`PreparedContext.items`).
 
         The continuation (the turn's model outputs and tool results so far,
         oldest first) is rendered and appended; the prefix, including its
         runtime-state pair, is reused as is and never refreshed. Calls without
-        a result are handled by the ``open_calls`` policy. A continuation call
-        reusing a call id of the prefix or of an earlier continuation call is
-        renamed, with its results, by the rule of
+        a result are handled by the ``open_calls`` policy; a result whose call
+        is not before it in the continuation (the prefix ends at the turn's
+        input: the turn's own calls are in the continuation) is left out,
+        never sent alone, so pass the model's call message with its results.
+        A continuation call reusing a call id of the prefix or of an earlier
+        continuation call is renamed, with its results, by the rule of
         :mod:`turnloom.context.callids`, continued from the prefix, so the
-        items hold each call id once. Cost: O(continuation), plus a C-speed
-        copy of the prefix's set of call ids.
+        items hold each call id once. Cost: O(continuation), plus reading
+        ``prefix.items`` (its earlier turns are decoded from the history's
+        encoded bytes on the prefix's first read, only those the context's
+        previous prefix did not decode; then a C-speed copy).
 
         Returns:
             tuple of NativeContent, oldest first; shared with caches (the
@@ -610,10 +518,8 @@ class ContextManager:
                 :meth:`prepare` (built by hand, changed with
                 ``msgspec.structs.replace``, or from another Foundation), or
                 ``continuation`` is not a sequence of Messages.
-            InvalidMessageError, InvalidTextError: a malformed continuation
-                message, or one carrying a runtime-state call or result.
-            InstructionMessageError: a ``system`` or ``developer`` continuation
-                message: pinned instructions change only through a turn's snapshot.
+            InvalidMessageError, InvalidTextError, InstructionMessageError: a
+                continuation message rejected as :meth:`record` rejects an output.
             DuplicateIdError: a continuation message repeats an id of the
                 prefix's turn (its input message ids or the state call id) or
                 of an earlier continuation message.
@@ -622,7 +528,7 @@ class ContextManager:
                 messages.
         """
         self._life.check_open()
-        return self._issued.build(prefix, continuation, self._prefix_history(prefix))
+        return self._issued.build(prefix, continuation)
 
     def request_bytes(
         self,
@@ -635,13 +541,11 @@ class ContextManager:
 
         Equal, byte for byte, to ``msgspec.json.encode({**fields,
         **manager.gateway.request_body(manager.build(prefix, continuation))})``,
-        but the body items of the pinned instructions and the closed turns are
-        not encoded again: the history's render cache keeps them encoded (for
-        Anthropic and Gemini, merged; see :mod:`turnloom.context.body`), so
-        the cost is the open turn and the continuation plus one C-speed join
-        of the cached bytes. The continuation is checked and rendered as
-        :meth:`build` does. A prefix whose assembly put a system prompt
-        before the history is encoded whole.
+        at the cost of the open turn and the continuation (checked and
+        rendered as :meth:`build` does) plus one C-speed join: the history's
+        render cache keeps the other body items encoded (see
+        :mod:`turnloom.context.body`; a prefix whose assembly put a system
+        prompt before the history is encoded whole).
 
         Args:
             fields: the request's own top-level fields, for example
@@ -654,47 +558,10 @@ class ContextManager:
             InvalidArgumentError: ``fields`` is not a str-keyed mapping of JSON
                 data, or sets a field the body writes (the gateway's
                 ``items_field``, or its instructions field: ``system``,
-                ``systemInstruction``, ``instructions``).
+                ``systemInstruction`` or ``system_instruction``, ``instructions``).
             FoundationClosedError, InvalidMessageError, InvalidTextError,
             InstructionMessageError, DuplicateIdError, ProviderRuleError,
             TurnTooLargeError: as :meth:`build`, for the same reasons.
         """
         self._life.check_open()
-        return self._issued.request_bytes(
-            prefix, continuation, fields, self._prefix_history(prefix)
-        )
-
-    def _prefix_history(self, prefix: PreparedContext) -> TurnHistory | None:
-        """The held history of a prefix's context (None: not held, or not a prefix)."""
-        if not isinstance(prefix, PreparedContext):
-            return None
-        state = self._table.contexts.get(prefix.context_id)
-        return state.history if state is not None else None
-
-    # -- lifecycle (driven by the Foundation) ---------------------------------------
-
-    async def _aclose(self, grace_period: float) -> None:
-        """Close in order (see :meth:`Lifecycle.aclose`); the Foundation shields it."""
-        table = self._table
-        await self._life.aclose(grace_period, self.outputs, self._durable, table.contexts)
-        table.release()
-
-    # -- statistics --------------------------------------------------------------------
-
-    def statistics(self) -> ManagerStatistics:
-        """A frozen snapshot of the manager's counters, O(1) in the number of contexts.
-
-        Every total is kept up to date as it changes, so a scrape never walks
-        the contexts. Safe to call from another thread (a metrics scrape): it
-        only reads counters, each read atomically; the snapshot may mix
-        values from two adjacent moments.
-        """
-        preparer = self._life.preparer
-        return self._counters.snapshot(
-            closed=self._life.closing,
-            contexts=len(self._table.contexts),
-            capacity=self._options.max_pending_preparations,
-            queue=preparer.queue if preparer is not None else None,
-            outputs=self.outputs.statistics(),
-            store=self._durable.statistics() if self._durable is not None else None,
-        )
+        return self._issued.request_bytes(prefix, continuation, fields)

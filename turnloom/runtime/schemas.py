@@ -35,6 +35,7 @@ from typing import Any, Literal, TypeAlias
 import msgspec
 
 from turnloom.context.gateway import GatewayType, NativeContent
+from turnloom.context.items import NativeItems
 from turnloom.context.memory import TenantScope
 from turnloom.context.message import Message
 from turnloom.context.scope import ContextScope
@@ -129,7 +130,11 @@ class ContextPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
             for none (see :class:`Perception`).
         tenant: the tenant the turn acts for. It always reaches the assembled
             prompt and the memory source (when the Foundation has an assembly
-            strategy) and decides the tenant's share of preparation slots.
+            strategy) and decides the tenant's share of preparation slots: a
+            tenant (its ``tenant_id``) holds at most the manager's
+            ``tenant_limit`` at once, a freed slot goes to the waiting request
+            whose tenant holds the fewest slots (then the longest waiting), and
+            requests without a tenant share one bucket.
         auto_hydrate: whether the assembly strategy recalls memory for this
             turn; the only switch of hydration (the tenant is identity, not
             policy).
@@ -244,7 +249,15 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
             and Gemini that body moves the instructions to their top-level
             field (``system``, ``systemInstruction``) and merges adjacent
             turns; only the body is guaranteed to pass the gateway's
-            ``validate()``.
+            ``validate()``. A property: the earlier turns are held encoded
+            (``native_items``) and decoded on the first read, once per
+            prefix, on the reading thread (C-speed JSON decoding of the items
+            the context's previous prefix did not decode; O(items) the first
+            time or after the history's run was rebuilt); the decoded items
+            are shared with that prefix. :meth:`ContextManager.request_bytes`
+            never reads them.
+        native_items: the same items, the earlier turns still JSON-encoded
+            (:class:`~turnloom.context.items.NativeItems`).
         item_count: ``len(items)``.
         bytes: serialized size of ``items``, in bytes (JSON).
         tokens: tokens of the messages ``items`` render, by the Foundation's
@@ -277,7 +290,7 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     context_id: str
     turn_id: str
     gateway: GatewayType
-    items: tuple[NativeContent, ...]
+    native_items: NativeItems
     item_count: int
     bytes: int
     tokens: int
@@ -291,6 +304,11 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     queued_seconds: float = 0.0
     render_seconds: float = 0.0
     assembled: AssembledContext | None = None
+
+    @property
+    def items(self) -> tuple[NativeContent, ...]:
+        """The prefix's items (see the class docstring), decoded on the first read."""
+        return self.native_items.materialize()
 
 
 class PreparationStatistics(msgspec.Struct, frozen=True, kw_only=True):

@@ -231,7 +231,8 @@ class RedisContextStore:
         if library != "asyncio":
             raise StoreError(
                 f"{self!r} runs on asyncio only (the redis client is asyncio-based), not "
-                f"{library or 'no event loop'!r}."
+                f"{library or 'no event loop'!r}: run the host on asyncio, or use a "
+                "sqlite: store on trio."
             )
 
     async def _call(self, coroutine: Any) -> Any:

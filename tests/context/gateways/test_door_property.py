@@ -307,8 +307,16 @@ def test_generated_messages_the_door_accepts_render_on_every_gateway(batch: list
     renders_everywhere(accepted)
 
 
+# Without the recordings (a clone outside the project's machines) the
+# recorded examples are not drawn: the first property skips, the second runs
+# on generated messages only.
+_HAVE_RECORDINGS = Path(RECORDINGS).exists()
+_recorded = mutated_recorded() if _HAVE_RECORDINGS else st.nothing()
+
+
+@pytest.mark.skipif(not _HAVE_RECORDINGS, reason=f"real input {RECORDINGS} is not present")
 @_settings
-@given(batch=st.lists(mutated_recorded(), min_size=1, max_size=3))
+@given(batch=st.lists(_recorded, min_size=1, max_size=3))
 def test_mutated_recorded_messages_the_door_accepts_render_on_every_gateway(
     batch: list[dict[str, Any]],
 ) -> None:
@@ -319,7 +327,7 @@ def test_mutated_recorded_messages_the_door_accepts_render_on_every_gateway(
 
 
 @_settings
-@given(candidate=messages | mutated_recorded())
+@given(candidate=messages | _recorded)
 def test_extras_never_replace_what_a_gateway_writes(candidate: Message | dict[str, Any]) -> None:
     """Invariant: render(m) keeps every key and value of render(m without its extras)."""
     message = door(candidate)

@@ -15,6 +15,7 @@ import pytest
 from tests.context.gateways._support import ITEM_FIELD, PROVIDERS, rendered
 from turnloom.context import (
     Context,
+    GatewayType,
     Message,
     ReasoningPart,
     Role,
@@ -306,3 +307,21 @@ def test_lone_surrogate_never_reaches_a_context(provider: str) -> None:
     with pytest.raises(InvalidTextError):
         context.emplace_message(Message(role=Role.user, content=_SURROGATE))
     assert len(context) == 1
+
+
+@pytest.mark.parametrize("kind", list(GatewayType))
+def test_an_input_without_items_is_a_violation_on_every_gateway(kind: GatewayType) -> None:
+    """Invariant: validate() accepts no request a provider rejects; every API refuses an
+    empty item list (Anthropic and Gemini too when the instructions were lifted out)."""
+    gateway = get_gateway(kind)
+    [violation] = gateway.validate([])
+    assert (violation.index, violation.rule) == (0, "empty_input")
+    system = gateway.render(Message(role=Role.system, content="Be brief."))
+    body = gateway.request_body(system)
+    lifted = kind in (GatewayType.anthropic, GatewayType.gemini)
+    assert [v.rule for v in gateway.validate(body[gateway.items_field])] == (
+        ["empty_input"] if lifted else []
+    )
+    assert gateway.validate([], continues_response=True) == (
+        [] if kind is GatewayType.openai_responses else [violation]
+    )

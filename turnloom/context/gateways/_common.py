@@ -7,6 +7,7 @@ __all__ = (
     "args_text",
     "blank",
     "drop_foreign",
+    "empty_input",
     "json_text",
     "layout_of",
     "make_layout",
@@ -126,3 +127,14 @@ def drop_foreign(part: OpaquePart | ReasoningPart, gateway: str, log: logging.Lo
 def violation(index: int, rule: str, message: str) -> Violation:
     """Build one :class:`Violation`."""
     return Violation(index=index, rule=rule, message=message)
+
+
+def empty_input(items: object, field: str) -> list[Violation]:
+    """The violation of an input without items, which every provider rejects (else none).
+
+    Source: each API refuses an empty item list (Chat and Anthropic ``messages``,
+    Gemini ``contents``, Responses ``input`` of a request that continues nothing).
+    """
+    if items:
+        return []
+    return [violation(0, "empty_input", f"The input has no items: {field} is empty.")]

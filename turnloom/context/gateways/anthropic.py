@@ -82,6 +82,7 @@ from turnloom.context.gateways._common import (
     args_text,
     blank,
     drop_foreign,
+    empty_input,
     layout_of,
     make_layout,
     require_object,
@@ -543,7 +544,7 @@ class AnthropicGateway(Gateway):
         Returns:
             every violation, in item order; empty when the input is valid.
         """
-        out: list[Violation] = []
+        out: list[Violation] = empty_input(items, "messages")
         seen_ids: dict[str, int] = {}
         open_calls: dict[str, int] = {}
         for index, item in enumerate(items):

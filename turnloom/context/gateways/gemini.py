@@ -96,6 +96,7 @@ from turnloom.context.gateways._common import (
     args_text,
     blank,
     drop_foreign,
+    empty_input,
     json_text,
     layout_of,
     make_layout,
@@ -122,6 +123,9 @@ from turnloom.errors import InvalidMessageError, excerpt
 _log = logging.getLogger("turnloom.gateway.gemini")
 
 _GATEWAY = GatewayType.gemini.value
+# The instructions field as written, then the other spelling the API (and
+# parse_request) reads: a request's own fields may set neither.
+_INSTRUCTIONS = ("systemInstruction", "system_instruction")
 
 # camelCase (REST JSON, canonical) -> snake_case (accepted too; Vertex traffic)
 _KEYS = {
@@ -517,7 +521,7 @@ class GeminiGateway(Gateway):
         """
         body = require_object(body, "Gemini", "request body")
         out: list[Message] = []
-        system = body.get("systemInstruction", body.get("system_instruction"))
+        system = next((body[k] for k in _INSTRUCTIONS if k in body), None)
         if system is not None:
             system = require_object(system, "Gemini", "systemInstruction")
             message = self.parse({"role": "system", "parts": system.get("parts", [])})
@@ -560,7 +564,7 @@ class GeminiGateway(Gateway):
         Returns:
             every violation, in item order; empty when the input is valid.
         """
-        out: list[Violation] = []
+        out: list[Violation] = empty_input(items, "contents")
         _check_signatures(items, out)
         calls: list[tuple[str | None, str]] = []  # (id, name) of the previous model turn
         calls_at = -1
@@ -735,7 +739,8 @@ class _GeminiBody(BodyWriter):
     )
 
     field = "contents"
-    header = ("systemInstruction",)
+    header = _INSTRUCTIONS[:1]
+    spellings = _INSTRUCTIONS[1:]
 
     def __init__(self) -> None:
         super().__init__()

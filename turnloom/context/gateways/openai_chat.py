@@ -61,7 +61,12 @@ from turnloom.context.gateway import (
     Violation,
     register_gateway,
 )
-from turnloom.context.gateways._common import drop_foreign, layout_of, require_object
+from turnloom.context.gateways._common import (
+    drop_foreign,
+    empty_input,
+    layout_of,
+    require_object,
+)
 from turnloom.context.message import (
     ImagePart,
     Message,
@@ -453,7 +458,7 @@ class OpenAIChatGateway(Gateway):
         content only when it has tool calls); system and developer content is
         text only.
         """
-        violations: list[Violation] = []
+        violations: list[Violation] = empty_input(items, "messages")
         open_calls: dict[str, int] = {}  # call id -> index of its assistant message
         all_calls: dict[str, int] = {}  # every call id so far -> its assistant message
         for index, item in enumerate(items):

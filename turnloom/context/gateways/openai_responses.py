@@ -77,6 +77,7 @@ from turnloom.context.gateway import (
 from turnloom.context.gateways._common import (
     blank,
     drop_foreign,
+    empty_input,
     layout_of,
     make_layout,
     require_object,
@@ -636,7 +637,7 @@ class OpenAIResponsesGateway(Gateway):
         Returns:
             every violation, in item order; empty when the input is valid.
         """
-        out: list[Violation] = []
+        out: list[Violation] = [] if continues_response else empty_input(items, "input")
         open_calls: dict[str, int] = {}
         answered: set[str] = set()
         in_results = False

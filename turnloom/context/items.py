@@ -1,0 +1,290 @@
+"""Native items with a run of them kept as JSON bytes, decoded when first read.
+
+A history keeps the items of its pinned instructions and closed turns in a
+*run* (see :class:`~turnloom.context.TurnHistory`): the closed turns' items
+are held only as their JSON encoding (one ``bytes`` object per item, the same
+objects the encoded request body is joined from), not as dicts. A render
+hands them out as :class:`NativeItems`: the items before the run (native),
+the run's encoded items, then the items after it (native). Building one is
+O(1) beyond a C-speed copy of the run's references; the native tuple is
+decoded once, on first :meth:`NativeItems.materialize`, and then kept by the
+object (not by the history). Decoded items equal, by value, the items the
+run was encoded from: items are JSON data (the door checks them), and
+msgspec decodes its own encoding to equal values.
+"""
+
+from __future__ import annotations
+
+__all__ = ("NativeItems", "common_prefix", "encode_item", "exact_bytes")
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from turnloom.context._untrack import untrack_json
+from turnloom.context.gateway import NativeContent
+
+_decode = msgspec.json.Decoder().decode
+_MISSING: Any = object()
+_encode = msgspec.json.Encoder().encode
+
+
+def exact_bytes(encoded: bytes) -> bytes:
+    """``encoded`` in a ``bytes`` object of exactly its size (a copy: one memcpy).
+
+    msgspec returns its output buffer, which holds up to half as much again
+    unused; an encoding that is kept is copied once.
+    """
+    return bytes(memoryview(encoded))
+
+
+def encode_item(item: Any) -> bytes:
+    """The JSON encoding of one native item, to keep (:func:`exact_bytes`)."""
+    return exact_bytes(_encode(item))
+
+
+def _decode_run(encoded: Sequence[bytes]) -> list[NativeContent]:
+    """Items decoded from their JSON encodings, untracked by the cyclic collector.
+
+    Decoded items are kept as long as the prefixes that share them live:
+    untracked (see :func:`~turnloom.context._untrack.untrack_json`), a held
+    prefix adds no objects to what a full collection visits.
+    """
+    if not encoded:
+        return []
+    decoded: list[NativeContent] = _decode(b"".join((b"[", b",".join(encoded), b"]")))
+    untrack_json(decoded)
+    return decoded
+
+
+def common_prefix(new: Sequence[Any], old: Sequence[Any]) -> int:
+    """Length of the longest common prefix; tuple comparison checks identity first.
+
+    The common case (the old prefix is kept whole) is one C-speed comparison;
+    a first item that differs costs one comparison. Otherwise it gallops (1,
+    2, 4, ... items) before bisecting, so the cost follows the common prefix,
+    not the whole input, when they part early (after an eviction).
+    """
+    limit = min(len(new), len(old))
+    if not limit or new[0] != old[0]:
+        return 0
+    if new[:limit] == (old if limit == len(old) else old[:limit]):
+        return limit
+    lo, step = 0, 1
+    while lo + step < limit and new[lo : lo + step] == old[lo : lo + step]:
+        lo += step
+        step *= 2
+    hi = min(limit, lo + step) - 1
+    while lo < hi:  # new[:lo] == old[:lo] holds throughout
+        mid = (lo + hi + 1) // 2
+        if new[lo:mid] == old[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class NativeItems:
+    """Items of one model input, oldest first: natives, an encoded run, natives.
+
+    Immutable. ``encoded`` holds one item's JSON per ``bytes`` object.
+    ``epoch`` and ``origin`` name where the encoded run comes from: two
+    :class:`NativeItems` with the same ``epoch`` object hold the very same
+    ``bytes`` object at equal ``origin + index`` (a history's run is only
+    appended to and dropped from the front between rebuilds), which lets
+    :meth:`common_length` skip their shared run in O(1).
+
+    Decoding reuses an earlier, decoded :class:`NativeItems` of the same
+    run (:meth:`adopt`): the items they share are taken from it, not
+    decoded again, so a host that reads every prefix's items decodes only
+    what is new. Decoded items are untracked by the cyclic collector, as the
+    render cache's are (:func:`~turnloom.context._untrack.untrack_json`), and shared with the object
+    they were reused from: treat them as read-only.
+
+    Thread safety: any thread may read one; :meth:`materialize` caches its
+    result by one assignment (a racing call at worst decodes twice).
+    """
+
+    __slots__ = ("_after", "_before", "_encoded", "_epoch", "_origin", "_source", "_value")
+
+    def __init__(
+        self,
+        before: tuple[NativeContent, ...] = (),
+        encoded: tuple[bytes, ...] = (),
+        after: tuple[NativeContent, ...] = (),
+        epoch: object = None,
+        origin: int = 0,
+    ) -> None:
+        self._before = before
+        self._encoded = encoded
+        self._after = after
+        self._epoch = epoch
+        self._origin = origin
+        self._value: tuple[NativeContent, ...] | None = None
+        self._source: NativeItems | None = None  # decoded items of the same run to reuse
+
+    def __len__(self) -> int:
+        return len(self._before) + len(self._encoded) + len(self._after)
+
+    def __repr__(self) -> str:
+        return f"NativeItems({len(self)} items, {len(self._encoded)} encoded)"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, NativeItems):
+            return NotImplemented
+        return self is other or self.materialize() == other.materialize()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def materialize(self) -> tuple[NativeContent, ...]:
+        """The items as a tuple of NativeContent (decoded on the first call, then kept).
+
+        Costs O(encoded bytes) of C-speed JSON decoding on the first call.
+        """
+        value = self._value
+        if value is None:
+            if self._encoded:
+                value = (*self._before, *self._decoded(), *self._after)
+            else:
+                value = self._before + self._after if self._after else self._before
+            self._value = value
+            self._source = None
+        return value
+
+    def _decoded(self) -> list[NativeContent]:
+        """The encoded run's items: reused from the source where it has them, else decoded.
+
+        From a source of the same run (``epoch``), the items both hold are
+        one C-speed slice; from another (a run rebuilt or renamed anew, most
+        of whose items are the very same ``bytes`` objects), each item whose
+        ``bytes`` object the source holds is its decoded value there.
+        """
+        encoded = self._encoded
+        source = self._source
+        if source is None or source._value is None or not source._encoded:
+            return _decode_run(encoded)
+        values = source._value[len(source._before) : len(source._before) + len(source._encoded)]
+        if source._epoch is self._epoch:
+            start = max(source._origin - self._origin, 0)
+            stop = min(source._origin + len(source._encoded) - self._origin, len(encoded))
+            if start >= stop:
+                return _decode_run(encoded)
+            at = self._origin + start - source._origin
+            reused = values[at : at + stop - start]
+            return [*_decode_run(encoded[:start]), *reused, *_decode_run(encoded[stop:])]
+        # The source keeps its bytes objects alive, so their ids are theirs alone.
+        known = dict(zip(map(id, source._encoded), values, strict=True))
+        found = [known.get(id(chunk), _MISSING) for chunk in encoded]
+        missing = [chunk for chunk, value in zip(encoded, found, strict=True) if value is _MISSING]
+        if not missing:
+            return found
+        fresh = iter(_decode_run(missing))
+        return [next(fresh) if value is _MISSING else value for value in found]
+
+    def adopt(self, earlier: NativeItems) -> None:
+        """Reuse ``earlier``'s decoded items when this one decodes (call before sharing it).
+
+        ``earlier`` counts when it is decoded, or reused one that is: from
+        the same run, what both hold is reused positionally, else item by
+        item where they hold the same ``bytes`` object (see :meth:`_decoded`).
+        At most one earlier object is kept alive, until this one decodes.
+        Changes no value.
+        """
+        if self._value is not None or not self._encoded:
+            return
+        source = earlier if earlier._value is not None else earlier._source
+        if source is not None and source._encoded:
+            self._source = source
+
+    def item(self, index: int) -> NativeContent:
+        """The item at ``index`` (0 <= index < len), decoded alone when it is encoded."""
+        value = self._value
+        if value is not None:
+            return value[index]
+        before = len(self._before)
+        if index < before:
+            return self._before[index]
+        index -= before
+        if index < len(self._encoded):
+            decoded: NativeContent = _decode(self._encoded[index])  # a fresh copy each call
+            return decoded
+        return self._after[index - len(self._encoded)]
+
+    def extended(self, items: tuple[NativeContent, ...]) -> NativeItems:
+        """These items, then ``items`` (natives): O(len(items)) plus a copy of references."""
+        if not items:
+            return self
+        other = NativeItems(
+            self._before, self._encoded, self._after + items, self._epoch, self._origin
+        )
+        other._source = self._source
+        return other
+
+    def prefixed(self, items: tuple[NativeContent, ...]) -> NativeItems:
+        """``items`` (natives), then these items."""
+        if not items:
+            return self
+        other = NativeItems(
+            items + self._before, self._encoded, self._after, self._epoch, self._origin
+        )
+        other._source = self._source
+        return other
+
+    def _part(self, index: int) -> tuple[int, int, int]:
+        """(part, index in it, items left in it) of item ``index``: 0 before, 1 run, 2 after."""
+        before = len(self._before)
+        if index < before:
+            return 0, index, before - index
+        index -= before
+        encoded = len(self._encoded)
+        if index < encoded:
+            return 1, index, encoded - index
+        index -= encoded
+        return 2, index, len(self._after) - index
+
+    def common_length(self, other: NativeItems) -> int:
+        """Length of the longest common prefix with ``other``, items compared by value.
+
+        Equal to :func:`common_prefix` of both materialized tuples, without
+        materializing either: native parts are compared as tuples (identity
+        first), encoded runs by their bytes (equal bytes decode to equal
+        items; a run shared by ``epoch`` is skipped in O(1)), and where the
+        parts do not line up or the bytes differ, item by item by value
+        (decoding single items), so the cost follows the common prefix.
+        """
+        limit = min(len(self), len(other))
+        i = 0
+        while i < limit:
+            part, at, left = self._part(i)
+            other_part, other_at, other_left = other._part(i)
+            span = min(left, other_left, limit - i)
+            same = 0
+            if part == other_part:
+                if part == 0:
+                    same = common_prefix(
+                        self._before[at : at + span], other._before[other_at : other_at + span]
+                    )
+                elif part == 2:
+                    same = common_prefix(
+                        self._after[at : at + span], other._after[other_at : other_at + span]
+                    )
+                elif (
+                    self._epoch is not None
+                    and self._epoch is other._epoch
+                    and self._origin + at == other._origin + other_at
+                ):
+                    same = span
+                else:
+                    same = common_prefix(
+                        self._encoded[at : at + span], other._encoded[other_at : other_at + span]
+                    )
+            i += same
+            if same == span and span:
+                continue
+            # The parts do not line up here, or the fast comparison stopped:
+            # compare this one item by value.
+            if i >= limit or self.item(i) != other.item(i):
+                break
+            i += 1
+        return i
