@@ -46,9 +46,11 @@ prefix while only appends happen. The turns rendered per prepare and the
 turn's input continue from the run's state (:attr:`RenderedHistory.call_ids`).
 Eviction forgets the evicted items' ids; when a rename of a kept item
 depended on an evicted item (the evicted turn held the first use of a reused
-id), the kept items rename differently and the run is rebuilt from the
-messages and their cached encodings (O(kept items), once per such
-eviction), so it always equals a render of the kept history.
+id), the kept items rename differently and are renamed anew after the
+pinned instructions: a turn replays the call-id events recorded for it
+the first time (O(its calls)), only items whose ids change are encoded
+again, and the encoded body is rebuilt in one pass over the kept items,
+so the run always equals a render of the kept history.
 
 Thread safety: mutate a :class:`TurnHistory` from one thread (the event loop).
 Views are immutable and may be rendered from any number of worker threads at
@@ -1375,7 +1377,7 @@ class HistoryView:
             if not run.call_ids.forget(evicted_ids):
                 # A rename of a kept item depended on an evicted one: a render
                 # of the kept turns alone renames differently, so their call
-                # ids are renamed anew (O(kept items), once).
+                # ids are renamed anew (see _renamed_anew).
                 return self._renamed_anew(run, dropped, closed, gateway, slots)
             first_kept = run.first_tag + dropped
             if run.body is not None and not run.body.drop(first_kept, evicted_ids):
@@ -1420,11 +1422,10 @@ class HistoryView:
         replays its call-id events (O(its calls), no pass over its items);
         one renamed anew for the first time is decoded, the ids it had
         before the run renamed it written back (``calls``), and renamed
-        while its events are recorded. Only a turn whose ids change is
-        decoded and encoded again (its changed items only); the others keep
-        their bytes objects. The encoded body is then built in one pass of
-        the body writer over the kept items, decoded. No message is
-        rendered again.
+        while its events are recorded. Only the items whose ids change are
+        encoded again; the others keep their bytes objects. The kept items
+        are decoded once, for the body writer, and the encoded body is built
+        in one pass of it. No message is rendered again.
         """
         kind = gateway.type
         call_ids = CallIdRenamer()
@@ -1432,8 +1433,7 @@ class HistoryView:
         new = _Run(self._pinned, run.pinned, self._evicted, self._generation, call_ids)
         writer = body_writer(gateway) if run.body is not None else None
         first = run.item_ends[dropped - 1] - run.origin
-        # The body writer reads every kept item; else only the turns that need it are decoded.
-        natives = run.natives(first, len(run.items)) if writer is not None else None
+        natives = run.natives(first, len(run.items))
         segments: list[tuple[Sequence[NativeContent], int, Sequence[bytes]]] = [
             (run.pinned.items, 0, run.pinned.encoded)
         ]
@@ -1441,23 +1441,19 @@ class HistoryView:
         for index in range(dropped, run.turns):
             stop = run.item_ends[index] - run.origin - first
             encoded: Sequence[bytes] = run.items[first + start : first + stop]
-            items = natives[start:stop] if natives is not None else None
+            items = natives[start:stop]
             calls = run.calls[index]
             renamed: list[NativeContent] | None = None
             if isinstance(calls, _CallLog):
                 ids = call_ids.replay(calls.events)
                 if ids != calls.ids:
-                    if items is None:
-                        items = run.natives(first + start, first + stop)
                     renamed = restore_call_ids(kind, items, ids)
                     calls = _CallLog(calls.events, ids)
             else:
-                if items is None:
-                    items = run.natives(first + start, first + stop)
                 source = items if calls is None else restore_call_ids(kind, items, calls)
                 renamed, events, ids = record_renames(kind, source, call_ids)
                 calls = _CallLog(events, ids) if events else _NO_CALLS
-            if renamed is not None and items is not None:
+            if renamed is not None:
                 changed = [
                     kept if new_item is item or new_item == item else encode_item(new_item)
                     for new_item, item, kept in zip(renamed, items, encoded, strict=True)
@@ -1473,8 +1469,7 @@ class HistoryView:
                 bool(run.turn_carried[index]),
                 calls,
             )
-            if items is not None:
-                segments.append((items, new.first_tag + index - dropped, encoded))
+            segments.append((items, new.first_tag + index - dropped, encoded))
             start = stop
         if writer is not None:
             new.body = BodyRun.of(writer, segments)
