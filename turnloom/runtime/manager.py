@@ -496,16 +496,14 @@ class ContextManager:
         oldest first) is rendered and appended; the prefix, including its
         runtime-state pair, is reused as is and never refreshed. Calls without
         a result are handled by the ``open_calls`` policy; a result whose call
-        is not before it in the continuation (the prefix ends at the turn's
-        input: the turn's own calls are in the continuation) is left out,
-        never sent alone, so pass the model's call message with its results.
-        A continuation call reusing a call id of the prefix or of an earlier
-        continuation call is renamed, with its results, by the rule of
+        is not before it in the continuation (the turn's own calls are there,
+        not in the prefix) is left out, never sent alone. A continuation call
+        reusing a call id of the prefix or of an earlier continuation call is
+        renamed, with its results, by the rule of
         :mod:`turnloom.context.callids`, continued from the prefix, so the
         items hold each call id once. Cost: O(continuation), plus reading
-        ``prefix.items`` (its earlier turns are decoded from the history's
-        encoded bytes on the prefix's first read, only those the context's
-        previous prefix did not decode; then a C-speed copy).
+        ``prefix.items`` (decoded on its first read: see
+        :class:`PreparedContext`) and a C-speed copy.
 
         Returns:
             tuple of NativeContent, oldest first; shared with caches (the
