@@ -26,8 +26,9 @@ no part names), as a ratio to the JSON bytes:
 * natives: native items cached for turns not yet closed; ``shared str`` is
   the part of their deep size that is strings the messages hold (not
   counted again);
-* call ids: the call-id renaming states (the run's and the body writer's)
-  and the ids the run's renamed turns had before renaming;
+* call ids: the call-id renaming states (the run's and the body writer's),
+  the ids the run's renamed turns had before renaming and the call-id
+  events recorded for turns renamed anew after an eviction;
 * run index: the run's lists and arrays of references, offsets and counts;
 
 and the cyclic garbage collector's tracked objects (``len(gc.get_objects())``
@@ -155,7 +156,8 @@ def breakdown(history: TurnHistory, committed: int) -> dict[str, int]:
     if body is not None:
         body_extra, _ = _deep([*body._chunks], seen)
         renamers.append(body._writer.renamer)
-    call_ids = _deep([run.originals], seen)[0]  # the ids renamed turns had before
+    # The ids renamed turns had before, and the call-id events of turns renamed anew.
+    call_ids = _deep([run.calls], seen)[0]
     for renamer in renamers:
         for layers in (renamer._seen, renamer._counters):
             call_ids += _deep([layers._top, *layers._frozen], seen)[0]

@@ -18,7 +18,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.context.test_history import SYSTEM, _op, apply_op, assistant, call, result, user
-from turnloom.context import GatewayType, Message, NativeContent, get_gateway
+from turnloom.context import (
+    GatewayType,
+    Message,
+    NativeContent,
+    Role,
+    ToolCallPart,
+    complete_pairs,
+    get_gateway,
+)
 from turnloom.context.body import BodyRun, body_writer
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway
@@ -208,3 +216,56 @@ def test_a_cut_before_responses_ordered_by_a_dropped_call_turn_is_refused() -> N
             ]
         )
     )
+
+
+def _cold_items(gateway: Gateway, history: TurnHistory, turn_id: str) -> list[NativeContent]:
+    """The oracle: the retained history paired as one input, rendered without any
+    cache, call ids made unique over the whole list."""
+    messages = complete_pairs(list(history.view().input_messages(turn_id)))
+    return rename_call_ids(gateway.type, [i for m in messages for i in gateway.render(m)])
+
+
+# One turn of a history that reuses a few call ids: per round the ids called
+# (from 3, so ids recur across turns) and whether their results come (mostly:
+# a round without results leaves its calls open, which makes later turns
+# render anew rather than be renamed).
+_evicting_turn = st.lists(
+    st.tuples(
+        st.lists(st.integers(0, 2), min_size=1, max_size=2, unique=True),
+        st.integers(0, 5).map(bool),
+    ),
+    min_size=1,
+    max_size=2,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(_evicting_turn, min_size=6, max_size=20),
+    st.integers(1, 5),
+    st.sampled_from(list(GatewayType)),
+)
+def test_eviction_renames_the_kept_turns_as_a_cold_render_would(
+    turns: list[list[tuple[list[int], bool]]], max_turns: int, kind: GatewayType
+) -> None:
+    """Invariant: on histories that reuse call ids and evict at every turn, so the kept
+    turns are renamed anew many times over (first from their items, then from their
+    recorded call-id events), every render of the newest turn equals a cold render of
+    the retained history, and its cached body is exactly the encoded request body."""
+    gateway = get_gateway(kind)
+    history = TurnHistory(HistoryLimits(max_turns=max_turns))
+    history.commit("t0", [user("u0")], instructions=[SYSTEM])
+    history.view().render(gateway, "t0")
+    for number, rounds in enumerate(turns, 1):
+        turn_id = f"t{number}"
+        history.commit(turn_id, [user(f"u{number}")])
+        history.evict()
+        rendered = history.view().render(gateway, turn_id)
+        assert list(rendered.items) == _cold_items(gateway, history, turn_id)
+        assert_body_is_exact(gateway, rendered, number)
+        for ids, answered in rounds:
+            parts = tuple(ToolCallPart(call_id=f"c{i}", name="f", arguments="{}") for i in ids)
+            history.record(turn_id, [Message(role=Role.assistant, content=parts)])
+            if answered:
+                history.record(turn_id, [result(f"c{i}", f"r{number}") for i in ids])
+        history.record(turn_id, [assistant(f"a{number}")])

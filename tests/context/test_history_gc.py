@@ -140,16 +140,22 @@ def test_held_history_adds_no_tracked_objects_per_message(tau_bench_path: Path) 
     assert counts[0] == counts[1]
 
 
-def _tracked_reachable(root: object) -> int:
+def _tracked_reachable(root: object, *others: object) -> int:
     """How many tracked objects are reachable from ``root`` through tracked objects,
     counting what untracked bookkeeping refers to (walked through ``_bookkeeping``)."""
+    return _visited(root, *others)[0]
+
+
+def _visited(root: object, *others: object) -> tuple[int, int]:
+    """The tracked objects reachable from ``root`` (and ``others``) through tracked
+    objects, and how many references they hold (what a full collection visits)."""
     assert isinstance(root, TurnHistory)
     seen: set[int] = set()
-    stack: list[Any] = [root, *_bookkeeping(root)]
+    stack: list[Any] = [root, *others, *_bookkeeping(root)]
     for turn in root._turns:
         for entry in (*turn.input, *turn.outputs):
             stack.extend((entry.native, entry.encoded))
-    tracked = 0
+    tracked = references = 0
     while stack:
         node = stack.pop()
         if id(node) in seen:
@@ -157,11 +163,44 @@ def _tracked_reachable(root: object) -> int:
         seen.add(id(node))
         if gc.is_tracked(node):
             tracked += 1
+            referents = gc.get_referents(node)
+            references += len(referents)
             # Do not follow the shared gateway singletons and classes.
-            stack.extend(
-                r for r in gc.get_referents(node) if not isinstance(r, type | Gateway | str)
-            )
-    return tracked
+            stack.extend(r for r in referents if not isinstance(r, type | Gateway | str))
+    return tracked, references
+
+
+@cpython_only
+@pytest.mark.parametrize("max_turns", [10_000, 3])
+def test_a_full_collection_visits_no_reference_per_message(
+    tau_bench_path: Path, max_turns: int
+) -> None:
+    """Invariant: the tracked objects a rendered history and its newest render hold
+    (the run's item list, the render's item tuple, call-id sets, the encoded body)
+    hold as many references with 50 trajectories as with 5, kept whole or evicting
+    (kept turns renamed anew), so a full collection's pause does not grow with them."""
+    trajectories, errors = load_trajectories(tau_bench_path)
+    assert errors == []
+    visited = []
+    for count in (5, 50):
+        limits = HistoryLimits(max_turns=max_turns, max_items=100_000, max_bytes=1 << 30)
+        history = TurnHistory(limits)
+        ids = turn_ids()
+        for trajectory in trajectories[:count]:
+            messages = [CHAT.parse(native) for native in trajectory.messages]
+            for step in walk(messages, ids=ids):
+                if isinstance(step, Turn):
+                    history.commit(step.turn_id, [step.input], instructions=step.instructions)
+                    history.evict()
+                    rendered = history.view().render(CHAT, step.turn_id)
+                else:
+                    history.record(step.turn_id, [step.message])
+        assert rendered.body is not None
+        history.view()  # the history caches its view either way
+        gc.collect()
+        visited.append(_visited(history, rendered))
+        del history, rendered
+    assert visited[0] == visited[1]
 
 
 def test_cached_renders_equal_fresh_renders_for_every_gateway_and_policy(

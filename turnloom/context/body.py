@@ -40,11 +40,12 @@ __all__ = (
 )
 
 import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
 
+from turnloom.context._untrack import untrack_container
 from turnloom.context.callids import CallIdRenamer
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.items import exact_bytes
@@ -322,6 +323,9 @@ class BodyRun:
         self._opens = bytearray()
         self._counts = array.array("q")
         self._chunks: list[bytes] = []  # one per body item, in body order
+        # Only ever holds bytes, so it can be in no cycle: out of the cyclic
+        # collector, a full collection visits no reference per body item.
+        untrack_container(self._chunks)
         self._recent: tuple[bytes, ...] = ()  # the last segment's encodings (when given)
 
     def append(
@@ -336,12 +340,39 @@ class BodyRun:
                 a body item encoded to equal bytes shares that object.
         """
         writer = self._writer.copy()
+        self._feed(writer, items, tag, encoded)
+        self._writer = writer
+
+    @classmethod
+    def of(
+        cls,
+        writer: BodyWriter,
+        segments: Iterable[tuple[Sequence[NativeContent], int, Sequence[bytes]]],
+    ) -> BodyRun:
+        """A run of ``segments`` (items, tag, encodings) fed in order to ``writer`` (taken).
+
+        The same as :meth:`append` of each segment to a run of a fresh
+        ``writer``, with the one writer changed in place instead of copied
+        per segment.
+        """
+        run = cls(writer)
+        for items, tag, encoded in segments:
+            run._feed(writer, items, tag, encoded)
+        return run
+
+    def _feed(
+        self,
+        writer: BodyWriter,
+        items: Sequence[NativeContent],
+        tag: int,
+        encoded: Sequence[bytes],
+    ) -> None:
+        """:meth:`append` with ``writer`` (this run's, changed in place)."""
         out: list[NativeContent] = []
         marks: list[tuple[int, int]] = []
         writer.marks = marks
         writer.feed(items, out, tag)
         writer.marks = None
-        self._writer = writer
         tags, reach, opens, counts = self._tags, self._reach, self._opens, self._counts
         if not tags or tags[-1] != tag:
             tags.append(tag)

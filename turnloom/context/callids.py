@@ -37,8 +37,10 @@ only here. :func:`rename_call_ids` applies it to a whole item list;
 from __future__ import annotations
 
 __all__ = (
+    "CallEvent",
     "CallIdRenamer",
     "Rewriter",
+    "record_renames",
     "register_rewriter",
     "rename_call_ids",
     "reported_call_ids",
@@ -47,9 +49,18 @@ __all__ = (
 
 from collections.abc import Callable, Sequence
 
+from turnloom.context._untrack import untrack_container
 from turnloom.context.gateway import GatewayType, NativeContent
 
 _MISSING: object = object()
+
+CallEvent = tuple[str, str] | str | None
+"""What a rewriter reported to a renamer, in order: ``(call_id, base)`` for a
+call (``base`` the id after the provider's ``fix``), a result's ``call_id``, or
+None where a call group ended. The events of an item list depend only on the
+items, never on the renamer's state, so replaying them
+(:meth:`CallIdRenamer.replay`) from any state gives the ids a renaming of the
+items from that state gives."""
 
 
 class _Layers:
@@ -68,9 +79,12 @@ class _Layers:
     __slots__ = ("_frozen", "_top")
 
     def __init__(self, frozen: list[dict[str, object]] | None = None) -> None:
-        # Replaced, never changed in place (copies share it). A list, not a
-        # tuple: one tracked object for the collector however many layers.
+        # Replaced, never changed in place (copies share it). It holds only
+        # dicts of str to str, int, True or None (which CPython leaves
+        # untracked), so it can be in no cycle: untracked, a full collection
+        # visits none of its references however many layers.
         self._frozen: list[dict[str, object]] = [] if frozen is None else frozen
+        untrack_container(self._frozen)
         self._top: dict[str, object] = {}
 
     def get(self, key: str) -> object:
@@ -165,10 +179,12 @@ class CallIdRenamer:
             fix: the provider's id rule, when it has one: maps an id to one
                 it accepts (the same string when it already does).
         """
+        return self._call(call_id, call_id if fix is None else fix(call_id))
+
+    def _call(self, call_id: str, base: str) -> str:
         if self._in_results:
             self._group = {}
             self._in_results = False
-        base = call_id if fix is None else fix(call_id)
         new_id = base
         seen = self._seen
         if seen.get(base) is not None:
@@ -206,6 +222,24 @@ class CallIdRenamer:
         """The current call group ends (an input message, text after the results)."""
         self._group = {}
         self._in_results = False
+
+    def replay(self, events: Sequence[CallEvent]) -> tuple[str, ...]:
+        """Apply recorded events (see :func:`record_renames`); the ids they are sent with.
+
+        Advances this state exactly as renaming the recorded items from it
+        would, and returns the id of each call and result, in order (what
+        :func:`restore_call_ids` writes into the items), without visiting
+        the items. Costs O(events).
+        """
+        ids: list[str] = []
+        for event in events:
+            if event is None:
+                self.end_group()
+            elif type(event) is str:
+                ids.append(self.result(event))
+            else:
+                ids.append(self._call(*event))
+        return tuple(ids)
 
     def forget(self, dropped: CallIdRenamer) -> bool:
         """Remove the ids that ``dropped`` saw: items left out at the request's front.
@@ -292,6 +326,45 @@ class _Recorder(CallIdRenamer):
         pass
 
 
+class _Recording(CallIdRenamer):
+    """Renames from a given state (shared, then settled back), recording events and ids."""
+
+    __slots__ = ("events", "ids")
+
+    def __init__(self, state: CallIdRenamer) -> None:
+        super().__init__()
+        self._seen = state._seen
+        self._counters = state._counters
+        self._group = state._group
+        self._in_results = state._in_results
+        self.renamed = state.renamed
+        self.events: list[CallEvent] = []
+        self.ids: list[str] = []
+
+    def call(self, call_id: str, fix: Callable[[str], str] | None = None) -> str:
+        base = call_id if fix is None else fix(call_id)
+        self.events.append((call_id, base))
+        new_id = self._call(call_id, base)
+        self.ids.append(new_id)
+        return new_id
+
+    def result(self, call_id: str) -> str:
+        self.events.append(call_id)
+        new_id = super().result(call_id)
+        self.ids.append(new_id)
+        return new_id
+
+    def end_group(self) -> None:
+        self.events.append(None)
+        super().end_group()
+
+    def settle(self, state: CallIdRenamer) -> None:
+        """Write the state back into ``state`` (its layers are shared, changed in place)."""
+        state._group = self._group
+        state._in_results = self._in_results
+        state.renamed = self.renamed
+
+
 class _Replayer(CallIdRenamer):
     """Answers each id a rewriter reports with the next of ``ids``, in order."""
 
@@ -326,16 +399,34 @@ def reported_call_ids(kind: GatewayType, items: Sequence[NativeContent]) -> tupl
     return tuple(recorder.ids)
 
 
+def record_renames(
+    kind: GatewayType, items: Sequence[NativeContent], renamer: CallIdRenamer
+) -> tuple[list[NativeContent], tuple[CallEvent, ...], tuple[str, ...]]:
+    """:func:`rename_call_ids` from ``renamer`` (advanced), recording what it did.
+
+    Returns:
+        the renamed items (as :func:`rename_call_ids`), the events the
+        gateway's rewriter reported (replay them with
+        :meth:`CallIdRenamer.replay` to rename the same items from another
+        state without visiting them), and the id each call and result got.
+    """
+    recording = _Recording(renamer)
+    out = rename_call_ids(kind, items, recording)
+    recording.settle(renamer)
+    return out, tuple(recording.events), tuple(recording.ids)
+
+
 def restore_call_ids(
     kind: GatewayType, items: Sequence[NativeContent], ids: Sequence[str]
 ) -> list[NativeContent]:
-    """``items`` (renamed) with the ids :func:`reported_call_ids` gave before renaming.
+    """``items`` with ``ids`` written where the rewriter finds a call or result id, in order.
 
-    ``ids`` is ``reported_call_ids(kind, originals)`` for the items these
-    were renamed from (same items, ids aside): each is written back where
-    the rewriter finds a call or result id, in order, so the result equals
-    the originals. Items are never modified; an item whose ids are already
-    those is returned as it is.
+    ``ids`` is either ``reported_call_ids(kind, originals)`` for the items
+    these were renamed from (same items, ids aside), so the result equals
+    the originals, or what :meth:`CallIdRenamer.replay` returned for the
+    items' recorded events, so the result equals renaming the originals
+    from the state replayed. Items are never modified; an item whose ids
+    are already those is returned as it is.
     """
     rewrite = _REWRITERS.get(kind)
     if rewrite is None:

@@ -46,9 +46,11 @@ prefix while only appends happen. The turns rendered per prepare and the
 turn's input continue from the run's state (:attr:`RenderedHistory.call_ids`).
 Eviction forgets the evicted items' ids; when a rename of a kept item
 depended on an evicted item (the evicted turn held the first use of a reused
-id), the kept items rename differently and the run is rebuilt from the
-messages and their cached encodings (O(kept items), once per such
-eviction), so it always equals a render of the kept history.
+id), the kept items rename differently and are renamed anew after the
+pinned instructions: a turn replays the call-id events recorded for it
+the first time (O(its calls)), only items whose ids change are encoded
+again, and the encoded body is rebuilt in one pass over the kept items,
+so the run always equals a render of the kept history.
 
 Thread safety: mutate a :class:`TurnHistory` from one thread (the event loop).
 Views are immutable and may be rendered from any number of worker threads at
@@ -60,9 +62,9 @@ privately, without filling the caches.
 Garbage-collector cost: neither the per-message and per-turn bookkeeping
 nor (on CPython) the cached native items of open turns are tracked by
 Python's cyclic collector (see the comment above ``_Entry`` and
-:func:`_untrack_json`), and the run holds bytes, so a held history adds a
-few tracked objects per history, none per message, to what a full
-collection visits.
+:func:`~turnloom.context._untrack.untrack_json`), and the run holds bytes
+in untracked lists, so a held history adds a few tracked objects per
+history, and no reference per message, to what a full collection visits.
 """
 
 from __future__ import annotations
@@ -88,15 +90,19 @@ from collections.abc import Sequence
 
 import msgspec
 
+from turnloom.context._untrack import GC_UNTRACK as _GC_UNTRACK
+from turnloom.context._untrack import untrack_container, untrack_json
 from turnloom.context.body import BodyRun, EncodedBody, body_writer
 from turnloom.context.callids import (
+    CallEvent,
     CallIdRenamer,
+    record_renames,
     rename_call_ids,
     reported_call_ids,
     restore_call_ids,
 )
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.items import _GC_UNTRACK, NativeItems, _untrack_json, encode_item
+from turnloom.context.items import NativeItems, encode_item
 from turnloom.context.message import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Message,
@@ -424,7 +430,7 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
             if self.more is None:
                 self.more = {}
             pair = (native, encoded)
-            _untrack_json(pair)  # as ``rendered`` does
+            untrack_json(pair)  # as ``rendered`` does
             self.more[slot] = pair
 
     def rendered(self, gateway: Gateway, slot: int, store: bool = True) -> tuple[_Native, _Encoded]:
@@ -449,14 +455,14 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
             native, encoded = _render_message(self.message, gateway)
         if store:
             if slot == 0:
-                _untrack_json(native)
+                untrack_json(native)
                 self.encoded = encoded
                 self.native = native
             else:
                 if more is None:
                     more = self.more = {}  # a racing thread at worst loses one cached value
                 pair = (native, encoded)
-                _untrack_json(pair)  # the pair holds a dict, so CPython would keep it tracked
+                untrack_json(pair)  # the pair holds a dict, so CPython would keep it tracked
                 more[slot] = pair
         return native, encoded
 
@@ -487,6 +493,20 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
                 more[slot] = (None, encoded)
 
 
+class _CallLog(msgspec.Struct, gc=False, eq=False):
+    """A run turn's call-id events and the ids its items are sent with (in event order).
+
+    See :func:`~turnloom.context.callids.record_renames`: replaying
+    ``events`` from a renaming state gives the ids a renaming of the turn's
+    original items from that state gives, without visiting the items.
+    """
+
+    events: tuple[CallEvent, ...]
+    ids: tuple[str, ...]
+
+
+_NO_CALLS = _CallLog((), ())  # a turn without calls or results (shared)
+
 _SpanKey = tuple[tuple[tuple[str, str], ...], tuple[str, ...] | None]
 """What a turn's render depends on besides its messages: the calls carried into
 it (id, name) and, for a span that does not end the input, the ids of its open
@@ -509,6 +529,9 @@ class _Rendered(msgspec.Struct, gc=False, eq=False):
 
 
 _CacheKey = tuple[Gateway, str]
+
+_Chunks = Sequence[bytes]
+"""Encoded items, one JSON ``bytes`` per item."""
 
 
 def _span_key(
@@ -629,8 +652,8 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
             self.more[(slot, whole)] = rendered
         return rendered
 
-    def release(self, slots: tuple[int, int], kept: _Rendered) -> None:
-        """Drop this turn's native renders: it joined a run, which holds ``kept`` encoded.
+    def release(self, slots: tuple[int, int], kept: _Chunks) -> None:
+        """Drop this turn's native renders: it joined a run, which holds ``kept`` (its items).
 
         Its cached whole and input renders (key slot ``slots[1]``) go, and
         each message's native items for gateway slot ``slots[0]``; a
@@ -642,7 +665,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         elif self.more is not None:
             self.more.pop((key_slot, True), None)
             self.more.pop((key_slot, False), None)
-        held = set(map(id, kept.encoded))
+        held = set(map(id, kept))
         for entry in self.entries(True):
             entry.release(gateway_slot, held)
 
@@ -657,10 +680,13 @@ class _Run:
     items and bytes, in running coordinates that begin at ``origin`` and
     ``base`` and are never rebased, so dropping turns at the front is a
     C-speed delete), ``turn_tokens``, ``turn_carried`` (1 when calls of
-    an earlier turn were carried into it) and ``originals`` (for a turn
-    the run renamed, the call ids its items had before, as
-    :func:`~turnloom.context.callids.reported_call_ids` lists them; else
-    None); ``last`` is the newest turn in the run. ``origin`` counts the
+    an earlier turn were carried into it) and ``calls``: a :class:`_CallLog`
+    once the turn was renamed anew (its call-id events and the ids its
+    items are sent with), else, for a turn the run renamed, the call ids
+    its items had before, as
+    :func:`~turnloom.context.callids.reported_call_ids` lists them, else
+    None (its items carry their own ids). ``last`` is the newest turn in
+    the run. ``origin`` counts the
     items dropped at the front since ``epoch`` (an object made per run)
     began, so renders of the same run can tell shared items apart
     (:class:`~turnloom.context.items.NativeItems`). ``call_ids`` and
@@ -675,6 +701,7 @@ class _Run:
         "body",
         "byte_ends",
         "call_ids",
+        "calls",
         "carry",
         "epoch",
         "evicted",
@@ -684,7 +711,6 @@ class _Run:
         "items",
         "last",
         "origin",
-        "originals",
         "pinned",
         "pinned_entries",
         "tokens",
@@ -703,6 +729,9 @@ class _Run:
         self.pinned_entries = pinned_entries
         self.pinned = pinned
         self.items: list[bytes] = []
+        # Bytes only, so in no cycle: out of the cyclic collector, so a full
+        # collection visits no reference per item.
+        untrack_container(self.items)
         self.item_ends = array.array("q")
         self.byte_ends = array.array("q")
         self.base = 0
@@ -710,7 +739,8 @@ class _Run:
         self.epoch = object()
         self.turn_tokens = array.array("q")
         self.turn_carried = bytearray()
-        self.originals: list[tuple[str, ...] | None] = []
+        self.calls: list[_CallLog | tuple[str, ...] | None] = []
+        untrack_container(self.calls)  # str tuples and untracked structs only
         self.tokens = pinned.tokens
         self.last: _Turn | None = None
         self.evicted = evicted
@@ -735,27 +765,31 @@ class _Run:
         rendered: _Rendered,
         renamed: _Rendered,
         carried: bool,
-        originals: tuple[str, ...] | None = None,
     ) -> None:
-        """Append one closed turn: ``renamed`` is ``rendered`` with the run's call ids.
-
-        ``originals``: ``reported_call_ids`` of ``rendered``'s items, when known.
-        """
-        self.items.extend(renamed.encoded)
-        items_at = self.item_ends[-1] if self.item_ends else self.origin
-        bytes_at = self.byte_ends[-1] if self.byte_ends else self.base
-        self.item_ends.append(items_at + len(renamed.encoded))
-        self.byte_ends.append(bytes_at + renamed.bytes)
-        self.turn_tokens.append(renamed.tokens)
-        self.turn_carried.append(1 if carried else 0)
-        if renamed is rendered:
-            originals = None
-        elif originals is None:
-            originals = reported_call_ids(gateway.type, rendered.items)
-        self.originals.append(originals)
-        self.tokens += renamed.tokens
+        """Append one closed turn: ``renamed`` is ``rendered`` with the run's call ids."""
+        calls = None if renamed is rendered else reported_call_ids(gateway.type, rendered.items)
+        self.add(renamed.encoded, renamed.bytes, renamed.tokens, carried, calls)
         if self.body is not None:
             self.body.append(renamed.items, self.first_tag + self.turns - 1, renamed.encoded)
+
+    def add(
+        self,
+        encoded: Sequence[bytes],
+        size: int,
+        tokens: int,
+        carried: bool,
+        calls: _CallLog | tuple[str, ...] | None,
+    ) -> None:
+        """Append one closed turn's encoded items (``size`` bytes in all); not to the body."""
+        self.items.extend(encoded)
+        items_at = self.item_ends[-1] if self.item_ends else self.origin
+        bytes_at = self.byte_ends[-1] if self.byte_ends else self.base
+        self.item_ends.append(items_at + len(encoded))
+        self.byte_ends.append(bytes_at + size)
+        self.turn_tokens.append(tokens)
+        self.turn_carried.append(1 if carried else 0)
+        self.calls.append(calls)
+        self.tokens += tokens
 
     def natives(self, start: int, stop: int) -> list[NativeContent]:
         """``items[start:stop]`` decoded (O(their bytes))."""
@@ -846,14 +880,12 @@ def _render_entries(
     return _Rendered(rendered, tuple(encoded), sum(map(len, encoded)), tokens, key, lead)
 
 
-def _renamed(
-    rendered: _Rendered, gateway: Gateway, call_ids: CallIdRenamer, untrack: bool = True
-) -> _Rendered:
+def _renamed(rendered: _Rendered, gateway: Gateway, call_ids: CallIdRenamer) -> _Rendered:
     """``rendered`` with call ids renamed by ``call_ids`` (advanced past it).
 
     Returns ``rendered`` itself when no id changed; else a new ``_Rendered``
-    whose changed items are new objects, encoded and (``untrack``) untracked
-    like any cached item.
+    whose changed items are new objects, encoded and untracked like any
+    cached item.
     """
     items = rename_call_ids(gateway.type, rendered.items, call_ids)
     if all(new is old for new, old in zip(items, rendered.items, strict=True)):
@@ -863,8 +895,7 @@ def _renamed(
         for new, old, kept in zip(items, rendered.items, rendered.encoded, strict=True)
     )
     out = tuple(items)
-    if untrack:
-        _untrack_json(out)
+    untrack_json(out)
     # Tokens are those of the messages as recorded: renaming is a wire detail.
     total = sum(map(len, encoded))
     return _Rendered(out, encoded, total, rendered.tokens, rendered.key, rendered.lead)
@@ -891,7 +922,9 @@ def _join(parts: Sequence[_Rendered]) -> _Rendered:
         items.extend(part.items)
         encoded.extend(part.encoded)
     total = sum(p.bytes for p in parts)
-    return _Rendered(tuple(items), tuple(encoded), total, sum(p.tokens for p in parts))
+    out = tuple(items)
+    untrack_container(out)  # untracked native items only (CPython keeps such a tuple tracked)
+    return _Rendered(out, tuple(encoded), total, sum(p.tokens for p in parts))
 
 
 class _Plan:
@@ -987,18 +1020,18 @@ def _plan(
 def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Encoded]:
     """Render one message: a lone item and its JSON encoding bare, else tuples.
 
-    Each item is untracked (see :func:`_untrack_json`) once the JSON encoder
-    has encoded it (which sizes it; the encoding is kept).
+    Each item is untracked (see :func:`~turnloom.context._untrack.untrack_json`)
+    once the JSON encoder has encoded it (which sizes it; the encoding is kept).
     """
     items = gateway.render(message)
     if len(items) == 1:
         item = items[0]
         encoded = encode_item(item)
-        _untrack_json(item)
+        untrack_json(item)
         return item, encoded
     encodings = tuple(map(encode_item, items))
     native = tuple(items)
-    _untrack_json(native)
+    untrack_json(native)
     return native, encodings
 
 
@@ -1344,7 +1377,7 @@ class HistoryView:
             if not run.call_ids.forget(evicted_ids):
                 # A rename of a kept item depended on an evicted one: a render
                 # of the kept turns alone renames differently, so their call
-                # ids are renamed anew (O(kept items), once).
+                # ids are renamed anew (see _renamed_anew).
                 return self._renamed_anew(run, dropped, closed, gateway, slots)
             first_kept = run.first_tag + dropped
             if run.body is not None and not run.body.drop(first_kept, evicted_ids):
@@ -1363,7 +1396,7 @@ class HistoryView:
             del run.byte_ends[:dropped]
             del run.turn_tokens[:dropped]
             del run.turn_carried[:dropped]
-            del run.originals[:dropped]
+            del run.calls[:dropped]
             run.evicted = self._evicted
             if not kept:
                 run.carry = ()  # the calls it carried were evicted with their turn
@@ -1383,38 +1416,63 @@ class HistoryView:
         """A run of ``run``'s turns after the first ``dropped``, their call ids renamed anew.
 
         Only valid when the kept turns render as they did (the caller checked
-        that nothing but the evicted call ids changes them): each kept turn's
-        items as rendered are its items in the run, decoded, with the call
-        ids they had before the run renamed them written back (``originals``);
-        those are renamed from scratch after the pinned instructions, as a
-        cold render of the kept turns renames them. Costs O(kept items), with
-        no message rendered again.
+        that nothing but the evicted call ids changes them): each kept turn
+        is renamed from scratch after the pinned instructions, as a cold
+        render of the kept turns renames it. A turn with a :class:`_CallLog`
+        replays its call-id events (O(its calls), no pass over its items);
+        one renamed anew for the first time is decoded, the ids it had
+        before the run renamed it written back (``calls``), and renamed
+        while its events are recorded. Only the items whose ids change are
+        encoded again; the others keep their bytes objects. The kept items
+        are decoded once, for the body writer, and the encoded body is built
+        in one pass of it. No message is rendered again.
         """
+        kind = gateway.type
         call_ids = CallIdRenamer()
-        rename_call_ids(gateway.type, run.pinned.items, call_ids)  # renamed: unchanged
+        rename_call_ids(kind, run.pinned.items, call_ids)  # renamed: unchanged
         new = _Run(self._pinned, run.pinned, self._evicted, self._generation, call_ids)
-        new.body = _body_run(gateway, new)
+        writer = body_writer(gateway) if run.body is not None else None
         first = run.item_ends[dropped - 1] - run.origin
         natives = run.natives(first, len(run.items))
+        segments: list[tuple[Sequence[NativeContent], int, Sequence[bytes]]] = [
+            (run.pinned.items, 0, run.pinned.encoded)
+        ]
         start = 0
         for index in range(dropped, run.turns):
             stop = run.item_ends[index] - run.origin - first
+            encoded: Sequence[bytes] = run.items[first + start : first + stop]
             items = natives[start:stop]
-            encoded = run.items[first + start : first + stop]
-            originals = run.originals[index]
-            if originals is not None:
-                restored = restore_call_ids(gateway.type, items, originals)
-                encoded = [
-                    kept if new_item is item else encode_item(new_item)
-                    for new_item, item, kept in zip(restored, items, encoded, strict=True)
+            calls = run.calls[index]
+            renamed: list[NativeContent] | None = None
+            if isinstance(calls, _CallLog):
+                ids = call_ids.replay(calls.events)
+                if ids != calls.ids:
+                    renamed = restore_call_ids(kind, items, ids)
+                    calls = _CallLog(calls.events, ids)
+            else:
+                source = items if calls is None else restore_call_ids(kind, items, calls)
+                renamed, events, ids = record_renames(kind, source, call_ids)
+                calls = _CallLog(events, ids) if events else _NO_CALLS
+            if renamed is not None:
+                changed = [
+                    kept if new_item is item or new_item == item else encode_item(new_item)
+                    for new_item, item, kept in zip(renamed, items, encoded, strict=True)
                 ]
-                items = restored
-            total = sum(map(len, encoded))
-            rendered = _Rendered(tuple(items), tuple(encoded), total, run.turn_tokens[index])
-            renamed = _renamed(rendered, gateway, call_ids, untrack=False)  # not cached
-            new.join(gateway, rendered, renamed, bool(run.turn_carried[index]), originals)
-            closed[index - dropped].release(slots, renamed)
+                if any(a is not b for a, b in zip(changed, encoded, strict=True)):
+                    encoded = changed
+                    closed[index - dropped].release(slots, changed)
+                items = renamed
+            new.add(
+                encoded,
+                sum(map(len, encoded)),
+                run.turn_tokens[index],
+                bool(run.turn_carried[index]),
+                calls,
+            )
+            segments.append((items, new.first_tag + index - dropped, encoded))
             start = stop
+        if writer is not None:
+            new.body = BodyRun.of(writer, segments)
         if new.turns:
             new.last, new.carry = run.last, run.carry
         return new  # else no turn is kept: none is last, no call is carried
@@ -1439,7 +1497,7 @@ class HistoryView:
         joined = closed[reuse : reuse + plan.settled]
         for turn, rendered, renamed in zip(joined, plan.renders, renders, strict=False):
             run.join(gateway, rendered, renamed, bool(rendered.key[0]))
-            turn.release(slots, renamed)
+            turn.release(slots, renamed.encoded)
         run.last = joined[-1]
         run.carry = plan.carry
 
@@ -1452,15 +1510,16 @@ def _body_run(gateway: Gateway, run: _Run) -> BodyRun | None:
     writer = body_writer(gateway)
     if writer is None:
         return None
-    body = BodyRun(writer)
-    body.append(run.pinned.items, 0, run.pinned.encoded)
+    segments: list[tuple[Sequence[NativeContent], int, Sequence[bytes]]] = [
+        (run.pinned.items, 0, run.pinned.encoded)
+    ]
     natives = run.natives(0, len(run.items))
     start = 0
     for tag, end in enumerate(run.item_ends, run.first_tag):
         stop = end - run.origin
-        body.append(natives[start:stop], tag, run.items[start:stop])
+        segments.append((natives[start:stop], tag, run.items[start:stop]))
         start = stop
-    return body
+    return BodyRun.of(writer, segments)
 
 
 def _blank(message: Message) -> bool:
@@ -1632,6 +1691,7 @@ class TurnHistory:
         self._pinned_bytes = 0
         self._turns: tuple[_Turn, ...] = ()
         self._ids: set[str] = set()
+        untrack_container(self._ids)  # turn ids only: no cycle can pass through it
         self._generation = 0  # changes of a turn other than the newest
         self._items = 0
         self._bytes = 0
@@ -1642,6 +1702,7 @@ class TurnHistory:
         self._evicted_bytes = 0
         self._evicted_tokens = 0
         self._evicted_ids: OrderedDict[str, None] = OrderedDict()
+        untrack_container(self._evicted_ids)  # turn ids to None only: no cycle through it
         self._late_dropped = 0
         self._blank_dropped = 0
         self._duplicates = 0

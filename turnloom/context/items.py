@@ -17,15 +17,12 @@ from __future__ import annotations
 
 __all__ = ("NativeItems", "common_prefix", "encode_item", "exact_bytes")
 
-import ctypes
-import gc
-import sys
-import sysconfig
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
+from turnloom.context._untrack import untrack_json
 from turnloom.context.gateway import NativeContent
 
 _decode = msgspec.json.Decoder().decode
@@ -51,13 +48,13 @@ def _decode_run(encoded: Sequence[bytes]) -> list[NativeContent]:
     """Items decoded from their JSON encodings, untracked by the cyclic collector.
 
     Decoded items are kept as long as the prefixes that share them live:
-    untracked (see :func:`_untrack_json`), a held prefix adds no objects to
-    what a full collection visits.
+    untracked (see :func:`~turnloom.context._untrack.untrack_json`), a held
+    prefix adds no objects to what a full collection visits.
     """
     if not encoded:
         return []
     decoded: list[NativeContent] = _decode(b"".join((b"[", b",".join(encoded), b"]")))
-    _untrack_json(decoded)
+    untrack_json(decoded)
     return decoded
 
 
@@ -88,69 +85,6 @@ def common_prefix(new: Sequence[Any], old: Sequence[Any]) -> int:
     return lo
 
 
-def _gc_untrack() -> Callable[[int], None] | None:
-    """CPython's ``PyObject_GC_UnTrack``, taking an object's address (``id()``).
-
-    None outside CPython, or where the GIL is disabled (untracking is only
-    safe while the caller holds the GIL).
-    """
-    if sys.implementation.name != "cpython" or sysconfig.get_config_var("Py_GIL_DISABLED"):
-        return None
-    # An own prototype, so ctypes.pythonapi's shared function object is not changed.
-    prototype = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
-    return prototype(("PyObject_GC_UnTrack", ctypes.pythonapi))
-
-
-_GC_UNTRACK = _gc_untrack()
-_CONTAINERS = frozenset({dict, list, tuple})
-
-
-def _untrack_json(value: object) -> None:
-    """Untrack cached native items (a tuple of them, or one) from the cyclic GC.
-
-    An assistant item that calls tools is four containers (the item, its
-    ``tool_calls`` list, a dict per call holding a dict) that CPython keeps
-    tracked for as long as the render cache holds them, and a full collection
-    visits every one. Untracking them is safe: the item was just JSON-encoded,
-    so it is a finite tree of JSON values with no cycle, and the cache never
-    changes it (prepared items are documented read-only). CPython tracks a
-    dict again if a container is later stored in it; a list stays untracked,
-    so a caller who broke the read-only rule by putting a reference cycle
-    into one would leak that cycle, never crash. The tuples the caches keep
-    the items in are untracked too: CPython untracks a tuple only when it
-    holds no dict or list at all, tracked or not. Only exact dicts, lists and
-    tuples are untracked (``PyObject_GC_UnTrack`` must be given a GC object),
-    each while ``value`` keeps it alive, and nothing is done outside CPython
-    with the GIL. Costs about a microsecond per tracked container, once per
-    cached message; a plain text item is already untracked and costs a check.
-    """
-    untrack = _GC_UNTRACK
-    if untrack is None:
-        return
-    is_tracked = gc.is_tracked
-    stack = [value]
-    while stack:
-        node = stack.pop()
-        kind = type(node)
-        children: Iterable[object]
-        if kind is dict:
-            children = node.values()  # type: ignore[attr-defined]
-        elif kind is list or kind is tuple:
-            children = node  # type: ignore[assignment]
-        else:
-            continue
-        if not is_tracked(node):
-            # Untracked already: by an earlier pass, which untracked its
-            # containers too, or by CPython, which keeps a dict untracked only
-            # while it holds no list, dict or tracked tuple, and a tuple only
-            # when none it holds is tracked. Nothing below it needs untracking.
-            continue
-        untrack(id(node))
-        for child in children:
-            if type(child) in _CONTAINERS:
-                stack.append(child)
-
-
 class NativeItems:
     """Items of one model input, oldest first: natives, an encoded run, natives.
 
@@ -165,7 +99,7 @@ class NativeItems:
     run (:meth:`adopt`): the items they share are taken from it, not
     decoded again, so a host that reads every prefix's items decodes only
     what is new. Decoded items are untracked by the cyclic collector, as the
-    render cache's are (:func:`_untrack_json`), and shared with the object
+    render cache's are (:func:`~turnloom.context._untrack.untrack_json`), and shared with the object
     they were reused from: treat them as read-only.
 
     Thread safety: any thread may read one; :meth:`materialize` caches its

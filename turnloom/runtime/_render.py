@@ -19,6 +19,7 @@ import time
 
 import msgspec
 
+from turnloom.context._untrack import untrack_json
 from turnloom.context.body import EncodedBody
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
@@ -177,6 +178,9 @@ def render_preparation(
                 gateway.type, [*gateway.render(pair[0]), *gateway.render(pair[1])], call_ids
             )
         )
+        # Fresh JSON trees, read-only once prepared: out of the cyclic
+        # collector, so a held prefix adds no tracked containers.
+        untrack_json(extra)
         tokens += counter.count(pair)
         size = len(_encoder.encode(extra[-1]))
         if size > max_item_bytes:
