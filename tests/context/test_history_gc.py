@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import sys
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 
 from turnloom.context import GatewayType, Message, NativeContent, get_gateway
 from turnloom.context.gateway import Gateway
-from turnloom.context.history import HistoryLimits, TurnHistory
+from turnloom.context.history import HistoryLimits, RenderedHistory, TurnHistory
 from turnloom.tools.trajectories import load_trajectories
 from turnloom.tools.transcript import Turn, turn_ids, walk
 
@@ -29,17 +30,26 @@ cpython_only = pytest.mark.skipif(
 )
 
 
-def _history(tau_bench_path: Path, count: int) -> TurnHistory:
-    """The first ``count`` tau-bench trajectories as one history's turns."""
+def _history(
+    tau_bench_path: Path,
+    count: int,
+    *,
+    max_turns: int = 10_000,
+    on_commit: Callable[[TurnHistory, str], None] | None = None,
+) -> TurnHistory:
+    """The first ``count`` tau-bench trajectories as one history's turns;
+    ``on_commit(history, turn_id)`` runs after each commit."""
     trajectories, errors = load_trajectories(tau_bench_path)
     assert errors == []
-    history = TurnHistory(HistoryLimits(max_turns=10_000, max_items=100_000, max_bytes=1 << 30))
+    history = TurnHistory(HistoryLimits(max_turns=max_turns, max_items=100_000, max_bytes=1 << 30))
     ids = turn_ids()
     for trajectory in trajectories[:count]:
         messages = [CHAT.parse(native) for native in trajectory.messages]
         for step in walk(messages, ids=ids):
             if isinstance(step, Turn):
                 history.commit(step.turn_id, [step.input], instructions=step.instructions)
+                if on_commit is not None:
+                    on_commit(history, step.turn_id)
             else:
                 history.record(step.turn_id, [step.message])
     return history
@@ -179,22 +189,17 @@ def test_a_full_collection_visits_no_reference_per_message(
     (the run's item list, the render's item tuple, call-id sets, the encoded body)
     hold as many references with 50 trajectories as with 5, kept whole or evicting
     (kept turns renamed anew), so a full collection's pause does not grow with them."""
-    trajectories, errors = load_trajectories(tau_bench_path)
-    assert errors == []
     visited = []
+    renders: list[RenderedHistory] = []  # the newest turn's render
+
+    def evict_and_render(history: TurnHistory, turn_id: str) -> None:
+        history.evict()
+        renders[:] = [history.view().render(CHAT, turn_id)]
+
     for count in (5, 50):
-        limits = HistoryLimits(max_turns=max_turns, max_items=100_000, max_bytes=1 << 30)
-        history = TurnHistory(limits)
-        ids = turn_ids()
-        for trajectory in trajectories[:count]:
-            messages = [CHAT.parse(native) for native in trajectory.messages]
-            for step in walk(messages, ids=ids):
-                if isinstance(step, Turn):
-                    history.commit(step.turn_id, [step.input], instructions=step.instructions)
-                    history.evict()
-                    rendered = history.view().render(CHAT, step.turn_id)
-                else:
-                    history.record(step.turn_id, [step.message])
+        history = _history(tau_bench_path, count, max_turns=max_turns, on_commit=evict_and_render)
+        (rendered,) = renders
+        renders.clear()
         assert rendered.body is not None
         history.view()  # the history caches its view either way
         gc.collect()

@@ -12,6 +12,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.context.test_history import plain_common_length
 from turnloom.context.items import NativeItems, common_prefix, encode_item
 
 _json = st.recursive(
@@ -20,15 +21,6 @@ _json = st.recursive(
     max_leaves=4,
 )
 _item = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]), "v": _json})
-
-
-def _plain_common(a: tuple[object, ...], b: tuple[object, ...]) -> int:
-    count = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        count += 1
-    return count
 
 
 def _split(
@@ -84,8 +76,8 @@ def test_native_items_read_as_the_plain_tuple(
     else:
         right = _split(b, cut_b, object(), 0)
     assert [left.item(i) for i in range(len(a))] == a
-    assert left.common_length(right) == _plain_common(tuple(a), tuple(b))
-    assert right.common_length(left) == _plain_common(tuple(b), tuple(a))
+    assert left.common_length(right) == plain_common_length(tuple(a), tuple(b))
+    assert right.common_length(left) == plain_common_length(tuple(b), tuple(a))
     assert left.materialize() == tuple(a)
     right.adopt(left)
     assert right.materialize() == tuple(b)
