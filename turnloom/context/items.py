@@ -99,8 +99,8 @@ class NativeItems:
     run (:meth:`adopt`): the items they share are taken from it, not
     decoded again, so a host that reads every prefix's items decodes only
     what is new. Decoded items are untracked by the cyclic collector, as the
-    render cache's are (:func:`~turnloom.context._untrack.untrack_json`), and shared with the object
-    they were reused from: treat them as read-only.
+    render cache's are, and shared with the object they were reused from:
+    treat them as read-only.
 
     Thread safety: any thread may read one; :meth:`materialize` caches its
     result by one assignment (a racing call at worst decodes twice).
