@@ -297,7 +297,10 @@ class EncodedBody:
         head = _encode({**header, writer.field: []})
         # msgspec writes dict keys in insertion order with no whitespace, so the
         # body ends with the empty item list and the closing brace: b"[]}".
-        chunks = [*self._lead, *self._chunks]
+        held = self._chunks
+        chunks = held.tolist() if isinstance(held, EncodedSpan) else list(held)
+        if self._lead:
+            chunks[:0] = self._lead
         chunks.extend(map(_encode, out))
         return _splice(head[:-2], chunks, members)
 
