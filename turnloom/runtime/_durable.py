@@ -202,6 +202,7 @@ class Durability:
         Raises:
             LeaseHeldError: another owner holds the lease.
             StoreRecordError: a stored record does not decode or apply.
+            HostCallbackError: the token counter failed while the log was replayed.
             StoreUnavailableError: the store cannot be reached.
         """
         check_id(context_id, "context id")

@@ -29,7 +29,7 @@ from turnloom.context.memory import (
     memory_payload,
 )
 from turnloom.context.message import Message, Role, TextPart, ToolCallPart, ToolResultPart
-from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
+from turnloom.context.tokens import ApproxTokenCounter, TokenCounter, count_tokens
 from turnloom.errors import (
     InputError,
     InvalidMessageError,
@@ -63,7 +63,7 @@ def _scope_line(scope: TenantScope | None) -> str:
 
 
 def _tokens(counter: TokenCounter, prompt: str) -> int:
-    return counter.count([Message(role=Role.system, content=prompt)])
+    return count_tokens(counter, [Message(role=Role.system, content=prompt)])
 
 
 async def _recall(

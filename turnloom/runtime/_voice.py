@@ -72,7 +72,7 @@ class Voice:
             StateError, FoundationClosedError, UnknownContextError,
             UnknownTurnError, InvalidTextError, DuplicateIdError,
             ItemTooLargeError, ProviderRuleError, NotClaimedError,
-            StaleLeaseError: as ``manager.record``.
+            StaleLeaseError, HostCallbackError: as ``manager.record``.
         """
         self._life.check_recording()
         self._table.get(context_id)
