@@ -563,9 +563,11 @@ class ContextManager:
 
         Raises:
             InvalidArgumentError: ``fields`` is not a str-keyed mapping of JSON
-                data, or sets a field the body writes (the gateway's
-                ``items_field``, or its instructions field: ``system``,
-                ``systemInstruction`` or ``system_instruction``, ``instructions``).
+                data (a NaN or infinite float at any depth included: JSON has
+                none, and it would be sent as ``null``), or sets a field the
+                body writes (the gateway's ``items_field``, or its
+                instructions field: ``system``, ``systemInstruction`` or
+                ``system_instruction``, ``instructions``).
             FoundationClosedError, InvalidMessageError, InvalidTextError,
             InstructionMessageError, DuplicateIdError, ProviderRuleError,
             TurnTooLargeError: as :meth:`build`, for the same reasons.
