@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+import typing
 from collections.abc import Mapping, Sequence
 
 import anyio
@@ -404,7 +405,7 @@ async def test_changes_of_many_contexts_go_to_the_store_in_one_batch(store_url: 
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        ({"store": 42}, "store must be a ContextStore, not a int"),
+        ({"store": 42}, "^store must be a ContextStore, not an object of type int\\.$"),
         ({"store": "sqlite:x.db"}, "open it with"),
         ({"store": MEMORY, "lease_ttl": 0}, "lease_ttl"),
         ({"store": MEMORY, "lease_ttl": math.inf}, "lease_ttl"),
@@ -415,6 +416,12 @@ async def test_changes_of_many_contexts_go_to_the_store_in_one_batch(store_url: 
 def test_store_options_are_checked_at_the_door(options: dict[str, object], match: str) -> None:
     with pytest.raises(InputError, match=match):
         Foundation(**options)  # type: ignore[arg-type]
+
+
+def test_the_store_annotation_says_what_the_door_takes() -> None:
+    """A URL string is refused (the runtime never opens stores): the type says so too."""
+    for owner in (Foundation.__init__, ContextManager.__init__):
+        assert typing.get_type_hints(owner)["store"] == ContextStore | None
 
 
 class SlowLoadStore(CountingStore):

@@ -357,8 +357,8 @@ class Preparer:
             )
             if not isinstance(result, AssembledContext):
                 raise StateError(
-                    f"The assembly strategy {excerpt(strategy.name)} returned a "
-                    f"{type(result).__name__}, not an AssembledContext."
+                    f"The assembly strategy {excerpt(strategy.name)} returned an object of "
+                    f"type {type(result).__name__}, not an AssembledContext."
                 )
         except BaseException as exc:
             if state.assembly is record:

@@ -88,13 +88,14 @@ async def _recall(
         entries = tuple(found)[:top_k]
     except TypeError:
         raise MemoryStoreError(
-            f"The memory source returned a {type(found).__name__}, not a sequence of entries."
+            f"The memory source returned an object of type {type(found).__name__}, not a "
+            "sequence of entries."
         ) from None
     for i, entry in enumerate(entries):
         if not isinstance(entry, MemoryEntry):
             raise MemoryStoreError(
-                f"The memory source returned a {type(entry).__name__} at position {i}, "
-                "not a MemoryEntry."
+                f"The memory source returned an object of type {type(entry).__name__} at "
+                f"position {i}, not a MemoryEntry."
             )
     return entries
 

@@ -148,7 +148,7 @@ class Foundation:
         memory: MemorySource | None = None,
         strategy_options: StrategyOptions | None = None,
         max_tenant_preparations: int | None = None,
-        store: str | ContextStore | None = None,
+        store: ContextStore | None = None,
         lease_ttl: float = DEFAULT_LEASE_TTL,
         idle_after: float = DEFAULT_IDLE_AFTER,
         owner: str | None = None,
