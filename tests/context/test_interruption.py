@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from turnloom.context import Message, Role, TextPart, ToolCallPart, played_prefix
-from turnloom.context.message import check_message
+from turnloom.context.message import Part, check_message
 
 THUMBS_UP_MEDIUM = "\U0001f44d\U0001f3fd"  # thumbs up + Fitzpatrick type-4 modifier
 E_ACUTE = "e\u0301"  # e + combining acute accent
@@ -52,7 +52,7 @@ def test_the_kept_text_is_the_code_point_prefix_and_stays_valid(
     texts: list[str], played: int
 ) -> None:
     call = ToolCallPart(call_id="k", name="f", arguments="{}")
-    parts = [TextPart(text=texts[0]), call, *(TextPart(text=t) for t in texts[1:])]
+    parts: list[Part] = [TextPart(text=texts[0]), call, *(TextPart(text=t) for t in texts[1:])]
     output = Message(role=Role.assistant, content=tuple(parts))
     cut = played_prefix(output, played)
     whole = "".join(texts)
