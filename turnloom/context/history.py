@@ -122,7 +122,7 @@ from turnloom.context.pairing import (
     complete_pairs,
 )
 from turnloom.context.scope import ContextScope, scope_indices
-from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
+from turnloom.context.tokens import ApproxTokenCounter, TokenCounter, count_tokens
 from turnloom.errors import (
     DuplicateIdError,
     InputError,
@@ -864,7 +864,7 @@ def _render_entries(
             tokens += entry.tokens
         else:
             native, native_encoded = _render_message(message, gateway)
-            tokens += counter.count((message,))
+            tokens += count_tokens(counter, (message,))
         if type(native) is tuple:
             items.extend(native)
             encoded.extend(native_encoded)  # type: ignore[arg-type]
@@ -1151,6 +1151,8 @@ class HistoryView:
         Raises:
             UnknownTurnError: the view holds no turn ``turn_id``.
             ProviderRuleError: the gateway rejects a message's content.
+            HostCallbackError: the token counter failed on a message the
+                pairing made (a cancelled result).
         """
         turns = self._turns
         position = len(turns) - 1
@@ -1252,6 +1254,8 @@ class HistoryView:
             PositionalScopeError: a scope without ``indices`` asked a
                 positional scope's ``matches``.
             ProviderRuleError: the gateway rejects a message's content.
+            HostCallbackError: the token counter failed on a message the
+                pairing made (a cancelled result).
         """
         position = self._position(turn_id)
         turns = self._turns[:position]
@@ -1627,7 +1631,11 @@ class TurnHistory:
             recorded; ``max_tokens``, the statistics and every rendered
             ``tokens`` use that count (:class:`ApproxTokenCounter` by default).
             It must count a list as the sum of its messages, as the built-in
-            counters do.
+            counters do. Each answer is checked where it is taken
+            (:func:`~turnloom.context.tokens.count_tokens`): a counter that
+            raises or returns anything but an int in ``[0, MAX_TOKEN_COUNT]``
+            fails the commit, record or render with
+            :class:`~turnloom.errors.HostCallbackError`, nothing changed.
 
     Raises:
         InputError: ``remember_evicted`` is negative.
@@ -1943,8 +1951,8 @@ class TurnHistory:
     ) -> tuple[tuple[_Entry, ...], tuple[int, ...]]:
         """The batch checked (:meth:`check_batch`) as entries, and each one's size."""
         sizes = self.check_batch(messages, where, turn_id=turn_id, pinned=pinned)
-        count = self._shared.counter.count
-        entries = tuple(_Entry(m, count((m,))) for m in messages)
+        counter = self._shared.counter
+        entries = tuple(_Entry(m, count_tokens(counter, (m,))) for m in messages)
         checked, older = self._checked
         self._checked = (_UNCHECKED, older)  # consumed: the batch's messages are held now
         _, _, renders, gateway = checked
@@ -1988,6 +1996,8 @@ class TurnHistory:
             DuplicateIdError: ``turn_id`` is kept or was evicted (or retracted)
                 recently, or an input message has the id of a held message.
             OutOfOrderTurnError: ``sequence`` is not greater than the previous one.
+            HostCallbackError: the token counter raised or returned a count
+                that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing changed.
         """
         check_id(turn_id, "turn id")
         if self.has_turn(turn_id) or turn_id in self._evicted_ids:
@@ -2128,6 +2138,9 @@ class TurnHistory:
                 nothing was recorded.
             TurnTooLargeError: the turn would hold more than ``max_items``
                 messages or ``max_bytes`` bytes; nothing was recorded.
+            HostCallbackError: the token counter raised or returned a count
+                that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing was
+                recorded.
         """
         position = -1
         for i in range(len(self._turns) - 1, -1, -1):
@@ -2220,10 +2233,12 @@ class TurnHistory:
             InvalidTextError: text that is not valid UTF-8; nothing changed.
             ItemTooLargeError: one message is over the per-item byte cap;
                 nothing changed.
+            HostCallbackError: the token counter raised or returned a count
+                that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing changed.
         """
         reject_instructions(messages, "state", f"Turn {excerpt(turn_id)} state")
         cap = self._limits.max_item_bytes
-        count = self._shared.counter.count
+        counter = self._shared.counter
         entries: list[_Entry] = []
         state_bytes = 0
         for i, message in enumerate(messages):
@@ -2240,7 +2255,7 @@ class TurnHistory:
                     f"{label} has id {excerpt(message.id)}; kept state messages carry no id.",
                     field="id",
                 )
-            entries.append(_Entry(message, count((message,))))
+            entries.append(_Entry(message, count_tokens(counter, (message,))))
             state_bytes += size
         position = len(self._turns) - 1
         while position >= 0 and self._turns[position].turn_id != turn_id:
