@@ -372,8 +372,18 @@ async def test_hydrate_context_rejects_host_mistakes() -> None:
         prefix = await manager.prepare(
             ContextPrepareRequest(context_id="c", turn_id="t1", tenant=ACME)
         )
-        with pytest.raises(InvalidMessageError, match="'lookup'"):
+        with pytest.raises(InvalidMessageError) as caught:
             await manager.assembly.hydrate_context(prefix, _call("{}", name="lookup"))
+        assert str(caught.value) == (
+            "hydrate_context answers a ToolCallPart named 'hydrate_context', not one named "
+            "'lookup'."
+        )
+        with pytest.raises(InvalidMessageError) as caught:
+            await manager.assembly.hydrate_context(prefix, {"name": "hydrate_context"})  # type: ignore[arg-type]
+        assert str(caught.value) == (
+            "hydrate_context answers a ToolCallPart named 'hydrate_context', not an object of "
+            "type dict."
+        )
         forged = msgspec.structs.replace(prefix, assembled=None)
         with pytest.raises(InvalidMessageError, match="not prepared by this manager"):
             await manager.assembly.hydrate_context(forged, _call('{"query": "a"}'))

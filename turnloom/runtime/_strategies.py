@@ -260,9 +260,14 @@ class JITStrategy(_StrategyBase):
             As the memory source's search; nothing is changed.
         """
         if not isinstance(call, ToolCallPart) or call.name != HYDRATE_TOOL_NAME:
+            given = (
+                f"one named {excerpt(call.name)}"
+                if isinstance(call, ToolCallPart)
+                else what_type(call)
+            )
             raise InvalidMessageError(
                 f"hydrate_context answers a ToolCallPart named {excerpt(HYDRATE_TOOL_NAME)}, not "
-                f"{excerpt(getattr(call, 'name', type(call).__name__))}.",
+                f"{given}.",
                 field="call",
             )
         problem, query, top_k = self._arguments(call.arguments)
