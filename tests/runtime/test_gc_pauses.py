@@ -145,10 +145,9 @@ async def test_a_held_context_adds_a_fixed_number_of_tracked_objects() -> None:
         # CPython untracks a tuple of atoms lazily, in the first collection
         # that sees it: count what a full collection would visit.
         gc.collect()
-        contexts = manager._table.contexts  # noqa: SLF001
+        contexts = manager._table.contexts
         own = [
-            len(_reach([contexts[f"session-{n}"], held[f"session-{n}"]], shared))
-            for n in range(4)
+            len(_reach([contexts[f"session-{n}"], held[f"session-{n}"]], shared)) for n in range(4)
         ]
         items = [contexts[f"session-{n}"].history.held_items for n in range(4)]
     assert items == [45] * 4  # 45 messages held, 17 tracked objects: none per message
