@@ -91,7 +91,7 @@ from collections.abc import Sequence
 import msgspec
 
 from turnloom.context._untrack import GC_UNTRACK as _GC_UNTRACK
-from turnloom.context._untrack import untrack_container, untrack_json
+from turnloom.context._untrack import untrack_atoms, untrack_container, untrack_json
 from turnloom.context.body import BodyRun, EncodedBody, body_writer
 from turnloom.context.callids import (
     CallEvent,
@@ -249,6 +249,18 @@ class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
     evicted_tokens: int = 0
 
 
+def _ends(copied: array.array[int] | None = None) -> array.array[int]:
+    """A new array of int64 offsets (a copy of ``copied``), out of the cyclic collector.
+
+    An array holds machine numbers only, so it can be in no cycle (see
+    :func:`~turnloom.context._untrack.untrack_atoms`); a history and every
+    render keep a few for as long as they live.
+    """
+    out = array.array("q") if copied is None else copied[:]
+    untrack_atoms(out)
+    return out
+
+
 class RenderedHistory:
     """The native items of a history up to and including one turn's input.
 
@@ -316,8 +328,8 @@ class RenderedHistory:
         else:
             # C-speed copies of the run's references and per-turn offsets.
             self._run = tuple(run.items)
-            self._item_ends = run.item_ends[:]
-            self._byte_ends = run.byte_ends[:]
+            self._item_ends = _ends(run.item_ends)
+            self._byte_ends = _ends(run.byte_ends)
             self._origin, self._base, epoch = run.origin, run.base, run.epoch
         self.native_items = NativeItems(pinned.items, self._run, tail.items, epoch, self._origin)
         self.item_count = len(pinned.items) + len(self._run) + len(tail.items)
@@ -732,12 +744,12 @@ class _Run:
         # Bytes only, so in no cycle: out of the cyclic collector, so a full
         # collection visits no reference per item.
         untrack_container(self.items)
-        self.item_ends = array.array("q")
-        self.byte_ends = array.array("q")
+        self.item_ends = _ends()
+        self.byte_ends = _ends()
         self.base = 0
         self.origin = 0
         self.epoch = object()
-        self.turn_tokens = array.array("q")
+        self.turn_tokens = _ends()
         self.turn_carried = bytearray()
         self.calls: list[_CallLog | tuple[str, ...] | None] = []
         untrack_container(self.calls)  # str tuples and untracked structs only
