@@ -13,9 +13,11 @@ Limits count turns, items (neutral messages), bytes (the JSON encoding of
 each message, see :func:`~turnloom.context.check_message`) and, optionally,
 tokens (each message counted once, when it enters, by the history's
 :class:`~turnloom.context.TokenCounter`). Eviction drops
-whole turns, oldest first, and never the newest turn; pinned instructions are
-neither evicted nor counted. A per-item byte cap rejects one oversized message
-before anything changes.
+whole turns, oldest first, and never the newest turn; a turn whose input
+answers tool calls of the turn before it leaves only together with that turn
+(see :class:`TurnHistory`). Pinned instructions are neither evicted nor
+counted. A per-item byte cap rejects one oversized message before anything
+changes.
 
 Rendering is incremental. A view (:meth:`TurnHistory.view`) is an immutable
 snapshot taken in O(1), so the event loop does no work proportional to the
@@ -1643,15 +1645,32 @@ class TurnHistory:
     whether they answer it; until then it is rendered with each prepare
     rather than cached in the shared run.
 
-    Eviction and calls. Eviction drops whole turns and the limits stay hard:
-    no turn is kept beyond them to hold a call for its result. A call is
-    evicted with its turn, whether its result is still expected or already
-    arrived as a later turn's input; that result is then left out of every
-    render (never sent without its call), as a call without its result is.
-    A result that arrives after its call's turn was evicted is dropped too:
-    recorded to the evicted turn it is counted in ``dropped_late_outputs``,
-    given as turn input it is left out. Hosts whose tool results arrive as
-    turn input should allow at least two turns.
+    Eviction and calls. Eviction never separates a turn's input from the
+    calls it answers: a turn whose input holds results of calls made before it
+    (an approval) is *tied* to the turn before it, and eviction drops the
+    oldest turn together with the turns tied to it, oldest first. The limits
+    stay hard: eviction may drop more turns than a limit alone asks for,
+    never keep more. The newest turn is never evicted, so the newest turn and
+    the turns it is tied to must fit every limit together: a commit whose
+    input would tie turns over ``max_turns``, ``max_items``, ``max_bytes`` or
+    ``max_tokens``, or a record that would make them hold more than
+    ``max_items`` or ``max_bytes``, is refused with
+    :class:`~turnloom.errors.PairedTurnsTooLargeError` before anything
+    changes (``max_tokens`` is not checked on records, as for a single turn:
+    tied turns over it are kept until a turn that is not tied to them
+    arrives). A chain of approvals (each turn answering the calls of the one
+    before) is tied end to end and ends at a turn whose input answers
+    nothing, such as plain user text. So no render holds a result without its
+    call, and no turn's input loses results to eviction: without this rule a
+    newest turn made only of results would render no input at all, which
+    Anthropic and Gemini refuse. Source: seed 004 (whole-turn history
+    ownership; incomplete tool-call/output pairs are excluded from the next
+    model input); every provider's rule that a result follows its call.
+
+    Calls still open when their turn is evicted are evicted with it; results
+    given as turn input can answer only calls of the newest turn (or of turns
+    tied to it), which are never evicted. A result recorded to a turn after
+    that turn was evicted is dropped and counted in ``dropped_late_outputs``.
 
     Args:
         limits: the bounds; see :class:`HistoryLimits`.
@@ -1854,7 +1873,11 @@ class TurnHistory:
         )
 
     def over_limits(self) -> bool:
-        """True when the kept turns exceed a limit and more than one turn is kept."""
+        """True when the kept turns exceed a limit and more than one turn is kept.
+
+        :meth:`evict` may still evict nothing: the newest turn and the turns
+        tied to it are never evicted.
+        """
         limits = self._limits
         return len(self._turns) > 1 and (
             len(self._turns) > limits.max_turns
@@ -1896,6 +1919,9 @@ class TurnHistory:
         become when committed or recorded next (:meth:`rendered_items`
         counts them).
 
+        A record to a turn tied to the newest turn (see :class:`TurnHistory`)
+        counts the tied turns together, as eviction keeps them.
+
         Args:
             messages: the batch, oldest first.
             where: how error messages name it (``"turn 't1' input"``).
@@ -1905,7 +1931,9 @@ class TurnHistory:
 
         Raises:
             TurnTooLargeError: the turn would hold more than ``max_items``
-                messages or ``max_bytes`` bytes.
+                messages or ``max_bytes`` bytes
+                (:class:`~turnloom.errors.PairedTurnsTooLargeError`: the turns
+                tied with it would).
             ItemTooLargeError: one message is over the per-item byte cap.
             InvalidMessageError, InvalidTextError, DuplicateIdError: a
                 malformed message.
@@ -2128,6 +2156,11 @@ class TurnHistory:
             ItemTooLargeError: one message is over the per-item byte cap.
             TurnTooLargeError: the input is over ``max_items`` or ``max_bytes``,
                 or the instructions over ``max_items`` (checked first).
+            PairedTurnsTooLargeError: the input answers tool calls of the
+                newest turn (or of turns tied to it), and those turns with
+                this one would be over ``max_turns``, ``max_items``,
+                ``max_bytes`` or ``max_tokens`` (a subclass of
+                ``TurnTooLargeError``; ``unit`` names the limit).
             DuplicateIdError: ``turn_id`` is kept or was evicted (or retracted)
                 recently, or an input message has the id of a held message.
             OutOfOrderTurnError: ``sequence`` is not greater than the previous one.
@@ -2275,6 +2308,9 @@ class TurnHistory:
                 nothing was recorded.
             TurnTooLargeError: the turn would hold more than ``max_items``
                 messages or ``max_bytes`` bytes; nothing was recorded.
+                :class:`~turnloom.errors.PairedTurnsTooLargeError` when the
+                turn is tied to the newest turn (see the class docstring) and
+                the tied turns together would.
         """
         position = -1
         for i in range(len(self._turns) - 1, -1, -1):
@@ -2415,9 +2451,14 @@ class TurnHistory:
     def evict(self) -> tuple[str, ...]:
         """Drop whole turns, oldest first, until every limit holds.
 
-        The newest turn is never evicted, so a single turn larger than a limit
-        is kept alone. Pinned instructions are never evicted, and never
-        counted against a limit.
+        A turn leaves together with the later turns tied to it (their input
+        answers its calls; see the class docstring), so eviction may drop more
+        than a limit alone asks for. The newest turn, and the turns it is tied
+        to, are never evicted: they are kept alone when over a limit
+        (``max_tokens`` only: the other limits refuse them at the door).
+        Pinned instructions are never evicted, and never counted against a
+        limit. O(evicted turns), plus the turns tied to the newest when they
+        stop it.
 
         Returns:
             the ids of the evicted turns, oldest first.
