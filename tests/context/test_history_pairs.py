@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.context.test_history import cold_render
@@ -281,6 +281,10 @@ def _apply(history: TurnHistory, kind: str, n: int, step: int) -> None:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_limits, st.lists(_flow_op, min_size=1, max_size=40))
+@example(HistoryLimits(max_turns=2), [("ask", 0), ("user", 0)])
+@example(HistoryLimits(max_items=3), [("ask", 0), ("text", 0)])
+@example(HistoryLimits(max_bytes=400), [("ask", 1), ("text", 3), ("user", 0)])
+@example(HistoryLimits(max_tokens=40), [("ask", 0), ("user", 3), ("ask", 1)])
 def test_every_prepared_input_of_an_approval_flow_is_valid_and_strands_no_result(
     limits: HistoryLimits, ops: list[tuple[str, int]]
 ) -> None:
