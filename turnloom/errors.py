@@ -13,6 +13,9 @@ The subclasses are grouped by how a caller reacts:
   (unknown context or turn, a turn evicted, an invocation already in flight).
 * :class:`AreaCallbackError` -- a caller-supplied Context Area raised; the
   CoopContext and its Context were left as they were before the call.
+* :class:`HostCallbackError` -- a callback the host supplied (a token
+  counter, a clock) raised or returned a value turnloom cannot use; nothing
+  was changed. Fix the callback.
 * :class:`MemoryStoreError` -- a memory source failed (a missing database,
   SQLite failing, malformed results); the store was not changed. Retry, or
   serve the turn without memory.
@@ -42,6 +45,7 @@ __all__ = (
     "DuplicateAreaError",
     "DuplicateIdError",
     "FrozenValueError",
+    "HostCallbackError",
     "InputError",
     "InstructionMessageError",
     "InvalidAreaError",
@@ -369,6 +373,25 @@ class AreaCallbackError(TurnloomError):
         super().__init__(message)
         self.area = area
         self.phase = phase
+
+
+class HostCallbackError(TurnloomError):
+    """A callback the host supplied raised, or returned a value turnloom cannot use.
+
+    The callbacks are a token counter's ``count`` (it must return an int in
+    ``[0, MAX_TOKEN_COUNT]``, see :func:`turnloom.context.tokens.count_tokens`)
+    and the Foundation's ``clock``. Raised where the callback's answer is
+    taken, before anything changed: the commit, record or preparation that
+    asked left every state as it was. An exception the callback raised is the
+    ``__cause__`` (a :class:`TurnloomError` it raised passes unchanged).
+
+    Attributes:
+        callback: which callback failed: ``"token_counter"`` or ``"clock"``.
+    """
+
+    def __init__(self, message: str, *, callback: str) -> None:
+        super().__init__(message)
+        self.callback = callback
 
 
 class OpenToolCallError(StateError):

@@ -615,8 +615,11 @@ async def test_malformed_entries_from_a_source_are_a_store_error() -> None:
     async with Foundation(strategy="stratified", memory=MalformedMemory()) as foundation:
         manager = foundation.manager
         _turn(manager, "t1", "x")
-        with pytest.raises(MemoryStoreError, match="a dict at position 1"):
+        with pytest.raises(MemoryStoreError) as caught:
             await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1", tenant=ACME))
+        assert str(caught.value) == (
+            "The memory source returned an object of type dict at position 1, not a MemoryEntry."
+        )
 
 
 # -- borrowed sources -------------------------------------------------------------------
@@ -750,8 +753,11 @@ async def test_a_source_returning_no_sequence_is_a_store_error() -> None:
     async with Foundation(strategy="stratified", memory=NotASequenceMemory()) as foundation:
         manager = foundation.manager
         _turn(manager, "t1", "x")
-        with pytest.raises(MemoryStoreError, match="returned a int, not a sequence"):
+        with pytest.raises(MemoryStoreError) as caught:
             await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1", tenant=ACME))
+        assert str(caught.value) == (
+            "The memory source returned an object of type int, not a sequence of entries."
+        )
 
 
 @pytest.mark.parametrize("kind", list(GatewayType))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+import typing
 from collections.abc import Mapping, Sequence
 
 import anyio
@@ -36,6 +37,7 @@ from turnloom.runtime import (
     PreparedContext,
     StoreStatistics,
     TurnSnapshot,
+    _durable,
 )
 from turnloom.runtime._contexts import ContextTable
 from turnloom.runtime._counters import Counters
@@ -175,6 +177,45 @@ async def test_a_stale_owner_is_refused_by_the_store_and_told_with_a_typed_error
     async with hosting(store_url) as third:
         await third.manager.leases.claim("c")
         assert third.manager.history("c").turn_ids == ("t0", "t1", "t2")
+
+
+async def test_the_lost_map_stays_bounded_across_claim_lose_release_cycles(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Invariant: a manager remembers at most ``_LOST_REMEMBERED`` lost contexts.
+
+    Each cycle claims a new context, loses it (the store refuses its write)
+    and never takes it back: the newest losses stay refused as stale, older
+    ones read as not claimed, a reclaim forgets the loss and the close empties
+    the map.
+    """
+    monkeypatch.setattr(_durable, "_LOST_REMEMBERED", 2)
+    async with hosting(store_url, owner="host-a", lease_ttl=30) as host:
+        manager = host.manager
+        durable = manager.leases._durable
+        assert durable is not None
+        sizes = []
+        for i in range(5):
+            await manager.leases.claim(f"c{i}")
+            manager.accept_turn(snapshot(f"c{i}", "t1", "hi"))
+            await manager.leases.flush()
+            expire_lease(store_url, f"c{i}")
+            async with hosting(store_url, owner="host-b", lease_ttl=30) as other:
+                await other.manager.leases.claim(f"c{i}")
+            manager.accept_turn(snapshot(f"c{i}", "t2", "from a stale host"))
+            with pytest.raises(StaleLeaseError):
+                await manager.leases.flush(f"c{i}")
+            sizes.append(len(durable._lost))
+        assert sizes == [1, 2, 2, 2, 2]
+        assert list(durable._lost) == ["c3", "c4"]
+        with pytest.raises(StaleLeaseError):
+            manager.accept_turn(snapshot("c4", "t3", "again"))
+        with pytest.raises(NotClaimedError):
+            manager.accept_turn(snapshot("c0", "t3", "again"))
+        expire_lease(store_url, "c4")
+        assert await manager.leases.claim("c4") is True  # released by host B's close
+        assert list(durable._lost) == ["c3"]
+    assert len(durable._lost) == 0
 
 
 async def test_closing_writes_what_is_queued_and_releases_the_leases(store_url: str) -> None:
@@ -404,7 +445,7 @@ async def test_changes_of_many_contexts_go_to_the_store_in_one_batch(store_url: 
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        ({"store": 42}, "store must be a ContextStore, not a int"),
+        ({"store": 42}, "^store must be a ContextStore, not an object of type int\\.$"),
         ({"store": "sqlite:x.db"}, "open it with"),
         ({"store": MEMORY, "lease_ttl": 0}, "lease_ttl"),
         ({"store": MEMORY, "lease_ttl": math.inf}, "lease_ttl"),
@@ -415,6 +456,12 @@ async def test_changes_of_many_contexts_go_to_the_store_in_one_batch(store_url: 
 def test_store_options_are_checked_at_the_door(options: dict[str, object], match: str) -> None:
     with pytest.raises(InputError, match=match):
         Foundation(**options)  # type: ignore[arg-type]
+
+
+def test_the_store_annotation_says_what_the_door_takes() -> None:
+    """A URL string is refused (the runtime never opens stores): the type says so too."""
+    for owner in (Foundation.__init__, ContextManager.__init__):
+        assert typing.get_type_hints(owner)["store"] == ContextStore | None
 
 
 class SlowLoadStore(CountingStore):

@@ -720,7 +720,7 @@ class CoopContext:
                 result = _call(entry, "render", entry.area.render)
                 if not isinstance(result, list | tuple):
                     raise AreaCallbackError(
-                        f"Context Area {entry.describe()} render() returned a "
+                        f"Context Area {entry.describe()} render() returned an object of type "
                         f"{type(result).__name__}, not a list of Message.",
                         area=entry.area,
                         phase="render",
@@ -865,8 +865,8 @@ def _as_flow(value: object) -> AreaFlowState | None:
 def _checked_messages(entry: _Registration, phase: str, result: object) -> tuple[Message, ...]:
     if not isinstance(result, tuple | list):
         raise AreaCallbackError(
-            f"Context Area {entry.describe()} {phase}() returned a "
-            f"{type(result).__name__}, not a tuple of Message.",
+            f"Context Area {entry.describe()} {phase}() returned an object of type "
+            f"{type(result).__name__}, not a tuple or list of Message.",
             area=entry.area,
             phase=phase,
         )

@@ -124,7 +124,7 @@ from turnloom.context.pairing import (
     complete_pairs,
 )
 from turnloom.context.scope import ContextScope, scope_indices
-from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
+from turnloom.context.tokens import ApproxTokenCounter, TokenCounter, count_tokens
 from turnloom.errors import (
     DuplicateIdError,
     InputError,
@@ -867,7 +867,7 @@ def _render_entries(
             tokens += entry.tokens
         else:
             native, native_encoded = _render_message(message, gateway)
-            tokens += counter.count((message,))
+            tokens += count_tokens(counter, (message,))
         if type(native) is tuple:
             items.extend(native)
             encoded.extend(native_encoded)  # type: ignore[arg-type]
@@ -1154,6 +1154,8 @@ class HistoryView:
         Raises:
             UnknownTurnError: the view holds no turn ``turn_id``.
             ProviderRuleError: the gateway rejects a message's content.
+            HostCallbackError: the token counter failed on a message the
+                pairing made (a cancelled result).
         """
         turns = self._turns
         position = len(turns) - 1
@@ -1255,6 +1257,8 @@ class HistoryView:
             PositionalScopeError: a scope without ``indices`` asked a
                 positional scope's ``matches``.
             ProviderRuleError: the gateway rejects a message's content.
+            HostCallbackError: the token counter failed on a message the
+                pairing made (a cancelled result).
         """
         position = self._position(turn_id)
         turns = self._turns[:position]
@@ -1681,7 +1685,11 @@ class TurnHistory:
             recorded; ``max_tokens``, the statistics and every rendered
             ``tokens`` use that count (:class:`ApproxTokenCounter` by default).
             It must count a list as the sum of its messages, as the built-in
-            counters do.
+            counters do. Each answer is checked where it is taken
+            (:func:`~turnloom.context.tokens.count_tokens`): a counter that
+            raises or returns anything but an int in ``[0, MAX_TOKEN_COUNT]``
+            fails the commit, record or render with
+            :class:`~turnloom.errors.HostCallbackError`, nothing changed.
 
     Raises:
         InputError: ``remember_evicted`` is negative.
@@ -2025,8 +2033,8 @@ class TurnHistory:
     ) -> tuple[tuple[_Entry, ...], tuple[int, ...]]:
         """The batch checked (:meth:`check_batch`) as entries, and each one's size."""
         sizes = self.check_batch(messages, where, turn_id=turn_id, pinned=pinned)
-        count = self._shared.counter.count
-        entries = tuple(_Entry(m, count((m,))) for m in messages)
+        counter = self._shared.counter
+        entries = tuple(_Entry(m, count_tokens(counter, (m,))) for m in messages)
         checked, older = self._checked
         self._checked = (_UNCHECKED, older)  # consumed: the batch's messages are held now
         _, _, renders, gateway = checked
@@ -2164,6 +2172,8 @@ class TurnHistory:
             DuplicateIdError: ``turn_id`` is kept or was evicted (or retracted)
                 recently, or an input message has the id of a held message.
             OutOfOrderTurnError: ``sequence`` is not greater than the previous one.
+            HostCallbackError: the token counter raised or returned a count
+                that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing changed.
         """
         check_id(turn_id, "turn id")
         if self.has_turn(turn_id) or turn_id in self._evicted_ids:
@@ -2311,6 +2321,9 @@ class TurnHistory:
                 :class:`~turnloom.errors.PairedTurnsTooLargeError` when the
                 turn is tied to the newest turn (see the class docstring) and
                 the tied turns together would.
+            HostCallbackError: the token counter raised or returned a count
+                that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing was
+                recorded.
         """
         position = -1
         for i in range(len(self._turns) - 1, -1, -1):
@@ -2406,10 +2419,12 @@ class TurnHistory:
             InvalidTextError: text that is not valid UTF-8; nothing changed.
             ItemTooLargeError: one message is over the per-item byte cap;
                 nothing changed.
+            HostCallbackError: the token counter raised or returned a count
+                that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing changed.
         """
         reject_instructions(messages, "state", f"Turn {excerpt(turn_id)} state")
         cap = self._limits.max_item_bytes
-        count = self._shared.counter.count
+        counter = self._shared.counter
         entries: list[_Entry] = []
         state_bytes = 0
         for i, message in enumerate(messages):
@@ -2426,7 +2441,7 @@ class TurnHistory:
                     f"{label} has id {excerpt(message.id)}; kept state messages carry no id.",
                     field="id",
                 )
-            entries.append(_Entry(message, count((message,))))
+            entries.append(_Entry(message, count_tokens(counter, (message,))))
             state_bytes += size
         position = len(self._turns) - 1
         while position >= 0 and self._turns[position].turn_id != turn_id:

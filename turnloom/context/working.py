@@ -57,7 +57,7 @@ from turnloom.context.message import (
     check_message,
 )
 from turnloom.context.scope import ContextScope, check_scope, scope_indices
-from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
+from turnloom.context.tokens import ApproxTokenCounter, TokenCounter, count_tokens
 from turnloom.errors import FrozenValueError, InvalidArgumentError, excerpt
 
 T = TypeVar("T")
@@ -814,13 +814,23 @@ class WorkingContext:
         return len(self.prefix.as_messages()) + len(self.messages)
 
     def tokens(self) -> int:
-        """The tokens of :meth:`assembled`, by the configured counter."""
+        """The tokens of :meth:`assembled`, by the configured counter.
+
+        Raises:
+            HostCallbackError: the counter raised or returned a count that is
+                not an int in ``[0, MAX_TOKEN_COUNT]``
+                (:func:`~turnloom.context.tokens.count_tokens`).
+        """
         # Synchronous (the seed's is awaitable): counters here are local and
         # pure, and this layer must run in a worker thread without a loop.
-        return self.token_counter.count(self.assembled())
+        return count_tokens(self.token_counter, self.assembled())
 
     def headroom(self) -> int | None:
-        """``limit`` minus :meth:`tokens` (negative when over); ``None`` without a limit."""
+        """``limit`` minus :meth:`tokens` (negative when over); ``None`` without a limit.
+
+        Raises:
+            HostCallbackError: as :meth:`tokens`.
+        """
         if self.limit is None:
             return None
         return self.limit - self.tokens()

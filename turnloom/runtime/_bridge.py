@@ -138,7 +138,7 @@ class Bridge:
             StateError, FoundationClosedError, UnknownContextError,
             UnknownTurnError, InvalidMessageError, InvalidTextError,
             ItemTooLargeError, ProviderRuleError, NotClaimedError,
-            StaleLeaseError: as ``manager.record``; with ``call_id``,
+            StaleLeaseError, HostCallbackError: as ``manager.record``; with ``call_id``,
             UnknownTurnError also when the turn is no longer held.
             InvalidArgumentError: ``result`` is not a WorkingContext,
                 FrozenContext or string, or has no assistant text;

@@ -290,7 +290,9 @@ def check_durable_options(
             "'async with turnloom.stores.open_context_store(url) as store'."
         )
     if not isinstance(store, ContextStore):
-        raise InputError(f"store must be a ContextStore, not a {type(store).__name__}.")
+        raise InputError(
+            f"store must be a ContextStore, not an object of type {type(store).__name__}."
+        )
     return DurableOptions(
         store=store,
         owner=owner,
@@ -424,7 +426,9 @@ def check_snapshot(
     for what, value in (("input", snapshot.input), ("instructions", snapshot.instructions)):
         if value is not None and not isinstance(value, tuple | list):
             raise InvalidMessageError(
-                f"Turn {excerpt(snapshot.turn_id)} {what} must be a tuple of Messages.", field=what
+                f"Turn {excerpt(snapshot.turn_id)} {what} must be a tuple or list of Messages, "
+                f"not an object of type {type(value).__name__}.",
+                field=what,
             )
     check_id(snapshot.turn_id, "turn id")
     history = history_of(context_id)

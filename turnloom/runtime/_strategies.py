@@ -29,7 +29,7 @@ from turnloom.context.memory import (
     memory_payload,
 )
 from turnloom.context.message import Message, Role, TextPart, ToolCallPart, ToolResultPart
-from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
+from turnloom.context.tokens import ApproxTokenCounter, TokenCounter, count_tokens
 from turnloom.errors import (
     InputError,
     InvalidMessageError,
@@ -63,7 +63,7 @@ def _scope_line(scope: TenantScope | None) -> str:
 
 
 def _tokens(counter: TokenCounter, prompt: str) -> int:
-    return counter.count([Message(role=Role.system, content=prompt)])
+    return count_tokens(counter, [Message(role=Role.system, content=prompt)])
 
 
 async def _recall(
@@ -88,13 +88,14 @@ async def _recall(
         entries = tuple(found)[:top_k]
     except TypeError:
         raise MemoryStoreError(
-            f"The memory source returned a {type(found).__name__}, not a sequence of entries."
+            f"The memory source returned an object of type {type(found).__name__}, not a "
+            "sequence of entries."
         ) from None
     for i, entry in enumerate(entries):
         if not isinstance(entry, MemoryEntry):
             raise MemoryStoreError(
-                f"The memory source returned a {type(entry).__name__} at position {i}, "
-                "not a MemoryEntry."
+                f"The memory source returned an object of type {type(entry).__name__} at "
+                f"position {i}, not a MemoryEntry."
             )
     return entries
 

@@ -94,10 +94,17 @@ class Foundation:
             ``accept_turn`` and ``record``, on the event loop: about 2.5 us
             per tau-bench message for the approximate counter, 57 us for
             ``OpenAITokenCounter("o200k_base")`` (``scripts/bench_tokens.py``).
+            A counter that raises or returns anything but an int in ``[0,
+            MAX_TOKEN_COUNT]`` fails the call that counted with
+            :class:`~turnloom.errors.HostCallbackError`, nothing changed.
             A manager option too.
         clock: returns the current time as a timezone-aware datetime; read
             once per preparation whose :class:`~turnloom.runtime.Perception`
             gives no time (default ``datetime.now(UTC)``; inject one in tests).
+            A clock that raises fails that preparation with
+            :class:`~turnloom.errors.HostCallbackError` (its exception the
+            ``__cause__``); one that returns a naive datetime or another
+            type, with :class:`~turnloom.errors.InvalidMessageError`.
 
     Raises:
         InputError: a bound is not positive, ``history_limits`` is not a
@@ -141,7 +148,7 @@ class Foundation:
         memory: MemorySource | None = None,
         strategy_options: StrategyOptions | None = None,
         max_tenant_preparations: int | None = None,
-        store: str | ContextStore | None = None,
+        store: ContextStore | None = None,
         lease_ttl: float = DEFAULT_LEASE_TTL,
         idle_after: float = DEFAULT_IDLE_AFTER,
         owner: str | None = None,

@@ -50,6 +50,7 @@ __all__ = (
     "check_perception",
     "check_time",
     "is_state_message",
+    "read_clock",
     "state_call_id",
     "state_messages",
     "state_tool_definition",
@@ -57,7 +58,7 @@ __all__ = (
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeAlias
 
@@ -65,7 +66,14 @@ import msgspec
 
 from turnloom.context.gateway import Gateway, GatewayType, get_gateway
 from turnloom.context.message import Message, Role, TextPart, ToolCallPart, ToolResultPart
-from turnloom.errors import DuplicateIdError, InvalidMessageError, InvalidTextError, excerpt
+from turnloom.errors import (
+    DuplicateIdError,
+    HostCallbackError,
+    InvalidMessageError,
+    InvalidTextError,
+    TurnloomError,
+    excerpt,
+)
 from turnloom.runtime.schemas import ContextContribution, Perception
 
 STATE_TOOL_NAME = "turnloom_runtime_context"
@@ -171,6 +179,28 @@ def check_time(value: object, what: str) -> datetime:
             field=what,
         )
     return value.astimezone(UTC)
+
+
+def read_clock(clock: Callable[[], datetime]) -> datetime:
+    """The current time from the host's ``clock``, checked (:func:`check_time`), in UTC.
+
+    Raises:
+        HostCallbackError: ``clock`` raised an exception that is not a
+            :class:`~turnloom.errors.TurnloomError` (it is the ``__cause__``;
+            ``callback`` is ``"clock"``).
+        InvalidMessageError: it returned something that is not a datetime,
+            or a naive one.
+    """
+    try:
+        now = clock()
+    except TurnloomError:
+        raise
+    except Exception as exc:
+        raise HostCallbackError(
+            f"The Foundation's clock raised {type(exc).__name__}: {excerpt(str(exc))}.",
+            callback="clock",
+        ) from exc
+    return check_time(now, "The Foundation's clock value")
 
 
 def check_perception(perception: object) -> Perception:
