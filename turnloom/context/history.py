@@ -2469,8 +2469,9 @@ class TurnHistory:
         A turn leaves together with the later turns tied to it (their input
         answers its calls; see the class docstring), so eviction may drop more
         than a limit alone asks for. The newest turn, and the turns it is tied
-        to, are never evicted: they are kept alone when over a limit
-        (``max_tokens`` only: the other limits refuse them at the door).
+        to, are never evicted: they are kept alone when over a limit (over
+        ``max_tokens`` through records, or over any limit through kept state,
+        which is never refused; commits and records refuse the rest).
         Pinned instructions are never evicted, and never counted against a
         limit. O(evicted turns), plus the turns tied to the newest when they
         stop it.
