@@ -62,6 +62,7 @@ __all__ = (
     "NotClaimedError",
     "OpenToolCallError",
     "OutOfOrderTurnError",
+    "PairedTurnsTooLargeError",
     "PositionalScopeError",
     "ProviderRuleError",
     "QueueFullError",
@@ -302,6 +303,41 @@ class TurnTooLargeError(CapacityError, InputError):
         self.unit = unit
         self.size = size
         self.limit = limit
+
+
+class PairedTurnsTooLargeError(TurnTooLargeError):
+    """The turns that eviction keeps together would be over a history limit.
+
+    A turn whose input answers tool calls of the turn before it (an approval
+    flow: the model asks, a person approves, the results arrive as the next
+    turn's input) is evicted only with that turn, so the newest turn and the
+    turns its input answers must fit the history's limits together. Raised
+    when committing such a turn (any limit) or recording to one (items,
+    bytes) would not fit; nothing was changed.
+
+    Attributes:
+        unit: ``"turns"``, ``"items"``, ``"bytes"`` or ``"tokens"``.
+        size: the size of the turns kept together, in that unit.
+        limit: the history's limit, in that unit.
+        turn_id: the turn committed, or recorded to.
+        first_turn_id: the oldest of the turns kept together with
+            ``turn_id`` (for a commit, the turn holding the calls the input
+            answers, or an earlier turn those calls' turn is tied to).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        unit: str,
+        size: int,
+        limit: int,
+        turn_id: str,
+        first_turn_id: str,
+    ) -> None:
+        super().__init__(message, unit=unit, size=size, limit=limit)
+        self.turn_id = turn_id
+        self.first_turn_id = first_turn_id
 
 
 class QueueFullError(CapacityError):

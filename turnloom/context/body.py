@@ -46,7 +46,7 @@ from typing import Any
 
 import msgspec
 
-from turnloom.context._untrack import untrack_container
+from turnloom.context._untrack import untrack_atoms, untrack_container
 from turnloom.context.callids import CallIdRenamer
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.items import exact_bytes
@@ -351,6 +351,8 @@ class BodyRun:
         self._reach = array.array("q")
         self._opens = bytearray()
         self._counts = array.array("q")
+        for numbers in (self._tags, self._reach, self._counts):
+            untrack_atoms(numbers)  # machine numbers only: in no cycle
         self._chunks: list[bytes] = []  # one per body item, in body order
         # Only ever holds bytes, so it can be in no cycle: out of the cyclic
         # collector, a full collection visits no reference per body item.

@@ -274,6 +274,12 @@ class ContextManager:
             ItemTooLargeError: a message is over the per-item byte cap.
             TurnTooLargeError: the turn would hold more than ``max_items``
                 messages or ``max_bytes`` bytes (checked on the batch first).
+            PairedTurnsTooLargeError: the input answers tool calls of the
+                context's newest turn (an approval), and eviction, which
+                keeps a turn with the turns whose calls its input answers,
+                could not fit them together in ``max_turns``, ``max_items``,
+                ``max_bytes`` or ``max_tokens`` (``unit`` names it); nothing
+                was committed.
             DuplicateIdError: the turn id was already committed to the context.
             ProviderRuleError: the gateway cannot render a message (for example
                 tool call arguments that are not a JSON object, for Anthropic
@@ -325,7 +331,9 @@ class ContextManager:
                 instructions change only through a turn's snapshot.
             ItemTooLargeError, TurnTooLargeError, ProviderRuleError,
             NotClaimedError, StaleLeaseError, HostCallbackError: as
-                :meth:`accept_turn`; nothing was recorded.
+                :meth:`accept_turn`; nothing was recorded. A turn tied to the
+                newest turn by an approval counts with the tied turns
+                (``PairedTurnsTooLargeError``).
         """
         self._life.check_recording()
         self.leases._check_writable(context_id)
