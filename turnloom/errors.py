@@ -13,6 +13,9 @@ The subclasses are grouped by how a caller reacts:
   (unknown context or turn, a turn evicted, an invocation already in flight).
 * :class:`AreaCallbackError` -- a caller-supplied Context Area raised; the
   CoopContext and its Context were left as they were before the call.
+* :class:`HostCallbackError` -- a callback the host supplied (a token
+  counter, a clock) raised or returned a value turnloom cannot use; nothing
+  was changed. Fix the callback.
 * :class:`MemoryStoreError` -- a memory source failed (a missing database,
   SQLite failing, malformed results); the store was not changed. Retry, or
   serve the turn without memory.
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 __all__ = (
     "EXCERPT_LIMIT",
+    "TYPE_NAME_LIMIT",
     "AreaCallbackError",
     "CapacityError",
     "ConfigError",
@@ -42,6 +46,7 @@ __all__ = (
     "DuplicateAreaError",
     "DuplicateIdError",
     "FrozenValueError",
+    "HostCallbackError",
     "InputError",
     "InstructionMessageError",
     "InvalidAreaError",
@@ -57,6 +62,7 @@ __all__ = (
     "NotClaimedError",
     "OpenToolCallError",
     "OutOfOrderTurnError",
+    "PairedTurnsTooLargeError",
     "PositionalScopeError",
     "ProviderRuleError",
     "QueueFullError",
@@ -74,6 +80,8 @@ __all__ = (
     "UnknownTurnError",
     "Violation",
     "excerpt",
+    "type_name",
+    "what_type",
 )
 
 import reprlib
@@ -138,6 +146,36 @@ def excerpt(value: object) -> str:
     if len(text) > EXCERPT_LIMIT:
         text = text[: EXCERPT_LIMIT - 3] + "..."
     return text
+
+
+TYPE_NAME_LIMIT = 40
+"""The longest type name an error message prints as it is (see :func:`type_name`)."""
+
+
+def type_name(value: object) -> str:
+    """The name of ``value``'s type as an error message prints it.
+
+    A plain identifier of at most :data:`TYPE_NAME_LIMIT` characters (``int``,
+    ``list_iterator``, a host's ``MyCounter``) is printed as it is. Any other
+    name -- a class the host built with ``type()`` under a long name or one
+    holding a newline -- is quoted through :func:`excerpt`, so it can neither
+    flood nor forge a log line.
+    """
+    name = type(value).__name__
+    if len(name) <= TYPE_NAME_LIMIT and name.isidentifier():
+        return name
+    return excerpt(name)
+
+
+def what_type(value: object) -> str:
+    """What ``value`` is, for an error message that refuses it: ``"an object of type int"``.
+
+    Every turnloom message that names the type of a value it refuses says it
+    with this phrase (``"store must be a ContextStore, not an object of type
+    int."``): it reads correctly whatever the type's name (no "a int"), and
+    the name is printed by :func:`type_name`.
+    """
+    return f"an object of type {type_name(value)}"
 
 
 class TurnloomError(Exception):
@@ -267,6 +305,41 @@ class TurnTooLargeError(CapacityError, InputError):
         self.limit = limit
 
 
+class PairedTurnsTooLargeError(TurnTooLargeError):
+    """The turns that eviction keeps together would be over a history limit.
+
+    A turn whose input answers tool calls of the turn before it (an approval
+    flow: the model asks, a person approves, the results arrive as the next
+    turn's input) is evicted only with that turn, so the newest turn and the
+    turns its input answers must fit the history's limits together. Raised
+    when committing such a turn (any limit) or recording to one (items,
+    bytes) would not fit; nothing was changed.
+
+    Attributes:
+        unit: ``"turns"``, ``"items"``, ``"bytes"`` or ``"tokens"``.
+        size: the size of the turns kept together, in that unit.
+        limit: the history's limit, in that unit.
+        turn_id: the turn committed, or recorded to.
+        first_turn_id: the oldest of the turns kept together with
+            ``turn_id`` (for a commit, the turn holding the calls the input
+            answers, or an earlier turn those calls' turn is tied to).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        unit: str,
+        size: int,
+        limit: int,
+        turn_id: str,
+        first_turn_id: str,
+    ) -> None:
+        super().__init__(message, unit=unit, size=size, limit=limit)
+        self.turn_id = turn_id
+        self.first_turn_id = first_turn_id
+
+
 class QueueFullError(CapacityError):
     """Every preparation slot is taken; ``prepare_nowait`` refuses instead of waiting.
 
@@ -333,6 +406,25 @@ class AreaCallbackError(TurnloomError):
         super().__init__(message)
         self.area = area
         self.phase = phase
+
+
+class HostCallbackError(TurnloomError):
+    """A callback the host supplied raised, or returned a value turnloom cannot use.
+
+    The callbacks are a token counter's ``count`` (it must return an int in
+    ``[0, MAX_TOKEN_COUNT]``, see :func:`turnloom.context.tokens.count_tokens`)
+    and the Foundation's ``clock``. Raised where the callback's answer is
+    taken, before anything changed: the commit, record or preparation that
+    asked left every state as it was. An exception the callback raised is the
+    ``__cause__`` (a :class:`TurnloomError` it raised passes unchanged).
+
+    Attributes:
+        callback: which callback failed: ``"token_counter"`` or ``"clock"``.
+    """
+
+    def __init__(self, message: str, *, callback: str) -> None:
+        super().__init__(message)
+        self.callback = callback
 
 
 class OpenToolCallError(StateError):

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from turnloom.context import (
+    Gateway,
     GatewayType,
     Message,
     NativeContent,
@@ -36,6 +37,7 @@ from turnloom.errors import (
     InvalidTextError,
     ItemTooLargeError,
     OutOfOrderTurnError,
+    PairedTurnsTooLargeError,
     StateError,
     TurnTooLargeError,
     UnknownTurnError,
@@ -321,12 +323,15 @@ def plain_common_length(a: Sequence[object], b: Sequence[object]) -> int:
 
 
 def cold_render(
-    history: TurnHistory, turn_id: str, policy: OpenCallPolicy = "exclude"
+    history: TurnHistory,
+    turn_id: str,
+    policy: OpenCallPolicy = "exclude",
+    gateway: Gateway = CHAT,
 ) -> list[NativeContent]:
     """The oracle: the retained history completed at once, rendered without any cache,
     call ids made unique over the whole list."""
     messages = complete_pairs(list(history.view().input_messages(turn_id)), open_calls=policy)
-    return rename_call_ids(CHAT.type, [item for m in messages for item in CHAT.render(m)])
+    return rename_call_ids(gateway.type, [item for m in messages for item in gateway.render(m)])
 
 
 def _answer(history: TurnHistory, n: int) -> bool:
@@ -513,28 +518,24 @@ def test_an_unanswered_call_is_closed_where_the_next_turn_ends_its_group() -> No
     assert [i.get("tool_call_id") for i in cancelled] == [None, None, "a", "b", None]
 
 
-def test_eviction_of_a_call_leaves_out_its_result_and_keeps_the_limits() -> None:
-    """Decision: eviction keeps the limits hard; a result whose call was evicted with
-    its turn is left out of every render (never an orphan), like a call without result."""
+def test_an_approval_the_limits_cannot_hold_with_its_call_is_refused() -> None:
+    """Decision: a result given as the next turn's input is never evicted apart from its
+    call: with max_turns=1 the two turns cannot be kept, so the commit is refused and
+    nothing changes (tests/context/test_history_pairs.py covers every limit)."""
     history = TurnHistory(HistoryLimits(max_turns=1))
     history.commit("t1", [user("Delete the old branch.")], instructions=[SYSTEM])
     history.record("t1", [call("c1", "delete_branch")])
-    history.commit("t2", [result("c1", "deleted"), user("And now?")])
-    before = history.view().render(CHAT, "t2").items  # the run is cached with the pair
-    assert [i["role"] for i in before] == ["system", "user", "assistant", "tool", "user"]
-    assert history.evict() == ("t1",)
-    assert history.turn_ids == ("t2",)
-    for policy in ("exclude", "cancel"):
-        rendered = list(history.view().render(CHAT, "t2", open_calls=policy).items)
-        assert rendered == [
-            {"role": "system", "content": SYSTEM.text},
-            {"role": "user", "content": "And now?"},
-        ]
+    before = history.view().render(CHAT, "t1").items
+    with pytest.raises(PairedTurnsTooLargeError, match="answers tool calls of turn 't1'"):
+        history.commit("t2", [result("c1", "deleted"), user("And now?")])
+    assert history.turn_ids == ("t1",)
+    assert list(history.view().render(CHAT, "t1").items) == list(before)
 
 
-def test_eviction_rebuilds_a_cached_turn_whose_results_lost_their_call() -> None:
-    """Invariant: when the turn holding a call is evicted after the next turn (which
-    answers it) was cached in the render run, that turn renders without the result."""
+def test_eviction_takes_the_turn_answering_a_call_with_the_call_and_renders_cold() -> None:
+    """Invariant: the turn holding a call leaves with the next turn, whose input answers
+    it, even when the limit alone would keep that turn; the cached run (which held the
+    pair) is rebuilt to equal a cold render."""
     history = TurnHistory(HistoryLimits(max_turns=2))
     history.commit("t1", [user("Delete the old branch.")], instructions=[SYSTEM])
     history.record("t1", [call("c1", "delete_branch")])
@@ -542,12 +543,11 @@ def test_eviction_rebuilds_a_cached_turn_whose_results_lost_their_call() -> None
     history.commit("t3", [user("Next.")])
     cached = history.view().render(CHAT, "t3").items
     assert [i["role"] for i in cached] == ["system", "user", "assistant", "tool", "user", "user"]
-    assert history.evict() == ("t1",)
+    assert history.evict() == ("t1", "t2")
     rendered = list(history.view().render(CHAT, "t3").items)
     assert rendered == cold_render(history, "t3")
     assert rendered == [
         {"role": "system", "content": SYSTEM.text},
-        {"role": "user", "content": "Thanks."},
         {"role": "user", "content": "Next."},
     ]
 
@@ -627,21 +627,6 @@ def test_retract_takes_back_the_newest_turn_without_an_answer() -> None:
         history.retract("t3")
     with pytest.raises(UnknownTurnError):
         history.retract("t9")
-
-
-def test_a_turn_made_only_of_results_whose_call_was_evicted_renders_no_input() -> None:
-    """Decision, the edge of the rule above: when the limits cannot hold the turn that
-    made a call and the next turn, whose whole input is the call's result, the result
-    is left out too: the render holds the pinned instructions only, never the orphan."""
-    history = TurnHistory(HistoryLimits(max_turns=1))
-    history.commit("t1", [user("Delete the old branch.")], instructions=[SYSTEM])
-    history.record("t1", [call("c1", "delete_branch")])
-    history.commit("t2", [result("c1", "deleted")])
-    assert history.evict() == ("t1",)
-    for policy in ("exclude", "cancel"):
-        rendered = history.view().render(CHAT, "t2", open_calls=policy)
-        assert list(rendered.items) == [{"role": "system", "content": SYSTEM.text}]
-        assert rendered.turn_start == 1
 
 
 def test_a_model_output_holding_only_a_signed_empty_text_is_recorded() -> None:

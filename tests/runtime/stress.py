@@ -31,7 +31,7 @@ from turnloom.context.callids import (
 from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.pairing import OpenCallPolicy
-from turnloom.errors import TurnTooLargeError
+from turnloom.errors import PairedTurnsTooLargeError, TurnTooLargeError
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
 from turnloom.runtime.manager import ContextManager
 
@@ -215,8 +215,8 @@ async def _run(
                     )
                     open_ids = open_call_ids(stream)
                     message: list[Message]
-                    if open_ids and rng.random() < 0.6:
-                        counts["approvals"] += 1
+                    approval = bool(open_ids) and rng.random() < 0.6
+                    if approval:
                         message = [
                             result(i, f"approved {i}") for i in open_ids[: rng.randint(1, 2)]
                         ]
@@ -224,11 +224,15 @@ async def _run(
                             message.append(user("and then?"))
                     else:
                         message = [user(f"question {turn}")]
-                    manager.accept_turn(
-                        TurnSnapshot(
-                            context_id=context_id, turn_id=f"t{turn}", input=tuple(message)
+                    # An approval the limits cannot hold together with the turns
+                    # it answers is refused and changes nothing.
+                    with contextlib.suppress(PairedTurnsTooLargeError):
+                        manager.accept_turn(
+                            TurnSnapshot(
+                                context_id=context_id, turn_id=f"t{turn}", input=tuple(message)
+                            )
                         )
-                    )
+                        counts["approvals"] += approval
                 elif roll < 0.55:
                     kind = rng.random()
                     n = rng.randint(0, 999)

@@ -14,7 +14,7 @@ import anyio
 import msgspec
 import pytest
 
-from tests.runtime.helpers import assistant, call, result, user
+from tests.runtime.helpers import SYSTEM, assistant, call, result, user
 from turnloom.areas import OneShotNotice
 from turnloom.context import Message, Role, TextPart, ToolResultPart
 from turnloom.context.history import HistoryLimits
@@ -119,6 +119,24 @@ async def test_a_request_whose_contributions_are_not_a_sequence_fails_before_a_s
             stats.preparations.failed_total,
             stats.preparations.prepared_total,
         ) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("what", ["input", "instructions"])
+async def test_a_snapshot_says_it_takes_a_tuple_or_a_list_and_takes_both(what: str) -> None:
+    """The error names both accepted shapes (a list is accepted) and what was given."""
+    messages = {"input": (user("hi"),), "instructions": (SYSTEM,)}[what]
+    async with Foundation() as foundation:
+        manager = foundation.manager
+        bad = TurnSnapshot(context_id="c", turn_id="t1", input=(user("hi"),))
+        bad = msgspec.structs.replace(bad, **{what: set(messages)})
+        with pytest.raises(InvalidMessageError) as caught:
+            manager.accept_turn(bad)
+        assert str(caught.value) == (
+            f"Turn 't1' {what} must be a tuple or list of Messages, not an object of type set."
+        )
+        assert (caught.value.field, manager.context_ids()) == (what, ())
+        manager.accept_turn(msgspec.structs.replace(bad, **{what: list(messages)}))
+        assert manager.history("c").turn_ids == ("t1",)
 
 
 async def test_state_is_captured_at_the_request_not_from_a_list_mutated_later() -> None:

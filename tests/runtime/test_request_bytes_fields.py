@@ -7,6 +7,7 @@ is checked or rendered.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
@@ -76,9 +77,21 @@ async def test_request_bytes_refuses_fields_the_body_writes(kind: GatewayType) -
     ("fields", "message", "field"),
     [
         ([("model", "m")], "fields must be a mapping", "fields"),
-        ({1: "m"}, "fields keys must be str, not int", "fields"),
+        ({1: "m"}, "fields keys must be str, not an object of type int", "fields"),
         ({"model": object()}, "fields are not JSON data", "fields"),
         ({"model": "\ud800"}, "fields are not JSON data", "fields"),
+        # JSON has no NaN or infinity: msgspec would silently send null.
+        (
+            {"temperature": math.nan},
+            r"fields\['temperature'\] is nan, which JSON",
+            "fields['temperature']",
+        ),
+        ({"top_p": -math.inf}, r"fields\['top_p'\] is -inf", "fields['top_p']"),
+        (
+            {"tools": [{"parameters": {"enum": [1.0, math.inf]}}]},
+            r"fields\['tools'\]\[0\]\['parameters'\]\['enum'\]\[1\] is inf",
+            "fields['tools']",
+        ),
     ],
 )
 async def test_request_bytes_refuses_malformed_fields_before_the_continuation(
@@ -115,3 +128,14 @@ async def test_fields_never_change_the_input_the_gateway_reads_back(kind: Gatewa
             except InvalidArgumentError:
                 continue
             assert gateway.parse_request(msgspec.json.decode(encoded)) == read, key
+
+
+async def test_a_null_and_the_text_null_in_fields_are_sent_as_given() -> None:
+    """Only a non-finite float is refused: a real ``None`` is JSON null."""
+    fields = {"stop": None, "model": "null", "n": [None, 1.5]}
+    async with Foundation() as foundation:
+        manager = foundation.manager
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("q"),)))
+        prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
+        encoded = manager.request_bytes(prefix, fields=fields)
+        assert encoded.startswith(b'{"stop":null,"model":"null","n":[null,1.5],"messages":[')

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 import sqlite3
+import typing
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import anyio
 import pytest
@@ -18,9 +20,11 @@ from prometheus_client import CollectorRegistry
 from tests.runtime.helpers import CHAT, SYSTEM, assistant, call, result, user
 from tests.stores.conftest import REDIS_URL
 from tests.stores.helpers import hosting
+from turnloom.context import ApproxTokenCounter, Message
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import (
     ContextRemovedError,
+    HostCallbackError,
     InputError,
     LeaseHeldError,
     NotClaimedError,
@@ -36,6 +40,7 @@ from turnloom.runtime import (
     PreparedContext,
     StoreStatistics,
     TurnSnapshot,
+    _durable,
 )
 from turnloom.runtime._contexts import ContextTable
 from turnloom.runtime._counters import Counters
@@ -175,6 +180,45 @@ async def test_a_stale_owner_is_refused_by_the_store_and_told_with_a_typed_error
     async with hosting(store_url) as third:
         await third.manager.leases.claim("c")
         assert third.manager.history("c").turn_ids == ("t0", "t1", "t2")
+
+
+async def test_the_lost_map_stays_bounded_across_claim_lose_release_cycles(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Invariant: a manager remembers at most ``_LOST_REMEMBERED`` lost contexts.
+
+    Each cycle claims a new context, loses it (the store refuses its write)
+    and never takes it back: the newest losses stay refused as stale, older
+    ones read as not claimed, a reclaim forgets the loss and the close empties
+    the map.
+    """
+    monkeypatch.setattr(_durable, "_LOST_REMEMBERED", 2)
+    async with hosting(store_url, owner="host-a", lease_ttl=30) as host:
+        manager = host.manager
+        durable = manager.leases._durable
+        assert durable is not None
+        sizes = []
+        for i in range(5):
+            await manager.leases.claim(f"c{i}")
+            manager.accept_turn(snapshot(f"c{i}", "t1", "hi"))
+            await manager.leases.flush()
+            expire_lease(store_url, f"c{i}")
+            async with hosting(store_url, owner="host-b", lease_ttl=30) as other:
+                await other.manager.leases.claim(f"c{i}")
+            manager.accept_turn(snapshot(f"c{i}", "t2", "from a stale host"))
+            with pytest.raises(StaleLeaseError):
+                await manager.leases.flush(f"c{i}")
+            sizes.append(len(durable._lost))
+        assert sizes == [1, 2, 2, 2, 2]
+        assert list(durable._lost) == ["c3", "c4"]
+        with pytest.raises(StaleLeaseError):
+            manager.accept_turn(snapshot("c4", "t3", "again"))
+        with pytest.raises(NotClaimedError):
+            manager.accept_turn(snapshot("c0", "t3", "again"))
+        expire_lease(store_url, "c4")
+        assert await manager.leases.claim("c4") is True  # released by host B's close
+        assert list(durable._lost) == ["c3"]
+    assert len(durable._lost) == 0
 
 
 async def test_closing_writes_what_is_queued_and_releases_the_leases(store_url: str) -> None:
@@ -326,6 +370,71 @@ async def test_an_undecodable_record_fails_the_claim_naming_the_context(store_ur
         await store.aclose()
 
 
+class ReplayCounter:
+    """Counts like the default counter until ``bad`` is set; then answers it, or
+    raises it when it is an exception."""
+
+    def __init__(self) -> None:
+        self.bad: object = None
+
+    def count(self, messages: Sequence[Message]) -> Any:
+        if self.bad is None:
+            return ApproxTokenCounter().count(messages)
+        if isinstance(self.bad, BaseException):
+            raise self.bad
+        return self.bad
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (
+            OSError("tokenizer gone"),
+            "The token counter ReplayCounter raised OSError: 'tokenizer gone'.",
+        ),
+        (
+            -1,
+            "The token counter ReplayCounter returned -1 tokens; a count is an int from 0 to "
+            "9223372036854775807.",
+        ),
+    ],
+    ids=["raises", "negative"],
+)
+async def test_a_restore_whose_token_counter_fails_releases_the_lease(
+    store_url: str, bad: object, message: str
+) -> None:
+    """Invariant: a counter failing while a claim replays the log is the host's
+    HostCallbackError (cause kept), not a StoreRecordError; nothing is installed,
+    the lease is released at once, and with the counter mended the same log restores."""
+    async with hosting(store_url, owner="writer") as first:
+        await first.manager.leases.claim("c")
+        await converse(first.manager, "c", range(2))
+    counter = ReplayCounter()
+    store = open_context_store(store_url)
+    try:
+        async with Foundation(store=store, owner="reader", token_counter=counter) as foundation:
+            manager = foundation.manager
+            counter.bad = bad
+            with pytest.raises(HostCallbackError) as caught:
+                await manager.leases.claim("c")
+            assert (str(caught.value), caught.value.callback) == (message, "token_counter")
+            assert caught.value.__cause__ is (bad if isinstance(bad, OSError) else None)
+            assert manager.context_ids() == ()
+            stats = manager.statistics().store
+            assert stats is not None
+            assert (stats.claims_total, stats.takeovers_total) == (0, 0)
+            with pytest.raises(NotClaimedError):
+                manager.accept_turn(snapshot("c", "t9", "hi"))
+            # The lease was released: another owner takes it at once.
+            other = await store.acquire("c", "someone-else", 30)
+            await store.release({"c": other})
+            counter.bad = None
+            assert await manager.leases.claim("c") is True
+            assert manager.history("c").turn_ids == ("t0", "t1")
+    finally:
+        await store.aclose()
+
+
 class CountingStore:
     """A real store that counts the batches the writer sends."""
 
@@ -404,7 +513,7 @@ async def test_changes_of_many_contexts_go_to_the_store_in_one_batch(store_url: 
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        ({"store": 42}, "store must be a ContextStore, not a int"),
+        ({"store": 42}, "^store must be a ContextStore, not an object of type int\\.$"),
         ({"store": "sqlite:x.db"}, "open it with"),
         ({"store": MEMORY, "lease_ttl": 0}, "lease_ttl"),
         ({"store": MEMORY, "lease_ttl": math.inf}, "lease_ttl"),
@@ -415,6 +524,12 @@ async def test_changes_of_many_contexts_go_to_the_store_in_one_batch(store_url: 
 def test_store_options_are_checked_at_the_door(options: dict[str, object], match: str) -> None:
     with pytest.raises(InputError, match=match):
         Foundation(**options)  # type: ignore[arg-type]
+
+
+def test_the_store_annotation_says_what_the_door_takes() -> None:
+    """A URL string is refused (the runtime never opens stores): the type says so too."""
+    for owner in (Foundation.__init__, ContextManager.__init__):
+        assert typing.get_type_hints(owner)["store"] == ContextStore | None
 
 
 class SlowLoadStore(CountingStore):

@@ -10,7 +10,7 @@ and dropped, not by what is held. Only CPython with the GIL untracks
 
 from __future__ import annotations
 
-__all__ = ("GC_UNTRACK", "untrack_container", "untrack_json")
+__all__ = ("GC_UNTRACK", "untrack_atoms", "untrack_container", "untrack_json")
 
 import ctypes
 import gc
@@ -94,6 +94,22 @@ def untrack_container(value: list[Any] | set[Any] | tuple[Any, ...] | dict[Any, 
     rule for as long as the container lives. (CPython untracks a
     tuple by itself only when it holds no dict or list at all, so a tuple of
     untracked native items needs this too.) Costs one C call.
+    """
+    if GC_UNTRACK is not None:
+        GC_UNTRACK(id(value))
+
+
+def untrack_atoms(value: object) -> None:
+    """Untrack one object whose references can never lead back to it.
+
+    For an ``array.array`` (machine numbers; its only reference is its
+    type), or an instance of a ``__slots__`` class (a GC type: ``value``
+    must be one) every slot of which holds only atoms (str, int, bool, None,
+    bytes) or containers that can reach nothing but atoms and such
+    containers (each caller states its proof). Nothing it refers to can
+    refer back to it, so it can be in no cycle, and a full collection need
+    not visit it or its references. CPython never tracks such an object
+    again. Costs one C call; does nothing outside CPython with the GIL.
     """
     if GC_UNTRACK is not None:
         GC_UNTRACK(id(value))

@@ -40,16 +40,17 @@ __all__ = (
 )
 
 import array
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
 
-from turnloom.context._untrack import untrack_container
+from turnloom.context._untrack import untrack_atoms, untrack_container
 from turnloom.context.callids import CallIdRenamer
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.items import EncodedSpan, compaction_due, exact_bytes
-from turnloom.errors import InvalidArgumentError, excerpt
+from turnloom.errors import InvalidArgumentError, excerpt, what_type
 
 _encode = msgspec.json.Encoder().encode
 
@@ -188,17 +189,18 @@ def encode_fields(fields: Mapping[str, Any], reserved: frozenset[str]) -> bytes:
     Raises:
         InvalidArgumentError: ``fields`` is not a mapping with str keys, a key
             is one the body writes itself (``reserved``), or a value is not
-            JSON data (or holds text that is not valid UTF-8).
+            JSON data (or holds text that is not valid UTF-8, or a NaN or
+            infinite float at any depth: JSON has none).
     """
     if not isinstance(fields, Mapping):
         raise InvalidArgumentError(
-            f"fields must be a mapping of top-level request fields, not a {type(fields).__name__}.",
+            f"fields must be a mapping of top-level request fields, not {what_type(fields)}.",
             field="fields",
         )
     for key in fields:
         if not isinstance(key, str):
             raise InvalidArgumentError(
-                f"fields keys must be str, not {type(key).__name__}.", field="fields"
+                f"fields keys must be str, not {what_type(key)}.", field="fields"
             )
         if key in reserved:
             raise InvalidArgumentError(
@@ -212,7 +214,34 @@ def encode_fields(fields: Mapping[str, Any], reserved: frozenset[str]) -> bytes:
         raise InvalidArgumentError(
             f"fields are not JSON data: {excerpt(str(exc))}.", field="fields"
         ) from None
+    if b"null" in encoded:
+        # msgspec writes NaN and the infinities as null; only then can one hide in here.
+        _reject_non_finite(fields)
     return encoded[1:-1]
+
+
+def _reject_non_finite(fields: Mapping[str, Any]) -> None:
+    """Raise when a value of ``fields``, at any depth, is a NaN or infinite float.
+
+    JSON has no such number (RFC 8259, section 6) and the providers refuse
+    the ``null`` an encoder would write instead. Walks the values as
+    ``msgspec.to_builtins`` gives them (structs as dicts), without recursion.
+    """
+    for key, value in fields.items():
+        stack: list[tuple[Any, str]] = [(msgspec.to_builtins(value), "")]
+        while stack:
+            item, path = stack.pop()
+            if isinstance(item, float):
+                if not math.isfinite(item):
+                    raise InvalidArgumentError(
+                        f"fields[{excerpt(key)}]{path} is {item!r}, which JSON cannot carry "
+                        "(it would be sent as null); send a finite number or leave it out.",
+                        field=f"fields[{excerpt(key)}]",
+                    )
+            elif isinstance(item, dict):
+                stack.extend((v, f"{path}[{excerpt(k)}]") for k, v in item.items())
+            elif isinstance(item, list):
+                stack.extend((v, f"{path}[{i}]") for i, v in enumerate(item))
 
 
 def with_fields(body: bytes, members: bytes) -> bytes:
@@ -345,6 +374,8 @@ class BodyRun:
         self._reach = array.array("q")
         self._opens = bytearray()
         self._counts = array.array("q")
+        for numbers in (self._tags, self._reach, self._counts):
+            untrack_atoms(numbers)  # machine numbers only: in no cycle
         # Segments dropped but still in those arrays, after segment 0's slot
         # (when there is one): dropping is O(dropped segments), no move.
         self._dead = 0

@@ -49,7 +49,7 @@ __all__ = (
 
 from collections.abc import Callable, Sequence
 
-from turnloom.context._untrack import untrack_container
+from turnloom.context._untrack import untrack_atoms, untrack_container
 from turnloom.context.gateway import GatewayType, NativeContent
 
 _MISSING: object = object()
@@ -86,6 +86,11 @@ class _Layers:
         self._frozen: list[dict[str, object]] = [] if frozen is None else frozen
         untrack_container(self._frozen)
         self._top: dict[str, object] = {}
+        # Its two slots hold only such dicts and lists of them, which can
+        # reach no object but strings, ints, True and None, so nothing it
+        # refers to leads back to it: out of the collector too (a held
+        # history and every prefix keep some).
+        untrack_atoms(self)
 
     def get(self, key: str) -> object:
         """The value of ``key``, or None."""
@@ -156,6 +161,12 @@ class CallIdRenamer:
         self._group: dict[str, list[str]] = {}
         self._in_results = False
         self.renamed = 0
+        if type(self) is CallIdRenamer:
+            # Its slots only ever hold two untracked _Layers, a dict of str to
+            # lists of str, a bool and an int: nothing it refers to can lead
+            # back to it, so it can be in no cycle (a held history and every
+            # prefix keep one). Subclasses keep other state and stay tracked.
+            untrack_atoms(self)
 
     def copy(self) -> CallIdRenamer:
         """An independent renamer in the same state (O(log n), see the class docstring)."""

@@ -13,9 +13,11 @@ Limits count turns, items (neutral messages), bytes (the JSON encoding of
 each message, see :func:`~turnloom.context.check_message`) and, optionally,
 tokens (each message counted once, when it enters, by the history's
 :class:`~turnloom.context.TokenCounter`). Eviction drops
-whole turns, oldest first, and never the newest turn; pinned instructions are
-neither evicted nor counted. A per-item byte cap rejects one oversized message
-before anything changes.
+whole turns, oldest first, and never the newest turn; a turn whose input
+answers tool calls of the turn before it leaves only together with that turn
+(see :class:`TurnHistory`). Pinned instructions are neither evicted nor
+counted. A per-item byte cap rejects one oversized message before anything
+changes.
 
 Rendering is incremental. A view (:meth:`TurnHistory.view`) is an immutable
 snapshot taken in O(1), so the event loop does no work proportional to the
@@ -23,9 +25,12 @@ history. :meth:`HistoryView.render` runs in a worker thread: each message is
 rendered once per gateway (its native items and their JSON encoding, which
 sizes them) and cached, each turn's items are cached, and the items of the
 pinned instructions and all closed turns are kept as one run that is changed
-in place (evicted turns deleted at the front, newly closed turns appended).
-A render does Python work only for new items; what remains proportional to
-the history is a C-speed copy of the run's references.
+in place (evicted turns dropped at the front by moving its start, newly
+closed turns appended; once a sixteenth of it is dropped it is compacted into
+new containers). A render does work only for new and evicted items, and
+hands the run's encoded items out without a copy (the run only appends to
+the containers it handed out), so :meth:`HistoryView.render_bounded` can
+promise a small, bounded step that the event loop may take.
 
 Closed turns are kept encoded. When a turn joins the run, the run keeps its
 items only as JSON bytes (one ``bytes`` object per item, shared with the
@@ -92,7 +97,7 @@ from typing import cast
 import msgspec
 
 from turnloom.context._untrack import GC_UNTRACK as _GC_UNTRACK
-from turnloom.context._untrack import untrack_container, untrack_json
+from turnloom.context._untrack import untrack_atoms, untrack_container, untrack_json
 from turnloom.context.body import BodyRun, EncodedBody, body_writer
 from turnloom.context.callids import (
     CallEvent,
@@ -123,7 +128,7 @@ from turnloom.context.pairing import (
     complete_pairs,
 )
 from turnloom.context.scope import ContextScope, scope_indices
-from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
+from turnloom.context.tokens import ApproxTokenCounter, TokenCounter, count_tokens
 from turnloom.errors import (
     DuplicateIdError,
     InputError,
@@ -132,6 +137,7 @@ from turnloom.errors import (
     InvalidMessageError,
     ItemTooLargeError,
     OutOfOrderTurnError,
+    PairedTurnsTooLargeError,
     ProviderRuleError,
     StateError,
     TurnTooLargeError,
@@ -250,6 +256,18 @@ class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
     evicted_tokens: int = 0
 
 
+def _ends(copied: array.array[int] | None = None) -> array.array[int]:
+    """A new array of int64 offsets (a copy of ``copied``), out of the cyclic collector.
+
+    An array holds machine numbers only, so it can be in no cycle (see
+    :func:`~turnloom.context._untrack.untrack_atoms`); a history and every
+    render keep a few for as long as they live.
+    """
+    out = array.array("q") if copied is None else copied[:]
+    untrack_atoms(out)
+    return out
+
+
 class RenderedHistory:
     """The native items of a history up to and including one turn's input.
 
@@ -284,11 +302,12 @@ class RenderedHistory:
     __slots__ = (
         "_base",
         "_byte_ends",
-        "_ends",
+        "_first",
         "_item_ends",
         "_origin",
         "_pinned",
         "_run",
+        "_stop",
         "_tail",
         "body",
         "bytes",
@@ -313,7 +332,7 @@ class RenderedHistory:
         if run is None:
             self._run: Sequence[bytes] = ()
             self._item_ends = self._byte_ends = _NO_ENDS
-            self._ends = (0, 0)
+            self._first = self._stop = 0
             self._origin = self._base = 0
             epoch = None
         else:
@@ -322,14 +341,14 @@ class RenderedHistory:
             self._run = run.span()
             self._item_ends = run.item_ends
             self._byte_ends = run.byte_ends
-            self._ends = (run.dead, len(run.item_ends))  # its turns' slots in them
+            self._first, self._stop = run.dead, len(run.item_ends)  # its turns' slots there
             self._origin, self._base, epoch = run.origin, run.base, run.epoch
         self.native_items = NativeItems(pinned.items, self._run, tail.items, epoch, self._origin)
         self.item_count = len(pinned.items) + len(self._run) + len(tail.items)
         self.body = body
         self.call_ids = call_ids
         self.turn_start = 0
-        first, stop = self._ends
+        first, stop = self._first, self._stop
         run_bytes = self._byte_ends[stop - 1] - self._base if stop > first else 0
         self.bytes: int = pinned.bytes + run_bytes + tail.bytes
         self.tokens = tokens
@@ -352,7 +371,7 @@ class RenderedHistory:
             return sum(map(len, pinned.encoded[:count]))
         count -= len(pinned.items)
         run = self._run
-        first, stop = self._ends
+        first, stop = self._first, self._stop
         if count > len(run):
             run_bytes = self._byte_ends[stop - 1] - self._base if stop > first else 0
             inside = sum(map(len, self._tail.encoded[: count - len(run)]))
@@ -746,8 +765,8 @@ class _Run:
         # Bytes only, so in no cycle: out of the cyclic collector, so a full
         # collection visits no reference per item.
         untrack_container(self.items)
-        self.item_ends = array.array("q")
-        self.byte_ends = array.array("q")
+        self.item_ends = _ends()
+        self.byte_ends = _ends()
         self.base = 0
         self.origin = 0
         # Dropped at the front but still in the containers (see drop_turns):
@@ -755,7 +774,7 @@ class _Run:
         self.skip = 0
         self.dead = 0
         self.epoch = object()
-        self.turn_tokens = array.array("q")
+        self.turn_tokens = _ends()
         self.turn_carried = bytearray()
         self.calls: list[_CallLog | tuple[str, ...] | None] = []
         untrack_container(self.calls)  # str tuples and untracked structs only
@@ -822,9 +841,9 @@ class _Run:
             self.skip = 0
         dead = self.dead
         if dead:
-            self.item_ends = self.item_ends[dead:]
-            self.byte_ends = self.byte_ends[dead:]
-            self.turn_tokens = self.turn_tokens[dead:]
+            self.item_ends = _ends(self.item_ends[dead:])
+            self.byte_ends = _ends(self.byte_ends[dead:])
+            self.turn_tokens = _ends(self.turn_tokens[dead:])
             self.turn_carried = self.turn_carried[dead:]
             self.calls = self.calls[dead:]
             untrack_container(self.calls)
@@ -936,7 +955,7 @@ def _render_entries(
             tokens += entry.tokens
         else:
             native, native_encoded = _render_message(message, gateway)
-            tokens += counter.count((message,))
+            tokens += count_tokens(counter, (message,))
         if type(native) is tuple:
             items.extend(native)
             encoded.extend(native_encoded)  # type: ignore[arg-type]
@@ -1225,6 +1244,8 @@ class HistoryView:
         Raises:
             UnknownTurnError: the view holds no turn ``turn_id``.
             ProviderRuleError: the gateway rejects a message's content.
+            HostCallbackError: the token counter failed on a message the
+                pairing made (a cancelled result).
         """
         return cast(RenderedHistory, self._render(gateway, turn_id, open_calls, None))
 
@@ -1376,6 +1397,8 @@ class HistoryView:
             PositionalScopeError: a scope without ``indices`` asked a
                 positional scope's ``matches``.
             ProviderRuleError: the gateway rejects a message's content.
+            HostCallbackError: the token counter failed on a message the
+                pairing made (a cancelled result).
         """
         position = self._position(turn_id)
         turns = self._turns[:position]
@@ -1688,6 +1711,40 @@ def _blank_part(part: Part) -> bool:
     return False
 
 
+def _calls_after(turns: Sequence[_Turn]) -> tuple[dict[str, ToolCallPart], int]:
+    """The calls still open after ``turns`` (each whole), and the index of their turn.
+
+    Pairing follows :class:`~turnloom.context.CallTracker`, as the render
+    does, from the first kept turn (calls of evicted turns are not carried).
+    The state after a message that starts or ends a call group does not
+    depend on the messages before it, so the walk goes back only to the last
+    turn holding such a message (the tracker's ``group`` moved): O(that turn
+    and the results-only turns after it), the newest turn in practice.
+
+    Returns:
+        the open calls by call id, in call order, and the index in ``turns``
+        of the turn whose assistant message made them (-1 when none is open).
+    """
+    for index in range(len(turns) - 1, -1, -1):
+        tracker = CallTracker()
+        for message in turns[index].messages(True):
+            tracker.feed(message)
+        if tracker.group:
+            for turn in turns[index + 1 :]:
+                for message in turn.messages(True):
+                    tracker.feed(message)
+            return tracker.open, (index if tracker.open else -1)
+    return {}, -1
+
+
+def _answers(calls: dict[str, ToolCallPart], messages: Sequence[Message]) -> bool:
+    """True when a tool result of ``messages`` answers one of the open ``calls``."""
+    if not calls:
+        return False
+    tracker = CallTracker(calls.values())
+    return any(tracker.feed(message).paired for message in messages)
+
+
 def check_batch_length(count: int, limits: HistoryLimits, where: str) -> None:
     """Refuse a batch that makes one turn hold more than ``limits.max_items`` messages.
 
@@ -1747,15 +1804,32 @@ class TurnHistory:
     whether they answer it; until then it is rendered with each prepare
     rather than cached in the shared run.
 
-    Eviction and calls. Eviction drops whole turns and the limits stay hard:
-    no turn is kept beyond them to hold a call for its result. A call is
-    evicted with its turn, whether its result is still expected or already
-    arrived as a later turn's input; that result is then left out of every
-    render (never sent without its call), as a call without its result is.
-    A result that arrives after its call's turn was evicted is dropped too:
-    recorded to the evicted turn it is counted in ``dropped_late_outputs``,
-    given as turn input it is left out. Hosts whose tool results arrive as
-    turn input should allow at least two turns.
+    Eviction and calls. Eviction never separates a turn's input from the
+    calls it answers: a turn whose input holds results of calls made before it
+    (an approval) is *tied* to the turn before it, and eviction drops the
+    oldest turn together with the turns tied to it, oldest first. The limits
+    stay hard: eviction may drop more turns than a limit alone asks for,
+    never keep more. The newest turn is never evicted, so the newest turn and
+    the turns it is tied to must fit every limit together: a commit whose
+    input would tie turns over ``max_turns``, ``max_items``, ``max_bytes`` or
+    ``max_tokens``, or a record that would make them hold more than
+    ``max_items`` or ``max_bytes``, is refused with
+    :class:`~turnloom.errors.PairedTurnsTooLargeError` before anything
+    changes (``max_tokens`` is not checked on records, as for a single turn:
+    tied turns over it are kept until a turn that is not tied to them
+    arrives). A chain of approvals (each turn answering the calls of the one
+    before) is tied end to end and ends at a turn whose input answers
+    nothing, such as plain user text. So no render holds a result without its
+    call, and no turn's input loses results to eviction: without this rule a
+    newest turn made only of results would render no input at all, which
+    Anthropic and Gemini refuse. Source: seed 004 (whole-turn history
+    ownership; incomplete tool-call/output pairs are excluded from the next
+    model input); every provider's rule that a result follows its call.
+
+    Calls still open when their turn is evicted are evicted with it; results
+    given as turn input can answer only calls of the newest turn (or of turns
+    tied to it), which are never evicted. A result recorded to a turn after
+    that turn was evicted is dropped and counted in ``dropped_late_outputs``.
 
     Args:
         limits: the bounds; see :class:`HistoryLimits`.
@@ -1766,7 +1840,11 @@ class TurnHistory:
             recorded; ``max_tokens``, the statistics and every rendered
             ``tokens`` use that count (:class:`ApproxTokenCounter` by default).
             It must count a list as the sum of its messages, as the built-in
-            counters do.
+            counters do. Each answer is checked where it is taken
+            (:func:`~turnloom.context.tokens.count_tokens`): a counter that
+            raises or returns anything but an int in ``[0, MAX_TOKEN_COUNT]``
+            fails the commit, record or render with
+            :class:`~turnloom.errors.HostCallbackError`, nothing changed.
 
     Raises:
         InputError: ``remember_evicted`` is negative.
@@ -1789,6 +1867,7 @@ class TurnHistory:
         "_items",
         "_late_dropped",
         "_limits",
+        "_linked",
         "_message_ids",
         "_pinned",
         "_pinned_bytes",
@@ -1842,6 +1921,11 @@ class TurnHistory:
         self._evicted_tokens = 0
         self._evicted_ids: OrderedDict[str, None] = OrderedDict()
         untrack_container(self._evicted_ids)  # turn ids to None only: no cycle through it
+        # Serials of the kept turns tied to the turn before them: their input
+        # (or a later turn's, past results-only turns) answers calls made
+        # before them, so eviction never separates them (see ``evict``).
+        self._linked: set[int] = set()
+        untrack_container(self._linked)  # ints only: no cycle through it
         self._late_dropped = 0
         self._blank_dropped = 0
         self._duplicates = 0
@@ -1957,7 +2041,11 @@ class TurnHistory:
         )
 
     def over_limits(self) -> bool:
-        """True when the kept turns exceed a limit and more than one turn is kept."""
+        """True when the kept turns exceed a limit and more than one turn is kept.
+
+        :meth:`evict` may still evict nothing: the newest turn and the turns
+        tied to it are never evicted.
+        """
         limits = self._limits
         return len(self._turns) > 1 and (
             len(self._turns) > limits.max_turns
@@ -1999,6 +2087,9 @@ class TurnHistory:
         become when committed or recorded next (:meth:`rendered_items`
         counts them).
 
+        A record to a turn tied to the newest turn (see :class:`TurnHistory`)
+        counts the tied turns together, as eviction keeps them.
+
         Args:
             messages: the batch, oldest first.
             where: how error messages name it (``"turn 't1' input"``).
@@ -2008,7 +2099,9 @@ class TurnHistory:
 
         Raises:
             TurnTooLargeError: the turn would hold more than ``max_items``
-                messages or ``max_bytes`` bytes.
+                messages or ``max_bytes`` bytes
+                (:class:`~turnloom.errors.PairedTurnsTooLargeError`: the turns
+                tied with it would).
             ItemTooLargeError: one message is over the per-item byte cap.
             InvalidMessageError, InvalidTextError, DuplicateIdError: a
                 malformed message.
@@ -2017,11 +2110,22 @@ class TurnHistory:
         """
         limits = self._limits
         held_items = held_bytes = 0
+        unit: tuple[_Turn, ...] = ()  # the turns held with ``turn_id``, when it is tied
         if turn_id is not None:
-            for turn in reversed(self._turns):  # the newest turn, in practice: O(1)
-                if turn.turn_id == turn_id:
-                    held_items, held_bytes = turn.items, turn.bytes
+            turns = self._turns
+            for position in range(len(turns) - 1, -1, -1):  # the newest, in practice: O(1)
+                if turns[position].turn_id == turn_id:
+                    first = self._unit_first(len(turns) - 1)
+                    held = turns[first:] if first <= position else (turns[position],)
+                    if len(held) > 1:
+                        unit = held
+                    held_items = sum(t.items for t in held)
+                    held_bytes = sum(t.bytes for t in held)
                     break
+        if unit and held_items + len(messages) > limits.max_items:
+            raise self._tied_error(
+                where, "items", held_items + len(messages), limits.max_items, unit, turn_id
+            )
         check_batch_length(held_items + len(messages), limits, where)
         cap = limits.max_item_bytes
         total = held_bytes
@@ -2045,6 +2149,8 @@ class TurnHistory:
                 )
             total += size
             if total > limits.max_bytes and not pinned:
+                if unit:
+                    raise self._tied_error(where, "bytes", total, limits.max_bytes, unit, turn_id)
                 raise TurnTooLargeError(
                     f"{where} would make the turn hold at least {total} bytes, over the "
                     f"history's limit of {limits.max_bytes} bytes.",
@@ -2087,8 +2193,8 @@ class TurnHistory:
     ) -> tuple[tuple[_Entry, ...], tuple[int, ...]]:
         """The batch checked (:meth:`check_batch`) as entries, and each one's size."""
         sizes = self.check_batch(messages, where, turn_id=turn_id, pinned=pinned)
-        count = self._shared.counter.count
-        entries = tuple(_Entry(m, count((m,))) for m in messages)
+        counter = self._shared.counter
+        entries = tuple(_Entry(m, count_tokens(counter, (m,))) for m in messages)
         checked, older = self._checked
         self._checked = (_UNCHECKED, older)  # consumed: the batch's messages are held now
         _, _, renders, gateway = checked
@@ -2098,6 +2204,95 @@ class TurnHistory:
             for entry, (native, encoded) in zip(entries, renders, strict=True):
                 entry.seed(slot, native, encoded)
         return entries, sizes
+
+    def _unit_first(self, index: int) -> int:
+        """The index of the oldest turn eviction keeps together with ``self._turns[index]``.
+
+        O(the turns tied together), at most ``max_turns`` once committed.
+        """
+        turns, linked = self._turns, self._linked
+        while index > 0 and turns[index].serial in linked:
+            index -= 1
+        return index
+
+    def _tie(self, turn_id: str, entries: tuple[_Entry, ...], size: int) -> int:
+        """Where a new turn's input answers calls: the index of their turn, or -1.
+
+        Such a turn is evicted only together with that turn (and the turns
+        tied to it), so they must fit every limit together.
+
+        Raises:
+            PairedTurnsTooLargeError: together they would be over a limit.
+        """
+        turns = self._turns
+        if not turns or not any(e.message.tool_results for e in entries):
+            return -1
+        calls, at = _calls_after(turns)
+        if not _answers(calls, [e.message for e in entries]):
+            return -1
+        first = self._unit_first(at)
+        unit = turns[first:]
+        limits = self._limits
+        for kind, value, limit in (
+            ("turns", len(unit) + 1, limits.max_turns),
+            ("items", sum(t.items for t in unit) + len(entries), limits.max_items),
+            ("bytes", sum(t.bytes for t in unit) + size, limits.max_bytes),
+            (
+                "tokens",
+                sum(t.tokens for t in unit) + sum(e.tokens for e in entries),
+                limits.max_tokens,
+            ),
+        ):
+            if limit is not None and value > limit:
+                raise PairedTurnsTooLargeError(
+                    f"Turn {excerpt(turn_id)} input answers tool calls of turn "
+                    f"{excerpt(turns[at].turn_id)}, and eviction never separates results "
+                    f"from their calls: turns {excerpt(unit[0].turn_id)} to "
+                    f"{excerpt(turn_id)} would be kept together with {value} {kind}, over "
+                    f"the history's max_{kind} of {limit}. Allow a turn making calls and "
+                    "the turns answering them to fit together.",
+                    unit=kind,
+                    size=value,
+                    limit=limit,
+                    turn_id=turn_id,
+                    first_turn_id=unit[0].turn_id,
+                )
+        return at
+
+    def _tied_error(
+        self,
+        where: str,
+        kind: str,
+        size: int,
+        limit: int,
+        unit: tuple[_Turn, ...],
+        turn_id: str | None,
+    ) -> PairedTurnsTooLargeError:
+        """The error of a record that would make turns evicted only together too large."""
+        return PairedTurnsTooLargeError(
+            f"{where} would make turns {excerpt(unit[0].turn_id)} to "
+            f"{excerpt(unit[-1].turn_id)}, which eviction keeps together (results given as "
+            f"a turn's input stay with their calls), hold at least {size} {kind}, over the "
+            f"history's max_{kind} of {limit}.",
+            unit=kind,
+            size=size,
+            limit=limit,
+            turn_id=turn_id or unit[-1].turn_id,
+            first_turn_id=unit[0].turn_id,
+        )
+
+    def _relink(self, position: int) -> None:
+        """Tie again the turns after ``position``, whose outputs just gained tool calls.
+
+        A late record can make a later turn's input answer calls it did not
+        answer before; ties are only added (a tie that no longer pairs keeps
+        turns together that could part, never the reverse).
+        """
+        turns = self._turns
+        for index in range(position + 1, len(turns)):
+            calls, at = _calls_after(turns[:index])
+            if _answers(calls, turns[index].messages(False)):
+                self._linked.update(t.serial for t in turns[at + 1 : index + 1])
 
     def commit(
         self,
@@ -2129,9 +2324,16 @@ class TurnHistory:
             ItemTooLargeError: one message is over the per-item byte cap.
             TurnTooLargeError: the input is over ``max_items`` or ``max_bytes``,
                 or the instructions over ``max_items`` (checked first).
+            PairedTurnsTooLargeError: the input answers tool calls of the
+                newest turn (or of turns tied to it), and those turns with
+                this one would be over ``max_turns``, ``max_items``,
+                ``max_bytes`` or ``max_tokens`` (a subclass of
+                ``TurnTooLargeError``; ``unit`` names the limit).
             DuplicateIdError: ``turn_id`` is kept or was evicted (or retracted)
                 recently, or an input message has the id of a held message.
             OutOfOrderTurnError: ``sequence`` is not greater than the previous one.
+            HostCallbackError: the token counter raised or returned a count
+                that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing changed.
         """
         check_id(turn_id, "turn id")
         if self.has_turn(turn_id) or turn_id in self._evicted_ids:
@@ -2175,6 +2377,7 @@ class TurnHistory:
             pinned, pinned_sizes = self._entries(
                 instructions, f"turn {excerpt(turn_id)} instructions", pinned=True
             )
+        tied = self._tie(turn_id, entries, sum(sizes))
         # Validated: change state.
         if pinned is not None:
             self._pinned = pinned
@@ -2194,6 +2397,9 @@ class TurnHistory:
         for entry in entries:
             if entry.message.id is not None:
                 self._message_ids[entry.message.id] = (self._serial, entry.message)
+        if tied >= 0:
+            self._linked.update(t.serial for t in self._turns[tied + 1 :])
+            self._linked.add(turn.serial)
         self._turns = (*self._turns, turn)
         self._ids.add(turn_id)
         self._items += turn.items
@@ -2272,6 +2478,12 @@ class TurnHistory:
                 nothing was recorded.
             TurnTooLargeError: the turn would hold more than ``max_items``
                 messages or ``max_bytes`` bytes; nothing was recorded.
+                :class:`~turnloom.errors.PairedTurnsTooLargeError` when the
+                turn is tied to the newest turn (see the class docstring) and
+                the tied turns together would.
+            HostCallbackError: the token counter raised or returned a count
+                that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing was
+                recorded.
         """
         position = -1
         for i in range(len(self._turns) - 1, -1, -1):
@@ -2325,13 +2537,16 @@ class TurnHistory:
             if entry.message.id is not None:
                 self._message_ids[entry.message.id] = (old.serial, entry.message)
         new = old.with_outputs(tuple(kept), kept_bytes)
-        if position != len(self._turns) - 1:
+        late = position != len(self._turns) - 1
+        if late:
             self._generation += 1
         self._turns = (*self._turns[:position], new, *self._turns[position + 1 :])
         self._items += len(kept)
         self._bytes += new.bytes - old.bytes
         self._tokens += new.tokens - old.tokens
         self._view = None
+        if late and any(e.message.tool_calls for e in kept):
+            self._relink(position)
         return len(kept)
 
     def keep_state(
@@ -2364,10 +2579,12 @@ class TurnHistory:
             InvalidTextError: text that is not valid UTF-8; nothing changed.
             ItemTooLargeError: one message is over the per-item byte cap;
                 nothing changed.
+            HostCallbackError: the token counter raised or returned a count
+                that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing changed.
         """
         reject_instructions(messages, "state", f"Turn {excerpt(turn_id)} state")
         cap = self._limits.max_item_bytes
-        count = self._shared.counter.count
+        counter = self._shared.counter
         entries: list[_Entry] = []
         state_bytes = 0
         for i, message in enumerate(messages):
@@ -2384,7 +2601,7 @@ class TurnHistory:
                     f"{label} has id {excerpt(message.id)}; kept state messages carry no id.",
                     field="id",
                 )
-            entries.append(_Entry(message, count((message,))))
+            entries.append(_Entry(message, count_tokens(counter, (message,))))
             state_bytes += size
         position = len(self._turns) - 1
         while position >= 0 and self._turns[position].turn_id != turn_id:
@@ -2409,9 +2626,15 @@ class TurnHistory:
     def evict(self) -> tuple[str, ...]:
         """Drop whole turns, oldest first, until every limit holds.
 
-        The newest turn is never evicted, so a single turn larger than a limit
-        is kept alone. Pinned instructions are never evicted, and never
-        counted against a limit.
+        A turn leaves together with the later turns tied to it (their input
+        answers its calls; see the class docstring), so eviction may drop more
+        than a limit alone asks for. The newest turn, and the turns it is tied
+        to, are never evicted: they are kept alone when over a limit (over
+        ``max_tokens`` through records, or over any limit through kept state,
+        which is never refused; commits and records refuse the rest).
+        Pinned instructions are never evicted, and never counted against a
+        limit. O(evicted turns), plus the turns tied to the newest when they
+        stop it.
 
         Returns:
             the ids of the evicted turns, oldest first.
@@ -2420,17 +2643,25 @@ class TurnHistory:
         items = total = tokens = 0
         limits = self._limits
         max_tokens = limits.max_tokens
-        turns = self._turns
-        while len(turns) - count > 1 and (
+        turns, linked = self._turns, self._linked
+        while (
             len(turns) - count > limits.max_turns
             or self._items - items > limits.max_items
             or self._bytes - total > limits.max_bytes
             or (max_tokens is not None and self._tokens - tokens > max_tokens)
         ):
-            items += turns[count].items
-            total += turns[count].bytes
-            tokens += turns[count].tokens
-            count += 1
+            # The oldest turn goes with the turns tied to it (their input
+            # answers its calls), or not at all when they reach the newest.
+            end = count + 1
+            while end < len(turns) and turns[end].serial in linked:
+                end += 1
+            if end >= len(turns):
+                break
+            for turn in turns[count:end]:
+                items += turn.items
+                total += turn.bytes
+                tokens += turn.tokens
+            count = end
         if not count:
             return ()
         evicted = tuple(t.turn_id for t in turns[:count])
@@ -2450,6 +2681,7 @@ class TurnHistory:
     def _forget(self, turn: _Turn) -> None:
         """Drop a turn's ids; remember its id as gone (a bounded number of them)."""
         self._ids.discard(turn.turn_id)
+        self._linked.discard(turn.serial)
         message_ids = self._message_ids
         if message_ids:
             for entry in turn.input + turn.outputs:

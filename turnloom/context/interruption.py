@@ -12,7 +12,7 @@ __all__ = ("played_prefix",)
 import msgspec
 
 from turnloom.context.message import Message, Part, Role, TextPart
-from turnloom.errors import InvalidMessageError, excerpt
+from turnloom.errors import InvalidMessageError, excerpt, what_type
 
 
 def played_prefix(output: Message, played: int) -> Message:
@@ -27,9 +27,18 @@ def played_prefix(output: Message, played: int) -> Message:
     layout. A result with no text and no other part is blank, which
     ``record`` does not store.
 
+    The unit is the Unicode code point, what ``len(text)`` counts: not
+    UTF-16 code units (a JavaScript ``charIndex`` counts an emoji as 2;
+    convert it first), not UTF-8 bytes and not user-perceived characters
+    (grapheme clusters). A cut never splits a code point, so valid text stays
+    valid UTF-8. It may split a cluster, which then keeps its leading code
+    points: an emoji followed by a skin-tone modifier, cut after 1, keeps the
+    emoji alone; an ``e`` followed by a combining acute accent keeps the
+    ``e``.
+
     Args:
         output: the whole assistant message the model produced.
-        played: how many characters of its text were played (0 or more; a
+        played: how many code points of its text were played (0 or more; a
             count beyond the text keeps all of it).
 
     Returns:
@@ -72,4 +81,4 @@ def played_prefix(output: Message, played: int) -> Message:
 def _describe(value: object) -> str:
     if isinstance(value, Message):
         return f"a {value.role!s} message"
-    return f"a {type(value).__name__}"
+    return what_type(value)

@@ -24,12 +24,13 @@ __all__ = (
     "exact_bytes",
 )
 
+import gc
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
 import msgspec
 
-from turnloom.context._untrack import untrack_json
+from turnloom.context._untrack import untrack_atoms, untrack_container, untrack_json
 from turnloom.context.gateway import NativeContent
 
 _decode = msgspec.json.Decoder().decode
@@ -78,6 +79,9 @@ class EncodedSpan(Sequence[bytes]):
         self._items = items
         self._start = start
         self._stop = stop
+        # It refers to a list of bytes and ints only: in no cycle, so out of
+        # the cyclic collector (a held prefix adds no tracked object for it).
+        untrack_atoms(self)
 
     def __len__(self) -> int:
         return self._stop - self._start
@@ -121,6 +125,23 @@ def _decode_run(encoded: Sequence[bytes]) -> list[NativeContent]:
     decoded: list[NativeContent] = _decode(b"".join((b"[", b",".join(encoded), b"]")))
     untrack_json(decoded)
     return decoded
+
+
+def _untrack_joined(joined: tuple[Any, ...], *parts: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``joined``, untracked when every part it was joined from is untracked.
+
+    CPython keeps a tuple of native items tracked (they are dicts), so a
+    tuple of them is untracked only by :func:`~turnloom.context._untrack.untrack_json`
+    or :func:`~turnloom.context._untrack.untrack_container`, whose callers
+    proved its items are read-only JSON values. ``joined`` holds those same
+    items and the decoded run's (untracked by :func:`_decode_run`), nothing
+    else, so the proof carries over: no cycle can pass through it, and a
+    held prefix adds no reference per item to a full collection. A tracked
+    part (an area's items, an assembled prompt) keeps it tracked.
+    """
+    if not any(map(gc.is_tracked, parts)):
+        untrack_container(joined)
+    return joined
 
 
 def common_prefix(new: Sequence[Any], old: Sequence[Any]) -> int:
@@ -234,9 +255,13 @@ class NativeItems:
         value = self._value
         if value is None:
             if self._encoded:
-                value = (*self._before, *self._decoded(), *self._after)
+                value = _untrack_joined(
+                    (*self._before, *self._decoded(), *self._after), self._before, self._after
+                )
+            elif self._after:
+                value = _untrack_joined(self._before + self._after, self._before, self._after)
             else:
-                value = self._before + self._after if self._after else self._before
+                value = self._before
             self._value = value
             self._source = None
         return value
@@ -305,7 +330,11 @@ class NativeItems:
         if not items:
             return self
         other = NativeItems(
-            self._before, self._encoded, self._after + items, self._epoch, self._origin
+            self._before,
+            self._encoded,
+            _untrack_joined(self._after + items, self._after, items),
+            self._epoch,
+            self._origin,
         )
         other._source = self._source
         return other
@@ -315,7 +344,11 @@ class NativeItems:
         if not items:
             return self
         other = NativeItems(
-            items + self._before, self._encoded, self._after, self._epoch, self._origin
+            _untrack_joined(items + self._before, items, self._before),
+            self._encoded,
+            self._after,
+            self._epoch,
+            self._origin,
         )
         other._source = self._source
         return other

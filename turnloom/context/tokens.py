@@ -49,12 +49,14 @@ a 1024x1024 image. The rules (``image_rule``):
 from __future__ import annotations
 
 __all__ = (
+    "MAX_TOKEN_COUNT",
     "ApproxTokenCounter",
     "ImageRule",
     "ImageSizeHook",
     "OpenAITokenCounter",
     "TokenCounter",
     "approx_text_tokens",
+    "count_tokens",
     "estimate_message_tokens",
     "image_size",
     "image_tokens",
@@ -79,7 +81,15 @@ from turnloom.context.message import (
     ToolCallPart,
     ToolResultPart,
 )
-from turnloom.errors import InvalidArgumentError, MissingDependencyError
+from turnloom.errors import (
+    HostCallbackError,
+    InvalidArgumentError,
+    MissingDependencyError,
+    TurnloomError,
+    excerpt,
+    type_name,
+    what_type,
+)
 
 ImageRule: TypeAlias = Literal["openai", "anthropic", "gemini"]
 ImageSizeHook: TypeAlias = Callable[[ImagePart], "tuple[int, int] | None"]
@@ -96,6 +106,13 @@ _HEADER_CHARS = 87_384
 
 _json = msgspec.json.Encoder()
 
+MAX_TOKEN_COUNT = 2**63 - 1
+"""The largest count :func:`count_tokens` takes from a counter, in tokens.
+
+The largest 64-bit integer: what stores, metric exporters and other
+languages' JSON readers carry; a larger count is a counter's bug.
+"""
+
 
 @runtime_checkable
 class TokenCounter(Protocol):
@@ -109,6 +126,56 @@ class TokenCounter(Protocol):
     def count(self, messages: Sequence[Message]) -> int:
         """The tokens of ``messages``, in tokens; 0 for an empty list."""
         ...
+
+
+def count_tokens(counter: TokenCounter, messages: Sequence[Message]) -> int:
+    """``counter.count(messages)``, checked: every count turnloom takes goes through here.
+
+    A host's counter is host code: its answer is checked where it is taken
+    (a commit, a record, a render), before anything is changed with it, so a
+    negative, fractional or boolean count can never defeat ``max_tokens``
+    or corrupt a total.
+
+    Args:
+        counter: any object with a ``count(messages)`` method.
+        messages: the messages to count.
+
+    Returns:
+        The count, an ``int`` in ``[0, MAX_TOKEN_COUNT]`` (an int subclass
+        other than ``bool`` is converted to ``int``).
+
+    Raises:
+        HostCallbackError: ``counter.count`` raised an exception that is not
+            a :class:`~turnloom.errors.TurnloomError` (it is the
+            ``__cause__``), or returned something other than an int in that
+            range (``callback`` is ``"token_counter"``).
+        TurnloomError: whatever ``counter.count`` raised of turnloom's own
+            errors (the built-in counters' ``InvalidArgumentError``), unchanged.
+    """
+    try:
+        count = counter.count(messages)
+    except TurnloomError:
+        raise
+    except Exception as exc:
+        raise HostCallbackError(
+            f"The token counter {type_name(counter)} raised {type_name(exc)}: {excerpt(str(exc))}.",
+            callback="token_counter",
+        ) from exc
+    if type(count) is not int:
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise HostCallbackError(
+                f"The token counter {type_name(counter)} returned "
+                f"{what_type(count)} ({excerpt(count)}), not an int count of tokens.",
+                callback="token_counter",
+            )
+        count = int(count)
+    if not 0 <= count <= MAX_TOKEN_COUNT:
+        raise HostCallbackError(
+            f"The token counter {type_name(counter)} returned {excerpt(count)} tokens; "
+            f"a count is an int from 0 to {MAX_TOKEN_COUNT}.",
+            callback="token_counter",
+        )
+    return count
 
 
 def approx_text_tokens(text: str) -> int:
@@ -298,14 +365,14 @@ def _sum_messages(messages: Sequence[Message], per_message: Callable[[Message], 
     # a context or a history; counting must not pay for that twice.
     if isinstance(messages, str | bytes) or not isinstance(messages, Iterable):
         raise InvalidArgumentError(
-            f"messages must be a sequence of Message, not a {type(messages).__name__}.",
+            f"messages must be a sequence of Message, not {what_type(messages)}.",
             field="messages",
         )
     total = 0
     for i, message in enumerate(messages):
         if not isinstance(message, Message):
             raise InvalidArgumentError(
-                f"messages[{i}] is a {type(message).__name__}, not a turnloom Message.",
+                f"messages[{i}] is {what_type(message)}, not a turnloom Message.",
                 field=f"messages[{i}]",
             )
         total += per_message(message)

@@ -57,8 +57,8 @@ from turnloom.context.message import (
     check_message,
 )
 from turnloom.context.scope import ContextScope, check_scope, scope_indices
-from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
-from turnloom.errors import FrozenValueError, InvalidArgumentError, excerpt
+from turnloom.context.tokens import ApproxTokenCounter, TokenCounter, count_tokens
+from turnloom.errors import FrozenValueError, InvalidArgumentError, excerpt, what_type
 
 T = TypeVar("T")
 
@@ -224,7 +224,7 @@ def _freeze(value: object, path: set[int]) -> object:
 def _checked_messages(messages: object, field: str) -> list[Message]:
     if isinstance(messages, str | bytes) or not isinstance(messages, Iterable):
         raise InvalidArgumentError(
-            f"{field} must be an iterable of Message, not a {type(messages).__name__}.",
+            f"{field} must be an iterable of Message, not {what_type(messages)}.",
             field=field,
         )
     out = list(messages)
@@ -244,7 +244,7 @@ def _check_key(key: object, field: str = "key") -> str:
 def _checked_scratchpad(scratchpad: object, field: str = "scratchpad") -> dict[str, Any]:
     if not isinstance(scratchpad, Mapping):
         raise InvalidArgumentError(
-            f"{field} must be a mapping with string keys, not a {type(scratchpad).__name__}.",
+            f"{field} must be a mapping with string keys, not {what_type(scratchpad)}.",
             field=field,
         )
     for key in scratchpad:
@@ -814,13 +814,23 @@ class WorkingContext:
         return len(self.prefix.as_messages()) + len(self.messages)
 
     def tokens(self) -> int:
-        """The tokens of :meth:`assembled`, by the configured counter."""
+        """The tokens of :meth:`assembled`, by the configured counter.
+
+        Raises:
+            HostCallbackError: the counter raised or returned a count that is
+                not an int in ``[0, MAX_TOKEN_COUNT]``
+                (:func:`~turnloom.context.tokens.count_tokens`).
+        """
         # Synchronous (the seed's is awaitable): counters here are local and
         # pure, and this layer must run in a worker thread without a loop.
-        return self.token_counter.count(self.assembled())
+        return count_tokens(self.token_counter, self.assembled())
 
     def headroom(self) -> int | None:
-        """``limit`` minus :meth:`tokens` (negative when over); ``None`` without a limit."""
+        """``limit`` minus :meth:`tokens` (negative when over); ``None`` without a limit.
+
+        Raises:
+            HostCallbackError: as :meth:`tokens`.
+        """
         if self.limit is None:
             return None
         return self.limit - self.tokens()

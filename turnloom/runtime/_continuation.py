@@ -30,18 +30,32 @@ from turnloom.context.history import (
 )
 from turnloom.context.message import Message, check_message
 from turnloom.context.pairing import OpenCallPolicy, complete_pairs
-from turnloom.errors import DuplicateIdError, InvalidMessageError, excerpt
+from turnloom.errors import DuplicateIdError, InvalidMessageError, excerpt, what_type
 from turnloom.runtime.schemas import PreparedContext
 from turnloom.runtime.state import is_state_message
+
+
+class _Issued(weakref.ref[PreparedContext]):
+    """A delivered prefix, weakly, with what ``build`` keeps for it while it lives.
+
+    One object per live prefix (the weak reference itself), so a host that
+    holds many prefixes adds one tracked object each to what a full
+    collection visits.
+    """
+
+    __slots__ = ("body", "call_ids", "checked", "key")
+
+    key: int  # id() of the prefix
+    call_ids: CallIdRenamer  # the call-id renaming state after the prefix's items
+    checked: CheckedContinuation | None  # the continuation last checked for it
+    body: EncodedBody | None  # its request body, closed turns kept encoded (None: encode whole)
 
 
 class IssuedPrefixes:
     """Every prefix a manager delivered that is still alive, and what ``build`` keeps for it."""
 
     __slots__ = (
-        "_bodies",
-        "_call_ids",
-        "_checked",
+        "_forget",
         "_gateway",
         "_histories",
         "_issued",
@@ -62,36 +76,36 @@ class IssuedPrefixes:
         self._histories = histories
         self._limits = limits
         self._open_calls = open_calls
-        self._issued: weakref.WeakValueDictionary[int, PreparedContext] = (
-            weakref.WeakValueDictionary()
-        )
-        # id -> the call-id renaming state after that prefix's items.
-        self._call_ids: dict[int, CallIdRenamer] = {}
-        # id -> the continuation last checked for that prefix.
-        self._checked: dict[int, CheckedContinuation] = {}
-        # id -> the request body of that prefix's items, its closed turns
-        # kept encoded (None: encode the body whole).
-        self._bodies: dict[int, EncodedBody | None] = {}
+        # id -> the live prefix with that id, weakly, and what is kept for it.
+        self._issued: dict[int, _Issued] = {}
+        # One callback for every prefix (not a bound method per prefix).
+        self._forget: Callable[[_Issued], None] = self._collected
         self._reserved = reserved_fields(gateway)
 
     def add(
         self, prefix: PreparedContext, call_ids: CallIdRenamer, body: EncodedBody | None = None
     ) -> None:
         """Register a delivered prefix; what is kept for it goes when it is collected."""
-        key = id(prefix)
-        self._issued[key] = prefix
-        self._call_ids[key] = call_ids
-        self._bodies[key] = body
-        weakref.finalize(prefix, self._forget, key)
+        entry = _Issued(prefix, self._forget)
+        entry.key = id(prefix)
+        entry.call_ids = call_ids
+        entry.checked = None
+        entry.body = body
+        self._issued[entry.key] = entry
 
-    def _forget(self, key: int) -> None:
-        self._call_ids.pop(key, None)
-        self._checked.pop(key, None)
-        self._bodies.pop(key, None)
+    def _collected(self, entry: _Issued) -> None:
+        # The prefix died: its id may be reused only after this runs.
+        if self._issued.get(entry.key) is entry:
+            del self._issued[entry.key]
+
+    def _get(self, key: int) -> PreparedContext | None:
+        """The live prefix with ``id()`` ``key`` that this manager delivered, or None."""
+        entry = self._issued.get(key)
+        return entry() if entry is not None else None
 
     def check(self, prefix: PreparedContext) -> None:
         """Raise :class:`InvalidMessageError` unless ``prefix`` was delivered by this manager."""
-        check_continuation(prefix, (), self._issued, self._limits)
+        check_continuation(prefix, (), self._get, self._limits)
 
     def build(
         self, prefix: PreparedContext, continuation: Sequence[Message]
@@ -122,7 +136,8 @@ class IssuedPrefixes:
         if fields is not None:
             members = encode_fields(fields, self._reserved)
         added = self._continue(prefix, continuation)
-        body = self._bodies.get(id(prefix))
+        entry = self._issued.get(id(prefix))
+        body = entry.body if entry is not None else None
         if body is None:
             encoded = _encoder.encode(self._gateway.request_body((*prefix.items, *added)))
             return with_fields(encoded, members)
@@ -132,16 +147,23 @@ class IssuedPrefixes:
         self, prefix: PreparedContext, continuation: Sequence[Message]
     ) -> list[NativeContent]:
         """Check ``continuation`` against ``prefix``; its items, call ids continued."""
-        key = id(prefix)
         gateway = self._gateway
-        issued = self._issued.get(key) is prefix  # else check_continuation raises
+        entry = self._issued.get(id(prefix))
+        issued = entry is not None and entry() is prefix  # else check_continuation raises
         history = self._histories(prefix.context_id) if issued else None
         renders = history.output_renders(prefix.turn_id, gateway) if history is not None else {}
-        self._checked[key] = check_continuation(
-            prefix, continuation, self._issued, self._limits, self._checked.get(key), renders
+        checked = check_continuation(
+            prefix,
+            continuation,
+            self._get,
+            self._limits,
+            entry.checked if entry is not None else None,
+            renders,
         )
+        assert entry is not None  # check_continuation raised otherwise
+        entry.checked = checked
         items: list[NativeContent] = []
-        call_ids = self._call_ids[key].copy()
+        call_ids = entry.call_ids.copy()
         for message in complete_pairs(continuation, open_calls=self._open_calls):
             native = renders.get(id(message))
             rendered = native if native is not None else gateway.render(message)
@@ -171,7 +193,7 @@ class CheckedContinuation:
 def check_continuation(
     prefix: PreparedContext,
     continuation: Sequence[Message],
-    issued: Mapping[int, PreparedContext],
+    issued: Callable[[int], PreparedContext | None],
     limits: HistoryLimits,
     checked: CheckedContinuation | None = None,
     held: Container[int] = (),
@@ -179,7 +201,8 @@ def check_continuation(
     """Validate a prefix and its continuation (see ``ContextManager.build``).
 
     Args:
-        issued: id -> prefix, for every prefix the manager's prepare returned.
+        issued: looks up, by ``id()``, a live prefix the manager's prepare
+            returned (None for any other id).
         limits: the history's limits; a continuation is one turn's messages.
         checked: what an earlier call returned for the same prefix: when the
             continuation starts with those very message objects, only the
@@ -199,10 +222,8 @@ def check_continuation(
             an earlier continuation message.
     """
     if not isinstance(prefix, PreparedContext):
-        raise InvalidMessageError(
-            f"build takes a PreparedContext prefix, not a {type(prefix).__name__}."
-        )
-    if issued.get(id(prefix)) is not prefix:
+        raise InvalidMessageError(f"build takes a PreparedContext prefix, not {what_type(prefix)}.")
+    if issued(id(prefix)) is not prefix:
         raise InvalidMessageError(
             f"The prefix of turn {excerpt(prefix.turn_id)} of context "
             f"{excerpt(prefix.context_id)} was "

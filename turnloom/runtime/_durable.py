@@ -27,6 +27,7 @@ from __future__ import annotations
 __all__ = ("Durability",)
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable
 
 import anyio
@@ -50,6 +51,9 @@ from turnloom.runtime.store import ContextStore, LogWrite
 _RETRY_DELAYS = (0.05, 0.2, 0.5)  # seconds between the writer's attempts of one batch
 _COMPACT_MIN = 64  # records: shorter logs are never compacted
 _COMPACT_PER_TURN = 8  # records per turn held above which a log is compacted
+# Lost contexts remembered, newest first, so a change of one says why it is
+# refused (StaleLeaseError); an older loss reads as never claimed.
+_LOST_REMEMBERED = 1024
 
 
 class _Claim:
@@ -112,7 +116,8 @@ class Durability:
         self._history = history
         self._claims: dict[str, _Claim] = {}
         self._claiming: dict[str, anyio.Event] = {}
-        self._lost: dict[str, str] = {}  # context id -> why
+        # context id -> why, oldest loss first; at most _LOST_REMEMBERED, emptied by aclose
+        self._lost: OrderedDict[str, str] = OrderedDict()
         self._forgets: list[tuple[str, int]] = []
         self._waiters: list[_Waiter] = []
         self._wake = anyio.Event()
@@ -146,8 +151,10 @@ class Durability:
 
         Raises:
             InvalidMessageError: a malformed context id.
-            StaleLeaseError: the lease was lost (refused write, failed renewal).
-            NotClaimedError: the context was never claimed, or left memory idle.
+            StaleLeaseError: the lease was lost (refused write, failed renewal)
+                and not claimed since; the newest 1024 losses are remembered.
+            NotClaimedError: the context was never claimed, left memory idle,
+                or was lost before the newest 1024 losses.
         """
         claim = self._claims.get(context_id) if isinstance(context_id, str) else None
         if claim is not None:
@@ -202,6 +209,7 @@ class Durability:
         Raises:
             LeaseHeldError: another owner holds the lease.
             StoreRecordError: a stored record does not decode or apply.
+            HostCallbackError: the token counter failed while the log was replayed.
             StoreUnavailableError: the store cannot be reached.
         """
         check_id(context_id, "context id")
@@ -260,6 +268,9 @@ class Durability:
         self._pending -= len(claim.pending)
         self._lost_total += 1
         self._lost[context_id] = why
+        self._lost.move_to_end(context_id)
+        while len(self._lost) > _LOST_REMEMBERED:
+            self._lost.popitem(last=False)
         self._unload(context_id)
 
     # -- the writer ------------------------------------------------------------------
@@ -494,6 +505,7 @@ class Durability:
             self._scope.cancel()
             leases = {cid: claim.token for cid, claim in self._claims.items()}
             self._claims.clear()
+            self._lost.clear()
             if leases:
                 with anyio.move_on_after(grace_period):
                     try:

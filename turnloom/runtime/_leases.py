@@ -138,6 +138,8 @@ class Leases:
                 expired; retry after it expires (``lease_ttl``).
             StoreRecordError: a stored record of the context does not decode
                 or does not apply; ``index`` names it. The lease was released.
+            HostCallbackError: the token counter failed while the log was
+                replayed; the lease was released.
             StoreUnavailableError: the store cannot be reached.
 
         Cancellation:

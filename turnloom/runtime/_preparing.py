@@ -28,7 +28,7 @@ from turnloom.context.gateways import (
     OpenAIResponsesGateway,
 )
 from turnloom.context.history import HistoryView
-from turnloom.errors import AreaCallbackError, StateError, excerpt
+from turnloom.errors import AreaCallbackError, StateError, excerpt, what_type
 from turnloom.runtime._area_section import AreaSection, SectionResult
 from turnloom.runtime._contexts import ContextState, ContextTable, TurnAssembly
 from turnloom.runtime._continuation import IssuedPrefixes
@@ -40,7 +40,7 @@ from turnloom.runtime._render import DeliveredPrefix, render_preparation
 from turnloom.runtime.assembly import AssembledContext, AssemblyStrategy, assembly_query
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
-from turnloom.runtime.state import check_time
+from turnloom.runtime.state import read_clock
 
 INLINE_MAX_ITEMS = 512
 """The most items' worth of work a prepare may do to render inline.
@@ -281,14 +281,15 @@ class Preparer:
         self, request: ContextPrepareRequest, state: ContextState
     ) -> ContextPrepareRequest:
         """Capture once, when the turn is held: the request's state, its time included."""
-        if self._durable is not None:
-            self._durable.touch(request.context_id)
         perception = request.perception
         if perception is not None and perception.time is None:
-            now = check_time(self._clock(), "The Foundation's clock value")
+            # Read before anything is touched: a failing clock changes nothing.
+            now = read_clock(self._clock)
             request = msgspec.structs.replace(
                 request, perception=msgspec.structs.replace(perception, time=now)
             )
+        if self._durable is not None:
+            self._durable.touch(request.context_id)
         return request
 
     def _behavior_rules(self, request: ContextPrepareRequest) -> str | None:
@@ -364,8 +365,8 @@ class Preparer:
             )
             if not isinstance(result, AssembledContext):
                 raise StateError(
-                    f"The assembly strategy {excerpt(strategy.name)} returned a "
-                    f"{type(result).__name__}, not an AssembledContext."
+                    f"The assembly strategy {excerpt(strategy.name)} returned "
+                    f"{what_type(result)}, not an AssembledContext."
                 )
         except BaseException as exc:
             if state.assembly is record:

@@ -51,7 +51,13 @@ import msgspec
 from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory
 from turnloom.context.message import Message
 from turnloom.context.tokens import TokenCounter
-from turnloom.errors import StateError, StoreRecordError, TurnloomError, excerpt
+from turnloom.errors import (
+    HostCallbackError,
+    StateError,
+    StoreRecordError,
+    TurnloomError,
+    excerpt,
+)
 
 # Version 2 added StateKept and CheckpointTurn.state: kept state counts
 # against the limits, so a version-1 reader could not replay the evictions.
@@ -232,6 +238,8 @@ def replay(
         StoreRecordError: a record does not decode, or does not apply to the
             history rebuilt so far (a duplicate turn, an eviction that evicts
             other turns than it logged); ``index`` names it.
+        HostCallbackError: ``token_counter`` failed (see
+            :func:`~turnloom.context.tokens.count_tokens`).
     """
     history = TurnHistory(limits, token_counter=token_counter)
     for index, data in enumerate(log):
@@ -277,8 +285,8 @@ def replay(
                         context_id=context_id,
                         index=index,
                     )
-        except StoreRecordError:
-            raise
+        except (StoreRecordError, HostCallbackError):
+            raise  # the counter's failure, not the record's
         except TurnloomError as exc:
             raise StoreRecordError(
                 f"Record {index} of context {excerpt(context_id)} does not apply to the history "

@@ -28,6 +28,7 @@ from turnloom.context.history import HistoryView, RenderedHistory
 from turnloom.context.items import NativeItems, common_prefix
 from turnloom.context.memory import memory_payload
 from turnloom.context.message import Message, Role, TextPart
+from turnloom.context.tokens import count_tokens
 from turnloom.errors import ItemTooLargeError, OpenToolCallError, excerpt
 from turnloom.runtime._area_section import (
     AreaSection,
@@ -210,7 +211,7 @@ def render_preparation(
     items = rendered.native_items.prefixed(lead)
     total = rendered.bytes + sum(lead_sizes)
     prompt = _prompt_message(assembled) if assembled is not None else None
-    tokens = rendered.tokens + (counter.count([prompt]) if prompt is not None else 0)
+    tokens = rendered.tokens + (count_tokens(counter, [prompt]) if prompt is not None else 0)
     call_id: str | None = None
     reserved: list[str] = []
     extra: tuple[NativeContent, ...] = ()
@@ -228,7 +229,7 @@ def render_preparation(
         # Fresh JSON trees, read-only once prepared: out of the cyclic
         # collector, so a held prefix adds no tracked containers.
         untrack_json(extra)
-        tokens += counter.count(pair)
+        tokens += count_tokens(counter, pair)
         size = len(_encoder.encode(extra[-1]))
         if size > max_item_bytes:
             raise ItemTooLargeError(
@@ -255,7 +256,7 @@ def render_preparation(
         extra += tuple(rename_call_ids(gateway.type, section.items, call_ids))
         outcome = section.outcome
         # Area items are native; each is counted as the message it parses to.
-        tokens += counter.count([gateway.parse(item) for item in section.items])
+        tokens += count_tokens(counter, [gateway.parse(item) for item in section.items])
     extra_sizes = tuple(len(_encoder.encode(item)) for item in extra)
     if extra:
         items = items.extended(extra)

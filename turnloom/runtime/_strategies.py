@@ -29,7 +29,7 @@ from turnloom.context.memory import (
     memory_payload,
 )
 from turnloom.context.message import Message, Role, TextPart, ToolCallPart, ToolResultPart
-from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
+from turnloom.context.tokens import ApproxTokenCounter, TokenCounter, count_tokens
 from turnloom.errors import (
     InputError,
     InvalidMessageError,
@@ -37,6 +37,8 @@ from turnloom.errors import (
     TurnloomError,
     UnknownStrategyError,
     excerpt,
+    type_name,
+    what_type,
 )
 from turnloom.runtime.assembly import (
     HYDRATE_TOOL_NAME,
@@ -63,7 +65,7 @@ def _scope_line(scope: TenantScope | None) -> str:
 
 
 def _tokens(counter: TokenCounter, prompt: str) -> int:
-    return counter.count([Message(role=Role.system, content=prompt)])
+    return count_tokens(counter, [Message(role=Role.system, content=prompt)])
 
 
 async def _recall(
@@ -82,19 +84,18 @@ async def _recall(
         raise
     except Exception as exc:
         raise MemoryStoreError(
-            f"The memory source failed: {type(exc).__name__}: {excerpt(str(exc))}."
+            f"The memory source failed: {type_name(exc)}: {excerpt(str(exc))}."
         ) from exc
     try:
         entries = tuple(found)[:top_k]
     except TypeError:
         raise MemoryStoreError(
-            f"The memory source returned a {type(found).__name__}, not a sequence of entries."
+            f"The memory source returned {what_type(found)}, not a sequence of entries."
         ) from None
     for i, entry in enumerate(entries):
         if not isinstance(entry, MemoryEntry):
             raise MemoryStoreError(
-                f"The memory source returned a {type(entry).__name__} at position {i}, "
-                "not a MemoryEntry."
+                f"The memory source returned {what_type(entry)} at position {i}, not a MemoryEntry."
             )
     return entries
 
@@ -105,7 +106,7 @@ def _activation(entries: Sequence[MemoryEntry]) -> dict[str, Any]:
 
 def _check_options(options: StrategyOptions) -> StrategyOptions:
     if not isinstance(options, StrategyOptions):
-        raise InputError(f"strategy_options must be StrategyOptions, not {type(options).__name__}.")
+        raise InputError(f"strategy_options must be StrategyOptions, not {what_type(options)}.")
     for field, low, high in (
         ("top_k", 1, 100),
         ("max_memory_chars", 0, 1 << 20),
@@ -259,9 +260,14 @@ class JITStrategy(_StrategyBase):
             As the memory source's search; nothing is changed.
         """
         if not isinstance(call, ToolCallPart) or call.name != HYDRATE_TOOL_NAME:
+            given = (
+                f"one named {excerpt(call.name)}"
+                if isinstance(call, ToolCallPart)
+                else what_type(call)
+            )
             raise InvalidMessageError(
                 f"hydrate_context answers a ToolCallPart named {excerpt(HYDRATE_TOOL_NAME)}, not "
-                f"{excerpt(getattr(call, 'name', type(call).__name__))}.",
+                f"{given}.",
                 field="call",
             )
         problem, query, top_k = self._arguments(call.arguments)
@@ -448,7 +454,6 @@ def make_strategy(
         )
     if memory is not None and not isinstance(memory, MemorySource):
         raise InputError(
-            f"memory must be a MemorySource (an async search method), not a "
-            f"{type(memory).__name__}."
+            f"memory must be a MemorySource (an async search method), not {what_type(memory)}."
         )
     return factory(gateway=gateway, memory=memory, options=options, token_counter=token_counter)

@@ -60,8 +60,9 @@ class Voice:
             context_id: the conversation.
             turn_id: the turn the output answered.
             output: the whole assistant message the model produced.
-            played: how many characters of its text were played, counted
-                over its text parts in order.
+            played: how many characters of its text were played, in code
+                points (what ``len(text)`` counts, not UTF-16 units or
+                bytes), counted over its text parts in order.
 
         Returns:
             how many messages were recorded (0 or 1).
@@ -72,7 +73,7 @@ class Voice:
             StateError, FoundationClosedError, UnknownContextError,
             UnknownTurnError, InvalidTextError, DuplicateIdError,
             ItemTooLargeError, ProviderRuleError, NotClaimedError,
-            StaleLeaseError: as ``manager.record``.
+            StaleLeaseError, HostCallbackError: as ``manager.record``.
         """
         self._life.check_recording()
         self._table.get(context_id)

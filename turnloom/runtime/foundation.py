@@ -46,7 +46,7 @@ from turnloom.context.history import HistoryLimits
 from turnloom.context.memory import MemorySource
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.tokens import TokenCounter
-from turnloom.errors import InputError, StateError
+from turnloom.errors import InputError, StateError, what_type
 from turnloom.runtime._door import (
     DEFAULT_IDLE_AFTER,
     DEFAULT_LEASE_TTL,
@@ -94,10 +94,17 @@ class Foundation:
             ``accept_turn`` and ``record``, on the event loop: about 2.5 us
             per tau-bench message for the approximate counter, 57 us for
             ``OpenAITokenCounter("o200k_base")`` (``scripts/bench_tokens.py``).
+            A counter that raises or returns anything but an int in ``[0,
+            MAX_TOKEN_COUNT]`` fails the call that counted with
+            :class:`~turnloom.errors.HostCallbackError`, nothing changed.
             A manager option too.
         clock: returns the current time as a timezone-aware datetime; read
             once per preparation whose :class:`~turnloom.runtime.Perception`
             gives no time (default ``datetime.now(UTC)``; inject one in tests).
+            A clock that raises fails that preparation with
+            :class:`~turnloom.errors.HostCallbackError` (its exception the
+            ``__cause__``); one that returns a naive datetime or another
+            type, with :class:`~turnloom.errors.InvalidMessageError`.
 
     Raises:
         InputError: a bound is not positive, ``history_limits`` is not a
@@ -141,7 +148,7 @@ class Foundation:
         memory: MemorySource | None = None,
         strategy_options: StrategyOptions | None = None,
         max_tenant_preparations: int | None = None,
-        store: str | ContextStore | None = None,
+        store: ContextStore | None = None,
         lease_ttl: float = DEFAULT_LEASE_TTL,
         idle_after: float = DEFAULT_IDLE_AFTER,
         owner: str | None = None,
@@ -165,7 +172,7 @@ class Foundation:
                 owner=owner,
             )
         elif not isinstance(manager, ContextManager):
-            raise InputError(f"manager must be a ContextManager, not a {type(manager).__name__}.")
+            raise InputError(f"manager must be a ContextManager, not {what_type(manager)}.")
         else:
             given = [
                 name
@@ -198,7 +205,7 @@ class Foundation:
                     "build the manager with them instead."
                 )
         if clock is not None and not callable(clock):
-            raise InputError(f"clock must be callable, not a {type(clock).__name__}.")
+            raise InputError(f"clock must be callable, not {what_type(clock)}.")
         self._clock = clock
         self._options = check_foundation_options(
             manager=manager.options,

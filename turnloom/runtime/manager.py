@@ -129,7 +129,7 @@ class ContextManager:
         memory: MemorySource | None = None,
         strategy_options: StrategyOptions | None = None,
         max_tenant_preparations: int | None = None,
-        store: str | ContextStore | None = None,
+        store: ContextStore | None = None,
         lease_ttl: float = DEFAULT_LEASE_TTL,
         idle_after: float = DEFAULT_IDLE_AFTER,
         owner: str | None = None,
@@ -274,6 +274,12 @@ class ContextManager:
             ItemTooLargeError: a message is over the per-item byte cap.
             TurnTooLargeError: the turn would hold more than ``max_items``
                 messages or ``max_bytes`` bytes (checked on the batch first).
+            PairedTurnsTooLargeError: the input answers tool calls of the
+                context's newest turn (an approval), and eviction, which
+                keeps a turn with the turns whose calls its input answers,
+                could not fit them together in ``max_turns``, ``max_items``,
+                ``max_bytes`` or ``max_tokens`` (``unit`` names it); nothing
+                was committed.
             DuplicateIdError: the turn id was already committed to the context.
             ProviderRuleError: the gateway cannot render a message (for example
                 tool call arguments that are not a JSON object, for Anthropic
@@ -283,6 +289,9 @@ class ContextManager:
             NotClaimedError, StaleLeaseError: with a store, the context is not
                 claimed, or this manager lost its lease (see ``manager.leases``:
                 a change is durable once a later ``flush`` returned).
+            HostCallbackError: the token counter raised (the ``__cause__``)
+                or returned a count that is not an int in ``[0,
+                MAX_TOKEN_COUNT]``; nothing was committed.
         """
         queue = self._life.check_open().queue
         context_id = check_snapshot(snapshot, self.gateway, self._table.history_of)
@@ -321,8 +330,10 @@ class ContextManager:
             InstructionMessageError: a ``system`` or ``developer`` message: pinned
                 instructions change only through a turn's snapshot.
             ItemTooLargeError, TurnTooLargeError, ProviderRuleError,
-            NotClaimedError, StaleLeaseError: as :meth:`accept_turn`; nothing
-                was recorded.
+            NotClaimedError, StaleLeaseError, HostCallbackError: as
+                :meth:`accept_turn`; nothing was recorded. A turn tied to the
+                newest turn by an approval counts with the tied turns
+                (``PairedTurnsTooLargeError``).
         """
         self._life.check_recording()
         self.leases._check_writable(context_id)
@@ -447,6 +458,12 @@ class ContextManager:
                 malformed entries; the next prepare of the turn assembles again.
             StateError: a custom strategy returned something that is not an
                 AssembledContext.
+            HostCallbackError: the token counter (counting what the render
+                adds: the state pair, the area section, a prompt) or the
+                Foundation's clock (read for a perception without a time)
+                raised (the ``__cause__``), or the counter returned a count
+                that is not an int in ``[0, MAX_TOKEN_COUNT]``. The slot is
+                freed and nothing is delivered or kept.
 
         Cancellation:
             Cancelled while waiting for a slot: nothing was admitted. Cancelled
@@ -554,9 +571,11 @@ class ContextManager:
 
         Raises:
             InvalidArgumentError: ``fields`` is not a str-keyed mapping of JSON
-                data, or sets a field the body writes (the gateway's
-                ``items_field``, or its instructions field: ``system``,
-                ``systemInstruction`` or ``system_instruction``, ``instructions``).
+                data (a NaN or infinite float at any depth included: JSON has
+                none, and it would be sent as ``null``), or sets a field the
+                body writes (the gateway's ``items_field``, or its
+                instructions field: ``system``, ``systemInstruction`` or
+                ``system_instruction``, ``instructions``).
             FoundationClosedError, InvalidMessageError, InvalidTextError,
             InstructionMessageError, DuplicateIdError, ProviderRuleError,
             TurnTooLargeError: as :meth:`build`, for the same reasons.

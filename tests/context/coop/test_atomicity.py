@@ -143,7 +143,10 @@ def test_malformed_promoted_message_fails_before_any_gc_prologue(
 
 @pytest.mark.parametrize(
     ("phase", "fragment"),
-    [("render", "returned a NoneType, not a list"), ("flow_state", "has flow_state 'sideways'")],
+    [
+        ("render", "returned an object of type NoneType, not a list"),
+        ("flow_state", "has flow_state 'sideways'"),
+    ],
     ids=["render-returns-None", "flow-state-not-an-enum"],
 )
 def test_wrong_return_values_fail_like_exceptions(
@@ -652,10 +655,16 @@ def test_gc_callbacks_cannot_cancel_a_collection_retried_after_a_failure(
 @pytest.mark.parametrize(
     ("value", "fragment"),
     [
-        ("plain text", "render() returned a str, not a list of Message"),
-        (iter([user("x")]), "render() returned a list_iterator, not a list of Message"),
-        (["plain text"], "render()[0] is a str, not a turnloom Message"),
-        ([user("ok"), {"role": "user", "content": "native"}], "is a dict, not a turnloom Message"),
+        ("plain text", "render() returned an object of type str, not a list of Message"),
+        (
+            iter([user("x")]),
+            "render() returned an object of type list_iterator, not a list of Message",
+        ),
+        (["plain text"], "render()[0] is an object of type str, not a turnloom Message"),
+        (
+            [user("ok"), {"role": "user", "content": "native"}],
+            "is an object of type dict, not a turnloom Message",
+        ),
     ],
     ids=["str", "iterator", "list-of-str", "native-dict"],
 )

@@ -19,6 +19,7 @@ from turnloom.context import (
     complete_pairs,
     get_gateway,
 )
+from turnloom.context.gateways import GeminiGateway
 from turnloom.errors import InvalidMessageError, ProviderRuleError
 
 gw = get_gateway("gemini")
@@ -254,19 +255,35 @@ def test_validate_reports_each_rule(
     assert [(v.index, v.rule) for v in gw.validate(items)] == expected
 
 
-def test_leading_call_turn_is_left_out_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
-    """A call turn with no user turn before it (rejected by Gemini) is left out, logged."""
+def test_leading_call_turn_is_left_out_with_one_warning_per_gateway(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A call turn with no user turn before it (rejected by Gemini) is left out of every body.
+
+    Logged as a warning the first time a gateway instance leaves one out, then
+    at DEBUG: the same history leaves the same turn out on every model call.
+    """
     audio = OpaquePart(gateway="openai_chat", item={"type": "input_audio"})
+    gateway = GeminiGateway()
     items = [
-        *gw.render(Message(role=Role.user, content=(audio,))),
-        *gw.render(Message(role=Role.assistant, content=(ToolCallPart(call_id="a", name="f"),))),
-        *gw.render(Message(role=Role.tool, content=(ToolResultPart(call_id="a", name="f"),))),
-        *gw.render(Message(role=Role.user, content="next")),
+        *gateway.render(Message(role=Role.user, content=(audio,))),
+        *gateway.render(
+            Message(role=Role.assistant, content=(ToolCallPart(call_id="a", name="f"),))
+        ),
+        *gateway.render(Message(role=Role.tool, content=(ToolResultPart(call_id="a", name="f"),))),
+        *gateway.render(Message(role=Role.user, content="next")),
     ]
-    with caplog.at_level(logging.WARNING, logger="turnloom.gateway.gemini"):
-        body = gw.request_body(items)
-    assert body == {"contents": [{"role": "user", "parts": [{"text": "next"}]}]}
-    assert caplog.records[-1].getMessage().startswith("Left out a leading model turn")
+    expected = {"contents": [{"role": "user", "parts": [{"text": "next"}]}]}
+    with caplog.at_level(logging.DEBUG, logger="turnloom.gateway.gemini"):
+        bodies = [gateway.request_body(items) for _ in range(3)]
+        other = GeminiGateway().request_body(items)
+    assert bodies == [expected] * 3 and other == expected
+    left_out = [r for r in caplog.records if r.getMessage().startswith("Left out a leading")]
+    assert [r.levelname for r in left_out] == ["WARNING", "DEBUG", "DEBUG", "WARNING"]
+    assert left_out[0].getMessage() == (
+        "Left out a leading model turn with function calls (and its responses): Gemini needs "
+        "a user turn before it. Later ones are logged at DEBUG."
+    )
 
 
 def test_two_responses_with_one_id_one_json_one_plain_re_render_exactly() -> None:

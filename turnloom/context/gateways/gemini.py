@@ -79,6 +79,7 @@ import base64
 import json
 import logging
 import mimetypes
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -121,6 +122,7 @@ from turnloom.context.pairing import STEP_SIGNATURE_KEYS
 from turnloom.errors import InvalidMessageError, excerpt
 
 _log = logging.getLogger("turnloom.gateway.gemini")
+_warned_lock = threading.Lock()
 
 _GATEWAY = GatewayType.gemini.value
 # The instructions field as written, then the other spelling the API (and
@@ -201,9 +203,29 @@ def _k(name: str, snake: bool) -> str:
 
 
 class GeminiGateway(Gateway):
-    """Renders and parses Gemini ``Content`` items. Stateless, thread-safe."""
+    """Renders and parses Gemini ``Content`` items. Thread-safe.
 
-    __slots__ = ()
+    Its one piece of state: whether it has warned yet that a request body
+    left out a leading call turn (see :meth:`request_body`).
+    """
+
+    __slots__ = ("_warned_leading",)
+
+    def _left_out_leading_call_turn(self) -> None:
+        """Log that a body left out a leading call turn: a warning once, then at DEBUG.
+
+        The rule is deterministic: every body of the same history leaves the
+        same turn out, so a warning per body would repeat on every model call.
+        """
+        with _warned_lock:
+            first = not getattr(self, "_warned_leading", False)
+            self._warned_leading = True
+        _log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "Left out a leading model turn with function calls (and its responses): "
+            "Gemini needs a user turn before it.%s",
+            " Later ones are logged at DEBUG." if first else "",
+        )
 
     @property
     def type(self) -> GatewayType:
@@ -698,8 +720,10 @@ class GeminiGateway(Gateway):
         :meth:`parse` gave it (``"<name>#<position>"``), else by name; that
         response is sent without an id, like its call. A model turn with calls
         that nothing precedes (its user turn held only parts Gemini cannot
-        carry, or was cut) is left out with its responses, with a logged
-        warning. A call id used by an earlier call is first renamed in its call
+        carry, or was cut) is left out with its responses, with a warning
+        logged the first time this gateway instance leaves one out, then at
+        DEBUG (the same history leaves the same turn out of every body). A
+        call id used by an earlier call is first renamed in its call
         and in the responses answering it (the rule of
         :mod:`turnloom.context.callids`), so responses matched by id answer
         their own call. Input items are not modified.
@@ -715,7 +739,7 @@ class GeminiGateway(Gateway):
 
     def body_writer(self) -> BodyWriter:
         """A new :class:`~turnloom.context.body.BodyWriter` of :meth:`request_body`."""
-        return _GeminiBody()
+        return _GeminiBody(self)
 
 
 class _GeminiBody(BodyWriter):
@@ -731,6 +755,7 @@ class _GeminiBody(BodyWriter):
         "_drop_responses",
         "_front",
         "_front_at",
+        "_gateway",
         "_held",
         "_held_at",
         "_held_to",
@@ -742,8 +767,9 @@ class _GeminiBody(BodyWriter):
     header = _INSTRUCTIONS[:1]
     spellings = _INSTRUCTIONS[1:]
 
-    def __init__(self) -> None:
+    def __init__(self, gateway: GeminiGateway) -> None:
         super().__init__()
+        self._gateway = gateway  # reports a left-out leading call turn
         self._system: list[Any] = []
         self._system_tags: set[int] = set()
         self._held: NativeContent | None = None
@@ -796,10 +822,7 @@ class _GeminiBody(BodyWriter):
                 # held only parts Gemini cannot carry): the API rejects it,
                 # so the call group is left out, as complete_pairs leaves
                 # out unusable pairs.
-                _log.warning(
-                    "Left out a leading model turn with function calls (and its responses): "
-                    "Gemini needs a user turn before it."
-                )
+                self._gateway._left_out_leading_call_turn()
                 self._drop_responses = True
                 return
             self._front = False
@@ -815,7 +838,7 @@ class _GeminiBody(BodyWriter):
         return {}
 
     def copy(self) -> _GeminiBody:
-        other = _GeminiBody()
+        other = _GeminiBody(self._gateway)
         other.renamer = self.renamer.copy()
         other._system = list(self._system)
         other._system_tags = set(self._system_tags)
