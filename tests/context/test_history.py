@@ -759,11 +759,13 @@ def test_a_bounded_render_is_exact_or_nothing_and_what_renders_hand_out_never_ch
 ) -> None:
     """Invariant: ``render_bounded`` returns what ``render`` returns (a cold render, its
     body the encoded request body) or None, and always renders when the view holds at
-    most ``budget`` items. A render hands the run's encoded items out without a copy,
+    most ``budget`` items; one that renders while more are held renders at most
+    ``budget`` messages. A render hands the run's encoded items out without a copy,
     and what it handed out (items, sizes, body) stays the same while later renders drop
     evicted turns from the run and compact it; what the run keeps for dropped turns
     stays under the compaction bound (1/16 of what it holds, plus 64, plus what one
     render drops)."""
+    gateway = CountingGateway()
     history = TurnHistory(HistoryLimits(max_turns=6, max_items=16))
     turn = 0
     history.commit("t0", [user("u0")], instructions=[SYSTEM])
@@ -772,15 +774,18 @@ def test_a_bounded_render_is_exact_or_nothing_and_what_renders_hand_out_never_ch
         turn = apply_op(history, kind, n, turn)
         target = history.turn_ids[-1]
         view = history.view()
-        rendered = view.render_bounded(CHAT, target, budget, open_calls=policy)
+        before = gateway.rendered
+        rendered = view.render_bounded(gateway, target, budget, open_calls=policy)
         if rendered is None:
             assert history.held_items > budget
-            rendered = view.render(CHAT, target, open_calls=policy)
+            rendered = view.render(gateway, target, open_calls=policy)
+        elif history.held_items > budget:
+            assert gateway.rendered - before <= budget
         items = list(rendered.items)
         assert items == cold_render(history, target, policy)
         assert rendered.body is not None
         assert rendered.body.encode() == msgspec.json.encode(CHAT.request_body(items))
-        run = history._shared.runs[(CHAT, policy)]
+        run = history._shared.runs[(gateway, policy)]
         assert rendered._run._items is run.items  # type: ignore[attr-defined]
         assert run.skip <= 64 + run.count // 16 + 16
         assert run.dead <= 64 + run.turns // 16 + 6
