@@ -1822,6 +1822,20 @@ class TurnHistory:
         """The id of the newest turn, or None before the first commit."""
         return self._turns[-1].turn_id if self._turns else None
 
+    def open_calls(self) -> tuple[ToolCallPart, ...]:
+        """The tool calls the kept turns leave open: those a next turn's input can answer.
+
+        Pairing follows :class:`~turnloom.context.CallTracker` over the kept
+        turns (inputs, kept state and outputs), as the render pairs them: a
+        call already answered, closed by a later message, or made in an
+        evicted turn is not open. O(the newest turn and the results-only
+        turns before it), in practice.
+
+        Returns:
+            the open calls, in call order; empty for an empty history.
+        """
+        return tuple(_calls_after(self._turns)[0].values())
+
     def has_turn(self, turn_id: str) -> bool:
         """True when ``turn_id`` is kept (committed and not evicted); O(1)."""
         return turn_id in self._ids
