@@ -1691,6 +1691,10 @@ class TurnHistory:
     Anthropic and Gemini refuse. Source: seed 004 (whole-turn history
     ownership; incomplete tool-call/output pairs are excluded from the next
     model input); every provider's rule that a result follows its call.
+    Ties follow what the kept turns say now: a late record, kept state on an
+    earlier turn or a retraction that changes what a later input answers ties
+    those turns again, or unties them, so the tie set is always what a cold
+    rebuild of the kept turns computes (never a tie without its reason).
 
     Calls still open when their turn is evicted are evicted with it; results
     given as turn input can answer only calls of the newest turn (or of turns

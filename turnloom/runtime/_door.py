@@ -442,7 +442,10 @@ def check_snapshot(
     # pair with the calls the kept history leaves open (none on a first
     # turn), as the render pairs them; a result answering one ties this turn
     # to the calls' turn, so eviction keeps that call (see TurnHistory).
-    if not rendered or not complete_pairs(snapshot.input, carried=history.open_calls()):
+    # Without results the open calls cannot matter: they are not walked for.
+    results = rendered and any(m.tool_results for m in snapshot.input)
+    carried = history.open_calls() if results else ()
+    if not rendered or not complete_pairs(snapshot.input, carried=carried):
         raise InvalidMessageError(
             f"Turn {excerpt(snapshot.turn_id)} of context {excerpt(context_id)} has no input that "
             "renders to content (empty, only blank text, or only tool results answering no "
