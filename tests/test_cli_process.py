@@ -294,7 +294,11 @@ def test_a_malformed_trajectory_is_the_same_line_and_exit_1_in_both_commands(
             json.dumps({"traj": GOOD}, indent=2)[:-3],
             "invalid JSON at line 35, column 3: Expecting ',' delimiter.",
         ),
-        ("number.json", "42", "the file holds a JSON int, not trajectories."),
+        (
+            "number.json",
+            "42",
+            "the file holds JSON that decodes to an object of type int, not trajectories.",
+        ),
         (
             "object.json",
             json.dumps({"task_id": 3}, indent=2),

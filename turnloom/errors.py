@@ -38,6 +38,7 @@ from __future__ import annotations
 
 __all__ = (
     "EXCERPT_LIMIT",
+    "TYPE_NAME_LIMIT",
     "AreaCallbackError",
     "CapacityError",
     "ConfigError",
@@ -79,6 +80,8 @@ __all__ = (
     "UnknownTurnError",
     "Violation",
     "excerpt",
+    "type_name",
+    "what_type",
 )
 
 import reprlib
@@ -143,6 +146,36 @@ def excerpt(value: object) -> str:
     if len(text) > EXCERPT_LIMIT:
         text = text[: EXCERPT_LIMIT - 3] + "..."
     return text
+
+
+TYPE_NAME_LIMIT = 40
+"""The longest type name an error message prints as it is (see :func:`type_name`)."""
+
+
+def type_name(value: object) -> str:
+    """The name of ``value``'s type as an error message prints it.
+
+    A plain identifier of at most :data:`TYPE_NAME_LIMIT` characters (``int``,
+    ``list_iterator``, a host's ``MyCounter``) is printed as it is. Any other
+    name -- a class the host built with ``type()`` under a long name or one
+    holding a newline -- is quoted through :func:`excerpt`, so it can neither
+    flood nor forge a log line.
+    """
+    name = type(value).__name__
+    if len(name) <= TYPE_NAME_LIMIT and name.isidentifier():
+        return name
+    return excerpt(name)
+
+
+def what_type(value: object) -> str:
+    """What ``value`` is, for an error message that refuses it: ``"an object of type int"``.
+
+    Every turnloom message that names the type of a value it refuses says it
+    with this phrase (``"store must be a ContextStore, not an object of type
+    int."``): it reads correctly whatever the type's name (no "a int"), and
+    the name is printed by :func:`type_name`.
+    """
+    return f"an object of type {type_name(value)}"
 
 
 class TurnloomError(Exception):

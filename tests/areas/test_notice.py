@@ -65,7 +65,7 @@ def test_one_shot_notice_rejects_bad_content_at_construction() -> None:
         OneShotNotice("  ")
     with pytest.raises(InputError, match="empty sequence"):
         OneShotNotice([])
-    with pytest.raises(InputError, match="not int"):
+    with pytest.raises(InputError, match="not an object of type int"):
         OneShotNotice(3)  # type: ignore[arg-type]
     with pytest.raises(InvalidTextError):
         OneShotNotice("lone \ud800 surrogate")

@@ -252,7 +252,7 @@ def test_subtask_summary_callback_error_is_a_promote_failure_and_keeps_the_area(
 
 
 def test_subtask_rejects_a_done_predicate_that_is_not_callable() -> None:
-    with pytest.raises(InputError, match="done must be callable, not NoneType"):
+    with pytest.raises(InputError, match="done must be callable, not an object of type NoneType"):
         SubtaskArea("Do it.", done=None, summary="x")  # type: ignore[arg-type]
 
 
@@ -277,7 +277,7 @@ def test_subtask_rejects_an_instruction_that_renders_to_nothing(gateway_type: Ga
 def test_route_rejects_values_that_are_not_messages() -> None:
     task = SubtaskArea("Do it.", done=fare_found, summary="x")
     for value, name in ((None, "NoneType"), (3, "int"), ("FARE: 1", "str")):
-        with pytest.raises(InputError, match=f"not {name}"):
+        with pytest.raises(InputError, match=f"not an object of type {name}"):
             task.route(value)  # type: ignore[arg-type]
     assert task.routed == ()
 

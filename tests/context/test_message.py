@@ -213,7 +213,9 @@ def test_duplicate_call_ids_in_one_message_are_rejected() -> None:
 
 
 def test_check_message_rejects_a_non_message() -> None:
-    with pytest.raises(InvalidMessageError, match="message is a dict, not a turnloom Message"):
+    with pytest.raises(
+        InvalidMessageError, match="message is an object of type dict, not a turnloom Message"
+    ):
         check_message({"role": "user"})
 
 

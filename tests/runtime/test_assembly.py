@@ -29,6 +29,7 @@ from turnloom.context import (
 )
 from turnloom.context.memory import MAX_SCOPE_ID_LENGTH
 from turnloom.errors import (
+    HostCallbackError,
     InputError,
     InvalidMessageError,
     MemoryStoreError,
@@ -371,8 +372,18 @@ async def test_hydrate_context_rejects_host_mistakes() -> None:
         prefix = await manager.prepare(
             ContextPrepareRequest(context_id="c", turn_id="t1", tenant=ACME)
         )
-        with pytest.raises(InvalidMessageError, match="'lookup'"):
+        with pytest.raises(InvalidMessageError) as caught:
             await manager.assembly.hydrate_context(prefix, _call("{}", name="lookup"))
+        assert str(caught.value) == (
+            "hydrate_context answers a ToolCallPart named 'hydrate_context', not one named "
+            "'lookup'."
+        )
+        with pytest.raises(InvalidMessageError) as caught:
+            await manager.assembly.hydrate_context(prefix, {"name": "hydrate_context"})  # type: ignore[arg-type]
+        assert str(caught.value) == (
+            "hydrate_context answers a ToolCallPart named 'hydrate_context', not an object of "
+            "type dict."
+        )
         forged = msgspec.structs.replace(prefix, assembled=None)
         with pytest.raises(InvalidMessageError, match="not prepared by this manager"):
             await manager.assembly.hydrate_context(forged, _call('{"query": "a"}'))
@@ -742,6 +753,100 @@ def test_the_jit_budget_and_the_cache_threshold_use_the_foundations_counter() ->
         return a.cache_breakpoint, b.cache_breakpoint
 
     assert anyio.run(breakpoints) == (False, True)
+
+
+class PromptCounter:
+    """Honest, except on a strategy's system prompt (one system message starting
+    with ``marker``): there it answers ``bad``, or raises it when it is an exception."""
+
+    def __init__(self, bad: object, marker: str) -> None:
+        self.bad = bad
+        self.marker = marker
+        self.failed = 0
+
+    def count(self, messages: Sequence[Message]) -> Any:
+        prompt = len(messages) == 1 and messages[0].role is Role.system
+        if self.bad is None or not (prompt and messages[0].text.startswith(self.marker)):
+            return ApproxTokenCounter().count(messages)
+        self.failed += 1
+        if isinstance(self.bad, BaseException):
+            raise self.bad
+        return self.bad
+
+
+_ODD_COUNTS = [
+    (
+        OSError("tokenizer gone"),
+        "The token counter PromptCounter raised OSError: 'tokenizer gone'.",
+    ),
+    (
+        -1,
+        "The token counter PromptCounter returned -1 tokens; a count is an int from 0 to "
+        "9223372036854775807.",
+    ),
+    (
+        2.5,
+        "The token counter PromptCounter returned an object of type float (2.5), not an int "
+        "count of tokens.",
+    ),
+]
+
+
+@pytest.mark.parametrize(("bad", "message"), _ODD_COUNTS, ids=["raises", "negative", "float"])
+async def test_a_counter_failing_on_the_jit_prompt_budget_refuses_the_foundation(
+    bad: object, message: str
+) -> None:
+    """Invariant: the JIT budget check takes the count through count_tokens, so a
+    counter that raises or answers an odd count is a HostCallbackError naming it
+    (a -1 would otherwise pass any budget), with the counter's exception as the cause."""
+    counter = PromptCounter(bad, StrategyOptions().instructions)
+    with pytest.raises(HostCallbackError) as caught:
+        Foundation(strategy="jit", token_counter=counter)
+    assert (str(caught.value), caught.value.callback, counter.failed) == (
+        message,
+        "token_counter",
+        1,
+    )
+    assert caught.value.__cause__ is (bad if isinstance(bad, OSError) else None)
+    counter.bad = None
+    async with Foundation(strategy="jit", token_counter=counter) as foundation:
+        strategy = foundation.manager.assembly.strategy
+        assert strategy is not None and strategy.name == "jit"
+
+
+@pytest.mark.parametrize(("bad", "message"), _ODD_COUNTS, ids=["raises", "negative", "float"])
+async def test_a_counter_failing_on_the_stratified_cache_threshold_fails_the_prepare(
+    bad: object, message: str
+) -> None:
+    """Invariant: the stratified strategy's prompt count (the Anthropic cache
+    threshold) fails the prepare with a HostCallbackError; the slot is freed, the
+    failed assembly is not kept, and the next prepare equals a fresh host's."""
+    options = StrategyOptions(instructions="policy " * 200)
+    counter = PromptCounter(bad, "policy ")
+    request = ContextPrepareRequest(context_id="c", turn_id="t1", tenant=ACME)
+    setup: dict[str, Any] = {"gateway": "anthropic", "strategy": "stratified"}
+    async with Foundation(token_counter=counter, strategy_options=options, **setup) as foundation:
+        manager = foundation.manager
+        _turn(manager, "t1", "hi")
+        with pytest.raises(HostCallbackError) as caught:
+            await manager.prepare(request)
+        assert (str(caught.value), caught.value.callback) == (message, "token_counter")
+        assert caught.value.__cause__ is (bad if isinstance(bad, OSError) else None)
+        stats = manager.statistics()
+        assert (stats.preparations.pending, stats.preparations.failed_total) == (0, 1)
+        assert (stats.assembly.assemblies_total, stats.assembly.failed_total) == (0, 1)
+        counter.bad = None
+        prefix = await manager.prepare(request)
+    async with Foundation(strategy_options=options, **setup) as fresh:
+        _turn(fresh.manager, "t1", "hi")
+        expected = await fresh.manager.prepare(request)
+    assert prefix.items == expected.items
+    assert prefix.assembled is not None and expected.assembled is not None
+    # "policy " * 200 stays under the default threshold by the honest count.
+    assert (prefix.assembled.cache_breakpoint, expected.assembled.cache_breakpoint) == (
+        False,
+        False,
+    )
 
 
 class NotASequenceMemory:

@@ -320,7 +320,7 @@ def test_a_registered_plugin_that_does_not_load_is_a_config_error(
 
 def test_a_plugin_that_builds_no_manager_is_a_config_error(registered_plugins: str) -> None:
     config = parse_config({"context": {"plugin": "liar", "init_config": {"turns": 1}}})
-    with pytest.raises(ConfigError, match="built a str, not a ContextManager"):
+    with pytest.raises(ConfigError, match="built an object of type str, not a ContextManager"):
         build_context_manager(config)
     mismatched = ContextConfig(plugin="tiny", init_config=ContextInitConfig())
     with pytest.raises(ConfigError, match="must be a TinyConfig") as caught:

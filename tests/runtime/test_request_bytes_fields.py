@@ -77,7 +77,7 @@ async def test_request_bytes_refuses_fields_the_body_writes(kind: GatewayType) -
     ("fields", "message", "field"),
     [
         ([("model", "m")], "fields must be a mapping", "fields"),
-        ({1: "m"}, "fields keys must be str, not int", "fields"),
+        ({1: "m"}, "fields keys must be str, not an object of type int", "fields"),
         ({"model": object()}, "fields are not JSON data", "fields"),
         ({"model": "\ud800"}, "fields are not JSON data", "fields"),
         # JSON has no NaN or infinity: msgspec would silently send null.

@@ -10,6 +10,7 @@ import math
 import sqlite3
 import typing
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import anyio
 import pytest
@@ -19,9 +20,11 @@ from prometheus_client import CollectorRegistry
 from tests.runtime.helpers import CHAT, SYSTEM, assistant, call, result, user
 from tests.stores.conftest import REDIS_URL
 from tests.stores.helpers import hosting
+from turnloom.context import ApproxTokenCounter, Message
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import (
     ContextRemovedError,
+    HostCallbackError,
     InputError,
     LeaseHeldError,
     NotClaimedError,
@@ -363,6 +366,71 @@ async def test_an_undecodable_record_fails_the_claim_naming_the_context(store_ur
             assert foundation.manager.context_ids() == ()
         # The failed claim released its lease.
         assert await store.acquire("c", "someone-else", 30) > token
+    finally:
+        await store.aclose()
+
+
+class ReplayCounter:
+    """Counts like the default counter until ``bad`` is set; then answers it, or
+    raises it when it is an exception."""
+
+    def __init__(self) -> None:
+        self.bad: object = None
+
+    def count(self, messages: Sequence[Message]) -> Any:
+        if self.bad is None:
+            return ApproxTokenCounter().count(messages)
+        if isinstance(self.bad, BaseException):
+            raise self.bad
+        return self.bad
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (
+            OSError("tokenizer gone"),
+            "The token counter ReplayCounter raised OSError: 'tokenizer gone'.",
+        ),
+        (
+            -1,
+            "The token counter ReplayCounter returned -1 tokens; a count is an int from 0 to "
+            "9223372036854775807.",
+        ),
+    ],
+    ids=["raises", "negative"],
+)
+async def test_a_restore_whose_token_counter_fails_releases_the_lease(
+    store_url: str, bad: object, message: str
+) -> None:
+    """Invariant: a counter failing while a claim replays the log is the host's
+    HostCallbackError (cause kept), not a StoreRecordError; nothing is installed,
+    the lease is released at once, and with the counter mended the same log restores."""
+    async with hosting(store_url, owner="writer") as first:
+        await first.manager.leases.claim("c")
+        await converse(first.manager, "c", range(2))
+    counter = ReplayCounter()
+    store = open_context_store(store_url)
+    try:
+        async with Foundation(store=store, owner="reader", token_counter=counter) as foundation:
+            manager = foundation.manager
+            counter.bad = bad
+            with pytest.raises(HostCallbackError) as caught:
+                await manager.leases.claim("c")
+            assert (str(caught.value), caught.value.callback) == (message, "token_counter")
+            assert caught.value.__cause__ is (bad if isinstance(bad, OSError) else None)
+            assert manager.context_ids() == ()
+            stats = manager.statistics().store
+            assert stats is not None
+            assert (stats.claims_total, stats.takeovers_total) == (0, 0)
+            with pytest.raises(NotClaimedError):
+                manager.accept_turn(snapshot("c", "t9", "hi"))
+            # The lease was released: another owner takes it at once.
+            other = await store.acquire("c", "someone-else", 30)
+            await store.release({"c": other})
+            counter.bad = None
+            assert await manager.leases.claim("c") is True
+            assert manager.history("c").turn_ids == ("t0", "t1")
     finally:
         await store.aclose()
 

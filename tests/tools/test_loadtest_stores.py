@@ -12,7 +12,7 @@ import redis
 
 from turnloom.cli import main
 from turnloom.stores import SQLiteContextStore
-from turnloom.tools.fleet import aggregate
+from turnloom.tools.fleet import FleetReport, aggregate
 from turnloom.tools.loadtest import LoadtestReport, loadtest
 from turnloom.tools.trajectories import builtin_trajectories
 
@@ -110,3 +110,27 @@ def test_the_aggregate_sums_counts_and_takes_the_longest_wall_and_worst_latency(
     assert (fleet.processes, fleet.sessions, fleet.prepares, fleet.seconds) == (2, 4, 40, 4.0)
     assert fleet.prepares_per_second == 10.0
     assert (fleet.prepare_p99_ms, fleet.peak_rss_bytes, fleet.takeovers) == (9.0, (100, 200), 2)
+
+
+# Per-process measures a fleet report leaves out: percentiles and GC figures
+# of different processes do not add up, and the rest are run settings or
+# timings the fleet does not report.
+_PER_PROCESS_ONLY = {
+    "prepare_p95_ms",
+    "loop_lag_p99_ms",
+    "gc_full_collections",
+    "gc_pause_max_ms",
+    "think_time",
+    "render_seconds",
+    "cpu_seconds",
+}
+
+
+def test_every_process_report_field_is_carried_by_the_fleet_report_or_named_as_left_out() -> None:
+    """Invariant: FleetReport declares LoadtestReport's fields under the same names
+    (aggregate() sums or takes the worst of each), so a field added to the process
+    report cannot silently miss the fleet's: it is added there, or named above."""
+    process = set(LoadtestReport.__struct_fields__)
+    fleet = set(FleetReport.__struct_fields__)
+    assert fleet - process == {"processes"}
+    assert process - fleet == _PER_PROCESS_ONLY

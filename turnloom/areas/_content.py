@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TypeAlias, cast
 
 from turnloom.context.message import Message, Role, TextPart, check_message, is_blank_text
-from turnloom.errors import InputError, excerpt
+from turnloom.errors import InputError, excerpt, what_type
 
 MessageContent: TypeAlias = "str | Message | Sequence[Message]"
 """Text (one message of the given role), one message, or messages oldest first."""
@@ -59,9 +59,7 @@ def as_messages(content: MessageContent, *, role: Role, where: str) -> tuple[Mes
         if not messages:
             raise InputError(f"{where} is an empty sequence of messages.")
     else:
-        raise InputError(
-            f"{where} must be text or turnloom Messages, not {type(content).__name__}."
-        )
+        raise InputError(f"{where} must be text or turnloom Messages, not {what_type(content)}.")
     for index, message in enumerate(messages):
         check_message(message, where=f"{where}[{index}]")
         if all(type(p) is TextPart and is_blank_text(p.text) for p in message.parts):

@@ -17,7 +17,7 @@ from turnloom.areas._content import MessageContent, as_messages, text_role
 from turnloom.context.area import AreaFlowState, AreaLifeState
 from turnloom.context.gateway import NativeContent
 from turnloom.context.message import Message, Role, check_message
-from turnloom.errors import InputError, StateError
+from turnloom.errors import InputError, StateError, what_type
 
 SubtaskPredicate: TypeAlias = "Callable[[SubtaskArea], bool]"
 """Called with the area after each observation; ``True`` when the sub-task is done.
@@ -98,7 +98,7 @@ class SubtaskArea:
         role: Role = Role.user,
     ) -> None:
         if not callable(done):
-            raise InputError(f"SubtaskArea done must be callable, not {type(done).__name__}.")
+            raise InputError(f"SubtaskArea done must be callable, not {what_type(done)}.")
         self._instruction = as_messages(instruction, role=role, where="SubtaskArea instruction")
         self._summary: tuple[Message, ...] | Callable[[SubtaskArea], MessageContent]
         if callable(summary):
@@ -179,7 +179,7 @@ class SubtaskArea:
         else:
             raise InputError(
                 "SubtaskArea.route() takes a Message or a sequence of Messages, "
-                f"not {type(output).__name__}."
+                f"not {what_type(output)}."
             )
         for index, message in enumerate(messages):
             check_message(message, where=f"routed output[{index}]")

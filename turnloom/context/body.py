@@ -50,7 +50,7 @@ from turnloom.context._untrack import untrack_atoms, untrack_container
 from turnloom.context.callids import CallIdRenamer
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.items import exact_bytes
-from turnloom.errors import InvalidArgumentError, excerpt
+from turnloom.errors import InvalidArgumentError, excerpt, what_type
 
 _encode = msgspec.json.Encoder().encode
 
@@ -194,13 +194,13 @@ def encode_fields(fields: Mapping[str, Any], reserved: frozenset[str]) -> bytes:
     """
     if not isinstance(fields, Mapping):
         raise InvalidArgumentError(
-            f"fields must be a mapping of top-level request fields, not a {type(fields).__name__}.",
+            f"fields must be a mapping of top-level request fields, not {what_type(fields)}.",
             field="fields",
         )
     for key in fields:
         if not isinstance(key, str):
             raise InvalidArgumentError(
-                f"fields keys must be str, not {type(key).__name__}.", field="fields"
+                f"fields keys must be str, not {what_type(key)}.", field="fields"
             )
         if key in reserved:
             raise InvalidArgumentError(

@@ -121,6 +121,8 @@ from turnloom.errors import (
     StateError,
     UnknownAreaError,
     excerpt,
+    type_name,
+    what_type,
 )
 
 _T = TypeVar("_T")
@@ -178,7 +180,7 @@ def plan_collection(ranges: Sequence[EffectRange], retired: Sequence[bool]) -> C
     if not isinstance(ranges, Sequence) or not isinstance(retired, Sequence):
         raise InputError(
             "plan_collection takes sequences of EffectRange and of bool, not "
-            f"{type(ranges).__name__} and {type(retired).__name__}."
+            f"{what_type(ranges)} and {what_type(retired)}."
         )
     n = len(ranges)
     if len(retired) != n:
@@ -190,7 +192,7 @@ def plan_collection(ranges: Sequence[EffectRange], retired: Sequence[bool]) -> C
         return _NOTHING
     for i, r in enumerate(ranges):
         if not isinstance(r, EffectRange):
-            raise InputError(f"Range {i} is a {type(r).__name__}, not an EffectRange.")
+            raise InputError(f"Range {i} is {what_type(r)}, not an EffectRange.")
         if (
             type(r.earliest) is not int
             or type(r.latest) is not int
@@ -368,9 +370,7 @@ class CoopContext:
 
     def __init__(self, context: Context) -> None:
         if not isinstance(context, Context):
-            raise InputError(
-                f"A CoopContext wraps a turnloom Context, not a {type(context).__name__}."
-            )
+            raise InputError(f"A CoopContext wraps a turnloom Context, not {what_type(context)}.")
         self._context = context
         self._gateway: Gateway = context.gateway
         self._order: list[_Registration] = []  # registration order; the cursor indexes it
@@ -480,7 +480,7 @@ class CoopContext:
                 missing.append(member)
             except Exception as exc:
                 raise InvalidAreaError(
-                    f"Reading {member} of the {name} area raised {type(exc).__name__}: {exc}.",
+                    f"Reading {member} of the {name} area raised {type_name(exc)}: {exc}.",
                     missing=(member,),
                 ) from exc
             else:
@@ -720,8 +720,8 @@ class CoopContext:
                 result = _call(entry, "render", entry.area.render)
                 if not isinstance(result, list | tuple):
                     raise AreaCallbackError(
-                        f"Context Area {entry.describe()} render() returned an object of type "
-                        f"{type(result).__name__}, not a list of Message.",
+                        f"Context Area {entry.describe()} render() returned "
+                        f"{what_type(result)}, not a list of Message.",
                         area=entry.area,
                         phase="render",
                     )
@@ -834,7 +834,7 @@ def _call(entry: _Registration, phase: str, fn: Callable[..., _T], *args: object
         return fn(*args)
     except Exception as exc:
         raise AreaCallbackError(
-            f"Context Area {entry.describe()} raised {type(exc).__name__} in {phase}: {exc}",
+            f"Context Area {entry.describe()} raised {type_name(exc)} in {phase}: {exc}",
             area=entry.area,
             phase=phase,
         ) from exc
@@ -865,8 +865,8 @@ def _as_flow(value: object) -> AreaFlowState | None:
 def _checked_messages(entry: _Registration, phase: str, result: object) -> tuple[Message, ...]:
     if not isinstance(result, tuple | list):
         raise AreaCallbackError(
-            f"Context Area {entry.describe()} {phase}() returned an object of type "
-            f"{type(result).__name__}, not a tuple or list of Message.",
+            f"Context Area {entry.describe()} {phase}() returned "
+            f"{what_type(result)}, not a tuple or list of Message.",
             area=entry.area,
             phase=phase,
         )
@@ -900,7 +900,7 @@ def _check_results(entry: _Registration, phase: str, messages: Sequence[Message]
 def _emplace(context: Context, message: object, where: str) -> None:
     """``context.emplace_message(message)``; a non-Message is named by ``where``."""
     if not isinstance(message, Message):
-        raise InvalidMessageError(f"{where} is a {type(message).__name__}, not a turnloom Message.")
+        raise InvalidMessageError(f"{where} is {what_type(message)}, not a turnloom Message.")
     context.emplace_message(message)
 
 

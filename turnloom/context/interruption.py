@@ -12,7 +12,7 @@ __all__ = ("played_prefix",)
 import msgspec
 
 from turnloom.context.message import Message, Part, Role, TextPart
-from turnloom.errors import InvalidMessageError, excerpt
+from turnloom.errors import InvalidMessageError, excerpt, what_type
 
 
 def played_prefix(output: Message, played: int) -> Message:
@@ -81,4 +81,4 @@ def played_prefix(output: Message, played: int) -> Message:
 def _describe(value: object) -> str:
     if isinstance(value, Message):
         return f"a {value.role!s} message"
-    return f"a {type(value).__name__}"
+    return what_type(value)

@@ -7,7 +7,7 @@ __all__ = ("MutationJournal",)
 from collections.abc import Iterable
 from typing import Generic, TypeVar, cast
 
-from turnloom.errors import InvalidArgumentError
+from turnloom.errors import InvalidArgumentError, what_type
 
 JournalEntryT = TypeVar("JournalEntryT")
 
@@ -15,7 +15,7 @@ JournalEntryT = TypeVar("JournalEntryT")
 def _batch(entries: object, field: str) -> list[object]:
     if isinstance(entries, str | bytes | bytearray) or not isinstance(entries, Iterable):
         raise InvalidArgumentError(
-            f"{field} must be an iterable of journal entries, not a {type(entries).__name__}.",
+            f"{field} must be an iterable of journal entries, not {what_type(entries)}.",
             field=field,
         )
     return list(entries)

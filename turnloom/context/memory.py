@@ -34,7 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
-from turnloom.errors import InvalidMessageError, excerpt
+from turnloom.errors import InvalidMessageError, excerpt, what_type
 
 MAX_SCOPE_ID_LENGTH = 128
 """The longest tenant, sub-tenant or namespace id, in characters."""
@@ -60,8 +60,8 @@ class TenantScope(msgspec.Struct, frozen=True, kw_only=True):
 def _check_scope_id(value: object, field: str) -> None:
     if not isinstance(value, str) or not value:
         raise InvalidMessageError(
-            f"{field} must be a non-empty string, not {type(value).__name__} "
-            f"{excerpt(str(value)[:32])}.",
+            f"{field} must be a non-empty string, not {what_type(value)} "
+            f"({excerpt(str(value)[:32])}).",
             field=field,
         )
     if len(value) > MAX_SCOPE_ID_LENGTH:
@@ -103,7 +103,7 @@ def check_tenant_scope(scope: object, field: str = "scope") -> TenantScope | Non
         return None
     if not isinstance(scope, TenantScope):
         raise InvalidMessageError(
-            f"{field} must be a TenantScope or None, not a {type(scope).__name__}.", field=field
+            f"{field} must be a TenantScope or None, not {what_type(scope)}.", field=field
         )
     _check_scope_id(scope.tenant_id, f"{field}.tenant_id")
     if scope.sub_tenant_id is not None:

@@ -63,6 +63,7 @@ from turnloom.errors import (
     InvalidTextError,
     ItemTooLargeError,
     excerpt,
+    what_type,
 )
 
 MAX_JSON_DEPTH = 64
@@ -439,7 +440,7 @@ def _strict_copy(value: Any, where: str, field: str, depth: int = 0) -> Any:
             raise _json_error(
                 where,
                 _path(field, path),
-                f"holds a {type(item).__name__}, which is not JSON data.",
+                f"holds {what_type(item)}, which is not JSON data.",
             )
     return root[0]
 
@@ -576,7 +577,7 @@ def check_message(message: object, *, where: str = "message") -> int:
         DuplicateIdError: two tool calls of the message share a call id.
     """
     if not isinstance(message, Message):
-        raise InvalidMessageError(f"{where} is a {type(message).__name__}, not a turnloom Message.")
+        raise InvalidMessageError(f"{where} is {what_type(message)}, not a turnloom Message.")
     try:
         role = Role(message.role)
     except (ValueError, TypeError):
@@ -621,7 +622,7 @@ def check_message(message: object, *, where: str = "message") -> int:
                 inner_field = f"{field}.content[{j}]"
                 if not isinstance(inner, TextPart | ImagePart | OpaquePart):
                     raise InvalidMessageError(
-                        f"{where} {inner_field} is a {type(inner).__name__}; "
+                        f"{where} {inner_field} is {what_type(inner)}; "
                         "a tool result holds text, image or opaque parts.",
                         field=inner_field,
                     )
@@ -637,7 +638,7 @@ def check_message(message: object, *, where: str = "message") -> int:
             _copy_extras(part, "reasoning", producer, where, field, only=True)
         else:
             raise InvalidMessageError(
-                f"{where} {field} is a {type(part).__name__}, not a message part.",
+                f"{where} {field} is {what_type(part)}, not a message part.",
                 field=field,
             )
     if gateway is not None:
@@ -758,7 +759,7 @@ def _optional_strings(part: _Part, names: tuple[str, ...], where: str, field: st
         value = getattr(part, name)
         if value is not None and not isinstance(value, str):
             raise InvalidMessageError(
-                f"{where} {field}.{name} must be a string or None, not a {type(value).__name__}.",
+                f"{where} {field}.{name} must be a string or None, not {what_type(value)}.",
                 field=f"{field}.{name}",
             )
 
@@ -786,8 +787,8 @@ def _check_arguments(arguments: object, where: str, field: str) -> None:
     value = decode_json_text(arguments, where=where, field=field)
     if not isinstance(value, dict):
         raise InvalidMessageError(
-            f"{where} {field} must be the JSON text of an object, not of a "
-            f"{type(value).__name__}: {excerpt(arguments)}; every provider carries tool "
+            f"{where} {field} must be the JSON text of an object; it decodes to "
+            f"{what_type(value)}: {excerpt(arguments)}; every provider carries tool "
             "call arguments as an object.",
             field=field,
         )
@@ -892,7 +893,7 @@ def decode_message(
             message = _decoder.decode(data)
         else:
             raise InvalidMessageError(
-                f"{where} must be JSON bytes, text or a dict, not {type(data).__name__}."
+                f"{where} must be JSON bytes, text or a dict, not {what_type(data)}."
             )
     except UnicodeDecodeError as exc:
         raise InvalidTextError(f"{where} is not valid UTF-8: {exc.reason}.") from None

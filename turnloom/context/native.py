@@ -18,7 +18,7 @@ from typing import overload
 
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_gateway
 from turnloom.context.message import Message, check_message
-from turnloom.errors import InputError
+from turnloom.errors import InputError, what_type
 
 
 class _Snapshot(Sequence[NativeContent]):
@@ -96,7 +96,7 @@ class Context:
             InputError: ``item`` is not a JSON object (dict).
         """
         if not isinstance(item, dict):
-            raise InputError(f"A native item must be a dict, not {type(item).__name__}.")
+            raise InputError(f"A native item must be a dict, not {what_type(item)}.")
         self._items.append(item)
 
     def snapshot(self, start: int = 0, stop: int | None = None) -> Sequence[NativeContent]:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from turnloom.context.message import Message, Role
-from turnloom.errors import InvalidArgumentError, PositionalScopeError, excerpt
+from turnloom.errors import InvalidArgumentError, PositionalScopeError, excerpt, what_type
 
 _PINNED = (Role.system, Role.developer)
 
@@ -78,7 +78,7 @@ def check_scope(scope: object, field: str = "scope") -> ContextScope:
     if not callable(getattr(scope, "matches", None)):
         raise InvalidArgumentError(
             f"{field} must be a scope with a matches(message, index) method, "
-            f"not a {type(scope).__name__}.",
+            f"not {what_type(scope)}.",
             field=field,
         )
     return scope  # type: ignore[return-value]

@@ -87,6 +87,8 @@ from turnloom.errors import (
     MissingDependencyError,
     TurnloomError,
     excerpt,
+    type_name,
+    what_type,
 )
 
 ImageRule: TypeAlias = Literal["openai", "anthropic", "gemini"]
@@ -156,21 +158,20 @@ def count_tokens(counter: TokenCounter, messages: Sequence[Message]) -> int:
         raise
     except Exception as exc:
         raise HostCallbackError(
-            f"The token counter {type(counter).__name__:.40} raised "
-            f"{type(exc).__name__}: {excerpt(str(exc))}.",
+            f"The token counter {type_name(counter)} raised {type_name(exc)}: {excerpt(str(exc))}.",
             callback="token_counter",
         ) from exc
     if type(count) is not int:
         if not isinstance(count, int) or isinstance(count, bool):
             raise HostCallbackError(
-                f"The token counter {type(counter).__name__:.40} returned an object of type "
-                f"{type(count).__name__:.40} ({excerpt(count)}), not an int count of tokens.",
+                f"The token counter {type_name(counter)} returned "
+                f"{what_type(count)} ({excerpt(count)}), not an int count of tokens.",
                 callback="token_counter",
             )
         count = int(count)
     if not 0 <= count <= MAX_TOKEN_COUNT:
         raise HostCallbackError(
-            f"The token counter {type(counter).__name__:.40} returned {excerpt(count)} tokens; "
+            f"The token counter {type_name(counter)} returned {excerpt(count)} tokens; "
             f"a count is an int from 0 to {MAX_TOKEN_COUNT}.",
             callback="token_counter",
         )
@@ -364,14 +365,14 @@ def _sum_messages(messages: Sequence[Message], per_message: Callable[[Message], 
     # a context or a history; counting must not pay for that twice.
     if isinstance(messages, str | bytes) or not isinstance(messages, Iterable):
         raise InvalidArgumentError(
-            f"messages must be a sequence of Message, not a {type(messages).__name__}.",
+            f"messages must be a sequence of Message, not {what_type(messages)}.",
             field="messages",
         )
     total = 0
     for i, message in enumerate(messages):
         if not isinstance(message, Message):
             raise InvalidArgumentError(
-                f"messages[{i}] is a {type(message).__name__}, not a turnloom Message.",
+                f"messages[{i}] is {what_type(message)}, not a turnloom Message.",
                 field=f"messages[{i}]",
             )
         total += per_message(message)

@@ -58,7 +58,7 @@ from turnloom.context.message import (
 )
 from turnloom.context.scope import ContextScope, check_scope, scope_indices
 from turnloom.context.tokens import ApproxTokenCounter, TokenCounter, count_tokens
-from turnloom.errors import FrozenValueError, InvalidArgumentError, excerpt
+from turnloom.errors import FrozenValueError, InvalidArgumentError, excerpt, what_type
 
 T = TypeVar("T")
 
@@ -224,7 +224,7 @@ def _freeze(value: object, path: set[int]) -> object:
 def _checked_messages(messages: object, field: str) -> list[Message]:
     if isinstance(messages, str | bytes) or not isinstance(messages, Iterable):
         raise InvalidArgumentError(
-            f"{field} must be an iterable of Message, not a {type(messages).__name__}.",
+            f"{field} must be an iterable of Message, not {what_type(messages)}.",
             field=field,
         )
     out = list(messages)
@@ -244,7 +244,7 @@ def _check_key(key: object, field: str = "key") -> str:
 def _checked_scratchpad(scratchpad: object, field: str = "scratchpad") -> dict[str, Any]:
     if not isinstance(scratchpad, Mapping):
         raise InvalidArgumentError(
-            f"{field} must be a mapping with string keys, not a {type(scratchpad).__name__}.",
+            f"{field} must be a mapping with string keys, not {what_type(scratchpad)}.",
             field=field,
         )
     for key in scratchpad:

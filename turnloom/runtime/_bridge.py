@@ -25,7 +25,7 @@ from turnloom.context.pairing import OpenCallPolicy, complete_pairs
 from turnloom.context.scope import ContextScope, check_scope, scope_indices
 from turnloom.context.tokens import TokenCounter
 from turnloom.context.working import FrozenContext, PrefixContext, WorkingContext
-from turnloom.errors import InvalidArgumentError, excerpt
+from turnloom.errors import InvalidArgumentError, excerpt, what_type
 from turnloom.runtime._contexts import ContextTable
 from turnloom.runtime._lifecycle import Lifecycle
 
@@ -217,8 +217,8 @@ def folded_message(
         )
     else:
         raise InvalidArgumentError(
-            "result must be a WorkingContext, a FrozenContext or a string, not a "
-            f"{type(result).__name__:.40}.",
+            "result must be a WorkingContext, a FrozenContext or a string, not "
+            f"{what_type(result)}.",
             field="result",
         )
     if not text.strip():

@@ -30,7 +30,7 @@ from turnloom.context.history import (
 )
 from turnloom.context.message import Message, check_message
 from turnloom.context.pairing import OpenCallPolicy, complete_pairs
-from turnloom.errors import DuplicateIdError, InvalidMessageError, excerpt
+from turnloom.errors import DuplicateIdError, InvalidMessageError, excerpt, what_type
 from turnloom.runtime.schemas import PreparedContext
 from turnloom.runtime.state import is_state_message
 
@@ -222,9 +222,7 @@ def check_continuation(
             an earlier continuation message.
     """
     if not isinstance(prefix, PreparedContext):
-        raise InvalidMessageError(
-            f"build takes a PreparedContext prefix, not a {type(prefix).__name__}."
-        )
+        raise InvalidMessageError(f"build takes a PreparedContext prefix, not {what_type(prefix)}.")
     if issued(id(prefix)) is not prefix:
         raise InvalidMessageError(
             f"The prefix of turn {excerpt(prefix.turn_id)} of context "

@@ -50,6 +50,7 @@ from turnloom.errors import (
     InvalidTextError,
     ItemTooLargeError,
     excerpt,
+    what_type,
 )
 from turnloom.runtime._strategies import make_strategy
 from turnloom.runtime.assembly import AssemblyStrategy, StrategyOptions
@@ -160,13 +161,13 @@ def check_manager_options(
         token_counter = ApproxTokenCounter()
     elif not callable(getattr(token_counter, "count", None)):
         raise InvalidArgumentError(
-            f"token_counter must have a count(messages) method; a "
-            f"{type(token_counter).__name__:.40} has none.",
+            "token_counter must have a count(messages) method; "
+            f"{what_type(token_counter)} has none.",
             field="token_counter",
         )
     if history_limits is not None and not isinstance(history_limits, HistoryLimits):
         raise InputError(
-            f"history_limits must be a HistoryLimits, not a {type(history_limits).__name__}."
+            f"history_limits must be a HistoryLimits, not {what_type(history_limits)}."
         )
     if not _positive_int(max_pending_preparations):
         raise InputError(
@@ -290,9 +291,7 @@ def check_durable_options(
             "'async with turnloom.stores.open_context_store(url) as store'."
         )
     if not isinstance(store, ContextStore):
-        raise InputError(
-            f"store must be a ContextStore, not an object of type {type(store).__name__}."
-        )
+        raise InputError(f"store must be a ContextStore, not {what_type(store)}.")
     return DurableOptions(
         store=store,
         owner=owner,
@@ -323,8 +322,7 @@ def _strategy(
         return None
     if not isinstance(strategy, AssemblyStrategy):
         raise InputError(
-            f"strategy must be a strategy name or an AssemblyStrategy, not a "
-            f"{type(strategy).__name__}."
+            f"strategy must be a strategy name or an AssemblyStrategy, not {what_type(strategy)}."
         )
     return strategy
 
@@ -419,15 +417,13 @@ def check_snapshot(
             :meth:`~turnloom.runtime.ContextManager.accept_turn`.
     """
     if not isinstance(snapshot, TurnSnapshot):
-        raise InvalidMessageError(
-            f"accept_turn takes a TurnSnapshot, not a {type(snapshot).__name__}."
-        )
+        raise InvalidMessageError(f"accept_turn takes a TurnSnapshot, not {what_type(snapshot)}.")
     context_id = check_id(snapshot.context_id, "context id")
     for what, value in (("input", snapshot.input), ("instructions", snapshot.instructions)):
         if value is not None and not isinstance(value, tuple | list):
             raise InvalidMessageError(
                 f"Turn {excerpt(snapshot.turn_id)} {what} must be a tuple or list of Messages, "
-                f"not an object of type {type(value).__name__}.",
+                f"not {what_type(value)}.",
                 field=what,
             )
     check_id(snapshot.turn_id, "turn id")
@@ -511,7 +507,7 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
     """
     if not isinstance(request, ContextPrepareRequest):
         raise InvalidMessageError(
-            f"prepare takes a ContextPrepareRequest, not a {type(request).__name__}."
+            f"prepare takes a ContextPrepareRequest, not {what_type(request)}."
         )
     check_id(request.context_id, "context id")
     check_id(request.turn_id, "turn id")
@@ -527,7 +523,7 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
     check_tenant_scope(request.tenant, "tenant")
     if not isinstance(request.auto_hydrate, bool):
         raise InvalidMessageError(
-            f"auto_hydrate must be a bool, not {type(request.auto_hydrate).__name__}.",
+            f"auto_hydrate must be a bool, not {what_type(request.auto_hydrate)}.",
             field="auto_hydrate",
         )
     carried = sum(len(c.name) + len(c.content) for c in contributions)
@@ -555,7 +551,7 @@ def check_routed_item(
     if not isinstance(item, dict):
         raise InvalidMessageError(
             f"An item routed to context {excerpt(context_id)} must be a native item (dict), "
-            f"not a {type(item).__name__}."
+            f"not {what_type(item)}."
         )
     try:
         encoded = _encoder.encode(item)

@@ -34,7 +34,7 @@ import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from turnloom.context.message import Message
-from turnloom.errors import InputError, InvalidMessageError, TurnloomError
+from turnloom.errors import InputError, InvalidMessageError, TurnloomError, what_type
 from turnloom.runtime._lifecycle import Lifecycle
 from turnloom.runtime.schemas import OutputRecord, OutputStatistics
 
@@ -138,10 +138,10 @@ class OutputStreams:
         if not isinstance(stream, AsyncIterable):
             raise InputError(
                 f"consume takes an async iterable of OutputRecord (for example an "
-                f"anyio memory object receive stream), not a {type(stream).__name__}."
+                f"anyio memory object receive stream), not {what_type(stream)}."
             )
         if on_error is not None and not callable(on_error):
-            raise InputError(f"on_error must be callable, not a {type(on_error).__name__}.")
+            raise InputError(f"on_error must be callable, not {what_type(on_error)}.")
         assert self._task_group is not None  # bound before the lifecycle opens
         consumer = _Consumer(stream, on_error)
         self._consumers = [c for c in self._consumers if not c.ended]
@@ -163,7 +163,7 @@ class OutputStreams:
         try:
             if not isinstance(record, OutputRecord):
                 raise InvalidMessageError(
-                    f"An output stream yielded a {type(record).__name__}, not an OutputRecord."
+                    f"An output stream yielded {what_type(record)}, not an OutputRecord."
                 )
             self._record(record.context_id, record.turn_id, record.outputs)
         except TurnloomError as exc:

@@ -28,7 +28,7 @@ from turnloom.context.gateways import (
     OpenAIResponsesGateway,
 )
 from turnloom.context.history import HistoryView
-from turnloom.errors import AreaCallbackError, StateError, excerpt
+from turnloom.errors import AreaCallbackError, StateError, excerpt, what_type
 from turnloom.runtime._area_section import AreaSection, SectionResult
 from turnloom.runtime._contexts import ContextState, ContextTable, TurnAssembly
 from turnloom.runtime._continuation import IssuedPrefixes
@@ -357,8 +357,8 @@ class Preparer:
             )
             if not isinstance(result, AssembledContext):
                 raise StateError(
-                    f"The assembly strategy {excerpt(strategy.name)} returned an object of "
-                    f"type {type(result).__name__}, not an AssembledContext."
+                    f"The assembly strategy {excerpt(strategy.name)} returned "
+                    f"{what_type(result)}, not an AssembledContext."
                 )
         except BaseException as exc:
             if state.assembly is record:

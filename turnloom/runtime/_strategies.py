@@ -37,6 +37,8 @@ from turnloom.errors import (
     TurnloomError,
     UnknownStrategyError,
     excerpt,
+    type_name,
+    what_type,
 )
 from turnloom.runtime.assembly import (
     HYDRATE_TOOL_NAME,
@@ -82,20 +84,18 @@ async def _recall(
         raise
     except Exception as exc:
         raise MemoryStoreError(
-            f"The memory source failed: {type(exc).__name__}: {excerpt(str(exc))}."
+            f"The memory source failed: {type_name(exc)}: {excerpt(str(exc))}."
         ) from exc
     try:
         entries = tuple(found)[:top_k]
     except TypeError:
         raise MemoryStoreError(
-            f"The memory source returned an object of type {type(found).__name__}, not a "
-            "sequence of entries."
+            f"The memory source returned {what_type(found)}, not a sequence of entries."
         ) from None
     for i, entry in enumerate(entries):
         if not isinstance(entry, MemoryEntry):
             raise MemoryStoreError(
-                f"The memory source returned an object of type {type(entry).__name__} at "
-                f"position {i}, not a MemoryEntry."
+                f"The memory source returned {what_type(entry)} at position {i}, not a MemoryEntry."
             )
     return entries
 
@@ -106,7 +106,7 @@ def _activation(entries: Sequence[MemoryEntry]) -> dict[str, Any]:
 
 def _check_options(options: StrategyOptions) -> StrategyOptions:
     if not isinstance(options, StrategyOptions):
-        raise InputError(f"strategy_options must be StrategyOptions, not {type(options).__name__}.")
+        raise InputError(f"strategy_options must be StrategyOptions, not {what_type(options)}.")
     for field, low, high in (
         ("top_k", 1, 100),
         ("max_memory_chars", 0, 1 << 20),
@@ -260,9 +260,14 @@ class JITStrategy(_StrategyBase):
             As the memory source's search; nothing is changed.
         """
         if not isinstance(call, ToolCallPart) or call.name != HYDRATE_TOOL_NAME:
+            given = (
+                f"one named {excerpt(call.name)}"
+                if isinstance(call, ToolCallPart)
+                else what_type(call)
+            )
             raise InvalidMessageError(
                 f"hydrate_context answers a ToolCallPart named {excerpt(HYDRATE_TOOL_NAME)}, not "
-                f"{excerpt(getattr(call, 'name', type(call).__name__))}.",
+                f"{given}.",
                 field="call",
             )
         problem, query, top_k = self._arguments(call.arguments)
@@ -449,7 +454,6 @@ def make_strategy(
         )
     if memory is not None and not isinstance(memory, MemorySource):
         raise InputError(
-            f"memory must be a MemorySource (an async search method), not a "
-            f"{type(memory).__name__}."
+            f"memory must be a MemorySource (an async search method), not {what_type(memory)}."
         )
     return factory(gateway=gateway, memory=memory, options=options, token_counter=token_counter)

@@ -63,7 +63,7 @@ import yaml
 
 from turnloom.context.gateway import Gateway, GatewayType, get_gateway
 from turnloom.context.history import HistoryLimits
-from turnloom.errors import ConfigError, InputError, UnknownPluginError, excerpt
+from turnloom.errors import ConfigError, InputError, UnknownPluginError, excerpt, what_type
 from turnloom.runtime._door import DEFAULT_MAX_PENDING_PREPARATIONS, check_behavior_rules
 from turnloom.runtime.manager import ContextManager
 
@@ -380,7 +380,7 @@ def build_context_manager(
     if not isinstance(context.init_config, plugin.config_type):
         raise ConfigError(
             f"The init_config of context plugin {excerpt(context.plugin)} must be a "
-            f"{plugin.config_type.__name__}, not a {type(context.init_config).__name__}.",
+            f"{plugin.config_type.__name__}, not {what_type(context.init_config)}.",
             key="context.init_config",
         )
     if not isinstance(gateway, Gateway):
@@ -388,7 +388,7 @@ def build_context_manager(
     manager = plugin.build(context.init_config, gateway=gateway)
     if not isinstance(manager, ContextManager):
         raise ConfigError(
-            f"The context plugin {excerpt(context.plugin)} built a {type(manager).__name__}, not a "
+            f"The context plugin {excerpt(context.plugin)} built {what_type(manager)}, not a "
             "ContextManager.",
             key="context.plugin",
         )

@@ -46,7 +46,7 @@ from turnloom.context.history import HistoryLimits
 from turnloom.context.memory import MemorySource
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.tokens import TokenCounter
-from turnloom.errors import InputError, StateError
+from turnloom.errors import InputError, StateError, what_type
 from turnloom.runtime._door import (
     DEFAULT_IDLE_AFTER,
     DEFAULT_LEASE_TTL,
@@ -172,7 +172,7 @@ class Foundation:
                 owner=owner,
             )
         elif not isinstance(manager, ContextManager):
-            raise InputError(f"manager must be a ContextManager, not a {type(manager).__name__}.")
+            raise InputError(f"manager must be a ContextManager, not {what_type(manager)}.")
         else:
             given = [
                 name
@@ -205,7 +205,7 @@ class Foundation:
                     "build the manager with them instead."
                 )
         if clock is not None and not callable(clock):
-            raise InputError(f"clock must be callable, not a {type(clock).__name__}.")
+            raise InputError(f"clock must be callable, not {what_type(clock)}.")
         self._clock = clock
         self._options = check_foundation_options(
             manager=manager.options,

@@ -454,7 +454,7 @@ class AssemblyStatistics(msgspec.Struct, frozen=True, kw_only=True):
         strategy: the strategy's name, or None without one.
         assemblies_total: turns assembled (the strategy ran).
         reused_total: preparations that reused their turn's assembly.
-        failed_total: assemblies that raised (a memory source failure).
+        failed_total: assemblies that raised (a memory source or the token counter failed).
         hydrations_total: assemblies that recalled memory.
         entries_total: memory entries recalled, by assemblies and by
             ``hydrate_context`` calls.

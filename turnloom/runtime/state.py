@@ -73,6 +73,8 @@ from turnloom.errors import (
     InvalidTextError,
     TurnloomError,
     excerpt,
+    type_name,
+    what_type,
 )
 from turnloom.runtime.schemas import ContextContribution, Perception
 
@@ -107,7 +109,7 @@ def state_call_id(context_id: str, turn_id: str) -> str:
 
 def _check_text(value: str, what: str) -> None:
     if not isinstance(value, str):
-        raise InvalidMessageError(f"{what} must be a string, not {type(value).__name__}.")
+        raise InvalidMessageError(f"{what} must be a string, not {what_type(value)}.")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -130,15 +132,15 @@ def check_contributions(
     """
     if not isinstance(contributions, tuple | list):
         raise InvalidMessageError(
-            "contributions must be a tuple of ContextContribution, not a "
-            f"{type(contributions).__name__}.",
+            "contributions must be a tuple of ContextContribution, not "
+            f"{what_type(contributions)}.",
             field="contributions",
         )
     seen: set[str] = set()
     for i, contribution in enumerate(contributions):
         if not isinstance(contribution, ContextContribution):
             raise InvalidMessageError(
-                f"contributions[{i}] is a {type(contribution).__name__}, not a ContextContribution."
+                f"contributions[{i}] is {what_type(contribution)}, not a ContextContribution."
             )
         name = contribution.name
         if not isinstance(name, str) or not _NAME.fullmatch(name):
@@ -169,9 +171,7 @@ def check_time(value: object, what: str) -> datetime:
             timezone: its instant is unknown).
     """
     if not isinstance(value, datetime):
-        raise InvalidMessageError(
-            f"{what} must be a datetime, not a {type(value).__name__}.", field=what
-        )
+        raise InvalidMessageError(f"{what} must be a datetime, not {what_type(value)}.", field=what)
     if value.utcoffset() is None:
         raise InvalidMessageError(
             f"{what} must be timezone-aware (for example datetime.now(UTC)); a naive "
@@ -197,7 +197,7 @@ def read_clock(clock: Callable[[], datetime]) -> datetime:
         raise
     except Exception as exc:
         raise HostCallbackError(
-            f"The Foundation's clock raised {type(exc).__name__}: {excerpt(str(exc))}.",
+            f"The Foundation's clock raised {type_name(exc)}: {excerpt(str(exc))}.",
             callback="clock",
         ) from exc
     return check_time(now, "The Foundation's clock value")
@@ -218,7 +218,7 @@ def check_perception(perception: object) -> Perception:
     """
     if not isinstance(perception, Perception):
         raise InvalidMessageError(
-            f"perception must be a Perception, not a {type(perception).__name__}.",
+            f"perception must be a Perception, not {what_type(perception)}.",
             field="perception",
         )
     time = perception.time
@@ -234,7 +234,7 @@ def check_perception(perception: object) -> Perception:
     source = perception.source
     if not isinstance(source, Mapping):
         raise InvalidMessageError(
-            f"perception.source must be a mapping of str to str, not a {type(source).__name__}.",
+            f"perception.source must be a mapping of str to str, not {what_type(source)}.",
             field="perception.source",
         )
     for key, value in source.items():

@@ -6,7 +6,7 @@ __all__ = ("open_context_store",)
 
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
-from turnloom.errors import InputError
+from turnloom.errors import InputError, what_type
 from turnloom.stores.redis_contexts import RedisContextStore
 from turnloom.stores.sqlite_contexts import SQLiteContextStore
 
@@ -26,7 +26,7 @@ def open_context_store(url: str) -> SQLiteContextStore | RedisContextStore:
         MissingDependencyError: a Redis URL without the ``redis`` package.
     """
     if not isinstance(url, str):
-        raise InputError(f"A store URL must be a str, not a {type(url).__name__}.")
+        raise InputError(f"A store URL must be a str, not {what_type(url)}.")
     if url.startswith("sqlite:"):
         path, _, query = url.removeprefix("sqlite:").partition("?")
         if path.startswith("//"):

@@ -44,7 +44,13 @@ import anyio
 import anyio.to_thread
 
 from turnloom.context.memory import MemoryEntry, TenantScope, check_tenant_scope
-from turnloom.errors import InvalidArgumentError, MemoryQueryError, MemoryStoreError, excerpt
+from turnloom.errors import (
+    InvalidArgumentError,
+    MemoryQueryError,
+    MemoryStoreError,
+    excerpt,
+    what_type,
+)
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS memory_entries (
@@ -122,7 +128,7 @@ def _top_k(top_k: object) -> int:
 def _text(value: object, field: str) -> str:
     if not isinstance(value, str):
         raise InvalidArgumentError(
-            f"{field} must be a string, not {type(value).__name__}.", field=field
+            f"{field} must be a string, not {what_type(value)}.", field=field
         )
     try:
         value.encode("utf-8")

@@ -30,7 +30,7 @@ import msgspec
 from turnloom.context.gateway import GatewayType, get_gateway
 from turnloom.context.message import Message, Role
 from turnloom.context.pairing import CallTracker
-from turnloom.errors import TurnloomError, excerpt
+from turnloom.errors import TurnloomError, excerpt, what_type
 from turnloom.tools.workload import generate_trajectories
 
 _decoder = msgspec.json.Decoder()
@@ -202,7 +202,9 @@ def _load(source: str, path: str | Path) -> tuple[list[Trajectory], list[ReplayE
             ]
         return [Trajectory(source=source, index=0, messages=messages)], []
     return [], [
-        _file_error(source, f"the file holds a JSON {type(data).__name__}, not trajectories.")
+        _file_error(
+            source, f"the file holds JSON that decodes to {what_type(data)}, not trajectories."
+        )
     ]
 
 

@@ -660,8 +660,11 @@ def test_gc_callbacks_cannot_cancel_a_collection_retried_after_a_failure(
             iter([user("x")]),
             "render() returned an object of type list_iterator, not a list of Message",
         ),
-        (["plain text"], "render()[0] is a str, not a turnloom Message"),
-        ([user("ok"), {"role": "user", "content": "native"}], "is a dict, not a turnloom Message"),
+        (["plain text"], "render()[0] is an object of type str, not a turnloom Message"),
+        (
+            [user("ok"), {"role": "user", "content": "native"}],
+            "is an object of type dict, not a turnloom Message",
+        ),
     ],
     ids=["str", "iterator", "list-of-str", "native-dict"],
 )

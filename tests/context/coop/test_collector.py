@@ -319,11 +319,15 @@ def test_state_changes_inside_promote_or_gc_prologue_cannot_cancel_collection(
 
 def test_plan_rejects_values_that_are_not_effect_ranges_with_a_typed_error() -> None:
     """Bad input at the door: an InputError naming the entry, never AttributeError/TypeError."""
-    with pytest.raises(InputError, match=r"Range 0 is a tuple, not an EffectRange\."):
+    with pytest.raises(
+        InputError, match=r"Range 0 is an object of type tuple, not an EffectRange\."
+    ):
         plan_collection([(0, 1)], [True])  # type: ignore[list-item]
     with pytest.raises(InputError, match=r"EffectRange 1 is \['a', 'b'\]"):
         plan_collection([R(0, 1), R("a", "b")], [True, True])  # type: ignore[arg-type]
-    with pytest.raises(InputError, match="sequences of EffectRange and of bool, not NoneType"):
+    with pytest.raises(
+        InputError, match="sequences of EffectRange and of bool, not an object of type NoneType"
+    ):
         plan_collection(None, None)  # type: ignore[arg-type]
 
 

@@ -248,7 +248,7 @@ def test_register_rejects_state_member_of_wrong_type() -> None:
 
 
 def test_coop_context_rejects_a_non_context() -> None:
-    with pytest.raises(InputError, match="wraps a turnloom Context, not a list"):
+    with pytest.raises(InputError, match="wraps a turnloom Context, not an object of type list"):
         CoopContext([])  # type: ignore[arg-type]
 
 

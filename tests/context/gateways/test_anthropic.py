@@ -269,7 +269,9 @@ def test_malformed_items_raise_invalid_message_error(item: dict[str, Any], field
 
 
 def test_parse_rejects_a_non_object() -> None:
-    with pytest.raises(InvalidMessageError, match="must be a JSON object, not list"):
+    with pytest.raises(
+        InvalidMessageError, match="must be a JSON object, not an object of type list"
+    ):
         gw.parse([])  # type: ignore[arg-type]
 
 

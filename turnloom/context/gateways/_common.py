@@ -22,7 +22,7 @@ from typing import Any
 from turnloom.context.gateway import Violation
 from turnloom.context.message import Message, OpaquePart, ReasoningPart, strict_json
 from turnloom.context.message import is_blank_text as blank
-from turnloom.errors import InvalidMessageError, ProviderRuleError, excerpt
+from turnloom.errors import InvalidMessageError, ProviderRuleError, excerpt, what_type
 
 
 def layout_of(message: Message, gateway: str) -> dict[str, Any]:
@@ -68,7 +68,7 @@ def args_text(value: Any, provider: str, field: str) -> str:
     """
     if not isinstance(value, dict):
         raise InvalidMessageError(
-            f"{provider} {field} must be a JSON object, not {type(value).__name__}.", field=field
+            f"{provider} {field} must be a JSON object, not {what_type(value)}.", field=field
         )
     return json_text(value, provider, field, separators=(",", ":"))
 
@@ -101,7 +101,7 @@ def require_object(item: Any, provider: str, what: str = "item") -> dict[str, An
     """
     if not isinstance(item, dict):
         raise InvalidMessageError(
-            f"A {provider} {what} must be a JSON object, not {type(item).__name__}."
+            f"A {provider} {what} must be a JSON object, not {what_type(item)}."
         )
     return item
 

@@ -81,7 +81,7 @@ from turnloom.context.message import (
     check_message,
     is_blank_text,
 )
-from turnloom.errors import InvalidMessageError, excerpt
+from turnloom.errors import InvalidMessageError, excerpt, what_type
 
 _log = logging.getLogger("turnloom.gateway.openai_chat")
 
@@ -314,7 +314,7 @@ class OpenAIChatGateway(Gateway):
     def _parse_item(self, item: NativeContent) -> Message:
         if not isinstance(item, dict):
             raise InvalidMessageError(
-                f"An OpenAI Chat message must be an object, not {type(item).__name__}."
+                f"An OpenAI Chat message must be an object, not {what_type(item)}."
             )
         role_name = item.get("role")
         if role_name not in _ROLES:

@@ -1,0 +1,85 @@
+"""A refused value's type is named one way everywhere: ``errors.what_type``.
+
+Invariants: the phrase is "an object of type X" (grammatical for any name, never
+"a int"); a type name that is not a short identifier is quoted through
+``excerpt`` so a host class cannot flood or forge a message line; the door's
+messages use the phrase verbatim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from turnloom.context import Message, check_message, plan_collection
+from turnloom.context.tokens import count_tokens
+from turnloom.errors import (
+    TYPE_NAME_LIMIT,
+    HostCallbackError,
+    InputError,
+    InvalidMessageError,
+    type_name,
+    what_type,
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "phrase"),
+    [
+        (5, "an object of type int"),
+        (None, "an object of type NoneType"),
+        ({"role": "user"}, "an object of type dict"),
+        (iter([]), "an object of type list_iterator"),
+    ],
+)
+def test_what_type_says_an_object_of_type_and_the_plain_name(value: object, phrase: str) -> None:
+    assert what_type(value) == phrase
+
+
+def test_a_type_name_at_the_limit_is_printed_as_it_is() -> None:
+    name = "T" * TYPE_NAME_LIMIT
+    assert type_name(type(name, (), {})()) == name
+
+
+def test_a_long_or_multiline_type_name_is_quoted_and_escaped() -> None:
+    """A host class named with type() cannot flood a message or forge a log line."""
+    long = type("T" * (TYPE_NAME_LIMIT + 1), (), {})()
+    assert type_name(long) == repr("T" * (TYPE_NAME_LIMIT + 1))
+    forged = type("Counter\nERROR forged", (), {})()
+    assert what_type(forged) == "an object of type 'Counter\\nERROR forged'"
+
+
+def test_the_door_refuses_a_non_message_naming_its_type() -> None:
+    with pytest.raises(InvalidMessageError) as caught:
+        check_message(5, where="turn 't1' messages[0]")
+    assert (
+        str(caught.value)
+        == "turn 't1' messages[0] is an object of type int, not a turnloom Message."
+    )
+
+
+def test_plan_collection_names_both_refused_types() -> None:
+    ranges: object = None
+    retired: object = {0: True}
+    with pytest.raises(InputError) as caught:
+        plan_collection(ranges, retired)  # type: ignore[arg-type]
+    assert str(caught.value) == (
+        "plan_collection takes sequences of EffectRange and of bool, not an object of type "
+        "NoneType and an object of type dict."
+    )
+
+
+def test_a_counter_with_a_forged_name_is_quoted_in_its_refusal() -> None:
+    """The counter's own name is printed by type_name as well."""
+
+    def count(self: object, messages: Sequence[Message]) -> object:
+        return "3"
+
+    counter = type("Tok\nERROR", (), {"count": count})()
+    with pytest.raises(HostCallbackError) as caught:
+        count_tokens(counter, [Message(role="user", content="hi")])  # type: ignore[arg-type]
+    assert str(caught.value) == (
+        "The token counter 'Tok\\nERROR' returned an object of type str ('3'), not an int "
+        "count of tokens."
+    )
