@@ -25,9 +25,12 @@ history. :meth:`HistoryView.render` runs in a worker thread: each message is
 rendered once per gateway (its native items and their JSON encoding, which
 sizes them) and cached, each turn's items are cached, and the items of the
 pinned instructions and all closed turns are kept as one run that is changed
-in place (evicted turns deleted at the front, newly closed turns appended).
-A render does Python work only for new items; what remains proportional to
-the history is a C-speed copy of the run's references.
+in place (evicted turns dropped at the front by moving its start, newly
+closed turns appended; once a sixteenth of it is dropped it is compacted into
+new containers). A render does work only for new and evicted items, and
+hands the run's encoded items out without a copy (the run only appends to
+the containers it handed out), so :meth:`HistoryView.render_bounded` can
+promise a small, bounded step that the event loop may take.
 
 Closed turns are kept encoded. When a turn joins the run, the run keeps its
 items only as JSON bytes (one ``bytes`` object per item, shared with the
@@ -89,6 +92,7 @@ import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import cast
 
 import msgspec
 
@@ -104,7 +108,7 @@ from turnloom.context.callids import (
     restore_call_ids,
 )
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.items import NativeItems, encode_item
+from turnloom.context.items import EncodedSpan, NativeItems, compaction_due, encode_item
 from turnloom.context.message import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Message,
@@ -298,10 +302,12 @@ class RenderedHistory:
     __slots__ = (
         "_base",
         "_byte_ends",
+        "_first",
         "_item_ends",
         "_origin",
         "_pinned",
         "_run",
+        "_stop",
         "_tail",
         "body",
         "bytes",
@@ -324,22 +330,26 @@ class RenderedHistory:
         self._pinned = pinned
         self._tail = tail  # everything after the run: unsettled turns, then the turn's input
         if run is None:
-            self._run: tuple[bytes, ...] = ()
+            self._run: Sequence[bytes] = ()
             self._item_ends = self._byte_ends = _NO_ENDS
+            self._first = self._stop = 0
             self._origin = self._base = 0
             epoch = None
         else:
-            # C-speed copies of the run's references and per-turn offsets.
-            self._run = tuple(run.items)
-            self._item_ends = _ends(run.item_ends)
-            self._byte_ends = _ends(run.byte_ends)
+            # The run's containers as they stand, without a copy: the run
+            # only appends to them (or replaces them) while this lives.
+            self._run = run.span()
+            self._item_ends = run.item_ends
+            self._byte_ends = run.byte_ends
+            self._first, self._stop = run.dead, len(run.item_ends)  # its turns' slots there
             self._origin, self._base, epoch = run.origin, run.base, run.epoch
         self.native_items = NativeItems(pinned.items, self._run, tail.items, epoch, self._origin)
         self.item_count = len(pinned.items) + len(self._run) + len(tail.items)
         self.body = body
         self.call_ids = call_ids
         self.turn_start = 0
-        run_bytes = self._byte_ends[-1] - self._base if self._run else 0
+        first, stop = self._first, self._stop
+        run_bytes = self._byte_ends[stop - 1] - self._base if stop > first else 0
         self.bytes: int = pinned.bytes + run_bytes + tail.bytes
         self.tokens = tokens
 
@@ -361,15 +371,16 @@ class RenderedHistory:
             return sum(map(len, pinned.encoded[:count]))
         count -= len(pinned.items)
         run = self._run
+        first, stop = self._first, self._stop
         if count > len(run):
-            run_bytes = self._byte_ends[-1] - self._base if run else 0
+            run_bytes = self._byte_ends[stop - 1] - self._base if stop > first else 0
             inside = sum(map(len, self._tail.encoded[: count - len(run)]))
             return pinned.bytes + run_bytes + inside
         # The turn holding item ``count - 1`` of the run, in the running coordinate.
         position = self._origin + count
-        index = bisect.bisect_left(self._item_ends, position)
-        start = self._item_ends[index - 1] if index else self._origin
-        before = self._byte_ends[index - 1] if index else self._base
+        index = bisect.bisect_left(self._item_ends, position, first, stop)
+        start = self._item_ends[index - 1] if index > first else self._origin
+        before = self._byte_ends[index - 1] if index > first else self._base
         inside = sum(map(len, run[start - self._origin : count]))
         return pinned.bytes + before - self._base + inside
 
@@ -690,12 +701,13 @@ class _Run:
 
     ``pinned`` is the pinned instructions' render (native, with encodings).
     The closed turns' items are kept only encoded: ``items`` holds one JSON
-    ``bytes`` per item, renamed as the run sends them, oldest first. Per
-    turn, oldest first: ``item_ends`` and ``byte_ends`` (where it ends, in
-    items and bytes, in running coordinates that begin at ``origin`` and
-    ``base`` and are never rebased, so dropping turns at the front is a
-    C-speed delete), ``turn_tokens``, ``turn_carried`` (1 when calls of
-    an earlier turn were carried into it) and ``calls``: a :class:`_CallLog`
+    ``bytes`` per item, renamed as the run sends them, oldest first, after
+    ``skip`` slots dropped at the front. Per turn, oldest first, after
+    ``dead`` slots dropped at the front: ``item_ends`` and ``byte_ends``
+    (where it ends, in items and bytes, in running coordinates that begin
+    at ``origin`` and ``base`` and are never rebased), ``turn_tokens``,
+    ``turn_carried`` (1 when calls of an earlier turn were carried into it)
+    and ``calls``: a :class:`_CallLog`
     once the turn was renamed anew (its call-id events and the ids its
     items are sent with), else, for a turn the run renamed, the call ids
     its items had before, as
@@ -706,6 +718,10 @@ class _Run:
     began, so renders of the same run can tell shared items apart
     (:class:`~turnloom.context.items.NativeItems`). ``call_ids`` and
     ``carry`` are the call-id renaming and pairing states after the items.
+    Dropping turns at the front moves ``skip`` and ``dead`` only, so a
+    render hands out the containers as they stand, without copying them
+    (the run only appends to them); :meth:`compact` replaces them once
+    enough is dropped.
     ``body`` keeps the request body of the items encoded, one segment per
     turn: segment 0 is the pinned instructions, the run's first turn is
     segment ``first_tag``. Guarded by ``_Shared.lock``.
@@ -718,6 +734,7 @@ class _Run:
         "call_ids",
         "calls",
         "carry",
+        "dead",
         "epoch",
         "evicted",
         "first_tag",
@@ -728,6 +745,7 @@ class _Run:
         "origin",
         "pinned",
         "pinned_entries",
+        "skip",
         "tokens",
         "turn_carried",
         "turn_tokens",
@@ -751,6 +769,10 @@ class _Run:
         self.byte_ends = _ends()
         self.base = 0
         self.origin = 0
+        # Dropped at the front but still in the containers (see drop_turns):
+        # items in ``items``, turns in the per-turn ones.
+        self.skip = 0
+        self.dead = 0
         self.epoch = object()
         self.turn_tokens = _ends()
         self.turn_carried = bytearray()
@@ -772,7 +794,60 @@ class _Run:
     @property
     def turns(self) -> int:
         """How many closed turns the run holds."""
-        return len(self.item_ends)
+        return len(self.item_ends) - self.dead
+
+    @property
+    def count(self) -> int:
+        """How many items the run holds (the pinned instructions' aside)."""
+        return len(self.items) - self.skip
+
+    def span(self) -> EncodedSpan:
+        """The run's encoded items, oldest first, in O(1) (valid while the run lives)."""
+        return EncodedSpan(self.items, self.skip, len(self.items))
+
+    def ends(self, index: int) -> tuple[int, int]:
+        """Where the run's turn ``index`` (0 = oldest held) ends: (items, bytes), running."""
+        at = self.dead + index
+        return self.item_ends[at], self.byte_ends[at]
+
+    def compaction_due(self) -> bool:
+        """True when the slots dropped at the front are due to be copied out (:meth:`compact`)."""
+        return (
+            compaction_due(self.skip, self.count)
+            or compaction_due(self.dead, self.turns)
+            or (self.body is not None and self.body.compaction_due())
+        )
+
+    def drop_turns(self, dropped: int) -> None:
+        """Drop the ``dropped`` oldest turns (not from the body): O(1) but for their tokens.
+
+        The containers keep the dropped slots (a render's span of them stays
+        valid, no copy is made) until :meth:`compact` copies the kept ones
+        into new containers.
+        """
+        origin, base = self.ends(dropped - 1)
+        self.skip += origin - self.origin
+        self.tokens -= sum(self.turn_tokens[self.dead : self.dead + dropped])
+        self.dead += dropped
+        self.origin, self.base = origin, base
+
+    def compact(self) -> None:
+        """Copy the kept slots into new containers (O(kept)); spans handed out stay valid."""
+        if self.body is not None:
+            self.body.compact()
+        if self.skip:
+            self.items = self.items[self.skip :]
+            untrack_container(self.items)
+            self.skip = 0
+        dead = self.dead
+        if dead:
+            self.item_ends = _ends(self.item_ends[dead:])
+            self.byte_ends = _ends(self.byte_ends[dead:])
+            self.turn_tokens = _ends(self.turn_tokens[dead:])
+            self.turn_carried = self.turn_carried[dead:]
+            self.calls = self.calls[dead:]
+            untrack_container(self.calls)
+            self.dead = 0
 
     def join(
         self,
@@ -807,11 +882,12 @@ class _Run:
         self.tokens += tokens
 
     def natives(self, start: int, stop: int) -> list[NativeContent]:
-        """``items[start:stop]`` decoded (O(their bytes))."""
+        """``items[start:stop]`` of the held items decoded (O(their bytes))."""
         if start >= stop:
             return []
+        skip = self.skip
         decoded: list[NativeContent] = _decode(
-            b"".join((b"[", b",".join(self.items[start:stop]), b"]"))
+            b"".join((b"[", b",".join(self.items[skip + start : skip + stop]), b"]"))
         )
         return decoded
 
@@ -1080,7 +1156,7 @@ class HistoryView:
     it saw alive, so a later eviction does not change what it renders.
     """
 
-    __slots__ = ("_evicted", "_generation", "_pinned", "_shared", "_turns")
+    __slots__ = ("_evicted", "_generation", "_held", "_pinned", "_shared", "_turns")
 
     def __init__(
         self,
@@ -1089,9 +1165,11 @@ class HistoryView:
         evicted: int,
         generation: int,
         shared: _Shared,
+        held: int = 0,
     ) -> None:
         self._pinned = pinned
         self._turns = turns
+        self._held = held  # messages in the view, pinned included
         self._evicted = evicted
         self._generation = generation  # bumped when a turn before the newest changes
         self._shared = shared
@@ -1169,6 +1247,46 @@ class HistoryView:
             HostCallbackError: the token counter failed on a message the
                 pairing made (a cancelled result).
         """
+        return cast(RenderedHistory, self._render(gateway, turn_id, open_calls, None))
+
+    def render_bounded(
+        self,
+        gateway: Gateway,
+        turn_id: str,
+        budget: int,
+        *,
+        open_calls: OpenCallPolicy = "exclude",
+    ) -> RenderedHistory | None:
+        """:meth:`render`, when it costs at most about ``budget`` items' worth of work; else None.
+
+        Work is counted in items: those rendered (turns not yet in the
+        cached run, and the turn's input), those decoded (turns evicted
+        since the last render, to forget their call ids) and, when the
+        cached run must be built, rebuilt, renamed anew or compacted, every
+        item held. Nothing else a render does grows with the history (the
+        run's encoded items are handed out without a copy), so a bounded
+        render is a small, bounded step: one the event loop may take. A
+        render of an earlier turn or an older view (a private render,
+        O(history)) returns None when the view holds more than ``budget``
+        items.
+
+        Returns None before anything is rendered, or once the evicted turns
+        are dropped from the cached run when only the new turns are over
+        the budget (the cache stays exact: the next render continues it).
+
+        Raises:
+            as :meth:`render`.
+        """
+        return self._render(gateway, turn_id, open_calls, budget)
+
+    def _render(
+        self,
+        gateway: Gateway,
+        turn_id: str,
+        open_calls: OpenCallPolicy,
+        budget: int | None,
+    ) -> RenderedHistory | None:
+        """:meth:`render` (``budget`` None) or :meth:`render_bounded`."""
         turns = self._turns
         position = len(turns) - 1
         if position < 0 or turns[position].turn_id != turn_id:
@@ -1181,23 +1299,32 @@ class HistoryView:
         shared = self._shared
         slots = shared.slots(key)
         head = turns[position]
-        closed = turns[:position]
+        # Bounded: no O(history) step (not even a tuple copy) unless the view is small.
+        small = budget is None or self._held <= budget
         with shared.lock:
             run = shared.runs.get(key)
             newest = position == len(turns) - 1 and (
                 run is None or (self._evicted >= run.evicted and self._generation >= run.generation)
             )
+            if not newest and not small:
+                return None
             if newest:
+                # ``turns`` up to ``position`` are the closed turns (not copied).
                 try:
                     if run is not None:
-                        run = self._advance(run, closed, gateway, slots)
+                        run = self._advance(run, turns, position, gateway, slots, budget)
                     if run is None:
+                        if not small:
+                            return None  # nothing changed
                         run = self._build(gateway, slots, open_calls)
                     shared.runs[key] = run
+                    fresh = turns[run.turns : position]
+                    if not small and sum(t.items for t in fresh) + head.items > cast(int, budget):
+                        return None  # the run is exact as it stands
                     # Everything that can fail (a gateway, an area of memory)
                     # runs before the run changes.
                     plan = _plan(
-                        closed[run.turns :],
+                        fresh,
                         head,
                         run.carry,
                         gateway,
@@ -1206,8 +1333,8 @@ class HistoryView:
                         shared.counter,
                     )
                     settled, tail, call_ids = plan.rename(gateway, run.call_ids)
-                    self._append(run, closed, plan, settled, gateway, slots)
-                    # C-speed copies of the run's references (its items stay encoded).
+                    self._append(run, turns, plan, settled, gateway, slots)
+                    # The run's containers are handed out as they stand (no copy).
                     rendered = RenderedHistory(
                         run.pinned,
                         tail,
@@ -1223,6 +1350,7 @@ class HistoryView:
         if not newest:
             # An older view (or an earlier turn): rendered privately, the caches
             # read but neither filled nor changed.
+            closed = turns[:position]
             call_ids = CallIdRenamer()
             pinned = _renamed(
                 _render_entries(self._pinned, gateway, slots[0], open_calls, shared.counter),
@@ -1366,56 +1494,69 @@ class HistoryView:
         return run
 
     def _advance(
-        self, run: _Run, closed: tuple[_Turn, ...], gateway: Gateway, slots: tuple[int, int]
+        self,
+        run: _Run,
+        closed: tuple[_Turn, ...],
+        position: int,
+        gateway: Gateway,
+        slots: tuple[int, int],
+        budget: int | None = None,
     ) -> _Run | None:
         """Drop the turns evicted since the run was built: the run to use, or None.
 
-        None when the kept turns render differently without the evicted ones
-        (the caller builds a new run); a new run when only their call ids
-        do (:meth:`_renamed_anew`); else ``run``, changed in place.
+        ``closed[:position]`` are the view's closed turns. None when the kept
+        turns render differently without the evicted ones (the caller builds
+        a new run); a new run when only their call ids do
+        (:meth:`_renamed_anew`); else ``run``, changed in place. With a
+        ``budget`` (see :meth:`render_bounded`) under the items held, a step
+        over it (those two, rebuilding the body, compacting, decoding more
+        evicted items) is not taken: None is returned, ``run`` unchanged.
         """
+        small = budget is None or self._held <= budget
         dropped = self._evicted - run.evicted
         kept = run.turns - dropped
+        if not small and run.compaction_due():
+            return None
         if (
             run.pinned_entries is not self._pinned
             or run.generation != self._generation
-            or not 0 <= kept <= len(closed)
+            or not 0 <= kept <= position
             # Turns only change at the end (the generation counts other
             # changes), so the last kept turn being the same object means the
             # whole kept run is this view's prefix.
             or (kept and closed[kept - 1] is not run.last)
             # The first kept turn answered calls of an evicted turn: without
             # them its results are orphans, so its render changes.
-            or (dropped and kept and run.turn_carried[dropped])
+            or (dropped and kept and run.turn_carried[run.dead + dropped])
         ):
             return None
         if dropped:
-            count = run.item_ends[dropped - 1] - run.origin
+            count = run.ends(dropped - 1)[0] - run.origin
+            if budget is not None and not small and count > budget:
+                return None
             evicted_ids = CallIdRenamer()
             rename_call_ids(gateway.type, run.natives(0, count), evicted_ids)
-            if not run.call_ids.forget(evicted_ids):
+            if not run.call_ids.can_forget(evicted_ids):
                 # A rename of a kept item depended on an evicted one: a render
                 # of the kept turns alone renames differently, so their call
                 # ids are renamed anew (see _renamed_anew).
-                return self._renamed_anew(run, dropped, closed, gateway, slots)
+                return self._renamed_anew(run, dropped, closed, gateway, slots) if small else None
             first_kept = run.first_tag + dropped
-            if run.body is not None and not run.body.drop(first_kept, evicted_ids):
-                # The kept body differs from the cached one (a turn merged
-                # across the cut, say): rebuilt from the kept items, once.
+            drop = run.body.plan_drop(first_kept, evicted_ids) if run.body is not None else None
+            # Without a plan the kept body differs from the cached one (a
+            # turn merged across the cut, say): rebuilt from the kept items, once.
+            rebuild = run.body is not None and drop is None
+            if rebuild and not small:
+                return None
+            run.call_ids.forget(evicted_ids)
+            if drop is not None:
+                cast(BodyRun, run.body).apply_drop(drop)
+            elif rebuild:
                 run.body = None
-                rebuild = True
-            else:
-                rebuild = False
             run.first_tag = first_kept
-            run.base = run.byte_ends[dropped - 1]
-            run.origin = run.item_ends[dropped - 1]
-            del run.items[:count]
-            run.tokens -= sum(run.turn_tokens[:dropped])
-            del run.item_ends[:dropped]
-            del run.byte_ends[:dropped]
-            del run.turn_tokens[:dropped]
-            del run.turn_carried[:dropped]
-            del run.calls[:dropped]
+            run.drop_turns(dropped)
+            if small and run.compaction_due():
+                run.compact()
             run.evicted = self._evicted
             if not kept:
                 run.carry = ()  # the calls it carried were evicted with their turn
@@ -1451,17 +1592,18 @@ class HistoryView:
         rename_call_ids(kind, run.pinned.items, call_ids)  # renamed: unchanged
         new = _Run(self._pinned, run.pinned, self._evicted, self._generation, call_ids)
         writer = body_writer(gateway) if run.body is not None else None
-        first = run.item_ends[dropped - 1] - run.origin
-        natives = run.natives(first, len(run.items))
+        first = run.ends(dropped - 1)[0] - run.origin
+        natives = run.natives(first, run.count)
+        held = run.span()
         segments: list[tuple[Sequence[NativeContent], int, Sequence[bytes]]] = [
             (run.pinned.items, 0, run.pinned.encoded)
         ]
         start = 0
         for index in range(dropped, run.turns):
-            stop = run.item_ends[index] - run.origin - first
-            encoded: Sequence[bytes] = run.items[first + start : first + stop]
+            stop = run.ends(index)[0] - run.origin - first
+            encoded: Sequence[bytes] = held[first + start : first + stop]
             items = natives[start:stop]
-            calls = run.calls[index]
+            calls = run.calls[run.dead + index]
             renamed: list[NativeContent] | None = None
             if isinstance(calls, _CallLog):
                 ids = call_ids.replay(calls.events)
@@ -1484,8 +1626,8 @@ class HistoryView:
             new.add(
                 encoded,
                 sum(map(len, encoded)),
-                run.turn_tokens[index],
-                bool(run.turn_carried[index]),
+                run.turn_tokens[run.dead + index],
+                bool(run.turn_carried[run.dead + index]),
                 calls,
             )
             segments.append((items, new.first_tag + index - dropped, encoded))
@@ -1532,11 +1674,12 @@ def _body_run(gateway: Gateway, run: _Run) -> BodyRun | None:
     segments: list[tuple[Sequence[NativeContent], int, Sequence[bytes]]] = [
         (run.pinned.items, 0, run.pinned.encoded)
     ]
-    natives = run.natives(0, len(run.items))
+    natives = run.natives(0, run.count)
+    held = run.span()
     start = 0
-    for tag, end in enumerate(run.item_ends, run.first_tag):
+    for tag, end in enumerate(run.item_ends[run.dead :], run.first_tag):
         stop = end - run.origin
-        segments.append((natives[start:stop], tag, run.items[start:stop]))
+        segments.append((natives[start:stop], tag, held[start:stop]))
         start = stop
     return BodyRun.of(writer, segments)
 
@@ -1895,7 +2038,12 @@ class TurnHistory:
         view = self._view
         if view is None:
             view = self._view = HistoryView(
-                self._pinned, self._turns, self._evicted, self._generation, self._shared
+                self._pinned,
+                self._turns,
+                self._evicted,
+                self._generation,
+                self._shared,
+                self.held_items,
             )
         return view
 
