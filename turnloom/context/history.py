@@ -1611,6 +1611,44 @@ def _answers(calls: dict[str, ToolCallPart], messages: Sequence[Message]) -> boo
     return False
 
 
+def _paired_after(turns: Sequence[_Turn], position: int) -> set[tuple[int, int, str]]:
+    """The results of the turns after ``position`` that answer calls open after it.
+
+    Each is named by (turn index, message index in its whole turn, call id).
+    Only the messages before the first one that ends the carried group are
+    walked: where a group ends depends on the messages' roles alone, so
+    pairing after it does not depend on the turns up to ``position``.
+    """
+    calls, _ = _calls_after(turns[: position + 1])
+    paired: set[tuple[int, int, str]] = set()
+    if not calls:
+        return paired
+    tracker = CallTracker(calls.values())
+    for index in range(position + 1, len(turns)):
+        for number, message in enumerate(turns[index].messages(True)):
+            if tracker.group:
+                return paired
+            paired.update((index, number, r.call_id) for r in tracker.feed(message).paired)
+    return paired
+
+
+def _strands(old: Sequence[_Turn], new: Sequence[_Turn], position: int) -> int:
+    """Where changing turn ``position`` (``old`` to ``new``) would orphan a later result.
+
+    The one rule for changes to an earlier turn (a late record, kept state):
+    a result a later turn holds that answers a call stays answered, because
+    pairing drops a result answering nothing, and a later turn's input made
+    of such results would leave that turn's own model input. A change may
+    make a later result answer a call it did not answer before.
+
+    Returns:
+        the index of the first later turn holding a result that answers a
+        call in ``old`` and none in ``new``, or -1.
+    """
+    lost = _paired_after(old, position) - _paired_after(new, position)
+    return min(index for index, _, _ in lost) if lost else -1
+
+
 def check_batch_length(count: int, limits: HistoryLimits, where: str) -> None:
     """Refuse a batch that makes one turn hold more than ``limits.max_items`` messages.
 
@@ -1691,10 +1729,17 @@ class TurnHistory:
     Anthropic and Gemini refuse. Source: seed 004 (whole-turn history
     ownership; incomplete tool-call/output pairs are excluded from the next
     model input); every provider's rule that a result follows its call.
-    Ties follow what the kept turns say now: a late record, kept state on an
-    earlier turn or a retraction that changes what a later input answers ties
-    those turns again, or unties them, so the tie set is always what a cold
-    rebuild of the kept turns computes (never a tie without its reason).
+    A change to an earlier turn never takes an answer away from a later one:
+    a late record that would leave a result a later turn holds answering no
+    call (an output ending the calls' group, or answering the call first) is
+    refused with :class:`~turnloom.errors.StateError`, and kept state that
+    would is not kept (see :meth:`record`, :meth:`keep_state`); pairing would
+    drop those results, and a later input made of them would leave its own
+    turn's model input. Ties follow what the kept turns say now: a late
+    record, kept state on an earlier turn or a retraction that changes what a
+    later input answers ties those turns again, or unties them, so the tie
+    set is always what a cold rebuild of the kept turns computes (never a tie
+    without its reason).
 
     Calls still open when their turn is evicted are evicted with it; results
     given as turn input can answer only calls of the newest turn (or of turns
@@ -2376,6 +2421,11 @@ class TurnHistory:
                 :class:`~turnloom.errors.PairedTurnsTooLargeError` when the
                 turn is tied to the newest turn (see the class docstring) and
                 the tied turns together would.
+            StateError: ``turn_id`` is not the newest turn and the outputs
+                would leave a result a later turn holds answering no call
+                (they end its call group, or answer its call first): pairing
+                would drop it from every later model input; nothing was
+                recorded.
             HostCallbackError: the token counter raised or returned a count
                 that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing was
                 recorded.
@@ -2424,18 +2474,28 @@ class TurnHistory:
                 continue
             kept.append(entry)
             kept_bytes += sizes[i]
+        late = position != len(self._turns) - 1
+        new = old.with_outputs(tuple(kept), kept_bytes)
+        turns = (*self._turns[:position], new, *self._turns[position + 1 :])
+        if kept and late:
+            stranded = _strands(self._turns, turns, position)
+            if stranded >= 0:
+                raise StateError(
+                    f"A late output of turn {excerpt(turn_id)} would leave results that turn "
+                    f"{excerpt(self._turns[stranded].turn_id)} holds answering no tool call "
+                    "(it ends their call group, or answers their call first), so they would "
+                    "leave every later model input; nothing was recorded."
+                )
         self._duplicates += duplicates
         self._blank_dropped += blank
         if not kept:
             return 0
+        if late:
+            self._generation += 1
         for entry in kept:
             if entry.message.id is not None:
                 self._message_ids[entry.message.id] = (old.serial, entry.message)
-        new = old.with_outputs(tuple(kept), kept_bytes)
-        late = position != len(self._turns) - 1
-        if late:
-            self._generation += 1
-        self._turns = (*self._turns[:position], new, *self._turns[position + 1 :])
+        self._turns = turns
         self._items += len(kept)
         self._bytes += new.bytes - old.bytes
         self._tokens += new.tokens - old.tokens
@@ -2466,7 +2526,9 @@ class TurnHistory:
         Returns:
             True when the turn is held and now keeps ``messages``; False when
             it is no longer held (evicted, retracted, or ``serial`` names
-            another turn): nothing changed.
+            another turn), or when a later turn holds results answering calls
+            of the turn that the kept messages would end (they sit before
+            those results; pairing would then drop them): nothing changed.
 
         Raises:
             InvalidMessageError: a malformed message, one with a pinned role or
@@ -2509,10 +2571,13 @@ class TurnHistory:
         ):
             return True
         new = old.with_state(tuple(entries), state_bytes)
+        turns = (*self._turns[:position], new, *self._turns[position + 1 :])
         late = position != len(self._turns) - 1
         if late:
+            if _strands(self._turns, turns, position) >= 0:
+                return False
             self._generation += 1
-        self._turns = (*self._turns[:position], new, *self._turns[position + 1 :])
+        self._turns = turns
         self._items += new.items - old.items
         self._bytes += new.bytes - old.bytes
         self._tokens += new.tokens - old.tokens

@@ -1,0 +1,121 @@
+"""A late record never strands the results a later turn's input gave.
+
+An approval flow gives the results of turn t1's calls as turn t2's input. An
+output recorded to t1 afterwards (a model stream that finished late, a host
+that answers the same call twice) lands in t1, before t2's input: an assistant
+message or a second result for the call ends the group t2's results answered,
+and pairing would then drop them, so t2's own prepared input would not hold
+its input (only an assistant message on Anthropic and Gemini, which they
+refuse). Such a record is refused with StateError before anything changes,
+as a host expects of a record that contradicts what the model was already
+shown; a late result for another call of the group is accepted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.runtime.helpers import assistant, call, result, user
+from turnloom.context import (
+    GatewayType,
+    Message,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+)
+from turnloom.errors import StateError
+from turnloom.runtime import ContextManager, ContextPrepareRequest, Foundation, TurnSnapshot
+
+pytestmark = pytest.mark.anyio
+
+SYSTEM = Message(role=Role.system, content="You manage the repository.")
+ASK = user("Delete the old branches.")
+TWO_CALLS = Message(
+    role=Role.assistant,
+    content=(
+        ToolCallPart(call_id="c1", name="delete_branch", arguments='{"name": "a"}'),
+        ToolCallPart(call_id="c2", name="delete_branch", arguments='{"name": "b"}'),
+    ),
+)
+LATE = {
+    "text": assistant("Never mind, I will not delete it."),
+    "answer-again": result("c1", "deleted twice"),
+    "new-call": call("c3", "list_branches"),
+}
+
+
+def _rules(manager: ContextManager, items: Any) -> list[str]:
+    gateway = manager.gateway
+    body = gateway.request_body(list(items))
+    return [v.rule for v in gateway.validate(body[gateway.items_field])]
+
+
+async def _approved(manager: ContextManager) -> ContextPrepareRequest:
+    """t1 asks, the model calls c1 and c2; t2's input approves c1 (its result)."""
+    manager.accept_turn(
+        TurnSnapshot(context_id="c", turn_id="t1", input=(ASK,), instructions=(SYSTEM,))
+    )
+    manager.record("c", "t1", [TWO_CALLS])
+    manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(result("c1"),)))
+    return ContextPrepareRequest(context_id="c", turn_id="t2")
+
+
+@pytest.mark.parametrize("kind", list(GatewayType), ids=lambda k: k.value)
+@pytest.mark.parametrize("late", list(LATE))
+async def test_a_late_record_that_would_strand_a_later_input_is_refused_state_unchanged(
+    anyio_backend: str, kind: GatewayType, late: str
+) -> None:
+    """Invariant: a record to t1 that ends the group t2's input answers (text, a second
+    result for c1, a new call) is a StateError naming both turns; t1 and t2 hold what they
+    held, t2 prepares byte for byte as before and its prepared input ends with its own
+    result of c1, valid for the gateway."""
+    async with Foundation(gateway=kind) as foundation:
+        manager = foundation.manager
+        request = await _approved(manager)
+        before = await manager.prepare(request)
+        held = manager.history("c").messages()
+        with pytest.raises(StateError) as caught:
+            manager.record("c", "t1", [LATE[late]])
+        assert str(caught.value) == (
+            "A late output of turn 't1' would leave results that turn 't2' holds answering "
+            "no tool call (it ends their call group, or answers their call first), so they "
+            "would leave every later model input; nothing was recorded."
+        )
+        assert type(caught.value) is StateError
+        assert manager.history("c").messages() == held
+        after = await manager.prepare(request)
+        assert list(after.items) == list(before.items)
+        assert manager.request_bytes(after, []) == manager.request_bytes(before, [])
+        assert _rules(manager, after.items) == []
+        assert manager.history("c").turn_input("t2") == (result("c1"),)
+        assert manager.request_bytes(after, []).count(b'"c1"') == 2  # the call and t2's result
+
+
+@pytest.mark.parametrize("kind", list(GatewayType), ids=lambda k: k.value)
+async def test_a_late_result_of_another_call_of_the_group_is_recorded(
+    anyio_backend: str, kind: GatewayType
+) -> None:
+    """The contrast: a late result of c2 (the group's other call) ends nothing, so t2 keeps
+    its answer to c1; the record is accepted and t2's prepared input holds both results,
+    valid for the gateway."""
+    async with Foundation(gateway=kind) as foundation:
+        manager = foundation.manager
+        request = await _approved(manager)
+        assert manager.record("c", "t1", [result("c2", "kept")]) == 1
+        prepared = await manager.prepare(request)
+        assert _rules(manager, prepared.items) == []
+        results = [
+            (p.call_id, p.content)
+            for m in manager.history("c").messages()
+            for p in m.parts
+            if isinstance(p, ToolResultPart)
+        ]
+        assert results == [
+            ("c2", (TextPart(text="kept"),)),
+            ("c1", (TextPart(text="ok"),)),
+        ]
+        encoded = manager.request_bytes(prepared, [])
+        assert encoded.count(b'"c1"') == 2 and encoded.count(b'"c2"') == 2
