@@ -16,7 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tests.context.test_history_ties import _LIMITS, _op, _step, cold_ties, tied
 from tests.runtime.helpers import assistant, call, result, user
 from turnloom.context import (
     GatewayType,
@@ -25,9 +28,12 @@ from turnloom.context import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    get_gateway,
 )
-from turnloom.errors import StateError
+from turnloom.context.history import HistoryLimits, TurnHistory
+from turnloom.errors import PairedTurnsTooLargeError, StateError, TurnTooLargeError
 from turnloom.runtime import ContextManager, ContextPrepareRequest, Foundation, TurnSnapshot
+from turnloom.runtime._records import checkpoint, replay
 
 pytestmark = pytest.mark.anyio
 
@@ -119,3 +125,63 @@ async def test_a_late_result_of_another_call_of_the_group_is_recorded(
         ]
         encoded = manager.request_bytes(prepared, [])
         assert encoded.count(b'"c1"') == 2 and encoded.count(b'"c2"') == 2
+
+
+def test_a_late_call_that_ties_turns_the_limits_cannot_hold_is_refused() -> None:
+    """Invariant: a late record that makes a later input answer a call (the host committed
+    the result before recording the call) ties the turns as that input's commit would, so
+    they must fit the limits together: t1 and t2 would hold 5 items (max_items=4), so the
+    record is a PairedTurnsTooLargeError and nothing changes; otherwise the history would
+    hold what no checkpoint of it can restore."""
+    history = TurnHistory(HistoryLimits(max_items=4))
+    history.commit("t1", [ASK], instructions=[SYSTEM])
+    history.commit("t2", [result("c1"), user("Go on.")])
+    history.record("t2", [assistant("Done.")])
+    messages = history.view().messages()
+    with pytest.raises(PairedTurnsTooLargeError) as caught:
+        history.record("t1", [call("c1", "delete_branch")])
+    assert str(caught.value) == (
+        "Turn 't1' output would make turns 't1' to 't2', which eviction keeps together "
+        "(results given as a turn's input stay with their calls), hold at least 5 items, "
+        "over the history's max_items of 4."
+    )
+    assert (caught.value.turn_id, caught.value.first_turn_id) == ("t1", "t1")
+    assert history.view().messages() == messages
+    assert tied(history) == cold_ties(history) == ()
+    restored = replay("c", [checkpoint(history.view(), history.evicted_ids, None)], history.limits)
+    assert restored.view().messages() == messages
+
+
+def _same_as_restored(history: TurnHistory) -> None:
+    """The checkpoint of ``history`` restores to the same turns, ties and renders."""
+    data = checkpoint(history.view(), history.evicted_ids, history.sequence)
+    restored = replay("c", [data], history.limits)
+    assert restored.turn_ids == history.turn_ids
+    assert restored.view().messages() == history.view().messages()
+    assert tied(restored) == tied(history)
+    for kind in GatewayType:
+        gateway = get_gateway(kind)
+        newest = history.turn_ids[-1]
+        assert list(restored.view().render(gateway, newest).items) == list(
+            history.view().render(gateway, newest).items
+        )
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_LIMITS, st.lists(_op, min_size=1, max_size=25))
+def test_every_history_restores_from_its_checkpoint_and_renders_valid(
+    limits: HistoryLimits, ops: list[tuple[str, int]]
+) -> None:
+    """Invariant: after every commit, record (late or not), kept state, retraction and
+    eviction, a checkpoint of the history restores to the same turns, messages and ties,
+    and its newest turn renders the same items on every gateway (the door's refusals are
+    the runtime's: see test_manager_stateful); refused steps change nothing."""
+    history = TurnHistory(limits)
+    history.commit("t0", [user("hello")], instructions=[SYSTEM])
+    for step, (kind, n) in enumerate(ops, start=1):
+        before = history.view().messages()
+        try:
+            _step(history, kind, n, step)
+        except (TurnTooLargeError, StateError):
+            assert history.view().messages() == before
+        _same_as_restored(history)

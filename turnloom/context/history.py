@@ -2208,14 +2208,23 @@ class TurnHistory:
     def _retie(self, position: int) -> None:
         """Tie again the turns after ``position``, whose pairing may have changed.
 
-        Called after the kept state or outputs of ``self._turns[position]``
-        changed while a later turn was held (a late record, kept state), or
-        after the newest turn left (a retraction: ``position`` is the new
-        newest). Such a change can make a later turn's input answer calls it
-        did not answer before, or no longer answer the calls it answered (an
-        output or result ending their group first), so ties are recomputed,
-        not only added: ``_linked`` stays exactly what a cold rebuild of the
-        kept turns computes, and a tie never outlives its reason.
+        Called after the newest turn left (a retraction: ``position`` is the
+        new newest); see :meth:`_relinked`.
+        """
+        linked = self._relinked(self._turns, position)
+        self._linked.clear()
+        self._linked.update(linked)
+
+    def _relinked(self, turns: tuple[_Turn, ...], position: int) -> set[int]:
+        """The tie set of ``turns``: the kept turns, but ``turns[position]`` changed.
+
+        After the kept state or outputs of ``turns[position]`` changed while a
+        later turn was held (a late record, kept state), or after the newest
+        turn left (a retraction: ``position`` is the new newest), a later
+        turn's input can answer calls it did not answer before, or no longer
+        answer the calls it answered, so ties are recomputed, not only added:
+        the tie set stays exactly what a cold rebuild of the kept turns
+        computes, and a tie never outlives its reason.
 
         Proof that recomputing from ``first``, the oldest turn tied with
         ``position``, suffices: ``first`` is not tied (or is the oldest kept
@@ -2226,13 +2235,57 @@ class TurnHistory:
         which may tie it back past ``first`` when the change reopened an older
         group. O(the turns from ``first`` on, each with its walk back).
         """
-        turns, linked = self._turns, self._linked
         first = self._unit_first(position)
-        linked.difference_update(t.serial for t in turns[first + 1 :])
+        linked = self._linked - {t.serial for t in turns[first + 1 :]}
         for index in range(first + 1, len(turns)):
             calls, at = _calls_after(turns[:index])
             if _answers(calls, turns[index].messages(False)):
                 linked.update(t.serial for t in turns[at + 1 : index + 1])
+        return linked
+
+    def _check_ties(
+        self, turns: tuple[_Turn, ...], linked: set[int], position: int, where: str, turn_id: str
+    ) -> None:
+        """Refuse a late change to ``turns[position]`` that tied turns cannot fit.
+
+        Turns tied together must fit every limit as the commit of the last of
+        them and the records after it found them (:meth:`_tie`, and
+        :meth:`check_batch` on items and bytes; tokens count the last one's
+        input only, as records are not held to ``max_tokens``), which a
+        restore from a checkpoint checks again: a late
+        record or kept state that adds a tie (a later input now answers a call
+        of the changed turn), or grows a turn tied to a later one, is held to
+        it, so what a history holds it can always be rebuilt from.
+
+        Raises:
+            PairedTurnsTooLargeError: the turns tied together would be over
+                ``max_turns``, ``max_items``, ``max_bytes`` or ``max_tokens``.
+        """
+        limits = self._limits
+        added = linked - self._linked
+        for index, turn in enumerate(turns):
+            if index != position and turn.serial not in added:
+                continue
+            first = last = index
+            while first > 0 and turns[first].serial in linked:
+                first -= 1
+            while last + 1 < len(turns) and turns[last + 1].serial in linked:
+                last += 1
+            if last <= position and index == position:
+                continue  # nothing committed after the change is tied to it
+            unit = turns[first : last + 1]
+            for kind, value, limit in (
+                ("turns", len(unit), limits.max_turns),
+                ("items", sum(t.items for t in unit), limits.max_items),
+                ("bytes", sum(t.bytes for t in unit), limits.max_bytes),
+                (
+                    "tokens",
+                    sum(t.tokens for t in unit[:-1]) + sum(e.tokens for e in unit[-1].input),
+                    limits.max_tokens,
+                ),
+            ):
+                if limit is not None and value > limit:
+                    raise self._tied_error(where, kind, value, limit, unit, turn_id)
 
     def commit(
         self,
@@ -2486,12 +2539,16 @@ class TurnHistory:
                     "(it ends their call group, or answers their call first), so they would "
                     "leave every later model input; nothing was recorded."
                 )
+            linked = self._relinked(turns, position)
+            self._check_ties(turns, linked, position, f"Turn {excerpt(turn_id)} output", turn_id)
         self._duplicates += duplicates
         self._blank_dropped += blank
         if not kept:
             return 0
         if late:
             self._generation += 1
+            self._linked.clear()
+            self._linked.update(linked)
         for entry in kept:
             if entry.message.id is not None:
                 self._message_ids[entry.message.id] = (old.serial, entry.message)
@@ -2500,8 +2557,6 @@ class TurnHistory:
         self._bytes += new.bytes - old.bytes
         self._tokens += new.tokens - old.tokens
         self._view = None
-        if late:
-            self._retie(position)
         return len(kept)
 
     def keep_state(
@@ -2576,14 +2631,19 @@ class TurnHistory:
         if late:
             if _strands(self._turns, turns, position) >= 0:
                 return False
+            linked = self._relinked(turns, position)
+            try:
+                self._check_ties(turns, linked, position, f"Turn {excerpt(turn_id)} state", turn_id)
+            except PairedTurnsTooLargeError:
+                return False
             self._generation += 1
+            self._linked.clear()
+            self._linked.update(linked)
         self._turns = turns
         self._items += new.items - old.items
         self._bytes += new.bytes - old.bytes
         self._tokens += new.tokens - old.tokens
         self._view = None
-        if late:
-            self._retie(position)
         return True
 
     def evict(self) -> tuple[str, ...]:
