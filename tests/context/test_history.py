@@ -357,7 +357,8 @@ def apply_op(history: TurnHistory, kind: str, n: int, turn: int) -> int:
 
     ``"fail"`` and ``"render"`` change nothing here (the caller renders). A
     record that would make one turn outgrow ``max_items`` is refused and
-    changes nothing.
+    changes nothing, as does a late record that would leave a later turn's results
+    answering nothing (StateError).
     """
     turns = history.turn_ids
     if kind == "commit":
@@ -365,7 +366,7 @@ def apply_op(history: TurnHistory, kind: str, n: int, turn: int) -> int:
         history.commit(f"t{turn}", [user(f"u{turn}")] * (n % 2 + 1))
     elif kind == "evict":
         history.evict()
-    with contextlib.suppress(TurnTooLargeError):
+    with contextlib.suppress(TurnTooLargeError, StateError):
         if kind == "text":
             history.record(turns[-1], [assistant(f"a{n}")])
         elif kind == "call":

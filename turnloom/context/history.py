@@ -1754,6 +1754,44 @@ def _answers(calls: dict[str, ToolCallPart], messages: Sequence[Message]) -> boo
     return False
 
 
+def _paired_after(turns: Sequence[_Turn], position: int) -> set[tuple[int, int, str]]:
+    """The results of the turns after ``position`` that answer calls open after it.
+
+    Each is named by (turn index, message index in its whole turn, call id).
+    Only the messages before the first one that ends the carried group are
+    walked: where a group ends depends on the messages' roles alone, so
+    pairing after it does not depend on the turns up to ``position``.
+    """
+    calls, _ = _calls_after(turns[: position + 1])
+    paired: set[tuple[int, int, str]] = set()
+    if not calls:
+        return paired
+    tracker = CallTracker(calls.values())
+    for index in range(position + 1, len(turns)):
+        for number, message in enumerate(turns[index].messages(True)):
+            if tracker.group:
+                return paired
+            paired.update((index, number, r.call_id) for r in tracker.feed(message).paired)
+    return paired
+
+
+def _strands(old: Sequence[_Turn], new: Sequence[_Turn], position: int) -> int:
+    """Where changing turn ``position`` (``old`` to ``new``) would orphan a later result.
+
+    The one rule for changes to an earlier turn (a late record, kept state):
+    a result a later turn holds that answers a call stays answered, because
+    pairing drops a result answering nothing, and a later turn's input made
+    of such results would leave that turn's own model input. A change may
+    make a later result answer a call it did not answer before.
+
+    Returns:
+        the index of the first later turn holding a result that answers a
+        call in ``old`` and none in ``new``, or -1.
+    """
+    lost = _paired_after(old, position) - _paired_after(new, position)
+    return min(index for index, _, _ in lost) if lost else -1
+
+
 def check_batch_length(count: int, limits: HistoryLimits, where: str) -> None:
     """Refuse a batch that makes one turn hold more than ``limits.max_items`` messages.
 
@@ -1834,10 +1872,17 @@ class TurnHistory:
     Anthropic and Gemini refuse. Source: seed 004 (whole-turn history
     ownership; incomplete tool-call/output pairs are excluded from the next
     model input); every provider's rule that a result follows its call.
-    Ties follow what the kept turns say now: a late record, kept state on an
-    earlier turn or a retraction that changes what a later input answers ties
-    those turns again, or unties them, so the tie set is always what a cold
-    rebuild of the kept turns computes (never a tie without its reason).
+    A change to an earlier turn never takes an answer away from a later one:
+    a late record that would leave a result a later turn holds answering no
+    call (an output ending the calls' group, or answering the call first) is
+    refused with :class:`~turnloom.errors.StateError`, and kept state that
+    would is not kept (see :meth:`record`, :meth:`keep_state`); pairing would
+    drop those results, and a later input made of them would leave its own
+    turn's model input. Ties follow what the kept turns say now: a late
+    record, kept state on an earlier turn or a retraction that changes what a
+    later input answers ties those turns again, or unties them, so the tie
+    set is always what a cold rebuild of the kept turns computes (never a tie
+    without its reason).
 
     Calls still open when their turn is evicted are evicted with it; results
     given as turn input can answer only calls of the newest turn (or of turns
@@ -2311,14 +2356,23 @@ class TurnHistory:
     def _retie(self, position: int) -> None:
         """Tie again the turns after ``position``, whose pairing may have changed.
 
-        Called after the kept state or outputs of ``self._turns[position]``
-        changed while a later turn was held (a late record, kept state), or
-        after the newest turn left (a retraction: ``position`` is the new
-        newest). Such a change can make a later turn's input answer calls it
-        did not answer before, or no longer answer the calls it answered (an
-        output or result ending their group first), so ties are recomputed,
-        not only added: ``_linked`` stays exactly what a cold rebuild of the
-        kept turns computes, and a tie never outlives its reason.
+        Called after the newest turn left (a retraction: ``position`` is the
+        new newest); see :meth:`_relinked`.
+        """
+        linked = self._relinked(self._turns, position)
+        self._linked.clear()
+        self._linked.update(linked)
+
+    def _relinked(self, turns: tuple[_Turn, ...], position: int) -> set[int]:
+        """The tie set of ``turns``: the kept turns, but ``turns[position]`` changed.
+
+        After the kept state or outputs of ``turns[position]`` changed while a
+        later turn was held (a late record, kept state), or after the newest
+        turn left (a retraction: ``position`` is the new newest), a later
+        turn's input can answer calls it did not answer before, or no longer
+        answer the calls it answered, so ties are recomputed, not only added:
+        the tie set stays exactly what a cold rebuild of the kept turns
+        computes, and a tie never outlives its reason.
 
         Proof that recomputing from ``first``, the oldest turn tied with
         ``position``, suffices: ``first`` is not tied (or is the oldest kept
@@ -2329,13 +2383,57 @@ class TurnHistory:
         which may tie it back past ``first`` when the change reopened an older
         group. O(the turns from ``first`` on, each with its walk back).
         """
-        turns, linked = self._turns, self._linked
         first = self._unit_first(position)
-        linked.difference_update(t.serial for t in turns[first + 1 :])
+        linked = self._linked - {t.serial for t in turns[first + 1 :]}
         for index in range(first + 1, len(turns)):
             calls, at = _calls_after(turns[:index])
             if _answers(calls, turns[index].messages(False)):
                 linked.update(t.serial for t in turns[at + 1 : index + 1])
+        return linked
+
+    def _check_ties(
+        self, turns: tuple[_Turn, ...], linked: set[int], position: int, where: str, turn_id: str
+    ) -> None:
+        """Refuse a late change to ``turns[position]`` that tied turns cannot fit.
+
+        Turns tied together must fit every limit as the commit of the last of
+        them and the records after it found them (:meth:`_tie`, and
+        :meth:`check_batch` on items and bytes; tokens count the last one's
+        input only, as records are not held to ``max_tokens``), which a
+        restore from a checkpoint checks again: a late
+        record or kept state that adds a tie (a later input now answers a call
+        of the changed turn), or grows a turn tied to a later one, is held to
+        it, so what a history holds it can always be rebuilt from.
+
+        Raises:
+            PairedTurnsTooLargeError: the turns tied together would be over
+                ``max_turns``, ``max_items``, ``max_bytes`` or ``max_tokens``.
+        """
+        limits = self._limits
+        added = linked - self._linked
+        for index, turn in enumerate(turns):
+            if index != position and turn.serial not in added:
+                continue
+            first = last = index
+            while first > 0 and turns[first].serial in linked:
+                first -= 1
+            while last + 1 < len(turns) and turns[last + 1].serial in linked:
+                last += 1
+            if last <= position and index == position:
+                continue  # nothing committed after the change is tied to it
+            unit = turns[first : last + 1]
+            for kind, value, limit in (
+                ("turns", len(unit), limits.max_turns),
+                ("items", sum(t.items for t in unit), limits.max_items),
+                ("bytes", sum(t.bytes for t in unit), limits.max_bytes),
+                (
+                    "tokens",
+                    sum(t.tokens for t in unit[:-1]) + sum(e.tokens for e in unit[-1].input),
+                    limits.max_tokens,
+                ),
+            ):
+                if limit is not None and value > limit:
+                    raise self._tied_error(where, kind, value, limit, unit, turn_id)
 
     def commit(
         self,
@@ -2524,6 +2622,11 @@ class TurnHistory:
                 :class:`~turnloom.errors.PairedTurnsTooLargeError` when the
                 turn is tied to the newest turn (see the class docstring) and
                 the tied turns together would.
+            StateError: ``turn_id`` is not the newest turn and the outputs
+                would leave a result a later turn holds answering no call
+                (they end its call group, or answer its call first): pairing
+                would drop it from every later model input; nothing was
+                recorded.
             HostCallbackError: the token counter raised or returned a count
                 that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing was
                 recorded.
@@ -2572,24 +2675,36 @@ class TurnHistory:
                 continue
             kept.append(entry)
             kept_bytes += sizes[i]
+        late = position != len(self._turns) - 1
+        new = old.with_outputs(tuple(kept), kept_bytes)
+        turns = (*self._turns[:position], new, *self._turns[position + 1 :])
+        if kept and late:
+            stranded = _strands(self._turns, turns, position)
+            if stranded >= 0:
+                raise StateError(
+                    f"A late output of turn {excerpt(turn_id)} would leave results that turn "
+                    f"{excerpt(self._turns[stranded].turn_id)} holds answering no tool call "
+                    "(it ends their call group, or answers their call first), so they would "
+                    "leave every later model input; nothing was recorded."
+                )
+            linked = self._relinked(turns, position)
+            self._check_ties(turns, linked, position, f"Turn {excerpt(turn_id)} output", turn_id)
         self._duplicates += duplicates
         self._blank_dropped += blank
         if not kept:
             return 0
+        if late:
+            self._generation += 1
+            self._linked.clear()
+            self._linked.update(linked)
         for entry in kept:
             if entry.message.id is not None:
                 self._message_ids[entry.message.id] = (old.serial, entry.message)
-        new = old.with_outputs(tuple(kept), kept_bytes)
-        late = position != len(self._turns) - 1
-        if late:
-            self._generation += 1
-        self._turns = (*self._turns[:position], new, *self._turns[position + 1 :])
+        self._turns = turns
         self._items += len(kept)
         self._bytes += new.bytes - old.bytes
         self._tokens += new.tokens - old.tokens
         self._view = None
-        if late:
-            self._retie(position)
         return len(kept)
 
     def keep_state(
@@ -2614,7 +2729,9 @@ class TurnHistory:
         Returns:
             True when the turn is held and now keeps ``messages``; False when
             it is no longer held (evicted, retracted, or ``serial`` names
-            another turn): nothing changed.
+            another turn), or when a later turn holds results answering calls
+            of the turn that the kept messages would end (they sit before
+            those results; pairing would then drop them): nothing changed.
 
         Raises:
             InvalidMessageError: a malformed message, one with a pinned role or
@@ -2657,16 +2774,24 @@ class TurnHistory:
         ):
             return True
         new = old.with_state(tuple(entries), state_bytes)
+        turns = (*self._turns[:position], new, *self._turns[position + 1 :])
         late = position != len(self._turns) - 1
         if late:
+            if _strands(self._turns, turns, position) >= 0:
+                return False
+            linked = self._relinked(turns, position)
+            try:
+                self._check_ties(turns, linked, position, f"Turn {excerpt(turn_id)} state", turn_id)
+            except PairedTurnsTooLargeError:
+                return False
             self._generation += 1
-        self._turns = (*self._turns[:position], new, *self._turns[position + 1 :])
+            self._linked.clear()
+            self._linked.update(linked)
+        self._turns = turns
         self._items += new.items - old.items
         self._bytes += new.bytes - old.bytes
         self._tokens += new.tokens - old.tokens
         self._view = None
-        if late:
-            self._retie(position)
         return True
 
     def evict(self) -> tuple[str, ...]:
