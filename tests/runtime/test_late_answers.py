@@ -31,7 +31,12 @@ from turnloom.context import (
     get_gateway,
 )
 from turnloom.context.history import HistoryLimits, TurnHistory
-from turnloom.errors import PairedTurnsTooLargeError, StateError, TurnTooLargeError
+from turnloom.errors import (
+    PairedTurnsTooLargeError,
+    StateError,
+    StrandedResultsError,
+    TurnTooLargeError,
+)
 from turnloom.runtime import ContextManager, ContextPrepareRequest, Foundation, TurnSnapshot
 from turnloom.runtime._records import checkpoint, replay
 
@@ -75,7 +80,8 @@ async def test_a_late_record_that_would_strand_a_later_input_is_refused_state_un
     anyio_backend: str, kind: GatewayType, late: str
 ) -> None:
     """Invariant: a record to t1 that ends the group t2's input answers (text, a second
-    result for c1, a new call) is a StateError naming both turns; t1 and t2 hold what they
+    result for c1, a new call) is a StrandedResultsError (a StateError) naming both turns
+    and the stranded result's call id, in its message and fields; t1 and t2 hold what they
     held, t2 prepares byte for byte as before and its prepared input ends with its own
     result of c1, valid for the gateway."""
     async with Foundation(gateway=kind) as foundation:
@@ -90,7 +96,10 @@ async def test_a_late_record_that_would_strand_a_later_input_is_refused_state_un
             "no tool call (it ends their call group, or answers their call first), so they "
             "would leave every later model input; nothing was recorded."
         )
-        assert type(caught.value) is StateError
+        assert type(caught.value) is StrandedResultsError
+        assert isinstance(caught.value, StateError)  # an ``except StateError`` still holds
+        assert (caught.value.turn_id, caught.value.stranded_turn_id) == ("t1", "t2")
+        assert caught.value.call_ids == ("c1",)
         assert manager.history("c").messages() == held
         after = await manager.prepare(request)
         assert list(after.items) == list(before.items)

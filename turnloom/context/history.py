@@ -140,6 +140,7 @@ from turnloom.errors import (
     PairedTurnsTooLargeError,
     ProviderRuleError,
     StateError,
+    StrandedResultsError,
     TurnTooLargeError,
     UnknownTurnError,
     excerpt,
@@ -1754,16 +1755,17 @@ def _answers(calls: dict[str, ToolCallPart], messages: Sequence[Message]) -> boo
     return False
 
 
-def _paired_after(turns: Sequence[_Turn], position: int) -> set[tuple[int, int, str]]:
+def _paired_after(turns: Sequence[_Turn], position: int) -> dict[tuple[int, int, str], None]:
     """The results of the turns after ``position`` that answer calls open after it.
 
-    Each is named by (turn index, message index in its whole turn, call id).
+    Each is named by (turn index, message index in its whole turn, call id),
+    in the order the turns hold them (an ordered set: the keys).
     Only the messages before the first one that ends the carried group are
     walked: where a group ends depends on the messages' roles alone, so
     pairing after it does not depend on the turns up to ``position``.
     """
     calls, _ = _calls_after(turns[: position + 1])
-    paired: set[tuple[int, int, str]] = set()
+    paired: dict[tuple[int, int, str], None] = {}
     if not calls:
         return paired
     tracker = CallTracker(calls.values())
@@ -1771,11 +1773,13 @@ def _paired_after(turns: Sequence[_Turn], position: int) -> set[tuple[int, int, 
         for number, message in enumerate(turns[index].messages(True)):
             if tracker.group:
                 return paired
-            paired.update((index, number, r.call_id) for r in tracker.feed(message).paired)
+            paired.update(((index, number, r.call_id), None) for r in tracker.feed(message).paired)
     return paired
 
 
-def _strands(old: Sequence[_Turn], new: Sequence[_Turn], position: int) -> int:
+def _strands(
+    old: Sequence[_Turn], new: Sequence[_Turn], position: int
+) -> tuple[int, tuple[str, ...]]:
     """Where changing turn ``position`` (``old`` to ``new``) would orphan a later result.
 
     The one rule for changes to an earlier turn (a late record, kept state):
@@ -1786,10 +1790,16 @@ def _strands(old: Sequence[_Turn], new: Sequence[_Turn], position: int) -> int:
 
     Returns:
         the index of the first later turn holding a result that answers a
-        call in ``old`` and none in ``new``, or -1.
+        call in ``old`` and none in ``new``, with the call ids of those
+        results in the order the turn holds them; ``(-1, ())`` when there is
+        none.
     """
-    lost = _paired_after(old, position) - _paired_after(new, position)
-    return min(index for index, _, _ in lost) if lost else -1
+    kept = _paired_after(new, position)
+    lost = [key for key in _paired_after(old, position) if key not in kept]
+    if not lost:
+        return -1, ()
+    first = lost[0][0]  # keys are in turn order
+    return first, tuple(call_id for index, _, call_id in lost if index == first)
 
 
 def check_batch_length(count: int, limits: HistoryLimits, where: str) -> None:
@@ -2622,11 +2632,13 @@ class TurnHistory:
                 :class:`~turnloom.errors.PairedTurnsTooLargeError` when the
                 turn is tied to the newest turn (see the class docstring) and
                 the tied turns together would.
-            StateError: ``turn_id`` is not the newest turn and the outputs
-                would leave a result a later turn holds answering no call
-                (they end its call group, or answer its call first): pairing
-                would drop it from every later model input; nothing was
-                recorded.
+            StrandedResultsError: ``turn_id`` is not the newest turn and the
+                outputs would leave a result a later turn holds answering no
+                call (they end its call group, or answer its call first):
+                pairing would drop it from every later model input; nothing
+                was recorded. A :class:`~turnloom.errors.StateError`; its
+                fields name ``turn_id``, the later turn and the results'
+                call ids.
             HostCallbackError: the token counter raised or returned a count
                 that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing was
                 recorded.
@@ -2679,13 +2691,16 @@ class TurnHistory:
         new = old.with_outputs(tuple(kept), kept_bytes)
         turns = (*self._turns[:position], new, *self._turns[position + 1 :])
         if kept and late:
-            stranded = _strands(self._turns, turns, position)
+            stranded, call_ids = _strands(self._turns, turns, position)
             if stranded >= 0:
-                raise StateError(
+                raise StrandedResultsError(
                     f"A late output of turn {excerpt(turn_id)} would leave results that turn "
                     f"{excerpt(self._turns[stranded].turn_id)} holds answering no tool call "
                     "(it ends their call group, or answers their call first), so they would "
-                    "leave every later model input; nothing was recorded."
+                    "leave every later model input; nothing was recorded.",
+                    turn_id=turn_id,
+                    stranded_turn_id=self._turns[stranded].turn_id,
+                    call_ids=call_ids,
                 )
             linked = self._relinked(turns, position)
             self._check_ties(turns, linked, position, f"Turn {excerpt(turn_id)} output", turn_id)
@@ -2777,7 +2792,7 @@ class TurnHistory:
         turns = (*self._turns[:position], new, *self._turns[position + 1 :])
         late = position != len(self._turns) - 1
         if late:
-            if _strands(self._turns, turns, position) >= 0:
+            if _strands(self._turns, turns, position)[0] >= 0:
                 return False
             linked = self._relinked(turns, position)
             try:
