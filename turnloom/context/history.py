@@ -1874,7 +1874,10 @@ class TurnHistory:
     :class:`~turnloom.errors.PairedTurnsTooLargeError` before anything
     changes (``max_tokens`` is not checked on records, as for a single turn:
     tied turns over it are kept until a turn that is not tied to them
-    arrives). A chain of approvals (each turn answering the calls of the one
+    arrives). A record to tied turns that are no longer the newest (a model
+    call's output landing after a barge-in) is held to the same limits, so a
+    checkpoint, which records each turn's outputs while it is its newest turn,
+    restores what the history holds. A chain of approvals (each turn answering the calls of the one
     before) is tied end to end and ends at a turn whose input answers
     nothing, such as plain user text. So no render holds a result without its
     call, and no turn's input loses results to eviction: without this rule a
@@ -1885,7 +1888,7 @@ class TurnHistory:
     A change to an earlier turn never takes an answer away from a later one:
     a late record that would leave a result a later turn holds answering no
     call (an output ending the calls' group, or answering the call first) is
-    refused with :class:`~turnloom.errors.StateError`, and kept state that
+    refused with :class:`~turnloom.errors.StrandedResultsError`, and kept state that
     would is not kept (see :meth:`record`, :meth:`keep_state`); pairing would
     drop those results, and a later input made of them would leave its own
     turn's model input. Ties follow what the kept turns say now: a late
@@ -2169,8 +2172,9 @@ class TurnHistory:
         become when committed or recorded next (:meth:`rendered_items`
         counts them).
 
-        A record to a turn tied to the newest turn (see :class:`TurnHistory`)
-        counts the tied turns together, as eviction keeps them.
+        A record to a turn tied to other turns (see :class:`TurnHistory`)
+        counts the tied turns together, as eviction keeps them, whether or
+        not they reach the newest turn.
 
         Args:
             messages: the batch, oldest first.
@@ -2194,11 +2198,19 @@ class TurnHistory:
         held_items = held_bytes = 0
         unit: tuple[_Turn, ...] = ()  # the turns held with ``turn_id``, when it is tied
         if turn_id is not None:
-            turns = self._turns
+            turns, linked = self._turns, self._linked
             for position in range(len(turns) - 1, -1, -1):  # the newest, in practice: O(1)
                 if turns[position].turn_id == turn_id:
-                    first = self._unit_first(len(turns) - 1)
-                    held = turns[first:] if first <= position else (turns[position],)
+                    # The turns eviction keeps with it, whether or not they
+                    # reach the newest: a record to an earlier unit (a model
+                    # call's output landing after a barge-in) is held to the
+                    # limits its records were held to while it was newest, as
+                    # a restore from a checkpoint holds it.
+                    first = self._unit_first(position)
+                    last = position
+                    while last + 1 < len(turns) and turns[last + 1].serial in linked:
+                        last += 1
+                    held = turns[first : last + 1]
                     if len(held) > 1:
                         unit = held
                     held_items = sum(t.items for t in held)
@@ -2630,8 +2642,8 @@ class TurnHistory:
             TurnTooLargeError: the turn would hold more than ``max_items``
                 messages or ``max_bytes`` bytes; nothing was recorded.
                 :class:`~turnloom.errors.PairedTurnsTooLargeError` when the
-                turn is tied to the newest turn (see the class docstring) and
-                the tied turns together would.
+                turn is tied to other turns (see the class docstring), newest
+                or not, and the tied turns together would.
             StrandedResultsError: ``turn_id`` is not the newest turn and the
                 outputs would leave a result a later turn holds answering no
                 call (they end its call group, or answer its call first):
