@@ -23,8 +23,9 @@ first host's, byte for byte (``request_bytes``).
 
 from __future__ import annotations
 
+import functools
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,11 +107,11 @@ class _Host:
         assert stats is not None
         return self.manager.history(self.cid).messages(), stats.pending_records
 
-    def attempt(self, what: str, action: object) -> bool:
+    def attempt(self, what: str, action: Callable[[], object]) -> bool:
         """Run ``action()``; a TurnloomError must leave history and log unchanged."""
         before = self._snapshot() if self.turns else None
         try:
-            action()  # type: ignore[operator]
+            action()
         except TurnloomError as exc:
             self.out.refused(f"{what}:{type(exc).__name__}")
             if before is not None and self._snapshot() != before:
@@ -245,7 +246,15 @@ async def _drive(host: _Host, messages: Sequence[Message], form: str) -> None:
             await host.modelcall(host.turns[-1], [message], barge)
             if results:
                 if form == "approval" and host.commit(results, None):
-                    pass  # the results are the next turn's input
+                    # The results are the next turn's input; a late text to the
+                    # turn of their calls would strand them (refused).
+                    if rng.random() < 0.3:
+                        late = Message(role=Role.assistant, content="never mind")
+                        calls_turn = host.turns[-2]
+                        host.attempt(
+                            "late",
+                            functools.partial(host.manager.record, host.cid, calls_turn, [late]),
+                        )
                 else:
                     host.record(results)
             i = j
