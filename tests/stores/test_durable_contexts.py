@@ -231,7 +231,9 @@ async def test_closing_writes_what_is_queued_and_releases_the_leases(store_url: 
 
 
 async def test_idle_contexts_leave_memory_and_come_back_on_next_use(store_url: str) -> None:
-    async with hosting(store_url, idle_after=0.2, lease_ttl=30) as foundation:
+    # idle_after: a loaded machine may stall the setup's awaits; 2 s keeps both contexts
+    # in memory until it is done (the test waits for the unloading, not for a guess).
+    async with hosting(store_url, idle_after=2.0, lease_ttl=30) as foundation:
         manager = foundation.manager
         for context_id in ("a", "b"):
             await manager.leases.claim(context_id)
@@ -257,16 +259,27 @@ async def test_idle_contexts_leave_memory_and_come_back_on_next_use(store_url: s
 
 
 async def test_a_context_in_a_model_call_never_leaves_memory_idle(store_url: str) -> None:
-    async with hosting(store_url, idle_after=0.1, lease_ttl=30) as foundation:
-        manager = foundation.manager
-        await manager.leases.claim("c")
-        manager.accept_turn(snapshot("c", "t1", "hi"))
-        await manager.leases.flush()
-        async with manager.invocation("c", "t1") as invocation:
-            await anyio.sleep(0.4)  # several maintenance rounds
-            assert manager.context_ids() == ("c",)
-            invocation.record([assistant("still here")])
-        await manager.leases.flush()
+    store = RenewalWatcher(open_context_store(store_url), None, 0.0)
+    try:
+        async with Foundation(store=store, idle_after=0.1, lease_ttl=30) as foundation:
+            manager = foundation.manager
+            await manager.leases.claim("c")
+            manager.accept_turn(snapshot("c", "t1", "hi"))  # no await until the call is open
+            async with manager.invocation("c", "t1") as invocation:
+                opened = anyio.current_time()
+                await manager.leases.flush()
+                with anyio.fail_after(60):  # the bound only ends a hang
+                    # Each maintenance round renews, then unloads what is idle: wait for
+                    # two whole rounds after c had been unused for longer than idle_after.
+                    rounds = 0
+                    while manager.context_ids() and rounds < 3:
+                        rounds = sum(at > opened + 0.1 for at, _ in store.renewals)
+                        await anyio.sleep(0.01)
+                assert manager.context_ids() == ("c",)
+                invocation.record([assistant("still here")])
+            await manager.leases.flush()
+    finally:
+        await store.inner.aclose()
 
 
 async def test_a_context_a_preparation_waits_on_never_leaves_memory_idle(store_url: str) -> None:
