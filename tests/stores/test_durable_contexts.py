@@ -7,19 +7,16 @@ Redis server (asyncio).
 from __future__ import annotations
 
 import math
-import sqlite3
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
 import pytest
-import redis
 from prometheus_client import CollectorRegistry
 
 from tests.runtime.helpers import CHAT, SYSTEM, assistant, call, result, user
-from tests.stores.conftest import REDIS_URL
-from tests.stores.helpers import hosting
+from tests.stores.helpers import expire_lease, hosting
 from turnloom.context import ApproxTokenCounter, Message
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import (
@@ -78,20 +75,6 @@ async def converse(manager: ContextManager, context_id: str, turns: range) -> No
         async with manager.invocation(context_id, f"t{i}") as invocation:
             invocation.record([call(f"k{i}"), result(f"k{i}", f"found {i}")])
         manager.record(context_id, f"t{i}", [assistant(f"answer {i}")])
-
-
-def expire_lease(store_url: str, context_id: str) -> None:
-    """What a stalled host sees: its lease ran out (the store's own record of it)."""
-    if store_url.startswith("sqlite:"):
-        with sqlite3.connect(store_url.removeprefix("sqlite:")) as db:
-            db.execute(
-                "UPDATE turnloom_contexts SET expires_at = 0 WHERE context_id = ?", (context_id,)
-            )
-    else:
-        prefix = store_url.split("prefix=")[1]
-        client = redis.Redis.from_url(REDIS_URL)
-        client.delete(f"{prefix}ctx:{context_id}:lease")
-        client.close()
 
 
 async def test_a_context_must_be_claimed_before_it_changes(store_url: str) -> None:
