@@ -351,7 +351,7 @@ def _answer(history: TurnHistory, n: int) -> bool:
     return True
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=120)
 def apply_op(history: TurnHistory, kind: str, n: int, turn: int) -> int:
     """Apply one generated history operation (see ``_op``); return the newest turn number.
 
