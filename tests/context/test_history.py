@@ -749,7 +749,7 @@ def _kept_record(rendered: RenderedHistory) -> tuple[list[bytes], list[int], byt
     return list(rendered._run), sizes, body
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(
     st.lists(_op, min_size=1, max_size=160),
     st.integers(0, 24),
