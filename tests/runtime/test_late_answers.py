@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.context.test_history_pairs import NEXT, calls
@@ -212,7 +212,7 @@ _RESTORE_LIMITS = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300)
 @given(_RESTORE_LIMITS, st.lists(_op, min_size=1, max_size=25))
 # A late record to an earlier tied unit (t0..t2; t3 committed, not evicted yet).
 @example(HistoryLimits(max_bytes=522), [("calls", 0), ("answer", 0), ("user", 0), ("calls", 1)])
