@@ -139,6 +139,8 @@ class _Host:
         return self.attempt("record", lambda: self.manager.record(self.cid, target, messages))
 
     async def prepare(self) -> None:
+        if not self.turns:
+            return
         newest = self.turns[-1]
         try:
             await self.manager.prepare(_request(self.cid, newest, self.serial))
@@ -148,12 +150,16 @@ class _Host:
     async def noise(self) -> None:
         """One of the awkward host moves, maybe."""
         rng, manager, cid = self.rng, self.manager, self.cid
+        if not self.turns:
+            return  # a false start evicted every turn before it, then left
         roll = rng.random()
         if roll < 0.08:  # a false start, retracted
             if self.commit([Message(role=Role.user, content="um")], None):
                 turn_id = self.turns[-1]
                 if self.attempt("retract", lambda: manager.voice.retract_turn(cid, turn_id)):
-                    self.turns.pop()
+                    # Its commit may have evicted the turns before it for good.
+                    held = manager.history(cid).turn_ids
+                    self.turns = [t for t in self.turns if t in held]
         elif roll < 0.16:  # a model call cancelled before it answered
             with anyio.move_on_after(0):
                 async with manager.invocation(cid, self.turns[-1]):
@@ -171,7 +177,7 @@ class _Host:
         elif roll < 0.36:  # a call id reused across turns
             self.record([call("reused"), result("reused", f"again {self.serial}")])
 
-    async def modelcall(self, turn_id: str, outputs: Sequence[Message], barge: bool) -> None:
+    async def model_call(self, turn_id: str, outputs: Sequence[Message], barge: bool) -> None:
         """Record one model call's outputs through an invocation of ``turn_id``.
 
         With ``barge``, the user barges in while the call is in flight (a new
@@ -235,6 +241,8 @@ async def _drive(host: _Host, messages: Sequence[Message], form: str) -> None:
         i = 0
         while i < len(outputs):
             await host.noise()
+            if not host.turns:
+                break
             message = outputs[i]
             j = i + 1
             while j < len(outputs) and outputs[j].role is Role.tool:
@@ -243,7 +251,7 @@ async def _drive(host: _Host, messages: Sequence[Message], form: str) -> None:
             if rng.random() < 0.5:
                 await host.prepare()
             barge = rng.random() < 0.1
-            await host.modelcall(host.turns[-1], [message], barge)
+            await host.model_call(host.turns[-1], [message], barge)
             if results:
                 if form == "approval" and host.commit(results, None):
                     # The results are the next turn's input; a late text to the
@@ -300,6 +308,7 @@ async def _round_trip(
             host = _Host(manager, cid, random.Random(seed * 2 + n), out)
             await _drive(host, transcript, form)
             if not host.turns:
+                out.refused("empty-at-end")
                 continue
             await manager.leases.flush()
             prepared = await manager.prepare(_request(cid, host.turns[-1], host.serial))
