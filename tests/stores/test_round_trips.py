@@ -64,8 +64,9 @@ async def test_an_output_landing_after_a_barge_in_restores_from_a_checkpoint_wri
     on t2, would make t1..t2 hold 5 items: it is refused as it would be were t2 newest
     (PairedTurnsTooLargeError), nothing logged; one message is recorded. Another host
     restores the checkpoint and the records after it and prepares t3 byte for byte as the
-    first host did (before, the checkpoint held t2's output over t1..t2's limit and the
-    claim failed with StoreRecordError)."""
+    first host did (before, the record was accepted, and a checkpoint written while the
+    call was still in flight held t1..t2 over the limit and failed to replay with
+    StoreRecordError: a host crashing then left a context no claim could restore)."""
     monkeypatch.setattr(_durable, "_COMPACT_MIN", 1)
     monkeypatch.setattr(_durable, "_COMPACT_PER_TURN", 1)
     url = f"sqlite:{tmp_path / 'c.db'}"
