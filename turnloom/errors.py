@@ -10,7 +10,9 @@ The subclasses are grouped by how a caller reacts:
 * :class:`ProviderRuleError` -- an input would break a provider's documented
   structural rule. It carries every :class:`Violation`.
 * :class:`StateError` -- the call does not fit the current state of an object
-  (unknown context or turn, a turn evicted, an invocation already in flight).
+  (unknown context or turn, a turn evicted, an invocation already in flight;
+  :class:`StrandedResultsError`: a late record would strand a later turn's
+  results).
 * :class:`AreaCallbackError` -- a caller-supplied Context Area raised; the
   CoopContext and its Context were left as they were before the call.
 * :class:`HostCallbackError` -- a callback the host supplied (a token
@@ -71,6 +73,7 @@ __all__ = (
     "StoreError",
     "StoreRecordError",
     "StoreUnavailableError",
+    "StrandedResultsError",
     "TurnTooLargeError",
     "TurnloomError",
     "UnknownAreaError",
@@ -354,6 +357,35 @@ class QueueFullError(CapacityError):
 
 class StateError(TurnloomError):
     """The call does not fit the current state of the object it was made on."""
+
+
+class StrandedResultsError(StateError):
+    """A late record to an earlier turn would strand results a later turn holds.
+
+    An approval flow gives the results of a turn's tool calls as a later
+    turn's input. An output recorded to the earlier turn afterwards lands
+    before those results: an assistant message or another result for the same
+    call ends the call group they answered (or answers the call first), and
+    pairing would then drop them from every later model input. Such a record
+    is refused before anything changes; it is a :class:`StateError` because it
+    contradicts what the model was already shown, not because the output is
+    malformed.
+
+    Attributes:
+        turn_id: the earlier turn the outputs were recorded to.
+        stranded_turn_id: the first later turn holding a result that would
+            answer no call.
+        call_ids: the call ids of that turn's results that would answer no
+            call, in the order the turn holds them.
+    """
+
+    def __init__(
+        self, message: str, *, turn_id: str, stranded_turn_id: str, call_ids: Sequence[str]
+    ) -> None:
+        super().__init__(message)
+        self.turn_id = turn_id
+        self.stranded_turn_id = stranded_turn_id
+        self.call_ids = tuple(call_ids)
 
 
 class ProviderRuleError(TurnloomError):

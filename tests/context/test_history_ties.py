@@ -18,7 +18,12 @@ from hypothesis import strategies as st
 from tests.context.test_history_pairs import ASK, NEXT, SYSTEM, calls, result
 from turnloom.context import CallTracker, GatewayType, Message, Role, get_gateway
 from turnloom.context.history import HistoryLimits, TurnHistory
-from turnloom.errors import PairedTurnsTooLargeError, StateError, TurnTooLargeError
+from turnloom.errors import (
+    PairedTurnsTooLargeError,
+    StateError,
+    StrandedResultsError,
+    TurnTooLargeError,
+)
 
 NEVER_MIND = Message(role=Role.assistant, content="Never mind, I will not delete it.")
 DONE = Message(role=Role.assistant, content="Deleted.")
@@ -83,6 +88,25 @@ def test_a_late_output_that_would_close_the_approved_calls_is_refused_state_unch
     assert tied(history) == cold_ties(history) == ("t2",)
     assert history.record("t2", [DONE]) == 1
     assert history.evict() == ()
+
+
+def test_a_stranding_record_names_the_later_turn_and_its_results_in_held_order() -> None:
+    """Invariant: the refusal is a StrandedResultsError (a StateError) whose fields name the
+    turn recorded to, the first later turn whose results would answer nothing and those
+    results' call ids in the order that turn holds them (c3, then c1: not sorted); t3's
+    result of c4 would be stranded too, but only the first such turn is named. Nothing
+    changes."""
+    history = _asked(HistoryLimits(max_turns=6), "c1", "c2", "c3", "c4")
+    history.commit("t2", [result("c3"), result("c1")])
+    history.commit("t3", [result("c4")])
+    before = history.view().messages()
+    with pytest.raises(StrandedResultsError) as caught:
+        history.record("t1", [NEVER_MIND])
+    assert isinstance(caught.value, StateError)
+    assert (caught.value.turn_id, caught.value.stranded_turn_id) == ("t1", "t2")
+    assert caught.value.call_ids == ("c3", "c1")
+    assert history.view().messages() == before
+    assert tied(history) == cold_ties(history) == ("t2", "t3")
 
 
 def test_the_same_record_is_refused_while_the_tie_holds() -> None:

@@ -16,10 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tests.context.test_history_ties import _LIMITS, _op, _step, cold_ties, tied
+from tests.context.test_history_pairs import NEXT, calls
+from tests.context.test_history_ties import _LIMITS, DONE, NOTED, _op, _step, cold_ties, tied
 from tests.runtime.helpers import assistant, call, result, user
 from turnloom.context import (
     GatewayType,
@@ -31,7 +32,12 @@ from turnloom.context import (
     get_gateway,
 )
 from turnloom.context.history import HistoryLimits, TurnHistory
-from turnloom.errors import PairedTurnsTooLargeError, StateError, TurnTooLargeError
+from turnloom.errors import (
+    PairedTurnsTooLargeError,
+    StateError,
+    StrandedResultsError,
+    TurnTooLargeError,
+)
 from turnloom.runtime import ContextManager, ContextPrepareRequest, Foundation, TurnSnapshot
 from turnloom.runtime._records import checkpoint, replay
 
@@ -75,7 +81,8 @@ async def test_a_late_record_that_would_strand_a_later_input_is_refused_state_un
     anyio_backend: str, kind: GatewayType, late: str
 ) -> None:
     """Invariant: a record to t1 that ends the group t2's input answers (text, a second
-    result for c1, a new call) is a StateError naming both turns; t1 and t2 hold what they
+    result for c1, a new call) is a StrandedResultsError (a StateError) naming both turns
+    and the stranded result's call id, in its message and fields; t1 and t2 hold what they
     held, t2 prepares byte for byte as before and its prepared input ends with its own
     result of c1, valid for the gateway."""
     async with Foundation(gateway=kind) as foundation:
@@ -90,7 +97,10 @@ async def test_a_late_record_that_would_strand_a_later_input_is_refused_state_un
             "no tool call (it ends their call group, or answers their call first), so they "
             "would leave every later model input; nothing was recorded."
         )
-        assert type(caught.value) is StateError
+        assert type(caught.value) is StrandedResultsError
+        assert isinstance(caught.value, StateError)  # an ``except StateError`` still holds
+        assert (caught.value.turn_id, caught.value.stranded_turn_id) == ("t1", "t2")
+        assert caught.value.call_ids == ("c1",)
         assert manager.history("c").messages() == held
         after = await manager.prepare(request)
         assert list(after.items) == list(before.items)
@@ -152,6 +162,34 @@ def test_a_late_call_that_ties_turns_the_limits_cannot_hold_is_refused() -> None
     assert restored.view().messages() == messages
 
 
+def test_a_late_record_to_an_earlier_tied_unit_is_held_to_its_limits() -> None:
+    """Invariant: t2 answers t1's call (t1..t2 tied, 3 items, max_items=4), then plain t3
+    arrives before t2's answer is recorded (a barge-in while t2's model call was in
+    flight). The late record of two messages to t2 would make t1..t2 hold 5 items: it is
+    refused as it would be were t2 still the newest (PairedTurnsTooLargeError naming
+    t2 and t1), nothing changes, and the history restores from its checkpoint (which
+    records t2's outputs while t2 is its newest turn, so it holds them to t1..t2's
+    limits). One message fits and is recorded; at the next safe point t1..t2 leave
+    together."""
+    history = TurnHistory(HistoryLimits(max_items=4))
+    history.commit("t1", [ASK], instructions=[SYSTEM])
+    history.record("t1", [calls("c1")])
+    history.commit("t2", [result("c1")])
+    history.commit("t3", [NEXT])
+    assert tied(history) == ("t2",)
+    messages = history.view().messages()
+    with pytest.raises(PairedTurnsTooLargeError) as caught:
+        history.record("t2", [NOTED, DONE])
+    assert (caught.value.unit, caught.value.size, caught.value.limit) == ("items", 5, 4)
+    assert (caught.value.turn_id, caught.value.first_turn_id) == ("t2", "t1")
+    assert history.view().messages() == messages
+    assert history.record("t2", [DONE]) == 1
+    restored = replay("c", [checkpoint(history.view(), (), None)], history.limits)
+    assert restored.view().messages() == history.view().messages()
+    assert tied(restored) == tied(history) == ("t2",)
+    assert history.evict() == ("t1", "t2")
+
+
 def _same_as_restored(history: TurnHistory) -> None:
     """The checkpoint of ``history`` restores to the same turns, ties and renders."""
     data = checkpoint(history.view(), history.evicted_ids, history.sequence)
@@ -167,8 +205,17 @@ def _same_as_restored(history: TurnHistory) -> None:
         )
 
 
-@settings(max_examples=200)
-@given(_LIMITS, st.lists(_op, min_size=1, max_size=25))
+_RESTORE_LIMITS = st.one_of(
+    _LIMITS,
+    st.builds(HistoryLimits, max_bytes=st.integers(200, 2000)),
+    st.builds(HistoryLimits, max_tokens=st.integers(20, 300)),
+)
+
+
+@settings(max_examples=300)
+@given(_RESTORE_LIMITS, st.lists(_op, min_size=1, max_size=25))
+# A late record to an earlier tied unit (t0..t2; t3 committed, not evicted yet).
+@example(HistoryLimits(max_bytes=522), [("calls", 0), ("answer", 0), ("user", 0), ("calls", 1)])
 def test_every_history_restores_from_its_checkpoint_and_renders_valid(
     limits: HistoryLimits, ops: list[tuple[str, int]]
 ) -> None:

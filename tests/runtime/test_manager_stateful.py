@@ -45,7 +45,7 @@ from turnloom.errors import (
     ContextRemovedError,
     DuplicateIdError,
     QueueFullError,
-    StateError,
+    StrandedResultsError,
 )
 from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext, TurnSnapshot
 
@@ -244,7 +244,7 @@ class ManagerMachine(RuleBasedStateMachine):
     @rule(context_id=st.sampled_from(CONTEXTS), back=st.integers(1, 2))
     def late_output_to_an_earlier_turn(self, context_id: str, back: int) -> None:
         """A model output that arrives after the next turn was committed: recorded to its
-        earlier turn, or refused (StateError, nothing changed) when a later turn's results
+        earlier turn, or refused (StrandedResultsError, nothing changed) when a later turn's results
         answer that turn's calls and the output would leave them answering nothing."""
         model = self.models[context_id]
         if len(model.turns) <= back:
@@ -256,7 +256,9 @@ class ManagerMachine(RuleBasedStateMachine):
             recorded = self.portal.call(
                 self.manager.record, context_id, turn_id, [assistant("a late answer")]
             )
-        except StateError:
+        except StrandedResultsError as refused:
+            assert refused.turn_id == turn_id
+            assert refused.stranded_turn_id in [t for t, _ in model.turns[index + 1 :]]
             assert self.portal.call(self.manager.history, context_id).messages() == before
             return
         assert recorded == 1

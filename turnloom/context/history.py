@@ -140,6 +140,7 @@ from turnloom.errors import (
     PairedTurnsTooLargeError,
     ProviderRuleError,
     StateError,
+    StrandedResultsError,
     TurnTooLargeError,
     UnknownTurnError,
     excerpt,
@@ -1754,16 +1755,17 @@ def _answers(calls: dict[str, ToolCallPart], messages: Sequence[Message]) -> boo
     return False
 
 
-def _paired_after(turns: Sequence[_Turn], position: int) -> set[tuple[int, int, str]]:
+def _paired_after(turns: Sequence[_Turn], position: int) -> dict[tuple[int, int, str], None]:
     """The results of the turns after ``position`` that answer calls open after it.
 
-    Each is named by (turn index, message index in its whole turn, call id).
+    Each is named by (turn index, message index in its whole turn, call id),
+    in the order the turns hold them (an ordered set: the keys).
     Only the messages before the first one that ends the carried group are
     walked: where a group ends depends on the messages' roles alone, so
     pairing after it does not depend on the turns up to ``position``.
     """
     calls, _ = _calls_after(turns[: position + 1])
-    paired: set[tuple[int, int, str]] = set()
+    paired: dict[tuple[int, int, str], None] = {}
     if not calls:
         return paired
     tracker = CallTracker(calls.values())
@@ -1771,11 +1773,13 @@ def _paired_after(turns: Sequence[_Turn], position: int) -> set[tuple[int, int, 
         for number, message in enumerate(turns[index].messages(True)):
             if tracker.group:
                 return paired
-            paired.update((index, number, r.call_id) for r in tracker.feed(message).paired)
+            paired.update(((index, number, r.call_id), None) for r in tracker.feed(message).paired)
     return paired
 
 
-def _strands(old: Sequence[_Turn], new: Sequence[_Turn], position: int) -> int:
+def _strands(
+    old: Sequence[_Turn], new: Sequence[_Turn], position: int
+) -> tuple[int, tuple[str, ...]]:
     """Where changing turn ``position`` (``old`` to ``new``) would orphan a later result.
 
     The one rule for changes to an earlier turn (a late record, kept state):
@@ -1786,10 +1790,16 @@ def _strands(old: Sequence[_Turn], new: Sequence[_Turn], position: int) -> int:
 
     Returns:
         the index of the first later turn holding a result that answers a
-        call in ``old`` and none in ``new``, or -1.
+        call in ``old`` and none in ``new``, with the call ids of those
+        results in the order the turn holds them; ``(-1, ())`` when there is
+        none.
     """
-    lost = _paired_after(old, position) - _paired_after(new, position)
-    return min(index for index, _, _ in lost) if lost else -1
+    kept = _paired_after(new, position)
+    lost = [key for key in _paired_after(old, position) if key not in kept]
+    if not lost:
+        return -1, ()
+    first = lost[0][0]  # keys are in turn order
+    return first, tuple(call_id for index, _, call_id in lost if index == first)
 
 
 def check_batch_length(count: int, limits: HistoryLimits, where: str) -> None:
@@ -1864,7 +1874,10 @@ class TurnHistory:
     :class:`~turnloom.errors.PairedTurnsTooLargeError` before anything
     changes (``max_tokens`` is not checked on records, as for a single turn:
     tied turns over it are kept until a turn that is not tied to them
-    arrives). A chain of approvals (each turn answering the calls of the one
+    arrives). A record to tied turns that are no longer the newest (a model
+    call's output landing after a barge-in) is held to the same limits, so a
+    checkpoint, which records each turn's outputs while it is its newest turn,
+    restores what the history holds. A chain of approvals (each turn answering the calls of the one
     before) is tied end to end and ends at a turn whose input answers
     nothing, such as plain user text. So no render holds a result without its
     call, and no turn's input loses results to eviction: without this rule a
@@ -1875,7 +1888,7 @@ class TurnHistory:
     A change to an earlier turn never takes an answer away from a later one:
     a late record that would leave a result a later turn holds answering no
     call (an output ending the calls' group, or answering the call first) is
-    refused with :class:`~turnloom.errors.StateError`, and kept state that
+    refused with :class:`~turnloom.errors.StrandedResultsError`, and kept state that
     would is not kept (see :meth:`record`, :meth:`keep_state`); pairing would
     drop those results, and a later input made of them would leave its own
     turn's model input. Ties follow what the kept turns say now: a late
@@ -2159,8 +2172,9 @@ class TurnHistory:
         become when committed or recorded next (:meth:`rendered_items`
         counts them).
 
-        A record to a turn tied to the newest turn (see :class:`TurnHistory`)
-        counts the tied turns together, as eviction keeps them.
+        A record to a turn tied to other turns (see :class:`TurnHistory`)
+        counts the tied turns together, as eviction keeps them, whether or
+        not they reach the newest turn.
 
         Args:
             messages: the batch, oldest first.
@@ -2184,11 +2198,19 @@ class TurnHistory:
         held_items = held_bytes = 0
         unit: tuple[_Turn, ...] = ()  # the turns held with ``turn_id``, when it is tied
         if turn_id is not None:
-            turns = self._turns
+            turns, linked = self._turns, self._linked
             for position in range(len(turns) - 1, -1, -1):  # the newest, in practice: O(1)
                 if turns[position].turn_id == turn_id:
-                    first = self._unit_first(len(turns) - 1)
-                    held = turns[first:] if first <= position else (turns[position],)
+                    # The turns eviction keeps with it, whether or not they
+                    # reach the newest: a record to an earlier unit (a model
+                    # call's output landing after a barge-in) is held to the
+                    # limits its records were held to while it was newest, as
+                    # a restore from a checkpoint holds it.
+                    first = self._unit_first(position)
+                    last = position
+                    while last + 1 < len(turns) and turns[last + 1].serial in linked:
+                        last += 1
+                    held = turns[first : last + 1]
                     if len(held) > 1:
                         unit = held
                     held_items = sum(t.items for t in held)
@@ -2620,13 +2642,15 @@ class TurnHistory:
             TurnTooLargeError: the turn would hold more than ``max_items``
                 messages or ``max_bytes`` bytes; nothing was recorded.
                 :class:`~turnloom.errors.PairedTurnsTooLargeError` when the
-                turn is tied to the newest turn (see the class docstring) and
-                the tied turns together would.
-            StateError: ``turn_id`` is not the newest turn and the outputs
-                would leave a result a later turn holds answering no call
-                (they end its call group, or answer its call first): pairing
-                would drop it from every later model input; nothing was
-                recorded.
+                turn is tied to other turns (see the class docstring), newest
+                or not, and the tied turns together would.
+            StrandedResultsError: ``turn_id`` is not the newest turn and the
+                outputs would leave a result a later turn holds answering no
+                call (they end its call group, or answer its call first):
+                pairing would drop it from every later model input; nothing
+                was recorded. A :class:`~turnloom.errors.StateError`; its
+                fields name ``turn_id``, the later turn and the results'
+                call ids.
             HostCallbackError: the token counter raised or returned a count
                 that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing was
                 recorded.
@@ -2679,13 +2703,16 @@ class TurnHistory:
         new = old.with_outputs(tuple(kept), kept_bytes)
         turns = (*self._turns[:position], new, *self._turns[position + 1 :])
         if kept and late:
-            stranded = _strands(self._turns, turns, position)
+            stranded, call_ids = _strands(self._turns, turns, position)
             if stranded >= 0:
-                raise StateError(
+                raise StrandedResultsError(
                     f"A late output of turn {excerpt(turn_id)} would leave results that turn "
                     f"{excerpt(self._turns[stranded].turn_id)} holds answering no tool call "
                     "(it ends their call group, or answers their call first), so they would "
-                    "leave every later model input; nothing was recorded."
+                    "leave every later model input; nothing was recorded.",
+                    turn_id=turn_id,
+                    stranded_turn_id=self._turns[stranded].turn_id,
+                    call_ids=call_ids,
                 )
             linked = self._relinked(turns, position)
             self._check_ties(turns, linked, position, f"Turn {excerpt(turn_id)} output", turn_id)
@@ -2777,7 +2804,7 @@ class TurnHistory:
         turns = (*self._turns[:position], new, *self._turns[position + 1 :])
         late = position != len(self._turns) - 1
         if late:
-            if _strands(self._turns, turns, position) >= 0:
+            if _strands(self._turns, turns, position)[0] >= 0:
                 return False
             linked = self._relinked(turns, position)
             try:

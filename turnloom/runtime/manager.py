@@ -333,13 +333,15 @@ class ContextManager:
                 instructions change only through a turn's snapshot.
             ItemTooLargeError, TurnTooLargeError, ProviderRuleError,
             NotClaimedError, StaleLeaseError, HostCallbackError: as
-                :meth:`accept_turn`; nothing was recorded. A turn tied to the
-                newest turn by an approval counts with the tied turns
-                (``PairedTurnsTooLargeError``).
-            StateError: a late record (to a turn before the newest) would
-                leave results a later turn holds answering no call (see
+                :meth:`accept_turn`; nothing was recorded. A turn tied to
+                others by an approval counts with the tied turns, newest or
+                not (``PairedTurnsTooLargeError``).
+            StrandedResultsError: a late record (to a turn before the newest)
+                would leave results a later turn holds answering no call (see
                 :meth:`~turnloom.context.TurnHistory.record`); nothing was
-                recorded.
+                recorded. A ``StateError``: ``turn_id``, ``stranded_turn_id``
+                and ``call_ids`` say which turn, which later turn and which
+                of its results.
         """
         self._life.check_recording()
         self.leases._check_writable(context_id)
