@@ -2259,14 +2259,18 @@ class TurnHistory:
         self._tokens += turn.tokens
         self._view = None
 
-    def output_renders(self, turn_id: str, gateway: Gateway) -> dict[int, Sequence[NativeContent]]:
+    def output_renders(
+        self, turn_id: str, gateway: Gateway, newest: int | None = None
+    ) -> dict[int, Sequence[NativeContent]]:
         """The held outputs of ``turn_id`` rendered for ``gateway``, by ``id()`` of their message.
 
         Each output message object the history holds (so one that passed
         :meth:`check_batch`) maps to its cached render, rendered and cached
         now if it was not yet (a history restored from a store). Empty when
-        no turn ``turn_id`` is held. O(the turn's outputs); the ids are valid
-        while the caller holds the messages (the history holds them too).
+        no turn ``turn_id`` is held. O(the turn's outputs), or O(``newest``)
+        when given: only the turn's last ``newest`` outputs are mapped. The
+        ids are valid while the caller holds the messages (the history holds
+        them too).
 
         Raises:
             ProviderRuleError: ``gateway`` cannot render a held output (it
@@ -2276,7 +2280,10 @@ class TurnHistory:
             if turn.turn_id == turn_id:
                 slot = self._shared.gateway_slot(gateway)
                 renders: dict[int, Sequence[NativeContent]] = {}
-                for entry in turn.outputs:
+                outputs = turn.outputs
+                if newest is not None:
+                    outputs = outputs[max(0, len(outputs) - newest) :]
+                for entry in outputs:
                     native = entry.rendered(gateway, slot)[0]
                     renders[id(entry.message)] = native if type(native) is tuple else (native,)  # type: ignore[assignment]
                 return renders
