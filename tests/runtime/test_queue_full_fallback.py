@@ -15,6 +15,7 @@ from turnloom.runtime import (
     PreparedContext,
     TurnSnapshot,
 )
+from turnloom.runtime._door import check_request
 
 pytestmark = pytest.mark.anyio
 
@@ -30,11 +31,10 @@ async def _refused_then_prepared(
     (or the door's error).
     """
     checked: list[ContextPrepareRequest] = []
-    real = preparing.check_request
 
     def spy(request: ContextPrepareRequest, max_item_bytes: int) -> ContextPrepareRequest:
         checked.append(request)
-        return real(request, max_item_bytes)
+        return check_request(request, max_item_bytes)
 
     async with Foundation(max_pending_preparations=1) as foundation:
         manager = foundation.manager

@@ -129,7 +129,7 @@ class Preparer:
         queue = self.queue
         given = request
         refused, self._refused = self._refused, None
-        if request is not refused:
+        if refused is None or request is not refused:
             request = check_request(request, self._options.history_limits.max_item_bytes)
         requested_at = anyio.current_time()
         origin = self._table.contexts.get(request.context_id)
