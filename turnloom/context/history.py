@@ -72,6 +72,7 @@ history, and no reference per message, to what a full collection visits.
 from __future__ import annotations
 
 __all__ = (
+    "HistoryCounts",
     "HistoryLimits",
     "HistoryStatistics",
     "HistoryView",
@@ -207,6 +208,12 @@ class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
                     f"History limit {name} must be a positive integer, not {excerpt(value)}.",
                     field=name,
                 )
+
+
+HistoryCounts = tuple[int, int, int, int, int, int, int, int, int, int]
+"""What :meth:`TurnHistory.counts` returns: ``(turns, items, bytes, tokens,
+evicted_turns, evicted_items, dropped_late_outputs, dropped_blank_outputs,
+duplicate_outputs, retracted_turns)``, as in :class:`HistoryStatistics`."""
 
 
 class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -1871,6 +1878,25 @@ class TurnHistory:
                 self._pinned, self._turns, self._evicted, self._generation, self._shared
             )
         return view
+
+    def counts(self) -> HistoryCounts:
+        """The counters a runtime sums over its histories: a plain :data:`HistoryCounts` tuple.
+
+        The same values as :meth:`statistics`' fields, without building a
+        snapshot (taken before and after every change).
+        """
+        return (
+            len(self._turns),
+            self._items,
+            self._bytes,
+            self._tokens,
+            self._evicted,
+            self._evicted_items,
+            self._late_dropped,
+            self._blank_dropped,
+            self._duplicates,
+            self._retracted,
+        )
 
     def statistics(self) -> HistoryStatistics:
         """A frozen snapshot of the counters."""
