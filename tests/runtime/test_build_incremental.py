@@ -24,6 +24,7 @@ from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.pairing import OpenCallPolicy, complete_pairs
+from turnloom.errors import DuplicateIdError
 from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext, TurnSnapshot
 from turnloom.runtime._continuation import IssuedPrefixes
 
@@ -180,3 +181,26 @@ def test_a_build_renders_only_what_follows_the_settled_head(policy: OpenCallPoli
         # The call, then its cancelled result, each time.
         assert [m.role for m in rendered] == [Role.assistant, Role.tool] * 2
         assert rendered[0] is steps[4] and rendered[2] is steps[4]
+
+
+def test_a_refused_continuation_leaves_the_checked_ids_as_they_were() -> None:
+    """Invariant: the ids a build checked are kept for the next build without a copy,
+    but a build refused for a repeated id adds none of its ids: the same messages
+    without the repeat then pass, and a repeat of a checked id is still refused."""
+    kind = GatewayType.openai_chat
+    prefix = _prefix(kind)
+    issued = IssuedPrefixes(get_gateway(kind), HistoryLimits(), "exclude", lambda _: None)
+    issued.add(prefix, CallIdRenamer())
+    first = Message(role=Role.assistant, content="one", id="m1")
+    second = Message(role=Role.assistant, content="two", id="m2")
+    again = Message(role=Role.assistant, content="three", id="m2")
+    issued.build(prefix, [first])
+    with pytest.raises(DuplicateIdError) as info:
+        issued.build(prefix, [first, second, again])
+    assert str(info.value) == (
+        "continuation[2] repeats id 'm2' of the prefix's turn or of an earlier "
+        "continuation message."
+    )
+    assert len(issued.build(prefix, [first, second])) == len(prefix.items) + 2
+    with pytest.raises(DuplicateIdError):
+        issued.build(prefix, [first, second, Message(role=Role.user, content="x", id="m1")])

@@ -148,19 +148,21 @@ _PINNED_ROLES = (Role.system, Role.developer)
 _MAX_ID_LENGTH = 256
 
 
-def reject_instructions(messages: Sequence[object], field: str, where: str) -> None:
+def reject_instructions(messages: Sequence[object], field: str, where: str, start: int = 0) -> None:
     """No mid-conversation instructions: refuse ``system`` and ``developer`` messages.
 
     Pinned instructions change only through a committed turn's
     ``instructions``; a turn's input, a model output, a tool result or a
     continuation never carries one, so none lands mid-history. Items that are
-    not Messages are left to the message checks.
+    not Messages are left to the message checks. ``messages[:start]`` passed
+    this check already and are skipped.
 
     Raises:
         InstructionMessageError: ``messages[i]`` has role ``system`` or
             ``developer``; ``field`` is ``f"{field}[{i}]"``.
     """
-    for i, message in enumerate(messages):
+    for i in range(start, len(messages)):
+        message = messages[i]
         if isinstance(message, Message) and message.role in _PINNED_ROLES:
             raise InstructionMessageError(
                 f"{where}[{i}] is a {message.role!s} message; pinned instructions change "

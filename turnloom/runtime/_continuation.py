@@ -13,6 +13,7 @@ from __future__ import annotations
 
 __all__ = ("CheckedContinuation", "IssuedPrefixes", "check_continuation")
 
+import operator
 import weakref
 from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any
@@ -277,12 +278,13 @@ class CheckedContinuation:
     ``messages`` passed every check of :func:`check_continuation`; ``ids``
     holds the prefix's reserved ids and theirs. Messages are frozen, so a
     later continuation that starts with the same message objects needs only
-    its new messages checked.
+    its new messages checked. The next check extends ``ids`` in place and
+    returns a new object sharing it: keep only the latest one.
     """
 
     __slots__ = ("ids", "messages")
 
-    def __init__(self, messages: tuple[Message, ...], ids: frozenset[str]) -> None:
+    def __init__(self, messages: tuple[Message, ...], ids: set[str]) -> None:
         self.messages = messages
         self.ids = ids
 
@@ -331,13 +333,15 @@ def check_continuation(
     if isinstance(continuation, Message) or not isinstance(continuation, Sequence):
         raise InvalidMessageError("build takes a sequence of continuation Messages, oldest first.")
     check_batch_length(len(continuation), limits, "The continuation")
-    reject_instructions(continuation, "continuation", "continuation")
     start = 0
     if checked is not None and _starts_with(continuation, checked.messages):
+        # Those very (frozen) messages passed every check below.
         start = len(checked.messages)
-        reserved = set(checked.ids)
+        reserved = checked.ids
     else:
         reserved = set(prefix.reserved_ids)
+    reject_instructions(continuation, "continuation", "continuation", start)
+    added: set[str] = set()  # ids of the new messages, joined to ``reserved`` once all pass
     for i in range(start, len(continuation)):
         message = continuation[i]
         if id(message) not in held:
@@ -348,17 +352,19 @@ def check_continuation(
                 "pair is already in the prefix and is never repeated."
             )
         if message.id is not None:
-            if message.id in reserved:
+            if message.id in reserved or message.id in added:
                 raise DuplicateIdError(
                     f"continuation[{i}] repeats id {excerpt(message.id)} of the prefix's turn or "
                     "of an earlier continuation message."
                 )
-            reserved.add(message.id)
-    return CheckedContinuation(tuple(continuation), frozenset(reserved))
+            added.add(message.id)
+    # ``checked`` is replaced by the result: its set is extended, not copied.
+    reserved |= added
+    return CheckedContinuation(tuple(continuation), reserved)
 
 
 def _starts_with(messages: Sequence[Message], head: tuple[Message, ...]) -> bool:
     """True when ``messages`` starts with the very objects of ``head`` (identity)."""
     if len(messages) < len(head):
         return False
-    return all(a is b for a, b in zip(head, messages, strict=False))
+    return all(map(operator.is_, head, messages))
