@@ -1604,11 +1604,20 @@ def _calls_after(turns: Sequence[_Turn]) -> tuple[dict[str, ToolCallPart], int]:
 
 
 def _answers(calls: dict[str, ToolCallPart], messages: Sequence[Message]) -> bool:
-    """True when a tool result of ``messages`` answers one of the open ``calls``."""
+    """True when a tool result of ``messages`` answers one of the open ``calls``.
+
+    Once their group ends (an assistant message of ``messages`` opens another),
+    a later result answers the calls of ``messages`` themselves, not ``calls``.
+    """
     if not calls:
         return False
     tracker = CallTracker(calls.values())
-    return any(tracker.feed(message).paired for message in messages)
+    for message in messages:
+        if tracker.group:
+            return False
+        if tracker.feed(message).paired:
+            return True
+    return False
 
 
 def check_batch_length(count: int, limits: HistoryLimits, where: str) -> None:
@@ -1691,6 +1700,10 @@ class TurnHistory:
     Anthropic and Gemini refuse. Source: seed 004 (whole-turn history
     ownership; incomplete tool-call/output pairs are excluded from the next
     model input); every provider's rule that a result follows its call.
+    Ties follow what the kept turns say now: a late record, kept state on an
+    earlier turn or a retraction that changes what a later input answers ties
+    those turns again, or unties them, so the tie set is always what a cold
+    rebuild of the kept turns computes (never a tie without its reason).
 
     Calls still open when their turn is evicted are evicted with it; results
     given as turn input can answer only calls of the newest turn (or of turns
@@ -1830,6 +1843,20 @@ class TurnHistory:
     def latest_turn_id(self) -> str | None:
         """The id of the newest turn, or None before the first commit."""
         return self._turns[-1].turn_id if self._turns else None
+
+    def open_calls(self) -> tuple[ToolCallPart, ...]:
+        """The tool calls the kept turns leave open: those a next turn's input can answer.
+
+        Pairing follows :class:`~turnloom.context.CallTracker` over the kept
+        turns (inputs, kept state and outputs), as the render pairs them: a
+        call already answered, closed by a later message, or made in an
+        evicted turn is not open. O(the newest turn and the results-only
+        turns before it), in practice.
+
+        Returns:
+            the open calls, in call order; empty for an empty history.
+        """
+        return tuple(_calls_after(self._turns)[0].values())
 
     def has_turn(self, turn_id: str) -> bool:
         """True when ``turn_id`` is kept (committed and not evicted); O(1)."""
@@ -2161,18 +2188,34 @@ class TurnHistory:
             first_turn_id=unit[0].turn_id,
         )
 
-    def _relink(self, position: int) -> None:
-        """Tie again the turns after ``position``, whose outputs just gained tool calls.
+    def _retie(self, position: int) -> None:
+        """Tie again the turns after ``position``, whose pairing may have changed.
 
-        A late record can make a later turn's input answer calls it did not
-        answer before; ties are only added (a tie that no longer pairs keeps
-        turns together that could part, never the reverse).
+        Called after the kept state or outputs of ``self._turns[position]``
+        changed while a later turn was held (a late record, kept state), or
+        after the newest turn left (a retraction: ``position`` is the new
+        newest). Such a change can make a later turn's input answer calls it
+        did not answer before, or no longer answer the calls it answered (an
+        output or result ending their group first), so ties are recomputed,
+        not only added: ``_linked`` stays exactly what a cold rebuild of the
+        kept turns computes, and a tie never outlives its reason.
+
+        Proof that recomputing from ``first``, the oldest turn tied with
+        ``position``, suffices: ``first`` is not tied (or is the oldest kept
+        turn), so no tie crossed into it from an earlier turn; ties reaching
+        before ``first`` come from inputs of turns before it, which the change
+        (after ``position``'s input) cannot affect. Each turn after ``first``
+        is judged as a commit judges it (``_calls_after``, ``_answers``),
+        which may tie it back past ``first`` when the change reopened an older
+        group. O(the turns from ``first`` on, each with its walk back).
         """
-        turns = self._turns
-        for index in range(position + 1, len(turns)):
+        turns, linked = self._turns, self._linked
+        first = self._unit_first(position)
+        linked.difference_update(t.serial for t in turns[first + 1 :])
+        for index in range(first + 1, len(turns)):
             calls, at = _calls_after(turns[:index])
             if _answers(calls, turns[index].messages(False)):
-                self._linked.update(t.serial for t in turns[at + 1 : index + 1])
+                linked.update(t.serial for t in turns[at + 1 : index + 1])
 
     def commit(
         self,
@@ -2432,8 +2475,8 @@ class TurnHistory:
         self._bytes += new.bytes - old.bytes
         self._tokens += new.tokens - old.tokens
         self._view = None
-        if late and any(e.message.tool_calls for e in kept):
-            self._relink(position)
+        if late:
+            self._retie(position)
         return len(kept)
 
     def keep_state(
@@ -2501,13 +2544,16 @@ class TurnHistory:
         ):
             return True
         new = old.with_state(tuple(entries), state_bytes)
-        if position != len(self._turns) - 1:
+        late = position != len(self._turns) - 1
+        if late:
             self._generation += 1
         self._turns = (*self._turns[:position], new, *self._turns[position + 1 :])
         self._items += new.items - old.items
         self._bytes += new.bytes - old.bytes
         self._tokens += new.tokens - old.tokens
         self._view = None
+        if late:
+            self._retie(position)
         return True
 
     def evict(self) -> tuple[str, ...]:
@@ -2614,5 +2660,9 @@ class TurnHistory:
         self._bytes -= turn.bytes
         self._tokens -= turn.tokens
         self._retracted += 1
+        tied = turn.serial in self._linked
         self._forget(turn)
+        if tied:
+            # Its input's tie may be the only reason turns before it were tied.
+            self._retie(len(self._turns) - 1)
         self._view = None

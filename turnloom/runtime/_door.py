@@ -435,17 +435,19 @@ def check_snapshot(
         reject_state(snapshot.input, where)
     # The prepared input holds what pairing keeps (complete_pairs: no blank
     # text, even where a gateway's layout would re-emit it, no result without
-    # its call), so the input must hold content after it too. Results are
-    # judged against the calls of earlier turns only when there are any.
-    if not rendered or (
-        not complete_pairs(snapshot.input)
-        and (not history.turn_ids or not any(m.tool_results for m in snapshot.input))
-    ):
+    # its call), so the input must hold content after it too. Its results
+    # pair with the calls the kept history leaves open (none on a first
+    # turn), as the render pairs them; a result answering one ties this turn
+    # to the calls' turn, so eviction keeps that call (see TurnHistory).
+    # Without results the open calls cannot matter: they are not walked for.
+    results = rendered and any(m.tool_results for m in snapshot.input)
+    carried = history.open_calls() if results else ()
+    if not rendered or not complete_pairs(snapshot.input, carried=carried):
         raise InvalidMessageError(
             f"Turn {excerpt(snapshot.turn_id)} of context {excerpt(context_id)} has no input that "
-            "renders to content (empty, only blank text, or on a first turn only results "
-            "answering no call); every provider rejects "
-            "a model input without it.",
+            "renders to content (empty, only blank text, or only tool results answering no "
+            "call the context's kept turns leave open); every provider rejects a model input "
+            "without it.",
             field="input",
         )
     check_renderable(

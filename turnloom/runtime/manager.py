@@ -268,8 +268,10 @@ class ContextManager:
             InvalidMessageError: a malformed id or message, an input message
                 with a system/developer role or carrying a runtime-state call or
                 result, an instruction with another role, or an input that
-                renders to nothing (empty, blank text only, or on a context's first
-                turn only results answering no call).
+                renders to nothing (empty, blank text only, or only tool results
+                answering no call the context's kept turns leave open: never
+                made, already answered, closed by a later message, or evicted;
+                see :meth:`~turnloom.context.TurnHistory.open_calls`).
             InvalidTextError: text that is not valid UTF-8.
             ItemTooLargeError: a message is over the per-item byte cap.
             TurnTooLargeError: the turn would hold more than ``max_items``
