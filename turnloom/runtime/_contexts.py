@@ -87,6 +87,7 @@ class ContextTable:
         "_counters",
         "_drop_state",
         "_empty",
+        "_fresh",
         "_gateway",
         "_limits",
         "_token_counter",
@@ -109,6 +110,9 @@ class ContextTable:
         self._gateway = gateway
         self._counters = counters
         self._empty = TurnHistory(limits).counts()
+        # The history history_of gave for a context not held yet: the door
+        # checked (and rendered) the first turn on it, so commit uses it.
+        self._fresh: tuple[str, TurnHistory] | None = None
         self.contexts: dict[str, ContextState] = {}
         # Called with every change of a history, in order (a durable store's writer).
         self.log: Callable[[str, Record], None] | None = None
@@ -165,9 +169,18 @@ class ContextTable:
         return state.history if state is not None else None
 
     def history_of(self, context_id: str) -> TurnHistory:
-        """The history of ``context_id``, or an empty one with the limits for a new context."""
+        """The history of ``context_id``, or an empty one with the limits for a new context.
+
+        A new context's empty history is the one :meth:`commit` then creates
+        the context with (when no other new context was asked for since), so
+        the door's checks and renders of its first turn are kept.
+        """
         state = self.contexts.get(context_id)
-        return state.history if state is not None else TurnHistory(self._limits)
+        if state is not None:
+            return state.history
+        history = TurnHistory(self._limits, token_counter=self._token_counter)
+        self._fresh = (context_id, history)
+        return history
 
     def commit(self, context_id: str, snapshot: TurnSnapshot) -> None:
         """Commit a checked turn, creating the context on its first turn, then evict.
@@ -176,11 +189,13 @@ class ContextTable:
             as ``TurnHistory.commit``; nothing changed when it raises.
         """
         state = self.contexts.get(context_id)
-        history = (
-            state.history
-            if state is not None
-            else TurnHistory(self._limits, token_counter=self._token_counter)
-        )
+        fresh, self._fresh = self._fresh, None
+        if state is not None:
+            history = state.history
+        elif fresh is not None and fresh[0] == context_id and not fresh[1].turn_ids:
+            history = fresh[1]
+        else:
+            history = TurnHistory(self._limits, token_counter=self._token_counter)
         before = history.counts()
         history.commit(
             snapshot.turn_id,
