@@ -139,7 +139,7 @@ def breakdown(history: TurnHistory, committed: int) -> dict[str, int]:
     entries = [*history._pinned, *(e for t in history._turns for e in t.entries(True))]
     messages, _ = _deep([e.message for e in entries], seen)
     [run] = history._shared.runs.values()
-    closed, _ = _deep([*run.items], seen)
+    closed, _ = _deep(run.span().tolist(), seen)
     natives_roots: list[Any] = []
     for entry in entries:
         natives_roots.append(entry.native)
@@ -154,7 +154,7 @@ def breakdown(history: TurnHistory, committed: int) -> dict[str, int]:
     body_extra = 0
     renamers: list[Any] = [run.call_ids]
     if body is not None:
-        body_extra, _ = _deep([*body._chunks], seen)
+        body_extra, _ = _deep(body._held(), seen)
         renamers.append(body._writer.renamer)
     # The ids renamed turns had before, and the call-id events of turns renamed anew.
     call_ids = _deep([run.calls], seen)[0]
@@ -168,7 +168,7 @@ def breakdown(history: TurnHistory, committed: int) -> dict[str, int]:
     if body is not None:
         index += sum(
             sys.getsizeof(x)
-            for x in (body._chunks, body._tags, body._reach, body._opens, body._counts)
+            for x in (body._lead, body._chunks, body._tags, body._reach, body._opens, body._counts)
         )
     return {
         "messages": messages,

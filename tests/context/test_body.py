@@ -145,11 +145,11 @@ def test_an_earlier_turn_renders_without_a_cached_body() -> None:
 
 def _segments(run: BodyRun) -> list[tuple[int, int, bytes]]:
     """Each segment's tag, reach and encoded body items (comma-joined)."""
-    out, start = [], 0
-    for tag, reach, count in zip(run._tags, run._reach, run._counts, strict=True):
-        out.append((tag, reach, b",".join(run._chunks[start : start + count])))
+    out, start, held = [], 0, run._held()
+    for tag, reach, count in run._live_segments():
+        out.append((tag, reach, b",".join(held[start : start + count])))
         start += count
-    assert start == len(run._chunks)
+    assert start == len(held)
     return out
 
 

@@ -357,7 +357,8 @@ def apply_op(history: TurnHistory, kind: str, n: int, turn: int) -> int:
 
     ``"fail"`` and ``"render"`` change nothing here (the caller renders). A
     record that would make one turn outgrow ``max_items`` is refused and
-    changes nothing.
+    changes nothing, as does a late record that would leave a later turn's results
+    answering nothing (StateError).
     """
     turns = history.turn_ids
     if kind == "commit":
@@ -365,7 +366,7 @@ def apply_op(history: TurnHistory, kind: str, n: int, turn: int) -> int:
         history.commit(f"t{turn}", [user(f"u{turn}")] * (n % 2 + 1))
     elif kind == "evict":
         history.evict()
-    with contextlib.suppress(TurnTooLargeError):
+    with contextlib.suppress(TurnTooLargeError, StateError):
         if kind == "text":
             history.record(turns[-1], [assistant(f"a{n}")])
         elif kind == "call":
@@ -772,3 +773,78 @@ def test_counts_are_the_statistics_fields_a_runtime_sums(ops: list[tuple[str, in
             s.duplicate_outputs,
             s.retracted_turns,
         )
+
+
+def _kept_record(rendered: RenderedHistory) -> tuple[list[bytes], list[int], bytes | None]:
+    """What a render handed out, read again later: its encoded run, sizes and body."""
+    sizes = [rendered.bytes_before(k) for k in range(rendered.item_count + 1)]
+    body = rendered.body.encode() if rendered.body is not None else None
+    return list(rendered._run), sizes, body
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(_op, min_size=1, max_size=160),
+    st.integers(0, 24),
+    st.sampled_from(["exclude", "cancel"]),
+)
+def test_a_bounded_render_is_exact_or_nothing_and_what_renders_hand_out_never_changes(
+    ops: list[tuple[str, int]], budget: int, policy: OpenCallPolicy
+) -> None:
+    """Invariant: ``render_bounded`` returns what ``render`` returns (a cold render, its
+    body the encoded request body) or None, and always renders when the view holds at
+    most ``budget`` items; one that renders while more are held renders at most
+    ``budget`` messages. A render hands the run's encoded items out without a copy,
+    and what it handed out (items, sizes, body) stays the same while later renders drop
+    evicted turns from the run and compact it; what the run keeps for dropped turns
+    stays under the compaction bound (1/16 of what it holds, plus 64, plus what one
+    render drops)."""
+    gateway = CountingGateway()
+    history = TurnHistory(HistoryLimits(max_turns=6, max_items=16))
+    turn = 0
+    history.commit("t0", [user("u0")], instructions=[SYSTEM])
+    handed_out: list[tuple[RenderedHistory, tuple[list[bytes], list[int], bytes | None]]] = []
+    for kind, n in ops:
+        turn = apply_op(history, kind, n, turn)
+        target = history.turn_ids[-1]
+        view = history.view()
+        before = gateway.rendered
+        rendered = view.render_bounded(gateway, target, budget, open_calls=policy)
+        if rendered is None:
+            assert history.held_items > budget
+            rendered = view.render(gateway, target, open_calls=policy)
+        elif history.held_items > budget:
+            assert gateway.rendered - before <= budget
+        items = list(rendered.items)
+        assert items == cold_render(history, target, policy)
+        assert rendered.body is not None
+        assert rendered.body.encode() == msgspec.json.encode(CHAT.request_body(items))
+        run = history._shared.runs[(gateway, policy)]
+        assert rendered._run._items is run.items  # type: ignore[attr-defined]
+        assert run.skip <= 64 + run.count // 16 + 16
+        assert run.dead <= 64 + run.turns // 16 + 6
+        handed_out.append((rendered, _kept_record(rendered)))
+    for rendered, record in handed_out:
+        assert _kept_record(rendered) == record
+
+
+def test_the_run_compacts_what_it_dropped_and_earlier_renders_keep_their_items() -> None:
+    """Invariant: a long-running history drops evicted turns by moving the run's start,
+    compacts into new containers once the dropped part is due (so the memory held for
+    evicted items stays bounded), and every render made before stays exact."""
+    history = TurnHistory(HistoryLimits(max_items=12))
+    history.commit("t0", [user("u0")], instructions=[SYSTEM])
+    renders: list[tuple[RenderedHistory, list[NativeContent]]] = []
+    lists = set()
+    for n in range(1, 120):
+        history.record(f"t{n - 1}", [call(f"c{n}"), result(f"c{n}"), assistant(f"a{n}")])
+        history.commit(f"t{n}", [user(f"u{n}")])
+        history.evict()
+        rendered = history.view().render(CHAT, f"t{n}")
+        renders.append((rendered, cold_render(history, f"t{n}")))
+        run = history._shared.runs[(CHAT, "exclude")]
+        lists.add(id(run.items))
+        assert run.skip <= 64 + run.count // 16 + 4
+    assert len(lists) >= 4  # compacted into a new list several times
+    for rendered, expected in renders:
+        assert list(rendered.native_items.materialize()) == expected

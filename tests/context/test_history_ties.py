@@ -16,13 +16,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.context.test_history_pairs import ASK, NEXT, SYSTEM, calls, result
-from turnloom.context import CallTracker, Message, Role
+from turnloom.context import CallTracker, GatewayType, Message, Role, get_gateway
 from turnloom.context.history import HistoryLimits, TurnHistory
 from turnloom.errors import PairedTurnsTooLargeError, StateError, TurnTooLargeError
 
 NEVER_MIND = Message(role=Role.assistant, content="Never mind, I will not delete it.")
 DONE = Message(role=Role.assistant, content="Deleted.")
 NOTED = Message(role=Role.assistant, content="Noted.")
+CHAT = get_gateway(GatewayType.openai_chat)
 
 
 def tied(history: TurnHistory) -> tuple[str, ...]:
@@ -65,18 +66,23 @@ def _asked(limits: HistoryLimits, *ids: str) -> TurnHistory:
     return history
 
 
-def test_a_late_output_that_closes_the_calls_unties_the_approval_and_frees_its_record() -> None:
-    """Invariant: t2 answers t1's call (tied); a late output of t1 ends t1's call group, so
-    t2's result answers nothing and the tie goes: a record to t2 that t1 and t2 could not
-    hold together (max_items=4) is accepted, and eviction then drops t1 alone."""
+def test_a_late_output_that_would_close_the_approved_calls_is_refused_state_unchanged() -> None:
+    """Invariant: t2 answers t1's call (tied); a late output of t1 would end t1's call group
+    so that t2's result answers nothing and t2's input leaves its own render: it is a
+    StateError and nothing changes (messages, tie, render): t2's answer is recorded and
+    t1 and t2 (4 items, max_items=4) stay together."""
     history = _asked(HistoryLimits(max_items=4), "c1")
     history.commit("t2", [result("c1")])
     assert tied(history) == ("t2",)
-    history.record("t1", [NEVER_MIND])
-    assert tied(history) == cold_ties(history) == ()
+    before = history.view()
+    rendered = list(before.render(CHAT, "t2").items)
+    with pytest.raises(StateError, match="turn 't2' holds answering no tool call"):
+        history.record("t1", [NEVER_MIND])
+    assert history.view().messages() == before.messages()
+    assert list(history.view().render(CHAT, "t2").items) == rendered
+    assert tied(history) == cold_ties(history) == ("t2",)
     assert history.record("t2", [DONE]) == 1
-    assert history.evict() == ("t1",)
-    assert history.turn_ids == ("t2",)
+    assert history.evict() == ()
 
 
 def test_the_same_record_is_refused_while_the_tie_holds() -> None:
@@ -103,20 +109,25 @@ def test_an_input_answering_its_own_calls_is_not_tied_to_the_open_ones() -> None
     assert history.evict() == ("t1",)
 
 
-def test_kept_state_that_ends_the_group_unties_the_later_answer() -> None:
+def test_kept_state_that_would_end_the_group_a_later_input_answers_is_not_kept() -> None:
     """Invariant: t2 answers c1 and t3 answers c2 of t1 (t1..t3 tied); state kept on t2
-    later (an assistant message between t2's input and outputs) ends t1's group, so t3's
-    result answers nothing: only t2 stays tied, and with max_turns=3 a plain t4 evicts t1
-    and t2 and keeps t3."""
+    later would sit between t2's input and t3's result and end t1's group, so t3's result
+    would answer nothing: keep_state returns False and nothing changes; t1..t3 stay tied
+    and with max_turns=3 a plain t4 evicts them together. State that does not end the
+    group (none, on t3) is kept."""
     history = _asked(HistoryLimits(max_turns=3), "c1", "c2")
     history.commit("t2", [result("c1")])
     history.commit("t3", [result("c2")])
     assert tied(history) == ("t2", "t3")
-    assert history.keep_state("t2", [NOTED]) is True
-    assert tied(history) == cold_ties(history) == ("t2",)
+    messages = history.view().messages()
+    assert history.keep_state("t2", [NOTED]) is False
+    assert history.view().messages() == messages
+    assert history.view().turn_state("t2") == ()
+    assert history.keep_state("t3", [NOTED]) is True
+    assert tied(history) == cold_ties(history) == ("t2", "t3")
     history.commit("t4", [NEXT])
-    assert history.evict() == ("t1", "t2")
-    assert history.turn_ids == ("t3", "t4")
+    assert history.evict() == ("t1", "t2", "t3")
+    assert history.turn_ids == ("t4",)
 
 
 def test_retracting_the_answer_unties_the_turns_it_tied() -> None:

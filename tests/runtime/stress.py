@@ -31,7 +31,7 @@ from turnloom.context.callids import (
 from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.pairing import OpenCallPolicy
-from turnloom.errors import PairedTurnsTooLargeError, TurnTooLargeError
+from turnloom.errors import PairedTurnsTooLargeError, StateError, TurnTooLargeError
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
 from turnloom.runtime.manager import ContextManager
 
@@ -244,9 +244,10 @@ async def _run(
                     else:
                         outputs = [call(f"c{n}"), result(f"c{n}", f"r{n}")]
                     target = newest if rng.random() < 0.9 else rng.choice(view.turn_ids)
-                    # A turn never outgrows the history's limits: such a record
+                    # A turn never outgrows the history's limits, and a late
+                    # record never strands a later turn's results: such a record
                     # is refused and changes nothing.
-                    with contextlib.suppress(TurnTooLargeError):
+                    with contextlib.suppress(TurnTooLargeError, StateError):
                         manager.record(context_id, target, outputs)
                 elif roll < 0.95:
                     async with anyio.create_task_group() as group:

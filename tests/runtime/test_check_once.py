@@ -13,7 +13,7 @@ import pytest
 from tests.runtime.helpers import CHAT, BlockingGateway, assistant, call, result, user
 from turnloom.context import Message, NativeContent
 from turnloom.context.gateways import OpenAIChatGateway
-from turnloom.context.history import TurnHistory
+from turnloom.context.history import HistoryLimits, TurnHistory
 from turnloom.context.message import check_message
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
 from turnloom.runtime import _continuation as continuation_module
@@ -139,3 +139,51 @@ async def test_a_new_contexts_first_turn_is_checked_and_rendered_once(
         prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
     assert (checked, gateway.renders) == ([first, system], 2)
     assert list(prefix.items[:2]) == [*CHAT.render(system), *CHAT.render(first)]
+
+
+async def test_a_prepare_of_a_long_history_renders_inline_when_its_work_is_small(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Invariant: whether a prepare renders on the event loop depends on the work of its
+    render, not on the size of the history: with more items held than INLINE_MAX_ITEMS,
+    the first prepare (the cached run is built, work proportional to the history)
+    renders in a worker thread and the next ones (one new turn, one evicted) on the
+    loop, each giving the items of a cold render of the same history. A declined
+    inline render renders nothing and the worker's result is the same."""
+    threads: list[tuple[bool, bool]] = []  # (on the loop's thread, rendered)
+    real = render_preparation
+
+    def spy(*args: Any) -> Any:
+        rendered = real(*args)
+        threads.append((threading.current_thread() is threading.main_thread(), bool(rendered)))
+        return rendered
+
+    monkeypatch.setattr(preparing_module, "render_preparation", spy)
+    monkeypatch.setattr(preparing_module, "INLINE_SHARE", 1.0)  # never throttled here
+    size = preparing_module.INLINE_MAX_ITEMS + 100
+    limits = HistoryLimits(max_items=size, max_turns=size)
+    oracle = TurnHistory(limits)
+    async with Foundation(gateway=OpenAIChatGateway(), history_limits=limits) as foundation:
+        manager = foundation.manager
+        for n in range(200):  # 800 items: the history evicts a turn per turn at the end
+            if n:
+                outputs = [call(f"c{n}"), result(f"c{n}"), assistant(f"a{n}")]
+                manager.record("c", f"t{n - 1}", outputs)
+                oracle.record(f"t{n - 1}", outputs)
+            manager.accept_turn(TurnSnapshot(context_id="c", turn_id=f"t{n}", input=(user("u"),)))
+            oracle.commit(f"t{n}", [user("u")])
+            oracle.evict()
+            if n >= 197:
+                request = ContextPrepareRequest(context_id="c", turn_id=f"t{n}")
+                prepared = await manager.prepare(request)
+                cold = TurnHistory(limits)  # the same history, nothing rendered yet
+                for turn_id in oracle.turn_ids:
+                    messages = oracle.view().turn_messages(turn_id)
+                    cold.commit(turn_id, messages[:1])
+                    cold.record(turn_id, messages[1:])
+                expected = cold.view().render(CHAT, f"t{n}").items
+                assert prepared.item_count == len(expected)
+                assert prepared.items[: len(expected)] == expected
+    assert oracle.held_items > preparing_module.INLINE_MAX_ITEMS
+    # The first prepare tries the loop, whose bounded render declines, then a worker.
+    assert threads == [(True, False), (False, True), (True, True), (True, True)]

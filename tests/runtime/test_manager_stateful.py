@@ -2,7 +2,8 @@
 
 Rules: accept turns (user text, or the result of the newest turn's open call:
 an approval), record outputs (text, blank partials, calls, results, a reply
-recorded twice, late outputs for evicted turns), prepare, prepare while the
+recorded twice, late outputs for evicted turns and for an earlier held turn, refused
+when they would strand a later turn's results), prepare, prepare while the
 gateway fails part-way through the render, park preparations waiting for a
 future turn, refuse with ``prepare_nowait`` when the queue is full, cancel
 parked preparations, remove a context (its parked preparations settle with
@@ -39,7 +40,13 @@ from tests.runtime.stress import FlakyGateway, InjectedRenderError, cold_render
 from turnloom.areas import OneShotNotice, PinnedNotice, SubtaskArea
 from turnloom.context import Message, Role
 from turnloom.context.history import HistoryLimits
-from turnloom.errors import AreaCallbackError, ContextRemovedError, DuplicateIdError, QueueFullError
+from turnloom.errors import (
+    AreaCallbackError,
+    ContextRemovedError,
+    DuplicateIdError,
+    QueueFullError,
+    StateError,
+)
 from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext, TurnSnapshot
 
 LIMITS = HistoryLimits(max_turns=3, max_items=7)
@@ -57,12 +64,20 @@ class _Model:
         self.evicted: list[str] = []
         self.next = 0
         self.open_call: str | None = None
+        self.tied: set[str] = set()  # turns whose input answered the turn before (approvals)
 
     def evict(self) -> None:
+        """Oldest first, a turn with the approvals tied to it; never reaching the newest."""
         while len(self.turns) > 1 and (
             len(self.turns) > LIMITS.max_turns or sum(n for _, n in self.turns) > LIMITS.max_items
         ):
-            self.evicted.append(self.turns.pop(0)[0])
+            end = 1
+            while end < len(self.turns) and self.turns[end][0] in self.tied:
+                end += 1
+            if end >= len(self.turns):
+                break
+            for _ in range(end):
+                self.evicted.append(self.turns.pop(0)[0])
         self.grown = False
 
     def add(self, items: int) -> None:
@@ -153,6 +168,8 @@ class ManagerMachine(RuleBasedStateMachine):
         )
         model.next += 1
         model.turns.append((turn_id, 1))
+        if answer is not None:
+            model.tied.add(turn_id)
         model.open_call = None
         return turn_id
 
@@ -221,6 +238,29 @@ class ManagerMachine(RuleBasedStateMachine):
         expected = 0 if kind == "blank" else 1
         assert recorded == expected
         model.add(expected)
+        model.evict()
+
+    @precondition(lambda self: any(len(m.turns) > 1 for m in self.models.values()))
+    @rule(context_id=st.sampled_from(CONTEXTS), back=st.integers(1, 2))
+    def late_output_to_an_earlier_turn(self, context_id: str, back: int) -> None:
+        """A model output that arrives after the next turn was committed: recorded to its
+        earlier turn, or refused (StateError, nothing changed) when a later turn's results
+        answer that turn's calls and the output would leave them answering nothing."""
+        model = self.models[context_id]
+        if len(model.turns) <= back:
+            return
+        index = len(model.turns) - 1 - back
+        turn_id, items = model.turns[index]
+        before = self.portal.call(self.manager.history, context_id).messages()
+        try:
+            recorded = self.portal.call(
+                self.manager.record, context_id, turn_id, [assistant("a late answer")]
+            )
+        except StateError:
+            assert self.portal.call(self.manager.history, context_id).messages() == before
+            return
+        assert recorded == 1
+        model.turns[index] = (turn_id, items + 1)
         model.evict()
 
     @precondition(lambda self: any(m.turns for m in self.models.values()))

@@ -49,7 +49,7 @@ import msgspec
 from turnloom.context._untrack import untrack_atoms, untrack_container
 from turnloom.context.callids import CallIdRenamer
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.items import exact_bytes
+from turnloom.context.items import EncodedSpan, compaction_due, exact_bytes
 from turnloom.errors import InvalidArgumentError, excerpt, what_type
 
 _encode = msgspec.json.Encoder().encode
@@ -270,23 +270,26 @@ def _splice(head: bytes, chunks: list[bytes], members: bytes) -> bytes:
 class EncodedBody:
     """A request body whose leading part is kept encoded; immutable.
 
-    Holds the JSON bytes of the body items already settled (``chunks``),
-    the writer state after them (never fed again: copied on use) and the
-    native items after them (``rest``), not fed yet.
+    Holds the JSON bytes of the body items already settled (``lead``, then
+    ``chunks``, read and never changed), the writer state after them (never
+    fed again: copied on use) and the native items after them (``rest``),
+    not fed yet.
 
     Built by a history render (``RenderedHistory.body``) or
     :meth:`start`; extended with :meth:`extend`.
     """
 
-    __slots__ = ("_chunks", "_rest", "_writer")
+    __slots__ = ("_chunks", "_lead", "_rest", "_writer")
 
     def __init__(
         self,
         writer: BodyWriter,
-        chunks: tuple[bytes, ...],
+        chunks: Sequence[bytes],
         rest: tuple[NativeContent, ...] = (),
+        lead: tuple[bytes, ...] = (),
     ) -> None:
         self._writer = writer
+        self._lead = lead
         self._chunks = chunks
         self._rest = rest
 
@@ -303,7 +306,7 @@ class EncodedBody:
         """
         if not items:
             return self
-        return EncodedBody(self._writer, self._chunks, self._rest + tuple(items))
+        return EncodedBody(self._writer, self._chunks, self._rest + tuple(items), self._lead)
 
     def encode(self, members: bytes = b"") -> bytes:
         """The encoded request body of all the items, as UTF-8 JSON bytes.
@@ -323,7 +326,12 @@ class EncodedBody:
         head = _encode({**header, writer.field: []})
         # msgspec writes dict keys in insertion order with no whitespace, so the
         # body ends with the empty item list and the closing brace: b"[]}".
-        return _splice(head[:-2], [*self._chunks, *map(_encode, out)], members)
+        held = self._chunks
+        chunks = held.tolist() if isinstance(held, EncodedSpan) else list(held)
+        if self._lead:
+            chunks[:0] = self._lead
+        chunks.extend(map(_encode, out))
+        return _splice(head[:-2], chunks, members)
 
 
 class BodyRun:
@@ -333,14 +341,29 @@ class BodyRun:
     the pinned instructions and is never dropped. The body items are kept
     as one list of encoded chunks, one per body item, in body order; a
     segment's chunks are contiguous (a held-back item belongs to the
-    segment it started in, before any item of a later one). A chunk equal
+    segment it started in, before any item of a later one); segment 0's
+    come first and are kept apart (``_lead``), so dropped segments are
+    always at the front of ``_chunks``: dropping moves its start
+    (``_skip``) and a snapshot hands the list out without a copy (it is
+    only appended to, or replaced by a compacted copy). A chunk equal
     to the encoding of an item appended with it is that very bytes object,
     so a history that keeps its items encoded keeps such body items once.
     The writer state is replaced, never changed, so a :meth:`snapshot`
     stays valid. Not thread-safe: guarded by the history's lock.
     """
 
-    __slots__ = ("_chunks", "_counts", "_opens", "_reach", "_recent", "_tags", "_writer")
+    __slots__ = (
+        "_chunks",
+        "_counts",
+        "_dead",
+        "_lead",
+        "_opens",
+        "_reach",
+        "_recent",
+        "_skip",
+        "_tags",
+        "_writer",
+    )
 
     def __init__(self, writer: BodyWriter) -> None:
         self._writer = writer
@@ -353,9 +376,17 @@ class BodyRun:
         self._counts = array.array("q")
         for numbers in (self._tags, self._reach, self._counts):
             untrack_atoms(numbers)  # machine numbers only: in no cycle
-        self._chunks: list[bytes] = []  # one per body item, in body order
-        # Only ever holds bytes, so it can be in no cycle: out of the cyclic
-        # collector, a full collection visits no reference per body item.
+        # Segments dropped but still in those arrays, after segment 0's slot
+        # (when there is one): dropping is O(dropped segments), no move.
+        self._dead = 0
+        # One per body item, in body order: segment 0's, then the others'
+        # after ``_skip`` dropped ones. Only ever holding bytes, they can be
+        # in no cycle: out of the cyclic collector, a full collection visits
+        # no reference per body item.
+        self._lead: list[bytes] = []
+        self._chunks: list[bytes] = []
+        self._skip = 0
+        untrack_container(self._lead)
         untrack_container(self._chunks)
         self._recent: tuple[bytes, ...] = ()  # the last segment's encodings (when given)
 
@@ -415,7 +446,6 @@ class BodyRun:
         # now or with the last segment (a held-back item) shares it too.
         by_id = dict(zip(map(id, items), encoded, strict=False))  # ``items`` keeps them alive
         by_value: dict[bytes, bytes] | None = None
-        chunks = self._chunks
         count, start = len(out), 0
         while start < count:
             origin = marks[start][0]
@@ -431,6 +461,7 @@ class BodyRun:
             if not opens[index]:
                 opens[index] = 2 if writer.can_open(out[start]) else 1
             counts[index] += end - start
+            chunks = self._lead if tags[index] == 0 else self._chunks
             for body_item in out[start:end]:
                 chunk = by_id.get(id(body_item))
                 if chunk is None:
@@ -444,8 +475,38 @@ class BodyRun:
             self._recent = tuple(encoded)
 
     def snapshot(self, rest: tuple[NativeContent, ...] = ()) -> EncodedBody:
-        """The body as it stands, then ``rest``: a C-speed copy of the chunks' references."""
-        return EncodedBody(self._writer, tuple(self._chunks), rest)
+        """The body as it stands, then ``rest``, in O(segment 0's body items)."""
+        chunks = EncodedSpan(self._chunks, self._skip, len(self._chunks))
+        return EncodedBody(self._writer, chunks, rest, tuple(self._lead))
+
+    def _held(self) -> list[bytes]:
+        """The encoded body items, in body order (a copy)."""
+        return [*self._lead, *self._chunks[self._skip :]]
+
+    def _live_segments(self) -> list[tuple[int, int, int]]:
+        """Each held segment's (tag, reach, body item count), oldest first."""
+        rows = list(zip(self._tags, self._reach, self._counts, strict=True))
+        cut = 1 if rows and rows[0][0] == 0 else 0
+        return rows[:cut] + rows[cut + self._dead :]
+
+    def compaction_due(self) -> bool:
+        """True when what was dropped at the front is due to be copied out (:meth:`compact`)."""
+        return compaction_due(self._skip, len(self._chunks) - self._skip) or compaction_due(
+            self._dead, len(self._tags) - self._dead
+        )
+
+    def compact(self) -> None:
+        """Copy the kept chunks and segments into new containers (O(kept)); snapshots stay valid."""
+        if self._skip:
+            self._chunks = self._chunks[self._skip :]
+            untrack_container(self._chunks)
+            self._skip = 0
+        if self._dead:
+            cut = 1 if self._tags[0] == 0 else 0
+            for segments in (self._tags, self._reach, self._counts):
+                del segments[cut : cut + self._dead]
+            del self._opens[cut : cut + self._dead]
+            self._dead = 0
 
     def drop(self, first_kept: int, dropped: CallIdRenamer) -> bool:
         """Drop the segments tagged below ``first_kept`` (but 0), when the rest stays exact.
@@ -453,31 +514,50 @@ class BodyRun:
         Returns False, changing nothing, when the kept body differs from
         what is cached (a body item spans the cut, or the gateway's state
         depends on the dropped items); the caller then builds a new run
-        from the kept items.
+        from the kept items. Costs O(dropped segments); what is dropped
+        stays in the containers until :meth:`compact`.
         """
+        plan = self.plan_drop(first_kept, dropped)
+        if plan is None:
+            return False
+        self.apply_drop(plan)
+        return True
+
+    def plan_drop(self, first_kept: int, dropped: CallIdRenamer) -> _Drop | None:
+        """What :meth:`drop` would do, or None when it would return False; changes nothing."""
         tags, reach = self._tags, self._reach
-        cut = 1 if tags and tags[0] == 0 else 0
+        cut = (1 if tags and tags[0] == 0 else 0) + self._dead  # the first held segment
         end = cut
         while end < len(tags) and tags[end] < first_kept:
             if reach[end] >= first_kept:
-                return False
+                return None
             end += 1
         if end == len(tags):
-            return False  # nothing kept after the pinned segment: rebuild (cheap)
+            return None  # nothing kept after the pinned segment: rebuild (cheap)
         held = self._writer.held_origin()
         if held is not None and 0 < held < first_kept:
-            return False
+            return None
         if tags[end] != first_kept or self._opens[end] != 2:
-            return False
+            return None
         writer = self._writer.copy()
         if not writer.forget(first_kept, dropped):
-            return False
-        self._writer = writer
-        counts = self._counts
-        start = counts[0] if cut else 0
-        count = sum(counts[cut:end])
-        del self._chunks[start : start + count]
-        for segments in (tags, reach, counts):
-            del segments[cut:end]
-        del self._opens[cut:end]
-        return True
+            return None
+        return _Drop(writer, cut, end)
+
+    def apply_drop(self, plan: _Drop) -> None:
+        """Do what :meth:`plan_drop` planned (the run unchanged since)."""
+        cut, end = plan.cut, plan.end
+        self._writer = plan.writer
+        self._skip += sum(self._counts[cut:end])
+        self._dead += end - cut
+
+
+class _Drop:
+    """A planned :meth:`BodyRun.drop`: the writer after it and the segment slots it drops."""
+
+    __slots__ = ("cut", "end", "writer")
+
+    def __init__(self, writer: BodyWriter, cut: int, end: int) -> None:
+        self.writer = writer
+        self.cut = cut
+        self.end = end

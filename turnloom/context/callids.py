@@ -264,18 +264,23 @@ class CallIdRenamer:
         Args:
             dropped: a fresh renamer advanced over the dropped items only.
         """
-        gone = dropped._seen.present()
+        if not self.can_forget(dropped):
+            return False
+        seen = self._seen
+        for call_id in dropped._seen.present():
+            if seen.get(call_id) is not None:
+                seen.set(call_id, None)
+        return True
+
+    def can_forget(self, dropped: CallIdRenamer) -> bool:
+        """True when :meth:`forget` of ``dropped`` is exact (then it returns True); no change."""
         counters = self._counters
-        for call_id in gone:
+        for call_id in dropped._seen.present():
             base, sep, number = call_id.rpartition("_r")
             if counters.get(call_id) is not None or (
                 sep and number.isdigit() and counters.get(base) is not None
             ):
                 return False
-        seen = self._seen
-        for call_id in gone:
-            if seen.get(call_id) is not None:
-                seen.set(call_id, None)
         return True
 
 

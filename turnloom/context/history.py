@@ -25,9 +25,12 @@ history. :meth:`HistoryView.render` runs in a worker thread: each message is
 rendered once per gateway (its native items and their JSON encoding, which
 sizes them) and cached, each turn's items are cached, and the items of the
 pinned instructions and all closed turns are kept as one run that is changed
-in place (evicted turns deleted at the front, newly closed turns appended).
-A render does Python work only for new items; what remains proportional to
-the history is a C-speed copy of the run's references.
+in place (evicted turns dropped at the front by moving its start, newly
+closed turns appended; once a sixteenth of it is dropped it is compacted into
+new containers). A render does work only for new and evicted items, and
+hands the run's encoded items out without a copy (the run only appends to
+the containers it handed out), so :meth:`HistoryView.render_bounded` can
+promise a small, bounded step that the event loop may take.
 
 Closed turns are kept encoded. When a turn joins the run, the run keeps its
 items only as JSON bytes (one ``bytes`` object per item, shared with the
@@ -90,6 +93,7 @@ import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import cast
 
 import msgspec
 
@@ -105,7 +109,7 @@ from turnloom.context.callids import (
     restore_call_ids,
 )
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.items import NativeItems, encode_item
+from turnloom.context.items import EncodedSpan, NativeItems, compaction_due, encode_item
 from turnloom.context.message import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Message,
@@ -307,10 +311,12 @@ class RenderedHistory:
     __slots__ = (
         "_base",
         "_byte_ends",
+        "_first",
         "_item_ends",
         "_origin",
         "_pinned",
         "_run",
+        "_stop",
         "_tail",
         "body",
         "bytes",
@@ -333,22 +339,26 @@ class RenderedHistory:
         self._pinned = pinned
         self._tail = tail  # everything after the run: unsettled turns, then the turn's input
         if run is None:
-            self._run: tuple[bytes, ...] = ()
+            self._run: Sequence[bytes] = ()
             self._item_ends = self._byte_ends = _NO_ENDS
+            self._first = self._stop = 0
             self._origin = self._base = 0
             epoch = None
         else:
-            # C-speed copies of the run's references and per-turn offsets.
-            self._run = tuple(run.items)
-            self._item_ends = _ends(run.item_ends)
-            self._byte_ends = _ends(run.byte_ends)
+            # The run's containers as they stand, without a copy: the run
+            # only appends to them (or replaces them) while this lives.
+            self._run = run.span()
+            self._item_ends = run.item_ends
+            self._byte_ends = run.byte_ends
+            self._first, self._stop = run.dead, len(run.item_ends)  # its turns' slots there
             self._origin, self._base, epoch = run.origin, run.base, run.epoch
         self.native_items = NativeItems(pinned.items, self._run, tail.items, epoch, self._origin)
         self.item_count = len(pinned.items) + len(self._run) + len(tail.items)
         self.body = body
         self.call_ids = call_ids
         self.turn_start = 0
-        run_bytes = self._byte_ends[-1] - self._base if self._run else 0
+        first, stop = self._first, self._stop
+        run_bytes = self._byte_ends[stop - 1] - self._base if stop > first else 0
         self.bytes: int = pinned.bytes + run_bytes + tail.bytes
         self.tokens = tokens
 
@@ -370,15 +380,16 @@ class RenderedHistory:
             return sum(map(len, pinned.encoded[:count]))
         count -= len(pinned.items)
         run = self._run
+        first, stop = self._first, self._stop
         if count > len(run):
-            run_bytes = self._byte_ends[-1] - self._base if run else 0
+            run_bytes = self._byte_ends[stop - 1] - self._base if stop > first else 0
             inside = sum(map(len, self._tail.encoded[: count - len(run)]))
             return pinned.bytes + run_bytes + inside
         # The turn holding item ``count - 1`` of the run, in the running coordinate.
         position = self._origin + count
-        index = bisect.bisect_left(self._item_ends, position)
-        start = self._item_ends[index - 1] if index else self._origin
-        before = self._byte_ends[index - 1] if index else self._base
+        index = bisect.bisect_left(self._item_ends, position, first, stop)
+        start = self._item_ends[index - 1] if index > first else self._origin
+        before = self._byte_ends[index - 1] if index > first else self._base
         inside = sum(map(len, run[start - self._origin : count]))
         return pinned.bytes + before - self._base + inside
 
@@ -699,12 +710,13 @@ class _Run:
 
     ``pinned`` is the pinned instructions' render (native, with encodings).
     The closed turns' items are kept only encoded: ``items`` holds one JSON
-    ``bytes`` per item, renamed as the run sends them, oldest first. Per
-    turn, oldest first: ``item_ends`` and ``byte_ends`` (where it ends, in
-    items and bytes, in running coordinates that begin at ``origin`` and
-    ``base`` and are never rebased, so dropping turns at the front is a
-    C-speed delete), ``turn_tokens``, ``turn_carried`` (1 when calls of
-    an earlier turn were carried into it) and ``calls``: a :class:`_CallLog`
+    ``bytes`` per item, renamed as the run sends them, oldest first, after
+    ``skip`` slots dropped at the front. Per turn, oldest first, after
+    ``dead`` slots dropped at the front: ``item_ends`` and ``byte_ends``
+    (where it ends, in items and bytes, in running coordinates that begin
+    at ``origin`` and ``base`` and are never rebased), ``turn_tokens``,
+    ``turn_carried`` (1 when calls of an earlier turn were carried into it)
+    and ``calls``: a :class:`_CallLog`
     once the turn was renamed anew (its call-id events and the ids its
     items are sent with), else, for a turn the run renamed, the call ids
     its items had before, as
@@ -715,6 +727,10 @@ class _Run:
     began, so renders of the same run can tell shared items apart
     (:class:`~turnloom.context.items.NativeItems`). ``call_ids`` and
     ``carry`` are the call-id renaming and pairing states after the items.
+    Dropping turns at the front moves ``skip`` and ``dead`` only, so a
+    render hands out the containers as they stand, without copying them
+    (the run only appends to them); :meth:`compact` replaces them once
+    enough is dropped.
     ``body`` keeps the request body of the items encoded, one segment per
     turn: segment 0 is the pinned instructions, the run's first turn is
     segment ``first_tag``. Guarded by ``_Shared.lock``.
@@ -727,6 +743,7 @@ class _Run:
         "call_ids",
         "calls",
         "carry",
+        "dead",
         "epoch",
         "evicted",
         "first_tag",
@@ -737,6 +754,7 @@ class _Run:
         "origin",
         "pinned",
         "pinned_entries",
+        "skip",
         "tokens",
         "turn_carried",
         "turn_tokens",
@@ -760,6 +778,10 @@ class _Run:
         self.byte_ends = _ends()
         self.base = 0
         self.origin = 0
+        # Dropped at the front but still in the containers (see drop_turns):
+        # items in ``items``, turns in the per-turn ones.
+        self.skip = 0
+        self.dead = 0
         self.epoch = object()
         self.turn_tokens = _ends()
         self.turn_carried = bytearray()
@@ -781,7 +803,60 @@ class _Run:
     @property
     def turns(self) -> int:
         """How many closed turns the run holds."""
-        return len(self.item_ends)
+        return len(self.item_ends) - self.dead
+
+    @property
+    def count(self) -> int:
+        """How many items the run holds (the pinned instructions' aside)."""
+        return len(self.items) - self.skip
+
+    def span(self) -> EncodedSpan:
+        """The run's encoded items, oldest first, in O(1) (valid while the run lives)."""
+        return EncodedSpan(self.items, self.skip, len(self.items))
+
+    def ends(self, index: int) -> tuple[int, int]:
+        """Where the run's turn ``index`` (0 = oldest held) ends: (items, bytes), running."""
+        at = self.dead + index
+        return self.item_ends[at], self.byte_ends[at]
+
+    def compaction_due(self) -> bool:
+        """True when the slots dropped at the front are due to be copied out (:meth:`compact`)."""
+        return (
+            compaction_due(self.skip, self.count)
+            or compaction_due(self.dead, self.turns)
+            or (self.body is not None and self.body.compaction_due())
+        )
+
+    def drop_turns(self, dropped: int) -> None:
+        """Drop the ``dropped`` oldest turns (not from the body): O(1) but for their tokens.
+
+        The containers keep the dropped slots (a render's span of them stays
+        valid, no copy is made) until :meth:`compact` copies the kept ones
+        into new containers.
+        """
+        origin, base = self.ends(dropped - 1)
+        self.skip += origin - self.origin
+        self.tokens -= sum(self.turn_tokens[self.dead : self.dead + dropped])
+        self.dead += dropped
+        self.origin, self.base = origin, base
+
+    def compact(self) -> None:
+        """Copy the kept slots into new containers (O(kept)); spans handed out stay valid."""
+        if self.body is not None:
+            self.body.compact()
+        if self.skip:
+            self.items = self.items[self.skip :]
+            untrack_container(self.items)
+            self.skip = 0
+        dead = self.dead
+        if dead:
+            self.item_ends = _ends(self.item_ends[dead:])
+            self.byte_ends = _ends(self.byte_ends[dead:])
+            self.turn_tokens = _ends(self.turn_tokens[dead:])
+            self.turn_carried = self.turn_carried[dead:]
+            self.calls = self.calls[dead:]
+            untrack_container(self.calls)
+            self.dead = 0
 
     def join(
         self,
@@ -816,11 +891,12 @@ class _Run:
         self.tokens += tokens
 
     def natives(self, start: int, stop: int) -> list[NativeContent]:
-        """``items[start:stop]`` decoded (O(their bytes))."""
+        """``items[start:stop]`` of the held items decoded (O(their bytes))."""
         if start >= stop:
             return []
+        skip = self.skip
         decoded: list[NativeContent] = _decode(
-            b"".join((b"[", b",".join(self.items[start:stop]), b"]"))
+            b"".join((b"[", b",".join(self.items[skip + start : skip + stop]), b"]"))
         )
         return decoded
 
@@ -1089,7 +1165,7 @@ class HistoryView:
     it saw alive, so a later eviction does not change what it renders.
     """
 
-    __slots__ = ("_evicted", "_generation", "_pinned", "_shared", "_turns")
+    __slots__ = ("_evicted", "_generation", "_held", "_pinned", "_shared", "_turns")
 
     def __init__(
         self,
@@ -1098,9 +1174,11 @@ class HistoryView:
         evicted: int,
         generation: int,
         shared: _Shared,
+        held: int = 0,
     ) -> None:
         self._pinned = pinned
         self._turns = turns
+        self._held = held  # messages in the view, pinned included
         self._evicted = evicted
         self._generation = generation  # bumped when a turn before the newest changes
         self._shared = shared
@@ -1178,6 +1256,46 @@ class HistoryView:
             HostCallbackError: the token counter failed on a message the
                 pairing made (a cancelled result).
         """
+        return cast(RenderedHistory, self._render(gateway, turn_id, open_calls, None))
+
+    def render_bounded(
+        self,
+        gateway: Gateway,
+        turn_id: str,
+        budget: int,
+        *,
+        open_calls: OpenCallPolicy = "exclude",
+    ) -> RenderedHistory | None:
+        """:meth:`render`, when it costs at most about ``budget`` items' worth of work; else None.
+
+        Work is counted in items: those rendered (turns not yet in the
+        cached run, and the turn's input), those decoded (turns evicted
+        since the last render, to forget their call ids) and, when the
+        cached run must be built, rebuilt, renamed anew or compacted, every
+        item held. Nothing else a render does grows with the history (the
+        run's encoded items are handed out without a copy), so a bounded
+        render is a small, bounded step: one the event loop may take. A
+        render of an earlier turn or an older view (a private render,
+        O(history)) returns None when the view holds more than ``budget``
+        items.
+
+        Returns None before anything is rendered, or once the evicted turns
+        are dropped from the cached run when only the new turns are over
+        the budget (the cache stays exact: the next render continues it).
+
+        Raises:
+            as :meth:`render`.
+        """
+        return self._render(gateway, turn_id, open_calls, budget)
+
+    def _render(
+        self,
+        gateway: Gateway,
+        turn_id: str,
+        open_calls: OpenCallPolicy,
+        budget: int | None,
+    ) -> RenderedHistory | None:
+        """:meth:`render` (``budget`` None) or :meth:`render_bounded`."""
         turns = self._turns
         position = len(turns) - 1
         if position < 0 or turns[position].turn_id != turn_id:
@@ -1190,23 +1308,32 @@ class HistoryView:
         shared = self._shared
         slots = shared.slots(key)
         head = turns[position]
-        closed = turns[:position]
+        # Bounded: no O(history) step (not even a tuple copy) unless the view is small.
+        small = budget is None or self._held <= budget
         with shared.lock:
             run = shared.runs.get(key)
             newest = position == len(turns) - 1 and (
                 run is None or (self._evicted >= run.evicted and self._generation >= run.generation)
             )
+            if not newest and not small:
+                return None
             if newest:
+                # ``turns`` up to ``position`` are the closed turns (not copied).
                 try:
                     if run is not None:
-                        run = self._advance(run, closed, gateway, slots)
+                        run = self._advance(run, turns, position, gateway, slots, budget)
                     if run is None:
+                        if not small:
+                            return None  # nothing changed
                         run = self._build(gateway, slots, open_calls)
                     shared.runs[key] = run
+                    fresh = turns[run.turns : position]
+                    if not small and sum(t.items for t in fresh) + head.items > cast(int, budget):
+                        return None  # the run is exact as it stands
                     # Everything that can fail (a gateway, an area of memory)
                     # runs before the run changes.
                     plan = _plan(
-                        closed[run.turns :],
+                        fresh,
                         head,
                         run.carry,
                         gateway,
@@ -1215,8 +1342,8 @@ class HistoryView:
                         shared.counter,
                     )
                     settled, tail, call_ids = plan.rename(gateway, run.call_ids)
-                    self._append(run, closed, plan, settled, gateway, slots)
-                    # C-speed copies of the run's references (its items stay encoded).
+                    self._append(run, turns, plan, settled, gateway, slots)
+                    # The run's containers are handed out as they stand (no copy).
                     rendered = RenderedHistory(
                         run.pinned,
                         tail,
@@ -1232,6 +1359,7 @@ class HistoryView:
         if not newest:
             # An older view (or an earlier turn): rendered privately, the caches
             # read but neither filled nor changed.
+            closed = turns[:position]
             call_ids = CallIdRenamer()
             pinned = _renamed(
                 _render_entries(self._pinned, gateway, slots[0], open_calls, shared.counter),
@@ -1375,56 +1503,69 @@ class HistoryView:
         return run
 
     def _advance(
-        self, run: _Run, closed: tuple[_Turn, ...], gateway: Gateway, slots: tuple[int, int]
+        self,
+        run: _Run,
+        closed: tuple[_Turn, ...],
+        position: int,
+        gateway: Gateway,
+        slots: tuple[int, int],
+        budget: int | None = None,
     ) -> _Run | None:
         """Drop the turns evicted since the run was built: the run to use, or None.
 
-        None when the kept turns render differently without the evicted ones
-        (the caller builds a new run); a new run when only their call ids
-        do (:meth:`_renamed_anew`); else ``run``, changed in place.
+        ``closed[:position]`` are the view's closed turns. None when the kept
+        turns render differently without the evicted ones (the caller builds
+        a new run); a new run when only their call ids do
+        (:meth:`_renamed_anew`); else ``run``, changed in place. With a
+        ``budget`` (see :meth:`render_bounded`) under the items held, a step
+        over it (those two, rebuilding the body, compacting, decoding more
+        evicted items) is not taken: None is returned, ``run`` unchanged.
         """
+        small = budget is None or self._held <= budget
         dropped = self._evicted - run.evicted
         kept = run.turns - dropped
+        if not small and run.compaction_due():
+            return None
         if (
             run.pinned_entries is not self._pinned
             or run.generation != self._generation
-            or not 0 <= kept <= len(closed)
+            or not 0 <= kept <= position
             # Turns only change at the end (the generation counts other
             # changes), so the last kept turn being the same object means the
             # whole kept run is this view's prefix.
             or (kept and closed[kept - 1] is not run.last)
             # The first kept turn answered calls of an evicted turn: without
             # them its results are orphans, so its render changes.
-            or (dropped and kept and run.turn_carried[dropped])
+            or (dropped and kept and run.turn_carried[run.dead + dropped])
         ):
             return None
         if dropped:
-            count = run.item_ends[dropped - 1] - run.origin
+            count = run.ends(dropped - 1)[0] - run.origin
+            if budget is not None and not small and count > budget:
+                return None
             evicted_ids = CallIdRenamer()
             rename_call_ids(gateway.type, run.natives(0, count), evicted_ids)
-            if not run.call_ids.forget(evicted_ids):
+            if not run.call_ids.can_forget(evicted_ids):
                 # A rename of a kept item depended on an evicted one: a render
                 # of the kept turns alone renames differently, so their call
                 # ids are renamed anew (see _renamed_anew).
-                return self._renamed_anew(run, dropped, closed, gateway, slots)
+                return self._renamed_anew(run, dropped, closed, gateway, slots) if small else None
             first_kept = run.first_tag + dropped
-            if run.body is not None and not run.body.drop(first_kept, evicted_ids):
-                # The kept body differs from the cached one (a turn merged
-                # across the cut, say): rebuilt from the kept items, once.
+            drop = run.body.plan_drop(first_kept, evicted_ids) if run.body is not None else None
+            # Without a plan the kept body differs from the cached one (a
+            # turn merged across the cut, say): rebuilt from the kept items, once.
+            rebuild = run.body is not None and drop is None
+            if rebuild and not small:
+                return None
+            run.call_ids.forget(evicted_ids)
+            if drop is not None:
+                cast(BodyRun, run.body).apply_drop(drop)
+            elif rebuild:
                 run.body = None
-                rebuild = True
-            else:
-                rebuild = False
             run.first_tag = first_kept
-            run.base = run.byte_ends[dropped - 1]
-            run.origin = run.item_ends[dropped - 1]
-            del run.items[:count]
-            run.tokens -= sum(run.turn_tokens[:dropped])
-            del run.item_ends[:dropped]
-            del run.byte_ends[:dropped]
-            del run.turn_tokens[:dropped]
-            del run.turn_carried[:dropped]
-            del run.calls[:dropped]
+            run.drop_turns(dropped)
+            if small and run.compaction_due():
+                run.compact()
             run.evicted = self._evicted
             if not kept:
                 run.carry = ()  # the calls it carried were evicted with their turn
@@ -1460,17 +1601,18 @@ class HistoryView:
         rename_call_ids(kind, run.pinned.items, call_ids)  # renamed: unchanged
         new = _Run(self._pinned, run.pinned, self._evicted, self._generation, call_ids)
         writer = body_writer(gateway) if run.body is not None else None
-        first = run.item_ends[dropped - 1] - run.origin
-        natives = run.natives(first, len(run.items))
+        first = run.ends(dropped - 1)[0] - run.origin
+        natives = run.natives(first, run.count)
+        held = run.span()
         segments: list[tuple[Sequence[NativeContent], int, Sequence[bytes]]] = [
             (run.pinned.items, 0, run.pinned.encoded)
         ]
         start = 0
         for index in range(dropped, run.turns):
-            stop = run.item_ends[index] - run.origin - first
-            encoded: Sequence[bytes] = run.items[first + start : first + stop]
+            stop = run.ends(index)[0] - run.origin - first
+            encoded: Sequence[bytes] = held[first + start : first + stop]
             items = natives[start:stop]
-            calls = run.calls[index]
+            calls = run.calls[run.dead + index]
             renamed: list[NativeContent] | None = None
             if isinstance(calls, _CallLog):
                 ids = call_ids.replay(calls.events)
@@ -1493,8 +1635,8 @@ class HistoryView:
             new.add(
                 encoded,
                 sum(map(len, encoded)),
-                run.turn_tokens[index],
-                bool(run.turn_carried[index]),
+                run.turn_tokens[run.dead + index],
+                bool(run.turn_carried[run.dead + index]),
                 calls,
             )
             segments.append((items, new.first_tag + index - dropped, encoded))
@@ -1541,11 +1683,12 @@ def _body_run(gateway: Gateway, run: _Run) -> BodyRun | None:
     segments: list[tuple[Sequence[NativeContent], int, Sequence[bytes]]] = [
         (run.pinned.items, 0, run.pinned.encoded)
     ]
-    natives = run.natives(0, len(run.items))
+    natives = run.natives(0, run.count)
+    held = run.span()
     start = 0
-    for tag, end in enumerate(run.item_ends, run.first_tag):
+    for tag, end in enumerate(run.item_ends[run.dead :], run.first_tag):
         stop = end - run.origin
-        segments.append((natives[start:stop], tag, run.items[start:stop]))
+        segments.append((natives[start:stop], tag, held[start:stop]))
         start = stop
     return BodyRun.of(writer, segments)
 
@@ -1618,6 +1761,44 @@ def _answers(calls: dict[str, ToolCallPart], messages: Sequence[Message]) -> boo
         if tracker.feed(message).paired:
             return True
     return False
+
+
+def _paired_after(turns: Sequence[_Turn], position: int) -> set[tuple[int, int, str]]:
+    """The results of the turns after ``position`` that answer calls open after it.
+
+    Each is named by (turn index, message index in its whole turn, call id).
+    Only the messages before the first one that ends the carried group are
+    walked: where a group ends depends on the messages' roles alone, so
+    pairing after it does not depend on the turns up to ``position``.
+    """
+    calls, _ = _calls_after(turns[: position + 1])
+    paired: set[tuple[int, int, str]] = set()
+    if not calls:
+        return paired
+    tracker = CallTracker(calls.values())
+    for index in range(position + 1, len(turns)):
+        for number, message in enumerate(turns[index].messages(True)):
+            if tracker.group:
+                return paired
+            paired.update((index, number, r.call_id) for r in tracker.feed(message).paired)
+    return paired
+
+
+def _strands(old: Sequence[_Turn], new: Sequence[_Turn], position: int) -> int:
+    """Where changing turn ``position`` (``old`` to ``new``) would orphan a later result.
+
+    The one rule for changes to an earlier turn (a late record, kept state):
+    a result a later turn holds that answers a call stays answered, because
+    pairing drops a result answering nothing, and a later turn's input made
+    of such results would leave that turn's own model input. A change may
+    make a later result answer a call it did not answer before.
+
+    Returns:
+        the index of the first later turn holding a result that answers a
+        call in ``old`` and none in ``new``, or -1.
+    """
+    lost = _paired_after(old, position) - _paired_after(new, position)
+    return min(index for index, _, _ in lost) if lost else -1
 
 
 def check_batch_length(count: int, limits: HistoryLimits, where: str) -> None:
@@ -1700,10 +1881,17 @@ class TurnHistory:
     Anthropic and Gemini refuse. Source: seed 004 (whole-turn history
     ownership; incomplete tool-call/output pairs are excluded from the next
     model input); every provider's rule that a result follows its call.
-    Ties follow what the kept turns say now: a late record, kept state on an
-    earlier turn or a retraction that changes what a later input answers ties
-    those turns again, or unties them, so the tie set is always what a cold
-    rebuild of the kept turns computes (never a tie without its reason).
+    A change to an earlier turn never takes an answer away from a later one:
+    a late record that would leave a result a later turn holds answering no
+    call (an output ending the calls' group, or answering the call first) is
+    refused with :class:`~turnloom.errors.StateError`, and kept state that
+    would is not kept (see :meth:`record`, :meth:`keep_state`); pairing would
+    drop those results, and a later input made of them would leave its own
+    turn's model input. Ties follow what the kept turns say now: a late
+    record, kept state on an earlier turn or a retraction that changes what a
+    later input answers ties those turns again, or unties them, so the tie
+    set is always what a cold rebuild of the kept turns computes (never a tie
+    without its reason).
 
     Calls still open when their turn is evicted are evicted with it; results
     given as turn input can answer only calls of the newest turn (or of turns
@@ -1904,7 +2092,12 @@ class TurnHistory:
         view = self._view
         if view is None:
             view = self._view = HistoryView(
-                self._pinned, self._turns, self._evicted, self._generation, self._shared
+                self._pinned,
+                self._turns,
+                self._evicted,
+                self._generation,
+                self._shared,
+                self.held_items,
             )
         return view
 
@@ -2191,14 +2384,23 @@ class TurnHistory:
     def _retie(self, position: int) -> None:
         """Tie again the turns after ``position``, whose pairing may have changed.
 
-        Called after the kept state or outputs of ``self._turns[position]``
-        changed while a later turn was held (a late record, kept state), or
-        after the newest turn left (a retraction: ``position`` is the new
-        newest). Such a change can make a later turn's input answer calls it
-        did not answer before, or no longer answer the calls it answered (an
-        output or result ending their group first), so ties are recomputed,
-        not only added: ``_linked`` stays exactly what a cold rebuild of the
-        kept turns computes, and a tie never outlives its reason.
+        Called after the newest turn left (a retraction: ``position`` is the
+        new newest); see :meth:`_relinked`.
+        """
+        linked = self._relinked(self._turns, position)
+        self._linked.clear()
+        self._linked.update(linked)
+
+    def _relinked(self, turns: tuple[_Turn, ...], position: int) -> set[int]:
+        """The tie set of ``turns``: the kept turns, but ``turns[position]`` changed.
+
+        After the kept state or outputs of ``turns[position]`` changed while a
+        later turn was held (a late record, kept state), or after the newest
+        turn left (a retraction: ``position`` is the new newest), a later
+        turn's input can answer calls it did not answer before, or no longer
+        answer the calls it answered, so ties are recomputed, not only added:
+        the tie set stays exactly what a cold rebuild of the kept turns
+        computes, and a tie never outlives its reason.
 
         Proof that recomputing from ``first``, the oldest turn tied with
         ``position``, suffices: ``first`` is not tied (or is the oldest kept
@@ -2209,13 +2411,57 @@ class TurnHistory:
         which may tie it back past ``first`` when the change reopened an older
         group. O(the turns from ``first`` on, each with its walk back).
         """
-        turns, linked = self._turns, self._linked
         first = self._unit_first(position)
-        linked.difference_update(t.serial for t in turns[first + 1 :])
+        linked = self._linked - {t.serial for t in turns[first + 1 :]}
         for index in range(first + 1, len(turns)):
             calls, at = _calls_after(turns[:index])
             if _answers(calls, turns[index].messages(False)):
                 linked.update(t.serial for t in turns[at + 1 : index + 1])
+        return linked
+
+    def _check_ties(
+        self, turns: tuple[_Turn, ...], linked: set[int], position: int, where: str, turn_id: str
+    ) -> None:
+        """Refuse a late change to ``turns[position]`` that tied turns cannot fit.
+
+        Turns tied together must fit every limit as the commit of the last of
+        them and the records after it found them (:meth:`_tie`, and
+        :meth:`check_batch` on items and bytes; tokens count the last one's
+        input only, as records are not held to ``max_tokens``), which a
+        restore from a checkpoint checks again: a late
+        record or kept state that adds a tie (a later input now answers a call
+        of the changed turn), or grows a turn tied to a later one, is held to
+        it, so what a history holds it can always be rebuilt from.
+
+        Raises:
+            PairedTurnsTooLargeError: the turns tied together would be over
+                ``max_turns``, ``max_items``, ``max_bytes`` or ``max_tokens``.
+        """
+        limits = self._limits
+        added = linked - self._linked
+        for index, turn in enumerate(turns):
+            if index != position and turn.serial not in added:
+                continue
+            first = last = index
+            while first > 0 and turns[first].serial in linked:
+                first -= 1
+            while last + 1 < len(turns) and turns[last + 1].serial in linked:
+                last += 1
+            if last <= position and index == position:
+                continue  # nothing committed after the change is tied to it
+            unit = turns[first : last + 1]
+            for kind, value, limit in (
+                ("turns", len(unit), limits.max_turns),
+                ("items", sum(t.items for t in unit), limits.max_items),
+                ("bytes", sum(t.bytes for t in unit), limits.max_bytes),
+                (
+                    "tokens",
+                    sum(t.tokens for t in unit[:-1]) + sum(e.tokens for e in unit[-1].input),
+                    limits.max_tokens,
+                ),
+            ):
+                if limit is not None and value > limit:
+                    raise self._tied_error(where, kind, value, limit, unit, turn_id)
 
     def commit(
         self,
@@ -2411,6 +2657,11 @@ class TurnHistory:
                 :class:`~turnloom.errors.PairedTurnsTooLargeError` when the
                 turn is tied to the newest turn (see the class docstring) and
                 the tied turns together would.
+            StateError: ``turn_id`` is not the newest turn and the outputs
+                would leave a result a later turn holds answering no call
+                (they end its call group, or answer its call first): pairing
+                would drop it from every later model input; nothing was
+                recorded.
             HostCallbackError: the token counter raised or returned a count
                 that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing was
                 recorded.
@@ -2459,24 +2710,36 @@ class TurnHistory:
                 continue
             kept.append(entry)
             kept_bytes += sizes[i]
+        late = position != len(self._turns) - 1
+        new = old.with_outputs(tuple(kept), kept_bytes)
+        turns = (*self._turns[:position], new, *self._turns[position + 1 :])
+        if kept and late:
+            stranded = _strands(self._turns, turns, position)
+            if stranded >= 0:
+                raise StateError(
+                    f"A late output of turn {excerpt(turn_id)} would leave results that turn "
+                    f"{excerpt(self._turns[stranded].turn_id)} holds answering no tool call "
+                    "(it ends their call group, or answers their call first), so they would "
+                    "leave every later model input; nothing was recorded."
+                )
+            linked = self._relinked(turns, position)
+            self._check_ties(turns, linked, position, f"Turn {excerpt(turn_id)} output", turn_id)
         self._duplicates += duplicates
         self._blank_dropped += blank
         if not kept:
             return 0
+        if late:
+            self._generation += 1
+            self._linked.clear()
+            self._linked.update(linked)
         for entry in kept:
             if entry.message.id is not None:
                 self._message_ids[entry.message.id] = (old.serial, entry.message)
-        new = old.with_outputs(tuple(kept), kept_bytes)
-        late = position != len(self._turns) - 1
-        if late:
-            self._generation += 1
-        self._turns = (*self._turns[:position], new, *self._turns[position + 1 :])
+        self._turns = turns
         self._items += len(kept)
         self._bytes += new.bytes - old.bytes
         self._tokens += new.tokens - old.tokens
         self._view = None
-        if late:
-            self._retie(position)
         return len(kept)
 
     def keep_state(
@@ -2501,7 +2764,9 @@ class TurnHistory:
         Returns:
             True when the turn is held and now keeps ``messages``; False when
             it is no longer held (evicted, retracted, or ``serial`` names
-            another turn): nothing changed.
+            another turn), or when a later turn holds results answering calls
+            of the turn that the kept messages would end (they sit before
+            those results; pairing would then drop them): nothing changed.
 
         Raises:
             InvalidMessageError: a malformed message, one with a pinned role or
@@ -2544,16 +2809,24 @@ class TurnHistory:
         ):
             return True
         new = old.with_state(tuple(entries), state_bytes)
+        turns = (*self._turns[:position], new, *self._turns[position + 1 :])
         late = position != len(self._turns) - 1
         if late:
+            if _strands(self._turns, turns, position) >= 0:
+                return False
+            linked = self._relinked(turns, position)
+            try:
+                self._check_ties(turns, linked, position, f"Turn {excerpt(turn_id)} state", turn_id)
+            except PairedTurnsTooLargeError:
+                return False
             self._generation += 1
-        self._turns = (*self._turns[:position], new, *self._turns[position + 1 :])
+            self._linked.clear()
+            self._linked.update(linked)
+        self._turns = turns
         self._items += new.items - old.items
         self._bytes += new.bytes - old.bytes
         self._tokens += new.tokens - old.tokens
         self._view = None
-        if late:
-            self._retie(position)
         return True
 
     def evict(self) -> tuple[str, ...]:

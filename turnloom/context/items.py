@@ -15,15 +15,22 @@ msgspec decodes its own encoding to equal values.
 
 from __future__ import annotations
 
-__all__ = ("NativeItems", "common_prefix", "encode_item", "exact_bytes")
+__all__ = (
+    "EncodedSpan",
+    "NativeItems",
+    "common_prefix",
+    "compaction_due",
+    "encode_item",
+    "exact_bytes",
+)
 
 import gc
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
 
 import msgspec
 
-from turnloom.context._untrack import untrack_container, untrack_json
+from turnloom.context._untrack import untrack_atoms, untrack_container, untrack_json
 from turnloom.context.gateway import NativeContent
 
 _decode = msgspec.json.Decoder().decode
@@ -43,6 +50,67 @@ def exact_bytes(encoded: bytes) -> bytes:
 def encode_item(item: Any) -> bytes:
     """The JSON encoding of one native item, to keep (:func:`exact_bytes`)."""
     return exact_bytes(_encode(item))
+
+
+def compaction_due(dead: int, live: int) -> bool:
+    """True when a log holding ``dead`` dropped slots before ``live`` kept ones should compact.
+
+    Caches that drop at the front only move their start (so what a render
+    handed out stays valid without a copy) and copy the kept slots into a
+    new container once the dropped ones are more than a sixteenth of them
+    (and 64): memory held for dropped slots stays under that share, and
+    each kept slot is copied O(1) times per sixteenth of the log dropped.
+    """
+    return dead > 64 + live // 16
+
+
+class EncodedSpan(Sequence[bytes]):
+    """Slots ``start:stop`` of a list of encodings, without copying them; immutable.
+
+    The owner of the list only appends to it while a span of it lives (a
+    cache dropping at the front moves its own start and compacts into a
+    new list), so the span's slots never change. Made in O(1); a slice of
+    it is a list (O(its length)).
+    """
+
+    __slots__ = ("_items", "_start", "_stop")
+
+    def __init__(self, items: list[bytes], start: int, stop: int) -> None:
+        self._items = items
+        self._start = start
+        self._stop = stop
+        # It refers to a list of bytes and ints only: in no cycle, so out of
+        # the cyclic collector (a held prefix adds no tracked object for it).
+        untrack_atoms(self)
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        size = self._stop - self._start
+        if isinstance(index, slice):
+            start, stop, step = index.indices(size)
+            if step != 1:
+                return self.tolist()[index]
+            return self._items[self._start + start : self._start + max(start, stop)]
+        if index < 0:
+            index += size
+        if not 0 <= index < size:
+            raise IndexError("EncodedSpan index out of range")
+        return self._items[self._start + index]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.tolist())
+
+    def tolist(self) -> list[bytes]:
+        """The slots as a new list (a C-speed copy of their references)."""
+        return self._items[self._start : self._stop]
 
 
 def _decode_run(encoded: Sequence[bytes]) -> list[NativeContent]:
@@ -103,6 +171,30 @@ def common_prefix(new: Sequence[Any], old: Sequence[Any]) -> int:
     return lo
 
 
+def _common_span(a: Sequence[bytes], at: int, b: Sequence[bytes], b_at: int, span: int) -> int:
+    """Length of the common prefix of ``a[at:at + span]`` and ``b[b_at:b_at + span]``.
+
+    Gallops (1, 2, 4, ... items) then bisects, slicing only what it
+    compares, so the cost follows the common prefix, not ``span``.
+    """
+
+    def same(start: int, stop: int) -> bool:
+        return list(a[at + start : at + stop]) == list(b[b_at + start : b_at + stop])
+
+    lo, step = 0, 1
+    while lo + step <= span and same(lo, lo + step):
+        lo += step
+        step *= 2
+    hi = lo + step - 1 if lo + step <= span else span  # the common prefix is at most hi
+    while lo < hi:  # the first lo items are equal throughout
+        mid = (lo + hi + 1) // 2
+        if same(lo, mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 class NativeItems:
     """Items of one model input, oldest first: natives, an encoded run, natives.
 
@@ -129,7 +221,7 @@ class NativeItems:
     def __init__(
         self,
         before: tuple[NativeContent, ...] = (),
-        encoded: tuple[bytes, ...] = (),
+        encoded: Sequence[bytes] = (),
         after: tuple[NativeContent, ...] = (),
         epoch: object = None,
         origin: int = 0,
@@ -273,6 +365,15 @@ class NativeItems:
         index -= encoded
         return 2, index, len(self._after) - index
 
+    def same_run(self, other: NativeItems) -> bool:
+        """True when :meth:`common_length` with ``other`` skips their encoded runs in O(1).
+
+        That is when either has none, or both come from one run (``epoch``):
+        aligned, the shared run is skipped at once; shifted by a drop at the
+        front, the first items compared differ unless turns repeat.
+        """
+        return not self._encoded or not other._encoded or self._epoch is other._epoch
+
     def common_length(self, other: NativeItems) -> int:
         """Length of the longest common prefix with ``other``, items compared by value.
 
@@ -306,9 +407,7 @@ class NativeItems:
                 ):
                     same = span
                 else:
-                    same = common_prefix(
-                        self._encoded[at : at + span], other._encoded[other_at : other_at + span]
-                    )
+                    same = _common_span(self._encoded, at, other._encoded, other_at, span)
             i += same
             if same == span and span:
                 continue

@@ -43,11 +43,14 @@ from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
 from turnloom.runtime.state import read_clock
 
 INLINE_MAX_ITEMS = 512
-"""The most items (pinned included) a context may hold for its prepare to render inline.
+"""The most items' worth of work a prepare may do to render inline.
 
-A render on the event loop costs at most this many cached items' worth of
-work (a cold render, or a rebuild after an eviction), so it stays a small,
-bounded step; a larger history always renders in a worker thread.
+Counted by :meth:`~turnloom.context.history.HistoryView.render_bounded`:
+the items it renders, decodes or re-encodes, and every item held when the
+history's cached run must be built, rebuilt or compacted. A render on the
+event loop is then a small, bounded step whatever the history's size (its
+cached items are handed out without a copy); one over it renders in a
+worker thread.
 """
 
 INLINE_SHARE = 0.25
@@ -232,13 +235,14 @@ class Preparer:
         Runs only when nothing in it can wait or grows with the history: the
         turn is committed, there is no assembly strategy, scope or area
         section, the gateway is a built-in one (its render is pure and
-        cheap), the context holds at most :data:`INLINE_MAX_ITEMS` items, a
-        worker thread is free (else the preparation would wait for one) and
-        inline renders took less than :data:`INLINE_SHARE` of the loop's
-        time in the current window. It
-        then does what :meth:`run` does, with the render inline: the same
-        capture, the same result. Returns the result and what delivering it
-        changes, or None (nothing was done: run the preparation as a task).
+        cheap), a worker thread is free (else the preparation would wait for
+        one), inline renders took less than :data:`INLINE_SHARE` of the
+        loop's time in the current window, and the render's work is at most
+        :data:`INLINE_MAX_ITEMS` items' worth (checked by the render before
+        it does more). It then does what :meth:`run` does, with the render
+        inline: the same capture, the same result. Returns the result and
+        what delivering it changes, or None (nothing was done but exact
+        cache upkeep: run the preparation as a task).
 
         Raises:
             as :meth:`run`'s render.
@@ -262,7 +266,6 @@ class Preparer:
             state is None
             or (origin is not None and state is not origin)
             or state.areas is not None
-            or state.history.held_items > INLINE_MAX_ITEMS
             or not state.history.has_turn(request.turn_id)
         ):
             return None  # the task raises what waiting for the turn raises
@@ -270,7 +273,7 @@ class Preparer:
         request = self._capture(request, state)
         serial = history.turn_serial(request.turn_id)
         last = state.last
-        prepared, delivered, _ = render_preparation(
+        result = render_preparation(
             options,
             history.view(),
             request,
@@ -279,8 +282,13 @@ class Preparer:
             anyio.current_time() - requested_at,
             None,
             state.in_flight is None,
+            None,
+            INLINE_MAX_ITEMS,
         )
         self._inline_spent += time.perf_counter() - began
+        if result is None:
+            return None  # too much work for the loop: a worker renders it
+        prepared, delivered, _ = result
         return prepared, self._deliverer(
             request, state, serial, None, prepared, delivered, None, last, requested_at
         )

@@ -16,6 +16,7 @@ __all__ = (
 )
 
 import time
+from typing import overload
 
 import msgspec
 
@@ -101,6 +102,10 @@ class DeliveredPrefix:
         return base + self.rendered.bytes + sum(self.extra_sizes[: count - history])
 
 
+_Rendered = tuple[PreparedContext, "DeliveredPrefix", SectionResult | None]
+
+
+@overload
 def render_preparation(
     options: ManagerOptions,
     view: HistoryView,
@@ -111,7 +116,37 @@ def render_preparation(
     areas: AreaSection | None,
     run_pass: bool,
     assembled: AssembledContext | None = None,
-) -> tuple[PreparedContext, DeliveredPrefix, SectionResult | None]:
+    budget: None = None,
+) -> _Rendered: ...
+
+
+@overload
+def render_preparation(
+    options: ManagerOptions,
+    view: HistoryView,
+    request: ContextPrepareRequest,
+    behavior_rules: str | None,
+    last: DeliveredPrefix | None,
+    queued: float,
+    areas: AreaSection | None,
+    run_pass: bool,
+    assembled: AssembledContext | None,
+    budget: int,
+) -> _Rendered | None: ...
+
+
+def render_preparation(
+    options: ManagerOptions,
+    view: HistoryView,
+    request: ContextPrepareRequest,
+    behavior_rules: str | None,
+    last: DeliveredPrefix | None,
+    queued: float,
+    areas: AreaSection | None,
+    run_pass: bool,
+    assembled: AssembledContext | None = None,
+    budget: int | None = None,
+) -> _Rendered | None:
     """Render one preparation: assembled prompt, history, runtime-state pair, area section.
 
     A request with a ``scope`` renders the sliced view
@@ -124,6 +159,11 @@ def render_preparation(
         last: the context's last delivered prefix, to count reused bytes.
         assembled: the turn's assembly: its system prompt goes first, its
             recalled memory into the runtime-state pair.
+        budget: with one, render only when the work is small and bounded
+            (:meth:`HistoryView.render_bounded` of the history, and counting
+            the bytes reused from ``last`` in O(1) beyond it), else return
+            None with nothing that the caller keeps changed (an unscoped
+            request without areas only).
 
     Raises:
         ItemTooLargeError: the runtime-state result is over the per-item cap.
@@ -152,7 +192,14 @@ def render_preparation(
         memory=memory,
     )
     counter = options.token_counter
-    if request.scope is None:
+    if budget is not None:
+        bounded = view.render_bounded(
+            gateway, request.turn_id, budget, open_calls=options.open_calls
+        )
+        if bounded is None:
+            return None
+        rendered = bounded
+    elif request.scope is None:
         rendered = view.render(gateway, request.turn_id, open_calls=options.open_calls)
     else:
         rendered = view.render_scoped(
@@ -217,6 +264,8 @@ def render_preparation(
     reserved.extend(m.id for m in view.turn_input(request.turn_id) if m.id is not None)
     reused = 0
     if last is not None and request.scope is None:
+        if budget is not None and len(last.items) > budget and not items.same_run(last.items):
+            return None  # comparing with another run's items costs their common length
         reused = last.bytes_before(items.common_length(last.items))
         items.adopt(last.items)  # a host reading items decodes only the new ones
     prepared = PreparedContext(

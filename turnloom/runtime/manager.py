@@ -336,6 +336,10 @@ class ContextManager:
                 :meth:`accept_turn`; nothing was recorded. A turn tied to the
                 newest turn by an approval counts with the tied turns
                 (``PairedTurnsTooLargeError``).
+            StateError: a late record (to a turn before the newest) would
+                leave results a later turn holds answering no call (see
+                :meth:`~turnloom.context.TurnHistory.record`); nothing was
+                recorded.
         """
         self._life.check_recording()
         self.leases._check_writable(context_id)
