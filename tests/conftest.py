@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 # The project root's sibling ``shared/`` holds the real inputs (read-only).
 _DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -18,8 +18,12 @@ RECORDINGS = DATA_DIR / "provider-recordings"
 # is reproducible and a new counterexample never turns an unrelated change
 # red; TURNLOOM_HYPOTHESIS=explore draws new ones (and keeps failures in the
 # example database) to hunt for bugs.
-settings.register_profile("suite", derandomize=True)
-settings.register_profile("explore", derandomize=False)
+# Neither profile lets wall-clock time decide an outcome: no per-example
+# deadline (an example slowed by a loaded machine fails it, or its faster rerun
+# reports "unreliable test timings") and no too_slow health check.
+_UNTIMED = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("suite", _UNTIMED, derandomize=True)
+settings.register_profile("explore", _UNTIMED, derandomize=False)
 settings.load_profile("explore" if os.environ.get("TURNLOOM_HYPOTHESIS") == "explore" else "suite")
 
 

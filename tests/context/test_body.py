@@ -75,7 +75,7 @@ def assert_body_is_exact(gateway: Gateway, rendered: RenderedHistory, n: int = 0
     )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     st.lists(_op, min_size=1, max_size=60),
     st.sampled_from(["exclude", "cancel"]),
@@ -239,7 +239,7 @@ _evicting_turn = st.lists(
 )
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(
     st.lists(_evicting_turn, min_size=6, max_size=20),
     st.integers(1, 5),

@@ -247,7 +247,7 @@ def _check_request(provider: str, items: list[NativeContent]) -> None:
         assert call_id in first_call and first_call[call_id] < index
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     st.lists(st.tuples(st.lists(_ids, max_size=2, unique=True), _turn), min_size=1, max_size=5),
     st.sampled_from(PROVIDERS),
@@ -287,7 +287,7 @@ def test_every_prepared_input_has_unique_ids_and_a_byte_stable_prefix(
         history.record(f"t{k}", _turn_outputs(steps))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     st.lists(
         st.tuples(

@@ -351,7 +351,7 @@ def _answer(history: TurnHistory, n: int) -> bool:
     return True
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=120)
 def apply_op(history: TurnHistory, kind: str, n: int, turn: int) -> int:
     """Apply one generated history operation (see ``_op``); return the newest turn number.
 
@@ -782,7 +782,7 @@ def _kept_record(rendered: RenderedHistory) -> tuple[list[bytes], list[int], byt
     return list(rendered._run), sizes, body
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(
     st.lists(_op, min_size=1, max_size=160),
     st.integers(0, 24),

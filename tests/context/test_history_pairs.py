@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.context.test_history import cold_render
@@ -279,7 +279,7 @@ def _apply(history: TurnHistory, kind: str, n: int, step: int) -> None:
         history.commit(f"t{step}", answer)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150)
 @given(_limits, st.lists(_flow_op, min_size=1, max_size=40))
 @example(HistoryLimits(max_turns=2), [("ask", 0), ("user", 0)])
 @example(HistoryLimits(max_items=3), [("ask", 0), ("text", 0)])

@@ -82,7 +82,7 @@ _step = st.one_of(
 )
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(steps=st.lists(_step, min_size=1, max_size=30))
 def test_renders_with_kept_state_equal_a_cold_render_and_totals_count_it(
     steps: list[tuple[str, Any]],

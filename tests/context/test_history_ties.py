@@ -12,7 +12,7 @@ rebuild: one CallTracker fed the kept turns from scratch.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.context.test_history_pairs import ASK, NEXT, SYSTEM, calls, result
@@ -207,7 +207,7 @@ def _step(history: TurnHistory, kind: str, n: int, step: int) -> None:
         history.evict()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300)
 @given(_LIMITS, st.lists(_op, min_size=1, max_size=30))
 @example(HistoryLimits(max_turns=6), [("calls", 1), ("answer", 0), ("answer", 0), ("text", 2)])
 @example(HistoryLimits(max_turns=6), [("calls", 1), ("answer", 0), ("answer", 0), ("state", 1)])

@@ -63,7 +63,7 @@ def _outputs(n: int, kinds: list[str]) -> list[Message]:
     return out
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     turns=st.lists(_turn, min_size=1, max_size=10),
     max_tokens=st.one_of(st.none(), st.integers(1, 300)),
@@ -127,7 +127,7 @@ _scopes = st.sampled_from(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     turns=st.lists(_turn, min_size=1, max_size=8),
     scope=_scopes,

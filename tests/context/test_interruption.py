@@ -43,7 +43,7 @@ def test_played_counts_code_points(text: str, played: int, kept: str) -> None:
     check_message(cut)  # valid: a cut never splits a code point
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     texts=st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=4),
     played=st.integers(0, 60),

@@ -37,7 +37,7 @@ def _split(
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(
     st.lists(_item, max_size=8),
     st.lists(_item, max_size=8),

@@ -208,7 +208,7 @@ def _pairing_holds(messages: list[Message]) -> bool:
     return not pending
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(history=histories(), policy=st.sampled_from(["exclude", "cancel"]))
 def test_complete_pairs_invariants(history: list[Message], policy: str) -> None:
     """Invariant: output pairs positionally, has no blank text, and is a fixed point."""
@@ -219,7 +219,7 @@ def test_complete_pairs_invariants(history: list[Message], policy: str) -> None:
     assert open_call_ids(completed) == ()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(history=histories())
 def test_hold_until_answered_is_a_permutation_that_keeps_result_order(
     history: list[Message],

@@ -223,13 +223,13 @@ def view(scope: ContextScope, items: list[Message]) -> list[Message]:
     return WorkingContext(messages=items).slice(scope).messages
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(transcripts, scopes)
 def test_not_not_is_the_scope_itself_on_every_list(items: list[Message], s: ContextScope) -> None:
     assert view(Not(Not(s)), items) == view(s, items)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(transcripts, scopes, scopes)
 def test_de_morgan_laws_hold_through_slice(
     items: list[Message], a: ContextScope, b: ContextScope
@@ -238,7 +238,7 @@ def test_de_morgan_laws_hold_through_slice(
     assert view(Not(AnyOf(a, b)), items) == view(AllOf(Not(a), Not(b)), items)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(transcripts, scopes)
 def test_slice_keeps_order_and_partitions_with_not(items: list[Message], s: ContextScope) -> None:
     """A scope and its complement split the list: disjoint, covering, order kept."""
@@ -249,7 +249,7 @@ def test_slice_keeps_order_and_partitions_with_not(items: list[Message], s: Cont
     assert view(s, items) == [m for i, m in enumerate(items) if i in kept]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(
     transcripts, st.lists(base_scopes.filter(lambda s: not isinstance(s, LastNTurns)), max_size=3)
 )

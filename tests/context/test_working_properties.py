@@ -53,7 +53,7 @@ def contexts(draw: st.DrawFn) -> WorkingContext:
     return ctx
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(contexts())
 def test_freeze_round_trips_through_a_rehydrated_context(ctx: WorkingContext) -> None:
     frozen = ctx.freeze()
@@ -75,7 +75,7 @@ def test_freeze_round_trips_through_a_rehydrated_context(ctx: WorkingContext) ->
     assert pickle.loads(pickle.dumps(frozen)) == frozen
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(contexts(), st.lists(messages(), max_size=3), keys, json_values)
 def test_fork_is_equal_then_independent(
     ctx: WorkingContext, extra: list[Message], key: str, value: Any
@@ -92,7 +92,7 @@ def test_fork_is_equal_then_independent(
     assert ctx.freeze() == before
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(contexts(), contexts())
 def test_merge_concat_is_the_concatenation_of_every_axis(
     a: WorkingContext, b: WorkingContext
@@ -106,7 +106,7 @@ def test_merge_concat_is_the_concatenation_of_every_axis(
     assert a.journal.view() == expected_journal
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(contexts(), contexts())
 def test_merge_union_keeps_first_occurrences_by_value(a: WorkingContext, b: WorkingContext) -> None:
     original = list(a.messages)
@@ -119,7 +119,7 @@ def test_merge_union_keeps_first_occurrences_by_value(a: WorkingContext, b: Work
     assert a.messages[: len(original)] == original
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(contexts(), st.lists(messages(), max_size=4))
 def test_diff_of_a_fork_extended_is_what_was_added(
     ctx: WorkingContext, extra: list[Message]

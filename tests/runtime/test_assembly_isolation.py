@@ -7,7 +7,7 @@ import json
 import anyio
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.runtime.helpers import user
@@ -75,7 +75,7 @@ async def _run(
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25)
 @given(
     rows=_rows,
     turns=st.lists(st.lists(_scope, min_size=1, max_size=2), min_size=1, max_size=4),

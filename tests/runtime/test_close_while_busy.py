@@ -279,16 +279,21 @@ async def test_cancelling_a_preparation_from_outside_settles_it_exactly(
                     outcome.append("returned")
             assert scope.cancelled_caught
         elif canceller == "fail_after":
-            # The deadline passes while the preparation is parked.
+            # The deadline passes while the preparation is parked: it is moved to now once
+            # the preparation parked (a short deadline could pass before, on a slow machine).
+            deadlines: list[anyio.CancelScope] = []
             async with anyio.create_task_group() as helper:
 
                 async def wait_out() -> None:
                     with pytest.raises(TimeoutError):
-                        with anyio.fail_after(0.05):
+                        with anyio.fail_after(60) as deadline:
+                            deadlines.append(deadline)
                             await start(_req(target))
                     outcome.append("timed out")
 
                 helper.start_soon(wait_out)
+                await parked()
+                deadlines[0].deadline = anyio.current_time()
         else:
             async with anyio.create_task_group() as tg:
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.runtime.helpers import assistant, call, result, user
@@ -171,7 +171,7 @@ _OPS = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150)
 @given(
     st.sampled_from(list(GatewayType)),
     st.builds(HistoryLimits, max_turns=st.integers(1, 5), max_items=st.integers(4, 16)),

@@ -111,7 +111,9 @@ async def test_after_the_grace_period_a_render_is_cancelled_but_not_abandoned() 
                 errors.append(exc)
 
         async def release_later() -> None:
-            await anyio.sleep(0.05)
+            # Once aclose waits (its zero grace period over, the render cancelled), not
+            # after a guessed delay that a loaded machine could outlast.
+            await anyio.wait_all_tasks_blocked()
             gateway.release.set()
 
         async with anyio.create_task_group() as tg:

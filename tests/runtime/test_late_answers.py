@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.context.test_history_ties import _LIMITS, _op, _step, cold_ties, tied
@@ -167,7 +167,7 @@ def _same_as_restored(history: TurnHistory) -> None:
         )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200)
 @given(_LIMITS, st.lists(_op, min_size=1, max_size=25))
 def test_every_history_restores_from_its_checkpoint_and_renders_valid(
     limits: HistoryLimits, ops: list[tuple[str, int]]

@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.runtime.helpers import assistant, call, result, user
@@ -52,7 +52,7 @@ _steps = st.lists(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40)
 @given(
     steps=_steps,
     max_turns=st.integers(1, 4),
@@ -262,7 +262,7 @@ def _instruction_text(kind: GatewayType, body: dict[str, Any]) -> str:
     return json.dumps(parts)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15)
 @given(memory=_HOSTILE, rules=_HOSTILE, kind=st.sampled_from(list(GatewayType)))
 def test_client_text_is_escaped_data_right_after_the_turn_input_and_stable(
     memory: str, rules: str, kind: GatewayType

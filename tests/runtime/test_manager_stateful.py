@@ -31,7 +31,7 @@ import anyio
 import msgspec
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -472,8 +472,6 @@ class TrioManagerMachine(ManagerMachine):
 _settings = settings(
     max_examples=20,
     stateful_step_count=25,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
 )
 TestManagerOnAsyncio = ManagerMachine.TestCase
 TestManagerOnAsyncio.settings = _settings

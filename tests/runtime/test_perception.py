@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import anyio
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.runtime.helpers import SYSTEM, assistant, call, result, user
@@ -212,7 +212,7 @@ _ZONES = st.builds(
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15)
 @given(
     time=st.datetimes(
         min_value=datetime(1990, 1, 1), max_value=datetime(2090, 1, 1), timezones=_ZONES

@@ -134,7 +134,7 @@ def _same(left: TurnHistory, right: TurnHistory, *, counters: bool = True) -> No
     assert left.sequence == right.sequence
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(
     ops=st.lists(_op, max_size=40),
     max_turns=st.integers(1, 4),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import anyio
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.runtime.helpers import SYSTEM, assistant, call, result, user
@@ -128,7 +128,7 @@ async def _drive(steps: list[tuple[str, str]]) -> ManagerStatistics:
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40)
 @given(
     steps=st.lists(
         st.tuples(st.sampled_from(OPERATIONS), st.sampled_from(CONTEXTS)), min_size=1, max_size=40

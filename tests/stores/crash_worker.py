@@ -26,7 +26,9 @@ from turnloom.runtime import ContextManager, ContextPrepareRequest, TurnSnapshot
 
 CONTEXTS = 6
 LIMITS = HistoryLimits(max_turns=4)
-LEASE_TTL = 2.0  # renewed every 0.67 s: robust to a loaded CI machine
+# Renewed every 10 s: a loaded machine never lets the worker's leases lapse while it
+# runs. The tests end them as a stalled or killed host's leases end (expire_lease).
+LEASE_TTL = 30.0
 
 
 def turn_input(context_id: str, index: int) -> tuple[Message, ...]:

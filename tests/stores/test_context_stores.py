@@ -44,12 +44,18 @@ async def test_a_lease_is_exclusive_and_tokens_only_grow(store_url: str) -> None
 
 
 async def test_the_store_refuses_a_write_with_a_stale_token(store_url: str) -> None:
-    """Host A's lease expires, host B takes it; A's write is refused by the store."""
+    """Host A's lease expires, host B takes it; A's write is refused by the store.
+
+    A's first write happens under a long lease (a slow machine cannot expire it
+    first); A's last renewal then asks for a short one, which runs out by the
+    store's own clock while B retries.
+    """
     store = open_context_store(store_url)
     try:
-        stale = await store.acquire("c", "host-a", 0.05)
+        stale = await store.acquire("c", "host-a", 30.0)
         assert await store.append([("c", stale, 0, (b"a0",))]) == frozenset()
-        with anyio.fail_after(10):
+        assert await store.renew({"c": stale}, 0.05) == frozenset()
+        with anyio.fail_after(10):  # the bound only ends a hang
             while True:
                 try:
                     live = await store.acquire("c", "host-b", 30.0)

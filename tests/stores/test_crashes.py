@@ -1,12 +1,13 @@
 """Real processes, real stores: SIGKILL under load, two hosts racing, a lost server.
 
-* A host committing and preparing under load is killed with SIGKILL; after its
-  lease expires another host restores every context: each acknowledged turn
-  and output is there exactly once, what survives beyond the last
-  acknowledgement is a prefix of what the host was writing, and the prepared
-  input equals a cold render of the same history.
-* A host stalls past its lease; another takes the context; when the first
-  resumes, the store refuses its write and it gets StaleLeaseError.
+* A host committing and preparing under load is killed with SIGKILL; once its
+  leases ran out (the test ends them in the store) another host restores every
+  context: each acknowledged turn and output is there exactly once, what
+  survives beyond the last acknowledgement is a prefix of what the host was
+  writing, and the prepared input equals a cold render of the same history.
+* A host stalls past its lease (the test ends it in the store); another takes
+  the context; when the first resumes, the store refuses its write and it gets
+  StaleLeaseError.
 * The Redis connection drops, or the server goes away and comes back: calls
   fail with a typed error or succeed after a bounded retry, and nothing
   acknowledged is lost or duplicated.
@@ -27,8 +28,8 @@ import redis
 from tests.runtime.helpers import user
 from tests.stores.conftest import REDIS_URL
 from tests.stores.crash_worker import CONTEXTS, LIMITS, snapshot, turn_outputs
-from tests.stores.helpers import hosting
-from turnloom.errors import LeaseHeldError, StoreUnavailableError
+from tests.stores.helpers import expire_lease, hosting
+from turnloom.errors import StoreUnavailableError
 from turnloom.runtime import ContextManager, ContextPrepareRequest, Foundation, TurnSnapshot
 from turnloom.stores import RedisContextStore
 
@@ -69,14 +70,10 @@ class _Reader:
         return line.decode()
 
 
-async def _claim_after_expiry(manager: ContextManager, context_id: str) -> None:
-    with anyio.fail_after(15):
-        while True:
-            try:
-                await manager.leases.claim(context_id)
-                return
-            except LeaseHeldError:
-                await anyio.sleep(0.05)
+async def _claim_after_expiry(manager: ContextManager, store_url: str, context_id: str) -> None:
+    """Claim a context of the killed or stalled worker once its lease ran out."""
+    expire_lease(store_url, context_id)
+    assert await manager.leases.claim(context_id) is True
 
 
 async def test_a_killed_host_loses_nothing_acknowledged(
@@ -104,7 +101,7 @@ async def test_a_killed_host_loses_nothing_acknowledged(
         manager = restored.manager
         for c in range(CONTEXTS):
             context_id = f"c{c}"
-            await _claim_after_expiry(manager, context_id)
+            await _claim_after_expiry(manager, store_url, context_id)
             view = manager.history(context_id)
             last = int(view.turn_ids[-1][1:])
             assert last >= acked  # every acknowledged round is there
@@ -151,7 +148,7 @@ async def test_a_stalled_host_is_fenced_off_by_the_store(
             assert lines == ["ACK a0", "ACK a1", "ACK a2", "STALL"]
             async with hosting(store_url, owner="healthy-host") as healthy:
                 manager = healthy.manager
-                await _claim_after_expiry(manager, "race")
+                await _claim_after_expiry(manager, store_url, "race")
                 assert manager.history("race").turn_ids == ("a0", "a1", "a2")
                 manager.accept_turn(
                     TurnSnapshot(context_id="race", turn_id="b0", input=(user("b"),))

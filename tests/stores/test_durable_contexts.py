@@ -7,19 +7,16 @@ Redis server (asyncio).
 from __future__ import annotations
 
 import math
-import sqlite3
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
 import pytest
-import redis
 from prometheus_client import CollectorRegistry
 
 from tests.runtime.helpers import CHAT, SYSTEM, assistant, call, result, user
-from tests.stores.conftest import REDIS_URL
-from tests.stores.helpers import hosting
+from tests.stores.helpers import expire_lease, hosting
 from turnloom.context import ApproxTokenCounter, Message
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import (
@@ -47,7 +44,7 @@ from turnloom.runtime._counters import Counters
 from turnloom.runtime._records import encode_record
 from turnloom.runtime.metrics import ManagerCollector
 from turnloom.runtime.store import ContextStore, LogWrite
-from turnloom.stores import SQLiteContextStore, open_context_store
+from turnloom.stores import SQLiteContextStore, open_context_store, sqlite_contexts
 
 pytestmark = pytest.mark.anyio
 
@@ -78,20 +75,6 @@ async def converse(manager: ContextManager, context_id: str, turns: range) -> No
         async with manager.invocation(context_id, f"t{i}") as invocation:
             invocation.record([call(f"k{i}"), result(f"k{i}", f"found {i}")])
         manager.record(context_id, f"t{i}", [assistant(f"answer {i}")])
-
-
-def expire_lease(store_url: str, context_id: str) -> None:
-    """What a stalled host sees: its lease ran out (the store's own record of it)."""
-    if store_url.startswith("sqlite:"):
-        with sqlite3.connect(store_url.removeprefix("sqlite:")) as db:
-            db.execute(
-                "UPDATE turnloom_contexts SET expires_at = 0 WHERE context_id = ?", (context_id,)
-            )
-    else:
-        prefix = store_url.split("prefix=")[1]
-        client = redis.Redis.from_url(REDIS_URL)
-        client.delete(f"{prefix}ctx:{context_id}:lease")
-        client.close()
 
 
 async def test_a_context_must_be_claimed_before_it_changes(store_url: str) -> None:
@@ -231,7 +214,9 @@ async def test_closing_writes_what_is_queued_and_releases_the_leases(store_url: 
 
 
 async def test_idle_contexts_leave_memory_and_come_back_on_next_use(store_url: str) -> None:
-    async with hosting(store_url, idle_after=0.2, lease_ttl=30) as foundation:
+    # idle_after: a loaded machine may stall the setup's awaits; 2 s keeps both contexts
+    # in memory until it is done (the test waits for the unloading, not for a guess).
+    async with hosting(store_url, idle_after=2.0, lease_ttl=30) as foundation:
         manager = foundation.manager
         for context_id in ("a", "b"):
             await manager.leases.claim(context_id)
@@ -257,16 +242,27 @@ async def test_idle_contexts_leave_memory_and_come_back_on_next_use(store_url: s
 
 
 async def test_a_context_in_a_model_call_never_leaves_memory_idle(store_url: str) -> None:
-    async with hosting(store_url, idle_after=0.1, lease_ttl=30) as foundation:
-        manager = foundation.manager
-        await manager.leases.claim("c")
-        manager.accept_turn(snapshot("c", "t1", "hi"))
-        await manager.leases.flush()
-        async with manager.invocation("c", "t1") as invocation:
-            await anyio.sleep(0.4)  # several maintenance rounds
-            assert manager.context_ids() == ("c",)
-            invocation.record([assistant("still here")])
-        await manager.leases.flush()
+    store = RenewalWatcher(open_context_store(store_url), None, 0.0)
+    try:
+        async with Foundation(store=store, idle_after=0.1, lease_ttl=30) as foundation:
+            manager = foundation.manager
+            await manager.leases.claim("c")
+            manager.accept_turn(snapshot("c", "t1", "hi"))  # no await until the call is open
+            async with manager.invocation("c", "t1") as invocation:
+                opened = anyio.current_time()
+                await manager.leases.flush()
+                with anyio.fail_after(60):  # the bound only ends a hang
+                    # Each maintenance round renews, then unloads what is idle: wait for
+                    # two whole rounds after c had been unused for longer than idle_after.
+                    rounds = 0
+                    while manager.context_ids() and rounds < 3:
+                        rounds = sum(at > opened + 0.1 for at, _ in store.renewals)
+                        await anyio.sleep(0.01)
+                assert manager.context_ids() == ("c",)
+                invocation.record([assistant("still here")])
+            await manager.leases.flush()
+    finally:
+        await store.inner.aclose()
 
 
 async def test_a_context_a_preparation_waits_on_never_leaves_memory_idle(store_url: str) -> None:
@@ -691,30 +687,79 @@ async def test_a_compaction_whose_reply_is_lost_never_misplaces_a_record(
         await store.aclose()
 
 
-async def test_a_held_lease_is_renewed_and_a_lost_one_is_noticed(store_url: str) -> None:
-    """Renewal keeps a lease past its time-to-live; a renewal that fails ends the ownership."""
-    store = open_context_store(store_url)
+class StoreClock:
+    """The SQLite store's wall clock (``time.time``), moved only by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def time(self) -> float:
+        return self.now
+
+
+class RenewalWatcher(CountingStore):
+    """A real store that notes each renewal, after moving the store's clock by ``step``."""
+
+    def __init__(self, store: ContextStore, clock: StoreClock | None, step: float) -> None:
+        super().__init__(store)
+        self.clock, self.step = clock, step
+        self.renewals: list[tuple[float, frozenset[str]]] = []  # (store time, lost)
+
+    def now(self) -> float:
+        return self.clock.now if self.clock is not None else anyio.current_time()
+
+    async def renew(self, leases: Mapping[str, int], ttl: float) -> frozenset[str]:
+        if self.clock is not None:
+            self.clock.now += self.step  # time passes between renewals, never during one
+        at = self.now()
+        lost = await self.inner.renew(leases, ttl)
+        self.renewals.append((at, lost))
+        return lost
+
+
+async def test_a_held_lease_is_renewed_and_a_lost_one_is_noticed(
+    store_url: str, kind: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Renewal keeps a lease past its time-to-live; a renewal that fails ends the ownership.
+
+    SQLite: the store's clock moves only by 0.2 s just before each renewal (less
+    than the 0.3 s lease), so a loaded machine cannot expire the lease between
+    two renewals. Redis expires by the server's real clock: a 3 s lease,
+    renewed every second, survives a 2 s stall.
+    """
+    clock = StoreClock() if kind[0] == "sqlite" else None
+    if clock is not None:
+        monkeypatch.setattr(sqlite_contexts, "time", clock)
+    ttl, span = (0.3, 1.0) if clock is not None else (3.0, 3.0)
+    store = RenewalWatcher(open_context_store(store_url), clock, 0.2)
     try:
-        async with hosting(store_url, owner="host-a", lease_ttl=0.3) as host:
+        async with Foundation(store=store, owner="host-a", lease_ttl=ttl) as host:
             manager = host.manager
             await manager.leases.claim("c")
+            claimed = store.now()
             manager.accept_turn(snapshot("c", "t1", "hi"))
             await manager.leases.flush()
-            await anyio.sleep(1.0)  # more than three times the lease's time-to-live
+            with anyio.fail_after(60):  # the bound only ends a hang
+                # Until a renewal made more than ``span`` after the claim returned
+                # (SQLite: more than three times the lease's time-to-live).
+                while not any(at - claimed > span or lost for at, lost in store.renewals):
+                    await anyio.sleep(0.01)
+            assert all(lost == frozenset() for _, lost in store.renewals)
             with pytest.raises(LeaseHeldError, match="host-a"):
                 await store.acquire("c", "host-b", 30)
             expire_lease(store_url, "c")
             token = await store.acquire("c", "host-b", 30)
-            with anyio.fail_after(10):
+            with anyio.fail_after(60):
                 while manager.context_ids():  # the next renewal finds the lease gone
-                    await anyio.sleep(0.05)
+                    await anyio.sleep(0.01)
+            assert store.renewals[-1][1] == {"c"}
             with pytest.raises(StaleLeaseError, match="expired before it was renewed"):
                 manager.accept_turn(snapshot("c", "t2", "again"))
             stats = manager.statistics().store
             assert stats is not None and stats.leases_lost_total == 1
             await store.release({"c": token})
     finally:
-        await store.aclose()
+        await store.inner.aclose()
 
 
 async def test_a_host_built_manager_carries_its_store(store_url: str) -> None:

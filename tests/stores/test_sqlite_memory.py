@@ -6,7 +6,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from turnloom.context.memory import MemorySource, TenantScope
@@ -166,7 +166,7 @@ def test_the_scope_filter_is_inside_the_search_statement() -> None:
 _tenants = st.sampled_from(["t0", "t1", "t2", "t3"])
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=60)
 @given(
     rows=st.lists(st.tuples(_tenants, st.integers(0, 5)), min_size=1, max_size=30),
     tenant=_tenants,

@@ -76,7 +76,7 @@ def layouts(draw: st.DrawFn) -> tuple[list[EffectRange], list[bool]]:
     return ranges, [flag != 0 for _, _, flag in entries]
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=1500)
 @given(layouts())
 def test_collector_plan_matches_brute_force_oracle(
     layout: tuple[list[EffectRange], list[bool]],
@@ -85,7 +85,7 @@ def test_collector_plan_matches_brute_force_oracle(
     assert plan_collection(ranges, retired) == oracle_plan(ranges, retired)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(layouts())
 def test_collector_plan_is_independent_of_input_order_up_to_indices(
     layout: tuple[list[EffectRange], list[bool]],

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, event, settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -366,7 +366,5 @@ def test_coop_context_state_machine(kind: GatewayType) -> None:
         settings=settings(
             max_examples=100,
             stateful_step_count=40,
-            deadline=None,
-            suppress_health_check=[HealthCheck.too_slow],
         ),
     )

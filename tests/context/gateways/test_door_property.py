@@ -47,7 +47,6 @@ from turnloom.errors import TurnloomError
 EXAMPLES = int(os.environ.get("TURNLOOM_DOOR_EXAMPLES", "500"))
 _settings = settings(
     max_examples=EXAMPLES,
-    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 

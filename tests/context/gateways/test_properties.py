@@ -190,7 +190,6 @@ _VALID_UNLESS_EMPTY = {True: [], False: ["empty_input"]}
 @pytest.mark.parametrize("provider", PROVIDERS)
 @settings(
     max_examples=80,
-    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(messages=conversations(), policy=st.sampled_from(["exclude", "cancel"]))
@@ -333,7 +332,6 @@ def nasty_conversations(draw: st.DrawFn) -> list[Message]:
 @pytest.mark.parametrize("provider", PROVIDERS)
 @settings(
     max_examples=60,
-    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(
