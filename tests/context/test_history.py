@@ -742,6 +742,39 @@ def test_a_batch_checked_at_the_door_is_not_checked_again_when_committed(
     assert checked == [first[0], outputs[0], again[0]]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_op, min_size=1, max_size=40))
+def test_counts_are_the_statistics_fields_a_runtime_sums(ops: list[tuple[str, int]]) -> None:
+    """Invariant: ``counts()`` (what a runtime takes before and after every change)
+    holds exactly the named fields of ``statistics()``, in HistoryCounts' order,
+    whatever commits, records (late, blank, duplicate), evictions and retractions
+    came before."""
+    history = TurnHistory(HistoryLimits(max_turns=3, max_items=12))
+    turn = 0
+    history.commit("t0", [user("u0")], instructions=[SYSTEM])
+    for kind, n in ops:
+        turn = apply_op(history, kind, n, turn)
+        if kind == "fail" and len(history.turn_ids) > 1:
+            with contextlib.suppress(StateError):  # only a turn with no output
+                history.retract(history.turn_ids[-1])
+        elif kind == "render":
+            again = Message(role=Role.assistant, content="a", id=f"m{n}")
+            history.record(history.turn_ids[-1], [assistant(" "), again, again])
+        s = history.statistics()
+        assert history.counts() == (
+            s.turns,
+            s.items,
+            s.bytes,
+            s.tokens,
+            s.evicted_turns,
+            s.evicted_items,
+            s.dropped_late_outputs,
+            s.dropped_blank_outputs,
+            s.duplicate_outputs,
+            s.retracted_turns,
+        )
+
+
 def _kept_record(rendered: RenderedHistory) -> tuple[list[bytes], list[int], bytes | None]:
     """What a render handed out, read again later: its encoded run, sizes and body."""
     sizes = [rendered.bytes_before(k) for k in range(rendered.item_count + 1)]

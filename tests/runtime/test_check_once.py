@@ -111,6 +111,36 @@ async def test_a_small_prepare_renders_inline_with_the_worker_result(
     assert prepared[0].items == prepared[1].items
 
 
+async def test_a_new_contexts_first_turn_is_checked_and_rendered_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Invariant: the first turn of a new context (its instructions and input) is checked
+    and rendered once, at the door: the history the door checked it on is the one the
+    context is created with, so the prepare renders none of its messages again."""
+    import turnloom.context.history as history_module
+
+    checked: list[Message] = []
+    real = check_message
+
+    def counting(message: Any, *, where: str = "message") -> int:
+        checked.append(message)
+        return real(message, where=where)
+
+    monkeypatch.setattr(history_module, "check_message", counting)
+    gateway = _CountingGateway()
+    system = Message(role="system", content="Be brief.")  # type: ignore[arg-type]
+    first = user("hi")
+    async with Foundation(gateway=gateway) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(
+            TurnSnapshot(context_id="c", turn_id="t1", input=(first,), instructions=(system,))
+        )
+        assert (checked, gateway.renders) == ([first, system], 2)
+        prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
+    assert (checked, gateway.renders) == ([first, system], 2)
+    assert list(prefix.items[:2]) == [*CHAT.render(system), *CHAT.render(first)]
+
+
 async def test_a_prepare_of_a_long_history_renders_inline_when_its_work_is_small(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

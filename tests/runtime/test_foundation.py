@@ -22,6 +22,11 @@ def req(turn_id: str = "t1") -> ContextPrepareRequest:
     return ContextPrepareRequest(context_id="c", turn_id=turn_id)
 
 
+def _with_state() -> ContextPrepareRequest:
+    """A request whose runtime-state pair the worker renders (the door rendered the input)."""
+    return ContextPrepareRequest(context_id="c", turn_id="t1", behavior_rules="Be brief.")
+
+
 async def test_calls_after_close_raise_the_closed_error_and_close_is_idempotent() -> None:
     foundation = Foundation()
     async with foundation:
@@ -76,7 +81,8 @@ async def test_a_rendering_preparation_settles_within_the_grace_period() -> None
         gateway.hold = True
 
         async def requester() -> None:
-            got.append(await manager.prepare(req()))
+            # The input was rendered at the door: the worker renders the state pair.
+            got.append(await manager.prepare(_with_state()))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(requester)
@@ -85,7 +91,8 @@ async def test_a_rendering_preparation_settles_within_the_grace_period() -> None
             await anyio.wait_all_tasks_blocked()
             assert manager.closed and manager.statistics().preparations.pending == 1
             gateway.release.set()
-    assert [p.items for p in got] == [({"role": "user", "content": "hi"},)]
+    assert [p.items[0] for p in got] == [{"role": "user", "content": "hi"}]
+    assert [len(p.items) for p in got] == [3]  # the input, then the state pair
     assert manager.statistics().preparations.prepared_total == 1
 
 
@@ -99,7 +106,7 @@ async def test_after_the_grace_period_a_render_is_cancelled_but_not_abandoned() 
 
         async def requester() -> None:
             try:
-                await manager.prepare(req())
+                await manager.prepare(_with_state())
             except FoundationClosedError as exc:
                 errors.append(exc)
 

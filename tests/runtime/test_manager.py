@@ -410,8 +410,11 @@ async def test_a_custom_gateway_instance_is_used_for_rendering() -> None:
     async with Foundation(gateway=gateway) as foundation:
         foundation.manager.accept_turn(snapshot("t1", "a"))
         await foundation.manager.prepare(request("t1"))
-        # Once at the door (accept_turn checks provider rules), once in the worker.
-        assert gateway.renders == 2
+        # Once at the door (accept_turn checks provider rules); the door's render
+        # seeds the new context's render cache, so the prepare renders nothing again.
+        assert gateway.renders == 1
+        await foundation.manager.prepare(request("t1", behavior_rules="Be brief."))
+        assert gateway.renders == 3  # and the runtime-state pair (a call and its result)
 
 
 @given(st.lists(st.integers(0, 3), max_size=40), st.lists(st.integers(0, 3), max_size=40))

@@ -75,6 +75,7 @@ history, and no reference per message, to what a full collection visits.
 from __future__ import annotations
 
 __all__ = (
+    "HistoryCounts",
     "HistoryLimits",
     "HistoryStatistics",
     "HistoryView",
@@ -152,19 +153,21 @@ _PINNED_ROLES = (Role.system, Role.developer)
 _MAX_ID_LENGTH = 256
 
 
-def reject_instructions(messages: Sequence[object], field: str, where: str) -> None:
+def reject_instructions(messages: Sequence[object], field: str, where: str, start: int = 0) -> None:
     """No mid-conversation instructions: refuse ``system`` and ``developer`` messages.
 
     Pinned instructions change only through a committed turn's
     ``instructions``; a turn's input, a model output, a tool result or a
     continuation never carries one, so none lands mid-history. Items that are
-    not Messages are left to the message checks.
+    not Messages are left to the message checks. ``messages[:start]`` passed
+    this check already and are skipped.
 
     Raises:
         InstructionMessageError: ``messages[i]`` has role ``system`` or
             ``developer``; ``field`` is ``f"{field}[{i}]"``.
     """
-    for i, message in enumerate(messages):
+    for i in range(start, len(messages)):
+        message = messages[i]
         if isinstance(message, Message) and message.role in _PINNED_ROLES:
             raise InstructionMessageError(
                 f"{where}[{i}] is a {message.role!s} message; pinned instructions change "
@@ -212,6 +215,12 @@ class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
                     f"History limit {name} must be a positive integer, not {excerpt(value)}.",
                     field=name,
                 )
+
+
+HistoryCounts = tuple[int, int, int, int, int, int, int, int, int, int]
+"""What :meth:`TurnHistory.counts` returns: ``(turns, items, bytes, tokens,
+evicted_turns, evicted_items, dropped_late_outputs, dropped_blank_outputs,
+duplicate_outputs, retracted_turns)``, as in :class:`HistoryStatistics`."""
 
 
 class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -2105,6 +2114,25 @@ class TurnHistory:
             )
         return view
 
+    def counts(self) -> HistoryCounts:
+        """The counters a runtime sums over its histories: a plain :data:`HistoryCounts` tuple.
+
+        The same values as :meth:`statistics`' fields, without building a
+        snapshot (taken before and after every change).
+        """
+        return (
+            len(self._turns),
+            self._items,
+            self._bytes,
+            self._tokens,
+            self._evicted,
+            self._evicted_items,
+            self._late_dropped,
+            self._blank_dropped,
+            self._duplicates,
+            self._retracted,
+        )
+
     def statistics(self) -> HistoryStatistics:
         """A frozen snapshot of the counters."""
         return HistoryStatistics(
@@ -2570,14 +2598,18 @@ class TurnHistory:
         self._tokens += turn.tokens
         self._view = None
 
-    def output_renders(self, turn_id: str, gateway: Gateway) -> dict[int, Sequence[NativeContent]]:
+    def output_renders(
+        self, turn_id: str, gateway: Gateway, newest: int | None = None
+    ) -> dict[int, Sequence[NativeContent]]:
         """The held outputs of ``turn_id`` rendered for ``gateway``, by ``id()`` of their message.
 
         Each output message object the history holds (so one that passed
         :meth:`check_batch`) maps to its cached render, rendered and cached
         now if it was not yet (a history restored from a store). Empty when
-        no turn ``turn_id`` is held. O(the turn's outputs); the ids are valid
-        while the caller holds the messages (the history holds them too).
+        no turn ``turn_id`` is held. O(the turn's outputs), or O(``newest``)
+        when given: only the turn's last ``newest`` outputs are mapped. The
+        ids are valid while the caller holds the messages (the history holds
+        them too).
 
         Raises:
             ProviderRuleError: ``gateway`` cannot render a held output (it
@@ -2587,7 +2619,10 @@ class TurnHistory:
             if turn.turn_id == turn_id:
                 slot = self._shared.gateway_slot(gateway)
                 renders: dict[int, Sequence[NativeContent]] = {}
-                for entry in turn.outputs:
+                outputs = turn.outputs
+                if newest is not None:
+                    outputs = outputs[max(0, len(outputs) - newest) :]
+                for entry in outputs:
                     native = entry.rendered(gateway, slot)[0]
                     renders[id(entry.message)] = native if type(native) is tuple else (native,)  # type: ignore[assignment]
                 return renders

@@ -17,7 +17,6 @@ __all__ = ("ContextState", "ContextTable", "TurnAssembly")
 from collections.abc import Callable, Sequence
 
 import anyio
-import msgspec
 
 from turnloom.context.area import ContextAreaImplementation
 from turnloom.context.gateway import Gateway, NativeContent
@@ -88,6 +87,7 @@ class ContextTable:
         "_counters",
         "_drop_state",
         "_empty",
+        "_fresh",
         "_gateway",
         "_limits",
         "_token_counter",
@@ -109,7 +109,10 @@ class ContextTable:
         self._token_counter = token_counter
         self._gateway = gateway
         self._counters = counters
-        self._empty = TurnHistory(limits).statistics()
+        self._empty = TurnHistory(limits).counts()
+        # The history history_of gave for a context not held yet: the door
+        # checked (and rendered) the first turn on it, so commit uses it.
+        self._fresh: tuple[str, TurnHistory] | None = None
         self.contexts: dict[str, ContextState] = {}
         # Called with every change of a history, in order (a durable store's writer).
         self.log: Callable[[str, Record], None] | None = None
@@ -166,9 +169,18 @@ class ContextTable:
         return state.history if state is not None else None
 
     def history_of(self, context_id: str) -> TurnHistory:
-        """The history of ``context_id``, or an empty one with the limits for a new context."""
+        """The history of ``context_id``, or an empty one with the limits for a new context.
+
+        A new context's empty history is the one :meth:`commit` then creates
+        the context with (when no other new context was asked for since), so
+        the door's checks and renders of its first turn are kept.
+        """
         state = self.contexts.get(context_id)
-        return state.history if state is not None else TurnHistory(self._limits)
+        if state is not None:
+            return state.history
+        history = TurnHistory(self._limits, token_counter=self._token_counter)
+        self._fresh = (context_id, history)
+        return history
 
     def commit(self, context_id: str, snapshot: TurnSnapshot) -> None:
         """Commit a checked turn, creating the context on its first turn, then evict.
@@ -177,12 +189,14 @@ class ContextTable:
             as ``TurnHistory.commit``; nothing changed when it raises.
         """
         state = self.contexts.get(context_id)
-        history = (
-            state.history
-            if state is not None
-            else TurnHistory(self._limits, token_counter=self._token_counter)
-        )
-        before = history.statistics()
+        fresh, self._fresh = self._fresh, None
+        if state is not None:
+            history = state.history
+        elif fresh is not None and fresh[0] == context_id and not fresh[1].turn_ids:
+            history = fresh[1]
+        else:
+            history = TurnHistory(self._limits, token_counter=self._token_counter)
+        before = history.counts()
         history.commit(
             snapshot.turn_id,
             snapshot.input,
@@ -204,7 +218,7 @@ class ContextTable:
                 ),
             )
         self._evict(state)
-        self._counters.history_changed(before, history.statistics())
+        self._counters.history_changed(before, history.counts())
 
     def record(
         self,
@@ -226,12 +240,12 @@ class ContextTable:
         if context_id is not None and self.contexts.get(context_id) is not state:
             self._counters.late += len(outputs)
             return 0
-        before = state.history.statistics()
+        before = state.history.counts()
         recorded = state.history.record(turn_id, outputs, serial=serial)
         if recorded and self.log is not None:
             self.log(state.context_id, OutputsRecorded(turn_id=turn_id, outputs=tuple(outputs)))
         self._evict(state)
-        self._counters.history_changed(before, state.history.statistics())
+        self._counters.history_changed(before, state.history.counts())
         return recorded
 
     def keep_state(
@@ -252,7 +266,7 @@ class ContextTable:
         history = state.history
         if not history.has_turn(turn_id) or history.view().turn_state(turn_id) == pair:
             return  # gone, or delivered again unchanged: nothing to log
-        before = history.statistics()
+        before = history.counts()
         try:
             kept = history.keep_state(turn_id, pair, serial=serial)
         except ItemTooLargeError:
@@ -264,13 +278,13 @@ class ContextTable:
             return
         if self.log is not None:
             self.log(state.context_id, StateKept(turn_id=turn_id, state=pair))
-        self._counters.history_changed(before, history.statistics())
+        self._counters.history_changed(before, history.counts())
 
     def evict(self, state: ContextState) -> None:
         """Evict down to the limits, if no model call is in flight (a safe point)."""
-        before = state.history.statistics()
+        before = state.history.counts()
         self._evict(state)
-        self._counters.history_changed(before, state.history.statistics())
+        self._counters.history_changed(before, state.history.counts())
 
     def _evict(self, state: ContextState) -> None:
         # Safe point only: never while a model call is in flight.
@@ -325,11 +339,11 @@ class ContextTable:
                 f"Context {excerpt(context_id)} has a model call in flight (turn "
                 f"{excerpt(state.in_flight)}); retract after the invocation ends."
             )
-        before = state.history.statistics()
+        before = state.history.counts()
         state.history.retract(turn_id)
         if self.log is not None:
             self.log(context_id, TurnRetracted(turn_id=turn_id))
-        self._counters.history_changed(before, state.history.statistics())
+        self._counters.history_changed(before, state.history.counts())
 
     def remove(self, context_id: str) -> None:
         """Forget a context (its counters are kept).
@@ -359,14 +373,8 @@ class ContextTable:
             state = self.contexts[context_id] = ContextState(context_id, history)
             # Held now; what the history counted before it was stored was
             # counted by the manager that counted it.
-            held = msgspec.structs.replace(
-                history.statistics(),
-                evicted_turns=0,
-                evicted_items=0,
-                evicted_bytes=0,
-                dropped_late_outputs=0,
-                dropped_blank_outputs=0,
-            )
+            turns, items, size, tokens, _, _, _, _, duplicates, retracted = history.counts()
+            held = (turns, items, size, tokens, 0, 0, 0, 0, duplicates, retracted)
             self._counters.history_changed(self._empty, held)
             if self._drop_state:
                 view = history.view()
@@ -387,7 +395,7 @@ class ContextTable:
         self.contexts.clear()
 
     def _forget(self, state: ContextState) -> None:
-        self._counters.history_removed(state.history.statistics())
+        self._counters.history_removed(state.history.counts())
         if state.areas is not None:
             self._counters.areas_attached -= len(state.areas.attached)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 __all__ = ("CheckedContinuation", "IssuedPrefixes", "check_continuation")
 
+import operator
 import weakref
 from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any
@@ -28,8 +29,8 @@ from turnloom.context.history import (
     check_batch_length,
     reject_instructions,
 )
-from turnloom.context.message import Message, check_message
-from turnloom.context.pairing import OpenCallPolicy, complete_pairs
+from turnloom.context.message import Message, Role, check_message
+from turnloom.context.pairing import CallTracker, OpenCallPolicy, complete_pairs
 from turnloom.errors import DuplicateIdError, InvalidMessageError, excerpt, what_type
 from turnloom.runtime.schemas import PreparedContext
 from turnloom.runtime.state import is_state_message
@@ -43,12 +44,13 @@ class _Issued(weakref.ref[PreparedContext]):
     collection visits.
     """
 
-    __slots__ = ("body", "call_ids", "checked", "key")
+    __slots__ = ("body", "call_ids", "checked", "key", "settled")
 
     key: int  # id() of the prefix
     call_ids: CallIdRenamer  # the call-id renaming state after the prefix's items
     checked: CheckedContinuation | None  # the continuation last checked for it
     body: EncodedBody | None  # its request body, closed turns kept encoded (None: encode whole)
+    settled: _Settled | None  # the settled head of the continuation last built on it
 
 
 class IssuedPrefixes:
@@ -91,6 +93,7 @@ class IssuedPrefixes:
         entry.call_ids = call_ids
         entry.checked = None
         entry.body = body
+        entry.settled = None
         self._issued[entry.key] = entry
 
     def _collected(self, entry: _Issued) -> None:
@@ -146,12 +149,34 @@ class IssuedPrefixes:
     def _continue(
         self, prefix: PreparedContext, continuation: Sequence[Message]
     ) -> list[NativeContent]:
-        """Check ``continuation`` against ``prefix``; its items, call ids continued."""
+        """Check ``continuation`` against ``prefix``; its items, call ids continued.
+
+        Incremental: the items of the continuation's settled head (see
+        :func:`_settled_count`) are kept on the prefix's entry with the
+        renaming state after them, so a later call that starts with the same
+        message objects completes, renders and renames only the messages
+        after that head. The result equals completing, rendering and renaming
+        the whole continuation at once.
+        """
         gateway = self._gateway
         entry = self._issued.get(id(prefix))
-        issued = entry is not None and entry() is prefix  # else check_continuation raises
-        history = self._histories(prefix.context_id) if issued else None
-        renders = history.output_renders(prefix.turn_id, gateway) if history is not None else {}
+        # Else check_continuation raises.
+        valid = (
+            entry is not None
+            and entry() is prefix
+            and isinstance(continuation, Sequence)
+            and not isinstance(continuation, Message)
+        )
+        settled = entry.settled if valid and entry is not None else None
+        if settled is not None and not _starts_with(continuation, settled.messages):
+            settled = None
+        start = settled.count if settled is not None else 0
+        history = self._histories(prefix.context_id) if valid else None
+        renders = (
+            history.output_renders(prefix.turn_id, gateway, len(continuation) - start)
+            if history is not None
+            else {}
+        )
         checked = check_continuation(
             prefix,
             continuation,
@@ -163,12 +188,85 @@ class IssuedPrefixes:
         assert entry is not None  # check_continuation raised otherwise
         entry.checked = checked
         items: list[NativeContent] = []
-        call_ids = entry.call_ids.copy()
-        for message in complete_pairs(continuation, open_calls=self._open_calls):
+        if settled is not None:
+            items.extend(settled.items)
+            call_ids = settled.call_ids
+        else:
+            call_ids = entry.call_ids
+        tail = continuation[start:]
+        cut = _settled_count(tail)
+        if cut:
+            # The head of the tail is final whatever follows: keep it.
+            call_ids = call_ids.copy()
+            items.extend(self._render(tail[:cut], renders, call_ids))
+            # The message after the cut is part of what made it final.
+            seen = continuation[: start + cut + (cut < len(tail))]
+            entry.settled = _Settled(tuple(seen), start + cut, tuple(items), call_ids)
+            tail = tail[cut:]
+        if tail:
+            items.extend(self._render(tail, renders, call_ids.copy()))
+        return items
+
+    def _render(
+        self,
+        messages: Sequence[Message],
+        renders: Mapping[int, Sequence[NativeContent]],
+        call_ids: CallIdRenamer,
+    ) -> list[NativeContent]:
+        """``messages`` completed as one whole input, rendered, renamed from ``call_ids``."""
+        gateway = self._gateway
+        items: list[NativeContent] = []
+        for message in complete_pairs(messages, open_calls=self._open_calls):
             native = renders.get(id(message))
             rendered = native if native is not None else gateway.render(message)
             items.extend(rename_call_ids(gateway.type, rendered, call_ids))
         return items
+
+
+class _Settled:
+    """A continuation's settled head for one prefix: its items and the renaming state after them.
+
+    ``messages`` starts the continuations it applies to (identity); its
+    first ``count`` messages are the head (one more was needed to settle it
+    when ``messages`` is longer).
+    """
+
+    __slots__ = ("call_ids", "count", "items", "messages")
+
+    def __init__(
+        self,
+        messages: tuple[Message, ...],
+        count: int,
+        items: tuple[NativeContent, ...],
+        call_ids: CallIdRenamer,
+    ) -> None:
+        self.messages = messages
+        self.count = count
+        self.items = items
+        self.call_ids = call_ids
+
+
+def _settled_count(messages: Sequence[Message]) -> int:
+    """How many of ``messages`` complete the same whatever follows them.
+
+    The largest ``j`` such that ``complete_pairs(messages + later) ==
+    complete_pairs(messages[:j]) + complete_pairs((messages + later)[j:])``
+    for every ``later`` (same policy, a whole input each): no call is open
+    after ``messages[:j]`` (what follows can neither answer nor drop one of
+    them), or ``messages[j]`` is a message that closes every open call as
+    the input's end does (an assistant message, or one that is neither a
+    tool result nor a user message carrying results). 0 when there is none.
+    """
+    tracker = CallTracker()
+    cut = 0
+    for j, message in enumerate(messages):
+        role = message.role
+        if not tracker.open or not (
+            role is Role.tool or (role is Role.user and message.tool_results)
+        ):
+            cut = j
+        tracker.feed(message)
+    return len(messages) if not tracker.open else cut
 
 
 _encoder = msgspec.json.Encoder()
@@ -180,12 +278,13 @@ class CheckedContinuation:
     ``messages`` passed every check of :func:`check_continuation`; ``ids``
     holds the prefix's reserved ids and theirs. Messages are frozen, so a
     later continuation that starts with the same message objects needs only
-    its new messages checked.
+    its new messages checked. The next check extends ``ids`` in place and
+    returns a new object sharing it: keep only the latest one.
     """
 
     __slots__ = ("ids", "messages")
 
-    def __init__(self, messages: tuple[Message, ...], ids: frozenset[str]) -> None:
+    def __init__(self, messages: tuple[Message, ...], ids: set[str]) -> None:
         self.messages = messages
         self.ids = ids
 
@@ -234,13 +333,15 @@ def check_continuation(
     if isinstance(continuation, Message) or not isinstance(continuation, Sequence):
         raise InvalidMessageError("build takes a sequence of continuation Messages, oldest first.")
     check_batch_length(len(continuation), limits, "The continuation")
-    reject_instructions(continuation, "continuation", "continuation")
     start = 0
     if checked is not None and _starts_with(continuation, checked.messages):
+        # Those very (frozen) messages passed every check below.
         start = len(checked.messages)
-        reserved = set(checked.ids)
+        reserved = checked.ids
     else:
         reserved = set(prefix.reserved_ids)
+    reject_instructions(continuation, "continuation", "continuation", start)
+    added: set[str] = set()  # ids of the new messages, joined to ``reserved`` once all pass
     for i in range(start, len(continuation)):
         message = continuation[i]
         if id(message) not in held:
@@ -251,17 +352,19 @@ def check_continuation(
                 "pair is already in the prefix and is never repeated."
             )
         if message.id is not None:
-            if message.id in reserved:
+            if message.id in reserved or message.id in added:
                 raise DuplicateIdError(
                     f"continuation[{i}] repeats id {excerpt(message.id)} of the prefix's turn or "
                     "of an earlier continuation message."
                 )
-            reserved.add(message.id)
-    return CheckedContinuation(tuple(continuation), frozenset(reserved))
+            added.add(message.id)
+    # ``checked`` is replaced by the result: its set is extended, not copied.
+    reserved |= added
+    return CheckedContinuation(tuple(continuation), reserved)
 
 
 def _starts_with(messages: Sequence[Message], head: tuple[Message, ...]) -> bool:
     """True when ``messages`` starts with the very objects of ``head`` (identity)."""
     if len(messages) < len(head):
         return False
-    return all(a is b for a, b in zip(head, messages, strict=False))
+    return all(map(operator.is_, head, messages))

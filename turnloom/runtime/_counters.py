@@ -16,7 +16,7 @@ __all__ = ("LATENCY_BOUNDS", "Counters", "Histogram")
 
 from typing import TYPE_CHECKING
 
-from turnloom.context.history import HistoryStatistics
+from turnloom.context.history import HistoryCounts
 from turnloom.runtime.schemas import (
     AreaStatistics,
     AssemblyStatistics,
@@ -142,25 +142,28 @@ class Counters:
         self.hydrations = self.assembly_entries = self.hydrate_calls = 0
         self.assembly_latency = Histogram()
 
-    def history_changed(self, before: HistoryStatistics, after: HistoryStatistics) -> None:
+    def history_changed(self, before: HistoryCounts, after: HistoryCounts) -> None:
         """Add what one history's change (commit, record, eviction) did to the totals."""
-        self.turns += after.turns - before.turns
-        self.items += after.items - before.items
-        self.bytes += after.bytes - before.bytes
-        self.tokens += after.tokens - before.tokens
-        self.evicted_turns += after.evicted_turns - before.evicted_turns
-        self.evicted_items += after.evicted_items - before.evicted_items
-        self.late += after.dropped_late_outputs - before.dropped_late_outputs
-        self.blank += after.dropped_blank_outputs - before.dropped_blank_outputs
-        self.duplicates += after.duplicate_outputs - before.duplicate_outputs
-        self.retracted += after.retracted_turns - before.retracted_turns
+        turns, items, size, tokens, evicted_turns, evicted_items, late, blank, dup, retracted = (
+            before
+        )
+        self.turns += after[0] - turns
+        self.items += after[1] - items
+        self.bytes += after[2] - size
+        self.tokens += after[3] - tokens
+        self.evicted_turns += after[4] - evicted_turns
+        self.evicted_items += after[5] - evicted_items
+        self.late += after[6] - late
+        self.blank += after[7] - blank
+        self.duplicates += after[8] - dup
+        self.retracted += after[9] - retracted
 
-    def history_removed(self, held: HistoryStatistics) -> None:
+    def history_removed(self, held: HistoryCounts) -> None:
         """A history was released: what it held is no longer held (its totals stay)."""
-        self.turns -= held.turns
-        self.items -= held.items
-        self.bytes -= held.bytes
-        self.tokens -= held.tokens
+        self.turns -= held[0]
+        self.items -= held[1]
+        self.bytes -= held[2]
+        self.tokens -= held[3]
 
     def delivered(self, compared: int, prepared: PreparedContext, latency: float) -> None:
         """Count a delivered prefix: ``compared`` bytes of the previous one, latency in seconds."""

@@ -61,7 +61,6 @@ from turnloom.runtime.state import (
     check_contributions,
     check_perception,
     is_state_message,
-    state_call_id,
 )
 from turnloom.runtime.store import ContextStore
 
@@ -327,15 +326,18 @@ def _strategy(
     return strategy
 
 
-def reject_state(messages: Sequence[Message], context_id: str, turn_id: str, where: str) -> None:
+def reject_state(messages: Sequence[Message], where: str) -> None:
     """Runtime state never enters history: reject messages carrying any turn's state pair.
+
+    Any turn's state call id (this turn's included) is in the reserved form
+    :func:`~turnloom.runtime.state.is_state_message` recognises, so no
+    turn's id needs computing here.
 
     Raises:
         InvalidMessageError: ``messages[i]`` carries a runtime-state call or result.
     """
-    call_id = state_call_id(context_id, turn_id)
     for i, message in enumerate(messages):
-        if isinstance(message, Message) and is_state_message(message, call_id):
+        if isinstance(message, Message) and is_state_message(message):
             raise InvalidMessageError(
                 f"{where}[{i}] carries a runtime-state call or result (tool "
                 f"{excerpt(STATE_TOOL_NAME)}, or a reserved 'tlrs_' call id); runtime state "
@@ -382,7 +384,6 @@ def check_renderable(
 
 def check_outputs(
     gateway: Gateway,
-    context_id: str,
     turn_id: str,
     outputs: Sequence[Message],
     history: TurnHistory,
@@ -400,7 +401,7 @@ def check_outputs(
         raise InvalidMessageError("record takes a sequence of Messages, oldest first.")
     where = f"Output of turn {excerpt(turn_id)}"
     check_renderable(gateway, outputs, where, history, turn_id=turn_id)
-    reject_state(outputs, context_id, turn_id, where)
+    reject_state(outputs, where)
     reject_instructions(outputs, "outputs", where)
 
 
@@ -431,7 +432,7 @@ def check_snapshot(
     where = f"Turn {excerpt(snapshot.turn_id)} input"
     rendered = check_renderable(gateway, snapshot.input, where, history)
     if snapshot.input is not None:
-        reject_state(snapshot.input, context_id, snapshot.turn_id, where)
+        reject_state(snapshot.input, where)
     # The prepared input holds what pairing keeps (complete_pairs: no blank
     # text, even where a gateway's layout would re-emit it, no result without
     # its call), so the input must hold content after it too. Its results

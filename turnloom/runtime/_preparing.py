@@ -28,7 +28,7 @@ from turnloom.context.gateways import (
     OpenAIResponsesGateway,
 )
 from turnloom.context.history import HistoryView
-from turnloom.errors import AreaCallbackError, StateError, excerpt, what_type
+from turnloom.errors import AreaCallbackError, QueueFullError, StateError, excerpt, what_type
 from turnloom.runtime._area_section import AreaSection, SectionResult
 from turnloom.runtime._contexts import ContextState, ContextTable, TurnAssembly
 from turnloom.runtime._continuation import IssuedPrefixes
@@ -88,6 +88,7 @@ class Preparer:
         "_inline_window",
         "_issued",
         "_options",
+        "_refused",
         "_table",
         "closing",
         "limiter",
@@ -116,6 +117,9 @@ class Preparer:
         self.closing = False
         self._inline_window = 0.0  # when the current window began (time.perf_counter())
         self._inline_spent = 0.0  # seconds spent rendering inline in it
+        # The last request prepare_nowait checked and then refused for a full
+        # queue, when nothing in it can change (see prepare); None once used.
+        self._refused: ContextPrepareRequest | None = None
 
     async def prepare(self, request: ContextPrepareRequest, *, wait: bool) -> PreparedContext:
         """Check a request, take a slot, own the preparation, await its result.
@@ -126,7 +130,10 @@ class Preparer:
         and cancellation. The request is checked before a slot is taken.
         """
         queue = self.queue
-        request = check_request(request, self._options.history_limits.max_item_bytes)
+        given = request
+        refused, self._refused = self._refused, None
+        if refused is None or request is not refused:
+            request = check_request(request, self._options.history_limits.max_item_bytes)
         requested_at = anyio.current_time()
         origin = self._table.contexts.get(request.context_id)
         if wait:
@@ -134,7 +141,16 @@ class Preparer:
             # render, so requesters granted before it resume first.
             checkpointed = not await queue.acquire(request)
         else:
-            queue.acquire_nowait(request)
+            try:
+                queue.acquire_nowait(request)
+            except QueueFullError:
+                if request is given and given.scope is None:
+                    # Checked as given (nothing copied: frozen, its
+                    # contributions a tuple, no perception) and no host
+                    # object in it: the check passes again for this very
+                    # object, so the usual fallback (prepare with it) skips it.
+                    self._refused = given
+                raise
             checkpointed = False
         return await queue.admit(
             request, requested_at, origin, self.run, self.run_inline, checkpointed=checkpointed

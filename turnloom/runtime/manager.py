@@ -346,7 +346,7 @@ class ContextManager:
         self._life.check_recording()
         self.leases._check_writable(context_id)
         state = self._table.get(context_id)
-        check_outputs(self.gateway, context_id, turn_id, outputs, state.history)
+        check_outputs(self.gateway, turn_id, outputs, state.history)
         return self._table.record(state, turn_id, outputs)
 
     def remove_context(self, context_id: str) -> None:
