@@ -1136,8 +1136,10 @@ def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Encod
     return native, encodings
 
 
-def _render_checked(message: Message, gateway: Gateway, label: str) -> tuple[_Native, _Encoded]:
-    """:func:`_render_message` at the door: a provider rule names the message.
+def _render_checked(
+    message: Message, gateway: Gateway, where: str, index: int
+) -> tuple[_Native, _Encoded]:
+    """:func:`_render_message` at the door: a provider rule names ``where[index]``.
 
     Raises:
         ProviderRuleError: ``gateway`` cannot render ``message``.
@@ -1145,7 +1147,7 @@ def _render_checked(message: Message, gateway: Gateway, label: str) -> tuple[_Na
     try:
         return _render_message(message, gateway)
     except ProviderRuleError as exc:
-        raise ProviderRuleError(f"{label}: {exc}", exc.violations) from exc
+        raise ProviderRuleError(f"{where}[{index}]: {exc}", exc.violations) from exc
 
 
 _Checked = tuple[
@@ -1153,10 +1155,15 @@ _Checked = tuple[
     tuple[int, ...],
     tuple[tuple[_Native, _Encoded], ...] | None,
     Gateway | None,
+    tuple["_Turn", ...] | None,
+    str | None,
+    bool,
 ]
-"""``TurnHistory``'s memo of a batch checked: messages, sizes, renders, gateway."""
+"""``TurnHistory``'s memo of a batch checked: messages, sizes, renders, gateway,
+and what its limits were checked against: the history's turns (the very
+tuple), the turn id and whether the batch was pinned instructions."""
 
-_UNCHECKED: _Checked = ((), (), None, None)
+_UNCHECKED: _Checked = ((), (), None, None, None, None, False)
 
 
 class HistoryView:
@@ -2222,13 +2229,18 @@ class TurnHistory:
             ProviderRuleError: ``gateway`` cannot render ``messages[i]``
                 (the message names it).
         """
+        sizes = self._reuse(messages, turn_id, pinned, gateway)
+        if sizes is not None:
+            return sizes
         limits = self._limits
+        turns = self._turns
         held_items = held_bytes = 0
         unit: tuple[_Turn, ...] = ()  # the turns held with ``turn_id``, when it is tied
         if turn_id is not None:
-            turns, linked = self._turns, self._linked
+            linked = self._linked
             for position in range(len(turns) - 1, -1, -1):  # the newest, in practice: O(1)
-                if turns[position].turn_id == turn_id:
+                turn = turns[position]
+                if turn.turn_id == turn_id:
                     # The turns eviction keeps with it, whether or not they
                     # reach the newest: a record to an earlier unit (a model
                     # call's output landing after a barge-in) is held to the
@@ -2238,29 +2250,24 @@ class TurnHistory:
                     last = position
                     while last + 1 < len(turns) and turns[last + 1].serial in linked:
                         last += 1
-                    held = turns[first : last + 1]
-                    if len(held) > 1:
-                        unit = held
-                    held_items = sum(t.items for t in held)
-                    held_bytes = sum(t.bytes for t in held)
+                    if first == last:
+                        held_items, held_bytes = turn.items, turn.bytes
+                    else:
+                        unit = turns[first : last + 1]
+                        held_items = sum(t.items for t in unit)
+                        held_bytes = sum(t.bytes for t in unit)
                     break
-        if unit and held_items + len(messages) > limits.max_items:
-            raise self._tied_error(
-                where, "items", held_items + len(messages), limits.max_items, unit, turn_id
-            )
-        check_batch_length(held_items + len(messages), limits, where)
+        count = held_items + len(messages)
+        if unit and count > limits.max_items:
+            raise self._tied_error(where, "items", count, limits.max_items, unit, turn_id)
+        check_batch_length(count, limits, where)
         cap = limits.max_item_bytes
+        max_bytes = limits.max_bytes
         total = held_bytes
-        sizes: list[int] = []
-        memo = _UNCHECKED
-        for memo in self._checked:
-            seen = memo[0]
-            if len(seen) == len(messages) and all(map(operator.is_, seen, messages)):
-                break
-        else:
-            memo = _UNCHECKED
-        _, seen_sizes, seen_renders, seen_gateway = memo
+        memo = self._memo(messages)
+        _, seen_sizes, seen_renders, seen_gateway, _, _, _ = memo
         known = memo is not _UNCHECKED
+        found: list[int] = []
         for i, message in enumerate(messages):
             size = seen_sizes[i] if known else check_message(message, where=f"{where}[{i}]")
             if size > cap:
@@ -2270,33 +2277,84 @@ class TurnHistory:
                     limit=cap,
                 )
             total += size
-            if total > limits.max_bytes and not pinned:
+            if total > max_bytes and not pinned:
                 if unit:
-                    raise self._tied_error(where, "bytes", total, limits.max_bytes, unit, turn_id)
+                    raise self._tied_error(where, "bytes", total, max_bytes, unit, turn_id)
                 raise TurnTooLargeError(
                     f"{where} would make the turn hold at least {total} bytes, over the "
-                    f"history's limit of {limits.max_bytes} bytes.",
+                    f"history's limit of {max_bytes} bytes.",
                     unit="bytes",
                     size=total,
-                    limit=limits.max_bytes,
+                    limit=max_bytes,
                 )
-            sizes.append(size)
-        result = tuple(sizes)
+            found.append(size)
+        sizes = seen_sizes if known else tuple(found)
         renders: tuple[tuple[_Native, _Encoded], ...] | None = None
         if gateway is not None:
             if known and seen_gateway is gateway and seen_renders is not None:
                 renders = seen_renders
             else:
                 renders = tuple(
-                    _render_checked(message, gateway, f"{where}[{i}]")  # type: ignore[arg-type]
-                    for i, message in enumerate(messages)
+                    [
+                        _render_checked(message, gateway, where, i)  # type: ignore[arg-type]
+                        for i, message in enumerate(messages)
+                    ]
                 )
         elif known and seen_renders is not None:
             renders, gateway = seen_renders, seen_gateway
-        checked: _Checked = (tuple(messages), result, renders, gateway)
+        checked: _Checked = (
+            tuple(messages),
+            sizes,
+            renders,
+            gateway,
+            turns,
+            turn_id,
+            bool(pinned),
+        )
         newest, older = self._checked
         self._checked = (checked, older if memo is newest else newest)
-        return result
+        return sizes
+
+    def _memo(self, messages: Sequence[object]) -> _Checked:
+        """The memo of an earlier :meth:`check_batch` of these very message objects, if any."""
+        for memo in self._checked:
+            seen = memo[0]
+            if len(seen) == len(messages) and all(map(operator.is_, seen, messages)):
+                return memo
+        return _UNCHECKED
+
+    def _reuse(
+        self,
+        messages: Sequence[object],
+        turn_id: str | None,
+        pinned: bool,
+        gateway: Gateway | None,
+    ) -> tuple[int, ...] | None:
+        """The sizes :meth:`check_batch` returned for the same call in the same state; else None.
+
+        The same call: these very message objects (frozen, and checked into
+        private copies), the same ``turn_id`` and ``pinned``, rendered for
+        ``gateway`` when one is given. The same state: the history's very
+        ``_turns`` tuple, which every change to the turns or to the ties
+        between them (``_linked``, the only other state the limits read)
+        replaces; the memo keeps the tuple alive, so it cannot be a new one
+        at the same address. Such a call passes again and returns the same
+        sizes, so it is not repeated (the door's check, then the commit or
+        record of the same batch). The memo becomes the newest.
+        """
+        memo = self._memo(messages)
+        if (
+            memo is _UNCHECKED
+            or memo[4] is not self._turns
+            or memo[5] != turn_id
+            or memo[6] is not bool(pinned)
+            or (gateway is not None and memo[3] is not gateway)
+        ):
+            return None
+        newest, older = self._checked
+        if memo is not newest:
+            self._checked = (memo, newest)
+        return memo[1]
 
     def rendered_items(self) -> int:
         """How many native items the last batch :meth:`check_batch` rendered comes to."""
@@ -2308,18 +2366,27 @@ class TurnHistory:
     def _entries(
         self,
         messages: Sequence[Message],
-        where: str,
+        named: str,
+        what: str,
         turn_id: str | None = None,
         *,
         pinned: bool = False,
     ) -> tuple[tuple[_Entry, ...], tuple[int, ...]]:
-        """The batch checked (:meth:`check_batch`) as entries, and each one's size."""
-        sizes = self.check_batch(messages, where, turn_id=turn_id, pinned=pinned)
+        """The batch checked (:meth:`check_batch`) as entries, and each one's size.
+
+        Errors name the batch ``f"turn {excerpt(named)} {what}"``; the label
+        is built only when the batch is checked here, not reused from the door.
+        """
+        sizes = self._reuse(messages, turn_id, pinned, None)
+        if sizes is None:
+            sizes = self.check_batch(
+                messages, f"turn {excerpt(named)} {what}", turn_id=turn_id, pinned=pinned
+            )
         counter = self._shared.counter
-        entries = tuple(_Entry(m, count_tokens(counter, (m,))) for m in messages)
+        entries = tuple([_Entry(m, count_tokens(counter, (m,))) for m in messages])
         checked, older = self._checked
         self._checked = (_UNCHECKED, older)  # consumed: the batch's messages are held now
-        _, _, renders, gateway = checked
+        renders, gateway = checked[2], checked[3]
         if renders is not None and gateway is not None:
             # The door's renders of these very messages seed their cache.
             slot = self._shared.gateway_slot(gateway)
@@ -2543,7 +2610,7 @@ class TurnHistory:
                     f"{self._sequence} was already committed; turns must arrive in order."
                 )
         reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
-        entries, sizes = self._entries(input, f"turn {excerpt(turn_id)} input")
+        entries, sizes = self._entries(input, turn_id, "input")
         seen: set[str] = set()
         for i, entry in enumerate(entries):
             message_id = entry.message.id
@@ -2566,7 +2633,7 @@ class TurnHistory:
                         field="role",
                     )
             pinned, pinned_sizes = self._entries(
-                instructions, f"turn {excerpt(turn_id)} instructions", pinned=True
+                instructions, turn_id, "instructions", pinned=True
             )
         tied = self._tie(turn_id, entries, sum(sizes))
         # Validated: change state.
@@ -2699,11 +2766,11 @@ class TurnHistory:
             known = position >= 0 or serial is not None or turn_id in self._evicted_ids
             if known or self._forgotten:
                 # Validate anyway: a malformed late output is still an error.
-                self._entries(outputs, f"turn {excerpt(turn_id)} output")
+                self._entries(outputs, turn_id, "output")
                 self._late_dropped += len(outputs)
                 return 0
             raise UnknownTurnError(f"Turn {excerpt(turn_id)} was never committed to this context.")
-        entries, sizes = self._entries(outputs, f"turn {excerpt(turn_id)} output", turn_id)
+        entries, sizes = self._entries(outputs, turn_id, "output", turn_id)
         old = self._turns[position]
         kept: list[_Entry] = []
         kept_bytes = 0
