@@ -22,6 +22,7 @@ Usage: python scripts/bench_door.py [--sessions N] [--turns M] [--rounds R]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import os
@@ -111,10 +112,9 @@ async def _replay(trees: list[_Tree], sessions: int, turns: int) -> list[dict[st
     scripts = [tree.scripts(sessions, turns) for tree in trees]
     spent = [[0] * 6 for _ in trees]
     managers = [tree.manager.ContextManager() for tree in trees]
-    async with (
-        trees[0].foundation.Foundation(managers[0]),
-        trees[-1].foundation.Foundation(managers[-1]),
-    ):
+    async with contextlib.AsyncExitStack() as stack:
+        for tree, manager in zip(trees, managers, strict=True):
+            await stack.enter_async_context(tree.foundation.Foundation(manager))
         gc.collect()
         for number in range(sessions):
             for index, tree in enumerate(trees):

@@ -918,6 +918,9 @@ class _Shared:
 
     def gateway_slot(self, gateway: Gateway) -> int:
         """The gateway slot of ``gateway``, assigned on first use."""
+        slot = self.gateway_slots.get(gateway)  # assigned once, never changed: no lock to read
+        if slot is not None:
+            return slot
         with self.lock:
             return self.gateway_slots.setdefault(gateway, len(self.gateway_slots))
 
@@ -1709,8 +1712,10 @@ def _blank(message: Message) -> bool:
     content or redaction counts as blank too: it is what a model call cancelled while
     it thought leaves behind, and no provider can verify or show it.
     """
-    parts: tuple[Part, ...] = message.parts
-    return all(_blank_part(p) for p in parts)
+    for part in message.parts:
+        if not _blank_part(part):
+            return False
+    return True
 
 
 def _blank_part(part: Part) -> bool:
@@ -2229,9 +2234,9 @@ class TurnHistory:
             ProviderRuleError: ``gateway`` cannot render ``messages[i]``
                 (the message names it).
         """
-        sizes = self._reuse(messages, turn_id, pinned, gateway)
-        if sizes is not None:
-            return sizes
+        memo = self._memo(messages)
+        if self._reuse(memo, turn_id, pinned, gateway):
+            return memo[1]
         limits = self._limits
         turns = self._turns
         held_items = held_bytes = 0
@@ -2264,7 +2269,6 @@ class TurnHistory:
         cap = limits.max_item_bytes
         max_bytes = limits.max_bytes
         total = held_bytes
-        memo = self._memo(messages)
         _, seen_sizes, seen_renders, seen_gateway, _, _, _ = memo
         known = memo is not _UNCHECKED
         found: list[int] = []
@@ -2324,25 +2328,20 @@ class TurnHistory:
         return _UNCHECKED
 
     def _reuse(
-        self,
-        messages: Sequence[object],
-        turn_id: str | None,
-        pinned: bool,
-        gateway: Gateway | None,
-    ) -> tuple[int, ...] | None:
-        """The sizes :meth:`check_batch` returned for the same call in the same state; else None.
+        self, memo: _Checked, turn_id: str | None, pinned: bool, gateway: Gateway | None
+    ) -> bool:
+        """True when ``memo`` is of the same check in the same state; it becomes the newest.
 
-        The same call: these very message objects (frozen, and checked into
-        private copies), the same ``turn_id`` and ``pinned``, rendered for
-        ``gateway`` when one is given. The same state: the history's very
-        ``_turns`` tuple, which every change to the turns or to the ties
-        between them (``_linked``, the only other state the limits read)
-        replaces; the memo keeps the tuple alive, so it cannot be a new one
-        at the same address. Such a call passes again and returns the same
-        sizes, so it is not repeated (the door's check, then the commit or
-        record of the same batch). The memo becomes the newest.
+        The same check: of these very message objects (frozen, and checked
+        into private copies: :meth:`_memo` found it), with the same
+        ``turn_id`` and ``pinned``, rendered for ``gateway`` when one is
+        given. The same state: the history's very ``_turns`` tuple, which
+        every change to the turns or to the ties between them (``_linked``,
+        the only other state the limits read) replaces; the memo keeps the
+        tuple alive, so no new one can have its address. Such a check passes
+        again with the same sizes, so it is not repeated (the door's check,
+        then the commit or record of the same batch).
         """
-        memo = self._memo(messages)
         if (
             memo is _UNCHECKED
             or memo[4] is not self._turns
@@ -2350,11 +2349,11 @@ class TurnHistory:
             or memo[6] is not bool(pinned)
             or (gateway is not None and memo[3] is not gateway)
         ):
-            return None
+            return False
         newest, older = self._checked
         if memo is not newest:
             self._checked = (memo, newest)
-        return memo[1]
+        return True
 
     def rendered_items(self) -> int:
         """How many native items the last batch :meth:`check_batch` rendered comes to."""
@@ -2377,8 +2376,10 @@ class TurnHistory:
         Errors name the batch ``f"turn {excerpt(named)} {what}"``; the label
         is built only when the batch is checked here, not reused from the door.
         """
-        sizes = self._reuse(messages, turn_id, pinned, None)
-        if sizes is None:
+        memo = self._memo(messages)
+        if self._reuse(memo, turn_id, pinned, None):
+            sizes = memo[1]
+        else:
             sizes = self.check_batch(
                 messages, f"turn {excerpt(named)} {what}", turn_id=turn_id, pinned=pinned
             )

@@ -53,7 +53,7 @@ import enum
 import json
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, TypeAlias, cast
+from typing import Any, Literal, TypeAlias
 
 import msgspec
 
@@ -260,7 +260,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     @property
     def parts(self) -> tuple[Part, ...]:
         """The content as a tuple of parts (never a string)."""
-        return cast("tuple[Part, ...]", self.content)
+        return self.content  # type: ignore[return-value]  # a str becomes a tuple at construction
 
     @property
     def text(self) -> str:
@@ -270,12 +270,12 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     @property
     def tool_calls(self) -> tuple[ToolCallPart, ...]:
         """The tool calls of this message, in order."""
-        return tuple(p for p in self.parts if type(p) is ToolCallPart)
+        return tuple([p for p in self.content if type(p) is ToolCallPart])
 
     @property
     def tool_results(self) -> tuple[ToolResultPart, ...]:
         """The tool results of this message, in order."""
-        return tuple(p for p in self.parts if type(p) is ToolResultPart)
+        return tuple([p for p in self.content if type(p) is ToolResultPart])
 
 
 def is_blank_text(text: str) -> bool:

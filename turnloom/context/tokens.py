@@ -363,7 +363,10 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
 def _sum_messages(messages: Sequence[Message], per_message: Callable[[Message], int]) -> int:
     # A cheap type check only: messages are checked in full where they enter
     # a context or a history; counting must not pay for that twice.
-    if isinstance(messages, str | bytes) or not isinstance(messages, Iterable):
+    kind = type(messages)
+    if kind is not tuple and kind is not list and (
+        isinstance(messages, str | bytes) or not isinstance(messages, Iterable)
+    ):
         raise InvalidArgumentError(
             f"messages must be a sequence of Message, not {what_type(messages)}.",
             field="messages",
