@@ -6,8 +6,9 @@ ContextManager, one session after another, with no prepare: the calls a
 session makes on the event loop besides preparing. Each call is timed alone
 (``time.thread_time_ns``: CPU time, so other processes on the machine count
 less) and reported in microseconds per call: ``accept_turn``, ``record``
-(``manager.record``, the tool results) and ``Invocation.record`` (the
-model's replies; entering and leaving the invocation are not timed).
+(``manager.record``, the tool results), ``Invocation.record`` (the
+model's replies) and the whole ``async with manager.invocation(...)`` block
+around it (entering, the record, leaving: nothing awaits inside).
 
 With ``--against PATH`` the package is imported twice in this one process,
 from this tree and from the tree at ``PATH`` (each with its own modules,
@@ -34,7 +35,7 @@ from typing import Any
 
 import anyio
 
-_KINDS = ("accept_turn", "record", "invocation")
+_KINDS = ("accept_turn", "record", "inv.record", "inv.block")
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -93,12 +94,15 @@ async def _session(
             spent[0] += clock() - begin
             spent[1] += 1
         elif isinstance(step, reply_type):
+            batch = [step.message]
+            block = clock()
             async with manager.invocation(context_id, turn_id) as invocation:
-                batch = [step.message]
                 begin = clock()
                 invocation.record(batch)
                 spent[4] += clock() - begin
                 spent[5] += 1
+            spent[6] += clock() - block
+            spent[7] += 1
         else:
             batch = [step.message]
             begin = clock()
@@ -110,7 +114,7 @@ async def _session(
 async def _replay(trees: list[_Tree], sessions: int, turns: int) -> list[dict[str, float]]:
     """Microseconds per call of each kind, per tree, every session replayed by each in turn."""
     scripts = [tree.scripts(sessions, turns) for tree in trees]
-    spent = [[0] * 6 for _ in trees]
+    spent = [[0] * 8 for _ in trees]
     managers = [tree.manager.ContextManager() for tree in trees]
     async with contextlib.AsyncExitStack() as stack:
         for tree, manager in zip(trees, managers, strict=True):
