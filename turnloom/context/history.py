@@ -166,15 +166,28 @@ def reject_instructions(messages: Sequence[object], field: str, where: str, star
         InstructionMessageError: ``messages[i]`` has role ``system`` or
             ``developer``; ``field`` is ``f"{field}[{i}]"``.
     """
+    i = _first_instruction(messages, start)
+    if i >= 0:
+        role = cast("Message", messages[i]).role
+        raise InstructionMessageError(
+            f"{where}[{i}] is a {role!s} message; pinned instructions change "
+            "only through a turn snapshot's instructions, never mid-conversation.",
+            field=f"{field}[{i}]",
+            role=str(role),
+        )
+
+
+def _first_instruction(messages: Sequence[object], start: int = 0) -> int:
+    """The index of the first ``system`` or ``developer`` Message from ``start``, else -1.
+
+    The rule :func:`reject_instructions` enforces; a caller that builds the
+    error's label only when it is needed tests with this first.
+    """
     for i in range(start, len(messages)):
         message = messages[i]
         if isinstance(message, Message) and message.role in _PINNED_ROLES:
-            raise InstructionMessageError(
-                f"{where}[{i}] is a {message.role!s} message; pinned instructions change "
-                "only through a turn snapshot's instructions, never mid-conversation.",
-                field=f"{field}[{i}]",
-                role=str(message.role),
-            )
+            return i
+    return -1
 
 
 class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -2610,7 +2623,8 @@ class TurnHistory:
                     f"Turn {excerpt(turn_id)} has sequence {sequence}, but turn sequence "
                     f"{self._sequence} was already committed; turns must arrive in order."
                 )
-        reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
+        if _first_instruction(input) >= 0:
+            reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
         entries, sizes = self._entries(input, turn_id, "input")
         seen: set[str] = set()
         for i, entry in enumerate(entries):

@@ -393,7 +393,10 @@ def check_outputs(
         ProviderRuleError: the gateway cannot render a message.
     """
     check_id(turn_id, "turn id")
-    if isinstance(outputs, Message) or not isinstance(outputs, Sequence):
+    kind = type(outputs)
+    if kind is not list and kind is not tuple and (
+        isinstance(outputs, Message) or not isinstance(outputs, Sequence)
+    ):
         raise InvalidMessageError("record takes a sequence of Messages, oldest first.")
     where = f"Output of turn {excerpt(turn_id)}"
     check_renderable(gateway, outputs, where, history, turn_id=turn_id)
@@ -447,13 +450,14 @@ def check_snapshot(
             "without it.",
             field="input",
         )
-    check_renderable(
-        gateway,
-        snapshot.instructions,
-        f"Turn {excerpt(snapshot.turn_id)} instructions",
-        history,
-        pinned=True,
-    )
+    if snapshot.instructions:
+        check_renderable(
+            gateway,
+            snapshot.instructions,
+            f"Turn {excerpt(snapshot.turn_id)} instructions",
+            history,
+            pinned=True,
+        )
     return context_id
 
 
