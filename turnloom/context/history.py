@@ -632,12 +632,15 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
 
     def with_outputs(self, added: tuple[_Entry, ...], added_bytes: int) -> _Turn:
         """This turn with ``added`` outputs (``added_bytes`` their size)."""
+        tokens = self.tokens
+        for entry in added:
+            tokens += entry.tokens
         return _Turn(
             self.turn_id,
             self.input,
             self.outputs + added,
             self.bytes + added_bytes,
-            self.tokens + sum(e.tokens for e in added),
+            tokens,
             self.serial,
             self.state,
             self.state_bytes,
@@ -2264,7 +2267,7 @@ class TurnHistory:
                     # call's output landing after a barge-in) is held to the
                     # limits its records were held to while it was newest, as
                     # a restore from a checkpoint holds it.
-                    first = self._unit_first(position)
+                    first = self._unit_first(position) if linked else position
                     last = position
                     while last + 1 < len(turns) and turns[last + 1].serial in linked:
                         last += 1
@@ -2404,8 +2407,8 @@ class TurnHistory:
         if renders is not None and gateway is not None:
             # The door's renders of these very messages seed their cache.
             slot = self._shared.gateway_slot(gateway)
-            for entry, (native, encoded) in zip(entries, renders, strict=True):
-                entry.seed(slot, native, encoded)
+            for i, entry in enumerate(entries):
+                entry.seed(slot, *renders[i])
         return entries, sizes
 
     def _unit_first(self, index: int) -> int:
@@ -2647,9 +2650,7 @@ class TurnHistory:
                         "instructions are system or developer messages.",
                         field="role",
                     )
-            pinned, pinned_sizes = self._entries(
-                instructions, turn_id, "instructions", pinned=True
-            )
+            pinned, pinned_sizes = self._entries(instructions, turn_id, "instructions", pinned=True)
         tied = self._tie(turn_id, entries, sum(sizes))
         # Validated: change state.
         if pinned is not None:
@@ -2816,10 +2817,17 @@ class TurnHistory:
                 continue
             kept.append(entry)
             kept_bytes += sizes[i]
-        late = position != len(self._turns) - 1
+        if not kept:
+            self._duplicates += duplicates
+            self._blank_dropped += blank
+            return 0
+        current = self._turns
+        late = position != len(current) - 1
         new = old.with_outputs(tuple(kept), kept_bytes)
-        turns = (*self._turns[:position], new, *self._turns[position + 1 :])
-        if kept and late:
+        turns = (
+            (*current[:position], new, *current[position + 1 :]) if late else (*current[:-1], new)
+        )
+        if late:
             stranded, call_ids = _strands(self._turns, turns, position)
             if stranded >= 0:
                 raise StrandedResultsError(
@@ -2835,8 +2843,6 @@ class TurnHistory:
             self._check_ties(turns, linked, position, f"Turn {excerpt(turn_id)} output", turn_id)
         self._duplicates += duplicates
         self._blank_dropped += blank
-        if not kept:
-            return 0
         if late:
             self._generation += 1
             self._linked.clear()

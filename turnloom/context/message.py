@@ -628,8 +628,10 @@ def check_message(message: object, *, where: str = "message") -> int:
             for j, inner in enumerate(result.content):
                 inner_field = f"{field}.content[{j}]"
                 inner_kind = _part_type(inner)
-                if inner_kind is not TextPart and inner_kind is not ImagePart and (
-                    inner_kind is not OpaquePart
+                if (
+                    inner_kind is not TextPart
+                    and inner_kind is not ImagePart
+                    and (inner_kind is not OpaquePart)
                 ):
                     raise InvalidMessageError(
                         f"{where} {inner_field} is {what_type(inner)}; "

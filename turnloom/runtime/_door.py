@@ -394,8 +394,10 @@ def check_outputs(
     """
     check_id(turn_id, "turn id")
     kind = type(outputs)
-    if kind is not list and kind is not tuple and (
-        isinstance(outputs, Message) or not isinstance(outputs, Sequence)
+    if (
+        kind is not list
+        and kind is not tuple
+        and (isinstance(outputs, Message) or not isinstance(outputs, Sequence))
     ):
         raise InvalidMessageError("record takes a sequence of Messages, oldest first.")
     where = f"Output of turn {excerpt(turn_id)}"
