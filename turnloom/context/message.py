@@ -431,13 +431,19 @@ def _strict_copy(value: Any, where: str, field: str, depth: int = 0) -> Any:
                                 f"has a key with a lone surrogate: {excerpt(k)}.",
                                 text=True,
                             ) from None
-                    copy[k] = None
-                    stack.append((v, copy, k, level + 1, (*path, k)))
+                    if type(v) is str and v.isascii():
+                        copy[k] = v  # an ASCII string: copied here as the branch above would
+                    else:
+                        copy[k] = None
+                        stack.append((v, copy, k, level + 1, (*path, k)))
                 into[key] = copy
             else:
                 array: list[Any] = [None] * len(item)
                 for i, v in enumerate(item):
-                    stack.append((v, array, i, level + 1, (*path, i)))
+                    if type(v) is str and v.isascii():
+                        array[i] = v
+                    else:
+                        stack.append((v, array, i, level + 1, (*path, i)))
                 into[key] = array
         else:
             raise _json_error(
