@@ -2366,7 +2366,7 @@ class TurnHistory:
             or (gateway is not None and memo[3] is not gateway)
         ):
             return False
-        newest, older = self._checked
+        newest = self._checked[0]
         if memo is not newest:
             self._checked = (memo, newest)
         return True
