@@ -2400,15 +2400,26 @@ class TurnHistory:
                 messages, f"turn {excerpt(named)} {what}", turn_id=turn_id, pinned=pinned
             )
         counter = self._shared.counter
-        entries = tuple([_Entry(m, count_tokens(counter, (m,))) for m in messages])
         checked, older = self._checked
-        self._checked = (_UNCHECKED, older)  # consumed: the batch's messages are held now
         renders, gateway = checked[2], checked[3]
         if renders is not None and gateway is not None:
-            # The door's renders of these very messages seed their cache.
+            # The door's renders of these very messages seed their cache: slot 0's
+            # render is the entry's own fields, another slot's goes in ``more``.
             slot = self._shared.gateway_slot(gateway)
-            for i, entry in enumerate(entries):
-                entry.seed(slot, *renders[i])
+            entries = tuple(
+                [
+                    _Entry(m, count_tokens(counter, (m,)), *renders[i])
+                    if slot == 0
+                    else _Entry(m, count_tokens(counter, (m,)))
+                    for i, m in enumerate(messages)
+                ]
+            )
+            if slot:
+                for i, entry in enumerate(entries):
+                    entry.seed(slot, *renders[i])
+        else:
+            entries = tuple([_Entry(m, count_tokens(counter, (m,))) for m in messages])
+        self._checked = (_UNCHECKED, older)  # consumed: the batch's messages are held now
         return entries, sizes
 
     def _unit_first(self, index: int) -> int:
