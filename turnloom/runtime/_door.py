@@ -422,7 +422,7 @@ def check_snapshot(
         raise InvalidMessageError(f"accept_turn takes a TurnSnapshot, not {what_type(snapshot)}.")
     context_id = check_id(snapshot.context_id, "context id")
     for what, value in (("input", snapshot.input), ("instructions", snapshot.instructions)):
-        if value is not None and not isinstance(value, tuple | list):
+        if value is not None and not isinstance(value, (tuple, list)):
             raise InvalidMessageError(
                 f"Turn {excerpt(snapshot.turn_id)} {what} must be a tuple or list of Messages, "
                 f"not {what_type(value)}.",
