@@ -2007,10 +2007,12 @@ class TurnHistory:
         self._limits = limits if limits is not None else HistoryLimits()
         # The last two batches check_batch passed (a turn's input and its
         # instructions), newest first: their messages' sizes and, when they
-        # were rendered at the door, their renders and the gateway. Messages
-        # are frozen, so the same objects checked again (the door, then the
-        # commit or record they pass) reuse their sizes and seed the render
-        # cache: each message is checked, sized and rendered once.
+        # were rendered at the door, their renders and the gateway, and the
+        # state their limits were checked on. Messages are frozen, so the
+        # same objects checked again (the door, then the commit or record they
+        # pass) reuse their sizes and seed the render cache: each message is
+        # checked, sized and rendered once, and the limits of an unchanged
+        # state are not checked twice (see ``_reuse``).
         self._checked: tuple[_Checked, _Checked] = (_UNCHECKED, _UNCHECKED)
         self._remember = remember_evicted
         self._pinned: tuple[_Entry, ...] = ()
@@ -2216,7 +2218,8 @@ class TurnHistory:
         so far), so a batch far over a limit costs at most about ``max_bytes``
         of work before it is refused. Nothing changes but a memo: the same
         message objects checked again (the batch the door checked, then
-        committed) reuse their sizes instead of being encoded again.
+        committed) reuse their sizes instead of being encoded again, and the
+        same call on a history that did not change since returns at once.
 
         Pinned instructions are not counted against the history's limits, so
         for them (``pinned``) only the count is bounded (at ``max_items``)
@@ -2351,12 +2354,14 @@ class TurnHistory:
         The same check: of these very message objects (frozen, and checked
         into private copies: :meth:`_memo` found it), with the same
         ``turn_id`` and ``pinned``, rendered for ``gateway`` when one is
-        given. The same state: the history's very ``_turns`` tuple, which
-        every change to the turns or to the ties between them (``_linked``,
-        the only other state the limits read) replaces; the memo keeps the
-        tuple alive, so no new one can have its address. Such a check passes
-        again with the same sizes, so it is not repeated (the door's check,
-        then the commit or record of the same batch).
+        given. The same state: the history's very ``_turns`` tuple. Every
+        change to the turns or to the ties between them (``_linked``, the only
+        other state the limits read) assigns another tuple object, and the
+        memo keeps its tuple alive, so no other tuple can be it; the one
+        exception, the empty tuple an emptied history holds again, holds no
+        turn and no tie either. Such a check passes again with the same
+        sizes, so it is not repeated (the door's check, then the commit or
+        record of the same batch).
         """
         if (
             memo is _UNCHECKED

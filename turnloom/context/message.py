@@ -638,19 +638,14 @@ def check_message(message: object, *, where: str = "message") -> int:
             _copy_extras(result, "tool_result", gateway, where, field)
             for j, inner in enumerate(result.content):
                 inner_field = f"{field}.content[{j}]"
-                inner_kind = _part_type(inner)
-                if (
-                    inner_kind is not TextPart
-                    and inner_kind is not ImagePart
-                    and (inner_kind is not OpaquePart)
-                ):
+                if _part_type(inner) not in _LEAF_PART_TYPES:
                     raise InvalidMessageError(
                         f"{where} {inner_field} is {what_type(inner)}; "
                         "a tool result holds text, image or opaque parts.",
                         field=inner_field,
                     )
                 _check_leaf(inner, gateway, where, inner_field)
-        elif kind is TextPart or kind is ImagePart or kind is OpaquePart:
+        elif kind in _LEAF_PART_TYPES:
             _check_leaf(cast("TextPart | ImagePart | OpaquePart", part), gateway, where, field)
         elif kind is ReasoningPart:
             reasoning = cast("ReasoningPart", part)
@@ -790,6 +785,7 @@ def _optional_strings(part: _Part, names: tuple[str, ...], where: str, field: st
 
 _PART_TYPES = (ToolCallPart, ToolResultPart, TextPart, ImagePart, OpaquePart, ReasoningPart)
 _EXACT_PART_TYPES = frozenset(_PART_TYPES)
+_LEAF_PART_TYPES = (TextPart, ImagePart, OpaquePart)
 
 
 def _part_type(part: object) -> type | None:

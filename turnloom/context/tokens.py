@@ -202,9 +202,8 @@ def estimate_message_tokens(
     Returns:
         The tokens of the message (see the module docstring for the pieces).
     """
-    total = _MESSAGE_OVERHEAD + text_tokens(
-        message.role._value_
-    )  # ``.value``, without its descriptor
+    # ``_value_`` is ``role.value`` without the enum property's lookup.
+    total = _MESSAGE_OVERHEAD + text_tokens(message.role._value_)
     if message.name is not None:
         total += _NAME_OVERHEAD + text_tokens(message.name)
     for part in message.parts:
