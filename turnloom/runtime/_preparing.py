@@ -341,7 +341,10 @@ class Preparer:
             if isinstance(outcome, AreaCallbackError) and outcome.phase == "register":
                 if areas is not None:
                     self._table.detach(areas, (outcome.area,))  # the worker dropped it
-            raise outcome
+            try:
+                raise outcome
+            finally:
+                del outcome  # the raised error's traceback holds this frame
         assert isinstance(outcome, tuple)  # returned: a BaseException propagated past it
         rendered: Rendered = outcome
         section = rendered[2]
