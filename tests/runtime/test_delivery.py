@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import anyio.from_thread
 import pytest
 
 from tests.runtime.helpers import CHAT, assistant, call, result, user
@@ -19,7 +20,7 @@ from turnloom.context.history import HistoryLimits
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.errors import ContextRemovedError, DuplicateIdError, StateError, UnknownTurnError
 from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext, TurnSnapshot
-from turnloom.runtime import _queue as queue_module
+from turnloom.runtime import _preparing as preparing_module
 
 pytestmark = pytest.mark.anyio
 
@@ -158,31 +159,21 @@ async def test_a_context_created_again_never_serves_a_request_for_the_removed_on
 # -- late delivery -------------------------------------------------------------------
 
 
-async def test_a_section_whose_requester_was_cancelled_after_settling_is_delivered_next(
+async def test_a_section_whose_requester_was_cancelled_after_its_render_is_delivered_next(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Issue small input: the deadline fires after the preparation settled but before its
-    requester resumed: prepare raises the cancellation, and the one-shot notice the
-    preparation rendered reaches the next requester, exactly once."""
+    """Issue small input: the deadline fires after the worker's render returned but
+    before its requester resumed: prepare raises the cancellation, and the one-shot
+    notice the preparation rendered reaches the next requester, exactly once."""
     scopes: list[anyio.CancelScope] = []
+    render_in_thread = preparing_module.Preparer._render_in_thread
 
-    class CancelledOnSettle(queue_module.Preparation):
-        def __init__(self, *args: Any) -> None:
-            super().__init__(*args)
-            done = self.done
+    def returned_then_cancelled(self: Any, *args: Any) -> None:
+        render_in_thread(self, *args)
+        if scopes:  # the requester's deadline fires as the render returns
+            anyio.from_thread.run_sync(scopes.pop().cancel)
 
-            class Done:
-                def set(self) -> None:
-                    if scopes:  # the requester's deadline fires as the preparation settles
-                        scopes.pop().cancel()
-                    done.set()
-
-                async def wait(self) -> None:
-                    await done.wait()
-
-            self.done = Done()  # type: ignore[assignment]
-
-    monkeypatch.setattr(queue_module, "Preparation", CancelledOnSettle)
+    monkeypatch.setattr(preparing_module.Preparer, "_render_in_thread", returned_then_cancelled)
     async with Foundation() as foundation:
         manager = foundation.manager
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("hi"),)))

@@ -1,24 +1,31 @@
 """The work of one owned preparation: wait for the turn, capture, assemble, render, deliver.
 
 The async part the :class:`~turnloom.runtime._queue.PreparationQueue` runs for
-each admitted preparation (see ``ContextManager.prepare`` for its contract).
-The history and the request's state are captured once, when the turn is
-committed; an assembly strategy runs on the event loop, once per turn, in the
-preparation's cancel scope; the render runs in a worker thread through the
-Foundation's limiter and is never abandoned mid-render. What delivering a
-result changes is deferred to ``Preparation.deliver``, which the queue runs
-only when the requester resumes with it.
+each admitted preparation, in its requester's task (see
+``ContextManager.prepare`` for its contract). The history and the request's
+state are captured once, when the turn is committed; an assembly strategy
+runs on the event loop, once per turn, in the preparation's cancel scope; the
+render runs in a worker thread holding a token of the Foundation's limiter,
+and is never abandoned mid-render: a requester that leaves meanwhile leaves
+the preparation to the thread, which settles it when it returns. What
+delivering a result changes is deferred to ``Preparation.deliver``, which the
+queue runs only when the requester resumes with it.
 """
 
 from __future__ import annotations
 
 __all__ = ("Preparer",)
 
+import contextlib
+import math
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
 
 import anyio
+import anyio.from_thread
+import anyio.to_thread
 import msgspec
 
 from turnloom.context.gateways import (
@@ -36,7 +43,7 @@ from turnloom.runtime._counters import Counters
 from turnloom.runtime._door import ManagerOptions, check_request
 from turnloom.runtime._durable import Durability
 from turnloom.runtime._queue import Preparation, PreparationQueue
-from turnloom.runtime._render import DeliveredPrefix, render_preparation
+from turnloom.runtime._render import DeliveredPrefix, Rendered, render_preparation
 from turnloom.runtime.assembly import AssembledContext, AssemblyStrategy, assembly_query
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
@@ -68,6 +75,27 @@ _INLINE_GATEWAYS = frozenset(
     {AnthropicGateway, GeminiGateway, OpenAIChatGateway, OpenAIResponsesGateway}
 )
 
+_RenderArgs = tuple[
+    ManagerOptions,
+    HistoryView,
+    ContextPrepareRequest,
+    str | None,
+    DeliveredPrefix | None,
+    float,
+    AreaSection | None,
+    bool,
+    AssembledContext | None,
+]
+"""The arguments of :func:`render_preparation` for a worker thread's render."""
+
+# ``Preparation.thread``: where its render stands between the loop and the
+# worker thread; changed only under ``Preparer._handoff``.
+_QUEUED = 0  # handed to run_sync; the thread has not begun
+_RUNNING = 1  # the thread renders
+_DONE = 2  # the thread returned (``outcome`` is set)
+_GONE = 3  # the requester left before the thread began: it renders nothing
+_ABANDONED = 4  # the requester left while the thread rendered: the thread settles it
+
 
 class Preparer:
     """Runs admitted preparations for one bound manager.
@@ -84,12 +112,14 @@ class Preparer:
         "_clock",
         "_counters",
         "_durable",
+        "_handoff",
         "_inline_spent",
         "_inline_window",
         "_issued",
         "_options",
         "_refused",
         "_table",
+        "_unbounded",
         "closing",
         "limiter",
         "queue",
@@ -120,6 +150,12 @@ class Preparer:
         # The last request prepare_nowait checked and then refused for a full
         # queue, when nothing in it can change (see prepare); None once used.
         self._refused: ContextPrepareRequest | None = None
+        # A render holds a token of ``limiter`` on behalf of its preparation,
+        # from before its thread begins until the preparation settles, so a
+        # thread whose requester left keeps it until it returns; run_sync's
+        # own limiter then bounds nothing.
+        self._unbounded = anyio.CapacityLimiter(math.inf)
+        self._handoff = threading.Lock()  # guards each Preparation.thread
 
     async def prepare(self, request: ContextPrepareRequest, *, wait: bool) -> PreparedContext:
         """Check a request, take a slot, own the preparation, await its result.
@@ -134,9 +170,9 @@ class Preparer:
         refused, self._refused = self._refused, None
         if refused is None or request is not refused:
             request = check_request(request, self._options.history_limits.max_item_bytes)
-        requested_at = anyio.current_time()
-        origin = self._table.contexts.get(request.context_id)
         if wait:
+            requested_at = anyio.current_time()
+            origin = self._table.contexts.get(request.context_id)
             # One that waited for its slot passes a checkpoint after an inline
             # render, so requesters granted before it resume first.
             checkpointed = not await queue.acquire(request)
@@ -151,6 +187,8 @@ class Preparer:
                     # object, so the usual fallback (prepare with it) skips it.
                     self._refused = given
                 raise
+            requested_at = anyio.current_time()
+            origin = self._table.contexts.get(request.context_id)
             checkpointed = False
         return await queue.admit(
             request, requested_at, origin, self.run, self.run_inline, checkpointed=checkpointed
@@ -173,8 +211,8 @@ class Preparer:
                 preparation.origin = self._table.contexts.get(context_id)
             await self.queue.next_commit(context_id)
 
-    async def run(self, preparation: Preparation, scope: anyio.CancelScope) -> None:
-        """The work of one owned preparation: wait, capture, render, deliver, count."""
+    async def run(self, preparation: Preparation) -> None:
+        """The work of one owned preparation: wait, capture, assemble, render, deliver."""
         options = self._options
         state = await self._wait_for_turn(preparation)
         request = self._capture(preparation.request, state)
@@ -189,31 +227,33 @@ class Preparer:
         # No collection while a model call of the context is in flight.
         run_pass = state.in_flight is None
         queued = anyio.current_time() - preparation.requested_at
+        limiter = self.limiter
         try:
-            prepared, delivered, section = await anyio.to_thread.run_sync(
-                render_preparation,
-                options,
-                view,
-                request,
-                self._behavior_rules(request),
-                last,
-                queued,
-                areas,
-                run_pass,
-                assembled,
-                limiter=self.limiter,
+            limiter.acquire_on_behalf_of_nowait(preparation)
+        except anyio.WouldBlock:
+            await limiter.acquire_on_behalf_of(preparation)
+        preparation.areas = areas
+        try:
+            await self._render(
+                preparation,
+                (
+                    options,
+                    view,
+                    request,
+                    self._behavior_rules(request),
+                    last,
+                    queued,
+                    areas,
+                    run_pass,
+                    assembled,
+                ),
             )
-        except AreaCallbackError as exc:
-            if exc.phase == "register" and areas is not None:
-                self._table.detach(areas, (exc.area,))  # the worker dropped it
-            raise
-        if areas is not None and section is not None:
-            # The area section changed whether or not the result is wanted.
-            self._table.count_section(areas, section)
-        # Cancelled while the thread ran (the thread was not abandoned): the
-        # result is discarded.
-        if scope.cancel_called or not preparation.wanted:
-            return
+        finally:
+            if not preparation.abandoned:
+                limiter.release_on_behalf_of(preparation)
+        prepared, delivered, section = self._rendered(preparation)
+        if preparation.closed:
+            return  # the close came while the thread ran: the result is discarded
         preparation.deliver = self._deliverer(
             request,
             state,
@@ -226,6 +266,91 @@ class Preparer:
             preparation.requested_at,
         )
         preparation.result = prepared
+
+    async def _render(self, preparation: Preparation, args: _RenderArgs) -> None:
+        """Render in a worker thread; ``preparation.outcome`` is what it returned or raised.
+
+        The requester awaits the thread, but a cancelled requester does not
+        wait for it: the preparation is then left to the thread (abandoned),
+        which settles it when it returns; or, if the thread had not begun, it
+        renders nothing; or, if it had returned, its area section is counted
+        here. The cancellation propagates in each case.
+        """
+        preparation.rendering = True
+        try:
+            await anyio.to_thread.run_sync(
+                self._render_in_thread,
+                preparation,
+                args,
+                abandon_on_cancel=True,
+                limiter=self._unbounded,
+            )
+        except BaseException:
+            with self._handoff:
+                began = preparation.thread
+                if began == _RUNNING:
+                    preparation.thread = _ABANDONED
+                elif began == _QUEUED:
+                    preparation.thread = _GONE
+            if began == _RUNNING:
+                preparation.abandoned = True
+            elif began == _DONE:
+                # It returned, but the requester was cancelled before it
+                # resumed: the area section is counted, the result discarded.
+                with contextlib.suppress(Exception):
+                    self._rendered(preparation)
+            raise
+        finally:
+            if not preparation.abandoned:
+                preparation.rendering = False
+
+    def _render_in_thread(self, preparation: Preparation, args: _RenderArgs) -> None:
+        """The worker thread's part of :meth:`_render`."""
+        with self._handoff:
+            if preparation.thread == _GONE:
+                return
+            preparation.thread = _RUNNING
+        try:
+            preparation.outcome = render_preparation(*args)
+        except Exception as exc:
+            preparation.outcome = exc
+        finally:
+            with self._handoff:
+                abandoned = preparation.thread == _ABANDONED
+                preparation.thread = _DONE
+            if abandoned:
+                anyio.from_thread.run_sync(self._settle_abandoned, preparation)
+
+    def _settle_abandoned(self, preparation: Preparation) -> None:
+        """On the loop, once the thread of an abandoned preparation returned: settle it."""
+        try:
+            with contextlib.suppress(Exception):  # its requester is gone
+                self._rendered(preparation)
+        finally:
+            self.limiter.release_on_behalf_of(preparation)
+            self.queue.settle(preparation)
+
+    def _rendered(self, preparation: Preparation) -> Rendered:
+        """Take the thread's outcome: count its area section and return it, or raise its error.
+
+        The area section changed whether or not the result is wanted.
+        """
+        outcome, preparation.outcome = preparation.outcome, None
+        areas = preparation.areas
+        if isinstance(outcome, BaseException):
+            if isinstance(outcome, AreaCallbackError) and outcome.phase == "register":
+                if areas is not None:
+                    self._table.detach(areas, (outcome.area,))  # the worker dropped it
+            try:
+                raise outcome
+            finally:
+                del outcome  # the raised error's traceback holds this frame
+        assert isinstance(outcome, tuple)  # returned: a BaseException propagated past it
+        rendered: Rendered = outcome
+        section = rendered[2]
+        if areas is not None and section is not None:
+            self._table.count_section(areas, section)
+        return rendered
 
     def run_inline(
         self, request: ContextPrepareRequest, requested_at: float, origin: ContextState | None
@@ -242,7 +367,7 @@ class Preparer:
         it does more). It then does what :meth:`run` does, with the render
         inline: the same capture, the same result. Returns the result and
         what delivering it changes, or None (nothing was done but exact
-        cache upkeep: run the preparation as a task).
+        cache upkeep: run it as owned work, its render in a worker thread).
 
         Raises:
             as :meth:`run`'s render.

@@ -1,15 +1,19 @@
 """The bounded pending queue of a ContextManager: slots, owned preparations, turn waiters.
 
-The async part of the manager's shell. A preparation is owned by the queue,
-not by its requester: :meth:`PreparationQueue.admit` starts it as a task in
-the Foundation's task group and it holds its slot until it is *settled*
-(delivered, failed or discarded), in ``finally``. A requester cancelled while
-its preparation runs marks it unwanted and cancels its scope; a worker thread
-that is rendering is never abandoned (anyio's ``run_sync`` does not return
-before the thread does). A result counts as delivered only when its requester
-resumes with it: a requester cancelled after its preparation settled (a
-deadline between the two) discards it, and what it would have delivered
-(an area section) goes to the next preparation.
+The async part of the manager's shell. A preparation is owned by the queue
+from :meth:`PreparationQueue.admit` until it is *settled* (delivered, failed
+or discarded), and holds its slot until then. It runs in its requester's
+task, in a cancel scope of its own that the close cancels: no task, event or
+handoff per preparation. A requester cancelled while its preparation waits
+(for its turn, its assembly, a worker thread) settles it as discarded on the
+spot. One cancelled while its render runs in a worker thread returns at
+once, but the preparation stays owned, its slot and worker token held, until
+the thread returns and settles it on the event loop (see
+:meth:`PreparationQueue.settle`): a thread that is rendering is never
+abandoned. A result counts as delivered only when its requester resumes with
+it: a requester cancelled after the render finished but before it resumed (a
+deadline between the two) discards it, and what it would have delivered (an
+area section) goes to the next preparation.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
 
 if TYPE_CHECKING:
+    from turnloom.runtime._area_section import AreaSection
     from turnloom.runtime._contexts import ContextState
 
 
@@ -37,20 +42,28 @@ class Preparation:
     """One admitted preparation and how it settled."""
 
     __slots__ = (
+        "abandoned",
+        "areas",
+        "closed",
         "deliver",
-        "done",
-        "error",
         "origin",
+        "outcome",
+        "rendering",
         "request",
         "requested_at",
         "result",
         "scope",
         "tenant",
+        "thread",
         "wanted",
     )
 
     def __init__(
-        self, request: ContextPrepareRequest, requested_at: float, origin: ContextState | None
+        self,
+        request: ContextPrepareRequest,
+        requested_at: float,
+        origin: ContextState | None,
+        scope: anyio.CancelScope,
     ) -> None:
         self.request = request
         self.tenant = tenant_of(request)
@@ -58,13 +71,24 @@ class Preparation:
         # The context the request was made for (None: not created yet); a
         # context created again with the same id after a removal never serves it.
         self.origin = origin
-        self.done = anyio.Event()
-        self.scope: anyio.CancelScope | None = None
-        self.wanted = True
+        self.scope = scope  # cancelled by the close while the preparation waits
+        self.wanted = True  # False once the requester is gone
         self.result: PreparedContext | None = None
         # Set with ``result``: what delivering it changes, run when the requester gets it.
         self.deliver: Callable[[], None] | None = None
-        self.error: BaseException | None = None
+        # The requester awaits the worker thread's render: the close marks it
+        # ``closed`` (its result is discarded once the thread returns) instead
+        # of cancelling it.
+        self.rendering = False
+        self.closed = False
+        # The requester left while the thread rendered: the worker settles it.
+        self.abandoned = False
+        # The render's handoff between the loop and the worker thread (see
+        # ``Preparer``): its state, what it returned or raised, and the area
+        # section it ran with.
+        self.thread = 0
+        self.outcome: object = None
+        self.areas: AreaSection | None = None
 
 
 def tenant_of(request: ContextPrepareRequest) -> Tenant:
@@ -80,21 +104,25 @@ class _Waiters:
         self.count = 0
 
 
-Work = Callable[[Preparation, anyio.CancelScope], Awaitable[None]]
-"""What a preparation does once admitted; it sets ``result`` unless cancelled."""
+Work = Callable[[Preparation], Awaitable[None]]
+"""What a preparation does once admitted, in its requester's task and its own
+cancel scope; it sets ``result`` unless cancelled or closed."""
 
 InlineWork = Callable[
     [ContextPrepareRequest, float, "ContextState | None"],
     "tuple[PreparedContext, Callable[[], None]] | None",
 ]
 """The whole of a small preparation, synchronously: its result and what delivering
-it changes, or None when it must run as a task (nothing was done)."""
+it changes, or None when it must run as owned work (nothing was done)."""
 
 
 class PreparationQueue:
     """At most ``capacity`` preparations admitted and not yet settled.
 
     Slots are shared between tenants by the rule of :mod:`turnloom.runtime._slots`.
+    A watcher task in ``task_group`` cancels the preparations that wait when
+    the task group's scope is cancelled (the scope the Foundation was opened
+    in), as the close would.
     """
 
     def __init__(
@@ -105,7 +133,6 @@ class PreparationQueue:
         tenant_limit: int | None = None,
     ) -> None:
         self.capacity = capacity
-        self._task_group = task_group
         self._counters = counters
         self._slots = FairSlots(capacity, tenant_limit if tenant_limit is not None else capacity)
         self._preparations: set[Preparation] = set()
@@ -114,6 +141,10 @@ class PreparationQueue:
         self._waiters: dict[str, _Waiters] = {}
         self._waiting_for_turn = 0
         self.closed = False
+        # The task group's scope was cancelled: owned work starts cancelled.
+        self._cancelled = False
+        self._watching = anyio.CancelScope()
+        task_group.start_soon(self._watch)
 
     @property
     def pending(self) -> int:
@@ -135,12 +166,14 @@ class PreparationQueue:
         """Admitted preparations waiting in :meth:`next_commit`."""
         return self._waiting_for_turn
 
-    async def acquire(self, request: ContextPrepareRequest) -> bool:
+    def acquire(self, request: ContextPrepareRequest) -> Awaitable[bool]:
         """Wait for a slot for the request's tenant (cancellable; nothing is admitted yet).
 
-        Returns whether the call had to wait for it (False: it was free).
+        The awaitable returns whether the call had to wait for it (False: it
+        was free). It is the slots' own wait: a caller parked here holds no
+        frame of the queue.
         """
-        return await self._slots.acquire(tenant_of(request))
+        return self._slots.acquire(tenant_of(request))
 
     def acquire_nowait(self, request: ContextPrepareRequest) -> None:
         """Take a slot at once.
@@ -175,14 +208,15 @@ class PreparationQueue:
         *,
         checkpointed: bool = True,
     ) -> PreparedContext:
-        """Run ``work`` as an owned preparation in the slot the caller holds; await it.
+        """Own a preparation in the slot the caller holds; run it in the caller's task.
 
         ``inline`` is tried first: when it does the whole preparation on the
-        spot, no task is started and the slot is freed at once; the result is
-        delivered as a task's would be. Unless the caller already passed a
-        checkpoint (``checkpointed``, as :meth:`acquire` does), the caller
-        then passes one, holding the slot, and a caller cancelled there
-        discards the result.
+        spot, the slot is freed at once and the result is delivered as
+        ``work``'s would be. Unless the caller already passed a checkpoint
+        (``checkpointed``, as :meth:`acquire` does), the caller then passes
+        one, holding the slot, and a caller cancelled there discards the
+        result. Otherwise ``work`` runs in the preparation's cancel scope; see
+        the module docstring for a caller cancelled meanwhile.
 
         Raises:
             FoundationClosedError: the queue closed while the caller waited for
@@ -214,71 +248,79 @@ class PreparationQueue:
                 deliver()
                 self._counters.prepared += 1
                 return prepared
-        preparation = Preparation(request, requested_at, origin)
-        try:
-            if self.closed:
-                raise FoundationClosedError(
-                    "The Foundation closed while the preparation waited for a slot."
-                )
-            self._preparations.add(preparation)
-            self._settled = anyio.Event() if self._settled.is_set() else self._settled
-            self._task_group.start_soon(self._own, preparation, work)
-        except BaseException:
-            self._preparations.discard(preparation)
+        scope = anyio.CancelScope()
+        preparation = Preparation(request, requested_at, origin, scope)
+        if self.closed:
             self._slots.release(preparation.tenant)
-            if not self._preparations:
-                self._settled.set()
-            raise
+            raise FoundationClosedError(
+                "The Foundation closed while the preparation waited for a slot."
+            )
+        self._preparations.add(preparation)
+        if self._settled.is_set():
+            self._settled = anyio.Event()
         try:
-            await preparation.done.wait()
-        except BaseException:
-            # The requester is gone: the preparation is discarded, never abandoned.
-            preparation.wanted = False
-            if preparation.result is not None:
-                # It settled, but the requester was cancelled before it resumed:
-                # nothing was delivered.
-                self._counters.discarded += 1
-            elif preparation.scope is not None:
-                preparation.scope.cancel()
+            with scope:
+                if self._cancelled:
+                    scope.cancel()
+                await work(preparation)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                preparation.wanted = False  # the requester is gone
+            if not preparation.abandoned:
+                self.settle(preparation)
             raise
-        if preparation.error is not None:
-            raise preparation.error
-        assert preparation.result is not None
+        self.settle(preparation)
+        if preparation.result is None:
+            # Cancelled by the close (or by a cancellation of the scope the
+            # Foundation was opened in), or closed while its thread rendered.
+            raise FoundationClosedError(
+                f"The preparation of turn {excerpt(request.turn_id)} of context "
+                f"{excerpt(request.context_id)} was cancelled while the Foundation closed."
+            )
         if preparation.deliver is not None:
             preparation.deliver()
         self._counters.prepared += 1
         return preparation.result
 
-    async def _own(self, preparation: Preparation, work: Work) -> None:
-        try:
-            with anyio.CancelScope() as scope:
-                preparation.scope = scope
-                if not preparation.wanted:
-                    scope.cancel()
-                await work(preparation, scope)
-        except Exception as exc:
-            preparation.error = exc
-        finally:
-            if preparation.result is None and preparation.error is None:
-                # Cancelled by aclose, or by a cancellation of the scope the
-                # Foundation was opened in: a requester elsewhere still gets
-                # the typed error.
-                request = preparation.request
-                preparation.error = FoundationClosedError(
-                    f"The preparation of turn {excerpt(request.turn_id)} of context "
-                    f"{excerpt(request.context_id)} was cancelled while the Foundation closed."
-                )
-            # A result is counted by its requester (admit); the rest here.
-            if preparation.result is None:
-                if preparation.wanted:
-                    self._counters.failed += 1
-                else:
-                    self._counters.discarded += 1
-            self._preparations.discard(preparation)
-            self._slots.release(preparation.tenant)
-            if not self._preparations:
-                self._settled.set()
-            preparation.done.set()
+    def settle(self, preparation: Preparation) -> None:
+        """Settle an owned preparation: count how it ended and free its slot.
+
+        A result is counted by its requester (:meth:`admit`), once it resumes
+        with it; a preparation without one failed (its requester gets the
+        error) or was discarded (its requester is gone). The preparer settles
+        a preparation whose requester left while its thread rendered, when
+        the thread returns; :meth:`admit` settles every other one.
+        """
+        if preparation.result is None:
+            if preparation.wanted:
+                self._counters.failed += 1
+            else:
+                self._counters.discarded += 1
+        self._preparations.discard(preparation)
+        self._slots.release(preparation.tenant)
+        if not self._preparations:
+            self._settled.set()
+
+    def _close(self, preparation: Preparation) -> None:
+        """Cancel a preparation for the close: one that is rendering is marked closed."""
+        if preparation.rendering:
+            preparation.closed = True
+        else:
+            preparation.scope.cancel()
+
+    async def _watch(self) -> None:
+        with self._watching:
+            try:
+                await anyio.sleep_forever()
+            finally:
+                if not self._watching.cancel_called:
+                    # The task group's scope was cancelled (an error in the host's
+                    # body, or a cancellation of the scope the Foundation was opened
+                    # in): what waits is cancelled, a render finishes and is delivered.
+                    self._cancelled = True
+                    for preparation in tuple(self._preparations):
+                        if not preparation.rendering:
+                            preparation.scope.cancel()
 
     def wake(self, context_id: str) -> None:
         """Wake the preparations waiting for a commit to (or the removal of) ``context_id``."""
@@ -308,19 +350,22 @@ class PreparationQueue:
     async def aclose(self, grace_period: float) -> None:
         """Stop intake, let preparations settle for ``grace_period`` seconds, cancel the rest.
 
-        Returns once every preparation settled. Not shielded: the caller
-        shields it.
+        A preparation whose thread is rendering is not cancelled: its result
+        is discarded when the thread returns. Returns once every preparation
+        settled, and stops the watcher. Not shielded: the caller shields it.
         """
         self.closed = True
         for waiters in self._waiters.values():
             waiters.event.set()
         self._waiters.clear()
-        with anyio.move_on_after(grace_period):
+        try:
+            with anyio.move_on_after(grace_period):
+                await self._wait_settled()
+            for preparation in tuple(self._preparations):
+                self._close(preparation)
             await self._wait_settled()
-        for preparation in tuple(self._preparations):
-            if preparation.scope is not None:
-                preparation.scope.cancel()
-        await self._wait_settled()
+        finally:
+            self._watching.cancel()
 
     async def _wait_settled(self) -> None:
         while self._preparations:

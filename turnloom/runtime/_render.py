@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = (
     "DeliveredPrefix",
+    "Rendered",
     "assembled_prompt",
     "common_prefix",
     "render_preparation",
@@ -102,7 +103,9 @@ class DeliveredPrefix:
         return base + self.rendered.bytes + sum(self.extra_sizes[: count - history])
 
 
-_Rendered = tuple[PreparedContext, "DeliveredPrefix", SectionResult | None]
+Rendered = tuple[PreparedContext, "DeliveredPrefix", SectionResult | None]
+"""A render's result: the prepared prefix, what to keep for the next
+comparison, and the area step's result (None without areas)."""
 
 
 @overload
@@ -117,7 +120,7 @@ def render_preparation(
     run_pass: bool,
     assembled: AssembledContext | None = None,
     budget: None = None,
-) -> _Rendered: ...
+) -> Rendered: ...
 
 
 @overload
@@ -132,7 +135,7 @@ def render_preparation(
     run_pass: bool,
     assembled: AssembledContext | None,
     budget: int,
-) -> _Rendered | None: ...
+) -> Rendered | None: ...
 
 
 def render_preparation(
@@ -146,7 +149,7 @@ def render_preparation(
     run_pass: bool,
     assembled: AssembledContext | None = None,
     budget: int | None = None,
-) -> _Rendered | None:
+) -> Rendered | None:
     """Render one preparation: assembled prompt, history, runtime-state pair, area section.
 
     A request with a ``scope`` renders the sliced view

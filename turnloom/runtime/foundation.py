@@ -1,8 +1,10 @@
 """The ``Foundation``: the actor that owns the ContextManager and its resources.
 
 A Foundation is opened with ``async with``; it
-owns a task group (where preparations run), one :class:`anyio.CapacityLimiter`
-for every worker thread it uses, and the :class:`ContextManager`.
+owns a task group (for its own tasks: output-stream consumers, the durable
+writer; a preparation runs in its requester's task), one
+:class:`anyio.CapacityLimiter` for every worker thread it uses, and the
+:class:`ContextManager`.
 
 Closing order (:meth:`Foundation.aclose`), the seed's lifecycle:
 

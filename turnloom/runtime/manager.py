@@ -476,11 +476,12 @@ class ContextManager:
             later: the preparation is cancelled if it still waits for its turn,
             its assembly (the strategy's memory I/O; the next prepare of the
             turn assembles again) or a thread, or, if it is rendering, the
-            thread finishes and the result is discarded; the slot is freed
-            when it settles (an inline render never waits, so it cannot be
-            cancelled midway). Cancelled after the preparation settled but
-            before the requester resumed: the cancellation propagates and the
-            result is discarded, never counted as delivered. A preparation
+            call returns at once, the thread finishes and the result is
+            discarded; the slot is freed when it settles (an inline render
+            never waits, so it cannot be cancelled midway). Cancelled after
+            the render finished but before the requester resumed: the
+            cancellation propagates and the result is discarded, never
+            counted as delivered. A preparation
             changes no recorded message; only a result delivered to its
             requester sets its turn's kept pair. An area pass that ran for a
             discarded result is reused by the next preparation of the context,
