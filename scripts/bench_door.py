@@ -16,8 +16,13 @@ swapped into ``sys.modules`` while it runs), and every session is replayed
 by both, alternating, so both see the same machine; each round prints both
 trees and the ratio, then the median ratio over ``--rounds`` rounds.
 
+With ``--loadtest SESSIONS`` each round runs instead one whole
+:func:`turnloom.tools.loadtest.loadtest` of that many sessions (asyncio) per
+tree, one tree after the other: prepares per second and process CPU per
+prepare (the event loop and the workers), and their ratios.
+
 Usage: python scripts/bench_door.py [--sessions N] [--turns M] [--rounds R]
-       [--against /work/main]
+       [--against /work/main] [--loadtest SESSIONS]
 """
 
 from __future__ import annotations
@@ -58,9 +63,9 @@ class _Tree:
         self.modules: dict[str, ModuleType] = {
             n: m for n, m in sys.modules.items() if n == "turnloom" or n.startswith("turnloom.")
         }
-        assert os.path.dirname(os.path.dirname(self.manager.__file__)) == os.path.join(
-            path, "turnloom"
-        ), self.manager.__file__
+        where = str(self.manager.__file__)
+        if os.path.dirname(os.path.dirname(where)) != os.path.join(path, "turnloom"):
+            raise SystemExit(f"turnloom of {path} was not imported (got {where})")
 
     def activate(self) -> None:
         """Make this tree's modules the ones a function-level import finds."""
@@ -131,17 +136,51 @@ async def _replay(trees: list[_Tree], sessions: int, turns: int) -> list[dict[st
     ]
 
 
+def _loadtest(tree: _Tree, sessions: int, turns: int) -> tuple[float, float]:
+    """One ``turnloom loadtest`` run (asyncio) with this tree: prepares/s, CPU us per prepare."""
+    tree.activate()
+    loadtest = importlib.import_module("turnloom.tools.loadtest").loadtest
+    trajectories = tree.trajectories.builtin_trajectories(64, turns=(turns, turns))
+    report = anyio.run(lambda: loadtest(trajectories, sessions=sessions, turns=turns))
+    return report.prepares_per_second, report.cpu_seconds / report.prepares * 1e6
+
+
+def _loadtests(trees: list[_Tree], names: list[str], args: argparse.Namespace) -> None:
+    print(f"{'round':<7}{'tree':<9}{'prepares/s':>12}{'cpu/prep us':>13}")
+    ratios: list[tuple[float, float]] = []
+    for number in range(args.rounds):
+        results = [_loadtest(tree, args.loadtest, args.turns) for tree in trees]
+        for name, (rate, cpu) in zip(names, results, strict=True):
+            print(f"{number:<7}{name:<9}{rate:>12.0f}{cpu:>13.0f}")
+        if len(results) == 2:
+            ratios.append((results[1][0] / results[0][0], results[1][1] / results[0][1]))
+            print(f"{number:<7}{'ratio':<9}{ratios[-1][0]:>11.2f}x{ratios[-1][1]:>12.2f}x")
+    if ratios:
+        rate = statistics.median(r[0] for r in ratios)
+        cpu = statistics.median(r[1] for r in ratios)
+        print(f"{'median':<7}{'ratio':<9}{rate:>11.2f}x{cpu:>12.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=64)
     parser.add_argument("--turns", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--against", help="another tree to compare with (its path)")
+    parser.add_argument(
+        "--loadtest",
+        type=int,
+        metavar="SESSIONS",
+        help="instead: whole load tests of SESSIONS sessions, the trees alternating",
+    )
     args = parser.parse_args()
     trees = [_Tree(_HERE)]
     if args.against is not None:
         trees.insert(0, _Tree(os.path.abspath(args.against)))
     names = ["against", "this"] if len(trees) == 2 else ["this"]
+    if args.loadtest is not None:
+        _loadtests(trees, names, args)
+        return
     print(f"{'round':<7}{'tree':<9}" + "".join(f"{kind + ' us':>16}" for kind in _KINDS))
     ratios: dict[str, list[float]] = {kind: [] for kind in _KINDS}
     for number in range(args.rounds):

@@ -383,8 +383,13 @@ def check_outputs(
     turn_id: str,
     outputs: Sequence[Message],
     history: TurnHistory,
+    *,
+    id_checked: bool = False,
 ) -> None:
     """Validate the outputs of a turn to record (see ``ContextManager.record``).
+
+    ``id_checked``: ``turn_id`` passed :func:`check_id` already (an
+    invocation's, checked when it began).
 
     Raises:
         InvalidMessageError, InvalidTextError: a malformed turn id or message,
@@ -392,7 +397,8 @@ def check_outputs(
         InstructionMessageError: a ``system`` or ``developer`` message.
         ProviderRuleError: the gateway cannot render a message.
     """
-    check_id(turn_id, "turn id")
+    if not id_checked:
+        check_id(turn_id, "turn id")
     kind = type(outputs)
     if (
         kind is not list

@@ -50,7 +50,7 @@ class Invocation:
         even when its id was since reused) are dropped and counted as late.
         """
         self._life.check_recording()
-        check_outputs(self._gateway, self.turn_id, outputs, self._state.history)
+        check_outputs(self._gateway, self.turn_id, outputs, self._state.history, id_checked=True)
         return self._table.record(self._state, self.turn_id, outputs, self._serial, self.context_id)
 
     def record_interrupted(self, output: Message, *, played: int) -> int:
