@@ -742,6 +742,41 @@ def test_a_batch_checked_at_the_door_is_not_checked_again_when_committed(
     assert checked == [first[0], outputs[0], again[0]]
 
 
+def test_a_batch_checked_before_the_history_changed_is_held_to_its_limits_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A check_batch passed on one state of the history: recording the same objects
+    after another record grew the turn checks the limits again on the new state (the
+    messages are not checked again), and refuses them, nothing recorded; recording
+    them on the state they were checked on is not checked again at all."""
+    import turnloom.context.history as history_module
+    from turnloom.context.message import check_message as real
+
+    checked: list[object] = []
+
+    def counting(message: object, *, where: str = "message") -> int:
+        checked.append(message)
+        return real(message, where=where)
+
+    monkeypatch.setattr(history_module, "check_message", counting)
+    history = TurnHistory(HistoryLimits(max_items=3))
+    history.commit("t1", [user("a")])
+    later = (assistant("b"), assistant("c"))
+    assert history.check_batch(later, "outputs", turn_id="t1") == tuple(map(real, later))
+    history.record("t1", [assistant("d")])
+    with pytest.raises(TurnTooLargeError) as raised:
+        history.record("t1", later)
+    assert str(raised.value) == (
+        "turn 't1' output would make the turn hold 4 messages, over the history's limit of 3."
+    )
+    assert len(checked) == 4  # a, b, c, d: b and c once
+    assert history.statistics().items == 2
+    history.check_batch(later[:1], "outputs", turn_id="t1")
+    assert history.record("t1", later[:1]) == 1
+    assert len(checked) == 5
+    assert history.statistics().items == 3
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(_op, min_size=1, max_size=40))
 def test_counts_are_the_statistics_fields_a_runtime_sums(ops: list[tuple[str, int]]) -> None:

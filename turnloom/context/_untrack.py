@@ -57,9 +57,9 @@ def untrack_json(value: object) -> None:
     cached message; a plain text item is already untracked and costs a check.
     """
     untrack = GC_UNTRACK
-    if untrack is None:
-        return
     is_tracked = gc.is_tracked
+    if untrack is None or not is_tracked(value):
+        return  # nothing below an untracked container is tracked (see below)
     stack = [value]
     while stack:
         node = stack.pop()

@@ -166,15 +166,28 @@ def reject_instructions(messages: Sequence[object], field: str, where: str, star
         InstructionMessageError: ``messages[i]`` has role ``system`` or
             ``developer``; ``field`` is ``f"{field}[{i}]"``.
     """
+    i = _first_instruction(messages, start)
+    if i >= 0:
+        role = cast("Message", messages[i]).role
+        raise InstructionMessageError(
+            f"{where}[{i}] is a {role!s} message; pinned instructions change "
+            "only through a turn snapshot's instructions, never mid-conversation.",
+            field=f"{field}[{i}]",
+            role=str(role),
+        )
+
+
+def _first_instruction(messages: Sequence[object], start: int = 0) -> int:
+    """The index of the first ``system`` or ``developer`` Message from ``start``, else -1.
+
+    The rule :func:`reject_instructions` enforces; a caller that builds the
+    error's label only when it is needed tests with this first.
+    """
     for i in range(start, len(messages)):
         message = messages[i]
         if isinstance(message, Message) and message.role in _PINNED_ROLES:
-            raise InstructionMessageError(
-                f"{where}[{i}] is a {message.role!s} message; pinned instructions change "
-                "only through a turn snapshot's instructions, never mid-conversation.",
-                field=f"{field}[{i}]",
-                role=str(message.role),
-            )
+            return i
+    return -1
 
 
 class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -619,12 +632,15 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
 
     def with_outputs(self, added: tuple[_Entry, ...], added_bytes: int) -> _Turn:
         """This turn with ``added`` outputs (``added_bytes`` their size)."""
+        tokens = self.tokens
+        for entry in added:
+            tokens += entry.tokens
         return _Turn(
             self.turn_id,
             self.input,
             self.outputs + added,
             self.bytes + added_bytes,
-            self.tokens + sum(e.tokens for e in added),
+            tokens,
             self.serial,
             self.state,
             self.state_bytes,
@@ -918,6 +934,9 @@ class _Shared:
 
     def gateway_slot(self, gateway: Gateway) -> int:
         """The gateway slot of ``gateway``, assigned on first use."""
+        slot = self.gateway_slots.get(gateway)  # assigned once, never changed: no lock to read
+        if slot is not None:
+            return slot
         with self.lock:
             return self.gateway_slots.setdefault(gateway, len(self.gateway_slots))
 
@@ -1136,8 +1155,10 @@ def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Encod
     return native, encodings
 
 
-def _render_checked(message: Message, gateway: Gateway, label: str) -> tuple[_Native, _Encoded]:
-    """:func:`_render_message` at the door: a provider rule names the message.
+def _render_checked(
+    message: Message, gateway: Gateway, where: str, index: int
+) -> tuple[_Native, _Encoded]:
+    """:func:`_render_message` at the door: a provider rule names ``where[index]``.
 
     Raises:
         ProviderRuleError: ``gateway`` cannot render ``message``.
@@ -1145,7 +1166,7 @@ def _render_checked(message: Message, gateway: Gateway, label: str) -> tuple[_Na
     try:
         return _render_message(message, gateway)
     except ProviderRuleError as exc:
-        raise ProviderRuleError(f"{label}: {exc}", exc.violations) from exc
+        raise ProviderRuleError(f"{where}[{index}]: {exc}", exc.violations) from exc
 
 
 _Checked = tuple[
@@ -1153,10 +1174,15 @@ _Checked = tuple[
     tuple[int, ...],
     tuple[tuple[_Native, _Encoded], ...] | None,
     Gateway | None,
+    tuple["_Turn", ...] | None,
+    str | None,
+    bool,
 ]
-"""``TurnHistory``'s memo of a batch checked: messages, sizes, renders, gateway."""
+"""``TurnHistory``'s memo of a batch checked: messages, sizes, renders, gateway,
+and what its limits were checked against: the history's turns (the very
+tuple), the turn id and whether the batch was pinned instructions."""
 
-_UNCHECKED: _Checked = ((), (), None, None)
+_UNCHECKED: _Checked = ((), (), None, None, None, None, False)
 
 
 class HistoryView:
@@ -1702,8 +1728,10 @@ def _blank(message: Message) -> bool:
     content or redaction counts as blank too: it is what a model call cancelled while
     it thought leaves behind, and no provider can verify or show it.
     """
-    parts: tuple[Part, ...] = message.parts
-    return all(_blank_part(p) for p in parts)
+    for part in message.parts:
+        if not _blank_part(part):
+            return False
+    return True
 
 
 def _blank_part(part: Part) -> bool:
@@ -1979,10 +2007,12 @@ class TurnHistory:
         self._limits = limits if limits is not None else HistoryLimits()
         # The last two batches check_batch passed (a turn's input and its
         # instructions), newest first: their messages' sizes and, when they
-        # were rendered at the door, their renders and the gateway. Messages
-        # are frozen, so the same objects checked again (the door, then the
-        # commit or record they pass) reuse their sizes and seed the render
-        # cache: each message is checked, sized and rendered once.
+        # were rendered at the door, their renders and the gateway, and the
+        # state their limits were checked on. Messages are frozen, so the
+        # same objects checked again (the door, then the commit or record they
+        # pass) reuse their sizes and seed the render cache: each message is
+        # checked, sized and rendered once, and the limits of an unchanged
+        # state are not checked twice (see ``_reuse``).
         self._checked: tuple[_Checked, _Checked] = (_UNCHECKED, _UNCHECKED)
         self._remember = remember_evicted
         self._pinned: tuple[_Entry, ...] = ()
@@ -2188,7 +2218,8 @@ class TurnHistory:
         so far), so a batch far over a limit costs at most about ``max_bytes``
         of work before it is refused. Nothing changes but a memo: the same
         message objects checked again (the batch the door checked, then
-        committed) reuse their sizes instead of being encoded again.
+        committed) reuse their sizes instead of being encoded again, and the
+        same call on a history that did not change since returns at once.
 
         Pinned instructions are not counted against the history's limits, so
         for them (``pinned``) only the count is bounded (at ``max_items``)
@@ -2222,45 +2253,44 @@ class TurnHistory:
             ProviderRuleError: ``gateway`` cannot render ``messages[i]``
                 (the message names it).
         """
+        memo = self._memo(messages)
+        if self._reuse(memo, turn_id, pinned, gateway):
+            return memo[1]
         limits = self._limits
+        turns = self._turns
         held_items = held_bytes = 0
         unit: tuple[_Turn, ...] = ()  # the turns held with ``turn_id``, when it is tied
         if turn_id is not None:
-            turns, linked = self._turns, self._linked
+            linked = self._linked
             for position in range(len(turns) - 1, -1, -1):  # the newest, in practice: O(1)
-                if turns[position].turn_id == turn_id:
+                turn = turns[position]
+                if turn.turn_id == turn_id:
                     # The turns eviction keeps with it, whether or not they
                     # reach the newest: a record to an earlier unit (a model
                     # call's output landing after a barge-in) is held to the
                     # limits its records were held to while it was newest, as
                     # a restore from a checkpoint holds it.
-                    first = self._unit_first(position)
+                    first = self._unit_first(position) if linked else position
                     last = position
                     while last + 1 < len(turns) and turns[last + 1].serial in linked:
                         last += 1
-                    held = turns[first : last + 1]
-                    if len(held) > 1:
-                        unit = held
-                    held_items = sum(t.items for t in held)
-                    held_bytes = sum(t.bytes for t in held)
+                    if first == last:
+                        held_items, held_bytes = turn.items, turn.bytes
+                    else:
+                        unit = turns[first : last + 1]
+                        held_items = sum(t.items for t in unit)
+                        held_bytes = sum(t.bytes for t in unit)
                     break
-        if unit and held_items + len(messages) > limits.max_items:
-            raise self._tied_error(
-                where, "items", held_items + len(messages), limits.max_items, unit, turn_id
-            )
-        check_batch_length(held_items + len(messages), limits, where)
+        count = held_items + len(messages)
+        if unit and count > limits.max_items:
+            raise self._tied_error(where, "items", count, limits.max_items, unit, turn_id)
+        check_batch_length(count, limits, where)
         cap = limits.max_item_bytes
+        max_bytes = limits.max_bytes
         total = held_bytes
-        sizes: list[int] = []
-        memo = _UNCHECKED
-        for memo in self._checked:
-            seen = memo[0]
-            if len(seen) == len(messages) and all(map(operator.is_, seen, messages)):
-                break
-        else:
-            memo = _UNCHECKED
-        _, seen_sizes, seen_renders, seen_gateway = memo
+        _, seen_sizes, seen_renders, seen_gateway, _, _, _ = memo
         known = memo is not _UNCHECKED
+        found: list[int] = []
         for i, message in enumerate(messages):
             size = seen_sizes[i] if known else check_message(message, where=f"{where}[{i}]")
             if size > cap:
@@ -2270,33 +2300,81 @@ class TurnHistory:
                     limit=cap,
                 )
             total += size
-            if total > limits.max_bytes and not pinned:
+            if total > max_bytes and not pinned:
                 if unit:
-                    raise self._tied_error(where, "bytes", total, limits.max_bytes, unit, turn_id)
+                    raise self._tied_error(where, "bytes", total, max_bytes, unit, turn_id)
                 raise TurnTooLargeError(
                     f"{where} would make the turn hold at least {total} bytes, over the "
-                    f"history's limit of {limits.max_bytes} bytes.",
+                    f"history's limit of {max_bytes} bytes.",
                     unit="bytes",
                     size=total,
-                    limit=limits.max_bytes,
+                    limit=max_bytes,
                 )
-            sizes.append(size)
-        result = tuple(sizes)
+            found.append(size)
+        sizes = seen_sizes if known else tuple(found)
         renders: tuple[tuple[_Native, _Encoded], ...] | None = None
         if gateway is not None:
             if known and seen_gateway is gateway and seen_renders is not None:
                 renders = seen_renders
             else:
                 renders = tuple(
-                    _render_checked(message, gateway, f"{where}[{i}]")  # type: ignore[arg-type]
-                    for i, message in enumerate(messages)
+                    [
+                        _render_checked(message, gateway, where, i)  # type: ignore[arg-type]
+                        for i, message in enumerate(messages)
+                    ]
                 )
         elif known and seen_renders is not None:
             renders, gateway = seen_renders, seen_gateway
-        checked: _Checked = (tuple(messages), result, renders, gateway)
+        checked: _Checked = (
+            tuple(messages),
+            sizes,
+            renders,
+            gateway,
+            turns,
+            turn_id,
+            bool(pinned),
+        )
         newest, older = self._checked
         self._checked = (checked, older if memo is newest else newest)
-        return result
+        return sizes
+
+    def _memo(self, messages: Sequence[object]) -> _Checked:
+        """The memo of an earlier :meth:`check_batch` of these very message objects, if any."""
+        for memo in self._checked:
+            seen = memo[0]
+            if len(seen) == len(messages) and all(map(operator.is_, seen, messages)):
+                return memo
+        return _UNCHECKED
+
+    def _reuse(
+        self, memo: _Checked, turn_id: str | None, pinned: bool, gateway: Gateway | None
+    ) -> bool:
+        """True when ``memo`` is of the same check in the same state; it becomes the newest.
+
+        The same check: of these very message objects (frozen, and checked
+        into private copies: :meth:`_memo` found it), with the same
+        ``turn_id`` and ``pinned``, rendered for ``gateway`` when one is
+        given. The same state: the history's very ``_turns`` tuple. Every
+        change to the turns or to the ties between them (``_linked``, the only
+        other state the limits read) assigns another tuple object, and the
+        memo keeps its tuple alive, so no other tuple can be it; the one
+        exception, the empty tuple an emptied history holds again, holds no
+        turn and no tie either. Such a check passes again with the same
+        sizes, so it is not repeated (the door's check, then the commit or
+        record of the same batch).
+        """
+        if (
+            memo is _UNCHECKED
+            or memo[4] is not self._turns
+            or memo[5] != turn_id
+            or memo[6] is not bool(pinned)
+            or (gateway is not None and memo[3] is not gateway)
+        ):
+            return False
+        newest = self._checked[0]
+        if memo is not newest:
+            self._checked = (memo, newest)
+        return True
 
     def rendered_items(self) -> int:
         """How many native items the last batch :meth:`check_batch` rendered comes to."""
@@ -2308,23 +2386,45 @@ class TurnHistory:
     def _entries(
         self,
         messages: Sequence[Message],
-        where: str,
+        named: str,
+        what: str,
         turn_id: str | None = None,
         *,
         pinned: bool = False,
     ) -> tuple[tuple[_Entry, ...], tuple[int, ...]]:
-        """The batch checked (:meth:`check_batch`) as entries, and each one's size."""
-        sizes = self.check_batch(messages, where, turn_id=turn_id, pinned=pinned)
+        """The batch checked (:meth:`check_batch`) as entries, and each one's size.
+
+        Errors name the batch ``f"turn {excerpt(named)} {what}"``; the label
+        is built only when the batch is checked here, not reused from the door.
+        """
+        memo = self._memo(messages)
+        if self._reuse(memo, turn_id, pinned, None):
+            sizes = memo[1]
+        else:
+            sizes = self.check_batch(
+                messages, f"turn {excerpt(named)} {what}", turn_id=turn_id, pinned=pinned
+            )
         counter = self._shared.counter
-        entries = tuple(_Entry(m, count_tokens(counter, (m,))) for m in messages)
         checked, older = self._checked
-        self._checked = (_UNCHECKED, older)  # consumed: the batch's messages are held now
-        _, _, renders, gateway = checked
+        renders, gateway = checked[2], checked[3]
         if renders is not None and gateway is not None:
-            # The door's renders of these very messages seed their cache.
+            # The door's renders of these very messages seed their cache: slot 0's
+            # render is the entry's own fields, another slot's goes in ``more``.
             slot = self._shared.gateway_slot(gateway)
-            for entry, (native, encoded) in zip(entries, renders, strict=True):
-                entry.seed(slot, native, encoded)
+            entries = tuple(
+                [
+                    _Entry(m, count_tokens(counter, (m,)), *renders[i])
+                    if slot == 0
+                    else _Entry(m, count_tokens(counter, (m,)))
+                    for i, m in enumerate(messages)
+                ]
+            )
+            if slot:
+                for i, entry in enumerate(entries):
+                    entry.seed(slot, *renders[i])
+        else:
+            entries = tuple([_Entry(m, count_tokens(counter, (m,))) for m in messages])
+        self._checked = (_UNCHECKED, older)  # consumed: the batch's messages are held now
         return entries, sizes
 
     def _unit_first(self, index: int) -> int:
@@ -2542,8 +2642,9 @@ class TurnHistory:
                     f"Turn {excerpt(turn_id)} has sequence {sequence}, but turn sequence "
                     f"{self._sequence} was already committed; turns must arrive in order."
                 )
-        reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
-        entries, sizes = self._entries(input, f"turn {excerpt(turn_id)} input")
+        if _first_instruction(input) >= 0:
+            reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
+        entries, sizes = self._entries(input, turn_id, "input")
         seen: set[str] = set()
         for i, entry in enumerate(entries):
             message_id = entry.message.id
@@ -2565,9 +2666,7 @@ class TurnHistory:
                         "instructions are system or developer messages.",
                         field="role",
                     )
-            pinned, pinned_sizes = self._entries(
-                instructions, f"turn {excerpt(turn_id)} instructions", pinned=True
-            )
+            pinned, pinned_sizes = self._entries(instructions, turn_id, "instructions", pinned=True)
         tied = self._tie(turn_id, entries, sum(sizes))
         # Validated: change state.
         if pinned is not None:
@@ -2699,11 +2798,11 @@ class TurnHistory:
             known = position >= 0 or serial is not None or turn_id in self._evicted_ids
             if known or self._forgotten:
                 # Validate anyway: a malformed late output is still an error.
-                self._entries(outputs, f"turn {excerpt(turn_id)} output")
+                self._entries(outputs, turn_id, "output")
                 self._late_dropped += len(outputs)
                 return 0
             raise UnknownTurnError(f"Turn {excerpt(turn_id)} was never committed to this context.")
-        entries, sizes = self._entries(outputs, f"turn {excerpt(turn_id)} output", turn_id)
+        entries, sizes = self._entries(outputs, turn_id, "output", turn_id)
         old = self._turns[position]
         kept: list[_Entry] = []
         kept_bytes = 0
@@ -2734,10 +2833,17 @@ class TurnHistory:
                 continue
             kept.append(entry)
             kept_bytes += sizes[i]
-        late = position != len(self._turns) - 1
+        if not kept:
+            self._duplicates += duplicates
+            self._blank_dropped += blank
+            return 0
+        current = self._turns
+        late = position != len(current) - 1
         new = old.with_outputs(tuple(kept), kept_bytes)
-        turns = (*self._turns[:position], new, *self._turns[position + 1 :])
-        if kept and late:
+        turns = (
+            (*current[:position], new, *current[position + 1 :]) if late else (*current[:-1], new)
+        )
+        if late:
             stranded, call_ids = _strands(self._turns, turns, position)
             if stranded >= 0:
                 raise StrandedResultsError(
@@ -2753,8 +2859,6 @@ class TurnHistory:
             self._check_ties(turns, linked, position, f"Turn {excerpt(turn_id)} output", turn_id)
         self._duplicates += duplicates
         self._blank_dropped += blank
-        if not kept:
-            return 0
         if late:
             self._generation += 1
             self._linked.clear()

@@ -93,6 +93,11 @@ class Role(enum.StrEnum):
     tool = "tool"
 
 
+# Bound once: an attribute of an Enum class is looked up through its
+# metaclass's ``__getattr__`` hook (about 0.1 us per use on CPython 3.11).
+_ASSISTANT, _TOOL, _USER = Role.assistant, Role.tool, Role.user
+
+
 class _Part(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag_field="type"):
     """Base of the part union; not a public type."""
 
@@ -260,7 +265,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     @property
     def parts(self) -> tuple[Part, ...]:
         """The content as a tuple of parts (never a string)."""
-        return cast("tuple[Part, ...]", self.content)
+        return self.content  # type: ignore[return-value]  # a str becomes a tuple at construction
 
     @property
     def text(self) -> str:
@@ -270,12 +275,12 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     @property
     def tool_calls(self) -> tuple[ToolCallPart, ...]:
         """The tool calls of this message, in order."""
-        return tuple(p for p in self.parts if type(p) is ToolCallPart)
+        return tuple([p for p in self.content if type(p) is ToolCallPart])
 
     @property
     def tool_results(self) -> tuple[ToolResultPart, ...]:
         """The tool results of this message, in order."""
-        return tuple(p for p in self.parts if type(p) is ToolResultPart)
+        return tuple([p for p in self.content if type(p) is ToolResultPart])
 
 
 def is_blank_text(text: str) -> bool:
@@ -362,6 +367,9 @@ def _json_error(where: str, field: str, problem: str, text: bool = False) -> Inv
     return kind(f"{label} {problem}", field=field)
 
 
+_CONTAINERS = (dict, list, tuple)
+
+
 def _strict_copy(value: Any, where: str, field: str, depth: int = 0) -> Any:
     """A deep copy of the JSON ``value``, checked strictly; iterative (no recursion).
 
@@ -402,7 +410,7 @@ def _strict_copy(value: Any, where: str, field: str, depth: int = 0) -> Any:
                     where, _path(field, path), f"holds {excerpt(item)}, which is not JSON (strict)."
                 )
             into[key] = float(item)
-        elif isinstance(item, dict | list | tuple):
+        elif isinstance(item, _CONTAINERS):
             if level + 1 > MAX_JSON_DEPTH:
                 raise _json_error(
                     where,
@@ -428,13 +436,19 @@ def _strict_copy(value: Any, where: str, field: str, depth: int = 0) -> Any:
                                 f"has a key with a lone surrogate: {excerpt(k)}.",
                                 text=True,
                             ) from None
-                    copy[k] = None
-                    stack.append((v, copy, k, level + 1, (*path, k)))
+                    if type(v) is str and v.isascii():
+                        copy[k] = v  # an ASCII string: copied here as the branch above would
+                    else:
+                        copy[k] = None
+                        stack.append((v, copy, k, level + 1, (*path, k)))
                 into[key] = copy
             else:
                 array: list[Any] = [None] * len(item)
                 for i, v in enumerate(item):
-                    stack.append((v, array, i, level + 1, (*path, i)))
+                    if type(v) is str and v.isascii():
+                        array[i] = v
+                    else:
+                        stack.append((v, array, i, level + 1, (*path, i)))
                 into[key] = array
         else:
             raise _json_error(
@@ -578,13 +592,14 @@ def check_message(message: object, *, where: str = "message") -> int:
     """
     if not isinstance(message, Message):
         raise InvalidMessageError(f"{where} is {what_type(message)}, not a turnloom Message.")
-    try:
-        role = Role(message.role)
-    except (ValueError, TypeError):
-        raise InvalidMessageError(
-            f"{where} has unknown role {excerpt(message.role)}.", field="role"
-        ) from None
-    if role is not message.role:
+    role = message.role
+    if type(role) is not Role:
+        try:
+            role = Role(role)
+        except (ValueError, TypeError):
+            raise InvalidMessageError(
+                f"{where} has unknown role {excerpt(message.role)}.", field="role"
+            ) from None
         msgspec.structs.force_setattr(message, "role", role)
     if message.id is not None and (not isinstance(message.id, str) or not message.id):
         raise InvalidMessageError(f"{where} has an empty id.", field="id")
@@ -597,45 +612,49 @@ def check_message(message: object, *, where: str = "message") -> int:
     seen: set[str] = set()
     for i, part in enumerate(message.parts):
         field = f"content[{i}]"
-        if isinstance(part, ToolCallPart | ToolResultPart):
-            _check_placement(part, role, where, field)
-        if isinstance(part, ToolCallPart):
-            _require_id(part.call_id, where, f"{field}.call_id")
-            _require_id(part.name, where, f"{field}.name")
-            _check_arguments(part.arguments, where, f"{field}.arguments")
-            if part.call_id in seen:
+        kind = _part_type(part)
+        if kind is ToolCallPart:
+            call = cast("ToolCallPart", part)
+            _check_placement(call, role, where, field)
+            _require_id(call.call_id, where, f"{field}.call_id")
+            _require_id(call.name, where, f"{field}.name")
+            _check_arguments(call.arguments, where, f"{field}.arguments")
+            if call.call_id in seen:
                 raise DuplicateIdError(
-                    f"{where} has two tool calls with call id {excerpt(part.call_id)}."
+                    f"{where} has two tool calls with call id {excerpt(call.call_id)}."
                 )
-            seen.add(part.call_id)
-            _copy_extras(part, "tool_call", gateway, where, field)
-        elif isinstance(part, ToolResultPart):
-            _require_id(part.call_id, where, f"{field}.call_id")
-            _optional_strings(part, ("name",), where, field)
-            if not isinstance(part.content, tuple):
+            seen.add(call.call_id)
+            _copy_extras(call, "tool_call", gateway, where, field)
+        elif kind is ToolResultPart:
+            result = cast("ToolResultPart", part)
+            _check_placement(result, role, where, field)
+            _require_id(result.call_id, where, f"{field}.call_id")
+            _optional_strings(result, ("name",), where, field)
+            if not isinstance(result.content, tuple):
                 raise InvalidMessageError(
                     f"{where} {field}.content must be a tuple of parts.",
                     field=f"{field}.content",
                 )
-            _copy_extras(part, "tool_result", gateway, where, field)
-            for j, inner in enumerate(part.content):
+            _copy_extras(result, "tool_result", gateway, where, field)
+            for j, inner in enumerate(result.content):
                 inner_field = f"{field}.content[{j}]"
-                if not isinstance(inner, TextPart | ImagePart | OpaquePart):
+                if _part_type(inner) not in _LEAF_PART_TYPES:
                     raise InvalidMessageError(
                         f"{where} {inner_field} is {what_type(inner)}; "
                         "a tool result holds text, image or opaque parts.",
                         field=inner_field,
                     )
                 _check_leaf(inner, gateway, where, inner_field)
-        elif isinstance(part, TextPart | ImagePart | OpaquePart):
-            _check_leaf(part, gateway, where, field)
-        elif isinstance(part, ReasoningPart):
+        elif kind in _LEAF_PART_TYPES:
+            _check_leaf(cast("TextPart | ImagePart | OpaquePart", part), gateway, where, field)
+        elif kind is ReasoningPart:
+            reasoning = cast("ReasoningPart", part)
             _optional_strings(
-                part, ("signature", "encrypted_content", "id", "gateway"), where, field
+                reasoning, ("signature", "encrypted_content", "id", "gateway"), where, field
             )
             # Only the gateway that produced reasoning renders it (and its extras).
-            producer = part.gateway if isinstance(part.gateway, str) else None
-            _copy_extras(part, "reasoning", producer, where, field, only=True)
+            producer = reasoning.gateway if isinstance(reasoning.gateway, str) else None
+            _copy_extras(reasoning, "reasoning", producer, where, field, only=True)
         else:
             raise InvalidMessageError(
                 f"{where} {field} is {what_type(part)}, not a message part.",
@@ -764,10 +783,33 @@ def _optional_strings(part: _Part, names: tuple[str, ...], where: str, field: st
             )
 
 
+_PART_TYPES = (ToolCallPart, ToolResultPart, TextPart, ImagePart, OpaquePart, ReasoningPart)
+_EXACT_PART_TYPES = frozenset(_PART_TYPES)
+_LEAF_PART_TYPES = (TextPart, ImagePart, OpaquePart)
+
+
+def _part_type(part: object) -> type | None:
+    """The part class ``part`` is an instance of, or None for no part.
+
+    Its own type in the common case (a cheap test: ``isinstance`` is slow on
+    a part class it is not an instance of); else the first part class it
+    derives from (struct layouts conflict, so a class derives from one at most).
+    """
+    kind = type(part)
+    if kind in _EXACT_PART_TYPES:
+        return kind
+    for base in _PART_TYPES:
+        if isinstance(part, base):
+            return base
+    return None
+
+
 def _check_leaf(
     part: TextPart | ImagePart | OpaquePart, gateway: str | None, where: str, field: str
 ) -> None:
-    if isinstance(part, ImagePart):
+    if type(part) is TextPart:  # the common case, before the slower tests
+        _copy_extras(part, "text", gateway, where, field)
+    elif isinstance(part, ImagePart):
         _optional_strings(part, ("url", "data", "media_type", "detail"), where, field)
         _check_image(part, where, field)
         _copy_extras(part, "image", gateway, where, field)
@@ -799,13 +841,13 @@ def _check_placement(
 ) -> None:
     # Pairing and every gateway read calls from assistant messages and results
     # from tool and user messages; elsewhere a part would be lost or orphaned.
-    if isinstance(part, ToolCallPart) and role is not Role.assistant:
+    if role is not _ASSISTANT and isinstance(part, ToolCallPart):
         raise InvalidMessageError(
             f"{where} {field} is a tool call in a {role.value} message; only assistant "
             "messages carry tool calls.",
             field=field,
         )
-    if isinstance(part, ToolResultPart) and role not in (Role.tool, Role.user):
+    if role is not _TOOL and role is not _USER and isinstance(part, ToolResultPart):
         raise InvalidMessageError(
             f"{where} {field} is a tool result in a {role.value} message; only tool and "
             "user messages carry tool results.",

@@ -68,7 +68,7 @@ the step's first kept call.
 
 def _clean_parts(parts: Iterable[Part]) -> tuple[Part, ...]:
     return tuple(
-        p for p in parts if not (type(p) is TextPart and is_blank_text(p.text) and not p.extras)
+        [p for p in parts if not (type(p) is TextPart and is_blank_text(p.text) and not p.extras)]
     )
 
 
@@ -122,6 +122,9 @@ class PairingStep(NamedTuple):
 
 
 _NO_STEP = PairingStep((), (), (), False)
+# Bound once: an attribute of an Enum class is looked up through its
+# metaclass's ``__getattr__`` hook (about 0.1 us per use on CPython 3.11).
+_ASSISTANT, _TOOL, _USER = Role.assistant, Role.tool, Role.user
 
 
 def _ends_group(part: Part) -> bool:
@@ -191,7 +194,7 @@ class CallTracker:
     def feed(self, message: Message) -> PairingStep:
         """Apply one message; return what it paired, orphaned and closed."""
         role = message.role
-        if role is Role.assistant:
+        if role is _ASSISTANT:
             calls = message.tool_calls
             if self._model_turns and self._in_model_turn:
                 for call in calls:
@@ -204,7 +207,7 @@ class CallTracker:
             return PairingStep((), (), closed, False) if closed else _NO_STEP
         self._in_model_turn = False
         results = message.tool_results
-        if role is Role.tool or (role is Role.user and results):
+        if role is _TOOL or (role is _USER and results):
             open_calls = self.open
             paired: list[ToolResultPart] = []
             orphans: list[ToolResultPart] = []
@@ -214,7 +217,7 @@ class CallTracker:
                 else:
                     orphans.append(result)
             closed = ()
-            if role is Role.user and any(_ends_group(p) for p in message.parts):
+            if role is _USER and any(_ends_group(p) for p in message.parts):
                 closed = self._end()
             return PairingStep(tuple(paired), tuple(orphans), closed, True)
         closed = self._end()
@@ -254,13 +257,13 @@ def hold_until_answered(messages: Sequence[Message]) -> list[Message]:
     tracker = CallTracker()
     for message in messages:
         role = message.role
-        if role is Role.tool or (role is Role.user and message.tool_results):
+        if role is _TOOL or (role is _USER and message.tool_results):
             out.append(message)
             tracker.feed(message)
             if not tracker.open:
                 out.extend(held)
                 held.clear()
-        elif role is Role.assistant:
+        elif role is _ASSISTANT:
             out.extend(held)
             held.clear()
             out.append(message)
@@ -357,7 +360,7 @@ def complete_pairs(
                     if matched < len(paired) and part is paired[matched]:
                         matched += 1
                         kept_parts.append(part)
-                elif message.role is Role.user:
+                elif message.role is _USER:
                     kept_parts.append(part)
             if not kept_parts:
                 continue
@@ -384,7 +387,7 @@ def complete_pairs(
         if len(cleaned) != len(parts):
             message = msgspec.structs.replace(message, content=cleaned)
         out.append(message)
-        if message.role is Role.assistant and message.tool_calls:
+        if message.role is _ASSISTANT and message.tool_calls:
             owner = len(out) - 1
     if answered_later is None:
         close(tuple(tracker.open.values()))

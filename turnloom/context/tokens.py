@@ -202,7 +202,8 @@ def estimate_message_tokens(
     Returns:
         The tokens of the message (see the module docstring for the pieces).
     """
-    total = _MESSAGE_OVERHEAD + text_tokens(message.role.value)
+    # ``_value_`` is ``role.value`` without the enum property's lookup.
+    total = _MESSAGE_OVERHEAD + text_tokens(message.role._value_)
     if message.name is not None:
         total += _NAME_OVERHEAD + text_tokens(message.name)
     for part in message.parts:
@@ -363,7 +364,12 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
 def _sum_messages(messages: Sequence[Message], per_message: Callable[[Message], int]) -> int:
     # A cheap type check only: messages are checked in full where they enter
     # a context or a history; counting must not pay for that twice.
-    if isinstance(messages, str | bytes) or not isinstance(messages, Iterable):
+    kind = type(messages)
+    if (
+        kind is not tuple
+        and kind is not list
+        and (isinstance(messages, str | bytes) or not isinstance(messages, Iterable))
+    ):
         raise InvalidArgumentError(
             f"messages must be a sequence of Message, not {what_type(messages)}.",
             field="messages",

@@ -282,9 +282,11 @@ class ContextTable:
 
     def evict(self, state: ContextState) -> None:
         """Evict down to the limits, if no model call is in flight (a safe point)."""
-        before = state.history.counts()
-        self._evict(state)
-        self._counters.history_changed(before, state.history.counts())
+        history = state.history
+        if state.in_flight is None and history.over_limits():
+            before = history.counts()
+            self._evict(state)
+            self._counters.history_changed(before, history.counts())
 
     def _evict(self, state: ContextState) -> None:
         # Safe point only: never while a model call is in flight.

@@ -353,7 +353,7 @@ def check_renderable(
     *,
     turn_id: str | None = None,
     pinned: bool = False,
-) -> int:
+) -> None:
     """Check a batch (its limits first), then render each message once at the door.
 
     The batch is checked and rendered by ``history.check_batch`` (its length
@@ -361,14 +361,12 @@ def check_renderable(
     provider rules and limits fail here, not at prepare. A message the
     gateway cannot carry would otherwise be committed and then fail every
     later prepare of its context. The renders seed the history's render
-    cache when the batch is committed or recorded.
+    cache when the batch is committed or recorded
+    (``history.rendered_items()`` counts their native items).
 
     Args:
         turn_id: the held turn the batch is added to (a record), if any.
         pinned: the batch is a turn's new pinned instructions.
-
-    Returns:
-        how many native items the messages render to.
 
     Raises:
         TurnTooLargeError: the turn would be over the history's limits.
@@ -376,10 +374,8 @@ def check_renderable(
         InvalidMessageError, InvalidTextError: a malformed message.
         ProviderRuleError: the gateway cannot render a message.
     """
-    if not messages:
-        return 0
-    history.check_batch(messages, where, turn_id=turn_id, pinned=pinned, gateway=gateway)
-    return history.rendered_items()
+    if messages:
+        history.check_batch(messages, where, turn_id=turn_id, pinned=pinned, gateway=gateway)
 
 
 def check_outputs(
@@ -397,7 +393,12 @@ def check_outputs(
         ProviderRuleError: the gateway cannot render a message.
     """
     check_id(turn_id, "turn id")
-    if isinstance(outputs, Message) or not isinstance(outputs, Sequence):
+    kind = type(outputs)
+    if (
+        kind is not list
+        and kind is not tuple
+        and (isinstance(outputs, Message) or not isinstance(outputs, Sequence))
+    ):
         raise InvalidMessageError("record takes a sequence of Messages, oldest first.")
     where = f"Output of turn {excerpt(turn_id)}"
     check_renderable(gateway, outputs, where, history, turn_id=turn_id)
@@ -421,7 +422,7 @@ def check_snapshot(
         raise InvalidMessageError(f"accept_turn takes a TurnSnapshot, not {what_type(snapshot)}.")
     context_id = check_id(snapshot.context_id, "context id")
     for what, value in (("input", snapshot.input), ("instructions", snapshot.instructions)):
-        if value is not None and not isinstance(value, tuple | list):
+        if value is not None and not isinstance(value, (tuple, list)):
             raise InvalidMessageError(
                 f"Turn {excerpt(snapshot.turn_id)} {what} must be a tuple or list of Messages, "
                 f"not {what_type(value)}.",
@@ -430,7 +431,8 @@ def check_snapshot(
     check_id(snapshot.turn_id, "turn id")
     history = history_of(context_id)
     where = f"Turn {excerpt(snapshot.turn_id)} input"
-    rendered = check_renderable(gateway, snapshot.input, where, history)
+    check_renderable(gateway, snapshot.input, where, history)
+    rendered = history.rendered_items() if snapshot.input else 0
     if snapshot.input is not None:
         reject_state(snapshot.input, where)
     # The prepared input holds what pairing keeps (complete_pairs: no blank
@@ -450,13 +452,14 @@ def check_snapshot(
             "without it.",
             field="input",
         )
-    check_renderable(
-        gateway,
-        snapshot.instructions,
-        f"Turn {excerpt(snapshot.turn_id)} instructions",
-        history,
-        pinned=True,
-    )
+    if snapshot.instructions:
+        check_renderable(
+            gateway,
+            snapshot.instructions,
+            f"Turn {excerpt(snapshot.turn_id)} instructions",
+            history,
+            pinned=True,
+        )
     return context_id
 
 

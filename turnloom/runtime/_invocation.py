@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ("Invocation",)
+__all__ = ("Invocation", "InvocationBlock")
 
 from collections.abc import Sequence
+from types import TracebackType
 
 from turnloom.context.gateway import Gateway
 from turnloom.context.interruption import played_prefix
@@ -55,3 +56,44 @@ class Invocation:
     def record_interrupted(self, output: Message, *, played: int) -> int:
         """Record this call's interrupted output (see ``manager.voice.record_interrupted``)."""
         return self.record([played_prefix(output, played)])
+
+
+class InvocationBlock:
+    """The ``async with`` block of one model call; see :meth:`ContextManager.invocation`.
+
+    Entering checks that the Foundation is open and marks the call in flight
+    (raising as ``invocation`` documents); leaving, however the block ends,
+    ends the call and runs the eviction it held back unless the Foundation
+    is closing. Neither waits. (A class, not a generator-based context
+    manager: it is entered once per model call on the event loop.)
+    """
+
+    __slots__ = ("_context_id", "_gateway", "_life", "_state", "_table", "_turn_id")
+
+    def __init__(
+        self, life: Lifecycle, table: ContextTable, gateway: Gateway, context_id: str, turn_id: str
+    ) -> None:
+        self._life = life
+        self._table = table
+        self._gateway = gateway
+        self._context_id = context_id
+        self._turn_id = turn_id
+        self._state: ContextState | None = None
+
+    async def __aenter__(self) -> Invocation:
+        self._life.check_open()
+        state = self._table.begin_call(self._context_id, self._turn_id)
+        self._state = state
+        return Invocation(
+            self._life, self._table, self._gateway, state, self._context_id, self._turn_id
+        )
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        state, self._state = self._state, None
+        if state is not None:
+            self._table.end_call(state, evict=not self._life.closing)

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 __all__ = ("ContextManager", "Invocation")
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any
 
@@ -43,7 +43,7 @@ from turnloom.runtime._door import (
     check_outputs,
     check_snapshot,
 )
-from turnloom.runtime._invocation import Invocation
+from turnloom.runtime._invocation import Invocation, InvocationBlock
 from turnloom.runtime._leases import Leases
 from turnloom.runtime._lifecycle import Lifecycle
 from turnloom.runtime._outputs import OutputStreams
@@ -373,16 +373,19 @@ class ContextManager:
         queue.wake(context_id)
         self.leases._forget(context_id)
 
-    @asynccontextmanager
-    async def invocation(self, context_id: str, turn_id: str) -> AsyncIterator[Invocation]:
+    def invocation(self, context_id: str, turn_id: str) -> AbstractAsyncContextManager[Invocation]:
         """Mark one model call of a turn as in flight for the duration of the block.
 
         While it is in flight the context's history is not evicted and the
         context cannot be removed; eviction that became due runs when the
         block exits. One invocation per context at a time.
 
-        Yields:
-            an :class:`Invocation` whose ``record`` records the call's outputs.
+        Use it as ``async with manager.invocation(context_id, turn_id) as invocation``.
+
+        Returns:
+            the block (an async context manager): entering it raises the
+            errors below, or gives an :class:`Invocation` whose ``record``
+            records the call's outputs.
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
@@ -397,12 +400,7 @@ class ContextManager:
             calls left without a result are handled by the ``open_calls``
             policy at the next prepare, and the context is released.
         """
-        self._life.check_open()
-        state = self._table.begin_call(context_id, turn_id)
-        try:
-            yield Invocation(self._life, self._table, self.gateway, state, context_id, turn_id)
-        finally:
-            self._table.end_call(state, evict=not self._life.closing)
+        return InvocationBlock(self._life, self._table, self.gateway, context_id, turn_id)
 
     # -- prefixes: preparation and continuation ---------------------------------
 

@@ -355,8 +355,10 @@ def is_state_message(message: Message, call_id: str | None = None) -> bool:
     """
     for part in message.parts:
         if type(part) is ToolCallPart or type(part) is ToolResultPart:
-            if part.name == STATE_TOOL_NAME or part.call_id == call_id:
+            found = part.call_id
+            if part.name == STATE_TOOL_NAME or found == call_id:
                 return True
-            if isinstance(part.call_id, str) and _STATE_ID.fullmatch(part.call_id):
+            # Every id the pattern matches starts with "tlrs" (a cheaper test first).
+            if isinstance(found, str) and found.startswith("tlrs") and _STATE_ID.fullmatch(found):
                 return True
     return False

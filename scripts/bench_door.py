@@ -1,0 +1,163 @@
+"""Loop CPU of the door: ``accept_turn`` and ``record`` per call, against another tree.
+
+Replays the built-in trajectories (40 turns each by default, past the
+32-turn history limit, so histories evict) through one open Foundation's
+ContextManager, one session after another, with no prepare: the calls a
+session makes on the event loop besides preparing. Each call is timed alone
+(``time.thread_time_ns``: CPU time, so other processes on the machine count
+less) and reported in microseconds per call: ``accept_turn``, ``record``
+(``manager.record``, the tool results), ``Invocation.record`` (the
+model's replies) and the whole ``async with manager.invocation(...)`` block
+around it (entering, the record, leaving: nothing awaits inside).
+
+With ``--against PATH`` the package is imported twice in this one process,
+from this tree and from the tree at ``PATH`` (each with its own modules,
+swapped into ``sys.modules`` while it runs), and every session is replayed
+by both, alternating, so both see the same machine; each round prints both
+trees and the ratio, then the median ratio over ``--rounds`` rounds.
+
+Usage: python scripts/bench_door.py [--sessions N] [--turns M] [--rounds R]
+       [--against /work/main]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib
+import os
+import statistics
+import sys
+import time
+from types import ModuleType
+from typing import Any
+
+import anyio
+
+_KINDS = ("accept_turn", "record", "inv.record", "inv.block")
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class _Tree:
+    """One tree's turnloom: its modules, and the names the replay uses."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        for name in [n for n in sys.modules if n == "turnloom" or n.startswith("turnloom.")]:
+            del sys.modules[name]
+        sys.path.insert(0, path)
+        importlib.invalidate_caches()
+        try:
+            self.manager = importlib.import_module("turnloom.runtime.manager")
+            self.foundation = importlib.import_module("turnloom.runtime.foundation")
+            self.trajectories = importlib.import_module("turnloom.tools.trajectories")
+            self.transcript = importlib.import_module("turnloom.tools.transcript")
+        finally:
+            sys.path.remove(path)
+        self.modules: dict[str, ModuleType] = {
+            n: m for n, m in sys.modules.items() if n == "turnloom" or n.startswith("turnloom.")
+        }
+        assert os.path.dirname(os.path.dirname(self.manager.__file__)) == os.path.join(
+            path, "turnloom"
+        ), self.manager.__file__
+
+    def activate(self) -> None:
+        """Make this tree's modules the ones a function-level import finds."""
+        sys.modules.update(self.modules)
+
+    def scripts(self, sessions: int, turns: int) -> list[list[Any]]:
+        self.activate()
+        scripts = []
+        for trajectory in self.trajectories.builtin_trajectories(sessions, turns=(turns, turns)):
+            checked = self.trajectories.check_trajectory(trajectory)
+            assert isinstance(checked, list)
+            scripts.append(checked)
+        return scripts
+
+
+async def _session(
+    tree: _Tree, manager: Any, context_id: str, script: list[Any], turns: int, spent: list[int]
+) -> None:
+    """Replay one session; add each kind's nanoseconds and calls to ``spent``."""
+    tree.activate()
+    clock = time.thread_time_ns
+    walk, snapshot = tree.transcript.walk, tree.transcript.snapshot
+    turn_type, reply_type = tree.transcript.Turn, tree.transcript.Reply
+    turn_id = ""
+    for step in walk(script, max_turns=turns):
+        if isinstance(step, turn_type):
+            turn_id = step.turn_id
+            turn = snapshot(context_id, step)
+            begin = clock()
+            manager.accept_turn(turn)
+            spent[0] += clock() - begin
+            spent[1] += 1
+        elif isinstance(step, reply_type):
+            batch = [step.message]
+            block = clock()
+            async with manager.invocation(context_id, turn_id) as invocation:
+                begin = clock()
+                invocation.record(batch)
+                spent[4] += clock() - begin
+                spent[5] += 1
+            spent[6] += clock() - block
+            spent[7] += 1
+        else:
+            batch = [step.message]
+            begin = clock()
+            manager.record(context_id, turn_id, batch)
+            spent[2] += clock() - begin
+            spent[3] += 1
+
+
+async def _replay(trees: list[_Tree], sessions: int, turns: int) -> list[dict[str, float]]:
+    """Microseconds per call of each kind, per tree, every session replayed by each in turn."""
+    scripts = [tree.scripts(sessions, turns) for tree in trees]
+    spent = [[0] * 8 for _ in trees]
+    managers = [tree.manager.ContextManager() for tree in trees]
+    async with contextlib.AsyncExitStack() as stack:
+        for tree, manager in zip(trees, managers, strict=True):
+            await stack.enter_async_context(tree.foundation.Foundation(manager))
+        gc.collect()
+        for number in range(sessions):
+            for index, tree in enumerate(trees):
+                await _session(
+                    tree, managers[index], f"s{number}", scripts[index][number], turns, spent[index]
+                )
+    return [
+        {kind: times[2 * k] / times[2 * k + 1] / 1000 for k, kind in enumerate(_KINDS)}
+        for times in spent
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=64)
+    parser.add_argument("--turns", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--against", help="another tree to compare with (its path)")
+    args = parser.parse_args()
+    trees = [_Tree(_HERE)]
+    if args.against is not None:
+        trees.insert(0, _Tree(os.path.abspath(args.against)))
+    names = ["against", "this"] if len(trees) == 2 else ["this"]
+    print(f"{'round':<7}{'tree':<9}" + "".join(f"{kind + ' us':>16}" for kind in _KINDS))
+    ratios: dict[str, list[float]] = {kind: [] for kind in _KINDS}
+    for number in range(args.rounds):
+        results = anyio.run(_replay, trees, args.sessions, args.turns)
+        for name, result in zip(names, results, strict=True):
+            print(f"{number:<7}{name:<9}" + "".join(f"{result[k]:>16.1f}" for k in _KINDS))
+        if len(results) == 2:
+            for kind in _KINDS:
+                ratios[kind].append(results[1][kind] / results[0][kind])
+            print(f"{number:<7}{'ratio':<9}" + "".join(f"{ratios[k][-1]:>15.2f}x" for k in _KINDS))
+    if len(trees) == 2:
+        print(
+            f"{'median':<7}{'ratio':<9}"
+            + "".join(f"{statistics.median(ratios[k]):>15.2f}x" for k in _KINDS)
+        )
+
+
+if __name__ == "__main__":
+    main()
