@@ -77,6 +77,47 @@ async def test_a_requester_outside_the_foundations_scope_gets_the_closed_error()
     assert foundation.limiter.borrowed_tokens == 0
 
 
+async def test_an_outside_requester_waiting_for_a_thread_is_cancelled_with_the_host_scope() -> None:
+    """The host scope of the Foundation is cancelled while a requester living
+    elsewhere waits for a worker thread: its preparation is cancelled at once (not
+    after the close's grace period) and it gets FoundationClosedError."""
+    box: dict[str, Any] = {}
+    opened = anyio.Event()
+    errors: list[BaseException] = []
+    token = object()
+
+    async def host() -> None:
+        with anyio.CancelScope() as scope:
+            box["scope"] = scope
+            async with Foundation(worker_threads=1, close_grace_period=60) as foundation:
+                box["foundation"] = foundation
+                foundation.manager.accept_turn(_turn())
+                await foundation.limiter.acquire_on_behalf_of(token)
+                opened.set()
+                await anyio.sleep_forever()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host)
+            await opened.wait()
+            foundation: Foundation = box["foundation"]
+
+            async def cancel_host() -> None:
+                await anyio.wait_all_tasks_blocked()
+                box["scope"].cancel()
+
+            tg.start_soon(cancel_host)
+            try:
+                await foundation.manager.prepare(_req())
+            except BaseException as exc:  # the exact type is the assertion
+                errors.append(exc)
+    foundation.limiter.release_on_behalf_of(token)
+    assert [type(e) for e in errors] == [FoundationClosedError]
+    stats = foundation.manager.statistics()
+    assert (stats.preparations.pending, stats.preparations.failed_total) == (0, 1)
+    assert foundation.limiter.borrowed_tokens == 0
+
+
 async def test_close_while_one_waits_for_its_turn_and_one_for_a_slot() -> None:
     """Both requesters get the closed error; the slot waiter was never admitted."""
     outcomes: dict[str, str] = {}
