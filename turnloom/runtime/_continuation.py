@@ -122,7 +122,7 @@ class IssuedPrefixes:
         """
         added = self._continue(prefix, continuation)  # checks the prefix first
         items = prefix.items
-        # One C-speed copy of the prefix's references (unpacking copies three times).
+        # One C-speed copy of the prefix's references (unpacking builds a list first).
         return items + tuple(added) if added else items
 
     def request_bytes(
