@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import msgspec
 import pytest
 
 from tests.runtime.helpers import CHAT, BlockingGateway, assistant, call, result, user
@@ -187,3 +188,49 @@ async def test_a_prepare_of_a_long_history_renders_inline_when_its_work_is_small
     assert oracle.held_items > preparing_module.INLINE_MAX_ITEMS
     # The first prepare tries the loop, whose bounded render declines, then a worker.
     assert threads == [(True, False), (False, True), (True, True), (True, True)]
+
+
+async def test_a_host_that_reads_items_gets_its_prefixes_decoded_off_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Invariant: once a host read a context's prefix items (``build`` reads them),
+    every later prefix of that context is delivered decoded, by the prepare, and a
+    prefix too long for a bounded inline step is never decoded on the event loop; a
+    host that never reads items (``request_bytes`` only) gets every prefix still
+    encoded. Decoded items equal the request body's, also after evictions that
+    rename the kept turns anew (call ids reused) and so decode from another run."""
+    seen: list[tuple[bool, bool, int]] = []  # (on the loop's thread, decoded, items)
+    real = render_preparation
+
+    def spy(*args: Any) -> Any:
+        rendered = real(*args)
+        if rendered is not None:
+            prefix = rendered[0]
+            on_loop = threading.current_thread() is threading.main_thread()
+            seen.append((on_loop, prefix.native_items.decoded, prefix.item_count))
+        return rendered
+
+    monkeypatch.setattr(preparing_module, "render_preparation", spy)
+    monkeypatch.setattr(preparing_module, "INLINE_SHARE", 1.0)  # never throttled here
+    monkeypatch.setattr(preparing_module, "INLINE_MAX_ITEMS", 2)  # decoded inline up to 16
+    limits = HistoryLimits(max_turns=8)
+    delivered: dict[str, list[bool]] = {"reader": [], "writer": []}
+    async with Foundation(gateway=OpenAIChatGateway(), history_limits=limits) as foundation:
+        manager = foundation.manager
+        for n in range(24):
+            for context_id, calls in delivered.items():
+                turn_id = f"t{n}"
+                snapshot = TurnSnapshot(context_id=context_id, turn_id=turn_id, input=(user("u"),))
+                manager.accept_turn(snapshot)
+                request = ContextPrepareRequest(context_id=context_id, turn_id=turn_id)
+                prefix = await manager.prepare(request)
+                calls.append(prefix.native_items.decoded)
+                body = msgspec.json.decode(manager.request_bytes(prefix))
+                if context_id == "reader":
+                    assert manager.build(prefix) == tuple(body["messages"])
+                outputs = [call(f"c{n % 3}"), result(f"c{n % 3}"), assistant(f"a{n}")]
+                manager.record(context_id, turn_id, outputs)
+    assert delivered["reader"] == [False] + [True] * 23
+    assert delivered["writer"] == [False] * 24
+    assert not [s for s in seen if s[0] and s[1] and s[2] > 16]
+    assert [s for s in seen if not s[0] and s[1]]  # decoded in a worker thread

@@ -129,7 +129,7 @@ def _reach(roots: list[object], stop: dict[int, object]) -> dict[int, object]:
 @cpython_only
 async def test_a_held_context_adds_a_fixed_number_of_tracked_objects() -> None:
     """Invariant: a context that ran 12 turns (tool calls, builds), with the
-    prefix its host holds, leads the collector to exactly 17 tracked objects
+    prefix its host holds, leads the collector to exactly 16 tracked objects
     of its own: its state, history, render run, body and delivered prefix,
     none per message, per turn or per call id (its render caches, call-id
     renamers and offset arrays are untracked)."""
@@ -150,5 +150,5 @@ async def test_a_held_context_adds_a_fixed_number_of_tracked_objects() -> None:
             len(_reach([contexts[f"session-{n}"], held[f"session-{n}"]], shared)) for n in range(4)
         ]
         items = [contexts[f"session-{n}"].history.held_items for n in range(4)]
-    assert items == [45] * 4  # 45 messages held, 17 tracked objects: none per message
-    assert own == [17] * 4
+    assert items == [45] * 4  # 45 messages held, 16 tracked objects: none per message
+    assert own == [16] * 4

@@ -121,9 +121,15 @@ class _Layers:
             if not layers:
                 merged = {k: v for k, v in merged.items() if v is not None}
             layers.append(merged)
+            untrack_container(layers)  # as in __init__
             self._frozen = layers
             self._top = {}
-        return _Layers(self._frozen)
+        # As __init__ makes it, without untracking the shared list again.
+        other = _Layers.__new__(_Layers)
+        other._frozen = self._frozen
+        other._top = {}
+        untrack_atoms(other)
+        return other
 
     def present(self) -> list[str]:
         """Every key with a value, in no particular order (O(n): for small maps)."""
@@ -170,12 +176,14 @@ class CallIdRenamer:
 
     def copy(self) -> CallIdRenamer:
         """An independent renamer in the same state (O(log n), see the class docstring)."""
-        other = CallIdRenamer()
+        # As __init__ makes it (untracked), without the two empty maps it would make.
+        other = CallIdRenamer.__new__(CallIdRenamer)
         other._seen = self._seen.copy()
         other._counters = self._counters.copy()
         other._group = {k: list(v) for k, v in self._group.items()}
         other._in_results = self._in_results
         other.renamed = self.renamed
+        untrack_atoms(other)
         return other
 
     def __contains__(self, call_id: object) -> bool:

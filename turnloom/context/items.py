@@ -26,6 +26,8 @@ __all__ = (
 
 import gc
 from collections.abc import Iterator, Sequence
+from itertools import compress, count, islice, repeat
+from operator import is_
 from typing import Any, overload
 
 import msgspec
@@ -34,7 +36,6 @@ from turnloom.context._untrack import untrack_atoms, untrack_container, untrack_
 from turnloom.context.gateway import NativeContent
 
 _decode = msgspec.json.Decoder().decode
-_MISSING: Any = object()
 _encode = msgspec.json.Encoder().encode
 
 
@@ -250,14 +251,14 @@ class NativeItems:
     def materialize(self) -> tuple[NativeContent, ...]:
         """The items as a tuple of NativeContent (decoded on the first call, then kept).
 
-        Costs O(encoded bytes) of C-speed JSON decoding on the first call.
+        Costs O(encoded bytes) of C-speed JSON decoding on the first call,
+        or after :meth:`adopt` only the items the earlier object did not
+        hold, plus a C-speed copy of references.
         """
         value = self._value
         if value is None:
             if self._encoded:
-                value = _untrack_joined(
-                    (*self._before, *self._decoded(), *self._after), self._before, self._after
-                )
+                value = _untrack_joined(self._joined(), self._before, self._after)
             elif self._after:
                 value = _untrack_joined(self._before + self._after, self._before, self._after)
             else:
@@ -266,42 +267,57 @@ class NativeItems:
             self._source = None
         return value
 
-    def _decoded(self) -> list[NativeContent]:
-        """The encoded run's items: reused from the source where it has them, else decoded.
+    @property
+    def decoded(self) -> bool:
+        """True once :meth:`materialize` ran (its tuple is kept)."""
+        return self._value is not None
+
+    def _joined(self) -> tuple[NativeContent, ...]:
+        """Every item, the encoded run's reused from the source where it has them, else decoded.
 
         From a source of the same run (``epoch``), the items both hold are
-        one C-speed slice; from another (a run rebuilt or renamed anew, most
-        of whose items are the very same ``bytes`` objects), each item whose
-        ``bytes`` object the source holds is its decoded value there.
+        one C-speed slice of its tuple; from another (a run rebuilt or
+        renamed anew, most of whose items are the very same ``bytes``
+        objects), each item whose ``bytes`` object the source holds is its
+        decoded value there, matched at C speed.
         """
-        encoded = self._encoded
+        before, encoded, after = self._before, self._encoded, self._after
         source = self._source
         if source is None or source._value is None or not source._encoded:
-            return _decode_run(encoded)
-        values = source._value[len(source._before) : len(source._before) + len(source._encoded)]
+            return (*before, *_decode_run(encoded), *after)
+        offset = len(source._before)
+        values = source._value
         if source._epoch is self._epoch:
             start = max(source._origin - self._origin, 0)
             stop = min(source._origin + len(source._encoded) - self._origin, len(encoded))
             if start >= stop:
-                return _decode_run(encoded)
-            at = self._origin + start - source._origin
-            reused = values[at : at + stop - start]
-            return [*_decode_run(encoded[:start]), *reused, *_decode_run(encoded[stop:])]
+                return (*before, *_decode_run(encoded), *after)
+            at = offset + self._origin + start - source._origin
+            return (
+                *before,
+                *_decode_run(encoded[:start]),
+                *values[at : at + stop - start],
+                *_decode_run(encoded[stop:]),
+                *after,
+            )
         # The source keeps its bytes objects alive, so their ids are theirs alone.
-        known = dict(zip(map(id, source._encoded), values, strict=True))
-        found = [known.get(id(chunk), _MISSING) for chunk in encoded]
-        missing = [chunk for chunk, value in zip(encoded, found, strict=True) if value is _MISSING]
-        if not missing:
-            return found
-        fresh = iter(_decode_run(missing))
-        return [next(fresh) if value is _MISSING else value for value in found]
+        known = dict(zip(map(id, source._encoded), islice(values, offset, None), strict=False))
+        # None where the source does not hold the bytes object: decoded below
+        # (with any item that is null, decoded to None again).
+        found: list[NativeContent] = list(map(known.get, map(id, encoded)))  # type: ignore[arg-type]
+        if None in found:
+            missing = list(compress(count(), map(is_, found, repeat(None))))
+            fresh = _decode_run([encoded[i] for i in missing])
+            for i, value in zip(missing, fresh, strict=True):
+                found[i] = value
+        return (*before, *found, *after)
 
     def adopt(self, earlier: NativeItems) -> None:
         """Reuse ``earlier``'s decoded items when this one decodes (call before sharing it).
 
         ``earlier`` counts when it is decoded, or reused one that is: from
         the same run, what both hold is reused positionally, else item by
-        item where they hold the same ``bytes`` object (see :meth:`_decoded`).
+        item where they hold the same ``bytes`` object (see :meth:`_joined`).
         At most one earlier object is kept alive, until this one decodes.
         Changes no value.
         """

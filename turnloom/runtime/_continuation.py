@@ -121,7 +121,9 @@ class IssuedPrefixes:
         cached renders are used.
         """
         added = self._continue(prefix, continuation)  # checks the prefix first
-        return (*prefix.items, *added)
+        items = prefix.items
+        # One C-speed copy of the prefix's references (unpacking builds a list first).
+        return items + tuple(added) if added else items
 
     def request_bytes(
         self,

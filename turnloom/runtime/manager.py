@@ -526,8 +526,9 @@ class ContextManager:
         renamed, with its results, by the rule of
         :mod:`turnloom.context.callids`, continued from the prefix, so the
         items hold each call id once. Cost: O(continuation), plus reading
-        ``prefix.items`` (decoded on its first read: see
-        :class:`PreparedContext`) and a C-speed copy.
+        ``prefix.items`` (decoded in the prepare once the host reads the
+        context's prefixes, else on its first read: see
+        :class:`PreparedContext`) and a C-speed copy of its references.
 
         Returns:
             tuple of NativeContent, oldest first; shared with caches (the

@@ -250,12 +250,15 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
             field (``system``, ``systemInstruction``) and merges adjacent
             turns; only the body is guaranteed to pass the gateway's
             ``validate()``. A property: the earlier turns are held encoded
-            (``native_items``) and decoded on the first read, once per
-            prefix, on the reading thread (C-speed JSON decoding of the items
-            the context's previous prefix did not decode; O(items) the first
-            time or after the history's run was rebuilt); the decoded items
-            are shared with that prefix. :meth:`ContextManager.request_bytes`
-            never reads them.
+            (``native_items``) and decoded once per prefix: by the prepare
+            (in its worker thread, or inline for a small prefix) once the
+            host read the items of the context's previous prefix (``build``
+            reads them), else on the first read, on the reading thread
+            (C-speed JSON decoding of the items the context's previous
+            prefix did not decode; O(items) the first time or after the
+            history's run was rebuilt); the decoded items are shared with
+            that prefix.
+            :meth:`ContextManager.request_bytes` never reads them.
         native_items: the same items, the earlier turns still JSON-encoded
             (:class:`~turnloom.context.items.NativeItems`).
         item_count: ``len(items)``.
