@@ -78,7 +78,10 @@ class BodyWriter:
         spellings: other names the provider (and the gateway's
             ``parse_request``) reads as one of those fields (Gemini's
             ``"system_instruction"``); a request must not set them either.
-        renamer: the call-id renaming state (:mod:`turnloom.context.callids`).
+        renamer: the call-id renaming state (:mod:`turnloom.context.callids`),
+            or None for a writer made with ``rename=False``: one fed only
+            items whose call ids were renamed already (see :func:`body_writer`),
+            which it hands out with the ids they carry.
     """
 
     __slots__ = ("marks", "renamer")
@@ -87,8 +90,8 @@ class BodyWriter:
     header: tuple[str, ...] = ()
     spellings: tuple[str, ...] = ()
 
-    def __init__(self) -> None:
-        self.renamer = CallIdRenamer()
+    def __init__(self, *, rename: bool = True) -> None:
+        self.renamer: CallIdRenamer | None = CallIdRenamer() if rename else None
         self.marks: list[tuple[int, int]] | None = None
 
     def feed(self, items: Sequence[NativeContent], out: list[NativeContent], tag: int = 0) -> None:
@@ -146,6 +149,16 @@ class BodyWriter:
         """
         raise NotImplementedError
 
+    def _copied_renamer(self) -> CallIdRenamer | None:
+        """A copy of :attr:`renamer` for :meth:`copy` (None without one)."""
+        renamer = self.renamer
+        return renamer.copy() if renamer is not None else None
+
+    def _forget_ids(self, dropped: CallIdRenamer) -> bool:
+        """:meth:`forget`'s part for call ids: the renamer forgets ``dropped``'s."""
+        renamer = self.renamer
+        return renamer is None or renamer.forget(dropped)
+
     def _hand_out(
         self, out: list[NativeContent], item: NativeContent, origin: int, last: int
     ) -> None:
@@ -155,18 +168,35 @@ class BodyWriter:
             marks.append((origin, last))
 
 
-def body_writer(gateway: Gateway) -> BodyWriter | None:
+def body_writer(gateway: Gateway, *, renamed: bool = False) -> BodyWriter | None:
     """A new writer for ``gateway``'s request body, or None when it has none.
 
     The built-in gateways provide one (``body_writer()``); a registered
     gateway without it gets None, and callers fall back to encoding
     ``request_body`` whole.
+
+    With ``renamed``, the writer renames no call id (its ``renamer`` is
+    None): for a caller that feeds it only the output of one renaming pass
+    (:mod:`turnloom.context.callids`) from the items' first, such as a
+    history's items and what is appended to them with the renaming state
+    after them (ids that pass forgot are forgotten by the writer too, see
+    :meth:`BodyWriter.forget`). Renaming that output again changes nothing,
+    so the body is the same: the second pass finds each call's id (a fixed
+    one, so ``fix`` keeps it) absent from the ids before it, because the ids
+    it has seen are among those the first pass had seen there, and each
+    result's id answering its call or kept as an orphan, as the first pass
+    sent it; a writer that leaves items out feeds a subsequence, for which
+    the same holds.
     """
     make = getattr(gateway, "body_writer", None)
     if make is None:
         return None
     writer = make()
-    return writer if isinstance(writer, BodyWriter) else None
+    if not isinstance(writer, BodyWriter):
+        return None
+    if renamed:
+        writer.renamer = None
+    return writer
 
 
 def reserved_fields(gateway: Gateway) -> frozenset[str]:

@@ -1601,7 +1601,7 @@ class HistoryView:
         call_ids = CallIdRenamer()
         rename_call_ids(kind, run.pinned.items, call_ids)  # renamed: unchanged
         new = _Run(self._pinned, run.pinned, self._evicted, self._generation, call_ids)
-        writer = body_writer(gateway) if run.body is not None else None
+        writer = body_writer(gateway, renamed=True) if run.body is not None else None
         first = run.ends(dropped - 1)[0] - run.origin
         natives = run.natives(first, run.count)
         held = run.span()
@@ -1678,7 +1678,7 @@ _NO_ENDS: array.array[int] = array.array("q")
 
 def _body_run(gateway: Gateway, run: _Run) -> BodyRun | None:
     """The encoded request body of a run's items (segment 0 the pinned, then each turn)."""
-    writer = body_writer(gateway)
+    writer = body_writer(gateway, renamed=True)  # fed the run's renamed items
     if writer is None:
         return None
     segments: list[tuple[Sequence[NativeContent], int, Sequence[bytes]]] = [
