@@ -41,6 +41,7 @@ __all__ = (
 
 import array
 import math
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -512,6 +513,23 @@ class BodyRun:
         writer.marks = None
         tags, reach, opens, counts = self._tags, self._reach, self._opens, self._counts
         if not tags or tags[-1] != tag:
+            if (
+                chunk
+                and tag
+                and not self._open
+                and writer.held_origin() is None
+                and len(out) == len(items)
+                and all(map(operator.is_, out, items))
+                and marks.count((tag, tag)) == len(marks)
+            ):
+                # Its body items are its items, unchanged and in order, and
+                # nothing is held back: sealed at once, as its very chunk.
+                tags.append(tag)
+                reach.append(tag)
+                opens.append(2 if writer.can_open(out[0]) else 1)
+                counts.append(1)
+                self._chunks.append(chunk)
+                return
             tags.append(tag)
             reach.append(tag)
             opens.append(0)

@@ -138,6 +138,7 @@ class ChunkedSpan(Sequence[bytes]):
         "_base",
         "_byte_ends",
         "_chunks",
+        "_count",
         "_ends",
         "_first",
         "_offsets",
@@ -166,13 +167,13 @@ class ChunkedSpan(Sequence[bytes]):
         self._base = base
         self._offsets = offsets
         self._at = at
+        self._count = ends[stop - 1] - origin if stop > first else 0
         # It refers to a list of bytes and arrays of ints only: in no cycle,
         # so out of the cyclic collector (a held prefix adds no tracked object).
         untrack_atoms(self)
 
     def __len__(self) -> int:
-        stop = self._stop
-        return self._ends[stop - 1] - self._origin if stop > self._first else 0
+        return self._count
 
     @property
     def size(self) -> int:
