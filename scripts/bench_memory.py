@@ -20,9 +20,10 @@ no part names), as a ratio to the JSON bytes:
 * messages: the committed Message structs, their parts and strings;
 * bookkeeping: the history's per-message and per-turn records (entries,
   turns, id maps): the committed memory that is not messages;
-* closed turns: the run's encoded items (one ``bytes`` per item);
-* body extra: encoded body items that are not the run's item bytes (merged
-  Anthropic turns, the pinned instructions' body);
+* closed turns: the run's encoded items (one ``bytes`` per turn, its items
+  joined);
+* body extra: encoded body chunks that are not the run's turn chunks (the
+  turns holding a merged Anthropic message, the pinned instructions' body);
 * natives: native items cached for turns not yet closed; ``shared str`` is
   the part of their deep size that is strings the messages hold (not
   counted again);
@@ -139,7 +140,7 @@ def breakdown(history: TurnHistory, committed: int) -> dict[str, int]:
     entries = [*history._pinned, *(e for t in history._turns for e in t.entries(True))]
     messages, _ = _deep([e.message for e in entries], seen)
     [run] = history._shared.runs.values()
-    closed, _ = _deep(run.span().tolist(), seen)
+    closed, _ = _deep(run.chunks[run.dead :], seen)
     natives_roots: list[Any] = []
     for entry in entries:
         natives_roots.append(entry.native)
@@ -155,15 +156,23 @@ def breakdown(history: TurnHistory, committed: int) -> dict[str, int]:
     renamers: list[Any] = [run.call_ids]
     if body is not None:
         body_extra, _ = _deep(body._held(), seen)
-        renamers.append(body._writer.renamer)
+        if body._writer.renamer is not None:
+            renamers.append(body._writer.renamer)
     # The ids renamed turns had before, and the call-id events of turns renamed anew.
     call_ids = _deep([run.calls], seen)[0]
     for renamer in renamers:
         for layers in (renamer._seen, renamer._counters):
-            call_ids += _deep([layers._top, *layers._frozen], seen)[0]
+            call_ids += _deep([layers.top, *layers.frozen], seen)[0]
     index = sum(
         sys.getsizeof(x)
-        for x in (run.items, run.item_ends, run.byte_ends, run.turn_tokens, run.turn_carried)
+        for x in (
+            run.chunks,
+            run.offsets,
+            run.item_ends,
+            run.byte_ends,
+            run.turn_tokens,
+            run.turn_carried,
+        )
     )
     if body is not None:
         index += sum(

@@ -337,7 +337,7 @@ def test_a_hidden_id_stays_hidden_while_an_older_layer_holds_it() -> None:
     layers.copy()
     layers.set("k0", None)
     layers.copy()  # the tombstone, frozen above it
-    assert len(layers._frozen) == 2
+    assert len(layers.frozen) == 2
     assert layers.get("k0") is None
     assert "k0" not in layers.present()
     assert layers.copy().get("k0") is None

@@ -75,8 +75,8 @@ def _bookkeeping(history: TurnHistory) -> list[Any]:
         for rendered in (turn.full, turn.head):
             if rendered is not None:
                 objects.extend((rendered, rendered.items, rendered.encoded))
-    for run in history._shared.runs.values():  # its item list is one object per run
-        objects.extend((run.pinned, run.pinned.items, run.pinned.encoded, *run.items))
+    for run in history._shared.runs.values():  # its chunk list is one object per run
+        objects.extend((run.pinned, run.pinned.items, run.pinned.encoded, *run.chunks))
     return objects
 
 
@@ -108,13 +108,16 @@ def test_history_bookkeeping_and_cached_items_are_not_tracked(tau_bench_path: Pa
         *history._turns[-1].input,
     ]
     assert all(e.native is None and e.encoded is None for e in history._turns[-1].outputs)
-    # A closed turn's message keeps its encoding only when the run holds those bytes.
+    # A closed turn's message keeps its encoding only when the run holds those bytes:
+    # the run holds each closed turn as one chunk, that of a one-item turn being
+    # the item's own encoding.
     [run] = history._shared.runs.values()
-    held = set(map(id, run.items))
+    held = set(map(id, run.chunks))
     closed = [e for turn in history._turns[:-1] for e in turn.entries(True)]
     kept = [e for e in closed if e.encoded is not None]
     assert all(id(e.encoded) in held for e in kept if type(e.encoded) is bytes)
-    assert len(kept) > 0.8 * len(closed)  # not vacuous: most closed messages are held so
+    alone = [t.entries(True)[0] for t in history._turns[:-1] if len(t.entries(True)) == 1]
+    assert kept == [e for e in alone if type(e.encoded) is bytes]
     assert [type(o).__name__ for o in objects if gc.is_tracked(o)] == []
     items = renders[-1].items
     assert len(items) == sum(len(CHAT.render(m)) for m in _complete(history))

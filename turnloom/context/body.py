@@ -41,6 +41,7 @@ __all__ = (
 
 import array
 import math
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -49,7 +50,7 @@ import msgspec
 from turnloom.context._untrack import untrack_atoms, untrack_container
 from turnloom.context.callids import CallIdRenamer
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.items import EncodedSpan, compaction_due, exact_bytes
+from turnloom.context.items import EncodedSpan, compaction_due, encode_item, exact_bytes
 from turnloom.errors import InvalidArgumentError, excerpt, what_type
 
 _encode = msgspec.json.Encoder().encode
@@ -78,7 +79,10 @@ class BodyWriter:
         spellings: other names the provider (and the gateway's
             ``parse_request``) reads as one of those fields (Gemini's
             ``"system_instruction"``); a request must not set them either.
-        renamer: the call-id renaming state (:mod:`turnloom.context.callids`).
+        renamer: the call-id renaming state (:mod:`turnloom.context.callids`),
+            or None for a writer made with ``rename=False``: one fed only
+            items whose call ids were renamed already (see :func:`body_writer`),
+            which it hands out with the ids they carry.
     """
 
     __slots__ = ("marks", "renamer")
@@ -87,8 +91,8 @@ class BodyWriter:
     header: tuple[str, ...] = ()
     spellings: tuple[str, ...] = ()
 
-    def __init__(self) -> None:
-        self.renamer = CallIdRenamer()
+    def __init__(self, *, rename: bool = True) -> None:
+        self.renamer: CallIdRenamer | None = CallIdRenamer() if rename else None
         self.marks: list[tuple[int, int]] | None = None
 
     def feed(self, items: Sequence[NativeContent], out: list[NativeContent], tag: int = 0) -> None:
@@ -146,6 +150,16 @@ class BodyWriter:
         """
         raise NotImplementedError
 
+    def _copied_renamer(self) -> CallIdRenamer | None:
+        """A copy of :attr:`renamer` for :meth:`copy` (None without one)."""
+        renamer = self.renamer
+        return renamer.copy() if renamer is not None else None
+
+    def _forget_ids(self, dropped: CallIdRenamer) -> bool:
+        """:meth:`forget`'s part for call ids: the renamer forgets ``dropped``'s."""
+        renamer = self.renamer
+        return renamer is None or renamer.forget(dropped)
+
     def _hand_out(
         self, out: list[NativeContent], item: NativeContent, origin: int, last: int
     ) -> None:
@@ -155,18 +169,35 @@ class BodyWriter:
             marks.append((origin, last))
 
 
-def body_writer(gateway: Gateway) -> BodyWriter | None:
+def body_writer(gateway: Gateway, *, renamed: bool = False) -> BodyWriter | None:
     """A new writer for ``gateway``'s request body, or None when it has none.
 
     The built-in gateways provide one (``body_writer()``); a registered
     gateway without it gets None, and callers fall back to encoding
     ``request_body`` whole.
+
+    With ``renamed``, the writer renames no call id (its ``renamer`` is
+    None): for a caller that feeds it only the output of one renaming pass
+    (:mod:`turnloom.context.callids`) from the items' first, such as a
+    history's items and what is appended to them with the renaming state
+    after them (ids that pass forgot are forgotten by the writer too, see
+    :meth:`BodyWriter.forget`). Renaming that output again changes nothing,
+    so the body is the same: the second pass finds each call's id (a fixed
+    one, so ``fix`` keeps it) absent from the ids before it, because the ids
+    it has seen are among those the first pass had seen there, and each
+    result's id answering its call or kept as an orphan, as the first pass
+    sent it; a writer that leaves items out feeds a subsequence, for which
+    the same holds.
     """
     make = getattr(gateway, "body_writer", None)
     if make is None:
         return None
     writer = make()
-    return writer if isinstance(writer, BodyWriter) else None
+    if not isinstance(writer, BodyWriter):
+        return None
+    if renamed:
+        writer.renamer = None
+    return writer
 
 
 def reserved_fields(gateway: Gateway) -> frozenset[str]:
@@ -271,15 +302,15 @@ class EncodedBody:
     """A request body whose leading part is kept encoded; immutable.
 
     Holds the JSON bytes of the body items already settled (``lead``, then
-    ``chunks``, read and never changed), the writer state after them (never
-    fed again: copied on use) and the native items after them (``rest``),
-    not fed yet.
+    ``chunks``, then ``tail``, read and never changed; each one or more body
+    items joined by ``,``), the writer state after them (never fed again:
+    copied on use) and the native items after them (``rest``), not fed yet.
 
     Built by a history render (``RenderedHistory.body``) or
     :meth:`start`; extended with :meth:`extend`.
     """
 
-    __slots__ = ("_chunks", "_lead", "_rest", "_writer")
+    __slots__ = ("_chunks", "_lead", "_rest", "_tail", "_writer")
 
     def __init__(
         self,
@@ -287,10 +318,12 @@ class EncodedBody:
         chunks: Sequence[bytes],
         rest: tuple[NativeContent, ...] = (),
         lead: tuple[bytes, ...] = (),
+        tail: tuple[bytes, ...] = (),
     ) -> None:
         self._writer = writer
         self._lead = lead
         self._chunks = chunks
+        self._tail = tail
         self._rest = rest
 
     @classmethod
@@ -306,7 +339,9 @@ class EncodedBody:
         """
         if not items:
             return self
-        return EncodedBody(self._writer, self._chunks, self._rest + tuple(items), self._lead)
+        return EncodedBody(
+            self._writer, self._chunks, self._rest + tuple(items), self._lead, self._tail
+        )
 
     def encode(self, members: bytes = b"") -> bytes:
         """The encoded request body of all the items, as UTF-8 JSON bytes.
@@ -330,8 +365,36 @@ class EncodedBody:
         chunks = held.tolist() if isinstance(held, EncodedSpan) else list(held)
         if self._lead:
             chunks[:0] = self._lead
+        chunks.extend(self._tail)
         chunks.extend(map(_encode, out))
         return _splice(head[:-2], chunks, members)
+
+
+class _Open:
+    """A segment of a :class:`BodyRun` that may still get body items (see ``BodyRun._feed``)."""
+
+    __slots__ = ("chunk", "encoded", "items", "next", "pending", "whole")
+
+    def __init__(
+        self, items: Sequence[NativeContent], encoded: Sequence[bytes], chunk: bytes | None
+    ) -> None:
+        self.items = items  # keeps the items alive, so their ids name them
+        self.encoded = encoded
+        self.chunk = chunk
+        self.pending: list[bytes] = []  # its encoded body items so far
+        self.next = 0  # how many of its items were handed out unchanged, in order, first
+        self.whole = True  # nothing else was handed out for it
+
+    def position(self, body_item: NativeContent, encoded: bytes | None) -> int:
+        """The index of the segment's next item if ``body_item`` is it (or encodes so), else -1."""
+        at = self.next
+        items = self.items
+        if at < len(items) and (
+            items[at] is body_item
+            or (encoded is not None and at < len(self.encoded) and self.encoded[at] == encoded)
+        ):
+            return at
+        return -1
 
 
 class BodyRun:
@@ -339,17 +402,22 @@ class BodyRun:
 
     Segment tags increase from one :meth:`append` to the next; segment 0 is
     the pinned instructions and is never dropped. The body items are kept
-    as one list of encoded chunks, one per body item, in body order; a
-    segment's chunks are contiguous (a held-back item belongs to the
-    segment it started in, before any item of a later one); segment 0's
-    come first and are kept apart (``_lead``), so dropped segments are
-    always at the front of ``_chunks``: dropping moves its start
-    (``_skip``) and a snapshot hands the list out without a copy (it is
-    only appended to, or replaced by a compacted copy). A chunk equal
-    to the encoding of an item appended with it is that very bytes object,
-    so a history that keeps its items encoded keeps such body items once.
-    The writer state is replaced, never changed, so a :meth:`snapshot`
-    stays valid. Not thread-safe: guarded by the history's lock.
+    encoded in body order; a segment's body items are contiguous (a
+    held-back item belongs to the segment it started in, before any item of
+    a later one). Segment 0's come first and are kept apart (``_lead``, one
+    ``bytes`` per body item); every other segment, once no body item can
+    come for it any more (*sealed*), is one chunk in ``_chunks``: its body
+    items joined by ``,`` (none when it has none). A segment whose body items
+    are its own items, unchanged and in order, is the very chunk its caller
+    joined them into (``append``'s ``chunk``), so a history that keeps its
+    turns joined keeps such a turn once, not as items and body. Body items
+    of the segments not sealed yet (the newest) are kept one ``bytes`` each
+    in ``_open``. Dropped segments are always at the front of ``_chunks``:
+    dropping moves its start (``_skip``) and a snapshot hands the list out
+    without a copy (it is only appended to, or replaced by a compacted
+    copy), so joining a body copies about one chunk per segment. The writer
+    state is replaced, never changed, so a :meth:`snapshot` stays valid.
+    Not thread-safe: guarded by the history's lock.
     """
 
     __slots__ = (
@@ -357,9 +425,9 @@ class BodyRun:
         "_counts",
         "_dead",
         "_lead",
+        "_open",
         "_opens",
         "_reach",
-        "_recent",
         "_skip",
         "_tags",
         "_writer",
@@ -369,7 +437,8 @@ class BodyRun:
         self._writer = writer
         # One entry per segment, oldest first: its tag, the last tag a body
         # item of it was built from, can_open of its first body item (0: none
-        # handed out yet, 1: False, 2: True) and how many body items it holds.
+        # handed out yet, 1: False, 2: True) and how many chunks it holds in
+        # ``_chunks`` (0 or 1 once sealed; before, its body items so far).
         self._tags = array.array("q")
         self._reach = array.array("q")
         self._opens = bytearray()
@@ -379,19 +448,23 @@ class BodyRun:
         # Segments dropped but still in those arrays, after segment 0's slot
         # (when there is one): dropping is O(dropped segments), no move.
         self._dead = 0
-        # One per body item, in body order: segment 0's, then the others'
-        # after ``_skip`` dropped ones. Only ever holding bytes, they can be
-        # in no cycle: out of the cyclic collector, a full collection visits
-        # no reference per body item.
+        # Segment 0's body items, then the sealed segments' chunks after
+        # ``_skip`` dropped ones. Only ever holding bytes, they can be in no
+        # cycle: out of the cyclic collector, a full collection visits no
+        # reference per body item.
         self._lead: list[bytes] = []
         self._chunks: list[bytes] = []
         self._skip = 0
         untrack_container(self._lead)
         untrack_container(self._chunks)
-        self._recent: tuple[bytes, ...] = ()  # the last segment's encodings (when given)
+        self._open: dict[int, _Open] = {}  # the segments not sealed yet, by tag, oldest first
 
     def append(
-        self, items: Sequence[NativeContent], tag: int, encoded: Sequence[bytes] = ()
+        self,
+        items: Sequence[NativeContent],
+        tag: int,
+        encoded: Sequence[bytes] = (),
+        chunk: bytes | None = None,
     ) -> None:
         """Feed one segment's items; encode the body items they settle.
 
@@ -400,26 +473,28 @@ class BodyRun:
             tag: the segment's tag (greater than the last one appended).
             encoded: the items' JSON encodings, when the caller keeps them:
                 a body item encoded to equal bytes shares that object.
+            chunk: ``encoded`` joined by ``,``, when the caller keeps that:
+                the segment's chunk when its body items are its items.
         """
         writer = self._writer.copy()
-        self._feed(writer, items, tag, encoded)
+        self._feed(writer, items, tag, encoded, chunk)
         self._writer = writer
 
     @classmethod
     def of(
         cls,
         writer: BodyWriter,
-        segments: Iterable[tuple[Sequence[NativeContent], int, Sequence[bytes]]],
+        segments: Iterable[tuple[Sequence[NativeContent], int, Sequence[bytes], bytes | None]],
     ) -> BodyRun:
-        """A run of ``segments`` (items, tag, encodings) fed in order to ``writer`` (taken).
+        """A run of ``segments`` (items, tag, encodings, chunk) fed in order to ``writer`` (taken).
 
         The same as :meth:`append` of each segment to a run of a fresh
         ``writer``, with the one writer changed in place instead of copied
         per segment.
         """
         run = cls(writer)
-        for items, tag, encoded in segments:
-            run._feed(writer, items, tag, encoded)
+        for items, tag, encoded, chunk in segments:
+            run._feed(writer, items, tag, encoded, chunk)
         return run
 
     def _feed(
@@ -428,6 +503,7 @@ class BodyRun:
         items: Sequence[NativeContent],
         tag: int,
         encoded: Sequence[bytes],
+        chunk: bytes | None,
     ) -> None:
         """:meth:`append` with ``writer`` (this run's, changed in place)."""
         out: list[NativeContent] = []
@@ -437,15 +513,28 @@ class BodyRun:
         writer.marks = None
         tags, reach, opens, counts = self._tags, self._reach, self._opens, self._counts
         if not tags or tags[-1] != tag:
+            if (
+                chunk
+                and tag
+                and not self._open
+                and writer.held_origin() is None
+                and len(out) == len(items)
+                and all(map(operator.is_, out, items))
+                and marks.count((tag, tag)) == len(marks)
+            ):
+                # Its body items are its items, unchanged and in order, and
+                # nothing is held back: sealed at once, as its very chunk.
+                tags.append(tag)
+                reach.append(tag)
+                opens.append(2 if writer.can_open(out[0]) else 1)
+                counts.append(1)
+                self._chunks.append(chunk)
+                return
             tags.append(tag)
             reach.append(tag)
             opens.append(0)
             counts.append(0)
-        # A body item handed out unchanged (the very item fed now) is its
-        # item's encoding; another one equal to the encoding of an item fed
-        # now or with the last segment (a held-back item) shares it too.
-        by_id = dict(zip(map(id, items), encoded, strict=False))  # ``items`` keeps them alive
-        by_value: dict[bytes, bytes] | None = None
+            self._open[tag] = _Open(items, encoded, chunk)
         count, start = len(out), 0
         while start < count:
             origin = marks[start][0]
@@ -461,32 +550,69 @@ class BodyRun:
             if not opens[index]:
                 opens[index] = 2 if writer.can_open(out[start]) else 1
             counts[index] += end - start
-            chunks = self._lead if tags[index] == 0 else self._chunks
+            segment = self._open[tags[index]]
             for body_item in out[start:end]:
-                chunk = by_id.get(id(body_item))
-                if chunk is None:
-                    chunk = _encode(body_item)
-                    if by_value is None:
-                        by_value = {e: e for e in (*self._recent, *encoded)}
-                    chunk = by_value.get(chunk) or exact_bytes(chunk)
-                chunks.append(chunk)
+                # A body item that is the segment's next item (the same
+                # object, or one encoded alike) is that item's encoding.
+                at = segment.position(body_item, None)
+                body = None
+                if at < 0:
+                    body = _encode(body_item)
+                    at = segment.position(body_item, body)
+                if at >= 0:
+                    segment.next += 1
+                    if at < len(segment.encoded):
+                        segment.pending.append(segment.encoded[at])
+                        continue
+                else:
+                    segment.whole = False
+                segment.pending.append(
+                    exact_bytes(body) if body is not None else encode_item(body_item)
+                )
             start = end
-        if encoded:  # only the last segment's items with any can be handed out later
-            self._recent = tuple(encoded)
+        held = writer.held_origin()
+        self._seal(tag + 1 if held is None else held)
+
+    def _seal(self, below: int) -> None:
+        """Seal the open segments tagged below ``below``: no body item can come for them now."""
+        open_segments = self._open
+        while open_segments:
+            tag = next(iter(open_segments))
+            if tag >= below:
+                break
+            segment = open_segments.pop(tag)
+            index = len(self._tags) - 1
+            while self._tags[index] != tag:
+                index -= 1
+            pending = segment.pending
+            if tag == 0:
+                self._lead.extend(pending)
+                continue
+            if not pending:
+                continue
+            chunk = segment.chunk
+            if not (chunk is not None and segment.whole and segment.next == len(segment.items)):
+                chunk = b",".join(pending)
+            self._chunks.append(chunk)
+            self._counts[index] = 1
 
     def snapshot(self, rest: tuple[NativeContent, ...] = ()) -> EncodedBody:
-        """The body as it stands, then ``rest``, in O(segment 0's body items)."""
+        """The body as it stands, then ``rest``, in O(segment 0's and the open segments' items)."""
         chunks = EncodedSpan(self._chunks, self._skip, len(self._chunks))
-        return EncodedBody(self._writer, chunks, rest, tuple(self._lead))
+        tail = tuple(b for segment in self._open.values() for b in segment.pending)
+        return EncodedBody(self._writer, chunks, rest, tuple(self._lead), tail)
 
     def _held(self) -> list[bytes]:
-        """The encoded body items, in body order (a copy)."""
-        return [*self._lead, *self._chunks[self._skip :]]
+        """The encoded body, in body order (a copy): body items of segment 0, chunks, open items."""
+        open_items = [b for segment in self._open.values() for b in segment.pending]
+        return [*self._lead, *self._chunks[self._skip :], *open_items]
 
     def _live_segments(self) -> list[tuple[int, int, int]]:
-        """Each held segment's (tag, reach, body item count), oldest first."""
+        """Each held segment's (tag, reach, entries of :meth:`_held`), oldest first."""
         rows = list(zip(self._tags, self._reach, self._counts, strict=True))
         cut = 1 if rows and rows[0][0] == 0 else 0
+        if cut:
+            rows[0] = (rows[0][0], rows[0][1], len(self._lead))
         return rows[:cut] + rows[cut + self._dead :]
 
     def compaction_due(self) -> bool:
@@ -548,7 +674,7 @@ class BodyRun:
         """Do what :meth:`plan_drop` planned (the run unchanged since)."""
         cut, end = plan.cut, plan.end
         self._writer = plan.writer
-        self._skip += sum(self._counts[cut:end])
+        self._skip += sum(self._counts[cut:end])  # sealed segments: held is past them
         self._dead += end - cut
 
 

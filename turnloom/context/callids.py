@@ -49,7 +49,9 @@ __all__ = (
 
 from collections.abc import Callable, Sequence
 
-from turnloom.context._untrack import untrack_atoms, untrack_container
+import msgspec
+
+from turnloom.context._untrack import untrack_atoms
 from turnloom.context.gateway import GatewayType, NativeContent
 
 _MISSING: object = object()
@@ -63,7 +65,7 @@ items, never on the renamer's state, so replaying them
 items from that state gives."""
 
 
-class _Layers:
+class _Layers(msgspec.Struct, gc=False):
     """A str-keyed map that copies in O(log n): frozen layers shared by copies, an owned top.
 
     Changes go to the top, a plain dict. :meth:`copy` first freezes the top
@@ -74,29 +76,22 @@ class _Layers:
     layers. A lookup reads the top, then the layers newest first. ``None``
     values are tombstones: they hide older values and are dropped once
     merged into the oldest layer.
+
+    Out of the cyclic collector (``gc=False``): it holds only a tuple of
+    dicts and a dict, each of str to str, int, True or None, which can reach
+    no object but those atoms, so nothing it refers to leads back to it (a
+    held history and every prefix keep some). CPython leaves such dicts
+    untracked, and untracks the tuple of them at its first collection.
     """
 
-    __slots__ = ("_frozen", "_top")
-
-    def __init__(self, frozen: list[dict[str, object]] | None = None) -> None:
-        # Replaced, never changed in place (copies share it). It holds only
-        # dicts of str to str, int, True or None (which CPython leaves
-        # untracked), so it can be in no cycle: untracked, a full collection
-        # visits none of its references however many layers.
-        self._frozen: list[dict[str, object]] = [] if frozen is None else frozen
-        untrack_container(self._frozen)
-        self._top: dict[str, object] = {}
-        # Its two slots hold only such dicts and lists of them, which can
-        # reach no object but strings, ints, True and None, so nothing it
-        # refers to leads back to it: out of the collector too (a held
-        # history and every prefix keep some).
-        untrack_atoms(self)
+    frozen: tuple[dict[str, object], ...] = ()  # replaced, never changed (copies share it)
+    top: dict[str, object] = msgspec.field(default_factory=dict)
 
     def get(self, key: str) -> object:
         """The value of ``key``, or None."""
-        value = self._top.get(key, _MISSING)
+        value = self.top.get(key, _MISSING)
         if value is _MISSING:
-            for layer in reversed(self._frozen):
+            for layer in reversed(self.frozen):
                 value = layer.get(key, _MISSING)
                 if value is not _MISSING:
                     break
@@ -106,13 +101,13 @@ class _Layers:
 
     def set(self, key: str, value: object) -> None:
         """Set ``key`` (None hides it)."""
-        self._top[key] = value
+        self.top[key] = value
 
     def copy(self) -> _Layers:
         """An independent map with the same entries, sharing the frozen layers."""
-        top = self._top
+        top = self.top
         if top:
-            layers = list(self._frozen)
+            layers = list(self.frozen)
             merged = top
             while layers and len(layers[-1]) <= 2 * len(merged):
                 older = dict(layers.pop())
@@ -121,22 +116,19 @@ class _Layers:
             if not layers:
                 merged = {k: v for k, v in merged.items() if v is not None}
             layers.append(merged)
-            untrack_container(layers)  # as in __init__
-            self._frozen = layers
-            self._top = {}
-        # As __init__ makes it, without untracking the shared list again.
-        other = _Layers.__new__(_Layers)
-        other._frozen = self._frozen
-        other._top = {}
-        untrack_atoms(other)
-        return other
+            self.frozen = tuple(layers)
+            self.top = {}
+        return _Layers(self.frozen, {})
 
     def present(self) -> list[str]:
         """Every key with a value, in no particular order (O(n): for small maps)."""
+        frozen = self.frozen
+        if not frozen:
+            return [k for k, v in self.top.items() if v is not None]
         merged: dict[str, object] = {}
-        for layer in self._frozen:
+        for layer in frozen:
             merged.update(layer)
-        merged.update(self._top)
+        merged.update(self.top)
         return [k for k, v in merged.items() if v is not None]
 
 
@@ -176,14 +168,16 @@ class CallIdRenamer:
 
     def copy(self) -> CallIdRenamer:
         """An independent renamer in the same state (O(log n), see the class docstring)."""
-        # As __init__ makes it (untracked), without the two empty maps it would make.
-        other = CallIdRenamer.__new__(CallIdRenamer)
+        # Made without __init__ (whose fresh maps would be replaced at once);
+        # out of the collector for the reason __init__ gives.
+        other = object.__new__(CallIdRenamer)
+        untrack_atoms(other)
         other._seen = self._seen.copy()
         other._counters = self._counters.copy()
-        other._group = {k: list(v) for k, v in self._group.items()}
+        group = self._group
+        other._group = {k: list(v) for k, v in group.items()} if group else {}
         other._in_results = self._in_results
         other.renamed = self.renamed
-        untrack_atoms(other)
         return other
 
     def __contains__(self, call_id: object) -> bool:

@@ -109,7 +109,7 @@ from turnloom.context.callids import (
     restore_call_ids,
 )
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.items import EncodedSpan, NativeItems, compaction_due, encode_item
+from turnloom.context.items import ChunkedSpan, NativeItems, compaction_due, encode_item
 from turnloom.context.message import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Message,
@@ -323,14 +323,8 @@ class RenderedHistory:
     """
 
     __slots__ = (
-        "_base",
-        "_byte_ends",
-        "_first",
-        "_item_ends",
-        "_origin",
         "_pinned",
         "_run",
-        "_stop",
         "_tail",
         "body",
         "bytes",
@@ -353,27 +347,19 @@ class RenderedHistory:
         self._pinned = pinned
         self._tail = tail  # everything after the run: unsettled turns, then the turn's input
         if run is None:
-            self._run: Sequence[bytes] = ()
-            self._item_ends = self._byte_ends = _NO_ENDS
-            self._first = self._stop = 0
-            self._origin = self._base = 0
-            epoch = None
+            self._run = _NO_SPAN
+            native = NativeItems(pinned.items, (), tail.items)
         else:
             # The run's containers as they stand, without a copy: the run
             # only appends to them (or replaces them) while this lives.
             self._run = run.span()
-            self._item_ends = run.item_ends
-            self._byte_ends = run.byte_ends
-            self._first, self._stop = run.dead, len(run.item_ends)  # its turns' slots there
-            self._origin, self._base, epoch = run.origin, run.base, run.epoch
-        self.native_items = NativeItems(pinned.items, self._run, tail.items, epoch, self._origin)
+            native = NativeItems(pinned.items, self._run, tail.items, run.epoch, run.origin)
+        self.native_items = native
         self.item_count = len(pinned.items) + len(self._run) + len(tail.items)
         self.body = body
         self.call_ids = call_ids
         self.turn_start = 0
-        first, stop = self._first, self._stop
-        run_bytes = self._byte_ends[stop - 1] - self._base if stop > first else 0
-        self.bytes: int = pinned.bytes + run_bytes + tail.bytes
+        self.bytes: int = pinned.bytes + self._run.size + tail.bytes
         self.tokens = tokens
 
     @property
@@ -384,9 +370,8 @@ class RenderedHistory:
     def bytes_before(self, count: int) -> int:
         """Serialized size of ``items[:count]``, in bytes.
 
-        Costs O(log turns + one turn) within the pinned instructions' and
-        closed turns' items, else O(items after them), never a pass over the
-        whole history.
+        Costs O(1) within the pinned instructions' and closed turns' items,
+        else O(items after them), never a pass over the whole history.
         """
         count = max(0, min(count, self.item_count))
         pinned = self._pinned
@@ -394,18 +379,10 @@ class RenderedHistory:
             return sum(map(len, pinned.encoded[:count]))
         count -= len(pinned.items)
         run = self._run
-        first, stop = self._first, self._stop
         if count > len(run):
-            run_bytes = self._byte_ends[stop - 1] - self._base if stop > first else 0
             inside = sum(map(len, self._tail.encoded[: count - len(run)]))
-            return pinned.bytes + run_bytes + inside
-        # The turn holding item ``count - 1`` of the run, in the running coordinate.
-        position = self._origin + count
-        index = bisect.bisect_left(self._item_ends, position, first, stop)
-        start = self._item_ends[index - 1] if index > first else self._origin
-        before = self._byte_ends[index - 1] if index > first else self._base
-        inside = sum(map(len, run[start - self._origin : count]))
-        return pinned.bytes + before - self._base + inside
+            return pinned.bytes + run.size + inside
+        return pinned.bytes + run.size_before(count)
 
 
 # Garbage-collector cost. A held history keeps one _Entry per message and one
@@ -705,7 +682,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         return rendered
 
     def release(self, slots: tuple[int, int], kept: _Chunks) -> None:
-        """Drop this turn's native renders: it joined a run, which holds ``kept`` (its items).
+        """Drop this turn's native renders: it joined a run, which holds ``kept`` (its chunk).
 
         Its cached whole and input renders (key slot ``slots[1]``) go, and
         each message's native items for gateway slot ``slots[0]``; a
@@ -726,10 +703,12 @@ class _Run:
     """The rendered items of the pinned instructions and the closed turns.
 
     ``pinned`` is the pinned instructions' render (native, with encodings).
-    The closed turns' items are kept only encoded: ``items`` holds one JSON
-    ``bytes`` per item, renamed as the run sends them, oldest first, after
+    The closed turns' items are kept only encoded, renamed as the run sends
+    them: ``chunks`` holds one ``bytes`` per turn, its items' JSON joined by
+    ``,`` (see :class:`~turnloom.context.items.ChunkedSpan`), and
+    ``offsets`` where each item ends in running bytes, oldest first, after
     ``skip`` slots dropped at the front. Per turn, oldest first, after
-    ``dead`` slots dropped at the front: ``item_ends`` and ``byte_ends``
+    ``dead`` slots dropped at the front: its chunk, ``item_ends`` and ``byte_ends``
     (where it ends, in items and bytes, in running coordinates that begin
     at ``origin`` and ``base`` and are never rebased), ``turn_tokens``,
     ``turn_carried`` (1 when calls of an earlier turn were carried into it)
@@ -760,14 +739,15 @@ class _Run:
         "call_ids",
         "calls",
         "carry",
+        "chunks",
         "dead",
         "epoch",
         "evicted",
         "first_tag",
         "generation",
         "item_ends",
-        "items",
         "last",
+        "offsets",
         "origin",
         "pinned",
         "pinned_entries",
@@ -787,16 +767,17 @@ class _Run:
     ) -> None:
         self.pinned_entries = pinned_entries
         self.pinned = pinned
-        self.items: list[bytes] = []
+        self.chunks: list[bytes] = []
         # Bytes only, so in no cycle: out of the cyclic collector, so a full
-        # collection visits no reference per item.
-        untrack_container(self.items)
+        # collection visits no reference per turn.
+        untrack_container(self.chunks)
+        self.offsets = _ends()
         self.item_ends = _ends()
         self.byte_ends = _ends()
         self.base = 0
         self.origin = 0
         # Dropped at the front but still in the containers (see drop_turns):
-        # items in ``items``, turns in the per-turn ones.
+        # items in ``offsets``, turns in the per-turn ones.
         self.skip = 0
         self.dead = 0
         self.epoch = object()
@@ -825,11 +806,37 @@ class _Run:
     @property
     def count(self) -> int:
         """How many items the run holds (the pinned instructions' aside)."""
-        return len(self.items) - self.skip
+        return len(self.offsets) - self.skip
 
-    def span(self) -> EncodedSpan:
+    def span(self) -> ChunkedSpan:
         """The run's encoded items, oldest first, in O(1) (valid while the run lives)."""
-        return EncodedSpan(self.items, self.skip, len(self.items))
+        return ChunkedSpan(
+            self.chunks,
+            self.dead,
+            len(self.chunks),
+            self.item_ends,
+            self.byte_ends,
+            self.origin,
+            self.base,
+            self.offsets,
+            self.skip,
+        )
+
+    def encodings(self, index: int) -> list[bytes]:
+        """The encoded items of the run's turn ``index`` (0 = oldest held), one ``bytes`` each."""
+        at = self.dead + index
+        start = self.item_ends[at - 1] if at > self.dead else self.origin
+        base = self.byte_ends[at - 1] if at > self.dead else self.base
+        chunk = self.chunks[at]
+        first = self.skip + start - self.origin
+        ends = self.offsets[first : first + self.item_ends[at] - start]
+        out = []
+        begin = 0
+        for number, end in enumerate(ends):
+            stop = end - base + number
+            out.append(chunk[begin:stop])
+            begin = stop + 1  # past the separator
+        return out
 
     def ends(self, index: int) -> tuple[int, int]:
         """Where the run's turn ``index`` (0 = oldest held) ends: (items, bytes), running."""
@@ -862,11 +869,12 @@ class _Run:
         if self.body is not None:
             self.body.compact()
         if self.skip:
-            self.items = self.items[self.skip :]
-            untrack_container(self.items)
+            self.offsets = _ends(self.offsets[self.skip :])
             self.skip = 0
         dead = self.dead
         if dead:
+            self.chunks = self.chunks[dead:]
+            untrack_container(self.chunks)
             self.item_ends = _ends(self.item_ends[dead:])
             self.byte_ends = _ends(self.byte_ends[dead:])
             self.turn_tokens = _ends(self.turn_tokens[dead:])
@@ -881,12 +889,14 @@ class _Run:
         rendered: _Rendered,
         renamed: _Rendered,
         carried: bool,
-    ) -> None:
-        """Append one closed turn: ``renamed`` is ``rendered`` with the run's call ids."""
+    ) -> bytes:
+        """Append one closed turn, ``renamed`` (``rendered`` with the run's call ids); its chunk."""
         calls = None if renamed is rendered else reported_call_ids(gateway.type, rendered.items)
-        self.add(renamed.encoded, renamed.bytes, renamed.tokens, carried, calls)
+        chunk = self.add(renamed.encoded, renamed.bytes, renamed.tokens, carried, calls)
         if self.body is not None:
-            self.body.append(renamed.items, self.first_tag + self.turns - 1, renamed.encoded)
+            tag = self.first_tag + self.turns - 1
+            self.body.append(renamed.items, tag, renamed.encoded, chunk)
+        return chunk
 
     def add(
         self,
@@ -895,26 +905,34 @@ class _Run:
         tokens: int,
         carried: bool,
         calls: _CallLog | tuple[str, ...] | None,
-    ) -> None:
-        """Append one closed turn's encoded items (``size`` bytes in all); not to the body."""
-        self.items.extend(encoded)
+        chunk: bytes | None = None,
+    ) -> bytes:
+        """Append one closed turn's encoded items (``size`` bytes in all); not to the body.
+
+        Returns the turn's chunk: ``chunk`` when given (it must be the items
+        joined by ``,``), else the items joined.
+        """
+        if chunk is None:
+            chunk = b",".join(encoded)
+        self.chunks.append(chunk)
         items_at = self.item_ends[-1] if self.item_ends else self.origin
         bytes_at = self.byte_ends[-1] if self.byte_ends else self.base
+        ends = itertools.accumulate(map(len, encoded), initial=bytes_at)
+        self.offsets.extend(itertools.islice(ends, 1, None))  # past the initial value
         self.item_ends.append(items_at + len(encoded))
         self.byte_ends.append(bytes_at + size)
         self.turn_tokens.append(tokens)
         self.turn_carried.append(1 if carried else 0)
         self.calls.append(calls)
         self.tokens += tokens
+        return chunk
 
-    def natives(self, start: int, stop: int) -> list[NativeContent]:
-        """``items[start:stop]`` of the held items decoded (O(their bytes))."""
-        if start >= stop:
+    def natives(self, first: int, stop: int) -> list[NativeContent]:
+        """The items of the run's turns ``first`` to ``stop - 1`` decoded (O(their bytes))."""
+        joined = b",".join(filter(None, self.chunks[self.dead + first : self.dead + stop]))
+        if not joined:
             return []
-        skip = self.skip
-        decoded: list[NativeContent] = _decode(
-            b"".join((b"[", b",".join(self.items[skip + start : skip + stop]), b"]"))
-        )
+        decoded: list[NativeContent] = _decode(b"".join((b"[", joined, b"]")))
         return decoded
 
 
@@ -1571,7 +1589,7 @@ class HistoryView:
             if budget is not None and not small and count > budget:
                 return None
             evicted_ids = CallIdRenamer()
-            rename_call_ids(gateway.type, run.natives(0, count), evicted_ids)
+            rename_call_ids(gateway.type, run.natives(0, dropped), evicted_ids)
             if not run.call_ids.can_forget(evicted_ids):
                 # A rename of a kept item depended on an evicted one: a render
                 # of the kept turns alone renames differently, so their call
@@ -1627,17 +1645,15 @@ class HistoryView:
         call_ids = CallIdRenamer()
         rename_call_ids(kind, run.pinned.items, call_ids)  # renamed: unchanged
         new = _Run(self._pinned, run.pinned, self._evicted, self._generation, call_ids)
-        writer = body_writer(gateway) if run.body is not None else None
+        writer = body_writer(gateway, renamed=True) if run.body is not None else None
         first = run.ends(dropped - 1)[0] - run.origin
-        natives = run.natives(first, run.count)
-        held = run.span()
-        segments: list[tuple[Sequence[NativeContent], int, Sequence[bytes]]] = [
-            (run.pinned.items, 0, run.pinned.encoded)
-        ]
+        natives = run.natives(dropped, run.turns)
+        segments: list[_Segment] = [(run.pinned.items, 0, run.pinned.encoded, None)]
         start = 0
         for index in range(dropped, run.turns):
             stop = run.ends(index)[0] - run.origin - first
-            encoded: Sequence[bytes] = held[first + start : first + stop]
+            encoded: Sequence[bytes] = run.encodings(index)
+            chunk: bytes | None = run.chunks[run.dead + index]
             items = natives[start:stop]
             calls = run.calls[run.dead + index]
             renamed: list[NativeContent] | None = None
@@ -1657,16 +1673,20 @@ class HistoryView:
                 ]
                 if any(a is not b for a, b in zip(changed, encoded, strict=True)):
                     encoded = changed
-                    closed[index - dropped].release(slots, changed)
+                    chunk = None  # joined anew
                 items = renamed
-            new.add(
+            joined = new.add(
                 encoded,
                 sum(map(len, encoded)),
                 run.turn_tokens[run.dead + index],
                 bool(run.turn_carried[run.dead + index]),
                 calls,
+                chunk,
             )
-            segments.append((items, new.first_tag + index - dropped, encoded))
+            if chunk is None:
+                closed[index - dropped].release(slots, (joined,))
+            chunk = joined
+            segments.append((items, new.first_tag + index - dropped, encoded, chunk))
             start = stop
         if writer is not None:
             new.body = BodyRun.of(writer, segments)
@@ -1693,29 +1713,30 @@ class HistoryView:
         reuse = run.turns
         joined = closed[reuse : reuse + plan.settled]
         for turn, rendered, renamed in zip(joined, plan.renders, renders, strict=False):
-            run.join(gateway, rendered, renamed, bool(rendered.key[0]))
-            turn.release(slots, renamed.encoded)
+            chunk = run.join(gateway, rendered, renamed, bool(rendered.key[0]))
+            turn.release(slots, (chunk,))
         run.last = joined[-1]
         run.carry = plan.carry
 
 
 _NO_ENDS: array.array[int] = array.array("q")
+_Segment = tuple[Sequence[NativeContent], int, Sequence[bytes], bytes | None]
+"""A body segment: items, tag, their encodings, and their chunk (see ``BodyRun.append``)."""
+_NO_SPAN = ChunkedSpan([], 0, 0, _NO_ENDS, _NO_ENDS, 0, 0, _NO_ENDS, 0)
 
 
 def _body_run(gateway: Gateway, run: _Run) -> BodyRun | None:
     """The encoded request body of a run's items (segment 0 the pinned, then each turn)."""
-    writer = body_writer(gateway)
+    writer = body_writer(gateway, renamed=True)  # fed the run's renamed items
     if writer is None:
         return None
-    segments: list[tuple[Sequence[NativeContent], int, Sequence[bytes]]] = [
-        (run.pinned.items, 0, run.pinned.encoded)
-    ]
-    natives = run.natives(0, run.count)
-    held = run.span()
+    segments: list[_Segment] = [(run.pinned.items, 0, run.pinned.encoded, None)]
+    natives = run.natives(0, run.turns)
     start = 0
-    for tag, end in enumerate(run.item_ends[run.dead :], run.first_tag):
+    for index, end in enumerate(run.item_ends[run.dead :]):
         stop = end - run.origin
-        segments.append((natives[start:stop], tag, held[start:stop]))
+        chunk = run.chunks[run.dead + index]
+        segments.append((natives[start:stop], run.first_tag + index, run.encodings(index), chunk))
         start = stop
     return BodyRun.of(writer, segments)
 

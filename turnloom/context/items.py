@@ -16,6 +16,7 @@ msgspec decodes its own encoding to equal values.
 from __future__ import annotations
 
 __all__ = (
+    "ChunkedSpan",
     "EncodedSpan",
     "NativeItems",
     "common_prefix",
@@ -24,8 +25,9 @@ __all__ = (
     "exact_bytes",
 )
 
+import bisect
 import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import compress, count, islice, repeat
 from operator import is_
 from typing import Any, overload
@@ -114,6 +116,116 @@ class EncodedSpan(Sequence[bytes]):
         return self._items[self._start : self._stop]
 
 
+class ChunkedSpan(Sequence[bytes]):
+    """Items ``origin`` onward of a log of encodings kept joined, a chunk per group; immutable.
+
+    Each chunk is the JSON encodings of consecutive items joined by ``,``
+    (empty for a group of no item): few large ``bytes`` objects instead of
+    one per item, so joining the items (a request body, a decode) copies few
+    objects. Chunks ``first:stop`` of ``chunks`` hold the span's items, the
+    first being item ``origin`` in running numbers; per chunk, ``ends`` is
+    where it ends in running item numbers and ``byte_ends`` in running bytes
+    (the items' sizes summed, separators left out, the first item starting
+    at ``base``); per item, ``offsets`` is where it ends in running bytes,
+    the span's first at index ``at``. The owner only appends to these
+    containers while a span of them lives (a log dropping at the front
+    moves its own start and compacts into new containers), so the span
+    never changes. Made in O(1); an item or a slice is cut out of its chunk
+    (a copy of its bytes), :meth:`joined` joins whole chunks.
+    """
+
+    __slots__ = (
+        "_at",
+        "_base",
+        "_byte_ends",
+        "_chunks",
+        "_count",
+        "_ends",
+        "_first",
+        "_offsets",
+        "_origin",
+        "_stop",
+    )
+
+    def __init__(
+        self,
+        chunks: list[bytes],
+        first: int,
+        stop: int,
+        ends: Sequence[int],
+        byte_ends: Sequence[int],
+        origin: int,
+        base: int,
+        offsets: Sequence[int],
+        at: int,
+    ) -> None:
+        self._chunks = chunks
+        self._first = first
+        self._stop = stop
+        self._ends = ends
+        self._byte_ends = byte_ends
+        self._origin = origin
+        self._base = base
+        self._offsets = offsets
+        self._at = at
+        self._count = ends[stop - 1] - origin if stop > first else 0
+        # It refers to a list of bytes and arrays of ints only: in no cycle,
+        # so out of the cyclic collector (a held prefix adds no tracked object).
+        untrack_atoms(self)
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def size(self) -> int:
+        """The items' sizes summed, in bytes (separators left out)."""
+        stop = self._stop
+        return self._byte_ends[stop - 1] - self._base if stop > self._first else 0
+
+    def size_before(self, count: int) -> int:
+        """The sizes of the first ``count`` items summed, in bytes (0 <= count <= len), in O(1)."""
+        return self._offsets[self._at + count - 1] - self._base if count > 0 else 0
+
+    def _cut(self, index: int) -> bytes:
+        """Item ``index`` (0 <= index < len) cut out of its chunk."""
+        at = self._origin + index
+        first = self._first
+        chunk = bisect.bisect_right(self._ends, at, first, self._stop)
+        start = self._ends[chunk - 1] if chunk > first else self._origin
+        base = self._byte_ends[chunk - 1] if chunk > first else self._base
+        end = self._offsets[self._at + index]
+        begin = self._offsets[self._at + index - 1] if at > start else base
+        position = begin - base + at - start  # a separator after each earlier item of the chunk
+        return self._chunks[chunk][position : position + end - begin]
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        size = len(self)
+        if isinstance(index, slice):
+            return [self._cut(i) for i in range(*index.indices(size))]
+        if index < 0:
+            index += size
+        if not 0 <= index < size:
+            raise IndexError("ChunkedSpan index out of range")
+        return self._cut(index)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self[:])
+
+    def tolist(self) -> list[bytes]:
+        """The items as a new list of ``bytes`` (each cut out of its chunk)."""
+        return self[:]
+
+    def joined(self) -> bytes:
+        """Every item's encoding joined by ``,``: a C-speed join of the chunks."""
+        return b",".join(filter(None, self._chunks[self._first : self._stop]))
+
+
 def _decode_run(encoded: Sequence[bytes]) -> list[NativeContent]:
     """Items decoded from their JSON encodings, untracked by the cyclic collector.
 
@@ -123,9 +235,20 @@ def _decode_run(encoded: Sequence[bytes]) -> list[NativeContent]:
     """
     if not encoded:
         return []
-    decoded: list[NativeContent] = _decode(b"".join((b"[", b",".join(encoded), b"]")))
+    joined = encoded.joined() if isinstance(encoded, ChunkedSpan) else b",".join(encoded)
+    decoded: list[NativeContent] = _decode(b"".join((b"[", joined, b"]")))
     untrack_json(decoded)
     return decoded
+
+
+def _keys(encoded: Sequence[bytes]) -> Iterable[object]:
+    """What names each encoded item while ``encoded`` lives.
+
+    The ``id()`` of each ``bytes`` object a sequence holds; for a
+    :class:`ChunkedSpan`, which holds none per item, each item's bytes (cut
+    out of its chunk): equal bytes decode to equal items.
+    """
+    return encoded.tolist() if isinstance(encoded, ChunkedSpan) else map(id, encoded)
 
 
 def _untrack_joined(joined: tuple[Any, ...], *parts: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -300,11 +423,11 @@ class NativeItems:
                 *_decode_run(encoded[stop:]),
                 *after,
             )
-        # The source keeps its bytes objects alive, so their ids are theirs alone.
-        known = dict(zip(map(id, source._encoded), islice(values, offset, None), strict=False))
-        # None where the source does not hold the bytes object: decoded below
+        # The source keeps its items alive, so their keys (see _keys) are theirs alone.
+        known = dict(zip(_keys(source._encoded), islice(values, offset, None), strict=False))
+        # None where the source does not hold the item: decoded below
         # (with any item that is null, decoded to None again).
-        found: list[NativeContent] = list(map(known.get, map(id, encoded)))  # type: ignore[arg-type]
+        found: list[NativeContent] = list(map(known.get, _keys(encoded)))  # type: ignore[arg-type]
         if None in found:
             missing = list(compress(count(), map(is_, found, repeat(None))))
             fresh = _decode_run([encoded[i] for i in missing])

@@ -66,10 +66,16 @@ the step's first kept call.
 """
 
 
-def _clean_parts(parts: Iterable[Part]) -> tuple[Part, ...]:
-    return tuple(
-        [p for p in parts if not (type(p) is TextPart and is_blank_text(p.text) and not p.extras)]
-    )
+def _clean_parts(parts: tuple[Part, ...]) -> tuple[Part, ...]:
+    """``parts`` without blank text parts (that carry no extras); ``parts`` itself when none is."""
+    for part in parts:
+        if type(part) is TextPart and is_blank_text(part.text) and not part.extras:
+            return tuple(
+                p
+                for p in parts
+                if not (type(p) is TextPart and is_blank_text(p.text) and not p.extras)
+            )
+    return parts
 
 
 def _cancelled(calls: Iterable[ToolCallPart]) -> tuple[ToolResultPart, ...]:
@@ -194,32 +200,35 @@ class CallTracker:
     def feed(self, message: Message) -> PairingStep:
         """Apply one message; return what it paired, orphaned and closed."""
         role = message.role
+        parts = message.parts
         if role is _ASSISTANT:
-            calls = message.tool_calls
             if self._model_turns and self._in_model_turn:
-                for call in calls:
-                    self.open[call.call_id] = call
+                for part in parts:
+                    if type(part) is ToolCallPart:
+                        self.open[part.call_id] = part
                 return _NO_STEP
             self._in_model_turn = True
-            closed = self._end()
-            if calls:
-                self.open = {c.call_id: c for c in calls}
-            return PairingStep((), (), closed, False) if closed else _NO_STEP
+            left = self.open
+            # The group ends (see _end); this message's calls open the next one.
+            self.group += 1
+            self.open = {p.call_id: p for p in parts if type(p) is ToolCallPart}
+            return PairingStep((), (), tuple(left.values()), False) if left else _NO_STEP
         self._in_model_turn = False
-        results = message.tool_results
-        if role is _TOOL or (role is _USER and results):
+        if role is _TOOL or role is _USER:
             open_calls = self.open
             paired: list[ToolResultPart] = []
             orphans: list[ToolResultPart] = []
-            for result in results:
-                if open_calls.pop(result.call_id, None) is not None:
-                    paired.append(result)
-                else:
-                    orphans.append(result)
-            closed = ()
-            if role is _USER and any(_ends_group(p) for p in message.parts):
-                closed = self._end()
-            return PairingStep(tuple(paired), tuple(orphans), closed, True)
+            for part in parts:
+                if type(part) is ToolResultPart:
+                    if open_calls.pop(part.call_id, None) is not None:
+                        paired.append(part)
+                    else:
+                        orphans.append(part)
+            if paired or orphans or role is _TOOL:
+                ended: tuple[ToolCallPart, ...] = ()
+                if role is _USER and any(_ends_group(p) for p in parts):
+                    ended = self._end()
+                return PairingStep(tuple(paired), tuple(orphans), ended, True)
         closed = self._end()
         return PairingStep((), (), closed, False) if closed else _NO_STEP
 
@@ -257,13 +266,13 @@ def hold_until_answered(messages: Sequence[Message]) -> list[Message]:
     tracker = CallTracker()
     for message in messages:
         role = message.role
-        if role is _TOOL or (role is _USER and message.tool_results):
+        if role is Role.tool or (role is Role.user and message.tool_results):
             out.append(message)
             tracker.feed(message)
             if not tracker.open:
                 out.extend(held)
                 held.clear()
-        elif role is _ASSISTANT:
+        elif role is Role.assistant:
             out.extend(held)
             held.clear()
             out.append(message)
@@ -387,8 +396,8 @@ def complete_pairs(
         if len(cleaned) != len(parts):
             message = msgspec.structs.replace(message, content=cleaned)
         out.append(message)
-        if message.role is _ASSISTANT and message.tool_calls:
-            owner = len(out) - 1
+        if message.role is _ASSISTANT and tracker.open:
+            owner = len(out) - 1  # it made the group's calls (the tracker holds them)
     if answered_later is None:
         close(tuple(tracker.open.values()))
     elif open_calls == "exclude":

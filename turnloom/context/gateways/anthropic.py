@@ -753,8 +753,8 @@ class _AnthropicBody(BodyWriter):
     field = "messages"
     header = ("system",)
 
-    def __init__(self, merge_turns: bool) -> None:
-        super().__init__()
+    def __init__(self, merge_turns: bool, *, rename: bool = True) -> None:
+        super().__init__(rename=rename)
         self._merge_turns = merge_turns
         self._leading = True  # still in the leading run of system items
         self._system = 0  # how many items the leading run has
@@ -782,7 +782,8 @@ class _AnthropicBody(BodyWriter):
                 self._leading = False
                 self._lead_end = tag
             # Call ids are renamed after the leading run, before merging.
-            item = _rewrite_call_ids(item, self.renamer)
+            if self.renamer is not None:
+                item = _rewrite_call_ids(item, self.renamer)
             held = self._held
             if (
                 self._merge_turns
@@ -809,8 +810,8 @@ class _AnthropicBody(BodyWriter):
         return {"system": list(self._blocks)}
 
     def copy(self) -> _AnthropicBody:
-        other = _AnthropicBody(self._merge_turns)
-        other.renamer = self.renamer.copy()
+        other = _AnthropicBody(self._merge_turns, rename=False)
+        other.renamer = self._copied_renamer()
         other._leading = self._leading
         other._system = self._system
         other._system_to = self._system_to
@@ -830,7 +831,7 @@ class _AnthropicBody(BodyWriter):
         # then the kept items follow the system field directly, as before.
         if self._leading or self._system_to != 0 or self._lead_end == 0:
             return False
-        return self.renamer.forget(dropped)
+        return self._forget_ids(dropped)
 
     def can_open(self, body_item: NativeContent) -> bool:
         # A system item right after the pinned ones would join the leading run.

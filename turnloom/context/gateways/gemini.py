@@ -767,8 +767,8 @@ class _GeminiBody(BodyWriter):
     header = _INSTRUCTIONS[:1]
     spellings = _INSTRUCTIONS[1:]
 
-    def __init__(self, gateway: GeminiGateway) -> None:
-        super().__init__()
+    def __init__(self, gateway: GeminiGateway, *, rename: bool = True) -> None:
+        super().__init__(rename=rename)
         self._gateway = gateway  # reports a left-out leading call turn
         self._system: list[Any] = []
         self._system_tags: set[int] = set()
@@ -781,7 +781,10 @@ class _GeminiBody(BodyWriter):
         self._drop_responses = False  # a leading call turn was left out: its responses go too
 
     def feed(self, items: Sequence[NativeContent], out: list[NativeContent], tag: int = 0) -> None:
-        for item in rename_call_ids(GatewayType.gemini, items, self.renamer):
+        renamer = self.renamer
+        if renamer is not None:
+            items = rename_call_ids(GatewayType.gemini, items, renamer)
+        for item in items:
             if item.get("role") == "system":
                 self._system.extend(item.get("parts", ()))
                 self._system_tags.add(tag)
@@ -838,8 +841,8 @@ class _GeminiBody(BodyWriter):
         return {}
 
     def copy(self) -> _GeminiBody:
-        other = _GeminiBody(self._gateway)
-        other.renamer = self.renamer.copy()
+        other = _GeminiBody(self._gateway, rename=False)
+        other.renamer = self._copied_renamer()
         other._system = list(self._system)
         other._system_tags = set(self._system_tags)
         other._held = self._held
@@ -866,7 +869,7 @@ class _GeminiBody(BodyWriter):
         if self._front or self._front_at >= first_kept:
             return False
         self._system_tags = {tag for tag in self._system_tags if tag >= first_kept or not tag}
-        return self.renamer.forget(dropped)
+        return self._forget_ids(dropped)
 
 
 def _check_answers(

@@ -651,22 +651,25 @@ class _ChatBody(BodyWriter):
     field = "messages"
 
     def feed(self, items: Sequence[NativeContent], out: list[NativeContent], tag: int = 0) -> None:
-        for item in rename_call_ids(GatewayType.openai_chat, items, self.renamer):
+        renamer = self.renamer
+        if renamer is not None:
+            items = rename_call_ids(GatewayType.openai_chat, items, renamer)
+        for item in items:
             self._hand_out(out, item, tag, tag)
 
     def finish(self, out: list[NativeContent]) -> dict[str, Any]:
         return {}
 
     def copy(self) -> _ChatBody:
-        other = _ChatBody()
-        other.renamer = self.renamer.copy()
+        other = _ChatBody(rename=False)
+        other.renamer = self._copied_renamer()
         return other
 
     def held_origin(self) -> int | None:
         return None
 
     def forget(self, first_kept: int, dropped: CallIdRenamer) -> bool:
-        return self.renamer.forget(dropped)
+        return self._forget_ids(dropped)
 
 
 register_gateway(GatewayType.openai_chat, OpenAIChatGateway, _WRITES)

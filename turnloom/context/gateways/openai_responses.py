@@ -948,8 +948,8 @@ class _ResponsesBody(BodyWriter):
     field = "input"
     header = ("instructions",)
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *, rename: bool = True) -> None:
+        super().__init__(rename=rename)
         # An instructions item without text (turnloom never renders one)
         # carries no instructions; validate() flags it.
         self._texts: list[tuple[int, str]] = []
@@ -996,14 +996,18 @@ class _ResponsesBody(BodyWriter):
                 held.append((item, tag))
                 continue
             self._flush(out)
-            self._hand_out(out, _rewrite_call_ids(item, self.renamer), tag, tag)
+            self._hand_out(out, self._renamed(item), tag, tag)
 
     def _flush(self, out: list[NativeContent]) -> None:
         held = self._held
         if held:
             for item, origin in held:
-                self._hand_out(out, _rewrite_call_ids(item, self.renamer), origin, origin)
+                self._hand_out(out, self._renamed(item), origin, origin)
             held.clear()
+
+    def _renamed(self, item: NativeContent) -> NativeContent:
+        renamer = self.renamer
+        return item if renamer is None else _rewrite_call_ids(item, renamer)
 
     def finish(self, out: list[NativeContent]) -> dict[str, Any]:
         self._flush(out)
@@ -1012,8 +1016,8 @@ class _ResponsesBody(BodyWriter):
         return {}
 
     def copy(self) -> _ResponsesBody:
-        other = _ResponsesBody()
-        other.renamer = self.renamer.copy()
+        other = _ResponsesBody(rename=False)
+        other.renamer = self._copied_renamer()
         other._texts = list(self._texts)
         other._seen = dict(self._seen)
         other._seen_at = dict(self._seen_at)
@@ -1043,4 +1047,4 @@ class _ResponsesBody(BodyWriter):
             del self._seen_at[order[cut][1]]
             cut += 1
         del order[:cut]
-        return self.renamer.forget(dropped)
+        return self._forget_ids(dropped)
