@@ -19,11 +19,12 @@ class Invocation:
     """One model call in flight for a turn; see :meth:`ContextManager.invocation`.
 
     Attributes:
-        context_id: the conversation.
-        turn_id: the turn the model call answers.
+        context_id: the conversation (read-only).
+        turn_id: the turn the model call answers (read-only: checked once,
+            when the invocation began, and what :meth:`record` records to).
     """
 
-    __slots__ = ("_gateway", "_life", "_serial", "_state", "_table", "context_id", "turn_id")
+    __slots__ = ("_context_id", "_gateway", "_life", "_serial", "_state", "_table", "_turn_id")
 
     def __init__(
         self,
@@ -39,8 +40,16 @@ class Invocation:
         self._gateway = gateway
         self._state = state
         self._serial = state.history.turn_serial(turn_id)
-        self.context_id = context_id
-        self.turn_id = turn_id
+        self._context_id = context_id
+        self._turn_id = turn_id
+
+    @property
+    def context_id(self) -> str:
+        return self._context_id
+
+    @property
+    def turn_id(self) -> str:
+        return self._turn_id
 
     def record(self, outputs: Sequence[Message]) -> int:
         """Record outputs of this turn; see :meth:`ContextManager.record`.
