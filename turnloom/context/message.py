@@ -530,7 +530,24 @@ def decode_json_text(text: str, *, where: str = "value", field: str = "") -> Any
             pass
         _strict_copy(value, where, field)
         raise _json_error(where, field, f"is not strict JSON ({excerpt(str(exc))}).") from None
+    if _provably_strict(text):
+        return value
     return _strict_copy(value, where, field)
+
+
+def _provably_strict(text: str) -> bool:
+    """True when ``text``, decoded by msgspec, is certain to pass :func:`_strict_copy` unchanged.
+
+    msgspec decodes JSON text into fresh dicts, lists, strs, ints, finite
+    floats (it refuses numbers out of the float range and ``NaN``), bools and
+    None, so only two checks can fail: a lone surrogate, which ASCII text can
+    hold only as a ``\\u`` escape, and nesting deeper than
+    :data:`MAX_JSON_DEPTH`, which needs more opening brackets than that. Text
+    with neither holds a value the copy would only copy.
+    """
+    return (
+        text.isascii() and "\\u" not in text and text.count("{") + text.count("[") <= MAX_JSON_DEPTH
+    )
 
 
 def encode_message(message: Message) -> bytes:
