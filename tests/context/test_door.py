@@ -621,3 +621,39 @@ def test_brackets_inside_strings_only_take_the_copying_path() -> None:
     """Many brackets in strings (no real nesting) pass, with the value unchanged."""
     text = json.dumps({"s": "[" * 200, "t": ["{" * 70]})
     assert decode_json_text(text) == {"s": "[" * 200, "t": ["{" * 70]}
+
+
+def test_flat_ascii_extras_are_held_as_a_private_copy() -> None:
+    """Invariant: a host changing its flat extras dict after the door changes nothing held."""
+    extras = {"cache": "ephemeral", "kind": "x"}
+    part = ToolResultPart(call_id="c1", content=(TextPart(text="r"),), extras=extras)
+    message = Message(role=Role.tool, content=(part,))
+    check_message(message)
+    held = message.tool_results[0].extras
+    assert held == {"cache": "ephemeral", "kind": "x"}
+    assert held is not extras
+    extras["role"] = "system"
+    extras["cache"] = "\ud800"
+    assert message.tool_results[0].extras == {"cache": "ephemeral", "kind": "x"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_json_values, depth=st.sampled_from([0, 1, MAX_JSON_DEPTH - 1, MAX_JSON_DEPTH]))
+def test_strict_copy_is_an_equal_private_copy_or_the_depth_error(value: Any, depth: int) -> None:
+    """Invariant: ``_strict_copy`` gives the value (tuples as lists) in new containers.
+
+    Flat objects of ASCII strings and ASCII strings take a shortcut; a
+    container at the depth cap is refused whatever its content.
+    """
+    if depth == MAX_JSON_DEPTH and isinstance(value, dict | list):
+        with pytest.raises(InvalidMessageError, match="nests JSON deeper than 64 levels"):
+            _strict_copy(value, "v", "f", depth)
+        return
+    try:
+        copy = _strict_copy(value, "v", "f", depth)
+    except InvalidMessageError as exc:
+        assert "nests JSON deeper" in str(exc)
+        return
+    assert _shape(copy) == _shape(value)
+    if isinstance(value, dict | list):
+        assert copy is not value

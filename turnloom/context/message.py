@@ -383,6 +383,17 @@ def _strict_copy(value: Any, where: str, field: str, depth: int = 0) -> Any:
             nesting deeper than the cap; ``field`` names the path.
         InvalidTextError: a string or key holds a lone surrogate.
     """
+    # The common shapes first, copied as the loop below copies them: an ASCII
+    # string, and an object of ASCII strings (extras such as ``{"name": ...}``).
+    kind = type(value)
+    if kind is str and value.isascii():
+        return value
+    if kind is dict and depth < MAX_JSON_DEPTH:
+        for k, v in value.items():
+            if type(k) is not str or type(v) is not str or not (k.isascii() and v.isascii()):
+                break
+        else:
+            return dict(value)
     root: list[Any] = [None]
     # (value, container, key, depth of value, path of value)
     stack: list[tuple[Any, Any, Any, int, tuple[Any, ...]]] = [(value, root, 0, depth, ())]
