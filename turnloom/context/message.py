@@ -742,15 +742,19 @@ def _check_texts(parts: tuple[Part, ...], where: str) -> None:
     first such field.
     """
     for i, part in enumerate(parts):
-        leaves: tuple[tuple[str, object], ...] = ((f"content[{i}]", part),)
-        if isinstance(part, ToolResultPart):
-            leaves = tuple((f"content[{i}].content[{j}]", p) for j, p in enumerate(part.content))
-        for field, leaf in leaves:
-            if isinstance(leaf, TextPart | ReasoningPart) and not isinstance(leaf.text, str):
-                raise InvalidMessageError(
-                    f"{where} {field}.text must be a string, not {what_type(leaf.text)}.",
-                    field=f"{field}.text",
-                )
+        kind = _part_type(part)
+        if kind is ToolResultPart:
+            for j, leaf in enumerate(part.content):  # type: ignore[union-attr]
+                if _part_type(leaf) is TextPart and not isinstance(leaf.text, str):
+                    _refuse_text(leaf.text, where, f"content[{i}].content[{j}]")
+        elif (kind is TextPart or kind is ReasoningPart) and not isinstance(part.text, str):  # type: ignore[union-attr]
+            _refuse_text(part.text, where, f"content[{i}]")  # type: ignore[union-attr]
+
+
+def _refuse_text(text: object, where: str, field: str) -> None:
+    raise InvalidMessageError(
+        f"{where} {field}.text must be a string, not {what_type(text)}.", field=f"{field}.text"
+    )
 
 
 def _check_layout(message: Message, where: str) -> str | None:
