@@ -513,6 +513,8 @@ def decode_json_text(text: str, *, where: str = "value", field: str = "") -> Any
         InvalidTextError: the text holds a lone surrogate, raw or escaped.
         InvalidMessageError: the text is not strict JSON, or nests too deeply.
     """
+    if type(text) is not str and isinstance(text, str):
+        text = str.__str__(text)  # msgspec decodes an exact str only (a subclass: TypeError)
     try:
         value = _any_decoder.decode(text)
     except (msgspec.DecodeError, RecursionError, UnicodeEncodeError) as exc:
@@ -726,7 +728,33 @@ def check_message(message: object, *, where: str = "message") -> int:
         raise InvalidMessageError(
             f"{where} has a field of the wrong type: {excerpt(text)}.", field=field
         ) from None
+    if not typed:
+        _check_texts(message.parts, where)
     return len(data)
+
+
+def _check_texts(parts: tuple[Part, ...], where: str) -> None:
+    """Each text of a text part and of a reasoning part in ``parts`` is a str.
+
+    The decode in :func:`check_message` reads the encoding, where bytes (as
+    base64), UUIDs, dates and Decimals are JSON strings too, so it passes them
+    as text; this refuses them. Raises :class:`InvalidMessageError` naming the
+    first such field.
+    """
+    for i, part in enumerate(parts):
+        kind = _part_type(part)
+        if kind is ToolResultPart:
+            for j, leaf in enumerate(part.content):  # type: ignore[union-attr]
+                if _part_type(leaf) is TextPart and not isinstance(leaf.text, str):
+                    _refuse_text(leaf.text, where, f"content[{i}].content[{j}]")
+        elif (kind is TextPart or kind is ReasoningPart) and not isinstance(part.text, str):  # type: ignore[union-attr]
+            _refuse_text(part.text, where, f"content[{i}]")  # type: ignore[union-attr]
+
+
+def _refuse_text(text: object, where: str, field: str) -> None:
+    raise InvalidMessageError(
+        f"{where} {field}.text must be a string, not {what_type(text)}.", field=f"{field}.text"
+    )
 
 
 def _check_layout(message: Message, where: str) -> str | None:
