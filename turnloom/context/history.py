@@ -109,7 +109,13 @@ from turnloom.context.callids import (
     restore_call_ids,
 )
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.items import ChunkedSpan, NativeItems, compaction_due, encode_item
+from turnloom.context.items import (
+    ChunkedSpan,
+    NativeItems,
+    compaction_due,
+    decode_joined,
+    encode_item,
+)
 from turnloom.context.message import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Message,
@@ -929,11 +935,7 @@ class _Run:
 
     def natives(self, first: int, stop: int) -> list[NativeContent]:
         """The items of the run's turns ``first`` to ``stop - 1`` decoded (O(their bytes))."""
-        joined = b",".join(filter(None, self.chunks[self.dead + first : self.dead + stop]))
-        if not joined:
-            return []
-        decoded: list[NativeContent] = _decode(b"".join((b"[", joined, b"]")))
-        return decoded
+        return decode_joined(b",".join(filter(None, self.chunks[self.dead + first : self.dead + stop])))
 
 
 class _Shared:
@@ -1633,40 +1635,42 @@ class HistoryView:
         that nothing but the evicted call ids changes them): each kept turn
         is renamed from scratch after the pinned instructions, as a cold
         render of the kept turns renames it. A turn with a :class:`_CallLog`
-        replays its call-id events (O(its calls), no pass over its items);
-        one renamed anew for the first time is decoded, the ids it had
-        before the run renamed it written back (``calls``), and renamed
-        while its events are recorded. Only the items whose ids change are
-        encoded again; the others keep their bytes objects. The kept items
-        are decoded once, for the body writer, and the encoded body is built
-        in one pass of it. No message is rendered again.
+        replays its call-id events (O(its calls), no pass over its items)
+        and, when the ids it replays are those it has, keeps its chunk
+        without decoding it; one whose ids change is decoded and the new ids
+        written into it; one renamed anew for the first time is decoded, the
+        ids it had before the run renamed it written back (``calls``), and
+        renamed while its events are recorded. Only the items whose ids
+        change are encoded again; the others keep their bytes objects. The
+        encoded body is built in one pass of the body writer, which decodes
+        a kept chunk only when it does not pass its items through
+        (:meth:`~turnloom.context.body.BodyWriter.passes_through`). No
+        message is rendered again.
         """
         kind = gateway.type
         call_ids = CallIdRenamer()
         rename_call_ids(kind, run.pinned.items, call_ids)  # renamed: unchanged
         new = _Run(self._pinned, run.pinned, self._evicted, self._generation, call_ids)
         writer = body_writer(gateway, renamed=True) if run.body is not None else None
-        first = run.ends(dropped - 1)[0] - run.origin
-        natives = run.natives(dropped, run.turns)
         segments: list[_Segment] = [(run.pinned.items, 0, run.pinned.encoded, None)]
-        start = 0
         for index in range(dropped, run.turns):
-            stop = run.ends(index)[0] - run.origin - first
             encoded: Sequence[bytes] = run.encodings(index)
             chunk: bytes | None = run.chunks[run.dead + index]
-            items = natives[start:stop]
+            items: list[NativeContent] | None = None  # decoded when its ids change
             calls = run.calls[run.dead + index]
             renamed: list[NativeContent] | None = None
             if isinstance(calls, _CallLog):
                 ids = call_ids.replay(calls.events)
                 if ids != calls.ids:
+                    items = run.natives(index, index + 1)
                     renamed = restore_call_ids(kind, items, ids)
                     calls = _CallLog(calls.events, ids)
             else:
+                items = run.natives(index, index + 1)
                 source = items if calls is None else restore_call_ids(kind, items, calls)
                 renamed, events, ids = record_renames(kind, source, call_ids)
                 calls = _CallLog(events, ids) if events else _NO_CALLS
-            if renamed is not None:
+            if renamed is not None and items is not None:
                 changed = [
                     kept if new_item is item or new_item == item else encode_item(new_item)
                     for new_item, item, kept in zip(renamed, items, encoded, strict=True)
@@ -1687,7 +1691,6 @@ class HistoryView:
                 closed[index - dropped].release(slots, (joined,))
             chunk = joined
             segments.append((items, new.first_tag + index - dropped, encoded, chunk))
-            start = stop
         if writer is not None:
             new.body = BodyRun.of(writer, segments)
         if new.turns:
@@ -1720,8 +1723,9 @@ class HistoryView:
 
 
 _NO_ENDS: array.array[int] = array.array("q")
-_Segment = tuple[Sequence[NativeContent], int, Sequence[bytes], bytes | None]
-"""A body segment: items, tag, their encodings, and their chunk (see ``BodyRun.append``)."""
+_Segment = tuple[Sequence[NativeContent] | None, int, Sequence[bytes], bytes | None]
+"""A body segment: items (None: not decoded), tag, their encodings, and their chunk
+(see ``BodyRun.append``)."""
 _NO_SPAN = ChunkedSpan([], 0, 0, _NO_ENDS, _NO_ENDS, 0, 0, _NO_ENDS, 0)
 
 
@@ -1731,13 +1735,10 @@ def _body_run(gateway: Gateway, run: _Run) -> BodyRun | None:
     if writer is None:
         return None
     segments: list[_Segment] = [(run.pinned.items, 0, run.pinned.encoded, None)]
-    natives = run.natives(0, run.turns)
-    start = 0
-    for index, end in enumerate(run.item_ends[run.dead :]):
-        stop = end - run.origin
+    for index in range(run.turns):
+        # Its items are decoded from its chunk only if the writer needs them.
         chunk = run.chunks[run.dead + index]
-        segments.append((natives[start:stop], run.first_tag + index, run.encodings(index), chunk))
-        start = stop
+        segments.append((None, run.first_tag + index, run.encodings(index), chunk))
     return BodyRun.of(writer, segments)
 
 

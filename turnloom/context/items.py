@@ -21,6 +21,7 @@ __all__ = (
     "NativeItems",
     "common_prefix",
     "compaction_due",
+    "decode_joined",
     "encode_item",
     "exact_bytes",
 )
@@ -226,6 +227,18 @@ class ChunkedSpan(Sequence[bytes]):
         return b",".join(filter(None, self._chunks[self._first : self._stop]))
 
 
+def decode_joined(joined: bytes) -> list[NativeContent]:
+    """The items whose JSON encodings, joined by ``,``, are ``joined`` (``b""``: none).
+
+    One C-speed decode of ``joined`` wrapped in brackets; the items are
+    fresh and still tracked by the cyclic collector.
+    """
+    if not joined:
+        return []
+    decoded: list[NativeContent] = _decode(b"".join((b"[", joined, b"]")))
+    return decoded
+
+
 def _decode_run(encoded: Sequence[bytes]) -> list[NativeContent]:
     """Items decoded from their JSON encodings, untracked by the cyclic collector.
 
@@ -236,7 +249,7 @@ def _decode_run(encoded: Sequence[bytes]) -> list[NativeContent]:
     if not encoded:
         return []
     joined = encoded.joined() if isinstance(encoded, ChunkedSpan) else b",".join(encoded)
-    decoded: list[NativeContent] = _decode(b"".join((b"[", joined, b"]")))
+    decoded = decode_joined(joined)
     untrack_json(decoded)
     return decoded
 
