@@ -115,6 +115,7 @@ from turnloom.context.items import (
     compaction_due,
     decode_joined,
     encode_item,
+    split_chunk,
 )
 from turnloom.context.message import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -833,16 +834,10 @@ class _Run:
         at = self.dead + index
         start = self.item_ends[at - 1] if at > self.dead else self.origin
         base = self.byte_ends[at - 1] if at > self.dead else self.base
-        chunk = self.chunks[at]
         first = self.skip + start - self.origin
-        ends = self.offsets[first : first + self.item_ends[at] - start]
-        out = []
-        begin = 0
-        for number, end in enumerate(ends):
-            stop = end - base + number
-            out.append(chunk[begin:stop])
-            begin = stop + 1  # past the separator
-        return out
+        return split_chunk(
+            self.chunks[at], self.offsets[first : first + self.item_ends[at] - start], base
+        )
 
     def ends(self, index: int) -> tuple[int, int]:
         """Where the run's turn ``index`` (0 = oldest held) ends: (items, bytes), running."""
