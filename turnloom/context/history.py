@@ -829,15 +829,18 @@ class _Run:
             self.skip,
         )
 
-    def encodings(self, index: int) -> list[bytes]:
-        """The encoded items of the run's turn ``index`` (0 = oldest held), one ``bytes`` each."""
+    def _item_ends(self, index: int) -> tuple[array.array[int], int]:
+        """Where each item of the run's turn ``index`` ends, and where its first begins (bytes, running)."""
         at = self.dead + index
         start = self.item_ends[at - 1] if at > self.dead else self.origin
         base = self.byte_ends[at - 1] if at > self.dead else self.base
         first = self.skip + start - self.origin
-        return split_chunk(
-            self.chunks[at], self.offsets[first : first + self.item_ends[at] - start], base
-        )
+        return self.offsets[first : first + self.item_ends[at] - start], base
+
+    def encodings(self, index: int) -> list[bytes]:
+        """The encoded items of the run's turn ``index`` (0 = oldest held), one ``bytes`` each."""
+        ends, base = self._item_ends(index)
+        return split_chunk(self.chunks[self.dead + index], ends, base)
 
     def ends(self, index: int) -> tuple[int, int]:
         """Where the run's turn ``index`` (0 = oldest held) ends: (items, bytes), running."""
@@ -915,18 +918,46 @@ class _Run:
         """
         if chunk is None:
             chunk = b",".join(encoded)
-        self.chunks.append(chunk)
-        items_at = self.item_ends[-1] if self.item_ends else self.origin
         bytes_at = self.byte_ends[-1] if self.byte_ends else self.base
         ends = itertools.accumulate(map(len, encoded), initial=bytes_at)
         self.offsets.extend(itertools.islice(ends, 1, None))  # past the initial value
-        self.item_ends.append(items_at + len(encoded))
+        self._add_turn(chunk, len(encoded), size, tokens, carried, calls)
+        return chunk
+
+    def add_kept(self, run: _Run, index: int, calls: _CallLog) -> bytes:
+        """Append ``run``'s turn ``index`` (0 = oldest held) as it is, with ``calls``; its chunk.
+
+        Its chunk, item sizes, tokens and carried flag are ``run``'s; costs
+        O(its items) at C speed, without cutting its items out of the chunk.
+        """
+        ends, base = run._item_ends(index)
+        at = run.dead + index
+        bytes_at = self.byte_ends[-1] if self.byte_ends else self.base
+        self.offsets.extend(map((bytes_at - base).__add__, ends))
+        chunk = run.chunks[at]
+        size = run.byte_ends[at] - base
+        self._add_turn(chunk, len(ends), size, run.turn_tokens[at], run.turn_carried[at], calls)
+        return chunk
+
+    def _add_turn(
+        self,
+        chunk: bytes,
+        count: int,
+        size: int,
+        tokens: int,
+        carried: bool | int,
+        calls: _CallLog | tuple[str, ...] | None,
+    ) -> None:
+        """Append a turn's per-turn slots (its ``count`` items' ``offsets`` are appended)."""
+        self.chunks.append(chunk)
+        items_at = self.item_ends[-1] if self.item_ends else self.origin
+        bytes_at = self.byte_ends[-1] if self.byte_ends else self.base
+        self.item_ends.append(items_at + count)
         self.byte_ends.append(bytes_at + size)
         self.turn_tokens.append(tokens)
         self.turn_carried.append(1 if carried else 0)
         self.calls.append(calls)
         self.tokens += tokens
-        return chunk
 
     def natives(self, first: int, stop: int) -> list[NativeContent]:
         """The items of the run's turns ``first`` to ``stop - 1`` decoded (O(their bytes))."""
@@ -1631,8 +1662,8 @@ class HistoryView:
         is renamed from scratch after the pinned instructions, as a cold
         render of the kept turns renames it. A turn with a :class:`_CallLog`
         replays its call-id events (O(its calls), no pass over its items)
-        and, when the ids it replays are those it has, keeps its chunk
-        without decoding it; one whose ids change is decoded and the new ids
+        and, when the ids it replays are those it has, keeps its chunk and
+        item sizes without decoding or cutting it; one whose ids change is decoded and the new ids
         written into it; one renamed anew for the first time is decoded, the
         ids it had before the run renamed it written back (``calls``), and
         renamed while its events are recorded. Only the items whose ids
@@ -1647,33 +1678,35 @@ class HistoryView:
         rename_call_ids(kind, run.pinned.items, call_ids)  # renamed: unchanged
         new = _Run(self._pinned, run.pinned, self._evicted, self._generation, call_ids)
         writer = body_writer(gateway, renamed=True) if run.body is not None else None
+        # A writer that passes items through takes a kept chunk as it is (see BodyRun.append).
+        split = writer is not None and not writer.passes_through()
         segments: list[_Segment] = [(run.pinned.items, 0, run.pinned.encoded, None)]
         for index in range(dropped, run.turns):
-            encoded: Sequence[bytes] = run.encodings(index)
-            chunk: bytes | None = run.chunks[run.dead + index]
-            items: list[NativeContent] | None = None  # decoded when its ids change
+            tag = new.first_tag + index - dropped
             calls = run.calls[run.dead + index]
-            renamed: list[NativeContent] | None = None
             if isinstance(calls, _CallLog):
                 ids = call_ids.replay(calls.events)
-                if ids != calls.ids:
-                    items = run.natives(index, index + 1)
-                    renamed = restore_call_ids(kind, items, ids)
-                    calls = _CallLog(calls.events, ids)
+                if ids == calls.ids:  # the turn stays as it is, undecoded
+                    kept = run.encodings(index) if split else ()
+                    segments.append((None, tag, kept, new.add_kept(run, index, calls)))
+                    continue
+                items = run.natives(index, index + 1)
+                renamed = restore_call_ids(kind, items, ids)
+                calls = _CallLog(calls.events, ids)
             else:
                 items = run.natives(index, index + 1)
                 source = items if calls is None else restore_call_ids(kind, items, calls)
                 renamed, events, ids = record_renames(kind, source, call_ids)
                 calls = _CallLog(events, ids) if events else _NO_CALLS
-            if renamed is not None and items is not None:
-                changed = [
-                    kept if new_item is item or new_item == item else encode_item(new_item)
-                    for new_item, item, kept in zip(renamed, items, encoded, strict=True)
-                ]
-                if any(a is not b for a, b in zip(changed, encoded, strict=True)):
-                    encoded = changed
-                    chunk = None  # joined anew
-                items = renamed
+            encoded: Sequence[bytes] = run.encodings(index)
+            chunk: bytes | None = run.chunks[run.dead + index]
+            changed = [
+                kept if new_item is item or new_item == item else encode_item(new_item)
+                for new_item, item, kept in zip(renamed, items, encoded, strict=True)
+            ]
+            if any(a is not b for a, b in zip(changed, encoded, strict=True)):
+                encoded = changed
+                chunk = None  # joined anew
             joined = new.add(
                 encoded,
                 sum(map(len, encoded)),
@@ -1684,8 +1717,7 @@ class HistoryView:
             )
             if chunk is None:
                 closed[index - dropped].release(slots, (joined,))
-            chunk = joined
-            segments.append((items, new.first_tag + index - dropped, encoded, chunk))
+            segments.append((renamed, tag, encoded, joined))
         if writer is not None:
             new.body = BodyRun.of(writer, segments)
         if new.turns:
