@@ -509,7 +509,9 @@ class BodyRun:
     def of(
         cls,
         writer: BodyWriter,
-        segments: Iterable[tuple[Sequence[NativeContent] | None, int, Sequence[bytes], bytes | None]],
+        segments: Iterable[
+            tuple[Sequence[NativeContent] | None, int, Sequence[bytes], bytes | None]
+        ],
     ) -> BodyRun:
         """A run of ``segments`` (items, tag, encodings, chunk) fed in order to ``writer`` (taken).
 
@@ -539,7 +541,7 @@ class BodyRun:
             return
         if items is None:
             if chunk is None:
-                raise InvalidArgumentError("A segment needs its items or its chunk.")
+                raise InvalidArgumentError("A segment needs its items or its chunk.", field="items")
             items = decode_joined(chunk)
         out: list[NativeContent] = []
         marks: list[tuple[int, int]] = []

@@ -830,7 +830,7 @@ class _Run:
         )
 
     def _item_ends(self, index: int) -> tuple[array.array[int], int]:
-        """Where each item of the run's turn ``index`` ends, and where its first begins (bytes, running)."""
+        """Where each item of turn ``index`` ends, and where its first begins (running bytes)."""
         at = self.dead + index
         start = self.item_ends[at - 1] if at > self.dead else self.origin
         base = self.byte_ends[at - 1] if at > self.dead else self.base
@@ -961,7 +961,9 @@ class _Run:
 
     def natives(self, first: int, stop: int) -> list[NativeContent]:
         """The items of the run's turns ``first`` to ``stop - 1`` decoded (O(their bytes))."""
-        return decode_joined(b",".join(filter(None, self.chunks[self.dead + first : self.dead + stop])))
+        return decode_joined(
+            b",".join(filter(None, self.chunks[self.dead + first : self.dead + stop]))
+        )
 
 
 class _Shared:

@@ -188,8 +188,8 @@ class ChunkedSpan(Sequence[bytes]):
         """The sizes of the first ``count`` items summed, in bytes (0 <= count <= len), in O(1)."""
         return self._offsets[self._at + count - 1] - self._base if count > 0 else 0
 
-    def _cut(self, index: int) -> bytes:
-        """Item ``index`` (0 <= index < len) cut out of its chunk."""
+    def _place(self, index: int) -> tuple[int, int, int]:
+        """(chunk, start, stop): where item ``index`` (0 <= index < len) is in its chunk's bytes."""
         at = self._origin + index
         first = self._first
         chunk = bisect.bisect_right(self._ends, at, first, self._stop)
@@ -198,7 +198,12 @@ class ChunkedSpan(Sequence[bytes]):
         end = self._offsets[self._at + index]
         begin = self._offsets[self._at + index - 1] if at > start else base
         position = begin - base + at - start  # a separator after each earlier item of the chunk
-        return self._chunks[chunk][position : position + end - begin]
+        return chunk, position, position + end - begin
+
+    def _cut(self, index: int) -> bytes:
+        """Item ``index`` (0 <= index < len) cut out of its chunk."""
+        chunk, start, stop = self._place(index)
+        return self._chunks[chunk][start:stop]
 
     @overload
     def __getitem__(self, index: int) -> bytes: ...
@@ -223,9 +228,26 @@ class ChunkedSpan(Sequence[bytes]):
         """The items as a new list of ``bytes`` (each cut out of its chunk)."""
         return self[:]
 
-    def joined(self) -> bytes:
-        """Every item's encoding joined by ``,``: a C-speed join of the chunks."""
-        return b",".join(filter(None, self._chunks[self._first : self._stop]))
+    def joined(self, start: int = 0, stop: int | None = None) -> bytes:
+        """The encodings of items ``start:stop`` (all by default) joined by ``,``.
+
+        ``0 <= start <= stop <= len``. A C-speed join of the chunks they
+        span, the first and last cut where the range begins and ends inside
+        them: O(chunks spanned), never a pass over the items.
+        """
+        count = self._count
+        stop = count if stop is None else stop
+        if start == 0 and stop == count:
+            return b",".join(filter(None, self._chunks[self._first : self._stop]))
+        if start >= stop:
+            return b""
+        first, begin, _ = self._place(start)
+        last, _, end = self._place(stop - 1)
+        chunks = self._chunks
+        if first == last:
+            return chunks[first][begin:end]
+        middle = filter(None, chunks[first + 1 : last])
+        return b",".join((chunks[first][begin:], *middle, chunks[last][:end]))
 
     def chunk_ranges(self) -> list[tuple[bytes, int, int, int]]:
         """Each chunk that holds items, oldest first: (chunk, start, stop, base).
@@ -275,16 +297,25 @@ def decode_joined(joined: bytes) -> list[NativeContent]:
     return decoded
 
 
-def _decode_run(encoded: Sequence[bytes]) -> list[NativeContent]:
-    """Items decoded from their JSON encodings, untracked by the cyclic collector.
+def _decode_run(
+    encoded: Sequence[bytes], start: int = 0, stop: int | None = None
+) -> list[NativeContent]:
+    """Items ``start:stop`` (all by default) decoded from their JSON encodings, untracked.
 
     Decoded items are kept as long as the prefixes that share them live:
     untracked (see :func:`~turnloom.context._untrack.untrack_json`), a held
-    prefix adds no objects to what a full collection visits.
+    prefix adds no objects to what a full collection visits. Of a
+    :class:`ChunkedSpan`, the range is joined from its chunks (no item is
+    cut out alone).
     """
-    if not encoded:
+    stop = len(encoded) if stop is None else stop
+    if start >= stop:
         return []
-    joined = encoded.joined() if isinstance(encoded, ChunkedSpan) else b",".join(encoded)
+    if isinstance(encoded, ChunkedSpan):
+        joined = encoded.joined(start, stop)
+    else:
+        whole = start == 0 and stop == len(encoded)
+        joined = b",".join(encoded if whole else encoded[start:stop])
     decoded = decode_joined(joined)
     untrack_json(decoded)
     return decoded
@@ -386,7 +417,7 @@ def _found(
 def _chunks_reused(
     encoded: ChunkedSpan, source: ChunkedSpan, values: tuple[NativeContent, ...], offset: int
 ) -> list[NativeContent]:
-    """``encoded``'s items, reused from ``source``'s decoded ``values`` (from ``offset``) where it can.
+    """``encoded``'s items, reused from ``source``'s decoded ``values`` (from ``offset``) if it can.
 
     A chunk that is one ``source`` holds (the very object: both spans keep
     theirs alive) is a C-speed slice of ``values``. The items of any other
@@ -526,9 +557,9 @@ class NativeItems:
             at = offset + self._origin + start - source._origin
             return (
                 *before,
-                *_decode_run(encoded[:start]),
+                *_decode_run(encoded, 0, start),
                 *values[at : at + stop - start],
-                *_decode_run(encoded[stop:]),
+                *_decode_run(encoded, stop, len(encoded)),
                 *after,
             )
         if isinstance(encoded, ChunkedSpan) and isinstance(source._encoded, ChunkedSpan):
