@@ -918,46 +918,45 @@ class _Run:
         """
         if chunk is None:
             chunk = b",".join(encoded)
-        bytes_at = self.byte_ends[-1] if self.byte_ends else self.base
-        ends = itertools.accumulate(map(len, encoded), initial=bytes_at)
-        self.offsets.extend(itertools.islice(ends, 1, None))  # past the initial value
-        self._add_turn(chunk, len(encoded), size, tokens, carried, calls)
-        return chunk
-
-    def add_kept(self, run: _Run, index: int, calls: _CallLog) -> bytes:
-        """Append ``run``'s turn ``index`` (0 = oldest held) as it is, with ``calls``; its chunk.
-
-        Its chunk, item sizes, tokens and carried flag are ``run``'s; costs
-        O(its items) at C speed, without cutting its items out of the chunk.
-        """
-        ends, base = run._item_ends(index)
-        at = run.dead + index
-        bytes_at = self.byte_ends[-1] if self.byte_ends else self.base
-        self.offsets.extend(map((bytes_at - base).__add__, ends))
-        chunk = run.chunks[at]
-        size = run.byte_ends[at] - base
-        self._add_turn(chunk, len(ends), size, run.turn_tokens[at], run.turn_carried[at], calls)
-        return chunk
-
-    def _add_turn(
-        self,
-        chunk: bytes,
-        count: int,
-        size: int,
-        tokens: int,
-        carried: bool | int,
-        calls: _CallLog | tuple[str, ...] | None,
-    ) -> None:
-        """Append a turn's per-turn slots (its ``count`` items' ``offsets`` are appended)."""
         self.chunks.append(chunk)
         items_at = self.item_ends[-1] if self.item_ends else self.origin
         bytes_at = self.byte_ends[-1] if self.byte_ends else self.base
-        self.item_ends.append(items_at + count)
+        ends = itertools.accumulate(map(len, encoded), initial=bytes_at)
+        self.offsets.extend(itertools.islice(ends, 1, None))  # past the initial value
+        self.item_ends.append(items_at + len(encoded))
         self.byte_ends.append(bytes_at + size)
         self.turn_tokens.append(tokens)
         self.turn_carried.append(1 if carried else 0)
         self.calls.append(calls)
         self.tokens += tokens
+        return chunk
+
+    def add_kept(self, run: _Run, first: int, stop: int) -> None:
+        """Append ``run``'s turns ``first`` to ``stop - 1`` (0 = oldest held) as they are.
+
+        Their chunks, item sizes, tokens, carried flags and ``calls`` are
+        ``run``'s, moved to this run's running coordinates: C-speed copies,
+        O(their items), without cutting an item out of a chunk.
+        """
+        if first >= stop:
+            return
+        dead = run.dead
+        at, end = dead + first, dead + stop
+        start = run.item_ends[at - 1] if at > dead else run.origin
+        base = run.byte_ends[at - 1] if at > dead else run.base
+        items_at = self.item_ends[-1] if self.item_ends else self.origin
+        bytes_at = self.byte_ends[-1] if self.byte_ends else self.base
+        item = run.skip + start - run.origin
+        shift = (bytes_at - base).__add__
+        self.offsets.extend(map(shift, run.offsets[item : item + run.item_ends[end - 1] - start]))
+        self.item_ends.extend(map((items_at - start).__add__, run.item_ends[at:end]))
+        self.byte_ends.extend(map(shift, run.byte_ends[at:end]))
+        tokens = run.turn_tokens[at:end]
+        self.turn_tokens.extend(tokens)
+        self.tokens += sum(tokens)
+        self.turn_carried.extend(run.turn_carried[at:end])
+        self.chunks.extend(run.chunks[at:end])
+        self.calls.extend(run.calls[at:end])
 
     def natives(self, first: int, stop: int) -> list[NativeContent]:
         """The items of the run's turns ``first`` to ``stop - 1`` decoded (O(their bytes))."""
@@ -1664,9 +1663,11 @@ class HistoryView:
         is renamed from scratch after the pinned instructions, as a cold
         render of the kept turns renames it. A turn with a :class:`_CallLog`
         replays its call-id events (O(its calls), no pass over its items)
-        and, when the ids it replays are those it has, keeps its chunk and
-        item sizes without decoding or cutting it; one whose ids change is decoded and the new ids
-        written into it; one renamed anew for the first time is decoded, the
+        and, when the ids it replays are those it has, is kept as it is:
+        its chunk, item sizes and call log copied with the other such turns
+        (:meth:`_Run.add_kept`), never decoded or cut. One whose ids change
+        is decoded and the new ids written into it; one renamed anew for the
+        first time is decoded, the
         ids it had before the run renamed it written back (``calls``), and
         renamed while its events are recorded. Only the items whose ids
         change are encoded again; the others keep their bytes objects. The
@@ -1683,14 +1684,15 @@ class HistoryView:
         # A writer that passes items through takes a kept chunk as it is (see BodyRun.append).
         split = writer is not None and not writer.passes_through()
         segments: list[_Segment] = [(run.pinned.items, 0, run.pinned.encoded, None)]
+        kept = dropped  # turns kept as they are from here, not yet added (one copy of them all)
         for index in range(dropped, run.turns):
-            tag = new.first_tag + index - dropped
             calls = run.calls[run.dead + index]
             if isinstance(calls, _CallLog):
                 ids = call_ids.replay(calls.events)
                 if ids == calls.ids:  # the turn stays as it is, undecoded
-                    kept = run.encodings(index) if split else ()
-                    segments.append((None, tag, kept, new.add_kept(run, index, calls)))
+                    chunk = run.chunks[run.dead + index]
+                    encodings = run.encodings(index) if split else ()
+                    segments.append((None, new.first_tag + index - dropped, encodings, chunk))
                     continue
                 items = run.natives(index, index + 1)
                 renamed = restore_call_ids(kind, items, ids)
@@ -1700,26 +1702,29 @@ class HistoryView:
                 source = items if calls is None else restore_call_ids(kind, items, calls)
                 renamed, events, ids = record_renames(kind, source, call_ids)
                 calls = _CallLog(events, ids) if events else _NO_CALLS
+            new.add_kept(run, kept, index)
+            kept = index + 1
             encoded: Sequence[bytes] = run.encodings(index)
-            chunk: bytes | None = run.chunks[run.dead + index]
+            chunk = run.chunks[run.dead + index]
             changed = [
-                kept if new_item is item or new_item == item else encode_item(new_item)
-                for new_item, item, kept in zip(renamed, items, encoded, strict=True)
+                same if new_item is item or new_item == item else encode_item(new_item)
+                for new_item, item, same in zip(renamed, items, encoded, strict=True)
             ]
-            if any(a is not b for a, b in zip(changed, encoded, strict=True)):
+            anew = any(a is not b for a, b in zip(changed, encoded, strict=True))
+            if anew:
                 encoded = changed
-                chunk = None  # joined anew
             joined = new.add(
                 encoded,
                 sum(map(len, encoded)),
                 run.turn_tokens[run.dead + index],
                 bool(run.turn_carried[run.dead + index]),
                 calls,
-                chunk,
+                None if anew else chunk,  # joined anew
             )
-            if chunk is None:
+            if anew:
                 closed[index - dropped].release(slots, (joined,))
-            segments.append((renamed, tag, encoded, joined))
+            segments.append((renamed, new.first_tag + index - dropped, encoded, joined))
+        new.add_kept(run, kept, run.turns)
         if writer is not None:
             new.body = BodyRun.of(writer, segments)
         if new.turns:
