@@ -527,7 +527,7 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
 
 
 class _CallLog(msgspec.Struct, gc=False, eq=False):
-    """A run turn's call-id events and the ids its items are sent with (in event order).
+    """A run turn's call-id events, the ids its items are sent with, and the items with ids.
 
     See :func:`~turnloom.context.callids.record_renames`: replaying
     ``events`` from a renaming state gives the ids a renaming of the turn's
@@ -536,6 +536,8 @@ class _CallLog(msgspec.Struct, gc=False, eq=False):
 
     events: tuple[CallEvent, ...]
     ids: tuple[str, ...]
+    # The indexes of the turn's items that carry those ids (see record_renames).
+    carriers: tuple[int, ...] = ()
 
 
 _NO_CALLS = _CallLog((), ())  # a turn without calls or results (shared)
@@ -1666,10 +1668,11 @@ class HistoryView:
         and, when the ids it replays are those it has, is kept as it is:
         its chunk, item sizes and call log copied with the other such turns
         (:meth:`_Run.add_kept`), never decoded or cut. One whose ids change
-        is decoded and the new ids written into it; one renamed anew for the
-        first time is decoded, the
+        has the items that carry ids (its log's ``carriers``) decoded and
+        the new ids written into them; one renamed anew for the first time
+        is decoded, the
         ids it had before the run renamed it written back (``calls``), and
-        renamed while its events are recorded. Only the items whose ids
+        renamed while its events (and carriers) are recorded. Only the items whose ids
         change are encoded again; the others keep their bytes objects. The
         encoded body is built in one pass of the body writer, which decodes
         a kept chunk only when it does not pass its items through
@@ -1694,23 +1697,31 @@ class HistoryView:
                     encodings = run.encodings(index) if split else ()
                     segments.append((None, new.first_tag + index - dropped, encodings, chunk))
                     continue
-                items = run.natives(index, index + 1)
-                renamed = restore_call_ids(kind, items, ids)
-                calls = _CallLog(calls.events, ids)
+                # Only the items that carry ids are decoded and renamed.
+                carriers: Sequence[int] = calls.carriers
+                encoded: Sequence[bytes] = run.encodings(index)
+                items = decode_joined(b",".join([encoded[i] for i in carriers]))
+                renamed: list[NativeContent] | None = None  # the body decodes the chunk
+                ids_written = restore_call_ids(kind, items, ids)
+                calls = _CallLog(calls.events, ids, calls.carriers)
             else:
                 items = run.natives(index, index + 1)
                 source = items if calls is None else restore_call_ids(kind, items, calls)
-                renamed, events, ids = record_renames(kind, source, call_ids)
-                calls = _CallLog(events, ids) if events else _NO_CALLS
+                found: list[int] = []
+                renamed, events, ids = record_renames(kind, source, call_ids, found)
+                calls = _CallLog(events, ids, tuple(found)) if events else _NO_CALLS
+                encoded = run.encodings(index)
+                carriers = range(len(encoded))
+                ids_written = renamed
             new.add_kept(run, kept, index)
             kept = index + 1
-            encoded: Sequence[bytes] = run.encodings(index)
             chunk = run.chunks[run.dead + index]
-            changed = [
-                same if new_item is item or new_item == item else encode_item(new_item)
-                for new_item, item, same in zip(renamed, items, encoded, strict=True)
-            ]
-            anew = any(a is not b for a, b in zip(changed, encoded, strict=True))
+            changed = list(encoded)
+            anew = False  # an item's encoding changed: the turn is joined anew
+            for at, new_item, item in zip(carriers, ids_written, items, strict=True):
+                if new_item is not item and new_item != item:
+                    changed[at] = encode_item(new_item)
+                    anew = True
             if anew:
                 encoded = changed
             joined = new.add(
@@ -1719,7 +1730,7 @@ class HistoryView:
                 run.turn_tokens[run.dead + index],
                 bool(run.turn_carried[run.dead + index]),
                 calls,
-                None if anew else chunk,  # joined anew
+                None if anew else chunk,
             )
             if anew:
                 closed[index - dropped].release(slots, (joined,))
