@@ -438,14 +438,15 @@ def record_renames(
         state without visiting them), and the id each call and result got.
     """
     recording = _Recording(renamer)
-    if carriers is None:
+    rewrite = _REWRITERS.get(kind)
+    if carriers is None or rewrite is None:
         out = rename_call_ids(kind, items, recording)
     else:
         out = []
         found = recording.ids
         for index, item in enumerate(items):
             before = len(found)
-            out.extend(rename_call_ids(kind, (item,), recording))
+            out.append(rewrite(item, recording))
             if len(found) != before:
                 carriers.append(index)
     recording.settle(renamer)

@@ -105,7 +105,6 @@ from turnloom.context.callids import (
     CallIdRenamer,
     record_renames,
     rename_call_ids,
-    reported_call_ids,
     restore_call_ids,
 )
 from turnloom.context.gateway import Gateway, NativeContent
@@ -721,12 +720,9 @@ class _Run:
     (where it ends, in items and bytes, in running coordinates that begin
     at ``origin`` and ``base`` and are never rebased), ``turn_tokens``,
     ``turn_carried`` (1 when calls of an earlier turn were carried into it)
-    and ``calls``: a :class:`_CallLog`
-    once the turn was renamed anew (its call-id events and the ids its
-    items are sent with), else, for a turn the run renamed, the call ids
-    its items had before, as
-    :func:`~turnloom.context.callids.reported_call_ids` lists them, else
-    None (its items carry their own ids). ``last`` is the newest turn in
+    and ``calls``: its :class:`_CallLog` (its call-id events, the ids its
+    items are sent with and which items carry them), recorded when the run
+    renamed it. ``last`` is the newest turn in
     the run. ``origin`` counts the
     items dropped at the front since ``epoch`` (an object made per run)
     began, so renders of the same run can tell shared items apart
@@ -792,8 +788,8 @@ class _Run:
         self.epoch = object()
         self.turn_tokens = _ends()
         self.turn_carried = bytearray()
-        self.calls: list[_CallLog | tuple[str, ...] | None] = []
-        untrack_container(self.calls)  # str tuples and untracked structs only
+        self.calls: list[_CallLog] = []
+        untrack_container(self.calls)  # untracked structs only
         self.tokens = pinned.tokens
         self.last: _Turn | None = None
         self.evicted = evicted
@@ -889,15 +885,8 @@ class _Run:
             untrack_container(self.calls)
             self.dead = 0
 
-    def join(
-        self,
-        gateway: Gateway,
-        rendered: _Rendered,
-        renamed: _Rendered,
-        carried: bool,
-    ) -> bytes:
-        """Append one closed turn, ``renamed`` (``rendered`` with the run's call ids); its chunk."""
-        calls = None if renamed is rendered else reported_call_ids(gateway.type, rendered.items)
+    def join(self, renamed: _Rendered, carried: bool, calls: _CallLog) -> bytes:
+        """Append one closed turn, ``renamed`` with the run's call ids (``calls``); its chunk."""
         chunk = self.add(renamed.encoded, renamed.bytes, renamed.tokens, carried, calls)
         if self.body is not None:
             tag = self.first_tag + self.turns - 1
@@ -910,7 +899,7 @@ class _Run:
         size: int,
         tokens: int,
         carried: bool,
-        calls: _CallLog | tuple[str, ...] | None,
+        calls: _CallLog,
         chunk: bytes | None = None,
     ) -> bytes:
         """Append one closed turn's encoded items (``size`` bytes in all); not to the body.
@@ -1049,14 +1038,25 @@ def _render_entries(
     return _Rendered(rendered, tuple(encoded), sum(map(len, encoded)), tokens, key, lead)
 
 
-def _renamed(rendered: _Rendered, gateway: Gateway, call_ids: CallIdRenamer) -> _Rendered:
+def _renamed(
+    rendered: _Rendered,
+    gateway: Gateway,
+    call_ids: CallIdRenamer,
+    logs: list[_CallLog] | None = None,
+) -> _Rendered:
     """``rendered`` with call ids renamed by ``call_ids`` (advanced past it).
 
     Returns ``rendered`` itself when no id changed; else a new ``_Rendered``
     whose changed items are new objects, encoded and untracked like any
-    cached item.
+    cached item. With ``logs``, the renaming is recorded as a
+    :class:`_CallLog` appended to it.
     """
-    items = rename_call_ids(gateway.type, rendered.items, call_ids)
+    if logs is None:
+        items = rename_call_ids(gateway.type, rendered.items, call_ids)
+    else:
+        carriers: list[int] = []
+        items, events, ids = record_renames(gateway.type, rendered.items, call_ids, carriers)
+        logs.append(_CallLog(events, ids, tuple(carriers)) if events else _NO_CALLS)
     if all(new is old for new, old in zip(items, rendered.items, strict=True)):
         return rendered
     encoded = tuple(
@@ -1122,14 +1122,16 @@ class _Plan:
         self.head = head
 
     def rename(
-        self, gateway: Gateway, call_ids: CallIdRenamer
+        self, gateway: Gateway, call_ids: CallIdRenamer, logs: list[_CallLog] | None = None
     ) -> tuple[list[_Rendered], _Rendered, CallIdRenamer]:
         """The settled renders renamed with ``call_ids`` (advancing it), then the tail.
 
         Returns the renamed settled renders, the tail (the other turns, then
         the head) renamed on a copy, and that copy, advanced past the tail.
+        With ``logs``, each settled render's renaming is recorded there
+        (:func:`_renamed`), for the run it joins.
         """
-        settled = [_renamed(r, gateway, call_ids) for r in self.renders[: self.settled]]
+        settled = [_renamed(r, gateway, call_ids, logs) for r in self.renders[: self.settled]]
         after = call_ids.copy()
         tail = [_renamed(r, gateway, after) for r in self.renders[self.settled :]]
         tail.append(_renamed(self.head, gateway, after))
@@ -1417,8 +1419,9 @@ class HistoryView:
                         open_calls,
                         shared.counter,
                     )
-                    settled, tail, call_ids = plan.rename(gateway, run.call_ids)
-                    self._append(run, turns, plan, settled, gateway, slots)
+                    logs: list[_CallLog] = []
+                    settled, tail, call_ids = plan.rename(gateway, run.call_ids, logs)
+                    self._append(run, turns, plan, settled, logs, slots)
                     # The run's containers are handed out as they stand (no copy).
                     rendered = RenderedHistory(
                         run.pinned,
@@ -1663,19 +1666,16 @@ class HistoryView:
         Only valid when the kept turns render as they did (the caller checked
         that nothing but the evicted call ids changes them): each kept turn
         is renamed from scratch after the pinned instructions, as a cold
-        render of the kept turns renames it. A turn with a :class:`_CallLog`
-        replays its call-id events (O(its calls), no pass over its items)
-        and, when the ids it replays are those it has, is kept as it is:
-        its chunk, item sizes and call log copied with the other such turns
+        render of the kept turns renames it. Each turn replays the call-id
+        events of its :class:`_CallLog` (O(its calls), no pass over its
+        items); when the ids it replays are those it has, it is kept as it
+        is: its chunk, item sizes and log copied with the other such turns
         (:meth:`_Run.add_kept`), never decoded or cut. One whose ids change
-        has the items that carry ids (its log's ``carriers``) decoded and
-        the new ids written into them; one renamed anew for the first time
-        is decoded, the
-        ids it had before the run renamed it written back (``calls``), and
-        renamed while its events (and carriers) are recorded. Only the items whose ids
-        change are encoded again; the others keep their bytes objects. The
-        encoded body is built in one pass of the body writer, which decodes
-        a kept chunk only when it does not pass its items through
+        has the items that carry ids (its log's ``carriers``) decoded, the
+        new ids written into them and those that change encoded again; the
+        others keep their bytes. The encoded body is built in one pass of
+        the body writer, which decodes a turn's chunk only when it does not
+        pass its items through
         (:meth:`~turnloom.context.body.BodyWriter.passes_through`). No
         message is rendered again.
         """
@@ -1690,35 +1690,24 @@ class HistoryView:
         kept = dropped  # turns kept as they are from here, not yet added (one copy of them all)
         for index in range(dropped, run.turns):
             calls = run.calls[run.dead + index]
-            if isinstance(calls, _CallLog):
-                ids = call_ids.replay(calls.events)
-                if ids == calls.ids:  # the turn stays as it is, undecoded
-                    chunk = run.chunks[run.dead + index]
-                    encodings = run.encodings(index) if split else ()
-                    segments.append((None, new.first_tag + index - dropped, encodings, chunk))
-                    continue
-                # Only the items that carry ids are decoded and renamed.
-                carriers: Sequence[int] = calls.carriers
-                encoded: Sequence[bytes] = run.encodings(index)
-                items = decode_joined(b",".join([encoded[i] for i in carriers]))
-                renamed: list[NativeContent] | None = None  # the body decodes the chunk
-                ids_written = restore_call_ids(kind, items, ids)
-                calls = _CallLog(calls.events, ids, calls.carriers)
-            else:
-                items = run.natives(index, index + 1)
-                source = items if calls is None else restore_call_ids(kind, items, calls)
-                found: list[int] = []
-                renamed, events, ids = record_renames(kind, source, call_ids, found)
-                calls = _CallLog(events, ids, tuple(found)) if events else _NO_CALLS
-                encoded = run.encodings(index)
-                carriers = range(len(encoded))
-                ids_written = renamed
+            ids = call_ids.replay(calls.events)
+            if ids == calls.ids:  # the turn stays as it is, undecoded
+                chunk = run.chunks[run.dead + index]
+                encodings = run.encodings(index) if split else ()
+                segments.append((None, new.first_tag + index - dropped, encodings, chunk))
+                continue
+            # Only the items that carry ids are decoded and renamed.
+            carriers = calls.carriers
+            encoded: Sequence[bytes] = run.encodings(index)
+            items = decode_joined(b",".join([encoded[i] for i in carriers]))
+            written = restore_call_ids(kind, items, ids)
+            calls = _CallLog(calls.events, ids, carriers)
             new.add_kept(run, kept, index)
             kept = index + 1
             chunk = run.chunks[run.dead + index]
             changed = list(encoded)
             anew = False  # an item's encoding changed: the turn is joined anew
-            for at, new_item, item in zip(carriers, ids_written, items, strict=True):
+            for at, new_item, item in zip(carriers, written, items, strict=True):
                 if new_item is not item and new_item != item:
                     changed[at] = encode_item(new_item)
                     anew = True
@@ -1734,7 +1723,8 @@ class HistoryView:
             )
             if anew:
                 closed[index - dropped].release(slots, (joined,))
-            segments.append((renamed, new.first_tag + index - dropped, encoded, joined))
+            # Its items are decoded from its chunk only if the body writer needs them.
+            segments.append((None, new.first_tag + index - dropped, encoded, joined))
         new.add_kept(run, kept, run.turns)
         if writer is not None:
             new.body = BodyRun.of(writer, segments)
@@ -1748,10 +1738,10 @@ class HistoryView:
         closed: tuple[_Turn, ...],
         plan: _Plan,
         renders: list[_Rendered],
-        gateway: Gateway,
+        logs: list[_CallLog],
         slots: tuple[int, int],
     ) -> None:
-        """Append the plan's settled turns, renamed (``renders``), to the run.
+        """Append the plan's settled turns, renamed (``renders``, recorded in ``logs``), to the run.
 
         ``closed`` holds them after the run's turns. Each joins the run
         encoded, and its native renders leave the caches (:meth:`_Turn.release`).
@@ -1760,8 +1750,8 @@ class HistoryView:
             return
         reuse = run.turns
         joined = closed[reuse : reuse + plan.settled]
-        for turn, rendered, renamed in zip(joined, plan.renders, renders, strict=False):
-            chunk = run.join(gateway, rendered, renamed, bool(rendered.key[0]))
+        for turn, rendered, renamed, log in zip(joined, plan.renders, renders, logs, strict=False):
+            chunk = run.join(renamed, bool(rendered.key[0]), log)
             turn.release(slots, (chunk,))
         run.last = joined[-1]
         run.carry = plan.carry
