@@ -245,13 +245,14 @@ class CallIdRenamer:
         the items. Costs O(events).
         """
         ids: list[str] = []
+        append, end_group, result, call = ids.append, self.end_group, self.result, self._call
         for event in events:
             if event is None:
-                self.end_group()
+                end_group()
             elif type(event) is str:
-                ids.append(self.result(event))
+                append(result(event))
             else:
-                ids.append(self._call(*event))
+                append(call(*event))
         return tuple(ids)
 
     def forget(self, dropped: CallIdRenamer) -> bool:
