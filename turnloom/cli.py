@@ -532,6 +532,7 @@ def _print_report(report: LoadtestReport, out: TextIO) -> None:
         f"{report.gc_full_collections} full collections)",
         file=out,
     )
+    _print_cpu(report.cpu_seconds, report.render_seconds, report.prepares, out)
     print(
         f"peak RSS: {report.peak_rss_bytes / 2**20:.1f} MiB  rejections: {report.rejections}  "
         f"evictions: {report.evicted_turns} turns",
@@ -541,9 +542,18 @@ def _print_report(report: LoadtestReport, out: TextIO) -> None:
         print(f"store: {report.store}  lease takeovers: {report.takeovers}", file=out)
 
 
+def _print_cpu(cpu_seconds: float, render_seconds: float, prepares: int, out: TextIO) -> None:
+    if prepares:
+        print(
+            f"CPU per prepare: {cpu_seconds / prepares * 1e6:.0f} us  (worker render "
+            f"{render_seconds / prepares * 1e6:.0f} us)",
+            file=out,
+        )
+
+
 def _fleet(args: argparse.Namespace) -> int:
     common = ["--turns", str(args.turns), "--source", args.source, "--gateway", args.gateway]
-    common += ["--backend", args.backend]
+    common += ["--backend", args.backend, "--think-time", repr(args.think_time)]
     if args.config is not None:
         common += ["--config", str(args.config)]
     if args.store is not None:
@@ -569,9 +579,16 @@ def _fleet(args: argparse.Namespace) -> int:
     )
     print(
         f"prepare latency (worst process): p50 {report.prepare_p50_ms:.2f} ms  "
-        f"p99 {report.prepare_p99_ms:.2f} ms  event-loop lag max {report.loop_lag_max_ms:.2f} ms",
+        f"p95 {report.prepare_p95_ms:.2f} ms  p99 {report.prepare_p99_ms:.2f} ms",
         file=sys.stdout,
     )
+    print(
+        f"event-loop lag (worst process): p99 {report.loop_lag_p99_ms:.2f} ms  max "
+        f"{report.loop_lag_max_ms:.2f} ms  (longest GC pause {report.gc_pause_max_ms:.2f} ms, "
+        f"{report.gc_full_collections} full collections in all)",
+        file=sys.stdout,
+    )
+    _print_cpu(report.cpu_seconds, report.render_seconds, report.prepares, sys.stdout)
     rss = "  ".join(f"{b / 2**20:.1f}" for b in report.peak_rss_bytes)
     print(f"peak RSS per process: {rss} MiB", file=sys.stdout)
     for message in report.errors:
@@ -585,6 +602,13 @@ def _loadtest(args: argparse.Namespace) -> int:
     source = {"builtin": None, "sample": SAMPLE}.get(args.source, Path(args.source))
     paths = [source] if source is not None else []
     problems = _check_run_options(args) + _check_output("--json", args.json, paths)
+    if args.processes > 1:
+        given = {"--sustained": args.sustained, "--metrics-port": args.metrics_port is not None}
+        problems += [
+            f"{option} runs in one process; it cannot be used with --processes."
+            for option, used in given.items()
+            if used
+        ]
     if problems:
         raise _Refused(*problems)
     if args.processes > 1:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import anyio
 import msgspec
+import pytest
 import redis
 
 from turnloom.cli import main
@@ -112,25 +113,74 @@ def test_the_aggregate_sums_counts_and_takes_the_longest_wall_and_worst_latency(
     assert (fleet.prepare_p99_ms, fleet.peak_rss_bytes, fleet.takeovers) == (9.0, (100, 200), 2)
 
 
-# Per-process measures a fleet report leaves out: percentiles and GC figures
-# of different processes do not add up, and the rest are run settings or
-# timings the fleet does not report.
-_PER_PROCESS_ONLY = {
-    "prepare_p95_ms",
-    "loop_lag_p99_ms",
-    "gc_full_collections",
-    "gc_pause_max_ms",
-    "think_time",
-    "render_seconds",
-    "cpu_seconds",
-}
+def test_the_aggregate_sums_cpu_and_collections_and_takes_the_worst_lag_and_pause() -> None:
+    """Invariant: CPU and render seconds and full collections add up over the
+    processes (so CPU per prepare is the fleet's); lag and pauses are the worst."""
+    fleet = aggregate(
+        [
+            _report(cpu_seconds=2.0, render_seconds=0.5, gc_full_collections=3, think_time=2.0),
+            _report(
+                cpu_seconds=3.0,
+                render_seconds=1.5,
+                gc_full_collections=4,
+                gc_pause_max_ms=7.0,
+                loop_lag_p99_ms=6.0,
+                prepare_p95_ms=5.0,
+                think_time=2.0,
+            ),
+        ]
+    )
+    assert (fleet.cpu_seconds, fleet.render_seconds, fleet.gc_full_collections) == (5.0, 2.0, 7)
+    assert (fleet.gc_pause_max_ms, fleet.loop_lag_p99_ms, fleet.prepare_p95_ms) == (7.0, 6.0, 5.0)
+    assert fleet.think_time == 2.0
 
 
-def test_every_process_report_field_is_carried_by_the_fleet_report_or_named_as_left_out() -> None:
-    """Invariant: FleetReport declares LoadtestReport's fields under the same names
-    (aggregate() sums or takes the worst of each), so a field added to the process
-    report cannot silently miss the fleet's: it is added there, or named above."""
+def test_every_process_report_field_is_carried_by_the_fleet_report() -> None:
+    """Invariant: FleetReport declares every LoadtestReport field under the same
+    name (aggregate() sums or takes the worst of each), so a field added to the
+    process report cannot silently miss the fleet's."""
     process = set(LoadtestReport.__struct_fields__)
     fleet = set(FleetReport.__struct_fields__)
     assert fleet - process == {"processes"}
-    assert process - fleet == _PER_PROCESS_ONLY
+    assert process - fleet == set()
+
+
+def test_the_think_time_reaches_every_process(tmp_path: Path) -> None:
+    """Invariant: ``--think-time`` is passed to each process of a fleet (it was
+    once dropped, so a fleet ran saturated whatever was asked)."""
+    out = tmp_path / "fleet.json"
+    status = main(
+        [
+            "loadtest",
+            "--sessions",
+            "2",
+            "--turns",
+            "2",
+            "--processes",
+            "2",
+            "--think-time",
+            "0.25",
+            "--json",
+            str(out),
+        ]
+    )
+    report = json.loads(out.read_text())
+    assert (status, report["processes"], report["sessions_failed"]) == (0, 2, 0)
+    assert (report["think_time"], report["turns"], report["prepares"]) == (0.25, 4, 4)
+    assert report["seconds"] >= 0.25  # each session paused before its second turn
+    assert report["cpu_seconds"] > 0 and report["render_seconds"] > 0
+
+
+def test_options_of_one_process_are_refused_with_processes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bad input: ``--sustained`` and ``--metrics-port`` work in one process; with
+    ``--processes`` they are refused (exit 2, nothing run, the JSON not written)."""
+    out = tmp_path / "fleet.json"
+    common = ["loadtest", "--sessions", "2", "--processes", "2", "--json", str(out)]
+    assert main([*common, "--sustained"]) == 2
+    assert main([*common, "--metrics-port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--sustained runs in one process; it cannot be used with --processes." in err
+    assert "--metrics-port runs in one process; it cannot be used with --processes." in err
+    assert not out.exists()

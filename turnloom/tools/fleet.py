@@ -31,10 +31,17 @@ class FleetReport(msgspec.Struct, frozen=True, kw_only=True):
             evicted_turns, takeovers: sums over the processes.
         seconds: the longest process's wall time, in seconds.
         prepares_per_second: ``prepares / seconds``: the aggregate throughput.
-        prepare_p50_ms, prepare_p99_ms, loop_lag_max_ms: the worst process's
-            value, in milliseconds (percentiles of different processes do not
+        prepare_p50_ms, prepare_p95_ms, prepare_p99_ms, loop_lag_p99_ms,
+            loop_lag_max_ms, gc_pause_max_ms: the worst process's value, in
+            milliseconds (percentiles and pauses of different processes do not
             add up).
+        gc_full_collections: generation-2 collections, summed.
         peak_rss_bytes: each process's peak resident set size, in bytes.
+        think_time: the sessions' pause between turns, in seconds (the same in
+            every process).
+        render_seconds, cpu_seconds: worker render time and whole-process CPU
+            time, in seconds, summed (``cpu_seconds / prepares`` is the CPU per
+            prepare of the fleet).
         store: the store URL (``""``: memory only).
         errors: the first few error messages of all processes.
     """
@@ -48,12 +55,19 @@ class FleetReport(msgspec.Struct, frozen=True, kw_only=True):
     seconds: float
     prepares_per_second: float
     prepare_p50_ms: float
+    prepare_p95_ms: float
     prepare_p99_ms: float
+    loop_lag_p99_ms: float
     loop_lag_max_ms: float
+    gc_full_collections: int
+    gc_pause_max_ms: float
     peak_rss_bytes: tuple[int, ...]
     rejections: int
     evicted_turns: int
     takeovers: int
+    think_time: float
+    render_seconds: float
+    cpu_seconds: float
     store: str
     errors: tuple[str, ...]
 
@@ -72,12 +86,19 @@ def aggregate(reports: Sequence[LoadtestReport]) -> FleetReport:
         seconds=seconds,
         prepares_per_second=prepares / seconds if seconds else 0.0,
         prepare_p50_ms=max(r.prepare_p50_ms for r in reports),
+        prepare_p95_ms=max(r.prepare_p95_ms for r in reports),
         prepare_p99_ms=max(r.prepare_p99_ms for r in reports),
+        loop_lag_p99_ms=max(r.loop_lag_p99_ms for r in reports),
         loop_lag_max_ms=max(r.loop_lag_max_ms for r in reports),
+        gc_full_collections=sum(r.gc_full_collections for r in reports),
+        gc_pause_max_ms=max(r.gc_pause_max_ms for r in reports),
         peak_rss_bytes=tuple(r.peak_rss_bytes for r in reports),
         rejections=sum(r.rejections for r in reports),
         evicted_turns=sum(r.evicted_turns for r in reports),
         takeovers=sum(r.takeovers for r in reports),
+        think_time=reports[0].think_time,
+        render_seconds=sum(r.render_seconds for r in reports),
+        cpu_seconds=sum(r.cpu_seconds for r in reports),
         store=reports[0].store,
         errors=tuple(e for r in reports for e in r.errors)[:10],
     )
@@ -88,7 +109,8 @@ def run_fleet(common: Sequence[str], *, processes: int, sessions: int, run_id: s
 
     Args:
         common: the loadtest options every process gets (``--turns``,
-            ``--source``, ``--gateway``, ``--store``).
+            ``--source``, ``--gateway``, ``--backend``, ``--think-time``,
+            ``--config``, ``--store``).
         processes: how many processes (at most ``sessions``).
         sessions: sessions in all, split as evenly as possible.
         run_id: the context-id prefix the processes share.
