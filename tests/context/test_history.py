@@ -775,6 +775,33 @@ def test_evictions_with_call_ids_reused_across_turns_render_and_encode_as_cold(
         previous = rendered
 
 
+@pytest.mark.parametrize("kind", list(GatewayType))
+def test_turns_joined_before_any_rename_are_renamed_anew_twice_as_a_cold_render(
+    kind: GatewayType,
+) -> None:
+    """Invariant: turns that joined the run before any call id was renamed (kept without
+    a call log) and then survive two evictions that rename the kept turns anew still
+    count for later renames: each render equals a cold render, its body the encoded
+    request body."""
+    gateway = get_gateway(kind)
+    history = TurnHistory(HistoryLimits(max_turns=5))
+    history.commit("t1", [user("u1")], instructions=[SYSTEM])
+    for number, ids in enumerate((["x"], ["y"], ["z"], ["x", "y", "z"]), start=1):
+        history.record(f"t{number}", [m for i in ids for m in (call(i), result(i, f"r{i}"))])
+        history.commit(f"t{number + 1}", [user(f"u{number + 1}")])
+    for number in (5, 6, 7):
+        rendered = history.view().render(gateway, f"t{number}")
+        items = list(rendered.items)
+        assert items == cold_render(history, f"t{number}", gateway=gateway)
+        assert rendered.body is not None
+        assert rendered.body.encode() == msgspec.json.encode(gateway.request_body(items))
+        history.record(f"t{number}", [assistant(f"a{number}")])
+        history.commit(f"t{number + 1}", [user(f"u{number + 1}")])
+        history.evict()  # t1 (x), then t2 (y): t4's renames of them are renamed anew
+    assert history.turn_ids == ("t4", "t5", "t6", "t7", "t8")
+    assert history.statistics().evicted_turns == 3
+
+
 def test_a_batch_checked_at_the_door_is_not_checked_again_when_committed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -722,7 +722,8 @@ class _Run:
     ``turn_carried`` (1 when calls of an earlier turn were carried into it)
     and ``calls``: its :class:`_CallLog` (its call-id events, the ids its
     items are sent with and which items carry them), recorded when the run
-    renamed it. ``last`` is the newest turn in
+    renamed it, or None while no call id of the run was renamed (its items
+    carry their own ids, and no log is kept). ``last`` is the newest turn in
     the run. ``origin`` counts the
     items dropped at the front since ``epoch`` (an object made per run)
     began, so renders of the same run can tell shared items apart
@@ -788,7 +789,7 @@ class _Run:
         self.epoch = object()
         self.turn_tokens = _ends()
         self.turn_carried = bytearray()
-        self.calls: list[_CallLog] = []
+        self.calls: list[_CallLog | None] = []
         untrack_container(self.calls)  # untracked structs only
         self.tokens = pinned.tokens
         self.last: _Turn | None = None
@@ -885,7 +886,7 @@ class _Run:
             untrack_container(self.calls)
             self.dead = 0
 
-    def join(self, renamed: _Rendered, carried: bool, calls: _CallLog) -> bytes:
+    def join(self, renamed: _Rendered, carried: bool, calls: _CallLog | None) -> bytes:
         """Append one closed turn, ``renamed`` with the run's call ids (``calls``); its chunk."""
         chunk = self.add(renamed.encoded, renamed.bytes, renamed.tokens, carried, calls)
         if self.body is not None:
@@ -899,7 +900,7 @@ class _Run:
         size: int,
         tokens: int,
         carried: bool,
-        calls: _CallLog,
+        calls: _CallLog | None,
         chunk: bytes | None = None,
     ) -> bytes:
         """Append one closed turn's encoded items (``size`` bytes in all); not to the body.
@@ -1042,21 +1043,25 @@ def _renamed(
     rendered: _Rendered,
     gateway: Gateway,
     call_ids: CallIdRenamer,
-    logs: list[_CallLog] | None = None,
+    logs: list[_CallLog | None] | None = None,
 ) -> _Rendered:
     """``rendered`` with call ids renamed by ``call_ids`` (advanced past it).
 
     Returns ``rendered`` itself when no id changed; else a new ``_Rendered``
     whose changed items are new objects, encoded and untracked like any
     cached item. With ``logs``, the renaming is recorded as a
-    :class:`_CallLog` appended to it.
+    :class:`_CallLog` appended to it, or None when ``call_ids`` has renamed
+    no id so far (the items keep their own ids).
     """
     if logs is None:
         items = rename_call_ids(gateway.type, rendered.items, call_ids)
     else:
         carriers: list[int] = []
         items, events, ids = record_renames(gateway.type, rendered.items, call_ids, carriers)
-        logs.append(_CallLog(events, ids, tuple(carriers)) if events else _NO_CALLS)
+        if not call_ids.renamed:
+            logs.append(None)
+        else:
+            logs.append(_CallLog(events, ids, tuple(carriers)) if events else _NO_CALLS)
     if all(new is old for new, old in zip(items, rendered.items, strict=True)):
         return rendered
     encoded = tuple(
@@ -1122,7 +1127,7 @@ class _Plan:
         self.head = head
 
     def rename(
-        self, gateway: Gateway, call_ids: CallIdRenamer, logs: list[_CallLog] | None = None
+        self, gateway: Gateway, call_ids: CallIdRenamer, logs: list[_CallLog | None] | None = None
     ) -> tuple[list[_Rendered], _Rendered, CallIdRenamer]:
         """The settled renders renamed with ``call_ids`` (advancing it), then the tail.
 
@@ -1419,7 +1424,7 @@ class HistoryView:
                         open_calls,
                         shared.counter,
                     )
-                    logs: list[_CallLog] = []
+                    logs: list[_CallLog | None] = []
                     settled, tail, call_ids = plan.rename(gateway, run.call_ids, logs)
                     self._append(run, turns, plan, settled, logs, slots)
                     # The run's containers are handed out as they stand (no copy).
@@ -1666,11 +1671,13 @@ class HistoryView:
         Only valid when the kept turns render as they did (the caller checked
         that nothing but the evicted call ids changes them): each kept turn
         is renamed from scratch after the pinned instructions, as a cold
-        render of the kept turns renames it. Each turn replays the call-id
-        events of its :class:`_CallLog` (O(its calls), no pass over its
-        items); when the ids it replays are those it has, it is kept as it
-        is: its chunk, item sizes and log copied with the other such turns
-        (:meth:`_Run.add_kept`), never decoded or cut. One whose ids change
+        render of the kept turns renames it. A turn without a log (its items
+        carry their own ids) is decoded and renamed while its log is
+        recorded. A turn with a :class:`_CallLog` replays its call-id events
+        (O(its calls), no pass over its items); when the ids it replays are
+        those it has, it is kept as it is: its chunk, item sizes and log
+        copied with the other such turns (:meth:`_Run.add_kept`), never
+        decoded or cut. One whose ids change
         has the items that carry ids (its log's ``carriers``) decoded, the
         new ids written into them and those that change encoded again; the
         others keep their bytes. The encoded body is built in one pass of
@@ -1690,18 +1697,28 @@ class HistoryView:
         kept = dropped  # turns kept as they are from here, not yet added (one copy of them all)
         for index in range(dropped, run.turns):
             calls = run.calls[run.dead + index]
-            ids = call_ids.replay(calls.events)
-            if ids == calls.ids:  # the turn stays as it is, undecoded
-                chunk = run.chunks[run.dead + index]
-                encodings = run.encodings(index) if split else ()
-                segments.append((None, new.first_tag + index - dropped, encodings, chunk))
-                continue
-            # Only the items that carry ids are decoded and renamed.
-            carriers = calls.carriers
-            encoded: Sequence[bytes] = run.encodings(index)
-            items = decode_joined(b",".join([encoded[i] for i in carriers]))
-            written = restore_call_ids(kind, items, ids)
-            calls = _CallLog(calls.events, ids, carriers)
+            encoded: Sequence[bytes]
+            carriers: Sequence[int]
+            if calls is None:  # its items carry their own ids: renamed, recorded
+                encoded = run.encodings(index)
+                items = run.natives(index, index + 1)
+                found: list[int] = []
+                written, events, ids = record_renames(kind, items, call_ids, found)
+                calls = _CallLog(events, ids, tuple(found)) if events else _NO_CALLS
+                carriers = range(len(items))
+            else:
+                ids = call_ids.replay(calls.events)
+                if ids == calls.ids:  # the turn stays as it is, undecoded
+                    chunk = run.chunks[run.dead + index]
+                    encodings = run.encodings(index) if split else ()
+                    segments.append((None, new.first_tag + index - dropped, encodings, chunk))
+                    continue
+                # Only the items that carry ids are decoded and renamed.
+                carriers = calls.carriers
+                encoded = run.encodings(index)
+                items = decode_joined(b",".join([encoded[i] for i in carriers]))
+                written = restore_call_ids(kind, items, ids)
+                calls = _CallLog(calls.events, ids, carriers)
             new.add_kept(run, kept, index)
             kept = index + 1
             chunk = run.chunks[run.dead + index]
@@ -1738,7 +1755,7 @@ class HistoryView:
         closed: tuple[_Turn, ...],
         plan: _Plan,
         renders: list[_Rendered],
-        logs: list[_CallLog],
+        logs: list[_CallLog | None],
         slots: tuple[int, int],
     ) -> None:
         """Append the plan's settled turns, renamed (``renders``, recorded in ``logs``), to the run.
