@@ -21,8 +21,13 @@ With ``--loadtest SESSIONS`` each round runs instead one whole
 tree, one tree after the other: prepares per second and process CPU per
 prepare (the event loop and the workers), and their ratios.
 
+With ``--build`` each turn is also prepared (untimed, as the load test
+does) and every later model call of the turn times ``manager.build(prefix,
+continuation)`` (the turn's replies and tool results so far), reported as
+``build``; the other kinds then follow prepares, as in the load test.
+
 Usage: python scripts/bench_door.py [--sessions N] [--turns M] [--rounds R]
-       [--against /work/main] [--loadtest SESSIONS]
+       [--against /work/main] [--loadtest SESSIONS] [--build]
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import argparse
 import contextlib
 import gc
 import importlib
+import math
 import os
 import statistics
 import sys
@@ -40,7 +46,7 @@ from typing import Any
 
 import anyio
 
-_KINDS = ("accept_turn", "record", "inv.record", "inv.block")
+_KINDS = ("accept_turn", "record", "inv.record", "inv.block", "build")
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -58,6 +64,7 @@ class _Tree:
             self.foundation = importlib.import_module("turnloom.runtime.foundation")
             self.trajectories = importlib.import_module("turnloom.tools.trajectories")
             self.transcript = importlib.import_module("turnloom.tools.transcript")
+            self.schemas = importlib.import_module("turnloom.runtime.schemas")
         finally:
             sys.path.remove(path)
         self.modules: dict[str, ModuleType] = {
@@ -82,10 +89,22 @@ class _Tree:
 
 
 async def _session(
-    tree: _Tree, manager: Any, context_id: str, script: list[Any], turns: int, spent: list[int]
+    tree: _Tree,
+    manager: Any,
+    context_id: str,
+    script: list[Any],
+    turns: int,
+    spent: list[int],
+    build: bool,
 ) -> None:
-    """Replay one session; add each kind's nanoseconds and calls to ``spent``."""
+    """Replay one session; add each kind's nanoseconds and calls to ``spent``.
+
+    With ``build``, each turn is prepared and each later model call builds.
+    """
     tree.activate()
+    request_type = tree.schemas.ContextPrepareRequest
+    prefix: Any = None
+    continuation: list[Any] = []
     clock = time.thread_time_ns
     walk, snapshot = tree.transcript.walk, tree.transcript.snapshot
     turn_type, reply_type = tree.transcript.Turn, tree.transcript.Reply
@@ -98,7 +117,15 @@ async def _session(
             manager.accept_turn(turn)
             spent[0] += clock() - begin
             spent[1] += 1
+            if build:
+                prefix = await manager.prepare(request_type(context_id=context_id, turn_id=turn_id))
+                continuation = []
         elif isinstance(step, reply_type):
+            if prefix is not None and continuation:
+                begin = clock()
+                manager.build(prefix, continuation)
+                spent[8] += clock() - begin
+                spent[9] += 1
             batch = [step.message]
             block = clock()
             async with manager.invocation(context_id, turn_id) as invocation:
@@ -108,18 +135,22 @@ async def _session(
                 spent[5] += 1
             spent[6] += clock() - block
             spent[7] += 1
+            continuation.append(step.message)
         else:
             batch = [step.message]
             begin = clock()
             manager.record(context_id, turn_id, batch)
             spent[2] += clock() - begin
             spent[3] += 1
+            continuation.append(step.message)
 
 
-async def _replay(trees: list[_Tree], sessions: int, turns: int) -> list[dict[str, float]]:
+async def _replay(
+    trees: list[_Tree], sessions: int, turns: int, build: bool = False
+) -> list[dict[str, float]]:
     """Microseconds per call of each kind, per tree, every session replayed by each in turn."""
     scripts = [tree.scripts(sessions, turns) for tree in trees]
-    spent = [[0] * 8 for _ in trees]
+    spent = [[0] * 2 * len(_KINDS) for _ in trees]
     managers = [tree.manager.ContextManager() for tree in trees]
     async with contextlib.AsyncExitStack() as stack:
         for tree, manager in zip(trees, managers, strict=True):
@@ -128,10 +159,19 @@ async def _replay(trees: list[_Tree], sessions: int, turns: int) -> list[dict[st
         for number in range(sessions):
             for index, tree in enumerate(trees):
                 await _session(
-                    tree, managers[index], f"s{number}", scripts[index][number], turns, spent[index]
+                    tree,
+                    managers[index],
+                    f"s{number}",
+                    scripts[index][number],
+                    turns,
+                    spent[index],
+                    build,
                 )
     return [
-        {kind: times[2 * k] / times[2 * k + 1] / 1000 for k, kind in enumerate(_KINDS)}
+        {
+            kind: times[2 * k] / times[2 * k + 1] / 1000 if times[2 * k + 1] else math.nan
+            for k, kind in enumerate(_KINDS)
+        }
         for times in spent
     ]
 
@@ -168,6 +208,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--against", help="another tree to compare with (its path)")
     parser.add_argument(
+        "--build", action="store_true", help="also prepare each turn and time build per model call"
+    )
+    parser.add_argument(
         "--loadtest",
         type=int,
         metavar="SESSIONS",
@@ -184,7 +227,7 @@ def main() -> None:
     print(f"{'round':<7}{'tree':<9}" + "".join(f"{kind + ' us':>16}" for kind in _KINDS))
     ratios: dict[str, list[float]] = {kind: [] for kind in _KINDS}
     for number in range(args.rounds):
-        results = anyio.run(_replay, trees, args.sessions, args.turns)
+        results = anyio.run(_replay, trees, args.sessions, args.turns, args.build)
         for name, result in zip(names, results, strict=True):
             print(f"{number:<7}{name:<9}" + "".join(f"{result[k]:>16.1f}" for k in _KINDS))
         if len(results) == 2:

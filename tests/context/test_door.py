@@ -14,6 +14,8 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from turnloom.context import (
     GatewayType,
@@ -35,6 +37,7 @@ from turnloom.context.message import (
     DEFAULT_MAX_MESSAGE_BYTES,
     MAX_JSON_DEPTH,
     NativeKeys,
+    _strict_copy,
     decode_json_text,
 )
 from turnloom.errors import (
@@ -546,3 +549,111 @@ def test_an_optional_string_field_of_another_type_is_refused(value: object, kind
     assert str(caught.value) == (
         f"m content[0].signature must be a string or None, not an object of type {kind}."
     )
+
+
+_json_texts = st.text(alphabet=st.characters(codec="utf-8"), max_size=8)
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | _json_texts,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_json_texts, inner, max_size=3),
+    max_leaves=12,
+)
+
+
+def _shape(value: Any) -> Any:
+    """``value`` with each node's exact type beside it (``==`` alone equates 1 and True)."""
+    if isinstance(value, dict):
+        return (dict, [(k, _shape(v)) for k, v in value.items()])
+    if isinstance(value, list):
+        return (list, [_shape(v) for v in value])
+    return (type(value), value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_json_values, ascii_only=st.booleans())
+def test_json_text_the_door_skips_copying_decodes_to_what_the_strict_copy_gives(
+    value: Any, ascii_only: bool
+) -> None:
+    """Invariant: ``decode_json_text`` equals the strict copy of msgspec's value, types included.
+
+    Whether or not the copy is skipped (ASCII text without a ``\\u`` escape
+    and with at most MAX_JSON_DEPTH brackets), the value is the same.
+    """
+    text = json.dumps(value, ensure_ascii=ascii_only)
+    expected = _strict_copy(msgspec.json.decode(text), "value", "")
+    assert _shape(decode_json_text(text)) == _shape(expected)
+
+
+@pytest.mark.parametrize(
+    ("text", "error", "message"),
+    [
+        (
+            '{"a": "\\ud800"}',
+            InvalidTextError,
+            "call arguments.a holds a lone surrogate (not valid UTF-8): '\\ud800'.",
+        ),
+        (
+            '["\\udfff", 1]',
+            InvalidTextError,
+            "call arguments[0] holds a lone surrogate (not valid UTF-8): '\\udfff'.",
+        ),
+        (
+            "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1),
+            InvalidMessageError,
+            "call arguments" + "[0]" * 8 + ".… nests JSON deeper than 64 levels.",
+        ),
+    ],
+)
+def test_json_text_the_copy_would_refuse_is_still_refused(
+    text: str, error: type[Exception], message: str
+) -> None:
+    """Invariant: text that is not strict JSON raises the same typed error, naming the path."""
+    with pytest.raises(error) as info:
+        decode_json_text(text, where="call", field="arguments")
+    assert type(info.value) is error
+    assert str(info.value) == message
+
+
+def test_brackets_inside_strings_only_take_the_copying_path() -> None:
+    """Many brackets in strings (no real nesting) pass, with the value unchanged."""
+    text = json.dumps({"s": "[" * 200, "t": ["{" * 70]})
+    assert decode_json_text(text) == {"s": "[" * 200, "t": ["{" * 70]}
+
+
+def test_flat_ascii_extras_are_held_as_a_private_copy() -> None:
+    """Invariant: a host changing its flat extras dict after the door changes nothing held."""
+    extras = {"cache": "ephemeral", "kind": "x"}
+    part = ToolResultPart(call_id="c1", content=(TextPart(text="r"),), extras=extras)
+    message = Message(role=Role.tool, content=(part,))
+    check_message(message)
+    held = message.tool_results[0].extras
+    assert held == {"cache": "ephemeral", "kind": "x"}
+    assert held is not extras
+    extras["role"] = "system"
+    extras["cache"] = "\ud800"
+    assert message.tool_results[0].extras == {"cache": "ephemeral", "kind": "x"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_json_values, depth=st.sampled_from([0, 1, MAX_JSON_DEPTH - 1, MAX_JSON_DEPTH]))
+def test_strict_copy_is_an_equal_private_copy_or_the_depth_error(value: Any, depth: int) -> None:
+    """Invariant: ``_strict_copy`` gives the value (tuples as lists) in new containers.
+
+    Flat objects of ASCII strings and ASCII strings take a shortcut; a
+    container at the depth cap is refused whatever its content.
+    """
+    if depth == MAX_JSON_DEPTH and isinstance(value, dict | list):
+        with pytest.raises(InvalidMessageError, match="nests JSON deeper than 64 levels"):
+            _strict_copy(value, "v", "f", depth)
+        return
+    try:
+        copy = _strict_copy(value, "v", "f", depth)
+    except InvalidMessageError as exc:
+        assert "nests JSON deeper" in str(exc)
+        return
+    assert _shape(copy) == _shape(value)
+    if isinstance(value, dict | list):
+        assert copy is not value

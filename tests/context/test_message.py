@@ -25,7 +25,7 @@ from turnloom.context import (
     encode_message,
     message_size,
 )
-from turnloom.errors import DuplicateIdError, InvalidMessageError, InvalidTextError
+from turnloom.errors import DuplicateIdError, InvalidMessageError, InvalidTextError, excerpt
 
 
 def test_string_content_becomes_one_text_part() -> None:
@@ -294,3 +294,140 @@ def test_messages_and_parts_are_not_tracked_by_the_cyclic_gc() -> None:
     )
     assert gc.is_tracked(message) is False
     assert [gc.is_tracked(p) for p in message.parts] == [False, False]
+
+
+def test_the_fields_the_door_types_without_a_decode_are_pinned() -> None:
+    """The skipped decode relies on these fields and types (see ``_typed_leaf``).
+
+    ``check_message`` types every field below itself but a text's ``text``
+    and a result's ``is_error``, which it tests by type; a changed field
+    (another type, a new field) must be typed by ``check_message`` or make
+    ``_typed_leaf`` refuse its class before this list is changed.
+    """
+    parts = "TextPart | ImagePart | ToolCallPart | ToolResultPart | ReasoningPart | OpaquePart"
+    leaves = "TextPart | ImagePart | OpaquePart"
+    expected: dict[type[msgspec.Struct], list[tuple[str, object]]] = {
+        Message: [
+            ("role", Role),
+            ("content", f"tuple[{parts}, ...] | str"),
+            ("id", "str | None"),
+            ("extras", "dict[str, typing.Any] | None"),
+            ("layout", "dict[str, typing.Any] | None"),
+            ("name", "str | None"),
+        ],
+        TextPart: [("text", str), ("extras", "dict[str, typing.Any] | None")],
+        ImagePart: [
+            ("url", "str | None"),
+            ("data", "str | None"),
+            ("media_type", "str | None"),
+            ("detail", "str | None"),
+            ("extras", "dict[str, typing.Any] | None"),
+        ],
+        ToolCallPart: [
+            ("call_id", str),
+            ("name", str),
+            ("arguments", str),
+            ("extras", "dict[str, typing.Any] | None"),
+        ],
+        ToolResultPart: [
+            ("call_id", str),
+            ("content", f"tuple[{leaves}, ...]"),
+            ("is_error", bool),
+            ("name", "str | None"),
+            ("extras", "dict[str, typing.Any] | None"),
+        ],
+        OpaquePart: [("gateway", str), ("item", "dict[str, typing.Any]")],
+    }
+    for cls, fields in expected.items():
+        found = [
+            (f.name, f.type if isinstance(f.type, type) else str(f.type).replace(_MODULE, ""))
+            for f in msgspec.structs.fields(cls)
+        ]
+        assert found == fields, cls
+
+
+_MODULE = "turnloom.context.message."
+_DECODER = msgspec.json.Decoder(Message)
+_anything = st.one_of(
+    st.text(max_size=3), st.integers(), st.booleans(), st.none(), st.floats(allow_nan=False)
+)
+
+
+class _TextSubclass(TextPart, frozen=True, tag="text"):
+    pass
+
+
+class _ResultSubclass(ToolResultPart, frozen=True, tag="tool_result"):
+    pass
+
+
+class _MessageSubclass(Message, frozen=True):
+    pass
+
+
+@st.composite
+def _loosely_typed_messages(draw: st.DrawFn) -> Message:
+    """Messages of every part class, exact or subclassed, its untyped fields of any type."""
+    leaf = st.one_of(
+        st.builds(TextPart, text=_anything),
+        st.builds(_TextSubclass, text=_anything),
+        st.builds(ImagePart, url=st.sampled_from(["https://x/a.png", 5])),
+        st.builds(OpaquePart, gateway=st.just("g"), item=st.just({"k": 1})),
+    )
+    result = st.builds(
+        draw(st.sampled_from([ToolResultPart, _ResultSubclass])),
+        call_id=st.just("c1"),
+        content=st.tuples(leaf),
+        is_error=_anything,
+        name=st.none() | st.just("f"),
+    )
+    call = st.builds(ToolCallPart, call_id=st.just("c1"), name=st.just("f"))
+    reasoning = st.builds(ReasoningPart, text=_anything, redacted=_anything)
+    role, part = draw(
+        st.sampled_from(
+            [(Role.user, leaf), (Role.tool, result), (Role.assistant, call | reasoning | leaf)]
+        )
+    )
+    kind = draw(st.sampled_from([Message, Message, _MessageSubclass]))
+    content = draw(st.lists(part, max_size=2, unique_by=type))
+    return kind(role=role, content=tuple(content), id=draw(st.none() | st.just("m1")))
+
+
+@settings(max_examples=400, deadline=None)
+@given(message=_loosely_typed_messages())
+def test_a_message_the_door_passes_decodes_with_every_field_typed(message: Message) -> None:
+    """Invariant: skipping the typing decode never lets a wrongly typed message pass.
+
+    Whatever ``check_message`` accepts (with or without its decode) decodes
+    from its encoding as a Message, so it fails where the decode would.
+    """
+    try:
+        size = check_message(message)
+    except (InvalidMessageError, DuplicateIdError):
+        return
+    data = msgspec.json.encode(message)
+    assert size == len(data)
+    _DECODER.decode(data)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Message(role=Role.user, content=(TextPart(text=None),)),  # type: ignore[arg-type]
+        Message(role=Role.tool, content=(ToolResultPart(call_id="c", is_error=1),)),  # type: ignore[arg-type]
+        Message(
+            role=Role.tool,
+            content=(ToolResultPart(call_id="c", content=(TextPart(text=2),)),),  # type: ignore[arg-type]
+        ),
+        Message(role=Role.assistant, content=(ReasoningPart(text="t", redacted="no"),)),  # type: ignore[arg-type]
+    ],
+)
+def test_a_wrongly_typed_field_is_refused_as_the_decode_refuses_it(message: Message) -> None:
+    """The same error as the typing decode gives: its text, with the field it names."""
+    with pytest.raises(InvalidMessageError) as info:
+        check_message(message, where="m")
+    try:
+        _DECODER.decode(msgspec.json.encode(message))
+    except msgspec.ValidationError as exc:
+        expected = str(exc)
+    assert str(info.value) == f"m has a field of the wrong type: {excerpt(expected)}."

@@ -30,7 +30,8 @@ from turnloom.context import (
     image_size,
     image_tokens,
 )
-from turnloom.errors import InvalidArgumentError, MissingDependencyError
+from turnloom.context.tokens import count_tokens
+from turnloom.errors import HostCallbackError, InvalidArgumentError, MissingDependencyError
 
 bpe_openai = pytest.importorskip("bpe_openai")
 
@@ -297,3 +298,32 @@ def test_count_rejects_what_is_not_a_message_list(counter: TokenCounter) -> None
     with pytest.raises(InvalidArgumentError) as info:
         counter.count([Message(role=Role.user, content="a"), {"role": "user"}])  # type: ignore[list-item]
     assert info.value.field == "messages[1]"
+
+
+def test_count_tokens_of_one_message_by_the_builtin_counter_is_its_count() -> None:
+    """Invariant: ``count_tokens`` of one message (the door's call) is ``counter.count`` of it.
+
+    The built-in counter's one-message path gives the exact same numbers
+    (the rule of :func:`estimate_message_tokens`), and a failing image hook
+    is still reported as a HostCallbackError.
+    """
+    counter = ApproxTokenCounter()
+    messages = [
+        Message(role=Role.user, content="hello there", name="ann"),
+        Message(role=Role.assistant, content=(ToolCallPart(call_id="c1", name="f"),)),
+        Message(
+            role=Role.tool,
+            content=(ToolResultPart(call_id="c1", content=(TextPart(text="r" * 9),), name="f"),),
+        ),
+        Message(role=Role.user, content=(ImagePart(url="https://example.com/a.png"),)),
+    ]
+    assert [count_tokens(counter, (m,)) for m in messages] == [9, 12, 12, 769]
+    assert [count_tokens(counter, (m,)) for m in messages] == [counter.count([m]) for m in messages]
+
+    def broken(part: ImagePart) -> tuple[int, int] | None:
+        raise RuntimeError("no size")
+
+    with pytest.raises(HostCallbackError) as info:
+        count_tokens(ApproxTokenCounter(image_size=broken), (messages[3],))
+    assert info.value.callback == "token_counter"
+    assert isinstance(info.value.__cause__, RuntimeError)

@@ -21,7 +21,7 @@ async def test_invocation_ids_cannot_be_reassigned() -> None:
         )
         async with manager.invocation("c", "t1") as invocation:
             with pytest.raises(AttributeError):
-                invocation.turn_id = 123  # type: ignore[misc,assignment]
+                invocation.turn_id = 123  # type: ignore[misc, assignment]
             with pytest.raises(AttributeError):
                 invocation.context_id = "other"  # type: ignore[misc]
             assert (invocation.context_id, invocation.turn_id) == ("c", "t1")

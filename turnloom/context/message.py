@@ -383,6 +383,17 @@ def _strict_copy(value: Any, where: str, field: str, depth: int = 0) -> Any:
             nesting deeper than the cap; ``field`` names the path.
         InvalidTextError: a string or key holds a lone surrogate.
     """
+    # The common shapes first, copied as the loop below copies them: an ASCII
+    # string, and an object of ASCII strings (extras such as ``{"name": ...}``).
+    kind = type(value)
+    if kind is str and value.isascii():
+        return value
+    if kind is dict and depth < MAX_JSON_DEPTH:
+        for k, v in value.items():
+            if type(k) is not str or type(v) is not str or not (k.isascii() and v.isascii()):
+                break
+        else:
+            return dict(value)
     root: list[Any] = [None]
     # (value, container, key, depth of value, path of value)
     stack: list[tuple[Any, Any, Any, int, tuple[Any, ...]]] = [(value, root, 0, depth, ())]
@@ -530,7 +541,24 @@ def decode_json_text(text: str, *, where: str = "value", field: str = "") -> Any
             pass
         _strict_copy(value, where, field)
         raise _json_error(where, field, f"is not strict JSON ({excerpt(str(exc))}).") from None
+    if _provably_strict(text):
+        return value
     return _strict_copy(value, where, field)
+
+
+def _provably_strict(text: str) -> bool:
+    """True when ``text``, decoded by msgspec, is certain to pass :func:`_strict_copy` unchanged.
+
+    msgspec decodes JSON text into fresh dicts, lists, strs, ints, finite
+    floats (it refuses numbers out of the float range and ``NaN``), bools and
+    None, so only two checks can fail: a lone surrogate, which ASCII text can
+    hold only as a ``\\u`` escape, and nesting deeper than
+    :data:`MAX_JSON_DEPTH`, which needs more opening brackets than that. Text
+    with neither holds a value the copy would only copy.
+    """
+    return (
+        text.isascii() and "\\u" not in text and text.count("{") + text.count("[") <= MAX_JSON_DEPTH
+    )
 
 
 def encode_message(message: Message) -> bytes:
@@ -610,9 +638,13 @@ def check_message(message: object, *, where: str = "message") -> int:
         raise InvalidMessageError(f"{where} content must be a tuple of parts.", field="content")
     _copy_extras(message, "message", gateway, where, "extras")
     seen: set[str] = set()
+    # Whether the checks below type every field (see ``_typed_leaf``).
+    typed = type(message) is Message
     for i, part in enumerate(message.parts):
         field = f"content[{i}]"
         kind = _part_type(part)
+        if typed and kind is not type(part):
+            typed = False
         if kind is ToolCallPart:
             call = cast("ToolCallPart", part)
             _check_placement(call, role, where, field)
@@ -636,6 +668,8 @@ def check_message(message: object, *, where: str = "message") -> int:
                     field=f"{field}.content",
                 )
             _copy_extras(result, "tool_result", gateway, where, field)
+            if typed and type(result.is_error) is not bool:
+                typed = False
             for j, inner in enumerate(result.content):
                 inner_field = f"{field}.content[{j}]"
                 if _part_type(inner) not in _LEAF_PART_TYPES:
@@ -645,9 +679,15 @@ def check_message(message: object, *, where: str = "message") -> int:
                         field=inner_field,
                     )
                 _check_leaf(inner, gateway, where, inner_field)
+                if typed and not _typed_leaf(inner):
+                    typed = False
         elif kind in _LEAF_PART_TYPES:
-            _check_leaf(cast("TextPart | ImagePart | OpaquePart", part), gateway, where, field)
+            leaf = cast("TextPart | ImagePart | OpaquePart", part)
+            _check_leaf(leaf, gateway, where, field)
+            if typed and not _typed_leaf(leaf):
+                typed = False
         elif kind is ReasoningPart:
+            typed = False  # its text and redacted flag are typed by the decode below
             reasoning = cast("ReasoningPart", part)
             _optional_strings(
                 reasoning, ("signature", "encrypted_content", "id", "gateway"), where, field
@@ -677,7 +717,9 @@ def check_message(message: object, *, where: str = "message") -> int:
     try:
         # Struct construction does not check field types; decoding the encoding
         # does (a text that is not a str would otherwise fail at render time).
-        _decoder.decode(data)
+        # Skipped when the checks above typed every field: it would pass.
+        if not typed:
+            _decoder.decode(data)
     except msgspec.ValidationError as exc:
         text = str(exc)
         field = text.rpartition("at `$.")[2].rstrip("`") if "at `$." in text else ""
@@ -802,6 +844,25 @@ def _part_type(part: object) -> type | None:
         if isinstance(part, base):
             return base
     return None
+
+
+def _typed_leaf(part: TextPart | ImagePart | OpaquePart) -> bool:
+    """True when the checked leaf ``part`` needs no decode to type its fields.
+
+    ``check_message`` types each field of a message and of its parts on its
+    own (ids, names and optional strings are str or None, ``extras``, a
+    ``layout`` and an opaque ``item`` are replaced by strict JSON copies,
+    content is a tuple of parts, the role a Role) except a text's ``text``, a
+    result's ``is_error`` and a reasoning part's ``text`` and ``redacted``. A
+    message of the exact class whose parts are of the exact classes, with
+    those fields of their types, decodes from its encoding with every field
+    typed (``tests/context/test_message.py`` pins the fields this relies
+    on), so the decode that types any other message is skipped for it.
+    """
+    kind = type(part)
+    if kind is TextPart:
+        return isinstance(part.text, str)  # type: ignore[union-attr]
+    return kind is ImagePart or kind is OpaquePart
 
 
 def _check_leaf(

@@ -215,14 +215,18 @@ class IssuedPrefixes:
         renders: Mapping[int, Sequence[NativeContent]],
         call_ids: CallIdRenamer,
     ) -> list[NativeContent]:
-        """``messages`` completed as one whole input, rendered, renamed from ``call_ids``."""
+        """``messages`` completed as one whole input, rendered, renamed from ``call_ids``.
+
+        ``call_ids`` is advanced past the items (a caller's copy: on an error
+        it is dropped, whatever it saw).
+        """
         gateway = self._gateway
         items: list[NativeContent] = []
         for message in complete_pairs(messages, open_calls=self._open_calls):
             native = renders.get(id(message))
-            rendered = native if native is not None else gateway.render(message)
-            items.extend(rename_call_ids(gateway.type, rendered, call_ids))
-        return items
+            items.extend(native if native is not None else gateway.render(message))
+        # One pass over all the items: renaming is sequential, so equal to renaming each message's.
+        return rename_call_ids(gateway.type, items, call_ids)
 
 
 class _Settled:
