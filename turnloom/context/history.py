@@ -105,9 +105,10 @@ from turnloom.context.callids import (
     CallIdRenamer,
     record_renames,
     rename_call_ids,
+    reported_call_ids,
     restore_call_ids,
 )
-from turnloom.context.gateway import Gateway, NativeContent
+from turnloom.context.gateway import Gateway, GatewayType, NativeContent
 from turnloom.context.items import (
     ChunkedSpan,
     NativeItems,
@@ -1053,15 +1054,16 @@ def _renamed(
     :class:`_CallLog` appended to it, or None when ``call_ids`` has renamed
     no id so far (the items keep their own ids).
     """
-    if logs is None:
-        items = rename_call_ids(gateway.type, rendered.items, call_ids)
+    kind = gateway.type
+    if logs is None or not call_ids.renamed:
+        # Renamed plainly; while nothing was renamed, no log is kept (see _Run).
+        items = rename_call_ids(kind, rendered.items, call_ids)
+        if logs is not None:
+            logs.append(_first_log(kind, rendered.items, items) if call_ids.renamed else None)
     else:
         carriers: list[int] = []
-        items, events, ids = record_renames(gateway.type, rendered.items, call_ids, carriers)
-        if not call_ids.renamed:
-            logs.append(None)
-        else:
-            logs.append(_CallLog(events, ids, tuple(carriers)) if events else _NO_CALLS)
+        items, events, ids = record_renames(kind, rendered.items, call_ids, carriers)
+        logs.append(_CallLog(events, ids, tuple(carriers)) if events else _NO_CALLS)
     if all(new is old for new, old in zip(items, rendered.items, strict=True)):
         return rendered
     encoded = tuple(
@@ -1073,6 +1075,20 @@ def _renamed(
     # Tokens are those of the messages as recorded: renaming is a wire detail.
     total = sum(map(len, encoded))
     return _Rendered(out, encoded, total, rendered.tokens, rendered.key, rendered.lead)
+
+
+def _first_log(
+    kind: GatewayType, originals: Sequence[NativeContent], renamed: Sequence[NativeContent]
+) -> _CallLog:
+    """The call log of items ``renamed`` from ``originals`` by a state that had renamed nothing.
+
+    Events and carriers do not depend on the state, so they are recorded
+    from a fresh one; the ids are those ``renamed`` carries.
+    """
+    carriers: list[int] = []
+    _, events, _ = record_renames(kind, originals, CallIdRenamer(), carriers)
+    ids = reported_call_ids(kind, renamed)
+    return _CallLog(events, ids, tuple(carriers)) if events else _NO_CALLS
 
 
 _CANCELLED_CONTENT = (TextPart(text=CANCELLED_RESULT_TEXT),)
