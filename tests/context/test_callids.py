@@ -22,7 +22,12 @@ from turnloom.context import (
     complete_pairs,
     get_gateway,
 )
-from turnloom.context.callids import CallIdRenamer, rename_call_ids
+from turnloom.context.callids import (
+    CallIdRenamer,
+    record_renames,
+    rename_call_ids,
+    restore_call_ids,
+)
 from turnloom.context.history import TurnHistory
 
 CHAT = GatewayType.openai_chat
@@ -341,3 +346,35 @@ def test_a_hidden_id_stays_hidden_while_an_older_layer_holds_it() -> None:
     assert layers.get("k0") is None
     assert "k0" not in layers.present()
     assert layers.copy().get("k0") is None
+
+
+def test_record_renames_names_the_items_that_carry_ids_and_restoring_only_them_is_exact() -> None:
+    """Invariant: the carriers record_renames reports are the items in which the rewriter
+    found a call or result id; writing replayed ids into just those items (in order)
+    gives what renaming every item from that state gives."""
+    items = [
+        {"role": "user", "content": "a"},
+        _chat_call("c1", "c2"),
+        {"role": "tool", "tool_call_id": "c1", "content": "r1"},
+        {"role": "assistant", "content": "b"},
+        {"role": "tool", "tool_call_id": "c2", "content": "r2"},
+        _chat_call("c1"),
+    ]
+    carriers: list[int] = []
+    state = CallIdRenamer()
+    renamed, events, ids = record_renames(CHAT, items, state, carriers)
+    assert carriers == [1, 2, 4, 5]
+    assert renamed == rename_call_ids(CHAT, items)
+    assert ids == ("c1", "c2", "c1", "c2", "c1_r2")
+    assert record_renames(CHAT, items, CallIdRenamer())[1:] == (events, ids)
+    # From a state that saw c2 already: replayed ids written into the carriers only.
+    seen = CallIdRenamer()
+    rename_call_ids(CHAT, [_chat_call("c2")], seen)
+    expected = rename_call_ids(CHAT, items, seen.copy())
+    replayed = seen.replay(events)
+    restored = restore_call_ids(CHAT, [renamed[i] for i in carriers], replayed)
+    out = list(renamed)
+    for at, item in zip(carriers, restored, strict=True):
+        out[at] = item
+    assert out == expected
+    assert out[1]["tool_calls"][1]["id"] == "c2_r2"

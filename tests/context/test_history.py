@@ -712,6 +712,96 @@ def test_an_eviction_that_renames_anew_keeps_the_items_and_body_of_a_cold_render
     assert len(reused) == 5
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from(list(GatewayType)),
+    st.lists(st.tuples(st.integers(0, 2), st.integers(0, 5)), min_size=1, max_size=16),
+    st.integers(-1, 16),
+)
+def test_evictions_with_call_ids_reused_across_turns_render_and_encode_as_cold(
+    kind: GatewayType, steps: list[tuple[int, int]], fail_at: int
+) -> None:
+    """Invariant: turns that reuse call ids (so evictions rename the kept turns anew,
+    some turns' ids changing and others' not) render each prepare as a cold render
+    does: items, decoded reusing the previous render's items, and the encoded body.
+    A render that fails part-way through renaming anew (``fail_at``: the rename
+    call that raises) leaves nothing behind: the next render equals a cold one."""
+    import turnloom.context.history as history_module
+    from turnloom.context.callids import restore_call_ids as real
+
+    gateway = get_gateway(kind)
+    history = TurnHistory(HistoryLimits(max_turns=4))
+    history.commit("t0", [user("u0")], instructions=[SYSTEM])
+    previous: RenderedHistory | None = None
+    renames = [0]
+
+    def flaky(*args: Any) -> Any:
+        renames[0] += 1
+        if renames[0] == fail_at:
+            raise MemoryError("injected")
+        return real(*args)
+
+    for number, (calls, reuse) in enumerate(steps, start=1):
+        newest = history.turn_ids[-1]
+        # Ids from a pool of three: reused within and across turns, kept and evicted.
+        for k in range(calls):
+            call_id = f"c{(reuse + k) % 3}"
+            history.record(newest, [call(call_id), result(call_id, f"r{number}.{k}")])
+        history.record(newest, [assistant(f"a{number}")])
+        history.commit(f"t{number}", [user(f"u{number}")])
+        history.evict()
+        with contextlib.suppress(MemoryError):
+            setattr(history_module, "restore_call_ids", flaky)  # noqa: B010
+            try:
+                history.view().render(gateway, f"t{number}")
+            finally:
+                setattr(history_module, "restore_call_ids", real)  # noqa: B010
+        rendered = history.view().render(gateway, f"t{number}")
+        common = None
+        if previous is not None:
+            common = rendered.native_items.common_length(previous.native_items)
+            rendered.native_items.adopt(previous.native_items)
+        items = list(rendered.items)
+        assert items == cold_render(history, f"t{number}", gateway=gateway)
+        if previous is not None:
+            assert common == plain_common_length(items, previous.items)
+        sizes = [len(msgspec.json.encode(item)) for item in items]
+        assert [rendered.bytes_before(k) for k in range(len(sizes) + 1)] == [
+            sum(sizes[:k]) for k in range(len(sizes) + 1)
+        ]
+        assert rendered.bytes == sum(sizes)
+        assert rendered.body is not None
+        assert rendered.body.encode() == msgspec.json.encode(gateway.request_body(items))
+        previous = rendered
+
+
+@pytest.mark.parametrize("kind", list(GatewayType))
+def test_turns_joined_before_any_rename_are_renamed_anew_twice_as_a_cold_render(
+    kind: GatewayType,
+) -> None:
+    """Invariant: turns that joined the run before any call id was renamed (kept without
+    a call log) and then survive two evictions that rename the kept turns anew still
+    count for later renames: each render equals a cold render, its body the encoded
+    request body."""
+    gateway = get_gateway(kind)
+    history = TurnHistory(HistoryLimits(max_turns=5))
+    history.commit("t1", [user("u1")], instructions=[SYSTEM])
+    for number, ids in enumerate((["x"], ["y"], ["z"], ["x", "y", "z"]), start=1):
+        history.record(f"t{number}", [m for i in ids for m in (call(i), result(i, f"r{i}"))])
+        history.commit(f"t{number + 1}", [user(f"u{number + 1}")])
+    for number in (5, 6, 7):
+        rendered = history.view().render(gateway, f"t{number}")
+        items = list(rendered.items)
+        assert items == cold_render(history, f"t{number}", gateway=gateway)
+        assert rendered.body is not None
+        assert rendered.body.encode() == msgspec.json.encode(gateway.request_body(items))
+        history.record(f"t{number}", [assistant(f"a{number}")])
+        history.commit(f"t{number + 1}", [user(f"u{number + 1}")])
+        history.evict()  # t1 (x), then t2 (y): t4's renames of them are renamed anew
+    assert history.turn_ids == ("t4", "t5", "t6", "t7", "t8")
+    assert history.statistics().evicted_turns == 3
+
+
 def test_a_batch_checked_at_the_door_is_not_checked_again_when_committed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -5,6 +5,7 @@ Oracle: the plain tuple of native items (and a plain scan for common prefixes).
 
 from __future__ import annotations
 
+import array
 import gc
 import sys
 
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.context.test_history import plain_common_length
-from turnloom.context.items import NativeItems, common_prefix, encode_item
+from turnloom.context.items import ChunkedSpan, NativeItems, common_prefix, encode_item
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from(["a", "b", "é"]),
@@ -131,3 +132,88 @@ def test_common_prefix_of_an_empty_or_differing_start_is_zero() -> None:
     assert common_prefix((), (1,)) == 0
     assert common_prefix((1, 2), (2, 2)) == 0
     assert common_prefix((1, 2, 3), (1, 2, 4)) == 2
+
+
+def _chunked(
+    groups: list[list[bytes]], dropped: int, chunks: list[bytes] | None = None
+) -> ChunkedSpan:
+    """A span of ``groups`` (one chunk each, joined unless ``chunks`` are given), the first
+    ``dropped`` dropped at the front, as a history's run lays them out."""
+    ends, byte_ends, offsets = array.array("q"), array.array("q"), array.array("q")
+    items = size = 0
+    for group in groups:
+        for encoded in group:
+            size += len(encoded)
+            offsets.append(size)
+        items += len(group)
+        ends.append(items)
+        byte_ends.append(size)
+    joined = [b",".join(g) for g in groups] if chunks is None else chunks
+    origin = ends[dropped - 1] if dropped else 0
+    base = byte_ends[dropped - 1] if dropped else 0
+    return ChunkedSpan(joined, dropped, len(groups), ends, byte_ends, origin, base, offsets, origin)
+
+
+_groups = st.lists(st.lists(_item, max_size=3), min_size=1, max_size=5)
+
+
+@settings(max_examples=150)
+@given(_groups, st.integers(0, 5))
+def test_a_chunked_span_joins_and_cuts_any_range_as_its_items(
+    groups: list[list[dict[str, object]]], dropped: int
+) -> None:
+    """Invariant: joining items start:stop of a span (chunks, some empty, some dropped
+    at the front) equals joining their encodings; its chunk ranges cut into items
+    give every item once, in order."""
+    dropped = min(dropped, len(groups))
+    encoded = [[encode_item(i) for i in g] for g in groups]
+    span = _chunked(encoded, dropped)
+    flat = [e for g in encoded[dropped:] for e in g]
+    assert len(span) == len(flat)
+    for start in range(len(flat) + 1):
+        for stop in range(start, len(flat) + 1):
+            assert span.joined(start, stop) == b",".join(flat[start:stop])
+    assert span.joined() == b",".join(flat)
+    ranges = span.chunk_ranges()
+    assert [e for c, a, b, base in ranges for e in span.split(c, a, b, base)] == flat
+    assert [(a, b) for _, a, b, _ in ranges] == [
+        (sum(map(len, encoded[dropped:k])), sum(map(len, encoded[dropped : k + 1])))
+        for k in range(dropped, len(groups))
+        if encoded[k]
+    ]
+
+
+def test_items_of_another_chunked_run_are_reused_chunk_by_chunk() -> None:
+    """Invariant: decoding a span of another run (renamed anew) equals decoding it
+    cold; the items of a chunk both hold (the very object) are the earlier decoded
+    objects, an item of another chunk is reused when an earlier chunk neither holds
+    encodes it alike, and the rest are decoded anew."""
+    items = [{"role": "user", "content": f"m{i}"} for i in range(7)]
+    enc = [encode_item(i) for i in items]
+    groups = [[enc[0], enc[1]], [enc[2]], [], [enc[3], enc[4]]]
+    earlier = NativeItems((items[6],), _chunked(groups, 0), (), object())
+    decoded = earlier.materialize()
+    old = earlier._encoded
+    assert isinstance(old, ChunkedSpan)
+    chunks = old._chunks
+    changed = {"role": "user", "content": "changed"}
+    # The first group dropped; the second kept (same chunk); the last changed
+    # (enc[3] kept, enc[4] renamed): a new chunk; one new group after it.
+    later_groups = [[enc[0], enc[1]], [enc[2]], [], [enc[3], encode_item(changed)], [enc[5]]]
+    later_chunks = [
+        chunks[0],
+        chunks[1],
+        chunks[2],
+        b",".join(later_groups[3]),
+        b",".join(later_groups[4]),
+    ]
+    later = NativeItems((items[6],), _chunked(later_groups, 1, later_chunks), (), object())
+    later.adopt(earlier)
+    got = later.materialize()
+    assert got == (items[6], items[2], items[3], changed, items[5])
+    assert [g is d for g, d in zip(got, (decoded[0], decoded[3], decoded[4]), strict=False)] == [
+        True,
+        True,
+        True,
+    ]
+    assert got[3] is not decoded[5] and got[4] not in decoded

@@ -50,7 +50,13 @@ import msgspec
 from turnloom.context._untrack import untrack_atoms, untrack_container
 from turnloom.context.callids import CallIdRenamer
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.items import EncodedSpan, compaction_due, encode_item, exact_bytes
+from turnloom.context.items import (
+    EncodedSpan,
+    compaction_due,
+    decode_joined,
+    encode_item,
+    exact_bytes,
+)
 from turnloom.errors import InvalidArgumentError, excerpt, what_type
 
 _encode = msgspec.json.Encoder().encode
@@ -122,6 +128,18 @@ class BodyWriter:
     def held_origin(self) -> int | None:
         """The tag of the oldest item held back (not yet handed out), or None."""
         raise NotImplementedError
+
+    def passes_through(self) -> bool:
+        """True when feeding items to this writer, as it stands, is the identity.
+
+        That is: it hands out each item fed at once, unchanged (the same
+        object), tagged with its own segment (``marks`` of ``(tag, tag)``),
+        holds nothing back, lets any item open a segment (:meth:`can_open`)
+        and changes no state of its own, whatever the items. A caller that
+        keeps a segment's items encoded may then skip feeding them
+        (:meth:`BodyRun.append` with no items). False unless a writer says so.
+        """
+        return False
 
     def can_open(self, body_item: NativeContent) -> bool:
         """True when ``body_item``, handed out first for a segment, may follow segment 0 directly.
@@ -461,7 +479,7 @@ class BodyRun:
 
     def append(
         self,
-        items: Sequence[NativeContent],
+        items: Sequence[NativeContent] | None,
         tag: int,
         encoded: Sequence[bytes] = (),
         chunk: bytes | None = None,
@@ -469,12 +487,19 @@ class BodyRun:
         """Feed one segment's items; encode the body items they settle.
 
         Args:
-            items: the segment's native items.
+            items: the segment's native items, or None when the caller did
+                not decode them (then ``chunk`` must hold them): they are
+                decoded from ``chunk`` unless the writer
+                :meth:`~BodyWriter.passes_through`, whose body items are
+                the segment's chunk as it is.
             tag: the segment's tag (greater than the last one appended).
             encoded: the items' JSON encodings, when the caller keeps them:
                 a body item encoded to equal bytes shares that object.
             chunk: ``encoded`` joined by ``,``, when the caller keeps that:
                 the segment's chunk when its body items are its items.
+
+        Raises:
+            InvalidArgumentError: ``items`` and ``chunk`` are both None.
         """
         writer = self._writer.copy()
         self._feed(writer, items, tag, encoded, chunk)
@@ -484,7 +509,9 @@ class BodyRun:
     def of(
         cls,
         writer: BodyWriter,
-        segments: Iterable[tuple[Sequence[NativeContent], int, Sequence[bytes], bytes | None]],
+        segments: Iterable[
+            tuple[Sequence[NativeContent] | None, int, Sequence[bytes], bytes | None]
+        ],
     ) -> BodyRun:
         """A run of ``segments`` (items, tag, encodings, chunk) fed in order to ``writer`` (taken).
 
@@ -500,19 +527,28 @@ class BodyRun:
     def _feed(
         self,
         writer: BodyWriter,
-        items: Sequence[NativeContent],
+        items: Sequence[NativeContent] | None,
         tag: int,
         encoded: Sequence[bytes],
         chunk: bytes | None,
     ) -> None:
         """:meth:`append` with ``writer`` (this run's, changed in place)."""
+        tags, reach, opens, counts = self._tags, self._reach, self._opens, self._counts
+        new = not tags or tags[-1] != tag
+        if new and chunk and tag and not self._open and writer.passes_through():
+            # Feeding it would hand out its items as they are: its chunk.
+            self._seal_whole(tag, True, chunk)
+            return
+        if items is None:
+            if chunk is None:
+                raise InvalidArgumentError("A segment needs its items or its chunk.", field="items")
+            items = decode_joined(chunk)
         out: list[NativeContent] = []
         marks: list[tuple[int, int]] = []
         writer.marks = marks
         writer.feed(items, out, tag)
         writer.marks = None
-        tags, reach, opens, counts = self._tags, self._reach, self._opens, self._counts
-        if not tags or tags[-1] != tag:
+        if new:
             if (
                 chunk
                 and tag
@@ -524,11 +560,7 @@ class BodyRun:
             ):
                 # Its body items are its items, unchanged and in order, and
                 # nothing is held back: sealed at once, as its very chunk.
-                tags.append(tag)
-                reach.append(tag)
-                opens.append(2 if writer.can_open(out[0]) else 1)
-                counts.append(1)
-                self._chunks.append(chunk)
+                self._seal_whole(tag, writer.can_open(out[0]), chunk)
                 return
             tags.append(tag)
             reach.append(tag)
@@ -572,6 +604,14 @@ class BodyRun:
             start = end
         held = writer.held_origin()
         self._seal(tag + 1 if held is None else held)
+
+    def _seal_whole(self, tag: int, can_open: bool, chunk: bytes) -> None:
+        """Add segment ``tag``, sealed: its body items are its items, ``chunk`` as it is."""
+        self._tags.append(tag)
+        self._reach.append(tag)
+        self._opens.append(2 if can_open else 1)
+        self._counts.append(1)
+        self._chunks.append(chunk)
 
     def _seal(self, below: int) -> None:
         """Seal the open segments tagged below ``below``: no body item can come for them now."""

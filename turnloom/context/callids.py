@@ -245,13 +245,14 @@ class CallIdRenamer:
         the items. Costs O(events).
         """
         ids: list[str] = []
+        append, end_group, result, call = ids.append, self.end_group, self.result, self._call
         for event in events:
             if event is None:
-                self.end_group()
+                end_group()
             elif type(event) is str:
-                ids.append(self.result(event))
+                append(result(event))
             else:
-                ids.append(self._call(*event))
+                append(call(*event))
         return tuple(ids)
 
     def forget(self, dropped: CallIdRenamer) -> bool:
@@ -418,9 +419,18 @@ def reported_call_ids(kind: GatewayType, items: Sequence[NativeContent]) -> tupl
 
 
 def record_renames(
-    kind: GatewayType, items: Sequence[NativeContent], renamer: CallIdRenamer
+    kind: GatewayType,
+    items: Sequence[NativeContent],
+    renamer: CallIdRenamer,
+    carriers: list[int] | None = None,
 ) -> tuple[list[NativeContent], tuple[CallEvent, ...], tuple[str, ...]]:
     """:func:`rename_call_ids` from ``renamer`` (advanced), recording what it did.
+
+    Args:
+        carriers: when given, receives the index of each item in which the
+            rewriter found a call or result id, in order: the only items
+            :func:`restore_call_ids` changes, so restoring ids into just
+            those items (in order) gives the same items.
 
     Returns:
         the renamed items (as :func:`rename_call_ids`), the events the
@@ -429,7 +439,17 @@ def record_renames(
         state without visiting them), and the id each call and result got.
     """
     recording = _Recording(renamer)
-    out = rename_call_ids(kind, items, recording)
+    rewrite = _REWRITERS.get(kind)
+    if carriers is None or rewrite is None:
+        out = rename_call_ids(kind, items, recording)
+    else:
+        out = []
+        found = recording.ids
+        for index, item in enumerate(items):
+            before = len(found)
+            out.append(rewrite(item, recording))
+            if len(found) != before:
+                carriers.append(index)
     recording.settle(renamer)
     return out, tuple(recording.events), tuple(recording.ids)
 

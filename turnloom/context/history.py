@@ -108,8 +108,15 @@ from turnloom.context.callids import (
     reported_call_ids,
     restore_call_ids,
 )
-from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.items import ChunkedSpan, NativeItems, compaction_due, encode_item
+from turnloom.context.gateway import Gateway, GatewayType, NativeContent
+from turnloom.context.items import (
+    ChunkedSpan,
+    NativeItems,
+    compaction_due,
+    decode_joined,
+    encode_item,
+    split_chunk,
+)
 from turnloom.context.message import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Message,
@@ -520,7 +527,7 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
 
 
 class _CallLog(msgspec.Struct, gc=False, eq=False):
-    """A run turn's call-id events and the ids its items are sent with (in event order).
+    """A run turn's call-id events, the ids its items are sent with, and the items with ids.
 
     See :func:`~turnloom.context.callids.record_renames`: replaying
     ``events`` from a renaming state gives the ids a renaming of the turn's
@@ -529,6 +536,8 @@ class _CallLog(msgspec.Struct, gc=False, eq=False):
 
     events: tuple[CallEvent, ...]
     ids: tuple[str, ...]
+    # The indexes of the turn's items that carry those ids (see record_renames).
+    carriers: tuple[int, ...] = ()
 
 
 _NO_CALLS = _CallLog((), ())  # a turn without calls or results (shared)
@@ -712,12 +721,10 @@ class _Run:
     (where it ends, in items and bytes, in running coordinates that begin
     at ``origin`` and ``base`` and are never rebased), ``turn_tokens``,
     ``turn_carried`` (1 when calls of an earlier turn were carried into it)
-    and ``calls``: a :class:`_CallLog`
-    once the turn was renamed anew (its call-id events and the ids its
-    items are sent with), else, for a turn the run renamed, the call ids
-    its items had before, as
-    :func:`~turnloom.context.callids.reported_call_ids` lists them, else
-    None (its items carry their own ids). ``last`` is the newest turn in
+    and ``calls``: its :class:`_CallLog` (its call-id events, the ids its
+    items are sent with and which items carry them), recorded when the run
+    renamed it, or None while no call id of the run was renamed (its items
+    carry their own ids, and no log is kept). ``last`` is the newest turn in
     the run. ``origin`` counts the
     items dropped at the front since ``epoch`` (an object made per run)
     began, so renders of the same run can tell shared items apart
@@ -783,8 +790,8 @@ class _Run:
         self.epoch = object()
         self.turn_tokens = _ends()
         self.turn_carried = bytearray()
-        self.calls: list[_CallLog | tuple[str, ...] | None] = []
-        untrack_container(self.calls)  # str tuples and untracked structs only
+        self.calls: list[_CallLog | None] = []
+        untrack_container(self.calls)  # untracked structs only
         self.tokens = pinned.tokens
         self.last: _Turn | None = None
         self.evicted = evicted
@@ -822,21 +829,18 @@ class _Run:
             self.skip,
         )
 
-    def encodings(self, index: int) -> list[bytes]:
-        """The encoded items of the run's turn ``index`` (0 = oldest held), one ``bytes`` each."""
+    def _item_ends(self, index: int) -> tuple[array.array[int], int]:
+        """Where each item of turn ``index`` ends, and where its first begins (running bytes)."""
         at = self.dead + index
         start = self.item_ends[at - 1] if at > self.dead else self.origin
         base = self.byte_ends[at - 1] if at > self.dead else self.base
-        chunk = self.chunks[at]
         first = self.skip + start - self.origin
-        ends = self.offsets[first : first + self.item_ends[at] - start]
-        out = []
-        begin = 0
-        for number, end in enumerate(ends):
-            stop = end - base + number
-            out.append(chunk[begin:stop])
-            begin = stop + 1  # past the separator
-        return out
+        return self.offsets[first : first + self.item_ends[at] - start], base
+
+    def encodings(self, index: int) -> list[bytes]:
+        """The encoded items of the run's turn ``index`` (0 = oldest held), one ``bytes`` each."""
+        ends, base = self._item_ends(index)
+        return split_chunk(self.chunks[self.dead + index], ends, base)
 
     def ends(self, index: int) -> tuple[int, int]:
         """Where the run's turn ``index`` (0 = oldest held) ends: (items, bytes), running."""
@@ -883,15 +887,8 @@ class _Run:
             untrack_container(self.calls)
             self.dead = 0
 
-    def join(
-        self,
-        gateway: Gateway,
-        rendered: _Rendered,
-        renamed: _Rendered,
-        carried: bool,
-    ) -> bytes:
-        """Append one closed turn, ``renamed`` (``rendered`` with the run's call ids); its chunk."""
-        calls = None if renamed is rendered else reported_call_ids(gateway.type, rendered.items)
+    def join(self, renamed: _Rendered, carried: bool, calls: _CallLog | None) -> bytes:
+        """Append one closed turn, ``renamed`` with the run's call ids (``calls``); its chunk."""
         chunk = self.add(renamed.encoded, renamed.bytes, renamed.tokens, carried, calls)
         if self.body is not None:
             tag = self.first_tag + self.turns - 1
@@ -904,7 +901,7 @@ class _Run:
         size: int,
         tokens: int,
         carried: bool,
-        calls: _CallLog | tuple[str, ...] | None,
+        calls: _CallLog | None,
         chunk: bytes | None = None,
     ) -> bytes:
         """Append one closed turn's encoded items (``size`` bytes in all); not to the body.
@@ -927,13 +924,38 @@ class _Run:
         self.tokens += tokens
         return chunk
 
+    def add_kept(self, run: _Run, first: int, stop: int) -> None:
+        """Append ``run``'s turns ``first`` to ``stop - 1`` (0 = oldest held) as they are.
+
+        Their chunks, item sizes, tokens, carried flags and ``calls`` are
+        ``run``'s, moved to this run's running coordinates: C-speed copies,
+        O(their items), without cutting an item out of a chunk.
+        """
+        if first >= stop:
+            return
+        dead = run.dead
+        at, end = dead + first, dead + stop
+        start = run.item_ends[at - 1] if at > dead else run.origin
+        base = run.byte_ends[at - 1] if at > dead else run.base
+        items_at = self.item_ends[-1] if self.item_ends else self.origin
+        bytes_at = self.byte_ends[-1] if self.byte_ends else self.base
+        item = run.skip + start - run.origin
+        shift = (bytes_at - base).__add__
+        self.offsets.extend(map(shift, run.offsets[item : item + run.item_ends[end - 1] - start]))
+        self.item_ends.extend(map((items_at - start).__add__, run.item_ends[at:end]))
+        self.byte_ends.extend(map(shift, run.byte_ends[at:end]))
+        tokens = run.turn_tokens[at:end]
+        self.turn_tokens.extend(tokens)
+        self.tokens += sum(tokens)
+        self.turn_carried.extend(run.turn_carried[at:end])
+        self.chunks.extend(run.chunks[at:end])
+        self.calls.extend(run.calls[at:end])
+
     def natives(self, first: int, stop: int) -> list[NativeContent]:
         """The items of the run's turns ``first`` to ``stop - 1`` decoded (O(their bytes))."""
-        joined = b",".join(filter(None, self.chunks[self.dead + first : self.dead + stop]))
-        if not joined:
-            return []
-        decoded: list[NativeContent] = _decode(b"".join((b"[", joined, b"]")))
-        return decoded
+        return decode_joined(
+            b",".join(filter(None, self.chunks[self.dead + first : self.dead + stop]))
+        )
 
 
 class _Shared:
@@ -1018,14 +1040,30 @@ def _render_entries(
     return _Rendered(rendered, tuple(encoded), sum(map(len, encoded)), tokens, key, lead)
 
 
-def _renamed(rendered: _Rendered, gateway: Gateway, call_ids: CallIdRenamer) -> _Rendered:
+def _renamed(
+    rendered: _Rendered,
+    gateway: Gateway,
+    call_ids: CallIdRenamer,
+    logs: list[_CallLog | None] | None = None,
+) -> _Rendered:
     """``rendered`` with call ids renamed by ``call_ids`` (advanced past it).
 
     Returns ``rendered`` itself when no id changed; else a new ``_Rendered``
     whose changed items are new objects, encoded and untracked like any
-    cached item.
+    cached item. With ``logs``, the renaming is recorded as a
+    :class:`_CallLog` appended to it, or None when ``call_ids`` has renamed
+    no id so far (the items keep their own ids).
     """
-    items = rename_call_ids(gateway.type, rendered.items, call_ids)
+    kind = gateway.type
+    if logs is None or not call_ids.renamed:
+        # Renamed plainly; while nothing was renamed, no log is kept (see _Run).
+        items = rename_call_ids(kind, rendered.items, call_ids)
+        if logs is not None:
+            logs.append(_first_log(kind, rendered.items, items) if call_ids.renamed else None)
+    else:
+        carriers: list[int] = []
+        items, events, ids = record_renames(kind, rendered.items, call_ids, carriers)
+        logs.append(_CallLog(events, ids, tuple(carriers)) if events else _NO_CALLS)
     if all(new is old for new, old in zip(items, rendered.items, strict=True)):
         return rendered
     encoded = tuple(
@@ -1037,6 +1075,20 @@ def _renamed(rendered: _Rendered, gateway: Gateway, call_ids: CallIdRenamer) -> 
     # Tokens are those of the messages as recorded: renaming is a wire detail.
     total = sum(map(len, encoded))
     return _Rendered(out, encoded, total, rendered.tokens, rendered.key, rendered.lead)
+
+
+def _first_log(
+    kind: GatewayType, originals: Sequence[NativeContent], renamed: Sequence[NativeContent]
+) -> _CallLog:
+    """The call log of items ``renamed`` from ``originals`` by a state that had renamed nothing.
+
+    Events and carriers do not depend on the state, so they are recorded
+    from a fresh one; the ids are those ``renamed`` carries.
+    """
+    carriers: list[int] = []
+    _, events, _ = record_renames(kind, originals, CallIdRenamer(), carriers)
+    ids = reported_call_ids(kind, renamed)
+    return _CallLog(events, ids, tuple(carriers)) if events else _NO_CALLS
 
 
 _CANCELLED_CONTENT = (TextPart(text=CANCELLED_RESULT_TEXT),)
@@ -1091,14 +1143,16 @@ class _Plan:
         self.head = head
 
     def rename(
-        self, gateway: Gateway, call_ids: CallIdRenamer
+        self, gateway: Gateway, call_ids: CallIdRenamer, logs: list[_CallLog | None] | None = None
     ) -> tuple[list[_Rendered], _Rendered, CallIdRenamer]:
         """The settled renders renamed with ``call_ids`` (advancing it), then the tail.
 
         Returns the renamed settled renders, the tail (the other turns, then
         the head) renamed on a copy, and that copy, advanced past the tail.
+        With ``logs``, each settled render's renaming is recorded there
+        (:func:`_renamed`), for the run it joins.
         """
-        settled = [_renamed(r, gateway, call_ids) for r in self.renders[: self.settled]]
+        settled = [_renamed(r, gateway, call_ids, logs) for r in self.renders[: self.settled]]
         after = call_ids.copy()
         tail = [_renamed(r, gateway, after) for r in self.renders[self.settled :]]
         tail.append(_renamed(self.head, gateway, after))
@@ -1386,8 +1440,9 @@ class HistoryView:
                         open_calls,
                         shared.counter,
                     )
-                    settled, tail, call_ids = plan.rename(gateway, run.call_ids)
-                    self._append(run, turns, plan, settled, gateway, slots)
+                    logs: list[_CallLog | None] = []
+                    settled, tail, call_ids = plan.rename(gateway, run.call_ids, logs)
+                    self._append(run, turns, plan, settled, logs, slots)
                     # The run's containers are handed out as they stand (no copy).
                     rendered = RenderedHistory(
                         run.pinned,
@@ -1632,62 +1687,78 @@ class HistoryView:
         Only valid when the kept turns render as they did (the caller checked
         that nothing but the evicted call ids changes them): each kept turn
         is renamed from scratch after the pinned instructions, as a cold
-        render of the kept turns renames it. A turn with a :class:`_CallLog`
-        replays its call-id events (O(its calls), no pass over its items);
-        one renamed anew for the first time is decoded, the ids it had
-        before the run renamed it written back (``calls``), and renamed
-        while its events are recorded. Only the items whose ids change are
-        encoded again; the others keep their bytes objects. The kept items
-        are decoded once, for the body writer, and the encoded body is built
-        in one pass of it. No message is rendered again.
+        render of the kept turns renames it. A turn without a log (its items
+        carry their own ids) is decoded and renamed while its log is
+        recorded. A turn with a :class:`_CallLog` replays its call-id events
+        (O(its calls), no pass over its items); when the ids it replays are
+        those it has, it is kept as it is: its chunk, item sizes and log
+        copied with the other such turns (:meth:`_Run.add_kept`), never
+        decoded or cut. One whose ids change
+        has the items that carry ids (its log's ``carriers``) decoded, the
+        new ids written into them and those that change encoded again; the
+        others keep their bytes. The encoded body is built in one pass of
+        the body writer, which decodes a turn's chunk only when it does not
+        pass its items through
+        (:meth:`~turnloom.context.body.BodyWriter.passes_through`). No
+        message is rendered again.
         """
         kind = gateway.type
         call_ids = CallIdRenamer()
         rename_call_ids(kind, run.pinned.items, call_ids)  # renamed: unchanged
         new = _Run(self._pinned, run.pinned, self._evicted, self._generation, call_ids)
         writer = body_writer(gateway, renamed=True) if run.body is not None else None
-        first = run.ends(dropped - 1)[0] - run.origin
-        natives = run.natives(dropped, run.turns)
+        # A writer that passes items through takes a kept chunk as it is (see BodyRun.append).
+        split = writer is not None and not writer.passes_through()
         segments: list[_Segment] = [(run.pinned.items, 0, run.pinned.encoded, None)]
-        start = 0
+        kept = dropped  # turns kept as they are from here, not yet added (one copy of them all)
         for index in range(dropped, run.turns):
-            stop = run.ends(index)[0] - run.origin - first
-            encoded: Sequence[bytes] = run.encodings(index)
-            chunk: bytes | None = run.chunks[run.dead + index]
-            items = natives[start:stop]
             calls = run.calls[run.dead + index]
-            renamed: list[NativeContent] | None = None
-            if isinstance(calls, _CallLog):
-                ids = call_ids.replay(calls.events)
-                if ids != calls.ids:
-                    renamed = restore_call_ids(kind, items, ids)
-                    calls = _CallLog(calls.events, ids)
+            encoded: Sequence[bytes]
+            carriers: Sequence[int]
+            if calls is None:  # its items carry their own ids: renamed, recorded
+                encoded = run.encodings(index)
+                items = run.natives(index, index + 1)
+                found: list[int] = []
+                written, events, ids = record_renames(kind, items, call_ids, found)
+                calls = _CallLog(events, ids, tuple(found)) if events else _NO_CALLS
+                carriers = range(len(items))
             else:
-                source = items if calls is None else restore_call_ids(kind, items, calls)
-                renamed, events, ids = record_renames(kind, source, call_ids)
-                calls = _CallLog(events, ids) if events else _NO_CALLS
-            if renamed is not None:
-                changed = [
-                    kept if new_item is item or new_item == item else encode_item(new_item)
-                    for new_item, item, kept in zip(renamed, items, encoded, strict=True)
-                ]
-                if any(a is not b for a, b in zip(changed, encoded, strict=True)):
-                    encoded = changed
-                    chunk = None  # joined anew
-                items = renamed
+                ids = call_ids.replay(calls.events)
+                if ids == calls.ids:  # the turn stays as it is, undecoded
+                    chunk = run.chunks[run.dead + index]
+                    encodings = run.encodings(index) if split else ()
+                    segments.append((None, new.first_tag + index - dropped, encodings, chunk))
+                    continue
+                # Only the items that carry ids are decoded and renamed.
+                carriers = calls.carriers
+                encoded = run.encodings(index)
+                items = decode_joined(b",".join([encoded[i] for i in carriers]))
+                written = restore_call_ids(kind, items, ids)
+                calls = _CallLog(calls.events, ids, carriers)
+            new.add_kept(run, kept, index)
+            kept = index + 1
+            chunk = run.chunks[run.dead + index]
+            changed = list(encoded)
+            anew = False  # an item's encoding changed: the turn is joined anew
+            for at, new_item, item in zip(carriers, written, items, strict=True):
+                if new_item is not item and new_item != item:
+                    changed[at] = encode_item(new_item)
+                    anew = True
+            if anew:
+                encoded = changed
             joined = new.add(
                 encoded,
                 sum(map(len, encoded)),
                 run.turn_tokens[run.dead + index],
                 bool(run.turn_carried[run.dead + index]),
                 calls,
-                chunk,
+                None if anew else chunk,
             )
-            if chunk is None:
+            if anew:
                 closed[index - dropped].release(slots, (joined,))
-            chunk = joined
-            segments.append((items, new.first_tag + index - dropped, encoded, chunk))
-            start = stop
+            # Its items are decoded from its chunk only if the body writer needs them.
+            segments.append((None, new.first_tag + index - dropped, encoded, joined))
+        new.add_kept(run, kept, run.turns)
         if writer is not None:
             new.body = BodyRun.of(writer, segments)
         if new.turns:
@@ -1700,10 +1771,10 @@ class HistoryView:
         closed: tuple[_Turn, ...],
         plan: _Plan,
         renders: list[_Rendered],
-        gateway: Gateway,
+        logs: list[_CallLog | None],
         slots: tuple[int, int],
     ) -> None:
-        """Append the plan's settled turns, renamed (``renders``), to the run.
+        """Append the plan's settled turns, renamed (``renders``, recorded in ``logs``), to the run.
 
         ``closed`` holds them after the run's turns. Each joins the run
         encoded, and its native renders leave the caches (:meth:`_Turn.release`).
@@ -1712,16 +1783,17 @@ class HistoryView:
             return
         reuse = run.turns
         joined = closed[reuse : reuse + plan.settled]
-        for turn, rendered, renamed in zip(joined, plan.renders, renders, strict=False):
-            chunk = run.join(gateway, rendered, renamed, bool(rendered.key[0]))
+        for turn, rendered, renamed, log in zip(joined, plan.renders, renders, logs, strict=False):
+            chunk = run.join(renamed, bool(rendered.key[0]), log)
             turn.release(slots, (chunk,))
         run.last = joined[-1]
         run.carry = plan.carry
 
 
 _NO_ENDS: array.array[int] = array.array("q")
-_Segment = tuple[Sequence[NativeContent], int, Sequence[bytes], bytes | None]
-"""A body segment: items, tag, their encodings, and their chunk (see ``BodyRun.append``)."""
+_Segment = tuple[Sequence[NativeContent] | None, int, Sequence[bytes], bytes | None]
+"""A body segment: items (None: not decoded), tag, their encodings, and their chunk
+(see ``BodyRun.append``)."""
 _NO_SPAN = ChunkedSpan([], 0, 0, _NO_ENDS, _NO_ENDS, 0, 0, _NO_ENDS, 0)
 
 
@@ -1731,13 +1803,10 @@ def _body_run(gateway: Gateway, run: _Run) -> BodyRun | None:
     if writer is None:
         return None
     segments: list[_Segment] = [(run.pinned.items, 0, run.pinned.encoded, None)]
-    natives = run.natives(0, run.turns)
-    start = 0
-    for index, end in enumerate(run.item_ends[run.dead :]):
-        stop = end - run.origin
+    for index in range(run.turns):
+        # Its items are decoded from its chunk only if the writer needs them.
         chunk = run.chunks[run.dead + index]
-        segments.append((natives[start:stop], run.first_tag + index, run.encodings(index), chunk))
-        start = stop
+        segments.append((None, run.first_tag + index, run.encodings(index), chunk))
     return BodyRun.of(writer, segments)
 
 

@@ -21,8 +21,10 @@ __all__ = (
     "NativeItems",
     "common_prefix",
     "compaction_due",
+    "decode_joined",
     "encode_item",
     "exact_bytes",
+    "split_chunk",
 )
 
 import bisect
@@ -186,8 +188,8 @@ class ChunkedSpan(Sequence[bytes]):
         """The sizes of the first ``count`` items summed, in bytes (0 <= count <= len), in O(1)."""
         return self._offsets[self._at + count - 1] - self._base if count > 0 else 0
 
-    def _cut(self, index: int) -> bytes:
-        """Item ``index`` (0 <= index < len) cut out of its chunk."""
+    def _place(self, index: int) -> tuple[int, int, int]:
+        """(chunk, start, stop): where item ``index`` (0 <= index < len) is in its chunk's bytes."""
         at = self._origin + index
         first = self._first
         chunk = bisect.bisect_right(self._ends, at, first, self._stop)
@@ -196,7 +198,12 @@ class ChunkedSpan(Sequence[bytes]):
         end = self._offsets[self._at + index]
         begin = self._offsets[self._at + index - 1] if at > start else base
         position = begin - base + at - start  # a separator after each earlier item of the chunk
-        return self._chunks[chunk][position : position + end - begin]
+        return chunk, position, position + end - begin
+
+    def _cut(self, index: int) -> bytes:
+        """Item ``index`` (0 <= index < len) cut out of its chunk."""
+        chunk, start, stop = self._place(index)
+        return self._chunks[chunk][start:stop]
 
     @overload
     def __getitem__(self, index: int) -> bytes: ...
@@ -221,22 +228,95 @@ class ChunkedSpan(Sequence[bytes]):
         """The items as a new list of ``bytes`` (each cut out of its chunk)."""
         return self[:]
 
-    def joined(self) -> bytes:
-        """Every item's encoding joined by ``,``: a C-speed join of the chunks."""
-        return b",".join(filter(None, self._chunks[self._first : self._stop]))
+    def joined(self, start: int = 0, stop: int | None = None) -> bytes:
+        """The encodings of items ``start:stop`` (all by default) joined by ``,``.
+
+        ``0 <= start <= stop <= len``. A C-speed join of the chunks they
+        span, the first and last cut where the range begins and ends inside
+        them: O(chunks spanned), never a pass over the items.
+        """
+        count = self._count
+        stop = count if stop is None else stop
+        if start == 0 and stop == count:
+            return b",".join(filter(None, self._chunks[self._first : self._stop]))
+        if start >= stop:
+            return b""
+        first, begin, _ = self._place(start)
+        last, _, end = self._place(stop - 1)
+        chunks = self._chunks
+        if first == last:
+            return chunks[first][begin:end]
+        middle = filter(None, chunks[first + 1 : last])
+        return b",".join((chunks[first][begin:], *middle, chunks[last][:end]))
+
+    def chunk_ranges(self) -> list[tuple[bytes, int, int, int]]:
+        """Each chunk that holds items, oldest first: (chunk, start, stop, base).
+
+        Its items are the span's ``start:stop``; ``base`` is where the first
+        begins in running bytes (see :meth:`split`). O(chunks).
+        """
+        out = []
+        ends, byte_ends, origin, chunks = self._ends, self._byte_ends, self._origin, self._chunks
+        start, base = 0, self._base
+        for index in range(self._first, self._stop):
+            stop = ends[index] - origin
+            if stop > start:
+                out.append((chunks[index], start, stop, base))
+            start, base = stop, byte_ends[index]
+        return out
+
+    def split(self, chunk: bytes, start: int, stop: int, base: int) -> list[bytes]:
+        """The items of one of :meth:`chunk_ranges` (its values), each cut out of ``chunk``."""
+        return split_chunk(chunk, self._offsets[self._at + start : self._at + stop], base)
 
 
-def _decode_run(encoded: Sequence[bytes]) -> list[NativeContent]:
-    """Items decoded from their JSON encodings, untracked by the cyclic collector.
+def split_chunk(chunk: bytes, ends: Iterable[int], base: int) -> list[bytes]:
+    """The encodings ``chunk`` joins by ``,``, each cut out of it (a copy of its bytes).
+
+    ``ends``: where each item ends in running bytes (the items' sizes
+    summed, separators left out), the first beginning at ``base``.
+    """
+    out = []
+    begin = 0
+    for number, end in enumerate(ends):
+        stop = end - base + number  # a separator after each earlier item
+        out.append(chunk[begin:stop])
+        begin = stop + 1
+    return out
+
+
+def decode_joined(joined: bytes) -> list[NativeContent]:
+    """The items whose JSON encodings, joined by ``,``, are ``joined`` (``b""``: none).
+
+    One C-speed decode of ``joined`` wrapped in brackets; the items are
+    fresh and still tracked by the cyclic collector.
+    """
+    if not joined:
+        return []
+    decoded: list[NativeContent] = _decode(b"".join((b"[", joined, b"]")))
+    return decoded
+
+
+def _decode_run(
+    encoded: Sequence[bytes], start: int = 0, stop: int | None = None
+) -> list[NativeContent]:
+    """Items ``start:stop`` (all by default) decoded from their JSON encodings, untracked.
 
     Decoded items are kept as long as the prefixes that share them live:
     untracked (see :func:`~turnloom.context._untrack.untrack_json`), a held
-    prefix adds no objects to what a full collection visits.
+    prefix adds no objects to what a full collection visits. Of a
+    :class:`ChunkedSpan`, the range is joined from its chunks (no item is
+    cut out alone).
     """
-    if not encoded:
+    stop = len(encoded) if stop is None else stop
+    if start >= stop:
         return []
-    joined = encoded.joined() if isinstance(encoded, ChunkedSpan) else b",".join(encoded)
-    decoded: list[NativeContent] = _decode(b"".join((b"[", joined, b"]")))
+    if isinstance(encoded, ChunkedSpan):
+        joined = encoded.joined(start, stop)
+    else:
+        whole = start == 0 and stop == len(encoded)
+        joined = b",".join(encoded if whole else encoded[start:stop])
+    decoded = decode_joined(joined)
     untrack_json(decoded)
     return decoded
 
@@ -317,6 +397,65 @@ def _common_span(a: Sequence[bytes], at: int, b: Sequence[bytes], b_at: int, spa
         else:
             hi = mid - 1
     return lo
+
+
+def _found(
+    keys: Iterable[object], known: dict[object, NativeContent], encoded: Sequence[bytes]
+) -> list[NativeContent]:
+    """Each of ``encoded``, ``known``'s value for its key (see :func:`_keys`), else decoded."""
+    # None where ``known`` does not hold the item: decoded below
+    # (with any item that is null, decoded to None again).
+    found: list[NativeContent] = list(map(known.get, keys))  # type: ignore[arg-type]
+    if None in found:
+        missing = list(compress(count(), map(is_, found, repeat(None))))
+        fresh = _decode_run([encoded[i] for i in missing])
+        for i, value in zip(missing, fresh, strict=True):
+            found[i] = value
+    return found
+
+
+def _chunks_reused(
+    encoded: ChunkedSpan, source: ChunkedSpan, values: tuple[NativeContent, ...], offset: int
+) -> list[NativeContent]:
+    """``encoded``'s items, reused from ``source``'s decoded ``values`` (from ``offset``) if it can.
+
+    A chunk that is one ``source`` holds (the very object: both spans keep
+    theirs alive) is a C-speed slice of ``values``. The items of any other
+    chunk are looked up by their bytes among the items of the chunks of
+    ``source`` that ``encoded`` does not hold, else decoded. So the cost
+    follows the chunks that differ, not every item.
+    """
+    mine = encoded.chunk_ranges()
+    theirs = source.chunk_ranges()
+    held = {id(chunk): (start, stop) for chunk, start, stop, _ in theirs}
+    known: dict[object, NativeContent] | None = None
+    out: list[NativeContent] = []
+    # Where ``out`` holds None for an item ``known`` lacks, and its bytes: decoded at once.
+    missing: list[int] = []
+    cut: list[bytes] = []
+    for chunk, start, stop, base in mine:
+        where = held.get(id(chunk))
+        if where is not None and where[1] - where[0] == stop - start:
+            out.extend(values[offset + where[0] : offset + where[1]])
+            continue
+        if known is None:
+            ours = {id(c) for c, *_ in mine}
+            known = {}
+            for other, at, end, other_base in theirs:
+                if id(other) not in ours:
+                    keys = source.split(other, at, end, other_base)
+                    known.update(zip(keys, values[offset + at : offset + end], strict=True))
+        items = encoded.split(chunk, start, stop, base)
+        found = list(map(known.get, items))
+        if None in found:  # (an item that is null is decoded to None again)
+            at = len(out)
+            for index in compress(count(), map(is_, found, repeat(None))):
+                missing.append(at + index)
+                cut.append(items[index])
+        out.extend(found)  # type: ignore[arg-type]
+    for index, value in zip(missing, _decode_run(cut), strict=True):
+        out[index] = value
+    return out
 
 
 class NativeItems:
@@ -418,22 +557,16 @@ class NativeItems:
             at = offset + self._origin + start - source._origin
             return (
                 *before,
-                *_decode_run(encoded[:start]),
+                *_decode_run(encoded, 0, start),
                 *values[at : at + stop - start],
-                *_decode_run(encoded[stop:]),
+                *_decode_run(encoded, stop, len(encoded)),
                 *after,
             )
+        if isinstance(encoded, ChunkedSpan) and isinstance(source._encoded, ChunkedSpan):
+            return (*before, *_chunks_reused(encoded, source._encoded, values, offset), *after)
         # The source keeps its items alive, so their keys (see _keys) are theirs alone.
         known = dict(zip(_keys(source._encoded), islice(values, offset, None), strict=False))
-        # None where the source does not hold the item: decoded below
-        # (with any item that is null, decoded to None again).
-        found: list[NativeContent] = list(map(known.get, _keys(encoded)))  # type: ignore[arg-type]
-        if None in found:
-            missing = list(compress(count(), map(is_, found, repeat(None))))
-            fresh = _decode_run([encoded[i] for i in missing])
-            for i, value in zip(missing, fresh, strict=True):
-                found[i] = value
-        return (*before, *found, *after)
+        return (*before, *_found(_keys(encoded), known, encoded), *after)
 
     def adopt(self, earlier: NativeItems) -> None:
         """Reuse ``earlier``'s decoded items when this one decodes (call before sharing it).

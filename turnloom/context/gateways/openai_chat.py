@@ -668,6 +668,9 @@ class _ChatBody(BodyWriter):
     def held_origin(self) -> int | None:
         return None
 
+    def passes_through(self) -> bool:
+        return self.renamer is None  # it renames nothing, and hands each item out at once
+
     def forget(self, first_kept: int, dropped: CallIdRenamer) -> bool:
         return self._forget_ids(dropped)
 
