@@ -18,9 +18,9 @@ from turnloom.context import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    callids,
     get_gateway,
 )
-from turnloom.context import callids
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits
