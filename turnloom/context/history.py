@@ -2501,15 +2501,15 @@ class TurnHistory:
             # The door's renders of these very messages seed their cache: slot 0's
             # render is the entry's own fields, another slot's goes in ``more``.
             slot = self._shared.gateway_slot(gateway)
-            entries = tuple(
-                [
-                    _Entry(m, count_tokens(counter, (m,)), *renders[i])
-                    if slot == 0
-                    else _Entry(m, count_tokens(counter, (m,)))
-                    for i, m in enumerate(messages)
-                ]
-            )
-            if slot:
+            if slot == 0:
+                entries = tuple(
+                    [
+                        _Entry(m, count_tokens(counter, (m,)), native, encoded)
+                        for m, (native, encoded) in zip(messages, renders, strict=True)
+                    ]
+                )
+            else:
+                entries = tuple([_Entry(m, count_tokens(counter, (m,))) for m in messages])
                 for i, entry in enumerate(entries):
                     entry.seed(slot, *renders[i])
         else:
@@ -2757,7 +2757,8 @@ class TurnHistory:
                         field="role",
                     )
             pinned, pinned_sizes = self._entries(instructions, turn_id, "instructions", pinned=True)
-        tied = self._tie(turn_id, entries, sum(sizes))
+        size = sum(sizes)
+        tied = self._tie(turn_id, entries, size)
         # Validated: change state.
         if pinned is not None:
             self._pinned = pinned
@@ -2770,8 +2771,8 @@ class TurnHistory:
             turn_id,
             entries,
             (),
-            sum(sizes),
-            sum(e.tokens for e in entries),
+            size,
+            sum([e.tokens for e in entries]),
             self._serial,
         )
         for entry in entries:

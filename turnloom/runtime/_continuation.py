@@ -61,6 +61,7 @@ class IssuedPrefixes:
         "_gateway",
         "_histories",
         "_issued",
+        "_kind",
         "_limits",
         "_open_calls",
         "_reserved",
@@ -83,6 +84,7 @@ class IssuedPrefixes:
         # One callback for every prefix (not a bound method per prefix).
         self._forget: Callable[[_Issued], None] = self._collected
         self._reserved = reserved_fields(gateway)
+        self._kind = gateway.type  # which rewriter renames call ids (read once)
 
     def add(
         self, prefix: PreparedContext, call_ids: CallIdRenamer, body: EncodedBody | None = None
@@ -236,7 +238,7 @@ class IssuedPrefixes:
             native = renders.get(id(message))
             items.extend(native if native is not None else gateway.render(message))
         # One pass over all the items: renaming is sequential, so equal to renaming each message's.
-        return rename_call_ids(gateway.type, items, call_ids)
+        return rename_call_ids(self._kind, items, call_ids)
 
 
 class _Settled:
