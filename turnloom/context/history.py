@@ -1322,7 +1322,8 @@ class HistoryView:
         """
         for turn in reversed(self._turns):
             if turn.turn_id == turn_id:
-                return tuple(e.message for e in turn.state)
+                state = turn.state
+                return tuple([e.message for e in state]) if state else ()
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
     def render(
