@@ -2431,9 +2431,14 @@ class TurnHistory:
 
     def _memo(self, messages: Sequence[object]) -> _Checked:
         """The memo of an earlier :meth:`check_batch` of these very message objects, if any."""
+        count = len(messages)
         for memo in self._checked:
             seen = memo[0]
-            if len(seen) == len(messages) and all(map(operator.is_, seen, messages)):
+            if len(seen) == count and (
+                seen[0] is messages[0]  # a batch of one, the usual record: no iterator
+                if count == 1
+                else all(map(operator.is_, seen, messages))
+            ):
                 return memo
         return _UNCHECKED
 
