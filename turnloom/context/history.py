@@ -2936,7 +2936,8 @@ class TurnHistory:
             return 0
         current = self._turns
         late = position != len(current) - 1
-        new = old.with_outputs(tuple(kept), kept_bytes)
+        # Nothing dropped (the usual case): the entries tuple is the outputs added.
+        new = old.with_outputs(entries if len(kept) == len(entries) else tuple(kept), kept_bytes)
         turns = (
             (*current[:position], new, *current[position + 1 :]) if late else (*current[:-1], new)
         )
