@@ -79,6 +79,11 @@ def result(call_id: str, text: str = "ok") -> Message:
     return _memo("result", call_id, text)
 
 
+# Call ids reused from a pool of three; in the last two, ids the Anthropic rule
+# fixes (a character it refuses becomes "_") collide with one another.
+POOLS = [("c0", "c1", "c2"), ("c.0", "c_0", "c0"), ("a b", "a_b", "a.b")]
+
+
 class Injected(Exception):
     """The injected failure."""
 
@@ -135,6 +140,7 @@ class EvictionMachine(RuleBasedStateMachine):
         self.held: list[tuple[Any, str, list[NativeContent]]] = []
 
     @initialize(
+        pool=st.sampled_from(POOLS),
         kind=st.sampled_from(KINDS),
         policy=st.sampled_from(["exclude", "cancel"]),
         max_turns=st.integers(2, 5),
@@ -144,6 +150,7 @@ class EvictionMachine(RuleBasedStateMachine):
     )
     def start(
         self,
+        pool: tuple[str, str, str],
         kind: GatewayType,
         policy: OpenCallPolicy,
         max_turns: int,
@@ -152,6 +159,7 @@ class EvictionMachine(RuleBasedStateMachine):
         tokens: int | None,
     ) -> None:
         self.kind = kind
+        self.pool = pool
         self.policy = policy
         limits = HistoryLimits(
             max_turns=max_turns, max_items=max_items, max_bytes=max_bytes, max_tokens=tokens
@@ -180,7 +188,7 @@ class EvictionMachine(RuleBasedStateMachine):
     def record(self, h: str, kind: str, n: int) -> None:
         history = self.histories[h]
         turns = history.turn_ids
-        ids = [f"c{n % 3}", f"c{(n + 1) % 3}"]
+        ids = [self.pool[n % 3], self.pool[(n + 1) % 3]]
         outputs: list[Message]
         if kind == "text":
             outputs = [assistant(f"a{n}")]
@@ -239,7 +247,7 @@ class EvictionMachine(RuleBasedStateMachine):
         newest = history.turn_ids[-1]
         with contextlib.suppress(TurnTooLargeError, StateError):
             for k in range(calls):
-                call_id = f"c{(n + k) % 3}"
+                call_id = self.pool[(n + k) % 3]
                 history.record(newest, [call(call_id), result(call_id, f"r{n}.{k}")])
             history.record(newest, [assistant(f"a{n}")])
         self.turn[h] += 1
