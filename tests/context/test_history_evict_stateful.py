@@ -35,6 +35,10 @@ from turnloom.context import (
     GatewayType,
     Message,
     NativeContent,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
     complete_pairs,
     get_gateway,
 )
@@ -82,6 +86,29 @@ def result(call_id: str, text: str = "ok") -> Message:
 # Call ids reused from a pool of three; in the last two, ids the Anthropic rule
 # fixes (a character it refuses becomes "_") collide with one another.
 POOLS = [("c0", "c1", "c2"), ("c.0", "c_0", "c0"), ("a b", "a_b", "a.b")]
+
+
+def _multi_call(first: str, second: str, n: int) -> Message:
+    """An assistant message with text and two calls."""
+    return Message(
+        role=Role.assistant,
+        content=(
+            TextPart(text=f"calling {n}"),
+            ToolCallPart(call_id=first, name="lookup", arguments="{}"),
+            ToolCallPart(call_id=second, name="search", arguments='{"q": 1}'),
+        ),
+    )
+
+
+def _multi_result(first: str, second: str, n: int) -> Message:
+    """A tool message answering both calls of :func:`_multi_call`."""
+    return Message(
+        role=Role.tool,
+        content=(
+            ToolResultPart(call_id=first, content=(TextPart(text=f"m{n}"),)),
+            ToolResultPart(call_id=second, content=(TextPart(text=f"n{n}"),)),
+        ),
+    )
 
 
 class Injected(Exception):
@@ -182,7 +209,7 @@ class EvictionMachine(RuleBasedStateMachine):
 
     @rule(
         h=st.sampled_from(HISTORIES),
-        kind=st.sampled_from(["text", "call", "calls", "result", "pair", "pairs", "late"]),
+        kind=st.sampled_from(["text", "call", "calls", "result", "pair", "pairs", "multi", "late"]),
         n=st.integers(0, 8),
     )
     def record(self, h: str, kind: str, n: int) -> None:
@@ -202,6 +229,8 @@ class EvictionMachine(RuleBasedStateMachine):
             outputs = [call(ids[0]), result(ids[0], f"r{n}")]
         elif kind == "pairs":
             outputs = [call(ids[0]), call(ids[0]), result(ids[0], f"r{n}"), assistant(f"b{n}")]
+        elif kind == "multi":  # two calls in one message (ids a rule may fix alike), text too
+            outputs = [_multi_call(ids[0], ids[1], n), _multi_result(ids[0], ids[1], n)]
         else:
             outputs = [call(ids[0]), result(ids[0], f"late{n}"), assistant(f"late{n}")]
         target = turns[n % len(turns)] if kind == "late" else turns[-1]
