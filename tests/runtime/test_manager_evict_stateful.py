@@ -179,8 +179,11 @@ class EvictingManagerMachine(RuleBasedStateMachine):
         calls=st.integers(0, 2),
         n=st.integers(0, 5),
         bytes_only=st.booleans(),
+        contribution=st.booleans(),
     )
-    def cycle(self, context_id: str, calls: int, n: int, bytes_only: bool) -> None:
+    def cycle(
+        self, context_id: str, calls: int, n: int, bytes_only: bool, contribution: bool
+    ) -> None:
         """The common path: calls reusing ids from the pool and a reply, a new turn
         (evicting), and a prepare of it."""
         newest = self._newest(context_id)
@@ -195,7 +198,7 @@ class EvictingManagerMachine(RuleBasedStateMachine):
             except TurnloomError:
                 pass
         self.accept(context_id, n, False)
-        self.prepare(context_id, bytes_only, None)
+        self.prepare(context_id, bytes_only, None, contribution)
 
     @precondition(lambda self: any(self.next.values()))
     @rule(context_id=st.sampled_from(CONTEXTS))
@@ -213,12 +216,19 @@ class EvictingManagerMachine(RuleBasedStateMachine):
         context_id=st.sampled_from(CONTEXTS),
         bytes_only=st.booleans(),
         fail_in=st.sampled_from([None, None, 0, 1, 2, 4]),
+        contribution=st.booleans(),
     )
-    def prepare(self, context_id: str, bytes_only: bool, fail_in: int | None) -> None:
+    def prepare(
+        self, context_id: str, bytes_only: bool, fail_in: int | None, contribution: bool = False
+    ) -> None:
+        """A prepare (with a runtime-state pair when ``contribution``); with ``fail_in``,
+        first one whose worker render fails at that message."""
         newest = self._newest(context_id)
         if newest is None:
             return
-        request = ContextPrepareRequest(context_id=context_id, turn_id=newest)
+        request = ContextPrepareRequest(
+            context_id=context_id, turn_id=newest, loop_budget=4 if contribution else None
+        )
         if fail_in is not None:
             self.gateway.fail_in = fail_in  # type: ignore[attr-defined]
             try:
@@ -238,19 +248,25 @@ class EvictingManagerMachine(RuleBasedStateMachine):
         )
         base = get_gateway(self.kind)
         expected = rename_call_ids(self.kind, [i for m in messages for i in base.render(m)])
-        body = msgspec.json.encode(base.request_body(expected))
+        # The items, read as a bytes-only host would not: each decoded alone, the
+        # prefix's items never materialized.
+        native = prepared.native_items
+        got = [native.item(i) for i in range(len(native))]
+        pair = 0 if prepared.state_call_id is None else 2
+        assert prepared.item_count == len(got) == len(expected) + pair
+        assert got[: len(expected)] == expected
+        body = msgspec.json.encode(base.request_body(got))
         assert self.portal.call(self.manager.request_bytes, prepared) == body
-        sizes = [len(msgspec.json.encode(i)) for i in expected]
+        sizes = [len(msgspec.json.encode(i)) for i in got]
         assert prepared.bytes == sum(sizes)
-        assert prepared.item_count == len(expected)
         previous = self.previous.get(context_id)
         if previous is not None:
-            common = plain_common_length(expected, previous)
+            common = plain_common_length(got, previous)
             assert prepared.reused_bytes == sum(sizes[:common])
-        self.previous[context_id] = tuple(expected)
+        self.previous[context_id] = tuple(got)
         if not bytes_only:  # a host that reads the items (a bytes-only host never does)
-            assert list(prepared.items) == expected
-            assert list(self.portal.call(self.manager.build, prepared)) == expected
+            assert list(prepared.items) == got
+            assert list(self.portal.call(self.manager.build, prepared)) == got
 
 
 EvictingManagerMachine.TestCase.settings = settings(
