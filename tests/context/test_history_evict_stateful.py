@@ -85,7 +85,13 @@ def result(call_id: str, text: str = "ok") -> Message:
 
 # Call ids reused from a pool of three; in the last two, ids the Anthropic rule
 # fixes (a character it refuses becomes "_") collide with one another.
-POOLS = [("c0", "c1", "c2"), ("c.0", "c_0", "c0"), ("a b", "a_b", "a.b")]
+POOLS = [
+    ("c0", "c1", "c2"),
+    ("c.0", "c_0", "c0"),
+    ("a b", "a_b", "a.b"),
+    ("c0", "c0_r2", "c0_r3"),
+    ("c.0_r2", "c_0", "c.0"),
+]
 
 
 def _multi_call(first: str, second: str, n: int) -> Message:
@@ -267,10 +273,17 @@ class EvictionMachine(RuleBasedStateMachine):
         bytes_only=st.booleans(),
         fail=_FAILS,
         fail_at=st.integers(0, 4),
-        door=st.booleans(),
+        door=st.sampled_from([None, "same", "registered"]),
     )
     def cycle(
-        self, h: str, calls: int, n: int, bytes_only: bool, fail: str, fail_at: int, door: bool
+        self,
+        h: str,
+        calls: int,
+        n: int,
+        bytes_only: bool,
+        fail: str,
+        fail_at: int,
+        door: str | None,
     ) -> None:
         """The common path: calls reusing ids from the pool, a reply, a new turn, an
         eviction, and a render of the new turn on this example's gateway."""
@@ -284,8 +297,10 @@ class EvictionMachine(RuleBasedStateMachine):
         self.turn[h] += 1
         batch = [user(f"u{n}")]  # the same text, and message object, in other turns
         with contextlib.suppress(TurnTooLargeError, StateError):
-            if door:  # checked and rendered at the door, seeding the render cache
-                history.check_batch(batch, "input", gateway=self.gateways[self.kind])
+            if door is not None:  # checked and rendered at the door, seeding the render cache
+                # (by the gateway that renders, or by the registered one of its kind)
+                seeder = self.gateways[self.kind] if door == "same" else get_gateway(self.kind)
+                history.check_batch(batch, "input", gateway=seeder)
             history.commit(f"t{self.turn[h]}", batch)
         history.evict()
         self._check(h, self.kind, self.policy, 0, bytes_only, fail, fail_at)

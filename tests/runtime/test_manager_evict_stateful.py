@@ -43,7 +43,13 @@ CONTEXTS = ("a", "b")
 
 # Call ids reused from a pool of three; in the last two, ids the Anthropic rule
 # fixes (a character it refuses becomes "_") collide with one another.
-POOLS = [("c0", "c1", "c2"), ("c.0", "c_0", "c0"), ("a b", "a_b", "a.b")]
+POOLS = [
+    ("c0", "c1", "c2"),
+    ("c.0", "c_0", "c0"),
+    ("a b", "a_b", "a.b"),
+    ("c0", "c0_r2", "c0_r3"),
+    ("c.0_r2", "c_0", "c.0"),
+]
 
 
 class Injected(RuntimeError):
