@@ -21,7 +21,7 @@ import msgspec
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from tests.context.test_history import plain_common_length
 from tests.runtime.helpers import SYSTEM, assistant, call, result, user
@@ -157,7 +157,6 @@ class EvictingManagerMachine(RuleBasedStateMachine):
             if first:
                 self.next[context_id] = 0
 
-    @precondition(lambda self: any(self.next.values()))
     @rule(
         context_id=st.sampled_from(CONTEXTS),
         kind=st.sampled_from(["text", "pair", "pairs", "call", "result"]),
@@ -206,7 +205,6 @@ class EvictingManagerMachine(RuleBasedStateMachine):
         self.accept(context_id, n, False)
         self.prepare(context_id, bytes_only, None, contribution)
 
-    @precondition(lambda self: any(self.next.values()))
     @rule(context_id=st.sampled_from(CONTEXTS))
     def false_start(self, context_id: str) -> None:
         newest = self._newest(context_id)
@@ -217,7 +215,6 @@ class EvictingManagerMachine(RuleBasedStateMachine):
         except TurnloomError:
             pass
 
-    @precondition(lambda self: any(self.next.values()))
     @rule(
         context_id=st.sampled_from(CONTEXTS),
         bytes_only=st.booleans(),
