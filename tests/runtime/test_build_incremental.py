@@ -18,6 +18,7 @@ from turnloom.context import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    callids,
     get_gateway,
 )
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
@@ -204,3 +205,38 @@ def test_a_refused_continuation_leaves_the_checked_ids_as_they_were() -> None:
     assert len(issued.build(prefix, [first, second])) == len(prefix.items) + 2
     with pytest.raises(DuplicateIdError):
         issued.build(prefix, [first, second, Message(role=Role.user, content="x", id="m1")])
+
+
+def test_a_build_failing_midway_leaves_no_half_renamed_head(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Invariant: a build extending the settled head advances the head's renaming
+    state in place, so a build that fails while renaming (after some items advanced
+    it) forgets the head: every later build equals the cold computation from the
+    prefix's own renaming state, whose renamed ids depend on every call before."""
+    kind = GatewayType.openai_chat
+    prefix = _prefix(kind)
+    renamer = _renamer(kind)  # "c1" is sent already: each later "c1" is renamed
+    issued = IssuedPrefixes(get_gateway(kind), HistoryLimits(), "exclude", lambda _: None)
+    issued.add(prefix, renamer)
+    steps = [call("c1"), result("c1"), call("c1"), result("c1"), call("c1"), result("c1")]
+    assert issued.build(prefix, steps[:2]) == _cold(kind, prefix, renamer, steps[:2], "exclude")
+
+    rewrite = callids._REWRITERS[kind]
+    armed = [True]
+
+    def failing(item: NativeContent, state: CallIdRenamer) -> NativeContent:
+        renamed = rewrite(item, state)  # the state advances, then the rename fails
+        if armed[0] and isinstance(item, dict) and item.get("role") == "tool":
+            armed[0] = False
+            raise RuntimeError("rewriter failed")
+        return renamed
+
+    monkeypatch.setitem(callids._REWRITERS, kind, failing)
+    with pytest.raises(RuntimeError):
+        issued.build(prefix, steps[:4])
+    for length in (4, 2, 6, 4):
+        assert issued.build(prefix, steps[:length]) == _cold(
+            kind, prefix, renamer, steps[:length], "exclude"
+        )
+    assert [c["id"] for c in issued.build(prefix, steps)[-2]["tool_calls"]] == ["c1_r4"]

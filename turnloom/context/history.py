@@ -1322,7 +1322,8 @@ class HistoryView:
         """
         for turn in reversed(self._turns):
             if turn.turn_id == turn_id:
-                return tuple(e.message for e in turn.state)
+                state = turn.state
+                return tuple([e.message for e in state]) if state else ()
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
     def render(
@@ -2430,9 +2431,14 @@ class TurnHistory:
 
     def _memo(self, messages: Sequence[object]) -> _Checked:
         """The memo of an earlier :meth:`check_batch` of these very message objects, if any."""
+        count = len(messages)
         for memo in self._checked:
             seen = memo[0]
-            if len(seen) == len(messages) and all(map(operator.is_, seen, messages)):
+            if len(seen) == count and (
+                seen[0] is messages[0]  # a batch of one, the usual record: no iterator
+                if count == 1
+                else all(map(operator.is_, seen, messages))
+            ):
                 return memo
         return _UNCHECKED
 
@@ -2501,15 +2507,15 @@ class TurnHistory:
             # The door's renders of these very messages seed their cache: slot 0's
             # render is the entry's own fields, another slot's goes in ``more``.
             slot = self._shared.gateway_slot(gateway)
-            entries = tuple(
-                [
-                    _Entry(m, count_tokens(counter, (m,)), *renders[i])
-                    if slot == 0
-                    else _Entry(m, count_tokens(counter, (m,)))
-                    for i, m in enumerate(messages)
-                ]
-            )
-            if slot:
+            if slot == 0:
+                entries = tuple(
+                    [
+                        _Entry(m, count_tokens(counter, (m,)), native, encoded)
+                        for m, (native, encoded) in zip(messages, renders, strict=True)
+                    ]
+                )
+            else:
+                entries = tuple([_Entry(m, count_tokens(counter, (m,))) for m in messages])
                 for i, entry in enumerate(entries):
                     entry.seed(slot, *renders[i])
         else:
@@ -2757,7 +2763,8 @@ class TurnHistory:
                         field="role",
                     )
             pinned, pinned_sizes = self._entries(instructions, turn_id, "instructions", pinned=True)
-        tied = self._tie(turn_id, entries, sum(sizes))
+        size = sum(sizes)
+        tied = self._tie(turn_id, entries, size)
         # Validated: change state.
         if pinned is not None:
             self._pinned = pinned
@@ -2770,8 +2777,8 @@ class TurnHistory:
             turn_id,
             entries,
             (),
-            sum(sizes),
-            sum(e.tokens for e in entries),
+            size,
+            sum([e.tokens for e in entries]),
             self._serial,
         )
         for entry in entries:
@@ -2929,7 +2936,8 @@ class TurnHistory:
             return 0
         current = self._turns
         late = position != len(current) - 1
-        new = old.with_outputs(tuple(kept), kept_bytes)
+        # Nothing dropped (the usual case): the entries tuple is the outputs added.
+        new = old.with_outputs(entries if len(kept) == len(entries) else tuple(kept), kept_bytes)
         turns = (
             (*current[:position], new, *current[position + 1 :]) if late else (*current[:-1], new)
         )

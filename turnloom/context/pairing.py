@@ -174,7 +174,10 @@ class CallTracker:
     __slots__ = ("_in_model_turn", "_model_turns", "group", "open")
 
     def __init__(self, carried: Iterable[ToolCallPart] = (), *, model_turns: bool = False) -> None:
-        self.open: dict[str, ToolCallPart] = {c.call_id: c for c in carried}
+        # No comprehension for the usual empty ``carried`` (a frame per tracker).
+        self.open: dict[str, ToolCallPart] = (
+            {} if type(carried) is tuple and not carried else {c.call_id: c for c in carried}
+        )
         self.group = 0
         self._model_turns = model_turns
         self._in_model_turn = False
@@ -333,28 +336,6 @@ def complete_pairs(
     out: list[Message] = []
     tracker = CallTracker(carried)
     owner = -1  # index in ``out`` of the current group's assistant message
-
-    def drop_calls(left: Iterable[ToolCallPart]) -> None:
-        nonlocal owner
-        ids = {c.call_id: c for c in left}
-        if owner < 0 or not ids:
-            return
-        message = out[owner]
-        kept = tuple(p for p in message.parts if not (type(p) is ToolCallPart and p.call_id in ids))
-        kept = _keep_step_signature(message.parts, kept, ids)
-        if kept:
-            out[owner] = msgspec.structs.replace(message, content=kept)
-        else:
-            del out[owner]
-            owner = -1
-
-    def close(left: tuple[ToolCallPart, ...]) -> None:
-        if left:
-            if open_calls == "cancel":
-                out.append(Message(role=Role.tool, content=_cancelled(left)))
-            else:
-                drop_calls(left)
-
     for message in messages:
         parts = message.parts
         cleaned = _clean_parts(parts)
@@ -383,13 +364,13 @@ def complete_pairs(
                     )
                     kept_parts[at:at] = _cancelled(step.closed)
                 else:
-                    drop_calls(step.closed)
+                    _drop_calls(out, owner, step.closed)
                 owner = -1
             if len(kept_parts) != len(parts) or (step.closed and open_calls == "cancel"):
                 message = msgspec.structs.replace(message, content=tuple(kept_parts))
             out.append(message)
             continue
-        close(step.closed)
+        _close(out, owner, step.closed, open_calls)
         owner = -1
         if not cleaned:
             continue
@@ -399,7 +380,41 @@ def complete_pairs(
         if message.role is _ASSISTANT and tracker.open:
             owner = len(out) - 1  # it made the group's calls (the tracker holds them)
     if answered_later is None:
-        close(tuple(tracker.open.values()))
+        _close(out, owner, tuple(tracker.open.values()), open_calls)
     elif open_calls == "exclude":
-        drop_calls(c for c in tracker.open.values() if c.call_id not in answered_later)
+        _drop_calls(
+            out, owner, [c for c in tracker.open.values() if c.call_id not in answered_later]
+        )
     return out
+
+
+def _drop_calls(out: list[Message], owner: int, left: Iterable[ToolCallPart]) -> None:
+    """Leave the calls ``left`` out of ``out[owner]``, their group's assistant message.
+
+    Nothing happens when ``owner`` is negative (no such message) or ``left``
+    is empty. The message is replaced by a copy without those calls (a step
+    signature moved, see :func:`_keep_step_signature`), or deleted when
+    nothing else remains in it (no later call of the caller's group refers
+    to it: the caller forgets ``owner`` after this).
+    """
+    ids = {c.call_id: c for c in left}
+    if owner < 0 or not ids:
+        return
+    message = out[owner]
+    kept = tuple(p for p in message.parts if not (type(p) is ToolCallPart and p.call_id in ids))
+    kept = _keep_step_signature(message.parts, kept, ids)
+    if kept:
+        out[owner] = msgspec.structs.replace(message, content=kept)
+    else:
+        del out[owner]
+
+
+def _close(
+    out: list[Message], owner: int, left: tuple[ToolCallPart, ...], open_calls: OpenCallPolicy
+) -> None:
+    """Close the calls ``left`` without a result: a cancelled result appended, or left out."""
+    if left:
+        if open_calls == "cancel":
+            out.append(Message(role=Role.tool, content=_cancelled(left)))
+        else:
+            _drop_calls(out, owner, left)

@@ -240,12 +240,13 @@ class ContextTable:
         if context_id is not None and self.contexts.get(context_id) is not state:
             self._counters.late += len(outputs)
             return 0
-        before = state.history.counts()
-        recorded = state.history.record(turn_id, outputs, serial=serial)
+        history = state.history
+        before = history.counts()
+        recorded = history.record(turn_id, outputs, serial=serial)
         if recorded and self.log is not None:
             self.log(state.context_id, OutputsRecorded(turn_id=turn_id, outputs=tuple(outputs)))
         self._evict(state)
-        self._counters.history_changed(before, state.history.counts())
+        self._counters.history_changed(before, history.counts())
         return recorded
 
     def keep_state(

@@ -61,6 +61,7 @@ class IssuedPrefixes:
         "_gateway",
         "_histories",
         "_issued",
+        "_kind",
         "_limits",
         "_open_calls",
         "_reserved",
@@ -83,6 +84,7 @@ class IssuedPrefixes:
         # One callback for every prefix (not a bound method per prefix).
         self._forget: Callable[[_Issued], None] = self._collected
         self._reserved = reserved_fields(gateway)
+        self._kind = gateway.type  # which rewriter renames call ids (read once)
 
     def add(
         self, prefix: PreparedContext, call_ids: CallIdRenamer, body: EncodedBody | None = None
@@ -163,11 +165,15 @@ class IssuedPrefixes:
         gateway = self._gateway
         entry = self._issued.get(id(prefix))
         # Else check_continuation raises.
+        kind = type(continuation)
         valid = (
             entry is not None
             and entry() is prefix
-            and isinstance(continuation, Sequence)
-            and not isinstance(continuation, Message)
+            and (
+                kind is list
+                or kind is tuple
+                or (isinstance(continuation, Sequence) and not isinstance(continuation, Message))
+            )
         )
         settled = entry.settled if valid and entry is not None else None
         if settled is not None and not _starts_with(continuation, settled.messages):
@@ -195,15 +201,21 @@ class IssuedPrefixes:
             call_ids = settled.call_ids
         else:
             call_ids = entry.call_ids
-        tail = continuation[start:]
+        tail = continuation[start:] if start else continuation
         cut = _settled_count(tail)
         if cut:
             # The head of the tail is final whatever follows: keep it.
-            call_ids = call_ids.copy()
-            items.extend(self._render(tail[:cut], renders, call_ids))
+            if settled is None:
+                call_ids = call_ids.copy()  # the prefix's own state stays as delivered
+            else:
+                # The longer head replaces this one, so its state is advanced in
+                # place; forgotten first, so a failure leaves no half-advanced head.
+                entry.settled = None
+            items.extend(self._render(tail[:cut] if cut < len(tail) else tail, renders, call_ids))
             # The message after the cut is part of what made it final.
-            seen = continuation[: start + cut + (cut < len(tail))]
-            entry.settled = _Settled(tuple(seen), start + cut, tuple(items), call_ids)
+            end = start + cut + (cut < len(tail))
+            seen = checked.messages if end == len(continuation) else tuple(continuation[:end])
+            entry.settled = _Settled(seen, start + cut, tuple(items), call_ids)
             tail = tail[cut:]
         if tail:
             items.extend(self._render(tail, renders, call_ids.copy()))
@@ -226,7 +238,7 @@ class IssuedPrefixes:
             native = renders.get(id(message))
             items.extend(native if native is not None else gateway.render(message))
         # One pass over all the items: renaming is sequential, so equal to renaming each message's.
-        return rename_call_ids(gateway.type, items, call_ids)
+        return rename_call_ids(self._kind, items, call_ids)
 
 
 class _Settled:
@@ -252,6 +264,10 @@ class _Settled:
         self.call_ids = call_ids
 
 
+# Bound once: an Enum member looked up on its class goes through the metaclass.
+_TOOL, _USER = Role.tool, Role.user
+
+
 def _settled_count(messages: Sequence[Message]) -> int:
     """How many of ``messages`` complete the same whatever follows them.
 
@@ -267,9 +283,7 @@ def _settled_count(messages: Sequence[Message]) -> int:
     cut = 0
     for j, message in enumerate(messages):
         role = message.role
-        if not tracker.open or not (
-            role is Role.tool or (role is Role.user and message.tool_results)
-        ):
+        if not tracker.open or not (role is _TOOL or (role is _USER and message.tool_results)):
             cut = j
         tracker.feed(message)
     return len(messages) if not tracker.open else cut
@@ -336,7 +350,12 @@ def check_continuation(
             "prepared by another Foundation); build only continues prefixes that this "
             "manager's prepare returned."
         )
-    if isinstance(continuation, Message) or not isinstance(continuation, Sequence):
+    kind = type(continuation)
+    if (
+        kind is not list
+        and kind is not tuple
+        and (isinstance(continuation, Message) or not isinstance(continuation, Sequence))
+    ):
         raise InvalidMessageError("build takes a sequence of continuation Messages, oldest first.")
     check_batch_length(len(continuation), limits, "The continuation")
     start = 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 __all__ = ("LATENCY_BOUNDS", "Counters", "Histogram")
 
+from bisect import bisect_left
 from typing import TYPE_CHECKING
 
 from turnloom.context.history import HistoryCounts
@@ -63,11 +64,8 @@ class Histogram:
 
     def observe(self, seconds: float) -> None:
         """Count one observation, in seconds; the last bucket is ``+Inf``."""
-        index = len(LATENCY_BOUNDS)
-        for i, bound in enumerate(LATENCY_BOUNDS):
-            if seconds <= bound:
-                index = i
-                break
+        # The first bound not below it (bounds ascend); NaN is below none: +Inf.
+        index = bisect_left(LATENCY_BOUNDS, seconds) if seconds == seconds else len(LATENCY_BOUNDS)
         self.counts[index] += 1
         self.sum += seconds
 

@@ -59,8 +59,9 @@ class Invocation:
         even when its id was since reused) are dropped and counted as late.
         """
         self._life.check_recording()
-        check_outputs(self._gateway, self.turn_id, outputs, self._state.history, id_checked=True)
-        return self._table.record(self._state, self.turn_id, outputs, self._serial, self.context_id)
+        turn_id, state = self._turn_id, self._state
+        check_outputs(self._gateway, turn_id, outputs, state.history, id_checked=True)
+        return self._table.record(state, turn_id, outputs, self._serial, self._context_id)
 
     def record_interrupted(self, output: Message, *, played: int) -> int:
         """Record this call's interrupted output (see ``manager.voice.record_interrupted``)."""
