@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from tests.context.test_history import plain_common_length
+from tests.context.test_history_evict_stateful import POOLS
 from tests.runtime.helpers import SYSTEM, assistant, call, result, user
 from turnloom.context import (
     Gateway,
@@ -40,16 +41,6 @@ from turnloom.errors import TurnloomError
 from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext, TurnSnapshot
 
 CONTEXTS = ("a", "b")
-
-# Call ids reused from a pool of three; in the last two, ids the Anthropic rule
-# fixes (a character it refuses becomes "_") collide with one another.
-POOLS = [
-    ("c0", "c1", "c2"),
-    ("c.0", "c_0", "c0"),
-    ("a b", "a_b", "a.b"),
-    ("c0", "c0_r2", "c0_r3"),
-    ("c.0_r2", "c_0", "c.0"),
-]
 
 
 class Injected(RuntimeError):
