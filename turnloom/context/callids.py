@@ -37,7 +37,7 @@ only here. :func:`rename_call_ids` applies it to a whole item list;
 from __future__ import annotations
 
 __all__ = (
-    "CallEvent",
+    "CallEvents",
     "CallIdRenamer",
     "Rewriter",
     "record_renames",
@@ -47,6 +47,7 @@ __all__ = (
     "restore_call_ids",
 )
 
+import sys
 from collections.abc import Callable, Sequence
 
 import msgspec
@@ -56,13 +57,17 @@ from turnloom.context.gateway import GatewayType, NativeContent
 
 _MISSING: object = object()
 
-CallEvent = tuple[str, str] | str | None
-"""What a rewriter reported to a renamer, in order: ``(call_id, base)`` for a
-call (``base`` the id after the provider's ``fix``), a result's ``call_id``, or
-None where a call group ended. The events of an item list depend only on the
-items, never on the renamer's state, so replaying them
+CallEvents = tuple[str, ...]
+"""What a rewriter reported to a renamer, in order, packed in one flat tuple of
+strings: ``events[0]`` holds one letter per event, and the strings each event
+needs follow in order. ``c``: a call whose id needs no fix (its ``call_id``);
+``C``: a call whose id the provider's ``fix`` changes (``call_id``, then the
+fixed ``base``); ``r``: a result (its ``call_id``); ``e``: the end of a call
+group (no string). No events: ``()``. The events of an item list depend only
+on the items, never on the renamer's state, so replaying them
 (:meth:`CallIdRenamer.replay`) from any state gives the ids a renaming of the
-items from that state gives."""
+items from that state gives. Packed so a history that keeps them per turn
+holds one tuple and one short string per turn, not a tuple per call."""
 
 
 class _Layers(msgspec.Struct, gc=False):
@@ -236,7 +241,7 @@ class CallIdRenamer:
         self._group = {}
         self._in_results = False
 
-    def replay(self, events: Sequence[CallEvent]) -> tuple[str, ...]:
+    def replay(self, events: CallEvents) -> tuple[str, ...]:
         """Apply recorded events (see :func:`record_renames`); the ids they are sent with.
 
         Advances this state exactly as renaming the recorded items from it
@@ -244,15 +249,24 @@ class CallIdRenamer:
         :func:`restore_call_ids` writes into the items), without visiting
         the items. Costs O(events).
         """
+        if not events:
+            return ()
         ids: list[str] = []
         append, end_group, result, call = ids.append, self.end_group, self.result, self._call
-        for event in events:
-            if event is None:
-                end_group()
-            elif type(event) is str:
-                append(result(event))
+        at = 1
+        for kind in events[0]:
+            if kind == "r":
+                append(result(events[at]))
+                at += 1
+            elif kind == "c":
+                call_id = events[at]
+                append(call(call_id, call_id))
+                at += 1
+            elif kind == "C":
+                append(call(events[at], events[at + 1]))
+                at += 2
             else:
-                append(call(*event))
+                end_group()
         return tuple(ids)
 
     def forget(self, dropped: CallIdRenamer) -> bool:
@@ -348,7 +362,7 @@ class _Recorder(CallIdRenamer):
 class _Recording(CallIdRenamer):
     """Renames from a given state (shared, then settled back), recording events and ids."""
 
-    __slots__ = ("events", "ids")
+    __slots__ = ("ids", "kinds", "strings")
 
     def __init__(self, state: CallIdRenamer) -> None:
         super().__init__()
@@ -357,25 +371,41 @@ class _Recording(CallIdRenamer):
         self._group = state._group
         self._in_results = state._in_results
         self.renamed = state.renamed
-        self.events: list[CallEvent] = []
+        self.kinds: list[str] = []  # one letter per event (see CallEvents)
+        self.strings: list[str] = [""]  # the events' strings, after a slot for the letters
         self.ids: list[str] = []
 
     def call(self, call_id: str, fix: Callable[[str], str] | None = None) -> str:
         base = call_id if fix is None else fix(call_id)
-        self.events.append((call_id, base))
+        if base == call_id:
+            self.kinds.append("c")
+            self.strings.append(call_id)
+        else:
+            self.kinds.append("C")
+            self.strings += (call_id, base)
         new_id = self._call(call_id, base)
         self.ids.append(new_id)
         return new_id
 
     def result(self, call_id: str) -> str:
-        self.events.append(call_id)
+        self.kinds.append("r")
+        self.strings.append(call_id)
         new_id = super().result(call_id)
         self.ids.append(new_id)
         return new_id
 
     def end_group(self) -> None:
-        self.events.append(None)
+        self.kinds.append("e")
         super().end_group()
+
+    def events(self) -> CallEvents:
+        """The recorded events, packed (see :data:`CallEvents`)."""
+        if not self.kinds:
+            return ()
+        strings = self.strings
+        # Interned: turns of one shape (a call, its result) share their letters.
+        strings[0] = sys.intern("".join(self.kinds))
+        return tuple(strings)
 
     def settle(self, state: CallIdRenamer) -> None:
         """Write the state back into ``state`` (its layers are shared, changed in place)."""
@@ -423,7 +453,7 @@ def record_renames(
     items: Sequence[NativeContent],
     renamer: CallIdRenamer,
     carriers: list[int] | None = None,
-) -> tuple[list[NativeContent], tuple[CallEvent, ...], tuple[str, ...]]:
+) -> tuple[list[NativeContent], CallEvents, tuple[str, ...]]:
     """:func:`rename_call_ids` from ``renamer`` (advanced), recording what it did.
 
     Args:
@@ -451,7 +481,7 @@ def record_renames(
             if len(found) != before:
                 carriers.append(index)
     recording.settle(renamer)
-    return out, tuple(recording.events), tuple(recording.ids)
+    return out, recording.events(), tuple(recording.ids)
 
 
 def restore_call_ids(

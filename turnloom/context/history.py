@@ -90,6 +90,7 @@ import array
 import bisect
 import itertools
 import operator
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -101,7 +102,7 @@ from turnloom.context._untrack import GC_UNTRACK as _GC_UNTRACK
 from turnloom.context._untrack import untrack_atoms, untrack_container, untrack_json
 from turnloom.context.body import BodyRun, EncodedBody, body_writer
 from turnloom.context.callids import (
-    CallEvent,
+    CallEvents,
     CallIdRenamer,
     record_renames,
     rename_call_ids,
@@ -532,15 +533,47 @@ class _CallLog(msgspec.Struct, gc=False, eq=False):
     See :func:`~turnloom.context.callids.record_renames`: replaying
     ``events`` from a renaming state gives the ids a renaming of the turn's
     original items from that state gives, without visiting the items.
+    Built by :func:`_call_log`. Kept per turn, so packed in one flat tuple of
+    strings: the events (:data:`~turnloom.context.callids.CallEvents`), then
+    the ids, then the carriers as one string of code points (interned: turns
+    of one shape share it). Replaying ``packed`` itself replays the events
+    (what follows them is not read).
     """
 
-    events: tuple[CallEvent, ...]
-    ids: tuple[str, ...]
-    # The indexes of the turn's items that carry those ids (see record_renames).
-    carriers: tuple[int, ...] = ()
+    packed: tuple[str, ...]
+
+    def _count(self) -> int:
+        """How many ids the log holds: one per call and result event."""
+        packed = self.packed
+        return len(packed[0]) - packed[0].count("e") if packed else 0
+
+    @property
+    def events(self) -> CallEvents:
+        """The recorded events (see :func:`~turnloom.context.callids.record_renames`)."""
+        packed = self.packed
+        return packed[: len(packed) - 1 - self._count()] if packed else ()
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        """The id each call and result of the turn is sent with, in order."""
+        packed = self.packed
+        return packed[len(packed) - 1 - self._count() : -1] if packed else ()
+
+    @property
+    def carriers(self) -> list[int]:
+        """The indexes of the turn's items that carry those ids (see record_renames)."""
+        return [ord(c) for c in self.packed[-1]] if self.packed else []
 
 
-_NO_CALLS = _CallLog((), ())  # a turn without calls or results (shared)
+_NO_CALLS = _CallLog(())  # a turn without calls or results (shared)
+
+
+def _call_log(events: CallEvents, ids: Sequence[str], carriers: Sequence[int]) -> _CallLog:
+    """The :class:`_CallLog` of a turn; the shared empty one when it has no events."""
+    if not events:
+        return _NO_CALLS
+    return _CallLog((*events, *ids, sys.intern("".join(map(chr, carriers)))))
+
 
 _SpanKey = tuple[tuple[tuple[str, str], ...], tuple[str, ...] | None]
 """What a turn's render depends on besides its messages: the calls carried into
@@ -1063,7 +1096,7 @@ def _renamed(
     else:
         carriers: list[int] = []
         items, events, ids = record_renames(kind, rendered.items, call_ids, carriers)
-        logs.append(_CallLog(events, ids, tuple(carriers)) if events else _NO_CALLS)
+        logs.append(_call_log(events, ids, carriers))
     if all(new is old for new, old in zip(items, rendered.items, strict=True)):
         return rendered
     encoded = tuple(
@@ -1088,7 +1121,7 @@ def _first_log(
     carriers: list[int] = []
     _, events, _ = record_renames(kind, originals, CallIdRenamer(), carriers)
     ids = reported_call_ids(kind, renamed)
-    return _CallLog(events, ids, tuple(carriers)) if events else _NO_CALLS
+    return _call_log(events, ids, carriers)
 
 
 _CANCELLED_CONTENT = (TextPart(text=CANCELLED_RESULT_TEXT),)
@@ -1721,10 +1754,10 @@ class HistoryView:
                 items = run.natives(index, index + 1)
                 found: list[int] = []
                 written, events, ids = record_renames(kind, items, call_ids, found)
-                calls = _CallLog(events, ids, tuple(found)) if events else _NO_CALLS
+                calls = _call_log(events, ids, found)
                 carriers = range(len(items))
             else:
-                ids = call_ids.replay(calls.events)
+                ids = call_ids.replay(calls.packed)  # reads the events only
                 if ids == calls.ids:  # the turn stays as it is, undecoded
                     chunk = run.chunks[run.dead + index]
                     encodings = run.encodings(index) if split else ()
@@ -1735,7 +1768,7 @@ class HistoryView:
                 encoded = run.encodings(index)
                 items = decode_joined(b",".join([encoded[i] for i in carriers]))
                 written = restore_call_ids(kind, items, ids)
-                calls = _CallLog(calls.events, ids, carriers)
+                calls = _call_log(calls.events, ids, carriers)
             new.add_kept(run, kept, index)
             kept = index + 1
             chunk = run.chunks[run.dead + index]
