@@ -974,3 +974,26 @@ def test_the_run_compacts_what_it_dropped_and_earlier_renders_keep_their_items()
     assert len(lists) >= 4  # compacted into a new list several times
     for rendered, expected in renders:
         assert list(rendered.native_items.materialize()) == expected
+
+
+def test_a_packed_call_log_gives_back_its_events_ids_and_carriers() -> None:
+    """Invariant: a turn's call log, packed in one tuple, returns exactly the events,
+    ids and carriers it was built from (a fixed id, an index past one byte), and
+    replaying the packed tuple replays its events only."""
+    from turnloom.context.callids import CallIdRenamer
+    from turnloom.context.history import _NO_CALLS, _call_log
+
+    events = ("cCre", "a", "b.1", "b_1", "a")
+    log = _call_log(events, ("a", "b_1", "a"), [3, 300, 301])
+    assert (log.events, log.ids, log.carriers) == (events, ("a", "b_1", "a"), [3, 300, 301])
+    assert (
+        CallIdRenamer().replay(log.packed)
+        == CallIdRenamer().replay(events)
+        == (
+            "a",
+            "b_1",
+            "a",
+        )
+    )
+    assert _call_log((), (), []) is _NO_CALLS
+    assert (_NO_CALLS.events, _NO_CALLS.ids, _NO_CALLS.carriers) == ((), (), [])
