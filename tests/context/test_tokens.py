@@ -327,3 +327,15 @@ def test_count_tokens_of_one_message_by_the_builtin_counter_is_its_count() -> No
         count_tokens(ApproxTokenCounter(image_size=broken), (messages[3],))
     assert info.value.callback == "token_counter"
     assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_count_tokens_goes_through_the_counters_own_count() -> None:
+    """Invariant: count_tokens calls ``counter.count`` (its one-message fast path
+    lives in the counters' sum), so a count replaced on the class is honoured."""
+    from unittest import mock
+
+    from turnloom.context.message import Message, Role
+    from turnloom.context.tokens import ApproxTokenCounter, count_tokens
+
+    with mock.patch.object(ApproxTokenCounter, "count", return_value=41):
+        assert count_tokens(ApproxTokenCounter(), (Message(role=Role.user, content="hi"),)) == 41

@@ -153,16 +153,7 @@ def count_tokens(counter: TokenCounter, messages: Sequence[Message]) -> int:
             errors (the built-in counters' ``InvalidArgumentError``), unchanged.
     """
     try:
-        if (
-            type(counter) is ApproxTokenCounter
-            and type(messages) is tuple
-            and len(messages) == 1
-            and type(messages[0]) is Message
-        ):
-            # What its count() sums for the one message (the door counts each alone).
-            count = counter.count_message(messages[0])
-        else:
-            count = counter.count(messages)
+        count = counter.count(messages)
     except TurnloomError:
         raise
     except Exception as exc:
@@ -374,6 +365,8 @@ def _sum_messages(messages: Sequence[Message], per_message: Callable[[Message], 
     # A cheap type check only: messages are checked in full where they enter
     # a context or a history; counting must not pay for that twice.
     kind = type(messages)
+    if kind is tuple and len(messages) == 1 and type(messages[0]) is Message:
+        return per_message(messages[0])  # the door counts each message alone
     if (
         kind is not tuple
         and kind is not list
