@@ -45,10 +45,12 @@ class Invocation:
 
     @property
     def context_id(self) -> str:
+        """The context this invocation records into (read-only: checked when it began)."""
         return self._context_id
 
     @property
     def turn_id(self) -> str:
+        """The held turn this invocation records into (read-only: checked when it began)."""
         return self._turn_id
 
     def record(self, outputs: Sequence[Message]) -> int:
