@@ -37,9 +37,14 @@ def _req(turn_id: str = "t1") -> ContextPrepareRequest:
     return ContextPrepareRequest(context_id="c", turn_id=turn_id, loop_budget=2)
 
 
-async def test_a_requester_outside_the_foundations_scope_gets_the_closed_error() -> None:
-    """The host scope of the Foundation is cancelled: a requester living elsewhere
-    gets FoundationClosedError (not an AssertionError) and nothing leaks."""
+async def _prepare_outside_as_the_host_scope_is_cancelled(
+    request: ContextPrepareRequest,
+    setup: Callable[[Foundation], Awaitable[None]] | None = None,
+    **options: Any,
+) -> tuple[Foundation, list[BaseException]]:
+    """Open a Foundation(**options) in a host task (``setup`` runs in it), prepare
+    ``request`` from outside the host's scope, and cancel that scope once every
+    task is blocked; return the Foundation and what the prepare raised."""
     box: dict[str, Any] = {}
     opened = anyio.Event()
     errors: list[BaseException] = []
@@ -47,52 +52,10 @@ async def test_a_requester_outside_the_foundations_scope_gets_the_closed_error()
     async def host() -> None:
         with anyio.CancelScope() as scope:
             box["scope"] = scope
-            async with Foundation() as foundation:
+            async with Foundation(**options) as foundation:
                 box["foundation"] = foundation
-                opened.set()
-                await anyio.sleep_forever()
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(host)
-        await opened.wait()
-        foundation: Foundation = box["foundation"]
-
-        async def cancel_host() -> None:
-            await anyio.wait_all_tasks_blocked()
-            box["scope"].cancel()
-
-        tg.start_soon(cancel_host)
-        try:
-            await foundation.manager.prepare(_req("never"))
-        except BaseException as exc:  # the exact type is the assertion
-            errors.append(exc)
-    assert [type(e) for e in errors] == [FoundationClosedError]
-    stats = foundation.manager.statistics()
-    assert (
-        stats.preparations.pending,
-        stats.preparations.waiting_for_slot,
-        stats.preparations.prepared_total,
-    ) == (0, 0, 0)
-    assert (stats.preparations.failed_total, stats.preparations.discarded_total) == (1, 0)
-    assert foundation.limiter.borrowed_tokens == 0
-
-
-async def test_an_outside_requester_waiting_for_a_thread_is_cancelled_with_the_host_scope() -> None:
-    """The host scope of the Foundation is cancelled while a requester living
-    elsewhere waits for a worker thread: its preparation is cancelled at once (not
-    after the close's grace period) and it gets FoundationClosedError."""
-    box: dict[str, Any] = {}
-    opened = anyio.Event()
-    errors: list[BaseException] = []
-    token = object()
-
-    async def host() -> None:
-        with anyio.CancelScope() as scope:
-            box["scope"] = scope
-            async with Foundation(worker_threads=1, close_grace_period=60) as foundation:
-                box["foundation"] = foundation
-                foundation.manager.accept_turn(_turn())
-                await foundation.limiter.acquire_on_behalf_of(token)
+                if setup is not None:
+                    await setup(foundation)
                 opened.set()
                 await anyio.sleep_forever()
 
@@ -108,9 +71,40 @@ async def test_an_outside_requester_waiting_for_a_thread_is_cancelled_with_the_h
 
             tg.start_soon(cancel_host)
             try:
-                await foundation.manager.prepare(_req())
+                await foundation.manager.prepare(request)
             except BaseException as exc:  # the exact type is the assertion
                 errors.append(exc)
+    return foundation, errors
+
+
+async def test_a_requester_outside_the_foundations_scope_gets_the_closed_error() -> None:
+    """The host scope of the Foundation is cancelled: a requester living elsewhere
+    gets FoundationClosedError (not an AssertionError) and nothing leaks."""
+    foundation, errors = await _prepare_outside_as_the_host_scope_is_cancelled(_req("never"))
+    assert [type(e) for e in errors] == [FoundationClosedError]
+    stats = foundation.manager.statistics()
+    assert (
+        stats.preparations.pending,
+        stats.preparations.waiting_for_slot,
+        stats.preparations.prepared_total,
+    ) == (0, 0, 0)
+    assert (stats.preparations.failed_total, stats.preparations.discarded_total) == (1, 0)
+    assert foundation.limiter.borrowed_tokens == 0
+
+
+async def test_an_outside_requester_waiting_for_a_thread_is_cancelled_with_the_host_scope() -> None:
+    """The host scope of the Foundation is cancelled while a requester living
+    elsewhere waits for a worker thread: its preparation is cancelled at once (not
+    after the close's grace period) and it gets FoundationClosedError."""
+    token = object()
+
+    async def take_the_only_thread(foundation: Foundation) -> None:
+        foundation.manager.accept_turn(_turn())
+        await foundation.limiter.acquire_on_behalf_of(token)
+
+    foundation, errors = await _prepare_outside_as_the_host_scope_is_cancelled(
+        _req(), take_the_only_thread, worker_threads=1, close_grace_period=60
+    )
     foundation.limiter.release_on_behalf_of(token)
     assert [type(e) for e in errors] == [FoundationClosedError]
     stats = foundation.manager.statistics()
