@@ -208,7 +208,11 @@ class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
             nor more pinned instructions than this.
         max_bytes: most bytes of serialized messages kept (default 8 MiB), and
             the most one turn holds. This bounds retained content, not
-            process memory.
+            process memory: besides the turns kept, a history holds aside
+            the turns evicted since its newest commit until its next change
+            (so that retracting that turn restores them, see
+            :meth:`TurnHistory.retract`), at most the turns held when that
+            turn was committed.
         max_item_bytes: the per-item cap: one message larger than this, in
             bytes, is rejected when it is committed or recorded (default 1 MiB).
         max_tokens: most tokens of messages kept across all turns, counted by
@@ -2777,7 +2781,10 @@ class TurnHistory:
         """Commit a new turn with its input; optionally replace the pinned instructions.
 
         Everything is validated before anything changes. Commit does not evict;
-        call :meth:`evict` at a safe point.
+        call :meth:`evict` at a safe point. The turns evicted from then on
+        until the history changes otherwise are held aside: retracting this
+        turn restores them (see :meth:`retract`). Committing lets go of the
+        turns held aside for the previous one; they count as evicted.
 
         Args:
             turn_id: the new turn's id, unique in this history.
@@ -3160,6 +3167,14 @@ class TurnHistory:
         limit. O(evicted turns), plus the turns tied to the newest when they
         stop it.
 
+        The turns evicted while the newest turn and its kept state are all
+        that changed since its commit are held aside, neither kept nor
+        counted in ``evicted_turns`` (:attr:`restorable_ids`), until
+        :meth:`retract` of that turn restores them or another change (a
+        commit, a record that stores a message, kept state of an earlier
+        turn, :meth:`remember_evicted`, :meth:`settle_evictions`) lets them
+        go: at most the turns held when that turn was committed.
+
         Returns:
             the ids of the evicted turns, oldest first.
         """
@@ -3312,10 +3327,21 @@ class TurnHistory:
         """Take back the newest turn, which produced no output (a false start).
 
         The turn's input leaves the history as if it had never been
-        committed: the next turn's input does not hold it. Its id is
-        remembered like an evicted turn's: it cannot be committed again, and
-        outputs recorded for it later are dropped and counted. The sequence
-        it carried stays used.
+        committed: the next turn's input does not hold it, and the turns the
+        evictions since its commit dropped (:attr:`restorable_ids`) are held
+        again, oldest first, with their outputs, kept state, ties and
+        message ids, no longer remembered as evicted (the ids their
+        remembering pushed out are remembered again) and not counted in
+        ``evicted_turns``. The history is then what it was before the commit
+        but for the turn's own id, which is remembered like an evicted
+        turn's: it cannot be committed again, and outputs recorded for it
+        later are dropped and counted. The sequence it carried stays used,
+        and pinned instructions the commit set stay set. Turns are
+        restored only while nothing but evictions and the turn's own kept
+        state changed since the commit (see :meth:`evict`). O(the turns
+        restored and the remembered ids) when turns are restored; the next
+        render of a view rebuilds its cached run (O(history), in a worker
+        thread).
 
         Raises:
             InvalidMessageError: a malformed id.
