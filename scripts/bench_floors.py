@@ -1,0 +1,195 @@
+"""The floors under issue 11's load and pause goals, each measured beside turnloom in one run.
+
+Two costs that turnloom's design pays and no change inside it can remove:
+
+1. **Thread handoff**: a prepare renders in a worker thread
+   (``anyio.to_thread.run_sync`` under the Foundation's capacity limiter), so
+   it pays one handoff to a thread and back. Measured here: ``--tasks`` tasks
+   each run ``--jobs`` jobs of pure-Python work of a fixed size, on the event
+   loop (inline) and through ``anyio.to_thread.run_sync`` with a limiter of 4
+   tokens (the Foundation's default ``worker_threads``); each job follows a
+   checkpoint, as a host's step between prepares does. CPU seconds per job of
+   the process (every thread), and the handoff's extra CPU per job
+   (threaded - inline). The work sizes bracket the load test's render per
+   prepare.
+2. **Garbage-collector floor**: a full ``gc.collect()`` visits every tracked
+   object, so with N sessions live its pause has a floor set by what any
+   program holding N concurrent sessions keeps. Measured here, at each session
+   count: a bare anyio program whose N tasks are parked the way the load
+   test's sessions are when a collection runs (a coroutine chain as deep as a
+   host's ``await manager.prepare(...)``, inside a cancel scope, waiting on an
+   event; each with a small dict of state), beside turnloom's load test
+   (``turnloom.tools.loadtest.loadtest``, the built-in trajectories) stopped
+   at its 30th turn per session on average. Both give tracked objects per
+   session and the pause of one full collection (milliseconds), taken before
+   anything else walks the objects.
+
+The load test's goals (issue 11) set against these: at least 0.5x the
+render-only limit and a CPU per prepare within 3x its render, when the
+handoff alone costs a share of a render; loop-lag max at most 20 ms at 1,000
+sessions and 50 ms at 5,000, when the bare program's full collection already
+takes what this prints.
+
+Usage: python scripts/bench_floors.py [--sessions 1000 5000] [--backend asyncio|trio]
+       [--tasks 200] [--jobs 50] [--work-us 0 100 250]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+
+from turnloom.tools.loadtest import loadtest
+from turnloom.tools.trajectories import builtin_trajectories
+
+_LIMIT = 4  # Foundation(worker_threads=4), the default
+_HOST_DEPTH = 7  # coroutines parked per load-test session in a prepare
+
+
+def _spin(loops: int) -> int:
+    total = 0
+    for number in range(loops):
+        total += number
+    return total
+
+
+def _loops_for(microseconds: float) -> int:
+    """Loops of ``_spin`` that take about ``microseconds`` on this machine."""
+    if microseconds <= 0:
+        return 0
+    loops = 100_000
+    begin = time.perf_counter()
+    _spin(loops)
+    per_loop = (time.perf_counter() - begin) / loops
+    return max(1, round(microseconds * 1e-6 / per_loop))
+
+
+async def _handoff(loops: int, tasks: int, jobs: int, threaded: bool) -> float:
+    """CPU seconds per job, all threads of the process."""
+    limiter = anyio.CapacityLimiter(_LIMIT)
+
+    async def session() -> None:
+        for _ in range(jobs):
+            await anyio.lowlevel.checkpoint()  # the host's step between prepares
+            if threaded:
+                await anyio.to_thread.run_sync(_spin, loops, limiter=limiter)
+            else:
+                _spin(loops)
+
+    begin = time.process_time()
+    async with anyio.create_task_group() as group:
+        for _ in range(tasks):
+            group.start_soon(session)
+    return (time.process_time() - begin) / (tasks * jobs)
+
+
+def _full_collection_ms() -> float:
+    """The pause of one full collection, milliseconds.
+
+    Taken first, before anything else walks the objects: a collection during
+    a run finds them cold in the CPU's caches, as this one does.
+    """
+    begin = time.perf_counter()
+    gc.collect()
+    return (time.perf_counter() - begin) * 1000
+
+
+async def _bare(sessions: int) -> tuple[float, float]:
+    """Tracked objects per session and the full-collection pause of the bare program."""
+    gc.collect()
+    gc.freeze()  # as the load test does: what the process held before is not walked
+    release = anyio.Event()
+    parked = [0]
+    all_parked = anyio.Event()
+
+    async def chain(depth: int, state: dict[str, object]) -> None:
+        if depth:
+            await chain(depth - 1, state)
+            return
+        with anyio.CancelScope():
+            parked[0] += 1
+            if parked[0] == sessions:
+                all_parked.set()
+            await release.wait()
+
+    async def session(number: int) -> None:
+        await chain(_HOST_DEPTH - 1, {"session": number, "turn": 0, "history": []})
+
+    result = (0.0, 0.0)
+    async with anyio.create_task_group() as group:
+        for number in range(sessions):
+            group.start_soon(session, number)
+        await all_parked.wait()
+        pause = _full_collection_ms()
+        result = (len(gc.get_objects()) / sessions, pause)
+        release.set()
+    gc.unfreeze()
+    return result
+
+
+async def _turnloom(sessions: int) -> tuple[float, float]:
+    """The same for turnloom's load test, stopped at its 30th turn per session."""
+    measured: list[tuple[float, float]] = []
+    calls = [0]
+
+    def on_model_call() -> None:
+        calls[0] += 1
+        if calls[0] == sessions * 30:
+            pause = _full_collection_ms()
+            # The load test froze what the process held before it: not counted.
+            measured.append((len(gc.get_objects()) / sessions, pause))
+
+    await loadtest(
+        builtin_trajectories(64, turns=(40, 40)),
+        sessions=sessions,
+        turns=40,
+        on_model_call=on_model_call,
+    )
+    return measured[0]
+
+
+async def _main(args: argparse.Namespace) -> None:
+    print(
+        f"thread handoff ({args.backend}; {args.tasks} tasks x {args.jobs} jobs, limiter {_LIMIT})"
+    )
+    print("work us  inline cpu/job us  thread cpu/job us  handoff us  share of work")
+    for work in args.work_us:
+        loops = _loops_for(work)
+        inline = min([await _handoff(loops, args.tasks, args.jobs, False) for _ in range(3)])
+        threaded = min([await _handoff(loops, args.tasks, args.jobs, True) for _ in range(3)])
+        extra = threaded - inline
+        share = f"{extra / inline:.2f}x" if work > 0 else "-"
+        print(
+            f"{work:7.0f} {inline * 1e6:18.1f} {threaded * 1e6:18.1f} "
+            f"{extra * 1e6:11.1f} {share:>14}"
+        )
+    print()
+    print(f"full garbage collection with N live sessions ({args.backend})")
+    print("sessions  bare objs/session  bare pause ms  ours objs/session  ours pause ms  ratio")
+    for sessions in args.sessions:
+        bare_objects, bare_pause = await _bare(sessions)
+        ours_objects, ours_pause = await _turnloom(sessions)
+        print(
+            f"{sessions:8d} {bare_objects:18.1f} {bare_pause:14.1f} {ours_objects:18.1f} "
+            f"{ours_pause:14.1f} {ours_pause / bare_pause:5.2f}x"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1000, 5000])
+    parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    parser.add_argument("--tasks", type=int, default=200)
+    parser.add_argument("--jobs", type=int, default=50)
+    parser.add_argument("--work-us", type=float, nargs="+", default=[0.0, 100.0, 250.0])
+    args = parser.parse_args()
+    anyio.run(_main, args, backend=args.backend)
+
+
+if __name__ == "__main__":
+    main()
