@@ -2858,7 +2858,8 @@ class TurnHistory:
         size = sum(sizes)
         tied = self._tie(turn_id, entries, size)
         # Validated: change state.
-        self._settle()
+        if self._aside is not None:
+            self._settle()
         self._aside = _NOTHING_ASIDE  # what evictions drop from now on can be restored
         if pinned is not None:
             self._pinned = pinned
@@ -3051,7 +3052,8 @@ class TurnHistory:
             self._check_ties(turns, linked, position, f"Turn {excerpt(turn_id)} output", turn_id)
         self._duplicates += duplicates
         self._blank_dropped += blank
-        self._settle()
+        if self._aside is not None:
+            self._settle()
         if late:
             self._generation += 1
             self._linked.clear()
@@ -3217,13 +3219,16 @@ class TurnHistory:
         else:
             # Since the newest commit nothing else changed: held aside for its
             # retraction, counted as evicted once they cannot be restored.
-            tied = tuple(t.serial for t in gone if t.serial in linked)
+            tied = tuple([t.serial for t in gone if t.serial in linked]) if linked else ()
             popped: list[str] = []
             for turn in gone:
                 self._forget(turn, popped)
-            self._aside = _Aside(
-                aside.turns + gone, aside.linked + tied, aside.popped + tuple(popped)
-            )
+            if aside is _NOTHING_ASIDE:  # the first eviction since the commit, usually the only one
+                self._aside = _Aside(gone, tied, tuple(popped))
+            else:
+                self._aside = _Aside(
+                    aside.turns + gone, aside.linked + tied, aside.popped + tuple(popped)
+                )
         self._view = None
         return tuple(t.turn_id for t in gone)
 
