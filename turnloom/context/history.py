@@ -1353,6 +1353,8 @@ class HistoryView:
         self._pinned = pinned
         self._turns = turns
         self._held = held  # messages in the view, pinned included
+        # Turns dropped at the front so far (restored ones included: a restore
+        # changes turns before the newest, so it bumps the generation).
         self._evicted = evicted
         self._generation = generation  # bumped when a turn before the newest changes
         self._shared = shared
