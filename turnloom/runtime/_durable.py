@@ -49,6 +49,7 @@ from turnloom.errors import (
 from turnloom.runtime._door import DurableOptions
 from turnloom.runtime._records import (
     Record,
+    StateKept,
     TurnsEvicted,
     checkpoint,
     encode_record,
@@ -429,10 +430,18 @@ class Durability:
             return  # a checkpoint needs a turn to carry the instructions and sequence
         # Turns held aside for a retraction of the newest turn (see
         # TurnHistory.retract) stay restorable after a replay: the checkpoint
-        # holds them, and the eviction after it sets them aside again.
+        # holds them, the eviction after it sets them aside again, and the
+        # newest turn then keeps the state it keeps now (when the latest
+        # eviction found it with another one).
         view, evicted = history.before_evictions()
         aside = history.restorable_ids
-        records = (encode_record(TurnsEvicted(turn_ids=aside)),) if aside else ()
+        records: tuple[bytes, ...] = ()
+        if aside:
+            newest = view.turn_ids[-1]
+            state = history.view().turn_state(newest)
+            records = (encode_record(TurnsEvicted(turn_ids=aside)),)
+            if view.turn_state(newest) != state:
+                records += (encode_record(StateKept(turn_id=newest, state=state)),)
         length = claim.written
         blob = await anyio.to_thread.run_sync(
             checkpoint, view, evicted, history.sequence, limiter=self._limiter
