@@ -49,9 +49,8 @@ from turnloom.errors import (
 from turnloom.runtime._door import DurableOptions
 from turnloom.runtime._records import (
     Record,
-    StateKept,
-    TurnsEvicted,
     checkpoint,
+    compacted,
     encode_record,
     replay,
 )
@@ -428,20 +427,10 @@ class Durability:
         bound = max(_COMPACT_MIN, _COMPACT_PER_TURN * held)
         if not held or claim.written <= bound or claim.pending or claim.resync:
             return  # a checkpoint needs a turn to carry the instructions and sequence
-        # Turns held aside for a retraction of the newest turn (see
-        # TurnHistory.retract) stay restorable after a replay: the checkpoint
-        # holds them, the eviction after it sets them aside again, and the
-        # newest turn then keeps the state it keeps now (when the latest
-        # eviction found it with another one).
-        view, evicted = history.before_evictions()
-        aside = history.restorable_ids
-        records: tuple[bytes, ...] = ()
-        if aside:
-            newest = view.turn_ids[-1]
-            state = history.view().turn_state(newest)
-            records = (encode_record(TurnsEvicted(turn_ids=aside)),)
-            if view.turn_state(newest) != state:
-                records += (encode_record(StateKept(turn_id=newest, state=state)),)
+        # Turns held aside for a retraction of the newest turn stay restorable
+        # after a replay (see compacted).
+        view, evicted, tail = compacted(history)
+        records = tuple(encode_record(record) for record in tail)
         length = claim.written
         blob = await anyio.to_thread.run_sync(
             checkpoint, view, evicted, history.sequence, limiter=self._limiter
