@@ -16,8 +16,10 @@ history (``ContextStore.replace``, atomic), so a restore replays about what
 the history holds, not everything the context ever did. A claim compacts the
 log it restored the same way. While the history holds turns aside for a
 retraction of its newest turn (``TurnHistory.restorable_ids``), the
-checkpoint holds them too, followed by the record of their eviction, so a
-restored history retracts that turn as the live one does.
+checkpoint holds them too, followed by the record of their eviction (and of
+the newest turn's kept state when it changed since; see
+``_records.compacted``), so a restored history retracts that turn as the live
+one does.
 
 What a crash loses: changes logged after the last completed flush may be
 lost (all of them, or a tail of them: a context's records are appended in

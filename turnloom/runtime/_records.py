@@ -19,7 +19,8 @@ rebuilds the same history as replaying the whole log, except for counters of
 what left the history before the checkpoint. A history holding turns aside
 for a retraction of its newest turn (``TurnHistory.restorable_ids``) is
 checkpointed as the evictions found it, followed by the record of those
-evictions, so the replayed history holds the same turns aside.
+evictions and of the newest turn's kept state now when it changed since (see
+:func:`compacted`), so the replayed history holds the same turns aside.
 
 Encoding: one msgspec MessagePack map per record, tagged by ``kind``, carrying
 the schema version ``v``. A field added by a later version has a default, so
