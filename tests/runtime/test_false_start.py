@@ -10,6 +10,8 @@ change, or its removal.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 
@@ -102,7 +104,7 @@ async def test_removing_a_context_counts_the_turns_it_held_aside_as_evicted() ->
         assert (totals.evicted_turns_total, totals.evicted_items_total) == (1, 2)
 
 
-async def _observed(manager: ContextManager) -> tuple[object, ...]:
+async def _observed(manager: ContextManager) -> tuple[Any, ...]:
     """The history, its turns held aside, the totals and t3's next request bytes."""
     view = manager.history("c")
     history = manager._table.contexts["c"].history
