@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import msgspec
 import pytest
 
-from tests.runtime.helpers import SYSTEM, assistant, user
+from tests.runtime.helpers import SYSTEM, BlockingGateway, assistant, user
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import (
     InvalidMessageError,
@@ -23,7 +24,13 @@ from turnloom.errors import (
     UnknownContextError,
     UnknownTurnError,
 )
-from turnloom.runtime import ContextManager, ContextPrepareRequest, Foundation, TurnSnapshot
+from turnloom.runtime import (
+    ContextManager,
+    ContextPrepareRequest,
+    Foundation,
+    PreparedContext,
+    TurnSnapshot,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -158,3 +165,59 @@ async def test_a_refused_retraction_changes_nothing_and_a_retry_after_the_call_r
         with pytest.raises(UnknownTurnError):
             manager.voice.retract_turn("c", "t4")
         assert await _observed(manager) == after
+
+
+@pytest.mark.parametrize("phase", ["waiting", "rendering"])
+async def test_a_false_start_retracted_while_its_prepare_waits_or_renders(phase: str) -> None:
+    """Invariant: the false start t4 (evicting t1 at max_turns=3) is retracted while a
+    prepare of it waits for its commit ("waiting": it then raises UnknownTurnError and
+    delivers nothing) or renders in a worker thread ("rendering": it delivers t4's input
+    as the view it took held it: t2, t3, t4); either way the history is t1..t3 again,
+    no eviction is counted, and t5's request bytes equal a manager's that never saw t4."""
+    gateway = BlockingGateway()
+    limits = HistoryLimits(max_turns=3)
+    async with (
+        Foundation(gateway=gateway, history_limits=limits) as foundation,
+        Foundation(gateway="openai_chat", history_limits=limits) as control,
+    ):
+        manager, plain = foundation.manager, control.manager
+        for m in (manager, plain):
+            for n in (1, 2, 3):
+                _accept(m, f"t{n}", f"question {n}")
+                m.record("c", f"t{n}", [assistant(f"answer {n}")])
+        outcome: list[object] = []
+
+        async def prepare_t4() -> None:
+            try:
+                request = ContextPrepareRequest(context_id="c", turn_id="t4", loop_budget=1)
+                outcome.append(await manager.prepare(request))
+            except UnknownTurnError as exc:
+                outcome.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            if phase == "waiting":
+                tg.start_soon(prepare_t4)
+                await anyio.wait_all_tasks_blocked()
+                _accept(manager, "t4", "uh")
+            else:
+                _accept(manager, "t4", "uh")
+                gateway.hold = True
+                tg.start_soon(prepare_t4)
+                with anyio.fail_after(10):
+                    await anyio.to_thread.run_sync(gateway.entered.wait, 10)
+            assert manager._table.contexts["c"].history.restorable_ids == ("t1",)
+            manager.voice.retract_turn("c", "t4")
+            gateway.hold = False
+            gateway.release.set()
+        assert manager.history("c").turn_ids == ("t1", "t2", "t3")
+        if phase == "waiting":
+            assert isinstance(outcome[0], UnknownTurnError)
+        else:
+            prepared = outcome[0]
+            assert isinstance(prepared, PreparedContext)
+            texts = [i["content"] for i in prepared.items]
+            assert texts[1:6] == ["question 2", "answer 2", "question 3", "answer 3", "uh"]
+        assert manager.statistics().history.evicted_turns_total == 0
+        for m in (manager, plain):
+            _accept(m, "t5", "question 5")
+        assert await _prefix(manager, "t5") == await _prefix(plain, "t5")
