@@ -370,9 +370,7 @@ class RenderedHistory:
         self.turn_start = 0
         self.bytes: int = pinned.bytes + self._run.size + tail.bytes
         self.tokens = tokens
-        if type(self) is RenderedHistory and not any(
-            map(gc.is_tracked, (native, body, call_ids))
-        ):
+        if type(self) is RenderedHistory and not any(map(gc.is_tracked, (native, body, call_ids))):
             # Its slots only ever hold two _Rendered (gc=False: see below),
             # a ChunkedSpan (bytes and ints), ints, and objects out of the
             # collector by their own proofs: its NativeItems (of those
