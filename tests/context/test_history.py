@@ -150,11 +150,16 @@ def test_eviction_drops_whole_turns_oldest_first() -> None:
     assert history.over_limits()
     assert history.evict() == ("t1",)
     stats = history.statistics()
-    assert (stats.turns, stats.items, stats.evicted_turns, stats.evicted_items) == (2, 2, 1, 2)
-    assert stats.evicted_bytes == message_size(user("a")) + message_size(assistant("A"))
+    # Held aside until the next change (t3's retraction would restore it), then counted.
+    assert (stats.turns, stats.restorable_turns, stats.evicted_turns) == (2, 1, 0)
     assert history.turn_ids == ("t2", "t3")
     items = history.view().render(CHAT, "t3").items
     assert [i["content"] for i in items] == ["You are terse.", "b", "c"]
+    history.record("t3", [assistant("C")])
+    stats = history.statistics()
+    assert (stats.turns, stats.items, stats.evicted_turns, stats.evicted_items) == (2, 3, 1, 2)
+    assert (stats.restorable_turns, history.restorable_ids) == (0, ())
+    assert stats.evicted_bytes == message_size(user("a")) + message_size(assistant("A"))
 
 
 def test_item_and_byte_limits_evict_but_never_the_newest_turn() -> None:
@@ -799,7 +804,8 @@ def test_turns_joined_before_any_rename_are_renamed_anew_twice_as_a_cold_render(
         history.commit(f"t{number + 1}", [user(f"u{number + 1}")])
         history.evict()  # t1 (x), then t2 (y): t4's renames of them are renamed anew
     assert history.turn_ids == ("t4", "t5", "t6", "t7", "t8")
-    assert history.statistics().evicted_turns == 3
+    stats = history.statistics()
+    assert (stats.evicted_turns, stats.restorable_turns) == (2, 1)  # t3 held aside for t8
 
 
 def test_a_batch_checked_at_the_door_is_not_checked_again_when_committed(

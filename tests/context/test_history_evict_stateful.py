@@ -5,15 +5,18 @@ open calls), record outputs (text, calls and results whose ids come from a
 pool of three, so ids are reused within a turn, across turns, across kept and
 evicted turns and across the two histories), record late outputs for an
 earlier turn, keep a state pair, evict, retract the newest turn (a false
-start), and render: on any of the four gateways, either open-call policy, the
-newest or an earlier turn, read as items or as body bytes only, and renders
-that fail part-way (the gateway raising on a message, the token counter
-raising, or a step of renaming anew raising).
+start), commit a false start that evicts, render it (maybe failing part-way)
+and retract it, and render: on any of the four gateways, either open-call
+policy, the newest or an earlier turn, read as items or as body bytes only,
+and renders that fail part-way (the gateway raising on a message, the token
+counter raising, or a step of renaming anew raising). Histories remember 0,
+1, 2 or 1,024 evicted ids.
 
-Invariant: every render that returns equals a cold render of the same
+Invariants: every render that returns equals a cold render of the same
 history: its items, its request body bytes, its byte and token counts, its
 byte offsets, and its common prefix length with the previous render of the
-same gateway and policy.
+same gateway and policy. A false start committed, evicting, and retracted
+leaves the history as it was before its commit (see :func:`_false_start`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from turnloom.context import (
     ToolResultPart,
     complete_pairs,
     get_gateway,
+    message_size,
 )
 from turnloom.context.callids import rename_call_ids
 from turnloom.context.history import HistoryLimits, RenderedHistory, TurnHistory
@@ -162,6 +166,78 @@ def _cold(
     return items, messages
 
 
+def _observe(history: TurnHistory, counter: Counter) -> dict[str, Any]:
+    """What a false start's retraction must give back: every observable, and the
+    bookkeeping behind them (held and message ids, ties, remembered ids)."""
+    view = history.view()
+    held_aside, _ = history.before_evictions()
+    aside = history.restorable_ids
+    aside_messages = [
+        m for t in aside for m in (*held_aside.turn_messages(t), *held_aside.turn_state(t))
+    ]
+    return {
+        "turn_ids": view.turn_ids,
+        "turns": [
+            (view.turn_messages(t), view.turn_state(t), history.turn_serial(t))
+            for t in view.turn_ids
+        ],
+        "pinned": view.pinned,
+        "statistics": history.statistics(),
+        "counts": history.counts(),
+        "open_calls": history.open_calls(),
+        "over_limits": history.over_limits(),
+        "sequence": history.sequence,
+        "ids": set(history._ids),
+        "message_ids": dict(history._message_ids),
+        "linked": set(history._linked),
+        "remembered": history.evicted_ids,
+        "forgotten": history._forgotten,
+        # What the commit lets go of (counted evicted from then on), exactly.
+        "settled": (
+            len(aside),
+            len(aside_messages),
+            sum(message_size(m) for m in aside_messages),
+            sum(counter.count([m]) for m in aside_messages),
+        ),
+    }
+
+
+def _false_start(
+    before: dict[str, Any], after: dict[str, Any], false_id: str, remember: int
+) -> None:
+    """The history after a false start's retraction is the one before its commit, but
+    for what the commit let go (the previous commit's turns held aside, counted evicted
+    now) and the false start's id, remembered as used (pushing out the oldest)."""
+    turns, items, size, tokens = before["settled"]
+    old = before["statistics"]
+    expected_stats = msgspec.structs.replace(
+        old,
+        evicted_turns=old.evicted_turns + turns,
+        evicted_items=old.evicted_items + items,
+        evicted_bytes=old.evicted_bytes + size,
+        evicted_tokens=old.evicted_tokens + tokens,
+        retracted_turns=old.retracted_turns + 1,
+        restorable_turns=0,
+    )
+    assert after["statistics"] == expected_stats
+    remembered = [*before["remembered"], false_id]
+    kept = remembered[len(remembered) - remember :] if remember else []
+    assert after["remembered"] == tuple(kept)
+    assert after["forgotten"] == before["forgotten"] + len(remembered) - len(kept)
+    for key in ("turn_ids", "turns", "pinned", "open_calls", "over_limits", "sequence"):
+        assert after[key] == before[key], key
+    for key in ("ids", "message_ids", "linked"):
+        assert after[key] == before[key], key
+    counts = before["counts"]
+    assert after["counts"] == (
+        *counts[:4],
+        counts[4] + turns,
+        counts[5] + items,
+        *counts[6:9],
+        counts[9] + 1,
+    )
+
+
 class EvictionMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -182,6 +258,7 @@ class EvictionMachine(RuleBasedStateMachine):
         max_items=st.integers(8, 40),
         max_bytes=st.sampled_from([2000, 100_000, 100_000]),
         tokens=st.sampled_from([None, None, 80, 400]),
+        remember=st.sampled_from([0, 1, 2, 1024]),
     )
     def start(
         self,
@@ -192,15 +269,19 @@ class EvictionMachine(RuleBasedStateMachine):
         max_items: int,
         max_bytes: int,
         tokens: int | None,
+        remember: int,
     ) -> None:
         self.kind = kind
         self.pool = pool
         self.policy = policy
+        self.remember = remember
         limits = HistoryLimits(
             max_turns=max_turns, max_items=max_items, max_bytes=max_bytes, max_tokens=tokens
         )
         for name in HISTORIES:
-            history = TurnHistory(limits, token_counter=self.counters[name])
+            history = TurnHistory(
+                limits, remember_evicted=remember, token_counter=self.counters[name]
+            )
             history.commit("t0", [user("u0")], instructions=[SYSTEM])
             self.histories[name] = history
 
@@ -265,6 +346,50 @@ class EvictionMachine(RuleBasedStateMachine):
             return
         with contextlib.suppress(StateError, UnknownTurnError):
             history.retract(history.turn_ids[-1])
+
+    @rule(
+        h=st.sampled_from(HISTORIES),
+        size=st.integers(1, 6),
+        state=st.booleans(),
+        render=st.sampled_from(["none", "newest", "earlier", "bounded"]),
+        fail=_FAILS,
+        fail_at=st.integers(0, 4),
+    )
+    def false_start(
+        self, h: str, size: int, state: bool, render: str, fail: str, fail_at: int
+    ) -> None:
+        """A false start: committed (evicting, usually: the history is mostly at its
+        limits), maybe given a state pair and rendered (maybe failing part-way), then
+        retracted. Invariant: the history is what it was before the commit (see
+        :func:`_false_start`), and its renders equal cold renders."""
+        history = self.histories[h]
+        before = _observe(history, self.counters[h])
+        self.turn[h] += 1
+        false_id = f"t{self.turn[h]}"
+        noise = [user(f"cough {k}") for k in range(size)]
+        try:
+            history.commit(false_id, noise)
+        except TurnTooLargeError:
+            assert _observe(history, self.counters[h]) == before
+            return
+        evicted = history.evict()
+        assert history.restorable_ids == evicted
+        assert history.statistics().restorable_turns == len(evicted)
+        if state:
+            pair = [call("tlrs_fs", "turnloom_runtime_context"), result("tlrs_fs", "fs")]
+            assert history.keep_state(false_id, pair)
+            history.evict()  # the pair may push more turns out: held aside too
+        if render == "newest":
+            self._check(h, self.kind, self.policy, 0, True, fail, fail_at)
+        elif render == "earlier":
+            self._check(h, self.kind, self.policy, 1, False, fail, fail_at)
+        elif render == "bounded":
+            self.render_bounded(h, fail_at * 3)
+        history.retract(false_id)
+        assert history.restorable_ids == ()
+        _false_start(before, _observe(history, self.counters[h]), false_id, self.remember)
+        assert history.was_evicted(false_id) is (self.remember > 0)
+        self._check(h, self.kind, self.policy, 0, False, "none", 0)
 
     @rule(
         h=st.sampled_from(HISTORIES),

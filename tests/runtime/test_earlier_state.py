@@ -172,7 +172,8 @@ async def test_prepared_tokens_and_history_totals_count_the_kept_pairs() -> None
 
 async def test_a_kept_pair_leaves_with_its_turn() -> None:
     """Invariant: eviction and retraction take a turn's kept pair with it; the history's
-    totals go back to what the remaining turns hold."""
+    totals go back to what the remaining turns hold (a false start's retraction restores
+    the turn its commit evicted, with that turn's own kept pair)."""
     limits = HistoryLimits(max_turns=2)
     async with Foundation(history_limits=limits) as foundation:
         manager = foundation.manager
@@ -180,15 +181,27 @@ async def test_a_kept_pair_leaves_with_its_turn() -> None:
         view = manager.history("c")
         assert view.turn_ids == ("t1", "t2")
         assert "t0" not in str(manager.build(await manager.prepare(request("t2")), []))
+        held = manager.statistics().history
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t3", input=(user("x"),)))
+        assert manager.history("c").turn_ids == ("t2", "t3")  # t1 held aside
         before = manager.statistics().history
         await manager.prepare(request("t3"))
         grown = manager.statistics().history
         assert grown.items == before.items + 2
         manager.voice.retract_turn("c", "t3")
         after = manager.statistics().history
-        assert after.items == before.items - 1  # the input and its kept pair are gone
-        assert after.bytes == before.bytes - len(msgspec.json.encode(user("x")))
+        assert manager.history("c").turn_ids == ("t1", "t2")
+        # The input and its kept pair are gone, t1 and its pair are back.
+        assert (after.turns, after.items, after.bytes, after.tokens) == (
+            held.turns,
+            held.items,
+            held.bytes,
+            held.tokens,
+        )
+        assert (after.evicted_turns_total, after.retracted_turns_total) == (
+            held.evicted_turns_total,
+            held.retracted_turns_total + 1,
+        )
 
 
 async def test_an_interrupted_output_follows_the_kept_pair() -> None:

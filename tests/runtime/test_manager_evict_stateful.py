@@ -3,13 +3,18 @@
 Rules: accept turns (user text, or an approval answering the newest turn's
 open call), record outputs whose call ids come from a pool of three (reused
 within a turn, across turns, across kept and evicted turns and across the two
-contexts), retract the newest turn (a false start), and prepare: read as items,
-or as request bytes only (the host never reads the items), and prepares whose
-render fails part-way (the gateway raising in the worker on a chosen message).
+contexts), retract the newest turn (a false start), accept a false start at the
+limits (evicting), maybe prepare it (with a kept runtime-state pair, or failing
+part-way) and retract it, and prepare: read as items, or as request bytes only
+(the host never reads the items), and prepares whose render fails part-way (the
+gateway raising in the worker on a chosen message).
 
-Invariant: every prepare that returns equals a cold render of the retained
+Invariants: every prepare that returns equals a cold render of the retained
 history: its items, ``build``, its request bytes, its byte count, and its
 reused bytes (the common prefix, in bytes, with the context's previous prefix).
+A false start's retraction gives back the history as it was before it was
+accepted, and the statistics' totals but the evictions its acceptance let go
+for good (exact values).
 """
 
 from __future__ import annotations
@@ -205,6 +210,67 @@ class EvictingManagerMachine(RuleBasedStateMachine):
             self.portal.call(self.manager.voice.retract_turn, context_id, newest)
         except TurnloomError:
             pass
+
+    @rule(
+        context_id=st.sampled_from(CONTEXTS),
+        n=st.integers(0, 5),
+        prepare=st.booleans(),
+        fail_in=st.sampled_from([None, None, 0, 1, 2, 4]),
+        contribution=st.booleans(),
+    )
+    def false_start_at_limit(
+        self, context_id: str, n: int, prepare: bool, fail_in: int | None, contribution: bool
+    ) -> None:
+        """A false start accepted (evicting at the limits), maybe prepared, retracted."""
+        newest = self._newest(context_id)
+        if newest is None:
+            return
+        before = self.portal.call(self._observe, context_id)
+        turn_id = f"t{self.next[context_id]}"
+        self.next[context_id] += 1
+        try:
+            self.portal.call(
+                self.manager.accept_turn,
+                TurnSnapshot(context_id=context_id, turn_id=turn_id, input=(user(f"uh {n}"),)),
+            )
+        except TurnloomError:
+            return
+        if prepare:
+            self.prepare(context_id, True, fail_in, contribution)
+        self.portal.call(self.manager.voice.retract_turn, context_id, turn_id)
+        after = self.portal.call(self._observe, context_id)
+        turns, items = before["settled"]
+        totals = before["totals"]
+        assert after["totals"] == msgspec.structs.replace(
+            totals,
+            evicted_turns_total=totals.evicted_turns_total + turns,
+            evicted_items_total=totals.evicted_items_total + items,
+            retracted_turns_total=totals.retracted_turns_total + 1,
+        )
+        assert after["turns"] == before["turns"]
+        assert after["settled"] == (0, 0)
+        self.prepare(context_id, False, None)
+
+    def _observe(self, context_id: str) -> dict[str, Any]:
+        """The context's turns and the manager's history totals; on the event loop."""
+        view = self.manager.history(context_id)
+        history = self.manager._table.contexts[context_id].history
+        held_aside, _ = history.before_evictions()
+        aside = history.restorable_ids
+        return {
+            "turns": [
+                (t, view.turn_messages(t), view.turn_state(t), history.turn_serial(t))
+                for t in view.turn_ids
+            ],
+            "totals": self.manager.statistics().history,
+            # What accepting a turn lets go of for good: counted evicted from then on.
+            "settled": (
+                len(aside),
+                sum(
+                    len(held_aside.turn_messages(t)) + len(held_aside.turn_state(t)) for t in aside
+                ),
+            ),
+        }
 
     @rule(
         context_id=st.sampled_from(CONTEXTS),

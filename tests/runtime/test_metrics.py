@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.runtime.helpers import SYSTEM, assistant, user
 from turnloom.areas import OneShotNotice
 from turnloom.context.history import HistoryLimits
+from turnloom.context.tokens import ApproxTokenCounter
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
 from turnloom.runtime.metrics import serve_metrics
 
@@ -44,6 +45,11 @@ async def test_the_metrics_endpoint_serves_the_manager_statistics() -> None:
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(user("b"),)))
         second = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))
         manager.record("c", "t1", [assistant("late")])
+        # t1 is held aside (t2's retraction would restore it) until t2 changes.
+        assert manager.statistics().history.evicted_turns_total == 0
+        manager.record("c", "t2", [assistant(" ")])  # blank: nothing changes
+        assert manager.statistics().history.evicted_turns_total == 0
+        manager.record("c", "t2", [assistant("B")])
         server = serve_metrics(manager.statistics)
         try:
             assert server.host == "127.0.0.1"
@@ -61,12 +67,13 @@ async def test_the_metrics_endpoint_serves_the_manager_statistics() -> None:
     assert samples[("turnloom_render_seconds_count", ())] == 2
     assert samples[("turnloom_prepare_latency_seconds_bucket", (("le", "+Inf"),))] == 2
     assert samples[("turnloom_history_turns", ())] == 1
-    assert samples[("turnloom_history_items", ())] == 1
-    assert samples[("turnloom_history_tokens", ())] == 3 + 1 + 1  # user "b"
+    assert samples[("turnloom_history_items", ())] == 2
+    held = ApproxTokenCounter().count([user("b"), assistant("B")])
+    assert samples[("turnloom_history_tokens", ())] == held == 5 + 7
     assert samples[("turnloom_evicted_turns_total", ())] == 1
     assert samples[("turnloom_evicted_items_total", ())] == 2
     assert samples[("turnloom_dropped_late_outputs_total", ())] == 1
-    assert samples[("turnloom_dropped_blank_outputs_total", ())] == 1
+    assert samples[("turnloom_dropped_blank_outputs_total", ())] == 2
     assert samples[("turnloom_prefix_compared_bytes_total", ())] == first.bytes
     assert samples[("turnloom_prefix_reused_bytes_total", ())] == expected_reused
     assert samples[("turnloom_prefix_stability_ratio", ())] == pytest.approx(

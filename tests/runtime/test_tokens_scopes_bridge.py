@@ -196,6 +196,10 @@ def test_history_token_statistics_follow_every_change() -> None:
     stats = history.statistics()
     assert stats.pinned_tokens == counter.count([SYSTEM])
     assert stats.tokens == counter.count([user("two"), user("three")])
+    assert stats.evicted_tokens == 0  # "a" held aside: c's retraction would restore it
+    history.record("c", [assistant("three")])
+    stats = history.statistics()
+    assert stats.tokens == counter.count([user("two"), user("three"), assistant("three")])
     assert stats.evicted_tokens == counter.count([user("one"), call("k1"), result("k1", "done")])
     assert history.token_counter.count([]) == 0
 

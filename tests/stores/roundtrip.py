@@ -157,7 +157,7 @@ class _Host:
             if self.commit([Message(role=Role.user, content="um")], None):
                 turn_id = self.turns[-1]
                 if self.attempt("retract", lambda: manager.voice.retract_turn(cid, turn_id)):
-                    # Its commit may have evicted the turns before it for good.
+                    # Its retraction gave back the turns its commit evicted.
                     held = manager.history(cid).turn_ids
                     self.turns = [t for t in self.turns if t in held]
         elif roll < 0.16:  # a model call cancelled before it answered

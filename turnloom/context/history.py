@@ -209,7 +209,11 @@ class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
             nor more pinned instructions than this.
         max_bytes: most bytes of serialized messages kept (default 8 MiB), and
             the most one turn holds. This bounds retained content, not
-            process memory.
+            process memory: besides the turns kept, a history holds aside
+            the turns evicted since its newest commit until its next change
+            (so that retracting that turn restores them, see
+            :meth:`TurnHistory.retract`), at most the turns held when that
+            turn was committed.
         max_item_bytes: the per-item cap: one message larger than this, in
             bytes, is rejected when it is committed or recorded (default 1 MiB).
         max_tokens: most tokens of messages kept across all turns, counted by
@@ -256,7 +260,12 @@ class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
         bytes: serialized size of those messages, in bytes.
         pinned_items: pinned instruction messages (not counted in ``items``).
         pinned_bytes: their serialized size, in bytes.
-        evicted_turns: turns evicted since the history was created.
+        evicted_turns: turns evicted for good since the history was created.
+            The turns the evictions since the newest commit dropped are held
+            aside (``restorable_turns``) and counted here once they can no
+            longer be restored: at the history's next change but a
+            retraction of that turn, which restores them (see
+            :meth:`TurnHistory.retract`).
         evicted_items: messages evicted with them.
         evicted_bytes: bytes evicted with them.
         dropped_late_outputs: messages recorded for a turn no longer held
@@ -269,6 +278,10 @@ class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
             by the history's token counter.
         pinned_tokens: tokens of the pinned instructions.
         evicted_tokens: tokens evicted with the evicted turns.
+        restorable_turns: turns evicted since the newest commit, held aside
+            until the history's next change: a retraction of the newest turn
+            restores them, else they count in ``evicted_turns``. Neither in
+            ``turns`` nor in ``evicted_turns``.
     """
 
     turns: int
@@ -286,6 +299,7 @@ class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
     tokens: int = 0
     pinned_tokens: int = 0
     evicted_tokens: int = 0
+    restorable_turns: int = 0
 
 
 def _ends(copied: array.array[int] | None = None) -> array.array[int]:
@@ -748,6 +762,34 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         held = set(map(id, kept))
         for entry in self.entries(True):
             entry.release(gateway_slot, held)
+
+
+class _Aside(msgspec.Struct, gc=False, frozen=True):
+    """What the evictions since the newest commit dropped, for its retraction to undo.
+
+    ``turns``: the evicted turns, oldest first. ``linked``: the serials of
+    those the tie set held. ``popped``: the remembered ids of gone turns that
+    remembering theirs pushed out of the bounded memory, oldest first (each
+    counted in ``_forgotten``). Ints, strs and untracked turns only: in no cycle.
+    """
+
+    turns: tuple[_Turn, ...] = ()
+    linked: tuple[int, ...] = ()
+    popped: tuple[str, ...] = ()
+
+    def remembered_before(self, remembered: Sequence[str]) -> list[str]:
+        """The remembered ids ``remembered`` were before these evictions, oldest first.
+
+        Remembering ids appends them and pops the oldest, so what was popped
+        is a prefix of the ids remembered before followed by the evicted
+        ones: those it holds of the former go back in front, the evicted
+        ones leave.
+        """
+        gone = {t.turn_id for t in self.turns}
+        return [i for i in self.popped if i not in gone] + [i for i in remembered if i not in gone]
+
+
+_NOTHING_ASIDE = _Aside()
 
 
 class _Run:
@@ -1323,6 +1365,8 @@ class HistoryView:
         self._pinned = pinned
         self._turns = turns
         self._held = held  # messages in the view, pinned included
+        # Turns dropped at the front so far (restored ones included: a restore
+        # changes turns before the newest, so it bumps the generation).
         self._evicted = evicted
         self._generation = generation  # bumped when a turn before the newest changes
         self._shared = shared
@@ -1881,6 +1925,11 @@ def _untrack_run(run: _Run) -> None:
         untrack_atoms(run)
 
 
+def _identified(turn: _Turn) -> list[Message]:
+    """The messages of ``turn`` with an id (its input and outputs: kept state has none)."""
+    return [e.message for e in turn.input + turn.outputs if e.message.id is not None]
+
+
 def _blank(message: Message) -> bool:
     """True when the message has nothing but empty or whitespace-only text.
 
@@ -2121,6 +2170,7 @@ class TurnHistory:
     """
 
     __slots__ = (
+        "_aside",
         "_blank_dropped",
         "_bytes",
         "_checked",
@@ -2131,6 +2181,7 @@ class TurnHistory:
         "_evicted_items",
         "_evicted_tokens",
         "_forgotten",
+        "_front",
         "_generation",
         "_ids",
         "_items",
@@ -2186,7 +2237,12 @@ class TurnHistory:
         self._bytes = 0
         self._tokens = 0
         self._pinned_tokens = 0
-        self._evicted = 0
+        self._evicted = 0  # turns evicted for good (not those held aside)
+        self._front = 0  # turns dropped at the front, restored ones included: what views count
+        # The turns the evictions since the newest commit dropped, while nothing
+        # else changed: retracting that turn puts them back (see ``retract``).
+        # None once they cannot be restored, or when no commit came since.
+        self._aside: _Aside | None = None
         self._evicted_items = 0
         self._evicted_bytes = 0
         self._evicted_tokens = 0
@@ -2286,6 +2342,7 @@ class TurnHistory:
                     f"Turn {excerpt(turn_id)} is held by this history; it cannot be "
                     f"remembered as evicted."
                 )
+        self._settle()
         for turn_id in turn_ids:
             self._evicted_ids[turn_id] = None
         while len(self._evicted_ids) > self._remember:
@@ -2298,7 +2355,7 @@ class TurnHistory:
             view = self._view = HistoryView(
                 self._pinned,
                 self._turns,
-                self._evicted,
+                self._front,
                 self._generation,
                 self._shared,
                 self.held_items,
@@ -2342,6 +2399,7 @@ class TurnHistory:
             tokens=self._tokens,
             pinned_tokens=self._pinned_tokens,
             evicted_tokens=self._evicted_tokens,
+            restorable_turns=len(self._aside.turns) if self._aside is not None else 0,
         )
 
     def over_limits(self) -> bool:
@@ -2762,7 +2820,10 @@ class TurnHistory:
         """Commit a new turn with its input; optionally replace the pinned instructions.
 
         Everything is validated before anything changes. Commit does not evict;
-        call :meth:`evict` at a safe point.
+        call :meth:`evict` at a safe point. The turns evicted from then on
+        until the history changes otherwise are held aside: retracting this
+        turn restores them (see :meth:`retract`). Committing lets go of the
+        turns held aside for the previous one; they count as evicted.
 
         Args:
             turn_id: the new turn's id, unique in this history.
@@ -2836,6 +2897,9 @@ class TurnHistory:
         size = sum(sizes)
         tied = self._tie(turn_id, entries, size)
         # Validated: change state.
+        if self._aside is not None:
+            self._settle()
+        self._aside = _NOTHING_ASIDE  # what evictions drop from now on can be restored
         if pinned is not None:
             self._pinned = pinned
             self._pinned_bytes = sum(pinned_sizes)
@@ -3027,6 +3091,8 @@ class TurnHistory:
             self._check_ties(turns, linked, position, f"Turn {excerpt(turn_id)} output", turn_id)
         self._duplicates += duplicates
         self._blank_dropped += blank
+        if self._aside is not None:
+            self._settle()
         if late:
             self._generation += 1
             self._linked.clear()
@@ -3118,6 +3184,7 @@ class TurnHistory:
                 self._check_ties(turns, linked, position, f"Turn {excerpt(turn_id)} state", turn_id)
             except PairedTurnsTooLargeError:
                 return False
+            self._settle()  # a turn before the newest changed: the evicted turns stay gone
             self._generation += 1
             self._linked.clear()
             self._linked.update(linked)
@@ -3140,6 +3207,14 @@ class TurnHistory:
         Pinned instructions are never evicted, and never counted against a
         limit. O(evicted turns), plus the turns tied to the newest when they
         stop it.
+
+        The turns evicted while the newest turn and its kept state are all
+        that changed since its commit are held aside, neither kept nor
+        counted in ``evicted_turns`` (:attr:`restorable_ids`), until
+        :meth:`retract` of that turn restores them or another change (a
+        commit, a record that stores a message, kept state of an earlier
+        turn, :meth:`remember_evicted`, :meth:`settle_evictions`) lets them
+        go: at most the turns held when that turn was committed.
 
         Returns:
             the ids of the evicted turns, oldest first.
@@ -3169,42 +3244,148 @@ class TurnHistory:
             count = end
         if not count:
             return ()
-        evicted = tuple(t.turn_id for t in turns[:count])
+        gone = turns[:count]
         self._turns = turns[count:]
         self._items -= items
         self._bytes -= total
         self._tokens -= tokens
-        self._evicted += count
-        self._evicted_items += items
-        self._evicted_bytes += total
-        self._evicted_tokens += tokens
-        for turn in turns[:count]:
-            self._forget(turn)
+        self._front += count
+        aside = self._aside
+        if aside is None:
+            self._count_evicted(gone)
+            for turn in gone:
+                self._forget(turn)
+        else:
+            # Since the newest commit nothing else changed: held aside for its
+            # retraction, counted as evicted once they cannot be restored.
+            tied = tuple([t.serial for t in gone if t.serial in linked]) if linked else ()
+            popped: list[str] = []
+            for turn in gone:
+                self._forget(turn, popped)
+            if aside is _NOTHING_ASIDE:  # the first eviction since the commit, usually the only one
+                self._aside = _Aside(gone, tied, tuple(popped))
+            else:
+                self._aside = _Aside(
+                    aside.turns + gone, aside.linked + tied, aside.popped + tuple(popped)
+                )
         self._view = None
-        return evicted
+        return tuple(t.turn_id for t in gone)
 
-    def _forget(self, turn: _Turn) -> None:
-        """Drop a turn's ids; remember its id as gone (a bounded number of them)."""
+    def _count_evicted(self, turns: tuple[_Turn, ...]) -> None:
+        """Count ``turns`` as evicted for good (the statistics' ``evicted_*``)."""
+        self._evicted += len(turns)
+        for turn in turns:
+            self._evicted_items += turn.items
+            self._evicted_bytes += turn.bytes
+            self._evicted_tokens += turn.tokens
+
+    def _settle(self) -> None:
+        """The turns held aside can no longer be restored: count them evicted, let them go."""
+        aside = self._aside
+        self._aside = None
+        if aside is not None and aside.turns:
+            self._count_evicted(aside.turns)
+
+    def settle_evictions(self) -> None:
+        """Let go of the turns held aside (:attr:`restorable_ids`): they count as evicted now.
+
+        For a history about to be dropped (its context removed). O(1) but for
+        the turns held aside.
+        """
+        self._settle()
+
+    @property
+    def restorable_ids(self) -> tuple[str, ...]:
+        """Ids of the turns a retraction of the newest turn would restore, oldest first.
+
+        The turns the evictions since the newest commit dropped, held aside
+        until the history changes otherwise (see :meth:`retract`); empty when
+        there are none.
+        """
+        aside = self._aside
+        return tuple(t.turn_id for t in aside.turns) if aside is not None else ()
+
+    def before_evictions(self) -> tuple[HistoryView, tuple[str, ...]]:
+        """The history as the evictions since the newest commit found it, for a checkpoint.
+
+        Returns a view holding the turns held aside (:attr:`restorable_ids`)
+        before the kept ones, and the evicted turn ids remembered then,
+        oldest first; replaying that view, then :meth:`evict` (which evicts
+        the turns held aside again), rebuilds this history. Without turns
+        held aside, :meth:`view` and :attr:`evicted_ids`. The view is meant
+        to be read; it renders privately (as an older view). O(turns held
+        and remembered ids).
+        """
+        aside = self._aside
+        if aside is None or not aside.turns:
+            return self.view(), self.evicted_ids
+        turns = (*aside.turns, *self._turns)
+        held = len(self._pinned) + sum(t.items for t in turns)
+        view = HistoryView(self._pinned, turns, self._front, -1, self._shared, held)
+        return view, tuple(aside.remembered_before(tuple(self._evicted_ids)))
+
+    def _restore(self, aside: _Aside) -> None:
+        """Undo the evictions held in ``aside``: each one's turns, counts, ids and ties back.
+
+        The inverse of the evictions (:meth:`evict`, :meth:`_forget`): the
+        turns go back in front, held; their ids leave the remembered ids and
+        the ids they pushed out come back; their ties are restored. Turns
+        before the newest changed, so views render anew (the generation).
+        """
+        turns = aside.turns
+        self._turns = (*turns, *self._turns)
+        for turn in turns:
+            self._items += turn.items
+            self._bytes += turn.bytes
+            self._tokens += turn.tokens
+            self._ids.add(turn.turn_id)
+            for message in _identified(turn):
+                self._message_ids[cast(str, message.id)] = (turn.serial, message)
+        self._linked.update(aside.linked)
+        remembered = aside.remembered_before(tuple(self._evicted_ids))
+        self._evicted_ids.clear()
+        self._evicted_ids.update(dict.fromkeys(remembered))
+        self._forgotten -= len(aside.popped)
+        self._generation += 1
+        self._view = None
+
+    def _forget(self, turn: _Turn, popped: list[str] | None = None) -> None:
+        """Drop a turn's ids; remember its id as gone (a bounded number of them).
+
+        With ``popped``, the remembered ids this pushes out are appended to it.
+        """
         self._ids.discard(turn.turn_id)
         self._linked.discard(turn.serial)
         message_ids = self._message_ids
         if message_ids:
-            for entry in turn.input + turn.outputs:
-                if entry.message.id is not None:
-                    message_ids.pop(entry.message.id, None)
+            for message in _identified(turn):
+                message_ids.pop(cast(str, message.id), None)
         self._evicted_ids[turn.turn_id] = None
         while len(self._evicted_ids) > self._remember:
-            self._evicted_ids.popitem(last=False)
+            turn_id, _ = self._evicted_ids.popitem(last=False)
             self._forgotten += 1
+            if popped is not None:
+                popped.append(turn_id)
 
     def retract(self, turn_id: str) -> None:
         """Take back the newest turn, which produced no output (a false start).
 
         The turn's input leaves the history as if it had never been
-        committed: the next turn's input does not hold it. Its id is
-        remembered like an evicted turn's: it cannot be committed again, and
-        outputs recorded for it later are dropped and counted. The sequence
-        it carried stays used.
+        committed: the next turn's input does not hold it, and the turns the
+        evictions since its commit dropped (:attr:`restorable_ids`) are held
+        again, oldest first, with their outputs, kept state, ties and
+        message ids, no longer remembered as evicted (the ids their
+        remembering pushed out are remembered again) and not counted in
+        ``evicted_turns``. The history is then what it was before the commit
+        but for the turn's own id, which is remembered like an evicted
+        turn's: it cannot be committed again, and outputs recorded for it
+        later are dropped and counted. The sequence it carried stays used,
+        and pinned instructions the commit set stay set. Turns are
+        restored only while nothing but evictions and the turn's own kept
+        state changed since the commit (see :meth:`evict`). O(the turns
+        restored and the remembered ids) when turns are restored; the next
+        render of a view rebuilds its cached run (O(history), in a worker
+        thread).
 
         Raises:
             InvalidMessageError: a malformed id.
@@ -3227,6 +3408,9 @@ class TurnHistory:
                 f"Turn {excerpt(turn_id)} has {len(turn.outputs)} recorded output(s); only a turn "
                 "that produced no answer can be retracted."
             )
+        aside, self._aside = self._aside, None
+        if aside is not None and aside.turns:
+            self._restore(aside)
         self._turns = self._turns[:-1]
         self._items -= turn.items
         self._bytes -= turn.bytes

@@ -361,6 +361,10 @@ class ContextTable:
                 f"Context {excerpt(context_id)} has a model call in flight; remove it after "
                 "the invocation ends."
             )
+        # Turns held aside for a retraction can no longer be restored: evicted for good.
+        before = state.history.counts()
+        state.history.settle_evictions()
+        self._counters.history_changed(before, state.history.counts())
         self._forget(state)
         del self.contexts[context_id]
 

@@ -14,7 +14,10 @@ Compaction: once a context's log holds more than ``8`` records per turn
 held (and at least 64), the writer replaces it by one checkpoint of the
 history (``ContextStore.replace``, atomic), so a restore replays about what
 the history holds, not everything the context ever did. A claim compacts the
-log it restored the same way.
+log it restored the same way. While the history holds turns aside for a
+retraction of its newest turn (``TurnHistory.restorable_ids``), the
+checkpoint holds them too, followed by the record of their eviction, so a
+restored history retracts that turn as the live one does.
 
 What a crash loses: changes logged after the last completed flush may be
 lost (all of them, or a tail of them: a context's records are appended in
@@ -44,7 +47,13 @@ from turnloom.errors import (
     excerpt,
 )
 from turnloom.runtime._door import DurableOptions
-from turnloom.runtime._records import Record, checkpoint, encode_record, replay
+from turnloom.runtime._records import (
+    Record,
+    TurnsEvicted,
+    checkpoint,
+    encode_record,
+    replay,
+)
 from turnloom.runtime.schemas import StoreStatistics
 from turnloom.runtime.store import ContextStore, LogWrite
 
@@ -418,18 +427,23 @@ class Durability:
         bound = max(_COMPACT_MIN, _COMPACT_PER_TURN * held)
         if not held or claim.written <= bound or claim.pending or claim.resync:
             return  # a checkpoint needs a turn to carry the instructions and sequence
-        view, evicted, sequence = history.view(), history.evicted_ids, history.sequence
+        # Turns held aside for a retraction of the newest turn (see
+        # TurnHistory.retract) stay restorable after a replay: the checkpoint
+        # holds them, and the eviction after it sets them aside again.
+        view, evicted = history.before_evictions()
+        aside = history.restorable_ids
+        records = (encode_record(TurnsEvicted(turn_ids=aside)),) if aside else ()
         length = claim.written
         blob = await anyio.to_thread.run_sync(
-            checkpoint, view, evicted, sequence, limiter=self._limiter
+            checkpoint, view, evicted, history.sequence, limiter=self._limiter
         )
         try:
-            replaced = await self._store.replace(context_id, claim.token, length, (blob,))
+            replaced = await self._store.replace(context_id, claim.token, length, (blob, *records))
         except StoreError:
             claim.resync = True
             return
         if replaced and claim.written == length:
-            claim.written = 1
+            claim.written = 1 + len(records)
             self._compactions += 1
 
     # -- maintenance ----------------------------------------------------------------

@@ -16,7 +16,10 @@ A *checkpoint* record stands for a whole log prefix: the history as it is
 evicted turn ids, the last sequence, each turn's kept state). A store replaces a long log by one
 checkpoint (compaction); replaying the checkpoint and the records after it
 rebuilds the same history as replaying the whole log, except for counters of
-what left the history before the checkpoint.
+what left the history before the checkpoint. A history holding turns aside
+for a retraction of its newest turn (``TurnHistory.restorable_ids``) is
+checkpointed as the evictions found it, followed by the record of those
+evictions, so the replayed history holds the same turns aside.
 
 Encoding: one msgspec MessagePack map per record, tagged by ``kind``, carrying
 the schema version ``v``. A field added by a later version has a default, so

@@ -84,10 +84,15 @@ class Voice:
 
         A voice host commits the user's speech as a turn; when it turns out
         to be a false start, retracting it keeps it out of every later input.
-        Its id stays used (see :meth:`~turnloom.context.TurnHistory.retract`):
-        outputs recorded for it later are dropped and counted, and a later
-        prepare of it raises :class:`~turnloom.errors.UnknownTurnError`.
-        Prefixes already delivered for it are unchanged.
+        The turns its commit evicted come back (see
+        :meth:`~turnloom.context.TurnHistory.retract`: restored while the
+        turn and its kept pair are all that changed since, oldest first), so
+        the next prepare holds them as before the commit; they never counted
+        in ``evicted_turns_total``. Its id stays used: outputs recorded for it
+        later are dropped and counted, and a later prepare of it raises
+        :class:`~turnloom.errors.UnknownTurnError`. Prefixes already
+        delivered for it are unchanged. A durable store logs the retraction;
+        a restored history restores the same turns.
 
         Raises:
             StateError: the manager is not bound to an open Foundation yet.

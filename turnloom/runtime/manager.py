@@ -352,6 +352,10 @@ class ContextManager:
     def remove_context(self, context_id: str) -> None:
         """Forget a context and its whole history (its counters are kept).
 
+        Turns its newest turn's acceptance evicted, held aside for a
+        retraction (``voice.retract_turn``), count in ``evicted_turns_total``
+        now.
+
         Preparations waiting for a turn of the context settle at once with
         :class:`~turnloom.errors.ContextRemovedError` and free their slots; a
         context created again with the same id never serves them. Outputs an

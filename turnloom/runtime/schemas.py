@@ -350,7 +350,10 @@ class HistoryTotals(msgspec.Struct, frozen=True, kw_only=True):
         turns, items, bytes: held across all contexts (bytes of serialized
             messages; pinned instructions excluded).
         evicted_turns_total, evicted_items_total: evicted from histories
-            (removed contexts included).
+            for good (removed contexts included): turns evicted since a
+            context's newest commit count once they can no longer be
+            restored by its retraction (``voice.retract_turn``), at the
+            context's next change or removal, so a restored turn never counts.
         dropped_late_outputs_total: outputs recorded for turns no longer held
             (evicted, retracted, or of a removed context), dropped.
         dropped_blank_outputs_total: empty or whitespace-only outputs not recorded.
