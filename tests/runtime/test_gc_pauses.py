@@ -129,10 +129,13 @@ def _reach(roots: list[object], stop: dict[int, object]) -> dict[int, object]:
 @cpython_only
 async def test_a_held_context_adds_a_fixed_number_of_tracked_objects() -> None:
     """Invariant: a context that ran 12 turns (tool calls, builds), with the
-    prefix its host holds, leads the collector to exactly 16 tracked objects
-    of its own: its state, history, render run, body and delivered prefix,
-    none per message, per turn or per call id (its render caches, call-id
-    renamers and offset arrays are untracked)."""
+    prefix its host holds, leads the collector to exactly 8 tracked objects
+    of its own: its state, history, the history's shared caches (which hold
+    the host's token counter and gateway) and their three dicts, the
+    history's tuple of turns and the host's prepared prefix; none per
+    message, per turn or per call id, and none for its render run, body
+    cache, body writer or delivered prefix (untracked: in no cycle, see
+    test_untracked_acyclic)."""
     script = _scripts(1, 12)[0]
     async with Foundation(gateway="openai_chat") as foundation:
         manager = foundation.manager
@@ -150,5 +153,5 @@ async def test_a_held_context_adds_a_fixed_number_of_tracked_objects() -> None:
             len(_reach([contexts[f"session-{n}"], held[f"session-{n}"]], shared)) for n in range(4)
         ]
         items = [contexts[f"session-{n}"].history.held_items for n in range(4)]
-    assert items == [45] * 4  # 45 messages held, 16 tracked objects: none per message
-    assert own == [16] * 4
+    assert items == [45] * 4  # 45 messages held, 8 tracked objects: none per message
+    assert own == [8] * 4

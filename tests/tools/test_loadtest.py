@@ -13,6 +13,7 @@ import pytest
 import turnloom.tools.loadtest as loadtest_module
 from turnloom.cli import main
 from turnloom.errors import InputError
+from turnloom.runtime import ContextManager
 from turnloom.tools._stats import peak_rss_bytes
 from turnloom.tools.loadtest import count_model_calls, loadtest, sustained_sessions
 from turnloom.tools.trajectories import builtin_trajectories
@@ -33,6 +34,34 @@ def test_long_sessions_evict_and_a_small_queue_rejects() -> None:
     assert report.prepare_p50_ms <= report.prepare_p95_ms <= report.prepare_p99_ms
     assert report.loop_lag_max_ms >= report.loop_lag_p99_ms
     assert 0 < report.peak_rss_bytes <= peak_rss_bytes()  # a peak never goes down
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_sessions_start_one_per_loop_iteration(backend: str) -> None:
+    """Invariant: sessions arrive one per event-loop iteration, as a server accepts
+    connections, so the first model call comes before most sessions have committed
+    their first turn (were all first steps run in one iteration, every context would
+    exist by then, and the loop would stall for sessions x a first step)."""
+    sessions = 40
+    managers: list[ContextManager] = []
+    held_at_first_call: list[int] = []
+
+    def on_model_call() -> None:
+        if not held_at_first_call:
+            held_at_first_call.append(len(managers[0].context_ids()))
+
+    report = anyio.run(
+        lambda: loadtest(
+            builtin_trajectories(2, turns=(3, 3)),
+            sessions=sessions,
+            turns=3,
+            on_open=lambda foundation: managers.append(foundation.manager),
+            on_model_call=on_model_call,
+        ),
+        backend=backend,
+    )
+    assert (report.sessions, report.sessions_failed) == (sessions, 0)
+    assert 1 <= held_at_first_call[0] <= 4
 
 
 def test_loadtest_runs_on_trio_too() -> None:

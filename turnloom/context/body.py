@@ -40,6 +40,7 @@ __all__ = (
 )
 
 import array
+import gc
 import math
 import operator
 from collections.abc import Iterable, Mapping, Sequence
@@ -357,9 +358,17 @@ class EncodedBody:
         """
         if not items:
             return self
-        return EncodedBody(
-            self._writer, self._chunks, self._rest + tuple(items), self._lead, self._tail
-        )
+        rest = self._rest + tuple(items)
+        body = EncodedBody(self._writer, self._chunks, rest, self._lead, self._tail)
+        if not gc.is_tracked(self) and type(items) is tuple and not gc.is_tracked(items):
+            # This body is out of the collector (see BodyRun.snapshot), and so
+            # are ``items``: by turnloom's proof (JSON-encoded native items,
+            # see untrack_json) or CPython's (atoms only). The new body holds
+            # what this one does and ``rest``, a tuple of both: nothing it
+            # refers to can lead back to it, so it can be in no cycle.
+            untrack_container(rest)
+            untrack_atoms(body)
+        return body
 
     def encode(self, members: bytes = b"") -> bytes:
         """The encoded request body of all the items, as UTF-8 JSON bytes.
@@ -476,6 +485,17 @@ class BodyRun:
         untrack_container(self._lead)
         untrack_container(self._chunks)
         self._open: dict[int, _Open] = {}  # the segments not sealed yet, by tag, oldest first
+        if not gc.is_tracked(writer):
+            # Its writer is out of the collector: one of turnloom's, whose
+            # class untracks it only when its state is turnloom's alone, and
+            # every writer it holds later is a copy of it (the same class and
+            # state). Its other slots only ever hold ints, the arrays and
+            # lists of bytes above, a bytearray and a dict of _Open (the
+            # items, encodings and chunks of the history segments it is fed,
+            # JSON-encoded, and lists of bytes). Nothing it refers to can lead
+            # back to it, so it can be in no cycle (a history's render cache
+            # holds one per render key).
+            untrack_atoms(self)
 
     def append(
         self,
@@ -635,12 +655,25 @@ class BodyRun:
                 chunk = b",".join(pending)
             self._chunks.append(chunk)
             self._counts[index] = 1
+        if not open_segments:
+            # Empty, it refers to nothing; CPython tracks it again when an
+            # _Open is stored in it.
+            untrack_container(open_segments)
 
     def snapshot(self, rest: tuple[NativeContent, ...] = ()) -> EncodedBody:
         """The body as it stands, then ``rest``, in O(segment 0's and the open segments' items)."""
         chunks = EncodedSpan(self._chunks, self._skip, len(self._chunks))
         tail = tuple(b for segment in self._open.values() for b in segment.pending)
-        return EncodedBody(self._writer, chunks, rest, tuple(self._lead), tail)
+        body = EncodedBody(self._writer, chunks, rest, tuple(self._lead), tail)
+        if not gc.is_tracked(self) and not gc.is_tracked(rest):
+            # As this run (see __init__), it holds the run's writer (out of
+            # the collector), tuples of bytes, an EncodedSpan (out of the
+            # collector itself) and ``rest``: native items out of the
+            # collector too, by turnloom's proof (a history render's tail
+            # items, JSON-encoded) or CPython's (atoms only). Nothing it
+            # refers to can lead back to it, so it can be in no cycle.
+            untrack_atoms(body)
+        return body
 
     def _held(self) -> list[bytes]:
         """The encoded body, in body order (a copy): body items of segment 0, chunks, open items."""

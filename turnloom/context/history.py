@@ -88,6 +88,7 @@ __all__ = (
 
 import array
 import bisect
+import gc
 import itertools
 import operator
 import sys
@@ -383,6 +384,14 @@ class RenderedHistory:
         self.turn_start = 0
         self.bytes: int = pinned.bytes + self._run.size + tail.bytes
         self.tokens = tokens
+        if type(self) is RenderedHistory and not any(map(gc.is_tracked, (native, body, call_ids))):
+            # Its slots only ever hold two _Rendered (gc=False: see below),
+            # a ChunkedSpan (bytes and ints), ints, and objects out of the
+            # collector by their own proofs: its NativeItems (of those
+            # renders' items), its body (a history body cache's snapshot) or
+            # None, and a CallIdRenamer. Nothing it refers to can lead back to
+            # it, so it can be in no cycle (a delivered prefix keeps one).
+            untrack_atoms(self)
 
     @property
     def items(self) -> tuple[NativeContent, ...]:
@@ -1045,6 +1054,9 @@ class _Shared:
     def __init__(self, counter: TokenCounter) -> None:
         self.counter = counter  # counts messages the renders make (a cancelled result)
         self.lock = threading.Lock()
+        # A lock refers to nothing but its type: in no cycle. (This object
+        # and its dicts hold the host's counter and gateways: tracked.)
+        untrack_atoms(self.lock)
         self.runs: dict[_CacheKey, _Run] = {}
         # Gateways and render keys are referred to by slot number in the
         # untracked entries and turns (see above); assigned in first-use order.
@@ -1682,6 +1694,7 @@ class HistoryView:
         )
         run = _Run(self._pinned, pinned, self._evicted, self._generation, call_ids)
         run.body = _body_run(gateway, run)
+        _untrack_run(run)
         return run
 
     def _advance(
@@ -1845,6 +1858,7 @@ class HistoryView:
             new.body = BodyRun.of(writer, segments)
         if new.turns:
             new.last, new.carry = run.last, run.carry
+        _untrack_run(new)
         return new  # else no turn is kept: none is last, no call is carried
 
     def _append(
@@ -1889,7 +1903,30 @@ def _body_run(gateway: Gateway, run: _Run) -> BodyRun | None:
         # Its items are decoded from its chunk only if the writer needs them.
         chunk = run.chunks[run.dead + index]
         segments.append((None, run.first_tag + index, run.encodings(index), chunk))
-    return BodyRun.of(writer, segments)
+    body = BodyRun.of(writer, segments)
+    if gc.is_tracked(body) and not gc.is_tracked(run):
+        # A run out of the collector holds no tracked body (see _untrack_run):
+        # a gateway whose writer changed kind gets no cached body (its body
+        # is encoded whole, the same bytes).
+        return None
+    return body
+
+
+def _untrack_run(run: _Run) -> None:
+    """Take a new run out of the cyclic collector when its body is out of it (or None).
+
+    Its slots only ever hold gc=False structs (its pinned entries and
+    render, its last turn: see above), tuples of them and of message parts
+    (``carry``: gc=False, copied at the door), ints, arrays of ints, a
+    bytearray, lists of bytes and of _CallLog (untracked), a plain
+    ``object()``, a CallIdRenamer and a BodyRun or None; every BodyRun it
+    gets later comes from the same gateway (``_body_run`` gives it none
+    that is tracked). With the renamer and the body out of the collector by
+    their own proofs, nothing it refers to can lead back to it, so it can
+    be in no cycle (a history's render cache holds one per render key).
+    """
+    if not gc.is_tracked(run.call_ids) and (run.body is None or not gc.is_tracked(run.body)):
+        untrack_atoms(run)
 
 
 def _identified(turn: _Turn) -> list[Message]:

@@ -496,6 +496,19 @@ class NativeItems:
         self._origin = origin
         self._value: tuple[NativeContent, ...] | None = None
         self._source: NativeItems | None = None  # decoded items of the same run to reuse
+        if type(self) is NativeItems and not any(
+            map(gc.is_tracked, (before, encoded, after, epoch))
+        ):
+            # Its parts are out of the collector: tuples of native items
+            # untracked by turnloom's proofs (JSON-encoded, or decoded from
+            # JSON: nothing outside themselves) or by CPython (atoms only),
+            # an EncodedSpan or ChunkedSpan (bytes and ints only), and a plain
+            # object() or None as ``epoch``. Later it only gets a tuple of
+            # them, or decoded, as ``_value``, and as ``_source`` another
+            # NativeItems out of the collector (see _reuse). Nothing it
+            # refers to can lead back to it, so it can be in no cycle. Host
+            # items, an area section's, stay in tracked tuples: then so does this.
+            untrack_atoms(self)
 
     def __len__(self) -> int:
         return len(self._before) + len(self._encoded) + len(self._after)
@@ -581,6 +594,16 @@ class NativeItems:
             return
         source = earlier if earlier._value is not None else earlier._source
         if source is not None and source._encoded:
+            self._reuse(source)
+
+    def _reuse(self, source: NativeItems | None) -> None:
+        """Keep ``source`` to reuse, unless it is tracked and this is not (see __init__).
+
+        A NativeItems out of the collector may refer only to objects out of
+        it too: a tracked one may hold a host's items, which could lead back.
+        Then nothing is reused (the values are the same, decoded anew).
+        """
+        if source is None or gc.is_tracked(self) or not gc.is_tracked(source):
             self._source = source
 
     def item(self, index: int) -> NativeContent:
@@ -608,7 +631,7 @@ class NativeItems:
             self._epoch,
             self._origin,
         )
-        other._source = self._source
+        other._reuse(self._source)
         return other
 
     def prefixed(self, items: tuple[NativeContent, ...]) -> NativeItems:
@@ -622,7 +645,7 @@ class NativeItems:
             self._epoch,
             self._origin,
         )
-        other._source = self._source
+        other._reuse(self._source)
         return other
 
     def _part(self, index: int) -> tuple[int, int, int]:

@@ -16,12 +16,13 @@ __all__ = (
     "render_preparation",
 )
 
+import gc
 import time
 from typing import overload
 
 import msgspec
 
-from turnloom.context._untrack import untrack_json
+from turnloom.context._untrack import untrack_atoms, untrack_json
 from turnloom.context.body import EncodedBody
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
@@ -95,6 +96,14 @@ class DeliveredPrefix:
         self.call_ids = call_ids
         self.lead_sizes = lead_sizes  # the assembled system prompt, before the history
         self.state = state
+        if not any(map(gc.is_tracked, (items, rendered, call_ids, body))):
+            # Its slots only ever hold tuples of ints, ``state`` (() or the
+            # runtime-state pair state_messages made: gc=False messages of
+            # turnloom's own text), and objects out of the collector by their
+            # own proofs: its items and body (which then hold no area items),
+            # its render and a CallIdRenamer. Nothing it refers to can lead
+            # back to it, so it can be in no cycle (each context keeps its last).
+            untrack_atoms(self)
 
     def bytes_before(self, count: int) -> int:
         """Serialized size of ``items[:count]``, in bytes."""

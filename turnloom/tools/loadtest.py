@@ -150,7 +150,8 @@ async def loadtest(
     Args:
         trajectories: the sessions' scripts; session ``i`` replays
             ``trajectories[i % len(trajectories)]``.
-        sessions: how many sessions run at once.
+        sessions: how many sessions run at once. They start one per
+            event-loop iteration, as a server accepts connections.
         turns: replay at most this many turns of each trajectory.
         gateway: the provider to prepare for.
         history_limits: per-context bounds (turnloom's defaults when None).
@@ -350,6 +351,10 @@ async def _run(
                 async with anyio.create_task_group() as group:
                     for number in range(sessions):
                         group.start_soon(session, number)
+                        # Sessions arrive one per loop iteration, as a server
+                        # accepts connections; all first steps in one
+                        # iteration would stall the loop for sessions x a step.
+                        await anyio.lowlevel.checkpoint()
                 stop.set()
         finally:
             gc.unfreeze()

@@ -68,6 +68,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from turnloom.context._untrack import untrack_atoms
 from turnloom.context.body import BodyWriter
 from turnloom.context.callids import CallIdRenamer, register_rewriter
 from turnloom.context.gateway import (
@@ -765,6 +766,16 @@ class _AnthropicBody(BodyWriter):
         self._held: NativeContent | None = None
         self._held_at = 0  # the tags of its first and last items
         self._held_to = 0
+        if type(self) is _AnthropicBody and type(merge_turns) is bool:
+            # Its slots only ever hold, besides the renamer and ``marks`` of
+            # every writer (a CallIdRenamer made by turnloom, out of the
+            # collector itself, or None; None or a list of int pairs), a
+            # bool, ints, a list of str and the native items it was fed (a
+            # history's, JSON-encoded, which can refer to nothing outside
+            # themselves), in a list and merged into new dicts. Nothing it
+            # refers to can lead back to it, so it can be in no cycle (a
+            # history's body cache holds one).
+            untrack_atoms(self)
 
     def feed(self, items: Sequence[NativeContent], out: list[NativeContent], tag: int = 0) -> None:
         for item in items:

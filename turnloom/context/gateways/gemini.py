@@ -83,6 +83,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from turnloom.context._untrack import untrack_atoms
 from turnloom.context.body import BodyWriter
 from turnloom.context.callids import CallIdRenamer, register_rewriter, rename_call_ids
 from turnloom.context.gateway import (
@@ -779,6 +780,17 @@ class _GeminiBody(BodyWriter):
         self._front = True  # no content handed out yet
         self._front_at = 0  # the tag of the first content handed out
         self._drop_responses = False  # a leading call turn was left out: its responses go too
+        if type(self) is _GeminiBody and type(gateway) is GeminiGateway:
+            # Its slots only ever hold, besides the renamer and ``marks`` of
+            # every writer (a CallIdRenamer made by turnloom, out of the
+            # collector itself, or None; None or a list of int pairs), bools,
+            # ints, a set of ints, the native items it was fed (a history's,
+            # JSON-encoded, which can refer to nothing outside themselves) in
+            # lists and merged into new dicts, and a GeminiGateway, whose one
+            # slot holds a bool (a subclass may hold anything: then it stays
+            # tracked). Nothing it refers to can lead back to it, so it can
+            # be in no cycle (a history's body cache holds one).
+            untrack_atoms(self)
 
     def feed(self, items: Sequence[NativeContent], out: list[NativeContent], tag: int = 0) -> None:
         renamer = self.renamer

@@ -52,6 +52,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from turnloom.context._untrack import untrack_atoms
 from turnloom.context.body import BodyWriter
 from turnloom.context.callids import CallIdRenamer, register_rewriter, rename_call_ids
 from turnloom.context.gateway import (
@@ -649,6 +650,15 @@ class _ChatBody(BodyWriter):
     __slots__ = ()
 
     field = "messages"
+
+    def __init__(self, *, rename: bool = True) -> None:
+        super().__init__(rename=rename)
+        if type(self) is _ChatBody:
+            # Its slots only ever hold a CallIdRenamer (made by turnloom, out
+            # of the collector itself) or None, and None or a list of int
+            # pairs (``marks``): nothing it refers to can lead back to it, so
+            # it can be in no cycle (a history's body cache holds one).
+            untrack_atoms(self)
 
     def feed(self, items: Sequence[NativeContent], out: list[NativeContent], tag: int = 0) -> None:
         renamer = self.renamer

@@ -65,6 +65,7 @@ from typing import Any
 
 import msgspec
 
+from turnloom.context._untrack import untrack_atoms
 from turnloom.context.body import BodyWriter
 from turnloom.context.callids import CallIdRenamer, register_rewriter
 from turnloom.context.gateway import (
@@ -962,6 +963,15 @@ class _ResponsesBody(BodyWriter):
         # (tag, tag it depended on): an item left out as a replay, or a
         # reasoning item taken out with it, in a later segment than its cause.
         self._dups: list[tuple[int, int]] = []
+        if type(self) is _ResponsesBody:
+            # Its slots only ever hold, besides the renamer and ``marks`` of
+            # every writer (a CallIdRenamer made by turnloom, out of the
+            # collector itself, or None; None or a list of int pairs), lists
+            # and dicts of str, int, tuples of them and the native items it
+            # was fed: a history's, JSON-encoded, which can refer to nothing
+            # outside themselves. Nothing it refers to can lead back to it, so
+            # it can be in no cycle (a history's body cache holds one).
+            untrack_atoms(self)
 
     def feed(self, items: Sequence[NativeContent], out: list[NativeContent], tag: int = 0) -> None:
         seen, held = self._seen, self._held
