@@ -25,6 +25,8 @@ from turnloom.runtime import (
     TurnSnapshot,
     _durable,
 )
+from turnloom.runtime._records import decode_record, replay
+from turnloom.stores import open_context_store
 
 pytestmark = pytest.mark.anyio
 
@@ -135,3 +137,65 @@ async def test_a_host_restoring_a_false_start_restores_its_evicted_turns_on_retr
         assert manager.request_bytes(await manager.prepare(_request("t2"))) == expected
         totals = manager.statistics().history
         assert (totals.evicted_turns_total, totals.retracted_turns_total) == (0, 1)
+
+
+async def _aborted_false_start(manager: ContextManager, change: str) -> None:
+    """t3 (a false start) evicts t0, then its kept pair changes: it "shrank" (a pair
+    over max_items=20 evicted t0 at the end of an aborted model call, then a prepare
+    without contributions keeps none) or it "grew" (the commit over max_bytes=3800
+    evicted t0, then a prepare keeps a pair putting the history over again: keeping
+    does not evict)."""
+    manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t3", input=(user("uh"),)))
+    if change == "shrank":
+        await manager.prepare(_request("t3"))  # t3 keeps a pair: 21 items
+        async with manager.invocation("c", "t3"):
+            pass  # aborted: no output; its end evicts t0
+        await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t3"))
+    else:
+        contribution = ContextContribution(name="memory", content="x" * 700)
+        await manager.prepare(
+            ContextPrepareRequest(context_id="c", turn_id="t3", contributions=(contribution,))
+        )
+
+
+@pytest.mark.parametrize(
+    ("change", "limits"),
+    [("shrank", HistoryLimits(max_items=20)), ("grew", HistoryLimits(max_bytes=3800))],
+)
+async def test_a_checkpoint_replays_the_evictions_a_false_start_caused_before_its_pair_changed(
+    store_url: str, change: str, limits: HistoryLimits
+) -> None:
+    """Invariant: the checkpoint written while turns are held aside replays into the live
+    history when the false start's kept pair changed after the eviction it caused: it
+    holds t3 as that eviction found it, then the eviction, then t3's pair now; the
+    stored log replays into the live history (t0 held aside, t3's pair; over the limits
+    when it grew, as live: keeping does not evict), a second host restores it, and
+    retracting t3 there gives back the first host's history and t2 request bytes."""
+    async with hosting(store_url, history_limits=limits) as first:
+        manager = first.manager
+        await manager.leases.claim("c")
+        await _converse(manager)  # t0..t2: 6 items (input, pair, call, result, answer) each
+        expected = manager.request_bytes(await manager.prepare(_request("t2")))
+        before = _held(manager)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_durable, "_COMPACT_MIN", 1)
+            patch.setattr(_durable, "_COMPACT_PER_TURN", 1)
+            await _aborted_false_start(manager, change)  # every flush compacts
+            await manager.leases.flush()
+            async with open_context_store(store_url) as store:
+                log = await store.load("c")
+        aside = _held(manager)
+        assert aside["restorable"] == ("t0",)
+        assert len(aside["turns"][-1][2]) == (0 if change == "shrank" else 2)  # t3's pair
+        kinds = [type(decode_record(data, "c", i)).__name__ for i, data in enumerate(log)]
+        assert kinds == ["Checkpoint", "TurnsEvicted", "StateKept"]
+        replayed = replay("c", log, limits)
+        assert (replayed.view().turn_ids, replayed.restorable_ids) == (("t1", "t2", "t3"), ("t0",))
+        assert replayed.view().turn_state("t3") == aside["turns"][-1][2]
+    async with hosting(store_url, history_limits=limits) as second:
+        manager = second.manager
+        assert await manager.leases.claim("c") is True
+        assert _held(manager) == aside
+        manager.voice.retract_turn("c", "t3")
+        assert _held(manager) == {**before, "evicted": ("t3",)}
+        assert manager.request_bytes(await manager.prepare(_request("t2"))) == expected

@@ -770,12 +770,16 @@ class _Aside(msgspec.Struct, gc=False, frozen=True):
     ``turns``: the evicted turns, oldest first. ``linked``: the serials of
     those the tie set held. ``popped``: the remembered ids of gone turns that
     remembering theirs pushed out of the bounded memory, oldest first (each
-    counted in ``_forgotten``). Ints, strs and untracked turns only: in no cycle.
+    counted in ``_forgotten``). ``newest``: the newest turn as the latest of
+    those evictions found it (its kept state may change since: a smaller one
+    would not evict them all again). Ints, strs and untracked turns only: in
+    no cycle.
     """
 
     turns: tuple[_Turn, ...] = ()
     linked: tuple[int, ...] = ()
     popped: tuple[str, ...] = ()
+    newest: _Turn | None = None
 
     def remembered_before(self, remembered: Sequence[str]) -> list[str]:
         """The remembered ids ``remembered`` were before these evictions, oldest first.
@@ -3263,10 +3267,13 @@ class TurnHistory:
             for turn in gone:
                 self._forget(turn, popped)
             if aside is _NOTHING_ASIDE:  # the first eviction since the commit, usually the only one
-                self._aside = _Aside(gone, tied, tuple(popped))
+                self._aside = _Aside(gone, tied, tuple(popped), turns[-1])
             else:
                 self._aside = _Aside(
-                    aside.turns + gone, aside.linked + tied, aside.popped + tuple(popped)
+                    aside.turns + gone,
+                    aside.linked + tied,
+                    aside.popped + tuple(popped),
+                    turns[-1],
                 )
         self._view = None
         return tuple(t.turn_id for t in gone)
@@ -3309,17 +3316,19 @@ class TurnHistory:
         """The history as the evictions since the newest commit found it, for a checkpoint.
 
         Returns a view holding the turns held aside (:attr:`restorable_ids`)
-        before the kept ones, and the evicted turn ids remembered then,
+        before the kept ones, the newest with the kept state the latest
+        eviction found it with, and the evicted turn ids remembered then,
         oldest first; replaying that view, then :meth:`evict` (which evicts
-        the turns held aside again), rebuilds this history. Without turns
-        held aside, :meth:`view` and :attr:`evicted_ids`. The view is meant
-        to be read; it renders privately (as an older view). O(turns held
-        and remembered ids).
+        the turns held aside again: they were over the limits with that
+        state), then keeping the newest turn's state now, rebuilds this
+        history. Without turns held aside, :meth:`view` and
+        :attr:`evicted_ids`. The view is meant to be read; it renders
+        privately (as an older view). O(turns held and remembered ids).
         """
         aside = self._aside
         if aside is None or not aside.turns:
             return self.view(), self.evicted_ids
-        turns = (*aside.turns, *self._turns)
+        turns = (*aside.turns, *self._turns[:-1], cast(_Turn, aside.newest))
         held = len(self._pinned) + sum(t.items for t in turns)
         view = HistoryView(self._pinned, turns, self._front, -1, self._shared, held)
         return view, tuple(aside.remembered_before(tuple(self._evicted_ids)))

@@ -16,8 +16,10 @@ history (``ContextStore.replace``, atomic), so a restore replays about what
 the history holds, not everything the context ever did. A claim compacts the
 log it restored the same way. While the history holds turns aside for a
 retraction of its newest turn (``TurnHistory.restorable_ids``), the
-checkpoint holds them too, followed by the record of their eviction, so a
-restored history retracts that turn as the live one does.
+checkpoint holds them too, followed by the record of their eviction (and of
+the newest turn's kept state when it changed since; see
+``_records.compacted``), so a restored history retracts that turn as the live
+one does.
 
 What a crash loses: changes logged after the last completed flush may be
 lost (all of them, or a tail of them: a context's records are appended in
@@ -49,8 +51,8 @@ from turnloom.errors import (
 from turnloom.runtime._door import DurableOptions
 from turnloom.runtime._records import (
     Record,
-    TurnsEvicted,
     checkpoint,
+    compacted,
     encode_record,
     replay,
 )
@@ -427,12 +429,10 @@ class Durability:
         bound = max(_COMPACT_MIN, _COMPACT_PER_TURN * held)
         if not held or claim.written <= bound or claim.pending or claim.resync:
             return  # a checkpoint needs a turn to carry the instructions and sequence
-        # Turns held aside for a retraction of the newest turn (see
-        # TurnHistory.retract) stay restorable after a replay: the checkpoint
-        # holds them, and the eviction after it sets them aside again.
-        view, evicted = history.before_evictions()
-        aside = history.restorable_ids
-        records = (encode_record(TurnsEvicted(turn_ids=aside)),) if aside else ()
+        # Turns held aside for a retraction of the newest turn stay restorable
+        # after a replay (see compacted).
+        view, evicted, tail = compacted(history)
+        records = tuple(encode_record(record) for record in tail)
         length = claim.written
         blob = await anyio.to_thread.run_sync(
             checkpoint, view, evicted, history.sequence, limiter=self._limiter

@@ -19,7 +19,8 @@ rebuilds the same history as replaying the whole log, except for counters of
 what left the history before the checkpoint. A history holding turns aside
 for a retraction of its newest turn (``TurnHistory.restorable_ids``) is
 checkpointed as the evictions found it, followed by the record of those
-evictions, so the replayed history holds the same turns aside.
+evictions and of the newest turn's kept state now when it changed since (see
+:func:`compacted`), so the replayed history holds the same turns aside.
 
 Encoding: one msgspec MessagePack map per record, tagged by ``kind``, carrying
 the schema version ``v``. A field added by a later version has a default, so
@@ -158,6 +159,29 @@ def checkpoint(view: HistoryView, evicted: tuple[str, ...], sequence: int | None
     return encode_record(
         Checkpoint(pinned=view.pinned, turns=tuple(turns), evicted=evicted, sequence=sequence)
     )
+
+
+def compacted(history: TurnHistory) -> tuple[HistoryView, tuple[str, ...], tuple[Record, ...]]:
+    """What a checkpoint of ``history`` holds, and the records to log after it.
+
+    Returns the view and evicted ids to pass to :func:`checkpoint`, and the
+    records that follow it: replaying the checkpoint, then those, rebuilds
+    ``history`` (but for the counters of what left it). While the history
+    holds turns aside for a retraction of its newest turn
+    (``TurnHistory.restorable_ids``), the checkpoint holds them, with the
+    newest turn as the latest eviction found it; their eviction follows,
+    then the newest turn's kept state now when it changed since. O(turns
+    held and remembered ids).
+    """
+    view, evicted = history.before_evictions()
+    aside = history.restorable_ids
+    if not aside:
+        return view, evicted, ()
+    newest = view.turn_ids[-1]
+    state = history.view().turn_state(newest)
+    if view.turn_state(newest) == state:
+        return view, evicted, (TurnsEvicted(turn_ids=aside),)
+    return view, evicted, (TurnsEvicted(turn_ids=aside), StateKept(turn_id=newest, state=state))
 
 
 class _Version(msgspec.Struct):
