@@ -69,6 +69,24 @@ def _held(manager: ContextManager) -> dict[str, Any]:
     }
 
 
+async def _accept_false_start(
+    manager: ContextManager, compacting: bool
+) -> tuple[dict[str, Any], bytes]:
+    """After t0..t2, the false start t3 (prepared: its pair kept) evicts t0; the log is
+    flushed, compacted when ``compacting``. Returns what the history held and t2's
+    request bytes before t3."""
+    await _converse(manager)
+    before = _held(manager)
+    expected = manager.request_bytes(await manager.prepare(_request("t2")))
+    manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t3", input=(user("uh"),)))
+    await manager.prepare(_request("t3"))
+    assert _held(manager)["restorable"] == ("t0",)
+    await manager.leases.flush()
+    stats = manager.statistics().store
+    assert stats is not None and (stats.compactions_total > 0) is compacting
+    return before, expected
+
+
 @pytest.fixture(params=[False, True], ids=["log", "checkpoint"])
 def compacting(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
     """With True, every flush compacts the log (a checkpoint while turns are held aside)."""
@@ -87,15 +105,7 @@ async def test_a_retracted_false_start_replays_into_the_live_history(
     async with hosting(store_url, history_limits=LIMITS) as first:
         manager = first.manager
         await manager.leases.claim("c")
-        await _converse(manager)
-        before = _held(manager)
-        expected = manager.request_bytes(await manager.prepare(_request("t2")))
-        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t3", input=(user("uh"),)))
-        await manager.prepare(_request("t3"))
-        assert _held(manager)["restorable"] == ("t0",)
-        await manager.leases.flush()
-        stats = manager.statistics().store
-        assert stats is not None and (stats.compactions_total > 0) is compacting
+        before, expected = await _accept_false_start(manager, compacting)
         manager.voice.retract_turn("c", "t3")
         await manager.leases.flush()
         live = _held(manager)
@@ -118,15 +128,8 @@ async def test_a_host_restoring_a_false_start_restores_its_evicted_turns_on_retr
     async with hosting(store_url, history_limits=LIMITS) as first:
         manager = first.manager
         await manager.leases.claim("c")
-        await _converse(manager)
-        before = _held(manager)
-        expected = manager.request_bytes(await manager.prepare(_request("t2")))
-        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t3", input=(user("uh"),)))
-        await manager.prepare(_request("t3"))
+        before, expected = await _accept_false_start(manager, compacting)
         aside = _held(manager)
-        await manager.leases.flush()
-        stats = manager.statistics().store
-        assert stats is not None and (stats.compactions_total > 0) is compacting
     async with hosting(store_url, history_limits=LIMITS) as second:
         manager = second.manager
         assert await manager.leases.claim("c") is True
