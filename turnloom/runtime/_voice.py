@@ -91,8 +91,11 @@ class Voice:
         in ``evicted_turns_total``. Its id stays used: outputs recorded for it
         later are dropped and counted, and a later prepare of it raises
         :class:`~turnloom.errors.UnknownTurnError`. Prefixes already
-        delivered for it are unchanged. A durable store logs the retraction;
-        a restored history restores the same turns.
+        delivered for it are unchanged. A durable store logs the retraction,
+        and a host that restores the context before it restores the same
+        turns; except a manager with ``earlier_state="drop"`` restoring a
+        context a ``"keep"`` manager wrote: dropping the earlier turns' kept
+        pairs is a change, so the turns evicted stay evicted.
 
         Raises:
             StateError: the manager is not bound to an open Foundation yet.
