@@ -1,4 +1,4 @@
-"""The floors under issue 11's load and pause goals, each measured beside turnloom in one run.
+"""Floors under the load test's throughput and pause goals, beside turnloom in one run.
 
 Two costs that turnloom's design pays and no change inside it can remove:
 
@@ -24,7 +24,7 @@ Two costs that turnloom's design pays and no change inside it can remove:
    session and the pause of one full collection (milliseconds), taken before
    anything else walks the objects.
 
-The load test's goals (issue 11) set against these: at least 0.5x the
+The load test's goals set against these: at least 0.5x the
 render-only limit and a CPU per prepare within 3x its render, when the
 handoff alone costs a share of a render; loop-lag max at most 20 ms at 1,000
 sessions and 50 ms at 5,000, when the bare program's full collection already
