@@ -57,6 +57,12 @@ from typing import Any, Literal, TypeAlias, cast
 
 import msgspec
 
+from turnloom.context._media import (
+    base64_problem,
+    image_media_type_problem,
+    is_data_url,
+    split_data_url,
+)
 from turnloom.errors import (
     DuplicateIdError,
     InvalidMessageError,
@@ -592,7 +598,11 @@ def check_message(message: object, *, where: str = "message") -> int:
     an opaque part's item is an object; tool calls are in an assistant message
     and tool results in a tool or user message; call ids are unique within the
     message; an image has exactly one of ``url`` and ``data`` (non-empty)
-    and a base64 image has its ``media_type``, which is ``image/...``.
+    and a base64 image has its ``media_type``; a media type is an image type
+    by the grammar of RFC 6838 (``image/png``: no parameters, no spaces or
+    control characters); ``data`` is base64 (standard or URL-safe alphabet,
+    padded); a ``data:`` URL is ``data:<image type>[;name=value]...;base64,<data>``
+    in the standard alphabet, and a ``media_type`` beside it matches its type.
 
     The JSON a message carries is checked strictly (see
     :func:`decode_json_text` and :data:`MAX_JSON_DEPTH`): tool call
@@ -975,11 +985,32 @@ def _check_image(part: ImagePart, where: str, field: str) -> None:
             f"{where} {field} gives base64 data without its media_type.",
             field=f"{field}.media_type",
         )
-    if part.media_type is not None and not part.media_type.startswith("image/"):
-        raise InvalidMessageError(
-            f"{where} {field}.media_type {excerpt(part.media_type)} is not an image type.",
-            field=f"{field}.media_type",
-        )
+    if part.media_type is not None:
+        problem = image_media_type_problem(part.media_type)
+        if problem is not None:
+            raise InvalidMessageError(
+                f"{where} {field}.media_type {excerpt(part.media_type)} {problem}.",
+                field=f"{field}.media_type",
+            )
+    if part.data is not None:
+        # Either alphabet: Gemini's inlineData (protobuf bytes) takes both, and
+        # the other gateways render the data in the standard one.
+        problem = base64_problem(part.data, url_safe=True)
+        if problem is not None:
+            raise InvalidMessageError(f"{where} {field}.data {problem}.", field=f"{field}.data")
+    elif is_data_url(part.url):  # type: ignore[arg-type]  # exactly one of url and data
+        try:
+            media, _ = split_data_url(part.url)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise InvalidMessageError(
+                f"{where} {field}.url is a data URL that {exc}.", field=f"{field}.url"
+            ) from None
+        if part.media_type is not None and part.media_type != media:
+            raise InvalidMessageError(
+                f"{where} {field}.media_type {excerpt(part.media_type)} does not match "
+                f"the media type of its data URL, {excerpt(media)}.",
+                field=f"{field}.media_type",
+            )
 
 
 def decode_message(

@@ -11,7 +11,10 @@ __all__ = (
     "json_text",
     "layout_of",
     "make_layout",
+    "render_inline",
     "require_object",
+    "split_image_url",
+    "standard_base64",
     "violation",
 )
 
@@ -19,8 +22,9 @@ import json
 import logging
 from typing import Any
 
+from turnloom.context._media import inline_image, is_image_media_type, standard_base64
 from turnloom.context.gateway import Violation
-from turnloom.context.message import Message, OpaquePart, ReasoningPart, strict_json
+from turnloom.context.message import ImagePart, Message, OpaquePart, ReasoningPart, strict_json
 from turnloom.context.message import is_blank_text as blank
 from turnloom.errors import InvalidMessageError, ProviderRuleError, excerpt, what_type
 
@@ -91,6 +95,40 @@ def json_text(
         raise InvalidMessageError(
             f"{provider} {field} holds a value that is not JSON: {exc}.", field=field
         ) from exc
+
+
+def render_inline(part: ImagePart) -> tuple[str, str] | None:
+    """The ``(media type, base64 data)`` ``part`` carries inline; None for a plain URL.
+
+    Base64 ``data`` with its ``media_type``, or the type and data of a
+    ``data:`` URL (the door checked it, see :func:`~turnloom.context.check_message`).
+
+    Raises:
+        InvalidMessageError: ``part.url`` is a malformed data URL (a message
+            rendered without passing the door).
+    """
+    try:
+        return inline_image(part.url, part.data, part.media_type)
+    except ValueError as exc:
+        raise InvalidMessageError(
+            f"An image's url is a data URL that {exc}.", field="url"
+        ) from None
+
+
+def split_image_url(url: object) -> tuple[str, str] | None:
+    """The ``(media type, data)`` of an OpenAI image URL ``data:<type>;base64,<data>``.
+
+    None for any other URL (kept as a URL; the door checks a data URL with
+    parameters, or a malformed one): for the split form, rendering
+    ``f"data:{type};base64,{data}"`` gives back ``url`` exactly.
+    """
+    if not isinstance(url, str) or not url.startswith("data:"):
+        return None
+    head, sep, data = url.partition(";base64,")
+    media = head[5:]
+    if not sep or not is_image_media_type(media):
+        return None
+    return media, data
 
 
 def require_object(item: Any, provider: str, what: str = "item") -> dict[str, Any]:

@@ -86,7 +86,9 @@ from turnloom.context.gateways._common import (
     empty_input,
     layout_of,
     make_layout,
+    render_inline,
     require_object,
+    standard_base64,
     violation,
 )
 from turnloom.context.message import (
@@ -220,17 +222,20 @@ class AnthropicGateway(Gateway):
                 block.update(part.extras)
             return block
         if type(part) is ImagePart:
-            if part.data is not None and part.media_type not in _MEDIA_TYPES:
+            inline = render_inline(part)
+            if inline is None:
+                source: dict[str, Any] = {"type": "url", "url": part.url}
+            elif inline[0] not in _MEDIA_TYPES:
                 _log.warning(
                     "Dropped a %s image: Anthropic takes base64 images of types %s only.",
-                    part.media_type,
+                    excerpt(inline[0]),
                     ", ".join(_MEDIA_TYPES),
                 )
                 return None
-            if part.url is not None:
-                source: dict[str, Any] = {"type": "url", "url": part.url}
             else:
-                source = {"type": "base64", "media_type": part.media_type, "data": part.data}
+                # A data URL goes as base64 too: the API takes no data URL source.
+                media, data = inline
+                source = {"type": "base64", "media_type": media, "data": standard_base64(data)}
             block = {"type": "image", "source": source}
             if own and part.extras:
                 block.update(part.extras)

@@ -83,6 +83,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from turnloom.context._media import is_image_media_type
 from turnloom.context._untrack import untrack_atoms
 from turnloom.context.body import BodyWriter
 from turnloom.context.callids import CallIdRenamer, register_rewriter, rename_call_ids
@@ -102,6 +103,7 @@ from turnloom.context.gateways._common import (
     json_text,
     layout_of,
     make_layout,
+    render_inline,
     require_object,
     violation,
 )
@@ -1079,8 +1081,10 @@ def _media_part(block: dict[str, Any], snake: bool) -> ImagePart | OpaquePart:
 
 def _image_block(part: ImagePart, snake: bool) -> dict[str, Any]:
     mime = _k("mimeType", snake)
-    if part.data is not None:
-        return {_k("inlineData", snake): {mime: part.media_type, "data": part.data}}
+    inline = render_inline(part)
+    if inline is not None:
+        # A data URL goes as inlineData too: fileUri takes no data URL.
+        return {_k("inlineData", snake): {mime: inline[0], "data": inline[1]}}
     media = part.media_type or mimetypes.guess_type(part.url or "")[0] or "image/*"
     return {_k("fileData", snake): {mime: media, _k("fileUri", snake): part.url}}
 
@@ -1092,17 +1096,14 @@ def _parse_image(block: dict[str, Any], snake: bool) -> ImagePart | None:
     inline = block.get(_k("inlineData", snake))
     if isinstance(inline, dict) and inline.keys() == {mime, "data"}:
         media = inline[mime]
-        if (
-            isinstance(media, str)
-            and media.startswith("image/")
-            and isinstance(inline["data"], str)
-        ):
+        if is_image_media_type(media) and isinstance(inline["data"], str):
             return ImagePart(data=inline["data"], media_type=media)
     file = block.get(_k("fileData", snake))
     uri = _k("fileUri", snake)
     if isinstance(file, dict) and file.keys() == {mime, uri}:
         media = file[mime]
-        if isinstance(media, str) and media.startswith("image/") and media != "image/*":
+        # Other media, and a type the door refuses, stay opaque (verbatim).
+        if is_image_media_type(media):
             return ImagePart(url=file[uri], media_type=media)
     return None
 

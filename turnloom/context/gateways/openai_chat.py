@@ -67,6 +67,8 @@ from turnloom.context.gateways._common import (
     empty_input,
     layout_of,
     require_object,
+    split_image_url,
+    standard_base64,
 )
 from turnloom.context.message import (
     ImagePart,
@@ -186,7 +188,7 @@ class OpenAIChatGateway(Gateway):
                 url = (
                     part.url
                     if part.url is not None
-                    else f"data:{part.media_type};base64,{part.data}"
+                    else f"data:{part.media_type};base64,{standard_base64(part.data)}"  # type: ignore[arg-type]
                 )
                 image: dict[str, Any] = {"url": url}
                 if part.detail is not None:
@@ -638,9 +640,9 @@ def _parse_image(block: dict[str, Any]) -> ImagePart:
     url = image.get("url", "")
     detail = image.get("detail")
     extras = {k: v for k, v in block.items() if k not in ("type", "image_url")} or None
-    if isinstance(url, str) and url.startswith("data:") and ";base64," in url:
-        head, _, data = url.partition(";base64,")
-        return ImagePart(data=data, media_type=head[5:], detail=detail, extras=extras)
+    split = split_image_url(url)
+    if split is not None:
+        return ImagePart(data=split[1], media_type=split[0], detail=detail, extras=extras)
     return ImagePart(url=url, detail=detail, extras=extras)
 
 

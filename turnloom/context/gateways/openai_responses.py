@@ -82,6 +82,8 @@ from turnloom.context.gateways._common import (
     layout_of,
     make_layout,
     require_object,
+    split_image_url,
+    standard_base64,
     violation,
 )
 from turnloom.context.message import (
@@ -220,7 +222,9 @@ class OpenAIResponsesGateway(Gateway):
                 return None
             block: dict[str, Any] = {"type": "input_text", "text": part.text}
         elif type(part) is ImagePart:
-            url = part.url if part.url is not None else f"data:{part.media_type};base64,{part.data}"
+            url = part.url
+            if url is None:
+                url = f"data:{part.media_type};base64,{standard_base64(part.data)}"  # type: ignore[arg-type]
             block = {"type": "input_image", "image_url": url, "detail": part.detail or "auto"}
         elif type(part) is OpaquePart:
             if part.gateway == _GATEWAY:
@@ -858,9 +862,11 @@ def _parse_content_block(block: Any, field: str) -> TextPart | ImagePart | Opaqu
         url = block["image_url"]
         detail = block.get("detail")
         extras = {k: v for k, v in block.items() if k not in ("type", "image_url", "detail")}
-        if url.startswith("data:") and ";base64," in url:
-            head, _, data = url.partition(";base64,")
-            return ImagePart(data=data, media_type=head[5:], detail=detail, extras=extras or None)
+        split = split_image_url(url)
+        if split is not None:
+            return ImagePart(
+                data=split[1], media_type=split[0], detail=detail, extras=extras or None
+            )
         return ImagePart(url=url, detail=detail, extras=extras or None)
     return OpaquePart(gateway=_GATEWAY, item=block)
 
