@@ -712,10 +712,6 @@ def check_message(message: object, *, where: str = "message") -> int:
                 f"{where} {field} is {what_type(part)}, not a message part.",
                 field=field,
             )
-    if gateway is not None:
-        declared = _DECLARED[gateway]
-        if declared.check_layout is not None:
-            declared.check_layout(message, where)
     try:
         data = _encoder.encode(message)
     except UnicodeEncodeError as exc:
@@ -740,6 +736,11 @@ def check_message(message: object, *, where: str = "message") -> int:
         ) from None
     if not typed:
         _check_texts(message.parts, where)
+    if gateway is not None:
+        # Last: a gateway's check reads content whose every field is typed now.
+        declared = _DECLARED[gateway]
+        if declared.check_layout is not None:
+            declared.check_layout(message, where)
     return len(data)
 
 

@@ -6,6 +6,7 @@ __all__ = (
     "args_object",
     "args_text",
     "blank",
+    "check_render_depth",
     "drop_foreign",
     "empty_input",
     "json_text",
@@ -24,7 +25,18 @@ from typing import Any
 
 from turnloom.context._media import inline_image, is_image_media_type, standard_base64
 from turnloom.context.gateway import Violation
-from turnloom.context.message import ImagePart, Message, OpaquePart, ReasoningPart, strict_json
+from turnloom.context.message import (
+    MAX_JSON_DEPTH,
+    ImagePart,
+    Message,
+    OpaquePart,
+    ReasoningPart,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+    decode_json_text,
+    strict_json,
+)
 from turnloom.context.message import is_blank_text as blank
 from turnloom.errors import InvalidMessageError, ProviderRuleError, excerpt, what_type
 
@@ -43,6 +55,128 @@ def make_layout(gateway: str, hints: dict[str, Any]) -> dict[str, Any] | None:
     if not kept:
         return None
     return {"gateway": gateway, **kept}
+
+
+_NESTS = (dict, list, tuple)
+
+
+def _too_deep(value: Any) -> bool:
+    """True when the JSON ``value`` nests more than :data:`MAX_JSON_DEPTH` levels.
+
+    Counted as the door counts (``{}`` is one level); iterative, and a
+    container that holds itself is too deep (its levels never end).
+    """
+    if not isinstance(value, _NESTS):
+        return False
+    if type(value) is dict:  # the common shape: an object of scalars
+        for child in value.values():
+            if isinstance(child, _NESTS):
+                break
+        else:
+            return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if level > MAX_JSON_DEPTH:
+            return True
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, _NESTS):
+                stack.append((child, level + 1))
+    return False
+
+
+def _flat(extras: Any) -> bool:
+    """True for None and an object of scalars (the usual extras: ``{"name": ...}``)."""
+    if extras is None:
+        return True
+    if type(extras) is not dict:
+        return False
+    for value in extras.values():
+        if isinstance(value, _NESTS):
+            return False
+    return True
+
+
+def _refuse_deep(value: Any, field: str) -> None:
+    if _too_deep(value):
+        strict_json(value, where="message", field=field)  # raises the door's error
+        raise InvalidMessageError(
+            f"message {field} nests JSON deeper than {MAX_JSON_DEPTH} levels.", field=field
+        )
+
+
+def check_render_depth(message: Message) -> None:
+    """The door's depth rule, for a message rendered without passing the door.
+
+    The JSON a render copies or decodes -- ``extras`` of the message and its
+    parts, opaque items, tool call arguments -- nests at most
+    :data:`~turnloom.context.message.MAX_JSON_DEPTH` levels, so no render,
+    and no encoding of what it returns, runs into Python's recursion limit.
+    A message :func:`~turnloom.context.check_message` accepted always passes;
+    the cost for it is a type test per part (and a bracket count per call's
+    arguments).
+
+    Raises:
+        InvalidMessageError: a value nests deeper; ``field`` names it.
+    """
+    if message.extras is None:
+        # A quick pass over the common shapes; anything else takes the full walk.
+        for part in message.content:
+            kind = type(part)
+            if kind is TextPart:
+                if part.extras is None:  # type: ignore[union-attr]
+                    continue
+            elif kind is ToolCallPart:
+                arguments = part.arguments  # type: ignore[union-attr]
+                if (
+                    part.extras is None  # type: ignore[union-attr]
+                    and type(arguments) is str
+                    and arguments.count("{") + arguments.count("[") <= MAX_JSON_DEPTH
+                ):
+                    continue
+            elif kind is ToolResultPart and _flat(part.extras):  # type: ignore[union-attr]
+                for inner in part.content:  # type: ignore[union-attr]
+                    if type(inner) is not TextPart or inner.extras is not None:
+                        break
+                else:
+                    continue
+            break
+        else:
+            return
+    _check_depth(message)
+
+
+def _check_depth(message: Message) -> None:
+    if message.extras is not None:
+        _refuse_deep(message.extras, "extras")
+    for i, part in enumerate(message.content):
+        kind = type(part)
+        if kind is TextPart:  # the common case, first
+            if part.extras is not None:  # type: ignore[union-attr]
+                _refuse_deep(part.extras, f"content[{i}].extras")  # type: ignore[union-attr]
+        elif kind is ToolCallPart:
+            call: ToolCallPart = part  # type: ignore[assignment]
+            if call.extras is not None:
+                _refuse_deep(call.extras, f"content[{i}].extras")
+            arguments = call.arguments
+            # More brackets than levels allowed is the only way to nest deeper.
+            if (
+                type(arguments) is str
+                and arguments.count("{") + arguments.count("[") > MAX_JSON_DEPTH
+            ):
+                decode_json_text(arguments, where="message", field=f"content[{i}].arguments")
+        elif kind is OpaquePart:
+            _refuse_deep(part.item, f"content[{i}].item")  # type: ignore[union-attr]
+        else:
+            extras = getattr(part, "extras", None)
+            if extras is not None:
+                _refuse_deep(extras, f"content[{i}].extras")
+            if kind is ToolResultPart and isinstance(part.content, tuple):  # type: ignore[union-attr]
+                for j, inner in enumerate(part.content):  # type: ignore[union-attr]
+                    if type(inner) is OpaquePart:
+                        _refuse_deep(inner.item, f"content[{i}].content[{j}].item")
+                    elif getattr(inner, "extras", None) is not None:
+                        _refuse_deep(inner.extras, f"content[{i}].content[{j}].extras")  # type: ignore[union-attr]
 
 
 def args_object(arguments: str, call_id: str, provider: str) -> dict[str, Any]:

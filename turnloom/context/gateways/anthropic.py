@@ -82,6 +82,7 @@ from turnloom.context.gateways._common import (
     args_object,
     args_text,
     blank,
+    check_render_depth,
     drop_foreign,
     empty_input,
     layout_of,
@@ -169,6 +170,7 @@ class AnthropicGateway(Gateway):
                 a call id (of a call or a result) is not letters, digits, ``_``
                 and ``-`` only (the API's pattern for ``tool_use`` ids).
         """
+        check_render_depth(message)
         layout = layout_of(message, _GATEWAY)
         own = message.layout is None or bool(layout)
         role = message.role

@@ -98,6 +98,7 @@ from turnloom.context.gateways._common import (
     args_object,
     args_text,
     blank,
+    check_render_depth,
     drop_foreign,
     empty_input,
     json_text,
@@ -259,6 +260,7 @@ class GeminiGateway(Gateway):
         Raises:
             ProviderRuleError: a tool call's arguments are not a JSON object.
         """
+        check_render_depth(message)
         layout = layout_of(message, _GATEWAY)
         own = message.layout is None or bool(layout)
         snake = bool(layout.get("snake"))
@@ -368,6 +370,11 @@ class GeminiGateway(Gateway):
                 response = json.loads(text)
             except ValueError:
                 response = _PLAIN
+            except RecursionError:
+                # Only a message that skipped the door gets here (it refuses the text).
+                where = f"The result of call {excerpt(result.call_id)}"
+                decode_json_text(text, where=where, field="text")
+                raise
         if response is _PLAIN:
             response = {"error": text} if result.is_error else {"output": text}
         inner: dict[str, Any] = {

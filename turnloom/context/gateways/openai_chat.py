@@ -63,6 +63,7 @@ from turnloom.context.gateway import (
     register_gateway,
 )
 from turnloom.context.gateways._common import (
+    check_render_depth,
     drop_foreign,
     empty_input,
     layout_of,
@@ -136,6 +137,7 @@ class OpenAIChatGateway(Gateway):
         A ``user`` message carrying tool results renders its results as
         ``tool`` messages first, then its other parts as one ``user`` message.
         """
+        check_render_depth(message)
         layout = layout_of(message, _GATEWAY)
         own = message.layout is None or bool(layout)
         role = message.role

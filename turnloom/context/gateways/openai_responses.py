@@ -77,6 +77,7 @@ from turnloom.context.gateway import (
 )
 from turnloom.context.gateways._common import (
     blank,
+    check_render_depth,
     drop_foreign,
     empty_input,
     layout_of,
@@ -172,6 +173,7 @@ class OpenAIResponsesGateway(Gateway):
 
     def render(self, message: Message) -> list[NativeContent]:
         """Render ``message`` into zero or more Responses input items, in order."""
+        check_render_depth(message)
         layout = layout_of(message, _GATEWAY)
         own = message.layout is None or bool(layout)
         role = message.role
