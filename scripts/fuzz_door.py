@@ -261,7 +261,7 @@ def random_layout(message: Message, rng: random.Random) -> dict[str, Any]:
         elif kind == "text":
             layout[name] = rng.choice(("completed", "", "x"))
         elif kind == "ids":
-            ids = _call_ids(message) + ["c1", "other"]
+            ids = [*_call_ids(message), "c1", "other"]
             layout[name] = rng.sample(ids, rng.randint(1, len(ids)))
         else:
             layout[name] = rng.choice(kind)

@@ -579,7 +579,8 @@ def encode_message(message: Message) -> bytes:
         return _encoder.encode(message)
     except UnicodeEncodeError as exc:
         raise InvalidTextError(
-            f"Message (role {message.role!s}) holds text that is not valid UTF-8: {exc.reason}.",
+            f"Message (role {excerpt(str(message.role))}) holds text that is not valid UTF-8: "
+            f"{exc.reason}.",
             field="content",
         ) from exc
 

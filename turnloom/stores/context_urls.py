@@ -6,7 +6,7 @@ __all__ = ("open_context_store",)
 
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
-from turnloom.errors import InputError, what_type
+from turnloom.errors import InputError, excerpt, what_type
 from turnloom.stores.redis_contexts import RedisContextStore
 from turnloom.stores.sqlite_contexts import SQLiteContextStore
 
@@ -47,5 +47,6 @@ def open_context_store(url: str) -> SQLiteContextStore | RedisContextStore:
         rest = "&".join(f"{k}={v}" for k, values in params.items() for v in values)
         return RedisContextStore(urlunsplit(parts._replace(query=rest)), prefix=prefix)
     raise InputError(
-        f"Unknown store URL {url[:80]!r}: use sqlite:PATH, sqlite::memory: or redis://HOST:PORT/DB."
+        f"Unknown store URL {excerpt(url)}: use sqlite:PATH, sqlite::memory: or "
+        "redis://HOST:PORT/DB."
     )

@@ -227,7 +227,8 @@ def json_text(
         return json.dumps(value, ensure_ascii=False, separators=separators, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidMessageError(
-            f"{provider} {field} holds a value that is not JSON: {exc}.", field=field
+            f"{provider} {field} holds a value that is not JSON: {excerpt(str(exc))}.",
+            field=field,
         ) from exc
 
 
@@ -278,6 +279,13 @@ def require_object(item: Any, provider: str, what: str = "item") -> dict[str, An
     return item
 
 
+def _name(value: object) -> str:
+    """A gateway name for a log line: a plain identifier as it is, anything else an excerpt."""
+    if type(value) is str and len(value) <= 40 and value.isidentifier():
+        return value
+    return excerpt(value)
+
+
 def drop_foreign(part: OpaquePart | ReasoningPart, gateway: str, log: logging.Logger) -> None:
     """Log that a part produced by another gateway is left out of ``gateway``'s input.
 
@@ -287,13 +295,13 @@ def drop_foreign(part: OpaquePart | ReasoningPart, gateway: str, log: logging.Lo
     """
     if type(part) is OpaquePart:
         log.warning(
-            "Dropped a %s-native %r part: the %s gateway cannot carry it.",
-            part.gateway,
-            part.item.get("type", "?") if isinstance(part.item, dict) else "?",
+            "Dropped a %s-native %s part: the %s gateway cannot carry it.",
+            _name(part.gateway),
+            excerpt(part.item.get("type", "?") if isinstance(part.item, dict) else "?"),
             gateway,
         )
     else:
-        log.debug("Dropped reasoning produced by %s from a %s input.", part.gateway, gateway)
+        log.debug("Dropped reasoning produced by %s from a %s input.", _name(part.gateway), gateway)
 
 
 def violation(index: int, rule: str, message: str) -> Violation:

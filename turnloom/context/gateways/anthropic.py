@@ -254,7 +254,7 @@ class AnthropicGateway(Gateway):
             _log.warning(
                 "Dropped tool call %s from a non-assistant message: only assistant turns "
                 "carry tool_use blocks.",
-                part.call_id,
+                excerpt(part.call_id),
             )
         return None
 
@@ -289,7 +289,7 @@ class AnthropicGateway(Gateway):
             _log.warning(
                 "Dropped the result of call %s from an assistant message: tool results "
                 "belong to the user turn after the call.",
-                part.call_id,
+                excerpt(part.call_id),
             )
             return None
         return self._content_block(part, own)

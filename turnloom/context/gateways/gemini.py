@@ -321,7 +321,7 @@ class GeminiGateway(Gateway):
             if type(part) is ReasoningPart:
                 drop_foreign(part, _GATEWAY, _log)
             elif type(part) is ToolCallPart:
-                _log.warning("Dropped tool call %s from a user message.", part.call_id)
+                _log.warning("Dropped tool call %s from a user message.", excerpt(part.call_id))
             return None
         if own and part.extras:
             block.update(part.extras)
@@ -353,7 +353,7 @@ class GeminiGateway(Gateway):
                 block.update(part.extras)
             return block
         if type(part) is ToolResultPart:
-            _log.warning("Dropped the result of call %s from a model turn.", part.call_id)
+            _log.warning("Dropped the result of call %s from a model turn.", excerpt(part.call_id))
             return None
         return self._user_part(part, own, snake, keep_blank)
 

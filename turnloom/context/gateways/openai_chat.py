@@ -273,7 +273,7 @@ class OpenAIChatGateway(Gateway):
                     _log.warning(
                         "Dropped a non-text part from the result of call %s: OpenAI Chat "
                         "tool messages carry text only.",
-                        result.call_id,
+                        excerpt(result.call_id),
                     )
             content: str | list[Any]
             if (

@@ -100,7 +100,7 @@ from turnloom.context.message import (
     ToolResultPart,
     check_message,
 )
-from turnloom.errors import DuplicateIdError, InvalidMessageError, excerpt
+from turnloom.errors import DuplicateIdError, InvalidMessageError, excerpt, type_name
 
 _log = logging.getLogger("turnloom.gateway.openai_responses")
 
@@ -186,7 +186,7 @@ class OpenAIResponsesGateway(Gateway):
         rest = [p for p in message.parts if type(p) is not ToolResultPart]
         if role is Role.tool:
             for part in rest:
-                _log.warning("Dropped a %s part of a tool message.", type(part).__name__)
+                _log.warning("Dropped a %s part of a tool message.", type_name(part))
             return items
         if role is Role.system and layout.get("instructions"):
             return [{"type": _INSTRUCTIONS, "text": "".join(_texts(rest))}]
@@ -322,14 +322,18 @@ class OpenAIResponsesGateway(Gateway):
                 )
             elif type(part) is ToolResultPart:
                 _log.warning(
-                    "Dropped the result of call %s from an assistant message.", part.call_id
+                    "Dropped the result of call %s from an assistant message.",
+                    excerpt(part.call_id),
                 )
         flush()
         # A reasoning item needs the output item that follows it in its response.
         kept: list[NativeContent] = []
         for item in reversed(items):
             if item.get("type") == "reasoning" and not (kept and _follows_reasoning(kept[-1])):
-                _log.debug("Left out reasoning item %s: no output item follows it.", item.get("id"))
+                _log.debug(
+                    "Left out reasoning item %s: no output item follows it.",
+                    excerpt(item.get("id")),
+                )
                 continue
             kept.append(item)
         kept.reverse()
