@@ -176,7 +176,7 @@ def _check_depth(message: Message) -> None:
                     if type(inner) is OpaquePart:
                         _refuse_deep(inner.item, f"content[{i}].content[{j}].item")
                     elif getattr(inner, "extras", None) is not None:
-                        _refuse_deep(inner.extras, f"content[{i}].content[{j}].extras")  # type: ignore[union-attr]
+                        _refuse_deep(inner.extras, f"content[{i}].content[{j}].extras")
 
 
 def args_object(arguments: str, call_id: str, provider: str) -> dict[str, Any]:
