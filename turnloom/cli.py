@@ -427,7 +427,8 @@ def _print_summary(summary: ReplaySummary, out: TextIO) -> None:
         file=out,
     )
     print(
-        f"normalized: {summary.normalized}  errors: {len(summary.errors)}  "
+        f"normalized: {summary.normalized}  added items: {summary.added_items}  "
+        f"errors: {len(summary.errors)}  "
         f"wall: {summary.seconds:.2f} s",
         file=out,
     )
