@@ -10,11 +10,14 @@ naming the field, and changes nothing.
 from __future__ import annotations
 
 import base64
+import os
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.context.gateways._support import load_records
 from turnloom.context import (
@@ -444,3 +447,61 @@ def test_a_direct_render_of_an_unchecked_malformed_data_url_is_a_typed_error() -
             "An image's url is a data URL that is not base64 (no ;base64 before the comma); "
             "providers take image data as base64 only."
         )
+
+
+_NAME_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!#$&-^_.+"
+_names = st.builds(
+    lambda first, rest: first + rest,
+    st.sampled_from("abcdefghijklmnopqrstuvwxyz0123456789"),
+    st.text(_NAME_CHARS, max_size=20),
+)
+_params = st.lists(
+    st.builds(
+        lambda n, v: f"{n}={v}", _names, st.text(_NAME_CHARS + "%*'`{|}~", min_size=1, max_size=8)
+    ),
+    max_size=3,
+)
+
+
+@settings(max_examples=int(os.environ.get("TURNLOOM_DATA_URL_EXAMPLES", "200")))
+@given(data=st.binary(min_size=1, max_size=64), subtype=_names, params=_params)
+def test_every_well_formed_data_url_renders_its_bytes_inline_on_every_provider(
+    data: bytes, subtype: str, params: list[str]
+) -> None:
+    """Property: the door accepts ``data:image/<subtype>[;params];base64,<data>``; Anthropic
+    (when it takes the type) and Gemini carry the same type and bytes inline, OpenAI the URL."""
+    media = f"image/{subtype}"
+    url = f"data:{';'.join([media, *params])};base64,{base64.b64encode(data).decode()}"
+    message = _user(ImagePart(url=url))
+    check_message(message)
+    [g_item] = get_gateway("gemini").render(message)
+    inline = g_item["parts"][0]["inlineData"]
+    assert (inline["mimeType"], base64.b64decode(inline["data"])) == (media, data)
+    anthropic = get_gateway("anthropic").render(message)
+    if media in ("image/jpeg", "image/png", "image/gif", "image/webp"):
+        source = anthropic[0]["content"][0]["source"]
+        assert (source["media_type"], base64.b64decode(source["data"])) == (media, data)
+    else:
+        assert anthropic == []  # dropped with a warning: Anthropic takes four types
+    assert get_gateway("openai_chat").render(message)[0]["content"][0]["image_url"]["url"] == url
+
+
+@settings(max_examples=int(os.environ.get("TURNLOOM_DATA_URL_EXAMPLES", "200")))
+@given(
+    data=st.binary(min_size=1, max_size=64),
+    at=st.integers(min_value=0),
+    bad=st.sampled_from([" ", "\n", "*", "-", "_", "é", "=", "\x00", ",", ";"]),
+)
+def test_a_data_url_with_a_foreign_character_in_its_base64_is_refused(
+    data: bytes, at: int, bad: str
+) -> None:
+    """Property: one character outside the standard base64 alphabet (or a misplaced
+    ``=``) anywhere in the data makes the door refuse the URL, typed, naming ``url``."""
+    text = base64.b64encode(data).decode()
+    cut = at % (len(text) + 1)
+    if bad == "=" and text[cut:].strip("=") == "":
+        cut = 0  # "=" at the end may be padding
+    url = f"data:image/png;base64,{text[:cut]}{bad}{text[cut:]}"
+    with pytest.raises(InvalidMessageError) as info:
+        check_message(_user(ImagePart(url=url)))
+    assert (type(info.value), info.value.field) == (InvalidMessageError, "content[0].url")
