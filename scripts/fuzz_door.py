@@ -252,7 +252,9 @@ def random_layout(message: Message, rng: random.Random) -> dict[str, Any]:
     gateway = rng.choice(PROVIDERS)
     hints = declared_native_keys()[gateway].hints
     layout: dict[str, Any] = {"gateway": gateway}
-    for name in rng.sample(sorted(hints), rng.randint(1, len(hints))):
+    for name in sorted(hints):
+        if rng.random() < 0.3:
+            continue
         kind = hints[name]
         if rng.random() < 0.15:
             layout[name] = rng.choice(PY_VALUES)(rng)
@@ -261,8 +263,9 @@ def random_layout(message: Message, rng: random.Random) -> dict[str, Any]:
         elif kind == "text":
             layout[name] = rng.choice(("completed", "", "x"))
         elif kind == "ids":
-            ids = [*_call_ids(message), "c1", "other"]
-            layout[name] = rng.sample(ids, rng.randint(1, len(ids)))
+            # Mostly every id of the message (so the hint applies), sometimes others.
+            ids = _call_ids(message) + (["c1", "other"] if rng.random() < 0.3 else [])
+            layout[name] = ids or ["c1"]
         else:
             layout[name] = rng.choice(kind)
     return layout
@@ -283,7 +286,9 @@ def retype_part(message: Message, rng: random.Random) -> Message:
     spots = _leaves(message)
     if not spots:
         return message
-    i, j = rng.choice(spots)
+    inner = [spot for spot in spots if spot[1] is not None]
+    # Half the time a part inside a tool result, where layouts act on content.
+    i, j = rng.choice(inner if inner and rng.random() < 0.5 else spots)
     outer = message.parts[i]
     part = outer if j is None else outer.content[j]  # type: ignore[union-attr]
     fields = list(part.__struct_fields__)
@@ -381,23 +386,26 @@ def exercise(messages: list[Message], counts: Counts, sample: Any) -> None:
 
 def by_hand(messages: list[Message], rng: random.Random, counts: Counts) -> None:
     """A parsed message as a host builds it: any layout, a field retyped; then directly deep."""
-    original = rng.choice(messages)
-    message = msgspec.structs.replace(original)
-    if rng.random() < 0.7:
-        message = msgspec.structs.replace(message, layout=random_layout(message, rng))
-    for _ in range(rng.randint(0, 2)):
-        message = retype_part(message, rng)
-    counts.inputs += 1
-    try:
-        check_message(message)
-    except TurnloomError as exc:
-        counts.checked_refused += 1
-        counts.refusals[type(exc).__name__] += 1
-    except Exception as exc:
-        _crash(counts, "check_message", "-", exc, message)
-    else:
-        counts.checked_accepted += 1
-        exercise([message], counts, message)
+    # Messages with tool results first: most layout hints act on them.
+    results = [m for m in messages if m.tool_results]
+    for _ in range(3):
+        original = rng.choice(results if results and rng.random() < 0.5 else messages)
+        message = msgspec.structs.replace(original)
+        if rng.random() < 0.7:
+            message = msgspec.structs.replace(message, layout=random_layout(message, rng))
+        for _ in range(rng.randint(0, 2)):
+            message = retype_part(message, rng)
+        counts.inputs += 1
+        try:
+            check_message(message)
+        except TurnloomError as exc:
+            counts.checked_refused += 1
+            counts.refusals[type(exc).__name__] += 1
+        except Exception as exc:
+            _crash(counts, "check_message", "-", exc, message)
+        else:
+            counts.checked_accepted += 1
+            exercise([message], counts, message)
     # No door: a gateway's own render of a message nested far too deep.
     deep_message = deepen(msgspec.structs.replace(original), rng)
     counts.inputs += 1
