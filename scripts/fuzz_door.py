@@ -291,6 +291,8 @@ def retype_part(message: Message, rng: random.Random) -> Message:
     i, j = rng.choice(inner if inner and rng.random() < 0.5 else spots)
     outer = message.parts[i]
     part = outer if j is None else outer.content[j]  # type: ignore[union-attr]
+    if not isinstance(part, msgspec.Struct):  # an earlier retype put a value there
+        return message
     fields = list(part.__struct_fields__)
     if not fields:
         return message
