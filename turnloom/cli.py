@@ -73,6 +73,7 @@ EXIT_STATUSES = (
 _T = TypeVar("_T")
 _REPLAY_SESSIONS = 24
 _PROGRESS_DELAY = 1.0  # seconds before a replay's progress bar appears
+_STDOUT = Path("-")  # ``--out -``: standard output
 
 
 class _Refused(Exception):
@@ -197,7 +198,11 @@ def _parser() -> argparse.ArgumentParser:
         help="replay the 5 real tau-bench trajectories shipped with turnloom",
     )
     rp.add_argument(
-        "--out", type=Path, metavar="FILE.jsonl", help="write every prepared input (JSONL)"
+        "--out",
+        type=Path,
+        metavar="FILE.jsonl",
+        help="write every prepared input (JSONL); '-' is standard output (the summary then "
+        "goes to standard error)",
     )
     rp.add_argument(
         "--concurrency",
@@ -461,7 +466,10 @@ def _open_memory(args: argparse.Namespace) -> tuple[SQLiteMemory | None, TenantS
 
 def _replay(args: argparse.Namespace) -> int:
     paths: list[Path] = [*args.paths, *([SAMPLE] if args.sample else [])]
-    problems = _check_run_options(args) + _check_output("--out", args.out, paths)
+    to_stdout = args.out == _STDOUT
+    problems = _check_run_options(args)
+    if not to_stdout:
+        problems += _check_output("--out", args.out, paths)
     if problems:
         raise _Refused(*problems)
     config = _load_config(args)
@@ -479,7 +487,11 @@ def _replay(args: argparse.Namespace) -> int:
             "--strategy cannot be combined with --config: the configured plugin builds the manager."
         )
     memory, scope = _open_memory(args)
-    out = _open_output("--out", args.out) if args.out is not None else None
+    out: BinaryIO | None = None
+    if to_stdout:
+        out = sys.stdout.buffer
+    elif args.out is not None:
+        out = _open_output("--out", args.out)
     bar = _progress(args, total=len(trajectories), unit="session", delay=_PROGRESS_DELAY)
     try:
         summary = _run(
@@ -499,13 +511,17 @@ def _replay(args: argparse.Namespace) -> int:
         )
     finally:
         bar.close()
-        if out is not None:
-            out.close()
         if memory is not None:
             memory.close()
+        if to_stdout:
+            sys.stdout.flush()
+            sys.stdout.buffer.flush()
+        elif out is not None:
+            out.close()
     for error in summary.errors:
         print(f"turnloom replay: error: {error}", file=sys.stderr)
-    _print_summary(summary, sys.stdout)
+    # With the inputs on standard output, the summary goes beside the errors.
+    _print_summary(summary, sys.stderr if to_stdout else sys.stdout)
     return 1 if summary.errors else 0
 
 
@@ -729,6 +745,16 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def _broken_pipe(exc: BaseException) -> bool:
+    """True when the reader of the output went away: a BrokenPipeError, also one
+    raised in a task (the replay writes ``--out`` from a worker thread)."""
+    if isinstance(exc, BrokenPipeError):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(BrokenPipeError)[1] is None
+    return False
+
+
 def _interrupted(exc: BaseException) -> bool:
     if isinstance(exc, KeyboardInterrupt):
         return True
@@ -751,12 +777,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in refused.args:
             print(f"{command}: error: {line}", file=sys.stderr)
         return 2
-    except BrokenPipeError:
-        # Python's documented recipe: no more output, and no second error
-        # when the interpreter flushes stdout at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
     except BaseException as exc:
+        if _broken_pipe(exc):
+            # Python's documented recipe: no more output, and no second error
+            # when the interpreter flushes stdout at exit.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 141
         if not _interrupted(exc):
             raise
         print(f"{command}: interrupted.", file=sys.stderr)

@@ -1,0 +1,74 @@
+"""The command line's last rough edges, run as a process: exit status and the first line.
+
+* a reader that goes away while ``--out`` streams the inputs to it is status
+  141 without a traceback (the write happens in a worker thread, so the error
+  arrives inside an exception group);
+* ``--out -`` writes the inputs to standard output (the summary goes to
+  standard error), never to a file named ``-``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HANG_GUARD = 120  # seconds: only a hang reaches it
+_ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def turnloom_cli(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "turnloom", *map(str, args)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=cwd,
+        env=_ENV,
+        timeout=HANG_GUARD,
+    )
+
+
+@pytest.mark.parametrize("out", ["/dev/stdout", "-"])
+def test_a_reader_that_goes_away_while_out_streams_is_141_without_a_traceback(
+    out: str,
+) -> None:
+    """``turnloom replay --sample --out /dev/stdout | head``: 141, nothing on stderr."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "turnloom", "replay", "--sample", "--out", out, "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=_ENV,
+    )
+    with process:
+        assert process.stdout is not None and process.stderr is not None
+        assert process.stdout.read(100).startswith(b'{"session":')
+        process.stdout.close()  # what head does after its lines: ~1 MB is still to come
+        stderr = process.stderr.read()
+        assert process.wait(timeout=HANG_GUARD) == 141
+    assert stderr == b""
+
+
+def test_out_dash_is_standard_output_and_the_summary_goes_to_standard_error(
+    tmp_path: Path,
+) -> None:
+    """73 JSONL inputs on stdout, the three summary lines on stderr, no file '-'."""
+    done = turnloom_cli("replay", "--sample", "--out", "-", "--no-progress", cwd=tmp_path)
+    assert done.returncode == 0
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(records) == 73
+    assert {r["session"] for r in records} == {
+        f"{i}:tau-bench-airline-5.json#{i}" for i in range(5)
+    }
+    lines = done.stderr.splitlines()
+    assert (
+        lines[0] == "sessions: 5  turns: 37  model calls prepared: 73  items: 1488  bytes: 1108375"
+    )
+    assert lines[2].split("wall:")[0] == "normalized: 17  added items: 0  errors: 0  "
+    assert not (tmp_path / "-").exists()
