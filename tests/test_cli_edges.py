@@ -4,7 +4,10 @@
   141 without a traceback (the write happens in a worker thread, so the error
   arrives inside an exception group);
 * ``--out -`` writes the inputs to standard output (the summary goes to
-  standard error), never to a file named ``-``.
+  standard error), never to a file named ``-``;
+* a ``--store`` that cannot serve the run -- its folder missing, no Redis
+  server answering, a Redis store on trio -- is refused before the run
+  starts: status 2, one line.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from turnloom.errors import excerpt
 
 ROOT = Path(__file__).resolve().parents[1]
 HANG_GUARD = 120  # seconds: only a hang reaches it
@@ -72,3 +77,62 @@ def test_out_dash_is_standard_output_and_the_summary_goes_to_standard_error(
     )
     assert lines[2].split("wall:")[0] == "normalized: 17  added items: 0  errors: 0  "
     assert not (tmp_path / "-").exists()
+
+
+def test_a_store_in_a_missing_folder_is_refused_before_the_run(tmp_path: Path) -> None:
+    url = f"sqlite:{tmp_path}/missing/contexts.db"
+    done = turnloom_cli("loadtest", "--sessions", "3", "--turns", "2", "--store", url)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"turnloom loadtest: error: --store: The store {excerpt(url)} cannot be created: the "
+        f"folder {excerpt(f'{tmp_path}/missing')} does not exist."
+    ]
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_redis_store_that_does_not_answer_is_refused_before_the_run() -> None:
+    """Port 1 on loopback: nothing listens there."""
+    pytest.importorskip("redis")
+    done = turnloom_cli(
+        "loadtest", "--sessions", "3", "--turns", "2", "--store", "redis://127.0.0.1:1/0"
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "turnloom loadtest: error: --store: The store 'redis://127.0.0.1:1/0' is unreachable: "
+        "'Error 111 connecting to 127.0.0.1:1. Connection refused.'."
+    ]
+
+
+def test_a_redis_store_on_trio_is_refused_before_the_run() -> None:
+    pytest.importorskip("redis")
+    pytest.importorskip("trio")
+    done = turnloom_cli(
+        "loadtest",
+        "--sessions",
+        "3",
+        "--turns",
+        "2",
+        "--backend",
+        "trio",
+        "--store",
+        "redis://127.0.0.1:1/0",
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "turnloom loadtest: error: --store: The store 'redis://127.0.0.1:1/0' runs on asyncio "
+        "only (the redis client is asyncio-based), not 'trio': use the asyncio backend, or a "
+        "sqlite: store."
+    ]
+
+
+def test_a_store_check_also_guards_a_fleet_run(tmp_path: Path) -> None:
+    """``--processes 2`` starts no process when the store cannot serve them."""
+    url = f"sqlite:{tmp_path}/missing/contexts.db"
+    done = turnloom_cli(
+        "loadtest", "--sessions", "4", "--turns", "2", "--processes", "2", "--store", url
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith("turnloom loadtest: error: --store: The store ")

@@ -38,7 +38,7 @@ from turnloom.runtime import STRATEGIES
 from turnloom.runtime.config import RuntimeConfig, load_config
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.metrics import MetricsServer, serve_metrics
-from turnloom.stores import SQLiteMemory
+from turnloom.stores import SQLiteMemory, check_context_store
 from turnloom.tools.fleet import run_fleet
 from turnloom.tools.loadtest import (
     LoadtestReport,
@@ -318,6 +318,15 @@ def _load_config(args: argparse.Namespace) -> RuntimeConfig | None:
         return load_config(args.config)
     except ConfigError as exc:
         raise _Refused(str(exc)) from None
+
+
+def _check_store(url: str, backend: str) -> list[str]:
+    """Whether ``--store URL`` can serve a run on ``backend`` (its folder, its server)."""
+    try:
+        check_context_store(url, backend=backend)
+    except TurnloomError as exc:
+        return [f"--store: {exc}"]
+    return []
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -626,6 +635,8 @@ def _loadtest(args: argparse.Namespace) -> int:
             for option, used in given.items()
             if used
         ]
+    if not problems and args.store is not None:
+        problems += _check_store(args.store, args.backend)
     if problems:
         raise _Refused(*problems)
     if args.processes > 1:
