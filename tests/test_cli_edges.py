@@ -7,7 +7,8 @@
   standard error), never to a file named ``-``;
 * a ``--store`` that cannot serve the run -- its folder missing, no Redis
   server answering, a Redis store on trio -- is refused before the run
-  starts: status 2, one line.
+  starts: status 2, one line;
+* more failed sessions than error lines end with "and N more".
 """
 
 from __future__ import annotations
@@ -136,3 +137,27 @@ def test_a_store_check_also_guards_a_fleet_run(tmp_path: Path) -> None:
     )
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr.startswith("turnloom loadtest: error: --store: The store ")
+
+
+def test_more_failed_sessions_than_error_lines_end_with_and_n_more(tmp_path: Path) -> None:
+    """12 sessions whose first message is over loadtest's 1 MiB per-item cap: 10 lines,
+    then "and 2 more failed sessions."; status 1."""
+    path = tmp_path / "big.jsonl"
+    big = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "x" * 1_100_000},
+        {"role": "assistant", "content": "ok"},
+    ]
+    path.write_text(json.dumps(big) + "\n", encoding="utf-8")
+    done = turnloom_cli(
+        "loadtest", "--source", path, "--sessions", "12", "--turns", "2", "--no-progress"
+    )
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    assert lines[0] == (
+        "turnloom loadtest: error: session-0: Turn 't0' input[0] is 1100117 bytes, over the "
+        "per-item cap of 1048576 bytes."
+    )
+    assert len(lines) == 11
+    assert lines[-1] == "turnloom loadtest: error: and 2 more failed sessions."
+    assert done.stdout.splitlines()[0].startswith("sessions: 12  failed: 12  ")

@@ -577,6 +577,18 @@ def _print_cpu(cpu_seconds: float, render_seconds: float, prepares: int, out: Te
         )
 
 
+def _print_errors(errors: Sequence[str], failed: int) -> None:
+    """The error lines of a load test: the first sessions' errors, then how many more failed."""
+    for message in errors:
+        print(f"turnloom loadtest: error: {message}", file=sys.stderr)
+    if failed > len(errors):
+        more = failed - len(errors)
+        print(
+            f"turnloom loadtest: error: and {more} more failed session{'s' * (more != 1)}.",
+            file=sys.stderr,
+        )
+
+
 def _fleet(args: argparse.Namespace) -> int:
     common = ["--turns", str(args.turns), "--source", args.source, "--gateway", args.gateway]
     common += ["--backend", args.backend, "--think-time", repr(args.think_time)]
@@ -617,8 +629,7 @@ def _fleet(args: argparse.Namespace) -> int:
     _print_cpu(report.cpu_seconds, report.render_seconds, report.prepares, sys.stdout)
     rss = "  ".join(f"{b / 2**20:.1f}" for b in report.peak_rss_bytes)
     print(f"peak RSS per process: {rss} MiB", file=sys.stdout)
-    for message in report.errors:
-        print(f"turnloom loadtest: error: {message}", file=sys.stderr)
+    _print_errors(report.errors, report.sessions_failed)
     if args.json is not None:
         args.json.write_bytes(msgspec.json.format(msgspec.json.encode(report)) + b"\n")
     return 1 if report.sessions_failed else 0
@@ -699,8 +710,7 @@ def _loadtest(args: argparse.Namespace) -> int:
         for server in servers:
             server.close()
     _print_report(report, sys.stdout)
-    for message in report.errors:
-        print(f"turnloom loadtest: error: {message}", file=sys.stderr)
+    _print_errors(report.errors, report.sessions_failed)
     if args.json is not None:
         # Checked at the door; the report is on stdout even if this write fails.
         with _open_output("--json", args.json) as report_file:
