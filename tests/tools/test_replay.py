@@ -20,11 +20,14 @@ from openai.types.chat import ChatCompletionMessageParam
 from pydantic import TypeAdapter
 
 from tests.context.gateways._support import ITEM_FIELD, call_sites
-from turnloom.context import GatewayType
+from turnloom.areas import OneShotNotice
+from turnloom.context import GatewayType, Message, Role
 from turnloom.context.callids import rename_call_ids
 from turnloom.errors import InputError
+from turnloom.runtime import ContextManager, ContextPrepareRequest, Foundation, TurnSnapshot
+from turnloom.runtime.state import state_call_id
 from turnloom.tools._stats import percentile
-from turnloom.tools.replay import replay, session_ids
+from turnloom.tools.replay import _without_additions, replay, session_ids
 from turnloom.tools.trajectories import builtin_trajectories, load_trajectories
 from turnloom.tools.workload import generate_trajectories
 
@@ -166,12 +169,6 @@ def test_replay_rejects_a_bad_concurrency() -> None:
 async def test_the_documented_additions_are_set_aside_exactly() -> None:
     """What replay compares: the input less the turn's runtime-state pair, the pairs
     earlier turns keep and the area section; nothing else is removed."""
-    from turnloom.areas import OneShotNotice
-    from turnloom.context import Message, Role
-    from turnloom.runtime import ContextManager, ContextPrepareRequest, Foundation, TurnSnapshot
-    from turnloom.runtime.state import state_call_id
-    from turnloom.tools.replay import _without_additions
-
     manager = ContextManager(gateway="openai_chat", behavior_rules="Be brief.")
     async with Foundation(manager) as foundation:
         m = foundation.manager
