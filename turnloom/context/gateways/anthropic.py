@@ -4,7 +4,9 @@ Rendering (Message -> native, one ``{"role", "content": [blocks]}`` item per
 message):
 
 * ``user``: ``text`` and ``image`` blocks (``source`` of type ``url`` or
-  ``base64`` with its ``media_type``); ``anthropic`` opaque parts verbatim.
+  ``base64`` with its ``media_type``; an image given as a ``data:`` URL goes
+  as ``base64``, the API takes no data URL source, and URL-safe base64 is sent
+  in the standard alphabet); ``anthropic`` opaque parts verbatim.
 * ``tool`` (or ``user`` carrying tool results): one ``user`` item whose
   ``tool_result`` blocks come first, in part order, then any other blocks.
   A result's content is a list of ``text``/``image`` blocks and ``is_error``

@@ -3,8 +3,9 @@
 Rendering (Message -> native ``Content`` items ``{"role", "parts"}``):
 
 * ``user``: ``{"role": "user"}`` with ``text``, ``inlineData`` (base64 image
-  with ``mimeType``) and ``fileData`` (image URL as ``fileUri``) parts;
-  ``gemini`` opaque parts verbatim.
+  with ``mimeType``; also an image given as a ``data:`` URL, which
+  ``fileUri`` does not take) and ``fileData`` (image URL as ``fileUri``)
+  parts; ``gemini`` opaque parts verbatim.
 * ``assistant``: ``{"role": "model"}``; reasoning produced by Gemini becomes
   a thought part (``{"text", "thought": true}`` with its
   ``thoughtSignature``); tool calls become ``functionCall`` parts (``id``,
