@@ -10,6 +10,14 @@ gateway), then runs it through:
 * the recording's gateway ``parse_request`` (the door for native bodies), and
   ``decode_message`` of the turnloom form of each parsed message, itself
   mutated (the door for turnloom JSON, bytes and dicts);
+* ``check_message`` of a parsed message given, as a host may build it by
+  hand, the layout of any gateway with any of its hints (right and wrong
+  types, call ids of the message and others) and a field of a part set to a
+  Python value of another type (int, bytes, None, a str subclass, NaN, a
+  container, a forged log line, a huge or deeply nested value), never
+  through JSON (the door for Python objects);
+* ``render`` straight from a gateway (no door) of a parsed message made
+  10,000 levels deep in its tool call arguments, extras or opaque item;
 * for every message the doors accept, on all four gateways: ``render``,
   ``request_body``, ``json.dumps(..., allow_nan=False)``,
   ``msgspec.json.encode`` and ``validate``.
@@ -45,7 +53,17 @@ from typing import Any
 
 import msgspec
 
-from turnloom.context import GatewayType, Message, decode_message, get_gateway
+from turnloom.context import (
+    GatewayType,
+    ImagePart,
+    Message,
+    OpaquePart,
+    ToolCallPart,
+    ToolResultPart,
+    check_message,
+    decode_message,
+    get_gateway,
+)
 from turnloom.context.message import declared_native_keys
 from turnloom.errors import TurnloomError
 
@@ -193,6 +211,124 @@ def mutate(value: Any, rng: random.Random) -> str:
     return "retype"
 
 
+class _Text(str):
+    """A str subclass, as hosts' string-like types are."""
+
+
+# Python values of another type than a field's, for the door for Python objects.
+PY_VALUES: tuple[Callable[[random.Random], Any], ...] = (
+    lambda r: None,
+    lambda r: 5,
+    lambda r: 1.5,
+    lambda r: math.nan,
+    lambda r: True,
+    lambda r: b"bytes",
+    lambda r: bytearray(b"x"),
+    lambda r: _Text("sub"),
+    lambda r: "",
+    lambda r: "image/x\nCRITICAL turnloom: forged",
+    lambda r: "bad \ud800",
+    lambda r: "x" * 600_000,
+    lambda r: ["a"],
+    lambda r: ("a",),
+    lambda r: {"a": 1},
+    lambda r: {1: "a"},
+    lambda r: deep(r.choice((70, 10_000))),
+    lambda r: deep_text(r.choice((70, 10_000))),
+    lambda r: "data:image/png;base64,iVBORw0KGgo=",
+    lambda r: "data:image/png,x",
+    lambda r: "{}",
+    lambda r: object(),
+)
+
+
+def _call_ids(message: Message) -> list[str]:
+    ids = [p.call_id for p in message.parts if isinstance(p, ToolCallPart | ToolResultPart)]
+    return [i for i in ids if isinstance(i, str)]
+
+
+def random_layout(message: Message, rng: random.Random) -> dict[str, Any]:
+    """The layout of a random gateway with random hints: mostly well typed, some not."""
+    gateway = rng.choice(PROVIDERS)
+    hints = declared_native_keys()[gateway].hints
+    layout: dict[str, Any] = {"gateway": gateway}
+    for name in sorted(hints):
+        if rng.random() < 0.3:
+            continue
+        kind = hints[name]
+        if rng.random() < 0.15:
+            layout[name] = rng.choice(PY_VALUES)(rng)
+        elif kind == "flag":
+            layout[name] = rng.random() < 0.8
+        elif kind == "text":
+            layout[name] = rng.choice(("completed", "", "x"))
+        elif kind == "ids":
+            # Mostly every id of the message (so the hint applies), sometimes others.
+            ids = _call_ids(message) + (["c1", "other"] if rng.random() < 0.3 else [])
+            layout[name] = ids or ["c1"]
+        else:
+            layout[name] = rng.choice(kind)
+    return layout
+
+
+def _leaves(message: Message) -> list[tuple[int, int | None]]:
+    """(part index, index in a result's content or None) of every part."""
+    out: list[tuple[int, int | None]] = []
+    for i, part in enumerate(message.parts):
+        out.append((i, None))
+        if isinstance(part, ToolResultPart) and isinstance(part.content, tuple):
+            out.extend((i, j) for j in range(len(part.content)))
+    return out
+
+
+def retype_part(message: Message, rng: random.Random) -> Message:
+    """``message`` with one field of one part (maybe inside a result) set to a Python value."""
+    spots = _leaves(message)
+    if not spots:
+        return message
+    inner = [spot for spot in spots if spot[1] is not None]
+    # Half the time a part inside a tool result, where layouts act on content.
+    i, j = rng.choice(inner if inner and rng.random() < 0.5 else spots)
+    outer = message.parts[i]
+    part = outer if j is None else outer.content[j]  # type: ignore[union-attr]
+    if not isinstance(part, msgspec.Struct):  # an earlier retype put a value there
+        return message
+    fields = list(part.__struct_fields__)
+    if not fields:
+        return message
+    name = rng.choice(fields)
+    new = msgspec.structs.replace(part, **{name: rng.choice(PY_VALUES)(rng)})
+    if j is not None:
+        content = list(outer.content)  # type: ignore[union-attr]
+        content[j] = new
+        new = msgspec.structs.replace(outer, content=tuple(content))
+    parts = list(message.parts)
+    parts[i] = new
+    return msgspec.structs.replace(message, content=tuple(parts))
+
+
+def deepen(message: Message, rng: random.Random) -> Message:
+    """``message`` with tool call arguments, extras or an opaque item 10,000 levels deep."""
+    parts = list(message.parts)
+    kind = rng.randrange(3)
+    for i, part in enumerate(parts):
+        if kind == 0 and isinstance(part, ToolCallPart):
+            parts[i] = msgspec.structs.replace(part, arguments=deep_text(10_000))
+            break
+        if kind == 1 and hasattr(part, "extras"):
+            parts[i] = msgspec.structs.replace(part, extras={"deep": deep(10_000)})
+            break
+        if kind == 2 and isinstance(part, OpaquePart | ImagePart | ToolResultPart):
+            if isinstance(part, OpaquePart):
+                parts[i] = msgspec.structs.replace(part, item={"type": "x", "d": deep(10_000)})
+            else:
+                parts[i] = msgspec.structs.replace(part, extras={"d": deep(10_000)})
+            break
+    else:
+        return msgspec.structs.replace(message, extras={"deep": deep(10_000)})
+    return msgspec.structs.replace(message, content=tuple(parts))
+
+
 @dataclass
 class Counts:
     inputs: int = 0
@@ -200,6 +336,10 @@ class Counts:
     parsed_refused: int = 0
     decoded_accepted: int = 0
     decoded_refused: int = 0
+    checked_accepted: int = 0
+    checked_refused: int = 0
+    direct_rendered: int = 0
+    direct_refused: int = 0
     rendered: int = 0
     crashes: collections.Counter[str] = field(default_factory=collections.Counter)
     examples: dict[str, str] = field(default_factory=dict)
@@ -246,6 +386,46 @@ def exercise(messages: list[Message], counts: Counts, sample: Any) -> None:
             counts.rendered += 1
 
 
+def by_hand(messages: list[Message], rng: random.Random, counts: Counts) -> None:
+    """A parsed message as a host builds it: any layout, a field retyped; then directly deep."""
+    # Messages with tool results first: most layout hints act on them.
+    results = [m for m in messages if m.tool_results]
+    for _ in range(3):
+        original = rng.choice(results if results and rng.random() < 0.5 else messages)
+        message = msgspec.structs.replace(original)
+        if rng.random() < 0.7:
+            message = msgspec.structs.replace(message, layout=random_layout(message, rng))
+        for _ in range(rng.randint(0, 2)):
+            message = retype_part(message, rng)
+        counts.inputs += 1
+        try:
+            check_message(message)
+        except TurnloomError as exc:
+            counts.checked_refused += 1
+            counts.refusals[type(exc).__name__] += 1
+        except Exception as exc:
+            _crash(counts, "check_message", "-", exc, message)
+        else:
+            counts.checked_accepted += 1
+            exercise([message], counts, message)
+    # No door: a gateway's own render of a message nested far too deep.
+    deep_message = deepen(msgspec.structs.replace(original), rng)
+    counts.inputs += 1
+    for kind in GatewayType:
+        stage = "direct_render"
+        try:
+            items = get_gateway(kind).render(deep_message)
+            stage = "direct_encode"
+            msgspec.json.encode(get_gateway(kind).request_body(items))
+        except TurnloomError as exc:
+            counts.direct_refused += 1
+            counts.refusals[type(exc).__name__] += 1
+        except Exception as exc:
+            _crash(counts, stage, kind.value, exc, "<10,000 levels deep>")
+        else:
+            counts.direct_rendered += 1
+
+
 def one(record: dict[str, Any], rng: random.Random, counts: Counts) -> None:
     provider = record["provider"]
     body = copy.deepcopy(record["request"])
@@ -272,6 +452,7 @@ def one(record: dict[str, Any], rng: random.Random, counts: Counts) -> None:
     exercise(messages, counts, body)
     if not messages:
         return
+    by_hand(messages, rng, counts)
     # The turnloom form of one parsed message, mutated, through decode_message.
     original = rng.choice(messages)
     data = msgspec.to_builtins(original)
@@ -339,6 +520,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"  decode_message:    {counts.decoded_accepted} accepted, {counts.decoded_refused} refused"
+    )
+    print(
+        f"  check_message:     {counts.checked_accepted} accepted, {counts.checked_refused} "
+        "refused (hand-built: any layout, retyped fields)"
+    )
+    print(
+        f"  direct render:     {counts.direct_rendered} rendered, {counts.direct_refused} "
+        "refused (no door, 10,000 levels deep)"
     )
     print(f"  accepted requests rendered on a gateway without error: {counts.rendered}")
     print(f"  refusals (TurnloomError) by type: {dict(counts.refusals.most_common())}")

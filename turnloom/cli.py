@@ -38,7 +38,7 @@ from turnloom.runtime import STRATEGIES
 from turnloom.runtime.config import RuntimeConfig, load_config
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.metrics import MetricsServer, serve_metrics
-from turnloom.stores import SQLiteMemory
+from turnloom.stores import SQLiteMemory, check_context_store
 from turnloom.tools.fleet import run_fleet
 from turnloom.tools.loadtest import (
     LoadtestReport,
@@ -73,6 +73,7 @@ EXIT_STATUSES = (
 _T = TypeVar("_T")
 _REPLAY_SESSIONS = 24
 _PROGRESS_DELAY = 1.0  # seconds before a replay's progress bar appears
+_STDOUT = Path("-")  # ``--out -``: standard output
 
 
 class _Refused(Exception):
@@ -197,7 +198,11 @@ def _parser() -> argparse.ArgumentParser:
         help="replay the 5 real tau-bench trajectories shipped with turnloom",
     )
     rp.add_argument(
-        "--out", type=Path, metavar="FILE.jsonl", help="write every prepared input (JSONL)"
+        "--out",
+        type=Path,
+        metavar="FILE.jsonl",
+        help="write every prepared input (JSONL); '-' is standard output (the summary then "
+        "goes to standard error)",
     )
     rp.add_argument(
         "--concurrency",
@@ -315,6 +320,15 @@ def _load_config(args: argparse.Namespace) -> RuntimeConfig | None:
         raise _Refused(str(exc)) from None
 
 
+def _check_store(url: str, backend: str) -> list[str]:
+    """Whether ``--store URL`` can serve a run on ``backend`` (its folder, its server)."""
+    try:
+        check_context_store(url, backend=backend)
+    except TurnloomError as exc:
+        return [f"--store: {exc}"]
+    return []
+
+
 def _same_file(a: Path, b: Path) -> bool:
     try:
         return os.path.samefile(a, b)
@@ -427,7 +441,8 @@ def _print_summary(summary: ReplaySummary, out: TextIO) -> None:
         file=out,
     )
     print(
-        f"normalized: {summary.normalized}  errors: {len(summary.errors)}  "
+        f"normalized: {summary.normalized}  added items: {summary.added_items}  "
+        f"errors: {len(summary.errors)}  "
         f"wall: {summary.seconds:.2f} s",
         file=out,
     )
@@ -460,7 +475,10 @@ def _open_memory(args: argparse.Namespace) -> tuple[SQLiteMemory | None, TenantS
 
 def _replay(args: argparse.Namespace) -> int:
     paths: list[Path] = [*args.paths, *([SAMPLE] if args.sample else [])]
-    problems = _check_run_options(args) + _check_output("--out", args.out, paths)
+    to_stdout = args.out == _STDOUT
+    problems = _check_run_options(args)
+    if not to_stdout:
+        problems += _check_output("--out", args.out, paths)
     if problems:
         raise _Refused(*problems)
     config = _load_config(args)
@@ -478,7 +496,11 @@ def _replay(args: argparse.Namespace) -> int:
             "--strategy cannot be combined with --config: the configured plugin builds the manager."
         )
     memory, scope = _open_memory(args)
-    out = _open_output("--out", args.out) if args.out is not None else None
+    out: BinaryIO | None = None
+    if to_stdout:
+        out = sys.stdout.buffer
+    elif args.out is not None:
+        out = _open_output("--out", args.out)
     bar = _progress(args, total=len(trajectories), unit="session", delay=_PROGRESS_DELAY)
     try:
         summary = _run(
@@ -498,13 +520,17 @@ def _replay(args: argparse.Namespace) -> int:
         )
     finally:
         bar.close()
-        if out is not None:
-            out.close()
         if memory is not None:
             memory.close()
+        if to_stdout:
+            sys.stdout.flush()
+            sys.stdout.buffer.flush()
+        elif out is not None:
+            out.close()
     for error in summary.errors:
         print(f"turnloom replay: error: {error}", file=sys.stderr)
-    _print_summary(summary, sys.stdout)
+    # With the inputs on standard output, the summary goes beside the errors.
+    _print_summary(summary, sys.stderr if to_stdout else sys.stdout)
     return 1 if summary.errors else 0
 
 
@@ -551,6 +577,18 @@ def _print_cpu(cpu_seconds: float, render_seconds: float, prepares: int, out: Te
         )
 
 
+def _print_errors(errors: Sequence[str], failed: int) -> None:
+    """The error lines of a load test: the first sessions' errors, then how many more failed."""
+    for message in errors:
+        print(f"turnloom loadtest: error: {message}", file=sys.stderr)
+    if failed > len(errors):
+        more = failed - len(errors)
+        print(
+            f"turnloom loadtest: error: and {more} more failed session{'s' * (more != 1)}.",
+            file=sys.stderr,
+        )
+
+
 def _fleet(args: argparse.Namespace) -> int:
     common = ["--turns", str(args.turns), "--source", args.source, "--gateway", args.gateway]
     common += ["--backend", args.backend, "--think-time", repr(args.think_time)]
@@ -591,8 +629,7 @@ def _fleet(args: argparse.Namespace) -> int:
     _print_cpu(report.cpu_seconds, report.render_seconds, report.prepares, sys.stdout)
     rss = "  ".join(f"{b / 2**20:.1f}" for b in report.peak_rss_bytes)
     print(f"peak RSS per process: {rss} MiB", file=sys.stdout)
-    for message in report.errors:
-        print(f"turnloom loadtest: error: {message}", file=sys.stderr)
+    _print_errors(report.errors, report.sessions_failed)
     if args.json is not None:
         args.json.write_bytes(msgspec.json.format(msgspec.json.encode(report)) + b"\n")
     return 1 if report.sessions_failed else 0
@@ -609,6 +646,8 @@ def _loadtest(args: argparse.Namespace) -> int:
             for option, used in given.items()
             if used
         ]
+    if not problems and args.store is not None:
+        problems += _check_store(args.store, args.backend)
     if problems:
         raise _Refused(*problems)
     if args.processes > 1:
@@ -671,8 +710,7 @@ def _loadtest(args: argparse.Namespace) -> int:
         for server in servers:
             server.close()
     _print_report(report, sys.stdout)
-    for message in report.errors:
-        print(f"turnloom loadtest: error: {message}", file=sys.stderr)
+    _print_errors(report.errors, report.sessions_failed)
     if args.json is not None:
         # Checked at the door; the report is on stdout even if this write fails.
         with _open_output("--json", args.json) as report_file:
@@ -728,6 +766,16 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def _broken_pipe(exc: BaseException) -> bool:
+    """True when the reader of the output went away: a BrokenPipeError, also one
+    raised in a task (the replay writes ``--out`` from a worker thread)."""
+    if isinstance(exc, BrokenPipeError):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(BrokenPipeError)[1] is None
+    return False
+
+
 def _interrupted(exc: BaseException) -> bool:
     if isinstance(exc, KeyboardInterrupt):
         return True
@@ -750,12 +798,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in refused.args:
             print(f"{command}: error: {line}", file=sys.stderr)
         return 2
-    except BrokenPipeError:
-        # Python's documented recipe: no more output, and no second error
-        # when the interpreter flushes stdout at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
     except BaseException as exc:
+        if _broken_pipe(exc):
+            # Python's documented recipe: no more output, and no second error
+            # when the interpreter flushes stdout at exit.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 141
         if not _interrupted(exc):
             raise
         print(f"{command}: interrupted.", file=sys.stderr)

@@ -20,11 +20,14 @@ from openai.types.chat import ChatCompletionMessageParam
 from pydantic import TypeAdapter
 
 from tests.context.gateways._support import ITEM_FIELD, call_sites
-from turnloom.context import GatewayType
+from turnloom.areas import OneShotNotice
+from turnloom.context import GatewayType, Message, Role
 from turnloom.context.callids import rename_call_ids
 from turnloom.errors import InputError
+from turnloom.runtime import ContextManager, ContextPrepareRequest, Foundation, TurnSnapshot
+from turnloom.runtime.state import state_call_id
 from turnloom.tools._stats import percentile
-from turnloom.tools.replay import replay, session_ids
+from turnloom.tools.replay import _without_additions, replay, session_ids
 from turnloom.tools.trajectories import builtin_trajectories, load_trajectories
 from turnloom.tools.workload import generate_trajectories
 
@@ -160,3 +163,30 @@ def test_percentile_is_nearest_rank() -> None:
 def test_replay_rejects_a_bad_concurrency() -> None:
     with pytest.raises(InputError):
         anyio.run(lambda: replay([], concurrency=0))
+
+
+@pytest.mark.anyio
+async def test_the_documented_additions_are_set_aside_exactly() -> None:
+    """What replay compares: the input less the turn's runtime-state pair, the pairs
+    earlier turns keep and the area section; nothing else is removed."""
+    manager = ContextManager(gateway="openai_chat", behavior_rules="Be brief.")
+    async with Foundation(manager) as foundation:
+        m = foundation.manager
+        ids: set[str] = set()
+        expected: list[dict[str, Any]] = []
+        for n in (1, 2):
+            turn = f"t{n}"
+            ids.add(state_call_id("c", turn))
+            user = Message(role=Role.user, content=f"question {n}")
+            m.accept_turn(TurnSnapshot(context_id="c", turn_id=turn, input=(user,)))
+            m.areas.attach("c", OneShotNotice(f"notice {n}"))
+            prefix = await m.prepare(ContextPrepareRequest(context_id="c", turn_id=turn))
+            expected.append({"role": "user", "content": f"question {n}"})
+            assert prefix.area_items > 0 and prefix.state_call_id == state_call_id("c", turn)
+            assert _without_additions(prefix, prefix.items, ids) == expected
+            # The pairs and the section were there: 2 items per turn's pair, plus the section.
+            assert len(prefix.items) == len(expected) + 2 * n + prefix.area_items
+            reply = Message(role=Role.assistant, content=f"answer {n}")
+            async with m.invocation("c", turn) as invocation:
+                invocation.record([reply])
+            expected.append({"role": "assistant", "content": f"answer {n}"})

@@ -119,6 +119,7 @@ from turnloom.errors import (
     InvalidMessageError,
     OpenToolCallError,
     StateError,
+    TurnloomError,
     UnknownAreaError,
     excerpt,
     type_name,
@@ -480,7 +481,8 @@ class CoopContext:
                 missing.append(member)
             except Exception as exc:
                 raise InvalidAreaError(
-                    f"Reading {member} of the {name} area raised {type_name(exc)}: {exc}.",
+                    f"Reading {member} of the {name} area raised {type_name(exc)}: "
+                    f"{_exception_text(exc)}.",
                     missing=(member,),
                 ) from exc
             else:
@@ -829,12 +831,19 @@ class _RangeView(Sequence[NativeContent]):
         return f"<EffectRange view of {self._len} items>"
 
 
+def _exception_text(exc: BaseException) -> str:
+    """An area's exception, for an error message: a turnloom error's own sentence
+    (its values are excerpts already), any other exception's text as an excerpt."""
+    return str(exc) if isinstance(exc, TurnloomError) else excerpt(str(exc))
+
+
 def _call(entry: _Registration, phase: str, fn: Callable[..., _T], *args: object) -> _T:
     try:
         return fn(*args)
     except Exception as exc:
         raise AreaCallbackError(
-            f"Context Area {entry.describe()} raised {type_name(exc)} in {phase}: {exc}",
+            f"Context Area {entry.describe()} raised {type_name(exc)} in {phase}: "
+            f"{_exception_text(exc)}",
             area=entry.area,
             phase=phase,
         ) from exc

@@ -2893,7 +2893,8 @@ class TurnHistory:
             for i, message in enumerate(instructions):
                 if isinstance(message, Message) and message.role not in _PINNED_ROLES:
                     raise InvalidMessageError(
-                        f"Turn {excerpt(turn_id)} instructions[{i}] has role {message.role!s}; "
+                        f"Turn {excerpt(turn_id)} instructions[{i}] has role "
+                        f"{excerpt(str(message.role))}; "
                         "instructions are system or developer messages.",
                         field="role",
                     )

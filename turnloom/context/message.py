@@ -57,6 +57,12 @@ from typing import Any, Literal, TypeAlias, cast
 
 import msgspec
 
+from turnloom.context._media import (
+    base64_problem,
+    image_media_type_problem,
+    is_data_url,
+    split_data_url,
+)
 from turnloom.errors import (
     DuplicateIdError,
     InvalidMessageError,
@@ -573,7 +579,8 @@ def encode_message(message: Message) -> bytes:
         return _encoder.encode(message)
     except UnicodeEncodeError as exc:
         raise InvalidTextError(
-            f"Message (role {message.role!s}) holds text that is not valid UTF-8: {exc.reason}.",
+            f"Message (role {excerpt(str(message.role))}) holds text that is not valid UTF-8: "
+            f"{exc.reason}.",
             field="content",
         ) from exc
 
@@ -592,7 +599,11 @@ def check_message(message: object, *, where: str = "message") -> int:
     an opaque part's item is an object; tool calls are in an assistant message
     and tool results in a tool or user message; call ids are unique within the
     message; an image has exactly one of ``url`` and ``data`` (non-empty)
-    and a base64 image has its ``media_type``, which is ``image/...``.
+    and a base64 image has its ``media_type``; a media type is an image type
+    by the grammar of RFC 6838 (``image/png``: no parameters, no spaces or
+    control characters); ``data`` is base64 (standard or URL-safe alphabet,
+    padded); a ``data:`` URL is ``data:<image type>[;name=value]...;base64,<data>``
+    in the standard alphabet, and a ``media_type`` beside it matches its type.
 
     The JSON a message carries is checked strictly (see
     :func:`decode_json_text` and :data:`MAX_JSON_DEPTH`): tool call
@@ -702,10 +713,6 @@ def check_message(message: object, *, where: str = "message") -> int:
                 f"{where} {field} is {what_type(part)}, not a message part.",
                 field=field,
             )
-    if gateway is not None:
-        declared = _DECLARED[gateway]
-        if declared.check_layout is not None:
-            declared.check_layout(message, where)
     try:
         data = _encoder.encode(message)
     except UnicodeEncodeError as exc:
@@ -730,6 +737,11 @@ def check_message(message: object, *, where: str = "message") -> int:
         ) from None
     if not typed:
         _check_texts(message.parts, where)
+    if gateway is not None:
+        # Last: a gateway's check reads content whose every field is typed now.
+        declared = _DECLARED[gateway]
+        if declared.check_layout is not None:
+            declared.check_layout(message, where)
     return len(data)
 
 
@@ -975,11 +987,32 @@ def _check_image(part: ImagePart, where: str, field: str) -> None:
             f"{where} {field} gives base64 data without its media_type.",
             field=f"{field}.media_type",
         )
-    if part.media_type is not None and not part.media_type.startswith("image/"):
-        raise InvalidMessageError(
-            f"{where} {field}.media_type {excerpt(part.media_type)} is not an image type.",
-            field=f"{field}.media_type",
-        )
+    if part.media_type is not None:
+        problem = image_media_type_problem(part.media_type)
+        if problem is not None:
+            raise InvalidMessageError(
+                f"{where} {field}.media_type {excerpt(part.media_type)} {problem}.",
+                field=f"{field}.media_type",
+            )
+    if part.data is not None:
+        # Either alphabet: Gemini's inlineData (protobuf bytes) takes both, and
+        # the other gateways render the data in the standard one.
+        problem = base64_problem(part.data, url_safe=True)
+        if problem is not None:
+            raise InvalidMessageError(f"{where} {field}.data {problem}.", field=f"{field}.data")
+    elif is_data_url(part.url):  # type: ignore[arg-type]  # exactly one of url and data
+        try:
+            media, _ = split_data_url(part.url)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise InvalidMessageError(
+                f"{where} {field}.url is a data URL that {exc}.", field=f"{field}.url"
+            ) from None
+        if part.media_type is not None and part.media_type != media:
+            raise InvalidMessageError(
+                f"{where} {field}.media_type {excerpt(part.media_type)} does not match "
+                f"the media type of its data URL, {excerpt(media)}.",
+                field=f"{field}.media_type",
+            )
 
 
 def decode_message(

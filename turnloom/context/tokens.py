@@ -72,6 +72,7 @@ from typing import Any, Literal, Protocol, TypeAlias, cast, runtime_checkable
 
 import msgspec
 
+from turnloom.context._media import data_url_payload
 from turnloom.context.message import (
     ImagePart,
     Message,
@@ -287,10 +288,9 @@ def image_size(part: ImagePart) -> tuple[int, int] | None:
     not valid base64 or whose header is cut short.
     """
     text = part.data
-    if text is None and part.url is not None and part.url.startswith("data:"):
-        head, sep, rest = part.url.partition(",")
-        if sep and head.endswith(";base64"):
-            text = rest
+    if text is None and part.url is not None:
+        # The door's reading of a data URL (turnloom.context._media).
+        text = data_url_payload(part.url)
     if not text:
         return None
     head_chars = text[:_HEADER_CHARS]
@@ -302,7 +302,7 @@ def image_size(part: ImagePart) -> tuple[int, int] | None:
 
 def _b64(text: str) -> bytes:
     try:
-        return base64.b64decode(text, validate=False)
+        return base64.b64decode(text, altchars=b"-_", validate=False)  # either alphabet
     except (binascii.Error, ValueError):
         return b""
 

@@ -15,11 +15,12 @@ __all__ = (
     "RedisContextStore",
     "SQLiteContextStore",
     "SQLiteMemory",
+    "check_context_store",
     "fts_text_query",
     "open_context_store",
 )
 
-from turnloom.stores.context_urls import open_context_store
+from turnloom.stores.context_urls import check_context_store, open_context_store
 from turnloom.stores.redis_contexts import RedisContextStore
 from turnloom.stores.sqlite_contexts import SQLiteContextStore
 from turnloom.stores.sqlite_memory import SQLiteMemory, fts_text_query

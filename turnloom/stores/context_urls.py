@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ("open_context_store",)
+__all__ = ("check_context_store", "open_context_store")
 
+import os
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
-from turnloom.errors import InputError, what_type
+from turnloom.errors import InputError, StoreUnavailableError, excerpt, what_type
 from turnloom.stores.redis_contexts import RedisContextStore
 from turnloom.stores.sqlite_contexts import SQLiteContextStore
 
@@ -47,5 +48,59 @@ def open_context_store(url: str) -> SQLiteContextStore | RedisContextStore:
         rest = "&".join(f"{k}={v}" for k, values in params.items() for v in values)
         return RedisContextStore(urlunsplit(parts._replace(query=rest)), prefix=prefix)
     raise InputError(
-        f"Unknown store URL {url[:80]!r}: use sqlite:PATH, sqlite::memory: or redis://HOST:PORT/DB."
+        f"Unknown store URL {excerpt(url)}: use sqlite:PATH, sqlite::memory: or "
+        "redis://HOST:PORT/DB."
     )
+
+
+def check_context_store(url: str, *, backend: str = "asyncio", timeout: float = 2.0) -> None:
+    """Check, before a run starts, that the store ``url`` names can serve it.
+
+    Synchronous and short: a ``sqlite:`` file's folder must exist (the file
+    itself is created on first use); a Redis store needs the asyncio backend
+    (its client runs on asyncio only) and a server that answers ``PING``
+    within ``timeout`` seconds. Nothing is written.
+
+    Args:
+        url: the store URL (see :func:`open_context_store`).
+        backend: the event loop the run uses, ``"asyncio"`` or ``"trio"``.
+        timeout: how long to wait for the Redis server, in seconds.
+
+    Raises:
+        InputError: the URL is unknown or malformed, its folder does not
+            exist, or a Redis store with the trio backend.
+        MissingDependencyError: a Redis URL without the ``redis`` package.
+        StoreUnavailableError: the Redis server does not answer.
+    """
+    store = open_context_store(url)
+    if isinstance(store, SQLiteContextStore):
+        path = store._path  # the same package
+        folder = os.path.dirname(path) or "."
+        if path != ":memory:" and not os.path.isdir(folder):
+            raise InputError(
+                f"The store {excerpt(url)} cannot be created: the folder {excerpt(folder)} "
+                "does not exist."
+            )
+        return
+    if backend != "asyncio":
+        raise InputError(
+            f"The store {excerpt(url)} runs on asyncio only (the redis client is "
+            f"asyncio-based), not {excerpt(backend)}: use the asyncio backend, or a "
+            "sqlite: store."
+        )
+    import redis
+    import redis.exceptions
+
+    client = redis.Redis.from_url(
+        store._url,  # the same package
+        socket_connect_timeout=timeout,
+        socket_timeout=timeout,
+    )
+    try:
+        client.ping()
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+        raise StoreUnavailableError(
+            f"The store {excerpt(url)} is unreachable: {excerpt(str(exc))}."
+        ) from None
+    finally:
+        client.close()

@@ -42,6 +42,7 @@ from turnloom.errors import (
     MissingDependencyError,
     StoreError,
     StoreUnavailableError,
+    excerpt,
 )
 
 # (context_id, token, start, records): see turnloom.runtime.store.LogWrite.
@@ -168,7 +169,7 @@ class RedisContextStore:
         max_connections: int = 32,
     ) -> None:
         if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-            raise InputError(f"A Redis store needs a redis:// URL, not {url!r}.")
+            raise InputError(f"A Redis store needs a redis:// URL, not {excerpt(url)}.")
         if not isinstance(prefix, str) or not prefix:
             raise InputError("A Redis store's key prefix must be a non-empty str.")
         if not isinstance(max_connections, int) or max_connections < 1:

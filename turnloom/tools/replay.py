@@ -16,7 +16,12 @@ that assistant reply. With an assembly strategy (``strategy="jit"`` or
 ``"stratified"`` and a memory source) every session acts for one tenant
 scope; the assembled system prompt (the first item) and the runtime-state
 pair carrying the recalled memory are what the strategy adds, and the rest
-must still equal the trajectory. Three documented normalizations are allowed, and
+must still equal the trajectory. So with a host configuration
+(``--config``): its behaviour rules add the runtime-state pair to every input
+(and each earlier turn keeps its pair under ``earlier_state="keep"``), its
+areas add the area section; the replay compares the input less these
+additions with the trajectory and counts the items it set aside
+(``added_items``). Three documented normalizations are allowed, and
 counted as ``normalized``: what the gateway round trip changes (for example an
 empty text part is never emitted), calls left without a result, which are
 excluded, and call ids reused from an earlier call, which are renamed so that
@@ -62,6 +67,7 @@ from turnloom.runtime.config import RuntimeConfig, build_context_manager
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.manager import ContextManager
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
+from turnloom.runtime.state import state_call_id
 from turnloom.tools._stats import percentile
 from turnloom.tools.trajectories import (
     ReplayError,
@@ -115,6 +121,11 @@ class ReplaySummary(msgspec.Struct, frozen=True, kw_only=True):
         hydrated_entries: memory entries the strategy recalled.
         prefix_reuse: share of each previous prepared input of a session
             that the next one reused byte for byte (1.0 when none compared).
+        added_items: items of the documented additions -- the assembled
+            system prompt, runtime-state pairs (the turn's and earlier turns'
+            kept ones), the area section -- set aside before an input was
+            compared with the trajectory, summed over model calls (OpenAI
+            Chat only).
     """
 
     sessions: int
@@ -130,17 +141,27 @@ class ReplaySummary(msgspec.Struct, frozen=True, kw_only=True):
     strategy: str | None = None
     hydrated_entries: int = 0
     prefix_reuse: float = 1.0
+    added_items: int = 0
 
 
 # -- replaying ---------------------------------------------------------------------
 
 
 class _Totals:
-    __slots__ = ("calls", "items", "latencies", "normalized", "sessions", "total_bytes", "turns")
+    __slots__ = (
+        "added",
+        "calls",
+        "items",
+        "latencies",
+        "normalized",
+        "sessions",
+        "total_bytes",
+        "turns",
+    )
 
     def __init__(self) -> None:
         self.sessions = self.turns = self.calls = self.items = self.total_bytes = 0
-        self.normalized = 0
+        self.normalized = self.added = 0
         self.latencies: list[float] = []
 
 
@@ -171,7 +192,9 @@ async def _replay_one(
     turn_id = ""
     turn_number = -1
     call_index = 0
-    turns = calls = items_total = bytes_total = normalized = 0
+    turns = calls = items_total = bytes_total = normalized = added = 0
+    # The state-pair call ids of the session's turns so far (earlier turns keep theirs).
+    state_ids: set[str] = set()
     latencies: list[float] = []
     index = 0
 
@@ -185,6 +208,7 @@ async def _replay_one(
             index = step.index
             if isinstance(step, Turn):
                 turn_id, turn_number = step.turn_id, step.number
+                state_ids.add(state_call_id(context_id, turn_id))
                 manager.accept_turn(snapshot(context_id, step))
                 turns += 1
                 started = time.perf_counter()
@@ -203,7 +227,8 @@ async def _replay_one(
                     len(_encoder.encode(i)) for i in items[prefix.item_count :]
                 )
                 if verify_exact:
-                    core = _without_assembly(prefix, items)
+                    core = _without_additions(prefix, items, state_ids)
+                    added += len(items) - len(core)
                     if core != trajectory.messages[:index]:
                         if core != _expected(chat, parsed[:index]):
                             return fail(index, _first_difference(core, trajectory.messages[:index]))
@@ -257,24 +282,38 @@ async def _replay_one(
     totals.items += items_total
     totals.total_bytes += bytes_total
     totals.normalized += normalized
+    totals.added += added
     totals.latencies.extend(latencies)
     return None
 
 
-def _without_assembly(
-    prefix: PreparedContext, items: Sequence[NativeContent]
+def _without_additions(
+    prefix: PreparedContext, items: Sequence[NativeContent], state_ids: set[str]
 ) -> list[NativeContent]:
-    """OpenAI Chat ``items`` without what an assembly strategy added.
+    """OpenAI Chat ``items`` without what the runtime documents adding to a transcript.
 
-    That is the assembled system prompt (``items[0]``) and the runtime-state
-    call and result, the two items before ``area_start``.
+    That is the assembled system prompt of a strategy (``items[0]``), the area
+    section (``area_items`` items from ``area_start``) and every runtime-state
+    pair: the turn's own, right before ``area_start``, and the pairs earlier
+    turns keep (``earlier_state="keep"``), found by their call ids
+    (``state_ids``: :func:`~turnloom.runtime.state.state_call_id` of each
+    turn so far; the door reserves those ids for the pairs).
     """
     core = list(items)
-    if prefix.state_call_id is not None:
-        del core[prefix.area_start - 2 : prefix.area_start]
+    del core[prefix.area_start : prefix.area_start + prefix.area_items]
     if prefix.assembled is not None and prefix.assembled.system_prompt is not None:
         del core[0]
-    return core
+    if not state_ids:
+        return core
+    return [item for item in core if not _is_state_item(item, state_ids)]
+
+
+def _is_state_item(item: NativeContent, state_ids: set[str]) -> bool:
+    """True for the Chat call or result of a runtime-state pair (by its call id)."""
+    if item.get("role") == "tool":
+        return item.get("tool_call_id") in state_ids
+    calls = item.get("tool_calls") if item.get("role") == "assistant" else None
+    return bool(calls) and all(c.get("id") in state_ids for c in calls)  # type: ignore[union-attr]
 
 
 def _first_difference(items: Sequence[NativeContent], expected: Sequence[Any]) -> str:
@@ -421,4 +460,5 @@ async def replay(
             if statistics.prefix.bytes_total
             else 1.0
         ),
+        added_items=totals.added,
     )

@@ -37,3 +37,6 @@ def test_short_fuzz_run_has_no_crash(recordings_dir: Path) -> None:
     # Both verdicts occur: the mutations reach past the door and are refused at it.
     assert counts.parsed_accepted > 50 and counts.parsed_refused > 50
     assert counts.decoded_accepted > 10 and counts.decoded_refused > 10
+    # Hand-built messages (any gateway's layout, retyped fields) and direct deep renders.
+    assert counts.checked_accepted > 10 and counts.checked_refused > 10
+    assert counts.direct_refused > 100 and counts.direct_rendered == 0

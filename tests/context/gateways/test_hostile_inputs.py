@@ -92,12 +92,12 @@ from turnloom.errors import DuplicateIdError, InvalidMessageError, InvalidTextEr
                 "role": "user",
                 "content": [{"type": "image_url", "image_url": {"url": "data:;base64,AA"}}],
             },
-            "content[0].media_type",
+            "content[0].url",  # a data URL without a media type stays a URL, refused
         ),
         (
             "openai_responses",
             {"role": "user", "content": [{"type": "input_image", "image_url": "data:;base64,AA"}]},
-            "content[0].media_type",
+            "content[0].url",
         ),
         (
             "anthropic",
@@ -469,7 +469,7 @@ def test_anthropic_drops_base64_images_of_types_it_does_not_take(
             {"role": "user", "content": [{"type": "text", "text": "Look"}]}
         ]
     assert [r.getMessage() for r in caplog.records] == [
-        "Dropped a image/heic image: Anthropic takes base64 images of types "
+        "Dropped a 'image/heic' image: Anthropic takes base64 images of types "
         "image/jpeg, image/png, image/gif, image/webp only."
     ]
     item = {

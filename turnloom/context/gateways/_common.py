@@ -6,12 +6,16 @@ __all__ = (
     "args_object",
     "args_text",
     "blank",
+    "check_render_depth",
     "drop_foreign",
     "empty_input",
     "json_text",
     "layout_of",
     "make_layout",
+    "render_inline",
     "require_object",
+    "split_image_url",
+    "standard_base64",
     "violation",
 )
 
@@ -19,8 +23,20 @@ import json
 import logging
 from typing import Any
 
+from turnloom.context._media import inline_image, is_image_media_type, standard_base64
 from turnloom.context.gateway import Violation
-from turnloom.context.message import Message, OpaquePart, ReasoningPart, strict_json
+from turnloom.context.message import (
+    MAX_JSON_DEPTH,
+    ImagePart,
+    Message,
+    OpaquePart,
+    ReasoningPart,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+    decode_json_text,
+    strict_json,
+)
 from turnloom.context.message import is_blank_text as blank
 from turnloom.errors import InvalidMessageError, ProviderRuleError, excerpt, what_type
 
@@ -39,6 +55,128 @@ def make_layout(gateway: str, hints: dict[str, Any]) -> dict[str, Any] | None:
     if not kept:
         return None
     return {"gateway": gateway, **kept}
+
+
+_NESTS = (dict, list, tuple)
+
+
+def _too_deep(value: Any) -> bool:
+    """True when the JSON ``value`` nests more than :data:`MAX_JSON_DEPTH` levels.
+
+    Counted as the door counts (``{}`` is one level); iterative, and a
+    container that holds itself is too deep (its levels never end).
+    """
+    if not isinstance(value, _NESTS):
+        return False
+    if type(value) is dict:  # the common shape: an object of scalars
+        for child in value.values():
+            if isinstance(child, _NESTS):
+                break
+        else:
+            return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if level > MAX_JSON_DEPTH:
+            return True
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, _NESTS):
+                stack.append((child, level + 1))
+    return False
+
+
+def _flat(extras: Any) -> bool:
+    """True for None and an object of scalars (the usual extras: ``{"name": ...}``)."""
+    if extras is None:
+        return True
+    if type(extras) is not dict:
+        return False
+    for value in extras.values():
+        if isinstance(value, _NESTS):
+            return False
+    return True
+
+
+def _refuse_deep(value: Any, field: str) -> None:
+    if _too_deep(value):
+        strict_json(value, where="message", field=field)  # raises the door's error
+        raise InvalidMessageError(
+            f"message {field} nests JSON deeper than {MAX_JSON_DEPTH} levels.", field=field
+        )
+
+
+def check_render_depth(message: Message) -> None:
+    """The door's depth rule, for a message rendered without passing the door.
+
+    The JSON a render copies or decodes -- ``extras`` of the message and its
+    parts, opaque items, tool call arguments -- nests at most
+    :data:`~turnloom.context.message.MAX_JSON_DEPTH` levels, so no render,
+    and no encoding of what it returns, runs into Python's recursion limit.
+    A message :func:`~turnloom.context.check_message` accepted always passes;
+    the cost for it is a type test per part (and a bracket count per call's
+    arguments).
+
+    Raises:
+        InvalidMessageError: a value nests deeper; ``field`` names it.
+    """
+    if message.extras is None:
+        # A quick pass over the common shapes; anything else takes the full walk.
+        for part in message.content:
+            kind = type(part)
+            if kind is TextPart:
+                if part.extras is None:  # type: ignore[union-attr]
+                    continue
+            elif kind is ToolCallPart:
+                arguments = part.arguments  # type: ignore[union-attr]
+                if (
+                    part.extras is None  # type: ignore[union-attr]
+                    and type(arguments) is str
+                    and arguments.count("{") + arguments.count("[") <= MAX_JSON_DEPTH
+                ):
+                    continue
+            elif kind is ToolResultPart and _flat(part.extras):  # type: ignore[union-attr]
+                for inner in part.content:  # type: ignore[union-attr]
+                    if type(inner) is not TextPart or inner.extras is not None:
+                        break
+                else:
+                    continue
+            break
+        else:
+            return
+    _check_depth(message)
+
+
+def _check_depth(message: Message) -> None:
+    if message.extras is not None:
+        _refuse_deep(message.extras, "extras")
+    for i, part in enumerate(message.content):
+        kind = type(part)
+        if kind is TextPart:  # the common case, first
+            if part.extras is not None:  # type: ignore[union-attr]
+                _refuse_deep(part.extras, f"content[{i}].extras")  # type: ignore[union-attr]
+        elif kind is ToolCallPart:
+            call: ToolCallPart = part  # type: ignore[assignment]
+            if call.extras is not None:
+                _refuse_deep(call.extras, f"content[{i}].extras")
+            arguments = call.arguments
+            # More brackets than levels allowed is the only way to nest deeper.
+            if (
+                type(arguments) is str
+                and arguments.count("{") + arguments.count("[") > MAX_JSON_DEPTH
+            ):
+                decode_json_text(arguments, where="message", field=f"content[{i}].arguments")
+        elif kind is OpaquePart:
+            _refuse_deep(part.item, f"content[{i}].item")  # type: ignore[union-attr]
+        else:
+            extras = getattr(part, "extras", None)
+            if extras is not None:
+                _refuse_deep(extras, f"content[{i}].extras")
+            if kind is ToolResultPart and isinstance(part.content, tuple):  # type: ignore[union-attr]
+                for j, inner in enumerate(part.content):  # type: ignore[union-attr]
+                    if type(inner) is OpaquePart:
+                        _refuse_deep(inner.item, f"content[{i}].content[{j}].item")
+                    elif getattr(inner, "extras", None) is not None:
+                        _refuse_deep(inner.extras, f"content[{i}].content[{j}].extras")
 
 
 def args_object(arguments: str, call_id: str, provider: str) -> dict[str, Any]:
@@ -89,8 +227,43 @@ def json_text(
         return json.dumps(value, ensure_ascii=False, separators=separators, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidMessageError(
-            f"{provider} {field} holds a value that is not JSON: {exc}.", field=field
+            f"{provider} {field} holds a value that is not JSON: {excerpt(str(exc))}.",
+            field=field,
         ) from exc
+
+
+def render_inline(part: ImagePart) -> tuple[str, str] | None:
+    """The ``(media type, base64 data)`` ``part`` carries inline; None for a plain URL.
+
+    Base64 ``data`` with its ``media_type``, or the type and data of a
+    ``data:`` URL (the door checked it, see :func:`~turnloom.context.check_message`).
+
+    Raises:
+        InvalidMessageError: ``part.url`` is a malformed data URL (a message
+            rendered without passing the door).
+    """
+    try:
+        return inline_image(part.url, part.data, part.media_type)
+    except ValueError as exc:
+        raise InvalidMessageError(
+            f"An image's url is a data URL that {exc}.", field="url"
+        ) from None
+
+
+def split_image_url(url: object) -> tuple[str, str] | None:
+    """The ``(media type, data)`` of an OpenAI image URL ``data:<type>;base64,<data>``.
+
+    None for any other URL (kept as a URL; the door checks a data URL with
+    parameters, or a malformed one): for the split form, rendering
+    ``f"data:{type};base64,{data}"`` gives back ``url`` exactly.
+    """
+    if not isinstance(url, str) or not url.startswith("data:"):
+        return None
+    head, sep, data = url.partition(";base64,")
+    media = head[5:]
+    if not sep or not is_image_media_type(media):
+        return None
+    return media, data
 
 
 def require_object(item: Any, provider: str, what: str = "item") -> dict[str, Any]:
@@ -106,6 +279,13 @@ def require_object(item: Any, provider: str, what: str = "item") -> dict[str, An
     return item
 
 
+def _name(value: object) -> str:
+    """A gateway name for a log line: a plain identifier as it is, anything else an excerpt."""
+    if type(value) is str and len(value) <= 40 and value.isidentifier():
+        return value
+    return excerpt(value)
+
+
 def drop_foreign(part: OpaquePart | ReasoningPart, gateway: str, log: logging.Logger) -> None:
     """Log that a part produced by another gateway is left out of ``gateway``'s input.
 
@@ -115,13 +295,13 @@ def drop_foreign(part: OpaquePart | ReasoningPart, gateway: str, log: logging.Lo
     """
     if type(part) is OpaquePart:
         log.warning(
-            "Dropped a %s-native %r part: the %s gateway cannot carry it.",
-            part.gateway,
-            part.item.get("type", "?") if isinstance(part.item, dict) else "?",
+            "Dropped a %s-native %s part: the %s gateway cannot carry it.",
+            _name(part.gateway),
+            excerpt(part.item.get("type", "?") if isinstance(part.item, dict) else "?"),
             gateway,
         )
     else:
-        log.debug("Dropped reasoning produced by %s from a %s input.", part.gateway, gateway)
+        log.debug("Dropped reasoning produced by %s from a %s input.", _name(part.gateway), gateway)
 
 
 def violation(index: int, rule: str, message: str) -> Violation:

@@ -4,7 +4,9 @@ Rendering (Message -> native, one ``{"role", "content": [blocks]}`` item per
 message):
 
 * ``user``: ``text`` and ``image`` blocks (``source`` of type ``url`` or
-  ``base64`` with its ``media_type``); ``anthropic`` opaque parts verbatim.
+  ``base64`` with its ``media_type``; an image given as a ``data:`` URL goes
+  as ``base64``, the API takes no data URL source, and URL-safe base64 is sent
+  in the standard alphabet); ``anthropic`` opaque parts verbatim.
 * ``tool`` (or ``user`` carrying tool results): one ``user`` item whose
   ``tool_result`` blocks come first, in part order, then any other blocks.
   A result's content is a list of ``text``/``image`` blocks and ``is_error``
@@ -82,11 +84,14 @@ from turnloom.context.gateways._common import (
     args_object,
     args_text,
     blank,
+    check_render_depth,
     drop_foreign,
     empty_input,
     layout_of,
     make_layout,
+    render_inline,
     require_object,
+    standard_base64,
     violation,
 )
 from turnloom.context.message import (
@@ -167,6 +172,7 @@ class AnthropicGateway(Gateway):
                 a call id (of a call or a result) is not letters, digits, ``_``
                 and ``-`` only (the API's pattern for ``tool_use`` ids).
         """
+        check_render_depth(message)
         layout = layout_of(message, _GATEWAY)
         own = message.layout is None or bool(layout)
         role = message.role
@@ -220,17 +226,20 @@ class AnthropicGateway(Gateway):
                 block.update(part.extras)
             return block
         if type(part) is ImagePart:
-            if part.data is not None and part.media_type not in _MEDIA_TYPES:
+            inline = render_inline(part)
+            if inline is None:
+                source: dict[str, Any] = {"type": "url", "url": part.url}
+            elif inline[0] not in _MEDIA_TYPES:
                 _log.warning(
                     "Dropped a %s image: Anthropic takes base64 images of types %s only.",
-                    part.media_type,
+                    excerpt(inline[0]),
                     ", ".join(_MEDIA_TYPES),
                 )
                 return None
-            if part.url is not None:
-                source: dict[str, Any] = {"type": "url", "url": part.url}
             else:
-                source = {"type": "base64", "media_type": part.media_type, "data": part.data}
+                # A data URL goes as base64 too: the API takes no data URL source.
+                media, data = inline
+                source = {"type": "base64", "media_type": media, "data": standard_base64(data)}
             block = {"type": "image", "source": source}
             if own and part.extras:
                 block.update(part.extras)
@@ -247,7 +256,7 @@ class AnthropicGateway(Gateway):
             _log.warning(
                 "Dropped tool call %s from a non-assistant message: only assistant turns "
                 "carry tool_use blocks.",
-                part.call_id,
+                excerpt(part.call_id),
             )
         return None
 
@@ -282,7 +291,7 @@ class AnthropicGateway(Gateway):
             _log.warning(
                 "Dropped the result of call %s from an assistant message: tool results "
                 "belong to the user turn after the call.",
-                part.call_id,
+                excerpt(part.call_id),
             )
             return None
         return self._content_block(part, own)

@@ -3,8 +3,9 @@
 Rendering (Message -> native ``Content`` items ``{"role", "parts"}``):
 
 * ``user``: ``{"role": "user"}`` with ``text``, ``inlineData`` (base64 image
-  with ``mimeType``) and ``fileData`` (image URL as ``fileUri``) parts;
-  ``gemini`` opaque parts verbatim.
+  with ``mimeType``; also an image given as a ``data:`` URL, which
+  ``fileUri`` does not take) and ``fileData`` (image URL as ``fileUri``)
+  parts; ``gemini`` opaque parts verbatim.
 * ``assistant``: ``{"role": "model"}``; reasoning produced by Gemini becomes
   a thought part (``{"text", "thought": true}`` with its
   ``thoughtSignature``); tool calls become ``functionCall`` parts (``id``,
@@ -83,6 +84,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from turnloom.context._media import is_image_media_type
 from turnloom.context._untrack import untrack_atoms
 from turnloom.context.body import BodyWriter
 from turnloom.context.callids import CallIdRenamer, register_rewriter, rename_call_ids
@@ -97,11 +99,13 @@ from turnloom.context.gateways._common import (
     args_object,
     args_text,
     blank,
+    check_render_depth,
     drop_foreign,
     empty_input,
     json_text,
     layout_of,
     make_layout,
+    render_inline,
     require_object,
     violation,
 )
@@ -257,6 +261,7 @@ class GeminiGateway(Gateway):
         Raises:
             ProviderRuleError: a tool call's arguments are not a JSON object.
         """
+        check_render_depth(message)
         layout = layout_of(message, _GATEWAY)
         own = message.layout is None or bool(layout)
         snake = bool(layout.get("snake"))
@@ -317,7 +322,7 @@ class GeminiGateway(Gateway):
             if type(part) is ReasoningPart:
                 drop_foreign(part, _GATEWAY, _log)
             elif type(part) is ToolCallPart:
-                _log.warning("Dropped tool call %s from a user message.", part.call_id)
+                _log.warning("Dropped tool call %s from a user message.", excerpt(part.call_id))
             return None
         if own and part.extras:
             block.update(part.extras)
@@ -349,7 +354,7 @@ class GeminiGateway(Gateway):
                 block.update(part.extras)
             return block
         if type(part) is ToolResultPart:
-            _log.warning("Dropped the result of call %s from a model turn.", part.call_id)
+            _log.warning("Dropped the result of call %s from a model turn.", excerpt(part.call_id))
             return None
         return self._user_part(part, own, snake, keep_blank)
 
@@ -366,6 +371,11 @@ class GeminiGateway(Gateway):
                 response = json.loads(text)
             except ValueError:
                 response = _PLAIN
+            except RecursionError:
+                # Only a message that skipped the door gets here (it refuses the text).
+                where = f"The result of call {excerpt(result.call_id)}"
+                decode_json_text(text, where=where, field="text")
+                raise
         if response is _PLAIN:
             response = {"error": text} if result.is_error else {"output": text}
         inner: dict[str, Any] = {
@@ -1079,8 +1089,10 @@ def _media_part(block: dict[str, Any], snake: bool) -> ImagePart | OpaquePart:
 
 def _image_block(part: ImagePart, snake: bool) -> dict[str, Any]:
     mime = _k("mimeType", snake)
-    if part.data is not None:
-        return {_k("inlineData", snake): {mime: part.media_type, "data": part.data}}
+    inline = render_inline(part)
+    if inline is not None:
+        # A data URL goes as inlineData too: fileUri takes no data URL.
+        return {_k("inlineData", snake): {mime: inline[0], "data": inline[1]}}
     media = part.media_type or mimetypes.guess_type(part.url or "")[0] or "image/*"
     return {_k("fileData", snake): {mime: media, _k("fileUri", snake): part.url}}
 
@@ -1092,17 +1104,14 @@ def _parse_image(block: dict[str, Any], snake: bool) -> ImagePart | None:
     inline = block.get(_k("inlineData", snake))
     if isinstance(inline, dict) and inline.keys() == {mime, "data"}:
         media = inline[mime]
-        if (
-            isinstance(media, str)
-            and media.startswith("image/")
-            and isinstance(inline["data"], str)
-        ):
+        if is_image_media_type(media) and isinstance(inline["data"], str):
             return ImagePart(data=inline["data"], media_type=media)
     file = block.get(_k("fileData", snake))
     uri = _k("fileUri", snake)
     if isinstance(file, dict) and file.keys() == {mime, uri}:
         media = file[mime]
-        if isinstance(media, str) and media.startswith("image/") and media != "image/*":
+        # Other media, and a type the door refuses, stay opaque (verbatim).
+        if is_image_media_type(media):
             return ImagePart(url=file[uri], media_type=media)
     return None
 

@@ -63,10 +63,13 @@ from turnloom.context.gateway import (
     register_gateway,
 )
 from turnloom.context.gateways._common import (
+    check_render_depth,
     drop_foreign,
     empty_input,
     layout_of,
     require_object,
+    split_image_url,
+    standard_base64,
 )
 from turnloom.context.message import (
     ImagePart,
@@ -134,6 +137,7 @@ class OpenAIChatGateway(Gateway):
         A ``user`` message carrying tool results renders its results as
         ``tool`` messages first, then its other parts as one ``user`` message.
         """
+        check_render_depth(message)
         layout = layout_of(message, _GATEWAY)
         own = message.layout is None or bool(layout)
         role = message.role
@@ -186,7 +190,7 @@ class OpenAIChatGateway(Gateway):
                 url = (
                     part.url
                     if part.url is not None
-                    else f"data:{part.media_type};base64,{part.data}"
+                    else f"data:{part.media_type};base64,{standard_base64(part.data)}"  # type: ignore[arg-type]
                 )
                 image: dict[str, Any] = {"url": url}
                 if part.detail is not None:
@@ -269,7 +273,7 @@ class OpenAIChatGateway(Gateway):
                     _log.warning(
                         "Dropped a non-text part from the result of call %s: OpenAI Chat "
                         "tool messages carry text only.",
-                        result.call_id,
+                        excerpt(result.call_id),
                     )
             content: str | list[Any]
             if (
@@ -638,9 +642,9 @@ def _parse_image(block: dict[str, Any]) -> ImagePart:
     url = image.get("url", "")
     detail = image.get("detail")
     extras = {k: v for k, v in block.items() if k not in ("type", "image_url")} or None
-    if isinstance(url, str) and url.startswith("data:") and ";base64," in url:
-        head, _, data = url.partition(";base64,")
-        return ImagePart(data=data, media_type=head[5:], detail=detail, extras=extras)
+    split = split_image_url(url)
+    if split is not None:
+        return ImagePart(data=split[1], media_type=split[0], detail=detail, extras=extras)
     return ImagePart(url=url, detail=detail, extras=extras)
 
 

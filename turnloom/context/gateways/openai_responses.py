@@ -77,11 +77,14 @@ from turnloom.context.gateway import (
 )
 from turnloom.context.gateways._common import (
     blank,
+    check_render_depth,
     drop_foreign,
     empty_input,
     layout_of,
     make_layout,
     require_object,
+    split_image_url,
+    standard_base64,
     violation,
 )
 from turnloom.context.message import (
@@ -97,7 +100,7 @@ from turnloom.context.message import (
     ToolResultPart,
     check_message,
 )
-from turnloom.errors import DuplicateIdError, InvalidMessageError, excerpt
+from turnloom.errors import DuplicateIdError, InvalidMessageError, excerpt, type_name
 
 _log = logging.getLogger("turnloom.gateway.openai_responses")
 
@@ -170,6 +173,7 @@ class OpenAIResponsesGateway(Gateway):
 
     def render(self, message: Message) -> list[NativeContent]:
         """Render ``message`` into zero or more Responses input items, in order."""
+        check_render_depth(message)
         layout = layout_of(message, _GATEWAY)
         own = message.layout is None or bool(layout)
         role = message.role
@@ -182,7 +186,7 @@ class OpenAIResponsesGateway(Gateway):
         rest = [p for p in message.parts if type(p) is not ToolResultPart]
         if role is Role.tool:
             for part in rest:
-                _log.warning("Dropped a %s part of a tool message.", type(part).__name__)
+                _log.warning("Dropped a %s part of a tool message.", type_name(part))
             return items
         if role is Role.system and layout.get("instructions"):
             return [{"type": _INSTRUCTIONS, "text": "".join(_texts(rest))}]
@@ -220,7 +224,9 @@ class OpenAIResponsesGateway(Gateway):
                 return None
             block: dict[str, Any] = {"type": "input_text", "text": part.text}
         elif type(part) is ImagePart:
-            url = part.url if part.url is not None else f"data:{part.media_type};base64,{part.data}"
+            url = part.url
+            if url is None:
+                url = f"data:{part.media_type};base64,{standard_base64(part.data)}"  # type: ignore[arg-type]
             block = {"type": "input_image", "image_url": url, "detail": part.detail or "auto"}
         elif type(part) is OpaquePart:
             if part.gateway == _GATEWAY:
@@ -316,14 +322,18 @@ class OpenAIResponsesGateway(Gateway):
                 )
             elif type(part) is ToolResultPart:
                 _log.warning(
-                    "Dropped the result of call %s from an assistant message.", part.call_id
+                    "Dropped the result of call %s from an assistant message.",
+                    excerpt(part.call_id),
                 )
         flush()
         # A reasoning item needs the output item that follows it in its response.
         kept: list[NativeContent] = []
         for item in reversed(items):
             if item.get("type") == "reasoning" and not (kept and _follows_reasoning(kept[-1])):
-                _log.debug("Left out reasoning item %s: no output item follows it.", item.get("id"))
+                _log.debug(
+                    "Left out reasoning item %s: no output item follows it.",
+                    excerpt(item.get("id")),
+                )
                 continue
             kept.append(item)
         kept.reverse()
@@ -858,9 +868,11 @@ def _parse_content_block(block: Any, field: str) -> TextPart | ImagePart | Opaqu
         url = block["image_url"]
         detail = block.get("detail")
         extras = {k: v for k, v in block.items() if k not in ("type", "image_url", "detail")}
-        if url.startswith("data:") and ";base64," in url:
-            head, _, data = url.partition(";base64,")
-            return ImagePart(data=data, media_type=head[5:], detail=detail, extras=extras or None)
+        split = split_image_url(url)
+        if split is not None:
+            return ImagePart(
+                data=split[1], media_type=split[0], detail=detail, extras=extras or None
+            )
         return ImagePart(url=url, detail=detail, extras=extras or None)
     return OpaquePart(gateway=_GATEWAY, item=block)
 
