@@ -53,7 +53,7 @@ async def test_the_store_refuses_a_write_with_a_stale_token(store_url: str) -> N
     store = open_context_store(store_url)
     try:
         stale = await store.acquire("c", "host-a", 30.0)
-        assert await store.append([("c", stale, 0, (b"a0",))]) == frozenset()
+        assert await store.append([("c", stale, 0, (b"a0",))]) == {"c": 1}
         assert await store.renew({"c": stale}, 0.05) == frozenset()
         with anyio.fail_after(10):  # the bound only ends a hang
             while True:
@@ -63,15 +63,15 @@ async def test_the_store_refuses_a_write_with_a_stale_token(store_url: str) -> N
                 except LeaseHeldError:
                     await anyio.sleep(0.02)
         refused = await store.append([("c", stale, 1, (b"a1",)), ("d", 99, 0, (b"x",))])
-        assert refused == {"c", "d"}  # "d" was never leased at all
-        assert await store.append([("c", live, 1, (b"b1",))]) == frozenset()
+        assert refused == {"c": -1, "d": -1}  # "d" was never leased at all
+        assert await store.append([("c", live, 1, (b"b1",))]) == {"c": 2}
         assert await store.load("c") == (b"a0", b"b1")
         assert await store.load("d") == ()
         assert not await store.forget("c", stale)
         assert await store.renew({"c": stale}, 30.0) == {"c"}
         assert await store.renew({"c": live}, 30.0) == frozenset()
         await store.release({"c": stale})  # a stale release leaves the live lease alone
-        assert await store.append([("c", live, 2, (b"b2",))]) == frozenset()
+        assert await store.append([("c", live, 2, (b"b2",))]) == {"c": 3}
         assert await store.load("c") == (b"a0", b"b1", b"b2")
     finally:
         await store.aclose()
@@ -82,12 +82,16 @@ async def test_a_retried_append_never_duplicates(store_url: str) -> None:
     try:
         token = await store.acquire("c", "host-a", 30.0)
         batch = [("c", token, 0, (b"r0", b"r1"))]
-        assert await store.append(batch) == frozenset()
-        assert await store.append(batch) == frozenset()  # the same batch again
-        assert await store.append([("c", token, 1, (b"r1", b"r2"))]) == frozenset()  # overlap
+        assert await store.append(batch) == {"c": 2}
+        assert await store.append(batch) == {"c": 2}  # the same batch again: already applied
+        assert await store.append([("c", token, 1, (b"r1", b"r2"))]) == {"c": 3}  # overlap
         assert await store.load("c") == (b"r0", b"r1", b"r2")
-        with pytest.raises(StoreError, match="starts at record 5"):
-            await store.append([("c", token, 5, (b"gap",))])
+        gap = await store.append([("c", token, 5, (b"gap",))])
+        assert isinstance(gap["c"], StoreError)
+        assert "starts at record 5" in str(gap["c"])
+        differs = await store.append([("c", token, 2, (b"other", b"r3"))])
+        assert isinstance(differs["c"], StoreError)
+        assert "differs from the records" in str(differs["c"])
         assert await store.load("c") == (b"r0", b"r1", b"r2")
     finally:
         await store.aclose()
@@ -98,7 +102,7 @@ async def test_one_batch_writes_many_contexts_and_forget_deletes_one_log(store_u
     try:
         tokens = {c: await store.acquire(c, "host-a", 30.0) for c in ("a", "b", "c")}
         writes = [(c, t, 0, (c.encode() * 3, b"\x00\xff")) for c, t in tokens.items()]
-        assert await store.append(writes) == frozenset()
+        assert await store.append(writes) == {"a": 2, "b": 2, "c": 2}
         assert await store.forget("b", tokens["b"])
         assert await store.load("a") == (b"aaa", b"\x00\xff")
         assert await store.load("b") == ()
@@ -177,7 +181,8 @@ async def test_replace_swaps_a_whole_log_only_for_the_holder_at_the_expected_len
         assert await store.load("c") == (b"r0", b"r1", b"r2")
         assert await store.replace("c", token, 3, (b"ckpt",))
         assert await store.load("c") == (b"ckpt",)
-        assert await store.append([("c", token, 1, (b"r3",))]) == frozenset()
+        assert await store.replace("c", token, 3, (b"ckpt",))  # a retry of an applied replace
+        assert await store.append([("c", token, 1, (b"r3",))]) == {"c": 2}
         assert await store.load("c") == (b"ckpt", b"r3")
     finally:
         await store.aclose()

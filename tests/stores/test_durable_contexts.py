@@ -26,6 +26,7 @@ from turnloom.errors import (
     LeaseHeldError,
     NotClaimedError,
     StaleLeaseError,
+    StoreError,
     StoreRecordError,
     StoreUnavailableError,
 )
@@ -447,7 +448,7 @@ class CountingStore:
     async def release(self, leases: Mapping[str, int]) -> None:
         await self.inner.release(leases)
 
-    async def append(self, writes: Sequence[LogWrite]) -> frozenset[str]:
+    async def append(self, writes: Sequence[LogWrite]) -> Mapping[str, int | StoreError]:
         self.batches.append(len(writes))
         return await self.inner.append(writes)
 

@@ -1,0 +1,236 @@
+"""The Redis store under the faults a fleet meets, on real servers the tests start.
+
+Each test starts its own ``redis-server`` (``redis_servers``: its own port,
+persistence off, stopped by PID) and does to it what operations do: fill it
+to ``maxmemory`` with ``noeviction`` (``OOM``), demote it to a replica
+(``READONLY``), write garbage into its keys. The invariants: every failure
+reaches the host as a typed :class:`~turnloom.errors.StoreError` at
+``flush``/``claim`` (and through ``manager.leases.on_error``), the Foundation
+stays up and closes cleanly, the changes stay queued, one context's failure
+leaves the others' flushes alone, and once the store recovers the context is
+written with nothing acknowledged lost. Redis runs on asyncio only (the
+redis client is asyncio-based).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+import redis
+
+from tests.runtime.helpers import assistant, user
+from tests.stores.servers import RedisServer
+from turnloom.context.history import HistoryLimits
+from turnloom.errors import (
+    LeaseHeldError,
+    StaleLeaseError,
+    StoreError,
+    StoreKeyError,
+    StoreRefusedError,
+)
+from turnloom.runtime import ContextManager, Foundation, TurnSnapshot
+from turnloom.stores import RedisContextStore
+
+pytestmark = pytest.mark.anyio
+
+LIMITS = HistoryLimits(max_turns=1000)
+PREFIX = "t:"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def converse(manager: ContextManager, context_id: str, turns: range) -> None:
+    """One question and one answer per turn: two records each."""
+    for i in turns:
+        manager.accept_turn(
+            TurnSnapshot(context_id=context_id, turn_id=f"t{i}", input=(user(f"question {i}"),))
+        )
+        manager.record(context_id, f"t{i}", [assistant(f"answer {i}")])
+
+
+async def stored(store: RedisContextStore, context_id: str) -> tuple[str, ...]:
+    """The turn ids another host restores, each checked message by message."""
+    async with Foundation(store=store, history_limits=LIMITS) as check:
+        await check.manager.leases.claim(context_id)
+        view = check.manager.history(context_id)
+        for turn_id in view.turn_ids:
+            i = int(turn_id[1:])
+            assert view.turn_messages(turn_id) == (user(f"question {i}"), assistant(f"answer {i}"))
+        return view.turn_ids
+
+
+def fill(server: RedisServer) -> list[str]:
+    """Fill the server past ``maxmemory`` by 200 kB, whatever its buffers do; the junk keys.
+
+    400 kB of junk, then ``maxmemory`` set to 200 kB under what the server
+    uses: every write is refused (OOM) until the junk is deleted.
+    """
+    junk = [f"junk:{i}" for i in range(100)]
+    with server.client() as client:
+        for key in junk:
+            client.set(key, b"x" * 4096)
+        used = int(client.info("memory")["used_memory"])
+        client.config_set("maxmemory", used - 200_000)
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            client.set("probe", b"x")
+    return junk
+
+
+def ids(count: int) -> tuple[str, ...]:
+    return tuple(f"t{i}" for i in range(count))
+
+
+async def test_a_full_redis_is_a_typed_refusal_and_the_context_writes_once_it_has_room(
+    redis_servers: Callable[..., RedisServer],
+) -> None:
+    """OOM (maxmemory + noeviction) never takes the Foundation down; nothing is lost."""
+    server = redis_servers("--maxmemory", "4mb", "--maxmemory-policy", "noeviction")
+    reported: list[StoreError] = []
+    async with RedisContextStore(server.url, prefix=PREFIX) as store:
+        async with Foundation(store=store, history_limits=LIMITS) as foundation:
+            manager = foundation.manager
+            manager.leases.on_error = reported.append
+            await manager.leases.claim("c")
+            converse(manager, "c", range(2))
+            await manager.leases.flush()  # acknowledged: t0, t1
+            junk = fill(server)
+            converse(manager, "c", range(2, 4))
+            for _ in range(2):  # still full, still queued
+                with pytest.raises(StoreRefusedError) as caught:
+                    await manager.leases.flush()
+                assert caught.value.reason == "OOM"
+            assert [type(e) for e in reported] == [StoreRefusedError, StoreRefusedError]
+            with pytest.raises(StoreRefusedError, match="OOM"):
+                await manager.leases.claim("d")  # a new lease is a write too
+            down = manager.statistics().store
+            assert down is not None
+            assert (down.pending_records, down.write_failures_total) == (4, 2)
+            with server.client() as client:
+                client.delete(*junk)
+            await manager.leases.flush()  # room again: the queued changes are written
+            converse(manager, "c", range(4, 5))
+            await manager.leases.flush()
+            up = manager.statistics().store
+            assert up is not None
+            assert (up.pending_records, up.records_written_total) == (0, 10)
+        assert await stored(store, "c") == ids(5)
+
+
+async def test_a_server_demoted_to_a_replica_is_a_typed_refusal_until_it_is_promoted_again(
+    redis_servers: Callable[..., RedisServer],
+) -> None:
+    """READONLY after a failover: typed, queued, and written once the server takes writes."""
+    first = redis_servers()
+    second = redis_servers()
+    async with RedisContextStore(first.url, prefix=PREFIX) as store:
+        async with Foundation(store=store, history_limits=LIMITS) as foundation:
+            manager = foundation.manager
+            await manager.leases.claim("c")
+            converse(manager, "c", range(2))
+            await manager.leases.flush()
+            with first.client() as a, second.client() as b:
+                b.replicaof("127.0.0.1", first.port)
+                deadline = time.monotonic() + 10  # the bound only ends a hang
+                while b.info("replication")["master_link_status"] != "up":
+                    assert time.monotonic() < deadline
+                    time.sleep(0.02)
+                b.replicaof("NO", "ONE")  # the failover: the replica is promoted,
+                a.replicaof("127.0.0.1", second.port)  # the old primary demoted
+                converse(manager, "c", range(2, 3))
+                with pytest.raises(StoreRefusedError) as caught:
+                    await manager.leases.flush()
+                assert caught.value.reason == "READONLY"
+                a.replicaof("NO", "ONE")
+            await manager.leases.flush()
+        assert await stored(store, "c") == ids(3)
+
+
+async def test_garbage_in_a_key_is_a_typed_error_naming_the_key_and_context(
+    redis_servers: Callable[..., RedisServer],
+) -> None:
+    server = redis_servers()
+    with server.client() as client:
+        client.set(f"{PREFIX}ctx:a:lease", "garbage")  # no separator
+        client.set(f"{PREFIX}ctx:b:fence", "not-a-number")
+        client.hset(f"{PREFIX}ctx:c:log", "x", "y")  # a hash, not a list
+        client.rpush(f"{PREFIX}ctx:e:lease", "x")  # a list, not a string
+    async with (
+        RedisContextStore(server.url, prefix=PREFIX) as store,
+        Foundation(store=store) as foundation,
+    ):
+        manager = foundation.manager
+        for context_id, key in (("a", "lease"), ("b", "fence"), ("c", "log"), ("e", "lease")):
+            with pytest.raises(StoreKeyError) as caught:
+                await manager.leases.claim(context_id)
+            assert (caught.value.context_id, caught.value.key) == (
+                context_id,
+                f"{PREFIX}ctx:{context_id}:{key}",
+            )
+            assert repr(caught.value.key) in str(caught.value)
+        # The failed claim of "c" released its lease: another owner takes it.
+        assert await store.acquire("c", "someone-else", 30) >= 1
+        with server.client() as client:
+            client.set(f"{PREFIX}epoch", "not hex")
+        with pytest.raises(StoreKeyError) as caught:
+            await manager.leases.claim("f")
+        assert caught.value.key == f"{PREFIX}epoch"
+
+
+async def test_one_context_with_a_damaged_key_never_blocks_the_others_flushes(
+    redis_servers: Callable[..., RedisServer],
+) -> None:
+    server = redis_servers()
+    reported: list[StoreError] = []
+    async with RedisContextStore(server.url, prefix=PREFIX) as store:
+        async with Foundation(store=store, history_limits=LIMITS) as foundation:
+            manager = foundation.manager
+            manager.leases.on_error = reported.append
+            for context_id in ("bad", "good"):
+                await manager.leases.claim(context_id)
+                converse(manager, context_id, range(1))
+            await manager.leases.flush()
+            with server.client() as client:
+                client.delete(f"{PREFIX}ctx:bad:log")
+                client.set(f"{PREFIX}ctx:bad:log", "garbage")
+            for context_id in ("bad", "good"):
+                converse(manager, context_id, range(1, 2))
+            await manager.leases.flush("good")  # written: "bad" failed alone
+            with pytest.raises(StoreKeyError) as caught:
+                await manager.leases.flush("bad")
+            assert (caught.value.context_id, caught.value.key) == ("bad", f"{PREFIX}ctx:bad:log")
+            with pytest.raises(StoreKeyError):
+                await manager.leases.flush()  # without an id: "bad" is not written
+            converse(manager, "good", range(2, 3))
+            await manager.leases.flush("good")
+            assert {type(e) for e in reported} == {StoreKeyError}
+            with server.client() as client:
+                client.delete(f"{PREFIX}ctx:bad:log")  # an operator deletes the damaged key
+            # Its log is not what this manager wrote any more: the context
+            # leaves memory rather than write a history with a hole.
+            with pytest.raises(StoreError, match="changed by someone else"):
+                await manager.leases.flush("bad")
+            with pytest.raises(StaleLeaseError):
+                converse(manager, "bad", range(2, 3))
+        assert await stored(store, "good") == ids(3)
+
+
+async def test_a_claim_held_by_another_owner_is_still_lease_held(
+    redis_servers: Callable[..., RedisServer],
+) -> None:
+    """The lease format with the store epoch: another owner's lease is held, not garbage."""
+    server = redis_servers()
+    async with RedisContextStore(server.url, prefix=PREFIX) as store:
+        await store.acquire("c", "other-host", 30)
+        async with Foundation(store=store) as foundation:
+            with pytest.raises(LeaseHeldError, match="other-host"):
+                await foundation.manager.leases.claim("c")
+        with server.client() as client:  # a lease an older turnloom wrote: "<token> <owner>"
+            client.set(f"{PREFIX}ctx:d:lease", "7 old-host", px=30_000)
+        async with Foundation(store=store) as foundation:
+            with pytest.raises(LeaseHeldError, match="old-host"):
+                await foundation.manager.leases.claim("d")
