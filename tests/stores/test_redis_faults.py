@@ -14,13 +14,16 @@ redis client is asyncio-based).
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 
+import anyio
 import pytest
 import redis
 
-from tests.runtime.helpers import assistant, user
+from tests.runtime.helpers import assistant, call, result, user
+from tests.stores.faults import FaultProxy
 from tests.stores.servers import RedisServer
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import (
@@ -31,7 +34,7 @@ from turnloom.errors import (
     StoreRefusedError,
 )
 from turnloom.runtime import ContextManager, Foundation, TurnSnapshot
-from turnloom.stores import RedisContextStore
+from turnloom.stores import RedisContextStore, redis_contexts
 
 pytestmark = pytest.mark.anyio
 
@@ -234,3 +237,69 @@ async def test_a_claim_held_by_another_owner_is_still_lease_held(
         async with Foundation(store=store) as foundation:
             with pytest.raises(LeaseHeldError, match="old-host"):
                 await foundation.manager.leases.claim("d")
+
+
+def sha(script: str) -> bytes:
+    """What EVALSHA sends for one of the store's scripts."""
+    return hashlib.sha1((redis_contexts._PRELUDE + script).encode()).hexdigest().encode()
+
+
+def converse_with_tools(manager: ContextManager, context_id: str, turns: range) -> None:
+    """A question, a tool call, its result and an answer per turn: enough records to compact."""
+    for i in turns:
+        manager.accept_turn(
+            TurnSnapshot(context_id=context_id, turn_id=f"t{i}", input=(user(f"question {i}"),))
+        )
+        manager.record(
+            context_id,
+            f"t{i}",
+            [call(f"k{i}"), result(f"k{i}", f"found {i}"), assistant(f"answer {i}")],
+        )
+
+
+@pytest.mark.parametrize("script", ["append", "replace"])
+async def test_a_write_whose_reply_is_lost_is_retried_and_recognised_as_applied(
+    redis_servers: Callable[..., RedisServer], script: str
+) -> None:
+    """The client retries after the cut; the retry answers "applied", not a gap.
+
+    The reply of the batch (``append``) or of the compaction (``replace``) is
+    thrown away after the server ran it. Then every later write of the
+    context goes through, and another host restores exactly the history.
+    """
+    server = redis_servers()
+    proxy = FaultProxy(server.port)
+    limits = HistoryLimits(max_turns=3)
+    async with anyio.create_task_group() as group:
+        await group.start(proxy.run)
+        async with RedisContextStore(proxy.url, prefix=PREFIX) as store:
+            async with Foundation(store=store, history_limits=limits) as foundation:
+                manager = foundation.manager
+                reported: list[StoreError] = []
+                manager.leases.on_error = reported.append
+                await manager.leases.claim("c")
+                converse_with_tools(manager, "c", range(10))
+                await manager.leases.flush()
+                source = redis_contexts._REPLACE if script == "replace" else redis_contexts._APPEND
+                with server.client() as client:  # loaded: the reply thrown away is the script's
+                    client.script_load(redis_contexts._PRELUDE + source)
+                proxy.drop_reply(b"EVALSHA", sha(source))
+                converse_with_tools(manager, "c", range(10, 25))  # past 64 records: compacts
+                await manager.leases.flush()
+                assert (proxy.dropped, proxy.cuts) == (1, 1)
+                stats = manager.statistics().store
+                assert stats is not None
+                assert stats.compactions_total == 1
+                assert reported == []  # the client's retry hid the fault
+                converse_with_tools(manager, "c", range(25, 28))
+                await manager.leases.flush()
+                held = manager.history("c")
+            async with Foundation(store=store, history_limits=limits) as second:
+                await second.manager.leases.claim("c")
+                restored = second.manager.history("c")
+                assert restored.turn_ids == held.turn_ids == ("t25", "t26", "t27")
+                for turn_id in held.turn_ids:
+                    assert restored.turn_messages(turn_id) == held.turn_messages(turn_id)
+            with server.client() as client:
+                assert client.llen(f"{PREFIX}ctx:c:log") < 64  # compacted, then appended
+        await proxy.stop()
