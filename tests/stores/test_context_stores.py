@@ -11,6 +11,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from tests.stores.helpers import expire_lease
 from turnloom.errors import InputError, LeaseHeldError, StoreError
 from turnloom.runtime.store import ContextStore
 from turnloom.stores import RedisContextStore, SQLiteContextStore, open_context_store
@@ -186,3 +187,34 @@ async def test_replace_swaps_a_whole_log_only_for_the_holder_at_the_expected_len
         assert await store.load("c") == (b"ckpt", b"r3")
     finally:
         await store.aclose()
+
+
+async def test_prune_deletes_contexts_unused_for_long_and_never_a_leased_one(
+    store_url: str,
+) -> None:
+    """What remove_context and hung-up calls leave behind can be cleaned; leases are kept."""
+    store = open_context_store(store_url)
+    other = open_context_store(store_url)
+    try:
+        tokens = {c: await store.acquire(c, "host-a", 30.0) for c in ("old", "held", "gone")}
+        await store.append([(c, t, 0, (b"r",)) for c, t in tokens.items()])
+        assert await store.forget("gone", tokens["gone"])
+        await store.release({"gone": tokens["gone"]})
+        expire_lease(store_url, "old")  # host-a stalled: its lease ran out
+        with pytest.raises(InputError):
+            await store.prune(-1)
+        assert await store.prune(3600.0) == 0  # written just now
+        pruned = await store.prune(0.0)
+        assert pruned == (2 if store_url.startswith("sqlite:") else 1)  # Redis: "gone" expires
+        assert await store.load("old") == ()
+        assert await store.load("held") == (b"r",)
+        # The pruned context's token is issued again, to another owner; the
+        # stalled owner's write with the same token is still refused.
+        again = await other.acquire("old", "host-b", 30.0)
+        assert again == tokens["old"]
+        assert await store.append([("old", again, 0, (b"stale",))]) == {"old": -1}
+        assert await other.append([("old", again, 0, (b"new",))]) == {"old": 1}
+        assert await other.load("old") == (b"new",)
+    finally:
+        await store.aclose()
+        await other.aclose()

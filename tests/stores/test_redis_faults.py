@@ -32,6 +32,7 @@ from turnloom.errors import (
     StoreError,
     StoreKeyError,
     StoreRefusedError,
+    StoreUnavailableError,
 )
 from turnloom.runtime import ContextManager, Foundation, TurnSnapshot
 from turnloom.stores import RedisContextStore, redis_contexts
@@ -303,3 +304,83 @@ async def test_a_write_whose_reply_is_lost_is_retried_and_recognised_as_applied(
             with server.client() as client:
                 assert client.llen(f"{PREFIX}ctx:c:log") < 64  # compacted, then appended
         await proxy.stop()
+
+
+async def test_a_paused_server_is_a_typed_error_within_the_time_bound_and_nothing_is_lost(
+    redis_servers: Callable[..., RedisServer],
+) -> None:
+    """SIGSTOP for longer than the bound: flush and claim raise StoreUnavailableError.
+
+    The guards (``anyio.fail_after``) only turn a hang into a failure: the
+    bound is the store's ``timeout``, a flush waits at most about twice it
+    (a write cycle in flight, then its own). After SIGCONT, whatever the
+    paused server ran late is recognised, and nothing acknowledged is lost.
+    """
+    server = redis_servers()
+    bound = 0.5
+    store = RedisContextStore(server.url, prefix=PREFIX, timeout=bound, socket_timeout=0.2)
+    async with store:
+        async with Foundation(store=store, history_limits=LIMITS) as foundation:
+            manager = foundation.manager
+            await manager.leases.claim("c")
+            converse(manager, "c", range(2))
+            await manager.leases.flush()
+            server.pause()
+            try:
+                converse(manager, "c", range(2, 4))
+                for _ in range(2):
+                    with anyio.fail_after(2 * bound + 2), pytest.raises(StoreUnavailableError):
+                        await manager.leases.flush()
+                with anyio.fail_after(3 * bound + 2), pytest.raises(StoreUnavailableError):
+                    await manager.leases.claim("d")
+                with anyio.fail_after(bound + 2), pytest.raises(StoreUnavailableError):
+                    await store.load("c")
+            finally:
+                server.resume()
+            await manager.leases.flush()
+            converse(manager, "c", range(4, 5))
+            await manager.leases.flush()
+            stats = manager.statistics().store
+            assert stats is not None
+            assert (stats.pending_records, stats.records_written_total) == (0, 10)
+        assert await stored(store, "c") == ids(5)
+
+
+@pytest.mark.parametrize("same_owner", [False, True], ids=["another-owner", "same-owner-name"])
+async def test_fencing_holds_across_a_restart_that_lost_every_key(
+    redis_servers: Callable[..., RedisServer], same_owner: bool
+) -> None:
+    """A stale owner's write after the store lost its data is refused, never acknowledged.
+
+    Host A holds token 1; the server restarts without persistence (every key,
+    fencing counters included, is gone); host B claims the context and gets
+    token 1 again. A's next flush must raise StaleLeaseError: the lease
+    carries the owner (another name) and the store's epoch (a restarted
+    host with A's own name, after the restart) that A's write does not.
+    """
+    server = redis_servers()
+    owner_b = "host-a" if same_owner else "host-b"
+    async with (
+        RedisContextStore(server.url, prefix=PREFIX) as store_a,
+        RedisContextStore(server.url, prefix=PREFIX) as store_b,
+    ):
+        async with Foundation(
+            store=store_a, history_limits=LIMITS, owner="host-a", lease_ttl=60
+        ) as host_a:
+            await host_a.manager.leases.claim("c")
+            converse(host_a.manager, "c", range(2))
+            await host_a.manager.leases.flush()
+            server.restart()
+            async with Foundation(
+                store=store_b, history_limits=LIMITS, owner=owner_b, lease_ttl=60
+            ) as host_b:
+                assert await host_b.manager.leases.claim("c") is True  # an empty store
+                converse(host_b.manager, "c", range(10, 11))
+                await host_b.manager.leases.flush()
+                with server.client() as client:
+                    assert client.get(f"{PREFIX}ctx:c:fence") == b"1"  # the same token again
+                converse(host_a.manager, "c", range(2, 3))
+                with pytest.raises(StaleLeaseError, match="context 'c'"):
+                    await host_a.manager.leases.flush()
+                assert host_a.manager.context_ids() == ()
+        assert await stored(store_b, "c") == ("t10",)  # only B's turn: nothing of A's landed

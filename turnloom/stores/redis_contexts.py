@@ -1,15 +1,30 @@
 """The fleet context store: a Redis server shared by every host (``redis`` asyncio client).
 
 Keys, under a prefix (default ``"turnloom:"``): ``<prefix>ctx:<id>:log`` (a
-list of records), ``<prefix>ctx:<id>:lease`` (``"<token> <owner>"`` with a
-``PX`` expiry), ``<prefix>ctx:<id>:fence`` (the token counter; it outlives
-the context by a day after :meth:`~RedisContextStore.forget`, far longer than
-any lease, so a token is never issued twice while a holder may live) and
-``<prefix>used`` (a sorted set: context id by the server time of its last
-write, in milliseconds). Every check-and-write runs as one Lua
-script on the server, so a write with a stale token is refused by Redis
-itself; lease expiry uses the server's clock, so hosts' clocks do not matter.
-A batch of appends to many contexts is one pipelined round trip.
+list of framed records: position and checksum, see ``_frames``),
+``<prefix>ctx:<id>:lease`` (``"<token> <epoch> <owner>"`` with a ``PX``
+expiry), ``<prefix>ctx:<id>:fence`` (the token counter), ``<prefix>epoch``
+(the store's epoch: a random id the first claim of an empty store writes)
+and ``<prefix>used`` (a sorted set: context id by the server time of its
+last write, in milliseconds). Every check-and-write runs as one Lua script
+on the server, so a write with a stale lease is refused by Redis itself;
+lease expiry uses the server's clock, so hosts' clocks do not matter. A
+batch of appends to many contexts is one pipelined round trip, and each
+context's outcome in it is its own.
+
+Expiry: a lease expires ``lease_ttl`` after its last renewal; a context's
+fencing counter expires a day after :meth:`~RedisContextStore.forget`
+(``remove_context``), far longer than any lease; a log never expires by
+itself: :meth:`~RedisContextStore.forget` deletes it, and
+:meth:`~RedisContextStore.prune` deletes the logs of contexts nobody wrote
+for a given time.
+
+Fencing holds across a server that lost its data (a restart without
+persistence, a failover to a replica that had not caught up): a write
+carries its token, the owner that took it and the store epoch it was
+issued in, and the script compares all three, so a reset counter that
+issues the same token again, to another owner or in a new epoch, never lets
+a stale owner's write through (:class:`~turnloom.errors.StaleLeaseError`).
 
 Durability: an append that returned is in the server's memory and survives
 any crash of the client processes. Whether it survives a crash or restart
@@ -18,10 +33,17 @@ and ``appendfsync always`` it does; with ``appendfsync everysec`` up to a
 second of writes can be lost; with persistence off (as on the machines
 that run this project's tests) a server restart loses every log.
 
-Connection failures are retried by the client (``retries`` times with
-exponential backoff capped at ``backoff_cap`` seconds), then raised as
-:class:`~turnloom.errors.StoreUnavailableError`. Retried appends never
-duplicate (see the protocol's idempotent appends).
+The time bound: every call returns, or raises
+:class:`~turnloom.errors.StoreUnavailableError`, within ``timeout`` seconds
+(default 2.0), however the server or the network hangs. Within it the
+client sets socket timeouts (``socket_timeout``, 0.5 s) and retries a
+failed command (``retries`` times, exponential backoff capped at
+``backoff_cap``: redis-py's ``Retry`` and ``ExponentialBackoff``); retried
+writes never duplicate and a retried compaction answers that it was
+applied. Error replies are typed: ``OOM``, ``READONLY``, ``LOADING``,
+``NOSCRIPT`` and the like are :class:`~turnloom.errors.StoreRefusedError`
+(retry later), a key holding what turnloom did not write is
+:class:`~turnloom.errors.StoreKeyError`; no redis exception leaves the store.
 
 The ``redis`` asyncio client runs on asyncio only: using this store from trio
 raises :class:`~turnloom.errors.StoreError`.
@@ -193,6 +215,16 @@ if kind_ok(KEYS[3], 'zset') then redis.call('ZREM', KEYS[3], ARGV[4]) end
 return 1
 """
 
+# KEYS: lease, log, fence, used. ARGV: context id, bound (server ms). 1 when deleted.
+_PRUNE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local score = redis.call('ZSCORE', KEYS[4], ARGV[1])
+if score and tonumber(score) > tonumber(ARGV[2]) then return 0 end
+redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('ZREM', KEYS[4], ARGV[1])
+return 1
+"""
+
 # Error replies that say "not now": retrying later can succeed.
 _REFUSALS = (
     "OOM",
@@ -320,6 +352,7 @@ class RedisContextStore:
         self._append = self._client.register_script(_PRELUDE + _APPEND)
         self._forget = self._client.register_script(_PRELUDE + _FORGET)
         self._replace = self._client.register_script(_PRELUDE + _REPLACE)
+        self._prune = self._client.register_script(_PRUNE)
         self._holds = Holds()
         self._closed = False
 
@@ -592,6 +625,49 @@ class RedisContextStore:
             return ()
         leased = await self._call(self._client.mget([self._key(c, "lease") for c in ids]))
         return tuple(c for c, lease in zip(ids, leased, strict=True) if lease is None)
+
+    async def prune(self, older_than: float) -> int:
+        """Delete the logs and fencing counters of contexts unwritten for ``older_than`` seconds.
+
+        Only contexts nobody leases (server clock); run it from a
+        maintenance job with ``older_than`` far longer than any lease (a day,
+        say). A pruned context claimed again starts empty; a stale owner of
+        one is still refused (writes carry the owner and the store epoch).
+        A forgotten context (``remove_context``) keeps only its fencing
+        counter, which expires by itself a day later.
+
+        Returns:
+            the number of contexts deleted.
+
+        Raises:
+            InputError: ``older_than`` is not a non-negative number.
+        """
+        if not isinstance(older_than, int | float) or not older_than >= 0:
+            raise InputError(
+                f"older_than must be a non-negative number of seconds, not {older_than!r}."
+            )
+        self._check()
+        used = f"{self._prefix}used"
+        now_s, now_us = await self._call(self._client.time())
+        bound = now_s * 1000 + now_us // 1000 - round(older_than * 1000)
+        found = await self._call(self._client.zrangebyscore(used, "-inf", bound))
+        ids = [member.decode() for member in found]
+        if not ids:
+            return 0
+        replies = await self._pipeline(
+            [
+                (
+                    self._prune,
+                    [self._key(c, "lease"), self._key(c, "log"), self._key(c, "fence"), used],
+                    [c, bound],
+                )
+                for c in ids
+            ]
+        )
+        for c, reply in zip(ids, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise self._error(reply, c)
+        return sum(1 for reply in replies if reply == 1)
 
     async def __aenter__(self) -> Self:
         """The store itself; :meth:`aclose` runs when the block exits."""
