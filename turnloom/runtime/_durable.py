@@ -21,6 +21,16 @@ the newest turn's kept state when it changed since; see
 ``_records.compacted``), so a restored history retracts that turn as the live
 one does.
 
+Failures: the writer never raises. Each failure of the store is a typed
+:class:`~turnloom.errors.StoreError` handed to the flushes waiting for that
+write cycle and to the host's hook (``manager.leases.on_error``); the
+changes stay queued and are retried by the next cycle (a flush, a change, or
+the maintenance loop). A context whose write failed alone (a damaged key, a
+gap) leaves the others' writes alone; a log whose length is not what this
+manager expects is reread: still as written, or as the compaction whose
+reply was lost left it, and otherwise changed by someone else (the context
+leaves memory; its next claim restores what the store holds).
+
 What a crash loses: changes logged after the last completed flush may be
 lost (all of them, or a tail of them: a context's records are appended in
 order, so what survives is always a prefix of what was logged). Nothing a
@@ -310,9 +320,16 @@ class Durability:
             StaleLeaseError: the store refused a write of the context (or of
                 any context, without ``context_id``): another owner holds its
                 lease. Its unwritten changes are discarded and it left memory.
-            StoreUnavailableError: the store was unreachable through the
-                writer's bounded retry; the changes stay queued (a later flush
-                retries them) and nothing acknowledged was lost.
+            StoreUnavailableError: the store was unreachable or refused writes
+                for now (:class:`~turnloom.errors.StoreRefusedError`), found by
+                the write cycle the flush waited for or by one in flight (a
+                flush waits at most about two store time bounds); the changes
+                stay queued (a later flush retries them) and nothing
+                acknowledged was lost.
+            StoreKeyError, StoreRecordError, StoreError: the context's write
+                (without ``context_id``: some context's) failed alone: a
+                damaged key or log, a log that is not what this manager wrote;
+                the other contexts were written.
 
         Cancellation:
             Cancelling the wait leaves the queued changes queued; the writer
