@@ -843,3 +843,25 @@ async def test_a_drop_host_restoring_kept_pairs_sends_no_earlier_pair(store_url:
         restored = manager.history("c")
         assert restored.turn_ids == held.turn_ids == ("t0", "t1", "t2", "t3")
         assert [restored.turn_state(t) for t in restored.turn_ids] == [()] * 4
+
+
+async def test_release_writes_a_context_then_frees_its_lease_for_another_host(
+    store_url: str,
+) -> None:
+    """Released: in the store, out of memory, claimable at once by another owner."""
+    async with hosting(store_url, history_limits=LIMITS, lease_ttl=60) as first:
+        manager = first.manager
+        assert await manager.leases.release("c") is False  # not held
+        with pytest.raises(InputError):
+            await manager.leases.release("")
+        await manager.leases.claim("c")
+        await converse(manager, "c", range(2))
+        assert await manager.leases.release("c") is True  # flushed first
+        assert manager.context_ids() == ()
+        with pytest.raises(NotClaimedError):
+            manager.accept_turn(snapshot("c", "t9", "hi"))
+        async with hosting(store_url, history_limits=LIMITS) as second:
+            assert await second.manager.leases.claim("c") is True  # no wait for an expiry
+            assert second.manager.history("c").turn_ids == ("t0", "t1")
+    async with Foundation() as plain:
+        assert await plain.manager.leases.release("c") is False

@@ -15,6 +15,7 @@ redis client is asyncio-based).
 from __future__ import annotations
 
 import hashlib
+import random
 import time
 from collections.abc import Callable
 
@@ -384,3 +385,90 @@ async def test_fencing_holds_across_a_restart_that_lost_every_key(
                     await host_a.manager.leases.flush()
                 assert host_a.manager.context_ids() == ()
         assert await stored(store_b, "c") == ("t10",)  # only B's turn: nothing of A's landed
+
+
+async def test_a_restart_with_an_append_only_file_keeps_every_acknowledged_turn_and_the_lease(
+    redis_servers: Callable[..., RedisServer],
+) -> None:
+    """``appendonly yes`` + ``appendfsync always``: the owner writes on across the restart."""
+    server = redis_servers(appendonly=True)
+    async with RedisContextStore(server.url, prefix=PREFIX) as store:
+        async with Foundation(store=store, history_limits=LIMITS, lease_ttl=60) as foundation:
+            manager = foundation.manager
+            await manager.leases.claim("c")
+            converse(manager, "c", range(3))
+            await manager.leases.flush()
+            server.restart()  # killed: only what the append-only file holds comes back
+            converse(manager, "c", range(3, 5))
+            await manager.leases.flush()  # the same lease, epoch and log: written
+        assert await stored(store, "c") == ids(5)
+
+
+async def test_connections_cut_in_a_loop_lose_nothing_acknowledged(
+    redis_servers: Callable[..., RedisServer],
+) -> None:
+    """Every connection cut every 10-60 ms while three contexts write, evict and compact.
+
+    Whatever a flush raises is typed; every turn a flush acknowledged and the
+    history still holds is restored by another host exactly.
+    """
+    server = redis_servers()
+    proxy = FaultProxy(server.port)
+    limits = HistoryLimits(max_turns=3)
+    ids_ = ("a", "b", "c")
+    acknowledged: dict[str, list[str]] = {c: [] for c in ids_}
+    held: dict[str, tuple[str, ...]] = {}
+    async with anyio.create_task_group() as group:
+        await group.start(proxy.run)
+        cutting = anyio.CancelScope()
+
+        async def cutter() -> None:
+            rng = random.Random(27)
+            with cutting:
+                while True:
+                    await anyio.sleep(rng.uniform(0.01, 0.06))
+                    await proxy.cut()
+
+        async with RedisContextStore(proxy.url, prefix=PREFIX) as store:
+            async with Foundation(store=store, history_limits=limits) as foundation:
+                manager = foundation.manager
+                for c in ids_:
+                    await manager.leases.claim(c)
+                group.start_soon(cutter)
+
+                async def writer(context_id: str) -> None:
+                    for i in range(40):  # 40 turns: past 64 records, compacted
+                        converse(manager, context_id, range(i, i + 1))
+                        for _attempt in range(50):
+                            try:
+                                await manager.leases.flush(context_id)
+                                break
+                            except StoreError:
+                                pass  # typed; the changes stay queued
+                        else:
+                            raise AssertionError("never written")
+                        acknowledged[context_id].append(f"t{i}")
+
+                async with anyio.create_task_group() as writers:
+                    for c in ids_:
+                        writers.start_soon(writer, c)
+                cutting.cancel()
+                held = {c: manager.history(c).turn_ids for c in ids_}
+                stats = manager.statistics().store
+                assert stats is not None
+                assert stats.compactions_total >= 3
+        await proxy.stop()
+    assert proxy.cuts > 0
+    async with RedisContextStore(server.url, prefix=PREFIX) as store:
+        async with Foundation(store=store, history_limits=limits) as check:
+            for c in ids_:
+                assert held[c] == tuple(acknowledged[c][-3:]) == ("t37", "t38", "t39")
+                await check.manager.leases.claim(c)
+                view = check.manager.history(c)
+                assert view.turn_ids == held[c]
+                for turn_id in view.turn_ids:
+                    i = int(turn_id[1:])
+                    assert view.turn_messages(turn_id) == (
+                        user(f"question {i}"),
+                        assistant(f"answer {i}"),
+                    )

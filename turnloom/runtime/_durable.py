@@ -294,6 +294,32 @@ class Durability:
             del self._claiming[context_id]
             done.set()
 
+    async def release(self, context_id: str) -> bool:
+        """Write what is queued for a held context, then give up its lease; it leaves memory.
+
+        Returns:
+            True when the lease was held and is released now; False when the
+            context was not held (nothing to do).
+
+        Raises:
+            StaleLeaseError, StoreUnavailableError, StoreError: as :meth:`flush`
+                for the context; the lease is then still held (or lost).
+        """
+        check_id(context_id, "context id")
+        if context_id not in self._claims:
+            return False
+        await self.flush(context_id)
+        claim = self._claims.get(context_id)
+        if claim is None or claim.pending or not self._can_unload(context_id):
+            return False  # lost meanwhile, changed again, or in use
+        del self._claims[context_id]
+        self._unload(context_id)
+        try:
+            await self._store_call(self._store.release, {context_id: claim.token})
+        except StoreError as exc:
+            self._report(exc)  # the lease expires by itself
+        return True
+
     def _lose(self, context_id: str, token: int, why: str) -> None:
         claim = self._claims.get(context_id)
         if claim is None or claim.token != token:

@@ -186,6 +186,33 @@ class Leases:
             return False
         return await self._durable.claim(context_id)
 
+    async def release(self, context_id: str) -> bool:
+        """Give up a held context: write what is queued for it, release its lease.
+
+        The context leaves this manager's memory and stays in the store: the
+        next :meth:`claim`, here or on another host, restores it (without
+        waiting for a lease to expire). Without a store this only checks the
+        id and returns False.
+
+        Returns:
+            True when the lease was released; False when the context was not
+            held, or is in use (a model call in flight, a preparation waiting
+            for its next turn) or changed while its changes were written.
+
+        Raises:
+            StateError: the manager is not bound to an open Foundation yet.
+            FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: a malformed context id.
+            StaleLeaseError, StoreUnavailableError, StoreError: the context's
+                queued changes could not be written (as :meth:`flush`); the
+                lease is kept.
+        """
+        self._life.check_open()
+        if self._durable is None:
+            check_id(context_id, "context id")
+            return False
+        return await self._durable.release(context_id)
+
     async def flush(self, context_id: str | None = None) -> None:
         """Wait until every change made before the call is in the store.
 
