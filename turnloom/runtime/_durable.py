@@ -694,8 +694,10 @@ class Durability:
             with anyio.move_on_after(grace_period):
                 try:
                     await self.flush()
-                except (StoreError, LeaseError):
-                    pass  # what was not written is what a crash would lose
+                except StoreError as exc:
+                    self._report(exc)  # what was not written is what a crash would lose
+                except LeaseError:
+                    pass  # refused: another owner holds the context
             self._closed = True
             self._scope.cancel()
             leases = {cid: claim.token for cid, claim in self._claims.items()}
