@@ -472,3 +472,25 @@ async def test_connections_cut_in_a_loop_lose_nothing_acknowledged(
                         user(f"question {i}"),
                         assistant(f"answer {i}"),
                     )
+
+
+async def test_an_emptied_script_cache_is_reloaded_and_every_call_goes_on(
+    redis_servers: Callable[..., RedisServer],
+) -> None:
+    """NOSCRIPT (a restart, a ``SCRIPT FLUSH``, a failover): the client loads the script again."""
+    server = redis_servers()
+    async with RedisContextStore(server.url, prefix=PREFIX) as store:
+        async with Foundation(store=store, history_limits=LIMITS) as foundation:
+            manager = foundation.manager
+            await manager.leases.claim("c")
+            converse(manager, "c", range(1))
+            await manager.leases.flush()
+            with server.client() as client:
+                client.script_flush()
+            converse(manager, "c", range(1, 2))
+            await manager.leases.flush()  # pipelined scripts
+            await manager.leases.claim("d")  # one script alone
+            with server.client() as client:
+                client.script_flush()
+            assert await manager.leases.release("d") is True
+        assert await stored(store, "c") == ids(2)
