@@ -157,6 +157,15 @@ def test_store_urls_and_options_are_checked_at_the_door() -> None:
     assert (
         repr(open_context_store("sqlite:x.db?synchronous=normal")) == "SQLiteContextStore('x.db')"
     )
+    bounded = open_context_store("redis://127.0.0.1:6379/0?timeout=1.5&socket_timeout=0.3")
+    assert isinstance(bounded, RedisContextStore)
+    assert bounded.timeout == 1.5
+    short = open_context_store("redis://127.0.0.1:6379/0?timeout=0.2")  # sockets wait 0.2 s
+    assert isinstance(short, RedisContextStore)
+    assert short.timeout == 0.2
+    for bad in ("timeout=soon", "timeout=0", "socket_timeout=3"):  # 3 > the 2 s default bound
+        with pytest.raises(InputError):
+            open_context_store(f"redis://127.0.0.1:6379/0?{bad}")
     redis_store = open_context_store("redis://127.0.0.1:6379/0?prefix=app1:")
     assert isinstance(redis_store, RedisContextStore)
     assert repr(redis_store) == "RedisContextStore('redis://127.0.0.1:6379/0', prefix='app1:')"

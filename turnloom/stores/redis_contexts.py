@@ -259,8 +259,8 @@ class RedisContextStore:
             partitioned server, a pool whose connections all hang) raises
             :class:`~turnloom.errors.StoreUnavailableError`.
         socket_timeout: seconds one read, write or connect waits for the
-            server (default 0.5) before it counts as a failure the client
-            retries; at most ``timeout``.
+            server (default 0.5, or ``timeout`` when shorter) before it
+            counts as a failure the client retries; at most ``timeout``.
         retries: how many times the client retries a command after a
             connection failure or a socket timeout, within ``timeout``
             (default 2; redis-py's ``Retry``).
@@ -284,7 +284,7 @@ class RedisContextStore:
         *,
         prefix: str = "turnloom:",
         timeout: float = 2.0,
-        socket_timeout: float = 0.5,
+        socket_timeout: float | None = None,
         retries: int = 2,
         backoff_cap: float = 0.25,
         max_connections: int = 32,
@@ -299,6 +299,8 @@ class RedisContextStore:
             )
         if not isinstance(retries, int) or retries < 0:
             raise InputError(f"retries must be a non-negative integer, not {retries!r}.")
+        if socket_timeout is None and isinstance(timeout, int | float):
+            socket_timeout = min(0.5, timeout)
         for name, value in (
             ("timeout", timeout),
             ("socket_timeout", socket_timeout),
