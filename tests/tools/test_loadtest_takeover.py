@@ -87,6 +87,8 @@ def test_a_killed_process_s_sessions_are_finished_by_the_survivor_with_nothing_l
             if process.poll() is None:
                 process.kill()
                 process.wait(10)
+            if process.stderr is not None:
+                process.stderr.close()
     assert doomed.returncode == -signal.SIGKILL
     assert survivor.returncode == 0, stderr.decode(errors="replace")[-2000:]
     report = msgspec.json.decode((tmp_path / "report-0.json").read_bytes(), type=LoadtestReport)
