@@ -1,6 +1,6 @@
 """``turnloom loadtest --processes N --takeover``: survivors finish a killed process's sessions.
 
-Two ``turnloom loadtest`` processes share one SQLite store, each with half of
+Two ``turnloom loadtest`` processes share one store (SQLite, Redis), each with half of
 eight sessions and ``--takeover-sessions 8`` (what ``--takeover`` gives each
 child). One is killed (SIGKILL, by PID) while its sessions are mid-way. The
 survivor, done with its own, claims the dead one's sessions once their
@@ -18,15 +18,19 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import msgspec
 import pytest
+import redis
 
+from tests.stores.conftest import REDIS_URL
 from turnloom.cli import main
 from turnloom.runtime import Foundation
-from turnloom.stores import SQLiteContextStore
+from turnloom.stores import SQLiteContextStore, open_context_store
 from turnloom.tools.loadtest import LoadtestReport
 from turnloom.tools.trajectories import builtin_trajectories, check_trajectory
 from turnloom.tools.transcript import Turn, walk
@@ -66,10 +70,27 @@ def child(k: int, store: str, folder: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+@pytest.fixture(params=["sqlite", "redis"])
+def fleet_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A store URL the two processes share: a SQLite file, or the Redis server (own prefix)."""
+    if request.param == "sqlite":
+        yield f"sqlite:{tmp_path / 'fleet.db'}"
+        return
+    prefix = f"tltest:{uuid.uuid4().hex[:12]}:"
+    yield f"{REDIS_URL}?prefix={prefix}"
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}*"))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
 def test_a_killed_process_s_sessions_are_finished_by_the_survivor_with_nothing_lost(
-    tmp_path: Path,
+    tmp_path: Path, fleet_store: str
 ) -> None:
-    store = f"sqlite:{tmp_path / 'fleet.db'}"
+    store = fleet_store
     survivor = child(0, store, tmp_path)
     doomed = child(1, store, tmp_path)
     try:
@@ -103,7 +124,7 @@ def test_a_killed_process_s_sessions_are_finished_by_the_survivor_with_nothing_l
 
     async def check() -> None:
         async with (
-            SQLiteContextStore(tmp_path / "fleet.db") as opened,
+            open_context_store(store) as opened,
             Foundation(store=opened, owner="checker") as foundation,
         ):
             manager = foundation.manager
@@ -121,7 +142,7 @@ def test_a_killed_process_s_sessions_are_finished_by_the_survivor_with_nothing_l
                 assert held == tuple(script)  # finished, every turn once
                 assert set(acknowledged[context_id]) <= set(held)
 
-    anyio.run(check)
+    anyio.run(check, backend="asyncio")
 
 
 def test_takeover_through_processes_finishes_every_session_and_keeps_contexts(
