@@ -336,15 +336,31 @@ async def test_a_paused_server_is_a_typed_error_within_the_time_bound_and_nothin
                     await manager.leases.claim("d")
                 with anyio.fail_after(bound + 2), pytest.raises(StoreUnavailableError):
                     await store.load("c")
+                # A flush that arrives while a write cycle is in flight.
+                failures: list[BaseException] = []
+
+                async def flush() -> None:
+                    try:
+                        await manager.leases.flush()
+                    except StoreUnavailableError as exc:
+                        failures.append(exc)
+
+                with anyio.fail_after(2 * bound + 2):
+                    async with anyio.create_task_group() as group:
+                        group.start_soon(flush)
+                        await anyio.sleep(bound / 4)  # the first cycle waits on the server
+                        converse(manager, "c", range(4, 5))
+                        group.start_soon(flush)
+                assert len(failures) == 2
             finally:
                 server.resume()
             await manager.leases.flush()
-            converse(manager, "c", range(4, 5))
+            converse(manager, "c", range(5, 6))
             await manager.leases.flush()
             stats = manager.statistics().store
             assert stats is not None
-            assert (stats.pending_records, stats.records_written_total) == (0, 10)
-        assert await stored(store, "c") == ids(5)
+            assert (stats.pending_records, stats.records_written_total) == (0, 12)
+        assert await stored(store, "c") == ids(6)
 
 
 @pytest.mark.parametrize("same_owner", [False, True], ids=["another-owner", "same-owner-name"])
