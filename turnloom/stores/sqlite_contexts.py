@@ -13,7 +13,25 @@ power loss may lose the last commits. A crash between two appends loses
 nothing that an append returned for. ``":memory:"`` keeps nothing (tests).
 
 Leases use the machine's wall clock (``time.time()``), so every process
-sharing a file must run on one host; use the Redis store across hosts.
+sharing a file must run on one host; use the Redis store across hosts. A
+write checks the lease's owner as well as its token, so a context deleted
+by :meth:`~SQLiteContextStore.prune` and claimed again (its token counter
+restarted) never takes a stale owner's write.
+
+Records: each row holds a framed record (its position and a CRC-32, see
+``_frames``) and the context's row counts them (``length``); a load checks
+both, so a flipped byte, a row deleted or a count that does not match is a
+:class:`~turnloom.errors.StoreRecordError` naming the context and the index.
+The schema is unchanged from before frames; unframed rows an older turnloom
+wrote still load.
+
+The time bound: a call waits up to ``busy_timeout`` for another process's
+transaction (then :class:`~turnloom.errors.StoreUnavailableError`); a disk
+that hangs holds the worker thread, which cannot be abandoned mid-write.
+
+What stays: one row per context id (its lease and token counter) after
+``remove_context`` deleted its log, and the whole log of a context nobody
+claims again; :meth:`~SQLiteContextStore.prune` deletes both.
 """
 
 from __future__ import annotations
