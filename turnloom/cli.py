@@ -286,6 +286,23 @@ def _parser() -> argparse.ArgumentParser:
         default=1,
         help="spread the sessions over N processes (sharing --store) and add them up (1)",
     )
+    lt.add_argument(
+        "--takeover",
+        action="store_true",
+        help="with --processes and --store: a process that finished its sessions claims the "
+        "others' once their leases are free and replays what is left of them, so the "
+        "sessions of a process that dies are finished by the survivors; contexts stay in "
+        "the store",
+    )
+    lt.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="with --store: seconds a lease lasts unless renewed (10)",
+    )
+    lt.add_argument("--takeover-sessions", type=int, default=None, help=argparse.SUPPRESS)
+    lt.add_argument("--acknowledged-log", type=Path, default=None, help=argparse.SUPPRESS)
     lt.add_argument("--first-session", type=int, default=0, help=argparse.SUPPRESS)
     lt.add_argument("--run-id", default=None, help=argparse.SUPPRESS)
     add_memory_parser(commands)
@@ -595,7 +612,9 @@ def _fleet(args: argparse.Namespace) -> int:
     if args.config is not None:
         common += ["--config", str(args.config)]
     if args.store is not None:
-        common += ["--store", args.store]
+        common += ["--store", args.store, "--lease-ttl", repr(args.lease_ttl)]
+    if args.takeover:
+        common += ["--takeover-sessions", str(args.sessions)]
     try:
         report = run_fleet(
             common,
@@ -646,6 +665,10 @@ def _loadtest(args: argparse.Namespace) -> int:
             for option, used in given.items()
             if used
         ]
+    if args.takeover and (args.processes < 2 or args.store is None):
+        problems.append("--takeover needs --processes 2 or more and a --store.")
+    if not (math.isfinite(args.lease_ttl) and args.lease_ttl > 0):
+        problems.append(f"--lease-ttl must be a positive number of seconds, not {args.lease_ttl}.")
     if not problems and args.store is not None:
         problems += _check_store(args.store, args.backend)
     if problems:
@@ -655,7 +678,9 @@ def _loadtest(args: argparse.Namespace) -> int:
     config = _load_config(args)
     errors: list[ReplayError] = []
     if source is None:
-        trajectories = builtin_trajectories(min(args.sessions, 64), turns=(args.turns, args.turns))
+        # Every process of a takeover fleet replays session i the same way.
+        count = args.takeover_sessions or args.sessions
+        trajectories = builtin_trajectories(min(count, 64), turns=(args.turns, args.turns))
     else:
         loaded, errors = _load(paths)
         trajectories = []
@@ -686,6 +711,11 @@ def _loadtest(args: argparse.Namespace) -> int:
             servers.append(server)
             print(f"serving metrics at {server.url}", file=sys.stderr, flush=True)
 
+    acknowledged = (
+        open(args.acknowledged_log, "a", encoding="utf-8")  # closed below
+        if args.acknowledged_log is not None
+        else None
+    )
     try:
         report = _run(
             args,
@@ -701,6 +731,9 @@ def _loadtest(args: argparse.Namespace) -> int:
                 store=args.store,
                 first_session=args.first_session,
                 run_id=args.run_id or (f"{uuid.uuid4().hex[:8]}:" if args.store else ""),
+                takeover_sessions=args.takeover_sessions,
+                lease_ttl=args.lease_ttl,
+                acknowledged_log=acknowledged,
             ),
         )
     except (InputError, StoreError) as exc:
@@ -709,6 +742,8 @@ def _loadtest(args: argparse.Namespace) -> int:
         bar.close()
         for server in servers:
             server.close()
+        if acknowledged is not None:
+            acknowledged.close()
     _print_report(report, sys.stdout)
     _print_errors(report.errors, report.sessions_failed)
     if args.json is not None:

@@ -26,10 +26,14 @@ The subclasses are grouped by how a caller reacts:
 * :class:`LeaseError` (a :class:`StateError`) -- a context is owned by another
   host, or this host's ownership ended; claim it again (which restores it from
   the store) or leave it to its owner.
-* :class:`StoreError` -- the durable context store failed: unreachable after a
-  bounded retry (:class:`StoreUnavailableError`, try again later; nothing
-  acknowledged was lost), or a stored record cannot be decoded
-  (:class:`StoreRecordError`, the context cannot be restored).
+* :class:`StoreError` -- the durable context store failed: unreachable within
+  its time bound (:class:`StoreUnavailableError`, try again later; nothing
+  acknowledged was lost), reachable but refusing writes for now
+  (:class:`StoreRefusedError`, a kind of :class:`StoreUnavailableError`: out
+  of memory, a read-only replica), a stored record is damaged or cannot be
+  decoded (:class:`StoreRecordError`, the context cannot be restored), or a
+  key of one context holds what turnloom did not write
+  (:class:`StoreKeyError`; an operator must repair or delete it).
 
 Lifecycle errors that mirror anyio's (a closed Foundation) live in
 ``turnloom.runtime`` so that this module, which ``turnloom.context`` imports,
@@ -71,7 +75,9 @@ __all__ = (
     "StaleLeaseError",
     "StateError",
     "StoreError",
+    "StoreKeyError",
     "StoreRecordError",
+    "StoreRefusedError",
     "StoreUnavailableError",
     "StrandedResultsError",
     "TurnTooLargeError",
@@ -575,15 +581,57 @@ class StoreError(TurnloomError):
 
 
 class StoreUnavailableError(StoreError):
-    """The store could not be reached within the bounded retry.
+    """The store could not be reached, or did not answer, within its time bound.
 
     Nothing acknowledged was lost; writes not yet acknowledged stay queued and
     are retried by the next flush.
     """
 
 
+class StoreRefusedError(StoreUnavailableError):
+    """The store answered but refuses the call for now; retrying later can succeed.
+
+    Examples: a Redis server at ``maxmemory`` with ``noeviction`` (``OOM``), a
+    server demoted to a read-only replica by a failover (``READONLY``), a
+    server still loading its data (``LOADING``), a script cache emptied
+    under the call (``NOSCRIPT``). As for every
+    :class:`StoreUnavailableError`, nothing acknowledged was lost and
+    unacknowledged writes stay queued.
+
+    Attributes:
+        reason: the store's own error code (``"OOM"``, ``"READONLY"``).
+    """
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class StoreKeyError(StoreError):
+    """A key the store keeps for one context holds a value turnloom did not write.
+
+    A lease without its owner, a fencing counter that is not an integer, a
+    log of the wrong type (Redis ``WRONGTYPE``): the context cannot be
+    claimed or written until an operator deletes or repairs the key. Other
+    contexts are not affected.
+
+    Attributes:
+        context_id: the context.
+        key: the store's name of the damaged key.
+    """
+
+    def __init__(self, message: str, *, context_id: str, key: str) -> None:
+        super().__init__(message)
+        self.context_id = context_id
+        self.key = key
+
+
 class StoreRecordError(StoreError):
-    """A stored record of a context cannot be decoded (corrupt, or a newer schema).
+    """A stored record of a context is damaged, missing or cannot be decoded.
+
+    Damaged: its checksum does not match its bytes, or it does not sit at the
+    position it was written at (a record missing before it); cannot be
+    decoded: corrupt, or written by a newer schema.
 
     Attributes:
         context_id: the context whose record failed.

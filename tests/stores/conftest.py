@@ -1,4 +1,5 @@
-"""Real stores for the store tests: SQLite files and the Redis server on 127.0.0.1:6379.
+"""Real stores for the store tests: SQLite files, the Redis server on 127.0.0.1:6379,
+and Redis servers a test starts on its own ports (``redis_servers``).
 
 Each Redis test gets its own key prefix, and its keys are deleted afterwards.
 The Redis client is asyncio-based, so Redis runs on asyncio only; SQLite runs
@@ -8,11 +9,13 @@ on asyncio and trio.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
+
+from tests.stores.servers import RedisServer
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -55,3 +58,20 @@ def store_url(kind: tuple[str, str], tmp_path: Path, redis_prefix: str) -> str:
     if kind[0] == "sqlite":
         return f"sqlite:{tmp_path / 'contexts.db'}"
     return f"{REDIS_URL}?prefix={redis_prefix}"
+
+
+@pytest.fixture
+def redis_servers(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
+    """Start Redis servers of the test's own: ``start(*args, appendonly=False)``; all stop after."""
+    started: list[RedisServer] = []
+
+    def start(*args: str, appendonly: bool = False) -> RedisServer:
+        server = RedisServer(tmp_path / f"redis{len(started)}", *args, appendonly=appendonly)
+        started.append(server)
+        return server.start()
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()

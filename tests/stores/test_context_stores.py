@@ -11,6 +11,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from tests.stores.helpers import expire_lease
 from turnloom.errors import InputError, LeaseHeldError, StoreError
 from turnloom.runtime.store import ContextStore
 from turnloom.stores import RedisContextStore, SQLiteContextStore, open_context_store
@@ -53,7 +54,7 @@ async def test_the_store_refuses_a_write_with_a_stale_token(store_url: str) -> N
     store = open_context_store(store_url)
     try:
         stale = await store.acquire("c", "host-a", 30.0)
-        assert await store.append([("c", stale, 0, (b"a0",))]) == frozenset()
+        assert await store.append([("c", stale, 0, (b"a0",))]) == {"c": 1}
         assert await store.renew({"c": stale}, 0.05) == frozenset()
         with anyio.fail_after(10):  # the bound only ends a hang
             while True:
@@ -63,15 +64,15 @@ async def test_the_store_refuses_a_write_with_a_stale_token(store_url: str) -> N
                 except LeaseHeldError:
                     await anyio.sleep(0.02)
         refused = await store.append([("c", stale, 1, (b"a1",)), ("d", 99, 0, (b"x",))])
-        assert refused == {"c", "d"}  # "d" was never leased at all
-        assert await store.append([("c", live, 1, (b"b1",))]) == frozenset()
+        assert refused == {"c": -1, "d": -1}  # "d" was never leased at all
+        assert await store.append([("c", live, 1, (b"b1",))]) == {"c": 2}
         assert await store.load("c") == (b"a0", b"b1")
         assert await store.load("d") == ()
         assert not await store.forget("c", stale)
         assert await store.renew({"c": stale}, 30.0) == {"c"}
         assert await store.renew({"c": live}, 30.0) == frozenset()
         await store.release({"c": stale})  # a stale release leaves the live lease alone
-        assert await store.append([("c", live, 2, (b"b2",))]) == frozenset()
+        assert await store.append([("c", live, 2, (b"b2",))]) == {"c": 3}
         assert await store.load("c") == (b"a0", b"b1", b"b2")
     finally:
         await store.aclose()
@@ -82,12 +83,16 @@ async def test_a_retried_append_never_duplicates(store_url: str) -> None:
     try:
         token = await store.acquire("c", "host-a", 30.0)
         batch = [("c", token, 0, (b"r0", b"r1"))]
-        assert await store.append(batch) == frozenset()
-        assert await store.append(batch) == frozenset()  # the same batch again
-        assert await store.append([("c", token, 1, (b"r1", b"r2"))]) == frozenset()  # overlap
+        assert await store.append(batch) == {"c": 2}
+        assert await store.append(batch) == {"c": 2}  # the same batch again: already applied
+        assert await store.append([("c", token, 1, (b"r1", b"r2"))]) == {"c": 3}  # overlap
         assert await store.load("c") == (b"r0", b"r1", b"r2")
-        with pytest.raises(StoreError, match="starts at record 5"):
-            await store.append([("c", token, 5, (b"gap",))])
+        gap = await store.append([("c", token, 5, (b"gap",))])
+        assert isinstance(gap["c"], StoreError)
+        assert "starts at record 5" in str(gap["c"])
+        differs = await store.append([("c", token, 2, (b"other", b"r3"))])
+        assert isinstance(differs["c"], StoreError)
+        assert "differs from the records" in str(differs["c"])
         assert await store.load("c") == (b"r0", b"r1", b"r2")
     finally:
         await store.aclose()
@@ -98,7 +103,7 @@ async def test_one_batch_writes_many_contexts_and_forget_deletes_one_log(store_u
     try:
         tokens = {c: await store.acquire(c, "host-a", 30.0) for c in ("a", "b", "c")}
         writes = [(c, t, 0, (c.encode() * 3, b"\x00\xff")) for c, t in tokens.items()]
-        assert await store.append(writes) == frozenset()
+        assert await store.append(writes) == {"a": 2, "b": 2, "c": 2}
         assert await store.forget("b", tokens["b"])
         assert await store.load("a") == (b"aaa", b"\x00\xff")
         assert await store.load("b") == ()
@@ -152,6 +157,15 @@ def test_store_urls_and_options_are_checked_at_the_door() -> None:
     assert (
         repr(open_context_store("sqlite:x.db?synchronous=normal")) == "SQLiteContextStore('x.db')"
     )
+    bounded = open_context_store("redis://127.0.0.1:6379/0?timeout=1.5&socket_timeout=0.3")
+    assert isinstance(bounded, RedisContextStore)
+    assert bounded.timeout == 1.5
+    short = open_context_store("redis://127.0.0.1:6379/0?timeout=0.2")  # sockets wait 0.2 s
+    assert isinstance(short, RedisContextStore)
+    assert short.timeout == 0.2
+    for bad in ("timeout=soon", "timeout=0", "socket_timeout=3"):  # 3 > the 2 s default bound
+        with pytest.raises(InputError):
+            open_context_store(f"redis://127.0.0.1:6379/0?{bad}")
     redis_store = open_context_store("redis://127.0.0.1:6379/0?prefix=app1:")
     assert isinstance(redis_store, RedisContextStore)
     assert repr(redis_store) == "RedisContextStore('redis://127.0.0.1:6379/0', prefix='app1:')"
@@ -177,7 +191,39 @@ async def test_replace_swaps_a_whole_log_only_for_the_holder_at_the_expected_len
         assert await store.load("c") == (b"r0", b"r1", b"r2")
         assert await store.replace("c", token, 3, (b"ckpt",))
         assert await store.load("c") == (b"ckpt",)
-        assert await store.append([("c", token, 1, (b"r3",))]) == frozenset()
+        assert await store.replace("c", token, 3, (b"ckpt",))  # a retry of an applied replace
+        assert await store.append([("c", token, 1, (b"r3",))]) == {"c": 2}
         assert await store.load("c") == (b"ckpt", b"r3")
     finally:
         await store.aclose()
+
+
+async def test_prune_deletes_contexts_unused_for_long_and_never_a_leased_one(
+    store_url: str,
+) -> None:
+    """What remove_context and hung-up calls leave behind can be cleaned; leases are kept."""
+    store = open_context_store(store_url)
+    other = open_context_store(store_url)
+    try:
+        tokens = {c: await store.acquire(c, "host-a", 30.0) for c in ("old", "held", "gone")}
+        await store.append([(c, t, 0, (b"r",)) for c, t in tokens.items()])
+        assert await store.forget("gone", tokens["gone"])
+        await store.release({"gone": tokens["gone"]})
+        expire_lease(store_url, "old")  # host-a stalled: its lease ran out
+        with pytest.raises(InputError):
+            await store.prune(-1)
+        assert await store.prune(3600.0) == 0  # written just now
+        pruned = await store.prune(0.0)
+        assert pruned == (2 if store_url.startswith("sqlite:") else 1)  # Redis: "gone" expires
+        assert await store.load("old") == ()
+        assert await store.load("held") == (b"r",)
+        # The pruned context's token is issued again, to another owner; the
+        # stalled owner's write with the same token is still refused.
+        again = await other.acquire("old", "host-b", 30.0)
+        assert again == tokens["old"]
+        assert await store.append([("old", again, 0, (b"stale",))]) == {"old": -1}
+        assert await other.append([("old", again, 0, (b"new",))]) == {"old": 1}
+        assert await other.load("old") == (b"new",)
+    finally:
+        await store.aclose()
+        await other.aclose()

@@ -26,6 +26,7 @@ from turnloom.errors import (
     LeaseHeldError,
     NotClaimedError,
     StaleLeaseError,
+    StoreError,
     StoreRecordError,
     StoreUnavailableError,
 )
@@ -447,7 +448,7 @@ class CountingStore:
     async def release(self, leases: Mapping[str, int]) -> None:
         await self.inner.release(leases)
 
-    async def append(self, writes: Sequence[LogWrite]) -> frozenset[str]:
+    async def append(self, writes: Sequence[LogWrite]) -> Mapping[str, int | StoreError]:
         self.batches.append(len(writes))
         return await self.inner.append(writes)
 
@@ -842,3 +843,72 @@ async def test_a_drop_host_restoring_kept_pairs_sends_no_earlier_pair(store_url:
         restored = manager.history("c")
         assert restored.turn_ids == held.turn_ids == ("t0", "t1", "t2", "t3")
         assert [restored.turn_state(t) for t in restored.turn_ids] == [()] * 4
+
+
+async def test_release_writes_a_context_then_frees_its_lease_for_another_host(
+    store_url: str,
+) -> None:
+    """Released: in the store, out of memory, claimable at once by another owner."""
+    async with hosting(store_url, history_limits=LIMITS, lease_ttl=60) as first:
+        manager = first.manager
+        assert await manager.leases.release("c") is False  # not held
+        with pytest.raises(InputError):
+            await manager.leases.release("")
+        await manager.leases.claim("c")
+        await converse(manager, "c", range(2))
+        assert await manager.leases.release("c") is True  # flushed first
+        assert manager.context_ids() == ()
+        with pytest.raises(NotClaimedError):
+            manager.accept_turn(snapshot("c", "t9", "hi"))
+        async with hosting(store_url, history_limits=LIMITS) as second:
+            assert await second.manager.leases.claim("c") is True  # no wait for an expiry
+            assert second.manager.history("c").turn_ids == ("t0", "t1")
+    async with Foundation() as plain:
+        assert await plain.manager.leases.release("c") is False
+
+
+class BrokenStore(CountingStore):
+    """A store whose appends raise what no turnloom store raises (a third-party bug)."""
+
+    def __init__(self, store: ContextStore) -> None:
+        super().__init__(store)
+        self.broken = True
+
+    async def append(self, writes: Sequence[LogWrite]) -> Mapping[str, int | StoreError]:
+        if self.broken:
+            raise RuntimeError("the client library broke")
+        return await self.inner.append(writes)
+
+
+async def test_an_untyped_failure_of_a_store_is_a_store_error_and_the_foundation_stays_up(
+    store_url: str,
+) -> None:
+    """The writer never takes the Foundation down: the error is typed, queued, reported."""
+    store = BrokenStore(open_context_store(store_url))
+    reported: list[StoreError] = []
+    try:
+        async with Foundation(store=store, history_limits=LIMITS) as foundation:
+            manager = foundation.manager
+            manager.leases.on_error = reported.append
+            await manager.leases.claim("c")
+            await converse(manager, "c", range(1))
+            for _ in range(2):
+                with pytest.raises(StoreError, match="raised RuntimeError: the client library"):
+                    await manager.leases.flush()
+            assert [type(e) for e in reported] == [StoreError, StoreError]
+            assert isinstance(reported[0].__cause__, RuntimeError)
+            stats = manager.statistics().store
+            assert stats is not None
+            assert (stats.pending_records, stats.write_failures_total) == (3, 2)  # one turn
+            store.broken = False
+            await manager.leases.flush()  # queued all along: written now
+            manager.leases.on_error = 42  # type: ignore[assignment]
+    except InputError as exc:
+        assert "on_error must be callable or None" in str(exc)
+    else:
+        raise AssertionError("a non-callable hook was accepted")
+    finally:
+        await store.aclose()
+    async with hosting(store_url, history_limits=LIMITS) as again:
+        await again.manager.leases.claim("c")
+        assert again.manager.history("c").turn_ids == ("t0",)

@@ -21,6 +21,16 @@ the newest turn's kept state when it changed since; see
 ``_records.compacted``), so a restored history retracts that turn as the live
 one does.
 
+Failures: the writer never raises. Each failure of the store is a typed
+:class:`~turnloom.errors.StoreError` handed to the flushes waiting for that
+write cycle and to the host's hook (``manager.leases.on_error``); the
+changes stay queued and are retried by the next cycle (a flush, a change, or
+the maintenance loop). A context whose write failed alone (a damaged key, a
+gap) leaves the others' writes alone; a log whose length is not what this
+manager expects is reread: still as written, or as the compaction whose
+reply was lost left it, and otherwise changed by someone else (the context
+leaves memory; its next claim restores what the store holds).
+
 What a crash loses: changes logged after the last completed flush may be
 lost (all of them, or a tail of them: a context's records are appended in
 order, so what survives is always a prefix of what was logged). Nothing a
@@ -33,7 +43,8 @@ __all__ = ("Durability",)
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -59,7 +70,7 @@ from turnloom.runtime._records import (
 from turnloom.runtime.schemas import StoreStatistics
 from turnloom.runtime.store import ContextStore, LogWrite
 
-_RETRY_DELAYS = (0.05, 0.2, 0.5)  # seconds between the writer's attempts of one batch
+_T = TypeVar("_T")
 _COMPACT_MIN = 64  # records: shorter logs are never compacted
 _COMPACT_PER_TURN = 8  # records per turn held above which a log is compacted
 # Lost contexts remembered, newest first, so a change of one says why it is
@@ -70,12 +81,14 @@ _LOST_REMEMBERED = 1024
 class _Claim:
     """A context this manager holds the lease of."""
 
-    __slots__ = ("pending", "resync", "token", "used", "written")
+    __slots__ = ("attempt", "pending", "resync", "token", "used", "written")
 
     def __init__(self, token: int, written: int, used: float) -> None:
         self.token = token
         self.written = written  # records of the context's log in the store
-        self.resync = False  # a compaction failed midway: reread the log's length
+        self.resync = False  # unsure of the log (a compaction failed midway): reread it
+        # the log a compaction whose outcome is unknown would have left, or None
+        self.attempt: tuple[bytes, ...] | None = None
         self.pending: list[bytes] = []  # logged, not yet appended
         self.used = used  # loop time of the last use
 
@@ -105,6 +118,8 @@ class Durability:
         can_unload: False while a context must stay in memory (a model call
             is in flight, or a preparation waits for its next turn).
         history: the in-memory history of a context, or None.
+        on_error: the host's error hook now (``manager.leases.on_error``), or
+            None; it is handed every failure of the store the writer meets.
     """
 
     def __init__(
@@ -115,6 +130,7 @@ class Durability:
         unload: Callable[[str], None],
         can_unload: Callable[[str], bool],
         history: Callable[[str], TurnHistory | None],
+        on_error: Callable[[], Callable[[StoreError], object] | None] = lambda: None,
     ) -> None:
         store = options.store
         assert isinstance(store, ContextStore)
@@ -125,6 +141,7 @@ class Durability:
         self._unload = unload
         self._can_unload = can_unload
         self._history = history
+        self._on_error = on_error
         self._claims: dict[str, _Claim] = {}
         self._claiming: dict[str, anyio.Event] = {}
         # context id -> why, oldest loss first; at most _LOST_REMEMBERED, emptied by aclose
@@ -238,9 +255,12 @@ class Durability:
             if any(c == context_id for c, _ in self._forgets):
                 await self.flush()
             store = self._store
-            token = await store.acquire(context_id, self._options.owner, self._options.lease_ttl)
+            options = self._options
+            token = await self._store_call(
+                store.acquire, context_id, options.owner, options.lease_ttl
+            )
             try:
-                log = await store.load(context_id)
+                log = await self._store_call(store.load, context_id)
                 history = None
                 if log:
                     history = await anyio.to_thread.run_sync(
@@ -254,7 +274,7 @@ class Durability:
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     try:
-                        await store.release({context_id: token})
+                        await self._store_call(store.release, {context_id: token})
                     except StoreError:
                         pass  # the lease expires by itself
                 raise
@@ -265,11 +285,40 @@ class Durability:
                 self.takeovers += 1
             self._install(context_id, history)
             if history is not None:
-                await self._compact(context_id, claim, history)
+                try:
+                    await self._compact(context_id, claim, history)
+                except StoreUnavailableError as exc:
+                    self._report(exc)  # claimed; the log is compacted by a later write
             return True
         finally:
             del self._claiming[context_id]
             done.set()
+
+    async def release(self, context_id: str) -> bool:
+        """Write what is queued for a held context, then give up its lease; it leaves memory.
+
+        Returns:
+            True when the lease was held and is released now; False when the
+            context was not held (nothing to do).
+
+        Raises:
+            StaleLeaseError, StoreUnavailableError, StoreError: as :meth:`flush`
+                for the context; the lease is then still held (or lost).
+        """
+        check_id(context_id, "context id")
+        if context_id not in self._claims:
+            return False
+        await self.flush(context_id)
+        claim = self._claims.get(context_id)
+        if claim is None or claim.pending or not self._can_unload(context_id):
+            return False  # lost meanwhile, changed again, or in use
+        del self._claims[context_id]
+        self._unload(context_id)
+        try:
+            await self._store_call(self._store.release, {context_id: claim.token})
+        except StoreError as exc:
+            self._report(exc)  # the lease expires by itself
+        return True
 
     def _lose(self, context_id: str, token: int, why: str) -> None:
         claim = self._claims.get(context_id)
@@ -297,9 +346,16 @@ class Durability:
             StaleLeaseError: the store refused a write of the context (or of
                 any context, without ``context_id``): another owner holds its
                 lease. Its unwritten changes are discarded and it left memory.
-            StoreUnavailableError: the store was unreachable through the
-                writer's bounded retry; the changes stay queued (a later flush
-                retries them) and nothing acknowledged was lost.
+            StoreUnavailableError: the store was unreachable or refused writes
+                for now (:class:`~turnloom.errors.StoreRefusedError`), found by
+                the write cycle the flush waited for or by one in flight (a
+                flush waits at most about two store time bounds); the changes
+                stay queued (a later flush retries them) and nothing
+                acknowledged was lost.
+            StoreKeyError, StoreRecordError, StoreError: the context's write
+                (without ``context_id``: some context's) failed alone: a
+                damaged key or log, a log that is not what this manager wrote;
+                the other contexts were written.
 
         Cancellation:
             Cancelling the wait leaves the queued changes queued; the writer
@@ -327,7 +383,11 @@ class Durability:
             raise waiter.error
 
     async def run(self) -> None:
-        """The writer and the maintenance loop; runs until :meth:`aclose` stops it."""
+        """The writer and the maintenance loop; runs until :meth:`aclose` stops it.
+
+        Never raises a store's failure: each is handed to the waiting
+        flushes and to the host's error hook (``manager.leases.on_error``).
+        """
         with self._scope:
             async with anyio.create_task_group() as group:
                 group.start_soon(self._maintain)
@@ -336,87 +396,190 @@ class Durability:
                     self._wake = anyio.Event()
                     await self._cycle()
 
+    def _report(self, error: StoreError) -> None:
+        report = self._on_error()
+        if report is not None:
+            try:
+                report(error)
+            except Exception:
+                pass  # a failing hook must not stop the writer
+
+    async def _store_call(self, call: Callable[..., Awaitable[_T]], *args: Any) -> _T:
+        """Await ``call(*args)`` of the store; an exception not turnloom's becomes a StoreError."""
+        try:
+            return await call(*args)
+        except (StoreError, LeaseError):
+            raise
+        except Exception as exc:
+            raise StoreError(
+                f"The context store {self._store!r} raised {type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def _write(
+        self,
+        writes: list[LogWrite],
+        stale: dict[str, StaleLeaseError],
+        failed: dict[str, StoreError],
+    ) -> list[str]:
+        """Append one batch; return the ids whose log must be reread (their idea of it was off)."""
+        outcome = await self._store_call(self._store.append, writes)
+        reread: list[str] = []
+        for cid, token, start, records in writes:
+            claim = self._claims.get(cid)
+            result = outcome.get(cid)
+            if result is None:
+                failed[cid] = StoreError(
+                    f"The context store {self._store!r} answered nothing for context "
+                    f"{excerpt(cid)}."
+                )
+            elif isinstance(result, StoreError):
+                failed[cid] = result
+                if type(result) is StoreError and claim is not None and claim.token == token:
+                    claim.resync = True  # a gap or a conflict: the log is not what we think
+                    reread.append(cid)
+            elif result == -1:
+                stale[cid] = StaleLeaseError(
+                    f"The store refused a write of context {excerpt(cid)}: its lease (token "
+                    f"{token}) is no longer this manager's; another owner holds it.",
+                    context_id=cid,
+                )
+                self._lose(cid, token, "the store refused a write")
+            elif claim is None or claim.token != token:
+                continue  # lost or forgotten meanwhile
+            elif result == start + len(records):
+                failed.pop(cid, None)
+                del claim.pending[: len(records)]
+                claim.written += len(records)
+                self._pending -= len(records)
+                self._written += len(records)
+            else:
+                failed[cid] = StoreError(
+                    f"The log of context {excerpt(cid)} holds {result} records after a write "
+                    f"that should have left {start + len(records)}; rereading it."
+                )
+                claim.resync = True
+                reread.append(cid)
+        return reread
+
     async def _cycle(self) -> None:
         self._started += 1
         cycle = self._started
-        for cid, unsure in tuple(self._claims.items()):
-            if unsure.resync:
-                await self._resync(cid, unsure)
-        writes: list[LogWrite] = [
-            (cid, c.token, c.written, tuple(c.pending))
-            for cid, c in self._claims.items()
-            if c.pending and not c.resync
-        ]
-        forgets, self._forgets = self._forgets, []
-        refused: frozenset[str] = frozenset()
-        error: BaseException | None = None
         self._batches += 1
-        for delay in (*_RETRY_DELAYS, None):
-            try:
-                if writes:
-                    refused = await self._store.append(writes)
-                while forgets:
-                    context_id, token = forgets[0]
-                    if await self._store.forget(context_id, token):
-                        await self._store.release({context_id: token})
-                    forgets.pop(0)
-                error = None
-                break
-            except StoreUnavailableError as exc:
-                error = exc
-                if delay is None or self._closed:
-                    break
-                await anyio.sleep(delay)
-            except StoreError as exc:
-                error = exc
-                break
-        self._forgets[:0] = forgets  # not done: retried by the next cycle
-        if error is not None:
-            self._failures += 1
+        error: StoreError | None = None  # the store failed as a whole
+        late: StoreError | None = None  # ... after this cycle's appends were acknowledged
         stale: dict[str, StaleLeaseError] = {}
+        failed: dict[str, StoreError] = {}
+        forgets, self._forgets = self._forgets, []
+        written: list[LogWrite] = []
+        try:
+            for cid, unsure in tuple(self._claims.items()):
+                if unsure.resync:
+                    await self._resync(cid, unsure, failed)
+            writes: list[LogWrite] = [
+                (cid, c.token, c.written, tuple(c.pending))
+                for cid, c in self._claims.items()
+                if c.pending and not c.resync
+            ]
+            written = writes
+            if writes:
+                reread = await self._write(writes, stale, failed)
+                # A log whose length was off (a compaction applied whose reply
+                # was lost, a retried write): reread it and write once more.
+                again: list[LogWrite] = []
+                for cid in reread:
+                    claim = self._claims.get(cid)
+                    if claim is not None:
+                        await self._resync(cid, claim, failed)
+                        if not claim.resync and claim.pending:
+                            again.append((cid, claim.token, claim.written, tuple(claim.pending)))
+                if again:
+                    await self._write(again, stale, failed)
+                    written = writes + again
+                if failed and all(
+                    isinstance(failed.get(cid), StoreUnavailableError) for cid, *_ in writes
+                ):
+                    error = next(iter(failed.values()))  # the store refuses every write
+            while forgets:
+                context_id, token = forgets[0]
+                if await self._store_call(self._store.forget, context_id, token):
+                    await self._store_call(self._store.release, {context_id: token})
+                forgets.pop(0)
+        except StoreError as exc:
+            error = exc
+        self._forgets[:0] = forgets  # not done: retried by the next cycle
         if error is None:
-            for cid, token, _, records in writes:
-                claim = self._claims.get(cid)
-                if cid in refused:
-                    stale[cid] = StaleLeaseError(
-                        f"The store refused a write of context {excerpt(cid)}: its lease (token "
-                        f"{token}) is no longer this manager's; another owner holds it.",
-                        context_id=cid,
-                    )
-                    self._lose(cid, token, "the store refused a write")
-                elif claim is not None and claim.token == token:
-                    del claim.pending[: len(records)]
-                    claim.written += len(records)
-                    self._pending -= len(records)
-                    self._written += len(records)
-        if error is None:
-            for cid, token, _, _ in writes:
-                claim = self._claims.get(cid)
-                history = self._history(cid)
-                if claim is not None and claim.token == token and history is not None:
-                    await self._compact(cid, claim, history)
+            try:
+                for cid, token, _, _ in written:
+                    claim = self._claims.get(cid)
+                    history = self._history(cid)
+                    if claim is not None and claim.token == token and history is not None:
+                        await self._compact(cid, claim, history)
+            except StoreUnavailableError as exc:
+                late = exc
+        if error is not None or failed:
+            self._failures += 1
+        problems = {id(p): p for p in (error, late, *failed.values()) if p is not None}
+        for problem in problems.values():
+            self._report(problem)
         self._completed = cycle
+        # A store found unreachable answers every waiting flush now, not a
+        # cycle later: a flush is bounded by the store's own time bound.
+        down = error if isinstance(error, StoreUnavailableError) else late
         for waiter in tuple(self._waiters):
+            mine = waiter.target <= cycle
             if waiter.error is None:
-                if waiter.context_id is None and stale:
-                    waiter.error = next(iter(stale.values()))
+                if waiter.context_id is None:
+                    if stale:
+                        waiter.error = next(iter(stale.values()))
+                    elif mine and failed:
+                        waiter.error = next(iter(failed.values()))
                 elif waiter.context_id in stale:
                     waiter.error = stale[waiter.context_id]
-            if waiter.target <= cycle:
-                if waiter.error is None and error is not None:
-                    waiter.error = error
-                self._waiters.remove(waiter)
-                waiter.event.set()
+                elif mine and waiter.context_id in failed:
+                    waiter.error = failed[waiter.context_id]
+            if not mine:
+                if down is None:
+                    continue
+                if waiter.error is None:
+                    waiter.error = down
+            elif waiter.error is None:
+                waiter.error = error
+            self._waiters.remove(waiter)
+            waiter.event.set()
 
-    async def _resync(self, context_id: str, claim: _Claim) -> None:
-        """Reread the length of a log whose compaction may or may not have happened."""
+    async def _resync(self, context_id: str, claim: _Claim, failed: dict[str, StoreError]) -> None:
+        """Reread a log this manager is unsure of: is it as written, or as compacted?
+
+        The log must hold what this manager wrote (``claim.written`` records)
+        or be the checkpoint of the compaction whose reply was lost; anything
+        else was changed by someone else, and the context leaves memory (the
+        next claim restores what the store holds).
+
+        Raises:
+            StoreUnavailableError: the store cannot be reached (the whole cycle fails).
+        """
         try:
-            log = await self._store.load(context_id)
-        except StoreError:
-            return  # still unknown: its writes wait for the next cycle
-        if self._claims.get(context_id) is claim:
-            claim.written = len(log)
-            claim.resync = False
+            log = await self._store_call(self._store.load, context_id)
+        except StoreUnavailableError:
+            raise
+        except StoreError as exc:
+            failed[context_id] = exc  # damaged: its writes wait, the others go on
+            return
+        if self._claims.get(context_id) is not claim:
+            return
+        if claim.attempt is not None and log == claim.attempt:
+            self._compactions += 1  # applied; its reply was lost
+        elif len(log) != claim.written:
+            failed[context_id] = StoreError(
+                f"The stored log of context {excerpt(context_id)} holds {len(log)} records, not "
+                f"the {claim.written} this manager wrote: it was changed by someone else. The "
+                "context left memory; claim it again to restore what the store holds."
+            )
+            self._lose(context_id, claim.token, "its stored log was changed by someone else")
+            return
+        claim.written = len(log)
+        claim.attempt = None
+        claim.resync = False
 
     async def _compact(self, context_id: str, claim: _Claim, history: TurnHistory) -> None:
         """Replace a long log by a checkpoint of the history it rebuilds.
@@ -424,6 +587,10 @@ class Durability:
         Only when everything logged is written (the store's log is then
         exactly ``history``); a failure leaves either log, both valid, and
         the length is reread before the next write of the context.
+
+        Raises:
+            StoreUnavailableError: the store cannot be reached (the length is
+                reread before the next write).
         """
         held = len(history.turn_ids)
         bound = max(_COMPACT_MIN, _COMPACT_PER_TURN * held)
@@ -437,14 +604,25 @@ class Durability:
         blob = await anyio.to_thread.run_sync(
             checkpoint, view, evicted, history.sequence, limiter=self._limiter
         )
+        token = claim.token
+        claim.attempt = (blob, *records)
         try:
-            replaced = await self._store.replace(context_id, claim.token, length, (blob, *records))
-        except StoreError:
+            replaced = await self._store_call(
+                self._store.replace, context_id, token, length, claim.attempt
+            )
+        except StoreUnavailableError:
             claim.resync = True
+            raise
+        except StoreError as exc:
+            claim.resync = True
+            self._report(exc)
             return
         if replaced and claim.written == length:
             claim.written = 1 + len(records)
+            claim.attempt = None
             self._compactions += 1
+        elif not replaced:
+            claim.resync = True  # refused: reread the log before the next write
 
     # -- maintenance ----------------------------------------------------------------
 
@@ -455,14 +633,17 @@ class Durability:
             await anyio.sleep(interval)
             await self._renew()
             await self._unload_idle()
+            if self._pending or self._forgets:
+                self._wake.set()  # changes a failed cycle left queued: try them again
 
     async def _renew(self) -> None:
         leases = {cid: claim.token for cid, claim in self._claims.items()}
         if not leases:
             return
         try:
-            lost = await self._store.renew(leases, self._options.lease_ttl)
-        except StoreError:
+            lost = await self._store_call(self._store.renew, leases, self._options.lease_ttl)
+        except StoreError as exc:
+            self._report(exc)
             return  # retried at the next interval; a lease that expires meanwhile is fenced
         for cid in lost:
             self._lose(cid, leases[cid], "its lease expired before it was renewed")
@@ -482,7 +663,7 @@ class Durability:
         self._idle_unloads += len(idle)
         if idle:
             try:
-                await self._store.release(idle)
+                await self._store_call(self._store.release, idle)
             except StoreError:
                 pass  # the leases expire by themselves
 
@@ -513,8 +694,10 @@ class Durability:
             with anyio.move_on_after(grace_period):
                 try:
                     await self.flush()
-                except (StoreError, LeaseError):
-                    pass  # what was not written is what a crash would lose
+                except StoreError as exc:
+                    self._report(exc)  # what was not written is what a crash would lose
+                except LeaseError:
+                    pass  # refused: another owner holds the context
             self._closed = True
             self._scope.cancel()
             leases = {cid: claim.token for cid, claim in self._claims.items()}

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 __all__ = ("Leases",)
 
+from collections.abc import Callable
+
 import anyio
 import anyio.abc
 
 from turnloom.context.history import check_id
+from turnloom.errors import InputError, StoreError, what_type
 from turnloom.runtime._contexts import ContextTable
 from turnloom.runtime._door import DurableOptions
 from turnloom.runtime._durable import Durability
@@ -53,11 +56,36 @@ class Leases:
     * ``owner``: this manager's name in leases (default: a random unique one).
     """
 
-    __slots__ = ("_durable", "_life")
+    __slots__ = ("_durable", "_life", "_on_error")
 
     def __init__(self, life: Lifecycle) -> None:
         self._life = life
         self._durable: Durability | None = None  # made when the Foundation opens
+        self._on_error: Callable[[StoreError], object] | None = None
+
+    @property
+    def on_error(self) -> Callable[[StoreError], object] | None:
+        """The host's hook for the store's failures the background writer meets, or None.
+
+        Called on the event loop with each :class:`~turnloom.errors.StoreError`
+        a write cycle, a compaction or a lease renewal met (the store
+        unreachable or refusing writes for now, a damaged key or record of a
+        context). The writer never stops for a failure: the changes stay
+        queued, the next flush (or the writer itself, at the next lease
+        renewal) retries them, and the context is writable again once the
+        store recovers. What the hook returns is ignored; an exception it
+        raises is swallowed. Settable at any time; None (default) turns it off.
+
+        Raises:
+            InputError: (on assignment) not callable and not None.
+        """
+        return self._on_error
+
+    @on_error.setter
+    def on_error(self, hook: Callable[[StoreError], object] | None) -> None:
+        if hook is not None and not callable(hook):
+            raise InputError(f"on_error must be callable or None, not {what_type(hook)}.")
+        self._on_error = hook
 
     def _bind(
         self,
@@ -81,7 +109,13 @@ class Leases:
             queue.wake(context_id)  # its waiters settle: the context left this manager
 
         durable = Durability(
-            options, limiter, table.install, unload, unloadable, table.held_history
+            options,
+            limiter,
+            table.install,
+            unload,
+            unloadable,
+            table.held_history,
+            lambda: self._on_error,
         )
         table.log = durable.log
         task_group.start_soon(durable.run)
@@ -152,6 +186,33 @@ class Leases:
             return False
         return await self._durable.claim(context_id)
 
+    async def release(self, context_id: str) -> bool:
+        """Give up a held context: write what is queued for it, release its lease.
+
+        The context leaves this manager's memory and stays in the store: the
+        next :meth:`claim`, here or on another host, restores it (without
+        waiting for a lease to expire). Without a store this only checks the
+        id and returns False.
+
+        Returns:
+            True when the lease was released; False when the context was not
+            held, or is in use (a model call in flight, a preparation waiting
+            for its next turn) or changed while its changes were written.
+
+        Raises:
+            StateError: the manager is not bound to an open Foundation yet.
+            FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: a malformed context id.
+            StaleLeaseError, StoreUnavailableError, StoreError: the context's
+                queued changes could not be written (as :meth:`flush`); the
+                lease is kept.
+        """
+        self._life.check_open()
+        if self._durable is None:
+            check_id(context_id, "context id")
+            return False
+        return await self._durable.release(context_id)
+
     async def flush(self, context_id: str | None = None) -> None:
         """Wait until every change made before the call is in the store.
 
@@ -176,9 +237,19 @@ class Leases:
             StaleLeaseError: the store refused a write: another owner holds the
                 context's lease. Its unwritten changes are discarded and it left
                 this manager's memory.
-            StoreUnavailableError: the store stayed unreachable through the
-                writer's bounded retry (about a second); the changes stay queued
-                and the next flush retries them.
+            StoreUnavailableError: the store was unreachable, or did not answer
+                within its time bound (``RedisContextStore(timeout=...)``, 2 s by
+                default; a flush waits at most about twice that); or
+                :class:`~turnloom.errors.StoreRefusedError`: it answered but
+                refuses writes for now (``OOM``, ``READONLY``). The changes
+                stay queued and the next flush retries them.
+            StoreKeyError: a key of the context (or, without ``context_id``, of
+                some context) holds what turnloom did not write; that
+                context's changes stay queued, the others are written.
+            StoreRecordError: the stored log of the context is damaged (its
+                length had to be reread and a record failed its check).
+            StoreError: another failure of one context's write (its log is not
+                what this manager wrote, even after rereading it).
 
         Cancellation:
             The queued changes stay queued; the writer still writes them.

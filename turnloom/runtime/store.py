@@ -18,11 +18,24 @@ Contract every implementation keeps:
   lease (expired, released, or superseded): the check and the write are one
   atomic step inside the store (a transaction, a server-side script).
 * **Idempotent appends.** A write names the log position of its first record;
-  records the log already holds at those positions are skipped. A retried
-  write (after a dropped connection whose reply was lost) never duplicates.
-* **Atomic compaction.** :meth:`ContextStore.replace` swaps a whole log for
-  a shorter one in one step, under the same lease check, and only when the
-  log still has the length the caller saw.
+  records the log already holds at those positions are skipped (when they
+  are the same bytes). A retried write (after a dropped connection whose
+  reply was lost) never duplicates, and answers with the length it left.
+* **One context's failure is its own.** A batched append reports each
+  context's outcome: its log's length after the write, a refusal, or the
+  typed error of that context alone (a gap, a damaged key); the other
+  contexts of the batch are written.
+* **Atomic, recognisable compaction.** :meth:`ContextStore.replace` swaps a
+  whole log for a shorter one in one step, under the same lease check, and
+  only when the log still has the length the caller saw; a retry of a
+  replace that was applied (its reply lost) answers that it was applied.
+* **A time bound.** Every call returns or raises
+  :class:`~turnloom.errors.StoreUnavailableError` within the bound its class
+  documents, however the server or the network hangs.
+* **Typed failures only.** Every failure is a
+  :class:`~turnloom.errors.StoreError` (or a
+  :class:`~turnloom.errors.LeaseError`), never a client library's own
+  exception.
 * **Durability.** When :meth:`ContextStore.append` returns, its records are as
   durable as the store promises (its class docstring says how durable); when
   it raises, any part of the write may have been applied, and a retry of the
@@ -36,6 +49,8 @@ __all__ = ("ContextStore", "LogWrite")
 from collections.abc import Mapping, Sequence
 from typing import Protocol, TypeAlias, runtime_checkable
 
+from turnloom.errors import StoreError
+
 LogWrite: TypeAlias = tuple[str, int, int, tuple[bytes, ...]]
 """One context's part of a batched append: ``(context_id, token, start, records)``.
 
@@ -48,7 +63,10 @@ class ContextStore(Protocol):
     """Durable per-context logs with leases; see the module docstring for the contract.
 
     Every method may raise :class:`~turnloom.errors.StoreUnavailableError` when
-    the store cannot be reached within its bounded retry.
+    the store cannot be reached or does not answer within its time bound, and
+    :class:`~turnloom.errors.StoreKeyError` when a key of the context holds
+    what no store wrote. :meth:`load` raises
+    :class:`~turnloom.errors.StoreRecordError` for a damaged record.
     """
 
     async def acquire(self, context_id: str, owner: str, ttl: float) -> int:
@@ -73,12 +91,18 @@ class ContextStore(Protocol):
         """Give up each lease still held with its token; others are left alone."""
         ...
 
-    async def append(self, writes: Sequence[LogWrite]) -> frozenset[str]:
+    async def append(self, writes: Sequence[LogWrite]) -> Mapping[str, int | StoreError]:
         """Append records to the logs of several contexts, in one batch.
 
         Returns:
-            the ids whose write was refused because its token is not the live
-            lease's (nothing of theirs was written); the rest were appended.
+            for each context of the batch: the length of its log after the
+            write (``start + len(records)`` when the write applied as the
+            caller expects; any other length says the caller's idea of the
+            log is wrong: reread it), ``-1`` when the write was refused because
+            its token is not the live lease's (nothing of it was written),
+            or the :class:`~turnloom.errors.StoreError` that kept that
+            context's write from applying (a gap: ``start`` is after the end
+            of its log; a damaged key). Other contexts are not affected.
         """
         ...
 
@@ -88,8 +112,10 @@ class ContextStore(Protocol):
         """Replace the whole log by ``records`` (compaction), atomically.
 
         Returns:
-            False when refused, nothing changed: ``token`` is not the live
-            lease's, or the log does not hold exactly ``length`` records.
+            True when the log is ``records`` now (replaced, or found replaced
+            by an earlier try of the same call); False when refused, nothing
+            changed: ``token`` is not the live lease's, or the log does not
+            hold exactly ``length`` records.
         """
         ...
 

@@ -20,7 +20,10 @@ def open_context_store(url: str) -> SQLiteContextStore | RedisContextStore:
             trades power-loss durability for speed), ``sqlite::memory:``,
             or ``redis://HOST:PORT/DB`` (also ``rediss://``, ``unix://``); a
             ``prefix`` query parameter sets the Redis key prefix
-            (``redis://127.0.0.1:6379/0?prefix=app1:``).
+            (``redis://127.0.0.1:6379/0?prefix=app1:``), ``timeout`` and
+            ``socket_timeout`` its time bounds in seconds
+            (``?timeout=1.5&socket_timeout=0.3``; see
+            :class:`RedisContextStore`).
 
     Raises:
         InputError: any other URL, or ``sqlite:`` without a path.
@@ -45,8 +48,23 @@ def open_context_store(url: str) -> SQLiteContextStore | RedisContextStore:
         parts = urlsplit(url)
         params = parse_qs(parts.query, keep_blank_values=True)
         prefix = params.pop("prefix", ["turnloom:"])[-1]
+        bounds: dict[str, float] = {}
+        for name in ("timeout", "socket_timeout"):
+            if name in params:
+                text = params.pop(name)[-1]
+                try:
+                    bounds[name] = float(text)
+                except ValueError:
+                    raise InputError(
+                        f"{name} must be a number of seconds, not {text[:20]!r}."
+                    ) from None
         rest = "&".join(f"{k}={v}" for k, values in params.items() for v in values)
-        return RedisContextStore(urlunsplit(parts._replace(query=rest)), prefix=prefix)
+        return RedisContextStore(
+            urlunsplit(parts._replace(query=rest)),
+            prefix=prefix,
+            timeout=bounds.get("timeout", 2.0),
+            socket_timeout=bounds.get("socket_timeout"),
+        )
     raise InputError(
         f"Unknown store URL {excerpt(url)}: use sqlite:PATH, sqlite::memory: or "
         "redis://HOST:PORT/DB."

@@ -13,7 +13,25 @@ power loss may lose the last commits. A crash between two appends loses
 nothing that an append returned for. ``":memory:"`` keeps nothing (tests).
 
 Leases use the machine's wall clock (``time.time()``), so every process
-sharing a file must run on one host; use the Redis store across hosts.
+sharing a file must run on one host; use the Redis store across hosts. A
+write checks the lease's owner as well as its token, so a context deleted
+by :meth:`~SQLiteContextStore.prune` and claimed again (its token counter
+restarted) never takes a stale owner's write.
+
+Records: each row holds a framed record (its position and a CRC-32, see
+``_frames``) and the context's row counts them (``length``); a load checks
+both, so a flipped byte, a row deleted or a count that does not match is a
+:class:`~turnloom.errors.StoreRecordError` naming the context and the index.
+The schema is unchanged from before frames; unframed rows an older turnloom
+wrote still load.
+
+The time bound: a call waits up to ``busy_timeout`` for another process's
+transaction (then :class:`~turnloom.errors.StoreUnavailableError`); a disk
+that hangs holds the worker thread, which cannot be abandoned mid-write.
+
+What stays: one row per context id (its lease and token counter) after
+``remove_context`` deleted its log, and the whole log of a context nobody
+claims again; :meth:`~SQLiteContextStore.prune` deletes both.
 """
 
 from __future__ import annotations
@@ -33,8 +51,12 @@ from turnloom.errors import (
     InputError,
     LeaseHeldError,
     StoreError,
+    StoreRecordError,
     StoreUnavailableError,
+    excerpt,
 )
+from turnloom.stores._frames import frames, unframe_log
+from turnloom.stores._holds import Holds
 
 # (context_id, token, start, records): see turnloom.runtime.store.LogWrite.
 _LogWrite: TypeAlias = tuple[str, int, int, tuple[bytes, ...]]
@@ -57,6 +79,18 @@ CREATE TABLE IF NOT EXISTS turnloom_records (
     PRIMARY KEY (context_id, position)
 ) WITHOUT ROWID;
 """
+
+
+def _holds(row: tuple[object, ...] | None, token: int, owner: str, now: float) -> bool:
+    """Whether a context row's live lease is ``token`` held by ``owner``."""
+    return (
+        row is not None
+        and row[0] == token
+        and row[1] is not None
+        and row[1] == owner
+        and isinstance(row[2], float | int)
+        and row[2] > now
+    )
 
 
 class SQLiteContextStore:
@@ -89,6 +123,7 @@ class SQLiteContextStore:
         self._busy_timeout = float(busy_timeout)
         self._connection: sqlite3.Connection | None = None
         self._limiter = anyio.CapacityLimiter(1)
+        self._holds = Holds()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -163,64 +198,88 @@ class SQLiteContextStore:
             )
             return token
 
-        return await self._run(work)
+        token = await self._run(work)
+        self._holds.issued(context_id, token, owner)
+        return token
 
     async def renew(self, leases: Mapping[str, int], ttl: float) -> frozenset[str]:
         """See :meth:`ContextStore.renew`."""
-        items = tuple(leases.items())
+        items = tuple((c, t, self._holds.owner(c, t)) for c, t in leases.items())
 
         def work(db: sqlite3.Connection, now: float) -> frozenset[str]:
             lost: set[str] = set()
-            for context_id, token in items:
+            for context_id, token, owner in items:
                 cursor = db.execute(
                     "UPDATE turnloom_contexts SET expires_at = ? WHERE context_id = ? AND "
-                    "token = ? AND owner IS NOT NULL AND expires_at > ?",
-                    (now + ttl, context_id, token, now),
+                    "token = ? AND owner = ? AND expires_at > ?",
+                    (now + ttl, context_id, token, owner, now),
                 )
                 if cursor.rowcount == 0:
                     lost.add(context_id)
             return frozenset(lost)
 
-        return await self._run(work)
+        lost = await self._run(work)
+        for context_id in lost:
+            self._holds.drop(context_id, leases[context_id])
+        return lost
 
     async def release(self, leases: Mapping[str, int]) -> None:
         """See :meth:`ContextStore.release`."""
-        items = tuple(leases.items())
+        items = tuple((c, t, self._holds.owner(c, t)) for c, t in leases.items())
 
         def work(db: sqlite3.Connection, now: float) -> None:
             db.executemany(
                 "UPDATE turnloom_contexts SET owner = NULL, expires_at = 0 "
-                "WHERE context_id = ? AND token = ?",
+                "WHERE context_id = ? AND token = ? AND owner = ?",
                 items,
             )
 
         await self._run(work)
+        for context_id, token in leases.items():
+            self._holds.drop(context_id, token)
 
-    async def append(self, writes: Sequence[_LogWrite]) -> frozenset[str]:
+    async def append(self, writes: Sequence[_LogWrite]) -> dict[str, int | StoreError]:
         """See :meth:`ContextStore.append`: one transaction for the whole batch.
 
-        Raises:
-            StoreError: a write starts after the end of its log (a gap).
+        A context whose write starts after the end of its log (a gap), or
+        whose records at already written positions differ from the ones
+        sent, gets a :class:`~turnloom.errors.StoreError` of its own; the
+        rest of the batch is written.
         """
-        batch = tuple(writes)
+        batch = tuple((c, t, s, frames(s, records)) for c, t, s, records in writes)
+        owners = {c: self._holds.owner(c, t) for c, t, _, _ in writes}
 
-        def work(db: sqlite3.Connection, now: float) -> frozenset[str]:
-            refused: set[str] = set()
+        def work(db: sqlite3.Connection, now: float) -> dict[str, int | StoreError]:
+            outcome: dict[str, int | StoreError] = {}
             for context_id, token, start, records in batch:
                 row = db.execute(
                     "SELECT token, owner, expires_at, length FROM turnloom_contexts "
                     "WHERE context_id = ?",
                     (context_id,),
                 ).fetchone()
-                if row is None or row[0] != token or row[1] is None or row[2] <= now:
-                    refused.add(context_id)
+                if not _holds(row, token, owners[context_id], now):
+                    outcome[context_id] = -1
                     continue
                 length = row[3]
                 if start > length:
-                    raise StoreError(
+                    outcome[context_id] = StoreError(
                         f"A write to context {context_id!r} starts at record {start}, but "
                         f"its log holds {length}."
                     )
+                    continue
+                overlap = records[: length - start]
+                if overlap:
+                    held = db.execute(
+                        "SELECT data FROM turnloom_records WHERE context_id = ? AND "
+                        "position >= ? AND position < ? ORDER BY position",
+                        (context_id, start, start + len(overlap)),
+                    ).fetchall()
+                    if [bytes(r[0]) for r in held] != overlap:
+                        outcome[context_id] = StoreError(
+                            f"A write to context {context_id!r} from record {start} differs "
+                            "from the records its log holds there."
+                        )
+                        continue
                 fresh = records[length - start :]
                 db.executemany(
                     "INSERT INTO turnloom_records VALUES (?, ?, ?)",
@@ -230,7 +289,8 @@ class SQLiteContextStore:
                     "UPDATE turnloom_contexts SET length = ?, used_at = ? WHERE context_id = ?",
                     (length + len(fresh), now, context_id),
                 )
-            return frozenset(refused)
+                outcome[context_id] = length + len(fresh)
+            return outcome
 
         return await self._run(work)
 
@@ -238,6 +298,8 @@ class SQLiteContextStore:
         self, context_id: str, token: int, length: int, records: tuple[bytes, ...]
     ) -> bool:
         """See :meth:`ContextStore.replace`: one transaction."""
+        framed = frames(0, records)
+        owner = self._holds.owner(context_id, token)
 
         def work(db: sqlite3.Connection, now: float) -> bool:
             row = db.execute(
@@ -245,50 +307,114 @@ class SQLiteContextStore:
                 "WHERE context_id = ?",
                 (context_id,),
             ).fetchone()
-            if row is None or row[0] != token or row[1] is None or row[2] <= now:
+            if not _holds(row, token, owner, now):
                 return False
             if row[3] != length:
-                return False
+                if row[3] != len(framed):
+                    return False
+                held = db.execute(
+                    "SELECT data FROM turnloom_records WHERE context_id = ? ORDER BY position",
+                    (context_id,),
+                ).fetchall()
+                return [bytes(r[0]) for r in held] == framed  # applied by an earlier try
             db.execute("DELETE FROM turnloom_records WHERE context_id = ?", (context_id,))
             db.executemany(
                 "INSERT INTO turnloom_records VALUES (?, ?, ?)",
-                ((context_id, i, data) for i, data in enumerate(records)),
+                ((context_id, i, data) for i, data in enumerate(framed)),
             )
             db.execute(
                 "UPDATE turnloom_contexts SET length = ?, used_at = ? WHERE context_id = ?",
-                (len(records), now, context_id),
+                (len(framed), now, context_id),
             )
             return True
 
         return await self._run(work)
 
     async def load(self, context_id: str) -> tuple[bytes, ...]:
-        """See :meth:`ContextStore.load`."""
+        """See :meth:`ContextStore.load`; every record's frame is checked.
 
-        def work(db: sqlite3.Connection, now: float) -> tuple[bytes, ...]:
+        Raises:
+            StoreRecordError: a record is damaged, missing (its log holds fewer
+                records than it has written) or out of place.
+        """
+
+        def work(db: sqlite3.Connection, now: float) -> tuple[list[bytes], int]:
             rows = db.execute(
                 "SELECT data FROM turnloom_records WHERE context_id = ? ORDER BY position",
                 (context_id,),
             ).fetchall()
-            return tuple(bytes(row[0]) for row in rows)
+            row = db.execute(
+                "SELECT length FROM turnloom_contexts WHERE context_id = ?", (context_id,)
+            ).fetchone()
+            return [bytes(r[0]) for r in rows], (row[0] if row is not None else len(rows))
 
-        return await self._run(work)
+        stored, length = await self._run(work)
+        records = unframe_log(context_id, stored)
+        if len(records) != length:
+            index = min(len(records), length)
+            raise StoreRecordError(
+                f"Record {index} of context {excerpt(context_id)} is missing: its log holds "
+                f"{len(records)} records of the {length} written.",
+                context_id=context_id,
+                index=index,
+            )
+        return records
 
     async def forget(self, context_id: str, token: int) -> bool:
-        """See :meth:`ContextStore.forget`."""
+        """See :meth:`ContextStore.forget`: deletes the log; the context's row stays (see prune)."""
+        owner = self._holds.owner(context_id, token)
 
         def work(db: sqlite3.Connection, now: float) -> bool:
             row = db.execute(
                 "SELECT token, owner, expires_at FROM turnloom_contexts WHERE context_id = ?",
                 (context_id,),
             ).fetchone()
-            if row is None or row[0] != token or row[1] is None or row[2] <= now:
+            if not _holds(row, token, owner, now):
                 return False
             db.execute("DELETE FROM turnloom_records WHERE context_id = ?", (context_id,))
             db.execute(
                 "UPDATE turnloom_contexts SET length = 0 WHERE context_id = ?", (context_id,)
             )
             return True
+
+        return await self._run(work)
+
+    async def prune(self, older_than: float) -> int:
+        """Delete what is left of contexts forgotten or unused for ``older_than`` seconds.
+
+        A context whose log was deleted (``remove_context``) keeps one row (its
+        lease and token counter) so that a stale owner stays fenced; a context
+        nobody claimed for a long time keeps its whole log. ``prune`` deletes
+        both kinds once unused for ``older_than`` seconds and not leased:
+        run it from a maintenance job with ``older_than`` far longer than any
+        lease (a day, say). A pruned context claimed again starts empty. A
+        stale owner of a pruned context is still refused: writes check the
+        lease's owner as well as its token.
+
+        Returns:
+            the number of contexts deleted.
+
+        Raises:
+            InputError: ``older_than`` is not a non-negative number.
+        """
+        if not isinstance(older_than, int | float) or not older_than >= 0:
+            raise InputError(
+                f"older_than must be a non-negative number of seconds, not {older_than!r}."
+            )
+
+        def work(db: sqlite3.Connection, now: float) -> int:
+            ids = [
+                row[0]
+                for row in db.execute(
+                    "SELECT context_id FROM turnloom_contexts WHERE used_at <= ? AND "
+                    "(owner IS NULL OR expires_at <= ?)",
+                    (now - older_than, now),
+                ).fetchall()
+            ]
+            for context_id in ids:
+                db.execute("DELETE FROM turnloom_records WHERE context_id = ?", (context_id,))
+                db.execute("DELETE FROM turnloom_contexts WHERE context_id = ?", (context_id,))
+            return len(ids)
 
         return await self._run(work)
 

@@ -24,6 +24,7 @@ import gc
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import TextIO
 
 import anyio
 import msgspec
@@ -31,7 +32,7 @@ import msgspec
 from turnloom.context.gateway import GatewayType
 from turnloom.context.history import HistoryLimits
 from turnloom.context.message import Message
-from turnloom.errors import InputError, QueueFullError, TurnloomError
+from turnloom.errors import InputError, LeaseHeldError, QueueFullError, TurnloomError
 from turnloom.runtime.config import RuntimeConfig, build_context_manager
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.manager import ContextManager
@@ -144,6 +145,9 @@ async def loadtest(
     store: str | None = None,
     first_session: int = 0,
     run_id: str = "",
+    takeover_sessions: int | None = None,
+    lease_ttl: float = 10.0,
+    acknowledged_log: TextIO | None = None,
 ) -> LoadtestReport:
     """Run ``sessions`` concurrent sessions over ``trajectories`` (cycled).
 
@@ -176,6 +180,22 @@ async def loadtest(
             ``first_session .. first_session + sessions - 1``).
         run_id: prefixed to every context id, so runs sharing a store never
             meet.
+        takeover_sessions: with a store, the number of sessions of the whole
+            fleet (``turnloom loadtest --processes N --takeover``): after its
+            own, this process claims every other session of
+            ``0 .. takeover_sessions - 1`` once its lease is free (released
+            by a process that finished, or expired with one that died),
+            restores it and replays its remaining turns, after the newest
+            committed one; a session found finished is left as it is.
+            Sessions keep their contexts in the store (a finished session is
+            released, not removed), so a survivor can tell them from sessions
+            never started. None (default): each process runs its own range
+            and removes its contexts.
+        lease_ttl: seconds a lease lasts unless renewed (the store's lease;
+            a dead process's sessions are free after it).
+        acknowledged_log: a text file to write ``"<context id> <turn id>"``
+            lines to, one per commit a flush acknowledged, written at once
+            (a test checks the store against it after killing the process).
 
     Returns:
         the report.
@@ -198,6 +218,8 @@ async def loadtest(
         raise InputError(f"think_time must be a finite number >= 0, not {think_time!r}.")
     if config is not None and store is not None:
         raise InputError("loadtest takes a store or a config, not both.")
+    if takeover_sessions is not None and (store is None or takeover_sessions < sessions):
+        raise InputError("takeover_sessions needs a store and at least the process's own sessions.")
     scripts: list[list[Message]] = []
     for trajectory in trajectories:
         parsed = check_trajectory(trajectory)
@@ -227,6 +249,7 @@ async def loadtest(
                 history_limits=history_limits,
                 max_pending_preparations=max_pending_preparations,
                 store=opened,
+                lease_ttl=lease_ttl,
             )
         return await _run(
             scripts,
@@ -242,6 +265,8 @@ async def loadtest(
             lags=lags,
             gc_pauses=gc_pauses,
             think_time=think_time,
+            takeover_sessions=takeover_sessions,
+            acknowledged_log=acknowledged_log,
         )
     finally:
         gc.callbacks.remove(on_gc)
@@ -265,6 +290,8 @@ async def _run(
     lags: list[float],
     gc_pauses: list[tuple[int, float]],
     think_time: float,
+    takeover_sessions: int | None,
+    acknowledged_log: TextIO | None,
 ) -> LoadtestReport:
     errors: list[str] = []
     counts = {"turns": 0, "calls": 0, "failed": 0}
@@ -276,19 +303,28 @@ async def _run(
         if on_open is not None:
             on_open(foundation)
 
-        async def session(number: int) -> None:
-            number += first_session
+        async def session(number: int, delay: float = 0.0) -> None:
             script = scripts[number % len(scripts)]
             context_id = f"{run_id}session-{number}"
             prefix: PreparedContext | None = None
             continuation: list[Message] = []
             turn_id = ""
-            if think_time:
-                await anyio.sleep(think_time * (number - first_session) / sessions)
+            if delay:
+                await anyio.sleep(delay)
             try:
-                if store is not None:
+                steps = list(walk(script, max_turns=turns))
+                if takeover_sessions is not None:
+                    await _claim_when_free(manager, context_id)
+                    done = _committed(manager, context_id)
+                    final = [step.turn_id for step in steps if isinstance(step, Turn)]
+                    if final and done == final[-1]:
+                        await manager.leases.release(context_id)  # finished by its owner
+                        return
+                    if done:  # resume after the newest committed turn
+                        steps = steps[_after(steps, done) :]
+                elif store is not None:
                     await manager.leases.claim(context_id)
-                for step in walk(script, max_turns=turns):
+                for step in steps:
                     if isinstance(step, Turn):
                         if think_time and turn_id:
                             await anyio.sleep(think_time)
@@ -297,6 +333,9 @@ async def _run(
                         counts["turns"] += 1
                         if store is not None:
                             await manager.leases.flush(context_id)  # the commit is acknowledged
+                            if acknowledged_log is not None:
+                                acknowledged_log.write(f"{context_id} {turn_id}\n")
+                                acknowledged_log.flush()
                         request = ContextPrepareRequest(context_id=context_id, turn_id=turn_id)
                         begin = time.perf_counter()
                         try:
@@ -326,7 +365,9 @@ async def _run(
                     else:
                         manager.record(context_id, turn_id, [step.message])
                         continuation.append(step.message)
-                if store is not None:
+                if takeover_sessions is not None:
+                    await manager.leases.release(context_id)  # kept: a survivor sees it finished
+                elif store is not None:
                     manager.remove_context(context_id)
                     await manager.leases.flush(context_id)
             except TurnloomError as exc:
@@ -350,11 +391,20 @@ async def _run(
                 outer.start_soon(ticker, stop)
                 async with anyio.create_task_group() as group:
                     for number in range(sessions):
-                        group.start_soon(session, number)
+                        delay = think_time * number / sessions
+                        group.start_soon(session, first_session + number, delay)
                         # Sessions arrive one per loop iteration, as a server
                         # accepts connections; all first steps in one
                         # iteration would stall the loop for sessions x a step.
                         await anyio.lowlevel.checkpoint()
+                if takeover_sessions is not None:
+                    # Then every other process's sessions, once their leases are free.
+                    own = range(first_session, first_session + sessions)
+                    async with anyio.create_task_group() as group:
+                        for number in range(takeover_sessions):
+                            if number not in own:
+                                group.start_soon(session, number)
+                                await anyio.lowlevel.checkpoint()
                 stop.set()
         finally:
             gc.unfreeze()
@@ -387,6 +437,35 @@ async def _run(
         render_seconds=rendering[0],
         cpu_seconds=cpu_seconds,
     )
+
+
+async def _claim_when_free(manager: ContextManager, context_id: str) -> None:
+    """Claim a session's context, waiting while another process holds its lease."""
+    while True:
+        try:
+            await manager.leases.claim(context_id)
+            return
+        except LeaseHeldError:
+            await anyio.sleep(0.1)
+
+
+def _committed(manager: ContextManager, context_id: str) -> str:
+    """The newest turn a claimed context holds, or ``""``."""
+    if context_id not in manager.context_ids():
+        return ""
+    held = manager.history(context_id).turn_ids
+    return held[-1] if held else ""
+
+
+def _after(steps: Sequence[object], turn_id: str) -> int:
+    """The index of the first turn after ``turn_id`` in a session's steps (their end if none)."""
+    seen = False
+    for index, step in enumerate(steps):
+        if isinstance(step, Turn):
+            if seen:
+                return index
+            seen = step.turn_id == turn_id
+    return len(steps)
 
 
 class SustainedReport(msgspec.Struct, frozen=True, kw_only=True):
