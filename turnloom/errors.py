@@ -41,6 +41,7 @@ from __future__ import annotations
 __all__ = (
     "EXCERPT_LIMIT",
     "TYPE_NAME_LIMIT",
+    "AmbiguousStepError",
     "AreaCallbackError",
     "CapacityError",
     "ConfigError",
@@ -200,6 +201,28 @@ class InvalidMessageError(InputError):
     def __init__(self, message: str, *, field: str = "") -> None:
         super().__init__(message)
         self.field = field
+
+
+class AmbiguousStepError(InvalidMessageError):
+    """A model step split over several messages in a shape that cannot be paired without guessing.
+
+    A step is what the model emitted in one response, however the host split
+    it into messages (see :class:`~turnloom.context.CallTracker`). Refused:
+    an assistant message with calls right after a step whose messages end
+    with text or reasoning after their calls (does it continue that step or
+    open a new one?), and one repeating a call id of the step it continues
+    (which call would a result with that id answer?).
+
+    Attributes:
+        field: the offending message (``"Output of turn 't1'[3]"``).
+        call_id: its call at fault.
+        reason: ``"content_between_calls"`` or ``"duplicate_call_id"``.
+    """
+
+    def __init__(self, message: str, *, field: str, call_id: str, reason: str) -> None:
+        super().__init__(message, field=field)
+        self.call_id = call_id
+        self.reason = reason
 
 
 class InvalidTextError(InvalidMessageError):

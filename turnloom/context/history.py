@@ -110,7 +110,7 @@ from turnloom.context.callids import (
     reported_call_ids,
     restore_call_ids,
 )
-from turnloom.context.gateway import Gateway, GatewayType, NativeContent
+from turnloom.context.gateway import Gateway, GatewayType, NativeContent, step_join
 from turnloom.context.items import (
     ChunkedSpan,
     NativeItems,
@@ -135,6 +135,7 @@ from turnloom.context.pairing import (
     CANCELLED_RESULT_TEXT,
     CallTracker,
     OpenCallPolicy,
+    check_steps,
     complete_pairs,
 )
 from turnloom.context.scope import ContextScope, scope_indices
@@ -1104,7 +1105,11 @@ def _render_entries(
     tokens = 0
     lead = -1
     completed = complete_pairs(
-        messages, open_calls=policy, carried=carried, answered_later=answered
+        messages,
+        open_calls=policy,
+        carried=carried,
+        answered_later=answered,
+        join=step_join(gateway),
     )
     for message in completed:
         entry = by_id.get(id(message))
@@ -1277,6 +1282,7 @@ def _plan(
     resolved: dict[int, int] = {}  # group -> index of the turn where it ended or was answered
     for index, turn in enumerate((*turns, head)):
         starts.append(tuple(tracker.open.values()))
+        tracker.new_turn()  # each turn is a span: a step never spans two
         for message in turn.messages(index < count):
             group = tracker.group
             step = tracker.feed(message)
@@ -1963,6 +1969,19 @@ def _blank_part(part: Part) -> bool:
     return False
 
 
+def _step_tail(turn: _Turn) -> list[Message]:
+    """The trailing assistant messages of ``turn``, oldest first: the step outputs may continue."""
+    tail: list[Message] = []
+    for entries in (turn.outputs, turn.state, turn.input):
+        for entry in reversed(entries):
+            if entry.message.role is not Role.assistant:
+                tail.reverse()
+                return tail
+            tail.append(entry.message)
+    tail.reverse()
+    return tail
+
+
 def _calls_after(turns: Sequence[_Turn]) -> tuple[dict[str, ToolCallPart], int]:
     """The calls still open after ``turns`` (each whole), and the index of their turn.
 
@@ -1983,6 +2002,7 @@ def _calls_after(turns: Sequence[_Turn]) -> tuple[dict[str, ToolCallPart], int]:
             tracker.feed(message)
         if tracker.group:
             for turn in turns[index + 1 :]:
+                tracker.new_turn()
                 for message in turn.messages(True):
                     tracker.feed(message)
             return tracker.open, (index if tracker.open else -1)
@@ -2021,6 +2041,7 @@ def _paired_after(turns: Sequence[_Turn], position: int) -> dict[tuple[int, int,
         return paired
     tracker = CallTracker(calls.values())
     for index in range(position + 1, len(turns)):
+        tracker.new_turn()
         for number, message in enumerate(turns[index].messages(True)):
             if tracker.group:
                 return paired
@@ -2876,6 +2897,8 @@ class TurnHistory:
         if _first_instruction(input) >= 0:
             reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
         entries, sizes = self._entries(input, turn_id, "input")
+        # A turn starts a step: its input never continues the previous turn's.
+        check_steps(input, f"Turn {excerpt(turn_id)} input")
         seen: set[str] = set()
         for i, entry in enumerate(entries):
             message_id = entry.message.id
@@ -3040,6 +3063,7 @@ class TurnHistory:
         entries, sizes = self._entries(outputs, turn_id, "output", turn_id)
         old = self._turns[position]
         kept: list[_Entry] = []
+        kept_at: list[int] = []
         kept_bytes = 0
         added: dict[str, Message] = {}
         duplicates = blank = 0
@@ -3067,11 +3091,18 @@ class TurnHistory:
                 blank += 1
                 continue
             kept.append(entry)
+            kept_at.append(i)
             kept_bytes += sizes[i]
         if not kept:
             self._duplicates += duplicates
             self._blank_dropped += blank
             return 0
+        check_steps(
+            [e.message for e in kept],
+            f"Turn {excerpt(turn_id)} output",
+            before=_step_tail(old),
+            indices=kept_at,
+        )
         current = self._turns
         late = position != len(current) - 1
         # Nothing dropped (the usual case): the entries tuple is the outputs added.

@@ -82,6 +82,7 @@ from turnloom.context.message import (
     check_message,
     is_blank_text,
 )
+from turnloom.context.pairing import StepJoin
 from turnloom.errors import InvalidMessageError, excerpt, what_type
 
 _log = logging.getLogger("turnloom.gateway.openai_chat")
@@ -113,6 +114,13 @@ class OpenAIChatGateway(Gateway):
 
     items_field = "messages"
     """The field of :meth:`request_body` that holds the item list."""
+
+    step_join: StepJoin = "calls"
+    """A step the host split over several assistant messages is joined into one.
+
+    The ``tool`` messages must follow the one assistant message that holds
+    every ``tool_calls`` entry they answer (see :func:`~turnloom.context.join_steps`).
+    """
 
     def tool_definition(
         self, name: str, description: str, parameters: dict[str, Any]

@@ -97,6 +97,7 @@ from turnloom.context.message import (
     ToolResultPart,
     check_message,
 )
+from turnloom.context.pairing import StepJoin
 from turnloom.errors import DuplicateIdError, InvalidMessageError, excerpt
 
 _log = logging.getLogger("turnloom.gateway.openai_responses")
@@ -150,6 +151,15 @@ class OpenAIResponsesGateway(Gateway):
 
     items_field = "input"
     """The field of :meth:`request_body` that holds the item list."""
+
+    step_join: StepJoin = "reasoning"
+    """A reasoning-only message joins the assistant message after it.
+
+    A ``reasoning`` item renders only in front of the item it precedes in
+    the same message, as :meth:`parse_items` groups them; a host that parses
+    a response one item at a time gets the same input (see
+    :func:`~turnloom.context.join_steps`).
+    """
 
     def tool_definition(
         self, name: str, description: str, parameters: dict[str, Any]
