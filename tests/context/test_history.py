@@ -27,6 +27,7 @@ from turnloom.context import (
     open_call_ids,
 )
 from turnloom.context.callids import rename_call_ids
+from turnloom.context.gateway import step_join
 from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits, HistoryView, RenderedHistory, TurnHistory
 from turnloom.context.pairing import OpenCallPolicy
@@ -335,7 +336,9 @@ def cold_render(
 ) -> list[NativeContent]:
     """The oracle: the retained history completed at once, rendered without any cache,
     call ids made unique over the whole list."""
-    messages = complete_pairs(list(history.view().input_messages(turn_id)), open_calls=policy)
+    messages = complete_pairs(
+        list(history.view().input_messages(turn_id)), open_calls=policy, join=step_join(gateway)
+    )
     return rename_call_ids(gateway.type, [item for m in messages for item in gateway.render(m)])
 
 

@@ -28,6 +28,7 @@ from turnloom.context.callids import (
     register_rewriter,
     rename_call_ids,
 )
+from turnloom.context.gateway import step_join
 from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.pairing import OpenCallPolicy
@@ -96,7 +97,7 @@ def cold_render(manager: ContextManager, context_id: str, turn_id: str) -> list[
     """The oracle: the retained history paired as one input, rendered without any cache,
     call ids made unique over the whole list."""
     messages = manager.history(context_id).input_messages(turn_id)
-    completed = complete_pairs(list(messages), open_calls=manager.open_calls)
+    completed = complete_pairs(list(messages), open_calls=manager.open_calls, join=step_join(CHAT))
     return rename_call_ids(CHAT.type, [item for m in completed for item in CHAT.render(m)])
 
 

@@ -22,6 +22,7 @@ from turnloom.context import (
     get_gateway,
 )
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
+from turnloom.context.gateway import step_join
 from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.pairing import OpenCallPolicy, complete_pairs
@@ -93,7 +94,7 @@ def _cold(
     gateway = get_gateway(kind)
     state = renamer.copy()
     items = list(prefix.items)
-    for message in complete_pairs(continuation, open_calls=policy):
+    for message in complete_pairs(continuation, open_calls=policy, join=step_join(gateway)):
         items.extend(rename_call_ids(kind, gateway.render(message), state))
     return tuple(items)
 

@@ -41,6 +41,7 @@ from turnloom.areas import OneShotNotice, PinnedNotice, SubtaskArea
 from turnloom.context import Message, Role
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import (
+    AmbiguousStepError,
     AreaCallbackError,
     ContextRemovedError,
     DuplicateIdError,
@@ -64,6 +65,10 @@ class _Model:
         self.evicted: list[str] = []
         self.next = 0
         self.open_call: str | None = None
+        # The newest turn ends with a step whose calls are open (no result yet),
+        # and (tail) with text after them: a further call there is refused.
+        self.in_step = False
+        self.tail = False
         self.tied: set[str] = set()  # turns whose input answered the turn before (approvals)
 
     def evict(self) -> None:
@@ -171,6 +176,7 @@ class ManagerMachine(RuleBasedStateMachine):
         if answer is not None:
             model.tied.add(turn_id)
         model.open_call = None
+        model.in_step = model.tail = False
         return turn_id
 
     # -- rules -------------------------------------------------------------------
@@ -187,7 +193,9 @@ class ManagerMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(m.turns for m in self.models.values()))
     @rule(
         context_id=st.sampled_from(CONTEXTS),
-        kind=st.sampled_from(["text", "blank", "call", "result", "late", "twice"]),
+        kind=st.sampled_from(
+            ["text", "blank", "call", "result", "late", "twice", "split", "split_open"]
+        ),
     )
     def record(self, context_id: str, kind: str) -> None:
         model = self.models[context_id]
@@ -218,27 +226,57 @@ class ManagerMachine(RuleBasedStateMachine):
             with pytest.raises(DuplicateIdError):
                 self.portal.call(self.manager.record, context_id, turn_id, [changed])
             model.add(1)
-            model.open_call = None  # an assistant message ends the call group
+            self._after_text(model)
             model.evict()
             return
+        if kind in ("call", "split", "split_open") and model.in_step and model.tail:
+            # A call after the step's text, its calls still open: a new step or the same?
+            before = self.portal.call(self.manager.history, context_id).messages()
+            with pytest.raises(AmbiguousStepError):
+                self.portal.call(self.manager.record, context_id, turn_id, [call("x")])
+            assert self.portal.call(self.manager.history, context_id).messages() == before
+            return
+        self.replies += 1
+        fresh = f"call-{model.next}-{len(model.turns)}-{self.replies}"
         if kind == "text":
             outputs = [assistant("an answer")]
-            model.open_call = None
+            self._after_text(model)
         elif kind == "blank":
             outputs = [assistant("  ")]
         elif kind == "call":
-            model.open_call = f"call-{model.next}-{len(model.turns)}"
+            model.open_call = fresh
             outputs = [call(model.open_call)]
+            model.in_step, model.tail = True, False
+        elif kind == "split":  # one message per parallel call, results out of call order
+            outputs = [
+                call(f"{fresh}a"),
+                call(f"{fresh}b"),
+                result(f"{fresh}b"),
+                result(f"{fresh}a"),
+            ]
+            model.open_call, model.in_step = None, False
+        elif kind == "split_open":  # the same, results still to come (the last call's)
+            outputs = [call(f"{fresh}a"), call(f"{fresh}b")]
+            model.open_call = f"{fresh}b"
+            model.in_step, model.tail = True, False
         else:
             if model.open_call is None:
                 return
             outputs = [result(model.open_call, "done")]
-            model.open_call = None
+            model.open_call, model.in_step = None, False
         recorded = self.portal.call(self.manager.record, context_id, turn_id, outputs)
-        expected = 0 if kind == "blank" else 1
+        expected = 0 if kind == "blank" else len(outputs)
         assert recorded == expected
         model.add(expected)
         model.evict()
+
+    @staticmethod
+    def _after_text(model: _Model) -> None:
+        """An assistant text output: it continues a step with open calls, else ends the group."""
+        if model.in_step:
+            model.tail = True
+        else:
+            model.open_call = None
 
     @precondition(lambda self: any(len(m.turns) > 1 for m in self.models.values()))
     @rule(context_id=st.sampled_from(CONTEXTS), back=st.integers(1, 2))
@@ -398,6 +436,7 @@ class ManagerMachine(RuleBasedStateMachine):
         model.turns.append((f"t{model.next}", 1))
         model.next += 1
         model.open_call = None
+        model.in_step = model.tail = False
         model.evict()
         new_turn = model.turns[-1][0]
         after = self.portal.call(cold_render, self.manager, context_id, new_turn)

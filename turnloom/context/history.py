@@ -141,6 +141,7 @@ from turnloom.context.pairing import (
 from turnloom.context.scope import ContextScope, scope_indices
 from turnloom.context.tokens import ApproxTokenCounter, TokenCounter, count_tokens
 from turnloom.errors import (
+    AmbiguousStepError,
     DuplicateIdError,
     InputError,
     InstructionMessageError,
@@ -1982,6 +1983,36 @@ def _step_tail(turn: _Turn) -> list[Message]:
     return tail
 
 
+def _check_turn_start(before: _Turn, first: Message, where: str) -> None:
+    """Refuse ``first`` starting the turn after ``before`` when it would continue ``before``'s step.
+
+    A step never spans turns (each turn renders as its own span), so a turn
+    cannot start with an assistant message that, read after the previous
+    turn's trailing assistant messages, would continue their step.
+
+    Raises:
+        AmbiguousStepError: it would (``reason`` ``"across_turns"``).
+    """
+    if first.role is not Role.assistant:
+        return
+    tail = _step_tail(before)
+    if not tail:
+        return
+    tracker = CallTracker()
+    for message in tail:
+        tracker.feed(message)
+    if tracker.continues(first):
+        calls = first.tool_calls
+        raise AmbiguousStepError(
+            f"{where} is an assistant message that would continue the model step turn "
+            f"{excerpt(before.turn_id)} ends with (its calls are still open); a model step "
+            "belongs to one turn: record its messages to that turn.",
+            field=where,
+            call_id=calls[0].call_id if calls else "",
+            reason="across_turns",
+        )
+
+
 def _calls_after(turns: Sequence[_Turn]) -> tuple[dict[str, ToolCallPart], int]:
     """The calls still open after ``turns`` (each whole), and the index of their turn.
 
@@ -2897,8 +2928,9 @@ class TurnHistory:
         if _first_instruction(input) >= 0:
             reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
         entries, sizes = self._entries(input, turn_id, "input")
-        # A turn starts a step: its input never continues the previous turn's.
         check_steps(input, f"Turn {excerpt(turn_id)} input")
+        if input and self._turns:
+            _check_turn_start(self._turns[-1], input[0], f"Turn {excerpt(turn_id)} input[0]")
         seen: set[str] = set()
         for i, entry in enumerate(entries):
             message_id = entry.message.id
@@ -3103,6 +3135,15 @@ class TurnHistory:
             before=_step_tail(old),
             indices=kept_at,
         )
+        if position + 1 < len(self._turns):
+            later = self._turns[position + 1].entries(True)
+            if later:
+                _check_turn_start(
+                    old.with_outputs(tuple(kept), 0),
+                    later[0].message,
+                    f"Turn {excerpt(self._turns[position + 1].turn_id)} input[0], after turn "
+                    f"{excerpt(turn_id)}'s late output,",
+                )
         current = self._turns
         late = position != len(current) - 1
         # Nothing dropped (the usual case): the entries tuple is the outputs added.
