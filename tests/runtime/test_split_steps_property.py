@@ -190,7 +190,15 @@ def steps(draw: st.DrawFn, kind: str, tag: str) -> Step:
     if kind == "gemini" and calls:
         tokens.append(f"U0lH{tag}")
     ambiguous = False
-    if calls >= 2 and draw(st.integers(0, 5)) == 0:
+    if calls and draw(st.integers(0, 7)) == 0:
+        # A split message repeating a call id of its step: refused.
+        ambiguous = True
+        again = next(m for m in outputs if m.tool_calls)
+        outputs = [
+            *outputs,
+            Message(role=Role.assistant, content=(again.tool_calls[0],), layout=again.layout),
+        ]
+    elif calls >= 2 and draw(st.integers(0, 5)) == 0:
         # Text after the first call, then the next call: refused.
         ambiguous = True
         after = Message(role=Role.assistant, content=f"after{tag}")
