@@ -47,6 +47,7 @@ from turnloom.errors import (
     DuplicateIdError,
     QueueFullError,
     StrandedResultsError,
+    TurnTooLargeError,
 )
 from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext, TurnSnapshot
 
@@ -231,13 +232,14 @@ class ManagerMachine(RuleBasedStateMachine):
             return
         if kind in ("call", "split", "split_open") and model.in_step and model.tail:
             # A call after the step's text, its calls still open: a new step or the same?
-            before = self.portal.call(self.manager.history, context_id).messages()
+            held = self.portal.call(self.manager.history, context_id).messages()
             with pytest.raises(AmbiguousStepError):
                 self.portal.call(self.manager.record, context_id, turn_id, [call("x")])
-            assert self.portal.call(self.manager.history, context_id).messages() == before
+            assert self.portal.call(self.manager.history, context_id).messages() == held
             return
         self.replies += 1
         fresh = f"call-{model.next}-{len(model.turns)}-{self.replies}"
+        saved = (model.open_call, model.in_step, model.tail)
         if kind == "text":
             outputs = [assistant("an answer")]
             self._after_text(model)
@@ -264,6 +266,18 @@ class ManagerMachine(RuleBasedStateMachine):
                 return
             outputs = [result(model.open_call, "done")]
             model.open_call, model.in_step = None, False
+        if len(outputs) > 1:
+            # A batch may not fit the turn (or the turns tied to it): refused, nothing changed.
+            held = self.portal.call(self.manager.history, context_id).messages()
+            try:
+                self.portal.call(self.manager.record, context_id, turn_id, outputs)
+            except TurnTooLargeError:
+                assert self.portal.call(self.manager.history, context_id).messages() == held
+                model.open_call, model.in_step, model.tail = saved
+                return
+            model.add(len(outputs))
+            model.evict()
+            return
         recorded = self.portal.call(self.manager.record, context_id, turn_id, outputs)
         expected = 0 if kind == "blank" else len(outputs)
         assert recorded == expected

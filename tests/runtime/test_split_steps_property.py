@@ -43,7 +43,10 @@ from turnloom.runtime import ContextManager, ContextPrepareRequest, Foundation, 
 
 EXAMPLES = int(os.environ.get("TURNLOOM_STEP_EXAMPLES", "40"))
 KINDS = [g.value for g in GatewayType]
-PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5E"
+    "rkJggg=="
+)
 
 
 @dataclass

@@ -167,7 +167,8 @@ class Gateway(Protocol):
         The caller adds the model name, tools and generation settings. A
         gateway's ``validate`` accepts the item list of this body whenever the
         items were rendered from messages completed by
-        :func:`~turnloom.context.complete_pairs` and the list is not empty
+        :func:`~turnloom.context.complete_pairs` with the gateway's
+        ``join`` (:func:`step_join`) and the list is not empty
         (an empty one is the ``empty_input`` violation: no provider accepts it).
         """
         ...
@@ -180,7 +181,9 @@ def step_join(gateway: Gateway) -> StepJoin:
     Gemini: ``"none"`` (their request bodies merge adjacent turns).
     """
     join = getattr(gateway, "step_join", "none")
-    return join if join in ("calls", "reasoning") else "none"
+    if join == "calls":
+        return "calls"
+    return "reasoning" if join == "reasoning" else "none"
 
 
 _FACTORIES: dict[GatewayType, Callable[[], Gateway]] = {}

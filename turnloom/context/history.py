@@ -2906,6 +2906,9 @@ class TurnHistory:
             DuplicateIdError: ``turn_id`` is kept or was evicted (or retracted)
                 recently, or an input message has the id of a held message.
             OutOfOrderTurnError: ``sequence`` is not greater than the previous one.
+            AmbiguousStepError: the input splits a model step in a shape that
+                cannot be paired without guessing, or its first message would
+                continue the step the newest turn ends with.
             HostCallbackError: the token counter raised or returned a count
                 that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing changed.
         """
@@ -3061,6 +3064,11 @@ class TurnHistory:
             DuplicateIdError: a message has the id of a held message with
                 other content, or of a message of another turn; nothing was
                 recorded.
+            AmbiguousStepError: the kept outputs continue the turn's model
+                step in a shape that cannot be paired without guessing (see
+                :func:`~turnloom.context.check_steps`), or a late record would
+                let the next turn's first message continue its step; nothing
+                was recorded.
             ItemTooLargeError: one message is over the per-item byte cap;
                 nothing was recorded.
             TurnTooLargeError: the turn would hold more than ``max_items``

@@ -380,8 +380,8 @@ def check_steps(
     tail = len(before)
     while tail and isinstance(before[tail - 1], Message) and before[tail - 1].role is _ASSISTANT:
         tail -= 1
-    for message in before[tail:]:
-        tracker.feed(message)
+    for earlier in before[tail:]:
+        tracker.feed(earlier)
     for i, message in enumerate(messages):
         if not isinstance(message, Message):
             tracker = CallTracker()

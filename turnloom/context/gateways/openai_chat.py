@@ -14,6 +14,10 @@ Rendering (Message -> native):
   results follow as one ``user`` message.
 * An assistant message with neither text nor tool calls (an interrupted
   reply, or reasoning only) renders to nothing.
+* A model step the host split over several assistant messages (one per
+  parallel call) is joined into one message before rendering
+  (``step_join = "calls"``): its texts in order as the content, every
+  ``tool_calls`` entry in call order, then one ``tool`` message per result.
 
 Layout kept for exact re-emission (``Message.layout``): a single text sent as
 a one-element list (``"content": "list"``), an assistant message sent
