@@ -208,18 +208,15 @@ class AmbiguousStepError(InvalidMessageError):
 
     A step is what the model emitted in one response, however the host split
     it into messages (see :class:`~turnloom.context.CallTracker`). Refused:
-    an assistant message with calls right after a step whose messages end
-    with text or reasoning after their calls (does it continue that step or
-    open a new one?), one repeating a call id of the step it continues
-    (which call would a result with that id answer?), and a turn starting
-    with an assistant message that would continue the step the turn before
-    it ends with (a step belongs to one turn).
+    an assistant message repeating a call id of the step it continues (which
+    call would a result with that id answer?), and a turn starting with an
+    assistant message that would continue the step the turn before it ends
+    with (a step belongs to one turn).
 
     Attributes:
         field: the offending message (``"Turn 't1' output[3]"``).
         call_id: its call at fault (``""`` for a message without calls).
-        reason: ``"content_between_calls"``, ``"duplicate_call_id"`` or
-            ``"across_turns"``.
+        reason: ``"duplicate_call_id"`` or ``"across_turns"``.
     """
 
     def __init__(self, message: str, *, field: str, call_id: str, reason: str) -> None:

@@ -210,8 +210,11 @@ async def _run(
                 roll = rng.random()
                 if roll < 0.25:
                     turn += 1
+                    # The newest turn's kept state pair sits between its input and
+                    # outputs: it ends the group of calls the input left open.
                     stream = (
                         view.input_messages(newest)
+                        + view.turn_state(newest)
                         + view.turn_messages(newest)[len(view.turn_input(newest)) :]
                     )
                     open_ids = open_call_ids(stream)

@@ -41,7 +41,6 @@ from turnloom.areas import OneShotNotice, PinnedNotice, SubtaskArea
 from turnloom.context import Message, Role
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import (
-    AmbiguousStepError,
     AreaCallbackError,
     ContextRemovedError,
     DuplicateIdError,
@@ -66,10 +65,9 @@ class _Model:
         self.evicted: list[str] = []
         self.next = 0
         self.open_call: str | None = None
-        # The newest turn ends with a step whose calls are open (no result yet),
-        # and (tail) with text after them: a further call there is refused.
+        # The newest turn ends with a step whose calls are open (no result yet):
+        # an assistant text continues it, so its calls stay open.
         self.in_step = False
-        self.tail = False
         self.tied: set[str] = set()  # turns whose input answered the turn before (approvals)
 
     def evict(self) -> None:
@@ -177,7 +175,7 @@ class ManagerMachine(RuleBasedStateMachine):
         if answer is not None:
             model.tied.add(turn_id)
         model.open_call = None
-        model.in_step = model.tail = False
+        model.in_step = False
         return turn_id
 
     # -- rules -------------------------------------------------------------------
@@ -230,16 +228,9 @@ class ManagerMachine(RuleBasedStateMachine):
             self._after_text(model)
             model.evict()
             return
-        if kind in ("call", "split", "split_open") and model.in_step and model.tail:
-            # A call after the step's text, its calls still open: a new step or the same?
-            held = self.portal.call(self.manager.history, context_id).messages()
-            with pytest.raises(AmbiguousStepError):
-                self.portal.call(self.manager.record, context_id, turn_id, [call("x")])
-            assert self.portal.call(self.manager.history, context_id).messages() == held
-            return
         self.replies += 1
         fresh = f"call-{model.next}-{len(model.turns)}-{self.replies}"
-        saved = (model.open_call, model.in_step, model.tail)
+        saved = (model.open_call, model.in_step)
         if kind == "text":
             outputs = [assistant("an answer")]
             self._after_text(model)
@@ -248,7 +239,7 @@ class ManagerMachine(RuleBasedStateMachine):
         elif kind == "call":
             model.open_call = fresh
             outputs = [call(model.open_call)]
-            model.in_step, model.tail = True, False
+            model.in_step = True
         elif kind == "split":  # one message per parallel call, results out of call order
             outputs = [
                 call(f"{fresh}a"),
@@ -260,7 +251,7 @@ class ManagerMachine(RuleBasedStateMachine):
         elif kind == "split_open":  # the same, results still to come (the last call's)
             outputs = [call(f"{fresh}a"), call(f"{fresh}b")]
             model.open_call = f"{fresh}b"
-            model.in_step, model.tail = True, False
+            model.in_step = True
         else:
             if model.open_call is None:
                 return
@@ -273,7 +264,7 @@ class ManagerMachine(RuleBasedStateMachine):
                 self.portal.call(self.manager.record, context_id, turn_id, outputs)
             except TurnTooLargeError:
                 assert self.portal.call(self.manager.history, context_id).messages() == held
-                model.open_call, model.in_step, model.tail = saved
+                model.open_call, model.in_step = saved
                 return
             model.add(len(outputs))
             model.evict()
@@ -287,9 +278,7 @@ class ManagerMachine(RuleBasedStateMachine):
     @staticmethod
     def _after_text(model: _Model) -> None:
         """An assistant text output: it continues a step with open calls, else ends the group."""
-        if model.in_step:
-            model.tail = True
-        else:
+        if not model.in_step:
             model.open_call = None
 
     @precondition(lambda self: any(len(m.turns) > 1 for m in self.models.values()))
@@ -450,7 +439,7 @@ class ManagerMachine(RuleBasedStateMachine):
         model.turns.append((f"t{model.next}", 1))
         model.next += 1
         model.open_call = None
-        model.in_step = model.tail = False
+        model.in_step = False
         model.evict()
         new_turn = model.turns[-1][0]
         after = self.portal.call(cold_render, self.manager, context_id, new_turn)

@@ -18,7 +18,6 @@ from tests.runtime.helpers import call, result, user
 from turnloom.context import (
     GatewayType,
     Message,
-    ReasoningPart,
     Role,
     TextPart,
     ToolCallPart,
@@ -262,23 +261,15 @@ def _text_then(call_id: str, text: str = "done") -> Message:
 
 
 AMBIGUOUS = [
-    # text after a's call, then another call: a new step or the same?
-    ([_text_then("a"), call("b")], 1, "b", "content_between_calls"),
-    (
-        [call("a"), Message(role=Role.assistant, content="so"), call("b")],
-        2,
-        "b",
-        "content_between_calls",
-    ),
-    (
-        [call("a"), Message(role=Role.assistant, content=(ReasoningPart(text="r"),)), call("b")],
-        2,
-        "b",
-        "content_between_calls",
-    ),
     # a result "a" would answer two calls
     ([call("a"), call("a")], 1, "a", "duplicate_call_id"),
     ([call("a"), call("b"), call("a")], 2, "a", "duplicate_call_id"),
+    (
+        [_text_then("a"), Message(role=Role.assistant, content="so"), call("a")],
+        2,
+        "a",
+        "duplicate_call_id",
+    ),
 ]
 
 
@@ -304,26 +295,48 @@ async def test_a_split_that_cannot_be_paired_without_guessing_is_refused_at_reco
 
 
 async def test_a_refused_split_names_its_index_across_records_and_in_the_input() -> None:
-    """The step a record continues is the turn's trailing assistant messages."""
+    """The step a record continues is the turn's trailing assistant messages; a turn
+    never starts by continuing the step the turn before it ends with."""
     async with Foundation(gateway="anthropic") as foundation:
         manager = foundation.manager
         manager.accept_turn(_turn("t1", user("q")))
         manager.record("c", "t1", [_text_then("a")])
         with pytest.raises(AmbiguousStepError) as caught:
-            manager.record("c", "t1", [call("b")])
-        assert caught.value.field == "Turn 't1' output[0]"
+            manager.record("c", "t1", [call("b"), call("a")])
+        assert (caught.value.field, caught.value.call_id) == ("Turn 't1' output[1]", "a")
         with pytest.raises(AmbiguousStepError) as caught:
             manager.record("c", "t1", [result("a"), call("b"), call("b")])
         assert caught.value.field == "Turn 't1' output[2]"
         assert len(manager.history("c").turn_messages("t1")) == 2
+        with pytest.raises(AmbiguousStepError) as caught:
+            manager.accept_turn(_turn("t2", call("d"), result("d")))
+        assert (caught.value.field, caught.value.reason) == ("Turn 't2' input[0]", "across_turns")
         with pytest.raises(AmbiguousStepError) as caught:
             manager.accept_turn(_turn("t2", user("x"), call("d"), call("d")))
         assert caught.value.field == "Turn 't2' input[2]"
         assert manager.history("c").turn_ids == ("t1",)
         prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
         with pytest.raises(AmbiguousStepError) as caught:
-            manager.build(prefix, [_text_then("e"), call("f")])
-        assert caught.value.field == "continuation[1]"
+            manager.build(prefix, [_text_then("e"), call("f"), call("e")])
+        assert caught.value.field == "continuation[2]"
+
+
+@pytest.mark.parametrize("kind", list(SPLIT_BODIES))
+async def test_text_between_split_calls_keeps_the_step_whole(kind: str) -> None:
+    """[call a, text], [call b], results: one step (no response follows an open call)."""
+    async with Foundation(gateway=kind) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(_turn("t1", user("q")))
+        manager.record("c", "t1", [_text_then("a"), call("b"), result("b"), result("a")])
+        body = await _next_body(manager)
+    text = str(body)
+    assert all(token in text for token in ("'a'", "'b'", "'done'"))
+    if kind == "openai_chat":
+        assert body["messages"][1] == {
+            "role": "assistant",
+            "content": "done",
+            "tool_calls": [_chat_call("a"), _chat_call("b")],
+        }
 
 
 # -- OpenAI Responses output parsed one item at a time ------------------------------
@@ -393,14 +406,21 @@ async def test_responses_output_parsed_item_by_item_gives_the_parse_items_input(
     assert body == {"input": RESPONSES_NEXT_INPUT}
 
 
-async def test_responses_items_parsed_one_by_one_with_text_between_calls_are_refused() -> None:
-    """fc_1, a message, fc_2 one by one: refused, naming parse_items; parse_items pairs them."""
+async def test_responses_items_with_a_message_between_calls_pair_as_parse_items_does() -> None:
+    """fc_1, a message, fc_2 and their outputs: one by one, the parse_items input."""
     gateway = get_gateway(GatewayType.openai_responses)
-    items = [RESPONSES_OUTPUT[2], RESPONSES_OUTPUT[1], RESPONSES_OUTPUT[3]]
-    async with Foundation(gateway="openai_responses") as foundation:
-        manager = foundation.manager
-        manager.accept_turn(_turn("t1", user("q")))
-        with pytest.raises(AmbiguousStepError, match="parse_items") as caught:
-            manager.record("c", "t1", [gateway.parse(item) for item in items])
-        assert (caught.value.field, caught.value.call_id) == ("Turn 't1' output[2]", "call_2")
-        assert manager.record("c", "t1", gateway.parse_items(items)) == 1
+    items = [RESPONSES_OUTPUT[2], RESPONSES_OUTPUT[1], RESPONSES_OUTPUT[3], *RESPONSES_RESULTS[:2]]
+    bodies = []
+    for parsed in (gateway.parse_items(items), [gateway.parse(item) for item in items]):
+        async with Foundation(gateway="openai_responses") as foundation:
+            manager = foundation.manager
+            manager.accept_turn(_turn("t1", user("q")))
+            manager.record("c", "t1", parsed)
+            bodies.append(await _next_body(manager))
+    assert bodies[0] == bodies[1]
+    assert bodies[0]["input"][1:6] == [
+        RESPONSES_NEXT_INPUT[3],
+        RESPONSES_OUTPUT[1],
+        RESPONSES_NEXT_INPUT[4],
+        *RESPONSES_RESULTS[:2],
+    ]

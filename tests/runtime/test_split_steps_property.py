@@ -202,8 +202,8 @@ def steps(draw: st.DrawFn, kind: str, tag: str) -> Step:
             Message(role=Role.assistant, content=(again.tool_calls[0],), layout=again.layout),
         ]
     elif calls >= 2 and draw(st.integers(0, 5)) == 0:
-        # Text after the first call, then the next call: refused.
-        ambiguous = True
+        # Text after the first call, then the next call: still one step.
+        tokens.append(f"after{tag}")
         after = Message(role=Role.assistant, content=f"after{tag}")
         at = next(i for i, m in enumerate(outputs) if m.tool_calls) + 1
         outputs = [*outputs[:at], after, *outputs[at:]]
@@ -212,13 +212,19 @@ def steps(draw: st.DrawFn, kind: str, tag: str) -> Step:
             first_call = head.tool_calls[0]
             rest = [p for p in head.parts if p is not first_call]
             lead = tuple(p for p in rest if type(p) is not ToolCallPart)
+            plain = {"gateway": head.layout["gateway"]} if head.layout else None
             outputs[at - 1 : at + 1] = [
-                Message(role=Role.assistant, content=(*lead, first_call), layout=head.layout),
+                Message(
+                    role=Role.assistant,
+                    content=(*lead, first_call),
+                    id=head.id,
+                    layout=head.layout,
+                ),
                 after,
                 Message(
                     role=Role.assistant,
                     content=tuple(p for p in rest if type(p) is ToolCallPart),
-                    layout=head.layout,
+                    layout=plain,
                 ),
             ]
     order = draw(st.permutations(range(calls))) if calls else []

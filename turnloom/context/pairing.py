@@ -10,7 +10,7 @@ Pairing is by call id within a model *step*: what the model emitted in one
 response (text, reasoning, every parallel tool call), however the host split
 it into messages, and the results that answer its calls. A step is one
 assistant message, or a run of consecutive assistant messages whose later
-members continue it (see :class:`CallTracker`: hosts such as LiteLLM, Vercel
+members continue it (see :class:`CallTracker`; hosts such as LiteLLM, Vercel
 AI and the OpenAI Agents SDK store parallel calls one message per call). A
 result answers a call of the current step, and only until the step ends (the
 next user, system or developer message, or an assistant message that starts
@@ -137,16 +137,12 @@ class StepConflict(NamedTuple):
     """Why an assistant message cannot join the step before it (see :meth:`CallTracker.conflict`).
 
     Attributes:
-        reason: ``"content_between_calls"`` -- the step's messages so far end
-            with text or reasoning after their last call, so a further call
-            could open a new model step as well as continue this one;
-            ``"duplicate_call_id"`` -- the message repeats a call id of the
+        reason: ``"duplicate_call_id"``: the message repeats a call id of the
             step, so a result with that id would answer two calls.
-        call_id: the message's call at fault (its first call for
-            ``"content_between_calls"``).
+        call_id: the message's call at fault.
     """
 
-    reason: Literal["content_between_calls", "duplicate_call_id"]
+    reason: Literal["duplicate_call_id"]
     call_id: str
 
 
@@ -163,20 +159,6 @@ def _ends_group(part: Part) -> bool:
     )
 
 
-def _content_last(parts: tuple[Part, ...], before: bool) -> bool:
-    """True when ``parts`` end with content after their last call (``before`` when they hold none).
-
-    Content is any part but a call, a result and blank text. A message
-    without calls leaves the step's ending as it was, or gives it content.
-    """
-    for part in reversed(parts):
-        if type(part) is ToolCallPart:
-            return False
-        if _ends_group(part):
-            return True
-    return before
-
-
 class CallTracker:
     """The pairing rule, applied one message at a time, oldest first.
 
@@ -184,18 +166,21 @@ class CallTracker:
     section, routed items and the replay parser all use it. A *call group*
     is the tool calls of one model step. A step starts at an assistant
     message; the assistant messages directly after it *continue* it while it
-    has calls, each either carrying calls (text or reasoning before them
-    allowed) or carrying no call (text or reasoning after the step's calls).
-    So ``[call a], [call b], [result a], [result b]`` is one step, as
-    ``[call a, call b], [result a], [result b]`` is. With ``model_turns=True``
-    every assistant message directly after another continues its step (native
+    has calls (whatever they carry: calls, text or reasoning, before or after
+    calls), since no model response can follow a call before its result. So
+    ``[call a], [call b], [result a], [result b]`` is one step, as
+    ``[call a, call b], [result a], [result b]`` is; so is ``[call a],
+    [text], [call b]`` (one response split around its text, or a call
+    abandoned without a result: either way ``a`` is answered, or closed at
+    the step's end as any open call is). With ``model_turns=True`` every
+    assistant message directly after another continues its step (native
     OpenAI Responses items, one per output item).
 
-    Two shapes cannot be paired without guessing, and an assistant message
-    of either starts a new group instead (as if a step ended before it); the
-    door refuses both (:func:`check_steps`, :meth:`conflict`): a message with
-    calls after a step whose messages end with content after their last call,
-    and a message repeating a call id of the step.
+    One shape cannot be paired without guessing: a message repeating a call
+    id of the step it would continue (a result with that id would answer
+    two calls). Such a message starts a new group instead (as if the step
+    ended before it); the door refuses it (:func:`check_steps`,
+    :meth:`conflict`).
 
     A tool result answers a call of the current group with its id and only
     until the group ends; a result with any other id is an orphan. The group
@@ -224,7 +209,7 @@ class CallTracker:
         group: a serial number, increased each time a group ends or starts.
     """
 
-    __slots__ = ("_in_model_turn", "_model_turns", "_tail", "group", "open")
+    __slots__ = ("_in_model_turn", "_model_turns", "group", "open")
 
     def __init__(self, carried: Iterable[ToolCallPart] = (), *, model_turns: bool = False) -> None:
         # No comprehension for the usual empty ``carried`` (a frame per tracker).
@@ -234,7 +219,6 @@ class CallTracker:
         self.group = 0
         self._model_turns = model_turns
         self._in_model_turn = False  # the last message fed was an assistant message
-        self._tail = False  # the step's messages end with content after their last call
 
     @property
     def open_ids(self) -> tuple[str, ...]:
@@ -246,7 +230,6 @@ class CallTracker:
         twin = CallTracker(self.open.values(), model_turns=self._model_turns)
         twin.group = self.group
         twin._in_model_turn = self._in_model_turn
-        twin._tail = self._tail
         return twin
 
     def new_turn(self) -> None:
@@ -265,7 +248,7 @@ class CallTracker:
         """Why ``message`` cannot continue the step it follows, or None when nothing is wrong.
 
         Only an assistant message with calls, directly after an assistant
-        message of a step that has calls, can conflict (see the class
+        message of a step that has open calls, can conflict (see the class
         docstring). Changes nothing.
         """
         if (
@@ -275,27 +258,18 @@ class CallTracker:
             or not self.open
         ):
             return None
-        first: str | None = None
         for part in message.parts:
-            if type(part) is ToolCallPart:
-                if part.call_id in self.open:
-                    return StepConflict("duplicate_call_id", part.call_id)
-                if first is None:
-                    first = part.call_id
-        if first is not None and self._tail:
-            return StepConflict("content_between_calls", first)
+            if type(part) is ToolCallPart and part.call_id in self.open:
+                return StepConflict("duplicate_call_id", part.call_id)
         return None
 
     def _joins(self, parts: tuple[Part, ...]) -> bool:
         """True when a message of ``parts`` can continue the current step (which has calls)."""
         open_calls = self.open
-        calls = False
         for part in parts:
-            if type(part) is ToolCallPart:
-                if part.call_id in open_calls:
-                    return False
-                calls = True
-        return not (calls and self._tail)
+            if type(part) is ToolCallPart and part.call_id in open_calls:
+                return False
+        return True
 
     def _end(self) -> tuple[ToolCallPart, ...]:
         closed = tuple(self.open.values())
@@ -319,14 +293,12 @@ class CallTracker:
                     for part in parts:
                         if type(part) is ToolCallPart:
                             open_calls[part.call_id] = part
-                    self._tail = _content_last(parts, self._tail)
                     return _NO_STEP
             self._in_model_turn = True
             left = self.open
             # The group ends (see _end); this message's calls open the next one.
             self.group += 1
             self.open = {p.call_id: p for p in parts if type(p) is ToolCallPart}
-            self._tail = _content_last(parts, False) if self.open else False
             return PairingStep((), (), tuple(left.values()), False) if left else _NO_STEP
         self._in_model_turn = False
         if role is _TOOL or role is _USER:
@@ -371,10 +343,10 @@ def check_steps(
             (default: its position), when the caller left some out.
 
     Raises:
-        AmbiguousStepError: ``messages[i]`` carries a call that would continue
-            the step before it, after that step's text or reasoning that
-            follows its calls, or repeats a call id of that step. Its
-            ``field`` names the message, ``call_id`` the call.
+        AmbiguousStepError: ``messages[i]`` would continue the step before
+            it and repeats a call id of that step (``reason``
+            ``"duplicate_call_id"``). Its ``field`` names the message,
+            ``call_id`` the call.
     """
     tracker = CallTracker()
     tail = len(before)
@@ -389,22 +361,13 @@ def check_steps(
         conflict = tracker.conflict(message)
         if conflict is not None:
             index = i if indices is None else indices[i]
-            if conflict.reason == "duplicate_call_id":
-                why = (
-                    f"repeats call id {excerpt(conflict.call_id)} of the model step it "
-                    "continues, so a result with that id would answer two calls"
-                )
-            else:
-                why = (
-                    f"carries call {excerpt(conflict.call_id)} right after a model step "
-                    "whose messages end with text or reasoning after their calls, so it "
-                    "could continue that step or open a new one"
-                )
+            why = (
+                f"repeats call id {excerpt(conflict.call_id)} of the model step it "
+                "continues, so a result with that id would answer two calls"
+            )
             raise AmbiguousStepError(
-                f"{where}[{index}] {why}; send one model response's parallel calls as one "
-                "assistant message, or as consecutive assistant messages with their text "
-                "before their calls (OpenAI Responses: parse the response's output with "
-                "parse_items).",
+                f"{where}[{index}] {why}; give each call of a model step its own id, and "
+                "record the result of a call before repeating it.",
                 field=f"{where}[{index}]",
                 call_id=conflict.call_id,
                 reason=conflict.reason,

@@ -336,13 +336,12 @@ class ContextManager:
                 turn).
             InstructionMessageError: a ``system`` or ``developer`` message: pinned
                 instructions change only through a turn's snapshot.
-            AmbiguousStepError: the outputs continue a model step (the
-                turn's trailing assistant messages, then theirs) in a shape
-                that cannot be paired without guessing: a call after the
-                step's text that follows its calls, or a call id the step
-                holds already (``field`` names the output, ``call_id`` the
-                call); nothing was recorded. A step split one message per
-                call is paired by call id: see
+            AmbiguousStepError: an output continues a model step (the
+                turn's trailing assistant messages, then the outputs) with a
+                call id the step holds already (``field`` names the output,
+                ``call_id`` the call), or a late record would let the next
+                turn start by continuing its step; nothing was recorded. A
+                step split one message per call is paired by call id: see
                 :class:`~turnloom.context.CallTracker`.
             ItemTooLargeError, TurnTooLargeError, ProviderRuleError,
             NotClaimedError, StaleLeaseError, HostCallbackError: as

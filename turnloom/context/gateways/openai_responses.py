@@ -404,10 +404,7 @@ class OpenAIResponsesGateway(Gateway):
         input: consecutive assistant messages are one model step (see
         :class:`~turnloom.context.CallTracker`) and a reasoning-only message
         renders in front of the assistant message after it
-        (:func:`~turnloom.context.join_steps`). The one shape that differs, a
-        message item between two calls, is refused at record with
-        :class:`~turnloom.errors.AmbiguousStepError`, which says to use
-        :meth:`parse_items`.
+        (:func:`~turnloom.context.join_steps`).
 
         The message passes :func:`~turnloom.context.check_message`, so it
         can be committed as it is.
