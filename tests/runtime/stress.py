@@ -32,7 +32,12 @@ from turnloom.context.gateway import step_join
 from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.pairing import OpenCallPolicy
-from turnloom.errors import PairedTurnsTooLargeError, StateError, TurnTooLargeError
+from turnloom.errors import (
+    AmbiguousStepError,
+    PairedTurnsTooLargeError,
+    StateError,
+    TurnTooLargeError,
+)
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
 from turnloom.runtime.manager import ContextManager
 
@@ -248,10 +253,11 @@ async def _run(
                     else:
                         outputs = [call(f"c{n}"), result(f"c{n}", f"r{n}")]
                     target = newest if rng.random() < 0.9 else rng.choice(view.turn_ids)
-                    # A turn never outgrows the history's limits, and a late
-                    # record never strands a later turn's results: such a record
-                    # is refused and changes nothing.
-                    with contextlib.suppress(TurnTooLargeError, StateError):
+                    # A turn never outgrows the history's limits, a late record
+                    # never strands a later turn's results, and a call never
+                    # repeats an id of the step it continues: such a record is
+                    # refused and changes nothing.
+                    with contextlib.suppress(TurnTooLargeError, StateError, AmbiguousStepError):
                         manager.record(context_id, target, outputs)
                 elif roll < 0.95:
                     async with anyio.create_task_group() as group:
