@@ -44,6 +44,7 @@ from turnloom.errors import (
     AreaCallbackError,
     ContextRemovedError,
     DuplicateIdError,
+    PairedTurnsTooLargeError,
     QueueFullError,
     StrandedResultsError,
     TurnTooLargeError,
@@ -159,17 +160,31 @@ class ManagerMachine(RuleBasedStateMachine):
         turn_id = f"t{model.next}"
         first = model.next == 0
         answer = model.open_call if approve and model.turns else None
-        self.portal.call(
-            self.manager.accept_turn,
-            TurnSnapshot(
-                context_id=context_id,
-                turn_id=turn_id,
-                input=(user(f"question {model.next}"),)
-                if answer is None
-                else (result(answer, "approved"),),
-                instructions=(SYSTEM,) if first else None,
-            ),
-        )
+        if answer is not None:
+            try:
+                self.portal.call(
+                    self.manager.accept_turn,
+                    TurnSnapshot(
+                        context_id=context_id,
+                        turn_id=turn_id,
+                        input=(result(answer, "approved"),),
+                        instructions=(SYSTEM,) if first else None,
+                    ),
+                )
+            except PairedTurnsTooLargeError:
+                # The answered turn (split calls make it longer) and this one cannot
+                # fit the limits together: refused, nothing committed; ask instead.
+                answer = None
+        if answer is None:
+            self.portal.call(
+                self.manager.accept_turn,
+                TurnSnapshot(
+                    context_id=context_id,
+                    turn_id=turn_id,
+                    input=(user(f"question {model.next}"),),
+                    instructions=(SYSTEM,) if first else None,
+                ),
+            )
         model.next += 1
         model.turns.append((turn_id, 1))
         if answer is not None:
