@@ -45,6 +45,7 @@ from __future__ import annotations
 __all__ = (
     "EXCERPT_LIMIT",
     "TYPE_NAME_LIMIT",
+    "AmbiguousStepError",
     "AreaCallbackError",
     "CapacityError",
     "ConfigError",
@@ -206,6 +207,28 @@ class InvalidMessageError(InputError):
     def __init__(self, message: str, *, field: str = "") -> None:
         super().__init__(message)
         self.field = field
+
+
+class AmbiguousStepError(InvalidMessageError):
+    """A model step split over several messages in a shape that cannot be paired without guessing.
+
+    A step is what the model emitted in one response, however the host split
+    it into messages (see :class:`~turnloom.context.CallTracker`). Refused:
+    an assistant message repeating a call id of the step it continues (which
+    call would a result with that id answer?), and a turn starting with an
+    assistant message that would continue the step the turn before it ends
+    with (a step belongs to one turn).
+
+    Attributes:
+        field: the offending message (``"Turn 't1' output[3]"``).
+        call_id: its call at fault (``""`` for a message without calls).
+        reason: ``"duplicate_call_id"`` or ``"across_turns"``.
+    """
+
+    def __init__(self, message: str, *, field: str, call_id: str, reason: str) -> None:
+        super().__init__(message, field=field)
+        self.call_id = call_id
+        self.reason = reason
 
 
 class InvalidTextError(InvalidMessageError):

@@ -27,10 +27,12 @@ from turnloom.context import (
     open_call_ids,
 )
 from turnloom.context.callids import rename_call_ids
+from turnloom.context.gateway import step_join
 from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits, HistoryView, RenderedHistory, TurnHistory
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.errors import (
+    AmbiguousStepError,
     DuplicateIdError,
     InputError,
     InvalidMessageError,
@@ -335,7 +337,9 @@ def cold_render(
 ) -> list[NativeContent]:
     """The oracle: the retained history completed at once, rendered without any cache,
     call ids made unique over the whole list."""
-    messages = complete_pairs(list(history.view().input_messages(turn_id)), open_calls=policy)
+    messages = complete_pairs(
+        list(history.view().input_messages(turn_id)), open_calls=policy, join=step_join(gateway)
+    )
     return rename_call_ids(gateway.type, [item for m in messages for item in gateway.render(m)])
 
 
@@ -363,7 +367,8 @@ def apply_op(history: TurnHistory, kind: str, n: int, turn: int) -> int:
     ``"fail"`` and ``"render"`` change nothing here (the caller renders). A
     record that would make one turn outgrow ``max_items`` is refused and
     changes nothing, as does a late record that would leave a later turn's results
-    answering nothing (StateError).
+    answering nothing (StateError) and a call repeating a call id of the step it
+    continues (AmbiguousStepError).
     """
     turns = history.turn_ids
     if kind == "commit":
@@ -371,7 +376,7 @@ def apply_op(history: TurnHistory, kind: str, n: int, turn: int) -> int:
         history.commit(f"t{turn}", [user(f"u{turn}")] * (n % 2 + 1))
     elif kind == "evict":
         history.evict()
-    with contextlib.suppress(TurnTooLargeError, StateError):
+    with contextlib.suppress(TurnTooLargeError, StateError, AmbiguousStepError):
         if kind == "text":
             history.record(turns[-1], [assistant(f"a{n}")])
         elif kind == "call":

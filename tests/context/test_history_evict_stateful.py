@@ -47,9 +47,16 @@ from turnloom.context import (
     message_size,
 )
 from turnloom.context.callids import rename_call_ids
+from turnloom.context.gateway import step_join
 from turnloom.context.history import HistoryLimits, RenderedHistory, TurnHistory
 from turnloom.context.pairing import OpenCallPolicy
-from turnloom.errors import DuplicateIdError, StateError, TurnTooLargeError, UnknownTurnError
+from turnloom.errors import (
+    AmbiguousStepError,
+    DuplicateIdError,
+    StateError,
+    TurnTooLargeError,
+    UnknownTurnError,
+)
 
 KINDS = list(GatewayType)
 HISTORIES = ("a", "b")
@@ -110,6 +117,14 @@ def _multi_call(first: str, second: str, n: int) -> Message:
     )
 
 
+def _text_call(call_id: str, n: int) -> Message:
+    """An assistant message with text before its one call (a later message of a split step)."""
+    return Message(
+        role=Role.assistant,
+        content=(TextPart(text=f"and {n}"), ToolCallPart(call_id=call_id, name="fetch")),
+    )
+
+
 def _multi_result(first: str, second: str, n: int) -> Message:
     """A tool message answering both calls of :func:`_multi_call`."""
     return Message(
@@ -160,8 +175,10 @@ def _flaky_gateway(kind: GatewayType) -> Gateway:
 def _cold(
     history: TurnHistory, turn_id: str, gateway: Gateway, policy: OpenCallPolicy
 ) -> tuple[list[NativeContent], list[Message]]:
-    messages = complete_pairs(list(history.view().input_messages(turn_id)), open_calls=policy)
     base = get_gateway(gateway.type)
+    messages = complete_pairs(
+        list(history.view().input_messages(turn_id)), open_calls=policy, join=step_join(base)
+    )
     items = rename_call_ids(gateway.type, [i for m in messages for i in base.render(m)])
     return items, messages
 
@@ -298,13 +315,27 @@ class EvictionMachine(RuleBasedStateMachine):
 
     @rule(
         h=st.sampled_from(HISTORIES),
-        kind=st.sampled_from(["text", "call", "calls", "result", "pair", "pairs", "multi", "late"]),
+        kind=st.sampled_from(
+            [
+                "text",
+                "call",
+                "calls",
+                "result",
+                "pair",
+                "pairs",
+                "multi",
+                "late",
+                "split",
+                "split_text",
+                "split_late",
+            ]
+        ),
         n=st.integers(0, 8),
     )
     def record(self, h: str, kind: str, n: int) -> None:
         history = self.histories[h]
         turns = history.turn_ids
-        ids = [self.pool[n % 3], self.pool[(n + 1) % 3]]
+        ids = [self.pool[n % 3], self.pool[(n + 1) % 3], self.pool[(n + 2) % 3]]
         outputs: list[Message]
         if kind == "text":
             outputs = [assistant(f"a{n}")]
@@ -320,10 +351,22 @@ class EvictionMachine(RuleBasedStateMachine):
             outputs = [call(ids[0]), call(ids[0]), result(ids[0], f"r{n}"), assistant(f"b{n}")]
         elif kind == "multi":  # two calls in one message (ids a rule may fix alike), text too
             outputs = [_multi_call(ids[0], ids[1], n), _multi_result(ids[0], ids[1], n)]
+        elif kind == "split":  # one message per parallel call, results out of call order
+            outputs = [call(ids[0]), call(ids[1]), result(ids[1], f"s{n}"), result(ids[0], f"s{n}")]
+        elif kind == "split_text":  # text before the calls of each split message
+            outputs = [
+                _multi_call(ids[0], ids[1], n),
+                _text_call(ids[2], n),
+                _multi_result(ids[0], ids[1], n),
+                result(ids[2], f"t{n}"),
+            ]
+        elif kind == "split_late":  # a split step recorded to an earlier turn
+            outputs = [call(ids[0]), call(ids[1]), result(ids[0], f"l{n}"), result(ids[1], f"l{n}")]
         else:
             outputs = [call(ids[0]), result(ids[0], f"late{n}"), assistant(f"late{n}")]
-        target = turns[n % len(turns)] if kind == "late" else turns[-1]
-        with contextlib.suppress(TurnTooLargeError, StateError):
+        target = turns[n % len(turns)] if kind in ("late", "split_late") else turns[-1]
+        # A split the door refuses (a call id the step holds already) changes nothing.
+        with contextlib.suppress(TurnTooLargeError, StateError, AmbiguousStepError):
             history.record(target, outputs)
 
     @rule(h=st.sampled_from(HISTORIES), n=st.integers(0, 8))
@@ -414,7 +457,8 @@ class EvictionMachine(RuleBasedStateMachine):
         eviction, and a render of the new turn on this example's gateway."""
         history = self.histories[h]
         newest = history.turn_ids[-1]
-        with contextlib.suppress(TurnTooLargeError, StateError):
+        # A call reusing the id of a call the newest step left open is refused.
+        with contextlib.suppress(TurnTooLargeError, StateError, AmbiguousStepError):
             for k in range(calls):
                 call_id = self.pool[(n + k) % 3]
                 history.record(newest, [call(call_id), result(call_id, f"r{n}.{k}")])

@@ -34,6 +34,7 @@ from turnloom.context import (
     complete_pairs,
     scope_indices,
 )
+from turnloom.context.gateway import step_join
 from turnloom.context.history import HistoryLimits, TurnHistory
 
 COUNTER = ApproxTokenCounter()
@@ -105,7 +106,7 @@ def _cold(
     items: list[Any] = []
     rendered: list[Message] = []
     for span in [list(pinned), *spans]:
-        for message in complete_pairs(span, open_calls=policy):
+        for message in complete_pairs(span, open_calls=policy, join=step_join(CHAT)):
             rendered.append(message)
             items.extend(CHAT.render(message))
     return items, COUNTER.count(rendered)

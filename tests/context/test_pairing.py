@@ -191,8 +191,13 @@ def histories(draw: st.DrawFn) -> list[Message]:
 
 
 def _pairing_holds(messages: list[Message]) -> bool:
-    """Every call answered exactly once by the tool messages right after it; no orphans."""
+    """Every call answered exactly once by the tool messages right after its step; no orphans.
+
+    A step is a run of consecutive assistant messages; its calls are answered
+    by the tool messages right after the run.
+    """
     pending: set[str] | None = None
+    previous: Role | None = None
     for message in messages:
         if message.role is Role.tool:
             if pending is None:
@@ -201,10 +206,16 @@ def _pairing_holds(messages: list[Message]) -> bool:
                 if result.call_id not in pending:
                     return False
                 pending.remove(result.call_id)
-            continue
-        if pending:
-            return False
-        pending = {c.call_id for c in message.tool_calls} if message.tool_calls else None
+        elif message.role is Role.assistant and previous is Role.assistant and pending:
+            ids = {c.call_id for c in message.tool_calls}
+            if ids & pending:
+                return False
+            pending |= ids
+        else:
+            if pending:
+                return False
+            pending = {c.call_id for c in message.tool_calls} if message.tool_calls else None
+        previous = message.role
     return not pending
 
 
@@ -234,9 +245,11 @@ def test_hold_until_answered_is_a_permutation_that_keeps_result_order(
 def test_call_tracker_is_the_one_pairing_rule() -> None:
     """Invariant (the one pairing rule of history, area sections, routed items and
     replay): a result answers an open call of the current group by id; other ids are
-    orphans; a group ends at the next assistant, user, system or developer message, or
-    after the results of a user message that also holds text, leaving its open calls
-    closed; with model_turns, consecutive assistant messages form one group."""
+    orphans; consecutive assistant messages with calls are one step (one group); a
+    group ends at the next assistant message that starts a step, a user, system or
+    developer message, or after the results of a user message that also holds text,
+    leaving its open calls closed; with model_turns, consecutive assistant messages
+    form one group."""
     tracker = CallTracker()
     assert tracker.feed(USER) == ((), (), (), False)
     assert tracker.feed(calls("a", "b", "c")).closed == ()
@@ -252,7 +265,10 @@ def test_call_tracker_is_the_one_pairing_rule() -> None:
     assert [c.call_id for c in step.closed] == ["c"]
     assert not tracker.open
     tracker.feed(calls("a"))
-    assert [c.call_id for c in tracker.feed(calls("d")).closed] == ["a"]
+    assert tracker.feed(calls("d")).closed == ()  # a step split one message per call
+    assert tracker.open_ids == ("a", "d")
+    tracker.feed(results("a"))
+    assert [c.call_id for c in tracker.feed(calls("e")).closed] == ["d"]
     carried = CallTracker(calls("e").tool_calls)
     assert [r.call_id for r in carried.feed(results("e")).paired] == ["e"]
     turns = CallTracker(model_turns=True)

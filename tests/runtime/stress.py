@@ -28,10 +28,16 @@ from turnloom.context.callids import (
     register_rewriter,
     rename_call_ids,
 )
+from turnloom.context.gateway import step_join
 from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.pairing import OpenCallPolicy
-from turnloom.errors import PairedTurnsTooLargeError, StateError, TurnTooLargeError
+from turnloom.errors import (
+    AmbiguousStepError,
+    PairedTurnsTooLargeError,
+    StateError,
+    TurnTooLargeError,
+)
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
 from turnloom.runtime.manager import ContextManager
 
@@ -96,7 +102,7 @@ def cold_render(manager: ContextManager, context_id: str, turn_id: str) -> list[
     """The oracle: the retained history paired as one input, rendered without any cache,
     call ids made unique over the whole list."""
     messages = manager.history(context_id).input_messages(turn_id)
-    completed = complete_pairs(list(messages), open_calls=manager.open_calls)
+    completed = complete_pairs(list(messages), open_calls=manager.open_calls, join=step_join(CHAT))
     return rename_call_ids(CHAT.type, [item for m in completed for item in CHAT.render(m)])
 
 
@@ -209,8 +215,11 @@ async def _run(
                 roll = rng.random()
                 if roll < 0.25:
                     turn += 1
+                    # The newest turn's kept state pair sits between its input and
+                    # outputs: it ends the group of calls the input left open.
                     stream = (
                         view.input_messages(newest)
+                        + view.turn_state(newest)
                         + view.turn_messages(newest)[len(view.turn_input(newest)) :]
                     )
                     open_ids = open_call_ids(stream)
@@ -244,10 +253,11 @@ async def _run(
                     else:
                         outputs = [call(f"c{n}"), result(f"c{n}", f"r{n}")]
                     target = newest if rng.random() < 0.9 else rng.choice(view.turn_ids)
-                    # A turn never outgrows the history's limits, and a late
-                    # record never strands a later turn's results: such a record
-                    # is refused and changes nothing.
-                    with contextlib.suppress(TurnTooLargeError, StateError):
+                    # A turn never outgrows the history's limits, a late record
+                    # never strands a later turn's results, and a call never
+                    # repeats an id of the step it continues: such a record is
+                    # refused and changes nothing.
+                    with contextlib.suppress(TurnTooLargeError, StateError, AmbiguousStepError):
                         manager.record(context_id, target, outputs)
                 elif roll < 0.95:
                     async with anyio.create_task_group() as group:

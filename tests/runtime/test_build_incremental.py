@@ -22,10 +22,11 @@ from turnloom.context import (
     get_gateway,
 )
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
+from turnloom.context.gateway import step_join
 from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits
-from turnloom.context.pairing import OpenCallPolicy, complete_pairs
-from turnloom.errors import DuplicateIdError
+from turnloom.context.pairing import OpenCallPolicy, check_steps, complete_pairs
+from turnloom.errors import AmbiguousStepError, DuplicateIdError
 from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext, TurnSnapshot
 from turnloom.runtime._continuation import IssuedPrefixes
 
@@ -93,7 +94,7 @@ def _cold(
     gateway = get_gateway(kind)
     state = renamer.copy()
     items = list(prefix.items)
-    for message in complete_pairs(continuation, open_calls=policy):
+    for message in complete_pairs(continuation, open_calls=policy, join=step_join(gateway)):
         items.extend(rename_call_ids(kind, gateway.render(message), state))
     return tuple(items)
 
@@ -135,7 +136,8 @@ def test_incremental_builds_equal_the_cold_computation(
     (growing, shrinking, or with a message replaced by another object), equals the
     prefix's items followed by the whole continuation completed (``complete_pairs``),
     rendered and renamed from the prefix's renaming state in one pass, including
-    when a later message answers or closes an earlier open call."""
+    when a later message answers or closes an earlier open call; a continuation
+    splitting a model step ambiguously is refused, as ``check_steps`` refuses it."""
     prefix = _prefix(kind)
     renamer = _renamer(kind)
     issued = IssuedPrefixes(get_gateway(kind), HistoryLimits(), policy, lambda _: None)
@@ -146,9 +148,14 @@ def test_incremental_builds_equal_the_cold_computation(
             current = list(current)
             current[swap[0] % len(current)] = swap[1]
         continuation = current[:length]
-        assert issued.build(prefix, continuation) == _cold(
-            kind, prefix, renamer, continuation, policy
-        )
+        try:
+            built = issued.build(prefix, continuation)
+        except AmbiguousStepError:
+            # Refused exactly when the whole continuation splits a step ambiguously.
+            with pytest.raises(AmbiguousStepError):
+                check_steps(continuation, "continuation")
+            continue
+        assert built == _cold(kind, prefix, renamer, continuation, policy)
 
 
 @pytest.mark.parametrize("policy", ["exclude", "cancel"])

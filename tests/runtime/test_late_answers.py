@@ -53,8 +53,11 @@ TWO_CALLS = Message(
     ),
 )
 LATE = {
-    "text": assistant("Never mind, I will not delete it."),
     "answer-again": result("c1", "deleted twice"),
+}
+# Assistant messages right after t1's calls continue their model step: they end nothing.
+CONTINUING = {
+    "text": assistant("Never mind, I will not delete it."),
     "new-call": call("c3", "list_branches"),
 }
 
@@ -80,8 +83,8 @@ async def _approved(manager: ContextManager) -> ContextPrepareRequest:
 async def test_a_late_record_that_would_strand_a_later_input_is_refused_state_unchanged(
     anyio_backend: str, kind: GatewayType, late: str
 ) -> None:
-    """Invariant: a record to t1 that ends the group t2's input answers (text, a second
-    result for c1, a new call) is a StrandedResultsError (a StateError) naming both turns
+    """Invariant: a record to t1 that ends the group t2's input answers (a second
+    result for c1) is a StrandedResultsError (a StateError) naming both turns
     and the stranded result's call id, in its message and fields; t1 and t2 hold what they
     held, t2 prepares byte for byte as before and its prepared input ends with its own
     result of c1, valid for the gateway."""
@@ -107,6 +110,22 @@ async def test_a_late_record_that_would_strand_a_later_input_is_refused_state_un
         assert manager.request_bytes(after, []) == manager.request_bytes(before, [])
         assert _rules(manager, after.items) == []
         assert manager.history("c").turn_input("t2") == (result("c1"),)
+        assert manager.request_bytes(after, []).count(b'"c1"') == 2  # the call and t2's result
+
+
+@pytest.mark.parametrize("kind", list(GatewayType), ids=lambda k: k.value)
+@pytest.mark.parametrize("late", list(CONTINUING))
+async def test_a_late_assistant_message_continues_the_step_and_strands_nothing(
+    anyio_backend: str, kind: GatewayType, late: str
+) -> None:
+    """A late text or call to t1 continues the step of its calls (no response follows a
+    call before its result): recorded, and t2's input still answers c1, valid."""
+    async with Foundation(gateway=kind) as foundation:
+        manager = foundation.manager
+        request = await _approved(manager)
+        assert manager.record("c", "t1", [CONTINUING[late]]) == 1
+        after = await manager.prepare(request)
+        assert _rules(manager, after.items) == []
         assert manager.request_bytes(after, []).count(b'"c1"') == 2  # the call and t2's result
 
 

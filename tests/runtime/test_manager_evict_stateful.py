@@ -41,6 +41,7 @@ from turnloom.context import (
     open_call_ids,
 )
 from turnloom.context.callids import rename_call_ids
+from turnloom.context.gateway import step_join
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import TurnloomError
 from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext, TurnSnapshot
@@ -303,10 +304,12 @@ class EvictingManagerMachine(RuleBasedStateMachine):
 
     def _check(self, prepared: PreparedContext, context_id: str, bytes_only: bool) -> None:
         view = self.portal.call(self.manager.history, context_id)
-        messages = complete_pairs(
-            list(view.input_messages(prepared.turn_id)), open_calls=self.manager.open_calls
-        )
         base = get_gateway(self.kind)
+        messages = complete_pairs(
+            list(view.input_messages(prepared.turn_id)),
+            open_calls=self.manager.open_calls,
+            join=step_join(base),
+        )
         expected = rename_call_ids(self.kind, [i for m in messages for i in base.render(m)])
         # The items, read as a bytes-only host would not: each decoded alone, the
         # prefix's items never materialized.

@@ -44,8 +44,10 @@ from turnloom.errors import (
     AreaCallbackError,
     ContextRemovedError,
     DuplicateIdError,
+    PairedTurnsTooLargeError,
     QueueFullError,
     StrandedResultsError,
+    TurnTooLargeError,
 )
 from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext, TurnSnapshot
 
@@ -64,6 +66,9 @@ class _Model:
         self.evicted: list[str] = []
         self.next = 0
         self.open_call: str | None = None
+        # The newest turn ends with a step whose calls are open (no result yet):
+        # an assistant text continues it, so its calls stay open.
+        self.in_step = False
         self.tied: set[str] = set()  # turns whose input answered the turn before (approvals)
 
     def evict(self) -> None:
@@ -155,22 +160,37 @@ class ManagerMachine(RuleBasedStateMachine):
         turn_id = f"t{model.next}"
         first = model.next == 0
         answer = model.open_call if approve and model.turns else None
-        self.portal.call(
-            self.manager.accept_turn,
-            TurnSnapshot(
-                context_id=context_id,
-                turn_id=turn_id,
-                input=(user(f"question {model.next}"),)
-                if answer is None
-                else (result(answer, "approved"),),
-                instructions=(SYSTEM,) if first else None,
-            ),
-        )
+        if answer is not None:
+            try:
+                self.portal.call(
+                    self.manager.accept_turn,
+                    TurnSnapshot(
+                        context_id=context_id,
+                        turn_id=turn_id,
+                        input=(result(answer, "approved"),),
+                        instructions=(SYSTEM,) if first else None,
+                    ),
+                )
+            except PairedTurnsTooLargeError:
+                # The answered turn (split calls make it longer) and this one cannot
+                # fit the limits together: refused, nothing committed; ask instead.
+                answer = None
+        if answer is None:
+            self.portal.call(
+                self.manager.accept_turn,
+                TurnSnapshot(
+                    context_id=context_id,
+                    turn_id=turn_id,
+                    input=(user(f"question {model.next}"),),
+                    instructions=(SYSTEM,) if first else None,
+                ),
+            )
         model.next += 1
         model.turns.append((turn_id, 1))
         if answer is not None:
             model.tied.add(turn_id)
         model.open_call = None
+        model.in_step = False
         return turn_id
 
     # -- rules -------------------------------------------------------------------
@@ -187,7 +207,9 @@ class ManagerMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(m.turns for m in self.models.values()))
     @rule(
         context_id=st.sampled_from(CONTEXTS),
-        kind=st.sampled_from(["text", "blank", "call", "result", "late", "twice"]),
+        kind=st.sampled_from(
+            ["text", "blank", "call", "result", "late", "twice", "split", "split_open"]
+        ),
     )
     def record(self, context_id: str, kind: str) -> None:
         model = self.models[context_id]
@@ -218,27 +240,61 @@ class ManagerMachine(RuleBasedStateMachine):
             with pytest.raises(DuplicateIdError):
                 self.portal.call(self.manager.record, context_id, turn_id, [changed])
             model.add(1)
-            model.open_call = None  # an assistant message ends the call group
+            self._after_text(model)
             model.evict()
             return
+        self.replies += 1
+        fresh = f"call-{model.next}-{len(model.turns)}-{self.replies}"
+        saved = (model.open_call, model.in_step)
         if kind == "text":
             outputs = [assistant("an answer")]
-            model.open_call = None
+            self._after_text(model)
         elif kind == "blank":
             outputs = [assistant("  ")]
         elif kind == "call":
-            model.open_call = f"call-{model.next}-{len(model.turns)}"
+            model.open_call = fresh
             outputs = [call(model.open_call)]
+            model.in_step = True
+        elif kind == "split":  # one message per parallel call, results out of call order
+            outputs = [
+                call(f"{fresh}a"),
+                call(f"{fresh}b"),
+                result(f"{fresh}b"),
+                result(f"{fresh}a"),
+            ]
+            model.open_call, model.in_step = None, False
+        elif kind == "split_open":  # the same, results still to come (the last call's)
+            outputs = [call(f"{fresh}a"), call(f"{fresh}b")]
+            model.open_call = f"{fresh}b"
+            model.in_step = True
         else:
             if model.open_call is None:
                 return
             outputs = [result(model.open_call, "done")]
-            model.open_call = None
+            model.open_call, model.in_step = None, False
+        if len(outputs) > 1:
+            # A batch may not fit the turn (or the turns tied to it): refused, nothing changed.
+            held = self.portal.call(self.manager.history, context_id).messages()
+            try:
+                self.portal.call(self.manager.record, context_id, turn_id, outputs)
+            except TurnTooLargeError:
+                assert self.portal.call(self.manager.history, context_id).messages() == held
+                model.open_call, model.in_step = saved
+                return
+            model.add(len(outputs))
+            model.evict()
+            return
         recorded = self.portal.call(self.manager.record, context_id, turn_id, outputs)
-        expected = 0 if kind == "blank" else 1
+        expected = 0 if kind == "blank" else len(outputs)
         assert recorded == expected
         model.add(expected)
         model.evict()
+
+    @staticmethod
+    def _after_text(model: _Model) -> None:
+        """An assistant text output: it continues a step with open calls, else ends the group."""
+        if not model.in_step:
+            model.open_call = None
 
     @precondition(lambda self: any(len(m.turns) > 1 for m in self.models.values()))
     @rule(context_id=st.sampled_from(CONTEXTS), back=st.integers(1, 2))
@@ -398,6 +454,7 @@ class ManagerMachine(RuleBasedStateMachine):
         model.turns.append((f"t{model.next}", 1))
         model.next += 1
         model.open_call = None
+        model.in_step = False
         model.evict()
         new_turn = model.turns[-1][0]
         after = self.portal.call(cold_render, self.manager, context_id, new_turn)

@@ -18,6 +18,7 @@ __all__ = (
     "Violation",
     "get_gateway",
     "register_gateway",
+    "step_join",
 )
 
 import enum
@@ -25,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from turnloom.context.message import Message, NativeKeys, declare_native_keys
+from turnloom.context.pairing import StepJoin
 from turnloom.errors import InputError, Violation, excerpt
 
 NativeContent: TypeAlias = dict[str, Any]
@@ -58,7 +60,10 @@ class Gateway(Protocol):
     ``systemInstruction``.
 
     A gateway class may subclass ``Gateway`` to inherit the default
-    :meth:`parse_items`.
+    :meth:`parse_items`. It may also set a class attribute ``step_join`` (a
+    :data:`~turnloom.context.StepJoin`, read by :func:`step_join`) when its
+    provider needs a model step that the host split over several messages
+    joined before rendering; without it each message renders as it is.
     """
 
     __slots__ = ()
@@ -162,10 +167,23 @@ class Gateway(Protocol):
         The caller adds the model name, tools and generation settings. A
         gateway's ``validate`` accepts the item list of this body whenever the
         items were rendered from messages completed by
-        :func:`~turnloom.context.complete_pairs` and the list is not empty
+        :func:`~turnloom.context.complete_pairs` with the gateway's
+        ``join`` (:func:`step_join`) and the list is not empty
         (an empty one is the ``empty_input`` violation: no provider accepts it).
         """
         ...
+
+
+def step_join(gateway: Gateway) -> StepJoin:
+    """How ``gateway`` needs a step of several messages joined: its ``step_join``, or ``"none"``.
+
+    OpenAI Chat: ``"calls"``; OpenAI Responses: ``"reasoning"``; Anthropic and
+    Gemini: ``"none"`` (their request bodies merge adjacent turns).
+    """
+    join = getattr(gateway, "step_join", "none")
+    if join == "calls":
+        return "calls"
+    return "reasoning" if join == "reasoning" else "none"
 
 
 _FACTORIES: dict[GatewayType, Callable[[], Gateway]] = {}

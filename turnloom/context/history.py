@@ -110,7 +110,7 @@ from turnloom.context.callids import (
     reported_call_ids,
     restore_call_ids,
 )
-from turnloom.context.gateway import Gateway, GatewayType, NativeContent
+from turnloom.context.gateway import Gateway, GatewayType, NativeContent, step_join
 from turnloom.context.items import (
     ChunkedSpan,
     NativeItems,
@@ -135,11 +135,13 @@ from turnloom.context.pairing import (
     CANCELLED_RESULT_TEXT,
     CallTracker,
     OpenCallPolicy,
+    check_steps,
     complete_pairs,
 )
 from turnloom.context.scope import ContextScope, scope_indices
 from turnloom.context.tokens import ApproxTokenCounter, TokenCounter, count_tokens
 from turnloom.errors import (
+    AmbiguousStepError,
     DuplicateIdError,
     InputError,
     InstructionMessageError,
@@ -1104,7 +1106,11 @@ def _render_entries(
     tokens = 0
     lead = -1
     completed = complete_pairs(
-        messages, open_calls=policy, carried=carried, answered_later=answered
+        messages,
+        open_calls=policy,
+        carried=carried,
+        answered_later=answered,
+        join=step_join(gateway),
     )
     for message in completed:
         entry = by_id.get(id(message))
@@ -1277,6 +1283,7 @@ def _plan(
     resolved: dict[int, int] = {}  # group -> index of the turn where it ended or was answered
     for index, turn in enumerate((*turns, head)):
         starts.append(tuple(tracker.open.values()))
+        tracker.new_turn()  # each turn is a span: a step never spans two
         for message in turn.messages(index < count):
             group = tracker.group
             step = tracker.feed(message)
@@ -1963,6 +1970,49 @@ def _blank_part(part: Part) -> bool:
     return False
 
 
+def _step_tail(turn: _Turn) -> list[Message]:
+    """The trailing assistant messages of ``turn``, oldest first: the step outputs may continue."""
+    tail: list[Message] = []
+    for entries in (turn.outputs, turn.state, turn.input):
+        for entry in reversed(entries):
+            if entry.message.role is not Role.assistant:
+                tail.reverse()
+                return tail
+            tail.append(entry.message)
+    tail.reverse()
+    return tail
+
+
+def _check_turn_start(before: _Turn, first: Message, where: str) -> None:
+    """Refuse ``first`` starting the turn after ``before`` when it would continue ``before``'s step.
+
+    A step never spans turns (each turn renders as its own span), so a turn
+    cannot start with an assistant message that, read after the previous
+    turn's trailing assistant messages, would continue their step.
+
+    Raises:
+        AmbiguousStepError: it would (``reason`` ``"across_turns"``).
+    """
+    if first.role is not Role.assistant:
+        return
+    tail = _step_tail(before)
+    if not tail:
+        return
+    tracker = CallTracker()
+    for message in tail:
+        tracker.feed(message)
+    if tracker.continues(first):
+        calls = first.tool_calls
+        raise AmbiguousStepError(
+            f"{where} is an assistant message that would continue the model step turn "
+            f"{excerpt(before.turn_id)} ends with (its calls are still open); a model step "
+            "belongs to one turn: record its messages to that turn.",
+            field=where,
+            call_id=calls[0].call_id if calls else "",
+            reason="across_turns",
+        )
+
+
 def _calls_after(turns: Sequence[_Turn]) -> tuple[dict[str, ToolCallPart], int]:
     """The calls still open after ``turns`` (each whole), and the index of their turn.
 
@@ -1983,6 +2033,7 @@ def _calls_after(turns: Sequence[_Turn]) -> tuple[dict[str, ToolCallPart], int]:
             tracker.feed(message)
         if tracker.group:
             for turn in turns[index + 1 :]:
+                tracker.new_turn()
                 for message in turn.messages(True):
                     tracker.feed(message)
             return tracker.open, (index if tracker.open else -1)
@@ -2021,6 +2072,7 @@ def _paired_after(turns: Sequence[_Turn], position: int) -> dict[tuple[int, int,
         return paired
     tracker = CallTracker(calls.values())
     for index in range(position + 1, len(turns)):
+        tracker.new_turn()
         for number, message in enumerate(turns[index].messages(True)):
             if tracker.group:
                 return paired
@@ -2854,6 +2906,9 @@ class TurnHistory:
             DuplicateIdError: ``turn_id`` is kept or was evicted (or retracted)
                 recently, or an input message has the id of a held message.
             OutOfOrderTurnError: ``sequence`` is not greater than the previous one.
+            AmbiguousStepError: the input splits a model step in a shape that
+                cannot be paired without guessing, or its first message would
+                continue the step the newest turn ends with.
             HostCallbackError: the token counter raised or returned a count
                 that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing changed.
         """
@@ -2876,6 +2931,9 @@ class TurnHistory:
         if _first_instruction(input) >= 0:
             reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
         entries, sizes = self._entries(input, turn_id, "input")
+        check_steps(input, f"Turn {excerpt(turn_id)} input")
+        if input and self._turns:
+            _check_turn_start(self._turns[-1], input[0], f"Turn {excerpt(turn_id)} input[0]")
         seen: set[str] = set()
         for i, entry in enumerate(entries):
             message_id = entry.message.id
@@ -3007,6 +3065,11 @@ class TurnHistory:
             DuplicateIdError: a message has the id of a held message with
                 other content, or of a message of another turn; nothing was
                 recorded.
+            AmbiguousStepError: the kept outputs continue the turn's model
+                step in a shape that cannot be paired without guessing (see
+                :func:`~turnloom.context.check_steps`), or a late record would
+                let the next turn's first message continue its step; nothing
+                was recorded.
             ItemTooLargeError: one message is over the per-item byte cap;
                 nothing was recorded.
             TurnTooLargeError: the turn would hold more than ``max_items``
@@ -3041,6 +3104,7 @@ class TurnHistory:
         entries, sizes = self._entries(outputs, turn_id, "output", turn_id)
         old = self._turns[position]
         kept: list[_Entry] = []
+        kept_at: list[int] = []
         kept_bytes = 0
         added: dict[str, Message] = {}
         duplicates = blank = 0
@@ -3068,11 +3132,27 @@ class TurnHistory:
                 blank += 1
                 continue
             kept.append(entry)
+            kept_at.append(i)
             kept_bytes += sizes[i]
         if not kept:
             self._duplicates += duplicates
             self._blank_dropped += blank
             return 0
+        check_steps(
+            [e.message for e in kept],
+            f"Turn {excerpt(turn_id)} output",
+            before=_step_tail(old),
+            indices=kept_at,
+        )
+        if position + 1 < len(self._turns):
+            later = self._turns[position + 1].entries(True)
+            if later:
+                _check_turn_start(
+                    old.with_outputs(tuple(kept), 0),
+                    later[0].message,
+                    f"Turn {excerpt(self._turns[position + 1].turn_id)} input[0], after turn "
+                    f"{excerpt(turn_id)}'s late output,",
+                )
         current = self._turns
         late = position != len(current) - 1
         # Nothing dropped (the usual case): the entries tuple is the outputs added.

@@ -6,13 +6,18 @@ input can reach that state when a turn is interrupted (the model called a
 tool, the invocation was cancelled before the result) or when a history is
 cut. :func:`complete_pairs` makes a message list safe to render.
 
-Pairing is positional, as the providers pair: a result answers a call of the
-nearest preceding assistant message with tool calls, and only until the next
-user, system, developer or assistant message. A call id may therefore be
-reused in a later turn (recorded OpenAI traffic does this); each result pairs
-with its own call. :class:`CallTracker` is the one statement of that rule;
-everything else here, the history, the area section and the replay parser
-apply it through it.
+Pairing is by call id within a model *step*: what the model emitted in one
+response (text, reasoning, every parallel tool call), however the host split
+it into messages, and the results that answer its calls. A step is one
+assistant message, or a run of consecutive assistant messages whose later
+members continue it (see :class:`CallTracker`; hosts such as LiteLLM, Vercel
+AI and the OpenAI Agents SDK store parallel calls one message per call). A
+result answers a call of the current step, and only until the step ends (the
+next user, system or developer message, or an assistant message that starts
+another step). A call id may therefore be reused in a later step (recorded
+OpenAI traffic does this); each result pairs with its own call.
+:class:`CallTracker` is the one statement of that rule; everything else here,
+the history, the area section and the replay parser apply it through it.
 """
 
 from __future__ import annotations
@@ -23,8 +28,12 @@ __all__ = (
     "CallTracker",
     "OpenCallPolicy",
     "PairingStep",
+    "StepConflict",
+    "StepJoin",
+    "check_steps",
     "complete_pairs",
     "hold_until_answered",
+    "join_steps",
     "open_call_ids",
 )
 
@@ -36,13 +45,16 @@ import msgspec
 
 from turnloom.context.message import (
     Message,
+    OpaquePart,
     Part,
+    ReasoningPart,
     Role,
     TextPart,
     ToolCallPart,
     ToolResultPart,
     is_blank_text,
 )
+from turnloom.errors import AmbiguousStepError, excerpt
 
 OpenCallPolicy: TypeAlias = Literal["exclude", "cancel"]
 """What :func:`complete_pairs` does with a call that has no result.
@@ -51,6 +63,19 @@ OpenCallPolicy: TypeAlias = Literal["exclude", "cancel"]
   else remains in it).
 * ``"cancel"`` -- close it with an explicit error result whose text is
   :data:`CANCELLED_RESULT_TEXT`, placed after the results that did arrive.
+"""
+
+StepJoin: TypeAlias = Literal["none", "calls", "reasoning"]
+"""How a gateway needs a step that spans several messages joined (see :func:`join_steps`).
+
+* ``"none"`` -- render each message as it is (the gateway's request body
+  merges adjacent turns itself: Anthropic, Gemini).
+* ``"calls"`` -- the step's assistant messages become one (OpenAI Chat: the
+  ``tool`` messages must follow the one message holding every ``tool_calls``
+  entry).
+* ``"reasoning"`` -- an assistant message holding only reasoning joins the
+  assistant message after it (OpenAI Responses: a ``reasoning`` item must be
+  sent in front of the item it precedes, and renders only with it).
 """
 
 CANCELLED_RESULT_TEXT = "The tool call was cancelled before it returned a result."
@@ -90,25 +115,6 @@ def _cancelled(calls: Iterable[ToolCallPart]) -> tuple[ToolResultPart, ...]:
     )
 
 
-def _keep_step_signature(
-    parts: tuple[Part, ...], kept: tuple[Part, ...], excluded: dict[str, ToolCallPart]
-) -> tuple[Part, ...]:
-    """``kept`` with the step signature of an excluded first call on the first kept call."""
-    first = next((p for p in parts if type(p) is ToolCallPart), None)
-    if first is None or first.call_id not in excluded or not first.extras:
-        return kept
-    signature = {k: v for k, v in first.extras.items() if k in STEP_SIGNATURE_KEYS}
-    if not signature:
-        return kept
-    for i, part in enumerate(kept):
-        if type(part) is ToolCallPart:
-            if part.extras and any(k in part.extras for k in STEP_SIGNATURE_KEYS):
-                return kept
-            signed = msgspec.structs.replace(part, extras={**(part.extras or {}), **signature})
-            return (*kept[:i], signed, *kept[i + 1 :])
-    return kept
-
-
 class PairingStep(NamedTuple):
     """What one message did to the pairing state (see :meth:`CallTracker.feed`).
 
@@ -125,6 +131,19 @@ class PairingStep(NamedTuple):
     orphans: tuple[ToolResultPart, ...]
     closed: tuple[ToolCallPart, ...]
     results: bool
+
+
+class StepConflict(NamedTuple):
+    """Why an assistant message cannot join the step before it (see :meth:`CallTracker.conflict`).
+
+    Attributes:
+        reason: ``"duplicate_call_id"``: the message repeats a call id of the
+            step, so a result with that id would answer two calls.
+        call_id: the message's call at fault.
+    """
+
+    reason: Literal["duplicate_call_id"]
+    call_id: str
 
 
 _NO_STEP = PairingStep((), (), (), False)
@@ -145,16 +164,33 @@ class CallTracker:
 
     This is the only statement of the rule; history rendering, the area
     section, routed items and the replay parser all use it. A *call group*
-    is the tool calls of one assistant message (with ``model_turns=True``:
-    of consecutive assistant messages, as OpenAI Responses emits one item per
-    call). A tool result answers a call of the current group with its id and
-    only until the group ends; a result with any other id is an orphan. The
-    group ends at the next assistant message (which starts the next group),
-    at a ``user``, ``system`` or ``developer`` message, and at a ``user``
-    message that carries non-blank content besides its tool results (after
-    those results). Calls still open when their group ends are *closed*
-    without a result. A call id may be reused by a later group; each result
-    pairs with its own group's call.
+    is the tool calls of one model step. A step starts at an assistant
+    message; the assistant messages directly after it *continue* it while it
+    has calls (whatever they carry: calls, text or reasoning, before or after
+    calls), since no model response can follow a call before its result. So
+    ``[call a], [call b], [result a], [result b]`` is one step, as
+    ``[call a, call b], [result a], [result b]`` is; so is ``[call a],
+    [text], [call b]`` (one response split around its text, or a call
+    abandoned without a result: either way ``a`` is answered, or closed at
+    the step's end as any open call is). With ``model_turns=True`` every
+    assistant message directly after another continues its step (native
+    OpenAI Responses items, one per output item).
+
+    One shape cannot be paired without guessing: a message repeating a call
+    id of the step it would continue (a result with that id would answer
+    two calls). Such a message starts a new group instead (as if the step
+    ended before it); the door refuses it (:func:`check_steps`,
+    :meth:`conflict`).
+
+    A tool result answers a call of the current group with its id and only
+    until the group ends; a result with any other id is an orphan. The group
+    ends at the next assistant message that starts a step, at a ``user``,
+    ``system`` or ``developer`` message, and at a ``user`` message that
+    carries non-blank content besides its tool results (after those
+    results). A step never spans turns: :meth:`new_turn` marks the boundary.
+    Calls still open when their group ends are *closed* without a result. A
+    call id may be reused by a later group; each result pairs with its own
+    group's call.
 
     Source: OpenAI Chat ``tool`` messages follow their ``tool_calls``
     message; Anthropic ``tool_result`` blocks open the next user turn; Gemini's
@@ -163,11 +199,13 @@ class CallTracker:
     Args:
         carried: calls of a group that began before the first message fed
             (a span continuing an earlier one), still without a result.
-        model_turns: let consecutive assistant messages form one group.
+        model_turns: let every assistant message directly after another
+            continue its step.
 
     Attributes:
         open: the current group's calls without a result yet, by call id, in
-            call order. Read-only for callers.
+            call order. Read-only for callers. While a step is being fed (no
+            result yet), these are all of its calls.
         group: a serial number, increased each time a group ends or starts.
     """
 
@@ -180,7 +218,7 @@ class CallTracker:
         )
         self.group = 0
         self._model_turns = model_turns
-        self._in_model_turn = False
+        self._in_model_turn = False  # the last message fed was an assistant message
 
     @property
     def open_ids(self) -> tuple[str, ...]:
@@ -194,6 +232,45 @@ class CallTracker:
         twin._in_model_turn = self._in_model_turn
         return twin
 
+    def new_turn(self) -> None:
+        """A turn boundary: the next assistant message starts a step; open calls stay open."""
+        self._in_model_turn = False
+
+    def continues(self, message: Message) -> bool:
+        """True when ``message`` would continue the current step (it starts no group)."""
+        if message.role is not _ASSISTANT or not self._in_model_turn:
+            return False
+        if self._model_turns:
+            return True
+        return bool(self.open) and self._joins(message.parts)
+
+    def conflict(self, message: Message) -> StepConflict | None:
+        """Why ``message`` cannot continue the step it follows, or None when nothing is wrong.
+
+        Only an assistant message with calls, directly after an assistant
+        message of a step that has open calls, can conflict (see the class
+        docstring). Changes nothing.
+        """
+        if (
+            message.role is not _ASSISTANT
+            or not self._in_model_turn
+            or self._model_turns
+            or not self.open
+        ):
+            return None
+        for part in message.parts:
+            if type(part) is ToolCallPart and part.call_id in self.open:
+                return StepConflict("duplicate_call_id", part.call_id)
+        return None
+
+    def _joins(self, parts: tuple[Part, ...]) -> bool:
+        """True when a message of ``parts`` can continue the current step (which has calls)."""
+        open_calls = self.open
+        for part in parts:
+            if type(part) is ToolCallPart and part.call_id in open_calls:
+                return False
+        return True
+
     def _end(self) -> tuple[ToolCallPart, ...]:
         closed = tuple(self.open.values())
         self.open = {}
@@ -205,11 +282,18 @@ class CallTracker:
         role = message.role
         parts = message.parts
         if role is _ASSISTANT:
-            if self._model_turns and self._in_model_turn:
-                for part in parts:
-                    if type(part) is ToolCallPart:
-                        self.open[part.call_id] = part
-                return _NO_STEP
+            if self._in_model_turn:
+                if self._model_turns:
+                    for part in parts:
+                        if type(part) is ToolCallPart:
+                            self.open[part.call_id] = part
+                    return _NO_STEP
+                open_calls = self.open
+                if open_calls and self._joins(parts):
+                    for part in parts:
+                        if type(part) is ToolCallPart:
+                            open_calls[part.call_id] = part
+                    return _NO_STEP
             self._in_model_turn = True
             left = self.open
             # The group ends (see _end); this message's calls open the next one.
@@ -234,6 +318,61 @@ class CallTracker:
                 return PairingStep(tuple(paired), tuple(orphans), ended, True)
         closed = self._end()
         return PairingStep((), (), closed, False) if closed else _NO_STEP
+
+
+def check_steps(
+    messages: Sequence[object],
+    where: str,
+    *,
+    before: Sequence[Message] = (),
+    indices: Sequence[int] | None = None,
+) -> None:
+    """Refuse a batch holding a step that cannot be paired without guessing.
+
+    ``messages`` follow ``before`` directly in one turn (the turn's messages
+    so far: only its trailing assistant messages matter). Each assistant
+    message is checked with :meth:`CallTracker.conflict` against the step it
+    follows. Entries that are not Messages are skipped (the caller's
+    message check names them). Pure: changes nothing.
+
+    Args:
+        messages: the batch, oldest first.
+        where: how error messages name it (``"Output of turn 't1'"``).
+        before: the messages of the turn before the batch, oldest first.
+        indices: the index in what ``where`` names of each of ``messages``
+            (default: its position), when the caller left some out.
+
+    Raises:
+        AmbiguousStepError: ``messages[i]`` would continue the step before
+            it and repeats a call id of that step (``reason``
+            ``"duplicate_call_id"``). Its ``field`` names the message,
+            ``call_id`` the call.
+    """
+    tracker = CallTracker()
+    tail = len(before)
+    while tail and isinstance(before[tail - 1], Message) and before[tail - 1].role is _ASSISTANT:
+        tail -= 1
+    for earlier in before[tail:]:
+        tracker.feed(earlier)
+    for i, message in enumerate(messages):
+        if not isinstance(message, Message):
+            tracker = CallTracker()
+            continue
+        conflict = tracker.conflict(message)
+        if conflict is not None:
+            index = i if indices is None else indices[i]
+            why = (
+                f"repeats call id {excerpt(conflict.call_id)} of the model step it "
+                "continues, so a result with that id would answer two calls"
+            )
+            raise AmbiguousStepError(
+                f"{where}[{index}] {why}; give each call of a model step its own id, and "
+                "record the result of a call before repeating it.",
+                field=f"{where}[{index}]",
+                call_id=conflict.call_id,
+                reason=conflict.reason,
+            )
+        tracker.feed(message)
 
 
 def open_call_ids(messages: Sequence[Message]) -> tuple[str, ...]:
@@ -295,16 +434,21 @@ def complete_pairs(
     open_calls: OpenCallPolicy = "exclude",
     carried: Sequence[ToolCallPart] = (),
     answered_later: AbstractSet[str] | None = None,
+    join: StepJoin = "none",
 ) -> list[Message]:
     """Return ``messages`` with every call answered and every result answering a call.
 
-    Pairing follows :class:`CallTracker`. Also drops empty and
-    whitespace-only text parts (unless they carry extras, such as a Gemini
-    thought signature), and messages left with no content. A call left out
-    under ``"exclude"`` that signs its model step (:data:`STEP_SIGNATURE_KEYS`)
-    passes its signature to the step's first kept call, so the step is not
-    sent unsigned. Messages that need no change are returned as the same
-    objects, so callers can cache their rendering by identity.
+    Pairing follows :class:`CallTracker`: by call id within a step, so a
+    step split into one assistant message per call keeps every call and
+    result. Also drops empty and whitespace-only text parts (unless they
+    carry extras, such as a Gemini thought signature), and messages left
+    with no content. A call left out under ``"exclude"`` that signs its
+    model step (:data:`STEP_SIGNATURE_KEYS`) passes its signature to the
+    step's first kept call (in whichever of the step's messages), so the
+    step is not sent unsigned. Messages that need no change are returned as
+    the same objects, so callers can cache their rendering by identity.
+    With ``join`` other than ``"none"``, the completed messages then go
+    through :func:`join_steps`.
 
     By default ``messages`` are a whole input: no call is open before the
     first message and every call still open after the last is closed. A
@@ -329,16 +473,19 @@ def complete_pairs(
         carried: calls open before the first message, in call order.
         answered_later: ids of the calls open at the end that a later span
             answers, or None when the input ends here.
+        join: how the gateway the messages are rendered for needs a step of
+            several messages joined (see :data:`StepJoin`).
 
     Returns:
         a new list of messages, oldest first.
     """
     out: list[Message] = []
     tracker = CallTracker(carried)
-    owner = -1  # index in ``out`` of the current group's assistant message
+    owners: list[int] = []  # indices in ``out`` of the current step's messages with calls
     for message in messages:
         parts = message.parts
         cleaned = _clean_parts(parts)
+        group = tracker.group
         step = tracker.feed(message)
         if step.results:
             kept_parts: list[Part] = []
@@ -364,57 +511,176 @@ def complete_pairs(
                     )
                     kept_parts[at:at] = _cancelled(step.closed)
                 else:
-                    _drop_calls(out, owner, step.closed)
-                owner = -1
+                    _drop_calls(out, owners, step.closed)
+                owners = []
             if len(kept_parts) != len(parts) or (step.closed and open_calls == "cancel"):
                 message = msgspec.structs.replace(message, content=tuple(kept_parts))
             out.append(message)
             continue
-        _close(out, owner, step.closed, open_calls)
-        owner = -1
+        # An assistant message continuing the step leaves the group as it was.
+        continued = message.role is _ASSISTANT and tracker.group == group
+        if not continued:
+            _close(out, owners, step.closed, open_calls)
+            owners = []
         if not cleaned:
             continue
         if len(cleaned) != len(parts):
             message = msgspec.structs.replace(message, content=cleaned)
         out.append(message)
         if message.role is _ASSISTANT and tracker.open:
-            owner = len(out) - 1  # it made the group's calls (the tracker holds them)
+            if not continued:
+                owners = [len(out) - 1]  # it made the group's calls (the tracker holds them)
+            elif any(type(p) is ToolCallPart for p in cleaned):
+                owners.append(len(out) - 1)
     if answered_later is None:
-        _close(out, owner, tuple(tracker.open.values()), open_calls)
+        _close(out, owners, tuple(tracker.open.values()), open_calls)
     elif open_calls == "exclude":
         _drop_calls(
-            out, owner, [c for c in tracker.open.values() if c.call_id not in answered_later]
+            out, owners, [c for c in tracker.open.values() if c.call_id not in answered_later]
         )
-    return out
+    return out if join == "none" else join_steps(out, join)
 
 
-def _drop_calls(out: list[Message], owner: int, left: Iterable[ToolCallPart]) -> None:
-    """Leave the calls ``left`` out of ``out[owner]``, their group's assistant message.
+def join_steps(messages: Sequence[Message], join: StepJoin) -> list[Message]:
+    """``messages`` with each step of several messages joined as ``join`` says.
 
-    Nothing happens when ``owner`` is negative (no such message) or ``left``
-    is empty. The message is replaced by a copy without those calls (a step
-    signature moved, see :func:`_keep_step_signature`), or deleted when
-    nothing else remains in it (no later call of the caller's group refers
-    to it: the caller forgets ``owner`` after this).
+    * ``"calls"``: an assistant message continuing a step (see
+      :class:`CallTracker`) is appended to the one before it: the joined
+      message has both messages' parts in order, and the first one's id,
+      name, extras and layout (the later one's where the first has none).
+    * ``"reasoning"``: a run of assistant messages holding only reasoning
+      (reasoning parts, or opaque ``reasoning`` items, and no id, name,
+      extras or layout) is put in front of the parts of the assistant message
+      right after it; a run followed by anything else is left as it is.
+    * ``"none"``: no change.
+
+    Messages not joined are returned as the same objects.
+
+    Args:
+        messages: completed messages (see :func:`complete_pairs`), oldest first.
+        join: the gateway's :data:`StepJoin`.
+
+    Returns:
+        a new list of messages, oldest first.
+    """
+    if join == "calls":
+        tracker = CallTracker()
+        out: list[Message] = []
+        for message in messages:
+            group = tracker.group
+            tracker.feed(message)
+            if message.role is _ASSISTANT and tracker.group == group and out:
+                out[-1] = _joined(out[-1], message)
+            else:
+                out.append(message)
+        return out
+    if join == "reasoning":
+        out = []
+        pending: list[Message] = []
+        for message in messages:
+            if _reasoning_only(message):
+                pending.append(message)
+                continue
+            if pending:
+                if message.role is _ASSISTANT:
+                    lead = tuple(p for m in pending for p in m.parts)
+                    message = msgspec.structs.replace(message, content=lead + message.parts)
+                else:
+                    out.extend(pending)
+                pending = []
+            out.append(message)
+        out.extend(pending)
+        return out
+    return list(messages)
+
+
+def _reasoning_only(message: Message) -> bool:
+    """True for an assistant message of reasoning alone, with nothing else to carry."""
+    return (
+        message.role is _ASSISTANT
+        and message.id is None
+        and message.name is None
+        and message.extras is None
+        and message.layout is None
+        and bool(message.parts)
+        and all(
+            type(p) is ReasoningPart
+            or (type(p) is OpaquePart and p.item.get("type") == "reasoning")
+            for p in message.parts
+        )
+    )
+
+
+def _joined(first: Message, second: Message) -> Message:
+    """``first`` with ``second``'s parts after its own (see :func:`join_steps`)."""
+    return Message(
+        role=first.role,
+        content=first.parts + second.parts,
+        id=first.id if first.id is not None else second.id,
+        name=first.name if first.name is not None else second.name,
+        extras=first.extras if first.extras is not None else second.extras,
+        layout=first.layout if first.layout is not None else second.layout,
+    )
+
+
+def _drop_calls(out: list[Message], owners: Sequence[int], left: Iterable[ToolCallPart]) -> None:
+    """Leave the calls ``left`` out of ``out[k]`` for ``k`` in ``owners``, their step's messages.
+
+    Nothing happens when ``owners`` or ``left`` is empty. A message losing
+    calls is replaced by a copy without them, or deleted when nothing else
+    remains in it (no later call of the caller's group refers to it: the
+    caller forgets ``owners`` after this). When the step's first call is
+    left out and signs the step (:data:`STEP_SIGNATURE_KEYS`), the first
+    kept call of the step gets its signature unless it has one.
     """
     ids = {c.call_id: c for c in left}
-    if owner < 0 or not ids:
+    if not owners or not ids:
         return
-    message = out[owner]
-    kept = tuple(p for p in message.parts if not (type(p) is ToolCallPart and p.call_id in ids))
-    kept = _keep_step_signature(message.parts, kept, ids)
-    if kept:
-        out[owner] = msgspec.structs.replace(message, content=kept)
-    else:
-        del out[owner]
+    first = next((p for p in out[owners[0]].parts if type(p) is ToolCallPart), None)
+    signature: dict[str, object] | None = None
+    if first is not None and first.call_id in ids and first.extras:
+        signature = {k: v for k, v in first.extras.items() if k in STEP_SIGNATURE_KEYS} or None
+    emptied: list[int] = []
+    for k in owners:
+        message = out[k]
+        kept = tuple(p for p in message.parts if not (type(p) is ToolCallPart and p.call_id in ids))
+        changed = len(kept) != len(message.parts)
+        if signature is not None:
+            signed = _signed(kept, signature)
+            if signed is not None:
+                changed = changed or signed is not kept
+                kept, signature = signed, None
+        if not kept:
+            emptied.append(k)
+        elif changed:
+            out[k] = msgspec.structs.replace(message, content=kept)
+    for k in reversed(emptied):
+        del out[k]
+
+
+def _signed(kept: tuple[Part, ...], signature: dict[str, object]) -> tuple[Part, ...] | None:
+    """``kept`` with ``signature`` on its first call, or None when it has no call.
+
+    ``kept`` itself when that call is signed already.
+    """
+    for i, part in enumerate(kept):
+        if type(part) is ToolCallPart:
+            if part.extras and any(k in part.extras for k in STEP_SIGNATURE_KEYS):
+                return kept
+            signed = msgspec.structs.replace(part, extras={**(part.extras or {}), **signature})
+            return (*kept[:i], signed, *kept[i + 1 :])
+    return None
 
 
 def _close(
-    out: list[Message], owner: int, left: tuple[ToolCallPart, ...], open_calls: OpenCallPolicy
+    out: list[Message],
+    owners: Sequence[int],
+    left: tuple[ToolCallPart, ...],
+    open_calls: OpenCallPolicy,
 ) -> None:
     """Close the calls ``left`` without a result: a cancelled result appended, or left out."""
     if left:
         if open_calls == "cancel":
             out.append(Message(role=Role.tool, content=_cancelled(left)))
         else:
-            _drop_calls(out, owner, left)
+            _drop_calls(out, owners, left)

@@ -115,7 +115,9 @@ def answer_routed_calls(calls: CallTracker, message: Message, context_id: str) -
     tracker = calls.copy()
     unanswered = tracker.open_ids
     step = tracker.feed(message)
-    if unanswered and (step.closed or message.tool_calls):
+    # Anything but results, even an assistant message that would continue the
+    # calls' step, waits until they are answered.
+    if unanswered and (step.closed or not step.results):
         raise InvalidMessageError(
             f"Tool call(s) {', '.join(map(repr, unanswered))} routed to context "
             f"{excerpt(context_id)} have no result yet; route their results before any "

@@ -22,15 +22,15 @@ import msgspec
 
 from turnloom.context.body import EncodedBody, encode_fields, reserved_fields, with_fields
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
-from turnloom.context.gateway import Gateway, NativeContent
+from turnloom.context.gateway import Gateway, NativeContent, step_join
 from turnloom.context.history import (
     HistoryLimits,
     TurnHistory,
     check_batch_length,
     reject_instructions,
 )
-from turnloom.context.message import Message, Role, check_message
-from turnloom.context.pairing import CallTracker, OpenCallPolicy, complete_pairs
+from turnloom.context.message import Message, OpaquePart, ReasoningPart, Role, check_message
+from turnloom.context.pairing import CallTracker, OpenCallPolicy, check_steps, complete_pairs
 from turnloom.errors import DuplicateIdError, InvalidMessageError, excerpt, what_type
 from turnloom.runtime.schemas import PreparedContext
 from turnloom.runtime.state import is_state_message
@@ -234,7 +234,8 @@ class IssuedPrefixes:
         """
         gateway = self._gateway
         items: list[NativeContent] = []
-        for message in complete_pairs(messages, open_calls=self._open_calls):
+        join = step_join(gateway)
+        for message in complete_pairs(messages, open_calls=self._open_calls, join=join):
             native = renders.get(id(message))
             items.extend(native if native is not None else gateway.render(message))
         # One pass over all the items: renaming is sequential, so equal to renaming each message's.
@@ -273,20 +274,41 @@ def _settled_count(messages: Sequence[Message]) -> int:
 
     The largest ``j`` such that ``complete_pairs(messages + later) ==
     complete_pairs(messages[:j]) + complete_pairs((messages + later)[j:])``
-    for every ``later`` (same policy, a whole input each): no call is open
-    after ``messages[:j]`` (what follows can neither answer nor drop one of
-    them), or ``messages[j]`` is a message that closes every open call as
-    the input's end does (an assistant message, or one that is neither a
-    tool result nor a user message carrying results). 0 when there is none.
+    for every ``later`` (same policy, a whole input each, steps joined for
+    any gateway): no call is open after ``messages[:j]`` (what follows can
+    neither answer nor drop one of them), or ``messages[j]`` is a message
+    that closes every open call as the input's end does (an assistant
+    message that starts a step, or one that is neither a tool result nor a
+    user message carrying results); and ``messages[j - 1]`` is no
+    assistant message of reasoning alone (it joins the message after it,
+    see :func:`~turnloom.context.join_steps`). 0 when there is none.
     """
     tracker = CallTracker()
     cut = 0
+    lone = False  # the message before is reasoning alone
     for j, message in enumerate(messages):
         role = message.role
-        if not tracker.open or not (role is _TOOL or (role is _USER and message.tool_results)):
+        if not lone and (
+            not tracker.open
+            or not (
+                role is _TOOL
+                or (role is _USER and message.tool_results)
+                or tracker.continues(message)
+            )
+        ):
             cut = j
+        lone = _reasoning_alone(message)
         tracker.feed(message)
-    return len(messages) if not tracker.open else cut
+    return len(messages) if not tracker.open and not lone else cut
+
+
+def _reasoning_alone(message: Message) -> bool:
+    """True for an assistant message whose parts are all reasoning (it may join the next)."""
+    return (
+        message.role is Role.assistant
+        and bool(message.parts)
+        and all(type(p) is ReasoningPart or type(p) is OpaquePart for p in message.parts)
+    )
 
 
 _encoder = msgspec.json.Encoder()
@@ -339,6 +361,9 @@ def check_continuation(
         InstructionMessageError: a ``system`` or ``developer`` message.
         DuplicateIdError: a message repeats an id of the prefix's turn or of
             an earlier continuation message.
+        AmbiguousStepError: a message continues a model step in a shape
+            that cannot be paired without guessing (see
+            :func:`~turnloom.context.check_steps`).
     """
     if not isinstance(prefix, PreparedContext):
         raise InvalidMessageError(f"build takes a PreparedContext prefix, not {what_type(prefix)}.")
@@ -383,6 +408,16 @@ def check_continuation(
                     "of an earlier continuation message."
                 )
             added.add(message.id)
+    # A step the new messages continue began with the assistant messages before them.
+    lead = start
+    while lead and continuation[lead - 1].role is Role.assistant:
+        lead -= 1
+    check_steps(
+        continuation[start:],
+        "continuation",
+        before=continuation[lead:start],
+        indices=range(start, len(continuation)),
+    )
     # ``checked`` is replaced by the result: its set is extended, not copied.
     reserved |= added
     return CheckedContinuation(tuple(continuation), reserved)

@@ -283,6 +283,11 @@ class ContextManager:
                 ``max_bytes`` or ``max_tokens`` (``unit`` names it); nothing
                 was committed.
             DuplicateIdError: the turn id was already committed to the context.
+            AmbiguousStepError: the input splits a model step in a shape that
+                cannot be paired without guessing, or starts with an
+                assistant message that would continue the step the previous
+                turn ends with (see :class:`~turnloom.context.CallTracker`);
+                nothing was committed.
             ProviderRuleError: the gateway cannot render a message (for example
                 tool call arguments that are not a JSON object, for Anthropic
                 and Gemini); nothing was committed.
@@ -331,6 +336,13 @@ class ContextManager:
                 turn).
             InstructionMessageError: a ``system`` or ``developer`` message: pinned
                 instructions change only through a turn's snapshot.
+            AmbiguousStepError: an output continues a model step (the
+                turn's trailing assistant messages, then the outputs) with a
+                call id the step holds already (``field`` names the output,
+                ``call_id`` the call), or a late record would let the next
+                turn start by continuing its step; nothing was recorded. A
+                step split one message per call is paired by call id: see
+                :class:`~turnloom.context.CallTracker`.
             ItemTooLargeError, TurnTooLargeError, ProviderRuleError,
             NotClaimedError, StaleLeaseError, HostCallbackError: as
                 :meth:`accept_turn`; nothing was recorded. A turn tied to
@@ -550,6 +562,8 @@ class ContextManager:
             DuplicateIdError: a continuation message repeats an id of the
                 prefix's turn (its input message ids or the state call id) or
                 of an earlier continuation message.
+            AmbiguousStepError: the continuation splits a model step in a
+                shape :meth:`record` refuses.
             ProviderRuleError: the gateway rejected a message.
             TurnTooLargeError: the continuation holds more than ``max_items``
                 messages.

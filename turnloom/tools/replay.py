@@ -57,7 +57,7 @@ import anyio
 import msgspec
 
 from turnloom.context.callids import rename_call_ids
-from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_gateway
+from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_gateway, step_join
 from turnloom.context.history import HistoryLimits
 from turnloom.context.memory import MemorySource, TenantScope, check_tenant_scope
 from turnloom.context.message import Message
@@ -167,7 +167,7 @@ class _Totals:
 
 def _expected(chat: Gateway, messages: Sequence[Message]) -> list[NativeContent]:
     out: list[NativeContent] = []
-    for message in complete_pairs(messages):
+    for message in complete_pairs(messages, join=step_join(chat)):
         out.extend(chat.render(message))
     return rename_call_ids(chat.type, out)
 

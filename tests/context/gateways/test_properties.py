@@ -37,6 +37,7 @@ from turnloom.context import (
     complete_pairs,
     get_gateway,
 )
+from turnloom.context.gateway import step_join
 
 # One opaque item per gateway, valid where that gateway's own messages put it.
 _OPAQUE: dict[str, tuple[Role, dict[str, Any]]] = {
@@ -202,7 +203,7 @@ def test_rendered_input_passes_own_validate(
     for message in messages:
         check_message(message)
     gateway = get_gateway(provider)
-    completed = complete_pairs(messages, open_calls=policy)  # type: ignore[arg-type]
+    completed = complete_pairs(messages, open_calls=policy, join=step_join(gateway))  # type: ignore[arg-type]
     body = gateway.request_body(rendered(gateway, completed))
     items = body[ITEM_FIELD[provider]]
     assert [v.rule for v in gateway.validate(items)] == _VALID_UNLESS_EMPTY[bool(items)]

@@ -14,6 +14,10 @@ Rendering (Message -> native):
   results follow as one ``user`` message.
 * An assistant message with neither text nor tool calls (an interrupted
   reply, or reasoning only) renders to nothing.
+* A model step the host split over several assistant messages (one per
+  parallel call) is joined into one message before rendering
+  (``step_join = "calls"``): its texts in order as the content, every
+  ``tool_calls`` entry in call order, then one ``tool`` message per result.
 
 Layout kept for exact re-emission (``Message.layout``): a single text sent as
 a one-element list (``"content": "list"``), an assistant message sent
@@ -85,6 +89,7 @@ from turnloom.context.message import (
     check_message,
     is_blank_text,
 )
+from turnloom.context.pairing import StepJoin
 from turnloom.errors import InvalidMessageError, excerpt, what_type
 
 _log = logging.getLogger("turnloom.gateway.openai_chat")
@@ -116,6 +121,13 @@ class OpenAIChatGateway(Gateway):
 
     items_field = "messages"
     """The field of :meth:`request_body` that holds the item list."""
+
+    step_join: StepJoin = "calls"
+    """A step the host split over several assistant messages is joined into one.
+
+    The ``tool`` messages must follow the one assistant message that holds
+    every ``tool_calls`` entry they answer (see :func:`~turnloom.context.join_steps`).
+    """
 
     def tool_definition(
         self, name: str, description: str, parameters: dict[str, Any]

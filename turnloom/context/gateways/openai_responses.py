@@ -14,7 +14,11 @@ Rendering (Message -> native items, in part order):
   gateway parsed with its id, else the input form ``{"role": "assistant",
   "content": text}`` (one per text part); ``openai_responses`` opaque items
   (web search, code interpreter, image generation, MCP, compaction) verbatim.
-  Parallel calls are one neutral message and consecutive items here.
+  Parallel calls are one neutral message and consecutive items here. A
+  reasoning-only message (a ``reasoning`` item parsed alone) is joined in
+  front of the assistant message after it before rendering
+  (``step_join = "reasoning"``), so items parsed one at a time render as
+  :meth:`OpenAIResponsesGateway.parse_items` of them does.
 * ``tool`` (or ``user`` carrying results): one ``function_call_output`` per
   result (``output`` a string for one text part, else a list of input parts).
 * A ``system`` message parsed from the top-level ``instructions`` field is
@@ -100,6 +104,7 @@ from turnloom.context.message import (
     ToolResultPart,
     check_message,
 )
+from turnloom.context.pairing import StepJoin
 from turnloom.errors import DuplicateIdError, InvalidMessageError, excerpt, type_name
 
 _log = logging.getLogger("turnloom.gateway.openai_responses")
@@ -153,6 +158,15 @@ class OpenAIResponsesGateway(Gateway):
 
     items_field = "input"
     """The field of :meth:`request_body` that holds the item list."""
+
+    step_join: StepJoin = "reasoning"
+    """A reasoning-only message joins the assistant message after it.
+
+    A ``reasoning`` item renders only in front of the item it precedes in
+    the same message, as :meth:`parse_items` groups them; a host that parses
+    a response one item at a time gets the same input (see
+    :func:`~turnloom.context.join_steps`).
+    """
 
     def tool_definition(
         self, name: str, description: str, parameters: dict[str, Any]
@@ -393,8 +407,14 @@ class OpenAIResponsesGateway(Gateway):
 
         Input messages parse to their role; ``function_call``, ``reasoning``,
         output messages and every other typed output item to ``assistant``;
-        ``function_call_output`` to ``tool``. Use :meth:`parse_items` to
-        group one response's consecutive items into one assistant message.
+        ``function_call_output`` to ``tool``. :meth:`parse_items` groups one
+        response's consecutive items into one assistant message; recording
+        the items parsed one at a time instead (``[parse(item) for item in
+        response.output]``, together or one record each) gives the same next
+        input: consecutive assistant messages are one model step (see
+        :class:`~turnloom.context.CallTracker`) and a reasoning-only message
+        renders in front of the assistant message after it
+        (:func:`~turnloom.context.join_steps`).
 
         The message passes :func:`~turnloom.context.check_message`, so it
         can be committed as it is.
@@ -543,7 +563,9 @@ class OpenAIResponsesGateway(Gateway):
         one assistant message) become one assistant message, so parallel calls
         are one turn; a second assistant message starts a new one. Consecutive
         ``function_call_output`` items become one ``tool`` message. Tool
-        results get the ``name`` of their call.
+        results get the ``name`` of their call. The same items parsed one at
+        a time with :meth:`parse` and recorded give the same next input
+        (see :meth:`parse`).
 
         Raises:
             InvalidMessageError: an item is malformed.
