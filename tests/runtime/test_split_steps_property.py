@@ -348,5 +348,12 @@ def test_every_recorded_item_reaches_the_next_input_or_is_counted_or_refused(
     backend: str, conversation: tuple[str, list[Turn]]
 ) -> None:
     kind, turns = conversation
-    logging.getLogger("turnloom").setLevel(logging.ERROR)
-    anyio.run(_run, kind, turns, backend=backend)
+    # Quiet the gateways' lossy-render warnings for this test only: the level is
+    # process-wide, and other tests assert those warnings.
+    logger = logging.getLogger("turnloom")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        anyio.run(_run, kind, turns, backend=backend)
+    finally:
+        logger.setLevel(level)
