@@ -127,3 +127,16 @@ def test_what_the_readme_commands_write_is_ignored_by_git() -> None:
     assert sorted(written) == ["inputs.jsonl", "report.json"]
     for name in written:
         assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), name
+
+
+def test_what_the_readme_points_to_is_in_the_clone() -> None:
+    """Every relative link resolves inside the repository, and the only files named
+    outside it are the real-input data the README says stays outside."""
+    prose = re.sub(r"```.*?```", "", README, flags=re.DOTALL)
+    targets = re.findall(r"\]\(([^)#:\s]+)(?:#[^)]*)?\)", prose)
+    assert "docs/design.md" in targets
+    missing = [t for t in targets if not (ROOT / t).exists()]
+    assert missing == []
+    outside = set(re.findall(r"\.\./[\w./-]+", README))
+    assert {p for p in outside if not p.startswith("../shared/data/")} == set()
+    assert (ROOT / "LICENSE").is_file()
