@@ -554,6 +554,11 @@ def _replay(args: argparse.Namespace) -> int:
 # -- loadtest ----------------------------------------------------------------------
 
 
+def _per_second(count: int, seconds: float) -> str:
+    """``count / seconds`` rounded, as the progress bar's rate of the same count."""
+    return f"{count / seconds:.0f}" if seconds > 0 else "0"
+
+
 def _print_report(report: LoadtestReport, out: TextIO) -> None:
     print(
         f"sessions: {report.sessions}  failed: {report.sessions_failed}  turns: {report.turns}  "
@@ -561,7 +566,9 @@ def _print_report(report: LoadtestReport, out: TextIO) -> None:
         file=out,
     )
     print(
-        f"throughput: {report.prepares_per_second:.0f} prepares/s  wall: {report.seconds:.2f} s",
+        f"throughput: {report.prepares_per_second:.0f} prepares/s  "
+        f"{_per_second(report.model_calls, report.seconds)} model calls/s  "
+        f"wall: {report.seconds:.2f} s",
         file=out,
     )
     print(
@@ -630,7 +637,9 @@ def _fleet(args: argparse.Namespace) -> int:
         file=sys.stdout,
     )
     print(
-        f"throughput: {report.prepares_per_second:.0f} prepares/s  wall: {report.seconds:.2f} s"
+        f"throughput: {report.prepares_per_second:.0f} prepares/s  "
+        f"{_per_second(report.model_calls, report.seconds)} model calls/s  "
+        f"wall: {report.seconds:.2f} s"
         f"  store: {report.store or 'off'}  lease takeovers: {report.takeovers}",
         file=sys.stdout,
     )
@@ -697,7 +706,9 @@ def _loadtest(args: argparse.Namespace) -> int:
     if args.sustained:
         return _sustained(args, trajectories, config, errors)
     total = count_model_calls(trajectories, sessions=args.sessions, turns=args.turns)
-    bar = _progress(args, total=total, unit="call")
+    # The bar counts model calls (prepares plus builds), as "model calls/s" in the
+    # summary does; "prepares/s" there counts prepares only.
+    bar = _progress(args, total=total, unit="model call")
     servers: list[MetricsServer] = []
 
     def on_open(foundation: Foundation) -> None:
@@ -709,7 +720,9 @@ def _loadtest(args: argparse.Namespace) -> int:
                     f"cannot serve metrics on 127.0.0.1:{args.metrics_port}: {exc.strerror or exc}."
                 ) from None
             servers.append(server)
-            print(f"serving metrics at {server.url}", file=sys.stderr, flush=True)
+            # Through tqdm, which clears the bar, writes the line and redraws it.
+            tqdm.write(f"serving metrics at {server.url}", file=sys.stderr)
+            sys.stderr.flush()
 
     acknowledged = (
         open(args.acknowledged_log, "a", encoding="utf-8")  # closed below
