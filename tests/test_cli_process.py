@@ -441,3 +441,68 @@ def test_a_reader_that_goes_away_is_exit_141_without_a_traceback() -> None:
         stderr = process.stderr.read()
         assert process.wait(timeout=HANG_GUARD) == 141
     assert stderr == b""
+
+
+# -- the progress bar and the lines around it -----------------------------------------
+
+_METRICS_LINE = re.compile(r"serving metrics at http://127\.0\.0\.1:\d+/metrics")
+
+
+def _terminal_lines(raw: bytes) -> list[str]:
+    """What a terminal shows of ``raw``: each line as left by its last carriage return."""
+    text = raw.decode().replace("\r\n", "\n")
+    return [line.rsplit("\r", 1)[-1] for line in text.split("\n")]
+
+
+def test_the_metrics_line_on_a_terminal_is_its_own_line_beside_the_bar() -> None:
+    """On a terminal the "serving metrics at" line is written through tqdm, which
+    clears the bar first: the line stands alone, and the bar goes on below it."""
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "turnloom", "loadtest", "--sessions", "20", "--metrics-port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=terminal,
+        cwd=ROOT,
+    )
+    os.close(terminal)
+    try:
+        stdout, _ = process.communicate(timeout=HANG_GUARD)
+        seen = b"".join(_drain(controller))
+    finally:
+        process.kill()
+        os.close(controller)
+    assert process.returncode == 0
+    lines = _terminal_lines(seen)
+    shown = [line for line in lines if "serving metrics at" in line]
+    assert len(shown) == 1
+    assert _METRICS_LINE.fullmatch(shown[0]), shown[0]
+    assert seen.decode().startswith("\rloadtest:")  # the bar was drawn before the line
+    assert "model call/s]" in seen.decode()
+    assert b"model calls/s" in stdout
+
+
+def test_the_metrics_line_is_the_first_stderr_line_and_the_run_exits_0() -> None:
+    done = turnloom_cli("loadtest", "--sessions", "5", "--metrics-port", "0")
+    assert done.returncode == 0
+    first = done.stderr.splitlines()[0]
+    assert _METRICS_LINE.fullmatch(first), done.stderr
+    assert done.stderr == first + "\n"
+
+
+def test_the_summary_rates_name_what_they_count(tmp_path: Path) -> None:
+    """ "prepares/s" counts prepares; "model calls/s" counts prepares plus builds, the
+    count the progress bar shows as "model call/s"."""
+    done = turnloom_cli("loadtest", "--sessions", "5", "--json", tmp_path / "report.json")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    report = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
+    lines = done.stdout.splitlines()
+    throughput = next(line for line in lines if line.startswith("throughput:"))
+    match = re.fullmatch(
+        r"throughput: (\d+) prepares/s  (\d+) model calls/s  wall: ([\d.]+) s", throughput
+    )
+    assert match is not None, throughput
+    assert int(match[1]) == round(report["prepares"] / report["seconds"])
+    assert int(match[2]) == round(report["model_calls"] / report["seconds"])
+    assert report["model_calls"] > report["prepares"]

@@ -138,6 +138,21 @@ def test_the_runtime_knows_stores_only_through_the_memory_protocol() -> None:
     assert _offenders("context", ("turnloom.stores",)) == {}
 
 
+def test_only_the_plot_module_imports_matplotlib() -> None:
+    """matplotlib is the ``plot`` extra: one module imports it, and only inside a call."""
+    users = {
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if any(_under(n, ("matplotlib",)) for n in imported_modules(p))
+    }
+    assert users == {"tools/plot.py"}
+    code = "import sys, turnloom.cli\nprint('matplotlib' in sys.modules)\n"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PACKAGE.parent
+    )
+    assert done.stdout == "False\n"
+
+
 def test_only_the_command_line_imports_tqdm() -> None:
     users = {
         str(p.relative_to(PACKAGE))

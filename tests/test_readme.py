@@ -24,9 +24,20 @@ def _blocks(language: str) -> list[str]:
 
 
 def _run_python(script: Path, code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` as a fresh program in the script's own folder, so files it
+    writes (``contexts.db``, ``memory.db``) start absent and stay out of the clone."""
     script.write_text(code, encoding="utf-8")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
+    }
     return subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, check=False, cwd=ROOT
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=script.parent,
+        env=env,
     )
 
 
@@ -34,9 +45,11 @@ def test_each_api_example_runs_and_prints_what_the_readme_says(tmp_path: Path) -
     """Each python block of the README runs and prints the text block that follows it."""
     examples = _blocks("python")
     outputs = _blocks("text")
-    assert len(examples) == len(outputs) >= 2
+    assert len(examples) == len(outputs) >= 7
     for index, (example, expected) in enumerate(zip(examples, outputs, strict=True)):
-        done = _run_python(tmp_path / f"example{index}.py", example)
+        folder = tmp_path / f"example{index}"
+        folder.mkdir()
+        done = _run_python(folder / "example.py", example)
         assert done.returncode == 0, done.stderr
         assert done.stdout == expected
 
@@ -127,3 +140,27 @@ def test_what_the_readme_commands_write_is_ignored_by_git() -> None:
     assert sorted(written) == ["inputs.jsonl", "report.json"]
     for name in written:
         assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), name
+
+
+def test_every_readme_code_block_is_a_language_the_suite_runs_or_checks() -> None:
+    """No fragment hides in an unchecked block: each fence is python (run, output
+    compared), text (that output), python host / text host / yaml (the host
+    example and its config), console or bash (commands checked above)."""
+    fences = re.findall(r"^```(.*)$", README, flags=re.MULTILINE)
+    languages = set(fences[0::2])
+    assert languages <= {"python", "text", "python host", "text host", "yaml", "console", "bash"}
+    python = _blocks("python")
+    assert all("\n..." not in block and "    ...  #" not in block for block in python)
+
+
+def test_what_the_readme_points_to_is_in_the_clone() -> None:
+    """Every relative link resolves inside the repository, and the only files named
+    outside it are the real-input data the README says stays outside."""
+    prose = re.sub(r"```.*?```", "", README, flags=re.DOTALL)
+    targets = re.findall(r"\]\(([^)#:\s]+)(?:#[^)]*)?\)", prose)
+    assert "docs/design.md" in targets
+    missing = [t for t in targets if not (ROOT / t).exists()]
+    assert missing == []
+    outside = set(re.findall(r"\.\./[\w./-]+", README))
+    assert {p for p in outside if not p.startswith("../shared/data/")} == set()
+    assert (ROOT / "LICENSE").is_file()

@@ -42,11 +42,13 @@ from turnloom.stores import SQLiteMemory, check_context_store
 from turnloom.tools.fleet import run_fleet
 from turnloom.tools.loadtest import (
     LoadtestReport,
+    LoadtestSamples,
     count_model_calls,
     loadtest,
     sustained_sessions,
 )
 from turnloom.tools.memory import add_memory_parser, run_memory
+from turnloom.tools.plot import check_plot_path, plot_loadtest
 from turnloom.tools.replay import REPLAY_LIMITS, ReplaySummary, replay
 from turnloom.tools.trajectories import (
     SAMPLE,
@@ -273,6 +275,13 @@ def _parser() -> argparse.ArgumentParser:
         "think time, starting at --sessions, and report it",
     )
     lt.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON")
+    lt.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE",
+        help="draw prepare latency, loop lag, GC pauses and throughput over the run "
+        "(FILE.png or FILE.svg; needs the plot extra)",
+    )
     _add_run_options(lt)
     lt.add_argument(
         "--store",
@@ -554,6 +563,11 @@ def _replay(args: argparse.Namespace) -> int:
 # -- loadtest ----------------------------------------------------------------------
 
 
+def _per_second(count: int, seconds: float) -> str:
+    """``count / seconds`` rounded, as the progress bar's rate of the same count."""
+    return f"{count / seconds:.0f}" if seconds > 0 else "0"
+
+
 def _print_report(report: LoadtestReport, out: TextIO) -> None:
     print(
         f"sessions: {report.sessions}  failed: {report.sessions_failed}  turns: {report.turns}  "
@@ -561,7 +575,9 @@ def _print_report(report: LoadtestReport, out: TextIO) -> None:
         file=out,
     )
     print(
-        f"throughput: {report.prepares_per_second:.0f} prepares/s  wall: {report.seconds:.2f} s",
+        f"throughput: {report.prepares_per_second:.0f} prepares/s  "
+        f"{_per_second(report.model_calls, report.seconds)} model calls/s  "
+        f"wall: {report.seconds:.2f} s",
         file=out,
     )
     print(
@@ -630,7 +646,9 @@ def _fleet(args: argparse.Namespace) -> int:
         file=sys.stdout,
     )
     print(
-        f"throughput: {report.prepares_per_second:.0f} prepares/s  wall: {report.seconds:.2f} s"
+        f"throughput: {report.prepares_per_second:.0f} prepares/s  "
+        f"{_per_second(report.model_calls, report.seconds)} model calls/s  "
+        f"wall: {report.seconds:.2f} s"
         f"  store: {report.store or 'off'}  lease takeovers: {report.takeovers}",
         file=sys.stdout,
     )
@@ -658,8 +676,17 @@ def _loadtest(args: argparse.Namespace) -> int:
     source = {"builtin": None, "sample": SAMPLE}.get(args.source, Path(args.source))
     paths = [source] if source is not None else []
     problems = _check_run_options(args) + _check_output("--json", args.json, paths)
+    if args.plot is not None:
+        unusable = check_plot_path(args.plot)
+        problems += [unusable] if unusable else _check_output("--plot", args.plot, paths)
+        if args.sustained:
+            problems.append("--plot draws one run; it cannot be used with --sustained.")
     if args.processes > 1:
-        given = {"--sustained": args.sustained, "--metrics-port": args.metrics_port is not None}
+        given = {
+            "--sustained": args.sustained,
+            "--metrics-port": args.metrics_port is not None,
+            "--plot": args.plot is not None,
+        }
         problems += [
             f"{option} runs in one process; it cannot be used with --processes."
             for option, used in given.items()
@@ -697,8 +724,11 @@ def _loadtest(args: argparse.Namespace) -> int:
     if args.sustained:
         return _sustained(args, trajectories, config, errors)
     total = count_model_calls(trajectories, sessions=args.sessions, turns=args.turns)
-    bar = _progress(args, total=total, unit="call")
+    # The bar counts model calls (prepares plus builds), as "model calls/s" in the
+    # summary does; "prepares/s" there counts prepares only.
+    bar = _progress(args, total=total, unit="model call")
     servers: list[MetricsServer] = []
+    samples = LoadtestSamples() if args.plot is not None else None
 
     def on_open(foundation: Foundation) -> None:
         if args.metrics_port is not None:
@@ -709,7 +739,9 @@ def _loadtest(args: argparse.Namespace) -> int:
                     f"cannot serve metrics on 127.0.0.1:{args.metrics_port}: {exc.strerror or exc}."
                 ) from None
             servers.append(server)
-            print(f"serving metrics at {server.url}", file=sys.stderr, flush=True)
+            # Through tqdm, which clears the bar, writes the line and redraws it.
+            tqdm.write(f"serving metrics at {server.url}", file=sys.stderr)
+            sys.stderr.flush()
 
     acknowledged = (
         open(args.acknowledged_log, "a", encoding="utf-8")  # closed below
@@ -734,6 +766,7 @@ def _loadtest(args: argparse.Namespace) -> int:
                 takeover_sessions=args.takeover_sessions,
                 lease_ttl=args.lease_ttl,
                 acknowledged_log=acknowledged,
+                samples=samples,
             ),
         )
     except (InputError, StoreError) as exc:
@@ -750,6 +783,11 @@ def _loadtest(args: argparse.Namespace) -> int:
         # Checked at the door; the report is on stdout even if this write fails.
         with _open_output("--json", args.json) as report_file:
             report_file.write(msgspec.json.format(msgspec.json.encode(report)) + b"\n")
+    if samples is not None:
+        try:
+            plot_loadtest(samples, report, args.plot)
+        except OSError as exc:
+            raise _Refused(f"cannot write --plot {args.plot}: {exc.strerror or exc}.") from None
     return 1 if report.sessions_failed or errors else 0
 
 

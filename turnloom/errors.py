@@ -35,9 +35,12 @@ The subclasses are grouped by how a caller reacts:
   key of one context holds what turnloom did not write
   (:class:`StoreKeyError`; an operator must repair or delete it).
 
-Lifecycle errors that mirror anyio's (a closed Foundation) live in
-``turnloom.runtime`` so that this module, which ``turnloom.context`` imports,
-never imports an event-loop library.
+* :class:`FoundationClosedError` -- the Foundation is closing or closed; stop
+  producing. It is also an :class:`anyio.ClosedResourceError`, so it is defined
+  in :mod:`turnloom.runtime.errors` and this module hands it out on first use:
+  ``from turnloom.errors import FoundationClosedError`` works, while
+  ``import turnloom.errors`` (which ``turnloom.context`` does) still never
+  imports an event-loop library.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ __all__ = (
     "ContextRemovedError",
     "DuplicateAreaError",
     "DuplicateIdError",
+    "FoundationClosedError",
     "FrozenValueError",
     "HostCallbackError",
     "InputError",
@@ -96,8 +100,25 @@ __all__ = (
 
 import reprlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
+
+if TYPE_CHECKING:
+    from turnloom.runtime.errors import FoundationClosedError
+
+
+def __getattr__(name: str) -> object:
+    """``FoundationClosedError``, imported from :mod:`turnloom.runtime.errors` on first use.
+
+    Raises:
+        AttributeError: ``name`` is not a lazily provided error.
+    """
+    if name == "FoundationClosedError":
+        from turnloom.runtime.errors import FoundationClosedError
+
+        return FoundationClosedError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Violation(msgspec.Struct, frozen=True, kw_only=True):

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 SECTION = README[README.index("## Assembly strategies") : README.index("## Metrics")]
-EXAMPLES = re.findall(r"```py\n(.*?)```", SECTION, flags=re.DOTALL)
+EXAMPLES = re.findall(r"```python\n(.*?)```", SECTION, flags=re.DOTALL)
 
 
 def test_the_section_has_one_example_per_strategy() -> None:

@@ -135,3 +135,38 @@ async def test_no_assembly_families_without_a_strategy() -> None:
         finally:
             server.close()
     assert not any(name.startswith("turnloom_assembl") for name, _ in samples)
+
+
+def _refuses_connections(host: str, port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+async def test_async_with_serves_inside_the_block_and_releases_the_port_on_exit() -> None:
+    """``async with serve_metrics(...)`` scrapes inside; on exit the server is closed."""
+    async with Foundation() as foundation:
+        async with serve_metrics(foundation.manager.statistics) as server:
+            assert not server.closed
+            samples = await anyio.to_thread.run_sync(_scrape, server.url)
+        assert server.closed
+        assert await anyio.to_thread.run_sync(_refuses_connections, server.host, server.port)
+        await server.aclose()  # idempotent
+        assert server.closed
+    assert samples[("turnloom_preparations_pending", ())] == 0
+
+
+async def test_with_closes_the_server_even_when_the_block_raises() -> None:
+    """The synchronous ``with`` form closes the server when its body raises."""
+    async with Foundation() as foundation:
+        with pytest.raises(KeyError), serve_metrics(foundation.manager.statistics) as server:
+            samples = await anyio.to_thread.run_sync(_scrape, server.url)
+            raise KeyError("boom")
+        assert server.closed
+        assert await anyio.to_thread.run_sync(_refuses_connections, server.host, server.port)
+        server.close()  # idempotent
+    assert samples[("turnloom_preparations_capacity", ())] == 16

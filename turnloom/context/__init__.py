@@ -31,6 +31,7 @@ __all__ = (
     "GatewayType",
     "HistoryLimits",
     "HistoryStatistics",
+    "HistoryView",
     "HydratedMemory",
     "ImagePart",
     "ImageRule",
@@ -104,7 +105,13 @@ from turnloom.context.coop import (
     plan_collection,
 )
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, Violation, get_gateway
-from turnloom.context.history import HistoryLimits, HistoryStatistics, TurnHistory, check_id
+from turnloom.context.history import (
+    HistoryLimits,
+    HistoryStatistics,
+    HistoryView,
+    TurnHistory,
+    check_id,
+)
 from turnloom.context.interruption import played_prefix
 from turnloom.context.journal import MutationJournal
 from turnloom.context.memory import (

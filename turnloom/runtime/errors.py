@@ -1,7 +1,9 @@
 """Lifecycle errors of the runtime, which mirror anyio's.
 
-They live here rather than in :mod:`turnloom.errors` so that the synchronous
-``turnloom.context`` layer never imports an event-loop library.
+They are defined here rather than in :mod:`turnloom.errors` so that the
+synchronous ``turnloom.context`` layer never imports an event-loop library;
+:mod:`turnloom.errors` hands them out on first use, so both import paths give
+the same class.
 """
 
 from __future__ import annotations

@@ -60,7 +60,11 @@ from turnloom.runtime.store import ContextStore
 
 
 class ContextManager:
-    """Keeps each context's history and prepares provider-native model inputs.
+    """Not a Python context manager: keeps each context's history and prepares model inputs.
+
+    "Context" here is an agent's conversation context; there is no ``with
+    ContextManager()``. The :class:`~turnloom.runtime.Foundation` it is bound
+    to is the async context manager that opens and closes it.
 
     Built by the host, then bound to the :class:`~turnloom.runtime.Foundation`
     that owns it from then on (both ways to make and bind one: see there);

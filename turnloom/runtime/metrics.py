@@ -63,8 +63,10 @@ __all__ = ("ManagerCollector", "MetricsServer", "serve_metrics")
 
 import threading
 from collections.abc import Callable, Iterator
+from types import TracebackType
 from wsgiref.simple_server import WSGIServer
 
+import anyio
 from prometheus_client import start_http_server
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -306,7 +308,13 @@ def _store_metrics(store: StoreStatistics) -> Iterator[Metric]:
 
 
 class MetricsServer:
-    """A running ``/metrics`` endpoint; stop it with :meth:`close`.
+    """A running ``/metrics`` endpoint; stop it with :meth:`close` or :meth:`aclose`.
+
+    It is a context manager both ways: ``with serve_metrics(...) as server:``
+    in synchronous code, ``async with serve_metrics(...) as server:`` on an
+    event loop (asyncio or trio); leaving the block stops the server, and
+    :meth:`aclose` waits for its thread in a worker thread so the loop keeps
+    running meanwhile.
 
     Attributes:
         host: the address it listens on.
@@ -319,6 +327,7 @@ class MetricsServer:
     ) -> None:
         self._server = server
         self._thread = thread
+        self._closed = False
         self.registry = registry
         self.host = str(server.server_address[0])
         self.port = int(server.server_address[1])
@@ -328,11 +337,55 @@ class MetricsServer:
         """``http://host:port/metrics``."""
         return f"http://{self.host}:{self.port}/metrics"
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` or :meth:`aclose` has run; the port is then released."""
+        return self._closed
+
     def close(self) -> None:
-        """Stop serving and wait for the server thread (idempotent)."""
+        """Stop serving and wait for the server thread (idempotent).
+
+        Blocks up to about half a second (the server's polling interval); on
+        an event loop use :meth:`aclose`.
+        """
+        if self._closed:
+            return
+        self._closed = True
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()
+
+    async def aclose(self) -> None:
+        """Stop serving, waiting for the server thread in a worker thread (idempotent).
+
+        Cancellation:
+            Not cancellable once started: a cancelled caller still gets the
+            server stopped and its port released before the cancellation
+            is delivered.
+        """
+        await anyio.to_thread.run_sync(self.close)
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> MetricsServer:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
 
 def serve_metrics(
@@ -349,7 +402,9 @@ def serve_metrics(
         host: the address to listen on; loopback by default.
 
     Returns:
-        the running server; call :meth:`MetricsServer.close` to stop it.
+        the running server; stop it with :meth:`MetricsServer.close` (or
+        :meth:`~MetricsServer.aclose`), or use it as a context manager
+        (``with`` or ``async with``).
 
     Raises:
         OSError: the address cannot be bound (for example, the port is taken).

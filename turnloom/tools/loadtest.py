@@ -14,6 +14,7 @@ from __future__ import annotations
 
 __all__ = (
     "LoadtestReport",
+    "LoadtestSamples",
     "SustainedReport",
     "count_model_calls",
     "loadtest",
@@ -107,6 +108,33 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
     takeovers: int = 0
 
 
+class LoadtestSamples(msgspec.Struct, kw_only=True):
+    """The raw measurements of one load test, each with its time (for ``--plot``).
+
+    Pass one to :func:`loadtest` (``samples=``) and it is filled as the run
+    goes. Times are seconds since the sessions started; durations are seconds.
+
+    Attributes:
+        prepare_at: when each delivered prepare returned, in order.
+        prepare_latency: each prepare's latency, matching ``prepare_at``.
+        lag_at: when each ticker wake-up happened.
+        lag: how late each wake-up was (the event-loop lag).
+        gc_at: when each garbage collection ended.
+        gc_pause: each collection's pause.
+        gc_generation: each collection's generation (2: a full collection).
+        seconds: the run's wall time.
+    """
+
+    prepare_at: list[float] = msgspec.field(default_factory=list)
+    prepare_latency: list[float] = msgspec.field(default_factory=list)
+    lag_at: list[float] = msgspec.field(default_factory=list)
+    lag: list[float] = msgspec.field(default_factory=list)
+    gc_at: list[float] = msgspec.field(default_factory=list)
+    gc_pause: list[float] = msgspec.field(default_factory=list)
+    gc_generation: list[int] = msgspec.field(default_factory=list)
+    seconds: float = 0.0
+
+
 def count_model_calls(
     trajectories: Sequence[Trajectory], *, sessions: int, turns: int | None = None
 ) -> int:
@@ -148,6 +176,7 @@ async def loadtest(
     takeover_sessions: int | None = None,
     lease_ttl: float = 10.0,
     acknowledged_log: TextIO | None = None,
+    samples: LoadtestSamples | None = None,
 ) -> LoadtestReport:
     """Run ``sessions`` concurrent sessions over ``trajectories`` (cycled).
 
@@ -196,6 +225,8 @@ async def loadtest(
         acknowledged_log: a text file to write ``"<context id> <turn id>"``
             lines to, one per commit a flush acknowledged, written at once
             (a test checks the store against it after killing the process).
+        samples: filled with every measurement and its time
+            (:class:`LoadtestSamples`), for a plot of the run.
 
     Returns:
         the report.
@@ -227,16 +258,22 @@ async def loadtest(
             raise InputError(str(parsed))
         scripts.append(parsed)
 
-    latencies: list[float] = []
-    lags: list[float] = []
+    recorded = samples if samples is not None else LoadtestSamples()
+    latencies = recorded.prepare_latency
+    lags = recorded.lag
     gc_pauses: list[tuple[int, float]] = []
     gc_started = [0.0]
+    origin = [time.perf_counter()]  # reset when the sessions start
 
     def on_gc(phase: str, info: dict[str, int]) -> None:
+        now = time.perf_counter()
         if phase == "start":
-            gc_started[0] = time.perf_counter()
+            gc_started[0] = now
         else:
-            gc_pauses.append((info["generation"], time.perf_counter() - gc_started[0]))
+            gc_pauses.append((info["generation"], now - gc_started[0]))
+            recorded.gc_at.append(now - origin[0])
+            recorded.gc_pause.append(now - gc_started[0])
+            recorded.gc_generation.append(info["generation"])
 
     opened = open_context_store(store) if store is not None else None
     gc.callbacks.append(on_gc)
@@ -267,6 +304,8 @@ async def loadtest(
             think_time=think_time,
             takeover_sessions=takeover_sessions,
             acknowledged_log=acknowledged_log,
+            recorded=recorded,
+            origin=origin,
         )
     finally:
         gc.callbacks.remove(on_gc)
@@ -292,11 +331,14 @@ async def _run(
     think_time: float,
     takeover_sessions: int | None,
     acknowledged_log: TextIO | None,
+    recorded: LoadtestSamples,
+    origin: list[float],
 ) -> LoadtestReport:
     errors: list[str] = []
     counts = {"turns": 0, "calls": 0, "failed": 0}
     rendering = [0.0]
     started = time.perf_counter()
+    origin[0] = started
     cpu_started = time.process_time()
 
     async with Foundation(manager) as foundation:
@@ -346,7 +388,9 @@ async def _run(
                             prefix = None
                         if prefix is None:
                             prefix = await manager.prepare(request)
-                        latencies.append(time.perf_counter() - begin)
+                        end = time.perf_counter()
+                        latencies.append(end - begin)
+                        recorded.prepare_at.append(end - started)
                         rendering[0] += prefix.render_seconds
                         continuation = []
                     elif prefix is None:
@@ -380,6 +424,7 @@ async def _run(
                 expected = anyio.current_time() + _TICK
                 await anyio.sleep(_TICK)
                 lags.append(max(0.0, anyio.current_time() - expected))
+                recorded.lag_at.append(time.perf_counter() - started)
 
         stop = anyio.Event()
         # What the process held before the sessions (modules, the scripts) is
@@ -411,6 +456,7 @@ async def _run(
         stats = manager.statistics()
         takeovers = manager.leases.takeovers
     seconds = time.perf_counter() - started
+    recorded.seconds = seconds
     cpu_seconds = time.process_time() - cpu_started
     return LoadtestReport(
         sessions=sessions,
