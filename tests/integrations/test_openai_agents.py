@@ -142,6 +142,9 @@ def test_the_session_is_bounded_by_the_managers_history_limits() -> None:
     asyncio.run(main())
 
 
+RECORDS = 5  # two runs: a commit each, the tool step, its reply, the second reply
+
+
 def test_the_session_is_durable_through_the_sqlite_store(tmp_path: Path) -> None:
     """A new process (a new Foundation on the same store) reads the same items."""
     url = f"sqlite:{tmp_path / 'contexts.db'}"
@@ -150,6 +153,9 @@ def test_the_session_is_durable_through_the_sqlite_store(tmp_path: Path) -> None
         async with open_context_store(url) as store:
             async with Foundation(gateway="openai_responses", store=store) as foundation:
                 await _two_runs(TurnloomSession("call-1", foundation.manager), _script())
+                # acknowledged: on disk before add_items returned, read by another connection
+                async with open_context_store(url) as other:
+                    assert len(await other.load("call-1")) == RECORDS
         async with open_context_store(url) as store:
             async with Foundation(gateway="openai_responses", store=store) as foundation:
                 session = TurnloomSession("call-1", foundation.manager)
