@@ -199,3 +199,30 @@ def test_importing_the_context_layer_loads_no_event_loop_library() -> None:
         cwd=PACKAGE.parent,
     )
     assert done.stdout.strip() == ""
+
+
+FRAMEWORKS = {
+    "integrations/openai_agents.py": "agents",
+    "integrations/livekit.py": "livekit",
+    "integrations/pipecat.py": "pipecat",
+}
+
+
+def test_the_core_never_imports_the_integrations_or_a_framework() -> None:
+    """Adapters sit on top: nothing outside ``integrations/`` imports them or their frameworks."""
+    forbidden = ("turnloom.integrations", *FRAMEWORKS.values())
+    found = _offenders("", forbidden)
+    assert {k: v for k, v in found.items() if not k.startswith("integrations/")} == {}
+
+
+def test_each_adapter_is_the_only_module_importing_its_framework() -> None:
+    """``integrations/__init__.py`` imports no framework; an adapter imports only its own."""
+    users = {
+        str(path.relative_to(PACKAGE)): sorted(
+            {f for f in FRAMEWORKS.values() if any(_under(n, (f,)) for n in imported_modules(path))}
+        )
+        for path in sorted(PACKAGE.rglob("*.py"))
+    }
+    held = {k: v for k, v in users.items() if v}
+    assert held == {k: [v] for k, v in FRAMEWORKS.items() if (PACKAGE / k).exists()}
+    assert "integrations/__init__.py" not in held

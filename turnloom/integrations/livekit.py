@@ -1,0 +1,254 @@
+"""A LiveKit Agents ``Agent`` whose model input comes from a turnloom context.
+
+LiveKit's way to own the model's context is to override ``Agent.llm_node``
+and hand ``Agent.default.llm_node`` the context to send; that is what
+:class:`TurnloomAgent` does, so turnloom is the one source of truth:
+
+* the user's turn is committed (``manager.accept_turn``) on
+  ``on_user_turn_completed`` (speech), or, for text input
+  (``session.run(user_input=...)``, ``generate_reply``), when the first
+  model call of the turn starts; a ``false_start`` hook returning True for
+  the turn's text retracts it (``manager.voice.retract_turn``) and answers
+  nothing (LiveKit's ``StopResponse``);
+* every model call sends turnloom's prepared input (``manager.prepare``, then
+  ``manager.build`` with the turn's recorded tool calls and results),
+  rendered for OpenAI Chat and converted to a LiveKit ``ChatContext``;
+* function tools: the calls and results LiveKit executed are recorded to the
+  turn before the model call that answers them;
+* the reply is recorded from the session's ``conversation_item_added``
+  event, which LiveKit emits once it knows what was played: an interrupted
+  reply carries only the text spoken before the barge-in
+  (``ChatMessage.interrupted``), and that is what enters history;
+* :meth:`TurnloomAgent.aclose_context` (call it on the session's ``close``
+  event: the caller hung up) removes the context.
+
+LiveKit's own ``ChatContext`` (``agent.chat_ctx``) is cut to the newest
+``framework_items`` items at each turn, so it stays bounded beside turnloom's.
+
+Concurrency: LiveKit Agents runs on asyncio only; so does this adapter. The
+Foundation must run on the session's event loop.
+
+Source: livekit-agents 1.8 ``voice/agent.py`` (``llm_node``,
+``on_user_turn_completed``, ``update_chat_ctx``), ``llm/chat_context.py``.
+"""
+
+from __future__ import annotations
+
+__all__ = ("TurnloomAgent",)
+
+import secrets
+from collections.abc import AsyncIterable, Callable
+from typing import Any
+
+from livekit.agents import Agent, llm
+from livekit.agents.llm import StopResponse
+from livekit.agents.voice import ModelSettings
+from livekit.agents.voice.events import ConversationItemAddedEvent
+
+from turnloom.context import GatewayType, Message, Role, TextPart, ToolCallPart, ToolResultPart
+from turnloom.errors import InvalidArgumentError, UnknownContextError
+from turnloom.runtime import ContextManager, ContextPrepareRequest, TurnSnapshot
+
+
+def _to_chat_ctx(items: tuple[dict[str, Any], ...]) -> llm.ChatContext:
+    """OpenAI Chat messages (turnloom's prepared input) as a LiveKit ChatContext."""
+    ctx = llm.ChatContext.empty()
+    for item in items:
+        role = item["role"]
+        if role == "tool":
+            ctx.insert(
+                llm.FunctionCallOutput(
+                    call_id=item["tool_call_id"], output=str(item["content"]), is_error=False
+                )
+            )
+            continue
+        content = item.get("content")
+        if isinstance(content, list):
+            content = "".join(part.get("text", "") for part in content)
+        if content:
+            ctx.add_message(role=role, content=content)
+        for call in item.get("tool_calls") or ():
+            function = call["function"]
+            ctx.insert(
+                llm.FunctionCall(
+                    call_id=call["id"], name=function["name"], arguments=function["arguments"]
+                )
+            )
+    return ctx
+
+
+class TurnloomAgent(Agent):
+    """A LiveKit ``Agent`` whose every model call is prepared by turnloom.
+
+    Args:
+        manager: a manager bound to an open Foundation on the session's event
+            loop, with the ``openai_chat`` gateway.
+        context_id: the call's turnloom context id.
+        instructions: the agent's instructions (pinned in turnloom; LiveKit
+            gets them too).
+        false_start: called with a committed user turn's text; True retracts
+            the turn and answers nothing. Default: never.
+        framework_items: how many items LiveKit's own ChatContext keeps.
+        **kwargs: passed to ``livekit.agents.Agent`` (``tools``, ``llm``, ...).
+
+    Raises:
+        InvalidArgumentError: the manager's gateway is not ``openai_chat``, or
+            ``framework_items`` is not positive.
+    """
+
+    def __init__(
+        self,
+        *,
+        manager: ContextManager,
+        context_id: str,
+        instructions: str,
+        false_start: Callable[[str], bool] | None = None,
+        framework_items: int = 8,
+        **kwargs: Any,
+    ) -> None:
+        if manager.gateway.type is not GatewayType.openai_chat:
+            raise InvalidArgumentError(
+                f"TurnloomAgent {context_id!r} needs a manager with the openai_chat gateway, "
+                f"not {manager.gateway.type.value}.",
+                field="manager",
+            )
+        if framework_items < 1:
+            raise InvalidArgumentError(
+                f"TurnloomAgent {context_id!r}: framework_items must be >= 1, "
+                f"not {framework_items}.",
+                field="framework_items",
+            )
+        super().__init__(instructions=instructions, **kwargs)
+        self.manager = manager
+        self.context_id = context_id
+        self._system = Message(role=Role.system, content=instructions)
+        self._false_start = false_start
+        self._framework_items = framework_items
+        self._turn: str | None = None  # the newest committed turn
+        self._user_item: str | None = None  # LiveKit's id of that turn's user message
+        self._recorded: set[str] = set()  # LiveKit item ids recorded to the turn
+
+    # -- LiveKit hooks -------------------------------------------------------------
+
+    async def on_enter(self) -> None:
+        """Subscribe to the session's ``conversation_item_added`` (the played replies)."""
+        self.session.on("conversation_item_added", self._on_item)
+
+    async def on_exit(self) -> None:
+        """Stop recording for this agent (a handoff or the session's end)."""
+        self.session.off("conversation_item_added", self._on_item)
+
+    async def on_user_turn_completed(
+        self, turn_ctx: llm.ChatContext, new_message: llm.ChatMessage
+    ) -> None:
+        """Commit the user's finished speech as a turn; retract it when it was a false start."""
+        self._commit(new_message)
+        if self._false_start is not None and self._false_start(new_message.text_content or ""):
+            self.retract_turn()
+            raise StopResponse()
+
+    async def llm_node(
+        self,
+        chat_ctx: llm.ChatContext,
+        tools: list[llm.Tool],
+        model_settings: ModelSettings,
+    ) -> AsyncIterable[Any]:
+        """Send turnloom's prepared input for the turn instead of LiveKit's own context."""
+        user = next((i for i in reversed(chat_ctx.items) if _is_user(i)), None)
+        if user is not None and user.id != self._user_item:
+            assert isinstance(user, llm.ChatMessage)
+            self._commit(user)
+            await self.update_chat_ctx(
+                self.chat_ctx.copy().truncate(max_items=self._framework_items)
+            )
+        turn = self._turn
+        if turn is None:  # a greeting before any user turn: LiveKit's context as is
+            async for chunk in Agent.default.llm_node(self, chat_ctx, tools, model_settings):
+                yield chunk
+            return
+        self._record_tools(chat_ctx, turn)
+        prefix = await self.manager.prepare(
+            ContextPrepareRequest(context_id=self.context_id, turn_id=turn)
+        )
+        outputs = self.manager.history(self.context_id).turn_messages(turn)[1:]
+        items = self.manager.build(prefix, outputs)
+        ctx = _to_chat_ctx(items)
+        async for chunk in Agent.default.llm_node(self, ctx, tools, model_settings):
+            yield chunk
+
+    # -- turnloom edits ------------------------------------------------------------
+
+    def retract_turn(self) -> None:
+        """Take back the newest user turn (a false start: ``manager.voice.retract_turn``)."""
+        if self._turn is not None:
+            self.manager.voice.retract_turn(self.context_id, self._turn)
+            self._turn = None
+
+    def aclose_context(self) -> None:
+        """The call ended: remove its context (``manager.remove_context``); idempotent."""
+        try:
+            self.manager.remove_context(self.context_id)
+        except UnknownContextError:
+            pass
+        self._turn = None
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _commit(self, message: llm.ChatMessage) -> None:
+        if message.id == self._user_item:
+            return
+        turn_id = f"t-{secrets.token_hex(8)}"
+        self.manager.accept_turn(
+            TurnSnapshot(
+                context_id=self.context_id,
+                turn_id=turn_id,
+                instructions=(self._system,),
+                input=(Message(role=Role.user, content=message.text_content or ""),),
+            )
+        )
+        self._turn, self._user_item = turn_id, message.id
+        self._recorded.clear()
+
+    def _record_tools(self, chat_ctx: llm.ChatContext, turn: str) -> None:
+        """Record the turn's executed function calls and their outputs, once each."""
+        items = chat_ctx.items
+        start = next(
+            (n for n in range(len(items) - 1, -1, -1) if items[n].id == self._user_item), -1
+        )
+        new: list[Message] = []
+        for item in items[start + 1 :]:
+            if item.id in self._recorded:
+                continue
+            if isinstance(item, llm.FunctionCall):
+                part: Any = ToolCallPart(
+                    call_id=item.call_id, name=item.name, arguments=item.arguments
+                )
+                new.append(Message(role=Role.assistant, content=(part,)))
+            elif isinstance(item, llm.FunctionCallOutput):
+                part = ToolResultPart(
+                    call_id=item.call_id,
+                    content=(TextPart(text=item.output),),
+                    is_error=item.is_error,
+                )
+                new.append(Message(role=Role.tool, content=(part,)))
+            else:
+                continue
+            self._recorded.add(item.id)
+        if new:
+            self.manager.record(self.context_id, turn, new)
+
+    def _on_item(self, event: ConversationItemAddedEvent) -> None:
+        item = event.item
+        if not isinstance(item, llm.ChatMessage) or item.role != "assistant":
+            return
+        if self._turn is None or item.id in self._recorded:
+            return
+        self._recorded.add(item.id)
+        text = item.text_content or ""  # interrupted: only what was played
+        if text.strip():
+            reply = Message(role=Role.assistant, content=(TextPart(text=text),))
+            self.manager.record(self.context_id, self._turn, [reply])
+
+
+def _is_user(item: llm.ChatItem) -> bool:
+    return isinstance(item, llm.ChatMessage) and item.role == "user"
