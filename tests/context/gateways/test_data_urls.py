@@ -32,6 +32,7 @@ from turnloom.context import (
     get_gateway,
     image_size,
 )
+from turnloom.context._media import canonical_media_type
 from turnloom.context.history import TurnHistory
 from turnloom.errors import InvalidMessageError, excerpt
 
@@ -469,9 +470,10 @@ def test_every_well_formed_data_url_renders_its_bytes_inline_on_every_provider(
     data: bytes, subtype: str, params: list[str]
 ) -> None:
     """Property: the door accepts ``data:image/<subtype>[;params];base64,<data>``; Anthropic
-    (when it takes the type) and Gemini carry the same type and bytes inline, OpenAI the URL."""
-    media = f"image/{subtype}"
-    url = f"data:{';'.join([media, *params])};base64,{base64.b64encode(data).decode()}"
+    (when it takes the type) and Gemini carry the same type (canonical: lower case, an
+    alias as its registered name) and bytes inline, OpenAI the URL."""
+    url = f"data:{';'.join([f'image/{subtype}', *params])};base64,{base64.b64encode(data).decode()}"
+    media = canonical_media_type(f"image/{subtype}")
     message = _user(ImagePart(url=url))
     check_message(message)
     [g_item] = get_gateway("gemini").render(message)
