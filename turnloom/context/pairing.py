@@ -445,8 +445,10 @@ def complete_pairs(
     with no content. A call left out under ``"exclude"`` that signs its
     model step (:data:`STEP_SIGNATURE_KEYS`) passes its signature to the
     step's first kept call (in whichever of the step's messages), so the
-    step is not sent unsigned. Messages that need no change are returned as
-    the same objects, so callers can cache their rendering by identity.
+    step is not sent unsigned; likewise a signature on a later call of a
+    step whose first call has none moves to the first call. Messages that
+    need no change are returned as the same objects, so callers can cache
+    their rendering by identity.
     With ``join`` other than ``"none"``, the completed messages then go
     through :func:`join_steps`.
 
@@ -530,8 +532,10 @@ def complete_pairs(
         if message.role is _ASSISTANT and tracker.open:
             if not continued:
                 owners = [len(out) - 1]  # it made the group's calls (the tracker holds them)
+                _lift_signature(out, owners)
             elif any(type(p) is ToolCallPart for p in cleaned):
                 owners.append(len(out) - 1)
+                _lift_signature(out, owners)
     if answered_later is None:
         _close(out, owners, tuple(tracker.open.values()), open_calls)
     elif open_calls == "exclude":
@@ -656,6 +660,41 @@ def _drop_calls(out: list[Message], owners: Sequence[int], left: Iterable[ToolCa
             out[k] = msgspec.structs.replace(message, content=kept)
     for k in reversed(emptied):
         del out[k]
+
+
+def _has_signature(part: ToolCallPart) -> bool:
+    return bool(part.extras) and any(k in part.extras for k in STEP_SIGNATURE_KEYS)  # type: ignore[operator]
+
+
+def _lift_signature(out: list[Message], owners: Sequence[int]) -> None:
+    """Move a step's signature to its first call when a later call carries it.
+
+    The step's calls are those of ``out[k]`` for ``k`` in ``owners``. Nothing
+    happens when the first call is signed or no call is. A host that splits
+    a step and records its calls in another order than the model's can put
+    the signed call after an unsigned one; Gemini reads the signature on the
+    step's first call only.
+    """
+    head = out[owners[0]]
+    first = next((p for p in head.parts if type(p) is ToolCallPart), None)
+    if first is None or _has_signature(first):
+        return
+    for k in owners:
+        for i, part in enumerate(out[k].parts):
+            if type(part) is ToolCallPart and part is not first and _has_signature(part):
+                extras = part.extras or {}
+                signature = {key: v for key, v in extras.items() if key in STEP_SIGNATURE_KEYS}
+                rest = {key: v for key, v in extras.items() if key not in STEP_SIGNATURE_KEYS}
+                parts = out[k].parts
+                unsigned = msgspec.structs.replace(part, extras=rest or None)
+                out[k] = msgspec.structs.replace(
+                    out[k], content=(*parts[:i], unsigned, *parts[i + 1 :])
+                )
+                head = out[owners[0]]
+                signed = _signed(head.parts, signature)
+                if signed is not None:
+                    out[owners[0]] = msgspec.structs.replace(head, content=signed)
+                return
 
 
 def _signed(kept: tuple[Part, ...], signature: dict[str, object]) -> tuple[Part, ...] | None:
