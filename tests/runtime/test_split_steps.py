@@ -468,3 +468,29 @@ async def test_a_gemini_split_step_signed_on_any_call_goes_out_signed_on_its_fir
         },
         {"role": "user", "parts": [_gemini_response(i, f"r{i}") for i in "ab"]},
     ]
+
+
+@pytest.mark.parametrize("kind", list(SPLIT_BODIES))
+async def test_a_result_for_a_call_its_step_closed_is_refused_not_dropped(kind: str) -> None:
+    """A host running tools as their calls stream records a result before the step's
+    last call: ``[a, b, result a]`` then ``[c, result b, result c]``. Call ``c``
+    after a result starts another step and closes ``b`` unanswered, so ``result b``
+    would answer nothing and ``b`` be left out, silently: refused, nothing changed."""
+    async with Foundation(gateway=kind) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(_turn("t1", user("q")))
+        assert manager.record("c", "t1", [call("a"), call("b"), result("a", "ra")]) == 3
+        with pytest.raises(AmbiguousStepError) as caught:
+            manager.record("c", "t1", [call("c"), result("b", "rb"), result("c", "rc")])
+        assert (caught.value.field, caught.value.call_id, caught.value.reason) == (
+            "Turn 't1' output[4]",
+            "b",
+            "closed_call",
+        )
+        assert len(manager.history("c").turn_messages("t1")) == 4
+        with pytest.raises(AmbiguousStepError) as caught:
+            manager.accept_turn(
+                _turn("t2", call("d"), call("e"), result("d"), call("f"), result("e"))
+            )
+        assert (caught.value.field, caught.value.call_id) == ("Turn 't2' input[4]", "e")
+        assert manager.history("c").turn_ids == ("t1",)
