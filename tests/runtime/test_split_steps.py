@@ -483,7 +483,7 @@ async def test_a_result_for_a_call_its_step_closed_is_refused_not_dropped(kind: 
         with pytest.raises(AmbiguousStepError) as caught:
             manager.record("c", "t1", [call("c"), result("b", "rb"), result("c", "rc")])
         assert (caught.value.field, caught.value.call_id, caught.value.reason) == (
-            "Turn 't1' output[4]",
+            "Turn 't1' output[1]",
             "b",
             "closed_call",
         )

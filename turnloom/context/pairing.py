@@ -330,10 +330,12 @@ def check_steps(
     """Refuse a batch holding a step that cannot be paired without guessing.
 
     ``messages`` follow ``before`` directly in one turn (the turn's messages
-    so far: only its trailing assistant messages matter). Each assistant
-    message is checked with :meth:`CallTracker.conflict` against the step it
-    follows. Entries that are not Messages are skipped (the caller's
-    message check names them). Pure: changes nothing.
+    so far: only its last step matters, its last run of assistant messages
+    and what follows). Each assistant message is checked with
+    :meth:`CallTracker.conflict` against the step it follows, and each
+    result against the calls whose group ended without them. Entries that
+    are not Messages are skipped (the caller's message check names them).
+    Pure: changes nothing.
 
     Args:
         messages: the batch, oldest first.
@@ -345,22 +347,33 @@ def check_steps(
     Raises:
         AmbiguousStepError: ``messages[i]`` would continue the step before
             it and repeats a call id of that step (``reason``
-            ``"duplicate_call_id"``). Its ``field`` names the message,
-            ``call_id`` the call.
+            ``"duplicate_call_id"``), or a tool result of ``messages[i]``
+            answers a call whose group ended before it without its result
+            (``"closed_call"``: the call and the result would be left out).
+            Its ``field`` names the message, ``call_id`` the call.
     """
     tracker = CallTracker()
+    # The last step of ``before``: its last run of assistant messages and what follows.
     tail = len(before)
-    while tail and isinstance(before[tail - 1], Message) and before[tail - 1].role is _ASSISTANT:
+
+    def assistant(k: int) -> bool:
+        return isinstance(before[k], Message) and before[k].role is _ASSISTANT
+
+    while tail and not assistant(tail - 1):
         tail -= 1
+    while tail and assistant(tail - 1):
+        tail -= 1
+    closed: set[str] = set()  # ids of calls a group ended without their result
     for earlier in before[tail:]:
-        tracker.feed(earlier)
+        closed.update(c.call_id for c in tracker.feed(earlier).closed)
     for i, message in enumerate(messages):
         if not isinstance(message, Message):
             tracker = CallTracker()
+            closed.clear()
             continue
+        index = i if indices is None else indices[i]
         conflict = tracker.conflict(message)
         if conflict is not None:
-            index = i if indices is None else indices[i]
             why = (
                 f"repeats call id {excerpt(conflict.call_id)} of the model step it "
                 "continues, so a result with that id would answer two calls"
@@ -372,7 +385,19 @@ def check_steps(
                 call_id=conflict.call_id,
                 reason=conflict.reason,
             )
-        tracker.feed(message)
+        step = tracker.feed(message)
+        late = next((r for r in step.orphans if r.call_id in closed), None)
+        if late is not None:
+            raise AmbiguousStepError(
+                f"{where}[{index}] answers call {excerpt(late.call_id)}, whose model step "
+                "ended before it (an assistant message after a result of that step starts "
+                "another), so the call and its result would be left out; record every call "
+                "of a model step before its results.",
+                field=f"{where}[{index}]",
+                call_id=late.call_id,
+                reason="closed_call",
+            )
+        closed.update(c.call_id for c in step.closed)
 
 
 def open_call_ids(messages: Sequence[Message]) -> tuple[str, ...]:
