@@ -236,14 +236,16 @@ class AmbiguousStepError(InvalidMessageError):
     A step is what the model emitted in one response, however the host split
     it into messages (see :class:`~turnloom.context.CallTracker`). Refused:
     an assistant message repeating a call id of the step it continues (which
-    call would a result with that id answer?), and a turn starting with an
+    call would a result with that id answer?), a turn starting with an
     assistant message that would continue the step the turn before it ends
-    with (a step belongs to one turn).
+    with (a step belongs to one turn), and a result answering a call whose
+    step ended before it (a call recorded after a result of its step starts
+    another step, leaving the earlier calls unanswered).
 
     Attributes:
         field: the offending message (``"Turn 't1' output[3]"``).
         call_id: its call at fault (``""`` for a message without calls).
-        reason: ``"duplicate_call_id"`` or ``"across_turns"``.
+        reason: ``"duplicate_call_id"``, ``"across_turns"`` or ``"closed_call"``.
     """
 
     def __init__(self, message: str, *, field: str, call_id: str, reason: str) -> None:

@@ -424,3 +424,73 @@ async def test_responses_items_with_a_message_between_calls_pair_as_parse_items_
         RESPONSES_NEXT_INPUT[4],
         *RESPONSES_RESULTS[:2],
     ]
+
+
+def _gemini_call(call_id: str, signature: str | None = None) -> dict[str, Any]:
+    part: dict[str, Any] = {"functionCall": {"id": call_id, "name": "lookup", "args": {}}}
+    if signature is not None:
+        part["thoughtSignature"] = signature
+    return {"role": "model", "parts": [part]}
+
+
+@pytest.mark.parametrize("signed", [0, 1])
+async def test_a_gemini_split_step_signed_on_any_call_goes_out_signed_on_its_first_call(
+    signed: int,
+) -> None:
+    """Gemini 3 rejects a current-turn step whose first ``functionCall`` is unsigned.
+
+    A host that splits a step and records its calls in another order (here the
+    signed call second) must still get a step signed on its first call; the
+    signature moves there, once (validate() clean on the prepared input).
+    """
+    gateway = get_gateway(GatewayType.gemini)
+    natives = [_gemini_call("a", "U0lH" if signed == 0 else None)]
+    natives.append(_gemini_call("b", "U0lH" if signed == 1 else None))
+    answers = [{"role": "user", "parts": [_gemini_response(i, f"r{i}")]} for i in ("b", "a")]
+    async with Foundation(gateway="gemini") as foundation:
+        manager = foundation.manager
+        manager.accept_turn(_turn("t1", user("q")))
+        manager.record("c", "t1", [gateway.parse(n) for n in natives])
+        manager.accept_turn(_turn("t2", *(gateway.parse(n) for n in answers)))
+        prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))
+        body = gateway.request_body(prefix.items)
+    assert gateway.validate(body["contents"]) == []
+    assert body["contents"][1:] == [
+        {
+            "role": "model",
+            "parts": [
+                {
+                    "functionCall": {"id": "a", "name": "lookup", "args": {}},
+                    "thoughtSignature": "U0lH",
+                },
+                {"functionCall": {"id": "b", "name": "lookup", "args": {}}},
+            ],
+        },
+        {"role": "user", "parts": [_gemini_response(i, f"r{i}") for i in "ab"]},
+    ]
+
+
+@pytest.mark.parametrize("kind", list(SPLIT_BODIES))
+async def test_a_result_for_a_call_its_step_closed_is_refused_not_dropped(kind: str) -> None:
+    """A host running tools as their calls stream records a result before the step's
+    last call: ``[a, b, result a]`` then ``[c, result b, result c]``. Call ``c``
+    after a result starts another step and closes ``b`` unanswered, so ``result b``
+    would answer nothing and ``b`` be left out, silently: refused, nothing changed."""
+    async with Foundation(gateway=kind) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(_turn("t1", user("q")))
+        assert manager.record("c", "t1", [call("a"), call("b"), result("a", "ra")]) == 3
+        with pytest.raises(AmbiguousStepError) as caught:
+            manager.record("c", "t1", [call("c"), result("b", "rb"), result("c", "rc")])
+        assert (caught.value.field, caught.value.call_id, caught.value.reason) == (
+            "Turn 't1' output[1]",
+            "b",
+            "closed_call",
+        )
+        assert len(manager.history("c").turn_messages("t1")) == 4
+        with pytest.raises(AmbiguousStepError) as caught:
+            manager.accept_turn(
+                _turn("t2", call("d"), call("e"), result("d"), call("f"), result("e"))
+            )
+        assert (caught.value.field, caught.value.call_id) == ("Turn 't2' input[4]", "e")
+        assert manager.history("c").turn_ids == ("t1",)

@@ -7,6 +7,9 @@ estimator reads the same data, so the three agree on what a data URL is:
 * a media type is ``type/subtype``, each a restricted name of at most 127
   characters (letters, digits and ``!#$&-^_.+``, starting with a letter or
   digit), nothing else: no parameters, no spaces, no control characters;
+  names are case-insensitive, and the gateways that take a media type as a
+  field send it in lower case, a common alias (``image/jpg``) as its
+  registered name (:func:`canonical_media_type`);
 * base64 data is the standard alphabet with its padding, or (a Gemini
   ``inlineData`` field, protobuf ``bytes``) the URL-safe one, checked by the
   standard library (``base64.b64decode(..., validate=True)``);
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 __all__ = (
     "base64_problem",
+    "canonical_media_type",
     "data_url_payload",
     "image_media_type_problem",
     "inline_image",
@@ -45,6 +49,9 @@ _PARAMETER = re.compile(rf"{_NAME}=[A-Za-z0-9!#$%&'*+.^_`{{|}}~-]+", re.ASCII)
 # The longest media type the grammar allows: two names and the slash.
 _MAX_MEDIA_TYPE = 127 * 2 + 1
 _TO_STANDARD = str.maketrans("-_", "+/")
+# Names hosts write for a registered type (``f"image/{extension}"`` gives
+# ``image/jpg``); providers take only the registered name.
+_ALIASES = {"image/jpg": "image/jpeg", "image/pjpeg": "image/jpeg", "image/x-png": "image/png"}
 
 
 def media_type_problem(value: str) -> str | None:
@@ -64,9 +71,18 @@ def media_type_problem(value: str) -> str | None:
 def image_media_type_problem(value: str) -> str | None:
     """What makes ``value`` no image media type, as a clause (None: it is one)."""
     problem = media_type_problem(value)
-    if problem is None and not value.startswith("image/"):
+    if problem is None and value[:6].lower() != "image/":
         return "is not an image type (image/...)"
     return problem
+
+
+def canonical_media_type(value: str) -> str:
+    """``value`` in lower case (names are case-insensitive), an alias as its registered name.
+
+    ``"IMAGE/PNG"`` gives ``"image/png"``, ``"image/jpg"`` gives ``"image/jpeg"``.
+    """
+    lowered = value.lower()
+    return _ALIASES.get(lowered, lowered)
 
 
 def is_image_media_type(value: object) -> bool:

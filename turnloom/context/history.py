@@ -1971,16 +1971,26 @@ def _blank_part(part: Part) -> bool:
 
 
 def _step_tail(turn: _Turn) -> list[Message]:
-    """The trailing assistant messages of ``turn``, oldest first: the step outputs may continue."""
+    """The last step of ``turn``, oldest first: what outputs may continue or answer.
+
+    Its last run of assistant messages and the results after it; nothing
+    when a message that is not a result follows the run (or the turn has none).
+    """
     tail: list[Message] = []
+    seen = False  # an assistant message was met
     for entries in (turn.outputs, turn.state, turn.input):
         for entry in reversed(entries):
-            if entry.message.role is not Role.assistant:
+            message = entry.message
+            if message.role is Role.assistant:
+                seen = True
+            elif seen or not (
+                message.role is Role.tool or (message.role is Role.user and message.tool_results)
+            ):
                 tail.reverse()
-                return tail
-            tail.append(entry.message)
+                return tail if seen else []
+            tail.append(message)
     tail.reverse()
-    return tail
+    return tail if seen else []
 
 
 def _check_turn_start(before: _Turn, first: Message, where: str) -> None:

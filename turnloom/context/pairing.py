@@ -330,10 +330,12 @@ def check_steps(
     """Refuse a batch holding a step that cannot be paired without guessing.
 
     ``messages`` follow ``before`` directly in one turn (the turn's messages
-    so far: only its trailing assistant messages matter). Each assistant
-    message is checked with :meth:`CallTracker.conflict` against the step it
-    follows. Entries that are not Messages are skipped (the caller's
-    message check names them). Pure: changes nothing.
+    so far: only its last step matters, its last run of assistant messages
+    and what follows). Each assistant message is checked with
+    :meth:`CallTracker.conflict` against the step it follows, and each
+    result against the calls whose group ended without them. Entries that
+    are not Messages are skipped (the caller's message check names them).
+    Pure: changes nothing.
 
     Args:
         messages: the batch, oldest first.
@@ -345,22 +347,33 @@ def check_steps(
     Raises:
         AmbiguousStepError: ``messages[i]`` would continue the step before
             it and repeats a call id of that step (``reason``
-            ``"duplicate_call_id"``). Its ``field`` names the message,
-            ``call_id`` the call.
+            ``"duplicate_call_id"``), or a tool result of ``messages[i]``
+            answers a call whose group ended before it without its result
+            (``"closed_call"``: the call and the result would be left out).
+            Its ``field`` names the message, ``call_id`` the call.
     """
     tracker = CallTracker()
+    # The last step of ``before``: its last run of assistant messages and what follows.
     tail = len(before)
-    while tail and isinstance(before[tail - 1], Message) and before[tail - 1].role is _ASSISTANT:
+
+    def assistant(k: int) -> bool:
+        return isinstance(before[k], Message) and before[k].role is _ASSISTANT
+
+    while tail and not assistant(tail - 1):
         tail -= 1
+    while tail and assistant(tail - 1):
+        tail -= 1
+    closed: set[str] = set()  # ids of calls a group ended without their result
     for earlier in before[tail:]:
-        tracker.feed(earlier)
+        closed.update(c.call_id for c in tracker.feed(earlier).closed)
     for i, message in enumerate(messages):
         if not isinstance(message, Message):
             tracker = CallTracker()
+            closed.clear()
             continue
+        index = i if indices is None else indices[i]
         conflict = tracker.conflict(message)
         if conflict is not None:
-            index = i if indices is None else indices[i]
             why = (
                 f"repeats call id {excerpt(conflict.call_id)} of the model step it "
                 "continues, so a result with that id would answer two calls"
@@ -372,7 +385,19 @@ def check_steps(
                 call_id=conflict.call_id,
                 reason=conflict.reason,
             )
-        tracker.feed(message)
+        step = tracker.feed(message)
+        late = next((r for r in step.orphans if r.call_id in closed), None)
+        if late is not None:
+            raise AmbiguousStepError(
+                f"{where}[{index}] answers call {excerpt(late.call_id)}, whose model step "
+                "ended before it (an assistant message after a result of that step starts "
+                "another), so the call and its result would be left out; record every call "
+                "of a model step before its results.",
+                field=f"{where}[{index}]",
+                call_id=late.call_id,
+                reason="closed_call",
+            )
+        closed.update(c.call_id for c in step.closed)
 
 
 def open_call_ids(messages: Sequence[Message]) -> tuple[str, ...]:
@@ -445,8 +470,10 @@ def complete_pairs(
     with no content. A call left out under ``"exclude"`` that signs its
     model step (:data:`STEP_SIGNATURE_KEYS`) passes its signature to the
     step's first kept call (in whichever of the step's messages), so the
-    step is not sent unsigned. Messages that need no change are returned as
-    the same objects, so callers can cache their rendering by identity.
+    step is not sent unsigned; likewise a signature on a later call of a
+    step whose first call has none moves to the first call. Messages that
+    need no change are returned as the same objects, so callers can cache
+    their rendering by identity.
     With ``join`` other than ``"none"``, the completed messages then go
     through :func:`join_steps`.
 
@@ -530,8 +557,10 @@ def complete_pairs(
         if message.role is _ASSISTANT and tracker.open:
             if not continued:
                 owners = [len(out) - 1]  # it made the group's calls (the tracker holds them)
+                _lift_signature(out, owners)
             elif any(type(p) is ToolCallPart for p in cleaned):
                 owners.append(len(out) - 1)
+                _lift_signature(out, owners)
     if answered_later is None:
         _close(out, owners, tuple(tracker.open.values()), open_calls)
     elif open_calls == "exclude":
@@ -656,6 +685,41 @@ def _drop_calls(out: list[Message], owners: Sequence[int], left: Iterable[ToolCa
             out[k] = msgspec.structs.replace(message, content=kept)
     for k in reversed(emptied):
         del out[k]
+
+
+def _has_signature(part: ToolCallPart) -> bool:
+    return bool(part.extras) and any(k in part.extras for k in STEP_SIGNATURE_KEYS)  # type: ignore[operator]
+
+
+def _lift_signature(out: list[Message], owners: Sequence[int]) -> None:
+    """Move a step's signature to its first call when a later call carries it.
+
+    The step's calls are those of ``out[k]`` for ``k`` in ``owners``. Nothing
+    happens when the first call is signed or no call is. A host that splits
+    a step and records its calls in another order than the model's can put
+    the signed call after an unsigned one; Gemini reads the signature on the
+    step's first call only.
+    """
+    head = out[owners[0]]
+    first = next((p for p in head.parts if type(p) is ToolCallPart), None)
+    if first is None or _has_signature(first):
+        return
+    for k in owners:
+        for i, part in enumerate(out[k].parts):
+            if type(part) is ToolCallPart and part is not first and _has_signature(part):
+                extras = part.extras or {}
+                signature = {key: v for key, v in extras.items() if key in STEP_SIGNATURE_KEYS}
+                rest = {key: v for key, v in extras.items() if key not in STEP_SIGNATURE_KEYS}
+                parts = out[k].parts
+                unsigned = msgspec.structs.replace(part, extras=rest or None)
+                out[k] = msgspec.structs.replace(
+                    out[k], content=(*parts[:i], unsigned, *parts[i + 1 :])
+                )
+                head = out[owners[0]]
+                signed = _signed(head.parts, signature)
+                if signed is not None:
+                    out[owners[0]] = msgspec.structs.replace(head, content=signed)
+                return
 
 
 def _signed(kept: tuple[Part, ...], signature: dict[str, object]) -> tuple[Part, ...] | None:

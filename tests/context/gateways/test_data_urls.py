@@ -32,6 +32,7 @@ from turnloom.context import (
     get_gateway,
     image_size,
 )
+from turnloom.context._media import canonical_media_type
 from turnloom.context.history import TurnHistory
 from turnloom.errors import InvalidMessageError, excerpt
 
@@ -469,9 +470,10 @@ def test_every_well_formed_data_url_renders_its_bytes_inline_on_every_provider(
     data: bytes, subtype: str, params: list[str]
 ) -> None:
     """Property: the door accepts ``data:image/<subtype>[;params];base64,<data>``; Anthropic
-    (when it takes the type) and Gemini carry the same type and bytes inline, OpenAI the URL."""
-    media = f"image/{subtype}"
-    url = f"data:{';'.join([media, *params])};base64,{base64.b64encode(data).decode()}"
+    (when it takes the type) and Gemini carry the same type (canonical: lower case, an
+    alias as its registered name) and bytes inline, OpenAI the URL."""
+    url = f"data:{';'.join([f'image/{subtype}', *params])};base64,{base64.b64encode(data).decode()}"
+    media = canonical_media_type(f"image/{subtype}")
     message = _user(ImagePart(url=url))
     check_message(message)
     [g_item] = get_gateway("gemini").render(message)
@@ -505,3 +507,51 @@ def test_a_data_url_with_a_foreign_character_in_its_base64_is_refused(
     with pytest.raises(InvalidMessageError) as info:
         check_message(_user(ImagePart(url=url)))
     assert (type(info.value), info.value.field) == (InvalidMessageError, "content[0].url")
+
+
+# Host-written media types that name a type Anthropic and Gemini take: the
+# ``.jpg`` alias (``f"image/{extension}"``) and other case (RFC 6838 section
+# 4.2: type and subtype names are case-insensitive).
+_ALIASES = {
+    "image/jpg": "image/jpeg",
+    "image/PNG": "image/png",
+    "IMAGE/JPEG": "image/jpeg",
+    "Image/Webp": "image/webp",
+}
+
+
+@pytest.mark.parametrize("written", list(_ALIASES))
+@pytest.mark.parametrize("form", ["data", "url"])
+def test_an_image_type_alias_or_other_case_renders_as_the_canonical_type(
+    written: str, form: str
+) -> None:
+    """Never dropped on Anthropic: the canonical lower-case type goes out, as on Gemini."""
+    part = (
+        ImagePart(data=_PNG, media_type=written)
+        if form == "data"
+        else ImagePart(url=f"DATA:{written};base64,{_PNG}")
+    )
+    message = _user(TextPart(text="What is this?"), part)
+    check_message(message)
+    canonical = _ALIASES[written]
+    assert get_gateway("anthropic").render(message) == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is this?"},
+                {
+                    "type": "image",
+                    "source": {"type": "base64", "media_type": canonical, "data": _PNG},
+                },
+            ],
+        }
+    ]
+    assert get_gateway("gemini").render(message) == [
+        {
+            "role": "user",
+            "parts": [
+                {"text": "What is this?"},
+                {"inlineData": {"mimeType": canonical, "data": _PNG}},
+            ],
+        }
+    ]

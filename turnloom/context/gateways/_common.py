@@ -23,7 +23,12 @@ import json
 import logging
 from typing import Any
 
-from turnloom.context._media import inline_image, is_image_media_type, standard_base64
+from turnloom.context._media import (
+    canonical_media_type,
+    inline_image,
+    is_image_media_type,
+    standard_base64,
+)
 from turnloom.context.gateway import Violation
 from turnloom.context.message import (
     MAX_JSON_DEPTH,
@@ -236,18 +241,23 @@ def render_inline(part: ImagePart) -> tuple[str, str] | None:
     """The ``(media type, base64 data)`` ``part`` carries inline; None for a plain URL.
 
     Base64 ``data`` with its ``media_type``, or the type and data of a
-    ``data:`` URL (the door checked it, see :func:`~turnloom.context.check_message`).
+    ``data:`` URL (the door checked it, see :func:`~turnloom.context.check_message`);
+    the type in its canonical form (``image/jpg`` as ``image/jpeg``, see
+    :func:`~turnloom.context._media.canonical_media_type`).
 
     Raises:
         InvalidMessageError: ``part.url`` is a malformed data URL (a message
             rendered without passing the door).
     """
     try:
-        return inline_image(part.url, part.data, part.media_type)
+        inline = inline_image(part.url, part.data, part.media_type)
     except ValueError as exc:
         raise InvalidMessageError(
             f"An image's url is a data URL that {exc}.", field="url"
         ) from None
+    if inline is None:
+        return None
+    return canonical_media_type(inline[0]), inline[1]
 
 
 def split_image_url(url: object) -> tuple[str, str] | None:
