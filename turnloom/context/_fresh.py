@@ -19,10 +19,12 @@ sharing the atoms costs about what decoding does, keeps every value's type
 
 from __future__ import annotations
 
-__all__ = ("fresh_items", "fresh_json")
+__all__ = ("fresh_items", "fresh_json", "fresh_messages")
 
 from collections.abc import Iterable
 from typing import Any, TypeVar
+
+import msgspec
 
 _T = TypeVar("_T")
 
@@ -93,3 +95,59 @@ def fresh_items(items: Iterable[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
         return tuple([_copy(item) for item in items])
     except RecursionError:
         return tuple([_copy_deep(item) for item in items])
+
+
+def fresh_messages(messages: Iterable[_T]) -> tuple[_T, ...]:
+    """``messages`` (frozen msgspec Structs) as a tuple, each copied where it holds a dict or list.
+
+    A Message is frozen and its content a tuple of frozen parts, so most are
+    handed out as they are; one whose ``extras``, ``layout`` or an opaque
+    part's ``item`` (at any depth of its parts) is a dict or list is a new
+    Message whose dicts and lists are new (:func:`fresh_json`): a host's
+    edit of them never reaches the kept message, so never a later render.
+    Costs a look at each field of each part; a copy only where one is mutable.
+    """
+    return tuple([_fresh_struct(m) if _mutable(m) else m for m in messages])
+
+
+def _mutable(value: Any) -> bool:
+    """True when the Message or part ``value`` holds a dict or list, at any depth of its parts."""
+    if getattr(value, "extras", None) is not None or getattr(value, "layout", None) is not None:
+        return True
+    item = getattr(value, "item", None)
+    if item is not None and type(item) in (dict, list):
+        return True
+    content = getattr(value, "content", None)
+    return type(content) is tuple and any(map(_mutable, content))
+
+
+def _fresh_struct(value: Any) -> Any:
+    """``value`` (a Struct), or a copy of it with each mutable field copied (see above)."""
+    changes: dict[str, Any] | None = None
+    for name in value.__struct_fields__:
+        field = getattr(value, name)
+        kind = type(field)
+        if kind is dict or kind is list:
+            fresh = fresh_json(field)
+        elif kind is tuple and field:
+            fresh = _fresh_tuple(field)
+        elif isinstance(field, msgspec.Struct):
+            fresh = _fresh_struct(field)
+        else:
+            continue
+        if fresh is not field:
+            if changes is None:
+                changes = {}
+            changes[name] = fresh
+    return msgspec.structs.replace(value, **changes) if changes else value
+
+
+def _fresh_tuple(value: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``value``, or a new tuple where one of its elements needed a copy."""
+    out = [
+        _fresh_struct(v)
+        if isinstance(v, msgspec.Struct)
+        else (fresh_json(v) if type(v) in (dict, list, tuple) else v)
+        for v in value
+    ]
+    return tuple(out) if any(a is not b for a, b in zip(out, value, strict=True)) else value
