@@ -706,12 +706,12 @@ def test_an_eviction_that_renames_anew_keeps_the_items_and_body_of_a_cold_render
     history.record("t2", [call("c1"), result("c1", "r2"), assistant("A2")])
     history.commit("t3", [user("c")])
     before = history.view().render(gateway, "t3")
-    previous = before.items
+    previous = before.native_items._shared()  # the kept items (``items`` are copies)
     assert history.evict() == ("t1",)  # t2's c1 was renamed after t1's: now it is the first
     rendered = history.view().render(gateway, "t3")
     assert renamed_anew == [1]
     rendered.native_items.adopt(before.native_items)
-    items = rendered.items
+    items = rendered.native_items._shared()
     messages = complete_pairs(list(history.view().input_messages("t3")))
     assert list(items) == rename_call_ids(kind, [i for m in messages for i in gateway.render(m)])
     assert rendered.body is not None

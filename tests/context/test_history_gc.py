@@ -119,7 +119,7 @@ def test_history_bookkeeping_and_cached_items_are_not_tracked(tau_bench_path: Pa
     alone = [t.entries(True)[0] for t in history._turns[:-1] if len(t.entries(True)) == 1]
     assert kept == [e for e in alone if type(e.encoded) is bytes]
     assert [type(o).__name__ for o in objects if gc.is_tracked(o)] == []
-    items = renders[-1].items
+    items = renders[-1].native_items._shared()  # the kept items (``items`` are copies)
     assert len(items) == sum(len(CHAT.render(m)) for m in _complete(history))
     tracked = [c for item in items for c in _containers(item) if gc.is_tracked(c)]
     assert tracked == []
@@ -280,7 +280,8 @@ def test_untracked_item_dict_is_tracked_again_when_a_container_is_stored(
     """Invariant (CPython, relied on by the render cache): a cached item dict that
     someone stores a container into becomes tracked again."""
     history = _history(tau_bench_path, 1)
-    item = next(i for i in _render_all(history, CHAT)[-1].items if "tool_calls" in i)
+    kept = _render_all(history, CHAT)[-1].native_items._shared()
+    item = next(i for i in kept if "tool_calls" in i)
     assert (gc.is_tracked(item), gc.is_tracked(item["tool_calls"])) == (False, False)
     item["extra"] = [1]
     assert (gc.is_tracked(item), gc.is_tracked(item["tool_calls"])) == (True, False)

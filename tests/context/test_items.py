@@ -93,10 +93,10 @@ def test_adopted_items_are_the_earlier_decoded_objects() -> None:
     encoded = tuple(map(encode_item, items))
     epoch = object()
     earlier = NativeItems((), encoded[:4], (), epoch, 0)
-    decoded = earlier.materialize()
+    decoded = earlier._shared()
     later = NativeItems((), encoded[1:6], (), epoch, 1)  # one item dropped at the front
     later.adopt(earlier)
-    got = later.materialize()
+    got = later._shared()
     assert got == tuple(items[1:6])
     assert [x is y for x, y in zip(got, decoded[1:4], strict=False)] == [True, True, True]
     assert got[3] is not decoded[-1]
@@ -104,20 +104,25 @@ def test_adopted_items_are_the_earlier_decoded_objects() -> None:
     # objects, in any position; equal bytes in other objects are decoded anew.
     other = NativeItems((), (encoded[2], bytes(bytearray(encoded[1])), encoded[0]), (), object())
     other.adopt(earlier)
-    got = other.materialize()
+    got = other._shared()
     assert got == (items[2], items[1], items[0])
     assert [got[0] is decoded[2], got[1] is decoded[1], got[2] is decoded[0]] == [True, False, True]
 
 
 def test_decoded_items_are_untracked_by_the_collector() -> None:
-    """Invariant (CPython): decoded items, like the render cache's, are not tracked
-    by the cyclic collector (a held prefix adds no tracked objects per item)."""
+    """Invariant (CPython): the kept decoded items, like the render cache's, are not
+    tracked by the cyclic collector (a held prefix adds no tracked objects per item);
+    the copies ``materialize`` hands out are new and tracked."""
     if sys.implementation.name != "cpython":
         return
     item = {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f"}}]}
-    items = NativeItems((), (encode_item(item),) * 3).materialize()
+    items = NativeItems((), (encode_item(item),) * 3)._shared()
     assert items == (item,) * 3
     assert [gc.is_tracked(i) or gc.is_tracked(i["tool_calls"]) for i in items] == [False] * 3
+    copies = NativeItems((), (encode_item(item),) * 3, (items[0],)).materialize()
+    assert copies == (item,) * 4
+    assert [gc.is_tracked(c) and gc.is_tracked(c["tool_calls"]) for c in copies] == [True] * 4
+    assert not any(c is i or c["tool_calls"] is i["tool_calls"] for c in copies for i in items)
 
 
 def test_encode_item_is_exact_and_equal_to_msgspec() -> None:
@@ -192,7 +197,7 @@ def test_items_of_another_chunked_run_are_reused_chunk_by_chunk() -> None:
     enc = [encode_item(i) for i in items]
     groups = [[enc[0], enc[1]], [enc[2]], [], [enc[3], enc[4]]]
     earlier = NativeItems((items[6],), _chunked(groups, 0), (), object())
-    decoded = earlier.materialize()
+    decoded = earlier._shared()
     old = earlier._encoded
     assert isinstance(old, ChunkedSpan)
     chunks = old._chunks
@@ -209,7 +214,7 @@ def test_items_of_another_chunked_run_are_reused_chunk_by_chunk() -> None:
     ]
     later = NativeItems((items[6],), _chunked(later_groups, 1, later_chunks), (), object())
     later.adopt(earlier)
-    got = later.materialize()
+    got = later._shared()
     assert got == (items[6], items[2], items[3], changed, items[5])
     assert [g is d for g, d in zip(got, (decoded[0], decoded[3], decoded[4]), strict=False)] == [
         True,

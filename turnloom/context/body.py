@@ -35,8 +35,11 @@ __all__ = (
     "EncodedBody",
     "body_writer",
     "encode_fields",
+    "kept_body",
     "reserved_fields",
     "with_fields",
+    "write_body",
+    "written_body",
 )
 
 import array
@@ -44,10 +47,11 @@ import gc
 import math
 import operator
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
+from turnloom.context._fresh import fresh_json
 from turnloom.context._untrack import untrack_atoms, untrack_container
 from turnloom.context.callids import CallIdRenamer
 from turnloom.context.gateway import Gateway, NativeContent
@@ -61,6 +65,7 @@ from turnloom.context.items import (
 from turnloom.errors import InvalidArgumentError, excerpt, what_type
 
 _encode = msgspec.json.Encoder().encode
+_G = TypeVar("_G")
 
 
 class BodyWriter:
@@ -217,6 +222,51 @@ def body_writer(gateway: Gateway, *, renamed: bool = False) -> BodyWriter | None
     if renamed:
         writer.renamer = None
     return writer
+
+
+def write_body(writer: BodyWriter, items: Sequence[NativeContent]) -> dict[str, Any]:
+    """The request body of ``items`` fed to the fresh ``writer``, in new containers.
+
+    What the built-in gateways' ``request_body`` returns: the writer's
+    top-level fields, then its item list (``writer.field``), copied by
+    :func:`~turnloom.context._fresh.fresh_json` so that no dict or list of
+    the body is one of ``items``' (or of anything turnloom keeps, when the
+    items are a prefix's): the caller may change the body freely (a
+    ``cache_control`` mark on its last block, say), and that change
+    reaches neither ``items`` nor any later body.
+    """
+    return fresh_json(_written(writer, items))
+
+
+def _written(writer: BodyWriter, items: Sequence[NativeContent]) -> dict[str, Any]:
+    """The request body of ``items`` fed to the fresh ``writer``, sharing the items' containers."""
+    out: list[NativeContent] = []
+    writer.feed(items, out)
+    return {**writer.finish(out), writer.field: out}
+
+
+def kept_body(gateway: Gateway, items: Sequence[NativeContent]) -> dict[str, Any]:
+    """``gateway.request_body(items)`` without the copy, for turnloom's own encoding.
+
+    The body shares the items' containers: only for a caller that encodes
+    it at once and hands out nothing of it (a gateway without a body
+    writer gets its own ``request_body``).
+    """
+    writer = body_writer(gateway) if type(gateway).request_body in _WRITTEN else None
+    if writer is None:
+        return gateway.request_body(items)
+    return _written(writer, items)
+
+
+# The request_body functions that are write_body of their class's body_writer
+# (the built-in gateways'; a subclass overriding request_body is not one).
+_WRITTEN: set[Any] = set()
+
+
+def written_body(cls: type[_G]) -> type[_G]:
+    """Class decorator: ``cls.request_body`` is :func:`write_body` of ``cls.body_writer()``."""
+    _WRITTEN.add(cls.request_body)  # type: ignore[attr-defined]
+    return cls
 
 
 def reserved_fields(gateway: Gateway) -> frozenset[str]:

@@ -99,6 +99,7 @@ from typing import cast
 
 import msgspec
 
+from turnloom.context._fresh import fresh_messages
 from turnloom.context._untrack import GC_UNTRACK as _GC_UNTRACK
 from turnloom.context._untrack import untrack_atoms, untrack_container, untrack_json
 from turnloom.context.body import BodyRun, EncodedBody, body_writer
@@ -323,8 +324,10 @@ class RenderedHistory:
         items: tuple of NativeContent, oldest first: pinned instructions, the
             turns before the turn, then the turn's input. Decoded from
             ``native_items`` on first read (the closed turns are kept
-            encoded); the items are shared with the render caches and must be
-            treated as read-only.
+            encoded) and kept; each read returns a new copy of them
+            (:meth:`~turnloom.context.items.NativeItems.materialize`: new
+            dicts and lists, shared with nothing), which the caller may change
+            without changing any later render or input.
         native_items: the same items as :class:`~turnloom.context.items.NativeItems`,
             the closed turns still encoded (nothing decoded until read).
         item_count: ``len(items)``.
@@ -397,7 +400,7 @@ class RenderedHistory:
 
     @property
     def items(self) -> tuple[NativeContent, ...]:
-        """The items (see the class docstring), decoded on first read."""
+        """A new copy of the items (see the class docstring), decoded on first read."""
         return self.native_items.materialize()
 
     def bytes_before(self, count: int) -> int:
@@ -1360,6 +1363,13 @@ class HistoryView:
 
     Obtained from :meth:`TurnHistory.view` in O(1). The view keeps the turns
     it saw alive, so a later eviction does not change what it renders.
+
+    What it returns is never shared with what the history keeps: a message
+    holding a dict (``extras``, ``layout``, an opaque part's ``item``) is
+    returned as a copy with new dicts (the others are frozen all through and
+    returned as they are), and a render's ``items`` are new containers each
+    read (see :class:`RenderedHistory`); a caller's edit of them reaches no
+    later render or prepared input.
     """
 
     __slots__ = ("_evicted", "_generation", "_held", "_pinned", "_shared", "_turns")
@@ -1384,8 +1394,8 @@ class HistoryView:
 
     @property
     def pinned(self) -> tuple[Message, ...]:
-        """The pinned instruction messages, in order."""
-        return tuple(e.message for e in self._pinned)
+        """The pinned instruction messages, in order (see the class docstring: copies)."""
+        return fresh_messages(e.message for e in self._pinned)
 
     @property
     def turn_ids(self) -> tuple[str, ...]:
@@ -1400,7 +1410,7 @@ class HistoryView:
         """
         for turn in self._turns:
             if turn.turn_id == turn_id:
-                return tuple(e.message for e in turn.input + turn.outputs)
+                return fresh_messages(e.message for e in turn.input + turn.outputs)
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
     def turn_input(self, turn_id: str) -> tuple[Message, ...]:
@@ -1411,7 +1421,7 @@ class HistoryView:
         """
         for turn in reversed(self._turns):
             if turn.turn_id == turn_id:
-                return tuple(e.message for e in turn.input)
+                return fresh_messages(e.message for e in turn.input)
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
     def turn_state(self, turn_id: str) -> tuple[Message, ...]:
@@ -1423,7 +1433,7 @@ class HistoryView:
         for turn in reversed(self._turns):
             if turn.turn_id == turn_id:
                 state = turn.state
-                return tuple([e.message for e in state]) if state else ()
+                return fresh_messages(e.message for e in state) if state else ()
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
     def render(
@@ -1650,7 +1660,7 @@ class HistoryView:
 
     def messages(self) -> tuple[Message, ...]:
         """Every kept turn's input then outputs, oldest first (pinned excluded)."""
-        return tuple(e.message for t in self._turns for e in (*t.input, *t.outputs))
+        return fresh_messages(e.message for t in self._turns for e in (*t.input, *t.outputs))
 
     def scope_messages(self, turn_id: str) -> tuple[Message, ...]:
         """The messages a scope of :meth:`render_scoped` indexes, in order.
@@ -1663,7 +1673,7 @@ class HistoryView:
         position = self._position(turn_id)
         out = [e.message for t in self._turns[:position] for e in (*t.input, *t.outputs)]
         out.extend(e.message for e in self._turns[position].input)
-        return tuple(out)
+        return fresh_messages(out)
 
     def _position(self, turn_id: str) -> int:
         for position in range(len(self._turns) - 1, -1, -1):
@@ -1688,7 +1698,7 @@ class HistoryView:
         for turn in self._turns:
             if turn.turn_id == turn_id:
                 out.extend(e.message for e in turn.input)
-                return tuple(out)
+                return fresh_messages(out)
             out.extend(turn.messages(True))
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
@@ -2368,9 +2378,10 @@ class TurnHistory:
         turns before it), in practice.
 
         Returns:
-            the open calls, in call order; empty for an empty history.
+            the open calls, in call order; empty for an empty history (a call
+            holding ``extras`` is a copy with new dicts, as a view returns).
         """
-        return tuple(_calls_after(self._turns)[0].values())
+        return fresh_messages(_calls_after(self._turns)[0].values())
 
     def has_turn(self, turn_id: str) -> bool:
         """True when ``turn_id`` is kept (committed and not evicted); O(1)."""

@@ -7,7 +7,7 @@ objects the encoded request body is joined from), not as dicts. A render
 hands them out as :class:`NativeItems`: the items before the run (native),
 the run's encoded items, then the items after it (native). Building one is
 O(1) beyond a C-speed copy of the run's references; the native tuple is
-decoded once, on first :meth:`NativeItems.materialize`, and then kept by the
+decoded once, on first read, and then kept by the
 object (not by the history). Decoded items equal, by value, the items the
 run was encoded from: items are JSON data (the door checks them), and
 msgspec decodes its own encoding to equal values.
@@ -36,6 +36,7 @@ from typing import Any, overload
 
 import msgspec
 
+from turnloom.context._fresh import fresh_items, fresh_json
 from turnloom.context._untrack import untrack_atoms, untrack_container, untrack_json
 from turnloom.context.gateway import NativeContent
 
@@ -471,11 +472,12 @@ class NativeItems:
     Decoding reuses an earlier, decoded :class:`NativeItems` of the same
     run (:meth:`adopt`): the items they share are taken from it, not
     decoded again, so a host that reads every prefix's items decodes only
-    what is new. Decoded items are untracked by the cyclic collector, as the
-    render cache's are, and shared with the object they were reused from:
-    treat them as read-only.
+    what is new. The decoded tuple is kept (turnloom's own, untracked by the
+    cyclic collector as the render cache's items are, and shared with the
+    object it was reused from); what :meth:`materialize` and :meth:`item`
+    return is a new copy of it each call, shared with nothing.
 
-    Thread safety: any thread may read one; :meth:`materialize` caches its
+    Thread safety: any thread may read one; :meth:`_shared` caches its
     result by one assignment (a racing call at worst decodes twice).
     """
 
@@ -519,16 +521,30 @@ class NativeItems:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, NativeItems):
             return NotImplemented
-        return self is other or self.materialize() == other.materialize()
+        return self is other or self._shared() == other._shared()
 
     __hash__ = None  # type: ignore[assignment]
 
     def materialize(self) -> tuple[NativeContent, ...]:
-        """The items as a tuple of NativeContent (decoded on the first call, then kept).
+        """The items as a new tuple of NativeContent, oldest first, shared with nothing.
 
-        Costs O(encoded bytes) of C-speed JSON decoding on the first call,
-        or after :meth:`adopt` only the items the earlier object did not
-        hold, plus a C-speed copy of references.
+        Every dict and list in it is new (:func:`~turnloom.context._fresh.fresh_json`
+        of the kept tuple, :meth:`_shared`): the caller may change them, and
+        neither a later call nor anything turnloom keeps or builds sees it.
+        Costs one allocation per container, plus :meth:`_shared`'s decoding
+        the first time.
+        """
+        return fresh_items(self._shared())
+
+    def _shared(self) -> tuple[NativeContent, ...]:
+        """The kept tuple of the items (decoded on the first call, then kept): turnloom's own.
+
+        Shared with the render caches and other prefixes' items, untracked by
+        the cyclic collector: for turnloom's readers (``build``, the body
+        fallback), which copy what they hand out; never to be changed, never
+        handed to a host. Costs O(encoded bytes) of C-speed JSON decoding on
+        the first call, or after :meth:`adopt` only the items the earlier
+        object did not hold, plus a C-speed copy of references.
         """
         value = self._value
         if value is None:
@@ -544,7 +560,7 @@ class NativeItems:
 
     @property
     def decoded(self) -> bool:
-        """True once :meth:`materialize` ran (its tuple is kept)."""
+        """True once :meth:`_shared` ran (its tuple is kept; :meth:`materialize` runs it)."""
         return self._value is not None
 
     def _joined(self) -> tuple[NativeContent, ...]:
@@ -607,7 +623,11 @@ class NativeItems:
             self._source = source
 
     def item(self, index: int) -> NativeContent:
-        """The item at ``index`` (0 <= index < len), decoded alone when it is encoded."""
+        """A new copy of the item at ``index`` (0 <= index < len), decoded alone when encoded."""
+        return fresh_json(self._item(index))
+
+    def _item(self, index: int) -> NativeContent:
+        """The item at ``index``: kept (read-only), or decoded alone when it is encoded."""
         value = self._value
         if value is not None:
             return value[index]
@@ -708,7 +728,7 @@ class NativeItems:
                 continue
             # The parts do not line up here, or the fast comparison stopped:
             # compare this one item by value.
-            if i >= limit or self.item(i) != other.item(i):
+            if i >= limit or self._item(i) != other._item(i):
                 break
             i += 1
         return i

@@ -20,7 +20,14 @@ from typing import Any
 
 import msgspec
 
-from turnloom.context.body import EncodedBody, encode_fields, reserved_fields, with_fields
+from turnloom.context._fresh import fresh_items
+from turnloom.context.body import (
+    EncodedBody,
+    encode_fields,
+    kept_body,
+    reserved_fields,
+    with_fields,
+)
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent, step_join
 from turnloom.context.history import (
@@ -123,9 +130,9 @@ class IssuedPrefixes:
         cached renders are used.
         """
         added = self._continue(prefix, continuation)  # checks the prefix first
-        items = prefix.items
-        # One C-speed copy of the prefix's references (unpacking builds a list first).
-        return items + tuple(added) if added else items
+        items = prefix.native_items._shared()
+        # New containers throughout: the kept prefix and renders are never handed out.
+        return fresh_items(items + tuple(added) if added else items)
 
     def request_bytes(
         self,
@@ -146,7 +153,8 @@ class IssuedPrefixes:
         entry = self._issued.get(id(prefix))
         body = entry.body if entry is not None else None
         if body is None:
-            encoded = _encoder.encode(self._gateway.request_body((*prefix.items, *added)))
+            items = (*prefix.native_items._shared(), *added)
+            encoded = _encoder.encode(kept_body(self._gateway, items))  # encoded at once: no copy
             return with_fields(encoded, members)
         return body.extend(added).encode(members)
 

@@ -300,8 +300,8 @@ def render_preparation(
             # The host reads its prefixes' items (``build`` does): decode them
             # here, in the worker thread (inline only for a small prefix, see
             # above), not on the event loop at the first read. Sticky per
-            # context: this prefix is decoded as well.
-            items.materialize()
+            # context: this prefix is decoded as well (each read copies it).
+            items._shared()
     prepared = PreparedContext(
         context_id=request.context_id,
         turn_id=request.turn_id,

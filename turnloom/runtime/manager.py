@@ -234,6 +234,13 @@ class ContextManager:
     def history(self, context_id: str) -> HistoryView:
         """An immutable view of one context's history (O(1)).
 
+        What the view returns (messages, renders' items) is never shared
+        with what the history keeps: a message holding a dict (``extras``,
+        ``layout``, an opaque part's ``item``) comes as a copy with new
+        dicts, and a render's ``items`` are new containers each read, so a
+        host's edit of them reaches no later input (see
+        :class:`~turnloom.context.history.HistoryView`).
+
         After the close it answers with each context's final history (step 5
         of the closing order in :mod:`turnloom.runtime.foundation`), so a host
         can persist the last utterance of a session that shut down (the
@@ -546,14 +553,16 @@ class ContextManager:
         renamed, with its results, by the rule of
         :mod:`turnloom.context.callids`, continued from the prefix, so the
         items hold each call id once. Cost: O(continuation), plus reading
-        ``prefix.items`` (decoded in the prepare once the host reads the
-        context's prefixes, else on its first read: see
-        :class:`PreparedContext`) and a C-speed copy of its references.
+        the prefix's kept items (decoded in the prepare once the host reads
+        the context's prefixes, else on the first read: see
+        :class:`PreparedContext`) and the copy of the result.
 
         Returns:
-            tuple of NativeContent, oldest first; shared with caches (the
-            prefix's items, and the cached renders of continuation messages
-            the turn recorded): treat as read-only.
+            a new tuple of NativeContent, oldest first, every dict and list in
+            it new (made for this call, shared with nothing turnloom keeps: the
+            prefix's items, the cached renders of the continuation messages
+            the turn recorded): change them freely, no later input sees it.
+            The copy costs about one allocation per container.
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed.

@@ -242,8 +242,12 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
             ``earlier_state="keep"``, then its outputs), the turn's input,
             the runtime-state pair when there is one (directly after the
             input), then the area section
-            (``area_items`` items from ``area_start``). Shared with caches:
-            treat as read-only. These are items, not a request: send
+            (``area_items`` items from ``area_start``). Each read returns a
+            new tuple of new dicts and lists, shared with nothing turnloom
+            keeps and with no other read (the strings are shared: they are
+            immutable): change them freely, no later input sees it (read it
+            once and keep the tuple: each read copies every container, about
+            what decoding the items costs). These are items, not a request: send
             ``manager.gateway.request_body(items)`` (or the body of
             :meth:`ContextManager.build`'s result). For Anthropic
             and Gemini that body moves the instructions to their top-level
@@ -257,8 +261,8 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
             (C-speed JSON decoding of the items the context's previous
             prefix did not decode; O(items) the first time or after the
             history's run was rebuilt); the decoded items are shared with
-            that prefix.
-            :meth:`ContextManager.request_bytes` never reads them.
+            that prefix (turnloom keeps that decoded tuple; the copy is what a
+            read returns). :meth:`ContextManager.request_bytes` never reads them.
         native_items: the same items, the earlier turns still JSON-encoded
             (:class:`~turnloom.context.items.NativeItems`).
         item_count: ``len(items)``.
@@ -310,7 +314,7 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
 
     @property
     def items(self) -> tuple[NativeContent, ...]:
-        """The prefix's items (see the class docstring), decoded on the first read."""
+        """A new copy of the prefix's items (see the class docstring), decoded on the first read."""
         return self.native_items.materialize()
 
 

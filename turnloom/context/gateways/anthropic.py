@@ -71,7 +71,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from turnloom.context._untrack import untrack_atoms
-from turnloom.context.body import BodyWriter
+from turnloom.context.body import BodyWriter, write_body, written_body
 from turnloom.context.callids import CallIdRenamer, register_rewriter
 from turnloom.context.gateway import (
     Gateway,
@@ -132,6 +132,7 @@ _EMPTY_ERROR_TEXT = "The tool failed without output."
 _CALL_ID = re.compile(r"[a-zA-Z0-9_-]+")
 
 
+@written_body
 class AnthropicGateway(Gateway):
     """Renders and parses Anthropic Messages items. Stateless, thread-safe.
 
@@ -727,14 +728,12 @@ class AnthropicGateway(Gateway):
         the request is renamed in its call and in the results that answer it
         (the rule of :mod:`turnloom.context.callids`), because the API rejects
         reused ids while turnloom pairs positionally. Input items are not
-        modified.
+        modified, and the body shares no container with them (see
+        :meth:`~turnloom.context.Gateway.request_body`).
 
         Source: Anthropic Messages API, ``system`` parameter and tool use.
         """
-        writer = self.body_writer()
-        messages: list[NativeContent] = []
-        writer.feed(items, messages)
-        return {**writer.finish(messages), "messages": messages}
+        return write_body(self.body_writer(), items)
 
     def body_writer(self) -> BodyWriter:
         """A new :class:`~turnloom.context.body.BodyWriter` of :meth:`request_body`."""

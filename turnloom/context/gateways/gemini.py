@@ -86,7 +86,7 @@ from typing import Any
 
 from turnloom.context._media import is_image_media_type
 from turnloom.context._untrack import untrack_atoms
-from turnloom.context.body import BodyWriter
+from turnloom.context.body import BodyWriter, write_body, written_body
 from turnloom.context.callids import CallIdRenamer, register_rewriter, rename_call_ids
 from turnloom.context.gateway import (
     Gateway,
@@ -207,6 +207,7 @@ def _k(name: str, snake: bool) -> str:
     return _KEYS[name] if snake else name
 
 
+@written_body
 class GeminiGateway(Gateway):
     """Renders and parses Gemini ``Content`` items. Thread-safe.
 
@@ -737,16 +738,14 @@ class GeminiGateway(Gateway):
         call id used by an earlier call is first renamed in its call
         and in the responses answering it (the rule of
         :mod:`turnloom.context.callids`), so responses matched by id answer
-        their own call. Input items are not modified.
+        their own call. Input items are not modified, and the body shares
+        no container with them (see :meth:`~turnloom.context.Gateway.request_body`).
 
         Source: Gemini API function calling (one response turn, call order;
         "function call turn comes immediately after a user turn or after a
         function response turn").
         """
-        writer = self.body_writer()
-        contents: list[NativeContent] = []
-        writer.feed(items, contents)
-        return {**writer.finish(contents), "contents": contents}
+        return write_body(self.body_writer(), items)
 
     def body_writer(self) -> BodyWriter:
         """A new :class:`~turnloom.context.body.BodyWriter` of :meth:`request_body`."""

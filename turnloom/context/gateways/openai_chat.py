@@ -57,7 +57,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from turnloom.context._untrack import untrack_atoms
-from turnloom.context.body import BodyWriter
+from turnloom.context.body import BodyWriter, write_body, written_body
 from turnloom.context.callids import CallIdRenamer, register_rewriter, rename_call_ids
 from turnloom.context.gateway import (
     Gateway,
@@ -110,6 +110,7 @@ _WRITES = NativeKeys(
 _MESSAGE_KEYS = _WRITES.message - {"name"}
 
 
+@written_body
 class OpenAIChatGateway(Gateway):
     """Renders and parses OpenAI Chat Completions messages. Stateless, thread-safe."""
 
@@ -608,12 +609,11 @@ class OpenAIChatGateway(Gateway):
 
         A call id used by an earlier call is renamed in its call and in the
         ``tool`` messages answering it (:mod:`turnloom.context.callids`);
-        otherwise the items are unchanged. Input items are not modified.
+        otherwise the items are unchanged. Input items are not modified, and
+        the body shares no container with them (see
+        :meth:`~turnloom.context.Gateway.request_body`).
         """
-        writer = self.body_writer()
-        messages: list[NativeContent] = []
-        writer.feed(items, messages)
-        return {**writer.finish(messages), "messages": messages}
+        return write_body(self.body_writer(), items)
 
     def body_writer(self) -> BodyWriter:
         """A new :class:`~turnloom.context.body.BodyWriter` of :meth:`request_body`."""

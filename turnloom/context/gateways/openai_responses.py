@@ -70,7 +70,7 @@ from typing import Any
 import msgspec
 
 from turnloom.context._untrack import untrack_atoms
-from turnloom.context.body import BodyWriter
+from turnloom.context.body import BodyWriter, write_body, written_body
 from turnloom.context.callids import CallIdRenamer, register_rewriter
 from turnloom.context.gateway import (
     Gateway,
@@ -147,6 +147,7 @@ def _follows_reasoning(item: NativeContent) -> bool:
     return isinstance(kind, str) and "role" not in item and kind not in _NOT_OUTPUT
 
 
+@written_body
 class OpenAIResponsesGateway(Gateway):
     """Renders and parses OpenAI Responses input items. Stateless, thread-safe."""
 
@@ -810,14 +811,13 @@ class OpenAIResponsesGateway(Gateway):
         is kept, and :meth:`validate` flags it. Then a ``call_id`` used by an
         earlier ``function_call`` is renamed in its call and in the outputs
         answering it (the rule of :mod:`turnloom.context.callids`): the API
-        rejects two ``function_call`` items with one ``call_id``.
+        rejects two ``function_call`` items with one ``call_id``. Input items
+        are not modified, and the body shares no container with them (see
+        :meth:`~turnloom.context.Gateway.request_body`).
 
         Source: OpenAI Responses API, ``instructions`` and ``input``.
         """
-        writer = self.body_writer()
-        kept: list[NativeContent] = []
-        writer.feed(items, kept)
-        return {**writer.finish(kept), "input": kept}
+        return write_body(self.body_writer(), items)
 
     def body_writer(self) -> BodyWriter:
         """A new :class:`~turnloom.context.body.BodyWriter` of :meth:`request_body`."""
