@@ -528,8 +528,8 @@ class NativeItems:
     def materialize(self) -> tuple[NativeContent, ...]:
         """The items as a new tuple of NativeContent, oldest first, shared with nothing.
 
-        Every dict and list in it is new (:func:`~turnloom.context._fresh.fresh_json`
-        of the kept tuple, :meth:`_shared`): the caller may change them, and
+        Every dict and list in it is new (a deep copy of the kept tuple,
+        :meth:`_shared`, sharing only strings and numbers): the caller may change them, and
         neither a later call nor anything turnloom keeps or builds sees it.
         Costs one allocation per container, plus :meth:`_shared`'s decoding
         the first time.
