@@ -73,6 +73,7 @@ from turnloom.errors import (
 )
 from turnloom.stores._frames import frames, unframe_log
 from turnloom.stores._holds import Holds
+from turnloom.stores._prune import check_older_than
 
 # (context_id, token, start, records): see turnloom.runtime.store.LogWrite.
 _LogWrite: TypeAlias = tuple[str, int, int, tuple[bytes, ...]]
@@ -644,10 +645,7 @@ class RedisContextStore:
         Raises:
             InputError: ``older_than`` is not a non-negative number.
         """
-        if not isinstance(older_than, int | float) or not older_than >= 0:
-            raise InputError(
-                f"older_than must be a non-negative number of seconds, not {older_than!r}."
-            )
+        check_older_than(older_than)
         self._check()
         used = f"{self._prefix}used"
         now_s, now_us = await self._call(self._client.time())

@@ -57,6 +57,7 @@ from turnloom.errors import (
 )
 from turnloom.stores._frames import frames, unframe_log
 from turnloom.stores._holds import Holds
+from turnloom.stores._prune import check_older_than
 
 # (context_id, token, start, records): see turnloom.runtime.store.LogWrite.
 _LogWrite: TypeAlias = tuple[str, int, int, tuple[bytes, ...]]
@@ -397,10 +398,7 @@ class SQLiteContextStore:
         Raises:
             InputError: ``older_than`` is not a non-negative number.
         """
-        if not isinstance(older_than, int | float) or not older_than >= 0:
-            raise InputError(
-                f"older_than must be a non-negative number of seconds, not {older_than!r}."
-            )
+        check_older_than(older_than)
 
         def work(db: sqlite3.Connection, now: float) -> int:
             ids = [
