@@ -1,7 +1,7 @@
 """What OpenTelemetry tracing costs a prepare (and a build), measured in one run.
 
-Three modes, taking turns round-robin so load elsewhere on the machine
-affects them alike:
+Three modes, taking turns round-robin (the order rotating each round) so
+load elsewhere on the machine affects them alike:
 
 * ``absent``: the path turnloom takes when ``opentelemetry`` is not installed
   (``_tracing.TRACER`` is None: every span a no-op);
@@ -120,8 +120,9 @@ async def measure(rounds: int) -> tuple[dict[str, dict[str, tuple[float, float]]
                 await context.one_turn()
             contexts.append(context)
         for warm_up in (True, False):
-            for _ in range(20 if warm_up else rounds):
-                for mode in MODES:
+            for round_ in range(20 if warm_up else rounds):
+                # The order rotates each round: no mode always follows the SDK's garbage.
+                for mode in MODES[round_ % 3 :] + MODES[: round_ % 3]:
                     _tracing.TRACER = tracers[mode]
                     for context in contexts:
                         sample = await context.one_turn()

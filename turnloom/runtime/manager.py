@@ -2,8 +2,8 @@
 
 The manager is an actor living on one event loop (asyncio or trio, through
 anyio): an async shell around synchronous rooms (door checks, contexts,
-continuation, render, counters: the ``_*`` modules, each named in the README's
-Layout) and the bounded queue that owns preparations. Its synchronous methods
+continuation, render, counters: the ``_*`` modules, each named in
+``docs/layout.md``) and the bounded queue that owns preparations. Its synchronous methods
 (:meth:`ContextManager.accept_turn`, :meth:`~ContextManager.record`,
 :meth:`~ContextManager.build`) check their input completely and then change
 state in one step, so they are atomic with respect to other tasks;
