@@ -127,11 +127,13 @@ def store_span(
     name: str, store: object, context_id: object = None, *, root: bool = False
 ) -> _Span | _NoSpan:
     """A ``turnloom.store.*`` span: ``db.system.name``, and the context's hash when named."""
-    if TRACER is None:
+    started = _started(name, root=root)
+    if started is None:
         return _NO_SPAN
     attributes: dict[str, str | bool | int] = {"db.system.name": store_system(store)}
     _with_context(attributes, context_id)
-    return span(name, attributes, root=root)
+    started.set_attributes(attributes)
+    return _Span(started)
 
 
 def build_span(name: str, gateway: Gateway, continuation: object) -> _Span | _NoSpan:
@@ -140,12 +142,13 @@ def build_span(name: str, gateway: Gateway, continuation: object) -> _Span | _No
     ``continuation`` is as given (checked after, typed): its length is
     recorded when it has one.
     """
-    if TRACER is None:
+    started = _started(name)
+    if started is None:
         return _NO_SPAN
-    attributes: dict[str, str | bool | int] = {"turnloom.gateway": gateway.type}
+    started.set_attribute("turnloom.gateway", gateway.type)
     if isinstance(continuation, Sized):
-        attributes["turnloom.continuation"] = len(continuation)
-    return span(name, attributes)
+        started.set_attribute("turnloom.continuation", len(continuation))
+    return _Span(started)
 
 
 def store_system(store: object) -> str:
@@ -237,15 +240,25 @@ def span(name: str, attributes: Attributes, *, root: bool = False) -> _Span | _N
     ``root``: a span of its own trace (a background task's work), whatever
     the task's context holds.
     """
+    started = _started(name, root=root)
+    if started is None:
+        return _NO_SPAN
+    started.set_attributes(attributes)
+    return _Span(started)
+
+
+def _started(name: str, *, root: bool = False) -> Span | None:
+    """A recording span just started, or None when nothing records (no attributes are
+    computed for a span that records nothing: the cost without an SDK is this call)."""
     tracer = TRACER
     if tracer is None:
-        return _NO_SPAN
-    assert otel_context is not None
-    parent = otel_context.Context() if root else None
-    started = tracer.start_span(name, context=parent, attributes=attributes)
-    if not started.is_recording():
-        return _NO_SPAN
-    return _Span(started)
+        return None
+    parent = None
+    if root:
+        assert otel_context is not None
+        parent = otel_context.Context()
+    started = tracer.start_span(name, context=parent)
+    return started if started.is_recording() else None
 
 
 class PrepareTrace:
@@ -337,16 +350,14 @@ def prepare_span(gateway: str, request: object, strategy: str | None) -> Prepare
     ``request`` is the request as given (checked after, typed): its context
     id is hashed when it is a str.
     """
-    tracer = TRACER
-    if tracer is None:
+    started = _started("turnloom.prepare")
+    if started is None:
         return _NO_PREPARE
     attributes: dict[str, str | bool | int] = {"turnloom.gateway": gateway}
     _with_context(attributes, getattr(request, "context_id", None))
     if strategy is not None:
         attributes["turnloom.strategy"] = strategy
-    started = tracer.start_span("turnloom.prepare", attributes=attributes)
-    if not started.is_recording():
-        return _NO_PREPARE
+    started.set_attributes(attributes)
     return PrepareTrace(started)
 
 
