@@ -38,8 +38,10 @@ span                           covers                                attributes
 Attribute names: ``turnloom.gateway``, ``turnloom.strategy``,
 ``turnloom.context.hash``, ``turnloom.items``, ``turnloom.bytes``,
 ``turnloom.continuation``, ``turnloom.inline``, ``turnloom.assembly.entries``,
-``turnloom.store.acquired``, ``turnloom.store.records``, ``turnloom.handed_off`` and the semantic
-conventions' ``db.system.name`` and ``error.type``. Every value is bounded: a
+``turnloom.store.acquired``, ``turnloom.store.records``, ``turnloom.handed_off``
+(on an inline render that found more work than the loop may take: a worker
+thread's render span follows it) and the semantic conventions'
+``db.system.name`` and ``error.type``. Every value is bounded: a
 name from a fixed set, a count or a bool. Message text, tool arguments,
 tenant and turn ids never go into a span; a context id only as
 ``turnloom.context.hash``, the first 16 hex digits of its SHA-256 (a
