@@ -226,3 +226,13 @@ def test_each_adapter_is_the_only_module_importing_its_framework() -> None:
     held = {k: v for k, v in users.items() if v}
     assert held == {k: [v] for k, v in FRAMEWORKS.items() if (PACKAGE / k).exists()}
     assert "integrations/__init__.py" not in held
+
+
+def test_only_the_tracing_module_imports_opentelemetry() -> None:
+    """OpenTelemetry is the ``otel`` extra: one module imports it (and degrades without it)."""
+    users = {
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if any(_under(n, ("opentelemetry",)) for n in imported_modules(p))
+    }
+    assert users == {"runtime/_tracing.py"}

@@ -59,6 +59,7 @@ from turnloom.errors import (
     StoreUnavailableError,
     excerpt,
 )
+from turnloom.runtime import _tracing as tracing
 from turnloom.runtime._door import DurableOptions
 from turnloom.runtime._records import (
     Record,
@@ -394,7 +395,10 @@ class Durability:
                 while True:
                     await self._wake.wait()
                     self._wake = anyio.Event()
-                    await self._cycle()
+                    with tracing.store_span("turnloom.store.write", self._store, root=True) as span:
+                        written = self._written
+                        await self._cycle()
+                        span.set("turnloom.store.records", self._written - written)
 
     def _report(self, error: StoreError) -> None:
         report = self._on_error()

@@ -36,6 +36,7 @@ from turnloom.context.gateways import (
 )
 from turnloom.context.history import HistoryView
 from turnloom.errors import AreaCallbackError, QueueFullError, StateError, excerpt, what_type
+from turnloom.runtime import _tracing as tracing
 from turnloom.runtime._area_section import AreaSection, SectionResult
 from turnloom.runtime._contexts import ContextState, ContextTable, TurnAssembly
 from turnloom.runtime._continuation import IssuedPrefixes
@@ -165,6 +166,14 @@ class Preparer:
         :class:`~turnloom.errors.QueueFullError`); see there for the errors
         and cancellation. The request is checked before a slot is taken.
         """
+        options = self._options
+        strategy = options.strategy.name if options.strategy is not None else None
+        with tracing.prepare_span(options.gateway.type, request, strategy) as traced:
+            prepared = await self._admit(request, wait=wait)
+            traced.delivered(prepared)
+            return prepared
+
+    async def _admit(self, request: ContextPrepareRequest, *, wait: bool) -> PreparedContext:
         queue = self.queue
         given = request
         refused, self._refused = self._refused, None
@@ -216,6 +225,7 @@ class Preparer:
         options = self._options
         state = await self._wait_for_turn(preparation)
         request = self._capture(preparation.request, state)
+        tracing.queued()
         view = state.history.view()
         serial = state.history.turn_serial(request.turn_id)
         assembled = None
@@ -282,6 +292,7 @@ class Preparer:
                 self._render_in_thread,
                 preparation,
                 args,
+                tracing.current_prepare(),
                 abandon_on_cancel=True,
                 limiter=self._unbounded,
             )
@@ -304,14 +315,17 @@ class Preparer:
             if not preparation.abandoned:
                 preparation.rendering = False
 
-    def _render_in_thread(self, preparation: Preparation, args: _RenderArgs) -> None:
-        """The worker thread's part of :meth:`_render`."""
+    def _render_in_thread(
+        self, preparation: Preparation, args: _RenderArgs, traced: tracing.PrepareTrace | None
+    ) -> None:
+        """The worker thread's part of :meth:`_render` (``traced``: the prepare's span)."""
         with self._handoff:
             if preparation.thread == _GONE:
                 return
             preparation.thread = _RUNNING
         try:
-            preparation.outcome = render_preparation(*args)
+            with tracing.render_span(traced, inline=False, gateway=self._options.gateway.type):
+                preparation.outcome = render_preparation(*args)
         except Exception as exc:
             preparation.outcome = exc
         finally:
@@ -396,20 +410,26 @@ class Preparer:
             return None  # the task raises what waiting for the turn raises
         history = state.history
         request = self._capture(request, state)
+        tracing.queued()
         serial = history.turn_serial(request.turn_id)
         last = state.last
-        result = render_preparation(
-            options,
-            history.view(),
-            request,
-            self._behavior_rules(request),
-            last,
-            anyio.current_time() - requested_at,
-            None,
-            state.in_flight is None,
-            None,
-            INLINE_MAX_ITEMS,
-        )
+        with tracing.render_span(
+            tracing.current_prepare(), inline=True, gateway=options.gateway.type
+        ) as traced:
+            result = render_preparation(
+                options,
+                history.view(),
+                request,
+                self._behavior_rules(request),
+                last,
+                anyio.current_time() - requested_at,
+                None,
+                state.in_flight is None,
+                None,
+                INLINE_MAX_ITEMS,
+            )
+            if result is None:
+                traced.set("turnloom.handed_off", True)  # a worker thread renders it
         self._inline_spent += time.perf_counter() - began
         if result is None:
             return None  # too much work for the loop: a worker renders it
@@ -498,12 +518,15 @@ class Preparer:
         record = state.assembly = TurnAssembly(key)
         started = time.perf_counter()
         try:
-            result = await strategy.assemble(
-                query=assembly_query(view.turn_input(turn_id)),
-                scope=request.tenant,
-                intent_verdict=request.intent_verdict,
-                auto_hydrate=request.auto_hydrate,
-            )
+            with tracing.span("turnloom.assembly", {"turnloom.strategy": strategy.name}) as traced:
+                result = await strategy.assemble(
+                    query=assembly_query(view.turn_input(turn_id)),
+                    scope=request.tenant,
+                    intent_verdict=request.intent_verdict,
+                    auto_hydrate=request.auto_hydrate,
+                )
+                if isinstance(result, AssembledContext) and result.memory_context is not None:
+                    traced.set("turnloom.assembly.entries", len(result.memory_context.entries))
             if not isinstance(result, AssembledContext):
                 raise StateError(
                     f"The assembly strategy {excerpt(strategy.name)} returned "

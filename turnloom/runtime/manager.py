@@ -2,8 +2,8 @@
 
 The manager is an actor living on one event loop (asyncio or trio, through
 anyio): an async shell around synchronous rooms (door checks, contexts,
-continuation, render, counters: the ``_*`` modules, each named in the README's
-Layout) and the bounded queue that owns preparations. Its synchronous methods
+continuation, render, counters: the ``_*`` modules, each named in
+``docs/layout.md``) and the bounded queue that owns preparations. Its synchronous methods
 (:meth:`ContextManager.accept_turn`, :meth:`~ContextManager.record`,
 :meth:`~ContextManager.build`) check their input completely and then change
 state in one step, so they are atomic with respect to other tasks;
@@ -32,6 +32,7 @@ from turnloom.context.memory import MemorySource
 from turnloom.context.message import Message
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.tokens import TokenCounter
+from turnloom.runtime import _tracing as tracing
 from turnloom.runtime._areas import Areas
 from turnloom.runtime._bridge import Bridge
 from turnloom.runtime._door import (
@@ -582,7 +583,10 @@ class ContextManager:
                 messages.
         """
         self._life.check_open()
-        return self._issued.build(prefix, continuation)
+        with tracing.build_span("turnloom.build", self.gateway, continuation) as traced:
+            items = self._issued.build(prefix, continuation)
+            traced.set("turnloom.items", len(items))
+        return items
 
     def request_bytes(
         self,
@@ -620,4 +624,7 @@ class ContextManager:
             TurnTooLargeError: as :meth:`build`, for the same reasons.
         """
         self._life.check_open()
-        return self._issued.request_bytes(prefix, continuation, fields)
+        with tracing.build_span("turnloom.request_bytes", self.gateway, continuation) as traced:
+            body = self._issued.request_bytes(prefix, continuation, fields)
+            traced.set("turnloom.bytes", len(body))
+        return body
