@@ -100,6 +100,7 @@ class Counters:
         "assembly_latency",
         "assembly_reused",
         "blank",
+        "breakpoints_skipped",
         "bytes",
         "discarded",
         "duplicates",
@@ -138,6 +139,7 @@ class Counters:
         self.strategy = strategy  # the assembly strategy's name, or None
         self.assemblies = self.assembly_reused = self.assembly_failed = 0
         self.hydrations = self.assembly_entries = self.hydrate_calls = 0
+        self.breakpoints_skipped = 0
         self.assembly_latency = Histogram()
 
     def history_changed(self, before: HistoryCounts, after: HistoryCounts) -> None:
@@ -250,6 +252,7 @@ class Counters:
                 hydrations_total=self.hydrations,
                 entries_total=self.assembly_entries,
                 tool_calls_total=self.hydrate_calls,
+                breakpoints_skipped_total=self.breakpoints_skipped,
                 bounds=LATENCY_BOUNDS,
                 latency_counts=self.assembly_latency.cumulative(),
                 latency_sum=self.assembly_latency.sum,

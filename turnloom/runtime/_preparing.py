@@ -467,6 +467,7 @@ class Preparer:
                 prepared,
                 anyio.current_time() - requested_at,
             )
+            self._counters.breakpoints_skipped += delivered.skipped_breakpoint
             self._issued.add(prepared, delivered.call_ids, delivered.body)
 
         return deliver

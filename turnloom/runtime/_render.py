@@ -24,6 +24,7 @@ import msgspec
 
 from turnloom.context._untrack import untrack_atoms, untrack_json
 from turnloom.context.body import EncodedBody
+from turnloom.context.cache import ANTHROPIC_MAX_BREAKPOINTS
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import HistoryView, RenderedHistory
@@ -74,6 +75,7 @@ class DeliveredPrefix:
         "items",
         "lead_sizes",
         "rendered",
+        "skipped_breakpoint",
         "state",
     )
 
@@ -87,8 +89,11 @@ class DeliveredPrefix:
         lead_sizes: tuple[int, ...] = (),
         state: tuple[Message, ...] = (),
         body: EncodedBody | None = None,
+        skipped_breakpoint: bool = False,
     ) -> None:
         self.items = items
+        # The assembly's cache breakpoint was left out: the host's marks used the budget.
+        self.skipped_breakpoint = skipped_breakpoint
         self.body = body
         self.bytes = total
         self.rendered = rendered
@@ -201,10 +206,8 @@ def render_preparation(
         return None  # the host reads items: decoding them copies O(history), in a worker
     gateway = options.gateway
     max_item_bytes = options.history_limits.max_item_bytes
-    lead: tuple[NativeContent, ...] = ()
     memory: dict[str, object] | None = None
     if assembled is not None:
-        lead = assembled_prompt(gateway, assembled)
         hydrated = assembled.memory_context
         if hydrated is not None:
             entries, omitted = memory_payload(hydrated.entries, assembled.max_memory_chars)
@@ -235,11 +238,7 @@ def render_preparation(
         )
     # The pair and the area section continue the history's call-id renaming.
     call_ids = rendered.call_ids
-    lead_sizes = tuple(len(_encoder.encode(item)) for item in lead)
-    items = rendered.native_items.prefixed(lead)
-    total = rendered.bytes + sum(lead_sizes)
-    prompt = _prompt_message(assembled) if assembled is not None else None
-    tokens = rendered.tokens + (count_tokens(counter, [prompt]) if prompt is not None else 0)
+    tokens = rendered.tokens
     call_id: str | None = None
     reserved: list[str] = []
     extra: tuple[NativeContent, ...] = ()
@@ -286,6 +285,22 @@ def render_preparation(
         # Area items are native; each is counted as the message it parses to.
         tokens += count_tokens(counter, [gateway.parse(item) for item in section.items])
     extra_sizes = tuple(len(_encoder.encode(item)) for item in extra)
+    lead: tuple[NativeContent, ...] = ()
+    skipped = False
+    if assembled is not None:
+        marked = assembled
+        if assembled.cache_breakpoint and _host_marks(rendered.native_items, extra) >= (
+            ANTHROPIC_MAX_BREAKPOINTS
+        ):
+            # The host's own marks use Anthropic's whole budget: a fifth is refused.
+            marked = msgspec.structs.replace(assembled, cache_breakpoint=False)
+            skipped = True
+        lead = assembled_prompt(gateway, marked)
+        prompt = _prompt_message(marked)
+        tokens += count_tokens(counter, [prompt]) if prompt is not None else 0
+    lead_sizes = tuple(len(_encoder.encode(item)) for item in lead)
+    items = rendered.native_items.prefixed(lead)
+    total = rendered.bytes + sum(lead_sizes)
     if extra:
         items = items.extended(extra)
         total += sum(extra_sizes)
@@ -336,8 +351,23 @@ def render_preparation(
             lead_sizes,
             pair if pair is not None and memory is None else (),
             body,
+            skipped,
         ),
         section,
+    )
+
+
+_MARK_KEY = b'"cache_control":'
+
+
+def _host_marks(history: NativeItems, extra: tuple[NativeContent, ...]) -> int:
+    """``cache_control`` marks in the history's items and the ones after it, counted at C speed.
+
+    A key named ``cache_control`` inside a tool call's arguments counts too:
+    the count errs high, so the assembly's mark is left out, never one too many.
+    """
+    return history.count_encoded(_MARK_KEY) + sum(
+        _encoder.encode(item).count(_MARK_KEY) for item in extra
     )
 
 

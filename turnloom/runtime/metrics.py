@@ -47,6 +47,9 @@ name                                      type       meaning
 ``hydrated_entries_total{strategy}``      counter    memory entries recalled (assemblies and
                                                      ``hydrate_context`` calls)
 ``hydrate_context_calls_total{strategy}`` counter    ``hydrate_context`` calls answered
+``assembly_breakpoints_skipped_total{strategy}``  counter  prompts sent without their
+                                                     Anthropic breakpoint (host marks used
+                                                     the budget of 4)
 ========================================  =========  ======================================
 
 The assembly families exist only when the Foundation has a strategy. Their
@@ -271,6 +274,12 @@ class ManagerCollector(Collector):
                 "turnloom_hydrate_context_calls",
                 "hydrate_context calls answered.",
                 a.tool_calls_total,
+            ),
+            (
+                "turnloom_assembly_breakpoints_skipped",
+                "Assembled prompts sent without their Anthropic cache breakpoint: "
+                "the host's marks used the budget of 4.",
+                a.breakpoints_skipped_total,
             ),
         ):
             family = CounterMetricFamily(name, documentation, labels=["strategy"])

@@ -469,6 +469,10 @@ class AssemblyStatistics(msgspec.Struct, frozen=True, kw_only=True):
         entries_total: memory entries recalled, by assemblies and by
             ``hydrate_context`` calls.
         tool_calls_total: ``hydrate_context`` calls answered.
+        breakpoints_skipped_total: delivered prefixes whose assembled system
+            prompt went without its Anthropic ``cache_control`` breakpoint
+            because the host's own marks in the input already used the
+            budget of 4 (the request would have been refused with a fifth).
         bounds: latency bucket upper bounds, in seconds (``+Inf`` implied).
         latency_counts: cumulative counts of assembly latency.
         latency_sum: sum of assembly latencies, in seconds.
@@ -481,6 +485,7 @@ class AssemblyStatistics(msgspec.Struct, frozen=True, kw_only=True):
     hydrations_total: int = 0
     entries_total: int = 0
     tool_calls_total: int = 0
+    breakpoints_skipped_total: int = 0
     bounds: tuple[float, ...] = ()
     latency_counts: tuple[int, ...] = ()
     latency_sum: float = 0.0
