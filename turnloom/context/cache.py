@@ -37,8 +37,10 @@ __all__ = (
     "ANTHROPIC_LOOKBACK_BLOCKS",
     "ANTHROPIC_MAX_BREAKPOINTS",
     "Breakpoint",
+    "PromptCache",
     "anthropic_breakpoints",
     "breakpoint_violations",
+    "content_blocks",
     "message_breakpoints",
     "place_breakpoints",
     "prompt_cache_key",
@@ -80,6 +82,35 @@ class Breakpoint(msgspec.Struct, frozen=True, kw_only=True):
     item: int
     block: int
     ttl: str
+
+
+class PromptCache(msgspec.Struct, frozen=True, kw_only=True):
+    """What turnloom adds to a request for the provider's prompt cache (opt-in, per Foundation).
+
+    Given as ``Foundation(prompt_cache=PromptCache())`` (or to a
+    ContextManager); it acts on what the manager writes as a request:
+    :meth:`~turnloom.runtime.ContextManager.request_body` and
+    :meth:`~turnloom.runtime.ContextManager.request_bytes`. Nothing it adds
+    enters what turnloom keeps (histories, prefixes, ``prefix.items``).
+
+    Attributes:
+        breakpoints: Anthropic: place ``cache_control`` breakpoints by
+            :func:`place_breakpoints` (the rolling end, the last closed
+            turn, the instructions, lookback bridges), counting the host's own
+            marks within the budget of 4.
+        cache_key: OpenAI Chat and Responses: set ``prompt_cache_key`` to
+            :func:`prompt_cache_key` of the context id (also
+            ``PreparedContext.prompt_cache_key``) unless the host's fields
+            set one.
+        key_salt: the key's salt (bytes, at most 64; empty by default).
+
+    Gemini needs neither: its implicit cache keys on the prefix, which
+    turnloom keeps stable (see this module's docstring).
+    """
+
+    breakpoints: bool = True
+    cache_key: bool = True
+    key_salt: bytes = b""
 
 
 def _ttl(mark: Any) -> str:
@@ -191,16 +222,18 @@ def _mark_message(item: dict[str, Any], block: int) -> None:
     content[block] = {**content[block], _MARK: dict(_POLICY_MARK)}
 
 
-def place_breakpoints(body: dict[str, Any], closed_items: int) -> int:
+def place_breakpoints(body: dict[str, Any], closed_blocks: int) -> int:
     """The automatic Anthropic breakpoint policy: mark ``body`` in place; how many placed.
 
     ``body`` is a request body of turnloom's (``gateway.request_body`` of an
     input, plus the host's fields), new for this call: the policy sets
     ``cache_control`` on copies of the blocks it marks, so nothing else
-    sharing the old blocks sees them. ``closed_items`` is how many of
-    ``body["messages"]`` hold only the closed history (earlier turns), so
-    ``messages[closed_items - 1]`` ends the last closed turn (0: no closed
-    turn).
+    sharing the old blocks sees them. ``closed_blocks`` is how many of the
+    content blocks of ``body["messages"]``, counted in order (a string
+    content is one block), hold the closed history (earlier turns): block
+    ``closed_blocks - 1`` ends the last closed turn (0: no closed turn). It
+    is counted in blocks, not messages, because the body merges a closed
+    turn's last user item with the next turn's input into one message.
 
     The host's own marks (in ``tools``, ``system``, message blocks, or the
     top-level field) count against the budget of
@@ -235,22 +268,23 @@ def place_breakpoints(body: dict[str, Any], closed_items: int) -> int:
 
     Raises:
         InvalidArgumentError: ``body`` has no ``messages`` list, or
-            ``closed_items`` is not an int from 0 to its length.
+            ``closed_blocks`` is not an int from 0 to its number of blocks.
     """
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise InvalidArgumentError(
             "The request body has no messages list to place marks in.", field="messages"
         )
+    flat = _flat_blocks(messages)
     if (
-        not isinstance(closed_items, int)
-        or isinstance(closed_items, bool)
-        or not 0 <= closed_items <= len(messages)
+        not isinstance(closed_blocks, int)
+        or isinstance(closed_blocks, bool)
+        or not 0 <= closed_blocks <= len(flat)
     ):
         raise InvalidArgumentError(
-            f"closed_items must be an int from 0 to {len(messages)}, not "
-            f"{what_type(closed_items)} {str(closed_items)[:40]}.",
-            field="closed_items",
+            f"closed_blocks must be an int from 0 to {len(flat)}, not "
+            f"{what_type(closed_blocks)} {str(closed_blocks)[:40]}.",
+            field="closed_blocks",
         )
     marks = anthropic_breakpoints(body)
     budget = ANTHROPIC_MAX_BREAKPOINTS - len(marks)
@@ -263,16 +297,6 @@ def place_breakpoints(body: dict[str, Any], closed_items: int) -> int:
             floor = max(floor, _place(host_mark))
     if budget <= 0 or not messages:
         return 0
-    # Every message block in order: (message, block, may carry a mark).
-    flat: list[tuple[int, int, bool]] = []
-    for index, item in enumerate(messages):
-        content = item.get("content") if isinstance(item, dict) else None
-        if isinstance(content, str):
-            flat.append((index, 0, bool(content)))
-        elif isinstance(content, list):
-            for block_index, block in enumerate(content):
-                markable = isinstance(block, dict) and block.get("type") not in _UNMARKABLE
-                flat.append((index, block_index, markable))
     host = {_place(m) for m in marks}
     marked = {at for at, (m, b, _) in enumerate(flat) if (2, m, b) in host}
     placed = 0
@@ -298,8 +322,8 @@ def place_breakpoints(body: dict[str, Any], closed_items: int) -> int:
         return -1
 
     rolling = mark_last(len(flat))
-    if closed_items:
-        mark_last(next((at for at, f in enumerate(flat) if f[0] >= closed_items), len(flat)))
+    if closed_blocks:
+        mark_last(closed_blocks)
     system = body.get("system")
     if system and placed < budget:
         last = (1, len(system) - 1 if isinstance(system, list) else 0)
@@ -327,6 +351,28 @@ def place_breakpoints(body: dict[str, Any], closed_items: int) -> int:
             break
         position = chosen
     return placed
+
+
+def _flat_blocks(messages: list[Any]) -> list[tuple[int, int, bool]]:
+    """Every message block in order: (message, block, may carry a mark)."""
+    flat: list[tuple[int, int, bool]] = []
+    for index, item in enumerate(messages):
+        content = item.get("content") if isinstance(item, dict) else None
+        if isinstance(content, str):
+            flat.append((index, 0, bool(content)))
+        elif isinstance(content, list):
+            for block_index, block in enumerate(content):
+                markable = isinstance(block, dict) and block.get("type") not in _UNMARKABLE
+                flat.append((index, block_index, markable))
+    return flat
+
+
+def content_blocks(item: Any) -> int:
+    """How many content blocks one Anthropic item holds (a string content is one)."""
+    content = item.get("content") if isinstance(item, dict) else None
+    if isinstance(content, list):
+        return len(content)
+    return 1 if isinstance(content, str) else 0
 
 
 def _place(mark: Breakpoint) -> tuple[int, ...]:

@@ -107,6 +107,7 @@ class Counters:
         "evicted_items",
         "evicted_turns",
         "failed",
+        "gateway",
         "hydrate_calls",
         "hydrations",
         "invocations",
@@ -115,6 +116,8 @@ class Counters:
         "latency",
         "prefix_bytes",
         "prefix_reused",
+        "prefix_reused_tokens",
+        "prefix_tokens",
         "prepared",
         "rejected",
         "render",
@@ -124,13 +127,15 @@ class Counters:
         "turns",
     )
 
-    def __init__(self, strategy: str | None = None) -> None:
+    def __init__(self, strategy: str | None = None, gateway: str = "") -> None:
+        self.gateway = gateway  # the Foundation's one gateway: the prefix metrics' label
         self.invocations = 0
         self.prepared = self.failed = self.discarded = self.rejected = 0
         self.turns = self.items = self.bytes = self.tokens = 0
         self.evicted_turns = self.evicted_items = self.late = self.blank = 0
         self.duplicates = self.retracted = 0
         self.prefix_bytes = self.prefix_reused = 0
+        self.prefix_tokens = self.prefix_reused_tokens = 0
         self.latency = Histogram()
         self.render = Histogram()
         self.areas_attached = self.areas_registered = 0
@@ -165,10 +170,15 @@ class Counters:
         self.bytes -= held[2]
         self.tokens -= held[3]
 
-    def delivered(self, compared: int, prepared: PreparedContext, latency: float) -> None:
-        """Count a delivered prefix: ``compared`` bytes of the previous one, latency in seconds."""
+    def delivered(
+        self, compared: int, prepared: PreparedContext, latency: float, compared_tokens: int = 0
+    ) -> None:
+        """Count a delivered prefix: ``compared`` bytes (``compared_tokens`` tokens) of the
+        previous one, latency in seconds."""
         self.prefix_bytes += compared
         self.prefix_reused += prepared.reused_bytes
+        self.prefix_tokens += compared_tokens
+        self.prefix_reused_tokens += prepared.reused_tokens
         self.latency.observe(latency)
         self.render.observe(prepared.render_seconds)
 
@@ -224,7 +234,11 @@ class Counters:
                 tokens=self.tokens,
             ),
             prefix=PrefixStatistics(
-                bytes_total=self.prefix_bytes, reused_bytes_total=self.prefix_reused
+                bytes_total=self.prefix_bytes,
+                reused_bytes_total=self.prefix_reused,
+                tokens_total=self.prefix_tokens,
+                reused_tokens_total=self.prefix_reused_tokens,
+                gateway=self.gateway,
             ),
             latency=LatencyHistograms(
                 bounds=LATENCY_BOUNDS,

@@ -24,9 +24,9 @@ import msgspec
 
 from turnloom.context._untrack import untrack_atoms, untrack_json
 from turnloom.context.body import EncodedBody
-from turnloom.context.cache import ANTHROPIC_MAX_BREAKPOINTS
+from turnloom.context.cache import ANTHROPIC_MAX_BREAKPOINTS, prompt_cache_key
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
-from turnloom.context.gateway import Gateway, NativeContent
+from turnloom.context.gateway import Gateway, GatewayType, NativeContent
 from turnloom.context.history import HistoryView, RenderedHistory
 from turnloom.context.items import NativeItems, common_prefix
 from turnloom.context.memory import memory_payload
@@ -77,6 +77,7 @@ class DeliveredPrefix:
         "rendered",
         "skipped_breakpoint",
         "state",
+        "tokens",
     )
 
     def __init__(
@@ -90,7 +91,9 @@ class DeliveredPrefix:
         state: tuple[Message, ...] = (),
         body: EncodedBody | None = None,
         skipped_breakpoint: bool = False,
+        tokens: int = 0,
     ) -> None:
+        self.tokens = tokens  # the prefix's tokens, to estimate the next one's reused tokens
         self.items = items
         # The assembly's cache breakpoint was left out: the host's marks used the budget.
         self.skipped_breakpoint = skipped_breakpoint
@@ -305,11 +308,13 @@ def render_preparation(
         items = items.extended(extra)
         total += sum(extra_sizes)
     reserved.extend(m.id for m in view.turn_input(request.turn_id) if m.id is not None)
-    reused = 0
+    reused = reused_tokens = 0
     if last is not None and request.scope is None:
         if budget is not None and len(last.items) > budget and not items.same_run(last.items):
             return None  # comparing with another run's items costs their common length
         reused = last.bytes_before(items.common_length(last.items))
+        if last.bytes:
+            reused_tokens = last.tokens * reused // last.bytes
         items.adopt(last.items)  # a host reading items decodes only the new ones
         if last.items.decoded:
             # The host reads its prefixes' items (``build`` does): decode them
@@ -332,6 +337,8 @@ def render_preparation(
         state_call_id=call_id,
         reserved_ids=tuple(reserved),
         reused_bytes=reused,
+        reused_tokens=reused_tokens,
+        prompt_cache_key=_cache_key(options, request.context_id),
         queued_seconds=queued,
         render_seconds=time.perf_counter() - begin,
         assembled=assembled,
@@ -352,9 +359,21 @@ def render_preparation(
             pair if pair is not None and memory is None else (),
             body,
             skipped,
+            tokens,
         ),
         section,
     )
+
+
+_OPENAI = (GatewayType.openai_chat, GatewayType.openai_responses)
+
+
+def _cache_key(options: ManagerOptions, context_id: str) -> str | None:
+    """The context's OpenAI ``prompt_cache_key``, when the options ask for one."""
+    cache = options.prompt_cache
+    if cache is None or not cache.cache_key or options.gateway.type not in _OPENAI:
+        return None
+    return prompt_cache_key(context_id, cache.key_salt)
 
 
 _MARK_KEY = b'"cache_control":'

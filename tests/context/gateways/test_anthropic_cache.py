@@ -137,7 +137,7 @@ def test_policy_marks_the_rolling_end_the_closed_turn_and_the_instructions() -> 
     messages = _conversation(3)
     messages.append(_user(_text("now")))
     body: dict[str, Any] = {"system": "You help.", "messages": messages}
-    assert place_breakpoints(body, closed_items=6) == 3
+    assert place_breakpoints(body, closed_blocks=6) == 3
     assert _marked(body) == [("system", 0, -1), ("messages", 5, 0), ("messages", 6, 0)]
     assert body["system"] == [_text("You help.", **MARK)]
     assert GATEWAY.validate_request(body) == []
@@ -150,11 +150,11 @@ def test_policy_counts_host_marks_and_never_exceeds_four() -> None:
         messages[index]["content"][0]["cache_control"] = dict(MARK)
     messages.append(_user(_text("now")))
     body: dict[str, Any] = {"system": "You help.", "messages": messages}
-    assert place_breakpoints(body, closed_items=6) == 0
+    assert place_breakpoints(body, closed_blocks=6) == 0
     assert len(anthropic_breakpoints(body)) == 4
     assert body["system"] == "You help."
     del messages[3]["content"][0]["cache_control"]
-    assert place_breakpoints(body, closed_items=6) == 1
+    assert place_breakpoints(body, closed_blocks=6) == 1
     assert _marked(body)[-1] == ("messages", 6, 0)  # the rolling mark comes first
 
 
@@ -162,7 +162,7 @@ def test_policy_keeps_marks_on_copies_of_the_blocks() -> None:
     """Invariant: a marked block is a new dict; the block it replaced is unchanged."""
     block = _text("now")
     body: dict[str, Any] = {"messages": [_user(block)]}
-    place_breakpoints(body, closed_items=0)
+    place_breakpoints(body, closed_blocks=0)
     assert block == {"type": "text", "text": "now"}
     assert body["messages"][0]["content"][0] == _text("now", **MARK)
 
@@ -172,12 +172,12 @@ def test_policy_skips_thinking_blocks_and_respects_a_host_hour_mark() -> None:
     thinking = {"type": "thinking", "thinking": "hm", "signature": "s"}
     messages = [_user(_text("q")), _assistant(_text("a"), thinking)]
     body: dict[str, Any] = {"system": "S", "messages": messages}
-    place_breakpoints(body, closed_items=0)
+    place_breakpoints(body, closed_blocks=0)
     assert _marked(body) == [("system", 0, -1), ("messages", 1, 0)]
     hour = {"type": "ephemeral", "ttl": "1h"}
     messages = [_user(_text("q", **hour)), _assistant(_text("a")), _user(_text("b"))]
     body = {"system": "S", "messages": messages}
-    assert place_breakpoints(body, closed_items=2) == 2
+    assert place_breakpoints(body, closed_blocks=2) == 2
     assert _marked(body) == [("messages", 0, 0), ("messages", 1, 0), ("messages", 2, 0)]
     assert GATEWAY.validate_request(body) == []
 
@@ -193,7 +193,7 @@ def test_policy_bridges_a_turn_longer_than_the_lookback() -> None:
         result = {"type": "tool_result", "tool_use_id": f"c{step}", "content": "ok"}
         messages.append(_user(result))
     body: dict[str, Any] = {"messages": messages}
-    assert place_breakpoints(body, closed_items=2) == 4
+    assert place_breakpoints(body, closed_blocks=2) == 4
     flat = [(i, j) for i, m in enumerate(messages) for j in range(len(m["content"]))]
     where = sorted(flat.index((m.item, m.block)) for m in anthropic_breakpoints(body))
     assert where == [
@@ -206,12 +206,12 @@ def test_policy_bridges_a_turn_longer_than_the_lookback() -> None:
 
 
 def test_policy_refuses_a_bad_boundary_before_changing_the_body() -> None:
-    """Invariant: a bad closed_items is a typed error and the body is left as it was."""
+    """Invariant: a bad closed_blocks is a typed error and the body is left as it was."""
     body: dict[str, Any] = {"messages": [_user(_text("q"))]}
     with pytest.raises(InvalidArgumentError):
-        place_breakpoints(body, closed_items=2)
+        place_breakpoints(body, closed_blocks=2)
     with pytest.raises(InvalidArgumentError):
-        place_breakpoints({"system": "S"}, closed_items=0)
+        place_breakpoints({"system": "S"}, closed_blocks=0)
     assert body == {"messages": [_user(_text("q"))]}
 
 
