@@ -24,6 +24,7 @@ from turnloom.context.gateways import AnthropicGateway
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import InputError, InvalidArgumentError
 from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext, TurnSnapshot
+from turnloom.runtime.config import build_context_manager, parse_config
 from turnloom.runtime.manager import ContextManager
 from turnloom.runtime.metrics import serve_metrics
 
@@ -225,3 +226,11 @@ def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         for family in text_string_to_metric_families(body)
         for sample in family.samples
     }
+
+
+def test_the_configuration_file_key_turns_the_option_on() -> None:
+    """Invariant: ``init_config.prompt_cache: true`` builds a manager with PromptCache()."""
+    on = parse_config({"context": {"init_config": {"prompt_cache": True}}})
+    off = parse_config({"context": {}})
+    assert build_context_manager(on).options.prompt_cache == PromptCache()
+    assert build_context_manager(off).options.prompt_cache is None
