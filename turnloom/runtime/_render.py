@@ -192,7 +192,9 @@ def render_preparation(
             the bytes reused from ``last`` in O(1) beyond it, and decoding
             items only for a prefix of a few times ``budget`` items), else return
             None with nothing that the caller keeps changed (an unscoped
-            request without areas only).
+            request without areas only). An assembly with an Anthropic
+            breakpoint is never rendered this way: the host's marks are
+            counted over the whole history (O(bytes), at C speed).
 
     Raises:
         ItemTooLargeError: the runtime-state result is over the per-item cap.
@@ -207,6 +209,8 @@ def render_preparation(
         and len(last.items) > budget * _DECODE_PER_BUDGET_ITEM
     ):
         return None  # the host reads items: decoding them copies O(history), in a worker
+    if budget is not None and assembled is not None and assembled.cache_breakpoint:
+        return None  # counting the host's marks reads the whole history: in a worker
     gateway = options.gateway
     max_item_bytes = options.history_limits.max_item_bytes
     memory: dict[str, object] | None = None
