@@ -677,6 +677,7 @@ def _fleet(args: argparse.Namespace) -> int:
     _print_cpu(report.cpu_seconds, report.render_seconds, report.prepares, sys.stdout)
     rss = "  ".join(f"{b / 2**20:.1f}" for b in report.peak_rss_bytes)
     print(f"peak RSS per process: {rss} MiB", file=sys.stdout)
+    _print_share(report.prefix_reuse, report.prefix_reuse_tokens, sys.stdout)
     _print_errors(report.errors, report.sessions_failed)
     if args.json is not None:
         args.json.write_bytes(msgspec.json.format(msgspec.json.encode(report)) + b"\n")

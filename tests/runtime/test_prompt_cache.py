@@ -168,6 +168,11 @@ async def test_a_bad_prompt_cache_option_is_refused_at_the_door() -> None:
         prefix = await _turn(foundation.manager, 1)
         with pytest.raises(InvalidArgumentError):
             foundation.manager.request_body(prefix, fields={"messages": []})
+    async with Foundation(prompt_cache=PromptCache()) as foundation:
+        prefix = await _turn(foundation.manager, 1)
+        for write in (foundation.manager.request_body, foundation.manager.request_bytes):
+            with pytest.raises(InvalidArgumentError, match="fields must be a mapping"):
+                write(prefix, fields=[("model", "m")])  # type: ignore[arg-type]
 
 
 async def test_reused_bytes_and_tokens_reach_statistics_and_metrics() -> None:

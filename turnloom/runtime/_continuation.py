@@ -154,9 +154,12 @@ class IssuedPrefixes:
         if cache is not None and cache.breakpoints and self._kind is GatewayType.anthropic:
             # The marks change blocks the cached body holds encoded: encode it whole.
             return _encoder.encode(self.request_body(prefix, continuation, fields))
-        members = b""
-        if fields is not None or prefix.prompt_cache_key is not None:
-            members = encode_fields(self._fields(prefix, fields), self._reserved)
+        members = encode_fields(fields, self._reserved) if fields is not None else b""
+        key = prefix.prompt_cache_key
+        if key is not None and (fields is None or "prompt_cache_key" not in fields):
+            # After the host's fields, as request_body writes it.
+            own = encode_fields({"prompt_cache_key": key}, self._reserved)
+            members = b",".join((members, own)) if members else own
         added = self._continue(prefix, continuation)
         entry = self._issued.get(id(prefix))
         body = entry.body if entry is not None else None
