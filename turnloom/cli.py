@@ -502,6 +502,7 @@ def _print_summary(summary: ReplaySummary, out: TextIO) -> None:
         f"wall: {summary.seconds:.2f} s",
         file=out,
     )
+    _print_share(summary.prefix_reuse, summary.prefix_reuse_tokens, out)
     if summary.strategy is not None:
         print(
             f"strategy: {summary.strategy}  hydrated entries: {summary.hydrated_entries}  "
@@ -625,8 +626,18 @@ def _print_report(report: LoadtestReport, out: TextIO) -> None:
         f"evictions: {report.evicted_turns} turns",
         file=out,
     )
+    _print_share(report.prefix_reuse, report.prefix_reuse_tokens, out)
     if report.store:
         print(f"store: {report.store}  lease takeovers: {report.takeovers}", file=out)
+
+
+def _print_share(share: float, tokens: float, out: TextIO) -> None:
+    # What a provider's prefix cache could serve: statistics().prefix, per context.
+    print(
+        f"prompt cache share: {share:.1%} of bytes, {tokens:.1%} of tokens "
+        "(each context's previous input repeated by its next)",
+        file=out,
+    )
 
 
 def _print_cpu(cpu_seconds: float, render_seconds: float, prepares: int, out: TextIO) -> None:
@@ -695,6 +706,7 @@ def _fleet(args: argparse.Namespace) -> int:
     _print_cpu(report.cpu_seconds, report.render_seconds, report.prepares, out)
     rss = "  ".join(f"{b / 2**20:.1f}" for b in report.peak_rss_bytes)
     print(f"peak RSS per process: {rss} MiB", file=out)
+    _print_share(report.prefix_reuse, report.prefix_reuse_tokens, out)
     _print_errors(report.errors, report.sessions_failed)
     if args.json is not None:
         _write_json("--json", args.json, report)

@@ -50,6 +50,7 @@ __all__ = (
     "Part",
     "PositionalScope",
     "PrefixContext",
+    "PromptCache",
     "ReasoningPart",
     "Role",
     "RoleFilter",
@@ -96,6 +97,7 @@ from turnloom.context.area import (
     ContextAreaImplementation,
     EffectRange,
 )
+from turnloom.context.cache import PromptCache
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.coop import (
     CollectionPlan,

@@ -69,7 +69,7 @@ class Lifecycle:
     def __init__(self, options: ManagerOptions) -> None:
         self.options = options
         strategy = options.strategy.name if options.strategy is not None else None
-        counters = self.counters = Counters(strategy)
+        counters = self.counters = Counters(strategy, options.gateway.type.value)
         table = self.table = ContextTable(
             options.history_limits,
             options.gateway,
@@ -78,7 +78,11 @@ class Lifecycle:
             options.earlier_state,
         )
         self.issued = IssuedPrefixes(
-            options.gateway, options.history_limits, options.open_calls, table.held_history
+            options.gateway,
+            options.history_limits,
+            options.open_calls,
+            table.held_history,
+            options.prompt_cache,
         )
         self.bound = False  # a Foundation began binding the manager
         self.preparer: Preparer | None = None  # set once the binding completed

@@ -486,7 +486,9 @@ class Preparer:
                 last.bytes if last is not None and unscoped else 0,
                 prepared,
                 anyio.current_time() - requested_at,
+                last.tokens if last is not None and unscoped else 0,
             )
+            self._counters.breakpoints_skipped += delivered.skipped_breakpoint
             self._issued.add(prepared, delivered.call_ids, delivered.body)
 
         return deliver

@@ -24,8 +24,9 @@ import msgspec
 
 from turnloom.context._untrack import untrack_atoms, untrack_json
 from turnloom.context.body import EncodedBody
+from turnloom.context.cache import ANTHROPIC_MAX_BREAKPOINTS, prompt_cache_key
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
-from turnloom.context.gateway import Gateway, NativeContent
+from turnloom.context.gateway import Gateway, GatewayType, NativeContent
 from turnloom.context.history import HistoryView, RenderedHistory
 from turnloom.context.items import NativeItems, common_prefix
 from turnloom.context.memory import memory_payload
@@ -74,7 +75,9 @@ class DeliveredPrefix:
         "items",
         "lead_sizes",
         "rendered",
+        "skipped_breakpoint",
         "state",
+        "tokens",
     )
 
     def __init__(
@@ -87,8 +90,13 @@ class DeliveredPrefix:
         lead_sizes: tuple[int, ...] = (),
         state: tuple[Message, ...] = (),
         body: EncodedBody | None = None,
+        skipped_breakpoint: bool = False,
+        tokens: int = 0,
     ) -> None:
+        self.tokens = tokens  # the prefix's tokens, to estimate the next one's reused tokens
         self.items = items
+        # The assembly's cache breakpoint was left out: the host's marks used the budget.
+        self.skipped_breakpoint = skipped_breakpoint
         self.body = body
         self.bytes = total
         self.rendered = rendered
@@ -184,7 +192,9 @@ def render_preparation(
             the bytes reused from ``last`` in O(1) beyond it, and decoding
             items only for a prefix of a few times ``budget`` items), else return
             None with nothing that the caller keeps changed (an unscoped
-            request without areas only).
+            request without areas only). An assembly with an Anthropic
+            breakpoint is never rendered this way: the host's marks are
+            counted over the whole history (O(bytes), at C speed).
 
     Raises:
         ItemTooLargeError: the runtime-state result is over the per-item cap.
@@ -199,12 +209,12 @@ def render_preparation(
         and len(last.items) > budget * _DECODE_PER_BUDGET_ITEM
     ):
         return None  # the host reads items: decoding them copies O(history), in a worker
+    if budget is not None and assembled is not None and assembled.cache_breakpoint:
+        return None  # counting the host's marks reads the whole history: in a worker
     gateway = options.gateway
     max_item_bytes = options.history_limits.max_item_bytes
-    lead: tuple[NativeContent, ...] = ()
     memory: dict[str, object] | None = None
     if assembled is not None:
-        lead = assembled_prompt(gateway, assembled)
         hydrated = assembled.memory_context
         if hydrated is not None:
             entries, omitted = memory_payload(hydrated.entries, assembled.max_memory_chars)
@@ -235,11 +245,7 @@ def render_preparation(
         )
     # The pair and the area section continue the history's call-id renaming.
     call_ids = rendered.call_ids
-    lead_sizes = tuple(len(_encoder.encode(item)) for item in lead)
-    items = rendered.native_items.prefixed(lead)
-    total = rendered.bytes + sum(lead_sizes)
-    prompt = _prompt_message(assembled) if assembled is not None else None
-    tokens = rendered.tokens + (count_tokens(counter, [prompt]) if prompt is not None else 0)
+    tokens = rendered.tokens
     call_id: str | None = None
     reserved: list[str] = []
     extra: tuple[NativeContent, ...] = ()
@@ -286,15 +292,33 @@ def render_preparation(
         # Area items are native; each is counted as the message it parses to.
         tokens += count_tokens(counter, [gateway.parse(item) for item in section.items])
     extra_sizes = tuple(len(_encoder.encode(item)) for item in extra)
+    lead: tuple[NativeContent, ...] = ()
+    skipped = False
+    if assembled is not None:
+        marked = assembled
+        if assembled.cache_breakpoint and _host_marks(rendered.native_items, extra) >= (
+            ANTHROPIC_MAX_BREAKPOINTS
+        ):
+            # The host's own marks use Anthropic's whole budget: a fifth is refused.
+            marked = msgspec.structs.replace(assembled, cache_breakpoint=False)
+            skipped = True
+        lead = assembled_prompt(gateway, marked)
+        prompt = _prompt_message(marked)
+        tokens += count_tokens(counter, [prompt]) if prompt is not None else 0
+    lead_sizes = tuple(len(_encoder.encode(item)) for item in lead)
+    items = rendered.native_items.prefixed(lead)
+    total = rendered.bytes + sum(lead_sizes)
     if extra:
         items = items.extended(extra)
         total += sum(extra_sizes)
     reserved.extend(m.id for m in view.turn_input(request.turn_id) if m.id is not None)
-    reused = 0
+    reused = reused_tokens = 0
     if last is not None and request.scope is None:
         if budget is not None and len(last.items) > budget and not items.same_run(last.items):
             return None  # comparing with another run's items costs their common length
         reused = last.bytes_before(items.common_length(last.items))
+        if last.bytes:
+            reused_tokens = last.tokens * reused // last.bytes
         items.adopt(last.items)  # a host reading items decodes only the new ones
         if last.items.decoded:
             # The host reads its prefixes' items (``build`` does): decode them
@@ -317,6 +341,8 @@ def render_preparation(
         state_call_id=call_id,
         reserved_ids=tuple(reserved),
         reused_bytes=reused,
+        reused_tokens=reused_tokens,
+        prompt_cache_key=_cache_key(options, request.context_id),
         queued_seconds=queued,
         render_seconds=time.perf_counter() - begin,
         assembled=assembled,
@@ -336,8 +362,35 @@ def render_preparation(
             lead_sizes,
             pair if pair is not None and memory is None else (),
             body,
+            skipped,
+            tokens,
         ),
         section,
+    )
+
+
+_OPENAI = (GatewayType.openai_chat, GatewayType.openai_responses)
+
+
+def _cache_key(options: ManagerOptions, context_id: str) -> str | None:
+    """The context's OpenAI ``prompt_cache_key``, when the options ask for one."""
+    cache = options.prompt_cache
+    if cache is None or not cache.cache_key or options.gateway.type not in _OPENAI:
+        return None
+    return prompt_cache_key(context_id, cache.key_salt)
+
+
+_MARK_KEY = b'"cache_control":'
+
+
+def _host_marks(history: NativeItems, extra: tuple[NativeContent, ...]) -> int:
+    """``cache_control`` marks in the history's items and the ones after it, counted at C speed.
+
+    A key named ``cache_control`` inside a tool call's arguments counts too:
+    the count errs high, so the assembly's mark is left out, never one too many.
+    """
+    return history.count_encoded(_MARK_KEY) + sum(
+        _encoder.encode(item).count(_MARK_KEY) for item in extra
     )
 
 

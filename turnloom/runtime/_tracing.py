@@ -26,6 +26,8 @@ span                           covers                                attributes
                                                                      messages, items
 ``turnloom.request_bytes``     ``request_bytes``                     gateway, continuation
                                                                      messages, bytes
+``turnloom.request_body``      ``request_body``                      gateway, continuation
+                                                                     messages
 ``turnloom.store.claim``       ``manager.leases.claim``              db.system.name, context
                                                                      hash, acquired
 ``turnloom.store.flush``       ``manager.leases.flush``              db.system.name, context
@@ -139,7 +141,7 @@ def store_span(
 
 
 def build_span(name: str, gateway: Gateway, continuation: object) -> _Span | _NoSpan:
-    """A ``turnloom.build`` or ``turnloom.request_bytes`` span: gateway, continuation length.
+    """A ``turnloom.build``, ``request_bytes`` or ``request_body`` span: gateway, continuation length.
 
     ``continuation`` is as given (checked after, typed): its length is
     recorded when it has one.

@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from turnloom.context.cache import PromptCache
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent
 from turnloom.context.history import HistoryLimits, HistoryView
 from turnloom.context.memory import MemorySource
@@ -107,6 +108,11 @@ class ContextManager:
         store, lease_ttl, idle_after, owner: the durable store of contexts
             and its leases (default: no store, contexts are kept in memory
             only); each is documented on :class:`~turnloom.runtime.Leases`.
+        prompt_cache: what :meth:`request_body` and :meth:`request_bytes`
+            add for the provider's prompt cache (default None: nothing):
+            Anthropic breakpoints within the budget of 4, an OpenAI
+            ``prompt_cache_key`` per context
+            (:class:`~turnloom.context.cache.PromptCache`).
 
     Raises:
         InputError: a bound is not positive, ``history_limits`` is not a
@@ -138,6 +144,7 @@ class ContextManager:
         lease_ttl: float = DEFAULT_LEASE_TTL,
         idle_after: float = DEFAULT_IDLE_AFTER,
         owner: str | None = None,
+        prompt_cache: PromptCache | None = None,
     ) -> None:
         options = self._options = check_manager_options(
             gateway=gateway,
@@ -155,6 +162,7 @@ class ContextManager:
             lease_ttl=lease_ttl,
             idle_after=idle_after,
             owner=owner,
+            prompt_cache=prompt_cache,
         )
         life = self._life = Lifecycle(options)
         table = self._table = life.table
@@ -603,7 +611,11 @@ class ContextManager:
         rendered as :meth:`build` does) plus one C-speed join: the history's
         render cache keeps the other body items encoded (see
         :mod:`turnloom.context.body`; a prefix whose assembly put a system
-        prompt before the history is encoded whole).
+        prompt before the history is encoded whole). With a ``prompt_cache``
+        it is :meth:`request_body` encoded: the OpenAI cache key goes after
+        ``fields``; Anthropic breakpoints change blocks the cache holds
+        encoded, so that body is built and encoded whole (O(input) at C
+        speed plus one copy of every container).
 
         Args:
             fields: the request's own top-level fields, for example
@@ -628,3 +640,42 @@ class ContextManager:
             body = self._issued.request_bytes(prefix, continuation, fields)
             traced.set("turnloom.bytes", len(body))
         return body
+
+    def request_body(
+        self,
+        prefix: PreparedContext,
+        continuation: Sequence[Message] = (),
+        *,
+        fields: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The whole request body of ``build(prefix, continuation)``, prompt-cache fields added.
+
+        ``{**fields, **manager.gateway.request_body(manager.build(prefix,
+        continuation))}``, plus what the manager's ``prompt_cache``
+        (:class:`~turnloom.context.cache.PromptCache`) adds:
+
+        * OpenAI Chat and Responses: ``"prompt_cache_key"`` (after
+          ``fields``, before the items), ``prefix.prompt_cache_key``, unless
+          ``fields`` set one (the host's key wins);
+        * Anthropic: ``cache_control`` breakpoints placed by
+          :func:`~turnloom.context.cache.place_breakpoints` (the rolling end
+          of the input, the end of the last closed turn, the end of the
+          instructions, lookback bridges) within the budget of 4, counting
+          the host's own marks (in message ``extras`` and in ``fields``:
+          ``tools``, a top-level ``cache_control``); the body then passes
+          ``gateway.validate_request`` whenever the host's marks alone do.
+
+        The body is new on every call (the values of ``fields`` are the
+        host's, not copied): the marks live only in it and reach no later
+        input, prefix or ``prefix.items``. :meth:`request_bytes` is this body
+        encoded, byte for byte.
+
+        Raises:
+            InvalidArgumentError: as :meth:`request_bytes`, for ``fields``.
+            FoundationClosedError, InvalidMessageError, InvalidTextError,
+            InstructionMessageError, DuplicateIdError, ProviderRuleError,
+            TurnTooLargeError: as :meth:`build`, for the same reasons.
+        """
+        self._life.check_open()
+        with tracing.build_span("turnloom.request_body", self.gateway, continuation):
+            return self._issued.request_body(prefix, continuation, fields)

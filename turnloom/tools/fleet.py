@@ -44,6 +44,9 @@ class FleetReport(msgspec.Struct, frozen=True, kw_only=True):
             prepare of the fleet).
         store: the store URL (``""``: memory only).
         errors: the first few error messages of all processes.
+        prefix_reuse, prefix_reuse_tokens: the lowest prompt cache share of a
+            process (bytes, tokens): a process's share is its own contexts'
+            and the shares of different processes are not weighted here.
     """
 
     processes: int
@@ -70,6 +73,8 @@ class FleetReport(msgspec.Struct, frozen=True, kw_only=True):
     cpu_seconds: float
     store: str
     errors: tuple[str, ...]
+    prefix_reuse: float = 1.0
+    prefix_reuse_tokens: float = 1.0
 
 
 def aggregate(reports: Sequence[LoadtestReport]) -> FleetReport:
@@ -101,6 +106,8 @@ def aggregate(reports: Sequence[LoadtestReport]) -> FleetReport:
         cpu_seconds=sum(r.cpu_seconds for r in reports),
         store=reports[0].store,
         errors=tuple(e for r in reports for e in r.errors)[:10],
+        prefix_reuse=min(r.prefix_reuse for r in reports),
+        prefix_reuse_tokens=min(r.prefix_reuse_tokens for r in reports),
     )
 
 

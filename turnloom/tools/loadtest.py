@@ -81,6 +81,12 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
             acknowledged by a flush before its prepare, and the context is
             removed from the store when the session ends.
         takeovers: claims that restored a context another owner had stored.
+        prefix_reuse: the share of the bytes of each context's previous
+            prepared input that its next one repeated (what a provider's
+            prefix cache could serve; ``statistics().prefix``); 1.0 when none
+            was compared.
+        prefix_reuse_tokens: the same share in tokens (estimated by byte
+            share per prefix, see ``PreparedContext.reused_tokens``).
     """
 
     sessions: int
@@ -106,6 +112,8 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
     cpu_seconds: float = 0.0
     store: str = ""
     takeovers: int = 0
+    prefix_reuse: float = 1.0
+    prefix_reuse_tokens: float = 1.0
 
 
 class LoadtestSamples(msgspec.Struct, kw_only=True):
@@ -482,7 +490,13 @@ async def _run(
         think_time=think_time,
         render_seconds=rendering[0],
         cpu_seconds=cpu_seconds,
+        prefix_reuse=_share(stats.prefix.reused_bytes_total, stats.prefix.bytes_total),
+        prefix_reuse_tokens=_share(stats.prefix.reused_tokens_total, stats.prefix.tokens_total),
     )
+
+
+def _share(part: int, whole: int) -> float:
+    return part / whole if whole else 1.0
 
 
 async def _claim_when_free(manager: ContextManager, context_id: str) -> None:
