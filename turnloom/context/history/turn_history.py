@@ -1,0 +1,1423 @@
+"""TurnHistory: the bounded history of one context, kept in whole turns."""
+
+from __future__ import annotations
+
+import operator
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import cast
+
+from turnloom.context._fresh import fresh_messages
+from turnloom.context._untrack import untrack_container
+from turnloom.context.gateway import Gateway, NativeContent
+from turnloom.context.history._batches import _UNCHECKED, _Checked
+from turnloom.context.history._cells import _Encoded, _Entry, _Native, _render_checked, _Turn
+from turnloom.context.history._evictions import _NOTHING_ASIDE, _Aside, _identified
+from turnloom.context.history._run import _Shared
+from turnloom.context.history._ties import (
+    _answers,
+    _calls_after,
+    _check_turn_start,
+    _step_tail,
+    _strands,
+)
+from turnloom.context.history.limits import (
+    HistoryCounts,
+    HistoryLimits,
+    HistoryStatistics,
+    check_batch_length,
+)
+from turnloom.context.history.view import HistoryView
+from turnloom.context.message import (
+    _PINNED_ROLES,
+    Message,
+    ToolCallPart,
+    _blank,
+    _first_instruction,
+    check_id,
+    check_message,
+    reject_instructions,
+)
+from turnloom.context.pairing import (
+    check_steps,
+)
+from turnloom.context.tokens import ApproxTokenCounter, TokenCounter, count_tokens
+from turnloom.errors import (
+    DuplicateIdError,
+    InputError,
+    InvalidArgumentError,
+    InvalidMessageError,
+    ItemTooLargeError,
+    OutOfOrderTurnError,
+    PairedTurnsTooLargeError,
+    StateError,
+    StrandedResultsError,
+    TurnTooLargeError,
+    UnknownTurnError,
+    excerpt,
+)
+
+_DEFAULT_COUNTER = ApproxTokenCounter()
+
+
+class TurnHistory:
+    """The bounded history of one context, in whole turns.
+
+    Pairing across turns. Tool calls and results pair over the whole retained
+    history, by the rule of :class:`~turnloom.context.CallTracker`, not turn
+    by turn: a result recorded late to its turn, or given as the next turn's
+    input (an approval flow: the model asks, a person approves, the result
+    arrives with the next turn), answers the call it follows. A turn whose
+    call group is still open at its end renders once the turns after it show
+    whether they answer it; until then it is rendered with each prepare
+    rather than cached in the shared run.
+
+    Eviction and calls. Eviction never separates a turn's input from the
+    calls it answers: a turn whose input holds results of calls made before it
+    (an approval) is *tied* to the turn before it, and eviction drops the
+    oldest turn together with the turns tied to it, oldest first. The limits
+    stay hard: eviction may drop more turns than a limit alone asks for,
+    never keep more. The newest turn is never evicted, so the newest turn and
+    the turns it is tied to must fit every limit together: a commit whose
+    input would tie turns over ``max_turns``, ``max_items``, ``max_bytes`` or
+    ``max_tokens``, or a record that would make them hold more than
+    ``max_items`` or ``max_bytes``, is refused with
+    :class:`~turnloom.errors.PairedTurnsTooLargeError` before anything
+    changes (``max_tokens`` is not checked on records, as for a single turn:
+    tied turns over it are kept until a turn that is not tied to them
+    arrives). A record to tied turns that are no longer the newest (a model
+    call's output landing after a barge-in) is held to the same limits, so a
+    checkpoint, which records each turn's outputs while it is its newest turn,
+    restores what the history holds. A chain of approvals (each turn answering the calls of the one
+    before) is tied end to end and ends at a turn whose input answers
+    nothing, such as plain user text. So no render holds a result without its
+    call, and no turn's input loses results to eviction: without this rule a
+    newest turn made only of results would render no input at all, which
+    Anthropic and Gemini refuse. Source: seed 004 (whole-turn history
+    ownership; incomplete tool-call/output pairs are excluded from the next
+    model input); every provider's rule that a result follows its call.
+    A change to an earlier turn never takes an answer away from a later one:
+    a late record that would leave a result a later turn holds answering no
+    call (an output ending the calls' group, or answering the call first) is
+    refused with :class:`~turnloom.errors.StrandedResultsError`, and kept state that
+    would is not kept (see :meth:`record`, :meth:`keep_state`); pairing would
+    drop those results, and a later input made of them would leave its own
+    turn's model input. Ties follow what the kept turns say now: a late
+    record, kept state on an earlier turn or a retraction that changes what a
+    later input answers ties those turns again, or unties them, so the tie
+    set is always what a cold rebuild of the kept turns computes (never a tie
+    without its reason).
+
+    Calls still open when their turn is evicted are evicted with it; results
+    given as turn input can answer only calls of the newest turn (or of turns
+    tied to it), which are never evicted. A result recorded to a turn after
+    that turn was evicted is dropped and counted in ``dropped_late_outputs``.
+
+    Args:
+        limits: the bounds; see :class:`HistoryLimits`.
+        remember_evicted: how many evicted turn ids are remembered, so that late
+            outputs for them are dropped (and counted) rather than rejected as
+            unknown, and their ids are not reused.
+        token_counter: counts each message once, when it is committed or
+            recorded; ``max_tokens``, the statistics and every rendered
+            ``tokens`` use that count (:class:`ApproxTokenCounter` by default).
+            It must count a list as the sum of its messages, as the built-in
+            counters do. Each answer is checked where it is taken
+            (:func:`~turnloom.context.tokens.count_tokens`): a counter that
+            raises or returns anything but an int in ``[0, MAX_TOKEN_COUNT]``
+            fails the commit, record or render with
+            :class:`~turnloom.errors.HostCallbackError`, nothing changed.
+
+    Raises:
+        InputError: ``remember_evicted`` is negative.
+        InvalidArgumentError: ``token_counter`` has no ``count`` method.
+    """
+
+    __slots__ = (
+        "_aside",
+        "_blank_dropped",
+        "_bytes",
+        "_checked",
+        "_duplicates",
+        "_evicted",
+        "_evicted_bytes",
+        "_evicted_ids",
+        "_evicted_items",
+        "_evicted_tokens",
+        "_forgotten",
+        "_front",
+        "_generation",
+        "_ids",
+        "_items",
+        "_late_dropped",
+        "_limits",
+        "_linked",
+        "_message_ids",
+        "_pinned",
+        "_pinned_bytes",
+        "_pinned_tokens",
+        "_remember",
+        "_retracted",
+        "_sequence",
+        "_serial",
+        "_shared",
+        "_tokens",
+        "_turns",
+        "_view",
+    )
+
+    def __init__(
+        self,
+        limits: HistoryLimits | None = None,
+        *,
+        remember_evicted: int = 1024,
+        token_counter: TokenCounter | None = None,
+    ) -> None:
+        if remember_evicted < 0:
+            raise InputError("remember_evicted must not be negative.")
+        counter = _DEFAULT_COUNTER if token_counter is None else token_counter
+        if not callable(getattr(counter, "count", None)):
+            raise InvalidArgumentError(
+                "token_counter must have a count(messages) method.", field="token_counter"
+            )
+        self._limits = limits if limits is not None else HistoryLimits()
+        # The last two batches check_batch passed (a turn's input and its
+        # instructions), newest first: their messages' sizes and, when they
+        # were rendered at the door, their renders and the gateway, and the
+        # state their limits were checked on. Messages are frozen, so the
+        # same objects checked again (the door, then the commit or record they
+        # pass) reuse their sizes and seed the render cache: each message is
+        # checked, sized and rendered once, and the limits of an unchanged
+        # state are not checked twice (see ``_reuse``).
+        self._checked: tuple[_Checked, _Checked] = (_UNCHECKED, _UNCHECKED)
+        self._remember = remember_evicted
+        self._pinned: tuple[_Entry, ...] = ()
+        self._pinned_bytes = 0
+        self._turns: tuple[_Turn, ...] = ()
+        self._ids: set[str] = set()
+        untrack_container(self._ids)  # turn ids only: no cycle can pass through it
+        self._generation = 0  # changes of a turn other than the newest
+        self._items = 0
+        self._bytes = 0
+        self._tokens = 0
+        self._pinned_tokens = 0
+        self._evicted = 0  # turns evicted for good (not those held aside)
+        self._front = 0  # turns dropped at the front, restored ones included: what views count
+        # The turns the evictions since the newest commit dropped, while nothing
+        # else changed: retracting that turn puts them back (see ``retract``).
+        # None once they cannot be restored, or when no commit came since.
+        self._aside: _Aside | None = None
+        self._evicted_items = 0
+        self._evicted_bytes = 0
+        self._evicted_tokens = 0
+        self._evicted_ids: OrderedDict[str, None] = OrderedDict()
+        untrack_container(self._evicted_ids)  # turn ids to None only: no cycle through it
+        # Serials of the kept turns tied to the turn before them: their input
+        # (or a later turn's, past results-only turns) answers calls made
+        # before them, so eviction never separates them (see ``evict``).
+        self._linked: set[int] = set()
+        untrack_container(self._linked)  # ints only: no cycle through it
+        self._late_dropped = 0
+        self._blank_dropped = 0
+        self._duplicates = 0
+        self._retracted = 0
+        self._forgotten = 0  # ids of gone turns no longer remembered
+        self._serial = 0
+        # message id -> (serial of its turn, message), for every held message with an id
+        self._message_ids: dict[str, tuple[int, Message]] = {}
+        self._sequence: int | None = None
+        self._shared = _Shared(counter)
+        self._view: HistoryView | None = None
+
+    # -- reading ---------------------------------------------------------
+
+    @property
+    def limits(self) -> HistoryLimits:
+        """The bounds of this history."""
+        return self._limits
+
+    @property
+    def held_items(self) -> int:
+        """Messages held: the kept turns' and the pinned instructions (O(1))."""
+        return self._items + len(self._pinned)
+
+    @property
+    def token_counter(self) -> TokenCounter:
+        """The counter every token number of this history comes from."""
+        return self._shared.counter
+
+    @property
+    def turn_ids(self) -> tuple[str, ...]:
+        """Ids of the kept turns, oldest first."""
+        return tuple(t.turn_id for t in self._turns)
+
+    @property
+    def latest_turn_id(self) -> str | None:
+        """The id of the newest turn, or None before the first commit."""
+        return self._turns[-1].turn_id if self._turns else None
+
+    def open_calls(self) -> tuple[ToolCallPart, ...]:
+        """The tool calls the kept turns leave open: those a next turn's input can answer.
+
+        Pairing follows :class:`~turnloom.context.CallTracker` over the kept
+        turns (inputs, kept state and outputs), as the render pairs them: a
+        call already answered, closed by a later message, or made in an
+        evicted turn is not open. O(the newest turn and the results-only
+        turns before it), in practice.
+
+        Returns:
+            the open calls, in call order; empty for an empty history (a call
+            holding ``extras`` is a copy with new dicts, as a view returns).
+        """
+        return fresh_messages(_calls_after(self._turns)[0].values())
+
+    def has_turn(self, turn_id: str) -> bool:
+        """True when ``turn_id`` is kept (committed and not evicted); O(1)."""
+        return turn_id in self._ids
+
+    def was_evicted(self, turn_id: str) -> bool:
+        """True when ``turn_id`` was committed and has since been evicted (and is remembered)."""
+        return turn_id in self._evicted_ids
+
+    @property
+    def sequence(self) -> int | None:
+        """The sequence of the newest turn committed with one, or None."""
+        return self._sequence
+
+    @property
+    def evicted_ids(self) -> tuple[str, ...]:
+        """The remembered evicted turn ids, oldest first."""
+        return tuple(self._evicted_ids)
+
+    def remember_evicted(self, turn_ids: Sequence[str]) -> None:
+        """Remember turn ids as evicted without ever holding them (restoring a checkpoint).
+
+        Afterwards they behave as turns this history evicted itself: late
+        outputs for them are dropped and counted, and their ids cannot be
+        committed again. Only the newest ``remember_evicted`` ids are kept.
+
+        Raises:
+            InvalidMessageError: a malformed id.
+            DuplicateIdError: an id is a turn this history holds; nothing changed.
+        """
+        for turn_id in turn_ids:
+            check_id(turn_id, "turn id")
+            if self.has_turn(turn_id):
+                raise DuplicateIdError(
+                    f"Turn {excerpt(turn_id)} is held by this history; it cannot be "
+                    f"remembered as evicted."
+                )
+        self._settle()
+        for turn_id in turn_ids:
+            self._evicted_ids[turn_id] = None
+        while len(self._evicted_ids) > self._remember:
+            self._evicted_ids.popitem(last=False)
+
+    def view(self) -> HistoryView:
+        """An immutable view of the history as it is now, in O(1)."""
+        view = self._view
+        if view is None:
+            view = self._view = HistoryView(
+                self._pinned,
+                self._turns,
+                self._front,
+                self._generation,
+                self._shared,
+                self.held_items,
+            )
+        return view
+
+    def counts(self) -> HistoryCounts:
+        """The counters a runtime sums over its histories: a plain :data:`HistoryCounts` tuple.
+
+        The same values as :meth:`statistics`' fields, without building a
+        snapshot (taken before and after every change).
+        """
+        return (
+            len(self._turns),
+            self._items,
+            self._bytes,
+            self._tokens,
+            self._evicted,
+            self._evicted_items,
+            self._late_dropped,
+            self._blank_dropped,
+            self._duplicates,
+            self._retracted,
+        )
+
+    def statistics(self) -> HistoryStatistics:
+        """A frozen snapshot of the counters."""
+        return HistoryStatistics(
+            turns=len(self._turns),
+            items=self._items,
+            bytes=self._bytes,
+            pinned_items=len(self._pinned),
+            pinned_bytes=self._pinned_bytes,
+            evicted_turns=self._evicted,
+            evicted_items=self._evicted_items,
+            evicted_bytes=self._evicted_bytes,
+            dropped_late_outputs=self._late_dropped,
+            dropped_blank_outputs=self._blank_dropped,
+            duplicate_outputs=self._duplicates,
+            retracted_turns=self._retracted,
+            tokens=self._tokens,
+            pinned_tokens=self._pinned_tokens,
+            evicted_tokens=self._evicted_tokens,
+            restorable_turns=len(self._aside.turns) if self._aside is not None else 0,
+        )
+
+    def over_limits(self) -> bool:
+        """True when the kept turns exceed a limit and more than one turn is kept.
+
+        :meth:`evict` may still evict nothing: the newest turn and the turns
+        tied to it are never evicted.
+        """
+        limits = self._limits
+        return len(self._turns) > 1 and (
+            len(self._turns) > limits.max_turns
+            or self._items > limits.max_items
+            or self._bytes > limits.max_bytes
+            or (limits.max_tokens is not None and self._tokens > limits.max_tokens)
+        )
+
+    # -- changing --------------------------------------------------------
+
+    def check_batch(
+        self,
+        messages: Sequence[object],
+        where: str,
+        *,
+        turn_id: str | None = None,
+        pinned: bool = False,
+        gateway: Gateway | None = None,
+    ) -> tuple[int, ...]:
+        """Check a batch of messages at the door; return each one's size in bytes.
+
+        The batch's length is checked first, in O(1): a turn (its input, or
+        its messages so far plus ``messages``) holds at most ``max_items``
+        messages. Then each message passes
+        :func:`~turnloom.context.check_message` and the per-item cap, and the
+        running total is checked against ``max_bytes`` (with the turn's bytes
+        so far), so a batch far over a limit costs at most about ``max_bytes``
+        of work before it is refused. Nothing changes but a memo: the same
+        message objects checked again (the batch the door checked, then
+        committed) reuse their sizes instead of being encoded again, and the
+        same call on a history that did not change since returns at once.
+
+        Pinned instructions are not counted against the history's limits, so
+        for them (``pinned``) only the count is bounded (at ``max_items``)
+        besides the per-item cap.
+
+        With ``gateway``, each message of a batch that passed is then rendered
+        for it (and its native items sized), so a provider rule fails here;
+        the renders seed the render cache of the entries the same messages
+        become when committed or recorded next (:meth:`rendered_items`
+        counts them).
+
+        A record to a turn tied to other turns (see :class:`TurnHistory`)
+        counts the tied turns together, as eviction keeps them, whether or
+        not they reach the newest turn.
+
+        Args:
+            messages: the batch, oldest first.
+            where: how error messages name it (``"turn 't1' input"``).
+            turn_id: the held turn the batch is added to (a record), if any.
+            pinned: the batch is a turn's new pinned instructions.
+            gateway: the gateway to render the batch for, if any.
+
+        Raises:
+            TurnTooLargeError: the turn would hold more than ``max_items``
+                messages or ``max_bytes`` bytes
+                (:class:`~turnloom.errors.PairedTurnsTooLargeError`: the turns
+                tied with it would).
+            ItemTooLargeError: one message is over the per-item byte cap.
+            InvalidMessageError, InvalidTextError, DuplicateIdError: a
+                malformed message.
+            ProviderRuleError: ``gateway`` cannot render ``messages[i]``
+                (the message names it).
+        """
+        memo = self._memo(messages)
+        if self._reuse(memo, turn_id, pinned, gateway):
+            return memo[1]
+        limits = self._limits
+        turns = self._turns
+        held_items = held_bytes = 0
+        unit: tuple[_Turn, ...] = ()  # the turns held with ``turn_id``, when it is tied
+        if turn_id is not None:
+            linked = self._linked
+            for position in range(len(turns) - 1, -1, -1):  # the newest, in practice: O(1)
+                turn = turns[position]
+                if turn.turn_id == turn_id:
+                    # The turns eviction keeps with it, whether or not they
+                    # reach the newest: a record to an earlier unit (a model
+                    # call's output landing after a barge-in) is held to the
+                    # limits its records were held to while it was newest, as
+                    # a restore from a checkpoint holds it.
+                    first = self._unit_first(position) if linked else position
+                    last = position
+                    while last + 1 < len(turns) and turns[last + 1].serial in linked:
+                        last += 1
+                    if first == last:
+                        held_items, held_bytes = turn.items, turn.bytes
+                    else:
+                        unit = turns[first : last + 1]
+                        held_items = sum(t.items for t in unit)
+                        held_bytes = sum(t.bytes for t in unit)
+                    break
+        count = held_items + len(messages)
+        if unit and count > limits.max_items:
+            raise self._tied_error(where, "items", count, limits.max_items, unit, turn_id)
+        check_batch_length(count, limits, where)
+        cap = limits.max_item_bytes
+        max_bytes = limits.max_bytes
+        total = held_bytes
+        _, seen_sizes, seen_renders, seen_gateway, _, _, _ = memo
+        known = memo is not _UNCHECKED
+        found: list[int] = []
+        for i, message in enumerate(messages):
+            size = seen_sizes[i] if known else check_message(message, where=f"{where}[{i}]")
+            if size > cap:
+                raise ItemTooLargeError(
+                    f"{where}[{i}] is {size} bytes, over the per-item cap of {cap} bytes.",
+                    size=size,
+                    limit=cap,
+                )
+            total += size
+            if total > max_bytes and not pinned:
+                if unit:
+                    raise self._tied_error(where, "bytes", total, max_bytes, unit, turn_id)
+                raise TurnTooLargeError(
+                    f"{where} would make the turn hold at least {total} bytes, over the "
+                    f"history's limit of {max_bytes} bytes.",
+                    unit="bytes",
+                    size=total,
+                    limit=max_bytes,
+                )
+            found.append(size)
+        sizes = seen_sizes if known else tuple(found)
+        renders: tuple[tuple[_Native, _Encoded], ...] | None = None
+        if gateway is not None:
+            if known and seen_gateway is gateway and seen_renders is not None:
+                renders = seen_renders
+            else:
+                renders = tuple(
+                    [
+                        _render_checked(message, gateway, where, i)  # type: ignore[arg-type]
+                        for i, message in enumerate(messages)
+                    ]
+                )
+        elif known and seen_renders is not None:
+            renders, gateway = seen_renders, seen_gateway
+        checked: _Checked = (
+            tuple(messages),
+            sizes,
+            renders,
+            gateway,
+            turns,
+            turn_id,
+            bool(pinned),
+        )
+        newest, older = self._checked
+        self._checked = (checked, older if memo is newest else newest)
+        return sizes
+
+    def _memo(self, messages: Sequence[object]) -> _Checked:
+        """The memo of an earlier :meth:`check_batch` of these very message objects, if any."""
+        count = len(messages)
+        for memo in self._checked:
+            seen = memo[0]
+            if len(seen) == count and (
+                seen[0] is messages[0]  # a batch of one, the usual record: no iterator
+                if count == 1
+                else all(map(operator.is_, seen, messages))
+            ):
+                return memo
+        return _UNCHECKED
+
+    def _reuse(
+        self, memo: _Checked, turn_id: str | None, pinned: bool, gateway: Gateway | None
+    ) -> bool:
+        """True when ``memo`` is of the same check in the same state; it becomes the newest.
+
+        The same check: of these very message objects (frozen, and checked
+        into private copies: :meth:`_memo` found it), with the same
+        ``turn_id`` and ``pinned``, rendered for ``gateway`` when one is
+        given. The same state: the history's very ``_turns`` tuple. Every
+        change to the turns or to the ties between them (``_linked``, the only
+        other state the limits read) assigns another tuple object, and the
+        memo keeps its tuple alive, so no other tuple can be it; the one
+        exception, the empty tuple an emptied history holds again, holds no
+        turn and no tie either. Such a check passes again with the same
+        sizes, so it is not repeated (the door's check, then the commit or
+        record of the same batch).
+        """
+        if (
+            memo is _UNCHECKED
+            or memo[4] is not self._turns
+            or memo[5] != turn_id
+            or memo[6] is not bool(pinned)
+            or (gateway is not None and memo[3] is not gateway)
+        ):
+            return False
+        newest = self._checked[0]
+        if memo is not newest:
+            self._checked = (memo, newest)
+        return True
+
+    def rendered_items(self) -> int:
+        """How many native items the last batch :meth:`check_batch` rendered comes to."""
+        renders = self._checked[0][2]
+        if renders is None:
+            return 0
+        return sum(len(native) if type(native) is tuple else 1 for native, _ in renders)
+
+    def _entries(
+        self,
+        messages: Sequence[Message],
+        named: str,
+        what: str,
+        turn_id: str | None = None,
+        *,
+        pinned: bool = False,
+    ) -> tuple[tuple[_Entry, ...], tuple[int, ...]]:
+        """The batch checked (:meth:`check_batch`) as entries, and each one's size.
+
+        Errors name the batch ``f"turn {excerpt(named)} {what}"``; the label
+        is built only when the batch is checked here, not reused from the door.
+        """
+        memo = self._memo(messages)
+        if self._reuse(memo, turn_id, pinned, None):
+            sizes = memo[1]
+        else:
+            sizes = self.check_batch(
+                messages, f"turn {excerpt(named)} {what}", turn_id=turn_id, pinned=pinned
+            )
+        counter = self._shared.counter
+        checked, older = self._checked
+        renders, gateway = checked[2], checked[3]
+        if renders is not None and gateway is not None:
+            # The door's renders of these very messages seed their cache: slot 0's
+            # render is the entry's own fields, another slot's goes in ``more``.
+            slot = self._shared.gateway_slot(gateway)
+            if slot == 0:
+                entries = tuple(
+                    [
+                        _Entry(m, count_tokens(counter, (m,)), native, encoded)
+                        for m, (native, encoded) in zip(messages, renders, strict=True)
+                    ]
+                )
+            else:
+                entries = tuple([_Entry(m, count_tokens(counter, (m,))) for m in messages])
+                for i, entry in enumerate(entries):
+                    entry.seed(slot, *renders[i])
+        else:
+            entries = tuple([_Entry(m, count_tokens(counter, (m,))) for m in messages])
+        self._checked = (_UNCHECKED, older)  # consumed: the batch's messages are held now
+        return entries, sizes
+
+    def _unit_first(self, index: int) -> int:
+        """The index of the oldest turn eviction keeps together with ``self._turns[index]``.
+
+        O(the turns tied together), at most ``max_turns`` once committed.
+        """
+        turns, linked = self._turns, self._linked
+        while index > 0 and turns[index].serial in linked:
+            index -= 1
+        return index
+
+    def _tie(self, turn_id: str, entries: tuple[_Entry, ...], size: int) -> int:
+        """Where a new turn's input answers calls: the index of their turn, or -1.
+
+        Such a turn is evicted only together with that turn (and the turns
+        tied to it), so they must fit every limit together.
+
+        Raises:
+            PairedTurnsTooLargeError: together they would be over a limit.
+        """
+        turns = self._turns
+        if not turns or not any(e.message.tool_results for e in entries):
+            return -1
+        calls, at = _calls_after(turns)
+        if not _answers(calls, [e.message for e in entries]):
+            return -1
+        first = self._unit_first(at)
+        unit = turns[first:]
+        limits = self._limits
+        for kind, value, limit in (
+            ("turns", len(unit) + 1, limits.max_turns),
+            ("items", sum(t.items for t in unit) + len(entries), limits.max_items),
+            ("bytes", sum(t.bytes for t in unit) + size, limits.max_bytes),
+            (
+                "tokens",
+                sum(t.tokens for t in unit) + sum(e.tokens for e in entries),
+                limits.max_tokens,
+            ),
+        ):
+            if limit is not None and value > limit:
+                raise PairedTurnsTooLargeError(
+                    f"Turn {excerpt(turn_id)} input answers tool calls of turn "
+                    f"{excerpt(turns[at].turn_id)}, and eviction never separates results "
+                    f"from their calls: turns {excerpt(unit[0].turn_id)} to "
+                    f"{excerpt(turn_id)} would be kept together with {value} {kind}, over "
+                    f"the history's max_{kind} of {limit}. Allow a turn making calls and "
+                    "the turns answering them to fit together.",
+                    unit=kind,
+                    size=value,
+                    limit=limit,
+                    turn_id=turn_id,
+                    first_turn_id=unit[0].turn_id,
+                )
+        return at
+
+    def _tied_error(
+        self,
+        where: str,
+        kind: str,
+        size: int,
+        limit: int,
+        unit: tuple[_Turn, ...],
+        turn_id: str | None,
+    ) -> PairedTurnsTooLargeError:
+        """The error of a record that would make turns evicted only together too large."""
+        return PairedTurnsTooLargeError(
+            f"{where} would make turns {excerpt(unit[0].turn_id)} to "
+            f"{excerpt(unit[-1].turn_id)}, which eviction keeps together (results given as "
+            f"a turn's input stay with their calls), hold at least {size} {kind}, over the "
+            f"history's max_{kind} of {limit}.",
+            unit=kind,
+            size=size,
+            limit=limit,
+            turn_id=turn_id or unit[-1].turn_id,
+            first_turn_id=unit[0].turn_id,
+        )
+
+    def _retie(self, position: int) -> None:
+        """Tie again the turns after ``position``, whose pairing may have changed.
+
+        Called after the newest turn left (a retraction: ``position`` is the
+        new newest); see :meth:`_relinked`.
+        """
+        linked = self._relinked(self._turns, position)
+        self._linked.clear()
+        self._linked.update(linked)
+
+    def _relinked(self, turns: tuple[_Turn, ...], position: int) -> set[int]:
+        """The tie set of ``turns``: the kept turns, but ``turns[position]`` changed.
+
+        After the kept state or outputs of ``turns[position]`` changed while a
+        later turn was held (a late record, kept state), or after the newest
+        turn left (a retraction: ``position`` is the new newest), a later
+        turn's input can answer calls it did not answer before, or no longer
+        answer the calls it answered, so ties are recomputed, not only added:
+        the tie set stays exactly what a cold rebuild of the kept turns
+        computes, and a tie never outlives its reason.
+
+        Proof that recomputing from ``first``, the oldest turn tied with
+        ``position``, suffices: ``first`` is not tied (or is the oldest kept
+        turn), so no tie crossed into it from an earlier turn; ties reaching
+        before ``first`` come from inputs of turns before it, which the change
+        (after ``position``'s input) cannot affect. Each turn after ``first``
+        is judged as a commit judges it (``_calls_after``, ``_answers``),
+        which may tie it back past ``first`` when the change reopened an older
+        group. O(the turns from ``first`` on, each with its walk back).
+        """
+        first = self._unit_first(position)
+        linked = self._linked - {t.serial for t in turns[first + 1 :]}
+        for index in range(first + 1, len(turns)):
+            calls, at = _calls_after(turns[:index])
+            if _answers(calls, turns[index].messages(False)):
+                linked.update(t.serial for t in turns[at + 1 : index + 1])
+        return linked
+
+    def _check_ties(
+        self, turns: tuple[_Turn, ...], linked: set[int], position: int, where: str, turn_id: str
+    ) -> None:
+        """Refuse a late change to ``turns[position]`` that tied turns cannot fit.
+
+        Turns tied together must fit every limit as the commit of the last of
+        them and the records after it found them (:meth:`_tie`, and
+        :meth:`check_batch` on items and bytes; tokens count the last one's
+        input only, as records are not held to ``max_tokens``), which a
+        restore from a checkpoint checks again: a late
+        record or kept state that adds a tie (a later input now answers a call
+        of the changed turn), or grows a turn tied to a later one, is held to
+        it, so what a history holds it can always be rebuilt from.
+
+        Raises:
+            PairedTurnsTooLargeError: the turns tied together would be over
+                ``max_turns``, ``max_items``, ``max_bytes`` or ``max_tokens``.
+        """
+        limits = self._limits
+        added = linked - self._linked
+        for index, turn in enumerate(turns):
+            if index != position and turn.serial not in added:
+                continue
+            first = last = index
+            while first > 0 and turns[first].serial in linked:
+                first -= 1
+            while last + 1 < len(turns) and turns[last + 1].serial in linked:
+                last += 1
+            if last <= position and index == position:
+                continue  # nothing committed after the change is tied to it
+            unit = turns[first : last + 1]
+            for kind, value, limit in (
+                ("turns", len(unit), limits.max_turns),
+                ("items", sum(t.items for t in unit), limits.max_items),
+                ("bytes", sum(t.bytes for t in unit), limits.max_bytes),
+                (
+                    "tokens",
+                    sum(t.tokens for t in unit[:-1]) + sum(e.tokens for e in unit[-1].input),
+                    limits.max_tokens,
+                ),
+            ):
+                if limit is not None and value > limit:
+                    raise self._tied_error(where, kind, value, limit, unit, turn_id)
+
+    def commit(
+        self,
+        turn_id: str,
+        input: Sequence[Message],
+        *,
+        instructions: Sequence[Message] | None = None,
+        sequence: int | None = None,
+    ) -> None:
+        """Commit a new turn with its input; optionally replace the pinned instructions.
+
+        Everything is validated before anything changes. Commit does not evict;
+        call :meth:`evict` at a safe point. The turns evicted from then on
+        until the history changes otherwise are held aside: retracting this
+        turn restores them (see :meth:`retract`). Committing lets go of the
+        turns held aside for the previous one; they count as evicted.
+
+        Args:
+            turn_id: the new turn's id, unique in this history.
+            input: the turn's input messages, oldest first (``user`` messages,
+                or ``tool`` results the host supplies); not ``system`` or
+                ``developer``.
+            instructions: the new pinned ``system``/``developer`` messages, or
+                None to keep the current ones.
+            sequence: when given, must be greater than the previous committed
+                turn's sequence; lets a host detect turns arriving out of order.
+
+        Raises:
+            InvalidMessageError: a malformed message or id, an input message with
+                a pinned role, or an instruction with another role.
+            InvalidTextError: text that is not valid UTF-8.
+            ItemTooLargeError: one message is over the per-item byte cap.
+            TurnTooLargeError: the input is over ``max_items`` or ``max_bytes``,
+                or the instructions over ``max_items`` (checked first).
+            PairedTurnsTooLargeError: the input answers tool calls of the
+                newest turn (or of turns tied to it), and those turns with
+                this one would be over ``max_turns``, ``max_items``,
+                ``max_bytes`` or ``max_tokens`` (a subclass of
+                ``TurnTooLargeError``; ``unit`` names the limit).
+            DuplicateIdError: ``turn_id`` is kept or was evicted (or retracted)
+                recently, or an input message has the id of a held message.
+            OutOfOrderTurnError: ``sequence`` is not greater than the previous one.
+            AmbiguousStepError: the input splits a model step in a shape that
+                cannot be paired without guessing, or its first message would
+                continue the step the newest turn ends with.
+            HostCallbackError: the token counter raised or returned a count
+                that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing changed.
+        """
+        check_id(turn_id, "turn id")
+        if self.has_turn(turn_id) or turn_id in self._evicted_ids:
+            raise DuplicateIdError(
+                f"Turn {excerpt(turn_id)} was already committed to this context."
+            )
+        if sequence is not None:
+            if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 0:
+                raise InvalidMessageError(
+                    f"Turn {excerpt(turn_id)} sequence must be a non-negative integer, not "
+                    f"{excerpt(sequence)}."
+                )
+            if self._sequence is not None and sequence <= self._sequence:
+                raise OutOfOrderTurnError(
+                    f"Turn {excerpt(turn_id)} has sequence {sequence}, but turn sequence "
+                    f"{self._sequence} was already committed; turns must arrive in order."
+                )
+        if _first_instruction(input) >= 0:
+            reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
+        entries, sizes = self._entries(input, turn_id, "input")
+        check_steps(input, f"Turn {excerpt(turn_id)} input")
+        if input and self._turns:
+            _check_turn_start(self._turns[-1], input[0], f"Turn {excerpt(turn_id)} input[0]")
+        seen: set[str] = set()
+        for i, entry in enumerate(entries):
+            message_id = entry.message.id
+            if message_id is not None:
+                if message_id in seen or message_id in self._message_ids:
+                    raise DuplicateIdError(
+                        f"Turn {excerpt(turn_id)} input[{i}] has id {excerpt(message_id)}, "
+                        f"which a message "
+                        "of this context already has."
+                    )
+                seen.add(message_id)
+        pinned: tuple[_Entry, ...] | None = None
+        pinned_sizes: tuple[int, ...] = ()
+        if instructions is not None:
+            for i, message in enumerate(instructions):
+                if isinstance(message, Message) and message.role not in _PINNED_ROLES:
+                    raise InvalidMessageError(
+                        f"Turn {excerpt(turn_id)} instructions[{i}] has role "
+                        f"{excerpt(str(message.role))}; "
+                        "instructions are system or developer messages.",
+                        field="role",
+                    )
+            pinned, pinned_sizes = self._entries(instructions, turn_id, "instructions", pinned=True)
+        size = sum(sizes)
+        tied = self._tie(turn_id, entries, size)
+        # Validated: change state.
+        if self._aside is not None:
+            self._settle()
+        self._aside = _NOTHING_ASIDE  # what evictions drop from now on can be restored
+        if pinned is not None:
+            self._pinned = pinned
+            self._pinned_bytes = sum(pinned_sizes)
+            self._pinned_tokens = sum(e.tokens for e in pinned)
+        if sequence is not None:
+            self._sequence = sequence
+        self._serial += 1
+        turn = _Turn(
+            turn_id,
+            entries,
+            (),
+            size,
+            sum([e.tokens for e in entries]),
+            self._serial,
+        )
+        for entry in entries:
+            if entry.message.id is not None:
+                self._message_ids[entry.message.id] = (self._serial, entry.message)
+        if tied >= 0:
+            self._linked.update(t.serial for t in self._turns[tied + 1 :])
+            self._linked.add(turn.serial)
+        self._turns = (*self._turns, turn)
+        self._ids.add(turn_id)
+        self._items += turn.items
+        self._bytes += turn.bytes
+        self._tokens += turn.tokens
+        self._view = None
+
+    def output_renders(
+        self, turn_id: str, gateway: Gateway, newest: int | None = None
+    ) -> dict[int, Sequence[NativeContent]]:
+        """The held outputs of ``turn_id`` rendered for ``gateway``, by ``id()`` of their message.
+
+        Each output message object the history holds (so one that passed
+        :meth:`check_batch`) maps to its cached render, rendered and cached
+        now if it was not yet (a history restored from a store). Empty when
+        no turn ``turn_id`` is held. O(the turn's outputs), or O(``newest``)
+        when given: only the turn's last ``newest`` outputs are mapped. The
+        ids are valid while the caller holds the messages (the history holds
+        them too).
+
+        Raises:
+            ProviderRuleError: ``gateway`` cannot render a held output (it
+                rendered at the door unless the history was built without one).
+        """
+        for turn in reversed(self._turns):
+            if turn.turn_id == turn_id:
+                slot = self._shared.gateway_slot(gateway)
+                renders: dict[int, Sequence[NativeContent]] = {}
+                outputs = turn.outputs
+                if newest is not None:
+                    outputs = outputs[max(0, len(outputs) - newest) :]
+                for entry in outputs:
+                    native = entry.rendered(gateway, slot)[0]
+                    renders[id(entry.message)] = native if type(native) is tuple else (native,)  # type: ignore[assignment]
+                return renders
+        return {}
+
+    def turn_serial(self, turn_id: str) -> int:
+        """The serial of the held turn ``turn_id``: unique in this history, never reused.
+
+        Pass it to :meth:`record` so that outputs arriving after the turn is
+        gone are dropped even when its id was forgotten and reused.
+
+        Raises:
+            UnknownTurnError: ``turn_id`` is not held.
+        """
+        for turn in reversed(self._turns):
+            if turn.turn_id == turn_id:
+                return turn.serial
+        raise UnknownTurnError(f"Turn {excerpt(turn_id)} is not held by this context.")
+
+    def record(self, turn_id: str, outputs: Sequence[Message], *, serial: int | None = None) -> int:
+        """Append a turn's outputs (model messages, tool results), in order.
+
+        Empty and whitespace-only messages (an interrupted model output) are
+        not recorded, and counted. A message whose id the turn already holds
+        with equal content (an output committed twice) is not stored again,
+        and counted. Outputs for a turn no longer held are *late*: dropped and
+        counted; they never bring the turn back. A turn is known to be gone
+        when its id is remembered as evicted or retracted, when ``serial``
+        names another turn than the one now holding ``turn_id`` (the id was
+        reused), or when ids of gone turns were forgotten (an id never
+        committed then cannot be told from one of them). Record does not
+        evict; call :meth:`evict` at a safe point.
+
+        Args:
+            turn_id: the turn the outputs belong to.
+            outputs: the messages, oldest first.
+            serial: the turn's :meth:`turn_serial`, when the caller kept it.
+
+        Returns:
+            how many messages were recorded.
+
+        Raises:
+            UnknownTurnError: ``turn_id`` was certainly never committed (no id
+                of a gone turn was forgotten yet).
+            InvalidMessageError, InvalidTextError: a malformed message;
+                nothing was recorded.
+            DuplicateIdError: a message has the id of a held message with
+                other content, or of a message of another turn; nothing was
+                recorded.
+            AmbiguousStepError: the kept outputs continue the turn's model
+                step in a shape that cannot be paired without guessing (see
+                :func:`~turnloom.context.check_steps`), or a late record would
+                let the next turn's first message continue its step; nothing
+                was recorded.
+            ItemTooLargeError: one message is over the per-item byte cap;
+                nothing was recorded.
+            TurnTooLargeError: the turn would hold more than ``max_items``
+                messages or ``max_bytes`` bytes; nothing was recorded.
+                :class:`~turnloom.errors.PairedTurnsTooLargeError` when the
+                turn is tied to other turns (see the class docstring), newest
+                or not, and the tied turns together would.
+            StrandedResultsError: ``turn_id`` is not the newest turn and the
+                outputs would leave a result a later turn holds answering no
+                call (they end its call group, or answer its call first):
+                pairing would drop it from every later model input; nothing
+                was recorded. A :class:`~turnloom.errors.StateError`; its
+                fields name ``turn_id``, the later turn and the results'
+                call ids.
+            HostCallbackError: the token counter raised or returned a count
+                that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing was
+                recorded.
+        """
+        position = -1
+        for i in range(len(self._turns) - 1, -1, -1):
+            if self._turns[i].turn_id == turn_id:
+                position = i
+                break
+        if position < 0 or (serial is not None and self._turns[position].serial != serial):
+            known = position >= 0 or serial is not None or turn_id in self._evicted_ids
+            if known or self._forgotten:
+                # Validate anyway: a malformed late output is still an error.
+                self._entries(outputs, turn_id, "output")
+                self._late_dropped += len(outputs)
+                return 0
+            raise UnknownTurnError(f"Turn {excerpt(turn_id)} was never committed to this context.")
+        entries, sizes = self._entries(outputs, turn_id, "output", turn_id)
+        old = self._turns[position]
+        kept: list[_Entry] = []
+        kept_at: list[int] = []
+        kept_bytes = 0
+        added: dict[str, Message] = {}
+        duplicates = blank = 0
+        for i, entry in enumerate(entries):
+            message = entry.message
+            if message.id is not None:
+                held = self._message_ids.get(message.id)
+                same = (
+                    added.get(message.id)
+                    if held is None
+                    else (held[1] if held[0] == old.serial else None)
+                )
+                if same is not None and same == message:
+                    duplicates += 1
+                    continue
+                if held is not None or message.id in added:
+                    raise DuplicateIdError(
+                        f"Turn {excerpt(turn_id)} output[{i}] has id {excerpt(message.id)}, "
+                        f"which a "
+                        "message of this context already has with other content (or in "
+                        "another turn); nothing was recorded."
+                    )
+                added[message.id] = message
+            if _blank(message):
+                blank += 1
+                continue
+            kept.append(entry)
+            kept_at.append(i)
+            kept_bytes += sizes[i]
+        if not kept:
+            self._duplicates += duplicates
+            self._blank_dropped += blank
+            return 0
+        check_steps(
+            [e.message for e in kept],
+            f"Turn {excerpt(turn_id)} output",
+            before=_step_tail(old),
+            indices=kept_at,
+        )
+        if position + 1 < len(self._turns):
+            later = self._turns[position + 1].entries(True)
+            if later:
+                _check_turn_start(
+                    old.with_outputs(tuple(kept), 0),
+                    later[0].message,
+                    f"Turn {excerpt(self._turns[position + 1].turn_id)} input[0], after turn "
+                    f"{excerpt(turn_id)}'s late output,",
+                )
+        current = self._turns
+        late = position != len(current) - 1
+        # Nothing dropped (the usual case): the entries tuple is the outputs added.
+        new = old.with_outputs(entries if len(kept) == len(entries) else tuple(kept), kept_bytes)
+        turns = (
+            (*current[:position], new, *current[position + 1 :]) if late else (*current[:-1], new)
+        )
+        if late:
+            stranded, call_ids = _strands(self._turns, turns, position)
+            if stranded >= 0:
+                raise StrandedResultsError(
+                    f"A late output of turn {excerpt(turn_id)} would leave results that turn "
+                    f"{excerpt(self._turns[stranded].turn_id)} holds answering no tool call "
+                    "(it ends their call group, or answers their call first), so they would "
+                    "leave every later model input; nothing was recorded.",
+                    turn_id=turn_id,
+                    stranded_turn_id=self._turns[stranded].turn_id,
+                    call_ids=call_ids,
+                )
+            linked = self._relinked(turns, position)
+            self._check_ties(turns, linked, position, f"Turn {excerpt(turn_id)} output", turn_id)
+        self._duplicates += duplicates
+        self._blank_dropped += blank
+        if self._aside is not None:
+            self._settle()
+        if late:
+            self._generation += 1
+            self._linked.clear()
+            self._linked.update(linked)
+        for entry in kept:
+            if entry.message.id is not None:
+                self._message_ids[entry.message.id] = (old.serial, entry.message)
+        self._turns = turns
+        self._items += len(kept)
+        self._bytes += new.bytes - old.bytes
+        self._tokens += new.tokens - old.tokens
+        self._view = None
+        return len(kept)
+
+    def keep_state(
+        self, turn_id: str, messages: Sequence[Message], *, serial: int | None = None
+    ) -> bool:
+        """Keep ``messages`` as the turn's state, in place of any it kept before.
+
+        Kept state sits between the turn's input and its outputs once the turn
+        is an earlier turn of a render (a render of the turn's own input never
+        holds it), so a host that sent its model per-turn state there (the
+        runtime-state pair) sends the same bytes again in later inputs. It
+        counts like recorded messages (items, bytes, tokens, against the
+        limits) and leaves with its turn (eviction, retraction). An empty
+        ``messages`` keeps none. Keeping does not evict; call :meth:`evict`
+        at a safe point.
+
+        Args:
+            turn_id: the held turn.
+            messages: the state messages, oldest first; messages without an id.
+            serial: the turn's :meth:`turn_serial`, when the caller kept it.
+
+        Returns:
+            True when the turn is held and now keeps ``messages``; False when
+            it is no longer held (evicted, retracted, or ``serial`` names
+            another turn), or when a later turn holds results answering calls
+            of the turn that the kept messages would end (they sit before
+            those results; pairing would then drop them): nothing changed.
+
+        Raises:
+            InvalidMessageError: a malformed message, one with a pinned role or
+                one with an id; nothing changed.
+            InvalidTextError: text that is not valid UTF-8; nothing changed.
+            ItemTooLargeError: one message is over the per-item byte cap;
+                nothing changed.
+            HostCallbackError: the token counter raised or returned a count
+                that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing changed.
+        """
+        reject_instructions(messages, "state", f"Turn {excerpt(turn_id)} state")
+        cap = self._limits.max_item_bytes
+        counter = self._shared.counter
+        entries: list[_Entry] = []
+        state_bytes = 0
+        for i, message in enumerate(messages):
+            label = f"turn {excerpt(turn_id)} state[{i}]"
+            size = check_message(message, where=label)
+            if size > cap:
+                raise ItemTooLargeError(
+                    f"{label} is {size} bytes, over the per-item cap of {cap} bytes.",
+                    size=size,
+                    limit=cap,
+                )
+            if message.id is not None:
+                raise InvalidMessageError(
+                    f"{label} has id {excerpt(message.id)}; kept state messages carry no id.",
+                    field="id",
+                )
+            entries.append(_Entry(message, count_tokens(counter, (message,))))
+            state_bytes += size
+        position = len(self._turns) - 1
+        while position >= 0 and self._turns[position].turn_id != turn_id:
+            position -= 1
+        if position < 0 or (serial is not None and self._turns[position].serial != serial):
+            return False
+        old = self._turns[position]
+        if len(old.state) == len(entries) and all(
+            a.message == b.message for a, b in zip(old.state, entries, strict=True)
+        ):
+            return True
+        new = old.with_state(tuple(entries), state_bytes)
+        turns = (*self._turns[:position], new, *self._turns[position + 1 :])
+        late = position != len(self._turns) - 1
+        if late:
+            if _strands(self._turns, turns, position)[0] >= 0:
+                return False
+            linked = self._relinked(turns, position)
+            try:
+                self._check_ties(turns, linked, position, f"Turn {excerpt(turn_id)} state", turn_id)
+            except PairedTurnsTooLargeError:
+                return False
+            self._settle()  # a turn before the newest changed: the evicted turns stay gone
+            self._generation += 1
+            self._linked.clear()
+            self._linked.update(linked)
+        self._turns = turns
+        self._items += new.items - old.items
+        self._bytes += new.bytes - old.bytes
+        self._tokens += new.tokens - old.tokens
+        self._view = None
+        return True
+
+    def evict(self) -> tuple[str, ...]:
+        """Drop whole turns, oldest first, until every limit holds.
+
+        A turn leaves together with the later turns tied to it (their input
+        answers its calls; see the class docstring), so eviction may drop more
+        than a limit alone asks for. The newest turn, and the turns it is tied
+        to, are never evicted: they are kept alone when over a limit (over
+        ``max_tokens`` through records, or over any limit through kept state,
+        which is never refused; commits and records refuse the rest).
+        Pinned instructions are never evicted, and never counted against a
+        limit. O(evicted turns), plus the turns tied to the newest when they
+        stop it.
+
+        The turns evicted while the newest turn and its kept state are all
+        that changed since its commit are held aside, neither kept nor
+        counted in ``evicted_turns`` (:attr:`restorable_ids`), until
+        :meth:`retract` of that turn restores them or another change (a
+        commit, a record that stores a message, kept state of an earlier
+        turn, :meth:`remember_evicted`, :meth:`settle_evictions`) lets them
+        go: at most the turns held when that turn was committed.
+
+        Returns:
+            the ids of the evicted turns, oldest first.
+        """
+        count = 0
+        items = total = tokens = 0
+        limits = self._limits
+        max_tokens = limits.max_tokens
+        turns, linked = self._turns, self._linked
+        while (
+            len(turns) - count > limits.max_turns
+            or self._items - items > limits.max_items
+            or self._bytes - total > limits.max_bytes
+            or (max_tokens is not None and self._tokens - tokens > max_tokens)
+        ):
+            # The oldest turn goes with the turns tied to it (their input
+            # answers its calls), or not at all when they reach the newest.
+            end = count + 1
+            while end < len(turns) and turns[end].serial in linked:
+                end += 1
+            if end >= len(turns):
+                break
+            for turn in turns[count:end]:
+                items += turn.items
+                total += turn.bytes
+                tokens += turn.tokens
+            count = end
+        if not count:
+            return ()
+        gone = turns[:count]
+        self._turns = turns[count:]
+        self._items -= items
+        self._bytes -= total
+        self._tokens -= tokens
+        self._front += count
+        aside = self._aside
+        if aside is None:
+            self._count_evicted(gone)
+            for turn in gone:
+                self._forget(turn)
+        else:
+            # Since the newest commit nothing else changed: held aside for its
+            # retraction, counted as evicted once they cannot be restored.
+            tied = tuple([t.serial for t in gone if t.serial in linked]) if linked else ()
+            popped: list[str] = []
+            for turn in gone:
+                self._forget(turn, popped)
+            if aside is _NOTHING_ASIDE:  # the first eviction since the commit, usually the only one
+                self._aside = _Aside(gone, tied, tuple(popped), turns[-1])
+            else:
+                self._aside = _Aside(
+                    aside.turns + gone,
+                    aside.linked + tied,
+                    aside.popped + tuple(popped),
+                    turns[-1],
+                )
+        self._view = None
+        return tuple(t.turn_id for t in gone)
+
+    def _count_evicted(self, turns: tuple[_Turn, ...]) -> None:
+        """Count ``turns`` as evicted for good (the statistics' ``evicted_*``)."""
+        self._evicted += len(turns)
+        for turn in turns:
+            self._evicted_items += turn.items
+            self._evicted_bytes += turn.bytes
+            self._evicted_tokens += turn.tokens
+
+    def _settle(self) -> None:
+        """The turns held aside can no longer be restored: count them evicted, let them go."""
+        aside = self._aside
+        self._aside = None
+        if aside is not None and aside.turns:
+            self._count_evicted(aside.turns)
+
+    def settle_evictions(self) -> None:
+        """Let go of the turns held aside (:attr:`restorable_ids`): they count as evicted now.
+
+        For a history about to be dropped (its context removed). O(1) but for
+        the turns held aside.
+        """
+        self._settle()
+
+    @property
+    def restorable_ids(self) -> tuple[str, ...]:
+        """Ids of the turns a retraction of the newest turn would restore, oldest first.
+
+        The turns the evictions since the newest commit dropped, held aside
+        until the history changes otherwise (see :meth:`retract`); empty when
+        there are none.
+        """
+        aside = self._aside
+        return tuple(t.turn_id for t in aside.turns) if aside is not None else ()
+
+    def before_evictions(self) -> tuple[HistoryView, tuple[str, ...]]:
+        """The history as the evictions since the newest commit found it, for a checkpoint.
+
+        Returns a view holding the turns held aside (:attr:`restorable_ids`)
+        before the kept ones, the newest with the kept state the latest
+        eviction found it with, and the evicted turn ids remembered then,
+        oldest first; replaying that view, then :meth:`evict` (which evicts
+        the turns held aside again: they were over the limits with that
+        state), then keeping the newest turn's state now, rebuilds this
+        history. Without turns held aside, :meth:`view` and
+        :attr:`evicted_ids`. The view is meant to be read; it renders
+        privately (as an older view). O(turns held and remembered ids).
+        """
+        aside = self._aside
+        if aside is None or not aside.turns:
+            return self.view(), self.evicted_ids
+        turns = (*aside.turns, *self._turns[:-1], cast(_Turn, aside.newest))
+        held = len(self._pinned) + sum(t.items for t in turns)
+        view = HistoryView(self._pinned, turns, self._front, -1, self._shared, held)
+        return view, tuple(aside.remembered_before(tuple(self._evicted_ids)))
+
+    def _restore(self, aside: _Aside) -> None:
+        """Undo the evictions held in ``aside``: each one's turns, counts, ids and ties back.
+
+        The inverse of the evictions (:meth:`evict`, :meth:`_forget`): the
+        turns go back in front, held; their ids leave the remembered ids and
+        the ids they pushed out come back; their ties are restored. Turns
+        before the newest changed, so views render anew (the generation).
+        """
+        turns = aside.turns
+        self._turns = (*turns, *self._turns)
+        for turn in turns:
+            self._items += turn.items
+            self._bytes += turn.bytes
+            self._tokens += turn.tokens
+            self._ids.add(turn.turn_id)
+            for message in _identified(turn):
+                self._message_ids[cast(str, message.id)] = (turn.serial, message)
+        self._linked.update(aside.linked)
+        remembered = aside.remembered_before(tuple(self._evicted_ids))
+        self._evicted_ids.clear()
+        self._evicted_ids.update(dict.fromkeys(remembered))
+        self._forgotten -= len(aside.popped)
+        self._generation += 1
+        self._view = None
+
+    def _forget(self, turn: _Turn, popped: list[str] | None = None) -> None:
+        """Drop a turn's ids; remember its id as gone (a bounded number of them).
+
+        With ``popped``, the remembered ids this pushes out are appended to it.
+        """
+        self._ids.discard(turn.turn_id)
+        self._linked.discard(turn.serial)
+        message_ids = self._message_ids
+        if message_ids:
+            for message in _identified(turn):
+                message_ids.pop(cast(str, message.id), None)
+        self._evicted_ids[turn.turn_id] = None
+        while len(self._evicted_ids) > self._remember:
+            turn_id, _ = self._evicted_ids.popitem(last=False)
+            self._forgotten += 1
+            if popped is not None:
+                popped.append(turn_id)
+
+    def retract(self, turn_id: str) -> None:
+        """Take back the newest turn, which produced no output (a false start).
+
+        The turn's input leaves the history as if it had never been
+        committed: the next turn's input does not hold it, and the turns the
+        evictions since its commit dropped (:attr:`restorable_ids`) are held
+        again, oldest first, with their outputs, kept state, ties and
+        message ids, no longer remembered as evicted (the ids their
+        remembering pushed out are remembered again) and not counted in
+        ``evicted_turns``. The history is then what it was before the commit
+        but for the turn's own id, which is remembered like an evicted
+        turn's: it cannot be committed again, and outputs recorded for it
+        later are dropped and counted. The sequence it carried stays used,
+        and pinned instructions the commit set stay set. Turns are
+        restored only while nothing but evictions and the turn's own kept
+        state changed since the commit (see :meth:`evict`). O(the turns
+        restored and the remembered ids) when turns are restored; the next
+        render of a view rebuilds its cached run (O(history), in a worker
+        thread).
+
+        Raises:
+            InvalidMessageError: a malformed id.
+            UnknownTurnError: ``turn_id`` is not held.
+            StateError: ``turn_id`` is not the newest turn, or outputs were
+                recorded for it (it answered: record a correction instead).
+        """
+        check_id(turn_id, "turn id")
+        if not self.has_turn(turn_id):
+            raise UnknownTurnError(f"Turn {excerpt(turn_id)} is not held by this context.")
+        turn = self._turns[-1]
+        if turn.turn_id != turn_id:
+            raise StateError(
+                f"Turn {excerpt(turn_id)} is not the newest turn ({excerpt(turn.turn_id)} "
+                f"is); only the "
+                "newest turn can be retracted."
+            )
+        if turn.outputs:
+            raise StateError(
+                f"Turn {excerpt(turn_id)} has {len(turn.outputs)} recorded output(s); only a turn "
+                "that produced no answer can be retracted."
+            )
+        aside, self._aside = self._aside, None
+        if aside is not None and aside.turns:
+            self._restore(aside)
+        self._turns = self._turns[:-1]
+        self._items -= turn.items
+        self._bytes -= turn.bytes
+        self._tokens -= turn.tokens
+        self._retracted += 1
+        tied = turn.serial in self._linked
+        self._forget(turn)
+        if tied:
+            # Its input's tie may be the only reason turns before it were tied.
+            self._retie(len(self._turns) - 1)
+        self._view = None
