@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
-from turnloom.context.history._cells import _Turn
+from turnloom.context.history._cells import _Entry, _Turn
+from turnloom.context.history.limits import HistoryLimits
 from turnloom.context.message import (
     Message,
     Role,
@@ -15,6 +17,7 @@ from turnloom.context.pairing import (
 )
 from turnloom.errors import (
     AmbiguousStepError,
+    PairedTurnsTooLargeError,
     excerpt,
 )
 
@@ -162,3 +165,179 @@ def _strands(
         return -1, ()
     first = lost[0][0]  # keys are in turn order
     return first, tuple(call_id for index, _, call_id in lost if index == first)
+
+
+class _TieState(Protocol):
+    """The state of a :class:`TurnHistory` this file reads and changes."""
+
+    _limits: HistoryLimits
+    _linked: set[int]
+    _turns: tuple[_Turn, ...]
+
+
+def _unit_first(history: _TieState, index: int) -> int:
+    """The index of the oldest turn eviction keeps together with ``history._turns[index]``.
+
+    O(the turns tied together), at most ``max_turns`` once committed.
+    """
+    turns, linked = history._turns, history._linked
+    while index > 0 and turns[index].serial in linked:
+        index -= 1
+    return index
+
+
+def _tie(history: _TieState, turn_id: str, entries: tuple[_Entry, ...], size: int) -> int:
+    """Where a new turn's input answers calls: the index of their turn, or -1.
+
+    Such a turn is evicted only together with that turn (and the turns
+    tied to it), so they must fit every limit together.
+
+    Raises:
+        PairedTurnsTooLargeError: together they would be over a limit.
+    """
+    turns = history._turns
+    if not turns or not any(e.message.tool_results for e in entries):
+        return -1
+    calls, at = _calls_after(turns)
+    if not _answers(calls, [e.message for e in entries]):
+        return -1
+    first = _unit_first(history, at)
+    unit = turns[first:]
+    limits = history._limits
+    for kind, value, limit in (
+        ("turns", len(unit) + 1, limits.max_turns),
+        ("items", sum(t.items for t in unit) + len(entries), limits.max_items),
+        ("bytes", sum(t.bytes for t in unit) + size, limits.max_bytes),
+        (
+            "tokens",
+            sum(t.tokens for t in unit) + sum(e.tokens for e in entries),
+            limits.max_tokens,
+        ),
+    ):
+        if limit is not None and value > limit:
+            raise PairedTurnsTooLargeError(
+                f"Turn {excerpt(turn_id)} input answers tool calls of turn "
+                f"{excerpt(turns[at].turn_id)}, and eviction never separates results "
+                f"from their calls: turns {excerpt(unit[0].turn_id)} to "
+                f"{excerpt(turn_id)} would be kept together with {value} {kind}, over "
+                f"the history's max_{kind} of {limit}. Allow a turn making calls and "
+                "the turns answering them to fit together.",
+                unit=kind,
+                size=value,
+                limit=limit,
+                turn_id=turn_id,
+                first_turn_id=unit[0].turn_id,
+            )
+    return at
+
+
+def _tied_error(
+    where: str,
+    kind: str,
+    size: int,
+    limit: int,
+    unit: tuple[_Turn, ...],
+    turn_id: str | None,
+) -> PairedTurnsTooLargeError:
+    """The error of a record that would make turns evicted only together too large."""
+    return PairedTurnsTooLargeError(
+        f"{where} would make turns {excerpt(unit[0].turn_id)} to "
+        f"{excerpt(unit[-1].turn_id)}, which eviction keeps together (results given as "
+        f"a turn's input stay with their calls), hold at least {size} {kind}, over the "
+        f"history's max_{kind} of {limit}.",
+        unit=kind,
+        size=size,
+        limit=limit,
+        turn_id=turn_id or unit[-1].turn_id,
+        first_turn_id=unit[0].turn_id,
+    )
+
+
+def _retie(history: _TieState, position: int) -> None:
+    """Tie again the turns after ``position``, whose pairing may have changed.
+
+    Called after the newest turn left (a retraction: ``position`` is the
+    new newest); see :meth:`TurnHistory._relinked`.
+    """
+    linked = _relinked(history, history._turns, position)
+    history._linked.clear()
+    history._linked.update(linked)
+
+
+def _relinked(history: _TieState, turns: tuple[_Turn, ...], position: int) -> set[int]:
+    """The tie set of ``turns``: the kept turns, but ``turns[position]`` changed.
+
+    After the kept state or outputs of ``turns[position]`` changed while a
+    later turn was held (a late record, kept state), or after the newest
+    turn left (a retraction: ``position`` is the new newest), a later
+    turn's input can answer calls it did not answer before, or no longer
+    answer the calls it answered, so ties are recomputed, not only added:
+    the tie set stays exactly what a cold rebuild of the kept turns
+    computes, and a tie never outlives its reason.
+
+    Proof that recomputing from ``first``, the oldest turn tied with
+    ``position``, suffices: ``first`` is not tied (or is the oldest kept
+    turn), so no tie crossed into it from an earlier turn; ties reaching
+    before ``first`` come from inputs of turns before it, which the change
+    (after ``position``'s input) cannot affect. Each turn after ``first``
+    is judged as a commit judges it (``_calls_after``, ``_answers``),
+    which may tie it back past ``first`` when the change reopened an older
+    group. O(the turns from ``first`` on, each with its walk back).
+    """
+    first = _unit_first(history, position)
+    linked = history._linked - {t.serial for t in turns[first + 1 :]}
+    for index in range(first + 1, len(turns)):
+        calls, at = _calls_after(turns[:index])
+        if _answers(calls, turns[index].messages(False)):
+            linked.update(t.serial for t in turns[at + 1 : index + 1])
+    return linked
+
+
+def _check_ties(
+    history: _TieState,
+    turns: tuple[_Turn, ...],
+    linked: set[int],
+    position: int,
+    where: str,
+    turn_id: str,
+) -> None:
+    """Refuse a late change to ``turns[position]`` that tied turns cannot fit.
+
+    Turns tied together must fit every limit as the commit of the last of
+    them and the records after it found them (:meth:`TurnHistory._tie`, and
+    :meth:`TurnHistory.check_batch` on items and bytes; tokens count the last one's
+    input only, as records are not held to ``max_tokens``), which a
+    restore from a checkpoint checks again: a late
+    record or kept state that adds a tie (a later input now answers a call
+    of the changed turn), or grows a turn tied to a later one, is held to
+    it, so what a history holds it can always be rebuilt from.
+
+    Raises:
+        PairedTurnsTooLargeError: the turns tied together would be over
+            ``max_turns``, ``max_items``, ``max_bytes`` or ``max_tokens``.
+    """
+    limits = history._limits
+    added = linked - history._linked
+    for index, turn in enumerate(turns):
+        if index != position and turn.serial not in added:
+            continue
+        first = last = index
+        while first > 0 and turns[first].serial in linked:
+            first -= 1
+        while last + 1 < len(turns) and turns[last + 1].serial in linked:
+            last += 1
+        if last <= position and index == position:
+            continue  # nothing committed after the change is tied to it
+        unit = turns[first : last + 1]
+        for kind, value, limit in (
+            ("turns", len(unit), limits.max_turns),
+            ("items", sum(t.items for t in unit), limits.max_items),
+            ("bytes", sum(t.bytes for t in unit), limits.max_bytes),
+            (
+                "tokens",
+                sum(t.tokens for t in unit[:-1]) + sum(e.tokens for e in unit[-1].input),
+                limits.max_tokens,
+            ),
+        ):
+            if limit is not None and value > limit:
+                raise _tied_error(where, kind, value, limit, unit, turn_id)

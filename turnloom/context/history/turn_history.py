@@ -2,30 +2,42 @@
 
 from __future__ import annotations
 
-import operator
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import cast
 
 from turnloom.context._fresh import fresh_messages
 from turnloom.context._untrack import untrack_container
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.history._batches import _UNCHECKED, _Checked
-from turnloom.context.history._cells import _Encoded, _Entry, _Native, _render_checked, _Turn
-from turnloom.context.history._evictions import _NOTHING_ASIDE, _Aside, _identified
+from turnloom.context.history._batches import (
+    _UNCHECKED,
+    _check_batch,
+    _Checked,
+    _entries,
+    _rendered_items,
+)
+from turnloom.context.history._cells import _Entry, _Turn
+from turnloom.context.history._evictions import (
+    _NOTHING_ASIDE,
+    _Aside,
+    _before_evictions,
+    _evict,
+    _retract,
+    _settle,
+)
 from turnloom.context.history._run import _Shared
 from turnloom.context.history._ties import (
-    _answers,
     _calls_after,
+    _check_ties,
     _check_turn_start,
+    _relinked,
     _step_tail,
     _strands,
+    _tie,
 )
 from turnloom.context.history.limits import (
     HistoryCounts,
     HistoryLimits,
     HistoryStatistics,
-    check_batch_length,
 )
 from turnloom.context.history.view import HistoryView
 from turnloom.context.message import (
@@ -50,9 +62,7 @@ from turnloom.errors import (
     ItemTooLargeError,
     OutOfOrderTurnError,
     PairedTurnsTooLargeError,
-    StateError,
     StrandedResultsError,
-    TurnTooLargeError,
     UnknownTurnError,
     excerpt,
 )
@@ -307,7 +317,7 @@ class TurnHistory:
                     f"Turn {excerpt(turn_id)} is held by this history; it cannot be "
                     f"remembered as evicted."
                 )
-        self._settle()
+        _settle(self)
         for turn_id in turn_ids:
             self._evicted_ids[turn_id] = None
         while len(self._evicted_ids) > self._remember:
@@ -437,342 +447,11 @@ class TurnHistory:
             ProviderRuleError: ``gateway`` cannot render ``messages[i]``
                 (the message names it).
         """
-        memo = self._memo(messages)
-        if self._reuse(memo, turn_id, pinned, gateway):
-            return memo[1]
-        limits = self._limits
-        turns = self._turns
-        held_items = held_bytes = 0
-        unit: tuple[_Turn, ...] = ()  # the turns held with ``turn_id``, when it is tied
-        if turn_id is not None:
-            linked = self._linked
-            for position in range(len(turns) - 1, -1, -1):  # the newest, in practice: O(1)
-                turn = turns[position]
-                if turn.turn_id == turn_id:
-                    # The turns eviction keeps with it, whether or not they
-                    # reach the newest: a record to an earlier unit (a model
-                    # call's output landing after a barge-in) is held to the
-                    # limits its records were held to while it was newest, as
-                    # a restore from a checkpoint holds it.
-                    first = self._unit_first(position) if linked else position
-                    last = position
-                    while last + 1 < len(turns) and turns[last + 1].serial in linked:
-                        last += 1
-                    if first == last:
-                        held_items, held_bytes = turn.items, turn.bytes
-                    else:
-                        unit = turns[first : last + 1]
-                        held_items = sum(t.items for t in unit)
-                        held_bytes = sum(t.bytes for t in unit)
-                    break
-        count = held_items + len(messages)
-        if unit and count > limits.max_items:
-            raise self._tied_error(where, "items", count, limits.max_items, unit, turn_id)
-        check_batch_length(count, limits, where)
-        cap = limits.max_item_bytes
-        max_bytes = limits.max_bytes
-        total = held_bytes
-        _, seen_sizes, seen_renders, seen_gateway, _, _, _ = memo
-        known = memo is not _UNCHECKED
-        found: list[int] = []
-        for i, message in enumerate(messages):
-            size = seen_sizes[i] if known else check_message(message, where=f"{where}[{i}]")
-            if size > cap:
-                raise ItemTooLargeError(
-                    f"{where}[{i}] is {size} bytes, over the per-item cap of {cap} bytes.",
-                    size=size,
-                    limit=cap,
-                )
-            total += size
-            if total > max_bytes and not pinned:
-                if unit:
-                    raise self._tied_error(where, "bytes", total, max_bytes, unit, turn_id)
-                raise TurnTooLargeError(
-                    f"{where} would make the turn hold at least {total} bytes, over the "
-                    f"history's limit of {max_bytes} bytes.",
-                    unit="bytes",
-                    size=total,
-                    limit=max_bytes,
-                )
-            found.append(size)
-        sizes = seen_sizes if known else tuple(found)
-        renders: tuple[tuple[_Native, _Encoded], ...] | None = None
-        if gateway is not None:
-            if known and seen_gateway is gateway and seen_renders is not None:
-                renders = seen_renders
-            else:
-                renders = tuple(
-                    [
-                        _render_checked(message, gateway, where, i)  # type: ignore[arg-type]
-                        for i, message in enumerate(messages)
-                    ]
-                )
-        elif known and seen_renders is not None:
-            renders, gateway = seen_renders, seen_gateway
-        checked: _Checked = (
-            tuple(messages),
-            sizes,
-            renders,
-            gateway,
-            turns,
-            turn_id,
-            bool(pinned),
-        )
-        newest, older = self._checked
-        self._checked = (checked, older if memo is newest else newest)
-        return sizes
-
-    def _memo(self, messages: Sequence[object]) -> _Checked:
-        """The memo of an earlier :meth:`check_batch` of these very message objects, if any."""
-        count = len(messages)
-        for memo in self._checked:
-            seen = memo[0]
-            if len(seen) == count and (
-                seen[0] is messages[0]  # a batch of one, the usual record: no iterator
-                if count == 1
-                else all(map(operator.is_, seen, messages))
-            ):
-                return memo
-        return _UNCHECKED
-
-    def _reuse(
-        self, memo: _Checked, turn_id: str | None, pinned: bool, gateway: Gateway | None
-    ) -> bool:
-        """True when ``memo`` is of the same check in the same state; it becomes the newest.
-
-        The same check: of these very message objects (frozen, and checked
-        into private copies: :meth:`_memo` found it), with the same
-        ``turn_id`` and ``pinned``, rendered for ``gateway`` when one is
-        given. The same state: the history's very ``_turns`` tuple. Every
-        change to the turns or to the ties between them (``_linked``, the only
-        other state the limits read) assigns another tuple object, and the
-        memo keeps its tuple alive, so no other tuple can be it; the one
-        exception, the empty tuple an emptied history holds again, holds no
-        turn and no tie either. Such a check passes again with the same
-        sizes, so it is not repeated (the door's check, then the commit or
-        record of the same batch).
-        """
-        if (
-            memo is _UNCHECKED
-            or memo[4] is not self._turns
-            or memo[5] != turn_id
-            or memo[6] is not bool(pinned)
-            or (gateway is not None and memo[3] is not gateway)
-        ):
-            return False
-        newest = self._checked[0]
-        if memo is not newest:
-            self._checked = (memo, newest)
-        return True
+        return _check_batch(self, messages, where, turn_id=turn_id, pinned=pinned, gateway=gateway)
 
     def rendered_items(self) -> int:
         """How many native items the last batch :meth:`check_batch` rendered comes to."""
-        renders = self._checked[0][2]
-        if renders is None:
-            return 0
-        return sum(len(native) if type(native) is tuple else 1 for native, _ in renders)
-
-    def _entries(
-        self,
-        messages: Sequence[Message],
-        named: str,
-        what: str,
-        turn_id: str | None = None,
-        *,
-        pinned: bool = False,
-    ) -> tuple[tuple[_Entry, ...], tuple[int, ...]]:
-        """The batch checked (:meth:`check_batch`) as entries, and each one's size.
-
-        Errors name the batch ``f"turn {excerpt(named)} {what}"``; the label
-        is built only when the batch is checked here, not reused from the door.
-        """
-        memo = self._memo(messages)
-        if self._reuse(memo, turn_id, pinned, None):
-            sizes = memo[1]
-        else:
-            sizes = self.check_batch(
-                messages, f"turn {excerpt(named)} {what}", turn_id=turn_id, pinned=pinned
-            )
-        counter = self._shared.counter
-        checked, older = self._checked
-        renders, gateway = checked[2], checked[3]
-        if renders is not None and gateway is not None:
-            # The door's renders of these very messages seed their cache: slot 0's
-            # render is the entry's own fields, another slot's goes in ``more``.
-            slot = self._shared.gateway_slot(gateway)
-            if slot == 0:
-                entries = tuple(
-                    [
-                        _Entry(m, count_tokens(counter, (m,)), native, encoded)
-                        for m, (native, encoded) in zip(messages, renders, strict=True)
-                    ]
-                )
-            else:
-                entries = tuple([_Entry(m, count_tokens(counter, (m,))) for m in messages])
-                for i, entry in enumerate(entries):
-                    entry.seed(slot, *renders[i])
-        else:
-            entries = tuple([_Entry(m, count_tokens(counter, (m,))) for m in messages])
-        self._checked = (_UNCHECKED, older)  # consumed: the batch's messages are held now
-        return entries, sizes
-
-    def _unit_first(self, index: int) -> int:
-        """The index of the oldest turn eviction keeps together with ``self._turns[index]``.
-
-        O(the turns tied together), at most ``max_turns`` once committed.
-        """
-        turns, linked = self._turns, self._linked
-        while index > 0 and turns[index].serial in linked:
-            index -= 1
-        return index
-
-    def _tie(self, turn_id: str, entries: tuple[_Entry, ...], size: int) -> int:
-        """Where a new turn's input answers calls: the index of their turn, or -1.
-
-        Such a turn is evicted only together with that turn (and the turns
-        tied to it), so they must fit every limit together.
-
-        Raises:
-            PairedTurnsTooLargeError: together they would be over a limit.
-        """
-        turns = self._turns
-        if not turns or not any(e.message.tool_results for e in entries):
-            return -1
-        calls, at = _calls_after(turns)
-        if not _answers(calls, [e.message for e in entries]):
-            return -1
-        first = self._unit_first(at)
-        unit = turns[first:]
-        limits = self._limits
-        for kind, value, limit in (
-            ("turns", len(unit) + 1, limits.max_turns),
-            ("items", sum(t.items for t in unit) + len(entries), limits.max_items),
-            ("bytes", sum(t.bytes for t in unit) + size, limits.max_bytes),
-            (
-                "tokens",
-                sum(t.tokens for t in unit) + sum(e.tokens for e in entries),
-                limits.max_tokens,
-            ),
-        ):
-            if limit is not None and value > limit:
-                raise PairedTurnsTooLargeError(
-                    f"Turn {excerpt(turn_id)} input answers tool calls of turn "
-                    f"{excerpt(turns[at].turn_id)}, and eviction never separates results "
-                    f"from their calls: turns {excerpt(unit[0].turn_id)} to "
-                    f"{excerpt(turn_id)} would be kept together with {value} {kind}, over "
-                    f"the history's max_{kind} of {limit}. Allow a turn making calls and "
-                    "the turns answering them to fit together.",
-                    unit=kind,
-                    size=value,
-                    limit=limit,
-                    turn_id=turn_id,
-                    first_turn_id=unit[0].turn_id,
-                )
-        return at
-
-    def _tied_error(
-        self,
-        where: str,
-        kind: str,
-        size: int,
-        limit: int,
-        unit: tuple[_Turn, ...],
-        turn_id: str | None,
-    ) -> PairedTurnsTooLargeError:
-        """The error of a record that would make turns evicted only together too large."""
-        return PairedTurnsTooLargeError(
-            f"{where} would make turns {excerpt(unit[0].turn_id)} to "
-            f"{excerpt(unit[-1].turn_id)}, which eviction keeps together (results given as "
-            f"a turn's input stay with their calls), hold at least {size} {kind}, over the "
-            f"history's max_{kind} of {limit}.",
-            unit=kind,
-            size=size,
-            limit=limit,
-            turn_id=turn_id or unit[-1].turn_id,
-            first_turn_id=unit[0].turn_id,
-        )
-
-    def _retie(self, position: int) -> None:
-        """Tie again the turns after ``position``, whose pairing may have changed.
-
-        Called after the newest turn left (a retraction: ``position`` is the
-        new newest); see :meth:`_relinked`.
-        """
-        linked = self._relinked(self._turns, position)
-        self._linked.clear()
-        self._linked.update(linked)
-
-    def _relinked(self, turns: tuple[_Turn, ...], position: int) -> set[int]:
-        """The tie set of ``turns``: the kept turns, but ``turns[position]`` changed.
-
-        After the kept state or outputs of ``turns[position]`` changed while a
-        later turn was held (a late record, kept state), or after the newest
-        turn left (a retraction: ``position`` is the new newest), a later
-        turn's input can answer calls it did not answer before, or no longer
-        answer the calls it answered, so ties are recomputed, not only added:
-        the tie set stays exactly what a cold rebuild of the kept turns
-        computes, and a tie never outlives its reason.
-
-        Proof that recomputing from ``first``, the oldest turn tied with
-        ``position``, suffices: ``first`` is not tied (or is the oldest kept
-        turn), so no tie crossed into it from an earlier turn; ties reaching
-        before ``first`` come from inputs of turns before it, which the change
-        (after ``position``'s input) cannot affect. Each turn after ``first``
-        is judged as a commit judges it (``_calls_after``, ``_answers``),
-        which may tie it back past ``first`` when the change reopened an older
-        group. O(the turns from ``first`` on, each with its walk back).
-        """
-        first = self._unit_first(position)
-        linked = self._linked - {t.serial for t in turns[first + 1 :]}
-        for index in range(first + 1, len(turns)):
-            calls, at = _calls_after(turns[:index])
-            if _answers(calls, turns[index].messages(False)):
-                linked.update(t.serial for t in turns[at + 1 : index + 1])
-        return linked
-
-    def _check_ties(
-        self, turns: tuple[_Turn, ...], linked: set[int], position: int, where: str, turn_id: str
-    ) -> None:
-        """Refuse a late change to ``turns[position]`` that tied turns cannot fit.
-
-        Turns tied together must fit every limit as the commit of the last of
-        them and the records after it found them (:meth:`_tie`, and
-        :meth:`check_batch` on items and bytes; tokens count the last one's
-        input only, as records are not held to ``max_tokens``), which a
-        restore from a checkpoint checks again: a late
-        record or kept state that adds a tie (a later input now answers a call
-        of the changed turn), or grows a turn tied to a later one, is held to
-        it, so what a history holds it can always be rebuilt from.
-
-        Raises:
-            PairedTurnsTooLargeError: the turns tied together would be over
-                ``max_turns``, ``max_items``, ``max_bytes`` or ``max_tokens``.
-        """
-        limits = self._limits
-        added = linked - self._linked
-        for index, turn in enumerate(turns):
-            if index != position and turn.serial not in added:
-                continue
-            first = last = index
-            while first > 0 and turns[first].serial in linked:
-                first -= 1
-            while last + 1 < len(turns) and turns[last + 1].serial in linked:
-                last += 1
-            if last <= position and index == position:
-                continue  # nothing committed after the change is tied to it
-            unit = turns[first : last + 1]
-            for kind, value, limit in (
-                ("turns", len(unit), limits.max_turns),
-                ("items", sum(t.items for t in unit), limits.max_items),
-                ("bytes", sum(t.bytes for t in unit), limits.max_bytes),
-                (
-                    "tokens",
-                    sum(t.tokens for t in unit[:-1]) + sum(e.tokens for e in unit[-1].input),
-                    limits.max_tokens,
-                ),
-            ):
-                if limit is not None and value > limit:
-                    raise self._tied_error(where, kind, value, limit, unit, turn_id)
+        return _rendered_items(self)
 
     def commit(
         self,
@@ -839,7 +518,7 @@ class TurnHistory:
                 )
         if _first_instruction(input) >= 0:
             reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
-        entries, sizes = self._entries(input, turn_id, "input")
+        entries, sizes = _entries(self, input, turn_id, "input")
         check_steps(input, f"Turn {excerpt(turn_id)} input")
         if input and self._turns:
             _check_turn_start(self._turns[-1], input[0], f"Turn {excerpt(turn_id)} input[0]")
@@ -865,12 +544,14 @@ class TurnHistory:
                         "instructions are system or developer messages.",
                         field="role",
                     )
-            pinned, pinned_sizes = self._entries(instructions, turn_id, "instructions", pinned=True)
+            pinned, pinned_sizes = _entries(
+                self, instructions, turn_id, "instructions", pinned=True
+            )
         size = sum(sizes)
-        tied = self._tie(turn_id, entries, size)
+        tied = _tie(self, turn_id, entries, size)
         # Validated: change state.
         if self._aside is not None:
-            self._settle()
+            _settle(self)
         self._aside = _NOTHING_ASIDE  # what evictions drop from now on can be restored
         if pinned is not None:
             self._pinned = pinned
@@ -1006,11 +687,11 @@ class TurnHistory:
             known = position >= 0 or serial is not None or turn_id in self._evicted_ids
             if known or self._forgotten:
                 # Validate anyway: a malformed late output is still an error.
-                self._entries(outputs, turn_id, "output")
+                _entries(self, outputs, turn_id, "output")
                 self._late_dropped += len(outputs)
                 return 0
             raise UnknownTurnError(f"Turn {excerpt(turn_id)} was never committed to this context.")
-        entries, sizes = self._entries(outputs, turn_id, "output", turn_id)
+        entries, sizes = _entries(self, outputs, turn_id, "output", turn_id)
         old = self._turns[position]
         kept: list[_Entry] = []
         kept_at: list[int] = []
@@ -1081,12 +762,12 @@ class TurnHistory:
                     stranded_turn_id=self._turns[stranded].turn_id,
                     call_ids=call_ids,
                 )
-            linked = self._relinked(turns, position)
-            self._check_ties(turns, linked, position, f"Turn {excerpt(turn_id)} output", turn_id)
+            linked = _relinked(self, turns, position)
+            _check_ties(self, turns, linked, position, f"Turn {excerpt(turn_id)} output", turn_id)
         self._duplicates += duplicates
         self._blank_dropped += blank
         if self._aside is not None:
-            self._settle()
+            _settle(self)
         if late:
             self._generation += 1
             self._linked.clear()
@@ -1173,12 +854,14 @@ class TurnHistory:
         if late:
             if _strands(self._turns, turns, position)[0] >= 0:
                 return False
-            linked = self._relinked(turns, position)
+            linked = _relinked(self, turns, position)
             try:
-                self._check_ties(turns, linked, position, f"Turn {excerpt(turn_id)} state", turn_id)
+                _check_ties(
+                    self, turns, linked, position, f"Turn {excerpt(turn_id)} state", turn_id
+                )
             except PairedTurnsTooLargeError:
                 return False
-            self._settle()  # a turn before the newest changed: the evicted turns stay gone
+            _settle(self)  # a turn before the newest changed: the evicted turns stay gone
             self._generation += 1
             self._linked.clear()
             self._linked.update(linked)
@@ -1213,75 +896,7 @@ class TurnHistory:
         Returns:
             the ids of the evicted turns, oldest first.
         """
-        count = 0
-        items = total = tokens = 0
-        limits = self._limits
-        max_tokens = limits.max_tokens
-        turns, linked = self._turns, self._linked
-        while (
-            len(turns) - count > limits.max_turns
-            or self._items - items > limits.max_items
-            or self._bytes - total > limits.max_bytes
-            or (max_tokens is not None and self._tokens - tokens > max_tokens)
-        ):
-            # The oldest turn goes with the turns tied to it (their input
-            # answers its calls), or not at all when they reach the newest.
-            end = count + 1
-            while end < len(turns) and turns[end].serial in linked:
-                end += 1
-            if end >= len(turns):
-                break
-            for turn in turns[count:end]:
-                items += turn.items
-                total += turn.bytes
-                tokens += turn.tokens
-            count = end
-        if not count:
-            return ()
-        gone = turns[:count]
-        self._turns = turns[count:]
-        self._items -= items
-        self._bytes -= total
-        self._tokens -= tokens
-        self._front += count
-        aside = self._aside
-        if aside is None:
-            self._count_evicted(gone)
-            for turn in gone:
-                self._forget(turn)
-        else:
-            # Since the newest commit nothing else changed: held aside for its
-            # retraction, counted as evicted once they cannot be restored.
-            tied = tuple([t.serial for t in gone if t.serial in linked]) if linked else ()
-            popped: list[str] = []
-            for turn in gone:
-                self._forget(turn, popped)
-            if aside is _NOTHING_ASIDE:  # the first eviction since the commit, usually the only one
-                self._aside = _Aside(gone, tied, tuple(popped), turns[-1])
-            else:
-                self._aside = _Aside(
-                    aside.turns + gone,
-                    aside.linked + tied,
-                    aside.popped + tuple(popped),
-                    turns[-1],
-                )
-        self._view = None
-        return tuple(t.turn_id for t in gone)
-
-    def _count_evicted(self, turns: tuple[_Turn, ...]) -> None:
-        """Count ``turns`` as evicted for good (the statistics' ``evicted_*``)."""
-        self._evicted += len(turns)
-        for turn in turns:
-            self._evicted_items += turn.items
-            self._evicted_bytes += turn.bytes
-            self._evicted_tokens += turn.tokens
-
-    def _settle(self) -> None:
-        """The turns held aside can no longer be restored: count them evicted, let them go."""
-        aside = self._aside
-        self._aside = None
-        if aside is not None and aside.turns:
-            self._count_evicted(aside.turns)
+        return _evict(self)
 
     def settle_evictions(self) -> None:
         """Let go of the turns held aside (:attr:`restorable_ids`): they count as evicted now.
@@ -1289,7 +904,7 @@ class TurnHistory:
         For a history about to be dropped (its context removed). O(1) but for
         the turns held aside.
         """
-        self._settle()
+        _settle(self)
 
     @property
     def restorable_ids(self) -> tuple[str, ...]:
@@ -1315,56 +930,7 @@ class TurnHistory:
         :attr:`evicted_ids`. The view is meant to be read; it renders
         privately (as an older view). O(turns held and remembered ids).
         """
-        aside = self._aside
-        if aside is None or not aside.turns:
-            return self.view(), self.evicted_ids
-        turns = (*aside.turns, *self._turns[:-1], cast(_Turn, aside.newest))
-        held = len(self._pinned) + sum(t.items for t in turns)
-        view = HistoryView(self._pinned, turns, self._front, -1, self._shared, held)
-        return view, tuple(aside.remembered_before(tuple(self._evicted_ids)))
-
-    def _restore(self, aside: _Aside) -> None:
-        """Undo the evictions held in ``aside``: each one's turns, counts, ids and ties back.
-
-        The inverse of the evictions (:meth:`evict`, :meth:`_forget`): the
-        turns go back in front, held; their ids leave the remembered ids and
-        the ids they pushed out come back; their ties are restored. Turns
-        before the newest changed, so views render anew (the generation).
-        """
-        turns = aside.turns
-        self._turns = (*turns, *self._turns)
-        for turn in turns:
-            self._items += turn.items
-            self._bytes += turn.bytes
-            self._tokens += turn.tokens
-            self._ids.add(turn.turn_id)
-            for message in _identified(turn):
-                self._message_ids[cast(str, message.id)] = (turn.serial, message)
-        self._linked.update(aside.linked)
-        remembered = aside.remembered_before(tuple(self._evicted_ids))
-        self._evicted_ids.clear()
-        self._evicted_ids.update(dict.fromkeys(remembered))
-        self._forgotten -= len(aside.popped)
-        self._generation += 1
-        self._view = None
-
-    def _forget(self, turn: _Turn, popped: list[str] | None = None) -> None:
-        """Drop a turn's ids; remember its id as gone (a bounded number of them).
-
-        With ``popped``, the remembered ids this pushes out are appended to it.
-        """
-        self._ids.discard(turn.turn_id)
-        self._linked.discard(turn.serial)
-        message_ids = self._message_ids
-        if message_ids:
-            for message in _identified(turn):
-                message_ids.pop(cast(str, message.id), None)
-        self._evicted_ids[turn.turn_id] = None
-        while len(self._evicted_ids) > self._remember:
-            turn_id, _ = self._evicted_ids.popitem(last=False)
-            self._forgotten += 1
-            if popped is not None:
-                popped.append(turn_id)
+        return _before_evictions(self)
 
     def retract(self, turn_id: str) -> None:
         """Take back the newest turn, which produced no output (a false start).
@@ -1392,32 +958,4 @@ class TurnHistory:
             StateError: ``turn_id`` is not the newest turn, or outputs were
                 recorded for it (it answered: record a correction instead).
         """
-        check_id(turn_id, "turn id")
-        if not self.has_turn(turn_id):
-            raise UnknownTurnError(f"Turn {excerpt(turn_id)} is not held by this context.")
-        turn = self._turns[-1]
-        if turn.turn_id != turn_id:
-            raise StateError(
-                f"Turn {excerpt(turn_id)} is not the newest turn ({excerpt(turn.turn_id)} "
-                f"is); only the "
-                "newest turn can be retracted."
-            )
-        if turn.outputs:
-            raise StateError(
-                f"Turn {excerpt(turn_id)} has {len(turn.outputs)} recorded output(s); only a turn "
-                "that produced no answer can be retracted."
-            )
-        aside, self._aside = self._aside, None
-        if aside is not None and aside.turns:
-            self._restore(aside)
-        self._turns = self._turns[:-1]
-        self._items -= turn.items
-        self._bytes -= turn.bytes
-        self._tokens -= turn.tokens
-        self._retracted += 1
-        tied = turn.serial in self._linked
-        self._forget(turn)
-        if tied:
-            # Its input's tie may be the only reason turns before it were tied.
-            self._retie(len(self._turns) - 1)
-        self._view = None
+        _retract(self, turn_id)
