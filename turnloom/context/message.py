@@ -45,6 +45,7 @@ __all__ = (
     "decode_json_text",
     "decode_message",
     "encode_message",
+    "is_blank_part",
     "is_blank_text",
     "message_size",
     "reject_instructions",
@@ -299,6 +300,20 @@ def is_blank_text(text: str) -> bool:
     output holding nothing else is not recorded.
     """
     return not text or text.isspace()
+
+
+def is_blank_part(part: Part) -> bool:
+    """True for a text part with empty or whitespace-only text and no ``extras``.
+
+    Extras are content: a blank text part may carry a provider's field that
+    must go back to it (a Gemini thought signature on empty text, which the
+    SDK keeps as ``{"text": "", "thoughtSignature": ...}``), so such a part is
+    not blank. The one blank-part test: a history does not record an output
+    made only of blank parts, the pairing rule leaves them out of a render and
+    does not let them start a user turn beside tool results, and an area
+    refuses content holding nothing else.
+    """
+    return type(part) is TextPart and is_blank_text(part.text) and not part.extras
 
 
 Hint: TypeAlias = "Literal['flag', 'text', 'ids'] | tuple[str, ...]"
@@ -1138,35 +1153,6 @@ def _first_instruction(messages: Sequence[object], start: int = 0) -> int:
         if isinstance(message, Message) and message.role in _PINNED_ROLES:
             return i
     return -1
-
-
-def _blank(message: Message) -> bool:
-    """True when the message has nothing but empty or whitespace-only text.
-
-    A blank text part with extras (a Gemini thought signature on an empty
-    text) is content. Reasoning with blank text and no signature, encrypted
-    content or redaction counts as blank too: it is what a model call cancelled while
-    it thought leaves behind, and no provider can verify or show it.
-    """
-    for part in message.parts:
-        if not _blank_part(part):
-            return False
-    return True
-
-
-def _blank_part(part: Part) -> bool:
-    if type(part) is TextPart:
-        # Extras are content: a blank text part may carry a Gemini thought
-        # signature (the SDK keeps {"text": "", "thoughtSignature": ...}).
-        return is_blank_text(part.text) and not part.extras
-    if type(part) is ReasoningPart:
-        return (
-            is_blank_text(part.text)
-            and part.signature is None
-            and part.encrypted_content is None
-            and not part.redacted
-        )
-    return False
 
 
 def check_id(value: object, what: str) -> str:

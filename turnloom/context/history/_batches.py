@@ -6,7 +6,7 @@ import operator
 from collections.abc import Sequence
 from typing import Protocol
 
-from turnloom.context.gateway import Gateway
+from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history._cells import _Encoded, _Entry, _Native, _render_checked, _Turn
 from turnloom.context.history._run import _Shared
 from turnloom.context.history._ties import _tied_error, _unit_first
@@ -240,3 +240,21 @@ def _entries(
         entries = tuple([_Entry(m, count_tokens(counter, (m,))) for m in messages])
     history._checked = (_UNCHECKED, older)  # consumed: the batch's messages are held now
     return entries, sizes
+
+
+def _output_renders(
+    history: _DoorState, turn_id: str, gateway: Gateway, newest: int | None = None
+) -> dict[int, Sequence[NativeContent]]:
+    """The work of :meth:`TurnHistory.output_renders` (documented there)."""
+    for turn in reversed(history._turns):
+        if turn.turn_id == turn_id:
+            slot = history._shared.gateway_slot(gateway)
+            renders: dict[int, Sequence[NativeContent]] = {}
+            outputs = turn.outputs
+            if newest is not None:
+                outputs = outputs[max(0, len(outputs) - newest) :]
+            for entry in outputs:
+                native = entry.rendered(gateway, slot)[0]
+                renders[id(entry.message)] = native if type(native) is tuple else (native,)  # type: ignore[assignment]
+            return renders
+    return {}

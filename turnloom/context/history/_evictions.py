@@ -18,6 +18,7 @@ from turnloom.context.message import (
     check_id,
 )
 from turnloom.errors import (
+    DuplicateIdError,
     StateError,
     UnknownTurnError,
     excerpt,
@@ -255,3 +256,19 @@ def _retract(history: _EvictionState, turn_id: str) -> None:
         # Its input's tie may be the only reason turns before it were tied.
         _retie(history, len(history._turns) - 1)
     history._view = None
+
+
+def _remember_evicted(history: _EvictionState, turn_ids: Sequence[str]) -> None:
+    """The work of :meth:`TurnHistory.remember_evicted` (documented there)."""
+    for turn_id in turn_ids:
+        check_id(turn_id, "turn id")
+        if history.has_turn(turn_id):
+            raise DuplicateIdError(
+                f"Turn {excerpt(turn_id)} is held by this history; it cannot be "
+                f"remembered as evicted."
+            )
+    _settle(history)
+    for turn_id in turn_ids:
+        history._evicted_ids[turn_id] = None
+    while len(history._evicted_ids) > history._remember:
+        history._evicted_ids.popitem(last=False)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import msgspec
 
+from turnloom.context.history._cells import _Entry, _Turn
 from turnloom.context.message import (
     DEFAULT_MAX_MESSAGE_BYTES,
 )
@@ -131,3 +134,74 @@ def check_batch_length(count: int, limits: HistoryLimits, where: str) -> None:
             size=count,
             limit=limits.max_items,
         )
+
+
+class _CountState(Protocol):
+    """The state of a :class:`TurnHistory` this file reads and changes."""
+
+    _blank_dropped: int
+    _bytes: int
+    _duplicates: int
+    _evicted: int
+    _evicted_bytes: int
+    _evicted_items: int
+    _evicted_tokens: int
+    _items: int
+    _late_dropped: int
+    _limits: HistoryLimits
+    _pinned: tuple[_Entry, ...]
+    _pinned_bytes: int
+    _pinned_tokens: int
+    _retracted: int
+    _tokens: int
+    _turns: tuple[_Turn, ...]
+
+
+def _counts(history: _CountState) -> HistoryCounts:
+    """The work of :meth:`TurnHistory.counts` (documented there)."""
+    return (
+        len(history._turns),
+        history._items,
+        history._bytes,
+        history._tokens,
+        history._evicted,
+        history._evicted_items,
+        history._late_dropped,
+        history._blank_dropped,
+        history._duplicates,
+        history._retracted,
+    )
+
+
+def _statistics(history: _CountState, restorable: int) -> HistoryStatistics:
+    """The work of :meth:`TurnHistory.statistics` (documented there); ``restorable``
+    is its count of turns held aside."""
+    return HistoryStatistics(
+        turns=len(history._turns),
+        items=history._items,
+        bytes=history._bytes,
+        pinned_items=len(history._pinned),
+        pinned_bytes=history._pinned_bytes,
+        evicted_turns=history._evicted,
+        evicted_items=history._evicted_items,
+        evicted_bytes=history._evicted_bytes,
+        dropped_late_outputs=history._late_dropped,
+        dropped_blank_outputs=history._blank_dropped,
+        duplicate_outputs=history._duplicates,
+        retracted_turns=history._retracted,
+        tokens=history._tokens,
+        pinned_tokens=history._pinned_tokens,
+        evicted_tokens=history._evicted_tokens,
+        restorable_turns=restorable,
+    )
+
+
+def _over_limits(history: _CountState) -> bool:
+    """The work of :meth:`TurnHistory.over_limits` (documented there)."""
+    limits = history._limits
+    return len(history._turns) > 1 and (
+        len(history._turns) > limits.max_turns
+        or history._items > limits.max_items
+        or history._bytes > limits.max_bytes
+        or (limits.max_tokens is not None and history._tokens > limits.max_tokens)
+    )

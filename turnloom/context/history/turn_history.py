@@ -12,57 +12,40 @@ from turnloom.context.history._batches import (
     _UNCHECKED,
     _check_batch,
     _Checked,
-    _entries,
+    _output_renders,
     _rendered_items,
 )
 from turnloom.context.history._cells import _Entry, _Turn
+from turnloom.context.history._changes import _commit, _keep_state, _record
 from turnloom.context.history._evictions import (
-    _NOTHING_ASIDE,
     _Aside,
     _before_evictions,
     _evict,
+    _remember_evicted,
     _retract,
     _settle,
 )
 from turnloom.context.history._run import _Shared
 from turnloom.context.history._ties import (
     _calls_after,
-    _check_ties,
-    _check_turn_start,
-    _relinked,
-    _step_tail,
-    _strands,
-    _tie,
 )
 from turnloom.context.history.limits import (
     HistoryCounts,
     HistoryLimits,
     HistoryStatistics,
+    _counts,
+    _over_limits,
+    _statistics,
 )
 from turnloom.context.history.view import HistoryView
 from turnloom.context.message import (
-    _PINNED_ROLES,
     Message,
     ToolCallPart,
-    _blank,
-    _first_instruction,
-    check_id,
-    check_message,
-    reject_instructions,
 )
-from turnloom.context.pairing import (
-    check_steps,
-)
-from turnloom.context.tokens import ApproxTokenCounter, TokenCounter, count_tokens
+from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
 from turnloom.errors import (
-    DuplicateIdError,
     InputError,
     InvalidArgumentError,
-    InvalidMessageError,
-    ItemTooLargeError,
-    OutOfOrderTurnError,
-    PairedTurnsTooLargeError,
-    StrandedResultsError,
     UnknownTurnError,
     excerpt,
 )
@@ -310,18 +293,7 @@ class TurnHistory:
             InvalidMessageError: a malformed id.
             DuplicateIdError: an id is a turn this history holds; nothing changed.
         """
-        for turn_id in turn_ids:
-            check_id(turn_id, "turn id")
-            if self.has_turn(turn_id):
-                raise DuplicateIdError(
-                    f"Turn {excerpt(turn_id)} is held by this history; it cannot be "
-                    f"remembered as evicted."
-                )
-        _settle(self)
-        for turn_id in turn_ids:
-            self._evicted_ids[turn_id] = None
-        while len(self._evicted_ids) > self._remember:
-            self._evicted_ids.popitem(last=False)
+        _remember_evicted(self, turn_ids)
 
     def view(self) -> HistoryView:
         """An immutable view of the history as it is now, in O(1)."""
@@ -343,39 +315,12 @@ class TurnHistory:
         The same values as :meth:`statistics`' fields, without building a
         snapshot (taken before and after every change).
         """
-        return (
-            len(self._turns),
-            self._items,
-            self._bytes,
-            self._tokens,
-            self._evicted,
-            self._evicted_items,
-            self._late_dropped,
-            self._blank_dropped,
-            self._duplicates,
-            self._retracted,
-        )
+        return _counts(self)
 
     def statistics(self) -> HistoryStatistics:
         """A frozen snapshot of the counters."""
-        return HistoryStatistics(
-            turns=len(self._turns),
-            items=self._items,
-            bytes=self._bytes,
-            pinned_items=len(self._pinned),
-            pinned_bytes=self._pinned_bytes,
-            evicted_turns=self._evicted,
-            evicted_items=self._evicted_items,
-            evicted_bytes=self._evicted_bytes,
-            dropped_late_outputs=self._late_dropped,
-            dropped_blank_outputs=self._blank_dropped,
-            duplicate_outputs=self._duplicates,
-            retracted_turns=self._retracted,
-            tokens=self._tokens,
-            pinned_tokens=self._pinned_tokens,
-            evicted_tokens=self._evicted_tokens,
-            restorable_turns=len(self._aside.turns) if self._aside is not None else 0,
-        )
+        aside = self._aside
+        return _statistics(self, len(aside.turns) if aside is not None else 0)
 
     def over_limits(self) -> bool:
         """True when the kept turns exceed a limit and more than one turn is kept.
@@ -383,13 +328,7 @@ class TurnHistory:
         :meth:`evict` may still evict nothing: the newest turn and the turns
         tied to it are never evicted.
         """
-        limits = self._limits
-        return len(self._turns) > 1 and (
-            len(self._turns) > limits.max_turns
-            or self._items > limits.max_items
-            or self._bytes > limits.max_bytes
-            or (limits.max_tokens is not None and self._tokens > limits.max_tokens)
-        )
+        return _over_limits(self)
 
     # -- changing --------------------------------------------------------
 
@@ -500,86 +439,7 @@ class TurnHistory:
             HostCallbackError: the token counter raised or returned a count
                 that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing changed.
         """
-        check_id(turn_id, "turn id")
-        if self.has_turn(turn_id) or turn_id in self._evicted_ids:
-            raise DuplicateIdError(
-                f"Turn {excerpt(turn_id)} was already committed to this context."
-            )
-        if sequence is not None:
-            if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 0:
-                raise InvalidMessageError(
-                    f"Turn {excerpt(turn_id)} sequence must be a non-negative integer, not "
-                    f"{excerpt(sequence)}."
-                )
-            if self._sequence is not None and sequence <= self._sequence:
-                raise OutOfOrderTurnError(
-                    f"Turn {excerpt(turn_id)} has sequence {sequence}, but turn sequence "
-                    f"{self._sequence} was already committed; turns must arrive in order."
-                )
-        if _first_instruction(input) >= 0:
-            reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
-        entries, sizes = _entries(self, input, turn_id, "input")
-        check_steps(input, f"Turn {excerpt(turn_id)} input")
-        if input and self._turns:
-            _check_turn_start(self._turns[-1], input[0], f"Turn {excerpt(turn_id)} input[0]")
-        seen: set[str] = set()
-        for i, entry in enumerate(entries):
-            message_id = entry.message.id
-            if message_id is not None:
-                if message_id in seen or message_id in self._message_ids:
-                    raise DuplicateIdError(
-                        f"Turn {excerpt(turn_id)} input[{i}] has id {excerpt(message_id)}, "
-                        f"which a message "
-                        "of this context already has."
-                    )
-                seen.add(message_id)
-        pinned: tuple[_Entry, ...] | None = None
-        pinned_sizes: tuple[int, ...] = ()
-        if instructions is not None:
-            for i, message in enumerate(instructions):
-                if isinstance(message, Message) and message.role not in _PINNED_ROLES:
-                    raise InvalidMessageError(
-                        f"Turn {excerpt(turn_id)} instructions[{i}] has role "
-                        f"{excerpt(str(message.role))}; "
-                        "instructions are system or developer messages.",
-                        field="role",
-                    )
-            pinned, pinned_sizes = _entries(
-                self, instructions, turn_id, "instructions", pinned=True
-            )
-        size = sum(sizes)
-        tied = _tie(self, turn_id, entries, size)
-        # Validated: change state.
-        if self._aside is not None:
-            _settle(self)
-        self._aside = _NOTHING_ASIDE  # what evictions drop from now on can be restored
-        if pinned is not None:
-            self._pinned = pinned
-            self._pinned_bytes = sum(pinned_sizes)
-            self._pinned_tokens = sum(e.tokens for e in pinned)
-        if sequence is not None:
-            self._sequence = sequence
-        self._serial += 1
-        turn = _Turn(
-            turn_id,
-            entries,
-            (),
-            size,
-            sum([e.tokens for e in entries]),
-            self._serial,
-        )
-        for entry in entries:
-            if entry.message.id is not None:
-                self._message_ids[entry.message.id] = (self._serial, entry.message)
-        if tied >= 0:
-            self._linked.update(t.serial for t in self._turns[tied + 1 :])
-            self._linked.add(turn.serial)
-        self._turns = (*self._turns, turn)
-        self._ids.add(turn_id)
-        self._items += turn.items
-        self._bytes += turn.bytes
-        self._tokens += turn.tokens
-        self._view = None
+        _commit(self, turn_id, input, instructions=instructions, sequence=sequence)
 
     def output_renders(
         self, turn_id: str, gateway: Gateway, newest: int | None = None
@@ -598,18 +458,7 @@ class TurnHistory:
             ProviderRuleError: ``gateway`` cannot render a held output (it
                 rendered at the door unless the history was built without one).
         """
-        for turn in reversed(self._turns):
-            if turn.turn_id == turn_id:
-                slot = self._shared.gateway_slot(gateway)
-                renders: dict[int, Sequence[NativeContent]] = {}
-                outputs = turn.outputs
-                if newest is not None:
-                    outputs = outputs[max(0, len(outputs) - newest) :]
-                for entry in outputs:
-                    native = entry.rendered(gateway, slot)[0]
-                    renders[id(entry.message)] = native if type(native) is tuple else (native,)  # type: ignore[assignment]
-                return renders
-        return {}
+        return _output_renders(self, turn_id, gateway, newest)
 
     def turn_serial(self, turn_id: str) -> int:
         """The serial of the held turn ``turn_id``: unique in this history, never reused.
@@ -678,109 +527,7 @@ class TurnHistory:
                 that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing was
                 recorded.
         """
-        position = -1
-        for i in range(len(self._turns) - 1, -1, -1):
-            if self._turns[i].turn_id == turn_id:
-                position = i
-                break
-        if position < 0 or (serial is not None and self._turns[position].serial != serial):
-            known = position >= 0 or serial is not None or turn_id in self._evicted_ids
-            if known or self._forgotten:
-                # Validate anyway: a malformed late output is still an error.
-                _entries(self, outputs, turn_id, "output")
-                self._late_dropped += len(outputs)
-                return 0
-            raise UnknownTurnError(f"Turn {excerpt(turn_id)} was never committed to this context.")
-        entries, sizes = _entries(self, outputs, turn_id, "output", turn_id)
-        old = self._turns[position]
-        kept: list[_Entry] = []
-        kept_at: list[int] = []
-        kept_bytes = 0
-        added: dict[str, Message] = {}
-        duplicates = blank = 0
-        for i, entry in enumerate(entries):
-            message = entry.message
-            if message.id is not None:
-                held = self._message_ids.get(message.id)
-                same = (
-                    added.get(message.id)
-                    if held is None
-                    else (held[1] if held[0] == old.serial else None)
-                )
-                if same is not None and same == message:
-                    duplicates += 1
-                    continue
-                if held is not None or message.id in added:
-                    raise DuplicateIdError(
-                        f"Turn {excerpt(turn_id)} output[{i}] has id {excerpt(message.id)}, "
-                        f"which a "
-                        "message of this context already has with other content (or in "
-                        "another turn); nothing was recorded."
-                    )
-                added[message.id] = message
-            if _blank(message):
-                blank += 1
-                continue
-            kept.append(entry)
-            kept_at.append(i)
-            kept_bytes += sizes[i]
-        if not kept:
-            self._duplicates += duplicates
-            self._blank_dropped += blank
-            return 0
-        check_steps(
-            [e.message for e in kept],
-            f"Turn {excerpt(turn_id)} output",
-            before=_step_tail(old),
-            indices=kept_at,
-        )
-        if position + 1 < len(self._turns):
-            later = self._turns[position + 1].entries(True)
-            if later:
-                _check_turn_start(
-                    old.with_outputs(tuple(kept), 0),
-                    later[0].message,
-                    f"Turn {excerpt(self._turns[position + 1].turn_id)} input[0], after turn "
-                    f"{excerpt(turn_id)}'s late output,",
-                )
-        current = self._turns
-        late = position != len(current) - 1
-        # Nothing dropped (the usual case): the entries tuple is the outputs added.
-        new = old.with_outputs(entries if len(kept) == len(entries) else tuple(kept), kept_bytes)
-        turns = (
-            (*current[:position], new, *current[position + 1 :]) if late else (*current[:-1], new)
-        )
-        if late:
-            stranded, call_ids = _strands(self._turns, turns, position)
-            if stranded >= 0:
-                raise StrandedResultsError(
-                    f"A late output of turn {excerpt(turn_id)} would leave results that turn "
-                    f"{excerpt(self._turns[stranded].turn_id)} holds answering no tool call "
-                    "(it ends their call group, or answers their call first), so they would "
-                    "leave every later model input; nothing was recorded.",
-                    turn_id=turn_id,
-                    stranded_turn_id=self._turns[stranded].turn_id,
-                    call_ids=call_ids,
-                )
-            linked = _relinked(self, turns, position)
-            _check_ties(self, turns, linked, position, f"Turn {excerpt(turn_id)} output", turn_id)
-        self._duplicates += duplicates
-        self._blank_dropped += blank
-        if self._aside is not None:
-            _settle(self)
-        if late:
-            self._generation += 1
-            self._linked.clear()
-            self._linked.update(linked)
-        for entry in kept:
-            if entry.message.id is not None:
-                self._message_ids[entry.message.id] = (old.serial, entry.message)
-        self._turns = turns
-        self._items += len(kept)
-        self._bytes += new.bytes - old.bytes
-        self._tokens += new.tokens - old.tokens
-        self._view = None
-        return len(kept)
+        return _record(self, turn_id, outputs, serial=serial)
 
     def keep_state(
         self, turn_id: str, messages: Sequence[Message], *, serial: int | None = None
@@ -817,60 +564,7 @@ class TurnHistory:
             HostCallbackError: the token counter raised or returned a count
                 that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing changed.
         """
-        reject_instructions(messages, "state", f"Turn {excerpt(turn_id)} state")
-        cap = self._limits.max_item_bytes
-        counter = self._shared.counter
-        entries: list[_Entry] = []
-        state_bytes = 0
-        for i, message in enumerate(messages):
-            label = f"turn {excerpt(turn_id)} state[{i}]"
-            size = check_message(message, where=label)
-            if size > cap:
-                raise ItemTooLargeError(
-                    f"{label} is {size} bytes, over the per-item cap of {cap} bytes.",
-                    size=size,
-                    limit=cap,
-                )
-            if message.id is not None:
-                raise InvalidMessageError(
-                    f"{label} has id {excerpt(message.id)}; kept state messages carry no id.",
-                    field="id",
-                )
-            entries.append(_Entry(message, count_tokens(counter, (message,))))
-            state_bytes += size
-        position = len(self._turns) - 1
-        while position >= 0 and self._turns[position].turn_id != turn_id:
-            position -= 1
-        if position < 0 or (serial is not None and self._turns[position].serial != serial):
-            return False
-        old = self._turns[position]
-        if len(old.state) == len(entries) and all(
-            a.message == b.message for a, b in zip(old.state, entries, strict=True)
-        ):
-            return True
-        new = old.with_state(tuple(entries), state_bytes)
-        turns = (*self._turns[:position], new, *self._turns[position + 1 :])
-        late = position != len(self._turns) - 1
-        if late:
-            if _strands(self._turns, turns, position)[0] >= 0:
-                return False
-            linked = _relinked(self, turns, position)
-            try:
-                _check_ties(
-                    self, turns, linked, position, f"Turn {excerpt(turn_id)} state", turn_id
-                )
-            except PairedTurnsTooLargeError:
-                return False
-            _settle(self)  # a turn before the newest changed: the evicted turns stay gone
-            self._generation += 1
-            self._linked.clear()
-            self._linked.update(linked)
-        self._turns = turns
-        self._items += new.items - old.items
-        self._bytes += new.bytes - old.bytes
-        self._tokens += new.tokens - old.tokens
-        self._view = None
-        return True
+        return _keep_state(self, turn_id, messages, serial=serial)
 
     def evict(self) -> tuple[str, ...]:
         """Drop whole turns, oldest first, until every limit holds.
