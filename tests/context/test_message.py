@@ -458,7 +458,7 @@ def test_a_blank_text_part_is_blank_only_without_extras() -> None:
             SIGNED_BLANK,
             TextPart(text="x"),
             ReasoningPart(text=""),
-            ToolCallPart(call_id="c1", name="f", arguments={}),
+            ToolCallPart(call_id="c1", name="f", arguments="{}"),
         )
     ] == [True, True, False, False, False, False]
 
