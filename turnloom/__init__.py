@@ -80,7 +80,7 @@ if TYPE_CHECKING:
     from turnloom.runtime.metrics import MetricsServer, serve_metrics
     from turnloom.stores import open_context_store
 
-__version__ = "0.1.0"
+from turnloom._version import __version__
 
 # Which module defines each lazily imported name.
 _HOMES = {

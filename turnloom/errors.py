@@ -104,6 +104,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from turnloom._root_error import TurnloomError
+
 if TYPE_CHECKING:
     from turnloom.runtime.errors import FoundationClosedError
 
@@ -207,10 +209,6 @@ def what_type(value: object) -> str:
     the name is printed by :func:`type_name`.
     """
     return f"an object of type {type_name(value)}"
-
-
-class TurnloomError(Exception):
-    """Root of every error turnloom raises on purpose."""
 
 
 class InputError(TurnloomError, ValueError):

@@ -65,6 +65,7 @@ __all__ = (
 
 from turnloom.context.history import HistoryLimits
 from turnloom.runtime._areas import Areas
+from turnloom.runtime._assembly import Assembly
 from turnloom.runtime._bridge import Bridge
 from turnloom.runtime._door import ManagerOptions
 from turnloom.runtime._invocation import Invocation
@@ -75,7 +76,6 @@ from turnloom.runtime._voice import Voice
 from turnloom.runtime.assembly import (
     HYDRATE_TOOL_NAME,
     AssembledContext,
-    Assembly,
     AssemblyMetadata,
     AssemblyStrategy,
     HydratingStrategy,

@@ -12,10 +12,10 @@ of two adjacent moments).
 
 from __future__ import annotations
 
-__all__ = ("LATENCY_BOUNDS", "Counters", "Histogram")
+__all__ = ("LATENCY_BOUNDS", "Counters", "Histogram", "QueueDepths")
 
 from bisect import bisect_left
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from turnloom.context.history import HistoryCounts
 from turnloom.runtime.schemas import (
@@ -31,8 +31,17 @@ from turnloom.runtime.schemas import (
     StoreStatistics,
 )
 
-if TYPE_CHECKING:
-    from turnloom.runtime._queue import PreparationQueue
+
+class QueueDepths(Protocol):
+    """What :meth:`Counters.snapshot` reads of the preparation queue (``_queue``'s)."""
+
+    @property
+    def pending(self) -> int: ...
+    @property
+    def waiting_for_slot(self) -> int: ...
+    @property
+    def waiting_for_turn(self) -> int: ...
+
 
 LATENCY_BOUNDS: tuple[float, ...] = (
     0.0005,
@@ -196,7 +205,7 @@ class Counters:
         closed: bool,
         contexts: int,
         capacity: int,
-        queue: PreparationQueue | None,
+        queue: QueueDepths | None,
         outputs: OutputStatistics,
         store: StoreStatistics | None,
     ) -> ManagerStatistics:

@@ -20,7 +20,7 @@ __all__ = ("Lifecycle",)
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 import anyio.abc
@@ -30,20 +30,39 @@ from turnloom.errors import StateError, UnknownContextError, excerpt
 from turnloom.runtime._contexts import ContextTable
 from turnloom.runtime._continuation import IssuedPrefixes
 from turnloom.runtime._counters import Counters
-from turnloom.runtime._door import ManagerOptions
+from turnloom.runtime._door import DurableOptions, ManagerOptions
 from turnloom.runtime._preparing import Preparer
 from turnloom.runtime._queue import PreparationQueue
 from turnloom.runtime.errors import FoundationClosedError
 
 if TYPE_CHECKING:
     from turnloom.runtime._durable import Durability
-    from turnloom.runtime._leases import Leases
-    from turnloom.runtime._outputs import OutputStreams
     from turnloom.runtime.schemas import ManagerStatistics, OutputStatistics
 
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+class OutputBinding(Protocol):
+    """What the lifecycle does with the manager's output streams (``_outputs``'s)."""
+
+    def _bind(self, task_group: anyio.abc.TaskGroup) -> None: ...
+    async def _aclose(self, grace_period: float) -> None: ...
+
+
+class DurableBinding(Protocol):
+    """What the lifecycle does with the manager's leases (``_leases``'s): start the durable
+    side with a store."""
+
+    def _bind(
+        self,
+        options: DurableOptions | None,
+        task_group: anyio.abc.TaskGroup,
+        limiter: anyio.CapacityLimiter,
+        table: ContextTable,
+        queue: PreparationQueue,
+    ) -> Durability | None: ...
 
 
 class Lifecycle:
@@ -93,8 +112,8 @@ class Lifecycle:
 
     def bind(
         self,
-        outputs: OutputStreams,
-        leases: Leases,
+        outputs: OutputBinding,
+        leases: DurableBinding,
         task_group: anyio.abc.TaskGroup,
         limiter: anyio.CapacityLimiter,
         clock: Callable[[], datetime] | None = None,
@@ -173,7 +192,7 @@ class Lifecycle:
                 "outputs are recorded."
             )
 
-    async def aclose(self, grace_period: float, outputs: OutputStreams) -> None:
+    async def aclose(self, grace_period: float, outputs: OutputBinding) -> None:
         """Close in order: stop intake, drain output streams, let preparations settle.
 
         ``grace_period`` (seconds) bounds the first two waits together; the

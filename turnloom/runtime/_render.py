@@ -41,7 +41,7 @@ from turnloom.runtime._area_section import (
 )
 from turnloom.runtime._door import ManagerOptions
 from turnloom.runtime.assembly import AssembledContext
-from turnloom.runtime.schemas import AreaPass, ContextPrepareRequest, PreparedContext
+from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
 from turnloom.runtime.state import state_call_id, state_messages
 
 _encoder = msgspec.json.Encoder()
@@ -202,23 +202,13 @@ def render_preparation(
         AreaCallbackError, OpenToolCallError: from the area step.
     """
     begin = time.perf_counter()
-    if (
-        budget is not None
-        and last is not None
-        and last.items.decoded
-        and len(last.items) > budget * _DECODE_PER_BUDGET_ITEM
-    ):
+    if _decoding_too_costly(last, budget):
         return None  # the host reads items: decoding them copies O(history), in a worker
     if budget is not None and assembled is not None and assembled.cache_breakpoint:
         return None  # counting the host's marks reads the whole history: in a worker
     gateway = options.gateway
-    max_item_bytes = options.history_limits.max_item_bytes
-    memory: dict[str, object] | None = None
-    if assembled is not None:
-        hydrated = assembled.memory_context
-        if hydrated is not None:
-            entries, omitted = memory_payload(hydrated.entries, assembled.max_memory_chars)
-            memory = {"query": hydrated.query, "entries": entries, "omitted": omitted}
+    counter = options.token_counter
+    memory = _assembly_memory(assembled)
     # The request was frozen at the door; its JSON encoding is CPU work.
     pair = state_messages(
         request.context_id,
@@ -229,82 +219,31 @@ def render_preparation(
         perception=request.perception,
         memory=memory,
     )
-    counter = options.token_counter
-    if budget is not None:
-        bounded = view.render_bounded(
-            gateway, request.turn_id, budget, open_calls=options.open_calls
-        )
-        if bounded is None:
-            return None
-        rendered = bounded
-    elif request.scope is None:
-        rendered = view.render(gateway, request.turn_id, open_calls=options.open_calls)
-    else:
-        rendered = view.render_scoped(
-            gateway, request.turn_id, request.scope, open_calls=options.open_calls
-        )
+    rendered = _render_history(options, view, request, budget)
+    if rendered is None:
+        return None
     # The pair and the area section continue the history's call-id renaming.
     call_ids = rendered.call_ids
     tokens = rendered.tokens
-    call_id: str | None = None
     reserved: list[str] = []
+    call_id: str | None = None
     extra: tuple[NativeContent, ...] = ()
-    section: SectionResult | None = None
-    outcome: AreaPass = "none"
     if pair is not None:
         # The pair sits directly after the turn's input; the area section follows it.
         call_id = state_call_id(request.context_id, request.turn_id)
         reserved.append(call_id)
-        extra = tuple(
-            rename_call_ids(
-                gateway.type, [*gateway.render(pair[0]), *gateway.render(pair[1])], call_ids
-            )
-        )
-        # Fresh JSON trees, read-only once prepared: out of the cyclic
-        # collector, so a held prefix adds no tracked containers.
-        untrack_json(extra)
-        tokens += count_tokens(counter, pair)
-        size = len(_encoder.encode(extra[-1]))
-        if size > max_item_bytes:
-            raise ItemTooLargeError(
-                f"The runtime-state result of turn {excerpt(request.turn_id)} of context "
-                f"{excerpt(request.context_id)} is {size} bytes, over the per-item cap of "
-                f"{max_item_bytes} bytes.",
-                size=size,
-                limit=max_item_bytes,
-            )
+        extra, pair_tokens = _state_pair_items(options, request, pair, call_ids)
+        tokens += pair_tokens
     pair_items = len(extra)
+    section: SectionResult | None = None
     if areas is not None:
-        try:
-            if request.scope is not None:
-                section = current_section(areas)
-            else:
-                section = run_area_step(areas, run_pass)
-        except OpenToolCallError as exc:
-            raise OpenToolCallError(
-                f"The area section of context {excerpt(request.context_id)} ends with routed "
-                f"tool call(s) {', '.join(map(repr, exc.call_ids))} whose result has not "
-                f"been routed; turn {excerpt(request.turn_id)} cannot be prepared until it is.",
-                call_ids=exc.call_ids,
-            ) from exc
+        section = _area_step(areas, request, run_pass)
         extra += tuple(rename_call_ids(gateway.type, section.items, call_ids))
-        outcome = section.outcome
         # Area items are native; each is counted as the message it parses to.
         tokens += count_tokens(counter, [gateway.parse(item) for item in section.items])
     extra_sizes = tuple(len(_encoder.encode(item)) for item in extra)
-    lead: tuple[NativeContent, ...] = ()
-    skipped = False
-    if assembled is not None:
-        marked = assembled
-        if assembled.cache_breakpoint and _host_marks(rendered.native_items, extra) >= (
-            ANTHROPIC_MAX_BREAKPOINTS
-        ):
-            # The host's own marks use Anthropic's whole budget: a fifth is refused.
-            marked = msgspec.structs.replace(assembled, cache_breakpoint=False)
-            skipped = True
-        lead = assembled_prompt(gateway, marked)
-        prompt = _prompt_message(marked)
-        tokens += count_tokens(counter, [prompt]) if prompt is not None else 0
+    lead, prompt, skipped = _assembly_lead(gateway, assembled, rendered.native_items, extra)
+    tokens += count_tokens(counter, [prompt]) if prompt is not None else 0
     lead_sizes = tuple(len(_encoder.encode(item)) for item in lead)
     items = rendered.native_items.prefixed(lead)
     total = rendered.bytes + sum(lead_sizes)
@@ -312,20 +251,10 @@ def render_preparation(
         items = items.extended(extra)
         total += sum(extra_sizes)
     reserved.extend(m.id for m in view.turn_input(request.turn_id) if m.id is not None)
-    reused = reused_tokens = 0
-    if last is not None and request.scope is None:
-        if budget is not None and len(last.items) > budget and not items.same_run(last.items):
-            return None  # comparing with another run's items costs their common length
-        reused = last.bytes_before(items.common_length(last.items))
-        if last.bytes:
-            reused_tokens = last.tokens * reused // last.bytes
-        items.adopt(last.items)  # a host reading items decodes only the new ones
-        if last.items.decoded:
-            # The host reads its prefixes' items (``build`` does): decode them
-            # here, in the worker thread (inline only for a small prefix, see
-            # above), not on the event loop at the first read. Sticky per
-            # context: this prefix is decoded as well (each read copies it).
-            items._shared()
+    reused = _reuse_last(items, last, request, budget)
+    if reused is None:
+        return None  # comparing with another run's items costs their common length
+    reused_tokens = last.tokens * reused // last.bytes if last is not None and last.bytes else 0
     prepared = PreparedContext(
         context_id=request.context_id,
         turn_id=request.turn_id,
@@ -337,7 +266,7 @@ def render_preparation(
         turn_start=len(lead) + rendered.turn_start,
         area_start=len(lead) + rendered.item_count + pair_items,
         area_items=len(section.items) if section is not None else 0,
-        area_pass=outcome,
+        area_pass=section.outcome if section is not None else "none",
         state_call_id=call_id,
         reserved_ids=tuple(reserved),
         reused_bytes=reused,
@@ -367,6 +296,147 @@ def render_preparation(
         ),
         section,
     )
+
+
+# The steps of a render, in order. Each returns what the next needs; a bounded
+# render (``budget``) that would cost more than its bound returns None early,
+# before anything the caller keeps is changed.
+
+
+def _decoding_too_costly(last: DeliveredPrefix | None, budget: int | None) -> bool:
+    """A bounded render whose host reads items would decode more than a few items per budget."""
+    return (
+        budget is not None
+        and last is not None
+        and last.items.decoded
+        and len(last.items) > budget * _DECODE_PER_BUDGET_ITEM
+    )
+
+
+def _assembly_memory(assembled: AssembledContext | None) -> dict[str, object] | None:
+    """The assembly's recalled memory, as the runtime-state pair carries it."""
+    if assembled is None or assembled.memory_context is None:
+        return None
+    hydrated = assembled.memory_context
+    entries, omitted = memory_payload(hydrated.entries, assembled.max_memory_chars)
+    return {"query": hydrated.query, "entries": entries, "omitted": omitted}
+
+
+def _assembly_lead(
+    gateway: Gateway,
+    assembled: AssembledContext | None,
+    history: NativeItems,
+    extra: tuple[NativeContent, ...],
+) -> tuple[tuple[NativeContent, ...], Message | None, bool]:
+    """The assembled system prompt's items, its message, and whether its breakpoint was left out.
+
+    The assembly's Anthropic breakpoint is left out when the host's own marks
+    in the history and the items after it already use the budget of 4.
+    """
+    if assembled is None:
+        return (), None, False
+    skipped = False
+    if assembled.cache_breakpoint and _host_marks(history, extra) >= ANTHROPIC_MAX_BREAKPOINTS:
+        # The host's own marks use Anthropic's whole budget: a fifth is refused.
+        assembled = msgspec.structs.replace(assembled, cache_breakpoint=False)
+        skipped = True
+    return assembled_prompt(gateway, assembled), _prompt_message(assembled), skipped
+
+
+def _render_history(
+    options: ManagerOptions,
+    view: HistoryView,
+    request: ContextPrepareRequest,
+    budget: int | None,
+) -> RenderedHistory | None:
+    """The history's render: bounded (None when over ``budget``), whole, or of the scope."""
+    gateway, open_calls = options.gateway, options.open_calls
+    if budget is not None:
+        return view.render_bounded(gateway, request.turn_id, budget, open_calls=open_calls)
+    if request.scope is None:
+        return view.render(gateway, request.turn_id, open_calls=open_calls)
+    return view.render_scoped(gateway, request.turn_id, request.scope, open_calls=open_calls)
+
+
+def _state_pair_items(
+    options: ManagerOptions,
+    request: ContextPrepareRequest,
+    pair: tuple[Message, Message],
+    call_ids: CallIdRenamer,
+) -> tuple[tuple[NativeContent, ...], int]:
+    """The runtime-state pair rendered, its call ids continuing the history's, and its tokens.
+
+    Raises:
+        ItemTooLargeError: the result is over the per-item cap.
+        HostCallbackError: the token counter failed (counted before the cap is checked).
+    """
+    gateway = options.gateway
+    extra = tuple(
+        rename_call_ids(
+            gateway.type, [*gateway.render(pair[0]), *gateway.render(pair[1])], call_ids
+        )
+    )
+    # Fresh JSON trees, read-only once prepared: out of the cyclic
+    # collector, so a held prefix adds no tracked containers.
+    untrack_json(extra)
+    tokens = count_tokens(options.token_counter, pair)
+    max_item_bytes = options.history_limits.max_item_bytes
+    size = len(_encoder.encode(extra[-1]))
+    if size > max_item_bytes:
+        raise ItemTooLargeError(
+            f"The runtime-state result of turn {excerpt(request.turn_id)} of context "
+            f"{excerpt(request.context_id)} is {size} bytes, over the per-item cap of "
+            f"{max_item_bytes} bytes.",
+            size=size,
+            limit=max_item_bytes,
+        )
+    return extra, tokens
+
+
+def _area_step(areas: AreaSection, request: ContextPrepareRequest, run_pass: bool) -> SectionResult:
+    """The area section: run its step, or as it stands for a scoped request.
+
+    Raises:
+        OpenToolCallError: the section ends with a routed call without its result.
+        AreaCallbackError: from the area step.
+    """
+    try:
+        if request.scope is not None:
+            return current_section(areas)
+        return run_area_step(areas, run_pass)
+    except OpenToolCallError as exc:
+        raise OpenToolCallError(
+            f"The area section of context {excerpt(request.context_id)} ends with routed "
+            f"tool call(s) {', '.join(map(repr, exc.call_ids))} whose result has not "
+            f"been routed; turn {excerpt(request.turn_id)} cannot be prepared until it is.",
+            call_ids=exc.call_ids,
+        ) from exc
+
+
+def _reuse_last(
+    items: NativeItems,
+    last: DeliveredPrefix | None,
+    request: ContextPrepareRequest,
+    budget: int | None,
+) -> int | None:
+    """The bytes ``items`` reuse from the last delivered prefix, adopting its decoded items.
+
+    None for a bounded render whose comparison with another run's items would
+    cost their common length (nothing changed).
+    """
+    if last is None or request.scope is not None:
+        return 0
+    if budget is not None and len(last.items) > budget and not items.same_run(last.items):
+        return None
+    reused = last.bytes_before(items.common_length(last.items))
+    items.adopt(last.items)  # a host reading items decodes only the new ones
+    if last.items.decoded:
+        # The host reads its prefixes' items (``build`` does): decode them
+        # here, in the worker thread (inline only for a small prefix, see
+        # above), not on the event loop at the first read. Sticky per
+        # context: this prefix is decoded as well (each read copies it).
+        items._shared()
+    return reused
 
 
 _OPENAI = (GatewayType.openai_chat, GatewayType.openai_responses)

@@ -86,7 +86,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from turnloom import __version__
+from turnloom._version import __version__
 
 try:
     from opentelemetry import context as otel_context
@@ -141,7 +141,7 @@ def store_span(
 
 
 def build_span(name: str, gateway: Gateway, continuation: object) -> _Span | _NoSpan:
-    """A ``turnloom.build``, ``request_bytes`` or ``request_body`` span: gateway, continuation length.
+    """A ``turnloom.build``, ``request_bytes`` or ``request_body`` span: gateway, continuation.
 
     ``continuation`` is as given (checked after, typed): its length is
     recorded when it has one.

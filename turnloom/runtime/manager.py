@@ -35,6 +35,7 @@ from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.tokens import TokenCounter
 from turnloom.runtime import _tracing as tracing
 from turnloom.runtime._areas import Areas
+from turnloom.runtime._assembly import Assembly
 from turnloom.runtime._bridge import Bridge
 from turnloom.runtime._door import (
     DEFAULT_IDLE_AFTER,
@@ -50,7 +51,7 @@ from turnloom.runtime._leases import Leases
 from turnloom.runtime._lifecycle import Lifecycle
 from turnloom.runtime._outputs import OutputStreams
 from turnloom.runtime._voice import Voice
-from turnloom.runtime.assembly import Assembly, AssemblyStrategy, StrategyOptions
+from turnloom.runtime.assembly import AssemblyStrategy, StrategyOptions
 from turnloom.runtime.schemas import (
     ContextPrepareRequest,
     ManagerStatistics,

@@ -15,6 +15,7 @@ from __future__ import annotations
 __all__ = (
     "LoadtestReport",
     "LoadtestSamples",
+    "RunFigures",
     "SustainedReport",
     "count_model_calls",
     "loadtest",
@@ -46,8 +47,12 @@ from turnloom.tools.transcript import Reply, Turn, snapshot, walk
 _TICK = 0.005
 
 
-class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
-    """The figures of one load test.
+class RunFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """The figures a load test reports, whether one process ran it or several.
+
+    :class:`LoadtestReport` (one process) and
+    :class:`~turnloom.tools.fleet.FleetReport` (several, added up) carry them
+    all; each field is written here once.
 
     Attributes:
         sessions: sessions run concurrently.
@@ -66,7 +71,6 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
         gc_pause_max_ms: the longest garbage-collection pause, in milliseconds
             (a full collection walks every live object, so with a large
             retained history it is what sets ``loop_lag_max_ms``).
-        peak_rss_bytes: the process's peak resident set size, in bytes.
         rejections: ``prepare_nowait`` calls refused because the queue was full.
         evicted_turns: turns evicted from histories.
         errors: the first few error messages.
@@ -103,7 +107,6 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
     loop_lag_max_ms: float
     gc_full_collections: int
     gc_pause_max_ms: float
-    peak_rss_bytes: int
     rejections: int
     evicted_turns: int
     errors: tuple[str, ...]
@@ -114,6 +117,16 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
     takeovers: int = 0
     prefix_reuse: float = 1.0
     prefix_reuse_tokens: float = 1.0
+
+
+class LoadtestReport(RunFigures, frozen=True, kw_only=True):
+    """The figures of one load test (one process): :class:`RunFigures`, and its memory.
+
+    Attributes:
+        peak_rss_bytes: the process's peak resident set size, in bytes.
+    """
+
+    peak_rss_bytes: int
 
 
 class LoadtestSamples(msgspec.Struct, kw_only=True):
