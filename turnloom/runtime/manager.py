@@ -325,7 +325,10 @@ class ContextManager:
         and outputs for a turn no longer held (evicted or retracted) are not
         stored, and counted; record through the :class:`Invocation` to bind
         outputs to the very turn even when its id is reused. The runtime-state
-        pair never enters history: messages carrying it are rejected.
+        pair never enters history: messages carrying it are rejected. Outputs
+        for a context :meth:`remove_context` removed (a reply that finished
+        playing after the caller hung up) are checked as a batch of Messages,
+        then dropped and counted in ``dropped_late_outputs_total``.
 
         Outputs are accepted while the Foundation closes, until its output
         streams are drained and its preparations settled (see :meth:`history`).
@@ -367,37 +370,62 @@ class ContextManager:
                 of its results.
         """
         self._life.check_recording()
+        table = self._table
+        if table.was_removed(context_id):
+            return table.drop_late(turn_id, outputs)
         self.leases._check_writable(context_id)
-        state = self._table.get(context_id)
+        state = table.get(context_id)
         check_outputs(self.gateway, turn_id, outputs, state.history)
-        return self._table.record(state, turn_id, outputs)
+        return table.record(state, turn_id, outputs)
 
     def remove_context(self, context_id: str) -> None:
-        """Forget a context and its whole history (its counters are kept).
+        """Forget a context and its whole history (its counters are kept); idempotent.
+
+        Call it when the conversation ends (a voice host: the caller hung
+        up). Removing a context this manager already removed does nothing
+        (the last :data:`~turnloom.runtime._contexts.REMEMBERED_REMOVALS`
+        removed ids are remembered; an id created again is held again).
+
+        Work in flight for the context is cancelled, and nothing it produces
+        reaches another context:
+
+        * its preparations settle at once, counted as discarded
+          (``statistics().preparations.discarded``), and free their slots:
+          one waiting for its turn, its assembly or a thread is cancelled; one
+          whose worker thread renders is left to finish and its result
+          discarded; each requester gets
+          :class:`~turnloom.errors.ContextRemovedError`. A context created
+          again with the same id never serves them.
+        * the body of its :meth:`invocation` block in flight is cancelled (the
+          model call it streams is interrupted at its next checkpoint); the
+          block swallows that cancellation and exits normally, so the host's
+          code after the block runs.
+        * outputs recorded for it later, through an :class:`Invocation` or
+          by :meth:`record` (and ``voice.record_interrupted``) with its id,
+          are dropped and counted in ``dropped_late_outputs_total``.
 
         Turns its newest turn's acceptance evicted, held aside for a
         retraction (``voice.retract_turn``), count in ``evicted_turns_total``
         now.
 
-        Preparations waiting for a turn of the context settle at once with
-        :class:`~turnloom.errors.ContextRemovedError` and free their slots; a
-        context created again with the same id never serves them. Outputs an
-        :class:`Invocation` of it records later are dropped and counted.
-
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
             InvalidMessageError: a malformed context id.
-            UnknownContextError: no such context.
-            StateError: a model call is in flight for the context.
+            UnknownContextError: no turn was ever committed to ``context_id``
+                (and it is not a remembered removed id).
             NotClaimedError, StaleLeaseError: as :meth:`accept_turn`.
 
         With a store, the context's log is deleted from the store and its lease
         released by the store's next batch (``manager.leases.flush`` waits for it).
         """
         queue = self._life.check_open().queue
+        table = self._table
+        if table.was_removed(context_id):
+            return
         self.leases._check_writable(context_id)
-        self._table.remove(context_id)
-        queue.wake(context_id)
+        state = table.get(context_id)
+        table.remove(context_id)
+        queue.remove(context_id, state)
         self.leases._forget(context_id)
 
     def invocation(self, context_id: str, turn_id: str) -> AbstractAsyncContextManager[Invocation]:
@@ -422,7 +450,10 @@ class ContextManager:
             StateError: another invocation is in flight for the context.
 
         Cancellation:
-            Entering and leaving do not wait. When the block is cancelled, what
+            Entering and leaving do not wait. The body runs in a cancel scope
+            that :meth:`remove_context` of the context cancels: the block then
+            exits without an error (its later records are dropped and
+            counted). When the block is cancelled from outside, what
             was recorded stays recorded (a blank partial output never is),
             calls left without a result are handled by the ``open_calls``
             policy at the next prepare, and the context is released.
