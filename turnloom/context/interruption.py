@@ -184,7 +184,9 @@ def played_count(output: Message, played_text: str) -> int:
        start of the output (its words after the alignment cost nothing).
        The cut is after the output word the last played word aligns with,
        plus the punctuation directly after it (no space between); when the
-       alignment reaches the output's last word, the whole text.
+       alignment reaches the output's last word, the whole text. Between
+       alignments with as few edits and as many matched words, the earliest
+       cut wins: history never claims words that may not have been heard.
 
     So a cut lands at a word boundary of the output and never drifts by the
     TTS's normalisation; it can only be wrong by the words of an edit at

@@ -32,6 +32,7 @@ from turnloom.context.memory import MemorySource
 from turnloom.context.message import Message
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.tokens import TokenCounter
+from turnloom.errors import InvalidArgumentError, what_type
 from turnloom.runtime._areas import Areas
 from turnloom.runtime._bridge import Bridge
 from turnloom.runtime._door import (
@@ -567,12 +568,26 @@ class ContextManager:
         return await self._life.check_open().prepare(request, wait=False)
 
     def build(
-        self, prefix: PreparedContext, continuation: Sequence[Message] = ()
+        self,
+        prefix: PreparedContext,
+        continuation: Sequence[Message] = (),
+        *,
+        recorded: bool = False,
     ) -> tuple[NativeContent, ...]:
         """The input of the next model call of a turn: the prefix, then the continuation.
 
         Send ``manager.gateway.request_body(items)``, not the items (see
         :attr:`PreparedContext.items`).
+
+        With ``recorded=True`` the host need not hand back what turnloom
+        already holds: the outputs recorded for the prefix's turn so far (by
+        :meth:`record`, an :class:`Invocation`, ``voice.record_interrupted``;
+        the very messages the history holds, so they are neither checked nor
+        rendered again) come first, then ``continuation`` (what the host has
+        not recorded). ``build(prefix, recorded=True)`` after recording every
+        output equals ``build(prefix, outputs)`` with those outputs. When the
+        turn is no longer held (evicted, retracted, its context removed),
+        there are no recorded outputs to add.
 
         The continuation (the turn's model outputs and tool results so far,
         oldest first) is rendered and appended; the prefix, including its
@@ -611,8 +626,16 @@ class ContextManager:
             ProviderRuleError: the gateway rejected a message.
             TurnTooLargeError: the continuation holds more than ``max_items``
                 messages.
+            InvalidArgumentError: ``recorded`` is not a bool.
         """
         self._life.check_open()
+        if recorded is not False:
+            if recorded is not True:
+                raise InvalidArgumentError(
+                    f"build's recorded must be True or False, not {what_type(recorded)}.",
+                    field="recorded",
+                )
+            continuation = self._issued.with_recorded(prefix, continuation)
         return self._issued.build(prefix, continuation)
 
     def request_bytes(
@@ -621,6 +644,7 @@ class ContextManager:
         continuation: Sequence[Message] = (),
         *,
         fields: Mapping[str, Any] | None = None,
+        recorded: bool = False,
     ) -> bytes:
         """The whole request body of ``build(prefix, continuation)``, as UTF-8 JSON bytes.
 
@@ -635,6 +659,8 @@ class ContextManager:
         Args:
             fields: the request's own top-level fields, for example
                 ``{"model": "gpt-4o", "tools": [...]}``, written first.
+            recorded: the turn's recorded outputs come before
+                ``continuation``, as in :meth:`build`.
 
         Returns:
             the body's JSON bytes (``{"model": ..., "messages": [...]}`` and the like).
@@ -645,10 +671,18 @@ class ContextManager:
                 none, and it would be sent as ``null``), or sets a field the
                 body writes (the gateway's ``items_field``, or its
                 instructions field: ``system``, ``systemInstruction`` or
-                ``system_instruction``, ``instructions``).
+                ``system_instruction``, ``instructions``); or ``recorded`` is
+                not a bool.
             FoundationClosedError, InvalidMessageError, InvalidTextError,
             InstructionMessageError, DuplicateIdError, ProviderRuleError,
             TurnTooLargeError: as :meth:`build`, for the same reasons.
         """
         self._life.check_open()
+        if recorded is not False:
+            if recorded is not True:
+                raise InvalidArgumentError(
+                    f"request_bytes's recorded must be True or False, not {what_type(recorded)}.",
+                    field="recorded",
+                )
+            continuation = self._issued.with_recorded(prefix, continuation)
         return self._issued.request_bytes(prefix, continuation, fields)
