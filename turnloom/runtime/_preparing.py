@@ -252,8 +252,8 @@ class Preparer:
             if not preparation.abandoned:
                 limiter.release_on_behalf_of(preparation)
         prepared, delivered, section = self._rendered(preparation)
-        if preparation.closed or preparation.removed:
-            return  # the close or a removal came while the thread ran: the result is discarded
+        if preparation.closed:
+            return  # the close came while the thread ran: the result is discarded
         preparation.deliver = self._deliverer(
             request,
             state,
