@@ -323,6 +323,48 @@ def test_a_cut_reply_taken_after_the_barge_ins_turn_goes_to_the_turn_it_answered
     asyncio.run(main())
 
 
+def test_a_result_still_in_progress_is_recorded_only_once_final() -> None:
+    """The model speaks, then calls a slow tool: Pipecat writes the spoken text and the
+    call while it shows the result as IN_PROGRESS, and pushes the spoken reply then;
+    turnloom records the call's final result, never the placeholder."""
+
+    async def slow_find_bag(params: Any) -> None:
+        await asyncio.sleep(0.2)
+        await find_bag(params)
+
+    async def main() -> None:
+        model = ScriptedLLM([["Let me check. ", Call("c1", "find_bag", {"tag": "X1"})], ["Gate 4."]])
+        model.register_function("find_bag", slow_find_bag)
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, model)
+            histories: list[list[tuple[str, str]]] = []
+
+            async def script() -> None:
+                await call.say("Where is my bag?")
+                await call.replies(2)
+                histories.append(_history(manager, "call-1"))
+                await call.end()
+
+            await run_calls([call], script)
+            assert histories == [
+                [
+                    ("user", "Where is my bag?"),
+                    ("assistant", "Let me check."),
+                    ("call", 'c1 find_bag {"tag": "X1"}'),
+                    ("result", 'c1 "Gate 4 (X1)"'),
+                    ("assistant", "Gate 4."),
+                ]
+            ]
+            assert model.seen[1][2:] == [
+                {"role": "assistant", "content": "Let me check."},
+                {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                {"role": "tool", "tool_call_id": "c1", "content": '"Gate 4 (X1)"'},
+            ]
+
+    asyncio.run(main())
+
+
 def test_a_false_start_commits_no_turn_and_runs_no_inference() -> None:
     async def main() -> None:
         async with Foundation(gateway="openai_chat") as foundation:
