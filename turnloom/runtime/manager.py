@@ -384,8 +384,8 @@ class ContextManager:
 
         Call it when the conversation ends (a voice host: the caller hung
         up). Removing a context this manager already removed does nothing
-        (the last :data:`~turnloom.runtime._contexts.REMEMBERED_REMOVALS`
-        removed ids are remembered; an id created again is held again).
+        (the last 65,536 removed ids are remembered; an id created again is
+        held again).
 
         Work in flight for the context is cancelled, and nothing it produces
         reaches another context:
