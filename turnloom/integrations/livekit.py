@@ -29,6 +29,21 @@ and hand ``Agent.default.llm_node`` the context to send; that is what
 LiveKit's own ``ChatContext`` (``agent.chat_ctx``) is cut to the newest
 ``framework_items`` items at each turn, so it stays bounded beside turnloom's.
 
+Process model: LiveKit's default process executor runs each job (a call)
+in its own process: open one Foundation in the job's entrypoint, on the
+job's event loop, and close it when the job ends (``async with
+Foundation(store=...)``: about 0.4 ms to open; the process pays turnloom's
+import, about 20 MiB resident, which LiveKit's pre-warmed idle processes
+hide). Its thread executor runs jobs as threads of one worker process, each
+with its own event loop: one Foundation per job thread, since a Foundation
+serves one event loop (about 0.5 MiB more per job). Either way the jobs of
+one machine share one SQLite store (``sqlite:PATH``) and a fleet shares one
+Redis store (``redis://``); each job claims its call's context
+(``manager.leases.claim``), and when its process dies the lease expires and
+another worker claims and restores the call. Measured by
+``scripts/bench_process_model.py``; see the README's "Voice hosts: process
+model".
+
 Concurrency: LiveKit Agents runs on asyncio only; so does this adapter. The
 Foundation must run on the session's event loop.
 
