@@ -107,7 +107,9 @@ async def main() -> None:
             print(f"model calls cancelled by a hang-up: {len(STOPPED)}")
             print(f"turns retracted as false starts: {stats.history.retracted_turns_total}")
             print(f"prepares: {stats.preparations.prepared_total}")
-            print(f"contexts held now: {stats.contexts}, model calls in flight: {stats.invocations}")
+            print(
+                f"contexts held now: {stats.contexts}, model calls in flight: {stats.invocations}"
+            )
             await manager.leases.flush()
             logs = [await store.load(f"call-{n}") for n in range(CALLS)]
             print(f"context logs left in the store: {sum(1 for log in logs if log)}")

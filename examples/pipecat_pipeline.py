@@ -64,7 +64,7 @@ PARAMS = LLMUserAggregatorParams(
 )
 
 
-class ScriptedLLM(LLMService):  # type: ignore[misc]
+class ScriptedLLM(LLMService):
     """Stands in for the LLM: asks for the tool, answers, then starts a long reply."""
 
     def __init__(self) -> None:
@@ -103,7 +103,7 @@ class ScriptedLLM(LLMService):  # type: ignore[misc]
         await self.push_frame(LLMFullResponseEndFrame())
 
 
-class SpeakingTTS(FrameProcessor):  # type: ignore[misc]
+class SpeakingTTS(FrameProcessor):
     """Stands in for TTS and output transport: each word is reported as it plays."""
 
     def __init__(self) -> None:

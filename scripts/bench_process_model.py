@@ -41,7 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CHILD = r'''
+CHILD = r"""
 import json, sys, time, threading
 mode, jobs, folder = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 
@@ -103,7 +103,7 @@ elif mode == "loop":
 first = min(opened)
 print(json.dumps({"at": first[0], "open": first[1], "rss": rss_kib(),
                   "foundations": len(opened)}))
-'''
+"""
 
 
 def run_child(mode: str, jobs: int, folder: str) -> dict[str, float]:

@@ -105,8 +105,7 @@ def test_the_examples_host_code_is_at_most_twenty_lines(name: str) -> None:
 def test_the_daemon_runs_on_trio_with_the_same_output() -> None:
     """The daemon example uses anyio only: on trio it does and prints the same."""
     program = (
-        "import anyio, runpy, sys; "
-        "anyio.run(runpy.run_path(sys.argv[1])['main'], backend='trio')"
+        "import anyio, runpy, sys; anyio.run(runpy.run_path(sys.argv[1])['main'], backend='trio')"
     )
     done = subprocess.run(
         [sys.executable, "-c", program, str(ROOT / "examples" / "daemon.py")],

@@ -18,7 +18,7 @@ import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from loguru import logger
 from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
@@ -48,6 +48,7 @@ from pipecat.processors.aggregators.llm_response_universal import (
 )
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.services.llm_service import FunctionCallParams, LLMService
+from pipecat.services.settings import LLMSettings
 from pipecat.turns.user_start import ExternalUserTurnStartStrategy
 from pipecat.turns.user_stop import ExternalUserTurnStopStrategy
 from pipecat.turns.user_turn_strategies import UserTurnStrategies
@@ -60,7 +61,6 @@ from turnloom.runtime import ContextManager
 # Pipecat logs every frame at DEBUG through loguru: keep warnings and errors only.
 logger.remove()
 logger.add(sys.stderr, level="WARNING")
-from pipecat.services.settings import LLMSettings
 
 
 @dataclass(frozen=True)
@@ -106,10 +106,9 @@ class ScriptedLLM(LLMService):  # type: ignore[misc]
             await self.push_frame(frame, direction)
             return
         context = frame.context
-        self.seen.append(copy.deepcopy(context.get_messages()))
-        params = await AnthropicLLMAdapter().get_llm_invocation_params(
-            context, enable_prompt_caching=False
-        )
+        self.seen.append(copy.deepcopy(cast(list[dict[str, Any]], context.get_messages())))
+        adapter = AnthropicLLMAdapter()  # type: ignore[no-untyped-call]
+        params = await adapter.get_llm_invocation_params(context, enable_prompt_caching=False)
         self.anthropic.append(
             json.loads(json.dumps({"system": params["system"], "messages": params["messages"]}))
         )
@@ -180,7 +179,7 @@ def turn_strategies() -> UserTurnStrategies:
 
 
 class FakeCall:
-    """One call's pipeline: the pair's user aggregator, the LLM, the TTS, the assistant aggregator."""
+    """One call's pipeline: the pair's user aggregator, the LLM, the TTS, the assistant one."""
 
     def __init__(
         self,

@@ -189,7 +189,9 @@ def test_the_exact_anthropic_inputs_of_the_call_and_of_the_next_turn() -> None:
                 )
                 if turn[1:]:
                     replay.manager.record("c", f"t{n}", turn[1:])
-            prefix = await replay.manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))
+            prefix = await replay.manager.prepare(
+                ContextPrepareRequest(context_id="c", turn_id="t2")
+            )
             assert replay.manager.gateway.request_body(prefix.items) == {
                 "system": _text("Be brief."),
                 "messages": [

@@ -60,7 +60,9 @@ ANTHROPIC = [
 
 
 def _script() -> ScriptedLLM:
-    model = ScriptedLLM([[Call("c1", "find_bag", {"tag": "X1"})], ["It is at ", "gate 4."], ["Bye."]])
+    model = ScriptedLLM(
+        [[Call("c1", "find_bag", {"tag": "X1"})], ["It is at ", "gate 4."], ["Bye."]]
+    )
     model.register_function("find_bag", find_bag)
     return model
 
@@ -192,6 +194,7 @@ def test_the_next_input_after_the_call_is_exact_for_openai_chat_and_anthropic() 
                 "openai_chat",
                 {"messages": [SYSTEM, *CHAT, {"role": "user", "content": "One more."}]},
             )
+
             def text(value: str) -> list[dict[str, str]]:
                 return [{"type": "text", "text": value}]
 
@@ -333,7 +336,9 @@ def test_a_result_still_in_progress_is_recorded_only_once_final() -> None:
         await find_bag(params)
 
     async def main() -> None:
-        model = ScriptedLLM([["Let me check. ", Call("c1", "find_bag", {"tag": "X1"})], ["Gate 4."]])
+        model = ScriptedLLM(
+            [["Let me check. ", Call("c1", "find_bag", {"tag": "X1"})], ["Gate 4."]]
+        )
         model.register_function("find_bag", slow_find_bag)
         async with Foundation(gateway="openai_chat") as foundation:
             manager = foundation.manager
@@ -396,7 +401,9 @@ def test_a_hang_up_while_the_model_streams_removes_the_context() -> None:
     nothing is recorded late, and the pair's close stays idempotent."""
 
     async def main() -> None:
-        model = ScriptedLLM([["A ", "long ", "answer ", "that ", "never ", "ends."]], chunk_seconds=0.2)
+        model = ScriptedLLM(
+            [["A ", "long ", "answer ", "that ", "never ", "ends."]], chunk_seconds=0.2
+        )
         async with Foundation(gateway="openai_chat") as foundation:
             manager = foundation.manager
             call = FakeCall(manager, model)

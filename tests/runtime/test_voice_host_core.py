@@ -65,14 +65,14 @@ async def test_played_text_records_the_model_words_up_to_the_played_ones() -> No
         _accept(manager, "c", "t1", "How much is my flight?")
         played = "your flight to boston costs twenty-five dollars"
         assert (
-            manager.voice.record_interrupted("c", "t1", assistant(REPLY), played_text=played)
-            == 1
+            manager.voice.record_interrupted("c", "t1", assistant(REPLY), played_text=played) == 1
         )
         _accept(manager, "c", "t2", "And when does it leave?")
         async with manager.invocation("c", "t2") as invocation:
             recorded = invocation.record_interrupted(
-                assistant(REPLY), played_text="Your flight to Boston costs twenty five "
-                "dollars. It leaves at three thirty"
+                assistant(REPLY),
+                played_text="Your flight to Boston costs twenty five "
+                "dollars. It leaves at three thirty",
             )
         assert recorded == 1
         prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))

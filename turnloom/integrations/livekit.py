@@ -195,7 +195,9 @@ class TurnloomAgent(Agent):
         ctx = _to_chat_ctx(items)
         self._streamed = []
         async for chunk in Agent.default.llm_node(self, ctx, tools, model_settings):
-            text = chunk if isinstance(chunk, str) else getattr(chunk.delta, "content", None)
+            text = chunk if isinstance(chunk, str) else None
+            if isinstance(chunk, llm.ChatChunk) and chunk.delta is not None:
+                text = chunk.delta.content
             if text:
                 self._streamed.append(text)
             yield chunk

@@ -61,7 +61,7 @@ __all__ = ("TurnloomAssistantAggregator", "TurnloomContextAggregatorPair", "Turn
 
 import secrets
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from pipecat.processors.aggregators.llm_context import LLMContext, LLMSpecificMessage
@@ -172,7 +172,7 @@ class _Conversation:
                     self._commit(text)
                     new_turn += 1
                 elif role in ("assistant", "tool") and self.turn is not None:
-                    outputs = _outputs(message)
+                    outputs = _outputs(cast(dict[str, Any], message))
                     answered = self.reply_turn or self.turn
                     if outputs:
                         self.manager.record(self.context_id, answered, outputs)
@@ -195,7 +195,7 @@ class _Conversation:
                 except (ContextRemovedError, UnknownTurnError):
                     return False  # the call ended (or the turn was retracted) meanwhile
             items = self.manager.build(self.prefix, recorded=True)
-            self.context.set_messages([*items, *pending])
+            self.context.set_messages([*cast(tuple[Any, ...], items), *pending])
             self.synced = len(items)
             return new_turn > 0 or not user
 
@@ -261,13 +261,13 @@ class TurnloomAssistantAggregator(LLMAssistantAggregator):
     async def push_context_frame(
         self, direction: FrameDirection = FrameDirection.DOWNSTREAM
     ) -> None:
-        """Record what this aggregator wrote (the played reply, calls, results); push turnloom's input."""
+        """Record what it wrote (the played reply, calls, results); push turnloom's input."""
         if await self._conversation.sync(user=False):
             await super().push_context_frame(direction)
 
     async def cleanup(self) -> None:
         """The pipeline ended (``EndFrame`` or ``CancelFrame``): remove the call's context."""
-        await super().cleanup()
+        await super().cleanup()  # type: ignore[no-untyped-call]
         self._conversation.close()
 
 
@@ -332,7 +332,9 @@ class TurnloomContextAggregatorPair:
             _realtime_service_mode=False,
             _paired_user_aggregator=self._user,
         )
-        self._assistant.add_event_handler("on_assistant_turn_started", self._conversation.reply_started)
+        self._assistant.add_event_handler(
+            "on_assistant_turn_started", self._conversation.reply_started
+        )
 
     @property
     def context_id(self) -> str:
