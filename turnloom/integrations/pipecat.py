@@ -25,8 +25,10 @@ bookkeeping unchanged), with turnloom as the one source of truth:
   ``InterruptionFrame`` (a barge-in) it writes only what was played so far;
   that is what turnloom records.
 * a false start: the ``false_start`` hook sees each finished user turn's
-  text; True retracts the turn (``manager.voice.retract_turn``), takes it out
-  of Pipecat's context and runs no inference.
+  text; True keeps the turn out of turnloom (it is never committed), takes it
+  out of Pipecat's context and runs no inference. A blank transcript is
+  never committed either. Only a user message's text is taken (an image a
+  user message carries is not).
 * the pipeline's end (``EndFrame``, or ``CancelFrame``: the caller hung up,
   even while the model streams) removes the context
   (``manager.remove_context``: idempotent, and it cancels a preparation in
@@ -167,7 +169,9 @@ class _Conversation:
                 if role == "user":
                     users += 1
                     text = _text(message.get("content"))
-                    if self.false_start is not None and self.false_start(text):
+                    if not text.strip() or (
+                        self.false_start is not None and self.false_start(text)
+                    ):
                         continue  # never committed: a false start leaves no turn
                     self._commit(text)
                     new_turn += 1
@@ -283,8 +287,8 @@ class TurnloomContextAggregatorPair:
             shape; each LLM service's adapter converts it).
         context_id: the call's turnloom context id.
         instructions: the system prompt (pinned in turnloom).
-        false_start: called with each finished user turn's text; True takes the
-            turn back and runs no inference. Default: never.
+        false_start: called with each finished user turn's text; True keeps
+            the turn out of turnloom and runs no inference. Default: never.
         tools: the tools the LLM may call (a Pipecat ``ToolsSchema``), kept on
             Pipecat's context as usual.
         user_params, assistant_params: Pipecat's aggregator parameters (turn
