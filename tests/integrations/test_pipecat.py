@@ -59,6 +59,14 @@ ANTHROPIC = [
 ]
 
 
+# Twenty words at 50 ms each: a barge-in after the third lands long before the end.
+LONG_REPLY = [
+    *("Three ", "flights ", "go ", "to ", "Oslo ", "today, ", "at ", "nine, ", "noon "),
+    *("and ", "six; ", "the ", "first ", "is ", "nearly ", "full, ", "the ", "others ", "are "),
+    "not.",
+]
+
+
 def _script() -> ScriptedLLM:
     model = ScriptedLLM(
         [[Call("c1", "find_bag", {"tag": "X1"})], ["It is at ", "gate 4."], ["Bye."]]
@@ -242,9 +250,7 @@ def test_a_barge_in_records_only_the_words_played_before_it() -> None:
     the playback, and turnloom holds only the words the TTS released before it."""
 
     async def main() -> None:
-        model = ScriptedLLM(
-            [["Three ", "flights ", "go ", "to ", "Oslo ", "today, ", "at ", "nine."], ["Yes."]]
-        )
+        model = ScriptedLLM([LONG_REPLY, ["Yes."]])
         async with Foundation(gateway="openai_chat") as foundation:
             manager = foundation.manager
             call = FakeCall(manager, model, word_seconds=0.05)
@@ -261,7 +267,7 @@ def test_a_barge_in_records_only_the_words_played_before_it() -> None:
             await run_calls([call], script)
             played = "".join(call.stopped[0].content)
             assert call.stopped[0].interrupted
-            assert 3 <= len(played.split()) < 8
+            assert 3 <= len(played.split()) < len(LONG_REPLY)
             assert histories == [
                 [
                     ("user", "Which flights go to Oslo?"),
@@ -284,9 +290,7 @@ def test_a_cut_reply_taken_after_the_barge_ins_turn_goes_to_the_turn_it_answered
     records the played words to the turn they answered, so history keeps the order."""
 
     async def main() -> None:
-        model = ScriptedLLM(
-            [["Three ", "flights ", "go ", "to ", "Oslo ", "today, ", "at ", "nine."], ["Yes."]]
-        )
+        model = ScriptedLLM([LONG_REPLY, ["Yes."]])
         async with Foundation(gateway="openai_chat") as foundation:
             manager = foundation.manager
             call = FakeCall(manager, model, word_seconds=0.05)
