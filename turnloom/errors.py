@@ -74,6 +74,7 @@ __all__ = (
     "OpenToolCallError",
     "OutOfOrderTurnError",
     "PairedTurnsTooLargeError",
+    "PlayedTextMismatchError",
     "PositionalScopeError",
     "ProviderRuleError",
     "QueueFullError",
@@ -250,6 +251,26 @@ class AmbiguousStepError(InvalidMessageError):
         super().__init__(message, field=field)
         self.call_id = call_id
         self.reason = reason
+
+
+class PlayedTextMismatchError(InvalidMessageError):
+    """The played text of an interrupted output does not match the output's text.
+
+    Raised by ``record_interrupted(..., played_text=...)`` when fewer than
+    half of the played words match words of the output's text by the rule of
+    :func:`~turnloom.context.played_count` (the host passed the transcript of
+    another reply, or of something else entirely); nothing was recorded.
+
+    Attributes:
+        field: ``"played_text"``.
+        words: how many words the played text has.
+        matched: how many of them matched.
+    """
+
+    def __init__(self, message: str, *, words: int, matched: int) -> None:
+        super().__init__(message, field="played_text")
+        self.words = words
+        self.matched = matched
 
 
 class InvalidTextError(InvalidMessageError):

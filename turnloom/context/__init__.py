@@ -85,6 +85,7 @@ __all__ = (
     "message_size",
     "open_call_ids",
     "plan_collection",
+    "played_count",
     "played_prefix",
     "rename_call_ids",
     "scope_indices",
@@ -114,7 +115,7 @@ from turnloom.context.history import (
     TurnHistory,
     check_id,
 )
-from turnloom.context.interruption import played_prefix
+from turnloom.context.interruption import played_count, played_prefix
 from turnloom.context.journal import MutationJournal
 from turnloom.context.memory import (
     HydratedMemory,

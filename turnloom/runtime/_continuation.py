@@ -123,6 +123,27 @@ class IssuedPrefixes:
         """Raise :class:`InvalidMessageError` unless ``prefix`` was delivered by this manager."""
         check_continuation(prefix, (), self._get, self._limits)
 
+    def with_recorded(
+        self, prefix: PreparedContext, continuation: Sequence[Message]
+    ) -> Sequence[Message]:
+        """The turn's recorded outputs (the very objects the history holds), then ``continuation``.
+
+        No outputs when the prefix's turn or context is no longer held. A
+        prefix this manager did not deliver is returned with ``continuation``
+        unchanged, for :meth:`build` to refuse.
+        """
+        if not isinstance(prefix, PreparedContext) or self._get(id(prefix)) is not prefix:
+            return continuation
+        history = self._histories(prefix.context_id)
+        held = _held_outputs(history, prefix.turn_id) if history is not None else ()
+        if not held:
+            return continuation
+        kind = type(continuation)
+        if kind is not list and kind is not tuple:
+            if isinstance(continuation, Message) or not isinstance(continuation, Sequence):
+                return continuation  # refused by check_continuation
+        return held + tuple(continuation) if continuation else held
+
     def build(
         self, prefix: PreparedContext, continuation: Sequence[Message]
     ) -> tuple[NativeContent, ...]:
@@ -290,6 +311,19 @@ class IssuedPrefixes:
             items.extend(native if native is not None else gateway.render(message))
         # One pass over all the items: renaming is sequential, so equal to renaming each message's.
         return rename_call_ids(self._kind, items, call_ids)
+
+
+def _held_outputs(history: TurnHistory, turn_id: str) -> tuple[Message, ...]:
+    """The output messages ``history`` holds for ``turn_id`` (the objects, not copies), or ().
+
+    Reads the history's turns directly (as its ``output_renders`` does): the
+    view's ``turn_messages`` hands out copies, which would defeat the
+    identity checks that let ``build`` skip checking and rendering them.
+    """
+    for turn in reversed(history._turns):
+        if turn.turn_id == turn_id:
+            return tuple(entry.message for entry in turn.outputs)
+    return ()
 
 
 class _Settled:

@@ -148,6 +148,8 @@ class Durability:
         # context id -> why, oldest loss first; at most _LOST_REMEMBERED, emptied by aclose
         self._lost: OrderedDict[str, str] = OrderedDict()
         self._forgets: list[tuple[str, int]] = []
+        # Deletions the running write cycle took out of _forgets and has not finished.
+        self._forgetting = 0
         self._waiters: list[_Waiter] = []
         self._wake = anyio.Event()
         self._started = 0  # write cycles started
@@ -370,7 +372,11 @@ class Durability:
                     f"This manager no longer owns context {excerpt(context_id)} ({why}).",
                     context_id=context_id,
                 )
-        if not self._forgets and not any(c.pending for c in self._claims.values()):
+        if (
+            not self._forgets
+            and not self._forgetting
+            and not any(c.pending for c in self._claims.values())
+        ):
             return
         waiter = _Waiter(self._started + 1, context_id)
         self._waiters.append(waiter)
@@ -475,6 +481,7 @@ class Durability:
         stale: dict[str, StaleLeaseError] = {}
         failed: dict[str, StoreError] = {}
         forgets, self._forgets = self._forgets, []
+        self._forgetting = len(forgets)  # a flush meanwhile waits for them
         written: list[LogWrite] = []
         try:
             written, error = await self._write_pending(stale, failed)
@@ -482,6 +489,7 @@ class Durability:
         except StoreError as exc:
             error = exc
         self._forgets[:0] = forgets  # not done: retried by the next cycle
+        self._forgetting = 0
         # The store failing once this cycle's appends were acknowledged:
         late = await self._compact_written(written) if error is None else None
         self._settle_cycle(cycle, error, late, stale, failed)
@@ -544,6 +552,7 @@ class Durability:
             if await self._store_call(self._store.forget, context_id, token):
                 await self._store_call(self._store.release, {context_id: token})
             forgets.pop(0)
+            self._forgetting = len(forgets)
 
     async def _compact_written(self, written: list[LogWrite]) -> StoreUnavailableError | None:
         """Compact the logs this cycle wrote to, when they are due; the store's

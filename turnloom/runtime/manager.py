@@ -33,6 +33,7 @@ from turnloom.context.memory import MemorySource
 from turnloom.context.message import Message
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.tokens import TokenCounter
+from turnloom.errors import InvalidArgumentError, what_type
 from turnloom.runtime import _tracing as tracing
 from turnloom.runtime._areas import Areas
 from turnloom.runtime._assembly import Assembly
@@ -335,7 +336,10 @@ class ContextManager:
         and outputs for a turn no longer held (evicted or retracted) are not
         stored, and counted; record through the :class:`Invocation` to bind
         outputs to the very turn even when its id is reused. The runtime-state
-        pair never enters history: messages carrying it are rejected.
+        pair never enters history: messages carrying it are rejected. Outputs
+        for a context :meth:`remove_context` removed (a reply that finished
+        playing after the caller hung up) are checked as a batch of Messages,
+        then dropped and counted in ``dropped_late_outputs_total``.
 
         Outputs are accepted while the Foundation closes, until its output
         streams are drained and its preparations settled (see :meth:`history`).
@@ -377,37 +381,62 @@ class ContextManager:
                 of its results.
         """
         self._life.check_recording()
+        table = self._table
+        if table.was_removed(context_id):
+            return table.drop_late(turn_id, outputs)
         self.leases._check_writable(context_id)
-        state = self._table.get(context_id)
+        state = table.get(context_id)
         check_outputs(self.gateway, turn_id, outputs, state.history)
-        return self._table.record(state, turn_id, outputs)
+        return table.record(state, turn_id, outputs)
 
     def remove_context(self, context_id: str) -> None:
-        """Forget a context and its whole history (its counters are kept).
+        """Forget a context and its whole history (its counters are kept); idempotent.
+
+        Call it when the conversation ends (a voice host: the caller hung
+        up). Removing a context this manager already removed does nothing
+        (the last 65,536 removed ids are remembered; an id created again is
+        held again).
+
+        Work in flight for the context is cancelled, and nothing it produces
+        reaches another context:
+
+        * its preparations settle at once, counted as discarded
+          (``statistics().preparations.discarded``), and free their slots:
+          one waiting for its turn, its assembly or a thread is cancelled; one
+          whose worker thread renders is left to finish and its result
+          discarded; each requester gets
+          :class:`~turnloom.errors.ContextRemovedError`. A context created
+          again with the same id never serves them.
+        * the body of its :meth:`invocation` block in flight is cancelled (the
+          model call it streams is interrupted at its next checkpoint); the
+          block swallows that cancellation and exits normally, so the host's
+          code after the block runs.
+        * outputs recorded for it later, through an :class:`Invocation` or
+          by :meth:`record` (and ``voice.record_interrupted``) with its id,
+          are dropped and counted in ``dropped_late_outputs_total``.
 
         Turns its newest turn's acceptance evicted, held aside for a
         retraction (``voice.retract_turn``), count in ``evicted_turns_total``
         now.
 
-        Preparations waiting for a turn of the context settle at once with
-        :class:`~turnloom.errors.ContextRemovedError` and free their slots; a
-        context created again with the same id never serves them. Outputs an
-        :class:`Invocation` of it records later are dropped and counted.
-
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
             InvalidMessageError: a malformed context id.
-            UnknownContextError: no such context.
-            StateError: a model call is in flight for the context.
+            UnknownContextError: no turn was ever committed to ``context_id``
+                (and it is not a remembered removed id).
             NotClaimedError, StaleLeaseError: as :meth:`accept_turn`.
 
         With a store, the context's log is deleted from the store and its lease
         released by the store's next batch (``manager.leases.flush`` waits for it).
         """
         queue = self._life.check_open().queue
+        table = self._table
+        if table.was_removed(context_id):
+            return
         self.leases._check_writable(context_id)
-        self._table.remove(context_id)
-        queue.wake(context_id)
+        state = table.get(context_id)
+        table.remove(context_id)
+        queue.remove(context_id, state)
         self.leases._forget(context_id)
 
     def invocation(self, context_id: str, turn_id: str) -> AbstractAsyncContextManager[Invocation]:
@@ -432,7 +461,10 @@ class ContextManager:
             StateError: another invocation is in flight for the context.
 
         Cancellation:
-            Entering and leaving do not wait. When the block is cancelled, what
+            Entering and leaving do not wait. The body runs in a cancel scope
+            that :meth:`remove_context` of the context cancels: the block then
+            exits without an error (its later records are dropped and
+            counted). When the block is cancelled from outside, what
             was recorded stays recorded (a blank partial output never is),
             calls left without a result are handled by the ``open_calls``
             policy at the next prepare, and the context is released.
@@ -546,12 +578,26 @@ class ContextManager:
         return await self._life.check_open().prepare(request, wait=False)
 
     def build(
-        self, prefix: PreparedContext, continuation: Sequence[Message] = ()
+        self,
+        prefix: PreparedContext,
+        continuation: Sequence[Message] = (),
+        *,
+        recorded: bool = False,
     ) -> tuple[NativeContent, ...]:
         """The input of the next model call of a turn: the prefix, then the continuation.
 
         Send ``manager.gateway.request_body(items)``, not the items (see
         :attr:`PreparedContext.items`).
+
+        With ``recorded=True`` the host need not hand back what turnloom
+        already holds: the outputs recorded for the prefix's turn so far (by
+        :meth:`record`, an :class:`Invocation`, ``voice.record_interrupted``;
+        the very messages the history holds, so they are neither checked nor
+        rendered again) come first, then ``continuation`` (what the host has
+        not recorded). ``build(prefix, recorded=True)`` after recording every
+        output equals ``build(prefix, outputs)`` with those outputs. When the
+        turn is no longer held (evicted, retracted, its context removed),
+        there are no recorded outputs to add.
 
         The continuation (the turn's model outputs and tool results so far,
         oldest first) is rendered and appended; the prefix, including its
@@ -590,8 +636,10 @@ class ContextManager:
             ProviderRuleError: the gateway rejected a message.
             TurnTooLargeError: the continuation holds more than ``max_items``
                 messages.
+            InvalidArgumentError: ``recorded`` is not a bool.
         """
         self._life.check_open()
+        continuation = self._recorded(prefix, continuation, recorded, "build")
         with tracing.build_span("turnloom.build", self.gateway, continuation) as traced:
             items = self._issued.build(prefix, continuation)
             traced.set("turnloom.items", len(items))
@@ -603,6 +651,7 @@ class ContextManager:
         continuation: Sequence[Message] = (),
         *,
         fields: Mapping[str, Any] | None = None,
+        recorded: bool = False,
     ) -> bytes:
         """The whole request body of ``build(prefix, continuation)``, as UTF-8 JSON bytes.
 
@@ -621,6 +670,8 @@ class ContextManager:
         Args:
             fields: the request's own top-level fields, for example
                 ``{"model": "gpt-4o", "tools": [...]}``, written first.
+            recorded: the turn's recorded outputs come before
+                ``continuation``, as in :meth:`build`.
 
         Returns:
             the body's JSON bytes (``{"model": ..., "messages": [...]}`` and the like).
@@ -631,12 +682,14 @@ class ContextManager:
                 none, and it would be sent as ``null``), or sets a field the
                 body writes (the gateway's ``items_field``, or its
                 instructions field: ``system``, ``systemInstruction`` or
-                ``system_instruction``, ``instructions``).
+                ``system_instruction``, ``instructions``); or ``recorded`` is
+                not a bool.
             FoundationClosedError, InvalidMessageError, InvalidTextError,
             InstructionMessageError, DuplicateIdError, ProviderRuleError,
             TurnTooLargeError: as :meth:`build`, for the same reasons.
         """
         self._life.check_open()
+        continuation = self._recorded(prefix, continuation, recorded, "request_bytes")
         with tracing.build_span("turnloom.request_bytes", self.gateway, continuation) as traced:
             body = self._issued.request_bytes(prefix, continuation, fields)
             traced.set("turnloom.bytes", len(body))
@@ -648,6 +701,7 @@ class ContextManager:
         continuation: Sequence[Message] = (),
         *,
         fields: Mapping[str, Any] | None = None,
+        recorded: bool = False,
     ) -> dict[str, Any]:
         """The whole request body of ``build(prefix, continuation)``, prompt-cache fields added.
 
@@ -669,14 +723,37 @@ class ContextManager:
         The body is new on every call (the values of ``fields`` are the
         host's, not copied): the marks live only in it and reach no later
         input, prefix or ``prefix.items``. :meth:`request_bytes` is this body
-        encoded, byte for byte.
+        encoded, byte for byte. ``recorded`` is as in :meth:`build`.
 
         Raises:
-            InvalidArgumentError: as :meth:`request_bytes`, for ``fields``.
+            InvalidArgumentError: as :meth:`request_bytes`, for ``fields``;
+                ``recorded`` is not a bool.
             FoundationClosedError, InvalidMessageError, InvalidTextError,
             InstructionMessageError, DuplicateIdError, ProviderRuleError,
             TurnTooLargeError: as :meth:`build`, for the same reasons.
         """
         self._life.check_open()
+        continuation = self._recorded(prefix, continuation, recorded, "request_body")
         with tracing.build_span("turnloom.request_body", self.gateway, continuation):
             return self._issued.request_body(prefix, continuation, fields)
+
+    def _recorded(
+        self,
+        prefix: PreparedContext,
+        continuation: Sequence[Message],
+        recorded: object,
+        method: str,
+    ) -> Sequence[Message]:
+        """``continuation``, after the turn's recorded outputs when ``recorded`` is True.
+
+        Raises:
+            InvalidArgumentError: ``recorded`` is not a bool.
+        """
+        if recorded is False:
+            return continuation
+        if recorded is not True:
+            raise InvalidArgumentError(
+                f"{method}'s recorded must be True or False, not {what_type(recorded)}.",
+                field="recorded",
+            )
+        return self._issued.with_recorded(prefix, continuation)

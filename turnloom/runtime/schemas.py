@@ -349,8 +349,9 @@ class PreparationStatistics(msgspec.Struct, frozen=True, kw_only=True):
         prepared_total: preparations delivered to their requester.
         failed_total: preparations that ended with an error.
         discarded_total: preparations whose requester was cancelled, even
-            after the render finished; their result, if any, was dropped
-            (an area section it held goes to the next preparation).
+            after the render finished, or whose context was removed while
+            they were in flight; their result, if any, was dropped (an area
+            section it held goes to the next preparation).
         rejected_total: ``prepare_nowait`` calls refused for lack of a slot.
     """
 
