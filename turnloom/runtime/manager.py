@@ -21,26 +21,20 @@ __all__ = ("ContextManager", "Invocation")
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 import anyio
 import anyio.abc
 
-from turnloom.context.cache import PromptCache
-from turnloom.context.gateway import Gateway, GatewayType, NativeContent
+from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import HistoryLimits, HistoryView
-from turnloom.context.memory import MemorySource
 from turnloom.context.message import Message
 from turnloom.context.pairing import OpenCallPolicy
-from turnloom.context.tokens import TokenCounter
 from turnloom.runtime import _tracing as tracing
 from turnloom.runtime._areas import Areas
 from turnloom.runtime._assembly import Assembly
 from turnloom.runtime._bridge import Bridge
 from turnloom.runtime._door import (
-    DEFAULT_IDLE_AFTER,
-    DEFAULT_LEASE_TTL,
-    DEFAULT_MAX_PENDING_PREPARATIONS,
     ManagerOptions,
     check_manager_options,
     check_outputs,
@@ -49,9 +43,9 @@ from turnloom.runtime._door import (
 from turnloom.runtime._invocation import Invocation, InvocationBlock
 from turnloom.runtime._leases import Leases
 from turnloom.runtime._lifecycle import Lifecycle
+from turnloom.runtime._options import ManagerKwargs, ManagerSettings
 from turnloom.runtime._outputs import OutputStreams
 from turnloom.runtime._voice import Voice
-from turnloom.runtime.assembly import AssemblyStrategy, StrategyOptions
 from turnloom.runtime.schemas import (
     ContextPrepareRequest,
     ManagerStatistics,
@@ -59,7 +53,6 @@ from turnloom.runtime.schemas import (
     TurnSnapshot,
 )
 from turnloom.runtime.state import EarlierStatePolicy
-from turnloom.runtime.store import ContextStore
 
 
 class ContextManager:
@@ -84,36 +77,13 @@ class ContextManager:
         assembly: the strategy and its tools (:class:`~turnloom.runtime.Assembly`).
 
     Args:
-        gateway: the provider prepared inputs are rendered for (a
-            :class:`GatewayType`, its name, or a Gateway instance).
-        max_pending_preparations: the bound on pending preparations (default 16).
-        history_limits: the bounds of each context's history (default
-            ``HistoryLimits()``).
-        behavior_rules: default application behaviour rules, carried as data
-            in each turn's runtime-state pair (see :mod:`turnloom.runtime.state`).
-        open_calls: ``"exclude"`` (default) or ``"cancel"`` calls without a
-            result in prepared inputs.
-        earlier_state: ``"keep"`` (default) or ``"drop"`` earlier turns'
-            runtime-state pairs in later inputs (see
-            :data:`~turnloom.runtime.state.EarlierStatePolicy`).
-        token_counter: the one estimator of tokens (default
-            :class:`~turnloom.context.ApproxTokenCounter`); see
-            :class:`~turnloom.runtime.Foundation`.
-        strategy, memory, strategy_options: the per-turn assembly strategy
-            (default None: no assembled prompt, no memory), the memory source
-            a named one searches and its options; each is documented on
-            :class:`~turnloom.runtime.Assembly`.
-        max_tenant_preparations: the most preparation slots one tenant holds
-            at once (default half the capacity, rounded up); how slots are
-            shared: :attr:`ContextPrepareRequest.tenant`.
-        store, lease_ttl, idle_after, owner: the durable store of contexts
-            and its leases (default: no store, contexts are kept in memory
-            only); each is documented on :class:`~turnloom.runtime.Leases`.
-        prompt_cache: what :meth:`request_body` and :meth:`request_bytes`
-            add for the provider's prompt cache (default None: nothing):
-            Anthropic breakpoints within the budget of 4, an OpenAI
-            ``prompt_cache_key`` per context
-            (:class:`~turnloom.context.cache.PromptCache`).
+        **options: the manager's options, each a keyword argument with its
+            default, documented once on :class:`~turnloom.runtime.ManagerSettings`
+            (``gateway``, ``max_pending_preparations``, ``history_limits``,
+            ``behavior_rules``, ``open_calls``, ``earlier_state``,
+            ``token_counter``, ``strategy``, ``memory``, ``strategy_options``,
+            ``max_tenant_preparations``, ``store``, ``lease_ttl``,
+            ``idle_after``, ``owner``, ``prompt_cache``).
 
     Raises:
         InputError: a bound is not positive, ``history_limits`` is not a
@@ -127,54 +97,18 @@ class ContextManager:
         InvalidArgumentError: ``token_counter`` has no ``count`` method.
     """
 
-    def __init__(
-        self,
-        *,
-        gateway: GatewayType | str | Gateway = GatewayType.openai_chat,
-        max_pending_preparations: int = DEFAULT_MAX_PENDING_PREPARATIONS,
-        history_limits: HistoryLimits | None = None,
-        behavior_rules: str | None = None,
-        open_calls: OpenCallPolicy = "exclude",
-        earlier_state: EarlierStatePolicy = "keep",
-        token_counter: TokenCounter | None = None,
-        strategy: str | AssemblyStrategy | None = None,
-        memory: MemorySource | None = None,
-        strategy_options: StrategyOptions | None = None,
-        max_tenant_preparations: int | None = None,
-        store: ContextStore | None = None,
-        lease_ttl: float = DEFAULT_LEASE_TTL,
-        idle_after: float = DEFAULT_IDLE_AFTER,
-        owner: str | None = None,
-        prompt_cache: PromptCache | None = None,
-    ) -> None:
-        options = self._options = check_manager_options(
-            gateway=gateway,
-            max_pending_preparations=max_pending_preparations,
-            history_limits=history_limits,
-            behavior_rules=behavior_rules,
-            open_calls=open_calls,
-            earlier_state=earlier_state,
-            token_counter=token_counter,
-            strategy=strategy,
-            memory=memory,
-            strategy_options=strategy_options,
-            max_tenant_preparations=max_tenant_preparations,
-            store=store,
-            lease_ttl=lease_ttl,
-            idle_after=idle_after,
-            owner=owner,
-            prompt_cache=prompt_cache,
-        )
-        life = self._life = Lifecycle(options)
+    def __init__(self, **options: Unpack[ManagerKwargs]) -> None:
+        checked = self._options = check_manager_options(ManagerSettings(**options))
+        life = self._life = Lifecycle(checked)
         table = self._table = life.table
         self._issued = life.issued
         self.leases = Leases(life)
-        self.areas = Areas(life, table, options.gateway, options.history_limits.max_item_bytes)
-        self.bridge = Bridge(life, table, options.open_calls, options.token_counter, self.record)
+        self.areas = Areas(life, table, checked.gateway, checked.history_limits.max_item_bytes)
+        self.bridge = Bridge(life, table, checked.open_calls, checked.token_counter, self.record)
         self.outputs = OutputStreams(life, self.record)
         self.voice = Voice(life, table, self.leases, self.record)
         self.assembly = Assembly(
-            life, options.strategy, options.gateway, self._issued, life.counters
+            life, checked.strategy, checked.gateway, self._issued, life.counters
         )
 
     def _bind(
