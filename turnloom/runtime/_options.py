@@ -79,7 +79,7 @@ class ManagerSettings(msgspec.Struct, frozen=True, kw_only=True):
             with a named ``strategy``.
         max_tenant_preparations: the most preparation slots one tenant holds
             at once (None: half the capacity, rounded up); how slots are
-            shared: :attr:`~turnloom.runtime.ContextPrepareRequest.tenant`.
+            shared: the ``tenant`` of :class:`~turnloom.runtime.ContextPrepareRequest`.
         store: the durable store of contexts (default None: contexts are
             kept in memory only); see :class:`~turnloom.runtime.Leases`.
         lease_ttl: seconds a context's lease lasts unless renewed (10.0);
