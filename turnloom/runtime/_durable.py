@@ -53,7 +53,6 @@ import anyio.to_thread
 from turnloom.context.history import TurnHistory, check_id
 from turnloom.errors import (
     LeaseError,
-    NotClaimedError,
     StaleLeaseError,
     StoreError,
     StoreUnavailableError,
@@ -61,7 +60,7 @@ from turnloom.errors import (
 )
 from turnloom.runtime import _tracing as tracing
 from turnloom.runtime._door import DurableOptions
-from turnloom.runtime._durable_log import Claim, restore, write_checkpoint
+from turnloom.runtime._durable_log import Claim, restore, unheld_error, write_checkpoint
 from turnloom.runtime._records import (
     Record,
     encode_record,
@@ -173,18 +172,7 @@ class Durability:
             claim.used = anyio.current_time()
             return
         check_id(context_id, "context id")
-        why = self._lost.get(context_id)
-        if why is not None:
-            raise StaleLeaseError(
-                f"This manager no longer owns context {excerpt(context_id)} ({why}); claim it "
-                "again to restore it from the store.",
-                context_id=context_id,
-            )
-        raise NotClaimedError(
-            f"Context {excerpt(context_id)} is not claimed by this manager; await "
-            "manager.leases.claim(context_id) before changing it.",
-            context_id=context_id,
-        )
+        raise unheld_error(context_id, self._lost.get(context_id))
 
     def touch(self, context_id: str) -> None:
         """Mark a held context as used now (it is not idle)."""

@@ -2,14 +2,16 @@
 
 :func:`restore` takes a context's lease and rebuilds its history from the
 log; :func:`write_checkpoint` replaces a log by one checkpoint of the history
-it rebuilds. Each is one job of :class:`~turnloom.runtime._durable.Durability`
-(which decides when: a claim, a compaction due), moved out so that class keeps
-the writer, the leases held and the maintenance loop.
+it rebuilds; :func:`unheld_error` is the refusal of a change to a context
+whose lease this manager does not hold. Each is one job of
+:class:`~turnloom.runtime._durable.Durability` (which decides when: a claim,
+a compaction due, a change), moved out so that class keeps the writer, the
+leases held and the maintenance loop.
 """
 
 from __future__ import annotations
 
-__all__ = ("Claim", "StoreCall", "restore", "write_checkpoint")
+__all__ = ("Claim", "StoreCall", "restore", "unheld_error", "write_checkpoint")
 
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
@@ -18,7 +20,7 @@ import anyio
 import anyio.to_thread
 
 from turnloom.context.history import TurnHistory
-from turnloom.errors import StoreError
+from turnloom.errors import LeaseError, NotClaimedError, StaleLeaseError, StoreError, excerpt
 from turnloom.runtime._door import DurableOptions
 from turnloom.runtime._records import checkpoint, compacted, encode_record, replay
 from turnloom.runtime.store import ContextStore
@@ -136,3 +138,28 @@ async def write_checkpoint(
     if not replaced:
         claim.resync = True  # refused: reread the log before the next write
     return False
+
+
+def unheld_error(context_id: str, why: str | None) -> LeaseError:
+    """The error of a change to a context whose lease this manager does not hold.
+
+    Args:
+        context_id: a well-formed context id.
+        why: why its lease was lost, when the loss is remembered; else None.
+
+    Returns:
+        a :class:`~turnloom.errors.StaleLeaseError` (lost, not claimed since)
+        or a :class:`~turnloom.errors.NotClaimedError` (never claimed, left
+        memory idle, or lost too long ago to be remembered), to be raised.
+    """
+    if why is not None:
+        return StaleLeaseError(
+            f"This manager no longer owns context {excerpt(context_id)} ({why}); claim it "
+            "again to restore it from the store.",
+            context_id=context_id,
+        )
+    return NotClaimedError(
+        f"Context {excerpt(context_id)} is not claimed by this manager; await "
+        "manager.leases.claim(context_id) before changing it.",
+        context_id=context_id,
+    )
