@@ -35,6 +35,7 @@ from turnloom.runtime import (
     ContextManager,
     ContextPrepareRequest,
     Foundation,
+    ManagerSettings,
     PreparedContext,
     StoreStatistics,
     TurnSnapshot,
@@ -42,6 +43,7 @@ from turnloom.runtime import (
 )
 from turnloom.runtime._contexts import ContextTable
 from turnloom.runtime._counters import Counters
+from turnloom.runtime._options import ManagerKwargs
 from turnloom.runtime._records import encode_record
 from turnloom.runtime.metrics import ManagerCollector
 from turnloom.runtime.store import ContextStore, LogWrite
@@ -524,9 +526,14 @@ def test_store_options_are_checked_at_the_door(options: dict[str, object], match
 
 
 def test_the_store_annotation_says_what_the_door_takes() -> None:
-    """A URL string is refused (the runtime never opens stores): the type says so too."""
+    """A URL string is refused (the runtime never opens stores): the type says so too.
+
+    Both constructors take the options of the one table as typed keywords.
+    """
+    for table in (ManagerSettings, ManagerKwargs):
+        assert typing.get_type_hints(table)["store"] == ContextStore | None
     for owner in (Foundation.__init__, ContextManager.__init__):
-        assert typing.get_type_hints(owner)["store"] == ContextStore | None
+        assert typing.get_type_hints(owner)["options"] == typing.Unpack[ManagerKwargs]
 
 
 class SlowLoadStore(CountingStore):

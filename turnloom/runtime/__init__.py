@@ -39,6 +39,7 @@ __all__ = (
     "LatencyHistograms",
     "Leases",
     "ManagerOptions",
+    "ManagerSettings",
     "ManagerStatistics",
     "OutputRecord",
     "OutputStatistics",
@@ -70,6 +71,7 @@ from turnloom.runtime._bridge import Bridge
 from turnloom.runtime._door import ManagerOptions
 from turnloom.runtime._invocation import Invocation
 from turnloom.runtime._leases import Leases
+from turnloom.runtime._options import ManagerSettings
 from turnloom.runtime._outputs import OutputStreams
 from turnloom.runtime._strategies import STRATEGIES, JITStrategy, StratifiedStrategy, make_strategy
 from turnloom.runtime._voice import Voice

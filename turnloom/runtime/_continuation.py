@@ -39,7 +39,13 @@ from turnloom.context.history import (
 )
 from turnloom.context.message import Message, OpaquePart, ReasoningPart, Role, check_message
 from turnloom.context.pairing import CallTracker, OpenCallPolicy, check_steps, complete_pairs
-from turnloom.errors import DuplicateIdError, InvalidMessageError, excerpt, what_type
+from turnloom.errors import (
+    DuplicateIdError,
+    InvalidArgumentError,
+    InvalidMessageError,
+    excerpt,
+    what_type,
+)
 from turnloom.runtime.schemas import PreparedContext
 from turnloom.runtime.state import is_state_message
 
@@ -124,14 +130,30 @@ class IssuedPrefixes:
         check_continuation(prefix, (), self._get, self._limits)
 
     def with_recorded(
-        self, prefix: PreparedContext, continuation: Sequence[Message]
+        self,
+        prefix: PreparedContext,
+        continuation: Sequence[Message],
+        recorded: object = True,
+        method: str = "build",
     ) -> Sequence[Message]:
         """The turn's recorded outputs (the very objects the history holds), then ``continuation``.
 
-        No outputs when the prefix's turn or context is no longer held. A
-        prefix this manager did not deliver is returned with ``continuation``
-        unchanged, for :meth:`build` to refuse.
+        ``continuation`` alone when ``recorded`` is False. No outputs when the
+        prefix's turn or context is no longer held. A prefix this manager did
+        not deliver is returned with ``continuation`` unchanged, for
+        :meth:`build` to refuse.
+
+        Raises:
+            InvalidArgumentError: ``recorded`` is not a bool (``method`` names
+                the manager's method in the message).
         """
+        if recorded is False:
+            return continuation
+        if recorded is not True:
+            raise InvalidArgumentError(
+                f"{method}'s recorded must be True or False, not {what_type(recorded)}.",
+                field="recorded",
+            )
         if not isinstance(prefix, PreparedContext) or self._get(id(prefix)) is not prefix:
             return continuation
         history = self._histories(prefix.context_id)

@@ -7,9 +7,6 @@ from :mod:`turnloom.errors` before any state changes; none touches a context.
 from __future__ import annotations
 
 __all__ = (
-    "DEFAULT_IDLE_AFTER",
-    "DEFAULT_LEASE_TTL",
-    "DEFAULT_MAX_PENDING_PREPARATIONS",
     "DurableOptions",
     "FoundationOptions",
     "ManagerOptions",
@@ -32,7 +29,7 @@ from typing import Any
 import msgspec
 
 from turnloom.context.cache import PromptCache
-from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_gateway
+from turnloom.context.gateway import Gateway, NativeContent, get_gateway
 from turnloom.context.history import (
     HistoryLimits,
     TurnHistory,
@@ -53,6 +50,7 @@ from turnloom.errors import (
     excerpt,
     what_type,
 )
+from turnloom.runtime._options import ManagerSettings
 from turnloom.runtime._strategies import make_strategy
 from turnloom.runtime.assembly import AssemblyStrategy, StrategyOptions
 from turnloom.runtime.schemas import ContextPrepareRequest, TurnSnapshot
@@ -66,15 +64,6 @@ from turnloom.runtime.state import (
 from turnloom.runtime.store import ContextStore
 
 _encoder = msgspec.json.Encoder()
-
-DEFAULT_MAX_PENDING_PREPARATIONS = 16
-"""The default bound on pending preparations of a ContextManager."""
-
-DEFAULT_LEASE_TTL = 10.0
-"""The default lifetime of a context's lease, in seconds."""
-
-DEFAULT_IDLE_AFTER = 300.0
-"""The default disuse, in seconds, after which a held context leaves memory."""
 
 
 class DurableOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -125,25 +114,7 @@ def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def check_manager_options(
-    *,
-    gateway: GatewayType | str | Gateway,
-    max_pending_preparations: int,
-    history_limits: HistoryLimits | None,
-    behavior_rules: str | None,
-    open_calls: str,
-    token_counter: TokenCounter | None = None,
-    strategy: str | AssemblyStrategy | None = None,
-    memory: MemorySource | None = None,
-    strategy_options: StrategyOptions | None = None,
-    max_tenant_preparations: int | None = None,
-    earlier_state: str = "keep",
-    store: object = None,
-    lease_ttl: float = DEFAULT_LEASE_TTL,
-    idle_after: float = DEFAULT_IDLE_AFTER,
-    owner: str | None = None,
-    prompt_cache: PromptCache | None = None,
-) -> ManagerOptions:
+def check_manager_options(settings: ManagerSettings) -> ManagerOptions:
     """Validate every option of a ContextManager once; return them checked and frozen.
 
     Raises:
@@ -161,6 +132,11 @@ def check_manager_options(
         UnknownStrategyError: ``strategy`` names no registered strategy.
         InvalidArgumentError: ``token_counter`` has no ``count`` method.
     """
+    gateway, token_counter = settings.gateway, settings.token_counter
+    max_pending_preparations = settings.max_pending_preparations
+    history_limits, open_calls = settings.history_limits, settings.open_calls
+    earlier_state, prompt_cache = settings.earlier_state, settings.prompt_cache
+    max_tenant_preparations = settings.max_tenant_preparations
     if token_counter is None:
         token_counter = ApproxTokenCounter()
     elif not callable(getattr(token_counter, "count", None)):
@@ -192,7 +168,7 @@ def check_manager_options(
             f"{excerpt(prompt_cache)}."
         )
     limits = history_limits if history_limits is not None else HistoryLimits()
-    check_behavior_rules(behavior_rules, limits.max_item_bytes)
+    check_behavior_rules(settings.behavior_rules, limits.max_item_bytes)
     if max_tenant_preparations is None:
         tenant_limit = (max_pending_preparations + 1) // 2
     elif _positive_int(max_tenant_preparations):
@@ -203,12 +179,18 @@ def check_manager_options(
             f"{excerpt(max_tenant_preparations)}."
         )
     checked_gateway = gateway if isinstance(gateway, Gateway) else get_gateway(gateway)
-    checked_strategy = _strategy(strategy, checked_gateway, memory, strategy_options, token_counter)
+    checked_strategy = _strategy(
+        settings.strategy,
+        checked_gateway,
+        settings.memory,
+        settings.strategy_options,
+        token_counter,
+    )
     return ManagerOptions(
         gateway=checked_gateway,
         max_pending_preparations=max_pending_preparations,
         history_limits=limits,
-        behavior_rules=behavior_rules,
+        behavior_rules=settings.behavior_rules,
         open_calls="cancel" if open_calls == "cancel" else "exclude",
         earlier_state="drop" if earlier_state == "drop" else "keep",
         prompt_cache=prompt_cache,
@@ -216,10 +198,10 @@ def check_manager_options(
         tenant_limit=tenant_limit,
         token_counter=token_counter,
         durable=check_durable_options(
-            store=store,
-            lease_ttl=lease_ttl,
-            idle_after=idle_after,
-            owner=owner,
+            store=settings.store,
+            lease_ttl=settings.lease_ttl,
+            idle_after=settings.idle_after,
+            owner=settings.owner,
             history_limits=limits,
             token_counter=token_counter,
         ),

@@ -53,7 +53,6 @@ import anyio.to_thread
 from turnloom.context.history import TurnHistory, check_id
 from turnloom.errors import (
     LeaseError,
-    NotClaimedError,
     StaleLeaseError,
     StoreError,
     StoreUnavailableError,
@@ -61,12 +60,10 @@ from turnloom.errors import (
 )
 from turnloom.runtime import _tracing as tracing
 from turnloom.runtime._door import DurableOptions
+from turnloom.runtime._durable_log import Claim, restore, unheld_error, write_checkpoint
 from turnloom.runtime._records import (
     Record,
-    checkpoint,
-    compacted,
     encode_record,
-    replay,
 )
 from turnloom.runtime.schemas import StoreStatistics
 from turnloom.runtime.store import ContextStore, LogWrite
@@ -77,21 +74,6 @@ _COMPACT_PER_TURN = 8  # records per turn held above which a log is compacted
 # Lost contexts remembered, newest first, so a change of one says why it is
 # refused (StaleLeaseError); an older loss reads as never claimed.
 _LOST_REMEMBERED = 1024
-
-
-class _Claim:
-    """A context this manager holds the lease of."""
-
-    __slots__ = ("attempt", "pending", "resync", "token", "used", "written")
-
-    def __init__(self, token: int, written: int, used: float) -> None:
-        self.token = token
-        self.written = written  # records of the context's log in the store
-        self.resync = False  # unsure of the log (a compaction failed midway): reread it
-        # the log a compaction whose outcome is unknown would have left, or None
-        self.attempt: tuple[bytes, ...] | None = None
-        self.pending: list[bytes] = []  # logged, not yet appended
-        self.used = used  # loop time of the last use
 
 
 class _Waiter:
@@ -143,7 +125,7 @@ class Durability:
         self._can_unload = can_unload
         self._history = history
         self._on_error = on_error
-        self._claims: dict[str, _Claim] = {}
+        self._claims: dict[str, Claim] = {}
         self._claiming: dict[str, anyio.Event] = {}
         # context id -> why, oldest loss first; at most _LOST_REMEMBERED, emptied by aclose
         self._lost: OrderedDict[str, str] = OrderedDict()
@@ -192,18 +174,7 @@ class Durability:
             claim.used = anyio.current_time()
             return
         check_id(context_id, "context id")
-        why = self._lost.get(context_id)
-        if why is not None:
-            raise StaleLeaseError(
-                f"This manager no longer owns context {excerpt(context_id)} ({why}); claim it "
-                "again to restore it from the store.",
-                context_id=context_id,
-            )
-        raise NotClaimedError(
-            f"Context {excerpt(context_id)} is not claimed by this manager; await "
-            "manager.leases.claim(context_id) before changing it.",
-            context_id=context_id,
-        )
+        raise unheld_error(context_id, self._lost.get(context_id))
 
     def touch(self, context_id: str) -> None:
         """Mark a held context as used now (it is not idle)."""
@@ -257,32 +228,11 @@ class Durability:
         try:
             if any(c == context_id for c, _ in self._forgets):
                 await self.flush()
-            store = self._store
-            options = self._options
-            token = await self._store_call(
-                store.acquire, context_id, options.owner, options.lease_ttl
+            token, log, history = await restore(
+                self._store_call, self._store, self._options, self._limiter, context_id
             )
-            try:
-                log = await self._store_call(store.load, context_id)
-                history = None
-                if log:
-                    history = await anyio.to_thread.run_sync(
-                        replay,
-                        context_id,
-                        log,
-                        self._options.history_limits,
-                        self._options.token_counter,
-                        limiter=self._limiter,
-                    )
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    try:
-                        await self._store_call(store.release, {context_id: token})
-                    except StoreError:
-                        pass  # the lease expires by itself
-                raise
             self._lost.pop(context_id, None)
-            claim = self._claims[context_id] = _Claim(token, len(log), anyio.current_time())
+            claim = self._claims[context_id] = Claim(token, len(log), anyio.current_time())
             self._claims_total += 1
             if log:
                 self.takeovers += 1
@@ -584,7 +534,7 @@ class Durability:
         self._completed = cycle
         _answer_waiters(self._waiters, cycle, error, late, stale, failed)
 
-    async def _resync(self, context_id: str, claim: _Claim, failed: dict[str, StoreError]) -> None:
+    async def _resync(self, context_id: str, claim: Claim, failed: dict[str, StoreError]) -> None:
         """Reread a log this manager is unsure of: is it as written, or as compacted?
 
         The log must hold what this manager wrote (``claim.written`` records)
@@ -618,7 +568,7 @@ class Durability:
         claim.attempt = None
         claim.resync = False
 
-    async def _compact(self, context_id: str, claim: _Claim, history: TurnHistory) -> None:
+    async def _compact(self, context_id: str, claim: Claim, history: TurnHistory) -> None:
         """Replace a long log by a checkpoint of the history it rebuilds.
 
         Only when everything logged is written (the store's log is then
@@ -633,33 +583,17 @@ class Durability:
         bound = max(_COMPACT_MIN, _COMPACT_PER_TURN * held)
         if not held or claim.written <= bound or claim.pending or claim.resync:
             return  # a checkpoint needs a turn to carry the instructions and sequence
-        # Turns held aside for a retraction of the newest turn stay restorable
-        # after a replay (see compacted).
-        view, evicted, tail = compacted(history)
-        records = tuple(encode_record(record) for record in tail)
-        length = claim.written
-        blob = await anyio.to_thread.run_sync(
-            checkpoint, view, evicted, history.sequence, limiter=self._limiter
-        )
-        token = claim.token
-        claim.attempt = (blob, *records)
         try:
-            replaced = await self._store_call(
-                self._store.replace, context_id, token, length, claim.attempt
+            done = await write_checkpoint(
+                self._store_call, self._store, self._limiter, context_id, claim, history
             )
         except StoreUnavailableError:
-            claim.resync = True
             raise
         except StoreError as exc:
-            claim.resync = True
             self._report(exc)
             return
-        if replaced and claim.written == length:
-            claim.written = 1 + len(records)
-            claim.attempt = None
+        if done:
             self._compactions += 1
-        elif not replaced:
-            claim.resync = True  # refused: reread the log before the next write
 
     # -- maintenance ----------------------------------------------------------------
 

@@ -65,13 +65,15 @@ from turnloom.context.cache import PromptCache
 from turnloom.context.gateway import Gateway, GatewayType, get_gateway
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import ConfigError, InputError, UnknownPluginError, excerpt, what_type
-from turnloom.runtime._door import DEFAULT_MAX_PENDING_PREPARATIONS, check_behavior_rules
+from turnloom.runtime._door import check_behavior_rules
+from turnloom.runtime._options import ManagerSettings
 from turnloom.runtime.manager import ContextManager
 
 CONTEXT_PLUGIN_GROUP = "turnloom.context_plugins"
 """The entry point group third-party context plugins register under."""
 
 _DEFAULT = "default"
+_MANAGER = ManagerSettings()
 _LIMITS = HistoryLimits()
 _Positive = Annotated[int, msgspec.Meta(ge=1)]
 _AT = re.compile(r"^(?P<reason>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
@@ -81,6 +83,10 @@ _MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]*)`")
 
 class ContextInitConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The ``init_config`` of the ``default`` context plugin; defaults are the runtime's.
+
+    Each key is a manager option of :class:`~turnloom.runtime.ManagerSettings`
+    and takes its default from there (the ``history_*`` keys are the fields of
+    its ``history_limits``, ``prompt_cache`` a switch).
 
     Attributes:
         behavior_rules: default application behaviour rules, carried as
@@ -103,15 +109,15 @@ class ContextInitConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
             ``prompt_cache_key``).
     """
 
-    behavior_rules: str | None = None
-    max_pending_preparations: _Positive = DEFAULT_MAX_PENDING_PREPARATIONS
+    behavior_rules: str | None = _MANAGER.behavior_rules
+    max_pending_preparations: _Positive = _MANAGER.max_pending_preparations
     history_max_turns: _Positive = _LIMITS.max_turns
     history_max_items: _Positive = _LIMITS.max_items
     history_max_bytes: _Positive = _LIMITS.max_bytes
     history_max_item_bytes: _Positive = _LIMITS.max_item_bytes
-    open_calls: Literal["exclude", "cancel"] = "exclude"
-    earlier_state: Literal["keep", "drop"] = "keep"
-    prompt_cache: bool = False
+    open_calls: Literal["exclude", "cancel"] = _MANAGER.open_calls
+    earlier_state: Literal["keep", "drop"] = _MANAGER.earlier_state
+    prompt_cache: bool = _MANAGER.prompt_cache is not None
 
     def history_limits(self) -> HistoryLimits:
         """The history bounds these keys give."""

@@ -38,28 +38,16 @@ __all__ = ("Foundation",)
 from collections.abc import Callable
 from datetime import datetime
 from types import TracebackType
+from typing import Unpack
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from turnloom.context.cache import PromptCache
-from turnloom.context.gateway import Gateway, GatewayType
-from turnloom.context.history import HistoryLimits
-from turnloom.context.memory import MemorySource
-from turnloom.context.pairing import OpenCallPolicy
-from turnloom.context.tokens import TokenCounter
 from turnloom.errors import InputError, StateError, what_type
-from turnloom.runtime._door import (
-    DEFAULT_IDLE_AFTER,
-    DEFAULT_LEASE_TTL,
-    DEFAULT_MAX_PENDING_PREPARATIONS,
-    check_foundation_options,
-)
-from turnloom.runtime.assembly import AssemblyStrategy, StrategyOptions
+from turnloom.runtime._door import check_foundation_options
+from turnloom.runtime._options import ManagerKwargs
 from turnloom.runtime.manager import ContextManager
-from turnloom.runtime.state import EarlierStatePolicy
-from turnloom.runtime.store import ContextStore
 
 
 class Foundation:
@@ -75,33 +63,9 @@ class Foundation:
             configuration file), not yet bound to a Foundation; the Foundation
             owns it from then on. None (default): built from the keyword
             arguments below.
-        gateway, max_pending_preparations, history_limits, behavior_rules,
-            open_calls, earlier_state, token_counter, strategy, memory, strategy_options,
-            max_tenant_preparations, store, lease_ttl, idle_after, owner,
-            prompt_cache: the
-            manager's options when ``manager`` is None (see
-            :class:`ContextManager`: assembly strategies, the borrowed memory
-            source, per-tenant fairness of slots, the durable context store);
-            they may not be given with ``manager``. ``store`` keeps contexts
-            durably (see :class:`~turnloom.runtime.Leases`; default None:
-            memory only).
         worker_threads: the most worker threads rendering at once (default 4).
         close_grace_period: seconds :meth:`aclose` lets pending preparations
             settle before cancelling them (default 5.0; ``math.inf`` waits).
-        token_counter: the one estimator of tokens
-            (:class:`~turnloom.context.ApproxTokenCounter` by default): each
-            message is counted once when it enters a history, and
-            ``HistoryLimits.max_tokens``, the history statistics,
-            ``PreparedContext.tokens`` and ``manager.bridge.working_context``
-            all use that count. It must count a list as the sum of its
-            messages, as the built-in counters do. Counting runs in
-            ``accept_turn`` and ``record``, on the event loop: about 2.5 us
-            per tau-bench message for the approximate counter, 57 us for
-            ``OpenAITokenCounter("o200k_base")`` (``scripts/bench_tokens.py``).
-            A counter that raises or returns anything but an int in ``[0,
-            MAX_TOKEN_COUNT]`` fails the call that counted with
-            :class:`~turnloom.errors.HostCallbackError`, nothing changed.
-            A manager option too.
         clock: returns the current time as a timezone-aware datetime; read
             once per preparation whose :class:`~turnloom.runtime.Perception`
             gives no time (default ``datetime.now(UTC)``; inject one in tests).
@@ -109,6 +73,12 @@ class Foundation:
             :class:`~turnloom.errors.HostCallbackError` (its exception the
             ``__cause__``); one that returns a naive datetime or another
             type, with :class:`~turnloom.errors.InvalidMessageError`.
+        **options: the manager's options when ``manager`` is None, each
+            documented once with its default on
+            :class:`~turnloom.runtime.ManagerSettings` (the gateway, bounds,
+            policies, token counter, assembly strategy and memory source,
+            per-tenant fairness, the durable store and its leases, the prompt
+            cache); none may be given with ``manager``.
 
     Raises:
         InputError: a bound is not positive, ``history_limits`` is not a
@@ -138,79 +108,20 @@ class Foundation:
         self,
         manager: ContextManager | None = None,
         *,
-        gateway: GatewayType | str | Gateway = GatewayType.openai_chat,
-        max_pending_preparations: int = DEFAULT_MAX_PENDING_PREPARATIONS,
         worker_threads: int = 4,
-        history_limits: HistoryLimits | None = None,
-        behavior_rules: str | None = None,
-        open_calls: OpenCallPolicy = "exclude",
-        earlier_state: EarlierStatePolicy = "keep",
         close_grace_period: float = 5.0,
-        token_counter: TokenCounter | None = None,
         clock: Callable[[], datetime] | None = None,
-        strategy: str | AssemblyStrategy | None = None,
-        memory: MemorySource | None = None,
-        strategy_options: StrategyOptions | None = None,
-        max_tenant_preparations: int | None = None,
-        store: ContextStore | None = None,
-        lease_ttl: float = DEFAULT_LEASE_TTL,
-        idle_after: float = DEFAULT_IDLE_AFTER,
-        owner: str | None = None,
-        prompt_cache: PromptCache | None = None,
+        **options: Unpack[ManagerKwargs],
     ) -> None:
         if manager is None:
-            manager = ContextManager(
-                gateway=gateway,
-                max_pending_preparations=max_pending_preparations,
-                history_limits=history_limits,
-                behavior_rules=behavior_rules,
-                open_calls=open_calls,
-                earlier_state=earlier_state,
-                token_counter=token_counter,
-                strategy=strategy,
-                memory=memory,
-                strategy_options=strategy_options,
-                max_tenant_preparations=max_tenant_preparations,
-                store=store,
-                lease_ttl=lease_ttl,
-                idle_after=idle_after,
-                owner=owner,
-                prompt_cache=prompt_cache,
-            )
+            manager = ContextManager(**options)
         elif not isinstance(manager, ContextManager):
             raise InputError(f"manager must be a ContextManager, not {what_type(manager)}.")
-        else:
-            given = [
-                name
-                for name, value, default in (
-                    ("gateway", gateway, GatewayType.openai_chat),
-                    (
-                        "max_pending_preparations",
-                        max_pending_preparations,
-                        DEFAULT_MAX_PENDING_PREPARATIONS,
-                    ),
-                    ("history_limits", history_limits, None),
-                    ("behavior_rules", behavior_rules, None),
-                    ("open_calls", open_calls, "exclude"),
-                    ("earlier_state", earlier_state, "keep"),
-                    ("token_counter", token_counter, None),
-                    ("strategy", strategy, None),
-                    ("memory", memory, None),
-                    ("strategy_options", strategy_options, None),
-                    ("max_tenant_preparations", max_tenant_preparations, None),
-                    ("store", store, None),
-                    ("lease_ttl", lease_ttl, DEFAULT_LEASE_TTL),
-                    ("idle_after", idle_after, DEFAULT_IDLE_AFTER),
-                    ("owner", owner, None),
-                    ("prompt_cache", prompt_cache, None),
-                )
-                if value != default
-            ]
-            if given:
-                raise InputError(
-                    f"Foundation got a manager and its option(s) {', '.join(given)}; "
-                    "build the manager with them instead."
-                )
+        elif options:
+            raise InputError(
+                f"Foundation got a manager and its option(s) {', '.join(options)}; "
+                "build the manager with them instead."
+            )
         if clock is not None and not callable(clock):
             raise InputError(f"clock must be callable, not {what_type(clock)}.")
         self._clock = clock

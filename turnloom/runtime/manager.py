@@ -21,27 +21,20 @@ __all__ = ("ContextManager", "Invocation")
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 import anyio
 import anyio.abc
 
-from turnloom.context.cache import PromptCache
-from turnloom.context.gateway import Gateway, GatewayType, NativeContent
+from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history import HistoryLimits, HistoryView
-from turnloom.context.memory import MemorySource
 from turnloom.context.message import Message
 from turnloom.context.pairing import OpenCallPolicy
-from turnloom.context.tokens import TokenCounter
-from turnloom.errors import InvalidArgumentError, what_type
 from turnloom.runtime import _tracing as tracing
 from turnloom.runtime._areas import Areas
 from turnloom.runtime._assembly import Assembly
 from turnloom.runtime._bridge import Bridge
 from turnloom.runtime._door import (
-    DEFAULT_IDLE_AFTER,
-    DEFAULT_LEASE_TTL,
-    DEFAULT_MAX_PENDING_PREPARATIONS,
     ManagerOptions,
     check_manager_options,
     check_outputs,
@@ -50,9 +43,9 @@ from turnloom.runtime._door import (
 from turnloom.runtime._invocation import Invocation, InvocationBlock
 from turnloom.runtime._leases import Leases
 from turnloom.runtime._lifecycle import Lifecycle
+from turnloom.runtime._options import ManagerKwargs, ManagerSettings
 from turnloom.runtime._outputs import OutputStreams
 from turnloom.runtime._voice import Voice
-from turnloom.runtime.assembly import AssemblyStrategy, StrategyOptions
 from turnloom.runtime.schemas import (
     ContextPrepareRequest,
     ManagerStatistics,
@@ -60,7 +53,8 @@ from turnloom.runtime.schemas import (
     TurnSnapshot,
 )
 from turnloom.runtime.state import EarlierStatePolicy
-from turnloom.runtime.store import ContextStore
+
+_Clock = Callable[[], datetime] | None
 
 
 class ContextManager:
@@ -85,105 +79,34 @@ class ContextManager:
         assembly: the strategy and its tools (:class:`~turnloom.runtime.Assembly`).
 
     Args:
-        gateway: the provider prepared inputs are rendered for (a
-            :class:`GatewayType`, its name, or a Gateway instance).
-        max_pending_preparations: the bound on pending preparations (default 16).
-        history_limits: the bounds of each context's history (default
-            ``HistoryLimits()``).
-        behavior_rules: default application behaviour rules, carried as data
-            in each turn's runtime-state pair (see :mod:`turnloom.runtime.state`).
-        open_calls: ``"exclude"`` (default) or ``"cancel"`` calls without a
-            result in prepared inputs.
-        earlier_state: ``"keep"`` (default) or ``"drop"`` earlier turns'
-            runtime-state pairs in later inputs (see
-            :data:`~turnloom.runtime.state.EarlierStatePolicy`).
-        token_counter: the one estimator of tokens (default
-            :class:`~turnloom.context.ApproxTokenCounter`); see
-            :class:`~turnloom.runtime.Foundation`.
-        strategy, memory, strategy_options: the per-turn assembly strategy
-            (default None: no assembled prompt, no memory), the memory source
-            a named one searches and its options; each is documented on
-            :class:`~turnloom.runtime.Assembly`.
-        max_tenant_preparations: the most preparation slots one tenant holds
-            at once (default half the capacity, rounded up); how slots are
-            shared: :attr:`ContextPrepareRequest.tenant`.
-        store, lease_ttl, idle_after, owner: the durable store of contexts
-            and its leases (default: no store, contexts are kept in memory
-            only); each is documented on :class:`~turnloom.runtime.Leases`.
-        prompt_cache: what :meth:`request_body` and :meth:`request_bytes`
-            add for the provider's prompt cache (default None: nothing):
-            Anthropic breakpoints within the budget of 4, an OpenAI
-            ``prompt_cache_key`` per context
-            (:class:`~turnloom.context.cache.PromptCache`).
+        **options: the manager's options, each a keyword argument with its
+            default, documented once on :class:`~turnloom.runtime.ManagerSettings`.
 
     Raises:
-        InputError: a bound is not positive, ``history_limits`` is not a
-            :class:`HistoryLimits`, an unknown gateway or policy, behaviour
-            rules that are not valid text, ``memory`` or ``strategy_options``
-            without a named strategy, bad strategy options, a store that is
-            not a ContextStore, a non-positive ``lease_ttl`` / ``idle_after``,
-            or a malformed ``owner``.
+        InputError: an option outside what :class:`~turnloom.runtime.ManagerSettings`
+            allows for it (a bound not positive, an unknown gateway or policy,
+            a store that is not a ContextStore, a malformed ``owner``, ...).
         UnknownStrategyError: ``strategy`` names no known strategy (``known``
             lists them).
         InvalidArgumentError: ``token_counter`` has no ``count`` method.
     """
 
-    def __init__(
-        self,
-        *,
-        gateway: GatewayType | str | Gateway = GatewayType.openai_chat,
-        max_pending_preparations: int = DEFAULT_MAX_PENDING_PREPARATIONS,
-        history_limits: HistoryLimits | None = None,
-        behavior_rules: str | None = None,
-        open_calls: OpenCallPolicy = "exclude",
-        earlier_state: EarlierStatePolicy = "keep",
-        token_counter: TokenCounter | None = None,
-        strategy: str | AssemblyStrategy | None = None,
-        memory: MemorySource | None = None,
-        strategy_options: StrategyOptions | None = None,
-        max_tenant_preparations: int | None = None,
-        store: ContextStore | None = None,
-        lease_ttl: float = DEFAULT_LEASE_TTL,
-        idle_after: float = DEFAULT_IDLE_AFTER,
-        owner: str | None = None,
-        prompt_cache: PromptCache | None = None,
-    ) -> None:
-        options = self._options = check_manager_options(
-            gateway=gateway,
-            max_pending_preparations=max_pending_preparations,
-            history_limits=history_limits,
-            behavior_rules=behavior_rules,
-            open_calls=open_calls,
-            earlier_state=earlier_state,
-            token_counter=token_counter,
-            strategy=strategy,
-            memory=memory,
-            strategy_options=strategy_options,
-            max_tenant_preparations=max_tenant_preparations,
-            store=store,
-            lease_ttl=lease_ttl,
-            idle_after=idle_after,
-            owner=owner,
-            prompt_cache=prompt_cache,
-        )
-        life = self._life = Lifecycle(options)
+    def __init__(self, **options: Unpack[ManagerKwargs]) -> None:
+        checked = self._options = check_manager_options(ManagerSettings(**options))
+        life = self._life = Lifecycle(checked)
         table = self._table = life.table
         self._issued = life.issued
         self.leases = Leases(life)
-        self.areas = Areas(life, table, options.gateway, options.history_limits.max_item_bytes)
-        self.bridge = Bridge(life, table, options.open_calls, options.token_counter, self.record)
+        self.areas = Areas(life, table, checked.gateway, checked.history_limits.max_item_bytes)
+        self.bridge = Bridge(life, table, checked.open_calls, checked.token_counter, self.record)
         self.outputs = OutputStreams(life, self.record)
         self.voice = Voice(life, table, self.leases, self.record)
         self.assembly = Assembly(
-            life, options.strategy, options.gateway, self._issued, life.counters
+            life, checked.strategy, checked.gateway, self._issued, life.counters
         )
 
     def _bind(
-        self,
-        *,
-        task_group: anyio.abc.TaskGroup,
-        limiter: anyio.CapacityLimiter,
-        clock: Callable[[], datetime] | None = None,
+        self, *, task_group: anyio.abc.TaskGroup, limiter: anyio.CapacityLimiter, clock: _Clock
     ) -> None:
         """Bind to the opening Foundation, once (see :meth:`Lifecycle.bind`; raises StateError)."""
         self._life.bind(self.outputs, self.leases, task_group, limiter, clock)
@@ -639,7 +562,7 @@ class ContextManager:
             InvalidArgumentError: ``recorded`` is not a bool.
         """
         self._life.check_open()
-        continuation = self._recorded(prefix, continuation, recorded, "build")
+        continuation = self._issued.with_recorded(prefix, continuation, recorded, "build")
         with tracing.build_span("turnloom.build", self.gateway, continuation) as traced:
             items = self._issued.build(prefix, continuation)
             traced.set("turnloom.items", len(items))
@@ -689,7 +612,7 @@ class ContextManager:
             TurnTooLargeError: as :meth:`build`, for the same reasons.
         """
         self._life.check_open()
-        continuation = self._recorded(prefix, continuation, recorded, "request_bytes")
+        continuation = self._issued.with_recorded(prefix, continuation, recorded, "request_bytes")
         with tracing.build_span("turnloom.request_bytes", self.gateway, continuation) as traced:
             body = self._issued.request_bytes(prefix, continuation, fields)
             traced.set("turnloom.bytes", len(body))
@@ -707,18 +630,13 @@ class ContextManager:
 
         ``{**fields, **manager.gateway.request_body(manager.build(prefix,
         continuation))}``, plus what the manager's ``prompt_cache``
-        (:class:`~turnloom.context.cache.PromptCache`) adds:
-
-        * OpenAI Chat and Responses: ``"prompt_cache_key"`` (after
-          ``fields``, before the items), ``prefix.prompt_cache_key``, unless
-          ``fields`` set one (the host's key wins);
-        * Anthropic: ``cache_control`` breakpoints placed by
-          :func:`~turnloom.context.cache.place_breakpoints` (the rolling end
-          of the input, the end of the last closed turn, the end of the
-          instructions, lookback bridges) within the budget of 4, counting
-          the host's own marks (in message ``extras`` and in ``fields``:
-          ``tools``, a top-level ``cache_control``); the body then passes
-          ``gateway.validate_request`` whenever the host's marks alone do.
+        (:class:`~turnloom.context.cache.PromptCache`) adds: on OpenAI Chat
+        and Responses ``"prompt_cache_key"`` (``prefix.prompt_cache_key``,
+        unless ``fields`` set one); on Anthropic ``cache_control``
+        breakpoints (:func:`~turnloom.context.cache.place_breakpoints`) within
+        the budget of 4, counting the host's own marks (message ``extras``,
+        ``fields``' ``tools`` and top-level ``cache_control``), so the body
+        passes ``gateway.validate_request`` whenever the host's marks do.
 
         The body is new on every call (the values of ``fields`` are the
         host's, not copied): the marks live only in it and reach no later
@@ -733,27 +651,6 @@ class ContextManager:
             TurnTooLargeError: as :meth:`build`, for the same reasons.
         """
         self._life.check_open()
-        continuation = self._recorded(prefix, continuation, recorded, "request_body")
+        continuation = self._issued.with_recorded(prefix, continuation, recorded, "request_body")
         with tracing.build_span("turnloom.request_body", self.gateway, continuation):
             return self._issued.request_body(prefix, continuation, fields)
-
-    def _recorded(
-        self,
-        prefix: PreparedContext,
-        continuation: Sequence[Message],
-        recorded: object,
-        method: str,
-    ) -> Sequence[Message]:
-        """``continuation``, after the turn's recorded outputs when ``recorded`` is True.
-
-        Raises:
-            InvalidArgumentError: ``recorded`` is not a bool.
-        """
-        if recorded is False:
-            return continuation
-        if recorded is not True:
-            raise InvalidArgumentError(
-                f"{method}'s recorded must be True or False, not {what_type(recorded)}.",
-                field="recorded",
-            )
-        return self._issued.with_recorded(prefix, continuation)

@@ -72,7 +72,7 @@ from typing import Any
 
 from turnloom.context._untrack import untrack_atoms
 from turnloom.context.body import BodyWriter, write_body, written_body
-from turnloom.context.cache import anthropic_breakpoints, breakpoint_violations, message_breakpoints
+from turnloom.context.cache import anthropic_breakpoints, breakpoint_violations
 from turnloom.context.callids import CallIdRenamer, register_rewriter
 from turnloom.context.gateway import (
     Gateway,
@@ -81,19 +81,23 @@ from turnloom.context.gateway import (
     Violation,
     register_gateway,
 )
+from turnloom.context.gateways._anthropic_rules import (
+    MEDIA_TYPES,
+    ROLES,
+    empty_result,
+    validate_messages,
+)
 from turnloom.context.gateways._common import (
     args_object,
     args_text,
     blank,
     check_render_depth,
     drop_foreign,
-    empty_input,
     layout_of,
     make_layout,
     render_inline,
     require_object,
     standard_base64,
-    violation,
 )
 from turnloom.context.message import (
     ImagePart,
@@ -113,10 +117,6 @@ from turnloom.errors import InvalidMessageError, excerpt
 _log = logging.getLogger("turnloom.gateway.anthropic")
 
 _GATEWAY = GatewayType.anthropic.value
-# A tuple: membership compares, never hashes (a malformed role may be a list).
-_ROLES = ("user", "assistant", "system")
-# The media types of a base64 image source (Source: Anthropic Messages API, vision).
-_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 # The keys this gateway writes itself: extras never replace them (checked at the door).
 _WRITES = NativeKeys(
     message=frozenset({"role", "content"}),
@@ -129,8 +129,6 @@ _WRITES = NativeKeys(
 )
 # Sent for an error result that has no content (the API rejects it empty).
 _EMPTY_ERROR_TEXT = "The tool failed without output."
-# The API checks every tool_use id (and tool_use_id) against this pattern.
-_CALL_ID = re.compile(r"[a-zA-Z0-9_-]+")
 # The rules validate_request counts over the whole body, not the messages alone.
 _CACHE_RULES = ("too_many_cache_breakpoints", "cache_ttl_order")
 
@@ -233,11 +231,11 @@ class AnthropicGateway(Gateway):
             inline = render_inline(part)
             if inline is None:
                 source: dict[str, Any] = {"type": "url", "url": part.url}
-            elif inline[0] not in _MEDIA_TYPES:
+            elif inline[0] not in MEDIA_TYPES:
                 _log.warning(
                     "Dropped a %s image: Anthropic takes base64 images of types %s only.",
                     excerpt(inline[0]),
-                    ", ".join(_MEDIA_TYPES),
+                    ", ".join(MEDIA_TYPES),
                 )
                 return None
             else:
@@ -309,7 +307,7 @@ class AnthropicGateway(Gateway):
             type(p) is TextPart for p in result.content
         ):
             content = "".join(p.text for p in result.content if type(p) is TextPart)
-        if result.is_error and _empty_result(content):
+        if result.is_error and empty_result(content):
             # The API rejects an error result without content.
             content = (
                 _EMPTY_ERROR_TEXT
@@ -354,7 +352,7 @@ class AnthropicGateway(Gateway):
     def _parse_item(self, item: NativeContent) -> Message:
         item = require_object(item, "Anthropic", "message")
         role_name = item.get("role")
-        if role_name not in _ROLES:
+        if role_name not in ROLES:
             raise InvalidMessageError(
                 f"Anthropic message has unknown role {excerpt(role_name)}.", field="role"
             )
@@ -565,168 +563,7 @@ class AnthropicGateway(Gateway):
         Returns:
             every violation, in item order; empty when the input is valid.
         """
-        out: list[Violation] = empty_input(items, "messages")
-        if isinstance(items, list | tuple):
-            out.extend(breakpoint_violations(message_breakpoints(items)))
-        seen_ids: dict[str, int] = {}
-        open_calls: dict[str, int] = {}
-        for index, item in enumerate(items):
-            role = item.get("role") if isinstance(item, dict) else None
-            if role not in _ROLES:
-                out.append(
-                    violation(
-                        index, "unknown_role", f"Item {index} has unknown role {excerpt(role)}."
-                    )
-                )
-                continue
-            content = item.get("content")
-            blocks: list[Any]
-            if isinstance(content, str):
-                if blank(content):
-                    out.append(
-                        violation(
-                            index,
-                            "empty_text",
-                            f"Item {index} has empty or whitespace-only content.",
-                        )
-                    )
-                blocks = []
-            elif isinstance(content, list) and content:
-                blocks = content
-            else:
-                out.append(
-                    violation(index, "empty_message", f"Item {index} has no content blocks.")
-                )
-                blocks = []
-            answered: set[str] = set()
-            other_seen = False
-            for j, block in enumerate(blocks):
-                kind = block.get("type") if isinstance(block, dict) else None
-                source = block.get("source") if kind == "image" else None
-                if (
-                    isinstance(source, dict)
-                    and source.get("type") == "base64"
-                    and source.get("media_type") not in _MEDIA_TYPES
-                ):
-                    out.append(
-                        violation(
-                            index,
-                            "unsupported_media_type",
-                            f"Item {index} content[{j}] is a base64 image of type "
-                            f"{excerpt(source.get('media_type'))}; the API takes "
-                            f"{', '.join(_MEDIA_TYPES)}.",
-                        )
-                    )
-                if role == "system" and kind == "image":
-                    out.append(
-                        violation(
-                            index,
-                            "image_in_instruction",
-                            f"Item {index} content[{j}] is an image block; system content "
-                            "carries no images.",
-                        )
-                    )
-                if kind == "text" and blank(str(block.get("text", ""))):
-                    out.append(
-                        violation(
-                            index,
-                            "empty_text",
-                            f"Item {index} content[{j}] is an empty or whitespace-only text block.",
-                        )
-                    )
-                if kind in ("thinking", "redacted_thinking"):
-                    key = "signature" if kind == "thinking" else "data"
-                    value = block.get(key)
-                    if not isinstance(value, str) or not value:
-                        out.append(
-                            violation(
-                                index,
-                                "reasoning_without_signature",
-                                f"Item {index} content[{j}] is a {kind} block without its {key}.",
-                            )
-                        )
-                if kind == "tool_result":
-                    call_id = block.get("tool_use_id")
-                    if role != "user" or not isinstance(call_id, str) or call_id not in open_calls:
-                        out.append(
-                            violation(
-                                index,
-                                "tool_result_without_call",
-                                f"Item {index} content[{j}] answers tool_use "
-                                f"{excerpt(call_id)}, which "
-                                "is not a call of the directly preceding assistant item.",
-                            )
-                        )
-                    elif other_seen:
-                        out.append(
-                            violation(
-                                index,
-                                "tool_result_not_first",
-                                f"Item {index} content[{j}] (result of {excerpt(call_id)}) "
-                                f"comes after "
-                                "other content; tool_result blocks must come first.",
-                            )
-                        )
-                    if isinstance(call_id, str):
-                        answered.add(call_id)
-                    if kind == "tool_result":
-                        _check_result_texts(block, index, j, out)
-                else:
-                    other_seen = True
-            for call_id, at in open_calls.items():
-                if call_id not in answered:
-                    out.append(
-                        violation(
-                            at,
-                            "tool_call_without_result",
-                            f"tool_use {excerpt(call_id)} of item {at} has no tool_result in item "
-                            f"{at + 1}.",
-                        )
-                    )
-            open_calls = {}
-            if role == "assistant":
-                for block in blocks:
-                    if isinstance(block, dict) and block.get("type") == "tool_use":
-                        call_id = block.get("id")
-                        if not isinstance(call_id, str) or not call_id:
-                            out.append(
-                                violation(
-                                    index,
-                                    "missing_call_id",
-                                    f"Item {index} has a tool_use without an id.",
-                                )
-                            )
-                            continue
-                        if not _CALL_ID.fullmatch(call_id):
-                            out.append(
-                                violation(
-                                    index,
-                                    "invalid_call_id",
-                                    f"Item {index} has tool_use id {call_id[:64]!r}; the API "
-                                    "takes letters, digits, '_' and '-' only.",
-                                )
-                            )
-                        if call_id in seen_ids:
-                            out.append(
-                                violation(
-                                    index,
-                                    "duplicate_call_id",
-                                    f"Item {index} reuses tool_use id {excerpt(call_id)} of item "
-                                    f"{seen_ids[call_id]}; tool_use ids must be unique.",
-                                )
-                            )
-                        seen_ids[call_id] = index
-                        open_calls[call_id] = index
-        for call_id, at in open_calls.items():
-            out.append(
-                violation(
-                    at,
-                    "tool_call_without_result",
-                    f"tool_use {excerpt(call_id)} of item {at} has no tool_result (the "
-                    f"input ends).",
-                )
-            )
-        return sorted(out, key=lambda v: v.index)
+        return validate_messages(items)
 
     def validate_request(self, body: dict[str, Any]) -> list[Violation]:
         """Check a whole Messages request body: :meth:`validate` of its
@@ -899,44 +736,12 @@ class _AnthropicBody(BodyWriter):
         return body_item.get("role") != "system"
 
 
-def _empty_result(content: Any) -> bool:
-    return content is None or (isinstance(content, str) and blank(content)) or content == []
-
-
 _NOT_ID = re.compile(r"[^a-zA-Z0-9_-]")
 
 
 def _fix_call_id(call_id: str) -> str:
     """``call_id`` with each character the API's tool_use id pattern refuses as ``_``."""
     return _NOT_ID.sub("_", call_id) or "_"
-
-
-def _check_result_texts(block: dict[str, Any], index: int, j: int, out: list[Violation]) -> None:
-    inner = block.get("content")
-    if block.get("is_error") is True and _empty_result(inner):
-        out.append(
-            violation(
-                index,
-                "empty_error_result",
-                f"Item {index} content[{j}] is an error result without content; the API "
-                "needs content when is_error is true.",
-            )
-        )
-    if isinstance(inner, list):
-        for k, sub in enumerate(inner):
-            if (
-                isinstance(sub, dict)
-                and sub.get("type") == "text"
-                and blank(str(sub.get("text", "")))
-            ):
-                out.append(
-                    violation(
-                        index,
-                        "empty_text",
-                        f"Item {index} content[{j}].content[{k}] is an empty or "
-                        "whitespace-only text block.",
-                    )
-                )
 
 
 def _blocks(item: NativeContent) -> list[Any]:

@@ -83,13 +83,17 @@ from turnloom.context.gateways._common import (
     blank,
     check_render_depth,
     drop_foreign,
-    empty_input,
     layout_of,
     make_layout,
     require_object,
     split_image_url,
     standard_base64,
-    violation,
+)
+from turnloom.context.gateways._responses_rules import (
+    INSTRUCTIONS,
+    ROLES,
+    follows_reasoning,
+    validate_input,
 )
 from turnloom.context.message import (
     ImagePart,
@@ -110,11 +114,6 @@ from turnloom.errors import DuplicateIdError, InvalidMessageError, excerpt, type
 _log = logging.getLogger("turnloom.gateway.openai_responses")
 
 _GATEWAY = GatewayType.openai_responses.value
-# A tuple: membership compares, never hashes (a malformed role may be a list).
-_ROLES = ("user", "assistant", "system", "developer")
-_INSTRUCTIONS = "instructions"
-# Item types that are input, not model output; everything else typed is output.
-_NOT_OUTPUT = frozenset({"message", "function_call_output", "reasoning", _INSTRUCTIONS})
 # The keys this gateway writes itself: extras never replace them (checked at the door).
 _WRITES = NativeKeys(
     message=frozenset({"type", "role", "id", "status", "content"}),
@@ -133,18 +132,6 @@ _WRITES = NativeKeys(
         "status": "text",
     },
 )
-
-
-def _is_output_message(item: NativeContent) -> bool:
-    return item.get("type") == "message" and item.get("role") == "assistant" and "id" in item
-
-
-def _follows_reasoning(item: NativeContent) -> bool:
-    """The item may directly follow a reasoning item of the same response."""
-    if _is_output_message(item):
-        return True
-    kind = item.get("type")
-    return isinstance(kind, str) and "role" not in item and kind not in _NOT_OUTPUT
 
 
 @written_body
@@ -204,7 +191,7 @@ class OpenAIResponsesGateway(Gateway):
                 _log.warning("Dropped a %s part of a tool message.", type_name(part))
             return items
         if role is Role.system and layout.get("instructions"):
-            return [{"type": _INSTRUCTIONS, "text": "".join(_texts(rest))}]
+            return [{"type": INSTRUCTIONS, "text": "".join(_texts(rest))}]
         content = self._input_content(rest, layout, own)
         if content is not None:
             item: NativeContent = {"role": role.value, "content": content}
@@ -344,7 +331,7 @@ class OpenAIResponsesGateway(Gateway):
         # A reasoning item needs the output item that follows it in its response.
         kept: list[NativeContent] = []
         for item in reversed(items):
-            if item.get("type") == "reasoning" and not (kept and _follows_reasoning(kept[-1])):
+            if item.get("type") == "reasoning" and not (kept and follows_reasoning(kept[-1])):
                 _log.debug(
                     "Left out reasoning item %s: no output item follows it.",
                     excerpt(item.get("id")),
@@ -465,7 +452,7 @@ class OpenAIResponsesGateway(Gateway):
             return self._parse_output(item)
         if kind == "reasoning":
             return Message(role=Role.assistant, content=(_parse_reasoning(item),))
-        if kind == _INSTRUCTIONS and isinstance(item.get("text"), str):
+        if kind == INSTRUCTIONS and isinstance(item.get("text"), str):
             return Message(
                 role=Role.system,
                 content=item["text"],
@@ -479,7 +466,7 @@ class OpenAIResponsesGateway(Gateway):
 
     def _parse_message(self, item: NativeContent) -> Message:
         role_name = item.get("role")
-        if role_name not in _ROLES:
+        if role_name not in ROLES:
             raise InvalidMessageError(
                 f"OpenAI Responses message has unknown role {excerpt(role_name)}.", field="role"
             )
@@ -618,7 +605,7 @@ class OpenAIResponsesGateway(Gateway):
         out: list[Message] = []
         instructions = body.get("instructions")
         if isinstance(instructions, str):
-            out.append(self.parse({"type": _INSTRUCTIONS, "text": instructions}))
+            out.append(self.parse({"type": INSTRUCTIONS, "text": instructions}))
         elif instructions is not None:
             raise InvalidMessageError(
                 "OpenAI Responses request body instructions must be a string.",
@@ -671,132 +658,7 @@ class OpenAIResponsesGateway(Gateway):
         Returns:
             every violation, in item order; empty when the input is valid.
         """
-        out: list[Violation] = [] if continues_response else empty_input(items, "input")
-        open_calls: dict[str, int] = {}
-        answered: set[str] = set()
-        in_results = False
-        leading = continues_response
-
-        def close(before: int) -> None:
-            for call_id, at in open_calls.items():
-                if call_id not in answered:
-                    out.append(
-                        violation(
-                            at,
-                            "tool_call_without_result",
-                            f"function_call {excerpt(call_id)} (item {at}) has no "
-                            f"function_call_output before item {before}.",
-                        )
-                    )
-            open_calls.clear()
-            answered.clear()
-
-        item_ids: dict[str, int] = {}
-        all_calls: dict[str, int] = {}  # every call id so far -> its item
-        for index, item in enumerate(items):
-            if not isinstance(item, dict):
-                out.append(violation(index, "not_an_object", f"Item {index} is not an object."))
-                continue
-            item_id = item.get("id")
-            if isinstance(item_id, str) and item_id:
-                first = item_ids.setdefault(item_id, index)
-                if first != index:
-                    out.append(
-                        violation(
-                            index,
-                            "duplicate_item_id",
-                            f"Item {index} repeats the id {excerpt(item_id)} of item "
-                            f"{first}; the API "
-                            "rejects an input holding two items with one id.",
-                        )
-                    )
-            kind = item.get("type")
-            if leading and kind == "function_call_output":
-                in_results = True
-                continue
-            leading = False
-            if kind == "reasoning":
-                nxt = items[index + 1] if index + 1 < len(items) else None
-                if not (isinstance(nxt, dict) and _follows_reasoning(nxt)):
-                    out.append(
-                        violation(
-                            index,
-                            "reasoning_without_following_item",
-                            f"Reasoning item {index} ({excerpt(item.get('id'))}) is not directly "
-                            "followed by the output item it belongs to.",
-                        )
-                    )
-            if "role" in item and kind in (None, "message"):
-                role = item.get("role")
-                if role not in _ROLES:
-                    out.append(
-                        violation(
-                            index, "unknown_role", f"Item {index} has unknown role {excerpt(role)}."
-                        )
-                    )
-                    continue
-                if role == "assistant":
-                    if in_results:
-                        close(index)
-                        in_results = False
-                else:
-                    close(index)
-                    in_results = False
-                    _check_texts(item.get("content"), index, out)
-                continue
-            if kind == "function_call_output":
-                call_id = item.get("call_id")
-                if isinstance(call_id, str) and call_id in open_calls and call_id not in answered:
-                    answered.add(call_id)
-                else:
-                    out.append(
-                        violation(
-                            index,
-                            "tool_result_without_call",
-                            f"function_call_output {index} answers {excerpt(call_id)}, "
-                            f"which is not "
-                            "an open function_call of the current model turn.",
-                        )
-                    )
-                in_results = True
-                continue
-            if kind == _INSTRUCTIONS:
-                if not isinstance(item.get("text"), str):
-                    out.append(
-                        violation(
-                            index,
-                            "malformed_instructions",
-                            f"Instructions item {index} has no text string.",
-                        )
-                    )
-                continue
-            if in_results:
-                close(index)
-                in_results = False
-            if kind == "function_call":
-                call_id = item.get("call_id")
-                if not isinstance(call_id, str) or not call_id:
-                    out.append(
-                        violation(
-                            index, "missing_call_id", f"function_call {index} has no call_id."
-                        )
-                    )
-                elif call_id in all_calls:
-                    out.append(
-                        violation(
-                            index,
-                            "duplicate_call_id",
-                            f"function_call {index} reuses call id {excerpt(call_id)} of item "
-                            f"{all_calls[call_id]}; call ids must be unique in a request.",
-                        )
-                    )
-                    # Still open: its output is not flagged a second time.
-                    open_calls[call_id] = index
-                else:
-                    open_calls[call_id] = index
-                    all_calls[call_id] = index
-        close(len(items))
-        return sorted(out, key=lambda v: v.index)
+        return validate_input(items, continues_response=continues_response)
 
     def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:
         """``{"instructions": ..., "input": [...]}`` for ``items``.
@@ -826,25 +688,6 @@ class OpenAIResponsesGateway(Gateway):
 
 def _texts(parts: Sequence[Part]) -> list[str]:
     return [p.text for p in parts if type(p) is TextPart]
-
-
-def _check_texts(content: Any, index: int, out: list[Violation]) -> None:
-    if isinstance(content, list):
-        if not content:
-            out.append(violation(index, "empty_message", f"Message {index} has no content."))
-        for j, block in enumerate(content):
-            if (
-                isinstance(block, dict)
-                and block.get("type") == "input_text"
-                and blank(str(block.get("text", "")))
-            ):
-                out.append(
-                    violation(
-                        index,
-                        "empty_text",
-                        f"Message {index} content[{j}] is empty or whitespace-only text.",
-                    )
-                )
 
 
 def _has_message_item(message: Message) -> bool:
@@ -1011,7 +854,7 @@ class _ResponsesBody(BodyWriter):
         seen, held = self._seen, self._held
         for item in items:
             kind = item.get("type")
-            if kind == _INSTRUCTIONS:
+            if kind == INSTRUCTIONS:
                 text = item.get("text")
                 if isinstance(text, str):
                     self._texts.append((tag, text))

@@ -1,0 +1,193 @@
+"""The OpenAI Responses API's structural rules over an ``input`` list.
+
+:meth:`~turnloom.context.gateways.openai_responses.OpenAIResponsesGateway.validate`
+documents the rules and their sources; this module holds the checker and the
+item kinds the gateway's render and parse sides share with it.
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "INSTRUCTIONS",
+    "NOT_OUTPUT",
+    "ROLES",
+    "check_texts",
+    "follows_reasoning",
+    "is_output_message",
+    "validate_input",
+)
+
+from collections.abc import Sequence
+from typing import Any
+
+from turnloom.context.gateway import NativeContent, Violation
+from turnloom.context.gateways._common import blank, empty_input, violation
+from turnloom.errors import excerpt
+
+# A tuple: membership compares, never hashes (a malformed role may be a list).
+ROLES = ("user", "assistant", "system", "developer")
+INSTRUCTIONS = "instructions"
+# Item types that are input, not model output; everything else typed is output.
+NOT_OUTPUT = frozenset({"message", "function_call_output", "reasoning", INSTRUCTIONS})
+
+
+def is_output_message(item: NativeContent) -> bool:
+    return item.get("type") == "message" and item.get("role") == "assistant" and "id" in item
+
+
+def follows_reasoning(item: NativeContent) -> bool:
+    """The item may directly follow a reasoning item of the same response."""
+    if is_output_message(item):
+        return True
+    kind = item.get("type")
+    return isinstance(kind, str) and "role" not in item and kind not in NOT_OUTPUT
+
+
+def validate_input(items: Sequence[NativeContent], *, continues_response: bool) -> list[Violation]:
+    """Every violation of an ``input`` list, in item order.
+
+    The rules and their sources: ``OpenAIResponsesGateway.validate``.
+    """
+    out: list[Violation] = [] if continues_response else empty_input(items, "input")
+    open_calls: dict[str, int] = {}
+    answered: set[str] = set()
+    in_results = False
+    leading = continues_response
+
+    def close(before: int) -> None:
+        for call_id, at in open_calls.items():
+            if call_id not in answered:
+                out.append(
+                    violation(
+                        at,
+                        "tool_call_without_result",
+                        f"function_call {excerpt(call_id)} (item {at}) has no "
+                        f"function_call_output before item {before}.",
+                    )
+                )
+        open_calls.clear()
+        answered.clear()
+
+    item_ids: dict[str, int] = {}
+    all_calls: dict[str, int] = {}  # every call id so far -> its item
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            out.append(violation(index, "not_an_object", f"Item {index} is not an object."))
+            continue
+        item_id = item.get("id")
+        if isinstance(item_id, str) and item_id:
+            first = item_ids.setdefault(item_id, index)
+            if first != index:
+                out.append(
+                    violation(
+                        index,
+                        "duplicate_item_id",
+                        f"Item {index} repeats the id {excerpt(item_id)} of item "
+                        f"{first}; the API "
+                        "rejects an input holding two items with one id.",
+                    )
+                )
+        kind = item.get("type")
+        if leading and kind == "function_call_output":
+            in_results = True
+            continue
+        leading = False
+        if kind == "reasoning":
+            nxt = items[index + 1] if index + 1 < len(items) else None
+            if not (isinstance(nxt, dict) and follows_reasoning(nxt)):
+                out.append(
+                    violation(
+                        index,
+                        "reasoning_without_following_item",
+                        f"Reasoning item {index} ({excerpt(item.get('id'))}) is not directly "
+                        "followed by the output item it belongs to.",
+                    )
+                )
+        if "role" in item and kind in (None, "message"):
+            role = item.get("role")
+            if role not in ROLES:
+                out.append(
+                    violation(
+                        index, "unknown_role", f"Item {index} has unknown role {excerpt(role)}."
+                    )
+                )
+                continue
+            if role == "assistant":
+                if in_results:
+                    close(index)
+                    in_results = False
+            else:
+                close(index)
+                in_results = False
+                check_texts(item.get("content"), index, out)
+            continue
+        if kind == "function_call_output":
+            call_id = item.get("call_id")
+            if isinstance(call_id, str) and call_id in open_calls and call_id not in answered:
+                answered.add(call_id)
+            else:
+                out.append(
+                    violation(
+                        index,
+                        "tool_result_without_call",
+                        f"function_call_output {index} answers {excerpt(call_id)}, "
+                        f"which is not "
+                        "an open function_call of the current model turn.",
+                    )
+                )
+            in_results = True
+            continue
+        if kind == INSTRUCTIONS:
+            if not isinstance(item.get("text"), str):
+                out.append(
+                    violation(
+                        index,
+                        "malformed_instructions",
+                        f"Instructions item {index} has no text string.",
+                    )
+                )
+            continue
+        if in_results:
+            close(index)
+            in_results = False
+        if kind == "function_call":
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str) or not call_id:
+                out.append(
+                    violation(index, "missing_call_id", f"function_call {index} has no call_id.")
+                )
+            elif call_id in all_calls:
+                out.append(
+                    violation(
+                        index,
+                        "duplicate_call_id",
+                        f"function_call {index} reuses call id {excerpt(call_id)} of item "
+                        f"{all_calls[call_id]}; call ids must be unique in a request.",
+                    )
+                )
+                # Still open: its output is not flagged a second time.
+                open_calls[call_id] = index
+            else:
+                open_calls[call_id] = index
+                all_calls[call_id] = index
+    close(len(items))
+    return sorted(out, key=lambda v: v.index)
+
+
+def check_texts(content: Any, index: int, out: list[Violation]) -> None:
+    if isinstance(content, list):
+        if not content:
+            out.append(violation(index, "empty_message", f"Message {index} has no content."))
+        for j, block in enumerate(content):
+            if (
+                isinstance(block, dict)
+                and block.get("type") == "input_text"
+                and blank(str(block.get("text", "")))
+            ):
+                out.append(
+                    violation(
+                        index,
+                        "empty_text",
+                        f"Message {index} content[{j}] is empty or whitespace-only text.",
+                    )
+                )
