@@ -16,7 +16,14 @@ render of the history as it is now.
 
 from __future__ import annotations
 
-__all__ = ("SummaryApplied", "apply_summary", "prune_turns", "summary_range")
+__all__ = (
+    "SummaryApplied",
+    "apply_summary",
+    "changeable",
+    "next_summary_id",
+    "prune_turns",
+    "summary_range",
+)
 
 from collections.abc import Sequence
 from typing import cast
@@ -57,6 +64,28 @@ class SummaryApplied(msgspec.Struct, frozen=True, kw_only=True):
     gone: tuple[str, ...]
     tokens: int
     summary_tokens: int
+
+
+def changeable(history: TurnHistory) -> bool:
+    """Whether a summary or a pruning may change ``history`` now.
+
+    Not while turns are held aside for a retraction of the newest turn, nor
+    while the newest turn has no output yet: a false start's retraction
+    must find the history as its commit found it (``TurnHistory.retract``).
+    O(1).
+    """
+    turns = history._turns
+    return bool(turns) and bool(turns[-1].outputs) and not history.restorable_ids
+
+
+def next_summary_id(history: TurnHistory) -> str:
+    """A summary turn id that ``history`` neither holds nor remembers. O(1) in practice."""
+    serial = history._serial + 1
+    while True:
+        summary_id = f"{SUMMARY_TURN_PREFIX}{serial}"
+        if not history.has_turn(summary_id) and not history.was_evicted(summary_id):
+            return summary_id
+        serial += 1
 
 
 def summary_range(history: TurnHistory, keep: int) -> tuple[str, ...]:
@@ -241,7 +270,9 @@ def _message_ids(turn: _Turn) -> list[str]:
     return [cast(str, e.message.id) for e in turn.entries(True) if e.message.id is not None]
 
 
-def prune_turns(history: TurnHistory, keep: int, note: str) -> tuple[str, ...]:
+def prune_turns(
+    history: TurnHistory, keep: int, note: str, checked: dict[int, object] | None = None
+) -> tuple[str, ...]:
     """Prune the tool output of the held turns before the newest ``keep``; their ids.
 
     Each such turn's input and outputs go through
@@ -250,7 +281,11 @@ def prune_turns(history: TurnHistory, keep: int, note: str) -> tuple[str, ...]:
     tool output or reasoning, is left as it is (not listed). The turns keep
     their ids, serials and ties; their byte and token counts shrink. O(the
     messages of the turns looked at); the next render rebuilds the cached
-    run when a turn changed.
+    run when a turn changed. With ``checked`` (the caller's, empty at first),
+    a turn found pruned before (the same turn snapshot) is not looked at
+    again, so a pass costs O(turns) plus the messages of turns that changed;
+    ``checked`` then holds the turns of this pass (keeping them alive, so an
+    id is never a reused one).
 
     Raises:
         InputError: ``keep`` is not a positive int.
@@ -263,7 +298,9 @@ def prune_turns(history: TurnHistory, keep: int, note: str) -> tuple[str, ...]:
     changed: list[tuple[int, _Turn]] = []
     for position in range(len(turns) - keep):
         turn = turns[position]
-        if is_summary_turn(turn.turn_id):
+        if is_summary_turn(turn.turn_id) or (
+            checked is not None and checked.get(id(turn)) is turn
+        ):
             continue
         pruned_input = prune_messages(turn.messages(False), note)
         pruned_outputs = prune_messages([e.message for e in turn.outputs], note)
@@ -288,6 +325,10 @@ def prune_turns(history: TurnHistory, keep: int, note: str) -> tuple[str, ...]:
                 ),
             )
         )
+    if checked is not None:
+        checked.clear()
+        checked.update((id(t), t) for t in turns[: max(0, len(turns) - keep)])
+        checked.update((id(t), t) for _, t in changed)
     if not changed:
         return ()
     # Checked and counted: change state.

@@ -51,6 +51,9 @@ __all__ = (
     "StoreStatistics",
     "StrategyOptions",
     "StratifiedStrategy",
+    "Summaries",
+    "Summarizer",
+    "SummaryStatistics",
     "TurnSnapshot",
     "Voice",
     "build_context_manager",
@@ -71,6 +74,7 @@ from turnloom.runtime._door import ManagerOptions
 from turnloom.runtime._invocation import Invocation
 from turnloom.runtime._leases import Leases
 from turnloom.runtime._outputs import OutputStreams
+from turnloom.runtime._summaries import Summaries, Summarizer
 from turnloom.runtime._strategies import STRATEGIES, JITStrategy, StratifiedStrategy, make_strategy
 from turnloom.runtime._voice import Voice
 from turnloom.runtime.assembly import (
@@ -114,6 +118,7 @@ from turnloom.runtime.schemas import (
     PreparationStatistics,
     PreparedContext,
     StoreStatistics,
+    SummaryStatistics,
     TurnSnapshot,
 )
 from turnloom.runtime.state import (

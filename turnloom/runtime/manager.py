@@ -51,6 +51,7 @@ from turnloom.runtime._invocation import Invocation, InvocationBlock
 from turnloom.runtime._leases import Leases
 from turnloom.runtime._lifecycle import Lifecycle
 from turnloom.runtime._outputs import OutputStreams
+from turnloom.runtime._summaries import Summaries
 from turnloom.runtime._voice import Voice
 from turnloom.runtime.assembly import AssemblyStrategy, StrategyOptions
 from turnloom.runtime.schemas import (
@@ -83,6 +84,8 @@ class ContextManager:
         outputs: consumed output streams (:class:`~turnloom.runtime.OutputStreams`).
         voice: barge-ins and false starts (:class:`~turnloom.runtime.Voice`).
         assembly: the strategy and its tools (:class:`~turnloom.runtime.Assembly`).
+        summaries: summary compaction of old turns and pruning of old tool
+            output (:class:`~turnloom.runtime.Summaries`).
 
     Args:
         gateway: the provider prepared inputs are rendered for (a
@@ -177,6 +180,7 @@ class ContextManager:
         self.assembly = Assembly(
             life, options.strategy, options.gateway, self._issued, life.counters
         )
+        self.summaries = Summaries(table, life.counters)
 
     def _bind(
         self,
@@ -187,9 +191,11 @@ class ContextManager:
     ) -> None:
         """Bind to the opening Foundation, once (see :meth:`Lifecycle.bind`; raises StateError)."""
         self._life.bind(self.outputs, self.leases, task_group, limiter, clock)
+        self.summaries._bind(task_group)
 
     async def _aclose(self, grace_period: float) -> None:
         """Close in order (see :meth:`Lifecycle.aclose`); the Foundation shields it."""
+        self.summaries._close()
         await self._life.aclose(grace_period, self.outputs)
 
     # -- properties and queries --------------------------------------------------------
