@@ -73,12 +73,13 @@ class Summarizer(Protocol):
 class _Job:
     """One context's summarization: running, then holding its summary until applied."""
 
-    __slots__ = ("scope", "state", "summary", "turn_ids")
+    __slots__ = ("cancelled", "scope", "state", "summary", "turn_ids")
 
     def __init__(self, state: ContextState, turn_ids: tuple[str, ...]) -> None:
         self.state = state
         self.turn_ids = turn_ids
         self.scope = anyio.CancelScope()
+        self.cancelled = False  # cancel() was called: whatever it returns is dropped
         self.summary: tuple[Message, ...] | None = None  # set once it arrived, valid
 
 
@@ -199,14 +200,18 @@ class Summaries:
         """Cancel the summarization of ``context_id``; whether there was one.
 
         A running summarizer is cancelled (reason ``"cancelled"``, counted
-        and reported); a summary waiting to be applied is dropped (counted as
-        failed, reported with reason ``"cancelled"``). The history is left as
-        it is. Never waits.
+        and reported when it ends; one that shields itself and returns anyway
+        has its summary counted as discarded); a summary waiting to be
+        applied is dropped (counted as failed, reported with reason
+        ``"cancelled"``). The history is left as it is. Never waits: a
+        summarizer still running counts as :meth:`running` until it ends, and
+        no other summarization of the context starts before.
         """
         job = self._jobs.get(context_id)
-        if job is None:
-            return False
+        if job is None or job.cancelled:
+            return job is not None
         if job.summary is None:
+            job.cancelled = True
             job.scope.cancel()
         else:
             del self._jobs[context_id]
@@ -317,15 +322,16 @@ class Summaries:
                 if self._jobs.get(context_id) is job:
                     del self._jobs[context_id]
                 self._fail(job, reason, _why(reason, policy), cause)
-        if self._jobs.get(context_id) is not job:
-            return  # cancelled after it returned (a racing cancel found it running)
-        if self._table.contexts.get(context_id) is not job.state:
-            del self._jobs[context_id]
+        if reason:
+            return
+        if job.cancelled or self._table.contexts.get(context_id) is not job.state:
+            # Cancelled, its context gone: it returned anyway (it ignored the cancellation).
+            if self._jobs.get(context_id) is job:
+                del self._jobs[context_id]
             self._counters.summaries_discarded += 1
             return
         job.summary = summary
-        if job.state.in_flight is None:
-            self._apply(job)
+        self._apply(job)
 
     def _apply(self, job: _Job) -> None:
         """Apply ``job``'s summary if the history may change now; else it waits."""
