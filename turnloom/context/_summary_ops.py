@@ -88,8 +88,13 @@ def next_summary_id(history: TurnHistory) -> str:
         serial += 1
 
 
-def summary_range(history: TurnHistory, keep: int) -> tuple[str, ...]:
+def summary_range(
+    history: TurnHistory, keep: int, keep_tokens: int | None = None
+) -> tuple[str, ...]:
     """Ids of the oldest turns to summarize so that about ``keep`` turns stay after them.
+
+    With ``keep_tokens``, the cut moves later while the turns after it hold
+    more than that many tokens (the newest turn always stays).
 
     The range starts at the oldest held turn (a summary turn, when one is
     held) and ends where eviction could cut: a turn tied to the one before it
@@ -104,6 +109,11 @@ def summary_range(history: TurnHistory, keep: int) -> tuple[str, ...]:
     if history.restorable_ids or len(turns) <= keep:
         return ()
     cut = len(turns) - keep
+    if keep_tokens is not None:
+        kept = sum(t.tokens for t in turns[cut:])
+        while cut < len(turns) - 1 and kept > keep_tokens:
+            kept -= turns[cut].tokens
+            cut += 1
     forward = cut
     while forward < len(turns) and turns[forward].serial in linked:
         forward += 1

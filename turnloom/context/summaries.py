@@ -66,8 +66,9 @@ class CompactionPolicy(msgspec.Struct, frozen=True, kw_only=True):
     that is set; keep them below the history limits so the summary usually
     lands before eviction has to drop anything). It is given the oldest turns
     (the previous summary turn first, if any) so that at most ``keep_turns``
-    turns stay after it, cut where eviction would cut (tool calls and the
-    results that answer them stay together), never the newest turn.
+    turns, and with ``keep_tokens`` at most that many tokens, stay after it
+    (the newest turn always stays), cut where eviction would cut (tool calls
+    and the results that answer them stay together).
 
     Args:
         trigger_turns: start above this many held turns (the summary turn
@@ -76,6 +77,8 @@ class CompactionPolicy(msgspec.Struct, frozen=True, kw_only=True):
             token counter), or None.
         keep_turns: the low-water mark: turns kept after the summary, at
             least 1.
+        keep_tokens: a low-water mark in tokens (the history's counter) for
+            the turns kept after the summary, or None.
         timeout: seconds a summarizer may take; past it the summarization is
             cancelled and counted as failed (reason ``"timeout"``).
         max_summary_messages: the most messages a summary may hold.
@@ -88,15 +91,22 @@ class CompactionPolicy(msgspec.Struct, frozen=True, kw_only=True):
     trigger_turns: int | None = None
     trigger_tokens: int | None = None
     keep_turns: int = 8
+    keep_tokens: int | None = None
     timeout: float = 30.0
     max_summary_messages: int = 8
 
     def __post_init__(self) -> None:
         if self.trigger_turns is None and self.trigger_tokens is None:
             raise InputError("A CompactionPolicy needs trigger_turns or trigger_tokens.")
-        for name in ("trigger_turns", "trigger_tokens", "keep_turns", "max_summary_messages"):
+        for name in (
+            "trigger_turns",
+            "trigger_tokens",
+            "keep_turns",
+            "keep_tokens",
+            "max_summary_messages",
+        ):
             value = getattr(self, name)
-            if value is None and name.startswith("trigger"):
+            if value is None and name in ("trigger_turns", "trigger_tokens", "keep_tokens"):
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InputError(

@@ -263,7 +263,7 @@ class Summaries:
         turns, _, _, tokens, *_ = history.counts()
         if not summary_due(policy, turns, tokens):
             return
-        turn_ids = summary_range(history, policy.keep_turns)
+        turn_ids = summary_range(history, policy.keep_turns, policy.keep_tokens)
         if not turn_ids:
             return
         view = history.view()
