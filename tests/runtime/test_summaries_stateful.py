@@ -100,6 +100,7 @@ class SummaryMachine(RuleBasedStateMachine):
         self.turn = 0
         self.alive: list[str] = []  # committed, not retracted, oldest first
         self.open_call: str | None = None
+        self.answered: set[str] = set()  # turns with a text answer: no model call after it
         self.colds = 0
 
     @initialize(
@@ -180,6 +181,22 @@ class SummaryMachine(RuleBasedStateMachine):
         self._commit()
         self._settle()
 
+    @rule(tools=st.booleans())
+    def answered_turn(self, tools: bool) -> None:
+        turn_id = self._commit()
+        outputs = [assistant(f"answer to [{turn_id}]")]
+        if tools:
+            call_id = f"k{self.turn}t"
+            outputs = [call(call_id), _result(call_id), *outputs]
+        self.portal.call(self.manager.record, "c", turn_id, outputs)
+        self.answered.add(turn_id)
+        self._settle()
+
+    @rule()
+    def answered_turn_then_summary(self) -> None:
+        self.answered_turn(False)
+        self.summarizer_returns("finish")
+
     @rule(kind=st.sampled_from(["answer", "pair", "open", "close"]), invoke=st.booleans())
     def record(self, kind: str, invoke: bool) -> None:
         newest = self._newest()
@@ -189,6 +206,10 @@ class SummaryMachine(RuleBasedStateMachine):
             return
         if kind == "answer":
             outputs = [assistant(f"answer to [{newest}]")]
+        elif newest in self.answered:
+            # A model call after the turn's text answer, with no input between, is a
+            # shape Gemini refuses whether or not anything was summarized.
+            return
         elif kind == "pair":
             call_id = f"k{self.turn}x"
             outputs = [call(call_id), _result(call_id)]
@@ -200,6 +221,8 @@ class SummaryMachine(RuleBasedStateMachine):
             self.open_call = None
         else:
             return
+        if kind == "answer":
+            self.answered.add(newest)
         if invoke:
 
             async def invoked() -> None:
@@ -308,7 +331,7 @@ class TrioSummaryMachine(SummaryMachine):
     BACKEND = "trio"
 
 
-_SETTINGS = settings(max_examples=20, stateful_step_count=30, deadline=None)
+_SETTINGS = settings(max_examples=25, stateful_step_count=40, deadline=None)
 SummaryMachine.TestCase.settings = _SETTINGS
 TrioSummaryMachine.TestCase.settings = _SETTINGS
 test_summaries_race_everything_asyncio = SummaryMachine.TestCase
