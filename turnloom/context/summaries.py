@@ -228,7 +228,7 @@ def check_summary(
         for j, part in enumerate(parts):
             if not isinstance(part, TextPart) or not part.text.strip():
                 raise InvalidMessageError(
-                    f"summary[{i}].content[{j}] is {excerpt(part.type)}"
+                    f"summary[{i}].content[{j}] is a {type(part).__name__}"
                     f"{' (blank)' if isinstance(part, TextPart) else ''}; a summary holds "
                     "non-blank text only.",
                     field=f"summary[{i}].content[{j}]",
