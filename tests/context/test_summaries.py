@@ -12,6 +12,8 @@ prunings to the same history, and a log that does not fit is refused.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 
@@ -108,7 +110,7 @@ def test_a_summary_is_user_then_assistant_text_only() -> None:
 
 def test_policies_are_checked() -> None:
     """Invariant: a policy that cannot work fails at construction with InputError."""
-    for kwargs in (
+    bad: tuple[dict[str, Any], ...] = (
         {},
         {"trigger_turns": 4, "keep_turns": 4},
         {"trigger_turns": 0},
@@ -116,14 +118,19 @@ def test_policies_are_checked() -> None:
         {"trigger_turns": 9, "timeout": 0},
         {"trigger_turns": 9, "timeout": float("inf")},
         {"trigger_turns": 9, "keep_turns": True},
-    ):
+    )
+    for kwargs in bad:
         with pytest.raises(InputError):
-            CompactionPolicy(**kwargs)  # type: ignore[arg-type]
+            CompactionPolicy(**kwargs)
     for kwargs in ({"keep_turns": 0}, {"note": " "}, {"note": "x" * 1025}):
         with pytest.raises(InputError):
-            PrunePolicy(**kwargs)  # type: ignore[arg-type]
+            PrunePolicy(**kwargs)
     policy = CompactionPolicy(trigger_turns=5, trigger_tokens=100, keep_turns=2)
-    assert (summary_due(policy, 5, 100), summary_due(policy, 6, 0), summary_due(policy, 1, 101)) == (
+    assert (
+        summary_due(policy, 5, 100),
+        summary_due(policy, 6, 0),
+        summary_due(policy, 1, 101),
+    ) == (
         False,
         True,
         True,
@@ -258,13 +265,13 @@ def test_pruning_keeps_pairs_and_is_byte_stable() -> None:
     id, name and error flag, drops reasoning (a reasoning-only message goes), and
     pruned messages prune to themselves (None)."""
     thinking = Message(role=Role.assistant, content=(ReasoningPart(text="hmm " * 50),))
-    both = Message(
-        role=Role.assistant, content=(ReasoningPart(text="so"), TextPart(text="answer"))
-    )
+    both = Message(role=Role.assistant, content=(ReasoningPart(text="so"), TextPart(text="answer")))
     failed = Message(
         role=Role.tool,
         content=(
-            ToolResultPart(call_id="k", name="f", is_error=True, content=(TextPart(text="x" * 99),)),
+            ToolResultPart(
+                call_id="k", name="f", is_error=True, content=(TextPart(text="x" * 99),)
+            ),
         ),
     )
     messages = [call("k"), failed, thinking, both]
@@ -329,7 +336,10 @@ def test_a_log_replays_summaries_and_prunings_and_refuses_one_that_does_not_fit(
     log.append(
         encode_record(
             TurnsSummarized(
-                turn_ids=("t0", "t1"), summary_id=S1, summary=(user("s"),), replaced=applied.replaced
+                turn_ids=("t0", "t1"),
+                summary_id=S1,
+                summary=(user("s"),),
+                replaced=applied.replaced,
             )
         )
     )

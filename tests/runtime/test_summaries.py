@@ -333,9 +333,7 @@ async def test_prepared_inputs_after_compaction_and_pruning_are_valid_cold_rende
                     instructions=(SYSTEM,) if n == 1 else None,
                 )
             )
-            prepared = await manager.prepare(
-                ContextPrepareRequest(context_id="c", turn_id=f"t{n}")
-            )
+            prepared = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id=f"t{n}"))
             assert gateway.validate(list(prepared.items)) == []
             async with manager.invocation("c", f"t{n}") as invocation:
                 invocation.record([call(f"k{n}", "lookup"), _result(f"k{n}", "x" * 200)])

@@ -312,9 +312,7 @@ class SummaryMachine(RuleBasedStateMachine):
         for turn_id in self.alive:
             present = turn_id in held
             assert not (present and turn_id in covered), turn_id
-            assert present or turn_id in covered or turn_id in evicted or turn_id in aside, (
-                turn_id
-            )
+            assert present or turn_id in covered or turn_id in evicted or turn_id in aside, turn_id
         stats = self.manager.statistics().summaries
         assert stats.running <= 1
         assert stats.started_total == (

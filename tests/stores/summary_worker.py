@@ -44,7 +44,11 @@ def configure(manager: ContextManager) -> None:
 
 def outputs(index: int) -> tuple[Message, ...]:
     call_id = f"k{index}"
-    return (call(call_id), result(call_id, f"found {index} " + "x" * 50), assistant(f"answer {index}"))
+    return (
+        call(call_id),
+        result(call_id, f"found {index} " + "x" * 50),
+        assistant(f"answer {index}"),
+    )
 
 
 async def run(url: str) -> None:

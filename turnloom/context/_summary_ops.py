@@ -26,7 +26,6 @@ __all__ = (
 )
 
 from collections.abc import Sequence
-from typing import cast
 
 import msgspec
 
@@ -277,7 +276,7 @@ def apply_summary(
 
 
 def _message_ids(turn: _Turn) -> list[str]:
-    return [cast(str, e.message.id) for e in turn.entries(True) if e.message.id is not None]
+    return [e.message.id for e in turn.entries(True) if e.message.id is not None]
 
 
 def prune_turns(
@@ -308,9 +307,7 @@ def prune_turns(
     changed: list[tuple[int, _Turn]] = []
     for position in range(len(turns) - keep):
         turn = turns[position]
-        if is_summary_turn(turn.turn_id) or (
-            checked is not None and checked.get(id(turn)) is turn
-        ):
+        if is_summary_turn(turn.turn_id) or (checked is not None and checked.get(id(turn)) is turn):
             continue
         pruned_input = prune_messages(turn.messages(False), note)
         pruned_outputs = prune_messages([e.message for e in turn.outputs], note)

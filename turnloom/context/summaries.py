@@ -45,7 +45,7 @@ from typing import Annotated
 
 import msgspec
 
-from turnloom.context.message import Message, ReasoningPart, Role, TextPart, ToolResultPart
+from turnloom.context.message import Message, Part, ReasoningPart, Role, TextPart, ToolResultPart
 from turnloom.errors import InputError, InvalidMessageError, excerpt, what_type
 
 SUMMARY_TURN_PREFIX = "turnloom.summary."
@@ -253,7 +253,7 @@ def prune_messages(messages: Sequence[Message], note: str) -> tuple[Message, ...
     changed = False
     for message in messages:
         parts = message.parts
-        kept: list[object] = []
+        kept: list[Part] = []
         touched = False
         for part in parts:
             if isinstance(part, ReasoningPart):
@@ -268,5 +268,5 @@ def prune_messages(messages: Sequence[Message], note: str) -> tuple[Message, ...
             continue
         changed = True
         if kept:
-            out.append(msgspec.structs.replace(message, content=tuple(kept)))  # type: ignore[arg-type]
+            out.append(msgspec.structs.replace(message, content=tuple(kept)))
     return tuple(out) if changed else None

@@ -74,8 +74,8 @@ from turnloom.runtime._door import ManagerOptions
 from turnloom.runtime._invocation import Invocation
 from turnloom.runtime._leases import Leases
 from turnloom.runtime._outputs import OutputStreams
-from turnloom.runtime._summaries import Summaries, Summarizer
 from turnloom.runtime._strategies import STRATEGIES, JITStrategy, StratifiedStrategy, make_strategy
+from turnloom.runtime._summaries import Summaries, Summarizer
 from turnloom.runtime._voice import Voice
 from turnloom.runtime.assembly import (
     HYDRATE_TOOL_NAME,

@@ -5,8 +5,9 @@ history went through on the owning host: a turn committed, outputs recorded,
 a turn's runtime-state pair kept (``ContextManager(earlier_state="keep")``,
 so a restarted host sends the same bytes again), turns evicted, the newest
 turn retracted, the oldest turns replaced by a summary turn (summary
-compaction: :mod:`turnloom.context.summaries`), old tool output pruned. Replaying the log into an empty
-:class:`TurnHistory` with the same limits rebuilds the history exactly,
+compaction: :mod:`turnloom.context.summaries`), old tool output pruned.
+Replaying the log into an empty :class:`TurnHistory` with the same limits
+rebuilds the history exactly,
 evictions included, because each change is applied through the same
 ``TurnHistory`` methods in the same order (an eviction is logged when it
 happened, so a restored history evicts at the same points as the host that
@@ -16,9 +17,10 @@ A *checkpoint* record stands for a whole log prefix: the history as it is
 (pinned instructions, the turns held with their outputs, the remembered
 evicted turn ids, the last sequence, each turn's kept state; a summary turn
 is held like any turn, first). A store replaces a long log by one
-checkpoint (log compaction, not summary compaction); replaying the checkpoint and the records after it
-rebuilds the same history as replaying the whole log, except for counters of
-what left the history before the checkpoint. A history holding turns aside
+checkpoint (log compaction, not summary compaction); replaying the
+checkpoint and the records after it rebuilds the same history as replaying
+the whole log, except for counters of what left the history before the
+checkpoint. A history holding turns aside
 for a retraction of its newest turn (``TurnHistory.restorable_ids``) is
 checkpointed as the evictions found it, followed by the record of those
 evictions and of the newest turn's kept state now when it changed since (see

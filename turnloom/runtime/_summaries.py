@@ -355,9 +355,7 @@ class Summaries:
         counters.tokens_summarized += applied.tokens
         counters.summary_tokens += applied.summary_tokens
 
-    def _fail(
-        self, job: _Job, reason: str, why: str, cause: BaseException | None = None
-    ) -> None:
+    def _fail(self, job: _Job, reason: str, why: str, cause: BaseException | None = None) -> None:
         self._counters.summaries_failed += 1
         context_id = job.state.context_id
         error = SummaryError(
@@ -372,7 +370,7 @@ class Summaries:
         if hook is not None:
             try:
                 hook(error)
-            except Exception:  # noqa: S110 - documented: the hook's failure is swallowed
+            except Exception:  # documented: the hook's failure is swallowed
                 pass
 
 
