@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import anyio
 import pytest
+from prometheus_client import CollectorRegistry
 
 from tests.runtime.helpers import SYSTEM, assistant, call, user
 from turnloom.context import (
@@ -34,6 +35,7 @@ from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory
 from turnloom.context.summaries import SUMMARY_TURN_PREFIX, is_summary_turn
 from turnloom.errors import InputError, SummaryError
 from turnloom.runtime import ContextManager, ContextPrepareRequest, Foundation, TurnSnapshot
+from turnloom.runtime.metrics import ManagerCollector
 
 pytestmark = pytest.mark.anyio
 
@@ -137,6 +139,17 @@ async def test_a_turn_committed_during_summarization_is_kept() -> None:
         ) == (1, 1, 0, 4, 0)
         assert stats.history.evicted_turns_total == 0
         assert stats.history.turns == 6
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(ManagerCollector(manager.statistics))
+        sample = registry.get_sample_value
+        assert sample("turnloom_summarizations_total", {"outcome": "started"}) == 1
+        assert sample("turnloom_summarizations_total", {"outcome": "finished"}) == 1
+        assert sample("turnloom_summarizations_total", {"outcome": "failed"}) == 0
+        assert sample("turnloom_summarized_turns_total") == 4
+        assert sample("turnloom_summarized_tokens_total") == stats.summaries.tokens_summarized_total
+        assert sample("turnloom_summary_tokens_total") == stats.summaries.summary_tokens_total > 0
+        assert sample("turnloom_summarizer_latency_seconds_count") == 1
+        assert sample("turnloom_summarizations_running") == 0
 
 
 async def test_two_compactions_back_to_back_never_stack_summaries() -> None:
