@@ -24,7 +24,6 @@ from turnloom.context.summaries import SUMMARY_TURN_PREFIX
 from turnloom.errors import TurnloomError
 from turnloom.tools.transcript import Turn, turn_ids, walk
 
-
 # Accepted recordings holding two turns or more (each user message opens one).
 MULTI_TURN = {"openai_chat": 18, "openai_responses": 27, "anthropic": 23, "gemini": 60}
 
@@ -49,7 +48,7 @@ def _history(messages: list[Message]) -> TurnHistory | None:
                     instructions=instructions if first and instructions else None,
                 )
             else:
-                outputs.append(step.message)  # type: ignore[union-attr]
+                outputs.append(step.message)
         if current is not None and outputs:
             history.record(current, outputs)
     except TurnloomError:
