@@ -152,6 +152,39 @@ async def test_a_turn_committed_during_summarization_is_kept() -> None:
         assert sample("turnloom_summarizations_running") == 0
 
 
+async def test_an_output_recorded_late_to_a_summarized_turn_is_never_lost() -> None:
+    """Invariant: an output recorded to t2 while the summarizer writes about t1..t4 makes
+    that summary stale: dropped (reason "stale", counted), t2 kept with its late output;
+    the next summarization is given t2 as it is now, late output included."""
+    gate = anyio.Event()
+    fake = Fake(gate)
+    errors: list[SummaryError] = []
+    async with Foundation() as foundation:
+        manager = foundation.manager
+        manager.summaries.summarizer = fake
+        manager.summaries.policy = POLICY
+        manager.summaries.on_error = errors.append
+        for n in range(1, 8):
+            _turn(manager, n)
+        await fake.entered.wait()
+        manager.record("c", "t2", [assistant("late answer 2")])  # a barge-in's output lands
+        gate.set()
+        await _settle()
+        assert [e.reason for e in errors] == ["stale"]
+        view = manager.history("c")
+        assert view.turn_ids == tuple(f"t{n}" for n in range(1, 8))
+        assert view.turn_messages("t2")[-1] == assistant("late answer 2")
+        fake.gate = None
+        _turn(manager, 8)  # the next safe point starts again, with t2 as it is now
+        await _settle()
+        assert "late answer 2" in str(fake.calls[1])
+        view = manager.history("c")
+        assert is_summary_turn(view.turn_ids[0])
+        assert "late answer 2" in str(view.turn_messages(view.turn_ids[0]))
+        stats = manager.statistics().summaries
+        assert (stats.started_total, stats.finished_total, stats.failed_total) == (2, 1, 1)
+
+
 async def test_two_compactions_back_to_back_never_stack_summaries() -> None:
     """Invariant: one summarization per context at a time; the second one is given the
     first summary turn first, and replaces it: the history never holds two summaries."""

@@ -22,6 +22,7 @@ __all__ = (
     "changeable",
     "next_summary_id",
     "prune_turns",
+    "range_snapshot",
     "summary_range",
 )
 
@@ -127,12 +128,25 @@ def summary_range(
     return tuple(t.turn_id for t in chosen)
 
 
+def range_snapshot(history: TurnHistory, turn_ids: Sequence[str]) -> tuple[object, ...]:
+    """What the held turns of ``turn_ids`` are now (opaque; compare with ``is`` per item).
+
+    A turn changed since (a late output recorded, tool output pruned) is
+    another object: :func:`apply_summary` with ``snapshot`` refuses a summary
+    written from turns that changed since, so nothing recorded meanwhile is
+    lost unsaid. O(turns of the range).
+    """
+    wanted = set(turn_ids)
+    return tuple(t for t in history._turns if t.turn_id in wanted)
+
+
 def apply_summary(
     history: TurnHistory,
     turn_ids: Sequence[str],
     summary_id: str,
     summary: Sequence[Message],
     max_messages: int = 8,
+    snapshot: tuple[object, ...] | None = None,
 ) -> SummaryApplied:
     """Replace the turns still held among ``turn_ids`` by one summary turn, first in the history.
 
@@ -163,9 +177,10 @@ def apply_summary(
             longer remembered).
         StateError: turns are held aside for a retraction of the newest
             turn; the held turns of ``turn_ids`` are not the oldest held
-            turns in order; they include the newest turn; or the turn after
+            turns in order; they include the newest turn; the turn after
             them is tied to them (the summary would split a call from its
-            result).
+            result); or, with ``snapshot`` (:func:`range_snapshot` when the
+            summarizer was given them), one of them changed since.
         HostCallbackError: the token counter failed.
     """
     check_id(summary_id, "summary turn id")
@@ -207,6 +222,14 @@ def apply_summary(
             )
     if held >= len(turns):
         raise StateError("A summary never replaces the newest turn.")
+    if snapshot is not None:
+        before = {id(t) for t in snapshot}
+        for turn in turns[:held]:
+            if id(turn) not in before:
+                raise StateError(
+                    f"Turn {excerpt(turn.turn_id)} changed after the summarizer was given it "
+                    "(an output recorded late); the summary would lose what it does not hold."
+                )
     if held and turns[held].serial in history._linked:
         raise StateError(
             f"Turn {excerpt(turns[held].turn_id)} answers calls of the summarized turns; a "

@@ -329,6 +329,7 @@ class ContextTable:
         summary_id: str,
         summary: tuple[Message, ...],
         max_messages: int,
+        snapshot: tuple[object, ...] | None = None,
     ) -> SummaryApplied:
         """Replace the held turns of ``turn_ids`` by a summary turn, log it, then evict.
 
@@ -339,7 +340,7 @@ class ContextTable:
         """
         history = state.history
         before = history.counts()
-        applied = apply_summary(history, turn_ids, summary_id, summary, max_messages)
+        applied = apply_summary(history, turn_ids, summary_id, summary, max_messages, snapshot)
         if self.log is not None:
             self.log(
                 state.context_id,

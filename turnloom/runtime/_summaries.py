@@ -26,7 +26,11 @@ per context at a time. A summarizer that raises, times out, is cancelled or
 returns something that is not a summary changes nothing: the failure is
 counted and handed to :attr:`Summaries.on_error` as a
 :class:`~turnloom.errors.SummaryError`, and eviction goes on as without a
-summarizer; the next safe point may try again.
+summarizer; the next safe point may try again. So does a summary written from
+turns that changed while the summarizer ran (an output recorded late to one
+of them): it would lose what it does not hold, so it is dropped (reason
+``"stale"``) and the next summarization is given the turns as they are.
+Pruning waits while a summary is being written.
 """
 
 from __future__ import annotations
@@ -40,7 +44,12 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
-from turnloom.context._summary_ops import changeable, next_summary_id, summary_range
+from turnloom.context._summary_ops import (
+    changeable,
+    next_summary_id,
+    range_snapshot,
+    summary_range,
+)
 from turnloom.context.message import Message
 from turnloom.context.summaries import (
     CompactionPolicy,
@@ -73,11 +82,14 @@ class Summarizer(Protocol):
 class _Job:
     """One context's summarization: running, then holding its summary until applied."""
 
-    __slots__ = ("cancelled", "scope", "state", "summary", "turn_ids")
+    __slots__ = ("cancelled", "scope", "snapshot", "state", "summary", "turn_ids")
 
-    def __init__(self, state: ContextState, turn_ids: tuple[str, ...]) -> None:
+    def __init__(
+        self, state: ContextState, turn_ids: tuple[str, ...], snapshot: tuple[object, ...]
+    ) -> None:
         self.state = state
         self.turn_ids = turn_ids
+        self.snapshot = snapshot  # the turns as the summarizer was given them
         self.scope = anyio.CancelScope()
         self.cancelled = False  # cancel() was called: whatever it returns is dropped
         self.summary: tuple[Message, ...] | None = None  # set once it arrived, valid
@@ -171,7 +183,7 @@ class Summaries:
 
         Called on the event loop with each :class:`~turnloom.errors.SummaryError`
         (its ``reason``: ``"raised"``, ``"timeout"``, ``"cancelled"``,
-        ``"invalid"``). What it returns is ignored; an exception it raises is
+        ``"invalid"``, ``"stale"``). What it returns is ignored; an exception it raises is
         swallowed.
 
         Raises:
@@ -244,12 +256,14 @@ class Summaries:
         """Prune, apply an arrived summary, start a summarization: see the module docstring."""
         history = state.history
         prune = self._prune
-        if prune is not None and changeable(history):
+        job = self._jobs.get(state.context_id)
+        # Not while a summary is being written: a pruned turn of its range would
+        # make the summary stale (see _apply).
+        if prune is not None and job is None and changeable(history):
             memo = self._pruned.get(state.context_id)
             if memo is None or memo[0] is not state:
                 memo = self._pruned[state.context_id] = (state, {})
             self._table.prune(state, prune.keep_turns, prune.note, memo[1])
-        job = self._jobs.get(state.context_id)
         if job is not None and job.state is not state:
             # Its context left and a new one took the id; the old job settles by itself.
             return
@@ -270,7 +284,8 @@ class Summaries:
         messages: list[Message] = []
         for turn_id in turn_ids:
             messages.extend(view.turn_messages(turn_id))
-        job = self._jobs[state.context_id] = _Job(state, turn_ids)
+        snapshot = range_snapshot(history, turn_ids)
+        job = self._jobs[state.context_id] = _Job(state, turn_ids, snapshot)
         self._counters.summaries_started += 1
         self._counters.summaries_running += 1
         task_group.start_soon(self._run, job, summarizer, policy, tuple(messages))
@@ -344,10 +359,10 @@ class Summaries:
         assert summary is not None
         try:
             applied = self._table.summarize(
-                state, job.turn_ids, next_summary_id(history), summary, len(summary)
+                state, job.turn_ids, next_summary_id(history), summary, len(summary), job.snapshot
             )
         except TurnloomError as exc:
-            self._fail(job, "invalid", "its summary no longer fits the history", exc)
+            self._fail(job, "stale", "its summary no longer fits the history", exc)
             return
         counters = self._counters
         counters.summaries_finished += 1

@@ -527,7 +527,7 @@ class SummaryStatistics(msgspec.Struct, frozen=True, kw_only=True):
         finished_total: summaries applied to their context's history.
         failed_total: summarizations that gave no summary: the summarizer
             raised, timed out, was cancelled or returned no valid summary, or
-            the summary no longer fit the history (each also handed to
+            the summary no longer fit the history (stale) (each also handed to
             ``manager.summaries.on_error``).
         discarded_total: summaries that arrived after their context left
             this manager (removed, unloaded): dropped, nothing changed.
