@@ -31,14 +31,15 @@ from turnloom.context import (
     get_gateway,
     prune_messages,
 )
-from turnloom.context._summary_ops import (
+from turnloom.context.history import (
+    HistoryLimits,
+    TurnHistory,
     apply_summary,
     changeable,
     next_summary_id,
     prune_turns,
     summary_range,
 )
-from turnloom.context.history import HistoryLimits, TurnHistory
 from turnloom.context.summaries import SUMMARY_TURN_PREFIX, summary_due
 from turnloom.errors import (
     DuplicateIdError,

@@ -18,8 +18,7 @@ import pytest
 
 from tests.context.gateways._support import PROVIDERS, load_records
 from turnloom.context import Message, Role, get_gateway
-from turnloom.context._summary_ops import apply_summary, prune_turns, summary_range
-from turnloom.context.history import TurnHistory
+from turnloom.context.history import TurnHistory, apply_summary, prune_turns, summary_range
 from turnloom.context.summaries import SUMMARY_TURN_PREFIX
 from turnloom.errors import TurnloomError
 from turnloom.tools.transcript import Turn, turn_ids, walk

@@ -19,10 +19,16 @@ from collections.abc import Callable, Sequence
 
 import anyio
 
-from turnloom.context._summary_ops import SummaryApplied, apply_summary, prune_turns
 from turnloom.context.area import ContextAreaImplementation
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.history import HistoryLimits, TurnHistory, check_id
+from turnloom.context.history import (
+    HistoryLimits,
+    SummaryApplied,
+    TurnHistory,
+    apply_summary,
+    check_id,
+    prune_turns,
+)
 from turnloom.context.memory import TenantScope
 from turnloom.context.message import Message
 from turnloom.context.pairing import CallTracker

@@ -58,8 +58,13 @@ from typing import TypeAlias
 
 import msgspec
 
-from turnloom.context._summary_ops import apply_summary, prune_turns
-from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory
+from turnloom.context.history import (
+    HistoryLimits,
+    HistoryView,
+    TurnHistory,
+    apply_summary,
+    prune_turns,
+)
 from turnloom.context.message import Message
 from turnloom.context.tokens import TokenCounter
 from turnloom.errors import (

@@ -44,7 +44,7 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
-from turnloom.context._summary_ops import (
+from turnloom.context.history import (
     changeable,
     next_summary_id,
     range_snapshot,

@@ -1,7 +1,7 @@
-"""The history's side of summary compaction and pruning (see :mod:`turnloom.context.summaries`).
+"""Summary compaction and pruning of one history (see :mod:`turnloom.context.summaries`).
 
-Three synchronous operations on one :class:`~turnloom.context.history.TurnHistory`,
-called on the thread that owns it (the event loop):
+Operations on one :class:`~turnloom.context.history.TurnHistory`, called on
+the thread that owns it (the event loop), re-exported by the package:
 
 * :func:`summary_range`: which turns a summarization is given (a plan, no change);
 * :func:`apply_summary`: the turns still held among them replaced by a summary
@@ -27,11 +27,15 @@ __all__ = (
 )
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import msgspec
 
-from turnloom.context.history import TurnHistory, _Entry, _Turn, check_id
-from turnloom.context.message import Message, check_message
+from turnloom.context.history._batches import _entries
+from turnloom.context.history._cells import _Entry, _Turn
+from turnloom.context.history._changes import _ChangeState
+from turnloom.context.history._evictions import _forget
+from turnloom.context.message import Message, check_id, check_message
 from turnloom.context.summaries import (
     SUMMARY_TURN_PREFIX,
     check_summary,
@@ -47,6 +51,29 @@ from turnloom.errors import (
     UnknownTurnError,
     excerpt,
 )
+
+
+class _SummaryState(_ChangeState, Protocol):
+    """The state of a :class:`TurnHistory` this file reads and changes."""
+
+    _front: int
+    _generation: int
+    _ids: set[str]
+    _message_ids: dict[str, tuple[int, Message]]
+    _serial: int
+
+
+def _held_aside(history: _SummaryState) -> bool:
+    aside = history._aside
+    return aside is not None and bool(aside.turns)
+
+
+def _has(history: _SummaryState, turn_id: str) -> bool:
+    return turn_id in history._ids
+
+
+def _remembered(history: _SummaryState, turn_id: str) -> bool:
+    return turn_id in history._evicted_ids
 
 
 class SummaryApplied(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,7 +93,7 @@ class SummaryApplied(msgspec.Struct, frozen=True, kw_only=True):
     summary_tokens: int
 
 
-def changeable(history: TurnHistory) -> bool:
+def changeable(history: _SummaryState) -> bool:
     """Whether a summary or a pruning may change ``history`` now.
 
     Not while turns are held aside for a retraction of the newest turn, nor
@@ -75,21 +102,21 @@ def changeable(history: TurnHistory) -> bool:
     O(1).
     """
     turns = history._turns
-    return bool(turns) and bool(turns[-1].outputs) and not history.restorable_ids
+    return bool(turns) and bool(turns[-1].outputs) and not _held_aside(history)
 
 
-def next_summary_id(history: TurnHistory) -> str:
+def next_summary_id(history: _SummaryState) -> str:
     """A summary turn id that ``history`` neither holds nor remembers. O(1) in practice."""
     serial = history._serial + 1
     while True:
         summary_id = f"{SUMMARY_TURN_PREFIX}{serial}"
-        if not history.has_turn(summary_id) and not history.was_evicted(summary_id):
+        if not _has(history, summary_id) and not _remembered(history, summary_id):
             return summary_id
         serial += 1
 
 
 def summary_range(
-    history: TurnHistory, keep: int, keep_tokens: int | None = None
+    history: _SummaryState, keep: int, keep_tokens: int | None = None
 ) -> tuple[str, ...]:
     """Ids of the oldest turns to summarize so that about ``keep`` turns stay after them.
 
@@ -106,7 +133,7 @@ def summary_range(
     """
     turns = history._turns
     linked = history._linked
-    if history.restorable_ids or len(turns) <= keep:
+    if _held_aside(history) or len(turns) <= keep:
         return ()
     cut = len(turns) - keep
     if keep_tokens is not None:
@@ -128,7 +155,7 @@ def summary_range(
     return tuple(t.turn_id for t in chosen)
 
 
-def range_snapshot(history: TurnHistory, turn_ids: Sequence[str]) -> tuple[object, ...]:
+def range_snapshot(history: _SummaryState, turn_ids: Sequence[str]) -> tuple[object, ...]:
     """What the held turns of ``turn_ids`` are now (opaque; compare with ``is`` per item).
 
     A turn changed since (a late output recorded, tool output pruned) is
@@ -141,7 +168,7 @@ def range_snapshot(history: TurnHistory, turn_ids: Sequence[str]) -> tuple[objec
 
 
 def apply_summary(
-    history: TurnHistory,
+    history: _SummaryState,
     turn_ids: Sequence[str],
     summary_id: str,
     summary: Sequence[Message],
@@ -189,10 +216,10 @@ def apply_summary(
             f"A summary turn id starts with {SUMMARY_TURN_PREFIX!r}, not {excerpt(summary_id)}.",
             field="summary_id",
         )
-    if history.has_turn(summary_id) or history.was_evicted(summary_id):
+    if _has(history, summary_id) or _remembered(history, summary_id):
         raise DuplicateIdError(f"Turn {excerpt(summary_id)} was already held by this context.")
     given, answer = check_summary(summary, max_messages)
-    if history.restorable_ids:
+    if _held_aside(history):
         raise StateError(
             "Turns are held aside for a retraction of the newest turn; a summary waits until "
             "they are let go or restored."
@@ -204,12 +231,12 @@ def apply_summary(
         check_id(turn_id, "turn id")
         if held < len(turns) and turns[held].turn_id == turn_id:
             held += 1
-        elif history.has_turn(turn_id):
+        elif _has(history, turn_id):
             raise StateError(
                 f"Turn {excerpt(turn_id)} is held, but not next after the turns before it in the "
                 "summarized range; a summary replaces the oldest turns, in order."
             )
-        elif history.was_evicted(turn_id):
+        elif _remembered(history, turn_id):
             if held:
                 raise StateError(
                     f"Turn {excerpt(turn_id)} is gone, but a turn before it in the summarized "
@@ -236,9 +263,9 @@ def apply_summary(
             "summary never splits a call from its result."
         )
     messages = (*given, *answer)
-    entries, sizes = history._entries(messages, summary_id, "summary")
+    entries, sizes = _entries(history, messages, summary_id, "summary")
     size = sum(sizes)
-    limits = history.limits
+    limits = history._limits
     if size > limits.max_bytes:
         raise TurnTooLargeError(
             f"The summary is {size} bytes, over the history's limit of {limits.max_bytes} bytes.",
@@ -264,7 +291,7 @@ def apply_summary(
     # Checked: change state.
     replaced = turns[:held]
     for turn in replaced:
-        history._forget(turn)
+        _forget(history, turn)
         history._items -= turn.items
         history._bytes -= turn.bytes
         history._tokens -= turn.tokens
@@ -303,7 +330,7 @@ def _message_ids(turn: _Turn) -> list[str]:
 
 
 def prune_turns(
-    history: TurnHistory, keep: int, note: str, checked: dict[int, object] | None = None
+    history: _SummaryState, keep: int, note: str, checked: dict[int, object] | None = None
 ) -> tuple[str, ...]:
     """Prune the tool output of the held turns before the newest ``keep``; their ids.
 
