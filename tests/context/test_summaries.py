@@ -55,6 +55,8 @@ from turnloom.runtime._records import (
     TurnsEvicted,
     TurnsPruned,
     TurnsSummarized,
+    checkpoint,
+    compacted,
     encode_record,
     replay,
 )
@@ -261,6 +263,48 @@ def test_a_summary_waits_for_a_false_start_and_ids_are_checked() -> None:
     assert history.view().turn_ids == (S1, "t1", "t2", "t3", "t5")
 
 
+def test_eviction_keeps_the_summary_turn_first_and_drops_it_last() -> None:
+    """Invariant: over a limit, eviction drops the turns after the summary turn, oldest
+    first (counted), and renders as a cold rebuild; only when the summary and the newest
+    turn alone are over a limit does the summary go (a hard limit stays hard)."""
+    history = _history(4, HistoryLimits(max_turns=4))
+    apply_summary(history, ("t0", "t1"), S1, [user("s")])
+    for n in (4, 5):
+        history.commit(f"t{n}", [user(f"q{n}")])
+        history.record(f"t{n}", [assistant(f"a{n}")])
+        history.evict()
+    assert history.view().turn_ids == (S1, "t3", "t4", "t5")
+    assert history.evicted_ids[-1:] == ("t2",)
+    assert history.statistics().evicted_turns == 1
+    _cold_equal(history)
+    tight = _history(2, HistoryLimits(max_turns=4, max_tokens=60))
+    apply_summary(tight, ("t0",), S1, [user("summary " * 30)])
+    assert tight.evict() == ("turnloom.summary.1",)
+    assert tight.view().turn_ids == ("t1",)
+
+
+def test_a_false_start_restores_the_turns_after_the_summary() -> None:
+    """Invariant: a false start that evicts the turn after the summary turn, retracted,
+    puts it back after the summary; a checkpoint taken while it is held aside replays
+    to the same history and the same turns held aside."""
+    history = _history(4, HistoryLimits(max_turns=4))
+    apply_summary(history, ("t0", "t1"), S1, [user("s")])
+    history.commit("t4", [user("q4")])
+    history.record("t4", [assistant("a4")])
+    history.commit("t5", [user("uh")])
+    assert history.evict() == ("t2",)
+    assert history.restorable_ids == ("t2",)
+    view, evicted, after = compacted(history)
+    assert view.turn_ids == (S1, "t2", "t3", "t4", "t5")
+    log = [checkpoint(view, evicted, None), *(encode_record(r) for r in after)]
+    rebuilt = replay("c", log, history.limits)
+    assert rebuilt.view().turn_ids == (S1, "t3", "t4", "t5")
+    assert rebuilt.restorable_ids == ("t2",)
+    history.retract("t5")
+    assert history.view().turn_ids == (S1, "t2", "t3", "t4")
+    _cold_equal(history)
+
+
 def test_pruning_keeps_pairs_and_is_byte_stable() -> None:
     """Invariant: prune_messages replaces result bodies by the note, keeps every call,
     id, name and error flag, drops reasoning (a reasoning-only message goes), and
@@ -351,7 +395,7 @@ def test_a_log_replays_summaries_and_prunings_and_refuses_one_that_does_not_fit(
     history.commit("t5", [user("q5")])
     log.append(encode_record(TurnCommitted(turn_id="t5", input=(user("q5"),))))
     evicted = history.evict()
-    assert evicted == (S1,)  # the summary turn is a turn: the hard limit evicts it first
+    assert evicted == ("t2",)  # the summary turn stays first; the turn after it goes
     log.append(encode_record(TurnsEvicted(turn_ids=evicted)))
     rebuilt = replay("c", log, limits)
     view, expected = rebuilt.view(), history.view()

@@ -237,12 +237,7 @@ def apply_summary(
                 "summarized range; a summary replaces the oldest turns, in order."
             )
         elif _remembered(history, turn_id):
-            if held:
-                raise StateError(
-                    f"Turn {excerpt(turn_id)} is gone, but a turn before it in the summarized "
-                    "range is held; eviction drops the oldest turns first."
-                )
-            gone.append(turn_id)
+            gone.append(turn_id)  # evicted meanwhile (after a summary turn kept in front)
         else:
             raise UnknownTurnError(
                 f"Turn {excerpt(turn_id)} of the summarized range is not known to this context."
