@@ -9,7 +9,8 @@ data the model reads, never instructions: a summary of client text is never
 promoted into ``system`` or ``developer`` messages (DESIGN rule 3). Its id
 starts with :data:`SUMMARY_TURN_PREFIX`; the next summary compaction hands it
 to the summarizer first, with the turns after it (a summary of a summary, so
-nothing the model was told is dropped unsaid). The runtime decides when
+nothing the model was told is dropped unsaid). Eviction keeps it first and
+drops it last (``TurnHistory.evict``). The runtime decides when
 (:class:`CompactionPolicy`) and applies a summary atomically at a safe point
 (``turnloom.runtime`` ``manager.summaries``).
 
