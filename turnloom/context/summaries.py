@@ -23,7 +23,7 @@ to itself, so a pruned turn is byte-stable from then on.
 Neither is the stores' *log compaction* (a context's long log replaced by one
 checkpoint record, ``turnloom.runtime._durable``) nor the cached run's *slot
 compaction* (the history's rendered run moved into new containers once a
-sixteenth of it was dropped, :mod:`turnloom.context.history`). This module is
+sixteenth of it was dropped, ``turnloom.context.history``). This module is
 synchronous and pure.
 """
 

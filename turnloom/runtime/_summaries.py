@@ -301,7 +301,8 @@ class Summaries:
 
         Cancellation: the job's own scope (``cancel``) ends it as failed
         ("cancelled"); a cancellation from outside (the task group) does too,
-        then propagates. The history is never touched here.
+        then propagates. The history changes only through :meth:`_apply`, at a
+        safe point.
         """
         context_id = job.state.context_id
         reason = ""
