@@ -86,6 +86,7 @@ __all__ = (
     "StoreRefusedError",
     "StoreUnavailableError",
     "StrandedResultsError",
+    "SummaryError",
     "TurnTooLargeError",
     "TurnloomError",
     "UnknownAreaError",
@@ -528,6 +529,34 @@ class HostCallbackError(TurnloomError):
     def __init__(self, message: str, *, callback: str) -> None:
         super().__init__(message)
         self.callback = callback
+
+
+class SummaryError(HostCallbackError):
+    """The host's summarizer gave no summary turnloom can use (summary compaction).
+
+    Never raised to a caller: the runtime hands it to the host's hook
+    (``manager.summaries.on_error``) and counts it. The history is left as it
+    was: the turns the summarizer was given stay, and eviction goes on as
+    without a summarizer. An exception the summarizer raised is the
+    ``__cause__``.
+
+    Attributes:
+        callback: ``"summarizer"``.
+        context_id: the context whose turns were being summarized.
+        reason: ``"raised"`` (the summarizer raised), ``"timeout"`` (it ran
+            past the policy's ``timeout``), ``"cancelled"`` (the summarization
+            was cancelled: the context removed, ``manager.summaries.cancel``,
+            the Foundation closing) or ``"invalid"`` (it returned something
+            that is not a summary: see
+            :func:`turnloom.context.summaries.check_summary`) or ``"stale"``
+            (the summarized turns changed while it ran, an output recorded
+            late to one of them, or the summary no longer fits the history).
+    """
+
+    def __init__(self, message: str, *, context_id: str, reason: str) -> None:
+        super().__init__(message, callback="summarizer")
+        self.context_id = context_id
+        self.reason = reason
 
 
 class OpenToolCallError(StateError):

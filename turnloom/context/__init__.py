@@ -18,6 +18,7 @@ __all__ = (
     "CallTracker",
     "CollectionPlan",
     "CollectionReport",
+    "CompactionPolicy",
     "Context",
     "ContextAreaImplementation",
     "ContextDiff",
@@ -51,6 +52,7 @@ __all__ = (
     "PositionalScope",
     "PrefixContext",
     "PromptCache",
+    "PrunePolicy",
     "ReasoningPart",
     "Role",
     "RoleFilter",
@@ -70,6 +72,7 @@ __all__ = (
     "check_id",
     "check_message",
     "check_steps",
+    "check_summary",
     "check_tenant_scope",
     "complete_pairs",
     "decode_message",
@@ -87,6 +90,7 @@ __all__ = (
     "plan_collection",
     "played_count",
     "played_prefix",
+    "prune_messages",
     "rename_call_ids",
     "scope_indices",
 )
@@ -165,6 +169,12 @@ from turnloom.context.scope import (
     Since,
     Tagged,
     scope_indices,
+)
+from turnloom.context.summaries import (
+    CompactionPolicy,
+    PrunePolicy,
+    check_summary,
+    prune_messages,
 )
 from turnloom.context.tokens import (
     ApproxTokenCounter,

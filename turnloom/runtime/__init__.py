@@ -52,6 +52,9 @@ __all__ = (
     "StoreStatistics",
     "StrategyOptions",
     "StratifiedStrategy",
+    "Summaries",
+    "Summarizer",
+    "SummaryStatistics",
     "TurnSnapshot",
     "Voice",
     "build_context_manager",
@@ -74,6 +77,7 @@ from turnloom.runtime._leases import Leases
 from turnloom.runtime._options import ManagerSettings
 from turnloom.runtime._outputs import OutputStreams
 from turnloom.runtime._strategies import STRATEGIES, JITStrategy, StratifiedStrategy, make_strategy
+from turnloom.runtime._summaries import Summaries, Summarizer
 from turnloom.runtime._voice import Voice
 from turnloom.runtime.assembly import (
     HYDRATE_TOOL_NAME,
@@ -116,6 +120,7 @@ from turnloom.runtime.schemas import (
     PreparationStatistics,
     PreparedContext,
     StoreStatistics,
+    SummaryStatistics,
     TurnSnapshot,
 )
 from turnloom.runtime.state import (

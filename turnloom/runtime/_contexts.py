@@ -1,7 +1,8 @@
 """The manager's contexts: each one's history, area section and last prefix, counted.
 
 Synchronous (a turn's assembly holds one anyio event): every change to a
-history (commit, record, kept state, eviction, removal) goes through
+history (commit, record, kept state, eviction, removal, a summary applied, tool
+output pruned) goes through
 :class:`ContextTable`, which keeps the running totals of
 :class:`~turnloom.runtime._counters.Counters` in step with it, and hands each
 change to its ``log`` hook (the durable store's writer, see ``_durable``) as
@@ -20,7 +21,14 @@ import anyio
 
 from turnloom.context.area import ContextAreaImplementation
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.history import HistoryLimits, TurnHistory, check_id
+from turnloom.context.history import (
+    HistoryLimits,
+    SummaryApplied,
+    TurnHistory,
+    apply_summary,
+    check_id,
+    prune_turns,
+)
 from turnloom.context.memory import TenantScope
 from turnloom.context.message import Message
 from turnloom.context.pairing import CallTracker
@@ -45,6 +53,8 @@ from turnloom.runtime._records import (
     TurnCommitted,
     TurnRetracted,
     TurnsEvicted,
+    TurnsPruned,
+    TurnsSummarized,
 )
 from turnloom.runtime._render import DeliveredPrefix
 from turnloom.runtime.assembly import AssembledContext
@@ -102,8 +112,10 @@ class ContextTable:
         "_limits",
         "_token_counter",
         "contexts",
+        "left",
         "log",
         "removed",
+        "safe_point",
     )
 
     def __init__(
@@ -130,6 +142,11 @@ class ContextTable:
         self.removed: dict[str, None] = {}
         # Called with every change of a history, in order (a durable store's writer).
         self.log: Callable[[str, Record], None] | None = None
+        # Called with the context after each change made with no model call in
+        # flight (``manager.summaries``: a safe point).
+        self.safe_point: Callable[[ContextState], None] | None = None
+        # Called with a context that leaves this table (removed, unloaded, released).
+        self.left: Callable[[ContextState], None] | None = None
 
     def get(self, context_id: str) -> ContextState:
         """The context ``context_id``.
@@ -234,6 +251,7 @@ class ContextTable:
             )
         self._evict(state)
         self._counters.history_changed(before, history.counts())
+        self._safe_point(state)
 
     def record(
         self,
@@ -262,6 +280,7 @@ class ContextTable:
             self.log(state.context_id, OutputsRecorded(turn_id=turn_id, outputs=tuple(outputs)))
         self._evict(state)
         self._counters.history_changed(before, history.counts())
+        self._safe_point(state)
         return recorded
 
     def keep_state(
@@ -303,6 +322,62 @@ class ContextTable:
             before = history.counts()
             self._evict(state)
             self._counters.history_changed(before, history.counts())
+
+    def _safe_point(self, state: ContextState) -> None:
+        hook = self.safe_point
+        if hook is not None and state.in_flight is None:
+            hook(state)
+
+    def summarize(
+        self,
+        state: ContextState,
+        turn_ids: tuple[str, ...],
+        summary_id: str,
+        summary: tuple[Message, ...],
+        max_messages: int,
+        snapshot: tuple[object, ...] | None = None,
+    ) -> SummaryApplied:
+        """Replace the held turns of ``turn_ids`` by a summary turn, log it, then evict.
+
+        The caller checked that no model call is in flight (a safe point).
+
+        Raises:
+            as ``_summary_ops.apply_summary``; nothing changed when it raises.
+        """
+        history = state.history
+        before = history.counts()
+        applied = apply_summary(history, turn_ids, summary_id, summary, max_messages, snapshot)
+        if self.log is not None:
+            self.log(
+                state.context_id,
+                TurnsSummarized(
+                    turn_ids=turn_ids,
+                    summary_id=summary_id,
+                    summary=summary,
+                    replaced=applied.replaced,
+                ),
+            )
+        self._evict(state)
+        self._counters.history_changed(before, history.counts())
+        return applied
+
+    def prune(
+        self, state: ContextState, keep: int, note: str, checked: dict[int, object] | None = None
+    ) -> tuple[str, ...]:
+        """Prune the tool output of the turns before the newest ``keep``; log it; their ids.
+
+        Raises:
+            as ``_summary_ops.prune_turns``; nothing changed when it raises.
+        """
+        history = state.history
+        before = history.counts()
+        pruned = prune_turns(history, keep, note, checked)
+        if pruned:
+            if self.log is not None:
+                self.log(state.context_id, TurnsPruned(turn_ids=pruned, keep=keep, note=note))
+            self._counters.history_changed(before, history.counts())
+            self._counters.turns_pruned += len(pruned)
+        return pruned
 
     def _evict(self, state: ContextState) -> None:
         # Safe point only: never while a model call is in flight.
@@ -347,6 +422,7 @@ class ContextTable:
         self._counters.invocations -= 1
         if evict and self.contexts.get(state.context_id) is state:
             self.evict(state)
+            self._safe_point(state)
 
     def retract(self, state: ContextState, context_id: str, turn_id: str) -> None:
         """Take back the newest turn, which produced no answer.
@@ -366,6 +442,7 @@ class ContextTable:
         if self.log is not None:
             self.log(context_id, TurnRetracted(turn_id=turn_id))
         self._counters.history_changed(before, state.history.counts())
+        self._safe_point(state)
 
     def remove(self, context_id: str) -> None:
         """Forget a context (its counters are kept); cancel the model call in flight, if any.
@@ -450,6 +527,8 @@ class ContextTable:
 
     def _forget(self, state: ContextState) -> None:
         self._counters.history_removed(state.history.counts())
+        if self.left is not None:
+            self.left(state)
         if state.areas is not None:
             self._counters.areas_attached -= len(state.areas.attached)
 

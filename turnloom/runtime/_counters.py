@@ -29,6 +29,7 @@ from turnloom.runtime.schemas import (
     PreparationStatistics,
     PreparedContext,
     StoreStatistics,
+    SummaryStatistics,
 )
 
 
@@ -132,8 +133,18 @@ class Counters:
         "render",
         "retracted",
         "strategy",
+        "summaries_discarded",
+        "summaries_failed",
+        "summaries_finished",
+        "summaries_running",
+        "summaries_started",
+        "summary_latency",
+        "summary_tokens",
         "tokens",
+        "tokens_summarized",
         "turns",
+        "turns_pruned",
+        "turns_summarized",
     )
 
     def __init__(self, strategy: str | None = None, gateway: str = "") -> None:
@@ -155,6 +166,11 @@ class Counters:
         self.hydrations = self.assembly_entries = self.hydrate_calls = 0
         self.breakpoints_skipped = 0
         self.assembly_latency = Histogram()
+        self.summaries_running = self.summaries_started = self.summaries_finished = 0
+        self.summaries_failed = self.summaries_discarded = 0
+        self.turns_summarized = self.tokens_summarized = self.summary_tokens = 0
+        self.turns_pruned = 0
+        self.summary_latency = Histogram()
 
     def history_changed(self, before: HistoryCounts, after: HistoryCounts) -> None:
         """Add what one history's change (commit, record, eviction) did to the totals."""
@@ -279,5 +295,19 @@ class Counters:
                 bounds=LATENCY_BOUNDS,
                 latency_counts=self.assembly_latency.cumulative(),
                 latency_sum=self.assembly_latency.sum,
+            ),
+            summaries=SummaryStatistics(
+                running=self.summaries_running,
+                started_total=self.summaries_started,
+                finished_total=self.summaries_finished,
+                failed_total=self.summaries_failed,
+                discarded_total=self.summaries_discarded,
+                turns_summarized_total=self.turns_summarized,
+                tokens_summarized_total=self.tokens_summarized,
+                summary_tokens_total=self.summary_tokens,
+                turns_pruned_total=self.turns_pruned,
+                bounds=LATENCY_BOUNDS,
+                latency_counts=self.summary_latency.cumulative(),
+                latency_sum=self.summary_latency.sum,
             ),
         )

@@ -4,8 +4,10 @@ Synchronous and loop-free. A context's log is the ordered list of changes its
 history went through on the owning host: a turn committed, outputs recorded,
 a turn's runtime-state pair kept (``ContextManager(earlier_state="keep")``,
 so a restarted host sends the same bytes again), turns evicted, the newest
-turn retracted. Replaying the log into an empty
-:class:`TurnHistory` with the same limits rebuilds the history exactly,
+turn retracted, the oldest turns replaced by a summary turn (summary
+compaction: :mod:`turnloom.context.summaries`), old tool output pruned.
+Replaying the log into an empty :class:`TurnHistory` with the same limits
+rebuilds the history exactly,
 evictions included, because each change is applied through the same
 ``TurnHistory`` methods in the same order (an eviction is logged when it
 happened, so a restored history evicts at the same points as the host that
@@ -13,10 +15,12 @@ wrote it, including evictions an in-flight model call held back).
 
 A *checkpoint* record stands for a whole log prefix: the history as it is
 (pinned instructions, the turns held with their outputs, the remembered
-evicted turn ids, the last sequence, each turn's kept state). A store replaces a long log by one
-checkpoint (compaction); replaying the checkpoint and the records after it
-rebuilds the same history as replaying the whole log, except for counters of
-what left the history before the checkpoint. A history holding turns aside
+evicted turn ids, the last sequence, each turn's kept state; a summary turn
+is held like any turn, first). A store replaces a long log by one
+checkpoint (log compaction, not summary compaction); replaying the
+checkpoint and the records after it rebuilds the same history as replaying
+the whole log, except for counters of what left the history before the
+checkpoint. A history holding turns aside
 for a retraction of its newest turn (``TurnHistory.restorable_ids``) is
 checkpointed as the evictions found it, followed by the record of those
 evictions and of the newest turn's kept state now when it changed since (see
@@ -41,6 +45,8 @@ __all__ = (
     "TurnCommitted",
     "TurnRetracted",
     "TurnsEvicted",
+    "TurnsPruned",
+    "TurnsSummarized",
     "checkpoint",
     "decode_record",
     "encode_record",
@@ -52,7 +58,13 @@ from typing import TypeAlias
 
 import msgspec
 
-from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory
+from turnloom.context.history import (
+    HistoryLimits,
+    HistoryView,
+    TurnHistory,
+    apply_summary,
+    prune_turns,
+)
 from turnloom.context.message import Message
 from turnloom.context.tokens import TokenCounter
 from turnloom.errors import (
@@ -65,7 +77,8 @@ from turnloom.errors import (
 
 # Version 2 added StateKept and CheckpointTurn.state: kept state counts
 # against the limits, so a version-1 reader could not replay the evictions.
-SCHEMA_VERSION = 2
+# Version 3 added TurnsSummarized and TurnsPruned.
+SCHEMA_VERSION = 3
 """The version written into every new record."""
 
 
@@ -108,6 +121,28 @@ class TurnRetracted(_Record, frozen=True, kw_only=True, tag="retract"):
     turn_id: str
 
 
+class TurnsSummarized(_Record, frozen=True, kw_only=True, tag="summarize"):
+    """The oldest turns were replaced by a summary turn (summary compaction).
+
+    ``turn_ids`` are the turns the summarizer was given, oldest first
+    (some may have been evicted meanwhile); ``replaced`` the ones the summary
+    turn ``summary_id`` replaced (``_summary_ops.apply_summary``).
+    """
+
+    turn_ids: tuple[str, ...]
+    summary_id: str
+    summary: tuple[Message, ...]
+    replaced: tuple[str, ...] = ()
+
+
+class TurnsPruned(_Record, frozen=True, kw_only=True, tag="prune"):
+    """Tool output of the turns before the newest ``keep`` was pruned (``prune_turns``)."""
+
+    turn_ids: tuple[str, ...]
+    keep: int
+    note: str
+
+
 class CheckpointTurn(msgspec.Struct, frozen=True, kw_only=True):
     """One turn held at a checkpoint: its input, its kept state and its recorded outputs."""
 
@@ -127,7 +162,14 @@ class Checkpoint(_Record, frozen=True, kw_only=True, tag="checkpoint"):
 
 
 Record: TypeAlias = (
-    TurnCommitted | OutputsRecorded | StateKept | TurnsEvicted | TurnRetracted | Checkpoint
+    TurnCommitted
+    | OutputsRecorded
+    | StateKept
+    | TurnsEvicted
+    | TurnRetracted
+    | TurnsSummarized
+    | TurnsPruned
+    | Checkpoint
 )
 
 _encoder = msgspec.msgpack.Encoder()
@@ -249,6 +291,19 @@ def _restore(history: TurnHistory, record: Checkpoint) -> None:
             history.keep_state(turn.turn_id, turn.state)
 
 
+def _check_same(
+    context_id: str, index: int, verb: str, logged: tuple[str, ...], done: tuple[str, ...]
+) -> None:
+    if logged != done:
+        raise StoreRecordError(
+            f"Record {index} of context {excerpt(context_id)} {verb} turns "
+            f"{excerpt(list(logged))}, but on the history rebuilt from the records before it "
+            f"that {verb} {excerpt(list(done))}; the log is corrupt.",
+            context_id=context_id,
+            index=index,
+        )
+
+
 def replay(
     context_id: str,
     log: Sequence[bytes],
@@ -292,6 +347,18 @@ def replay(
                     )
             elif isinstance(record, TurnRetracted):
                 history.retract(record.turn_id)
+            elif isinstance(record, TurnsSummarized):
+                applied = apply_summary(
+                    history,
+                    record.turn_ids,
+                    record.summary_id,
+                    record.summary,
+                    max(1, len(record.summary)),
+                )
+                _check_same(context_id, index, "replaces", record.replaced, applied.replaced)
+            elif isinstance(record, TurnsPruned):
+                pruned = prune_turns(history, record.keep, record.note)
+                _check_same(context_id, index, "prunes", record.turn_ids, pruned)
             elif isinstance(record, Checkpoint):
                 if index:
                     raise StoreRecordError(

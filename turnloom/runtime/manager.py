@@ -45,6 +45,7 @@ from turnloom.runtime._leases import Leases
 from turnloom.runtime._lifecycle import Lifecycle
 from turnloom.runtime._options import ManagerKwargs, ManagerSettings
 from turnloom.runtime._outputs import OutputStreams
+from turnloom.runtime._summaries import Summaries
 from turnloom.runtime._voice import Voice
 from turnloom.runtime.schemas import (
     ContextPrepareRequest,
@@ -77,6 +78,7 @@ class ContextManager:
         outputs: consumed output streams (:class:`~turnloom.runtime.OutputStreams`).
         voice: barge-ins and false starts (:class:`~turnloom.runtime.Voice`).
         assembly: the strategy and its tools (:class:`~turnloom.runtime.Assembly`).
+        summaries: summary compaction and pruning (:class:`~turnloom.runtime.Summaries`).
 
     Args:
         **options: the manager's options, each a keyword argument with its
@@ -101,18 +103,20 @@ class ContextManager:
         self.bridge = Bridge(life, table, checked.open_calls, checked.token_counter, self.record)
         self.outputs = OutputStreams(life, self.record)
         self.voice = Voice(life, table, self.leases, self.record)
-        self.assembly = Assembly(
-            life, checked.strategy, checked.gateway, self._issued, life.counters
-        )
+        counters = life.counters
+        self.assembly = Assembly(life, checked.strategy, checked.gateway, self._issued, counters)
+        self.summaries = Summaries(table, counters)
 
     def _bind(
         self, *, task_group: anyio.abc.TaskGroup, limiter: anyio.CapacityLimiter, clock: _Clock
     ) -> None:
         """Bind to the opening Foundation, once (see :meth:`Lifecycle.bind`; raises StateError)."""
         self._life.bind(self.outputs, self.leases, task_group, limiter, clock)
+        self.summaries._bind(task_group)
 
     async def _aclose(self, grace_period: float) -> None:
         """Close in order (see :meth:`Lifecycle.aclose`); the Foundation shields it."""
+        self.summaries._close()
         await self._life.aclose(grace_period, self.outputs)
 
     # -- properties and queries --------------------------------------------------------

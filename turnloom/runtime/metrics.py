@@ -55,6 +55,13 @@ name                                      type       meaning
 ``assembly_breakpoints_skipped_total{strategy}``  counter  prompts sent without their
                                                      Anthropic breakpoint (host marks used
                                                      the budget of 4)
+``summarizations_running``                gauge      summarizations in flight
+``summarizations_total{outcome}``         counter    started, finished, failed, discarded
+``summarized_turns_total``                counter    held turns replaced by summary turns
+``summarized_tokens_total``               counter    tokens those turns held
+``summary_tokens_total``                  counter    tokens the applied summaries hold
+``pruned_turns_total``                    counter    turns whose old tool output was pruned
+``summarizer_latency_seconds``            histogram  time in the host's summarizer
 ========================================  =========  ======================================
 
 The assembly families exist only when the Foundation has a strategy. Their
@@ -84,7 +91,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from turnloom.runtime.schemas import ManagerStatistics, StoreStatistics
+from turnloom.runtime.schemas import ManagerStatistics, StoreStatistics, SummaryStatistics
 
 
 def _buckets(bounds: tuple[float, ...], counts: tuple[int, ...]) -> list[tuple[str, float]]:
@@ -280,6 +287,7 @@ class ManagerCollector(Collector):
         )
         if s.store is not None:
             yield from _store_metrics(s.store)
+        yield from _summary_metrics(s.summaries)
         a = s.assembly
         if a.strategy is None:
             return
@@ -319,6 +327,52 @@ class ManagerCollector(Collector):
         )
         latency.add_metric(label, _buckets(a.bounds, a.latency_counts), sum_value=a.latency_sum)
         yield latency
+
+
+def _summary_metrics(summaries: SummaryStatistics) -> Iterator[Metric]:
+    yield GaugeMetricFamily(
+        "turnloom_summarizations_running", "Summarizations in flight.", summaries.running
+    )
+    outcomes = CounterMetricFamily(
+        "turnloom_summarizations",
+        "Summarizations by outcome: started, finished (applied), failed, discarded.",
+        labels=["outcome"],
+    )
+    outcomes.add_metric(["started"], summaries.started_total)
+    outcomes.add_metric(["finished"], summaries.finished_total)
+    outcomes.add_metric(["failed"], summaries.failed_total)
+    outcomes.add_metric(["discarded"], summaries.discarded_total)
+    yield outcomes
+    for name, text, value in (
+        (
+            "turnloom_summarized_turns",
+            "Held turns replaced by summary turns.",
+            summaries.turns_summarized_total,
+        ),
+        (
+            "turnloom_summarized_tokens",
+            "Tokens the summarized turns held.",
+            summaries.tokens_summarized_total,
+        ),
+        (
+            "turnloom_summary_tokens",
+            "Tokens the applied summaries hold.",
+            summaries.summary_tokens_total,
+        ),
+        (
+            "turnloom_pruned_turns",
+            "Turns whose old tool output was pruned.",
+            summaries.turns_pruned_total,
+        ),
+    ):
+        yield CounterMetricFamily(name, text, value)
+    latency = HistogramMetricFamily(
+        "turnloom_summarizer_latency_seconds", "Time in the host's summarizer, in seconds."
+    )
+    latency.add_metric(
+        [], _buckets(summaries.bounds, summaries.latency_counts), sum_value=summaries.latency_sum
+    )
+    yield latency
 
 
 def _store_metrics(store: StoreStatistics) -> Iterator[Metric]:

@@ -26,6 +26,7 @@ __all__ = (
     "PreparationStatistics",
     "PreparedContext",
     "StoreStatistics",
+    "SummaryStatistics",
     "TurnSnapshot",
 )
 
@@ -517,6 +518,43 @@ class AssemblyStatistics(msgspec.Struct, frozen=True, kw_only=True):
     latency_sum: float = 0.0
 
 
+class SummaryStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """Summary compaction and pruning of a manager (``manager.summaries``).
+
+    Attributes:
+        running: summarizations in flight (at most one per context).
+        started_total: summarizations started (the summarizer was called).
+        finished_total: summaries applied to their context's history.
+        failed_total: summarizations that gave no summary: the summarizer
+            raised, timed out, was cancelled or returned no valid summary, or
+            the summary no longer fit the history (stale) (each also handed to
+            ``manager.summaries.on_error``).
+        discarded_total: summaries that arrived after their context left
+            this manager (removed, unloaded): dropped, nothing changed.
+        turns_summarized_total: held turns summary turns replaced.
+        tokens_summarized_total: tokens those turns held.
+        summary_tokens_total: tokens the summary turns applied hold.
+        turns_pruned_total: turn prunings (a turn whose tool output was pruned).
+        bounds: latency bucket upper bounds, in seconds (``+Inf`` implied).
+        latency_counts: cumulative counts of summarizer latency (each call
+            that returned or raised).
+        latency_sum: sum of those latencies, in seconds.
+    """
+
+    running: int = 0
+    started_total: int = 0
+    finished_total: int = 0
+    failed_total: int = 0
+    discarded_total: int = 0
+    turns_summarized_total: int = 0
+    tokens_summarized_total: int = 0
+    summary_tokens_total: int = 0
+    turns_pruned_total: int = 0
+    bounds: tuple[float, ...] = ()
+    latency_counts: tuple[int, ...] = ()
+    latency_sum: float = 0.0
+
+
 class StoreStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """The durable store side of a manager (see ``Foundation(store=...)``).
 
@@ -563,6 +601,7 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
         outputs: output streams consumed and their records.
         assembly: the assembly strategy's counters.
         store: the durable store side; None without a store.
+        summaries: summary compaction and pruning.
     """
 
     closed: bool
@@ -576,3 +615,4 @@ class ManagerStatistics(msgspec.Struct, frozen=True, kw_only=True):
     outputs: OutputStatistics = msgspec.field(default_factory=OutputStatistics)
     assembly: AssemblyStatistics = AssemblyStatistics()
     store: StoreStatistics | None = None
+    summaries: SummaryStatistics = SummaryStatistics()

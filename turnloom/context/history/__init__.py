@@ -89,6 +89,9 @@ a circle):
 - ``_evictions``: what an eviction drops, holds aside and restores.
 - ``turn_history``: :class:`TurnHistory`, which owns the turns and their
   totals.
+- ``_summaries``: summary compaction and pruning of old tool output
+  (:func:`apply_summary`, :func:`summary_range`, :func:`prune_turns`; the
+  policies are in :mod:`turnloom.context.summaries`).
 
 The input checks of one message (:func:`check_id`,
 :func:`reject_instructions`) live in :mod:`turnloom.context.message`; they
@@ -103,12 +106,28 @@ __all__ = (
     "HistoryStatistics",
     "HistoryView",
     "RenderedHistory",
+    "SummaryApplied",
     "TurnHistory",
+    "apply_summary",
+    "changeable",
     "check_batch_length",
     "check_id",
+    "next_summary_id",
+    "prune_turns",
+    "range_snapshot",
     "reject_instructions",
+    "summary_range",
 )
 
+from turnloom.context.history._summaries import (
+    SummaryApplied,
+    apply_summary,
+    changeable,
+    next_summary_id,
+    prune_turns,
+    range_snapshot,
+    summary_range,
+)
 from turnloom.context.history.limits import (
     HistoryCounts,
     HistoryLimits,

@@ -17,6 +17,7 @@ from turnloom.context.message import (
     Message,
     check_id,
 )
+from turnloom.context.summaries import SUMMARY_TURN_PREFIX
 from turnloom.errors import (
     DuplicateIdError,
     StateError,
@@ -96,17 +97,24 @@ class _EvictionState(Protocol):
 
 def _evict(history: _EvictionState) -> tuple[str, ...]:
     """The work of :meth:`TurnHistory.evict` (documented there)."""
-    count = 0
-    items = total = tokens = 0
     limits = history._limits
     max_tokens = limits.max_tokens
     turns, linked = history._turns, history._linked
-    while (
-        len(turns) - count > limits.max_turns
-        or history._items - items > limits.max_items
-        or history._bytes - total > limits.max_bytes
-        or (max_tokens is not None and history._tokens - tokens > max_tokens)
-    ):
+    # A summary turn (summary compaction, first when held) stands for turns that
+    # already left: it goes last, after every other turn eviction may drop.
+    first = 1 if len(turns) > 1 and turns[0].turn_id.startswith(SUMMARY_TURN_PREFIX) else 0
+    count = first
+    items = total = tokens = 0
+
+    def over() -> bool:
+        return (
+            len(turns) - (count - first) > limits.max_turns
+            or history._items - items > limits.max_items
+            or history._bytes - total > limits.max_bytes
+            or (max_tokens is not None and history._tokens - tokens > max_tokens)
+        )
+
+    while over():
         # The oldest turn goes with the turns tied to it (their input
         # answers its calls), or not at all when they reach the newest.
         end = count + 1
@@ -119,14 +127,26 @@ def _evict(history: _EvictionState) -> tuple[str, ...]:
             total += turn.bytes
             tokens += turn.tokens
         count = end
-    if not count:
+    gone = turns[first:count]
+    kept = turns[count:]
+    if first and over():
+        # Only the summary is left to drop: a hard limit stays hard.
+        summary = turns[0]
+        items += summary.items
+        total += summary.bytes
+        tokens += summary.tokens
+        gone = (summary, *gone)
+        first = 0
+    if not gone:
         return ()
-    gone = turns[:count]
-    history._turns = turns[count:]
+    history._turns = turns[:first] + kept
     history._items -= items
     history._bytes -= total
     history._tokens -= tokens
-    history._front += count
+    if first:
+        history._generation += 1  # turns left behind the summary: the run is rebuilt
+    else:
+        history._front += len(gone)
     aside = history._aside
     if aside is None:
         _count_evicted(history, gone)
@@ -150,6 +170,13 @@ def _evict(history: _EvictionState) -> tuple[str, ...]:
             )
     history._view = None
     return tuple(t.turn_id for t in gone)
+
+
+def _head(turns: tuple[_Turn, ...]) -> tuple[_Turn, ...]:
+    """The summary turn eviction kept in front of the turns it dropped, if any."""
+    if len(turns) > 1 and turns[0].turn_id.startswith(SUMMARY_TURN_PREFIX):
+        return turns[:1]
+    return ()
 
 
 def _count_evicted(history: _EvictionState, turns: tuple[_Turn, ...]) -> None:
@@ -178,7 +205,7 @@ def _restore(history: _EvictionState, aside: _Aside) -> None:
     before the newest changed, so views render anew (the generation).
     """
     turns = aside.turns
-    history._turns = (*turns, *history._turns)
+    history._turns = (*_head(history._turns), *turns, *history._turns[len(_head(history._turns)) :])
     for turn in turns:
         history._items += turn.items
         history._bytes += turn.bytes
@@ -219,7 +246,8 @@ def _before_evictions(history: _EvictionState) -> tuple[HistoryView, tuple[str, 
     aside = history._aside
     if aside is None or not aside.turns:
         return history.view(), history.evicted_ids
-    turns = (*aside.turns, *history._turns[:-1], cast(_Turn, aside.newest))
+    head = _head(history._turns)
+    turns = (*head, *aside.turns, *history._turns[len(head) : -1], cast(_Turn, aside.newest))
     held = len(history._pinned) + sum(t.items for t in turns)
     view = HistoryView(history._pinned, turns, history._front, -1, history._shared, held)
     return view, tuple(aside.remembered_before(tuple(history._evicted_ids)))

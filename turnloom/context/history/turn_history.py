@@ -576,8 +576,9 @@ class TurnHistory:
         ``max_tokens`` through records, or over any limit through kept state,
         which is never refused; commits and records refuse the rest).
         Pinned instructions are never evicted, and never counted against a
-        limit. O(evicted turns), plus the turns tied to the newest when they
-        stop it.
+        limit. A summary turn (:mod:`turnloom.context.summaries`) goes last,
+        only when it and the newest turn alone are over a limit. O(evicted
+        turns), plus the turns tied to the newest when they stop it.
 
         The turns evicted while the newest turn and its kept state are all
         that changed since its commit are held aside, neither kept nor
