@@ -96,15 +96,27 @@ class _EvictionState(Protocol):
 
 def _evict(history: _EvictionState) -> tuple[str, ...]:
     """The work of :meth:`TurnHistory.evict` (documented there)."""
+    limits = history._limits
+    turns, linked = history._turns, history._linked
+    max_tokens = limits.max_tokens
+    if not (
+        len(turns) > limits.max_turns
+        or history._items > limits.max_items
+        or history._bytes > limits.max_bytes
+        or (max_tokens is not None and history._tokens > max_tokens)
+    ):
+        return ()
+    # A hard limit is crossed: evict down to every limit's low-water mark
+    # (the limits themselves at low_water 1.0), so the input's prefix breaks
+    # here and not again for many turns. Replay and the checkpoint of turns
+    # held aside rely on this being a function of the held turns alone.
+    max_turns, max_items, max_bytes, max_tokens = limits.low_water_marks()
     count = 0
     items = total = tokens = 0
-    limits = history._limits
-    max_tokens = limits.max_tokens
-    turns, linked = history._turns, history._linked
     while (
-        len(turns) - count > limits.max_turns
-        or history._items - items > limits.max_items
-        or history._bytes - total > limits.max_bytes
+        len(turns) - count > max_turns
+        or history._items - items > max_items
+        or history._bytes - total > max_bytes
         or (max_tokens is not None and history._tokens - tokens > max_tokens)
     ):
         # The oldest turn goes with the turns tied to it (their input

@@ -567,11 +567,19 @@ class TurnHistory:
         return _keep_state(self, turn_id, messages, serial=serial)
 
     def evict(self) -> tuple[str, ...]:
-        """Drop whole turns, oldest first, until every limit holds.
+        """Once a limit is crossed, drop whole turns, oldest first, down to the low-water marks.
+
+        Nothing happens while every limit holds. Once one is crossed, turns
+        go until every limit's low-water mark holds
+        (:meth:`HistoryLimits.low_water_marks`: each limit times
+        ``HistoryLimits.low_water``; the limits themselves at 1.0), so the
+        history then grows for many turns before the next eviction breaks the
+        cached prefix of its inputs again. Which turns go depends on the
+        turns held and the limits alone (a log replays its evictions).
 
         A turn leaves together with the later turns tied to it (their input
         answers its calls; see the class docstring), so eviction may drop more
-        than a limit alone asks for. The newest turn, and the turns it is tied
+        than a mark alone asks for. The newest turn, and the turns it is tied
         to, are never evicted: they are kept alone when over a limit (over
         ``max_tokens`` through records, or over any limit through kept state,
         which is never refused; commits and records refuse the rest).
