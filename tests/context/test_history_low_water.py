@@ -53,6 +53,8 @@ def test_low_water_marks_are_each_limit_times_the_fraction_rounded_down() -> Non
     assert HistoryLimits(max_turns=100, low_water=0.29).low_water_marks()[0] == 29
     assert HistoryLimits(max_turns=3, low_water=0.2).low_water_marks()[:1] == (0,)
     assert HistoryLimits(low_water=1).low_water_marks() == (32, 4096, 8 * 1024 * 1024, None)
+    # The default, 0.4: a full default history evicts down to 12 turns.
+    assert HistoryLimits().low_water_marks() == (12, 1638, 3355443, None)
 
 
 @pytest.mark.parametrize(

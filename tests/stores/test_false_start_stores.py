@@ -33,7 +33,7 @@ pytestmark = pytest.mark.anyio
 # Per-turn eviction (t3 evicts t0), and down to a low-water mark of 2 turns (t3
 # evicts t0 and t1 at once: a retraction must restore both).
 EVICTIONS = {
-    "per-turn": (HistoryLimits(max_turns=3), ("t0",)),
+    "per-turn": (HistoryLimits(low_water=1.0, max_turns=3), ("t0",)),
     "low-water": (HistoryLimits(max_turns=3, low_water=0.67), ("t0", "t1")),
 }
 
@@ -178,7 +178,10 @@ async def _aborted_false_start(manager: ContextManager, change: str) -> None:
 
 @pytest.mark.parametrize(
     ("change", "limits"),
-    [("shrank", HistoryLimits(max_items=20)), ("grew", HistoryLimits(max_bytes=3800))],
+    [
+        ("shrank", HistoryLimits(low_water=1.0, max_items=20)),
+        ("grew", HistoryLimits(low_water=1.0, max_bytes=3800)),
+    ],
 )
 async def test_a_checkpoint_replays_the_evictions_a_false_start_caused_before_its_pair_changed(
     store_url: str, change: str, limits: HistoryLimits

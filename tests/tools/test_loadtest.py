@@ -20,7 +20,8 @@ from turnloom.tools.trajectories import builtin_trajectories
 
 
 def test_long_sessions_evict_and_a_small_queue_rejects() -> None:
-    """40-turn sessions exceed the 32-turn default: each evicts 8 turns, oldest first."""
+    """40-turn sessions exceed the 32-turn default: at its 33rd turn each evicts 21
+    turns at once, oldest first, down to the low-water mark (0.4 of 32: 12 turns)."""
     trajectories = builtin_trajectories(3, turns=(40, 40))
     report = anyio.run(
         lambda: loadtest(trajectories, sessions=5, turns=40, max_pending_preparations=1)
@@ -28,7 +29,7 @@ def test_long_sessions_evict_and_a_small_queue_rejects() -> None:
     assert (report.sessions, report.sessions_failed, report.errors) == (5, 0, ())
     assert (report.turns, report.prepares) == (200, 200)
     assert report.model_calls == count_model_calls(trajectories, sessions=5, turns=40)
-    assert report.evicted_turns == 5 * (40 - 32)
+    assert report.evicted_turns == 5 * (33 - 12)
     # All five sessions ask at once for the single slot: four are refused first.
     assert report.rejections >= 4
     assert report.prepare_p50_ms <= report.prepare_p95_ms <= report.prepare_p99_ms

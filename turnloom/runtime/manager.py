@@ -279,9 +279,10 @@ class ContextManager:
         """Commit a turn: its input, and new pinned instructions when given.
 
         The first turn of a context creates it. Every message is validated
-        before anything changes. After the commit the context's history is
-        evicted down to its limits (whole turns, oldest first; while a model
-        call is in flight, when it ends: see :meth:`invocation`). Preparations
+        before anything changes. After the commit a context's history over
+        a limit is evicted down to its low-water marks (whole turns, oldest
+        first: see ``HistoryLimits.low_water``; while a model call is in
+        flight, when it ends: see :meth:`invocation`). Preparations
         waiting for this turn wake up.
 
         Raises:

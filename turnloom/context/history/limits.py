@@ -39,7 +39,7 @@ class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
             the history's token counter (the Foundation's); ``None`` (default)
             for no token bound.
         low_water: how far an eviction goes, as a fraction of each limit
-            (``0 < low_water <= 1``; default 1.0). A history evicts only
+            (``0 < low_water <= 1``; default 0.4). A history evicts only
             once a limit above is crossed, and then down to every limit's
             mark (:meth:`low_water_marks`), not just below the crossed
             limit. At 1.0 it evicts just enough for the limits to hold: one
@@ -69,7 +69,7 @@ class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
     max_bytes: int = 8 * 1024 * 1024
     max_item_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_tokens: int | None = None
-    low_water: float = 1.0
+    low_water: float = 0.4
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_items", "max_bytes", "max_item_bytes", "max_tokens"):
