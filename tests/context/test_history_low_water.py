@@ -112,7 +112,7 @@ def test_at_max_turns_one_eviction_drops_down_to_the_mark_and_the_next_ones_wait
     rendered = list(history.view().render(CHAT, "t11").items)
     assert rendered == cold_render(history, "t11")
     assert [i["content"] for i in rendered] == ["You are terse.", "u10", "a10", "u11"]
-    _, per_turn = _converse(HistoryLimits(max_turns=4), 11)
+    _, per_turn = _converse(HistoryLimits(max_turns=4, low_water=1.0), 11)
     assert per_turn == [*([()] * 4), *[(f"t{i}",) for i in range(1, 8)]]
 
 
