@@ -22,12 +22,14 @@ Two runs (``--section``, both by default):
 * ``eviction``: long sessions, the transcripts chained to 200 turns per
   context (:func:`chain`), at ``max_turns`` 16 and 32 and at a token limit
   (``--token-limit``, 8,000 by default), on every gateway, for each eviction
-  policy in :data:`POLICIES`: ``per-turn`` (today's, the baseline) and
-  ``low-water`` (cache-aware eviction, which runs once the history has it:
-  see :func:`policy_limits`). Columns: the reuse shares, ``turns`` the turns
-  held at each prepare on average, ``input tok`` and ``uncached tok`` as
-  above, and ``cost`` the inputs' price with a prompt cache over their price
-  without one (:data:`CACHE_READ`, :data:`CACHE_WRITE`).
+  policy in :data:`POLICIES`: ``per-turn`` (``low_water=1.0``, the
+  baseline) and ``low-water`` (``HistoryLimits.low_water`` set to the
+  ``--low-water`` fraction). Columns: the reuse shares, ``turns`` the turns
+  held at each prepare on average, ``breaks`` the model inputs that do not
+  repeat the whole previous input (each re-bills what follows the break),
+  ``input tok`` and ``uncached tok`` as above, and ``cost`` the inputs'
+  price with a prompt cache over their price without one
+  (:data:`CACHE_READ`, :data:`CACHE_WRITE`).
 
 Usage: python scripts/bench_cache_reuse.py [--data PATH] [--limit N]
        [--section all|eviction|earlier-state] [--token-limit N] [--low-water F]
@@ -104,11 +106,13 @@ async def measure(
 ) -> dict[str, list[int]]:
     """Totals: per kind [reused bytes, bytes, reused tokens, tokens]; costs in tokens.
 
-    ``totals["retained"]`` is [turns held at each prepare, summed; prepares].
+    ``totals["retained"]`` is [turns held at each prepare, summed; prepares];
+    ``totals["breaks"]`` is [inputs that do not repeat the whole previous input].
     """
     totals = {kind: [0, 0, 0, 0] for kind in _KINDS}
     totals["cost"] = [0, 0, 0]  # input tokens, kept-pair tokens, uncached tokens
     totals["retained"] = [0, 0]
+    totals["breaks"] = [0]
     async with Foundation(
         gateway=gateway, history_limits=limits, earlier_state=policy
     ) as foundation:
@@ -158,6 +162,7 @@ async def measure(
                 same = 0
                 if previous_items is not None:
                     same = _common(previous_items, current)
+                    totals["breaks"][0] += same < len(previous_items)
                     row = totals[kind]
                     row[0] += sum(s[0] for s in previous[:same])
                     row[1] += sum(s[0] for s in previous)
@@ -211,25 +216,19 @@ CACHE_READ = 0.1
 CACHE_WRITE = 1.25
 
 POLICIES = ("per-turn", "low-water")
-"""The eviction policies compared: ``per-turn`` (today's, the baseline: one
-turn evicted as each new one arrives) and ``low-water`` (issue 30's
-cache-aware eviction: evict down to a fraction of the limit at once)."""
+"""The eviction policies compared: ``per-turn`` (the baseline: one turn
+evicted as each new one arrives once the history is full) and ``low-water``
+(cache-aware eviction: down to a fraction of every limit at once)."""
 
 
-def policy_limits(limits: HistoryLimits, policy: str, low_water: float) -> HistoryLimits | None:
-    """The history limits that run ``policy``; None when this build has no such policy.
+def policy_limits(limits: HistoryLimits, policy: str, low_water: float) -> HistoryLimits:
+    """The history limits that run ``policy`` (one of :data:`POLICIES`).
 
-    The one seam for the low-water row: cache-aware eviction lives in the
-    history (``turnloom/context/history.py``) and is not in this build yet.
-    Once ``HistoryLimits`` has its field (named ``low_water`` here: rename it
-    to match), this returns the limits with it and the row runs; until then
-    the row is printed as not available, never approximated.
+    ``per-turn`` is ``low_water=1.0`` (evict just enough for the limits to
+    hold); ``low-water`` is the ``--low-water`` fraction. Both are set
+    explicitly, whatever ``HistoryLimits``' default is.
     """
-    if policy == "per-turn":
-        return limits
-    if "low_water" not in HistoryLimits.__struct_fields__:
-        return None
-    return msgspec.structs.replace(limits, low_water=low_water)
+    return msgspec.structs.replace(limits, low_water=1.0 if policy == "per-turn" else low_water)
 
 
 def eviction_table(scripts: list[list[Message]], token_limit: int, low_water: float) -> None:
@@ -252,17 +251,14 @@ def eviction_table(scripts: list[list[Message]], token_limit: int, low_water: fl
     }
     header = (
         f"{'gateway':<17}{'limit':<18}{'policy':<10}{'within B':>9}{'across B':>9}"
-        f"{'within T':>9}{'across T':>9}{'turns':>7}{'input tok':>12}{'uncached tok':>14}"
-        f"{'cost':>7}"
+        f"{'within T':>9}{'across T':>9}{'turns':>7}{'breaks':>8}{'input tok':>12}"
+        f"{'uncached tok':>14}{'cost':>7}"
     )
     print(header)
     for gateway in GatewayType:
         for name, limits in bounds.items():
             for policy in POLICIES:
                 chosen = policy_limits(limits, policy, low_water)
-                if chosen is None:
-                    print(f"{gateway.value:<17}{name:<18}{policy:<10}  not in this build")
-                    continue
                 totals = anyio.run(measure, sessions, gateway, "keep", chosen)
                 within, across, cost = totals["within"], totals["across"], totals["cost"]
                 held, prepares = totals["retained"]
@@ -271,7 +267,8 @@ def eviction_table(scripts: list[list[Message]], token_limit: int, low_water: fl
                     f"{gateway.value:<17}{name:<18}{policy:<10}"
                     f"{_share(within[0], within[1]):>9}{_share(across[0], across[1]):>9}"
                     f"{_share(within[2], within[3]):>9}{_share(across[2], across[3]):>9}"
-                    f"{held / max(prepares, 1):>7.1f}{cost[0]:>12,}{cost[2]:>14,}"
+                    f"{held / max(prepares, 1):>7.1f}{totals['breaks'][0]:>8,}"
+                    f"{cost[0]:>12,}{cost[2]:>14,}"
                     f"{priced / max(cost[0], 1):>7.2f}",
                     flush=True,
                 )
@@ -310,7 +307,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=150)
     parser.add_argument("--section", choices=("all", "eviction", "earlier-state"), default="all")
     parser.add_argument("--token-limit", type=int, default=8_000)
-    parser.add_argument("--low-water", type=float, default=0.5)
+    parser.add_argument("--low-water", type=float, default=HistoryLimits().low_water)
     args = parser.parse_args()
     trajectories, errors = load_trajectories(args.data)
     scripts = []

@@ -129,7 +129,7 @@ def test_pinned_instructions_are_not_counted_and_are_replaced_not_duplicated() -
 def test_a_prepare_renders_only_new_messages() -> None:
     """Incremental rendering: each message is rendered once per gateway."""
     gateway = CountingGateway()
-    history = TurnHistory(HistoryLimits(max_turns=1000, max_items=100_000))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=1000, max_items=100_000))
     history.commit("t0", [user("start")], instructions=[SYSTEM])
     for i in range(50):
         history.record(f"t{i}", [call(f"c{i}"), result(f"c{i}"), assistant(f"done {i}")])
@@ -145,7 +145,7 @@ def test_a_prepare_renders_only_new_messages() -> None:
 
 
 def test_eviction_drops_whole_turns_oldest_first() -> None:
-    history = TurnHistory(HistoryLimits(max_turns=2))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=2))
     history.commit("t1", [user("a")], instructions=[SYSTEM])
     history.record("t1", [assistant("A")])
     history.commit("t2", [user("b")])
@@ -167,7 +167,7 @@ def test_eviction_drops_whole_turns_oldest_first() -> None:
 
 def test_item_and_byte_limits_evict_but_never_the_newest_turn() -> None:
     size = message_size(user("xxxx"))
-    history = TurnHistory(HistoryLimits(max_items=3, max_bytes=size * 3))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_items=3, max_bytes=size * 3))
     for i in range(3):
         history.commit(f"t{i}", [user("xxxx")])
     assert history.evict() == ()
@@ -179,7 +179,7 @@ def test_item_and_byte_limits_evict_but_never_the_newest_turn() -> None:
 
 
 def test_an_item_over_the_byte_cap_is_rejected_and_nothing_changes() -> None:
-    history = TurnHistory(HistoryLimits(max_item_bytes=128))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_item_bytes=128))
     history.commit("t1", [user("short")])
     with pytest.raises(ItemTooLargeError) as info:
         history.record("t1", [assistant("fine"), assistant("x" * 200)])
@@ -192,7 +192,7 @@ def test_an_item_over_the_byte_cap_is_rejected_and_nothing_changes() -> None:
 
 
 def test_late_outputs_of_an_evicted_turn_are_dropped_counted_and_never_revive_it() -> None:
-    history = TurnHistory(HistoryLimits(max_turns=1))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=1))
     history.commit("t1", [user("a")])
     history.commit("t2", [user("b")])
     history.evict()
@@ -246,7 +246,7 @@ def test_bad_commits_are_rejected_before_any_change() -> None:
 
 def test_limits_must_be_positive() -> None:
     with pytest.raises(InputError):
-        HistoryLimits(max_turns=0)
+        HistoryLimits(low_water=1.0, max_turns=0)
     with pytest.raises(InputError):
         TurnHistory(remember_evicted=-1)
 
@@ -279,7 +279,7 @@ def test_a_reused_call_id_in_a_later_turn_pairs_with_its_own_call() -> None:
 
 
 def test_a_view_is_not_changed_by_later_mutation() -> None:
-    history = TurnHistory(HistoryLimits(max_turns=1))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=1))
     history.commit("t1", [user("a")])
     view = history.view()
     history.record("t1", [assistant("A")])
@@ -401,7 +401,7 @@ def test_cached_render_equals_a_from_scratch_render(
     and decoded reusing the previous render's decoded items, equal it too, and their
     common length with the previous render is that of the two plain lists."""
     gateway = FlakyGateway()
-    history = TurnHistory(HistoryLimits(max_turns=4, max_items=12))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=4, max_items=12))
     turn = 0
     history.commit("t0", [user("u0")], instructions=[SYSTEM])
     previous: RenderedHistory | None = None
@@ -435,7 +435,7 @@ def test_cached_render_equals_a_from_scratch_render(
 
 def test_views_render_the_same_from_many_threads_at_once() -> None:
     """Worker threads share the render caches; every view still renders exactly."""
-    history = TurnHistory(HistoryLimits(max_turns=6))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=6))
     history.commit("t0", [user("u0")], instructions=[SYSTEM])
     views = []
     for i in range(1, 30):
@@ -534,7 +534,7 @@ def test_an_approval_the_limits_cannot_hold_with_its_call_is_refused() -> None:
     """Decision: a result given as the next turn's input is never evicted apart from its
     call: with max_turns=1 the two turns cannot be kept, so the commit is refused and
     nothing changes (tests/context/test_history_pairs.py covers every limit)."""
-    history = TurnHistory(HistoryLimits(max_turns=1))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=1))
     history.commit("t1", [user("Delete the old branch.")], instructions=[SYSTEM])
     history.record("t1", [call("c1", "delete_branch")])
     before = history.view().render(CHAT, "t1").items
@@ -548,7 +548,7 @@ def test_eviction_takes_the_turn_answering_a_call_with_the_call_and_renders_cold
     """Invariant: the turn holding a call leaves with the next turn, whose input answers
     it, even when the limit alone would keep that turn; the cached run (which held the
     pair) is rebuilt to equal a cold render."""
-    history = TurnHistory(HistoryLimits(max_turns=2))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=2))
     history.commit("t1", [user("Delete the old branch.")], instructions=[SYSTEM])
     history.record("t1", [call("c1", "delete_branch")])
     history.commit("t2", [result("c1", "deleted"), user("Thanks.")])
@@ -594,7 +594,7 @@ def test_late_outputs_after_the_evicted_ids_were_forgotten_are_dropped_and_count
     """Issue small input: a late output for a turn evicted more than remember_evicted
     turns ago is dropped and counted (not UnknownTurnError); with the turn's serial,
     a late output for a turn whose id was reused never lands in the new turn."""
-    history = TurnHistory(HistoryLimits(max_turns=1), remember_evicted=2)
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=1), remember_evicted=2)
     history.commit("t0", [user("first")])
     serial = history.turn_serial("t0")
     with pytest.raises(UnknownTurnError):
@@ -657,7 +657,7 @@ def test_a_model_output_holding_only_a_signed_empty_text_is_recorded() -> None:
 def test_eviction_renders_the_kept_turns_as_a_cold_render_would() -> None:
     """Invariant: after eviction, call ids are renamed as if the kept turns were all there
     was: with no rename the evicted ids are forgotten, after a rename the run is rebuilt."""
-    history = TurnHistory(HistoryLimits(max_turns=2))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=2))
     history.commit("t1", [user("a")])
     history.record("t1", [call("c1"), result("c1")])
     history.commit("t2", [user("b")])
@@ -700,7 +700,7 @@ def test_an_eviction_that_renames_anew_keeps_the_items_and_body_of_a_cold_render
         return original(self, *args)
 
     monkeypatch.setattr(HistoryView, "_renamed_anew", spy)
-    history = TurnHistory(HistoryLimits(max_turns=2))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=2))
     history.commit("t1", [user("a")], instructions=[SYSTEM])
     history.record("t1", [call("c1"), result("c1", "r1"), assistant("A1")])
     history.commit("t2", [user("b")])
@@ -740,7 +740,7 @@ def test_evictions_with_call_ids_reused_across_turns_render_and_encode_as_cold(
     from turnloom.context.callids import restore_call_ids as real
 
     gateway = get_gateway(kind)
-    history = TurnHistory(HistoryLimits(max_turns=4))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=4))
     history.commit("t0", [user("u0")], instructions=[SYSTEM])
     previous: RenderedHistory | None = None
     renames = [0]
@@ -790,7 +790,7 @@ def test_turns_joined_before_any_rename_are_renamed_anew_twice_as_a_cold_render(
     count for later renames: each render equals a cold render, its body the encoded
     request body."""
     gateway = get_gateway(kind)
-    history = TurnHistory(HistoryLimits(max_turns=5))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=5))
     history.commit("t1", [user("u1")], instructions=[SYSTEM])
     for number, ids in enumerate((["x"], ["y"], ["z"], ["x", "y", "z"]), start=1):
         history.record(f"t{number}", [m for i in ids for m in (call(i), result(i, f"r{i}"))])
@@ -859,7 +859,7 @@ def test_a_batch_checked_before_the_history_changed_is_held_to_its_limits_again(
     for module in history_modules():
         if hasattr(module, "check_message"):
             monkeypatch.setattr(module, "check_message", counting)
-    history = TurnHistory(HistoryLimits(max_items=3))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_items=3))
     history.commit("t1", [user("a")])
     later = (assistant("b"), assistant("c"))
     assert history.check_batch(later, "outputs", turn_id="t1") == tuple(map(real, later))
@@ -884,7 +884,7 @@ def test_counts_are_the_statistics_fields_a_runtime_sums(ops: list[tuple[str, in
     holds exactly the named fields of ``statistics()``, in HistoryCounts' order,
     whatever commits, records (late, blank, duplicate), evictions and retractions
     came before."""
-    history = TurnHistory(HistoryLimits(max_turns=3, max_items=12))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=3, max_items=12))
     turn = 0
     history.commit("t0", [user("u0")], instructions=[SYSTEM])
     for kind, n in ops:
@@ -894,7 +894,8 @@ def test_counts_are_the_statistics_fields_a_runtime_sums(ops: list[tuple[str, in
                 history.retract(history.turn_ids[-1])
         elif kind == "render":
             again = Message(role=Role.assistant, content="a", id=f"m{n}")
-            history.record(history.turn_ids[-1], [assistant(" "), again, again])
+            with contextlib.suppress(TurnTooLargeError):  # a full turn refuses it
+                history.record(history.turn_ids[-1], [assistant(" "), again, again])
         s = history.statistics()
         assert history.counts() == (
             s.turns,
@@ -935,7 +936,7 @@ def test_a_bounded_render_is_exact_or_nothing_and_what_renders_hand_out_never_ch
     stays under the compaction bound (1/16 of what it holds, plus 64, plus what one
     render drops)."""
     gateway = CountingGateway()
-    history = TurnHistory(HistoryLimits(max_turns=6, max_items=16))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=6, max_items=16))
     turn = 0
     history.commit("t0", [user("u0")], instructions=[SYSTEM])
     handed_out: list[tuple[RenderedHistory, tuple[list[bytes], list[int], bytes | None]]] = []
@@ -967,7 +968,7 @@ def test_the_run_compacts_what_it_dropped_and_earlier_renders_keep_their_items()
     """Invariant: a long-running history drops evicted turns by moving the run's start,
     compacts into new containers once the dropped part is due (so the memory held for
     evicted items stays bounded), and every render made before stays exact."""
-    history = TurnHistory(HistoryLimits(max_items=12))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_items=12))
     history.commit("t0", [user("u0")], instructions=[SYSTEM])
     renders: list[tuple[RenderedHistory, list[NativeContent]]] = []
     lists = set()

@@ -10,7 +10,8 @@ and retract it, and render: on any of the four gateways, either open-call
 policy, the newest or an earlier turn, read as items or as body bytes only,
 and renders that fail part-way (the gateway raising on a message, the token
 counter raising, or a step of renaming anew raising). Histories remember 0,
-1, 2 or 1,024 evicted ids.
+1, 2 or 1,024 evicted ids, and evict one turn at a time or down to a
+low-water mark (several turns at once, all restored by a retraction).
 
 Invariants: every render that returns equals a cold render of the same
 history: its items, its request body bytes, its byte and token counts, its
@@ -277,6 +278,7 @@ class EvictionMachine(RuleBasedStateMachine):
         max_bytes=st.sampled_from([2000, 100_000, 100_000]),
         tokens=st.sampled_from([None, None, 80, 400]),
         remember=st.sampled_from([0, 1, 2, 1024]),
+        low_water=st.sampled_from([1.0, 1.0, 0.5, 0.34]),
     )
     def start(
         self,
@@ -288,13 +290,18 @@ class EvictionMachine(RuleBasedStateMachine):
         max_bytes: int,
         tokens: int | None,
         remember: int,
+        low_water: float,
     ) -> None:
         self.kind = kind
         self.pool = pool
         self.policy = policy
         self.remember = remember
         limits = HistoryLimits(
-            max_turns=max_turns, max_items=max_items, max_bytes=max_bytes, max_tokens=tokens
+            max_turns=max_turns,
+            max_items=max_items,
+            max_bytes=max_bytes,
+            max_tokens=tokens,
+            low_water=low_water,
         )
         for name in HISTORIES:
             history = TurnHistory(

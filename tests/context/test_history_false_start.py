@@ -56,7 +56,7 @@ def msgspec_fields(stats: object) -> dict[str, object]:
 def test_retracting_a_false_start_at_max_turns_brings_back_the_turn_its_commit_evicted() -> None:
     """Invariant: at max_turns=3, committing t4 evicts t1; retracting t4 holds t1 again,
     and the history (view, counts, statistics, renders) is what it was before t4."""
-    history = TurnHistory(HistoryLimits(max_turns=3))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=3))
     history.commit("t1", [user("one")], instructions=[SYSTEM])
     history.record("t1", [assistant("One.")])
     history.commit("t2", [user("two")])
@@ -79,7 +79,7 @@ def test_retracting_a_false_start_at_max_turns_brings_back_the_turn_its_commit_e
 
 def _tied_history() -> TurnHistory:
     """t1 asks for a call, t2's input answers it (tied to t1), t3 is plain: at max_turns=3."""
-    history = TurnHistory(HistoryLimits(max_turns=3))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=3))
     history.commit("t1", [user("Delete the branch.", "m1")], instructions=[SYSTEM])
     history.record("t1", [call("c1", "delete_branch")])
     history.commit("t2", [result("c1", "deleted")])
@@ -129,7 +129,7 @@ def test_evicted_turns_count_once_they_can_no_longer_be_restored() -> None:
     evicted (restorable_turns counts them) until the next change: a record to the
     newest turn lets them go (counted, with their items, bytes and tokens), a blank or
     late record does not."""
-    history = TurnHistory(HistoryLimits(max_turns=2))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=2))
     history.commit("t1", [user("one")], instructions=[SYSTEM])
     history.record("t1", [assistant("One.")])
     history.commit("t2", [user("two")])
@@ -161,7 +161,7 @@ def test_a_change_after_the_eviction_lets_the_evicted_turns_go(change: str) -> N
     """Invariant: once the history changed otherwise than by the newest turn's kept state
     and evictions, the turns held aside are evicted for good: a retraction (where still
     allowed) restores nothing, and they count in evicted_turns."""
-    history = TurnHistory(HistoryLimits(max_turns=3))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=3))
     for n in (1, 2, 3):
         history.commit(f"t{n}", [user(f"u{n}")], instructions=[SYSTEM] if n == 1 else None)
         history.record(f"t{n}", [assistant(f"a{n}")])
@@ -192,7 +192,7 @@ def test_a_change_after_the_eviction_lets_the_evicted_turns_go(change: str) -> N
 def test_the_false_starts_own_kept_state_does_not_stop_the_restore() -> None:
     """Invariant: a state pair kept on the false start (its prepare delivered one), and
     the turns a further eviction drops for it, are undone by its retraction too."""
-    history = TurnHistory(HistoryLimits(max_turns=3, max_items=6))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=3, max_items=6))
     for n in (1, 2, 3):
         history.commit(f"t{n}", [user(f"u{n}")], instructions=[SYSTEM] if n == 1 else None)
         history.record(f"t{n}", [assistant(f"a{n}")])
@@ -210,7 +210,7 @@ def test_the_false_starts_own_kept_state_does_not_stop_the_restore() -> None:
 
 def test_a_refused_commit_keeps_the_turns_held_aside() -> None:
     """Invariant: a commit refused before any change (a duplicate id) lets nothing go."""
-    history = TurnHistory(HistoryLimits(max_turns=1))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=1))
     history.commit("t1", [user("one")], instructions=[SYSTEM])
     history.commit("t2", [user("uh")])
     assert history.evict() == ("t1",)
@@ -226,7 +226,7 @@ def test_remembered_ids_pushed_out_by_the_eviction_come_back_in_order() -> None:
     """Invariant: with remember_evicted=2, the false start's eviction of t3 and t4 pushes
     t1 and t2 out of the remembered ids (counted forgotten); its retraction gives back
     (t1, t2), then remembers the false start's own id, pushing out t1 only."""
-    history = TurnHistory(HistoryLimits(max_turns=2), remember_evicted=2)
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=2), remember_evicted=2)
     for n in range(1, 5):
         history.commit(f"t{n}", [user(f"u{n}")], instructions=[SYSTEM] if n == 1 else None)
         history.record(f"t{n}", [assistant(f"a{n}")])

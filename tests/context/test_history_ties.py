@@ -84,7 +84,7 @@ def test_a_late_output_that_would_close_the_approved_calls_is_refused_state_unch
     so that t2's result answers nothing and t2's input leaves its own render: it is a
     StateError and nothing changes (messages, tie, render): t2's answer is recorded and
     t1 and t2 (4 items, max_items=4) stay together."""
-    history = _asked(HistoryLimits(max_items=4), "c1")
+    history = _asked(HistoryLimits(low_water=1.0, max_items=4), "c1")
     history.commit("t2", [result("c1")])
     assert tied(history) == ("t2",)
     before = history.view()
@@ -104,7 +104,7 @@ def test_a_stranding_record_names_the_later_turn_and_its_results_in_held_order()
     results' call ids in the order that turn holds them (c3, then c1: not sorted); t3's
     result of c4 would be stranded too, but only the first such turn is named. Nothing
     changes."""
-    history = _asked(HistoryLimits(max_turns=6), "c1", "c2", "c3", "c4")
+    history = _asked(HistoryLimits(low_water=1.0, max_turns=6), "c1", "c2", "c3", "c4")
     history.commit("t2", [result("c3"), result("c1")])
     history.commit("t3", [result("c4")])
     before = history.view().messages()
@@ -120,7 +120,7 @@ def test_a_stranding_record_names_the_later_turn_and_its_results_in_held_order()
 def test_the_same_record_is_refused_while_the_tie_holds() -> None:
     """The contrast: t1's text comes before its call, so the group stays open, t2's result
     answers it and t1..t2 (4 items with the record's) cannot take a fifth."""
-    history = TurnHistory(HistoryLimits(max_items=4))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_items=4))
     history.commit("t1", [ASK], instructions=[SYSTEM])
     history.record("t1", [NOTED, calls("c1")])
     history.commit("t2", [result("c1")])
@@ -134,7 +134,7 @@ def test_the_same_record_is_refused_while_the_tie_holds() -> None:
 def test_an_input_answering_its_own_calls_is_not_tied_to_the_open_ones() -> None:
     """Invariant: an input that makes calls and answers them (a replayed exchange) ends the
     open group first; its results answer its own calls, so it is not tied."""
-    history = _asked(HistoryLimits(max_turns=2), "c1")
+    history = _asked(HistoryLimits(low_water=1.0, max_turns=2), "c1")
     history.commit("t2", [calls("c1"), result("c1")])
     assert tied(history) == cold_ties(history) == ()
     history.commit("t3", [NEXT])
@@ -147,7 +147,7 @@ def test_kept_state_that_would_end_the_group_a_later_input_answers_is_not_kept()
     would answer nothing: keep_state returns False and nothing changes; t1..t3 stay tied
     and with max_turns=3 a plain t4 evicts them together. State that does not end the
     group (none, on t3) is kept."""
-    history = _asked(HistoryLimits(max_turns=3), "c1", "c2")
+    history = _asked(HistoryLimits(low_water=1.0, max_turns=3), "c1", "c2")
     history.commit("t2", [result("c1")])
     history.commit("t3", [result("c2")])
     assert tied(history) == ("t2", "t3")
@@ -166,7 +166,7 @@ def test_retracting_the_answer_unties_the_turns_it_tied() -> None:
     """Invariant: t2's input answers nothing (an unknown call id) and t3 answers t1's call
     past it (t2, t3 tied for t3's sake); retracting t3 unties t2, so with max_turns=3
     plain t3b and t4 evict t1 alone."""
-    history = _asked(HistoryLimits(max_turns=3), "c1")
+    history = _asked(HistoryLimits(low_water=1.0, max_turns=3), "c1")
     history.commit("t2", [result("z9")])
     assert tied(history) == ()
     history.commit("t3", [result("c1")])
@@ -181,7 +181,7 @@ def test_retracting_the_answer_unties_the_turns_it_tied() -> None:
 
 def test_a_late_call_answered_by_the_next_input_ties_it() -> None:
     """Ties are still added by a late record: t1's late call c1 is answered by t2's input."""
-    history = TurnHistory(HistoryLimits(max_turns=3))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=3))
     history.commit("t1", [ASK])
     history.commit("t2", [result("c1")])
     assert tied(history) == ()
@@ -243,9 +243,18 @@ def _step(history: TurnHistory, kind: str, n: int, step: int) -> None:
 
 @settings(max_examples=300)
 @given(_LIMITS, st.lists(_op, min_size=1, max_size=30))
-@example(HistoryLimits(max_turns=6), [("calls", 1), ("answer", 0), ("answer", 0), ("text", 2)])
-@example(HistoryLimits(max_turns=6), [("calls", 1), ("answer", 0), ("answer", 0), ("state", 1)])
-@example(HistoryLimits(max_turns=6), [("calls", 0), ("orphan", 0), ("answer", 0), ("retract", 0)])
+@example(
+    HistoryLimits(low_water=1.0, max_turns=6),
+    [("calls", 1), ("answer", 0), ("answer", 0), ("text", 2)],
+)
+@example(
+    HistoryLimits(low_water=1.0, max_turns=6),
+    [("calls", 1), ("answer", 0), ("answer", 0), ("state", 1)],
+)
+@example(
+    HistoryLimits(low_water=1.0, max_turns=6),
+    [("calls", 0), ("orphan", 0), ("answer", 0), ("retract", 0)],
+)
 def test_the_ties_always_equal_a_cold_rebuild_of_the_kept_turns(
     limits: HistoryLimits, ops: list[tuple[str, int]]
 ) -> None:

@@ -72,7 +72,7 @@ def _outputs(n: int, kinds: list[str]) -> list[Message]:
 def test_token_totals_and_max_tokens_eviction_match_a_recounting_model(
     turns: list[tuple[str, list[str]]], max_tokens: int | None
 ) -> None:
-    history = TurnHistory(HistoryLimits(max_tokens=max_tokens, max_turns=1000))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_tokens=max_tokens, max_turns=1000))
     model: list[tuple[str, list[Message]]] = []
     evicted: list[Message] = []
     for n, (text, kinds) in enumerate(turns):

@@ -164,7 +164,7 @@ async def test_a_prepare_of_a_long_history_renders_inline_when_its_work_is_small
     monkeypatch.setattr(preparing_module, "render_preparation", spy)
     monkeypatch.setattr(preparing_module, "INLINE_SHARE", 1.0)  # never throttled here
     size = preparing_module.INLINE_MAX_ITEMS + 100
-    limits = HistoryLimits(max_items=size, max_turns=size)
+    limits = HistoryLimits(low_water=1.0, max_items=size, max_turns=size)
     oracle = TurnHistory(limits)
     async with Foundation(gateway=OpenAIChatGateway(), history_limits=limits) as foundation:
         manager = foundation.manager
@@ -215,7 +215,7 @@ async def test_a_host_that_reads_items_gets_its_prefixes_decoded_off_the_loop(
     monkeypatch.setattr(preparing_module, "render_preparation", spy)
     monkeypatch.setattr(preparing_module, "INLINE_SHARE", 1.0)  # never throttled here
     monkeypatch.setattr(preparing_module, "INLINE_MAX_ITEMS", 2)  # decoded inline up to 16
-    limits = HistoryLimits(max_turns=8)
+    limits = HistoryLimits(low_water=1.0, max_turns=8)
     delivered: dict[str, list[bool]] = {"reader": [], "writer": []}
     async with Foundation(gateway=OpenAIChatGateway(), history_limits=limits) as foundation:
         manager = foundation.manager

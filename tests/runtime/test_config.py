@@ -121,7 +121,19 @@ _BAD_INIT = [
     ("behavior_rules", 7),
     ("behavior_rules", "\ud800"),
     ("open_calls", "drop"),
+    ("history_low_water", 0),
+    ("history_low_water", 1.5),
+    ("history_low_water", "half"),
 ]
+
+
+def test_history_low_water_sets_how_far_an_eviction_goes() -> None:
+    """The key gives ``HistoryLimits.low_water``; absent, the library's default."""
+    config = parse_config({"context": {"init_config": {"history_low_water": 1}}})
+    init = config.context.init_config
+    assert isinstance(init, ContextInitConfig)
+    assert init.history_limits() == HistoryLimits(low_water=1.0)
+    assert ContextInitConfig().history_limits() == HistoryLimits()
 
 
 @pytest.mark.parametrize(

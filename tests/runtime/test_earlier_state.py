@@ -174,7 +174,7 @@ async def test_a_kept_pair_leaves_with_its_turn() -> None:
     """Invariant: eviction and retraction take a turn's kept pair with it; the history's
     totals go back to what the remaining turns hold (a false start's retraction restores
     the turn its commit evicted, with that turn's own kept pair)."""
-    limits = HistoryLimits(max_turns=2)
+    limits = HistoryLimits(low_water=1.0, max_turns=2)
     async with Foundation(history_limits=limits) as foundation:
         manager = foundation.manager
         await converse(manager, 3)
@@ -257,7 +257,9 @@ async def test_a_pair_within_the_cap_as_sent_but_over_it_as_a_message_is_deliver
         return len(msgspec.json.encode(gateway.render(messages[1])[-1]))
 
     note = "x" * max(n for n in range(cap) if native_size("x" * n) <= cap)
-    async with Foundation(gateway=kind, history_limits=HistoryLimits(max_item_bytes=cap)) as f:
+    async with Foundation(
+        gateway=kind, history_limits=HistoryLimits(low_water=1.0, max_item_bytes=cap)
+    ) as f:
         manager = f.manager
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t0", input=(user("a"),)))
         await manager.prepare(request("t0", "small"))

@@ -57,7 +57,7 @@ async def test_the_next_prepare_after_a_false_start_at_the_limit_holds_the_resto
     eviction counted); after its retraction the history holds t1..t3 again and t5's
     prepare is what it would have been without the false start; t5's answer then lets
     t1 go for good (evicted_turns_total 1, once)."""
-    limits = HistoryLimits(max_turns=3)
+    limits = HistoryLimits(low_water=1.0, max_turns=3)
     async with (
         Foundation(history_limits=limits) as foundation,
         Foundation(history_limits=limits) as control,
@@ -99,7 +99,7 @@ async def test_removing_a_context_counts_the_turns_it_held_aside_as_evicted() ->
     """Invariant: a removed context's turns held aside can no longer be restored: the
     removal counts them (evicted_turns_total 1, evicted_items_total 2), and the held
     totals drop to zero."""
-    async with Foundation(history_limits=HistoryLimits(max_turns=1)) as foundation:
+    async with Foundation(history_limits=HistoryLimits(low_water=1.0, max_turns=1)) as foundation:
         manager = foundation.manager
         _accept(manager, "t1", "question 1")
         manager.record("c", "t1", [assistant("answer 1")])
@@ -132,7 +132,7 @@ async def test_a_refused_retraction_changes_nothing_and_a_retry_after_the_call_r
     turns held aside, statistics, totals, the next request bytes); t4's aborted call ends
     (a safe point, nothing more to evict), and retracting t4 then restores t1; a second
     retraction of t4 raises UnknownTurnError and changes nothing."""
-    async with Foundation(history_limits=HistoryLimits(max_turns=3)) as foundation:
+    async with Foundation(history_limits=HistoryLimits(low_water=1.0, max_turns=3)) as foundation:
         manager = foundation.manager
         for n in (1, 2, 3):
             _accept(manager, f"t{n}", f"question {n}")
@@ -175,7 +175,7 @@ async def test_a_false_start_retracted_while_its_prepare_waits_or_renders(phase:
     as the view it took held it: t2, t3, t4); either way the history is t1..t3 again,
     no eviction is counted, and t5's request bytes equal a manager's that never saw t4."""
     gateway = BlockingGateway()
-    limits = HistoryLimits(max_turns=3)
+    limits = HistoryLimits(low_water=1.0, max_turns=3)
     async with (
         Foundation(gateway=gateway, history_limits=limits) as foundation,
         Foundation(gateway="openai_chat", history_limits=limits) as control,

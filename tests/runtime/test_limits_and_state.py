@@ -64,7 +64,9 @@ def test_eviction_is_exact_with_pinned_instructions_and_invocations(
 ) -> None:
     """Whole turns, oldest first, exactly to the limits; pinned never counted; an
     invocation defers eviction to its exit; late outputs are dropped and counted."""
-    limits = HistoryLimits(max_turns=max_turns, max_items=max_items, max_bytes=max_bytes)
+    limits = HistoryLimits(
+        low_water=1.0, max_turns=max_turns, max_items=max_items, max_bytes=max_bytes
+    )
 
     async def run() -> None:
         async with Foundation(history_limits=limits) as foundation:

@@ -51,7 +51,7 @@ from turnloom.errors import (
 )
 from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext, TurnSnapshot
 
-LIMITS = HistoryLimits(max_turns=3, max_items=7)
+LIMITS = HistoryLimits(low_water=1.0, max_turns=3, max_items=7)
 CAPACITY = 2
 CONTEXTS = ("a", "b")
 

@@ -36,6 +36,7 @@ from turnloom.runtime._records import (
     TurnCommitted,
     TurnsEvicted,
     checkpoint,
+    compacted,
     decode_record,
     encode_record,
     replay,
@@ -140,6 +141,7 @@ def _same(left: TurnHistory, right: TurnHistory, *, counters: bool = True) -> No
     max_turns=st.integers(1, 4),
     max_items=st.integers(2, 9),
     max_tokens=st.integers(5, 80),
+    low_water=st.sampled_from([1.0, 1.0, 0.5, 0.01]),
 )
 # A checkpointed turn whose outputs fill it and whose pair was kept after
 # them: restoring the pair before the outputs refused the outputs.
@@ -148,14 +150,18 @@ def _same(left: TurnHistory, right: TurnHistory, *, counters: bool = True) -> No
     max_turns=1,
     max_items=2,
     max_tokens=5,
+    low_water=1.0,
 )
 def test_replaying_the_log_rebuilds_the_history_exactly(
-    ops: list[tuple[object, ...]], max_turns: int, max_items: int, max_tokens: int
+    ops: list[tuple[object, ...]], max_turns: int, max_items: int, max_tokens: int, low_water: float
 ) -> None:
     """Commits, records (also late and blank), kept state pairs (set, replaced,
     cleared, for gone turns), retractions, evictions by turns, items and tokens,
-    evictions held back by a model call."""
-    limits = HistoryLimits(max_turns=max_turns, max_items=max_items, max_tokens=max_tokens)
+    one turn at a time or down to a low-water mark, evictions held back by a
+    model call."""
+    limits = HistoryLimits(
+        max_turns=max_turns, max_items=max_items, max_tokens=max_tokens, low_water=low_water
+    )
     counter = ApproxTokenCounter()
     table = ContextTable(limits, CHAT, Counters(), counter)
     log: list[bytes] = []
@@ -255,3 +261,37 @@ def test_kept_state_survives_a_checkpoint_and_a_state_record_for_a_gone_turn_is_
     with pytest.raises(StoreRecordError, match="keeps the state of turn 't9'") as caught:
         replay("c", [commit, orphan], HistoryLimits())
     assert caught.value.index == 1
+
+
+def test_a_checkpoint_of_a_false_start_that_evicted_twice_down_to_low_water_replays() -> None:
+    """Invariant: max_items=20, low_water=0.75 (mark 15). The false start t11 evicts
+    t1..t3 down to 15 items; its kept state (6 items) crosses the limit again and a
+    second eviction takes t4..t6. A checkpoint written now holds t1..t10 and t11 as the
+    latest eviction found it, then one eviction record: replayed, that one eviction
+    drops t1..t6, as the two did, so the replayed history holds the same turns aside,
+    and retracting t11 there gives back t1..t10 as the live history does."""
+    limits = HistoryLimits(max_items=20, low_water=0.75)
+    history = TurnHistory(limits)
+    for i in range(1, 11):
+        history.commit(f"t{i}", [user(f"u{i}")], instructions=[SYSTEM] if i == 1 else None)
+        history.record(f"t{i}", [assistant(f"a{i}")])
+    history.commit("t11", [user("*cough*")])
+    assert history.evict() == ("t1", "t2", "t3")
+    state = [
+        m
+        for k in "abc"
+        for m in (call(f"tlrs_{k}", "turnloom_runtime_context"), result(f"tlrs_{k}"))
+    ]
+    assert history.keep_state("t11", state)
+    assert history.evict() == ("t4", "t5", "t6")
+    assert history.restorable_ids == tuple(f"t{i}" for i in range(1, 7))
+    view, evicted, tail = compacted(history)
+    assert tail == (TurnsEvicted(turn_ids=history.restorable_ids),)
+    log = [checkpoint(view, evicted, history.sequence), *map(encode_record, tail)]
+    replayed = replay("c", log, limits)
+    assert replayed.restorable_ids == history.restorable_ids
+    _same(replayed, history, counters=False)
+    for copy in (history, replayed):
+        copy.retract("t11")
+        assert copy.turn_ids == tuple(f"t{i}" for i in range(1, 11))
+    _same(replayed, history, counters=False)

@@ -161,7 +161,7 @@ async def test_max_tokens_evicts_whole_turns_oldest_first_and_pinned_are_not_cou
     per_turn = _turn_tokens("x" * 40)  # user 3+1+10, assistant 3+3+10
     assert per_turn == 30
     big_system = Message(role=Role.system, content="S" * 4000)
-    limits = HistoryLimits(max_tokens=per_turn * 3)
+    limits = HistoryLimits(low_water=1.0, max_tokens=per_turn * 3)
     async with Foundation(history_limits=limits) as foundation:
         manager = foundation.manager
         for n in range(5):
@@ -187,7 +187,7 @@ async def test_max_tokens_evicts_whole_turns_oldest_first_and_pinned_are_not_cou
 def test_history_token_statistics_follow_every_change() -> None:
     """tokens, pinned_tokens and evicted_tokens are exact sums of per-message counts."""
     counter = ApproxTokenCounter()
-    history = TurnHistory(HistoryLimits(max_turns=2))
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=2))
     history.commit("a", [user("one")], instructions=[SYSTEM])
     history.record("a", [call("k1"), result("k1", "done")])
     history.commit("b", [user("two")])
@@ -208,9 +208,9 @@ def test_max_tokens_and_token_counter_are_checked() -> None:
     """max_tokens must be None or a positive int; a counter needs count()."""
     for bad in (0, -1, True, 1.5, "9"):
         with pytest.raises(InvalidArgumentError) as info:
-            HistoryLimits(max_tokens=bad)  # type: ignore[arg-type]
+            HistoryLimits(low_water=1.0, max_tokens=bad)  # type: ignore[arg-type]
         assert info.value.field == "max_tokens"
-    assert HistoryLimits(max_tokens=None).max_tokens is None
+    assert HistoryLimits(low_water=1.0, max_tokens=None).max_tokens is None
     with pytest.raises(InvalidArgumentError) as info:
         Foundation(token_counter=object())  # type: ignore[arg-type]
     assert info.value.field == "token_counter"
@@ -631,7 +631,7 @@ async def test_the_foundations_own_counter_is_the_one_every_number_comes_from() 
         def count(self, messages: Any) -> int:
             return len(messages)
 
-    limits = HistoryLimits(max_tokens=5)
+    limits = HistoryLimits(low_water=1.0, max_tokens=5)
     async with Foundation(history_limits=limits, token_counter=OnePerMessage()) as foundation:
         manager = foundation.manager
         await _voice_history(manager)  # 4 + 2 + 4 + 1 messages: only t2 and t3 fit

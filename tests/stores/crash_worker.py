@@ -25,7 +25,7 @@ from turnloom.errors import StaleLeaseError
 from turnloom.runtime import ContextManager, ContextPrepareRequest, TurnSnapshot
 
 CONTEXTS = 6
-LIMITS = HistoryLimits(max_turns=4)
+LIMITS = HistoryLimits(low_water=1.0, max_turns=4)
 # Renewed every 10 s: a loaded machine never lets the worker's leases lapse while it
 # runs. The tests end them as a stalled or killed host's leases end (expire_lease).
 LEASE_TTL = 30.0

@@ -51,7 +51,7 @@ from turnloom.stores import SQLiteContextStore, open_context_store, sqlite_conte
 
 pytestmark = pytest.mark.anyio
 
-LIMITS = HistoryLimits(max_turns=3)
+LIMITS = HistoryLimits(low_water=1.0, max_turns=3)
 MEMORY = SQLiteContextStore(":memory:")  # never opened: no I/O until a call
 
 
@@ -861,7 +861,7 @@ async def test_a_drop_host_restoring_kept_pairs_sends_no_earlier_pair(store_url:
     ``earlier_state="drop"`` that restores a context a ``"keep"`` host stored; the pairs
     it no longer keeps leave the history in the log too, so the next host restores the
     same history and the same evictions."""
-    limits = HistoryLimits(max_items=9)
+    limits = HistoryLimits(low_water=1.0, max_items=9)
     async with hosting(store_url, history_limits=limits) as keeping:
         manager = keeping.manager
         await manager.leases.claim("c")

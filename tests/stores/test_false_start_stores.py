@@ -30,7 +30,18 @@ from turnloom.stores import open_context_store
 
 pytestmark = pytest.mark.anyio
 
-LIMITS = HistoryLimits(max_turns=3)
+# Per-turn eviction (t3 evicts t0), and down to a low-water mark of 2 turns (t3
+# evicts t0 and t1 at once: a retraction must restore both).
+EVICTIONS = {
+    "per-turn": (HistoryLimits(low_water=1.0, max_turns=3), ("t0",)),
+    "low-water": (HistoryLimits(max_turns=3, low_water=0.67), ("t0", "t1")),
+}
+
+
+@pytest.fixture(params=list(EVICTIONS))
+def eviction(request: pytest.FixtureRequest) -> tuple[HistoryLimits, tuple[str, ...]]:
+    """The history limits, and the turns the false start t3 evicts under them."""
+    return EVICTIONS[request.param]
 
 
 def _request(turn_id: str) -> ContextPrepareRequest:
@@ -70,7 +81,7 @@ def _held(manager: ContextManager) -> dict[str, Any]:
 
 
 async def _accept_false_start(
-    manager: ContextManager, compacting: bool
+    manager: ContextManager, compacting: bool, gone: tuple[str, ...] = ("t0",)
 ) -> tuple[dict[str, Any], bytes]:
     """After t0..t2, the false start t3 (prepared: its pair kept) evicts t0; the log is
     flushed, compacted when ``compacting``. Returns what the history held and t2's
@@ -80,7 +91,7 @@ async def _accept_false_start(
     expected = manager.request_bytes(await manager.prepare(_request("t2")))
     manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t3", input=(user("uh"),)))
     await manager.prepare(_request("t3"))
-    assert _held(manager)["restorable"] == ("t0",)
+    assert _held(manager)["restorable"] == gone
     await manager.leases.flush()
     stats = manager.statistics().store
     assert stats is not None and (stats.compactions_total > 0) is compacting
@@ -97,21 +108,23 @@ def compacting(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 
 
 async def test_a_retracted_false_start_replays_into_the_live_history(
-    store_url: str, compacting: bool
+    store_url: str, compacting: bool, eviction: tuple[HistoryLimits, tuple[str, ...]]
 ) -> None:
-    """Invariant: t3 (a false start, prepared: its pair kept) evicts t0; the log (maybe
-    compacted while t0 is held aside) and the retraction replay into what the live host
-    holds: t0..t2 with their pairs, t3 remembered as gone, the same request bytes."""
-    async with hosting(store_url, history_limits=LIMITS) as first:
+    """Invariant: t3 (a false start, prepared: its pair kept) evicts t0 (and t1 down to a
+    low-water mark); the log (maybe compacted while they are held aside) and the
+    retraction replay into what the live host holds: t0..t2 with their pairs, t3
+    remembered as gone, the same request bytes."""
+    limits, gone = eviction
+    async with hosting(store_url, history_limits=limits) as first:
         manager = first.manager
         await manager.leases.claim("c")
-        before, expected = await _accept_false_start(manager, compacting)
+        before, expected = await _accept_false_start(manager, compacting, gone)
         manager.voice.retract_turn("c", "t3")
         await manager.leases.flush()
         live = _held(manager)
         assert live == {**before, "evicted": ("t3",)}
         assert manager.request_bytes(await manager.prepare(_request("t2"))) == expected
-    async with hosting(store_url, history_limits=LIMITS) as second:
+    async with hosting(store_url, history_limits=limits) as second:
         manager = second.manager
         assert await manager.leases.claim("c") is True
         assert _held(manager) == live
@@ -119,22 +132,24 @@ async def test_a_retracted_false_start_replays_into_the_live_history(
 
 
 async def test_a_host_restoring_a_false_start_restores_its_evicted_turns_on_retraction(
-    store_url: str, compacting: bool
+    store_url: str, compacting: bool, eviction: tuple[HistoryLimits, tuple[str, ...]]
 ) -> None:
-    """Invariant: the first host accepts the false start t3 (evicting t0) and stops; the
-    second restores the log (maybe a checkpoint holding t0, then t0's eviction), holds
-    t0 aside as the first did, and retracting t3 there brings t0 back: the history and
-    the request bytes of t2 are the first host's before the false start."""
-    async with hosting(store_url, history_limits=LIMITS) as first:
+    """Invariant: the first host accepts the false start t3 (evicting t0, and t1 down to
+    a low-water mark) and stops; the second restores the log (maybe a checkpoint holding
+    them, then their eviction), holds them aside as the first did, and retracting t3
+    there brings them back: the history and the request bytes of t2 are the first
+    host's before the false start."""
+    limits, gone = eviction
+    async with hosting(store_url, history_limits=limits) as first:
         manager = first.manager
         await manager.leases.claim("c")
-        before, expected = await _accept_false_start(manager, compacting)
+        before, expected = await _accept_false_start(manager, compacting, gone)
         aside = _held(manager)
-    async with hosting(store_url, history_limits=LIMITS) as second:
+    async with hosting(store_url, history_limits=limits) as second:
         manager = second.manager
         assert await manager.leases.claim("c") is True
         assert _held(manager) == aside
-        assert aside["restorable"] == ("t0",)
+        assert aside["restorable"] == gone
         manager.voice.retract_turn("c", "t3")
         assert _held(manager) == {**before, "evicted": ("t3",)}
         assert manager.request_bytes(await manager.prepare(_request("t2"))) == expected
@@ -163,7 +178,10 @@ async def _aborted_false_start(manager: ContextManager, change: str) -> None:
 
 @pytest.mark.parametrize(
     ("change", "limits"),
-    [("shrank", HistoryLimits(max_items=20)), ("grew", HistoryLimits(max_bytes=3800))],
+    [
+        ("shrank", HistoryLimits(low_water=1.0, max_items=20)),
+        ("grew", HistoryLimits(low_water=1.0, max_bytes=3800)),
+    ],
 )
 async def test_a_checkpoint_replays_the_evictions_a_false_start_caused_before_its_pair_changed(
     store_url: str, change: str, limits: HistoryLimits

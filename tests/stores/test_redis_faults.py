@@ -40,7 +40,7 @@ from turnloom.stores import RedisContextStore, redis_contexts
 
 pytestmark = pytest.mark.anyio
 
-LIMITS = HistoryLimits(max_turns=1000)
+LIMITS = HistoryLimits(low_water=1.0, max_turns=1000)
 PREFIX = "t:"
 
 
@@ -271,7 +271,7 @@ async def test_a_write_whose_reply_is_lost_is_retried_and_recognised_as_applied(
     """
     server = redis_servers()
     proxy = FaultProxy(server.port)
-    limits = HistoryLimits(max_turns=3)
+    limits = HistoryLimits(low_water=1.0, max_turns=3)
     async with anyio.create_task_group() as group:
         await group.start(proxy.run)
         async with RedisContextStore(proxy.url, prefix=PREFIX) as store:
@@ -430,7 +430,7 @@ async def test_connections_cut_in_a_loop_lose_nothing_acknowledged(
     """
     server = redis_servers()
     proxy = FaultProxy(server.port)
-    limits = HistoryLimits(max_turns=3)
+    limits = HistoryLimits(low_water=1.0, max_turns=3)
     ids_ = ("a", "b", "c")
     acknowledged: dict[str, list[str]] = {c: [] for c in ids_}
     held: dict[str, tuple[str, ...]] = {}

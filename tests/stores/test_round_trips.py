@@ -26,6 +26,7 @@ pytestmark = pytest.mark.anyio
 ROUND_TRIP_LIMITS = (
     HistoryLimits(max_turns=2),
     HistoryLimits(max_turns=4, max_items=20, max_bytes=6000),
+    HistoryLimits(max_turns=6, max_items=30, max_bytes=9000, low_water=0.5),
 )
 
 
@@ -36,7 +37,9 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("limits", ROUND_TRIP_LIMITS, ids=("turns2", "turns4-items20-bytes6k"))
+@pytest.mark.parametrize(
+    "limits", ROUND_TRIP_LIMITS, ids=("turns2", "turns4-items20-bytes6k", "low-water")
+)
 @pytest.mark.parametrize("kind", list(GatewayType), ids=lambda k: k.value)
 async def test_real_transcripts_restore_to_the_same_request_bytes(
     tau_bench_path: Path, tmp_path: Path, kind: GatewayType, limits: HistoryLimits, form: str

@@ -76,6 +76,7 @@ _DEFAULT = "default"
 _MANAGER = ManagerSettings()
 _LIMITS = HistoryLimits()
 _Positive = Annotated[int, msgspec.Meta(ge=1)]
+_Fraction = Annotated[float, msgspec.Meta(gt=0, le=1)]
 _AT = re.compile(r"^(?P<reason>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]*)`")
 _MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]*)`")
@@ -98,6 +99,10 @@ class ContextInitConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         history_max_bytes: most bytes of serialized messages each context
             keeps (8 MiB); it bounds retained content, not process memory.
         history_max_item_bytes: the per-item byte cap (1 MiB).
+        history_low_water: how far a history over a limit evicts, as a
+            fraction of each limit (``HistoryLimits.low_water``: 1.0 evicts
+            one turn as each new one arrives, breaking the cached prefix on
+            every turn; 0.4 keeps it for many turns).
         open_calls: ``"exclude"`` or ``"cancel"`` calls without a result in
             prepared inputs (``"exclude"``).
         earlier_state: ``"keep"`` or ``"drop"`` earlier turns' runtime-state
@@ -115,6 +120,7 @@ class ContextInitConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     history_max_items: _Positive = _LIMITS.max_items
     history_max_bytes: _Positive = _LIMITS.max_bytes
     history_max_item_bytes: _Positive = _LIMITS.max_item_bytes
+    history_low_water: _Fraction = _LIMITS.low_water
     open_calls: Literal["exclude", "cancel"] = _MANAGER.open_calls
     earlier_state: Literal["keep", "drop"] = _MANAGER.earlier_state
     prompt_cache: bool = _MANAGER.prompt_cache is not None
@@ -126,6 +132,7 @@ class ContextInitConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
             max_items=self.history_max_items,
             max_bytes=self.history_max_bytes,
             max_item_bytes=self.history_max_item_bytes,
+            low_water=self.history_low_water,
         )
 
 

@@ -207,10 +207,9 @@ class ContextManager:
         """Commit a turn: its input, and new pinned instructions when given.
 
         The first turn of a context creates it. Every message is validated
-        before anything changes. After the commit the context's history is
-        evicted down to its limits (whole turns, oldest first; while a model
-        call is in flight, when it ends: see :meth:`invocation`). Preparations
-        waiting for this turn wake up.
+        before anything changes. Then a history over a limit is evicted
+        (``HistoryLimits.low_water``; during a model call, when it ends:
+        see :meth:`invocation`). Preparations waiting for this turn wake up.
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed.

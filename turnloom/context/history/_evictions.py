@@ -98,7 +98,6 @@ class _EvictionState(Protocol):
 def _evict(history: _EvictionState) -> tuple[str, ...]:
     """The work of :meth:`TurnHistory.evict` (documented there)."""
     limits = history._limits
-    max_tokens = limits.max_tokens
     turns, linked = history._turns, history._linked
     # A summary turn (summary compaction, first when held) stands for turns that
     # already left: it goes last, after every other turn eviction may drop.
@@ -106,15 +105,24 @@ def _evict(history: _EvictionState) -> tuple[str, ...]:
     count = first
     items = total = tokens = 0
 
-    def over() -> bool:
+    def over(bounds: tuple[int, int, int, int | None]) -> bool:
+        max_turns, max_items, max_bytes, max_tokens = bounds
         return (
-            len(turns) - (count - first) > limits.max_turns
-            or history._items - items > limits.max_items
-            or history._bytes - total > limits.max_bytes
+            len(turns) - (count - first) > max_turns
+            or history._items - items > max_items
+            or history._bytes - total > max_bytes
             or (max_tokens is not None and history._tokens - tokens > max_tokens)
         )
 
-    while over():
+    hard = (limits.max_turns, limits.max_items, limits.max_bytes, limits.max_tokens)
+    if not over(hard):
+        return ()
+    # A hard limit is crossed: evict down to every limit's low-water mark
+    # (the limits themselves at low_water 1.0), so the input's prefix breaks
+    # here and not again for many turns. Replay and the checkpoint of turns
+    # held aside rely on this being a function of the held turns alone.
+    marks = limits.low_water_marks()
+    while over(marks):
         # The oldest turn goes with the turns tied to it (their input
         # answers its calls), or not at all when they reach the newest.
         end = count + 1
@@ -129,7 +137,7 @@ def _evict(history: _EvictionState) -> tuple[str, ...]:
         count = end
     gone = turns[first:count]
     kept = turns[count:]
-    if first and over():
+    if first and over(hard):
         # Only the summary is left to drop: a hard limit stays hard.
         summary = turns[0]
         items += summary.items

@@ -252,11 +252,10 @@ class TurnHistory:
     def open_calls(self) -> tuple[ToolCallPart, ...]:
         """The tool calls the kept turns leave open: those a next turn's input can answer.
 
-        Pairing follows :class:`~turnloom.context.CallTracker` over the kept
-        turns (inputs, kept state and outputs), as the render pairs them: a
-        call already answered, closed by a later message, or made in an
-        evicted turn is not open. O(the newest turn and the results-only
-        turns before it), in practice.
+        Pairing follows :class:`~turnloom.context.CallTracker` over the kept turns (inputs,
+        kept state and outputs), as the render pairs them: a call already answered, closed
+        by a later message, or made in an evicted turn is not open. O(the newest turn and
+        the results-only turns before it), in practice.
 
         Returns:
             the open calls, in call order; empty for an empty history (a call
@@ -567,26 +566,27 @@ class TurnHistory:
         return _keep_state(self, turn_id, messages, serial=serial)
 
     def evict(self) -> tuple[str, ...]:
-        """Drop whole turns, oldest first, until every limit holds.
+        """Once a limit is crossed, drop whole turns, oldest first, down to the low-water marks.
+
+        Nothing happens while every limit holds; then turns go until every
+        :meth:`HistoryLimits.low_water_marks` holds (the limits at 1.0).
 
         A turn leaves together with the later turns tied to it (their input
         answers its calls; see the class docstring), so eviction may drop more
-        than a limit alone asks for. The newest turn, and the turns it is tied
-        to, are never evicted: they are kept alone when over a limit (over
-        ``max_tokens`` through records, or over any limit through kept state,
-        which is never refused; commits and records refuse the rest).
+        than a mark alone asks for. The newest turn, and the turns it is tied
+        to, are never evicted: they are kept alone when over a limit (through
+        records or kept state; commits and records refuse the rest).
         Pinned instructions are never evicted, and never counted against a
         limit. A summary turn (:mod:`turnloom.context.summaries`) goes last,
         only when it and the newest turn alone are over a limit. O(evicted
         turns), plus the turns tied to the newest when they stop it.
 
-        The turns evicted while the newest turn and its kept state are all
-        that changed since its commit are held aside, neither kept nor
-        counted in ``evicted_turns`` (:attr:`restorable_ids`), until
-        :meth:`retract` of that turn restores them or another change (a
-        commit, a record that stores a message, kept state of an earlier
-        turn, :meth:`remember_evicted`, :meth:`settle_evictions`) lets them
-        go: at most the turns held when that turn was committed.
+        The turns evicted while the newest turn and its kept state are all that changed
+        since its commit are held aside, neither kept nor counted in ``evicted_turns``
+        (:attr:`restorable_ids`), until :meth:`retract` of that turn restores them or
+        another change (a commit, a record that stores a message, kept state of an
+        earlier turn, :meth:`remember_evicted`, :meth:`settle_evictions`) lets them go:
+        at most the turns held when that turn was committed.
 
         Returns:
             the ids of the evicted turns, oldest first.
@@ -596,8 +596,7 @@ class TurnHistory:
     def settle_evictions(self) -> None:
         """Let go of the turns held aside (:attr:`restorable_ids`): they count as evicted now.
 
-        For a history about to be dropped (its context removed). O(1) but for
-        the turns held aside.
+        For a history about to be dropped (its context removed); O(turns held aside).
         """
         _settle(self)
 
