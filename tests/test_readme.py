@@ -95,9 +95,9 @@ def test_each_example_runs_and_prints_what_its_page_says(tmp_path: Path, page: s
 
 def test_no_example_was_lost_when_the_readme_was_shortened() -> None:
     """The eight programs the long README ran (the forty-line example first) still run:
-    one in the README, seven in the guide pages; the guide adds one since (summary
-    compaction, docs/compaction.md)."""
-    assert len(_blocks("python")) == 1
+    one in the README, seven in the guide pages; the README adds one since (summary
+    compaction, whose guide page is docs/compaction.md)."""
+    assert len(_blocks("python")) == 2
     assert len(_every_page("python")) == len(_every_page("text")) == 9
 
 
@@ -240,13 +240,14 @@ def test_every_readme_link_into_docs_names_a_page_and_anchor_that_exist() -> Non
 
 def test_the_readme_stays_short_and_keeps_its_places() -> None:
     """The two commands, the main example, a map; the places other work adds to."""
-    assert len(README.splitlines()) <= 200
+    assert len(README.splitlines()) <= 240
     headings = re.findall(r"^## (.+)$", README, flags=re.MULTILINE)
     assert headings == [
         "Try it",
         "The API in forty lines",
         "Voice hosts",
         "Prompt cache",
+        "Long conversations",
         "Documentation",
         "License",
     ]
