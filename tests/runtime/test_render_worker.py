@@ -157,7 +157,8 @@ async def test_a_render_that_raises_fails_its_preparation_and_the_thread_keeps_s
         assert isinstance(outcomes["ok1"], PreparedContext)
         assert isinstance(outcomes["ok2"], PreparedContext)
         manager.accept_turn(_turn("ok3"))
-        later = await manager.prepare(_request("ok3"))
+        with anyio.fail_after(10):  # a thread that stopped serving would never answer
+            later = await manager.prepare(_request("ok3"))
         assert later.items[0] == {"role": "user", "content": "hi ok3"}
         assert _render_threads() == thread  # the same thread served it
         stats = manager.statistics()
