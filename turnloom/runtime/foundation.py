@@ -49,6 +49,7 @@ from turnloom.context.memory import MemorySource
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.tokens import TokenCounter
 from turnloom.errors import InputError, StateError, what_type
+from turnloom.runtime._collector import CollectorPolicy, FrozenCollector, check_policy
 from turnloom.runtime._door import (
     DEFAULT_IDLE_AFTER,
     DEFAULT_LEASE_TTL,
@@ -59,6 +60,8 @@ from turnloom.runtime.assembly import AssemblyStrategy, StrategyOptions
 from turnloom.runtime.manager import ContextManager
 from turnloom.runtime.state import EarlierStatePolicy
 from turnloom.runtime.store import ContextStore
+
+_DEFAULT_COLLECTOR = CollectorPolicy()
 
 
 class Foundation:
@@ -86,6 +89,12 @@ class Foundation:
         worker_threads: the most worker threads rendering at once (default 4).
         close_grace_period: seconds :meth:`aclose` lets pending preparations
             settle before cancelling them (default 5.0; ``math.inf`` waits).
+        collector: the collector policy (default ``CollectorPolicy()``): while
+            open, the Foundation periodically collects what changed and
+            freezes what lives (``gc.freeze``), so full collections stop
+            walking the retained histories; unfrozen again at the close.
+            Process-wide; see :class:`~turnloom.runtime.CollectorPolicy` for
+            what a host gives up. ``None`` turns it off.
         token_counter: the one estimator of tokens
             (:class:`~turnloom.context.ApproxTokenCounter` by default): each
             message is counted once when it enters a history, and
@@ -109,7 +118,8 @@ class Foundation:
             type, with :class:`~turnloom.errors.InvalidMessageError`.
 
     Raises:
-        InputError: a bound is not positive, ``history_limits`` is not a
+        InputError: ``collector`` is not a CollectorPolicy or None, a bound
+            is not positive, ``history_limits`` is not a
             :class:`HistoryLimits`, an unknown gateway or policy, ``manager``
             is not a ContextManager, ``manager`` is given together with a
             manager option, ``clock`` is not callable, or a store option is
@@ -154,6 +164,7 @@ class Foundation:
         lease_ttl: float = DEFAULT_LEASE_TTL,
         idle_after: float = DEFAULT_IDLE_AFTER,
         owner: str | None = None,
+        collector: CollectorPolicy | None = _DEFAULT_COLLECTOR,
     ) -> None:
         if manager is None:
             manager = ContextManager(
@@ -209,6 +220,9 @@ class Foundation:
         if clock is not None and not callable(clock):
             raise InputError(f"clock must be callable, not {what_type(clock)}.")
         self._clock = clock
+        self._policy = check_policy(collector)
+        self._collector: FrozenCollector | None = None
+        self._collecting = anyio.CancelScope()
         self._options = check_foundation_options(
             manager=manager.options,
             worker_threads=worker_threads,
@@ -250,6 +264,14 @@ class Foundation:
         return self._limiter
 
     @property
+    def collector(self) -> FrozenCollector | None:
+        """The collector policy's runner (None: opened without one, or never opened).
+
+        Its ``statistics()`` say how many steps it took and what they cost.
+        """
+        return self._collector
+
+    @property
     def closed(self) -> bool:
         """True once :meth:`aclose` began."""
         return self._closing
@@ -277,7 +299,14 @@ class Foundation:
         self._task_group = task_group
         self._limiter = limiter
         self._closed_event = anyio.Event()
+        if self._policy is not None:
+            collector = self._collector = FrozenCollector(self._policy)
+            task_group.start_soon(self._collect, collector)
         return self
+
+    async def _collect(self, collector: FrozenCollector) -> None:
+        with self._collecting:
+            await collector.run()
 
     async def __aexit__(
         self,
@@ -332,6 +361,9 @@ class Foundation:
             try:
                 await manager._aclose(self._options.close_grace_period)
             finally:
+                self._collecting.cancel()
+                if self._collector is not None:
+                    self._collector.close()
                 self._closed_event.set()
         # Deliver a cancellation that arrived while the cleanup was shielded.
         await anyio.lowlevel.checkpoint()
