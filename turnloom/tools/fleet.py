@@ -35,7 +35,9 @@ class FleetReport(msgspec.Struct, frozen=True, kw_only=True):
             loop_lag_max_ms, gc_pause_max_ms: the worst process's value, in
             milliseconds (percentiles and pauses of different processes do not
             add up).
-        gc_full_collections: generation-2 collections, summed.
+        gc_full_collections, gc_full_steady, collector_steps,
+            collector_thorough_steps: summed.
+        gc_full_cpu_max_ms: the worst process's longest full collection (CPU).
         peak_rss_bytes: each process's peak resident set size, in bytes.
         think_time: the sessions' pause between turns, in seconds (the same in
             every process).
@@ -70,6 +72,10 @@ class FleetReport(msgspec.Struct, frozen=True, kw_only=True):
     cpu_seconds: float
     store: str
     errors: tuple[str, ...]
+    gc_full_cpu_max_ms: float = 0.0
+    gc_full_steady: int = 0
+    collector_steps: int = 0
+    collector_thorough_steps: int = 0
 
 
 def aggregate(reports: Sequence[LoadtestReport]) -> FleetReport:
@@ -101,6 +107,10 @@ def aggregate(reports: Sequence[LoadtestReport]) -> FleetReport:
         cpu_seconds=sum(r.cpu_seconds for r in reports),
         store=reports[0].store,
         errors=tuple(e for r in reports for e in r.errors)[:10],
+        gc_full_cpu_max_ms=max(r.gc_full_cpu_max_ms for r in reports),
+        gc_full_steady=sum(r.gc_full_steady for r in reports),
+        collector_steps=sum(r.collector_steps for r in reports),
+        collector_thorough_steps=sum(r.collector_thorough_steps for r in reports),
     )
 
 

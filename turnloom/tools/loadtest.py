@@ -66,6 +66,15 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
         gc_pause_max_ms: the longest garbage-collection pause, in milliseconds
             (a full collection walks every live object, so with a large
             retained history it is what sets ``loop_lag_max_ms``).
+        gc_full_cpu_max_ms: the longest full collection's CPU time on the
+            thread that ran it, in milliseconds (the lag it causes, without
+            the machine's other load).
+        gc_full_steady: full collections after the ramp-up (once every
+            session's first prepare was delivered).
+        collector_steps, collector_thorough_steps: steps the Foundation's
+            collector policy took (each is one full collection of what was
+            not frozen, counted in ``gc_full_collections`` too), and how many
+            of them were thorough (see :class:`~turnloom.runtime.CollectorPolicy`).
         peak_rss_bytes: the process's peak resident set size, in bytes.
         rejections: ``prepare_nowait`` calls refused because the queue was full.
         evicted_turns: turns evicted from histories.
@@ -106,6 +115,10 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
     cpu_seconds: float = 0.0
     store: str = ""
     takeovers: int = 0
+    gc_full_cpu_max_ms: float = 0.0
+    gc_full_steady: int = 0
+    collector_steps: int = 0
+    collector_thorough_steps: int = 0
 
 
 class LoadtestSamples(msgspec.Struct, kw_only=True):
@@ -262,15 +275,21 @@ async def loadtest(
     latencies = recorded.prepare_latency
     lags = recorded.lag
     gc_pauses: list[tuple[int, float]] = []
-    gc_started = [0.0]
+    # Full collections: (perf_counter when it ended, CPU seconds of the thread
+    # that ran it). A collection runs wholly on one thread, one at a time.
+    gc_full: list[tuple[float, float]] = []
+    gc_started = [0.0, 0.0]
     origin = [time.perf_counter()]  # reset when the sessions start
 
     def on_gc(phase: str, info: dict[str, int]) -> None:
         now = time.perf_counter()
         if phase == "start":
             gc_started[0] = now
+            gc_started[1] = time.thread_time()
         else:
             gc_pauses.append((info["generation"], now - gc_started[0]))
+            if info["generation"] == 2:
+                gc_full.append((now, time.thread_time() - gc_started[1]))
             recorded.gc_at.append(now - origin[0])
             recorded.gc_pause.append(now - gc_started[0])
             recorded.gc_generation.append(info["generation"])
@@ -301,6 +320,7 @@ async def loadtest(
             latencies=latencies,
             lags=lags,
             gc_pauses=gc_pauses,
+            gc_full=gc_full,
             think_time=think_time,
             takeover_sessions=takeover_sessions,
             acknowledged_log=acknowledged_log,
@@ -328,6 +348,7 @@ async def _run(
     latencies: list[float],
     lags: list[float],
     gc_pauses: list[tuple[int, float]],
+    gc_full: list[tuple[float, float]],
     think_time: float,
     takeover_sessions: int | None,
     acknowledged_log: TextIO | None,
@@ -337,6 +358,7 @@ async def _run(
     errors: list[str] = []
     counts = {"turns": 0, "calls": 0, "failed": 0}
     rendering = [0.0]
+    first_prepares = [0, math.inf]  # sessions past their first prepare, when all were
     started = time.perf_counter()
     origin[0] = started
     cpu_started = time.process_time()
@@ -351,6 +373,7 @@ async def _run(
             prefix: PreparedContext | None = None
             continuation: list[Message] = []
             turn_id = ""
+            prefix_count = 0
             if delay:
                 await anyio.sleep(delay)
             try:
@@ -391,7 +414,12 @@ async def _run(
                         end = time.perf_counter()
                         latencies.append(end - begin)
                         recorded.prepare_at.append(end - started)
+                        if prefix_count == 0:  # the session's first prepare
+                            first_prepares[0] += 1
+                            if first_prepares[0] == sessions:
+                                first_prepares[1] = end
                         rendering[0] += prefix.render_seconds
+                        prefix_count += 1
                         continuation = []
                     elif prefix is None:
                         continue
@@ -455,6 +483,7 @@ async def _run(
             gc.unfreeze()
         stats = manager.statistics()
         takeovers = manager.leases.takeovers
+        collector = foundation.collector.statistics() if foundation.collector else None
     seconds = time.perf_counter() - started
     recorded.seconds = seconds
     cpu_seconds = time.process_time() - cpu_started
@@ -482,6 +511,10 @@ async def _run(
         think_time=think_time,
         render_seconds=rendering[0],
         cpu_seconds=cpu_seconds,
+        gc_full_cpu_max_ms=max((cpu for _, cpu in gc_full), default=0.0) * 1000,
+        gc_full_steady=sum(1 for at, _ in gc_full if at >= first_prepares[1]),
+        collector_steps=collector.steps if collector is not None else 0,
+        collector_thorough_steps=collector.thorough_steps if collector is not None else 0,
     )
 
 
