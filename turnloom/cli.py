@@ -592,9 +592,10 @@ def _print_report(report: LoadtestReport, out: TextIO) -> None:
         file=out,
     )
     print(
-        f"full collections: {report.gc_full_collections} ({report.gc_full_steady} after the "
-        f"ramp-up), longest {report.gc_full_cpu_max_ms:.2f} ms CPU  collector policy: "
-        f"{report.collector_steps} steps, {report.collector_thorough_steps} thorough",
+        f"full collections: {report.gc_full_steady} after the ramp-up (the policy's steps "
+        f"aside), longest {report.gc_full_cpu_max_ms:.2f} ms CPU  collector policy: "
+        f"{report.collector_steps} steps, {report.collector_thorough_steps} thorough, "
+        f"longest {report.collector_step_cpu_max_ms:.2f} ms CPU",
         file=out,
     )
     _print_cpu(report.cpu_seconds, report.render_seconds, report.prepares, out)

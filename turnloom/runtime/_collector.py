@@ -21,7 +21,8 @@ collection afterwards). A :class:`FrozenCollector` does that periodically:
   the next step is thorough: ``gc.unfreeze()``, one full collection of
   everything (the cold pause the policy otherwise avoids), then freeze. The
   memory such garbage can hold is thereby bounded by ``regrowth`` times the
-  live frozen set. The first step is thorough too (after warm-up).
+  live frozen set. The first step (after warm-up) is a plain one that reads
+  the frozen set's size: what the host froze itself stays frozen until then.
 
 The policy is process-wide, as the collector is: ``gc.freeze`` moves every
 tracked object of the process, the host's included, and a thorough step
@@ -139,6 +140,7 @@ class FrozenCollector:
         "_thorough_cpu",
         "_thorough_next",
         "_young",
+        "stepping",
     )
 
     def __init__(self, policy: CollectorPolicy) -> None:
@@ -147,7 +149,8 @@ class FrozenCollector:
         self._base = 0  # the frozen set's size after the last thorough step
         self._frozen = 0
         self._froze = False
-        self._thorough_next = True  # the first step is thorough
+        self._thorough_next = False
+        self.stepping = False  # True while a step collects (for a gc callback to tell)
         self._steps = 0
         self._thorough = 0
         self._step_cpu = 0.0
@@ -182,15 +185,19 @@ class FrozenCollector:
         """
         began = time.thread_time()
         thorough = self._thorough_next
-        if thorough:
-            gc.unfreeze()
-        gc.collect()
-        gc.freeze()
+        self.stepping = True
+        try:
+            if thorough:
+                gc.unfreeze()
+            gc.collect()
+            gc.freeze()
+        finally:
+            self.stepping = False
         self._froze = True
         self._steps += 1
         self._young = _young_collections()
-        if thorough:
-            self._thorough += 1
+        if thorough or self._steps == 1:
+            self._thorough += thorough
             self._thorough_next = False
             self._frozen = self._base = gc.get_freeze_count()
         elif self._steps % self._policy.check_every == 0:

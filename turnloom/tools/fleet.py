@@ -37,7 +37,8 @@ class FleetReport(msgspec.Struct, frozen=True, kw_only=True):
             add up).
         gc_full_collections, gc_full_steady, collector_steps,
             collector_thorough_steps: summed.
-        gc_full_cpu_max_ms: the worst process's longest full collection (CPU).
+        gc_full_cpu_max_ms, collector_step_cpu_max_ms: the worst process's
+            longest full collection and collector step (CPU, milliseconds).
         peak_rss_bytes: each process's peak resident set size, in bytes.
         think_time: the sessions' pause between turns, in seconds (the same in
             every process).
@@ -76,6 +77,7 @@ class FleetReport(msgspec.Struct, frozen=True, kw_only=True):
     gc_full_steady: int = 0
     collector_steps: int = 0
     collector_thorough_steps: int = 0
+    collector_step_cpu_max_ms: float = 0.0
 
 
 def aggregate(reports: Sequence[LoadtestReport]) -> FleetReport:
@@ -111,6 +113,7 @@ def aggregate(reports: Sequence[LoadtestReport]) -> FleetReport:
         gc_full_steady=sum(r.gc_full_steady for r in reports),
         collector_steps=sum(r.collector_steps for r in reports),
         collector_thorough_steps=sum(r.collector_thorough_steps for r in reports),
+        collector_step_cpu_max_ms=max(r.collector_step_cpu_max_ms for r in reports),
     )
 
 
