@@ -5,11 +5,13 @@ each admitted preparation, in its requester's task (see
 ``ContextManager.prepare`` for its contract). The history and the request's
 state are captured once, when the turn is committed; an assembly strategy
 runs on the event loop, once per turn, in the preparation's cancel scope; the
-render runs in a worker thread holding a token of the Foundation's limiter,
-and is never abandoned mid-render: a requester that leaves meanwhile leaves
-the preparation to the thread, which settles it when it returns. What
-delivering a result changes is deferred to ``Preparation.deliver``, which the
-queue runs only when the requester resumes with it.
+render runs in the Foundation's render thread (:mod:`turnloom.runtime._worker`,
+one per Foundation, fed in batches) holding a token of the Foundation's
+limiter, and is never abandoned mid-render: a requester that leaves meanwhile
+leaves the preparation to the thread, which settles it when its batch comes
+back to the loop. What delivering a result changes is deferred to
+``Preparation.deliver``, which the queue runs only when the requester resumes
+with it.
 """
 
 from __future__ import annotations

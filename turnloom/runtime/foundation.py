@@ -3,8 +3,10 @@
 A Foundation is opened with ``async with``; it
 owns a task group (for its own tasks: output-stream consumers, the durable
 writer; a preparation runs in its requester's task), one
-:class:`anyio.CapacityLimiter` for every worker thread it uses, and the
-:class:`ContextManager`.
+:class:`anyio.CapacityLimiter` for every worker thread it uses, one render
+thread that renders every preparation in batches (started with the first
+render), its collector policy (:class:`~turnloom.runtime.CollectorPolicy`),
+and the :class:`ContextManager`.
 
 Closing order (:meth:`Foundation.aclose`), the seed's lifecycle:
 
@@ -18,14 +20,17 @@ Closing order (:meth:`Foundation.aclose`), the seed's lifecycle:
    seconds (default 5; shared with step 2), then cancel the rest (failing
    with :class:`FoundationClosedError`; preparations still waiting for their
    turn's commit fail with it at once). A preparation that is rendering in a
-   worker thread is not abandoned: its thread finishes first.
+   worker thread is not abandoned: its thread finishes first. Then the
+   render thread, which finished every render handed to it (a render whose
+   requester left before it began is skipped), is joined.
 4. With a durable store: write what is queued (within the grace period) and
    release every lease; the store itself stays open (its opener closes it).
 5. Close the manager: ``record`` raises :class:`FoundationClosedError`;
    histories are released, each context's final history staying readable
    through :meth:`ContextManager.history`; no worker thread holds a token of
    the limiter. ``history``, ``context_ids``, ``statistics`` and the
-   manager's properties still answer.
+   manager's properties still answer. The collector policy stops and
+   unfreezes what it froze.
 
 A memory source bound to the manager is borrowed and is never closed by the
 Foundation.
@@ -86,7 +91,10 @@ class Foundation:
             they may not be given with ``manager``. ``store`` keeps contexts
             durably (see :class:`~turnloom.runtime.Leases`; default None:
             memory only).
-        worker_threads: the most worker threads rendering at once (default 4).
+        worker_threads: the most renders handed to the render thread at once
+            (a batch holds at most this many), and the most worker threads
+            of other work (store I/O, the bridge's token counts) at once
+            (default 4).
         close_grace_period: seconds :meth:`aclose` lets pending preparations
             settle before cancelling them (default 5.0; ``math.inf`` waits).
         collector: the collector policy (default ``CollectorPolicy()``): while
