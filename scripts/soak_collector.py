@@ -5,9 +5,11 @@
 a reply, and on the way makes three kinds of cyclic garbage: a closure that
 refers to itself, an exception kept with its traceback (its frame refers back
 to the exception), and a self-referencing dict. Each session also keeps a
-cyclic state object that it replaces every ``--session-every`` turns: an
-object that lives across collector steps, is frozen while alive, and becomes
-cyclic garbage later (the case ``gc.freeze`` never reclaims by itself).
+cyclic state object (with ``--state-objects`` tracked dicts that refer back
+to it) that it replaces every ``--session-every`` turns: objects that live
+across collector steps, are frozen while alive, and become cyclic garbage
+later (the case ``gc.freeze`` never reclaims by itself; the policy's
+thorough steps do, once the frozen set regrew).
 
 Each object of the host's carries a ``Junk`` instance; ``Junk`` counts its
 live instances exactly (``__init__``/``__del__``), so "live junk" is what the
@@ -15,13 +17,14 @@ host's garbage still holds: bounded means it stays flat as turns go by.
 
 Policies, one after the other in one process: ``off`` (``collector=None``),
 ``default`` (``CollectorPolicy()``, stepped every ``--interval`` seconds) and
-``never-thorough`` (``regrowth=math.inf``: the first freeze is the only
-thorough step). Printed per 10% of the turns: live junk, the frozen set's
+``never-thorough`` (``regrowth=math.inf``: no thorough step, what
+``gc.freeze()`` alone would leave). Printed per 10% of the turns: live junk, the frozen set's
 size, RSS, full collections so far and their longest pause (CPU of the
 collecting thread), the policy's steps and thorough steps.
 
 Usage: python scripts/soak_collector.py [--turns 100000] [--sessions 100]
-       [--session-every 10] [--interval 0.2] [--backend asyncio|trio]
+       [--session-every 10] [--state-objects 50] [--interval 0.2]
+       [--backend asyncio|trio]
 """
 
 from __future__ import annotations
@@ -69,11 +72,18 @@ def cyclic_garbage() -> None:
 
 
 class SessionState:
-    """A host's per-session state, cyclic, replaced every few turns."""
+    """A host's per-session state, cyclic, replaced every few turns.
+
+    It holds ``size`` small tracked dicts besides its ``Junk``, so a dropped
+    state is that many objects of frozen cyclic garbage.
+    """
+
+    size = 50
 
     def __init__(self) -> None:
         self.junk = Junk()
         self.me = self
+        self.notes = [{"turn": n, "owner": self} for n in range(SessionState.size)]
 
 
 def rss_mb() -> float:
@@ -152,9 +162,11 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=100_000)
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--session-every", type=int, default=10)
+    parser.add_argument("--state-objects", type=int, default=50)
     parser.add_argument("--interval", type=float, default=0.2)
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     args = parser.parse_args()
+    SessionState.size = args.state_objects
     policies: dict[str, CollectorPolicy | None] = {
         "off": None,
         "default": CollectorPolicy(interval=args.interval),

@@ -69,7 +69,7 @@ class CollectorPolicy(msgspec.Struct, frozen=True, kw_only=True):
     interval: float = 1.0
     young_collections: int = 10
     check_every: int = 10
-    regrowth: float = 0.25
+    regrowth: float = 1.0
 
     def __post_init__(self) -> None:
         """Check every field (a Struct's constructor checks no types).
