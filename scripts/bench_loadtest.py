@@ -79,7 +79,8 @@ class _RenderClock:
     def __init__(self) -> None:
         self.seconds = 0.0
         self._lock = threading.Lock()
-        self._render = preparing.render_preparation
+        # The preparer calls the name in its module: replace it there.
+        self._render = vars(preparing)["render_preparation"]
 
     def install(self) -> None:
         render = self._render
@@ -93,7 +94,7 @@ class _RenderClock:
                 with self._lock:
                     self.seconds += spent
 
-        preparing.render_preparation = timed  # type: ignore[assignment]
+        vars(preparing)["render_preparation"] = timed
 
     def take(self) -> float:
         with self._lock:
