@@ -52,7 +52,18 @@ from turnloom.errors import InputError, what_type
 
 
 class CollectorPolicy(msgspec.Struct, frozen=True, kw_only=True):
-    """When a Foundation freezes what lives (see :mod:`turnloom.runtime._collector`).
+    """When a Foundation collects what changed and freezes what lives.
+
+    Every ``interval`` seconds, once the process allocated (``young_collections``),
+    a *step*: one full collection, which visits only what is not frozen, then
+    ``gc.freeze()``. Frozen objects that later become cyclic garbage stay until
+    a *thorough* step (``gc.unfreeze()``, a full collection of everything,
+    freeze), taken once the frozen set grew past ``1 + regrowth`` times its
+    size after the last one; so such garbage is bounded by ``regrowth`` times
+    what lives frozen (by object count). Process-wide, as the collector is;
+    the Foundation unfreezes at its close. What a host gives up: cyclic
+    garbage of objects that lived across a step stays until a thorough step,
+    and ``gc.get_objects()`` does not list frozen objects.
 
     Attributes:
         interval: seconds between two looks at the allocation count (> 0).
@@ -109,7 +120,7 @@ def check_policy(policy: object) -> CollectorPolicy | None:
 
 
 class CollectorStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """What a :class:`FrozenCollector` did.
+    """What a Foundation's collector policy did (``Foundation.collector.statistics()``).
 
     Attributes:
         steps: steps taken (each one full collection of what was not frozen).

@@ -230,7 +230,7 @@ class Foundation:
         self._clock = clock
         self._policy = check_policy(collector)
         self._collector: FrozenCollector | None = None
-        self._collecting = anyio.CancelScope()
+        self._collecting: anyio.CancelScope | None = None  # made on the loop, when opened
         self._options = check_foundation_options(
             manager=manager.options,
             worker_threads=worker_threads,
@@ -309,11 +309,13 @@ class Foundation:
         self._closed_event = anyio.Event()
         if self._policy is not None:
             collector = self._collector = FrozenCollector(self._policy)
-            task_group.start_soon(self._collect, collector)
+            self._collecting = anyio.CancelScope()
+            task_group.start_soon(self._collect, collector, self._collecting)
         return self
 
-    async def _collect(self, collector: FrozenCollector) -> None:
-        with self._collecting:
+    @staticmethod
+    async def _collect(collector: FrozenCollector, scope: anyio.CancelScope) -> None:
+        with scope:
             await collector.run()
 
     async def __aexit__(
@@ -369,7 +371,8 @@ class Foundation:
             try:
                 await manager._aclose(self._options.close_grace_period)
             finally:
-                self._collecting.cancel()
+                if self._collecting is not None:
+                    self._collecting.cancel()
                 if self._collector is not None:
                     self._collector.close()
                 self._closed_event.set()
