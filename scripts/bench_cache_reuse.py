@@ -1,4 +1,4 @@
-"""Prompt-cache reuse across model inputs on the tau-bench transcripts, both policies.
+"""Prompt-cache reuse across model inputs on the tau-bench transcripts.
 
 Providers cache a request by exact prefix. For every model input of a
 session (each turn's prepared prefix, then one build per later model call of
@@ -11,21 +11,26 @@ of a turn (across turns). Each prepare carries one volatile contribution (the
 turn's number), so every turn has a runtime-state pair, as a host with
 per-turn state sends.
 
-Both policies run in the same process, per gateway, with the history kept
-whole (no eviction: limits far above the transcripts):
+Two runs (``--section``, both by default):
 
-* ``keep`` (the default, ``earlier_state="keep"``): each earlier turn's pair
-  stays in later inputs exactly as it was sent;
-* ``drop`` (``earlier_state="drop"``): an earlier turn's pair is not sent
-  again.
-
-The cost columns: ``input tok`` is the tokens of all model inputs together;
-``kept tok`` the part of them that is earlier turns' kept pairs (0 under
-``drop``), as a share of ``input tok``; ``uncached tok`` the tokens of all
-inputs that do not repeat the previous input's prefix (what a prompt cache
-cannot serve), the figure the kept pairs are paid to lower.
+* ``earlier-state``: each transcript one session, the history kept whole (no
+  eviction), ``earlier_state="keep"`` (each earlier turn's pair stays in
+  later inputs as it was sent) against ``"drop"`` (not sent again). Columns:
+  ``input tok`` the tokens of all model inputs; ``kept tok`` the part that is
+  earlier turns' kept pairs, as a share of ``input tok``; ``uncached tok``
+  the tokens of all inputs that do not repeat the previous input's prefix.
+* ``eviction``: long sessions, the transcripts chained to 200 turns per
+  context (:func:`chain`), at ``max_turns`` 16 and 32 and at a token limit
+  (``--token-limit``, 8,000 by default), on every gateway, for each eviction
+  policy in :data:`POLICIES`: ``per-turn`` (today's, the baseline) and
+  ``low-water`` (cache-aware eviction, which runs once the history has it:
+  see :func:`policy_limits`). Columns: the reuse shares, ``turns`` the turns
+  held at each prepare on average, ``input tok`` and ``uncached tok`` as
+  above, and ``cost`` the inputs' price with a prompt cache over their price
+  without one (:data:`CACHE_READ`, :data:`CACHE_WRITE`).
 
 Usage: python scripts/bench_cache_reuse.py [--data PATH] [--limit N]
+       [--section all|eviction|earlier-state] [--token-limit N] [--low-water F]
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import msgspec
 
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent
 from turnloom.context.history import HistoryLimits
-from turnloom.context.message import Message, ToolCallPart, ToolResultPart
+from turnloom.context.message import Message, Role, ToolCallPart, ToolResultPart
 from turnloom.context.tokens import ApproxTokenCounter
 from turnloom.runtime import (
     ContextContribution,
@@ -54,6 +59,8 @@ _DATA = Path("/work/shared/data/tau-bench/airline-150.json")
 _encode = msgspec.json.Encoder().encode
 _STATE_ID = re.compile(r"tlrs_[0-9a-f]{24}")
 _KINDS = ("within", "across")
+_UNBOUNDED = HistoryLimits(max_turns=10_000, max_items=1_000_000, max_bytes=1 << 40)
+_CHAIN_TURNS = 200
 
 
 class _Sizer:
@@ -90,12 +97,18 @@ def _common(previous: tuple[object, ...], current: tuple[object, ...]) -> int:
 
 
 async def measure(
-    scripts: list[list[Message]], gateway: GatewayType, policy: EarlierStatePolicy
+    scripts: list[list[Message]],
+    gateway: GatewayType,
+    policy: EarlierStatePolicy,
+    limits: HistoryLimits = _UNBOUNDED,
 ) -> dict[str, list[int]]:
-    """Totals: per kind [reused bytes, bytes, reused tokens, tokens]; costs in tokens."""
+    """Totals: per kind [reused bytes, bytes, reused tokens, tokens]; costs in tokens.
+
+    ``totals["retained"]`` is [turns held at each prepare, summed; prepares].
+    """
     totals = {kind: [0, 0, 0, 0] for kind in _KINDS}
     totals["cost"] = [0, 0, 0]  # input tokens, kept-pair tokens, uncached tokens
-    limits = HistoryLimits(max_turns=10_000, max_items=1_000_000, max_bytes=1 << 40)
+    totals["retained"] = [0, 0]
     async with Foundation(
         gateway=gateway, history_limits=limits, earlier_state=policy
     ) as foundation:
@@ -108,7 +121,7 @@ async def measure(
             prefix = None
             continuation: list[Message] = []
             turn_id = ""
-            for step in walk(script):
+            for step in walk(script, max_turns=_CHAIN_TURNS):
                 if isinstance(step, Turn):
                     turn_id = step.turn_id
                     manager.accept_turn(snapshot(context_id, step))
@@ -120,6 +133,8 @@ async def measure(
                         ),
                     )
                     prefix = await manager.prepare(request)
+                    totals["retained"][0] += len(manager.history(context_id).turn_ids)
+                    totals["retained"][1] += 1
                     current: tuple[object, ...] = prefix.items
                     kind = "across"
                     continuation = []
@@ -157,19 +172,114 @@ def _share(part: int, whole: int) -> str:
     return f"{part / max(whole, 1):.1%}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=_DATA)
-    parser.add_argument("--limit", type=int, default=150)
-    args = parser.parse_args()
-    trajectories, errors = load_trajectories(args.data)
-    scripts = []
-    for trajectory in trajectories[: args.limit]:
-        checked = check_trajectory(trajectory)
-        if isinstance(checked, list):
-            scripts.append(checked)
-    print(f"{len(scripts)} transcripts ({len(errors)} unreadable) from {args.data}")
-    print("reuse: share of the previous input's bytes / tokens the next input repeats")
+def chain(scripts: list[list[Message]], turns: int = _CHAIN_TURNS) -> list[list[Message]]:
+    """Long sessions: transcripts appended to one another until each holds ``turns`` turns.
+
+    A session's first transcript gives its system prompt (the pinned
+    instructions); the next ones give only their turns, so a session reads as
+    one long call. The transcript that fills a session is cut after its last
+    turn that fits; the next session starts with the next transcript. A
+    session that would fall short is dropped.
+    """
+    sessions: list[list[Message]] = []
+    current: list[Message] = []
+    count = 0
+    for script in scripts:
+        for message in script:
+            if message.role in (Role.system, Role.developer):
+                if not current:
+                    current.append(message)
+                continue
+            if message.role is Role.user:
+                if count == turns:
+                    break
+                count += 1
+            current.append(message)
+        if count == turns:
+            sessions.append(current)
+            current, count = [], 0
+    return sessions
+
+
+# Prices relative to an uncached input token (1.0), for every gateway: a
+# cached read costs 0.1x and writing the rest to the cache 1.25x (a 5-minute
+# write). Source: Anthropic prompt caching guide, pricing ("Cache reads cost
+# 0.1x the base input price", "5-minute cache writes cost 1.25x"). OpenAI
+# and Gemini bill cached reads at their own discounts and no write premium;
+# one ratio keeps the rows comparable.
+CACHE_READ = 0.1
+CACHE_WRITE = 1.25
+
+POLICIES = ("per-turn", "low-water")
+"""The eviction policies compared: ``per-turn`` (today's, the baseline: one
+turn evicted as each new one arrives) and ``low-water`` (issue 30's
+cache-aware eviction: evict down to a fraction of the limit at once)."""
+
+
+def policy_limits(limits: HistoryLimits, policy: str, low_water: float) -> HistoryLimits | None:
+    """The history limits that run ``policy``; None when this build has no such policy.
+
+    The one seam for the low-water row: cache-aware eviction lives in the
+    history (``turnloom/context/history.py``) and is not in this build yet.
+    Once ``HistoryLimits`` has its field (named ``low_water`` here: rename it
+    to match), this returns the limits with it and the row runs; until then
+    the row is printed as not available, never approximated.
+    """
+    if policy == "per-turn":
+        return limits
+    if "low_water" not in HistoryLimits.__struct_fields__:
+        return None
+    return msgspec.structs.replace(limits, low_water=low_water)
+
+
+def eviction_table(scripts: list[list[Message]], token_limit: int, low_water: float) -> None:
+    """The eviction run: long sessions at max_turns 16 and 32 and at a token limit."""
+    sessions = chain(scripts)
+    turns = sum(1 for s in sessions for m in s if m.role is Role.user)
+    print(
+        f"\neviction: {len(sessions)} sessions of {_CHAIN_TURNS} turns ({turns} turns) chained "
+        f"from the transcripts; low-water fraction {low_water}"
+    )
+    print(
+        f"cost: input tokens priced at {CACHE_READ}x for the part that repeats the previous "
+        f"input (a cache read) and {CACHE_WRITE}x for the rest (a cache write), against 1.0x "
+        "uncached (Anthropic's documented multipliers)"
+    )
+    bounds = {
+        "max_turns=16": HistoryLimits(max_turns=16),
+        "max_turns=32": HistoryLimits(max_turns=32),
+        f"max_tokens={token_limit}": HistoryLimits(max_turns=10_000, max_tokens=token_limit),
+    }
+    header = (
+        f"{'gateway':<17}{'limit':<18}{'policy':<10}{'within B':>9}{'across B':>9}"
+        f"{'within T':>9}{'across T':>9}{'turns':>7}{'input tok':>12}{'uncached tok':>14}"
+        f"{'cost':>7}"
+    )
+    print(header)
+    for gateway in GatewayType:
+        for name, limits in bounds.items():
+            for policy in POLICIES:
+                chosen = policy_limits(limits, policy, low_water)
+                if chosen is None:
+                    print(f"{gateway.value:<17}{name:<18}{policy:<10}  not in this build")
+                    continue
+                totals = anyio.run(measure, sessions, gateway, "keep", chosen)
+                within, across, cost = totals["within"], totals["across"], totals["cost"]
+                held, prepares = totals["retained"]
+                priced = CACHE_READ * (cost[0] - cost[2]) + CACHE_WRITE * cost[2]
+                print(
+                    f"{gateway.value:<17}{name:<18}{policy:<10}"
+                    f"{_share(within[0], within[1]):>9}{_share(across[0], across[1]):>9}"
+                    f"{_share(within[2], within[3]):>9}{_share(across[2], across[3]):>9}"
+                    f"{held / max(prepares, 1):>7.1f}{cost[0]:>12,}{cost[2]:>14,}"
+                    f"{priced / max(cost[0], 1):>7.2f}",
+                    flush=True,
+                )
+
+
+def earlier_state_table(scripts: list[list[Message]]) -> None:
+    """The growing-history run: every transcript alone, no eviction, keep vs drop."""
+    print("\nno eviction: each transcript one session, earlier_state keep vs drop")
     header = (
         f"{'gateway':<17}{'policy':<7}{'within B':>9}{'across B':>9}{'within T':>9}"
         f"{'across T':>9}{'input tok':>11}{'kept tok':>16}{'uncached tok':>14}"
@@ -192,6 +302,28 @@ def main() -> None:
             f"{'':<17}uncached tokens keep/drop: {uncached['keep'] / max(uncached['drop'], 1):.2f}",
             flush=True,
         )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=_DATA)
+    parser.add_argument("--limit", type=int, default=150)
+    parser.add_argument("--section", choices=("all", "eviction", "earlier-state"), default="all")
+    parser.add_argument("--token-limit", type=int, default=8_000)
+    parser.add_argument("--low-water", type=float, default=0.5)
+    args = parser.parse_args()
+    trajectories, errors = load_trajectories(args.data)
+    scripts = []
+    for trajectory in trajectories[: args.limit]:
+        checked = check_trajectory(trajectory)
+        if isinstance(checked, list):
+            scripts.append(checked)
+    print(f"{len(scripts)} transcripts ({len(errors)} unreadable) from {args.data}")
+    print("reuse: share of the previous input's bytes / tokens the next input repeats")
+    if args.section in ("all", "earlier-state"):
+        earlier_state_table(scripts)
+    if args.section in ("all", "eviction"):
+        eviction_table(scripts, args.token_limit, args.low_water)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@
   141 without a traceback (the write happens in a worker thread, so the error
   arrives inside an exception group);
 * ``--out -`` writes the inputs to standard output (the summary goes to
-  standard error), never to a file named ``-``;
+  standard error), never to a file named ``-``; ``--json -`` likewise for a
+  load test's report; ``-`` as a transcript is standard input; ``--plot -`` is
+  refused (a picture needs a file);
 * a ``--store`` that cannot serve the run -- its folder missing, no Redis
   server answering, a Redis store on trio -- is refused before the run
   starts: status 2, one line;
@@ -28,9 +30,12 @@ HANG_GUARD = 120  # seconds: only a hang reaches it
 _ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def turnloom_cli(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+def turnloom_cli(
+    *args: str | Path, cwd: Path = ROOT, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "turnloom", *map(str, args)],
+        input=stdin,
         capture_output=True,
         text=True,
         check=False,
@@ -78,6 +83,88 @@ def test_out_dash_is_standard_output_and_the_summary_goes_to_standard_error(
     )
     assert lines[2].split("wall:")[0] == "normalized: 17  added items: 0  errors: 0  "
     assert not (tmp_path / "-").exists()
+
+
+def test_json_dash_is_standard_output_and_the_text_report_goes_to_standard_error(
+    tmp_path: Path,
+) -> None:
+    """``loadtest --json -``: stdout is exactly the JSON report (one document), the
+    text report is on stderr, and no file named '-' is written."""
+    done = turnloom_cli(
+        "loadtest", "--sessions", "3", "--turns", "2", "--json", "-", "--no-progress", cwd=tmp_path
+    )
+    assert done.returncode == 0
+    report = json.loads(done.stdout)
+    assert (report["sessions"], report["sessions_failed"], report["turns"]) == (3, 0, 6)
+    assert (report["model_calls"], report["prepares"], report["errors"]) == (12, 6, [])
+    lines = done.stderr.splitlines()
+    assert lines[0] == "sessions: 3  failed: 0  turns: 6  model calls: 12  prepares: 6"
+    assert len(lines) == 7
+    assert lines[6].startswith("prompt cache share: 100.0% of bytes, 100.0% of tokens")
+    assert not (tmp_path / "-").exists()
+
+
+def test_json_to_a_file_leaves_the_text_report_on_standard_output(tmp_path: Path) -> None:
+    """The counterpart: without '-', stdout keeps the text report and stderr is empty."""
+    done = turnloom_cli(
+        "loadtest",
+        "--sessions",
+        "3",
+        "--turns",
+        "2",
+        "--json",
+        "r.json",
+        "--no-progress",
+        cwd=tmp_path,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines()[0] == (
+        "sessions: 3  failed: 0  turns: 6  model calls: 12  prepares: 6"
+    )
+    assert json.loads((tmp_path / "r.json").read_text())["prepares"] == 6
+
+
+def test_a_transcript_dash_is_standard_input(tmp_path: Path) -> None:
+    """``replay -`` reads the trajectories from stdin: the shipped sample piped in
+    replays as ``--sample`` does (5 sessions, 73 model calls), sources named '-'."""
+    sample = ROOT / "turnloom" / "tools" / "data" / "tau-bench-airline-5.json"
+    done = turnloom_cli(
+        "replay",
+        "-",
+        "--out",
+        "-",
+        "--no-progress",
+        cwd=tmp_path,
+        stdin=sample.read_text(encoding="utf-8"),
+    )
+    assert done.returncode == 0
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    assert {r["session"] for r in records} == {f"{i}:-#{i}" for i in range(5)}
+    assert len(records) == 73
+    assert done.stderr.splitlines()[0] == (
+        "sessions: 5  turns: 37  model calls prepared: 73  items: 1488  bytes: 1108375"
+    )
+
+
+def test_plot_dash_is_refused_before_the_run(tmp_path: Path) -> None:
+    done = turnloom_cli("loadtest", "--sessions", "3", "--plot", "-", cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.splitlines() == [
+        "turnloom loadtest: error: --plot cannot write standard output ('-'): give FILE.png "
+        "or FILE.svg."
+    ]
+
+
+def test_source_dash_cannot_feed_a_fleet(tmp_path: Path) -> None:
+    """Standard input is read once: ``--source - --processes 2`` is refused, nothing runs."""
+    done = turnloom_cli(
+        "loadtest", "--sessions", "4", "--source", "-", "--processes", "2", cwd=tmp_path, stdin=""
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.splitlines() == [
+        "turnloom loadtest: error: --source - runs in one process; it cannot be used with "
+        "--processes."
+    ]
 
 
 def test_a_store_in_a_missing_folder_is_refused_before_the_run(tmp_path: Path) -> None:

@@ -409,7 +409,7 @@ def test_version_is_the_package_version() -> None:
     done = turnloom_cli("--version")
     assert (done.returncode, done.stdout) == (0, f"turnloom {turnloom.__version__}\n")
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    assert 'version = { attr = "turnloom.__version__" }' in pyproject  # one place
+    assert 'version = { attr = "turnloom._version.__version__" }' in pyproject  # one place
 
 
 @pytest.mark.parametrize("command", ["replay", "loadtest"])

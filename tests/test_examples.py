@@ -34,6 +34,26 @@ EXPECTED = {
         "assistant ['You can also ']\n"
         "contexts after hang-up: ()\n",
     ),
+    "pipecat_pipeline.py": (
+        "pipecat",
+        "user ['Where is my bag?']\n"
+        "assistant ['ToolCallPart']\n"
+        "tool ['ToolResultPart']\n"
+        "assistant ['Your bag is at gate 4.']\n"
+        "user ['Anything else?']\n"
+        "assistant ['You can also']\n"
+        "contexts after hang-up: ()\n",
+    ),
+    "daemon.py": (
+        "anyio",
+        "calls: 200, at most 20 at once: True\n"
+        "model calls cancelled by a hang-up: 20\n"
+        "turns retracted as false starts: 180\n"
+        "prepares: 200\n"
+        "contexts held now: 0, model calls in flight: 0\n"
+        "context logs left in the store: 0\n"
+        "the cut reply, as every call's history holds it: ['Your bag costs $25 to send on.']\n",
+    ),
 }
 
 
@@ -80,3 +100,21 @@ def test_the_example_runs_offline_and_prints_what_it_did(name: str) -> None:
 def test_the_examples_host_code_is_at_most_twenty_lines(name: str) -> None:
     """Issue 28's bar: the voice scenario in at most 20 lines of host code per adapter."""
     assert host_lines(ROOT / "examples" / name) <= 20
+
+
+def test_the_daemon_runs_on_trio_with_the_same_output() -> None:
+    """The daemon example uses anyio only: on trio it does and prints the same."""
+    program = (
+        "import anyio, runpy, sys; anyio.run(runpy.run_path(sys.argv[1])['main'], backend='trio')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program, str(ROOT / "examples" / "daemon.py")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == EXPECTED["daemon.py"][1]

@@ -226,3 +226,103 @@ def test_each_adapter_is_the_only_module_importing_its_framework() -> None:
     held = {k: v for k, v in users.items() if v}
     assert held == {k: [v] for k, v in FRAMEWORKS.items() if (PACKAGE / k).exists()}
     assert "integrations/__init__.py" not in held
+
+
+def test_only_the_tracing_module_imports_opentelemetry() -> None:
+    """OpenTelemetry is the ``otel`` extra: one module imports it (and degrades without it)."""
+    users = {
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if any(_under(n, ("opentelemetry",)) for n in imported_modules(p))
+    }
+    assert users == {"runtime/_tracing.py"}
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each turnloom module -> the turnloom modules it imports, by any import statement.
+
+    Imports under ``if TYPE_CHECKING``, inside functions and at the top all
+    count. ``from a.b import c`` names the module ``a.b.c`` when there is one,
+    else ``a.b``; the packages above a named module (whose ``__init__`` Python
+    runs first) are not counted, or every module of a package re-exporting its
+    files would close a loop through that ``__init__``.
+    """
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names if a.name in modules)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - (node.level - 1)])
+                    source = f"{base}.{node.module}" if node.module else base
+                else:
+                    source = node.module or ""
+                for alias in node.names:
+                    named = f"{source}.{alias.name}"
+                    if named in modules:
+                        targets.add(named)
+                    elif source in modules:
+                        targets.add(source)
+        graph[module] = targets - {module}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: its strongly connected parts of two or more
+    modules (Tarjan's algorithm), each sorted, largest first."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            part: list[str] = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                part.append(top)
+                if top == node:
+                    break
+            if len(part) > 1:
+                circles.append(sorted(part))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(circles, key=lambda c: (-len(c), c))
+
+
+def test_the_package_has_no_import_circle() -> None:
+    """Imports point one way: no module reaches itself through imports, typing-only
+    (``if TYPE_CHECKING``) and function-local ones included. A circle works only
+    by the order Python happens to load its modules in, and means no file of it
+    can be read, tested or moved without the others."""
+    assert import_circles(import_graph()) == []
+
+
+def test_the_circle_finder_finds_a_circle_and_only_circles() -> None:
+    """The finder the rule relies on: a loop through three modules and a self-import
+    are told apart from a chain (a self-import is no circle of modules)."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": {"d"}, "e": {"a"}}
+    assert import_circles(graph) == [["a", "b", "c"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []

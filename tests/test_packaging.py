@@ -1,6 +1,7 @@
 """Declared dependencies match imports: each extra, installed alone in a fresh venv, works.
 
-Invariant: ``pip install turnloom`` (and ``turnloom[redis]``, ``turnloom[tokens]``),
+Invariant: ``pip install turnloom`` (and ``turnloom[redis]``, ``turnloom[tokens]``,
+``turnloom[otel]``),
 on a machine with nothing else, imports every module it promises. The test
 builds a wheel from a copy of this tree (the checkout stays clean), makes one
 ``python -m venv`` per extra, installs the wheel with that extra (its
@@ -59,7 +60,16 @@ except MissingDependencyError as exc:
     assert exc.extra == "redis"
 else:
     raise AssertionError("redis is not installed in the base venv")
+from turnloom.runtime import _tracing
+assert not _tracing.ENABLED and _tracing.TRACER is None  # spans are no-ops without otel
 print("missing")
+"""
+OTEL = """
+import importlib.util
+from turnloom.runtime import _tracing
+assert _tracing.ENABLED and _tracing.TRACER is not None
+assert importlib.util.find_spec("opentelemetry.sdk") is None  # the API only
+print("otel")
 """
 
 
@@ -89,7 +99,8 @@ def test_each_extra_installed_alone_in_a_fresh_venv_imports_what_it_promises(
     (wheel,) = wheels.glob("turnloom-*.whl")
     outside = tmp_path / "elsewhere"
     outside.mkdir()
-    for extra, checks in (("", (BASE, MISSING)), ("redis", (REDIS,)), ("tokens", (TOKENS,))):
+    extras = (("", (BASE, MISSING)), ("redis", (REDIS,)), ("tokens", (TOKENS,)), ("otel", (OTEL,)))
+    for extra, checks in extras:
         home = tmp_path / f"venv-{extra or 'base'}"
         venv.create(home, with_pip=True)
         python = str(home / "bin" / "python")

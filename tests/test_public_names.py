@@ -56,7 +56,8 @@ def test_an_unknown_top_level_name_raises_attribute_error() -> None:
 
 
 def test_importing_turnloom_loads_no_layer_until_a_name_is_used() -> None:
-    """``import turnloom`` loads only the errors module: no anyio, no runtime."""
+    """``import turnloom`` loads only the errors module (and the root error it re-exports,
+    ``_root_error``) and the version: no anyio, no runtime."""
     code = (
         "import sys, turnloom\n"
         "print(sorted(m for m in sys.modules if m.startswith(('turnloom', 'anyio', 'trio'))))\n"
@@ -66,7 +67,8 @@ def test_importing_turnloom_loads_no_layer_until_a_name_is_used() -> None:
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
-    assert done.stdout == "['turnloom', 'turnloom.errors']\nTrue\n"
+    loaded = "['turnloom', 'turnloom._root_error', 'turnloom._version', 'turnloom.errors']"
+    assert done.stdout == f"{loaded}\nTrue\n"
 
 
 def test_foundation_closed_error_is_in_turnloom_errors_and_at_its_old_path() -> None:

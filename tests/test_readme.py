@@ -1,4 +1,10 @@
-"""The README's commands and API examples are the ones that work."""
+"""The README's and the guide pages' commands and programs are the ones that work.
+
+The README keeps the two commands, the main example and a map; the long
+sections are pages under ``docs/`` (built strict by ``tests/test_docs.py``).
+Every python block of the README and of those pages runs here as a program
+and prints the text block that follows it.
+"""
 
 from __future__ import annotations
 
@@ -17,10 +23,35 @@ from turnloom.tools.trajectories import SAMPLE
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+# The guide pages the README's long sections moved to (mkdocs.yml's "Guide").
+GUIDE = (
+    "cli",
+    "guide",
+    "voice",
+    "guarantees",
+    "hosting",
+    "working-contexts",
+    "durable",
+    "assembly",
+    "observability",
+    "benchmarks",
+    "layout",
+)
+PAGES = {
+    "README.md": README,
+    **{
+        f"docs/{name}.md": (ROOT / "docs" / f"{name}.md").read_text(encoding="utf-8")
+        for name in GUIDE
+    },
+}
 
 
-def _blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.DOTALL)
+def _blocks(language: str, text: str = README) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.DOTALL)
+
+
+def _every_page(language: str) -> list[str]:
+    return [block for text in PAGES.values() for block in _blocks(language, text)]
 
 
 def _run_python(script: Path, code: str) -> subprocess.CompletedProcess[str]:
@@ -41,17 +72,31 @@ def _run_python(script: Path, code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_each_api_example_runs_and_prints_what_the_readme_says(tmp_path: Path) -> None:
-    """Each python block of the README runs and prints the text block that follows it."""
-    examples = _blocks("python")
-    outputs = _blocks("text")
-    assert len(examples) == len(outputs) >= 7
+@pytest.mark.parametrize("page", list(PAGES))
+def test_each_example_runs_and_prints_what_its_page_says(tmp_path: Path, page: str) -> None:
+    """Each python block of the page runs and prints the text block that follows it; a
+    page's yaml block is the ``host.yaml`` its program reads (docs/hosting.md)."""
+    text = PAGES[page]
+    examples = _blocks("python", text)
+    outputs = _blocks("text", text)
+    assert len(examples) == len(outputs)
+    configs = _blocks("yaml", text)
+    assert len(configs) <= 1
     for index, (example, expected) in enumerate(zip(examples, outputs, strict=True)):
         folder = tmp_path / f"example{index}"
         folder.mkdir()
+        for config in configs:
+            (folder / "host.yaml").write_text(config, encoding="utf-8")
         done = _run_python(folder / "example.py", example)
         assert done.returncode == 0, done.stderr
         assert done.stdout == expected
+
+
+def test_no_example_was_lost_when_the_readme_was_shortened() -> None:
+    """The eight programs the long README ran (the forty-line example first) still run:
+    one in the README, seven in the guide pages."""
+    assert len(_blocks("python")) == 1
+    assert len(_every_page("python")) == len(_every_page("text")) == 8
 
 
 # What the forty-line example prints on each gateway, as the README says below it.
@@ -137,20 +182,21 @@ def test_what_the_readme_commands_write_is_ignored_by_git() -> None:
         for line in (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    written = re.findall(r"--(?:out|json) (\S+)", "\n".join(_blocks("console")))
+    written = re.findall(r"--(?:out|json) (\S+)", "\n".join(_every_page("console")))
     assert sorted(written) == ["inputs.jsonl", "report.json"]
     for name in written:
         assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), name
 
 
-def test_every_readme_code_block_is_a_language_the_suite_runs_or_checks() -> None:
+@pytest.mark.parametrize("page", list(PAGES))
+def test_every_code_block_is_a_language_the_suite_runs_or_checks(page: str) -> None:
     """No fragment hides in an unchecked block: each fence is python (run, output
-    compared), text (that output), python host / text host / yaml (the host
-    example and its config), console or bash (commands checked above)."""
-    fences = re.findall(r"^```(.*)$", README, flags=re.MULTILINE)
+    compared), text (that output), yaml (the host example's config), console or
+    bash (commands checked above)."""
+    fences = re.findall(r"^```(.*)$", PAGES[page], flags=re.MULTILINE)
     languages = set(fences[0::2])
-    assert languages <= {"python", "text", "python host", "text host", "yaml", "console", "bash"}
-    python = _blocks("python")
+    assert languages <= {"python", "text", "yaml", "console", "bash"}
+    python = _blocks("python", PAGES[page])
     assert all("\n..." not in block and "    ...  #" not in block for block in python)
 
 
@@ -165,3 +211,40 @@ def test_what_the_readme_points_to_is_in_the_clone() -> None:
     outside = set(re.findall(r"\.\./[\w./-]+", README))
     assert {p for p in outside if not p.startswith("../shared/data/")} == set()
     assert (ROOT / "LICENSE").is_file()
+
+
+def _slug(heading: str) -> str:
+    """The anchor Python-Markdown's toc (MkDocs) and GitHub give a heading."""
+    text = re.sub(r"[^\w\s-]", "", heading.replace("`", "")).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def test_every_readme_link_into_docs_names_a_page_and_anchor_that_exist() -> None:
+    """The strict docs build checks links inside docs/; this checks the README's, with
+    their anchors, and that every guide page is linked from the README's map."""
+    prose = re.sub(r"```.*?```", "", README, flags=re.DOTALL)
+    links = re.findall(r"\]\((docs/[^)#\s]+)(?:#([^)\s]+))?\)", prose)
+    assert {page for page, _ in links} >= {f"docs/{name}.md" for name in GUIDE}
+    for page, anchor in links:
+        text = (ROOT / page).read_text(encoding="utf-8")
+        if anchor:
+            headings = re.findall(
+                r"^#+ (.+)$", re.sub(r"```.*?```", "", text, flags=re.DOTALL), re.M
+            )
+            assert anchor in {_slug(h) for h in headings}, (page, anchor)
+    own = {_slug(h) for h in re.findall(r"^#+ (.+)$", prose, flags=re.MULTILINE)}
+    assert set(re.findall(r"\]\(#([^)\s]+)\)", prose)) <= own
+
+
+def test_the_readme_stays_short_and_keeps_its_places() -> None:
+    """The two commands, the main example, a map; the places other work adds to."""
+    assert len(README.splitlines()) <= 200
+    headings = re.findall(r"^## (.+)$", README, flags=re.MULTILINE)
+    assert headings == [
+        "Try it",
+        "The API in forty lines",
+        "Voice hosts",
+        "Prompt cache",
+        "Documentation",
+        "License",
+    ]

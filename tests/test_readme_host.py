@@ -1,4 +1,5 @@
-"""The README's hosting example: the config file and the host-built manager work as shown."""
+"""The hosting page's example (docs/hosting.md): the config file and the host-built manager
+work as shown, and the command line replays the sample clean with that file."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from pathlib import Path
 from turnloom.runtime import ContextInitConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+HOSTING = (ROOT / "docs" / "hosting.md").read_text(encoding="utf-8")
+CLI = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
 
 
 def _block(info: str) -> str:
-    blocks: list[str] = re.findall(rf"```{info}\n(.*?)```", README, flags=re.DOTALL)
+    blocks: list[str] = re.findall(rf"```{info}\n(.*?)```", HOSTING, flags=re.DOTALL)
     [block] = blocks
     return block
 
@@ -30,7 +32,7 @@ def test_the_readme_config_file_loads_with_the_runtime_defaults(tmp_path: Path) 
 def test_the_readme_host_example_runs_and_prints_what_it_says(tmp_path: Path) -> None:
     (tmp_path / "host.yaml").write_text(_block("yaml"), encoding="utf-8")
     script = tmp_path / "host.py"
-    script.write_text(_block("python host"), encoding="utf-8")
+    script.write_text(_block("python"), encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, str(script)],
@@ -41,7 +43,7 @@ def test_the_readme_host_example_runs_and_prints_what_it_says(tmp_path: Path) ->
         env=env,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout == _block("text host")
+    assert done.stdout == _block("text")
 
 
 def test_the_readme_config_replays_the_sample_clean(tmp_path: Path) -> None:
@@ -65,4 +67,4 @@ def test_the_readme_config_replays_the_sample_clean(tmp_path: Path) -> None:
         lines[0] == "sessions: 5  turns: 37  model calls prepared: 73  items: 2114  bytes: 1232949"
     )
     assert lines[2].split("wall:")[0] == "normalized: 17  added items: 626  errors: 0  "
-    assert "`errors: 0` and `added items: 626`" in README.replace("\n", " ")
+    assert "`errors: 0` and `added items: 626`" in CLI.replace("\n", " ")

@@ -28,6 +28,7 @@ __all__ = (
     "MetricsServer",
     "NativeContent",
     "PreparedContext",
+    "PromptCache",
     "Role",
     "RuntimeConfig",
     "TenantScope",
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
         ImagePart,
         Message,
         NativeContent,
+        PromptCache,
         Role,
         TenantScope,
         TextPart,
@@ -78,7 +80,7 @@ if TYPE_CHECKING:
     from turnloom.runtime.metrics import MetricsServer, serve_metrics
     from turnloom.stores import open_context_store
 
-__version__ = "0.1.0"
+from turnloom._version import __version__
 
 # Which module defines each lazily imported name.
 _HOMES = {
@@ -91,6 +93,7 @@ _HOMES = {
             "ImagePart",
             "Message",
             "NativeContent",
+            "PromptCache",
             "Role",
             "TenantScope",
             "TextPart",

@@ -75,7 +75,7 @@ EXIT_STATUSES = (
 _T = TypeVar("_T")
 _REPLAY_SESSIONS = 24
 _PROGRESS_DELAY = 1.0  # seconds before a replay's progress bar appears
-_STDOUT = Path("-")  # ``--out -``: standard output
+_STDOUT = Path("-")  # ``--out -``, ``--json -``: standard output
 
 
 class _Refused(Exception):
@@ -193,7 +193,13 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_epilog(),
         formatter_class=formatter,
     )
-    rp.add_argument("paths", nargs="*", type=Path, metavar="PATH", help="transcript files")
+    rp.add_argument(
+        "paths",
+        nargs="*",
+        type=Path,
+        metavar="PATH",
+        help="transcript files; '-' is standard input",
+    )
     rp.add_argument(
         "--sample",
         action="store_true",
@@ -253,7 +259,7 @@ def _parser() -> argparse.ArgumentParser:
         default="builtin",
         metavar="builtin|sample|PATH",
         help="the built-in workload, the shipped tau-bench sample, or a transcript file "
-        "(default: builtin)",
+        "('-': standard input) (default: builtin)",
     )
     lt.add_argument(
         "--metrics-port",
@@ -274,7 +280,13 @@ def _parser() -> argparse.ArgumentParser:
         help="search for the most sessions whose prepare p99 stays under 50 ms with the "
         "think time, starting at --sessions, and report it",
     )
-    lt.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON")
+    lt.add_argument(
+        "--json",
+        type=Path,
+        metavar="FILE",
+        help="write the report as JSON; '-' is standard output (the text report then goes "
+        "to standard error)",
+    )
     lt.add_argument(
         "--plot",
         type=Path,
@@ -363,8 +375,11 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def _check_output(option: str, path: Path | None, inputs: Sequence[Path]) -> list[str]:
-    """Whether ``path`` can be written, without creating or truncating it."""
-    if path is None:
+    """Whether ``path`` can be written, without creating or truncating it.
+
+    ``-`` is standard output: always writable, and never one of the inputs.
+    """
+    if path is None or path == _STDOUT:
         return []
     if any(_same_file(path, source) for source in inputs):
         return [f"{option} {path} is one of the inputs; it would be overwritten."]
@@ -379,10 +394,25 @@ def _check_output(option: str, path: Path | None, inputs: Sequence[Path]) -> lis
 
 
 def _open_output(option: str, path: Path) -> BinaryIO:
+    """``path`` opened for writing; ``-`` is standard output, left open when closed."""
+    if path == _STDOUT:
+        sys.stdout.flush()
+        return open(sys.stdout.fileno(), "wb", closefd=False)
     try:
         return path.open("wb")
     except OSError as exc:
         raise _Refused(f"cannot write {option} {path}: {exc.strerror}.") from None
+
+
+def _write_json(option: str, path: Path, value: object) -> None:
+    """``value`` as indented JSON in ``path`` (``-``: standard output), newline-terminated."""
+    with _open_output(option, path) as file:
+        file.write(msgspec.json.format(msgspec.json.encode(value)) + b"\n")
+
+
+def _text_out(args: argparse.Namespace) -> TextIO:
+    """Where a load test's text report goes: standard error when ``--json -`` takes stdout."""
+    return sys.stderr if args.json == _STDOUT else sys.stdout
 
 
 def _load(paths: Sequence[Path]) -> tuple[list[Trajectory], list[ReplayError]]:
@@ -472,6 +502,7 @@ def _print_summary(summary: ReplaySummary, out: TextIO) -> None:
         f"wall: {summary.seconds:.2f} s",
         file=out,
     )
+    _print_share(summary.prefix_reuse, summary.prefix_reuse_tokens, out)
     if summary.strategy is not None:
         print(
             f"strategy: {summary.strategy}  hydrated entries: {summary.hydrated_entries}  "
@@ -502,9 +533,7 @@ def _open_memory(args: argparse.Namespace) -> tuple[SQLiteMemory | None, TenantS
 def _replay(args: argparse.Namespace) -> int:
     paths: list[Path] = [*args.paths, *([SAMPLE] if args.sample else [])]
     to_stdout = args.out == _STDOUT
-    problems = _check_run_options(args)
-    if not to_stdout:
-        problems += _check_output("--out", args.out, paths)
+    problems = _check_run_options(args) + _check_output("--out", args.out, paths)
     if problems:
         raise _Refused(*problems)
     config = _load_config(args)
@@ -604,8 +633,18 @@ def _print_report(report: LoadtestReport, out: TextIO) -> None:
         f"evictions: {report.evicted_turns} turns",
         file=out,
     )
+    _print_share(report.prefix_reuse, report.prefix_reuse_tokens, out)
     if report.store:
         print(f"store: {report.store}  lease takeovers: {report.takeovers}", file=out)
+
+
+def _print_share(share: float, tokens: float, out: TextIO) -> None:
+    # What a provider's prefix cache could serve: statistics().prefix, per context.
+    print(
+        f"prompt cache share: {share:.1%} of bytes, {tokens:.1%} of tokens "
+        "(each context's previous input repeated by its next)",
+        file=out,
+    )
 
 
 def _print_cpu(cpu_seconds: float, render_seconds: float, prepares: int, out: TextIO) -> None:
@@ -647,41 +686,43 @@ def _fleet(args: argparse.Namespace) -> int:
         )
     except InputError as exc:
         raise _Refused(str(exc)) from None
+    out = _text_out(args)
     print(
         f"processes: {report.processes}  sessions: {report.sessions}  failed: "
         f"{report.sessions_failed}  turns: {report.turns}  prepares: {report.prepares}",
-        file=sys.stdout,
+        file=out,
     )
     print(
         f"throughput: {report.prepares_per_second:.0f} prepares/s  "
         f"{_per_second(report.model_calls, report.seconds)} model calls/s  "
         f"wall: {report.seconds:.2f} s"
         f"  store: {report.store or 'off'}  lease takeovers: {report.takeovers}",
-        file=sys.stdout,
+        file=out,
     )
     print(
         f"prepare latency (worst process): p50 {report.prepare_p50_ms:.2f} ms  "
         f"p95 {report.prepare_p95_ms:.2f} ms  p99 {report.prepare_p99_ms:.2f} ms",
-        file=sys.stdout,
+        file=out,
     )
     print(
         f"event-loop lag (worst process): p99 {report.loop_lag_p99_ms:.2f} ms  max "
         f"{report.loop_lag_max_ms:.2f} ms  (longest GC pause {report.gc_pause_max_ms:.2f} ms, "
         f"{report.gc_full_collections} full collections in all)",
-        file=sys.stdout,
+        file=out,
     )
     print(
         f"full collections: {report.gc_full_steady} after the ramp-up in all, longest "
         f"{report.gc_full_cpu_max_ms:.2f} ms CPU  collector policy: {report.collector_steps} "
         f"steps, {report.collector_thorough_steps} thorough in all",
-        file=sys.stdout,
+        file=out,
     )
-    _print_cpu(report.cpu_seconds, report.render_seconds, report.prepares, sys.stdout)
+    _print_cpu(report.cpu_seconds, report.render_seconds, report.prepares, out)
     rss = "  ".join(f"{b / 2**20:.1f}" for b in report.peak_rss_bytes)
-    print(f"peak RSS per process: {rss} MiB", file=sys.stdout)
+    print(f"peak RSS per process: {rss} MiB", file=out)
+    _print_share(report.prefix_reuse, report.prefix_reuse_tokens, out)
     _print_errors(report.errors, report.sessions_failed)
     if args.json is not None:
-        args.json.write_bytes(msgspec.json.format(msgspec.json.encode(report)) + b"\n")
+        _write_json("--json", args.json, report)
     return 1 if report.sessions_failed else 0
 
 
@@ -699,6 +740,7 @@ def _loadtest(args: argparse.Namespace) -> int:
             "--sustained": args.sustained,
             "--metrics-port": args.metrics_port is not None,
             "--plot": args.plot is not None,
+            "--source -": args.source == "-",
         }
         problems += [
             f"{option} runs in one process; it cannot be used with --processes."
@@ -790,12 +832,11 @@ def _loadtest(args: argparse.Namespace) -> int:
             server.close()
         if acknowledged is not None:
             acknowledged.close()
-    _print_report(report, sys.stdout)
+    _print_report(report, _text_out(args))
     _print_errors(report.errors, report.sessions_failed)
     if args.json is not None:
-        # Checked at the door; the report is on stdout even if this write fails.
-        with _open_output("--json", args.json) as report_file:
-            report_file.write(msgspec.json.format(msgspec.json.encode(report)) + b"\n")
+        # Checked at the door; the text report is out even if this write fails.
+        _write_json("--json", args.json, report)
     if samples is not None:
         try:
             plot_loadtest(samples, report, args.plot)
@@ -835,11 +876,11 @@ def _sustained(
     print(
         f"sustained: {result.sessions} sessions at prepare p99 < {result.p99_limit_ms:g} ms "
         f"with a {result.think_time:g} s think time (backend {args.backend}, "
-        f"{len(result.runs)} runs)"
+        f"{len(result.runs)} runs)",
+        file=_text_out(args),
     )
     if args.json is not None:
-        with _open_output("--json", args.json) as report_file:
-            report_file.write(msgspec.json.format(msgspec.json.encode(result)) + b"\n")
+        _write_json("--json", args.json, result)
     return 1 if errors else 0
 
 

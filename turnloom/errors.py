@@ -74,6 +74,7 @@ __all__ = (
     "OpenToolCallError",
     "OutOfOrderTurnError",
     "PairedTurnsTooLargeError",
+    "PlayedTextMismatchError",
     "PositionalScopeError",
     "ProviderRuleError",
     "QueueFullError",
@@ -103,6 +104,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
+
+from turnloom._root_error import TurnloomError
 
 if TYPE_CHECKING:
     from turnloom.runtime.errors import FoundationClosedError
@@ -209,10 +212,6 @@ def what_type(value: object) -> str:
     return f"an object of type {type_name(value)}"
 
 
-class TurnloomError(Exception):
-    """Root of every error turnloom raises on purpose."""
-
-
 class InputError(TurnloomError, ValueError):
     """Bad input, rejected at the door before any state changed."""
 
@@ -252,6 +251,26 @@ class AmbiguousStepError(InvalidMessageError):
         super().__init__(message, field=field)
         self.call_id = call_id
         self.reason = reason
+
+
+class PlayedTextMismatchError(InvalidMessageError):
+    """The played text of an interrupted output does not match the output's text.
+
+    Raised by ``record_interrupted(..., played_text=...)`` when fewer than
+    half of the played words match words of the output's text by the rule of
+    :func:`~turnloom.context.played_count` (the host passed the transcript of
+    another reply, or of something else entirely); nothing was recorded.
+
+    Attributes:
+        field: ``"played_text"``.
+        words: how many words the played text has.
+        matched: how many of them matched.
+    """
+
+    def __init__(self, message: str, *, words: int, matched: int) -> None:
+        super().__init__(message, field="played_text")
+        self.words = words
+        self.matched = matched
 
 
 class InvalidTextError(InvalidMessageError):

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.context.history_patch import history_modules, patched
 from turnloom.context import (
     Gateway,
     GatewayType,
@@ -736,7 +737,6 @@ def test_evictions_with_call_ids_reused_across_turns_render_and_encode_as_cold(
     does: items, decoded reusing the previous render's items, and the encoded body.
     A render that fails part-way through renaming anew (``fail_at``: the rename
     call that raises) leaves nothing behind: the next render equals a cold one."""
-    import turnloom.context.history as history_module
     from turnloom.context.callids import restore_call_ids as real
 
     gateway = get_gateway(kind)
@@ -760,12 +760,8 @@ def test_evictions_with_call_ids_reused_across_turns_render_and_encode_as_cold(
         history.record(newest, [assistant(f"a{number}")])
         history.commit(f"t{number}", [user(f"u{number}")])
         history.evict()
-        with contextlib.suppress(MemoryError):
-            setattr(history_module, "restore_call_ids", flaky)  # noqa: B010
-            try:
-                history.view().render(gateway, f"t{number}")
-            finally:
-                setattr(history_module, "restore_call_ids", real)  # noqa: B010
+        with contextlib.suppress(MemoryError), patched("restore_call_ids", flaky):
+            history.view().render(gateway, f"t{number}")
         rendered = history.view().render(gateway, f"t{number}")
         common = None
         if previous is not None:
@@ -819,7 +815,6 @@ def test_a_batch_checked_at_the_door_is_not_checked_again_when_committed(
     """check_batch then commit/record of the same message objects: each message is
     checked (and encoded to size it) once; other objects are checked anew, and
     the sizes reused are the sizes check_message gives."""
-    import turnloom.context.history as history_module
     from turnloom.context.message import check_message as real
 
     checked: list[object] = []
@@ -828,7 +823,9 @@ def test_a_batch_checked_at_the_door_is_not_checked_again_when_committed(
         checked.append(message)
         return real(message, where=where)
 
-    monkeypatch.setattr(history_module, "check_message", counting)
+    for module in history_modules():
+        if hasattr(module, "check_message"):
+            monkeypatch.setattr(module, "check_message", counting)
     history = TurnHistory()
     first = (Message(role=Role.user, content="hello"),)
     assert history.check_batch(first, "input") == (real(first[0]),)
@@ -851,7 +848,6 @@ def test_a_batch_checked_before_the_history_changed_is_held_to_its_limits_again(
     after another record grew the turn checks the limits again on the new state (the
     messages are not checked again), and refuses them, nothing recorded; recording
     them on the state they were checked on is not checked again at all."""
-    import turnloom.context.history as history_module
     from turnloom.context.message import check_message as real
 
     checked: list[object] = []
@@ -860,7 +856,9 @@ def test_a_batch_checked_before_the_history_changed_is_held_to_its_limits_again(
         checked.append(message)
         return real(message, where=where)
 
-    monkeypatch.setattr(history_module, "check_message", counting)
+    for module in history_modules():
+        if hasattr(module, "check_message"):
+            monkeypatch.setattr(module, "check_message", counting)
     history = TurnHistory(HistoryLimits(max_items=3))
     history.commit("t1", [user("a")])
     later = (assistant("b"), assistant("c"))
@@ -992,7 +990,7 @@ def test_a_packed_call_log_gives_back_its_events_ids_and_carriers() -> None:
     ids and carriers it was built from (a fixed id, an index past one byte), and
     replaying the packed tuple replays its events only."""
     from turnloom.context.callids import CallIdRenamer
-    from turnloom.context.history import _NO_CALLS, _call_log
+    from turnloom.context.history._cells import _NO_CALLS, _call_log
 
     events = ("cCre", "a", "b.1", "b_1", "a")
     log = _call_log(events, ("a", "b_1", "a"), [3, 300, 301])

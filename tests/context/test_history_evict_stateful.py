@@ -22,7 +22,8 @@ leaves the history as it was before its commit (see :func:`_false_start`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 import msgspec
@@ -30,8 +31,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
-import turnloom.context.history as history_module
 from tests.context import test_history as plain
+from tests.context.history_patch import history_modules
 from tests.context.test_history import SYSTEM, _answer, plain_common_length
 from turnloom.context import (
     Gateway,
@@ -60,7 +61,7 @@ from turnloom.errors import (
 
 KINDS = list(GatewayType)
 HISTORIES = ("a", "b")
-# Steps of rendering anew that a render may fail in (names in turnloom.context.history).
+# Steps of rendering anew that a render may fail in (names bound in the history modules).
 PATCHABLE = ("restore_call_ids", "record_renames", "encode_item", "decode_joined", "split_chunk")
 
 _FAILS = st.sampled_from(["none"] * 6 + ["gateway", "counter", *PATCHABLE])
@@ -585,13 +586,15 @@ class EvictionMachine(RuleBasedStateMachine):
     ) -> None:
         """Render ``target`` with one step made to raise (it may also not be reached)."""
         history = self.histories[h]
-        restore: Callable[[], None] = lambda: None  # noqa: E731
+        bound: list[ModuleType] = []  # the modules whose ``fail`` is replaced
+        real: Any = None
         if fail == "gateway":
             gateway.fail_in = fail_at  # type: ignore[attr-defined]
         elif fail == "counter":
             self.counters[h].fail = True
         else:
-            real = getattr(history_module, fail)
+            bound = [m for m in history_modules() if hasattr(m, fail)]
+            real = getattr(bound[0], fail)
             calls = [0]
 
             def flaky(*args: Any, **kwargs: Any) -> Any:
@@ -600,13 +603,14 @@ class EvictionMachine(RuleBasedStateMachine):
                     raise Injected(fail)
                 return real(*args, **kwargs)
 
-            setattr(history_module, fail, flaky)
-            restore = lambda: setattr(history_module, fail, real)  # noqa: E731
+            for module in bound:
+                setattr(module, fail, flaky)
         try:
             with contextlib.suppress(Injected, Exception):
                 history.view().render(gateway, target, open_calls=policy)
         finally:
-            restore()
+            for module in bound:
+                setattr(module, fail, real)
             gateway.fail_in = None  # type: ignore[attr-defined]
             self.counters[h].fail = False
 

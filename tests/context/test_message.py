@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from turnloom.areas._content import as_messages
 from turnloom.context import (
     ImagePart,
     Message,
@@ -23,9 +24,18 @@ from turnloom.context import (
     check_message,
     decode_message,
     encode_message,
+    get_gateway,
     message_size,
 )
-from turnloom.errors import DuplicateIdError, InvalidMessageError, InvalidTextError, excerpt
+from turnloom.context.history import TurnHistory
+from turnloom.context.message import is_blank_part
+from turnloom.errors import (
+    DuplicateIdError,
+    InputError,
+    InvalidMessageError,
+    InvalidTextError,
+    excerpt,
+)
 
 
 def test_string_content_becomes_one_text_part() -> None:
@@ -431,3 +441,46 @@ def test_a_wrongly_typed_field_is_refused_as_the_decode_refuses_it(message: Mess
     except msgspec.ValidationError as exc:
         expected = str(exc)
     assert str(info.value) == f"m has a field of the wrong type: {excerpt(expected)}."
+
+
+SIGNED_BLANK = TextPart(text="", extras={"thoughtSignature": "c2ln"})
+
+
+def test_a_blank_text_part_is_blank_only_without_extras() -> None:
+    """The one blank-part test: blank text without extras is blank; blank text
+    carrying a provider field (a Gemini thought signature on empty text) is content,
+    and so is any other part."""
+    assert [
+        is_blank_part(part)
+        for part in (
+            TextPart(text=""),
+            TextPart(text=" \n\t"),
+            SIGNED_BLANK,
+            TextPart(text="x"),
+            ReasoningPart(text=""),
+            ToolCallPart(call_id="c1", name="f", arguments="{}"),
+        )
+    ] == [True, True, False, False, False, False]
+
+
+def test_every_layer_keeps_a_signed_blank_text_part_as_content() -> None:
+    """Invariant: the history, the pairing rule (the render) and an area's content
+    check agree, through ``is_blank_part``, that a blank text part with extras is
+    content: the history records it, the render sends it back to Gemini with its
+    signature, and an area accepts a message holding only it (a plain blank one is
+    dropped, left out and refused)."""
+    signed = Message(role=Role.assistant, content=(SIGNED_BLANK,))
+    plain = Message(role=Role.assistant, content=(TextPart(text="  "),))
+    history = TurnHistory()
+    history.commit("t1", [Message(role=Role.user, content="hi")])
+    assert (history.record("t1", [plain]), history.record("t1", [signed])) == (0, 1)
+    assert history.statistics().dropped_blank_outputs == 1
+    history.commit("t2", [Message(role=Role.user, content="more")])
+    assert list(history.view().render(get_gateway("gemini"), "t2").items) == [
+        {"role": "user", "parts": [{"text": "hi"}]},
+        {"role": "model", "parts": [{"text": "", "thoughtSignature": "c2ln"}]},
+        {"role": "user", "parts": [{"text": "more"}]},
+    ]
+    assert as_messages(signed, role=Role.user, where="content") == (signed,)
+    with pytest.raises(InputError, match=r"content\[0\] has no content"):
+        as_messages(plain, role=Role.user, where="content")

@@ -138,6 +138,86 @@ def test_a_call_with_a_tool_records_the_exact_history_and_sends_the_exact_next_i
     asyncio.run(main())
 
 
+def _text(value: str) -> list[dict[str, str]]:
+    return [{"type": "text", "text": value}]
+
+
+TOOL_USE = {"type": "tool_use", "id": "c1", "name": "find_bag", "input": {"tag": "X1"}}
+
+
+def test_the_exact_anthropic_inputs_of_the_call_and_of_the_next_turn() -> None:
+    """What LiveKit's Anthropic plugin would send for turnloom's input (LiveKit's own
+    ``to_provider_format("anthropic")`` of the context the LLM got), and the next turn's
+    input on turnloom's Anthropic gateway, from the history the session recorded."""
+
+    async def main() -> None:
+        model = _script()
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            await _two_turns(manager, model, "call-1")
+            messages, data = model.seen[-1].to_provider_format("anthropic")
+            assert data.system_messages == ["Be brief."]
+            assert messages == [
+                {"role": "user", "content": _text("Where is my bag?")},
+                {"role": "assistant", "content": [TOOL_USE]},
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "c1",
+                            "content": "Gate 4 (X1)",
+                            "is_error": False,
+                        }
+                    ],
+                },
+                {"role": "assistant", "content": _text("It is at gate 4.")},
+                {"role": "user", "content": _text("Thanks.")},
+            ]
+            view = manager.history("call-1")
+            turns = [view.turn_messages(turn) for turn in view.turn_ids]
+        async with Foundation(gateway="anthropic") as replay:
+            system = Message(role=Role.system, content="Be brief.")
+            for n, turn in enumerate([*turns, (Message(role=Role.user, content="One more."),)]):
+                replay.manager.accept_turn(
+                    TurnSnapshot(
+                        context_id="c",
+                        turn_id=f"t{n}",
+                        instructions=(system,) if n == 0 else None,
+                        input=turn[:1],
+                    )
+                )
+                if turn[1:]:
+                    replay.manager.record("c", f"t{n}", turn[1:])
+            prefix = await replay.manager.prepare(
+                ContextPrepareRequest(context_id="c", turn_id="t2")
+            )
+            assert replay.manager.gateway.request_body(prefix.items) == {
+                "system": _text("Be brief."),
+                "messages": [
+                    {"role": "user", "content": _text("Where is my bag?")},
+                    {"role": "assistant", "content": [TOOL_USE]},
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "tool_result",
+                                "tool_use_id": "c1",
+                                "content": _text("Gate 4 (X1)"),
+                                "is_error": False,
+                            }
+                        ],
+                    },
+                    {"role": "assistant", "content": _text("It is at gate 4.")},
+                    {"role": "user", "content": _text("Thanks.")},
+                    {"role": "assistant", "content": _text("Bye.")},
+                    {"role": "user", "content": _text("One more.")},
+                ],
+            }
+
+    asyncio.run(main())
+
+
 def test_a_barge_in_records_only_the_played_text_of_the_interrupted_reply() -> None:
     """session.interrupt() mid-reply: LiveKit adds the reply as interrupted, with the
     text played before the cut, and only that enters turnloom's history."""

@@ -118,7 +118,7 @@ async def test_a_new_contexts_first_turn_is_checked_and_rendered_once(
     """Invariant: the first turn of a new context (its instructions and input) is checked
     and rendered once, at the door: the history the door checked it on is the one the
     context is created with, so the prepare renders none of its messages again."""
-    import turnloom.context.history as history_module
+    from tests.context.history_patch import history_modules
 
     checked: list[Message] = []
     real = check_message
@@ -127,7 +127,9 @@ async def test_a_new_contexts_first_turn_is_checked_and_rendered_once(
         checked.append(message)
         return real(message, where=where)
 
-    monkeypatch.setattr(history_module, "check_message", counting)
+    for module in history_modules():
+        if hasattr(module, "check_message"):
+            monkeypatch.setattr(module, "check_message", counting)
     gateway = _CountingGateway()
     system = Message(role="system", content="Be brief.")  # type: ignore[arg-type]
     first = user("hi")

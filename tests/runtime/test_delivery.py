@@ -83,7 +83,8 @@ async def test_after_failed_renders_every_prepared_input_equals_a_cold_render(
 
 async def test_removing_a_context_settles_its_waiters_and_frees_their_slots() -> None:
     """Issue small input: sixteen callers hang up while their next turn is awaited;
-    remove_context settles all sixteen at once with ContextRemovedError, every slot is
+    remove_context settles all sixteen at once with ContextRemovedError (counted as
+    discarded, not failed: the host ended them), every slot is
     free again, and another session is served without QueueFullError."""
     async with Foundation(max_pending_preparations=16) as foundation:
         manager = foundation.manager
@@ -115,7 +116,8 @@ async def test_removing_a_context_settles_its_waiters_and_frees_their_slots() ->
             stats.preparations.pending,
             stats.preparations.waiting_for_turn,
             stats.preparations.failed_total,
-        ) == (0, 0, 16)
+            stats.preparations.discarded_total,
+        ) == (0, 0, 0, 16)
         manager.accept_turn(TurnSnapshot(context_id="other", turn_id="t1", input=(user("hi"),)))
         prepared = await manager.prepare_nowait(
             ContextPrepareRequest(context_id="other", turn_id="t1")

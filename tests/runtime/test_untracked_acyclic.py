@@ -25,16 +25,17 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.context.history_patch import history_modules
 from tests.runtime.helpers import SYSTEM, assistant, call, result, user
 from turnloom.areas import OneShotNotice, PinnedNotice, SubtaskArea
 from turnloom.context import GatewayType, Message, _untrack, get_gateway
-from turnloom.context import history as history_module
 from turnloom.context.body import BodyRun, EncodedBody
 from turnloom.context.gateways.anthropic import _AnthropicBody
 from turnloom.context.gateways.gemini import GeminiGateway, _GeminiBody
 from turnloom.context.gateways.openai_chat import _ChatBody
 from turnloom.context.gateways.openai_responses import _ResponsesBody
-from turnloom.context.history import HistoryLimits, RenderedHistory, _Run
+from turnloom.context.history import HistoryLimits, RenderedHistory
+from turnloom.context.history._run import _Run
 from turnloom.context.items import NativeItems
 from turnloom.errors import TurnloomError
 from turnloom.runtime import (
@@ -178,7 +179,9 @@ def _in_cycles(garbage: list[object]) -> list[object]:
 def untracking_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every untrack call a no-op: the collector sees every object."""
     monkeypatch.setattr(_untrack, "GC_UNTRACK", None)
-    monkeypatch.setattr(history_module, "_GC_UNTRACK", None)
+    for module in history_modules():
+        if hasattr(module, "_GC_UNTRACK"):
+            monkeypatch.setattr(module, "_GC_UNTRACK", None)
     yield
 
 

@@ -543,6 +543,50 @@ class SlowLoadStore(CountingStore):
         return await self.inner.load(context_id)
 
 
+class SlowForgetStore(CountingStore):
+    """A real store whose ``forget`` waits until the test lets it go on."""
+
+    def __init__(self, store: ContextStore) -> None:
+        super().__init__(store)
+        self.forgetting = anyio.Event()
+        self.go_on = anyio.Event()
+
+    async def forget(self, context_id: str, token: int) -> bool:
+        self.forgetting.set()
+        await self.go_on.wait()
+        return await self.inner.forget(context_id, token)
+
+
+async def test_a_flush_waits_for_a_removal_the_writer_is_deleting(store_url: str) -> None:
+    """Invariant: once ``flush`` returns, every removal before it is done in the store,
+    also when the write cycle had already taken the deletion and was running it (the
+    flush found nothing queued: before the fix it returned at once, the log still there)."""
+    store = SlowForgetStore(open_context_store(store_url))
+    try:
+        async with Foundation(store=store) as foundation:
+            manager = foundation.manager
+            await manager.leases.claim("c")
+            manager.accept_turn(snapshot("c", "t1", "hi"))
+            await manager.leases.flush()
+            manager.remove_context("c")
+            flushed: list[bool] = []
+
+            async def flush() -> None:
+                await manager.leases.flush()
+                flushed.append(await store.load("c") == ())
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(manager.leases.flush)  # wakes the writer
+                await store.forgetting.wait()  # the cycle is deleting the log
+                group.start_soon(flush)
+                await anyio.wait_all_tasks_blocked()
+                assert flushed == []  # still waiting for the deletion
+                store.go_on.set()
+            assert flushed == [True]
+    finally:
+        await store.aclose()
+
+
 async def test_a_claim_cancelled_while_restoring_releases_its_lease(store_url: str) -> None:
     async with hosting(store_url, owner="writer") as first:
         await first.manager.leases.claim("c")

@@ -13,8 +13,9 @@ import redis
 
 from turnloom.cli import main
 from turnloom.stores import SQLiteContextStore
+from turnloom.tools import fleet as fleet_module
 from turnloom.tools.fleet import FleetReport, aggregate
-from turnloom.tools.loadtest import LoadtestReport, loadtest
+from turnloom.tools.loadtest import LoadtestReport, RunFigures, loadtest
 from turnloom.tools.trajectories import builtin_trajectories
 
 
@@ -165,6 +166,16 @@ def test_every_process_report_field_is_carried_by_the_fleet_report() -> None:
     fleet = set(FleetReport.__struct_fields__)
     assert fleet - process == {"processes"}
     assert process - fleet == set()
+
+
+def test_aggregate_says_how_every_figure_adds_up() -> None:
+    """Invariant: each figure of a run (RunFigures, written once for both reports)
+    is summed, taken from the worst or the lowest process, or computed by aggregate()
+    by name, so none falls back to its default in a fleet's report."""
+    computed = {"prepares", "seconds", "prepares_per_second", "think_time", "store", "errors"}
+    rules = (set(fleet_module._SUMMED), set(fleet_module._WORST), set(fleet_module._LOWEST))
+    assert set.union(*rules) | computed == set(RunFigures.__struct_fields__)
+    assert sum(map(len, rules)) == len(set.union(*rules))  # each figure has one rule
 
 
 def test_the_think_time_reaches_every_process(tmp_path: Path) -> None:

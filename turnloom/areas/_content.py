@@ -7,7 +7,7 @@ __all__ = ("MessageContent", "as_messages", "text_role")
 from collections.abc import Sequence
 from typing import TypeAlias, cast
 
-from turnloom.context.message import Message, Role, TextPart, check_message, is_blank_text
+from turnloom.context.message import Message, Role, check_message, is_blank_part
 from turnloom.errors import InputError, excerpt, what_type
 
 MessageContent: TypeAlias = "str | Message | Sequence[Message]"
@@ -41,7 +41,8 @@ def as_messages(content: MessageContent, *, role: Role, where: str) -> tuple[Mes
 
     Raises:
         InputError: ``content`` is empty text, an empty sequence, a message
-            with no content (no part other than blank text: no gateway
+            with no content (no part but blank text without extras, see
+            :func:`~turnloom.context.message.is_blank_part`: no gateway
             renders it), or not text or messages; ``role`` is not a Role
             that carries text (see :func:`text_role`).
         InvalidMessageError, InvalidTextError, DuplicateIdError: a message is
@@ -62,7 +63,7 @@ def as_messages(content: MessageContent, *, role: Role, where: str) -> tuple[Mes
         raise InputError(f"{where} must be text or turnloom Messages, not {what_type(content)}.")
     for index, message in enumerate(messages):
         check_message(message, where=f"{where}[{index}]")
-        if all(type(p) is TextPart and is_blank_text(p.text) for p in message.parts):
+        if all(map(is_blank_part, message.parts)):
             raise InputError(
                 f"{where}[{index}] has no content: it holds only blank text, which no "
                 "gateway renders."

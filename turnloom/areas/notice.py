@@ -15,7 +15,40 @@ from turnloom.context.message import Message, Role
 from turnloom.errors import StateError
 
 
-class OneShotNotice:
+class _Notice:
+    """What both notices share: checked messages, a yielded cursor, nothing promoted."""
+
+    __slots__ = ("_messages", "_rendered")
+
+    def __init__(self, content: MessageContent, role: Role, where: str) -> None:
+        self._messages = as_messages(content, role=role, where=where)
+        self._rendered = False
+
+    @property
+    def flow_state(self) -> AreaFlowState:
+        """Always ``yielded``."""
+        return AreaFlowState.yielded
+
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        """The notice's messages, oldest first."""
+        return self._messages
+
+    @property
+    def rendered(self) -> bool:
+        """Whether the notice has been rendered."""
+        return self._rendered
+
+    def promote(self) -> tuple[Message, ...]:
+        """Nothing: a one-shot notice leaves nothing behind, and a pinned one never retires
+        (so it is never asked)."""
+        return ()
+
+    def gc_prologue(self) -> None:
+        """No external resources to release."""
+
+
+class OneShotNotice(_Notice):
     """Renders its messages once, retires at once, and promotes nothing.
 
     Use it for a one-time, authoritative notice ("the repository state is the
@@ -51,32 +84,16 @@ class OneShotNotice:
             malformed; raised here, never at render time.
     """
 
-    __slots__ = ("_life_state", "_messages", "_rendered")
+    __slots__ = ("_life_state",)
 
     def __init__(self, content: MessageContent, *, role: Role = Role.user) -> None:
-        self._messages = as_messages(content, role=role, where="OneShotNotice content")
+        super().__init__(content, role, "OneShotNotice content")
         self._life_state = AreaLifeState.retain
-        self._rendered = False
 
     @property
     def life_state(self) -> AreaLifeState:
         """``retain`` until the first render, then ``retired``."""
         return self._life_state
-
-    @property
-    def flow_state(self) -> AreaFlowState:
-        """Always ``yielded``."""
-        return AreaFlowState.yielded
-
-    @property
-    def messages(self) -> tuple[Message, ...]:
-        """The notice's messages, oldest first."""
-        return self._messages
-
-    @property
-    def rendered(self) -> bool:
-        """Whether the notice has been rendered."""
-        return self._rendered
 
     def observe(self, context: Sequence[NativeContent]) -> None:
         """Ignore the range (a retired notice is never observed)."""
@@ -94,15 +111,8 @@ class OneShotNotice:
         self._life_state = AreaLifeState.retired
         return list(self._messages)
 
-    def promote(self) -> tuple[Message, ...]:
-        """Nothing survives a one-shot notice."""
-        return ()
 
-    def gc_prologue(self) -> None:
-        """No external resources to release."""
-
-
-class PinnedNotice:
+class PinnedNotice(_Notice):
     """Renders its messages once and never retires.
 
     The notice stays in the Context for the CoopContext's lifetime. Its
@@ -128,32 +138,16 @@ class PinnedNotice:
             malformed; raised here, never at render time.
     """
 
-    __slots__ = ("_kept", "_messages", "_rendered")
+    __slots__ = ("_kept",)
 
     def __init__(self, content: MessageContent, *, role: Role = Role.user) -> None:
-        self._messages = as_messages(content, role=role, where="PinnedNotice content")
-        self._rendered = False
+        super().__init__(content, role, "PinnedNotice content")
         self._kept = False
 
     @property
     def life_state(self) -> AreaLifeState:
         """Always ``retain``."""
         return AreaLifeState.retain
-
-    @property
-    def flow_state(self) -> AreaFlowState:
-        """Always ``yielded``."""
-        return AreaFlowState.yielded
-
-    @property
-    def messages(self) -> tuple[Message, ...]:
-        """The notice's messages, oldest first."""
-        return self._messages
-
-    @property
-    def rendered(self) -> bool:
-        """Whether the notice has been rendered."""
-        return self._rendered
 
     def observe(self, context: Sequence[NativeContent]) -> None:
         """Learn that the rendered items were kept (the area owns an EffectRange)."""
@@ -173,10 +167,3 @@ class PinnedNotice:
             return []
         self._rendered = True
         return list(self._messages)
-
-    def promote(self) -> tuple[Message, ...]:
-        """Never called for an area that never retires; returns nothing."""
-        return ()
-
-    def gc_prologue(self) -> None:
-        """No external resources to release."""

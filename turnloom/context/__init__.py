@@ -50,6 +50,7 @@ __all__ = (
     "Part",
     "PositionalScope",
     "PrefixContext",
+    "PromptCache",
     "ReasoningPart",
     "Role",
     "RoleFilter",
@@ -84,6 +85,7 @@ __all__ = (
     "message_size",
     "open_call_ids",
     "plan_collection",
+    "played_count",
     "played_prefix",
     "rename_call_ids",
     "scope_indices",
@@ -96,6 +98,7 @@ from turnloom.context.area import (
     ContextAreaImplementation,
     EffectRange,
 )
+from turnloom.context.cache import PromptCache
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.coop import (
     CollectionPlan,
@@ -112,7 +115,7 @@ from turnloom.context.history import (
     TurnHistory,
     check_id,
 )
-from turnloom.context.interruption import played_prefix
+from turnloom.context.interruption import played_count, played_prefix
 from turnloom.context.journal import MutationJournal
 from turnloom.context.memory import (
     HydratedMemory,

@@ -7,12 +7,14 @@ output is recorded truncated to what was played.
 
 from __future__ import annotations
 
-__all__ = ("played_prefix",)
+__all__ = ("interrupted_output", "played_count", "played_prefix")
+
+import re
 
 import msgspec
 
 from turnloom.context.message import Message, Part, Role, TextPart
-from turnloom.errors import InvalidMessageError, excerpt, what_type
+from turnloom.errors import InvalidMessageError, PlayedTextMismatchError, excerpt, what_type
 
 
 def played_prefix(output: Message, played: int) -> Message:
@@ -76,6 +78,210 @@ def played_prefix(output: Message, played: int) -> Message:
     if not cut:
         return output
     return msgspec.structs.replace(output, content=tuple(parts))
+
+
+# A word: letters or digits (any script), apostrophes inside it joined ("don't").
+_WORD = re.compile(r"[^\W_]+(?:['\u2019][^\W_]+)*")
+# Characters that may follow a word and still belong to what was played with it.
+_TRAILING = re.compile(r"[^\w\s]*")
+_NUMBER_WORDS = frozenset(
+    (
+        "zero oh one two three four five six seven eight nine ten eleven twelve thirteen "
+        "fourteen fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty "
+        "seventy eighty ninety hundred thousand million billion trillion point "
+        "first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth "
+        "thirteenth fourteenth fifteenth sixteenth seventeenth eighteenth nineteenth twentieth "
+        "thirtieth fortieth fiftieth sixtieth seventieth eightieth ninetieth hundredth "
+        "thousandth millionth half quarter"
+    ).split()
+)
+# Joins number words into one number ("one hundred and five"), never starts one.
+_NUMBER_JOINERS = frozenset(("and", "point"))
+# Spoken form -> written form: what TTS front ends expand (Dr. -> doctor).
+_ABBREVIATIONS = {
+    "doctor": "dr",
+    "mister": "mr",
+    "missus": "mrs",
+    "misses": "mrs",
+    "saint": "st",
+    "street": "st",
+    "avenue": "ave",
+    "road": "rd",
+    "junior": "jr",
+    "senior": "sr",
+    "okay": "ok",
+    "versus": "vs",
+    "et": "etc",
+    "percent": "%",
+}
+_NUMBER = "#"  # the token every number, written or spoken, becomes
+_MAX_SKEW = 16  # model words past twice the played words are never aligned
+
+
+def _words(text: str) -> tuple[list[str], list[int]]:
+    """``text`` as normalised words and, for each, the code-point offset where it ends.
+
+    Case folded, apostrophes dropped, abbreviations written short, and each
+    run of numbers (digits, or number words joined by "and"/"point") one
+    ``#`` token ending where the run ends.
+    """
+    words: list[str] = []
+    ends: list[int] = []
+    pending_joiner: tuple[str, int] | None = None
+    for match in _WORD.finditer(text):
+        word = match.group().casefold().replace("'", "").replace("\u2019", "")
+        end = match.end()
+        numeric = word in _NUMBER_WORDS or any(c.isdigit() for c in word)
+        if numeric:
+            if words and words[-1] == _NUMBER:
+                ends[-1] = end  # the run goes on (through a joiner, if one waited)
+                pending_joiner = None
+                continue
+            if pending_joiner is not None:
+                words.append(pending_joiner[0])
+                ends.append(pending_joiner[1])
+                pending_joiner = None
+            words.append(_NUMBER)
+            ends.append(end)
+            continue
+        if pending_joiner is not None:
+            words.append(pending_joiner[0])
+            ends.append(pending_joiner[1])
+            pending_joiner = None
+        if word in _NUMBER_JOINERS and words and words[-1] == _NUMBER:
+            pending_joiner = (word, end)  # joins only when a number follows
+            continue
+        words.append(_ABBREVIATIONS.get(word, word))
+        ends.append(end)
+    if pending_joiner is not None:
+        words.append(pending_joiner[0])
+        ends.append(pending_joiner[1])
+    return words, ends
+
+
+def played_count(output: Message, played_text: str) -> int:
+    """How many code points of an output's text a played transcript covers.
+
+    A voice host often has what was played as text, not as a count: the
+    words its TTS reported as spoken (word timestamps), or a transcription
+    of the audio that went out. That text is the TTS's normalisation of the
+    model's text ("$25" spoken as "twenty-five dollars", "Dr." as "doctor",
+    punctuation and case lost), so it cannot be cut by its length. The rule:
+
+    1. Both texts are split into words: runs of letters and digits (any
+       script); an apostrophe inside a word is dropped ("don't" = "dont");
+       everything else (spaces, punctuation, symbols such as ``$`` and ``%``)
+       only separates words. Words are compared case folded.
+    2. Numbers compare by kind, not value: each run of digit words ("25",
+       "3:30" = "3", "30", "1st") and of number words ("twenty-five",
+       "one hundred and five", "three point five", "first") is one number
+       word. A few spoken expansions compare equal to their written form:
+       doctor/dr, mister/mr, missus/mrs, saint/st, street/st, avenue/ave,
+       road/rd, junior/jr, senior/sr, okay/ok, versus/vs, percent/%.
+    3. The played words are aligned with the output's words by the fewest
+       edits (a word the TTS added, such as "dollars", a word it left out,
+       a word it changed: one edit each), the played words against the
+       start of the output (its words after the alignment cost nothing).
+       The cut is after the output word the last played word aligns with,
+       plus the punctuation directly after it (no space between); when the
+       alignment reaches the output's last word, the whole text. Between
+       alignments with as few edits and as many matched words, the earliest
+       cut wins: history never claims words that may not have been heard.
+
+    So a cut lands at a word boundary of the output and never drifts by the
+    TTS's normalisation; it can only be wrong by the words of an edit at
+    the very end (a played word the TTS changed beyond recognition counts
+    as the output word at its place). Cost: O(played words x output
+    words), the output's words counted up to twice the played words plus 16.
+
+    Args:
+        output: the whole assistant message the model produced (its text
+            parts, in order, as one text, as :func:`played_prefix` counts).
+        played_text: the text that was played (empty or without words:
+            nothing was played).
+
+    Returns:
+        the count to pass to :func:`played_prefix` (code points, 0 to the
+        text's length).
+
+    Raises:
+        InvalidMessageError: ``output`` is not an assistant Message, or
+            ``played_text`` is not a str.
+        PlayedTextMismatchError: fewer than half of the played words match
+            the output's words (the transcript of another reply).
+    """
+    if not isinstance(output, Message) or output.role is not Role.assistant:
+        raise InvalidMessageError(
+            f"An interrupted output must be an assistant Message, not {_describe(output)}.",
+            field="output",
+        )
+    if not isinstance(played_text, str):
+        raise InvalidMessageError(
+            f"played_text must be a str, not {what_type(played_text)}.", field="played_text"
+        )
+    text = "".join(part.text for part in output.parts if type(part) is TextPart)
+    played, _ = _words(played_text)
+    if not played:
+        return 0
+    words, ends = _words(text)
+    limit = min(len(words), 2 * len(played) + _MAX_SKEW)
+    # Rolling rows of (edits, -matches) for played[:i] against words[:j].
+    previous = [(j, 0) for j in range(limit + 1)]
+    for i, spoken in enumerate(played, 1):
+        row = [(i, 0)]
+        for j in range(1, limit + 1):
+            cost, negative = previous[j - 1]
+            if words[j - 1] == spoken:
+                best = (cost, negative - 1)
+            else:
+                best = (cost + 1, negative)
+            up = previous[j]
+            left = row[j - 1]
+            if (up[0] + 1, up[1]) < best:
+                best = (up[0] + 1, up[1])
+            if (left[0] + 1, left[1]) < best:
+                best = (left[0] + 1, left[1])
+            row.append(best)
+        previous = row
+    # The fewest edits (then the most matches, then the earliest end) over every end.
+    end = min(range(limit + 1), key=lambda j: (previous[j], j))
+    matched = -previous[end][1]
+    if 2 * matched < len(played):
+        raise PlayedTextMismatchError(
+            f"Only {matched} of the {len(played)} played words match the output's text "
+            f"({excerpt(played_text)}); it is not what this output played.",
+            words=len(played),
+            matched=matched,
+        )
+    if end == 0:
+        return 0
+    if end == len(words):
+        return len(text)
+    cut = ends[end - 1]
+    trailing = _TRAILING.match(text, cut)
+    return trailing.end() if trailing is not None else cut
+
+
+def interrupted_output(output: Message, played: int | None, played_text: str | None) -> Message:
+    """What ``record_interrupted`` records: by count (:func:`played_prefix`) or by text.
+
+    Exactly one of ``played`` (code points) and ``played_text`` (matched by
+    :func:`played_count`) is given.
+
+    Raises:
+        InvalidMessageError: both or neither are given; and as
+            :func:`played_prefix` and :func:`played_count`.
+        PlayedTextMismatchError: as :func:`played_count`.
+    """
+    if (played is None) == (played_text is None):
+        raise InvalidMessageError(
+            "record_interrupted takes exactly one of played (a count) and played_text.",
+            field="played",
+        )
+    if played_text is not None:
+        played = played_count(output, played_text)
+    assert played is not None
+    return played_prefix(output, played)
 
 
 def _describe(value: object) -> str:

@@ -38,21 +38,24 @@ __all__ = (
     "TextPart",
     "ToolCallPart",
     "ToolResultPart",
+    "check_id",
     "check_message",
     "declare_native_keys",
     "declared_native_keys",
     "decode_json_text",
     "decode_message",
     "encode_message",
+    "is_blank_part",
     "is_blank_text",
     "message_size",
+    "reject_instructions",
     "strict_json",
 )
 
 import enum
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeAlias, cast
 
 import msgspec
@@ -65,6 +68,7 @@ from turnloom.context._media import (
 )
 from turnloom.errors import (
     DuplicateIdError,
+    InstructionMessageError,
     InvalidMessageError,
     InvalidTextError,
     ItemTooLargeError,
@@ -296,6 +300,20 @@ def is_blank_text(text: str) -> bool:
     output holding nothing else is not recorded.
     """
     return not text or text.isspace()
+
+
+def is_blank_part(part: Part) -> bool:
+    """True for a text part with empty or whitespace-only text and no ``extras``.
+
+    Extras are content: a blank text part may carry a provider's field that
+    must go back to it (a Gemini thought signature on empty text, which the
+    SDK keeps as ``{"text": "", "thoughtSignature": ...}``), so such a part is
+    not blank. The one blank-part test: a history does not record an output
+    made only of blank parts, the pairing rule leaves them out of a render and
+    does not let them start a user turn beside tool results, and an area
+    refuses content holding nothing else.
+    """
+    return type(part) is TextPart and is_blank_text(part.text) and not part.extras
 
 
 Hint: TypeAlias = "Literal['flag', 'text', 'ids'] | tuple[str, ...]"
@@ -1094,3 +1112,75 @@ def _unencodable(text: str) -> bool:
     except UnicodeEncodeError:
         return True
     return False
+
+
+_PINNED_ROLES = (Role.system, Role.developer)
+_MAX_ID_LENGTH = 256
+
+
+def reject_instructions(messages: Sequence[object], field: str, where: str, start: int = 0) -> None:
+    """No mid-conversation instructions: refuse ``system`` and ``developer`` messages.
+
+    Pinned instructions change only through a committed turn's
+    ``instructions``; a turn's input, a model output, a tool result or a
+    continuation never carries one, so none lands mid-history. Items that are
+    not Messages are left to the message checks. ``messages[:start]`` passed
+    this check already and are skipped.
+
+    Raises:
+        InstructionMessageError: ``messages[i]`` has role ``system`` or
+            ``developer``; ``field`` is ``f"{field}[{i}]"``.
+    """
+    i = _first_instruction(messages, start)
+    if i >= 0:
+        role = cast("Message", messages[i]).role
+        raise InstructionMessageError(
+            f"{where}[{i}] is a {role!s} message; pinned instructions change "
+            "only through a turn snapshot's instructions, never mid-conversation.",
+            field=f"{field}[{i}]",
+            role=str(role),
+        )
+
+
+def _first_instruction(messages: Sequence[object], start: int = 0) -> int:
+    """The index of the first ``system`` or ``developer`` Message from ``start``, else -1.
+
+    The rule :func:`reject_instructions` enforces; a caller that builds the
+    error's label only when it is needed tests with this first.
+    """
+    for i in range(start, len(messages)):
+        message = messages[i]
+        if isinstance(message, Message) and message.role in _PINNED_ROLES:
+            return i
+    return -1
+
+
+def check_id(value: object, what: str) -> str:
+    """Validate a context or turn id: a non-empty str of at most 256 characters.
+
+    The one id rule of turnloom: :class:`TurnHistory` applies it to turn ids,
+    the runtime's ContextManager to context and turn ids at its door.
+
+    Args:
+        value: the id to check.
+        what: how the error names it (``"context id"``, ``"turn id"``).
+
+    Returns:
+        ``value``, checked.
+
+    Raises:
+        InvalidMessageError: the id is not such a string (its excerpt is cut
+            to 32 characters), or is not valid UTF-8.
+    """
+    if not isinstance(value, str) or not value:
+        raise InvalidMessageError(f"The {what} must be a non-empty string, not {excerpt(value)}.")
+    if len(value) > _MAX_ID_LENGTH:
+        raise InvalidMessageError(
+            f"The {what} {excerpt(value[:32])}... is {len(value)} characters; at most "
+            f"{_MAX_ID_LENGTH} are allowed."
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidMessageError(f"The {what} {excerpt(value)} is not valid UTF-8.") from None
+    return value

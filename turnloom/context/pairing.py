@@ -52,7 +52,7 @@ from turnloom.context.message import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
-    is_blank_text,
+    is_blank_part,
 )
 from turnloom.errors import AmbiguousStepError, excerpt
 
@@ -94,12 +94,8 @@ the step's first kept call.
 def _clean_parts(parts: tuple[Part, ...]) -> tuple[Part, ...]:
     """``parts`` without blank text parts (that carry no extras); ``parts`` itself when none is."""
     for part in parts:
-        if type(part) is TextPart and is_blank_text(part.text) and not part.extras:
-            return tuple(
-                p
-                for p in parts
-                if not (type(p) is TextPart and is_blank_text(p.text) and not p.extras)
-            )
+        if is_blank_part(part):
+            return tuple(p for p in parts if not is_blank_part(p))
     return parts
 
 
@@ -154,9 +150,7 @@ _ASSISTANT, _TOOL, _USER = Role.assistant, Role.tool, Role.user
 
 def _ends_group(part: Part) -> bool:
     """True for a part that, beside tool results in a user message, starts a new user turn."""
-    return type(part) is not ToolResultPart and not (
-        type(part) is TextPart and is_blank_text(part.text) and not part.extras
-    )
+    return type(part) is not ToolResultPart and not is_blank_part(part)
 
 
 class CallTracker:

@@ -18,12 +18,31 @@ and hand ``Agent.default.llm_node`` the context to send; that is what
 * the reply is recorded from the session's ``conversation_item_added``
   event, which LiveKit emits once it knows what was played: an interrupted
   reply carries only the text spoken before the barge-in
-  (``ChatMessage.interrupted``), and that is what enters history;
+  (``ChatMessage.interrupted``). History gets the model's own streamed text
+  cut where that played text ends (``manager.voice.record_interrupted(...,
+  played_text=...)``: a TTS-aligned transcript that spells "25" out as
+  "twenty-five" does not move the cut), or the played text itself when it
+  is not this reply's words;
 * :meth:`TurnloomAgent.aclose_context` (call it on the session's ``close``
   event: the caller hung up) removes the context.
 
 LiveKit's own ``ChatContext`` (``agent.chat_ctx``) is cut to the newest
 ``framework_items`` items at each turn, so it stays bounded beside turnloom's.
+
+Process model: LiveKit's default process executor runs each job (a call)
+in its own process: open one Foundation in the job's entrypoint, on the
+job's event loop, and close it when the job ends (``async with
+Foundation(store=...)``: about 0.4 ms to open; the process pays turnloom's
+import, about 20 MiB resident, which LiveKit's pre-warmed idle processes
+hide). Its thread executor runs jobs as threads of one worker process, each
+with its own event loop: one Foundation per job thread, since a Foundation
+serves one event loop (about 0.5 MiB more per job). Either way the jobs of
+one machine share one SQLite store (``sqlite:PATH``) and a fleet shares one
+Redis store (``redis://``); each job claims its call's context
+(``manager.leases.claim``), and when its process dies the lease expires and
+another worker claims and restores the call. Measured by
+``scripts/bench_process_model.py``; see the README's "Voice hosts: process
+model".
 
 Concurrency: LiveKit Agents runs on asyncio only; so does this adapter. The
 Foundation must run on the session's event loop.
@@ -46,7 +65,7 @@ from livekit.agents.voice import ModelSettings
 from livekit.agents.voice.events import ConversationItemAddedEvent
 
 from turnloom.context import GatewayType, Message, Role, TextPart, ToolCallPart, ToolResultPart
-from turnloom.errors import InvalidArgumentError, UnknownContextError
+from turnloom.errors import InvalidArgumentError, PlayedTextMismatchError, UnknownContextError
 from turnloom.runtime import ContextManager, ContextPrepareRequest, TurnSnapshot
 
 
@@ -127,6 +146,7 @@ class TurnloomAgent(Agent):
         self._turn: str | None = None  # the newest committed turn
         self._user_item: str | None = None  # LiveKit's id of that turn's user message
         self._recorded: set[str] = set()  # LiveKit item ids recorded to the turn
+        self._streamed: list[str] = []  # the text of the newest model call, as streamed
 
     # -- LiveKit hooks -------------------------------------------------------------
 
@@ -173,7 +193,13 @@ class TurnloomAgent(Agent):
         outputs = self.manager.history(self.context_id).turn_messages(turn)[1:]
         items = self.manager.build(prefix, outputs)
         ctx = _to_chat_ctx(items)
+        self._streamed = []
         async for chunk in Agent.default.llm_node(self, ctx, tools, model_settings):
+            text = chunk if isinstance(chunk, str) else None
+            if isinstance(chunk, llm.ChatChunk) and chunk.delta is not None:
+                text = chunk.delta.content
+            if text:
+                self._streamed.append(text)
             yield chunk
 
     # -- turnloom edits ------------------------------------------------------------
@@ -245,6 +271,18 @@ class TurnloomAgent(Agent):
             return
         self._recorded.add(item.id)
         text = item.text_content or ""  # interrupted: only what was played
+        streamed = "".join(self._streamed)
+        if item.interrupted and streamed.strip():
+            # The model's own words, cut where the played transcript ends (LiveKit's
+            # TTS-aligned transcript may spell numbers or titles out).
+            output = Message(role=Role.assistant, content=(TextPart(text=streamed),))
+            try:
+                self.manager.voice.record_interrupted(
+                    self.context_id, self._turn, output, played_text=text
+                )
+                return
+            except PlayedTextMismatchError:
+                pass  # not this reply's words: record what LiveKit says was played
         if text.strip():
             reply = Message(role=Role.assistant, content=(TextPart(text=text),))
             self.manager.record(self.context_id, self._turn, [reply])

@@ -67,6 +67,7 @@ __all__ = (
 
 from turnloom.context.history import HistoryLimits
 from turnloom.runtime._areas import Areas
+from turnloom.runtime._assembly import Assembly
 from turnloom.runtime._bridge import Bridge
 from turnloom.runtime._collector import CollectorPolicy, CollectorStatistics
 from turnloom.runtime._door import ManagerOptions
@@ -78,7 +79,6 @@ from turnloom.runtime._voice import Voice
 from turnloom.runtime.assembly import (
     HYDRATE_TOOL_NAME,
     AssembledContext,
-    Assembly,
     AssemblyMetadata,
     AssemblyStrategy,
     HydratingStrategy,

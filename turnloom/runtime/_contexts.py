@@ -12,7 +12,7 @@ in-flight model call decide.
 
 from __future__ import annotations
 
-__all__ = ("ContextState", "ContextTable", "TurnAssembly")
+__all__ = ("REMEMBERED_REMOVALS", "ContextState", "ContextTable", "TurnAssembly")
 
 from collections.abc import Callable, Sequence
 
@@ -28,11 +28,13 @@ from turnloom.context.tokens import TokenCounter
 from turnloom.errors import (
     ContextRemovedError,
     DuplicateAreaError,
+    InvalidMessageError,
     ItemTooLargeError,
     StateError,
     UnknownContextError,
     UnknownTurnError,
     excerpt,
+    what_type,
 )
 from turnloom.runtime._area_section import AreaSection, SectionResult, answer_routed_calls
 from turnloom.runtime._counters import Counters
@@ -66,15 +68,23 @@ class TurnAssembly:
         self.result: AssembledContext | None = None
 
 
+REMEMBERED_REMOVALS = 65_536
+"""How many removed context ids a manager remembers (about 100 bytes each):
+``remove_context`` of one of them is a no-op, and ``record`` to it is dropped
+and counted; an id pushed out is unknown again (``UnknownContextError``)."""
+
+
 class ContextState:
     """One context: its history, the model call in flight, its last prefix, its areas."""
 
-    __slots__ = ("areas", "assembly", "context_id", "history", "in_flight", "last")
+    __slots__ = ("areas", "assembly", "call_scope", "context_id", "history", "in_flight", "last")
 
     def __init__(self, context_id: str, history: TurnHistory) -> None:
         self.context_id = context_id
         self.history = history
         self.in_flight: str | None = None  # the turn id of the model call in flight
+        # The cancel scope of that call's invocation block: a removal cancels it.
+        self.call_scope: anyio.CancelScope | None = None
         self.last: DeliveredPrefix | None = None  # the last delivered prefix
         self.areas: AreaSection | None = None  # created by the first areas.attach or areas.route
         self.assembly: TurnAssembly | None = None  # the latest turn's assembly
@@ -93,6 +103,7 @@ class ContextTable:
         "_token_counter",
         "contexts",
         "log",
+        "removed",
     )
 
     def __init__(
@@ -114,6 +125,9 @@ class ContextTable:
         # checked (and rendered) the first turn on it, so commit uses it.
         self._fresh: tuple[str, TurnHistory] | None = None
         self.contexts: dict[str, ContextState] = {}
+        # Ids of contexts removed and not created again, oldest first, at most
+        # REMEMBERED_REMOVALS (a long-running host removes without end).
+        self.removed: dict[str, None] = {}
         # Called with every change of a history, in order (a durable store's writer).
         self.log: Callable[[str, Record], None] | None = None
 
@@ -205,6 +219,7 @@ class ContextTable:
         )
         if state is None:
             state = self.contexts[context_id] = ContextState(context_id, history)
+            self.removed.pop(context_id, None)
         if self.log is not None:
             self.log(
                 context_id,
@@ -323,10 +338,14 @@ class ContextTable:
         return state
 
     def end_call(self, state: ContextState, *, evict: bool) -> None:
-        """The model call in flight ended; run the eviction it held back when ``evict``."""
+        """The model call in flight ended; run the eviction it held back when ``evict``.
+
+        A context removed while the call was in flight is not evicted: it is gone.
+        """
         state.in_flight = None
+        state.call_scope = None
         self._counters.invocations -= 1
-        if evict:
+        if evict and self.contexts.get(state.context_id) is state:
             self.evict(state)
 
     def retract(self, state: ContextState, context_id: str, turn_id: str) -> None:
@@ -349,24 +368,51 @@ class ContextTable:
         self._counters.history_changed(before, state.history.counts())
 
     def remove(self, context_id: str) -> None:
-        """Forget a context (its counters are kept).
+        """Forget a context (its counters are kept); cancel the model call in flight, if any.
+
+        The id is remembered as removed (see :meth:`was_removed`) until it is
+        created again or :data:`REMEMBERED_REMOVALS` later removals push it out.
 
         Raises:
             InvalidMessageError, UnknownContextError: as :meth:`get`.
-            StateError: a model call is in flight for the context.
         """
         state = self.get(context_id)
-        if state.in_flight is not None:
-            raise StateError(
-                f"Context {excerpt(context_id)} has a model call in flight; remove it after "
-                "the invocation ends."
-            )
+        if state.call_scope is not None:
+            # The invocation block swallows this cancellation when it exits.
+            state.call_scope.cancel()
         # Turns held aside for a retraction can no longer be restored: evicted for good.
         before = state.history.counts()
         state.history.settle_evictions()
         self._counters.history_changed(before, state.history.counts())
         self._forget(state)
         del self.contexts[context_id]
+        removed = self.removed
+        removed[context_id] = None
+        if len(removed) > REMEMBERED_REMOVALS:
+            del removed[next(iter(removed))]
+
+    def drop_late(self, turn_id: str, outputs: Sequence[Message]) -> int:
+        """Drop and count outputs recorded for a removed context; return 0.
+
+        Raises:
+            InvalidMessageError: a malformed turn id, or ``outputs`` is not a
+                sequence of Messages (nothing is counted).
+        """
+        check_id(turn_id, "turn id")
+        if isinstance(outputs, (str, bytes, Message)) or not isinstance(outputs, Sequence):
+            raise InvalidMessageError("record takes a sequence of Messages, oldest first.")
+        for index, message in enumerate(outputs):
+            if not isinstance(message, Message):
+                raise InvalidMessageError(
+                    f"outputs[{index}] is {what_type(message)}, not a Message.",
+                    field=f"outputs[{index}]",
+                )
+        self._counters.late += len(outputs)
+        return 0
+
+    def was_removed(self, context_id: object) -> bool:
+        """True when ``context_id`` names a context this table removed and is not held."""
+        return isinstance(context_id, str) and context_id in self.removed
 
     def install(self, context_id: str, history: TurnHistory | None) -> None:
         """Replace a context's in-memory state by a restored history (None: no state).
@@ -378,6 +424,7 @@ class ContextTable:
         self.unload(context_id)
         if history is not None:
             state = self.contexts[context_id] = ContextState(context_id, history)
+            self.removed.pop(context_id, None)
             # Held now; what the history counted before it was stored was
             # counted by the manager that counted it.
             turns, items, size, tokens, _, _, _, _, duplicates, retracted = history.counts()

@@ -28,8 +28,9 @@ from turnloom.context.body import (
     reserved_fields,
     with_fields,
 )
+from turnloom.context.cache import PromptCache, content_blocks, place_breakpoints
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
-from turnloom.context.gateway import Gateway, NativeContent, step_join
+from turnloom.context.gateway import Gateway, GatewayType, NativeContent, step_join
 from turnloom.context.history import (
     HistoryLimits,
     TurnHistory,
@@ -71,6 +72,7 @@ class IssuedPrefixes:
         "_kind",
         "_limits",
         "_open_calls",
+        "_prompt_cache",
         "_reserved",
     )
 
@@ -80,8 +82,10 @@ class IssuedPrefixes:
         limits: HistoryLimits,
         open_calls: OpenCallPolicy,
         histories: Callable[[str], TurnHistory | None],
+        prompt_cache: PromptCache | None = None,
     ) -> None:
         self._gateway = gateway
+        self._prompt_cache = prompt_cache
         # context id -> its history while it is held (else None).
         self._histories = histories
         self._limits = limits
@@ -119,6 +123,27 @@ class IssuedPrefixes:
         """Raise :class:`InvalidMessageError` unless ``prefix`` was delivered by this manager."""
         check_continuation(prefix, (), self._get, self._limits)
 
+    def with_recorded(
+        self, prefix: PreparedContext, continuation: Sequence[Message]
+    ) -> Sequence[Message]:
+        """The turn's recorded outputs (the very objects the history holds), then ``continuation``.
+
+        No outputs when the prefix's turn or context is no longer held. A
+        prefix this manager did not deliver is returned with ``continuation``
+        unchanged, for :meth:`build` to refuse.
+        """
+        if not isinstance(prefix, PreparedContext) or self._get(id(prefix)) is not prefix:
+            return continuation
+        history = self._histories(prefix.context_id)
+        held = _held_outputs(history, prefix.turn_id) if history is not None else ()
+        if not held:
+            return continuation
+        kind = type(continuation)
+        if kind is not list and kind is not tuple:
+            if isinstance(continuation, Message) or not isinstance(continuation, Sequence):
+                return continuation  # refused by check_continuation
+        return held + tuple(continuation) if continuation else held
+
     def build(
         self, prefix: PreparedContext, continuation: Sequence[Message]
     ) -> tuple[NativeContent, ...]:
@@ -146,9 +171,16 @@ class IssuedPrefixes:
         **gateway.request_body(build(...))})``; from the prefix's cached body
         when it has one. ``fields`` are checked before the continuation.
         """
-        members = b""
-        if fields is not None:
-            members = encode_fields(fields, self._reserved)
+        cache = self._prompt_cache
+        if cache is not None and cache.breakpoints and self._kind is GatewayType.anthropic:
+            # The marks change blocks the cached body holds encoded: encode it whole.
+            return _encoder.encode(self.request_body(prefix, continuation, fields))
+        members = encode_fields(fields, self._reserved) if fields is not None else b""
+        key = prefix.prompt_cache_key
+        if key is not None and (fields is None or "prompt_cache_key" not in fields):
+            # After the host's fields, as request_body writes it.
+            own = encode_fields({"prompt_cache_key": key}, self._reserved)
+            members = b",".join((members, own)) if members else own
         added = self._continue(prefix, continuation)
         entry = self._issued.get(id(prefix))
         body = entry.body if entry is not None else None
@@ -157,6 +189,37 @@ class IssuedPrefixes:
             encoded = _encoder.encode(kept_body(self._gateway, items))  # encoded at once: no copy
             return with_fields(encoded, members)
         return body.extend(added).encode(members)
+
+    def request_body(
+        self,
+        prefix: PreparedContext,
+        continuation: Sequence[Message],
+        fields: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The request body of :meth:`build`'s items with ``fields`` and the prompt-cache policy.
+
+        ``{**fields, "prompt_cache_key": ..., **gateway.request_body(items)}``
+        (the key only with one, see ``PreparedContext.prompt_cache_key``),
+        then, for Anthropic with ``PromptCache.breakpoints``, the marks of
+        :func:`~turnloom.context.cache.place_breakpoints`. New containers
+        throughout but the values of ``fields``, which are the host's.
+        """
+        if fields is not None:
+            encode_fields(fields, self._reserved)  # checked before anything is built
+        items = self.build(prefix, continuation)
+        body = {**self._fields(prefix, fields), **kept_body(self._gateway, items)}
+        cache = self._prompt_cache
+        if cache is not None and cache.breakpoints and self._kind is GatewayType.anthropic:
+            place_breakpoints(body, _closed_blocks(items, prefix.turn_start))
+        return body
+
+    @staticmethod
+    def _fields(prefix: PreparedContext, fields: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The host's fields, then the context's prompt cache key unless they set one."""
+        out = dict(fields) if fields is not None else {}
+        if prefix.prompt_cache_key is not None and "prompt_cache_key" not in out:
+            out["prompt_cache_key"] = prefix.prompt_cache_key
+        return out
 
     def _continue(
         self, prefix: PreparedContext, continuation: Sequence[Message]
@@ -248,6 +311,19 @@ class IssuedPrefixes:
             items.extend(native if native is not None else gateway.render(message))
         # One pass over all the items: renaming is sequential, so equal to renaming each message's.
         return rename_call_ids(self._kind, items, call_ids)
+
+
+def _held_outputs(history: TurnHistory, turn_id: str) -> tuple[Message, ...]:
+    """The output messages ``history`` holds for ``turn_id`` (the objects, not copies), or ().
+
+    Reads the history's turns directly (as its ``output_renders`` does): the
+    view's ``turn_messages`` hands out copies, which would defeat the
+    identity checks that let ``build`` skip checking and rendering them.
+    """
+    for turn in reversed(history._turns):
+        if turn.turn_id == turn_id:
+            return tuple(entry.message for entry in turn.outputs)
+    return ()
 
 
 class _Settled:
@@ -436,3 +512,15 @@ def _starts_with(messages: Sequence[Message], head: tuple[Message, ...]) -> bool
     if len(messages) < len(head):
         return False
     return all(map(operator.is_, head, messages))
+
+
+def _closed_blocks(items: Sequence[NativeContent], turn_start: int) -> int:
+    """Anthropic message blocks of the closed history: the items before the turn's input.
+
+    The leading run of system items goes to the body's ``system`` field;
+    merging adjacent turns and renaming call ids keep every block, in order.
+    """
+    lead = 0
+    while lead < turn_start and items[lead].get("role") == "system":
+        lead += 1
+    return sum(content_blocks(item) for item in items[lead:turn_start])

@@ -12,10 +12,10 @@ of two adjacent moments).
 
 from __future__ import annotations
 
-__all__ = ("LATENCY_BOUNDS", "Counters", "Histogram")
+__all__ = ("LATENCY_BOUNDS", "Counters", "Histogram", "QueueDepths")
 
 from bisect import bisect_left
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from turnloom.context.history import HistoryCounts
 from turnloom.runtime.schemas import (
@@ -31,8 +31,17 @@ from turnloom.runtime.schemas import (
     StoreStatistics,
 )
 
-if TYPE_CHECKING:
-    from turnloom.runtime._queue import PreparationQueue
+
+class QueueDepths(Protocol):
+    """What :meth:`Counters.snapshot` reads of the preparation queue (``_queue``'s)."""
+
+    @property
+    def pending(self) -> int: ...
+    @property
+    def waiting_for_slot(self) -> int: ...
+    @property
+    def waiting_for_turn(self) -> int: ...
+
 
 LATENCY_BOUNDS: tuple[float, ...] = (
     0.0005,
@@ -100,12 +109,14 @@ class Counters:
         "assembly_latency",
         "assembly_reused",
         "blank",
+        "breakpoints_skipped",
         "bytes",
         "discarded",
         "duplicates",
         "evicted_items",
         "evicted_turns",
         "failed",
+        "gateway",
         "hydrate_calls",
         "hydrations",
         "invocations",
@@ -114,6 +125,8 @@ class Counters:
         "latency",
         "prefix_bytes",
         "prefix_reused",
+        "prefix_reused_tokens",
+        "prefix_tokens",
         "prepared",
         "rejected",
         "render",
@@ -123,13 +136,15 @@ class Counters:
         "turns",
     )
 
-    def __init__(self, strategy: str | None = None) -> None:
+    def __init__(self, strategy: str | None = None, gateway: str = "") -> None:
+        self.gateway = gateway  # the Foundation's one gateway: the prefix metrics' label
         self.invocations = 0
         self.prepared = self.failed = self.discarded = self.rejected = 0
         self.turns = self.items = self.bytes = self.tokens = 0
         self.evicted_turns = self.evicted_items = self.late = self.blank = 0
         self.duplicates = self.retracted = 0
         self.prefix_bytes = self.prefix_reused = 0
+        self.prefix_tokens = self.prefix_reused_tokens = 0
         self.latency = Histogram()
         self.render = Histogram()
         self.areas_attached = self.areas_registered = 0
@@ -138,6 +153,7 @@ class Counters:
         self.strategy = strategy  # the assembly strategy's name, or None
         self.assemblies = self.assembly_reused = self.assembly_failed = 0
         self.hydrations = self.assembly_entries = self.hydrate_calls = 0
+        self.breakpoints_skipped = 0
         self.assembly_latency = Histogram()
 
     def history_changed(self, before: HistoryCounts, after: HistoryCounts) -> None:
@@ -163,10 +179,15 @@ class Counters:
         self.bytes -= held[2]
         self.tokens -= held[3]
 
-    def delivered(self, compared: int, prepared: PreparedContext, latency: float) -> None:
-        """Count a delivered prefix: ``compared`` bytes of the previous one, latency in seconds."""
+    def delivered(
+        self, compared: int, prepared: PreparedContext, latency: float, compared_tokens: int = 0
+    ) -> None:
+        """Count a delivered prefix: ``compared`` bytes (``compared_tokens`` tokens) of the
+        previous one, latency in seconds."""
         self.prefix_bytes += compared
         self.prefix_reused += prepared.reused_bytes
+        self.prefix_tokens += compared_tokens
+        self.prefix_reused_tokens += prepared.reused_tokens
         self.latency.observe(latency)
         self.render.observe(prepared.render_seconds)
 
@@ -184,7 +205,7 @@ class Counters:
         closed: bool,
         contexts: int,
         capacity: int,
-        queue: PreparationQueue | None,
+        queue: QueueDepths | None,
         outputs: OutputStatistics,
         store: StoreStatistics | None,
     ) -> ManagerStatistics:
@@ -222,7 +243,11 @@ class Counters:
                 tokens=self.tokens,
             ),
             prefix=PrefixStatistics(
-                bytes_total=self.prefix_bytes, reused_bytes_total=self.prefix_reused
+                bytes_total=self.prefix_bytes,
+                reused_bytes_total=self.prefix_reused,
+                tokens_total=self.prefix_tokens,
+                reused_tokens_total=self.prefix_reused_tokens,
+                gateway=self.gateway,
             ),
             latency=LatencyHistograms(
                 bounds=LATENCY_BOUNDS,
@@ -250,6 +275,7 @@ class Counters:
                 hydrations_total=self.hydrations,
                 entries_total=self.assembly_entries,
                 tool_calls_total=self.hydrate_calls,
+                breakpoints_skipped_total=self.breakpoints_skipped,
                 bounds=LATENCY_BOUNDS,
                 latency_counts=self.assembly_latency.cumulative(),
                 latency_sum=self.assembly_latency.sum,

@@ -31,6 +31,7 @@ from typing import Any
 
 import msgspec
 
+from turnloom.context.cache import PromptCache
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_gateway
 from turnloom.context.history import (
     HistoryLimits,
@@ -109,6 +110,7 @@ class ManagerOptions(msgspec.Struct, frozen=True, kw_only=True):
     durable: DurableOptions | None = None
     strategy: AssemblyStrategy | None = None
     earlier_state: EarlierStatePolicy = "keep"
+    prompt_cache: PromptCache | None = None
 
 
 class FoundationOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -140,6 +142,7 @@ def check_manager_options(
     lease_ttl: float = DEFAULT_LEASE_TTL,
     idle_after: float = DEFAULT_IDLE_AFTER,
     owner: str | None = None,
+    prompt_cache: PromptCache | None = None,
 ) -> ManagerOptions:
     """Validate every option of a ContextManager once; return them checked and frozen.
 
@@ -151,7 +154,9 @@ def check_manager_options(
             the per-item cap (``ItemTooLargeError``), a ``strategy``
             that is neither a name nor an AssemblyStrategy, ``memory`` or
             ``strategy_options`` without a named strategy, or bad strategy
-            options; and the store options' errors (see
+            options, a ``prompt_cache`` that is not a
+            :class:`~turnloom.context.cache.PromptCache` or whose salt is not
+            bytes of at most 64; and the store options' errors (see
             :func:`check_durable_options`).
         UnknownStrategyError: ``strategy`` names no registered strategy.
         InvalidArgumentError: ``token_counter`` has no ``count`` method.
@@ -177,6 +182,15 @@ def check_manager_options(
         raise InputError(f"open_calls must be 'exclude' or 'cancel', not {excerpt(open_calls)}.")
     if earlier_state not in ("keep", "drop"):
         raise InputError(f"earlier_state must be 'keep' or 'drop', not {excerpt(earlier_state)}.")
+    if prompt_cache is not None and (
+        not isinstance(prompt_cache, PromptCache)
+        or not isinstance(prompt_cache.key_salt, bytes)
+        or len(prompt_cache.key_salt) > 64
+    ):
+        raise InputError(
+            "prompt_cache must be a PromptCache whose key_salt is bytes of at most 64, not "
+            f"{excerpt(prompt_cache)}."
+        )
     limits = history_limits if history_limits is not None else HistoryLimits()
     check_behavior_rules(behavior_rules, limits.max_item_bytes)
     if max_tenant_preparations is None:
@@ -197,6 +211,7 @@ def check_manager_options(
         behavior_rules=behavior_rules,
         open_calls="cancel" if open_calls == "cancel" else "exclude",
         earlier_state="drop" if earlier_state == "drop" else "keep",
+        prompt_cache=prompt_cache,
         strategy=checked_strategy,
         tenant_limit=tenant_limit,
         token_counter=token_counter,

@@ -59,6 +59,7 @@ from turnloom.errors import (
     StoreUnavailableError,
     excerpt,
 )
+from turnloom.runtime import _tracing as tracing
 from turnloom.runtime._door import DurableOptions
 from turnloom.runtime._records import (
     Record,
@@ -147,6 +148,8 @@ class Durability:
         # context id -> why, oldest loss first; at most _LOST_REMEMBERED, emptied by aclose
         self._lost: OrderedDict[str, str] = OrderedDict()
         self._forgets: list[tuple[str, int]] = []
+        # Deletions the running write cycle took out of _forgets and has not finished.
+        self._forgetting = 0
         self._waiters: list[_Waiter] = []
         self._wake = anyio.Event()
         self._started = 0  # write cycles started
@@ -369,7 +372,11 @@ class Durability:
                     f"This manager no longer owns context {excerpt(context_id)} ({why}).",
                     context_id=context_id,
                 )
-        if not self._forgets and not any(c.pending for c in self._claims.values()):
+        if (
+            not self._forgets
+            and not self._forgetting
+            and not any(c.pending for c in self._claims.values())
+        ):
             return
         waiter = _Waiter(self._started + 1, context_id)
         self._waiters.append(waiter)
@@ -394,7 +401,10 @@ class Durability:
                 while True:
                     await self._wake.wait()
                     self._wake = anyio.Event()
-                    await self._cycle()
+                    with tracing.store_span("turnloom.store.write", self._store, root=True) as span:
+                        written = self._written
+                        await self._cycle()
+                        span.set("turnloom.store.records", self._written - written)
 
     def _report(self, error: StoreError) -> None:
         report = self._on_error()
@@ -462,90 +472,117 @@ class Durability:
         return reread
 
     async def _cycle(self) -> None:
+        """One writer cycle, as steps: write the pending records, forget the removed
+        contexts, compact what was written, then answer the flushes it settles."""
         self._started += 1
         cycle = self._started
         self._batches += 1
         error: StoreError | None = None  # the store failed as a whole
-        late: StoreError | None = None  # ... after this cycle's appends were acknowledged
         stale: dict[str, StaleLeaseError] = {}
         failed: dict[str, StoreError] = {}
         forgets, self._forgets = self._forgets, []
+        self._forgetting = len(forgets)  # a flush meanwhile waits for them
         written: list[LogWrite] = []
         try:
-            for cid, unsure in tuple(self._claims.items()):
-                if unsure.resync:
-                    await self._resync(cid, unsure, failed)
-            writes: list[LogWrite] = [
-                (cid, c.token, c.written, tuple(c.pending))
-                for cid, c in self._claims.items()
-                if c.pending and not c.resync
-            ]
-            written = writes
-            if writes:
-                reread = await self._write(writes, stale, failed)
-                # A log whose length was off (a compaction applied whose reply
-                # was lost, a retried write): reread it and write once more.
-                again: list[LogWrite] = []
-                for cid in reread:
-                    claim = self._claims.get(cid)
-                    if claim is not None:
-                        await self._resync(cid, claim, failed)
-                        if not claim.resync and claim.pending:
-                            again.append((cid, claim.token, claim.written, tuple(claim.pending)))
-                if again:
-                    await self._write(again, stale, failed)
-                    written = writes + again
-                if failed and all(
-                    isinstance(failed.get(cid), StoreUnavailableError) for cid, *_ in writes
-                ):
-                    error = next(iter(failed.values()))  # the store refuses every write
-            while forgets:
-                context_id, token = forgets[0]
-                if await self._store_call(self._store.forget, context_id, token):
-                    await self._store_call(self._store.release, {context_id: token})
-                forgets.pop(0)
+            written, error = await self._write_pending(stale, failed)
+            await self._forget_removed(forgets)
         except StoreError as exc:
             error = exc
         self._forgets[:0] = forgets  # not done: retried by the next cycle
-        if error is None:
-            try:
-                for cid, token, _, _ in written:
-                    claim = self._claims.get(cid)
-                    history = self._history(cid)
-                    if claim is not None and claim.token == token and history is not None:
-                        await self._compact(cid, claim, history)
-            except StoreUnavailableError as exc:
-                late = exc
+        self._forgetting = 0
+        # The store failing once this cycle's appends were acknowledged:
+        late = await self._compact_written(written) if error is None else None
+        self._settle_cycle(cycle, error, late, stale, failed)
+
+    def _pending_writes(self) -> list[LogWrite]:
+        """The plan of a cycle's writes: each claim's pending records, but unsure logs'."""
+        return [
+            (cid, c.token, c.written, tuple(c.pending))
+            for cid, c in self._claims.items()
+            if c.pending and not c.resync
+        ]
+
+    async def _write_pending(
+        self, stale: dict[str, StaleLeaseError], failed: dict[str, StoreError]
+    ) -> tuple[list[LogWrite], StoreError | None]:
+        """Reread the unsure logs, then write every claim's pending records.
+
+        Returns:
+            the writes made, and the error of a store that refused every one
+            of them (None otherwise); a context's own failure goes in
+            ``failed`` or ``stale``.
+
+        Raises:
+            StoreError: the store failed as a whole.
+        """
+        for cid, unsure in tuple(self._claims.items()):
+            if unsure.resync:
+                await self._resync(cid, unsure, failed)
+        writes = self._pending_writes()
+        if not writes:
+            return writes, None
+        written = writes
+        reread = await self._write(writes, stale, failed)
+        # A log whose length was off (a compaction applied whose reply
+        # was lost, a retried write): reread it and write once more.
+        again: list[LogWrite] = []
+        for cid in reread:
+            claim = self._claims.get(cid)
+            if claim is not None:
+                await self._resync(cid, claim, failed)
+                if not claim.resync and claim.pending:
+                    again.append((cid, claim.token, claim.written, tuple(claim.pending)))
+        if again:
+            await self._write(again, stale, failed)
+            written = writes + again
+        if failed and all(isinstance(failed.get(cid), StoreUnavailableError) for cid, *_ in writes):
+            return written, next(iter(failed.values()))  # the store refuses every write
+        return written, None
+
+    async def _forget_removed(self, forgets: list[tuple[str, int]]) -> None:
+        """Delete the removed contexts' logs and release their leases, oldest first.
+
+        Each one done leaves ``forgets``; what is left is retried next cycle.
+
+        Raises:
+            StoreError: the store failed (the rest stay in ``forgets``).
+        """
+        while forgets:
+            context_id, token = forgets[0]
+            if await self._store_call(self._store.forget, context_id, token):
+                await self._store_call(self._store.release, {context_id: token})
+            forgets.pop(0)
+            self._forgetting = len(forgets)
+
+    async def _compact_written(self, written: list[LogWrite]) -> StoreUnavailableError | None:
+        """Compact the logs this cycle wrote to, when they are due; the store's
+        unavailability once the appends were acknowledged, else None."""
+        try:
+            for cid, token, _, _ in written:
+                claim = self._claims.get(cid)
+                history = self._history(cid)
+                if claim is not None and claim.token == token and history is not None:
+                    await self._compact(cid, claim, history)
+        except StoreUnavailableError as exc:
+            return exc
+        return None
+
+    def _settle_cycle(
+        self,
+        cycle: int,
+        error: StoreError | None,
+        late: StoreError | None,
+        stale: dict[str, StaleLeaseError],
+        failed: dict[str, StoreError],
+    ) -> None:
+        """Count and report the cycle's problems, then answer the flushes it settles."""
         if error is not None or failed:
             self._failures += 1
         problems = {id(p): p for p in (error, late, *failed.values()) if p is not None}
         for problem in problems.values():
             self._report(problem)
         self._completed = cycle
-        # A store found unreachable answers every waiting flush now, not a
-        # cycle later: a flush is bounded by the store's own time bound.
-        down = error if isinstance(error, StoreUnavailableError) else late
-        for waiter in tuple(self._waiters):
-            mine = waiter.target <= cycle
-            if waiter.error is None:
-                if waiter.context_id is None:
-                    if stale:
-                        waiter.error = next(iter(stale.values()))
-                    elif mine and failed:
-                        waiter.error = next(iter(failed.values()))
-                elif waiter.context_id in stale:
-                    waiter.error = stale[waiter.context_id]
-                elif mine and waiter.context_id in failed:
-                    waiter.error = failed[waiter.context_id]
-            if not mine:
-                if down is None:
-                    continue
-                if waiter.error is None:
-                    waiter.error = down
-            elif waiter.error is None:
-                waiter.error = error
-            self._waiters.remove(waiter)
-            waiter.event.set()
+        _answer_waiters(self._waiters, cycle, error, late, stale, failed)
 
     async def _resync(self, context_id: str, claim: _Claim, failed: dict[str, StoreError]) -> None:
         """Reread a log this manager is unsure of: is it as written, or as compacted?
@@ -715,3 +752,46 @@ class Durability:
                 waiter.error = StoreError("The Foundation closed before the write completed.")
                 waiter.event.set()
             self._waiters.clear()
+
+
+def _answer_waiters(
+    waiters: list[_Waiter],
+    cycle: int,
+    error: StoreError | None,
+    late: StoreError | None,
+    stale: dict[str, StaleLeaseError],
+    failed: dict[str, StoreError],
+) -> None:
+    """Answer the flushes writer cycle ``cycle`` settles, each with its error or None.
+
+    A lost lease is recorded at once on every waiter of its context (and on
+    waiters of all contexts). A flush waiting for this cycle or an earlier
+    one is answered: with that, else its context's failure, else the store's
+    ``error`` (None when there is none); one waiting for a later cycle is
+    answered now only when the store was found unreachable (``error`` or
+    ``late``). Answered waiters leave ``waiters``.
+    """
+    # A store found unreachable answers every waiting flush now, not a
+    # cycle later: a flush is bounded by the store's own time bound.
+    down = error if isinstance(error, StoreUnavailableError) else late
+    for waiter in tuple(waiters):
+        mine = waiter.target <= cycle
+        if waiter.error is None:
+            if waiter.context_id is None:
+                if stale:
+                    waiter.error = next(iter(stale.values()))
+                elif mine and failed:
+                    waiter.error = next(iter(failed.values()))
+            elif waiter.context_id in stale:
+                waiter.error = stale[waiter.context_id]
+            elif mine and waiter.context_id in failed:
+                waiter.error = failed[waiter.context_id]
+        if not mine:
+            if down is None:
+                continue
+            if waiter.error is None:
+                waiter.error = down
+        elif waiter.error is None:
+            waiter.error = error
+        waiters.remove(waiter)
+        waiter.event.set()

@@ -7,8 +7,10 @@ __all__ = ("Invocation", "InvocationBlock")
 from collections.abc import Sequence
 from types import TracebackType
 
+import anyio
+
 from turnloom.context.gateway import Gateway
-from turnloom.context.interruption import played_prefix
+from turnloom.context.interruption import interrupted_output
 from turnloom.context.message import Message
 from turnloom.runtime._contexts import ContextState, ContextTable
 from turnloom.runtime._door import check_outputs
@@ -65,9 +67,15 @@ class Invocation:
         check_outputs(self._gateway, turn_id, outputs, state.history, id_checked=True)
         return self._table.record(state, turn_id, outputs, self._serial, self._context_id)
 
-    def record_interrupted(self, output: Message, *, played: int) -> int:
-        """Record this call's interrupted output (see ``manager.voice.record_interrupted``)."""
-        return self.record([played_prefix(output, played)])
+    def record_interrupted(
+        self, output: Message, *, played: int | None = None, played_text: str | None = None
+    ) -> int:
+        """Record this call's interrupted output (see ``manager.voice.record_interrupted``).
+
+        Exactly one of ``played`` (code points) and ``played_text`` (the
+        played words, matched by :func:`~turnloom.context.played_count`).
+        """
+        return self.record([interrupted_output(output, played, played_text)])
 
 
 class InvocationBlock:
@@ -77,10 +85,12 @@ class InvocationBlock:
     (raising as ``invocation`` documents); leaving, however the block ends,
     ends the call and runs the eviction it held back unless the Foundation
     is closing. Neither waits. (A class, not a generator-based context
-    manager: it is entered once per model call on the event loop.)
+    manager: it is entered once per model call on the event loop.) The body
+    runs in a cancel scope that ``remove_context`` cancels; leaving the block
+    swallows that cancellation only (see ``ContextManager.invocation``).
     """
 
-    __slots__ = ("_context_id", "_gateway", "_life", "_state", "_table", "_turn_id")
+    __slots__ = ("_context_id", "_gateway", "_life", "_scope", "_state", "_table", "_turn_id")
 
     def __init__(
         self, life: Lifecycle, table: ContextTable, gateway: Gateway, context_id: str, turn_id: str
@@ -91,11 +101,15 @@ class InvocationBlock:
         self._context_id = context_id
         self._turn_id = turn_id
         self._state: ContextState | None = None
+        self._scope: anyio.CancelScope | None = None
 
     async def __aenter__(self) -> Invocation:
         self._life.check_open()
         state = self._table.begin_call(self._context_id, self._turn_id)
         self._state = state
+        # Entered here, exited in __aexit__: the block's body runs inside it (LIFO holds).
+        scope = self._scope = state.call_scope = anyio.CancelScope()
+        scope.__enter__()
         return Invocation(
             self._life, self._table, self._gateway, state, self._context_id, self._turn_id
         )
@@ -105,7 +119,12 @@ class InvocationBlock:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         traceback: TracebackType | None,
-    ) -> None:
+    ) -> bool:
         state, self._state = self._state, None
+        scope, self._scope = self._scope, None
         if state is not None:
             self._table.end_call(state, evict=not self._life.closing)
+        if scope is None:
+            return False
+        # True only when the scope absorbed its own cancellation (a removal).
+        return bool(scope.__exit__(exc_type, exc, traceback))

@@ -18,6 +18,7 @@ import anyio.abc
 
 from turnloom.context.history import check_id
 from turnloom.errors import InputError, StoreError, what_type
+from turnloom.runtime import _tracing as tracing
 from turnloom.runtime._contexts import ContextTable
 from turnloom.runtime._door import DurableOptions
 from turnloom.runtime._durable import Durability
@@ -181,10 +182,14 @@ class Leases:
             context as it was.
         """
         self._life.check_open()
-        if self._durable is None:
+        durable = self._durable
+        if durable is None:
             check_id(context_id, "context id")
             return False
-        return await self._durable.claim(context_id)
+        with tracing.store_span("turnloom.store.claim", durable.store, context_id) as traced:
+            acquired = await durable.claim(context_id)
+            traced.set("turnloom.store.acquired", acquired)
+        return acquired
 
     async def release(self, context_id: str) -> bool:
         """Give up a held context: write what is queued for it, release its lease.
@@ -254,5 +259,7 @@ class Leases:
         Cancellation:
             The queued changes stay queued; the writer still writes them.
         """
-        if self._durable is not None:
-            await self._durable.flush(context_id)
+        durable = self._durable
+        if durable is not None:
+            with tracing.store_span("turnloom.store.flush", durable.store, context_id):
+                await durable.flush(context_id)

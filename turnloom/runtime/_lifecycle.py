@@ -20,7 +20,7 @@ __all__ = ("Lifecycle",)
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 import anyio.abc
@@ -30,20 +30,39 @@ from turnloom.errors import StateError, UnknownContextError, excerpt
 from turnloom.runtime._contexts import ContextTable
 from turnloom.runtime._continuation import IssuedPrefixes
 from turnloom.runtime._counters import Counters
-from turnloom.runtime._door import ManagerOptions
+from turnloom.runtime._door import DurableOptions, ManagerOptions
 from turnloom.runtime._preparing import Preparer
 from turnloom.runtime._queue import PreparationQueue
 from turnloom.runtime.errors import FoundationClosedError
 
 if TYPE_CHECKING:
     from turnloom.runtime._durable import Durability
-    from turnloom.runtime._leases import Leases
-    from turnloom.runtime._outputs import OutputStreams
     from turnloom.runtime.schemas import ManagerStatistics, OutputStatistics
 
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+class OutputBinding(Protocol):
+    """What the lifecycle does with the manager's output streams (``_outputs``'s)."""
+
+    def _bind(self, task_group: anyio.abc.TaskGroup) -> None: ...
+    async def _aclose(self, grace_period: float) -> None: ...
+
+
+class DurableBinding(Protocol):
+    """What the lifecycle does with the manager's leases (``_leases``'s): start the durable
+    side with a store."""
+
+    def _bind(
+        self,
+        options: DurableOptions | None,
+        task_group: anyio.abc.TaskGroup,
+        limiter: anyio.CapacityLimiter,
+        table: ContextTable,
+        queue: PreparationQueue,
+    ) -> Durability | None: ...
 
 
 class Lifecycle:
@@ -69,7 +88,7 @@ class Lifecycle:
     def __init__(self, options: ManagerOptions) -> None:
         self.options = options
         strategy = options.strategy.name if options.strategy is not None else None
-        counters = self.counters = Counters(strategy)
+        counters = self.counters = Counters(strategy, options.gateway.type.value)
         table = self.table = ContextTable(
             options.history_limits,
             options.gateway,
@@ -78,7 +97,11 @@ class Lifecycle:
             options.earlier_state,
         )
         self.issued = IssuedPrefixes(
-            options.gateway, options.history_limits, options.open_calls, table.held_history
+            options.gateway,
+            options.history_limits,
+            options.open_calls,
+            table.held_history,
+            options.prompt_cache,
         )
         self.bound = False  # a Foundation began binding the manager
         self.preparer: Preparer | None = None  # set once the binding completed
@@ -89,8 +112,8 @@ class Lifecycle:
 
     def bind(
         self,
-        outputs: OutputStreams,
-        leases: Leases,
+        outputs: OutputBinding,
+        leases: DurableBinding,
         task_group: anyio.abc.TaskGroup,
         limiter: anyio.CapacityLimiter,
         clock: Callable[[], datetime] | None = None,
@@ -169,7 +192,7 @@ class Lifecycle:
                 "outputs are recorded."
             )
 
-    async def aclose(self, grace_period: float, outputs: OutputStreams) -> None:
+    async def aclose(self, grace_period: float, outputs: OutputBinding) -> None:
         """Close in order: stop intake, drain outputs, settle preparations, join the render worker.
 
         ``grace_period`` (seconds) bounds the first two waits together; the

@@ -35,6 +35,7 @@ from turnloom.context.gateways import (
 )
 from turnloom.context.history import HistoryView
 from turnloom.errors import AreaCallbackError, QueueFullError, StateError, excerpt, what_type
+from turnloom.runtime import _tracing as tracing
 from turnloom.runtime._area_section import AreaSection, SectionResult
 from turnloom.runtime._contexts import ContextState, ContextTable, TurnAssembly
 from turnloom.runtime._continuation import IssuedPrefixes
@@ -88,8 +89,9 @@ _RenderArgs = tuple[
 ]
 """The arguments of :func:`render_preparation` for a worker thread's render."""
 
-_RenderJob = tuple["Preparation", _RenderArgs, anyio.Event]
-"""A render handed to the worker: the preparation, its arguments, the event its requester awaits."""
+_RenderJob = tuple["Preparation", _RenderArgs, anyio.Event, "tracing.PrepareTrace | None"]
+"""A render handed to the worker: the preparation, its arguments, the event its
+requester awaits, and the prepare's span."""
 
 # ``Preparation.thread``: where its render stands between the loop and the
 # worker thread. _QUEUED -> _RUNNING (thread) and _QUEUED -> _GONE (loop) are
@@ -169,6 +171,14 @@ class Preparer:
         :class:`~turnloom.errors.QueueFullError`); see there for the errors
         and cancellation. The request is checked before a slot is taken.
         """
+        options = self._options
+        strategy = options.strategy.name if options.strategy is not None else None
+        with tracing.prepare_span(options.gateway.type, request, strategy) as traced:
+            prepared = await self._admit(request, wait=wait)
+            traced.delivered(prepared)
+            return prepared
+
+    async def _admit(self, request: ContextPrepareRequest, *, wait: bool) -> PreparedContext:
         queue = self.queue
         given = request
         refused, self._refused = self._refused, None
@@ -220,6 +230,7 @@ class Preparer:
         options = self._options
         state = await self._wait_for_turn(preparation)
         request = self._capture(preparation.request, state)
+        tracing.queued()
         view = state.history.view()
         serial = state.history.turn_serial(request.turn_id)
         assembled = None
@@ -284,7 +295,9 @@ class Preparer:
         finished = anyio.Event()
         try:
             self.worker.submit(
-                self._render_in_thread, self._render_returned, (preparation, args, finished)
+                self._render_in_thread,
+                self._render_returned,
+                (preparation, args, finished, tracing.current_prepare()),
             )
             await finished.wait()
         except BaseException:
@@ -307,17 +320,21 @@ class Preparer:
                 preparation.rendering = False
 
     def _render_in_thread(self, job: _RenderJob) -> Rendered | None:
-        """The worker thread's part of :meth:`_render` (None: its requester left before)."""
-        preparation, args, _ = job
+        """The worker thread's part of :meth:`_render` (None: its requester left before).
+
+        The job carries the prepare's span (``traced``), the render's parent.
+        """
+        preparation, args, _, traced = job
         with self._handoff:
             if preparation.thread == _GONE:
                 return None
             preparation.thread = _RUNNING
-        return render_preparation(*args)
+        with tracing.render_span(traced, inline=False, gateway=self._options.gateway.type):
+            return render_preparation(*args)
 
     def _render_returned(self, job: _RenderJob, outcome: Rendered | BaseException | None) -> None:
         """On the loop, with the worker's batch: wake the requester, or settle an abandoned one."""
-        preparation, _, finished = job
+        preparation, _, finished, _ = job
         if preparation.thread == _GONE:
             return  # rendered nothing; its requester settled it when it left
         # Only the loop moves a preparation on from _RUNNING: no lock needed here.
@@ -404,20 +421,26 @@ class Preparer:
             return None  # the task raises what waiting for the turn raises
         history = state.history
         request = self._capture(request, state)
+        tracing.queued()
         serial = history.turn_serial(request.turn_id)
         last = state.last
-        result = render_preparation(
-            options,
-            history.view(),
-            request,
-            self._behavior_rules(request),
-            last,
-            anyio.current_time() - requested_at,
-            None,
-            state.in_flight is None,
-            None,
-            INLINE_MAX_ITEMS,
-        )
+        with tracing.render_span(
+            tracing.current_prepare(), inline=True, gateway=options.gateway.type
+        ) as traced:
+            result = render_preparation(
+                options,
+                history.view(),
+                request,
+                self._behavior_rules(request),
+                last,
+                anyio.current_time() - requested_at,
+                None,
+                state.in_flight is None,
+                None,
+                INLINE_MAX_ITEMS,
+            )
+            if result is None:
+                traced.set("turnloom.handed_off", True)  # a worker thread renders it
         self._inline_spent += time.perf_counter() - began
         if result is None:
             return None  # too much work for the loop: a worker renders it
@@ -474,7 +497,9 @@ class Preparer:
                 last.bytes if last is not None and unscoped else 0,
                 prepared,
                 anyio.current_time() - requested_at,
+                last.tokens if last is not None and unscoped else 0,
             )
+            self._counters.breakpoints_skipped += delivered.skipped_breakpoint
             self._issued.add(prepared, delivered.call_ids, delivered.body)
 
         return deliver
@@ -506,12 +531,15 @@ class Preparer:
         record = state.assembly = TurnAssembly(key)
         started = time.perf_counter()
         try:
-            result = await strategy.assemble(
-                query=assembly_query(view.turn_input(turn_id)),
-                scope=request.tenant,
-                intent_verdict=request.intent_verdict,
-                auto_hydrate=request.auto_hydrate,
-            )
+            with tracing.span("turnloom.assembly", {"turnloom.strategy": strategy.name}) as traced:
+                result = await strategy.assemble(
+                    query=assembly_query(view.turn_input(turn_id)),
+                    scope=request.tenant,
+                    intent_verdict=request.intent_verdict,
+                    auto_hydrate=request.auto_hydrate,
+                )
+                if isinstance(result, AssembledContext) and result.memory_context is not None:
+                    traced.set("turnloom.assembly.entries", len(result.memory_context.entries))
             if not isinstance(result, AssembledContext):
                 raise StateError(
                     f"The assembly strategy {excerpt(strategy.name)} returned "

@@ -27,7 +27,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from turnloom.errors import QueueFullError, excerpt
+from turnloom.errors import ContextRemovedError, QueueFullError, excerpt
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._slots import FairSlots, Tenant
 from turnloom.runtime.errors import FoundationClosedError
@@ -48,6 +48,7 @@ class Preparation:
         "deliver",
         "origin",
         "outcome",
+        "removed",
         "rendering",
         "request",
         "requested_at",
@@ -81,6 +82,8 @@ class Preparation:
         # of cancelling it.
         self.rendering = False
         self.closed = False
+        # Its context was removed: cancelled, or its render's result discarded.
+        self.removed = False
         # The requester left while the thread rendered: the worker settles it.
         self.abandoned = False
         # The render's handoff between the loop and the worker thread (see
@@ -270,6 +273,13 @@ class PreparationQueue:
                 self.settle(preparation)
             raise
         self.settle(preparation)
+        if preparation.removed:
+            raise ContextRemovedError(
+                f"Context {excerpt(request.context_id)} was removed while the preparation of "
+                f"turn {excerpt(request.turn_id)} was in flight; its result was discarded.",
+                context_id=request.context_id,
+                turn_id=request.turn_id,
+            )
         if preparation.result is None:
             # Cancelled by the close (or by a cancellation of the scope the
             # Foundation was opened in), or closed while its thread rendered.
@@ -291,7 +301,10 @@ class PreparationQueue:
         a preparation whose requester left while its thread rendered, when
         the thread returns; :meth:`admit` settles every other one.
         """
-        if preparation.result is None:
+        if preparation.removed:
+            preparation.result = None
+            self._counters.discarded += 1
+        elif preparation.result is None:
             if preparation.wanted:
                 self._counters.failed += 1
             else:
@@ -321,6 +334,24 @@ class PreparationQueue:
                     for preparation in tuple(self._preparations):
                         if not preparation.rendering:
                             preparation.scope.cancel()
+
+    def remove(self, context_id: str, state: ContextState) -> None:
+        """Discard the preparations of a removed context (``state``, or not yet created).
+
+        One that waits (for its turn, its assembly or a thread) is cancelled;
+        one whose thread renders is left to finish and its result discarded.
+        Each settles as discarded and its requester gets ContextRemovedError.
+        """
+        for preparation in tuple(self._preparations):
+            if preparation.request.context_id != context_id or preparation.origin not in (
+                None,
+                state,
+            ):
+                continue
+            preparation.removed = True
+            if not preparation.rendering:
+                preparation.scope.cancel()
+        self.wake(context_id)
 
     def wake(self, context_id: str) -> None:
         """Wake the preparations waiting for a commit to (or the removal of) ``context_id``."""

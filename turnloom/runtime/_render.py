@@ -24,8 +24,9 @@ import msgspec
 
 from turnloom.context._untrack import untrack_atoms, untrack_json
 from turnloom.context.body import EncodedBody
+from turnloom.context.cache import ANTHROPIC_MAX_BREAKPOINTS, prompt_cache_key
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
-from turnloom.context.gateway import Gateway, NativeContent
+from turnloom.context.gateway import Gateway, GatewayType, NativeContent
 from turnloom.context.history import HistoryView, RenderedHistory
 from turnloom.context.items import NativeItems, common_prefix
 from turnloom.context.memory import memory_payload
@@ -40,7 +41,7 @@ from turnloom.runtime._area_section import (
 )
 from turnloom.runtime._door import ManagerOptions
 from turnloom.runtime.assembly import AssembledContext
-from turnloom.runtime.schemas import AreaPass, ContextPrepareRequest, PreparedContext
+from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
 from turnloom.runtime.state import state_call_id, state_messages
 
 _encoder = msgspec.json.Encoder()
@@ -74,7 +75,9 @@ class DeliveredPrefix:
         "items",
         "lead_sizes",
         "rendered",
+        "skipped_breakpoint",
         "state",
+        "tokens",
     )
 
     def __init__(
@@ -87,8 +90,13 @@ class DeliveredPrefix:
         lead_sizes: tuple[int, ...] = (),
         state: tuple[Message, ...] = (),
         body: EncodedBody | None = None,
+        skipped_breakpoint: bool = False,
+        tokens: int = 0,
     ) -> None:
+        self.tokens = tokens  # the prefix's tokens, to estimate the next one's reused tokens
         self.items = items
+        # The assembly's cache breakpoint was left out: the host's marks used the budget.
+        self.skipped_breakpoint = skipped_breakpoint
         self.body = body
         self.bytes = total
         self.rendered = rendered
@@ -184,7 +192,9 @@ def render_preparation(
             the bytes reused from ``last`` in O(1) beyond it, and decoding
             items only for a prefix of a few times ``budget`` items), else return
             None with nothing that the caller keeps changed (an unscoped
-            request without areas only).
+            request without areas only). An assembly with an Anthropic
+            breakpoint is never rendered this way: the host's marks are
+            counted over the whole history (O(bytes), at C speed).
 
     Raises:
         ItemTooLargeError: the runtime-state result is over the per-item cap.
@@ -192,23 +202,13 @@ def render_preparation(
         AreaCallbackError, OpenToolCallError: from the area step.
     """
     begin = time.perf_counter()
-    if (
-        budget is not None
-        and last is not None
-        and last.items.decoded
-        and len(last.items) > budget * _DECODE_PER_BUDGET_ITEM
-    ):
+    if _decoding_too_costly(last, budget):
         return None  # the host reads items: decoding them copies O(history), in a worker
+    if budget is not None and assembled is not None and assembled.cache_breakpoint:
+        return None  # counting the host's marks reads the whole history: in a worker
     gateway = options.gateway
-    max_item_bytes = options.history_limits.max_item_bytes
-    lead: tuple[NativeContent, ...] = ()
-    memory: dict[str, object] | None = None
-    if assembled is not None:
-        lead = assembled_prompt(gateway, assembled)
-        hydrated = assembled.memory_context
-        if hydrated is not None:
-            entries, omitted = memory_payload(hydrated.entries, assembled.max_memory_chars)
-            memory = {"query": hydrated.query, "entries": entries, "omitted": omitted}
+    counter = options.token_counter
+    memory = _assembly_memory(assembled)
     # The request was frozen at the door; its JSON encoding is CPU work.
     pair = state_messages(
         request.context_id,
@@ -219,89 +219,42 @@ def render_preparation(
         perception=request.perception,
         memory=memory,
     )
-    counter = options.token_counter
-    if budget is not None:
-        bounded = view.render_bounded(
-            gateway, request.turn_id, budget, open_calls=options.open_calls
-        )
-        if bounded is None:
-            return None
-        rendered = bounded
-    elif request.scope is None:
-        rendered = view.render(gateway, request.turn_id, open_calls=options.open_calls)
-    else:
-        rendered = view.render_scoped(
-            gateway, request.turn_id, request.scope, open_calls=options.open_calls
-        )
+    rendered = _render_history(options, view, request, budget)
+    if rendered is None:
+        return None
     # The pair and the area section continue the history's call-id renaming.
     call_ids = rendered.call_ids
-    lead_sizes = tuple(len(_encoder.encode(item)) for item in lead)
-    items = rendered.native_items.prefixed(lead)
-    total = rendered.bytes + sum(lead_sizes)
-    prompt = _prompt_message(assembled) if assembled is not None else None
-    tokens = rendered.tokens + (count_tokens(counter, [prompt]) if prompt is not None else 0)
-    call_id: str | None = None
+    tokens = rendered.tokens
     reserved: list[str] = []
+    call_id: str | None = None
     extra: tuple[NativeContent, ...] = ()
-    section: SectionResult | None = None
-    outcome: AreaPass = "none"
     if pair is not None:
         # The pair sits directly after the turn's input; the area section follows it.
         call_id = state_call_id(request.context_id, request.turn_id)
         reserved.append(call_id)
-        extra = tuple(
-            rename_call_ids(
-                gateway.type, [*gateway.render(pair[0]), *gateway.render(pair[1])], call_ids
-            )
-        )
-        # Fresh JSON trees, read-only once prepared: out of the cyclic
-        # collector, so a held prefix adds no tracked containers.
-        untrack_json(extra)
-        tokens += count_tokens(counter, pair)
-        size = len(_encoder.encode(extra[-1]))
-        if size > max_item_bytes:
-            raise ItemTooLargeError(
-                f"The runtime-state result of turn {excerpt(request.turn_id)} of context "
-                f"{excerpt(request.context_id)} is {size} bytes, over the per-item cap of "
-                f"{max_item_bytes} bytes.",
-                size=size,
-                limit=max_item_bytes,
-            )
+        extra, pair_tokens = _state_pair_items(options, request, pair, call_ids)
+        tokens += pair_tokens
     pair_items = len(extra)
+    section: SectionResult | None = None
     if areas is not None:
-        try:
-            if request.scope is not None:
-                section = current_section(areas)
-            else:
-                section = run_area_step(areas, run_pass)
-        except OpenToolCallError as exc:
-            raise OpenToolCallError(
-                f"The area section of context {excerpt(request.context_id)} ends with routed "
-                f"tool call(s) {', '.join(map(repr, exc.call_ids))} whose result has not "
-                f"been routed; turn {excerpt(request.turn_id)} cannot be prepared until it is.",
-                call_ids=exc.call_ids,
-            ) from exc
+        section = _area_step(areas, request, run_pass)
         extra += tuple(rename_call_ids(gateway.type, section.items, call_ids))
-        outcome = section.outcome
         # Area items are native; each is counted as the message it parses to.
         tokens += count_tokens(counter, [gateway.parse(item) for item in section.items])
     extra_sizes = tuple(len(_encoder.encode(item)) for item in extra)
+    lead, prompt, skipped = _assembly_lead(gateway, assembled, rendered.native_items, extra)
+    tokens += count_tokens(counter, [prompt]) if prompt is not None else 0
+    lead_sizes = tuple(len(_encoder.encode(item)) for item in lead)
+    items = rendered.native_items.prefixed(lead)
+    total = rendered.bytes + sum(lead_sizes)
     if extra:
         items = items.extended(extra)
         total += sum(extra_sizes)
     reserved.extend(m.id for m in view.turn_input(request.turn_id) if m.id is not None)
-    reused = 0
-    if last is not None and request.scope is None:
-        if budget is not None and len(last.items) > budget and not items.same_run(last.items):
-            return None  # comparing with another run's items costs their common length
-        reused = last.bytes_before(items.common_length(last.items))
-        items.adopt(last.items)  # a host reading items decodes only the new ones
-        if last.items.decoded:
-            # The host reads its prefixes' items (``build`` does): decode them
-            # here, in the worker thread (inline only for a small prefix, see
-            # above), not on the event loop at the first read. Sticky per
-            # context: this prefix is decoded as well (each read copies it).
-            items._shared()
+    reused = _reuse_last(items, last, request, budget)
+    if reused is None:
+        return None  # comparing with another run's items costs their common length
+    reused_tokens = last.tokens * reused // last.bytes if last is not None and last.bytes else 0
     prepared = PreparedContext(
         context_id=request.context_id,
         turn_id=request.turn_id,
@@ -313,10 +266,12 @@ def render_preparation(
         turn_start=len(lead) + rendered.turn_start,
         area_start=len(lead) + rendered.item_count + pair_items,
         area_items=len(section.items) if section is not None else 0,
-        area_pass=outcome,
+        area_pass=section.outcome if section is not None else "none",
         state_call_id=call_id,
         reserved_ids=tuple(reserved),
         reused_bytes=reused,
+        reused_tokens=reused_tokens,
+        prompt_cache_key=_cache_key(options, request.context_id),
         queued_seconds=queued,
         render_seconds=time.perf_counter() - begin,
         assembled=assembled,
@@ -336,8 +291,176 @@ def render_preparation(
             lead_sizes,
             pair if pair is not None and memory is None else (),
             body,
+            skipped,
+            tokens,
         ),
         section,
+    )
+
+
+# The steps of a render, in order. Each returns what the next needs; a bounded
+# render (``budget``) that would cost more than its bound returns None early,
+# before anything the caller keeps is changed.
+
+
+def _decoding_too_costly(last: DeliveredPrefix | None, budget: int | None) -> bool:
+    """A bounded render whose host reads items would decode more than a few items per budget."""
+    return (
+        budget is not None
+        and last is not None
+        and last.items.decoded
+        and len(last.items) > budget * _DECODE_PER_BUDGET_ITEM
+    )
+
+
+def _assembly_memory(assembled: AssembledContext | None) -> dict[str, object] | None:
+    """The assembly's recalled memory, as the runtime-state pair carries it."""
+    if assembled is None or assembled.memory_context is None:
+        return None
+    hydrated = assembled.memory_context
+    entries, omitted = memory_payload(hydrated.entries, assembled.max_memory_chars)
+    return {"query": hydrated.query, "entries": entries, "omitted": omitted}
+
+
+def _assembly_lead(
+    gateway: Gateway,
+    assembled: AssembledContext | None,
+    history: NativeItems,
+    extra: tuple[NativeContent, ...],
+) -> tuple[tuple[NativeContent, ...], Message | None, bool]:
+    """The assembled system prompt's items, its message, and whether its breakpoint was left out.
+
+    The assembly's Anthropic breakpoint is left out when the host's own marks
+    in the history and the items after it already use the budget of 4.
+    """
+    if assembled is None:
+        return (), None, False
+    skipped = False
+    if assembled.cache_breakpoint and _host_marks(history, extra) >= ANTHROPIC_MAX_BREAKPOINTS:
+        # The host's own marks use Anthropic's whole budget: a fifth is refused.
+        assembled = msgspec.structs.replace(assembled, cache_breakpoint=False)
+        skipped = True
+    return assembled_prompt(gateway, assembled), _prompt_message(assembled), skipped
+
+
+def _render_history(
+    options: ManagerOptions,
+    view: HistoryView,
+    request: ContextPrepareRequest,
+    budget: int | None,
+) -> RenderedHistory | None:
+    """The history's render: bounded (None when over ``budget``), whole, or of the scope."""
+    gateway, open_calls = options.gateway, options.open_calls
+    if budget is not None:
+        return view.render_bounded(gateway, request.turn_id, budget, open_calls=open_calls)
+    if request.scope is None:
+        return view.render(gateway, request.turn_id, open_calls=open_calls)
+    return view.render_scoped(gateway, request.turn_id, request.scope, open_calls=open_calls)
+
+
+def _state_pair_items(
+    options: ManagerOptions,
+    request: ContextPrepareRequest,
+    pair: tuple[Message, Message],
+    call_ids: CallIdRenamer,
+) -> tuple[tuple[NativeContent, ...], int]:
+    """The runtime-state pair rendered, its call ids continuing the history's, and its tokens.
+
+    Raises:
+        ItemTooLargeError: the result is over the per-item cap.
+        HostCallbackError: the token counter failed (counted before the cap is checked).
+    """
+    gateway = options.gateway
+    extra = tuple(
+        rename_call_ids(
+            gateway.type, [*gateway.render(pair[0]), *gateway.render(pair[1])], call_ids
+        )
+    )
+    # Fresh JSON trees, read-only once prepared: out of the cyclic
+    # collector, so a held prefix adds no tracked containers.
+    untrack_json(extra)
+    tokens = count_tokens(options.token_counter, pair)
+    max_item_bytes = options.history_limits.max_item_bytes
+    size = len(_encoder.encode(extra[-1]))
+    if size > max_item_bytes:
+        raise ItemTooLargeError(
+            f"The runtime-state result of turn {excerpt(request.turn_id)} of context "
+            f"{excerpt(request.context_id)} is {size} bytes, over the per-item cap of "
+            f"{max_item_bytes} bytes.",
+            size=size,
+            limit=max_item_bytes,
+        )
+    return extra, tokens
+
+
+def _area_step(areas: AreaSection, request: ContextPrepareRequest, run_pass: bool) -> SectionResult:
+    """The area section: run its step, or as it stands for a scoped request.
+
+    Raises:
+        OpenToolCallError: the section ends with a routed call without its result.
+        AreaCallbackError: from the area step.
+    """
+    try:
+        if request.scope is not None:
+            return current_section(areas)
+        return run_area_step(areas, run_pass)
+    except OpenToolCallError as exc:
+        raise OpenToolCallError(
+            f"The area section of context {excerpt(request.context_id)} ends with routed "
+            f"tool call(s) {', '.join(map(repr, exc.call_ids))} whose result has not "
+            f"been routed; turn {excerpt(request.turn_id)} cannot be prepared until it is.",
+            call_ids=exc.call_ids,
+        ) from exc
+
+
+def _reuse_last(
+    items: NativeItems,
+    last: DeliveredPrefix | None,
+    request: ContextPrepareRequest,
+    budget: int | None,
+) -> int | None:
+    """The bytes ``items`` reuse from the last delivered prefix, adopting its decoded items.
+
+    None for a bounded render whose comparison with another run's items would
+    cost their common length (nothing changed).
+    """
+    if last is None or request.scope is not None:
+        return 0
+    if budget is not None and len(last.items) > budget and not items.same_run(last.items):
+        return None
+    reused = last.bytes_before(items.common_length(last.items))
+    items.adopt(last.items)  # a host reading items decodes only the new ones
+    if last.items.decoded:
+        # The host reads its prefixes' items (``build`` does): decode them
+        # here, in the worker thread (inline only for a small prefix, see
+        # above), not on the event loop at the first read. Sticky per
+        # context: this prefix is decoded as well (each read copies it).
+        items._shared()
+    return reused
+
+
+_OPENAI = (GatewayType.openai_chat, GatewayType.openai_responses)
+
+
+def _cache_key(options: ManagerOptions, context_id: str) -> str | None:
+    """The context's OpenAI ``prompt_cache_key``, when the options ask for one."""
+    cache = options.prompt_cache
+    if cache is None or not cache.cache_key or options.gateway.type not in _OPENAI:
+        return None
+    return prompt_cache_key(context_id, cache.key_salt)
+
+
+_MARK_KEY = b'"cache_control":'
+
+
+def _host_marks(history: NativeItems, extra: tuple[NativeContent, ...]) -> int:
+    """``cache_control`` marks in the history's items and the ones after it, counted at C speed.
+
+    A key named ``cache_control`` inside a tool call's arguments counts too:
+    the count errs high, so the assembly's mark is left out, never one too many.
+    """
+    return history.count_encoded(_MARK_KEY) + sum(
+        _encoder.encode(item).count(_MARK_KEY) for item in extra
     )
 
 

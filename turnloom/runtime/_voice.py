@@ -13,7 +13,7 @@ __all__ = ("Voice",)
 
 from collections.abc import Callable, Sequence
 
-from turnloom.context.interruption import played_prefix
+from turnloom.context.interruption import interrupted_output
 from turnloom.context.message import Message
 from turnloom.runtime._contexts import ContextTable
 from turnloom.runtime._leases import Leases
@@ -44,17 +44,24 @@ class Voice:
         self._record = record  # the manager's record
 
     def record_interrupted(
-        self, context_id: str, turn_id: str, output: Message, *, played: int
+        self,
+        context_id: str,
+        turn_id: str,
+        output: Message,
+        *,
+        played: int | None = None,
+        played_text: str | None = None,
     ) -> int:
         """Record a model output interrupted while it was played (a voice barge-in).
 
         Only what the user heard is recorded, through ``manager.record``: the
-        output's text up to ``played`` characters (see
+        output's text up to what was played (see
         :func:`~turnloom.context.played_prefix`); its tool calls stay, and as
         they have no result the ``open_calls`` policy excludes or cancels them
         in the next input unless their results are recorded. An output cut
         before any text was played and without other parts is blank and not
-        recorded.
+        recorded. The output's own words are recorded, never the played
+        transcript's.
 
         Args:
             context_id: the conversation.
@@ -63,21 +70,37 @@ class Voice:
             played: how many characters of its text were played, in code
                 points (what ``len(text)`` counts, not UTF-16 units or
                 bytes), counted over its text parts in order.
+            played_text: instead of ``played``, the text that was played as
+                the host has it (the TTS's words, or a transcription of the
+                audio sent): matched against the output's text by the rule
+                of :func:`~turnloom.context.played_count` (words, case,
+                punctuation and numbers normalised), so the TTS's
+                normalisation does not move the cut.
 
         Returns:
             how many messages were recorded (0 or 1).
 
         Raises:
-            InvalidMessageError: ``output`` is not an assistant Message, or
-                ``played`` is not a non-negative int; and as ``manager.record``.
+            InvalidMessageError: ``output`` is not an assistant Message, both
+                or neither of ``played`` and ``played_text`` are given,
+                ``played`` is not a non-negative int or ``played_text`` not a
+                str; and as ``manager.record``.
+            PlayedTextMismatchError: fewer than half of the played words
+                match the output's (a transcript of something else); nothing
+                was recorded. A host that prefers to record anyway catches it
+                and records the played text as the reply.
             StateError, FoundationClosedError, UnknownContextError,
             UnknownTurnError, InvalidTextError, DuplicateIdError,
             ItemTooLargeError, ProviderRuleError, NotClaimedError,
-            StaleLeaseError, HostCallbackError: as ``manager.record``.
+            StaleLeaseError, HostCallbackError: as ``manager.record``
+            (outputs for a removed context are dropped and counted, as
+            there).
         """
         self._life.check_recording()
-        self._table.get(context_id)
-        return self._record(context_id, turn_id, [played_prefix(output, played)])
+        cut = interrupted_output(output, played, played_text)
+        if not self._table.was_removed(context_id):
+            self._table.get(context_id)
+        return self._record(context_id, turn_id, [cut])
 
     def retract_turn(self, context_id: str, turn_id: str) -> None:
         """Take back the newest turn of a context that produced no answer (a false start).

@@ -61,6 +61,7 @@ from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 import msgspec
 import yaml
 
+from turnloom.context.cache import PromptCache
 from turnloom.context.gateway import Gateway, GatewayType, get_gateway
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import ConfigError, InputError, UnknownPluginError, excerpt, what_type
@@ -96,6 +97,10 @@ class ContextInitConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         earlier_state: ``"keep"`` or ``"drop"`` earlier turns' runtime-state
             pairs in later inputs (``"keep"``: each exactly as it was sent,
             so the previous input is a prefix of the next).
+        prompt_cache: add the provider's prompt-cache fields to the bodies
+            the manager writes (``false``; ``true`` is
+            ``prompt_cache=PromptCache()``: Anthropic breakpoints, the OpenAI
+            ``prompt_cache_key``).
     """
 
     behavior_rules: str | None = None
@@ -106,6 +111,7 @@ class ContextInitConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     history_max_item_bytes: _Positive = _LIMITS.max_item_bytes
     open_calls: Literal["exclude", "cancel"] = "exclude"
     earlier_state: Literal["keep", "drop"] = "keep"
+    prompt_cache: bool = False
 
     def history_limits(self) -> HistoryLimits:
         """The history bounds these keys give."""
@@ -151,6 +157,7 @@ class DefaultContextPlugin:
             behavior_rules=init_config.behavior_rules,
             open_calls=init_config.open_calls,
             earlier_state=init_config.earlier_state,
+            prompt_cache=PromptCache() if init_config.prompt_cache else None,
         )
 
 

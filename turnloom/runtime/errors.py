@@ -12,7 +12,7 @@ __all__ = ("FoundationClosedError",)
 
 import anyio
 
-from turnloom.errors import TurnloomError
+from turnloom._root_error import TurnloomError
 
 
 class FoundationClosedError(TurnloomError, anyio.ClosedResourceError):

@@ -48,6 +48,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from turnloom.context.cache import PromptCache
 from turnloom.context.gateway import Gateway, GatewayType
 from turnloom.context.history import HistoryLimits
 from turnloom.context.memory import MemorySource
@@ -84,7 +85,8 @@ class Foundation:
             arguments below.
         gateway, max_pending_preparations, history_limits, behavior_rules,
             open_calls, earlier_state, token_counter, strategy, memory, strategy_options,
-            max_tenant_preparations, store, lease_ttl, idle_after, owner: the
+            max_tenant_preparations, store, lease_ttl, idle_after, owner,
+            prompt_cache: the
             manager's options when ``manager`` is None (see
             :class:`ContextManager`: assembly strategies, the borrowed memory
             source, per-tenant fairness of slots, the durable context store);
@@ -172,6 +174,7 @@ class Foundation:
         lease_ttl: float = DEFAULT_LEASE_TTL,
         idle_after: float = DEFAULT_IDLE_AFTER,
         owner: str | None = None,
+        prompt_cache: PromptCache | None = None,
         collector: CollectorPolicy | None = _DEFAULT_COLLECTOR,
     ) -> None:
         if manager is None:
@@ -191,6 +194,7 @@ class Foundation:
                 lease_ttl=lease_ttl,
                 idle_after=idle_after,
                 owner=owner,
+                prompt_cache=prompt_cache,
             )
         elif not isinstance(manager, ContextManager):
             raise InputError(f"manager must be a ContextManager, not {what_type(manager)}.")
@@ -217,6 +221,7 @@ class Foundation:
                     ("lease_ttl", lease_ttl, DEFAULT_LEASE_TTL),
                     ("idle_after", idle_after, DEFAULT_IDLE_AFTER),
                     ("owner", owner, None),
+                    ("prompt_cache", prompt_cache, None),
                 )
                 if value != default
             ]

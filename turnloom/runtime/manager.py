@@ -2,8 +2,8 @@
 
 The manager is an actor living on one event loop (asyncio or trio, through
 anyio): an async shell around synchronous rooms (door checks, contexts,
-continuation, render, counters: the ``_*`` modules, each named in the README's
-Layout) and the bounded queue that owns preparations. Its synchronous methods
+continuation, render, counters: the ``_*`` modules, each named in
+``docs/layout.md``) and the bounded queue that owns preparations. Its synchronous methods
 (:meth:`ContextManager.accept_turn`, :meth:`~ContextManager.record`,
 :meth:`~ContextManager.build`) check their input completely and then change
 state in one step, so they are atomic with respect to other tasks;
@@ -26,13 +26,17 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from turnloom.context.cache import PromptCache
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent
 from turnloom.context.history import HistoryLimits, HistoryView
 from turnloom.context.memory import MemorySource
 from turnloom.context.message import Message
 from turnloom.context.pairing import OpenCallPolicy
 from turnloom.context.tokens import TokenCounter
+from turnloom.errors import InvalidArgumentError, what_type
+from turnloom.runtime import _tracing as tracing
 from turnloom.runtime._areas import Areas
+from turnloom.runtime._assembly import Assembly
 from turnloom.runtime._bridge import Bridge
 from turnloom.runtime._door import (
     DEFAULT_IDLE_AFTER,
@@ -48,7 +52,7 @@ from turnloom.runtime._leases import Leases
 from turnloom.runtime._lifecycle import Lifecycle
 from turnloom.runtime._outputs import OutputStreams
 from turnloom.runtime._voice import Voice
-from turnloom.runtime.assembly import Assembly, AssemblyStrategy, StrategyOptions
+from turnloom.runtime.assembly import AssemblyStrategy, StrategyOptions
 from turnloom.runtime.schemas import (
     ContextPrepareRequest,
     ManagerStatistics,
@@ -106,6 +110,11 @@ class ContextManager:
         store, lease_ttl, idle_after, owner: the durable store of contexts
             and its leases (default: no store, contexts are kept in memory
             only); each is documented on :class:`~turnloom.runtime.Leases`.
+        prompt_cache: what :meth:`request_body` and :meth:`request_bytes`
+            add for the provider's prompt cache (default None: nothing):
+            Anthropic breakpoints within the budget of 4, an OpenAI
+            ``prompt_cache_key`` per context
+            (:class:`~turnloom.context.cache.PromptCache`).
 
     Raises:
         InputError: a bound is not positive, ``history_limits`` is not a
@@ -137,6 +146,7 @@ class ContextManager:
         lease_ttl: float = DEFAULT_LEASE_TTL,
         idle_after: float = DEFAULT_IDLE_AFTER,
         owner: str | None = None,
+        prompt_cache: PromptCache | None = None,
     ) -> None:
         options = self._options = check_manager_options(
             gateway=gateway,
@@ -154,6 +164,7 @@ class ContextManager:
             lease_ttl=lease_ttl,
             idle_after=idle_after,
             owner=owner,
+            prompt_cache=prompt_cache,
         )
         life = self._life = Lifecycle(options)
         table = self._table = life.table
@@ -325,7 +336,10 @@ class ContextManager:
         and outputs for a turn no longer held (evicted or retracted) are not
         stored, and counted; record through the :class:`Invocation` to bind
         outputs to the very turn even when its id is reused. The runtime-state
-        pair never enters history: messages carrying it are rejected.
+        pair never enters history: messages carrying it are rejected. Outputs
+        for a context :meth:`remove_context` removed (a reply that finished
+        playing after the caller hung up) are checked as a batch of Messages,
+        then dropped and counted in ``dropped_late_outputs_total``.
 
         Outputs are accepted while the Foundation closes, until its output
         streams are drained and its preparations settled (see :meth:`history`).
@@ -367,37 +381,62 @@ class ContextManager:
                 of its results.
         """
         self._life.check_recording()
+        table = self._table
+        if table.was_removed(context_id):
+            return table.drop_late(turn_id, outputs)
         self.leases._check_writable(context_id)
-        state = self._table.get(context_id)
+        state = table.get(context_id)
         check_outputs(self.gateway, turn_id, outputs, state.history)
-        return self._table.record(state, turn_id, outputs)
+        return table.record(state, turn_id, outputs)
 
     def remove_context(self, context_id: str) -> None:
-        """Forget a context and its whole history (its counters are kept).
+        """Forget a context and its whole history (its counters are kept); idempotent.
+
+        Call it when the conversation ends (a voice host: the caller hung
+        up). Removing a context this manager already removed does nothing
+        (the last 65,536 removed ids are remembered; an id created again is
+        held again).
+
+        Work in flight for the context is cancelled, and nothing it produces
+        reaches another context:
+
+        * its preparations settle at once, counted as discarded
+          (``statistics().preparations.discarded``), and free their slots:
+          one waiting for its turn, its assembly or a thread is cancelled; one
+          whose worker thread renders is left to finish and its result
+          discarded; each requester gets
+          :class:`~turnloom.errors.ContextRemovedError`. A context created
+          again with the same id never serves them.
+        * the body of its :meth:`invocation` block in flight is cancelled (the
+          model call it streams is interrupted at its next checkpoint); the
+          block swallows that cancellation and exits normally, so the host's
+          code after the block runs.
+        * outputs recorded for it later, through an :class:`Invocation` or
+          by :meth:`record` (and ``voice.record_interrupted``) with its id,
+          are dropped and counted in ``dropped_late_outputs_total``.
 
         Turns its newest turn's acceptance evicted, held aside for a
         retraction (``voice.retract_turn``), count in ``evicted_turns_total``
         now.
 
-        Preparations waiting for a turn of the context settle at once with
-        :class:`~turnloom.errors.ContextRemovedError` and free their slots; a
-        context created again with the same id never serves them. Outputs an
-        :class:`Invocation` of it records later are dropped and counted.
-
         Raises:
             FoundationClosedError: the Foundation is closing or closed.
             InvalidMessageError: a malformed context id.
-            UnknownContextError: no such context.
-            StateError: a model call is in flight for the context.
+            UnknownContextError: no turn was ever committed to ``context_id``
+                (and it is not a remembered removed id).
             NotClaimedError, StaleLeaseError: as :meth:`accept_turn`.
 
         With a store, the context's log is deleted from the store and its lease
         released by the store's next batch (``manager.leases.flush`` waits for it).
         """
         queue = self._life.check_open().queue
+        table = self._table
+        if table.was_removed(context_id):
+            return
         self.leases._check_writable(context_id)
-        self._table.remove(context_id)
-        queue.wake(context_id)
+        state = table.get(context_id)
+        table.remove(context_id)
+        queue.remove(context_id, state)
         self.leases._forget(context_id)
 
     def invocation(self, context_id: str, turn_id: str) -> AbstractAsyncContextManager[Invocation]:
@@ -422,7 +461,10 @@ class ContextManager:
             StateError: another invocation is in flight for the context.
 
         Cancellation:
-            Entering and leaving do not wait. When the block is cancelled, what
+            Entering and leaving do not wait. The body runs in a cancel scope
+            that :meth:`remove_context` of the context cancels: the block then
+            exits without an error (its later records are dropped and
+            counted). When the block is cancelled from outside, what
             was recorded stays recorded (a blank partial output never is),
             calls left without a result are handled by the ``open_calls``
             policy at the next prepare, and the context is released.
@@ -536,12 +578,26 @@ class ContextManager:
         return await self._life.check_open().prepare(request, wait=False)
 
     def build(
-        self, prefix: PreparedContext, continuation: Sequence[Message] = ()
+        self,
+        prefix: PreparedContext,
+        continuation: Sequence[Message] = (),
+        *,
+        recorded: bool = False,
     ) -> tuple[NativeContent, ...]:
         """The input of the next model call of a turn: the prefix, then the continuation.
 
         Send ``manager.gateway.request_body(items)``, not the items (see
         :attr:`PreparedContext.items`).
+
+        With ``recorded=True`` the host need not hand back what turnloom
+        already holds: the outputs recorded for the prefix's turn so far (by
+        :meth:`record`, an :class:`Invocation`, ``voice.record_interrupted``;
+        the very messages the history holds, so they are neither checked nor
+        rendered again) come first, then ``continuation`` (what the host has
+        not recorded). ``build(prefix, recorded=True)`` after recording every
+        output equals ``build(prefix, outputs)`` with those outputs. When the
+        turn is no longer held (evicted, retracted, its context removed),
+        there are no recorded outputs to add.
 
         The continuation (the turn's model outputs and tool results so far,
         oldest first) is rendered and appended; the prefix, including its
@@ -580,9 +636,14 @@ class ContextManager:
             ProviderRuleError: the gateway rejected a message.
             TurnTooLargeError: the continuation holds more than ``max_items``
                 messages.
+            InvalidArgumentError: ``recorded`` is not a bool.
         """
         self._life.check_open()
-        return self._issued.build(prefix, continuation)
+        continuation = self._recorded(prefix, continuation, recorded, "build")
+        with tracing.build_span("turnloom.build", self.gateway, continuation) as traced:
+            items = self._issued.build(prefix, continuation)
+            traced.set("turnloom.items", len(items))
+        return items
 
     def request_bytes(
         self,
@@ -590,6 +651,7 @@ class ContextManager:
         continuation: Sequence[Message] = (),
         *,
         fields: Mapping[str, Any] | None = None,
+        recorded: bool = False,
     ) -> bytes:
         """The whole request body of ``build(prefix, continuation)``, as UTF-8 JSON bytes.
 
@@ -599,11 +661,17 @@ class ContextManager:
         rendered as :meth:`build` does) plus one C-speed join: the history's
         render cache keeps the other body items encoded (see
         :mod:`turnloom.context.body`; a prefix whose assembly put a system
-        prompt before the history is encoded whole).
+        prompt before the history is encoded whole). With a ``prompt_cache``
+        it is :meth:`request_body` encoded: the OpenAI cache key goes after
+        ``fields``; Anthropic breakpoints change blocks the cache holds
+        encoded, so that body is built and encoded whole (O(input) at C
+        speed plus one copy of every container).
 
         Args:
             fields: the request's own top-level fields, for example
                 ``{"model": "gpt-4o", "tools": [...]}``, written first.
+            recorded: the turn's recorded outputs come before
+                ``continuation``, as in :meth:`build`.
 
         Returns:
             the body's JSON bytes (``{"model": ..., "messages": [...]}`` and the like).
@@ -614,10 +682,78 @@ class ContextManager:
                 none, and it would be sent as ``null``), or sets a field the
                 body writes (the gateway's ``items_field``, or its
                 instructions field: ``system``, ``systemInstruction`` or
-                ``system_instruction``, ``instructions``).
+                ``system_instruction``, ``instructions``); or ``recorded`` is
+                not a bool.
             FoundationClosedError, InvalidMessageError, InvalidTextError,
             InstructionMessageError, DuplicateIdError, ProviderRuleError,
             TurnTooLargeError: as :meth:`build`, for the same reasons.
         """
         self._life.check_open()
-        return self._issued.request_bytes(prefix, continuation, fields)
+        continuation = self._recorded(prefix, continuation, recorded, "request_bytes")
+        with tracing.build_span("turnloom.request_bytes", self.gateway, continuation) as traced:
+            body = self._issued.request_bytes(prefix, continuation, fields)
+            traced.set("turnloom.bytes", len(body))
+        return body
+
+    def request_body(
+        self,
+        prefix: PreparedContext,
+        continuation: Sequence[Message] = (),
+        *,
+        fields: Mapping[str, Any] | None = None,
+        recorded: bool = False,
+    ) -> dict[str, Any]:
+        """The whole request body of ``build(prefix, continuation)``, prompt-cache fields added.
+
+        ``{**fields, **manager.gateway.request_body(manager.build(prefix,
+        continuation))}``, plus what the manager's ``prompt_cache``
+        (:class:`~turnloom.context.cache.PromptCache`) adds:
+
+        * OpenAI Chat and Responses: ``"prompt_cache_key"`` (after
+          ``fields``, before the items), ``prefix.prompt_cache_key``, unless
+          ``fields`` set one (the host's key wins);
+        * Anthropic: ``cache_control`` breakpoints placed by
+          :func:`~turnloom.context.cache.place_breakpoints` (the rolling end
+          of the input, the end of the last closed turn, the end of the
+          instructions, lookback bridges) within the budget of 4, counting
+          the host's own marks (in message ``extras`` and in ``fields``:
+          ``tools``, a top-level ``cache_control``); the body then passes
+          ``gateway.validate_request`` whenever the host's marks alone do.
+
+        The body is new on every call (the values of ``fields`` are the
+        host's, not copied): the marks live only in it and reach no later
+        input, prefix or ``prefix.items``. :meth:`request_bytes` is this body
+        encoded, byte for byte. ``recorded`` is as in :meth:`build`.
+
+        Raises:
+            InvalidArgumentError: as :meth:`request_bytes`, for ``fields``;
+                ``recorded`` is not a bool.
+            FoundationClosedError, InvalidMessageError, InvalidTextError,
+            InstructionMessageError, DuplicateIdError, ProviderRuleError,
+            TurnTooLargeError: as :meth:`build`, for the same reasons.
+        """
+        self._life.check_open()
+        continuation = self._recorded(prefix, continuation, recorded, "request_body")
+        with tracing.build_span("turnloom.request_body", self.gateway, continuation):
+            return self._issued.request_body(prefix, continuation, fields)
+
+    def _recorded(
+        self,
+        prefix: PreparedContext,
+        continuation: Sequence[Message],
+        recorded: object,
+        method: str,
+    ) -> Sequence[Message]:
+        """``continuation``, after the turn's recorded outputs when ``recorded`` is True.
+
+        Raises:
+            InvalidArgumentError: ``recorded`` is not a bool.
+        """
+        if recorded is False:
+            return continuation
+        if recorded is not True:
+            raise InvalidArgumentError(
+                f"{method}'s recorded must be True or False, not {what_type(recorded)}.",
+                field="recorded",
+            )
+        return self._issued.with_recorded(prefix, continuation)

@@ -30,6 +30,11 @@ name                                      type       meaning
 ``prefix_compared_bytes_total``           counter    previous-prefix bytes compared
 ``prefix_reused_bytes_total``             counter    of those, reused byte for byte
 ``prefix_stability_ratio``                gauge      reused / compared (1.0 when none)
+``prefix_compared_tokens_total``          counter    previous-prefix tokens compared
+``prefix_reused_tokens_total``            counter    of those, reused (estimated by byte share)
+``prompt_cache_share{gateway,unit}``      gauge      the share of previous inputs the next
+                                                     input repeats: ``unit`` is ``bytes``
+                                                     or ``tokens`` (1.0 when none)
 ``areas_attached``                        gauge      Context Areas attached, not collected
 ``areas_registered_total``                counter    ``areas.attach`` calls accepted
 ``area_renders_total``                    counter    area passes run (collect, then unfold)
@@ -47,6 +52,9 @@ name                                      type       meaning
 ``hydrated_entries_total{strategy}``      counter    memory entries recalled (assemblies and
                                                      ``hydrate_context`` calls)
 ``hydrate_context_calls_total{strategy}`` counter    ``hydrate_context`` calls answered
+``assembly_breakpoints_skipped_total{strategy}``  counter  prompts sent without their
+                                                     Anthropic breakpoint (host marks used
+                                                     the budget of 4)
 ========================================  =========  ======================================
 
 The assembly families exist only when the Foundation has a strategy. Their
@@ -199,6 +207,28 @@ class ManagerCollector(Collector):
             "Share of previous prefix bytes reused byte for byte.",
             ratio,
         )
+        yield CounterMetricFamily(
+            "turnloom_prefix_compared_tokens",
+            "Tokens of previous prefixes compared with the next prefix of the same context.",
+            s.prefix.tokens_total,
+        )
+        yield CounterMetricFamily(
+            "turnloom_prefix_reused_tokens",
+            "Of those, tokens of the reused parts (estimated by byte share).",
+            s.prefix.reused_tokens_total,
+        )
+        share = GaugeMetricFamily(
+            "turnloom_prompt_cache_share",
+            "Share of each context's previous input that its next input repeats "
+            "(what a provider's prefix cache could serve).",
+            labels=["gateway", "unit"],
+        )
+        share.add_metric([s.prefix.gateway, "bytes"], ratio)
+        tokens = s.prefix.tokens_total
+        share.add_metric(
+            [s.prefix.gateway, "tokens"], s.prefix.reused_tokens_total / tokens if tokens else 1.0
+        )
+        yield share
         yield GaugeMetricFamily(
             "turnloom_areas_attached",
             "Context Areas attached across contexts and not yet collected.",
@@ -271,6 +301,12 @@ class ManagerCollector(Collector):
                 "turnloom_hydrate_context_calls",
                 "hydrate_context calls answered.",
                 a.tool_calls_total,
+            ),
+            (
+                "turnloom_assembly_breakpoints_skipped",
+                "Assembled prompts sent without their Anthropic cache breakpoint: "
+                "the host's marks used the budget of 4.",
+                a.breakpoints_skipped_total,
             ),
         ):
             family = CounterMetricFamily(name, documentation, labels=["strategy"])

@@ -284,7 +284,22 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
             the message ids of the turn's input.
         reused_bytes: bytes at the start of ``items`` equal to the previous
             prepared prefix of the same context (prefix stability); 0 for a
-            scoped prepare, which is not compared.
+            scoped prepare, which is not compared. The context's previous
+            input is the last prefix delivered for it (its ``build`` calls
+            only append to that prefix): this is the share of the input a
+            provider's prefix cache could serve, compared item by item (each
+            item's encoded bytes are kept, so nothing is encoded again), in
+            the worker thread that rendered the prefix.
+        reused_tokens: the tokens of that shared prefix, estimated as
+            ``tokens`` of the previous prefix times the reused share of its
+            bytes (rounded down): turnloom keeps tokens per message, not per
+            item, so this is the byte share applied to tokens, never more
+            than the previous prefix's tokens; 0 when ``reused_bytes`` is 0.
+        prompt_cache_key: the context's OpenAI ``prompt_cache_key`` (a salted
+            hash of the context id, :func:`~turnloom.context.cache.prompt_cache_key`)
+            when the manager has a ``prompt_cache`` with ``cache_key`` and its
+            gateway is OpenAI Chat or Responses; else None.
+            ``manager.request_body`` and ``request_bytes`` send it.
         queued_seconds: time from the request to the start of rendering, in
             seconds (waiting for a slot, the turn's commit and a worker thread).
         render_seconds: time spent rendering in the worker thread, in seconds.
@@ -308,6 +323,8 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     state_call_id: str | None = None
     reserved_ids: tuple[str, ...] = ()
     reused_bytes: int = 0
+    reused_tokens: int = 0
+    prompt_cache_key: str | None = None
     queued_seconds: float = 0.0
     render_seconds: float = 0.0
     assembled: AssembledContext | None = None
@@ -332,8 +349,9 @@ class PreparationStatistics(msgspec.Struct, frozen=True, kw_only=True):
         prepared_total: preparations delivered to their requester.
         failed_total: preparations that ended with an error.
         discarded_total: preparations whose requester was cancelled, even
-            after the render finished; their result, if any, was dropped
-            (an area section it held goes to the next preparation).
+            after the render finished, or whose context was removed while
+            they were in flight; their result, if any, was dropped (an area
+            section it held goes to the next preparation).
         rejected_total: ``prepare_nowait`` calls refused for lack of a slot.
     """
 
@@ -386,10 +404,18 @@ class PrefixStatistics(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         bytes_total: bytes of previous prefixes compared for stability.
         reused_bytes_total: of those, bytes reused byte for byte.
+        tokens_total: tokens of the previous prefixes compared.
+        reused_tokens_total: of those, the tokens of the reused parts
+            (``PreparedContext.reused_tokens``, an estimate by byte share).
+        gateway: the manager's gateway (``GatewayType`` value), the label of
+            the cache-share metrics.
     """
 
     bytes_total: int
     reused_bytes_total: int
+    tokens_total: int = 0
+    reused_tokens_total: int = 0
+    gateway: str = ""
 
 
 class LatencyHistograms(msgspec.Struct, frozen=True, kw_only=True):
@@ -469,6 +495,10 @@ class AssemblyStatistics(msgspec.Struct, frozen=True, kw_only=True):
         entries_total: memory entries recalled, by assemblies and by
             ``hydrate_context`` calls.
         tool_calls_total: ``hydrate_context`` calls answered.
+        breakpoints_skipped_total: delivered prefixes whose assembled system
+            prompt went without its Anthropic ``cache_control`` breakpoint
+            because the host's own marks in the input already used the
+            budget of 4 (the request would have been refused with a fifth).
         bounds: latency bucket upper bounds, in seconds (``+Inf`` implied).
         latency_counts: cumulative counts of assembly latency.
         latency_sum: sum of assembly latencies, in seconds.
@@ -481,6 +511,7 @@ class AssemblyStatistics(msgspec.Struct, frozen=True, kw_only=True):
     hydrations_total: int = 0
     entries_total: int = 0
     tool_calls_total: int = 0
+    breakpoints_skipped_total: int = 0
     bounds: tuple[float, ...] = ()
     latency_counts: tuple[int, ...] = ()
     latency_sum: float = 0.0

@@ -103,6 +103,17 @@ class ContextStore(Protocol):
             or the :class:`~turnloom.errors.StoreError` that kept that
             context's write from applying (a gap: ``start`` is after the end
             of its log; a damaged key). Other contexts are not affected.
+
+        Cancellation:
+            Each context's write is applied whole or not at all, and a
+            cancelled call may have applied any of them: the caller cannot
+            tell which, so it treats every context of the batch as unknown
+            (reread the log, or retry: a retry of an applied write returns
+            a length other than ``start + len(records)``). The SQLite store
+            finishes the batch's one transaction in its worker thread before
+            the cancellation is delivered (all of the batch or none of it);
+            the Redis store's pipelined scripts may be applied for some
+            contexts of the batch and not others.
         """
         ...
 
@@ -116,6 +127,14 @@ class ContextStore(Protocol):
             by an earlier try of the same call); False when refused, nothing
             changed: ``token`` is not the live lease's, or the log does not
             hold exactly ``length`` records.
+
+        Cancellation:
+            The log is the old one or ``records``, never a mix, and a
+            cancelled call may have replaced it (the SQLite store finishes
+            its transaction before the cancellation is delivered; the Redis
+            store's one script runs whole on the server once sent). Retrying
+            the same call tells which: it returns True when the log is
+            ``records``.
         """
         ...
 

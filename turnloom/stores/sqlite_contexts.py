@@ -42,7 +42,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Literal, Self, TypeAlias, TypeVar
+from typing import Literal, Self, TypeAlias, TypeVar, cast
 
 import anyio
 import anyio.to_thread
@@ -82,16 +82,29 @@ CREATE TABLE IF NOT EXISTS turnloom_records (
 """
 
 
-def _holds(row: tuple[object, ...] | None, token: int, owner: str, now: float) -> bool:
-    """Whether a context row's live lease is ``token`` held by ``owner``."""
-    return (
+def _leased_length(
+    db: sqlite3.Connection, context_id: str, token: int, owner: str, now: float
+) -> int | None:
+    """The length of the context's log when its live lease is ``token`` held by ``owner``.
+
+    The one lease check of every write (append, replace, forget), run inside
+    the write's transaction. None when the lease is not so held (or the
+    context has no row).
+    """
+    row = db.execute(
+        "SELECT token, owner, expires_at, length FROM turnloom_contexts WHERE context_id = ?",
+        (context_id,),
+    ).fetchone()
+    if (
         row is not None
         and row[0] == token
         and row[1] is not None
         and row[1] == owner
         and isinstance(row[2], float | int)
         and row[2] > now
-    )
+    ):
+        return cast(int, row[3])
+    return None
 
 
 class SQLiteContextStore:
@@ -253,15 +266,10 @@ class SQLiteContextStore:
         def work(db: sqlite3.Connection, now: float) -> dict[str, int | StoreError]:
             outcome: dict[str, int | StoreError] = {}
             for context_id, token, start, records in batch:
-                row = db.execute(
-                    "SELECT token, owner, expires_at, length FROM turnloom_contexts "
-                    "WHERE context_id = ?",
-                    (context_id,),
-                ).fetchone()
-                if not _holds(row, token, owners[context_id], now):
+                length = _leased_length(db, context_id, token, owners[context_id], now)
+                if length is None:
                     outcome[context_id] = -1
                     continue
-                length = row[3]
                 if start > length:
                     outcome[context_id] = StoreError(
                         f"A write to context {context_id!r} starts at record {start}, but "
@@ -303,15 +311,11 @@ class SQLiteContextStore:
         owner = self._holds.owner(context_id, token)
 
         def work(db: sqlite3.Connection, now: float) -> bool:
-            row = db.execute(
-                "SELECT token, owner, expires_at, length FROM turnloom_contexts "
-                "WHERE context_id = ?",
-                (context_id,),
-            ).fetchone()
-            if not _holds(row, token, owner, now):
+            held_length = _leased_length(db, context_id, token, owner, now)
+            if held_length is None:
                 return False
-            if row[3] != length:
-                if row[3] != len(framed):
+            if held_length != length:
+                if held_length != len(framed):
                     return False
                 held = db.execute(
                     "SELECT data FROM turnloom_records WHERE context_id = ? ORDER BY position",
@@ -366,11 +370,7 @@ class SQLiteContextStore:
         owner = self._holds.owner(context_id, token)
 
         def work(db: sqlite3.Connection, now: float) -> bool:
-            row = db.execute(
-                "SELECT token, owner, expires_at FROM turnloom_contexts WHERE context_id = ?",
-                (context_id,),
-            ).fetchone()
-            if not _holds(row, token, owner, now):
+            if _leased_length(db, context_id, token, owner, now) is None:
                 return False
             db.execute("DELETE FROM turnloom_records WHERE context_id = ?", (context_id,))
             db.execute(

@@ -15,105 +15,89 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from turnloom.errors import InputError
-from turnloom.tools.loadtest import LoadtestReport
+from turnloom.tools.loadtest import LoadtestReport, RunFigures
 
 
-class FleetReport(msgspec.Struct, frozen=True, kw_only=True):
-    """The aggregate of one multi-process load test.
+class FleetReport(RunFigures, frozen=True, kw_only=True):
+    """The aggregate of one multi-process load test: :class:`RunFigures` added up.
+
+    How each figure adds up (:data:`_SUMMED`, :data:`_WORST`): ``sessions``,
+    ``sessions_failed``, ``turns``, ``model_calls``, ``prepares``,
+    ``rejections``, ``evicted_turns``, ``takeovers``,
+    ``gc_full_collections``, ``gc_full_steady``, ``collector_steps``,
+    ``collector_thorough_steps``, ``render_seconds`` and ``cpu_seconds`` are
+    summed (``cpu_seconds / prepares`` is the fleet's CPU per prepare);
+    ``seconds`` is the longest process's wall time and
+    ``prepares_per_second`` ``prepares / seconds``, the aggregate throughput;
+    the latencies, lags, ``gc_pause_max_ms``, ``gc_full_cpu_max_ms`` and
+    ``collector_step_cpu_max_ms`` are the worst process's
+    (percentiles and pauses of different processes do not add up);
+    ``think_time`` and ``store`` are the same in every process; ``errors``
+    are the first few of all processes.
 
     Attributes:
         processes: processes run.
-        sessions, sessions_failed, turns, model_calls, prepares, rejections,
-            evicted_turns, takeovers: sums over the processes.
-        seconds: the longest process's wall time, in seconds.
-        prepares_per_second: ``prepares / seconds``: the aggregate throughput.
-        prepare_p50_ms, prepare_p95_ms, prepare_p99_ms, loop_lag_p99_ms,
-            loop_lag_max_ms, gc_pause_max_ms: the worst process's value, in
-            milliseconds (percentiles and pauses of different processes do not
-            add up).
-        gc_full_collections, gc_full_steady, collector_steps,
-            collector_thorough_steps: summed.
-        gc_full_cpu_max_ms, collector_step_cpu_max_ms: the worst process's
-            longest full collection and collector step (CPU, milliseconds).
         peak_rss_bytes: each process's peak resident set size, in bytes.
-        think_time: the sessions' pause between turns, in seconds (the same in
-            every process).
-        render_seconds, cpu_seconds: worker render time and whole-process CPU
-            time, in seconds, summed (``cpu_seconds / prepares`` is the CPU per
-            prepare of the fleet).
-        store: the store URL (``""``: memory only).
-        errors: the first few error messages of all processes.
     """
 
     processes: int
-    sessions: int
-    sessions_failed: int
-    turns: int
-    model_calls: int
-    prepares: int
-    seconds: float
-    prepares_per_second: float
-    prepare_p50_ms: float
-    prepare_p95_ms: float
-    prepare_p99_ms: float
-    loop_lag_p99_ms: float
-    loop_lag_max_ms: float
-    gc_full_collections: int
-    gc_pause_max_ms: float
     peak_rss_bytes: tuple[int, ...]
-    rejections: int
-    evicted_turns: int
-    takeovers: int
-    think_time: float
-    render_seconds: float
-    cpu_seconds: float
-    store: str
-    errors: tuple[str, ...]
-    gc_full_cpu_max_ms: float = 0.0
-    gc_full_steady: int = 0
-    collector_steps: int = 0
-    collector_thorough_steps: int = 0
-    collector_step_cpu_max_ms: float = 0.0
+
+
+_SUMMED = (
+    "sessions",
+    "sessions_failed",
+    "turns",
+    "model_calls",
+    "gc_full_collections",
+    "gc_full_steady",
+    "collector_steps",
+    "collector_thorough_steps",
+    "rejections",
+    "evicted_turns",
+    "takeovers",
+    "render_seconds",
+    "cpu_seconds",
+)
+"""The figures a fleet sums over its processes."""
+_WORST = (
+    "prepare_p50_ms",
+    "prepare_p95_ms",
+    "prepare_p99_ms",
+    "loop_lag_p99_ms",
+    "loop_lag_max_ms",
+    "gc_pause_max_ms",
+    "gc_full_cpu_max_ms",
+    "collector_step_cpu_max_ms",
+)
+"""The figures a fleet takes from its worst process (the largest)."""
+_LOWEST = ("prefix_reuse", "prefix_reuse_tokens")
+"""The figures a fleet takes from its lowest process: a process's prompt cache share is
+its own contexts', and the shares of different processes are not weighted here."""
 
 
 def aggregate(reports: Sequence[LoadtestReport]) -> FleetReport:
     """Add the reports of the processes of one run up (see :class:`FleetReport`)."""
     seconds = max(r.seconds for r in reports)
     prepares = sum(r.prepares for r in reports)
+    figures: dict[str, Any] = {n: sum(getattr(r, n) for r in reports) for n in _SUMMED}
+    figures.update({n: max(getattr(r, n) for r in reports) for n in _WORST})
+    figures.update({n: min(getattr(r, n) for r in reports) for n in _LOWEST})
     return FleetReport(
         processes=len(reports),
-        sessions=sum(r.sessions for r in reports),
-        sessions_failed=sum(r.sessions_failed for r in reports),
-        turns=sum(r.turns for r in reports),
-        model_calls=sum(r.model_calls for r in reports),
         prepares=prepares,
         seconds=seconds,
         prepares_per_second=prepares / seconds if seconds else 0.0,
-        prepare_p50_ms=max(r.prepare_p50_ms for r in reports),
-        prepare_p95_ms=max(r.prepare_p95_ms for r in reports),
-        prepare_p99_ms=max(r.prepare_p99_ms for r in reports),
-        loop_lag_p99_ms=max(r.loop_lag_p99_ms for r in reports),
-        loop_lag_max_ms=max(r.loop_lag_max_ms for r in reports),
-        gc_full_collections=sum(r.gc_full_collections for r in reports),
-        gc_pause_max_ms=max(r.gc_pause_max_ms for r in reports),
         peak_rss_bytes=tuple(r.peak_rss_bytes for r in reports),
-        rejections=sum(r.rejections for r in reports),
-        evicted_turns=sum(r.evicted_turns for r in reports),
-        takeovers=sum(r.takeovers for r in reports),
         think_time=reports[0].think_time,
-        render_seconds=sum(r.render_seconds for r in reports),
-        cpu_seconds=sum(r.cpu_seconds for r in reports),
         store=reports[0].store,
         errors=tuple(e for r in reports for e in r.errors)[:10],
-        gc_full_cpu_max_ms=max(r.gc_full_cpu_max_ms for r in reports),
-        gc_full_steady=sum(r.gc_full_steady for r in reports),
-        collector_steps=sum(r.collector_steps for r in reports),
-        collector_thorough_steps=sum(r.collector_thorough_steps for r in reports),
-        collector_step_cpu_max_ms=max(r.collector_step_cpu_max_ms for r in reports),
+        **figures,
     )
 
 

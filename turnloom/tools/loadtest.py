@@ -15,6 +15,7 @@ from __future__ import annotations
 __all__ = (
     "LoadtestReport",
     "LoadtestSamples",
+    "RunFigures",
     "SustainedReport",
     "count_model_calls",
     "loadtest",
@@ -49,8 +50,12 @@ _TICK = 0.005
 _DEFAULT_COLLECTOR = CollectorPolicy()
 
 
-class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
-    """The figures of one load test.
+class RunFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """The figures a load test reports, whether one process ran it or several.
+
+    :class:`LoadtestReport` (one process) and
+    :class:`~turnloom.tools.fleet.FleetReport` (several, added up) carry them
+    all; each field is written here once.
 
     Attributes:
         sessions: sessions run concurrently.
@@ -79,7 +84,6 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
             not frozen, counted in ``gc_full_collections`` too), and how many
             of them were thorough (see :class:`~turnloom.runtime.CollectorPolicy`).
         collector_step_cpu_max_ms: the longest step's CPU time, milliseconds.
-        peak_rss_bytes: the process's peak resident set size, in bytes.
         rejections: ``prepare_nowait`` calls refused because the queue was full.
         evicted_turns: turns evicted from histories.
         errors: the first few error messages.
@@ -94,6 +98,12 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
             acknowledged by a flush before its prepare, and the context is
             removed from the store when the session ends.
         takeovers: claims that restored a context another owner had stored.
+        prefix_reuse: the share of the bytes of each context's previous
+            prepared input that its next one repeated (what a provider's
+            prefix cache could serve; ``statistics().prefix``); 1.0 when none
+            was compared.
+        prefix_reuse_tokens: the same share in tokens (estimated by byte
+            share per prefix, see ``PreparedContext.reused_tokens``).
     """
 
     sessions: int
@@ -110,7 +120,6 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
     loop_lag_max_ms: float
     gc_full_collections: int
     gc_pause_max_ms: float
-    peak_rss_bytes: int
     rejections: int
     evicted_turns: int
     errors: tuple[str, ...]
@@ -119,11 +128,23 @@ class LoadtestReport(msgspec.Struct, frozen=True, kw_only=True):
     cpu_seconds: float = 0.0
     store: str = ""
     takeovers: int = 0
+    prefix_reuse: float = 1.0
+    prefix_reuse_tokens: float = 1.0
     gc_full_cpu_max_ms: float = 0.0
     gc_full_steady: int = 0
     collector_steps: int = 0
     collector_thorough_steps: int = 0
     collector_step_cpu_max_ms: float = 0.0
+
+
+class LoadtestReport(RunFigures, frozen=True, kw_only=True):
+    """The figures of one load test (one process): :class:`RunFigures`, and its memory.
+
+    Attributes:
+        peak_rss_bytes: the process's peak resident set size, in bytes.
+    """
+
+    peak_rss_bytes: int
 
 
 class LoadtestSamples(msgspec.Struct, kw_only=True):
@@ -530,7 +551,13 @@ async def _run(
         collector_steps=steps.steps if steps is not None else 0,
         collector_thorough_steps=steps.thorough_steps if steps is not None else 0,
         collector_step_cpu_max_ms=steps.step_cpu_max_seconds * 1000 if steps is not None else 0.0,
+        prefix_reuse=_share(stats.prefix.reused_bytes_total, stats.prefix.bytes_total),
+        prefix_reuse_tokens=_share(stats.prefix.reused_tokens_total, stats.prefix.tokens_total),
     )
+
+
+def _share(part: int, whole: int) -> float:
+    return part / whole if whole else 1.0
 
 
 async def _claim_when_free(manager: ContextManager, context_id: str) -> None:

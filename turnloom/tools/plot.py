@@ -27,6 +27,8 @@ def check_plot_path(path: Path) -> str | None:
     Checks the suffix and that matplotlib can be imported; writability is the
     caller's check, as for every output.
     """
+    if str(path) == "-":
+        return "--plot cannot write standard output ('-'): give FILE.png or FILE.svg."
     if path.suffix.lower() not in PLOT_FORMATS:
         return f"--plot {path} must end in .png or .svg."
     try:

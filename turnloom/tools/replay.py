@@ -121,6 +121,8 @@ class ReplaySummary(msgspec.Struct, frozen=True, kw_only=True):
         hydrated_entries: memory entries the strategy recalled.
         prefix_reuse: share of each previous prepared input of a session
             that the next one reused byte for byte (1.0 when none compared).
+        prefix_reuse_tokens: the same share in tokens (estimated by byte
+            share per prefix, see ``PreparedContext.reused_tokens``).
         added_items: items of the documented additions -- the assembled
             system prompt, runtime-state pairs (the turn's and earlier turns'
             kept ones), the area section -- set aside before an input was
@@ -141,6 +143,7 @@ class ReplaySummary(msgspec.Struct, frozen=True, kw_only=True):
     strategy: str | None = None
     hydrated_entries: int = 0
     prefix_reuse: float = 1.0
+    prefix_reuse_tokens: float = 1.0
     added_items: int = 0
 
 
@@ -458,6 +461,11 @@ async def replay(
         prefix_reuse=(
             statistics.prefix.reused_bytes_total / statistics.prefix.bytes_total
             if statistics.prefix.bytes_total
+            else 1.0
+        ),
+        prefix_reuse_tokens=(
+            statistics.prefix.reused_tokens_total / statistics.prefix.tokens_total
+            if statistics.prefix.tokens_total
             else 1.0
         ),
         added_items=totals.added,

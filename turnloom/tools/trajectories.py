@@ -22,6 +22,7 @@ __all__ = (
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,8 @@ def load_trajectories(path: str | Path) -> tuple[list[Trajectory], list[ReplayEr
     trajectories before the damage are kept and the damage is reported with
     its trajectory (and message, when it can be found).
 
+    ``-`` is standard input, read to its end (its source is ``"-"``).
+
     Returns:
         the trajectories that could be read, and the errors. A file that
         cannot be read, is not UTF-8, is not JSON or JSONL, holds a JSON
@@ -176,7 +179,7 @@ def load_trajectories(path: str | Path) -> tuple[list[Trajectory], list[ReplayEr
 
 def _load(source: str, path: str | Path) -> tuple[list[Trajectory], list[ReplayError]]:
     try:
-        raw = Path(path).read_bytes()
+        raw = sys.stdin.buffer.read() if source == "-" else Path(path).read_bytes()
     except OSError as exc:
         return [], [_file_error(source, f"cannot read the file: {exc.strerror}.")]
     try:

@@ -72,6 +72,7 @@ from typing import Any
 
 from turnloom.context._untrack import untrack_atoms
 from turnloom.context.body import BodyWriter, write_body, written_body
+from turnloom.context.cache import anthropic_breakpoints, breakpoint_violations, message_breakpoints
 from turnloom.context.callids import CallIdRenamer, register_rewriter
 from turnloom.context.gateway import (
     Gateway,
@@ -130,6 +131,8 @@ _WRITES = NativeKeys(
 _EMPTY_ERROR_TEXT = "The tool failed without output."
 # The API checks every tool_use id (and tool_use_id) against this pattern.
 _CALL_ID = re.compile(r"[a-zA-Z0-9_-]+")
+# The rules validate_request counts over the whole body, not the messages alone.
+_CACHE_RULES = ("too_many_cache_breakpoints", "cache_ttl_order")
 
 
 @written_body
@@ -552,10 +555,19 @@ class AnthropicGateway(Gateway):
         it in 2024 ("first message must use the user role") but accepts it now (it is
         how a reply is prefilled).
 
+        Prompt caching (Source: Anthropic prompt caching guide): at most 4
+        ``cache_control`` breakpoints (``too_many_cache_breakpoints``), and no
+        ``"ttl": "1h"`` breakpoint after a shorter-lived one
+        (``cache_ttl_order``). Only the marks of ``items`` are seen here; the
+        request's ``tools`` and top-level ``system`` hold marks too, so check
+        a whole body with :meth:`validate_request`.
+
         Returns:
             every violation, in item order; empty when the input is valid.
         """
         out: list[Violation] = empty_input(items, "messages")
+        if isinstance(items, list | tuple):
+            out.extend(breakpoint_violations(message_breakpoints(items)))
         seen_ids: dict[str, int] = {}
         open_calls: dict[str, int] = {}
         for index, item in enumerate(items):
@@ -714,6 +726,36 @@ class AnthropicGateway(Gateway):
                     f"input ends).",
                 )
             )
+        return sorted(out, key=lambda v: v.index)
+
+    def validate_request(self, body: dict[str, Any]) -> list[Violation]:
+        """Check a whole Messages request body: :meth:`validate` of its
+        ``messages``, with the prompt-cache rules counted over the whole body.
+
+        Anthropic counts ``cache_control`` breakpoints across ``tools``,
+        ``system`` and the message blocks, and a top-level ``cache_control``
+        (automatic caching) takes one of the 4 slots as well; TTLs are
+        ordered in that reading order (``tools``, ``system``, ``messages``).
+        A cache violation in ``tools``, ``system`` or the top-level field
+        has ``index`` -1.
+
+        Source: Anthropic prompt caching guide ("Cache breakpoints",
+        "Mixing different TTLs", automatic caching).
+
+        Returns:
+            every violation, in index order; empty when the body is valid.
+
+        Raises:
+            InvalidMessageError: ``body`` is not a dict.
+        """
+        body = require_object(body, "Anthropic", "request body")
+        messages = body.get("messages")
+        out = [
+            v
+            for v in self.validate(messages if isinstance(messages, list) else [])
+            if v.rule not in _CACHE_RULES
+        ]
+        out.extend(breakpoint_violations(anthropic_breakpoints(body)))
         return sorted(out, key=lambda v: v.index)
 
     def request_body(self, items: Sequence[NativeContent]) -> dict[str, Any]:

@@ -1,0 +1,487 @@
+"""``TurnloomContextAggregatorPair`` in a real Pipecat pipeline with a scripted LLM and TTS.
+
+Pipecat is asyncio-only, so these tests run on asyncio only. Each call is a
+real ``Pipeline`` of the pair's aggregators around a real ``LLMService``
+subclass (scripted replies, Pipecat's own function-call runner) and a TTS
+stand-in that releases words as they play, run by Pipecat's ``WorkerRunner``
+as Pipecat's own tests do; the caller's turns are an external turn
+detector's frames and transcripts (no audio, no network).
+
+Invariants: turnloom's history is the exact conversation (a reply as played,
+a tool call and its result, no false start); every input the LLM is sent is
+exactly turnloom's (OpenAI Chat, and Anthropic as Pipecat's adapter converts
+it); Pipecat's own context stays bounded; the pipeline's end removes the
+context, even while the model streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pipecat")
+
+from tests.integrations.pipecat_fakes import Call, FakeCall, ScriptedLLM, find_bag, run_calls
+from turnloom.context import HistoryLimits, Message, Role, TextPart, ToolCallPart, ToolResultPart
+from turnloom.errors import InvalidArgumentError
+from turnloom.integrations.pipecat import TurnloomContextAggregatorPair
+from turnloom.runtime import ContextManager, ContextPrepareRequest, Foundation, TurnSnapshot
+
+CALL = {
+    "id": "c1",
+    "type": "function",
+    "function": {"name": "find_bag", "arguments": '{"tag": "X1"}'},
+}
+SYSTEM = {"role": "system", "content": "Be brief."}
+# Pipecat encodes a function's result as JSON: the string result arrives quoted.
+CHAT = [
+    {"role": "user", "content": "Where is my bag?"},
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "c1", "content": '"Gate 4 (X1)"'},
+    {"role": "assistant", "content": "It is at gate 4."},
+    {"role": "user", "content": "Thanks."},
+    {"role": "assistant", "content": "Bye."},
+]
+ANTHROPIC = [
+    {"role": "user", "content": "Where is my bag?"},
+    {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "c1", "name": "find_bag", "input": {"tag": "X1"}}],
+    },
+    {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": "c1", "content": '"Gate 4 (X1)"'}],
+    },
+    {"role": "assistant", "content": "It is at gate 4."},
+    {"role": "user", "content": "Thanks."},
+]
+
+
+# Twenty words at 50 ms each: a barge-in after the third lands long before the end.
+LONG_REPLY = [
+    *("Three ", "flights ", "go ", "to ", "Oslo ", "today, ", "at ", "nine, ", "noon "),
+    *("and ", "six; ", "the ", "first ", "is ", "nearly ", "full, ", "the ", "others ", "are "),
+    "not.",
+]
+
+
+def _script() -> ScriptedLLM:
+    model = ScriptedLLM(
+        [[Call("c1", "find_bag", {"tag": "X1"})], ["It is at ", "gate 4."], ["Bye."]]
+    )
+    model.register_function("find_bag", find_bag)
+    return model
+
+
+def _history(manager: ContextManager, context_id: str) -> list[tuple[str, str]]:
+    view = manager.history(context_id)
+    out: list[tuple[str, str]] = []
+    for turn in view.turn_ids:
+        for message in view.turn_messages(turn):
+            for part in message.content:
+                if isinstance(part, TextPart):
+                    out.append((message.role.value, part.text))
+                elif isinstance(part, ToolCallPart):
+                    out.append(("call", f"{part.call_id} {part.name} {part.arguments}"))
+                elif isinstance(part, ToolResultPart):
+                    text = part.content[0]
+                    assert isinstance(text, TextPart)
+                    out.append(("result", f"{part.call_id} {text.text}"))
+    return out
+
+
+HISTORY = [
+    ("user", "Where is my bag?"),
+    ("call", 'c1 find_bag {"tag": "X1"}'),
+    ("result", 'c1 "Gate 4 (X1)"'),
+    ("assistant", "It is at gate 4."),
+    ("user", "Thanks."),
+    ("assistant", "Bye."),
+]
+
+
+async def _two_turns(call: FakeCall) -> None:
+    await call.say("Where is my bag?")
+    await call.replies(2)  # the tool call's (silent) reply, then the answer
+    await call.say("Thanks.")
+    await call.replies(3)
+
+
+def test_a_call_with_a_tool_records_the_exact_history_and_sends_the_exact_inputs() -> None:
+    """Every input Pipecat's LLM was sent is turnloom's, in OpenAI Chat and, through
+    Pipecat's Anthropic adapter, Anthropic shape; the next turn's prepared input holds
+    the whole exact conversation."""
+
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, _script())
+            histories: list[list[tuple[str, str]]] = []
+
+            async def script() -> None:
+                await _two_turns(call)
+                histories.append(_history(manager, "call-1"))
+                await call.end()
+
+            await run_calls([call], script)
+            assert histories == [HISTORY]
+            assert call.llm.seen == [[SYSTEM, *CHAT[:1]], [SYSTEM, *CHAT[:3]], [SYSTEM, *CHAT[:5]]]
+            assert call.llm.anthropic == [
+                {"system": "Be brief.", "messages": ANTHROPIC[:1]},
+                {
+                    "system": "Be brief.",
+                    "messages": [
+                        *ANTHROPIC[:2],
+                        {
+                            "role": "user",
+                            "content": [
+                                {
+                                    "type": "tool_result",
+                                    "tool_use_id": "c1",
+                                    "content": '"Gate 4 (X1)"',
+                                }
+                            ],
+                        },
+                    ],
+                },
+                {"system": "Be brief.", "messages": ANTHROPIC},
+            ]
+            # The pipeline's end removed the call's context.
+            assert manager.context_ids() == ()
+
+    asyncio.run(main())
+
+
+def test_the_next_input_after_the_call_is_exact_for_openai_chat_and_anthropic() -> None:
+    """The history the pipeline recorded renders, in a third turn, as the exact next
+    input on turnloom's own OpenAI Chat and Anthropic gateways."""
+
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, _script())
+            inputs: list[Any] = []
+
+            async def script() -> None:
+                await _two_turns(call)
+                view = manager.history("call-1")
+                messages = [m for t in view.turn_ids for m in view.turn_messages(t)]
+                inputs.append(messages)
+                await call.end()
+
+            await run_calls([call], script)
+            messages = inputs[0]
+            one_more = Message(role=Role.user, content="One more.")
+            system = Message(role=Role.system, content="Be brief.")
+            for gateway in ("openai_chat", "anthropic"):
+                async with Foundation(gateway=gateway) as replay:
+                    replay.manager.accept_turn(
+                        TurnSnapshot(
+                            context_id="c",
+                            turn_id="t1",
+                            instructions=(system,),
+                            input=(messages[0],),
+                        )
+                    )
+                    replay.manager.record("c", "t1", messages[1:4])
+                    replay.manager.accept_turn(
+                        TurnSnapshot(context_id="c", turn_id="t2", input=(messages[4],))
+                    )
+                    replay.manager.record("c", "t2", messages[5:])
+                    replay.manager.accept_turn(
+                        TurnSnapshot(context_id="c", turn_id="t3", input=(one_more,))
+                    )
+                    prefix = await replay.manager.prepare(
+                        ContextPrepareRequest(context_id="c", turn_id="t3")
+                    )
+                    body = replay.manager.gateway.request_body(prefix.items)
+                    inputs.append((gateway, body))
+            assert inputs[1] == (
+                "openai_chat",
+                {"messages": [SYSTEM, *CHAT, {"role": "user", "content": "One more."}]},
+            )
+
+            def text(value: str) -> list[dict[str, str]]:
+                return [{"type": "text", "text": value}]
+
+            assert inputs[2] == (
+                "anthropic",
+                {
+                    "system": text("Be brief."),
+                    "messages": [
+                        {"role": "user", "content": text("Where is my bag?")},
+                        {
+                            "role": "assistant",
+                            "content": [
+                                {
+                                    "type": "tool_use",
+                                    "id": "c1",
+                                    "name": "find_bag",
+                                    "input": {"tag": "X1"},
+                                }
+                            ],
+                        },
+                        {
+                            "role": "user",
+                            "content": [
+                                {
+                                    "type": "tool_result",
+                                    "tool_use_id": "c1",
+                                    "content": text('"Gate 4 (X1)"'),
+                                    "is_error": False,
+                                }
+                            ],
+                        },
+                        {"role": "assistant", "content": text("It is at gate 4.")},
+                        {"role": "user", "content": text("Thanks.")},
+                        {"role": "assistant", "content": text("Bye.")},
+                        {"role": "user", "content": text("One more.")},
+                    ],
+                },
+            )
+
+    asyncio.run(main())
+
+
+def test_a_barge_in_records_only_the_words_played_before_it() -> None:
+    """The caller speaks while the TTS plays the reply: Pipecat's InterruptionFrame cuts
+    the playback, and turnloom holds only the words the TTS released before it."""
+
+    async def main() -> None:
+        model = ScriptedLLM([LONG_REPLY, ["Yes."]])
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, model, word_seconds=0.05)
+            histories: list[list[tuple[str, str]]] = []
+
+            async def script() -> None:
+                await call.say("Which flights go to Oslo?")
+                await call.until(lambda: len(call.tts.played) >= 3)
+                await call.say("The morning one?", replies_before_stop=1)  # barge-in
+                await call.replies(2)
+                histories.append(_history(manager, "call-1"))
+                await call.end()
+
+            await run_calls([call], script)
+            played = "".join(call.stopped[0].content)
+            assert call.stopped[0].interrupted
+            assert 3 <= len(played.split()) < len(LONG_REPLY)
+            assert histories == [
+                [
+                    ("user", "Which flights go to Oslo?"),
+                    ("assistant", played),
+                    ("user", "The morning one?"),
+                    ("assistant", "Yes."),
+                ]
+            ]
+            assert model.seen[1][-2:] == [
+                {"role": "assistant", "content": played},
+                {"role": "user", "content": "The morning one?"},
+            ]
+
+    asyncio.run(main())
+
+
+def test_a_cut_reply_taken_after_the_barge_ins_turn_goes_to_the_turn_it_answered() -> None:
+    """The caller's short barge-in ends before the cut reply reaches the assistant
+    aggregator (Pipecat's context then holds the reply after the new question): turnloom
+    records the played words to the turn they answered, so history keeps the order."""
+
+    async def main() -> None:
+        model = ScriptedLLM([LONG_REPLY, ["Yes."]])
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, model, word_seconds=0.05)
+            histories: list[list[tuple[str, str]]] = []
+
+            async def script() -> None:
+                await call.say("Which flights go to Oslo?")
+                await call.until(lambda: len(call.tts.played) >= 3)
+                await call.say("The morning one?")
+                await call.replies(2)
+                await call.say("Thanks.")
+                await call.replies(3)
+                histories.append(_history(manager, "call-1"))
+                await call.end()
+
+            await run_calls([call], script)
+            played = "".join(call.stopped[0].content)
+            assert call.stopped[0].interrupted and played
+            assert histories == [
+                [
+                    ("user", "Which flights go to Oslo?"),
+                    ("assistant", played),
+                    ("user", "The morning one?"),
+                    ("assistant", "Yes."),
+                    ("user", "Thanks."),
+                    ("assistant", "OK."),
+                ]
+            ]
+            assert model.seen[2][1:] == [
+                {"role": "user", "content": "Which flights go to Oslo?"},
+                {"role": "assistant", "content": played},
+                {"role": "user", "content": "The morning one?"},
+                {"role": "assistant", "content": "Yes."},
+                {"role": "user", "content": "Thanks."},
+            ]
+
+    asyncio.run(main())
+
+
+def test_a_result_still_in_progress_is_recorded_only_once_final() -> None:
+    """The model speaks, then calls a slow tool: Pipecat writes the spoken text and the
+    call while it shows the result as IN_PROGRESS, and pushes the spoken reply then;
+    turnloom records the call's final result, never the placeholder."""
+
+    async def slow_find_bag(params: Any) -> None:
+        await asyncio.sleep(0.2)
+        await find_bag(params)
+
+    async def main() -> None:
+        model = ScriptedLLM(
+            [["Let me check. ", Call("c1", "find_bag", {"tag": "X1"})], ["Gate 4."]]
+        )
+        model.register_function("find_bag", slow_find_bag)
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, model)
+            histories: list[list[tuple[str, str]]] = []
+
+            async def script() -> None:
+                await call.say("Where is my bag?")
+                await call.replies(2)
+                histories.append(_history(manager, "call-1"))
+                await call.end()
+
+            await run_calls([call], script)
+            assert histories == [
+                [
+                    ("user", "Where is my bag?"),
+                    ("assistant", "Let me check."),
+                    ("call", 'c1 find_bag {"tag": "X1"}'),
+                    ("result", 'c1 "Gate 4 (X1)"'),
+                    ("assistant", "Gate 4."),
+                ]
+            ]
+            assert model.seen[1][2:] == [
+                {"role": "assistant", "content": "Let me check."},
+                {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                {"role": "tool", "tool_call_id": "c1", "content": '"Gate 4 (X1)"'},
+            ]
+
+    asyncio.run(main())
+
+
+def test_a_false_start_commits_no_turn_and_runs_no_inference() -> None:
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, _script(), false_start=lambda text: text.strip() in {"uh"})
+            histories: list[list[tuple[str, str]]] = []
+
+            async def script() -> None:
+                await call.say("Where is my bag?")
+                await call.replies(2)
+                await call.say("uh")
+                await asyncio.sleep(0.2)
+                histories.append(_history(manager, "call-1"))
+                await call.say("Thanks.")
+                await call.replies(3)
+                histories.append(_history(manager, "call-1"))
+                await call.end()
+
+            await run_calls([call], script)
+            assert histories == [HISTORY[:4], HISTORY]
+            assert len(call.llm.seen) == 3  # nothing ran for "uh"
+            assert call.llm.seen[2] == [SYSTEM, *CHAT[:5]]
+
+    asyncio.run(main())
+
+
+def test_a_hang_up_while_the_model_streams_removes_the_context() -> None:
+    """CancelFrame (the caller hung up) while the LLM streams: the context is gone,
+    nothing is recorded late, and the pair's close stays idempotent."""
+
+    async def main() -> None:
+        model = ScriptedLLM(
+            [["A ", "long ", "answer ", "that ", "never ", "ends."]], chunk_seconds=0.2
+        )
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, model)
+
+            async def script() -> None:
+                await call.say("Tell me everything.")
+                await call.until(lambda: model.streaming.is_set())
+                await call.worker.cancel()
+
+            await run_calls([call], script)
+            assert manager.context_ids() == ()
+            call.pair.close()  # idempotent
+            stats = manager.statistics()
+            assert (stats.history.turns, stats.invocations) == (0, 0)
+            assert len(model.seen) == 1
+
+    asyncio.run(main())
+
+
+def test_pipecats_own_context_stays_bounded_by_turnlooms_limits() -> None:
+    async def main() -> None:
+        limits = HistoryLimits(max_turns=4)
+        async with Foundation(gateway="openai_chat", history_limits=limits) as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, ScriptedLLM([]))
+            sizes: list[int] = []
+
+            async def script() -> None:
+                for n in range(40):
+                    await call.say(f"Question {n}.")
+                    await call.replies(n + 1)
+                    sizes.append(len(call.pair.context.get_messages()))
+                await call.end()
+
+            await run_calls([call], script)
+            # system + 4 turns of (user, reply): 9 messages at most, whatever the call's length.
+            assert max(sizes) == 9
+            assert sizes[-1] == 9
+            assert call.llm.seen[-1][-1] == {"role": "user", "content": "Question 39."}
+            assert len(call.llm.seen[-1]) == 8  # system + 3 earlier turns + the question
+
+    asyncio.run(main())
+
+
+def test_fifty_concurrent_calls_each_keep_their_own_exact_history() -> None:
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            calls = [FakeCall(manager, _script(), context_id=f"call-{n}") for n in range(50)]
+            histories: dict[str, list[tuple[str, str]]] = {}
+
+            async def script() -> None:
+                async def one(call: FakeCall) -> None:
+                    await _two_turns(call)
+                    histories[call.pair.context_id] = _history(manager, call.pair.context_id)
+                    await call.end()
+
+                await asyncio.gather(*(one(call) for call in calls))
+
+            await run_calls(calls, script)
+            assert histories == {f"call-{n}": HISTORY for n in range(50)}
+            assert all(call.llm.seen[2] == [SYSTEM, *CHAT[:5]] for call in calls)
+            assert manager.context_ids() == ()
+
+    asyncio.run(main())
+
+
+def test_a_wrong_gateway_is_an_invalid_argument() -> None:
+    async def main() -> None:
+        async with Foundation(gateway="anthropic") as foundation:
+            with pytest.raises(InvalidArgumentError) as caught:
+                TurnloomContextAggregatorPair(
+                    manager=foundation.manager, context_id="c", instructions="Be brief."
+                )
+            assert caught.value.field == "manager"
+
+    asyncio.run(main())

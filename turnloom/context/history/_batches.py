@@ -1,0 +1,260 @@
+"""The door's check of a batch of messages, and its memo."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Protocol
+
+from turnloom.context.gateway import Gateway, NativeContent
+from turnloom.context.history._cells import _Encoded, _Entry, _Native, _render_checked, _Turn
+from turnloom.context.history._run import _Shared
+from turnloom.context.history._ties import _tied_error, _unit_first
+from turnloom.context.history.limits import HistoryLimits, check_batch_length
+from turnloom.context.message import (
+    Message,
+    check_message,
+)
+from turnloom.context.tokens import count_tokens
+from turnloom.errors import (
+    ItemTooLargeError,
+    TurnTooLargeError,
+    excerpt,
+)
+
+_Checked = tuple[
+    tuple[object, ...],
+    tuple[int, ...],
+    tuple[tuple[_Native, _Encoded], ...] | None,
+    Gateway | None,
+    tuple["_Turn", ...] | None,
+    str | None,
+    bool,
+]
+"""``TurnHistory``'s memo of a batch checked: messages, sizes, renders, gateway,
+and what its limits were checked against: the history's turns (the very
+tuple), the turn id and whether the batch was pinned instructions."""
+
+_UNCHECKED: _Checked = ((), (), None, None, None, None, False)
+
+
+class _DoorState(Protocol):
+    """The state of a :class:`TurnHistory` this file reads and changes."""
+
+    _checked: tuple[_Checked, _Checked]
+    _limits: HistoryLimits
+    _linked: set[int]
+    _shared: _Shared
+    _turns: tuple[_Turn, ...]
+
+
+def _check_batch(
+    history: _DoorState,
+    messages: Sequence[object],
+    where: str,
+    *,
+    turn_id: str | None = None,
+    pinned: bool = False,
+    gateway: Gateway | None = None,
+) -> tuple[int, ...]:
+    """The work of :meth:`TurnHistory.check_batch` (documented there)."""
+    memo = _memo(history, messages)
+    if _reuse(history, memo, turn_id, pinned, gateway):
+        return memo[1]
+    limits = history._limits
+    turns = history._turns
+    held_items = held_bytes = 0
+    unit: tuple[_Turn, ...] = ()  # the turns held with ``turn_id``, when it is tied
+    if turn_id is not None:
+        linked = history._linked
+        for position in range(len(turns) - 1, -1, -1):  # the newest, in practice: O(1)
+            turn = turns[position]
+            if turn.turn_id == turn_id:
+                # The turns eviction keeps with it, whether or not they
+                # reach the newest: a record to an earlier unit (a model
+                # call's output landing after a barge-in) is held to the
+                # limits its records were held to while it was newest, as
+                # a restore from a checkpoint holds it.
+                first = _unit_first(history, position) if linked else position
+                last = position
+                while last + 1 < len(turns) and turns[last + 1].serial in linked:
+                    last += 1
+                if first == last:
+                    held_items, held_bytes = turn.items, turn.bytes
+                else:
+                    unit = turns[first : last + 1]
+                    held_items = sum(t.items for t in unit)
+                    held_bytes = sum(t.bytes for t in unit)
+                break
+    count = held_items + len(messages)
+    if unit and count > limits.max_items:
+        raise _tied_error(where, "items", count, limits.max_items, unit, turn_id)
+    check_batch_length(count, limits, where)
+    cap = limits.max_item_bytes
+    max_bytes = limits.max_bytes
+    total = held_bytes
+    _, seen_sizes, seen_renders, seen_gateway, _, _, _ = memo
+    known = memo is not _UNCHECKED
+    found: list[int] = []
+    for i, message in enumerate(messages):
+        size = seen_sizes[i] if known else check_message(message, where=f"{where}[{i}]")
+        if size > cap:
+            raise ItemTooLargeError(
+                f"{where}[{i}] is {size} bytes, over the per-item cap of {cap} bytes.",
+                size=size,
+                limit=cap,
+            )
+        total += size
+        if total > max_bytes and not pinned:
+            if unit:
+                raise _tied_error(where, "bytes", total, max_bytes, unit, turn_id)
+            raise TurnTooLargeError(
+                f"{where} would make the turn hold at least {total} bytes, over the "
+                f"history's limit of {max_bytes} bytes.",
+                unit="bytes",
+                size=total,
+                limit=max_bytes,
+            )
+        found.append(size)
+    sizes = seen_sizes if known else tuple(found)
+    renders: tuple[tuple[_Native, _Encoded], ...] | None = None
+    if gateway is not None:
+        if known and seen_gateway is gateway and seen_renders is not None:
+            renders = seen_renders
+        else:
+            renders = tuple(
+                [
+                    _render_checked(message, gateway, where, i)  # type: ignore[arg-type]
+                    for i, message in enumerate(messages)
+                ]
+            )
+    elif known and seen_renders is not None:
+        renders, gateway = seen_renders, seen_gateway
+    checked: _Checked = (
+        tuple(messages),
+        sizes,
+        renders,
+        gateway,
+        turns,
+        turn_id,
+        bool(pinned),
+    )
+    newest, older = history._checked
+    history._checked = (checked, older if memo is newest else newest)
+    return sizes
+
+
+def _memo(history: _DoorState, messages: Sequence[object]) -> _Checked:
+    """The memo of an earlier :meth:`TurnHistory.check_batch` of these very messages, if any."""
+    count = len(messages)
+    for memo in history._checked:
+        seen = memo[0]
+        if len(seen) == count and (
+            seen[0] is messages[0]  # a batch of one, the usual record: no iterator
+            if count == 1
+            else all(map(operator.is_, seen, messages))
+        ):
+            return memo
+    return _UNCHECKED
+
+
+def _reuse(
+    history: _DoorState, memo: _Checked, turn_id: str | None, pinned: bool, gateway: Gateway | None
+) -> bool:
+    """True when ``memo`` is of the same check in the same state; it becomes the newest.
+
+    The same check: of these very message objects (frozen, and checked
+    into private copies: :meth:`TurnHistory._memo` found it), with the same
+    ``turn_id`` and ``pinned``, rendered for ``gateway`` when one is
+    given. The same state: the history's very ``_turns`` tuple. Every
+    change to the turns or to the ties between them (``_linked``, the only
+    other state the limits read) assigns another tuple object, and the
+    memo keeps its tuple alive, so no other tuple can be it; the one
+    exception, the empty tuple an emptied history holds again, holds no
+    turn and no tie either. Such a check passes again with the same
+    sizes, so it is not repeated (the door's check, then the commit or
+    record of the same batch).
+    """
+    if (
+        memo is _UNCHECKED
+        or memo[4] is not history._turns
+        or memo[5] != turn_id
+        or memo[6] is not bool(pinned)
+        or (gateway is not None and memo[3] is not gateway)
+    ):
+        return False
+    newest = history._checked[0]
+    if memo is not newest:
+        history._checked = (memo, newest)
+    return True
+
+
+def _rendered_items(history: _DoorState) -> int:
+    """The work of :meth:`TurnHistory.rendered_items` (documented there)."""
+    renders = history._checked[0][2]
+    if renders is None:
+        return 0
+    return sum(len(native) if type(native) is tuple else 1 for native, _ in renders)
+
+
+def _entries(
+    history: _DoorState,
+    messages: Sequence[Message],
+    named: str,
+    what: str,
+    turn_id: str | None = None,
+    *,
+    pinned: bool = False,
+) -> tuple[tuple[_Entry, ...], tuple[int, ...]]:
+    """The batch checked (:meth:`TurnHistory.check_batch`) as entries, and each one's size.
+
+    Errors name the batch ``f"turn {excerpt(named)} {what}"``; the label
+    is built only when the batch is checked here, not reused from the door.
+    """
+    memo = _memo(history, messages)
+    if _reuse(history, memo, turn_id, pinned, None):
+        sizes = memo[1]
+    else:
+        sizes = _check_batch(
+            history, messages, f"turn {excerpt(named)} {what}", turn_id=turn_id, pinned=pinned
+        )
+    counter = history._shared.counter
+    checked, older = history._checked
+    renders, gateway = checked[2], checked[3]
+    if renders is not None and gateway is not None:
+        # The door's renders of these very messages seed their cache: slot 0's
+        # render is the entry's own fields, another slot's goes in ``more``.
+        slot = history._shared.gateway_slot(gateway)
+        if slot == 0:
+            entries = tuple(
+                [
+                    _Entry(m, count_tokens(counter, (m,)), native, encoded)
+                    for m, (native, encoded) in zip(messages, renders, strict=True)
+                ]
+            )
+        else:
+            entries = tuple([_Entry(m, count_tokens(counter, (m,))) for m in messages])
+            for i, entry in enumerate(entries):
+                entry.seed(slot, *renders[i])
+    else:
+        entries = tuple([_Entry(m, count_tokens(counter, (m,))) for m in messages])
+    history._checked = (_UNCHECKED, older)  # consumed: the batch's messages are held now
+    return entries, sizes
+
+
+def _output_renders(
+    history: _DoorState, turn_id: str, gateway: Gateway, newest: int | None = None
+) -> dict[int, Sequence[NativeContent]]:
+    """The work of :meth:`TurnHistory.output_renders` (documented there)."""
+    for turn in reversed(history._turns):
+        if turn.turn_id == turn_id:
+            slot = history._shared.gateway_slot(gateway)
+            renders: dict[int, Sequence[NativeContent]] = {}
+            outputs = turn.outputs
+            if newest is not None:
+                outputs = outputs[max(0, len(outputs) - newest) :]
+            for entry in outputs:
+                native = entry.rendered(gateway, slot)[0]
+                renders[id(entry.message)] = native if type(native) is tuple else (native,)  # type: ignore[assignment]
+            return renders
+    return {}

@@ -1,0 +1,354 @@
+"""The cells of a history: entries, turns and their cached renders."""
+
+from __future__ import annotations
+
+import array
+import sys
+from collections.abc import Sequence
+
+import msgspec
+
+from turnloom.context._untrack import untrack_atoms, untrack_json
+from turnloom.context.callids import (
+    CallEvents,
+)
+from turnloom.context.gateway import Gateway, NativeContent
+from turnloom.context.items import (
+    encode_item,
+)
+from turnloom.context.message import (
+    Message,
+    ToolCallPart,
+)
+from turnloom.context.pairing import (
+    OpenCallPolicy,
+)
+from turnloom.errors import (
+    ProviderRuleError,
+)
+
+_decode = msgspec.json.Decoder().decode
+
+
+def _ends(copied: array.array[int] | None = None) -> array.array[int]:
+    """A new array of int64 offsets (a copy of ``copied``), out of the cyclic collector.
+
+    An array holds machine numbers only, so it can be in no cycle (see
+    :func:`~turnloom.context._untrack.untrack_atoms`); a history and every
+    render keep a few for as long as they live.
+    """
+    out = array.array("q") if copied is None else copied[:]
+    untrack_atoms(out)
+    return out
+
+
+_Native = NativeContent | tuple[NativeContent, ...]
+"""One message rendered: one item bare (the common case), else a tuple of them."""
+_Encoded = bytes | tuple[bytes, ...]
+"""Their JSON encodings (each item's size is its length), in the same shape."""
+
+
+def _encode_native(native: _Native) -> _Encoded:
+    if type(native) is tuple:
+        return tuple(map(encode_item, native))
+    return encode_item(native)
+
+
+def _decode_native(encoded: _Encoded) -> _Native:
+    if isinstance(encoded, tuple):
+        return tuple(map(_decode, encoded))
+    decoded: NativeContent = _decode(encoded)
+    return decoded
+
+
+class _Entry(msgspec.Struct, gc=False, eq=False):
+    """One message of a history with its tokens and render cache (see above).
+
+    Its size in bytes is not kept: the turn keeps the sum (an int per
+    message would be an object per message).
+
+    A slot's cache is the message's native items and their JSON encoding.
+    The native items go when the message's turn joins a run (:meth:`release`);
+    the encoding stays when the run holds that very object, so a later
+    render decodes it instead of rendering the message again.
+    """
+
+    message: Message
+    tokens: int
+    # Slot 0's render. ``encoded`` is assigned before ``native``.
+    native: _Native | None = None
+    encoded: _Encoded | None = None
+    more: dict[int, tuple[_Native | None, _Encoded | None]] | None = None  # other slots
+
+    def seed(self, slot: int, native: _Native, encoded: _Encoded) -> None:
+        """Cache ``native`` (``_render_message``'s result for gateway slot ``slot``)."""
+        if slot == 0:
+            self.encoded = encoded
+            self.native = native
+        else:
+            if self.more is None:
+                self.more = {}
+            pair = (native, encoded)
+            untrack_json(pair)  # as ``rendered`` does
+            self.more[slot] = pair
+
+    def rendered(self, gateway: Gateway, slot: int, store: bool = True) -> tuple[_Native, _Encoded]:
+        """The message rendered for ``gateway`` (cache slot ``slot``): items and encodings.
+
+        From the cache, else decoded from the cached encoding, else rendered;
+        cached unless ``store`` is False (a private render).
+        """
+        more = None
+        if slot == 0:
+            native, encoded = self.native, self.encoded
+        else:
+            more = self.more
+            cached = more.get(slot) if more is not None else None
+            native, encoded = cached if cached is not None else (None, None)
+        if native is not None:
+            # A racing release may have dropped the encoding after ``native`` was read.
+            return native, encoded if encoded is not None else _encode_native(native)
+        if encoded is not None:
+            native = _decode_native(encoded)
+        else:
+            native, encoded = _render_message(self.message, gateway)
+        if store:
+            if slot == 0:
+                untrack_json(native)
+                self.encoded = encoded
+                self.native = native
+            else:
+                if more is None:
+                    more = self.more = {}  # a racing thread at worst loses one cached value
+                pair = (native, encoded)
+                untrack_json(pair)  # the pair holds a dict, so CPython would keep it tracked
+                more[slot] = pair
+        return native, encoded
+
+    def release(self, slot: int, kept: set[int]) -> None:
+        """Drop the native render of ``slot``; its encoding too unless ``kept`` holds its ids.
+
+        ``kept``: ``id()`` of the bytes objects the run holds for this
+        message's turn (alive while the caller holds them).
+        """
+        more = self.more
+        if slot == 0:
+            self.native = None
+            encoded = self.encoded
+        elif more is None or slot not in more:
+            return
+        else:
+            encoded = more[slot][1]
+        if encoded is not None and not all(
+            id(e) in kept for e in (encoded if isinstance(encoded, tuple) else (encoded,))
+        ):
+            encoded = None
+        if slot == 0:
+            self.encoded = encoded
+        elif more is not None:
+            if encoded is None:
+                del more[slot]
+            else:
+                more[slot] = (None, encoded)
+
+
+class _CallLog(msgspec.Struct, gc=False, eq=False):
+    """A run turn's call-id events, the ids its items are sent with, and the items with ids.
+
+    See :func:`~turnloom.context.callids.record_renames`: replaying
+    ``events`` from a renaming state gives the ids a renaming of the turn's
+    original items from that state gives, without visiting the items.
+    Built by :func:`_call_log`. Kept per turn, so packed in one flat tuple of
+    strings: the events (:data:`~turnloom.context.callids.CallEvents`), then
+    the ids, then the carriers as one string of code points (interned: turns
+    of one shape share it). Replaying ``packed`` itself replays the events
+    (what follows them is not read).
+    """
+
+    packed: tuple[str, ...]
+
+    def _count(self) -> int:
+        """How many ids the log holds: one per call and result event."""
+        packed = self.packed
+        return len(packed[0]) - packed[0].count("e") if packed else 0
+
+    @property
+    def events(self) -> CallEvents:
+        """The recorded events (see :func:`~turnloom.context.callids.record_renames`)."""
+        packed = self.packed
+        return packed[: len(packed) - 1 - self._count()] if packed else ()
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        """The id each call and result of the turn is sent with, in order."""
+        packed = self.packed
+        return packed[len(packed) - 1 - self._count() : -1] if packed else ()
+
+    @property
+    def carriers(self) -> list[int]:
+        """The indexes of the turn's items that carry those ids (see record_renames)."""
+        return [ord(c) for c in self.packed[-1]] if self.packed else []
+
+
+_NO_CALLS = _CallLog(())  # a turn without calls or results (shared)
+
+
+def _call_log(events: CallEvents, ids: Sequence[str], carriers: Sequence[int]) -> _CallLog:
+    """The :class:`_CallLog` of a turn; the shared empty one when it has no events."""
+    if not events:
+        return _NO_CALLS
+    return _CallLog((*events, *ids, sys.intern("".join(map(chr, carriers)))))
+
+
+_SpanKey = tuple[tuple[tuple[str, str], ...], tuple[str, ...] | None]
+"""What a turn's render depends on besides its messages: the calls carried into
+it (id, name) and, for a span that does not end the input, the ids of its open
+calls that a later span answers (None when it ends the input)."""
+
+_NO_KEY: _SpanKey = ((), None)
+
+
+class _Rendered(msgspec.Struct, gc=False, eq=False):
+    """Rendered entries: items, their JSON encodings, total bytes, tokens, the span key."""
+
+    items: tuple[NativeContent, ...]
+    encoded: tuple[bytes, ...]
+    bytes: int
+    tokens: int
+    key: _SpanKey = _NO_KEY
+    # Items before the first one rendered from an entry: cancelled results
+    # closing a call group carried in from an earlier span.
+    lead: int = 0
+
+
+_CacheKey = tuple[Gateway, str]
+
+_Chunks = Sequence[bytes]
+"""Encoded items, one JSON ``bytes`` per item."""
+
+
+def _span_key(
+    carried: tuple[ToolCallPart, ...],
+    answered: frozenset[str] | None,
+    policy: OpenCallPolicy,
+) -> _SpanKey:
+    if answered is not None and policy == "cancel":
+        answered = frozenset()  # under "cancel" a span that goes on changes nothing at its end
+    return (
+        tuple((c.call_id, c.name) for c in carried),
+        None if answered is None else tuple(sorted(answered)),
+    )
+
+
+class _Turn(msgspec.Struct, gc=False, eq=False):
+    """An immutable snapshot of one turn. A change makes a new ``_Turn``.
+
+    ``full`` and ``head`` are the whole turn and its input rendered for render
+    key slot 0, each for the span key it holds (a cache of one); ``more``
+    holds other slots, by (slot, whole turn). The whole turn is its input,
+    its kept ``state``, then its outputs; ``bytes``, ``tokens`` and ``items``
+    count all three, ``state_bytes`` the kept state alone.
+    """
+
+    turn_id: str
+    input: tuple[_Entry, ...]
+    outputs: tuple[_Entry, ...]
+    bytes: int
+    tokens: int
+    serial: int  # the history's commit count when it was committed: unique in the history
+    state: tuple[_Entry, ...] = ()  # the kept state, between the input and the outputs
+    state_bytes: int = 0
+    full: _Rendered | None = None
+    head: _Rendered | None = None
+    more: dict[tuple[int, bool], _Rendered] | None = None
+
+    @property
+    def items(self) -> int:
+        return len(self.input) + len(self.state) + len(self.outputs)
+
+    def entries(self, whole: bool) -> tuple[_Entry, ...]:
+        """The whole turn's entries (input, kept state, outputs), or its input only."""
+        return self.input + self.state + self.outputs if whole else self.input
+
+    def messages(self, whole: bool) -> list[Message]:
+        """The turn's messages (``whole``), or its input only."""
+        return [e.message for e in self.entries(whole)]
+
+    def with_outputs(self, added: tuple[_Entry, ...], added_bytes: int) -> _Turn:
+        """This turn with ``added`` outputs (``added_bytes`` their size)."""
+        tokens = self.tokens
+        for entry in added:
+            tokens += entry.tokens
+        return _Turn(
+            self.turn_id,
+            self.input,
+            self.outputs + added,
+            self.bytes + added_bytes,
+            tokens,
+            self.serial,
+            self.state,
+            self.state_bytes,
+        )
+
+    def with_state(self, state: tuple[_Entry, ...], state_bytes: int) -> _Turn:
+        """This turn keeping ``state`` (``state_bytes`` its size) in place of its own."""
+        old = self.state
+        return _Turn(
+            self.turn_id,
+            self.input,
+            self.outputs,
+            self.bytes + state_bytes - self.state_bytes,
+            self.tokens + sum(e.tokens for e in state) - sum(e.tokens for e in old),
+            self.serial,
+            state,
+            state_bytes,
+        )
+
+    def release(self, slots: tuple[int, int], kept: _Chunks) -> None:
+        """Drop this turn's native renders: it joined a run, which holds ``kept`` (its chunk).
+
+        Its cached whole and input renders (key slot ``slots[1]``) go, and
+        each message's native items for gateway slot ``slots[0]``; a
+        message's encoding stays when ``kept`` holds those very bytes.
+        """
+        gateway_slot, key_slot = slots
+        if key_slot == 0:
+            self.full = self.head = None
+        elif self.more is not None:
+            self.more.pop((key_slot, True), None)
+            self.more.pop((key_slot, False), None)
+        held = set(map(id, kept))
+        for entry in self.entries(True):
+            entry.release(gateway_slot, held)
+
+
+def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Encoded]:
+    """Render one message: a lone item and its JSON encoding bare, else tuples.
+
+    Each item is untracked (see :func:`~turnloom.context._untrack.untrack_json`)
+    once the JSON encoder has encoded it (which sizes it; the encoding is kept).
+    """
+    items = gateway.render(message)
+    if len(items) == 1:
+        item = items[0]
+        encoded = encode_item(item)
+        untrack_json(item)
+        return item, encoded
+    encodings = tuple(map(encode_item, items))
+    native = tuple(items)
+    untrack_json(native)
+    return native, encodings
+
+
+def _render_checked(
+    message: Message, gateway: Gateway, where: str, index: int
+) -> tuple[_Native, _Encoded]:
+    """:func:`_render_message` at the door: a provider rule names ``where[index]``.
+
+    Raises:
+        ProviderRuleError: ``gateway`` cannot render ``message``.
+    """
+    try:
+        return _render_message(message, gateway)
+    except ProviderRuleError as exc:
+        raise ProviderRuleError(f"{where}[{index}]: {exc}", exc.violations) from exc

@@ -1,0 +1,335 @@
+"""What a commit, a record and kept state check, then change: the turns and their totals."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from turnloom.context.history._batches import _DoorState, _entries
+from turnloom.context.history._cells import _Entry, _Turn
+from turnloom.context.history._evictions import _NOTHING_ASIDE, _EvictionState, _settle
+from turnloom.context.history._ties import (
+    _check_ties,
+    _check_turn_start,
+    _relinked,
+    _step_tail,
+    _strands,
+    _tie,
+    _TieState,
+)
+from turnloom.context.message import (
+    _PINNED_ROLES,
+    Message,
+    Part,
+    ReasoningPart,
+    _first_instruction,
+    check_id,
+    check_message,
+    is_blank_part,
+    is_blank_text,
+    reject_instructions,
+)
+from turnloom.context.pairing import (
+    check_steps,
+)
+from turnloom.context.tokens import count_tokens
+from turnloom.errors import (
+    DuplicateIdError,
+    InvalidMessageError,
+    ItemTooLargeError,
+    OutOfOrderTurnError,
+    PairedTurnsTooLargeError,
+    StrandedResultsError,
+    UnknownTurnError,
+    excerpt,
+)
+
+
+class _ChangeState(_DoorState, _EvictionState, _TieState, Protocol):
+    """The state of a :class:`TurnHistory` this file reads and changes (with what the
+    batch check, the evictions and the ties read)."""
+
+    _blank_dropped: int
+    _duplicates: int
+    _late_dropped: int
+    _pinned_bytes: int
+    _pinned_tokens: int
+    _sequence: int | None
+    _serial: int
+
+
+def _blank(message: Message) -> bool:
+    """True when the message has nothing but blank parts: an output not recorded.
+
+    A blank part is :func:`~turnloom.context.message.is_blank_part`'s (a blank
+    text part with extras is content). Reasoning with blank text and no
+    signature, encrypted content or redaction counts as blank too: it is what
+    a model call cancelled while it thought leaves behind, and no provider
+    can verify or show it.
+    """
+    for part in message.parts:
+        if not (is_blank_part(part) or _blank_reasoning(part)):
+            return False
+    return True
+
+
+def _blank_reasoning(part: Part) -> bool:
+    return (
+        type(part) is ReasoningPart
+        and is_blank_text(part.text)
+        and part.signature is None
+        and part.encrypted_content is None
+        and not part.redacted
+    )
+
+
+def _commit(
+    history: _ChangeState,
+    turn_id: str,
+    input: Sequence[Message],
+    *,
+    instructions: Sequence[Message] | None = None,
+    sequence: int | None = None,
+) -> None:
+    """The work of :meth:`TurnHistory.commit` (documented there)."""
+    check_id(turn_id, "turn id")
+    if history.has_turn(turn_id) or turn_id in history._evicted_ids:
+        raise DuplicateIdError(f"Turn {excerpt(turn_id)} was already committed to this context.")
+    if sequence is not None:
+        if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 0:
+            raise InvalidMessageError(
+                f"Turn {excerpt(turn_id)} sequence must be a non-negative integer, not "
+                f"{excerpt(sequence)}."
+            )
+        if history._sequence is not None and sequence <= history._sequence:
+            raise OutOfOrderTurnError(
+                f"Turn {excerpt(turn_id)} has sequence {sequence}, but turn sequence "
+                f"{history._sequence} was already committed; turns must arrive in order."
+            )
+    if _first_instruction(input) >= 0:
+        reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
+    entries, sizes = _entries(history, input, turn_id, "input")
+    check_steps(input, f"Turn {excerpt(turn_id)} input")
+    if input and history._turns:
+        _check_turn_start(history._turns[-1], input[0], f"Turn {excerpt(turn_id)} input[0]")
+    seen: set[str] = set()
+    for i, entry in enumerate(entries):
+        message_id = entry.message.id
+        if message_id is not None:
+            if message_id in seen or message_id in history._message_ids:
+                raise DuplicateIdError(
+                    f"Turn {excerpt(turn_id)} input[{i}] has id {excerpt(message_id)}, "
+                    f"which a message "
+                    "of this context already has."
+                )
+            seen.add(message_id)
+    pinned: tuple[_Entry, ...] | None = None
+    pinned_sizes: tuple[int, ...] = ()
+    if instructions is not None:
+        for i, message in enumerate(instructions):
+            if isinstance(message, Message) and message.role not in _PINNED_ROLES:
+                raise InvalidMessageError(
+                    f"Turn {excerpt(turn_id)} instructions[{i}] has role "
+                    f"{excerpt(str(message.role))}; "
+                    "instructions are system or developer messages.",
+                    field="role",
+                )
+        pinned, pinned_sizes = _entries(history, instructions, turn_id, "instructions", pinned=True)
+    size = sum(sizes)
+    tied = _tie(history, turn_id, entries, size)
+    # Validated: change state.
+    if history._aside is not None:
+        _settle(history)
+    history._aside = _NOTHING_ASIDE  # what evictions drop from now on can be restored
+    if pinned is not None:
+        history._pinned = pinned
+        history._pinned_bytes = sum(pinned_sizes)
+        history._pinned_tokens = sum(e.tokens for e in pinned)
+    if sequence is not None:
+        history._sequence = sequence
+    history._serial += 1
+    turn = _Turn(
+        turn_id,
+        entries,
+        (),
+        size,
+        sum([e.tokens for e in entries]),
+        history._serial,
+    )
+    for entry in entries:
+        if entry.message.id is not None:
+            history._message_ids[entry.message.id] = (history._serial, entry.message)
+    if tied >= 0:
+        history._linked.update(t.serial for t in history._turns[tied + 1 :])
+        history._linked.add(turn.serial)
+    history._turns = (*history._turns, turn)
+    history._ids.add(turn_id)
+    history._items += turn.items
+    history._bytes += turn.bytes
+    history._tokens += turn.tokens
+    history._view = None
+
+
+def _record(
+    history: _ChangeState, turn_id: str, outputs: Sequence[Message], *, serial: int | None = None
+) -> int:
+    """The work of :meth:`TurnHistory.record` (documented there)."""
+    position = -1
+    for i in range(len(history._turns) - 1, -1, -1):
+        if history._turns[i].turn_id == turn_id:
+            position = i
+            break
+    if position < 0 or (serial is not None and history._turns[position].serial != serial):
+        known = position >= 0 or serial is not None or turn_id in history._evicted_ids
+        if known or history._forgotten:
+            # Validate anyway: a malformed late output is still an error.
+            _entries(history, outputs, turn_id, "output")
+            history._late_dropped += len(outputs)
+            return 0
+        raise UnknownTurnError(f"Turn {excerpt(turn_id)} was never committed to this context.")
+    entries, sizes = _entries(history, outputs, turn_id, "output", turn_id)
+    old = history._turns[position]
+    kept: list[_Entry] = []
+    kept_at: list[int] = []
+    kept_bytes = 0
+    added: dict[str, Message] = {}
+    duplicates = blank = 0
+    for i, entry in enumerate(entries):
+        message = entry.message
+        if message.id is not None:
+            held = history._message_ids.get(message.id)
+            same = (
+                added.get(message.id)
+                if held is None
+                else (held[1] if held[0] == old.serial else None)
+            )
+            if same is not None and same == message:
+                duplicates += 1
+                continue
+            if held is not None or message.id in added:
+                raise DuplicateIdError(
+                    f"Turn {excerpt(turn_id)} output[{i}] has id {excerpt(message.id)}, "
+                    f"which a "
+                    "message of this context already has with other content (or in "
+                    "another turn); nothing was recorded."
+                )
+            added[message.id] = message
+        if _blank(message):
+            blank += 1
+            continue
+        kept.append(entry)
+        kept_at.append(i)
+        kept_bytes += sizes[i]
+    if not kept:
+        history._duplicates += duplicates
+        history._blank_dropped += blank
+        return 0
+    check_steps(
+        [e.message for e in kept],
+        f"Turn {excerpt(turn_id)} output",
+        before=_step_tail(old),
+        indices=kept_at,
+    )
+    if position + 1 < len(history._turns):
+        later = history._turns[position + 1].entries(True)
+        if later:
+            _check_turn_start(
+                old.with_outputs(tuple(kept), 0),
+                later[0].message,
+                f"Turn {excerpt(history._turns[position + 1].turn_id)} input[0], after turn "
+                f"{excerpt(turn_id)}'s late output,",
+            )
+    current = history._turns
+    late = position != len(current) - 1
+    # Nothing dropped (the usual case): the entries tuple is the outputs added.
+    new = old.with_outputs(entries if len(kept) == len(entries) else tuple(kept), kept_bytes)
+    turns = (*current[:position], new, *current[position + 1 :]) if late else (*current[:-1], new)
+    if late:
+        stranded, call_ids = _strands(history._turns, turns, position)
+        if stranded >= 0:
+            raise StrandedResultsError(
+                f"A late output of turn {excerpt(turn_id)} would leave results that turn "
+                f"{excerpt(history._turns[stranded].turn_id)} holds answering no tool call "
+                "(it ends their call group, or answers their call first), so they would "
+                "leave every later model input; nothing was recorded.",
+                turn_id=turn_id,
+                stranded_turn_id=history._turns[stranded].turn_id,
+                call_ids=call_ids,
+            )
+        linked = _relinked(history, turns, position)
+        _check_ties(history, turns, linked, position, f"Turn {excerpt(turn_id)} output", turn_id)
+    history._duplicates += duplicates
+    history._blank_dropped += blank
+    if history._aside is not None:
+        _settle(history)
+    if late:
+        history._generation += 1
+        history._linked.clear()
+        history._linked.update(linked)
+    for entry in kept:
+        if entry.message.id is not None:
+            history._message_ids[entry.message.id] = (old.serial, entry.message)
+    history._turns = turns
+    history._items += len(kept)
+    history._bytes += new.bytes - old.bytes
+    history._tokens += new.tokens - old.tokens
+    history._view = None
+    return len(kept)
+
+
+def _keep_state(
+    history: _ChangeState, turn_id: str, messages: Sequence[Message], *, serial: int | None = None
+) -> bool:
+    """The work of :meth:`TurnHistory.keep_state` (documented there)."""
+    reject_instructions(messages, "state", f"Turn {excerpt(turn_id)} state")
+    cap = history._limits.max_item_bytes
+    counter = history._shared.counter
+    entries: list[_Entry] = []
+    state_bytes = 0
+    for i, message in enumerate(messages):
+        label = f"turn {excerpt(turn_id)} state[{i}]"
+        size = check_message(message, where=label)
+        if size > cap:
+            raise ItemTooLargeError(
+                f"{label} is {size} bytes, over the per-item cap of {cap} bytes.",
+                size=size,
+                limit=cap,
+            )
+        if message.id is not None:
+            raise InvalidMessageError(
+                f"{label} has id {excerpt(message.id)}; kept state messages carry no id.",
+                field="id",
+            )
+        entries.append(_Entry(message, count_tokens(counter, (message,))))
+        state_bytes += size
+    position = len(history._turns) - 1
+    while position >= 0 and history._turns[position].turn_id != turn_id:
+        position -= 1
+    if position < 0 or (serial is not None and history._turns[position].serial != serial):
+        return False
+    old = history._turns[position]
+    if len(old.state) == len(entries) and all(
+        a.message == b.message for a, b in zip(old.state, entries, strict=True)
+    ):
+        return True
+    new = old.with_state(tuple(entries), state_bytes)
+    turns = (*history._turns[:position], new, *history._turns[position + 1 :])
+    late = position != len(history._turns) - 1
+    if late:
+        if _strands(history._turns, turns, position)[0] >= 0:
+            return False
+        linked = _relinked(history, turns, position)
+        try:
+            _check_ties(history, turns, linked, position, f"Turn {excerpt(turn_id)} state", turn_id)
+        except PairedTurnsTooLargeError:
+            return False
+        _settle(history)  # a turn before the newest changed: the evicted turns stay gone
+        history._generation += 1
+        history._linked.clear()
+        history._linked.update(linked)
+    history._turns = turns
+    history._items += new.items - old.items
+    history._bytes += new.bytes - old.bytes
+    history._tokens += new.tokens - old.tokens
+    history._view = None
+    return True

@@ -1,0 +1,274 @@
+"""What an eviction drops, holds aside for a retraction, and restores."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Protocol, cast
+
+import msgspec
+
+from turnloom.context.history._cells import _Entry, _Turn
+from turnloom.context.history._run import _Shared
+from turnloom.context.history._ties import _retie
+from turnloom.context.history.limits import HistoryLimits
+from turnloom.context.history.view import HistoryView
+from turnloom.context.message import (
+    Message,
+    check_id,
+)
+from turnloom.errors import (
+    DuplicateIdError,
+    StateError,
+    UnknownTurnError,
+    excerpt,
+)
+
+
+class _Aside(msgspec.Struct, gc=False, frozen=True):
+    """What the evictions since the newest commit dropped, for its retraction to undo.
+
+    ``turns``: the evicted turns, oldest first. ``linked``: the serials of
+    those the tie set held. ``popped``: the remembered ids of gone turns that
+    remembering theirs pushed out of the bounded memory, oldest first (each
+    counted in ``_forgotten``). ``newest``: the newest turn as the latest of
+    those evictions found it (its kept state may change since: a smaller one
+    would not evict them all again). Ints, strs and untracked turns only: in
+    no cycle.
+    """
+
+    turns: tuple[_Turn, ...] = ()
+    linked: tuple[int, ...] = ()
+    popped: tuple[str, ...] = ()
+    newest: _Turn | None = None
+
+    def remembered_before(self, remembered: Sequence[str]) -> list[str]:
+        """The remembered ids ``remembered`` were before these evictions, oldest first.
+
+        Remembering ids appends them and pops the oldest, so what was popped
+        is a prefix of the ids remembered before followed by the evicted
+        ones: those it holds of the former go back in front, the evicted
+        ones leave.
+        """
+        gone = {t.turn_id for t in self.turns}
+        return [i for i in self.popped if i not in gone] + [i for i in remembered if i not in gone]
+
+
+_NOTHING_ASIDE = _Aside()
+
+
+def _identified(turn: _Turn) -> list[Message]:
+    """The messages of ``turn`` with an id (its input and outputs: kept state has none)."""
+    return [e.message for e in turn.input + turn.outputs if e.message.id is not None]
+
+
+class _EvictionState(Protocol):
+    """The state of a :class:`TurnHistory` this file reads and changes."""
+
+    _aside: _Aside | None
+    _bytes: int
+    _evicted: int
+    _evicted_bytes: int
+    _evicted_ids: OrderedDict[str, None]
+    _evicted_items: int
+    _evicted_tokens: int
+    _forgotten: int
+    _front: int
+    _generation: int
+    _ids: set[str]
+    _items: int
+    _limits: HistoryLimits
+    _linked: set[int]
+    _message_ids: dict[str, tuple[int, Message]]
+    _pinned: tuple[_Entry, ...]
+    _remember: int
+    _retracted: int
+    _shared: _Shared
+    _tokens: int
+    _turns: tuple[_Turn, ...]
+    _view: HistoryView | None
+
+    @property
+    def evicted_ids(self) -> tuple[str, ...]: ...
+    def has_turn(self, turn_id: str) -> bool: ...
+    def view(self) -> HistoryView: ...
+
+
+def _evict(history: _EvictionState) -> tuple[str, ...]:
+    """The work of :meth:`TurnHistory.evict` (documented there)."""
+    count = 0
+    items = total = tokens = 0
+    limits = history._limits
+    max_tokens = limits.max_tokens
+    turns, linked = history._turns, history._linked
+    while (
+        len(turns) - count > limits.max_turns
+        or history._items - items > limits.max_items
+        or history._bytes - total > limits.max_bytes
+        or (max_tokens is not None and history._tokens - tokens > max_tokens)
+    ):
+        # The oldest turn goes with the turns tied to it (their input
+        # answers its calls), or not at all when they reach the newest.
+        end = count + 1
+        while end < len(turns) and turns[end].serial in linked:
+            end += 1
+        if end >= len(turns):
+            break
+        for turn in turns[count:end]:
+            items += turn.items
+            total += turn.bytes
+            tokens += turn.tokens
+        count = end
+    if not count:
+        return ()
+    gone = turns[:count]
+    history._turns = turns[count:]
+    history._items -= items
+    history._bytes -= total
+    history._tokens -= tokens
+    history._front += count
+    aside = history._aside
+    if aside is None:
+        _count_evicted(history, gone)
+        for turn in gone:
+            _forget(history, turn)
+    else:
+        # Since the newest commit nothing else changed: held aside for its
+        # retraction, counted as evicted once they cannot be restored.
+        tied = tuple([t.serial for t in gone if t.serial in linked]) if linked else ()
+        popped: list[str] = []
+        for turn in gone:
+            _forget(history, turn, popped)
+        if aside is _NOTHING_ASIDE:  # the first eviction since the commit, usually the only one
+            history._aside = _Aside(gone, tied, tuple(popped), turns[-1])
+        else:
+            history._aside = _Aside(
+                aside.turns + gone,
+                aside.linked + tied,
+                aside.popped + tuple(popped),
+                turns[-1],
+            )
+    history._view = None
+    return tuple(t.turn_id for t in gone)
+
+
+def _count_evicted(history: _EvictionState, turns: tuple[_Turn, ...]) -> None:
+    """Count ``turns`` as evicted for good (the statistics' ``evicted_*``)."""
+    history._evicted += len(turns)
+    for turn in turns:
+        history._evicted_items += turn.items
+        history._evicted_bytes += turn.bytes
+        history._evicted_tokens += turn.tokens
+
+
+def _settle(history: _EvictionState) -> None:
+    """The turns held aside can no longer be restored: count them evicted, let them go."""
+    aside = history._aside
+    history._aside = None
+    if aside is not None and aside.turns:
+        _count_evicted(history, aside.turns)
+
+
+def _restore(history: _EvictionState, aside: _Aside) -> None:
+    """Undo the evictions held in ``aside``: each one's turns, counts, ids and ties back.
+
+    The inverse of the evictions (:meth:`TurnHistory.evict`, :meth:`TurnHistory._forget`): the
+    turns go back in front, held; their ids leave the remembered ids and
+    the ids they pushed out come back; their ties are restored. Turns
+    before the newest changed, so views render anew (the generation).
+    """
+    turns = aside.turns
+    history._turns = (*turns, *history._turns)
+    for turn in turns:
+        history._items += turn.items
+        history._bytes += turn.bytes
+        history._tokens += turn.tokens
+        history._ids.add(turn.turn_id)
+        for message in _identified(turn):
+            history._message_ids[cast(str, message.id)] = (turn.serial, message)
+    history._linked.update(aside.linked)
+    remembered = aside.remembered_before(tuple(history._evicted_ids))
+    history._evicted_ids.clear()
+    history._evicted_ids.update(dict.fromkeys(remembered))
+    history._forgotten -= len(aside.popped)
+    history._generation += 1
+    history._view = None
+
+
+def _forget(history: _EvictionState, turn: _Turn, popped: list[str] | None = None) -> None:
+    """Drop a turn's ids; remember its id as gone (a bounded number of them).
+
+    With ``popped``, the remembered ids this pushes out are appended to it.
+    """
+    history._ids.discard(turn.turn_id)
+    history._linked.discard(turn.serial)
+    message_ids = history._message_ids
+    if message_ids:
+        for message in _identified(turn):
+            message_ids.pop(cast(str, message.id), None)
+    history._evicted_ids[turn.turn_id] = None
+    while len(history._evicted_ids) > history._remember:
+        turn_id, _ = history._evicted_ids.popitem(last=False)
+        history._forgotten += 1
+        if popped is not None:
+            popped.append(turn_id)
+
+
+def _before_evictions(history: _EvictionState) -> tuple[HistoryView, tuple[str, ...]]:
+    """The work of :meth:`TurnHistory.before_evictions` (documented there)."""
+    aside = history._aside
+    if aside is None or not aside.turns:
+        return history.view(), history.evicted_ids
+    turns = (*aside.turns, *history._turns[:-1], cast(_Turn, aside.newest))
+    held = len(history._pinned) + sum(t.items for t in turns)
+    view = HistoryView(history._pinned, turns, history._front, -1, history._shared, held)
+    return view, tuple(aside.remembered_before(tuple(history._evicted_ids)))
+
+
+def _retract(history: _EvictionState, turn_id: str) -> None:
+    """The work of :meth:`TurnHistory.retract` (documented there)."""
+    check_id(turn_id, "turn id")
+    if not history.has_turn(turn_id):
+        raise UnknownTurnError(f"Turn {excerpt(turn_id)} is not held by this context.")
+    turn = history._turns[-1]
+    if turn.turn_id != turn_id:
+        raise StateError(
+            f"Turn {excerpt(turn_id)} is not the newest turn ({excerpt(turn.turn_id)} "
+            f"is); only the "
+            "newest turn can be retracted."
+        )
+    if turn.outputs:
+        raise StateError(
+            f"Turn {excerpt(turn_id)} has {len(turn.outputs)} recorded output(s); only a turn "
+            "that produced no answer can be retracted."
+        )
+    aside, history._aside = history._aside, None
+    if aside is not None and aside.turns:
+        _restore(history, aside)
+    history._turns = history._turns[:-1]
+    history._items -= turn.items
+    history._bytes -= turn.bytes
+    history._tokens -= turn.tokens
+    history._retracted += 1
+    tied = turn.serial in history._linked
+    _forget(history, turn)
+    if tied:
+        # Its input's tie may be the only reason turns before it were tied.
+        _retie(history, len(history._turns) - 1)
+    history._view = None
+
+
+def _remember_evicted(history: _EvictionState, turn_ids: Sequence[str]) -> None:
+    """The work of :meth:`TurnHistory.remember_evicted` (documented there)."""
+    for turn_id in turn_ids:
+        check_id(turn_id, "turn id")
+        if history.has_turn(turn_id):
+            raise DuplicateIdError(
+                f"Turn {excerpt(turn_id)} is held by this history; it cannot be "
+                f"remembered as evicted."
+            )
+    _settle(history)
+    for turn_id in turn_ids:
+        history._evicted_ids[turn_id] = None
+    while len(history._evicted_ids) > history._remember:
+        history._evicted_ids.popitem(last=False)

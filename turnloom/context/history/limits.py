@@ -1,0 +1,207 @@
+"""The bounds of a history and the counters it reports."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import msgspec
+
+from turnloom.context.history._cells import _Entry, _Turn
+from turnloom.context.message import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+)
+from turnloom.errors import (
+    InvalidArgumentError,
+    TurnTooLargeError,
+    excerpt,
+)
+
+
+class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """The bounds of one context's history.
+
+    Attributes:
+        max_turns: most turns kept (default 32).
+        max_items: most messages kept across all turns (default 4,096); one
+            turn never holds more (its input, or its messages once recorded),
+            nor more pinned instructions than this.
+        max_bytes: most bytes of serialized messages kept (default 8 MiB), and
+            the most one turn holds. This bounds retained content, not
+            process memory: besides the turns kept, a history holds aside
+            the turns evicted since its newest commit until its next change
+            (so that retracting that turn restores them, see
+            :meth:`TurnHistory.retract`), at most the turns held when that
+            turn was committed.
+        max_item_bytes: the per-item cap: one message larger than this, in
+            bytes, is rejected when it is committed or recorded (default 1 MiB).
+        max_tokens: most tokens of messages kept across all turns, counted by
+            the history's token counter (the Foundation's); ``None`` (default)
+            for no token bound.
+
+    Raises:
+        InvalidArgumentError: a limit is not a positive integer (``field``
+            names it; ``max_tokens`` may also be ``None``).
+    """
+
+    max_turns: int = 32
+    max_items: int = 4096
+    max_bytes: int = 8 * 1024 * 1024
+    max_item_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_items", "max_bytes", "max_item_bytes", "max_tokens"):
+            value = getattr(self, name)
+            if value is None and name == "max_tokens":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidArgumentError(
+                    f"History limit {name} must be a positive integer, not {excerpt(value)}.",
+                    field=name,
+                )
+
+
+HistoryCounts = tuple[int, int, int, int, int, int, int, int, int, int]
+"""What :meth:`TurnHistory.counts` returns: ``(turns, items, bytes, tokens,
+evicted_turns, evicted_items, dropped_late_outputs, dropped_blank_outputs,
+duplicate_outputs, retracted_turns)``, as in :class:`HistoryStatistics`."""
+
+
+class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """A frozen snapshot of one history's counters.
+
+    Attributes:
+        turns: turns kept.
+        items: messages kept in those turns (pinned instructions excluded),
+            kept state messages (:meth:`TurnHistory.keep_state`) included;
+            ``bytes`` and ``tokens`` count them too.
+        bytes: serialized size of those messages, in bytes.
+        pinned_items: pinned instruction messages (not counted in ``items``).
+        pinned_bytes: their serialized size, in bytes.
+        evicted_turns: turns evicted for good since the history was created.
+            The turns the evictions since the newest commit dropped are held
+            aside (``restorable_turns``) and counted here once they can no
+            longer be restored: at the history's next change but a
+            retraction of that turn, which restores them (see
+            :meth:`TurnHistory.retract`).
+        evicted_items: messages evicted with them.
+        evicted_bytes: bytes evicted with them.
+        dropped_late_outputs: messages recorded for a turn no longer held
+            (evicted or retracted), dropped.
+        dropped_blank_outputs: empty or whitespace-only messages not recorded.
+        duplicate_outputs: messages recorded again with an id and content
+            already held in their turn, not stored again.
+        retracted_turns: turns retracted since the history was created.
+        tokens: tokens of the kept messages (pinned instructions excluded),
+            by the history's token counter.
+        pinned_tokens: tokens of the pinned instructions.
+        evicted_tokens: tokens evicted with the evicted turns.
+        restorable_turns: turns evicted since the newest commit, held aside
+            until the history's next change: a retraction of the newest turn
+            restores them, else they count in ``evicted_turns``. Neither in
+            ``turns`` nor in ``evicted_turns``.
+    """
+
+    turns: int
+    items: int
+    bytes: int
+    pinned_items: int
+    pinned_bytes: int
+    evicted_turns: int
+    evicted_items: int
+    evicted_bytes: int
+    dropped_late_outputs: int
+    dropped_blank_outputs: int
+    duplicate_outputs: int = 0
+    retracted_turns: int = 0
+    tokens: int = 0
+    pinned_tokens: int = 0
+    evicted_tokens: int = 0
+    restorable_turns: int = 0
+
+
+def check_batch_length(count: int, limits: HistoryLimits, where: str) -> None:
+    """Refuse a batch that makes one turn hold more than ``limits.max_items`` messages.
+
+    Raises:
+        TurnTooLargeError: ``count`` is over the limit (``unit="items"``).
+    """
+    if count > limits.max_items:
+        raise TurnTooLargeError(
+            f"{where} would make the turn hold {count} messages, over the history's "
+            f"limit of {limits.max_items}.",
+            unit="items",
+            size=count,
+            limit=limits.max_items,
+        )
+
+
+class _CountState(Protocol):
+    """The state of a :class:`TurnHistory` this file reads and changes."""
+
+    _blank_dropped: int
+    _bytes: int
+    _duplicates: int
+    _evicted: int
+    _evicted_bytes: int
+    _evicted_items: int
+    _evicted_tokens: int
+    _items: int
+    _late_dropped: int
+    _limits: HistoryLimits
+    _pinned: tuple[_Entry, ...]
+    _pinned_bytes: int
+    _pinned_tokens: int
+    _retracted: int
+    _tokens: int
+    _turns: tuple[_Turn, ...]
+
+
+def _counts(history: _CountState) -> HistoryCounts:
+    """The work of :meth:`TurnHistory.counts` (documented there)."""
+    return (
+        len(history._turns),
+        history._items,
+        history._bytes,
+        history._tokens,
+        history._evicted,
+        history._evicted_items,
+        history._late_dropped,
+        history._blank_dropped,
+        history._duplicates,
+        history._retracted,
+    )
+
+
+def _statistics(history: _CountState, restorable: int) -> HistoryStatistics:
+    """The work of :meth:`TurnHistory.statistics` (documented there); ``restorable``
+    is its count of turns held aside."""
+    return HistoryStatistics(
+        turns=len(history._turns),
+        items=history._items,
+        bytes=history._bytes,
+        pinned_items=len(history._pinned),
+        pinned_bytes=history._pinned_bytes,
+        evicted_turns=history._evicted,
+        evicted_items=history._evicted_items,
+        evicted_bytes=history._evicted_bytes,
+        dropped_late_outputs=history._late_dropped,
+        dropped_blank_outputs=history._blank_dropped,
+        duplicate_outputs=history._duplicates,
+        retracted_turns=history._retracted,
+        tokens=history._tokens,
+        pinned_tokens=history._pinned_tokens,
+        evicted_tokens=history._evicted_tokens,
+        restorable_turns=restorable,
+    )
+
+
+def _over_limits(history: _CountState) -> bool:
+    """The work of :meth:`TurnHistory.over_limits` (documented there)."""
+    limits = history._limits
+    return len(history._turns) > 1 and (
+        len(history._turns) > limits.max_turns
+        or history._items > limits.max_items
+        or history._bytes > limits.max_bytes
+        or (limits.max_tokens is not None and history._tokens > limits.max_tokens)
+    )

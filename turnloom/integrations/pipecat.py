@@ -1,0 +1,376 @@
+"""A Pipecat context aggregator pair whose LLM context is turnloom's prepared input.
+
+Pipecat's way to hold a conversation is an ``LLMContext`` shared by a
+context aggregator pair: the user aggregator (after STT) writes the user's
+finished turn and pushes an ``LLMContextFrame`` to the LLM service; the
+assistant aggregator (after the output transport) writes what the TTS spoke
+(its ``TTSTextFrame``\\ s, as the transport plays them), the function calls
+and their results, and pushes the context back upstream when a result needs
+another inference. :class:`TurnloomContextAggregatorPair` is that pair, built
+on Pipecat's own aggregators (turn detection, interruptions, function-call
+bookkeeping unchanged), with turnloom as the one source of truth:
+
+* whenever either aggregator pushes its context to the LLM, what Pipecat's
+  aggregators wrote since the last push is taken into turnloom: a user
+  message commits a turn (``manager.accept_turn``); assistant text, function
+  calls and their (final) results are recorded to it (``manager.record``).
+  Then the ``LLMContext`` is *replaced* by turnloom's input for the turn
+  (``manager.prepare`` once per turn, then ``manager.build(prefix,
+  recorded=True)``), in OpenAI Chat shape, Pipecat's standard message shape:
+  every LLM service's adapter converts it (Anthropic's included). So the LLM
+  never reads anything turnloom did not prepare, and Pipecat's own context
+  stays bounded by turnloom's history limits.
+* the reply is what the user heard: the assistant aggregator collects
+  ``TTSTextFrame``\\ s as the output transport plays them, and on Pipecat's
+  ``InterruptionFrame`` (a barge-in) it writes only what was played so far;
+  that is what turnloom records.
+* a false start: the ``false_start`` hook sees each finished user turn's
+  text; True keeps the turn out of turnloom (it is never committed), takes it
+  out of Pipecat's context and runs no inference. A blank transcript is
+  never committed either. Only a user message's text is taken (an image a
+  user message carries is not).
+* the pipeline's end (``EndFrame``, or ``CancelFrame``: the caller hung up,
+  even while the model streams) removes the context
+  (``manager.remove_context``: idempotent, and it cancels a preparation in
+  flight for it).
+
+A result Pipecat still shows as ``IN_PROGRESS`` is not recorded until it is
+final (turnloom's ``open_calls`` policy handles the open call meanwhile).
+Asynchronous function calls (``cancel_on_interruption=False``: Pipecat's
+developer-message placeholders) and realtime (speech-to-speech) services are
+not supported: the pair forces ``realtime_service_mode=False``.
+
+Process model: a Foundation per process, shared by every pipeline the
+process runs (one manager, one worker-thread limiter, one store connection);
+each call is a context (``context_id``). Across processes or machines, the
+calls share one store: SQLite on one machine, Redis for a fleet, with leases
+(``manager.leases``) handing a call over when its process dies. See the
+README's "Voice hosts: process model" section and
+``scripts/bench_process_model.py``.
+
+Concurrency: Pipecat runs on asyncio only; so does this adapter. The
+Foundation must run on the pipeline's event loop.
+
+Source: pipecat-ai 1.14 ``processors/aggregators/llm_response_universal.py``
+(``LLMUserAggregator``, ``LLMAssistantAggregator``,
+``LLMContextAggregatorPair``, ``push_context_frame``),
+``processors/aggregators/llm_context.py`` (``LLMContext``).
+"""
+
+from __future__ import annotations
+
+__all__ = ("TurnloomAssistantAggregator", "TurnloomContextAggregatorPair", "TurnloomUserAggregator")
+
+import secrets
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+import anyio
+from pipecat.processors.aggregators.llm_context import LLMContext, LLMSpecificMessage
+from pipecat.processors.aggregators.llm_response_universal import (
+    LLMAssistantAggregator,
+    LLMAssistantAggregatorParams,
+    LLMUserAggregator,
+    LLMUserAggregatorParams,
+)
+from pipecat.processors.frame_processor import FrameDirection
+
+from turnloom.context import GatewayType, Message, Role, TextPart, ToolCallPart, ToolResultPart
+from turnloom.errors import ContextRemovedError, InvalidArgumentError, UnknownTurnError
+from turnloom.runtime import ContextManager, ContextPrepareRequest, PreparedContext, TurnSnapshot
+
+# Pipecat's placeholder content of a function call whose result has not arrived.
+_IN_PROGRESS = "IN_PROGRESS"
+
+
+def _text(content: Any) -> str:
+    """The text of an OpenAI-shaped message content (a str or a list of parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part.get("text", "")
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text"
+        )
+    return ""
+
+
+def _outputs(message: dict[str, Any]) -> list[Message]:
+    """An assistant or tool message Pipecat wrote, as turnloom messages (none when blank)."""
+    if message["role"] == "tool":
+        part = ToolResultPart(
+            call_id=message["tool_call_id"], content=(TextPart(text=_text(message["content"])),)
+        )
+        return [Message(role=Role.tool, content=(part,))]
+    parts: list[Any] = []
+    text = _text(message.get("content"))
+    if text.strip():
+        parts.append(TextPart(text=text))
+    for call in message.get("tool_calls") or ():
+        function = call["function"]
+        parts.append(
+            ToolCallPart(
+                call_id=call["id"], name=function["name"], arguments=function["arguments"] or "{}"
+            )
+        )
+    return [Message(role=Role.assistant, content=tuple(parts))] if parts else []
+
+
+class _Conversation:
+    """One call's state shared by the pair: its context id, turn, prefix and Pipecat context."""
+
+    def __init__(
+        self,
+        manager: ContextManager,
+        context_id: str,
+        instructions: str,
+        false_start: Callable[[str], bool] | None,
+        context: LLMContext,
+    ) -> None:
+        self.manager = manager
+        self.context_id = context_id
+        self.system = Message(role=Role.system, content=instructions)
+        self.false_start = false_start
+        self.context = context
+        self.turn: str | None = None  # the newest committed turn
+        self.reply_turn: str | None = None  # the turn the reply being spoken answers
+        self.prefix: PreparedContext | None = None
+        # The first ``synced`` messages of Pipecat's context are turnloom's input;
+        # what Pipecat's aggregators append after them is not in turnloom yet.
+        self.synced = 0
+        self.closed = False
+        self.created = False  # a turn was committed: the context exists
+        self.lock = anyio.Lock()
+
+    async def sync(self, *, user: bool) -> bool:
+        """Take what Pipecat wrote into turnloom, then make Pipecat's context turnloom's input.
+
+        One sync at a time (the two aggregators run in their own tasks).
+        Returns False when no inference must run: the call ended, every user
+        message taken was a false start, or (``user``: the user aggregator's
+        push) no user turn was committed by it (Pipecat's empty-turn
+        recovery only adds a developer prompt, which turnloom does not take).
+        """
+        async with self.lock:
+            if self.closed:
+                return False
+            pending = list(self.context.get_messages()[self.synced :])
+            users = new_turn = 0
+            while pending:
+                message = pending[0]
+                if isinstance(message, LLMSpecificMessage) or not isinstance(message, dict):
+                    pending.pop(0)  # another service's own message: not turnloom's
+                    continue
+                role = message.get("role")
+                if role == "tool" and message.get("content") == _IN_PROGRESS:
+                    break  # recorded once its result is final
+                pending.pop(0)
+                if role == "user":
+                    users += 1
+                    text = _text(message.get("content"))
+                    if not text.strip() or (
+                        self.false_start is not None and self.false_start(text)
+                    ):
+                        continue  # never committed: a false start leaves no turn
+                    self._commit(text)
+                    new_turn += 1
+                elif role in ("assistant", "tool") and self.turn is not None:
+                    outputs = _outputs(cast(dict[str, Any], message))
+                    answered = self.reply_turn or self.turn
+                    if outputs:
+                        self.manager.record(self.context_id, answered, outputs)
+                        if answered != self.turn:
+                            # A reply cut by the barge-in that started the newest turn,
+                            # taken after that turn's commit: the newest input changes.
+                            self.prefix = None
+            if users and not new_turn:
+                self.context.set_messages([*self.context.get_messages()[: self.synced], *pending])
+                return False
+            if self.turn is None:  # before the first user turn: Pipecat's own messages
+                self.context.set_messages(pending)
+                self.synced = 0
+                return True
+            if self.prefix is None:
+                try:
+                    self.prefix = await self.manager.prepare(
+                        ContextPrepareRequest(context_id=self.context_id, turn_id=self.turn)
+                    )
+                except (ContextRemovedError, UnknownTurnError):
+                    return False  # the call ended (or the turn was retracted) meanwhile
+            items = self.manager.build(self.prefix, recorded=True)
+            self.context.set_messages([*cast(tuple[Any, ...], items), *pending])
+            self.synced = len(items)
+            return new_turn > 0 or not user
+
+    async def reply_started(self, aggregator: Any) -> None:
+        """Pipecat's ``on_assistant_turn_started``: the reply starting answers the newest turn."""
+        self.reply_turn = self.turn
+
+    def _commit(self, text: str) -> None:
+        turn_id = f"t-{secrets.token_hex(8)}"
+        self.manager.accept_turn(
+            TurnSnapshot(
+                context_id=self.context_id,
+                turn_id=turn_id,
+                instructions=(self.system,) if self.turn is None else None,
+                input=(Message(role=Role.user, content=text),),
+            )
+        )
+        self.turn, self.prefix, self.created = turn_id, None, True
+
+    def retract_turn(self) -> None:
+        """Take back the newest user turn (``manager.voice.retract_turn``) and its context."""
+        if self.turn is not None and not self.closed:
+            self.manager.voice.retract_turn(self.context_id, self.turn)
+            held = self.manager.history(self.context_id).turn_ids
+            self.turn = held[-1] if held else None
+            self.reply_turn = self.prefix = None
+
+    def close(self) -> None:
+        """Remove the call's context (idempotent)."""
+        if not self.closed:
+            self.closed = True
+            if self.created:
+                self.manager.remove_context(self.context_id)
+            self.turn = self.reply_turn = self.prefix = None
+
+
+class TurnloomUserAggregator(LLMUserAggregator):
+    """Pipecat's user aggregator whose pushed context is turnloom's input for the new turn."""
+
+    def __init__(self, context: LLMContext, *, conversation: _Conversation, **kwargs: Any) -> None:
+        super().__init__(context, **kwargs)
+        self._conversation = conversation
+
+    async def push_context_frame(
+        self, direction: FrameDirection = FrameDirection.DOWNSTREAM
+    ) -> None:
+        """Commit the finished user turn to turnloom and push its prepared input (or nothing).
+
+        Cancellation: cancelled while the turn's input is prepared, the turn
+        stays committed and nothing is pushed; the next push prepares it.
+        """
+        if await self._conversation.sync(user=True):
+            await super().push_context_frame(direction)
+
+
+class TurnloomAssistantAggregator(LLMAssistantAggregator):
+    """Pipecat's assistant aggregator recording what was played, calls and results to turnloom."""
+
+    def __init__(self, context: LLMContext, *, conversation: _Conversation, **kwargs: Any) -> None:
+        super().__init__(context, **kwargs)
+        self._conversation = conversation
+
+    async def push_context_frame(
+        self, direction: FrameDirection = FrameDirection.DOWNSTREAM
+    ) -> None:
+        """Record what it wrote (the played reply, calls, results); push turnloom's input."""
+        if await self._conversation.sync(user=False):
+            await super().push_context_frame(direction)
+
+    async def cleanup(self) -> None:
+        """The pipeline ended (``EndFrame`` or ``CancelFrame``): remove the call's context."""
+        await super().cleanup()  # type: ignore[no-untyped-call]
+        self._conversation.close()
+
+
+class TurnloomContextAggregatorPair:
+    """The user and assistant aggregators of one call, with turnloom as the one source of truth.
+
+    Use it as Pipecat's ``LLMContextAggregatorPair``: ``pair.user()`` after
+    the STT, ``pair.assistant()`` after the output transport.
+
+    Args:
+        manager: a manager bound to an open Foundation on the pipeline's event
+            loop, with the ``openai_chat`` gateway (Pipecat's standard message
+            shape; each LLM service's adapter converts it).
+        context_id: the call's turnloom context id.
+        instructions: the system prompt (pinned in turnloom).
+        false_start: called with each finished user turn's text; True keeps
+            the turn out of turnloom and runs no inference. Default: never.
+        tools: the tools the LLM may call (a Pipecat ``ToolsSchema``), kept on
+            Pipecat's context as usual.
+        user_params, assistant_params: Pipecat's aggregator parameters (turn
+            strategies, VAD, ...).
+
+    Raises:
+        InvalidArgumentError: the manager's gateway is not ``openai_chat``.
+
+    Attributes:
+        context: Pipecat's ``LLMContext``: always turnloom's latest input for
+            the turn, plus what Pipecat wrote since (bounded).
+    """
+
+    def __init__(
+        self,
+        *,
+        manager: ContextManager,
+        context_id: str,
+        instructions: str,
+        false_start: Callable[[str], bool] | None = None,
+        tools: Any = None,
+        user_params: LLMUserAggregatorParams | None = None,
+        assistant_params: LLMAssistantAggregatorParams | None = None,
+    ) -> None:
+        if manager.gateway.type is not GatewayType.openai_chat:
+            raise InvalidArgumentError(
+                f"TurnloomContextAggregatorPair {context_id!r} needs a manager with the "
+                f"openai_chat gateway, not {manager.gateway.type.value}.",
+                field="manager",
+            )
+        self.context = LLMContext(tools=tools) if tools is not None else LLMContext()
+        self._conversation = _Conversation(
+            manager, context_id, instructions, false_start, self.context
+        )
+        self._user = TurnloomUserAggregator(
+            self.context,
+            conversation=self._conversation,
+            params=user_params or LLMUserAggregatorParams(),
+            _realtime_service_mode=False,
+        )
+        self._assistant = TurnloomAssistantAggregator(
+            self.context,
+            conversation=self._conversation,
+            params=assistant_params or LLMAssistantAggregatorParams(),
+            _realtime_service_mode=False,
+            _paired_user_aggregator=self._user,
+        )
+        self._assistant.add_event_handler(
+            "on_assistant_turn_started", self._conversation.reply_started
+        )
+
+    @property
+    def context_id(self) -> str:
+        """The call's turnloom context id."""
+        return self._conversation.context_id
+
+    @property
+    def turn_id(self) -> str | None:
+        """The newest committed turn of the call (None before the first, or after the end)."""
+        return self._conversation.turn
+
+    def user(self) -> TurnloomUserAggregator:
+        """The user aggregator (place it after the STT)."""
+        return self._user
+
+    def assistant(self) -> TurnloomAssistantAggregator:
+        """The assistant aggregator (place it after the output transport)."""
+        return self._assistant
+
+    def __iter__(self) -> Iterator[TurnloomUserAggregator | TurnloomAssistantAggregator]:
+        """``user, assistant = pair``, as Pipecat's pair unpacks."""
+        return iter((self._user, self._assistant))
+
+    def retract_turn(self) -> None:
+        """Take back the newest user turn (a false start found after the hook ran).
+
+        Raises:
+            StateError: outputs were recorded for it, or a newer turn exists:
+                as ``manager.voice.retract_turn``.
+        """
+        self._conversation.retract_turn()
+
+    def close(self) -> None:
+        """Remove the call's context now (the pipeline's end does it too); idempotent."""
+        self._conversation.close()
