@@ -99,8 +99,9 @@ def test_json_dash_is_standard_output_and_the_text_report_goes_to_standard_error
     assert (report["model_calls"], report["prepares"], report["errors"]) == (12, 6, [])
     lines = done.stderr.splitlines()
     assert lines[0] == "sessions: 3  failed: 0  turns: 6  model calls: 12  prepares: 6"
-    assert len(lines) == 7
-    assert lines[6].startswith("prompt cache share: 100.0% of bytes, 100.0% of tokens")
+    assert len(lines) == 8
+    assert lines[4].startswith("full collections: 0 after the ramp-up")
+    assert lines[7].startswith("prompt cache share: 100.0% of bytes, 100.0% of tokens")
     assert not (tmp_path / "-").exists()
 
 

@@ -620,6 +620,13 @@ def _print_report(report: LoadtestReport, out: TextIO) -> None:
         f"{report.gc_full_collections} full collections)",
         file=out,
     )
+    print(
+        f"full collections: {report.gc_full_steady} after the ramp-up (the policy's steps "
+        f"aside), longest {report.gc_full_cpu_max_ms:.2f} ms CPU  collector policy: "
+        f"{report.collector_steps} steps, {report.collector_thorough_steps} thorough, "
+        f"longest {report.collector_step_cpu_max_ms:.2f} ms CPU",
+        file=out,
+    )
     _print_cpu(report.cpu_seconds, report.render_seconds, report.prepares, out)
     print(
         f"peak RSS: {report.peak_rss_bytes / 2**20:.1f} MiB  rejections: {report.rejections}  "
@@ -701,6 +708,12 @@ def _fleet(args: argparse.Namespace) -> int:
         f"event-loop lag (worst process): p99 {report.loop_lag_p99_ms:.2f} ms  max "
         f"{report.loop_lag_max_ms:.2f} ms  (longest GC pause {report.gc_pause_max_ms:.2f} ms, "
         f"{report.gc_full_collections} full collections in all)",
+        file=out,
+    )
+    print(
+        f"full collections: {report.gc_full_steady} after the ramp-up in all, longest "
+        f"{report.gc_full_cpu_max_ms:.2f} ms CPU  collector policy: {report.collector_steps} "
+        f"steps, {report.collector_thorough_steps} thorough in all",
         file=out,
     )
     _print_cpu(report.cpu_seconds, report.render_seconds, report.prepares, out)

@@ -10,6 +10,7 @@ from typing import Any
 
 import anyio
 import anyio.from_thread
+import anyio.lowlevel
 import pytest
 
 from tests.runtime.helpers import CHAT, assistant, call, result, user
@@ -169,11 +170,13 @@ async def test_a_section_whose_requester_was_cancelled_after_its_render_is_deliv
     notice the preparation rendered reaches the next requester, exactly once."""
     scopes: list[anyio.CancelScope] = []
     render_in_thread = preparing_module.Preparer._render_in_thread
+    token = anyio.lowlevel.current_token()
 
-    def returned_then_cancelled(self: Any, *args: Any) -> None:
-        render_in_thread(self, *args)
+    def returned_then_cancelled(self: Any, *args: Any) -> Any:
+        rendered = render_in_thread(self, *args)
         if scopes:  # the requester's deadline fires as the render returns
-            anyio.from_thread.run_sync(scopes.pop().cancel)
+            anyio.from_thread.run_sync(scopes.pop().cancel, token=token)
+        return rendered
 
     monkeypatch.setattr(preparing_module.Preparer, "_render_in_thread", returned_then_cancelled)
     async with Foundation() as foundation:

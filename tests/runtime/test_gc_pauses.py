@@ -96,7 +96,10 @@ async def test_prepares_under_load_leave_no_cyclic_garbage() -> None:
     prepares wait for slots and fall back from ``QueueFullError``; inline
     and worker-thread renders) leave exactly 0 objects for the collector."""
     scripts = _scripts(8, 6)
-    async with Foundation(gateway="openai_chat", max_pending_preparations=2) as foundation:
+    # No collector policy: its steps would collect (and count) garbage themselves.
+    async with Foundation(
+        gateway="openai_chat", max_pending_preparations=2, collector=None
+    ) as foundation:
         manager = foundation.manager
         await _sessions(manager, 0, 24, scripts)  # warm-up: first-use caches, worker threads
         gc.collect()
@@ -137,7 +140,7 @@ async def test_a_held_context_adds_a_fixed_number_of_tracked_objects() -> None:
     cache, body writer or delivered prefix (untracked: in no cycle, see
     test_untracked_acyclic)."""
     script = _scripts(1, 12)[0]
-    async with Foundation(gateway="openai_chat") as foundation:
+    async with Foundation(gateway="openai_chat", collector=None) as foundation:
         manager = foundation.manager
         held: dict[str, object] = {}
         await _session(manager, "warm-up", script, held)

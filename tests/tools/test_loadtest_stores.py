@@ -136,6 +136,28 @@ def test_the_aggregate_sums_cpu_and_collections_and_takes_the_worst_lag_and_paus
     assert fleet.think_time == 2.0
 
 
+def test_the_aggregate_sums_collector_steps_and_takes_the_worst_full_collection() -> None:
+    """Invariant: steady-state full collections and collector steps add up; the
+    longest full collection's CPU is the worst process's."""
+    fleet = aggregate(
+        [
+            _report(gc_full_steady=1, collector_steps=5, collector_thorough_steps=1),
+            _report(
+                gc_full_cpu_max_ms=3.5,
+                gc_full_steady=2,
+                collector_steps=7,
+                collector_thorough_steps=2,
+            ),
+        ]
+    )
+    assert (fleet.gc_full_steady, fleet.collector_steps, fleet.collector_thorough_steps) == (
+        3,
+        12,
+        3,
+    )
+    assert fleet.gc_full_cpu_max_ms == 3.5
+
+
 def test_every_process_report_field_is_carried_by_the_fleet_report() -> None:
     """Invariant: FleetReport declares every LoadtestReport field under the same
     name (aggregate() sums or takes the worst of each), so a field added to the

@@ -20,6 +20,8 @@ __all__ = (
     "AssemblyStatistics",
     "AssemblyStrategy",
     "Bridge",
+    "CollectorPolicy",
+    "CollectorStatistics",
     "ContextConfig",
     "ContextContribution",
     "ContextInitConfig",
@@ -71,6 +73,7 @@ from turnloom.context.history import HistoryLimits
 from turnloom.runtime._areas import Areas
 from turnloom.runtime._assembly import Assembly
 from turnloom.runtime._bridge import Bridge
+from turnloom.runtime._collector import CollectorPolicy, CollectorStatistics
 from turnloom.runtime._door import ManagerOptions
 from turnloom.runtime._invocation import Invocation
 from turnloom.runtime._leases import Leases

@@ -193,7 +193,7 @@ class Lifecycle:
             )
 
     async def aclose(self, grace_period: float, outputs: OutputBinding) -> None:
-        """Close in order: stop intake, drain output streams, let preparations settle.
+        """Close in order: stop intake, drain outputs, settle preparations, join the render worker.
 
         ``grace_period`` (seconds) bounds the first two waits together; the
         durable writer gets its own. Not shielded: the Foundation calls it in
@@ -216,8 +216,13 @@ class Lifecycle:
                 try:
                     await preparer.queue.aclose(max(0.0, deadline - anyio.current_time()))
                 finally:
-                    if durable is not None:
-                        await durable.aclose(grace_period)
+                    try:
+                        # Every render handed to it came back with its batch
+                        # (the queue settled): the thread ends and is joined.
+                        await preparer.worker.aclose()
+                    finally:
+                        if durable is not None:
+                            await durable.aclose(grace_period)
         finally:
             self.closed = True
             self.final = {cid: state.history.view() for cid, state in self.table.contexts.items()}

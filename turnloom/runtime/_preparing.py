@@ -5,11 +5,13 @@ each admitted preparation, in its requester's task (see
 ``ContextManager.prepare`` for its contract). The history and the request's
 state are captured once, when the turn is committed; an assembly strategy
 runs on the event loop, once per turn, in the preparation's cancel scope; the
-render runs in a worker thread holding a token of the Foundation's limiter,
-and is never abandoned mid-render: a requester that leaves meanwhile leaves
-the preparation to the thread, which settles it when it returns. What
-delivering a result changes is deferred to ``Preparation.deliver``, which the
-queue runs only when the requester resumes with it.
+render runs in the Foundation's render thread (:mod:`turnloom.runtime._worker`,
+one per Foundation, fed in batches) holding a token of the Foundation's
+limiter, and is never abandoned mid-render: a requester that leaves meanwhile
+leaves the preparation to the thread, which settles it when its batch comes
+back to the loop. What delivering a result changes is deferred to
+``Preparation.deliver``, which the queue runs only when the requester resumes
+with it.
 """
 
 from __future__ import annotations
@@ -17,15 +19,12 @@ from __future__ import annotations
 __all__ = ("Preparer",)
 
 import contextlib
-import math
 import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
 
 import anyio
-import anyio.from_thread
-import anyio.to_thread
 import msgspec
 
 from turnloom.context.gateways import (
@@ -45,6 +44,7 @@ from turnloom.runtime._door import ManagerOptions, check_request
 from turnloom.runtime._durable import Durability
 from turnloom.runtime._queue import Preparation, PreparationQueue
 from turnloom.runtime._render import DeliveredPrefix, Rendered, render_preparation
+from turnloom.runtime._worker import RenderWorker
 from turnloom.runtime.assembly import AssembledContext, AssemblyStrategy, assembly_query
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
@@ -89,13 +89,18 @@ _RenderArgs = tuple[
 ]
 """The arguments of :func:`render_preparation` for a worker thread's render."""
 
+_RenderJob = tuple["Preparation", _RenderArgs, anyio.Event, "tracing.PrepareTrace | None"]
+"""A render handed to the worker: the preparation, its arguments, the event its
+requester awaits, and the prepare's span."""
+
 # ``Preparation.thread``: where its render stands between the loop and the
-# worker thread; changed only under ``Preparer._handoff``.
-_QUEUED = 0  # handed to run_sync; the thread has not begun
-_RUNNING = 1  # the thread renders
-_DONE = 2  # the thread returned (``outcome`` is set)
+# worker thread. _QUEUED -> _RUNNING (thread) and _QUEUED -> _GONE (loop) are
+# changed under ``Preparer._handoff``; every later move happens on the loop.
+_QUEUED = 0  # handed to the worker; the thread has not begun
+_RUNNING = 1  # the thread renders, or its batch has not come back yet
+_DONE = 2  # the batch came back (``outcome`` is set)
 _GONE = 3  # the requester left before the thread began: it renders nothing
-_ABANDONED = 4  # the requester left while the thread rendered: the thread settles it
+_ABANDONED = 4  # the requester left while the thread rendered: the batch settles it
 
 
 class Preparer:
@@ -120,10 +125,10 @@ class Preparer:
         "_options",
         "_refused",
         "_table",
-        "_unbounded",
         "closing",
         "limiter",
         "queue",
+        "worker",
     )
 
     def __init__(
@@ -152,11 +157,11 @@ class Preparer:
         # queue, when nothing in it can change (see prepare); None once used.
         self._refused: ContextPrepareRequest | None = None
         # A render holds a token of ``limiter`` on behalf of its preparation,
-        # from before its thread begins until the preparation settles, so a
-        # thread whose requester left keeps it until it returns; run_sync's
-        # own limiter then bounds nothing.
-        self._unbounded = anyio.CapacityLimiter(math.inf)
-        self._handoff = threading.Lock()  # guards each Preparation.thread
+        # from before it is handed to the worker until the preparation
+        # settles, so a render whose requester left keeps it until it comes
+        # back: at most ``limiter.total_tokens`` renders are in the worker.
+        self.worker = RenderWorker()
+        self._handoff = threading.Lock()  # guards each Preparation.thread leaving _QUEUED
 
     async def prepare(self, request: ContextPrepareRequest, *, wait: bool) -> PreparedContext:
         """Check a request, take a slot, own the preparation, await its result.
@@ -278,24 +283,23 @@ class Preparer:
         preparation.result = prepared
 
     async def _render(self, preparation: Preparation, args: _RenderArgs) -> None:
-        """Render in a worker thread; ``preparation.outcome`` is what it returned or raised.
+        """Render in the Foundation's worker; ``preparation.outcome`` is what it returned or raised.
 
         The requester awaits the thread, but a cancelled requester does not
         wait for it: the preparation is then left to the thread (abandoned),
-        which settles it when it returns; or, if the thread had not begun, it
-        renders nothing; or, if it had returned, its area section is counted
-        here. The cancellation propagates in each case.
+        which settles it when its batch comes back; or, if the thread had not
+        begun, it renders nothing; or, if it had come back, its area section
+        is counted here. The cancellation propagates in each case.
         """
         preparation.rendering = True
+        finished = anyio.Event()
         try:
-            await anyio.to_thread.run_sync(
+            self.worker.submit(
                 self._render_in_thread,
-                preparation,
-                args,
-                tracing.current_prepare(),
-                abandon_on_cancel=True,
-                limiter=self._unbounded,
+                self._render_returned,
+                (preparation, args, finished, tracing.current_prepare()),
             )
+            await finished.wait()
         except BaseException:
             with self._handoff:
                 began = preparation.thread
@@ -306,7 +310,7 @@ class Preparer:
             if began == _RUNNING:
                 preparation.abandoned = True
             elif began == _DONE:
-                # It returned, but the requester was cancelled before it
+                # It came back, but the requester was cancelled before it
                 # resumed: the area section is counted, the result discarded.
                 with contextlib.suppress(Exception):
                     self._rendered(preparation)
@@ -315,25 +319,32 @@ class Preparer:
             if not preparation.abandoned:
                 preparation.rendering = False
 
-    def _render_in_thread(
-        self, preparation: Preparation, args: _RenderArgs, traced: tracing.PrepareTrace | None
-    ) -> None:
-        """The worker thread's part of :meth:`_render` (``traced``: the prepare's span)."""
+    def _render_in_thread(self, job: _RenderJob) -> Rendered | None:
+        """The worker thread's part of :meth:`_render` (None: its requester left before).
+
+        The job carries the prepare's span (``traced``), the render's parent.
+        """
+        preparation, args, _, traced = job
         with self._handoff:
             if preparation.thread == _GONE:
-                return
+                return None
             preparation.thread = _RUNNING
-        try:
-            with tracing.render_span(traced, inline=False, gateway=self._options.gateway.type):
-                preparation.outcome = render_preparation(*args)
-        except Exception as exc:
-            preparation.outcome = exc
-        finally:
-            with self._handoff:
-                abandoned = preparation.thread == _ABANDONED
-                preparation.thread = _DONE
-            if abandoned:
-                anyio.from_thread.run_sync(self._settle_abandoned, preparation)
+        with tracing.render_span(traced, inline=False, gateway=self._options.gateway.type):
+            return render_preparation(*args)
+
+    def _render_returned(self, job: _RenderJob, outcome: Rendered | BaseException | None) -> None:
+        """On the loop, with the worker's batch: wake the requester, or settle an abandoned one."""
+        preparation, _, finished, _ = job
+        if preparation.thread == _GONE:
+            return  # rendered nothing; its requester settled it when it left
+        # Only the loop moves a preparation on from _RUNNING: no lock needed here.
+        abandoned = preparation.thread == _ABANDONED
+        preparation.thread = _DONE
+        preparation.outcome = outcome
+        if abandoned:
+            self._settle_abandoned(preparation)
+        else:
+            finished.set()
 
     def _settle_abandoned(self, preparation: Preparation) -> None:
         """On the loop, once the thread of an abandoned preparation returned: settle it."""

@@ -3,8 +3,10 @@
 A Foundation is opened with ``async with``; it
 owns a task group (for its own tasks: output-stream consumers, the durable
 writer; a preparation runs in its requester's task), one
-:class:`anyio.CapacityLimiter` for every worker thread it uses, and the
-:class:`ContextManager`.
+:class:`anyio.CapacityLimiter` for every worker thread it uses, one render
+thread that renders every preparation in batches (started with the first
+render), its collector policy (:class:`~turnloom.runtime.CollectorPolicy`),
+and the :class:`ContextManager`.
 
 Closing order (:meth:`Foundation.aclose`), the seed's lifecycle:
 
@@ -18,14 +20,17 @@ Closing order (:meth:`Foundation.aclose`), the seed's lifecycle:
    seconds (default 5; shared with step 2), then cancel the rest (failing
    with :class:`FoundationClosedError`; preparations still waiting for their
    turn's commit fail with it at once). A preparation that is rendering in a
-   worker thread is not abandoned: its thread finishes first.
+   worker thread is not abandoned: its thread finishes first. Then the
+   render thread, which finished every render handed to it (a render whose
+   requester left before it began is skipped), is joined.
 4. With a durable store: write what is queued (within the grace period) and
    release every lease; the store itself stays open (its opener closes it).
 5. Close the manager: ``record`` raises :class:`FoundationClosedError`;
    histories are released, each context's final history staying readable
    through :meth:`ContextManager.history`; no worker thread holds a token of
    the limiter. ``history``, ``context_ids``, ``statistics`` and the
-   manager's properties still answer.
+   manager's properties still answer. The collector policy stops and
+   unfreezes what it froze.
 
 A memory source bound to the manager is borrowed and is never closed by the
 Foundation.
@@ -45,9 +50,12 @@ import anyio.abc
 import anyio.lowlevel
 
 from turnloom.errors import InputError, StateError, what_type
+from turnloom.runtime._collector import CollectorPolicy, FrozenCollector, check_policy
 from turnloom.runtime._door import check_foundation_options
 from turnloom.runtime._options import ManagerKwargs
 from turnloom.runtime.manager import ContextManager
+
+_DEFAULT_COLLECTOR = CollectorPolicy()
 
 
 class Foundation:
@@ -63,9 +71,18 @@ class Foundation:
             configuration file), not yet bound to a Foundation; the Foundation
             owns it from then on. None (default): built from the keyword
             arguments below.
-        worker_threads: the most worker threads rendering at once (default 4).
+        worker_threads: the most renders handed to the render thread at once
+            (a batch holds at most this many), and the most worker threads
+            of other work (store I/O, the bridge's token counts) at once
+            (default 4).
         close_grace_period: seconds :meth:`aclose` lets pending preparations
             settle before cancelling them (default 5.0; ``math.inf`` waits).
+        collector: the collector policy (default ``CollectorPolicy()``): while
+            open, the Foundation periodically collects what changed and
+            freezes what lives (``gc.freeze``), so full collections stop
+            walking the retained histories; unfrozen again at the close.
+            Process-wide; see :class:`~turnloom.runtime.CollectorPolicy` for
+            what a host gives up. ``None`` turns it off.
         clock: returns the current time as a timezone-aware datetime; read
             once per preparation whose :class:`~turnloom.runtime.Perception`
             gives no time (default ``datetime.now(UTC)``; inject one in tests).
@@ -81,7 +98,8 @@ class Foundation:
             cache); none may be given with ``manager``.
 
     Raises:
-        InputError: a bound is not positive, ``history_limits`` is not a
+        InputError: ``collector`` is not a CollectorPolicy or None, a bound
+            is not positive, ``history_limits`` is not a
             :class:`HistoryLimits`, an unknown gateway or policy, ``manager``
             is not a ContextManager, ``manager`` is given together with a
             manager option, ``clock`` is not callable, or a store option is
@@ -111,6 +129,7 @@ class Foundation:
         worker_threads: int = 4,
         close_grace_period: float = 5.0,
         clock: Callable[[], datetime] | None = None,
+        collector: CollectorPolicy | None = _DEFAULT_COLLECTOR,
         **options: Unpack[ManagerKwargs],
     ) -> None:
         if manager is None:
@@ -125,6 +144,9 @@ class Foundation:
         if clock is not None and not callable(clock):
             raise InputError(f"clock must be callable, not {what_type(clock)}.")
         self._clock = clock
+        self._policy = check_policy(collector)
+        self._collector: FrozenCollector | None = None
+        self._collecting: anyio.CancelScope | None = None  # made on the loop, when opened
         self._options = check_foundation_options(
             manager=manager.options,
             worker_threads=worker_threads,
@@ -166,6 +188,14 @@ class Foundation:
         return self._limiter
 
     @property
+    def collector(self) -> FrozenCollector | None:
+        """The collector policy's runner (None: opened without one, or never opened).
+
+        Its ``statistics()`` say how many steps it took and what they cost.
+        """
+        return self._collector
+
+    @property
     def closed(self) -> bool:
         """True once :meth:`aclose` began."""
         return self._closing
@@ -193,7 +223,16 @@ class Foundation:
         self._task_group = task_group
         self._limiter = limiter
         self._closed_event = anyio.Event()
+        if self._policy is not None:
+            collector = self._collector = FrozenCollector(self._policy)
+            self._collecting = anyio.CancelScope()
+            task_group.start_soon(self._collect, collector, self._collecting)
         return self
+
+    @staticmethod
+    async def _collect(collector: FrozenCollector, scope: anyio.CancelScope) -> None:
+        with scope:
+            await collector.run()
 
     async def __aexit__(
         self,
@@ -248,6 +287,10 @@ class Foundation:
             try:
                 await manager._aclose(self._options.close_grace_period)
             finally:
+                if self._collecting is not None:
+                    self._collecting.cancel()
+                if self._collector is not None:
+                    self._collector.close()
                 self._closed_event.set()
         # Deliver a cancellation that arrived while the cleanup was shielded.
         await anyio.lowlevel.checkpoint()

@@ -29,11 +29,13 @@ class FleetReport(RunFigures, frozen=True, kw_only=True):
     How each figure adds up (:data:`_SUMMED`, :data:`_WORST`): ``sessions``,
     ``sessions_failed``, ``turns``, ``model_calls``, ``prepares``,
     ``rejections``, ``evicted_turns``, ``takeovers``,
-    ``gc_full_collections``, ``render_seconds`` and ``cpu_seconds`` are
+    ``gc_full_collections``, ``gc_full_steady``, ``collector_steps``,
+    ``collector_thorough_steps``, ``render_seconds`` and ``cpu_seconds`` are
     summed (``cpu_seconds / prepares`` is the fleet's CPU per prepare);
     ``seconds`` is the longest process's wall time and
     ``prepares_per_second`` ``prepares / seconds``, the aggregate throughput;
-    the latencies, lags and ``gc_pause_max_ms`` are the worst process's
+    the latencies, lags, ``gc_pause_max_ms``, ``gc_full_cpu_max_ms`` and
+    ``collector_step_cpu_max_ms`` are the worst process's
     (percentiles and pauses of different processes do not add up);
     ``think_time`` and ``store`` are the same in every process; ``errors``
     are the first few of all processes.
@@ -53,6 +55,9 @@ _SUMMED = (
     "turns",
     "model_calls",
     "gc_full_collections",
+    "gc_full_steady",
+    "collector_steps",
+    "collector_thorough_steps",
     "rejections",
     "evicted_turns",
     "takeovers",
@@ -67,6 +72,8 @@ _WORST = (
     "loop_lag_p99_ms",
     "loop_lag_max_ms",
     "gc_pause_max_ms",
+    "gc_full_cpu_max_ms",
+    "collector_step_cpu_max_ms",
 )
 """The figures a fleet takes from its worst process (the largest)."""
 _LOWEST = ("prefix_reuse", "prefix_reuse_tokens")

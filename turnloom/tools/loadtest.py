@@ -35,6 +35,8 @@ from turnloom.context.gateway import GatewayType
 from turnloom.context.history import HistoryLimits
 from turnloom.context.message import Message
 from turnloom.errors import InputError, LeaseHeldError, QueueFullError, TurnloomError
+from turnloom.runtime import CollectorPolicy
+from turnloom.runtime._collector import FrozenCollector
 from turnloom.runtime.config import RuntimeConfig, build_context_manager
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.manager import ContextManager
@@ -45,6 +47,7 @@ from turnloom.tools.trajectories import ReplayError, Trajectory, check_trajector
 from turnloom.tools.transcript import Reply, Turn, snapshot, walk
 
 _TICK = 0.005
+_DEFAULT_COLLECTOR = CollectorPolicy()
 
 
 class RunFigures(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,6 +74,16 @@ class RunFigures(msgspec.Struct, frozen=True, kw_only=True):
         gc_pause_max_ms: the longest garbage-collection pause, in milliseconds
             (a full collection walks every live object, so with a large
             retained history it is what sets ``loop_lag_max_ms``).
+        gc_full_cpu_max_ms: the longest full collection's CPU time on the
+            thread that ran it, in milliseconds (the lag it causes, without
+            the machine's other load), the collector policy's steps left out.
+        gc_full_steady: full collections after the ramp-up (once every
+            session's first prepare was delivered), the policy's steps left out.
+        collector_steps, collector_thorough_steps: steps the Foundation's
+            collector policy took (each is one full collection of what was
+            not frozen, counted in ``gc_full_collections`` too), and how many
+            of them were thorough (see :class:`~turnloom.runtime.CollectorPolicy`).
+        collector_step_cpu_max_ms: the longest step's CPU time, milliseconds.
         rejections: ``prepare_nowait`` calls refused because the queue was full.
         evicted_turns: turns evicted from histories.
         errors: the first few error messages.
@@ -117,6 +130,11 @@ class RunFigures(msgspec.Struct, frozen=True, kw_only=True):
     takeovers: int = 0
     prefix_reuse: float = 1.0
     prefix_reuse_tokens: float = 1.0
+    gc_full_cpu_max_ms: float = 0.0
+    gc_full_steady: int = 0
+    collector_steps: int = 0
+    collector_thorough_steps: int = 0
+    collector_step_cpu_max_ms: float = 0.0
 
 
 class LoadtestReport(RunFigures, frozen=True, kw_only=True):
@@ -198,6 +216,7 @@ async def loadtest(
     lease_ttl: float = 10.0,
     acknowledged_log: TextIO | None = None,
     samples: LoadtestSamples | None = None,
+    collector: CollectorPolicy | None = _DEFAULT_COLLECTOR,
 ) -> LoadtestReport:
     """Run ``sessions`` concurrent sessions over ``trajectories`` (cycled).
 
@@ -248,6 +267,7 @@ async def loadtest(
             (a test checks the store against it after killing the process).
         samples: filled with every measurement and its time
             (:class:`LoadtestSamples`), for a plot of the run.
+        collector: the Foundation's collector policy (its default; None: off).
 
     Returns:
         the report.
@@ -283,15 +303,22 @@ async def loadtest(
     latencies = recorded.prepare_latency
     lags = recorded.lag
     gc_pauses: list[tuple[int, float]] = []
-    gc_started = [0.0]
+    # Full collections: (perf_counter when it ended, CPU seconds of the thread
+    # that ran it). A collection runs wholly on one thread, one at a time.
+    gc_full: list[tuple[float, float]] = []
+    gc_started = [0.0, 0.0]
+    stepping: list[FrozenCollector] = []  # the Foundation's collector policy, once open
     origin = [time.perf_counter()]  # reset when the sessions start
 
     def on_gc(phase: str, info: dict[str, int]) -> None:
         now = time.perf_counter()
         if phase == "start":
             gc_started[0] = now
+            gc_started[1] = time.thread_time()
         else:
             gc_pauses.append((info["generation"], now - gc_started[0]))
+            if info["generation"] == 2 and not (stepping and stepping[0].stepping):
+                gc_full.append((now, time.thread_time() - gc_started[1]))
             recorded.gc_at.append(now - origin[0])
             recorded.gc_pause.append(now - gc_started[0])
             recorded.gc_generation.append(info["generation"])
@@ -322,11 +349,14 @@ async def loadtest(
             latencies=latencies,
             lags=lags,
             gc_pauses=gc_pauses,
+            gc_full=gc_full,
+            stepping=stepping,
             think_time=think_time,
             takeover_sessions=takeover_sessions,
             acknowledged_log=acknowledged_log,
             recorded=recorded,
             origin=origin,
+            collector=collector,
         )
     finally:
         gc.callbacks.remove(on_gc)
@@ -349,20 +379,26 @@ async def _run(
     latencies: list[float],
     lags: list[float],
     gc_pauses: list[tuple[int, float]],
+    gc_full: list[tuple[float, float]],
+    stepping: list[FrozenCollector],
     think_time: float,
     takeover_sessions: int | None,
     acknowledged_log: TextIO | None,
     recorded: LoadtestSamples,
     origin: list[float],
+    collector: CollectorPolicy | None,
 ) -> LoadtestReport:
     errors: list[str] = []
     counts = {"turns": 0, "calls": 0, "failed": 0}
     rendering = [0.0]
+    first_prepares = [0, math.inf]  # sessions past their first prepare, when all were
     started = time.perf_counter()
     origin[0] = started
     cpu_started = time.process_time()
 
-    async with Foundation(manager) as foundation:
+    async with Foundation(manager, collector=collector) as foundation:
+        if foundation.collector is not None:
+            stepping.append(foundation.collector)
         if on_open is not None:
             on_open(foundation)
 
@@ -372,6 +408,7 @@ async def _run(
             prefix: PreparedContext | None = None
             continuation: list[Message] = []
             turn_id = ""
+            prefix_count = 0
             if delay:
                 await anyio.sleep(delay)
             try:
@@ -412,7 +449,12 @@ async def _run(
                         end = time.perf_counter()
                         latencies.append(end - begin)
                         recorded.prepare_at.append(end - started)
+                        if prefix_count == 0:  # the session's first prepare
+                            first_prepares[0] += 1
+                            if first_prepares[0] == sessions:
+                                first_prepares[1] = end
                         rendering[0] += prefix.render_seconds
+                        prefix_count += 1
                         continuation = []
                     elif prefix is None:
                         continue
@@ -476,6 +518,7 @@ async def _run(
             gc.unfreeze()
         stats = manager.statistics()
         takeovers = manager.leases.takeovers
+        steps = foundation.collector.statistics() if foundation.collector else None
     seconds = time.perf_counter() - started
     recorded.seconds = seconds
     cpu_seconds = time.process_time() - cpu_started
@@ -503,6 +546,11 @@ async def _run(
         think_time=think_time,
         render_seconds=rendering[0],
         cpu_seconds=cpu_seconds,
+        gc_full_cpu_max_ms=max((cpu for _, cpu in gc_full), default=0.0) * 1000,
+        gc_full_steady=sum(1 for at, _ in gc_full if at >= first_prepares[1]),
+        collector_steps=steps.steps if steps is not None else 0,
+        collector_thorough_steps=steps.thorough_steps if steps is not None else 0,
+        collector_step_cpu_max_ms=steps.step_cpu_max_seconds * 1000 if steps is not None else 0.0,
         prefix_reuse=_share(stats.prefix.reused_bytes_total, stats.prefix.bytes_total),
         prefix_reuse_tokens=_share(stats.prefix.reused_tokens_total, stats.prefix.tokens_total),
     )

@@ -1,0 +1,192 @@
+"""The Foundation's collector policy keeps memory bounded with a host that makes cyclic garbage.
+
+Invariants (DESIGN, performance model: the Foundation owns a collector policy
+whose safety a soak test shows; ``scripts/soak_collector.py`` is the long
+version): a step collects everything not frozen before it freezes, so garbage
+a host makes between steps is never frozen; cyclic garbage of objects that
+were frozen while alive stays exactly until the next thorough step, which a
+frozen set grown past ``regrowth`` triggers; closing the Foundation unfreezes,
+so nothing it froze outlives it. Counts are exact: every host object carries
+a ``Junk`` whose live instances are counted.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.runtime.helpers import assistant, user
+from turnloom.errors import InputError
+from turnloom.runtime import CollectorPolicy, ContextPrepareRequest, Foundation, TurnSnapshot
+
+pytestmark = pytest.mark.anyio
+
+_SESSIONS = 3
+_ROUNDS = 12
+_NEVER = 3600.0  # an interval no test reaches: the test takes the steps itself
+
+
+class Junk:
+    live = 0
+
+    def __init__(self) -> None:
+        Junk.live += 1
+
+    def __del__(self) -> None:
+        Junk.live -= 1
+
+
+class SessionState:
+    """A host's per-session state: cyclic, replaced every round."""
+
+    def __init__(self) -> None:
+        self.junk = Junk()
+        self.me = self
+
+
+def _cyclic_garbage() -> None:
+    def closure() -> Any:
+        return closure, junk
+
+    junk = Junk()
+    kept: dict[str, Any] = {"junk": Junk()}
+    kept["self"] = kept
+    try:
+        raise ValueError(junk)
+    except ValueError as exc:
+        kept["error"] = exc
+    closure()
+
+
+@pytest.fixture(autouse=True)
+def _no_junk_left() -> Any:
+    gc.collect()
+    Junk.live = 0
+    yield
+    gc.collect()
+    assert Junk.live == 0
+    assert gc.get_freeze_count() == 0
+
+
+async def _soak(policy: CollectorPolicy) -> list[tuple[bool, int, int]]:
+    """Rounds of one turn per session; a step after each. Returns, per step:
+    (thorough, live junk after it, states the host dropped since the last thorough step)."""
+    seen: list[tuple[bool, int, int]] = []
+    async with Foundation(collector=policy) as foundation:
+        manager = foundation.manager
+        collector = foundation.collector
+        assert collector is not None
+        states = [SessionState() for _ in range(_SESSIONS)]
+        dropped = 0
+        collector.step()  # after warm-up: the first step, a plain one
+        seen.append((False, Junk.live, 0))
+        for round_ in range(_ROUNDS):
+            for number in range(_SESSIONS):
+                states[number] = SessionState()  # the old one was frozen alive
+                dropped += 1
+                context_id, turn_id = f"s{number}", f"t{round_}"
+                manager.accept_turn(
+                    TurnSnapshot(context_id=context_id, turn_id=turn_id, input=(user("hi"),))
+                )
+                request = ContextPrepareRequest(context_id=context_id, turn_id=turn_id)
+                await manager.prepare(request)
+                _cyclic_garbage()
+                async with manager.invocation(context_id, turn_id) as invocation:
+                    invocation.record([assistant(f"answer {round_}")])
+            before = collector.statistics().thorough_steps
+            collector.step()
+            thorough = collector.statistics().thorough_steps > before
+            if thorough:
+                dropped = 0
+            seen.append((thorough, Junk.live, dropped))
+        assert gc.get_freeze_count() > 0
+        del states
+    assert gc.get_freeze_count() == 0  # the close unfroze everything
+    return seen
+
+
+async def test_garbage_made_between_steps_is_never_frozen() -> None:
+    """Without thorough steps (regrowth=inf), every step leaves exactly the live
+    states plus the states dropped after being frozen: no per-turn garbage."""
+    seen = await _soak(CollectorPolicy(interval=_NEVER, regrowth=math.inf))
+    assert [thorough for thorough, _, _ in seen] == [False] * (_ROUNDS + 1)
+    # What the host gives up: each dropped state stays until the close.
+    assert [live for _, live, _ in seen] == [
+        _SESSIONS + _SESSIONS * round_ for round_ in range(_ROUNDS + 1)
+    ]
+
+
+async def test_a_regrown_frozen_set_makes_the_next_step_thorough_and_reclaims_it() -> None:
+    """With every frozen-set read (check_every=1) and any growth past regrowth, a
+    thorough step follows each plain one and reclaims the frozen cyclic garbage."""
+    seen = await _soak(CollectorPolicy(interval=_NEVER, check_every=1, regrowth=1e-9))
+    assert [thorough for thorough, _, _ in seen] == [False, False] + [True, False] * 5 + [True]
+    for _, live, dropped in seen:
+        assert live == _SESSIONS + dropped  # exactly the live states and the frozen dropped ones
+    assert max(live for _, live, _ in seen) == 2 * _SESSIONS
+
+
+async def test_the_foundation_steps_on_its_own_once_the_process_allocated() -> None:
+    """The policy's task looks every interval and steps when young collections happened."""
+    policy = CollectorPolicy(interval=0.01, young_collections=1)
+    async with Foundation(collector=policy) as foundation:
+        collector = foundation.collector
+        assert collector is not None
+        with anyio.fail_after(30):
+            while collector.statistics().steps == 0:
+                _cyclic_garbage()
+                junk = [[Junk()] for _ in range(1000)]  # tracked allocations
+                del junk
+                await anyio.sleep(0.01)
+        stats = collector.statistics()
+        assert stats.thorough_steps == 0 and stats.frozen > 0
+    assert gc.get_freeze_count() == 0
+
+
+async def test_no_policy_freezes_nothing() -> None:
+    async with Foundation(collector=None) as foundation:
+        assert foundation.collector is None
+        foundation.manager.accept_turn(
+            TurnSnapshot(context_id="c", turn_id="t", input=(user("hi"),))
+        )
+        await foundation.manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t"))
+        assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        "on",
+        1.0,
+        CollectorPolicy,
+    ],
+)
+def test_a_collector_that_is_not_a_policy_is_refused(policy: object) -> None:
+    with pytest.raises(InputError, match="collector must be a CollectorPolicy or None"):
+        Foundation(collector=policy)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("interval", 0),
+        ("interval", -1.0),
+        ("interval", math.inf),
+        ("interval", math.nan),
+        ("interval", "1"),
+        ("young_collections", 0),
+        ("young_collections", True),
+        ("young_collections", 1.5),
+        ("check_every", 0),
+        ("regrowth", 0),
+        ("regrowth", math.nan),
+        ("regrowth", -0.5),
+    ],
+)
+def test_a_policy_out_of_range_is_refused_by_field(field: str, value: object) -> None:
+    with pytest.raises(InputError, match=f"CollectorPolicy.{field} must be"):
+        CollectorPolicy(**{field: value})  # type: ignore[arg-type]
