@@ -203,19 +203,18 @@ class _NoSpan:
 _NO_SPAN = _NoSpan()
 
 
-class _Span:
-    """A recording span made current in the calling task until it ends."""
+class _Ended:
+    """A recording span ended when its ``with`` block exits: the shared ``__exit__``.
 
-    __slots__ = ("_span", "_token")
+    An exception leaving the block marks the span failed (:func:`_fail`);
+    :meth:`_end` then ends it, whatever happened. Subclasses add their own
+    ``__enter__`` and extend :meth:`_end` with what they undo first.
+    """
+
+    __slots__ = ("_span",)
 
     def __init__(self, span: Span) -> None:
         self._span = span
-        self._token: object = None
-
-    def __enter__(self) -> _Span:
-        assert trace is not None and otel_context is not None
-        self._token = otel_context.attach(trace.set_span_in_context(self._span))
-        return self
 
     def __exit__(
         self,
@@ -223,17 +222,38 @@ class _Span:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert otel_context is not None
         try:
             if exc is not None:
                 _fail(self._span, exc)
         finally:
-            otel_context.detach(self._token)  # type: ignore[arg-type]
-            self._span.end()
+            self._end()
+
+    def _end(self) -> None:
+        self._span.end()
 
     def set(self, key: str, value: str | bool | int) -> None:
         """Set one bounded attribute."""
         self._span.set_attribute(key, value)
+
+
+class _Span(_Ended):
+    """A recording span made current in the calling task until it ends."""
+
+    __slots__ = ("_token",)
+
+    def __init__(self, span: Span) -> None:
+        super().__init__(span)
+        self._token: object = None
+
+    def __enter__(self) -> _Span:
+        assert trace is not None and otel_context is not None
+        self._token = otel_context.attach(trace.set_span_in_context(self._span))
+        return self
+
+    def _end(self) -> None:
+        assert otel_context is not None
+        otel_context.detach(self._token)  # type: ignore[arg-type]
+        super()._end()
 
 
 def span(name: str, attributes: Attributes, *, root: bool = False) -> _Span | _NoSpan:
@@ -265,7 +285,7 @@ def _started(name: str, *, root: bool = False) -> Span | None:
     return started if started.is_recording() else None
 
 
-class PrepareTrace:
+class PrepareTrace(_Ended):
     """The spans of one prepare: its own (current in the requester's task) and its phases.
 
     Created by :func:`prepare_span`; the phases are found through
@@ -275,7 +295,6 @@ class PrepareTrace:
 
     __slots__ = (
         "_current",
-        "_span",
         "_token",
         "context",
         "held",
@@ -286,7 +305,7 @@ class PrepareTrace:
 
     def __init__(self, prepare: Span) -> None:
         assert trace is not None
-        self._span = prepare
+        super().__init__(prepare)
         self._token: object = None
         self._current: contextvars.Token[PrepareTrace | None] | None = None
         self.context: Context = trace.set_span_in_context(prepare)
@@ -301,21 +320,12 @@ class PrepareTrace:
         self._current = _PREPARE.set(self)
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _end(self) -> None:
         assert otel_context is not None
-        try:
-            if exc is not None:
-                _fail(self._span, exc)
-        finally:
-            if self._current is not None:
-                _PREPARE.reset(self._current)
-            otel_context.detach(self._token)  # type: ignore[arg-type]
-            self._span.end()
+        if self._current is not None:
+            _PREPARE.reset(self._current)
+        otel_context.detach(self._token)  # type: ignore[arg-type]
+        super()._end()
 
     def set(self, key: str, value: str | bool | int) -> None:
         """Set one bounded attribute of the prepare span."""
@@ -378,42 +388,31 @@ def queued() -> None:
         prepare._phase("turnloom.prepare.queue", prepare.started_ns, time.time_ns())
 
 
-class _RenderSpan:
+class _RenderSpan(_Ended):
     """The render phase of a prepare, in whichever thread renders; never made current."""
 
-    __slots__ = ("_inline", "_prepare", "_span")
+    __slots__ = ("_inline", "_prepare")
 
     def __init__(self, prepare: PrepareTrace, inline: bool, gateway: str) -> None:
         assert TRACER is not None
+        super().__init__(
+            TRACER.start_span(
+                "turnloom.render",
+                context=prepare.context,
+                attributes={"turnloom.gateway": gateway, "turnloom.inline": inline},
+            )
+        )
         self._prepare = prepare
         self._inline = inline
-        self._span = TRACER.start_span(
-            "turnloom.render",
-            context=prepare.context,
-            attributes={"turnloom.gateway": gateway, "turnloom.inline": inline},
-        )
 
     def __enter__(self) -> _RenderSpan:
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            if exc is not None:
-                _fail(self._span, exc)
-        finally:
-            ended = time.time_ns()
-            self._prepare.rendered_ns = ended
-            self._prepare.inline = self._inline
-            self._span.end(end_time=ended)
-
-    def set(self, key: str, value: str | bool | int) -> None:
-        """Set one bounded attribute."""
-        self._span.set_attribute(key, value)
+    def _end(self) -> None:
+        ended = time.time_ns()
+        self._prepare.rendered_ns = ended
+        self._prepare.inline = self._inline
+        self._span.end(end_time=ended)
 
 
 def render_span(
