@@ -55,7 +55,6 @@ from __future__ import annotations
 
 __all__ = ("TurnloomAgent",)
 
-import secrets
 from collections.abc import AsyncIterable, Callable
 from typing import Any
 
@@ -66,6 +65,7 @@ from livekit.agents.voice.events import ConversationItemAddedEvent
 
 from turnloom.context import GatewayType, Message, Role, TextPart, ToolCallPart, ToolResultPart
 from turnloom.errors import InvalidArgumentError, PlayedTextMismatchError, UnknownContextError
+from turnloom.integrations._ids import new_turn_id
 from turnloom.runtime import ContextManager, ContextPrepareRequest, TurnSnapshot
 
 
@@ -223,7 +223,7 @@ class TurnloomAgent(Agent):
     def _commit(self, message: llm.ChatMessage) -> None:
         if message.id == self._user_item:
             return
-        turn_id = f"t-{secrets.token_hex(8)}"
+        turn_id = new_turn_id()
         self.manager.accept_turn(
             TurnSnapshot(
                 context_id=self.context_id,

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 __all__ = ("TurnloomSession", "complete_window")
 
-import secrets
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -44,6 +43,7 @@ from agents.memory import SessionSettings
 
 from turnloom.context import GatewayType, Message, Role, ToolResultPart
 from turnloom.errors import InvalidArgumentError, InvalidMessageError, UnknownContextError
+from turnloom.integrations._ids import new_turn_id
 from turnloom.runtime import ContextManager, TurnSnapshot
 
 if TYPE_CHECKING:
@@ -217,7 +217,7 @@ class TurnloomSession:
 
         def flush() -> None:
             if turn_input:
-                turn_id = f"t-{secrets.token_hex(8)}"
+                turn_id = new_turn_id()
                 manager.accept_turn(
                     TurnSnapshot(
                         context_id=self.session_id, turn_id=turn_id, input=tuple(turn_input)

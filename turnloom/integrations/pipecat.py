@@ -61,7 +61,6 @@ from __future__ import annotations
 
 __all__ = ("TurnloomAssistantAggregator", "TurnloomContextAggregatorPair", "TurnloomUserAggregator")
 
-import secrets
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -77,6 +76,7 @@ from pipecat.processors.frame_processor import FrameDirection
 
 from turnloom.context import GatewayType, Message, Role, TextPart, ToolCallPart, ToolResultPart
 from turnloom.errors import ContextRemovedError, InvalidArgumentError, UnknownTurnError
+from turnloom.integrations._ids import new_turn_id
 from turnloom.runtime import ContextManager, ContextPrepareRequest, PreparedContext, TurnSnapshot
 
 # Pipecat's placeholder content of a function call whose result has not arrived.
@@ -208,7 +208,7 @@ class _Conversation:
         self.reply_turn = self.turn
 
     def _commit(self, text: str) -> None:
-        turn_id = f"t-{secrets.token_hex(8)}"
+        turn_id = new_turn_id()
         self.manager.accept_turn(
             TurnSnapshot(
                 context_id=self.context_id,
