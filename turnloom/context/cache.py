@@ -121,7 +121,12 @@ def _ttl(mark: Any) -> str:
 
 
 def message_breakpoints(messages: Sequence[Any]) -> list[Breakpoint]:
-    """The ``cache_control`` marks of the blocks of ``messages``, in order."""
+    """The ``cache_control`` marks of the blocks of ``messages`` (Anthropic items), in order.
+
+    One :class:`Breakpoint` per marked block (``field="messages"``, ``item``
+    the message index, ``block`` the block index); a string content or an
+    item of the wrong shape has none. Never raises.
+    """
     out: list[Breakpoint] = []
     for index, item in enumerate(messages):
         content = item.get("content") if isinstance(item, dict) else None

@@ -199,10 +199,16 @@ def validate_messages(items: Sequence[NativeContent]) -> list[Violation]:
 
 
 def empty_result(content: Any) -> bool:
+    """Whether a ``tool_result``'s ``content`` is empty: absent, blank text, or ``[]``."""
     return content is None or (isinstance(content, str) and blank(content)) or content == []
 
 
 def check_result_texts(block: dict[str, Any], index: int, j: int, out: list[Violation]) -> None:
+    """Append to ``out`` the text violations of ``tool_result`` block ``j`` of message ``index``.
+
+    ``empty_error_result`` when it is an error without content; ``empty_text``
+    for each blank text block in its content list. Never raises.
+    """
     inner = block.get("content")
     if block.get("is_error") is True and empty_result(inner):
         out.append(

@@ -175,6 +175,11 @@ def validate_input(items: Sequence[NativeContent], *, continues_response: bool) 
 
 
 def check_texts(content: Any, index: int, out: list[Violation]) -> None:
+    """Append to ``out`` the text violations of message ``index``'s ``content`` list.
+
+    ``empty_message`` for an empty list; ``empty_text`` for each blank
+    ``input_text`` block. A non-list content adds nothing. Never raises.
+    """
     if isinstance(content, list):
         if not content:
             out.append(violation(index, "empty_message", f"Message {index} has no content."))
