@@ -64,6 +64,8 @@ _MARK = "cache_control"
 # Blocks the API refuses a cache_control on (thinking is cached with its turn).
 _UNMARKABLE = ("thinking", "redacted_thinking")
 _POLICY_MARK: dict[str, str] = {"type": "ephemeral"}
+# The fields before messages whose entries may carry a mark, in reading order.
+_LISTED: tuple[Literal["tools", "system"], ...] = ("tools", "system")
 
 
 class Breakpoint(msgspec.Struct, frozen=True, kw_only=True):
@@ -119,7 +121,12 @@ def _ttl(mark: Any) -> str:
 
 
 def message_breakpoints(messages: Sequence[Any]) -> list[Breakpoint]:
-    """The ``cache_control`` marks of the blocks of ``messages``, in order."""
+    """The ``cache_control`` marks of the blocks of ``messages`` (Anthropic items), in order.
+
+    One :class:`Breakpoint` per marked block (``field="messages"``, ``item``
+    the message index, ``block`` the block index); a string content or an
+    item of the wrong shape has none. Never raises.
+    """
     out: list[Breakpoint] = []
     for index, item in enumerate(messages):
         content = item.get("content") if isinstance(item, dict) else None
@@ -142,16 +149,13 @@ def anthropic_breakpoints(body: dict[str, Any]) -> list[Breakpoint]:
     shape are skipped, not reported: ``validate`` reports them.
     """
     out: list[Breakpoint] = []
-    tools = body.get("tools")
-    if isinstance(tools, list):
-        for index, tool in enumerate(tools):
-            if isinstance(tool, dict) and _MARK in tool:
-                out.append(Breakpoint(field="tools", item=index, block=-1, ttl=_ttl(tool[_MARK])))
-    system = body.get("system")
-    if isinstance(system, list):
-        for index, block in enumerate(system):
-            if isinstance(block, dict) and _MARK in block:
-                out.append(Breakpoint(field="system", item=index, block=-1, ttl=_ttl(block[_MARK])))
+    for field in _LISTED:
+        entries = body.get(field)
+        if isinstance(entries, list):
+            for index, entry in enumerate(entries):
+                if isinstance(entry, dict) and _MARK in entry:
+                    ttl = _ttl(entry[_MARK])
+                    out.append(Breakpoint(field=field, item=index, block=-1, ttl=ttl))
     messages = body.get("messages")
     if isinstance(messages, list):
         out.extend(message_breakpoints(messages))
@@ -166,6 +170,11 @@ def _where(mark: Breakpoint) -> str:
     if mark.field == "messages":
         return f"messages[{mark.item}].content[{mark.block}]"
     return f"{mark.field}[{mark.item}]"
+
+
+def _index(mark: Breakpoint) -> int:
+    """A violation's index for ``mark``: its message, or -1 outside ``messages``."""
+    return mark.item if mark.field == "messages" else -1
 
 
 def breakpoint_violations(marks: Sequence[Breakpoint]) -> list[Violation]:
@@ -187,7 +196,7 @@ def breakpoint_violations(marks: Sequence[Breakpoint]) -> list[Violation]:
         fifth = marks[ANTHROPIC_MAX_BREAKPOINTS]
         out.append(
             Violation(
-                index=fifth.item if fifth.field == "messages" else -1,
+                index=_index(fifth),
                 rule="too_many_cache_breakpoints",
                 message=(
                     f"The request has {len(marks)} cache_control breakpoints (tools, system, "
@@ -203,7 +212,7 @@ def breakpoint_violations(marks: Sequence[Breakpoint]) -> list[Violation]:
         elif shorter is not None:
             out.append(
                 Violation(
-                    index=mark.item if mark.field == "messages" else -1,
+                    index=_index(mark),
                     rule="cache_ttl_order",
                     message=(
                         f"The 1h cache_control at {_where(mark)} comes after the "
@@ -214,10 +223,15 @@ def breakpoint_violations(marks: Sequence[Breakpoint]) -> list[Violation]:
     return out
 
 
+def _marked_text(text: str) -> dict[str, Any]:
+    """A string content as one text block carrying the policy's mark."""
+    return {"type": "text", "text": text, _MARK: dict(_POLICY_MARK)}
+
+
 def _mark_message(item: dict[str, Any], block: int) -> None:
     content = item["content"]
     if isinstance(content, str):
-        item["content"] = [{"type": "text", "text": content, _MARK: dict(_POLICY_MARK)}]
+        item["content"] = [_marked_text(content)]
         return
     content[block] = {**content[block], _MARK: dict(_POLICY_MARK)}
 
@@ -328,7 +342,7 @@ def place_breakpoints(body: dict[str, Any], closed_blocks: int) -> int:
     if system and placed < budget:
         last = (1, len(system) - 1 if isinstance(system, list) else 0)
         if isinstance(system, str) and last > floor:
-            body["system"] = [{"type": "text", "text": system, _MARK: dict(_POLICY_MARK)}]
+            body["system"] = [_marked_text(system)]
             placed += 1
         elif (
             isinstance(system, list)

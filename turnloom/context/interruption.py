@@ -132,22 +132,18 @@ def _words(text: str) -> tuple[list[str], list[int]]:
         word = match.group().casefold().replace("'", "").replace("\u2019", "")
         end = match.end()
         numeric = word in _NUMBER_WORDS or any(c.isdigit() for c in word)
-        if numeric:
-            if words and words[-1] == _NUMBER:
-                ends[-1] = end  # the run goes on (through a joiner, if one waited)
-                pending_joiner = None
-                continue
-            if pending_joiner is not None:
-                words.append(pending_joiner[0])
-                ends.append(pending_joiner[1])
-                pending_joiner = None
-            words.append(_NUMBER)
-            ends.append(end)
+        if numeric and words and words[-1] == _NUMBER:
+            ends[-1] = end  # the run goes on (through a joiner, if one waited)
+            pending_joiner = None
             continue
-        if pending_joiner is not None:
+        if pending_joiner is not None:  # no number followed: the joiner is a word
             words.append(pending_joiner[0])
             ends.append(pending_joiner[1])
             pending_joiner = None
+        if numeric:
+            words.append(_NUMBER)
+            ends.append(end)
+            continue
         if word in _NUMBER_JOINERS and words and words[-1] == _NUMBER:
             pending_joiner = (word, end)  # joins only when a number follows
             continue

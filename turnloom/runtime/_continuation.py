@@ -78,7 +78,7 @@ class IssuedPrefixes:
         "_kind",
         "_limits",
         "_open_calls",
-        "_prompt_cache",
+        "_place_marks",
         "_reserved",
     )
 
@@ -91,7 +91,6 @@ class IssuedPrefixes:
         prompt_cache: PromptCache | None = None,
     ) -> None:
         self._gateway = gateway
-        self._prompt_cache = prompt_cache
         # context id -> its history while it is held (else None).
         self._histories = histories
         self._limits = limits
@@ -102,6 +101,12 @@ class IssuedPrefixes:
         self._forget: Callable[[_Issued], None] = self._collected
         self._reserved = reserved_fields(gateway)
         self._kind = gateway.type  # which rewriter renames call ids (read once)
+        # Anthropic with PromptCache.breakpoints: request bodies get place_breakpoints' marks.
+        self._place_marks = (
+            prompt_cache is not None
+            and prompt_cache.breakpoints
+            and self._kind is GatewayType.anthropic
+        )
 
     def add(
         self, prefix: PreparedContext, call_ids: CallIdRenamer, body: EncodedBody | None = None
@@ -193,8 +198,7 @@ class IssuedPrefixes:
         **gateway.request_body(build(...))})``; from the prefix's cached body
         when it has one. ``fields`` are checked before the continuation.
         """
-        cache = self._prompt_cache
-        if cache is not None and cache.breakpoints and self._kind is GatewayType.anthropic:
+        if self._place_marks:
             # The marks change blocks the cached body holds encoded: encode it whole.
             return _encoder.encode(self.request_body(prefix, continuation, fields))
         members = encode_fields(fields, self._reserved) if fields is not None else b""
@@ -230,8 +234,7 @@ class IssuedPrefixes:
             encode_fields(fields, self._reserved)  # checked before anything is built
         items = self.build(prefix, continuation)
         body = {**self._fields(prefix, fields), **kept_body(self._gateway, items)}
-        cache = self._prompt_cache
-        if cache is not None and cache.breakpoints and self._kind is GatewayType.anthropic:
+        if self._place_marks:
             place_breakpoints(body, _closed_blocks(items, prefix.turn_start))
         return body
 

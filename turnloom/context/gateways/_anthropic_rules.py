@@ -23,7 +23,7 @@ from typing import Any
 
 from turnloom.context.cache import breakpoint_violations, message_breakpoints
 from turnloom.context.gateway import NativeContent, Violation
-from turnloom.context.gateways._common import blank, empty_input, violation
+from turnloom.context.gateways._common import blank, blank_texts, empty_input, violation
 from turnloom.errors import excerpt
 
 # A tuple: membership compares, never hashes (a malformed role may be a list).
@@ -199,10 +199,16 @@ def validate_messages(items: Sequence[NativeContent]) -> list[Violation]:
 
 
 def empty_result(content: Any) -> bool:
+    """Whether a ``tool_result``'s ``content`` is empty: absent, blank text, or ``[]``."""
     return content is None or (isinstance(content, str) and blank(content)) or content == []
 
 
 def check_result_texts(block: dict[str, Any], index: int, j: int, out: list[Violation]) -> None:
+    """Append to ``out`` the text violations of ``tool_result`` block ``j`` of message ``index``.
+
+    ``empty_error_result`` when it is an error without content; ``empty_text``
+    for each blank text block in its content list. Never raises.
+    """
     inner = block.get("content")
     if block.get("is_error") is True and empty_result(inner):
         out.append(
@@ -213,18 +219,12 @@ def check_result_texts(block: dict[str, Any], index: int, j: int, out: list[Viol
                 "needs content when is_error is true.",
             )
         )
-    if isinstance(inner, list):
-        for k, sub in enumerate(inner):
-            if (
-                isinstance(sub, dict)
-                and sub.get("type") == "text"
-                and blank(str(sub.get("text", "")))
-            ):
-                out.append(
-                    violation(
-                        index,
-                        "empty_text",
-                        f"Item {index} content[{j}].content[{k}] is an empty or "
-                        "whitespace-only text block.",
-                    )
-                )
+    for k in blank_texts(inner, "text"):
+        out.append(
+            violation(
+                index,
+                "empty_text",
+                f"Item {index} content[{j}].content[{k}] is an empty or "
+                "whitespace-only text block.",
+            )
+        )

@@ -6,6 +6,7 @@ __all__ = (
     "args_object",
     "args_text",
     "blank",
+    "blank_texts",
     "check_render_depth",
     "drop_foreign",
     "empty_input",
@@ -328,3 +329,21 @@ def empty_input(items: object, field: str) -> list[Violation]:
     if items:
         return []
     return [violation(0, "empty_input", f"The input has no items: {field} is empty.")]
+
+
+def blank_texts(blocks: object, text_type: str) -> list[int]:
+    """The indices of ``blocks`` that are text blocks of type ``text_type`` with
+    empty or whitespace-only ``text`` (``[]`` when ``blocks`` is not a list).
+
+    One rule for the nested text checks of the Anthropic and Responses checkers;
+    never raises on malformed blocks (a non-dict block is skipped).
+    """
+    if not isinstance(blocks, list):
+        return []
+    return [
+        k
+        for k, block in enumerate(blocks)
+        if isinstance(block, dict)
+        and block.get("type") == text_type
+        and blank(str(block.get("text", "")))
+    ]

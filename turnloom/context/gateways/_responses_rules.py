@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from turnloom.context.gateway import NativeContent, Violation
-from turnloom.context.gateways._common import blank, empty_input, violation
+from turnloom.context.gateways._common import blank_texts, empty_input, violation
 from turnloom.errors import excerpt
 
 # A tuple: membership compares, never hashes (a malformed role may be a list).
@@ -175,19 +175,19 @@ def validate_input(items: Sequence[NativeContent], *, continues_response: bool) 
 
 
 def check_texts(content: Any, index: int, out: list[Violation]) -> None:
+    """Append to ``out`` the text violations of message ``index``'s ``content`` list.
+
+    ``empty_message`` for an empty list; ``empty_text`` for each blank
+    ``input_text`` block. A non-list content adds nothing. Never raises.
+    """
     if isinstance(content, list):
         if not content:
             out.append(violation(index, "empty_message", f"Message {index} has no content."))
-        for j, block in enumerate(content):
-            if (
-                isinstance(block, dict)
-                and block.get("type") == "input_text"
-                and blank(str(block.get("text", "")))
-            ):
-                out.append(
-                    violation(
-                        index,
-                        "empty_text",
-                        f"Message {index} content[{j}] is empty or whitespace-only text.",
-                    )
+        for j in blank_texts(content, "input_text"):
+            out.append(
+                violation(
+                    index,
+                    "empty_text",
+                    f"Message {index} content[{j}] is empty or whitespace-only text.",
                 )
+            )
