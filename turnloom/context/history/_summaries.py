@@ -42,7 +42,7 @@ from turnloom.context.summaries import (
     is_summary_turn,
     prune_messages,
 )
-from turnloom.context.tokens import count_tokens
+from turnloom.context.tokens import TokenCounter, count_tokens
 from turnloom.errors import (
     DuplicateIdError,
     InvalidMessageError,
@@ -403,14 +403,9 @@ def prune_turns(
 
 
 def _pruned_entries(
-    entries: tuple[_Entry, ...], pruned: tuple[Message, ...] | None, counter: object
+    entries: tuple[_Entry, ...], pruned: tuple[Message, ...] | None, counter: TokenCounter
 ) -> tuple[_Entry, ...]:
     if pruned is None:
         return entries
     by_message = {id(e.message): e for e in entries}
-    return tuple(
-        [
-            by_message.get(id(m)) or _Entry(m, count_tokens(counter, (m,)))  # type: ignore[arg-type]
-            for m in pruned
-        ]
-    )
+    return tuple([by_message.get(id(m)) or _Entry(m, count_tokens(counter, (m,))) for m in pruned])
