@@ -150,7 +150,7 @@ def summary_range(
         while cut > 0 and turns[cut].serial in linked:
             cut -= 1
     chosen = turns[:cut]
-    if not any(not is_summary_turn(t.turn_id) for t in chosen):
+    if all(is_summary_turn(t.turn_id) for t in chosen):
         return ()
     return tuple(t.turn_id for t in chosen)
 
