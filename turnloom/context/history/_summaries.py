@@ -386,9 +386,8 @@ def prune_turns(
     # Checked and counted: change state.
     for position, new in changed:
         old = turns[position]
-        for entry in old.entries(True):
-            if entry.message.id is not None:
-                history._message_ids.pop(entry.message.id, None)
+        for message_id in _message_ids(old):
+            history._message_ids.pop(message_id, None)
         for entry in new.entries(True):
             if entry.message.id is not None:
                 history._message_ids[entry.message.id] = (new.serial, entry.message)
