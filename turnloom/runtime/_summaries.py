@@ -264,11 +264,9 @@ class Summaries:
             if memo is None or memo[0] is not state:
                 memo = self._pruned[state.context_id] = (state, {})
             self._table.prune(state, prune.keep_turns, prune.note, memo[1])
-        if job is not None and job.state is not state:
-            # Its context left and a new one took the id; the old job settles by itself.
-            return
         if job is not None:
-            if job.summary is not None:
+            # A job of a context that left (a new one took the id) settles by itself.
+            if job.state is state and job.summary is not None:
                 self._apply(job)
             return
         policy, summarizer, task_group = self._policy, self._summarizer, self._task_group
