@@ -82,7 +82,7 @@ class Summarizer(Protocol):
 class _Job:
     """One context's summarization: running, then holding its summary until applied."""
 
-    __slots__ = ("cancelled", "scope", "snapshot", "state", "summary", "turn_ids")
+    __slots__ = ("scope", "snapshot", "state", "summary", "turn_ids")
 
     def __init__(
         self, state: ContextState, turn_ids: tuple[str, ...], snapshot: tuple[object, ...]
@@ -90,8 +90,8 @@ class _Job:
         self.state = state
         self.turn_ids = turn_ids
         self.snapshot = snapshot  # the turns as the summarizer was given them
+        # cancel() cancels it; once cancel_called, whatever the summarizer returns is dropped.
         self.scope = anyio.CancelScope()
-        self.cancelled = False  # cancel() was called: whatever it returns is dropped
         self.summary: tuple[Message, ...] | None = None  # set once it arrived, valid
 
 
@@ -220,10 +220,9 @@ class Summaries:
         no other summarization of the context starts before.
         """
         job = self._jobs.get(context_id)
-        if job is None or job.cancelled:
+        if job is None or job.scope.cancel_called:
             return job is not None
         if job.summary is None:
-            job.cancelled = True
             job.scope.cancel()
         else:
             del self._jobs[context_id]
@@ -264,11 +263,9 @@ class Summaries:
             if memo is None or memo[0] is not state:
                 memo = self._pruned[state.context_id] = (state, {})
             self._table.prune(state, prune.keep_turns, prune.note, memo[1])
-        if job is not None and job.state is not state:
-            # Its context left and a new one took the id; the old job settles by itself.
-            return
         if job is not None:
-            if job.summary is not None:
+            # A job of a context that left (a new one took the id) settles by itself.
+            if job.state is state and job.summary is not None:
                 self._apply(job)
             return
         policy, summarizer, task_group = self._policy, self._summarizer, self._task_group
@@ -314,9 +311,7 @@ class Summaries:
                 with anyio.move_on_after(policy.timeout) as deadline:
                     try:
                         returned = await summarizer(messages)
-                    except anyio.get_cancelled_exc_class():
-                        raise
-                    except Exception as exc:
+                    except Exception as exc:  # cancellation is a BaseException: it passes
                         reason, cause = "raised", exc
                     else:
                         try:
@@ -340,7 +335,7 @@ class Summaries:
                 self._fail(job, reason, _why(reason, policy), cause)
         if reason:
             return
-        if job.cancelled or self._table.contexts.get(context_id) is not job.state:
+        if job.scope.cancel_called or self._table.contexts.get(context_id) is not job.state:
             # Cancelled, its context gone: it returned anyway (it ignored the cancellation).
             if self._jobs.get(context_id) is job:
                 del self._jobs[context_id]

@@ -42,7 +42,7 @@ from turnloom.context.summaries import (
     is_summary_turn,
     prune_messages,
 )
-from turnloom.context.tokens import count_tokens
+from turnloom.context.tokens import TokenCounter, count_tokens
 from turnloom.errors import (
     DuplicateIdError,
     InvalidMessageError,
@@ -150,7 +150,7 @@ def summary_range(
         while cut > 0 and turns[cut].serial in linked:
             cut -= 1
     chosen = turns[:cut]
-    if not any(not is_summary_turn(t.turn_id) for t in chosen):
+    if all(is_summary_turn(t.turn_id) for t in chosen):
         return ()
     return tuple(t.turn_id for t in chosen)
 
@@ -386,9 +386,8 @@ def prune_turns(
     # Checked and counted: change state.
     for position, new in changed:
         old = turns[position]
-        for entry in old.entries(True):
-            if entry.message.id is not None:
-                history._message_ids.pop(entry.message.id, None)
+        for message_id in _message_ids(old):
+            history._message_ids.pop(message_id, None)
         for entry in new.entries(True):
             if entry.message.id is not None:
                 history._message_ids[entry.message.id] = (new.serial, entry.message)
@@ -403,14 +402,9 @@ def prune_turns(
 
 
 def _pruned_entries(
-    entries: tuple[_Entry, ...], pruned: tuple[Message, ...] | None, counter: object
+    entries: tuple[_Entry, ...], pruned: tuple[Message, ...] | None, counter: TokenCounter
 ) -> tuple[_Entry, ...]:
     if pruned is None:
         return entries
     by_message = {id(e.message): e for e in entries}
-    return tuple(
-        [
-            by_message.get(id(m)) or _Entry(m, count_tokens(counter, (m,)))  # type: ignore[arg-type]
-            for m in pruned
-        ]
-    )
+    return tuple([by_message.get(id(m)) or _Entry(m, count_tokens(counter, (m,))) for m in pruned])
