@@ -7,11 +7,12 @@ daemons). 200 calls run, at most 20 at once; each asks a question, the model
 calls a tool and answers, the caller barges in (the reply is recorded as far
 as it was played, matched by its played text), a cough is a false start, and
 the caller hangs up. Every tenth caller hangs up while the model streams.
-Runs on asyncio or trio (``anyio.run(main, backend="trio")``).
+Runs on asyncio or trio: ``python examples/daemon.py --backend trio``.
 """
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 from pathlib import Path
 
@@ -117,4 +118,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    anyio.run(main, backend=parser.parse_args().backend)

@@ -103,12 +103,9 @@ def test_the_examples_host_code_is_at_most_twenty_lines(name: str) -> None:
 
 
 def test_the_daemon_runs_on_trio_with_the_same_output() -> None:
-    """The daemon example uses anyio only: on trio it does and prints the same."""
-    program = (
-        "import anyio, runpy, sys; anyio.run(runpy.run_path(sys.argv[1])['main'], backend='trio')"
-    )
+    """The daemon example uses anyio only: ``--backend trio`` does and prints the same."""
     done = subprocess.run(
-        [sys.executable, "-c", program, str(ROOT / "examples" / "daemon.py")],
+        [sys.executable, str(ROOT / "examples" / "daemon.py"), "--backend", "trio"],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -118,3 +115,19 @@ def test_the_daemon_runs_on_trio_with_the_same_output() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == EXPECTED["daemon.py"][1]
+
+
+def test_the_daemon_answers_help_without_running() -> None:
+    """``--help`` prints the usage and the backend choice, and runs no call."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "daemon.py"), "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: daemon.py [-h] [--backend {asyncio,trio}]")
+    assert "calls:" not in done.stdout
