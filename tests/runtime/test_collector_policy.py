@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import math
+import threading
 from typing import Any
 
 import anyio
@@ -190,3 +191,78 @@ def test_a_collector_that_is_not_a_policy_is_refused(policy: object) -> None:
 def test_a_policy_out_of_range_is_refused_by_field(field: str, value: object) -> None:
     with pytest.raises(InputError, match=f"CollectorPolicy.{field} must be"):
         CollectorPolicy(**{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_foundations_on_two_threads_share_the_collector_and_a_close_frees_the_others_garbage(
+    backend: str,
+) -> None:
+    """Two Foundations, each on its own thread and loop (LiveKit's thread executor):
+    one's step freezes the other's objects too (the collector is process-wide);
+    when one closes it unfreezes everything, so the other's next step reclaims
+    cyclic garbage the first froze, and freezes what lives again. Nothing frozen
+    outlives the last close."""
+    policy = CollectorPolicy(interval=_NEVER, regrowth=math.inf)  # no thorough step
+    a_froze, b_dropped, a_closed = (threading.Event() for _ in range(3))
+    seen: dict[str, object] = {}
+
+    async def wait(event: threading.Event) -> None:
+        await anyio.to_thread.run_sync(event.wait, 30)
+        assert event.is_set()
+
+    async def first() -> None:
+        async with Foundation(collector=policy) as foundation:
+            collector = foundation.collector
+            assert collector is not None
+            await wait(b_dropped)  # B made its state and dropped it
+            collector.step()  # collects B's dropped state: never frozen
+            seen["after A's step"] = Junk.live
+            a_froze.set()
+            await wait(b_dropped_again)
+        a_closed.set()
+
+    b_dropped_again = threading.Event()
+
+    async def second() -> None:
+        async with Foundation(collector=policy) as foundation:
+            collector = foundation.collector
+            assert collector is not None
+            state: SessionState | None = SessionState()
+            state = SessionState()  # the first is cyclic garbage before any step
+            b_dropped.set()
+            await wait(a_froze)
+            # A's step froze this state while it was alive: dropped, it stays.
+            state = None
+            gc.collect()
+            seen["frozen garbage kept"] = Junk.live  # the state A froze alive
+            b_dropped_again.set()
+            await wait(a_closed)  # A's close unfroze the process
+            seen["frozen after A's close"] = gc.get_freeze_count()
+            collector.step()
+            seen["after B's step"] = Junk.live
+            seen["B froze again"] = gc.get_freeze_count() > 0
+            del state
+        seen["frozen after both closed"] = gc.get_freeze_count()
+
+    failures: list[BaseException] = []
+
+    def run(program: Any) -> None:
+        try:
+            anyio.run(program, backend=backend)
+        except BaseException as exc:  # raised below, in the test's thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in (first, second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not failures, failures
+    assert seen == {
+        "after A's step": 1,  # B's live state; its first, dropped, was collected
+        "frozen garbage kept": 1,
+        "frozen after A's close": 0,
+        "after B's step": 0,
+        "B froze again": True,
+        "frozen after both closed": 0,
+    }
