@@ -339,7 +339,7 @@ def cold_render(
     """The oracle: the retained history completed at once, rendered without any cache,
     call ids made unique over the whole list."""
     messages = complete_pairs(
-        list(history.view().input_messages(turn_id)), open_calls=policy, join=step_join(gateway)
+        list(history.view().sent_messages(turn_id)), open_calls=policy, join=step_join(gateway)
     )
     return rename_call_ids(gateway.type, [item for m in messages for item in gateway.render(m)])
 
@@ -713,7 +713,7 @@ def test_an_eviction_that_renames_anew_keeps_the_items_and_body_of_a_cold_render
     assert renamed_anew == [1]
     rendered.native_items.adopt(before.native_items)
     items = rendered.native_items._shared()
-    messages = complete_pairs(list(history.view().input_messages("t3")))
+    messages = complete_pairs(list(history.view().sent_messages("t3")))
     assert list(items) == rename_call_ids(kind, [i for m in messages for i in gateway.render(m)])
     assert rendered.body is not None
     assert rendered.body.encode() == msgspec.json.encode(gateway.request_body(items))

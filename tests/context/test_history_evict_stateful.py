@@ -179,7 +179,7 @@ def _cold(
 ) -> tuple[list[NativeContent], list[Message]]:
     base = get_gateway(gateway.type)
     messages = complete_pairs(
-        list(history.view().input_messages(turn_id)), open_calls=policy, join=step_join(base)
+        list(history.view().sent_messages(turn_id)), open_calls=policy, join=step_join(base)
     )
     items = rename_call_ids(gateway.type, [i for m in messages for i in base.render(m)])
     return items, messages

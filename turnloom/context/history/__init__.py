@@ -116,9 +116,11 @@ __all__ = (
     "prune_turns",
     "range_snapshot",
     "reject_instructions",
+    "restore_sent_ids",
     "summary_range",
 )
 
+from turnloom.context.history._sent import restore_sent_ids
 from turnloom.context.history._summaries import (
     SummaryApplied,
     apply_summary,
