@@ -41,6 +41,7 @@ from typing import Protocol
 
 import msgspec
 
+from turnloom.context._untrack import untrack_atoms, untrack_container
 from turnloom.context.history._cells import _Entry, _Turn
 from turnloom.context.message import Message, Role, ToolCallPart, ToolResultPart
 from turnloom.context.pairing import CallTracker
@@ -66,6 +67,12 @@ class _SentIds:
         self.present: set[str] = set()
         self.low: dict[str, int] = {}
         self.free: dict[str, list[int]] = {}
+        # Out of the cyclic collector: a set of str, a dict of str to int
+        # (CPython leaves it untracked), a dict of str to untracked lists of
+        # int (untracked again when a list joins it): nothing here can lead
+        # back to anything, so a full collection visits no reference per call.
+        untrack_container(self.present)
+        untrack_atoms(self)
 
     def take(self, call_id: str) -> str:
         """The id a new call with ``call_id`` is sent with (now present)."""
@@ -106,7 +113,12 @@ class _SentIds:
             return
         value = int(number)
         if value < low:
-            heap = self.free.setdefault(base, [])
+            free = self.free
+            heap = free.get(base)
+            if heap is None:
+                heap = free[base] = []
+                untrack_container(heap)  # ints only
+                untrack_container(free)  # a dict holding a list is tracked again
             heapq.heappush(heap, value)
             if len(heap) >= low - 2 and len(set(heap)) >= low - 2:
                 # Every number below ``low`` is free: start afresh from 2.
