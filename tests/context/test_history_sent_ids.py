@@ -329,7 +329,7 @@ def _mutant_release(history: Any, turns: Any) -> None:
         for entry in turn.entries(True):
             _sent._set_sent(entry, None)
     for index, turn in enumerate(kept):
-        _sent._assign(history._sent, turn.entries(True), _sent._context(kept[:index]), True)
+        _sent._assign(history._sent, turn.entries(True), _sent._context(kept, index), True)
 
 
 original_release = _sent.release

@@ -57,16 +57,19 @@ class _SentIds:
     checked when popped); numbers from ``low`` up are searched one by one.
     The pair only speeds up finding the smallest free number: dropping it
     for a base (``low`` 2, ``free`` empty) is always valid, so a base's
-    entry goes once all its numbers below ``low`` are free. Holds str, int
+    entry goes once all its numbers below ``low`` are free. ``renamed``
+    counts the kept calls sent renamed: while it is 0, a result answering a
+    kept call keeps its id, and no pairing walk is needed. Holds str, int
     and lists of int only: in no cycle.
     """
 
-    __slots__ = ("free", "low", "present")
+    __slots__ = ("free", "low", "present", "renamed")
 
     def __init__(self) -> None:
         self.present: set[str] = set()
         self.low: dict[str, int] = {}
         self.free: dict[str, list[int]] = {}
+        self.renamed = 0  # kept calls sent with another id than their own
         # Out of the cyclic collector: a set of str, a dict of str to int
         # (CPython leaves it untracked), a dict of str to untracked lists of
         # int (untracked again when a list joins it): nothing here can lead
@@ -138,7 +141,7 @@ fed with each own id."""
 
 
 def _feed(tracker: CallTracker, sent: dict[str, str], entries: Iterable[_Entry]) -> None:
-    """Feed ``entries``' messages (as given) to ``tracker``, noting each call's sent id."""
+    """Feed ``entries``' messages (as given) to ``tracker``, noting each renamed call's sent id."""
     for entry in entries:
         message = entry.message
         wire = entry.sent
@@ -147,53 +150,60 @@ def _feed(tracker: CallTracker, sent: dict[str, str], entries: Iterable[_Entry])
             for at, part in enumerate(message.parts):
                 if type(part) is ToolCallPart:
                     sent[part.call_id] = wire_parts[at].call_id  # type: ignore[union-attr]
-        else:
+        elif sent and message.role is Role.assistant:
             for part in message.parts:
                 if type(part) is ToolCallPart:
-                    sent[part.call_id] = part.call_id
+                    sent.pop(part.call_id, None)  # a newer call with the id, sent as it is
         tracker.feed(message)
 
 
-def _context(turns: Sequence[_Turn], input_only: bool = False) -> _Context:
-    """The pairing state after ``turns``, the last one whole or (``input_only``) its input.
+def _context(turns: Sequence[_Turn], stop: int, input_only: bool = False) -> _Context:
+    """The pairing state after ``turns[:stop]``, the last whole or (``input_only``) its input.
 
     Walks back, as ``_ties._calls_after`` does, to the last turn where a call
     group starts or ends (the state after it does not depend on what came
     before): O(that turn and those after it), the newest turn in practice.
+    The map holds only renamed calls (a call sent as it is maps to itself).
     """
-    count = len(turns)
-    for index in range(count - 1, -1, -1):
-        last = index == count - 1
+    last = stop - 1
+    for index in range(last, -1, -1):
         tracker = CallTracker()
-        for message in turns[index].messages(not (last and input_only)):
-            tracker.feed(message)
+        sent: dict[str, str] = {}
+        _feed(tracker, sent, turns[index].entries(not (index == last and input_only)))
         if tracker.group:
-            tracker = CallTracker()
-            sent: dict[str, str] = {}
-            for at in range(index, count):
-                if at > index:
-                    tracker.new_turn()
-                whole = not (at == count - 1 and input_only)
-                _feed(tracker, sent, turns[at].entries(whole))
+            for at in range(index + 1, stop):
+                tracker.new_turn()
+                _feed(tracker, sent, turns[at].entries(not (at == last and input_only)))
             return tracker, sent
     return CallTracker(), {}
 
 
-def _assign(ids: _SentIds, entries: Sequence[_Entry], context: _Context, new_turn: bool) -> None:
+def _assign(
+    ids: _SentIds, entries: Sequence[_Entry], context: _Context | None, new_turn: bool
+) -> None:
     """Decide the sent ids of ``entries``, which follow ``context`` (see the module docstring).
 
     Sets ``_Entry.sent`` of each entry with a renamed id (and drops its
     render caches: a render made at the door carries the ids as given).
+    ``context`` None: no kept call is sent renamed, so a result answering a
+    call before ``entries`` keeps its id and only the calls of ``entries``
+    matter. There a result takes the sent id of the newest call with its id
+    without asking the pairing whether it answers it: a result that answers
+    no call is dropped from every render, and the id it gets matches no call
+    of its group either way, so nothing pairs otherwise.
     """
-    tracker, sent_of = context
-    if new_turn:
-        tracker.new_turn()
+    tracker: CallTracker | None = None
+    sent_of: dict[str, str] = {}
+    if context is not None:
+        tracker, sent_of = context
+        if new_turn:
+            tracker.new_turn()
     for entry in entries:
         message = entry.message
         parts = message.parts
-        renamed: list[tuple[int, str]] = []
-        if message.role is not Role.assistant:
-            open_calls = tracker.open
+        renamed: list[tuple[int, str]] | None = None
+        if sent_of and message.role is not Role.assistant:
+            open_calls = tracker.open if tracker is not None else sent_of
             answered: set[str] = set()
             for at, part in enumerate(parts):
                 if type(part) is ToolResultPart:
@@ -202,15 +212,24 @@ def _assign(ids: _SentIds, entries: Sequence[_Entry], context: _Context, new_tur
                         answered.add(call_id)
                         sent = sent_of.get(call_id, call_id)
                         if sent != call_id:
+                            if renamed is None:
+                                renamed = []
                             renamed.append((at, sent))
-        tracker.feed(message)
+        if tracker is not None:
+            tracker.feed(message)
         for at, part in enumerate(parts):
             if type(part) is ToolCallPart:
-                sent = ids.take(part.call_id)
-                sent_of[part.call_id] = sent
-                if sent != part.call_id:
+                call_id = part.call_id
+                sent = ids.take(call_id)
+                if sent != call_id:
+                    ids.renamed += 1
+                    sent_of[call_id] = sent
+                    if renamed is None:
+                        renamed = []
                     renamed.append((at, sent))
-        if renamed:
+                elif sent_of:
+                    sent_of.pop(call_id, None)
+        if renamed is not None:
             _set_sent(entry, _renamed(message, renamed))
 
 
@@ -229,40 +248,70 @@ def _set_sent(entry: _Entry, sent: Message | None) -> None:
     entry.more = None
 
 
-def _call_ids(entries: Iterable[_Entry]) -> Iterable[str]:
-    """The sent ids of the calls of ``entries``."""
+def _calls(entry: _Entry) -> list[tuple[str, str]]:
+    """(own id, sent id) of each call of ``entry``."""
+    wire = entry.sent
+    if wire is None:
+        return [(p.call_id, p.call_id) for p in entry.message.parts if type(p) is ToolCallPart]
+    wire_parts = wire.parts
+    return [
+        (part.call_id, wire_parts[at].call_id)  # type: ignore[union-attr]
+        for at, part in enumerate(entry.message.parts)
+        if type(part) is ToolCallPart
+    ]
+
+
+def _drop_entries(ids: _SentIds, entries: Iterable[_Entry]) -> None:
+    """The calls of ``entries`` left the history: their sent ids are free again."""
+    drop = ids.drop
     for entry in entries:
-        for part in entry.wire.parts:
-            if type(part) is ToolCallPart:
-                yield part.call_id
+        if entry.sent is None:
+            for part in entry.message.parts:
+                if type(part) is ToolCallPart:
+                    drop(part.call_id)
+        else:
+            for own, sent in _calls(entry):
+                drop(sent)
+                if sent != own:
+                    ids.renamed -= 1
+
+
+def _hold_entries(ids: _SentIds, entries: Iterable[_Entry]) -> None:
+    """The calls of ``entries`` are kept again, sent with the ids they were decided."""
+    for entry in entries:
+        for own, sent in _calls(entry):
+            ids.hold(sent)
+            if sent != own:
+                ids.renamed += 1
 
 
 def release(history: _SentState, turns: Iterable[_Turn]) -> None:
     """``turns`` left the history: their calls' sent ids are free again (O(their calls))."""
-    drop = history._sent.drop
+    ids = history._sent
     for turn in turns:
-        for call_id in _call_ids(turn.entries(True)):
-            drop(call_id)
+        _drop_entries(ids, turn.entries(True))
 
 
 def hold(history: _SentState, turns: Iterable[_Turn]) -> None:
     """``turns`` are back in the history (a retraction restored them): their ids are held."""
-    keep = history._sent.hold
+    ids = history._sent
     for turn in turns:
-        for call_id in _call_ids(turn.entries(True)):
-            keep(call_id)
+        _hold_entries(ids, turn.entries(True))
 
 
 def assign_input(history: _SentState, entries: Sequence[_Entry]) -> None:
     """A new turn's input ``entries`` follow the kept turns (a commit)."""
     if _carries_ids(entries):
-        _assign(history._sent, entries, _context(history._turns), True)
+        ids, turns = history._sent, history._turns
+        _assign(ids, entries, _context(turns, len(turns)) if ids.renamed else None, True)
 
 
 def assign_outputs(history: _SentState, position: int, entries: Sequence[_Entry]) -> None:
     """``entries`` are recorded after the outputs of ``history._turns[position]``."""
     if _carries_ids(entries):
-        _assign(history._sent, entries, _context(history._turns[: position + 1]), False)
+        ids = history._sent
+        context = _context(history._turns, position + 1) if ids.renamed else None
+        _assign(ids, entries, context, False)
 
 
 def assign_state(
@@ -272,12 +321,11 @@ def assign_state(
 
     The state sits after the turn's input: it pairs from there.
     """
-    drop = history._sent.drop
-    for call_id in _call_ids(old):
-        drop(call_id)
+    ids = history._sent
+    _drop_entries(ids, old)
     if _carries_ids(entries):
-        context = _context(history._turns[: position + 1], input_only=True)
-        _assign(history._sent, entries, context, False)
+        context = _context(history._turns, position + 1, input_only=True)
+        _assign(ids, entries, context, False)
 
 
 def assign_summary(history: _SentState, entries: Sequence[_Entry]) -> None:
@@ -386,7 +434,7 @@ def restore_sent_ids(history: _RestoreState, turn_id: str, ids: Sequence[str]) -
             field="call_ids",
         )
     state = history._sent
-    mine = set(_call_ids(entries))
+    mine = {sent for e in entries for _, sent in _calls(e)}
     plan: list[tuple[_Entry, Message | None]] = []
     calls: list[str] = []
     at = 0
@@ -407,13 +455,11 @@ def restore_sent_ids(history: _RestoreState, turn_id: str, ids: Sequence[str]) -
             f"{excerpt((taken or calls)[:3])}.",
             field="call_ids",
         )
-    for call_id in mine:
-        state.drop(call_id)
+    _drop_entries(state, entries)
     for entry, sent in plan:
         if entry.sent is not sent:
             _set_sent(entry, sent)
-    for call_id in calls:
-        state.hold(call_id)
+    _hold_entries(state, entries)
     turn.full = turn.head = None
     turn.more = None
     history._generation += 1
