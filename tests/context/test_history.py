@@ -83,7 +83,6 @@ def result(call_id: str, text: str = "ok") -> Message:
 SYSTEM = Message(role=Role.system, content="You are terse.")
 
 
-
 def test_render_gives_pinned_then_earlier_turns_then_the_turn_input() -> None:
     history = TurnHistory()
     history.commit("t1", [user("hi")], instructions=[SYSTEM])
@@ -774,7 +773,9 @@ def test_an_eviction_after_ids_a_gateway_fixes_together_renames_anew_as_a_cold_r
     items = list(rendered.items)
     assert [b["id"] for i in items for b in i["content"] if b["type"] == "tool_use"] == ["c_1"]
     messages = complete_pairs(list(history.view().sent_messages("t3")))
-    expected = rename_call_ids(GatewayType.anthropic, [i for m in messages for i in gateway.render(m)])
+    expected = rename_call_ids(
+        GatewayType.anthropic, [i for m in messages for i in gateway.render(m)]
+    )
     assert items == expected
     assert rendered.body is not None
     assert rendered.body.encode() == msgspec.json.encode(gateway.request_body(items))

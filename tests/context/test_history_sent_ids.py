@@ -36,8 +36,13 @@ from turnloom.context import (
 )
 from turnloom.context.callids import rename_call_ids
 from turnloom.context.gateway import step_join
-from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory, restore_sent_ids
-from turnloom.context.history import _sent
+from turnloom.context.history import (
+    HistoryLimits,
+    HistoryView,
+    TurnHistory,
+    _sent,
+    restore_sent_ids,
+)
 from turnloom.errors import InvalidMessageError, StateError, TurnloomError, UnknownTurnError
 from turnloom.runtime._records import (
     Checkpoint,
@@ -133,7 +138,9 @@ def _run(
     log: list[bytes] = []
     fixed: dict[str, list[str]] = {}  # turn id -> its sent ids when last seen
     history.commit("t0", [Message(role=Role.user, content="u0")], instructions=[SYSTEM])
-    first = TurnCommitted(turn_id="t0", input=history.view().turn_input("t0"), instructions=(SYSTEM,))
+    first = TurnCommitted(
+        turn_id="t0", input=history.view().turn_input("t0"), instructions=(SYSTEM,)
+    )
     log.append(encode_record(first))
     number = 0
     for op, arg, n in steps:
@@ -355,4 +362,3 @@ def test_the_fixed_ids_property_catches_an_eviction_that_renames_anew(
         _run(steps, [GatewayType.openai_chat], TurnHistory(LIMITS))
     monkeypatch.undo()
     _run(steps, [GatewayType.openai_chat], TurnHistory(LIMITS))
-

@@ -37,7 +37,7 @@ __all__ = ("restore_sent_ids",)
 
 import heapq
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
@@ -46,6 +46,9 @@ from turnloom.context.history._cells import _Entry, _Turn
 from turnloom.context.message import Message, Role, ToolCallPart, ToolResultPart
 from turnloom.context.pairing import CallTracker
 from turnloom.errors import InvalidMessageError, UnknownTurnError, excerpt
+
+if TYPE_CHECKING:  # view imports this file
+    from turnloom.context.history.view import HistoryView
 
 
 class _SentIds:
@@ -237,7 +240,7 @@ def _renamed(message: Message, renamed: Sequence[tuple[int, str]]) -> Message:
     """``message`` with the parts at the given indexes carrying the given call ids."""
     parts = list(message.parts)
     for at, sent in renamed:
-        parts[at] = msgspec.structs.replace(parts[at], call_id=sent)  # type: ignore[type-var]
+        parts[at] = msgspec.structs.replace(parts[at], call_id=sent)
     return msgspec.structs.replace(message, content=tuple(parts))
 
 
@@ -329,7 +332,7 @@ def assign_state(
 
 
 def assign_summary(history: _SentState, entries: Sequence[_Entry]) -> None:
-    """A summary turn's ``entries``, first in the history (after ``release`` of what it replaces)."""
+    """A summary turn's ``entries``, first in the history (after ``release`` of the replaced)."""
     if _carries_ids(entries):
         _assign(history._sent, entries, (CallTracker(), {}), True)
 
@@ -399,7 +402,7 @@ def sent_ids(turn: _Turn) -> tuple[str, ...]:
 
 class _RestoreState(_SentState, Protocol):
     _generation: int
-    _view: object
+    _view: HistoryView | None
 
 
 def restore_sent_ids(history: _RestoreState, turn_id: str, ids: Sequence[str]) -> None:
@@ -456,11 +459,11 @@ def restore_sent_ids(history: _RestoreState, turn_id: str, ids: Sequence[str]) -
             field="call_ids",
         )
     _drop_entries(state, entries)
-    for entry, sent in plan:
-        if entry.sent is not sent:
-            _set_sent(entry, sent)
+    for entry, wire in plan:
+        if entry.sent is not wire:
+            _set_sent(entry, wire)
     _hold_entries(state, entries)
     turn.full = turn.head = None
     turn.more = None
-    history._generation += 1
+    history._generation += 1  # turns before the newest changed: views render anew
     history._view = None
