@@ -153,7 +153,7 @@ class CheckpointTurn(msgspec.Struct, frozen=True, kw_only=True):
     ``call_ids``: the id each tool call and result of the turn was sent with
     (in the order of ``input``, ``outputs``, then ``state``), when one was
     renamed (a reuse of a kept call's id, decided when it was committed:
-    see :mod:`turnloom.context.history`, "Call ids"); () when every one is
+    see the ``turnloom.context.history`` docstring, "Call ids"); () when every one is
     sent as given, and in checkpoints written before the field existed
     (those restore the ids a history of the checkpoint's turns alone
     decides).

@@ -37,7 +37,7 @@ __all__ = ("restore_sent_ids",)
 
 import heapq
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -46,9 +46,6 @@ from turnloom.context.history._cells import _Entry, _Turn
 from turnloom.context.message import Message, Role, ToolCallPart, ToolResultPart
 from turnloom.context.pairing import CallTracker
 from turnloom.errors import InvalidMessageError, UnknownTurnError, excerpt
-
-if TYPE_CHECKING:  # view imports this file
-    from turnloom.context.history.view import HistoryView
 
 
 class _SentIds:
@@ -402,7 +399,7 @@ def sent_ids(turn: _Turn) -> tuple[str, ...]:
 
 class _RestoreState(_SentState, Protocol):
     _generation: int
-    _view: HistoryView | None
+    _view: Any  # HistoryView | None (view imports this file)
 
 
 def restore_sent_ids(history: _RestoreState, turn_id: str, ids: Sequence[str]) -> None:

@@ -517,7 +517,7 @@ class HistoryView:
 
         A call whose id a kept call was already sent with when it was
         committed is sent renamed, and the results answering it with it
-        (see :mod:`turnloom.context.history`, "Call ids"). Rendering
+        (see the ``turnloom.context.history`` package docstring, "Call ids"). Rendering
         ``complete_pairs(sent_messages(t))`` message by message, with call
         ids renamed by ``rename_call_ids`` over the whole list (which then
         renames only what a gateway's ``fix`` maps together), gives exactly
@@ -542,7 +542,7 @@ class HistoryView:
         """The id each call and result of ``turn_id`` is sent with, or () when all are their own.
 
         In the order of the turn's input, outputs, then kept state (a
-        checkpoint's order; :func:`~turnloom.context.history.restore_sent_ids`
+        checkpoint's order; ``turnloom.context.history.restore_sent_ids``
         gives them back to a rebuilt history). O(the turn's messages).
 
         Raises:
