@@ -167,12 +167,19 @@ class CheckpointTurn(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Checkpoint(_Record, frozen=True, kw_only=True, tag="checkpoint"):
-    """The whole history at one moment; only ever the first record of a log."""
+    """The whole history at one moment; only ever the first record of a log.
+
+    ``call_ids``: True when each turn's ``call_ids`` was written (then ()
+    means every id of the turn is sent as given); False in checkpoints
+    written before, whose turns are sent with the ids the restored history
+    decides.
+    """
 
     pinned: tuple[Message, ...] = ()
     turns: tuple[CheckpointTurn, ...]
     evicted: tuple[str, ...] = ()
     sequence: int | None = None
+    call_ids: bool = False
 
 
 Record: TypeAlias = (
@@ -214,7 +221,13 @@ def checkpoint(view: HistoryView, evicted: tuple[str, ...], sequence: int | None
             )
         )
     return encode_record(
-        Checkpoint(pinned=view.pinned, turns=tuple(turns), evicted=evicted, sequence=sequence)
+        Checkpoint(
+            pinned=view.pinned,
+            turns=tuple(turns),
+            evicted=evicted,
+            sequence=sequence,
+            call_ids=True,
+        )
     )
 
 
@@ -305,7 +318,8 @@ def _restore(history: TurnHistory, record: Checkpoint) -> None:
         if turn.state:
             history.keep_state(turn.turn_id, turn.state)
         # The ids its calls were sent with, whatever the order above decided.
-        restore_sent_ids(history, turn.turn_id, turn.call_ids)
+        if record.call_ids:
+            restore_sent_ids(history, turn.turn_id, turn.call_ids, given=True)
 
 
 def _check_same(

@@ -402,12 +402,15 @@ class _RestoreState(_SentState, Protocol):
     _view: Any  # HistoryView | None (view imports this file)
 
 
-def restore_sent_ids(history: _RestoreState, turn_id: str, ids: Sequence[str]) -> None:
+def restore_sent_ids(
+    history: _RestoreState, turn_id: str, ids: Sequence[str], *, given: bool = False
+) -> None:
     """Send the calls and results of the held turn ``turn_id`` with ``ids`` (a checkpoint's).
 
     ``ids``: the sent id of each call and result of the turn, in the order of
     its input, outputs, then kept state (what a checkpoint stored: see
-    ``CheckpointTurn.call_ids``); () leaves the turn as it is. Its calls'
+    ``CheckpointTurn.call_ids``); () leaves the turn as it is, unless
+    ``given``: then () sends every id of the turn as given. Its calls'
     current ids are released first, so restoring the turns of a checkpoint
     one by one, oldest first, leaves the ids of the history that wrote it.
     O(the turn's messages).
@@ -418,7 +421,7 @@ def restore_sent_ids(history: _RestoreState, turn_id: str, ids: Sequence[str]) -
             holds an empty id, or gives two calls one id, or a call an id
             another kept call is sent with (checked before anything changes).
     """
-    if not ids:
+    if not ids and not given:
         return
     for turn in history._turns:
         if turn.turn_id == turn_id:
@@ -427,6 +430,10 @@ def restore_sent_ids(history: _RestoreState, turn_id: str, ids: Sequence[str]) -
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
     entries = _checkpoint_entries(turn)
     wanted = [p for e in entries for p in _parts_with_ids(e.message)]
+    if not ids:
+        if all(e.sent is None for e in entries):
+            return
+        ids = [call_id for _, call_id in wanted]
     if len(wanted) != len(ids) or not all(isinstance(i, str) and i for i in ids):
         raise InvalidMessageError(
             f"Turn {excerpt(turn_id)} has {len(wanted)} tool call and result ids; "
