@@ -363,3 +363,27 @@ def test_the_fixed_ids_property_catches_an_eviction_that_renames_anew(
         _run(steps, [GatewayType.openai_chat], TurnHistory(LIMITS))
     monkeypatch.undo()
     _run(steps, [GatewayType.openai_chat], TurnHistory(LIMITS))
+
+
+def test_a_late_call_that_an_earlier_result_now_answers_gives_it_its_sent_id() -> None:
+    """Invariant (1) through a late record: t0's call c0 is closed unanswered, t3's
+    result c0 was an orphan when committed; a late c0 recorded to t2 (sent c0_r2, c0 is
+    kept) now has that result as its answer, so the result is sent c0_r2 too and the
+    pair stays in the render, cold and restored alike."""
+    history = TurnHistory(HistoryLimits(max_turns=4))
+    history.commit("t0", [Message(role=Role.user, content="hello")], instructions=[SYSTEM])
+    history.record("t0", [_call("c0", "0")])
+    history.commit("t2", [Message(role=Role.user, content="question")])
+    history.commit("t3", [_result("c0", "1")])
+    history.record("t2", [_call("c0", "1")])  # late: t3 is the newest turn
+    view = history.view()
+    assert view.sent_call_ids("t2") == ("c0_r2",)
+    assert view.sent_call_ids("t3") == ("c0_r2",)
+    _check_pairs(view, "t3")
+    for kind in KINDS:
+        items = list(view.render(get_gateway(kind), "t3").items)
+        _check_request(kind, items)
+        assert items == _cold(view, "t3", kind)
+        assert [s[2] for s in call_sites(kind.value, items)] == ["c0_r2", "c0_r2"]
+    restored = replay("c", [checkpoint(view, (), None)], history.limits)
+    assert _renders(restored, KINDS) == _renders(history, KINDS)

@@ -471,3 +471,66 @@ def restore_sent_ids(
     turn.more = None
     history._generation += 1  # turns before the newest changed: views render anew
     history._view = None
+
+
+def repair_results(turns: tuple[_Turn, ...], position: int) -> tuple[_Turn, ...]:
+    """``turns`` with each result after turn ``position`` sent with the id of the call it answers.
+
+    For a change before the newest turn (a late record, kept state): it may
+    make a result committed earlier answer another call (one renamed just
+    now), whose sent id it must carry. Calls keep their ids; a result whose
+    id changes gets a new entry in a new turn (views keep theirs). O(the
+    turns from ``position``), plus the walk back to the call group open
+    before it.
+    """
+    tracker, sent_of = _context(turns, position)
+    out: list[_Turn] | None = None
+    for index in range(position, len(turns)):
+        turn = turns[index]
+        tracker.new_turn()
+        changed: dict[int, _Entry] = {}
+        for entry in turn.entries(True):
+            message = entry.message
+            wire = entry.wire
+            if sent_of and message.role is not Role.assistant:
+                open_calls = tracker.open
+                answered: set[str] = set()
+                renamed: list[tuple[int, str]] = []
+                differs = False
+                for at, part in enumerate(message.parts):
+                    if type(part) is ToolCallPart:
+                        renamed_to = wire.parts[at].call_id  # type: ignore[union-attr]
+                        if renamed_to != part.call_id:
+                            renamed.append((at, renamed_to))
+                    elif type(part) is ToolResultPart:
+                        call_id = part.call_id
+                        now = wire.parts[at].call_id  # type: ignore[union-attr]
+                        want = now
+                        if call_id in open_calls and call_id not in answered:
+                            answered.add(call_id)
+                            want = sent_of.get(call_id, call_id)
+                        differs = differs or want != now
+                        if want != call_id:
+                            renamed.append((at, want))
+                if differs:
+                    new = _Entry(message, entry.tokens)
+                    _set_sent(new, _renamed(message, renamed) if renamed else None)
+                    changed[id(entry)] = new
+            _feed(tracker, sent_of, (entry,))
+        if changed:
+            if out is None:
+                out = list(turns)
+
+            def swap(entries: tuple[_Entry, ...]) -> tuple[_Entry, ...]:
+                return tuple([changed.get(id(e), e) for e in entries])  # noqa: B023
+
+            out[index] = msgspec.structs.replace(
+                turn,
+                input=swap(turn.input),
+                outputs=swap(turn.outputs),
+                state=swap(turn.state),
+                full=None,
+                head=None,
+                more=None,
+            )
+    return turns if out is None else tuple(out)
