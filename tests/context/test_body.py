@@ -222,7 +222,7 @@ def test_a_cut_before_responses_ordered_by_a_dropped_call_turn_is_refused() -> N
 def _cold_items(gateway: Gateway, history: TurnHistory, turn_id: str) -> list[NativeContent]:
     """The oracle: the retained history paired as one input, rendered without any
     cache, call ids made unique over the whole list."""
-    messages = complete_pairs(list(history.view().input_messages(turn_id)))
+    messages = complete_pairs(list(history.view().sent_messages(turn_id)))
     return rename_call_ids(gateway.type, [i for m in messages for i in gateway.render(m)])
 
 

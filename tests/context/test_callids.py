@@ -29,6 +29,7 @@ from turnloom.context.callids import (
     rename_call_ids,
     restore_call_ids,
 )
+from turnloom.context.gateway import step_join
 from turnloom.context.history import TurnHistory
 from turnloom.errors import AmbiguousStepError
 
@@ -283,10 +284,11 @@ def test_every_prepared_input_has_unique_ids_and_a_byte_stable_prefix(
             assert encoded.startswith(previous)
         cold: list[NativeContent] = []
         view = history.view()
-        for tid in view.turn_ids:
-            messages = view.turn_input(tid) if tid == f"t{k}" else view.turn_messages(tid)
-            for message in complete_pairs(list(messages)):
-                cold.extend(gateway.render(message))
+        # As sent: a call reusing the id of a kept call (one left open too) is
+        # renamed when committed; a cold render of those messages is the render.
+        sent = view.sent_messages(f"t{k}")
+        for message in complete_pairs(list(sent), join=step_join(gateway)):
+            cold.extend(gateway.render(message))
         assert items == rename_call_ids(gateway.type, cold)
         body = gateway.request_body(items)
         assert gateway.validate(body[ITEM_FIELD[provider]]) == []

@@ -339,7 +339,7 @@ def cold_render(
     """The oracle: the retained history completed at once, rendered without any cache,
     call ids made unique over the whole list."""
     messages = complete_pairs(
-        list(history.view().input_messages(turn_id)), open_calls=policy, join=step_join(gateway)
+        list(history.view().sent_messages(turn_id)), open_calls=policy, join=step_join(gateway)
     )
     return rename_call_ids(gateway.type, [item for m in messages for item in gateway.render(m)])
 
@@ -654,9 +654,14 @@ def test_a_model_output_holding_only_a_signed_empty_text_is_recorded() -> None:
     assert items[1] == native
 
 
-def test_eviction_renders_the_kept_turns_as_a_cold_render_would() -> None:
-    """Invariant: after eviction, call ids are renamed as if the kept turns were all there
-    was: with no rename the evicted ids are forgotten, after a rename the run is rebuilt."""
+def _has_id(part: object) -> bool:
+    return isinstance(part, (ToolCallPart, ToolResultPart))
+
+
+def test_eviction_keeps_the_sent_ids_of_the_kept_turns() -> None:
+    """Invariant: a call id is decided when its message is committed and kept through
+    evictions: the renamed reuse stays renamed once the first use is evicted (the
+    kept prefix stays byte-stable), and an id freed by eviction is taken again as it is."""
     history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=2))
     history.commit("t1", [user("a")])
     history.record("t1", [call("c1"), result("c1")])
@@ -667,30 +672,40 @@ def test_eviction_renders_the_kept_turns_as_a_cold_render_would() -> None:
         c["id"] for i in history.view().render(CHAT, "t3").items for c in i.get("tool_calls", ())
     ]
     assert ids == ["c1", "c1_r2"]
-    assert history.evict() == ("t1",)  # the renamed reuse in t2 is now the first c1
+    assert history.evict() == ("t1",)  # t2's reuse keeps the id it was sent with
     history.record("t3", [call("c2"), result("c2")])
     history.commit("t4", [user("d")])
-    ids = [
-        c["id"] for i in history.view().render(CHAT, "t4").items for c in i.get("tool_calls", ())
+    items = history.view().render(CHAT, "t4").items
+    assert [c["id"] for i in items for c in i.get("tool_calls", ())] == ["c1_r2", "c2"]
+    assert [i["tool_call_id"] for i in items if i["role"] == "tool"] == ["c1_r2", "c2"]
+    assert [p.call_id for m in history.view().messages() for p in m.parts if _has_id(p)] == [
+        "c1",
+        "c1",
+        "c2",
+        "c2",
     ]
-    assert ids == ["c1", "c2"]
-    assert history.evict() == ("t2",)  # nothing renamed: c1 is forgotten
-    history.record("t4", [call("c1"), result("c1")])
+    history.record("t4", [call("c1"), result("c1")])  # c1 itself is free: sent as it is
     history.commit("t5", [user("e")])
+    assert history.evict() == ("t2", "t3")
     items = history.view().render(CHAT, "t5").items
-    assert [c["id"] for i in items for c in i.get("tool_calls", ())] == ["c2", "c1"]
-    assert [i["tool_call_id"] for i in items if i["role"] == "tool"] == ["c2", "c1"]
+    assert [c["id"] for i in items for c in i.get("tool_calls", ())] == ["c1"]
+    assert [i["tool_call_id"] for i in items if i["role"] == "tool"] == ["c1"]
+    # The host sees the messages as it gave them.
+    view = history.view()
+    assert [p.call_id for m in view.turn_messages("t4") for p in m.parts if _has_id(p)] == [
+        "c1",
+        "c1",
+    ]
 
 
 @pytest.mark.parametrize("kind", list(GatewayType))
-def test_an_eviction_that_renames_anew_keeps_the_items_and_body_of_a_cold_render(
+def test_an_eviction_of_a_first_use_renames_nothing_and_keeps_the_kept_items(
     kind: GatewayType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Invariant: when an eviction drops the first use of a reused call id, the kept
-    turns are renamed anew from their encoded items (their recorded original ids
-    written back, no message rendered again): the render equals a cold render, its
-    body the encoded request body, and decoding reuses the previous render's decoded
-    items for the items encoded as one of them was."""
+    turns keep the ids they were sent with: the run is not renamed anew, the kept
+    items are the previous render's very objects, and the render equals a cold render
+    of the messages as sent, its body the encoded request body."""
     gateway = get_gateway(kind)
     renamed_anew: list[int] = []
     original = HistoryView._renamed_anew
@@ -708,19 +723,62 @@ def test_an_eviction_that_renames_anew_keeps_the_items_and_body_of_a_cold_render
     history.commit("t3", [user("c")])
     before = history.view().render(gateway, "t3")
     previous = before.native_items._shared()  # the kept items (``items`` are copies)
-    assert history.evict() == ("t1",)  # t2's c1 was renamed after t1's: now it is the first
+    assert history.evict() == ("t1",)
     rendered = history.view().render(gateway, "t3")
-    assert renamed_anew == [1]
+    assert renamed_anew == []
     rendered.native_items.adopt(before.native_items)
     items = rendered.native_items._shared()
-    messages = complete_pairs(list(history.view().input_messages("t3")))
+    messages = complete_pairs(list(history.view().sent_messages("t3")))
     assert list(items) == rename_call_ids(kind, [i for m in messages for i in gateway.render(m)])
+    assert [p.call_id for m in messages for p in m.parts if hasattr(p, "call_id")] == [
+        "c1_r2",
+        "c1_r2",
+    ]
     assert rendered.body is not None
     assert rendered.body.encode() == msgspec.json.encode(gateway.request_body(items))
-    # The pinned instructions, t2's "b" and "A2" and t3's input kept their bytes, and
-    # t2's call, renamed back to c1, is encoded as t1's (evicted) call was.
+    # Every kept item is the previous render's: nothing was renamed or encoded again.
     reused = [i for i in items if any(i is p for p in previous)]
-    assert len(reused) == 5
+    assert len(reused) == len(items) == 6
+
+
+def test_an_eviction_after_ids_a_gateway_fixes_together_renames_anew_as_a_cold_render(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Invariant: the rare rename only a gateway can make (Anthropic's id ``fix``
+    mapping ``c.1`` and ``c_1`` to one id) still renames the kept turns anew when the
+    first use leaves, and the render equals a cold render, its body the request body."""
+    gateway = get_gateway(GatewayType.anthropic)
+    renamed_anew: list[int] = []
+    original = HistoryView._renamed_anew
+
+    def spy(self: HistoryView, *args: Any) -> Any:
+        renamed_anew.append(1)
+        return original(self, *args)
+
+    monkeypatch.setattr(HistoryView, "_renamed_anew", spy)
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=2))
+    history.commit("t1", [user("a")], instructions=[SYSTEM])
+    history.record("t1", [call("c.1"), result("c.1", "r1"), assistant("A1")])
+    history.commit("t2", [user("b")])
+    history.record("t2", [call("c_1"), result("c_1", "r2"), assistant("A2")])
+    history.commit("t3", [user("c")])
+    before = list(history.view().render(gateway, "t3").items)
+    assert [b["id"] for i in before for b in i["content"] if b["type"] == "tool_use"] == [
+        "c_1",
+        "c_1_r2",
+    ]
+    assert history.evict() == ("t1",)
+    rendered = history.view().render(gateway, "t3")
+    assert renamed_anew == [1]
+    items = list(rendered.items)
+    assert [b["id"] for i in items for b in i["content"] if b["type"] == "tool_use"] == ["c_1"]
+    messages = complete_pairs(list(history.view().sent_messages("t3")))
+    expected = rename_call_ids(
+        GatewayType.anthropic, [i for m in messages for i in gateway.render(m)]
+    )
+    assert items == expected
+    assert rendered.body is not None
+    assert rendered.body.encode() == msgspec.json.encode(gateway.request_body(items))
 
 
 @settings(max_examples=40, deadline=None)

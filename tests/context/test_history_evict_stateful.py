@@ -179,10 +179,17 @@ def _cold(
 ) -> tuple[list[NativeContent], list[Message]]:
     base = get_gateway(gateway.type)
     messages = complete_pairs(
-        list(history.view().input_messages(turn_id)), open_calls=policy, join=step_join(base)
+        list(history.view().sent_messages(turn_id)), open_calls=policy, join=step_join(base)
     )
     items = rename_call_ids(gateway.type, [i for m in messages for i in base.render(m)])
-    return items, messages
+    # Tokens are those of the messages as the host gave them (counted when they
+    # entered); a message pairing made or changed is counted as sent.
+    given = list(history.view().input_messages(turn_id))
+    held = {id(m) for m in given}
+    as_given = complete_pairs(given, open_calls=policy, join=step_join(base))
+    assert len(as_given) == len(messages)  # renaming changes no pairing
+    counted = [g if id(g) in held else m for g, m in zip(as_given, messages, strict=True)]
+    return items, counted
 
 
 def _observe(history: TurnHistory, counter: Counter) -> dict[str, Any]:

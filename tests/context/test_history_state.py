@@ -26,7 +26,7 @@ def pair(tag: str) -> tuple[Message, Message]:
 
 def cold(history: TurnHistory, turn_id: str) -> list[Any]:
     """The oracle: the history's messages paired as one input, rendered without a cache."""
-    messages = history.view().input_messages(turn_id)
+    messages = history.view().sent_messages(turn_id)
     completed = complete_pairs(list(messages), open_calls="exclude")
     return rename_call_ids(CHAT.type, [item for m in completed for item in CHAT.render(m)])
 

@@ -101,7 +101,7 @@ class FlakyGateway(OpenAIChatGateway):
 def cold_render(manager: ContextManager, context_id: str, turn_id: str) -> list[NativeContent]:
     """The oracle: the retained history paired as one input, rendered without any cache,
     call ids made unique over the whole list."""
-    messages = manager.history(context_id).input_messages(turn_id)
+    messages = manager.history(context_id).sent_messages(turn_id)
     completed = complete_pairs(list(messages), open_calls=manager.open_calls, join=step_join(CHAT))
     return rename_call_ids(CHAT.type, [item for m in completed for item in CHAT.render(m)])
 

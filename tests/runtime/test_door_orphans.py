@@ -127,7 +127,7 @@ async def test_a_reused_call_id_is_answered_once_per_call(
         prepared = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t3"))
         items = list(prepared.items)
         gateway = get_gateway(kind)
-        messages = complete_pairs(list(manager.history("c").input_messages("t3")))
+        messages = complete_pairs(list(manager.history("c").sent_messages("t3")))
         assert items == rename_call_ids(kind, [i for m in messages for i in gateway.render(m)])
         assert [m.role for m in messages] == [
             Role.system,

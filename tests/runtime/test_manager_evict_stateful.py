@@ -306,7 +306,7 @@ class EvictingManagerMachine(RuleBasedStateMachine):
         view = self.portal.call(self.manager.history, context_id)
         base = get_gateway(self.kind)
         messages = complete_pairs(
-            list(view.input_messages(prepared.turn_id)),
+            list(view.sent_messages(prepared.turn_id)),
             open_calls=self.manager.open_calls,
             join=step_join(base),
         )

@@ -30,8 +30,18 @@ happen. An input whose call ids are unique is returned unchanged.
 
 Each gateway supplies how its native items carry calls and results (a
 *rewriter*, registered with :func:`register_rewriter`); the rule itself lives
-only here. :func:`rename_call_ids` applies it to a whole item list;
-:class:`~turnloom.context.TurnHistory` applies it incrementally, turn by turn.
+only here. :func:`rename_call_ids` applies it to a whole item list.
+
+A :class:`~turnloom.context.TurnHistory` applies the same rule once, to its
+neutral messages, when they are committed, and keeps the ids it decided
+through evictions (see the ``turnloom.context.history`` package docstring,
+"Call ids"): there
+an id freed by an evicted call may be taken again (the smallest free
+``_r<n>``), which within one request, where nothing leaves, is the counter
+above. Its renders carry unique ids already, so the renaming a gateway
+applies to them changes only what the provider's ``fix`` maps together (or
+ids inside opaque native items); only that rare rename can depend on an
+evicted item and make the history's cached run rename its kept items anew.
 """
 
 from __future__ import annotations

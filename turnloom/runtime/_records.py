@@ -15,8 +15,9 @@ wrote it, including evictions an in-flight model call held back).
 
 A *checkpoint* record stands for a whole log prefix: the history as it is
 (pinned instructions, the turns held with their outputs, the remembered
-evicted turn ids, the last sequence, each turn's kept state; a summary turn
-is held like any turn, first). A store replaces a long log by one
+evicted turn ids, the last sequence, each turn's kept state and the call ids
+it is sent with when one was renamed; a summary turn is held like any turn,
+first). A store replaces a long log by one
 checkpoint (log compaction, not summary compaction); replaying the
 checkpoint and the records after it rebuilds the same history as replaying
 the whole log, except for counters of what left the history before the
@@ -64,6 +65,7 @@ from turnloom.context.history import (
     TurnHistory,
     apply_summary,
     prune_turns,
+    restore_sent_ids,
 )
 from turnloom.context.message import Message
 from turnloom.context.tokens import TokenCounter
@@ -77,7 +79,9 @@ from turnloom.errors import (
 
 # Version 2 added StateKept and CheckpointTurn.state: kept state counts
 # against the limits, so a version-1 reader could not replay the evictions.
-# Version 3 added TurnsSummarized and TurnsPruned.
+# Version 3 added TurnsSummarized and TurnsPruned. CheckpointTurn.call_ids
+# came later with a default, in version 3: a reader without it restores the
+# ids the checkpoint's turns alone decide (each still sent once), not an error.
 SCHEMA_VERSION = 3
 """The version written into every new record."""
 
@@ -144,21 +148,38 @@ class TurnsPruned(_Record, frozen=True, kw_only=True, tag="prune"):
 
 
 class CheckpointTurn(msgspec.Struct, frozen=True, kw_only=True):
-    """One turn held at a checkpoint: its input, its kept state and its recorded outputs."""
+    """One turn held at a checkpoint: its input, its kept state and its recorded outputs.
+
+    ``call_ids``: the id each tool call and result of the turn was sent with
+    (in the order of ``input``, ``outputs``, then ``state``), when one was
+    renamed (a reuse of a kept call's id, decided when it was committed:
+    see the ``turnloom.context.history`` docstring, "Call ids"); () when every one is
+    sent as given, and in checkpoints written before the field existed
+    (those restore the ids a history of the checkpoint's turns alone
+    decides).
+    """
 
     turn_id: str
     input: tuple[Message, ...]
     outputs: tuple[Message, ...] = ()
     state: tuple[Message, ...] = ()
+    call_ids: tuple[str, ...] = ()
 
 
 class Checkpoint(_Record, frozen=True, kw_only=True, tag="checkpoint"):
-    """The whole history at one moment; only ever the first record of a log."""
+    """The whole history at one moment; only ever the first record of a log.
+
+    ``call_ids``: True when each turn's ``call_ids`` was written (then ()
+    means every id of the turn is sent as given); False in checkpoints
+    written before, whose turns are sent with the ids the restored history
+    decides.
+    """
 
     pinned: tuple[Message, ...] = ()
     turns: tuple[CheckpointTurn, ...]
     evicted: tuple[str, ...] = ()
     sequence: int | None = None
+    call_ids: bool = False
 
 
 Record: TypeAlias = (
@@ -196,10 +217,17 @@ def checkpoint(view: HistoryView, evicted: tuple[str, ...], sequence: int | None
                 input=given,
                 outputs=view.turn_messages(turn_id)[len(given) :],
                 state=view.turn_state(turn_id),
+                call_ids=view.sent_call_ids(turn_id),
             )
         )
     return encode_record(
-        Checkpoint(pinned=view.pinned, turns=tuple(turns), evicted=evicted, sequence=sequence)
+        Checkpoint(
+            pinned=view.pinned,
+            turns=tuple(turns),
+            evicted=evicted,
+            sequence=sequence,
+            call_ids=True,
+        )
     )
 
 
@@ -289,6 +317,9 @@ def _restore(history: TurnHistory, record: Checkpoint) -> None:
             history.record(turn.turn_id, turn.outputs)
         if turn.state:
             history.keep_state(turn.turn_id, turn.state)
+        # The ids its calls were sent with, whatever the order above decided.
+        if record.call_ids:
+            restore_sent_ids(history, turn.turn_id, turn.call_ids, given=True)
 
 
 def _check_same(

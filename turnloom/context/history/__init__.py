@@ -44,18 +44,39 @@ decodes the cached encodings, or renders again the messages whose encoding
 was dropped (those the run renamed).
 
 Call ids: a history may reuse a call id in a later turn; a rendered input
-carries each call id once, by the rule of :mod:`turnloom.context.callids`.
-The run applies it to each closed turn once, when the turn joins it, so a
-rename depends only on the items before it and the run stays a byte-stable
-prefix while only appends happen. The turns rendered per prepare and the
-turn's input continue from the run's state (:attr:`RenderedHistory.call_ids`).
-Eviction forgets the evicted items' ids; when a rename of a kept item
-depended on an evicted item (the evicted turn held the first use of a reused
-id), the kept items rename differently and are renamed anew after the
-pinned instructions: a turn replays the call-id events recorded for it
-the first time (O(its calls)), only items whose ids change are encoded
-again, and the encoded body is rebuilt in one pass over the kept items,
-so the run always equals a render of the kept history.
+carries each call id once. The history decides the id each call is sent
+with once, when its message is committed (a turn's input, recorded outputs,
+kept state, a summary turn), by the rule of :mod:`turnloom.context.callids`
+applied to its neutral messages against the ids its kept calls are sent
+with (``_sent``): a reuse of such an id is sent as ``<id>_r<n>``, the
+smallest free ``n`` from 2, and the results answering it (by the pairing
+rule, across turns) with it. The decision is history state, kept with each
+message (``None`` while no id of it changes, so no cost when no id
+repeats), never a render cache: renders send each message with its sent ids
+(:meth:`HistoryView.sent_messages`), so a cold render equals the
+incremental one, and eviction only frees the evicted calls' ids
+(O(evicted calls)): a retained turn's ids never change, the run is never
+renamed anew, and the kept prefix stays byte-stable. A checkpoint stores
+the ids (``CheckpointTurn.call_ids``, restored by :func:`restore_sent_ids`)
+and a log replays to them. What a host reads (turns, messages, snapshots,
+exports) holds the ids it gave. Until an id is freed the rule is the one a
+gateway applies to a whole request, so a history without evictions sends
+what it sent before ids were decided at commit. A reused id in a call that
+pairing then leaves out (open, excluded) still counts: the next reuse is
+renamed where a gateway renaming the request alone would not have.
+
+The gateway still applies the rule to the rendered items (the run renames
+each closed turn once, when it joins; the turns rendered per prepare and
+the turn's input continue from the run's state,
+:attr:`RenderedHistory.call_ids`). With the history's ids unique it
+renames only what a provider's id ``fix`` maps together (Anthropic's
+``^[a-zA-Z0-9_-]+$``: ``c.1`` and ``c_1`` both become ``c_1``) or ids inside
+opaque native items. That rare rename may depend on an evicted item; then
+the kept items are renamed anew after the pinned instructions: a turn
+replays the call-id events recorded for it the first time (O(its calls)),
+only items whose ids change are encoded again, and the encoded body is
+rebuilt in one pass over the kept items, so the run always equals a render
+of the kept history.
 
 Thread safety: mutate a :class:`TurnHistory` from one thread (the event loop).
 Views are immutable and may be rendered from any number of worker threads at
@@ -85,6 +106,7 @@ a circle):
 - ``view``: :class:`HistoryView` and :class:`RenderedHistory`.
 - ``_ties``: which result answers which call across turns; the ties eviction
   keeps.
+- ``_sent``: the call ids the kept messages are sent with, decided at commit.
 - ``_batches``: the door's check of a batch and its memo.
 - ``_evictions``: what an eviction drops, holds aside and restores.
 - ``turn_history``: :class:`TurnHistory`, which owns the turns and their
@@ -116,9 +138,11 @@ __all__ = (
     "prune_turns",
     "range_snapshot",
     "reject_instructions",
+    "restore_sent_ids",
     "summary_range",
 )
 
+from turnloom.context.history._sent import restore_sent_ids
 from turnloom.context.history._summaries import (
     SummaryApplied,
     apply_summary,

@@ -79,6 +79,16 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
     native: _Native | None = None
     encoded: _Encoded | None = None
     more: dict[int, tuple[_Native | None, _Encoded | None]] | None = None  # other slots
+    # The message as sent, when a call id of it is sent renamed (decided when
+    # the message was committed: see ``_sent``); None, the common case, when
+    # every id is sent as it is. Rendered in place of ``message``.
+    sent: Message | None = None
+
+    @property
+    def wire(self) -> Message:
+        """The message as the history sends it: ``sent`` when set, else ``message``."""
+        sent = self.sent
+        return self.message if sent is None else sent
 
     def seed(self, slot: int, native: _Native, encoded: _Encoded) -> None:
         """Cache ``native`` (``_render_message``'s result for gateway slot ``slot``)."""
@@ -111,7 +121,7 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
         if encoded is not None:
             native = _decode_native(encoded)
         else:
-            native, encoded = _render_message(self.message, gateway)
+            native, encoded = _render_message(self.wire, gateway)
         if store:
             if slot == 0:
                 untrack_json(native)
@@ -273,6 +283,10 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
     def messages(self, whole: bool) -> list[Message]:
         """The turn's messages (``whole``), or its input only."""
         return [e.message for e in self.entries(whole)]
+
+    def wire_messages(self, whole: bool) -> list[Message]:
+        """:meth:`messages` as the history sends them (renamed call ids: ``_Entry.wire``)."""
+        return [e.wire for e in self.entries(whole)]
 
     def with_outputs(self, added: tuple[_Entry, ...], added_bytes: int) -> _Turn:
         """This turn with ``added`` outputs (``added_bytes`` their size)."""

@@ -8,6 +8,12 @@ from typing import Protocol
 from turnloom.context.history._batches import _DoorState, _entries
 from turnloom.context.history._cells import _Entry, _Turn
 from turnloom.context.history._evictions import _NOTHING_ASIDE, _EvictionState, _settle
+from turnloom.context.history._sent import (
+    assign_input,
+    assign_outputs,
+    assign_state,
+    repair_results,
+)
 from turnloom.context.history._ties import (
     _check_ties,
     _check_turn_start,
@@ -159,6 +165,7 @@ def _commit(
     for entry in entries:
         if entry.message.id is not None:
             history._message_ids[entry.message.id] = (history._serial, entry.message)
+    assign_input(history, entries)  # against the kept turns, before this one joins them
     if tied >= 0:
         history._linked.update(t.serial for t in history._turns[tied + 1 :])
         history._linked.add(turn.serial)
@@ -269,6 +276,9 @@ def _record(
     for entry in kept:
         if entry.message.id is not None:
             history._message_ids[entry.message.id] = (old.serial, entry.message)
+    assign_outputs(history, position, kept)  # after the turn's outputs so far
+    if late and position + 1 < len(turns):
+        turns = repair_results(turns, position + 1)  # later results may answer a new call
     history._turns = turns
     history._items += len(kept)
     history._bytes += new.bytes - old.bytes
@@ -327,6 +337,9 @@ def _keep_state(
         history._generation += 1
         history._linked.clear()
         history._linked.update(linked)
+    assign_state(history, position, old.state, entries)  # after the turn's input
+    if late:
+        turns = repair_results(turns, position)  # its outputs, later results: answers may move
     history._turns = turns
     history._items += new.items - old.items
     history._bytes += new.bytes - old.bytes

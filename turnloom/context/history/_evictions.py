@@ -10,6 +10,7 @@ import msgspec
 
 from turnloom.context.history._cells import _Entry, _Turn
 from turnloom.context.history._run import _Shared
+from turnloom.context.history._sent import _SentIds, hold, release
 from turnloom.context.history._ties import _retie
 from turnloom.context.history.limits import HistoryLimits
 from turnloom.context.history.view import HistoryView
@@ -84,6 +85,7 @@ class _EvictionState(Protocol):
     _pinned: tuple[_Entry, ...]
     _remember: int
     _retracted: int
+    _sent: _SentIds
     _shared: _Shared
     _tokens: int
     _turns: tuple[_Turn, ...]
@@ -147,6 +149,7 @@ def _evict(history: _EvictionState) -> tuple[str, ...]:
         first = 0
     if not gone:
         return ()
+    release(history, gone)  # their calls' sent ids are free; the kept ones' stay as they are
     history._turns = turns[:first] + kept
     history._items -= items
     history._bytes -= total
@@ -214,6 +217,7 @@ def _restore(history: _EvictionState, aside: _Aside) -> None:
     """
     turns = aside.turns
     history._turns = (*_head(history._turns), *turns, *history._turns[len(_head(history._turns)) :])
+    hold(history, turns)  # sent with the ids they had (the retracted turn's are released)
     for turn in turns:
         history._items += turn.items
         history._bytes += turn.bytes
@@ -279,6 +283,7 @@ def _retract(history: _EvictionState, turn_id: str) -> None:
             "that produced no answer can be retracted."
         )
     aside, history._aside = history._aside, None
+    release(history, (turn,))  # first: a restored turn may send an id it took since
     if aside is not None and aside.turns:
         _restore(history, aside)
     history._turns = history._turns[:-1]

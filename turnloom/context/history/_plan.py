@@ -61,8 +61,8 @@ def _render_entries(
     ``counter`` here. With ``store`` False the entries' caches are read,
     never filled.
     """
-    messages = [e.message for e in entries]
-    by_id = {id(e.message): e for e in entries}
+    messages = [e.wire for e in entries]
+    by_id = {id(m): e for m, e in zip(messages, entries, strict=True)}
     items: list[NativeContent] = []
     encoded: list[bytes] = []
     tokens = 0
@@ -78,7 +78,7 @@ def _render_entries(
         entry = by_id.get(id(message))
         if lead < 0 and (entry is not None or not _is_cancelled_results(message)):
             lead = len(items)
-        if entry is not None and entry.message is message:
+        if entry is not None and entry.wire is message:
             native, native_encoded = entry.rendered(gateway, slot, store)
             tokens += entry.tokens
         else:
@@ -246,7 +246,7 @@ def _plan(
     for index, turn in enumerate((*turns, head)):
         starts.append(tuple(tracker.open.values()))
         tracker.new_turn()  # each turn is a span: a step never spans two
-        for message in turn.messages(index < count):
+        for message in turn.wire_messages(index < count):
             group = tracker.group
             step = tracker.feed(message)
             if step.closed:

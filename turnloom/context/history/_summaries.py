@@ -35,6 +35,7 @@ from turnloom.context.history._batches import _entries
 from turnloom.context.history._cells import _Entry, _Turn
 from turnloom.context.history._changes import _ChangeState
 from turnloom.context.history._evictions import _forget
+from turnloom.context.history._sent import assign_summary, carry_sent, release
 from turnloom.context.message import Message, check_id, check_message
 from turnloom.context.summaries import (
     SUMMARY_TURN_PREFIX,
@@ -285,6 +286,8 @@ def apply_summary(
         seen.add(message_id)
     # Checked: change state.
     replaced = turns[:held]
+    release(history, replaced)
+    assign_summary(history, entries)
     for turn in replaced:
         _forget(history, turn)
         history._items -= turn.items
@@ -386,6 +389,8 @@ def prune_turns(
     # Checked and counted: change state.
     for position, new in changed:
         old = turns[position]
+        carry_sent(old.input, new.input)  # pruned messages are sent with the same ids
+        carry_sent(old.outputs, new.outputs)
         for message_id in _message_ids(old):
             history._message_ids.pop(message_id, None)
         for entry in new.entries(True):

@@ -26,6 +26,7 @@ from turnloom.context.history._evictions import (
     _settle,
 )
 from turnloom.context.history._run import _Shared
+from turnloom.context.history._sent import _SentIds
 from turnloom.context.history._ties import (
     _calls_after,
 )
@@ -151,6 +152,7 @@ class TurnHistory:
         "_pinned_tokens",
         "_remember",
         "_retracted",
+        "_sent",
         "_sequence",
         "_serial",
         "_shared",
@@ -220,6 +222,7 @@ class TurnHistory:
         self._message_ids: dict[str, tuple[int, Message]] = {}
         self._sequence: int | None = None
         self._shared = _Shared(counter)
+        self._sent = _SentIds()  # the kept calls' sent ids (see _sent)
         self._view: HistoryView | None = None
 
     # -- reading ---------------------------------------------------------

@@ -28,6 +28,7 @@ from turnloom.context.history._cells import (
 )
 from turnloom.context.history._plan import _join, _Plan, _plan, _renamed, _render_entries
 from turnloom.context.history._run import _NO_SPAN, _body_run, _Run, _Segment, _Shared, _untrack_run
+from turnloom.context.history._sent import sent_ids
 from turnloom.context.items import (
     NativeItems,
     decode_joined,
@@ -499,25 +500,55 @@ class HistoryView:
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
     def input_messages(self, turn_id: str) -> tuple[Message, ...]:
-        """The messages a render of ``turn_id`` is made of, before pairing.
+        """The messages a render of ``turn_id`` is made of, before pairing, as the host gave them.
 
         The pinned instructions, every message of the turns before
         ``turn_id`` (its input, kept state, then outputs), then its input,
-        oldest first. Rendering
-        ``complete_pairs(input_messages(t))`` message by message, with call
-        ids renamed by ``rename_call_ids`` over the whole list, gives exactly
-        :meth:`render`'s items (a cold render, without any cache).
+        oldest first. Call ids are those the host gave; :meth:`sent_messages`
+        gives the same messages with the ids they are sent with.
 
         Raises:
             UnknownTurnError: the view holds no turn ``turn_id``.
         """
-        out = [e.message for e in self._pinned]
+        return self._input_messages(turn_id, False)
+
+    def sent_messages(self, turn_id: str) -> tuple[Message, ...]:
+        """:meth:`input_messages` as the history sends them: renamed call ids in place.
+
+        A call whose id a kept call was already sent with when it was
+        committed is sent renamed, and the results answering it with it
+        (see the ``turnloom.context.history`` package docstring, "Call ids"). Rendering
+        ``complete_pairs(sent_messages(t))`` message by message, with call
+        ids renamed by ``rename_call_ids`` over the whole list (which then
+        renames only what a gateway's ``fix`` maps together), gives exactly
+        :meth:`render`'s items: a cold render, without any cache. Equal to
+        :meth:`input_messages` while no kept id repeats.
+
+        Raises:
+            UnknownTurnError: the view holds no turn ``turn_id``.
+        """
+        return self._input_messages(turn_id, True)
+
+    def _input_messages(self, turn_id: str, sent: bool) -> tuple[Message, ...]:
+        out = [e.wire if sent else e.message for e in self._pinned]
         for turn in self._turns:
             if turn.turn_id == turn_id:
-                out.extend(e.message for e in turn.input)
+                out.extend(e.wire if sent else e.message for e in turn.input)
                 return fresh_messages(out)
-            out.extend(turn.messages(True))
+            out.extend(turn.wire_messages(True) if sent else turn.messages(True))
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
+
+    def sent_call_ids(self, turn_id: str) -> tuple[str, ...]:
+        """The id each call and result of ``turn_id`` is sent with, or () when all are their own.
+
+        In the order of the turn's input, outputs, then kept state (a
+        checkpoint's order; ``turnloom.context.history.restore_sent_ids``
+        gives them back to a rebuilt history). O(the turn's messages).
+
+        Raises:
+            UnknownTurnError: the view holds no turn ``turn_id``.
+        """
+        return sent_ids(self._turns[self._position(turn_id)])
 
     def _build(self, gateway: Gateway, slots: tuple[int, int], policy: OpenCallPolicy) -> _Run:
         call_ids = CallIdRenamer()

@@ -1,0 +1,536 @@
+"""The call ids a history sends: decided once, when a message is committed, kept until it leaves.
+
+A history may reuse a call id in a later turn; a request must carry each call
+id once (:mod:`turnloom.context.callids`). The history applies the renaming
+rule to its neutral messages when they enter it (a turn's input, recorded
+outputs, kept state, a summary turn), against the ids its kept messages are
+sent with (:class:`_SentIds`), and keeps the outcome with each message
+(``_Entry.sent``, None when every id of it is sent as it is). Eviction only
+removes the evicted messages' ids from that set: a retained message's sent
+ids never change, so a cold render of the history equals the incremental one
+and an eviction renames nothing.
+
+The rule over the kept calls' sent ids (``present``), for a call with id ``c``:
+
+* ``c`` when no kept call is sent with ``c``;
+* else ``c_r<n>``, ``n`` the smallest number from 2 up with ``c_r<n>`` not
+  present.
+
+It depends only on the set of ids present, so replaying a log, or restoring
+a checkpoint's messages with the ids they were sent with
+(:func:`restore_sent_ids`), gives the same ids from then on. Until an id
+leaves the set (no eviction, no retraction, no replaced state or summary)
+it is the rule a gateway applies to a whole request (numbers only grow),
+so such a history sends what a gateway renaming its whole input sends.
+
+A result is sent with the sent id of the call it answers, by the pairing
+rule (:class:`~turnloom.context.CallTracker`, across turns as the render
+pairs); a result that answers no call keeps its id (pairing drops it from
+every render) and holds none. O(the calls and results of the messages
+committed), plus the walk back to the open call group (the newest turn, in
+practice); eviction O(the evicted calls).
+"""
+
+from __future__ import annotations
+
+__all__ = ("restore_sent_ids",)
+
+import heapq
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from turnloom.context._untrack import untrack_atoms, untrack_container
+from turnloom.context.history._cells import _Entry, _Turn
+from turnloom.context.message import Message, Role, ToolCallPart, ToolResultPart
+from turnloom.context.pairing import CallTracker
+from turnloom.errors import InvalidMessageError, UnknownTurnError, excerpt
+
+
+class _SentIds:
+    """The sent ids of a history's kept calls, and where the search for a free number starts.
+
+    ``present``: every kept call's sent id (unique: that is the rule). Per
+    base id renamed so far, every free number below ``low[base]`` is in
+    ``free[base]``, a heap (which may also hold numbers taken again since:
+    checked when popped); numbers from ``low`` up are searched one by one.
+    The pair only speeds up finding the smallest free number: dropping it
+    for a base (``low`` 2, ``free`` empty) is always valid, so a base's
+    entry goes once all its numbers below ``low`` are free. ``renamed``
+    counts the kept calls sent renamed: while it is 0, a result answering a
+    kept call keeps its id, and no pairing walk is needed. Holds str, int
+    and lists of int only: in no cycle.
+    """
+
+    __slots__ = ("free", "low", "present", "renamed")
+
+    def __init__(self) -> None:
+        self.present: set[str] = set()
+        self.low: dict[str, int] = {}
+        self.free: dict[str, list[int]] = {}
+        self.renamed = 0  # kept calls sent with another id than their own
+        # Out of the cyclic collector: a set of str, a dict of str to int
+        # (CPython leaves it untracked), a dict of str to untracked lists of
+        # int (untracked again when a list joins it): nothing here can lead
+        # back to anything, so a full collection visits no reference per call.
+        untrack_container(self.present)
+        untrack_atoms(self)
+
+    def take(self, call_id: str) -> str:
+        """The id a new call with ``call_id`` is sent with (now present)."""
+        present = self.present
+        if call_id not in present:
+            present.add(call_id)
+            return call_id
+        heap = self.free.get(call_id)
+        sent = ""
+        while heap:
+            number = heapq.heappop(heap)
+            sent = f"{call_id}_r{number}"
+            if sent not in present:
+                break
+            sent = ""
+        if heap is not None and not heap:
+            del self.free[call_id]
+        if not sent:
+            number = self.low.get(call_id, 2)
+            while (sent := f"{call_id}_r{number}") in present:
+                number += 1
+            self.low[call_id] = number + 1
+        present.add(sent)
+        return sent
+
+    def hold(self, sent: str) -> None:
+        """``sent`` is a kept call's id again (a restored turn; a checkpoint's id)."""
+        self.present.add(sent)
+
+    def drop(self, sent: str) -> None:
+        """The call sent with ``sent`` left the history: its id is free again."""
+        self.present.discard(sent)
+        base, sep, number = sent.rpartition("_r")
+        if not sep or not number.isdigit() or number[0] == "0":
+            return
+        low = self.low.get(base)
+        if low is None:
+            return
+        value = int(number)
+        if value < low:
+            free = self.free
+            heap = free.get(base)
+            if heap is None:
+                heap = free[base] = []
+                untrack_container(heap)  # ints only
+                untrack_container(free)  # a dict holding a list is tracked again
+            heapq.heappush(heap, value)
+            if len(heap) >= low - 2 and len(set(heap)) >= low - 2:
+                # Every number below ``low`` is free: start afresh from 2.
+                del self.free[base], self.low[base]
+
+
+class _SentState(Protocol):
+    """The state of a :class:`TurnHistory` this file reads and changes."""
+
+    _sent: _SentIds
+    _turns: tuple[_Turn, ...]
+
+
+_Context = tuple[CallTracker, dict[str, str]]
+"""The pairing state after some messages (own ids), and the sent id of the newest call
+fed with each own id."""
+
+
+def _feed(tracker: CallTracker, sent: dict[str, str], entries: Iterable[_Entry]) -> None:
+    """Feed ``entries``' messages (as given) to ``tracker``, noting each renamed call's sent id."""
+    for entry in entries:
+        message = entry.message
+        wire = entry.sent
+        if wire is not None:
+            wire_parts = wire.parts
+            for at, part in enumerate(message.parts):
+                if type(part) is ToolCallPart:
+                    sent[part.call_id] = wire_parts[at].call_id  # type: ignore[union-attr]
+        elif sent and message.role is Role.assistant:
+            for part in message.parts:
+                if type(part) is ToolCallPart:
+                    sent.pop(part.call_id, None)  # a newer call with the id, sent as it is
+        tracker.feed(message)
+
+
+def _context(turns: Sequence[_Turn], stop: int, input_only: bool = False) -> _Context:
+    """The pairing state after ``turns[:stop]``, the last whole or (``input_only``) its input.
+
+    Walks back, as ``_ties._calls_after`` does, to the last turn where a call
+    group starts or ends (the state after it does not depend on what came
+    before): O(that turn and those after it), the newest turn in practice.
+    The map holds only renamed calls (a call sent as it is maps to itself).
+    """
+    last = stop - 1
+    for index in range(last, -1, -1):
+        tracker = CallTracker()
+        sent: dict[str, str] = {}
+        _feed(tracker, sent, turns[index].entries(not (index == last and input_only)))
+        if tracker.group:
+            for at in range(index + 1, stop):
+                tracker.new_turn()
+                _feed(tracker, sent, turns[at].entries(not (at == last and input_only)))
+            return tracker, sent
+    return CallTracker(), {}
+
+
+def _assign(
+    ids: _SentIds, entries: Sequence[_Entry], context: _Context | None, new_turn: bool
+) -> None:
+    """Decide the sent ids of ``entries``, which follow ``context`` (see the module docstring).
+
+    Sets ``_Entry.sent`` of each entry with a renamed id (and drops its
+    render caches: a render made at the door carries the ids as given).
+    ``context`` None: no kept call is sent renamed, so a result answering a
+    call before ``entries`` keeps its id and only the calls of ``entries``
+    matter. There a result takes the sent id of the newest call with its id
+    without asking the pairing whether it answers it: a result that answers
+    no call is dropped from every render, and the id it gets matches no call
+    of its group either way, so nothing pairs otherwise.
+    """
+    tracker: CallTracker | None = None
+    sent_of: dict[str, str] = {}
+    if context is not None:
+        tracker, sent_of = context
+        if new_turn:
+            tracker.new_turn()
+    for entry in entries:
+        message = entry.message
+        parts = message.parts
+        renamed: list[tuple[int, str]] | None = None
+        if sent_of and message.role is not Role.assistant:
+            open_calls = tracker.open if tracker is not None else sent_of
+            answered: set[str] = set()
+            for at, part in enumerate(parts):
+                if type(part) is ToolResultPart:
+                    call_id = part.call_id
+                    if call_id in open_calls and call_id not in answered:
+                        answered.add(call_id)
+                        sent = sent_of.get(call_id, call_id)
+                        if sent != call_id:
+                            if renamed is None:
+                                renamed = []
+                            renamed.append((at, sent))
+        if tracker is not None:
+            tracker.feed(message)
+        for at, part in enumerate(parts):
+            if type(part) is ToolCallPart:
+                call_id = part.call_id
+                sent = ids.take(call_id)
+                if sent != call_id:
+                    ids.renamed += 1
+                    sent_of[call_id] = sent
+                    if renamed is None:
+                        renamed = []
+                    renamed.append((at, sent))
+                elif sent_of:
+                    sent_of.pop(call_id, None)
+        if renamed is not None:
+            _set_sent(entry, _renamed(message, renamed))
+
+
+def _renamed(message: Message, renamed: Sequence[tuple[int, str]]) -> Message:
+    """``message`` with the parts at the given indexes carrying the given call ids."""
+    parts = list(message.parts)
+    for at, sent in renamed:
+        parts[at] = msgspec.structs.replace(parts[at], call_id=sent)
+    return msgspec.structs.replace(message, content=tuple(parts))
+
+
+def _set_sent(entry: _Entry, sent: Message | None) -> None:
+    """Give ``entry`` the message it is sent as; its cached renders (of the other) go."""
+    entry.sent = sent
+    entry.native = entry.encoded = None
+    entry.more = None
+
+
+def _calls(entry: _Entry) -> list[tuple[str, str]]:
+    """(own id, sent id) of each call of ``entry``."""
+    wire = entry.sent
+    if wire is None:
+        return [(p.call_id, p.call_id) for p in entry.message.parts if type(p) is ToolCallPart]
+    wire_parts = wire.parts
+    return [
+        (part.call_id, wire_parts[at].call_id)  # type: ignore[union-attr]
+        for at, part in enumerate(entry.message.parts)
+        if type(part) is ToolCallPart
+    ]
+
+
+def _drop_entries(ids: _SentIds, entries: Iterable[_Entry]) -> None:
+    """The calls of ``entries`` left the history: their sent ids are free again."""
+    drop = ids.drop
+    for entry in entries:
+        if entry.sent is None:
+            for part in entry.message.parts:
+                if type(part) is ToolCallPart:
+                    drop(part.call_id)
+        else:
+            for own, sent in _calls(entry):
+                drop(sent)
+                if sent != own:
+                    ids.renamed -= 1
+
+
+def _hold_entries(ids: _SentIds, entries: Iterable[_Entry]) -> None:
+    """The calls of ``entries`` are kept again, sent with the ids they were decided."""
+    for entry in entries:
+        for own, sent in _calls(entry):
+            ids.hold(sent)
+            if sent != own:
+                ids.renamed += 1
+
+
+def release(history: _SentState, turns: Iterable[_Turn]) -> None:
+    """``turns`` left the history: their calls' sent ids are free again (O(their calls))."""
+    ids = history._sent
+    for turn in turns:
+        _drop_entries(ids, turn.entries(True))
+
+
+def hold(history: _SentState, turns: Iterable[_Turn]) -> None:
+    """``turns`` are back in the history (a retraction restored them): their ids are held."""
+    ids = history._sent
+    for turn in turns:
+        _hold_entries(ids, turn.entries(True))
+
+
+def assign_input(history: _SentState, entries: Sequence[_Entry]) -> None:
+    """A new turn's input ``entries`` follow the kept turns (a commit)."""
+    if _carries_ids(entries):
+        ids, turns = history._sent, history._turns
+        _assign(ids, entries, _context(turns, len(turns)) if ids.renamed else None, True)
+
+
+def assign_outputs(history: _SentState, position: int, entries: Sequence[_Entry]) -> None:
+    """``entries`` are recorded after the outputs of ``history._turns[position]``."""
+    if _carries_ids(entries):
+        ids = history._sent
+        context = _context(history._turns, position + 1) if ids.renamed else None
+        _assign(ids, entries, context, False)
+
+
+def assign_state(
+    history: _SentState, position: int, old: Sequence[_Entry], entries: Sequence[_Entry]
+) -> None:
+    """``entries`` are kept as the state of ``history._turns[position]``, replacing ``old``.
+
+    The state sits after the turn's input: it pairs from there.
+    """
+    ids = history._sent
+    _drop_entries(ids, old)
+    if _carries_ids(entries):
+        context = _context(history._turns, position + 1, input_only=True)
+        _assign(ids, entries, context, False)
+
+
+def assign_summary(history: _SentState, entries: Sequence[_Entry]) -> None:
+    """A summary turn's ``entries``, first in the history (after ``release`` of the replaced)."""
+    if _carries_ids(entries):
+        _assign(history._sent, entries, (CallTracker(), {}), True)
+
+
+def carry_sent(old: Sequence[_Entry], new: Sequence[_Entry]) -> None:
+    """Give ``new`` (``old`` pruned: the same calls and results, in order) ``old``'s sent ids.
+
+    Pruning keeps every call and result, its id and its order (it drops
+    reasoning and result bodies), so the ids are matched in order. An entry
+    of ``old`` kept as it is keeps its own ``sent``.
+    """
+    if not any(e.sent is not None for e in old):
+        return
+    sent_ids = iter([i for e in old for i in _part_ids(e.wire)])
+    kept = {id(e) for e in old}
+    for entry in new:
+        if id(entry) in kept:
+            for _ in _part_ids(entry.wire):
+                next(sent_ids)
+            continue
+        renamed = [
+            (at, sent)
+            for (at, call_id), sent in zip(_parts_with_ids(entry.message), sent_ids, strict=False)
+            if sent != call_id
+        ]
+        if renamed:
+            _set_sent(entry, _renamed(entry.message, renamed))
+
+
+def _parts_with_ids(message: Message) -> list[tuple[int, str]]:
+    """(index, call id) of each call and result part of ``message``."""
+    return [
+        (at, part.call_id)
+        for at, part in enumerate(message.parts)
+        if type(part) is ToolCallPart or type(part) is ToolResultPart
+    ]
+
+
+def _part_ids(message: Message) -> list[str]:
+    return [call_id for _, call_id in _parts_with_ids(message)]
+
+
+def _carries_ids(entries: Sequence[_Entry]) -> bool:
+    for entry in entries:
+        for part in entry.message.parts:
+            if type(part) is ToolCallPart or type(part) is ToolResultPart:
+                return True
+    return False
+
+
+def _checkpoint_entries(turn: _Turn) -> tuple[_Entry, ...]:
+    """A turn's entries in a checkpoint's order: input, outputs, then kept state."""
+    return turn.input + turn.outputs + turn.state
+
+
+def sent_ids(turn: _Turn) -> tuple[str, ...]:
+    """The sent id of each call and result of ``turn`` (input, outputs, state), or ().
+
+    () when every one is sent as it is (the common case). What
+    :func:`restore_sent_ids` takes.
+    """
+    entries = _checkpoint_entries(turn)
+    if all(e.sent is None for e in entries):
+        return ()
+    return tuple(i for e in entries for i in _part_ids(e.wire))
+
+
+class _RestoreState(_SentState, Protocol):
+    _generation: int
+    _view: Any  # HistoryView | None (view imports this file)
+
+
+def restore_sent_ids(
+    history: _RestoreState, turn_id: str, ids: Sequence[str], *, given: bool = False
+) -> None:
+    """Send the calls and results of the held turn ``turn_id`` with ``ids`` (a checkpoint's).
+
+    ``ids``: the sent id of each call and result of the turn, in the order of
+    its input, outputs, then kept state (what a checkpoint stored: see
+    ``CheckpointTurn.call_ids``); () leaves the turn as it is, unless
+    ``given``: then () sends every id of the turn as given. Its calls'
+    current ids are released first, so restoring the turns of a checkpoint
+    one by one, oldest first, leaves the ids of the history that wrote it.
+    O(the turn's messages).
+
+    Raises:
+        UnknownTurnError: ``turn_id`` is not held.
+        InvalidMessageError: ``ids`` does not hold one id per call and result,
+            holds an empty id, or gives two calls one id, or a call an id
+            another kept call is sent with (checked before anything changes).
+    """
+    if not ids and not given:
+        return
+    for turn in history._turns:
+        if turn.turn_id == turn_id:
+            break
+    else:
+        raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
+    entries = _checkpoint_entries(turn)
+    wanted = [p for e in entries for p in _parts_with_ids(e.message)]
+    if not ids:
+        if all(e.sent is None for e in entries):
+            return
+        ids = [call_id for _, call_id in wanted]
+    if len(wanted) != len(ids) or not all(isinstance(i, str) and i for i in ids):
+        raise InvalidMessageError(
+            f"Turn {excerpt(turn_id)} has {len(wanted)} tool call and result ids; "
+            f"{len(ids)} sent ids do not match them.",
+            field="call_ids",
+        )
+    state = history._sent
+    mine = {sent for e in entries for _, sent in _calls(e)}
+    plan: list[tuple[_Entry, Message | None]] = []
+    calls: list[str] = []
+    at = 0
+    for entry in entries:
+        pairs = _parts_with_ids(entry.message)
+        renamed = []
+        for (index, call_id), sent in zip(pairs, ids[at : at + len(pairs)], strict=True):
+            if type(entry.message.parts[index]) is ToolCallPart:
+                calls.append(sent)
+            if sent != call_id:
+                renamed.append((index, sent))
+        at += len(pairs)
+        plan.append((entry, _renamed(entry.message, renamed) if renamed else None))
+    taken = [c for c in calls if c in state.present and c not in mine]
+    if taken or len(set(calls)) != len(calls):
+        raise InvalidMessageError(
+            f"Turn {excerpt(turn_id)}'s sent call ids repeat an id the history sends: "
+            f"{excerpt((taken or calls)[:3])}.",
+            field="call_ids",
+        )
+    _drop_entries(state, entries)
+    for entry, wire in plan:
+        if entry.sent is not wire:
+            _set_sent(entry, wire)
+    _hold_entries(state, entries)
+    turn.full = turn.head = None
+    turn.more = None
+    history._generation += 1  # turns before the newest changed: views render anew
+    history._view = None
+
+
+def repair_results(turns: tuple[_Turn, ...], position: int) -> tuple[_Turn, ...]:
+    """``turns`` with each result after turn ``position`` sent with the id of the call it answers.
+
+    For a change before the newest turn (a late record, kept state): it may
+    make a result committed earlier answer another call (one renamed just
+    now), whose sent id it must carry. Calls keep their ids; a result whose
+    id changes gets a new entry in a new turn (views keep theirs). O(the
+    turns from ``position``), plus the walk back to the call group open
+    before it.
+    """
+    tracker, sent_of = _context(turns, position)
+    out: list[_Turn] | None = None
+    for index in range(position, len(turns)):
+        turn = turns[index]
+        tracker.new_turn()
+        changed: dict[int, _Entry] = {}
+        for entry in turn.entries(True):
+            message = entry.message
+            wire = entry.wire
+            if sent_of and message.role is not Role.assistant:
+                open_calls = tracker.open
+                answered: set[str] = set()
+                renamed: list[tuple[int, str]] = []
+                differs = False
+                for at, part in enumerate(message.parts):
+                    if type(part) is ToolCallPart:
+                        renamed_to = wire.parts[at].call_id  # type: ignore[union-attr]
+                        if renamed_to != part.call_id:
+                            renamed.append((at, renamed_to))
+                    elif type(part) is ToolResultPart:
+                        call_id = part.call_id
+                        now = wire.parts[at].call_id  # type: ignore[union-attr]
+                        want = now
+                        if call_id in open_calls and call_id not in answered:
+                            answered.add(call_id)
+                            want = sent_of.get(call_id, call_id)
+                        differs = differs or want != now
+                        if want != call_id:
+                            renamed.append((at, want))
+                if differs:
+                    new = _Entry(message, entry.tokens)
+                    _set_sent(new, _renamed(message, renamed) if renamed else None)
+                    changed[id(entry)] = new
+            _feed(tracker, sent_of, (entry,))
+        if changed:
+            if out is None:
+                out = list(turns)
+
+            def swap(entries: tuple[_Entry, ...]) -> tuple[_Entry, ...]:
+                return tuple([changed.get(id(e), e) for e in entries])  # noqa: B023
+
+            out[index] = msgspec.structs.replace(
+                turn,
+                input=swap(turn.input),
+                outputs=swap(turn.outputs),
+                state=swap(turn.state),
+                full=None,
+                head=None,
+                more=None,
+            )
+    return turns if out is None else tuple(out)
