@@ -113,3 +113,24 @@ async def test_cancelling_prepare_at_each_await_point_frees_its_slot(phase: str)
         # The slot is free again: an immediate preparation is admitted.
         prepared = await manager.prepare_nowait(ContextPrepareRequest(context_id="c", turn_id="t1"))
         assert prepared.items[1] == {"role": "user", "content": "hi"}
+
+
+async def test_a_prepare_cancelled_at_its_first_checkpoint_takes_no_slot() -> None:
+    """The free-slot path passes one checkpoint before it takes the slot: a requester
+    already cancelled when it calls prepare (or prepare_nowait's caller resuming later)
+    is cancelled there, holding nothing; nothing is counted or rendered."""
+    async with Foundation(max_pending_preparations=1) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("hi"),)))
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
+        assert scope.cancelled_caught
+        stats = manager.statistics().preparations
+        assert (stats.pending, stats.waiting_for_slot) == (0, 0)
+        assert (stats.prepared_total, stats.discarded_total, stats.failed_total) == (0, 0, 0)
+        queue = manager._life.check_bound().queue
+        assert queue._slots.free == 1
+        # The slot is free: an immediate preparation is admitted.
+        prepared = await manager.prepare_nowait(ContextPrepareRequest(context_id="c", turn_id="t1"))
+        assert prepared.items == ({"role": "user", "content": "hi"},)
