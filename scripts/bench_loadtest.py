@@ -168,7 +168,8 @@ def main() -> None:
     clock.install()
     print(
         f"{'backend':<8}{'sessions':>9}{'collector':>10}{'ours/s':>8}{'naive/s':>8}{'ratio':>7}"
-        f"{'cpu/prep':>9}{'render':>8}{'ratio':>7}{'goal':>9}{'naive cpu':>10}{'lag p99':>8}{'ctl p99':>8}"
+        f"{'cpu/prep':>9}{'render':>8}{'ratio':>7}{'goal':>9}{'naive cpu':>10}"
+        f"{'lag p99':>8}{'ctl p99':>8}"
         f"{'lag max':>8}{'ctl max':>8}{'full':>5}{'steady':>7}{'full cpu':>9}{'steps':>6}"
         f"{'step cpu':>9}"
     )
