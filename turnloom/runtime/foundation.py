@@ -182,6 +182,10 @@ class Foundation:
     def limiter(self) -> anyio.CapacityLimiter:
         """The limiter every worker thread of this Foundation goes through.
 
+        Renders do not: they go to the Foundation's one render thread, bounded
+        by the pending queue; its ``total_tokens`` at the open is the inline
+        gate's ``worker_threads``.
+
         Raises:
             StateError: the Foundation was never opened.
         """
