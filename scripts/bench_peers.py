@@ -13,7 +13,11 @@ round-robin so load from elsewhere on the machine affects them alike:
    (turnloom: ``manager.request_bytes``, which keeps the closed turns' body
    encoded; peers: a msgspec encode of the whole body), beside LiveKit's
    conversion to the same provider plus the same encode. The last column is
-   turnloom's 10,000/100 ratio (the goal is at most 2x).
+   turnloom's 10,000/100 ratio.
+
+Goals (issue 32), printed beside each measured ratio: prepare at 100 items at
+least 1.0x LiveKit's conversion while keeping at least 100x at 10,000 items;
+time to bytes 10,000/100 at most 1.3x on every gateway.
 
 The turns are those of ``scripts/bench_prepare.py`` (a user message, a tool
 call, its result and an answer). LiveKit and LangChain are the ``bench``
@@ -52,6 +56,9 @@ from turnloom.context.history import HistoryLimits
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
 
 _encode = msgspec.json.Encoder().encode
+# Issue 32: LiveKit/turnloom at each size (None: no goal), and time to bytes 10k/100.
+_PEER_GOALS: dict[int, float] = {100: 1.0, 10_000: 100.0}
+_BYTES_GOAL = 1.3
 _LIVEKIT_FORMAT = {
     GatewayType.openai_chat: "openai",
     GatewayType.openai_responses: "openai.responses",
@@ -228,7 +235,8 @@ def main() -> None:
     medians, items = anyio.run(measure, args.rounds, backend=args.backend)
     print("prepare (median microseconds; ratio = peer / turnloom)")
     print(
-        f"{'items':>7} {'turnloom':>10} {'livekit':>10} {'ratio':>7} {'langchain':>10} {'ratio':>7}"
+        f"{'items':>7} {'turnloom':>10} {'livekit':>10} {'ratio':>7} {'goal':>12} "
+        f"{'langchain':>10} {'ratio':>7}"
     )
     for size in SIZES:
         ours, lk, lc = (
@@ -236,9 +244,13 @@ def main() -> None:
             medians["livekit", size],
             medians["langchain", size],
         )
+        goal = _PEER_GOALS.get(size)
+        verdict = (
+            f">={goal:g}x {'met' if lk / ours >= goal else 'MISSED'}" if goal is not None else ""
+        )
         print(
-            f"{size:>7} {_us(ours)} {_us(lk)} {lk / ours:6.2f}x {_us(lc)} {lc / ours:6.2f}x"
-            f"   (turnloom history: {items[size]} items)"
+            f"{size:>7} {_us(ours)} {_us(lk)} {lk / ours:6.2f}x {verdict:>12} "
+            f"{_us(lc)} {lc / ours:6.2f}x   (turnloom history: {items[size]} items)"
         )
     top, base = SIZES[-1], SIZES[0]
     print(
@@ -249,7 +261,7 @@ def main() -> None:
     print(
         f"{'gateway':<17}"
         + "".join(f"{f'{s} ours':>12}{f'{s} lk':>11}" for s in SIZES)
-        + "  ours 10k/100"
+        + f"  ours 10k/100  goal <={_BYTES_GOAL:g}x"
     )
     for gateway in GatewayType:
         row = f"{gateway.value:<17}"
@@ -259,7 +271,7 @@ def main() -> None:
         ratio = (
             medians[f"turnloom bytes {gateway}", top] / medians[f"turnloom bytes {gateway}", base]
         )
-        print(row + f"  {ratio:11.2f}x")
+        print(row + f"  {ratio:11.2f}x  {'met' if ratio <= _BYTES_GOAL else 'MISSED'}")
 
 
 if __name__ == "__main__":

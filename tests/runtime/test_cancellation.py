@@ -15,7 +15,7 @@ from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
 
 pytestmark = pytest.mark.anyio
 
-PHASES = ("slot", "commit", "thread", "render")
+PHASES = ("slot", "commit", "queued", "render")
 
 
 async def _wait_until(predicate: object) -> None:
@@ -26,10 +26,11 @@ async def _wait_until(predicate: object) -> None:
 
 @pytest.mark.parametrize("phase", PHASES)
 async def test_cancelling_prepare_at_each_await_point_frees_its_slot(phase: str) -> None:
-    """Cancelled at {slot wait, commit wait, worker-token wait, render}: nothing leaks."""
+    """Cancelled at {slot wait, commit wait, queued in the render thread behind another
+    render, render}: nothing leaks. (queued and render wait on the render's Signal.)"""
     gateway = BlockingGateway()
     async with Foundation(
-        gateway=gateway, max_pending_preparations=1, worker_threads=1
+        gateway=gateway, max_pending_preparations=1 if phase != "queued" else 2, worker_threads=1
     ) as foundation:
         manager = foundation.manager
         manager.accept_turn(
@@ -39,7 +40,6 @@ async def test_cancelling_prepare_at_each_await_point_frees_its_slot(phase: str)
         before = (manager.history("c").turn_ids, manager.history("c").turn_messages("t1"))
         target = "t2" if phase in ("slot", "commit") else "t1"
         blocker_done: list[object] = []
-        token = object()
 
         async with anyio.create_task_group() as tg:
             if phase == "slot":
@@ -51,8 +51,16 @@ async def test_cancelling_prepare_at_each_await_point_frees_its_slot(phase: str)
 
                 tg.start_soon(blocker)
                 await anyio.wait_all_tasks_blocked()
-            elif phase == "thread":
-                await foundation.limiter.acquire_on_behalf_of(token)
+            elif phase == "queued":
+                # Another context's render holds the thread; this one queues behind it.
+                manager.accept_turn(TurnSnapshot(context_id="h", turn_id="t1", input=(user("x"),)))
+                gateway.hold = True
+                tg.start_soon(
+                    manager.prepare,
+                    ContextPrepareRequest(context_id="h", turn_id="t1", loop_budget=1),
+                )
+                await anyio.to_thread.run_sync(gateway.entered.wait, 10)
+                gateway.hold = False
             elif phase == "render":
                 gateway.hold = True
 
@@ -72,7 +80,14 @@ async def test_cancelling_prepare_at_each_await_point_frees_its_slot(phase: str)
             assert scope.cancelled_caught
 
             stats = manager.statistics()
-            if phase == "render":
+            if phase == "queued":
+                # Settled at once (the thread skips it); the held render is still owned.
+                assert (stats.preparations.pending, stats.preparations.discarded_total) == (1, 1)
+                gateway.release.set()
+                await _wait_until(lambda: manager.statistics().preparations.pending == 0)
+                # Only the holder's preparation was delivered.
+                assert manager.statistics().preparations.prepared_total == 1
+            elif phase == "render":
                 # Still owned by the manager: the thread finishes first.
                 assert stats.preparations.pending == 1
                 gateway.hold = False
@@ -87,16 +102,35 @@ async def test_cancelling_prepare_at_each_await_point_frees_its_slot(phase: str)
                 # The preparation settles as soon as it is scheduled again.
                 await anyio.wait_all_tasks_blocked()
                 assert manager.statistics().preparations.pending == 0
-            if phase == "thread":
-                foundation.limiter.release_on_behalf_of(token)
 
         stats = manager.statistics()
         assert (stats.preparations.pending, stats.preparations.waiting_for_slot) == (0, 0)
         assert stats.preparations.discarded_total == (0 if phase == "slot" else 1)
         assert manager._life.check_bound().queue._waiters == {}
-        assert foundation.limiter.borrowed_tokens == 0
+        assert manager._life.check_bound()._rendering == 0
         history = manager.history("c")
         assert (history.turn_ids[:1], history.turn_messages("t1")) == (before[0], before[1])
         # The slot is free again: an immediate preparation is admitted.
         prepared = await manager.prepare_nowait(ContextPrepareRequest(context_id="c", turn_id="t1"))
         assert prepared.items[1] == {"role": "user", "content": "hi"}
+
+
+async def test_a_prepare_cancelled_at_its_first_checkpoint_takes_no_slot() -> None:
+    """The free-slot path passes one checkpoint before it takes the slot: a requester
+    already cancelled when it calls prepare (or prepare_nowait's caller resuming later)
+    is cancelled there, holding nothing; nothing is counted or rendered."""
+    async with Foundation(max_pending_preparations=1) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("hi"),)))
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
+        assert scope.cancelled_caught
+        stats = manager.statistics().preparations
+        assert (stats.pending, stats.waiting_for_slot) == (0, 0)
+        assert (stats.prepared_total, stats.discarded_total, stats.failed_total) == (0, 0, 0)
+        queue = manager._life.check_bound().queue
+        assert queue._slots.free == 1
+        # The slot is free: an immediate preparation is admitted.
+        prepared = await manager.prepare_nowait(ContextPrepareRequest(context_id="c", turn_id="t1"))
+        assert prepared.items == ({"role": "user", "content": "hi"},)

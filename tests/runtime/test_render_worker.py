@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from tests.runtime.helpers import BlockingGateway, user
-from turnloom.context import Message, NativeContent, ToolCallPart
+from turnloom.context import LastNTurns, Message, NativeContent, ToolCallPart
 from turnloom.errors import ProviderRuleError
 from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext, TurnSnapshot
 from turnloom.runtime._preparing import Preparer
@@ -132,7 +132,8 @@ async def test_renders_queued_while_the_thread_works_come_back_as_one_batch() ->
 
 async def test_a_render_that_raises_fails_its_preparation_and_the_thread_keeps_serving() -> None:
     """The requester gets the render's typed error; the batch's other renders and every
-    later one are delivered by the same thread; the slot and token are freed."""
+    later one are delivered by the same thread; the slot is freed and no render is
+    left counted in the thread."""
     gateway = _WorkerSideGateway()
     gateway.refuse = {_pair_id("bad")}
     outcomes: dict[str, object] = {}
@@ -163,13 +164,13 @@ async def test_a_render_that_raises_fails_its_preparation_and_the_thread_keeps_s
         assert _render_threads() == thread  # the same thread served it
         stats = manager.statistics()
         assert (stats.preparations.failed_total, stats.preparations.prepared_total) == (1, 3)
-        assert (stats.preparations.pending, foundation.limiter.borrowed_tokens) == (0, 0)
+        assert (stats.preparations.pending, _preparer(foundation)._rendering) == (0, 0)
         assert worker.jobs == 4
 
 
 async def test_a_requester_that_leaves_while_queued_behind_a_render_renders_nothing() -> None:
     """Cancelled while its render waits in the worker's queue: it settles at once
-    (discarded, slot and token freed) and the thread skips it."""
+    (discarded, slot freed) and the thread skips it."""
     gateway = _WorkerSideGateway()
     async with Foundation(gateway=gateway, max_pending_preparations=4) as foundation:
         manager = foundation.manager
@@ -185,7 +186,7 @@ async def test_a_requester_that_leaves_while_queued_behind_a_render_renders_noth
                 async def cancel_when_parked() -> None:
                     await anyio.wait_all_tasks_blocked()
                     stats = manager.statistics().preparations
-                    assert (stats.pending, foundation.limiter.borrowed_tokens) == (2, 2)
+                    assert (stats.pending, _preparer(foundation)._rendering) == (2, 2)
                     scope.cancel()
 
                 group.start_soon(cancel_when_parked)
@@ -193,12 +194,13 @@ async def test_a_requester_that_leaves_while_queued_behind_a_render_renders_noth
             assert scope.cancelled_caught
             stats = manager.statistics().preparations
             assert (stats.pending, stats.discarded_total) == (1, 1)
-            assert foundation.limiter.borrowed_tokens == 1
+            # Its job stays in the thread's queue (skipped there) until its batch is back.
+            assert _preparer(foundation)._rendering == 2
             gateway.release.set()
         worker = _preparer(foundation).worker
         stats = manager.statistics().preparations
         assert (stats.pending, stats.prepared_total, stats.discarded_total) == (0, 1, 1)
-        assert foundation.limiter.borrowed_tokens == 0
+        assert _preparer(foundation)._rendering == 0
     # Joined by the close: every batch came back (the skipped job's, empty, may
     # come back after the held render's requester resumed).
     assert (worker.batches, worker.jobs) == (2, 2)
@@ -242,4 +244,60 @@ async def test_close_lets_the_worker_finish_its_batch_then_joins_it() -> None:
         assert gateway.worker_calls == [_pair_id("held"), _pair_id("queued")]
         stats = manager.statistics().preparations
         assert (stats.pending, stats.failed_total) == (0, 2)
-        assert foundation.limiter.borrowed_tokens == 0
+        assert _preparer(foundation)._rendering == 0
+
+
+class _HoldInThread:
+    """A token counter that, while ``hold`` is set, blocks the render thread (never the loop)."""
+
+    def __init__(self) -> None:
+        self.loop = threading.get_ident()
+        self.hold = False
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def count(self, messages: object) -> int:
+        if self.hold and threading.get_ident() != self.loop:
+            self.entered.set()
+            self.release.wait(10)
+        return 1
+
+
+@pytest.mark.parametrize("worker_threads", [1, 2])
+async def test_the_inline_gate_counts_the_renders_in_the_thread(worker_threads: int) -> None:
+    """A small prepare of a built-in gateway renders inline only while fewer than
+    ``worker_threads`` renders are in the render thread (else it queues there);
+    the count of renders in the thread is exact at each step and 0 after."""
+    counter = _HoldInThread()
+    async with Foundation(
+        token_counter=counter, worker_threads=worker_threads, max_pending_preparations=4
+    ) as foundation:
+        manager = foundation.manager
+        preparer = _preparer(foundation)
+        worker = preparer.worker
+        for context_id in ("a", "b", "c"):
+            manager.accept_turn(_turn(context_id))
+        # Fill the thread: a scoped prepare never renders inline.
+        counter.hold = True
+        async with anyio.create_task_group() as group:
+            group.start_soon(
+                manager.prepare,
+                ContextPrepareRequest(
+                    context_id="a", turn_id="t1", loop_budget=1, scope=LastNTurns(1)
+                ),
+            )
+            await anyio.to_thread.run_sync(counter.entered.wait, 10)
+            assert preparer._rendering == 1
+            # One more small prepare: inline when 1 < worker_threads, else queued.
+            group.start_soon(manager.prepare, _request("b"))
+            await anyio.wait_all_tasks_blocked()
+            if worker_threads == 1:
+                assert preparer._rendering == 2  # "b" waits in the thread's queue
+            else:
+                assert preparer._rendering == 1  # "b" rendered inline, on the loop
+                assert manager.statistics().preparations.prepared_total == 1
+            counter.hold = False
+            counter.release.set()
+        assert preparer._rendering == 0
+        assert worker.jobs == (2 if worker_threads == 1 else 1)
+        assert manager.statistics().preparations.prepared_total == 2

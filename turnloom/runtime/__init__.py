@@ -1,7 +1,8 @@
 """The async runtime: Foundation, ContextManager, bounded preparations.
 
 Everything here runs on one event loop through anyio (asyncio or trio); CPU
-work goes to worker threads through the Foundation's limiter.
+work goes to worker threads: renders to the Foundation's render thread, other
+work through its limiter.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ each admitted preparation, in its requester's task (see
 state are captured once, when the turn is committed; an assembly strategy
 runs on the event loop, once per turn, in the preparation's cancel scope; the
 render runs in the Foundation's render thread (:mod:`turnloom.runtime._worker`,
-one per Foundation, fed in batches) holding a token of the Foundation's
-limiter, and is never abandoned mid-render: a requester that leaves meanwhile
+one per Foundation, fed in batches; the bounded pending queue bounds what it
+holds), its requester waiting on one bare :class:`~turnloom.runtime._wakeup.
+Signal`, and is never abandoned mid-render: a requester that leaves meanwhile
 leaves the preparation to the thread, which settles it when its batch comes
 back to the loop. What delivering a result changes is deferred to
 ``Preparation.deliver``, which the queue runs only when the requester resumes
@@ -44,6 +45,7 @@ from turnloom.runtime._door import ManagerOptions, check_request
 from turnloom.runtime._durable import Durability
 from turnloom.runtime._queue import Preparation, PreparationQueue
 from turnloom.runtime._render import DeliveredPrefix, Rendered, render_preparation
+from turnloom.runtime._wakeup import Signal
 from turnloom.runtime._worker import RenderWorker
 from turnloom.runtime.assembly import AssembledContext, AssemblyStrategy, assembly_query
 from turnloom.runtime.errors import FoundationClosedError
@@ -89,8 +91,8 @@ _RenderArgs = tuple[
 ]
 """The arguments of :func:`render_preparation` for a worker thread's render."""
 
-_RenderJob = tuple["Preparation", _RenderArgs, anyio.Event, "tracing.PrepareTrace | None"]
-"""A render handed to the worker: the preparation, its arguments, the event its
+_RenderJob = tuple["Preparation", _RenderArgs, Signal, "tracing.PrepareTrace | None"]
+"""A render handed to the worker: the preparation, its arguments, the signal its
 requester awaits, and the prepare's span."""
 
 # ``Preparation.thread``: where its render stands between the loop and the
@@ -106,8 +108,9 @@ _ABANDONED = 4  # the requester left while the thread rendered: the batch settle
 class Preparer:
     """Runs admitted preparations for one bound manager.
 
-    ``queue`` is the manager's bounded pending queue and ``limiter`` the
-    Foundation's worker-thread limiter.
+    ``queue`` is the manager's bounded pending queue (which bounds the renders
+    handed to the render thread) and ``limiter`` the Foundation's
+    worker-thread limiter (for work other than renders; ``worker_threads``).
 
     ``closing`` is set by the manager when its Foundation begins closing: a
     preparation still waiting for its turn then fails with
@@ -124,6 +127,8 @@ class Preparer:
         "_issued",
         "_options",
         "_refused",
+        "_render_bound",
+        "_rendering",
         "_table",
         "closing",
         "limiter",
@@ -156,10 +161,11 @@ class Preparer:
         # The last request prepare_nowait checked and then refused for a full
         # queue, when nothing in it can change (see prepare); None once used.
         self._refused: ContextPrepareRequest | None = None
-        # A render holds a token of ``limiter`` on behalf of its preparation,
-        # from before it is handed to the worker until the preparation
-        # settles, so a render whose requester left keeps it until it comes
-        # back: at most ``limiter.total_tokens`` renders are in the worker.
+        # Renders handed to the worker whose batch has not come back (at most
+        # the queue's capacity: each holds its preparation's slot).
+        self._rendering = 0
+        # ``worker_threads``: with this many renders in the thread, one more renders there too.
+        self._render_bound = limiter.total_tokens
         self.worker = RenderWorker()
         self._handoff = threading.Lock()  # guards each Preparation.thread leaving _QUEUED
 
@@ -242,30 +248,21 @@ class Preparer:
         # No collection while a model call of the context is in flight.
         run_pass = state.in_flight is None
         queued = anyio.current_time() - preparation.requested_at
-        limiter = self.limiter
-        try:
-            limiter.acquire_on_behalf_of_nowait(preparation)
-        except anyio.WouldBlock:
-            await limiter.acquire_on_behalf_of(preparation)
         preparation.areas = areas
-        try:
-            await self._render(
-                preparation,
-                (
-                    options,
-                    view,
-                    request,
-                    self._behavior_rules(request),
-                    last,
-                    queued,
-                    areas,
-                    run_pass,
-                    assembled,
-                ),
-            )
-        finally:
-            if not preparation.abandoned:
-                limiter.release_on_behalf_of(preparation)
+        await self._render(
+            preparation,
+            (
+                options,
+                view,
+                request,
+                self._behavior_rules(request),
+                last,
+                queued,
+                areas,
+                run_pass,
+                assembled,
+            ),
+        )
         prepared, delivered, section = self._rendered(preparation)
         if preparation.closed:
             return  # the close came while the thread ran: the result is discarded
@@ -292,13 +289,15 @@ class Preparer:
         is counted here. The cancellation propagates in each case.
         """
         preparation.rendering = True
-        finished = anyio.Event()
+        worker = self.worker
+        finished = worker.hooks().signal()
         try:
-            self.worker.submit(
+            worker.submit(
                 self._render_in_thread,
                 self._render_returned,
                 (preparation, args, finished, tracing.current_prepare()),
             )
+            self._rendering += 1
             await finished.wait()
         except BaseException:
             with self._handoff:
@@ -335,6 +334,7 @@ class Preparer:
     def _render_returned(self, job: _RenderJob, outcome: Rendered | BaseException | None) -> None:
         """On the loop, with the worker's batch: wake the requester, or settle an abandoned one."""
         preparation, _, finished, _ = job
+        self._rendering -= 1
         if preparation.thread == _GONE:
             return  # rendered nothing; its requester settled it when it left
         # Only the loop moves a preparation on from _RUNNING: no lock needed here.
@@ -352,7 +352,6 @@ class Preparer:
             with contextlib.suppress(Exception):  # its requester is gone
                 self._rendered(preparation)
         finally:
-            self.limiter.release_on_behalf_of(preparation)
             self.queue.settle(preparation)
 
     def _rendered(self, preparation: Preparation) -> Rendered:
@@ -385,8 +384,9 @@ class Preparer:
         Runs only when nothing in it can wait or grows with the history: the
         turn is committed, there is no assembly strategy, scope or area
         section, the gateway is a built-in one (its render is pure and
-        cheap), a worker thread is free (else the preparation would wait for
-        one), inline renders took less than :data:`INLINE_SHARE` of the
+        cheap), fewer than ``worker_threads`` (the limiter's tokens when bound)
+        renders are in the render thread (else it renders there, behind
+        them), inline renders took less than :data:`INLINE_SHARE` of the
         loop's time in the current window, and the render's work is at most
         :data:`INLINE_MAX_ITEMS` items' worth (checked by the render before
         it does more). It then does what :meth:`run` does, with the render
@@ -403,7 +403,7 @@ class Preparer:
             or options.strategy is not None
             or request.scope is not None
             or type(options.gateway) not in _INLINE_GATEWAYS
-            or self.limiter.available_tokens < 1
+            or self._rendering >= self._render_bound
         ):
             return None
         began = time.perf_counter()

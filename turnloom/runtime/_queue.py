@@ -5,10 +5,10 @@ from :meth:`PreparationQueue.admit` until it is *settled* (delivered, failed
 or discarded), and holds its slot until then. It runs in its requester's
 task, in a cancel scope of its own that the close cancels: no task, event or
 handoff per preparation. A requester cancelled while its preparation waits
-(for its turn, its assembly, a worker thread) settles it as discarded on the
-spot. One cancelled while its render runs in a worker thread returns at
-once, but the preparation stays owned, its slot and worker token held, until
-the thread returns and settles it on the event loop (see
+(for its turn, its assembly, its render queued in the render thread, which
+then skips it) settles it as discarded on the spot. One cancelled while its
+render runs in the render thread returns at once, but the preparation stays
+owned, its slot held, until the thread returns and settles it on the event loop (see
 :meth:`PreparationQueue.settle`): a thread that is rendering is never
 abandoned. A result counts as delivered only when its requester resumes with
 it: a requester cancelled after the render finished but before it resumed (a

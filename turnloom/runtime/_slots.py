@@ -81,9 +81,11 @@ class FairSlots:
             A cancelled call holds no slot: one granted to it in the meantime
             is handed to the next waiter.
         """
-        await anyio.lowlevel.checkpoint_if_cancelled()
+        # One checkpoint (cheaper than a cancellation check plus a shielded
+        # one): a call cancelled in it holds no slot; past it, it cannot be
+        # cancelled before it returns with the slot taken.
+        await anyio.lowlevel.checkpoint()
         if self.try_acquire(tenant):
-            await anyio.lowlevel.cancel_shielded_checkpoint()
             return False
         waiter = _Waiter(tenant, next(self._order))
         self._queues.setdefault(tenant, deque()).append(waiter)

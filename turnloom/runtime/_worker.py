@@ -5,17 +5,19 @@ one wake-up of the event loop per call: 50-150 us of CPU on the machines this
 was measured on (``scripts/bench_floors.py``), as much as a render. A
 :class:`RenderWorker` pays them once per *batch*: the event loop appends a
 job to a deque and wakes the thread only when it sleeps; the thread takes
-every job queued, runs each, and hands the whole batch back with one call of
-``anyio.from_thread.run_sync`` (one wake-up of the loop, on asyncio and on
-trio alike). Jobs queued while it works form the next batch.
+every job queued, runs each, and hands the whole batch back with one
+thread-safe "call soon" of the loop (:mod:`turnloom.runtime._wakeup`: one
+wake-up of the loop, on asyncio and on trio alike; the thread does not wait
+for it and goes on with the jobs queued meanwhile, the next batch).
 
 The worker knows nothing of preparations: a job is a function to run in the
 thread and one to run on the loop with what it returned. Who queues jobs
-bounds them (the pending-preparation queue and the Foundation's limiter do).
+bounds them (the bounded pending-preparation queue does).
 
 Lifecycle: the thread starts with the first job and runs until
-:meth:`RenderWorker.aclose`, which lets it finish every job queued, hand
-their results back, and joins it: no thread outlives the Foundation.
+:meth:`RenderWorker.aclose`, which lets it finish every job queued, joins it,
+and returns once their results were handed back: no thread outlives the
+Foundation.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
-import anyio.from_thread
-import anyio.lowlevel
 import anyio.to_thread
+
+from turnloom.runtime._wakeup import LoopHooks, Signal, loop_hooks
 
 _log = logging.getLogger("turnloom.runtime.worker")
 
@@ -44,8 +46,8 @@ it raised."""
 class RenderWorker:
     """A persistent thread that runs jobs in batches, one event-loop wake-up per batch.
 
-    Made on the event loop that will receive the results (its token is read
-    at the first :meth:`submit`). ``name`` names the thread.
+    Made on the event loop that will receive the results (its hooks are read
+    at the first :meth:`submit` or :meth:`signal`). ``name`` names the thread.
 
     ``batches`` and ``jobs`` count what the thread handed back (read on the
     loop: they change only there).
@@ -53,13 +55,15 @@ class RenderWorker:
 
     __slots__ = (
         "_closed",
+        "_drained",
+        "_hooks",
         "_jobs",
         "_lock",
         "_name",
+        "_posted",
         "_sleeping",
         "_stopping",
         "_thread",
-        "_token",
         "_wake",
         "batches",
         "jobs",
@@ -74,7 +78,9 @@ class RenderWorker:
         self._stopping = False
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._token: anyio.lowlevel.EventLoopToken | None = None
+        self._hooks: LoopHooks | None = None
+        self._posted = 0  # batches the thread handed to the loop (read after the join)
+        self._drained: Signal | None = None  # set when the last posted batch came back
         self.batches = 0
         self.jobs = 0
 
@@ -84,6 +90,13 @@ class RenderWorker:
         thread = self._thread
         return thread is not None and thread.is_alive()
 
+    def hooks(self) -> LoopHooks:
+        """The primitives of the loop this worker serves (read once, on the loop)."""
+        hooks = self._hooks
+        if hooks is None:
+            hooks = self._hooks = loop_hooks()
+        return hooks
+
     def submit(
         self, work: Callable[[Any], Any], done: Callable[[Any, Any], None], item: Any
     ) -> None:
@@ -91,7 +104,7 @@ class RenderWorker:
 
         ``done`` receives what ``work`` returned, or the ``BaseException`` it
         raised (the thread keeps serving); it runs on the event loop, in
-        batch order, once per job, and must not raise (an exception it
+        submission order, once per job, and must not raise (an exception it
         raises is logged on ``turnloom.runtime.worker``, the batch's other
         jobs are still handed back and the thread keeps serving). Called on
         the event loop only.
@@ -103,7 +116,7 @@ class RenderWorker:
         if self._closed:
             raise RuntimeError("The render worker is closed.")
         if self._thread is None:
-            self._token = anyio.lowlevel.current_token()
+            self.hooks()
             self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
             self._thread.start()
         with self._lock:
@@ -114,7 +127,9 @@ class RenderWorker:
 
     def _serve(self) -> None:
         """The thread: take every queued job, run them, hand them back in one call."""
-        token = self._token
+        hooks = self._hooks
+        assert hooks is not None
+        call_soon, gone = hooks.call_soon, hooks.gone
         jobs = self._jobs
         while True:
             with self._lock:
@@ -134,33 +149,32 @@ class RenderWorker:
                 results.append((done, item, result))
             del batch
             try:
-                anyio.from_thread.run_sync(self._hand_back, results, token=token)
-            except anyio.RunFinishedError:
+                call_soon(self._hand_back, results)
+            except gone:
                 return  # the event loop is gone: nobody is left to receive results
-            except Exception:
-                _log.exception("A render job's completion raised; the worker keeps serving.")
+            self._posted += 1
             del results
 
     def _hand_back(self, results: list[tuple[Callable[[Any, Any], None], Any, Any]]) -> None:
-        """On the loop: deliver one batch."""
+        """On the loop: deliver one batch; never raises (a raising ``done`` is logged)."""
         self.batches += 1
         self.jobs += len(results)
-        failed: Exception | None = None
         for done, item, result in results:
             try:
                 done(item, result)
-            except Exception as exc:  # every other job of the batch is still handed back
-                failed = failed or exc
-        if failed is not None:
-            raise failed
+            except Exception:  # every other job of the batch is still handed back
+                _log.exception("A render job's completion raised; the worker keeps serving.")
+        drained = self._drained
+        if drained is not None and self.batches == self._posted:
+            drained.set()
 
     async def aclose(self) -> None:
         """Let the thread finish every queued job and hand it back, then join it; idempotent.
 
         Call it once nothing will be submitted again (after the pending
         queue settled). The thread ends after the batch it runs and any jobs
-        queued before this call; their results are handed back first (this
-        call waits on the loop meanwhile, so that they can be).
+        queued before this call; this call returns once their results were
+        handed back (it waits on the loop meanwhile, so that they can be).
 
         Cancellation:
             Not cancellable: it shields itself, so the thread is joined
@@ -177,6 +191,10 @@ class RenderWorker:
                 self._sleeping = False
                 self._wake.notify()
         with anyio.CancelScope(shield=True):
-            # The join waits in a helper thread: the worker may still need the
-            # loop to hand back its last batch.
+            # The join waits in a helper thread, the loop free meanwhile to
+            # receive the batches the thread hands back.
             await anyio.to_thread.run_sync(thread.join)
+            # Joined: ``_posted`` is final. Wait for the batches still on their way.
+            if self.batches < self._posted:
+                self._drained = self.hooks().signal()
+                await self._drained.wait()

@@ -71,10 +71,12 @@ class Foundation:
             configuration file), not yet bound to a Foundation; the Foundation
             owns it from then on. None (default): built from the keyword
             arguments below.
-        worker_threads: the most renders handed to the render thread at once
-            (a batch holds at most this many), and the most worker threads
-            of other work (store I/O, the bridge's token counts) at once
-            (default 4).
+        worker_threads: the most worker threads of work other than renders
+            (store I/O, the bridge's token counts) at once, and how many
+            renders may be in the render thread while a small prepare still
+            renders inline (default 4). Renders go to the Foundation's one
+            render thread, which holds at most ``max_pending_preparations``
+            (each holds its preparation's slot).
         close_grace_period: seconds :meth:`aclose` lets pending preparations
             settle before cancelling them (default 5.0; ``math.inf`` waits).
         collector: the collector policy (default ``CollectorPolicy()``): while
@@ -179,6 +181,10 @@ class Foundation:
     @property
     def limiter(self) -> anyio.CapacityLimiter:
         """The limiter every worker thread of this Foundation goes through.
+
+        Renders do not: they go to the Foundation's one render thread, bounded
+        by the pending queue; its ``total_tokens`` at the open is the inline
+        gate's ``worker_threads``.
 
         Raises:
             StateError: the Foundation was never opened.

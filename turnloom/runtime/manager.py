@@ -409,10 +409,11 @@ class ContextManager:
         turn's assembly (with a strategy, the turn's first prepare per tenant
         and ``auto_hydrate`` awaits it on the event loop, memory I/O included,
         in this preparation's cancel scope; the others reuse its result), and
-        for a worker thread, where it renders. A preparation whose turn is
+        for its render in the Foundation's render thread. A preparation whose turn is
         committed, without a strategy, scope or area section, for a built-in
         gateway and a context holding at most 512 messages, renders inline on
-        the event loop instead when a worker thread is free (a bounded step
+        the event loop instead while fewer than ``worker_threads`` renders are
+        in the render thread and inline renders use under a quarter of the loop (a bounded step
         costing less than the thread handoff; same result, same counters); it
         holds its slot until its requester resumes. The request is validated
         and its contributions copied at the call; the history and the
@@ -470,7 +471,8 @@ class ContextManager:
             Cancelled while waiting for a slot: nothing was admitted. Cancelled
             later: the preparation is cancelled if it still waits for its turn,
             its assembly (the strategy's memory I/O; the next prepare of the
-            turn assembles again) or a thread, or, if it is rendering, the
+            turn assembles again) or queued in the render thread behind other
+            renders (it then renders nothing), or, if it is rendering, the
             call returns at once, the thread finishes and the result is
             discarded; the slot is freed when it settles (an inline render
             never waits, so it cannot be cancelled midway). Cancelled after

@@ -1,0 +1,130 @@
+"""The two event-loop primitives of the render handoff, bare, behind one small abstraction.
+
+A preparation handed to the render thread waits for one wake-up, and the
+thread hands each batch back with one call onto the loop. anyio's portable
+forms of both cost more than the work they carry at small histories
+(``scripts/bench_floors.py``): an ``anyio.Event`` is a backend event plus a
+wrapper, each wait a parking lot or a deque of futures; ``anyio.from_thread.
+run_sync`` blocks the thread until the loop ran the call. So, per backend:
+
+* :class:`Signal`: one task waits, once, for one :meth:`Signal.set`. On
+  asyncio a bare future of the running loop; on trio the task is parked
+  with ``wait_task_rescheduled`` and rescheduled by :meth:`Signal.set`.
+* :func:`loop_hooks`: the running loop's thread-safe "call this soon" (asyncio's
+  ``call_soon_threadsafe``, trio's ``TrioToken.run_sync_soon``), which does not
+  wait for the call, and the exceptions it raises once the loop is gone.
+
+Event-loop only, except the returned ``call_soon``, which any thread may call.
+"""
+
+from __future__ import annotations
+
+__all__ = ("LoopHooks", "Signal", "loop_hooks")
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import sniffio
+
+_trio: Any = None  # the trio module, imported by the first loop_hooks() on trio
+
+
+class Signal(Protocol):
+    """One task waits, once, until :meth:`set` is called (on the loop).
+
+    ``set`` before ``wait`` makes ``wait`` return at once; ``set`` after the
+    waiter was cancelled does nothing. Not reusable, one waiter only.
+    """
+
+    def set(self) -> None:
+        """Wake the waiter (idempotent; never raises; loop thread only)."""
+
+    async def wait(self) -> None:
+        """Wait for :meth:`set`.
+
+        Cancellation: cancellable while it waits (the signal is then spent:
+        a later ``set`` is a no-op).
+        """
+
+
+class _FutureSignal:
+    """asyncio: a bare future of the running loop."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self) -> None:
+        self._future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def set(self) -> None:
+        future = self._future
+        if not future.done():  # a cancelled waiter cancelled it
+            future.set_result(None)
+
+    async def wait(self) -> None:
+        await self._future
+
+
+class _TrioSignal:
+    """trio: the waiting task parked by ``wait_task_rescheduled``."""
+
+    __slots__ = ("_is_set", "_task")
+
+    def __init__(self) -> None:
+        self._task: Any = None  # the parked task, while it waits
+        self._is_set = False
+
+    def set(self) -> None:
+        self._is_set = True
+        task, self._task = self._task, None
+        if task is not None:
+            _trio.lowlevel.reschedule(task)
+
+    def _abort(self, _: object) -> Any:
+        self._task = None  # cancelled: a later set() finds nobody to wake
+        return _trio.lowlevel.Abort.SUCCEEDED
+
+    async def wait(self) -> None:
+        if self._is_set:
+            return
+        self._task = _trio.lowlevel.current_task()
+        await _trio.lowlevel.wait_task_rescheduled(self._abort)
+
+
+class LoopHooks:
+    """The running loop's primitives: ``signal()`` makes a :class:`Signal`;
+    ``call_soon(fn, arg)`` runs ``fn(arg)`` on the loop, from any thread,
+    without waiting; it raises one of ``gone`` once the loop has finished."""
+
+    __slots__ = ("call_soon", "gone", "signal")
+
+    def __init__(
+        self,
+        signal: Callable[[], Signal],
+        call_soon: Callable[[Callable[[Any], object], Any], object],
+        gone: tuple[type[BaseException], ...],
+    ) -> None:
+        self.signal = signal
+        self.call_soon = call_soon
+        self.gone = gone
+
+
+def loop_hooks() -> LoopHooks:
+    """The hooks of the event loop running this call (asyncio or trio).
+
+    Raises:
+        RuntimeError: no supported event loop runs in this thread.
+    """
+    library = sniffio.current_async_library()
+    if library == "trio":
+        global _trio
+        import trio
+
+        _trio = trio
+        token = trio.lowlevel.current_trio_token()
+        return LoopHooks(_TrioSignal, token.run_sync_soon, (trio.RunFinishedError,))
+    if library != "asyncio":
+        raise RuntimeError(f"Unsupported event loop {library!r}: asyncio or trio.")
+    loop = asyncio.get_running_loop()
+    # call_soon_threadsafe raises RuntimeError once the loop is closed.
+    return LoopHooks(_FutureSignal, loop.call_soon_threadsafe, (RuntimeError,))
