@@ -34,6 +34,7 @@ from turnloom.context.gateways import (
     OpenAIResponsesGateway,
 )
 from turnloom.context.history import HistoryView
+from turnloom.context.items import NativeItems
 from turnloom.errors import AreaCallbackError, QueueFullError, StateError, excerpt, what_type
 from turnloom.runtime import _tracing as tracing
 from turnloom.runtime._area_section import AreaSection, SectionResult
@@ -103,6 +104,11 @@ _GONE = 3  # the requester left before the thread began: it renders nothing
 _ABANDONED = 4  # the requester left while the thread rendered: the batch settles it
 
 
+def _make_copy(items: NativeItems) -> None:
+    """In the worker: one host copy of ``items`` made ahead (see :meth:`Preparer.refill`)."""
+    items.make_copies(1)
+
+
 class Preparer:
     """Runs admitted preparations for one bound manager.
 
@@ -162,6 +168,18 @@ class Preparer:
         # back: at most ``limiter.total_tokens`` renders are in the worker.
         self.worker = RenderWorker()
         self._handoff = threading.Lock()  # guards each Preparation.thread leaving _QUEUED
+
+    def refill(self, items: NativeItems) -> None:
+        """Have the worker make a prefix's next host copy ahead, after ``build`` took one.
+
+        Nothing when one is ready, the Foundation is closing or the worker
+        thread has not started (nothing rendered in it yet); else one job
+        for the worker, not handed back (O(1) here: a lock and an append).
+        A build that comes before the copy is made copies on its own thread.
+        """
+        if items.copies_ready or self.closing or not self.worker.alive:
+            return
+        self.worker.submit(_make_copy, None, items)
 
     async def prepare(self, request: ContextPrepareRequest, *, wait: bool) -> PreparedContext:
         """Check a request, take a slot, own the preparation, await its result.
