@@ -31,13 +31,13 @@ from turnloom.context.body import (
 from turnloom.context.cache import PromptCache, content_blocks, place_breakpoints
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, step_join
-from turnloom.context.items import TAKEN_BUILD, NativeItems
 from turnloom.context.history import (
     HistoryLimits,
     TurnHistory,
     check_batch_length,
     reject_instructions,
 )
+from turnloom.context.items import TAKEN_BUILD, NativeItems
 from turnloom.context.message import Message, OpaquePart, ReasoningPart, Role, check_message
 from turnloom.context.pairing import CallTracker, OpenCallPolicy, check_steps, complete_pairs
 from turnloom.errors import (
