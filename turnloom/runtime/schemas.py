@@ -335,7 +335,7 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
 
     @property
     def items(self) -> tuple[NativeContent, ...]:
-        """A new copy of the prefix's items (see the class docstring): made ahead, or copied here."""
+        """A new copy of the prefix's items (see the class docstring): made ahead, or here."""
         return self.native_items.materialize(TAKEN_ITEMS)
 
 
