@@ -30,7 +30,7 @@ records and ``build`` at most 10 us per call (one message each here), and the
 rest of the loop's CPU per prepare at most 25 us.
 
 Usage: python scripts/bench_loadtest.py [--turns M] [--sessions N ...] [--rounds R]
-       [--backend asyncio trio]
+       [--backend asyncio trio] [--collector default off]
 """
 
 from __future__ import annotations
@@ -236,6 +236,13 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, nargs="+", default=[1000])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--backend", nargs="+", default=["asyncio", "trio"])
+    parser.add_argument(
+        "--collector",
+        nargs="+",
+        choices=["default", "off"],
+        default=["default", "off"],
+        help="the collector policies to run (default: both)",
+    )
     args = parser.parse_args()
     trajectories = builtin_trajectories(64, turns=(args.turns, args.turns))
     scripts = []
@@ -263,8 +270,9 @@ def main() -> None:
         for backend in args.backend:
             for sessions in args.sessions:
                 policies: list[tuple[str, CollectorPolicy | None]] = [
-                    ("default", CollectorPolicy()),
-                    ("off", None),
+                    (name, policy)
+                    for name, policy in (("default", CollectorPolicy()), ("off", None))
+                    if name in args.collector
                 ]
                 if round_ % 2:
                     policies.reverse()  # rotate the order between rounds
