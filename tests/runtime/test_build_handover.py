@@ -20,6 +20,7 @@ import pytest
 
 import turnloom.context._fresh as fresh_module
 import turnloom.context.items as items_module
+import turnloom.runtime._preparing as preparing_module
 from tests.runtime.helpers import SYSTEM, assistant, call, result, user
 from turnloom.context import GatewayType, Message, NativeContent
 from turnloom.context.items import TAKEN_BUILD, TAKEN_ITEMS, NativeItems
@@ -91,24 +92,36 @@ async def _copies_ready(items: NativeItems, count: int) -> None:
 
 
 @pytest.mark.parametrize("kind", list(GatewayType))
-async def test_build_copies_no_history_item_on_the_loop(kind: GatewayType) -> None:
+async def test_build_copies_no_history_item_on_the_loop(
+    kind: GatewayType, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Invariant: with the host building on its prefixes, ``build`` of a
-    1,003-item prefix and a one-message continuation copies exactly the
+    1,005-item prefix and a one-message continuation copies exactly the
     containers of the continuation's one item on the event loop and decodes nothing: the
     prefix's copy was made in the worker. O(1) in the history."""
+    monkeypatch.setattr(
+        preparing_module, "INLINE_SHARE", 1.0
+    )  # the loop may render: never throttled
     async with Foundation(gateway=kind) as foundation:
         manager = foundation.manager
         first = await _turn(manager, 1, _HISTORY)
         manager.build(first, [assistant("Answer 1.")])  # the host builds: copies are made ahead
         manager.record("c", "t1", [assistant("Answer 1.")])
-        second = await _turn(manager, 2)
-        assert (second.item_count, second.native_items.copies_ready) == (_HISTORY + 3, 1)
+        # The history's run is built here (work proportional to it: in the worker) ...
+        manager.build(await _turn(manager, 2), [assistant("Answer 2.")])
+        manager.record("c", "t2", [assistant("Answer 2.")])
         with _loop_calls() as counts:
-            built = manager.build(second, [assistant("Answer 2.")])
+            # ... so this render's own work is small (the loop could do it), but not
+            # the copy made ahead: the prepare runs in the worker.
+            second = await _turn(manager, 3)
+        assert counts == {"copy": 0, "decode": 0}
+        assert (second.item_count, second.native_items.copies_ready) == (_HISTORY + 5, 1)
+        with _loop_calls() as counts:
+            built = manager.build(second, [assistant("Answer 3.")])
         # The continuation's one item: a dict, or a dict holding a list of one dict.
         assert counts == {"copy": _REPLY_CONTAINERS[kind], "decode": 0}
-        assert len(built) == _HISTORY + 4
-        assert built == (*second.items, *manager.gateway.render(assistant("Answer 2.")))
+        assert len(built) == _HISTORY + 6
+        assert built == (*second.items, *manager.gateway.render(assistant("Answer 3.")))
 
 
 async def test_a_build_without_a_copy_ready_copies_the_history_on_its_thread() -> None:
