@@ -596,7 +596,7 @@ class NativeItems:
 
         For the runtime's worker thread: O(items) per copy (:meth:`_shared`'s
         decoding the first time, then one allocation per container). Each
-        copy is new throughout (:func:`~turnloom.context._fresh.fresh_items`)
+        copy is new throughout (as :meth:`materialize` copies)
         and tracked by the cyclic collector as any new object is, so a host
         cycle through it is collected once it is taken; the list holding
         them is untracked (it holds only such copies). One thread makes
