@@ -172,6 +172,8 @@ async def test_editing_a_handed_over_copy_changes_no_later_read(kind: GatewayTyp
         for manager in (edited, twin):
             manager.record("c", "t2", _outputs(2))
         after, twin_after = await _turn(edited, 3), await _turn(twin, 3)
+        # The copy the worker made after the second build went with the next delivery.
+        assert (native.copies_ready, after.native_items.copies_ready) == (0, 2)
         assert after.items == twin_after.items
         assert edited.request_bytes(after) == twin.request_bytes(twin_after)
 

@@ -610,9 +610,15 @@ class NativeItems:
         while len(copies) < count:
             copies.append(fresh_items(self._shared()))
 
-    def drop_copies(self) -> None:
-        """Forget the copies made ahead (a later taker copies); O(1), changes no value."""
-        self._copies = None
+    def drop_copies(self) -> list[tuple[NativeContent, ...]] | None:
+        """Forget the copies made ahead (a later taker copies); changes no value.
+
+        Returns the list that held them (None: none were made), for the
+        caller to release where freeing them costs nothing it cares about
+        (freeing a copy is O(items): the runtime frees them in its worker).
+        """
+        copies, self._copies = self._copies, None
+        return copies
 
     @property
     def copies_ready(self) -> int:

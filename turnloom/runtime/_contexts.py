@@ -237,9 +237,6 @@ class ContextTable:
         if state is None:
             state = self.contexts[context_id] = ContextState(context_id, history)
             self.removed.pop(context_id, None)
-        elif state.last is not None:
-            # The last prefix's turn is over: its host copies made ahead go (memory).
-            state.last.items.drop_copies()
         if self.log is not None:
             self.log(
                 context_id,

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 import anyio
 import msgspec
@@ -109,6 +110,11 @@ def _make_copy(items: NativeItems) -> None:
     items.make_copies(1)
 
 
+def _clear(copies: list[tuple[Any, ...]]) -> None:
+    """In the worker: free the host copies ``copies`` holds (see :meth:`Preparer._release`)."""
+    copies.clear()
+
+
 class Preparer:
     """Runs admitted preparations for one bound manager.
 
@@ -180,6 +186,11 @@ class Preparer:
         if items.copies_ready or self.closing or not self.worker.alive:
             return
         self.worker.submit(_make_copy, None, items)
+
+    def _release(self, copies: list[tuple[Any, ...]] | None) -> None:
+        """Free host copies no one will take in the worker (O(1) here), else here."""
+        if copies and not self.closing and self.worker.alive:
+            self.worker.submit(_clear, None, copies)
 
     async def prepare(self, request: ContextPrepareRequest, *, wait: bool) -> PreparedContext:
         """Check a request, take a slot, own the preparation, await its result.
@@ -508,6 +519,10 @@ class Preparer:
             if unscoped and areas is not None and section is not None:
                 areas.delivered = max(areas.delivered, section.generation)
             if unscoped:
+                if last is not None and state.last is last:
+                    # Its turn is over: the host copies made ahead for it go,
+                    # freed in the worker (O(items)), not here.
+                    self._release(last.items.drop_copies())
                 state.last = delivered
                 if options.earlier_state == "keep":
                     self._table.keep_state(state, request.turn_id, delivered.state, serial)
