@@ -26,8 +26,12 @@ does) and every later model call of the turn times ``manager.build(prefix,
 continuation)`` (the turn's replies and tool results so far), reported as
 ``build``; the other kinds then follow prepares, as in the load test.
 
+With ``--floor`` it also times the bare per-message work (``check_message``,
+the render and its encoding) over the same messages: the floor the door's
+per-message goal is read against.
+
 Usage: python scripts/bench_door.py [--sessions N] [--turns M] [--rounds R]
-       [--against /work/main] [--loadtest SESSIONS] [--build]
+       [--against /work/main] [--loadtest SESSIONS] [--build] [--floor]
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ from typing import Any
 import anyio
 
 _KINDS = ("accept_turn", "record", "inv.record", "inv.block", "build")
+# Issue 32's goals, microseconds per call (each record here is of one message):
+# build and accept_turn at most 10 us, the door's and record's checks at most 10 us
+# per message. The block around Invocation.record has none of its own.
+_GOALS = {"accept_turn": "<= 10", "record": "<= 10", "inv.record": "<= 10", "build": "<= 10"}
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -201,6 +209,59 @@ def _loadtests(trees: list[_Tree], names: list[str], args: argparse.Namespace) -
         print(f"{'median':<7}{'ratio':<9}{rate:>11.2f}x{cpu:>12.2f}x")
 
 
+def _floor(tree: _Tree, sessions: int, turns: int, rounds: int) -> None:
+    """The bare per-message work of the door, without turnloom's bookkeeping: the floor.
+
+    For every message of the replayed sessions, in one tight loop each:
+    ``check_message`` alone, ``gateway.render`` then the JSON encoding of its
+    items, and both; the CPU per message (``time.thread_time_ns`` around the
+    whole loop), min over ``rounds``. What ``record`` costs beyond the sum
+    is its bookkeeping (limits, ids, steps, tokens, the render cache).
+    """
+    tree.activate()
+    message_module = importlib.import_module("turnloom.context.message")
+    gateway_module = importlib.import_module("turnloom.context.gateway")
+    import msgspec
+
+    check = message_module.check_message
+    gateway = gateway_module.get_gateway("openai_chat")
+    encode = msgspec.json.Encoder().encode
+    messages = [
+        step.message
+        for script in tree.scripts(sessions, turns)
+        for step in tree.transcript.walk(script, max_turns=turns)
+        if hasattr(step, "message")
+    ]
+
+    def render_encode() -> None:
+        for message in messages:
+            for item in gateway.render(message):
+                encode(item)
+
+    def both() -> None:
+        for message in messages:
+            check(message)
+            for item in gateway.render(message):
+                encode(item)
+
+    def check_all() -> None:
+        for message in messages:
+            check(message)
+
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        for name, work in (("check", check_all), ("render", render_encode), ("both", both)):
+            begin = time.thread_time_ns()
+            work()
+            spent = (time.thread_time_ns() - begin) / len(messages) / 1000
+            best[name] = min(best.get(name, math.inf), spent)
+    print(
+        f"floor per message ({len(messages)} messages, min of {rounds}): "
+        f"check_message {best['check']:.1f} us, render+encode {best['render']:.1f} us, "
+        f"both {best['both']:.1f} us (goal for the door's checks: <= 10)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=64)
@@ -216,6 +277,11 @@ def main() -> None:
         metavar="SESSIONS",
         help="instead: whole load tests of SESSIONS sessions, the trees alternating",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also the bare per-message check and render of the same messages (the floor)",
+    )
     args = parser.parse_args()
     trees = [_Tree(_HERE)]
     if args.against is not None:
@@ -225,6 +291,7 @@ def main() -> None:
         _loadtests(trees, names, args)
         return
     print(f"{'round':<7}{'tree':<9}" + "".join(f"{kind + ' us':>16}" for kind in _KINDS))
+    print(f"{'goal':<16}" + "".join(f"{_GOALS.get(kind, ''):>16}" for kind in _KINDS))
     ratios: dict[str, list[float]] = {kind: [] for kind in _KINDS}
     for number in range(args.rounds):
         results = anyio.run(_replay, trees, args.sessions, args.turns, args.build)
@@ -234,6 +301,8 @@ def main() -> None:
             for kind in _KINDS:
                 ratios[kind].append(results[1][kind] / results[0][kind])
             print(f"{number:<7}{'ratio':<9}" + "".join(f"{ratios[k][-1]:>15.2f}x" for k in _KINDS))
+    if args.floor:
+        _floor(trees[-1], args.sessions, args.turns, args.rounds)
     if len(trees) == 2:
         print(
             f"{'median':<7}{'ratio':<9}"

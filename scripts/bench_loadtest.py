@@ -25,9 +25,12 @@ Goals (issue 32): CPU per prepare at most 2x its render's CPU (today
 at 1,000 sessions no full collection after the ramp-up (today 6-14), lag max
 at most 25 ms (today 86-106 ms) and lag p99 within 5 ms of the control
 ticker's. The "collector off" rows are the in-run baseline for the last three.
+Then the loop side of each run (:class:`_LoopClock`): ``accept_turn``, the
+records and ``build`` at most 10 us per call (one message each here), and the
+rest of the loop's CPU per prepare at most 25 us.
 
 Usage: python scripts/bench_loadtest.py [--turns M] [--sessions N ...] [--rounds R]
-       [--backend asyncio trio]
+       [--backend asyncio trio] [--collector default off]
 """
 
 from __future__ import annotations
@@ -75,10 +78,14 @@ asyncio.run(main())
 
 
 class _RenderClock:
-    """CPU seconds spent inside ``render_preparation``, on whichever thread ran it."""
+    """CPU seconds spent inside ``render_preparation``, on whichever thread ran it.
+
+    ``inline`` holds the part spent on the main thread (the event loop's).
+    """
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.inline = 0.0
         self._lock = threading.Lock()
         # The preparer calls the name in its module: replace it there.
         self._render = vars(preparing)["render_preparation"]
@@ -94,6 +101,8 @@ class _RenderClock:
                 spent = time.thread_time() - begin
                 with self._lock:
                     self.seconds += spent
+                    if threading.current_thread() is threading.main_thread():
+                        self.inline += spent
 
         vars(preparing)["render_preparation"] = timed
 
@@ -101,6 +110,74 @@ class _RenderClock:
         with self._lock:
             seconds, self.seconds = self.seconds, 0.0
         return seconds
+
+    def take_inline(self) -> float:
+        with self._lock:
+            seconds, self.inline = self.inline, 0.0
+        return seconds
+
+
+class _LoopClock:
+    """CPU of the loop side, per kind of call: the host's calls timed on the loop thread.
+
+    ``accept_turn``, ``record`` (``manager.record``), ``inv.record``
+    (``Invocation.record``) and ``build``, each timed alone with
+    ``time.thread_time_ns`` (this thread's CPU), the clock's own cost
+    (calibrated) taken off; and the loop thread's whole CPU over a run, of
+    which the rest, after these calls and the renders run inline, is the
+    prepares' loop side (checks, slot, handoff, delivery), the event loop
+    and anyio, and the load test's own session code.
+    """
+
+    _KINDS = ("accept_turn", "record", "inv.record", "build")
+
+    def __init__(self) -> None:
+        self.spent = dict.fromkeys(self._KINDS, 0)
+        self.calls = dict.fromkeys(self._KINDS, 0)
+        clock = time.thread_time_ns
+        self.overhead = min(-clock() + clock() for _ in range(1000))
+
+    def install(self) -> None:
+        from turnloom.runtime._invocation import Invocation
+        from turnloom.runtime.manager import ContextManager
+
+        for owner, name, kind in (
+            (ContextManager, "accept_turn", "accept_turn"),
+            (ContextManager, "record", "record"),
+            (Invocation, "record", "inv.record"),
+            (ContextManager, "build", "build"),
+        ):
+            setattr(owner, name, self._timed(getattr(owner, name), kind))
+
+    def _timed(self, method: Any, kind: str) -> Any:
+        clock = time.thread_time_ns
+        spent, calls = self.spent, self.calls
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            begin = clock()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[kind] += clock() - begin
+                calls[kind] += 1
+
+        return timed
+
+    def take(self) -> tuple[dict[str, float], int, float]:
+        """Per kind: microseconds per call; calls in all; CPU seconds of them all."""
+        per_call = {
+            kind: max(0, self.spent[kind] - self.overhead * self.calls[kind])
+            / self.calls[kind]
+            / 1000
+            if self.calls[kind]
+            else float("nan")
+            for kind in self._KINDS
+        }
+        calls = sum(self.calls.values())
+        seconds = sum(self.spent.values()) / 1e9 - self.overhead * calls / 1e9
+        for kind in self._KINDS:  # in place: the timed methods hold these dicts
+            self.spent[kind] = self.calls[kind] = 0
+        return per_call, calls, seconds
 
 
 async def _naive(
@@ -140,15 +217,18 @@ async def _naive(
 
 async def _ours(
     trajectories: list[Trajectory], sessions: int, turns: int, collector: CollectorPolicy | None
-) -> tuple[LoadtestReport, dict[str, float]]:
+) -> tuple[LoadtestReport, dict[str, float], float]:
+    """The load test, the control ticker's lags, and the loop thread's CPU seconds."""
     control = subprocess.Popen(
         [sys.executable, "-c", _CONTROL], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
+    begin = time.thread_time()
     try:
         report = await loadtest(trajectories, sessions=sessions, turns=turns, collector=collector)
     finally:
+        loop_cpu = time.thread_time() - begin
         out, _ = control.communicate("", timeout=30)
-    return report, json.loads(out)
+    return report, json.loads(out), loop_cpu
 
 
 def main() -> None:
@@ -157,6 +237,13 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, nargs="+", default=[1000])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--backend", nargs="+", default=["asyncio", "trio"])
+    parser.add_argument(
+        "--collector",
+        nargs="+",
+        choices=["default", "off"],
+        default=["default", "off"],
+        help="the collector policies to run (default: both)",
+    )
     args = parser.parse_args()
     trajectories = builtin_trajectories(64, turns=(args.turns, args.turns))
     scripts = []
@@ -166,6 +253,8 @@ def main() -> None:
         scripts.append(checked)
     clock = _RenderClock()
     clock.install()
+    loop_clock = _LoopClock()
+    loop_clock.install()
     print(
         f"{'backend':<8}{'sessions':>9}{'collector':>10}{'ours/s':>8}{'naive/s':>8}{'ratio':>7}"
         f"{'cpu/prep':>9}{'render':>8}{'ratio':>7}{'goal':>9}{'naive cpu':>10}"
@@ -179,12 +268,14 @@ def main() -> None:
         f"{'us/turn':>10}{'ms':>8}{'ms':>8}{'<=25':>8}{'ms':>8}{'':>5}{'=0':>7}{'ms':>9}"
         f"{'thor.':>6}{'ms':>9}"
     )
+    loop_rows: list[tuple[Any, ...]] = []
     for round_ in range(args.rounds):
         for backend in args.backend:
             for sessions in args.sessions:
                 policies: list[tuple[str, CollectorPolicy | None]] = [
-                    ("default", CollectorPolicy()),
-                    ("off", None),
+                    (name, policy)
+                    for name, policy in (("default", CollectorPolicy()), ("off", None))
+                    if name in args.collector
                 ]
                 if round_ % 2:
                     policies.reverse()  # rotate the order between rounds
@@ -192,10 +283,16 @@ def main() -> None:
                 renders, naive_seconds, naive_cpu = naive
                 for name, policy in policies:
                     clock.take()
-                    report, control = anyio.run(
+                    clock.take_inline()
+                    loop_clock.take()
+                    report, control, loop_cpu = anyio.run(
                         _ours, trajectories, sessions, args.turns, policy, backend=backend
                     )
                     render = clock.take() / report.prepares
+                    inline = clock.take_inline()
+                    loop_rows.append(
+                        (backend, sessions, name, report, loop_cpu, inline, *loop_clock.take())
+                    )
                     cpu = report.cpu_seconds / report.prepares
                     ours = report.prepares_per_second
                     naive_rate = renders / naive_seconds
@@ -213,6 +310,36 @@ def main() -> None:
                         f"{report.collector_step_cpu_max_ms:>9.1f}",
                         flush=True,
                     )
+
+    _print_loop_side(loop_rows)
+
+
+def _print_loop_side(rows: list[tuple[Any, ...]]) -> None:
+    """The loop side's breakdown of each run above, each value beside its goal (issue 32)."""
+    print()
+    print("Loop side (CPU of the event loop's thread; us per call, and per prepare):")
+    print(
+        f"{'backend':<8}{'sessions':>9}{'collector':>10}{'accept_turn':>12}{'record':>8}"
+        f"{'inv.rec':>8}{'build':>8}{'loop/prep':>10}{'inline':>8}{'calls':>8}{'rest':>8}"
+    )
+    print(
+        f"{'goal':<27}{'<=10':>12}{'<=10':>8}{'<=10':>8}{'<=10':>8}{'':>10}{'':>8}{'':>8}"
+        f"{'<=25':>8}"
+    )
+    for backend, sessions, name, report, loop_cpu, inline, per_call, _, calls_cpu in rows:
+        prepares = report.prepares
+        rest = (loop_cpu - inline - calls_cpu) / prepares
+        print(
+            f"{backend:<8}{sessions:>9}{name:>10}{per_call['accept_turn']:>12.1f}"
+            f"{per_call['record']:>8.1f}{per_call['inv.record']:>8.1f}{per_call['build']:>8.1f}"
+            f"{loop_cpu / prepares * 1e6:>10.0f}{inline / prepares * 1e6:>8.0f}"
+            f"{calls_cpu / prepares * 1e6:>8.0f}{rest * 1e6:>8.0f}"
+        )
+    print(
+        "rest: the loop's CPU per prepare after the calls timed and the inline renders: the\n"
+        "prepare's loop side (checks, slot, handoff, delivery), invocation blocks, the event\n"
+        "loop and anyio, and the load test's own session code."
+    )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ msgspec decodes its own encoding to equal values.
 from __future__ import annotations
 
 __all__ = (
+    "TAKEN_BUILD",
+    "TAKEN_ITEMS",
     "ChunkedSpan",
     "EncodedSpan",
     "NativeItems",
@@ -39,6 +41,11 @@ import msgspec
 from turnloom.context._fresh import fresh_items, fresh_json
 from turnloom.context._untrack import untrack_atoms, untrack_container, untrack_json
 from turnloom.context.gateway import NativeContent
+
+TAKEN_ITEMS = 1
+""":attr:`NativeItems.taken`: a copy was taken by a read of ``PreparedContext.items``."""
+TAKEN_BUILD = 2
+""":attr:`NativeItems.taken`: a copy was taken by ``build`` (or ``request_body``)."""
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -477,11 +484,33 @@ class NativeItems:
     object it was reused from); what :meth:`materialize` and :meth:`item`
     return is a new copy of it each call, shared with nothing.
 
+    Host copies made ahead (:meth:`make_copies`): a copy of the items costs
+    one allocation per container, O(items), which must not run on the event
+    loop. The runtime makes the copies a host will take in its worker thread
+    (after the render, and again after each ``build``), and
+    :meth:`take_copy` hands one over in O(1): each copy is made for one
+    taker and given out once, so it is shared with nothing turnloom keeps
+    and with no other copy. Without one ready, :meth:`materialize` copies
+    on the calling thread. A copy waiting here is out of reach of everyone
+    but the one call that takes it.
+
     Thread safety: any thread may read one; :meth:`_shared` caches its
-    result by one assignment (a racing call at worst decodes twice).
+    result by one assignment (a racing call at worst decodes twice); a copy
+    is taken by one ``list.pop`` (atomic under the GIL: two racing takers
+    never get the same copy).
     """
 
-    __slots__ = ("_after", "_before", "_encoded", "_epoch", "_origin", "_source", "_value")
+    __slots__ = (
+        "_after",
+        "_before",
+        "_copies",
+        "_encoded",
+        "_epoch",
+        "_origin",
+        "_source",
+        "_value",
+        "taken",
+    )
 
     def __init__(
         self,
@@ -498,6 +527,10 @@ class NativeItems:
         self._origin = origin
         self._value: tuple[NativeContent, ...] | None = None
         self._source: NativeItems | None = None  # decoded items of the same run to reuse
+        # Host copies made ahead (make_copies), each to be taken once; None: none made.
+        self._copies: list[tuple[NativeContent, ...]] | None = None
+        # How copies were taken: TAKEN_ITEMS (materialize), TAKEN_BUILD (build), or'ed.
+        self.taken = 0
         if type(self) is NativeItems and not any(
             map(gc.is_tracked, (before, encoded, after, epoch))
         ):
@@ -506,8 +539,10 @@ class NativeItems:
             # JSON: nothing outside themselves) or by CPython (atoms only),
             # an EncodedSpan or ChunkedSpan (bytes and ints only), and a plain
             # object() or None as ``epoch``. Later it only gets a tuple of
-            # them, or decoded, as ``_value``, and as ``_source`` another
-            # NativeItems out of the collector (see _reuse). Nothing it
+            # them, or decoded, as ``_value``, as ``_source`` another
+            # NativeItems out of the collector (see _reuse), and as
+            # ``_copies`` an untracked list of fresh copies that refer to
+            # nothing but new containers and atoms. Nothing it
             # refers to can lead back to it, so it can be in no cycle. Host
             # items, an area section's, stay in tracked tuples: then so does this.
             untrack_atoms(self)
@@ -525,16 +560,71 @@ class NativeItems:
 
     __hash__ = None  # type: ignore[assignment]
 
-    def materialize(self) -> tuple[NativeContent, ...]:
+    def materialize(self, taker: int = 1) -> tuple[NativeContent, ...]:
         """The items as a new tuple of NativeContent, oldest first, shared with nothing.
 
         Every dict and list in it is new (a deep copy of the kept tuple,
         :meth:`_shared`, sharing only strings and numbers): the caller may change them, and
         neither a later call nor anything turnloom keeps or builds sees it.
-        Costs one allocation per container, plus :meth:`_shared`'s decoding
-        the first time.
+        A copy made ahead (:meth:`make_copies`) is handed over in O(1);
+        else the copy is made here: one allocation per container, plus
+        :meth:`_shared`'s decoding the first time. ``taker`` is or'ed into
+        :attr:`taken` (``TAKEN_ITEMS``: a read of ``PreparedContext.items``).
         """
-        return fresh_items(self._shared())
+        copy = self.take_copy(taker)
+        return copy if copy is not None else fresh_items(self._shared())
+
+    def take_copy(self, taker: int) -> tuple[NativeContent, ...] | None:
+        """A copy made ahead by :meth:`make_copies`, handed over (O(1)), or None when none is ready.
+
+        ``taker`` (``TAKEN_ITEMS`` or ``TAKEN_BUILD``) is or'ed into
+        :attr:`taken`, which tells the next prefix of the context how many
+        copies to make ahead. Each copy is given out once (one atomic
+        ``list.pop``): the caller owns it.
+        """
+        self.taken |= taker
+        copies = self._copies
+        if copies:
+            try:
+                return copies.pop()
+            except IndexError:  # taken by a racing thread
+                return None
+        return None
+
+    def make_copies(self, count: int) -> None:
+        """Make copies of the items ahead until ``count`` are ready, for :meth:`take_copy`.
+
+        For the runtime's worker thread: O(items) per copy (:meth:`_shared`'s
+        decoding the first time, then one allocation per container). Each
+        copy is new throughout (as :meth:`materialize` copies)
+        and tracked by the cyclic collector as any new object is, so a host
+        cycle through it is collected once it is taken; the list holding
+        them is untracked (it holds only such copies). One thread makes
+        copies of one object at a time (the worker runs its jobs in order).
+        """
+        copies = self._copies
+        if copies is None:
+            copies = []
+            untrack_container(copies)
+            self._copies = copies
+        while len(copies) < count:
+            copies.append(fresh_items(self._shared()))
+
+    def drop_copies(self) -> list[tuple[NativeContent, ...]] | None:
+        """Forget the copies made ahead (a later taker copies); changes no value.
+
+        Returns the list that held them (None: none were made), for the
+        caller to release where freeing them costs nothing it cares about
+        (freeing a copy is O(items): the runtime frees them in its worker).
+        """
+        copies, self._copies = self._copies, None
+        return copies
+
+    @property
+    def copies_ready(self) -> int:
+        """How many copies made ahead wait to be taken."""
+        copies = self._copies
+        return len(copies) if copies is not None else 0
 
     def count_encoded(self, needle: bytes) -> int:
         """Occurrences of ``needle`` in the items' JSON encodings, summed over the items.

@@ -347,19 +347,18 @@ def check_steps(
             Its ``field`` names the message, ``call_id`` the call.
     """
     tracker = CallTracker()
-    # The last step of ``before``: its last run of assistant messages and what follows.
-    tail = len(before)
-
-    def assistant(k: int) -> bool:
-        return isinstance(before[k], Message) and before[k].role is _ASSISTANT
-
-    while tail and not assistant(tail - 1):
-        tail -= 1
-    while tail and assistant(tail - 1):
-        tail -= 1
     closed: set[str] = set()  # ids of calls a group ended without their result
-    for earlier in before[tail:]:
-        closed.update(c.call_id for c in tracker.feed(earlier).closed)
+    if before:
+        # The last step of ``before``: its last run of assistant messages and what follows.
+        tail = len(before)
+        while tail and not _is_assistant(before[tail - 1]):
+            tail -= 1
+        while tail and _is_assistant(before[tail - 1]):
+            tail -= 1
+        for earlier in before[tail:]:
+            ended = tracker.feed(earlier).closed
+            if ended:  # (most steps close nothing: no generator for them)
+                closed.update(c.call_id for c in ended)
     for i, message in enumerate(messages):
         if not isinstance(message, Message):
             tracker = CallTracker()
@@ -380,7 +379,10 @@ def check_steps(
                 reason=conflict.reason,
             )
         step = tracker.feed(message)
-        late = next((r for r in step.orphans if r.call_id in closed), None)
+        orphans = step.orphans
+        late = None
+        if orphans and closed:
+            late = next((r for r in orphans if r.call_id in closed), None)
         if late is not None:
             raise AmbiguousStepError(
                 f"{where}[{index}] answers call {excerpt(late.call_id)}, whose model step "
@@ -391,7 +393,13 @@ def check_steps(
                 call_id=late.call_id,
                 reason="closed_call",
             )
-        closed.update(c.call_id for c in step.closed)
+        if step.closed:
+            closed.update(c.call_id for c in step.closed)
+
+
+def _is_assistant(message: object) -> bool:
+    """True for a Message of the assistant role (entries that are not Messages: False)."""
+    return isinstance(message, Message) and message.role is _ASSISTANT
 
 
 def open_call_ids(messages: Sequence[Message]) -> tuple[str, ...]:

@@ -37,6 +37,7 @@ from turnloom.context.history import (
     check_batch_length,
     reject_instructions,
 )
+from turnloom.context.items import TAKEN_BUILD, NativeItems
 from turnloom.context.message import Message, OpaquePart, ReasoningPart, Role, check_message
 from turnloom.context.pairing import CallTracker, OpenCallPolicy, check_steps, complete_pairs
 from turnloom.errors import (
@@ -80,6 +81,7 @@ class IssuedPrefixes:
         "_open_calls",
         "_place_marks",
         "_reserved",
+        "refill",
     )
 
     def __init__(
@@ -97,6 +99,9 @@ class IssuedPrefixes:
         self._open_calls = open_calls
         # id -> the live prefix with that id, weakly, and what is kept for it.
         self._issued: dict[int, _Issued] = {}
+        # Set by the runtime when bound: asks its worker to make a prefix's next
+        # host copy ahead (NativeItems.make_copies) after ``build`` took one.
+        self.refill: Callable[[NativeItems], None] | None = None
         # One callback for every prefix (not a bound method per prefix).
         self._forget: Callable[[_Issued], None] = self._collected
         self._reserved = reserved_fields(gateway)
@@ -182,9 +187,15 @@ class IssuedPrefixes:
         cached renders are used.
         """
         added = self._continue(prefix, continuation)  # checks the prefix first
-        items = prefix.native_items._shared()
+        native = prefix.native_items
         # New containers throughout: the kept prefix and renders are never handed out.
-        return fresh_items(items + tuple(added) if added else items)
+        items = native.take_copy(TAKEN_BUILD)
+        if items is None:
+            items = fresh_items(native._shared())  # none made ahead: O(items) here
+        refill = self.refill
+        if refill is not None:
+            refill(native)  # the next build's copy, made in the worker
+        return items + fresh_items(added) if added else items
 
     def request_bytes(
         self,

@@ -138,6 +138,7 @@ class Lifecycle:
         self.preparer = Preparer(
             options, table, counters, self.issued, queue, limiter, clock or _utc_now, durable
         )
+        self.issued.refill = self.preparer.refill  # build's next host copy, made in the worker
 
     def check_unbound(self) -> None:
         """Raise unless no Foundation was ever bound.

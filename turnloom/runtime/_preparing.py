@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 import anyio
 import msgspec
@@ -35,6 +36,7 @@ from turnloom.context.gateways import (
     OpenAIResponsesGateway,
 )
 from turnloom.context.history import HistoryView
+from turnloom.context.items import NativeItems
 from turnloom.errors import AreaCallbackError, QueueFullError, StateError, excerpt, what_type
 from turnloom.runtime import _tracing as tracing
 from turnloom.runtime._area_section import AreaSection, SectionResult
@@ -105,6 +107,16 @@ _GONE = 3  # the requester left before the thread began: it renders nothing
 _ABANDONED = 4  # the requester left while the thread rendered: the batch settles it
 
 
+def _make_copy(items: NativeItems) -> None:
+    """In the worker: one host copy of ``items`` made ahead (see :meth:`Preparer.refill`)."""
+    items.make_copies(1)
+
+
+def _clear(copies: list[tuple[Any, ...]]) -> None:
+    """In the worker: free the host copies ``copies`` holds (see :meth:`Preparer._release`)."""
+    copies.clear()
+
+
 class Preparer:
     """Runs admitted preparations for one bound manager.
 
@@ -168,6 +180,23 @@ class Preparer:
         self._render_bound = limiter.total_tokens
         self.worker = RenderWorker()
         self._handoff = threading.Lock()  # guards each Preparation.thread leaving _QUEUED
+
+    def refill(self, items: NativeItems) -> None:
+        """Have the worker make a prefix's next host copy ahead, after ``build`` took one.
+
+        Nothing when one is ready, the Foundation is closing or the worker
+        thread has not started (nothing rendered in it yet); else one job
+        for the worker, not handed back (O(1) here: a lock and an append).
+        A build that comes before the copy is made copies on its own thread.
+        """
+        if items.copies_ready or self.closing or not self.worker.alive:
+            return
+        self.worker.submit(_make_copy, None, items)
+
+    def _release(self, copies: list[tuple[Any, ...]] | None) -> None:
+        """Free host copies no one will take in the worker (O(1) here), else here."""
+        if copies and not self.closing and self.worker.alive:
+            self.worker.submit(_clear, None, copies)
 
     async def prepare(self, request: ContextPrepareRequest, *, wait: bool) -> PreparedContext:
         """Check a request, take a slot, own the preparation, await its result.
@@ -490,6 +519,10 @@ class Preparer:
             if unscoped and areas is not None and section is not None:
                 areas.delivered = max(areas.delivered, section.generation)
             if unscoped:
+                if last is not None and state.last is last:
+                    # Its turn is over: the host copies made ahead for it go,
+                    # freed in the worker (O(items)), not here.
+                    self._release(last.items.drop_copies())
                 state.last = delivered
                 if options.earlier_state == "keep":
                     self._table.keep_state(state, request.turn_id, delivered.state, serial)

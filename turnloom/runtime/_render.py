@@ -28,7 +28,7 @@ from turnloom.context.cache import ANTHROPIC_MAX_BREAKPOINTS, prompt_cache_key
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent
 from turnloom.context.history import HistoryView, RenderedHistory
-from turnloom.context.items import NativeItems, common_prefix
+from turnloom.context.items import TAKEN_BUILD, TAKEN_ITEMS, NativeItems, common_prefix
 from turnloom.context.memory import memory_payload
 from turnloom.context.message import Message, Role, TextPart
 from turnloom.context.tokens import count_tokens
@@ -51,6 +51,10 @@ _encoder = msgspec.json.Encoder()
 # against microseconds to render an item), which up to a few thousand items
 # costs less than the thread handoff it saves.
 _DECODE_PER_BUDGET_ITEM = 8
+# A bounded render on the loop makes the host's copies ahead only for a prefix
+# of at most this many items (a copy costs an allocation per container, about
+# what the worker's handoff costs for this many items); longer, in the worker.
+_INLINE_COPY_ITEMS = 16
 _CACHE_CONTROL = {"cache_control": {"type": "ephemeral"}}
 
 
@@ -304,13 +308,19 @@ def render_preparation(
 
 
 def _decoding_too_costly(last: DeliveredPrefix | None, budget: int | None) -> bool:
-    """A bounded render whose host reads items would decode more than a few items per budget."""
-    return (
-        budget is not None
-        and last is not None
-        and last.items.decoded
-        and len(last.items) > budget * _DECODE_PER_BUDGET_ITEM
-    )
+    """A bounded render whose host reads items would decode or copy too many items on the loop.
+
+    Decoding reuses the last prefix's items (a copy of references): a few
+    items per budget. Copying ahead for a host that takes copies
+    (:func:`_copies_wanted`) costs an allocation per container:
+    :data:`_INLINE_COPY_ITEMS` at most.
+    """
+    if budget is None or last is None:
+        return False
+    count = len(last.items)
+    if last.items.taken and count > _INLINE_COPY_ITEMS:
+        return True
+    return last.items.decoded and count > budget * _DECODE_PER_BUDGET_ITEM
 
 
 def _assembly_memory(assembled: AssembledContext | None) -> dict[str, object] | None:
@@ -428,15 +438,35 @@ def _reuse_last(
         return 0
     if budget is not None and len(last.items) > budget and not items.same_run(last.items):
         return None
+    wanted = _copies_wanted(last.items)
+    if wanted and budget is not None and len(items) > _INLINE_COPY_ITEMS:
+        return None  # too many items to copy on the loop: in the worker
     reused = last.bytes_before(items.common_length(last.items))
     items.adopt(last.items)  # a host reading items decodes only the new ones
     if last.items.decoded:
         # The host reads its prefixes' items (``build`` does): decode them
         # here, in the worker thread (inline only for a small prefix, see
         # above), not on the event loop at the first read. Sticky per
-        # context: this prefix is decoded as well (each read copies it).
+        # context: this prefix is decoded as well.
         items._shared()
+    if wanted:
+        # And the copies its first reads take, made here too (see _copies_wanted).
+        items.make_copies(wanted)
     return reused
+
+
+def _copies_wanted(last: NativeItems) -> int:
+    """Host copies to make ahead for a context's next prefix: one per way the last was read.
+
+    Sticky per context, as decoding is: one for the first ``build`` when
+    the host built on the last prefix (each later one's is made after the
+    build before it, :meth:`Preparer.refill`), one for ``PreparedContext.items``
+    when it read that. 0 for a host that only sends ``request_bytes``.
+    Each copy costs O(items) here, in the worker (or inline for at most
+    :data:`_INLINE_COPY_ITEMS` items), so that the reads cost O(1) on the loop.
+    """
+    taken = last.taken
+    return (taken & TAKEN_ITEMS != 0) + (taken & TAKEN_BUILD != 0)
 
 
 _OPENAI = (GatewayType.openai_chat, GatewayType.openai_responses)

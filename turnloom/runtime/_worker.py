@@ -37,10 +37,11 @@ from turnloom.runtime._wakeup import LoopHooks, Signal, loop_hooks
 
 _log = logging.getLogger("turnloom.runtime.worker")
 
-Job = tuple[Callable[[Any], Any], Callable[[Any, Any], None], Any]
+Job = tuple[Callable[[Any], Any], Callable[[Any, Any], None] | None, Any]
 """``(work, done, item)``: ``work(item)`` runs in the thread; ``done(item,
 result)`` runs on the event loop with what it returned, or with the exception
-it raised."""
+it raised. A job without ``done`` is not handed back (a batch of only such
+jobs wakes the loop not at all); an exception it raises is logged."""
 
 
 class RenderWorker:
@@ -98,7 +99,7 @@ class RenderWorker:
         return hooks
 
     def submit(
-        self, work: Callable[[Any], Any], done: Callable[[Any, Any], None], item: Any
+        self, work: Callable[[Any], Any], done: Callable[[Any, Any], None] | None, item: Any
     ) -> None:
         """Queue ``work(item)`` for the thread; ``done(item, result)`` then runs on the loop.
 
@@ -107,7 +108,8 @@ class RenderWorker:
         submission order, once per job, and must not raise (an exception it
         raises is logged on ``turnloom.runtime.worker``, the batch's other
         jobs are still handed back and the thread keeps serving). Called on
-        the event loop only.
+        the event loop (or, once :attr:`alive`, any thread). ``done=None``:
+        nothing is handed back (see :data:`Job`).
 
         Raises:
             RuntimeError: the worker was closed (a bug in the caller: the
@@ -145,9 +147,15 @@ class RenderWorker:
                 try:
                     result = work(item)
                 except BaseException as exc:  # handed to ``done``; the thread keeps serving
+                    if done is None:
+                        _log.exception("A worker job raised; the worker keeps serving.")
+                        continue
                     result = exc
-                results.append((done, item, result))
+                if done is not None:
+                    results.append((done, item, result))
             del batch
+            if not results:
+                continue  # nothing to hand back: the loop is not woken
             try:
                 call_soon(self._hand_back, results)
             except gone:

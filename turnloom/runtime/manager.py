@@ -536,17 +536,20 @@ class ContextManager:
         reusing a call id of the prefix or of an earlier continuation call is
         renamed, with its results, by the rule of
         :mod:`turnloom.context.callids`, continued from the prefix, so the
-        items hold each call id once. Cost: O(continuation), plus reading
-        the prefix's kept items (decoded in the prepare once the host reads
-        the context's prefixes, else on the first read: see
-        :class:`PreparedContext`) and the copy of the result.
+        items hold each call id once. Cost on the calling thread:
+        O(continuation) plus a C-speed copy of the result's references. The
+        prefix's part of the result is a copy of its items made ahead in the
+        render worker, handed over (once the host built on the context's
+        previous prefix; then, after each build, the worker makes the next
+        one); without one ready (the context's first prefix, or a build
+        right after another), it is copied here, O(items), decoded first if
+        no read did yet (see :class:`PreparedContext`).
 
         Returns:
             a new tuple of NativeContent, oldest first, every dict and list in
             it new (made for this call, shared with nothing turnloom keeps: the
             prefix's items, the cached renders of the continuation messages
             the turn recorded): change them freely, no later input sees it.
-            The copy costs about one allocation per container.
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed.

@@ -36,7 +36,7 @@ from typing import Any, Literal, TypeAlias
 import msgspec
 
 from turnloom.context.gateway import GatewayType, NativeContent
-from turnloom.context.items import NativeItems
+from turnloom.context.items import TAKEN_ITEMS, NativeItems
 from turnloom.context.memory import TenantScope
 from turnloom.context.message import Message
 from turnloom.context.scope import ContextScope
@@ -246,9 +246,12 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
             (``area_items`` items from ``area_start``). Each read returns a
             new tuple of new dicts and lists, shared with nothing turnloom
             keeps and with no other read (the strings are shared: they are
-            immutable): change them freely, no later input sees it (read it
-            once and keep the tuple: each read copies every container, about
-            what decoding the items costs). These are items, not a request: send
+            immutable): change them freely, no later input sees it. When the
+            host read the items of the context's previous prefix, the first
+            read takes a copy made ahead in the render worker (O(1) here);
+            any other read copies every container on the reading thread,
+            about what decoding the items costs (read once and keep the
+            tuple). These are items, not a request: send
             ``manager.gateway.request_body(items)`` (or the body of
             :meth:`ContextManager.build`'s result). For Anthropic
             and Gemini that body moves the instructions to their top-level
@@ -332,8 +335,8 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
 
     @property
     def items(self) -> tuple[NativeContent, ...]:
-        """A new copy of the prefix's items (see the class docstring), decoded on the first read."""
-        return self.native_items.materialize()
+        """A new copy of the prefix's items (see the class docstring): made ahead, or here."""
+        return self.native_items.materialize(TAKEN_ITEMS)
 
 
 class PreparationStatistics(msgspec.Struct, frozen=True, kw_only=True):
