@@ -23,7 +23,7 @@ import turnloom.context.items as items_module
 import turnloom.runtime._preparing as preparing_module
 from tests.runtime.helpers import SYSTEM, assistant, call, result, user
 from turnloom.context import GatewayType, Message, NativeContent
-from turnloom.context.items import TAKEN_BUILD, TAKEN_ITEMS, NativeItems
+from turnloom.context.items import COPY_AHEAD_ITEMS, TAKEN_BUILD, TAKEN_ITEMS, NativeItems
 from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext, TurnSnapshot
 from turnloom.runtime.manager import ContextManager
 
@@ -124,6 +124,35 @@ async def test_build_copies_no_history_item_on_the_loop(
         assert built == (*second.items, *manager.gateway.render(assistant("Answer 3.")))
 
 
+@pytest.mark.parametrize("size", [COPY_AHEAD_ITEMS - 3, COPY_AHEAD_ITEMS - 2])
+async def test_a_prefix_shorter_than_the_copy_ahead_floor_is_copied_where_read(size: int) -> None:
+    """Invariant: copies are made ahead only for a prefix of at least
+    ``COPY_AHEAD_ITEMS`` items. Turn 2's prefix holds ``size + 2`` items (the
+    system, turn 1's input and outputs, turn 2's input): one short of the
+    floor gets no copy ahead and its build copies it on the loop (bounded by
+    the floor); at the floor it gets one and its build copies only the
+    continuation's item."""
+    async with Foundation(gateway="openai_chat") as foundation:
+        manager = foundation.manager
+        first = await _turn(manager, 1, size - 2)
+        manager.build(first, _outputs(1))  # the host builds: copies are wanted
+        manager.record("c", "t1", _outputs(1))
+        second = await _turn(manager, 2)
+        assert second.item_count == size + 2
+        ahead = 1 if second.item_count >= COPY_AHEAD_ITEMS else 0
+        if ahead:
+            await _copies_ready(second.native_items, 1)
+        await anyio.sleep(0.05)  # a copy the worker would make after all has time to appear
+        assert second.native_items.copies_ready == ahead
+        with _loop_calls() as whole:  # what copying the whole prefix here costs
+            fresh_module.fresh_items(second.native_items._shared())
+        with _loop_calls() as counts:
+            manager.build(second, [assistant("Answer 2.")])
+        # The continuation's one item, and without a copy ahead the whole prefix.
+        assert counts == {"copy": 1 + (0 if ahead else whole["copy"]), "decode": 0}
+        assert whole["copy"] > second.item_count  # the oracle counted the nested containers
+
+
 async def test_a_build_without_a_copy_ready_copies_the_history_on_its_thread() -> None:
     """The fallback, counted as the test above counts: the context's first
     prefix (the host had taken no copy before) is copied at its first build,
@@ -150,7 +179,7 @@ async def test_editing_a_handed_over_copy_changes_no_later_read(kind: GatewayTyp
     ):
         edited, twin = edited_foundation.manager, twin_foundation.manager
         for manager in (edited, twin):
-            first = await _turn(manager, 1, 40)
+            first = await _turn(manager, 1, COPY_AHEAD_ITEMS)
             first.items  # noqa: B018  (the host reads items and builds: two copies ahead)
             manager.build(first, _outputs(1))
             manager.record("c", "t1", _outputs(1))

@@ -36,7 +36,7 @@ from turnloom.context.gateways import (
     OpenAIResponsesGateway,
 )
 from turnloom.context.history import HistoryView
-from turnloom.context.items import NativeItems
+from turnloom.context.items import COPY_AHEAD_ITEMS, NativeItems
 from turnloom.errors import AreaCallbackError, QueueFullError, StateError, excerpt, what_type
 from turnloom.runtime import _tracing as tracing
 from turnloom.runtime._area_section import AreaSection, SectionResult
@@ -184,12 +184,19 @@ class Preparer:
     def refill(self, items: NativeItems) -> None:
         """Have the worker make a prefix's next host copy ahead, after ``build`` took one.
 
-        Nothing when one is ready, the Foundation is closing or the worker
+        Nothing for a prefix of fewer than
+        :data:`~turnloom.context.items.COPY_AHEAD_ITEMS` items (``build``
+        copies it), when one is ready, the Foundation is closing or the worker
         thread has not started (nothing rendered in it yet); else one job
         for the worker, not handed back (O(1) here: a lock and an append).
         A build that comes before the copy is made copies on its own thread.
         """
-        if items.copies_ready or self.closing or not self.worker.alive:
+        if (
+            len(items) < COPY_AHEAD_ITEMS
+            or items.copies_ready
+            or self.closing
+            or not self.worker.alive
+        ):
             return
         self.worker.submit(_make_copy, None, items)
 

@@ -28,7 +28,13 @@ from turnloom.context.cache import ANTHROPIC_MAX_BREAKPOINTS, prompt_cache_key
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent
 from turnloom.context.history import HistoryView, RenderedHistory
-from turnloom.context.items import TAKEN_BUILD, TAKEN_ITEMS, NativeItems, common_prefix
+from turnloom.context.items import (
+    COPY_AHEAD_ITEMS,
+    TAKEN_BUILD,
+    TAKEN_ITEMS,
+    NativeItems,
+    common_prefix,
+)
 from turnloom.context.memory import memory_payload
 from turnloom.context.message import Message, Role, TextPart
 from turnloom.context.tokens import count_tokens
@@ -51,10 +57,6 @@ _encoder = msgspec.json.Encoder()
 # against microseconds to render an item), which up to a few thousand items
 # costs less than the thread handoff it saves.
 _DECODE_PER_BUDGET_ITEM = 8
-# A bounded render on the loop makes the host's copies ahead only for a prefix
-# of at most this many items (a copy costs an allocation per container, about
-# what the worker's handoff costs for this many items); longer, in the worker.
-_INLINE_COPY_ITEMS = 16
 _CACHE_CONTROL = {"cache_control": {"type": "ephemeral"}}
 
 
@@ -311,14 +313,14 @@ def _decoding_too_costly(last: DeliveredPrefix | None, budget: int | None) -> bo
     """A bounded render whose host reads items would decode or copy too many items on the loop.
 
     Decoding reuses the last prefix's items (a copy of references): a few
-    items per budget. Copying ahead for a host that takes copies
-    (:func:`_copies_wanted`) costs an allocation per container:
-    :data:`_INLINE_COPY_ITEMS` at most.
+    items per budget. Copies made ahead for a host that takes copies
+    (:func:`_copies_wanted`, from :data:`~turnloom.context.items.COPY_AHEAD_ITEMS`
+    items on) are made only in the worker.
     """
     if budget is None or last is None:
         return False
     count = len(last.items)
-    if last.items.taken and count > _INLINE_COPY_ITEMS:
+    if last.items.taken and count >= COPY_AHEAD_ITEMS:
         return True
     return last.items.decoded and count > budget * _DECODE_PER_BUDGET_ITEM
 
@@ -438,9 +440,9 @@ def _reuse_last(
         return 0
     if budget is not None and len(last.items) > budget and not items.same_run(last.items):
         return None
-    wanted = _copies_wanted(last.items)
-    if wanted and budget is not None and len(items) > _INLINE_COPY_ITEMS:
-        return None  # too many items to copy on the loop: in the worker
+    wanted = _copies_wanted(last.items) if len(items) >= COPY_AHEAD_ITEMS else 0
+    if wanted and budget is not None:
+        return None  # copies are made ahead in the worker only
     reused = last.bytes_before(items.common_length(last.items))
     items.adopt(last.items)  # a host reading items decodes only the new ones
     if last.items.decoded:
@@ -462,8 +464,9 @@ def _copies_wanted(last: NativeItems) -> int:
     the host built on the last prefix (each later one's is made after the
     build before it, :meth:`Preparer.refill`), one for ``PreparedContext.items``
     when it read that. 0 for a host that only sends ``request_bytes``.
-    Each copy costs O(items) here, in the worker (or inline for at most
-    :data:`_INLINE_COPY_ITEMS` items), so that the reads cost O(1) on the loop.
+    Each copy costs O(items) here, in the worker, so that the reads cost
+    O(1) on the loop; the caller asks only for a prefix of at least
+    :data:`~turnloom.context.items.COPY_AHEAD_ITEMS` items.
     """
     taken = last.taken
     return (taken & TAKEN_ITEMS != 0) + (taken & TAKEN_BUILD != 0)
