@@ -50,9 +50,10 @@ TAKEN_BUILD = 2
 COPY_AHEAD_ITEMS = 512
 """The fewest items for which a host's copies of a prefix are made ahead, in the
 render worker. A shorter prefix is copied where it is read, on the event loop:
-at most this many items (about 0.3 ms of CPU here), which costs less than the
-copies made ahead and never taken (the last ``build`` of a turn leaves one)
-and keeps short-lived copies out of the collector's oldest generation."""
+at most this many items. Below it, copies made ahead cost more than they save
+(measured with ``scripts/bench_loadtest.py``: the last ``build`` of a turn
+leaves one copy untaken, and copies waiting in the worker age into the
+collector's oldest generation and bring back full collections)."""
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -595,7 +596,7 @@ class NativeItems:
             try:
                 return copies.pop()
             except IndexError:  # taken by a racing thread
-                return None
+                pass
         return None
 
     def make_copies(self, count: int) -> None:
