@@ -185,7 +185,8 @@ def _assign(
 
     Sets ``_Entry.sent`` of each entry with a renamed id (and drops its
     render caches: a render made at the door carries the ids as given).
-    ``context`` None: no kept call is sent renamed, so a result answering a
+    ``context`` None: ``entries`` hold no result (only a result reads the
+    context), or no kept call is sent renamed, so a result answering a
     call before ``entries`` keeps its id and only the calls of ``entries``
     matter. There a result takes the sent id of the newest call with its id
     without asking the pairing whether it answers it: a result that answers
@@ -301,16 +302,20 @@ def hold(history: _SentState, turns: Iterable[_Turn]) -> None:
 
 def assign_input(history: _SentState, entries: Sequence[_Entry]) -> None:
     """A new turn's input ``entries`` follow the kept turns (a commit)."""
-    if _carries_ids(entries):
+    carried = _carried_ids(entries)
+    if carried:
         ids, turns = history._sent, history._turns
-        _assign(ids, entries, _context(turns, len(turns)) if ids.renamed else None, True)
+        paired = ids.renamed and carried is _RESULTS
+        _assign(ids, entries, _context(turns, len(turns)) if paired else None, True)
 
 
 def assign_outputs(history: _SentState, position: int, entries: Sequence[_Entry]) -> None:
     """``entries`` are recorded after the outputs of ``history._turns[position]``."""
-    if _carries_ids(entries):
+    carried = _carried_ids(entries)
+    if carried:
         ids = history._sent
-        context = _context(history._turns, position + 1) if ids.renamed else None
+        paired = ids.renamed and carried is _RESULTS
+        context = _context(history._turns, position + 1) if paired else None
         _assign(ids, entries, context, False)
 
 
@@ -370,6 +375,29 @@ def _parts_with_ids(message: Message) -> list[tuple[int, str]]:
 
 def _part_ids(message: Message) -> list[str]:
     return [call_id for _, call_id in _parts_with_ids(message)]
+
+
+_CALLS = "calls"
+_RESULTS = "results"
+
+
+def _carried_ids(entries: Sequence[_Entry]) -> str:
+    """``_RESULTS`` when ``entries`` hold a tool result, else ``_CALLS`` when a call, else "".
+
+    Only a result reads the pairing context before ``entries`` (which kept
+    call it answers, and that call's sent id); a call's sent id depends on the
+    ids present alone. So entries without a result are assigned without
+    walking back for that context (:func:`_assign` with None): the same ids.
+    """
+    found = ""
+    for entry in entries:
+        for part in entry.message.parts:
+            kind = type(part)
+            if kind is ToolResultPart:
+                return _RESULTS
+            if kind is ToolCallPart:
+                found = _CALLS
+    return found
 
 
 def _carries_ids(entries: Sequence[_Entry]) -> bool:
