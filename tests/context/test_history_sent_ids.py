@@ -431,3 +431,28 @@ def test_an_input_result_answering_a_renamed_call_is_sent_with_its_id() -> None:
     assert view.sent_call_ids("t1") == ("a_r2",)
     assert view.sent_call_ids("t2") == ("a_r2",)
     _check_pairs(view, "t2")
+
+
+def test_results_of_a_step_split_one_call_per_record_get_each_calls_sent_id() -> None:
+    """Invariant (1) when a step is recorded one call per message and one message per
+    record: both calls reuse kept ids (``a_r2``, ``b_r2``) and each result, recorded
+    alone, is sent with its call's id, however many messages the turn held before
+    the step (the pairing context is read from the start of the turn's last step,
+    its whole run of assistant messages). Mutant tried: the context fed from the
+    run's last assistant message only (result ``a`` is then sent ``a``)."""
+    history = TurnHistory(HistoryLimits(max_turns=8))
+    history.commit("t0", [Message(role=Role.user, content="u0")])
+    history.record("t0", [_call("a", "0"), _call("b", "0")])
+    history.record("t0", [_result("a", "0"), _result("b", "0")])
+    history.commit("t1", [Message(role=Role.user, content="u1")])
+    history.record("t1", [Message(role=Role.assistant, content="looking")])
+    history.record("t1", [Message(role=Role.user, content="more")])
+    for message in (_call("a", "1"), _call("b", "1"), _result("a", "1"), _result("b", "1")):
+        history.record("t1", [message])
+    view = history.view()
+    assert view.sent_call_ids("t1") == ("a_r2", "b_r2", "a_r2", "b_r2")
+    _check_pairs(view, "t1")
+    for kind in KINDS:
+        items = list(view.render(get_gateway(kind), "t1").items)
+        _check_request(kind, items)
+        assert items == _cold(view, "t1", kind)
