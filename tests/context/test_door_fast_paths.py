@@ -540,5 +540,6 @@ def test_the_extras_of_a_results_text_are_copied_at_the_door() -> None:
     check_message(message, where="m")
     extras["cache_control"]["type"] = "changed"
     held = message.parts[0].content[0]  # type: ignore[union-attr]
+    assert type(held) is TextPart
     assert held.extras == {"cache_control": {"type": "ephemeral"}}
     assert held.extras is not extras
