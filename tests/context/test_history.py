@@ -1081,7 +1081,7 @@ def test_a_step_split_across_records_is_checked_against_the_turns_last_message()
     a new step and are recorded; a text reply needs no walk back and is recorded.
 
     Mutant tried: the record's fast path reading no previous message
-    (``steps_may_conflict(messages, None)``): the repeated id is accepted."""
+    (``_steps_may_conflict(messages, None)``): the repeated id is accepted."""
     history = TurnHistory(HistoryLimits())
     history.commit("t0", [Message(role=Role.user, content="q")])
     assert history.record("t0", [_calls_message("a")]) == 1

@@ -397,7 +397,7 @@ def check_steps(
             closed.update(c.call_id for c in step.closed)
 
 
-def steps_may_conflict(messages: Sequence[object], previous: object | None) -> bool:
+def _steps_may_conflict(messages: Sequence[object], previous: object | None) -> bool:
     """False when :func:`check_steps` cannot raise for ``messages``: a cheap sufficient test.
 
     ``previous`` is the last message of ``before`` (None when it is empty).
