@@ -33,7 +33,7 @@ continuation)`` (the turn's replies and tool results so far), reported as
 
 With ``--floor`` it also times the bare per-message work (``check_message``,
 the render and its encoding) over the same messages: the floor the door's
-per-message goal is read against.
+per-message goal is read against (for each tree, with ``--against``).
 
 Usage: python scripts/bench_door.py [--sessions N] [--turns M] [--rounds R]
        [--against /work/main] [--loadtest SESSIONS] [--build] [--floor]
@@ -218,7 +218,7 @@ def _loadtests(trees: list[_Tree], names: list[str], args: argparse.Namespace) -
         print(f"{'median':<7}{'ratio':<9}{rate:>11.2f}x{cpu:>12.2f}x")
 
 
-def _floor(tree: _Tree, sessions: int, turns: int, rounds: int) -> None:
+def _floor(tree: _Tree, label: str, sessions: int, turns: int, rounds: int) -> None:
     """The bare per-message work of the door, without turnloom's bookkeeping: the floor.
 
     For every message of the replayed sessions, in one tight loop each:
@@ -265,7 +265,7 @@ def _floor(tree: _Tree, sessions: int, turns: int, rounds: int) -> None:
             spent = (time.thread_time_ns() - begin) / len(messages) / 1000
             best[name] = min(best.get(name, math.inf), spent)
     print(
-        f"floor per message ({len(messages)} messages, min of {rounds}): "
+        f"{label}: floor per message ({len(messages)} messages, min of {rounds}): "
         f"check_message {best['check']:.1f} us, render+encode {best['render']:.1f} us, "
         f"both {best['both']:.1f} us (goal for the door's checks: <= 10)"
     )
@@ -332,7 +332,8 @@ def main() -> None:
             print(f"{number:<7}{'ratio':<9}" + "".join(f"{ratios[k][-1]:>15.2f}x" for k in _KINDS))
     _verdicts(mine)
     if args.floor:
-        _floor(trees[-1], args.sessions, args.turns, args.rounds)
+        for tree, name in zip(trees, names, strict=True):
+            _floor(tree, name, args.sessions, args.turns, args.rounds)
     if len(trees) == 2:
         print(
             f"{'median':<7}{'ratio':<9}"
