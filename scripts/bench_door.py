@@ -10,6 +10,11 @@ less) and reported in microseconds per call: ``accept_turn``, ``record``
 model's replies) and the whole ``async with manager.invocation(...)`` block
 around it (entering, the record, leaving: nothing awaits inside).
 
+After the rounds, this tree's median per call of each kind is printed beside
+issue 32's goal (at most 10 us; each record here is of one message, so per
+call is per message, and ``accept_turn`` is also given per input message),
+marked met or MISSED.
+
 With ``--against PATH`` the package is imported twice in this one process,
 from this tree and from the tree at ``PATH`` (each with its own modules,
 swapped into ``sys.modules`` while it runs), and every session is replayed
@@ -28,7 +33,7 @@ continuation)`` (the turn's replies and tool results so far), reported as
 
 With ``--floor`` it also times the bare per-message work (``check_message``,
 the render and its encoding) over the same messages: the floor the door's
-per-message goal is read against.
+per-message goal is read against (for each tree, with ``--against``).
 
 Usage: python scripts/bench_door.py [--sessions N] [--turns M] [--rounds R]
        [--against /work/main] [--loadtest SESSIONS] [--build] [--floor]
@@ -125,6 +130,7 @@ async def _session(
             manager.accept_turn(turn)
             spent[0] += clock() - begin
             spent[1] += 1
+            spent[-1] += len(turn.input)  # messages accepted (the per-message figure)
             if build:
                 prefix = await manager.prepare(request_type(context_id=context_id, turn_id=turn_id))
                 continuation = []
@@ -158,7 +164,7 @@ async def _replay(
 ) -> list[dict[str, float]]:
     """Microseconds per call of each kind, per tree, every session replayed by each in turn."""
     scripts = [tree.scripts(sessions, turns) for tree in trees]
-    spent = [[0] * 2 * len(_KINDS) for _ in trees]
+    spent = [[0] * (2 * len(_KINDS) + 1) for _ in trees]
     managers = [tree.manager.ContextManager() for tree in trees]
     async with contextlib.AsyncExitStack() as stack:
         for tree, manager in zip(trees, managers, strict=True):
@@ -177,8 +183,11 @@ async def _replay(
                 )
     return [
         {
-            kind: times[2 * k] / times[2 * k + 1] / 1000 if times[2 * k + 1] else math.nan
-            for k, kind in enumerate(_KINDS)
+            **{
+                kind: times[2 * k] / times[2 * k + 1] / 1000 if times[2 * k + 1] else math.nan
+                for k, kind in enumerate(_KINDS)
+            },
+            "accept_turn/msg": times[0] / times[-1] / 1000 if times[-1] else math.nan,
         }
         for times in spent
     ]
@@ -209,7 +218,7 @@ def _loadtests(trees: list[_Tree], names: list[str], args: argparse.Namespace) -
         print(f"{'median':<7}{'ratio':<9}{rate:>11.2f}x{cpu:>12.2f}x")
 
 
-def _floor(tree: _Tree, sessions: int, turns: int, rounds: int) -> None:
+def _floor(tree: _Tree, label: str, sessions: int, turns: int, rounds: int) -> None:
     """The bare per-message work of the door, without turnloom's bookkeeping: the floor.
 
     For every message of the replayed sessions, in one tight loop each:
@@ -256,10 +265,28 @@ def _floor(tree: _Tree, sessions: int, turns: int, rounds: int) -> None:
             spent = (time.thread_time_ns() - begin) / len(messages) / 1000
             best[name] = min(best.get(name, math.inf), spent)
     print(
-        f"floor per message ({len(messages)} messages, min of {rounds}): "
+        f"{label}: floor per message ({len(messages)} messages, min of {rounds}): "
         f"check_message {best['check']:.1f} us, render+encode {best['render']:.1f} us, "
         f"both {best['both']:.1f} us (goal for the door's checks: <= 10)"
     )
+
+
+def _verdicts(rounds: list[dict[str, float]]) -> None:
+    """This tree's median per call (and per message) of each kind beside its goal, met or not.
+
+    Every record here is of one message, so its figure per call is per message;
+    ``accept_turn`` is also given per input message.
+    """
+    cells = []
+    for kind in ("accept_turn", "accept_turn/msg", "record", "inv.record", "build"):
+        values = [r[kind] for r in rounds if not math.isnan(r[kind])]
+        if not values:
+            continue
+        value = statistics.median(values)
+        unit = "us/message" if kind == "accept_turn/msg" else "us"
+        verdict = "met" if value <= 10 else "MISSED"
+        cells.append(f"{kind} {value:.1f} {unit} (goal <= 10: {verdict})")
+    print("this tree, median of rounds: " + "; ".join(cells))
 
 
 def main() -> None:
@@ -293,16 +320,20 @@ def main() -> None:
     print(f"{'round':<7}{'tree':<9}" + "".join(f"{kind + ' us':>16}" for kind in _KINDS))
     print(f"{'goal':<16}" + "".join(f"{_GOALS.get(kind, ''):>16}" for kind in _KINDS))
     ratios: dict[str, list[float]] = {kind: [] for kind in _KINDS}
+    mine: list[dict[str, float]] = []
     for number in range(args.rounds):
         results = anyio.run(_replay, trees, args.sessions, args.turns, args.build)
+        mine.append(results[-1])
         for name, result in zip(names, results, strict=True):
             print(f"{number:<7}{name:<9}" + "".join(f"{result[k]:>16.1f}" for k in _KINDS))
         if len(results) == 2:
             for kind in _KINDS:
                 ratios[kind].append(results[1][kind] / results[0][kind])
             print(f"{number:<7}{'ratio':<9}" + "".join(f"{ratios[k][-1]:>15.2f}x" for k in _KINDS))
+    _verdicts(mine)
     if args.floor:
-        _floor(trees[-1], args.sessions, args.turns, args.rounds)
+        for tree, name in zip(trees, names, strict=True):
+            _floor(tree, name, args.sessions, args.turns, args.rounds)
     if len(trees) == 2:
         print(
             f"{'median':<7}{'ratio':<9}"

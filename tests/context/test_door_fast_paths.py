@@ -480,3 +480,66 @@ def test_a_part_subclass_with_another_tag_is_refused_by_the_decode() -> None:
     assert str(info.value) == (
         "m has a field of the wrong type: \"Invalid value 'weird' - at `$.content[0].type`\"."
     )
+
+
+def _result_message(part: ToolResultPart) -> Message:
+    return Message(role=Role.tool, content=(part,))
+
+
+@pytest.mark.parametrize(
+    ("part", "field", "problem"),
+    [
+        (
+            ToolResultPart(call_id="c", name=3),  # type: ignore[arg-type]
+            "content[0].name",
+            "m content[0].name must be a string or None, not an object of type int.",
+        ),
+        (
+            ToolResultPart(call_id="c", name=math.nan),  # type: ignore[arg-type]
+            "content[0].name",
+            "m content[0].name must be a string or None, not an object of type float.",
+        ),
+        (
+            ToolResultPart(call_id="", name="f"),
+            "content[0].call_id",
+            "m content[0].call_id must be a non-empty string.",
+        ),
+        (
+            ToolResultPart(call_id="c", content=(TextPart(text="t", extras={"type": "x"}),)),
+            "content[0].content[0].extras.type",
+            "m content[0].content[0].extras holds 'type', a key the a gateway writes itself; "
+            "extras never replace it.",
+        ),
+        (
+            ToolResultPart(call_id="c", extras={"tool_call_id": "d"}),
+            "content[0].extras.tool_call_id",
+            "m content[0].extras holds 'tool_call_id', a key the a gateway writes itself; "
+            "extras never replace it.",
+        ),
+    ],
+)
+def test_each_malformed_field_of_a_tool_result_is_refused_by_its_inline_test(
+    part: ToolResultPart, field: str, problem: str
+) -> None:
+    """Invariant (the result branch of check_message tests its common case inline and
+    calls the rule's helper otherwise): each malformed field of a result of the exact
+    classes (whose typing decode is skipped) still gets its typed error, naming the
+    field. Mutants tried: skipping the name test, and the extras of a result's text
+    (each let its case through)."""
+    with pytest.raises(InvalidMessageError) as info:
+        check_message(_result_message(part), where="m")
+    assert (str(info.value), info.value.field) == (problem, field)
+
+
+def test_the_extras_of_a_results_text_are_copied_at_the_door() -> None:
+    """Invariant (private copies): the extras of a text inside a tool result are the
+    door's copy once checked; changing the caller's dict changes nothing held."""
+    extras = {"cache_control": {"type": "ephemeral"}}
+    text = TextPart(text="t", extras=extras)
+    message = _result_message(ToolResultPart(call_id="c", name="f", content=(text,)))
+    check_message(message, where="m")
+    extras["cache_control"]["type"] = "changed"
+    held = message.parts[0].content[0]  # type: ignore[union-attr]
+    assert type(held) is TextPart
+    assert held.extras == {"cache_control": {"type": "ephemeral"}}
+    assert held.extras is not extras

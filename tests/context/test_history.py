@@ -1065,3 +1065,35 @@ def test_a_packed_call_log_gives_back_its_events_ids_and_carriers() -> None:
     )
     assert _call_log((), (), []) is _NO_CALLS
     assert (_NO_CALLS.events, _NO_CALLS.ids, _NO_CALLS.carriers) == ((), (), [])
+
+
+def _calls_message(*ids: str) -> Message:
+    return Message(
+        role=Role.assistant, content=tuple(ToolCallPart(call_id=i, name="f") for i in ids)
+    )
+
+
+def test_a_step_split_across_records_is_checked_against_the_turns_last_message() -> None:
+    """Invariant (the record's step check, fast path or not): an output that would
+    continue the step the turn's last message is part of, repeating a call id of it,
+    is refused across records as within one (``duplicate_call_id``, ``field`` naming
+    its index) and nothing is recorded; the same calls after the step's results start
+    a new step and are recorded; a text reply needs no walk back and is recorded.
+
+    Mutant tried: the record's fast path reading no previous message
+    (``_steps_may_conflict(messages, None)``): the repeated id is accepted."""
+    history = TurnHistory(HistoryLimits())
+    history.commit("t0", [Message(role=Role.user, content="q")])
+    assert history.record("t0", [_calls_message("a")]) == 1
+    with pytest.raises(AmbiguousStepError) as caught:
+        history.record("t0", [_calls_message("b", "a")])
+    assert (caught.value.reason, caught.value.call_id) == ("duplicate_call_id", "a")
+    assert caught.value.field == "Turn 't0' output[0]"
+    assert len(history.view().turn_messages("t0")) == 2
+    result = Message(
+        role=Role.tool, content=(ToolResultPart(call_id="a", content=(TextPart(text="1"),)),)
+    )
+    assert history.record("t0", [result]) == 1
+    assert history.record("t0", [_calls_message("a")]) == 1
+    assert history.record("t0", [Message(role=Role.assistant, content="done")]) == 1
+    assert len(history.view().turn_messages("t0")) == 5

@@ -387,3 +387,72 @@ def test_a_late_call_that_an_earlier_result_now_answers_gives_it_its_sent_id() -
         assert [s[2] for s in call_sites(kind.value, items)] == ["c0_r2", "c0_r2"]
     restored = replay("c", [checkpoint(view, (), None)], history.limits)
     assert _renders(restored, KINDS) == _renders(history, KINDS)
+
+
+def test_a_result_recorded_apart_from_its_renamed_call_is_sent_with_the_calls_id() -> None:
+    """Invariant (1), one message per record: the call of t1 reuses ``a`` (kept in t0),
+    so it is sent ``a_r2``; its result, recorded alone after it, reads the pairing
+    context before it (the walk back that only a batch holding a result needs) and is
+    sent ``a_r2`` too. A batch of calls alone takes its ids from the ids present: the
+    next reuse, also recorded alone, is ``a_r3``.
+
+    Mutant tried: assigning every batch without that context (``paired = False`` in
+    ``assign_outputs``); the result is then sent ``a`` and this test fails."""
+    history = TurnHistory(HistoryLimits(max_turns=8))
+    history.commit("t0", [Message(role=Role.user, content="u0")])
+    history.record("t0", [_call("a", "0")])
+    history.record("t0", [_result("a", "0")])
+    history.commit("t1", [Message(role=Role.user, content="u1")])
+    history.record("t1", [_call("a", "1")])
+    history.record("t1", [_result("a", "1")])
+    history.record("t1", [_call("a", "2")])
+    view = history.view()
+    assert view.sent_call_ids("t0") == ()  # sent as given
+    assert view.sent_call_ids("t1") == ("a_r2", "a_r2", "a_r3")
+    _check_pairs(view, "t1")
+    for kind in KINDS:
+        items = list(view.render(get_gateway(kind), "t1").items)
+        _check_request(kind, items)
+        assert items == _cold(view, "t1", kind)
+
+
+def test_an_input_result_answering_a_renamed_call_is_sent_with_its_id() -> None:
+    """Invariant (1) across a commit: t1's call is sent ``a_r2``; t2's input answers
+    it (an approval), so the committed result reads the kept turns' pairing context
+    and is sent ``a_r2``. Mutant tried: ``paired = False`` in ``assign_input`` (the
+    result is sent ``a``)."""
+    history = TurnHistory(HistoryLimits(max_turns=8))
+    history.commit("t0", [Message(role=Role.user, content="u0")])
+    history.record("t0", [_call("a", "0"), _result("a", "0")])
+    history.commit("t1", [Message(role=Role.user, content="u1")])
+    history.record("t1", [_call("a", "1")])
+    history.commit("t2", [_result("a", "1")])
+    view = history.view()
+    assert view.sent_call_ids("t1") == ("a_r2",)
+    assert view.sent_call_ids("t2") == ("a_r2",)
+    _check_pairs(view, "t2")
+
+
+def test_results_of_a_step_split_one_call_per_record_get_each_calls_sent_id() -> None:
+    """Invariant (1) when a step is recorded one call per message and one message per
+    record: both calls reuse kept ids (``a_r2``, ``b_r2``) and each result, recorded
+    alone, is sent with its call's id, however many messages the turn held before
+    the step (the pairing context is read from the start of the turn's last step,
+    its whole run of assistant messages). Mutant tried: the context fed from the
+    run's last assistant message only (result ``a`` is then sent ``a``)."""
+    history = TurnHistory(HistoryLimits(max_turns=8))
+    history.commit("t0", [Message(role=Role.user, content="u0")])
+    history.record("t0", [_call("a", "0"), _call("b", "0")])
+    history.record("t0", [_result("a", "0"), _result("b", "0")])
+    history.commit("t1", [Message(role=Role.user, content="u1")])
+    history.record("t1", [Message(role=Role.assistant, content="looking")])
+    history.record("t1", [Message(role=Role.user, content="more")])
+    for message in (_call("a", "1"), _call("b", "1"), _result("a", "1"), _result("b", "1")):
+        history.record("t1", [message])
+    view = history.view()
+    assert view.sent_call_ids("t1") == ("a_r2", "b_r2", "a_r2", "b_r2")
+    _check_pairs(view, "t1")
+    for kind in KINDS:
+        items = list(view.render(get_gateway(kind), "t1").items)
+        _check_request(kind, items)
+        assert items == _cold(view, "t1", kind)

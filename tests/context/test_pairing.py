@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,10 +16,13 @@ from turnloom.context import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    check_steps,
     complete_pairs,
     hold_until_answered,
     open_call_ids,
 )
+from turnloom.context.pairing import _steps_may_conflict
+from turnloom.errors import AmbiguousStepError
 
 USER = Message(role=Role.user, content="q")
 
@@ -278,3 +283,69 @@ def test_call_tracker_is_the_one_pairing_rule() -> None:
     copy = turns.copy()
     copy.feed(calls("z"))
     assert (turns.open_ids, copy.open_ids) == ((), ("z",))
+
+
+def _answered_then_text(*ids: str) -> Message:
+    """A user message with results and text: it ends the group (closing its open calls)."""
+    parts = tuple(ToolResultPart(call_id=i, content=(TextPart(text=i),)) for i in ids)
+    return Message(role=Role.user, content=(*parts, TextPart(text="t")))
+
+
+@st.composite
+def _steps(draw: st.DrawFn) -> list[Message]:
+    out = draw(histories())
+    if draw(st.booleans()):
+        ids = draw(st.lists(_ids, min_size=1, max_size=2, unique=True))
+        out.insert(draw(st.integers(0, len(out))), _answered_then_text(*ids))
+    return out
+
+
+@settings(max_examples=400)
+@given(before=_steps(), messages=_steps())
+def test_steps_may_conflict_is_false_only_where_check_steps_passes(
+    before: list[Message], messages: list[Message]
+) -> None:
+    """Invariant (the record's fast path keeps the step check): whenever
+    ``_steps_may_conflict`` says a batch cannot conflict, ``check_steps`` over it
+    after any ``before`` passes; it says so for batches without results whose calls
+    never directly follow an assistant message."""
+    previous = before[-1] if before else None
+    if not _steps_may_conflict(messages, previous):
+        check_steps(messages, "batch", before=before)
+        sequence = [previous, *messages] if previous is not None else messages
+        assert not any(type(p) is ToolResultPart for m in messages for p in m.parts)
+        for earlier, message in itertools.pairwise(sequence):
+            if earlier.role is Role.assistant:
+                assert not message.tool_calls
+
+
+def test_steps_may_conflict_on_each_kind_of_ambiguous_step() -> None:
+    """Each refusal of ``check_steps`` is seen by the fast path: a repeated call id in
+    a split step (duplicate_call_id) and a result of a call whose step ended
+    (closed_call); a text reply or calls after a result are not.
+
+    Mutant tried: ``_steps_may_conflict`` answering False for a call after an
+    assistant message (the record then accepts the repeated id); this test and
+    tests/runtime/test_split_steps.py fail."""
+    for before, batch, reason in (
+        ([USER, calls("a")], [calls("a")], "duplicate_call_id"),
+        ([USER, calls("a", "b"), calls("c")], [results("a")], None),
+        ([USER, calls("a", "b"), _answered_then_text("b")], [results("a")], "closed_call"),
+        ([calls("a"), results("a"), calls("b")], [calls("c"), calls("b")], "duplicate_call_id"),
+    ):
+        assert _steps_may_conflict(batch, before[-1])
+        if reason is None:
+            check_steps(batch, "batch", before=before)
+        else:
+            try:
+                check_steps(batch, "batch", before=before)
+            except AmbiguousStepError as exc:
+                assert exc.reason == reason
+            else:
+                raise AssertionError("check_steps passed an ambiguous step")
+    reply = Message(role=Role.assistant, content="done")
+    assert not _steps_may_conflict([reply], results("a"))
+    assert not _steps_may_conflict([calls("a")], results("a"))
+    assert not _steps_may_conflict([reply, USER, calls("b")], calls("a"))
+    assert _steps_may_conflict([reply, calls("b")], USER)
+    assert _steps_may_conflict([object()], None)

@@ -19,12 +19,24 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.runtime.helpers import assistant, call, result, user
-from turnloom.context import GatewayType, Message, Role, complete_pairs, get_gateway
+from turnloom.context import (
+    GatewayType,
+    ImagePart,
+    Message,
+    Part,
+    ReasoningPart,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+    complete_pairs,
+    get_gateway,
+)
 from turnloom.context.callids import rename_call_ids
 from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory
 from turnloom.errors import AmbiguousStepError, InvalidMessageError, TurnTooLargeError
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
-from turnloom.runtime._door import check_snapshot
+from turnloom.runtime._door import _renders_content, check_snapshot
 
 pytestmark = pytest.mark.anyio
 
@@ -229,3 +241,55 @@ def test_every_committed_turn_prepares_valid_and_a_refusal_is_exactly_an_empty_t
             rendered = history.view().render(gateway, snapshot.turn_id)
             assert rendered.turn_start < len(rendered.items)
             assert _valid(kind, rendered.items) == []
+
+
+_PARTS: st.SearchStrategy[Part] = st.sampled_from(
+    [
+        TextPart(text=""),
+        TextPart(text=" \n"),
+        TextPart(text="ok"),
+        TextPart(text="", extras={"thoughtSignature": "c2ln"}),
+        ReasoningPart(text=""),
+        ImagePart(url="https://example.com/a.png"),
+        ToolCallPart(call_id="a", name="f"),
+        ToolResultPart(call_id="a", content=(TextPart(text="1"),)),
+        ToolResultPart(call_id="b", content=(TextPart(text="2"),)),
+    ]
+)
+
+
+@st.composite
+def _inputs(draw: st.DrawFn) -> list[Message]:
+    out = []
+    for _ in range(draw(st.integers(1, 3))):
+        parts: list[Part] = draw(st.lists(_PARTS, min_size=1, max_size=3, unique_by=id))
+        calls = any(type(p) is ToolCallPart for p in parts)
+        results = any(type(p) is ToolResultPart for p in parts)
+        if calls and results:
+            parts = [p for p in parts if type(p) is not ToolCallPart]
+            calls = False
+        role = Role.assistant if calls else draw(st.sampled_from([Role.user, Role.tool]))
+        if role is Role.tool:
+            parts = [p for p in parts if type(p) is ToolResultPart] or [ToolResultPart(call_id="b")]
+        out.append(Message(role=role, content=tuple(parts)))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(input=_inputs(), open_call=st.booleans())
+def test_the_content_fast_path_decides_as_pairing(input: list[Message], open_call: bool) -> None:
+    """Invariant (one rule at the door, decided the cheap way where it can be): the
+    door's content test (after the render's item count) says an input keeps content
+    exactly when pairing keeps some of it, against the calls the kept history leaves
+    open; an input without calls or results is decided without pairing (content iff
+    a part is not blank), and decides the same.
+
+    Mutant tried: the fast path counting a blank text part as content (the input
+    of blank text alone is then accepted): this test fails."""
+    history = TurnHistory(HistoryLimits())
+    history.commit("t0", [user("go")])
+    if open_call:
+        history.record("t0", [call("a")])
+    results = any(m.tool_results for m in input)
+    carried = history.open_calls() if results else ()
+    assert _renders_content(input, history) is bool(complete_pairs(input, carried=carried))

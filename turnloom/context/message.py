@@ -671,37 +671,59 @@ def check_message(message: object, *, where: str = "message") -> int:
     seen: set[str] = set()
     # Whether the checks below type every field (see ``_typed_leaf``).
     typed = type(message) is Message
+    # The common case of each kind is tested inline and a field's label is built
+    # only for a helper that is about to raise (or to check a rarer shape): the
+    # helpers hold the rules and their messages; these tests only skip them when
+    # they would pass (tests/context/test_door_fast_paths.py compares the two).
     for i, part in enumerate(message.parts):
-        field = f"content[{i}]"
-        kind = _part_type(part)
-        if typed and kind is not type(part):
+        kind: type | None = type(part)
+        if kind not in _EXACT_PART_TYPES:
+            kind = _part_type(part)
             typed = False
         if kind is ToolCallPart:
-            call = cast("ToolCallPart", part)
-            _check_placement(call, role, where, field)
-            _require_id(call.call_id, where, f"{field}.call_id")
-            _require_id(call.name, where, f"{field}.name")
-            _check_arguments(call.arguments, where, f"{field}.arguments")
-            if call.call_id in seen:
+            call: ToolCallPart = part  # type: ignore[assignment]
+            call_id, name = call.call_id, call.name
+            if role is not _ASSISTANT:
+                _check_placement(call, role, where, f"content[{i}]")
+            if type(call_id) is not str or not call_id:
+                _require_id(call_id, where, f"content[{i}].call_id")
+            if type(name) is not str or not name:
+                _require_id(name, where, f"content[{i}].name")
+            _check_arguments(call.arguments, where, i)
+            if call_id in seen:
                 raise DuplicateIdError(
-                    f"{where} has two tool calls with call id {excerpt(call.call_id)}."
+                    f"{where} has two tool calls with call id {excerpt(call_id)}."
                 )
-            seen.add(call.call_id)
-            _copy_extras(call, "tool_call", gateway, where, field)
+            seen.add(call_id)
+            if call.extras is not None:
+                _copy_extras(call, "tool_call", gateway, where, f"content[{i}]")
         elif kind is ToolResultPart:
-            result = cast("ToolResultPart", part)
-            _check_placement(result, role, where, field)
-            _require_id(result.call_id, where, f"{field}.call_id")
-            _optional_strings(result, ("name",), where, field)
-            if not isinstance(result.content, tuple):
+            result: ToolResultPart = part  # type: ignore[assignment]
+            field = f"content[{i}]"
+            if role is not _TOOL and role is not _USER:
+                _check_placement(result, role, where, field)
+            call_id = result.call_id
+            if type(call_id) is not str or not call_id:
+                _require_id(call_id, where, f"{field}.call_id")
+            if result.name is not None and type(result.name) is not str:
+                _optional_strings(result, ("name",), where, field)
+            content = result.content
+            if not isinstance(content, tuple):
                 raise InvalidMessageError(
                     f"{where} {field}.content must be a tuple of parts.",
                     field=f"{field}.content",
                 )
-            _copy_extras(result, "tool_result", gateway, where, field)
+            if result.extras is not None:
+                _copy_extras(result, "tool_result", gateway, where, field)
             if typed and type(result.is_error) is not bool:
                 typed = False
-            for j, inner in enumerate(result.content):
+            for j, inner in enumerate(content):
+                if type(inner) is TextPart:  # the common case, as _check_leaf tests it
+                    if inner.extras is not None:
+                        _copy_extras(inner, "text", gateway, where, f"{field}.content[{j}]")
+                    if typed and not isinstance(inner.text, str):
+                        typed = False
+                    continue
                 inner_field = f"{field}.content[{j}]"
                 if _part_type(inner) not in _LEAF_PART_TYPES:
                     raise InvalidMessageError(
@@ -712,12 +734,20 @@ def check_message(message: object, *, where: str = "message") -> int:
                 _check_leaf(inner, gateway, where, inner_field)
                 if typed and not _typed_leaf(inner):
                     typed = False
+        elif kind is TextPart:  # the common case of a leaf, as _check_leaf tests it
+            leaf_text: TextPart = part  # type: ignore[assignment]
+            if leaf_text.extras is not None:
+                _copy_extras(leaf_text, "text", gateway, where, f"content[{i}]")
+            if typed and not isinstance(leaf_text.text, str):
+                typed = False
         elif kind in _LEAF_PART_TYPES:
+            field = f"content[{i}]"
             leaf = cast("TextPart | ImagePart | OpaquePart", part)
             _check_leaf(leaf, gateway, where, field)
             if typed and not _typed_leaf(leaf):
                 typed = False
         elif kind is ReasoningPart:
+            field = f"content[{i}]"
             typed = False  # its text and redacted flag are typed by the decode below
             reasoning = cast("ReasoningPart", part)
             _optional_strings(
@@ -728,8 +758,8 @@ def check_message(message: object, *, where: str = "message") -> int:
             _copy_extras(reasoning, "reasoning", producer, where, field, only=True)
         else:
             raise InvalidMessageError(
-                f"{where} {field} is {what_type(part)}, not a message part.",
-                field=field,
+                f"{where} content[{i}] is {what_type(part)}, not a message part.",
+                field=f"content[{i}]",
             )
     try:
         data = _encoder.encode(message)
@@ -939,8 +969,20 @@ def _check_leaf(
         _copy_extras(part, "text", gateway, where, field)
 
 
-def _check_arguments(arguments: object, where: str, field: str) -> None:
-    """Tool call arguments: blank (no arguments) or the strict JSON text of an object."""
+def _check_arguments(arguments: object, where: str, index: int) -> None:
+    """Tool call arguments: blank (no arguments) or the strict JSON text of an object.
+
+    ``index``: the call's part in ``content`` (errors name ``content[index].arguments``).
+    """
+    if type(arguments) is str and not is_blank_text(arguments):
+        # The common case without the label: provably strict text of an object.
+        try:
+            value = _any_decoder.decode(arguments)
+        except (msgspec.DecodeError, RecursionError, UnicodeEncodeError):
+            value = None  # the checks below name the problem
+        if type(value) is dict and _provably_strict(arguments):
+            return
+    field = f"content[{index}].arguments"
     if not isinstance(arguments, str):
         raise InvalidMessageError(f"{where} {field} must be JSON text (str).", field=field)
     if is_blank_text(arguments):

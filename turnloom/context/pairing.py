@@ -397,6 +397,30 @@ def check_steps(
             closed.update(c.call_id for c in step.closed)
 
 
+def _steps_may_conflict(messages: Sequence[object], previous: object | None) -> bool:
+    """False when :func:`check_steps` cannot raise for ``messages``: a cheap sufficient test.
+
+    ``previous`` is the last message of ``before`` (None when it is empty).
+    :func:`check_steps` raises only for a tool result (an orphan whose call's
+    group ended) or for a tool call in an assistant message fed directly after
+    an assistant message (:meth:`CallTracker.conflict` needs the step's model
+    turn); a batch with neither, or whose calls each follow a message of
+    another role, passes it whatever ``before`` holds, so a record or a commit
+    need not walk back for the turn's last step. True for anything that is not
+    a Message (the full check names it). O(the parts of ``messages``).
+    """
+    after_assistant = isinstance(previous, Message) and previous.role is _ASSISTANT
+    for message in messages:
+        if not isinstance(message, Message):
+            return True
+        for part in message.parts:
+            kind = type(part)
+            if kind is ToolResultPart or (kind is ToolCallPart and after_assistant):
+                return True
+        after_assistant = message.role is _ASSISTANT
+    return False
+
+
 def _is_assistant(message: object) -> bool:
     """True for a Message of the assistant role (entries that are not Messages: False)."""
     return isinstance(message, Message) and message.role is _ASSISTANT

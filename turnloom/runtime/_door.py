@@ -37,7 +37,13 @@ from turnloom.context.history import (
     reject_instructions,
 )
 from turnloom.context.memory import MemorySource, check_tenant_scope
-from turnloom.context.message import Message, check_message
+from turnloom.context.message import (
+    Message,
+    ToolCallPart,
+    ToolResultPart,
+    check_message,
+    is_blank_part,
+)
 from turnloom.context.pairing import OpenCallPolicy, complete_pairs
 from turnloom.context.scope import check_scope
 from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
@@ -445,9 +451,7 @@ def check_snapshot(
     # turn), as the render pairs them; a result answering one ties this turn
     # to the calls' turn, so eviction keeps that call (see TurnHistory).
     # Without results the open calls cannot matter: they are not walked for.
-    results = rendered and any(m.tool_results for m in snapshot.input)
-    carried = history.open_calls() if results else ()
-    if not rendered or not complete_pairs(snapshot.input, carried=carried):
+    if not rendered or not _renders_content(snapshot.input, history):
         raise InvalidMessageError(
             f"Turn {excerpt(snapshot.turn_id)} of context {excerpt(context_id)} has no input that "
             "renders to content (empty, only blank text, or only tool results answering no "
@@ -464,6 +468,28 @@ def check_snapshot(
             pinned=True,
         )
     return context_id
+
+
+def _renders_content(input: Sequence[Message], history: TurnHistory) -> bool:
+    """True when the checked ``input`` keeps content after pairing (``complete_pairs``).
+
+    Without a call or a result, pairing only drops blank text parts (and the
+    messages they empty), so the input keeps content exactly when a part of
+    it is not blank (:func:`~turnloom.context.is_blank_part`): decided
+    without pairing's copy. Otherwise pairing decides, against the calls the
+    kept history leaves open when the input holds results.
+    """
+    content = False
+    for message in input:
+        for part in message.parts:
+            kind = type(part)
+            if kind is ToolCallPart or kind is ToolResultPart:
+                results = any(m.tool_results for m in input)
+                carried = history.open_calls() if results else ()
+                return bool(complete_pairs(input, carried=carried))
+            if not content and not is_blank_part(part):
+                content = True
+    return content
 
 
 def check_carried(carried: int, max_item_bytes: int, what: str) -> None:

@@ -36,6 +36,7 @@ from turnloom.context.message import (
     reject_instructions,
 )
 from turnloom.context.pairing import (
+    _steps_may_conflict,
     check_steps,
 )
 from turnloom.context.tokens import count_tokens
@@ -89,6 +90,12 @@ def _blank_reasoning(part: Part) -> bool:
     )
 
 
+def _last_message(turn: _Turn) -> Message | None:
+    """The turn's last message (its input, kept state, then outputs), or None."""
+    entries = turn.outputs or turn.state or turn.input
+    return entries[-1].message if entries else None
+
+
 def _commit(
     history: _ChangeState,
     turn_id: str,
@@ -115,7 +122,8 @@ def _commit(
     if _first_instruction(input) >= 0:
         reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
     entries, sizes = _entries(history, input, turn_id, "input")
-    check_steps(input, f"Turn {excerpt(turn_id)} input")
+    if _steps_may_conflict(input, None):
+        check_steps(input, f"Turn {excerpt(turn_id)} input")
     if input and history._turns:
         _check_turn_start(history._turns[-1], input[0], f"Turn {excerpt(turn_id)} input[0]")
     seen: set[str] = set()
@@ -231,12 +239,14 @@ def _record(
         history._duplicates += duplicates
         history._blank_dropped += blank
         return 0
-    check_steps(
-        [e.message for e in kept],
-        f"Turn {excerpt(turn_id)} output",
-        before=_step_tail(old),
-        indices=kept_at,
-    )
+    messages = [e.message for e in kept]
+    if _steps_may_conflict(messages, _last_message(old)):
+        check_steps(
+            messages,
+            f"Turn {excerpt(turn_id)} output",
+            before=_step_tail(old),
+            indices=kept_at,
+        )
     if position + 1 < len(history._turns):
         later = history._turns[position + 1].entries(True)
         if later:

@@ -169,13 +169,46 @@ def _context(turns: Sequence[_Turn], stop: int, input_only: bool = False) -> _Co
     for index in range(last, -1, -1):
         tracker = CallTracker()
         sent: dict[str, str] = {}
-        _feed(tracker, sent, turns[index].entries(not (index == last and input_only)))
+        entries = turns[index].entries(not (index == last and input_only))
+        if index == last:
+            start = _last_step(entries)
+            if start >= 0:
+                _feed(tracker, sent, entries[start:])
+                return tracker, sent
+        _feed(tracker, sent, entries)
         if tracker.group:
             for at in range(index + 1, stop):
                 tracker.new_turn()
                 _feed(tracker, sent, turns[at].entries(not (at == last and input_only)))
             return tracker, sent
     return CallTracker(), {}
+
+
+def _last_step(entries: Sequence[_Entry]) -> int:
+    """Where the last step of ``entries`` starts, or -1 when they end without one.
+
+    The last step is their last run of assistant messages and the results
+    after it (tool messages, user messages holding results), as
+    ``_ties._step_tail`` reads a turn. Its first message starts a call
+    group whatever came before (an assistant message after one of another
+    role always does: :meth:`CallTracker.feed`), so a tracker fed from there
+    ends in the state one fed all of ``entries`` ends in, for the calls it
+    holds open and their sent ids: :func:`_context` feeds the newest turn
+    from there, O(its last step) instead of O(the turn) per record.
+    """
+    at = len(entries) - 1
+    while at >= 0:
+        message = entries[at].message
+        role = message.role
+        if role is Role.tool or (role is Role.user and message.tool_results):
+            at -= 1
+        else:
+            break
+    if at < 0 or entries[at].message.role is not Role.assistant:
+        return -1
+    while at > 0 and entries[at - 1].message.role is Role.assistant:
+        at -= 1
+    return at
 
 
 def _assign(
@@ -185,7 +218,8 @@ def _assign(
 
     Sets ``_Entry.sent`` of each entry with a renamed id (and drops its
     render caches: a render made at the door carries the ids as given).
-    ``context`` None: no kept call is sent renamed, so a result answering a
+    ``context`` None: ``entries`` hold no result (only a result reads the
+    context), or no kept call is sent renamed, so a result answering a
     call before ``entries`` keeps its id and only the calls of ``entries``
     matter. There a result takes the sent id of the newest call with its id
     without asking the pairing whether it answers it: a result that answers
@@ -301,16 +335,20 @@ def hold(history: _SentState, turns: Iterable[_Turn]) -> None:
 
 def assign_input(history: _SentState, entries: Sequence[_Entry]) -> None:
     """A new turn's input ``entries`` follow the kept turns (a commit)."""
-    if _carries_ids(entries):
+    carried = _carried_ids(entries)
+    if carried:
         ids, turns = history._sent, history._turns
-        _assign(ids, entries, _context(turns, len(turns)) if ids.renamed else None, True)
+        paired = ids.renamed and carried is _RESULTS
+        _assign(ids, entries, _context(turns, len(turns)) if paired else None, True)
 
 
 def assign_outputs(history: _SentState, position: int, entries: Sequence[_Entry]) -> None:
     """``entries`` are recorded after the outputs of ``history._turns[position]``."""
-    if _carries_ids(entries):
+    carried = _carried_ids(entries)
+    if carried:
         ids = history._sent
-        context = _context(history._turns, position + 1) if ids.renamed else None
+        paired = ids.renamed and carried is _RESULTS
+        context = _context(history._turns, position + 1) if paired else None
         _assign(ids, entries, context, False)
 
 
@@ -370,6 +408,29 @@ def _parts_with_ids(message: Message) -> list[tuple[int, str]]:
 
 def _part_ids(message: Message) -> list[str]:
     return [call_id for _, call_id in _parts_with_ids(message)]
+
+
+_CALLS = "calls"
+_RESULTS = "results"
+
+
+def _carried_ids(entries: Sequence[_Entry]) -> str:
+    """``_RESULTS`` when ``entries`` hold a tool result, else ``_CALLS`` when a call, else "".
+
+    Only a result reads the pairing context before ``entries`` (which kept
+    call it answers, and that call's sent id); a call's sent id depends on the
+    ids present alone. So entries without a result are assigned without
+    walking back for that context (:func:`_assign` with None): the same ids.
+    """
+    found = ""
+    for entry in entries:
+        for part in entry.message.parts:
+            kind = type(part)
+            if kind is ToolResultPart:
+                return _RESULTS
+            if kind is ToolCallPart:
+                found = _CALLS
+    return found
 
 
 def _carries_ids(entries: Sequence[_Entry]) -> bool:
