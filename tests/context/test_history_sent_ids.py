@@ -387,3 +387,30 @@ def test_a_late_call_that_an_earlier_result_now_answers_gives_it_its_sent_id() -
         assert [s[2] for s in call_sites(kind.value, items)] == ["c0_r2", "c0_r2"]
     restored = replay("c", [checkpoint(view, (), None)], history.limits)
     assert _renders(restored, KINDS) == _renders(history, KINDS)
+
+
+def test_a_renamed_message_keeps_only_its_sent_ids() -> None:
+    """Memory (issue 32): a message sent renamed keeps the ids it is sent with (a lone
+    id bare, else a tuple in part order; an id sent as it is the part's own str), never
+    a copy of the message; the message as sent is built from them where it is read."""
+    history = _reuse_history()
+    call, result = history._turns[1].outputs
+    assert (call.sent, result.sent) == ("a_r2", "a_r2")
+    assert (call.wire, result.wire) == (_call("a_r2", "2"), _result("a_r2", "2"))
+    assert call.message == _call("a", "2")  # what the host gave stays as it was
+    pair = Message(
+        role=Role.assistant,
+        content=(
+            TextPart(text="two calls"),
+            ToolCallPart(call_id="a", name="f", arguments='{"t": "3"}'),
+            ToolCallPart(call_id="b", name="f", arguments='{"t": "3"}'),
+        ),
+    )
+    history.record("t3", [pair, _result("a", "3"), _result("b", "3")])
+    two, first, second = history._turns[2].outputs
+    assert two.sent == ("a_r3", "b")
+    assert two.sent[1] is pair.parts[2].call_id  # type: ignore[union-attr]
+    assert (first.sent, second.sent) == ("a_r3", None)
+    assert two.wire.parts[0] is pair.parts[0]
+    assert [p.call_id for p in two.wire.parts[1:]] == ["a_r3", "b"]  # type: ignore[union-attr]
+    assert history.view().sent_call_ids("t3") == ("a_r3", "b", "a_r3", "b")

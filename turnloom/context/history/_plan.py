@@ -61,7 +61,7 @@ def _render_entries(
     ``counter`` here. With ``store`` False the entries' caches are read,
     never filled.
     """
-    messages = [e.wire for e in entries]
+    messages = [e.wire for e in entries]  # alive below: an id in ``by_id`` is one of them
     by_id = {id(m): e for m, e in zip(messages, entries, strict=True)}
     items: list[NativeContent] = []
     encoded: list[bytes] = []
@@ -78,7 +78,7 @@ def _render_entries(
         entry = by_id.get(id(message))
         if lead < 0 and (entry is not None or not _is_cancelled_results(message)):
             lead = len(items)
-        if entry is not None and entry.wire is message:
+        if entry is not None:  # the entry's message as sent, unchanged by pairing
             native, native_encoded = entry.rendered(gateway, slot, store)
             tokens += entry.tokens
         else:
