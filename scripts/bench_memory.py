@@ -36,7 +36,9 @@ over the objects each part holds, each object counted once, in this
 order; the rest of what tracemalloc counts is allocator rounding and what
 no part names), as a ratio to the JSON bytes:
 
-* messages: the committed Message structs, their parts and strings;
+* messages: the committed Message structs, their parts and strings (those
+  not already held by the loaded trajectories, which the parsed messages
+  share and the baseline excludes);
 * bookkeeping: the history's per-message and per-turn records (entries,
   turns, id maps): the committed memory that is not messages;
 * closed turns: the run's encoded items (one ``bytes`` per turn, its items
@@ -153,12 +155,18 @@ def _shared_strings(roots: list[Any], seen: set[int]) -> int:
     return shared
 
 
-def breakdown(history: TurnHistory, committed: int) -> dict[str, int]:
+def breakdown(
+    history: TurnHistory, committed: int, trajectories: list[list[object]]
+) -> dict[str, int]:
     """Where the held memory goes (see the module docstring), in bytes.
 
     Reads the history's private structures: a measurement, not an API.
     """
+    # What the loaded trajectories hold (the messages' text, parsed from them
+    # without a copy) was allocated before the baseline: tracemalloc does not
+    # count it, so neither does ``messages``.
     seen: set[int] = set()
+    _deep(trajectories, seen)
     entries = [*history._pinned, *(e for t in history._turns for e in t.entries(True))]
     messages, _ = _deep([e.message for e in entries], seen)
     [run] = history._shared.runs.values()
@@ -291,7 +299,7 @@ def measure(
     tracked_after = len(gc.get_objects()) - objects
     tracemalloc.stop()
     json_bytes = history.statistics().bytes + history.statistics().pinned_bytes
-    parts = breakdown(history, before)
+    parts = breakdown(history, before, trajectories)
     lean = floor(kind, history, trajectories)
     del history
     return json_bytes, before, after, parts, (tracked_before, tracked_after), lean
