@@ -158,11 +158,14 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
             untrack_json(pair)  # as ``rendered`` does
             self.more[slot] = pair
 
-    def rendered(self, gateway: Gateway, slot: int, store: bool = True) -> tuple[_Native, _Encoded]:
+    def rendered(
+        self, gateway: Gateway, slot: int, store: bool = True, wire: Message | None = None
+    ) -> tuple[_Native, _Encoded]:
         """The message rendered for ``gateway`` (cache slot ``slot``): items and encodings.
 
-        From the cache, else decoded from the cached encoding, else rendered;
-        cached unless ``store`` is False (a private render).
+        From the cache, else decoded from the cached encoding, else rendered
+        (``wire``: :attr:`wire`, when the caller built it); cached unless
+        ``store`` is False (a private render).
         """
         more = None
         if slot == 0:
@@ -177,7 +180,7 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
         if encoded is not None:
             native = _decode_native(encoded)
         else:
-            native, encoded = _render_message(self.wire, gateway)
+            native, encoded = _render_message(self.wire if wire is None else wire, gateway)
         if store:
             if slot == 0:
                 untrack_json(native)
