@@ -456,3 +456,56 @@ def test_results_of_a_step_split_one_call_per_record_get_each_calls_sent_id() ->
         items = list(view.render(get_gateway(kind), "t1").items)
         _check_request(kind, items)
         assert items == _cold(view, "t1", kind)
+
+
+def test_a_renamed_message_keeps_only_its_sent_ids() -> None:
+    """Memory (issue 32): a message sent renamed keeps the ids it is sent with (a lone
+    id bare, else a tuple in part order; an id sent as it is the part's own str), never
+    a copy of the message; the message as sent is built from them where it is read."""
+    history = _reuse_history()
+    call, result = history._turns[1].outputs
+    assert (call.sent, result.sent) == ("a_r2", "a_r2")
+    assert (call.wire, result.wire) == (_call("a_r2", "2"), _result("a_r2", "2"))
+    assert call.message == _call("a", "2")  # what the host gave stays as it was
+    pair = Message(
+        role=Role.assistant,
+        content=(
+            TextPart(text="two calls"),
+            ToolCallPart(call_id="a", name="f", arguments='{"t": "3"}'),
+            ToolCallPart(call_id="b", name="f", arguments='{"t": "3"}'),
+        ),
+    )
+    history.record("t3", [pair, _result("a", "3"), _result("b", "3")])
+    two, first, second = history._turns[2].outputs
+    assert two.sent == ("a_r3", "b")
+    assert two.sent[1] is pair.parts[2].call_id  # type: ignore[union-attr]
+    assert (first.sent, second.sent) == ("a_r3", None)
+    assert two.wire.parts[0] is pair.parts[0]
+    assert [p.call_id for p in two.wire.parts[1:]] == ["a_r3", "b"]  # type: ignore[union-attr]
+    assert history.view().sent_call_ids("t3") == ("a_r3", "b", "a_r3", "b")
+
+
+def test_a_render_builds_each_renamed_message_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Render cost of kept ids (issue 32): a renamed message is built from its ids
+    (``_Entry.wire``) once per render that plans its turn, in the pairing pass, and
+    rendered from that build; a turn in the cached run is not built again."""
+    from turnloom.context.history import _cells
+
+    built: list[str] = []
+    original = _cells.with_ids
+
+    def counting(message: Message, sent: Any) -> Message:
+        built.append(sent if isinstance(sent, str) else ",".join(sent))
+        return original(message, sent)
+
+    monkeypatch.setattr(_cells, "with_ids", counting)
+    history = _reuse_history()  # t2's call and result are sent a_r2
+    for kind in KINDS:  # a run per gateway: t1 and t2 join each, built once per render
+        built.clear()
+        history.view().render(get_gateway(kind), "t3")
+        assert built == ["a_r2", "a_r2"]
+    history.record("t3", [_call("a", "3"), _result("a", "3")])
+    history.commit("t4", [Message(role=Role.user, content="u4")])
+    built.clear()
+    history.view().render(get_gateway(GatewayType.anthropic), "t4")
+    assert built == ["a_r3", "a_r3"]  # t3 only: t2 is in the run

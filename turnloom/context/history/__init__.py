@@ -51,8 +51,9 @@ applied to its neutral messages against the ids its kept calls are sent
 with (``_sent``): a reuse of such an id is sent as ``<id>_r<n>``, the
 smallest free ``n`` from 2, and the results answering it (by the pairing
 rule, across turns) with it. The decision is history state, kept with each
-message (``None`` while no id of it changes, so no cost when no id
-repeats), never a render cache: renders send each message with its sent ids
+message as the ids it is sent with, not a copy of it (``None`` while no id
+of it changes, so no cost when no id repeats), never a render cache:
+renders send each message with its sent ids
 (:meth:`HistoryView.sent_messages`), so a cold render equals the
 incremental one, and eviction only frees the evicted calls' ids
 (O(evicted calls)): a retained turn's ids never change, the run is never

@@ -19,6 +19,7 @@ from turnloom.context.items import (
 from turnloom.context.message import (
     Message,
     ToolCallPart,
+    ToolResultPart,
 )
 from turnloom.context.pairing import (
     OpenCallPolicy,
@@ -61,6 +62,46 @@ def _decode_native(encoded: _Encoded) -> _Native:
     return decoded
 
 
+_WireIds = str | tuple[str, ...]
+"""The sent ids of a message's call and result parts: a lone id bare, else a tuple."""
+
+
+def own_ids(message: Message) -> list[str]:
+    """The call id of each call and result part of ``message``, in part order."""
+    return [
+        part.call_id
+        for part in message.parts
+        if type(part) is ToolCallPart or type(part) is ToolResultPart
+    ]
+
+
+def pack_ids(message: Message, ids: Sequence[str]) -> _WireIds | None:
+    """What ``_Entry.sent`` keeps for ``message`` sent with ``ids`` (one per id part).
+
+    None when every id is the part's own; an id equal to its part's own is
+    kept as the part's very str (no new string is held).
+    """
+    own = own_ids(message)
+    if len(own) != len(ids):
+        raise ValueError(f"{len(ids)} sent ids for {len(own)} call and result parts")
+    if own == list(ids):
+        return None
+    packed = tuple([o if o == i else i for o, i in zip(own, ids, strict=True)])
+    return packed[0] if len(packed) == 1 else packed
+
+
+def with_ids(message: Message, sent: _WireIds) -> Message:
+    """``message`` with its call and result parts carrying the ``sent`` ids (a new Message)."""
+    ids = iter((sent,) if type(sent) is str else sent)
+    parts = list(message.parts)
+    for at, part in enumerate(parts):
+        if type(part) is ToolCallPart or type(part) is ToolResultPart:
+            call_id = next(ids)
+            if call_id != part.call_id:
+                parts[at] = msgspec.structs.replace(part, call_id=call_id)
+    return msgspec.structs.replace(message, content=tuple(parts))
+
+
 class _Entry(msgspec.Struct, gc=False, eq=False):
     """One message of a history with its tokens and render cache (see above).
 
@@ -79,16 +120,31 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
     native: _Native | None = None
     encoded: _Encoded | None = None
     more: dict[int, tuple[_Native | None, _Encoded | None]] | None = None  # other slots
-    # The message as sent, when a call id of it is sent renamed (decided when
-    # the message was committed: see ``_sent``); None, the common case, when
-    # every id is sent as it is. Rendered in place of ``message``.
-    sent: Message | None = None
+    # The id each call and result part of the message is sent with, in part
+    # order, when one of them is sent renamed (decided when the message was
+    # committed: see ``_sent``); None, the common case, when every id is sent
+    # as it is. Only the ids are kept (a lone id bare, else a tuple; an id
+    # sent as it is is the message's own str): the message as sent is built
+    # from them where it is read (:attr:`wire`), and its renders are cached.
+    sent: _WireIds | None = None
 
     @property
     def wire(self) -> Message:
-        """The message as the history sends it: ``sent`` when set, else ``message``."""
+        """The message as the history sends it: ``message`` with the ``sent`` ids in place.
+
+        ``message`` itself when ``sent`` is None; else a new Message (its
+        other parts shared with ``message``), built at each read:
+        O(the message's parts).
+        """
         sent = self.sent
-        return self.message if sent is None else sent
+        return self.message if sent is None else with_ids(self.message, sent)
+
+    def sent_ids(self) -> tuple[str, ...]:
+        """The id each call and result part is sent with, in part order (see ``sent``)."""
+        sent = self.sent
+        if sent is None:
+            return tuple(own_ids(self.message))
+        return (sent,) if type(sent) is str else sent  # type: ignore[return-value]
 
     def seed(self, slot: int, native: _Native, encoded: _Encoded) -> None:
         """Cache ``native`` (``_render_message``'s result for gateway slot ``slot``)."""
@@ -102,11 +158,14 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
             untrack_json(pair)  # as ``rendered`` does
             self.more[slot] = pair
 
-    def rendered(self, gateway: Gateway, slot: int, store: bool = True) -> tuple[_Native, _Encoded]:
+    def rendered(
+        self, gateway: Gateway, slot: int, store: bool = True, wire: Message | None = None
+    ) -> tuple[_Native, _Encoded]:
         """The message rendered for ``gateway`` (cache slot ``slot``): items and encodings.
 
-        From the cache, else decoded from the cached encoding, else rendered;
-        cached unless ``store`` is False (a private render).
+        From the cache, else decoded from the cached encoding, else rendered
+        (``wire``: :attr:`wire`, when the caller built it); cached unless
+        ``store`` is False (a private render).
         """
         more = None
         if slot == 0:
@@ -121,7 +180,7 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
         if encoded is not None:
             native = _decode_native(encoded)
         else:
-            native, encoded = _render_message(self.wire, gateway)
+            native, encoded = _render_message(self.wire if wire is None else wire, gateway)
         if store:
             if slot == 0:
                 untrack_json(native)

@@ -53,15 +53,18 @@ def _render_entries(
     answered: frozenset[str] | None = None,
     key: _SpanKey = _NO_KEY,
     store: bool = True,
+    wires: Sequence[Message] | None = None,
 ) -> _Rendered:
     """Render entries as one span with every call/result pair complete (see complete_pairs).
 
     A message kept as it is costs the tokens counted when it entered; one
     that pairing changed (a call left out, a cancelled result) is counted by
     ``counter`` here. With ``store`` False the entries' caches are read,
-    never filled.
+    never filled. ``wires``: the entries' messages as sent (``_Entry.wire``),
+    when the caller built them already (a renamed one is built at each read).
     """
-    messages = [e.wire for e in entries]
+    # Alive below: an id in ``by_id`` is one of them.
+    messages = list(wires) if wires is not None else [e.wire for e in entries]
     by_id = {id(m): e for m, e in zip(messages, entries, strict=True)}
     items: list[NativeContent] = []
     encoded: list[bytes] = []
@@ -78,8 +81,8 @@ def _render_entries(
         entry = by_id.get(id(message))
         if lead < 0 and (entry is not None or not _is_cancelled_results(message)):
             lead = len(items)
-        if entry is not None and entry.wire is message:
-            native, native_encoded = entry.rendered(gateway, slot, store)
+        if entry is not None:  # the entry's message as sent, unchanged by pairing
+            native, native_encoded = entry.rendered(gateway, slot, store, message)
             tokens += entry.tokens
         else:
             native, native_encoded = _render_message(message, gateway)
@@ -243,10 +246,12 @@ def _plan(
     ends: list[tuple[int, tuple[ToolCallPart, ...]]] = []
     left: dict[int, set[str]] = {}  # group -> ids its end left without a result
     resolved: dict[int, int] = {}  # group -> index of the turn where it ended or was answered
+    wires: list[list[Message]] = []  # each turn's messages as sent, built once per plan
     for index, turn in enumerate((*turns, head)):
         starts.append(tuple(tracker.open.values()))
         tracker.new_turn()  # each turn is a span: a step never spans two
-        for message in turn.wire_messages(index < count):
+        wires.append(turn.wire_messages(index < count))
+        for message in wires[-1]:
             group = tracker.group
             step = tracker.feed(message)
             if step.closed:
@@ -262,13 +267,22 @@ def _plan(
         answered = frozenset(c.call_id for c in still_open) - left.get(group, set())
         renders.append(
             _render_turn(
-                turn, gateway, slots, policy, counter, True, starts[index], answered, store
+                turn,
+                gateway,
+                slots,
+                policy,
+                counter,
+                True,
+                starts[index],
+                answered,
+                store,
+                wires[index],
             )
         )
         if still_open and settled == count and resolved.get(group, count) >= count:
             settled = index  # its open group runs into the input: not final yet
     rendered_head = _render_turn(
-        head, gateway, slots, policy, counter, False, starts[count], None, store
+        head, gateway, slots, policy, counter, False, starts[count], None, store, wires[count]
     )
     return _Plan(renders, settled, starts[settled], rendered_head)
 
@@ -283,6 +297,7 @@ def _render_turn(
     carried: tuple[ToolCallPart, ...],
     answered: frozenset[str] | None,
     store: bool = True,
+    wires: Sequence[Message] | None = None,
 ) -> _Rendered:
     """The turn (``whole``) or its input rendered as one span, cached per key slot.
 
@@ -290,7 +305,7 @@ def _render_turn(
     and ``answered_later``. The cache holds one render per (slot, whole)
     and is filled by one assignment of a render that carries its span
     key, so a racing render at worst recomputes it; a private render
-    (``store`` False) fills no cache.
+    (``store`` False) fills no cache. ``wires``: as :func:`_render_entries`.
     """
     slot = slots[1]
     key = _span_key(carried, answered, policy)
@@ -302,7 +317,7 @@ def _render_turn(
         return cached
     entries = turn.entries(whole)
     rendered = _render_entries(
-        entries, gateway, slots[0], policy, counter, carried, answered, key, store
+        entries, gateway, slots[0], policy, counter, carried, answered, key, store, wires
     )
     if not store:
         return rendered

@@ -5,7 +5,9 @@ id once (:mod:`turnloom.context.callids`). The history applies the renaming
 rule to its neutral messages when they enter it (a turn's input, recorded
 outputs, kept state, a summary turn), against the ids its kept messages are
 sent with (:class:`_SentIds`), and keeps the outcome with each message
-(``_Entry.sent``, None when every id of it is sent as it is). Eviction only
+(``_Entry.sent``: only the ids, None when every id of it is sent as it
+is; the message as sent, ``_Entry.wire``, is built where it is rendered
+or read). Eviction only
 removes the evicted messages' ids from that set: a retained message's sent
 ids never change, so a cold render of the history equals the incremental one
 and an eviction renames nothing.
@@ -42,7 +44,7 @@ from typing import Any, Protocol
 import msgspec
 
 from turnloom.context._untrack import untrack_atoms, untrack_container
-from turnloom.context.history._cells import _Entry, _Turn
+from turnloom.context.history._cells import _Entry, _Turn, _WireIds, pack_ids
 from turnloom.context.message import Message, Role, ToolCallPart, ToolResultPart
 from turnloom.context.pairing import CallTracker
 from turnloom.errors import InvalidMessageError, UnknownTurnError, excerpt
@@ -144,12 +146,10 @@ def _feed(tracker: CallTracker, sent: dict[str, str], entries: Iterable[_Entry])
     """Feed ``entries``' messages (as given) to ``tracker``, noting each renamed call's sent id."""
     for entry in entries:
         message = entry.message
-        wire = entry.sent
-        if wire is not None:
-            wire_parts = wire.parts
-            for at, part in enumerate(message.parts):
-                if type(part) is ToolCallPart:
-                    sent[part.call_id] = wire_parts[at].call_id  # type: ignore[union-attr]
+        if entry.sent is not None:
+            for id_part, sent_id in zip(_id_parts(message), entry.sent_ids(), strict=True):
+                if type(id_part) is ToolCallPart:
+                    sent[id_part.call_id] = sent_id
         elif sent and message.role is Role.assistant:
             for part in message.parts:
                 if type(part) is ToolCallPart:
@@ -267,30 +267,41 @@ def _assign(
             _set_sent(entry, _renamed(message, renamed))
 
 
-def _renamed(message: Message, renamed: Sequence[tuple[int, str]]) -> Message:
-    """``message`` with the parts at the given indexes carrying the given call ids."""
-    parts = list(message.parts)
-    for at, sent in renamed:
-        parts[at] = msgspec.structs.replace(parts[at], call_id=sent)
-    return msgspec.structs.replace(message, content=tuple(parts))
+def _renamed(message: Message, renamed: Sequence[tuple[int, str]]) -> _WireIds | None:
+    """What ``_Entry.sent`` keeps for ``message`` with the parts at the given indexes
+    carrying the given call ids (see :func:`~turnloom.context.history._cells.pack_ids`)."""
+    at_sent = dict(renamed)
+    return pack_ids(
+        message,
+        [
+            at_sent.get(at, part.call_id)
+            for at, part in enumerate(message.parts)
+            if type(part) is ToolCallPart or type(part) is ToolResultPart
+        ],
+    )
 
 
-def _set_sent(entry: _Entry, sent: Message | None) -> None:
-    """Give ``entry`` the message it is sent as; its cached renders (of the other) go."""
+def _set_sent(entry: _Entry, sent: _WireIds | None) -> None:
+    """Give ``entry`` the ids it is sent with; its cached renders (of the other ids) go."""
     entry.sent = sent
     entry.native = entry.encoded = None
     entry.more = None
 
 
+def _id_parts(message: Message) -> list[ToolCallPart | ToolResultPart]:
+    """The call and result parts of ``message``, in order."""
+    return [
+        part for part in message.parts if type(part) is ToolCallPart or type(part) is ToolResultPart
+    ]
+
+
 def _calls(entry: _Entry) -> list[tuple[str, str]]:
     """(own id, sent id) of each call of ``entry``."""
-    wire = entry.sent
-    if wire is None:
+    if entry.sent is None:
         return [(p.call_id, p.call_id) for p in entry.message.parts if type(p) is ToolCallPart]
-    wire_parts = wire.parts
     return [
-        (part.call_id, wire_parts[at].call_id)  # type: ignore[union-attr]
-        for at, part in enumerate(entry.message.parts)
+        (part.call_id, sent)
+        for part, sent in zip(_id_parts(entry.message), entry.sent_ids(), strict=True)
         if type(part) is ToolCallPart
     ]
 
@@ -381,11 +392,11 @@ def carry_sent(old: Sequence[_Entry], new: Sequence[_Entry]) -> None:
     """
     if not any(e.sent is not None for e in old):
         return
-    sent_ids = iter([i for e in old for i in _part_ids(e.wire)])
+    sent_ids = iter([i for e in old for i in e.sent_ids()])
     kept = {id(e) for e in old}
     for entry in new:
         if id(entry) in kept:
-            for _ in _part_ids(entry.wire):
+            for _ in entry.sent_ids():
                 next(sent_ids)
             continue
         renamed = [
@@ -404,10 +415,6 @@ def _parts_with_ids(message: Message) -> list[tuple[int, str]]:
         for at, part in enumerate(message.parts)
         if type(part) is ToolCallPart or type(part) is ToolResultPart
     ]
-
-
-def _part_ids(message: Message) -> list[str]:
-    return [call_id for _, call_id in _parts_with_ids(message)]
 
 
 _CALLS = "calls"
@@ -455,7 +462,7 @@ def sent_ids(turn: _Turn) -> tuple[str, ...]:
     entries = _checkpoint_entries(turn)
     if all(e.sent is None for e in entries):
         return ()
-    return tuple(i for e in entries for i in _part_ids(e.wire))
+    return tuple(i for e in entries for i in e.sent_ids())
 
 
 class _RestoreState(_SentState, Protocol):
@@ -503,7 +510,7 @@ def restore_sent_ids(
         )
     state = history._sent
     mine = {sent for e in entries for _, sent in _calls(e)}
-    plan: list[tuple[_Entry, Message | None]] = []
+    plan: list[tuple[_Entry, _WireIds | None]] = []
     calls: list[str] = []
     at = 0
     for entry in entries:
@@ -524,9 +531,9 @@ def restore_sent_ids(
             field="call_ids",
         )
     _drop_entries(state, entries)
-    for entry, wire in plan:
-        if entry.sent is not wire:
-            _set_sent(entry, wire)
+    for entry, wire_ids in plan:
+        if entry.sent != wire_ids:
+            _set_sent(entry, wire_ids)
     _hold_entries(state, entries)
     turn.full = turn.head = None
     turn.more = None
@@ -552,20 +559,20 @@ def repair_results(turns: tuple[_Turn, ...], position: int) -> tuple[_Turn, ...]
         changed: dict[int, _Entry] = {}
         for entry in turn.entries(True):
             message = entry.message
-            wire = entry.wire
             if sent_of and message.role is not Role.assistant:
                 open_calls = tracker.open
                 answered: set[str] = set()
                 renamed: list[tuple[int, str]] = []
                 differs = False
+                sent_now = iter(entry.sent_ids())
                 for at, part in enumerate(message.parts):
                     if type(part) is ToolCallPart:
-                        renamed_to = wire.parts[at].call_id  # type: ignore[union-attr]
+                        renamed_to = next(sent_now)
                         if renamed_to != part.call_id:
                             renamed.append((at, renamed_to))
                     elif type(part) is ToolResultPart:
                         call_id = part.call_id
-                        now = wire.parts[at].call_id  # type: ignore[union-attr]
+                        now = next(sent_now)
                         want = now
                         if call_id in open_calls and call_id not in answered:
                             answered.add(call_id)
@@ -575,7 +582,7 @@ def repair_results(turns: tuple[_Turn, ...], position: int) -> tuple[_Turn, ...]
                             renamed.append((at, want))
                 if differs:
                     new = _Entry(message, entry.tokens)
-                    _set_sent(new, _renamed(message, renamed) if renamed else None)
+                    _set_sent(new, _renamed(message, renamed))
                     changed[id(entry)] = new
             _feed(tracker, sent_of, (entry,))
         if changed:
