@@ -165,6 +165,21 @@ def test_decoded_items_are_untracked_by_the_collector() -> None:
     assert not any(c is i or c["tool_calls"] is i["tool_calls"] for c in copies for i in items)
 
 
+def test_a_cycle_a_host_builds_through_a_decoded_copy_is_seen_by_the_collector() -> None:
+    """Invariant (CPython): a host copy decoded from the run (``fresh``) leaves a
+    dict of atoms only untracked, as CPython does, and storing a container in it
+    (a cycle through itself) tracks it, so the collector can free the cycle."""
+    if sys.implementation.name != "cpython":
+        return
+    item = {"role": "user", "content": "hi"}
+    copy = NativeItems((), (encode_item(item),)).fresh()
+    assert copy == (item,)
+    first = copy[0]
+    assert not gc.is_tracked(first)
+    first["self"] = first
+    assert gc.is_tracked(first)
+
+
 def test_encode_item_is_exact_and_equal_to_msgspec() -> None:
     """encode_item gives msgspec's bytes, held at their exact size."""
     item = {"role": "tool", "content": "x" * 700}
