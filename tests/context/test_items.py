@@ -85,6 +85,46 @@ def test_native_items_read_as_the_plain_tuple(
     assert len(right) == len(b)
 
 
+def _shape(value: object) -> object:
+    """``value`` with every container's type beside it: equal shapes mean equal types."""
+    if isinstance(value, dict):
+        return ("dict", [(k, _shape(v)) for k, v in value.items()])
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [_shape(v) for v in value])
+    return (type(value).__name__, value)
+
+
+def _containers(value: object) -> set[int]:
+    out, stack = set(), [value]
+    while stack:
+        node = stack.pop()
+        if type(node) in (dict, list, tuple):
+            if node != ():  # the empty tuple is one immutable object, shared by all
+                out.add(id(node))
+            stack.extend(node.values() if isinstance(node, dict) else node)  # type: ignore[arg-type]
+    return out
+
+
+@settings(max_examples=200)
+@given(st.lists(_item, max_size=8), st.tuples(st.integers(0, 8), st.integers(0, 8)))
+def test_a_host_copy_decoded_from_the_run_is_the_kept_tuple_shared_with_nothing(
+    a: list[dict[str, object]], cut: tuple[int, int]
+) -> None:
+    """Invariant: ``fresh`` (the host's copy: the encoded run decoded again from its
+    bytes, the natives around it copied) equals the kept tuple by value and by type
+    of every container, shares no container with it or with another copy, and
+    leaves the object undecoded (it needs no kept tuple)."""
+    items = _split(a, cut, object(), 0)
+    first, second = items.fresh(), items.fresh()
+    assert not items.decoded
+    kept = items._shared()
+    assert first == second == kept == tuple(a)
+    assert _shape(first) == _shape(kept)
+    assert not _containers(first) & _containers(second)
+    assert not _containers(first) & _containers(kept)
+    assert not _containers(items.materialize()) & (_containers(kept) | _containers(first))
+
+
 def test_adopted_items_are_the_earlier_decoded_objects() -> None:
     """Invariant: a NativeItems reuses the earlier one's decoded items (by identity)
     for the run coordinates both hold when it comes from the same run, for the same
@@ -123,6 +163,21 @@ def test_decoded_items_are_untracked_by_the_collector() -> None:
     assert copies == (item,) * 4
     assert [gc.is_tracked(c) and gc.is_tracked(c["tool_calls"]) for c in copies] == [True] * 4
     assert not any(c is i or c["tool_calls"] is i["tool_calls"] for c in copies for i in items)
+
+
+def test_a_cycle_a_host_builds_through_a_decoded_copy_is_seen_by_the_collector() -> None:
+    """Invariant (CPython): a host copy decoded from the run (``fresh``) leaves a
+    dict of atoms only untracked, as CPython does, and storing a container in it
+    (a cycle through itself) tracks it, so the collector can free the cycle."""
+    if sys.implementation.name != "cpython":
+        return
+    item = {"role": "user", "content": "hi"}
+    copy = NativeItems((), (encode_item(item),)).fresh()
+    assert copy == (item,)
+    first = copy[0]
+    assert not gc.is_tracked(first)
+    first["self"] = first
+    assert gc.is_tracked(first)
 
 
 def test_encode_item_is_exact_and_equal_to_msgspec() -> None:

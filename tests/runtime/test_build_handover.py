@@ -59,13 +59,18 @@ def _outputs(number: int) -> list[Message]:
 
 @contextmanager
 def _loop_calls() -> Iterator[dict[str, int]]:
-    """Count, on this thread only, container copies (``_fresh._copy``) and JSON decodes.
+    """Count, on this thread only, container copies (``_fresh._copy``) and JSON decodes
+    (of single items or runs kept, ``_decode``, and of host copies, ``_decode_tuple``).
 
     The worker thread copies and decodes meanwhile: its calls are not counted.
     """
     counts = {"copy": 0, "decode": 0}
     here = threading.get_ident()
-    copy, decode = fresh_module._copy, items_module._decode
+    copy, decode, decode_tuple = (
+        fresh_module._copy,
+        items_module._decode,
+        items_module._decode_tuple,
+    )
 
     def counted(name: str, function: Callable[[Any], Any]) -> Callable[[Any], Any]:
         def wrapper(value: Any) -> Any:
@@ -77,11 +82,13 @@ def _loop_calls() -> Iterator[dict[str, int]]:
 
     fresh_module._copy = counted("copy", copy)  # type: ignore[assignment]
     items_module._decode = counted("decode", decode)
+    items_module._decode_tuple = counted("decode", decode_tuple)
     try:
         yield counts
     finally:
         fresh_module._copy = copy  # type: ignore[assignment]
         items_module._decode = decode
+        items_module._decode_tuple = decode_tuple
 
 
 async def _copies_ready(items: NativeItems, count: int) -> None:
@@ -130,7 +137,9 @@ async def test_a_prefix_shorter_than_the_copy_ahead_floor_is_copied_where_read(s
     ``COPY_AHEAD_ITEMS`` items. Turn 2's prefix holds ``size + 2`` items (the
     system, turn 1's input and outputs, turn 2's input): one short of the
     floor gets no copy ahead and its build copies it on the loop (bounded by
-    the floor); at the floor it gets one and its build copies only the
+    the floor): its closed turns in one decode of their kept bytes, container
+    by container only the items outside them (the system item and turn 2's
+    input); at the floor it gets one and its build copies only the
     continuation's item."""
     async with Foundation(gateway="openai_chat") as foundation:
         manager = foundation.manager
@@ -144,13 +153,16 @@ async def test_a_prefix_shorter_than_the_copy_ahead_floor_is_copied_where_read(s
             await _copies_ready(second.native_items, 1)
         await anyio.sleep(0.05)  # a copy the worker would make after all has time to appear
         assert second.native_items.copies_ready == ahead
-        with _loop_calls() as whole:  # what copying the whole prefix here costs
-            fresh_module.fresh_items(second.native_items._shared())
         with _loop_calls() as counts:
-            manager.build(second, [assistant("Answer 2.")])
-        # The continuation's one item, and without a copy ahead the whole prefix.
-        assert counts == {"copy": 1 + (0 if ahead else whole["copy"]), "decode": 0}
-        assert whole["copy"] > second.item_count  # the oracle counted the nested containers
+            built = manager.build(second, [assistant("Answer 2.")])
+        # The continuation's one item, and without a copy ahead the whole prefix:
+        # the system item and turn 2's input copied, the rest decoded at once.
+        assert counts == {"copy": 1 + (0 if ahead else 2), "decode": 0 if ahead else 1}
+        assert built == (
+            *second.native_items._shared(),
+            {"role": "assistant", "content": "Answer 2."},
+        )
+        assert _shared(built, second.native_items._shared()) == 0
 
 
 async def test_a_build_without_a_copy_ready_copies_the_history_on_its_thread() -> None:

@@ -199,12 +199,15 @@ async def test_a_prepare_of_a_long_history_renders_inline_when_its_work_is_small
 async def test_a_host_that_reads_items_gets_its_prefixes_decoded_off_the_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Invariant: once a host read a context's prefix items (``build`` reads them),
-    every later prefix of that context is delivered decoded, by the prepare, and a
-    prefix too long for a bounded inline step is never decoded on the event loop; a
-    host that never reads items (``request_bytes`` only) gets every prefix still
-    encoded. Decoded items equal the request body's, also after evictions that
-    rename the kept turns anew (call ids reused) and so decode from another run."""
+    """Invariant: once a context's prefix items were decoded (read by turnloom's
+    own readers of the kept tuple, as ``request_bytes`` without a cached body
+    does), every later prefix of that context is delivered decoded, by the
+    prepare, and a prefix too long for a bounded inline step is never decoded
+    on the event loop; a host that only builds and reads ``.items`` (copies
+    decoded from the kept bytes) or only sends ``request_bytes`` gets every
+    prefix still encoded. Decoded items and builds equal the request body's, also
+    after evictions that rename the kept turns anew (call ids reused) and so
+    decode from another run."""
     seen: list[tuple[bool, bool, int]] = []  # (on the loop's thread, decoded, items)
     real = render_preparation
 
@@ -220,7 +223,7 @@ async def test_a_host_that_reads_items_gets_its_prefixes_decoded_off_the_loop(
     monkeypatch.setattr(preparing_module, "INLINE_SHARE", 1.0)  # never throttled here
     monkeypatch.setattr(preparing_module, "INLINE_MAX_ITEMS", 2)  # decoded inline up to 16
     limits = HistoryLimits(low_water=1.0, max_turns=8)
-    delivered: dict[str, list[bool]] = {"reader": [], "writer": []}
+    delivered: dict[str, list[bool]] = {"reader": [], "builder": [], "writer": []}
     async with Foundation(gateway=OpenAIChatGateway(), history_limits=limits) as foundation:
         manager = foundation.manager
         for n in range(24):
@@ -233,10 +236,12 @@ async def test_a_host_that_reads_items_gets_its_prefixes_decoded_off_the_loop(
                 calls.append(prefix.native_items.decoded)
                 body = msgspec.json.decode(manager.request_bytes(prefix))
                 if context_id == "reader":
-                    assert manager.build(prefix) == tuple(body["messages"])
+                    assert prefix.native_items._shared() == tuple(body["messages"])
+                elif context_id == "builder":
+                    assert manager.build(prefix) == tuple(body["messages"]) == prefix.items
                 outputs = [call(f"c{n % 3}"), result(f"c{n % 3}"), assistant(f"a{n}")]
                 manager.record(context_id, turn_id, outputs)
     assert delivered["reader"] == [False] + [True] * 23
-    assert delivered["writer"] == [False] * 24
+    assert delivered["writer"] == delivered["builder"] == [False] * 24
     assert not [s for s in seen if s[0] and s[1] and s[2] > 16]
     assert [s for s in seen if not s[0] and s[1]]  # decoded in a worker thread

@@ -56,6 +56,8 @@ leaves one copy untaken, and copies waiting in the worker age into the
 collector's oldest generation and bring back full collections)."""
 
 _decode = msgspec.json.Decoder().decode
+# A JSON array straight into a tuple (inner arrays stay lists): a host copy in one C call.
+_decode_tuple = msgspec.json.Decoder(tuple).decode
 _encode = msgspec.json.Encoder().encode
 
 
@@ -571,16 +573,41 @@ class NativeItems:
     def materialize(self, taker: int = 1) -> tuple[NativeContent, ...]:
         """The items as a new tuple of NativeContent, oldest first, shared with nothing.
 
-        Every dict and list in it is new (a deep copy of the kept tuple,
-        :meth:`_shared`, sharing only strings and numbers): the caller may change them, and
+        Every dict and list in it is new (:meth:`fresh`: equal to the kept
+        tuple, :meth:`_shared`, sharing nothing with it): the caller may change them, and
         neither a later call nor anything turnloom keeps or builds sees it.
         A copy made ahead (:meth:`make_copies`) is handed over in O(1);
-        else the copy is made here: one allocation per container, plus
-        :meth:`_shared`'s decoding the first time. ``taker`` is or'ed into
+        else :meth:`fresh` makes it here, O(items). ``taker`` is or'ed into
         :attr:`taken` (``TAKEN_ITEMS``: a read of ``PreparedContext.items``).
         """
         copy = self.take_copy(taker)
-        return copy if copy is not None else fresh_items(self._shared())
+        return copy if copy is not None else self.fresh()
+
+    def fresh(self) -> tuple[NativeContent, ...]:
+        """A new copy of the items, oldest first, shared with nothing (what hosts are given).
+
+        Every dict and list in it is new and tracked by the cyclic collector
+        as CPython tracks new objects (a dict of atoms only until a container
+        is stored in it), so a host may change it and a cycle it builds
+        through it is collected. The encoded run is copied by decoding its
+        bytes again (one C-speed decode of the joined run, about twice as
+        fast as copying decoded items container by container, measured with
+        ``scripts/bench_build.py``): equal, by value and by type, to the
+        kept tuple (:meth:`_shared`), whose run items were decoded from the
+        same bytes, and it neither needs nor makes that tuple. The native
+        items before and after the run are copied (:func:`fresh_items`).
+        O(items) on the calling thread; new strings for the run's values.
+        """
+        encoded, before, after = self._encoded, self._before, self._after
+        if not encoded:
+            # Natives only: nothing to decode, and nothing kept (not :meth:`_shared`,
+            # whose decoding the runtime then repeats ahead for every later prefix).
+            return fresh_items(before + after if after else before)
+        run = encoded.joined() if isinstance(encoded, ChunkedSpan) else b",".join(encoded)
+        copy: tuple[NativeContent, ...] = _decode_tuple(b"".join((b"[", run, b"]")))
+        if before or after:
+            return (*fresh_items(before), *copy, *fresh_items(after))
+        return copy
 
     def take_copy(self, taker: int) -> tuple[NativeContent, ...] | None:
         """A copy made ahead by :meth:`make_copies`, handed over (O(1)), or None when none is ready.
@@ -602,9 +629,8 @@ class NativeItems:
     def make_copies(self, count: int) -> None:
         """Make copies of the items ahead until ``count`` are ready, for :meth:`take_copy`.
 
-        For the runtime's worker thread: O(items) per copy (:meth:`_shared`'s
-        decoding the first time, then one allocation per container). Each
-        copy is new throughout (as :meth:`materialize` copies)
+        For the runtime's worker thread: O(items) per copy (:meth:`fresh`).
+        Each copy is new throughout (as :meth:`materialize` copies)
         and tracked by the cyclic collector as any new object is, so a host
         cycle through it is collected once it is taken; the list holding
         them is untracked (it holds only such copies). One thread makes
@@ -616,7 +642,7 @@ class NativeItems:
             untrack_container(copies)
             self._copies = copies
         while len(copies) < count:
-            copies.append(fresh_items(self._shared()))
+            copies.append(self.fresh())
 
     def drop_copies(self) -> list[tuple[NativeContent, ...]] | None:
         """Forget the copies made ahead (a later taker copies); changes no value.

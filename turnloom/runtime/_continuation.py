@@ -191,7 +191,7 @@ class IssuedPrefixes:
         # New containers throughout: the kept prefix and renders are never handed out.
         items = native.take_copy(TAKEN_BUILD)
         if items is None:
-            items = fresh_items(native._shared())  # none made ahead: O(items) here
+            items = native.fresh()  # none made ahead: O(items) here, a C-speed decode
         refill = self.refill
         if refill is not None:
             refill(native)  # the next build's copy, made in the worker

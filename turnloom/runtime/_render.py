@@ -446,10 +446,11 @@ def _reuse_last(
     reused = last.bytes_before(items.common_length(last.items))
     items.adopt(last.items)  # a host reading items decodes only the new ones
     if last.items.decoded:
-        # The host reads its prefixes' items (``build`` does): decode them
-        # here, in the worker thread (inline only for a small prefix, see
-        # above), not on the event loop at the first read. Sticky per
-        # context: this prefix is decoded as well.
+        # Turnloom read the last prefix's kept items (``request_bytes``
+        # without a cached body does; host copies are decoded from the bytes
+        # and need none): decode them here, in the worker thread (inline only
+        # for a small prefix, see above), not on the event loop at the first
+        # read. Sticky per context: this prefix is decoded as well.
         items._shared()
     if wanted:
         # And the copies its first reads take, made here too (see _copies_wanted).

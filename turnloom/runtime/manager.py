@@ -541,9 +541,11 @@ class ContextManager:
         prefix's part of the result is a copy of its items made ahead in the
         render worker, handed over (once the host built on the context's
         previous prefix; then, after each build, the worker makes the next
-        one); without one ready (the context's first prefix, or a build
-        right after another), it is copied here, O(items), decoded first if
-        no read did yet (see :class:`PreparedContext`).
+        one, from 512 items on);
+        without one ready (a shorter prefix, the context's first prefix, or
+        a build right after another), it is made here, O(items): the closed
+        turns decoded from their kept JSON bytes in one C-speed call, the
+        items after them copied (see :class:`PreparedContext`).
 
         Returns:
             a new tuple of NativeContent, oldest first, every dict and list in

@@ -245,28 +245,31 @@ class PreparedContext(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
             input), then the area section
             (``area_items`` items from ``area_start``). Each read returns a
             new tuple of new dicts and lists, shared with nothing turnloom
-            keeps and with no other read (the strings are shared: they are
+            keeps and with no other read (strings may be shared: they are
             immutable): change them freely, no later input sees it. When the
-            host read the items of the context's previous prefix, the first
-            read takes a copy made ahead in the render worker (O(1) here);
-            any other read copies every container on the reading thread,
-            about what decoding the items costs (read once and keep the
-            tuple). These are items, not a request: send
+            host read the items of a long enough previous prefix of the
+            context (512 items or more),
+            the first read takes a copy made ahead in the render worker (O(1)
+            here); any other read makes one on the reading thread, O(items):
+            the earlier turns decoded from their kept JSON bytes in one
+            C-speed call, the rest copied container by container (read once
+            and keep the tuple). These are items, not a request: send
             ``manager.gateway.request_body(items)`` (or the body of
             :meth:`ContextManager.build`'s result). For Anthropic
             and Gemini that body moves the instructions to their top-level
             field (``system``, ``systemInstruction``) and merges adjacent
             turns; only the body is guaranteed to pass the gateway's
             ``validate()``. A property: the earlier turns are held encoded
-            (``native_items``) and decoded once per prefix: by the prepare
-            (in its worker thread, or inline for a small prefix) once the
-            host read the items of the context's previous prefix (``build``
-            reads them), else on the first read, on the reading thread
-            (C-speed JSON decoding of the items the context's previous
-            prefix did not decode; O(items) the first time or after the
-            history's run was rebuilt); the decoded items are shared with
-            that prefix (turnloom keeps that decoded tuple; the copy is what a
-            read returns). :meth:`ContextManager.request_bytes` never reads them.
+            (``native_items``); reads and ``build`` copy them from those
+            bytes and keep no decoded tuple. Turnloom's own readers of the
+            decoded items (``request_bytes`` of a prefix without a cached
+            body) decode them once per prefix: by the prepare (in its worker
+            thread, or inline for a small prefix) once such a read decoded
+            the context's previous prefix, else on the first read, on the
+            reading thread (C-speed JSON decoding of the items the context's
+            previous prefix did not decode); the decoded items are shared
+            with that prefix. :meth:`ContextManager.request_bytes` with a
+            cached body never decodes them.
         native_items: the same items, the earlier turns still JSON-encoded
             (:class:`~turnloom.context.items.NativeItems`).
         item_count: ``len(items)``.
