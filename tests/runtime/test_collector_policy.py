@@ -29,6 +29,12 @@ pytestmark = pytest.mark.anyio
 _SESSIONS = 3
 _ROUNDS = 12
 _NEVER = 3600.0  # an interval no test reaches: the test takes the steps itself
+# Tracked objects each SessionState holds (lists, each one gc-tracked): the
+# frozen set's growth per round (3 states of ~2,000 objects) dwarfs what the
+# rest of the process changes in it between two steps (frozen objects freed by
+# reference counting shrink it), so the policy's regrowth check sees the
+# test's own growth, not the noise of a full run.
+_TRACKED_PER_STATE = 2_000
 
 
 class Junk:
@@ -42,10 +48,12 @@ class Junk:
 
 
 class SessionState:
-    """A host's per-session state: cyclic, replaced every round."""
+    """A host's per-session state: cyclic, replaced every round, holding
+    ``_TRACKED_PER_STATE`` tracked objects."""
 
     def __init__(self) -> None:
         self.junk = Junk()
+        self.tracked: list[list[int]] = [[] for _ in range(_TRACKED_PER_STATE)]
         self.me = self
 
 
@@ -123,11 +131,18 @@ async def test_garbage_made_between_steps_is_never_frozen() -> None:
 
 async def test_a_regrown_frozen_set_makes_the_next_step_thorough_and_reclaims_it() -> None:
     """With every frozen-set read (check_every=1) and any growth past regrowth, a
-    thorough step follows each plain one and reclaims the frozen cyclic garbage."""
+    thorough step follows each plain one and reclaims the frozen cyclic garbage.
+
+    The sequence is exact because each round's growth of the frozen set (the
+    states' ``_TRACKED_PER_STATE`` objects) dwarfs incidental changes; the
+    first step and a thorough one reset the base, so the step after either is plain.
+    """
     seen = await _soak(CollectorPolicy(interval=_NEVER, check_every=1, regrowth=1e-9))
     assert [thorough for thorough, _, _ in seen] == [False, False] + [True, False] * 5 + [True]
     for _, live, dropped in seen:
         assert live == _SESSIONS + dropped  # exactly the live states and the frozen dropped ones
+    # A thorough step reclaims everything dropped: only the live states stay.
+    assert [live for thorough, live, _ in seen if thorough] == [_SESSIONS] * 6
     assert max(live for _, live, _ in seen) == 2 * _SESSIONS
 
 
