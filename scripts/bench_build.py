@@ -26,10 +26,11 @@ import time
 from contextlib import AsyncExitStack
 
 import anyio
+from bench_prepare import bench_turn
 
 from turnloom.context import Message, Role, TextPart, ToolCallPart, ToolResultPart
 from turnloom.context.history import HistoryLimits
-from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
+from turnloom.runtime import ContextPrepareRequest, Foundation
 
 SIZES = (100, 1_000, 10_000)
 
@@ -71,18 +72,7 @@ class _Bench:
         manager = self.manager
         turn_id = f"t{self.turn}"
         cpu = time.process_time()
-        manager.accept_turn(
-            TurnSnapshot(
-                context_id="bench",
-                turn_id=turn_id,
-                input=(Message(role=Role.user, content=f"Check reservation {self.turn}."),),
-                instructions=(
-                    (Message(role=Role.system, content="You are an airline agent."),)
-                    if self.turn == 0
-                    else None
-                ),
-            )
-        )
+        manager.accept_turn(bench_turn(self.turn))
         prefix = await manager.prepare(ContextPrepareRequest(context_id="bench", turn_id=turn_id))
         continuation: list[Message] = []
         builds = []
