@@ -26,10 +26,9 @@ import time
 from contextlib import AsyncExitStack
 
 import anyio
-from bench_prepare import bench_turn
+from bench_prepare import bench_foundation, bench_turn
 
 from turnloom.context import Message, Role, TextPart, ToolCallPart, ToolResultPart
-from turnloom.context.history import HistoryLimits
 from turnloom.runtime import ContextPrepareRequest, Foundation
 
 SIZES = (100, 1_000, 10_000)
@@ -94,10 +93,7 @@ async def measure(rounds: int, reuse: int) -> dict[int, tuple[float, float, floa
     async with AsyncExitStack() as stack:
         benches = []
         for size in SIZES:
-            limits = HistoryLimits(max_turns=size, max_items=size, max_bytes=1 << 40)
-            foundation = await stack.enter_async_context(
-                Foundation(history_limits=limits, worker_threads=1)
-            )
+            foundation = await bench_foundation(stack, size)
             bench = _Bench(size, foundation, reuse)
             while not bench.manager.statistics().history.evicted_turns_total:
                 await bench.one_turn()

@@ -30,10 +30,9 @@ from contextlib import AsyncExitStack
 
 import anyio
 import msgspec
-from bench_prepare import SIZES, _turn_outputs, bench_turn
+from bench_prepare import SIZES, _turn_outputs, bench_foundation, bench_turn
 
 from turnloom.context import GatewayType
-from turnloom.context.history import HistoryLimits
 from turnloom.runtime import ContextPrepareRequest, Foundation
 
 _encode = msgspec.json.Encoder().encode
@@ -84,10 +83,7 @@ async def measure(rounds: int) -> dict[tuple[GatewayType, int], tuple[float, flo
         benches: dict[tuple[GatewayType, int], _Bench] = {}
         for gateway in GatewayType:
             for size in SIZES:
-                limits = HistoryLimits(max_turns=size, max_items=size, max_bytes=1 << 40)
-                foundation = await stack.enter_async_context(
-                    Foundation(gateway=gateway, history_limits=limits, worker_threads=1)
-                )
+                foundation = await bench_foundation(stack, size, gateway)
                 bench = _Bench(foundation)
                 while bench.manager.statistics().history.items < size:
                     await bench.step(timed=False)

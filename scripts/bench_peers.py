@@ -40,7 +40,7 @@ from typing import Any
 import _goals
 import anyio
 import msgspec
-from bench_prepare import SIZES, _turn_outputs, bench_turn
+from bench_prepare import SIZES, _turn_outputs, bench_foundation, bench_turn
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
@@ -52,7 +52,6 @@ from langchain_core.messages import (
 from livekit.agents import llm
 
 from turnloom.context.gateway import GatewayType
-from turnloom.context.history import HistoryLimits
 from turnloom.runtime import ContextPrepareRequest, Foundation
 
 _encode = msgspec.json.Encoder().encode
@@ -162,10 +161,7 @@ async def measure(rounds: int) -> tuple[dict[tuple[str, int], float], dict[int, 
         benches: dict[tuple[GatewayType, int], _Turnloom] = {}
         for gateway in GatewayType:
             for size in SIZES:
-                limits = HistoryLimits(max_turns=size, max_items=size, max_bytes=1 << 40)
-                foundation = await stack.enter_async_context(
-                    Foundation(gateway=gateway, history_limits=limits, worker_threads=1)
-                )
+                foundation = await bench_foundation(stack, size, gateway)
                 bench = _Turnloom(size, foundation)
                 while bench.manager.statistics().history.items < size:
                     await bench.one_turn(timed=False)  # fill: commit and record only

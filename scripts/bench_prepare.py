@@ -33,13 +33,24 @@ from contextlib import AsyncExitStack
 import _goals
 import anyio
 
-from turnloom.context import Message, Role, TextPart, ToolCallPart, ToolResultPart
+from turnloom.context import GatewayType, Message, Role, TextPart, ToolCallPart, ToolResultPart
 from turnloom.context.history import HistoryLimits
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
 
 SIZES = (100, 1_000, 10_000)
 GOAL_PLAIN = 1.3  # prepare 10,000/100 with new call ids (issue 32)
 GOAL_REUSE = 2.0  # the same with --reuse: ids reused, evictions dropping first uses
+
+
+async def bench_foundation(
+    stack: AsyncExitStack, size: int, gateway: GatewayType = GatewayType.openai_chat
+) -> Foundation:
+    """A Foundation entered on ``stack`` (one worker thread) whose history holds
+    ``size`` items and turns at most (bytes unbounded): filled, each turn evicts."""
+    limits = HistoryLimits(max_turns=size, max_items=size, max_bytes=1 << 40)
+    return await stack.enter_async_context(
+        Foundation(gateway=gateway, history_limits=limits, worker_threads=1)
+    )
 
 
 def bench_turn(
@@ -116,10 +127,7 @@ async def measure(rounds: int, reuse: int = 0) -> dict[int, tuple[float, float]]
     async with AsyncExitStack() as stack:
         benches = []
         for size in SIZES:
-            limits = HistoryLimits(max_turns=size, max_items=size, max_bytes=1 << 40)
-            foundation = await stack.enter_async_context(
-                Foundation(history_limits=limits, worker_threads=1)
-            )
+            foundation = await bench_foundation(stack, size)
             bench = _Bench(size, foundation, reuse)
             while bench.manager.statistics().history.items < size:
                 await bench.one_turn()
