@@ -26,10 +26,10 @@ import time
 from contextlib import AsyncExitStack
 
 import anyio
+from bench_prepare import bench_foundation, bench_turn
 
 from turnloom.context import Message, Role, TextPart, ToolCallPart, ToolResultPart
-from turnloom.context.history import HistoryLimits
-from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
+from turnloom.runtime import ContextPrepareRequest, Foundation
 
 SIZES = (100, 1_000, 10_000)
 _GOAL_US = 10.0  # issue 32: ``build`` at most this on the loop on the common path
@@ -72,18 +72,7 @@ class _Bench:
         manager = self.manager
         turn_id = f"t{self.turn}"
         cpu = time.process_time()
-        manager.accept_turn(
-            TurnSnapshot(
-                context_id="bench",
-                turn_id=turn_id,
-                input=(Message(role=Role.user, content=f"Check reservation {self.turn}."),),
-                instructions=(
-                    (Message(role=Role.system, content="You are an airline agent."),)
-                    if self.turn == 0
-                    else None
-                ),
-            )
-        )
+        manager.accept_turn(bench_turn(self.turn))
         prefix = await manager.prepare(ContextPrepareRequest(context_id="bench", turn_id=turn_id))
         continuation: list[Message] = []
         builds = []
@@ -105,10 +94,7 @@ async def measure(rounds: int, reuse: int) -> dict[int, tuple[float, float, floa
     async with AsyncExitStack() as stack:
         benches = []
         for size in SIZES:
-            limits = HistoryLimits(max_turns=size, max_items=size, max_bytes=1 << 40)
-            foundation = await stack.enter_async_context(
-                Foundation(history_limits=limits, worker_threads=1)
-            )
+            foundation = await bench_foundation(stack, size)
             bench = _Bench(size, foundation, reuse)
             while not bench.manager.statistics().history.evicted_turns_total:
                 await bench.one_turn()

@@ -30,11 +30,10 @@ from contextlib import AsyncExitStack
 
 import anyio
 import msgspec
-from bench_prepare import SIZES, _turn_outputs
+from bench_prepare import SIZES, _turn_outputs, bench_foundation, bench_turn
 
-from turnloom.context import GatewayType, Message, Role
-from turnloom.context.history import HistoryLimits
-from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
+from turnloom.context import GatewayType
+from turnloom.runtime import ContextPrepareRequest, Foundation
 
 _encode = msgspec.json.Encoder().encode
 
@@ -51,18 +50,7 @@ class _Bench:
     async def step(self, *, timed: bool = True, old_first: bool = True) -> None:
         manager = self.manager
         turn_id = f"t{self.turn}"
-        manager.accept_turn(
-            TurnSnapshot(
-                context_id="bench",
-                turn_id=turn_id,
-                input=(Message(role=Role.user, content=f"Check reservation {self.turn}."),),
-                instructions=(
-                    (Message(role=Role.system, content="You are an airline agent."),)
-                    if self.turn == 0
-                    else None
-                ),
-            )
-        )
+        manager.accept_turn(bench_turn(self.turn))
         if timed:
             begin = time.perf_counter()
             prefix = await manager.prepare(
@@ -95,10 +83,7 @@ async def measure(rounds: int) -> dict[tuple[GatewayType, int], tuple[float, flo
         benches: dict[tuple[GatewayType, int], _Bench] = {}
         for gateway in GatewayType:
             for size in SIZES:
-                limits = HistoryLimits(max_turns=size, max_items=size, max_bytes=1 << 40)
-                foundation = await stack.enter_async_context(
-                    Foundation(gateway=gateway, history_limits=limits, worker_threads=1)
-                )
+                foundation = await bench_foundation(stack, size, gateway)
                 bench = _Bench(foundation)
                 while bench.manager.statistics().history.items < size:
                     await bench.step(timed=False)

@@ -50,6 +50,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import _goals
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
@@ -248,7 +249,7 @@ async def _main(args: argparse.Namespace) -> None:
     )
     print(
         "extra CPU per job over inline, us (min of 3 rounds, rotating order); "
-        f"goal: worker/bare <= {_HANDOFF_GOAL:.1f}x"
+        f"goal: worker/bare {_goals.goal(_HANDOFF_GOAL)}"
     )
     print("work us  inline cpu/job  to_thread extra  worker extra  bare extra  worker/bare  goal")
     ways = ["inline", "to_thread", "worker", "bare"]
@@ -264,13 +265,13 @@ async def _main(args: argparse.Namespace) -> None:
         print(
             f"{work:7.0f} {inline * 1e6:15.1f} {(threaded - inline) * 1e6:16.1f} "
             f"{extra * 1e6:13.1f} {bare_extra * 1e6:11.1f} {ratio:11.2f}x  "
-            f"{'met' if ratio <= _HANDOFF_GOAL else 'MISSED'}"
+            f"{_goals.verdict(ratio, _HANDOFF_GOAL)}"
         )
     print()
     print(f"full garbage collection with N live sessions ({args.backend})")
     print(
         "sessions  bare objs/session  bare pause ms  ours objs/session  ours pause ms  ratio"
-        f"  goal: ours <= {_PAUSE_GOAL_MS:.0f} ms"
+        f"  goal: ours {_goals.goal(_PAUSE_GOAL_MS, ' ms')}"
     )
     for sessions in args.sessions:
         bare_objects, bare_pause = await _bare(sessions)
@@ -279,7 +280,7 @@ async def _main(args: argparse.Namespace) -> None:
             f"{sessions:8d} {bare_objects:18.1f} {bare_pause:14.1f} {ours_objects:18.1f} "
             f"{ours_pause:14.1f} {ours_pause / bare_pause:5.2f}x"
             + (
-                f"  {'met' if ours_pause <= _PAUSE_GOAL_MS else 'MISSED'}"
+                f"  {_goals.verdict(ours_pause, _PAUSE_GOAL_MS)}"
                 if sessions >= 5000
                 else "  (goal at 5,000)"
             )

@@ -37,9 +37,10 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
+import _goals
 import anyio
 import msgspec
-from bench_prepare import SIZES, _turn_outputs
+from bench_prepare import SIZES, _turn_outputs, bench_foundation, bench_turn
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
@@ -50,10 +51,8 @@ from langchain_core.messages import (
 )
 from livekit.agents import llm
 
-from turnloom.context import Message, Role
 from turnloom.context.gateway import GatewayType
-from turnloom.context.history import HistoryLimits
-from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
+from turnloom.runtime import ContextPrepareRequest, Foundation
 
 _encode = msgspec.json.Encoder().encode
 # Issue 32: LiveKit/turnloom at each size (None: no goal), and time to bytes 10k/100.
@@ -80,18 +79,7 @@ class _Turnloom:
     async def one_turn(self, *, timed: bool = True) -> None:
         manager = self.manager
         turn_id = f"t{self.turn}"
-        manager.accept_turn(
-            TurnSnapshot(
-                context_id="bench",
-                turn_id=turn_id,
-                input=(Message(role=Role.user, content=f"Check reservation {self.turn}."),),
-                instructions=(
-                    (Message(role=Role.system, content="You are an airline agent."),)
-                    if self.turn == 0
-                    else None
-                ),
-            )
-        )
+        manager.accept_turn(bench_turn(self.turn))
         if timed:
             begin = time.perf_counter()
             request = ContextPrepareRequest(context_id="bench", turn_id=turn_id)
@@ -173,10 +161,7 @@ async def measure(rounds: int) -> tuple[dict[tuple[str, int], float], dict[int, 
         benches: dict[tuple[GatewayType, int], _Turnloom] = {}
         for gateway in GatewayType:
             for size in SIZES:
-                limits = HistoryLimits(max_turns=size, max_items=size, max_bytes=1 << 40)
-                foundation = await stack.enter_async_context(
-                    Foundation(gateway=gateway, history_limits=limits, worker_threads=1)
-                )
+                foundation = await bench_foundation(stack, size, gateway)
                 bench = _Turnloom(size, foundation)
                 while bench.manager.statistics().history.items < size:
                     await bench.one_turn(timed=False)  # fill: commit and record only
@@ -245,11 +230,9 @@ def main() -> None:
             medians["langchain", size],
         )
         goal = _PEER_GOALS.get(size)
-        verdict = (
-            f">={goal:g}x {'met' if lk / ours >= goal else 'MISSED'}" if goal is not None else ""
-        )
+        judged = _goals.beside(lk / ours, goal, at_least=True) if goal is not None else ""
         print(
-            f"{size:>7} {_us(ours)} {_us(lk)} {lk / ours:6.2f}x {verdict:>12} "
+            f"{size:>7} {_us(ours)} {_us(lk)} {lk / ours:6.2f}x {judged:>12} "
             f"{_us(lc)} {lc / ours:6.2f}x   (turnloom history: {items[size]} items)"
         )
     top, base = SIZES[-1], SIZES[0]
@@ -261,7 +244,7 @@ def main() -> None:
     print(
         f"{'gateway':<17}"
         + "".join(f"{f'{s} ours':>12}{f'{s} lk':>11}" for s in SIZES)
-        + f"  ours 10k/100  goal <={_BYTES_GOAL:g}x"
+        + f"  ours 10k/100  goal {_goals.goal(_BYTES_GOAL)}"
     )
     for gateway in GatewayType:
         row = f"{gateway.value:<17}"
@@ -271,7 +254,7 @@ def main() -> None:
         ratio = (
             medians[f"turnloom bytes {gateway}", top] / medians[f"turnloom bytes {gateway}", base]
         )
-        print(row + f"  {ratio:11.2f}x  {'met' if ratio <= _BYTES_GOAL else 'MISSED'}")
+        print(row + f"  {ratio:11.2f}x  {_goals.verdict(ratio, _BYTES_GOAL)}")
 
 
 if __name__ == "__main__":

@@ -30,15 +30,44 @@ import statistics
 import time
 from contextlib import AsyncExitStack
 
+import _goals
 import anyio
 
-from turnloom.context import Message, Role, TextPart, ToolCallPart, ToolResultPart
+from turnloom.context import GatewayType, Message, Role, TextPart, ToolCallPart, ToolResultPart
 from turnloom.context.history import HistoryLimits
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
 
 SIZES = (100, 1_000, 10_000)
 GOAL_PLAIN = 1.3  # prepare 10,000/100 with new call ids (issue 32)
 GOAL_REUSE = 2.0  # the same with --reuse: ids reused, evictions dropping first uses
+
+
+async def bench_foundation(
+    stack: AsyncExitStack, size: int, gateway: GatewayType = GatewayType.openai_chat
+) -> Foundation:
+    """A Foundation entered on ``stack`` (one worker thread) whose history holds
+    ``size`` items and turns at most (bytes unbounded): filled, each turn evicts."""
+    limits = HistoryLimits(max_turns=size, max_items=size, max_bytes=1 << 40)
+    return await stack.enter_async_context(
+        Foundation(gateway=gateway, history_limits=limits, worker_threads=1)
+    )
+
+
+def bench_turn(
+    turn: int,
+    *,
+    context_id: str = "bench",
+    ask: str = "Check reservation",
+    system: str = "You are an airline agent.",
+) -> TurnSnapshot:
+    """Turn ``turn`` of a bench's context: the user's ``"{ask} {turn}."``, and on
+    turn 0 the system instructions ``system`` (later turns keep them)."""
+    return TurnSnapshot(
+        context_id=context_id,
+        turn_id=f"t{turn}",
+        input=(Message(role=Role.user, content=f"{ask} {turn}."),),
+        instructions=(Message(role=Role.system, content=system),) if turn == 0 else None,
+    )
 
 
 def _turn_outputs(n: int, reuse: int = 0) -> list[Message]:
@@ -80,18 +109,7 @@ class _Bench:
     async def one_turn(self) -> tuple[float, float]:
         manager = self.manager
         turn_id = f"t{self.turn}"
-        manager.accept_turn(
-            TurnSnapshot(
-                context_id="bench",
-                turn_id=turn_id,
-                input=(Message(role=Role.user, content=f"Check reservation {self.turn}."),),
-                instructions=(
-                    (Message(role=Role.system, content="You are an airline agent."),)
-                    if self.turn == 0
-                    else None
-                ),
-            )
-        )
+        manager.accept_turn(bench_turn(self.turn))
         begin = time.perf_counter()
         prefix = await manager.prepare(ContextPrepareRequest(context_id="bench", turn_id=turn_id))
         latency = time.perf_counter() - begin
@@ -109,10 +127,7 @@ async def measure(rounds: int, reuse: int = 0) -> dict[int, tuple[float, float]]
     async with AsyncExitStack() as stack:
         benches = []
         for size in SIZES:
-            limits = HistoryLimits(max_turns=size, max_items=size, max_bytes=1 << 40)
-            foundation = await stack.enter_async_context(
-                Foundation(history_limits=limits, worker_threads=1)
-            )
+            foundation = await bench_foundation(stack, size)
             bench = _Bench(size, foundation, reuse)
             while bench.manager.statistics().history.items < size:
                 await bench.one_turn()
@@ -155,8 +170,8 @@ def main() -> None:
     goal = GOAL_REUSE if args.reuse else GOAL_PLAIN
     ratio = top[0] / base[0]
     print(
-        f"ratio 10,000/100: prepare {ratio:.2f}x (goal <= {goal}x: "
-        f"{'met' if ratio <= goal else 'NOT met'})   render {top[1] / base[1]:.2f}x   "
+        f"ratio 10,000/100: prepare {ratio:.2f}x (goal {_goals.beside(ratio, goal)})   "
+        f"render {top[1] / base[1]:.2f}x   "
         f"[{args.backend}{f', --reuse {args.reuse}' if args.reuse else ''}]"
     )
 

@@ -40,13 +40,12 @@ from typing import Any
 
 import anyio
 import msgspec
-from bench_prepare import SIZES, _turn_outputs
+from bench_prepare import SIZES, _turn_outputs, bench_foundation, bench_turn
 
-from turnloom.context import GatewayType, Message, Role
+from turnloom.context import GatewayType
 from turnloom.context._fresh import fresh_json
 from turnloom.context.body import _written
-from turnloom.context.history import HistoryLimits
-from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext, TurnSnapshot
+from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -66,18 +65,7 @@ class _Bench:
         manager = self.manager
         gateway = manager.gateway
         turn_id = f"t{self.turn}"
-        manager.accept_turn(
-            TurnSnapshot(
-                context_id="bench",
-                turn_id=turn_id,
-                input=(Message(role=Role.user, content=f"Check reservation {self.turn}."),),
-                instructions=(
-                    (Message(role=Role.system, content="You are an airline agent."),)
-                    if self.turn == 0
-                    else None
-                ),
-            )
-        )
+        manager.accept_turn(bench_turn(self.turn))
         prefix = await manager.prepare(ContextPrepareRequest(context_id="bench", turn_id=turn_id))
         kept = prefix.native_items._shared()
         bodies = {}
@@ -107,10 +95,7 @@ async def measure(rounds: int) -> dict[tuple[GatewayType, int], _Bench]:
         benches: dict[tuple[GatewayType, int], _Bench] = {}
         for gateway in GatewayType:
             for size in SIZES:
-                limits = HistoryLimits(max_turns=size, max_items=size, max_bytes=1 << 40)
-                foundation = await stack.enter_async_context(
-                    Foundation(gateway=gateway, history_limits=limits, worker_threads=1)
-                )
+                foundation = await bench_foundation(stack, size, gateway)
                 bench = _Bench(foundation)
                 while bench.manager.statistics().history.items < size - 4:
                     await bench.step(timed=False)

@@ -29,6 +29,7 @@ import time
 from contextlib import AsyncExitStack
 
 import anyio
+from bench_prepare import bench_turn
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -37,7 +38,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from turnloom.context import Message, Role, TextPart, ToolCallPart, ToolResultPart
 from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits
-from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot, _tracing
+from turnloom.runtime import ContextPrepareRequest, Foundation, _tracing
 
 SIZE = 1_000
 MODES = ("absent", "api", "sdk")
@@ -74,16 +75,7 @@ class _Context:
     async def one_turn(self) -> tuple[float, float]:
         manager = self.manager
         turn_id = f"t{self.turn}"
-        manager.accept_turn(
-            TurnSnapshot(
-                context_id="bench",
-                turn_id=turn_id,
-                input=(Message(role=Role.user, content=f"Check row {self.turn}."),),
-                instructions=(Message(role=Role.system, content="Be brief."),)
-                if self.turn == 0
-                else None,
-            )
-        )
+        manager.accept_turn(bench_turn(self.turn, ask="Check row", system="Be brief."))
         began = time.perf_counter()
         prefix = await manager.prepare(ContextPrepareRequest(context_id="bench", turn_id=turn_id))
         prepared = time.perf_counter()

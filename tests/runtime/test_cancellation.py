@@ -107,7 +107,9 @@ async def test_cancelling_prepare_at_each_await_point_frees_its_slot(phase: str)
         assert (stats.preparations.pending, stats.preparations.waiting_for_slot) == (0, 0)
         assert stats.preparations.discarded_total == (0 if phase == "slot" else 1)
         assert manager._life.check_bound().queue._waiters == {}
-        assert manager._life.check_bound()._rendering == 0
+        # The skipped job's batch may come back after the holder's preparation was
+        # delivered: the render count goes then, bounded.
+        await _wait_until(lambda: manager._life.check_bound()._rendering == 0)
         history = manager.history("c")
         assert (history.turn_ids[:1], history.turn_messages("t1")) == (before[0], before[1])
         # The slot is free again: an immediate preparation is admitted.

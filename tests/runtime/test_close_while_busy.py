@@ -344,8 +344,12 @@ async def test_cancelling_a_preparation_from_outside_settles_it_exactly(
             # Settled at once (the thread skips it); the holder's render is still owned.
             assert (stats.preparations.pending, stats.preparations.discarded_total) == (1, 1)
             gateway.release.set()
+        # The skipped job's batch may come back after the holder's preparation
+        # settled: the render count goes then, bounded.
         with anyio.fail_after(10):
-            while manager.statistics().preparations.pending:
+            while (
+                manager.statistics().preparations.pending or manager._life.check_bound()._rendering
+            ):
                 await anyio.sleep(0.005)
         stats = manager.statistics()
         assert (stats.preparations.pending, stats.preparations.waiting_for_slot) == (0, 0)
@@ -354,7 +358,6 @@ async def test_cancelling_a_preparation_from_outside_settles_it_exactly(
             stats.preparations.prepared_total,
             stats.preparations.failed_total,
         ) == (1, 1 if point == "queued" else 0, 0)
-        assert manager._life.check_bound()._rendering == 0
         assert manager._life.check_bound().queue._waiters == {}
         if point == "render":
             assert gateway.returned > rendered  # the render thread ran to its end

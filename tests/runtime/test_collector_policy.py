@@ -29,6 +29,12 @@ pytestmark = pytest.mark.anyio
 _SESSIONS = 3
 _ROUNDS = 12
 _NEVER = 3600.0  # an interval no test reaches: the test takes the steps itself
+# Tracked objects each SessionState holds (lists, each one gc-tracked): the
+# frozen set's growth per round (3 states of ~2,000 objects) dwarfs what the
+# rest of the process changes in it between two steps (frozen objects freed by
+# reference counting shrink it), so the policy's regrowth check sees the
+# test's own growth, not the noise of a full run.
+_TRACKED_PER_STATE = 2_000
 
 
 class Junk:
@@ -42,10 +48,12 @@ class Junk:
 
 
 class SessionState:
-    """A host's per-session state: cyclic, replaced every round."""
+    """A host's per-session state: cyclic, replaced every round, holding
+    ``_TRACKED_PER_STATE`` tracked objects."""
 
     def __init__(self) -> None:
         self.junk = Junk()
+        self.tracked: list[list[int]] = [[] for _ in range(_TRACKED_PER_STATE)]
         self.me = self
 
 
@@ -73,8 +81,8 @@ def _no_junk_left() -> Any:
     assert gc.get_freeze_count() == 0
 
 
-async def _soak(policy: CollectorPolicy) -> list[tuple[bool, int, int]]:
-    """Rounds of one turn per session; a step after each. Returns, per step:
+async def _soak(policy: CollectorPolicy, rounds: int = _ROUNDS) -> list[tuple[bool, int, int]]:
+    """``rounds`` rounds of one turn per session; a step after each. Returns, per step:
     (thorough, live junk after it, states the host dropped since the last thorough step)."""
     seen: list[tuple[bool, int, int]] = []
     async with Foundation(collector=policy) as foundation:
@@ -85,7 +93,7 @@ async def _soak(policy: CollectorPolicy) -> list[tuple[bool, int, int]]:
         dropped = 0
         collector.step()  # after warm-up: the first step, a plain one
         seen.append((False, Junk.live, 0))
-        for round_ in range(_ROUNDS):
+        for round_ in range(rounds):
             for number in range(_SESSIONS):
                 states[number] = SessionState()  # the old one was frozen alive
                 dropped += 1
@@ -123,11 +131,19 @@ async def test_garbage_made_between_steps_is_never_frozen() -> None:
 
 async def test_a_regrown_frozen_set_makes_the_next_step_thorough_and_reclaims_it() -> None:
     """With every frozen-set read (check_every=1) and any growth past regrowth, a
-    thorough step follows each plain one and reclaims the frozen cyclic garbage."""
-    seen = await _soak(CollectorPolicy(interval=_NEVER, check_every=1, regrowth=1e-9))
-    assert [thorough for thorough, _, _ in seen] == [False, False] + [True, False] * 5 + [True]
+    thorough step follows each plain one and reclaims the frozen cyclic garbage.
+
+    The sequence is exact because each round's growth of the frozen set (the
+    states' ``_TRACKED_PER_STATE`` objects) dwarfs incidental changes; the
+    first step and a thorough one reset the base, so the step after either is plain.
+    """
+    # 6 rounds, not 12: in a full run each thorough step collects the whole process.
+    seen = await _soak(CollectorPolicy(interval=_NEVER, check_every=1, regrowth=1e-9), 6)
+    assert [thorough for thorough, _, _ in seen] == [False, False] + [True, False] * 2 + [True]
     for _, live, dropped in seen:
         assert live == _SESSIONS + dropped  # exactly the live states and the frozen dropped ones
+    # A thorough step reclaims everything dropped: only the live states stay.
+    assert [live for thorough, live, _ in seen if thorough] == [_SESSIONS] * 3
     assert max(live for _, live, _ in seen) == 2 * _SESSIONS
 
 
