@@ -27,8 +27,8 @@ collection afterwards). A :class:`FrozenCollector` does that periodically:
   cache miss per object on a large heap: measured in ``turnloom loadtest``
   on a loaded 2-core machine, 8-10 ms of CPU at 1,000 sessions (about 90,000
   frozen objects) and 40-60 ms at 5,000 (280,000), as much as the
-  collection itself. So :meth:`FrozenCollector.run` makes it in a later
-  turn of the event loop than the step's collection, never in the same
+  collection itself. So :meth:`FrozenCollector.run` makes it at its next
+  look, ``interval`` seconds after the step's collection, never in the same
   pause (:meth:`FrozenCollector.collect`, then :meth:`FrozenCollector.check`).
 
 The policy is process-wide, as the collector is: ``gc.freeze`` moves every
@@ -53,7 +53,6 @@ import math
 import time
 
 import anyio
-import anyio.lowlevel
 import msgspec
 
 from turnloom.errors import InputError, what_type
@@ -139,8 +138,8 @@ class CollectorStatistics(msgspec.Struct, frozen=True, kw_only=True):
             aside, see ``check_cpu_max_seconds``).
         thorough_cpu_max_seconds: the longest thorough step's.
         check_cpu_max_seconds: the longest read of the frozen set's size, CPU
-            seconds on the loop's thread (a pause of its own, in a later turn
-            of the event loop than the step that made it due).
+            seconds on the loop's thread (a pause of its own, ``interval``
+            seconds after the step that made it due).
     """
 
     steps: int
@@ -279,22 +278,22 @@ class FrozenCollector:
     async def run(self) -> None:
         """Look every ``interval`` seconds; step when :meth:`due`. Runs until cancelled.
 
-        A step is two pauses of the loop, never one: :meth:`collect`, then,
-        when it made one due, :meth:`check` after a checkpoint (other tasks
-        run between them).
+        A step is two pauses of the loop, never one and never back to back:
+        :meth:`collect`, then, when it made one due, :meth:`check` at the next
+        look, ``interval`` seconds later, instead of a step (a ticker of the
+        loop sees at most one of them in one wait).
 
-        Cancellation: cancelled between steps or between a step's collection
-        and its read (neither awaits), leaving what it froze frozen until
-        :meth:`close`; a read not made is made after the next step's collection.
+        Cancellation: cancelled between looks (neither pause awaits), leaving
+        what it froze frozen until :meth:`close`; a read not made is made
+        after the next step's collection.
         """
         interval = self._policy.interval
         while True:
             await anyio.sleep(interval)
-            if self.due():
+            if self._check_next:
+                self.check()  # the read is a pause of its own
+            elif self.due():
                 self.collect()
-                if self._check_next:
-                    await anyio.lowlevel.checkpoint()  # the read is a pause of its own
-                    self.check()
 
     def close(self) -> None:
         """Unfreeze what the steps froze, so the Foundation's objects are collectable again.
