@@ -152,7 +152,7 @@ class _TaskSteps:
 
     def after_task_step(self, task: Any) -> None:
         end = _clock()
-        if end - self.began > 0.002:
+        if self.began and end - self.began > 0.002:  # (added mid-step: the first has none)
             _events.append(("task step", self.began, end, time.thread_time() - self.cpu))
 
 
