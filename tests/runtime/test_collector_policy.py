@@ -14,15 +14,24 @@ from __future__ import annotations
 
 import gc
 import math
+import re
 import threading
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from tests.runtime.helpers import assistant, user
 from turnloom.errors import InputError
-from turnloom.runtime import CollectorPolicy, ContextPrepareRequest, Foundation, TurnSnapshot
+from turnloom.runtime import (
+    CollectorPolicy,
+    ContextPrepareRequest,
+    Foundation,
+    TurnSnapshot,
+    _collector,
+)
+from turnloom.runtime._collector import FrozenCollector
 
 pytestmark = pytest.mark.anyio
 
@@ -154,7 +163,8 @@ async def test_the_foundation_steps_on_its_own_once_the_process_allocated() -> N
         collector = foundation.collector
         assert collector is not None
         with anyio.fail_after(30):
-            while collector.statistics().steps == 0:
+            # Until a step's collection and its read of the frozen set (a later turn) ran.
+            while collector.statistics().steps == 0 or collector.check_due:
                 _cyclic_garbage()
                 junk = [[Junk()] for _ in range(1000)]  # tracked allocations
                 del junk
@@ -282,3 +292,74 @@ def test_foundations_on_two_threads_share_the_collector_and_a_close_frees_the_ot
         "B froze again": True,
         "frozen after both closed": 0,
     }
+
+
+async def test_the_frozen_set_is_read_at_the_next_look_not_in_the_steps_pause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step's two pauses (collection, then the O(frozen) read of the frozen set's size)
+    never run in one, nor back to back: the read is made at the next look, an interval
+    later (mutants tried: ``run`` calling ``step()``, both in one pause, fails with
+    sleep, collect, read; reading after a checkpoint instead of a look fails too)."""
+    events: list[str] = []
+    collect = FrozenCollector.collect
+    sleep = anyio.sleep
+
+    def collecting(self: FrozenCollector) -> None:
+        collect(self)
+        events.append("collect")
+
+    def reading() -> int:
+        events.append("read")
+        return gc.get_freeze_count()
+
+    async def sleeping(delay: float) -> None:
+        events.append("sleep")
+        await sleep(delay)
+
+    monkeypatch.setattr(FrozenCollector, "collect", collecting)
+    monkeypatch.setattr(_collector, "_frozen_count", reading)
+    monkeypatch.setattr(anyio, "sleep", sleeping)
+    collector = FrozenCollector(CollectorPolicy(interval=0.001, young_collections=1, check_every=1))
+
+    async def allocate(scope: anyio.CancelScope) -> None:
+        while events.count("read") < 3:
+            junk = [[Junk()] for _ in range(1000)]  # tracked allocations: steps become due
+            del junk
+            await anyio.lowlevel.checkpoint()
+        scope.cancel()
+
+    try:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                group.start_soon(collector.run)
+                group.start_soon(allocate, group.cancel_scope)
+    finally:
+        collector.close()
+    letters = "".join({"sleep": "s", "collect": "c", "read": "r"}[event] for event in events)
+    # Looks without a due step (nothing allocated yet) only sleep again: one "s" each.
+    assert re.sub("s+", "s", letters).strip("s") == "csrscsrscsr"
+    assert collector.statistics().steps == 3
+
+
+def test_a_read_left_due_stays_due_after_the_next_collection() -> None:
+    """A step's read not made (its task cancelled between the two pauses) is made after
+    the next collection, even one that would not make it due (mutant tried: each
+    collection deciding afresh whether a read is due fails it)."""
+    collector = FrozenCollector(CollectorPolicy(interval=_NEVER, check_every=2))
+    try:
+        collector.collect()  # the first step: reads the base
+        assert collector.check_due
+        collector.check()
+        assert not collector.check_due
+        collector.collect()  # the 2nd: a check_every-th step
+        assert collector.check_due
+        collector.collect()  # the 3rd would not make one due; the 2nd's is left
+        assert collector.check_due
+        collector.check()
+        assert not collector.check_due
+        collector.collect()  # the 4th: due again
+        assert collector.check_due
+        assert collector.statistics().steps == 4
+    finally:
+        collector.close()

@@ -23,6 +23,13 @@ collection afterwards). A :class:`FrozenCollector` does that periodically:
   memory such garbage can hold is thereby bounded by ``regrowth`` times the
   live frozen set. The first step (after warm-up) is a plain one that reads
   the frozen set's size: what the host froze itself stays frozen until then.
+- **The read is a pause of its own.** It walks the frozen set's list, one
+  cache miss per object on a large heap: measured in ``turnloom loadtest``
+  on a loaded 2-core machine, 8-10 ms of CPU at 1,000 sessions (about 90,000
+  frozen objects) and 40-60 ms at 5,000 (280,000), as much as the
+  collection itself. So :meth:`FrozenCollector.run` makes it at its next
+  look, ``interval`` seconds after the step's collection, never in the same
+  pause (:meth:`FrozenCollector.collect`, then :meth:`FrozenCollector.check`).
 
 The policy is process-wide, as the collector is: ``gc.freeze`` moves every
 tracked object of the process, the host's included, and a thorough step
@@ -126,8 +133,13 @@ class CollectorStatistics(msgspec.Struct, frozen=True, kw_only=True):
         steps: steps taken (each one full collection of what was not frozen).
         thorough_steps: steps that unfroze everything first.
         frozen: the frozen set's size at its last read (objects).
-        step_cpu_max_seconds: the longest step's CPU time on the loop's thread.
+        step_cpu_max_seconds: the longest step's CPU time on the loop's thread
+            (its collection and freeze; the read of the frozen set's size
+            aside, see ``check_cpu_max_seconds``).
         thorough_cpu_max_seconds: the longest thorough step's.
+        check_cpu_max_seconds: the longest read of the frozen set's size, CPU
+            seconds on the loop's thread (a pause of its own, ``interval``
+            seconds after the step that made it due).
     """
 
     steps: int
@@ -135,6 +147,7 @@ class CollectorStatistics(msgspec.Struct, frozen=True, kw_only=True):
     frozen: int
     step_cpu_max_seconds: float
     thorough_cpu_max_seconds: float
+    check_cpu_max_seconds: float = 0.0
 
 
 class FrozenCollector:
@@ -142,6 +155,8 @@ class FrozenCollector:
 
     __slots__ = (
         "_base",
+        "_check_cpu",
+        "_check_next",
         "_froze",
         "_frozen",
         "_policy",
@@ -161,11 +176,13 @@ class FrozenCollector:
         self._frozen = 0
         self._froze = False
         self._thorough_next = False
+        self._check_next = False  # the last step made a read of the frozen set's size due
         self.stepping = False  # True while a step collects (for a gc callback to tell)
         self._steps = 0
         self._thorough = 0
         self._step_cpu = 0.0
         self._thorough_cpu = 0.0
+        self._check_cpu = 0.0
 
     @property
     def policy(self) -> CollectorPolicy:
@@ -180,6 +197,7 @@ class FrozenCollector:
             frozen=self._frozen,
             step_cpu_max_seconds=self._step_cpu,
             thorough_cpu_max_seconds=self._thorough_cpu,
+            check_cpu_max_seconds=self._check_cpu,
         )
 
     def due(self) -> bool:
@@ -187,12 +205,29 @@ class FrozenCollector:
         return _young_collections() - self._young >= self._policy.young_collections
 
     def step(self) -> None:
-        """One step now: collect what is not frozen (all, when thorough), then freeze.
+        """One whole step now: :meth:`collect`, then :meth:`check` if it made one due.
+
+        Synchronous, on the event loop, in one pause (:meth:`run` splits the
+        two over two turns of the loop instead).
+        """
+        self.collect()
+        if self._check_next:
+            self.check()
+
+    @property
+    def check_due(self) -> bool:
+        """True when the last step made a read of the frozen set's size due (:meth:`check`)."""
+        return self._check_next
+
+    def collect(self) -> None:
+        """A step's pause: collect what is not frozen (all, when thorough), then freeze.
 
         Synchronous, on the event loop: it pauses the loop for one full
         collection of what changed since the last step (of everything, on a
-        thorough step). Also reads the frozen set's size on every
-        ``check_every``-th step.
+        thorough step). The first step, a thorough one and every
+        ``check_every``-th step make a read of the frozen set's size due
+        (:attr:`check_due`), which this call does not make: it costs as much
+        as the collection on a large heap.
         """
         began = time.thread_time()
         thorough = self._thorough_next
@@ -207,29 +242,58 @@ class FrozenCollector:
         self._froze = True
         self._steps += 1
         self._young = _young_collections()
-        if thorough or self._steps == 1:
-            self._thorough += thorough
+        if thorough:
+            self._thorough += 1
             self._thorough_next = False
-            self._frozen = self._base = gc.get_freeze_count()
-        elif self._steps % self._policy.check_every == 0:
-            self._frozen = gc.get_freeze_count()
-            self._thorough_next = self._frozen > (1 + self._policy.regrowth) * self._base
+        if thorough or self._steps == 1:
+            self._base = -1  # the next read sets the base the regrowth is measured from
+        # A read left due (its step's task cancelled before it) stays due.
+        self._check_next = (
+            self._check_next or self._base < 0 or self._steps % self._policy.check_every == 0
+        )
         spent = time.thread_time() - began
         self._step_cpu = max(self._step_cpu, spent)
         if thorough:
             self._thorough_cpu = max(self._thorough_cpu, spent)
 
+    def check(self) -> None:
+        """Read the frozen set's size (O(frozen)); decide whether the next step is thorough.
+
+        Synchronous, on the event loop; does nothing unless :attr:`check_due`.
+        After the first or a thorough step the size read is the base the
+        regrowth is measured from; after another, the next step is thorough
+        once the size grew past ``(1 + regrowth)`` times that base.
+        """
+        if not self._check_next:
+            return
+        began = time.thread_time()
+        self._check_next = False
+        self._frozen = _frozen_count()
+        if self._base < 0:
+            self._base = self._frozen
+        else:
+            self._thorough_next = self._frozen > (1 + self._policy.regrowth) * self._base
+        self._check_cpu = max(self._check_cpu, time.thread_time() - began)
+
     async def run(self) -> None:
         """Look every ``interval`` seconds; step when :meth:`due`. Runs until cancelled.
 
-        Cancellation: cancelled between steps (a step never awaits), leaving
-        what it froze frozen until :meth:`close`.
+        A step is two pauses of the loop, never one and never back to back:
+        :meth:`collect`, then, when it made one due, :meth:`check` at the next
+        look, ``interval`` seconds later, instead of a step (a ticker of the
+        loop sees at most one of them in one wait).
+
+        Cancellation: cancelled between looks (neither pause awaits), leaving
+        what it froze frozen until :meth:`close`; a read not made is made
+        after the next step's collection.
         """
         interval = self._policy.interval
         while True:
             await anyio.sleep(interval)
-            if self.due():
-                self.step()
+            if self._check_next:
+                self.check()  # the read is a pause of its own
+            elif self.due():
+                self.collect()
 
     def close(self) -> None:
         """Unfreeze what the steps froze, so the Foundation's objects are collectable again.
@@ -240,6 +304,11 @@ class FrozenCollector:
         if self._froze:
             self._froze = False
             gc.unfreeze()
+
+
+def _frozen_count() -> int:
+    """The frozen set's size, in objects: a walk of its list (O(frozen), cache-cold)."""
+    return gc.get_freeze_count()
 
 
 def _young_collections() -> int:
