@@ -16,7 +16,7 @@ collection afterwards). A :class:`FrozenCollector` does that periodically:
   later becomes part of unreachable *cyclic* garbage stays until the next
   unfreeze (non-cyclic garbage is freed by reference counting, frozen or
   not). So every :attr:`CollectorPolicy.check_every` steps the size of the
-  frozen set is read (O(frozen), about 1.5 ms per 100,000 objects); once it
+  frozen set is read (O(frozen): see the next point); once it
   grew past ``(1 + regrowth)`` times its size after the last *thorough* step,
   the next step is thorough: ``gc.unfreeze()``, one full collection of
   everything (the cold pause the policy otherwise avoids), then freeze. The
