@@ -66,13 +66,16 @@ _WireIds = str | tuple[str, ...]
 """The sent ids of a message's call and result parts: a lone id bare, else a tuple."""
 
 
+def id_parts(message: Message) -> list[ToolCallPart | ToolResultPart]:
+    """The call and result parts of ``message``: the parts that carry a call id, in order."""
+    return [
+        part for part in message.parts if type(part) is ToolCallPart or type(part) is ToolResultPart
+    ]
+
+
 def own_ids(message: Message) -> list[str]:
     """The call id of each call and result part of ``message``, in part order."""
-    return [
-        part.call_id
-        for part in message.parts
-        if type(part) is ToolCallPart or type(part) is ToolResultPart
-    ]
+    return [part.call_id for part in id_parts(message)]
 
 
 def pack_ids(message: Message, ids: Sequence[str]) -> _WireIds | None:

@@ -44,7 +44,7 @@ from typing import Any, Protocol
 import msgspec
 
 from turnloom.context._untrack import untrack_atoms, untrack_container
-from turnloom.context.history._cells import _Entry, _Turn, _WireIds, pack_ids
+from turnloom.context.history._cells import _Entry, _Turn, _WireIds, id_parts, pack_ids
 from turnloom.context.message import Message, Role, ToolCallPart, ToolResultPart
 from turnloom.context.pairing import CallTracker
 from turnloom.errors import InvalidMessageError, UnknownTurnError, excerpt
@@ -147,7 +147,7 @@ def _feed(tracker: CallTracker, sent: dict[str, str], entries: Iterable[_Entry])
     for entry in entries:
         message = entry.message
         if entry.sent is not None:
-            for id_part, sent_id in zip(_id_parts(message), entry.sent_ids(), strict=True):
+            for id_part, sent_id in zip(id_parts(message), entry.sent_ids(), strict=True):
                 if type(id_part) is ToolCallPart:
                     sent[id_part.call_id] = sent_id
         elif sent and message.role is Role.assistant:
@@ -288,20 +288,13 @@ def _set_sent(entry: _Entry, sent: _WireIds | None) -> None:
     entry.more = None
 
 
-def _id_parts(message: Message) -> list[ToolCallPart | ToolResultPart]:
-    """The call and result parts of ``message``, in order."""
-    return [
-        part for part in message.parts if type(part) is ToolCallPart or type(part) is ToolResultPart
-    ]
-
-
 def _calls(entry: _Entry) -> list[tuple[str, str]]:
     """(own id, sent id) of each call of ``entry``."""
     if entry.sent is None:
         return [(p.call_id, p.call_id) for p in entry.message.parts if type(p) is ToolCallPart]
     return [
         (part.call_id, sent)
-        for part, sent in zip(_id_parts(entry.message), entry.sent_ids(), strict=True)
+        for part, sent in zip(id_parts(entry.message), entry.sent_ids(), strict=True)
         if type(part) is ToolCallPart
     ]
 
@@ -372,14 +365,14 @@ def assign_state(
     """
     ids = history._sent
     _drop_entries(ids, old)
-    if _carries_ids(entries):
+    if _carried_ids(entries):
         context = _context(history._turns, position + 1, input_only=True)
         _assign(ids, entries, context, False)
 
 
 def assign_summary(history: _SentState, entries: Sequence[_Entry]) -> None:
     """A summary turn's ``entries``, first in the history (after ``release`` of the replaced)."""
-    if _carries_ids(entries):
+    if _carried_ids(entries):
         _assign(history._sent, entries, (CallTracker(), {}), True)
 
 
@@ -438,14 +431,6 @@ def _carried_ids(entries: Sequence[_Entry]) -> str:
             if kind is ToolCallPart:
                 found = _CALLS
     return found
-
-
-def _carries_ids(entries: Sequence[_Entry]) -> bool:
-    for entry in entries:
-        for part in entry.message.parts:
-            if type(part) is ToolCallPart or type(part) is ToolResultPart:
-                return True
-    return False
 
 
 def _checkpoint_entries(turn: _Turn) -> tuple[_Entry, ...]:
