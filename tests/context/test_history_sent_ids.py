@@ -119,6 +119,16 @@ def _check_request(kind: GatewayType, items: list[NativeContent]) -> None:
         assert call_id in first and first[call_id] < index
 
 
+def _check_renders(view: HistoryView, turn_id: str, kinds: list[GatewayType] = KINDS) -> None:
+    """(1) on both sides and (3): the pairs as sent, each gateway's request, and
+    the incremental render of ``turn_id`` equal to a cold one."""
+    _check_pairs(view, turn_id)
+    for kind in kinds:
+        items = list(view.render(get_gateway(kind), turn_id).items)
+        _check_request(kind, items)
+        assert items == _cold(view, turn_id, kind)  # (3)
+
+
 _step = st.one_of(
     st.tuples(
         st.just("record"),
@@ -194,11 +204,7 @@ def _run(
                 assert ids[: len(before)] == before  # (2): kept ids never change
             fixed[turn_id] = ids
         newest = view.turn_ids[-1]
-        _check_pairs(view, newest)
-        for kind in kinds:
-            items = list(view.render(get_gateway(kind), newest).items)
-            _check_request(kind, items)
-            assert items == _cold(view, newest, kind)  # (3)
+        _check_renders(view, newest, kinds)
     return log, fixed
 
 
@@ -409,11 +415,7 @@ def test_a_result_recorded_apart_from_its_renamed_call_is_sent_with_the_calls_id
     view = history.view()
     assert view.sent_call_ids("t0") == ()  # sent as given
     assert view.sent_call_ids("t1") == ("a_r2", "a_r2", "a_r3")
-    _check_pairs(view, "t1")
-    for kind in KINDS:
-        items = list(view.render(get_gateway(kind), "t1").items)
-        _check_request(kind, items)
-        assert items == _cold(view, "t1", kind)
+    _check_renders(view, "t1")
 
 
 def test_an_input_result_answering_a_renamed_call_is_sent_with_its_id() -> None:
@@ -451,11 +453,7 @@ def test_results_of_a_step_split_one_call_per_record_get_each_calls_sent_id() ->
         history.record("t1", [message])
     view = history.view()
     assert view.sent_call_ids("t1") == ("a_r2", "b_r2", "a_r2", "b_r2")
-    _check_pairs(view, "t1")
-    for kind in KINDS:
-        items = list(view.render(get_gateway(kind), "t1").items)
-        _check_request(kind, items)
-        assert items == _cold(view, "t1", kind)
+    _check_renders(view, "t1")
 
 
 def test_a_renamed_message_keeps_only_its_sent_ids() -> None:

@@ -207,8 +207,8 @@ class FrozenCollector:
     def step(self) -> None:
         """One whole step now: :meth:`collect`, then :meth:`check` if it made one due.
 
-        Synchronous, on the event loop, in one pause (:meth:`run` splits the
-        two over two turns of the loop instead).
+        Synchronous, on the event loop, in one pause (:meth:`run` makes the two
+        ``interval`` seconds apart instead).
         """
         self.collect()
         if self._check_next:
