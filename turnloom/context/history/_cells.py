@@ -83,6 +83,9 @@ def pack_ids(message: Message, ids: Sequence[str]) -> _WireIds | None:
 
     None when every id is the part's own; an id equal to its part's own is
     kept as the part's very str (no new string is held).
+
+    Raises:
+        ValueError: ``ids`` does not hold one id per call and result part.
     """
     own = own_ids(message)
     if len(own) != len(ids):
