@@ -8,10 +8,13 @@ duplicates a record.
 
 from __future__ import annotations
 
+import multiprocessing
+from pathlib import Path
+
 import anyio
 import pytest
 
-from tests.stores.helpers import expire_lease
+from tests.stores.helpers import expire_lease, open_new_files_together
 from turnloom.errors import InputError, LeaseHeldError, StoreError
 from turnloom.runtime.store import ContextStore
 from turnloom.stores import RedisContextStore, SQLiteContextStore, open_context_store
@@ -227,3 +230,28 @@ async def test_prune_deletes_contexts_unused_for_long_and_never_a_leased_one(
     finally:
         await store.aclose()
         await other.aclose()
+
+
+def test_processes_opening_a_new_sqlite_file_together_all_get_in(tmp_path: Path) -> None:
+    """Invariant: opening a shared file never fails while another process sets it up.
+
+    SQLite refuses a concurrent switch to WAL mode at once, without waiting
+    for ``busy_timeout``; the old store failed about one opening in fifteen
+    here, so 4 processes x 30 new files fail it with near certainty.
+    """
+    spawn = multiprocessing.get_context("spawn")
+    paths = [str(tmp_path / f"new-{n}.db") for n in range(30)]
+    owners = [f"process-{k}" for k in range(4)]
+    barrier = spawn.Barrier(len(owners))
+    outcomes = spawn.Queue()
+    workers = [
+        spawn.Process(target=open_new_files_together, args=(paths, owner, barrier, outcomes))
+        for owner in owners
+    ]
+    for worker in workers:
+        worker.start()
+    seen = [outcomes.get(timeout=120) for _ in range(len(paths) * len(owners))]
+    for worker in workers:
+        worker.join(timeout=60)
+    assert [worker.exitcode for worker in workers] == [0, 0, 0, 0]
+    assert sorted(seen) == sorted((p, o, "ok") for p in paths for o in owners)

@@ -155,7 +155,7 @@ class SQLiteContextStore:
                 check_same_thread=False,
             )
             try:
-                connection.execute("PRAGMA journal_mode=WAL")
+                self._enter_wal(connection)
                 connection.execute(f"PRAGMA synchronous={self._synchronous}")
                 connection.executescript(_SCHEMA)
             except BaseException:
@@ -163,6 +163,25 @@ class SQLiteContextStore:
                 raise
             self._connection = connection
         return connection
+
+    def _enter_wal(self, connection: sqlite3.Connection) -> None:
+        """Switch the file to WAL mode, waiting up to ``busy_timeout`` seconds.
+
+        SQLite answers a journal-mode change that meets another connection's
+        lock with SQLITE_BUSY at once, without its busy handler (seen when
+        several processes open a new file together), so the change is tried
+        again every 5 ms until the deadline; then the
+        :class:`sqlite3.OperationalError` propagates.
+        """
+        deadline = time.monotonic() + self._busy_timeout
+        while True:
+            try:
+                connection.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.005)
 
     def _transaction(self, work: Callable[[sqlite3.Connection, float], _T]) -> _T:
         connection = self._connect()
