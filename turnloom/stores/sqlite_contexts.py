@@ -42,6 +42,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
+from time import monotonic, sleep
 from typing import Literal, Self, TypeAlias, TypeVar, cast
 
 import anyio
@@ -173,15 +174,15 @@ class SQLiteContextStore:
         again every 5 ms until the deadline; then the
         :class:`sqlite3.OperationalError` propagates.
         """
-        deadline = time.monotonic() + self._busy_timeout
+        deadline = monotonic() + self._busy_timeout
         while True:
             try:
                 connection.execute("PRAGMA journal_mode=WAL")
                 return
             except sqlite3.OperationalError as exc:
-                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or monotonic() >= deadline:
                     raise
-            time.sleep(0.005)
+            sleep(0.005)
 
     def _transaction(self, work: Callable[[sqlite3.Connection, float], _T]) -> _T:
         connection = self._connect()
