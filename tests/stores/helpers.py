@@ -38,27 +38,35 @@ def expire_lease(store_url: str, context_id: str) -> None:
         client.close()
 
 
-def open_new_files_together(paths: list[str], owner: str, barrier: Any, outcomes: Any) -> None:
+def open_new_files_together(
+    kind: str, paths: list[str], owner: str, barrier: Any, outcomes: Any
+) -> None:
     """A process that opens each new SQLite file at once with its peers (a spawned worker).
 
-    For each path: wait at ``barrier``, open a store on the file, take a
-    lease on a context of its own, and put ``(path, owner, outcome)`` on
+    For each path: wait at ``barrier``, open the file as ``kind`` (``"contexts"``:
+    a context store taking a lease on a context of its own; ``"memory"``: a
+    memory store adding an entry), and put ``(path, owner, outcome)`` on
     ``outcomes``, the outcome being ``"ok"`` or the error's type and text.
     """
     import anyio
     import anyio.to_thread
 
-    from turnloom.stores import SQLiteContextStore
+    from turnloom.context.memory import TenantScope
+    from turnloom.stores import SQLiteContextStore, SQLiteMemory
 
     async def each() -> None:
         for path in paths:
-            async with SQLiteContextStore(path) as store:
-                await anyio.to_thread.run_sync(barrier.wait)
-                try:
-                    await store.acquire(owner, owner, 30.0)
-                    outcome = "ok"
-                except Exception as exc:  # reported to the test, which names it
-                    outcome = f"{type(exc).__name__}: {exc}"
+            await anyio.to_thread.run_sync(barrier.wait)
+            try:
+                if kind == "contexts":
+                    async with SQLiteContextStore(path) as store:
+                        await store.acquire(owner, owner, 30.0)
+                else:
+                    with SQLiteMemory(path) as memory:
+                        memory.add(owner, scope=TenantScope(tenant_id="t"))
+                outcome = "ok"
+            except Exception as exc:  # reported to the test, which names it
+                outcome = f"{type(exc).__name__}: {exc}"
             outcomes.put((path, owner, outcome))
 
     anyio.run(each)

@@ -232,11 +232,12 @@ async def test_prune_deletes_contexts_unused_for_long_and_never_a_leased_one(
         await other.aclose()
 
 
-def test_processes_opening_a_new_sqlite_file_together_all_get_in(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["contexts", "memory"])
+def test_processes_opening_a_new_sqlite_file_together_all_get_in(kind: str, tmp_path: Path) -> None:
     """Invariant: opening a shared file never fails while another process sets it up.
 
     SQLite refuses a concurrent switch to WAL mode at once, without waiting
-    for ``busy_timeout``; the old store failed about one opening in fifteen
+    for the busy timeout; the old stores failed about one opening in fifteen
     here, so 4 processes x 30 new files fail it with near certainty.
     """
     spawn = multiprocessing.get_context("spawn")
@@ -245,7 +246,7 @@ def test_processes_opening_a_new_sqlite_file_together_all_get_in(tmp_path: Path)
     barrier = spawn.Barrier(len(owners))
     outcomes = spawn.Queue()
     workers = [
-        spawn.Process(target=open_new_files_together, args=(paths, owner, barrier, outcomes))
+        spawn.Process(target=open_new_files_together, args=(kind, paths, owner, barrier, outcomes))
         for owner in owners
     ]
     for worker in workers:

@@ -42,7 +42,6 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
-from time import monotonic, sleep
 from typing import Literal, Self, TypeAlias, TypeVar, cast
 
 import anyio
@@ -59,6 +58,7 @@ from turnloom.errors import (
 from turnloom.stores._frames import frames, unframe_log
 from turnloom.stores._holds import Holds
 from turnloom.stores._prune import check_older_than
+from turnloom.stores._wal import enter_wal
 
 # (context_id, token, start, records): see turnloom.runtime.store.LogWrite.
 _LogWrite: TypeAlias = tuple[str, int, int, tuple[bytes, ...]]
@@ -156,7 +156,7 @@ class SQLiteContextStore:
                 check_same_thread=False,
             )
             try:
-                self._enter_wal(connection)
+                enter_wal(connection, self._busy_timeout)
                 connection.execute(f"PRAGMA synchronous={self._synchronous}")
                 connection.executescript(_SCHEMA)
             except BaseException:
@@ -164,25 +164,6 @@ class SQLiteContextStore:
                 raise
             self._connection = connection
         return connection
-
-    def _enter_wal(self, connection: sqlite3.Connection) -> None:
-        """Switch the file to WAL mode, waiting up to ``busy_timeout`` seconds.
-
-        SQLite answers a journal-mode change that meets another connection's
-        lock with SQLITE_BUSY at once, without its busy handler (seen when
-        several processes open a new file together), so the change is tried
-        again every 5 ms until the deadline; then the
-        :class:`sqlite3.OperationalError` propagates.
-        """
-        deadline = monotonic() + self._busy_timeout
-        while True:
-            try:
-                connection.execute("PRAGMA journal_mode=WAL")
-                return
-            except sqlite3.OperationalError as exc:
-                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or monotonic() >= deadline:
-                    raise
-            sleep(0.005)
 
     def _transaction(self, work: Callable[[sqlite3.Connection, float], _T]) -> _T:
         connection = self._connect()

@@ -51,6 +51,10 @@ from turnloom.errors import (
     excerpt,
     what_type,
 )
+from turnloom.stores._wal import enter_wal
+
+# Seconds a connection waits for another process's lock (sqlite3's default).
+_BUSY_TIMEOUT = 5.0
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS memory_entries (
@@ -170,11 +174,11 @@ class SQLiteMemory:
             raise MemoryStoreError(f"No memory database at {self.path!r}.")
         try:
             self._connection: sqlite3.Connection | None = sqlite3.connect(
-                self.path, check_same_thread=False, isolation_level=None
+                self.path, timeout=_BUSY_TIMEOUT, check_same_thread=False, isolation_level=None
             )
             if self.path != ":memory:":
                 # Readers (a daemon's searches) never block the writer (the CLI's add).
-                self._connection.execute("PRAGMA journal_mode=WAL")
+                enter_wal(self._connection, _BUSY_TIMEOUT)
             for statement in _SCHEMA:
                 self._connection.execute(statement)
         except sqlite3.Error as exc:
