@@ -21,6 +21,9 @@ round-robin so load from elsewhere on the machine affects them alike:
    the same run, after each turnloom sample; "floor 10k/100" is turnloom's 100-item
    time plus the growth of that copy alone (copy at 10,000 minus copy at 100),
    over turnloom's 100-item time: the ratio if nothing but the copy grew.
+   Beside it, the same copy made the way turnloom makes it: that body cut
+   into one piece per closed turn (turnloom keeps one encoded chunk per
+   turn) and the pieces joined with ``bytes.join``.
 
 Goals (issue 32), printed beside each measured ratio: prepare at 100 items at
 least 1.0x LiveKit's conversion while keeping at least 100x at 10,000 items;
@@ -85,6 +88,7 @@ class _Turnloom:
         # Its first timed body, at the full size: the floor's bare program copies
         # it each round, so its bytes are as cold as the history's kept chunks.
         self.body = b""
+        self.pieces: list[bytes] = []  # that body cut into one piece per turn
 
     async def one_turn(self, *, timed: bool = True) -> None:
         manager = self.manager
@@ -100,7 +104,11 @@ class _Turnloom:
             assert body
             self.prepare.append(prepared - begin)
             self.to_bytes.append(done - begin)
-            self.body = self.body or body
+            if not self.body:
+                self.body = body
+                turns = manager.statistics().history.turns
+                step = -(-len(body) // turns)
+                self.pieces = [body[at : at + step] for at in range(0, len(body), step)]
         manager.record("bench", turn_id, _turn_outputs(self.turn))
         self.turn += 1
 
@@ -173,6 +181,15 @@ def _timed_copy(body: bytes) -> float:
     return elapsed
 
 
+def _timed_join(pieces: list[bytes]) -> float:
+    """Seconds to join ``pieces`` into a new ``bytes``, freed after the clock stops."""
+    begin = time.perf_counter()
+    joined = b"".join(pieces)
+    elapsed = time.perf_counter() - begin
+    del joined
+    return elapsed
+
+
 async def measure(
     rounds: int,
 ) -> tuple[dict[tuple[str, int], float], dict[int, int], dict[tuple[GatewayType, int], int]]:
@@ -214,6 +231,9 @@ async def measure(
                     await bench.one_turn()
                     samples.setdefault((f"copy {program}", size), []).append(
                         _timed_copy(bench.body)
+                    )
+                    samples.setdefault((f"join {program}", size), []).append(
+                        _timed_join(bench.pieces)
                     )
                     provider = _LIVEKIT_FORMAT[program]
                     samples.setdefault((f"livekit bytes {program}", size), []).append(
@@ -289,17 +309,21 @@ def main() -> None:
         print(row + f"  {ratio:11.2f}x  {_goals.verdict(ratio, _BYTES_GOAL):>11}  {floor:12.2f}x")
     print()
     print(
-        "floor: a bare copy of the body's bytes, beside turnloom's prepare alone "
-        "(median microseconds; body size in bytes)"
+        "floor: a bare copy of the body's bytes, and a join of it cut per turn, beside "
+        "turnloom's prepare alone (median microseconds; body size in bytes)"
     )
     print(
         f"{'gateway':<17}"
-        + "".join(f"{f'{s} copy':>12}{f'{s} prepare':>14}{f'{s} bytes':>12}" for s in SIZES)
+        + "".join(
+            f"{f'{s} copy':>12}{f'{s} join':>11}{f'{s} prepare':>14}{f'{s} bytes':>12}"
+            for s in SIZES
+        )
     )
     for gateway in GatewayType:
         row = f"{gateway.value:<17}"
         for size in SIZES:
             row += f"{_us(medians[f'copy {gateway}', size]):>12}"
+            row += f"{_us(medians[f'join {gateway}', size]):>11}"
             row += f"{_us(medians[f'turnloom prepare {gateway}', size]):>14}"
             row += f"{lengths[gateway, size]:>12}"
         print(row)
