@@ -23,7 +23,8 @@ round-robin so load from elsewhere on the machine affects them alike:
    over turnloom's 100-item time: the ratio if nothing but the copy grew.
    Beside it, the same copy made the way turnloom makes it: that body cut
    into one piece per closed turn (turnloom keeps one encoded chunk per
-   turn) and the pieces joined with ``bytes.join``.
+   turn; these pieces lie one after another in memory, the best layout) and
+   the pieces joined with ``bytes.join``.
 
 Goals (issue 32), printed beside each measured ratio: prepare at 100 items at
 least 1.0x LiveKit's conversion while keeping at least 100x at 10,000 items;
