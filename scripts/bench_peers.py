@@ -14,6 +14,17 @@ round-robin so load from elsewhere on the machine affects them alike:
    encoded; peers: a msgspec encode of the whole body), beside LiveKit's
    conversion to the same provider plus the same encode. The last column is
    turnloom's 10,000/100 ratio.
+3. **the floor of time to bytes**: whatever turnloom caches, ``request_bytes``
+   returns a new ``bytes`` of the whole body, so at least one copy of the
+   body's size into new memory grows with the history. A bare program makes
+   that copy (a slice of a body it kept from the warm-up, one ``memcpy``) in
+   the same run, after each turnloom sample; "floor 10k/100" is turnloom's 100-item
+   time plus the growth of that copy alone (copy at 10,000 minus copy at 100),
+   over turnloom's 100-item time: the ratio if nothing but the copy grew.
+   Beside it, the same copy made the way turnloom makes it: that body cut
+   into one piece per closed turn (turnloom keeps one encoded chunk per
+   turn; these pieces lie one after another in memory, the best layout) and
+   the pieces joined with ``bytes.join``.
 
 Goals (issue 32), printed beside each measured ratio: prepare at 100 items at
 least 1.0x LiveKit's conversion while keeping at least 100x at 10,000 items;
@@ -75,6 +86,10 @@ class _Turnloom:
         self.turn = 0
         self.prepare: list[float] = []
         self.to_bytes: list[float] = []
+        # Its first timed body, at the full size: the floor's bare program copies
+        # it each round, so its bytes are as cold as the history's kept chunks.
+        self.body = b""
+        self.pieces: list[bytes] = []  # that body cut into one piece per turn
 
     async def one_turn(self, *, timed: bool = True) -> None:
         manager = self.manager
@@ -90,6 +105,11 @@ class _Turnloom:
             assert body
             self.prepare.append(prepared - begin)
             self.to_bytes.append(done - begin)
+            if not self.body:
+                self.body = body
+                turns = manager.statistics().history.turns
+                step = -(-len(body) // turns)
+                self.pieces = [body[at : at + step] for at in range(0, len(body), step)]
         manager.record("bench", turn_id, _turn_outputs(self.turn))
         self.turn += 1
 
@@ -153,8 +173,28 @@ def _timed(work: Callable[..., object], *args: object) -> float:
     return time.perf_counter() - begin
 
 
-async def measure(rounds: int) -> tuple[dict[tuple[str, int], float], dict[int, int]]:
-    """Median seconds per (program, size); and turnloom's history sizes."""
+def _timed_copy(body: bytes) -> float:
+    """Seconds to copy ``body`` into a new ``bytes`` (one memcpy), freed after the clock stops."""
+    begin = time.perf_counter()
+    copy = body[1:]
+    elapsed = time.perf_counter() - begin
+    del copy
+    return elapsed
+
+
+def _timed_join(pieces: list[bytes]) -> float:
+    """Seconds to join ``pieces`` into a new ``bytes``, freed after the clock stops."""
+    begin = time.perf_counter()
+    joined = b"".join(pieces)
+    elapsed = time.perf_counter() - begin
+    del joined
+    return elapsed
+
+
+async def measure(
+    rounds: int,
+) -> tuple[dict[tuple[str, int], float], dict[int, int], dict[tuple[GatewayType, int], int]]:
+    """Median seconds per (program, size); turnloom's history sizes; its body sizes in bytes."""
     samples: dict[tuple[str, int], list[float]] = {}
     items: dict[int, int] = {}
     async with AsyncExitStack() as stack:
@@ -188,7 +228,14 @@ async def measure(rounds: int) -> tuple[dict[tuple[str, int], float], dict[int, 
             order.shuffle(steps)
             for size, program in steps:
                 if isinstance(program, GatewayType):
-                    await benches[program, size].one_turn()
+                    bench = benches[program, size]
+                    await bench.one_turn()
+                    samples.setdefault((f"copy {program}", size), []).append(
+                        _timed_copy(bench.body)
+                    )
+                    samples.setdefault((f"join {program}", size), []).append(
+                        _timed_join(bench.pieces)
+                    )
                     provider = _LIVEKIT_FORMAT[program]
                     samples.setdefault((f"livekit bytes {program}", size), []).append(
                         _timed(_livekit_bytes, livekit[size], provider)
@@ -204,8 +251,10 @@ async def measure(rounds: int) -> tuple[dict[tuple[str, int], float], dict[int, 
             if gateway is GatewayType.openai_chat:
                 samples["turnloom", size] = bench.prepare
                 items[size] = bench.manager.statistics().history.items
+            samples[f"turnloom prepare {gateway}", size] = bench.prepare
             samples[f"turnloom bytes {gateway}", size] = bench.to_bytes
-    return {key: statistics.median(values) for key, values in samples.items()}, items
+        lengths = {key: len(bench.body) for key, bench in benches.items()}
+    return {key: statistics.median(values) for key, values in samples.items()}, items, lengths
 
 
 def _us(seconds: float) -> str:
@@ -217,7 +266,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     args = parser.parse_args()
-    medians, items = anyio.run(measure, args.rounds, backend=args.backend)
+    medians, items, lengths = anyio.run(measure, args.rounds, backend=args.backend)
     print("prepare (median microseconds; ratio = peer / turnloom)")
     print(
         f"{'items':>7} {'turnloom':>10} {'livekit':>10} {'ratio':>7} {'goal':>12} "
@@ -245,6 +294,7 @@ def main() -> None:
         f"{'gateway':<17}"
         + "".join(f"{f'{s} ours':>12}{f'{s} lk':>11}" for s in SIZES)
         + f"  ours 10k/100  goal {_goals.goal(_BYTES_GOAL)}"
+        + "  floor 10k/100"
     )
     for gateway in GatewayType:
         row = f"{gateway.value:<17}"
@@ -254,7 +304,30 @@ def main() -> None:
         ratio = (
             medians[f"turnloom bytes {gateway}", top] / medians[f"turnloom bytes {gateway}", base]
         )
-        print(row + f"  {ratio:11.2f}x  {_goals.verdict(ratio, _BYTES_GOAL)}")
+        base_time = medians[f"turnloom bytes {gateway}", base]
+        growth = medians[f"copy {gateway}", top] - medians[f"copy {gateway}", base]
+        floor = (base_time + growth) / base_time
+        print(row + f"  {ratio:11.2f}x  {_goals.verdict(ratio, _BYTES_GOAL):>11}  {floor:12.2f}x")
+    print()
+    print(
+        "floor: a bare copy of the body's bytes, and a join of it cut per turn, beside "
+        "turnloom's prepare alone (median microseconds; body size in bytes)"
+    )
+    print(
+        f"{'gateway':<17}"
+        + "".join(
+            f"{f'{s} copy':>12}{f'{s} join':>11}{f'{s} prepare':>14}{f'{s} bytes':>12}"
+            for s in SIZES
+        )
+    )
+    for gateway in GatewayType:
+        row = f"{gateway.value:<17}"
+        for size in SIZES:
+            row += f"{_us(medians[f'copy {gateway}', size]):>12}"
+            row += f"{_us(medians[f'join {gateway}', size]):>11}"
+            row += f"{_us(medians[f'turnloom prepare {gateway}', size]):>14}"
+            row += f"{lengths[gateway, size]:>12}"
+        print(row)
 
 
 if __name__ == "__main__":
