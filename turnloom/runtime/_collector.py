@@ -163,8 +163,8 @@ class CollectorStatistics(msgspec.Struct, frozen=True, kw_only=True):
             (``sys.getallocatedblocks()``; 0 before the first).
         allowed_blocks: the allocated blocks past which the next step is
             thorough, as of the last step (0 before the first).
-        live: the Foundation's live units at the last step (contexts held
-            plus the history items they hold).
+        live: the Foundation's live state at the last step: (contexts held,
+            history items they hold).
         step_cpu_max_seconds: the longest step's CPU time on the loop's thread
             (its collection, freeze and read of the allocated blocks).
         thorough_cpu_max_seconds: the longest thorough step's.
@@ -174,7 +174,7 @@ class CollectorStatistics(msgspec.Struct, frozen=True, kw_only=True):
     thorough_steps: int
     blocks: int
     allowed_blocks: int
-    live: int
+    live: tuple[int, int]
     step_cpu_max_seconds: float
     thorough_cpu_max_seconds: float
 
@@ -207,16 +207,18 @@ class FrozenCollector:
         "stepping",
     )
 
-    def __init__(self, policy: CollectorPolicy, live: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self, policy: CollectorPolicy, live: Callable[[], tuple[int, int]] | None = None
+    ) -> None:
         self._policy = policy
         self._live = live if live is not None else _nothing_live
         self._young = _young_collections()
         self._origin = _allocated()  # what the process held before the Foundation opened
         self._base = -1  # blocks allocated since the origin at the last base (-1: none yet)
-        self._rate = math.inf  # the fewest of those blocks per live unit seen since
+        self._rate = (math.inf, math.inf)  # the fewest of those blocks per context, per item
         self._blocks = 0
         self._allowed = 0
-        self._live_now = 0
+        self._live_now = (0, 0)
         self._wait = policy.interval  # until the next look
         self._froze = False
         self._thorough_next = False
@@ -255,7 +257,7 @@ class FrozenCollector:
         ``interval`` the current wait is (at least one).
         """
         policy = self._policy
-        needed = max(1, math.ceil(policy.young_collections * self._wait / policy.interval - 1e-9))
+        needed = policy.young_collections if self._wait >= policy.interval else 1
         return _young_collections() - self._young >= needed
 
     def step(self) -> None:
@@ -286,13 +288,14 @@ class FrozenCollector:
         if thorough:
             self._thorough += 1
         growth = max(0, blocks - self._origin)
-        if thorough or self._base < 0:
+        if thorough or self._base < 0:  # the base: no frozen garbage (or none known)
             self._base = growth
-            self._rate = math.inf
-        if live > 0:
-            self._rate = min(self._rate, growth / live)
+            self._rate = _per_unit(growth, live)
         self._allowed = self._allowance(live)
         self._thorough_next = blocks > self._allowed
+        # After the decision: this step's blocks may hold frozen garbage.
+        contexts, items = _per_unit(growth, live)
+        self._rate = (min(self._rate[0], contexts), min(self._rate[1], items))
         spent = time.thread_time() - began
         self._step_cpu = max(self._step_cpu, spent)
         if thorough:
@@ -301,13 +304,14 @@ class FrozenCollector:
             share = min(1.0, max(_NEAREST, self._policy.step_cpu / spent if spent else 1.0))
             self._wait = self._policy.interval * share
 
-    def _allowance(self, live: int) -> int:
+    def _allowance(self, live: tuple[int, int]) -> int:
         """The allocated blocks past which the next step is thorough."""
         if self._policy.regrowth == math.inf:
             return sys.maxsize
         growth = float(self._base)
-        if live > 0 and self._rate < math.inf:
-            growth = max(growth, self._rate * live)  # what the live state explains
+        for rate, units in zip(self._rate, live, strict=True):
+            if units and rate < math.inf:
+                growth = max(growth, rate * units)  # what the live state explains
         return self._origin + int(min((1 + self._policy.regrowth) * growth, sys.maxsize))
 
     async def run(self) -> None:
@@ -332,8 +336,13 @@ class FrozenCollector:
             gc.unfreeze()
 
 
-def _nothing_live() -> int:
-    return 0
+def _nothing_live() -> tuple[int, int]:
+    return (0, 0)
+
+
+def _per_unit(growth: int, live: tuple[int, int]) -> tuple[float, float]:
+    contexts, items = live
+    return (growth / contexts if contexts else math.inf, growth / items if items else math.inf)
 
 
 def _allocated() -> int:

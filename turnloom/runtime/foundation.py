@@ -232,9 +232,9 @@ class Foundation:
         if self._policy is not None:
             manager = self._built
 
-            def live() -> int:  # the policy's live units: what explains its growth
+            def live() -> tuple[int, int]:  # the live state that explains growth
                 statistics = manager.statistics()
-                return statistics.contexts + statistics.history.items
+                return (statistics.contexts, statistics.history.items)
 
             collector = self._collector = FrozenCollector(self._policy, live)
             self._collecting = anyio.CancelScope()
