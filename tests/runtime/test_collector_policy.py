@@ -465,7 +465,7 @@ def test_without_a_live_state_the_base_alone_decides(process: _Process) -> None:
 
 def test_a_costly_step_brings_the_next_look_nearer(process: _Process) -> None:
     """A plain step's CPU over ``step_cpu`` shortens the wait in proportion, down to a
-    16th of the interval, where one young collection makes a look a step; a
+    16th of the interval, where a look steps without young collections; a
     thorough step's cost leaves the pace alone (mutants tried: a constant wait, and
     pacing on thorough steps, each fail)."""
     # Powers of two: the CPU seconds and their ratios are exact.
@@ -476,9 +476,7 @@ def test_a_costly_step_brings_the_next_look_nearer(process: _Process) -> None:
     process.cpu = 1 / 64
     _step(collector, process, live, 2_000, 0, 0)
     assert collector.wait == 0.25
-    assert not collector.due()  # a nearer look needs one young collection
-    process.young += 1
-    assert collector.due()
+    assert collector.due()  # a nearer look needs no young collection
     process.cpu = 1.0
     _step(collector, process, live, 2_000, 0, 0)
     assert collector.wait == 1 / 16
@@ -488,6 +486,10 @@ def test_a_costly_step_brings_the_next_look_nearer(process: _Process) -> None:
     assert collector.wait == 1 / 16  # the thorough step's cost did not pace
     _step(collector, process, live, 2_000, 0, 0)
     assert collector.wait == 1.0  # a cheap step: back to the interval
+    process.young += 9
+    assert not collector.due()  # and to young collections
+    process.young += 1
+    assert collector.due()
     stats = collector.statistics()
     assert (stats.step_cpu_max_seconds, stats.thorough_cpu_max_seconds) == (1.0, 1 / 1024)
 

@@ -13,33 +13,34 @@ collection afterwards). A :class:`FrozenCollector` does that periodically:
   only the objects allocated since the last step, then ``gc.freeze()`` of the
   survivors. Garbage is collected before it could be frozen. A step is paced
   by its own cost: one that took more CPU than
-  :attr:`CollectorPolicy.step_cpu` brings the next look nearer (down to a
-  16th of the interval, with the allocation it waits for scaled alike), so
-  while the process allocates fast (a ramp-up) each step walks a small set.
+  :attr:`CollectorPolicy.step_cpu` brings the next look nearer, in
+  proportion (down to a 16th of the interval; a nearer look always steps),
+  so while the process allocates fast (a ramp-up) each step walks a small
+  set.
 - **Frozen objects are never collected.** An object frozen while alive that
   later becomes part of unreachable *cyclic* garbage stays until the next
   unfreeze (non-cyclic garbage is freed by reference counting, frozen or
-  not). So after every step the policy reads the process's allocated blocks
-  (``sys.getallocatedblocks()``: every live Python object, frozen garbage
+  not). So every step then reads the process's allocated blocks
+  (``sys.getallocatedblocks()``: every Python object, frozen garbage
   included; O(pools), 0.1-0.5 ms on a 5,000-session heap, where the frozen
-  set's own size, ``gc.get_freeze_count()``, walks every frozen object:
-  40-60 ms). Once they grew past what the last *thorough* step left, times
-  ``1 + regrowth``, by more than the Foundation's live state explains (see
-  the next point), the next step is thorough: ``gc.unfreeze()``, one full
-  collection of everything (the cold pause the policy otherwise avoids), then
-  freeze.
-- **Growth the live state explains is not garbage.** At the first and at
-  each thorough step the policy takes its base: the blocks allocated since
-  the Foundation opened, and the Foundation's live units (contexts held plus
-  the history items they hold), whose ratio is the memory one unit of live
-  state costs (the host's per-session objects included). A later step
-  allows ``(1 + regrowth)`` times the larger of the base's blocks and that
-  ratio times the live units now. So while sessions arrive or histories
-  grow no step walks the whole heap; cyclic garbage of frozen objects is
-  bounded by ``regrowth`` times what the live state held at the last base's
-  ratio, and by the limits of what the Foundation holds. A host whose own
-  memory per unit grows (a cache per session) makes a thorough step once
-  it doubles, which takes a new base.
+  set's size, ``gc.get_freeze_count()``, walks every frozen object: 40-60 ms
+  of a pause of its own). Once they grew past what the live state explains
+  (next point), the next step is *thorough*: ``gc.unfreeze()``, one full
+  collection of everything (the cold pause the policy otherwise avoids),
+  then freeze.
+- **Growth the live state explains is not garbage.** Blocks are counted from
+  the Foundation's open. The first step and each thorough one take the
+  *base*: the blocks then. Each step also notes the blocks per context held
+  and per history item held; a step allows ``1 + regrowth`` times the
+  largest of the base, the fewest blocks per context seen since the base
+  times the contexts now, and the same per item (a step's own rates count
+  from the next step: its blocks may hold garbage). So memory that costs a
+  fixed amount per context plus one per item (the host's per-session objects
+  included) never makes a thorough step with ``regrowth >= 1``, whether
+  sessions arrive or histories grow; frozen cyclic garbage is bounded by
+  ``regrowth`` times what the live state explains, and so by the limits of
+  what the Foundation holds. A host whose memory per context grows (a cache
+  per session) makes a thorough step once it doubled, which takes a new base.
 
 The policy is process-wide, as the collector is: ``gc.freeze`` moves every
 tracked object of the process, the host's included, and a thorough step
@@ -85,23 +86,25 @@ class CollectorPolicy(msgspec.Struct, frozen=True, kw_only=True):
     ``step_cpu`` seconds of CPU brings the next one nearer. Frozen objects that
     later become cyclic garbage stay until a *thorough* step (``gc.unfreeze()``,
     a full collection of everything, freeze), taken once the process's
-    allocated blocks grew past ``1 + regrowth`` times what the last thorough
-    step left or, when more, what the Foundation's live contexts and history
-    items explain at the memory per unit measured then. Process-wide, as the
-    collector is; the Foundation unfreezes at its close. What a host gives up:
-    cyclic garbage of objects that lived across a step stays until a thorough
-    step, and ``gc.get_objects()`` does not list frozen objects.
+    allocated blocks (counted from the Foundation's open) grew past
+    ``1 + regrowth`` times what the last thorough step left or, when more, what
+    the Foundation's contexts and history items explain at the fewest blocks
+    per context and per item seen since. Process-wide, as the collector is;
+    the Foundation unfreezes at its close. What a host gives up: cyclic
+    garbage of objects that lived across a step stays until a thorough step,
+    and ``gc.get_objects()`` does not list frozen objects.
 
     Attributes:
         interval: the longest time between two looks at the allocation count,
             in seconds (> 0, finite).
         young_collections: generation-0 collections (about 700 net
             allocations each, CPython's default threshold) since the last step
-            that make a look ``interval`` seconds after it a step (>= 1;
-            scaled down with a nearer look, never below 1).
+            that make a look ``interval`` seconds after it a step (>= 1; a
+            nearer look, after a costly step, needs none).
         regrowth: how much the allocated blocks may grow past what the last
             thorough step left (or what the live state explains) before a
-            thorough step, as a fraction (> 0; ``math.inf``: never again after
+            thorough step, as a fraction (> 0; at least 1 for any cost linear
+            in contexts and items to count as live; ``math.inf``: never again after
             the first, which lets cyclic garbage of frozen objects stay for the
             process's life).
         step_cpu: the CPU seconds a step aims to stay under (> 0, finite): a
@@ -253,12 +256,14 @@ class FrozenCollector:
     def due(self) -> bool:
         """True when the process allocated enough since the last step for another.
 
-        ``young_collections`` young collections, scaled by the share of
-        ``interval`` the current wait is (at least one).
+        ``young_collections`` young collections since; or the last step took
+        over ``step_cpu`` (a nearer look): young collections count net
+        allocations, which frees of frozen objects offset while a process
+        that evicts old history allocates fast.
         """
-        policy = self._policy
-        needed = policy.young_collections if self._wait >= policy.interval else 1
-        return _young_collections() - self._young >= needed
+        if self._wait < self._policy.interval:
+            return True  # the last step was costly: the process allocates fast
+        return _young_collections() - self._young >= self._policy.young_collections
 
     def step(self) -> None:
         """One step now: collect what is not frozen (all, when thorough), then freeze.
