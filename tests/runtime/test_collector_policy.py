@@ -314,6 +314,7 @@ class _Process:
         self.young = 0
         self.cpu = 0.0  # CPU seconds the next step takes
         self.clock = 0.0
+        self.now = 0.0  # the monotonic clock
         self.calls: list[str] = []
 
     # gc
@@ -333,6 +334,9 @@ class _Process:
     # time
     def thread_time(self) -> float:
         return self.clock
+
+    def monotonic(self) -> float:
+        return self.now
 
 
 @pytest.fixture
@@ -464,26 +468,33 @@ def test_without_a_live_state_the_base_alone_decides(process: _Process) -> None:
 
 
 def test_a_costly_step_brings_the_next_look_nearer(process: _Process) -> None:
-    """A plain step's CPU over ``step_cpu`` shortens the wait in proportion, down to a
-    16th of the interval, where a look steps without young collections; a
-    thorough step's cost leaves the pace alone (mutants tried: a constant wait, and
-    pacing on thorough steps, each fail)."""
-    # Powers of two: the CPU seconds and their ratios are exact.
+    """The next wait is the time since the last step's start times ``step_cpu`` over the
+    step's CPU, between a 16th of the interval and the interval; a look nearer than the
+    interval steps without young collections; a thorough step's cost leaves the pace
+    alone (mutants tried: a constant wait, pacing on thorough steps, and the wait scaled
+    from the interval instead of the time since the last step, each fail)."""
+    # Powers of two: the seconds and their ratios are exact.
     policy = CollectorPolicy(interval=1.0, young_collections=10, step_cpu=1 / 256)
     collector = FrozenCollector(policy)
     live = [(0, 0)]
     assert collector.wait == 1.0
-    process.cpu = 1 / 64
+    process.now, process.cpu = 1.0, 1 / 64  # a second since the open: 4x step_cpu
     _step(collector, process, live, 2_000, 0, 0)
     assert collector.wait == 0.25
     assert collector.due()  # a nearer look needs no young collection
-    process.cpu = 1.0
+    process.now, process.cpu = 1.25, 1 / 128  # a quarter second: 2x step_cpu
     _step(collector, process, live, 2_000, 0, 0)
-    assert collector.wait == 1 / 16
+    assert collector.wait == 0.125
+    process.now, process.cpu = 1.375, 1 / 512  # half of step_cpu: twice the wait
+    _step(collector, process, live, 2_000, 0, 0)
+    assert collector.wait == 0.25
+    process.now, process.cpu = 1.625, 1.0
     _step(collector, process, live, 10**9, 0, 0)  # growth: the next step is thorough
-    process.cpu = 1 / 1024
+    assert collector.wait == 1 / 16
+    process.now, process.cpu = 2.0, 1 / 1024
     assert _step(collector, process, live, 2_000, 0, 0)[0]
     assert collector.wait == 1 / 16  # the thorough step's cost did not pace
+    process.now = 2.5
     _step(collector, process, live, 2_000, 0, 0)
     assert collector.wait == 1.0  # a cheap step: back to the interval
     process.young += 9

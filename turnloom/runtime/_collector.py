@@ -12,9 +12,10 @@ collection afterwards). A :class:`FrozenCollector` does that periodically:
   since the last step, i.e. allocated): one full collection, which visits
   only the objects allocated since the last step, then ``gc.freeze()`` of the
   survivors. Garbage is collected before it could be frozen. A step is paced
-  by its own cost: one that took more CPU than
-  :attr:`CollectorPolicy.step_cpu` brings the next look nearer, in
-  proportion (down to a 16th of the interval; a nearer look always steps),
+  by its own cost: the next look comes after the time the last step's
+  allocations took, times :attr:`CollectorPolicy.step_cpu` over the step's
+  CPU (between a 16th of the interval and the interval; a nearer look than
+  the interval always steps),
   so while the process allocates fast (a ramp-up) each step walks a small
   set.
 - **Frozen objects are never collected.** An object frozen while alive that
@@ -72,8 +73,8 @@ import msgspec
 
 from turnloom.errors import InputError, what_type
 
-# A step over ``step_cpu`` brings the next look nearer, down to this share of
-# the interval: 1/16 of the default 1 s is 62 ms between looks.
+# The nearest look after a costly step, as a share of the interval: 1/16 of
+# the default 1 s is 62 ms.
 _NEAREST = 1 / 16
 
 
@@ -107,9 +108,10 @@ class CollectorPolicy(msgspec.Struct, frozen=True, kw_only=True):
             in contexts and items to count as live; ``math.inf``: never again after
             the first, which lets cyclic garbage of frozen objects stay for the
             process's life).
-        step_cpu: the CPU seconds a step aims to stay under (> 0, finite): a
-            step that took longer brings the next look nearer, in proportion,
-            down to a 16th of ``interval``.
+        step_cpu: the CPU seconds a step aims at (> 0, finite): the next
+            look comes after the time since the last step's start times
+            ``step_cpu`` over its CPU, between a 16th of ``interval`` and
+            ``interval``.
     """
 
     interval: float = 1.0
@@ -201,6 +203,7 @@ class FrozenCollector:
         "_policy",
         "_rate",
         "_step_cpu",
+        "_stepped",
         "_steps",
         "_thorough",
         "_thorough_cpu",
@@ -223,6 +226,7 @@ class FrozenCollector:
         self._allowed = 0
         self._live_now = (0, 0)
         self._wait = policy.interval  # until the next look
+        self._stepped = time.monotonic()  # when the last step began (the open, before any)
         self._froze = False
         self._thorough_next = False
         self.stepping = False  # True while a step collects (for a gc callback to tell)
@@ -256,8 +260,8 @@ class FrozenCollector:
     def due(self) -> bool:
         """True when the process allocated enough since the last step for another.
 
-        ``young_collections`` young collections since; or the last step took
-        over ``step_cpu`` (a nearer look): young collections count net
+        ``young_collections`` young collections since; or the last step made
+        the wait shorter than ``interval``: young collections count net
         allocations, which frees of frozen objects offset while a process
         that evicts old history allocates fast.
         """
@@ -275,7 +279,8 @@ class FrozenCollector:
         thorough one take the base the next decisions measure from. A plain
         step's CPU time paces the next look (:attr:`wait`).
         """
-        began = time.thread_time()
+        began, now = time.thread_time(), time.monotonic()
+        elapsed, self._stepped = now - self._stepped, now
         thorough = self._thorough_next
         self.stepping = True
         try:
@@ -306,8 +311,10 @@ class FrozenCollector:
         if thorough:
             self._thorough_cpu = max(self._thorough_cpu, spent)
         else:  # a thorough step walks everything: its cost says nothing of the pace
-            share = min(1.0, max(_NEAREST, self._policy.step_cpu / spent if spent else 1.0))
-            self._wait = self._policy.interval * share
+            # What a step walks grows with the time since the last: aim the next at step_cpu.
+            interval = self._policy.interval
+            wait = elapsed * self._policy.step_cpu / spent if spent else interval
+            self._wait = min(interval, max(interval * _NEAREST, wait))
 
     def _allowance(self, live: tuple[int, int]) -> int:
         """The allocated blocks past which the next step is thorough."""
