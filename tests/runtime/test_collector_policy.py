@@ -401,7 +401,8 @@ def test_growth_the_live_state_explains_makes_no_thorough_step(process: _Process
 def test_contexts_then_items_each_explain_their_growth(process: _Process) -> None:
     """Sessions arriving (contexts) then histories growing (items), at 100 blocks per
     context and 5 per item: each kind's fewest blocks per unit explains its own growth
-    (mutant tried: one rate for contexts plus items fails at the fourth step)."""
+    (mutants tried: one rate for contexts plus items, and the base's rates kept
+    instead of the fewest seen, each fail)."""
     collector, live = _collector_of(CollectorPolicy(interval=_NEVER))
     assert _step(collector, process, live, 1_000 + 1_050, 10, 10) == (False, 1_000 + 2 * 1_050)
     assert _step(collector, process, live, 1_000 + 10_500, 100, 100) == (False, 22_000)
@@ -443,7 +444,7 @@ def test_a_cost_linear_in_contexts_and_items_never_makes_a_thorough_step(
 def test_fewer_units_never_lower_the_allowance_below_the_base(process: _Process) -> None:
     """A live state that shrinks (evicted items, removed contexts) leaves the allowance
     at the base's (1 + regrowth) x growth; later growth is explained at the fewest
-    blocks per unit seen, not the base's (mutant tried: the base's rates fail the third
+    blocks per unit seen, not the latest (mutant tried: the latest rates fail the third
     step)."""
     collector, live = _collector_of(CollectorPolicy(interval=_NEVER))
     assert _step(collector, process, live, 3_000, 100, 100) == (False, 1_000 + 2 * 2_000)
