@@ -187,8 +187,8 @@ class CollectorStatistics(msgspec.Struct, frozen=True, kw_only=True):
 class FrozenCollector:
     """Runs a :class:`CollectorPolicy` on the event loop of one Foundation.
 
-    ``live`` answers the Foundation's live units (contexts held plus their
-    history items), O(1), on the loop's thread; without it no growth is
+    ``live`` answers the Foundation's live state, (contexts held, history
+    items they hold), O(1), on the loop's thread; without it no growth is
     explained by live state.
     """
 
@@ -274,7 +274,7 @@ class FrozenCollector:
 
         Synchronous, on the event loop: it pauses the loop for one full
         collection of what changed since the last step (of everything, on a
-        thorough step), then reads the allocated blocks and the live units
+        thorough step), then reads the allocated blocks and the live state
         and decides whether the next step is thorough. The first step and a
         thorough one take the base the next decisions measure from. A plain
         step's CPU time paces the next look (:attr:`wait`).
