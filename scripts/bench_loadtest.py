@@ -260,14 +260,14 @@ def main() -> None:
         f"{'backend':<8}{'sessions':>9}{'collector':>10}{'ours/s':>8}{'naive/s':>8}{'ratio':>7}"
         f"{'cpu/prep':>9}{'render':>8}{'ratio':>7}{'goal':>9}{'naive cpu':>10}"
         f"{'lag p99':>8}{'ctl p99':>8}"
-        f"{'lag max':>8}{'ctl max':>8}{'full':>5}{'steady':>7}{'full cpu':>9}{'steps':>6}"
+        f"{'lag max':>8}{'ctl max':>8}{'full':>5}{'steady':>7}{'full cpu':>9}{'steps':>8}"
         f"{'step cpu':>9}"
     )
     print(
         f"{'':<8}{'':>9}{'':>10}{'':>8}{'':>8}{'>=1.4':>7}{'us':>9}{'cpu us':>8}{'':>7}"
         f"{_goals.goal(_CPU_GOAL):>9}"
         f"{'us/turn':>10}{'ms':>8}{'ms':>8}{'<=25':>8}{'ms':>8}{'':>5}{'=0':>7}{'ms':>9}"
-        f"{'thor.':>6}{'ms':>9}"
+        f"{'thor.':>8}{'ms':>9}"
     )
     loop_rows: list[tuple[Any, ...]] = []
     for round_ in range(args.rounds):
@@ -307,7 +307,7 @@ def main() -> None:
                         f"{report.loop_lag_max_ms:>8.1f}{control['max_ms']:>8.1f}"
                         f"{report.gc_full_collections:>5}{report.gc_full_steady:>7}"
                         f"{report.gc_full_cpu_max_ms:>9.1f}"
-                        f"{report.collector_steps:>3}/{report.collector_thorough_steps:<2}"
+                        f"{report.collector_steps:>5}/{report.collector_thorough_steps:<2}"
                         f"{report.collector_step_cpu_max_ms:>9.1f}",
                         flush=True,
                     )

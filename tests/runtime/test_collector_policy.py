@@ -4,23 +4,29 @@ Invariants (DESIGN, performance model: the Foundation owns a collector policy
 whose safety a soak test shows; ``scripts/soak_collector.py`` is the long
 version): a step collects everything not frozen before it freezes, so garbage
 a host makes between steps is never frozen; cyclic garbage of objects that
-were frozen while alive stays exactly until the next thorough step, which a
-frozen set grown past ``regrowth`` triggers; closing the Foundation unfreezes,
-so nothing it froze outlives it. Counts are exact: every host object carries
-a ``Junk`` whose live instances are counted.
+were frozen while alive stays exactly until the next thorough step, which
+allocated blocks grown past ``regrowth`` times what the live state explains
+trigger; growth the Foundation's live state explains (its contexts and history
+items, each at the fewest blocks per unit seen since the last thorough step)
+triggers none; a costly step brings
+the next look nearer; closing the Foundation unfreezes, so nothing it froze
+outlives it. Counts are exact: every host object carries a ``Junk`` whose
+live instances are counted.
 """
 
 from __future__ import annotations
 
 import gc
 import math
-import re
+import sys
 import threading
 from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.runtime.helpers import assistant, user
 from turnloom.errors import InputError
@@ -38,12 +44,12 @@ pytestmark = pytest.mark.anyio
 _SESSIONS = 3
 _ROUNDS = 12
 _NEVER = 3600.0  # an interval no test reaches: the test takes the steps itself
-# Tracked objects each SessionState holds (lists, each one gc-tracked): the
-# frozen set's growth per round (3 states of ~2,000 objects) dwarfs what the
-# rest of the process changes in it between two steps (frozen objects freed by
-# reference counting shrink it), so the policy's regrowth check sees the
+# Objects each SessionState holds (lists, one allocated block each): the
+# growth of the allocated blocks per round (3 states of 20,000) dwarfs what the
+# rest of the process allocates or frees between two steps, and what the
+# round's 6 new history items explain, so the policy's regrowth check sees the
 # test's own growth, not the noise of a full run.
-_TRACKED_PER_STATE = 2_000
+_TRACKED_PER_STATE = 20_000
 
 
 class Junk:
@@ -139,15 +145,18 @@ async def test_garbage_made_between_steps_is_never_frozen() -> None:
 
 
 async def test_a_regrown_frozen_set_makes_the_next_step_thorough_and_reclaims_it() -> None:
-    """With every frozen-set read (check_every=1) and any growth past regrowth, a
-    thorough step follows each plain one and reclaims the frozen cyclic garbage.
+    """With any growth past regrowth, a thorough step follows each plain one and
+    reclaims the frozen cyclic garbage.
 
-    The sequence is exact because each round's growth of the frozen set (the
-    states' ``_TRACKED_PER_STATE`` objects) dwarfs incidental changes; the
-    first step and a thorough one reset the base, so the step after either is plain.
+    The sequence is exact because each round's growth of the allocated blocks
+    (the dropped states' ``_TRACKED_PER_STATE`` objects, frozen alive) dwarfs
+    incidental changes and what the round's new history items explain; the
+    first step (before any context: nothing explains growth) and a thorough
+    one take the base, so the step after either is plain. (Mutant tried:
+    counting a step's own blocks per unit before its decision makes round 1 plain.)
     """
     # 6 rounds, not 12: in a full run each thorough step collects the whole process.
-    seen = await _soak(CollectorPolicy(interval=_NEVER, check_every=1, regrowth=1e-9), 6)
+    seen = await _soak(CollectorPolicy(interval=_NEVER, regrowth=1e-9), 6)
     assert [thorough for thorough, _, _ in seen] == [False, False] + [True, False] * 2 + [True]
     for _, live, dropped in seen:
         assert live == _SESSIONS + dropped  # exactly the live states and the frozen dropped ones
@@ -163,14 +172,14 @@ async def test_the_foundation_steps_on_its_own_once_the_process_allocated() -> N
         collector = foundation.collector
         assert collector is not None
         with anyio.fail_after(30):
-            # Until a step's collection and its read of the frozen set (a later turn) ran.
-            while collector.statistics().steps == 0 or collector.check_due:
+            while collector.statistics().steps == 0:
                 _cyclic_garbage()
                 junk = [[Junk()] for _ in range(1000)]  # tracked allocations
                 del junk
                 await anyio.sleep(0.01)
         stats = collector.statistics()
-        assert stats.thorough_steps == 0 and stats.frozen > 0
+        assert stats.thorough_steps == 0 and gc.get_freeze_count() > 0
+        assert stats.blocks > 0 and stats.allowed_blocks >= stats.blocks and stats.live == (0, 0)
     assert gc.get_freeze_count() == 0
 
 
@@ -208,7 +217,9 @@ def test_a_collector_that_is_not_a_policy_is_refused(policy: object) -> None:
         ("young_collections", 0),
         ("young_collections", True),
         ("young_collections", 1.5),
-        ("check_every", 0),
+        ("step_cpu", 0),
+        ("step_cpu", math.inf),
+        ("step_cpu", True),
         ("regrowth", 0),
         ("regrowth", math.nan),
         ("regrowth", -0.5),
@@ -294,72 +305,220 @@ def test_foundations_on_two_threads_share_the_collector_and_a_close_frees_the_ot
     }
 
 
-async def test_the_frozen_set_is_read_at_the_next_look_not_in_the_steps_pause(
-    monkeypatch: pytest.MonkeyPatch,
+class _Process:
+    """The process as the policy sees it: allocated blocks, young collections, a
+    CPU clock and the collector's calls, each scripted by the test."""
+
+    def __init__(self) -> None:
+        self.blocks = 1_000
+        self.young = 0
+        self.cpu = 0.0  # CPU seconds the next step takes
+        self.clock = 0.0
+        self.now = 0.0  # the monotonic clock
+        self.calls: list[str] = []
+
+    # gc
+    def collect(self) -> None:
+        self.calls.append("collect")
+        self.clock += self.cpu
+
+    def freeze(self) -> None:
+        self.calls.append("freeze")
+
+    def unfreeze(self) -> None:
+        self.calls.append("unfreeze")
+
+    def get_stats(self) -> list[dict[str, int]]:
+        return [{"collections": self.young}]
+
+    # time
+    def thread_time(self) -> float:
+        return self.clock
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def process(monkeypatch: pytest.MonkeyPatch) -> _Process:
+    scripted = _Process()
+    monkeypatch.setattr(_collector, "gc", scripted)
+    monkeypatch.setattr(_collector, "time", scripted)
+    monkeypatch.setattr(_collector, "_allocated", lambda: scripted.blocks)
+    return scripted
+
+
+def _step(
+    collector: FrozenCollector,
+    process: _Process,
+    live: list[tuple[int, int]],
+    blocks: int,
+    contexts: int,
+    items: int,
+) -> tuple[bool, int]:
+    """One step at ``blocks`` allocated and the live state: (was it thorough, allowed blocks)."""
+    process.blocks = blocks
+    live[0] = (contexts, items)
+    process.calls.clear()
+    collector.step()
+    assert process.calls[-2:] == ["collect", "freeze"]
+    return process.calls[0] == "unfreeze", collector.statistics().allowed_blocks
+
+
+def _collector_of(policy: CollectorPolicy) -> tuple[FrozenCollector, list[tuple[int, int]]]:
+    live = [(0, 0)]
+    return FrozenCollector(policy, lambda: live[0]), live
+
+
+def test_growth_the_live_state_explains_makes_no_thorough_step(process: _Process) -> None:
+    """Allowed blocks: origin + (1 + regrowth) x the largest of the base's growth, the
+    fewest blocks per context seen since the last thorough step x the contexts now, and
+    the same per history item; a step past it makes the next thorough, which takes a new
+    base (exact values, origin 1,000). Mutants tried: ignoring the live state (the old
+    rule) fails at the second step; keeping the blocks per unit across a thorough step
+    fails at the last."""
+    collector, live = _collector_of(CollectorPolicy(interval=_NEVER))
+    # The first step takes the base: 1,000 blocks of growth, 100 per context, 10 per item.
+    assert _step(collector, process, live, 2_000, 10, 100) == (False, 1_000 + 2 * 1_000)
+    # Sessions arrive: 4x the contexts and items, 4x the growth: explained, plain.
+    assert _step(collector, process, live, 5_000, 40, 400) == (False, 1_000 + 2 * 4_000)
+    # Then growth without live state: past 2 x 4,000, so the next step is thorough.
+    assert _step(collector, process, live, 9_500, 40, 400) == (False, 9_000)
+    assert not collector.statistics().thorough_steps
+    # The thorough step's base: 3,000 of growth, 300 per context, 30 per item.
+    assert _step(collector, process, live, 4_000, 10, 100) == (True, 1_000 + 2 * 3_000)
+    # 4x the live state at the new base's cost: explained (not at the old 100 and 10).
+    assert _step(collector, process, live, 13_000, 40, 400) == (False, 1_000 + 2 * 12_000)
+    stats = collector.statistics()
+    assert (stats.steps, stats.thorough_steps, stats.blocks, stats.live) == (
+        5,
+        1,
+        13_000,
+        (40, 400),
+    )
+
+
+def test_contexts_then_items_each_explain_their_growth(process: _Process) -> None:
+    """Sessions arriving (contexts) then histories growing (items), at 100 blocks per
+    context and 5 per item: each kind's fewest blocks per unit explains its own growth
+    (mutants tried: one rate for contexts plus items, and the base's rates kept
+    instead of the fewest seen, each fail)."""
+    collector, live = _collector_of(CollectorPolicy(interval=_NEVER))
+    assert _step(collector, process, live, 1_000 + 1_050, 10, 10) == (False, 1_000 + 2 * 1_050)
+    assert _step(collector, process, live, 1_000 + 10_500, 100, 100) == (False, 22_000)
+    assert _step(collector, process, live, 1_000 + 25_000, 100, 3_000) == (False, 631_000)
+    # 25,000 blocks for 3,000 items: 25/3 per item explains the next 3,000.
+    assert _step(collector, process, live, 1_000 + 40_000, 100, 6_000) == (False, 101_000)
+    # Now 20/3 per item: 2 x 40,000 allowed, and growth past it is garbage.
+    assert _step(collector, process, live, 1_000 + 90_000, 100, 6_000) == (False, 81_000)
+    assert _step(collector, process, live, 1_000 + 40_000, 100, 6_000)[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    per_context=st.integers(0, 1_000),
+    per_item=st.integers(0, 100),
+    first=st.tuples(st.integers(1, 10_000), st.integers(1, 1_000_000)),
+    states=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 1_000_000)), max_size=30),
+)
+def test_a_cost_linear_in_contexts_and_items_never_makes_a_thorough_step(
+    per_context: int, per_item: int, first: tuple[int, int], states: list[tuple[int, int]]
 ) -> None:
-    """A step's two pauses (collection, then the O(frozen) read of the frozen set's size)
-    never run in one, nor back to back: the read is made at the next look, an interval
-    later (mutants tried: ``run`` calling ``step()``, both in one pause, fails with
-    sleep, collect, read; reading after a checkpoint instead of a look fails too)."""
-    events: list[str] = []
-    collect = FrozenCollector.collect
-    sleep = anyio.sleep
-
-    def collecting(self: FrozenCollector) -> None:
-        collect(self)
-        events.append("collect")
-
-    def reading() -> int:
-        events.append("read")
-        return gc.get_freeze_count()
-
-    async def sleeping(delay: float) -> None:
-        events.append("sleep")
-        await sleep(delay)
-
-    monkeypatch.setattr(FrozenCollector, "collect", collecting)
-    monkeypatch.setattr(_collector, "_frozen_count", reading)
-    monkeypatch.setattr(anyio, "sleep", sleeping)
-    collector = FrozenCollector(CollectorPolicy(interval=0.001, young_collections=1, check_every=1))
-
-    async def allocate(scope: anyio.CancelScope) -> None:
-        while events.count("read") < 3:
-            junk = [[Junk()] for _ in range(1000)]  # tracked allocations: steps become due
-            del junk
-            await anyio.lowlevel.checkpoint()
-        scope.cancel()
-
-    try:
-        with anyio.fail_after(30):
-            async with anyio.create_task_group() as group:
-                group.start_soon(collector.run)
-                group.start_soon(allocate, group.cancel_scope)
-    finally:
-        collector.close()
-    letters = "".join({"sleep": "s", "collect": "c", "read": "r"}[event] for event in events)
-    # Looks without a due step (nothing allocated yet) only sleep again: one "s" each.
-    assert re.sub("s+", "s", letters).strip("s") == "csrscsrscsr"
-    assert collector.statistics().steps == 3
+    """With regrowth 1 (the default), memory that is any fixed cost per context plus one
+    per item, over any sequence of live states (growing or shrinking) after a first step
+    that saw both, never looks like garbage: 2 x max(blocks per context x contexts,
+    blocks per item x items) is at least their sum, each rate being at least its kind's
+    cost. (Before a kind was ever seen, its growth is unexplained: see the soak test.)"""
+    process = _Process()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_collector, "gc", process)
+        patch.setattr(_collector, "time", process)
+        patch.setattr(_collector, "_allocated", lambda: process.blocks)
+        collector, live = _collector_of(CollectorPolicy(interval=_NEVER))
+        for contexts, items in [first, *states]:
+            blocks = 1_000 + per_context * contexts + per_item * items
+            assert _step(collector, process, live, blocks, contexts, items)[1] >= blocks
+        assert collector.statistics().thorough_steps == 0
 
 
-def test_a_read_left_due_stays_due_after_the_next_collection() -> None:
-    """A step's read not made (its task cancelled between the two pauses) is made after
-    the next collection, even one that would not make it due (mutant tried: each
-    collection deciding afresh whether a read is due fails it)."""
-    collector = FrozenCollector(CollectorPolicy(interval=_NEVER, check_every=2))
-    try:
-        collector.collect()  # the first step: reads the base
-        assert collector.check_due
-        collector.check()
-        assert not collector.check_due
-        collector.collect()  # the 2nd: a check_every-th step
-        assert collector.check_due
-        collector.collect()  # the 3rd would not make one due; the 2nd's is left
-        assert collector.check_due
-        collector.check()
-        assert not collector.check_due
-        collector.collect()  # the 4th: due again
-        assert collector.check_due
-        assert collector.statistics().steps == 4
-    finally:
-        collector.close()
+def test_fewer_units_never_lower_the_allowance_below_the_base(process: _Process) -> None:
+    """A live state that shrinks (evicted items, removed contexts) leaves the allowance
+    at the base's (1 + regrowth) x growth; later growth is explained at the fewest
+    blocks per unit seen, not the latest (mutant tried: the latest rates fail the third
+    step)."""
+    collector, live = _collector_of(CollectorPolicy(interval=_NEVER))
+    assert _step(collector, process, live, 3_000, 100, 100) == (False, 1_000 + 2 * 2_000)
+    assert _step(collector, process, live, 2_500, 10, 10) == (False, 1_000 + 2 * 2_000)
+    # 10 contexts held 1,500 blocks of growth: 150 each, more than the 20 seen first.
+    assert _step(collector, process, live, 5_000, 200, 200) == (False, 1_000 + 2 * 20 * 200)
+    assert _step(collector, process, live, 9_100, 200, 200) == (False, 9_000)
+    assert _step(collector, process, live, 4_000, 200, 200)[0]
+
+
+def test_without_a_live_state_the_base_alone_decides(process: _Process) -> None:
+    """A collector without a live measure (or before any context) allows (1 + regrowth)
+    times the base's growth; regrowth=inf allows anything."""
+    collector = FrozenCollector(CollectorPolicy(interval=_NEVER, regrowth=0.5))
+    live = [(0, 0)]
+    assert _step(collector, process, live, 3_000, 0, 0) == (False, 1_000 + 3_000)
+    assert _step(collector, process, live, 4_001, 0, 0) == (False, 4_000)
+    assert _step(collector, process, live, 3_000, 0, 0)[0]
+    never = FrozenCollector(CollectorPolicy(interval=_NEVER, regrowth=math.inf))
+    assert _step(never, process, live, 3_000, 0, 0) == (False, sys.maxsize)
+    assert _step(never, process, live, 10**12, 0, 0) == (False, sys.maxsize)
+
+
+def test_a_costly_step_brings_the_next_look_nearer(process: _Process) -> None:
+    """The next wait is the time since the last step's start times ``step_cpu`` over the
+    step's CPU, between a 16th of the interval and the interval; a look nearer than the
+    interval steps without young collections; a thorough step's cost leaves the pace
+    alone (mutants tried: a constant wait, pacing on thorough steps, and the wait scaled
+    from the interval instead of the time since the last step, each fail)."""
+    # Powers of two: the seconds and their ratios are exact.
+    policy = CollectorPolicy(interval=1.0, young_collections=10, step_cpu=1 / 256)
+    collector = FrozenCollector(policy)
+    live = [(0, 0)]
+    assert collector.wait == 1.0
+    process.now, process.cpu = 1.0, 1 / 64  # a second since the open: 4x step_cpu
+    _step(collector, process, live, 2_000, 0, 0)
+    assert collector.wait == 0.25
+    assert collector.due()  # a nearer look needs no young collection
+    process.now, process.cpu = 1.25, 1 / 128  # a quarter second: 2x step_cpu
+    _step(collector, process, live, 2_000, 0, 0)
+    assert collector.wait == 0.125
+    process.now, process.cpu = 1.375, 1 / 512  # half of step_cpu: twice the wait
+    _step(collector, process, live, 2_000, 0, 0)
+    assert collector.wait == 0.25
+    process.now, process.cpu = 1.625, 1.0
+    _step(collector, process, live, 10**9, 0, 0)  # growth: the next step is thorough
+    assert collector.wait == 1 / 16
+    process.now, process.cpu = 2.0, 1 / 1024
+    assert _step(collector, process, live, 2_000, 0, 0)[0]
+    assert collector.wait == 1 / 16  # the thorough step's cost did not pace
+    process.now = 2.5
+    _step(collector, process, live, 2_000, 0, 0)
+    assert collector.wait == 1.0  # a cheap step: back to the interval
+    process.young += 9
+    assert not collector.due()  # and to young collections
+    process.young += 1
+    assert collector.due()
+    stats = collector.statistics()
+    assert (stats.step_cpu_max_seconds, stats.thorough_cpu_max_seconds) == (1.0, 1 / 1024)
+
+
+async def test_the_foundations_live_units_are_its_contexts_and_their_items() -> None:
+    """The Foundation gives its policy contexts held plus their history items (mutant
+    tried: contexts alone fails)."""
+    async with Foundation(collector=CollectorPolicy(interval=_NEVER)) as foundation:
+        manager = foundation.manager
+        collector = foundation.collector
+        assert collector is not None
+        for number in range(2):
+            manager.accept_turn(
+                TurnSnapshot(context_id=f"c{number}", turn_id="t", input=(user("hi"),))
+            )
+            manager.record(f"c{number}", "t", [assistant("a"), assistant("b")])
+        collector.step()
+        stats = manager.statistics()
+        assert (stats.contexts, stats.history.items) == (2, 6)
+        assert collector.statistics().live == (2, 6)

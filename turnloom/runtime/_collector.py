@@ -7,39 +7,53 @@ changed since the last one. ``gc.freeze()`` moves every tracked object into a
 permanent generation that no collection visits (0.01 ms for the same full
 collection afterwards). A :class:`FrozenCollector` does that periodically:
 
-- **Step** (every :attr:`CollectorPolicy.interval` seconds, once the process
-  made at least :attr:`CollectorPolicy.young_collections` young collections
+- **Step** (at most every :attr:`CollectorPolicy.interval` seconds, once the
+  process made :attr:`CollectorPolicy.young_collections` young collections
   since the last step, i.e. allocated): one full collection, which visits
   only the objects allocated since the last step, then ``gc.freeze()`` of the
-  survivors. Garbage is collected before it could be frozen.
+  survivors. Garbage is collected before it could be frozen. A step is paced
+  by its own cost: the next look comes after the time the last step's
+  allocations took, times :attr:`CollectorPolicy.step_cpu` over the step's
+  CPU (between a 16th of the interval and the interval; a nearer look than
+  the interval always steps),
+  so while the process allocates fast (a ramp-up) each step walks a small
+  set.
 - **Frozen objects are never collected.** An object frozen while alive that
   later becomes part of unreachable *cyclic* garbage stays until the next
   unfreeze (non-cyclic garbage is freed by reference counting, frozen or
-  not). So every :attr:`CollectorPolicy.check_every` steps the size of the
-  frozen set is read (O(frozen): see the next point); once it
-  grew past ``(1 + regrowth)`` times its size after the last *thorough* step,
-  the next step is thorough: ``gc.unfreeze()``, one full collection of
-  everything (the cold pause the policy otherwise avoids), then freeze. The
-  memory such garbage can hold is thereby bounded by ``regrowth`` times the
-  live frozen set. The first step (after warm-up) is a plain one that reads
-  the frozen set's size: what the host froze itself stays frozen until then.
-- **The read is a pause of its own.** It walks the frozen set's list, one
-  cache miss per object on a large heap: measured in ``turnloom loadtest``
-  on a loaded 2-core machine, 8-10 ms of CPU at 1,000 sessions (about 90,000
-  frozen objects) and 40-60 ms at 5,000 (280,000), as much as the
-  collection itself. So :meth:`FrozenCollector.run` makes it at its next
-  look, ``interval`` seconds after the step's collection, never in the same
-  pause (:meth:`FrozenCollector.collect`, then :meth:`FrozenCollector.check`).
+  not). So every step then reads the process's allocated blocks
+  (``sys.getallocatedblocks()``: every Python object, frozen garbage
+  included; O(pools), 0.1-0.5 ms on a 5,000-session heap, where the frozen
+  set's size, ``gc.get_freeze_count()``, walks every frozen object: 40-60 ms
+  of a pause of its own). Once they grew past what the live state explains
+  (next point), the next step is *thorough*: ``gc.unfreeze()``, one full
+  collection of everything (the cold pause the policy otherwise avoids),
+  then freeze.
+- **Growth the live state explains is not garbage.** Blocks are counted from
+  the Foundation's open. The first step and each thorough one take the
+  *base*: the blocks then. Each step also notes the blocks per context held
+  and per history item held; a step allows ``1 + regrowth`` times the
+  largest of the base, the fewest blocks per context seen since the base
+  times the contexts now, and the same per item (a step's own rates count
+  from the next step: its blocks may hold garbage). So memory that costs a
+  fixed amount per context plus one per item (the host's per-session objects
+  included) never makes a thorough step with ``regrowth >= 1``, whether
+  sessions arrive or histories grow; frozen cyclic garbage is bounded by
+  ``regrowth`` times what the live state explains, and so by the limits of
+  what the Foundation holds. A host whose memory per context grows (a cache
+  per session) makes a thorough step once it doubled, which takes a new base.
 
 The policy is process-wide, as the collector is: ``gc.freeze`` moves every
 tracked object of the process, the host's included, and a thorough step
 unfreezes objects the host froze itself (the live ones are frozen again).
-On close the Foundation unfreezes what is frozen, so a closed Foundation's
-objects are collectable again.
+Another Foundation's growth counts as unexplained (its thorough steps come
+sooner, never later). On close the Foundation unfreezes what is frozen, so a
+closed Foundation's objects are collectable again.
 
 What a host gives up with the policy on: cyclic garbage made of objects that
-lived across a step (at least ``interval`` seconds) is reclaimed only at the
-next thorough step, so memory may reach ``(1 + regrowth)`` times what lives;
+lived across a step (at least one look apart) is reclaimed only at the next
+thorough step, so memory may reach ``(1 + regrowth)`` times what the live
+state explains, counted in allocations (a large buffer is one block);
 ``gc.get_objects()`` does not list frozen objects. Turn it off with
 ``Foundation(collector=None)``.
 """
@@ -50,44 +64,60 @@ __all__ = ("CollectorPolicy", "CollectorStatistics", "FrozenCollector")
 
 import gc
 import math
+import sys
 import time
+from collections.abc import Callable
 
 import anyio
 import msgspec
 
 from turnloom.errors import InputError, what_type
 
+# The nearest look after a costly step, as a share of the interval: 1/16 of
+# the default 1 s is 62 ms.
+_NEAREST = 1 / 16
+
 
 class CollectorPolicy(msgspec.Struct, frozen=True, kw_only=True):
     """When a Foundation collects what changed and freezes what lives.
 
-    Every ``interval`` seconds, once the process allocated (``young_collections``),
-    a *step*: one full collection, which visits only what is not frozen, then
-    ``gc.freeze()``. Frozen objects that later become cyclic garbage stay until
-    a *thorough* step (``gc.unfreeze()``, a full collection of everything,
-    freeze), taken once the frozen set grew past ``1 + regrowth`` times its
-    size after the last one; so such garbage is bounded by ``regrowth`` times
-    what lives frozen (by object count). Process-wide, as the collector is;
+    At most every ``interval`` seconds, once the process allocated
+    (``young_collections``), a *step*: one full collection, which visits only
+    what is not frozen, then ``gc.freeze()``; a step that took more than
+    ``step_cpu`` seconds of CPU brings the next one nearer. Frozen objects that
+    later become cyclic garbage stay until a *thorough* step (``gc.unfreeze()``,
+    a full collection of everything, freeze), taken once the process's
+    allocated blocks (counted from the Foundation's open) grew past
+    ``1 + regrowth`` times what the last thorough step left or, when more, what
+    the Foundation's contexts and history items explain at the fewest blocks
+    per context and per item seen since. Process-wide, as the collector is;
     the Foundation unfreezes at its close. What a host gives up: cyclic
     garbage of objects that lived across a step stays until a thorough step,
     and ``gc.get_objects()`` does not list frozen objects.
 
     Attributes:
-        interval: seconds between two looks at the allocation count (> 0).
+        interval: the longest time between two looks at the allocation count,
+            in seconds (> 0, finite).
         young_collections: generation-0 collections (about 700 net
             allocations each, CPython's default threshold) since the last step
-            that make the next look a step (>= 1).
-        check_every: steps between two reads of the frozen set's size (>= 1).
-        regrowth: how much the frozen set may grow, as a fraction of its size
-            after the last thorough step, before a thorough step (> 0;
-            ``math.inf``: never again after the first, which lets cyclic
-            garbage of frozen objects stay for the process's life).
+            that make a look ``interval`` seconds after it a step (>= 1; a
+            nearer look, after a costly step, needs none).
+        regrowth: how much the allocated blocks may grow past what the last
+            thorough step left (or what the live state explains) before a
+            thorough step, as a fraction (> 0; at least 1 for any cost linear
+            in contexts and items to count as live; ``math.inf``: never again after
+            the first, which lets cyclic garbage of frozen objects stay for the
+            process's life).
+        step_cpu: the CPU seconds a step aims at (> 0, finite): the next
+            look comes after the time since the last step's start times
+            ``step_cpu`` over its CPU, between a 16th of ``interval`` and
+            ``interval``.
     """
 
     interval: float = 1.0
     young_collections: int = 10
-    check_every: int = 10
     regrowth: float = 1.0
+    step_cpu: float = 0.004
 
     def __post_init__(self) -> None:
         """Check every field (a Struct's constructor checks no types).
@@ -95,15 +125,17 @@ class CollectorPolicy(msgspec.Struct, frozen=True, kw_only=True):
         Raises:
             InputError: a field out of its range or of another type.
         """
-        for name in ("young_collections", "check_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputError(f"CollectorPolicy.{name} must be an int >= 1, not {value!r}.")
-        if not _is_number(self.interval) or not 0 < self.interval < math.inf:
+        value = self.young_collections
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InputError(
-                f"CollectorPolicy.interval must be a finite number of seconds > 0, "
-                f"not {self.interval!r}."
+                f"CollectorPolicy.young_collections must be an int >= 1, not {value!r}."
             )
+        for name in ("interval", "step_cpu"):
+            value = getattr(self, name)
+            if not _is_number(value) or not 0 < value < math.inf:
+                raise InputError(
+                    f"CollectorPolicy.{name} must be a finite number of seconds > 0, not {value!r}."
+                )
         if not _is_number(self.regrowth) or not self.regrowth > 0:  # NaN fails too
             raise InputError(
                 f"CollectorPolicy.regrowth must be a number > 0 (or math.inf), "
@@ -132,104 +164,123 @@ class CollectorStatistics(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         steps: steps taken (each one full collection of what was not frozen).
         thorough_steps: steps that unfroze everything first.
-        frozen: the frozen set's size at its last read (objects).
+        blocks: the process's allocated blocks after the last step
+            (``sys.getallocatedblocks()``; 0 before the first).
+        allowed_blocks: the allocated blocks past which the next step is
+            thorough, as of the last step (0 before the first).
+        live: the Foundation's live state at the last step: (contexts held,
+            history items they hold).
         step_cpu_max_seconds: the longest step's CPU time on the loop's thread
-            (its collection and freeze; the read of the frozen set's size
-            aside, see ``check_cpu_max_seconds``).
+            (its collection, freeze and read of the allocated blocks).
         thorough_cpu_max_seconds: the longest thorough step's.
-        check_cpu_max_seconds: the longest read of the frozen set's size, CPU
-            seconds on the loop's thread (a pause of its own, ``interval``
-            seconds after the step that made it due).
     """
 
     steps: int
     thorough_steps: int
-    frozen: int
+    blocks: int
+    allowed_blocks: int
+    live: tuple[int, int]
     step_cpu_max_seconds: float
     thorough_cpu_max_seconds: float
-    check_cpu_max_seconds: float = 0.0
 
 
 class FrozenCollector:
-    """Runs a :class:`CollectorPolicy` on the event loop of one Foundation."""
+    """Runs a :class:`CollectorPolicy` on the event loop of one Foundation.
+
+    ``live`` answers the Foundation's live state, (contexts held, history
+    items they hold), O(1), on the loop's thread; without it no growth is
+    explained by live state.
+    """
 
     __slots__ = (
+        "_allowed",
         "_base",
-        "_check_cpu",
-        "_check_next",
+        "_blocks",
         "_froze",
-        "_frozen",
+        "_live",
+        "_live_now",
+        "_origin",
         "_policy",
+        "_rate",
         "_step_cpu",
+        "_stepped",
         "_steps",
         "_thorough",
         "_thorough_cpu",
         "_thorough_next",
+        "_wait",
         "_young",
         "stepping",
     )
 
-    def __init__(self, policy: CollectorPolicy) -> None:
+    def __init__(
+        self, policy: CollectorPolicy, live: Callable[[], tuple[int, int]] | None = None
+    ) -> None:
         self._policy = policy
+        self._live = live if live is not None else _nothing_live
         self._young = _young_collections()
-        self._base = 0  # the frozen set's size after the last thorough step
-        self._frozen = 0
+        self._origin = _allocated()  # what the process held before the Foundation opened
+        self._base = -1  # blocks allocated since the origin at the last base (-1: none yet)
+        self._rate = (math.inf, math.inf)  # the fewest of those blocks per context, per item
+        self._blocks = 0
+        self._allowed = 0
+        self._live_now = (0, 0)
+        self._wait = policy.interval  # until the next look
+        self._stepped = time.monotonic()  # when the last step began (the open, before any)
         self._froze = False
         self._thorough_next = False
-        self._check_next = False  # the last step made a read of the frozen set's size due
         self.stepping = False  # True while a step collects (for a gc callback to tell)
         self._steps = 0
         self._thorough = 0
         self._step_cpu = 0.0
         self._thorough_cpu = 0.0
-        self._check_cpu = 0.0
 
     @property
     def policy(self) -> CollectorPolicy:
         """The policy this collector runs."""
         return self._policy
 
+    @property
+    def wait(self) -> float:
+        """Seconds :meth:`run` waits before its next look (``interval`` or nearer)."""
+        return self._wait
+
     def statistics(self) -> CollectorStatistics:
         """What it did so far, O(1)."""
         return CollectorStatistics(
             steps=self._steps,
             thorough_steps=self._thorough,
-            frozen=self._frozen,
+            blocks=self._blocks,
+            allowed_blocks=self._allowed,
+            live=self._live_now,
             step_cpu_max_seconds=self._step_cpu,
             thorough_cpu_max_seconds=self._thorough_cpu,
-            check_cpu_max_seconds=self._check_cpu,
         )
 
     def due(self) -> bool:
-        """True when the process allocated enough since the last step for another."""
+        """True when the process allocated enough since the last step for another.
+
+        ``young_collections`` young collections since; or the last step made
+        the wait shorter than ``interval``: young collections count net
+        allocations, which frees of frozen objects offset while a process
+        that evicts old history allocates fast.
+        """
+        if self._wait < self._policy.interval:
+            return True  # the last step was costly: the process allocates fast
         return _young_collections() - self._young >= self._policy.young_collections
 
     def step(self) -> None:
-        """One whole step now: :meth:`collect`, then :meth:`check` if it made one due.
-
-        Synchronous, on the event loop, in one pause (:meth:`run` makes the two
-        ``interval`` seconds apart instead).
-        """
-        self.collect()
-        if self._check_next:
-            self.check()
-
-    @property
-    def check_due(self) -> bool:
-        """True when the last step made a read of the frozen set's size due (:meth:`check`)."""
-        return self._check_next
-
-    def collect(self) -> None:
-        """A step's pause: collect what is not frozen (all, when thorough), then freeze.
+        """One step now: collect what is not frozen (all, when thorough), then freeze.
 
         Synchronous, on the event loop: it pauses the loop for one full
         collection of what changed since the last step (of everything, on a
-        thorough step). The first step, a thorough one and every
-        ``check_every``-th step make a read of the frozen set's size due
-        (:attr:`check_due`), which this call does not make: it costs as much
-        as the collection on a large heap.
+        thorough step), then reads the allocated blocks and the live state
+        and decides whether the next step is thorough. The first step and a
+        thorough one take the base the next decisions measure from. A plain
+        step's CPU time paces the next look (:attr:`wait`).
         """
-        began = time.thread_time()
+        began, now = time.thread_time(), time.monotonic()
+        elapsed, self._stepped = now - self._stepped, now
         thorough = self._thorough_next
         self.stepping = True
         try:
@@ -242,58 +293,49 @@ class FrozenCollector:
         self._froze = True
         self._steps += 1
         self._young = _young_collections()
+        blocks = self._blocks = _allocated()
+        live = self._live_now = self._live()
         if thorough:
             self._thorough += 1
-            self._thorough_next = False
-        if thorough or self._steps == 1:
-            self._base = -1  # the next read sets the base the regrowth is measured from
-        # A read left due (its step's task cancelled before it) stays due.
-        self._check_next = (
-            self._check_next or self._base < 0 or self._steps % self._policy.check_every == 0
-        )
+        growth = max(0, blocks - self._origin)
+        if thorough or self._base < 0:  # the base: no frozen garbage (or none known)
+            self._base = growth
+            self._rate = _per_unit(growth, live)
+        self._allowed = self._allowance(live)
+        self._thorough_next = blocks > self._allowed
+        # After the decision: this step's blocks may hold frozen garbage.
+        contexts, items = _per_unit(growth, live)
+        self._rate = (min(self._rate[0], contexts), min(self._rate[1], items))
         spent = time.thread_time() - began
         self._step_cpu = max(self._step_cpu, spent)
         if thorough:
             self._thorough_cpu = max(self._thorough_cpu, spent)
+        else:  # a thorough step walks everything: its cost says nothing of the pace
+            # What a step walks grows with the time since the last: aim the next at step_cpu.
+            interval = self._policy.interval
+            wait = elapsed * self._policy.step_cpu / spent if spent else interval
+            self._wait = min(interval, max(interval * _NEAREST, wait))
 
-    def check(self) -> None:
-        """Read the frozen set's size (O(frozen)); decide whether the next step is thorough.
-
-        Synchronous, on the event loop; does nothing unless :attr:`check_due`.
-        After the first or a thorough step the size read is the base the
-        regrowth is measured from; after another, the next step is thorough
-        once the size grew past ``(1 + regrowth)`` times that base.
-        """
-        if not self._check_next:
-            return
-        began = time.thread_time()
-        self._check_next = False
-        self._frozen = _frozen_count()
-        if self._base < 0:
-            self._base = self._frozen
-        else:
-            self._thorough_next = self._frozen > (1 + self._policy.regrowth) * self._base
-        self._check_cpu = max(self._check_cpu, time.thread_time() - began)
+    def _allowance(self, live: tuple[int, int]) -> int:
+        """The allocated blocks past which the next step is thorough."""
+        if self._policy.regrowth == math.inf:
+            return sys.maxsize
+        growth = float(self._base)
+        for rate, units in zip(self._rate, live, strict=True):
+            if units and rate < math.inf:
+                growth = max(growth, rate * units)  # what the live state explains
+        return self._origin + int(min((1 + self._policy.regrowth) * growth, sys.maxsize))
 
     async def run(self) -> None:
-        """Look every ``interval`` seconds; step when :meth:`due`. Runs until cancelled.
+        """Look every :attr:`wait` seconds; step when :meth:`due`. Runs until cancelled.
 
-        A step is two pauses of the loop, never one and never back to back:
-        :meth:`collect`, then, when it made one due, :meth:`check` at the next
-        look, ``interval`` seconds later, instead of a step (a ticker of the
-        loop sees at most one of them in one wait).
-
-        Cancellation: cancelled between looks (neither pause awaits), leaving
-        what it froze frozen until :meth:`close`; a read not made is made
-        after the next step's collection.
+        Cancellation: cancelled between looks (a step does not await),
+        leaving what it froze frozen until :meth:`close`.
         """
-        interval = self._policy.interval
         while True:
-            await anyio.sleep(interval)
-            if self._check_next:
-                self.check()  # the read is a pause of its own
-            elif self.due():
-                self.collect()
+            await anyio.sleep(self._wait)
+            if self.due():
+                self.step()
 
     def close(self) -> None:
         """Unfreeze what the steps froze, so the Foundation's objects are collectable again.
@@ -306,9 +348,18 @@ class FrozenCollector:
             gc.unfreeze()
 
 
-def _frozen_count() -> int:
-    """The frozen set's size, in objects: a walk of its list (O(frozen), cache-cold)."""
-    return gc.get_freeze_count()
+def _nothing_live() -> tuple[int, int]:
+    return (0, 0)
+
+
+def _per_unit(growth: int, live: tuple[int, int]) -> tuple[float, float]:
+    contexts, items = live
+    return (growth / contexts if contexts else math.inf, growth / items if items else math.inf)
+
+
+def _allocated() -> int:
+    """The process's allocated memory blocks (objects), O(pools), frozen garbage included."""
+    return sys.getallocatedblocks()
 
 
 def _young_collections() -> int:

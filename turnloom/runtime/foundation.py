@@ -230,7 +230,13 @@ class Foundation:
         self._limiter = limiter
         self._closed_event = anyio.Event()
         if self._policy is not None:
-            collector = self._collector = FrozenCollector(self._policy)
+            manager = self._built
+
+            def live() -> tuple[int, int]:  # the live state that explains growth
+                statistics = manager.statistics()
+                return (statistics.contexts, statistics.history.items)
+
+            collector = self._collector = FrozenCollector(self._policy, live)
             self._collecting = anyio.CancelScope()
             task_group.start_soon(self._collect, collector, self._collecting)
         return self

@@ -84,8 +84,8 @@ class RunFigures(msgspec.Struct, frozen=True, kw_only=True):
             not frozen, counted in ``gc_full_collections`` too), and how many
             of them were thorough (see :class:`~turnloom.runtime.CollectorPolicy`).
         collector_step_cpu_max_ms: the longest pause the collector policy made
-            on the loop's thread, CPU milliseconds: a step's collection, or the
-            read of the frozen set's size it made due (a later pause of its own).
+            on the loop's thread, CPU milliseconds: a step (its collection,
+            freeze and read of the allocated blocks).
         rejections: ``prepare_nowait`` calls refused because the queue was full.
         evicted_turns: turns evicted from histories.
         errors: the first few error messages.
@@ -552,11 +552,7 @@ async def _run(
         gc_full_steady=sum(1 for at, _ in gc_full if at >= first_prepares[1]),
         collector_steps=steps.steps if steps is not None else 0,
         collector_thorough_steps=steps.thorough_steps if steps is not None else 0,
-        collector_step_cpu_max_ms=(
-            max(steps.step_cpu_max_seconds, steps.check_cpu_max_seconds) * 1000
-            if steps is not None
-            else 0.0
-        ),
+        collector_step_cpu_max_ms=steps.step_cpu_max_seconds * 1000 if steps is not None else 0.0,
         prefix_reuse=_share(stats.prefix.reused_bytes_total, stats.prefix.bytes_total),
         prefix_reuse_tokens=_share(stats.prefix.reused_tokens_total, stats.prefix.tokens_total),
     )
