@@ -1004,13 +1004,13 @@ def _check_placement(
     # from tool and user messages; elsewhere a part would be lost or orphaned.
     if role is not _ASSISTANT and isinstance(part, ToolCallPart):
         raise InvalidMessageError(
-            f"{where} {field} is a tool call in a {role.value} message; only assistant "
+            f"{where} {field} is a tool call in a message of role {role.value!r}; only assistant "
             "messages carry tool calls.",
             field=field,
         )
     if role is not _TOOL and role is not _USER and isinstance(part, ToolResultPart):
         raise InvalidMessageError(
-            f"{where} {field} is a tool result in a {role.value} message; only tool and "
+            f"{where} {field} is a tool result in a message of role {role.value!r}; only tool and "
             "user messages carry tool results.",
             field=field,
         )
