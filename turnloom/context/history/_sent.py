@@ -45,6 +45,7 @@ import msgspec
 
 from turnloom.context._untrack import untrack_atoms, untrack_container
 from turnloom.context.history._cells import _Entry, _Turn, _WireIds, id_parts, pack_ids
+from turnloom.context.history._ties import last_step_start
 from turnloom.context.message import Message, Role, ToolCallPart, ToolResultPart
 from turnloom.context.pairing import CallTracker
 from turnloom.errors import InvalidMessageError, UnknownTurnError, excerpt
@@ -171,7 +172,10 @@ def _context(turns: Sequence[_Turn], stop: int, input_only: bool = False) -> _Co
         sent: dict[str, str] = {}
         entries = turns[index].entries(not (index == last and input_only))
         if index == last:
-            start = _last_step(entries)
+            # A step's first message starts a call group whatever came before
+            # (CallTracker.feed), so a tracker fed from the newest turn's last
+            # step ends as one fed the whole turn: O(the step) per record.
+            start = last_step_start(entries)
             if start >= 0:
                 _feed(tracker, sent, entries[start:])
                 return tracker, sent
@@ -182,33 +186,6 @@ def _context(turns: Sequence[_Turn], stop: int, input_only: bool = False) -> _Co
                 _feed(tracker, sent, turns[at].entries(not (at == last and input_only)))
             return tracker, sent
     return CallTracker(), {}
-
-
-def _last_step(entries: Sequence[_Entry]) -> int:
-    """Where the last step of ``entries`` starts, or -1 when they end without one.
-
-    The last step is their last run of assistant messages and the results
-    after it (tool messages, user messages holding results), as
-    ``_ties._step_tail`` reads a turn. Its first message starts a call
-    group whatever came before (an assistant message after one of another
-    role always does: :meth:`CallTracker.feed`), so a tracker fed from there
-    ends in the state one fed all of ``entries`` ends in, for the calls it
-    holds open and their sent ids: :func:`_context` feeds the newest turn
-    from there, O(its last step) instead of O(the turn) per record.
-    """
-    at = len(entries) - 1
-    while at >= 0:
-        message = entries[at].message
-        role = message.role
-        if role is Role.tool or (role is Role.user and message.tool_results):
-            at -= 1
-        else:
-            break
-    if at < 0 or entries[at].message.role is not Role.assistant:
-        return -1
-    while at > 0 and entries[at - 1].message.role is Role.assistant:
-        at -= 1
-    return at
 
 
 def _assign(

@@ -22,27 +22,34 @@ from turnloom.errors import (
 )
 
 
-def _step_tail(turn: _Turn) -> list[Message]:
-    """The last step of ``turn``, oldest first: what outputs may continue or answer.
+def last_step_start(entries: Sequence[_Entry]) -> int:
+    """Where the last step of ``entries`` starts, or -1 when they end without one.
 
-    Its last run of assistant messages and the results after it; nothing
-    when a message that is not a result follows the run (or the turn has none).
+    The last step is their last run of assistant messages and the results
+    after it (tool messages, user messages holding results); none when a
+    message that is not a result follows the run, or there is no run.
+    O(the last step).
     """
-    tail: list[Message] = []
-    seen = False  # an assistant message was met
-    for entries in (turn.outputs, turn.state, turn.input):
-        for entry in reversed(entries):
-            message = entry.message
-            if message.role is Role.assistant:
-                seen = True
-            elif seen or not (
-                message.role is Role.tool or (message.role is Role.user and message.tool_results)
-            ):
-                tail.reverse()
-                return tail if seen else []
-            tail.append(message)
-    tail.reverse()
-    return tail if seen else []
+    at = len(entries) - 1
+    while at >= 0:
+        message = entries[at].message
+        if message.role is Role.tool or (message.role is Role.user and message.tool_results):
+            at -= 1
+        else:
+            break
+    if at < 0 or entries[at].message.role is not Role.assistant:
+        return -1
+    while at > 0 and entries[at - 1].message.role is Role.assistant:
+        at -= 1
+    return at
+
+
+def _step_tail(turn: _Turn) -> list[Message]:
+    """The last step of ``turn`` (:func:`last_step_start`), oldest first: what outputs
+    may continue or answer; empty when the turn ends without one."""
+    entries = turn.entries(True)
+    start = last_step_start(entries)
+    return [e.message for e in entries[start:]] if start >= 0 else []
 
 
 def _check_turn_start(before: _Turn, first: Message, where: str) -> None:
