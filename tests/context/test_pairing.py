@@ -21,7 +21,7 @@ from turnloom.context import (
     hold_until_answered,
     open_call_ids,
 )
-from turnloom.context.pairing import _steps_may_conflict
+from turnloom.context.pairing import steps_may_conflict
 from turnloom.errors import AmbiguousStepError
 
 USER = Message(role=Role.user, content="q")
@@ -306,11 +306,11 @@ def test_steps_may_conflict_is_false_only_where_check_steps_passes(
     before: list[Message], messages: list[Message]
 ) -> None:
     """Invariant (the record's fast path keeps the step check): whenever
-    ``_steps_may_conflict`` says a batch cannot conflict, ``check_steps`` over it
+    ``steps_may_conflict`` says a batch cannot conflict, ``check_steps`` over it
     after any ``before`` passes; it says so for batches without results whose calls
     never directly follow an assistant message."""
     previous = before[-1] if before else None
-    if not _steps_may_conflict(messages, previous):
+    if not steps_may_conflict(messages, previous):
         check_steps(messages, "batch", before=before)
         sequence = [previous, *messages] if previous is not None else messages
         assert not any(type(p) is ToolResultPart for m in messages for p in m.parts)
@@ -324,7 +324,7 @@ def test_steps_may_conflict_on_each_kind_of_ambiguous_step() -> None:
     a split step (duplicate_call_id) and a result of a call whose step ended
     (closed_call); a text reply or calls after a result are not.
 
-    Mutant tried: ``_steps_may_conflict`` answering False for a call after an
+    Mutant tried: ``steps_may_conflict`` answering False for a call after an
     assistant message (the record then accepts the repeated id); this test and
     tests/runtime/test_split_steps.py fail."""
     for before, batch, reason in (
@@ -333,7 +333,7 @@ def test_steps_may_conflict_on_each_kind_of_ambiguous_step() -> None:
         ([USER, calls("a", "b"), _answered_then_text("b")], [results("a")], "closed_call"),
         ([calls("a"), results("a"), calls("b")], [calls("c"), calls("b")], "duplicate_call_id"),
     ):
-        assert _steps_may_conflict(batch, before[-1])
+        assert steps_may_conflict(batch, before[-1])
         if reason is None:
             check_steps(batch, "batch", before=before)
         else:
@@ -344,8 +344,8 @@ def test_steps_may_conflict_on_each_kind_of_ambiguous_step() -> None:
             else:
                 raise AssertionError("check_steps passed an ambiguous step")
     reply = Message(role=Role.assistant, content="done")
-    assert not _steps_may_conflict([reply], results("a"))
-    assert not _steps_may_conflict([calls("a")], results("a"))
-    assert not _steps_may_conflict([reply, USER, calls("b")], calls("a"))
-    assert _steps_may_conflict([reply, calls("b")], USER)
-    assert _steps_may_conflict([object()], None)
+    assert not steps_may_conflict([reply], results("a"))
+    assert not steps_may_conflict([calls("a")], results("a"))
+    assert not steps_may_conflict([reply, USER, calls("b")], calls("a"))
+    assert steps_may_conflict([reply, calls("b")], USER)
+    assert steps_may_conflict([object()], None)

@@ -35,6 +35,7 @@ __all__ = (
     "hold_until_answered",
     "join_steps",
     "open_call_ids",
+    "steps_may_conflict",
 )
 
 from collections.abc import Iterable, Sequence
@@ -397,7 +398,7 @@ def check_steps(
             closed.update(c.call_id for c in step.closed)
 
 
-def _steps_may_conflict(messages: Sequence[object], previous: object | None) -> bool:
+def steps_may_conflict(messages: Sequence[object], previous: object | None) -> bool:
     """False when :func:`check_steps` cannot raise for ``messages``: a cheap sufficient test.
 
     ``previous`` is the last message of ``before`` (None when it is empty).

@@ -36,8 +36,8 @@ from turnloom.context.message import (
     reject_instructions,
 )
 from turnloom.context.pairing import (
-    _steps_may_conflict,
     check_steps,
+    steps_may_conflict,
 )
 from turnloom.context.tokens import count_tokens
 from turnloom.errors import (
@@ -122,7 +122,7 @@ def _commit(
     if _first_instruction(input) >= 0:
         reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
     entries, sizes = _entries(history, input, turn_id, "input")
-    if _steps_may_conflict(input, None):
+    if steps_may_conflict(input, None):
         check_steps(input, f"Turn {excerpt(turn_id)} input")
     if input and history._turns:
         _check_turn_start(history._turns[-1], input[0], f"Turn {excerpt(turn_id)} input[0]")
@@ -240,7 +240,7 @@ def _record(
         history._blank_dropped += blank
         return 0
     messages = [e.message for e in kept]
-    if _steps_may_conflict(messages, _last_message(old)):
+    if steps_may_conflict(messages, _last_message(old)):
         check_steps(
             messages,
             f"Turn {excerpt(turn_id)} output",

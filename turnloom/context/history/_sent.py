@@ -248,14 +248,7 @@ def _renamed(message: Message, renamed: Sequence[tuple[int, str]]) -> _WireIds |
     """What ``_Entry.sent`` keeps for ``message`` with the parts at the given indexes
     carrying the given call ids (see :func:`~turnloom.context.history._cells.pack_ids`)."""
     at_sent = dict(renamed)
-    return pack_ids(
-        message,
-        [
-            at_sent.get(at, part.call_id)
-            for at, part in enumerate(message.parts)
-            if type(part) is ToolCallPart or type(part) is ToolResultPart
-        ],
-    )
+    return pack_ids(message, [at_sent.get(at, own) for at, own in _parts_with_ids(message)])
 
 
 def _set_sent(entry: _Entry, sent: _WireIds | None) -> None:
