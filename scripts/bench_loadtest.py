@@ -36,9 +36,6 @@ Usage: python scripts/bench_loadtest.py [--turns M] [--sessions N ...] [--rounds
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import threading
 import time
 from typing import Any
@@ -47,6 +44,7 @@ import _goals
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
+from _control import control_ticker, lag_summary
 
 import turnloom.runtime._preparing as preparing
 from turnloom.context.gateway import GatewayType, get_gateway
@@ -58,24 +56,6 @@ from turnloom.tools.transcript import Reply, Turn, walk
 
 _KEEP_TURNS = 32  # turnloom's default history limit
 _CPU_GOAL = 2.0  # issue 32: CPU per prepare at most this times its render's CPU
-
-_CONTROL = r"""
-import asyncio, json, sys, time
-TICK = 0.005
-async def main():
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    loop.add_reader(sys.stdin.fileno(), stop.set)
-    lags = []
-    while not stop.is_set():
-        expected = loop.time() + TICK
-        await asyncio.sleep(TICK)
-        lags.append(max(0.0, loop.time() - expected))
-    lags.sort()
-    p99 = lags[min(len(lags) - 1, int(len(lags) * 0.99))] if lags else 0.0
-    print(json.dumps({"p99_ms": p99 * 1000, "max_ms": (lags[-1] if lags else 0.0) * 1000}))
-asyncio.run(main())
-"""
 
 
 class _RenderClock:
@@ -220,16 +200,11 @@ async def _ours(
     trajectories: list[Trajectory], sessions: int, turns: int, collector: CollectorPolicy | None
 ) -> tuple[LoadtestReport, dict[str, float], float]:
     """The load test, the control ticker's lags, and the loop thread's CPU seconds."""
-    control = subprocess.Popen(
-        [sys.executable, "-c", _CONTROL], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    begin = time.thread_time()
-    try:
+    with control_ticker() as ticks:
+        begin = time.thread_time()
         report = await loadtest(trajectories, sessions=sessions, turns=turns, collector=collector)
-    finally:
         loop_cpu = time.thread_time() - begin
-        out, _ = control.communicate("", timeout=30)
-    return report, json.loads(out), loop_cpu
+    return report, lag_summary(ticks), loop_cpu
 
 
 def main() -> None:

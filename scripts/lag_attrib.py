@@ -28,14 +28,13 @@ import argparse
 import bisect
 import gc
 import json
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import anyio
+from _control import control_ticker
 
 import turnloom.runtime._collector as collector_module
 import turnloom.runtime._preparing as preparing
@@ -49,22 +48,6 @@ Event = tuple[str, float, float, Any]  # (kind, start, end, detail), perf_counte
 _events: list[Event] = []
 _lock = threading.Lock()
 _clock = time.perf_counter
-
-_CONTROL = r"""
-import asyncio, json, sys, time
-async def main():
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    loop.add_reader(sys.stdin.fileno(), stop.set)
-    out = []
-    while not stop.is_set():
-        expected = time.perf_counter() + 0.005
-        await asyncio.sleep(0.005)
-        now = time.perf_counter()
-        out.append((now, now - expected))
-    print(json.dumps(out))
-asyncio.run(main())
-"""
 
 
 def _timed(method: Callable[..., Any], kind: str, floor: float = 0.0) -> Callable[..., Any]:
@@ -85,17 +68,7 @@ def _timed(method: Callable[..., Any], kind: str, floor: float = 0.0) -> Callabl
 
 def _install(backend: str) -> None:
     frozen = collector_module.FrozenCollector
-    if hasattr(frozen, "check"):  # the read of the frozen set is a pause of its own
-        frozen.collect = _timed(frozen.collect, "policy collect")  # type: ignore[method-assign]
-        check = frozen.check
-
-        def checked(self: Any) -> None:
-            if self.check_due:
-                _timed(check, "policy read")(self)
-
-        frozen.check = checked  # type: ignore[method-assign]
-    else:
-        frozen.step = _timed(frozen.step, "policy step")  # type: ignore[method-assign]
+    frozen.step = _timed(frozen.step, "policy step")  # type: ignore[method-assign]
     render = vars(preparing)["render_preparation"]
     inline = _timed(render, "render inline")
     threaded = _timed(render, "render thread")
@@ -169,18 +142,13 @@ async def _run(args: argparse.Namespace, wakeups: list[float]) -> tuple[Loadtest
 
     samples = LoadtestSamples()
     samples.lag_at = Stamped()
-    control = subprocess.Popen(
-        [sys.executable, "-c", _CONTROL], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
     trajectories = builtin_trajectories(64, turns=(args.turns, args.turns))
-    try:
+    with control_ticker() as control:
         report = await loadtest(
             trajectories, sessions=args.sessions, turns=args.turns, samples=samples
         )
-    finally:
-        out, _ = control.communicate("", timeout=30)
     ticks = list(zip(wakeups, samples.lag, strict=True))
-    return report, {"ticks": ticks, "control": json.loads(out)}
+    return report, {"ticks": ticks, "control": control}
 
 
 def _quantiles(values: list[float]) -> str:
