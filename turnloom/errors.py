@@ -94,6 +94,7 @@ __all__ = (
     "UnknownPluginError",
     "UnknownStrategyError",
     "UnknownTurnError",
+    "UnpairedResultError",
     "Violation",
     "excerpt",
     "type_name",
@@ -252,6 +253,27 @@ class AmbiguousStepError(InvalidMessageError):
         super().__init__(message, field=field)
         self.call_id = call_id
         self.reason = reason
+
+
+class UnpairedResultError(InvalidMessageError):
+    """A tool result that answers no call open where it would be stored.
+
+    Pairing (:class:`~turnloom.context.CallTracker`) would leave such a
+    result out of every model input, since no provider accepts a result
+    without its call. Its call was never recorded, was answered already (a
+    result recorded twice without a message id), was closed by a later
+    message (a ``user`` message ends a call group), or belongs to an evicted
+    turn. Raised only where no call recorded later can answer it (see
+    ``TurnHistory.commit`` and ``record``). Nothing was stored.
+
+    Attributes:
+        field: the offending message (``"Output of turn 't1'[2]"``).
+        call_id: the result's call id.
+    """
+
+    def __init__(self, message: str, *, field: str, call_id: str) -> None:
+        super().__init__(message, field=field)
+        self.call_id = call_id
 
 
 class PlayedTextMismatchError(InvalidMessageError):

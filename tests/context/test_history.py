@@ -44,6 +44,7 @@ from turnloom.errors import (
     StateError,
     TurnTooLargeError,
     UnknownTurnError,
+    UnpairedResultError,
 )
 
 CHAT = get_gateway(GatewayType.openai_chat)
@@ -377,7 +378,9 @@ def apply_op(history: TurnHistory, kind: str, n: int, turn: int) -> int:
         history.commit(f"t{turn}", [user(f"u{turn}")] * (n % 2 + 1))
     elif kind == "evict":
         history.evict()
-    with contextlib.suppress(TurnTooLargeError, StateError, AmbiguousStepError):
+    with contextlib.suppress(
+        TurnTooLargeError, StateError, AmbiguousStepError, UnpairedResultError
+    ):
         if kind == "text":
             history.record(turns[-1], [assistant(f"a{n}")])
         elif kind == "call":

@@ -58,6 +58,7 @@ from turnloom.errors import (
     StateError,
     TurnTooLargeError,
     UnknownTurnError,
+    UnpairedResultError,
 )
 
 KINDS = list(GatewayType)
@@ -381,7 +382,9 @@ class EvictionMachine(RuleBasedStateMachine):
             outputs = [call(ids[0]), result(ids[0], f"late{n}"), assistant(f"late{n}")]
         target = turns[n % len(turns)] if kind in ("late", "split_late") else turns[-1]
         # A split the door refuses (a call id the step holds already) changes nothing.
-        with contextlib.suppress(TurnTooLargeError, StateError, AmbiguousStepError):
+        with contextlib.suppress(
+            TurnTooLargeError, StateError, AmbiguousStepError, UnpairedResultError
+        ):
             history.record(target, outputs)
 
     @rule(h=st.sampled_from(HISTORIES), n=st.integers(0, 8))
@@ -473,7 +476,9 @@ class EvictionMachine(RuleBasedStateMachine):
         history = self.histories[h]
         newest = history.turn_ids[-1]
         # A call reusing the id of a call the newest step left open is refused.
-        with contextlib.suppress(TurnTooLargeError, StateError, AmbiguousStepError):
+        with contextlib.suppress(
+            TurnTooLargeError, StateError, AmbiguousStepError, UnpairedResultError
+        ):
             for k in range(calls):
                 call_id = self.pool[(n + k) % 3]
                 history.record(newest, [call(call_id), result(call_id, f"r{n}.{k}")])

@@ -26,7 +26,7 @@ from turnloom.context.gateway import step_join
 from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.pairing import OpenCallPolicy, check_steps, complete_pairs
-from turnloom.errors import AmbiguousStepError, DuplicateIdError
+from turnloom.errors import AmbiguousStepError, DuplicateIdError, UnpairedResultError
 from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext, TurnSnapshot
 from turnloom.runtime._continuation import IssuedPrefixes
 
@@ -137,7 +137,8 @@ def test_incremental_builds_equal_the_cold_computation(
     prefix's items followed by the whole continuation completed (``complete_pairs``),
     rendered and renamed from the prefix's renaming state in one pass, including
     when a later message answers or closes an earlier open call; a continuation
-    splitting a model step ambiguously is refused, as ``check_steps`` refuses it."""
+    splitting a model step ambiguously, or holding a result that answers no call of
+    it, is refused, as ``check_steps`` refuses it."""
     prefix = _prefix(kind)
     renamer = _renamer(kind)
     issued = IssuedPrefixes(get_gateway(kind), HistoryLimits(), policy, lambda _: None)
@@ -150,10 +151,12 @@ def test_incremental_builds_equal_the_cold_computation(
         continuation = current[:length]
         try:
             built = issued.build(prefix, continuation)
-        except AmbiguousStepError:
-            # Refused exactly when the whole continuation splits a step ambiguously.
-            with pytest.raises(AmbiguousStepError):
+        except (AmbiguousStepError, UnpairedResultError) as error:
+            # Refused exactly when the whole continuation splits a step ambiguously
+            # or holds a result answering no call, with the same error.
+            with pytest.raises(type(error)) as caught:
                 check_steps(continuation, "continuation")
+            assert str(caught.value) == str(error)
             continue
         assert built == _cold(kind, prefix, renamer, continuation, policy)
 

@@ -1,13 +1,18 @@
-"""The door refuses a turn whose input is only results answering nothing, on any turn.
+"""The door refuses a tool result that answers no call open at its place, unless a call
+recorded late can still answer it.
 
-Pairing drops a tool result that answers no call the kept turns leave open (never
-made, already answered, closed by a later message, evicted with its turn), so an
-input made only of such results would leave the turn out of its own prepared
-input: an empty model input on Anthropic and Gemini, only the instructions on
-OpenAI Chat and Responses. accept_turn refuses it before anything changes, on a
-context's first turn and on every later one, by the one rule of the door
-(check_snapshot); an input with other content, or a result answering a call
-still open, is accepted.
+Pairing (CallTracker) drops a result without its call, since no provider accepts one:
+a call never made, one already answered, one closed by a later message, one evicted
+with its turn. Where nothing can change that, such a result would vanish from every
+prepared input, so accept_turn, record and build refuse it with UnpairedResultError
+(an InvalidMessageError naming the message and the call id) before anything changes:
+a result after anything that starts or ends a call group in its turn (text, a model
+step), a result in a context's first turn, a result of a build's continuation. A
+result leading a later turn's input (or recorded to a turn holding only such results)
+may still be answered by a call recorded late to an earlier turn (a host that
+committed the result before recording the call): it is kept, and left out until
+then. An input left with nothing to render is refused by the door's content test. A
+log an earlier turnloom wrote with unpaired results restores as it was.
 """
 
 from __future__ import annotations
@@ -34,15 +39,22 @@ from turnloom.context import (
 )
 from turnloom.context.callids import rename_call_ids
 from turnloom.context.history import HistoryLimits, HistoryView, TurnHistory
-from turnloom.errors import AmbiguousStepError, InvalidMessageError, TurnTooLargeError
+from turnloom.errors import (
+    AmbiguousStepError,
+    InvalidMessageError,
+    TurnTooLargeError,
+    UnknownContextError,
+    UnpairedResultError,
+)
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
 from turnloom.runtime._door import _renders_content, check_snapshot
+from turnloom.runtime._records import OutputsRecorded, TurnCommitted, encode_record, replay
 
 pytestmark = pytest.mark.anyio
 
 SYSTEM = Message(role=Role.system, content="You manage the repository.")
 ASK = user("Delete the old branch.")
-REFUSED = "has no input that renders to content"
+EMPTY = "has no input that renders to content"
 
 
 def _valid(kind: GatewayType, items: Any) -> list[str]:
@@ -51,71 +63,273 @@ def _valid(kind: GatewayType, items: Any) -> list[str]:
     return [v.rule for v in gateway.validate(body[gateway.items_field])]
 
 
+async def _context(manager: Any, case: str) -> tuple[str, ...]:
+    """t1 makes call c1; then c1 is answered, closed or evicted as ``case`` says."""
+    manager.accept_turn(
+        TurnSnapshot(context_id="c", turn_id="t1", input=(ASK,), instructions=(SYSTEM,))
+    )
+    manager.record("c", "t1", [call("c1", "delete_branch")])
+    if case == "answered":  # c1 answered by t2: no call c1 is open any more
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(result("c1"),)))
+    elif case in ("closed", "evicted"):  # t2's text closes c1 (and evicts t1 in one turn)
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(user("Wait."),)))
+    turns: tuple[str, ...] = manager.history("c").turn_ids
+    return turns
+
+
+_TURNS = {
+    "never-made": ("t1",),
+    "answered": ("t1", "t2"),
+    "closed": ("t1", "t2"),
+    "evicted": ("t2",),
+}
+
+
 @pytest.mark.parametrize("kind", list(GatewayType), ids=lambda k: k.value)
-@pytest.mark.parametrize("case", ["never-made", "answered", "closed", "evicted"])
-async def test_a_later_turn_of_only_results_answering_nothing_is_refused_state_unchanged(
-    anyio_backend: str, kind: GatewayType, case: str
+@pytest.mark.parametrize("case", list(_TURNS))
+@pytest.mark.parametrize("shape", ["after-text", "after-a-step"])
+async def test_an_input_result_after_other_content_answering_nothing_is_refused(
+    anyio_backend: str, kind: GatewayType, case: str, shape: str
 ) -> None:
-    """Invariant: a later turn whose input is only results answering no open call (a call
-    never made, one already answered, one closed by a later message, or one evicted with
-    its turn under max_turns=1) is refused with InvalidMessageError(field="input"); the
-    context keeps its turns and its newest turn prepares exactly as before."""
+    """Invariant: an input result that answers no open call (a call never made, one
+    already answered, one closed by a later message, or one evicted with its turn under
+    max_turns=1) after user text or after a model step of the input (whose group it
+    then belongs to) is refused with UnpairedResultError naming the message and the call
+    id; the context keeps its turns and its counters, and its newest turn prepares
+    exactly as before.
+
+    Mutant tried: every result of an input treated as one a late call may answer (the
+    first group boundary ignored): this test fails."""
     limits = HistoryLimits(max_turns=1 if case == "evicted" else 8)
     async with Foundation(gateway=kind, history_limits=limits) as foundation:
         manager = foundation.manager
-        manager.accept_turn(
-            TurnSnapshot(context_id="c", turn_id="t1", input=(ASK,), instructions=(SYSTEM,))
-        )
-        manager.record("c", "t1", [call("c1", "delete_branch")])
-        if case == "answered":  # c1 answered by t2: no call c1 is open any more
-            manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(result("c1"),)))
-        elif case in ("closed", "evicted"):  # t2's text closes c1 (and evicts t1 in one turn)
-            manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(user("Wait."),)))
-        turns = manager.history("c").turn_ids
-        assert (
-            turns
-            == {
-                "never-made": ("t1",),
-                "answered": ("t1", "t2"),
-                "closed": ("t1", "t2"),
-                "evicted": ("t2",),
-            }[case]
-        )
-        newest, orphan = turns[-1], ("c9" if case == "never-made" else "c1")
-        request = ContextPrepareRequest(context_id="c", turn_id=newest)
+        turns = await _context(manager, case)
+        assert turns == _TURNS[case]
+        orphan = result("c9" if case == "never-made" else "c1")
+        lead = user("Done?") if shape == "after-text" else call("c5")
+        given = (lead, orphan) if shape == "after-text" else (lead, result("c5"), orphan)
+        request = ContextPrepareRequest(context_id="c", turn_id=turns[-1])
         before = list((await manager.prepare(request)).items)
-        with pytest.raises(InvalidMessageError, match=REFUSED) as caught:
-            manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t3", input=(result(orphan),)))
-        assert caught.value.field == "input"
-        assert "only tool results answering no call" in str(caught.value)
+        statistics = manager.statistics()
+        with pytest.raises(UnpairedResultError) as caught:
+            manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t3", input=given))
+        assert (caught.value.field, caught.value.call_id) == (
+            f"Turn 't3' input[{len(given) - 1}]",
+            orphan.parts[0].call_id,
+        )
+        assert isinstance(caught.value, InvalidMessageError)
         assert manager.history("c").turn_ids == turns
+        assert manager.statistics() == statistics
         assert list((await manager.prepare(request)).items) == before
         assert _valid(kind, before) == []
 
 
 @pytest.mark.parametrize("kind", list(GatewayType), ids=lambda k: k.value)
-async def test_results_answering_nothing_beside_text_are_accepted_and_left_out(
+@pytest.mark.parametrize("case", list(_TURNS))
+async def test_an_input_of_only_results_answering_nothing_is_refused_as_empty(
+    anyio_backend: str, kind: GatewayType, case: str
+) -> None:
+    """Invariant: an input made only of results answering no open call would leave the
+    turn out of its own prepared input, so the door's content test refuses it with
+    InvalidMessageError(field="input"), state unchanged."""
+    limits = HistoryLimits(max_turns=1 if case == "evicted" else 8)
+    async with Foundation(gateway=kind, history_limits=limits) as foundation:
+        manager = foundation.manager
+        turns = await _context(manager, case)
+        orphan = result("c9" if case == "never-made" else "c1")
+        statistics = manager.statistics()
+        with pytest.raises(InvalidMessageError, match=EMPTY) as caught:
+            manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t3", input=(orphan,)))
+        assert type(caught.value) is InvalidMessageError
+        assert caught.value.field == "input"
+        assert manager.history("c").turn_ids == turns
+        assert manager.statistics() == statistics
+
+
+@pytest.mark.parametrize("kind", list(GatewayType), ids=lambda k: k.value)
+async def test_a_result_leading_an_input_is_kept_until_a_late_call_answers_it(
     anyio_backend: str, kind: GatewayType
 ) -> None:
-    """Invariant: other content keeps the input non-empty: [result(c9), user text] is
-    accepted; the prepared input is the history, then the text alone (the result dropped)."""
+    """Invariant: t2's input [result(c9), text] is accepted although no call c9 is held
+    (the host committed the result before recording the call), and left out of t2's
+    prepared input; once c9 is recorded late to t1, t3's input holds the call and its
+    result, valid. The same result in a context's first turn, which no late call can
+    precede, is refused (UnpairedResultError)."""
     gateway = get_gateway(kind)
     async with Foundation(gateway=kind) as foundation:
         manager = foundation.manager
         manager.accept_turn(
             TurnSnapshot(context_id="c", turn_id="t1", input=(ASK,), instructions=(SYSTEM,))
         )
-        manager.record("c", "t1", [assistant("Which branch?")])
         text = user("The old one.")
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(result("c9"), text)))
         prepared = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))
         assert list(prepared.items) == [
             *gateway.render(SYSTEM),
             *gateway.render(ASK),
-            *gateway.render(assistant("Which branch?")),
             *gateway.render(text),
         ]
+        manager.record("c", "t1", [call("c9", "delete_branch")])
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t3", input=(user("Next"),)))
+        messages = complete_pairs(list(manager.history("c").sent_messages("t3")))
+        assert [m.role for m in messages] == [
+            Role.system,
+            Role.user,
+            Role.assistant,
+            Role.tool,
+            Role.user,
+            Role.user,
+        ]
+        prepared = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t3"))
         assert _valid(kind, prepared.items) == []
+        with pytest.raises(UnpairedResultError) as caught:
+            manager.accept_turn(
+                TurnSnapshot(context_id="other", turn_id="t1", input=(result("c9"), text))
+            )
+        assert caught.value.field == "Turn 't1' input[0]"
+        with pytest.raises(UnknownContextError):
+            manager.history("other")
+
+
+@pytest.mark.parametrize("kind", list(GatewayType), ids=lambda k: k.value)
+@pytest.mark.parametrize("case", ["never-made", "answered", "closed-by-input", "after-paired"])
+async def test_a_recorded_result_answering_nothing_is_refused_nothing_recorded(
+    anyio_backend: str, kind: GatewayType, case: str
+) -> None:
+    """Invariant: record refuses an output result that answers no call open at its place
+    (never made; answered already, recorded twice without a message id; closed by the
+    turn's input text; after a result of the batch that pairs) with UnpairedResultError
+    naming the output; the turn's messages are as before (nothing of the batch kept)."""
+    async with Foundation(gateway=kind) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(
+            TurnSnapshot(context_id="c", turn_id="t1", input=(ASK,), instructions=(SYSTEM,))
+        )
+        manager.record("c", "t1", [call("c1", "delete_branch")])
+        turn, batch, at = "t1", [result("c9")], 0
+        if case == "answered":
+            manager.record("c", "t1", [result("c1")])
+            batch = [result("c1", "again")]
+        elif case == "closed-by-input":
+            manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(user("Go."),)))
+            turn, batch = "t2", [result("c1")]
+        elif case == "after-paired":
+            batch, at = [result("c1"), result("c9")], 1
+        held = manager.history("c").turn_messages(turn)
+        with pytest.raises(UnpairedResultError) as caught:
+            manager.record("c", turn, batch)
+        assert (caught.value.field, caught.value.call_id) == (
+            f"Turn {turn!r} output[{at}]",
+            batch[at].parts[0].call_id,
+        )
+        assert manager.history("c").turn_messages(turn) == held
+
+
+@pytest.mark.parametrize("kind", list(GatewayType), ids=lambda k: k.value)
+async def test_a_turn_answering_calls_of_the_turn_before_takes_their_other_results(
+    anyio_backend: str, kind: GatewayType
+) -> None:
+    """Invariant: t1's step makes c1 and c2 (one message per call); t2's input answers c1;
+    record to t2 then takes c2's result (the calls t1 leaves open carry into t2, which
+    has no step of its own) and refuses one after t2's own step began;
+    build(recorded=True) of t2, whose prefix closed c2, lets the recorded result through
+    and leaves it out; t3 prepares t1's calls with both results, valid.
+
+    Mutants tried: record checking t2's outputs without the carried calls (c2's result
+    refused); build checking recorded outputs as the host's own: this test fails."""
+    async with Foundation(gateway=kind) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(
+            TurnSnapshot(context_id="c", turn_id="t1", input=(ASK,), instructions=(SYSTEM,))
+        )
+        manager.record("c", "t1", [call("c1", "delete_branch"), call("c2", "notify")])
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(result("c1"),)))
+        assert manager.record("c", "t2", [result("c2", "sent")]) == 1
+        # t2's own model calls start from its prefix, which closed c2 (the provider
+        # needs every call answered before the next call): the recorded result
+        # is let through build, and left out.
+        prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))
+        assert manager.build(prefix, recorded=True) == prefix.items
+        with pytest.raises(UnpairedResultError) as caught:  # after t2's own step began
+            manager.record("c", "t2", [assistant("Deleted."), result("c2", "sent")])
+        assert (caught.value.field, caught.value.call_id) == ("Turn 't2' output[1]", "c2")
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t3", input=(user("Thanks"),)))
+        prepared = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t3"))
+        messages = complete_pairs(list(manager.history("c").sent_messages("t3")))
+        assert [m.role for m in messages] == [
+            Role.system,
+            Role.user,
+            Role.assistant,
+            Role.assistant,
+            Role.tool,
+            Role.tool,
+            Role.user,
+        ]
+        assert _valid(kind, prepared.items) == []
+
+
+@pytest.mark.parametrize("kind", list(GatewayType), ids=lambda k: k.value)
+async def test_build_refuses_a_continuation_result_answering_nothing(
+    anyio_backend: str, kind: GatewayType
+) -> None:
+    """Invariant: build refuses a continuation result that answers no call of the
+    continuation (UnpairedResultError, field naming it); a result answering a call two
+    messages back, after another result of the step, passes, also when the call came in
+    an earlier build (the step before the new messages is read back over its results).
+
+    Mutant tried: the step before the new messages read back over assistant messages
+    only (the second build's result(b) refused): this test fails."""
+    gateway = get_gateway(kind)
+    async with Foundation(gateway=kind) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(
+            TurnSnapshot(context_id="c", turn_id="t1", input=(ASK,), instructions=(SYSTEM,))
+        )
+        prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
+        with pytest.raises(UnpairedResultError) as caught:
+            manager.build(prefix, [call("a"), result("a"), result("z")])
+        assert (caught.value.field, caught.value.call_id) == ("continuation[2]", "z")
+        steps = [
+            Message(
+                role=Role.assistant,
+                content=(ToolCallPart(call_id="a", name="f"), ToolCallPart(call_id="b", name="f")),
+            ),
+            result("a"),
+        ]
+        manager.build(prefix, steps)
+        steps.append(result("b"))
+        items = manager.build(prefix, steps)
+        assert (
+            list(items)
+            == [
+                *prefix.items,
+                *rename_call_ids(kind, [i for m in steps for i in gateway.render(m)]),
+            ][: len(items)]
+        )
+        assert _valid(kind, items) == []
+
+
+def test_a_log_an_earlier_turnloom_wrote_with_unpaired_results_restores_as_it_was() -> None:
+    """Invariant (stored logs stay readable): a commit and a record holding results
+    answering no call, as turnloom stored them before refusing them, replay into a
+    history holding them exactly, and its render leaves them out as before."""
+    t1 = (user("Hi"), result("c9"))
+    outputs = (assistant("Hello"), result("c8"))
+    log = [
+        encode_record(TurnCommitted(turn_id="t1", input=t1, instructions=(SYSTEM,))),
+        encode_record(OutputsRecorded(turn_id="t1", outputs=outputs)),
+    ]
+    history = replay("c", log, HistoryLimits())
+    assert history.view().turn_messages("t1") == (*t1, *outputs)
+    history.commit("t2", [user("Next")])
+    assert complete_pairs(list(history.view().sent_messages("t2"))) == [
+        SYSTEM,
+        user("Hi"),
+        assistant("Hello"),
+        user("Next"),
+    ]
+    with pytest.raises(UnpairedResultError):
+        TurnHistory(HistoryLimits()).commit("t1", t1)
 
 
 @pytest.mark.parametrize("kind", list(GatewayType), ids=lambda k: k.value)
@@ -132,7 +346,7 @@ async def test_a_reused_call_id_is_answered_once_per_call(
         )
         manager.record("c", "t1", [call("c1", "delete_branch")])
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(result("c1"),)))
-        with pytest.raises(InvalidMessageError, match=REFUSED):
+        with pytest.raises(InvalidMessageError, match=EMPTY):
             manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t3", input=(result("c1"),)))
         manager.record("c", "t2", [call("c1", "delete_branch")])
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t3", input=(result("c1"),)))
@@ -147,6 +361,21 @@ async def test_a_reused_call_id_is_answered_once_per_call(
             *[Role.assistant, Role.tool] * 2,
         ]
         assert _valid(kind, items) == []
+
+
+@pytest.mark.parametrize("kind", list(GatewayType), ids=lambda k: k.value)
+async def test_an_input_of_blank_text_is_refused_as_empty(
+    anyio_backend: str, kind: GatewayType
+) -> None:
+    """Invariant: an input that renders to nothing (blank text; an open call alone) is
+    refused by the door's content test with InvalidMessageError(field="input")."""
+    async with Foundation(gateway=kind) as foundation:
+        manager = foundation.manager
+        for given in ((user(" \n"),), (call("c1"),)):
+            with pytest.raises(InvalidMessageError, match=EMPTY) as caught:
+                manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=given))
+            assert type(caught.value) is InvalidMessageError
+            assert caught.value.field == "input"
 
 
 # -- property: over generated histories, every committed turn prepares valid ------
@@ -170,12 +399,12 @@ def _input(history: TurnHistory, kind: str, n: int, step: int) -> list[Message]:
         return [result(i, f"done {i}") for i in open_ids[: 1 + n % len(open_ids)]]
     ids = [f"c{n % 3}", f"z{n}"]  # c0..c2 are reused by the model: answered or closed
     answer = [result(ids[n % 2])]
-    return [*answer, user("and?")] if n >= 4 else answer
+    return {4: [*answer, user("and?")], 5: [user("and?"), *answer]}.get(n, answer)
 
 
 _OPS = st.lists(
     st.tuples(
-        st.sampled_from(["user", "answer", "orphan", "calls", "text", "evict"]),
+        st.sampled_from(["user", "answer", "orphan", "calls", "text", "evict", "late"]),
         st.integers(0, 5),
     ),
     min_size=1,
@@ -183,7 +412,27 @@ _OPS = st.lists(
 )
 
 
-@settings(max_examples=150)
+def _results(messages: list[Message]) -> int:
+    return sum(len(m.tool_results) for m in messages)
+
+
+def _results_only(message: Message) -> bool:
+    """A message that neither starts nor ends a call group: only tool results."""
+    return bool(message.tool_results) and len(message.tool_results) == len(message.parts)
+
+
+def _dropped(kept: list[Message], given: list[Message]) -> list[int]:
+    """The oracle: the messages of ``given`` holding a result that pairing ``given`` after
+    ``kept`` leaves out (complete_pairs, one message more at a time)."""
+    out = []
+    for i in range(len(given)):
+        before = _results(complete_pairs([*kept, *given[:i]]))
+        if _results(complete_pairs([*kept, *given[: i + 1]])) - before < _results(given[i : i + 1]):
+            out.append(i)
+    return out
+
+
+@settings(max_examples=200)
 @given(
     st.sampled_from(list(GatewayType)),
     st.builds(HistoryLimits, max_turns=st.integers(1, 5), max_items=st.integers(4, 16)),
@@ -192,51 +441,80 @@ _OPS = st.lists(
 @example(GatewayType.anthropic, HistoryLimits(max_turns=1), [("text", 0), ("orphan", 1)])
 @example(GatewayType.gemini, HistoryLimits(max_turns=3), [("calls", 0), ("answer", 0)])
 @example(GatewayType.openai_chat, HistoryLimits(max_turns=3), [("calls", 0), ("orphan", 0)])
-def test_every_committed_turn_prepares_valid_and_a_refusal_is_exactly_an_empty_turn(
+@example(GatewayType.openai_chat, HistoryLimits(), [("calls", 1), ("answer", 0), ("late", 1)])
+@example(GatewayType.openai_chat, HistoryLimits(), [("calls", 1), ("orphan", 5)])
+def test_the_door_refuses_exactly_the_results_no_late_call_can_answer(
     kind: GatewayType, limits: HistoryLimits, ops: list[tuple[str, int]]
 ) -> None:
-    """Invariant: the door (check_snapshot) refuses a turn exactly when its input, paired
-    after every kept message, adds nothing to the completed history (oracle:
-    complete_pairs of the kept messages with and without the input are equal), and then
-    nothing changed; every turn it lets through commits, evicts, and prepares an input
-    that holds the turn's own input and passes validate()."""
+    """Invariant: a turn's input (check_snapshot, then commit) and a record to the newest
+    turn are refused with UnpairedResultError exactly when pairing them after every kept
+    message leaves out a result (oracle: complete_pairs of the kept messages with and
+    without it) that comes after a message starting or ending a call group in its turn,
+    or that is in the only kept turn (no call recorded late to an earlier turn can then
+    answer it); an input otherwise adding nothing is refused as empty; refusals change
+    nothing; every turn let through commits, evicts, and prepares an input that holds the
+    turn's own input and passes validate().
+
+    Mutants tried: the commit checking an input without the calls the kept turns leave
+    open (an approval refused); a record to a turn of results only refusing what a late
+    call may answer: this test fails."""
     gateway = get_gateway(kind)
     history = TurnHistory(limits)
     history.commit("t0", [user("hello")], instructions=[SYSTEM])
     for step, (op, n) in enumerate(ops, start=1):
         newest = history.turn_ids[-1]
+        statistics = history.statistics()
         if op == "calls":
             call_ids = [f"c{(n + k) % 3}" for k in range(1 + n % 2)]
             outputs = [call(i, "delete_branch") for i in call_ids]
             try:
                 history.record(newest, outputs)
             except (TurnTooLargeError, AmbiguousStepError):  # refused: nothing changed
-                pass
+                assert history.statistics() == statistics
         elif op == "text":
             try:
                 history.record(newest, [assistant(f"answer {step}")])
             except TurnTooLargeError:
-                pass
+                assert history.statistics() == statistics
         elif op == "evict":
             history.evict()
-        else:
-            given = _input(history, op, n, step)
-            kept = _kept(history.view())
-            empty = complete_pairs([*kept, *given]) == complete_pairs(kept)
-            snapshot = TurnSnapshot(context_id="c", turn_id=f"t{step}", input=tuple(given))
-            statistics = history.statistics()
+        elif op == "late":  # a result recorded to the newest turn
+            outputs = _input(history, "answer" if n % 2 else "orphan", n, step)[:1]
+            view = history.view()
+            own = view.turn_messages(newest)
+            bounded = len(view.turn_ids) == 1 or not all(map(_results_only, own))
+            refused = bool(_dropped(_kept(view), outputs)) and bounded
             try:
-                check_snapshot(snapshot, gateway, lambda _: history)
-            except InvalidMessageError:
-                assert empty
+                history.record(newest, outputs)
+            except UnpairedResultError:
+                assert refused
                 assert history.statistics() == statistics
                 continue
-            assert not empty
-            try:
-                history.commit(snapshot.turn_id, given)
             except TurnTooLargeError:
                 assert history.statistics() == statistics
                 continue
+            assert not refused
+        else:
+            given = _input(history, op, n, step)
+            kept = _kept(history.view())
+            refused = any(not all(map(_results_only, given[:i])) for i in _dropped(kept, given))
+            empty = complete_pairs([*kept, *given]) == complete_pairs(kept)
+            snapshot = TurnSnapshot(context_id="c", turn_id=f"t{step}", input=tuple(given))
+            try:
+                check_snapshot(snapshot, gateway, lambda _: history)
+                history.commit(snapshot.turn_id, given)
+            except UnpairedResultError:
+                assert refused
+                assert history.statistics() == statistics
+                continue
+            except TurnTooLargeError:
+                assert history.statistics() == statistics
+                continue
+            except InvalidMessageError:
+                assert empty and not refused
+                assert history.statistics() == statistics
+                continue
+            assert not refused and not empty
             history.evict()
             rendered = history.view().render(gateway, snapshot.turn_id)
             assert rendered.turn_start < len(rendered.items)

@@ -55,7 +55,7 @@ from turnloom.context.message import (
     ToolResultPart,
     is_blank_part,
 )
-from turnloom.errors import AmbiguousStepError, excerpt
+from turnloom.errors import AmbiguousStepError, UnpairedResultError, excerpt
 
 OpenCallPolicy: TypeAlias = Literal["exclude", "cancel"]
 """What :func:`complete_pairs` does with a call that has no result.
@@ -320,24 +320,42 @@ def check_steps(
     where: str,
     *,
     before: Sequence[Message] = (),
+    carried: Iterable[ToolCallPart] = (),
     indices: Sequence[int] | None = None,
+    late: bool = False,
+    unpaired: bool = False,
 ) -> None:
-    """Refuse a batch holding a step that cannot be paired without guessing.
+    """Refuse a batch holding a step that cannot be paired, or a result pairing would drop.
 
     ``messages`` follow ``before`` directly in one turn (the turn's messages
     so far: only its last step matters, its last run of assistant messages
-    and what follows). Each assistant message is checked with
-    :meth:`CallTracker.conflict` against the step it follows, and each
-    result against the calls whose group ended without them. Entries that
-    are not Messages are skipped (the caller's message check names them).
-    Pure: changes nothing.
+    and what follows), and ``before`` follows the open ``carried`` calls.
+    Each assistant message is checked with :meth:`CallTracker.conflict`
+    against the step it follows, and each tool result must answer an open
+    call. Entries that are not Messages are skipped (the caller's message
+    check names them). Pure: changes nothing. O(``messages`` and the last
+    step of ``before``).
 
     Args:
         messages: the batch, oldest first.
         where: how error messages name it (``"Output of turn 't1'"``).
         before: the messages of the turn before the batch, oldest first.
+        carried: the calls open before ``before`` (made in an earlier turn
+            and not answered yet): what results of a turn that has no model
+            step of its own may answer (see :meth:`TurnHistory.open_calls
+            <turnloom.context.TurnHistory.open_calls>`).
         indices: the index in what ``where`` names of each of ``messages``
             (default: its position), when the caller left some out.
+        late: a call recorded late to an earlier turn may still precede
+            ``before`` (see :meth:`TurnHistory.record
+            <turnloom.context.TurnHistory.record>`): let a result answering no
+            call pass while no message before it started or ended a group
+            (``before`` is empty and neither did ``carried``'s turn after
+            its calls); pairing leaves it out until such a call answers it.
+        unpaired: let results answering no call pass (pairing leaves them
+            out), except those answering a call whose group ended within
+            ``before`` or ``messages``; for rebuilding a history from records
+            written before such results were refused.
 
     Raises:
         AmbiguousStepError: ``messages[i]`` would continue the step before
@@ -346,8 +364,13 @@ def check_steps(
             answers a call whose group ended before it without its result
             (``"closed_call"``: the call and the result would be left out).
             Its ``field`` names the message, ``call_id`` the call.
+        UnpairedResultError: a tool result of ``messages[i]`` answers no
+            other call open at its place (never made, answered already, or
+            closed before ``before``), and no call recorded late can answer
+            it (see ``late``); ``field`` names the message, ``call_id`` the
+            result's.
     """
-    tracker = CallTracker()
+    tracker = CallTracker(carried)
     closed: set[str] = set()  # ids of calls a group ended without their result
     if before:
         # The last step of ``before``: its last run of assistant messages and what follows.
@@ -379,20 +402,32 @@ def check_steps(
                 call_id=conflict.call_id,
                 reason=conflict.reason,
             )
+        group = tracker.group
         step = tracker.feed(message)
         orphans = step.orphans
-        late = None
+        stale = None
         if orphans and closed:
-            late = next((r for r in orphans if r.call_id in closed), None)
-        if late is not None:
+            stale = next((r for r in orphans if r.call_id in closed), None)
+        if stale is not None:
             raise AmbiguousStepError(
-                f"{where}[{index}] answers call {excerpt(late.call_id)}, whose model step "
-                "ended before it (an assistant message after a result of that step starts "
+                f"{where}[{index}] answers call {excerpt(stale.call_id)}, whose model step "
+                "stale before it (an assistant message after a result of that step starts "
                 "another), so the call and its result would be left out; record every call "
                 "of a model step before its results.",
                 field=f"{where}[{index}]",
-                call_id=late.call_id,
+                call_id=stale.call_id,
                 reason="closed_call",
+            )
+        if orphans and not unpaired and (group or not late):
+            raise UnpairedResultError(
+                f"{where}[{index}] holds a tool result for call {excerpt(orphans[0].call_id)}, "
+                "which no call open at its place has (the call was never recorded, was "
+                "answered already, was closed by a later message, or left with an evicted "
+                "turn); no provider accepts a result without its call, so it would be left "
+                "out of every model input. Record the call first, in the same turn or the "
+                "turn before the one whose input answers it.",
+                field=f"{where}[{index}]",
+                call_id=orphans[0].call_id,
             )
         if step.closed:
             closed.update(c.call_id for c in step.closed)

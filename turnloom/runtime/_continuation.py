@@ -528,19 +528,43 @@ def check_continuation(
                     "of an earlier continuation message."
                 )
             added.add(message.id)
-    # A step the new messages continue began with the assistant messages before them.
-    lead = start
-    while lead and continuation[lead - 1].role is Role.assistant:
-        lead -= 1
+    # The turn's recorded outputs lead (``recorded=True``): the history let
+    # them in, results answering a call the prefix closed included (a turn
+    # whose input answered some of an earlier turn's calls takes the others'
+    # results; they pair from the next turn on). The host's own messages
+    # after them must pair within the continuation.
+    own = start
+    while own < len(continuation) and id(continuation[own]) in held:
+        own += 1
+    if own > start:
+        check_steps(
+            continuation[start:own],
+            "continuation",
+            before=continuation[_step_start(continuation, start) : start],
+            indices=range(start, own),
+            unpaired=True,
+        )
     check_steps(
-        continuation[start:],
+        continuation[own:],
         "continuation",
-        before=continuation[lead:start],
-        indices=range(start, len(continuation)),
+        before=continuation[_step_start(continuation, own) : own],
+        indices=range(own, len(continuation)),
     )
     # ``checked`` is replaced by the result: its set is extended, not copied.
     reserved |= added
     return CheckedContinuation(tuple(continuation), reserved)
+
+
+def _step_start(messages: Sequence[Message], stop: int) -> int:
+    """Where the step ``messages[stop:]`` continue starts: the results directly
+    before ``stop`` and the run of assistant messages directly before them
+    (:func:`~turnloom.context.check_steps` needs no more of what came before)."""
+    at = stop
+    while at and (messages[at - 1].role is Role.tool or messages[at - 1].tool_results):
+        at -= 1
+    while at and messages[at - 1].role is Role.assistant:
+        at -= 1
+    return at
 
 
 def _starts_with(messages: Sequence[Message], head: tuple[Message, ...]) -> bool:

@@ -310,11 +310,12 @@ def _restore(history: TurnHistory, record: Checkpoint) -> None:
             turn.input,
             instructions=record.pinned if i == 0 else None,
             sequence=record.sequence if i == 0 else None,
+            keep_unpaired=True,
         )
         # Outputs first: they were accepted with or without the pair (keeping
         # checks no limit), and a record checks the turn's size with its pair.
         if turn.outputs:
-            history.record(turn.turn_id, turn.outputs)
+            history.record(turn.turn_id, turn.outputs, keep_unpaired=True)
         if turn.state:
             history.keep_state(turn.turn_id, turn.state)
         # The ids its calls were sent with, whatever the order above decided.
@@ -364,9 +365,10 @@ def replay(
                     record.input,
                     instructions=record.instructions,
                     sequence=record.sequence,
+                    keep_unpaired=True,  # as an earlier turnloom accepted them
                 )
             elif isinstance(record, OutputsRecorded):
-                history.record(record.turn_id, record.outputs)
+                history.record(record.turn_id, record.outputs, keep_unpaired=True)
             elif isinstance(record, StateKept):
                 if not history.keep_state(record.turn_id, record.state):
                     raise StoreRecordError(

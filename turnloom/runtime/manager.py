@@ -217,9 +217,19 @@ class ContextManager:
                 with a system/developer role or carrying a runtime-state call or
                 result, an instruction with another role, or an input that
                 renders to nothing (empty, blank text only, or only tool results
-                answering no call the context's kept turns leave open: never
-                made, already answered, closed by a later message, or evicted;
-                see :meth:`~turnloom.context.TurnHistory.open_calls`).
+                answering no call the context's kept turns leave open).
+            UnpairedResultError: an input tool result answers no call the
+                context's kept turns (then the input before it) leave open
+                (never made, already answered, closed by a later message, or
+                made in an evicted turn; see
+                :meth:`~turnloom.context.TurnHistory.open_calls`), and it
+                follows text or a model step of the input, or the context
+                has no turn yet; no provider accepts it, so it would vanish
+                from every model input. A result leading the input is kept
+                instead (a call recorded late to an earlier turn can still
+                answer it; it is left out until then). An
+                ``InvalidMessageError``: ``field`` names the message,
+                ``call_id`` the result's; nothing was committed.
             InvalidTextError: text that is not valid UTF-8.
             ItemTooLargeError: a message is over the per-item byte cap.
             TurnTooLargeError: the turn would hold more than ``max_items``
@@ -294,6 +304,14 @@ class ContextManager:
                 turn start by continuing its step; nothing was recorded. A
                 step split one message per call is paired by call id: see
                 :class:`~turnloom.context.CallTracker`.
+            UnpairedResultError: a tool result answers no call open at its
+                place (the turn's calls still unanswered; for a turn holding
+                only results answering an earlier turn's calls, those calls),
+                and no call recorded late can answer it: the turn, or the
+                outputs before it, hold text or a model step, or it is the
+                context's only kept turn (see
+                :meth:`~turnloom.context.TurnHistory.record`); nothing was
+                recorded.
             ItemTooLargeError, TurnTooLargeError, ProviderRuleError,
             NotClaimedError, StaleLeaseError, HostCallbackError: as
                 :meth:`accept_turn`; nothing was recorded. A turn tied to
@@ -530,9 +548,12 @@ class ContextManager:
         The continuation (the turn's model outputs and tool results so far,
         oldest first) is rendered and appended; the prefix, including its
         runtime-state pair, is reused as is and never refreshed. Calls without
-        a result are handled by the ``open_calls`` policy; a result whose call
-        is not before it in the continuation (the turn's own calls are there,
-        not in the prefix) is left out, never sent alone. A continuation call
+        a result are handled by the ``open_calls`` policy; a continuation
+        result whose call is not before it in the continuation (the turn's own
+        calls are there, not in the prefix) is refused, never sent alone. A
+        recorded output answering a call the prefix closed (recorded to a turn
+        whose input answered some of an earlier turn's calls) is left out:
+        it pairs from the next turn on. A continuation call
         reusing a call id of the prefix or of an earlier continuation call is
         renamed, with its results, by the rule of
         :mod:`turnloom.context.callids`, continued from the prefix, so the
@@ -566,6 +587,9 @@ class ContextManager:
                 of an earlier continuation message.
             AmbiguousStepError: the continuation splits a model step in a
                 shape :meth:`record` refuses.
+            UnpairedResultError: a continuation tool result answers no call
+                of the continuation open at its place (the prefix's calls are
+                closed or answered in it).
             ProviderRuleError: the gateway rejected a message.
             TurnTooLargeError: the continuation holds more than ``max_items``
                 messages.

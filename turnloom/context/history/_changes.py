@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from turnloom.context.history._batches import _DoorState, _entries
@@ -15,6 +15,7 @@ from turnloom.context.history._sent import (
     repair_results,
 )
 from turnloom.context.history._ties import (
+    _calls_after,
     _check_ties,
     _check_turn_start,
     _relinked,
@@ -28,6 +29,7 @@ from turnloom.context.message import (
     Message,
     Part,
     ReasoningPart,
+    ToolCallPart,
     _first_instruction,
     check_id,
     check_message,
@@ -36,6 +38,7 @@ from turnloom.context.message import (
     reject_instructions,
 )
 from turnloom.context.pairing import (
+    CallTracker,
     check_steps,
     steps_may_conflict,
 )
@@ -96,6 +99,16 @@ def _last_message(turn: _Turn) -> Message | None:
     return entries[-1].message if entries else None
 
 
+def _bounds_a_group(turn: _Turn) -> bool:
+    """True when a message of ``turn`` starts or ends a call group (:class:`CallTracker`)."""
+    tracker = CallTracker()
+    for entry in turn.entries(True):
+        tracker.feed(entry.message)
+        if tracker.group:
+            return True
+    return False
+
+
 def _commit(
     history: _ChangeState,
     turn_id: str,
@@ -103,6 +116,7 @@ def _commit(
     *,
     instructions: Sequence[Message] | None = None,
     sequence: int | None = None,
+    keep_unpaired: bool = False,
 ) -> None:
     """The work of :meth:`TurnHistory.commit` (documented there)."""
     check_id(turn_id, "turn id")
@@ -123,7 +137,16 @@ def _commit(
         reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
     entries, sizes = _entries(history, input, turn_id, "input")
     if steps_may_conflict(input, None):
-        check_steps(input, f"Turn {excerpt(turn_id)} input")
+        # Its results may answer the calls the kept turns leave open (an
+        # approval), or a call recorded late to a kept turn.
+        results = any(m.tool_results for m in input if isinstance(m, Message))
+        check_steps(
+            input,
+            f"Turn {excerpt(turn_id)} input",
+            carried=_calls_after(history._turns)[0].values() if results else (),
+            late=bool(history._turns),
+            unpaired=keep_unpaired,
+        )
     if input and history._turns:
         _check_turn_start(history._turns[-1], input[0], f"Turn {excerpt(turn_id)} input[0]")
     seen: set[str] = set()
@@ -186,7 +209,12 @@ def _commit(
 
 
 def _record(
-    history: _ChangeState, turn_id: str, outputs: Sequence[Message], *, serial: int | None = None
+    history: _ChangeState,
+    turn_id: str,
+    outputs: Sequence[Message],
+    *,
+    serial: int | None = None,
+    keep_unpaired: bool = False,
 ) -> int:
     """The work of :meth:`TurnHistory.record` (documented there)."""
     position = -1
@@ -241,11 +269,24 @@ def _record(
         return 0
     messages = [e.message for e in kept]
     if steps_may_conflict(messages, _last_message(old)):
+        tail = _step_tail(old)
+        carried: Iterable[ToolCallPart] = ()
+        late = False
+        if not tail:
+            # A turn without a step of its own (its input answered an earlier
+            # turn's calls) leaves those calls' group open for its outputs;
+            # with nothing in it that starts or ends a group, a call recorded
+            # late to an earlier turn may answer them too.
+            carried = _calls_after(history._turns[: position + 1])[0].values()
+            late = position > 0 and not _bounds_a_group(old)
         check_steps(
             messages,
             f"Turn {excerpt(turn_id)} output",
-            before=_step_tail(old),
+            before=tail,
+            carried=carried,
             indices=kept_at,
+            late=late,
+            unpaired=keep_unpaired,
         )
     if position + 1 < len(history._turns):
         later = history._turns[position + 1].entries(True)

@@ -401,6 +401,7 @@ class TurnHistory:
         *,
         instructions: Sequence[Message] | None = None,
         sequence: int | None = None,
+        keep_unpaired: bool = False,
     ) -> None:
         """Commit a new turn with its input; optionally replace the pinned instructions.
 
@@ -419,6 +420,10 @@ class TurnHistory:
                 None to keep the current ones.
             sequence: when given, must be greater than the previous committed
                 turn's sequence; lets a host detect turns arriving out of order.
+            keep_unpaired: store tool results that answer no open call
+                instead of refusing them (pairing leaves them out of every
+                render); for rebuilding a history from records written before
+                turnloom refused them (a store's log).
 
         Raises:
             InvalidMessageError: a malformed message or id, an input message with
@@ -438,10 +443,24 @@ class TurnHistory:
             AmbiguousStepError: the input splits a model step in a shape that
                 cannot be paired without guessing, or its first message would
                 continue the step the newest turn ends with.
+            UnpairedResultError: an input tool result answers no call the
+                kept turns (then the input before it) leave open (never made,
+                answered already, closed by a later message, or made in an
+                evicted turn; see :meth:`open_calls`), after input text or a
+                model step, or in the first kept turn. A result leading the
+                input of a later turn is kept: a call recorded late to an
+                earlier turn may answer it (pairing leaves it out until then).
             HostCallbackError: the token counter raised or returned a count
                 that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing changed.
         """
-        _commit(self, turn_id, input, instructions=instructions, sequence=sequence)
+        _commit(
+            self,
+            turn_id,
+            input,
+            instructions=instructions,
+            sequence=sequence,
+            keep_unpaired=keep_unpaired,
+        )
 
     def output_renders(
         self, turn_id: str, gateway: Gateway, newest: int | None = None
@@ -476,7 +495,14 @@ class TurnHistory:
                 return turn.serial
         raise UnknownTurnError(f"Turn {excerpt(turn_id)} is not held by this context.")
 
-    def record(self, turn_id: str, outputs: Sequence[Message], *, serial: int | None = None) -> int:
+    def record(
+        self,
+        turn_id: str,
+        outputs: Sequence[Message],
+        *,
+        serial: int | None = None,
+        keep_unpaired: bool = False,
+    ) -> int:
         """Append a turn's outputs (model messages, tool results), in order.
 
         Empty and whitespace-only messages (an interrupted model output) are
@@ -494,6 +520,7 @@ class TurnHistory:
             turn_id: the turn the outputs belong to.
             outputs: the messages, oldest first.
             serial: the turn's :meth:`turn_serial`, when the caller kept it.
+            keep_unpaired: as :meth:`commit`'s.
 
         Returns:
             how many messages were recorded.
@@ -511,6 +538,14 @@ class TurnHistory:
                 :func:`~turnloom.context.check_steps`), or a late record would
                 let the next turn's first message continue its step; nothing
                 was recorded.
+            UnpairedResultError: a kept tool result answers no call open at
+                its place (the turn's outputs so far, or the calls an earlier
+                turn left open when the turn has no model step of its own):
+                never made, answered already, closed by a later message, or
+                made in an evicted turn; unless the turn holds only results
+                and is not the first kept turn (a call recorded late to an
+                earlier turn may answer it: it is kept, and left out until
+                then); nothing was recorded.
             ItemTooLargeError: one message is over the per-item byte cap;
                 nothing was recorded.
             TurnTooLargeError: the turn would hold more than ``max_items``
@@ -529,7 +564,7 @@ class TurnHistory:
                 that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing was
                 recorded.
         """
-        return _record(self, turn_id, outputs, serial=serial)
+        return _record(self, turn_id, outputs, serial=serial, keep_unpaired=keep_unpaired)
 
     def keep_state(
         self, turn_id: str, messages: Sequence[Message], *, serial: int | None = None
