@@ -242,6 +242,24 @@ async def test_late_outputs_long_after_eviction_or_for_a_reused_id_are_dropped()
         assert manager.statistics().history.dropped_late_outputs_total == 4
 
 
+async def test_a_record_to_a_turn_never_committed_names_the_context_and_changes_nothing() -> None:
+    """Invariant: record to a turn id the context never held (a host mixing up its
+    contexts or ids) raises UnknownTurnError naming the turn and the context, and
+    nothing is recorded or counted."""
+    async with Foundation() as foundation:
+        manager = foundation.manager
+        manager.accept_turn(TurnSnapshot(context_id="call-7", turn_id="t1", input=(user("hi"),)))
+        statistics = manager.statistics()
+        with pytest.raises(UnknownTurnError) as caught:
+            manager.record("call-7", "t9", [assistant("Hello")])
+        assert str(caught.value) == (
+            "Turn 't9' was never committed to context 'call-7'; commit it with accept_turn "
+            "before recording its outputs."
+        )
+        assert manager.history("call-7").turn_messages("t1") == (user("hi"),)
+        assert manager.statistics() == statistics
+
+
 # -- visible waiting -----------------------------------------------------------------
 
 

@@ -275,7 +275,14 @@ class ContextTable:
             return 0
         history = state.history
         before = history.counts()
-        recorded = history.record(turn_id, outputs, serial=serial)
+        try:
+            recorded = history.record(turn_id, outputs, serial=serial)
+        except UnknownTurnError:
+            raise UnknownTurnError(
+                f"Turn {excerpt(turn_id)} was never committed to context "
+                f"{excerpt(state.context_id)}; commit it with accept_turn before recording "
+                "its outputs."
+            ) from None
         if recorded and self.log is not None:
             self.log(state.context_id, OutputsRecorded(turn_id=turn_id, outputs=tuple(outputs)))
         self._evict(state)
