@@ -411,7 +411,7 @@ def check_steps(
         if stale is not None:
             raise AmbiguousStepError(
                 f"{where}[{index}] answers call {excerpt(stale.call_id)}, whose model step "
-                "stale before it (an assistant message after a result of that step starts "
+                "ended before it (an assistant message after a result of that step starts "
                 "another), so the call and its result would be left out; record every call "
                 "of a model step before its results.",
                 field=f"{where}[{index}]",
