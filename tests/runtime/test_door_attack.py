@@ -127,3 +127,23 @@ async def test_a_result_recorded_to_the_turn_whose_input_answered_it_is_refused(
         assert _history(manager) == held
         with pytest.raises(AmbiguousStepError):  # why no late call can answer it
             manager.record("c", "t1", [call("c1")])
+
+
+async def test_a_routed_result_answering_no_routed_call_is_an_unpaired_result(
+    anyio_backend: str,
+) -> None:
+    """Invariant: ``manager.areas.route`` refuses a tool result answering no open routed
+    call with the same error the history's door uses for the same fault,
+    UnpairedResultError (an InvalidMessageError), field "item", call_id the result's;
+    nothing is queued (the next prepare renders the turn alone).
+
+    Mutant tried: answer_routed_calls raising a plain InvalidMessageError for
+    orphans (as before): this test fails."""
+    async with Foundation(gateway=GatewayType.openai_chat) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(ASK,)))
+        with pytest.raises(UnpairedResultError) as caught:
+            manager.areas.route("c", {"role": "tool", "tool_call_id": "zz", "content": "x"})
+        assert (caught.value.field, caught.value.call_id) == ("item", "zz")
+        prepared = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
+        assert list(prepared.items) == [{"role": "user", "content": "Weather in Paris?"}]
