@@ -76,12 +76,13 @@ async def test_a_result_repeated_in_one_input_is_refused(anyio_backend: str, cas
     AmbiguousStepError), so the late-call exception cannot apply to it, and the docs
     list "answered already" among the refused.
 
-    Today both inputs are accepted and the copy is held but left out of every input.
-    Shapes: t1 made call c1, t2's input is [result c1, result c1]; or t1 made no call
-    and t2's input is [result c9, result c9, text] (c9 recorded late to t1 afterwards
-    pairs the first copy only).
+    Before the fix both inputs were accepted and the copy held but left out of every
+    input. Shapes: t1 made call c1, t2's input is [result c1, result c1]; or t1 made no
+    call and t2's input is [result c9, result c9, text] (c9 recorded late to t1
+    afterwards pairs the first copy only).
 
-    Mutant tried: n/a (fails on main)."""
+    Mutant tried: check_steps without the window of result ids the late exception let
+    pass (the ``elif late and not group`` branch removed): this test fails."""
     async with Foundation(gateway=GatewayType.openai_chat) as foundation:
         manager = foundation.manager
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(ASK,)))
