@@ -475,7 +475,12 @@ async def test_a_result_for_a_call_its_step_closed_is_refused_not_dropped(kind: 
     """A host running tools as their calls stream records a result before the step's
     last call: ``[a, b, result a]`` then ``[c, result b, result c]``. Call ``c``
     after a result starts another step and closes ``b`` unanswered, so ``result b``
-    would answer nothing and ``b`` be left out, silently: refused, nothing changed."""
+    would answer nothing and ``b`` be left out, silently: refused, nothing changed;
+    the message says why (the step ended before the result).
+
+    Mutant tried: the message's "ended before it" as a93bd72 left it ("whose model
+    step stale before it", a rename of ``late`` that reached the text): this test
+    fails."""
     async with Foundation(gateway=kind) as foundation:
         manager = foundation.manager
         manager.accept_turn(_turn("t1", user("q")))
@@ -486,6 +491,10 @@ async def test_a_result_for_a_call_its_step_closed_is_refused_not_dropped(kind: 
             "Turn 't1' output[1]",
             "b",
             "closed_call",
+        )
+        assert str(caught.value).startswith(
+            "Turn 't1' output[1] answers call 'b', whose model step ended before it "
+            "(an assistant message after a result of that step starts another)"
         )
         assert len(manager.history("c").turn_messages("t1")) == 4
         with pytest.raises(AmbiguousStepError) as caught:

@@ -367,7 +367,9 @@ def check_steps(
         UnpairedResultError: a tool result of ``messages[i]`` answers no
             other call open at its place (never made, answered already, or
             closed before ``before``), and no call recorded late can answer
-            it (see ``late``); ``field`` names the message, ``call_id`` the
+            it (see ``late``; nor a second result with the id of one fed
+            before it while ``late`` let results pass: a late call answers
+            one of them); ``field`` names the message, ``call_id`` the
             result's.
     """
     tracker = CallTracker(carried)
@@ -383,6 +385,10 @@ def check_steps(
             ended = tracker.feed(earlier).closed
             if ended:  # (most steps close nothing: no generator for them)
                 closed.update(c.call_id for c in ended)
+    # Result ids fed before any group bound (the window ``late`` lets pass): a
+    # call recorded late joins one group, which cannot hold one id twice, so a
+    # second result with such an id can never pair.
+    window: set[str] = set()
     for i, message in enumerate(messages):
         if not isinstance(message, Message):
             tracker = CallTracker()
@@ -411,23 +417,32 @@ def check_steps(
         if stale is not None:
             raise AmbiguousStepError(
                 f"{where}[{index}] answers call {excerpt(stale.call_id)}, whose model step "
-                "stale before it (an assistant message after a result of that step starts "
+                "ended before it (an assistant message after a result of that step starts "
                 "another), so the call and its result would be left out; record every call "
                 "of a model step before its results.",
                 field=f"{where}[{index}]",
                 call_id=stale.call_id,
                 reason="closed_call",
             )
+        unanswerable = None
         if orphans and not unpaired and (group or not late):
+            unanswerable = orphans[0]
+        elif late and not group and step.results:
+            for part in message.parts:
+                if type(part) is ToolResultPart:
+                    if part.call_id in window and unanswerable is None and not unpaired:
+                        unanswerable = part
+                    window.add(part.call_id)
+        if unanswerable is not None:
             raise UnpairedResultError(
-                f"{where}[{index}] holds a tool result for call {excerpt(orphans[0].call_id)}, "
+                f"{where}[{index}] holds a tool result for call {excerpt(unanswerable.call_id)}, "
                 "which no call open at its place has (the call was never recorded, was "
                 "answered already, was closed by a later message, or left with an evicted "
                 "turn); no provider accepts a result without its call, so it would be left "
                 "out of every model input. Record the call first, in the same turn or the "
                 "turn before the one whose input answers it.",
                 field=f"{where}[{index}]",
-                call_id=orphans[0].call_id,
+                call_id=unanswerable.call_id,
             )
         if step.closed:
             closed.update(c.call_id for c in step.closed)

@@ -28,7 +28,13 @@ from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.message import Message
 from turnloom.context.native import Context
 from turnloom.context.pairing import CallTracker
-from turnloom.errors import AreaCallbackError, InputError, InvalidMessageError, excerpt
+from turnloom.errors import (
+    AreaCallbackError,
+    InputError,
+    InvalidMessageError,
+    UnpairedResultError,
+    excerpt,
+)
 from turnloom.runtime.schemas import AreaPass
 
 
@@ -109,8 +115,10 @@ def answer_routed_calls(calls: CallTracker, message: Message, context_id: str) -
 
     Raises:
         InvalidMessageError: ``message`` is not a result while calls are
-            unanswered (or ends their group), or holds results that answer no
-            routed call.
+            unanswered (or ends their group).
+        UnpairedResultError: ``message`` holds results that answer no open
+            routed call (``field`` is ``"item"``, ``call_id`` the first such
+            result's).
     """
     tracker = calls.copy()
     unanswered = tracker.open_ids
@@ -124,10 +132,12 @@ def answer_routed_calls(calls: CallTracker, message: Message, context_id: str) -
             "other item."
         )
     if step.orphans:
-        raise InvalidMessageError(
+        raise UnpairedResultError(
             f"The item routed to context {excerpt(context_id)} holds tool result(s) "
             f"{', '.join(repr(r.call_id) for r in step.orphans)} that answer no open "
-            "routed call."
+            "routed call.",
+            field="item",
+            call_id=step.orphans[0].call_id,
         )
     return tracker
 

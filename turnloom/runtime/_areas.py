@@ -99,8 +99,11 @@ class Areas:
             UnknownContextError: no turn was committed to ``context_id``.
             InvalidMessageError: a malformed context id, ``item`` is not a
                 JSON object of the manager's gateway, it carries a runtime-state
-                call or result, a result answers no open routed call, or
-                another item is routed while a routed call has no result.
+                call or result, or another item is routed while a routed
+                call has no result.
+            UnpairedResultError: a result answers no open routed call (an
+                ``InvalidMessageError``; ``field`` is ``"item"``, ``call_id``
+                the result's).
             InvalidTextError: its text is not valid UTF-8.
             ItemTooLargeError: its JSON encoding is over the history's
                 per-item byte cap (``max_item_bytes``).

@@ -449,7 +449,8 @@ class TurnHistory:
                 evicted turn; see :meth:`open_calls`), after input text or a
                 model step, or in the first kept turn. A result leading the
                 input of a later turn is kept: a call recorded late to an
-                earlier turn may answer it (pairing leaves it out until then).
+                earlier turn may answer it (pairing leaves it out until then);
+                not a second result with the call id of one before it there.
             HostCallbackError: the token counter raised or returned a count
                 that is not an int in ``[0, MAX_TOKEN_COUNT]``; nothing changed.
         """
