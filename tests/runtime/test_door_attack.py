@@ -1,7 +1,10 @@
-"""Real host flows against the door's refusal of unpaired tool results (a93bd72).
+"""Real host flows against the door's refusal of unpaired tool results.
 
-Each test is a flow a real host produces; the docstrings say what the correct outcome
-is. Tests marked failing here are bugs the attack found.
+Each test is a flow a real host produces, with the outcome it must have: Gemini calls
+and responses without ids pair by name, whatever text precedes them; a result no late
+call can answer (repeated in one input, or recorded again to the turn whose input
+answered it) is refused; a routed result answering no routed call is an unpaired
+result.
 """
 
 from __future__ import annotations
@@ -39,12 +42,9 @@ async def test_a_gemini_call_without_id_after_text_pairs_with_its_response(
     functionResponse without id) is recorded and sent whole: ids are optional on Gemini
     and "calls and responses without one are matched by name" (gateway docs).
 
-    Today the call parses as 'get_weather#1' (its part index) and the response as
-    'get_weather#0', so record refuses the response with UnpairedResultError (before
-    a93bd72 both were silently left out of every input). Correct: they pair (e.g. the
-    synthesized id counts function calls, not parts, or matches by name).
-
-    Mutant tried: n/a (fails on main)."""
+    Mutant tried: the id counting the content's parts, not its calls of that name (the
+    call 'get_weather#1' after the text, the response 'get_weather#0'): this test fails.
+    """
     gateway = get_gateway(GatewayType.gemini)
     call, response = gateway.parse_items([GEMINI_CALL, GEMINI_RESPONSE])
     async with Foundation(gateway=GatewayType.gemini) as foundation:
@@ -60,6 +60,52 @@ async def test_a_gemini_call_without_id_after_text_pairs_with_its_response(
             GEMINI_RESPONSE,
             {"role": "user", "parts": [{"text": "And tomorrow?"}]},
         ]
+
+
+@pytest.mark.parametrize("order", ["in-call-order", "reversed"])
+async def test_gemini_calls_without_ids_of_two_names_pair_by_name(
+    anyio_backend: str, order: str
+) -> None:
+    """Invariant: a model content [text, get_weather, get_time] (no ids) and a response
+    content answering both (no ids, in call order or reversed, as a host may list them)
+    parse to ids that pair by name, so record takes the responses, the next input holds
+    the calls and the responses as given, and its body sends the responses in call
+    order.
+
+    Mutant tried: the id counting every id-less call of the content rather than those of
+    its name ('get_time#1' against a first response 'get_time#0'): the reversed case
+    fails."""
+    gateway = get_gateway(GatewayType.gemini)
+    calls = {
+        "role": "model",
+        "parts": [
+            {"text": "Checking both."},
+            {"functionCall": {"name": "get_weather", "args": {"city": "Paris"}}},
+            {"functionCall": {"name": "get_time", "args": {"city": "Paris"}}},
+        ],
+    }
+    weather = {"functionResponse": {"name": "get_weather", "response": {"temp": 20}}}
+    time = {"functionResponse": {"name": "get_time", "response": {"time": "10:00"}}}
+    answers = [weather, time] if order == "in-call-order" else [time, weather]
+    call_message, response = gateway.parse_items([calls, {"role": "user", "parts": answers}])
+    async with Foundation(gateway=GatewayType.gemini) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(ASK,)))
+        manager.record("c", "t1", [call_message])
+        assert manager.record("c", "t1", [response]) == 1
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(NEXT,)))
+        prepared = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))
+        assert list(prepared.items) == [
+            {"role": "user", "parts": [{"text": "Weather in Paris?"}]},
+            calls,
+            {"role": "user", "parts": answers},
+            {"role": "user", "parts": [{"text": "And tomorrow?"}]},
+        ]
+        # The body sends the responses in call order.
+        assert manager.request_body(prepared)["contents"][2] == {
+            "role": "user",
+            "parts": [weather, time],
+        }
 
 
 def _history(manager: object) -> tuple[object, ...]:
@@ -112,10 +158,9 @@ async def test_a_result_recorded_to_the_turn_whose_input_answered_it_is_refused(
     recorded: no late call can answer it (a late call c1 to t1 repeats the call id of
     t1's step).
 
-    Today it is accepted (t2 holds only results, so the late-call exception lets it
-    through) and left out of every input.
-
-    Mutant tried: n/a (fails on main)."""
+    Mutant tried: check_steps not counting the turn's own results in the window the
+    late-call exception lets pass (accepted, and left out of every input): this test
+    fails."""
     async with Foundation(gateway=GatewayType.openai_chat) as foundation:
         manager = foundation.manager
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(ASK,)))

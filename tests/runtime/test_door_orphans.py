@@ -450,8 +450,8 @@ def test_the_door_refuses_exactly_the_results_no_late_call_can_answer(
     turn are refused with UnpairedResultError exactly when pairing them after every kept
     message leaves out a result (oracle: complete_pairs of the kept messages with and
     without it) that comes after a message starting or ending a call group in its turn,
-    or that is in the only kept turn (no call recorded late to an earlier turn can then
-    answer it); an input otherwise adding nothing is refused as empty; refusals change
+    that is in the only kept turn, or that repeats the call id of a result its turn
+    holds (no call recorded late to an earlier turn can then answer it); an input otherwise adding nothing is refused as empty; refusals change
     nothing; every turn let through commits, evicts, and prepares an input that holds the
     turn's own input and passes validate().
 
@@ -483,7 +483,11 @@ def test_the_door_refuses_exactly_the_results_no_late_call_can_answer(
             view = history.view()
             own = view.turn_messages(newest)
             bounded = len(view.turn_ids) == 1 or not all(map(_results_only, own))
-            refused = bool(_dropped(_kept(view), outputs)) and bounded
+            # A late call joins one group: a result repeating an id the turn's
+            # results answered can never pair either.
+            answered = {r.call_id for m in own for r in m.tool_results}
+            repeated = any(r.call_id in answered for m in outputs for r in m.tool_results)
+            refused = bool(_dropped(_kept(view), outputs)) and (bounded or repeated)
             try:
                 history.record(newest, outputs)
             except UnpairedResultError:

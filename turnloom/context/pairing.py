@@ -375,20 +375,24 @@ def check_steps(
     tracker = CallTracker(carried)
     closed: set[str] = set()  # ids of calls a group ended without their result
     if before:
-        # The last step of ``before``: its last run of assistant messages and what follows.
+        # The last step of ``before``: its last run of assistant messages and what
+        # follows (all of it when it holds no assistant message).
         tail = len(before)
         while tail and not _is_assistant(before[tail - 1]):
             tail -= 1
         while tail and _is_assistant(before[tail - 1]):
             tail -= 1
-        for earlier in before[tail:]:
-            ended = tracker.feed(earlier).closed
-            if ended:  # (most steps close nothing: no generator for them)
-                closed.update(c.call_id for c in ended)
     # Result ids fed before any group bound (the window ``late`` lets pass): a
     # call recorded late joins one group, which cannot hold one id twice, so a
     # second result with such an id can never pair.
     window: set[str] = set()
+    if before:
+        for earlier in before[tail:]:
+            ended = tracker.feed(earlier).closed
+            if ended:  # (most steps close nothing: no generator for them)
+                closed.update(c.call_id for c in ended)
+            if late and not tracker.group:
+                window.update(p.call_id for p in earlier.parts if type(p) is ToolResultPart)
     for i, message in enumerate(messages):
         if not isinstance(message, Message):
             tracker = CallTracker()

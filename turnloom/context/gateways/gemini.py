@@ -404,7 +404,10 @@ class GeminiGateway(Gateway):
 
         ``model`` parses to ``assistant``; a ``user`` content of function
         responses only to ``tool``. A function call without an ``id`` (model
-        output may omit it) gets the call id ``"<name>#<position>"``.
+        output may omit it) gets the call id ``"<name>#<n>"``, ``n`` counting the
+        content's earlier calls of that name without an id (a function response
+        without an id likewise, so the n-th response of a name answers the n-th
+        call of that name).
 
         The message passes :func:`~turnloom.context.check_message`, so it
         can be committed as it is.
@@ -474,8 +477,7 @@ class GeminiGateway(Gateway):
                 )
             call_id = call.get("id")
             if not isinstance(call_id, str) or not call_id:
-                call_id = f"{name}#{i}"
-                no_id.append(call_id)
+                call_id = _unnamed_id(name, no_id)
             if set(call) - {"id", "name", "args"}:
                 return OpaquePart(gateway=_GATEWAY, item=block)
             extras = {k: v for k, v in block.items() if k != _k("functionCall", snake)}
@@ -492,8 +494,7 @@ class GeminiGateway(Gateway):
             name = response.get("name")
             call_id = response.get("id")
             if not isinstance(call_id, str) or not call_id:
-                call_id = f"{name}#{i}"
-                no_id.append(call_id)
+                call_id = _unnamed_id(name, no_id)
             value = response.get("response", {})
             extras = {k: v for k, v in response.items() if k not in _WRITES.tool_result}
             media = response.get("parts", [])
@@ -729,7 +730,7 @@ class GeminiGateway(Gateway):
         else by name; responses answering no call keep their order at the end)
         and a missing name is filled from the call. A call sent without an id
         (model output may omit it) is answered by the response with the id
-        :meth:`parse` gave it (``"<name>#<position>"``), else by name; that
+        :meth:`parse` gave it (``"<name>#<n>"``), else by name; that
         response is sent without an id, like its call. A model turn with calls
         that nothing precedes (its user turn held only parts Gemini cannot
         carry, or was cut) is left out with its responses, with a warning
@@ -1043,7 +1044,7 @@ def _ordered(item: NativeContent, calls: list[dict[str, Any]]) -> NativeContent:
             match = next((p for p in parts if inner(p)[1].get("id") == call_id), None)
         else:
             # Model output may omit call ids: parse names such a call
-            # "<name>#<position>", which is the id the host answers with. The
+            # "<name>#<n>", which is the id the host answers with. The
             # call is matched by name, same-name responses in position order,
             # and the response is sent without the id the call never had.
             same = [p for p in parts if _answers_by_name(inner(p)[1], name)]
@@ -1064,6 +1065,19 @@ def _ordered(item: NativeContent, calls: list[dict[str, Any]]) -> NativeContent:
     return {**item, "parts": ordered}
 
 
+def _unnamed_id(name: Any, no_id: list[str]) -> str:
+    """The id parse gives a call (or response) without one: ``"<name>#<n>"``, ``n`` counting
+    the content's earlier ones of that name without an id; appended to ``no_id``.
+
+    Text or calls of other names before it do not move ``n``, so the n-th response of
+    a name answers the n-th call of that name, as Gemini matches them.
+    """
+    prefix = f"{name}#"
+    call_id = f"{prefix}{sum(1 for other in no_id if other.startswith(prefix))}"
+    no_id.append(call_id)
+    return call_id
+
+
 def _answers_by_name(response: dict[str, Any], name: Any) -> bool:
     if response.get("name"):
         return bool(response["name"] == name)
@@ -1072,7 +1086,7 @@ def _answers_by_name(response: dict[str, Any], name: Any) -> bool:
 
 
 def _position(response: dict[str, Any], name: Any) -> int:
-    """The position parse gave a call without id ("<name>#<position>"), else -1."""
+    """The number parse gave a call without id ("<name>#<n>"), else -1."""
     response_id = response.get("id")
     if isinstance(response_id, str) and response_id.startswith(f"{name}#"):
         suffix = response_id[len(f"{name}#") :]

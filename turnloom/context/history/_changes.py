@@ -273,12 +273,17 @@ def _record(
         carried: Iterable[ToolCallPart] = ()
         late = False
         if not tail:
-            # A turn without a step of its own (its input answered an earlier
-            # turn's calls) leaves those calls' group open for its outputs;
-            # with nothing in it that starts or ends a group, a call recorded
-            # late to an earlier turn may answer them too.
-            carried = _calls_after(history._turns[: position + 1])[0].values()
+            # A turn without a step of its own continues the group of the calls
+            # an earlier turn left open (its input answered some of them). With
+            # nothing in it that starts or ends a group, a call recorded late to
+            # an earlier turn may join that group: the turn's own results are
+            # fed too, so one answering a call id a second time is refused.
             late = position > 0 and not _bounds_a_group(old)
+            if late:
+                tail = [e.message for e in old.entries(True)]
+                carried = _calls_after(history._turns[:position])[0].values()
+            else:
+                carried = _calls_after(history._turns[: position + 1])[0].values()
         check_steps(
             messages,
             f"Turn {excerpt(turn_id)} output",
