@@ -30,11 +30,8 @@ async def test_a_refused_output_leaves_the_session_as_it_was(anyio_backend: str)
     what it held before: the docstring says the items are "checked before anything
     changes", and an SDK that retries the batch must not find its user input twice.
 
-    Today the user input is committed as a new turn before the record is refused.
-    Correct: check the outputs against the turn they would join before committing it
-    (or retract the turn on failure).
-
-    Mutant tried: n/a (fails on main)."""
+    Mutant tried: the committed input left in place when its outputs are refused:
+    this test fails."""
     async with Foundation(gateway="openai_responses") as foundation:
         session = TurnloomSession("s1", foundation.manager)
         await session.add_items([USER, REPLY])  # type: ignore[list-item]

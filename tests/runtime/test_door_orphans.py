@@ -451,9 +451,10 @@ def test_the_door_refuses_exactly_the_results_no_late_call_can_answer(
     message leaves out a result (oracle: complete_pairs of the kept messages with and
     without it) that comes after a message starting or ending a call group in its turn,
     that is in the only kept turn, or that repeats the call id of a result its turn
-    holds (no call recorded late to an earlier turn can then answer it); an input otherwise adding nothing is refused as empty; refusals change
-    nothing; every turn let through commits, evicts, and prepares an input that holds the
-    turn's own input and passes validate().
+    holds (no call recorded late to an earlier turn can then answer it); an input
+    otherwise adding nothing is refused as empty; refusals change nothing; every turn
+    let through commits, evicts, and prepares an input that holds the turn's own input
+    and passes validate().
 
     Mutants tried: the commit checking an input without the calls the kept turns leave
     open (an approval refused); a record to a turn of results only refusing what a late

@@ -42,7 +42,12 @@ from typing import TYPE_CHECKING, Any, cast
 from agents.memory import SessionSettings
 
 from turnloom.context import GatewayType, Message, Role, ToolResultPart
-from turnloom.errors import InvalidArgumentError, InvalidMessageError, UnknownContextError
+from turnloom.errors import (
+    InvalidArgumentError,
+    InvalidMessageError,
+    TurnloomError,
+    UnknownContextError,
+)
 from turnloom.integrations._ids import new_turn_id
 from turnloom.runtime import ContextManager, TurnSnapshot
 
@@ -181,13 +186,20 @@ class TurnloomSession:
 
         The items are parsed by the ``openai_responses`` gateway and checked
         before anything changes; with a store, the call returns once the store
-        has acknowledged them.
+        has acknowledged them. Each turn of the batch (a user input and the
+        items after it, or the items before the batch's first user input,
+        which join the newest turn) goes in whole or not at all: when the door
+        refuses its items, its input is taken back
+        (``manager.voice.retract_turn``: turns its commit evicted come back),
+        and the turns of the batch before it stay.
 
         Raises:
             InvalidMessageError: an item the gateway cannot parse, a
                 ``system``/``developer`` item (instructions are the agent's,
                 not the session's), or outputs before any user input.
-            Every error of ``manager.accept_turn`` and ``manager.record``.
+            Every error of ``manager.accept_turn`` and ``manager.record``
+                (for example ``UnpairedResultError``: a function call output
+                answering no call of its turn).
 
         Cancellation:
             The changes are made before the only await (the store's flush):
@@ -216,17 +228,23 @@ class TurnloomSession:
         outputs: list[Message] = []
 
         def flush() -> None:
+            committed = None
             if turn_input:
-                turn_id = new_turn_id()
+                committed = new_turn_id()
                 manager.accept_turn(
                     TurnSnapshot(
-                        context_id=self.session_id, turn_id=turn_id, input=tuple(turn_input)
+                        context_id=self.session_id, turn_id=committed, input=tuple(turn_input)
                     )
                 )
                 turn_input.clear()
             if outputs:
-                newest = manager.history(self.session_id).turn_ids[-1]
-                manager.record(self.session_id, newest, outputs)
+                newest = committed or manager.history(self.session_id).turn_ids[-1]
+                try:
+                    manager.record(self.session_id, newest, outputs)
+                except TurnloomError:
+                    if committed is not None:  # the turn goes in whole or not at all
+                        manager.voice.retract_turn(self.session_id, committed)
+                    raise
                 outputs.clear()
 
         for message in messages:
@@ -235,8 +253,6 @@ class TurnloomSession:
                     flush()
                 turn_input.append(message)
             else:
-                if turn_input:
-                    flush()
                 outputs.append(message)
         flush()
         await manager.leases.flush(self.session_id)
