@@ -22,9 +22,10 @@ from turnloom.context import (
     open_call_ids,
 )
 from turnloom.context.pairing import steps_may_conflict
-from turnloom.errors import AmbiguousStepError
+from turnloom.errors import AmbiguousStepError, UnpairedResultError
 
 USER = Message(role=Role.user, content="q")
+ASSISTANT_TEXT = Message(role=Role.assistant, content="Checking.")
 
 
 def calls(*ids: str) -> Message:
@@ -321,8 +322,9 @@ def test_steps_may_conflict_is_false_only_where_check_steps_passes(
 
 def test_steps_may_conflict_on_each_kind_of_ambiguous_step() -> None:
     """Each refusal of ``check_steps`` is seen by the fast path: a repeated call id in
-    a split step (duplicate_call_id) and a result of a call whose step ended
-    (closed_call); a text reply or calls after a result are not.
+    a split step (duplicate_call_id), a result of a call whose step a model message
+    ended (closed_call) and one whose group a user message ended (UnpairedResultError);
+    a text reply or calls after a result are not.
 
     Mutant tried: ``steps_may_conflict`` answering False for a call after an
     assistant message (the record then accepts the repeated id); this test and
@@ -330,7 +332,8 @@ def test_steps_may_conflict_on_each_kind_of_ambiguous_step() -> None:
     for before, batch, reason in (
         ([USER, calls("a")], [calls("a")], "duplicate_call_id"),
         ([USER, calls("a", "b"), calls("c")], [results("a")], None),
-        ([USER, calls("a", "b"), _answered_then_text("b")], [results("a")], "closed_call"),
+        ([USER, calls("a", "b"), results("b")], [ASSISTANT_TEXT, results("a")], "closed_call"),
+        ([USER, calls("a", "b"), _answered_then_text("b")], [results("a")], "unpaired"),
         ([calls("a"), results("a"), calls("b")], [calls("c"), calls("b")], "duplicate_call_id"),
     ):
         assert steps_may_conflict(batch, before[-1])
@@ -341,6 +344,8 @@ def test_steps_may_conflict_on_each_kind_of_ambiguous_step() -> None:
                 check_steps(batch, "batch", before=before)
             except AmbiguousStepError as exc:
                 assert exc.reason == reason
+            except UnpairedResultError as exc:  # a user message ended the group
+                assert (reason, exc.call_id) == ("unpaired", "a")
             else:
                 raise AssertionError("check_steps passed an ambiguous step")
     reply = Message(role=Role.assistant, content="done")

@@ -361,19 +361,24 @@ def check_steps(
         AmbiguousStepError: ``messages[i]`` would continue the step before
             it and repeats a call id of that step (``reason``
             ``"duplicate_call_id"``), or a tool result of ``messages[i]``
-            answers a call whose group ended before it without its result
-            (``"closed_call"``: the call and the result would be left out).
+            answers a call whose step a later model message ended without
+            its result (``"closed_call"``: the call and the result would be
+            left out).
             Its ``field`` names the message, ``call_id`` the call.
         UnpairedResultError: a tool result of ``messages[i]`` answers no
-            other call open at its place (never made, answered already, or
-            closed before ``before``), and no call recorded late can answer
+            other call open at its place (never made, answered already,
+            closed by a ``user`` message, or closed before ``before``), and
+            no call recorded late can answer
             it (see ``late``; nor a second result with the id of one fed
             before it while ``late`` let results pass: a late call answers
             one of them); ``field`` names the message, ``call_id`` the
             result's.
     """
     tracker = CallTracker(carried)
-    closed: set[str] = set()  # ids of calls a group ended without their result
+    # Ids of calls a model step ended without their result: a result after it
+    # is a call recorded after a result of its step (closed_call). A group a
+    # user message ends leaves its calls to UnpairedResultError.
+    closed: set[str] = set()
     if before:
         # The last step of ``before``: its last run of assistant messages and what
         # follows (all of it when it holds no assistant message).
@@ -389,7 +394,7 @@ def check_steps(
     if before:
         for earlier in before[tail:]:
             ended = tracker.feed(earlier).closed
-            if ended:  # (most steps close nothing: no generator for them)
+            if ended and earlier.role is _ASSISTANT:  # (most steps close nothing)
                 closed.update(c.call_id for c in ended)
             if late and not tracker.group:
                 window.update(p.call_id for p in earlier.parts if type(p) is ToolResultPart)
@@ -448,7 +453,7 @@ def check_steps(
                 field=f"{where}[{index}]",
                 call_id=unanswerable.call_id,
             )
-        if step.closed:
+        if step.closed and message.role is _ASSISTANT:
             closed.update(c.call_id for c in step.closed)
 
 
