@@ -742,7 +742,7 @@ _NATIVE_OPEN_CALLS: dict[GatewayType, tuple[list[dict[str, Any]], tuple[str, ...
                 ],
             },
         ],
-        ("f#0", "g#1"),
+        ("f#0", "g#0"),  # "<name>#<n>": the n-th id-less call of that name
         [
             {
                 "role": "user",
