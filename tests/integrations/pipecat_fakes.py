@@ -112,7 +112,7 @@ class ScriptedLLM(LLMService):  # type: ignore[misc]
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         if isinstance(frame, LLMUpdateSettingsFrame) and frame.delta is not None:
-            self.updates.append((frame.delta.system_instruction, direction))
+            self.updates.append((cast(str | None, frame.delta.system_instruction), direction))
         await super().process_frame(frame, direction)
         if not isinstance(frame, LLMContextFrame):
             await self.push_frame(frame, direction)
@@ -121,7 +121,8 @@ class ScriptedLLM(LLMService):  # type: ignore[misc]
         self.contexts.append(copy.deepcopy(cast(list[dict[str, Any]], context.get_messages())))
         # The service's composed system_instruction, read as OpenAILLMService and
         # AnthropicLLMService read it for each inference.
-        system = self._settings.system_instruction
+        given = self._settings.system_instruction
+        system = given if isinstance(given, str) else None
         self.instructions.append(system)
         chat = await self.get_llm_adapter().get_llm_invocation_params(
             context, system_instruction=system, convert_developer_to_user=False
