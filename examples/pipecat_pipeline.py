@@ -5,6 +5,11 @@ The LLM is a stand-in ``LLMService`` streaming scripted replies, the TTS a
 stand-in that releases each word as it "plays", and the caller is a stand-in
 turn detector pushing Pipecat's own frames (turn start, transcript, turn
 end), so nothing touches the network or audio. Pipecat runs on asyncio only.
+
+The pair's ``instructions`` never enter Pipecat's ``LLMContext`` (a system
+message there is deprecated since Pipecat 1.9): the pair hands them to the LLM
+service as its ``system_instruction`` (an ``LLMUpdateSettingsFrame`` before the
+first inference), so build the service without one of its own.
 """
 
 from __future__ import annotations
@@ -86,6 +91,8 @@ class ScriptedLLM(LLMService):
         if not isinstance(frame, LLMContextFrame):
             await self.push_frame(frame, direction)
             return
+        roles = [m["role"] for m in frame.context.get_messages()]  # type: ignore[index]
+        print("LLM:", self._settings.system_instruction, "+", roles)
         await self.push_frame(LLMFullResponseStartFrame())
         for piece in self.replies.pop(0) if self.replies else ["Goodbye."]:
             if piece is None:

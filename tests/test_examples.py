@@ -36,6 +36,10 @@ EXPECTED = {
     ),
     "pipecat_pipeline.py": (
         "pipecat",
+        # The instructions reach the LLM service, never a message of Pipecat's context.
+        "LLM: Be brief. + ['user']\n"
+        "LLM: Be brief. + ['user', 'assistant', 'tool']\n"
+        "LLM: Be brief. + ['user', 'assistant', 'tool', 'assistant', 'user']\n"
         "user ['Where is my bag?']\n"
         "assistant ['ToolCallPart']\n"
         "tool ['ToolResultPart']\n"

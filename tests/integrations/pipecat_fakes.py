@@ -2,8 +2,10 @@
 
 ``ScriptedLLM`` is a real Pipecat ``LLMService`` that streams scripted replies
 as ``LLMTextFrame``\\ s (and runs scripted function calls through the service's
-own ``run_function_calls``), recording each context it was sent, as OpenAI
-Chat messages and as Pipecat's Anthropic adapter converts them. ``SpeakingTTS``
+own ``run_function_calls``), recording each context it was sent (Pipecat's
+``LLMContext`` messages), its ``system_instruction`` then, and the request
+Pipecat's OpenAI and Anthropic adapters make of both, as Pipecat's OpenAI and
+Anthropic services send them. ``SpeakingTTS``
 turns each ``LLMTextFrame`` into a ``TTSTextFrame`` after ``word_seconds``, as
 an output transport releases words while their audio plays, so an
 interruption (Pipecat's ``InterruptionFrame`` clears its queue) leaves only
@@ -18,9 +20,12 @@ import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
+import httpx2
+from anthropic import AsyncAnthropic
 from loguru import logger
+from openai import AsyncOpenAI
 from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
 from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
 from pipecat.adapters.llm.services.anthropic_adapter import AnthropicLLMAdapter
@@ -35,6 +40,7 @@ from pipecat.frames.frames import (
     LLMFullResponseEndFrame,
     LLMFullResponseStartFrame,
     LLMTextFrame,
+    LLMUpdateSettingsFrame,
     ProposedUserStartedSpeakingFrame,
     ProposedUserStoppedSpeakingFrame,
     TranscriptionFrame,
@@ -96,19 +102,36 @@ class ScriptedLLM(LLMService):  # type: ignore[misc]
         )
         self.replies = list(replies)
         self.chunk_seconds = chunk_seconds
-        self.seen: list[list[dict[str, Any]]] = []  # each input, OpenAI Chat messages
+        self.contexts: list[list[dict[str, Any]]] = []  # each LLMContext's messages
+        self.instructions: list[str | None] = []  # the service's system_instruction then
+        self.seen: list[list[dict[str, Any]]] = []  # each input as Pipecat sends it to OpenAI
         self.anthropic: list[dict[str, Any]] = []  # each input as Pipecat sends it to Anthropic
         self.streaming = asyncio.Event()  # set once a reply's first chunk went out
+        # The system_instruction of each LLMUpdateSettingsFrame that reached it, and its direction.
+        self.updates: list[tuple[str | None, FrameDirection]] = []
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        if isinstance(frame, LLMUpdateSettingsFrame) and frame.delta is not None:
+            self.updates.append((cast(str | None, frame.delta.system_instruction), direction))
         await super().process_frame(frame, direction)
         if not isinstance(frame, LLMContextFrame):
             await self.push_frame(frame, direction)
             return
         context = frame.context
-        self.seen.append(copy.deepcopy(cast(list[dict[str, Any]], context.get_messages())))
+        self.contexts.append(copy.deepcopy(cast(list[dict[str, Any]], context.get_messages())))
+        # The service's composed system_instruction, read as OpenAILLMService and
+        # AnthropicLLMService read it for each inference.
+        given = self._settings.system_instruction
+        system = given if isinstance(given, str) else None
+        self.instructions.append(system)
+        chat = await self.get_llm_adapter().get_llm_invocation_params(
+            context, system_instruction=system, convert_developer_to_user=False
+        )
+        self.seen.append(json.loads(json.dumps(chat["messages"])))
         adapter = AnthropicLLMAdapter()  # type: ignore[no-untyped-call]
-        params = await adapter.get_llm_invocation_params(context, enable_prompt_caching=False)
+        params = await adapter.get_llm_invocation_params(
+            context, system_instruction=system, enable_prompt_caching=False
+        )
         self.anthropic.append(
             json.loads(json.dumps({"system": params["system"], "messages": params["messages"]}))
         )
@@ -178,13 +201,16 @@ def turn_strategies() -> UserTurnStrategies:
     )
 
 
-class FakeCall:
+LLM = TypeVar("LLM", bound=LLMService)
+
+
+class FakeCall(Generic[LLM]):
     """One call's pipeline: the pair's user aggregator, the LLM, the TTS, the assistant one."""
 
     def __init__(
         self,
         manager: ContextManager,
-        llm: ScriptedLLM,
+        llm: LLM,
         *,
         context_id: str = "call-1",
         word_seconds: float = 0.0,
@@ -239,15 +265,24 @@ class FakeCall:
         await self.worker.queue_frame(EndFrame())
 
 
-async def run_calls(calls: Sequence[FakeCall], script: Callable[[], Awaitable[None]]) -> None:
-    """Run the calls' pipelines in one ``WorkerRunner`` while ``script`` drives them."""
+async def run_calls(calls: Sequence[FakeCall[Any]], script: Callable[[], Awaitable[None]]) -> None:
+    """Run the calls' pipelines in one ``WorkerRunner`` while ``script`` drives them.
+
+    A script that fails (a wait timed out) cancels the pipelines, so the test fails
+    instead of hanging on a runner that never ends.
+    """
     runner = WorkerRunner(handle_sigint=False)
     await runner.add_workers(*(call.worker for call in calls))
 
     async def drive() -> None:
-        for call in calls:
-            await call.started.wait()
-        await script()
+        try:
+            for call in calls:
+                await call.started.wait()
+            await script()
+        except BaseException:
+            for call in calls:
+                await call.worker.cancel()
+            raise
 
     await asyncio.gather(runner.run(), drive())
 
@@ -267,3 +302,112 @@ TOOLS = ToolsSchema(
         )
     ]
 )
+
+
+class _Replies:
+    """An httpx2 (the SDKs' HTTP client) handler: records each body, answers the next reply."""
+
+    def __init__(self, replies: Sequence[str], stream: Callable[[str], bytes]) -> None:
+        self.replies = list(replies)
+        self.stream = stream
+        self.bodies: list[dict[str, Any]] = []
+
+    def __call__(self, request: Any) -> Any:
+        self.bodies.append(json.loads(request.content))
+        text = self.replies.pop(0) if self.replies else "OK."
+        headers = {"content-type": "text/event-stream"}
+        return httpx2.Response(200, headers=headers, content=self.stream(text))
+
+
+def _sse(events: Sequence[tuple[str | None, dict[str, Any]]]) -> bytes:
+    lines = []
+    for event, data in events:
+        lines.append((f"event: {event}\n" if event else "") + f"data: {json.dumps(data)}\n\n")
+    return "".join(lines).encode()
+
+
+def _openai_stream(text: str) -> bytes:
+    """One streamed Chat Completions answer of ``text`` (OpenAI's SSE chunks)."""
+    chunk = {"id": "r1", "object": "chat.completion.chunk", "created": 0, "model": "gpt-4.1"}
+    return (
+        _sse(
+            [
+                (
+                    None,
+                    {
+                        **chunk,
+                        "choices": [{"index": 0, "delta": {"role": "assistant", "content": text}}],
+                    },
+                ),
+                (None, {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+            ]
+        )
+        + b"data: [DONE]\n\n"
+    )
+
+
+def _anthropic_stream(text: str) -> bytes:
+    """One streamed Messages answer of ``text`` (Anthropic's SSE events)."""
+    message: dict[str, Any] = {
+        "id": "m1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5",
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 1, "output_tokens": 1},
+    }
+    block = {"type": "text", "text": ""}
+    delta = {"type": "text_delta", "text": text}
+    stop = {"stop_reason": "end_turn", "stop_sequence": None}
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": message},
+        {"type": "content_block_start", "index": 0, "content_block": block},
+        {"type": "content_block_delta", "index": 0, "delta": delta},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": stop, "usage": {"output_tokens": 1}},
+        {"type": "message_stop"},
+    ]
+    return _sse([(event["type"], event) for event in events])
+
+
+def openai_service(
+    replies: Sequence[str], *, system_instruction: str | None
+) -> tuple[Any, _Replies]:
+    """Pipecat's real ``OpenAILLMService`` (its own ``AsyncOpenAI`` client) over a fake transport.
+
+    Returns the service and the handler holding each request body it sent.
+    """
+    from pipecat.services.openai.llm import OpenAILLMService
+
+    handler = _Replies(replies, _openai_stream)
+
+    class Service(OpenAILLMService):  # type: ignore[misc]
+        def create_client(self, *args: Any, **kwargs: Any) -> Any:
+            transport = httpx2.AsyncClient(transport=httpx2.MockTransport(handler))
+            return AsyncOpenAI(
+                api_key="test", base_url="http://model.test/v1", http_client=transport
+            )
+
+    settings = OpenAILLMService.Settings(model="gpt-4.1", system_instruction=system_instruction)
+    return Service(api_key="test", settings=settings), handler
+
+
+def anthropic_service(
+    replies: Sequence[str], *, system_instruction: str | None
+) -> tuple[Any, _Replies]:
+    """Pipecat's real ``AnthropicLLMService`` with its ``AsyncAnthropic`` over a fake transport
+    (httpx2: the Anthropic SDK's HTTP client)."""
+    from pipecat.services.anthropic.llm import AnthropicLLMService
+
+    handler = _Replies(replies, _anthropic_stream)
+    client = AsyncAnthropic(
+        api_key="test",
+        base_url="http://model.test",
+        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)),
+    )
+    settings = AnthropicLLMService.Settings(
+        model="claude-sonnet-4-5", system_instruction=system_instruction
+    )
+    return AnthropicLLMService(api_key="test", client=client, settings=settings), handler

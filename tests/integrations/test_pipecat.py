@@ -17,13 +17,26 @@ context, even while the model streams.
 from __future__ import annotations
 
 import asyncio
+import warnings
 from typing import Any
 
 import pytest
 
 pytest.importorskip("pipecat")
 
-from tests.integrations.pipecat_fakes import Call, FakeCall, ScriptedLLM, find_bag, run_calls
+from pipecat.frames.frames import LLMRunFrame
+from pipecat.processors.frame_processor import FrameDirection
+from pipecat.utils import deprecation
+
+from tests.integrations.pipecat_fakes import (
+    Call,
+    FakeCall,
+    ScriptedLLM,
+    anthropic_service,
+    find_bag,
+    openai_service,
+    run_calls,
+)
 from turnloom.context import HistoryLimits, Message, Role, TextPart, ToolCallPart, ToolResultPart
 from turnloom.errors import InvalidArgumentError
 from turnloom.integrations.pipecat import TurnloomContextAggregatorPair
@@ -67,9 +80,14 @@ LONG_REPLY = [
 ]
 
 
-def _script() -> ScriptedLLM:
+def _script(*greeting: str) -> ScriptedLLM:
     model = ScriptedLLM(
-        [[Call("c1", "find_bag", {"tag": "X1"})], ["It is at ", "gate 4."], ["Bye."]]
+        [
+            *([list(greeting)] if greeting else []),
+            [Call("c1", "find_bag", {"tag": "X1"})],
+            ["It is at ", "gate 4."],
+            ["Bye."],
+        ]
     )
     model.register_function("find_bag", find_bag)
     return model
@@ -102,7 +120,7 @@ HISTORY = [
 ]
 
 
-async def _two_turns(call: FakeCall) -> None:
+async def _two_turns(call: FakeCall[ScriptedLLM]) -> None:
     await call.say("Where is my bag?")
     await call.replies(2)  # the tool call's (silent) reply, then the answer
     await call.say("Thanks.")
@@ -443,9 +461,10 @@ def test_pipecats_own_context_stays_bounded_by_turnlooms_limits() -> None:
                 await call.end()
 
             await run_calls([call], script)
-            # system + 4 turns of (user, reply): 9 messages at most, whatever the call's length.
-            assert max(sizes) == 9
-            assert sizes[-1] == 9
+            # 4 turns of (user, reply): 8 messages at most, whatever the call's length (the
+            # instructions are the LLM service's system_instruction, not a message).
+            assert max(sizes) == 8
+            assert sizes[-1] == 8
             assert call.llm.seen[-1][-1] == {"role": "user", "content": "Question 39."}
             assert len(call.llm.seen[-1]) == 8  # system + 3 earlier turns + the question
 
@@ -460,7 +479,7 @@ def test_fifty_concurrent_calls_each_keep_their_own_exact_history() -> None:
             histories: dict[str, list[tuple[str, str]]] = {}
 
             async def script() -> None:
-                async def one(call: FakeCall) -> None:
+                async def one(call: FakeCall[ScriptedLLM]) -> None:
                     await _two_turns(call)
                     histories[call.pair.context_id] = _history(manager, call.pair.context_id)
                     await call.end()
@@ -471,6 +490,104 @@ def test_fifty_concurrent_calls_each_keep_their_own_exact_history() -> None:
             assert histories == {f"call-{n}": HISTORY for n in range(50)}
             assert all(call.llm.seen[2] == [SYSTEM, *CHAT[:5]] for call in calls)
             assert manager.context_ids() == ()
+
+    asyncio.run(main())
+
+
+def test_the_instructions_reach_the_llm_service_and_never_pipecats_context() -> None:
+    """Invariant: no system message is ever written to Pipecat's LLMContext; turnloom's
+    pinned instructions are the LLM service's system_instruction at every inference
+    (handed once, by an LLMUpdateSettingsFrame before the host's greeting, the first
+    inference, and unchanged after), and Pipecat warns of no deprecation.
+
+    Mutants tried: the leading system items kept in the context (``_split_instructions``
+    returning every item): the contexts hold the system message and Pipecat's
+    DeprecationWarning is caught; ``send_instruction`` sending nothing: the service's
+    instruction stays None; its "changed since sent" check removed: four updates.
+    """
+
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, _script("Hello."))
+            pair_contexts: list[list[Any]] = []
+
+            async def script() -> None:
+                # The host's greeting before the caller speaks (no turn yet).
+                await call.worker.queue_frame(LLMRunFrame())
+                await call.replies(1)
+                await call.say("Where is my bag?")
+                await call.replies(3)
+                pair_contexts.append(list(call.pair.context.get_messages()))
+                await call.say("Thanks.")
+                await call.replies(4)
+                pair_contexts.append(list(call.pair.context.get_messages()))
+                await call.end()
+
+            deprecation._warned_sites.clear()  # Pipecat warns once per site and process
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                await run_calls([call], script)
+            model = call.llm
+            # The greeting ran on Pipecat's empty context; its reply answers no turn.
+            assert model.contexts[0] == []
+            assert model.contexts == [[], CHAT[:1], CHAT[:3], CHAT[:5]]
+            assert pair_contexts == [CHAT[:4], CHAT]
+            assert model.instructions == ["Be brief."] * 4
+            assert model.updates == [("Be brief.", FrameDirection.DOWNSTREAM)]
+            assert model.seen[1:] == [[SYSTEM, *CHAT[:1]], [SYSTEM, *CHAT[:3]], [SYSTEM, *CHAT[:5]]]
+            assert [str(w.message) for w in caught if w.category is DeprecationWarning] == []
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_real_pipecat_services_send_turnlooms_instructions_over_their_own(provider: str) -> None:
+    """Pipecat's own OpenAILLMService and AnthropicLLMService (their SDK clients over a fake
+    HTTP transport), built with a system_instruction of the host's as Pipecat's docs say and
+    with one appended by a Pipecat component: every request holds turnloom's instructions,
+    once, in the provider's system place, followed by Pipecat's appended one; the host's is
+    replaced; the messages are exactly turnloom's history.
+
+    Invariant: the instructions turnloom pins are the ones the model reads, whatever the
+    service held; Pipecat's composition of its own additions is kept.
+    Mutant tried: ``send_instruction`` sending nothing: the host's prompt is sent instead.
+    """
+
+    async def main() -> None:
+        make = openai_service if provider == "openai" else anthropic_service
+        llm, server = make(["Gate 4.", "Bye."], system_instruction="You are a host prompt.")
+        llm.append_system_instruction("Use short sentences.")
+        async with Foundation(gateway="openai_chat") as foundation:
+            call = FakeCall(foundation.manager, llm)
+
+            async def script() -> None:
+                await call.say("Where is my bag?")
+                await call.replies(1)
+                await call.say("Thanks.")
+                await call.replies(2)
+                await call.end()
+
+            deprecation._warned_sites.clear()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                await run_calls([call], script)
+        system = "Be brief.\n\nUse short sentences."
+        turns = [
+            {"role": "user", "content": "Where is my bag?"},
+            {"role": "assistant", "content": "Gate 4."},
+            {"role": "user", "content": "Thanks."},
+        ]
+        if provider == "openai":
+            sent = [body["messages"] for body in server.bodies]
+            assert sent == [
+                [{"role": "system", "content": system}, turns[0]],
+                [{"role": "system", "content": system}, *turns],
+            ]
+        else:
+            sent = [(body["system"], body["messages"]) for body in server.bodies]
+            assert sent == [(system, turns[:1]), (system, turns)]
+        assert [str(w.message) for w in caught if w.category is DeprecationWarning] == []
 
     asyncio.run(main())
 

@@ -20,6 +20,25 @@ bookkeeping unchanged), with turnloom as the one source of truth:
   every LLM service's adapter converts it (Anthropic's included). So the LLM
   never reads anything turnloom did not prepare, and Pipecat's own context
   stays bounded by turnloom's history limits.
+* the instructions go where Pipecat 1.9+ wants them: on the LLM service,
+  never in the context. The leading run of ``system`` items of turnloom's
+  input (its pinned instructions; before the first turn, the pair's
+  ``instructions``) is left out of the ``LLMContext`` and handed to the LLM
+  service as its ``system_instruction``, by an ``LLMUpdateSettingsFrame``
+  pushed just before the ``LLMContextFrame`` (same direction, both frames
+  in order, so the inference it starts reads it). Pipecat then composes its
+  own additions after it (``append_system_instruction``, turn-completion and
+  async-tool guidance) and each provider's adapter places it (OpenAI: a
+  leading ``system`` message; Anthropic, Gemini: their top-level field).
+  A ``system`` message in the context is deprecated since Pipecat 1.9
+  (``_warn_context_system_message``), and a provider with a separate system
+  field drops it when the service has a ``system_instruction``
+  (``_resolve_system_instruction``). The frame is sent on the call's first
+  inference and whenever turnloom's instructions change; it replaces the
+  service's *base* instruction, so a ``system_instruction`` the host gave the
+  service is overridden: the pair's ``instructions`` are the prompt. The
+  frame sets ``reach_inactive_services`` so that every service of a
+  ``ServiceSwitcher`` (an ``LLMSwitcher``) holds the instructions.
 * the reply is what the user heard: the assistant aggregator collects
   ``TTSTextFrame``\\ s as the output transport plays them, and on Pipecat's
   ``InterruptionFrame`` (a barge-in) it writes only what was played so far;
@@ -54,7 +73,11 @@ Foundation must run on the pipeline's event loop.
 Source: pipecat-ai 1.14 ``processors/aggregators/llm_response_universal.py``
 (``LLMUserAggregator``, ``LLMAssistantAggregator``,
 ``LLMContextAggregatorPair``, ``push_context_frame``),
-``processors/aggregators/llm_context.py`` (``LLMContext``).
+``processors/aggregators/llm_context.py`` (``LLMContext``),
+``services/llm_service.py`` (``_compose_system_instruction``,
+``_update_settings``), ``frames/frames.py`` (``ServiceUpdateSettingsFrame``:
+a ``ControlFrame``, not interruptible), ``adapters/llm/base_llm_adapter.py``
+(``_warn_context_system_message``, ``_resolve_system_instruction``).
 """
 
 from __future__ import annotations
@@ -65,6 +88,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import anyio
+from pipecat.frames.frames import LLMUpdateSettingsFrame
 from pipecat.processors.aggregators.llm_context import LLMContext, LLMSpecificMessage
 from pipecat.processors.aggregators.llm_response_universal import (
     LLMAssistantAggregator,
@@ -72,7 +96,8 @@ from pipecat.processors.aggregators.llm_response_universal import (
     LLMUserAggregator,
     LLMUserAggregatorParams,
 )
-from pipecat.processors.frame_processor import FrameDirection
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.services.settings import LLMSettings
 
 from turnloom.context import GatewayType, Message, Role, TextPart, ToolCallPart, ToolResultPart
 from turnloom.errors import ContextRemovedError, InvalidArgumentError, UnknownTurnError
@@ -117,6 +142,21 @@ def _outputs(message: dict[str, Any]) -> list[Message]:
     return [Message(role=Role.assistant, content=tuple(parts))] if parts else []
 
 
+def _split_instructions(items: tuple[Any, ...]) -> tuple[str | None, list[Any]]:
+    """The leading ``system`` items' text (joined by a blank line, as Pipecat composes)
+    and the items after them; None when there is no leading system item.
+
+    The same leading run turnloom's Anthropic and Gemini bodies move to their
+    system field.
+    """
+    lead = 0
+    while lead < len(items) and items[lead].get("role") == "system":
+        lead += 1
+    if not lead:
+        return None, list(items)
+    return "\n\n".join(_text(item.get("content")) for item in items[:lead]), list(items[lead:])
+
+
 class _Conversation:
     """One call's state shared by the pair: its context id, turn, prefix and Pipecat context."""
 
@@ -131,6 +171,11 @@ class _Conversation:
         self.manager = manager
         self.context_id = context_id
         self.system = Message(role=Role.system, content=instructions)
+        # The LLM service's system instruction: turnloom's leading system items
+        # at the last sync (the pair's instructions before the first turn), and
+        # what this pair last handed the service (None: nothing yet).
+        self.instruction: str | None = instructions
+        self.sent: tuple[str | None] | None = None
         self.false_start = false_start
         self.context = context
         self.turn: str | None = None  # the newest committed turn
@@ -199,9 +244,30 @@ class _Conversation:
                 except (ContextRemovedError, UnknownTurnError):
                     return False  # the call ended (or the turn was retracted) meanwhile
             items = self.manager.build(self.prefix, recorded=True)
-            self.context.set_messages([*cast(tuple[Any, ...], items), *pending])
-            self.synced = len(items)
+            self.instruction, messages = _split_instructions(cast(tuple[Any, ...], items))
+            self.context.set_messages([*messages, *pending])
+            self.synced = len(messages)
             return new_turn > 0 or not user
+
+    async def send_instruction(self, aggregator: FrameProcessor, direction: FrameDirection) -> None:
+        """Hand the LLM service turnloom's instructions, when they changed since last sent.
+
+        Pushed by ``aggregator`` in ``direction``, just before its
+        ``LLMContextFrame``: both are ordered frames on the same path, so the
+        service applies the settings before it runs that inference. Marked
+        sent only once pushed: a push cancelled before it left sends it again
+        with the next context.
+        """
+        instruction = self.instruction
+        if self.sent == (instruction,):
+            return
+        await aggregator.push_frame(
+            LLMUpdateSettingsFrame(
+                delta=LLMSettings(system_instruction=instruction), reach_inactive_services=True
+            ),
+            direction,
+        )
+        self.sent = (instruction,)
 
     async def reply_started(self, aggregator: Any) -> None:
         """Pipecat's ``on_assistant_turn_started``: the reply starting answers the newest turn."""
@@ -248,10 +314,14 @@ class TurnloomUserAggregator(LLMUserAggregator):
     ) -> None:
         """Commit the finished user turn to turnloom and push its prepared input (or nothing).
 
+        Pushes an ``LLMUpdateSettingsFrame`` with turnloom's instructions first
+        when they changed since last sent (the first push of the call does).
+
         Cancellation: cancelled while the turn's input is prepared, the turn
         stays committed and nothing is pushed; the next push prepares it.
         """
         if await self._conversation.sync(user=True):
+            await self._conversation.send_instruction(self, direction)
             await super().push_context_frame(direction)
 
 
@@ -265,8 +335,13 @@ class TurnloomAssistantAggregator(LLMAssistantAggregator):
     async def push_context_frame(
         self, direction: FrameDirection = FrameDirection.DOWNSTREAM
     ) -> None:
-        """Record what it wrote (the played reply, calls, results); push turnloom's input."""
+        """Record what it wrote (the played reply, calls, results); push turnloom's input.
+
+        Pushes an ``LLMUpdateSettingsFrame`` with turnloom's instructions first
+        when they changed since last sent.
+        """
         if await self._conversation.sync(user=False):
+            await self._conversation.send_instruction(self, direction)
             await super().push_context_frame(direction)
 
     async def cleanup(self) -> None:
@@ -279,14 +354,20 @@ class TurnloomContextAggregatorPair:
     """The user and assistant aggregators of one call, with turnloom as the one source of truth.
 
     Use it as Pipecat's ``LLMContextAggregatorPair``: ``pair.user()`` after
-    the STT, ``pair.assistant()`` after the output transport.
+    the STT, ``pair.assistant()`` after the output transport. Give the LLM
+    service no ``system_instruction`` of its own (``None``): the pair sets the
+    service's base instruction to turnloom's pinned instructions, with an
+    ``LLMUpdateSettingsFrame`` before the call's first inference (and again
+    whenever they change), and any other would be replaced.
 
     Args:
         manager: a manager bound to an open Foundation on the pipeline's event
             loop, with the ``openai_chat`` gateway (Pipecat's standard message
             shape; each LLM service's adapter converts it).
         context_id: the call's turnloom context id.
-        instructions: the system prompt (pinned in turnloom).
+        instructions: the system prompt (pinned in turnloom), handed to the
+            LLM service as its ``system_instruction``; never a message of
+            Pipecat's context.
         false_start: called with each finished user turn's text; True keeps
             the turn out of turnloom and runs no inference. Default: never.
         tools: the tools the LLM may call (a Pipecat ``ToolsSchema``), kept on
@@ -299,7 +380,9 @@ class TurnloomContextAggregatorPair:
 
     Attributes:
         context: Pipecat's ``LLMContext``: always turnloom's latest input for
-            the turn, plus what Pipecat wrote since (bounded).
+            the turn without its leading ``system`` items (those are the LLM
+            service's ``system_instruction``), plus what Pipecat wrote since
+            (bounded).
     """
 
     def __init__(
