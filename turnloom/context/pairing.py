@@ -368,11 +368,10 @@ def check_steps(
         UnpairedResultError: a tool result of ``messages[i]`` answers no
             other call open at its place (never made, answered already,
             closed by a ``user`` message, or closed before ``before``), and
-            no call recorded late can answer
-            it (see ``late``; nor a second result with the id of one fed
-            before it while ``late`` let results pass: a late call answers
-            one of them); ``field`` names the message, ``call_id`` the
-            result's.
+            no call recorded late can answer it (see ``late``; nor a second
+            result with the id of one fed before it while ``late`` let
+            results pass: a late call answers one of them); ``field`` names
+            the message, ``call_id`` the result's.
     """
     tracker = CallTracker(carried)
     # Ids of calls a model step ended without their result: a result after it
