@@ -498,12 +498,16 @@ def test_the_instructions_reach_the_llm_service_and_never_pipecats_context() -> 
     """Invariant: no system message is ever written to Pipecat's LLMContext; turnloom's
     pinned instructions are the LLM service's system_instruction at every inference
     (handed once, by an LLMUpdateSettingsFrame before the host's greeting, the first
-    inference, and unchanged after), and Pipecat warns of no deprecation.
+    inference, and unchanged after), and Pipecat warns of no deprecation. What the bot
+    said before the caller spoke (the host's greeting) opens the first turn's input:
+    turnloom's history and every later inference hold it.
 
     Mutants tried: the leading system items kept in the context (``_split_instructions``
     returning every item): the contexts hold the system message and Pipecat's
     DeprecationWarning is caught; ``send_instruction`` sending nothing: the service's
-    instruction stays None; its "changed since sent" check removed: four updates.
+    instruction stays None; its "changed since sent" check removed: four updates; the
+    greeting not taken into the first turn's input (as before): it is missing from the
+    history and from every later context.
     """
 
     async def main() -> None:
@@ -522,20 +526,34 @@ def test_the_instructions_reach_the_llm_service_and_never_pipecats_context() -> 
                 await call.say("Thanks.")
                 await call.replies(4)
                 pair_contexts.append(list(call.pair.context.get_messages()))
+                histories.append(_history(manager, "call-1"))
                 await call.end()
 
+            histories: list[list[tuple[str, str]]] = []
             deprecation._warned_sites.clear()  # Pipecat warns once per site and process
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 await run_calls([call], script)
             model = call.llm
-            # The greeting ran on Pipecat's empty context; its reply answers no turn.
+            # The greeting ran on Pipecat's empty context; its reply opens the first
+            # turn's input, so every later inference reads it before the caller.
+            greeting = {"role": "assistant", "content": "Hello."}
             assert model.contexts[0] == []
-            assert model.contexts == [[], CHAT[:1], CHAT[:3], CHAT[:5]]
-            assert pair_contexts == [CHAT[:4], CHAT]
+            assert model.contexts == [
+                [],
+                [greeting, *CHAT[:1]],
+                [greeting, *CHAT[:3]],
+                [greeting, *CHAT[:5]],
+            ]
+            assert pair_contexts == [[greeting, *CHAT[:4]], [greeting, *CHAT]]
+            assert histories == [[("assistant", "Hello."), *HISTORY]]
             assert model.instructions == ["Be brief."] * 4
             assert model.updates == [("Be brief.", FrameDirection.DOWNSTREAM)]
-            assert model.seen[1:] == [[SYSTEM, *CHAT[:1]], [SYSTEM, *CHAT[:3]], [SYSTEM, *CHAT[:5]]]
+            assert model.seen[1:] == [
+                [SYSTEM, greeting, *CHAT[:1]],
+                [SYSTEM, greeting, *CHAT[:3]],
+                [SYSTEM, greeting, *CHAT[:5]],
+            ]
             assert [str(w.message) for w in caught if w.category is DeprecationWarning] == []
 
     asyncio.run(main())

@@ -14,6 +14,9 @@ bookkeeping unchanged), with turnloom as the one source of truth:
   aggregators wrote since the last push is taken into turnloom: a user
   message commits a turn (``manager.accept_turn``); assistant text, function
   calls and their (final) results are recorded to it (``manager.record``).
+  What the bot said before the first user turn (the host's greeting, run
+  with an ``LLMRunFrame`` before the caller speaks) stays in Pipecat's
+  context and opens the first turn's input, so the model always reads it.
   Then the ``LLMContext`` is *replaced* by turnloom's input for the turn
   (``manager.prepare`` once per turn, then ``manager.build(prefix,
   recorded=True)``), in OpenAI Chat shape, Pipecat's standard message shape:
@@ -179,6 +182,10 @@ class _Conversation:
         self.false_start = false_start
         self.context = context
         self.turn: str | None = None  # the newest committed turn
+        # What the bot said before the first user turn (a greeting, its tool
+        # calls and results): the first turn's input starts with it.
+        self.opening: list[Message] = []
+        self.opening_raw: list[Any] = []  # the same, as Pipecat wrote it
         self.reply_turn: str | None = None  # the turn the reply being spoken answers
         self.prefix: PreparedContext | None = None
         # The first ``synced`` messages of Pipecat's context are turnloom's input;
@@ -220,8 +227,15 @@ class _Conversation:
                         continue  # never committed: a false start leaves no turn
                     self._commit(text)
                     new_turn += 1
-                elif role in ("assistant", "tool") and self.turn is not None:
+                elif role in ("assistant", "tool"):
                     outputs = _outputs(cast(dict[str, Any], message))
+                    if self.turn is None:
+                        # Before the first user turn (the host's greeting): it opens
+                        # the first turn's input, and stays in Pipecat's context.
+                        if outputs:
+                            self.opening.extend(outputs)
+                            self.opening_raw.append(message)
+                        continue
                     answered = self.reply_turn or self.turn
                     if outputs:
                         self.manager.record(self.context_id, answered, outputs)
@@ -233,8 +247,8 @@ class _Conversation:
                 self.context.set_messages([*self.context.get_messages()[: self.synced], *pending])
                 return False
             if self.turn is None:  # before the first user turn: Pipecat's own messages
-                self.context.set_messages(pending)
-                self.synced = 0
+                self.context.set_messages([*self.opening_raw, *pending])
+                self.synced = len(self.opening_raw)
                 return True
             if self.prefix is None:
                 try:
@@ -280,7 +294,11 @@ class _Conversation:
                 context_id=self.context_id,
                 turn_id=turn_id,
                 instructions=(self.system,) if self.turn is None else None,
-                input=(Message(role=Role.user, content=text),),
+                # The first turn (none held) opens with what the bot said before it.
+                input=(
+                    *(self.opening if self.turn is None else ()),
+                    Message(role=Role.user, content=text),
+                ),
             )
         )
         self.turn, self.prefix, self.created = turn_id, None, True
