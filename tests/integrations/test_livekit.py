@@ -435,9 +435,9 @@ def test_a_tool_cut_by_a_barge_in_is_recorded_to_its_turn_before_the_next_messag
     the pair before the next user message (agent_activity.py, "commit results of tools
     that finished despite the interruption").
 
-    Mutants tried: record only items after the current user message (the old
-    ``_record_tools``, no ``function_tools_executed`` handler): history lacks the pair;
-    outputs before calls in a batch: UnpairedResultError, refused, pair missing."""
+    Mutants tried: no ``function_tools_executed`` handler (only the items after the
+    current user message, as before the fix): history lacks the pair; a batch recorded
+    results first (``messages.reverse()``): UnpairedResultError, refused, pair missing."""
 
     async def main() -> None:
         (livekit, seen, history), agent = await _barge_in_during_a_tool(message_before_result=False)
@@ -465,7 +465,7 @@ def test_a_tool_output_landing_after_the_next_turn_is_recorded_late_to_its_turn(
 
     Mutants tried: record a batch to the current turn instead of its call's turn:
     turnloom refuses the output (UnpairedResultError), ``record_errors`` is 1 and the pair
-    is missing; no bound on remembered turns replaced by ``maxlen=1``: the same refusal."""
+    is missing; ``deque(maxlen=1)`` (turn 1 forgotten when turn 2 starts): the same."""
 
     async def main() -> None:
         (livekit, seen, history), agent = await _barge_in_during_a_tool(message_before_result=True)
@@ -537,7 +537,9 @@ def test_the_adapter_remembers_two_turns_however_many_tool_turns_pass() -> None:
     """Invariant: memory per call is bounded: after 60 turns each running a tool, the
     adapter remembers the previous and the newest turn only, each with its own items.
 
-    Mutant tried: ``deque()`` without ``maxlen``: 60 turns remembered."""
+    Mutants tried: ``deque()`` without ``maxlen``: 60 turns remembered; no skip of
+    recorded item ids: the scan records each pair the event recorded again (history
+    holds it twice; this and four other tests fail)."""
 
     async def main() -> None:
         call = [llm.FunctionToolCall(name="find_bag", arguments='{"tag": "X1"}', call_id="c")]
@@ -560,5 +562,38 @@ def test_the_adapter_remembers_two_turns_however_many_tool_turns_pass() -> None:
                 ("result", "c59 Gate 4 (X1)"),
                 ("assistant", "Found."),
             ]
+
+    asyncio.run(main())
+
+
+def test_livekits_in_progress_placeholder_for_a_running_tool_is_never_recorded() -> None:
+    """Invariant: the flagged pair LiveKit injects into a model call's context for a tool
+    still running from an earlier turn (``_inject_running_tool_calls``: "The tool call is
+    still in progress.") is not an executed call: nothing of it enters history. Driven by
+    LiveKit's own injector on the context of the turn's model call.
+
+    Mutant tried: no placeholder skip in ``_record_items``: the pair (``c7``) is recorded."""
+    from livekit.agents.voice import ModelSettings
+    from livekit.agents.voice.generation import _inject_running_tool_calls
+
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            async with AgentSession(llm=_script()) as session:
+                agent = _agent(manager)
+                await session.start(agent)
+                await session.run(user_input="Where is my bag?")
+                ctx = agent.chat_ctx.copy()
+                ctx.add_message(role="user", content="Thanks.")
+                running = llm.FunctionCall(call_id="c7", name="find_bag", arguments="{}")
+                _inject_running_tool_calls(ctx, [running])
+                assert _shape(ctx)[-2:] == [
+                    ("call", "c7 find_bag {}"),
+                    ("result", "c7 The tool call is still in progress."),
+                ]
+                async for _ in agent.llm_node(ctx, [], ModelSettings()):
+                    pass
+            assert _history(manager, "call-1") == HISTORY[:5]
+            assert agent.record_errors == 0
 
     asyncio.run(main())
