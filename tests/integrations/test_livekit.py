@@ -9,6 +9,7 @@ cut by a barge-in) are driven with LiveKit's real event objects.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -364,5 +365,235 @@ def test_a_wrong_gateway_or_framework_bound_is_an_invalid_argument() -> None:
             with pytest.raises(InvalidArgumentError) as caught:
                 _agent(foundation.manager, framework_items=0)
             assert caught.value.field == "framework_items"
+
+    asyncio.run(main())
+
+
+def _gated_find_bag(started: asyncio.Event, release: asyncio.Event) -> Any:
+    @function_tool
+    async def find_bag(tag: str) -> str:
+        """Find a bag by its tag."""
+        started.set()
+        await release.wait()
+        return f"Gate 4 ({tag})"
+
+    return find_bag
+
+
+BARGE_IN_HISTORY = [
+    ("user", "Where is my bag?"),
+    ("call", 'c1 find_bag {"tag": "X1"}'),
+    ("result", "c1 Gate 4 (X1)"),
+    ("user", "Thanks."),
+    ("assistant", "You are welcome."),
+    ("user", "Bye now."),
+    ("assistant", "Bye."),
+]
+
+
+async def _barge_in_during_a_tool(*, message_before_result: bool) -> tuple[Any, TurnloomAgent]:
+    """Turn 1's model calls find_bag; the caller cuts in while it runs (session.interrupt()).
+    LiveKit waits for the tool, then adds its call and output by creation time: both before
+    the next user message, or (``message_before_result``: that message was sent while the
+    tool still ran) the output after it and after turn 2's reply."""
+    started, release = asyncio.Event(), asyncio.Event()
+    call = llm.FunctionToolCall(name="find_bag", arguments='{"tag": "X1"}', call_id="c1")
+    model = ScriptedLLM([[call], ["You are welcome."], ["Bye."]])
+    async with Foundation(gateway="openai_chat") as foundation:
+        manager = foundation.manager
+        agent = TurnloomAgent(
+            manager=manager,
+            context_id="call-1",
+            instructions="Be brief.",
+            tools=[_gated_find_bag(started, release)],
+        )
+        async with AgentSession(llm=model) as session:
+            await session.start(agent)
+            session.generate_reply(user_input="Where is my bag?")
+            await started.wait()
+            cut = session.interrupt()
+            if message_before_result:
+                reply = session.generate_reply(user_input="Thanks.")
+                await asyncio.sleep(0.05)
+                release.set()
+                await cut
+                await reply
+            else:
+                release.set()
+                await cut
+                await session.run(user_input="Thanks.")
+            livekit = _shape(agent.chat_ctx)
+            await session.run(user_input="Bye now.")
+        history = _history(manager, "call-1")
+    return (livekit, [_shape(c) for c in model.seen], history), agent
+
+
+def test_a_tool_cut_by_a_barge_in_is_recorded_to_its_turn_before_the_next_message() -> None:
+    """Invariant: a tool call of turn 1 that LiveKit executed despite a barge-in, with its
+    output, enters turn 1 (not lost, not turn 2), call before result, once each, and the
+    next model calls get it. LiveKit keeps both: it waits for the running tool and adds
+    the pair before the next user message (agent_activity.py, "commit results of tools
+    that finished despite the interruption").
+
+    Mutants tried: no ``function_tools_executed`` handler (only the items after the
+    current user message, as before the fix): history lacks the pair; a batch recorded
+    results first (``messages.reverse()``): UnpairedResultError, refused, pair missing."""
+
+    async def main() -> None:
+        (livekit, seen, history), agent = await _barge_in_during_a_tool(message_before_result=False)
+        assert livekit == [
+            ("system", "Be brief."),
+            *BARGE_IN_HISTORY[:5],
+        ]
+        assert history == BARGE_IN_HISTORY
+        system = ("system", "Be brief.")
+        assert seen == [
+            [system, *BARGE_IN_HISTORY[:1]],
+            [system, *BARGE_IN_HISTORY[:4]],
+            [system, *BARGE_IN_HISTORY[:6]],
+        ]
+        assert agent.record_errors == 0
+
+    asyncio.run(main())
+
+
+def test_a_tool_output_landing_after_the_next_turn_is_recorded_late_to_its_turn() -> None:
+    """Invariant: when the next user message was sent while turn 1's tool still ran,
+    LiveKit adds the call before that message and the output after turn 2's reply; the
+    pair is recorded late to turn 1 (``manager.record`` to the earlier turn), once, and
+    turn 3's model input holds it in turn 1.
+
+    Mutants tried: record a batch to the current turn instead of its call's turn:
+    turnloom refuses the output (UnpairedResultError), ``record_errors`` is 1 and the pair
+    is missing; ``deque(maxlen=1)`` (turn 1 forgotten when turn 2 starts): the same."""
+
+    async def main() -> None:
+        (livekit, seen, history), agent = await _barge_in_during_a_tool(message_before_result=True)
+        assert livekit == [
+            ("system", "Be brief."),
+            *BARGE_IN_HISTORY[0:2],
+            *BARGE_IN_HISTORY[3:5],
+            BARGE_IN_HISTORY[2],
+        ]
+        assert history == BARGE_IN_HISTORY
+        system = ("system", "Be brief.")
+        assert seen == [
+            [system, *BARGE_IN_HISTORY[:1]],
+            [system, BARGE_IN_HISTORY[0], BARGE_IN_HISTORY[3]],
+            [system, *BARGE_IN_HISTORY[:6]],
+        ]
+        assert agent.record_errors == 0
+
+    asyncio.run(main())
+
+
+def test_an_output_whose_call_livekit_never_added_is_counted_and_logged_not_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Invariant: a batch turnloom refuses records nothing, logs one warning naming the
+    error and the item, counts 1 in ``record_errors``, and the call goes on: the reply and
+    the next turn are recorded exactly. Driven by a tool that adds an output answering no
+    call (``c9``) to the agent's ChatContext; LiveKit merges it into the tool reply's
+    context after the user message, where turnloom refuses it (UnpairedResultError).
+
+    Mutants tried: re-raise the error: the tool reply fails, the history lacks "It is at
+    gate 4." and the rest; swallow it without counting: ``record_errors`` stays 0;
+    without the warning: no log record."""
+    holder: list[TurnloomAgent] = []
+    strays: list[llm.FunctionCallOutput] = []
+
+    @function_tool
+    async def find_bag(tag: str) -> str:
+        """Find a bag by its tag."""
+        stray = llm.FunctionCallOutput(call_id="c9", name="find_bag", output="?", is_error=False)
+        strays.append(stray)
+        ctx = holder[0].chat_ctx.copy()
+        ctx.insert(stray)
+        await holder[0].update_chat_ctx(ctx, exclude_invalid_function_calls=False)
+        return f"Gate 4 ({tag})"
+
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            async with AgentSession(llm=_script()) as session:
+                agent = TurnloomAgent(
+                    manager=manager, context_id="call-1", instructions="Be brief.", tools=[find_bag]
+                )
+                holder.append(agent)
+                await session.start(agent)
+                with caplog.at_level(logging.WARNING, logger="turnloom.integrations.livekit"):
+                    await session.run(user_input="Where is my bag?")
+                assert agent.record_errors == 1
+                [warning] = caplog.records
+                assert "UnpairedResultError" in warning.getMessage()
+                assert strays[0].id in warning.getMessage()
+                await session.run(user_input="Thanks.")
+            assert _history(manager, "call-1") == HISTORY
+
+    asyncio.run(main())
+
+
+def test_the_adapter_remembers_two_turns_however_many_tool_turns_pass() -> None:
+    """Invariant: memory per call is bounded: after 60 turns each running a tool, the
+    adapter remembers the previous and the newest turn only, each with its own items.
+
+    Mutants tried: ``deque()`` without ``maxlen``: 60 turns remembered; no skip of
+    recorded item ids: the scan records each pair the event recorded again (history
+    holds it twice; this and four other tests fail)."""
+
+    async def main() -> None:
+        call = [llm.FunctionToolCall(name="find_bag", arguments='{"tag": "X1"}', call_id="c")]
+        script: list[list[str | llm.FunctionToolCall]] = []
+        for n in range(60):
+            script += [[call[0].model_copy(update={"call_id": f"c{n}"})], ["Found."]]
+        async with Foundation(gateway="openai_chat") as foundation:
+            async with AgentSession(llm=ScriptedLLM(script)) as session:
+                agent = _agent(foundation.manager)
+                await session.start(agent)
+                for n in range(60):
+                    await session.run(user_input=f"Question {n}.")
+                turns = agent._turns
+                assert [sorted(t.calls) for t in turns] == [["c58"], ["c59"]]
+                assert [len(t.recorded) for t in turns] == [3, 3]  # call, result, reply
+            assert len(foundation.manager.history("call-1").turn_ids) == 32  # the default
+            assert _history(foundation.manager, "call-1")[-4:] == [
+                ("user", "Question 59."),
+                ("call", 'c59 find_bag {"tag": "X1"}'),
+                ("result", "c59 Gate 4 (X1)"),
+                ("assistant", "Found."),
+            ]
+
+    asyncio.run(main())
+
+
+def test_livekits_in_progress_placeholder_for_a_running_tool_is_never_recorded() -> None:
+    """Invariant: the flagged pair LiveKit injects into a model call's context for a tool
+    still running from an earlier turn (``_inject_running_tool_calls``: "The tool call is
+    still in progress.") is not an executed call: nothing of it enters history. Driven by
+    LiveKit's own injector on the context of the turn's model call.
+
+    Mutant tried: no placeholder skip in ``_record_items``: the pair (``c7``) is recorded."""
+    from livekit.agents.voice import ModelSettings
+    from livekit.agents.voice.generation import _inject_running_tool_calls
+
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            async with AgentSession(llm=_script()) as session:
+                agent = _agent(manager)
+                await session.start(agent)
+                await session.run(user_input="Where is my bag?")
+                ctx = agent.chat_ctx.copy()
+                ctx.add_message(role="user", content="Thanks.")
+                running = llm.FunctionCall(call_id="c7", name="find_bag", arguments="{}")
+                _inject_running_tool_calls(ctx, [running])
+                assert _shape(ctx)[-2:] == [
+                    ("call", "c7 find_bag {}"),
+                    ("result", "c7 The tool call is still in progress."),
+                ]
+                async for _ in agent.llm_node(ctx, [], ModelSettings()):
+                    pass
+            assert _history(manager, "call-1") == HISTORY[:5]
+            assert agent.record_errors == 0
 
     asyncio.run(main())

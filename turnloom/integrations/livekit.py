@@ -14,7 +14,11 @@ and hand ``Agent.default.llm_node`` the context to send; that is what
   ``manager.build`` with the turn's recorded tool calls and results),
   rendered for OpenAI Chat and converted to a LiveKit ``ChatContext``;
 * function tools: the calls and results LiveKit executed are recorded to the
-  turn before the model call that answers them;
+  turn whose model call emitted them, from the session's
+  ``function_tools_executed`` event (LiveKit emits it once per executed
+  batch, on a barge-in too) and from the items after the turn's user
+  message in each model call's context, once each, calls before their
+  results (see :class:`TurnloomAgent`, "Tool calls and barge-ins");
 * the reply is recorded from the session's ``conversation_item_added``
   event, which LiveKit emits once it knows what was played: an interrupted
   reply carries only the text spoken before the barge-in
@@ -55,18 +59,45 @@ from __future__ import annotations
 
 __all__ = ("TurnloomAgent",)
 
-from collections.abc import AsyncIterable, Callable
+import logging
+from collections import deque
+from collections.abc import AsyncIterable, Callable, Sequence
 from typing import Any
 
 from livekit.agents import Agent, llm
 from livekit.agents.llm import StopResponse
 from livekit.agents.voice import ModelSettings
-from livekit.agents.voice.events import ConversationItemAddedEvent
+from livekit.agents.voice.events import ConversationItemAddedEvent, FunctionToolsExecutedEvent
 
 from turnloom.context import GatewayType, Message, Role, TextPart, ToolCallPart, ToolResultPart
-from turnloom.errors import InvalidArgumentError, PlayedTextMismatchError, UnknownContextError
+from turnloom.errors import (
+    InputError,
+    InvalidArgumentError,
+    PlayedTextMismatchError,
+    StateError,
+    UnknownContextError,
+)
 from turnloom.integrations._ids import new_turn_id
 from turnloom.runtime import ContextManager, ContextPrepareRequest, TurnSnapshot
+
+_log = logging.getLogger(__name__)
+
+# LiveKit's flag on the in-progress pair it injects for a tool still running from an
+# earlier turn (voice/generation.py ``_RUNNING_PLACEHOLDER_KEY``): not an executed call.
+_RUNNING_PLACEHOLDER_KEY = "__lk_running_placeholder__"
+
+
+class _TurnItems:
+    """One remembered turn: its id, LiveKit's id of its user message, the LiveKit item
+    ids recorded to it, and the call ids its model calls emitted."""
+
+    __slots__ = ("calls", "recorded", "turn_id", "user_item")
+
+    def __init__(self, turn_id: str, user_item: str) -> None:
+        self.turn_id = turn_id
+        self.user_item = user_item
+        self.recorded: set[str] = set()
+        self.calls: set[str] = set()
 
 
 def _to_chat_ctx(items: tuple[dict[str, Any], ...]) -> llm.ChatContext:
@@ -110,6 +141,39 @@ class TurnloomAgent(Agent):
         framework_items: how many items LiveKit's own ChatContext keeps.
         **kwargs: passed to ``livekit.agents.Agent`` (``tools``, ``llm``, ...).
 
+    Tool calls and barge-ins:
+        A function call is recorded to the turn whose model call streamed it
+        (the adapter notes its call id from the stream), with its output, when
+        the session emits ``function_tools_executed``. On a barge-in LiveKit
+        still waits for a running tool, then adds its calls and outputs to its
+        ChatContext by creation time: the call before the next user message,
+        the output before or after it (``voice/agent_activity.py``: "commit
+        results of tools that finished despite the interruption"). They belong
+        to an earlier turn than the newest, so they are recorded late to it
+        (``manager.record`` to that turn; turnloom drops and counts them when
+        it was evicted). Function items after the current turn's user message
+        in a model call's context that no event brought are recorded as they
+        come, to their call's turn or else the current one. Each LiveKit item
+        is recorded once, in LiveKit's order, calls before their results; the
+        in-progress placeholder LiveKit injects for a tool still running is
+        never recorded. Memory per call is bounded: the current and the
+        previous turn only (user message id, recorded item ids, call ids); a
+        call streamed two turns ago and executed only later goes to the
+        current turn, where turnloom may refuse it (below).
+
+    Refused records:
+        When turnloom refuses a record of LiveKit's items (an ``InputError``
+        or ``StateError``: e.g. ``UnpairedResultError`` for an output whose
+        call LiveKit never added, ``TurnTooLargeError``), nothing of that batch
+        is recorded, a warning names the error and the turn, and
+        :attr:`record_errors` grows by one; the call goes on. Raising instead
+        would end the reply inside LiveKit's speech task (or escape its event
+        dispatch) over history bookkeeping, and a voice call must not drop for
+        that; the warning and the counter leave a trace the host can alert on.
+
+    Attributes:
+        record_errors: how many record batches turnloom refused (see above).
+
     Raises:
         InvalidArgumentError: the manager's gateway is not ``openai_chat``, or
             ``framework_items`` is not positive.
@@ -143,20 +207,23 @@ class TurnloomAgent(Agent):
         self._system = Message(role=Role.system, content=instructions)
         self._false_start = false_start
         self._framework_items = framework_items
-        self._turn: str | None = None  # the newest committed turn
+        self._turn: str | None = None  # the newest committed turn (None: retracted)
         self._user_item: str | None = None  # LiveKit's id of that turn's user message
-        self._recorded: set[str] = set()  # LiveKit item ids recorded to the turn
+        self._turns: deque[_TurnItems] = deque(maxlen=2)  # the previous and newest turn
         self._streamed: list[str] = []  # the text of the newest model call, as streamed
+        self.record_errors = 0
 
     # -- LiveKit hooks -------------------------------------------------------------
 
     async def on_enter(self) -> None:
         """Subscribe to the session's ``conversation_item_added`` (the played replies)."""
         self.session.on("conversation_item_added", self._on_item)
+        self.session.on("function_tools_executed", self._on_tools)
 
     async def on_exit(self) -> None:
         """Stop recording for this agent (a handoff or the session's end)."""
         self.session.off("conversation_item_added", self._on_item)
+        self.session.off("function_tools_executed", self._on_tools)
 
     async def on_user_turn_completed(
         self, turn_ctx: llm.ChatContext, new_message: llm.ChatMessage
@@ -186,7 +253,8 @@ class TurnloomAgent(Agent):
             async for chunk in Agent.default.llm_node(self, chat_ctx, tools, model_settings):
                 yield chunk
             return
-        self._record_tools(chat_ctx, turn)
+        current = self._turns[-1]
+        self._record_tools(chat_ctx, current)
         prefix = await self.manager.prepare(
             ContextPrepareRequest(context_id=self.context_id, turn_id=turn)
         )
@@ -198,6 +266,7 @@ class TurnloomAgent(Agent):
             text = chunk if isinstance(chunk, str) else None
             if isinstance(chunk, llm.ChatChunk) and chunk.delta is not None:
                 text = chunk.delta.content
+                current.calls.update(call.call_id for call in chunk.delta.tool_calls or ())
             if text:
                 self._streamed.append(text)
             yield chunk
@@ -233,43 +302,80 @@ class TurnloomAgent(Agent):
             )
         )
         self._turn, self._user_item = turn_id, message.id
-        self._recorded.clear()
+        self._turns.append(_TurnItems(turn_id, message.id))
 
-    def _record_tools(self, chat_ctx: llm.ChatContext, turn: str) -> None:
-        """Record the turn's executed function calls and their outputs, once each."""
+    def _record_tools(self, chat_ctx: llm.ChatContext, current: _TurnItems) -> None:
+        """Record the function items after the current turn's user message, once each."""
         items = chat_ctx.items
         start = next(
-            (n for n in range(len(items) - 1, -1, -1) if items[n].id == self._user_item), -1
+            (n for n in range(len(items) - 1, -1, -1) if items[n].id == current.user_item), -1
         )
-        new: list[Message] = []
-        for item in items[start + 1 :]:
-            if item.id in self._recorded:
+        self._record_items(items[start + 1 :])
+
+    def _on_tools(self, event: FunctionToolsExecutedEvent) -> None:
+        """Record an executed batch (a barge-in's too) to the turns that streamed its calls."""
+        self._record_items([*event.function_calls, *event.function_call_outputs])
+
+    def _record_items(self, items: Sequence[llm.ChatItem]) -> None:
+        """Record the function calls and outputs among ``items`` not recorded yet, each to
+        its call's remembered turn (else the current one), the older turn first."""
+        batches: dict[int, list[llm.FunctionCall | llm.FunctionCallOutput]] = {}
+        turns = list(self._turns)
+        running = {  # LiveKit injects a placeholder pair only for a call missing from items
+            i.call_id
+            for i in items
+            if isinstance(i, llm.FunctionCall) and i.extra.get(_RUNNING_PLACEHOLDER_KEY)
+        }
+        for item in items:
+            if not isinstance(item, llm.FunctionCall | llm.FunctionCallOutput):
                 continue
-            if isinstance(item, llm.FunctionCall):
-                part: Any = ToolCallPart(
-                    call_id=item.call_id, name=item.name, arguments=item.arguments
-                )
-                new.append(Message(role=Role.assistant, content=(part,)))
-            elif isinstance(item, llm.FunctionCallOutput):
-                part = ToolResultPart(
-                    call_id=item.call_id,
-                    content=(TextPart(text=item.output),),
-                    is_error=item.is_error,
-                )
-                new.append(Message(role=Role.tool, content=(part,)))
-            else:
+            if item.call_id in running or any(item.id in turn.recorded for turn in turns):
                 continue
-            self._recorded.add(item.id)
-        if new:
-            self.manager.record(self.context_id, turn, new)
+            owner = next((n for n, t in enumerate(turns) if item.call_id in t.calls), None)
+            if owner is None:
+                if self._turn is None:
+                    continue  # a greeting's tools, or a retracted turn's: no turn to own them
+                owner = len(turns) - 1
+            batches.setdefault(owner, []).append(item)
+        for n in sorted(batches):
+            self._record_batch(turns[n], batches[n])
+
+    def _record_batch(
+        self, turn: _TurnItems, items: list[llm.FunctionCall | llm.FunctionCallOutput]
+    ) -> None:
+        calls = [i for i in items if isinstance(i, llm.FunctionCall)]
+        outputs = [i for i in items if isinstance(i, llm.FunctionCallOutput)]
+        messages: list[Message] = []
+        for call in calls:
+            part: Any = ToolCallPart(call_id=call.call_id, name=call.name, arguments=call.arguments)
+            messages.append(Message(role=Role.assistant, content=(part,)))
+        for out in outputs:
+            part = ToolResultPart(
+                call_id=out.call_id, content=(TextPart(text=out.output),), is_error=out.is_error
+            )
+            messages.append(Message(role=Role.tool, content=(part,)))
+        try:
+            self.manager.record(self.context_id, turn.turn_id, messages)
+        except (InputError, StateError) as exc:
+            # Keep the voice call alive; leave a trace (see the class docstring).
+            self.record_errors += 1
+            _log.warning(
+                "TurnloomAgent %r: turnloom refused LiveKit's tool items %s for turn %r: %r",
+                self.context_id,
+                [i.id for i in items],
+                turn.turn_id,
+                exc,
+            )
+            return
+        turn.recorded.update(i.id for i in items)
 
     def _on_item(self, event: ConversationItemAddedEvent) -> None:
         item = event.item
         if not isinstance(item, llm.ChatMessage) or item.role != "assistant":
             return
-        if self._turn is None or item.id in self._recorded:
+        if self._turn is None or item.id in self._turns[-1].recorded:
             return
-        self._recorded.add(item.id)
+        self._turns[-1].recorded.add(item.id)
         text = item.text_content or ""  # interrupted: only what was played
         streamed = "".join(self._streamed)
         if item.interrupted and streamed.strip():
