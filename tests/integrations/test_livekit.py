@@ -139,6 +139,35 @@ def test_a_call_with_a_tool_records_the_exact_history_and_sends_the_exact_next_i
     asyncio.run(main())
 
 
+def test_a_greeting_before_the_first_user_turn_opens_its_input() -> None:
+    """Invariant: what the agent says before the caller's first turn (a greeting, run
+    with generate_reply before anyone spoke) is kept: the first turn's input opens with
+    it, so turnloom's history and every later model call hold it before the caller.
+
+    Mutant tried: the greeting left out of the first turn's input (as before): the
+    history and the next model call lack it."""
+
+    async def main() -> None:
+        model = ScriptedLLM([["Hello, ", "how can I help?"], *_script().script])
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            async with AgentSession(llm=model) as session:
+                await session.start(_agent(manager))
+                await session.generate_reply(instructions="Greet the caller.")
+                await session.run(user_input="Where is my bag?")
+                await session.run(user_input="Thanks.")
+            greeting = ("assistant", "Hello, how can I help?")
+            assert _history(manager, "call-1") == [greeting, *HISTORY]
+            system = ("system", "Be brief.")
+            assert [_shape(c) for c in model.seen[1:]] == [
+                [system, greeting, *HISTORY[:1]],
+                [system, greeting, *HISTORY[:3]],
+                [system, greeting, *HISTORY[:5]],
+            ]
+
+    asyncio.run(main())
+
+
 def _text(value: str) -> list[dict[str, str]]:
     return [{"type": "text", "text": value}]
 

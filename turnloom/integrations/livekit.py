@@ -26,7 +26,9 @@ and hand ``Agent.default.llm_node`` the context to send; that is what
   cut where that played text ends (``manager.voice.record_interrupted(...,
   played_text=...)``: a TTS-aligned transcript that spells "25" out as
   "twenty-five" does not move the cut), or the played text itself when it
-  is not this reply's words;
+  is not this reply's words; what the agent said before the caller's first
+  turn (a greeting: ``session.generate_reply`` or ``say`` before anyone
+  spoke) opens the first turn's input;
 * :meth:`TurnloomAgent.aclose_context` (call it on the session's ``close``
   event: the caller hung up) removes the context.
 
@@ -212,6 +214,7 @@ class TurnloomAgent(Agent):
         self._turns: deque[_TurnItems] = deque(maxlen=2)  # the previous and newest turn
         self._streamed: list[str] = []  # the text of the newest model call, as streamed
         self.record_errors = 0
+        self._opening: list[Message] = []  # said before the first turn: its input opens with it
 
     # -- LiveKit hooks -------------------------------------------------------------
 
@@ -258,8 +261,7 @@ class TurnloomAgent(Agent):
         prefix = await self.manager.prepare(
             ContextPrepareRequest(context_id=self.context_id, turn_id=turn)
         )
-        outputs = self.manager.history(self.context_id).turn_messages(turn)[1:]
-        items = self.manager.build(prefix, outputs)
+        items = self.manager.build(prefix, recorded=True)  # the turn's outputs so far
         ctx = _to_chat_ctx(items)
         self._streamed = []
         async for chunk in Agent.default.llm_node(self, ctx, tools, model_settings):
@@ -298,9 +300,13 @@ class TurnloomAgent(Agent):
                 context_id=self.context_id,
                 turn_id=turn_id,
                 instructions=(self._system,),
-                input=(Message(role=Role.user, content=message.text_content or ""),),
+                input=(
+                    *self._opening,
+                    Message(role=Role.user, content=message.text_content or ""),
+                ),
             )
         )
+        self._opening.clear()
         self._turn, self._user_item = turn_id, message.id
         self._turns.append(_TurnItems(turn_id, message.id))
 
@@ -373,7 +379,14 @@ class TurnloomAgent(Agent):
         item = event.item
         if not isinstance(item, llm.ChatMessage) or item.role != "assistant":
             return
-        if self._turn is None or item.id in self._turns[-1].recorded:
+        if self._turn is None:
+            if not self._turns and (item.text_content or "").strip():
+                # What the agent said before the caller's first turn (a greeting):
+                # the first turn's input opens with it.
+                text = item.text_content or ""
+                self._opening.append(Message(role=Role.assistant, content=(TextPart(text=text),)))
+            return
+        if item.id in self._turns[-1].recorded:
             return
         self._turns[-1].recorded.add(item.id)
         text = item.text_content or ""  # interrupted: only what was played
