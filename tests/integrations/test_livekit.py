@@ -168,6 +168,35 @@ def test_a_greeting_before_the_first_user_turn_opens_its_input() -> None:
     asyncio.run(main())
 
 
+def test_a_greeting_outlives_a_false_first_turn() -> None:
+    """Invariant: when the caller's first turn is a false start (retracted), the greeting
+    it opened with opens the next turn's input instead, so it is never lost.
+
+    Mutant tried: the greeting not given back on the retraction: the history lacks it."""
+
+    async def main() -> None:
+        model = ScriptedLLM([["Hello."], ["It is at gate 4."]])
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            async with AgentSession(llm=model) as session:
+                agent = _agent(manager, false_start=lambda text: text.strip() == "uh")
+                await session.start(agent)
+                await session.generate_reply(instructions="Greet the caller.")
+                ctx = llm.ChatContext.empty()
+                with pytest.raises(StopResponse):
+                    await agent.on_user_turn_completed(
+                        ctx, llm.ChatMessage(role="user", content=["uh"])
+                    )
+                await session.run(user_input="Where is my bag?")
+                assert _history(manager, "call-1") == [
+                    ("assistant", "Hello."),
+                    ("user", "Where is my bag?"),
+                    ("assistant", "It is at gate 4."),
+                ]
+
+    asyncio.run(main())
+
+
 def _text(value: str) -> list[dict[str, str]]:
     return [{"type": "text", "text": value}]
 

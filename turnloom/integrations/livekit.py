@@ -11,7 +11,7 @@ and hand ``Agent.default.llm_node`` the context to send; that is what
   the turn's text retracts it (``manager.voice.retract_turn``) and answers
   nothing (LiveKit's ``StopResponse``);
 * every model call sends turnloom's prepared input (``manager.prepare``, then
-  ``manager.build`` with the turn's recorded tool calls and results),
+  ``manager.build(prefix, recorded=True)``: the turn's recorded outputs),
   rendered for OpenAI Chat and converted to a LiveKit ``ChatContext``;
 * function tools: the calls and results LiveKit executed are recorded to the
   turn whose model call emitted them, from the session's
@@ -28,7 +28,8 @@ and hand ``Agent.default.llm_node`` the context to send; that is what
   "twenty-five" does not move the cut), or the played text itself when it
   is not this reply's words; what the agent said before the caller's first
   turn (a greeting: ``session.generate_reply`` or ``say`` before anyone
-  spoke) opens the first turn's input;
+  spoke) opens the first turn's input (the next one's, when that turn is
+  retracted as a false start);
 * :meth:`TurnloomAgent.aclose_context` (call it on the session's ``close``
   event: the caller hung up) removes the context.
 
@@ -215,11 +216,13 @@ class TurnloomAgent(Agent):
         self._streamed: list[str] = []  # the text of the newest model call, as streamed
         self.record_errors = 0
         self._opening: list[Message] = []  # said before the first turn: its input opens with it
+        self._opened: tuple[str, tuple[Message, ...]] | None = None  # the turn that took it
 
     # -- LiveKit hooks -------------------------------------------------------------
 
     async def on_enter(self) -> None:
-        """Subscribe to the session's ``conversation_item_added`` (the played replies)."""
+        """Subscribe to the session's ``conversation_item_added`` (the played replies) and
+        ``function_tools_executed`` (the executed tool batches)."""
         self.session.on("conversation_item_added", self._on_item)
         self.session.on("function_tools_executed", self._on_tools)
 
@@ -279,6 +282,9 @@ class TurnloomAgent(Agent):
         """Take back the newest user turn (a false start: ``manager.voice.retract_turn``)."""
         if self._turn is not None:
             self.manager.voice.retract_turn(self.context_id, self._turn)
+            if self._opened is not None and self._opened[0] == self._turn:
+                self._opening = list(self._opened[1])  # the next turn opens with it
+                self._opened = None
             self._turn = None
 
     def aclose_context(self) -> None:
@@ -306,7 +312,9 @@ class TurnloomAgent(Agent):
                 ),
             )
         )
-        self._opening.clear()
+        if self._opening:  # the turn that took the greeting gives it back when retracted
+            self._opened = (turn_id, tuple(self._opening))
+            self._opening.clear()
         self._turn, self._user_item = turn_id, message.id
         self._turns.append(_TurnItems(turn_id, message.id))
 
