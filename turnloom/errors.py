@@ -240,8 +240,9 @@ class AmbiguousStepError(InvalidMessageError):
     call would a result with that id answer?), a turn starting with an
     assistant message that would continue the step the turn before it ends
     with (a step belongs to one turn), and a result answering a call whose
-    step ended before it (a call recorded after a result of its step starts
-    another step, leaving the earlier calls unanswered).
+    step a later model message ended (a call recorded after a result of its
+    step starts another step, leaving the earlier calls unanswered; a result
+    whose group a ``user`` message ended is an :class:`UnpairedResultError`).
 
     Attributes:
         field: the offending message (``"Turn 't1' output[3]"``).
@@ -264,10 +265,13 @@ class UnpairedResultError(InvalidMessageError):
     result recorded twice without a message id), was closed by a later
     message (a ``user`` message ends a call group), or belongs to an evicted
     turn. Raised only where no call recorded later can answer it (see
-    ``TurnHistory.commit`` and ``record``). Nothing was stored.
+    ``TurnHistory.commit`` and ``record``; ``ContextManager.build`` and
+    ``request_*`` for a continuation; ``manager.areas.route``). Nothing was
+    stored.
 
     Attributes:
-        field: the offending message (``"Output of turn 't1'[2]"``).
+        field: the offending message (``"Turn 't1' output[2]"``, ``"Turn 't1'
+            input[0]"``, ``"continuation[0]"``, ``"item"``).
         call_id: the result's call id.
     """
 

@@ -353,9 +353,9 @@ def check_steps(
             (``before`` is empty and neither did ``carried``'s turn after
             its calls); pairing leaves it out until such a call answers it.
         unpaired: let results answering no call pass (pairing leaves them
-            out), except those answering a call whose group ended within
-            ``before`` or ``messages``; for rebuilding a history from records
-            written before such results were refused.
+            out), except those answering a call whose model step a later
+            model message ended (``closed_call``); for rebuilding a history
+            from records written before such results were refused.
 
     Raises:
         AmbiguousStepError: ``messages[i]`` would continue the step before
@@ -448,7 +448,8 @@ def check_steps(
                 "answered already, was closed by a later message, or left with an evicted "
                 "turn); no provider accepts a result without its call, so it would be left "
                 "out of every model input. Record the call first, in the same turn or the "
-                "turn before the one whose input answers it.",
+                "turn before the one whose input answers it (in a build's continuation: "
+                "pass the call too, or build with recorded=True).",
                 field=f"{where}[{index}]",
                 call_id=unanswerable.call_id,
             )
@@ -460,8 +461,8 @@ def steps_may_conflict(messages: Sequence[object], previous: object | None) -> b
     """False when :func:`check_steps` cannot raise for ``messages``: a cheap sufficient test.
 
     ``previous`` is the last message of ``before`` (None when it is empty).
-    :func:`check_steps` raises only for a tool result (an orphan whose call's
-    group ended) or for a tool call in an assistant message fed directly after
+    :func:`check_steps` raises only for a tool result (one answering no open
+    call) or for a tool call in an assistant message fed directly after
     an assistant message (:meth:`CallTracker.conflict` needs the step's model
     turn); a batch with neither, or whose calls each follow a message of
     another role, passes it whatever ``before`` holds, so a record or a commit

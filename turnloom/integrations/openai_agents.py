@@ -184,9 +184,9 @@ class TurnloomSession:
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Add the SDK's new items: user input starts a turn, the rest is recorded to it.
 
-        The items are parsed by the ``openai_responses`` gateway and checked
-        before anything changes; with a store, the call returns once the store
-        has acknowledged them. Each turn of the batch (a user input and the
+        The items are parsed by the ``openai_responses`` gateway and their
+        roles checked before anything changes; with a store, the call returns
+        once the store has acknowledged them. Each turn of the batch (a user input and the
         items after it, or the items before the batch's first user input,
         which join the newest turn) goes in whole or not at all: when the door
         refuses its items, its input is taken back

@@ -91,7 +91,8 @@ class Voice:
                 and records the played text as the reply.
             StateError, FoundationClosedError, UnknownContextError,
             UnknownTurnError, InvalidTextError, DuplicateIdError,
-            ItemTooLargeError, ProviderRuleError, NotClaimedError,
+            ItemTooLargeError, TurnTooLargeError, ProviderRuleError,
+            AmbiguousStepError, StrandedResultsError, NotClaimedError,
             StaleLeaseError, HostCallbackError: as ``manager.record``
             (outputs for a removed context are dropped and counted, as
             there).

@@ -227,7 +227,9 @@ class ContextManager:
                 has no turn yet; no provider accepts it, so it would vanish
                 from every model input. A result leading the input is kept
                 instead (a call recorded late to an earlier turn can still
-                answer it; it is left out until then). An
+                answer it; it is left out until then), except a second one
+                with the same call id; an input of such results only is an
+                ``InvalidMessageError`` (it renders to nothing). An
                 ``InvalidMessageError``: ``field`` names the message,
                 ``call_id`` the result's; nothing was committed.
             InvalidTextError: text that is not valid UTF-8.
@@ -541,7 +543,10 @@ class ContextManager:
         the very messages the history holds, so they are neither checked nor
         rendered again) come first, then ``continuation`` (what the host has
         not recorded). ``build(prefix, recorded=True)`` after recording every
-        output equals ``build(prefix, outputs)`` with those outputs. When the
+        output equals ``build(prefix, outputs)`` with those very outputs (an
+        equal copy of a recorded result answering a call the prefix closed is
+        refused, ``UnpairedResultError``, where the recorded one is left out).
+        When the
         turn is no longer held (evicted, retracted, its context removed),
         there are no recorded outputs to add.
 
@@ -643,7 +648,8 @@ class ContextManager:
                 not a bool.
             FoundationClosedError, InvalidMessageError, InvalidTextError,
             InstructionMessageError, DuplicateIdError, ProviderRuleError,
-            TurnTooLargeError: as :meth:`build`, for the same reasons.
+            TurnTooLargeError, AmbiguousStepError, UnpairedResultError: as
+                :meth:`build`, for the same reasons.
         """
         self._life.check_open()
         continuation = self._issued.with_recorded(prefix, continuation, recorded, "request_bytes")
@@ -682,7 +688,8 @@ class ContextManager:
                 ``recorded`` is not a bool.
             FoundationClosedError, InvalidMessageError, InvalidTextError,
             InstructionMessageError, DuplicateIdError, ProviderRuleError,
-            TurnTooLargeError: as :meth:`build`, for the same reasons.
+            TurnTooLargeError, AmbiguousStepError, UnpairedResultError: as
+                :meth:`build`, for the same reasons.
         """
         self._life.check_open()
         continuation = self._issued.with_recorded(prefix, continuation, recorded, "request_body")

@@ -407,7 +407,8 @@ class GeminiGateway(Gateway):
         output may omit it) gets the call id ``"<name>#<n>"``, ``n`` counting the
         content's earlier calls of that name without an id (a function response
         without an id likewise, so the n-th response of a name answers the n-th
-        call of that name).
+        call of that name). The count is per parsed Content: parse a step's
+        id-less calls as one Content, and their responses as one.
 
         The message passes :func:`~turnloom.context.check_message`, so it
         can be committed as it is.
