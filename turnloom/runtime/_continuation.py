@@ -540,31 +540,19 @@ def check_continuation(
         check_steps(
             continuation[start:own],
             "continuation",
-            before=continuation[_step_start(continuation, start) : start],
+            before=continuation[:start],
             indices=range(start, own),
             unpaired=True,
         )
     check_steps(
         continuation[own:],
         "continuation",
-        before=continuation[_step_start(continuation, own) : own],
+        before=continuation[:own],  # check_steps reads back only its last step
         indices=range(own, len(continuation)),
     )
     # ``checked`` is replaced by the result: its set is extended, not copied.
     reserved |= added
     return CheckedContinuation(tuple(continuation), reserved)
-
-
-def _step_start(messages: Sequence[Message], stop: int) -> int:
-    """Where the step ``messages[stop:]`` continue starts: the results directly
-    before ``stop`` and the run of assistant messages directly before them
-    (:func:`~turnloom.context.check_steps` needs no more of what came before)."""
-    at = stop
-    while at and (messages[at - 1].role is Role.tool or messages[at - 1].tool_results):
-        at -= 1
-    while at and messages[at - 1].role is Role.assistant:
-        at -= 1
-    return at
 
 
 def _starts_with(messages: Sequence[Message], head: tuple[Message, ...]) -> bool:
