@@ -9,6 +9,8 @@ result.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.runtime.helpers import call, result
@@ -34,6 +36,16 @@ GEMINI_RESPONSE = {
 }
 
 
+async def _next_input_after(manager: Any, call: Message, response: Message) -> Any:
+    """Turn t1 asks, records the model's ``call`` then ``response`` (each taken: the
+    record returns 1); turn t2 asks again; return t2's prepared input."""
+    manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(ASK,)))
+    assert manager.record("c", "t1", [call]) == 1
+    assert manager.record("c", "t1", [response]) == 1
+    manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(NEXT,)))
+    return await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))
+
+
 async def test_a_gemini_call_without_id_after_text_pairs_with_its_response(
     anyio_backend: str,
 ) -> None:
@@ -48,12 +60,7 @@ async def test_a_gemini_call_without_id_after_text_pairs_with_its_response(
     gateway = get_gateway(GatewayType.gemini)
     call, response = gateway.parse_items([GEMINI_CALL, GEMINI_RESPONSE])
     async with Foundation(gateway=GatewayType.gemini) as foundation:
-        manager = foundation.manager
-        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(ASK,)))
-        manager.record("c", "t1", [call])
-        assert manager.record("c", "t1", [response]) == 1
-        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(NEXT,)))
-        prepared = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))
+        prepared = await _next_input_after(foundation.manager, call, response)
         assert list(prepared.items) == [
             {"role": "user", "parts": [{"text": "Weather in Paris?"}]},
             GEMINI_CALL,
@@ -90,11 +97,7 @@ async def test_gemini_calls_without_ids_of_two_names_pair_by_name(
     call_message, response = gateway.parse_items([calls, {"role": "user", "parts": answers}])
     async with Foundation(gateway=GatewayType.gemini) as foundation:
         manager = foundation.manager
-        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(ASK,)))
-        manager.record("c", "t1", [call_message])
-        assert manager.record("c", "t1", [response]) == 1
-        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(NEXT,)))
-        prepared = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))
+        prepared = await _next_input_after(manager, call_message, response)
         assert list(prepared.items) == [
             {"role": "user", "parts": [{"text": "Weather in Paris?"}]},
             calls,
