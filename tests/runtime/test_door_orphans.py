@@ -17,6 +17,8 @@ log an earlier turnloom wrote with unpaired results restores as it was.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -235,8 +237,9 @@ async def test_a_turn_answering_calls_of_the_turn_before_takes_their_other_resul
     build(recorded=True) of t2, whose prefix closed c2, lets the recorded result through
     and leaves it out; t3 prepares t1's calls with both results, valid.
 
-    Mutants tried: record checking t2's outputs without the carried calls (c2's result
-    refused); build checking recorded outputs as the host's own: this test fails."""
+    Mutants tried: record never letting a result of a turn without a step of its own
+    await its call (c2's result refused); build checking recorded outputs as the host's
+    own: this test fails."""
     async with Foundation(gateway=kind) as foundation:
         manager = foundation.manager
         manager.accept_turn(
@@ -432,6 +435,38 @@ def _dropped(kept: list[Message], given: list[Message]) -> list[int]:
     return out
 
 
+def _door_commit(history: TurnHistory, gateway: Any, snapshot: TurnSnapshot) -> None:
+    """Commit ``snapshot`` as accept_turn does: the runtime door, then the history's."""
+    check_snapshot(snapshot, gateway, lambda _: history)
+    history.commit(snapshot.turn_id, list(snapshot.input))
+
+
+def _taken(
+    history: TurnHistory,
+    statistics: object,
+    change: Callable[[], object],
+    refused: bool,
+    empty: bool = False,
+) -> bool:
+    """Run ``change``; True when the door let it through. A refusal is the one the
+    oracle expects (UnpairedResultError exactly when ``refused``, the content test's
+    InvalidMessageError only when ``empty``, TurnTooLargeError whenever the limits say
+    so) and changes nothing; a change let through was expected neither way."""
+    try:
+        change()
+    except UnpairedResultError:
+        assert refused
+    except TurnTooLargeError:
+        pass
+    except InvalidMessageError:
+        assert empty and not refused
+    else:
+        assert not refused and not empty
+        return True
+    assert history.statistics() == statistics
+    return False
+
+
 @settings(max_examples=200)
 @given(
     st.sampled_from(list(GatewayType)),
@@ -443,6 +478,10 @@ def _dropped(kept: list[Message], given: list[Message]) -> list[int]:
 @example(GatewayType.openai_chat, HistoryLimits(max_turns=3), [("calls", 0), ("orphan", 0)])
 @example(GatewayType.openai_chat, HistoryLimits(), [("calls", 1), ("answer", 0), ("late", 1)])
 @example(GatewayType.openai_chat, HistoryLimits(), [("calls", 1), ("orphan", 5)])
+# A result recorded to an approval turn (results only) may await a late call ...
+@example(GatewayType.openai_chat, HistoryLimits(), [("calls", 1), ("answer", 0), ("late", 0)])
+# ... one recorded to a turn whose input was text may not.
+@example(GatewayType.openai_chat, HistoryLimits(), [("user", 0), ("late", 0)])
 def test_the_door_refuses_exactly_the_results_no_late_call_can_answer(
     kind: GatewayType, limits: HistoryLimits, ops: list[tuple[str, int]]
 ) -> None:
@@ -456,9 +495,10 @@ def test_the_door_refuses_exactly_the_results_no_late_call_can_answer(
     let through commits, evicts, and prepares an input that holds the turn's own input
     and passes validate().
 
-    Mutants tried: the commit checking an input without the calls the kept turns leave
-    open (an approval refused); a record to a turn of results only refusing what a late
-    call may answer: this test fails."""
+    Mutants tried, each failing this test: the commit never letting a result await a
+    late call; a record to a turn of results only refusing what a late call may answer;
+    a record reading only the turn's step tail (a turn holding text then lets a result
+    await a call)."""
     gateway = get_gateway(kind)
     history = TurnHistory(limits)
     history.commit("t0", [user("hello")], instructions=[SYSTEM])
@@ -489,37 +529,16 @@ def test_the_door_refuses_exactly_the_results_no_late_call_can_answer(
             answered = {r.call_id for m in own for r in m.tool_results}
             repeated = any(r.call_id in answered for m in outputs for r in m.tool_results)
             refused = bool(_dropped(_kept(view), outputs)) and (bounded or repeated)
-            try:
-                history.record(newest, outputs)
-            except UnpairedResultError:
-                assert refused
-                assert history.statistics() == statistics
-                continue
-            except TurnTooLargeError:
-                assert history.statistics() == statistics
-                continue
-            assert not refused
+            _taken(history, statistics, partial(history.record, newest, outputs), refused)
         else:
             given = _input(history, op, n, step)
             kept = _kept(history.view())
             refused = any(not all(map(_results_only, given[:i])) for i in _dropped(kept, given))
             empty = complete_pairs([*kept, *given]) == complete_pairs(kept)
             snapshot = TurnSnapshot(context_id="c", turn_id=f"t{step}", input=tuple(given))
-            try:
-                check_snapshot(snapshot, gateway, lambda _: history)
-                history.commit(snapshot.turn_id, given)
-            except UnpairedResultError:
-                assert refused
-                assert history.statistics() == statistics
+            commit = partial(_door_commit, history, gateway, snapshot)
+            if not _taken(history, statistics, commit, refused, empty):
                 continue
-            except TurnTooLargeError:
-                assert history.statistics() == statistics
-                continue
-            except InvalidMessageError:
-                assert empty and not refused
-                assert history.statistics() == statistics
-                continue
-            assert not refused and not empty
             history.evict()
             rendered = history.view().render(gateway, snapshot.turn_id)
             assert rendered.turn_start < len(rendered.items)

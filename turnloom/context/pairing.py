@@ -320,7 +320,6 @@ def check_steps(
     where: str,
     *,
     before: Sequence[Message] = (),
-    carried: Iterable[ToolCallPart] = (),
     indices: Sequence[int] | None = None,
     late: bool = False,
     unpaired: bool = False,
@@ -329,8 +328,7 @@ def check_steps(
 
     ``messages`` follow ``before`` directly in one turn (the turn's messages
     so far: only its last step matters, its last run of assistant messages
-    and what follows), and ``before`` follows the open ``carried`` calls.
-    Each assistant message is checked with :meth:`CallTracker.conflict`
+    and what follows). Each assistant message is checked with :meth:`CallTracker.conflict`
     against the step it follows, and each tool result must answer an open
     call. Entries that are not Messages are skipped (the caller's message
     check names them). Pure: changes nothing. O(``messages`` and the last
@@ -340,18 +338,14 @@ def check_steps(
         messages: the batch, oldest first.
         where: how error messages name it (``"Output of turn 't1'"``).
         before: the messages of the turn before the batch, oldest first.
-        carried: the calls open before ``before`` (made in an earlier turn
-            and not answered yet): what results of a turn that has no model
-            step of its own may answer (see :meth:`TurnHistory.open_calls
-            <turnloom.context.TurnHistory.open_calls>`).
         indices: the index in what ``where`` names of each of ``messages``
             (default: its position), when the caller left some out.
-        late: a call recorded late to an earlier turn may still precede
-            ``before`` (see :meth:`TurnHistory.record
-            <turnloom.context.TurnHistory.record>`): let a result answering no
-            call pass while no message before it started or ended a group
-            (``before`` is empty and neither did ``carried``'s turn after
-            its calls); pairing leaves it out until such a call answers it.
+        late: earlier turns are kept, whose calls (left open, or recorded
+            late: see :meth:`TurnHistory.record
+            <turnloom.context.TurnHistory.record>`) may precede ``before``:
+            let a result answering no call of the batch pass while no message
+            before it (``before`` included) started or ended a group; pairing
+            leaves it out until such a call answers it.
         unpaired: let results answering no call pass (pairing leaves them
             out), except those answering a call whose model step a later
             model message ended (``closed_call``); for rebuilding a history
@@ -373,7 +367,7 @@ def check_steps(
             results pass: a late call answers one of them); ``field`` names
             the message, ``call_id`` the result's.
     """
-    tracker = CallTracker(carried)
+    tracker = CallTracker()
     # Ids of calls a model step ended without their result: a result after it
     # is a call recorded after a result of its step (closed_call). A group a
     # user message ends leaves its calls to UnpairedResultError.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 from turnloom.context.history._batches import _DoorState, _entries
@@ -15,7 +15,6 @@ from turnloom.context.history._sent import (
     repair_results,
 )
 from turnloom.context.history._ties import (
-    _calls_after,
     _check_ties,
     _check_turn_start,
     _relinked,
@@ -29,7 +28,6 @@ from turnloom.context.message import (
     Message,
     Part,
     ReasoningPart,
-    ToolCallPart,
     _first_instruction,
     check_id,
     check_message,
@@ -38,7 +36,6 @@ from turnloom.context.message import (
     reject_instructions,
 )
 from turnloom.context.pairing import (
-    CallTracker,
     check_steps,
     steps_may_conflict,
 )
@@ -99,16 +96,6 @@ def _last_message(turn: _Turn) -> Message | None:
     return entries[-1].message if entries else None
 
 
-def _bounds_a_group(turn: _Turn) -> bool:
-    """True when a message of ``turn`` starts or ends a call group (:class:`CallTracker`)."""
-    tracker = CallTracker()
-    for entry in turn.entries(True):
-        tracker.feed(entry.message)
-        if tracker.group:
-            return True
-    return False
-
-
 def _commit(
     history: _ChangeState,
     turn_id: str,
@@ -137,13 +124,11 @@ def _commit(
         reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
     entries, sizes = _entries(history, input, turn_id, "input")
     if steps_may_conflict(input, None):
-        # Its results may answer the calls the kept turns leave open (an
-        # approval), or a call recorded late to a kept turn.
-        results = any(m.tool_results for m in input if isinstance(m, Message))
+        # Its leading results may answer the calls the kept turns leave open
+        # (an approval), or a call recorded late to a kept turn.
         check_steps(
             input,
             f"Turn {excerpt(turn_id)} input",
-            carried=_calls_after(history._turns)[0].values() if results else (),
             late=bool(history._turns),
             unpaired=keep_unpaired,
         )
@@ -269,28 +254,19 @@ def _record(
         return 0
     messages = [e.message for e in kept]
     if steps_may_conflict(messages, _last_message(old)):
-        tail = _step_tail(old)
-        carried: Iterable[ToolCallPart] = ()
-        late = False
-        if not tail:
-            # A turn without a step of its own continues the group of the calls
-            # an earlier turn left open (its input answered some of them). With
-            # nothing in it that starts or ends a group, a call recorded late to
-            # an earlier turn may join that group: the turn's own results are
-            # fed too, so one answering a call id a second time is refused.
-            late = position > 0 and not _bounds_a_group(old)
-            if late:
-                tail = [e.message for e in old.entries(True)]
-                carried = _calls_after(history._turns[:position])[0].values()
-            else:
-                carried = _calls_after(history._turns[: position + 1])[0].values()
+        # A turn that does not end in a step of its own is read whole: while
+        # nothing in it starts or ends a call group, its results (and the
+        # outputs') may answer calls an earlier turn left open or a call
+        # recorded late to one (check_steps reads the group's bounds; a step
+        # tail starts a group, so then nothing awaits), and one answering a
+        # call id a second time is refused.
+        tail = _step_tail(old) or [e.message for e in old.entries(True)]
         check_steps(
             messages,
             f"Turn {excerpt(turn_id)} output",
             before=tail,
-            carried=carried,
             indices=kept_at,
-            late=late,
+            late=position > 0,
             unpaired=keep_unpaired,
         )
     if position + 1 < len(history._turns):
