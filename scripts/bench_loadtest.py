@@ -29,6 +29,19 @@ Then the loop side of each run (:class:`_LoopClock`): ``accept_turn``, the
 records and ``build`` at most 10 us per call (one message each here), and the
 rest of the loop's CPU per prepare at most 25 us.
 
+Last, the floor under the first goal, from the same runs: what any program
+doing the load test's work under the same contract spends per prepare, at
+least: the render (as measured), the host copies ``build`` hands out (every
+container new: the prefix's copy and the continuation's, timed around
+:meth:`NativeItems.fresh` and the continuation's copy in those runs, on
+whichever thread made them), the host flow's own awaits on the event loop (a
+bare run of the same sessions, scripts and awaits with every turnloom call
+taken out, in the same process), and ``check_message`` once per message
+handed in (the door's check alone, min of 3 rounds over the scripts'
+messages; no render, no bookkeeping). That sum over the render is the floor of
+the CPU-per-prepare ratio; what turnloom spends beyond it is its own
+bookkeeping (limits, ids, steps, slots, delivery).
+
 Usage: python scripts/bench_loadtest.py [--turns M] [--sessions N ...] [--rounds R]
        [--backend asyncio trio] [--collector default off]
 """
@@ -48,7 +61,7 @@ from _control import control_ticker, lag_summary
 
 import turnloom.runtime._preparing as preparing
 from turnloom.context.gateway import GatewayType, get_gateway
-from turnloom.context.message import Message
+from turnloom.context.message import Message, check_message
 from turnloom.runtime import CollectorPolicy
 from turnloom.tools.loadtest import LoadtestReport, loadtest
 from turnloom.tools.trajectories import Trajectory, builtin_trajectories, check_trajectory
@@ -95,6 +108,43 @@ class _RenderClock:
     def take_inline(self) -> float:
         with self._lock:
             seconds, self.inline = self.inline, 0.0
+        return seconds
+
+
+class _CopyClock:
+    """CPU seconds spent making the host copies ``build`` hands out, on any thread.
+
+    The prefix's copy (:meth:`NativeItems.fresh`, on the loop or made ahead
+    in the render worker) and the continuation's (``fresh_items`` as
+    ``_continuation`` calls it).
+    """
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._lock = threading.Lock()
+
+    def install(self) -> None:
+        import turnloom.runtime._continuation as continuation
+        from turnloom.context.items import NativeItems
+
+        NativeItems.fresh = self._timed(NativeItems.fresh)  # type: ignore[method-assign]
+        vars(continuation)["fresh_items"] = self._timed(vars(continuation)["fresh_items"])
+
+    def _timed(self, copy: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            begin = time.thread_time()
+            try:
+                return copy(*args, **kwargs)
+            finally:
+                spent = time.thread_time() - begin
+                with self._lock:
+                    self.seconds += spent
+
+        return timed
+
+    def take(self) -> float:
+        with self._lock:
+            seconds, self.seconds = self.seconds, 0.0
         return seconds
 
 
@@ -196,6 +246,57 @@ async def _naive(
     return done[0], time.perf_counter() - begin, time.process_time() - cpu
 
 
+async def _scaffold(scripts: list[list[Message]], sessions: int, turns: int) -> tuple[int, float]:
+    """The load test's host flow with every turnloom call taken out: its turns and CPU seconds.
+
+    The same sessions walking the same scripts, arriving one per loop
+    iteration, with the awaits the load test's session makes (its prepare,
+    the model's answer in each invocation): what the event loop and the
+    session code cost on their own.
+    """
+    done = [0]
+
+    async def session(number: int) -> None:
+        for step in walk(scripts[number % len(scripts)], max_turns=turns):
+            if isinstance(step, Turn):
+                await anyio.lowlevel.checkpoint()  # the prepare
+                done[0] += 1
+            elif isinstance(step, Reply):
+                await anyio.lowlevel.checkpoint()  # the model answers
+
+    cpu = time.process_time()
+    async with anyio.create_task_group() as group:
+        for number in range(sessions):
+            group.start_soon(session, number)
+            await anyio.lowlevel.checkpoint()
+    return done[0], time.process_time() - cpu
+
+
+def _door_floor(scripts: list[list[Message]], turns: int) -> tuple[float, float]:
+    """``check_message``'s CPU seconds per message, min of 3 rounds; messages handed in per turn.
+
+    Over every message the scripts hand in (instructions, inputs, model
+    outputs and tool results), each checked once in a tight loop.
+    """
+    messages: list[Message] = []
+    prepares = 0
+    for script in scripts:
+        for step in walk(script, max_turns=turns):
+            if isinstance(step, Turn):
+                prepares += 1
+                messages.extend(step.instructions or ())
+                messages.append(step.input)
+            else:
+                messages.append(step.message)
+    best = float("inf")
+    for _ in range(3):
+        begin = time.thread_time()
+        for message in messages:
+            check_message(message)
+        best = min(best, (time.thread_time() - begin) / len(messages))
+    return best, len(messages) / prepares
+
+
 async def _ours(
     trajectories: list[Trajectory], sessions: int, turns: int, collector: CollectorPolicy | None
 ) -> tuple[LoadtestReport, dict[str, float], float]:
@@ -229,6 +330,9 @@ def main() -> None:
         scripts.append(checked)
     clock = _RenderClock()
     clock.install()
+    copies = _CopyClock()
+    copies.install()
+    door, messages_per_prepare = _door_floor(scripts, args.turns)
     loop_clock = _LoopClock()
     loop_clock.install()
     print(
@@ -245,6 +349,7 @@ def main() -> None:
         f"{'thor.':>8}{'ms':>9}"
     )
     loop_rows: list[tuple[Any, ...]] = []
+    floor_rows: list[tuple[Any, ...]] = []
     for round_ in range(args.rounds):
         for backend in args.backend:
             for sessions in args.sessions:
@@ -257,15 +362,31 @@ def main() -> None:
                     policies.reverse()  # rotate the order between rounds
                 naive = anyio.run(_naive, scripts, sessions, args.turns, backend=backend)
                 renders, naive_seconds, naive_cpu = naive
+                bare_turns, bare_cpu = anyio.run(
+                    _scaffold, scripts, sessions, args.turns, backend=backend
+                )
                 for name, policy in policies:
                     clock.take()
                     clock.take_inline()
+                    copies.take()
                     loop_clock.take()
                     report, control, loop_cpu = anyio.run(
                         _ours, trajectories, sessions, args.turns, policy, backend=backend
                     )
                     render = clock.take() / report.prepares
                     inline = clock.take_inline()
+                    floor_rows.append(
+                        (
+                            backend,
+                            sessions,
+                            name,
+                            report.cpu_seconds / report.prepares,
+                            render,
+                            copies.take() / report.prepares,
+                            bare_cpu / bare_turns,
+                            door * messages_per_prepare,
+                        )
+                    )
                     loop_rows.append(
                         (backend, sessions, name, report, loop_cpu, inline, *loop_clock.take())
                     )
@@ -288,6 +409,32 @@ def main() -> None:
                     )
 
     _print_loop_side(loop_rows)
+    _print_floor(floor_rows, messages_per_prepare)
+
+
+def _print_floor(rows: list[tuple[Any, ...]], messages: float) -> None:
+    """The floor of the CPU-per-prepare ratio beside turnloom's, for each run above."""
+    print()
+    print(
+        f"Floor of CPU per prepare (us per prepare; {messages:.2f} messages handed in per prepare):"
+    )
+    print(
+        f"{'backend':<8}{'sessions':>9}{'collector':>10}{'render':>8}{'copies':>8}{'awaits':>8}"
+        f"{'checks':>8}{'floor':>8}{'ratio':>8}{'ours':>8}{'ratio':>8}{'goal':>9}{'beyond':>8}"
+    )
+    for backend, sessions, name, cpu, render, copies, awaits, checks in rows:
+        floor = render + copies + awaits + checks
+        print(
+            f"{backend:<8}{sessions:>9}{name:>10}{render * 1e6:>8.0f}{copies * 1e6:>8.0f}"
+            f"{awaits * 1e6:>8.0f}{checks * 1e6:>8.0f}{floor * 1e6:>8.0f}{floor / render:>7.2f}x"
+            f"{cpu * 1e6:>8.0f}{cpu / render:>7.2f}x{_goals.goal(_CPU_GOAL):>9}"
+            f"{(cpu - floor) * 1e6:>8.0f}"
+        )
+    print(
+        "floor: render + the host copies build hands out + the host flow's awaits (a bare run)\n"
+        "+ check_message once per message; ratio: over the render (the goal's measure); beyond:\n"
+        "turnloom's CPU per prepare past the floor (its bookkeeping)."
+    )
 
 
 def _print_loop_side(rows: list[tuple[Any, ...]]) -> None:
