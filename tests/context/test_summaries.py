@@ -44,6 +44,7 @@ from turnloom.context.summaries import SUMMARY_TURN_PREFIX, summary_due
 from turnloom.errors import (
     DuplicateIdError,
     InputError,
+    InvalidArgumentError,
     InvalidMessageError,
     StateError,
     StoreRecordError,
@@ -138,6 +139,35 @@ def test_policies_are_checked() -> None:
         True,
         True,
     )
+
+
+@pytest.mark.parametrize(
+    ("keep", "keep_tokens", "field"),
+    [
+        (0, None, "keep"),
+        (-2, None, "keep"),
+        (True, None, "keep"),
+        (2.0, None, "keep"),
+        ("2", None, "keep"),
+        (2, 0, "keep_tokens"),
+        (2, -1, "keep_tokens"),
+        (2, False, "keep_tokens"),
+        (2, 1.5, "keep_tokens"),
+    ],
+)
+def test_a_range_asked_with_a_bad_keep_is_an_invalid_argument(
+    keep: Any, keep_tokens: Any, field: str
+) -> None:
+    """Invariant: summary_range refuses a keep or keep_tokens that is not a positive int
+    with InvalidArgumentError naming it (keep=0 and keep=-2 raised IndexError from inside
+    the cut's walk), and the history is unchanged."""
+    history = _history(4)
+    before = history.view().turn_ids
+    with pytest.raises(InvalidArgumentError) as caught:
+        summary_range(history, keep, keep_tokens)
+    assert caught.value.field == field
+    assert history.view().turn_ids == before == ("t0", "t1", "t2", "t3")
+    assert summary_range(history, 1) == ("t0", "t1", "t2")
 
 
 def test_the_range_is_the_oldest_turns_cut_where_eviction_cuts() -> None:

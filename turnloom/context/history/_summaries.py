@@ -46,6 +46,7 @@ from turnloom.context.summaries import (
 from turnloom.context.tokens import TokenCounter, count_tokens
 from turnloom.errors import (
     DuplicateIdError,
+    InvalidArgumentError,
     InvalidMessageError,
     StateError,
     TurnTooLargeError,
@@ -131,7 +132,21 @@ def summary_range(
     that would reach the newest turn, earlier. Never the newest turn. Empty
     when there is nothing but a summary turn to summarize, or while turns are
     held aside for a retraction of the newest (``restorable_ids``). O(turns).
+
+    Raises:
+        InvalidArgumentError: ``keep`` is not a positive int (``field``
+            ``"keep"``), or ``keep_tokens`` is neither None nor a positive int
+            (``"keep_tokens"``), as :class:`CompactionPolicy` requires of its
+            ``keep_turns`` and ``keep_tokens``.
     """
+    for name, value in (("keep", keep), ("keep_tokens", keep_tokens)):
+        if value is None and name == "keep_tokens":
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidArgumentError(
+                f"summary_range's {name} must be a positive int, not {excerpt(value)}.",
+                field=name,
+            )
     turns = history._turns
     linked = history._linked
     if _held_aside(history) or len(turns) <= keep:
