@@ -16,8 +16,9 @@ import pytest
 
 pytest.importorskip("livekit.agents")
 
-from livekit.agents import AgentSession, function_tool, llm
+from livekit.agents import AgentSession, RunContext, function_tool, llm
 from livekit.agents.llm import StopResponse
+from livekit.agents.llm.async_toolset import AsyncToolset
 
 from tests.integrations.livekit_fakes import ScriptedLLM
 from turnloom.context import HistoryLimits, Message, Role, TextPart, ToolCallPart, ToolResultPart
@@ -653,5 +654,115 @@ def test_livekits_in_progress_placeholder_for_a_running_tool_is_never_recorded()
                     pass
             assert _history(manager, "call-1") == HISTORY[:5]
             assert agent.record_errors == 0
+
+    asyncio.run(main())
+
+
+_UPDATE = (
+    "The tool `find_bag` has updated, message: Looking for the bag.\n"
+    "The task is still running, so DON'T make up or give information not included in the "
+    "message above."
+)
+
+
+async def _async_tool_call(*, next_turn_first: bool) -> tuple[Any, TurnloomAgent]:
+    """A LiveKit async tool (``AsyncToolset``): ``find_bag`` sends ``ctx.update`` (LiveKit
+    answers the call ``c1`` with it and the model replies), then, once released, returns
+    its result, which LiveKit delivers as a new pair (``c1_final``) and a reply generated
+    for it. With ``next_turn_first`` the caller's next turn runs before the release."""
+    release = asyncio.Event()
+
+    @function_tool
+    async def find_bag(ctx: RunContext, tag: str) -> str:
+        """Find a bag by its tag."""
+        await ctx.update("Looking for the bag.")
+        await release.wait()
+        return f"Gate 4 ({tag})"
+
+    call = llm.FunctionToolCall(name="find_bag", arguments='{"tag": "X1"}', call_id="c1")
+    script: list[list[str | llm.FunctionToolCall]] = [[call], ["I am looking."]]
+    if next_turn_first:
+        script.append(["You are welcome."])
+    script.append(["It is at gate 4."])
+    model = ScriptedLLM(script)
+    async with Foundation(gateway="openai_chat") as foundation:
+        manager = foundation.manager
+        agent = TurnloomAgent(manager=manager, context_id="call-1", instructions="Be brief.")
+        toolset = AsyncToolset(id="bags", tools=[find_bag])
+        async with AgentSession(llm=model, tools=[toolset]) as session:
+            await session.start(agent)
+            await session.run(user_input="Where is my bag?")
+            if next_turn_first:
+                await session.run(user_input="Thanks.")
+            release.set()
+            for _ in range(200):  # the deferred reply runs on LiveKit's own task
+                if not model.script and len(model.seen) == len(script):
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)
+            livekit = _shape(agent.chat_ctx)
+        history = _history(manager, "call-1")
+    return (livekit, [_shape(c) for c in model.seen], history), agent
+
+
+def test_an_async_tools_update_and_deferred_result_are_recorded_to_the_turn() -> None:
+    """Invariant: a LiveKit async tool's first ``ctx.update`` (the call's output) and its
+    deferred result (LiveKit's new ``c1_final`` pair) enter the turn once each, calls before
+    results, in LiveKit's order, and each model call gets exactly what came before it.
+
+    Mutant tried: items after the turn's user message whose call no stream emitted are
+    skipped instead of going to the current turn: the ``c1_final`` pair is missing."""
+
+    async def main() -> None:
+        (livekit, seen, history), agent = await _async_tool_call(next_turn_first=False)
+        system = ("system", "Be brief.")
+        expected = [
+            ("user", "Where is my bag?"),
+            ("call", 'c1 find_bag {"tag": "X1"}'),
+            ("result", f"c1 {_UPDATE}"),
+            ("assistant", "I am looking."),
+            ("call", 'c1_final find_bag {"tag": "X1"}'),
+            ("result", "c1_final Gate 4 (X1)"),
+            ("assistant", "It is at gate 4."),
+        ]
+        assert livekit == [system, *expected]
+        assert history == expected
+        assert seen == [[system, *expected[:1]], [system, *expected[:3]], [system, *expected[:6]]]
+        assert agent.record_errors == 0
+
+    asyncio.run(main())
+
+
+def test_an_async_tools_result_arriving_after_the_next_turn_is_recorded_to_that_turn() -> None:
+    """Invariant: when the caller's next turn ran while the async tool still worked, its
+    deferred result (``c1_final`` and its output, a pair of its own) comes after that
+    turn's reply in LiveKit's context and is recorded there, once, with nothing refused:
+    turnloom's history equals LiveKit's context item for item.
+
+    Mutant tried: as in the test above: the ``c1_final`` pair is missing."""
+
+    async def main() -> None:
+        (livekit, seen, history), agent = await _async_tool_call(next_turn_first=True)
+        system = ("system", "Be brief.")
+        expected = [
+            ("user", "Where is my bag?"),
+            ("call", 'c1 find_bag {"tag": "X1"}'),
+            ("result", f"c1 {_UPDATE}"),
+            ("assistant", "I am looking."),
+            ("user", "Thanks."),
+            ("assistant", "You are welcome."),
+            ("call", 'c1_final find_bag {"tag": "X1"}'),
+            ("result", "c1_final Gate 4 (X1)"),
+            ("assistant", "It is at gate 4."),
+        ]
+        assert livekit == [system, *expected]
+        assert history == expected
+        assert seen == [
+            [system, *expected[:1]],
+            [system, *expected[:3]],
+            [system, *expected[:5]],
+            [system, *expected[:8]],
+        ]
+        assert agent.record_errors == 0
 
     asyncio.run(main())

@@ -19,6 +19,12 @@ and hand ``Agent.default.llm_node`` the context to send; that is what
   batch, on a barge-in too) and from the items after the turn's user
   message in each model call's context, once each, calls before their
   results (see :class:`TurnloomAgent`, "Tool calls and barge-ins");
+  an async tool (``AsyncToolset``, ``ctx.update``) is recorded as LiveKit
+  keeps it: its first update is the call's output, and its deferred result
+  is the new pair LiveKit adds (``<call id>_final``, with its output),
+  recorded to the turn that is current when LiveKit runs the model call
+  answering it: the call's own turn, or the caller's next one when that
+  turn came first (LiveKit places the pair after that turn's reply too);
 * the reply is recorded from the session's ``conversation_item_added``
   event, which LiveKit emits once it knows what was played: an interrupted
   reply carries only the text spoken before the barge-in
