@@ -1,6 +1,6 @@
 """turnloom beside LiveKit Agents and LangChain at 100, 1,000 and 10,000 history items.
 
-Two tables, measured in one run, the sizes and the programs taking turns
+Tables measured in one run, the sizes and the programs taking turns
 round-robin so load from elsewhere on the machine affects them alike:
 
 1. **prepare**: turnloom's incremental prepare (commit a turn, ``prepare`` it
@@ -9,6 +9,14 @@ round-robin so load from elsewhere on the machine affects them alike:
    ("openai")`` and LangChain's ``convert_to_openai_messages`` converting the
    same N-item history (they keep no render cache, so each call converts it
    all). Ratios are peer time / turnloom time (above 1: turnloom is faster).
+   Those samples are cold: each follows other programs' work, which leaves
+   the CPU caches holding their data and code, as a host's other work does.
+   A second table times the same programs warm, after the rounds: each
+   one's calls back to back (the first few left out), with what finding the
+   caches cold adds to a call (cold median minus warm median). A prepare
+   runs a couple of hundred distinct functions of turnloom's, a conversion a
+   few: cold, turnloom pays more for fetching its own code and state than
+   for the history it renders.
 2. **time to bytes**, per gateway: prepare and the request body's JSON bytes
    (turnloom: ``manager.request_bytes``, which keeps the closed turns' body
    encoded; peers: a msgspec encode of the whole body), beside LiveKit's
@@ -69,6 +77,7 @@ _encode = msgspec.json.Encoder().encode
 # Issue 32: LiveKit/turnloom at each size (None: no goal), and time to bytes 10k/100.
 _PEER_GOALS: dict[int, float] = {100: 1.0, 10_000: 100.0}
 _BYTES_GOAL = 1.3
+_WARM_SKIPPED = 5  # the first calls of a warm run, which find the caches cold
 _LIVEKIT_FORMAT = {
     GatewayType.openai_chat: "openai",
     GatewayType.openai_responses: "openai.responses",
@@ -253,6 +262,20 @@ async def measure(
                 items[size] = bench.manager.statistics().history.items
             samples[f"turnloom prepare {gateway}", size] = bench.prepare
             samples[f"turnloom bytes {gateway}", size] = bench.to_bytes
+        # The same programs warm, after: each one's calls back to back, so a
+        # call finds the caches as the program's previous call left them.
+        for size in SIZES:
+            bench = benches[GatewayType.openai_chat, size]
+            bench.prepare, bench.to_bytes = [], []  # the lists above keep the cold samples
+            for _ in range(_WARM_SKIPPED + rounds):
+                await bench.one_turn()
+            samples["warm turnloom", size] = bench.prepare[_WARM_SKIPPED:]
+            for name, convert, history in (
+                ("livekit", livekit[size].to_provider_format, "openai"),
+                ("langchain", convert_to_openai_messages, langchain[size]),
+            ):
+                timed = [_timed(convert, history) for _ in range(_WARM_SKIPPED + rounds)]
+                samples[f"warm {name}", size] = timed[_WARM_SKIPPED:]
         lengths = {key: len(bench.body) for key, bench in benches.items()}
     return {key: statistics.median(values) for key, values in samples.items()}, items, lengths
 
@@ -288,6 +311,28 @@ def main() -> None:
     print(
         f"turnloom prepare 10,000/100: {medians['turnloom', top] / medians['turnloom', base]:.2f}x"
     )
+    print()
+    print(
+        "prepare warm: each program's calls back to back (median microseconds; "
+        "cold - warm: what a call pays for finding the caches cold)"
+    )
+    print(
+        f"{'items':>7} {'turnloom':>10} {'livekit':>10} {'ratio':>7} {'goal':>12} "
+        f"{'langchain':>10} {'ratio':>7} {'cold-warm: turnloom':>21} {'livekit':>8}"
+    )
+    for size in SIZES:
+        ours, lk, lc = (
+            medians["warm turnloom", size],
+            medians["warm livekit", size],
+            medians["warm langchain", size],
+        )
+        goal = _PEER_GOALS.get(size)
+        judged = _goals.beside(lk / ours, goal, at_least=True) if goal is not None else ""
+        print(
+            f"{size:>7} {_us(ours)} {_us(lk)} {lk / ours:6.2f}x {judged:>12} "
+            f"{_us(lc)} {lc / ours:6.2f}x {_us(medians['turnloom', size] - ours):>21} "
+            f"{_us(medians['livekit', size] - lk):>8}"
+        )
     print()
     print("time to bytes: prepare + request_body + JSON encode (median microseconds)")
     print(
