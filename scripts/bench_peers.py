@@ -14,7 +14,7 @@ round-robin so load from elsewhere on the machine affects them alike:
    A second table times the same programs warm, after the rounds: each
    one's calls back to back (the first few left out), with what finding the
    caches cold adds to a call (cold median minus warm median). A prepare
-   runs a couple of hundred distinct functions of turnloom's, a conversion a
+   runs about 180 distinct functions of turnloom's, a conversion a
    few: cold, turnloom pays more for fetching its own code and state than
    for the history it renders.
 2. **time to bytes**, per gateway: prepare and the request body's JSON bytes
