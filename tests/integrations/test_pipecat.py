@@ -8,7 +8,8 @@ as Pipecat's own tests do; the caller's turns are an external turn
 detector's frames and transcripts (no audio, no network).
 
 Invariants: turnloom's history is the exact conversation (a reply as played,
-a tool call and its result, no false start); every input the LLM is sent is
+a tool call and its result, an asynchronous call's placeholder and later
+results, no false start); every input the LLM is sent is
 exactly turnloom's (OpenAI Chat, and Anthropic as Pipecat's adapter converts
 it); Pipecat's own context stays bounded; the pipeline's end removes the
 context, even while the model streams.
@@ -24,7 +25,8 @@ import pytest
 
 pytest.importorskip("pipecat")
 
-from pipecat.frames.frames import LLMRunFrame
+from pipecat.frames.frames import FunctionCallResultProperties, LLMRunFrame
+from pipecat.processors.aggregators import async_tool_messages
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.utils import deprecation
 
@@ -387,6 +389,180 @@ def test_a_result_still_in_progress_is_recorded_only_once_final() -> None:
                 {"role": "assistant", "content": "Let me check."},
                 {"role": "assistant", "content": None, "tool_calls": [CALL]},
                 {"role": "tool", "tool_call_id": "c1", "content": '"Gate 4 (X1)"'},
+            ]
+
+    asyncio.run(main())
+
+
+# Pipecat's own messages for an asynchronous call (``cancel_on_interruption=False``).
+STARTED = async_tool_messages.build_started_message("c1")["content"]
+FINAL = async_tool_messages.build_final_result_message("c1", '"Gate 4 (X1)"')["content"]
+SEARCHING = async_tool_messages.build_intermediate_result_message("c1", '"Searching"')["content"]
+
+
+def test_an_async_calls_result_after_the_next_user_turn_is_recorded_and_sent() -> None:
+    """An asynchronous call's result comes after the caller spoke again: Pipecat writes
+    it as a developer message (a deferred final result), which turnloom records to the
+    turn then current as a user message of its text (Pipecat's own conversion for
+    providers without a developer role) and sends in the inference it starts; the
+    placeholder the model saw stays the call's result. Nothing Pipecat wrote is lost."""
+    release = asyncio.Event()
+
+    async def slow_find_bag(params: Any) -> None:
+        await release.wait()
+        await find_bag(params)
+
+    async def main() -> None:
+        model = ScriptedLLM(
+            [["Let me look. ", Call("c1", "find_bag", {"tag": "X1"})], ["Noon."], ["Gate 4."]]
+        )
+        model.register_function("find_bag", slow_find_bag, cancel_on_interruption=False)
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, model)
+            histories: list[list[tuple[str, str]]] = []
+
+            async def script() -> None:
+                await call.say("Where is my bag?")
+                await call.replies(1)
+                await call.say("What time is it?")
+                await call.replies(2)
+                release.set()
+                await call.replies(3)
+                histories.append(_history(manager, "call-1"))
+                await call.end()
+
+            await run_calls([call], script)
+            assert histories == [
+                [
+                    ("user", "Where is my bag?"),
+                    ("assistant", "Let me look."),
+                    ("call", 'c1 find_bag {"tag": "X1"}'),
+                    ("result", f"c1 {STARTED}"),
+                    ("user", "What time is it?"),
+                    ("assistant", "Noon."),
+                    ("user", FINAL),
+                    ("assistant", "Gate 4."),
+                ]
+            ]
+            assert model.seen[2][1:] == [
+                {"role": "user", "content": "Where is my bag?"},
+                {"role": "assistant", "content": "Let me look."},
+                {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                {"role": "tool", "tool_call_id": "c1", "content": STARTED},
+                {"role": "user", "content": "What time is it?"},
+                {"role": "assistant", "content": "Noon."},
+                {"role": "user", "content": FINAL},
+            ]
+
+    asyncio.run(main())
+
+
+def test_an_async_calls_result_settled_in_place_after_turnloom_took_it_is_recorded() -> None:
+    """A synchronous sibling's result runs an inference while an asynchronous call
+    still runs, so turnloom records its placeholder; its result then comes with nothing
+    but model output after the placeholder, and Pipecat writes it over the placeholder
+    in the context turnloom gave it. turnloom records it as Pipecat's final-result
+    message (a user message of its text) and the inference it starts sends it."""
+    release = asyncio.Event()
+
+    async def slow_find_bag(params: Any) -> None:
+        await release.wait()
+        await find_bag(params)
+
+    async def weather(params: Any) -> None:
+        await params.result_callback("Sunny", properties=FunctionCallResultProperties(run_llm=True))
+
+    async def main() -> None:
+        model = ScriptedLLM(
+            [
+                [Call("c1", "find_bag", {"tag": "X1"}), Call("c2", "weather", {})],
+                ["Sunny; still looking."],
+                ["Gate 4."],
+            ]
+        )
+        model.register_function("find_bag", slow_find_bag, cancel_on_interruption=False)
+        model.register_function("weather", weather)
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, model)
+            histories: list[list[tuple[str, str]]] = []
+
+            async def script() -> None:
+                await call.say("My bag, and the weather?")
+                await call.replies(2)
+                release.set()
+                await call.replies(3)
+                histories.append(_history(manager, "call-1"))
+                await call.end()
+
+            await run_calls([call], script)
+            assert histories == [
+                [
+                    ("user", "My bag, and the weather?"),
+                    ("call", 'c1 find_bag {"tag": "X1"}'),
+                    ("result", f"c1 {STARTED}"),
+                    ("call", "c2 weather {}"),
+                    ("result", 'c2 "Sunny"'),
+                    ("assistant", "Sunny; still looking."),
+                    ("user", FINAL),
+                    ("assistant", "Gate 4."),
+                ]
+            ]
+            assert model.seen[2][-2:] == [
+                {"role": "assistant", "content": "Sunny; still looking."},
+                {"role": "user", "content": FINAL},
+            ]
+
+    asyncio.run(main())
+
+
+def test_an_async_calls_intermediate_and_final_results_are_recorded_in_order() -> None:
+    """An asynchronous call reports an intermediate result, then its final one: both
+    of Pipecat's developer messages are recorded, in order, as user messages of their
+    text, and each inference they start sends what came before it."""
+    release = asyncio.Event()
+
+    async def slow_find_bag(params: Any) -> None:
+        properties = FunctionCallResultProperties(is_final=False)
+        await params.result_callback("Searching", properties=properties)
+        await release.wait()
+        await find_bag(params)
+
+    async def main() -> None:
+        model = ScriptedLLM(
+            [[Call("c1", "find_bag", {"tag": "X1"})], ["Still searching."], ["Gate 4."]]
+        )
+        model.register_function("find_bag", slow_find_bag, cancel_on_interruption=False)
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, model)
+            histories: list[list[tuple[str, str]]] = []
+
+            async def script() -> None:
+                await call.say("Where is my bag?")
+                await call.replies(2)
+                release.set()
+                await call.replies(3)
+                histories.append(_history(manager, "call-1"))
+                await call.end()
+
+            await run_calls([call], script)
+            assert histories == [
+                [
+                    ("user", "Where is my bag?"),
+                    ("call", 'c1 find_bag {"tag": "X1"}'),
+                    ("result", f"c1 {STARTED}"),
+                    ("user", SEARCHING),
+                    ("assistant", "Still searching."),
+                    ("user", FINAL),
+                    ("assistant", "Gate 4."),
+                ]
+            ]
+            assert model.seen[1][-1] == {"role": "user", "content": SEARCHING}
+            assert model.seen[2][-2:] == [
+                {"role": "assistant", "content": "Still searching."},
+                {"role": "user", "content": FINAL},
             ]
 
     asyncio.run(main())

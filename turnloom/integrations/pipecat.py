@@ -58,9 +58,20 @@ bookkeeping unchanged), with turnloom as the one source of truth:
 
 A result Pipecat still shows as ``IN_PROGRESS`` is not recorded until it is
 final (turnloom's ``open_calls`` policy handles the open call meanwhile).
-Asynchronous function calls (``cancel_on_interruption=False``: Pipecat's
-developer-message placeholders) and realtime (speech-to-speech) services are
-not supported: the pair forces ``realtime_service_mode=False``.
+An asynchronous function call (registered with ``cancel_on_interruption=False``)
+is recorded as the model saw it: Pipecat's "started" placeholder is the
+call's result, and its later results (Pipecat's developer messages: each
+intermediate result, then the final one or the notice of its cancellation)
+are recorded, in order, to the turn current when they arrive, each as a
+``user`` message of the developer message's text, as Pipecat's Anthropic,
+Bedrock and realtime adapters convert a developer message (turnloom keeps
+instructions out of the middle of a conversation). A result Pipecat writes
+over a placeholder turnloom already took (the call finished before the
+conversation moved on, after an inference that sent the placeholder) is
+recorded the same way, as Pipecat's final-result message. Other developer
+messages Pipecat writes (its tool-change notes, its empty-turn recovery
+prompt) are not taken. Realtime (speech-to-speech) services are not
+supported: the pair forces ``realtime_service_mode=False``.
 
 Process model: a Foundation per process, shared by every pipeline the
 process runs (one manager, one worker-thread limiter, one store connection);
@@ -92,6 +103,7 @@ from typing import Any, cast
 
 import anyio
 from pipecat.frames.frames import LLMUpdateSettingsFrame
+from pipecat.processors.aggregators import async_tool_messages
 from pipecat.processors.aggregators.llm_context import LLMContext, LLMSpecificMessage
 from pipecat.processors.aggregators.llm_response_universal import (
     LLMAssistantAggregator,
@@ -125,8 +137,19 @@ def _text(content: Any) -> str:
 
 
 def _outputs(message: dict[str, Any]) -> list[Message]:
-    """An assistant or tool message Pipecat wrote, as turnloom messages (none when blank)."""
-    if message["role"] == "tool":
+    """An assistant or tool message Pipecat wrote, as turnloom messages (none when blank).
+
+    A developer message carrying an asynchronous call's later result (an
+    intermediate or final one, or its cancellation) is a ``user`` message of
+    its text, as Pipecat's Anthropic, Bedrock and realtime adapters convert
+    it; any other developer message gives none.
+    """
+    role = message["role"]
+    if role == "developer":
+        if async_tool_messages.parse_message(cast(Any, message)) is None:
+            return []
+        return [Message(role=Role.user, content=_text(message.get("content")))]
+    if role == "tool":
         part = ToolResultPart(
             call_id=message["tool_call_id"], content=(TextPart(text=_text(message["content"])),)
         )
@@ -183,14 +206,18 @@ class _Conversation:
         self.context = context
         self.turn: str | None = None  # the newest committed turn
         # What the bot said before the first user turn (a greeting, its tool
-        # calls and results): the first turn's input starts with it.
-        self.opening: list[Message] = []
-        self.opening_raw: list[Any] = []  # the same, as Pipecat wrote it
+        # calls and results), as Pipecat wrote it: the first turn's input starts
+        # with it, taken when that turn is committed (until then Pipecat may
+        # settle a call's result in place).
+        self.opening_raw: list[Any] = []
         self.reply_turn: str | None = None  # the turn the reply being spoken answers
         self.prefix: PreparedContext | None = None
         # The first ``synced`` messages of Pipecat's context are turnloom's input;
         # what Pipecat's aggregators append after them is not in turnloom yet.
         self.synced = 0
+        # Asynchronous calls (``cancel_on_interruption=False``) whose recorded
+        # result is Pipecat's "started" placeholder: call id -> its text.
+        self.running: dict[str, str] = {}
         self.closed = False
         self.created = False  # a turn was committed: the context exists
         self.lock = anyio.Lock()
@@ -207,7 +234,10 @@ class _Conversation:
         async with self.lock:
             if self.closed:
                 return False
-            pending = list(self.context.get_messages()[self.synced :])
+            held = self.context.get_messages()
+            pending = list(held[self.synced :])
+            if self.running:
+                self._take_settled(held[: self.synced])
             users = new_turn = 0
             while pending:
                 message = pending[0]
@@ -227,22 +257,17 @@ class _Conversation:
                         continue  # never committed: a false start leaves no turn
                     self._commit(text)
                     new_turn += 1
-                elif role in ("assistant", "tool"):
+                elif role in ("assistant", "tool", "developer"):
                     outputs = _outputs(cast(dict[str, Any], message))
+                    if not outputs:
+                        continue  # blank, or a developer message that is not a call's
                     if self.turn is None:
                         # Before the first user turn (the host's greeting): it opens
                         # the first turn's input, and stays in Pipecat's context.
-                        if outputs:
-                            self.opening.extend(outputs)
-                            self.opening_raw.append(message)
+                        self.opening_raw.append(message)
                         continue
-                    answered = self.reply_turn or self.turn
-                    if outputs:
-                        self.manager.record(self.context_id, answered, outputs)
-                        if answered != self.turn:
-                            # A reply cut by the barge-in that started the newest turn,
-                            # taken after that turn's commit: the newest input changes.
-                            self.prefix = None
+                    self._track(message)
+                    self._record(outputs)
             if users and not new_turn:
                 self.context.set_messages([*self.context.get_messages()[: self.synced], *pending])
                 return False
@@ -262,6 +287,51 @@ class _Conversation:
             self.context.set_messages([*messages, *pending])
             self.synced = len(messages)
             return new_turn > 0 or not user
+
+    def _record(self, outputs: list[Message]) -> None:
+        """Record ``outputs`` to the turn the reply being spoken answers (else the newest)."""
+        answered = self.reply_turn or self.turn
+        assert answered is not None
+        self.manager.record(self.context_id, answered, outputs)
+        if answered != self.turn:
+            # A reply cut by the barge-in that started the newest turn,
+            # taken after that turn's commit: the newest input changes.
+            self.prefix = None
+
+    def _track(self, message: Any) -> None:
+        """Note an asynchronous call's placeholder taken as its result, or forget a settled one."""
+        payload = async_tool_messages.parse_message(message)
+        if payload is None:
+            return
+        if payload.kind == "started":
+            self.running[payload.tool_call_id] = _text(message.get("content"))
+        elif payload.kind == "final":
+            self.running.pop(payload.tool_call_id, None)
+
+    def _take_settled(self, synced: list[Any]) -> None:
+        """Record the results Pipecat wrote over a placeholder turnloom already holds.
+
+        An asynchronous call whose result comes before the conversation moved
+        on is settled in place: Pipecat overwrites the content of the call's
+        tool message in its context, which is turnloom's input by then, so
+        the next sync would replace it unseen. Its result is recorded instead
+        as the final-result notice Pipecat writes for a deferred one.
+        """
+        turn = self.reply_turn or self.turn
+        for message in synced:
+            if not isinstance(message, dict) or message.get("role") != "tool":
+                continue
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str) or call_id not in self.running:
+                continue
+            placeholder = self.running[call_id]
+            result = _text(message.get("content"))
+            if result == placeholder:
+                continue
+            del self.running[call_id]
+            notice = async_tool_messages.build_final_result_message(call_id, result)
+            if turn is not None:
+                self._record(_outputs(cast(dict[str, Any], notice)))
 
     async def send_instruction(self, aggregator: FrameProcessor, direction: FrameDirection) -> None:
         """Hand the LLM service turnloom's instructions, when they changed since last sent.
@@ -288,20 +358,22 @@ class _Conversation:
         self.reply_turn = self.turn
 
     def _commit(self, text: str) -> None:
+        first = self.turn is None
+        opening = [m for raw in self.opening_raw for m in _outputs(raw)] if first else []
         turn_id = new_turn_id()
         self.manager.accept_turn(
             TurnSnapshot(
                 context_id=self.context_id,
                 turn_id=turn_id,
-                instructions=(self.system,) if self.turn is None else None,
+                instructions=(self.system,) if first else None,
                 # The first turn (none held) opens with what the bot said before it.
-                input=(
-                    *(self.opening if self.turn is None else ()),
-                    Message(role=Role.user, content=text),
-                ),
+                input=(*opening, Message(role=Role.user, content=text)),
             )
         )
         self.turn, self.prefix, self.created = turn_id, None, True
+        if first:
+            for raw in self.opening_raw:
+                self._track(raw)
 
     def retract_turn(self) -> None:
         """Take back the newest user turn (``manager.voice.retract_turn``) and its context."""
