@@ -223,7 +223,12 @@ class FakeCall(Generic[LLM]):
             instructions="Be brief.",
             tools=TOOLS,
             false_start=false_start,
-            user_params=LLMUserAggregatorParams(user_turn_strategies=turn_strategies()),
+            # No empty-turn recovery: under load the caller's stop frame can land
+            # after the stop strategy's timeout ended the turn, which starts an
+            # empty one that Pipecat would answer with an extra inference.
+            user_params=LLMUserAggregatorParams(
+                user_turn_strategies=turn_strategies(), empty_user_turn=None
+            ),
         )
         self.tts = SpeakingTTS(word_seconds=word_seconds)
         pipeline = Pipeline([self.pair.user(), llm, self.tts, self.pair.assistant()])

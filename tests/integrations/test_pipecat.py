@@ -25,7 +25,13 @@ import pytest
 
 pytest.importorskip("pipecat")
 
-from pipecat.frames.frames import FunctionCallResultProperties, LLMRunFrame
+from pipecat.frames.frames import (
+    FunctionCallResultProperties,
+    LLMMessagesAppendFrame,
+    LLMMessagesTransformFrame,
+    LLMMessagesUpdateFrame,
+    LLMRunFrame,
+)
 from pipecat.processors.aggregators import async_tool_messages
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.utils import deprecation
@@ -563,6 +569,181 @@ def test_an_async_calls_intermediate_and_final_results_are_recorded_in_order() -
             assert model.seen[2][-2:] == [
                 {"role": "assistant", "content": "Still searching."},
                 {"role": "user", "content": FINAL},
+            ]
+
+    asyncio.run(main())
+
+
+IDLE = "The user is quiet. Ask if they are still there."
+
+
+@pytest.mark.parametrize("role", ["system", "developer"])
+def test_a_hosts_appended_note_is_recorded_as_a_user_message_and_runs_an_inference(
+    role: str,
+) -> None:
+    """A host appends a note mid-call (``LLMMessagesAppendFrame(run_llm=True)``, as
+    Pipecat's idle handling does): turnloom records it to the current turn as a user
+    message of its text (instructions never land mid-history; Pipecat's Anthropic
+    adapter converts it alike), and the inference the host asked for runs on
+    turnloom's input with it."""
+
+    async def main() -> None:
+        model = ScriptedLLM([["Hello."], ["Are you still there?"]])
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, model)
+            histories: list[list[tuple[str, str]]] = []
+
+            async def script() -> None:
+                await call.say("Hi.")
+                await call.replies(1)
+                note = LLMMessagesAppendFrame([{"role": role, "content": IDLE}], run_llm=True)
+                await call.worker.queue_frame(note)
+                await call.replies(2)
+                histories.append(_history(manager, "call-1"))
+                await call.end()
+
+            await run_calls([call], script)
+            assert histories == [
+                [
+                    ("user", "Hi."),
+                    ("assistant", "Hello."),
+                    ("user", IDLE),
+                    ("assistant", "Are you still there?"),
+                ]
+            ]
+            assert model.seen == [
+                [SYSTEM, {"role": "user", "content": "Hi."}],
+                [
+                    SYSTEM,
+                    {"role": "user", "content": "Hi."},
+                    {"role": "assistant", "content": "Hello."},
+                    {"role": "user", "content": IDLE},
+                ],
+            ]
+
+    asyncio.run(main())
+
+
+def test_an_llm_run_frame_after_the_first_turn_runs_an_inference_on_turnlooms_input() -> None:
+    """The host asks for a reply with no new message (``LLMRunFrame`` mid-call): the
+    inference runs, on turnloom's input, and its reply is recorded to the turn."""
+
+    async def main() -> None:
+        model = ScriptedLLM([["Hello."], ["Anything else?"]])
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, model)
+            histories: list[list[tuple[str, str]]] = []
+
+            async def script() -> None:
+                await call.say("Hi.")
+                await call.replies(1)
+                await call.worker.queue_frame(LLMRunFrame())
+                await call.replies(2)
+                histories.append(_history(manager, "call-1"))
+                await call.end()
+
+            await run_calls([call], script)
+            assert histories == [
+                [("user", "Hi."), ("assistant", "Hello."), ("assistant", "Anything else?")]
+            ]
+            assert model.seen[1] == [
+                SYSTEM,
+                {"role": "user", "content": "Hi."},
+                {"role": "assistant", "content": "Hello."},
+            ]
+
+    asyncio.run(main())
+
+
+def test_a_hosts_note_before_the_first_turn_opens_its_input_as_a_user_message() -> None:
+    """The host starts the call with a note and a reply (``LLMMessagesAppendFrame
+    (run_llm=True)`` before the caller speaks, Pipecat's greeting pattern): every
+    inference reads it as the same user message of its text, the greeting's as every
+    later one, whose first turn's input opens with it and the greeting."""
+    hello = "Introduce yourself."
+
+    async def main() -> None:
+        model = ScriptedLLM([["I am the bag desk."], ["Gate 4."]])
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, model)
+            histories: list[list[tuple[str, str]]] = []
+
+            async def script() -> None:
+                note = LLMMessagesAppendFrame([{"role": "system", "content": hello}], run_llm=True)
+                await call.worker.queue_frame(note)
+                await call.replies(1)
+                await call.say("Where is my bag?")
+                await call.replies(2)
+                histories.append(_history(manager, "call-1"))
+                await call.end()
+
+            await run_calls([call], script)
+            assert histories == [
+                [
+                    ("user", hello),
+                    ("assistant", "I am the bag desk."),
+                    ("user", "Where is my bag?"),
+                    ("assistant", "Gate 4."),
+                ]
+            ]
+            assert model.seen[0] == [SYSTEM, {"role": "user", "content": hello}]
+            assert model.seen[1] == [
+                SYSTEM,
+                {"role": "user", "content": hello},
+                {"role": "assistant", "content": "I am the bag desk."},
+                {"role": "user", "content": "Where is my bag?"},
+            ]
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("rewrite", ["update", "transform"])
+def test_a_frame_rewriting_the_context_is_refused_loudly_and_changes_nothing(rewrite: str) -> None:
+    """``LLMMessagesUpdateFrame`` and ``LLMMessagesTransformFrame`` would rewrite the
+    context turnloom holds: each is refused with an InvalidArgumentError, which
+    Pipecat reports as an ErrorFrame (``on_pipeline_error``); turnloom's history and
+    Pipecat's context are unchanged and the call goes on."""
+
+    async def main() -> None:
+        model = ScriptedLLM([["Hello."], ["Bye."]])
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, model)
+            errors: list[Any] = []
+            histories: list[list[tuple[str, str]]] = []
+
+            @call.worker.event_handler("on_pipeline_error")  # type: ignore[misc]
+            async def _error(worker: Any, frame: Any) -> None:
+                errors.append(frame.exception)
+
+            reset = [{"role": "user", "content": "Forget everything."}]
+            frame = (
+                LLMMessagesUpdateFrame(reset, run_llm=True)
+                if rewrite == "update"
+                else LLMMessagesTransformFrame(lambda messages: reset, run_llm=True)
+            )
+
+            async def script() -> None:
+                await call.say("Hi.")
+                await call.replies(1)
+                await call.worker.queue_frame(frame)
+                await call.until(lambda: bool(errors))
+                histories.append(_history(manager, "call-1"))
+                await call.say("Thanks.")
+                await call.replies(2)
+                await call.end()
+
+            await run_calls([call], script)
+            assert [type(error) for error in errors] == [InvalidArgumentError]
+            assert histories == [[("user", "Hi."), ("assistant", "Hello.")]]
+            assert model.seen[1] == [
+                SYSTEM,
+                {"role": "user", "content": "Hi."},
+                {"role": "assistant", "content": "Hello."},
+                {"role": "user", "content": "Thanks."},
             ]
 
     asyncio.run(main())

@@ -68,10 +68,22 @@ Bedrock and realtime adapters convert a developer message (turnloom keeps
 instructions out of the middle of a conversation). A result Pipecat writes
 over a placeholder turnloom already took (the call finished before the
 conversation moved on, after an inference that sent the placeholder) is
-recorded the same way, as Pipecat's final-result message. Other developer
-messages Pipecat writes (its tool-change notes, its empty-turn recovery
-prompt) are not taken. Realtime (speech-to-speech) services are not
-supported: the pair forces ``realtime_service_mode=False``.
+recorded the same way, as Pipecat's final-result message.
+
+A note the host appends (``LLMMessagesAppendFrame``: a ``system`` or
+``developer`` message, as Pipecat's idle handling and greetings do; so are
+Pipecat's own empty-turn prompt and tool-change notes) is recorded to the
+current turn as a ``user`` message of its text, the same conversion; before
+the first user turn it opens that turn's input, and Pipecat's context holds
+it in that shape already, so every inference reads it alike. Every push
+runs the inference Pipecat runs for it (a host's ``LLMRunFrame`` or
+``run_llm=True`` mid-call included) but a false start's. The context is
+turnloom's: ``LLMMessagesUpdateFrame`` and ``LLMMessagesTransformFrame``,
+which would rewrite what turnloom holds, are refused, changing nothing, with
+an InvalidArgumentError that Pipecat pushes as an ``ErrorFrame`` (the
+worker's ``on_pipeline_error``); change the conversation through the
+manager. Realtime (speech-to-speech) services are
+not supported: the pair forces ``realtime_service_mode=False``.
 
 Process model: a Foundation per process, shared by every pipeline the
 process runs (one manager, one worker-thread limiter, one store connection);
@@ -102,7 +114,11 @@ from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import anyio
-from pipecat.frames.frames import LLMUpdateSettingsFrame
+from pipecat.frames.frames import (
+    LLMMessagesTransformFrame,
+    LLMMessagesUpdateFrame,
+    LLMUpdateSettingsFrame,
+)
 from pipecat.processors.aggregators import async_tool_messages
 from pipecat.processors.aggregators.llm_context import LLMContext, LLMSpecificMessage
 from pipecat.processors.aggregators.llm_response_universal import (
@@ -137,18 +153,18 @@ def _text(content: Any) -> str:
 
 
 def _outputs(message: dict[str, Any]) -> list[Message]:
-    """An assistant or tool message Pipecat wrote, as turnloom messages (none when blank).
+    """A message Pipecat holds, as turnloom messages (none when blank).
 
-    A developer message carrying an asynchronous call's later result (an
-    intermediate or final one, or its cancellation) is a ``user`` message of
-    its text, as Pipecat's Anthropic, Bedrock and realtime adapters convert
-    it; any other developer message gives none.
+    A user message is its text. A system or developer message (a host's
+    note appended with ``LLMMessagesAppendFrame``, an asynchronous call's
+    later result, Pipecat's empty-turn prompt) is a ``user`` message of its
+    text, as Pipecat's Anthropic, Bedrock and realtime adapters convert one
+    after the conversation's start.
     """
     role = message["role"]
-    if role == "developer":
-        if async_tool_messages.parse_message(cast(Any, message)) is None:
-            return []
-        return [Message(role=Role.user, content=_text(message.get("content")))]
+    if role == "system" or role == "developer" or role == "user":
+        text = _text(message.get("content"))
+        return [Message(role=Role.user, content=text)] if text.strip() else []
     if role == "tool":
         part = ToolResultPart(
             call_id=message["tool_call_id"], content=(TextPart(text=_text(message["content"])),)
@@ -166,6 +182,11 @@ def _outputs(message: dict[str, Any]) -> list[Message]:
             )
         )
     return [Message(role=Role.assistant, content=tuple(parts))] if parts else []
+
+
+def _user_dict(message: Message) -> dict[str, Any]:
+    """A ``user`` Message of text, in Pipecat's (OpenAI Chat) message shape."""
+    return {"role": "user", "content": message.text}
 
 
 def _split_instructions(items: tuple[Any, ...]) -> tuple[str | None, list[Any]]:
@@ -222,14 +243,14 @@ class _Conversation:
         self.created = False  # a turn was committed: the context exists
         self.lock = anyio.Lock()
 
-    async def sync(self, *, user: bool) -> bool:
+    async def sync(self) -> bool:
         """Take what Pipecat wrote into turnloom, then make Pipecat's context turnloom's input.
 
         One sync at a time (the two aggregators run in their own tasks).
-        Returns False when no inference must run: the call ended, every user
-        message taken was a false start, or (``user``: the user aggregator's
-        push) no user turn was committed by it (Pipecat's empty-turn
-        recovery only adds a developer prompt, which turnloom does not take).
+        Returns False when no inference must run: the call ended, or every
+        user message taken was a false start (or blank). Any other push runs
+        one, as Pipecat's does: a finished user turn, a function result, and
+        a host's ``LLMRunFrame`` or ``LLMMessagesAppendFrame(run_llm=True)``.
         """
         async with self.lock:
             if self.closed:
@@ -257,14 +278,16 @@ class _Conversation:
                         continue  # never committed: a false start leaves no turn
                     self._commit(text)
                     new_turn += 1
-                elif role in ("assistant", "tool", "developer"):
+                elif role in ("assistant", "tool", "system", "developer"):
                     outputs = _outputs(cast(dict[str, Any], message))
                     if not outputs:
-                        continue  # blank, or a developer message that is not a call's
+                        continue  # blank
                     if self.turn is None:
                         # Before the first user turn (the host's greeting): it opens
-                        # the first turn's input, and stays in Pipecat's context.
-                        self.opening_raw.append(message)
+                        # the first turn's input, and stays in Pipecat's context (a
+                        # note as the user message turnloom will hold).
+                        note = role == "system" or role == "developer"
+                        self.opening_raw.append(_user_dict(outputs[0]) if note else message)
                         continue
                     self._track(message)
                     self._record(outputs)
@@ -286,7 +309,7 @@ class _Conversation:
             self.instruction, messages = _split_instructions(cast(tuple[Any, ...], items))
             self.context.set_messages([*messages, *pending])
             self.synced = len(messages)
-            return new_turn > 0 or not user
+            return True
 
     def _record(self, outputs: list[Message]) -> None:
         """Record ``outputs`` to the turn the reply being spoken answers (else the newest)."""
@@ -392,6 +415,19 @@ class _Conversation:
             self.turn = self.reply_turn = self.prefix = None
 
 
+def _rewrite_refused(
+    frame: LLMMessagesUpdateFrame | LLMMessagesTransformFrame,
+) -> InvalidArgumentError:
+    """The error for a frame that would rewrite the context turnloom holds."""
+    name = type(frame).__name__
+    return InvalidArgumentError(
+        f"{name} rewrites the LLM context, which a TurnloomContextAggregatorPair keeps as "
+        "turnloom's input: append with LLMMessagesAppendFrame, or change the conversation "
+        "through the manager (retract_turn, compaction, the history limits). Nothing changed.",
+        field="frame",
+    )
+
+
 class TurnloomUserAggregator(LLMUserAggregator):
     """Pipecat's user aggregator whose pushed context is turnloom's input for the new turn."""
 
@@ -410,9 +446,17 @@ class TurnloomUserAggregator(LLMUserAggregator):
         Cancellation: cancelled while the turn's input is prepared, the turn
         stays committed and nothing is pushed; the next push prepares it.
         """
-        if await self._conversation.sync(user=True):
+        if await self._conversation.sync():
             await self._conversation.send_instruction(self, direction)
             await super().push_context_frame(direction)
+
+    async def _handle_llm_messages_update(self, frame: LLMMessagesUpdateFrame) -> None:
+        """Refuse it: raises InvalidArgumentError (Pipecat pushes it as an ErrorFrame)."""
+        raise _rewrite_refused(frame)
+
+    async def _handle_llm_messages_transform(self, frame: LLMMessagesTransformFrame) -> None:
+        """Refuse it: raises InvalidArgumentError (Pipecat pushes it as an ErrorFrame)."""
+        raise _rewrite_refused(frame)
 
 
 class TurnloomAssistantAggregator(LLMAssistantAggregator):
@@ -430,9 +474,17 @@ class TurnloomAssistantAggregator(LLMAssistantAggregator):
         Pushes an ``LLMUpdateSettingsFrame`` with turnloom's instructions first
         when they changed since last sent.
         """
-        if await self._conversation.sync(user=False):
+        if await self._conversation.sync():
             await self._conversation.send_instruction(self, direction)
             await super().push_context_frame(direction)
+
+    async def _handle_llm_messages_update(self, frame: LLMMessagesUpdateFrame) -> None:
+        """Refuse it: raises InvalidArgumentError (Pipecat pushes it as an ErrorFrame)."""
+        raise _rewrite_refused(frame)
+
+    async def _handle_llm_messages_transform(self, frame: LLMMessagesTransformFrame) -> None:
+        """Refuse it: raises InvalidArgumentError (Pipecat pushes it as an ErrorFrame)."""
+        raise _rewrite_refused(frame)
 
     async def cleanup(self) -> None:
         """The pipeline ended (``EndFrame`` or ``CancelFrame``): remove the call's context."""
