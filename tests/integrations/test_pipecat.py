@@ -45,7 +45,15 @@ from tests.integrations.pipecat_fakes import (
     openai_service,
     run_calls,
 )
-from turnloom.context import HistoryLimits, Message, Role, TextPart, ToolCallPart, ToolResultPart
+from turnloom.context import (
+    HistoryLimits,
+    ImagePart,
+    Message,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+)
 from turnloom.errors import InvalidArgumentError
 from turnloom.integrations.pipecat import TurnloomContextAggregatorPair
 from turnloom.runtime import ContextManager, ContextPrepareRequest, Foundation, TurnSnapshot
@@ -745,6 +753,49 @@ def test_a_frame_rewriting_the_context_is_refused_loudly_and_changes_nothing(rew
                 {"role": "assistant", "content": "Hello."},
                 {"role": "user", "content": "Thanks."},
             ]
+
+    asyncio.run(main())
+
+
+def test_a_user_message_with_an_image_is_committed_with_it_and_sent() -> None:
+    """A user message carrying an image (a host's ``LLMMessagesAppendFrame``, the shape
+    Pipecat's vision frames add) commits a turn holding its text and its image, as
+    turnloom's OpenAI Chat gateway parses it, and the model is sent both."""
+    url = "data:image/png;base64,iVBORw0KGgo="
+    native = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "What is on this tag?"},
+            {"type": "image_url", "image_url": {"url": url}},
+        ],
+    }
+
+    async def main() -> None:
+        model = ScriptedLLM([["Hello."], ["It reads X1."]])
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, model)
+            turns: list[tuple[Message, ...]] = []
+
+            async def script() -> None:
+                await call.say("Hi.")
+                await call.replies(1)
+                await call.worker.queue_frame(LLMMessagesAppendFrame([native], run_llm=True))
+                await call.replies(2)
+                view = manager.history("call-1")
+                turns.extend(view.turn_messages(turn) for turn in view.turn_ids)
+                await call.end()
+
+            await run_calls([call], script)
+            assert [len(messages) for messages in turns] == [2, 2]
+            assert turns[1][0] == Message(
+                role=Role.user,
+                content=(
+                    TextPart(text="What is on this tag?"),
+                    ImagePart(data="iVBORw0KGgo=", media_type="image/png"),
+                ),
+            )
+            assert model.seen[1][-1] == native
 
     asyncio.run(main())
 

@@ -49,8 +49,8 @@ bookkeeping unchanged), with turnloom as the one source of truth:
 * a false start: the ``false_start`` hook sees each finished user turn's
   text; True keeps the turn out of turnloom (it is never committed), takes it
   out of Pipecat's context and runs no inference. A blank transcript is
-  never committed either. Only a user message's text is taken (an image a
-  user message carries is not).
+  never committed either. A user message is taken as turnloom's OpenAI Chat
+  gateway parses it: its text and its images (Pipecat's vision frames).
 * the pipeline's end (``EndFrame``, or ``CancelFrame``: the caller hung up,
   even while the model streams) removes the context
   (``manager.remove_context``: idempotent, and it cancels a preparation in
@@ -110,6 +110,7 @@ from __future__ import annotations
 
 __all__ = ("TurnloomAssistantAggregator", "TurnloomContextAggregatorPair", "TurnloomUserAggregator")
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -131,9 +132,17 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.services.settings import LLMSettings
 
 from turnloom.context import GatewayType, Message, Role, TextPart, ToolCallPart, ToolResultPart
-from turnloom.errors import ContextRemovedError, InvalidArgumentError, UnknownTurnError
+from turnloom.context.message import is_blank_part
+from turnloom.errors import (
+    ContextRemovedError,
+    InvalidArgumentError,
+    TurnloomError,
+    UnknownTurnError,
+)
 from turnloom.integrations._ids import new_turn_id
 from turnloom.runtime import ContextManager, ContextPrepareRequest, PreparedContext, TurnSnapshot
+
+_log = logging.getLogger(__name__)
 
 # Pipecat's placeholder content of a function call whose result has not arrived.
 _IN_PROGRESS = "IN_PROGRESS"
@@ -271,12 +280,12 @@ class _Conversation:
                 pending.pop(0)
                 if role == "user":
                     users += 1
-                    text = _text(message.get("content"))
-                    if not text.strip() or (
-                        self.false_start is not None and self.false_start(text)
+                    said = self._user_message(cast(dict[str, Any], message))
+                    if said is None or (
+                        self.false_start is not None and self.false_start(said.text)
                     ):
                         continue  # never committed: a false start leaves no turn
-                    self._commit(text)
+                    self._commit(said)
                     new_turn += 1
                 elif role in ("assistant", "tool", "system", "developer"):
                     outputs = _outputs(cast(dict[str, Any], message))
@@ -380,7 +389,29 @@ class _Conversation:
         """Pipecat's ``on_assistant_turn_started``: the reply starting answers the newest turn."""
         self.reply_turn = self.turn
 
-    def _commit(self, text: str) -> None:
+    def _user_message(self, native: dict[str, Any]) -> Message | None:
+        """A user message Pipecat wrote, as turnloom's gateway parses it (None when blank).
+
+        Its text and images (Pipecat's vision frames, a host's appended
+        ``image_url`` parts) are kept. A message the gateway refuses is taken
+        as its text alone, with a logged warning.
+        """
+        try:
+            message = self.manager.gateway.parse(cast(Any, native))
+        except TurnloomError as exc:
+            _log.warning(
+                "Took only the text of a user message of context %r that turnloom's OpenAI "
+                "Chat gateway refused: %s",
+                self.context_id,
+                exc,
+            )
+            text = _text(native.get("content"))
+            return Message(role=Role.user, content=text) if text.strip() else None
+        if message.role is not Role.user or all(map(is_blank_part, message.parts)):
+            return None
+        return message
+
+    def _commit(self, said: Message) -> None:
         first = self.turn is None
         opening = [m for raw in self.opening_raw for m in _outputs(raw)] if first else []
         turn_id = new_turn_id()
@@ -390,7 +421,7 @@ class _Conversation:
                 turn_id=turn_id,
                 instructions=(self.system,) if first else None,
                 # The first turn (none held) opens with what the bot said before it.
-                input=(*opening, Message(role=Role.user, content=text)),
+                input=(*opening, said),
             )
         )
         self.turn, self.prefix, self.created = turn_id, None, True
