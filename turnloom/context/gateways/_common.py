@@ -15,6 +15,7 @@ __all__ = (
     "make_layout",
     "render_inline",
     "require_object",
+    "sdk_json",
     "split_image_url",
     "standard_base64",
     "violation",
@@ -275,6 +276,66 @@ def split_image_url(url: object) -> tuple[str, str] | None:
     if not sep or not is_image_media_type(media):
         return None
     return media, data
+
+
+_SDK_DEPTH = 64  # deeper than any provider SDK's model nests: left for the parse to refuse
+
+
+def _is_model(value: Any) -> bool:
+    """True for a provider SDK object: a pydantic model (it has ``model_dump``)."""
+    kind = type(value)
+    if kind is dict or kind is list or kind is str or kind is tuple:
+        return False
+    return callable(getattr(value, "model_dump", None))
+
+
+def sdk_json(item: Any) -> Any:
+    """``item`` with each provider SDK object in it as its JSON data.
+
+    The providers' Python SDKs (openai, anthropic, google-genai) return
+    pydantic models; hosts hand them back as they are (Anthropic's
+    ``{"role": "assistant", "content": response.content}``, Gemini's
+    ``response.candidates[0].content``). Each object with a ``model_dump``
+    method, at any depth of dicts, lists and tuples, is replaced by
+    ``model_dump(mode="json", exclude_none=True)``: the JSON the SDK would
+    send (bytes as base64, as the REST APIs take ``thoughtSignature``),
+    without the fields left unset. ``item`` itself (no copy) when it holds
+    no such object. O(item).
+    """
+    if _is_model(item):
+        return item.model_dump(mode="json", exclude_none=True)
+    if not _holds_model(item):
+        return item
+    return _dumped(item, 0)
+
+
+def _holds_model(item: Any) -> bool:
+    stack = [item]
+    seen: set[int] = set()  # containers walked: a host's cyclic data ends the walk
+    while stack:
+        value = stack.pop()
+        kind = type(value)
+        if kind is dict or kind is list or kind is tuple:
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            stack.extend(value.values() if kind is dict else value)
+        elif kind is not str and _is_model(value):
+            return True
+    return False
+
+
+def _dumped(value: Any, depth: int) -> Any:
+    if depth > _SDK_DEPTH:
+        return value
+    kind = type(value)
+    if kind is dict:
+        return {key: _dumped(child, depth + 1) for key, child in value.items()}
+    if kind is list or kind is tuple:
+        return [_dumped(child, depth + 1) for child in value]
+    if _is_model(value):
+        return value.model_dump(mode="json", exclude_none=True)
+    return value
 
 
 def require_object(item: Any, provider: str, what: str = "item") -> dict[str, Any]:

@@ -97,6 +97,7 @@ from turnloom.context.gateways._common import (
     make_layout,
     render_inline,
     require_object,
+    sdk_json,
     standard_base64,
 )
 from turnloom.context.message import (
@@ -336,6 +337,10 @@ class AnthropicGateway(Gateway):
         ``usage``) are not kept. A user item holding only ``tool_result`` blocks parses
         to a ``tool`` message.
 
+        A provider SDK's object (a pydantic model, or a dict or list holding
+        them, as its SDK returned them) is taken as its JSON data
+        (``model_dump(mode="json", exclude_none=True)``).
+
         The message passes :func:`~turnloom.context.check_message`, so it
         can be committed as it is.
 
@@ -345,7 +350,7 @@ class AnthropicGateway(Gateway):
             InvalidTextError: a string holds a lone surrogate (not valid UTF-8).
             DuplicateIdError: two tool calls of the item share a call id.
         """
-        message = self._parse_item(item)
+        message = self._parse_item(sdk_json(item))
         check_message(message, where="An Anthropic message")
         return message
 

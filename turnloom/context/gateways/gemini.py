@@ -107,6 +107,7 @@ from turnloom.context.gateways._common import (
     make_layout,
     render_inline,
     require_object,
+    sdk_json,
     violation,
 )
 from turnloom.context.message import (
@@ -410,6 +411,10 @@ class GeminiGateway(Gateway):
         call of that name). The count is per parsed Content: parse a step's
         id-less calls as one Content, and their responses as one.
 
+        A provider SDK's object (a pydantic model, or a dict or list holding
+        them, as its SDK returned them) is taken as its JSON data
+        (``model_dump(mode="json", exclude_none=True)``).
+
         The message passes :func:`~turnloom.context.check_message`, so it
         can be committed as it is.
 
@@ -419,7 +424,7 @@ class GeminiGateway(Gateway):
             InvalidTextError: a string holds a lone surrogate (not valid UTF-8).
             DuplicateIdError: two tool calls of the item share a call id.
         """
-        message = self._parse_item(item)
+        message = self._parse_item(sdk_json(item))
         check_message(message, where="A Gemini content")
         return message
 

@@ -72,6 +72,7 @@ from turnloom.context.gateways._common import (
     empty_input,
     layout_of,
     require_object,
+    sdk_json,
     split_image_url,
     standard_base64,
 )
@@ -316,6 +317,10 @@ class OpenAIChatGateway(Gateway):
     def parse(self, item: NativeContent) -> Message:
         """Parse one Chat message (request item or a choice's ``message``).
 
+        A provider SDK's object (a pydantic model, or a dict or list holding
+        them, as its SDK returned them) is taken as its JSON data
+        (``model_dump(mode="json", exclude_none=True)``).
+
         The message passes :func:`~turnloom.context.check_message`, so it
         can be committed as it is.
 
@@ -325,7 +330,7 @@ class OpenAIChatGateway(Gateway):
             InvalidTextError: a string holds a lone surrogate (not valid UTF-8).
             DuplicateIdError: two tool calls of the item share a call id.
         """
-        message = self._parse_item(item)
+        message = self._parse_item(sdk_json(item))
         check_message(message, where="An OpenAI Chat message")
         return message
 

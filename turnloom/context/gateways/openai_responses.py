@@ -86,6 +86,7 @@ from turnloom.context.gateways._common import (
     layout_of,
     make_layout,
     require_object,
+    sdk_json,
     split_image_url,
     standard_base64,
 )
@@ -404,6 +405,10 @@ class OpenAIResponsesGateway(Gateway):
         renders in front of the assistant message after it
         (:func:`~turnloom.context.join_steps`).
 
+        A provider SDK's object (a pydantic model, or a dict or list holding
+        them, as its SDK returned them) is taken as its JSON data
+        (``model_dump(mode="json", exclude_none=True)``).
+
         The message passes :func:`~turnloom.context.check_message`, so it
         can be committed as it is.
 
@@ -412,7 +417,7 @@ class OpenAIResponsesGateway(Gateway):
             InvalidTextError: a string holds a lone surrogate (not valid UTF-8).
             DuplicateIdError: two tool calls of the item share a call id.
         """
-        message = self._parse_item(item)
+        message = self._parse_item(sdk_json(item))
         check_message(message, where="An OpenAI Responses item")
         return message
 
