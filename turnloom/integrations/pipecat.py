@@ -349,7 +349,8 @@ class _Conversation:
         the next sync would replace it unseen. Its result is recorded instead
         as the final-result notice Pipecat writes for a deferred one.
         """
-        turn = self.reply_turn or self.turn
+        if self.turn is None:
+            return  # no turn to record to (the only one was retracted): kept for the next
         for message in synced:
             if not isinstance(message, dict) or message.get("role") != "tool":
                 continue
@@ -362,8 +363,7 @@ class _Conversation:
                 continue
             del self.running[call_id]
             notice = async_tool_messages.build_final_result_message(call_id, result)
-            if turn is not None:
-                self._record(_outputs(cast(dict[str, Any], notice)))
+            self._record(_outputs(cast(dict[str, Any], notice)))
 
     async def send_instruction(self, aggregator: FrameProcessor, direction: FrameDirection) -> None:
         """Hand the LLM service turnloom's instructions, when they changed since last sent.
