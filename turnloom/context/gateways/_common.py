@@ -13,6 +13,7 @@ __all__ = (
     "json_text",
     "layout_of",
     "make_layout",
+    "parse_sdk",
     "render_inline",
     "require_object",
     "sdk_json",
@@ -23,6 +24,7 @@ __all__ = (
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from turnloom.context._media import (
@@ -307,6 +309,24 @@ def sdk_json(item: Any) -> Any:
     if not _holds_model(item):
         return item
     return _dumped(item, 0)
+
+
+def parse_sdk(parse: Callable[[Any], Message], item: Any) -> Message:
+    """``parse(item)``; when it refuses an item holding SDK objects, ``parse(sdk_json(item))``.
+
+    Plain JSON data costs nothing more (the walk runs only after a refusal).
+
+    Raises:
+        InvalidMessageError: as ``parse``: the first refusal when ``item``
+            holds no SDK object, else the second parse's.
+    """
+    try:
+        return parse(item)
+    except InvalidMessageError:
+        plain = sdk_json(item)
+        if plain is item:
+            raise
+    return parse(plain)
 
 
 def _holds_model(item: Any) -> bool:

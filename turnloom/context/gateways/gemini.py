@@ -105,9 +105,9 @@ from turnloom.context.gateways._common import (
     json_text,
     layout_of,
     make_layout,
+    parse_sdk,
     render_inline,
     require_object,
-    sdk_json,
     violation,
 )
 from turnloom.context.message import (
@@ -424,7 +424,10 @@ class GeminiGateway(Gateway):
             InvalidTextError: a string holds a lone surrogate (not valid UTF-8).
             DuplicateIdError: two tool calls of the item share a call id.
         """
-        message = self._parse_item(sdk_json(item))
+        return parse_sdk(self._parse_checked, item)
+
+    def _parse_checked(self, item: NativeContent) -> Message:
+        message = self._parse_item(item)
         check_message(message, where="A Gemini content")
         return message
 

@@ -71,8 +71,8 @@ from turnloom.context.gateways._common import (
     drop_foreign,
     empty_input,
     layout_of,
+    parse_sdk,
     require_object,
-    sdk_json,
     split_image_url,
     standard_base64,
 )
@@ -330,7 +330,10 @@ class OpenAIChatGateway(Gateway):
             InvalidTextError: a string holds a lone surrogate (not valid UTF-8).
             DuplicateIdError: two tool calls of the item share a call id.
         """
-        message = self._parse_item(sdk_json(item))
+        return parse_sdk(self._parse_checked, item)
+
+    def _parse_checked(self, item: NativeContent) -> Message:
+        message = self._parse_item(item)
         check_message(message, where="An OpenAI Chat message")
         return message
 
