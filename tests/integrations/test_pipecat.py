@@ -31,6 +31,9 @@ from pipecat.frames.frames import (
     LLMMessagesTransformFrame,
     LLMMessagesUpdateFrame,
     LLMRunFrame,
+    ProposedUserStartedSpeakingFrame,
+    ProposedUserStoppedSpeakingFrame,
+    TranscriptionFrame,
 )
 from pipecat.processors.aggregators import async_tool_messages
 from pipecat.processors.frame_processor import FrameDirection
@@ -796,6 +799,64 @@ def test_a_user_message_with_an_image_is_committed_with_it_and_sent() -> None:
                 ),
             )
             assert model.seen[1][-1] == native
+
+    asyncio.run(main())
+
+
+def test_an_async_result_held_back_by_a_false_start_still_runs_its_inference() -> None:
+    """An asynchronous call's result arrives while the caller speaks (Pipecat holds its
+    push back until the turn ends) and what they said is a false start: the false start
+    is not committed, but the result is recorded and the inference Pipecat owes it runs,
+    so the model is told the result (before, no inference ran and it was never said)."""
+    release = asyncio.Event()
+
+    async def slow_find_bag(params: Any) -> None:
+        await release.wait()
+        await find_bag(params)
+
+    async def main() -> None:
+        model = ScriptedLLM([[Call("c1", "find_bag", {"tag": "X1"})], ["Still."], ["Gate 4."]])
+        model.register_function("find_bag", slow_find_bag, cancel_on_interruption=False)
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, model, false_start=lambda text: text == "Um.")
+            histories: list[list[tuple[str, str]]] = []
+
+            def held() -> list[Any]:
+                return [m.get("content") for m in call.pair.context.get_messages()]
+
+            async def script() -> None:
+                await call.say("Where is my bag?")
+                await call.replies(1)
+                await call.say("Well?")
+                await call.replies(2)
+                await call.worker.queue_frame(ProposedUserStartedSpeakingFrame())
+                await call.worker.queue_frame(TranscriptionFrame("Um.", "caller", "t"))
+                await call.until(lambda: call.pair.assistant()._user_speaking)
+                release.set()
+                await call.until(lambda: FINAL in held())
+                await call.worker.queue_frame(ProposedUserStoppedSpeakingFrame())
+                await call.replies(3)
+                histories.append(_history(manager, "call-1"))
+                await call.end()
+
+            await run_calls([call], script)
+            assert histories == [
+                [
+                    ("user", "Where is my bag?"),
+                    ("call", 'c1 find_bag {"tag": "X1"}'),
+                    ("result", f"c1 {STARTED}"),
+                    ("user", "Well?"),
+                    ("assistant", "Still."),
+                    ("user", FINAL),
+                    ("assistant", "Gate 4."),
+                ]
+            ]
+            assert len(model.seen) == 3
+            assert model.seen[2][-2:] == [
+                {"role": "assistant", "content": "Still."},
+                {"role": "user", "content": FINAL},
+            ]
 
     asyncio.run(main())
 

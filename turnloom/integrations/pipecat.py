@@ -77,7 +77,9 @@ current turn as a ``user`` message of its text, the same conversion; before
 the first user turn it opens that turn's input, and Pipecat's context holds
 it in that shape already, so every inference reads it alike. Every push
 runs the inference Pipecat runs for it (a host's ``LLMRunFrame`` or
-``run_llm=True`` mid-call included) but a false start's. The context is
+``run_llm=True`` mid-call included) but a false start's; a false start's
+push that brings an asynchronous call's later result (held back while the
+caller spoke) still runs it, so the model is told the result. The context is
 turnloom's: ``LLMMessagesUpdateFrame`` and ``LLMMessagesTransformFrame``,
 which would rewrite what turnloom holds, are refused, changing nothing, with
 an InvalidArgumentError that Pipecat pushes as an ``ErrorFrame`` (the
@@ -257,17 +259,21 @@ class _Conversation:
 
         One sync at a time (the two aggregators run in their own tasks).
         Returns False when no inference must run: the call ended, or every
-        user message taken was a false start (or blank). Any other push runs
-        one, as Pipecat's does: a finished user turn, a function result, and
-        a host's ``LLMRunFrame`` or ``LLMMessagesAppendFrame(run_llm=True)``.
+        user message taken was a false start (or blank) and no asynchronous
+        call's later result came with them. Any other push runs one, as
+        Pipecat's does: a finished user turn, a function result (an
+        asynchronous call's result held back while the caller spoke included,
+        even when what they said was a false start), and a host's
+        ``LLMRunFrame`` or ``LLMMessagesAppendFrame(run_llm=True)``.
         """
         async with self.lock:
             if self.closed:
                 return False
             held = self.context.get_messages()
             pending = list(held[self.synced :])
-            if self.running:
-                self._take_settled(held[: self.synced])
+            # An asynchronous call's later result taken now: Pipecat owes it an
+            # inference, which a false start in the same push does not cancel.
+            owed = bool(self.running) and self._take_settled(held[: self.synced])
             users = new_turn = 0
             while pending:
                 message = pending[0]
@@ -298,9 +304,9 @@ class _Conversation:
                         note = role == "system" or role == "developer"
                         self.opening_raw.append(_user_dict(outputs[0]) if note else message)
                         continue
-                    self._track(message)
+                    owed = self._track(message) or owed
                     self._record(outputs)
-            if users and not new_turn:
+            if users and not new_turn and not owed:
                 self.context.set_messages([*self.context.get_messages()[: self.synced], *pending])
                 return False
             if self.turn is None:  # before the first user turn: Pipecat's own messages
@@ -330,18 +336,26 @@ class _Conversation:
             # taken after that turn's commit: the newest input changes.
             self.prefix = None
 
-    def _track(self, message: Any) -> None:
-        """Note an asynchronous call's placeholder taken as its result, or forget a settled one."""
+    def _track(self, message: Any) -> bool:
+        """Note an asynchronous call's placeholder taken as its result, or forget a settled one.
+
+        Returns True when ``message`` is one of the call's later results (an
+        intermediate or final one, or the notice of its cancellation).
+        """
         payload = async_tool_messages.parse_message(message)
         if payload is None:
-            return
+            return False
         if payload.kind == "started":
             self.running[payload.tool_call_id] = _text(message.get("content"))
-        elif payload.kind == "final":
+            return False
+        if payload.kind == "final":
             self.running.pop(payload.tool_call_id, None)
+        return True
 
-    def _take_settled(self, synced: list[Any]) -> None:
+    def _take_settled(self, synced: list[Any]) -> bool:
         """Record the results Pipecat wrote over a placeholder turnloom already holds.
+
+        Returns True when it recorded one.
 
         An asynchronous call whose result comes before the conversation moved
         on is settled in place: Pipecat overwrites the content of the call's
@@ -350,7 +364,8 @@ class _Conversation:
         as the final-result notice Pipecat writes for a deferred one.
         """
         if self.turn is None:
-            return  # no turn to record to (the only one was retracted): kept for the next
+            return False  # no turn to record to (the only one was retracted): kept for the next
+        taken = False
         for message in synced:
             if not isinstance(message, dict) or message.get("role") != "tool":
                 continue
@@ -364,6 +379,8 @@ class _Conversation:
             del self.running[call_id]
             notice = async_tool_messages.build_final_result_message(call_id, result)
             self._record(_outputs(cast(dict[str, Any], notice)))
+            taken = True
+        return taken
 
     async def send_instruction(self, aggregator: FrameProcessor, direction: FrameDirection) -> None:
         """Hand the LLM service turnloom's instructions, when they changed since last sent.
