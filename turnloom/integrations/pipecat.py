@@ -78,8 +78,9 @@ the first user turn it opens that turn's input, and Pipecat's context holds
 it in that shape already, so every inference reads it alike. Every push
 runs the inference Pipecat runs for it (a host's ``LLMRunFrame`` or
 ``run_llm=True`` mid-call included) but a false start's; a false start's
-push that brings an asynchronous call's later result (held back while the
-caller spoke) still runs it, so the model is told the result. The context is
+push that brings a function's result (held back while the caller spoke:
+an asynchronous call's result, before the first user turn too) still runs
+it, so the model is told the result. The context is
 turnloom's: ``LLMMessagesUpdateFrame`` and ``LLMMessagesTransformFrame``,
 which would rewrite what turnloom holds, are refused, changing nothing, with
 an InvalidArgumentError that Pipecat pushes as an ``ErrorFrame`` (the
@@ -195,6 +196,18 @@ def _outputs(message: dict[str, Any]) -> list[Message]:
     return [Message(role=Role.assistant, content=tuple(parts))] if parts else []
 
 
+def _settled_result(message: Any) -> bool:
+    """Whether ``message`` is a function's result that Pipecat runs an inference for.
+
+    A ``tool`` message with a result: not an asynchronous call's "started"
+    placeholder, nor the ``CANCELLED`` of a call an interruption cancelled.
+    """
+    if message.get("role") != "tool" or message.get("content") == "CANCELLED":
+        return False
+    payload = async_tool_messages.parse_message(message)
+    return payload is None or payload.kind != "started"
+
+
 def _user_dict(message: Message) -> dict[str, Any]:
     """A ``user`` Message of text, in Pipecat's (OpenAI Chat) message shape."""
     return {"role": "user", "content": message.text}
@@ -250,6 +263,9 @@ class _Conversation:
         # Asynchronous calls (``cancel_on_interruption=False``) whose recorded
         # result is Pipecat's "started" placeholder: call id -> its text.
         self.running: dict[str, str] = {}
+        # The same, for the placeholders of calls made before the first user
+        # turn (still Pipecat's own messages in ``opening_raw``).
+        self.opening_running: dict[str, str] = {}
         self.closed = False
         self.created = False  # a turn was committed: the context exists
         self.lock = anyio.Lock()
@@ -259,21 +275,23 @@ class _Conversation:
 
         One sync at a time (the two aggregators run in their own tasks).
         Returns False when no inference must run: the call ended, or every
-        user message taken was a false start (or blank) and no asynchronous
-        call's later result came with them. Any other push runs one, as
-        Pipecat's does: a finished user turn, a function result (an
-        asynchronous call's result held back while the caller spoke included,
-        even when what they said was a false start), and a host's
-        ``LLMRunFrame`` or ``LLMMessagesAppendFrame(run_llm=True)``.
+        user message taken was a false start (or blank) and no function
+        result came with them (a result Pipecat held back while the caller
+        spoke: a tool message's result, settled in place over an asynchronous
+        call's placeholder included, or an asynchronous call's later result).
+        Any other push runs one, as Pipecat's does: a finished user turn, a
+        function result, and a host's ``LLMRunFrame`` or
+        ``LLMMessagesAppendFrame(run_llm=True)``.
         """
         async with self.lock:
             if self.closed:
                 return False
             held = self.context.get_messages()
             pending = list(held[self.synced :])
-            # An asynchronous call's later result taken now: Pipecat owes it an
-            # inference, which a false start in the same push does not cancel.
+            # A function's result taken now: Pipecat owes it an inference, which
+            # a false start in the same push does not cancel.
             owed = bool(self.running) and self._take_settled(held[: self.synced])
+            owed = self._opening_settled() or owed
             users = new_turn = 0
             while pending:
                 message = pending[0]
@@ -303,8 +321,13 @@ class _Conversation:
                         # note as the user message turnloom will hold).
                         note = role == "system" or role == "developer"
                         self.opening_raw.append(_user_dict(outputs[0]) if note else message)
+                        payload = async_tool_messages.parse_message(message)
+                        if payload is not None and payload.kind == "started":
+                            self.opening_running[payload.tool_call_id] = _text(message["content"])
+                        elif payload is not None or _settled_result(message):
+                            owed = True
                         continue
-                    owed = self._track(message) or owed
+                    owed = self._track(message) or _settled_result(message) or owed
                     self._record(outputs)
             if users and not new_turn and not owed:
                 self.context.set_messages([*self.context.get_messages()[: self.synced], *pending])
@@ -382,6 +405,18 @@ class _Conversation:
             taken = True
         return taken
 
+    def _opening_settled(self) -> bool:
+        """Whether Pipecat wrote a result over a placeholder of ``opening_raw`` since the last
+        sync (the call settled in place before the first user turn); forgets those calls."""
+        settled = False
+        for message in self.opening_raw:
+            call_id = message.get("tool_call_id") if message.get("role") == "tool" else None
+            if call_id in self.opening_running:
+                if _text(message.get("content")) != self.opening_running[call_id]:
+                    del self.opening_running[call_id]
+                    settled = True
+        return settled
+
     async def send_instruction(self, aggregator: FrameProcessor, direction: FrameDirection) -> None:
         """Hand the LLM service turnloom's instructions, when they changed since last sent.
 
@@ -443,6 +478,7 @@ class _Conversation:
         )
         self.turn, self.prefix, self.created = turn_id, None, True
         if first:
+            self.opening_running.clear()
             for raw in self.opening_raw:
                 self._track(raw)
 
