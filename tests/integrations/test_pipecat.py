@@ -952,6 +952,72 @@ def test_a_greetings_async_result_with_a_false_start_still_runs_its_inference(
     asyncio.run(main())
 
 
+def test_a_greetings_async_result_after_the_only_turn_was_retracted_is_recorded_once() -> None:
+    """The greeting starts an asynchronous call; the first turn is retracted while the
+    call runs; its result then comes. Pipecat settles it over the greeting's placeholder
+    (the greeting is its context again) and the next turn opens with the call's result,
+    recorded once, as the model saw it (before, Pipecat's final-result message was
+    recorded too, which the model never saw)."""
+    release = asyncio.Event()
+
+    async def slow_find_bag(params: Any) -> None:
+        await release.wait()
+        await find_bag(params)
+
+    async def main() -> None:
+        model = ScriptedLLM(
+            [
+                ["Welcome. ", Call("c1", "find_bag", {"tag": "X1"})],
+                ["Sorry, ", "what ", "was ", "that?"],
+                ["Gate 4."],
+                ["Hi."],
+            ],
+            chunk_seconds=0.02,
+        )
+        model.register_function("find_bag", slow_find_bag, cancel_on_interruption=False)
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, model)
+            histories: list[list[tuple[str, str]]] = []
+
+            async def script() -> None:
+                await call.worker.queue_frame(LLMRunFrame())
+                await call.replies(1)
+                await call.say("Um.")
+                await call.until(lambda: len(model.seen) == 2)
+                call.pair.retract_turn()
+                await call.replies(2)
+                release.set()
+                await call.replies(3)
+                await call.say("Hello?")
+                await call.replies(4)
+                histories.append(_history(manager, "call-1"))
+                await call.end()
+
+            await run_calls([call], script)
+            assert histories == [
+                [
+                    ("assistant", "Welcome."),
+                    ("call", 'c1 find_bag {"tag": "X1"}'),
+                    ("result", 'c1 "Gate 4 (X1)"'),
+                    ("assistant", "Sorry, what was that?"),
+                    ("assistant", "Gate 4."),
+                    ("user", "Hello?"),
+                    ("assistant", "Hi."),
+                ]
+            ]
+            assert [m.get("content") for m in model.seen[3][1:]] == [
+                "Welcome.",
+                None,
+                '"Gate 4 (X1)"',
+                "Sorry, what was that?",
+                "Gate 4.",
+                "Hello?",
+            ]
+
+    asyncio.run(main())
+
+
 def test_a_false_start_commits_no_turn_and_runs_no_inference() -> None:
     async def main() -> None:
         async with Foundation(gateway="openai_chat") as foundation:

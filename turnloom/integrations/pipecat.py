@@ -489,6 +489,24 @@ class _Conversation:
             held = self.manager.history(self.context_id).turn_ids
             self.turn = held[-1] if held else None
             self.reply_turn = self.prefix = None
+            if self.turn is None:
+                self._reopen()
+
+    def _reopen(self) -> None:
+        """The only turn was retracted: Pipecat's context is the opening again.
+
+        Its asynchronous calls still running are the opening's again, and
+        Pipecat's context holds the opening's own messages (then what Pipecat
+        wrote since the last sync), so a later result settles over the
+        opening's placeholder, as the model sees it. (A result cannot have
+        settled over the retracted turn's input: its user message follows the
+        placeholder, so Pipecat defers it.)
+        """
+        messages = self.context.get_messages()
+        self.opening_running.update(self.running)
+        self.running.clear()
+        self.context.set_messages([*self.opening_raw, *messages[self.synced :]])
+        self.synced = len(self.opening_raw)
 
     def close(self) -> None:
         """Remove the call's context (idempotent)."""
