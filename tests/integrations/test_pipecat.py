@@ -31,6 +31,9 @@ from pipecat.frames.frames import (
     LLMMessagesTransformFrame,
     LLMMessagesUpdateFrame,
     LLMRunFrame,
+    ProposedUserStartedSpeakingFrame,
+    ProposedUserStoppedSpeakingFrame,
+    TranscriptionFrame,
 )
 from pipecat.processors.aggregators import async_tool_messages
 from pipecat.processors.frame_processor import FrameDirection
@@ -796,6 +799,221 @@ def test_a_user_message_with_an_image_is_committed_with_it_and_sent() -> None:
                 ),
             )
             assert model.seen[1][-1] == native
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("moved_on", [True, False])
+def test_an_async_result_held_back_by_a_false_start_still_runs_its_inference(
+    moved_on: bool,
+) -> None:
+    """An asynchronous call's result arrives while the caller speaks (Pipecat holds its
+    push back until the turn ends) and what they said is a false start: the false start
+    is not committed, but the result is recorded and the inference Pipecat owes it runs,
+    so the model is told the result (before, no inference ran and it was never said).
+    ``moved_on``: the caller spoke after the call, so the result is Pipecat's deferred
+    final-result message; else Pipecat settles it in place, as the call's result."""
+    release = asyncio.Event()
+
+    async def slow_find_bag(params: Any) -> None:
+        await release.wait()
+        await find_bag(params)
+
+    async def main() -> None:
+        model = ScriptedLLM([[Call("c1", "find_bag", {"tag": "X1"})], ["Still."], ["Gate 4."]])
+        model.register_function("find_bag", slow_find_bag, cancel_on_interruption=False)
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, model, false_start=lambda text: text == "Um.")
+            histories: list[list[tuple[str, str]]] = []
+
+            def held() -> list[Any]:
+                return [m.get("content") for m in call.pair.context.get_messages()]
+
+            async def script() -> None:
+                await call.say("Where is my bag?")
+                await call.replies(1)
+                if moved_on:
+                    await call.say("Well?")
+                    await call.replies(2)
+                await call.worker.queue_frame(ProposedUserStartedSpeakingFrame())
+                await call.worker.queue_frame(TranscriptionFrame("Um.", "caller", "t"))
+                await call.until(lambda: call.pair.assistant()._user_speaking)
+                release.set()
+                await call.until(lambda: (FINAL if moved_on else '"Gate 4 (X1)"') in held())
+                await call.worker.queue_frame(ProposedUserStoppedSpeakingFrame())
+                await call.replies(2 + moved_on)
+                histories.append(_history(manager, "call-1"))
+                await call.end()
+
+            await run_calls([call], script)
+            if moved_on:
+                assert histories == [
+                    [
+                        ("user", "Where is my bag?"),
+                        ("call", 'c1 find_bag {"tag": "X1"}'),
+                        ("result", f"c1 {STARTED}"),
+                        ("user", "Well?"),
+                        ("assistant", "Still."),
+                        ("user", FINAL),
+                        ("assistant", "Gate 4."),
+                    ]
+                ]
+                assert len(model.seen) == 3
+                assert model.seen[2][-2:] == [
+                    {"role": "assistant", "content": "Still."},
+                    {"role": "user", "content": FINAL},
+                ]
+            else:
+                assert histories == [
+                    [
+                        ("user", "Where is my bag?"),
+                        ("call", 'c1 find_bag {"tag": "X1"}'),
+                        ("result", 'c1 "Gate 4 (X1)"'),
+                        ("assistant", "Still."),
+                    ]
+                ]
+                assert len(model.seen) == 2
+                assert model.seen[1][1:] == [
+                    {"role": "user", "content": "Where is my bag?"},
+                    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                    {"role": "tool", "tool_call_id": "c1", "content": '"Gate 4 (X1)"'},
+                ]
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("synced", [False, True])
+def test_a_greetings_async_result_with_a_false_start_still_runs_its_inference(
+    synced: bool,
+) -> None:
+    """The greeting starts an asynchronous call whose result comes while the caller
+    speaks, before the first user turn (Pipecat settles it in place, its push held back
+    until the turn ends), and what they said is a false start: the inference Pipecat
+    owes the result still runs, on the greeting with the result (``synced``: a host's
+    ``LLMRunFrame`` had sent the placeholder first), and the first turn opens with it."""
+    release = asyncio.Event()
+
+    async def slow_find_bag(params: Any) -> None:
+        await release.wait()
+        await find_bag(params)
+
+    async def main() -> None:
+        model = ScriptedLLM(
+            [["Welcome. ", Call("c1", "find_bag", {"tag": "X1"})], ["R2"], ["R3"], ["R4"]]
+        )
+        model.register_function("find_bag", slow_find_bag, cancel_on_interruption=False)
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, model, false_start=lambda text: text == "Um.")
+            histories: list[list[tuple[str, str]]] = []
+
+            def held() -> list[Any]:
+                return [m.get("content") for m in call.pair.context.get_messages()]
+
+            async def script() -> None:
+                await call.worker.queue_frame(LLMRunFrame())
+                await call.replies(1)
+                if synced:
+                    await call.worker.queue_frame(LLMRunFrame())
+                    await call.replies(2)
+                await call.worker.queue_frame(ProposedUserStartedSpeakingFrame())
+                await call.worker.queue_frame(TranscriptionFrame("Um.", "caller", "t"))
+                await call.until(lambda: call.pair.assistant()._user_speaking)
+                release.set()
+                await call.until(lambda: '"Gate 4 (X1)"' in held())
+                await call.worker.queue_frame(ProposedUserStoppedSpeakingFrame())
+                await call.replies(2 + synced)
+                await call.say("Hello?")
+                await call.replies(3 + synced)
+                histories.append(_history(manager, "call-1"))
+                await call.end()
+
+            await run_calls([call], script)
+            replies = [("assistant", "R2"), ("assistant", "R3")][: 1 + synced]
+            assert histories == [
+                [
+                    ("assistant", "Welcome."),
+                    ("call", 'c1 find_bag {"tag": "X1"}'),
+                    ("result", 'c1 "Gate 4 (X1)"'),
+                    *replies,
+                    ("user", "Hello?"),
+                    ("assistant", "R4" if synced else "R3"),
+                ]
+            ]
+            assert len(model.seen) == 3 + synced
+            assert [m.get("content") for m in model.seen[1 + synced][1:]] == [
+                "Welcome.",
+                None,
+                '"Gate 4 (X1)"',
+                *(["R2"] if synced else []),
+            ]
+
+    asyncio.run(main())
+
+
+def test_a_greetings_async_result_after_the_only_turn_was_retracted_is_recorded_once() -> None:
+    """The greeting starts an asynchronous call; the first turn is retracted while the
+    call runs; its result then comes. Pipecat settles it over the greeting's placeholder
+    (the greeting is its context again) and the next turn opens with the call's result,
+    recorded once, as the model saw it (before, Pipecat's final-result message was
+    recorded too, which the model never saw)."""
+    release = asyncio.Event()
+
+    async def slow_find_bag(params: Any) -> None:
+        await release.wait()
+        await find_bag(params)
+
+    async def main() -> None:
+        model = ScriptedLLM(
+            [
+                ["Welcome. ", Call("c1", "find_bag", {"tag": "X1"})],
+                ["Sorry, ", "what ", "was ", "that?"],
+                ["Gate 4."],
+                ["Hi."],
+            ],
+            chunk_seconds=0.02,
+        )
+        model.register_function("find_bag", slow_find_bag, cancel_on_interruption=False)
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, model)
+            histories: list[list[tuple[str, str]]] = []
+
+            async def script() -> None:
+                await call.worker.queue_frame(LLMRunFrame())
+                await call.replies(1)
+                await call.say("Um.")
+                await call.until(lambda: len(model.seen) == 2)
+                call.pair.retract_turn()
+                await call.replies(2)
+                release.set()
+                await call.replies(3)
+                await call.say("Hello?")
+                await call.replies(4)
+                histories.append(_history(manager, "call-1"))
+                await call.end()
+
+            await run_calls([call], script)
+            assert histories == [
+                [
+                    ("assistant", "Welcome."),
+                    ("call", 'c1 find_bag {"tag": "X1"}'),
+                    ("result", 'c1 "Gate 4 (X1)"'),
+                    ("assistant", "Sorry, what was that?"),
+                    ("assistant", "Gate 4."),
+                    ("user", "Hello?"),
+                    ("assistant", "Hi."),
+                ]
+            ]
+            assert [m.get("content") for m in model.seen[3][1:]] == [
+                "Welcome.",
+                None,
+                '"Gate 4 (X1)"',
+                "Sorry, what was that?",
+                "Gate 4.",
+                "Hello?",
+            ]
 
     asyncio.run(main())
 

@@ -77,7 +77,10 @@ current turn as a ``user`` message of its text, the same conversion; before
 the first user turn it opens that turn's input, and Pipecat's context holds
 it in that shape already, so every inference reads it alike. Every push
 runs the inference Pipecat runs for it (a host's ``LLMRunFrame`` or
-``run_llm=True`` mid-call included) but a false start's. The context is
+``run_llm=True`` mid-call included) but a false start's; a false start's
+push that brings a function's result (held back while the caller spoke:
+an asynchronous call's result, before the first user turn too) still runs
+it, so the model is told the result. The context is
 turnloom's: ``LLMMessagesUpdateFrame`` and ``LLMMessagesTransformFrame``,
 which would rewrite what turnloom holds, are refused, changing nothing, with
 an InvalidArgumentError that Pipecat pushes as an ``ErrorFrame`` (the
@@ -193,6 +196,18 @@ def _outputs(message: dict[str, Any]) -> list[Message]:
     return [Message(role=Role.assistant, content=tuple(parts))] if parts else []
 
 
+def _settled_result(message: Any) -> bool:
+    """Whether ``message`` is a function's result that Pipecat runs an inference for.
+
+    A ``tool`` message with a result: not an asynchronous call's "started"
+    placeholder, nor the ``CANCELLED`` of a call an interruption cancelled.
+    """
+    if message.get("role") != "tool" or message.get("content") == "CANCELLED":
+        return False
+    payload = async_tool_messages.parse_message(message)
+    return payload is None or payload.kind != "started"
+
+
 def _user_dict(message: Message) -> dict[str, Any]:
     """A ``user`` Message of text, in Pipecat's (OpenAI Chat) message shape."""
     return {"role": "user", "content": message.text}
@@ -248,6 +263,9 @@ class _Conversation:
         # Asynchronous calls (``cancel_on_interruption=False``) whose recorded
         # result is Pipecat's "started" placeholder: call id -> its text.
         self.running: dict[str, str] = {}
+        # The same, for the placeholders of calls made before the first user
+        # turn (still Pipecat's own messages in ``opening_raw``).
+        self.opening_running: dict[str, str] = {}
         self.closed = False
         self.created = False  # a turn was committed: the context exists
         self.lock = anyio.Lock()
@@ -257,17 +275,23 @@ class _Conversation:
 
         One sync at a time (the two aggregators run in their own tasks).
         Returns False when no inference must run: the call ended, or every
-        user message taken was a false start (or blank). Any other push runs
-        one, as Pipecat's does: a finished user turn, a function result, and
-        a host's ``LLMRunFrame`` or ``LLMMessagesAppendFrame(run_llm=True)``.
+        user message taken was a false start (or blank) and no function
+        result came with them (a result Pipecat held back while the caller
+        spoke: a tool message's result, settled in place over an asynchronous
+        call's placeholder included, or an asynchronous call's later result).
+        Any other push runs one, as Pipecat's does: a finished user turn, a
+        function result, and a host's ``LLMRunFrame`` or
+        ``LLMMessagesAppendFrame(run_llm=True)``.
         """
         async with self.lock:
             if self.closed:
                 return False
             held = self.context.get_messages()
             pending = list(held[self.synced :])
-            if self.running:
-                self._take_settled(held[: self.synced])
+            # A function's result taken now: Pipecat owes it an inference, which
+            # a false start in the same push does not cancel.
+            owed = bool(self.running) and self._take_settled(held[: self.synced])
+            owed = self._opening_settled() or owed
             users = new_turn = 0
             while pending:
                 message = pending[0]
@@ -297,10 +321,15 @@ class _Conversation:
                         # note as the user message turnloom will hold).
                         note = role == "system" or role == "developer"
                         self.opening_raw.append(_user_dict(outputs[0]) if note else message)
+                        payload = async_tool_messages.parse_message(message)
+                        if payload is not None and payload.kind == "started":
+                            self.opening_running[payload.tool_call_id] = _text(message["content"])
+                        elif payload is not None or _settled_result(message):
+                            owed = True
                         continue
-                    self._track(message)
+                    owed = self._track(message) or _settled_result(message) or owed
                     self._record(outputs)
-            if users and not new_turn:
+            if users and not new_turn and not owed:
                 self.context.set_messages([*self.context.get_messages()[: self.synced], *pending])
                 return False
             if self.turn is None:  # before the first user turn: Pipecat's own messages
@@ -330,18 +359,26 @@ class _Conversation:
             # taken after that turn's commit: the newest input changes.
             self.prefix = None
 
-    def _track(self, message: Any) -> None:
-        """Note an asynchronous call's placeholder taken as its result, or forget a settled one."""
+    def _track(self, message: Any) -> bool:
+        """Note an asynchronous call's placeholder taken as its result, or forget a settled one.
+
+        Returns True when ``message`` is one of the call's later results (an
+        intermediate or final one, or the notice of its cancellation).
+        """
         payload = async_tool_messages.parse_message(message)
         if payload is None:
-            return
+            return False
         if payload.kind == "started":
             self.running[payload.tool_call_id] = _text(message.get("content"))
-        elif payload.kind == "final":
+            return False
+        if payload.kind == "final":
             self.running.pop(payload.tool_call_id, None)
+        return True
 
-    def _take_settled(self, synced: list[Any]) -> None:
+    def _take_settled(self, synced: list[Any]) -> bool:
         """Record the results Pipecat wrote over a placeholder turnloom already holds.
+
+        Returns True when it recorded one.
 
         An asynchronous call whose result comes before the conversation moved
         on is settled in place: Pipecat overwrites the content of the call's
@@ -350,7 +387,8 @@ class _Conversation:
         as the final-result notice Pipecat writes for a deferred one.
         """
         if self.turn is None:
-            return  # no turn to record to (the only one was retracted): kept for the next
+            return False  # no turn to record to (the only one was retracted): kept for the next
+        taken = False
         for message in synced:
             if not isinstance(message, dict) or message.get("role") != "tool":
                 continue
@@ -364,6 +402,20 @@ class _Conversation:
             del self.running[call_id]
             notice = async_tool_messages.build_final_result_message(call_id, result)
             self._record(_outputs(cast(dict[str, Any], notice)))
+            taken = True
+        return taken
+
+    def _opening_settled(self) -> bool:
+        """Whether Pipecat wrote a result over a placeholder of ``opening_raw`` since the last
+        sync (the call settled in place before the first user turn); forgets those calls."""
+        settled = False
+        for message in self.opening_raw:
+            call_id = message.get("tool_call_id") if message.get("role") == "tool" else None
+            if call_id in self.opening_running:
+                if _text(message.get("content")) != self.opening_running[call_id]:
+                    del self.opening_running[call_id]
+                    settled = True
+        return settled
 
     async def send_instruction(self, aggregator: FrameProcessor, direction: FrameDirection) -> None:
         """Hand the LLM service turnloom's instructions, when they changed since last sent.
@@ -426,6 +478,7 @@ class _Conversation:
         )
         self.turn, self.prefix, self.created = turn_id, None, True
         if first:
+            self.opening_running.clear()
             for raw in self.opening_raw:
                 self._track(raw)
 
@@ -436,6 +489,24 @@ class _Conversation:
             held = self.manager.history(self.context_id).turn_ids
             self.turn = held[-1] if held else None
             self.reply_turn = self.prefix = None
+            if self.turn is None:
+                self._reopen()
+
+    def _reopen(self) -> None:
+        """The only turn was retracted: Pipecat's context is the opening again.
+
+        Its asynchronous calls still running are the opening's again, and
+        Pipecat's context holds the opening's own messages (then what Pipecat
+        wrote since the last sync), so a later result settles over the
+        opening's placeholder, as the model sees it. (A result cannot have
+        settled over the retracted turn's input: its user message follows the
+        placeholder, so Pipecat defers it.)
+        """
+        messages = self.context.get_messages()
+        self.opening_running.update(self.running)
+        self.running.clear()
+        self.context.set_messages([*self.opening_raw, *messages[self.synced :]])
+        self.synced = len(self.opening_raw)
 
     def close(self) -> None:
         """Remove the call's context (idempotent)."""
