@@ -3,7 +3,8 @@
 Every item kind the SDK hands ``add_items`` comes back from ``get_items``
 exactly; what ``get_items`` hands back is a valid Responses input (no output
 cut from its call, no call without its output, no reasoning item without the
-item it belongs to).
+item it belongs to); ``pop_item`` never leaves the session holding less than
+every item but the newest.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import copy
 from typing import Any
 
+import anyio
 import pytest
 
 pytest.importorskip("agents")
@@ -21,6 +23,7 @@ from openai.types.responses import ResponseFunctionWebSearch, ResponseReasoningI
 from openai.types.responses.response_reasoning_item import Summary
 
 from tests.integrations.agents_fakes import ScriptedModel, call, say
+from turnloom.errors import StoreUnavailableError
 from turnloom.integrations.openai_agents import TurnloomSession, complete_window
 from turnloom.runtime import Foundation
 
@@ -329,3 +332,60 @@ def test_a_real_run_with_parallel_calls_then_a_failed_tool_then_a_new_run() -> N
             assert foundation.manager.gateway.validate(await session.get_items()) == []
 
     asyncio.run(main())
+
+
+async def test_a_pop_cancelled_during_its_rebuild_still_holds_every_item_but_the_newest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Invariant: pop_item cancelled while it rebuilds the context (here at the
+    store flush of its clear) finishes: it returns the newest item and the session
+    holds every other; the cancellation reaches the caller at its next checkpoint.
+    Before the fix the session was left empty: four items gone.
+
+    Mutant tried: the rebuild not shielded: fails."""
+    async with Foundation(gateway="openai_responses") as foundation:
+        session = TurnloomSession("s1", foundation.manager)
+        await session.add_items([USER, CALL, OUTPUT, REPLY])  # type: ignore[list-item]
+        leases = type(foundation.manager.leases)
+        flush = leases.flush
+        with anyio.CancelScope() as scope:
+
+            async def cancelling_flush(self: Any, context_id: str) -> None:
+                scope.cancel()
+                await flush(self, context_id)
+                await anyio.sleep(0)
+
+            monkeypatch.setattr(leases, "flush", cancelling_flush)
+            popped = await session.pop_item()
+            monkeypatch.setattr(leases, "flush", flush)
+            assert scope.cancel_called
+            assert popped == REPLY
+        assert await session.get_items() == [USER, CALL, OUTPUT]
+
+
+async def test_a_pop_whose_rebuild_fails_puts_every_item_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Invariant: when adding the items back fails during pop_item, the error is
+    raised and the session holds what it held before. Before the fix it was left
+    empty.
+
+    Mutant tried: no restore on failure: fails."""
+    async with Foundation(gateway="openai_responses") as foundation:
+        session = TurnloomSession("s1", foundation.manager)
+        held = [USER, CALL, OUTPUT, REPLY]
+        await session.add_items(copy.deepcopy(held))  # type: ignore[arg-type]
+        add = session.add_items
+        calls: list[int] = []
+
+        async def failing_once(items: list[Any]) -> None:
+            calls.append(len(items))
+            if len(calls) == 1:
+                raise StoreUnavailableError("The store is down.")
+            await add(items)
+
+        monkeypatch.setattr(session, "add_items", failing_once)
+        with pytest.raises(StoreUnavailableError):
+            await session.pop_item()
+        assert calls == [3, 4]
+        assert await session.get_items() == held

@@ -32,7 +32,8 @@ returns a tool output without its call, nor a call without its output (a
 call left open, for example by a cancelled run), for every call kind the SDK
 runs itself (function, custom tool, computer, shell, apply patch, tool
 search, MCP approval), nor a reasoning item whose call was left out
-(:func:`complete_window`). These items stay held.
+(:func:`complete_window`). These items stay held; :meth:`pop_item` may
+return one.
 
 Concurrency: the SDK runs on asyncio only (``Runner`` uses asyncio tasks), so
 a session used by ``Runner.run`` runs on asyncio. The session itself awaits
@@ -50,6 +51,7 @@ __all__ = ("TurnloomSession", "complete_window")
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+import anyio
 from agents.memory import SessionSettings
 
 from turnloom.context import (
@@ -354,18 +356,41 @@ class TurnloomSession:
 
         turnloom records a turn's outputs append-only, so this rebuilds the
         context without its newest item: O(history held), for the SDK's rare
-        rewinds (a retried or corrected run).
+        rewinds (a retried or corrected run). The newest item is the newest
+        held one, which may be one :meth:`get_items` leaves out (a call left
+        open by a cancelled run). When the rebuild fails, the context is
+        rebuilt as it was (every held item added back) and the error raised.
 
         Raises:
             as :meth:`clear_session` and :meth:`add_items`.
+
+        Cancellation:
+            The rebuild (clearing, then adding the items back) is shielded: a
+            call cancelled during it finishes the pop and returns the newest
+            item (the cancellation reaches the caller at its next
+            checkpoint), so the session holds every item but the newest, never
+            fewer, and the item taken out is handed back. A call cancelled
+            before the rebuild (while claiming the context) changes nothing.
         """
         await self._claim()
         items = self._all_items()
         if not items:
             return None
-        await self.clear_session()
-        await self.add_items(cast("list[TResponseInputItem]", items[:-1]))
+        with anyio.CancelScope(shield=True):
+            await self._rebuild(items[:-1], items)
         return cast("TResponseInputItem", items[-1])
+
+    async def _rebuild(self, items: list[dict[str, Any]], held: list[dict[str, Any]]) -> None:
+        """Replace the history by ``items``; on failure put ``held`` back and re-raise."""
+        await self.clear_session()
+        try:
+            if items:
+                await self.add_items(cast("list[TResponseInputItem]", items))
+        except BaseException:
+            if self.session_id in self._manager.context_ids():
+                self._manager.remove_context(self.session_id)
+            await self.add_items(cast("list[TResponseInputItem]", held))
+            raise
 
     async def clear_session(self) -> None:
         """Forget the session's history (``manager.remove_context``); idempotent.
