@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -26,6 +27,7 @@ from tests.integrations.agents_fakes import ScriptedModel, call, say
 from turnloom.errors import StoreUnavailableError
 from turnloom.integrations.openai_agents import TurnloomSession, complete_window
 from turnloom.runtime import Foundation
+from turnloom.stores import open_context_store
 
 set_tracing_disabled(True)
 
@@ -389,3 +391,87 @@ async def test_a_pop_whose_rebuild_fails_puts_every_item_back(
             await session.pop_item()
         assert calls == [3, 4]
         assert await session.get_items() == held
+
+
+FAKE = "__fake_id__"
+
+
+def test_replies_of_a_model_without_item_ids_are_all_kept_exactly(tmp_path: Path) -> None:
+    """Invariant: the SDK's placeholder id (FAKE_RESPONSES_ID, given to every output
+    item of a Chat Completions or LiteLLM model) on several assistant messages, the
+    same reply text twice included, is no duplicate id: every run's items come back
+    exactly, placeholder included, from memory and from the store after a restart,
+    and each run's model input holds the whole history. Before the fix the second
+    Runner.run raised DuplicateIdError, and so did every later one.
+
+    Mutant tried: add_items without _hold_placeholder: fails."""
+    url = f"sqlite:{tmp_path / 'contexts.db'}"
+
+    def fake_call(call_id: str) -> Any:
+        item = call(call_id, "look", "{}")
+        item.id = FAKE
+        return item
+
+    def fake_reply(text: str) -> dict[str, Any]:
+        return {
+            "type": "message",
+            "role": "assistant",
+            "id": FAKE,
+            "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+
+    def fake_call_item(call_id: str) -> dict[str, Any]:
+        return {**CALL, "call_id": call_id, "id": FAKE}
+
+    expected = [
+        {"role": "user", "content": "One."},
+        fake_call_item("c1"),
+        {"type": "function_call_output", "call_id": "c1", "output": "seen"},
+        fake_reply("Same."),
+        {"role": "user", "content": "Two."},
+        fake_call_item("c2"),
+        {"type": "function_call_output", "call_id": "c2", "output": "seen"},
+        fake_reply("Same."),
+        {"role": "user", "content": "Three."},
+        fake_reply("Other."),
+    ]
+
+    async def main() -> None:
+        model = ScriptedModel(
+            [
+                [fake_call("c1")],
+                [say("Same.", FAKE)],
+                [fake_call("c2")],
+                [say("Same.", FAKE)],
+                [say("Other.", FAKE)],
+            ]
+        )
+        agent = Agent(name="a", model=model, tools=[look])
+        async with open_context_store(url) as store:
+            async with Foundation(gateway="openai_responses", store=store) as foundation:
+                session = TurnloomSession("s1", foundation.manager)
+                for text in ("One.", "Two.", "Three."):
+                    await Runner.run(agent, text, session=session)
+                assert await session.get_items() == expected
+                assert [dict(i) for i in model.inputs[-1]] == expected[:-1]
+                assert foundation.manager.statistics().history.duplicate_outputs_total == 0
+                assert await session.pop_item() == expected[-1]
+                assert await session.get_items() == expected[:-1]
+        async with open_context_store(url) as store:
+            async with Foundation(gateway="openai_responses", store=store) as foundation:
+                session = TurnloomSession("s1", foundation.manager)
+                assert await session.get_items() == expected[:-1]
+
+    asyncio.run(main())
+
+
+async def test_a_hosts_own_id_like_the_held_placeholder_is_kept() -> None:
+    """Invariant: only the ids the session made itself are turned back into the
+    placeholder: a host's id that merely starts with "__fake_id__#" comes back as
+    it was added."""
+    own = {**REPLY, "id": f"{FAKE}#mine"}
+    async with Foundation(gateway="openai_responses") as foundation:
+        session = TurnloomSession("s1", foundation.manager)
+        await session.add_items([USER, own])  # type: ignore[list-item]
+        assert await session.get_items() == [USER, own]

@@ -25,6 +25,15 @@ evicting whole turns: a tool call never loses its result. With a store
 :meth:`~TurnloomSession.add_items` returns, so a restarted process (or another
 host, after the lease) resumes the session where it was.
 
+Placeholder ids: the SDK gives every output item of a model without
+Responses item ids (Chat Completions, LiteLLM, any-llm, a run error handler's
+final output) the id ``FAKE_RESPONSES_ID`` (``"__fake_id__"``), which it
+treats as no id and strips before a Responses request. turnloom refuses two
+messages with one id (``DuplicateIdError``), so an assistant message carrying
+it is held under a unique id (``"__fake_id__#"`` and 32 hex digits) and handed
+back with the placeholder: :meth:`get_items` returns it as it was added.
+Other items carrying it (``function_call``, ``reasoning``) are held verbatim.
+
 Windows: unlike the SDK's ``SQLiteSession``, whose ``get_items(limit=N)`` is
 the newest N rows and may start with a ``function_call_output`` whose call
 was cut off (an input the Responses API rejects), :meth:`get_items` never
@@ -48,11 +57,13 @@ from __future__ import annotations
 
 __all__ = ("TurnloomSession", "complete_window")
 
+import secrets
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 from agents.memory import SessionSettings
+from agents.models.fake_id import FAKE_RESPONSES_ID
 
 from turnloom.context import (
     GatewayType,
@@ -178,6 +189,34 @@ def complete_window(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [item for item, gone in zip(items, dropped, strict=True) if not gone]
 
 
+def _is_message(item: object) -> bool:
+    return isinstance(item, dict) and "role" in item and item.get("type") in (None, "message")
+
+
+def _hold_placeholder(item: dict[str, Any]) -> dict[str, Any]:
+    """``item``, or a copy whose placeholder id is made unique while held (see the module doc)."""
+    if _is_message(item) and item.get("id") == FAKE_RESPONSES_ID:
+        return {**item, "id": f"{_HELD_PREFIX}{secrets.token_hex(16)}"}
+    return item
+
+
+def _give_placeholder(item: dict[str, Any]) -> dict[str, Any]:
+    """Put the SDK's placeholder id back where :func:`_hold_placeholder` made one unique."""
+    item_id = item.get("id")
+    if (
+        isinstance(item_id, str)
+        and item_id.startswith(_HELD_PREFIX)
+        and len(item_id) == _HELD_LENGTH
+        and _is_message(item)
+    ):
+        item["id"] = FAKE_RESPONSES_ID
+    return item
+
+
+_HELD_PREFIX = f"{FAKE_RESPONSES_ID}#"
+_HELD_LENGTH = len(_HELD_PREFIX) + 32
+
+
 def _starts_turn(message: Message) -> bool:
     return message.role is Role.user and not any(
         isinstance(part, ToolResultPart) for part in message.content
@@ -243,7 +282,7 @@ class TurnloomSession:
         items: list[dict[str, Any]] = []
         for turn_id in view.turn_ids:
             for message in join_steps(view.turn_messages(turn_id), join):
-                items.extend(gateway.render(message))
+                items.extend(_give_placeholder(item) for item in gateway.render(message))
         return items
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
@@ -303,7 +342,9 @@ class TurnloomSession:
         if not items:
             return
         manager = self._manager
-        messages = manager.gateway.parse_items(cast("list[dict[str, Any]]", list(items)))
+        messages = manager.gateway.parse_items(
+            [_hold_placeholder(item) for item in cast("list[dict[str, Any]]", items)]
+        )
         held = await self._claim()
         for message in messages:
             if message.role in (Role.system, Role.developer):
