@@ -24,7 +24,7 @@ from openai.types.responses import ResponseFunctionWebSearch, ResponseReasoningI
 from openai.types.responses.response_reasoning_item import Summary
 
 from tests.integrations.agents_fakes import ScriptedModel, call, say
-from turnloom.errors import StoreUnavailableError
+from turnloom.errors import InvalidMessageError, StoreUnavailableError
 from turnloom.integrations.openai_agents import TurnloomSession, complete_window
 from turnloom.runtime import Foundation
 from turnloom.stores import open_context_store
@@ -475,3 +475,21 @@ async def test_a_hosts_own_id_like_the_held_placeholder_is_kept() -> None:
         session = TurnloomSession("s1", foundation.manager)
         await session.add_items([USER, own])  # type: ignore[list-item]
         assert await session.get_items() == [USER, own]
+
+
+async def test_a_blank_reply_is_counted_and_a_blank_input_refused_with_the_session_unchanged() -> (
+    None
+):
+    """Invariant (as the module documents): an assistant message of blank text is
+    not held and is counted in dropped_blank_outputs_total; a blank user input is
+    refused with InvalidMessageError and the session holds what it held."""
+    blank = {**REPLY, "content": [{"type": "output_text", "text": "", "annotations": []}]}
+    async with Foundation(gateway="openai_responses") as foundation:
+        session = TurnloomSession("s1", foundation.manager)
+        await session.add_items([USER, blank])  # type: ignore[list-item]
+        assert await session.get_items() == [USER]
+        assert foundation.manager.statistics().history.dropped_blank_outputs_total == 1
+        with pytest.raises(InvalidMessageError):
+            await session.add_items([{"role": "user", "content": " "}, REPLY_2])  # type: ignore[list-item]
+        assert await session.get_items() == [USER]
+        assert len(foundation.manager.history("s1").turn_ids) == 1

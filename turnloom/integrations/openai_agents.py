@@ -14,6 +14,11 @@ and rendered by turnloom's ``openai_responses`` gateway, exactly round-trip):
   is recorded to the newest turn (``manager.record``); the gateway keeps the
   items it has no neutral form for verbatim.
 
+Not held, by ``manager.record``'s rules: an assistant message with only
+blank text (counted in ``dropped_blank_outputs_total``). Refused with
+``InvalidMessageError``, the session unchanged: a user input that is empty
+or blank (every provider rejects a turn without input).
+
 A ``reasoning`` item added in a batch of its own (a host storing one item per
 call) is handed back in front of the output item added after it, as the
 model input needs it; one that no output item follows yet is not handed out.
