@@ -8,7 +8,20 @@ and rendered by turnloom's ``openai_responses`` gateway, exactly round-trip):
 
 * a run of ``user`` input messages starts a turn (``accept_turn``);
 * every other item (``function_call``, ``function_call_output``, assistant
-  messages, reasoning) is recorded to the newest turn (``manager.record``).
+  messages, reasoning, hosted and local tool items such as
+  ``web_search_call``, ``computer_call`` / ``computer_call_output``,
+  ``mcp_approval_request`` / ``mcp_approval_response``, ``item_reference``)
+  is recorded to the newest turn (``manager.record``); the gateway keeps the
+  items it has no neutral form for verbatim.
+
+Not held, by ``manager.record``'s rules: an assistant message with only
+blank text (counted in ``dropped_blank_outputs_total``). Refused with
+``InvalidMessageError``, the session unchanged: a user input that is empty
+or blank (every provider rejects a turn without input).
+
+A ``reasoning`` item added in a batch of its own (a host storing one item per
+call) is handed back in front of the output item added after it, as the
+model input needs it; one that no output item follows yet is not handed out.
 
 So the history is bounded as every turnloom context is, by the manager's
 :class:`~turnloom.runtime.HistoryLimits` (turns, items, bytes, tokens),
@@ -17,11 +30,24 @@ evicting whole turns: a tool call never loses its result. With a store
 :meth:`~TurnloomSession.add_items` returns, so a restarted process (or another
 host, after the lease) resumes the session where it was.
 
+Placeholder ids: the SDK gives every output item of a model without
+Responses item ids (Chat Completions, LiteLLM, any-llm, a run error handler's
+final output) the id ``FAKE_RESPONSES_ID`` (``"__fake_id__"``), which it
+treats as no id and strips before a Responses request. turnloom refuses two
+messages with one id (``DuplicateIdError``), so an assistant message carrying
+it is held under a unique id (``"__fake_id__#"`` and 32 hex digits) and handed
+back with the placeholder: :meth:`get_items` returns it as it was added.
+Other items carrying it (``function_call``, ``reasoning``) are held verbatim.
+
 Windows: unlike the SDK's ``SQLiteSession``, whose ``get_items(limit=N)`` is
 the newest N rows and may start with a ``function_call_output`` whose call
 was cut off (an input the Responses API rejects), :meth:`get_items` never
-returns a tool result without its call, nor a call without its result (a
-call left open, for example by a cancelled run).
+returns a tool output without its call, nor a call without its output (a
+call left open, for example by a cancelled run), for every call kind the SDK
+runs itself (function, custom tool, computer, shell, apply patch, tool
+search, MCP approval), nor a reasoning item whose call was left out
+(:func:`complete_window`). These items stay held; :meth:`pop_item` may
+return one.
 
 Concurrency: the SDK runs on asyncio only (``Runner`` uses asyncio tasks), so
 a session used by ``Runner.run`` runs on asyncio. The session itself awaits
@@ -36,12 +62,22 @@ from __future__ import annotations
 
 __all__ = ("TurnloomSession", "complete_window")
 
+import secrets
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+import anyio
 from agents.memory import SessionSettings
+from agents.models.fake_id import FAKE_RESPONSES_ID
 
-from turnloom.context import GatewayType, Message, Role, ToolResultPart
+from turnloom.context import (
+    GatewayType,
+    Message,
+    Role,
+    ToolResultPart,
+    join_steps,
+)
+from turnloom.context.gateway import step_join
 from turnloom.errors import (
     InvalidArgumentError,
     InvalidMessageError,
@@ -55,40 +91,135 @@ if TYPE_CHECKING:
     from agents.items import TResponseInputItem
 
 
-def complete_window(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The items without a tool result whose call is not before it, or a call never answered.
+# Each item type that calls a tool the host runs, and the item type answering
+# it (paired by ``call_id``): the SDK's own map (``_TOOL_CALL_TO_OUTPUT_TYPE``
+# in ``agents.run_internal.items``). The Responses API rejects an output whose
+# call is not in the input ("No tool call found for ... call_id") and a call
+# of these types without its output.
+_OUTPUT_OF: dict[str, str] = {
+    "function_call": "function_call_output",
+    "custom_tool_call": "custom_tool_call_output",
+    "computer_call": "computer_call_output",
+    "local_shell_call": "local_shell_call_output",
+    "shell_call": "shell_call_output",
+    "apply_patch_call": "apply_patch_call_output",
+    "tool_search_call": "tool_search_output",
+}
+_OUTPUTS = frozenset(_OUTPUT_OF.values())
 
-    Pure and O(len(items)); the order of what is kept is unchanged.
+
+def _output_key(item: dict[str, Any]) -> tuple[str, str] | None:
+    """``(type, call id)`` of an output item of :data:`_OUTPUT_OF`, else None.
+
+    A ``local_shell_call_output`` without ``call_id`` names its call by ``id``
+    (the API's own input type; the SDK writes ``call_id``).
+    """
+    kind = item.get("type")
+    if kind not in _OUTPUTS:
+        return None
+    call_id = item.get("call_id")
+    if call_id is None and kind == "local_shell_call_output":
+        call_id = item.get("id")
+    return (cast(str, kind), call_id) if isinstance(call_id, str) else None
+
+
+def _call_keys(item: dict[str, Any]) -> list[tuple[str, str]]:
+    """The keys an output answering this call item has (empty: not such a call)."""
+    output = _OUTPUT_OF.get(cast(str, item.get("type")))
+    call_id = item.get("call_id")
+    if output is None or not isinstance(call_id, str):
+        return []
+    keys = [(output, call_id)]
+    item_id = item.get("id")
+    if output == "local_shell_call_output" and isinstance(item_id, str):
+        keys.append((output, item_id))
+    return keys
+
+
+def complete_window(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The items without a tool output whose call is not before it, or a call never answered.
+
+    Pure and O(len(items)); the order of what is kept is unchanged. Calls and
+    outputs pair by ``call_id`` within their kind: ``function_call`` /
+    ``function_call_output``, and likewise ``custom_tool_call``,
+    ``computer_call``, ``local_shell_call``, ``shell_call``,
+    ``apply_patch_call`` (each with its ``*_output``) and ``tool_search_call``
+    / ``tool_search_output``; a ``local_shell_call_output`` without
+    ``call_id`` names its call by ``id`` (the call's ``call_id`` or ``id``).
+    Calls and outputs without a string call id are kept. An
+    ``mcp_approval_response`` is kept only after the ``mcp_approval_request``
+    it answers (its ``approval_request_id``); a request not answered yet is
+    kept (the server holds it open). A ``reasoning`` item directly before an
+    item left out goes too (the API rejects a reasoning item not followed by
+    the item it belongs to), as do the reasoning items directly before it.
 
     Args:
         items: OpenAI Responses input items, oldest first.
 
     Returns:
-        a new list holding the same item objects, minus every
-        ``function_call_output`` whose ``call_id`` no earlier ``function_call``
-        of ``items`` carries, and every ``function_call`` no later output answers.
+        a new list holding the same item objects, minus the items above.
     """
-    called: set[object] = set()
-    answered: set[object] = set()
+    called: set[tuple[str, str]] = set()
+    answered: set[tuple[str, str]] = set()
     for item in items:
-        kind = item.get("type")
-        if kind == "function_call":
-            called.add(item.get("call_id"))
-        elif kind == "function_call_output" and item.get("call_id") in called:
-            answered.add(item.get("call_id"))
-    kept: list[dict[str, Any]] = []
-    seen: set[object] = set()
-    for item in items:
-        kind = item.get("type")
-        call_id = item.get("call_id")
-        if kind == "function_call":
-            if call_id not in answered:
-                continue
-            seen.add(call_id)
-        elif kind == "function_call_output" and call_id not in seen:
+        keys = _call_keys(item)
+        if keys:
+            called.update(keys)
             continue
-        kept.append(item)
-    return kept
+        key = _output_key(item)
+        if key is not None and key in called:
+            answered.add(key)
+    dropped = [False] * len(items)
+    seen: set[tuple[str, str]] = set()
+    requests: set[object] = set()
+    for index, item in enumerate(items):
+        kind = item.get("type")
+        keys = _call_keys(item)
+        if keys:
+            if answered.isdisjoint(keys):
+                dropped[index] = True
+            else:
+                seen.update(keys)
+            continue
+        key = _output_key(item)
+        if key is not None:
+            dropped[index] = key not in seen
+        elif kind == "mcp_approval_request":
+            requests.add(item.get("id"))
+        elif kind == "mcp_approval_response" and item.get("approval_request_id") not in requests:
+            dropped[index] = True
+    for index in range(len(items) - 2, -1, -1):
+        if items[index].get("type") == "reasoning" and dropped[index + 1]:
+            dropped[index] = True
+    return [item for item, gone in zip(items, dropped, strict=True) if not gone]
+
+
+def _is_message(item: object) -> bool:
+    return isinstance(item, dict) and "role" in item and item.get("type") in (None, "message")
+
+
+def _hold_placeholder(item: dict[str, Any]) -> dict[str, Any]:
+    """``item``, or a copy whose placeholder id is made unique while held (see the module doc)."""
+    if _is_message(item) and item.get("id") == FAKE_RESPONSES_ID:
+        return {**item, "id": f"{_HELD_PREFIX}{secrets.token_hex(16)}"}
+    return item
+
+
+def _give_placeholder(item: dict[str, Any]) -> dict[str, Any]:
+    """Put the SDK's placeholder id back where :func:`_hold_placeholder` made one unique."""
+    item_id = item.get("id")
+    if (
+        isinstance(item_id, str)
+        and item_id.startswith(_HELD_PREFIX)
+        and len(item_id) == _HELD_LENGTH
+        and _is_message(item)
+    ):
+        item["id"] = FAKE_RESPONSES_ID
+    return item
+
+
+_HELD_PREFIX = f"{FAKE_RESPONSES_ID}#"
+_HELD_LENGTH = len(_HELD_PREFIX) + 32
 
 
 def _starts_turn(message: Message) -> bool:
@@ -140,16 +271,23 @@ class TurnloomSession:
         return self.session_id in self._manager.context_ids()
 
     def _all_items(self) -> list[dict[str, Any]]:
-        """Every held message rendered, oldest first (turnloom's own order)."""
+        """Every held message rendered, oldest first (turnloom's own order).
+
+        Each turn's messages go through the gateway's step join first
+        (:func:`~turnloom.context.join_steps`): a ``reasoning`` item added in a
+        batch of its own renders in front of the output item added after it,
+        as it does in a prepared input, instead of being left out alone.
+        """
         manager = self._manager
         if self.session_id not in manager.context_ids():
             return []
         view = manager.history(self.session_id)
-        render = manager.gateway.render
+        gateway = manager.gateway
+        join = step_join(gateway)
         items: list[dict[str, Any]] = []
         for turn_id in view.turn_ids:
-            for message in view.turn_messages(turn_id):
-                items.extend(render(message))
+            for message in join_steps(view.turn_messages(turn_id), join):
+                items.extend(_give_placeholder(item) for item in gateway.render(message))
         return items
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
@@ -209,7 +347,9 @@ class TurnloomSession:
         if not items:
             return
         manager = self._manager
-        messages = manager.gateway.parse_items(cast("list[dict[str, Any]]", list(items)))
+        messages = manager.gateway.parse_items(
+            [_hold_placeholder(item) for item in cast("list[dict[str, Any]]", items)]
+        )
         held = await self._claim()
         for message in messages:
             if message.role in (Role.system, Role.developer):
@@ -262,18 +402,41 @@ class TurnloomSession:
 
         turnloom records a turn's outputs append-only, so this rebuilds the
         context without its newest item: O(history held), for the SDK's rare
-        rewinds (a retried or corrected run).
+        rewinds (a retried or corrected run). The newest item is the newest
+        held one, which may be one :meth:`get_items` leaves out (a call left
+        open by a cancelled run). When the rebuild fails, the context is
+        rebuilt as it was (every held item added back) and the error raised.
 
         Raises:
             as :meth:`clear_session` and :meth:`add_items`.
+
+        Cancellation:
+            The rebuild (clearing, then adding the items back) is shielded: a
+            call cancelled during it finishes the pop and returns the newest
+            item (the cancellation reaches the caller at its next
+            checkpoint), so the session holds every item but the newest, never
+            fewer, and the item taken out is handed back. A call cancelled
+            before the rebuild (while claiming the context) changes nothing.
         """
         await self._claim()
         items = self._all_items()
         if not items:
             return None
-        await self.clear_session()
-        await self.add_items(cast("list[TResponseInputItem]", items[:-1]))
+        with anyio.CancelScope(shield=True):
+            await self._rebuild(items[:-1], items)
         return cast("TResponseInputItem", items[-1])
+
+    async def _rebuild(self, items: list[dict[str, Any]], held: list[dict[str, Any]]) -> None:
+        """Replace the history by ``items``; on failure put ``held`` back and re-raise."""
+        await self.clear_session()
+        try:
+            if items:
+                await self.add_items(cast("list[TResponseInputItem]", items))
+        except BaseException:
+            if self.session_id in self._manager.context_ids():
+                self._manager.remove_context(self.session_id)
+            await self.add_items(cast("list[TResponseInputItem]", held))
+            raise
 
     async def clear_session(self) -> None:
         """Forget the session's history (``manager.remove_context``); idempotent.
