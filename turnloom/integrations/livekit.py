@@ -39,6 +39,38 @@ and hand ``Agent.default.llm_node`` the context to send; that is what
 * :meth:`TurnloomAgent.aclose_context` (call it on the session's ``close``
   event: the caller hung up) removes the context.
 
+What a host changes in LiveKit's context:
+
+* Host notes. turnloom never puts a ``system`` message mid-conversation and
+  keeps no ``system``/``developer`` message in history, so a text message
+  the host adds to a model call's LiveKit context, whatever its role,
+  reaches the model as data: a ``ContextContribution`` (named
+  ``<role>_message_<n>``, ``n`` counting from 1 in the turn; its content the
+  message's text) of the turn's runtime-state pair, in every later model
+  call of that turn, once each, in LiveKit's order. That covers the RAG
+  pattern (``turn_ctx.add_message(...)`` in an ``on_user_turn_completed``
+  override, before or after calling this class's hook), the per-reply
+  ``instructions`` of ``session.generate_reply`` after the caller's first
+  turn (LiveKit's own, too: its async tools answer a deferred result that
+  way), and messages added with ``agent.update_chat_ctx`` (they go to the
+  next model call's turn; a user message that call answers as the caller's
+  turn is that turn's input instead). Later turns keep the pair in its
+  place under turnloom's default earlier-state policy (``"keep"``), as
+  turnloom keeps any turn's state; ``history()`` does not list it. Messages
+  LiveKit itself injects (ids starting ``lk.``: its instructions and its
+  expressive TTS guide) are not notes.
+* ``new_message`` edits: an edit made before calling this class's
+  ``on_user_turn_completed`` is the turn's input. One made after it comes
+  too late (the turn is committed): turnloom keeps and sends the committed
+  text, logs a warning (lengths, not the caller's words) and counts it in
+  :attr:`TurnloomAgent.late_edits`.
+* ``agent.update_instructions(...)``: turnloom pins the new instructions
+  from the caller's next turn on; the model calls of a turn already
+  committed keep its instructions.
+* ``session.say(..., add_to_chat_ctx=True)`` is recorded like a reply, to
+  the current turn (before the first turn: as a greeting, above);
+  ``session.generate_reply(user_input=...)`` is a turn of its own.
+
 LiveKit's own ``ChatContext`` (``agent.chat_ctx``) is cut to the newest
 ``framework_items`` items at each turn, so it stays bounded beside turnloom's.
 
@@ -87,7 +119,12 @@ from turnloom.errors import (
     UnknownContextError,
 )
 from turnloom.integrations._ids import new_turn_id
-from turnloom.runtime import ContextManager, ContextPrepareRequest, TurnSnapshot
+from turnloom.runtime import (
+    ContextContribution,
+    ContextManager,
+    ContextPrepareRequest,
+    TurnSnapshot,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -182,6 +219,9 @@ class TurnloomAgent(Agent):
 
     Attributes:
         record_errors: how many record batches turnloom refused (see above).
+        late_edits: how many turns' user messages the host edited after this
+            class's ``on_user_turn_completed`` committed them (see the module
+            docstring: the committed text is kept and sent).
 
     Raises:
         InvalidArgumentError: the manager's gateway is not ``openai_chat``, or
@@ -221,8 +261,14 @@ class TurnloomAgent(Agent):
         self._turns: deque[_TurnItems] = deque(maxlen=2)  # the previous and newest turn
         self._streamed: list[str] = []  # the text of the newest model call, as streamed
         self.record_errors = 0
+        self.late_edits = 0
+        self._user_text = ""  # the committed text of the newest turn's user message
         self._opening: list[Message] = []  # said before the first turn: its input opens with it
         self._opened: tuple[str, tuple[Message, ...]] | None = None  # the turn that took it
+        self._notes: list[ContextContribution] = []  # the current turn's host notes
+        self._noted: set[str] = set()  # LiveKit ids of the messages in _notes
+        self._pending: list[llm.ChatMessage] = []  # added by update_chat_ctx, not sent yet
+        self._dropped: set[str] = set()  # ids the adapter's last truncation removed
 
     # -- LiveKit hooks -------------------------------------------------------------
 
@@ -260,6 +306,8 @@ class TurnloomAgent(Agent):
             await self.update_chat_ctx(
                 self.chat_ctx.copy().truncate(max_items=self._framework_items)
             )
+        elif isinstance(user, llm.ChatMessage) and (user.text_content or "") != self._user_text:
+            self._late_edit(user)  # the turn's message, edited after its commit
         turn = self._turn
         if turn is None:  # a greeting before any user turn: LiveKit's context as is
             async for chunk in Agent.default.llm_node(self, chat_ctx, tools, model_settings):
@@ -267,8 +315,11 @@ class TurnloomAgent(Agent):
             return
         current = self._turns[-1]
         self._record_tools(chat_ctx, current)
+        self._take_notes(chat_ctx)
         prefix = await self.manager.prepare(
-            ContextPrepareRequest(context_id=self.context_id, turn_id=turn)
+            ContextPrepareRequest(
+                context_id=self.context_id, turn_id=turn, contributions=tuple(self._notes)
+            )
         )
         items = self.manager.build(prefix, recorded=True)  # the turn's outputs so far
         ctx = _to_chat_ctx(items)
@@ -281,6 +332,36 @@ class TurnloomAgent(Agent):
             if text:
                 self._streamed.append(text)
             yield chunk
+
+    async def update_chat_ctx(
+        self, chat_ctx: llm.ChatContext, *, exclude_invalid_function_calls: bool = True
+    ) -> None:
+        """LiveKit's ``update_chat_ctx``; the messages it adds become host notes.
+
+        A text message (any role) that ``chat_ctx`` holds and the agent's
+        ``ChatContext`` did not reaches the model as a contribution of the next
+        model call's turn (see the module docstring, "Host notes"); a user
+        message that the next model call answers as the caller's turn is that
+        turn's input instead. Removed items are LiveKit's business only.
+        """
+        old = {item.id for item in self.chat_ctx.items}
+        new = {item.id for item in chat_ctx.items}
+        self._dropped |= old - new
+        self._pending.extend(
+            item
+            for item in chat_ctx.items
+            if isinstance(item, llm.ChatMessage) and item.id not in old and _is_note(item)
+        )
+        await super().update_chat_ctx(
+            chat_ctx, exclude_invalid_function_calls=exclude_invalid_function_calls
+        )
+
+    async def update_instructions(self, instructions: str) -> None:
+        """LiveKit's ``update_instructions``; turnloom pins the new instructions from the
+        caller's next turn on (``TurnSnapshot.instructions``): the model calls of a turn
+        already committed keep the instructions it was committed with."""
+        await super().update_instructions(instructions)
+        self._system = Message(role=Role.system, content=instructions)
 
     # -- turnloom edits ------------------------------------------------------------
 
@@ -318,11 +399,47 @@ class TurnloomAgent(Agent):
                 ),
             )
         )
+        self._notes, self._noted, self._dropped = [], set(), set()
         if self._opening:  # the turn that took the greeting gives it back when retracted
             self._opened = (turn_id, tuple(self._opening))
             self._opening.clear()
         self._turn, self._user_item = turn_id, message.id
+        self._user_text = message.text_content or ""
         self._turns.append(_TurnItems(turn_id, message.id))
+
+    def _late_edit(self, user: llm.ChatMessage) -> None:
+        """The committed user message was edited after its commit: warn and count, once."""
+        self.late_edits += 1
+        _log.warning(  # lengths, not the caller's words
+            "TurnloomAgent %r: LiveKit's user message %r was edited after turn %r was "
+            "committed; turnloom keeps the committed text (%d characters), not the edit "
+            "(%d characters): edit new_message before calling "
+            "TurnloomAgent.on_user_turn_completed",
+            self.context_id,
+            user.id,
+            self._turn,
+            len(self._user_text),
+            len(user.text_content or ""),
+        )
+        self._user_text = user.text_content or ""
+
+    def _take_notes(self, chat_ctx: llm.ChatContext) -> None:
+        """Add to the current turn's notes the host's messages in this model call's
+        context (``turn_ctx`` edits, ``generate_reply(instructions=...)``) and those
+        ``update_chat_ctx`` added, once each, in LiveKit's order."""
+        known = {item.id for item in self.chat_ctx.items} | self._dropped
+        found = [
+            item
+            for item in chat_ctx.items
+            if isinstance(item, llm.ChatMessage) and item.id not in known and _is_note(item)
+        ]
+        pending, self._pending = self._pending, []
+        for item in (*found, *pending):
+            if item.id in self._noted or item.id == self._user_item:
+                continue  # the caller's turn is the turn's input, not a note
+            self._noted.add(item.id)
+            name = f"{item.role}_message_{len(self._notes) + 1}"
+            self._notes.append(ContextContribution(name=name, content=item.text_content or ""))
 
     def _record_tools(self, chat_ctx: llm.ChatContext, current: _TurnItems) -> None:
         """Record the function items after the current turn's user message, once each."""
@@ -419,6 +536,11 @@ class TurnloomAgent(Agent):
         if text.strip():
             reply = Message(role=Role.assistant, content=(TextPart(text=text),))
             self.manager.record(self.context_id, self._turn, [reply])
+
+
+def _is_note(item: llm.ChatMessage) -> bool:
+    """A message with text that LiveKit itself did not inject (its ids start ``lk.``)."""
+    return not item.id.startswith("lk.") and bool((item.text_content or "").strip())
 
 
 def _is_user(item: llm.ChatItem) -> bool:
