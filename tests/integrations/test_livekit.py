@@ -808,10 +808,17 @@ async def _speak(session: AgentSession, text: str) -> None:
         transcript_confidence=1.0,
         metrics=_EndOfTurnMetrics(None, None, None, None),
     )
+    handles: list[Any] = []
+
+    def created(event: Any) -> None:
+        handles.append(event.speech_handle)
+
+    session.on("speech_created", created)
     activity._user_turn_completed_atask = asyncio.current_task()
     await activity._user_turn_completed_impl(None, info)
-    while activity._current_speech is not None or activity._speech_q:
-        await asyncio.sleep(0.01)
+    session.off("speech_created", created)
+    for handle in handles:  # its playout includes the tool calls and follow-up replies
+        await handle
 
 
 class _RagAgent(TurnloomAgent):
