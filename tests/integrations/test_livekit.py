@@ -1093,3 +1093,31 @@ def test_items_livekits_context_dropped_at_its_bound_never_become_notes() -> Non
             ]
 
     asyncio.run(main())
+
+
+def test_livekits_own_chat_context_stays_bounded_on_spoken_turns() -> None:
+    """Invariant: spoken turns (committed in ``on_user_turn_completed``) cut LiveKit's own
+    ChatContext at each turn's start too: the ``framework_items`` newest items (LiveKit
+    puts its instructions back first), then the turn's user message and reply, however
+    many turns pass.
+
+    Mutant tried: the cut only on text turns (as before): the context grows every turn."""
+
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            async with AgentSession(llm=ScriptedLLM([])) as session:
+                agent = _agent(manager, framework_items=2)
+                await session.start(agent)
+                for n in range(12):
+                    await _speak(session, f"Question {n}.")
+                assert _shape(agent.chat_ctx) == [
+                    ("system", "Be brief."),
+                    ("user", "Question 10."),
+                    ("assistant", "OK."),
+                    ("user", "Question 11."),
+                    ("assistant", "OK."),
+                ]
+            assert len(_history(manager, "call-1")) == 24
+
+    asyncio.run(main())

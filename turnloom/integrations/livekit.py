@@ -286,11 +286,13 @@ class TurnloomAgent(Agent):
     async def on_user_turn_completed(
         self, turn_ctx: llm.ChatContext, new_message: llm.ChatMessage
     ) -> None:
-        """Commit the user's finished speech as a turn; retract it when it was a false start."""
+        """Commit the user's finished speech as a turn (and cut LiveKit's own ChatContext to
+        ``framework_items``); retract it when it was a false start."""
         self._commit(new_message)
         if self._false_start is not None and self._false_start(new_message.text_content or ""):
             self.retract_turn()
             raise StopResponse()
+        await self._bound()
 
     async def llm_node(
         self,
@@ -303,9 +305,7 @@ class TurnloomAgent(Agent):
         if user is not None and user.id != self._user_item:
             assert isinstance(user, llm.ChatMessage)
             self._commit(user)
-            await self.update_chat_ctx(
-                self.chat_ctx.copy().truncate(max_items=self._framework_items)
-            )
+            await self._bound()
         elif isinstance(user, llm.ChatMessage) and (user.text_content or "") != self._user_text:
             self._late_edit(user)  # the turn's message, edited after its commit
         turn = self._turn
@@ -406,6 +406,10 @@ class TurnloomAgent(Agent):
         self._turn, self._user_item = turn_id, message.id
         self._user_text = message.text_content or ""
         self._turns.append(_TurnItems(turn_id, message.id))
+
+    async def _bound(self) -> None:
+        """Cut LiveKit's own ChatContext to the newest ``framework_items`` items."""
+        await self.update_chat_ctx(self.chat_ctx.copy().truncate(max_items=self._framework_items))
 
     def _late_edit(self, user: llm.ChatMessage) -> None:
         """The committed user message was edited after its commit: warn and count, once."""
