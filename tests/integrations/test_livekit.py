@@ -1123,22 +1123,31 @@ def test_livekits_own_chat_context_stays_bounded_on_spoken_turns() -> None:
     asyncio.run(main())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: each preemptive generation (LiveKit's default) commits its interim "
-    "transcript as a turn of its own; not fixed yet",
+@pytest.mark.parametrize(
+    ("final", "reply", "calls"),
+    [
+        ("Where is my bag?", "Two.", 2),  # the second preemptive generation is used
+        ("Where is my coat?", "Three.", 3),  # both discarded: LiveKit answers anew
+    ],
 )
-def test_preemptive_generations_leave_one_turn_with_the_final_transcript() -> None:
-    """Invariant (not met yet): LiveKit's preemptive generations (on by default: a model
-    call on an interim transcript before the end of the turn) leave exactly one user turn,
-    the final transcript, in turnloom's history and in every model input."""
+def test_preemptive_generations_leave_one_turn_with_the_final_transcript(
+    final: str, reply: str, calls: int
+) -> None:
+    """Invariant: LiveKit's preemptive generations (on by default: a model call on an
+    interim transcript before the end of the turn) leave exactly one user turn, the final
+    transcript, in turnloom's history; a model call never sees an earlier guess's turn.
+
+    Mutant tried: every model call's new user message committed for good (as before): the
+    interim transcripts stay as turns of their own and reach the next model calls."""
     from livekit.agents.voice.audio_recognition import _PreemptiveGenerationInfo
 
     async def main() -> None:
         async with Foundation(gateway="openai_chat") as foundation:
             manager = foundation.manager
             model = ScriptedLLM([["One."], ["Two."], ["Three."]])
+            handles: list[Any] = []
             async with AgentSession(llm=model) as session:
+                session.on("speech_created", lambda event: handles.append(event.speech_handle))
                 await session.start(_agent(manager))
                 activity = session._activity
                 assert activity is not None
@@ -1147,7 +1156,53 @@ def test_preemptive_generations_leave_one_turn_with_the_final_transcript() -> No
                     activity.on_preemptive_generation(info)
                     while len(model.seen) <= n:
                         await asyncio.sleep(0.01)
+                await _speak(session, final)
+                for handle in handles:
+                    await handle
+            assert _history(manager, "call-1") == [("user", final), ("assistant", reply)]
+            system = ("system", "Be brief.")
+            assert [_shape(c) for c in model.seen] == [
+                [system, ("user", "Where is my")],
+                [system, ("user", "Where is my bag")],
+                [system, ("user", final)],
+            ][:calls]
+
+    asyncio.run(main())
+
+
+def test_a_used_preemptive_generations_tool_steps_stay_in_the_final_turn() -> None:
+    """Invariant: when LiveKit uses a preemptive generation that called a tool, the
+    follow-up model call (whose context holds the preemptive user message, not the end of
+    turn's one) belongs to the final turn: one user turn, the tool pair and the reply.
+
+    Mutant tried: the retracted guess's message not answering to the final turn: the
+    follow-up commits it as a second user turn."""
+    from livekit.agents.voice.audio_recognition import _PreemptiveGenerationInfo
+
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            model = _script()
+            handles: list[Any] = []
+            async with AgentSession(llm=model) as session:
+                session.on("speech_created", lambda event: handles.append(event.speech_handle))
+                agent = _agent(manager)
+                await session.start(agent)
+                activity = session._activity
+                assert activity is not None
+                info = _PreemptiveGenerationInfo("Where is my bag", 1.0, None)
+                activity.on_preemptive_generation(info)
+                while not model.seen:
+                    await asyncio.sleep(0.01)
                 await _speak(session, "Where is my bag?")
-            assert _history(manager, "call-1")[:-1] == [("user", "Where is my bag?")]
+                for handle in handles:
+                    await handle
+            assert _history(manager, "call-1") == HISTORY[:4]
+            system = ("system", "Be brief.")
+            assert [_shape(c) for c in model.seen] == [
+                [system, ("user", "Where is my bag")],
+                [system, *HISTORY[:3]],
+            ]
+            assert agent.record_errors == 0
 
     asyncio.run(main())

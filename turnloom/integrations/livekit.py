@@ -9,7 +9,14 @@ and hand ``Agent.default.llm_node`` the context to send; that is what
   (``session.run(user_input=...)``, ``generate_reply``), when the first
   model call of the turn starts; a ``false_start`` hook returning True for
   the turn's text retracts it (``manager.voice.retract_turn``) and answers
-  nothing (LiveKit's ``StopResponse``);
+  nothing (LiveKit's ``StopResponse``). A turn a model call committed stays
+  unconfirmed until LiveKit keeps its user message (its
+  ``conversation_item_added``): a preemptive generation (LiveKit's default:
+  a model call on an interim transcript before the end of the turn) commits
+  such a guess, and the next user message committed while it is unconfirmed
+  and nothing is recorded to it retracts it first, so only the final
+  transcript stays a turn; when LiveKit uses that generation, its guess's
+  message answers to the final turn (its tool steps and reply go there);
 * every model call sends turnloom's prepared input (``manager.prepare``, then
   ``manager.build(prefix, recorded=True)``: the turn's recorded outputs),
   rendered for OpenAI Chat and converted to a LiveKit ``ChatContext``;
@@ -258,6 +265,8 @@ class TurnloomAgent(Agent):
         self._framework_items = framework_items
         self._turn: str | None = None  # the newest committed turn (None: retracted)
         self._user_item: str | None = None  # LiveKit's id of that turn's user message
+        self._confirmed = True  # LiveKit kept that message (False: a model call's guess)
+        self._superseded: set[str] = set()  # user messages of retracted unconfirmed turns
         self._turns: deque[_TurnItems] = deque(maxlen=2)  # the previous and newest turn
         self._streamed: list[str] = []  # the text of the newest model call, as streamed
         self.record_errors = 0
@@ -288,7 +297,7 @@ class TurnloomAgent(Agent):
     ) -> None:
         """Commit the user's finished speech as a turn (and cut LiveKit's own ChatContext to
         ``framework_items``); retract it when it was a false start."""
-        self._commit(new_message)
+        self._commit(new_message, confirmed=True)
         if self._false_start is not None and self._false_start(new_message.text_content or ""):
             self.retract_turn()
             raise StopResponse()
@@ -302,9 +311,9 @@ class TurnloomAgent(Agent):
     ) -> AsyncIterable[Any]:
         """Send turnloom's prepared input for the turn instead of LiveKit's own context."""
         user = next((i for i in reversed(chat_ctx.items) if _is_user(i)), None)
-        if user is not None and user.id != self._user_item:
+        if user is not None and user.id != self._user_item and user.id not in self._superseded:
             assert isinstance(user, llm.ChatMessage)
-            self._commit(user)
+            self._commit(user, confirmed=False)
             await self._bound()
         elif isinstance(user, llm.ChatMessage) and (user.text_content or "") != self._user_text:
             self._late_edit(user)  # the turn's message, edited after its commit
@@ -384,9 +393,19 @@ class TurnloomAgent(Agent):
 
     # -- helpers -------------------------------------------------------------------
 
-    def _commit(self, message: llm.ChatMessage) -> None:
+    def _commit(self, message: llm.ChatMessage, *, confirmed: bool) -> None:
+        """Commit ``message`` as the newest turn; an unconfirmed newest turn (committed by
+        a model call, its message not yet kept by LiveKit, nothing recorded to it: a
+        preemptive generation's guess) is retracted first, and its message answers to the
+        new turn."""
         if message.id == self._user_item:
             return
+        if self._turn is not None and not self._confirmed and not self._turns[-1].recorded:
+            self._superseded.add(self._user_item or "")
+            self.retract_turn()
+            self._turns.pop()  # its streamed calls go to the new turn (the current one)
+        elif self._turn is not None:
+            self._superseded.clear()
         turn_id = new_turn_id()
         self.manager.accept_turn(
             TurnSnapshot(
@@ -403,7 +422,7 @@ class TurnloomAgent(Agent):
         if self._opening:  # the turn that took the greeting gives it back when retracted
             self._opened = (turn_id, tuple(self._opening))
             self._opening.clear()
-        self._turn, self._user_item = turn_id, message.id
+        self._turn, self._user_item, self._confirmed = turn_id, message.id, confirmed
         self._user_text = message.text_content or ""
         self._turns.append(_TurnItems(turn_id, message.id))
 
@@ -448,9 +467,8 @@ class TurnloomAgent(Agent):
     def _record_tools(self, chat_ctx: llm.ChatContext, current: _TurnItems) -> None:
         """Record the function items after the current turn's user message, once each."""
         items = chat_ctx.items
-        start = next(
-            (n for n in range(len(items) - 1, -1, -1) if items[n].id == current.user_item), -1
-        )
+        ids = {current.user_item} | self._superseded  # a used preemptive guess's message too
+        start = next((n for n in range(len(items) - 1, -1, -1) if items[n].id in ids), -1)
         self._record_items(items[start + 1 :])
 
     def _on_tools(self, event: FunctionToolsExecutedEvent) -> None:
@@ -512,6 +530,10 @@ class TurnloomAgent(Agent):
 
     def _on_item(self, event: ConversationItemAddedEvent) -> None:
         item = event.item
+        if isinstance(item, llm.ChatMessage) and item.role == "user":
+            if item.id == self._user_item:
+                self._confirmed = True  # LiveKit kept the turn's message: it stands
+            return
         if not isinstance(item, llm.ChatMessage) or item.role != "assistant":
             return
         if self._turn is None:
