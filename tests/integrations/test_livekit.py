@@ -9,6 +9,7 @@ cut by a barge-in) are driven with LiveKit's real event objects.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -44,14 +45,22 @@ def _script() -> ScriptedLLM:
 
 
 def _shape(ctx: llm.ChatContext) -> list[tuple[str, str]]:
+    """The items of a ChatContext; turnloom's runtime-state pair (its ids vary with the
+    turn id) shows as one ``("notes", "name: content | ...")`` item."""
     out: list[tuple[str, str]] = []
     for item in ctx.items:
         if isinstance(item, llm.ChatMessage):
             out.append((item.role, item.text_content or ""))
         elif isinstance(item, llm.FunctionCall):
-            out.append(("call", f"{item.call_id} {item.name} {item.arguments}"))
+            if item.name != "turnloom_runtime_context":
+                out.append(("call", f"{item.call_id} {item.name} {item.arguments}"))
         elif isinstance(item, llm.FunctionCallOutput):
-            out.append(("result", f"{item.call_id} {item.output}"))
+            if item.call_id.startswith("tlrs_"):
+                sections = json.loads(item.output)["sections"]
+                notes = " | ".join(f"{s['name']}: {s['content']}" for s in sections)
+                out.append(("notes", notes))
+            else:
+                out.append(("result", f"{item.call_id} {item.output}"))
     return out
 
 
@@ -727,10 +736,22 @@ def test_an_async_tools_update_and_deferred_result_are_recorded_to_the_turn() ->
         ]
         assert livekit == [system, *expected]
         assert history == expected
-        assert seen == [[system, *expected[:1]], [system, *expected[:3]], [system, *expected[:6]]]
+        # LiveKit answers the deferred result with generate_reply(instructions=...): a note
+        notes = ("notes", f"system_message_1: {_ASYNC_REPLY_INSTRUCTIONS}")
+        assert seen == [
+            [system, *expected[:1]],
+            [system, *expected[:3]],
+            [system, expected[0], notes, *expected[1:6]],
+        ]
         assert agent.record_errors == 0
 
     asyncio.run(main())
+
+
+_ASYNC_REPLY_INSTRUCTIONS = (
+    "New results arrived from background tool calls (call_ids: ['c1_final']).\n"
+    "Summarize the results naturally. Do NOT repeat information you have already told the user."
+)
 
 
 def test_an_async_tools_result_arriving_after_the_next_turn_is_recorded_to_that_turn() -> None:
@@ -757,12 +778,431 @@ def test_an_async_tools_result_arriving_after_the_next_turn_is_recorded_to_that_
         ]
         assert livekit == [system, *expected]
         assert history == expected
+        notes = ("notes", f"system_message_1: {_ASYNC_REPLY_INSTRUCTIONS}")
         assert seen == [
             [system, *expected[:1]],
             [system, *expected[:3]],
             [system, *expected[:5]],
-            [system, *expected[:8]],
+            [system, *expected[:5], notes, *expected[5:8]],
         ]
         assert agent.record_errors == 0
+
+    asyncio.run(main())
+
+
+# -- what LiveKit hosts add to the model's context -------------------------------------
+
+_RAG = "Additional information: gate 4 closes at 9."
+
+
+async def _speak(session: AgentSession, text: str) -> None:
+    """One spoken user turn down LiveKit's own end-of-turn path (the real
+    ``on_user_turn_completed`` with its temporary ``turn_ctx``), then its reply."""
+    from livekit.agents.voice.audio_recognition import _EndOfTurnInfo, _EndOfTurnMetrics
+
+    activity = session._activity
+    assert activity is not None
+    info = _EndOfTurnInfo(
+        skip_reply=False,
+        new_transcript=text,
+        transcript_confidence=1.0,
+        metrics=_EndOfTurnMetrics(None, None, None, None),
+    )
+    handles: list[Any] = []
+
+    def created(event: Any) -> None:
+        handles.append(event.speech_handle)
+
+    session.on("speech_created", created)
+    activity._user_turn_completed_atask = asyncio.current_task()
+    await activity._user_turn_completed_impl(None, info)
+    session.off("speech_created", created)
+    for handle in handles:  # its playout includes the tool calls and follow-up replies
+        await handle
+
+
+class _RagAgent(TurnloomAgent):
+    """LiveKit's RAG pattern: notes added to ``turn_ctx`` before and after the base hook."""
+
+    async def on_user_turn_completed(
+        self, turn_ctx: llm.ChatContext, new_message: llm.ChatMessage
+    ) -> None:
+        if "bag" in (new_message.text_content or ""):
+            turn_ctx.add_message(role="assistant", content=_RAG)
+            new_message.content.append("(caller: gold tier)")
+        await super().on_user_turn_completed(turn_ctx, new_message)
+        if "bag" in (new_message.text_content or ""):
+            turn_ctx.add_message(role="system", content="Answer in one sentence.")
+
+
+def test_notes_added_to_turn_ctx_reach_every_model_call_of_the_turn_as_data() -> None:
+    """Invariant: the messages a host adds to ``turn_ctx`` in ``on_user_turn_completed``
+    (LiveKit's RAG pattern, before or after the base hook, any role) reach every model call
+    of that turn, once each, in LiveKit's order, as contributions of turnloom's runtime-state
+    pair, never as history messages or mid-conversation system messages; the next turn
+    keeps that pair in its place; an edit of ``new_message`` before the base hook is the
+    turn's input.
+
+    Mutant tried: no notes taken in ``llm_node`` (as before): no model call sees them."""
+
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            agent = _RagAgent(
+                manager=manager, context_id="call-1", instructions="Be brief.", tools=[find_bag]
+            )
+            model = _script()
+            async with AgentSession(llm=model) as session:
+                await session.start(agent)
+                await _speak(session, "Where is my bag?")
+                await _speak(session, "Thanks.")
+            user = ("user", "Where is my bag?\n(caller: gold tier)")
+            history = [user, *HISTORY[1:]]
+            assert _history(manager, "call-1") == history
+            system = ("system", "Be brief.")
+            notes = (
+                "notes",
+                f"assistant_message_1: {_RAG} | system_message_2: Answer in one sentence.",
+            )
+            assert [_shape(c) for c in model.seen] == [
+                [system, user, notes],
+                [system, user, notes, *history[1:3]],
+                [system, user, notes, *history[1:5]],
+            ]
+            assert agent.record_errors == 0
+
+    asyncio.run(main())
+
+
+def test_a_message_added_with_update_chat_ctx_reaches_the_next_model_call_once() -> None:
+    """Invariant: a message the host adds with ``agent.update_chat_ctx`` mid-call (a system
+    note) reaches the next model call as a contribution of that turn's runtime-state pair,
+    once: later turns keep that pair in its place and add no second copy; turnloom's history
+    holds no system message.
+
+    Mutant tried: ``update_chat_ctx`` not overridden (as before): no model call sees it."""
+
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            model = ScriptedLLM([["One."], ["Two."], ["Three."]])
+            agent = _agent(manager)
+            async with AgentSession(llm=model) as session:
+                await session.start(agent)
+                await session.run(user_input="Where is my bag?")
+                ctx = agent.chat_ctx.copy()
+                ctx.add_message(role="system", content="The caller is gold tier.")
+                await agent.update_chat_ctx(ctx)
+                await session.run(user_input="Thanks.")
+                await session.run(user_input="Bye.")
+            turns = [
+                ("user", "Where is my bag?"),
+                ("assistant", "One."),
+                ("user", "Thanks."),
+                ("assistant", "Two."),
+                ("user", "Bye."),
+                ("assistant", "Three."),
+            ]
+            assert _history(manager, "call-1") == turns
+            system = ("system", "Be brief.")
+            notes = ("notes", "system_message_1: The caller is gold tier.")
+            assert [_shape(c) for c in model.seen] == [
+                [system, *turns[:1]],
+                [system, *turns[:3], notes],
+                [system, *turns[:3], notes, *turns[3:5]],
+            ]
+
+    asyncio.run(main())
+
+
+def test_generate_reply_instructions_mid_call_reach_the_models_reply() -> None:
+    """Invariant: ``session.generate_reply(instructions=...)`` after the caller's first
+    turn reaches the model call of that reply (a contribution of the current turn's
+    runtime-state pair), and its reply is recorded to that turn; the caller's next turn
+    keeps the pair in its place.
+
+    Mutant tried: no notes taken in ``llm_node`` (as before): the model never sees it."""
+
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            model = ScriptedLLM([["One."], ["Two."], ["Three."]])
+            async with AgentSession(llm=model) as session:
+                await session.start(_agent(manager))
+                await session.run(user_input="Where is my bag?")
+                await session.generate_reply(instructions="Mention the lounge.")
+                await session.run(user_input="Thanks.")
+            turns = [
+                ("user", "Where is my bag?"),
+                ("assistant", "One."),
+                ("assistant", "Two."),
+                ("user", "Thanks."),
+                ("assistant", "Three."),
+            ]
+            assert _history(manager, "call-1") == turns
+            system = ("system", "Be brief.")
+            notes = ("notes", "system_message_1: Mention the lounge.")
+            assert [_shape(c) for c in model.seen] == [
+                [system, *turns[:1]],
+                [system, turns[0], notes, turns[1]],
+                [system, turns[0], notes, *turns[1:4]],
+            ]
+
+    asyncio.run(main())
+
+
+def test_update_instructions_mid_call_pins_them_from_the_next_turn() -> None:
+    """Invariant: ``agent.update_instructions`` mid-call becomes turnloom's pinned
+    instructions from the caller's next turn on: that turn's model call sends the new
+    system message, once, first.
+
+    Mutant tried: ``update_instructions`` not overridden (as before): the old instructions
+    stay."""
+
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            model = ScriptedLLM([["One."], ["Two."]])
+            agent = _agent(manager)
+            async with AgentSession(llm=model) as session:
+                await session.start(agent)
+                await session.run(user_input="Where is my bag?")
+                await agent.update_instructions("Be very brief.")
+                await session.run(user_input="Thanks.")
+            turns = [
+                ("user", "Where is my bag?"),
+                ("assistant", "One."),
+                ("user", "Thanks."),
+                ("assistant", "Two."),
+            ]
+            assert _history(manager, "call-1") == turns
+            assert [_shape(c) for c in model.seen] == [
+                [("system", "Be brief."), *turns[:1]],
+                [("system", "Be very brief."), *turns[:3]],
+            ]
+
+    asyncio.run(main())
+
+
+def test_say_and_generate_reply_user_input_mid_call_reach_history_and_the_model() -> None:
+    """Invariant: ``session.say(..., add_to_chat_ctx=True)`` after the first turn is
+    recorded to the current turn, and ``generate_reply(user_input=...)`` is a turn of its
+    own; every later model call sends both."""
+
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            model = ScriptedLLM([["One."], ["Two."], ["Three."]])
+            async with AgentSession(llm=model) as session:
+                await session.start(_agent(manager))
+                await session.run(user_input="Where is my bag?")
+                await session.say("Please hold on.", add_to_chat_ctx=True)
+                await session.generate_reply(user_input="And my coat?")
+                await session.run(user_input="Thanks.")
+            turns = [
+                ("user", "Where is my bag?"),
+                ("assistant", "One."),
+                ("assistant", "Please hold on."),
+                ("user", "And my coat?"),
+                ("assistant", "Two."),
+                ("user", "Thanks."),
+                ("assistant", "Three."),
+            ]
+            assert _history(manager, "call-1") == turns
+            system = ("system", "Be brief.")
+            assert [_shape(c) for c in model.seen] == [
+                [system, *turns[:1]],
+                [system, *turns[:4]],
+                [system, *turns[:6]],
+            ]
+
+    asyncio.run(main())
+
+
+class _LateEditAgent(TurnloomAgent):
+    """Edits ``new_message`` after the base hook committed the turn."""
+
+    async def on_user_turn_completed(
+        self, turn_ctx: llm.ChatContext, new_message: llm.ChatMessage
+    ) -> None:
+        await super().on_user_turn_completed(turn_ctx, new_message)
+        new_message.content.append("(caller: gold tier)")
+
+
+def test_an_edit_of_new_message_after_the_commit_is_logged_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Invariant: an edit of ``new_message`` after the base ``on_user_turn_completed``
+    committed the turn cannot change the committed input: turnloom keeps and sends the
+    committed text, and the edit is not silent: one warning (lengths, not the caller's
+    words) and ``late_edits`` grows by one per edited turn.
+
+    Mutant tried: the check removed (as before): no warning, ``late_edits`` stays 0."""
+
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            model = ScriptedLLM([["One."]])
+            agent = _LateEditAgent(manager=manager, context_id="call-1", instructions="Be brief.")
+            async with AgentSession(llm=model) as session:
+                await session.start(agent)
+                with caplog.at_level(logging.WARNING, logger="turnloom.integrations.livekit"):
+                    await _speak(session, "Where is my bag?")
+            turns = [("user", "Where is my bag?"), ("assistant", "One.")]
+            assert _history(manager, "call-1") == turns
+            assert [_shape(c) for c in model.seen] == [[("system", "Be brief."), turns[0]]]
+            assert agent.late_edits == 1
+            warnings = [r.getMessage() for r in caplog.records if r.name.endswith("livekit")]
+            assert len(warnings) == 1
+            assert "committed text (16 characters), not the edit (36 characters)" in warnings[0]
+            assert "bag" not in warnings[0]
+
+    asyncio.run(main())
+
+
+def test_items_livekits_context_dropped_at_its_bound_never_become_notes() -> None:
+    """Invariant: the items the adapter cuts from LiveKit's own context at a turn's start
+    (``framework_items``) are not host notes, though the model call's context (LiveKit's
+    copy from before the cut) still holds them: every model input is exactly turnloom's
+    history, with no runtime-state pair.
+
+    Mutant tried: the cut items not remembered: the old replies come back as notes."""
+
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            model = ScriptedLLM([["One."], ["Two."], ["Three."]])
+            async with AgentSession(llm=model) as session:
+                await session.start(_agent(manager, framework_items=2))
+                for text in ("Where is my bag?", "Thanks.", "Bye."):
+                    await session.run(user_input=text)
+            turns = [
+                ("user", "Where is my bag?"),
+                ("assistant", "One."),
+                ("user", "Thanks."),
+                ("assistant", "Two."),
+                ("user", "Bye."),
+                ("assistant", "Three."),
+            ]
+            assert _history(manager, "call-1") == turns
+            system = ("system", "Be brief.")
+            assert [_shape(c) for c in model.seen] == [
+                [system, *turns[:1]],
+                [system, *turns[:3]],
+                [system, *turns[:5]],
+            ]
+
+    asyncio.run(main())
+
+
+def test_livekits_own_chat_context_stays_bounded_on_spoken_turns() -> None:
+    """Invariant: spoken turns (committed in ``on_user_turn_completed``) cut LiveKit's own
+    ChatContext at each turn's start too: the ``framework_items`` newest items (LiveKit
+    puts its instructions back first), then the turn's user message and reply, however
+    many turns pass.
+
+    Mutant tried: the cut only on text turns (as before): the context grows every turn."""
+
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            async with AgentSession(llm=ScriptedLLM([])) as session:
+                agent = _agent(manager, framework_items=2)
+                await session.start(agent)
+                for n in range(12):
+                    await _speak(session, f"Question {n}.")
+                assert _shape(agent.chat_ctx) == [
+                    ("system", "Be brief."),
+                    ("user", "Question 10."),
+                    ("assistant", "OK."),
+                    ("user", "Question 11."),
+                    ("assistant", "OK."),
+                ]
+            assert len(_history(manager, "call-1")) == 24
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("final", "reply", "calls"),
+    [
+        ("Where is my bag?", "Two.", 2),  # the second preemptive generation is used
+        ("Where is my coat?", "Three.", 3),  # both discarded: LiveKit answers anew
+    ],
+)
+def test_preemptive_generations_leave_one_turn_with_the_final_transcript(
+    final: str, reply: str, calls: int
+) -> None:
+    """Invariant: LiveKit's preemptive generations (on by default: a model call on an
+    interim transcript before the end of the turn) leave exactly one user turn, the final
+    transcript, in turnloom's history; a model call never sees an earlier guess's turn.
+
+    Mutant tried: every model call's new user message committed for good (as before): the
+    interim transcripts stay as turns of their own and reach the next model calls."""
+    from livekit.agents.voice.audio_recognition import _PreemptiveGenerationInfo
+
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            model = ScriptedLLM([["One."], ["Two."], ["Three."]])
+            handles: list[Any] = []
+            async with AgentSession(llm=model) as session:
+                session.on("speech_created", lambda event: handles.append(event.speech_handle))
+                await session.start(_agent(manager))
+                activity = session._activity
+                assert activity is not None
+                for n, interim in enumerate(("Where is my", "Where is my bag")):
+                    info = _PreemptiveGenerationInfo(interim, 1.0, None)
+                    activity.on_preemptive_generation(info)
+                    while len(model.seen) <= n:
+                        await asyncio.sleep(0.01)
+                await _speak(session, final)
+                for handle in handles:
+                    await handle
+            assert _history(manager, "call-1") == [("user", final), ("assistant", reply)]
+            system = ("system", "Be brief.")
+            assert [_shape(c) for c in model.seen] == [
+                [system, ("user", "Where is my")],
+                [system, ("user", "Where is my bag")],
+                [system, ("user", final)],
+            ][:calls]
+
+    asyncio.run(main())
+
+
+def test_a_used_preemptive_generations_tool_steps_stay_in_the_final_turn() -> None:
+    """Invariant: when LiveKit uses a preemptive generation that called a tool, the
+    follow-up model call (whose context holds the preemptive user message, not the end of
+    turn's one) belongs to the final turn: one user turn, the tool pair and the reply.
+
+    Mutant tried: the retracted guess's message not answering to the final turn: the
+    follow-up commits it as a second user turn."""
+    from livekit.agents.voice.audio_recognition import _PreemptiveGenerationInfo
+
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            model = _script()
+            handles: list[Any] = []
+            async with AgentSession(llm=model) as session:
+                session.on("speech_created", lambda event: handles.append(event.speech_handle))
+                agent = _agent(manager)
+                await session.start(agent)
+                activity = session._activity
+                assert activity is not None
+                info = _PreemptiveGenerationInfo("Where is my bag", 1.0, None)
+                activity.on_preemptive_generation(info)
+                while not model.seen:
+                    await asyncio.sleep(0.01)
+                await _speak(session, "Where is my bag?")
+                for handle in handles:
+                    await handle
+            assert _history(manager, "call-1") == HISTORY[:4]
+            system = ("system", "Be brief.")
+            assert [_shape(c) for c in model.seen] == [
+                [system, ("user", "Where is my bag")],
+                [system, *HISTORY[:3]],
+            ]
+            assert agent.record_errors == 0
 
     asyncio.run(main())

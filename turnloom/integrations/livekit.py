@@ -9,7 +9,14 @@ and hand ``Agent.default.llm_node`` the context to send; that is what
   (``session.run(user_input=...)``, ``generate_reply``), when the first
   model call of the turn starts; a ``false_start`` hook returning True for
   the turn's text retracts it (``manager.voice.retract_turn``) and answers
-  nothing (LiveKit's ``StopResponse``);
+  nothing (LiveKit's ``StopResponse``). A turn a model call committed stays
+  unconfirmed until LiveKit keeps its user message (its
+  ``conversation_item_added``): a preemptive generation (LiveKit's default:
+  a model call on an interim transcript before the end of the turn) commits
+  such a guess, and the next user message committed while it is unconfirmed
+  and nothing is recorded to it retracts it first, so only the final
+  transcript stays a turn; when LiveKit uses that generation, its guess's
+  message answers to the final turn (its tool steps and reply go there);
 * every model call sends turnloom's prepared input (``manager.prepare``, then
   ``manager.build(prefix, recorded=True)``: the turn's recorded outputs),
   rendered for OpenAI Chat and converted to a LiveKit ``ChatContext``;
@@ -38,6 +45,38 @@ and hand ``Agent.default.llm_node`` the context to send; that is what
   retracted as a false start);
 * :meth:`TurnloomAgent.aclose_context` (call it on the session's ``close``
   event: the caller hung up) removes the context.
+
+What a host changes in LiveKit's context:
+
+* Host notes. turnloom never puts a ``system`` message mid-conversation and
+  keeps no ``system``/``developer`` message in history, so a text message
+  the host adds to a model call's LiveKit context, whatever its role,
+  reaches the model as data: a ``ContextContribution`` (named
+  ``<role>_message_<n>``, ``n`` counting from 1 in the turn; its content the
+  message's text) of the turn's runtime-state pair, in every later model
+  call of that turn, once each, in LiveKit's order. That covers the RAG
+  pattern (``turn_ctx.add_message(...)`` in an ``on_user_turn_completed``
+  override, before or after calling this class's hook), the per-reply
+  ``instructions`` of ``session.generate_reply`` after the caller's first
+  turn (LiveKit's own, too: its async tools answer a deferred result that
+  way), and messages added with ``agent.update_chat_ctx`` (they go to the
+  next model call's turn; a user message that call answers as the caller's
+  turn is that turn's input instead). Later turns keep the pair in its
+  place under turnloom's default earlier-state policy (``"keep"``), as
+  turnloom keeps any turn's state; ``history()`` does not list it. Messages
+  LiveKit itself injects (ids starting ``lk.``: its instructions and its
+  expressive TTS guide) are not notes.
+* ``new_message`` edits: an edit made before calling this class's
+  ``on_user_turn_completed`` is the turn's input. One made after it comes
+  too late (the turn is committed): turnloom keeps and sends the committed
+  text, logs a warning (lengths, not the caller's words) and counts it in
+  :attr:`TurnloomAgent.late_edits`.
+* ``agent.update_instructions(...)``: turnloom pins the new instructions
+  from the caller's next turn on; the model calls of a turn already
+  committed keep its instructions.
+* ``session.say(..., add_to_chat_ctx=True)`` is recorded like a reply, to
+  the current turn (before the first turn: as a greeting, above);
+  ``session.generate_reply(user_input=...)`` is a turn of its own.
 
 LiveKit's own ``ChatContext`` (``agent.chat_ctx``) is cut to the newest
 ``framework_items`` items at each turn, so it stays bounded beside turnloom's.
@@ -87,7 +126,12 @@ from turnloom.errors import (
     UnknownContextError,
 )
 from turnloom.integrations._ids import new_turn_id
-from turnloom.runtime import ContextManager, ContextPrepareRequest, TurnSnapshot
+from turnloom.runtime import (
+    ContextContribution,
+    ContextManager,
+    ContextPrepareRequest,
+    TurnSnapshot,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -182,6 +226,9 @@ class TurnloomAgent(Agent):
 
     Attributes:
         record_errors: how many record batches turnloom refused (see above).
+        late_edits: how many turns' user messages the host edited after this
+            class's ``on_user_turn_completed`` committed them (see the module
+            docstring: the committed text is kept and sent).
 
     Raises:
         InvalidArgumentError: the manager's gateway is not ``openai_chat``, or
@@ -218,11 +265,19 @@ class TurnloomAgent(Agent):
         self._framework_items = framework_items
         self._turn: str | None = None  # the newest committed turn (None: retracted)
         self._user_item: str | None = None  # LiveKit's id of that turn's user message
+        self._confirmed = True  # LiveKit kept that message (False: a model call's guess)
+        self._superseded: set[str] = set()  # user messages of retracted unconfirmed turns
         self._turns: deque[_TurnItems] = deque(maxlen=2)  # the previous and newest turn
         self._streamed: list[str] = []  # the text of the newest model call, as streamed
         self.record_errors = 0
+        self.late_edits = 0
+        self._user_text = ""  # the committed text of the newest turn's user message
         self._opening: list[Message] = []  # said before the first turn: its input opens with it
         self._opened: tuple[str, tuple[Message, ...]] | None = None  # the turn that took it
+        self._notes: list[ContextContribution] = []  # the current turn's host notes
+        self._noted: set[str] = set()  # LiveKit ids of the messages in _notes
+        self._pending: list[llm.ChatMessage] = []  # added by update_chat_ctx, not sent yet
+        self._dropped: set[str] = set()  # ids the adapter's last truncation removed
 
     # -- LiveKit hooks -------------------------------------------------------------
 
@@ -240,11 +295,13 @@ class TurnloomAgent(Agent):
     async def on_user_turn_completed(
         self, turn_ctx: llm.ChatContext, new_message: llm.ChatMessage
     ) -> None:
-        """Commit the user's finished speech as a turn; retract it when it was a false start."""
-        self._commit(new_message)
+        """Commit the user's finished speech as a turn (and cut LiveKit's own ChatContext to
+        ``framework_items``); retract it when it was a false start."""
+        self._commit(new_message, confirmed=True)
         if self._false_start is not None and self._false_start(new_message.text_content or ""):
             self.retract_turn()
             raise StopResponse()
+        await self._bound()
 
     async def llm_node(
         self,
@@ -254,12 +311,12 @@ class TurnloomAgent(Agent):
     ) -> AsyncIterable[Any]:
         """Send turnloom's prepared input for the turn instead of LiveKit's own context."""
         user = next((i for i in reversed(chat_ctx.items) if _is_user(i)), None)
-        if user is not None and user.id != self._user_item:
+        if user is not None and user.id != self._user_item and user.id not in self._superseded:
             assert isinstance(user, llm.ChatMessage)
-            self._commit(user)
-            await self.update_chat_ctx(
-                self.chat_ctx.copy().truncate(max_items=self._framework_items)
-            )
+            self._commit(user, confirmed=False)
+            await self._bound()
+        elif isinstance(user, llm.ChatMessage) and (user.text_content or "") != self._user_text:
+            self._late_edit(user)  # the turn's message, edited after its commit
         turn = self._turn
         if turn is None:  # a greeting before any user turn: LiveKit's context as is
             async for chunk in Agent.default.llm_node(self, chat_ctx, tools, model_settings):
@@ -267,8 +324,11 @@ class TurnloomAgent(Agent):
             return
         current = self._turns[-1]
         self._record_tools(chat_ctx, current)
+        self._take_notes(chat_ctx)
         prefix = await self.manager.prepare(
-            ContextPrepareRequest(context_id=self.context_id, turn_id=turn)
+            ContextPrepareRequest(
+                context_id=self.context_id, turn_id=turn, contributions=tuple(self._notes)
+            )
         )
         items = self.manager.build(prefix, recorded=True)  # the turn's outputs so far
         ctx = _to_chat_ctx(items)
@@ -281,6 +341,36 @@ class TurnloomAgent(Agent):
             if text:
                 self._streamed.append(text)
             yield chunk
+
+    async def update_chat_ctx(
+        self, chat_ctx: llm.ChatContext, *, exclude_invalid_function_calls: bool = True
+    ) -> None:
+        """LiveKit's ``update_chat_ctx``; the messages it adds become host notes.
+
+        A text message (any role) that ``chat_ctx`` holds and the agent's
+        ``ChatContext`` did not reaches the model as a contribution of the next
+        model call's turn (see the module docstring, "Host notes"); a user
+        message that the next model call answers as the caller's turn is that
+        turn's input instead. Removed items are LiveKit's business only.
+        """
+        old = {item.id for item in self.chat_ctx.items}
+        new = {item.id for item in chat_ctx.items}
+        self._dropped |= old - new
+        self._pending.extend(
+            item
+            for item in chat_ctx.items
+            if isinstance(item, llm.ChatMessage) and item.id not in old and _is_note(item)
+        )
+        await super().update_chat_ctx(
+            chat_ctx, exclude_invalid_function_calls=exclude_invalid_function_calls
+        )
+
+    async def update_instructions(self, instructions: str) -> None:
+        """LiveKit's ``update_instructions``; turnloom pins the new instructions from the
+        caller's next turn on (``TurnSnapshot.instructions``): the model calls of a turn
+        already committed keep the instructions it was committed with."""
+        await super().update_instructions(instructions)
+        self._system = Message(role=Role.system, content=instructions)
 
     # -- turnloom edits ------------------------------------------------------------
 
@@ -303,9 +393,19 @@ class TurnloomAgent(Agent):
 
     # -- helpers -------------------------------------------------------------------
 
-    def _commit(self, message: llm.ChatMessage) -> None:
+    def _commit(self, message: llm.ChatMessage, *, confirmed: bool) -> None:
+        """Commit ``message`` as the newest turn; an unconfirmed newest turn (committed by
+        a model call, its message not yet kept by LiveKit, nothing recorded to it: a
+        preemptive generation's guess) is retracted first, and its message answers to the
+        new turn."""
         if message.id == self._user_item:
             return
+        if self._turn is not None and not self._confirmed and not self._turns[-1].recorded:
+            self._superseded.add(self._user_item or "")
+            self.retract_turn()
+            self._turns.pop()  # its streamed calls go to the new turn (the current one)
+        elif self._turn is not None:
+            self._superseded.clear()
         turn_id = new_turn_id()
         self.manager.accept_turn(
             TurnSnapshot(
@@ -318,18 +418,57 @@ class TurnloomAgent(Agent):
                 ),
             )
         )
+        self._notes, self._noted, self._dropped = [], set(), set()
         if self._opening:  # the turn that took the greeting gives it back when retracted
             self._opened = (turn_id, tuple(self._opening))
             self._opening.clear()
-        self._turn, self._user_item = turn_id, message.id
+        self._turn, self._user_item, self._confirmed = turn_id, message.id, confirmed
+        self._user_text = message.text_content or ""
         self._turns.append(_TurnItems(turn_id, message.id))
+
+    async def _bound(self) -> None:
+        """Cut LiveKit's own ChatContext to the newest ``framework_items`` items."""
+        await self.update_chat_ctx(self.chat_ctx.copy().truncate(max_items=self._framework_items))
+
+    def _late_edit(self, user: llm.ChatMessage) -> None:
+        """The committed user message was edited after its commit: warn and count, once."""
+        self.late_edits += 1
+        _log.warning(  # lengths, not the caller's words
+            "TurnloomAgent %r: LiveKit's user message %r was edited after turn %r was "
+            "committed; turnloom keeps the committed text (%d characters), not the edit "
+            "(%d characters): edit new_message before calling "
+            "TurnloomAgent.on_user_turn_completed",
+            self.context_id,
+            user.id,
+            self._turn,
+            len(self._user_text),
+            len(user.text_content or ""),
+        )
+        self._user_text = user.text_content or ""
+
+    def _take_notes(self, chat_ctx: llm.ChatContext) -> None:
+        """Add to the current turn's notes the host's messages in this model call's
+        context (``turn_ctx`` edits, ``generate_reply(instructions=...)``) and those
+        ``update_chat_ctx`` added, once each, in LiveKit's order."""
+        known = {item.id for item in self.chat_ctx.items} | self._dropped
+        found = [
+            item
+            for item in chat_ctx.items
+            if isinstance(item, llm.ChatMessage) and item.id not in known and _is_note(item)
+        ]
+        pending, self._pending = self._pending, []
+        for item in (*found, *pending):
+            if item.id in self._noted or item.id == self._user_item:
+                continue  # the caller's turn is the turn's input, not a note
+            self._noted.add(item.id)
+            name = f"{item.role}_message_{len(self._notes) + 1}"
+            self._notes.append(ContextContribution(name=name, content=item.text_content or ""))
 
     def _record_tools(self, chat_ctx: llm.ChatContext, current: _TurnItems) -> None:
         """Record the function items after the current turn's user message, once each."""
         items = chat_ctx.items
-        start = next(
-            (n for n in range(len(items) - 1, -1, -1) if items[n].id == current.user_item), -1
-        )
+        ids = {current.user_item} | self._superseded  # a used preemptive guess's message too
+        start = next((n for n in range(len(items) - 1, -1, -1) if items[n].id in ids), -1)
         self._record_items(items[start + 1 :])
 
     def _on_tools(self, event: FunctionToolsExecutedEvent) -> None:
@@ -391,6 +530,10 @@ class TurnloomAgent(Agent):
 
     def _on_item(self, event: ConversationItemAddedEvent) -> None:
         item = event.item
+        if isinstance(item, llm.ChatMessage) and item.role == "user":
+            if item.id == self._user_item:
+                self._confirmed = True  # LiveKit kept the turn's message: it stands
+            return
         if not isinstance(item, llm.ChatMessage) or item.role != "assistant":
             return
         if self._turn is None:
@@ -419,6 +562,11 @@ class TurnloomAgent(Agent):
         if text.strip():
             reply = Message(role=Role.assistant, content=(TextPart(text=text),))
             self.manager.record(self.context_id, self._turn, [reply])
+
+
+def _is_note(item: llm.ChatMessage) -> bool:
+    """A message with text that LiveKit itself did not inject (its ids start ``lk.``)."""
+    return not item.id.startswith("lk.") and bool((item.text_content or "").strip())
 
 
 def _is_user(item: llm.ChatItem) -> bool:
