@@ -196,16 +196,41 @@ def _outputs(message: dict[str, Any]) -> list[Message]:
     return [Message(role=Role.assistant, content=tuple(parts))] if parts else []
 
 
-def _settled_result(message: Any) -> bool:
-    """Whether ``message`` is a function's result that Pipecat runs an inference for.
+def _take_async(message: Any, running: dict[str, str]) -> bool:
+    """Note an asynchronous call's placeholder in ``running`` (call id -> its text), or
+    forget a finished call; True when ``message`` is a function's result that Pipecat
+    runs an inference for.
 
-    A ``tool`` message with a result: not an asynchronous call's "started"
-    placeholder, nor the ``CANCELLED`` of a call an interruption cancelled.
+    Such a result is a ``tool`` message with a result (not an asynchronous call's
+    "started" placeholder, nor the ``CANCELLED`` of a call an interruption cancelled),
+    or an asynchronous call's later result (intermediate, final, or the notice of its
+    cancellation).
     """
-    if message.get("role") != "tool" or message.get("content") == "CANCELLED":
-        return False
     payload = async_tool_messages.parse_message(message)
-    return payload is None or payload.kind != "started"
+    if payload is None:
+        return bool(message.get("role") == "tool" and message.get("content") != "CANCELLED")
+    if payload.kind == "started":
+        running[payload.tool_call_id] = _text(message.get("content"))
+        return False
+    if payload.kind == "final":
+        running.pop(payload.tool_call_id, None)
+    return True
+
+
+def _settled_in_place(messages: list[Any], running: dict[str, str]) -> Iterator[tuple[str, str]]:
+    """``(call id, result)`` of each call of ``running`` whose tool message in ``messages``
+    Pipecat wrote its result over (its text is no longer the placeholder's); each is
+    forgotten from ``running`` as it is yielded."""
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") != "tool":
+            continue
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str) or call_id not in running:
+            continue
+        result = _text(message.get("content"))
+        if result != running[call_id]:
+            del running[call_id]
+            yield call_id, result
 
 
 def _user_dict(message: Message) -> dict[str, Any]:
@@ -321,13 +346,9 @@ class _Conversation:
                         # note as the user message turnloom will hold).
                         note = role == "system" or role == "developer"
                         self.opening_raw.append(_user_dict(outputs[0]) if note else message)
-                        payload = async_tool_messages.parse_message(message)
-                        if payload is not None and payload.kind == "started":
-                            self.opening_running[payload.tool_call_id] = _text(message["content"])
-                        elif payload is not None or _settled_result(message):
-                            owed = True
+                        owed = _take_async(message, self.opening_running) or owed
                         continue
-                    owed = self._track(message) or _settled_result(message) or owed
+                    owed = _take_async(message, self.running) or owed
                     self._record(outputs)
             if users and not new_turn and not owed:
                 self.context.set_messages([*self.context.get_messages()[: self.synced], *pending])
@@ -359,22 +380,6 @@ class _Conversation:
             # taken after that turn's commit: the newest input changes.
             self.prefix = None
 
-    def _track(self, message: Any) -> bool:
-        """Note an asynchronous call's placeholder taken as its result, or forget a settled one.
-
-        Returns True when ``message`` is one of the call's later results (an
-        intermediate or final one, or the notice of its cancellation).
-        """
-        payload = async_tool_messages.parse_message(message)
-        if payload is None:
-            return False
-        if payload.kind == "started":
-            self.running[payload.tool_call_id] = _text(message.get("content"))
-            return False
-        if payload.kind == "final":
-            self.running.pop(payload.tool_call_id, None)
-        return True
-
     def _take_settled(self, synced: list[Any]) -> bool:
         """Record the results Pipecat wrote over a placeholder turnloom already holds.
 
@@ -389,17 +394,7 @@ class _Conversation:
         if self.turn is None:
             return False  # no turn to record to (the only one was retracted): kept for the next
         taken = False
-        for message in synced:
-            if not isinstance(message, dict) or message.get("role") != "tool":
-                continue
-            call_id = message.get("tool_call_id")
-            if not isinstance(call_id, str) or call_id not in self.running:
-                continue
-            placeholder = self.running[call_id]
-            result = _text(message.get("content"))
-            if result == placeholder:
-                continue
-            del self.running[call_id]
+        for call_id, result in _settled_in_place(synced, self.running):
             notice = async_tool_messages.build_final_result_message(call_id, result)
             self._record(_outputs(cast(dict[str, Any], notice)))
             taken = True
@@ -408,14 +403,7 @@ class _Conversation:
     def _opening_settled(self) -> bool:
         """Whether Pipecat wrote a result over a placeholder of ``opening_raw`` since the last
         sync (the call settled in place before the first user turn); forgets those calls."""
-        settled = False
-        for message in self.opening_raw:
-            call_id = message.get("tool_call_id") if message.get("role") == "tool" else None
-            if call_id in self.opening_running:
-                if _text(message.get("content")) != self.opening_running[call_id]:
-                    del self.opening_running[call_id]
-                    settled = True
-        return settled
+        return bool(list(_settled_in_place(self.opening_raw, self.opening_running)))
 
     async def send_instruction(self, aggregator: FrameProcessor, direction: FrameDirection) -> None:
         """Hand the LLM service turnloom's instructions, when they changed since last sent.
@@ -480,7 +468,7 @@ class _Conversation:
         if first:
             self.opening_running.clear()
             for raw in self.opening_raw:
-                self._track(raw)
+                _take_async(raw, self.running)
 
     def retract_turn(self) -> None:
         """Take back the newest user turn (``manager.voice.retract_turn``) and its context."""
