@@ -411,6 +411,23 @@ def test_a_result_still_in_progress_is_recorded_only_once_final() -> None:
     asyncio.run(main())
 
 
+def _async_find_bag(model: ScriptedLLM, *, update: str | None = None) -> asyncio.Event:
+    """Register ``find_bag`` on ``model`` as an asynchronous call
+    (``cancel_on_interruption=False``) that reports ``update`` as an intermediate result
+    first (when given) and its result once the returned event is set."""
+    release = asyncio.Event()
+
+    async def slow_find_bag(params: Any) -> None:
+        if update is not None:
+            properties = FunctionCallResultProperties(is_final=False)
+            await params.result_callback(update, properties=properties)
+        await release.wait()
+        await find_bag(params)
+
+    model.register_function("find_bag", slow_find_bag, cancel_on_interruption=False)
+    return release
+
+
 # Pipecat's own messages for an asynchronous call (``cancel_on_interruption=False``).
 STARTED = async_tool_messages.build_started_message("c1")["content"]
 FINAL = async_tool_messages.build_final_result_message("c1", '"Gate 4 (X1)"')["content"]
@@ -423,17 +440,12 @@ def test_an_async_calls_result_after_the_next_user_turn_is_recorded_and_sent() -
     turn then current as a user message of its text (Pipecat's own conversion for
     providers without a developer role) and sends in the inference it starts; the
     placeholder the model saw stays the call's result. Nothing Pipecat wrote is lost."""
-    release = asyncio.Event()
-
-    async def slow_find_bag(params: Any) -> None:
-        await release.wait()
-        await find_bag(params)
 
     async def main() -> None:
         model = ScriptedLLM(
             [["Let me look. ", Call("c1", "find_bag", {"tag": "X1"})], ["Noon."], ["Gate 4."]]
         )
-        model.register_function("find_bag", slow_find_bag, cancel_on_interruption=False)
+        release = _async_find_bag(model)
         async with Foundation(gateway="openai_chat") as foundation:
             manager = foundation.manager
             call = FakeCall(manager, model)
@@ -481,11 +493,6 @@ def test_an_async_calls_result_settled_in_place_after_turnloom_took_it_is_record
     but model output after the placeholder, and Pipecat writes it over the placeholder
     in the context turnloom gave it. turnloom records it as Pipecat's final-result
     message (a user message of its text) and the inference it starts sends it."""
-    release = asyncio.Event()
-
-    async def slow_find_bag(params: Any) -> None:
-        await release.wait()
-        await find_bag(params)
 
     async def weather(params: Any) -> None:
         await params.result_callback("Sunny", properties=FunctionCallResultProperties(run_llm=True))
@@ -498,7 +505,7 @@ def test_an_async_calls_result_settled_in_place_after_turnloom_took_it_is_record
                 ["Gate 4."],
             ]
         )
-        model.register_function("find_bag", slow_find_bag, cancel_on_interruption=False)
+        release = _async_find_bag(model)
         model.register_function("weather", weather)
         async with Foundation(gateway="openai_chat") as foundation:
             manager = foundation.manager
@@ -538,19 +545,12 @@ def test_an_async_calls_intermediate_and_final_results_are_recorded_in_order() -
     """An asynchronous call reports an intermediate result, then its final one: both
     of Pipecat's developer messages are recorded, in order, as user messages of their
     text, and each inference they start sends what came before it."""
-    release = asyncio.Event()
-
-    async def slow_find_bag(params: Any) -> None:
-        properties = FunctionCallResultProperties(is_final=False)
-        await params.result_callback("Searching", properties=properties)
-        await release.wait()
-        await find_bag(params)
 
     async def main() -> None:
         model = ScriptedLLM(
             [[Call("c1", "find_bag", {"tag": "X1"})], ["Still searching."], ["Gate 4."]]
         )
-        model.register_function("find_bag", slow_find_bag, cancel_on_interruption=False)
+        release = _async_find_bag(model, update="Searching")
         async with Foundation(gateway="openai_chat") as foundation:
             manager = foundation.manager
             call = FakeCall(manager, model)
@@ -813,15 +813,10 @@ def test_an_async_result_held_back_by_a_false_start_still_runs_its_inference(
     so the model is told the result (before, no inference ran and it was never said).
     ``moved_on``: the caller spoke after the call, so the result is Pipecat's deferred
     final-result message; else Pipecat settles it in place, as the call's result."""
-    release = asyncio.Event()
-
-    async def slow_find_bag(params: Any) -> None:
-        await release.wait()
-        await find_bag(params)
 
     async def main() -> None:
         model = ScriptedLLM([[Call("c1", "find_bag", {"tag": "X1"})], ["Still."], ["Gate 4."]])
-        model.register_function("find_bag", slow_find_bag, cancel_on_interruption=False)
+        release = _async_find_bag(model)
         async with Foundation(gateway="openai_chat") as foundation:
             manager = foundation.manager
             call = FakeCall(manager, model, false_start=lambda text: text == "Um.")
@@ -892,17 +887,12 @@ def test_a_greetings_async_result_with_a_false_start_still_runs_its_inference(
     until the turn ends), and what they said is a false start: the inference Pipecat
     owes the result still runs, on the greeting with the result (``synced``: a host's
     ``LLMRunFrame`` had sent the placeholder first), and the first turn opens with it."""
-    release = asyncio.Event()
-
-    async def slow_find_bag(params: Any) -> None:
-        await release.wait()
-        await find_bag(params)
 
     async def main() -> None:
         model = ScriptedLLM(
             [["Welcome. ", Call("c1", "find_bag", {"tag": "X1"})], ["R2"], ["R3"], ["R4"]]
         )
-        model.register_function("find_bag", slow_find_bag, cancel_on_interruption=False)
+        release = _async_find_bag(model)
         async with Foundation(gateway="openai_chat") as foundation:
             manager = foundation.manager
             call = FakeCall(manager, model, false_start=lambda text: text == "Um.")
@@ -958,11 +948,6 @@ def test_a_greetings_async_result_after_the_only_turn_was_retracted_is_recorded_
     (the greeting is its context again) and the next turn opens with the call's result,
     recorded once, as the model saw it (before, Pipecat's final-result message was
     recorded too, which the model never saw)."""
-    release = asyncio.Event()
-
-    async def slow_find_bag(params: Any) -> None:
-        await release.wait()
-        await find_bag(params)
 
     async def main() -> None:
         model = ScriptedLLM(
@@ -974,7 +959,7 @@ def test_a_greetings_async_result_after_the_only_turn_was_retracted_is_recorded_
             ],
             chunk_seconds=0.02,
         )
-        model.register_function("find_bag", slow_find_bag, cancel_on_interruption=False)
+        release = _async_find_bag(model)
         async with Foundation(gateway="openai_chat") as foundation:
             manager = foundation.manager
             call = FakeCall(manager, model)
