@@ -284,6 +284,18 @@ def _us(seconds: float) -> str:
     return f"{seconds * 1e6:10.1f}"
 
 
+def _prepare_row(medians: dict[tuple[str, int], float], size: int, kind: str) -> str:
+    """A prepare table's row: ``size``, the ``kind`` ("" or "warm ") medians of turnloom,
+    LiveKit and LangChain in microseconds, the peers' ratios and LiveKit's goal."""
+    ours, lk, lc = (medians[f"{kind}{name}", size] for name in ("turnloom", "livekit", "langchain"))
+    goal = _PEER_GOALS.get(size)
+    judged = _goals.beside(lk / ours, goal, at_least=True) if goal is not None else ""
+    return (
+        f"{size:>7} {_us(ours)} {_us(lk)} {lk / ours:6.2f}x {judged:>12} "
+        f"{_us(lc)} {lc / ours:6.2f}x"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=60)
@@ -296,17 +308,7 @@ def main() -> None:
         f"{'langchain':>10} {'ratio':>7}"
     )
     for size in SIZES:
-        ours, lk, lc = (
-            medians["turnloom", size],
-            medians["livekit", size],
-            medians["langchain", size],
-        )
-        goal = _PEER_GOALS.get(size)
-        judged = _goals.beside(lk / ours, goal, at_least=True) if goal is not None else ""
-        print(
-            f"{size:>7} {_us(ours)} {_us(lk)} {lk / ours:6.2f}x {judged:>12} "
-            f"{_us(lc)} {lc / ours:6.2f}x   (turnloom history: {items[size]} items)"
-        )
+        print(_prepare_row(medians, size, "") + f"   (turnloom history: {items[size]} items)")
     top, base = SIZES[-1], SIZES[0]
     print(
         f"turnloom prepare 10,000/100: {medians['turnloom', top] / medians['turnloom', base]:.2f}x"
@@ -321,18 +323,11 @@ def main() -> None:
         f"{'langchain':>10} {'ratio':>7} {'cold-warm: turnloom':>21} {'livekit':>8}"
     )
     for size in SIZES:
-        ours, lk, lc = (
-            medians["warm turnloom", size],
-            medians["warm livekit", size],
-            medians["warm langchain", size],
+        cold = (
+            medians["turnloom", size] - medians["warm turnloom", size],
+            medians["livekit", size] - medians["warm livekit", size],
         )
-        goal = _PEER_GOALS.get(size)
-        judged = _goals.beside(lk / ours, goal, at_least=True) if goal is not None else ""
-        print(
-            f"{size:>7} {_us(ours)} {_us(lk)} {lk / ours:6.2f}x {judged:>12} "
-            f"{_us(lc)} {lc / ours:6.2f}x {_us(medians['turnloom', size] - ours):>21} "
-            f"{_us(medians['livekit', size] - lk):>8}"
-        )
+        print(_prepare_row(medians, size, "warm ") + f" {_us(cold[0]):>21} {_us(cold[1]):>8}")
     print()
     print("time to bytes: prepare + request_body + JSON encode (median microseconds)")
     print(
