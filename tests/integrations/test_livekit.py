@@ -385,6 +385,117 @@ def test_a_hang_up_while_the_model_streams_removes_the_context() -> None:
     asyncio.run(main())
 
 
+def test_every_hook_after_the_foundation_closed_raises_nothing_into_livekit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Invariant: a host that closes the Foundation before LiveKit's session ends (either
+    teardown order is real) gets no exception from any hook that runs after the close: a
+    played reply and an executed tool batch are refused records (counted in
+    ``record_errors``, one warning each), a spoken turn answers nothing (``StopResponse``),
+    a text turn's model call runs no model (LiveKit's run ends normally), the close hook
+    (``aclose_context``) leaves the context (one INFO record); history is as at the close.
+
+    Mutants tried, one at a time (as before): the reply's record not refused: LiveKit's
+    emitter logs the FoundationClosedError and ``record_errors`` stays 0; no closed check in
+    ``on_user_turn_completed``/``llm_node``: FoundationClosedError instead of
+    StopResponse / out of ``session.run``; ``aclose_context`` catching only
+    UnknownContextError: it raises FoundationClosedError."""
+    from livekit.agents.voice.events import ConversationItemAddedEvent, FunctionToolsExecutedEvent
+
+    async def main() -> None:
+        model = ScriptedLLM([["One."], ["Two."]])
+        async with AgentSession(llm=model) as session:
+            async with Foundation(gateway="openai_chat") as foundation:
+                manager = foundation.manager
+                agent = _agent(manager)
+                await session.start(agent)
+                await session.run(user_input="Where is my bag?")
+            with caplog.at_level(logging.INFO, logger="turnloom.integrations.livekit"):
+                reply = llm.ChatMessage(role="assistant", content=["Anything else?"], id="r9")
+                session.emit("conversation_item_added", ConversationItemAddedEvent(item=reply))
+                call = llm.FunctionCall(call_id="c9", name="find_bag", arguments="{}", id="f9")
+                out = llm.FunctionCallOutput(call_id="c9", output="Gate 4", is_error=False, id="o9")
+                session.emit(
+                    "function_tools_executed",
+                    FunctionToolsExecutedEvent(function_calls=[call], function_call_outputs=[out]),
+                )
+                with pytest.raises(StopResponse):
+                    await agent.on_user_turn_completed(
+                        llm.ChatContext.empty(), llm.ChatMessage(role="user", content=["Hello?"])
+                    )
+                await session.run(user_input="Still there?")
+                agent.aclose_context()
+        assert len(model.seen) == 1
+        assert agent.record_errors == 2
+        assert _history(manager, "call-1") == [("user", "Where is my bag?"), ("assistant", "One.")]
+        closed = "TurnloomAgent 'call-1': the Foundation closed before LiveKit's session ended; "
+        refused = "TurnloomAgent 'call-1': turnloom refused LiveKit's items {} for turn {!r}: "
+        turn = manager.history("call-1").turn_ids[0]
+        drained = (
+            "FoundationClosedError('The Foundation is closed; its output streams were drained "
+            "and no more outputs are recorded.')"
+        )
+        assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+            ("WARNING", refused.format(["r9"], turn) + drained),
+            ("WARNING", refused.format(["f9", "o9"], turn) + drained),
+            ("WARNING", closed + "the caller's turn is not committed and gets no reply."),
+            ("WARNING", closed + "no model call runs."),
+            (
+                "INFO",
+                "TurnloomAgent 'call-1': the call's context was not removed: the Foundation "
+                "closed first; it stays as the Foundation left it (in its store, if it has one).",
+            ),
+        ]
+
+    asyncio.run(main())
+
+
+class _StuckAssembly:
+    """An assembly strategy that never finishes: the turn's preparation waits in it."""
+
+    name = "stuck"
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+
+    def tool_definitions(self, gateway: Any) -> list[dict[str, Any]]:
+        return []
+
+    async def assemble(self, **kwargs: Any) -> Any:
+        self.entered.set()
+        await asyncio.Event().wait()
+
+
+def test_a_model_call_whose_preparation_the_foundations_close_ends_runs_no_model(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Invariant: when the Foundation closes while a model call's input is prepared, the
+    call runs no model and LiveKit's run ends normally (no FoundationClosedError into its
+    inference task); one warning says so.
+
+    Mutant tried: ``prepare`` in ``llm_node`` without its FoundationClosedError handling:
+    ``session.run`` raises it."""
+
+    async def main() -> None:
+        model = ScriptedLLM([["One."]])
+        stuck = _StuckAssembly()
+        options: Any = {"strategy": stuck, "close_grace_period": 0.05}
+        with caplog.at_level(logging.WARNING, logger="turnloom.integrations.livekit"):
+            async with AgentSession(llm=model) as session:
+                async with Foundation(gateway="openai_chat", **options) as foundation:
+                    await session.start(_agent(foundation.manager))
+                    run = asyncio.ensure_future(session.run(user_input="Where is my bag?"))
+                    await stuck.entered.wait()
+                await run
+        assert model.seen == []
+        assert [r.getMessage() for r in caplog.records] == [
+            "TurnloomAgent 'call-1': the Foundation closed before LiveKit's session ended; "
+            "no model call runs."
+        ]
+
+    asyncio.run(main())
+
+
 def test_livekits_own_chat_context_stays_bounded_after_300_turns() -> None:
     """Invariant: LiveKit's own ChatContext holds the 8 newest items plus the turn's
     pair however many turns pass (300: nearly ten times the history's 32 turns)."""

@@ -44,7 +44,9 @@ and hand ``Agent.default.llm_node`` the context to send; that is what
   spoke) opens the first turn's input (the next one's, when that turn is
   retracted as a false start);
 * :meth:`TurnloomAgent.aclose_context` (call it on the session's ``close``
-  event: the caller hung up) removes the context.
+  event: the caller hung up) removes the context. The host may close the
+  Foundation before the session ends: no hook raises into LiveKit then (see
+  :class:`TurnloomAgent`, "Teardown in either order").
 
 What a host changes in LiveKit's context:
 
@@ -130,6 +132,7 @@ from turnloom.runtime import (
     ContextContribution,
     ContextManager,
     ContextPrepareRequest,
+    FoundationClosedError,
     TurnSnapshot,
 )
 
@@ -215,14 +218,28 @@ class TurnloomAgent(Agent):
         current turn, where turnloom may refuse it (below).
 
     Refused records:
-        When turnloom refuses a record of LiveKit's items (an ``InputError``
-        or ``StateError``: e.g. ``UnpairedResultError`` for an output whose
-        call LiveKit never added, ``TurnTooLargeError``), nothing of that batch
-        is recorded, a warning names the error and the turn, and
-        :attr:`record_errors` grows by one; the call goes on. Raising instead
+        When turnloom refuses a record of LiveKit's items (a tool batch or a
+        played reply: an ``InputError`` or ``StateError``, e.g.
+        ``UnpairedResultError`` for an output whose call LiveKit never added,
+        ``TurnTooLargeError``; or ``FoundationClosedError`` after the
+        Foundation closed), nothing of that batch is recorded, a warning names
+        the error and the turn, and :attr:`record_errors` grows by one; the
+        call goes on. Raising instead
         would end the reply inside LiveKit's speech task (or escape its event
         dispatch) over history bookkeeping, and a voice call must not drop for
         that; the warning and the counter leave a trace the host can alert on.
+
+    Teardown in either order:
+        A host may close the Foundation before LiveKit's session ends (its
+        ``async with Foundation`` exits first). No hook raises into LiveKit
+        then: a played reply or executed tool batch is a refused record
+        (above); ``on_user_turn_completed`` commits nothing and answers nothing
+        (``StopResponse``) and ``llm_node`` streams nothing (no model call;
+        also when the Foundation closes while the call's input is prepared),
+        each with a warning; :meth:`aclose_context` leaves the context as the
+        Foundation left it (in its store, when it has one) with an INFO
+        record. :meth:`retract_turn`, the host's own call, raises
+        ``FoundationClosedError``.
 
     Attributes:
         record_errors: how many record batches turnloom refused (see above).
@@ -296,7 +313,14 @@ class TurnloomAgent(Agent):
         self, turn_ctx: llm.ChatContext, new_message: llm.ChatMessage
     ) -> None:
         """Commit the user's finished speech as a turn (and cut LiveKit's own ChatContext to
-        ``framework_items``); retract it when it was a false start."""
+        ``framework_items``); retract it when it was a false start.
+
+        After the Foundation closed it answers nothing (LiveKit's ``StopResponse``)
+        and logs a warning (see the class docstring, "Teardown in either order").
+        """
+        if self.manager.closed:
+            self._warn_closed("the caller's turn is not committed and gets no reply")
+            raise StopResponse()
         self._commit(new_message, confirmed=True)
         if self._false_start is not None and self._false_start(new_message.text_content or ""):
             self.retract_turn()
@@ -309,7 +333,14 @@ class TurnloomAgent(Agent):
         tools: list[llm.Tool],
         model_settings: ModelSettings,
     ) -> AsyncIterable[Any]:
-        """Send turnloom's prepared input for the turn instead of LiveKit's own context."""
+        """Send turnloom's prepared input for the turn instead of LiveKit's own context.
+
+        After the Foundation closed it streams nothing (no model call) and logs a
+        warning (see the class docstring, "Teardown in either order").
+        """
+        if self.manager.closed:
+            self._warn_closed("no model call runs")
+            return
         user = next((i for i in reversed(chat_ctx.items) if _is_user(i)), None)
         if user is not None and user.id != self._user_item and user.id not in self._superseded:
             assert isinstance(user, llm.ChatMessage)
@@ -325,11 +356,15 @@ class TurnloomAgent(Agent):
         current = self._turns[-1]
         self._record_tools(chat_ctx, current)
         self._take_notes(chat_ctx)
-        prefix = await self.manager.prepare(
-            ContextPrepareRequest(
-                context_id=self.context_id, turn_id=turn, contributions=tuple(self._notes)
+        try:
+            prefix = await self.manager.prepare(
+                ContextPrepareRequest(
+                    context_id=self.context_id, turn_id=turn, contributions=tuple(self._notes)
+                )
             )
-        )
+        except FoundationClosedError:  # it began closing while the input was prepared
+            self._warn_closed("no model call runs")
+            return
         items = self.manager.build(prefix, recorded=True)  # the turn's outputs so far
         ctx = _to_chat_ctx(items)
         self._streamed = []
@@ -375,7 +410,12 @@ class TurnloomAgent(Agent):
     # -- turnloom edits ------------------------------------------------------------
 
     def retract_turn(self) -> None:
-        """Take back the newest user turn (a false start: ``manager.voice.retract_turn``)."""
+        """Take back the newest user turn (a false start: ``manager.voice.retract_turn``).
+
+        Raises:
+            StateError: outputs were recorded for it: as ``manager.voice.retract_turn``.
+            FoundationClosedError: the Foundation is closing or closed.
+        """
         if self._turn is not None:
             self.manager.voice.retract_turn(self.context_id, self._turn)
             if self._opened is not None and self._opened[0] == self._turn:
@@ -384,11 +424,22 @@ class TurnloomAgent(Agent):
             self._turn = None
 
     def aclose_context(self) -> None:
-        """The call ended: remove its context (``manager.remove_context``); idempotent."""
+        """The call ended: remove its context (``manager.remove_context``); idempotent.
+
+        After the Foundation closed it raises nothing: the context stays as the
+        Foundation left it (in its store, when it has one), and an INFO record
+        says so.
+        """
         try:
             self.manager.remove_context(self.context_id)
         except UnknownContextError:
             pass
+        except FoundationClosedError:
+            _log.info(
+                "TurnloomAgent %r: the call's context was not removed: the Foundation closed "
+                "first; it stays as the Foundation left it (in its store, if it has one).",
+                self.context_id,
+            )
         self._turn = None
 
     # -- helpers -------------------------------------------------------------------
@@ -445,6 +496,14 @@ class TurnloomAgent(Agent):
             len(user.text_content or ""),
         )
         self._user_text = user.text_content or ""
+
+    def _warn_closed(self, outcome: str) -> None:
+        """A LiveKit hook ran after the Foundation closed: say what it did instead."""
+        _log.warning(
+            "TurnloomAgent %r: the Foundation closed before LiveKit's session ended; %s.",
+            self.context_id,
+            outcome,
+        )
 
     def _take_notes(self, chat_ctx: llm.ChatContext) -> None:
         """Add to the current turn's notes the host's messages in this model call's
@@ -513,20 +572,26 @@ class TurnloomAgent(Agent):
                 call_id=out.call_id, content=(TextPart(text=out.output),), is_error=out.is_error
             )
             messages.append(Message(role=Role.tool, content=(part,)))
+        if self._record(turn.turn_id, messages, [i.id for i in items]):
+            turn.recorded.update(i.id for i in items)
+
+    def _record(self, turn_id: str, messages: list[Message], ids: list[str]) -> bool:
+        """Record ``messages`` (LiveKit's items ``ids``) to ``turn_id``; False when turnloom
+        refused them: counted and logged (see the class docstring, "Refused records")."""
         try:
-            self.manager.record(self.context_id, turn.turn_id, messages)
-        except (InputError, StateError) as exc:
+            self.manager.record(self.context_id, turn_id, messages)
+        except (InputError, StateError, FoundationClosedError) as exc:
             # Keep the voice call alive; leave a trace (see the class docstring).
             self.record_errors += 1
             _log.warning(
-                "TurnloomAgent %r: turnloom refused LiveKit's tool items %s for turn %r: %r",
+                "TurnloomAgent %r: turnloom refused LiveKit's items %s for turn %r: %r",
                 self.context_id,
-                [i.id for i in items],
-                turn.turn_id,
+                ids,
+                turn_id,
                 exc,
             )
-            return
-        turn.recorded.update(i.id for i in items)
+            return False
+        return True
 
     def _on_item(self, event: ConversationItemAddedEvent) -> None:
         item = event.item
@@ -557,11 +622,13 @@ class TurnloomAgent(Agent):
                     self.context_id, self._turn, output, played_text=text
                 )
                 return
-            except PlayedTextMismatchError:
-                pass  # not this reply's words: record what LiveKit says was played
+            except (PlayedTextMismatchError, FoundationClosedError):
+                # Not this reply's words: record what LiveKit says was played (or the
+                # Foundation closed: that record is refused and counted, below).
+                pass
         if text.strip():
             reply = Message(role=Role.assistant, content=(TextPart(text=text),))
-            self.manager.record(self.context_id, self._turn, [reply])
+            self._record(self._turn, [reply], [item.id])
 
 
 def _is_note(item: llm.ChatMessage) -> bool:
