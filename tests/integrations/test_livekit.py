@@ -17,11 +17,11 @@ import pytest
 
 pytest.importorskip("livekit.agents")
 
-from livekit.agents import AgentSession, RunContext, function_tool, llm
+from livekit.agents import Agent, AgentSession, RunContext, function_tool, llm
 from livekit.agents.llm import StopResponse
 from livekit.agents.llm.async_toolset import AsyncToolset
 
-from tests.integrations.livekit_fakes import ScriptedLLM
+from tests.integrations.livekit_fakes import MarkupTTS, ScriptedLLM
 from turnloom.context import HistoryLimits, Message, Role, TextPart, ToolCallPart, ToolResultPart
 from turnloom.errors import InvalidArgumentError
 from turnloom.integrations.livekit import TurnloomAgent
@@ -847,12 +847,12 @@ def test_an_async_tools_update_and_deferred_result_are_recorded_to_the_turn() ->
         ]
         assert livekit == [system, *expected]
         assert history == expected
-        # LiveKit answers the deferred result with generate_reply(instructions=...): a note
-        notes = ("notes", f"system_message_1: {_ASYNC_REPLY_INSTRUCTIONS}")
+        # LiveKit answers the deferred result with generate_reply(instructions=...): that
+        # reply's own system message, last
         assert seen == [
             [system, *expected[:1]],
             [system, *expected[:3]],
-            [system, expected[0], notes, *expected[1:6]],
+            [system, *expected[:6], ("system", _ASYNC_REPLY_INSTRUCTIONS)],
         ]
         assert agent.record_errors == 0
 
@@ -889,12 +889,11 @@ def test_an_async_tools_result_arriving_after_the_next_turn_is_recorded_to_that_
         ]
         assert livekit == [system, *expected]
         assert history == expected
-        notes = ("notes", f"system_message_1: {_ASYNC_REPLY_INSTRUCTIONS}")
         assert seen == [
             [system, *expected[:1]],
             [system, *expected[:3]],
             [system, *expected[:5]],
-            [system, *expected[:5], notes, *expected[5:8]],
+            [system, *expected[:8], ("system", _ASYNC_REPLY_INSTRUCTIONS)],
         ]
         assert agent.record_errors == 0
 
@@ -1026,38 +1025,104 @@ def test_a_message_added_with_update_chat_ctx_reaches_the_next_model_call_once()
     asyncio.run(main())
 
 
-def test_generate_reply_instructions_mid_call_reach_the_models_reply() -> None:
-    """Invariant: ``session.generate_reply(instructions=...)`` after the caller's first
-    turn reaches the model call of that reply (a contribution of the current turn's
-    runtime-state pair), and its reply is recorded to that turn; the caller's next turn
-    keeps the pair in its place.
+async def _instructed_reply(agent: Agent, model: ScriptedLLM, **options: Any) -> None:
+    """Turn 1; a reply given instructions that calls a tool (its follow-up answers); a
+    reply without; turn 2. ``options`` go to the ``AgentSession``."""
+    async with AgentSession(llm=model, **options) as session:
+        await session.start(agent)
+        await session.run(user_input="Where is my bag?")
+        await session.generate_reply(instructions="Mention the lounge.")
+        await session.generate_reply()
+        await session.run(user_input="Thanks.")
 
-    Mutant tried: no notes taken in ``llm_node`` (as before): the model never sees it."""
+
+def _instructed_script() -> ScriptedLLM:
+    call = llm.FunctionToolCall(name="find_bag", arguments='{"tag": "X1"}', call_id="c1")
+    return ScriptedLLM([["One."], [call], ["Two."], ["Three."], ["Four."]])
+
+
+def _system_messages(contexts: list[llm.ChatContext]) -> list[list[str]]:
+    return [[text for role, text in _shape(c) if role == "system"] for c in contexts]
+
+
+def test_generate_reply_instructions_reach_only_the_reply_they_were_given_for() -> None:
+    """Invariant: ``session.generate_reply(instructions=...)`` after the caller's first
+    turn reaches that reply's model calls (its tool follow-up's too) and no other: not a
+    later reply of the same turn, not a later turn; each model call carries exactly the
+    system messages LiveKit's own ``Agent`` sends (``_pipeline_reply_task_impl`` adds them
+    to that reply's copy of the context only); nothing of them enters history.
+
+    Mutant tried: the reply's instructions taken as a note of the turn (as before): the
+    later reply and turn 2 still carry them."""
 
     async def main() -> None:
+        plain = _instructed_script()
+        await _instructed_reply(Agent(instructions="Be brief.", tools=[find_bag]), plain)
         async with Foundation(gateway="openai_chat") as foundation:
             manager = foundation.manager
-            model = ScriptedLLM([["One."], ["Two."], ["Three."]])
-            async with AgentSession(llm=model) as session:
-                await session.start(_agent(manager))
-                await session.run(user_input="Where is my bag?")
-                await session.generate_reply(instructions="Mention the lounge.")
-                await session.run(user_input="Thanks.")
+            model = _instructed_script()
+            await _instructed_reply(_agent(manager), model)
             turns = [
                 ("user", "Where is my bag?"),
                 ("assistant", "One."),
+                ("call", 'c1 find_bag {"tag": "X1"}'),
+                ("result", "c1 Gate 4 (X1)"),
                 ("assistant", "Two."),
-                ("user", "Thanks."),
                 ("assistant", "Three."),
+                ("user", "Thanks."),
+                ("assistant", "Four."),
             ]
             assert _history(manager, "call-1") == turns
-            system = ("system", "Be brief.")
-            notes = ("notes", "system_message_1: Mention the lounge.")
+            system, lounge = ("system", "Be brief."), ("system", "Mention the lounge.")
             assert [_shape(c) for c in model.seen] == [
                 [system, *turns[:1]],
-                [system, turns[0], notes, turns[1]],
-                [system, turns[0], notes, *turns[1:4]],
+                [system, *turns[:2], lounge],
+                [system, *turns[:4], lounge],
+                [system, *turns[:5]],
+                [system, *turns[:7]],
             ]
+            assert _system_messages(model.seen) == _system_messages(plain.seen)
+
+    asyncio.run(main())
+
+
+def test_livekits_expressive_tts_guide_reaches_every_model_call_as_livekit_sends_it() -> None:
+    """Invariant: with a TTS that has a markup dialect and ``expressive=True``, LiveKit adds
+    its markup guide (``lk.expressive.instructions``, ``agent_activity.py``
+    ``_inject_expressive_instructions``) to every reply's model calls; the adapter sends it
+    too, as the last system message of each call (after a reply's own instructions, as
+    LiveKit orders them): each call carries exactly the system messages LiveKit's own
+    ``Agent`` sends, and nothing of the guide enters history.
+
+    Mutant tried: the guide skipped like LiveKit's instructions message (as before): no
+    model call carries it."""
+
+    async def main() -> None:
+        options: dict[str, Any] = {"tts": MarkupTTS(), "expressive": True}
+        plain = _instructed_script()
+        await _instructed_reply(Agent(instructions="Be brief.", tools=[find_bag]), plain, **options)
+        guide = _system_messages(plain.seen)[0][-1]
+        assert guide.startswith("You can control how you speak using the following formatting")
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            model = _instructed_script()
+            options["tts"] = MarkupTTS()
+            await _instructed_reply(_agent(manager), model, **options)
+            assert [text for _, text in _history(manager, "call-1")] == [
+                "Where is my bag?",
+                *("One.", 'c1 find_bag {"tag": "X1"}', "c1 Gate 4 (X1)", "Two.", "Three."),
+                *("Thanks.", "Four."),
+            ]
+            brief, lounge = "Be brief.", "Mention the lounge."
+            assert _system_messages(model.seen) == [
+                [brief, guide],
+                [brief, lounge, guide],
+                [brief, lounge, guide],
+                [brief, guide],
+                [brief, guide],
+            ]
+            assert _system_messages(model.seen) == _system_messages(plain.seen)
+            assert all(_shape(c)[-1] == ("system", guide) for c in model.seen)
 
     asyncio.run(main())
 

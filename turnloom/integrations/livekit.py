@@ -50,24 +50,34 @@ and hand ``Agent.default.llm_node`` the context to send; that is what
 
 What a host changes in LiveKit's context:
 
-* Host notes. turnloom never puts a ``system`` message mid-conversation and
-  keeps no ``system``/``developer`` message in history, so a text message
-  the host adds to a model call's LiveKit context, whatever its role,
-  reaches the model as data: a ``ContextContribution`` (named
+* Host notes. turnloom keeps no ``system``/``developer`` message in
+  history, so a text message the host adds to a model call's LiveKit
+  context for the turn, whatever its role (but a reply's own system
+  messages, below), reaches the model as data: a ``ContextContribution`` (named
   ``<role>_message_<n>``, ``n`` counting from 1 in the turn; its content the
   message's text) of the turn's runtime-state pair, in every later model
   call of that turn, once each, in LiveKit's order. That covers the RAG
   pattern (``turn_ctx.add_message(...)`` in an ``on_user_turn_completed``
-  override, before or after calling this class's hook), the per-reply
-  ``instructions`` of ``session.generate_reply`` after the caller's first
-  turn (LiveKit's own, too: its async tools answer a deferred result that
-  way), and messages added with ``agent.update_chat_ctx`` (they go to the
-  next model call's turn; a user message that call answers as the caller's
-  turn is that turn's input instead). Later turns keep the pair in its
-  place under turnloom's default earlier-state policy (``"keep"``), as
-  turnloom keeps any turn's state; ``history()`` does not list it. Messages
-  LiveKit itself injects (ids starting ``lk.``: its instructions and its
-  expressive TTS guide) are not notes.
+  override, before or after calling this class's hook) and messages added
+  with ``agent.update_chat_ctx`` (they go to the next model call's turn; a
+  user message that call answers as the caller's turn is that turn's input
+  instead). Later turns keep the pair in its place under turnloom's default
+  earlier-state policy (``"keep"``), as turnloom keeps any turn's state;
+  ``history()`` does not list it. LiveKit's instructions message (id
+  ``lk.agent_task.instructions``) is not a note: turnloom pins them.
+* A reply's own system messages. LiveKit adds two to one reply's copy of
+  its context only (``voice/agent_activity.py``
+  ``_pipeline_reply_task_impl``): the ``instructions`` of
+  ``session.generate_reply`` (LiveKit's own too: its async tools answer a
+  deferred result that way), a ``system`` message that neither the agent's
+  ``ChatContext`` nor the speech turn's ``turn_ctx`` holds; and, when the
+  TTS has a markup dialect and ``expressive`` is on, its markup guide
+  (``lk.expressive.instructions``: without it the model never writes the
+  markup the TTS expects). The adapter sends them as LiveKit does, as
+  ``system`` messages in that reply's model calls only (its tool
+  follow-ups included), after turnloom's input, in LiveKit's order; they
+  are neither notes nor history. Before the caller's first turn LiveKit's
+  context goes as is, with them.
 * ``new_message`` edits: an edit made before calling this class's
   ``on_user_turn_completed`` is the turn's input. One made after it comes
   too late (the turn is committed): turnloom keeps and sends the committed
@@ -118,6 +128,7 @@ from livekit.agents import Agent, llm
 from livekit.agents.llm import StopResponse
 from livekit.agents.voice import ModelSettings
 from livekit.agents.voice.events import ConversationItemAddedEvent, FunctionToolsExecutedEvent
+from livekit.agents.voice.generation import EXPRESSIVE_INSTRUCTIONS_MESSAGE_ID
 
 from turnloom.context import GatewayType, Message, Role, TextPart, ToolCallPart, ToolResultPart
 from turnloom.errors import (
@@ -294,6 +305,7 @@ class TurnloomAgent(Agent):
         self._notes: list[ContextContribution] = []  # the current turn's host notes
         self._noted: set[str] = set()  # LiveKit ids of the messages in _notes
         self._pending: list[llm.ChatMessage] = []  # added by update_chat_ctx, not sent yet
+        self._turn_ctx: llm.ChatContext | None = None  # the speech turn's ``turn_ctx``
         self._dropped: set[str] = set()  # ids the adapter's last truncation removed
 
     # -- LiveKit hooks -------------------------------------------------------------
@@ -322,6 +334,7 @@ class TurnloomAgent(Agent):
             self._warn_closed("the caller's turn is not committed and gets no reply")
             raise StopResponse()
         self._commit(new_message, confirmed=True)
+        self._turn_ctx = turn_ctx  # the host's edits of it, made before or after this hook
         if self._false_start is not None and self._false_start(new_message.text_content or ""):
             self.retract_turn()
             raise StopResponse()
@@ -355,7 +368,7 @@ class TurnloomAgent(Agent):
             return
         current = self._turns[-1]
         self._record_tools(chat_ctx, current)
-        self._take_notes(chat_ctx)
+        own = self._take_notes(chat_ctx)
         try:
             prefix = await self.manager.prepare(
                 ContextPrepareRequest(
@@ -367,6 +380,7 @@ class TurnloomAgent(Agent):
             return
         items = self.manager.build(prefix, recorded=True)  # the turn's outputs so far
         ctx = _to_chat_ctx(items)
+        ctx.items.extend(own)  # this call's own system messages, last, as LiveKit sends them
         self._streamed = []
         async for chunk in Agent.default.llm_node(self, ctx, tools, model_settings):
             text = chunk if isinstance(chunk, str) else None
@@ -470,6 +484,7 @@ class TurnloomAgent(Agent):
             )
         )
         self._notes, self._noted, self._dropped = [], set(), set()
+        self._turn_ctx = None
         if self._opening:  # the turn that took the greeting gives it back when retracted
             self._opened = (turn_id, tuple(self._opening))
             self._opening.clear()
@@ -505,16 +520,29 @@ class TurnloomAgent(Agent):
             outcome,
         )
 
-    def _take_notes(self, chat_ctx: llm.ChatContext) -> None:
+    def _take_notes(self, chat_ctx: llm.ChatContext) -> list[llm.ChatMessage]:
         """Add to the current turn's notes the host's messages in this model call's
-        context (``turn_ctx`` edits, ``generate_reply(instructions=...)``) and those
-        ``update_chat_ctx`` added, once each, in LiveKit's order."""
+        context (``turn_ctx`` edits) and those ``update_chat_ctx`` added, once each, in
+        LiveKit's order.
+
+        Returns this model call's own system messages, in LiveKit's order: its reply's
+        instructions (``generate_reply(instructions=...)``: a ``system`` message that
+        neither the agent's ``ChatContext`` nor the speech turn's ``turn_ctx`` holds)
+        and LiveKit's expressive TTS guide (``lk.expressive.instructions``). LiveKit
+        puts them in this reply's model calls only, so they are never notes.
+        """
         known = {item.id for item in self.chat_ctx.items} | self._dropped
-        found = [
-            item
-            for item in chat_ctx.items
-            if isinstance(item, llm.ChatMessage) and item.id not in known and _is_note(item)
-        ]
+        turn_ctx = {i.id for i in self._turn_ctx.items} if self._turn_ctx is not None else set()
+        found: list[llm.ChatMessage] = []
+        own: list[llm.ChatMessage] = []
+        for item in chat_ctx.items:
+            if not isinstance(item, llm.ChatMessage):
+                continue
+            if item.id == EXPRESSIVE_INSTRUCTIONS_MESSAGE_ID:
+                own.append(item)
+            elif item.id not in known and _is_note(item):
+                mine = item.role == "system" and item.id not in turn_ctx
+                (own if mine else found).append(item)
         pending, self._pending = self._pending, []
         for item in (*found, *pending):
             if item.id in self._noted or item.id == self._user_item:
@@ -522,6 +550,7 @@ class TurnloomAgent(Agent):
             self._noted.add(item.id)
             name = f"{item.role}_message_{len(self._notes) + 1}"
             self._notes.append(ContextContribution(name=name, content=item.text_content or ""))
+        return own
 
     def _record_tools(self, chat_ctx: llm.ChatContext, current: _TurnItems) -> None:
         """Record the function items after the current turn's user message, once each."""
@@ -632,7 +661,9 @@ class TurnloomAgent(Agent):
 
 
 def _is_note(item: llm.ChatMessage) -> bool:
-    """A message with text that LiveKit itself did not inject (its ids start ``lk.``)."""
+    """A message with text that LiveKit itself did not inject (its ids start ``lk.``: its
+    instructions, which turnloom pins, and its expressive TTS guide, which
+    :meth:`TurnloomAgent._take_notes` hands back to its model call)."""
     return not item.id.startswith("lk.") and bool((item.text_content or "").strip())
 
 
