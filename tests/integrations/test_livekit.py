@@ -1382,3 +1382,60 @@ def test_a_used_preemptive_generations_tool_steps_stay_in_the_final_turn() -> No
             assert agent.record_errors == 0
 
     asyncio.run(main())
+
+
+def test_a_used_preemptive_generations_follow_up_records_only_its_own_tool_steps() -> None:
+    """Invariant: the follow-up model call of a used preemptive generation (its context
+    holds the guess's user message, not the final one) records only the tool items after
+    that message: the tool pairs of turns three and more back, which the adapter no longer
+    remembers (it keeps two turns) and LiveKit's context still holds, are not recorded
+    again; history is each turn once, exactly, and nothing is refused.
+
+    Mutant tried: the guess's message id left out of the lookup in ``_record_tools``
+    (``ids = {current.user_item}``): the scan starts at the context's start and records
+    the pairs of turns 1 and 2 again, to turn 4."""
+    from livekit.agents.voice.audio_recognition import _PreemptiveGenerationInfo
+
+    def tool_turn(n: int) -> list[list[str | llm.FunctionToolCall]]:
+        arguments = json.dumps({"tag": f"X{n}"})
+        return [[llm.FunctionToolCall(name="find_bag", arguments=arguments, call_id=f"c{n}")]]
+
+    def turn(n: int, question: str, reply: str) -> list[tuple[str, str]]:
+        return [
+            ("user", question),
+            ("call", f'c{n} find_bag {{"tag": "X{n}"}}'),
+            ("result", f"c{n} Gate 4 (X{n})"),
+            ("assistant", reply),
+        ]
+
+    async def main() -> None:
+        script: list[list[str | llm.FunctionToolCall]] = []
+        for n in range(1, 5):
+            script += [*tool_turn(n), [f"Found {n}."]]
+        model = ScriptedLLM(script)
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            handles: list[Any] = []
+            async with AgentSession(llm=model) as session:
+                session.on("speech_created", lambda event: handles.append(event.speech_handle))
+                agent = _agent(manager, framework_items=50)  # LiveKit keeps every item
+                await session.start(agent)
+                for n in range(1, 4):
+                    await session.run(user_input=f"Question {n}.")
+                activity = session._activity
+                assert activity is not None
+                activity.on_preemptive_generation(
+                    _PreemptiveGenerationInfo("Question 4", 1.0, None)
+                )
+                while len(model.seen) < 7:
+                    await asyncio.sleep(0.01)
+                await _speak(session, "Question 4.")
+                for handle in handles:
+                    await handle
+            history = [e for n in range(1, 5) for e in turn(n, f"Question {n}.", f"Found {n}.")]
+            assert _history(manager, "call-1") == history
+            assert _shape(model.seen[-1]) == [("system", "Be brief."), *history[:-1]]
+            assert len(model.seen) == 8
+            assert agent.record_errors == 0
+
+    asyncio.run(main())
