@@ -54,7 +54,7 @@ class ScriptedLLM(llm.LLM):  # type: ignore[type-arg]
         return _Stream(self, reply, chat_ctx=chat_ctx, tools=tools or [], conn_options=conn_options)
 
 
-class MarkupTTS(tts.TTS):
+class MarkupTTS(tts.TTS):  # type: ignore[type-arg]
     """A non-streaming TTS with Cartesia's markup dialect: with ``expressive=True`` LiveKit
     adds its markup guide to each reply's model calls. It never synthesizes (the tests'
     sessions have no audio output)."""

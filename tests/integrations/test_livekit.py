@@ -484,7 +484,9 @@ def test_a_model_call_whose_preparation_the_foundations_close_ends_runs_no_model
             async with AgentSession(llm=model) as session:
                 async with Foundation(gateway="openai_chat", **options) as foundation:
                     await session.start(_agent(foundation.manager))
-                    run = asyncio.ensure_future(session.run(user_input="Where is my bag?"))
+                    run: asyncio.Future[Any] = asyncio.ensure_future(
+                        session.run(user_input="Where is my bag?")
+                    )
                     await stuck.entered.wait()
                 await run
         assert model.seen == []
