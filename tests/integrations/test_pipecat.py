@@ -1085,6 +1085,15 @@ async def _close_foundation_first(
     return foundation.manager, call
 
 
+# The history when the Foundation closed, and the record of the pipeline's end after it.
+_AT_CLOSE = [("user", "Where is my bag?"), ("assistant", "It is at gate 4.")]
+_NOT_REMOVED = (
+    "INFO",
+    "Context 'call-1' was not removed at the pipeline's end: the Foundation closed first; "
+    "it stays as the Foundation left it (in its store, if it has one).",
+)
+
+
 def test_the_pipelines_end_after_the_foundation_closed_raises_nothing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -1108,17 +1117,8 @@ def test_the_pipelines_end_after_the_foundation_closed_raises_nothing(
             )
             call.pair.close()  # idempotent, raises nothing
         assert errors == []
-        assert _history(manager, "call-1") == [
-            ("user", "Where is my bag?"),
-            ("assistant", "It is at gate 4."),
-        ]
-        assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
-            (
-                "INFO",
-                "Context 'call-1' was not removed at the pipeline's end: the Foundation closed "
-                "first; it stays as the Foundation left it (in its store, if it has one).",
-            )
-        ]
+        assert _history(manager, "call-1") == _AT_CLOSE
+        assert [(r.levelname, r.getMessage()) for r in caplog.records] == [_NOT_REMOVED]
         assert call.pair.turn_id is None
 
     asyncio.run(main())
@@ -1146,10 +1146,7 @@ def test_a_user_turn_flushed_after_the_foundation_closed_runs_nothing_and_warns(
             manager, _ = await _close_foundation_first(model, speak_on, errors)
         assert errors == []
         assert len(model.seen) == 1
-        assert _history(manager, "call-1") == [
-            ("user", "Where is my bag?"),
-            ("assistant", "It is at gate 4."),
-        ]
+        assert _history(manager, "call-1") == _AT_CLOSE
         assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
             (
                 "WARNING",
@@ -1157,11 +1154,7 @@ def test_a_user_turn_flushed_after_the_foundation_closed_runs_nothing_and_warns(
                 "what the pipeline wrote since the last inference is not taken into turnloom, "
                 "and no inference runs.",
             ),
-            (
-                "INFO",
-                "Context 'call-1' was not removed at the pipeline's end: the Foundation closed "
-                "first; it stays as the Foundation left it (in its store, if it has one).",
-            ),
+            _NOT_REMOVED,
         ]
 
     asyncio.run(main())
