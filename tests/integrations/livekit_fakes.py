@@ -1,13 +1,14 @@
-"""A scripted LiveKit LLM: each ``chat`` streams the next scripted reply; no network."""
+"""A scripted LiveKit LLM (each ``chat`` streams the next scripted reply) and a TTS with a
+markup dialect; no network."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from livekit.agents import llm
+from livekit.agents import llm, tts
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, APIConnectOptions
 
-__all__ = ("ScriptedLLM",)
+__all__ = ("MarkupTTS", "ScriptedLLM")
 
 
 class _Stream(llm.LLMStream):
@@ -51,3 +52,23 @@ class ScriptedLLM(llm.LLM):  # type: ignore[type-arg]
         self.seen.append(chat_ctx.copy())
         reply: list[str | llm.FunctionToolCall] = self.script.pop(0) if self.script else ["OK."]
         return _Stream(self, reply, chat_ctx=chat_ctx, tools=tools or [], conn_options=conn_options)
+
+
+class MarkupTTS(tts.TTS):  # type: ignore[type-arg]
+    """A non-streaming TTS with Cartesia's markup dialect: with ``expressive=True`` LiveKit
+    adds its markup guide to each reply's model calls. It never synthesizes (the tests'
+    sessions have no audio output)."""
+
+    class Markup(tts.TTS.Markup):
+        def _provider_key(self) -> str:
+            return "cartesia"
+
+    def __init__(self) -> None:
+        super().__init__(
+            capabilities=tts.TTSCapabilities(streaming=False), sample_rate=24000, num_channels=1
+        )
+
+    def synthesize(
+        self, text: str, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS
+    ) -> tts.ChunkedStream:
+        raise NotImplementedError("MarkupTTS never speaks")

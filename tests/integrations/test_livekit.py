@@ -17,11 +17,11 @@ import pytest
 
 pytest.importorskip("livekit.agents")
 
-from livekit.agents import AgentSession, RunContext, function_tool, llm
+from livekit.agents import Agent, AgentSession, RunContext, function_tool, llm
 from livekit.agents.llm import StopResponse
 from livekit.agents.llm.async_toolset import AsyncToolset
 
-from tests.integrations.livekit_fakes import ScriptedLLM
+from tests.integrations.livekit_fakes import MarkupTTS, ScriptedLLM
 from turnloom.context import HistoryLimits, Message, Role, TextPart, ToolCallPart, ToolResultPart
 from turnloom.errors import InvalidArgumentError
 from turnloom.integrations.livekit import TurnloomAgent
@@ -385,6 +385,119 @@ def test_a_hang_up_while_the_model_streams_removes_the_context() -> None:
     asyncio.run(main())
 
 
+def test_every_hook_after_the_foundation_closed_raises_nothing_into_livekit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Invariant: a host that closes the Foundation before LiveKit's session ends (either
+    teardown order is real) gets no exception from any hook that runs after the close: a
+    played reply and an executed tool batch are refused records (counted in
+    ``record_errors``, one warning each), a spoken turn answers nothing (``StopResponse``),
+    a text turn's model call runs no model (LiveKit's run ends normally), the close hook
+    (``aclose_context``) leaves the context (one INFO record); history is as at the close.
+
+    Mutants tried, one at a time (as before): the reply's record not refused: LiveKit's
+    emitter logs the FoundationClosedError and ``record_errors`` stays 0; no closed check in
+    ``on_user_turn_completed``/``llm_node``: FoundationClosedError instead of
+    StopResponse / out of ``session.run``; ``aclose_context`` catching only
+    UnknownContextError: it raises FoundationClosedError."""
+    from livekit.agents.voice.events import ConversationItemAddedEvent, FunctionToolsExecutedEvent
+
+    async def main() -> None:
+        model = ScriptedLLM([["One."], ["Two."]])
+        async with AgentSession(llm=model) as session:
+            async with Foundation(gateway="openai_chat") as foundation:
+                manager = foundation.manager
+                agent = _agent(manager)
+                await session.start(agent)
+                await session.run(user_input="Where is my bag?")
+            with caplog.at_level(logging.INFO, logger="turnloom.integrations.livekit"):
+                reply = llm.ChatMessage(role="assistant", content=["Anything else?"], id="r9")
+                session.emit("conversation_item_added", ConversationItemAddedEvent(item=reply))
+                call = llm.FunctionCall(call_id="c9", name="find_bag", arguments="{}", id="f9")
+                out = llm.FunctionCallOutput(call_id="c9", output="Gate 4", is_error=False, id="o9")
+                session.emit(
+                    "function_tools_executed",
+                    FunctionToolsExecutedEvent(function_calls=[call], function_call_outputs=[out]),
+                )
+                with pytest.raises(StopResponse):
+                    await agent.on_user_turn_completed(
+                        llm.ChatContext.empty(), llm.ChatMessage(role="user", content=["Hello?"])
+                    )
+                await session.run(user_input="Still there?")
+                agent.aclose_context()
+        assert len(model.seen) == 1
+        assert agent.record_errors == 2
+        assert _history(manager, "call-1") == [("user", "Where is my bag?"), ("assistant", "One.")]
+        closed = "TurnloomAgent 'call-1': the Foundation closed before LiveKit's session ended; "
+        refused = "TurnloomAgent 'call-1': turnloom refused LiveKit's items {} for turn {!r}: "
+        turn = manager.history("call-1").turn_ids[0]
+        drained = (
+            "FoundationClosedError('The Foundation is closed; its output streams were drained "
+            "and no more outputs are recorded.')"
+        )
+        assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+            ("WARNING", refused.format(["r9"], turn) + drained),
+            ("WARNING", refused.format(["f9", "o9"], turn) + drained),
+            ("WARNING", closed + "the caller's turn is not committed and gets no reply."),
+            ("WARNING", closed + "no model call runs."),
+            (
+                "INFO",
+                "TurnloomAgent 'call-1': the call's context was not removed: the Foundation "
+                "closed first; it stays as the Foundation left it (in its store, if it has one).",
+            ),
+        ]
+
+    asyncio.run(main())
+
+
+class _StuckAssembly:
+    """An assembly strategy that never finishes: the turn's preparation waits in it."""
+
+    name = "stuck"
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+
+    def tool_definitions(self, gateway: Any) -> list[dict[str, Any]]:
+        return []
+
+    async def assemble(self, **kwargs: Any) -> Any:
+        self.entered.set()
+        await asyncio.Event().wait()
+
+
+def test_a_model_call_whose_preparation_the_foundations_close_ends_runs_no_model(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Invariant: when the Foundation closes while a model call's input is prepared, the
+    call runs no model and LiveKit's run ends normally (no FoundationClosedError into its
+    inference task); one warning says so.
+
+    Mutant tried: ``prepare`` in ``llm_node`` without its FoundationClosedError handling:
+    ``session.run`` raises it."""
+
+    async def main() -> None:
+        model = ScriptedLLM([["One."]])
+        stuck = _StuckAssembly()
+        options: Any = {"strategy": stuck, "close_grace_period": 0.05}
+        with caplog.at_level(logging.WARNING, logger="turnloom.integrations.livekit"):
+            async with AgentSession(llm=model) as session:
+                async with Foundation(gateway="openai_chat", **options) as foundation:
+                    await session.start(_agent(foundation.manager))
+                    run: asyncio.Future[Any] = asyncio.ensure_future(
+                        session.run(user_input="Where is my bag?")
+                    )
+                    await stuck.entered.wait()
+                await run
+        assert model.seen == []
+        assert [r.getMessage() for r in caplog.records] == [
+            "TurnloomAgent 'call-1': the Foundation closed before LiveKit's session ended; "
+            "no model call runs."
+        ]
+
+    asyncio.run(main())
+
+
 def test_livekits_own_chat_context_stays_bounded_after_300_turns() -> None:
     """Invariant: LiveKit's own ChatContext holds the 8 newest items plus the turn's
     pair however many turns pass (300: nearly ten times the history's 32 turns)."""
@@ -736,12 +849,12 @@ def test_an_async_tools_update_and_deferred_result_are_recorded_to_the_turn() ->
         ]
         assert livekit == [system, *expected]
         assert history == expected
-        # LiveKit answers the deferred result with generate_reply(instructions=...): a note
-        notes = ("notes", f"system_message_1: {_ASYNC_REPLY_INSTRUCTIONS}")
+        # LiveKit answers the deferred result with generate_reply(instructions=...): that
+        # reply's own system message, last
         assert seen == [
             [system, *expected[:1]],
             [system, *expected[:3]],
-            [system, expected[0], notes, *expected[1:6]],
+            [system, *expected[:6], ("system", _ASYNC_REPLY_INSTRUCTIONS)],
         ]
         assert agent.record_errors == 0
 
@@ -778,12 +891,11 @@ def test_an_async_tools_result_arriving_after_the_next_turn_is_recorded_to_that_
         ]
         assert livekit == [system, *expected]
         assert history == expected
-        notes = ("notes", f"system_message_1: {_ASYNC_REPLY_INSTRUCTIONS}")
         assert seen == [
             [system, *expected[:1]],
             [system, *expected[:3]],
             [system, *expected[:5]],
-            [system, *expected[:5], notes, *expected[5:8]],
+            [system, *expected[:8], ("system", _ASYNC_REPLY_INSTRUCTIONS)],
         ]
         assert agent.record_errors == 0
 
@@ -915,38 +1027,104 @@ def test_a_message_added_with_update_chat_ctx_reaches_the_next_model_call_once()
     asyncio.run(main())
 
 
-def test_generate_reply_instructions_mid_call_reach_the_models_reply() -> None:
-    """Invariant: ``session.generate_reply(instructions=...)`` after the caller's first
-    turn reaches the model call of that reply (a contribution of the current turn's
-    runtime-state pair), and its reply is recorded to that turn; the caller's next turn
-    keeps the pair in its place.
+async def _instructed_reply(agent: Agent, model: ScriptedLLM, **options: Any) -> None:
+    """Turn 1; a reply given instructions that calls a tool (its follow-up answers); a
+    reply without; turn 2. ``options`` go to the ``AgentSession``."""
+    async with AgentSession(llm=model, **options) as session:
+        await session.start(agent)
+        await session.run(user_input="Where is my bag?")
+        await session.generate_reply(instructions="Mention the lounge.")
+        await session.generate_reply()
+        await session.run(user_input="Thanks.")
 
-    Mutant tried: no notes taken in ``llm_node`` (as before): the model never sees it."""
+
+def _instructed_script() -> ScriptedLLM:
+    call = llm.FunctionToolCall(name="find_bag", arguments='{"tag": "X1"}', call_id="c1")
+    return ScriptedLLM([["One."], [call], ["Two."], ["Three."], ["Four."]])
+
+
+def _system_messages(contexts: list[llm.ChatContext]) -> list[list[str]]:
+    return [[text for role, text in _shape(c) if role == "system"] for c in contexts]
+
+
+def test_generate_reply_instructions_reach_only_the_reply_they_were_given_for() -> None:
+    """Invariant: ``session.generate_reply(instructions=...)`` after the caller's first
+    turn reaches that reply's model calls (its tool follow-up's too) and no other: not a
+    later reply of the same turn, not a later turn; each model call carries exactly the
+    system messages LiveKit's own ``Agent`` sends (``_pipeline_reply_task_impl`` adds them
+    to that reply's copy of the context only); nothing of them enters history.
+
+    Mutant tried: the reply's instructions taken as a note of the turn (as before): the
+    later reply and turn 2 still carry them."""
 
     async def main() -> None:
+        plain = _instructed_script()
+        await _instructed_reply(Agent(instructions="Be brief.", tools=[find_bag]), plain)
         async with Foundation(gateway="openai_chat") as foundation:
             manager = foundation.manager
-            model = ScriptedLLM([["One."], ["Two."], ["Three."]])
-            async with AgentSession(llm=model) as session:
-                await session.start(_agent(manager))
-                await session.run(user_input="Where is my bag?")
-                await session.generate_reply(instructions="Mention the lounge.")
-                await session.run(user_input="Thanks.")
+            model = _instructed_script()
+            await _instructed_reply(_agent(manager), model)
             turns = [
                 ("user", "Where is my bag?"),
                 ("assistant", "One."),
+                ("call", 'c1 find_bag {"tag": "X1"}'),
+                ("result", "c1 Gate 4 (X1)"),
                 ("assistant", "Two."),
-                ("user", "Thanks."),
                 ("assistant", "Three."),
+                ("user", "Thanks."),
+                ("assistant", "Four."),
             ]
             assert _history(manager, "call-1") == turns
-            system = ("system", "Be brief.")
-            notes = ("notes", "system_message_1: Mention the lounge.")
+            system, lounge = ("system", "Be brief."), ("system", "Mention the lounge.")
             assert [_shape(c) for c in model.seen] == [
                 [system, *turns[:1]],
-                [system, turns[0], notes, turns[1]],
-                [system, turns[0], notes, *turns[1:4]],
+                [system, *turns[:2], lounge],
+                [system, *turns[:4], lounge],
+                [system, *turns[:5]],
+                [system, *turns[:7]],
             ]
+            assert _system_messages(model.seen) == _system_messages(plain.seen)
+
+    asyncio.run(main())
+
+
+def test_livekits_expressive_tts_guide_reaches_every_model_call_as_livekit_sends_it() -> None:
+    """Invariant: with a TTS that has a markup dialect and ``expressive=True``, LiveKit adds
+    its markup guide (``lk.expressive.instructions``, ``agent_activity.py``
+    ``_inject_expressive_instructions``) to every reply's model calls; the adapter sends it
+    too, as the last system message of each call (after a reply's own instructions, as
+    LiveKit orders them): each call carries exactly the system messages LiveKit's own
+    ``Agent`` sends, and nothing of the guide enters history.
+
+    Mutant tried: the guide skipped like LiveKit's instructions message (as before): no
+    model call carries it."""
+
+    async def main() -> None:
+        options: dict[str, Any] = {"tts": MarkupTTS(), "expressive": True}
+        plain = _instructed_script()
+        await _instructed_reply(Agent(instructions="Be brief.", tools=[find_bag]), plain, **options)
+        guide = _system_messages(plain.seen)[0][-1]
+        assert guide.startswith("You can control how you speak using the following formatting")
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            model = _instructed_script()
+            options["tts"] = MarkupTTS()
+            await _instructed_reply(_agent(manager), model, **options)
+            assert [text for _, text in _history(manager, "call-1")] == [
+                "Where is my bag?",
+                *("One.", 'c1 find_bag {"tag": "X1"}', "c1 Gate 4 (X1)", "Two.", "Three."),
+                *("Thanks.", "Four."),
+            ]
+            brief, lounge = "Be brief.", "Mention the lounge."
+            assert _system_messages(model.seen) == [
+                [brief, guide],
+                [brief, lounge, guide],
+                [brief, lounge, guide],
+                [brief, guide],
+                [brief, guide],
+            ]
+            assert _system_messages(model.seen) == _system_messages(plain.seen)
+            assert all(_shape(c)[-1] == ("system", guide) for c in model.seen)
 
     asyncio.run(main())
 
@@ -1203,6 +1381,63 @@ def test_a_used_preemptive_generations_tool_steps_stay_in_the_final_turn() -> No
                 [system, ("user", "Where is my bag")],
                 [system, *HISTORY[:3]],
             ]
+            assert agent.record_errors == 0
+
+    asyncio.run(main())
+
+
+def test_a_used_preemptive_generations_follow_up_records_only_its_own_tool_steps() -> None:
+    """Invariant: the follow-up model call of a used preemptive generation (its context
+    holds the guess's user message, not the final one) records only the tool items after
+    that message: the tool pairs of turns three and more back, which the adapter no longer
+    remembers (it keeps two turns) and LiveKit's context still holds, are not recorded
+    again; history is each turn once, exactly, and nothing is refused.
+
+    Mutant tried: the guess's message id left out of the lookup in ``_record_tools``
+    (``ids = {current.user_item}``): the scan starts at the context's start and records
+    the pairs of turns 1 and 2 again, to turn 4."""
+    from livekit.agents.voice.audio_recognition import _PreemptiveGenerationInfo
+
+    def tool_turn(n: int) -> list[list[str | llm.FunctionToolCall]]:
+        arguments = json.dumps({"tag": f"X{n}"})
+        return [[llm.FunctionToolCall(name="find_bag", arguments=arguments, call_id=f"c{n}")]]
+
+    def turn(n: int, question: str, reply: str) -> list[tuple[str, str]]:
+        return [
+            ("user", question),
+            ("call", f'c{n} find_bag {{"tag": "X{n}"}}'),
+            ("result", f"c{n} Gate 4 (X{n})"),
+            ("assistant", reply),
+        ]
+
+    async def main() -> None:
+        script: list[list[str | llm.FunctionToolCall]] = []
+        for n in range(1, 5):
+            script += [*tool_turn(n), [f"Found {n}."]]
+        model = ScriptedLLM(script)
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            handles: list[Any] = []
+            async with AgentSession(llm=model) as session:
+                session.on("speech_created", lambda event: handles.append(event.speech_handle))
+                agent = _agent(manager, framework_items=50)  # LiveKit keeps every item
+                await session.start(agent)
+                for n in range(1, 4):
+                    await session.run(user_input=f"Question {n}.")
+                activity = session._activity
+                assert activity is not None
+                activity.on_preemptive_generation(
+                    _PreemptiveGenerationInfo("Question 4", 1.0, None)
+                )
+                while len(model.seen) < 7:
+                    await asyncio.sleep(0.01)
+                await _speak(session, "Question 4.")
+                for handle in handles:
+                    await handle
+            history = [e for n in range(1, 5) for e in turn(n, f"Question {n}.", f"Found {n}.")]
+            assert _history(manager, "call-1") == history
+            assert _shape(model.seen[-1]) == [("system", "Be brief."), *history[:-1]]
+            assert len(model.seen) == 8
             assert agent.record_errors == 0
 
     asyncio.run(main())

@@ -18,6 +18,7 @@ context, even while the model streams.
 from __future__ import annotations
 
 import asyncio
+import logging
 import warnings
 from typing import Any
 
@@ -1052,6 +1053,109 @@ def test_a_hang_up_while_the_model_streams_removes_the_context() -> None:
             stats = manager.statistics()
             assert (stats.history.turns, stats.invocations) == (0, 0)
             assert len(model.seen) == 1
+
+    asyncio.run(main())
+
+
+async def _close_foundation_first(
+    model: ScriptedLLM, after_close: Any, errors: list[str]
+) -> tuple[ContextManager, FakeCall[ScriptedLLM]]:
+    """One turn, then the host's ``async with Foundation`` exits while the pipeline still
+    runs; then ``after_close(call)`` and the pipeline's ``EndFrame``. ``errors`` gets every
+    message Pipecat logs at ERROR (a processor's cleanup that raised, a handler's exception)."""
+    from loguru import logger
+    from pipecat.workers.runner import WorkerRunner
+
+    sink = logger.add(lambda message: errors.append(str(message)), level="ERROR")
+    runner = WorkerRunner(handle_sigint=False)
+    try:
+        async with Foundation(gateway="openai_chat") as foundation:
+            call = FakeCall(foundation.manager, model)
+            await runner.add_workers(call.worker)
+            running = asyncio.ensure_future(runner.run())
+            await call.started.wait()
+            await call.say("Where is my bag?")
+            await call.replies(1)
+        await after_close(call)
+        await call.end()
+        async with asyncio.timeout(10):
+            await running
+    finally:
+        logger.remove(sink)
+    return foundation.manager, call
+
+
+# The history when the Foundation closed, and the record of the pipeline's end after it.
+_AT_CLOSE = [("user", "Where is my bag?"), ("assistant", "It is at gate 4.")]
+_NOT_REMOVED = (
+    "INFO",
+    "Context 'call-1' was not removed at the pipeline's end: the Foundation closed first; "
+    "it stays as the Foundation left it (in its store, if it has one).",
+)
+
+
+def test_the_pipelines_end_after_the_foundation_closed_raises_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Invariant: a host that closes the Foundation before the pipeline's ``EndFrame`` is
+    processed (either teardown order is real) gets no exception from the pair's cleanup:
+    Pipecat logs no error, the pair's close stays idempotent, history is as it was at the
+    close, and one INFO record says the context was not removed.
+
+    Mutant tried: ``close`` without its ``FoundationClosedError`` handling (as before):
+    Pipecat logs "Error cleaning up TurnloomAssistantAggregator#...: The Foundation is
+    closed; ...", and ``pair.close()`` raises."""
+
+    async def nothing(call: FakeCall[ScriptedLLM]) -> None:
+        pass
+
+    async def main() -> None:
+        errors: list[str] = []
+        with caplog.at_level(logging.INFO, logger="turnloom.integrations.pipecat"):
+            manager, call = await _close_foundation_first(
+                ScriptedLLM([["It is at gate 4."]]), nothing, errors
+            )
+            call.pair.close()  # idempotent, raises nothing
+        assert errors == []
+        assert _history(manager, "call-1") == _AT_CLOSE
+        assert [(r.levelname, r.getMessage()) for r in caplog.records] == [_NOT_REMOVED]
+        assert call.pair.turn_id is None
+
+    asyncio.run(main())
+
+
+def test_a_user_turn_flushed_after_the_foundation_closed_runs_nothing_and_warns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Invariant: what the pipeline pushes after the Foundation closed (here the caller's
+    words still held when ``EndFrame`` arrives: Pipecat's user aggregator flushes them as a
+    turn on the way out) is not taken and runs no inference; one warning says so, Pipecat
+    logs no error, and history is as it was at the close.
+
+    Mutant tried: ``sync`` without its closed-Foundation path (as before): Pipecat logs the
+    ``FoundationClosedError`` raised by ``accept_turn`` as an error of its own."""
+
+    async def speak_on(call: FakeCall[ScriptedLLM]) -> None:
+        await call.worker.queue_frame(ProposedUserStartedSpeakingFrame())
+        await call.worker.queue_frame(TranscriptionFrame("Still there?", "caller", "now"))
+
+    async def main() -> None:
+        errors: list[str] = []
+        model = ScriptedLLM([["It is at gate 4."]])
+        with caplog.at_level(logging.INFO, logger="turnloom.integrations.pipecat"):
+            manager, _ = await _close_foundation_first(model, speak_on, errors)
+        assert errors == []
+        assert len(model.seen) == 1
+        assert _history(manager, "call-1") == _AT_CLOSE
+        assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+            (
+                "WARNING",
+                "Context 'call-1': the Foundation closed before the Pipecat pipeline ended; "
+                "what the pipeline wrote since the last inference is not taken into turnloom, "
+                "and no inference runs.",
+            ),
+            _NOT_REMOVED,
+        ]
 
     asyncio.run(main())
 

@@ -44,28 +44,40 @@ and hand ``Agent.default.llm_node`` the context to send; that is what
   spoke) opens the first turn's input (the next one's, when that turn is
   retracted as a false start);
 * :meth:`TurnloomAgent.aclose_context` (call it on the session's ``close``
-  event: the caller hung up) removes the context.
+  event: the caller hung up) removes the context. The host may close the
+  Foundation before the session ends: no hook raises into LiveKit then (see
+  :class:`TurnloomAgent`, "Teardown in either order").
 
 What a host changes in LiveKit's context:
 
-* Host notes. turnloom never puts a ``system`` message mid-conversation and
-  keeps no ``system``/``developer`` message in history, so a text message
-  the host adds to a model call's LiveKit context, whatever its role,
-  reaches the model as data: a ``ContextContribution`` (named
+* Host notes. turnloom keeps no ``system``/``developer`` message in
+  history, so a text message the host adds to a model call's LiveKit
+  context for the turn, whatever its role (but a reply's own system
+  messages, below), reaches the model as data: a ``ContextContribution`` (named
   ``<role>_message_<n>``, ``n`` counting from 1 in the turn; its content the
   message's text) of the turn's runtime-state pair, in every later model
   call of that turn, once each, in LiveKit's order. That covers the RAG
   pattern (``turn_ctx.add_message(...)`` in an ``on_user_turn_completed``
-  override, before or after calling this class's hook), the per-reply
-  ``instructions`` of ``session.generate_reply`` after the caller's first
-  turn (LiveKit's own, too: its async tools answer a deferred result that
-  way), and messages added with ``agent.update_chat_ctx`` (they go to the
-  next model call's turn; a user message that call answers as the caller's
-  turn is that turn's input instead). Later turns keep the pair in its
-  place under turnloom's default earlier-state policy (``"keep"``), as
-  turnloom keeps any turn's state; ``history()`` does not list it. Messages
-  LiveKit itself injects (ids starting ``lk.``: its instructions and its
-  expressive TTS guide) are not notes.
+  override, before or after calling this class's hook) and messages added
+  with ``agent.update_chat_ctx`` (they go to the next model call's turn; a
+  user message that call answers as the caller's turn is that turn's input
+  instead). Later turns keep the pair in its place under turnloom's default
+  earlier-state policy (``"keep"``), as turnloom keeps any turn's state;
+  ``history()`` does not list it. LiveKit's instructions message (id
+  ``lk.agent_task.instructions``) is not a note: turnloom pins them.
+* A reply's own system messages. LiveKit adds two to one reply's copy of
+  its context only (``voice/agent_activity.py``
+  ``_pipeline_reply_task_impl``): the ``instructions`` of
+  ``session.generate_reply`` (LiveKit's own too: its async tools answer a
+  deferred result that way), a ``system`` message that neither the agent's
+  ``ChatContext`` nor the speech turn's ``turn_ctx`` holds; and, when the
+  TTS has a markup dialect and ``expressive`` is on, its markup guide
+  (``lk.expressive.instructions``: without it the model never writes the
+  markup the TTS expects). The adapter sends them as LiveKit does, as
+  ``system`` messages in that reply's model calls only (its tool
+  follow-ups included), after turnloom's input, in LiveKit's order; they
+  are neither notes nor history. Before the caller's first turn LiveKit's
+  context goes as is, with them.
 * ``new_message`` edits: an edit made before calling this class's
   ``on_user_turn_completed`` is the turn's input. One made after it comes
   too late (the turn is committed): turnloom keeps and sends the committed
@@ -116,6 +128,7 @@ from livekit.agents import Agent, llm
 from livekit.agents.llm import StopResponse
 from livekit.agents.voice import ModelSettings
 from livekit.agents.voice.events import ConversationItemAddedEvent, FunctionToolsExecutedEvent
+from livekit.agents.voice.generation import EXPRESSIVE_INSTRUCTIONS_MESSAGE_ID
 
 from turnloom.context import GatewayType, Message, Role, TextPart, ToolCallPart, ToolResultPart
 from turnloom.errors import (
@@ -130,6 +143,7 @@ from turnloom.runtime import (
     ContextContribution,
     ContextManager,
     ContextPrepareRequest,
+    FoundationClosedError,
     TurnSnapshot,
 )
 
@@ -215,14 +229,28 @@ class TurnloomAgent(Agent):
         current turn, where turnloom may refuse it (below).
 
     Refused records:
-        When turnloom refuses a record of LiveKit's items (an ``InputError``
-        or ``StateError``: e.g. ``UnpairedResultError`` for an output whose
-        call LiveKit never added, ``TurnTooLargeError``), nothing of that batch
-        is recorded, a warning names the error and the turn, and
-        :attr:`record_errors` grows by one; the call goes on. Raising instead
+        When turnloom refuses a record of LiveKit's items (a tool batch or a
+        played reply: an ``InputError`` or ``StateError``, e.g.
+        ``UnpairedResultError`` for an output whose call LiveKit never added,
+        ``TurnTooLargeError``; or ``FoundationClosedError`` after the
+        Foundation closed), nothing of that batch is recorded, a warning names
+        the error and the turn, and :attr:`record_errors` grows by one; the
+        call goes on. Raising instead
         would end the reply inside LiveKit's speech task (or escape its event
         dispatch) over history bookkeeping, and a voice call must not drop for
         that; the warning and the counter leave a trace the host can alert on.
+
+    Teardown in either order:
+        A host may close the Foundation before LiveKit's session ends (its
+        ``async with Foundation`` exits first). No hook raises into LiveKit
+        then: a played reply or executed tool batch is a refused record
+        (above); ``on_user_turn_completed`` commits nothing and answers nothing
+        (``StopResponse``) and ``llm_node`` streams nothing (no model call;
+        also when the Foundation closes while the call's input is prepared),
+        each with a warning; :meth:`aclose_context` leaves the context as the
+        Foundation left it (in its store, when it has one) with an INFO
+        record. :meth:`retract_turn`, the host's own call, raises
+        ``FoundationClosedError``.
 
     Attributes:
         record_errors: how many record batches turnloom refused (see above).
@@ -277,6 +305,7 @@ class TurnloomAgent(Agent):
         self._notes: list[ContextContribution] = []  # the current turn's host notes
         self._noted: set[str] = set()  # LiveKit ids of the messages in _notes
         self._pending: list[llm.ChatMessage] = []  # added by update_chat_ctx, not sent yet
+        self._turn_ctx: llm.ChatContext | None = None  # the speech turn's ``turn_ctx``
         self._dropped: set[str] = set()  # ids the adapter's last truncation removed
 
     # -- LiveKit hooks -------------------------------------------------------------
@@ -296,8 +325,16 @@ class TurnloomAgent(Agent):
         self, turn_ctx: llm.ChatContext, new_message: llm.ChatMessage
     ) -> None:
         """Commit the user's finished speech as a turn (and cut LiveKit's own ChatContext to
-        ``framework_items``); retract it when it was a false start."""
+        ``framework_items``); retract it when it was a false start.
+
+        After the Foundation closed it answers nothing (LiveKit's ``StopResponse``)
+        and logs a warning (see the class docstring, "Teardown in either order").
+        """
+        if self.manager.closed:
+            self._warn_closed("the caller's turn is not committed and gets no reply")
+            raise StopResponse()
         self._commit(new_message, confirmed=True)
+        self._turn_ctx = turn_ctx  # the host's edits of it, made before or after this hook
         if self._false_start is not None and self._false_start(new_message.text_content or ""):
             self.retract_turn()
             raise StopResponse()
@@ -309,7 +346,14 @@ class TurnloomAgent(Agent):
         tools: list[llm.Tool],
         model_settings: ModelSettings,
     ) -> AsyncIterable[Any]:
-        """Send turnloom's prepared input for the turn instead of LiveKit's own context."""
+        """Send turnloom's prepared input for the turn instead of LiveKit's own context.
+
+        After the Foundation closed it streams nothing (no model call) and logs a
+        warning (see the class docstring, "Teardown in either order").
+        """
+        if self.manager.closed:
+            self._warn_closed("no model call runs")
+            return
         user = next((i for i in reversed(chat_ctx.items) if _is_user(i)), None)
         if user is not None and user.id != self._user_item and user.id not in self._superseded:
             assert isinstance(user, llm.ChatMessage)
@@ -324,14 +368,19 @@ class TurnloomAgent(Agent):
             return
         current = self._turns[-1]
         self._record_tools(chat_ctx, current)
-        self._take_notes(chat_ctx)
-        prefix = await self.manager.prepare(
-            ContextPrepareRequest(
-                context_id=self.context_id, turn_id=turn, contributions=tuple(self._notes)
+        own = self._take_notes(chat_ctx)
+        try:
+            prefix = await self.manager.prepare(
+                ContextPrepareRequest(
+                    context_id=self.context_id, turn_id=turn, contributions=tuple(self._notes)
+                )
             )
-        )
+        except FoundationClosedError:  # it began closing while the input was prepared
+            self._warn_closed("no model call runs")
+            return
         items = self.manager.build(prefix, recorded=True)  # the turn's outputs so far
         ctx = _to_chat_ctx(items)
+        ctx.items.extend(own)  # this call's own system messages, last, as LiveKit sends them
         self._streamed = []
         async for chunk in Agent.default.llm_node(self, ctx, tools, model_settings):
             text = chunk if isinstance(chunk, str) else None
@@ -375,7 +424,12 @@ class TurnloomAgent(Agent):
     # -- turnloom edits ------------------------------------------------------------
 
     def retract_turn(self) -> None:
-        """Take back the newest user turn (a false start: ``manager.voice.retract_turn``)."""
+        """Take back the newest user turn (a false start: ``manager.voice.retract_turn``).
+
+        Raises:
+            StateError: outputs were recorded for it: as ``manager.voice.retract_turn``.
+            FoundationClosedError: the Foundation is closing or closed.
+        """
         if self._turn is not None:
             self.manager.voice.retract_turn(self.context_id, self._turn)
             if self._opened is not None and self._opened[0] == self._turn:
@@ -384,11 +438,22 @@ class TurnloomAgent(Agent):
             self._turn = None
 
     def aclose_context(self) -> None:
-        """The call ended: remove its context (``manager.remove_context``); idempotent."""
+        """The call ended: remove its context (``manager.remove_context``); idempotent.
+
+        After the Foundation closed it raises nothing: the context stays as the
+        Foundation left it (in its store, when it has one), and an INFO record
+        says so.
+        """
         try:
             self.manager.remove_context(self.context_id)
         except UnknownContextError:
             pass
+        except FoundationClosedError:
+            _log.info(
+                "TurnloomAgent %r: the call's context was not removed: the Foundation closed "
+                "first; it stays as the Foundation left it (in its store, if it has one).",
+                self.context_id,
+            )
         self._turn = None
 
     # -- helpers -------------------------------------------------------------------
@@ -419,6 +484,7 @@ class TurnloomAgent(Agent):
             )
         )
         self._notes, self._noted, self._dropped = [], set(), set()
+        self._turn_ctx = None
         if self._opening:  # the turn that took the greeting gives it back when retracted
             self._opened = (turn_id, tuple(self._opening))
             self._opening.clear()
@@ -446,16 +512,37 @@ class TurnloomAgent(Agent):
         )
         self._user_text = user.text_content or ""
 
-    def _take_notes(self, chat_ctx: llm.ChatContext) -> None:
+    def _warn_closed(self, outcome: str) -> None:
+        """A LiveKit hook ran after the Foundation closed: say what it did instead."""
+        _log.warning(
+            "TurnloomAgent %r: the Foundation closed before LiveKit's session ended; %s.",
+            self.context_id,
+            outcome,
+        )
+
+    def _take_notes(self, chat_ctx: llm.ChatContext) -> list[llm.ChatMessage]:
         """Add to the current turn's notes the host's messages in this model call's
-        context (``turn_ctx`` edits, ``generate_reply(instructions=...)``) and those
-        ``update_chat_ctx`` added, once each, in LiveKit's order."""
+        context (``turn_ctx`` edits) and those ``update_chat_ctx`` added, once each, in
+        LiveKit's order.
+
+        Returns this model call's own system messages, in LiveKit's order: its reply's
+        instructions (``generate_reply(instructions=...)``: a ``system`` message that
+        neither the agent's ``ChatContext`` nor the speech turn's ``turn_ctx`` holds)
+        and LiveKit's expressive TTS guide (``lk.expressive.instructions``). LiveKit
+        puts them in this reply's model calls only, so they are never notes.
+        """
         known = {item.id for item in self.chat_ctx.items} | self._dropped
-        found = [
-            item
-            for item in chat_ctx.items
-            if isinstance(item, llm.ChatMessage) and item.id not in known and _is_note(item)
-        ]
+        turn_ctx = {i.id for i in self._turn_ctx.items} if self._turn_ctx is not None else set()
+        found: list[llm.ChatMessage] = []
+        own: list[llm.ChatMessage] = []
+        for item in chat_ctx.items:
+            if not isinstance(item, llm.ChatMessage):
+                continue
+            if item.id == EXPRESSIVE_INSTRUCTIONS_MESSAGE_ID:
+                own.append(item)
+            elif item.id not in known and _is_note(item):
+                mine = item.role == "system" and item.id not in turn_ctx
+                (own if mine else found).append(item)
         pending, self._pending = self._pending, []
         for item in (*found, *pending):
             if item.id in self._noted or item.id == self._user_item:
@@ -463,6 +550,7 @@ class TurnloomAgent(Agent):
             self._noted.add(item.id)
             name = f"{item.role}_message_{len(self._notes) + 1}"
             self._notes.append(ContextContribution(name=name, content=item.text_content or ""))
+        return own
 
     def _record_tools(self, chat_ctx: llm.ChatContext, current: _TurnItems) -> None:
         """Record the function items after the current turn's user message, once each."""
@@ -513,20 +601,26 @@ class TurnloomAgent(Agent):
                 call_id=out.call_id, content=(TextPart(text=out.output),), is_error=out.is_error
             )
             messages.append(Message(role=Role.tool, content=(part,)))
+        if self._record(turn.turn_id, messages, [i.id for i in items]):
+            turn.recorded.update(i.id for i in items)
+
+    def _record(self, turn_id: str, messages: list[Message], ids: list[str]) -> bool:
+        """Record ``messages`` (LiveKit's items ``ids``) to ``turn_id``; False when turnloom
+        refused them: counted and logged (see the class docstring, "Refused records")."""
         try:
-            self.manager.record(self.context_id, turn.turn_id, messages)
-        except (InputError, StateError) as exc:
+            self.manager.record(self.context_id, turn_id, messages)
+        except (InputError, StateError, FoundationClosedError) as exc:
             # Keep the voice call alive; leave a trace (see the class docstring).
             self.record_errors += 1
             _log.warning(
-                "TurnloomAgent %r: turnloom refused LiveKit's tool items %s for turn %r: %r",
+                "TurnloomAgent %r: turnloom refused LiveKit's items %s for turn %r: %r",
                 self.context_id,
-                [i.id for i in items],
-                turn.turn_id,
+                ids,
+                turn_id,
                 exc,
             )
-            return
-        turn.recorded.update(i.id for i in items)
+            return False
+        return True
 
     def _on_item(self, event: ConversationItemAddedEvent) -> None:
         item = event.item
@@ -557,15 +651,19 @@ class TurnloomAgent(Agent):
                     self.context_id, self._turn, output, played_text=text
                 )
                 return
-            except PlayedTextMismatchError:
-                pass  # not this reply's words: record what LiveKit says was played
+            except (PlayedTextMismatchError, FoundationClosedError):
+                # Not this reply's words: record what LiveKit says was played (or the
+                # Foundation closed: that record is refused and counted, below).
+                pass
         if text.strip():
             reply = Message(role=Role.assistant, content=(TextPart(text=text),))
-            self.manager.record(self.context_id, self._turn, [reply])
+            self._record(self._turn, [reply], [item.id])
 
 
 def _is_note(item: llm.ChatMessage) -> bool:
-    """A message with text that LiveKit itself did not inject (its ids start ``lk.``)."""
+    """A message with text that LiveKit itself did not inject (its ids start ``lk.``: its
+    instructions, which turnloom pins, and its expressive TTS guide, which
+    :meth:`TurnloomAgent._take_notes` hands back to its model call)."""
     return not item.id.startswith("lk.") and bool((item.text_content or "").strip())
 
 

@@ -55,6 +55,13 @@ bookkeeping unchanged), with turnloom as the one source of truth:
   even while the model streams) removes the context
   (``manager.remove_context``: idempotent, and it cancels a preparation in
   flight for it).
+* teardown in either order: when the host closes the Foundation first (its
+  ``async with Foundation`` exits before the pipeline's end), the pair's
+  cleanup raises nothing into Pipecat's teardown: the context is left as
+  the Foundation left it (in its store, when it has one; an INFO record
+  says so), and a push after the close (the caller's words Pipecat's user
+  aggregator flushes on ``EndFrame``, a function's result) is not taken
+  and runs no inference (a warning says so).
 
 A result Pipecat still shows as ``IN_PROGRESS`` is not recorded until it is
 final (turnloom's ``open_calls`` policy handles the open call meanwhile).
@@ -143,7 +150,13 @@ from turnloom.errors import (
     UnknownTurnError,
 )
 from turnloom.integrations._ids import new_turn_id
-from turnloom.runtime import ContextManager, ContextPrepareRequest, PreparedContext, TurnSnapshot
+from turnloom.runtime import (
+    ContextManager,
+    ContextPrepareRequest,
+    FoundationClosedError,
+    PreparedContext,
+    TurnSnapshot,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -311,64 +324,84 @@ class _Conversation:
         async with self.lock:
             if self.closed:
                 return False
-            held = self.context.get_messages()
-            pending = list(held[self.synced :])
-            # A function's result taken now: Pipecat owes it an inference, which
-            # a false start in the same push does not cancel.
-            owed = bool(self.running) and self._take_settled(held[: self.synced])
-            owed = self._opening_settled() or owed
-            users = new_turn = 0
-            while pending:
-                message = pending[0]
-                if isinstance(message, LLMSpecificMessage) or not isinstance(message, dict):
-                    pending.pop(0)  # another service's own message: not turnloom's
-                    continue
-                role = message.get("role")
-                if role == "tool" and message.get("content") == _IN_PROGRESS:
-                    break  # recorded once its result is final
-                pending.pop(0)
-                if role == "user":
-                    users += 1
-                    said = self._user_message(cast(dict[str, Any], message))
-                    if said is None or (
-                        self.false_start is not None and self.false_start(said.text)
-                    ):
-                        continue  # never committed: a false start leaves no turn
-                    self._commit(said)
-                    new_turn += 1
-                elif role in ("assistant", "tool", "system", "developer"):
-                    outputs = _outputs(cast(dict[str, Any], message))
-                    if not outputs:
-                        continue  # blank
-                    if self.turn is None:
-                        # Before the first user turn (the host's greeting): it opens
-                        # the first turn's input, and stays in Pipecat's context (a
-                        # note as the user message turnloom will hold).
-                        note = role == "system" or role == "developer"
-                        self.opening_raw.append(_user_dict(outputs[0]) if note else message)
-                        owed = _take_async(message, self.opening_running) or owed
-                        continue
-                    owed = _take_async(message, self.running) or owed
-                    self._record(outputs)
-            if users and not new_turn and not owed:
-                self.context.set_messages([*self.context.get_messages()[: self.synced], *pending])
-                return False
-            if self.turn is None:  # before the first user turn: Pipecat's own messages
-                self.context.set_messages([*self.opening_raw, *pending])
-                self.synced = len(self.opening_raw)
-                return True
-            if self.prefix is None:
+            if not self.manager.closed:
                 try:
-                    self.prefix = await self.manager.prepare(
-                        ContextPrepareRequest(context_id=self.context_id, turn_id=self.turn)
-                    )
-                except (ContextRemovedError, UnknownTurnError):
-                    return False  # the call ended (or the turn was retracted) meanwhile
-            items = self.manager.build(self.prefix, recorded=True)
-            self.instruction, messages = _split_instructions(cast(tuple[Any, ...], items))
-            self.context.set_messages([*messages, *pending])
-            self.synced = len(messages)
+                    return await self._sync()
+                except FoundationClosedError:
+                    pass  # it began closing meanwhile
+            # The host closed the Foundation before the pipeline ended (its
+            # ``async with Foundation`` exited first): the call is over here.
+            _log.warning(
+                "Context %r: the Foundation closed before the Pipecat pipeline ended; what "
+                "the pipeline wrote since the last inference is not taken into turnloom, "
+                "and no inference runs.",
+                self.context_id,
+            )
+            self.close()
+            return False
+
+    async def _sync(self) -> bool:
+        """:meth:`sync`'s work, under its lock.
+
+        Raises:
+            FoundationClosedError: the Foundation began closing while it ran.
+        """
+        held = self.context.get_messages()
+        pending = list(held[self.synced :])
+        # A function's result taken now: Pipecat owes it an inference, which
+        # a false start in the same push does not cancel.
+        owed = bool(self.running) and self._take_settled(held[: self.synced])
+        owed = self._opening_settled() or owed
+        users = new_turn = 0
+        while pending:
+            message = pending[0]
+            if isinstance(message, LLMSpecificMessage) or not isinstance(message, dict):
+                pending.pop(0)  # another service's own message: not turnloom's
+                continue
+            role = message.get("role")
+            if role == "tool" and message.get("content") == _IN_PROGRESS:
+                break  # recorded once its result is final
+            pending.pop(0)
+            if role == "user":
+                users += 1
+                said = self._user_message(cast(dict[str, Any], message))
+                if said is None or (self.false_start is not None and self.false_start(said.text)):
+                    continue  # never committed: a false start leaves no turn
+                self._commit(said)
+                new_turn += 1
+            elif role in ("assistant", "tool", "system", "developer"):
+                outputs = _outputs(cast(dict[str, Any], message))
+                if not outputs:
+                    continue  # blank
+                if self.turn is None:
+                    # Before the first user turn (the host's greeting): it opens
+                    # the first turn's input, and stays in Pipecat's context (a
+                    # note as the user message turnloom will hold).
+                    note = role == "system" or role == "developer"
+                    self.opening_raw.append(_user_dict(outputs[0]) if note else message)
+                    owed = _take_async(message, self.opening_running) or owed
+                    continue
+                owed = _take_async(message, self.running) or owed
+                self._record(outputs)
+        if users and not new_turn and not owed:
+            self.context.set_messages([*self.context.get_messages()[: self.synced], *pending])
+            return False
+        if self.turn is None:  # before the first user turn: Pipecat's own messages
+            self.context.set_messages([*self.opening_raw, *pending])
+            self.synced = len(self.opening_raw)
             return True
+        if self.prefix is None:
+            try:
+                self.prefix = await self.manager.prepare(
+                    ContextPrepareRequest(context_id=self.context_id, turn_id=self.turn)
+                )
+            except (ContextRemovedError, UnknownTurnError):
+                return False  # the call ended (or the turn was retracted) meanwhile
+        items = self.manager.build(self.prefix, recorded=True)
+        self.instruction, messages = _split_instructions(cast(tuple[Any, ...], items))
+        self.context.set_messages([*messages, *pending])
+        self.synced = len(messages)
+        return True
 
     def _record(self, outputs: list[Message]) -> None:
         """Record ``outputs`` to the turn the reply being spoken answers (else the newest)."""
@@ -497,12 +530,27 @@ class _Conversation:
         self.synced = len(self.opening_raw)
 
     def close(self) -> None:
-        """Remove the call's context (idempotent)."""
-        if not self.closed:
-            self.closed = True
-            if self.created:
-                self.manager.remove_context(self.context_id)
-            self.turn = self.reply_turn = self.prefix = None
+        """Remove the call's context (idempotent); after the Foundation closed, only log it.
+
+        The Foundation closed first (the host's ``async with Foundation``
+        exited before the pipeline's end): the context is left as the
+        Foundation left it (in its store, when it has one) and an INFO record
+        says so; nothing is raised into Pipecat's teardown.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        self.turn = self.reply_turn = self.prefix = None
+        if not self.created:
+            return
+        try:
+            self.manager.remove_context(self.context_id)
+        except FoundationClosedError:
+            _log.info(
+                "Context %r was not removed at the pipeline's end: the Foundation closed "
+                "first; it stays as the Foundation left it (in its store, if it has one).",
+                self.context_id,
+            )
 
 
 def _rewrite_refused(
@@ -577,7 +625,8 @@ class TurnloomAssistantAggregator(LLMAssistantAggregator):
         raise _rewrite_refused(frame)
 
     async def cleanup(self) -> None:
-        """The pipeline ended (``EndFrame`` or ``CancelFrame``): remove the call's context."""
+        """The pipeline ended (``EndFrame`` or ``CancelFrame``): remove the call's context (after
+        the Foundation closed: leave it, raising nothing; see the module docstring)."""
         await super().cleanup()  # type: ignore[no-untyped-call]
         self._conversation.close()
 
@@ -683,9 +732,16 @@ class TurnloomContextAggregatorPair:
         Raises:
             StateError: outputs were recorded for it, or a newer turn exists:
                 as ``manager.voice.retract_turn``.
+            FoundationClosedError: the Foundation is closing or closed (and the
+                pair has not seen it yet: after its close, nothing happens).
         """
         self._conversation.retract_turn()
 
     def close(self) -> None:
-        """Remove the call's context now (the pipeline's end does it too); idempotent."""
+        """Remove the call's context now (the pipeline's end does it too); idempotent.
+
+        After the Foundation closed it raises nothing: the context stays as
+        the Foundation left it (see the module docstring, "teardown in either
+        order").
+        """
         self._conversation.close()
