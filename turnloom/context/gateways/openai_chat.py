@@ -31,9 +31,17 @@ with a logged warning (their content is text only); opaque parts of other
 gateways are dropped with a logged warning; an image inside a tool result is
 dropped with a warning (the ``tool`` role takes text only); empty or
 whitespace-only text parts are never emitted. Native fields the neutral model
-does not name (``refusal``, ``audio``, ...) are kept in ``Message.extras``
-and re-emitted verbatim. The participant ``name`` of a system, developer,
-user or assistant message is ``Message.name``; a ``tool`` message's ``name``
+does not name (``refusal``, ``audio``, LiteLLM's ``reasoning_content``,
+``thinking_blocks`` and ``provider_specific_fields``, which LiteLLM reads
+back to replay Anthropic thinking and Gemini thought signatures, ...) are
+kept in ``Message.extras`` and re-emitted verbatim, except what says
+nothing, left out at the door: a null field (but a message's null
+``name``, a layout hint above), so that a LiteLLM or OpenAI SDK message
+parses alike as the object and as its ``model_dump()``; an empty
+``annotations`` list and a tool call's stream ``index``, which a response
+carries and no request message takes. The participant ``name`` of a
+system, developer, user or assistant message is ``Message.name``; a
+``tool`` message's ``name``
 (the function's) is the tool result's ``name`` and stays in its extras.
 
 Call ids: Chat pairs a ``tool`` message with the directly preceding
@@ -324,9 +332,15 @@ class OpenAIChatGateway(Gateway):
         The message passes :func:`~turnloom.context.check_message`, so it
         can be committed as it is.
 
+        Null fields, an empty ``annotations`` list and each tool call's
+        ``index`` (the stream position) are left out: they say nothing a
+        request needs, and no request message takes the last two.
+
         Raises:
             InvalidMessageError: not a JSON object, an unknown role, a content or
-                ``tool_calls`` of the wrong shape.
+                ``tool_calls`` of the wrong shape; ``tool_calls`` on a message
+                other than an assistant one, or ``tool_call_id`` on one other
+                than a tool message, holding a value (``field`` names it).
             InvalidTextError: a string holds a lone surrogate (not valid UTF-8).
             DuplicateIdError: two tool calls of the item share a call id.
         """
