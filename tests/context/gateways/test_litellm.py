@@ -5,8 +5,9 @@ or its ``model_dump()``, ``.json()``, ``dict(...)``) and ``{"role": "tool",
 ...}`` results, and sends the list back through ``litellm.completion``, which
 turns it into each provider's body. The replies here come from LiteLLM's own
 offline code: ``ModelResponse`` over an OpenAI response's JSON,
-``stream_chunk_builder`` over hand-made chunks, and its Anthropic
-transformation of a Messages response (extended thinking and a tool call).
+``stream_chunk_builder`` over hand-made chunks, and its Anthropic and Gemini
+transformations of a provider's reply (extended thinking and a tool call; thought
+signatures and a tool call).
 Invariants:
 
 * every form of one reply renders to the same request item, with the reply's
@@ -16,7 +17,7 @@ Invariants:
   signatures, which Anthropic requires before a ``tool_use`` when thinking is
   on), ``reasoning_content``, ``provider_specific_fields``; LiteLLM's own
   Anthropic transformation of turnloom's next input puts the thinking blocks
-  first in the assistant turn;
+  first in the assistant turn, its Gemini one signs the text and the call;
 * a key only another role takes (``tool_calls``, ``tool_call_id``) holding a
   value is refused with a typed error, not lost;
 * what turnloom hands back (bodies, ``build`` items, a history render) shares
@@ -32,6 +33,8 @@ import httpx
 import litellm
 import pytest
 from litellm.llms.anthropic.chat.transformation import AnthropicConfig
+from litellm.llms.vertex_ai.gemini.transformation import _gemini_convert_messages_with_history
+from litellm.llms.vertex_ai.gemini.vertex_and_google_ai_studio_gemini import VertexGeminiConfig
 from litellm.types.utils import (
     ChatCompletionMessageToolCall,
     Delta,
@@ -113,14 +116,60 @@ def _anthropic_reply() -> LiteLLMMessage:
         200, json=body, request=httpx.Request("POST", "https://api.anthropic.com/v1/messages")
     )
 
-    class _Log:
-        model_call_details: dict[str, Any] = {}  # noqa: RUF012
-
-        def post_call(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
     response = AnthropicConfig().transform_response(
         model="claude-sonnet-4-5",
+        raw_response=raw,
+        model_response=ModelResponse(),
+        logging_obj=_Log(),
+        request_data={},
+        messages=[_QUESTION],  # type: ignore[list-item]
+        optional_params={},
+        litellm_params={},
+        encoding=None,
+        api_key="key",
+        json_mode=False,
+    )
+    return response.choices[0].message  # type: ignore[no-any-return,union-attr]
+
+
+class _Log:
+    """The little of LiteLLM's logging object its response transformations touch."""
+
+    model_call_details: dict[str, Any] = {}  # noqa: RUF012
+    optional_params: dict[str, Any] = {}  # noqa: RUF012
+    litellm_params: dict[str, Any] = {}  # noqa: RUF012
+
+    def post_call(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+def _gemini_reply() -> LiteLLMMessage:
+    """LiteLLM's own transformation of a Gemini 3 reply: a signed text and a signed call
+    (LiteLLM keeps the signatures in ``provider_specific_fields``)."""
+    body = {
+        "candidates": [
+            {
+                "content": {
+                    "role": "model",
+                    "parts": [
+                        {"text": "Let me check.", "thoughtSignature": "c2lnLXRleHQ="},
+                        {
+                            "functionCall": {"name": "get_bag", "args": {"tag": "X1"}},
+                            "thoughtSignature": "c2lnLWNhbGw=",
+                        },
+                    ],
+                },
+                "finishReason": "STOP",
+                "index": 0,
+            }
+        ],
+        "usageMetadata": {"promptTokenCount": 5, "candidatesTokenCount": 5, "totalTokenCount": 10},
+        "modelVersion": "gemini-3-pro-preview",
+    }
+    url = "https://generativelanguage.googleapis.com/v1beta/models/gemini-3-pro-preview"
+    raw = httpx.Response(200, json=body, request=httpx.Request("POST", url))
+    response = VertexGeminiConfig().transform_response(
+        model="gemini-3-pro-preview",
         raw_response=raw,
         model_response=ModelResponse(),
         logging_obj=_Log(),
@@ -281,6 +330,39 @@ def test_litellms_anthropic_transformation_of_the_next_input_replays_the_thinkin
         },
     ]
     assert get_gateway("anthropic").validate(body["messages"]) == []
+
+
+def test_litellms_gemini_transformation_of_the_next_input_replays_the_signatures() -> None:
+    """Invariant: the thought signatures LiteLLM keeps in ``provider_specific_fields`` (the
+    reply's, and the call's own) come back, so LiteLLM's Gemini conversion of turnloom's
+    next input signs the text and the call as Gemini sent them."""
+    reply = _gemini_reply()
+    call_id = reply.tool_calls[0].id  # type: ignore[index]
+    result = {"role": "tool", "tool_call_id": call_id, "content": "Gate 4"}
+    messages = [CHAT.parse(_QUESTION), CHAT.parse(reply), CHAT.parse(result)]
+    items = CHAT.request_body([i for m in messages for i in CHAT.render(m)])["messages"]
+    assert items[1]["provider_specific_fields"] == {
+        "thought_signatures": ["c2lnLXRleHQ=", "c2lnLWNhbGw="]
+    }
+    assert _gemini_convert_messages_with_history(messages=items) == [
+        {"role": "user", "parts": [{"text": "Where is bag X1?"}]},
+        {
+            "role": "model",
+            "parts": [
+                {"text": "Let me check.", "thoughtSignature": "c2lnLXRleHQ="},
+                {
+                    "function_call": {"name": "get_bag", "args": {"tag": "X1"}},
+                    "thoughtSignature": "c2lnLWNhbGw=",
+                },
+            ],
+        },
+        {
+            "role": "user",
+            "parts": [
+                {"function_response": {"name": "get_bag", "response": {"content": "Gate 4"}}}
+            ],
+        },
+    ]
 
 
 @pytest.mark.parametrize(
