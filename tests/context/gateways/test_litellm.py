@@ -47,6 +47,7 @@ from litellm.types.utils import Message as LiteLLMMessage
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.context.gateways._sdk_types import type_errors
+from tests.runtime.test_returned_values import _vandalize
 from turnloom.context import Message, Role, TextPart, ToolCallPart, get_gateway
 from turnloom.errors import InvalidMessageError
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
@@ -112,24 +113,9 @@ def _anthropic_reply() -> LiteLLMMessage:
             {"type": "tool_use", "id": "call_1", "name": "get_bag", "input": {"tag": "X1"}},
         ],
     }
-    raw = httpx.Response(
-        200, json=body, request=httpx.Request("POST", "https://api.anthropic.com/v1/messages")
+    return _reply(
+        AnthropicConfig(), "claude-sonnet-4-5", "https://api.anthropic.com/v1/messages", body
     )
-
-    response = AnthropicConfig().transform_response(
-        model="claude-sonnet-4-5",
-        raw_response=raw,
-        model_response=ModelResponse(),
-        logging_obj=_Log(),
-        request_data={},
-        messages=[_QUESTION],  # type: ignore[list-item]
-        optional_params={},
-        litellm_params={},
-        encoding=None,
-        api_key="key",
-        json_mode=False,
-    )
-    return response.choices[0].message  # type: ignore[no-any-return,union-attr]
 
 
 class _Log:
@@ -167,21 +153,25 @@ def _gemini_reply() -> LiteLLMMessage:
         "modelVersion": "gemini-3-pro-preview",
     }
     url = "https://generativelanguage.googleapis.com/v1beta/models/gemini-3-pro-preview"
-    raw = httpx.Response(200, json=body, request=httpx.Request("POST", url))
-    response = VertexGeminiConfig().transform_response(
-        model="gemini-3-pro-preview",
-        raw_response=raw,
+    return _reply(VertexGeminiConfig(), "gemini-3-pro-preview", url, body)
+
+
+def _reply(config: Any, model: str, url: str, body: dict[str, Any]) -> LiteLLMMessage:
+    """The message of LiteLLM's ``config.transform_response`` of the provider's ``body``."""
+    response = config.transform_response(
+        model=model,
+        raw_response=httpx.Response(200, json=body, request=httpx.Request("POST", url)),
         model_response=ModelResponse(),
         logging_obj=_Log(),
         request_data={},
-        messages=[_QUESTION],  # type: ignore[list-item]
+        messages=[_QUESTION],
         optional_params={},
         litellm_params={},
         encoding=None,
         api_key="key",
         json_mode=False,
     )
-    return response.choices[0].message  # type: ignore[no-any-return,union-attr]
+    return response.choices[0].message  # type: ignore[no-any-return]
 
 
 _THINKING = [
@@ -431,9 +421,8 @@ async def test_a_litellm_hosts_loop_through_a_foundation_keeps_and_hands_out_cop
             "function": {"name": "get_bag", "arguments": '{"tag": "X1"}'},
         }
         expected = json.dumps(body)
-        _vandalize(body)
-        _vandalize(manager.build(prefix, outputs))
-        _vandalize(prefix.items)
+        for item in (*body["messages"], *manager.build(prefix, outputs), *prefix.items):
+            _vandalize(item)
         manager.accept_turn(
             TurnSnapshot(
                 context_id="c",
@@ -441,25 +430,11 @@ async def test_a_litellm_hosts_loop_through_a_foundation_keeps_and_hands_out_cop
                 input=(CHAT.parse({"role": "user", "content": "Thanks"}),),
             )
         )
-        _vandalize(manager.history("c").render(CHAT, "t2").items)
+        for item in manager.history("c").render(CHAT, "t2").items:
+            _vandalize(item)
         assert json.dumps(manager.request_body(prefix, recorded=True)) == expected
         later = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))
         assert (
             json.loads(json.dumps(manager.request_body(later)))["messages"][:3]
             == (json.loads(expected)["messages"])
         )
-
-
-def _vandalize(value: Any) -> None:
-    """Change every container of ``value``: a new key in each dict, an element in each list."""
-    stack: list[Any] = [value]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            stack.extend(node.values())
-            node["edited"] = True
-        elif isinstance(node, list):
-            stack.extend(node)
-            node.append("edited")
-        elif isinstance(node, tuple):
-            stack.extend(node)
