@@ -14,6 +14,11 @@ DATA_DIR = Path(os.environ.get("TURNLOOM_DATA", _DEFAULT_DATA))
 TAU_BENCH = DATA_DIR / "tau-bench" / "airline-150.json"
 RECORDINGS = DATA_DIR / "provider-recordings"
 
+# litellm (tests/context/gateways/test_litellm.py) fetches its model price map from
+# GitHub when imported, retrying for seconds; the suite makes no network call, so it
+# reads the copy its wheel ships.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 # The suite's property tests draw the same examples on every run, so a run
 # is reproducible and a new counterexample never turns an unrelated change
 # red; TURNLOOM_HYPOTHESIS=explore draws new ones (and keeps failures in the

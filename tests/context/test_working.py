@@ -399,7 +399,7 @@ def test_merge_union_on_unhashable_tool_call_messages() -> None:
                 "index": 0,
             }
         ],
-        "refusal": None,
+        "audio": {"id": "audio_1"},  # kept in extras (nulls and the call's index are not)
     }
     parsed = chat.parse(native)
     with pytest.raises(TypeError):

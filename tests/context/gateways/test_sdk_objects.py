@@ -47,6 +47,7 @@ _CHAT = ChatCompletion.model_validate(
                     "role": "assistant",
                     "content": None,
                     "refusal": None,
+                    "annotations": [],
                     "tool_calls": [
                         {
                             "id": "call_1",
@@ -172,7 +173,7 @@ def test_an_sdk_object_parses_as_its_json_data(provider: str) -> None:
 def test_the_next_input_from_an_sdk_object_is_valid_for_the_provider(provider: str) -> None:
     """The call the object holds, then its result, render to items the provider's request
     types accept, the call once, with its id and arguments (OpenAI Chat's assistant
-    item exactly: the response's null fields left out)."""
+    item exactly: the response's null fields and empty ``annotations`` left out)."""
     gateway = get_gateway(provider)
     messages = [
         Message(role=Role.user, content="Where is my bag?"),

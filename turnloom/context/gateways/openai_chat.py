@@ -31,9 +31,17 @@ with a logged warning (their content is text only); opaque parts of other
 gateways are dropped with a logged warning; an image inside a tool result is
 dropped with a warning (the ``tool`` role takes text only); empty or
 whitespace-only text parts are never emitted. Native fields the neutral model
-does not name (``refusal``, ``audio``, ...) are kept in ``Message.extras``
-and re-emitted verbatim. The participant ``name`` of a system, developer,
-user or assistant message is ``Message.name``; a ``tool`` message's ``name``
+does not name (``refusal``, ``audio``, LiteLLM's ``reasoning_content``,
+``thinking_blocks`` and ``provider_specific_fields``, which LiteLLM reads
+back to replay Anthropic thinking and Gemini thought signatures, ...) are
+kept in ``Message.extras`` and re-emitted verbatim, except what says
+nothing, left out at the door: a null field (but a message's null
+``name``, a layout hint above), so that a LiteLLM or OpenAI SDK message
+parses alike as the object and as its ``model_dump()``; an empty
+``annotations`` list and a tool call's stream ``index``, which a response
+carries and no request message takes. The participant ``name`` of a
+system, developer, user or assistant message is ``Message.name``; a
+``tool`` message's ``name``
 (the function's) is the tool result's ``name`` and stays in its extras.
 
 Call ids: Chat pairs a ``tool`` message with the directly preceding
@@ -53,7 +61,7 @@ from __future__ import annotations
 __all__ = ("OpenAIChatGateway",)
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from turnloom.context._untrack import untrack_atoms
@@ -324,9 +332,15 @@ class OpenAIChatGateway(Gateway):
         The message passes :func:`~turnloom.context.check_message`, so it
         can be committed as it is.
 
+        Null fields, an empty ``annotations`` list and each tool call's
+        ``index`` (the stream position) are left out: they say nothing a
+        request needs, and no request message takes the last two.
+
         Raises:
             InvalidMessageError: not a JSON object, an unknown role, a content or
-                ``tool_calls`` of the wrong shape.
+                ``tool_calls`` of the wrong shape; ``tool_calls`` on a message
+                other than an assistant one, or ``tool_call_id`` on one other
+                than a tool message, holding a value (``field`` names it).
             InvalidTextError: a string holds a lone surrogate (not valid UTF-8).
             DuplicateIdError: two tool calls of the item share a call id.
         """
@@ -348,7 +362,8 @@ class OpenAIChatGateway(Gateway):
                 f"OpenAI Chat message has unknown role {excerpt(role_name)}.", field="role"
             )
         role = Role(role_name)
-        extras = {k: v for k, v in item.items() if k not in _MESSAGE_KEYS} or None
+        _refuse_foreign_keys(item, role)
+        extras = _kept(item, _MESSAGE_KEYS)
         content = item.get("content")
         if role is Role.tool:
             call_id = item.get("tool_call_id")
@@ -370,7 +385,7 @@ class OpenAIChatGateway(Gateway):
                 layout=_layout(content, inner, bool(extras) or _any_extras(inner)),
             )
         # A null name is a layout hint, so that the item re-emits exactly.
-        null_name = extras is not None and "name" in extras and extras["name"] is None
+        null_name = "name" in item and item["name"] is None
         name = extras.pop("name") if extras and "name" in extras else None
         if name is not None and (not isinstance(name, str) or not name):
             raise InvalidMessageError(
@@ -435,7 +450,7 @@ class OpenAIChatGateway(Gateway):
                 f"OpenAI Chat {field} arguments must be a JSON string.",
                 field=f"{field}.function.arguments",
             )
-        extras = {k: v for k, v in call.items() if k not in _WRITES.tool_call} or None
+        extras = _kept(call, _WRITES.tool_call)
         return ToolCallPart(call_id=call_id, name=name, arguments=arguments, extras=extras)
 
     def _parse_content(self, content: Any, field: str) -> tuple[Part, ...]:
@@ -626,6 +641,60 @@ class OpenAIChatGateway(Gateway):
     def body_writer(self) -> BodyWriter:
         """A new :class:`~turnloom.context.body.BodyWriter` of :meth:`request_body`."""
         return _ChatBody()
+
+
+# Fields of a Chat Completions response message that no request message takes,
+# dropped at the door when they say nothing: an empty ``annotations`` list (web
+# search citations; the response carries ``[]`` when there are none) and a tool
+# call's ``index`` (its place in the stream, which the call's place in
+# ``tool_calls`` already gives). Source: OpenAI API reference, the response's
+# ``ChatCompletionMessage`` against the request's assistant message, whose
+# tool calls are ``{"id", "type", "function"}`` and which has no ``annotations``.
+_SAYS_NOTHING: dict[str, Callable[[Any], bool]] = {
+    "annotations": lambda value: type(value) is list and not value,
+    "index": lambda value: type(value) is int,
+}
+# The keys of a message only one role takes: a host's value elsewhere is refused.
+_ROLE_KEYS = (("tool_calls", Role.assistant), ("tool_call_id", Role.tool))
+
+
+def _kept(item: dict[str, Any], written: frozenset[str]) -> dict[str, Any] | None:
+    """The native fields of a message or tool call kept as its extras (None when none).
+
+    Every field this gateway does not write, except those that say nothing:
+    a null (what an SDK object's ``model_dump(exclude_none=True)`` leaves out,
+    so a LiteLLM or OpenAI message parses alike as the object and as its
+    ``model_dump()``, ``.json()`` or ``dict(...)``: ``function_call``,
+    ``refusal``, ``audio``, ``provider_specific_fields`` of None), and a
+    response-only field of :data:`_SAYS_NOTHING`.
+    """
+    kept = {
+        key: value
+        for key, value in item.items()
+        if key not in written
+        and value is not None
+        and not (key in _SAYS_NOTHING and _SAYS_NOTHING[key](value))
+    }
+    return kept or None
+
+
+def _refuse_foreign_keys(item: dict[str, Any], role: Role) -> None:
+    """Refuse ``tool_calls`` or ``tool_call_id`` holding a value on a role that does not take it.
+
+    Null (or an empty ``tool_calls`` list) says nothing and passes: a LiteLLM
+    ``Message(role="user").model_dump()`` carries ``"tool_calls": None``.
+
+    Raises:
+        InvalidMessageError: the field would otherwise be lost; ``field`` names it.
+    """
+    for key, owner in _ROLE_KEYS:
+        value = item.get(key)
+        if role is not owner and value is not None and not (type(value) is list and not value):
+            raise InvalidMessageError(
+                f"An OpenAI Chat {role.value} message has {key}; only {owner.value} "
+                "messages carry it.",
+                field=key,
+            )
 
 
 def _layout(content: Any, parts: Sequence[Part], has_extras: bool) -> dict[str, Any] | None:
