@@ -369,7 +369,15 @@ class OpenAIChatGateway(Gateway):
         self, message: Message, layout: dict[str, Any], own: bool
     ) -> list[NativeContent]:
         blocks: list[Any] = []
-        for part in message.parts:
+        parts = message.parts
+        fields: dict[str, Any] = {}
+        names = layout.get("fields")
+        if names:
+            # Checked at the door; a step joined after it may have moved the parts.
+            peeled = _peel_fields(parts, names)
+            if peeled is not None:
+                parts, fields = peeled
+        for part in parts:
             if type(part) is TextPart:
                 if not is_blank_text(part.text):
                     blocks.append(
@@ -385,10 +393,10 @@ class OpenAIChatGateway(Gateway):
                     "messages carry text only."
                 )
         calls = message.tool_calls
-        if not blocks and not calls:
+        if not blocks and not calls and not fields:
             # Nothing to say (an interrupted or reasoning-only reply): no item,
-            # since an assistant message needs content or tool calls (extras
-            # such as ``name`` alone do not make one).
+            # since an assistant message needs content, tool calls, an audio
+            # reference or a refusal (extras such as ``name`` alone do not make one).
             return []
         content: str | list[Any] | None = blocks or None
         if (
@@ -411,6 +419,7 @@ class OpenAIChatGateway(Gateway):
                 }
                 for c in calls
             ]
+        item.update(fields)
         _write_name(item, message, layout)
         if own and message.extras:
             item.update(message.extras)
@@ -688,7 +697,9 @@ class OpenAIChatGateway(Gateway):
             open_calls.clear()
             content = item.get("content")
             calls = item.get("tool_calls") if role == "assistant" else None
-            if _empty_content(content) and not (role == "assistant" and calls):
+            if _empty_content(content) and not (
+                role == "assistant" and (calls or _says_without_content(item))
+            ):
                 violations.append(
                     Violation(
                         index=index,
@@ -864,6 +875,19 @@ def _write_name(item: NativeContent, message: Message, layout: dict[str, Any]) -
 
 def _any_extras(parts: Sequence[Any]) -> bool:
     return any(getattr(p, "extras", None) for p in parts)
+
+
+def _says_without_content(item: dict[str, Any]) -> bool:
+    """True for an assistant message whose audio reference or refusal says something.
+
+    Source: OpenAI Chat Completions API, assistant message ``audio`` ("data
+    about a previous audio response": ``{"id"}``, sent with no content) and
+    ``refusal``; a reply holding only one of them is what the API returned.
+    """
+    audio, refusal = item.get("audio"), item.get("refusal")
+    return (isinstance(audio, dict) and bool(audio.get("id"))) or (
+        isinstance(refusal, str) and not is_blank_text(refusal)
+    )
 
 
 def _empty_content(content: Any) -> bool:
