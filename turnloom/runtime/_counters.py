@@ -66,7 +66,9 @@ LATENCY_BOUNDS: tuple[float, ...] = (
 class Histogram:
     """Bucket counts over :data:`LATENCY_BOUNDS` and their sum, in seconds."""
 
-    __slots__ = ("counts", "sum")
+    __slots__ = (
+        "left_out",
+    )
 
     def __init__(self) -> None:
         self.counts = [0] * (len(LATENCY_BOUNDS) + 1)
@@ -154,6 +156,7 @@ class Counters:
         self.turns = self.items = self.bytes = self.tokens = 0
         self.evicted_turns = self.evicted_items = self.late = self.blank = 0
         self.duplicates = self.retracted = 0
+        self.left_out = 0  # messages held that the gateway renders to nothing
         self.prefix_bytes = self.prefix_reused = 0
         self.prefix_tokens = self.prefix_reused_tokens = 0
         self.latency = Histogram()
@@ -256,6 +259,7 @@ class Counters:
                 dropped_blank_outputs_total=self.blank,
                 duplicate_outputs_total=self.duplicates,
                 retracted_turns_total=self.retracted,
+                unrendered_messages_total=self.left_out,
                 tokens=self.tokens,
             ),
             prefix=PrefixStatistics(
