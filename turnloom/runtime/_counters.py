@@ -66,9 +66,7 @@ LATENCY_BOUNDS: tuple[float, ...] = (
 class Histogram:
     """Bucket counts over :data:`LATENCY_BOUNDS` and their sum, in seconds."""
 
-    __slots__ = (
-        "left_out",
-    )
+    __slots__ = ("counts", "sum")
 
     def __init__(self) -> None:
         self.counts = [0] * (len(LATENCY_BOUNDS) + 1)
@@ -124,6 +122,7 @@ class Counters:
         "hydrations",
         "invocations",
         "items",
+        "left_out",
         "late",
         "latency",
         "prefix_bytes",
