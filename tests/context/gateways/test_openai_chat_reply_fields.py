@@ -58,7 +58,9 @@ def test_an_audio_reference_without_transcript_parses_into_an_openai_chat_opaque
     assert message == Message(
         role=Role.assistant,
         content=(
-            OpaquePart(gateway="openai_chat", item={"type": "audio", "audio": {"id": "audio_abc123"}}),
+            OpaquePart(
+                gateway="openai_chat", item={"type": "audio", "audio": {"id": "audio_abc123"}}
+            ),
         ),
         layout={"gateway": "openai_chat", "content": "absent", "fields": ["audio"]},
     )
@@ -151,8 +153,7 @@ _LEGACY_CALL = (
     '{"name", "arguments"}} and its result as a tool message with that tool_call_id.'
 )
 _NO_AUDIO_ID = (
-    "An OpenAI Chat assistant message's audio has no id (the reference a later request "
-    "sends back)."
+    "An OpenAI Chat assistant message's audio has no id (the reference a later request sends back)."
 )
 
 
@@ -165,7 +166,11 @@ _NO_AUDIO_ID = (
             _LEGACY_CALL,
         ),
         (
-            {"role": "assistant", "content": "x", "function_call": {"name": "f", "arguments": "{}"}},
+            {
+                "role": "assistant",
+                "content": "x",
+                "function_call": {"name": "f", "arguments": "{}"},
+            },
             "function_call",
             _LEGACY_CALL,
         ),

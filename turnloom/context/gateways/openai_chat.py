@@ -503,8 +503,8 @@ class OpenAIChatGateway(Gateway):
         if role_name == "function":
             raise InvalidMessageError(
                 "OpenAI Chat role 'function' (the deprecated answer to a function_call) is "
-                "not accepted: send the result as {\"role\": \"tool\", \"tool_call_id\", "
-                "\"content\"} answering a tool_calls entry.",
+                'not accepted: send the result as {"role": "tool", "tool_call_id", '
+                '"content"} answering a tool_calls entry.',
                 field="role",
             )
         if role_name not in _ROLES:
