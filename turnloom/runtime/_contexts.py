@@ -228,6 +228,7 @@ class ContextTable:
         else:
             history = TurnHistory(self._limits, token_counter=self._token_counter)
         before = history.counts()
+        left_out = history.left_out(snapshot.input) if snapshot.input else 0
         history.commit(
             snapshot.turn_id,
             snapshot.input,
@@ -251,6 +252,7 @@ class ContextTable:
             )
         self._evict(state)
         self._counters.history_changed(before, history.counts())
+        self._counters.left_out += left_out
         self._safe_point(state)
 
     def record(
@@ -275,6 +277,7 @@ class ContextTable:
             return 0
         history = state.history
         before = history.counts()
+        left_out = history.left_out(outputs)
         try:
             recorded = history.record(turn_id, outputs, serial=serial)
         except UnknownTurnError:
@@ -287,6 +290,8 @@ class ContextTable:
             self.log(state.context_id, OutputsRecorded(turn_id=turn_id, outputs=tuple(outputs)))
         self._evict(state)
         self._counters.history_changed(before, history.counts())
+        if recorded:
+            self._counters.left_out += left_out
         self._safe_point(state)
         return recorded
 

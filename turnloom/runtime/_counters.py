@@ -124,6 +124,7 @@ class Counters:
         "items",
         "late",
         "latency",
+        "left_out",
         "prefix_bytes",
         "prefix_reused",
         "prefix_reused_tokens",
@@ -154,6 +155,7 @@ class Counters:
         self.turns = self.items = self.bytes = self.tokens = 0
         self.evicted_turns = self.evicted_items = self.late = self.blank = 0
         self.duplicates = self.retracted = 0
+        self.left_out = 0  # messages held that the gateway renders to nothing
         self.prefix_bytes = self.prefix_reused = 0
         self.prefix_tokens = self.prefix_reused_tokens = 0
         self.latency = Histogram()
@@ -256,6 +258,7 @@ class Counters:
                 dropped_blank_outputs_total=self.blank,
                 duplicate_outputs_total=self.duplicates,
                 retracted_turns_total=self.retracted,
+                unrendered_messages_total=self.left_out,
                 tokens=self.tokens,
             ),
             prefix=PrefixStatistics(

@@ -26,6 +26,8 @@ name                                      type       meaning
 ``dropped_late_outputs_total``            counter    outputs for evicted turns, dropped
 ``dropped_blank_outputs_total``           counter    empty partial outputs, not recorded
 ``duplicate_outputs_total``               counter    outputs recorded again, stored once
+``unrendered_messages_total``             counter    held messages the gateway renders to
+                                                     nothing (another provider's item)
 ``retracted_turns_total``                 counter    turns taken back (false starts)
 ``prefix_compared_bytes_total``           counter    previous-prefix bytes compared
 ``prefix_reused_bytes_total``             counter    of those, reused byte for byte
@@ -192,6 +194,11 @@ class ManagerCollector(Collector):
             "turnloom_duplicate_outputs",
             "Outputs recorded again with the same id and content, stored once.",
             s.history.duplicate_outputs_total,
+        )
+        yield CounterMetricFamily(
+            "turnloom_unrendered_messages",
+            "Messages held that the gateway renders to nothing, left out of every input.",
+            s.history.unrendered_messages_total,
         )
         yield CounterMetricFamily(
             "turnloom_retracted_turns",

@@ -391,6 +391,14 @@ class HistoryTotals(msgspec.Struct, frozen=True, kw_only=True):
         retracted_turns_total: turns taken back with ``retract_turn``.
         tokens: tokens of the messages held across all contexts (pinned
             instructions excluded), by the Foundation's token counter.
+        unrendered_messages_total: messages committed or recorded (turn
+            inputs and outputs) that say something yet render to no native
+            item on the Foundation's gateway, so every input it prepares
+            leaves them out: a native item only another provider carries, such
+            as an OpenAI Chat audio reference without a transcript on
+            Anthropic, Gemini or OpenAI Responses (see
+            :meth:`~turnloom.context.TurnHistory.left_out`). Each is held,
+            counted once, and logged at WARNING by the gateway at each render.
     """
 
     turns: int
@@ -403,6 +411,7 @@ class HistoryTotals(msgspec.Struct, frozen=True, kw_only=True):
     duplicate_outputs_total: int = 0
     retracted_turns_total: int = 0
     tokens: int = 0
+    unrendered_messages_total: int = 0
 
 
 class PrefixStatistics(msgspec.Struct, frozen=True, kw_only=True):

@@ -106,6 +106,139 @@ _log = logging.getLogger("turnloom.gateway.openai_chat")
 _GATEWAY = GatewayType.openai_chat.value
 # A tuple: membership compares, never hashes (a malformed role may be a list).
 _ROLES = tuple(r.value for r in Role)
+# The assistant message fields that say something without ``content`` or
+# ``tool_calls``, in the order their parts follow the content parts (see
+# :func:`_field_parts`); the ``fields`` layout hint names those a message has.
+_FIELDS = ("audio", "refusal")
+
+
+def _field_parts(item: dict[str, Any]) -> tuple[list[Part], list[str]]:
+    """The parts an assistant message's ``audio`` and ``refusal`` become, and their names.
+
+    * ``audio`` (an object with a non-empty ``id``; a response's also holds
+      ``data``, ``expires_at`` and ``transcript``) is kept verbatim: as the
+      extras of a text part holding its transcript when it has a non-blank
+      one (so every gateway carries what was said), else as an
+      ``openai_chat`` opaque part ``{"type": "audio", "audio": ...}`` (other
+      gateways leave it out with a logged warning, as every foreign opaque part).
+    * ``refusal`` (a string) becomes a text part holding it, when not blank; a
+      blank one stays in the message's extras (it says nothing).
+
+    Raises:
+        InvalidMessageError: ``audio`` is not an object with a non-empty
+            ``id``, or ``refusal`` is not a string (``field`` names it).
+    """
+    parts: list[Part] = []
+    names: list[str] = []
+    audio = item.get("audio")
+    if audio is not None:
+        if not isinstance(audio, dict):
+            raise InvalidMessageError(
+                f"An OpenAI Chat assistant message's audio must be an object, not "
+                f"{what_type(audio)}.",
+                field="audio",
+            )
+        audio_id = audio.get("id")
+        if not isinstance(audio_id, str) or not audio_id:
+            raise InvalidMessageError(
+                "An OpenAI Chat assistant message's audio has no id (the reference a later "
+                "request sends back).",
+                field="audio.id",
+            )
+        transcript = audio.get("transcript")
+        if isinstance(transcript, str) and not is_blank_text(transcript):
+            parts.append(TextPart(text=transcript, extras={"audio": audio}))
+        else:
+            parts.append(OpaquePart(gateway=_GATEWAY, item={"type": "audio", "audio": audio}))
+        names.append("audio")
+    refusal = item.get("refusal")
+    if refusal is not None:
+        if not isinstance(refusal, str):
+            raise InvalidMessageError(
+                f"An OpenAI Chat assistant message's refusal must be a string, not "
+                f"{what_type(refusal)}.",
+                field="refusal",
+            )
+        if not is_blank_text(refusal):
+            parts.append(TextPart(text=refusal))
+            names.append("refusal")
+    return parts, names
+
+
+def _field_of(name: str, part: Part) -> Any:
+    """The native value of field ``name`` that ``part`` holds, or None when it holds none."""
+    if name == "refusal":
+        return part.text if type(part) is TextPart and part.extras is None else None
+    audio: Any = None
+    if type(part) is TextPart and part.extras is not None:
+        audio = part.extras.get("audio")
+    elif type(part) is OpaquePart and part.gateway == _GATEWAY and part.item.get("type") == "audio":
+        audio = part.item.get("audio")
+    return audio if isinstance(audio, dict) else None
+
+
+def _peel_fields(
+    parts: tuple[Part, ...], names: Sequence[str]
+) -> tuple[tuple[Part, ...], dict[str, Any]] | None:
+    """``parts`` without the trailing parts the ``fields`` hint ``names``, and their fields.
+
+    The named parts are the last ``len(names)`` parts that are not tool
+    calls, in ``names`` order. None when they do not hold what the names say.
+    """
+    at = [i for i, p in enumerate(parts) if type(p) is not ToolCallPart][-len(names) :]
+    if len(at) != len(names):
+        return None
+    fields: dict[str, Any] = {}
+    for name, i in zip(names, at, strict=True):
+        value = _field_of(name, parts[i])
+        if value is None or name in fields:
+            return None
+        fields[name] = value
+    taken = set(at)
+    return tuple(p for i, p in enumerate(parts) if i not in taken), fields
+
+
+def _check_fields(message: Message, where: str) -> None:
+    """The ``fields`` hint names fields of an assistant message that its trailing parts hold.
+
+    Raises:
+        InvalidMessageError: a name is not ``audio`` or ``refusal`` or repeats,
+            the message is not an assistant one, or its parts do not hold the
+            named fields in order (``field`` is ``"layout.fields"``).
+    """
+    names = (message.layout or {}).get("fields")
+    if names is None:
+        return
+    if (
+        message.role is not Role.assistant
+        or not names
+        or any(n not in _FIELDS for n in names)
+        or _peel_fields(message.parts, names) is None
+    ):
+        raise InvalidMessageError(
+            f"{where} layout.fields {excerpt(names)} does not name fields (audio, then "
+            "refusal) that the trailing parts of an assistant message hold.",
+            field="layout.fields",
+        )
+
+
+def _refuse_legacy_call(item: dict[str, Any]) -> None:
+    """Refuse the deprecated ``function_call`` of an assistant message, holding a value.
+
+    Raises:
+        InvalidMessageError: ``field`` is ``"function_call"``; the message names
+            the ``tool_calls`` form that replaces it.
+    """
+    if item.get("function_call") is not None:
+        raise InvalidMessageError(
+            "An OpenAI Chat assistant message has the deprecated function_call, which is not "
+            'accepted: send the call as a tool_calls entry {"id", "type": "function", '
+            '"function": {"name", "arguments"}} and its result as a tool message with that '
+            "tool_call_id.",
+            field="function_call",
+        )
+
+
 # The keys this gateway writes itself: extras never replace them (checked at the door).
 _WRITES = NativeKeys(
     message=frozenset({"role", "content", "tool_calls", "tool_call_id", "name"}),
@@ -113,7 +246,8 @@ _WRITES = NativeKeys(
     image=frozenset({"type", "image_url"}),
     tool_call=frozenset({"id", "type", "function"}),
     tool_result=frozenset({"role", "tool_call_id", "content"}),
-    hints={"content": ("list", "absent"), "null_name": "flag"},
+    hints={"content": ("list", "absent"), "null_name": "flag", "fields": "ids"},
+    check_layout=_check_fields,
 )
 # ``name`` is parsed on its own: Message.name, or a tool result's extra.
 _MESSAGE_KEYS = _WRITES.message - {"name"}
@@ -235,7 +369,15 @@ class OpenAIChatGateway(Gateway):
         self, message: Message, layout: dict[str, Any], own: bool
     ) -> list[NativeContent]:
         blocks: list[Any] = []
-        for part in message.parts:
+        parts = message.parts
+        fields: dict[str, Any] = {}
+        names = layout.get("fields")
+        if names:
+            # Checked at the door; a step joined after it may have moved the parts.
+            peeled = _peel_fields(parts, names)
+            if peeled is not None:
+                parts, fields = peeled
+        for part in parts:
             if type(part) is TextPart:
                 if not is_blank_text(part.text):
                     blocks.append(
@@ -251,10 +393,10 @@ class OpenAIChatGateway(Gateway):
                     "messages carry text only."
                 )
         calls = message.tool_calls
-        if not blocks and not calls:
+        if not blocks and not calls and not fields:
             # Nothing to say (an interrupted or reasoning-only reply): no item,
-            # since an assistant message needs content or tool calls (extras
-            # such as ``name`` alone do not make one).
+            # since an assistant message needs content, tool calls, an audio
+            # reference or a refusal (extras such as ``name`` alone do not make one).
             return []
         content: str | list[Any] | None = blocks or None
         if (
@@ -277,6 +419,7 @@ class OpenAIChatGateway(Gateway):
                 }
                 for c in calls
             ]
+        item.update(fields)
         _write_name(item, message, layout)
         if own and message.extras:
             item.update(message.extras)
@@ -357,6 +500,13 @@ class OpenAIChatGateway(Gateway):
                 f"An OpenAI Chat message must be an object, not {what_type(item)}."
             )
         role_name = item.get("role")
+        if role_name == "function":
+            raise InvalidMessageError(
+                "OpenAI Chat role 'function' (the deprecated answer to a function_call) is "
+                'not accepted: send the result as {"role": "tool", "tool_call_id", '
+                '"content"} answering a tool_calls entry.',
+                field="role",
+            )
         if role_name not in _ROLES:
             raise InvalidMessageError(
                 f"OpenAI Chat message has unknown role {excerpt(role_name)}.", field="role"
@@ -398,6 +548,13 @@ class OpenAIChatGateway(Gateway):
         if role is Role.assistant and "content" not in item:
             hints_layout = {"gateway": _GATEWAY, "content": "absent"}
         if role is Role.assistant:
+            _refuse_legacy_call(item)
+            fields, names = _field_parts(item)
+            if names:
+                parts.extend(fields)
+                hints_layout = {**(hints_layout or {"gateway": _GATEWAY}), "fields": names}
+                if extras is not None:
+                    extras = {k: v for k, v in extras.items() if k not in names} or None
             calls = item.get("tool_calls")
             if calls is not None:
                 if not isinstance(calls, list):
@@ -540,7 +697,9 @@ class OpenAIChatGateway(Gateway):
             open_calls.clear()
             content = item.get("content")
             calls = item.get("tool_calls") if role == "assistant" else None
-            if _empty_content(content) and not (role == "assistant" and calls):
+            if _empty_content(content) and not (
+                role == "assistant" and (calls or _says_without_content(item))
+            ):
                 violations.append(
                     Violation(
                         index=index,
@@ -716,6 +875,19 @@ def _write_name(item: NativeContent, message: Message, layout: dict[str, Any]) -
 
 def _any_extras(parts: Sequence[Any]) -> bool:
     return any(getattr(p, "extras", None) for p in parts)
+
+
+def _says_without_content(item: dict[str, Any]) -> bool:
+    """True for an assistant message whose audio reference or refusal says something.
+
+    Source: OpenAI Chat Completions API, assistant message ``audio`` ("data
+    about a previous audio response": ``{"id"}``, sent with no content) and
+    ``refusal``; a reply holding only one of them is what the API returned.
+    """
+    audio, refusal = item.get("audio"), item.get("refusal")
+    return (isinstance(audio, dict) and bool(audio.get("id"))) or (
+        isinstance(refusal, str) and not is_blank_text(refusal)
+    )
 
 
 def _empty_content(content: Any) -> bool:

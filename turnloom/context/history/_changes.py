@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from turnloom.context.history._batches import _DoorState, _entries
+from turnloom.context.history._batches import _DoorState, _entries, _memo
 from turnloom.context.history._cells import _Entry, _Turn
 from turnloom.context.history._evictions import _NOTHING_ASIDE, _EvictionState, _settle
 from turnloom.context.history._sent import (
@@ -78,6 +78,20 @@ def _blank(message: Message) -> bool:
         if not (is_blank_part(part) or _blank_reasoning(part)):
             return False
     return True
+
+
+def _left_out(history: _DoorState, messages: Sequence[Message]) -> int:
+    """The work of :meth:`TurnHistory.left_out` (documented there)."""
+    if not messages:
+        return 0
+    renders = _memo(history, messages)[2]
+    if renders is None:
+        return 0
+    return sum(
+        1
+        for message, (native, _) in zip(messages, renders, strict=True)
+        if type(native) is tuple and not native and not _blank(message)
+    )
 
 
 def _blank_reasoning(part: Part) -> bool:

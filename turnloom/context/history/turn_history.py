@@ -16,7 +16,7 @@ from turnloom.context.history._batches import (
     _rendered_items,
 )
 from turnloom.context.history._cells import _Entry, _Turn
-from turnloom.context.history._changes import _commit, _keep_state, _record
+from turnloom.context.history._changes import _commit, _keep_state, _left_out, _record
 from turnloom.context.history._evictions import (
     _Aside,
     _before_evictions,
@@ -393,6 +393,19 @@ class TurnHistory:
     def rendered_items(self) -> int:
         """How many native items the last batch :meth:`check_batch` rendered comes to."""
         return _rendered_items(self)
+
+    def left_out(self, messages: Sequence[Message]) -> int:
+        """How many of ``messages`` say something yet render to no native item.
+
+        ``messages`` is a batch :meth:`check_batch` rendered for a gateway
+        (the very message objects); for another batch, or one checked without
+        a gateway, the answer is 0. Such a message is committed or recorded
+        (another gateway may carry it) and left out of every input rendered
+        for this one: an ``openai_chat`` opaque part, such as an audio
+        reference without a transcript, on Anthropic, Gemini or Responses.
+        A blank message (not recorded) is not counted.
+        """
+        return _left_out(self, messages)
 
     def commit(
         self,
