@@ -417,6 +417,13 @@ class TurnloomSession:
             checkpoint), so the session holds every item but the newest, never
             fewer, and the item taken out is handed back. A call cancelled
             before the rebuild (while claiming the context) changes nothing.
+
+        Durability:
+            With a store, the rebuild is two writes: the context's log is
+            deleted (:meth:`clear_session`), then the kept items are written
+            again (:meth:`add_items`). A process killed between the two
+            leaves the store without the context's history; the store holds
+            either the old history or the new one only once the call returned.
         """
         await self._claim()
         items = self._all_items()
