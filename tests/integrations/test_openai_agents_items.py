@@ -24,7 +24,7 @@ from openai.types.responses import ResponseFunctionWebSearch, ResponseReasoningI
 from openai.types.responses.response_reasoning_item import Summary
 
 from tests.integrations.agents_fakes import ScriptedModel, call, say
-from turnloom.errors import InvalidMessageError, StoreUnavailableError
+from turnloom.errors import InvalidMessageError
 from turnloom.integrations.openai_agents import TurnloomSession, complete_window
 from turnloom.runtime import Foundation
 from turnloom.stores import open_context_store
@@ -377,17 +377,17 @@ async def test_a_pop_whose_rebuild_fails_puts_every_item_back(
         session = TurnloomSession("s1", foundation.manager)
         held = [USER, CALL, OUTPUT, REPLY]
         await session.add_items(copy.deepcopy(held))  # type: ignore[arg-type]
-        add = session.add_items
+        apply = session._apply
         calls: list[int] = []
 
-        async def failing_once(items: list[Any]) -> None:
-            calls.append(len(items))
-            if len(calls) == 1:
-                raise StoreUnavailableError("The store is down.")
-            await add(items)
+        def failing_once(messages: list[Any]) -> None:
+            calls.append(len(messages))
+            apply(messages)
+            if len(calls) == 1:  # the kept items went in; the rebuild then fails
+                raise InvalidMessageError("refused")
 
-        monkeypatch.setattr(session, "add_items", failing_once)
-        with pytest.raises(StoreUnavailableError):
+        monkeypatch.setattr(session, "_apply", failing_once)
+        with pytest.raises(InvalidMessageError):
             await session.pop_item()
         assert calls == [3, 4]
         assert await session.get_items() == held

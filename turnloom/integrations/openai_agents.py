@@ -346,11 +346,18 @@ class TurnloomSession:
         """
         if not items:
             return
-        manager = self._manager
-        messages = manager.gateway.parse_items(
-            [_hold_placeholder(item) for item in cast("list[dict[str, Any]]", items)]
-        )
+        messages = self._parse(cast("list[dict[str, Any]]", items))
         held = await self._claim()
+        self._check(messages, held)
+        self._apply(messages)
+        await self._manager.leases.flush(self.session_id)
+
+    def _parse(self, items: list[dict[str, Any]]) -> list[Message]:
+        """The items as messages (InvalidMessageError: one the gateway cannot parse)."""
+        return self._manager.gateway.parse_items([_hold_placeholder(item) for item in items])
+
+    def _check(self, messages: list[Message], held: bool) -> None:
+        """Refuse instructions, and outputs that no turn can take (InvalidMessageError)."""
         for message in messages:
             if message.role in (Role.system, Role.developer):
                 raise InvalidMessageError(
@@ -364,6 +371,10 @@ class TurnloomSession:
                 "input: a turnloom turn starts with the user's input.",
                 field="items",
             )
+
+    def _apply(self, messages: list[Message]) -> None:
+        """Commit the messages as turns, each whole or not at all (synchronous)."""
+        manager = self._manager
         turn_input: list[Message] = []
         outputs: list[Message] = []
 
@@ -395,7 +406,6 @@ class TurnloomSession:
             else:
                 outputs.append(message)
         flush()
-        await manager.leases.flush(self.session_id)
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the newest item, or None when the session is empty.
@@ -404,46 +414,46 @@ class TurnloomSession:
         context without its newest item: O(history held), for the SDK's rare
         rewinds (a retried or corrected run). The newest item is the newest
         held one, which may be one :meth:`get_items` leaves out (a call left
-        open by a cancelled run). When the rebuild fails, the context is
-        rebuilt as it was (every held item added back) and the error raised.
+        open by a cancelled run). The rebuild is synchronous (no other task
+        sees a half-built history); when it fails, the context is rebuilt as
+        it was (every held item added back) and the error raised.
 
         Raises:
-            as :meth:`clear_session` and :meth:`add_items`.
+            Every error of :meth:`add_items` raised by the rebuild (the
+                history is then as it was), and of ``manager.leases.flush``
+                (the pop is made in memory and stays queued for the store).
 
         Cancellation:
-            The rebuild (clearing, then adding the items back) is shielded: a
-            call cancelled during it finishes the pop and returns the newest
-            item (the cancellation reaches the caller at its next
-            checkpoint), so the session holds every item but the newest, never
-            fewer, and the item taken out is handed back. A call cancelled
-            before the rebuild (while claiming the context) changes nothing.
+            A call cancelled while claiming the context changes nothing. Once
+            the item is taken out, the wait for the store is shielded: the
+            call returns the item (the cancellation reaches the caller at its
+            next checkpoint).
 
         Durability:
-            With a store, the rebuild is two writes: the context's log is
-            deleted (:meth:`clear_session`), then the kept items are written
-            again (:meth:`add_items`). A process killed between the two
-            leaves the store without the context's history; the store holds
-            either the old history or the new one only once the call returned.
+            With a store, the history without the item replaces the stored
+            one in one atomic write (``manager.leases.rewriting``): a process
+            killed at any point leaves the stored history whole, with or
+            without the item (with it unless the call returned).
         """
         await self._claim()
+        manager = self._manager
         items = self._all_items()
         if not items:
             return None
+        kept = self._parse(items[:-1])
+        with manager.leases.rewriting(self.session_id):
+            manager.remove_context(self.session_id)
+            try:
+                if kept:
+                    self._apply(kept)
+            except BaseException:
+                if self.session_id in manager.context_ids():
+                    manager.remove_context(self.session_id)
+                self._apply(self._parse(items))
+                raise
         with anyio.CancelScope(shield=True):
-            await self._rebuild(items[:-1], items)
+            await manager.leases.flush(self.session_id)
         return cast("TResponseInputItem", items[-1])
-
-    async def _rebuild(self, items: list[dict[str, Any]], held: list[dict[str, Any]]) -> None:
-        """Replace the history by ``items``; on failure put ``held`` back and re-raise."""
-        await self.clear_session()
-        try:
-            if items:
-                await self.add_items(cast("list[TResponseInputItem]", items))
-        except BaseException:
-            if self.session_id in self._manager.context_ids():
-                self._manager.remove_context(self.session_id)
-            await self.add_items(cast("list[TResponseInputItem]", held))
-            raise
 
     async def clear_session(self) -> None:
         """Forget the session's history (``manager.remove_context``); idempotent.

@@ -31,6 +31,14 @@ manager expects is reread: still as written, or as the compaction whose
 reply was lost left it, and otherwise changed by someone else (the context
 leaves memory; its next claim restores what the store holds).
 
+Rewrites: between :meth:`Durability.begin_rewrite` and
+:meth:`Durability.end_rewrite` (synchronous, so no write cycle runs between
+them) a held context's history may be removed and built again; what that
+logs is not appended: the next cycle replaces the context's log by one
+checkpoint of the history then held (``ContextStore.replace``, atomic), once
+the records logged before the rewrite are written. A crash leaves the old
+log or the new one, never a mix and never an empty log.
+
 What a crash loses: changes logged after the last completed flush may be
 lost (all of them, or a tail of them: a context's records are appended in
 order, so what survives is always a prefix of what was logged). Nothing a
@@ -54,6 +62,7 @@ from turnloom.context.history import TurnHistory, check_id
 from turnloom.errors import (
     LeaseError,
     StaleLeaseError,
+    StateError,
     StoreError,
     StoreUnavailableError,
     excerpt,
@@ -130,6 +139,7 @@ class Durability:
         # context id -> why, oldest loss first; at most _LOST_REMEMBERED, emptied by aclose
         self._lost: OrderedDict[str, str] = OrderedDict()
         self._forgets: list[tuple[str, int]] = []
+        self._rewriting: dict[str, int] = {}  # context id -> pending records when it began
         # Deletions the running write cycle took out of _forgets and has not finished.
         self._forgetting = 0
         self._waiters: list[_Waiter] = []
@@ -192,12 +202,59 @@ class Durability:
         self._wake.set()
 
     def forget(self, context_id: str) -> None:
-        """Queue the deletion of a held context's log and the release of its lease."""
+        """Queue the deletion of a held context's log and the release of its lease.
+
+        Inside a rewrite of the context (:meth:`begin_rewrite`) nothing is
+        queued: :meth:`end_rewrite` decides what the store gets.
+        """
+        if context_id in self._rewriting:
+            return
         claim = self._claims.pop(context_id, None)
         if claim is not None:
             self._pending -= len(claim.pending)
             self._forgets.append((context_id, claim.token))
             self._wake.set()
+
+    def begin_rewrite(self, context_id: str) -> None:
+        """Start rebuilding a held context: its changes until :meth:`end_rewrite` are not logged.
+
+        Raises:
+            InvalidMessageError, StaleLeaseError, NotClaimedError: as
+                :meth:`check_writable`.
+            StateError: a rewrite of the context has begun and not ended.
+        """
+        self.check_writable(context_id)
+        if context_id in self._rewriting:
+            raise StateError(f"A rewrite of context {excerpt(context_id)} is already in progress.")
+        self._rewriting[context_id] = len(self._claims[context_id].pending)
+
+    def end_rewrite(self, context_id: str) -> None:
+        """End a rewrite: the store gets the history held now, in one atomic write.
+
+        The records logged since :meth:`begin_rewrite` are dropped; the next
+        write cycle replaces the context's log by a checkpoint of its history
+        (once the records logged before the rewrite are appended). When the
+        context is no longer held in memory, its log is deleted instead.
+        Does nothing for a context whose rewrite did not begin.
+        """
+        mark = self._rewriting.pop(context_id, None)
+        if mark is None:
+            return
+        claim = self._claims.get(context_id)
+        if claim is None:
+            return  # lost meanwhile: the store has the truth
+        self._pending -= len(claim.pending) - mark
+        del claim.pending[mark:]
+        history = self._history(context_id)
+        if history is None or not history.turn_ids:
+            self.forget(context_id)
+            return
+        if claim.superseded >= 0:
+            claim.again = True  # the checkpoint in flight predates this rewrite
+        if not claim.rewrite:
+            claim.rewrite = True
+            claim.before = mark
+        self._wake.set()
 
     # -- claims -------------------------------------------------------------------
 
@@ -263,7 +320,7 @@ class Durability:
             return False
         await self.flush(context_id)
         claim = self._claims.get(context_id)
-        if claim is None or claim.pending or not self._can_unload(context_id):
+        if claim is None or claim.pending or claim.rewrite or not self._can_unload(context_id):
             return False  # lost meanwhile, changed again, or in use
         del self._claims[context_id]
         self._unload(context_id)
@@ -325,7 +382,7 @@ class Durability:
         if (
             not self._forgets
             and not self._forgetting
-            and not any(c.pending for c in self._claims.values())
+            and not any(c.pending or c.rewrite for c in self._claims.values())
         ):
             return
         waiter = _Waiter(self._started + 1, context_id)
@@ -409,6 +466,8 @@ class Durability:
             elif result == start + len(records):
                 failed.pop(cid, None)
                 del claim.pending[: len(records)]
+                if claim.rewrite:
+                    claim.before -= len(records)
                 claim.written += len(records)
                 self._pending -= len(records)
                 self._written += len(records)
@@ -435,6 +494,8 @@ class Durability:
         written: list[LogWrite] = []
         try:
             written, error = await self._write_pending(stale, failed)
+            if error is None:
+                await self._write_rewrites(failed)
             await self._forget_removed(forgets)
         except StoreError as exc:
             error = exc
@@ -447,9 +508,9 @@ class Durability:
     def _pending_writes(self) -> list[LogWrite]:
         """The plan of a cycle's writes: each claim's pending records, but unsure logs'."""
         return [
-            (cid, c.token, c.written, tuple(c.pending))
+            (cid, c.token, c.written, _appendable(c))
             for cid, c in self._claims.items()
-            if c.pending and not c.resync
+            if c.pending and not c.resync and (c.before or not c.rewrite)
         ]
 
     async def _write_pending(
@@ -480,14 +541,58 @@ class Durability:
             claim = self._claims.get(cid)
             if claim is not None:
                 await self._resync(cid, claim, failed)
-                if not claim.resync and claim.pending:
-                    again.append((cid, claim.token, claim.written, tuple(claim.pending)))
+                records = _appendable(claim)
+                if not claim.resync and records:
+                    again.append((cid, claim.token, claim.written, records))
         if again:
             await self._write(again, stale, failed)
             written = writes + again
         if failed and all(isinstance(failed.get(cid), StoreUnavailableError) for cid, *_ in writes):
             return written, next(iter(failed.values()))  # the store refuses every write
         return written, None
+
+    async def _write_rewrites(self, failed: dict[str, StoreError]) -> None:
+        """Replace the log of each context rewritten, once its earlier records are written.
+
+        A context's failure goes in ``failed``; the rewrite is retried by the
+        next cycle (after rereading the log when its outcome is unknown).
+
+        Raises:
+            StoreUnavailableError: the store cannot be reached.
+        """
+        for cid, claim in tuple(self._claims.items()):
+            if not claim.rewrite or claim.before or claim.resync:
+                continue
+            history = self._history(cid)
+            if history is None:
+                continue  # not unloaded while rewritten (see can_unload's callers)
+            claim.superseded = len(claim.pending)
+            try:
+                done = await write_checkpoint(
+                    self._store_call, self._store, self._limiter, cid, claim, history
+                )
+            except StoreUnavailableError:
+                raise
+            except StoreError as exc:
+                failed[cid] = exc
+                continue
+            if done:
+                self._supersede(claim)
+            elif self._claims.get(cid) is claim:
+                claim.superseded = -1
+                claim.again = False
+                failed[cid] = StoreError(
+                    f"The store refused to replace the log of context {excerpt(cid)} (its "
+                    "length or its lease is not what this manager holds); rereading it."
+                )
+
+    def _supersede(self, claim: Claim) -> None:
+        """A rewrite's checkpoint is stored: drop the pending records it holds."""
+        del claim.pending[: claim.superseded]
+        self._pending -= claim.superseded
+        claim.superseded = -1
+        claim.rewrite = claim.again  # rewritten meanwhile: once more
+        claim.again = False
 
     async def _forget_removed(self, forgets: list[tuple[str, int]]) -> None:
         """Delete the removed contexts' logs and release their leases, oldest first.
@@ -555,7 +660,10 @@ class Durability:
         if self._claims.get(context_id) is not claim:
             return
         if claim.attempt is not None and log == claim.attempt:
-            self._compactions += 1  # applied; its reply was lost
+            if claim.superseded >= 0:
+                self._supersede(claim)  # a rewrite, applied; its reply was lost
+            else:
+                self._compactions += 1  # applied; its reply was lost
         elif len(log) != claim.written:
             failed[context_id] = StoreError(
                 f"The stored log of context {excerpt(context_id)} holds {len(log)} records, not "
@@ -566,6 +674,8 @@ class Durability:
             return
         claim.written = len(log)
         claim.attempt = None
+        claim.superseded = -1  # a rewrite not applied is retried with a new checkpoint
+        claim.again = False
         claim.resync = False
 
     async def _compact(self, context_id: str, claim: Claim, history: TurnHistory) -> None:
@@ -581,7 +691,7 @@ class Durability:
         """
         held = len(history.turn_ids)
         bound = max(_COMPACT_MIN, _COMPACT_PER_TURN * held)
-        if not held or claim.written <= bound or claim.pending or claim.resync:
+        if not held or claim.written <= bound or claim.pending or claim.resync or claim.rewrite:
             return  # a checkpoint needs a turn to carry the instructions and sequence
         try:
             done = await write_checkpoint(
@@ -604,7 +714,7 @@ class Durability:
             await anyio.sleep(interval)
             await self._renew()
             await self._unload_idle()
-            if self._pending or self._forgets:
+            if self._pending or self._forgets or any(c.rewrite for c in self._claims.values()):
                 self._wake.set()  # changes a failed cycle left queued: try them again
 
     async def _renew(self) -> None:
@@ -626,7 +736,10 @@ class Durability:
         idle = {
             cid: claim.token
             for cid, claim in self._claims.items()
-            if claim.used <= bound and not claim.pending and self._can_unload(cid)
+            if claim.used <= bound
+            and not claim.pending
+            and not claim.rewrite
+            and self._can_unload(cid)
         }
         for cid in idle:
             del self._claims[cid]
@@ -686,6 +799,13 @@ class Durability:
                 waiter.error = StoreError("The Foundation closed before the write completed.")
                 waiter.event.set()
             self._waiters.clear()
+
+
+def _appendable(claim: Claim) -> tuple[bytes, ...]:
+    """The pending records a write cycle appends: those logged before a rewrite, if any."""
+    if claim.rewrite:
+        return tuple(claim.pending[: claim.before])
+    return tuple(claim.pending)
 
 
 def _answer_waiters(

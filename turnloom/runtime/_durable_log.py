@@ -37,7 +37,18 @@ class StoreCall(Protocol):
 class Claim:
     """A context this manager holds the lease of."""
 
-    __slots__ = ("attempt", "pending", "resync", "token", "used", "written")
+    __slots__ = (
+        "again",
+        "attempt",
+        "before",
+        "pending",
+        "resync",
+        "rewrite",
+        "superseded",
+        "token",
+        "used",
+        "written",
+    )
 
     def __init__(self, token: int, written: int, used: float) -> None:
         self.token = token
@@ -46,6 +57,14 @@ class Claim:
         # the log a compaction whose outcome is unknown would have left, or None
         self.attempt: tuple[bytes, ...] | None = None
         self.pending: list[bytes] = []  # logged, not yet appended
+        # The log must be replaced by a checkpoint of the history (a rewrite):
+        # only the first ``before`` pending records (logged before the rewrite
+        # began) are appended; the checkpoint holds the history the rest made.
+        self.rewrite = False
+        self.before = 0
+        # Pending records the checkpoint of the rewrite in flight holds; -1: none in flight.
+        self.superseded = -1
+        self.again = False  # rewritten again after that checkpoint was taken
         self.used = used  # loop time of the last use
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 __all__ = ("Leases",)
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import anyio
 import anyio.abc
@@ -137,6 +138,46 @@ class Leases:
         """With a store, queue the deletion of a removed context's log and its lease's release."""
         if self._durable is not None:
             self._durable.forget(context_id)
+
+    @contextmanager
+    def rewriting(self, context_id: str) -> Iterator[None]:
+        """Rebuild a held context in the block; the store gets the result in one atomic write.
+
+        Use it as ``with manager.leases.rewriting(context_id):`` around
+        synchronous changes that take a history apart and build it again
+        (``remove_context``, then ``accept_turn`` and ``record`` of the turns
+        to keep): what the block changes is not appended to the context's
+        stored log; after the block, the writer replaces that log by one
+        checkpoint of the history then held (``ContextStore.replace``, under
+        the context's lease), or deletes it when the block left no context.
+        A process killed at any point leaves the stored log as it was before
+        the block or as the block left it, never empty or half rebuilt; the
+        change is acknowledged by the next :meth:`flush`. The block must not
+        await (the changes are applied on the event loop as they are made).
+        Without a store it only checks the id.
+
+        An exception raised in the block propagates after the block is
+        closed as above: the store gets whatever history the block left.
+
+        Raises:
+            StateError: the manager is not bound to an open Foundation yet,
+                or a rewrite of the context is already in progress.
+            FoundationClosedError: the Foundation is closing or closed.
+            InvalidMessageError: a malformed context id.
+            NotClaimedError, StaleLeaseError: with a store, the context is
+                not held (as ``accept_turn``).
+        """
+        self._life.check_open()
+        durable = self._durable
+        if durable is None:
+            check_id(context_id, "context id")
+            yield
+            return
+        durable.begin_rewrite(context_id)
+        try:
+            yield
+        finally:
+            durable.end_rewrite(context_id)
 
     @property
     def store(self) -> ContextStore | None:
