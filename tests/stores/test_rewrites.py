@@ -111,6 +111,8 @@ async def _rebuild_without_newest_turn(
                     except StoreUnavailableError:
                         await anyio.sleep(0.01)  # the fault's cycle; the next one retries
             assert _messages(await inner.load("c")) == after
+            stats = manager.statistics().store
+            assert stats is not None and stats.pending_records == 0
     finally:
         await inner.__aexit__(None, None, None)
     return before, after, store
@@ -214,6 +216,8 @@ async def test_a_rewrite_during_a_replace_in_flight_is_written_after_it(store_ur
             assert store.calls[-2:] == ["replace", "replace"]
             assert _messages(await inner.load("c")) == _held(manager)
             assert len(_held(manager)) == 2
+            stats = manager.statistics().store
+            assert stats is not None and stats.pending_records == 0
     finally:
         await inner.__aexit__(None, None, None)
 
