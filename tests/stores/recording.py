@@ -13,9 +13,9 @@ from turnloom.runtime.store import ContextStore, LogWrite
 class Recording:
     """A real store that, after each write, loads the log of ``watched`` into ``states``.
 
-    ``replace_fault`` set to ``"before"`` makes the next replace raise
-    StoreUnavailableError without reaching the store; ``"after"`` applies it
-    and then raises (the reply was lost). ``replace_gate``, when set, is
+    ``replace_fault`` (``append_fault``) set to ``"before"`` makes the next
+    replace (append) raise StoreUnavailableError without reaching the store;
+    ``"after"`` applies it and then raises (the reply was lost). ``replace_gate``, when set, is
     awaited before each replace reaches the store.
     """
 
@@ -25,6 +25,7 @@ class Recording:
         self.states: list[tuple[bytes, ...]] = []
         self.calls: list[str] = []
         self.replace_fault: str | None = None
+        self.append_fault: str | None = None
         self.replace_gate: anyio.Event | None = None
         self.replacing = anyio.Event()
 
@@ -42,8 +43,13 @@ class Recording:
         await self.inner.release(leases)
 
     async def append(self, writes: Sequence[LogWrite]) -> Mapping[str, int | StoreError]:
+        fault, self.append_fault = self.append_fault, None
+        if fault == "before":
+            raise StoreUnavailableError("The store went away before the append.")
         outcome = await self.inner.append(writes)
         await self._record("append")
+        if fault == "after":
+            raise StoreUnavailableError("The reply to the append was lost.")
         return outcome
 
     async def replace(
