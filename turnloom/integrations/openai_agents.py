@@ -78,6 +78,7 @@ from turnloom.context import (
     join_steps,
 )
 from turnloom.context.gateway import step_join
+from turnloom.context.gateways._responses_rules import call_key, output_key
 from turnloom.errors import (
     InvalidArgumentError,
     InvalidMessageError,
@@ -91,61 +92,17 @@ if TYPE_CHECKING:
     from agents.items import TResponseInputItem
 
 
-# Each item type that calls a tool the host runs, and the item type answering
-# it (paired by ``call_id``): the SDK's own map (``_TOOL_CALL_TO_OUTPUT_TYPE``
-# in ``agents.run_internal.items``). The Responses API rejects an output whose
-# call is not in the input ("No tool call found for ... call_id") and a call
-# of these types without its output.
-_OUTPUT_OF: dict[str, str] = {
-    "function_call": "function_call_output",
-    "custom_tool_call": "custom_tool_call_output",
-    "computer_call": "computer_call_output",
-    "local_shell_call": "local_shell_call_output",
-    "shell_call": "shell_call_output",
-    "apply_patch_call": "apply_patch_call_output",
-    "tool_search_call": "tool_search_output",
-}
-_OUTPUTS = frozenset(_OUTPUT_OF.values())
-
-
-def _output_key(item: dict[str, Any]) -> tuple[str, str] | None:
-    """``(type, call id)`` of an output item of :data:`_OUTPUT_OF`, else None.
-
-    A ``local_shell_call_output`` without ``call_id`` names its call by ``id``
-    (the API's own input type; the SDK writes ``call_id``).
-    """
-    kind = item.get("type")
-    if kind not in _OUTPUTS:
-        return None
-    call_id = item.get("call_id")
-    if call_id is None and kind == "local_shell_call_output":
-        call_id = item.get("id")
-    return (cast(str, kind), call_id) if isinstance(call_id, str) else None
-
-
-def _call_keys(item: dict[str, Any]) -> list[tuple[str, str]]:
-    """The keys an output answering this call item has (empty: not such a call)."""
-    output = _OUTPUT_OF.get(cast(str, item.get("type")))
-    call_id = item.get("call_id")
-    if output is None or not isinstance(call_id, str):
-        return []
-    keys = [(output, call_id)]
-    item_id = item.get("id")
-    if output == "local_shell_call_output" and isinstance(item_id, str):
-        keys.append((output, item_id))
-    return keys
-
-
 def complete_window(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The items without a tool output whose call is not before it, or a call never answered.
 
     Pure and O(len(items)); the order of what is kept is unchanged. Calls and
-    outputs pair by ``call_id`` within their kind: ``function_call`` /
-    ``function_call_output``, and likewise ``custom_tool_call``,
-    ``computer_call``, ``local_shell_call``, ``shell_call``,
-    ``apply_patch_call`` (each with its ``*_output``) and ``tool_search_call``
-    / ``tool_search_output``; a ``local_shell_call_output`` without
-    ``call_id`` names its call by ``id`` (the call's ``call_id`` or ``id``).
+    outputs pair as the Responses gateway's ``validate`` pairs them (its
+    ``CALL_KINDS`` table: ``function_call`` / ``function_call_output``,
+    ``custom_tool_call``, ``computer_call``, ``local_shell_call``,
+    ``shell_call``, ``apply_patch_call``, ``program`` with their
+    ``*_output``, ``tool_search_call`` / ``tool_search_output``): an output
+    answers the newest earlier call of its kind with its call id, once; a
+    ``local_shell_call_output`` without ``call_id`` names it in ``id``.
     Calls and outputs without a string call id are kept. An
     ``mcp_approval_response`` is kept only after the ``mcp_approval_request``
     it answers (its ``approval_request_id``); a request not answered yet is
@@ -159,35 +116,30 @@ def complete_window(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     Returns:
         a new list holding the same item objects, minus the items above.
     """
-    called: set[tuple[str, str]] = set()
-    answered: set[tuple[str, str]] = set()
-    for item in items:
-        keys = _call_keys(item)
-        if keys:
-            called.update(keys)
-            continue
-        key = _output_key(item)
-        if key is not None and key in called:
-            answered.add(key)
     dropped = [False] * len(items)
-    seen: set[tuple[str, str]] = set()
+    newest: dict[tuple[str, str], int] = {}  # output key -> index of the newest such call
+    unanswered: set[int] = set()
     requests: set[object] = set()
     for index, item in enumerate(items):
+        key = call_key(item)
+        if key is not None:
+            newest[key] = index
+            unanswered.add(index)
+            continue
+        key = output_key(item)
         kind = item.get("type")
-        keys = _call_keys(item)
-        if keys:
-            if answered.isdisjoint(keys):
+        if key is not None:
+            call = newest.get(key)
+            if call is None or call not in unanswered:
                 dropped[index] = True
             else:
-                seen.update(keys)
-            continue
-        key = _output_key(item)
-        if key is not None:
-            dropped[index] = key not in seen
+                unanswered.discard(call)
         elif kind == "mcp_approval_request":
             requests.add(item.get("id"))
         elif kind == "mcp_approval_response" and item.get("approval_request_id") not in requests:
             dropped[index] = True
+    for index in unanswered:
+        dropped[index] = True
     for index in range(len(items) - 2, -1, -1):
         if items[index].get("type") == "reasoning" and dropped[index + 1]:
             dropped[index] = True

@@ -8,12 +8,15 @@ item kinds the gateway's render and parse sides share with it.
 from __future__ import annotations
 
 __all__ = (
+    "CALL_KINDS",
     "INSTRUCTIONS",
     "NOT_OUTPUT",
     "ROLES",
+    "call_key",
     "check_texts",
     "follows_reasoning",
     "is_output_message",
+    "output_key",
     "validate_input",
 )
 
@@ -29,6 +32,51 @@ ROLES = ("user", "assistant", "system", "developer")
 INSTRUCTIONS = "instructions"
 # Item types that are input, not model output; everything else typed is output.
 NOT_OUTPUT = frozenset({"message", "function_call_output", "reasoning", INSTRUCTIONS})
+
+
+# Each item type that calls a tool the host runs, and the item type answering
+# it, paired by ``call_id`` (the OpenAI Agents SDK's own map,
+# ``_TOOL_CALL_TO_OUTPUT_TYPE``). The API rejects an output whose call is not
+# in the input ("No tool call found for ...") and a call without its output.
+# ``function_call`` is parsed into tool call parts; the others are kept as
+# opaque items, paired only by validate_input and the OpenAI Agents session.
+CALL_KINDS: dict[str, str] = {
+    "function_call": "function_call_output",
+    "custom_tool_call": "custom_tool_call_output",
+    "computer_call": "computer_call_output",
+    "local_shell_call": "local_shell_call_output",
+    "shell_call": "shell_call_output",
+    "apply_patch_call": "apply_patch_call_output",
+    "tool_search_call": "tool_search_output",
+    "program": "program_output",
+}
+_OUTPUT_KINDS = frozenset(CALL_KINDS.values())
+
+
+def output_key(item: NativeContent) -> tuple[str, str] | None:
+    """``(output type, call id)`` of an output item of :data:`CALL_KINDS`, else None.
+
+    A ``local_shell_call_output`` without ``call_id`` names its call's
+    ``call_id`` in ``id`` (the API's own input type; the OpenAI Agents SDK
+    writes ``call_id``).
+    """
+    kind = item.get("type")
+    if kind not in _OUTPUT_KINDS:
+        return None
+    call_id = item.get("call_id")
+    if call_id is None and kind == "local_shell_call_output":
+        call_id = item.get("id")
+    return (kind, call_id) if isinstance(call_id, str) and call_id else None
+
+
+def call_key(item: NativeContent) -> tuple[str, str] | None:
+    """The :func:`output_key` of the output answering this call item; None: not such a call."""
+    kind = item.get("type")
+    output = CALL_KINDS.get(kind) if isinstance(kind, str) else None
+    call_id = item.get("call_id")
+    if output is None or not isinstance(call_id, str) or not call_id:
+        return None
+    return (output, call_id)
 
 
 def is_output_message(item: NativeContent) -> bool:
@@ -70,6 +118,10 @@ def validate_input(items: Sequence[NativeContent], *, continues_response: bool) 
 
     item_ids: dict[str, int] = {}
     all_calls: dict[str, int] = {}  # every call id so far -> its item
+    # Calls of the other CALL_KINDS (opaque items): output key -> (call item, answered)
+    kind_calls: dict[tuple[str, str], list[int]] = {}
+    calls: list[list[int]] = []  # every entry of kind_calls, in item order
+    approvals: set[object] = set()  # ids of mcp_approval_request items so far
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             out.append(violation(index, "not_an_object", f"Item {index} is not an object."))
@@ -88,10 +140,12 @@ def validate_input(items: Sequence[NativeContent], *, continues_response: bool) 
                     )
                 )
         kind = item.get("type")
-        if leading and kind == "function_call_output":
+        if leading and (kind == "function_call_output" or output_key(item) is not None):
             in_results = True
             continue
         leading = False
+        if kind != "function_call" and kind != "function_call_output":
+            _pair_kinds(item, index, kind, kind_calls, calls, approvals, out)
         if kind == "reasoning":
             nxt = items[index + 1] if index + 1 < len(items) else None
             if not (isinstance(nxt, dict) and follows_reasoning(nxt)):
@@ -171,7 +225,71 @@ def validate_input(items: Sequence[NativeContent], *, continues_response: bool) 
                 open_calls[call_id] = index
                 all_calls[call_id] = index
     close(len(items))
+    for at, answered_times in calls:
+        if not answered_times:
+            call = items[at]  # a dict: call_key found a call in it
+            out.append(
+                violation(
+                    at,
+                    "tool_call_without_result",
+                    f"{call.get('type')} {excerpt(call.get('call_id'))} (item {at}) has no "
+                    f"{CALL_KINDS[call['type']]} in the input.",
+                )
+            )
     return sorted(out, key=lambda v: v.index)
+
+
+def _pair_kinds(
+    item: NativeContent,
+    index: int,
+    kind: object,
+    kind_calls: dict[tuple[str, str], list[int]],
+    calls: list[list[int]],
+    approvals: set[object],
+    out: list[Violation],
+) -> None:
+    """Pair the calls and outputs of the opaque :data:`CALL_KINDS` and MCP approvals.
+
+    A call's output may come anywhere after it in the input (the API pairs
+    these by id, not by model turn); a call without one, an output answering
+    no earlier call or answering one twice, and an ``mcp_approval_response``
+    whose ``approval_request_id`` names no earlier ``mcp_approval_request``
+    are violations. An ``mcp_approval_request`` left unanswered is not: the
+    server holds it open until the next request answers it.
+    """
+    key = call_key(item)
+    if key is not None:
+        made = kind_calls[key] = [index, 0]  # a reused id: the newest call is answered
+        calls.append(made)
+        return
+    answer = output_key(item)
+    if answer is not None:
+        entry = kind_calls.get(answer)
+        if entry is None or entry[1]:
+            what = "no earlier call" if entry is None else "a call already answered"
+            out.append(
+                violation(
+                    index,
+                    "tool_result_without_call",
+                    f"{kind} {index} answers {excerpt(answer[1])}: {what} of its kind in the "
+                    "input.",
+                )
+            )
+        else:
+            entry[1] += 1
+        return
+    if kind == "mcp_approval_request":
+        approvals.add(item.get("id"))
+    elif kind == "mcp_approval_response" and item.get("approval_request_id") not in approvals:
+        out.append(
+            violation(
+                index,
+                "tool_result_without_call",
+                f"mcp_approval_response {index} answers "
+                f"{excerpt(item.get('approval_request_id'))}, which no earlier "
+                "mcp_approval_request of the input has.",
+            )
+        )
 
 
 def check_texts(content: Any, index: int, out: list[Violation]) -> None:

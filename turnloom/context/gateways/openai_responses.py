@@ -647,7 +647,15 @@ class OpenAIResponsesGateway(Gateway):
         current model turn (the calls since the last input message or
         results); every call is answered before the next input message or
         model turn; call ids unique in the whole input (the API rejects a
-        ``call_id`` used by two ``function_call`` items); item ids (``id``)
+        ``call_id`` used by two ``function_call`` items); every call of the
+        other kinds of ``CALL_KINDS`` (``custom_tool_call``, ``computer_call``,
+        ``local_shell_call``, ``shell_call``, ``apply_patch_call``,
+        ``tool_search_call``, ``program``; kept as opaque items) has its
+        output later in the input, and each such output answers the newest
+        earlier call of its kind with its call id, once (a
+        ``local_shell_call_output`` may name it in ``id``); an
+        ``mcp_approval_response`` names an earlier ``mcp_approval_request``
+        (a request not answered yet is valid: the server holds it); item ids (``id``)
         unique over the input ("Duplicate item found with id ...", a 400 seen
         in public reports when a history is replayed twice); no empty or
         whitespace-only ``input_text`` part and no empty content list in user,
@@ -660,8 +668,9 @@ class OpenAIResponsesGateway(Gateway):
             items: the ``input`` items, oldest first.
             continues_response: the request continues a stored response or
                 conversation (``previous_response_id`` / ``conversation``):
-                leading ``function_call_output`` items may answer calls held
-                by the server, so they are not flagged.
+                leading outputs (``function_call_output`` and the other
+                kinds' outputs) may answer calls held by the server, so they
+                are not flagged.
 
         Returns:
             every violation, in item order; empty when the input is valid.
