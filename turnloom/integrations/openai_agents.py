@@ -77,8 +77,8 @@ from turnloom.context import (
     ToolResultPart,
     join_steps,
 )
+from turnloom.context._call_kinds import call_key, output_key
 from turnloom.context.gateway import step_join
-from turnloom.context.gateways._responses_rules import call_key, output_key
 from turnloom.errors import (
     InvalidArgumentError,
     InvalidMessageError,

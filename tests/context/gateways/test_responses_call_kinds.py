@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from turnloom.context import get_gateway
-from turnloom.context.gateways._responses_rules import CALL_KINDS, call_key, output_key
+from turnloom.context._call_kinds import CALL_KINDS, call_key, output_key
 
 GATEWAY = get_gateway("openai_responses")
 USER = {"role": "user", "content": "Go."}
