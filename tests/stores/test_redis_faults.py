@@ -510,3 +510,39 @@ async def test_an_emptied_script_cache_is_reloaded_and_every_call_goes_on(
                 client.script_flush()
             assert await manager.leases.release("d") is True
         assert await stored(store, "c") == ids(2)
+
+
+async def test_a_rewrite_whose_replace_reply_is_lost_is_recognised_as_applied(
+    redis_servers: Callable[..., RedisServer],
+) -> None:
+    """A rebuilt history (``manager.leases.rewriting``) reaches Redis as one replace;
+    the proxy throws that replace's reply away after the server ran it and cuts
+    the connection. The client's retry answers "applied": no error reaches the
+    host, the log is the rewrite's checkpoint (never the old log with the rebuilt
+    turns appended, never empty), and another host restores the rebuilt history.
+    """
+    server = redis_servers()
+    proxy = FaultProxy(server.port)
+    async with anyio.create_task_group() as group:
+        await group.start(proxy.run)
+        async with RedisContextStore(proxy.url, prefix=PREFIX) as store:
+            async with Foundation(store=store, history_limits=LIMITS) as foundation:
+                manager = foundation.manager
+                reported: list[StoreError] = []
+                manager.leases.on_error = reported.append
+                await manager.leases.claim("c")
+                converse(manager, "c", range(6))
+                await manager.leases.flush()
+                with server.client() as client:
+                    client.script_load(redis_contexts._PRELUDE + redis_contexts._REPLACE)
+                proxy.drop_reply(b"EVALSHA", sha(redis_contexts._REPLACE))
+                with manager.leases.rewriting("c"):
+                    manager.remove_context("c")
+                    converse(manager, "c", range(4))
+                await manager.leases.flush("c")
+                assert (proxy.dropped, proxy.cuts) == (1, 1)
+                assert reported == []
+                with server.client() as client:
+                    assert client.llen(f"{PREFIX}ctx:c:log") == 1  # one checkpoint
+            assert await stored(store, "c") == ids(4)
+        await proxy.stop()
