@@ -29,6 +29,10 @@ evicting whole turns: a tool call never loses its result. With a store
 (``Foundation(store=...)``) every write is acknowledged by the store before
 :meth:`~TurnloomSession.add_items` returns, so a restarted process (or another
 host, after the lease) resumes the session where it was.
+:meth:`~TurnloomSession.pop_item` rebuilds the history without its newest
+item and writes it as one atomic replace (``manager.leases.rewriting``): a
+process killed mid-pop restores the session whole, with or without the item
+(``scripts/fault_pops.py`` kills one 50 times per store).
 
 Placeholder ids: the SDK gives every output item of a model without
 Responses item ids (Chat Completions, LiteLLM, any-llm, a run error handler's
@@ -45,7 +49,8 @@ was cut off (an input the Responses API rejects), :meth:`get_items` never
 returns a tool output without its call, nor a call without its output (a
 call left open, for example by a cancelled run), for every call kind the SDK
 runs itself (function, custom tool, computer, shell, apply patch, tool
-search, MCP approval), nor a reasoning item whose call was left out
+search, program, MCP approval; the table the Responses gateway's
+``validate`` pairs them with), nor a reasoning item whose call was left out
 (:func:`complete_window`). These items stay held; :meth:`pop_item` may
 return one.
 
