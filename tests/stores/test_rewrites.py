@@ -301,3 +301,33 @@ async def test_rewriting_without_a_store_only_checks_the_id(anyio_backend: str) 
         with pytest.raises(InvalidMessageError):
             with manager.leases.rewriting(""):
                 pass
+
+
+async def test_a_rewrite_not_flushed_is_written_by_the_close_and_by_a_release(
+    store_url: str,
+) -> None:
+    """Invariant: a rewrite the host never flushed is written when the Foundation
+    closes (its grace period writes what is queued), and ``leases.release`` of a
+    rewritten context writes it before releasing: the next claim, elsewhere,
+    restores the rebuilt history both times."""
+    async with hosting(store_url, lease_ttl=30.0) as foundation:
+        manager = foundation.manager
+        await manager.leases.claim("c")
+        _build(manager, range(3))
+        await manager.leases.flush("c")
+        with manager.leases.rewriting("c"):
+            manager.remove_context("c")
+            _build(manager, range(2))
+        held = _held(manager)
+    async with hosting(store_url, lease_ttl=30.0) as foundation:
+        manager = foundation.manager
+        assert await manager.leases.claim("c") is True
+        assert _held(manager) == held
+        with manager.leases.rewriting("c"):
+            manager.remove_context("c")
+            _build(manager, range(1))
+        held = _held(manager)
+        assert await manager.leases.release("c") is True
+        assert "c" not in manager.context_ids()
+        assert await manager.leases.claim("c") is True
+        assert _held(manager) == held
