@@ -42,3 +42,22 @@ async def test_a_refused_output_leaves_the_session_as_it_was(anyio_backend: str)
         assert caught.value.call_id == "c2"
         assert await session.get_items() == before
         assert foundation.manager.history("s1").turn_ids == turns
+
+
+@pytest.mark.parametrize("limit", [3, 4, 5, 6, 8, 100])
+async def test_a_limit_above_the_items_held_returns_every_item(
+    anyio_backend: str, limit: int
+) -> None:
+    """Invariant: get_items(limit) with more room than items held returns them all.
+    Before the fix a limit between the count and twice the count sliced from a
+    negative start (len - limit) and returned only the newest 2 * len - limit
+    items: with 4 items held, get_items(5) returned 1 and get_items(6) 2, so the
+    SDK sent the model a history cut at an arbitrary point.
+
+    Mutant tried: the old slice (items[len(items) - limit:]): limits 5 and 6 fail."""
+    async with Foundation(gateway="openai_responses") as foundation:
+        session = TurnloomSession("s1", foundation.manager)
+        items = [USER, REPLY, ASK, {**REPLY, "content": "Done."}]
+        await session.add_items(items)  # type: ignore[arg-type]
+        expected = items if limit >= 4 else items[-limit:]
+        assert await session.get_items(limit) == expected

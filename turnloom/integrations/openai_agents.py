@@ -273,7 +273,7 @@ class TurnloomSession:
         await self._claim()
         items = self._all_items()
         if limit is not None:
-            items = items[len(items) - limit :] if limit else []
+            items = items[max(0, len(items) - limit) :] if limit else []
         return cast("list[TResponseInputItem]", complete_window(items))
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
