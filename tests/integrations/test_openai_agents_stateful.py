@@ -207,7 +207,7 @@ def test_the_session_matches_a_list_of_items(backend: str, tmp_path: Path) -> No
     Machine.directory = tmp_path
     run = Machine.TestCase
     run.settings = settings(
-        max_examples=30,
+        max_examples=20,
         stateful_step_count=25,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],

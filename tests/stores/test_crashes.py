@@ -297,7 +297,9 @@ def test_a_host_killed_while_popping_keeps_a_whole_session() -> None:
     """Invariant: a host killed with SIGKILL while its OpenAI Agents session pops
     items (real processes, SQLite and a real redis-server) restores the session
     whole: every acknowledged pop applied, the pop in flight applied or not, no
-    other item missing (scripts/fault_pops.py, atomic way, 2 kills per store).
+    other item missing (scripts/fault_pops.py, atomic way, 1 kill per store; the
+    script's default run makes 50, and test_rewrites*.py check every state the
+    stored log passes through).
 
     Mutant tried: pop_item rebuilding as clear_session then add_items: the
     script's clear-then-add way loses the history in 3 of 3 kills per store."""
@@ -305,7 +307,7 @@ def test_a_host_killed_while_popping_keeps_a_whole_session() -> None:
     import subprocess
 
     done = subprocess.run(
-        [sys.executable, "scripts/fault_pops.py", "--kills", "2", "--ways", "atomic"],
+        [sys.executable, "scripts/fault_pops.py", "--kills", "1", "--ways", "atomic"],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -315,6 +317,6 @@ def test_a_host_killed_while_popping_keeps_a_whole_session() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [line.split() for line in done.stdout.splitlines()[1:]]
     assert [(row[0], row[1], row[3], row[4], row[5]) for row in rows] == [
-        ("sqlite", "atomic", "0", "2", "0"),
-        ("redis", "atomic", "0", "2", "0"),
+        ("sqlite", "atomic", "0", "1", "0"),
+        ("redis", "atomic", "0", "1", "0"),
     ]

@@ -415,11 +415,18 @@ class TurnloomSession:
     async def clear_session(self) -> None:
         """Forget the session's history (``manager.remove_context``); idempotent.
 
-        With a store the context's log is deleted before the call returns.
+        With a store the context's log is deleted before the call returns. A
+        model call of the context in flight (``manager.invocation``) is
+        cancelled, as ``manager.remove_context`` does.
 
         Raises:
-            StateError: a model call of the context is in flight.
-            LeaseHeldError, StoreUnavailableError: with a store, as ``manager.leases``.
+            LeaseHeldError, StoreUnavailableError: with a store, as
+                ``manager.leases.claim`` and ``manager.leases.flush``.
+
+        Cancellation:
+            A call cancelled while claiming changes nothing; one cancelled at
+            the flush has forgotten the history in memory, and the store's
+            next batch deletes the log.
         """
         if not await self._claim():
             return
