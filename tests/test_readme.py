@@ -37,6 +37,7 @@ GUIDE = (
     "observability",
     "benchmarks",
     "layout",
+    "prompt-cache",
 )
 PAGES = {
     "README.md": README,
@@ -98,7 +99,18 @@ def test_no_example_was_lost_when_the_readme_was_shortened() -> None:
     one in the README, seven in the guide pages; the README adds one since (summary
     compaction, whose guide page is docs/compaction.md)."""
     assert len(_blocks("python")) == 2
-    assert len(_every_page("python")) == len(_every_page("text")) == 9
+    assert len(_every_page("python")) == len(_every_page("text")) == 11
+
+
+def test_every_docs_page_with_a_python_block_is_run_by_this_suite() -> None:
+    """A page added under docs/ with a program is not left unchecked (docs/prompt-cache.md
+    held two fragments that did not run before it was listed here)."""
+    with_python = {
+        f"docs/{page.name}"
+        for page in (ROOT / "docs").glob("*.md")
+        if "```python" in page.read_text(encoding="utf-8")
+    }
+    assert with_python <= set(PAGES)
 
 
 # What the forty-line example prints on each gateway, as the README says below it.
