@@ -6,7 +6,8 @@ user input with a tool call, its output and a reply; outputs only, joining the
 newest turn; a call left open; the output answering it), ``pop_item`` (an
 undo, which rebuilds the context in one atomic write), ``clear_session``, and
 reads with and without a limit. The model is the list of items added, minus
-those popped.
+those popped, by turn; with ``max_turns=3`` the oldest whole turns leave it
+as they leave the history (eviction at each commit past the limit).
 
 Invariants after every step: the session holds exactly the model's items
 (``_all_items``); ``get_items()`` is ``complete_window`` of them and
@@ -30,6 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 pytest.importorskip("agents")
 
+from turnloom.context.history import HistoryLimits
 from turnloom.integrations.openai_agents import TurnloomSession, complete_window
 from turnloom.runtime import Foundation
 from turnloom.runtime._records import replay
@@ -38,13 +40,19 @@ from turnloom.stores import open_context_store
 
 class Session(RuleBasedStateMachine):
     backend = "asyncio"
+    max_turns = 32
     directory: Path
 
     def __init__(self) -> None:
         super().__init__()
         self.portal_cm: Any = None
-        self.model: list[dict[str, Any]] = []
+        self.turns: list[list[dict[str, Any]]] = []  # each turn's items, oldest first
         self.serial = 0
+
+    @property
+    def model(self) -> list[dict[str, Any]]:
+        """The items the session must hold: every turn's, oldest first."""
+        return [item for turn in self.turns for item in turn]
 
     @initialize()
     def start(self) -> None:
@@ -54,7 +62,12 @@ class Session(RuleBasedStateMachine):
         self.store_cm = self.portal.wrap_async_context_manager(open_context_store(f"sqlite:{path}"))
         self.store = self.store_cm.__enter__()
         self.foundation_cm = self.portal.wrap_async_context_manager(
-            Foundation(gateway="openai_responses", store=self.store, lease_ttl=60.0)
+            Foundation(
+                gateway="openai_responses",
+                store=self.store,
+                lease_ttl=60.0,
+                history_limits=HistoryLimits(max_turns=self.max_turns),
+            )
         )
         self.manager = self.foundation_cm.__enter__().manager
         self.session = TurnloomSession("s", self.manager)
@@ -101,7 +114,11 @@ class Session(RuleBasedStateMachine):
 
     def _add(self, items: list[dict[str, Any]]) -> None:
         self.portal.call(self.session.add_items, [dict(i) for i in items])
-        self.model.extend(items)
+        if items[0].get("role") == "user":
+            self.turns.append(list(items))
+            del self.turns[: -self.max_turns]  # whole turns evicted, oldest first
+        else:
+            self.turns[-1].extend(items)
 
     def _open_call(self) -> dict[str, Any] | None:
         """The newest turn's call without an output, if the items end inside its step."""
@@ -146,13 +163,15 @@ class Session(RuleBasedStateMachine):
     @rule()
     def pop(self) -> None:
         popped = self.portal.call(self.session.pop_item)
-        expected = self.model.pop() if self.model else None
+        expected = self.turns[-1].pop() if self.turns else None
+        if self.turns and not self.turns[-1]:
+            self.turns.pop()
         assert popped == expected
 
     @rule()
     def clear(self) -> None:
         self.portal.call(self.session.clear_session)
-        self.model.clear()
+        self.turns.clear()
 
     # -- invariants ---------------------------------------------------------------
 
@@ -191,8 +210,10 @@ def _restored(session: TurnloomSession, log: Sequence[bytes]) -> list[dict[str, 
     return items
 
 
-@pytest.mark.parametrize("backend", ["asyncio", "trio"])
-def test_the_session_matches_a_list_of_items(backend: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("backend", "max_turns"), [("asyncio", 32), ("trio", 32), ("asyncio", 3), ("trio", 3)]
+)
+def test_the_session_matches_a_list_of_items(backend: str, max_turns: int, tmp_path: Path) -> None:
     """Runs the state machine above on asyncio and trio (SQLite).
 
     Mutant tried: pop_item rebuilding without its rewriting block (remove, then
@@ -204,6 +225,7 @@ def test_the_session_matches_a_list_of_items(backend: str, tmp_path: Path) -> No
         pass
 
     Machine.backend = backend
+    Machine.max_turns = max_turns
     Machine.directory = tmp_path
     run = Machine.TestCase
     run.settings = settings(
