@@ -367,6 +367,8 @@ def check_steps(
             results pass: a late call answers one of them); ``field`` names
             the message, ``call_id`` the result's.
     """
+    if not messages:
+        return  # nothing to refuse: ``before`` alone is never checked
     tracker = CallTracker()
     # Ids of calls a model step ended without their result: a result after it
     # is a call recorded after a result of its step (closed_call). A group a
