@@ -43,22 +43,9 @@ from typing import Any, Protocol
 
 import msgspec
 
-from turnloom.context._untrack import untrack_atoms, untrack_container, untrack_json
-from turnloom.context.callids import reported_call_ids, restore_call_ids
-from turnloom.context.gateway import GatewayType
-from turnloom.context.history._cells import (
-    _Encoded,
-    _Entry,
-    _Native,
-    _Turn,
-    _WireIds,
-    id_parts,
-    own_ids,
-    pack_ids,
-)
-from turnloom.context.history._run import _Shared
+from turnloom.context._untrack import untrack_atoms, untrack_container
+from turnloom.context.history._cells import _Entry, _Turn, _WireIds, id_parts, pack_ids
 from turnloom.context.history._ties import last_step_start
-from turnloom.context.items import encode_item
 from turnloom.context.message import Message, Role, ToolCallPart, ToolResultPart
 from turnloom.context.pairing import CallTracker
 from turnloom.errors import InvalidMessageError, UnknownTurnError, excerpt
@@ -148,7 +135,6 @@ class _SentState(Protocol):
     """The state of a :class:`TurnHistory` this file reads and changes."""
 
     _sent: _SentIds
-    _shared: _Shared
     _turns: tuple[_Turn, ...]
 
 
@@ -203,11 +189,7 @@ def _context(turns: Sequence[_Turn], stop: int, input_only: bool = False) -> _Co
 
 
 def _assign(
-    ids: _SentIds,
-    entries: Sequence[_Entry],
-    context: _Context | None,
-    new_turn: bool,
-    shared: _Shared | None = None,
+    ids: _SentIds, entries: Sequence[_Entry], context: _Context | None, new_turn: bool
 ) -> None:
     """Decide the sent ids of ``entries``, which follow ``context`` (see the module docstring).
 
@@ -219,9 +201,7 @@ def _assign(
     matter. There a result takes the sent id of the newest call with its id
     without asking the pairing whether it answers it: a result that answers
     no call is dropped from every render, and the id it gets matches no call
-    of its group either way, so nothing pairs otherwise. ``shared``: the
-    history's, when ``entries`` are new (their door renders are renamed,
-    not dropped: :func:`_set_sent`).
+    of its group either way, so nothing pairs otherwise.
     """
     tracker: CallTracker | None = None
     sent_of: dict[str, str] = {}
@@ -261,7 +241,7 @@ def _assign(
                 elif sent_of:
                     sent_of.pop(call_id, None)
         if renamed is not None:
-            _set_sent(entry, _renamed(message, renamed), shared)
+            _set_sent(entry, _renamed(message, renamed))
 
 
 def _renamed(message: Message, renamed: Sequence[tuple[int, str]]) -> _WireIds | None:
@@ -271,79 +251,11 @@ def _renamed(message: Message, renamed: Sequence[tuple[int, str]]) -> _WireIds |
     return pack_ids(message, [at_sent.get(at, own) for at, own in _parts_with_ids(message)])
 
 
-def _set_sent(entry: _Entry, sent: _WireIds | None, shared: _Shared | None = None) -> None:
-    """Give ``entry`` the ids it is sent with; its cached renders (of the other ids) go.
-
-    With ``shared`` (a new entry, seeded by the door's renders and seen by
-    no reader yet), each cached render is instead given the sent ids where
-    :func:`_renamed_render` can (the door rendered the message once: it is
-    not rendered again with the new ids); one it cannot goes.
-    """
+def _set_sent(entry: _Entry, sent: _WireIds | None) -> None:
+    """Give ``entry`` the ids it is sent with; its cached renders (of the other ids) go."""
     entry.sent = sent
-    if sent is None and shared is not None:
-        return  # sent as it is: the door's renders are of these very ids
-    native, encoded, more = entry.native, entry.encoded, entry.more
     entry.native = entry.encoded = None
     entry.more = None
-    if shared is None or (native is None and not more):
-        return
-    kinds = {slot: gateway.type for gateway, slot in shared.gateway_slots.items()}
-    wire = entry.sent_ids()
-    if native is not None:
-        renamed = _renamed_render(entry.message, wire, kinds.get(0), native, encoded)
-        if renamed is not None:
-            entry.encoded = renamed[1]  # assigned before ``native``, as _Entry says
-            entry.native = renamed[0]
-    if more:
-        kept: dict[int, tuple[_Native | None, _Encoded | None]] = {}
-        for slot, (slot_native, slot_encoded) in more.items():
-            renamed = _renamed_render(
-                entry.message, wire, kinds.get(slot), slot_native, slot_encoded
-            )
-            if renamed is not None:
-                untrack_json(renamed)  # as _Entry.seed does
-                kept[slot] = renamed
-        entry.more = kept or None
-
-
-def _renamed_render(
-    message: Message,
-    wire: Sequence[str],
-    kind: GatewayType | None,
-    native: _Native | None,
-    encoded: _Encoded | None,
-) -> tuple[_Native, _Encoded] | None:
-    """A render of ``message`` with its call and result ids ``wire`` (in part order), or None.
-
-    Made from ``native`` (``message`` rendered for a gateway of ``kind``)
-    by writing ``wire`` where the gateway's rewriter finds the ids
-    (:func:`~turnloom.context.callids.restore_call_ids`), as a request's
-    renaming rewrites cached renders; None when there is no such render, or
-    the rewriter does not find exactly the message's own ids in part order
-    (then the message is rendered again with its sent ids where it is read).
-    Changed items are new objects, encoded and untracked as
-    ``_render_message`` leaves them.
-    """
-    if native is None or encoded is None or kind is None:
-        return None
-    single = type(native) is not tuple
-    items: tuple[Any, ...] = (native,) if single else native  # type: ignore[assignment]
-    encodings: tuple[bytes, ...] = (encoded,) if single else encoded  # type: ignore[assignment]
-    if len(encodings) != len(items) or reported_call_ids(kind, items) != tuple(own_ids(message)):
-        return None
-    new = restore_call_ids(kind, items, wire)
-    new_encoded = tuple(
-        [
-            kept if item is old else encode_item(item)
-            for item, old, kept in zip(new, items, encodings, strict=True)
-        ]
-    )
-    if single:
-        untrack_json(new[0])
-        return new[0], new_encoded[0]
-    out = tuple(new)
-    untrack_json(out)
-    return out, new_encoded
 
 
 def _calls(entry: _Entry) -> list[tuple[str, str]]:
@@ -401,8 +313,7 @@ def assign_input(history: _SentState, entries: Sequence[_Entry]) -> None:
     if carried:
         ids, turns = history._sent, history._turns
         paired = ids.renamed and carried is _RESULTS
-        context = _context(turns, len(turns)) if paired else None
-        _assign(ids, entries, context, True, history._shared)
+        _assign(ids, entries, _context(turns, len(turns)) if paired else None, True)
 
 
 def assign_outputs(history: _SentState, position: int, entries: Sequence[_Entry]) -> None:
@@ -412,7 +323,7 @@ def assign_outputs(history: _SentState, position: int, entries: Sequence[_Entry]
         ids = history._sent
         paired = ids.renamed and carried is _RESULTS
         context = _context(history._turns, position + 1) if paired else None
-        _assign(ids, entries, context, False, history._shared)
+        _assign(ids, entries, context, False)
 
 
 def assign_state(
