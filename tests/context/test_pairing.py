@@ -309,11 +309,13 @@ def test_steps_may_conflict_is_false_only_where_check_steps_passes(
 ) -> None:
     """Invariant (the record's fast path keeps the step check): whenever
     ``steps_may_conflict`` says a batch cannot conflict, ``check_steps`` over it
-    after any ``before`` passes; it says so for batches without results whose calls
-    never directly follow an assistant message."""
+    after any ``before`` passes, under every ``late``/``unpaired`` flag (a record
+    and both of a build's continuation checks); it says so for batches without
+    results whose calls never directly follow an assistant message."""
     previous = before[-1] if before else None
     if not steps_may_conflict(messages, previous):
-        check_steps(messages, "batch", before=before)
+        for late, unpaired in itertools.product((False, True), repeat=2):
+            check_steps(messages, "batch", before=before, late=late, unpaired=unpaired)
         sequence = [previous, *messages] if previous is not None else messages
         assert not any(type(p) is ToolResultPart for m in messages for p in m.parts)
         for earlier, message in itertools.pairwise(sequence):
