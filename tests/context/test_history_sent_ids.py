@@ -142,9 +142,16 @@ _step = st.one_of(
 
 
 def _run(
-    steps: list[tuple[str, Any, int]], kinds: list[GatewayType], history: TurnHistory
+    steps: list[tuple[str, Any, int]],
+    kinds: list[GatewayType],
+    history: TurnHistory,
+    door: GatewayType | None = None,
 ) -> tuple[list[bytes], dict[str, list[str]]]:
-    """Apply ``steps`` to ``history``, checking (1)-(3) after each; the log written."""
+    """Apply ``steps`` to ``history``, checking (1)-(3) after each; the log written.
+
+    ``door``: each batch is first checked and rendered for that gateway, as the
+    runtime's door does (the renders seed the entries' caches).
+    """
     log: list[bytes] = []
     fixed: dict[str, list[str]] = {}  # turn id -> its sent ids when last seen
     history.commit("t0", [Message(role=Role.user, content="u0")], instructions=[SYSTEM])
@@ -166,6 +173,8 @@ def _run(
                     outputs.append(_result(call_id, f"{number}.{k}"))
             outputs.append(Message(role=Role.assistant, content=f"a{number}"))
             try:
+                if door is not None:
+                    history.check_batch(outputs, "door", turn_id=newest, gateway=get_gateway(door))
                 history.record(newest, outputs)
             except TurnloomError:
                 continue
@@ -179,6 +188,8 @@ def _run(
                     for c in history.open_calls()
                 ] or given
             try:
+                if door is not None:
+                    history.check_batch(given, "door", gateway=get_gateway(door))
                 history.commit(turn_id, given)
             except TurnloomError:
                 continue
@@ -244,6 +255,28 @@ def test_sent_ids_are_unique_fixed_cold_and_durable(
     )
     assert _renders(restored, kinds) == expected
     assert {t: _effective(restored.view(), t) for t in restored.turn_ids} == ids
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.lists(_step, min_size=4, max_size=24),
+    st.sampled_from(KINDS),
+    st.lists(st.sampled_from(KINDS), min_size=1, max_size=3, unique=True),
+)
+def test_door_renders_renamed_at_commit_equal_a_cold_render(
+    steps: list[tuple[str, Any, int]], door: GatewayType, kinds: list[GatewayType]
+) -> None:
+    """Invariant (3) with each batch rendered at the door first, as the runtime
+    does (the door's renders seed the entries' caches): every incremental render
+    (the door's gateway and others) equals a cold render of the messages as sent,
+    and the log replayed renders the same bytes.
+
+    Mutant tried: a renamed entry keeping the door's render of its own ids
+    (``_set_sent`` not dropping it): fails (a reused id reaches the request twice)."""
+    history = TurnHistory(LIMITS)
+    log, _ = _run(steps, [door, *[k for k in kinds if k is not door]], history, door)
+    everything = list(GatewayType)
+    assert _renders(replay("c", log, LIMITS), everything) == _renders(history, everything)
 
 
 def _reuse_history() -> TurnHistory:

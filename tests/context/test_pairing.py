@@ -19,9 +19,10 @@ from turnloom.context import (
     check_steps,
     complete_pairs,
     hold_until_answered,
+    join_steps,
     open_call_ids,
 )
-from turnloom.context.pairing import steps_may_conflict
+from turnloom.context.pairing import _joined, steps_may_conflict
 from turnloom.errors import AmbiguousStepError, UnpairedResultError
 
 USER = Message(role=Role.user, content="q")
@@ -308,16 +309,52 @@ def test_steps_may_conflict_is_false_only_where_check_steps_passes(
 ) -> None:
     """Invariant (the record's fast path keeps the step check): whenever
     ``steps_may_conflict`` says a batch cannot conflict, ``check_steps`` over it
-    after any ``before`` passes; it says so for batches without results whose calls
-    never directly follow an assistant message."""
+    after any ``before`` passes, under every ``late``/``unpaired`` flag (a record
+    and both of a build's continuation checks); it says so for batches without
+    results whose calls never directly follow an assistant message."""
     previous = before[-1] if before else None
     if not steps_may_conflict(messages, previous):
-        check_steps(messages, "batch", before=before)
+        for late, unpaired in itertools.product((False, True), repeat=2):
+            check_steps(messages, "batch", before=before, late=late, unpaired=unpaired)
         sequence = [previous, *messages] if previous is not None else messages
         assert not any(type(p) is ToolResultPart for m in messages for p in m.parts)
         for earlier, message in itertools.pairwise(sequence):
             if earlier.role is Role.assistant:
                 assert not message.tool_calls
+
+
+def _join_calls_with_one_tracker(messages: list[Message]) -> list[Message]:
+    """The oracle: every message fed to one tracker, oldest first; an assistant message
+    that leaves the group as it was joins the message before it."""
+    tracker = CallTracker()
+    out: list[Message] = []
+    for message in messages:
+        group = tracker.group
+        tracker.feed(message)
+        if message.role is Role.assistant and tracker.group == group and out:
+            out[-1] = _joined(out[-1], message)
+        else:
+            out.append(message)
+    return out
+
+
+@settings(max_examples=400)
+@given(history=_steps())
+def test_join_steps_calls_pairs_each_assistant_run_alone_as_one_tracker_would(
+    history: list[Message],
+) -> None:
+    """Invariant (``join_steps`` feeds only runs of assistant messages, each to its own
+    tracker): the joined list equals the one a single tracker fed every message gives,
+    and messages not joined are the same objects.
+
+    Mutant tried: an assistant message without calls joined to the one before it
+    whatever the tracker says: fails (two replies in a row without calls are two steps)."""
+    joined = join_steps(history, "calls")
+    expected = _join_calls_with_one_tracker(history)
+    assert joined == expected
+    originals = {id(m) for m in history}
+    for got, want in zip(joined, expected, strict=True):
+        assert (got is want) if id(want) in originals else id(got) not in originals
 
 
 def test_steps_may_conflict_on_each_kind_of_ambiguous_step() -> None:

@@ -367,6 +367,8 @@ def check_steps(
             results pass: a late call answers one of them); ``field`` names
             the message, ``call_id`` the result's.
     """
+    if not messages:
+        return  # nothing to refuse: ``before`` alone is never checked
     tracker = CallTracker()
     # Ids of calls a model step ended without their result: a result after it
     # is a call recorded after a result of its step (closed_call). A group a
@@ -673,12 +675,26 @@ def join_steps(messages: Sequence[Message], join: StepJoin) -> list[Message]:
         a new list of messages, oldest first.
     """
     if join == "calls":
-        tracker = CallTracker()
+        # Only an assistant message directly after another can continue a
+        # step, and the first of a run of assistant messages starts a group
+        # whatever came before it (CallTracker.feed resets the open calls):
+        # so each run is paired on its own, by a tracker fed the run alone,
+        # and messages outside runs are fed to none.
         out: list[Message] = []
+        tracker: CallTracker | None = None
         for message in messages:
+            if message.role is not _ASSISTANT:
+                tracker = None
+                out.append(message)
+                continue
+            if tracker is None:
+                tracker = CallTracker()
+                tracker.feed(message)
+                out.append(message)
+                continue
             group = tracker.group
             tracker.feed(message)
-            if message.role is _ASSISTANT and tracker.group == group and out:
+            if tracker.group == group:
                 out[-1] = _joined(out[-1], message)
             else:
                 out.append(message)

@@ -39,7 +39,13 @@ from turnloom.context.history import (
 )
 from turnloom.context.items import TAKEN_BUILD, NativeItems
 from turnloom.context.message import Message, OpaquePart, ReasoningPart, Role, check_message
-from turnloom.context.pairing import CallTracker, OpenCallPolicy, check_steps, complete_pairs
+from turnloom.context.pairing import (
+    CallTracker,
+    OpenCallPolicy,
+    check_steps,
+    complete_pairs,
+    steps_may_conflict,
+)
 from turnloom.errors import (
     DuplicateIdError,
     InvalidArgumentError,
@@ -536,7 +542,10 @@ def check_continuation(
     own = start
     while own < len(continuation) and id(continuation[own]) in held:
         own += 1
-    if own > start:
+    # ``steps_may_conflict`` False: check_steps cannot raise (the record's fast path).
+    if own > start and steps_may_conflict(
+        continuation[start:own], continuation[start - 1] if start else None
+    ):
         check_steps(
             continuation[start:own],
             "continuation",
@@ -544,12 +553,15 @@ def check_continuation(
             indices=range(start, own),
             unpaired=True,
         )
-    check_steps(
-        continuation[own:],
-        "continuation",
-        before=continuation[:own],  # check_steps reads back only its last step
-        indices=range(own, len(continuation)),
-    )
+    if own < len(continuation) and steps_may_conflict(
+        continuation[own:], continuation[own - 1] if own else None
+    ):
+        check_steps(
+            continuation[own:],
+            "continuation",
+            before=continuation[:own],  # check_steps reads back only its last step
+            indices=range(own, len(continuation)),
+        )
     # ``checked`` is replaced by the result: its set is extended, not copied.
     reserved |= added
     return CheckedContinuation(tuple(continuation), reserved)
