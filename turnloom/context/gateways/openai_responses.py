@@ -69,6 +69,7 @@ from typing import Any
 
 import msgspec
 
+from turnloom.context._call_kinds import pairing_key
 from turnloom.context._untrack import untrack_atoms
 from turnloom.context.body import BodyWriter, write_body, written_body
 from turnloom.context.callids import CallIdRenamer, register_rewriter
@@ -183,10 +184,14 @@ class OpenAIResponsesGateway(Gateway):
         if role is Role.assistant:
             return self._render_assistant(message, layout, own)
         items: list[NativeContent] = []
-        if role is Role.tool or message.tool_results:
-            for result in message.tool_results:
-                items.append(self._render_result(result, layout, own))
-        rest = [p for p in message.parts if type(p) is not ToolResultPart]
+        rest: list[Part] = []
+        for part in message.parts:
+            if type(part) is ToolResultPart:
+                items.append(self._render_result(part, layout, own))
+            elif type(part) is OpaquePart and _is_output(part):
+                items.append(part.item)
+            else:
+                rest.append(part)
         if role is Role.tool:
             for part in rest:
                 _log.warning("Dropped a %s part of a tool message.", type_name(part))
@@ -458,6 +463,10 @@ class OpenAIResponsesGateway(Gateway):
             )
         if kind == "function_call_output":
             return self._parse_output(item)
+        if _is_output_item(item):
+            # The host's answer to an opaque call (computer_call_output, ...,
+            # mcp_approval_response): a result, which pairing pairs by its key.
+            return Message(role=Role.tool, content=(OpaquePart(gateway=_GATEWAY, item=item),))
         if kind == "reasoning":
             return Message(role=Role.assistant, content=(_parse_reasoning(item),))
         if kind == INSTRUCTIONS and isinstance(item.get("text"), str):
@@ -586,8 +595,12 @@ class OpenAIResponsesGateway(Gateway):
                 out.append(message)
                 continue
             if message.role is Role.tool:
-                result = message.tool_results[0]
-                if result.call_id in names and result.name is None:
+                result = message.parts[0]
+                if (
+                    type(result) is ToolResultPart
+                    and result.call_id in names
+                    and result.name is None
+                ):
                     result = msgspec.structs.replace(result, name=names[result.call_id])
                     message = msgspec.structs.replace(message, content=(result,))
                 if prev is not None and prev.role is Role.tool:
@@ -701,6 +714,16 @@ class OpenAIResponsesGateway(Gateway):
     def body_writer(self) -> BodyWriter:
         """A new :class:`~turnloom.context.body.BodyWriter` of :meth:`request_body`."""
         return _ResponsesBody()
+
+
+def _is_output_item(item: NativeContent) -> bool:
+    """True for an output of an opaque call kind, or an ``mcp_approval_response``, with its link."""
+    key = pairing_key(item)
+    return key is not None and not key[0]
+
+
+def _is_output(part: OpaquePart) -> bool:
+    return part.gateway == _GATEWAY and _is_output_item(part.item)
 
 
 def _texts(parts: Sequence[Part]) -> list[str]:
