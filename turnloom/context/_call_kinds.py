@@ -52,7 +52,7 @@ def output_key(item: Mapping[str, Any]) -> tuple[str, str] | None:
     writes ``call_id``).
     """
     kind = item.get("type")
-    if kind not in _OUTPUT_KINDS:
+    if not isinstance(kind, str) or kind not in _OUTPUT_KINDS:
         return None
     call_id = item.get("call_id")
     if call_id is None and kind == "local_shell_call_output":
@@ -84,7 +84,7 @@ def pairing_key(item: Mapping[str, Any]) -> tuple[bool, str] | None:
     id is itself of this form.
     """
     kind = item.get("type")
-    if kind == "function_call" or kind == "function_call_output":
+    if not isinstance(kind, str) or kind == "function_call" or kind == "function_call_output":
         return None
     if kind == APPROVAL_REQUEST or kind == APPROVAL_RESPONSE:
         ref = item.get("id" if kind == APPROVAL_REQUEST else "approval_request_id")
