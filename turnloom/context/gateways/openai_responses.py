@@ -722,6 +722,17 @@ def _is_output_item(item: NativeContent) -> bool:
     return key is not None and not key[0]
 
 
+def _opaque_call_keys(message: Message) -> set[str]:
+    """Pairing keys of the opaque calls of ``message`` (see :func:`pairing_key`)."""
+    keys: set[str] = set()
+    for part in message.parts:
+        if type(part) is OpaquePart and part.gateway == _GATEWAY:
+            key = pairing_key(part.item)
+            if key is not None and key[0]:
+                keys.add(key[1])
+    return keys
+
+
 def _is_output(part: OpaquePart) -> bool:
     return part.gateway == _GATEWAY and _is_output_item(part.item)
 
@@ -741,6 +752,13 @@ def _join(first: Message, second: Message) -> Message:
             raise DuplicateIdError(
                 f"OpenAI Responses model turn has two function_call items with call_id "
                 f"{excerpt(call.call_id)}."
+            )
+    keys = _opaque_call_keys(first)
+    for key in _opaque_call_keys(second):
+        if key in keys:
+            raise DuplicateIdError(
+                f"OpenAI Responses model turn has two calls with the pairing key "
+                f"{excerpt(key)} (output type and call id)."
             )
     layout: dict[str, Any] | None = None
     if first.layout or second.layout:
