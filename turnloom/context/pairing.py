@@ -702,7 +702,8 @@ def complete_pairs(
     * ``answered_later``: when not None, the span does not end the input:
       calls open at its end stay open (nothing is cancelled here), and under
       ``"exclude"`` those whose id is not in ``answered_later`` are left out
-      of their message.
+      of their message (under ``"cancel"``, those of them that cannot be
+      cancelled: an opaque call whose output cannot say so).
 
     Args:
         messages: neutral messages, oldest first.
@@ -788,9 +789,18 @@ def complete_pairs(
                 _lift_signature(out, owners)
     if answered_later is None:
         _close(out, owners, tuple(tracker.open.values()), open_calls)
-    elif open_calls == "exclude":
+    else:
+        # Under "cancel" a later span cancels the calls left open; those it cannot
+        # (see _cancelled) are left out here, where their message is.
         _drop_calls(
-            out, owners, [c for c in tracker.open.values() if c.call_id not in answered_later]
+            out,
+            owners,
+            [
+                c
+                for c in tracker.open.values()
+                if c.call_id not in answered_later
+                and (open_calls == "exclude" or _cancelled((c,))[1])
+            ],
         )
     return out if join == "none" else join_steps(out, join)
 
