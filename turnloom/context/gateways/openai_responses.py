@@ -20,12 +20,23 @@ Rendering (Message -> native items, in part order):
   (``step_join = "reasoning"``), so items parsed one at a time render as
   :meth:`OpenAIResponsesGateway.parse_items` of them does.
 * ``tool`` (or ``user`` carrying results): one ``function_call_output`` per
-  result (``output`` a string for one text part, else a list of input parts).
+  result (``output`` a string for one text part, else a list of input parts),
+  and the opaque outputs it holds verbatim, in part order.
 * A ``system`` message parsed from the top-level ``instructions`` field is
   kept in the Context as a turnloom item ``{"type": "instructions", "text"}``
   which :meth:`OpenAIResponsesGateway.request_body` always moves to
   ``instructions``; every other system or developer message is an input
   message in place (the API's documented alternative).
+
+The other call kinds (``custom_tool_call``, ``computer_call``,
+``local_shell_call``, ``shell_call``, ``apply_patch_call``,
+``tool_search_call``, ``program``: the ``CALL_KINDS`` table of
+:mod:`turnloom.context._call_kinds`) and ``mcp_approval_request`` stay opaque
+items of an assistant message; their outputs (and ``mcp_approval_response``)
+parse to a ``tool`` message holding the item opaque. Pairing
+(:mod:`turnloom.context.pairing`) pairs them by their call ids, so an unanswered
+one is closed by the ``open_calls`` policy and an output answering no call is
+refused at the door, as for ``function_call``.
 
 Where system messages live in a Context: in ``input`` order, as input
 messages, except instructions items, which only the request body lifts.
@@ -48,6 +59,11 @@ turnloom pairs calls and results by position and a history may reuse an id
 in a later turn. A reused id is renamed ``<id>_r<n>`` in its call and the
 outputs answering it, by the rule of :mod:`turnloom.context.callids`, in
 every prepared input and in :meth:`OpenAIResponsesGateway.request_body`.
+Ids of the other call kinds are not renamed: the API is not known to reject
+one reused in a later turn (no recording shows it), pairing pairs each output
+with the call of its own step, and ``validate`` with the newest call of its
+id; renaming would also have to follow a ``local_shell_call_output`` that
+names its call in ``id``.
 
 Recorded message fields this gateway writes itself are layout and fields,
 never extras: an item's ``id`` is ``Message.id``, its ``"type": "message"``
@@ -401,10 +417,12 @@ class OpenAIResponsesGateway(Gateway):
 
         Input messages parse to their role; ``function_call``, ``reasoning``,
         output messages and every other typed output item to ``assistant``;
-        ``function_call_output`` to ``tool``. :meth:`parse_items` groups one
-        response's consecutive items into one assistant message; recording
-        the items parsed one at a time instead (``[parse(item) for item in
-        response.output]``, together or one record each) gives the same next
+        ``function_call_output``, the outputs of the other call kinds and
+        ``mcp_approval_response`` to ``tool`` (the latter kept opaque).
+        :meth:`parse_items` groups one response's consecutive items into one
+        assistant message; recording the items parsed one at a time instead
+        (``[parse(item) for item in response.output]``, together or one
+        record each) gives the same next
         input: consecutive assistant messages are one model step (see
         :class:`~turnloom.context.CallTracker`) and a reasoning-only message
         renders in front of the assistant message after it
@@ -575,7 +593,8 @@ class OpenAIResponsesGateway(Gateway):
         Raises:
             InvalidMessageError: an item is malformed.
             InvalidTextError: a string holds a lone surrogate.
-            DuplicateIdError: one model turn has two calls with the same call id.
+            DuplicateIdError: one model turn has two calls of one kind with the
+                same call id (two ``mcp_approval_request`` items with one id).
         """
         out: list[Message] = []
         names: dict[str, str] = {}
