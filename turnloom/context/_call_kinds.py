@@ -2,7 +2,7 @@
 
 A leaf module (no turnloom imports), shared by the Responses gateway's
 ``validate`` and parse, the pairing of :mod:`turnloom.context.pairing` (which
-sees these items, kept opaque, through :func:`pairing_key`) and the OpenAI
+sees these items, kept opaque, through ``pairing_key``) and the OpenAI
 Agents session's ``complete_window``.
 """
 

@@ -22,10 +22,10 @@ the history, the area section and the replay parser apply it through it.
 Besides tool call and tool result parts, the OpenAI Responses call kinds the
 gateway keeps as opaque items pair by this rule (``computer_call`` with
 ``computer_call_output`` and the rest of
-:data:`~turnloom.context._call_kinds.CALL_KINDS`, ``mcp_approval_request``
+``CALL_KINDS``, ``mcp_approval_request``
 with ``mcp_approval_response``): the tracker stands each such call in as a
 :class:`ToolCallPart` whose ``call_id`` is its pairing key
-(:func:`~turnloom.context._call_kinds.pairing_key`, such as
+(``pairing_key``, such as
 ``"computer_call_output call_1"``) and whose ``name`` is its item type, and
 each output as a :class:`ToolResultPart` with that key. A call whose output
 cannot say "cancelled" (a ``computer_call_output`` must hold a screenshot) is
@@ -190,7 +190,7 @@ def _cancelled(calls: Iterable[ToolCallPart]) -> tuple[tuple[Part, ...], list[To
     """Cancelled results for ``calls``, and the calls that must be left out instead.
 
     An opaque call (a stand-in, see the module docstring) gets the output
-    :func:`~turnloom.context._call_kinds.cancelled_output` writes, or, when
+    ``cancelled_output`` writes, or, when
     its kind has none, is left out; an ``mcp_approval_request`` neither.
     """
     results: list[Part] = []

@@ -31,7 +31,7 @@ Rendering (Message -> native items, in part order):
 The other call kinds (``custom_tool_call``, ``computer_call``,
 ``local_shell_call``, ``shell_call``, ``apply_patch_call``,
 ``tool_search_call``, ``program``: the ``CALL_KINDS`` table of
-:mod:`turnloom.context._call_kinds`) and ``mcp_approval_request`` stay opaque
+``turnloom.context._call_kinds``) and ``mcp_approval_request`` stay opaque
 items of an assistant message; their outputs (and ``mcp_approval_response``)
 parse to a ``tool`` message holding the item opaque. Pairing
 (:mod:`turnloom.context.pairing`) pairs them by their call ids, so an unanswered
@@ -742,7 +742,7 @@ def _is_output_item(item: NativeContent) -> bool:
 
 
 def _opaque_call_keys(message: Message) -> set[str]:
-    """Pairing keys of the opaque calls of ``message`` (see :func:`pairing_key`)."""
+    """Pairing keys of the opaque calls of ``message`` (see ``pairing_key``)."""
     keys: set[str] = set()
     for part in message.parts:
         if type(part) is OpaquePart and part.gateway == _GATEWAY:
