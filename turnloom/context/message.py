@@ -60,6 +60,7 @@ from typing import Any, Literal, TypeAlias, cast
 
 import msgspec
 
+from turnloom.context._call_kinds import pairing_key
 from turnloom.context._media import (
     base64_problem,
     image_media_type_problem,
@@ -746,6 +747,8 @@ def check_message(message: object, *, where: str = "message") -> int:
             _check_leaf(leaf, gateway, where, field)
             if typed and not _typed_leaf(leaf):
                 typed = False
+            if kind is OpaquePart:
+                _check_opaque_call(leaf, seen, where)  # type: ignore[arg-type]
         elif kind is ReasoningPart:
             field = f"content[{i}]"
             typed = False  # its text and redacted flag are typed by the decode below
@@ -1019,6 +1022,23 @@ def _check_placement(
 def _require_id(value: object, where: str, field: str) -> None:
     if not isinstance(value, str) or not value:
         raise InvalidMessageError(f"{where} {field} must be a non-empty string.", field=field)
+
+
+def _check_opaque_call(part: OpaquePart, seen: set[str], where: str) -> None:
+    """Refuse an opaque Responses call whose pairing key an earlier call of the message has.
+
+    Pairing tracks such a call by its key (see :mod:`turnloom.context.pairing`),
+    so two in one message would be one call to answer.
+    """
+    if part.gateway != "openai_responses" or not isinstance(part.item, dict):
+        return
+    key = pairing_key(part.item)
+    if key is not None and key[0]:
+        if key[1] in seen:
+            raise DuplicateIdError(
+                f"{where} has two {part.item['type']} items with the pairing key {excerpt(key[1])}."
+            )
+        seen.add(key[1])
 
 
 def _check_opaque(part: OpaquePart, where: str, field: str) -> None:

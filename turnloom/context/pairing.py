@@ -18,6 +18,19 @@ another step). A call id may therefore be reused in a later step (recorded
 OpenAI traffic does this); each result pairs with its own call.
 :class:`CallTracker` is the one statement of that rule; everything else here,
 the history, the area section and the replay parser apply it through it.
+
+Besides tool call and tool result parts, the OpenAI Responses call kinds the
+gateway keeps as opaque items pair by this rule (``computer_call`` with
+``computer_call_output`` and the rest of
+``CALL_KINDS``, ``mcp_approval_request``
+with ``mcp_approval_response``): the tracker stands each such call in as a
+:class:`ToolCallPart` whose ``call_id`` is its pairing key
+(``pairing_key``, such as
+``"computer_call_output call_1"``) and whose ``name`` is its item type, and
+each output as a :class:`ToolResultPart` with that key. A call whose output
+cannot say "cancelled" (a ``computer_call_output`` must hold a screenshot) is
+left out under either policy; an ``mcp_approval_request`` is never left out
+nor answered (the API accepts a request left unanswered).
 """
 
 from __future__ import annotations
@@ -33,6 +46,9 @@ __all__ = (
     "check_steps",
     "complete_pairs",
     "hold_until_answered",
+    "holds_results",
+    "is_cancelled_part",
+    "is_pairing_part",
     "join_steps",
     "open_call_ids",
     "steps_may_conflict",
@@ -44,6 +60,12 @@ from typing import Literal, NamedTuple, TypeAlias
 
 import msgspec
 
+from turnloom.context._call_kinds import (
+    APPROVAL_REQUEST,
+    CALL_KINDS,
+    cancelled_output,
+    pairing_key,
+)
 from turnloom.context.message import (
     Message,
     OpaquePart,
@@ -80,6 +102,7 @@ StepJoin: TypeAlias = Literal["none", "calls", "reasoning"]
 """
 
 CANCELLED_RESULT_TEXT = "The tool call was cancelled before it returned a result."
+_CANCELLED_CONTENT = (TextPart(text=CANCELLED_RESULT_TEXT),)
 
 STEP_SIGNATURE_KEYS = ("thoughtSignature", "thought_signature")
 """Extras keys of a tool call that sign the model step, not the call.
@@ -100,16 +123,97 @@ def _clean_parts(parts: tuple[Part, ...]) -> tuple[Part, ...]:
     return parts
 
 
-def _cancelled(calls: Iterable[ToolCallPart]) -> tuple[ToolResultPart, ...]:
-    return tuple(
-        ToolResultPart(
-            call_id=call.call_id,
-            name=call.name,
-            is_error=True,
-            content=(TextPart(text=CANCELLED_RESULT_TEXT),),
-        )
-        for call in calls
+_RESPONSES = "openai_responses"
+# Item types of the opaque calls pairing sees -> the prefix of their keys.
+_STAND_IN_PREFIX = {
+    **{kind: f"{output} " for kind, output in CALL_KINDS.items() if kind != "function_call"},
+    APPROVAL_REQUEST: "mcp_approval_response ",
+}
+
+
+def _opaque_key(part: OpaquePart) -> tuple[bool, str] | None:
+    """``(is_call, key)`` of an opaque Responses call or output pairing sees, else None."""
+    return pairing_key(part.item) if part.gateway == _RESPONSES else None
+
+
+def _stand_in_call(part: Part) -> ToolCallPart | None:
+    """The call pairing tracks for ``part``: itself, a stand-in for an opaque call, or None."""
+    if type(part) is ToolCallPart:
+        return part
+    if type(part) is OpaquePart:
+        key = _opaque_key(part)
+        if key is not None and key[0]:
+            return ToolCallPart(call_id=key[1], name=part.item["type"])
+    return None
+
+
+def _result_key(part: Part) -> str | None:
+    """The call id (pairing key) a result part answers: a tool result's, an opaque output's."""
+    if type(part) is ToolResultPart:
+        return part.call_id
+    if type(part) is OpaquePart:
+        key = _opaque_key(part)
+        if key is not None and not key[0]:
+            return key[1]
+    return None
+
+
+def _is_stand_in(call: ToolCallPart) -> bool:
+    prefix = _STAND_IN_PREFIX.get(call.name)
+    return prefix is not None and call.arguments == "{}" and call.call_id.startswith(prefix)
+
+
+def is_pairing_part(part: Part) -> bool:
+    """True for a part pairing reads: a tool call or result, an opaque Responses call or output."""
+    kind = type(part)
+    return (
+        kind is ToolCallPart
+        or kind is ToolResultPart
+        or (kind is OpaquePart and _opaque_key(part) is not None)  # type: ignore[arg-type]
     )
+
+
+def holds_results(message: Message) -> bool:
+    """True when ``message`` holds a tool result or an opaque Responses output."""
+    return any(_result_key(p) is not None for p in message.parts)
+
+
+def is_cancelled_part(part: Part) -> bool:
+    """True for a result :func:`complete_pairs` adds to close a call as cancelled."""
+    if type(part) is ToolResultPart:
+        return part.is_error and part.content == _CANCELLED_CONTENT
+    key = _result_key(part)
+    return key is not None and part.item == cancelled_output(key, CANCELLED_RESULT_TEXT)  # type: ignore[union-attr]
+
+
+def _cancelled(calls: Iterable[ToolCallPart]) -> tuple[tuple[Part, ...], list[ToolCallPart]]:
+    """Cancelled results for ``calls``, and the calls that must be left out instead.
+
+    An opaque call (a stand-in, see the module docstring) gets the output
+    ``cancelled_output`` writes, or, when
+    its kind has none, is left out; an ``mcp_approval_request`` neither.
+    """
+    results: list[Part] = []
+    left_out: list[ToolCallPart] = []
+    for call in calls:
+        if not _is_stand_in(call):
+            results.append(
+                ToolResultPart(
+                    call_id=call.call_id,
+                    name=call.name,
+                    is_error=True,
+                    content=_CANCELLED_CONTENT,
+                )
+            )
+            continue
+        if call.name == APPROVAL_REQUEST:
+            continue
+        item = cancelled_output(call.call_id, CANCELLED_RESULT_TEXT)
+        if item is None:
+            left_out.append(call)
+        else:
+            results.append(OpaquePart(gateway=_RESPONSES, item=item))
+    return tuple(results), left_out
 
 
 class PairingStep(NamedTuple):
@@ -151,7 +255,9 @@ _ASSISTANT, _TOOL, _USER = Role.assistant, Role.tool, Role.user
 
 def _ends_group(part: Part) -> bool:
     """True for a part that, beside tool results in a user message, starts a new user turn."""
-    return type(part) is not ToolResultPart and not is_blank_part(part)
+    return (
+        type(part) is not ToolResultPart and not is_blank_part(part) and _result_key(part) is None
+    )
 
 
 class CallTracker:
@@ -254,16 +360,22 @@ class CallTracker:
         ):
             return None
         for part in message.parts:
-            if type(part) is ToolCallPart and part.call_id in self.open:
-                return StepConflict("duplicate_call_id", part.call_id)
+            call = _stand_in_call(part)
+            if call is not None and call.call_id in self.open:
+                return StepConflict("duplicate_call_id", call.call_id)
         return None
 
     def _joins(self, parts: tuple[Part, ...]) -> bool:
         """True when a message of ``parts`` can continue the current step (which has calls)."""
         open_calls = self.open
         for part in parts:
-            if type(part) is ToolCallPart and part.call_id in open_calls:
-                return False
+            if type(part) is ToolCallPart:
+                if part.call_id in open_calls:
+                    return False
+            elif type(part) is OpaquePart:
+                call = _stand_in_call(part)
+                if call is not None and call.call_id in open_calls:
+                    return False
         return True
 
     def _end(self) -> tuple[ToolCallPart, ...]:
@@ -279,21 +391,18 @@ class CallTracker:
         if role is _ASSISTANT:
             if self._in_model_turn:
                 if self._model_turns:
-                    for part in parts:
-                        if type(part) is ToolCallPart:
-                            self.open[part.call_id] = part
+                    _add_calls(self.open, parts)
                     return _NO_STEP
                 open_calls = self.open
                 if open_calls and self._joins(parts):
-                    for part in parts:
-                        if type(part) is ToolCallPart:
-                            open_calls[part.call_id] = part
+                    _add_calls(open_calls, parts)
                     return _NO_STEP
             self._in_model_turn = True
             left = self.open
             # The group ends (see _end); this message's calls open the next one.
             self.group += 1
-            self.open = {p.call_id: p for p in parts if type(p) is ToolCallPart}
+            self.open = {}
+            _add_calls(self.open, parts)
             return PairingStep((), (), tuple(left.values()), False) if left else _NO_STEP
         self._in_model_turn = False
         if role is _TOOL or role is _USER:
@@ -306,6 +415,14 @@ class CallTracker:
                         paired.append(part)
                     else:
                         orphans.append(part)
+                elif type(part) is OpaquePart:
+                    key = _result_key(part)
+                    if key is not None:
+                        stand_in = ToolResultPart(call_id=key)
+                        if open_calls.pop(key, None) is not None:
+                            paired.append(stand_in)
+                        else:
+                            orphans.append(stand_in)
             if paired or orphans or role is _TOOL:
                 ended: tuple[ToolCallPart, ...] = ()
                 if role is _USER and any(_ends_group(p) for p in parts):
@@ -313,6 +430,17 @@ class CallTracker:
                 return PairingStep(tuple(paired), tuple(orphans), ended, True)
         closed = self._end()
         return PairingStep((), (), closed, False) if closed else _NO_STEP
+
+
+def _add_calls(open_calls: dict[str, ToolCallPart], parts: tuple[Part, ...]) -> None:
+    """Open the calls of ``parts`` (tool calls, and stand-ins for opaque calls), in order."""
+    for part in parts:
+        if type(part) is ToolCallPart:
+            open_calls[part.call_id] = part
+        elif type(part) is OpaquePart:
+            call = _stand_in_call(part)
+            if call is not None:
+                open_calls[call.call_id] = call
 
 
 def check_steps(
@@ -473,6 +601,10 @@ def steps_may_conflict(messages: Sequence[object], previous: object | None) -> b
             kind = type(part)
             if kind is ToolResultPart or (kind is ToolCallPart and after_assistant):
                 return True
+            if kind is OpaquePart:
+                key = _opaque_key(part)  # type: ignore[arg-type]
+                if key is not None and (after_assistant or not key[0]):
+                    return True
         after_assistant = message.role is _ASSISTANT
     return False
 
@@ -572,7 +704,8 @@ def complete_pairs(
     * ``answered_later``: when not None, the span does not end the input:
       calls open at its end stay open (nothing is cancelled here), and under
       ``"exclude"`` those whose id is not in ``answered_later`` are left out
-      of their message.
+      of their message (under ``"cancel"``, those of them that cannot be
+      cancelled: an opaque call whose output cannot say so).
 
     Args:
         messages: neutral messages, oldest first.
@@ -606,6 +739,17 @@ def complete_pairs(
                     if matched < len(paired) and part is paired[matched]:
                         matched += 1
                         kept_parts.append(part)
+                    continue
+                key = _result_key(part) if type(part) is OpaquePart else None
+                if key is not None:
+                    # An opaque output pairs through its stand-in, which has its key.
+                    if (
+                        matched < len(paired)
+                        and paired[matched].call_id == key
+                        and not paired[matched].content
+                    ):
+                        matched += 1
+                        kept_parts.append(part)
                 elif message.role is _USER:
                     kept_parts.append(part)
             if not kept_parts:
@@ -615,10 +759,12 @@ def complete_pairs(
                     # The cancelled results go after the results that arrived and
                     # before the text, which starts a new user turn.
                     at = max(
-                        (i + 1 for i, p in enumerate(kept_parts) if type(p) is ToolResultPart),
+                        (i + 1 for i, p in enumerate(kept_parts) if _result_key(p) is not None),
                         default=0,
                     )
-                    kept_parts[at:at] = _cancelled(step.closed)
+                    cancelled, left_out = _cancelled(step.closed)
+                    kept_parts[at:at] = cancelled
+                    _drop_calls(out, owners, left_out)
                 else:
                     _drop_calls(out, owners, step.closed)
                 owners = []
@@ -640,14 +786,23 @@ def complete_pairs(
             if not continued:
                 owners = [len(out) - 1]  # it made the group's calls (the tracker holds them)
                 _lift_signature(out, owners)
-            elif any(type(p) is ToolCallPart for p in cleaned):
+            elif any(_stand_in_call(p) is not None for p in cleaned):
                 owners.append(len(out) - 1)
                 _lift_signature(out, owners)
     if answered_later is None:
         _close(out, owners, tuple(tracker.open.values()), open_calls)
-    elif open_calls == "exclude":
+    else:
+        # Under "cancel" a later span cancels the calls left open; those it cannot
+        # (see _cancelled) are left out here, where their message is.
         _drop_calls(
-            out, owners, [c for c in tracker.open.values() if c.call_id not in answered_later]
+            out,
+            owners,
+            [
+                c
+                for c in tracker.open.values()
+                if c.call_id not in answered_later
+                and (open_calls == "exclude" or _cancelled((c,))[1])
+            ],
         )
     return out if join == "none" else join_steps(out, join)
 
@@ -758,7 +913,8 @@ def _drop_calls(out: list[Message], owners: Sequence[int], left: Iterable[ToolCa
     left out and signs the step (:data:`STEP_SIGNATURE_KEYS`), the first
     kept call of the step gets its signature unless it has one.
     """
-    ids = {c.call_id: c for c in left}
+    # An mcp_approval_request stays: the API accepts one left unanswered.
+    ids = {c.call_id: c for c in left if not (c.name == APPROVAL_REQUEST and _is_stand_in(c))}
     if not owners or not ids:
         return
     first = next((p for p in out[owners[0]].parts if type(p) is ToolCallPart), None)
@@ -768,7 +924,7 @@ def _drop_calls(out: list[Message], owners: Sequence[int], left: Iterable[ToolCa
     emptied: list[int] = []
     for k in owners:
         message = out[k]
-        kept = tuple(p for p in message.parts if not (type(p) is ToolCallPart and p.call_id in ids))
+        kept = tuple(p for p in message.parts if not _call_in(p, ids))
         changed = len(kept) != len(message.parts)
         if signature is not None:
             signed = _signed(kept, signature)
@@ -781,6 +937,16 @@ def _drop_calls(out: list[Message], owners: Sequence[int], left: Iterable[ToolCa
             out[k] = msgspec.structs.replace(message, content=kept)
     for k in reversed(emptied):
         del out[k]
+
+
+def _call_in(part: Part, ids: dict[str, ToolCallPart]) -> bool:
+    """True when ``part`` is a call (or an opaque call) whose id (pairing key) is in ``ids``."""
+    if type(part) is ToolCallPart:
+        return part.call_id in ids
+    if type(part) is OpaquePart:
+        call = _stand_in_call(part)
+        return call is not None and call.call_id in ids
+    return False
 
 
 def _has_signature(part: ToolCallPart) -> bool:
@@ -841,6 +1007,9 @@ def _close(
     """Close the calls ``left`` without a result: a cancelled result appended, or left out."""
     if left:
         if open_calls == "cancel":
-            out.append(Message(role=Role.tool, content=_cancelled(left)))
+            cancelled, left_out = _cancelled(left)
+            _drop_calls(out, owners, left_out)
+            if cancelled:
+                out.append(Message(role=Role.tool, content=cancelled))
         else:
             _drop_calls(out, owners, left)

@@ -39,12 +39,15 @@ from turnloom.context.history import (
 from turnloom.context.memory import MemorySource, check_tenant_scope
 from turnloom.context.message import (
     Message,
-    ToolCallPart,
-    ToolResultPart,
     check_message,
     is_blank_part,
 )
-from turnloom.context.pairing import OpenCallPolicy, complete_pairs
+from turnloom.context.pairing import (
+    OpenCallPolicy,
+    complete_pairs,
+    holds_results,
+    is_pairing_part,
+)
 from turnloom.context.scope import check_scope
 from turnloom.context.tokens import ApproxTokenCounter, TokenCounter
 from turnloom.errors import (
@@ -482,9 +485,8 @@ def _renders_content(input: Sequence[Message], history: TurnHistory) -> bool:
     content = False
     for message in input:
         for part in message.parts:
-            kind = type(part)
-            if kind is ToolCallPart or kind is ToolResultPart:
-                results = any(m.tool_results for m in input)
+            if is_pairing_part(part):
+                results = any(holds_results(m) for m in input)
                 carried = history.open_calls() if results else ()
                 return bool(complete_pairs(input, carried=carried))
             if not content and not is_blank_part(part):

@@ -23,7 +23,7 @@ __all__ = (
 from collections.abc import Sequence
 from typing import Any
 
-from turnloom.context._call_kinds import CALL_KINDS, call_key, output_key
+from turnloom.context._call_kinds import CALL_KINDS, OUTPUT_KINDS, call_key, output_key
 from turnloom.context.gateway import NativeContent, Violation
 from turnloom.context.gateways._common import blank_texts, empty_input, violation
 from turnloom.errors import excerpt
@@ -32,7 +32,10 @@ from turnloom.errors import excerpt
 ROLES = ("user", "assistant", "system", "developer")
 INSTRUCTIONS = "instructions"
 # Item types that are input, not model output; everything else typed is output.
-NOT_OUTPUT = frozenset({"message", "function_call_output", "reasoning", INSTRUCTIONS})
+NOT_OUTPUT = frozenset(
+    {"message", "function_call_output", "reasoning", INSTRUCTIONS, "mcp_approval_response"}
+    | OUTPUT_KINDS
+)
 
 
 def is_output_message(item: NativeContent) -> bool:

@@ -20,12 +20,23 @@ Rendering (Message -> native items, in part order):
   (``step_join = "reasoning"``), so items parsed one at a time render as
   :meth:`OpenAIResponsesGateway.parse_items` of them does.
 * ``tool`` (or ``user`` carrying results): one ``function_call_output`` per
-  result (``output`` a string for one text part, else a list of input parts).
+  result (``output`` a string for one text part, else a list of input parts),
+  and the opaque outputs it holds verbatim, in part order.
 * A ``system`` message parsed from the top-level ``instructions`` field is
   kept in the Context as a turnloom item ``{"type": "instructions", "text"}``
   which :meth:`OpenAIResponsesGateway.request_body` always moves to
   ``instructions``; every other system or developer message is an input
   message in place (the API's documented alternative).
+
+The other call kinds (``custom_tool_call``, ``computer_call``,
+``local_shell_call``, ``shell_call``, ``apply_patch_call``,
+``tool_search_call``, ``program``: the ``CALL_KINDS`` table of
+``turnloom.context._call_kinds``) and ``mcp_approval_request`` stay opaque
+items of an assistant message; their outputs (and ``mcp_approval_response``)
+parse to a ``tool`` message holding the item opaque. Pairing
+(:mod:`turnloom.context.pairing`) pairs them by their call ids, so an unanswered
+one is closed by the ``open_calls`` policy and an output answering no call is
+refused at the door, as for ``function_call``.
 
 Where system messages live in a Context: in ``input`` order, as input
 messages, except instructions items, which only the request body lifts.
@@ -48,6 +59,11 @@ turnloom pairs calls and results by position and a history may reuse an id
 in a later turn. A reused id is renamed ``<id>_r<n>`` in its call and the
 outputs answering it, by the rule of :mod:`turnloom.context.callids`, in
 every prepared input and in :meth:`OpenAIResponsesGateway.request_body`.
+Ids of the other call kinds are not renamed: the API is not known to reject
+one reused in a later turn (no recording shows it), pairing pairs each output
+with the call of its own step, and ``validate`` with the newest call of its
+id; renaming would also have to follow a ``local_shell_call_output`` that
+names its call in ``id``.
 
 Recorded message fields this gateway writes itself are layout and fields,
 never extras: an item's ``id`` is ``Message.id``, its ``"type": "message"``
@@ -69,6 +85,7 @@ from typing import Any
 
 import msgspec
 
+from turnloom.context._call_kinds import pairing_key
 from turnloom.context._untrack import untrack_atoms
 from turnloom.context.body import BodyWriter, write_body, written_body
 from turnloom.context.callids import CallIdRenamer, register_rewriter
@@ -183,10 +200,14 @@ class OpenAIResponsesGateway(Gateway):
         if role is Role.assistant:
             return self._render_assistant(message, layout, own)
         items: list[NativeContent] = []
-        if role is Role.tool or message.tool_results:
-            for result in message.tool_results:
-                items.append(self._render_result(result, layout, own))
-        rest = [p for p in message.parts if type(p) is not ToolResultPart]
+        rest: list[Part] = []
+        for part in message.parts:
+            if type(part) is ToolResultPart:
+                items.append(self._render_result(part, layout, own))
+            elif type(part) is OpaquePart and _is_output(part):
+                items.append(part.item)
+            else:
+                rest.append(part)
         if role is Role.tool:
             for part in rest:
                 _log.warning("Dropped a %s part of a tool message.", type_name(part))
@@ -396,10 +417,12 @@ class OpenAIResponsesGateway(Gateway):
 
         Input messages parse to their role; ``function_call``, ``reasoning``,
         output messages and every other typed output item to ``assistant``;
-        ``function_call_output`` to ``tool``. :meth:`parse_items` groups one
-        response's consecutive items into one assistant message; recording
-        the items parsed one at a time instead (``[parse(item) for item in
-        response.output]``, together or one record each) gives the same next
+        ``function_call_output``, the outputs of the other call kinds and
+        ``mcp_approval_response`` to ``tool`` (the latter kept opaque).
+        :meth:`parse_items` groups one response's consecutive items into one
+        assistant message; recording the items parsed one at a time instead
+        (``[parse(item) for item in response.output]``, together or one
+        record each) gives the same next
         input: consecutive assistant messages are one model step (see
         :class:`~turnloom.context.CallTracker`) and a reasoning-only message
         renders in front of the assistant message after it
@@ -458,6 +481,10 @@ class OpenAIResponsesGateway(Gateway):
             )
         if kind == "function_call_output":
             return self._parse_output(item)
+        if _is_output_item(item):
+            # The host's answer to an opaque call (computer_call_output, ...,
+            # mcp_approval_response): a result, which pairing pairs by its key.
+            return Message(role=Role.tool, content=(OpaquePart(gateway=_GATEWAY, item=item),))
         if kind == "reasoning":
             return Message(role=Role.assistant, content=(_parse_reasoning(item),))
         if kind == INSTRUCTIONS and isinstance(item.get("text"), str):
@@ -566,7 +593,8 @@ class OpenAIResponsesGateway(Gateway):
         Raises:
             InvalidMessageError: an item is malformed.
             InvalidTextError: a string holds a lone surrogate.
-            DuplicateIdError: one model turn has two calls with the same call id.
+            DuplicateIdError: one model turn has two calls of one kind with the
+                same call id (two ``mcp_approval_request`` items with one id).
         """
         out: list[Message] = []
         names: dict[str, str] = {}
@@ -586,8 +614,12 @@ class OpenAIResponsesGateway(Gateway):
                 out.append(message)
                 continue
             if message.role is Role.tool:
-                result = message.tool_results[0]
-                if result.call_id in names and result.name is None:
+                result = message.parts[0]
+                if (
+                    type(result) is ToolResultPart
+                    and result.call_id in names
+                    and result.name is None
+                ):
                     result = msgspec.structs.replace(result, name=names[result.call_id])
                     message = msgspec.structs.replace(message, content=(result,))
                 if prev is not None and prev.role is Role.tool:
@@ -703,6 +735,27 @@ class OpenAIResponsesGateway(Gateway):
         return _ResponsesBody()
 
 
+def _is_output_item(item: NativeContent) -> bool:
+    """True for an output of an opaque call kind, or an ``mcp_approval_response``, with its link."""
+    key = pairing_key(item)
+    return key is not None and not key[0]
+
+
+def _opaque_call_keys(message: Message) -> set[str]:
+    """Pairing keys of the opaque calls of ``message`` (see ``pairing_key``)."""
+    keys: set[str] = set()
+    for part in message.parts:
+        if type(part) is OpaquePart and part.gateway == _GATEWAY:
+            key = pairing_key(part.item)
+            if key is not None and key[0]:
+                keys.add(key[1])
+    return keys
+
+
+def _is_output(part: OpaquePart) -> bool:
+    return part.gateway == _GATEWAY and _is_output_item(part.item)
+
+
 def _texts(parts: Sequence[Part]) -> list[str]:
     return [p.text for p in parts if type(p) is TextPart]
 
@@ -718,6 +771,13 @@ def _join(first: Message, second: Message) -> Message:
             raise DuplicateIdError(
                 f"OpenAI Responses model turn has two function_call items with call_id "
                 f"{excerpt(call.call_id)}."
+            )
+    keys = _opaque_call_keys(first)
+    for key in _opaque_call_keys(second):
+        if key in keys:
+            raise DuplicateIdError(
+                f"OpenAI Responses model turn has two calls with the pairing key "
+                f"{excerpt(key)} (output type and call id)."
             )
     layout: dict[str, Any] | None = None
     if first.layout or second.layout:

@@ -30,15 +30,13 @@ from turnloom.context.items import (
 from turnloom.context.message import (
     Message,
     Role,
-    TextPart,
     ToolCallPart,
-    ToolResultPart,
 )
 from turnloom.context.pairing import (
-    CANCELLED_RESULT_TEXT,
     CallTracker,
     OpenCallPolicy,
     complete_pairs,
+    is_cancelled_part,
 )
 from turnloom.context.tokens import TokenCounter, count_tokens
 
@@ -153,15 +151,9 @@ def _first_log(
     return _call_log(events, ids, carriers)
 
 
-_CANCELLED_CONTENT = (TextPart(text=CANCELLED_RESULT_TEXT),)
-
-
 def _is_cancelled_results(message: Message) -> bool:
     """True for the message of cancelled results ``complete_pairs`` adds to close calls."""
-    return message.role is Role.tool and all(
-        type(p) is ToolResultPart and p.is_error and p.content == _CANCELLED_CONTENT
-        for p in message.parts
-    )
+    return message.role is Role.tool and all(is_cancelled_part(p) for p in message.parts)
 
 
 def _join(parts: Sequence[_Rendered]) -> _Rendered:

@@ -262,7 +262,11 @@ class TurnHistory:
 
         Returns:
             the open calls, in call order; empty for an empty history (a call
-            holding ``extras`` is a copy with new dicts, as a view returns).
+            holding ``extras`` is a copy with new dicts, as a view returns). An
+            open OpenAI Responses call kept opaque (a ``computer_call``, an
+            ``mcp_approval_request``, ...) is the stand-in pairing tracks: its
+            ``call_id`` the pairing key (``"computer_call_output call_1"``),
+            its ``name`` the item type (see :mod:`turnloom.context.pairing`).
         """
         return fresh_messages(_calls_after(self._turns)[0].values())
 
