@@ -441,6 +441,13 @@ def _add_calls(open_calls: dict[str, ToolCallPart], parts: tuple[Part, ...]) -> 
             call = _stand_in_call(part)
             if call is not None:
                 open_calls[call.call_id] = call
+            else:
+                # An output in an assistant message: how the Responses gateway
+                # parsed one before outputs became tool messages (stored logs
+                # keep that shape). It answers its call as the result would.
+                key = _result_key(part)
+                if key is not None:
+                    open_calls.pop(key, None)
 
 
 def check_steps(
