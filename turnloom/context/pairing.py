@@ -433,21 +433,24 @@ class CallTracker:
 
 
 def _add_calls(open_calls: dict[str, ToolCallPart], parts: tuple[Part, ...]) -> None:
-    """Open the calls of ``parts`` (tool calls, and stand-ins for opaque calls), in order."""
+    """Open the calls of an assistant message's ``parts`` (tool calls, stand-ins), in order.
+
+    An opaque output in an assistant message answers the open call of its key:
+    histories recorded before outputs parsed to tool messages hold a
+    ``computer_call_output`` beside its call in one assistant message (or in
+    the next one). One answering nothing stays, as it did.
+    """
     for part in parts:
         if type(part) is ToolCallPart:
             open_calls[part.call_id] = part
         elif type(part) is OpaquePart:
-            call = _stand_in_call(part)
-            if call is not None:
-                open_calls[call.call_id] = call
+            key = _opaque_key(part)
+            if key is None:
+                continue
+            if key[0]:
+                open_calls[key[1]] = ToolCallPart(call_id=key[1], name=part.item["type"])
             else:
-                # An output in an assistant message: how the Responses gateway
-                # parsed one before outputs became tool messages (stored logs
-                # keep that shape). It answers its call as the result would.
-                key = _result_key(part)
-                if key is not None:
-                    open_calls.pop(key, None)
+                open_calls.pop(key[1], None)
 
 
 def check_steps(

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from turnloom.context import (
     CANCELLED_RESULT_TEXT,
     Message,
+    OpaquePart,
     OpenCallPolicy,
     Role,
     check_steps,
@@ -345,3 +346,26 @@ def test_what_pairing_keeps_validates(items: list[dict[str, Any]], policy: OpenC
     assert [v for v in GATEWAY.validate(got) if v.rule in pairing] == []
     cancelled = [_cancelled(k, i) for k in CANCELLABLE for i in ("a", "b")]
     assert all(item in items or item == USER or item in cancelled for item in got)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("split", [False, True])
+def test_an_output_recorded_as_assistant_content_still_answers_its_call(
+    kind: str, policy: OpenCallPolicy, split: bool
+) -> None:
+    """Invariant: a history recorded before outputs parsed to tool messages holds the
+    output beside its call in one assistant message (parse_items joined them), or in
+    the assistant message after it (parse); the pair is kept exactly under both
+    policies, not taken for an unanswered call."""
+    call, output = _call(kind, "k1", "it_1"), _output(kind, "k1")
+    parts = (OpaquePart(gateway="openai_responses", item=call),)
+    answer = (OpaquePart(gateway="openai_responses", item=output),)
+    user, next_input = GATEWAY.parse(USER), GATEWAY.parse(NEXT)
+    if split:
+        model = [Message(role=Role.assistant, content=parts)]
+        model.append(Message(role=Role.assistant, content=answer))
+    else:
+        model = [Message(role=Role.assistant, content=parts + answer)]
+    got = _prepared([user, *model, next_input], policy)
+    assert got == [USER, call, output, NEXT]
