@@ -73,6 +73,7 @@ from turnloom.errors import (
     InvalidTextError,
     ItemTooLargeError,
     excerpt,
+    not_a_message,
     what_type,
 )
 
@@ -650,7 +651,7 @@ def check_message(message: object, *, where: str = "message") -> int:
         DuplicateIdError: two tool calls of the message share a call id.
     """
     if not isinstance(message, Message):
-        raise InvalidMessageError(f"{where} is {what_type(message)}, not a turnloom Message.")
+        raise InvalidMessageError(not_a_message(where, message))
     role = message.role
     if type(role) is not Role:
         try:
