@@ -12,7 +12,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from turnloom.context import Message, Role, check_message, plan_collection
+from turnloom.context import (
+    Message,
+    Role,
+    ToolCallPart,
+    ToolResultPart,
+    check_message,
+    plan_collection,
+)
 from turnloom.context.tokens import count_tokens
 from turnloom.errors import (
     TYPE_NAME_LIMIT,
@@ -88,6 +95,26 @@ async def test_a_dict_given_as_a_message_is_told_how_to_become_one() -> None:
         assert str(recorded.value).endswith("not a turnloom Message." + hint)
         assert manager.history("c").turn_messages("t1") == (Message(role=Role.user, content="hi"),)
         assert manager.gateway.parse(item) == Message(role=Role.assistant, content="hi")
+
+
+def test_a_str_tool_result_and_dict_arguments_are_told_their_shape() -> None:
+    """The two shapes a newcomer gets wrong first: the refusal shows the right one."""
+    result = ToolResultPart(call_id="c1", content="Gate 4")  # type: ignore[arg-type]
+    with pytest.raises(InvalidMessageError) as caught:
+        check_message(Message(role=Role.tool, content=(result,)), where="m")
+    assert str(caught.value) == (
+        "m content[0].content must be a tuple of parts, not an object of type str; "
+        "for text, (TextPart(text=...),)."
+    )
+    assert caught.value.field == "content[0].content"
+    call = ToolCallPart(call_id="c1", name="f", arguments={"x": 1})  # type: ignore[arg-type]
+    with pytest.raises(InvalidMessageError) as caught:
+        check_message(Message(role=Role.assistant, content=(call,)), where="m")
+    assert str(caught.value) == (
+        "m content[0].arguments must be JSON text (str), not an object of type dict; "
+        "for a dict, json.dumps(arguments)."
+    )
+    assert caught.value.field == "content[0].arguments"
 
 
 def test_plan_collection_names_both_refused_types() -> None:
