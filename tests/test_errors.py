@@ -23,6 +23,7 @@ from turnloom.context import (
 from turnloom.context.tokens import count_tokens
 from turnloom.errors import (
     TYPE_NAME_LIMIT,
+    DuplicateIdError,
     HostCallbackError,
     InputError,
     InvalidMessageError,
@@ -95,6 +96,16 @@ async def test_a_dict_given_as_a_message_is_told_how_to_become_one() -> None:
         assert str(recorded.value).endswith("not a turnloom Message." + hint)
         assert manager.history("c").turn_messages("t1") == (Message(role=Role.user, content="hi"),)
         assert manager.gateway.parse(item) == Message(role=Role.assistant, content="hi")
+        with pytest.raises(DuplicateIdError) as again:
+            manager.accept_turn(
+                TurnSnapshot(
+                    context_id="c", turn_id="t1", input=(Message(role=Role.user, content="again"),)
+                )
+            )
+        assert str(again.value) == (
+            "Turn 't1' was already committed to this context; each turn of a context "
+            "takes a new turn_id."
+        )
 
 
 def test_a_str_tool_result_and_dict_arguments_are_told_their_shape() -> None:
