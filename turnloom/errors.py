@@ -214,6 +214,23 @@ def what_type(value: object) -> str:
     return f"an object of type {type_name(value)}"
 
 
+def not_a_message(where: str, value: object) -> str:
+    """The message refusing ``value`` where a turnloom ``Message`` belongs.
+
+    ``"<where> is an object of type int, not a turnloom Message."``; for a
+    mapping (a provider-native item such as ``{"role": "user", ...}``) it adds
+    how to get a Message: build one, or convert the item with the gateway's
+    ``parse``.
+    """
+    text = f"{where} is {what_type(value)}, not a turnloom Message."
+    if isinstance(value, dict):
+        text += (
+            " Build one with Message(role=Role.user, content=...), or convert a"
+            " provider-native item with manager.gateway.parse(item)."
+        )
+    return text
+
+
 class InputError(TurnloomError, ValueError):
     """Bad input, rejected at the door before any state changed."""
 

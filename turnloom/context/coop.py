@@ -122,6 +122,7 @@ from turnloom.errors import (
     TurnloomError,
     UnknownAreaError,
     excerpt,
+    not_a_message,
     type_name,
     what_type,
 )
@@ -909,7 +910,7 @@ def _check_results(entry: _Registration, phase: str, messages: Sequence[Message]
 def _emplace(context: Context, message: object, where: str) -> None:
     """``context.emplace_message(message)``; a non-Message is named by ``where``."""
     if not isinstance(message, Message):
-        raise InvalidMessageError(f"{where} is {what_type(message)}, not a turnloom Message.")
+        raise InvalidMessageError(not_a_message(where, message))
     context.emplace_message(message)
 
 

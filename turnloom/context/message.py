@@ -74,6 +74,7 @@ from turnloom.errors import (
     InvalidTextError,
     ItemTooLargeError,
     excerpt,
+    not_a_message,
     what_type,
 )
 
@@ -651,7 +652,7 @@ def check_message(message: object, *, where: str = "message") -> int:
         DuplicateIdError: two tool calls of the message share a call id.
     """
     if not isinstance(message, Message):
-        raise InvalidMessageError(f"{where} is {what_type(message)}, not a turnloom Message.")
+        raise InvalidMessageError(not_a_message(where, message))
     role = message.role
     if type(role) is not Role:
         try:
@@ -711,7 +712,8 @@ def check_message(message: object, *, where: str = "message") -> int:
             content = result.content
             if not isinstance(content, tuple):
                 raise InvalidMessageError(
-                    f"{where} {field}.content must be a tuple of parts.",
+                    f"{where} {field}.content must be a tuple of parts, not "
+                    f"{what_type(content)}; for text, (TextPart(text=...),).",
                     field=f"{field}.content",
                 )
             if result.extras is not None:
@@ -987,7 +989,11 @@ def _check_arguments(arguments: object, where: str, index: int) -> None:
             return
     field = f"content[{index}].arguments"
     if not isinstance(arguments, str):
-        raise InvalidMessageError(f"{where} {field} must be JSON text (str).", field=field)
+        raise InvalidMessageError(
+            f"{where} {field} must be JSON text (str), not {what_type(arguments)};"
+            " for a dict, json.dumps(arguments).",
+            field=field,
+        )
     if is_blank_text(arguments):
         return
     value = decode_json_text(arguments, where=where, field=field)

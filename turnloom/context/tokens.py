@@ -88,6 +88,7 @@ from turnloom.errors import (
     MissingDependencyError,
     TurnloomError,
     excerpt,
+    not_a_message,
     type_name,
     what_type,
 )
@@ -380,7 +381,7 @@ def _sum_messages(messages: Sequence[Message], per_message: Callable[[Message], 
     for i, message in enumerate(messages):
         if not isinstance(message, Message):
             raise InvalidArgumentError(
-                f"messages[{i}] is {what_type(message)}, not a turnloom Message.",
+                not_a_message(f"messages[{i}]", message),
                 field=f"messages[{i}]",
             )
         total += per_message(message)

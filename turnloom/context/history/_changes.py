@@ -122,7 +122,10 @@ def _commit(
     """The work of :meth:`TurnHistory.commit` (documented there)."""
     check_id(turn_id, "turn id")
     if history.has_turn(turn_id) or turn_id in history._evicted_ids:
-        raise DuplicateIdError(f"Turn {excerpt(turn_id)} was already committed to this context.")
+        raise DuplicateIdError(
+            f"Turn {excerpt(turn_id)} was already committed to this context; each turn "
+            "of a context takes a new turn_id."
+        )
     if sequence is not None:
         if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 0:
             raise InvalidMessageError(
