@@ -8,15 +8,12 @@ item kinds the gateway's render and parse sides share with it.
 from __future__ import annotations
 
 __all__ = (
-    "CALL_KINDS",
     "INSTRUCTIONS",
     "NOT_OUTPUT",
     "ROLES",
-    "call_key",
     "check_texts",
     "follows_reasoning",
     "is_output_message",
-    "output_key",
     "validate_input",
 )
 
