@@ -12,14 +12,15 @@ Redis server on asyncio) and checks each state the stored log passes through.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 import pytest
 
 from tests.runtime.helpers import SYSTEM, assistant, call, result, user
-from tests.stores.helpers import expire_lease, hosting
+from tests.stores.helpers import expire_lease
 from tests.stores.recording import Recording
 from turnloom.context import Message
 from turnloom.context.history import HistoryLimits
@@ -77,44 +78,53 @@ def _held(manager: ContextManager) -> list[tuple[str, list[Message]]]:
     return [(turn_id, list(view.turn_messages(turn_id))) for turn_id in view.turn_ids]
 
 
-async def _open(store_url: str, watched: str = "c") -> tuple[Any, Recording]:
-    inner = open_context_store(store_url)
-    await inner.__aenter__()
-    return inner, Recording(inner, watched)
+@asynccontextmanager
+async def _holding(
+    store_url: str, turns: int = 0, *, claim: bool = True
+) -> AsyncIterator[tuple[ContextManager, Recording]]:
+    """A manager holding context "c" in the store at ``store_url``, and that store, recorded.
+
+    Opens the store, then a Foundation writing through a Recording of it; claims
+    "c" (the claim must succeed: the store is new, or its lease expired), builds
+    turns t0 .. t{turns - 1} and flushes them. The recording starts empty after
+    this. ``claim=False``: nothing is claimed, built or flushed. The Foundation
+    closes (writing what is queued), then the store.
+    """
+    async with open_context_store(store_url) as inner:
+        store = Recording(inner, "c")
+        async with Foundation(store=store, lease_ttl=30.0) as foundation:
+            manager = foundation.manager
+            if claim:
+                assert await manager.leases.claim("c") is True
+                _build(manager, range(turns))
+                await manager.leases.flush("c")
+            store.states.clear()
+            store.calls.clear()
+            yield manager, store
 
 
 async def _rebuild_without_newest_turn(
     store_url: str, prepare: Callable[[Recording], Awaitable[None]] | None = None
 ) -> tuple[list[Any], list[Any], Recording]:
     """Build 4 turns, flush, rewrite to the first 3; return (before, after, store)."""
-    inner, store = await _open(store_url)
-    try:
-        async with Foundation(store=store, lease_ttl=30.0) as foundation:
-            manager = foundation.manager
-            await manager.leases.claim("c")
-            _build(manager, range(4))
-            await manager.leases.flush("c")
-            before = _held(manager)
-            store.states.clear()
-            store.calls.clear()
-            if prepare is not None:
-                await prepare(store)
-            with manager.leases.rewriting("c"):
-                manager.remove_context("c")
-                _build(manager, range(3))
-            after = _held(manager)
-            with anyio.fail_after(10):
-                while True:
-                    try:
-                        await manager.leases.flush("c")
-                        break
-                    except StoreUnavailableError:
-                        await anyio.sleep(0.01)  # the fault's cycle; the next one retries
-            assert _messages(await inner.load("c")) == after
-            stats = manager.statistics().store
-            assert stats is not None and stats.pending_records == 0
-    finally:
-        await inner.__aexit__(None, None, None)
+    async with _holding(store_url, 4) as (manager, store):
+        before = _held(manager)
+        if prepare is not None:
+            await prepare(store)
+        with manager.leases.rewriting("c"):
+            manager.remove_context("c")
+            _build(manager, range(3))
+        after = _held(manager)
+        with anyio.fail_after(10):
+            while True:
+                try:
+                    await manager.leases.flush("c")
+                    break
+                except StoreUnavailableError:
+                    await anyio.sleep(0.01)  # the fault's cycle; the next one retries
+        assert _messages(await store.load("c")) == after
+        stats = manager.statistics().store
+        assert stats is not None and stats.pending_records == 0
     return before, after, store
 
 
@@ -162,29 +172,19 @@ async def test_records_logged_before_the_rewrite_are_written_first(store_url: st
     before the log is replaced (the store never skips from an older log to the
     rewrite's checkpoint through a log missing it), and the rebuilt history wins.
     """
-    inner, store = await _open(store_url)
-    try:
-        async with Foundation(store=store, lease_ttl=30.0) as foundation:
-            manager = foundation.manager
-            await manager.leases.claim("c")
-            _build(manager, range(2))
-            await manager.leases.flush("c")
-            store.states.clear()
-            store.calls.clear()
-            _build(manager, range(2, 3))  # logged, not flushed
-            unflushed = _held(manager)
-            with manager.leases.rewriting("c"):
-                manager.remove_context("c")
-                _build(manager, range(1))
-            after = _held(manager)
-            await manager.leases.flush("c")
-            assert store.calls == ["append", "replace"]
-            assert [_messages(s) for s in store.states] == [unflushed, after]
-            _build(manager, range(1, 2))  # appended after the checkpoint
-            await manager.leases.flush("c")
-            assert _messages(await inner.load("c")) == _held(manager)
-    finally:
-        await inner.__aexit__(None, None, None)
+    async with _holding(store_url, 2) as (manager, store):
+        _build(manager, range(2, 3))  # logged, not flushed
+        unflushed = _held(manager)
+        with manager.leases.rewriting("c"):
+            manager.remove_context("c")
+            _build(manager, range(1))
+        after = _held(manager)
+        await manager.leases.flush("c")
+        assert store.calls == ["append", "replace"]
+        assert [_messages(s) for s in store.states] == [unflushed, after]
+        _build(manager, range(1, 2))  # appended after the checkpoint
+        await manager.leases.flush("c")
+        assert _messages(await store.load("c")) == _held(manager)
 
 
 async def test_a_rewrite_during_a_replace_in_flight_is_written_after_it(store_url: str) -> None:
@@ -194,61 +194,41 @@ async def test_a_rewrite_during_a_replace_in_flight_is_written_after_it(store_ur
 
     Mutant tried: _supersede clearing the rewrite flag unconditionally: the store
     keeps the first rewrite's history: fails."""
-    inner, store = await _open(store_url)
-    try:
-        async with Foundation(store=store, lease_ttl=30.0) as foundation:
-            manager = foundation.manager
-            await manager.leases.claim("c")
-            _build(manager, range(4))
-            await manager.leases.flush("c")
-            store.replace_gate = anyio.Event()
+    async with _holding(store_url, 4) as (manager, store):
+        store.replace_gate = anyio.Event()
+        with manager.leases.rewriting("c"):
+            manager.remove_context("c")
+            _build(manager, range(3))
+        async with anyio.create_task_group() as group:
+            group.start_soon(manager.leases.flush, "c")
+            await store.replacing.wait()
             with manager.leases.rewriting("c"):
                 manager.remove_context("c")
-                _build(manager, range(3))
-            async with anyio.create_task_group() as group:
-                group.start_soon(manager.leases.flush, "c")
-                await store.replacing.wait()
-                with manager.leases.rewriting("c"):
-                    manager.remove_context("c")
-                    _build(manager, range(2))
-                store.replace_gate.set()
-            await manager.leases.flush("c")
-            assert store.calls[-2:] == ["replace", "replace"]
-            assert _messages(await inner.load("c")) == _held(manager)
-            assert len(_held(manager)) == 2
-            stats = manager.statistics().store
-            assert stats is not None and stats.pending_records == 0
-    finally:
-        await inner.__aexit__(None, None, None)
+                _build(manager, range(2))
+            store.replace_gate.set()
+        await manager.leases.flush("c")
+        assert store.calls == ["replace", "replace"]
+        assert _messages(await store.load("c")) == _held(manager)
+        assert len(_held(manager)) == 2
+        stats = manager.statistics().store
+        assert stats is not None and stats.pending_records == 0
 
 
 async def test_a_rewrite_that_leaves_no_context_deletes_the_log(store_url: str) -> None:
     """Invariant: a block that removes the context and builds nothing deletes its
     log, as remove_context does (no empty checkpoint is written)."""
-    inner, store = await _open(store_url)
-    try:
-        async with Foundation(store=store, lease_ttl=30.0) as foundation:
-            manager = foundation.manager
-            await manager.leases.claim("c")
-            _build(manager, range(2))
-            await manager.leases.flush("c")
-            with manager.leases.rewriting("c"):
-                manager.remove_context("c")
-            await manager.leases.flush()
-            assert await inner.load("c") == ()
-            assert "c" not in manager.context_ids()
-    finally:
-        await inner.__aexit__(None, None, None)
+    async with _holding(store_url, 2) as (manager, store):
+        with manager.leases.rewriting("c"):
+            manager.remove_context("c")
+        await manager.leases.flush()
+        assert await store.load("c") == ()
+        assert "c" not in manager.context_ids()
 
 
 async def test_a_restored_rewrite_equals_the_live_history(store_url: str) -> None:
     """Invariant: another host claiming the context after a rewrite restores the
     rebuilt history exactly, and prepares the same input the first host would."""
-    async with hosting(store_url, lease_ttl=30.0) as foundation:
-        manager = foundation.manager
-        await manager.leases.claim("c")
-        _build(manager, range(3))
-        await manager.leases.flush("c")
+    async with _holding(store_url, 3) as (manager, _):
         with manager.leases.rewriting("c"):
             manager.remove_context("c")
             _build(manager, range(2))
@@ -256,9 +236,7 @@ async def test_a_restored_rewrite_equals_the_live_history(store_url: str) -> Non
         held = _held(manager)
         body = await _body(manager)
     expire_lease(store_url, "c")
-    async with hosting(store_url, lease_ttl=30.0) as foundation:
-        manager = foundation.manager
-        assert await manager.leases.claim("c") is True
+    async with _holding(store_url) as (manager, _):
         assert _held(manager) == held
         assert await _body(manager) == body
 
@@ -267,8 +245,7 @@ async def test_rewriting_refuses_an_unheld_context_and_a_nested_rewrite(store_ur
     """Invariant: rewriting checks at the door: a context not claimed raises
     NotClaimedError, a malformed id InvalidMessageError, a rewrite inside a
     rewrite of the same context StateError; none changes anything."""
-    async with hosting(store_url, lease_ttl=30.0) as foundation:
-        manager = foundation.manager
+    async with _holding(store_url, claim=False) as (manager, _):
         with pytest.raises(NotClaimedError):
             with manager.leases.rewriting("c"):
                 pass
@@ -310,18 +287,12 @@ async def test_a_rewrite_not_flushed_is_written_by_the_close_and_by_a_release(
     closes (its grace period writes what is queued), and ``leases.release`` of a
     rewritten context writes it before releasing: the next claim, elsewhere,
     restores the rebuilt history both times."""
-    async with hosting(store_url, lease_ttl=30.0) as foundation:
-        manager = foundation.manager
-        await manager.leases.claim("c")
-        _build(manager, range(3))
-        await manager.leases.flush("c")
+    async with _holding(store_url, 3) as (manager, _):
         with manager.leases.rewriting("c"):
             manager.remove_context("c")
             _build(manager, range(2))
         held = _held(manager)
-    async with hosting(store_url, lease_ttl=30.0) as foundation:
-        manager = foundation.manager
-        assert await manager.leases.claim("c") is True
+    async with _holding(store_url) as (manager, _):
         assert _held(manager) == held
         with manager.leases.rewriting("c"):
             manager.remove_context("c")
