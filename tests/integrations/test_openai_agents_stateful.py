@@ -17,13 +17,10 @@ same items (every write was acknowledged before the call returned).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import anyio
-import anyio.from_thread
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -31,11 +28,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 pytest.importorskip("agents")
 
+from tests._portal import PortalFoundation
 from turnloom.context.history import HistoryLimits
 from turnloom.integrations.openai_agents import TurnloomSession, complete_window
-from turnloom.runtime import Foundation
 from turnloom.runtime._records import replay
-from turnloom.stores import open_context_store
 
 
 class Session(RuleBasedStateMachine):
@@ -45,7 +41,7 @@ class Session(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.portal_cm: Any = None
+        self.host: PortalFoundation | None = None
         self.turns: list[list[dict[str, Any]]] = []  # each turn's items, oldest first
         self.serial = 0
 
@@ -56,27 +52,19 @@ class Session(RuleBasedStateMachine):
 
     @initialize()
     def start(self) -> None:
-        self.portal_cm = anyio.from_thread.start_blocking_portal(self.backend)
-        self.portal = self.portal_cm.__enter__()
-        path = self.directory / f"{uuid.uuid4().hex}.db"
-        self.store_cm = self.portal.wrap_async_context_manager(open_context_store(f"sqlite:{path}"))
-        self.store = self.store_cm.__enter__()
-        self.foundation_cm = self.portal.wrap_async_context_manager(
-            Foundation(
-                gateway="openai_responses",
-                store=self.store,
-                lease_ttl=60.0,
-                history_limits=HistoryLimits(max_turns=self.max_turns),
-            )
+        self.host = PortalFoundation(
+            self.backend,
+            self.directory,
+            gateway="openai_responses",
+            lease_ttl=60.0,
+            history_limits=HistoryLimits(max_turns=self.max_turns),
         )
-        self.manager = self.foundation_cm.__enter__().manager
+        self.portal, self.store, self.manager = self.host.portal, self.host.store, self.host.manager
         self.session = TurnloomSession("s", self.manager)
 
     def teardown(self) -> None:
-        if self.portal_cm is not None:
-            self.foundation_cm.__exit__(None, None, None)
-            self.store_cm.__exit__(None, None, None)
-            self.portal_cm.__exit__(None, None, None)
+        if self.host is not None:
+            self.host.close()
 
     # -- items ------------------------------------------------------------------
 
@@ -113,7 +101,8 @@ class Session(RuleBasedStateMachine):
         return {"type": "function_call_output", "call_id": call["call_id"], "output": "found"}
 
     def _add(self, items: list[dict[str, Any]]) -> None:
-        self.portal.call(self.session.add_items, [dict(i) for i in items])
+        added: list[Any] = [dict(i) for i in items]  # plain dicts for the SDK's item types
+        self.portal.call(self.session.add_items, added)
         if items[0].get("role") == "user":
             self.turns.append(list(items))
             del self.turns[: -self.max_turns]  # whole turns evicted, oldest first
@@ -177,7 +166,7 @@ class Session(RuleBasedStateMachine):
 
     @invariant()
     def the_session_holds_the_model(self) -> None:
-        if self.portal_cm is None:
+        if self.host is None:
             return
         held = self.portal.call(_held, self.session)
         assert held == self.model
@@ -187,7 +176,7 @@ class Session(RuleBasedStateMachine):
 
     @invariant()
     def the_store_restores_the_model(self) -> None:
-        if self.portal_cm is None:
+        if self.host is None:
             return
         log = self.portal.call(self.store.load, "s")
         assert _restored(self.session, log) == self.model

@@ -19,26 +19,23 @@ Invariants:
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import anyio
-import anyio.from_thread
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from tests._portal import PortalFoundation
 from tests.runtime.helpers import SYSTEM, assistant, call, result, user
 from tests.stores.recording import Recording
 from turnloom.context import Message
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import StoreUnavailableError
-from turnloom.runtime import Foundation, TurnSnapshot
+from turnloom.runtime import TurnSnapshot
 from turnloom.runtime._records import replay
-from turnloom.stores import open_context_store
 
 History = list[tuple[str, list[Message]]]
 
@@ -56,36 +53,32 @@ class Rewrites(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.portal_cm: Any = None
+        self.host: PortalFoundation | None = None
         self.turns = 0
 
     @initialize(max_turns=st.sampled_from([3, 32]))
     def start(self, max_turns: int) -> None:
         self.limits = HistoryLimits(max_turns=max_turns)
-        self.portal_cm = anyio.from_thread.start_blocking_portal(self.backend)
-        self.portal = self.portal_cm.__enter__()
-        path = self.directory / f"{uuid.uuid4().hex}.db"
-        self.inner_cm = self.portal.wrap_async_context_manager(open_context_store(f"sqlite:{path}"))
-        inner = self.inner_cm.__enter__()
-        self.inner = inner
-        self.store = Recording(inner, "c")
-        self.foundation_cm = self.portal.wrap_async_context_manager(
-            Foundation(store=self.store, lease_ttl=60.0, history_limits=self.limits)
+        self.host = PortalFoundation(
+            self.backend,
+            self.directory,
+            wrap=lambda inner: Recording(inner, "c"),
+            lease_ttl=60.0,
+            history_limits=self.limits,
         )
-        self.manager = self.foundation_cm.__enter__().manager
+        self.portal, self.manager = self.host.portal, self.host.manager
+        self.inner, self.store = self.host.store, self.host.wrapped
         self.portal.call(self.manager.leases.claim, "c")
         self.seen: list[History] = [[]]
 
     def teardown(self) -> None:
-        if self.portal_cm is None:
+        if self.host is None:
             return
         try:
             self.store.replace_fault = self.store.append_fault = None
             self._flush_until_written()
         finally:
-            self.foundation_cm.__exit__(None, None, None)
-            self.inner_cm.__exit__(None, None, None)
-            self.portal_cm.__exit__(None, None, None)
+            self.host.close()
 
     # -- helpers --------------------------------------------------------------
 
@@ -193,7 +186,7 @@ class Rewrites(RuleBasedStateMachine):
 
     @invariant()
     def every_stored_state_is_a_held_history(self) -> None:
-        if self.portal_cm is None:
+        if self.host is None:
             return
         states, self.store.states = self.store.states, []
         for state in states:
