@@ -272,13 +272,21 @@ def _entries(
         # render is the entry's own fields, another slot's goes in ``more``.
         slot = history._shared.gateway_slot(gateway)
         sent = plan.sent if plan is not None else None
-        if sent is None and stale is None and slot == 0:
-            entries = tuple(
-                [
-                    _Entry(m, count_tokens(counter, (m,)), native, encoded)
-                    for m, (native, encoded) in zip(messages, renders, strict=True)
-                ]
-            )
+        if stale is None and slot == 0:
+            if sent is None:
+                entries = tuple(
+                    [
+                        _Entry(m, count_tokens(counter, (m,)), native, encoded)
+                        for m, (native, encoded) in zip(messages, renders, strict=True)
+                    ]
+                )
+            else:
+                entries = tuple(
+                    [
+                        _Entry(m, count_tokens(counter, (m,)), native, encoded, None, ids)
+                        for m, (native, encoded), ids in zip(messages, renders, sent, strict=True)
+                    ]
+                )
         else:
             entries = tuple([_Entry(m, count_tokens(counter, (m,))) for m in messages])
             for i, entry in enumerate(entries):

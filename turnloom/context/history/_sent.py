@@ -312,6 +312,8 @@ def _assign(
 def _renamed(message: Message, renamed: Sequence[tuple[int, str]]) -> _WireIds | None:
     """What ``_Entry.sent`` keeps for ``message`` with the parts at the given indexes
     carrying the given call ids (see :func:`~turnloom.context.history._cells.pack_ids`)."""
+    if len(message.parts) == 1 and len(renamed) == 1:
+        return renamed[0][1]  # its lone part, renamed (the common case): the id bare
     at_sent = dict(renamed)
     return pack_ids(message, [at_sent.get(at, own) for at, own in _parts_with_ids(message)])
 
