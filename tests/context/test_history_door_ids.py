@@ -6,8 +6,9 @@ the commit or record takes those renders and ids instead of deciding and
 rendering again. Checked here against a twin history that gets the same
 changes without the door (today's path: the change decides the ids), over
 generated turns that reuse call ids from a tiny alphabet, with late records,
-evictions, retractions, approvals, and door checks made stale by a change
-between the check and the record (the fallback):
+evictions, retractions, approvals, and the plan's fallbacks: door checks made
+stale by a change between the check and the record, and blank outputs the
+record drops:
 
 1. every kept entry is sent with the ids the twin's entry is sent with, and
    both histories hold the same sent ids (``_SentIds.present``, ``renamed``);
@@ -115,7 +116,7 @@ def _apply(history: TurnHistory, op: str, batch: list[Message] | None) -> bool:
 
 _step: st.SearchStrategy[tuple[str, list[str], bool]] = st.one_of(
     st.tuples(
-        st.sampled_from(["record", "twice", "late", "stale"]),
+        st.sampled_from(["record", "twice", "blank", "late", "stale"]),
         st.lists(st.sampled_from(IDS), min_size=1, max_size=3, unique=True),
         st.booleans(),
     ),
@@ -138,11 +139,13 @@ def _twins(
     renamed = 0
     for number, (kind, ids, flag) in enumerate(steps, start=1):
         turns = checked.turn_ids
-        if kind in ("record", "twice", "stale", "late"):
+        if kind in ("record", "twice", "blank", "stale", "late"):
             target = turns[-2] if kind == "late" and len(turns) > 1 else turns[-1]
             op, batch = f"record:{target}", _outputs(ids, flag, number)
             if kind == "twice":  # a second step reusing the ids in the same batch
                 batch += _outputs(ids, False, -number)
+            elif kind == "blank":  # a blank output the record drops: the plan is not taken
+                batch.insert(len(ids), Message(role=Role.assistant, content=" "))
         elif kind in ("commit", "approve"):
             batch = [Message(role=Role.user, content=f"u{number}")]
             if kind == "approve":  # results for the newest turn's open calls, if any

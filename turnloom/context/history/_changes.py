@@ -13,6 +13,7 @@ from turnloom.context.history._sent import (
     assign_outputs,
     assign_state,
     repair_results,
+    unplanned,
 )
 from turnloom.context.history._ties import (
     _check_ties,
@@ -329,7 +330,10 @@ def _record(
         if entry.message.id is not None:
             history._message_ids[entry.message.id] = (old.serial, entry.message)
     # After the turn's outputs so far; the door's plan covers the whole batch only.
-    assign_outputs(history, position, kept, planned if len(kept) == len(entries) else None)
+    if planned is not None and len(kept) != len(entries):
+        unplanned(kept)
+        planned = None
+    assign_outputs(history, position, kept, planned)
     if late and position + 1 < len(turns):
         turns = repair_results(turns, position + 1)  # later results may answer a new call
     history._turns = turns

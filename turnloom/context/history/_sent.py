@@ -144,6 +144,16 @@ class _SentIds:
         if number >= self.low.get(call_id, 2):
             self.low[call_id] = number + 1
 
+    def claim_all(self, claims: Iterable[tuple[str, str]]) -> None:
+        """:meth:`claim` each (call id, sent id) of ``claims``, in order."""
+        present = self.present
+        for call_id, sent in claims:
+            if sent is call_id or sent == call_id:
+                present.add(sent)
+            else:
+                self.claim(call_id, sent)
+        self.version += 1
+
     def hold(self, sent: str) -> None:
         """``sent`` is a kept call's id again (a restored turn; a checkpoint's id)."""
         self.present.add(sent)
@@ -400,8 +410,9 @@ class _DoorIds(msgspec.Struct, gc=False, frozen=True):
     claims: tuple[tuple[str, str], ...]
 
     def holds(self, history: _SentState, turn_id: str | None) -> bool:
-        """True when the batch is committed or recorded (``turn_id``) in the state planned for."""
-        return (
+        """True when the batch is committed or recorded (``turn_id``) in the state planned
+        for, or holds no id (:data:`_NO_IDS`: the same in every state)."""
+        return self.version < 0 or (
             self.turns is history._turns
             and self.version == history._sent.version
             and self.turn_id == turn_id
@@ -410,8 +421,9 @@ class _DoorIds(msgspec.Struct, gc=False, frozen=True):
 
 def door_ids(
     history: _SentState, messages: Sequence[Message], turn_id: str | None, position: int
-) -> _DoorIds | None:
-    """The sent ids ``messages`` would get now, or None when they carry no call or result id.
+) -> _DoorIds:
+    """The sent ids ``messages`` would get now (:data:`_NO_IDS` when they carry no call
+    or result id).
 
     ``turn_id`` None: the messages are a new turn's input (:func:`assign_input`);
     else they are recorded after the outputs of ``history._turns[position]``
@@ -421,17 +433,21 @@ def door_ids(
     """
     carried = _carried(messages)
     if not carried:
-        return None
+        return _NO_IDS
     ids, turns = history._sent, history._turns
     paired = ids.renamed and carried is _RESULTS
     stop = position + 1 if turn_id is not None else len(turns)
     context = _context(turns, stop) if paired else None
+    present = ids.present
     taken: set[str] = set()
     claims: list[tuple[str, str]] = []
     peek = ids.peek
 
     def take(call_id: str) -> str:
-        sent = peek(call_id, taken)
+        if call_id in present or call_id in taken:
+            call_id, sent = call_id, peek(call_id, taken)
+        else:
+            sent = call_id  # free: sent as it is (the common case)
         taken.add(sent)
         claims.append((call_id, sent))
         return sent
@@ -446,18 +462,18 @@ def door_ids(
     )
 
 
+_NO_IDS = _DoorIds((), -1, None, None, ())
+"""The plan of a batch without a call or result: nothing to decide, in any state."""
+
+
 def _planned(
-    history: _SentState,
-    entries: Sequence[_Entry],
-    planned: _DoorIds | None,
-    turn_id: str | None,
+    history: _SentState, entries: Sequence[_Entry], planned: _DoorIds, turn_id: str | None
 ) -> bool:
     """Take ``planned``'s ids when it holds (the entries carry its ``sent``: True), else
     send ``entries`` with their own ids until decided anew (False)."""
-    if planned is not None and planned.holds(history, turn_id):
-        claim = history._sent.claim
-        for own, sent in planned.claims:
-            claim(own, sent)
+    if planned.holds(history, turn_id):
+        if planned.claims:
+            history._sent.claim_all(planned.claims)
         return True
     unplanned(entries)
     return False
@@ -478,7 +494,7 @@ def assign_input(
 
     ``planned``: the door's plan for these entries (see :class:`_DoorIds`).
     """
-    if _planned(history, entries, planned, None):
+    if planned is not None and _planned(history, entries, planned, None):
         return
     carried = _carried_ids(entries)
     if carried:
@@ -497,7 +513,9 @@ def assign_outputs(
 
     ``planned``: the door's plan for exactly these entries (see :class:`_DoorIds`).
     """
-    if _planned(history, entries, planned, history._turns[position].turn_id):
+    if planned is not None and _planned(
+        history, entries, planned, history._turns[position].turn_id
+    ):
         return
     carried = _carried_ids(entries)
     if carried:
