@@ -16,7 +16,7 @@ from turnloom.context.history._cells import (
     with_ids,
 )
 from turnloom.context.history._run import _Shared
-from turnloom.context.history._sent import _DoorIds, _SentIds, door_ids
+from turnloom.context.history._sent import _NO_IDS, _DoorIds, _SentIds, door_ids
 from turnloom.context.history._ties import _tied_error, _unit_first
 from turnloom.context.history.limits import HistoryLimits, check_batch_length
 from turnloom.context.message import (
@@ -263,7 +263,7 @@ def _entries(
     counter = history._shared.counter
     checked, older = history._checked
     renders, gateway, plan = checked[2], checked[3], checked[7]
-    if plan is not None and (pinned or not plan.holds(history, turn_id)):
+    if plan is not None and plan is not _NO_IDS and (pinned or not plan.holds(history, turn_id)):
         stale, plan = plan.sent, None  # the renders of renamed messages are of other ids
     else:
         stale = None

@@ -38,7 +38,7 @@ from __future__ import annotations
 __all__ = ("restore_sent_ids",)
 
 import heapq
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -244,13 +244,16 @@ def _decide(
     messages: Sequence[Message],
     context: _Context | None,
     new_turn: bool,
-    take: Callable[[str], str],
+    ids: _SentIds,
+    claims: list[tuple[str, str]] | None = None,
 ) -> list[_WireIds | None] | None:
     """The sent ids of ``messages``, which follow ``context`` (see the module docstring).
 
-    The one place the rule is applied: each call's id comes from ``take``
-    (:meth:`_SentIds.take` for a change, a plan's :meth:`_SentIds.peek` at
-    the door), in the messages' order. Returns what ``_Entry.sent`` keeps
+    The one place the rule is applied, in the messages' order: each call
+    takes its id from ``ids`` (:meth:`_SentIds.take`), or, for a plan at the
+    door (``claims`` given), is only told it (:meth:`_SentIds.peek`, the
+    batch's earlier calls counted as taken) and appends (own id, sent id)
+    to ``claims``, changing nothing. Returns what ``_Entry.sent`` keeps
     for each message (None where every id is sent as it is), or None when
     no id of ``messages`` is renamed. ``context`` None: ``messages`` hold
     no result (only a result reads the context), or no kept call is sent
@@ -268,6 +271,8 @@ def _decide(
         if new_turn:
             tracker.new_turn()
     out: list[_WireIds | None] | None = None
+    present = ids.present
+    taken: set[str] = set() if claims is not None else present
     for index, message in enumerate(messages):
         parts = message.parts
         renamed: list[tuple[int, str]] | None = None
@@ -289,7 +294,15 @@ def _decide(
         for at, part in enumerate(parts):
             if type(part) is ToolCallPart:
                 call_id = part.call_id
-                sent = take(call_id)
+                if claims is None:
+                    sent = ids.take(call_id)
+                else:
+                    if call_id in present or call_id in taken:
+                        sent = ids.peek(call_id, taken)
+                    else:
+                        sent = call_id  # free: sent as it is (the common case)
+                    taken.add(sent)
+                    claims.append((call_id, sent))
                 if sent != call_id:
                     sent_of[call_id] = sent
                     if renamed is None:
@@ -312,7 +325,7 @@ def _assign(
     Sets ``_Entry.sent`` of each entry with a renamed id (and drops its
     render caches: a render made of the message as given carries its own ids).
     """
-    decided = _decide([e.message for e in entries], context, new_turn, ids.take)
+    decided = _decide([e.message for e in entries], context, new_turn, ids)
     if decided is not None:
         for entry, sent in zip(entries, decided, strict=True):
             if sent is not None:
@@ -438,21 +451,8 @@ def door_ids(
     paired = ids.renamed and carried is _RESULTS
     stop = position + 1 if turn_id is not None else len(turns)
     context = _context(turns, stop) if paired else None
-    present = ids.present
-    taken: set[str] = set()
     claims: list[tuple[str, str]] = []
-    peek = ids.peek
-
-    def take(call_id: str) -> str:
-        if call_id in present or call_id in taken:
-            call_id, sent = call_id, peek(call_id, taken)
-        else:
-            sent = call_id  # free: sent as it is (the common case)
-        taken.add(sent)
-        claims.append((call_id, sent))
-        return sent
-
-    decided = _decide(messages, context, turn_id is None, take)
+    decided = _decide(messages, context, turn_id is None, ids, claims)
     return _DoorIds(
         turns,
         ids.version,
@@ -494,7 +494,7 @@ def assign_input(
 
     ``planned``: the door's plan for these entries (see :class:`_DoorIds`).
     """
-    if planned is not None and _planned(history, entries, planned, None):
+    if planned is _NO_IDS or (planned is not None and _planned(history, entries, planned, None)):
         return
     carried = _carried_ids(entries)
     if carried:
@@ -513,8 +513,9 @@ def assign_outputs(
 
     ``planned``: the door's plan for exactly these entries (see :class:`_DoorIds`).
     """
-    if planned is not None and _planned(
-        history, entries, planned, history._turns[position].turn_id
+    if planned is _NO_IDS or (
+        planned is not None
+        and _planned(history, entries, planned, history._turns[position].turn_id)
     ):
         return
     carried = _carried_ids(entries)
