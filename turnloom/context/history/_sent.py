@@ -586,7 +586,15 @@ _RESULTS = "results"
 
 def _carried_ids(entries: Sequence[_Entry]) -> str:
     """:func:`_carried` of the entries' messages."""
-    return _carried([e.message for e in entries])
+    found = ""
+    for entry in entries:
+        for part in entry.message.parts:
+            kind = type(part)
+            if kind is ToolResultPart:
+                return _RESULTS
+            if kind is ToolCallPart:
+                found = _CALLS
+    return found
 
 
 def _carried(messages: Sequence[Message]) -> str:
