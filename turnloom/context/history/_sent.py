@@ -18,6 +18,12 @@ The rule over the kept calls' sent ids (``present``), for a call with id ``c``:
 * else ``c_r<n>``, ``n`` the smallest number from 2 up with ``c_r<n>`` not
   present.
 
+The door decides them a step earlier for a batch it renders
+(:func:`door_ids`, the same rule over the same state, changing nothing), so
+the batch renders once, as sent; the commit or record that follows in that
+very state takes the plan (:class:`_DoorIds`) instead of deciding again, and
+one in another state decides as if there were none.
+
 It depends only on the set of ids present, so replaying a log, or restoring
 a checkpoint's messages with the ids they were sent with
 (:func:`restore_sent_ids`), gives the same ids from then on. Until an id
