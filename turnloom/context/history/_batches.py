@@ -7,8 +7,16 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.history._cells import _Encoded, _Entry, _Native, _render_checked, _Turn
+from turnloom.context.history._cells import (
+    _Encoded,
+    _Entry,
+    _Native,
+    _render_checked,
+    _Turn,
+    with_ids,
+)
 from turnloom.context.history._run import _Shared
+from turnloom.context.history._sent import _NO_IDS, _DoorIds, _SentIds, door_ids
 from turnloom.context.history._ties import _tied_error, _unit_first
 from turnloom.context.history.limits import HistoryLimits, check_batch_length
 from turnloom.context.message import (
@@ -30,12 +38,15 @@ _Checked = tuple[
     tuple["_Turn", ...] | None,
     str | None,
     bool,
+    _DoorIds | None,
 ]
 """``TurnHistory``'s memo of a batch checked: messages, sizes, renders, gateway,
 and what its limits were checked against: the history's turns (the very
-tuple), the turn id and whether the batch was pinned instructions."""
+tuple), the turn id and whether the batch was pinned instructions; then the
+sent ids decided at the door, when it renamed any (the renders are of the
+messages as sent: see :class:`~turnloom.context.history._sent._DoorIds`)."""
 
-_UNCHECKED: _Checked = ((), (), None, None, None, None, False)
+_UNCHECKED: _Checked = ((), (), None, None, None, None, False, None)
 
 
 class _DoorState(Protocol):
@@ -44,6 +55,7 @@ class _DoorState(Protocol):
     _checked: tuple[_Checked, _Checked]
     _limits: HistoryLimits
     _linked: set[int]
+    _sent: _SentIds
     _shared: _Shared
     _turns: tuple[_Turn, ...]
 
@@ -65,11 +77,13 @@ def _check_batch(
     turns = history._turns
     held_items = held_bytes = 0
     unit: tuple[_Turn, ...] = ()  # the turns held with ``turn_id``, when it is tied
+    at = -1 if turn_id is not None else len(turns)  # where a change would add the batch
     if turn_id is not None:
         linked = history._linked
         for position in range(len(turns) - 1, -1, -1):  # the newest, in practice: O(1)
             turn = turns[position]
             if turn.turn_id == turn_id:
+                at = position
                 # The turns eviction keeps with it, whether or not they
                 # reach the newest: a record to an earlier unit (a model
                 # call's output landing after a barge-in) is held to the
@@ -93,7 +107,7 @@ def _check_batch(
     cap = limits.max_item_bytes
     max_bytes = limits.max_bytes
     total = held_bytes
-    _, seen_sizes, seen_renders, seen_gateway, _, _, _ = memo
+    _, seen_sizes, seen_renders, seen_gateway, _, _, _, seen_plan = memo
     known = memo is not _UNCHECKED
     found: list[int] = []
     for i, message in enumerate(messages):
@@ -118,18 +132,41 @@ def _check_batch(
         found.append(size)
     sizes = seen_sizes if known else tuple(found)
     renders: tuple[tuple[_Native, _Encoded], ...] | None = None
+    plan: _DoorIds | None = None
     if gateway is not None:
-        if known and seen_gateway is gateway and seen_renders is not None:
+        if not pinned and at >= 0:
+            # The ids the commit or record will send, decided now so that each
+            # message renders once, as sent (see _DoorIds).
+            plan = door_ids(history, messages, turn_id, at)  # type: ignore[arg-type]
+        sent = plan.sent if plan is not None else None
+        if (
+            known
+            and seen_gateway is gateway
+            and seen_renders is not None
+            and sent == (seen_plan.sent if seen_plan is not None else None)
+        ):
             renders = seen_renders
-        else:
+        elif sent is None:
             renders = tuple(
                 [
                     _render_checked(message, gateway, where, i)  # type: ignore[arg-type]
                     for i, message in enumerate(messages)
                 ]
             )
+        else:
+            renders = tuple(
+                [
+                    _render_checked(
+                        message if ids is None else with_ids(message, ids),  # type: ignore[arg-type]
+                        gateway,
+                        where,
+                        i,
+                    )
+                    for i, (message, ids) in enumerate(zip(messages, sent, strict=True))
+                ]
+            )
     elif known and seen_renders is not None:
-        renders, gateway = seen_renders, seen_gateway
+        renders, gateway, plan = seen_renders, seen_gateway, seen_plan
     checked: _Checked = (
         tuple(messages),
         sizes,
@@ -138,6 +175,7 @@ def _check_batch(
         turns,
         turn_id,
         bool(pinned),
+        plan,
     )
     newest, older = history._checked
     history._checked = (checked, older if memo is newest else newest)
@@ -205,11 +243,15 @@ def _entries(
     turn_id: str | None = None,
     *,
     pinned: bool = False,
-) -> tuple[tuple[_Entry, ...], tuple[int, ...]]:
-    """The batch checked (:meth:`TurnHistory.check_batch`) as entries, and each one's size.
+) -> tuple[tuple[_Entry, ...], tuple[int, ...], _DoorIds | None]:
+    """The batch checked (:meth:`TurnHistory.check_batch`) as entries, each one's size,
+    and the door's plan of their sent ids when it holds in this state.
 
     Errors name the batch ``f"turn {excerpt(named)} {what}"``; the label
     is built only when the batch is checked here, not reused from the door.
+    The door's renders seed the entries' caches; when the door renamed ids
+    (its renders are of the messages as sent), the entries carry those ids
+    if its plan holds, else the renamed messages' renders are left out.
     """
     memo = _memo(history, messages)
     if _reuse(history, memo, turn_id, pinned, None):
@@ -220,26 +262,43 @@ def _entries(
         )
     counter = history._shared.counter
     checked, older = history._checked
-    renders, gateway = checked[2], checked[3]
+    renders, gateway, plan = checked[2], checked[3], checked[7]
+    if plan is not None and plan is not _NO_IDS and (pinned or not plan.holds(history, turn_id)):
+        stale, plan = plan.sent, None  # the renders of renamed messages are of other ids
+    else:
+        stale = None
     if renders is not None and gateway is not None:
         # The door's renders of these very messages seed their cache: slot 0's
         # render is the entry's own fields, another slot's goes in ``more``.
         slot = history._shared.gateway_slot(gateway)
-        if slot == 0:
-            entries = tuple(
-                [
-                    _Entry(m, count_tokens(counter, (m,)), native, encoded)
-                    for m, (native, encoded) in zip(messages, renders, strict=True)
-                ]
-            )
+        sent = plan.sent if plan is not None else None
+        if stale is None and slot == 0:
+            if sent is None:
+                entries = tuple(
+                    [
+                        _Entry(m, count_tokens(counter, (m,)), native, encoded)
+                        for m, (native, encoded) in zip(messages, renders, strict=True)
+                    ]
+                )
+            else:
+                entries = tuple(
+                    [
+                        _Entry(m, count_tokens(counter, (m,)), native, encoded, None, ids)
+                        for m, (native, encoded), ids in zip(messages, renders, sent, strict=True)
+                    ]
+                )
         else:
             entries = tuple([_Entry(m, count_tokens(counter, (m,))) for m in messages])
             for i, entry in enumerate(entries):
+                if stale is not None and stale[i] is not None:
+                    continue
+                if sent is not None:
+                    entry.sent = sent[i]
                 entry.seed(slot, *renders[i])
     else:
         entries = tuple([_Entry(m, count_tokens(counter, (m,))) for m in messages])
     history._checked = (_UNCHECKED, older)  # consumed: the batch's messages are held now
-    return entries, sizes
+    return entries, sizes, plan
 
 
 def _output_renders(

@@ -13,6 +13,7 @@ from turnloom.context.history._sent import (
     assign_outputs,
     assign_state,
     repair_results,
+    unplanned,
 )
 from turnloom.context.history._ties import (
     _check_ties,
@@ -139,7 +140,7 @@ def _commit(
             )
     if _first_instruction(input) >= 0:
         reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
-    entries, sizes = _entries(history, input, turn_id, "input")
+    entries, sizes, planned = _entries(history, input, turn_id, "input")
     if steps_may_conflict(input, None):
         # Its leading results may answer the calls the kept turns leave open
         # (an approval), or a call recorded late to a kept turn.
@@ -173,7 +174,9 @@ def _commit(
                     "instructions are system or developer messages.",
                     field="role",
                 )
-        pinned, pinned_sizes = _entries(history, instructions, turn_id, "instructions", pinned=True)
+        pinned, pinned_sizes, _ = _entries(
+            history, instructions, turn_id, "instructions", pinned=True
+        )
     size = sum(sizes)
     tied = _tie(history, turn_id, entries, size)
     # Validated: change state.
@@ -198,7 +201,8 @@ def _commit(
     for entry in entries:
         if entry.message.id is not None:
             history._message_ids[entry.message.id] = (history._serial, entry.message)
-    assign_input(history, entries)  # against the kept turns, before this one joins them
+    # Against the kept turns, before this one joins them (the door decided, in practice).
+    assign_input(history, entries, planned)
     if tied >= 0:
         history._linked.update(t.serial for t in history._turns[tied + 1 :])
         history._linked.add(turn.serial)
@@ -232,7 +236,7 @@ def _record(
             history._late_dropped += len(outputs)
             return 0
         raise UnknownTurnError(f"Turn {excerpt(turn_id)} was never committed to this context.")
-    entries, sizes = _entries(history, outputs, turn_id, "output", turn_id)
+    entries, sizes, planned = _entries(history, outputs, turn_id, "output", turn_id)
     old = history._turns[position]
     kept: list[_Entry] = []
     kept_at: list[int] = []
@@ -325,7 +329,11 @@ def _record(
     for entry in kept:
         if entry.message.id is not None:
             history._message_ids[entry.message.id] = (old.serial, entry.message)
-    assign_outputs(history, position, kept)  # after the turn's outputs so far
+    # After the turn's outputs so far; the door's plan covers the whole batch only.
+    if planned is not None and len(kept) != len(entries):
+        unplanned(kept)
+        planned = None
+    assign_outputs(history, position, kept, planned)
     if late and position + 1 < len(turns):
         turns = repair_results(turns, position + 1)  # later results may answer a new call
     history._turns = turns

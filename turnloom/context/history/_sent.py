@@ -18,6 +18,12 @@ The rule over the kept calls' sent ids (``present``), for a call with id ``c``:
 * else ``c_r<n>``, ``n`` the smallest number from 2 up with ``c_r<n>`` not
   present.
 
+The door decides them a step earlier for a batch it renders
+(:func:`door_ids`, the same rule over the same state, changing nothing), so
+the batch renders once, as sent; the commit or record that follows in that
+very state takes the plan (:class:`_DoorIds`) instead of deciding again, and
+one in another state decides as if there were none.
+
 It depends only on the set of ids present, so replaying a log, or restoring
 a checkpoint's messages with the ids they were sent with
 (:func:`restore_sent_ids`), gives the same ids from then on. Until an id
@@ -66,13 +72,16 @@ class _SentIds:
     and lists of int only: in no cycle.
     """
 
-    __slots__ = ("free", "low", "present", "renamed")
+    __slots__ = ("free", "low", "present", "renamed", "version")
 
     def __init__(self) -> None:
         self.present: set[str] = set()
         self.low: dict[str, int] = {}
         self.free: dict[str, list[int]] = {}
         self.renamed = 0  # kept calls sent with another id than their own
+        # Changes with every change of ``present``: a plan decided at the door
+        # (:func:`door_ids`) holds while it is the same number.
+        self.version = 0
         # Out of the cyclic collector: a set of str, a dict of str to int
         # (CPython leaves it untracked), a dict of str to untracked lists of
         # int (untracked again when a list joins it): nothing here can lead
@@ -85,32 +94,81 @@ class _SentIds:
         present = self.present
         if call_id not in present:
             present.add(call_id)
+            self.version += 1
+            return call_id
+        sent = self.peek(call_id)
+        self.claim(call_id, sent)
+        return sent
+
+    def peek(self, call_id: str, taken: set[str] | None = None) -> str:
+        """The id :meth:`take` gives ``call_id`` with ``taken`` present too; changes nothing.
+
+        The rule of the module docstring: ``call_id`` when free, else
+        ``<call_id>_r<n>`` with ``n`` the smallest free number from 2 up.
+        Every free number below ``low`` is in the heap (which may also hold
+        numbers taken since), so the smallest free one there, if any, is
+        the answer; else the search goes on from ``low``. O(the heap).
+        """
+        present = self.present
+        if call_id not in present and (taken is None or call_id not in taken):
             return call_id
         heap = self.free.get(call_id)
-        sent = ""
-        while heap:
-            number = heapq.heappop(heap)
-            sent = f"{call_id}_r{number}"
-            if sent not in present:
-                break
-            sent = ""
-        if heap is not None and not heap:
-            del self.free[call_id]
-        if not sent:
-            number = self.low.get(call_id, 2)
-            while (sent := f"{call_id}_r{number}") in present:
-                number += 1
-            self.low[call_id] = number + 1
-        present.add(sent)
+        if heap:
+            best = 0
+            for number in heap:
+                if (best == 0 or number < best) and (
+                    (sent := f"{call_id}_r{number}") not in present
+                    and (taken is None or sent not in taken)
+                ):
+                    best = number
+            if best:
+                return f"{call_id}_r{best}"
+        number = self.low.get(call_id, 2)
+        while (sent := f"{call_id}_r{number}") in present or (taken is not None and sent in taken):
+            number += 1
         return sent
+
+    def claim(self, call_id: str, sent: str) -> None:
+        """A new call with ``call_id`` is sent with ``sent`` (what :meth:`peek` gave): present.
+
+        A number from the heap leaves it (with the numbers below it there,
+        taken since); one from ``low`` up moves ``low`` past it (every
+        number between was present: ``sent`` was the smallest free one).
+        """
+        self.present.add(sent)
+        self.version += 1
+        if sent == call_id:
+            return
+        self.renamed += 1
+        number = int(sent[len(call_id) + 2 :])
+        heap = self.free.get(call_id)
+        if heap is not None:
+            while heap and heapq.heappop(heap) != number:
+                pass
+            if not heap:
+                del self.free[call_id]
+        if number >= self.low.get(call_id, 2):
+            self.low[call_id] = number + 1
+
+    def claim_all(self, claims: Iterable[tuple[str, str]]) -> None:
+        """:meth:`claim` each (call id, sent id) of ``claims``, in order."""
+        present = self.present
+        for call_id, sent in claims:
+            if sent is call_id or sent == call_id:
+                present.add(sent)
+            else:
+                self.claim(call_id, sent)
+        self.version += 1
 
     def hold(self, sent: str) -> None:
         """``sent`` is a kept call's id again (a restored turn; a checkpoint's id)."""
         self.present.add(sent)
+        self.version += 1
 
     def drop(self, sent: str) -> None:
         """The call sent with ``sent`` left the history: its id is free again."""
         self.present.discard(sent)
+        self.version += 1
         base, sep, number = sent.rpartition("_r")
         if not sep or not number.isdigit() or number[0] == "0":
             return
@@ -188,20 +246,29 @@ def _context(turns: Sequence[_Turn], stop: int, input_only: bool = False) -> _Co
     return CallTracker(), {}
 
 
-def _assign(
-    ids: _SentIds, entries: Sequence[_Entry], context: _Context | None, new_turn: bool
-) -> None:
-    """Decide the sent ids of ``entries``, which follow ``context`` (see the module docstring).
+def _decide(
+    messages: Sequence[Message],
+    context: _Context | None,
+    new_turn: bool,
+    ids: _SentIds,
+    claims: list[tuple[str, str]] | None = None,
+) -> list[_WireIds | None] | None:
+    """The sent ids of ``messages``, which follow ``context`` (see the module docstring).
 
-    Sets ``_Entry.sent`` of each entry with a renamed id (and drops its
-    render caches: a render made at the door carries the ids as given).
-    ``context`` None: ``entries`` hold no result (only a result reads the
-    context), or no kept call is sent renamed, so a result answering a
-    call before ``entries`` keeps its id and only the calls of ``entries``
-    matter. There a result takes the sent id of the newest call with its id
-    without asking the pairing whether it answers it: a result that answers
-    no call is dropped from every render, and the id it gets matches no call
-    of its group either way, so nothing pairs otherwise.
+    The one place the rule is applied, in the messages' order: each call
+    takes its id from ``ids`` (:meth:`_SentIds.take`), or, for a plan at the
+    door (``claims`` given), is only told it (:meth:`_SentIds.peek`, the
+    batch's earlier calls counted as taken) and appends (own id, sent id)
+    to ``claims``, changing nothing. Returns what ``_Entry.sent`` keeps
+    for each message (None where every id is sent as it is), or None when
+    no id of ``messages`` is renamed. ``context`` None: ``messages`` hold
+    no result (only a result reads the context), or no kept call is sent
+    renamed, so a result answering a call before ``messages`` keeps its id
+    and only the calls of ``messages`` matter. There a result takes the
+    sent id of the newest call with its id without asking the pairing
+    whether it answers it: a result that answers no call is dropped from
+    every render, and the id it gets matches no call of its group either
+    way, so nothing pairs otherwise.
     """
     tracker: CallTracker | None = None
     sent_of: dict[str, str] = {}
@@ -209,8 +276,10 @@ def _assign(
         tracker, sent_of = context
         if new_turn:
             tracker.new_turn()
-    for entry in entries:
-        message = entry.message
+    out: list[_WireIds | None] | None = None
+    present = ids.present
+    taken: set[str] = set() if claims is not None else present
+    for index, message in enumerate(messages):
         parts = message.parts
         renamed: list[tuple[int, str]] | None = None
         if sent_of and message.role is not Role.assistant:
@@ -231,9 +300,16 @@ def _assign(
         for at, part in enumerate(parts):
             if type(part) is ToolCallPart:
                 call_id = part.call_id
-                sent = ids.take(call_id)
+                if claims is None:
+                    sent = ids.take(call_id)
+                else:
+                    if call_id in present or call_id in taken:
+                        sent = ids.peek(call_id, taken)
+                    else:
+                        sent = call_id  # free: sent as it is (the common case)
+                    taken.add(sent)
+                    claims.append((call_id, sent))
                 if sent != call_id:
-                    ids.renamed += 1
                     sent_of[call_id] = sent
                     if renamed is None:
                         renamed = []
@@ -241,12 +317,32 @@ def _assign(
                 elif sent_of:
                     sent_of.pop(call_id, None)
         if renamed is not None:
-            _set_sent(entry, _renamed(message, renamed))
+            if out is None:
+                out = [None] * len(messages)
+            out[index] = _renamed(message, renamed)
+    return out
+
+
+def _assign(
+    ids: _SentIds, entries: Sequence[_Entry], context: _Context | None, new_turn: bool
+) -> None:
+    """Decide the sent ids of ``entries`` (:func:`_decide`), taking them from ``ids``.
+
+    Sets ``_Entry.sent`` of each entry with a renamed id (and drops its
+    render caches: a render made of the message as given carries its own ids).
+    """
+    decided = _decide([e.message for e in entries], context, new_turn, ids)
+    if decided is not None:
+        for entry, sent in zip(entries, decided, strict=True):
+            if sent is not None:
+                _set_sent(entry, sent)
 
 
 def _renamed(message: Message, renamed: Sequence[tuple[int, str]]) -> _WireIds | None:
     """What ``_Entry.sent`` keeps for ``message`` with the parts at the given indexes
     carrying the given call ids (see :func:`~turnloom.context.history._cells.pack_ids`)."""
+    if len(message.parts) == 1 and len(renamed) == 1:
+        return renamed[0][1]  # its lone part, renamed (the common case): the id bare
     at_sent = dict(renamed)
     return pack_ids(message, [at_sent.get(at, own) for at, own in _parts_with_ids(message)])
 
@@ -307,8 +403,105 @@ def hold(history: _SentState, turns: Iterable[_Turn]) -> None:
         _hold_entries(ids, turn.entries(True))
 
 
-def assign_input(history: _SentState, entries: Sequence[_Entry]) -> None:
-    """A new turn's input ``entries`` follow the kept turns (a commit)."""
+class _DoorIds(msgspec.Struct, gc=False, frozen=True):
+    """A batch's sent ids decided at the door, before it renders (:func:`door_ids`).
+
+    They are the ids the commit or record of the batch decides, as long as
+    it happens in the state the door saw: the history's very ``_turns``
+    tuple (every change of a turn or of a kept entry's ids assigns another:
+    see ``_batches._reuse``) and ``_sent.version`` (every change of the ids
+    present, :func:`restore_sent_ids`' included); the same ``turn_id`` (a
+    record to the newest turn holding it; None: a new turn's input); and the
+    whole batch kept (a record keeps fewer when it drops blank or duplicate
+    messages). Then the door renders each message as sent, once, and the
+    change takes ``claims`` instead of deciding again (:func:`assign_input`,
+    :func:`assign_outputs`); otherwise it decides as if there were no plan.
+    Holds the turns tuple (as the door's memo does), str and tuples: in no cycle.
+    """
+
+    turns: tuple[_Turn, ...]
+    version: int
+    turn_id: str | None
+    # ``_Entry.sent`` of each message (None where every id is sent as it is),
+    # or None when the batch renames nothing.
+    sent: tuple[_WireIds | None, ...] | None
+    # (own id, sent id) of each call of the batch, in order: what the change takes.
+    claims: tuple[tuple[str, str], ...]
+
+    def holds(self, history: _SentState, turn_id: str | None) -> bool:
+        """True when the batch is committed or recorded (``turn_id``) in the state planned
+        for, or holds no id (:data:`_NO_IDS`: the same in every state)."""
+        return self.version < 0 or (
+            self.turns is history._turns
+            and self.version == history._sent.version
+            and self.turn_id == turn_id
+        )
+
+
+def door_ids(
+    history: _SentState, messages: Sequence[Message], turn_id: str | None, position: int
+) -> _DoorIds:
+    """The sent ids ``messages`` would get now (:data:`_NO_IDS` when they carry no call
+    or result id).
+
+    ``turn_id`` None: the messages are a new turn's input (:func:`assign_input`);
+    else they are recorded after the outputs of ``history._turns[position]``
+    (:func:`assign_outputs`). Changes nothing: the ids come from
+    :meth:`_SentIds.peek`, the batch's own calls counted as taken. O(what
+    the change itself costs to decide).
+    """
+    carried = _carried(messages)
+    if not carried:
+        return _NO_IDS
+    ids, turns = history._sent, history._turns
+    paired = ids.renamed and carried is _RESULTS
+    stop = position + 1 if turn_id is not None else len(turns)
+    context = _context(turns, stop) if paired else None
+    claims: list[tuple[str, str]] = []
+    decided = _decide(messages, context, turn_id is None, ids, claims)
+    return _DoorIds(
+        turns,
+        ids.version,
+        turn_id,
+        None if decided is None else tuple(decided),
+        tuple(claims),
+    )
+
+
+_NO_IDS = _DoorIds((), -1, None, None, ())
+"""The plan of a batch without a call or result: nothing to decide, in any state."""
+
+
+def _planned(
+    history: _SentState, entries: Sequence[_Entry], planned: _DoorIds, turn_id: str | None
+) -> bool:
+    """Take ``planned``'s ids when it holds (the entries carry its ``sent``: True), else
+    send ``entries`` with their own ids until decided anew (False)."""
+    if planned.holds(history, turn_id):
+        if planned.claims:
+            history._sent.claim_all(planned.claims)
+        return True
+    unplanned(entries)
+    return False
+
+
+def unplanned(entries: Iterable[_Entry]) -> None:
+    """``entries`` are sent with their own ids until decided: the door's ids (and the
+    renders of them) go, for a change that decides its own."""
+    for entry in entries:
+        if entry.sent is not None:
+            _set_sent(entry, None)
+
+
+def assign_input(
+    history: _SentState, entries: Sequence[_Entry], planned: _DoorIds | None = None
+) -> None:
+    """A new turn's input ``entries`` follow the kept turns (a commit).
+
+    ``planned``: the door's plan for these entries (see :class:`_DoorIds`).
+    """
+    if planned is _NO_IDS or (planned is not None and _planned(history, entries, planned, None)):
+        return
     carried = _carried_ids(entries)
     if carried:
         ids, turns = history._sent, history._turns
@@ -316,8 +509,21 @@ def assign_input(history: _SentState, entries: Sequence[_Entry]) -> None:
         _assign(ids, entries, _context(turns, len(turns)) if paired else None, True)
 
 
-def assign_outputs(history: _SentState, position: int, entries: Sequence[_Entry]) -> None:
-    """``entries`` are recorded after the outputs of ``history._turns[position]``."""
+def assign_outputs(
+    history: _SentState,
+    position: int,
+    entries: Sequence[_Entry],
+    planned: _DoorIds | None = None,
+) -> None:
+    """``entries`` are recorded after the outputs of ``history._turns[position]``.
+
+    ``planned``: the door's plan for exactly these entries (see :class:`_DoorIds`).
+    """
+    if planned is _NO_IDS or (
+        planned is not None
+        and _planned(history, entries, planned, history._turns[position].turn_id)
+    ):
+        return
     carried = _carried_ids(entries)
     if carried:
         ids = history._sent
@@ -385,16 +591,29 @@ _RESULTS = "results"
 
 
 def _carried_ids(entries: Sequence[_Entry]) -> str:
-    """``_RESULTS`` when ``entries`` hold a tool result, else ``_CALLS`` when a call, else "".
-
-    Only a result reads the pairing context before ``entries`` (which kept
-    call it answers, and that call's sent id); a call's sent id depends on the
-    ids present alone. So entries without a result are assigned without
-    walking back for that context (:func:`_assign` with None): the same ids.
-    """
+    """:func:`_carried` of the entries' messages."""
     found = ""
     for entry in entries:
         for part in entry.message.parts:
+            kind = type(part)
+            if kind is ToolResultPart:
+                return _RESULTS
+            if kind is ToolCallPart:
+                found = _CALLS
+    return found
+
+
+def _carried(messages: Sequence[Message]) -> str:
+    """``_RESULTS`` when ``messages`` hold a tool result, else ``_CALLS`` when a call, else "".
+
+    Only a result reads the pairing context before ``messages`` (which kept
+    call it answers, and that call's sent id); a call's sent id depends on the
+    ids present alone. So messages without a result are assigned without
+    walking back for that context (:func:`_decide` with None): the same ids.
+    """
+    found = ""
+    for message in messages:
+        for part in message.parts:
             kind = type(part)
             if kind is ToolResultPart:
                 return _RESULTS

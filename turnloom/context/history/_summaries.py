@@ -35,7 +35,7 @@ from turnloom.context.history._batches import _entries
 from turnloom.context.history._cells import _Entry, _Turn
 from turnloom.context.history._changes import _ChangeState
 from turnloom.context.history._evictions import _forget
-from turnloom.context.history._sent import assign_summary, carry_sent, release
+from turnloom.context.history._sent import assign_summary, carry_sent, release, unplanned
 from turnloom.context.message import Message, check_id, check_message
 from turnloom.context.summaries import (
     SUMMARY_TURN_PREFIX,
@@ -274,7 +274,9 @@ def apply_summary(
             "summary never splits a call from its result."
         )
     messages = (*given, *answer)
-    entries, sizes = _entries(history, messages, summary_id, "summary")
+    entries, sizes, planned = _entries(history, messages, summary_id, "summary")
+    if planned is not None:
+        unplanned(entries)  # planned at the door for a commit; a summary decides its own
     size = sum(sizes)
     limits = history._limits
     if size > limits.max_bytes:

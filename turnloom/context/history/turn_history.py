@@ -368,7 +368,12 @@ class TurnHistory:
         for it (and its native items sized), so a provider rule fails here;
         the renders seed the render cache of the entries the same messages
         become when committed or recorded next (:meth:`rendered_items`
-        counts them).
+        counts them). A batch that is not ``pinned`` first gets the call ids
+        it would be sent with (a reused call id renamed, as a commit, or a
+        record to ``turn_id``, would decide it now), so each message renders
+        once, as sent; the commit or record of the same batch in the same
+        state keeps those ids and renders, and one in another state decides
+        its own and keeps the renders of the messages it sends as given.
 
         A record to a turn tied to other turns (see :class:`TurnHistory`)
         counts the tied turns together, as eviction keeps them, whether or
