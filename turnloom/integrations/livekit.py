@@ -17,6 +17,10 @@ and hand ``Agent.default.llm_node`` the context to send; that is what
   and nothing is recorded to it retracts it first, so only the final
   transcript stays a turn; when LiveKit uses that generation, its guess's
   message answers to the final turn (its tool steps and reply go there);
+* a user message's images (LiveKit's ``ImageContent``: a URL, a data URL, or a
+  ``VideoFrame``, encoded to JPEG as LiveKit encodes it) are kept with its text,
+  in LiveKit's order, and reach every model call; its audio frames are not (their
+  transcript is the text);
 * every model call sends turnloom's prepared input (``manager.prepare``, then
   ``manager.build(prefix, recorded=True)``: the turn's recorded outputs),
   rendered for OpenAI Chat and converted to a LiveKit ``ChatContext``;
@@ -119,6 +123,7 @@ from __future__ import annotations
 
 __all__ = ("TurnloomAgent",)
 
+import base64
 import logging
 from collections import deque
 from collections.abc import AsyncIterable, Callable, Sequence
@@ -126,11 +131,21 @@ from typing import Any
 
 from livekit.agents import Agent, llm
 from livekit.agents.llm import StopResponse
+from livekit.agents.llm.utils import serialize_image
 from livekit.agents.voice import ModelSettings
 from livekit.agents.voice.events import ConversationItemAddedEvent, FunctionToolsExecutedEvent
 from livekit.agents.voice.generation import EXPRESSIVE_INSTRUCTIONS_MESSAGE_ID
 
-from turnloom.context import GatewayType, Message, Role, TextPart, ToolCallPart, ToolResultPart
+from turnloom.context import (
+    GatewayType,
+    ImagePart,
+    Message,
+    Part,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+)
 from turnloom.errors import (
     InputError,
     InvalidArgumentError,
@@ -180,8 +195,9 @@ def _to_chat_ctx(items: tuple[dict[str, Any], ...]) -> llm.ChatContext:
             )
             continue
         content = item.get("content")
-        if isinstance(content, list):
-            content = "".join(part.get("text", "") for part in content)
+        if isinstance(content, list):  # text and images (a user's picture), in order
+            content = [_chat_content(part) for part in content]
+            content = [part for part in content if part is not None]
         if content:
             ctx.add_message(role=role, content=content)
         for call in item.get("tool_calls") or ():
@@ -192,6 +208,46 @@ def _to_chat_ctx(items: tuple[dict[str, Any], ...]) -> llm.ChatContext:
                 )
             )
     return ctx
+
+
+def _chat_content(block: dict[str, Any]) -> str | llm.ImageContent | None:
+    """One OpenAI Chat content block as LiveKit content: text, or an image by its URL."""
+    if block.get("type") == "image_url":
+        image = block["image_url"]
+        return llm.ImageContent(image=image["url"], inference_detail=image.get("detail", "auto"))
+    text = block.get("text")
+    return text if isinstance(text, str) else None
+
+
+def _user_content(message: llm.ChatMessage) -> str | tuple[Part, ...]:
+    """A LiveKit user message's content as turnloom's: its text (LiveKit's
+    ``text_content``) when it holds no image; else its texts and images in LiveKit's
+    order, an image as its URL, or its JPEG bytes for a ``VideoFrame`` (LiveKit's own
+    ``serialize_image``). Audio frames are not kept (their transcript is the text)."""
+    if not any(isinstance(c, llm.ImageContent) for c in message.content):
+        return message.text_content or ""
+    parts: list[Part] = []
+    texts: list[str] = []
+    for content in message.content:
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, llm.ImageContent):
+            if "".join(texts).strip():
+                parts.append(TextPart(text="\n".join(texts)))
+            texts = []
+            parts.append(_image_part(content))
+    if "".join(texts).strip():
+        parts.append(TextPart(text="\n".join(texts)))
+    return tuple(parts)
+
+
+def _image_part(image: llm.ImageContent) -> ImagePart:
+    serialized = serialize_image(image)
+    detail = image.inference_detail
+    if serialized.external_url is not None:
+        return ImagePart(url=serialized.external_url, detail=detail)
+    data = base64.b64encode(serialized.data_bytes or b"").decode("ascii")
+    return ImagePart(data=data, media_type=serialized.mime_type or "image/jpeg", detail=detail)
 
 
 class TurnloomAgent(Agent):
@@ -479,7 +535,7 @@ class TurnloomAgent(Agent):
                 instructions=(self._system,),
                 input=(
                     *self._opening,
-                    Message(role=Role.user, content=message.text_content or ""),
+                    Message(role=Role.user, content=_user_content(message)),
                 ),
             )
         )
