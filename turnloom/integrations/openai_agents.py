@@ -78,12 +78,16 @@ from agents.models.fake_id import FAKE_RESPONSES_ID
 from turnloom.context import (
     GatewayType,
     Message,
+    OpaquePart,
+    Part,
+    ReasoningPart,
     Role,
+    ToolCallPart,
     ToolResultPart,
     join_steps,
 )
 from turnloom.context._call_kinds import call_key, output_key
-from turnloom.context.gateway import step_join
+from turnloom.context.gateway import Gateway, step_join
 from turnloom.errors import (
     InvalidArgumentError,
     InvalidMessageError,
@@ -179,6 +183,30 @@ _HELD_PREFIX = f"{FAKE_RESPONSES_ID}#"
 _HELD_LENGTH = len(_HELD_PREFIX) + 32
 
 
+_SENTINEL = ToolCallPart(call_id="turnloom_sentinel", name="turnloom_sentinel")
+
+
+def _unfollowed_reasoning(gateway: Gateway, message: Message) -> list[dict[str, Any]]:
+    """The reasoning items that end ``message`` with no output item after them, rendered
+    (the gateway's ``render`` leaves them out: the API needs their output item)."""
+    if message.role is not Role.assistant:
+        return []
+    tail: list[Part] = []
+    for part in reversed(message.parts):
+        if type(part) is ReasoningPart or (
+            type(part) is OpaquePart and part.item.get("type") == "reasoning"
+        ):
+            tail.append(part)
+        else:
+            break
+    if not tail:
+        return []
+    tail.reverse()
+    # Rendered in front of a call they may precede, which is then dropped.
+    lead = Message(role=Role.assistant, content=(*tail, _SENTINEL))
+    return gateway.render(lead)[:-1]
+
+
 def _starts_turn(message: Message) -> bool:
     return message.role is Role.user and not any(
         isinstance(part, ToolResultPart) for part in message.content
@@ -227,25 +255,38 @@ class TurnloomSession:
         await self._manager.leases.claim(self.session_id)
         return self.session_id in self._manager.context_ids()
 
-    def _all_items(self) -> list[dict[str, Any]]:
+    def _all_items(self, *, unfollowed: bool = False) -> list[dict[str, Any]]:
         """Every held message rendered, oldest first (turnloom's own order).
 
         Each turn's messages go through the gateway's step join first
         (:func:`~turnloom.context.join_steps`): a ``reasoning`` item added in a
         batch of its own renders in front of the output item added after it,
         as it does in a prepared input, instead of being left out alone.
+
+        ``unfollowed`` True also renders the reasoning items no output item
+        follows yet (the gateway leaves them out of an input), where they are
+        held: :meth:`pop_item` takes the newest held item and rebuilds the rest.
         """
+        return [item for turn in self._turn_items(unfollowed=unfollowed) for item in turn]
+
+    def _turn_items(self, *, unfollowed: bool = False) -> list[list[dict[str, Any]]]:
+        """:meth:`_all_items`, one list per held turn, oldest first."""
         manager = self._manager
         if self.session_id not in manager.context_ids():
             return []
         view = manager.history(self.session_id)
         gateway = manager.gateway
         join = step_join(gateway)
-        items: list[dict[str, Any]] = []
+        turns: list[list[dict[str, Any]]] = []
         for turn_id in view.turn_ids:
+            items: list[dict[str, Any]] = []
             for message in join_steps(view.turn_messages(turn_id), join):
-                items.extend(_give_placeholder(item) for item in gateway.render(message))
-        return items
+                rendered = gateway.render(message)
+                if unfollowed:
+                    rendered += _unfollowed_reasoning(gateway, message)
+                items.extend(_give_placeholder(item) for item in rendered)
+            turns.append(items)
+        return turns
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The held conversation, oldest first: at most ``limit`` of the newest items.
@@ -371,7 +412,10 @@ class TurnloomSession:
         context without its newest item: O(history held), for the SDK's rare
         rewinds (a retried or corrected run). The newest item is the newest
         held one, which may be one :meth:`get_items` leaves out (a call left
-        open by a cancelled run). The rebuild is synchronous (no other task
+        open by a cancelled run, a reasoning item whose output item was not
+        added yet). Each held turn is rebuilt as a turn of its own (a turn
+        holding only its input stays one), so the history limits evict the
+        same turns afterwards. The rebuild is synchronous (no other task
         sees a half-built history); when it fails, the context is rebuilt as
         it was (every held item added back) and the error raised.
 
@@ -394,23 +438,27 @@ class TurnloomSession:
         """
         await self._claim()
         manager = self._manager
-        items = self._all_items()
-        if not items:
+        turns = [t for t in self._turn_items(unfollowed=True) if t]  # a reasoning item too
+        if not turns:
             return None
-        kept = self._parse(items[:-1])
+        newest = turns[-1][-1]
+        # Each turn rebuilt on its own: a turn whose outputs are gone (its input only)
+        # stays a turn, not merged into the input of the turn after it.
+        kept = [self._parse(t) for t in [*turns[:-1], turns[-1][:-1]] if t]
         with manager.leases.rewriting(self.session_id):
             manager.remove_context(self.session_id)
             try:
-                if kept:
-                    self._apply(kept)
+                for messages in kept:
+                    self._apply(messages)
             except BaseException:
                 if self.session_id in manager.context_ids():
                     manager.remove_context(self.session_id)
-                self._apply(self._parse(items))
+                for turn in turns:
+                    self._apply(self._parse(turn))
                 raise
         with anyio.CancelScope(shield=True):
             await manager.leases.flush(self.session_id)
-        return cast("TResponseInputItem", items[-1])
+        return cast("TResponseInputItem", newest)
 
     async def clear_session(self) -> None:
         """Forget the session's history (``manager.remove_context``); idempotent.

@@ -1,0 +1,89 @@
+"""``TurnloomSession.pop_item``: the newest held item, and the turns of what stays.
+
+Found by the state machine of ``test_openai_agents_reasoning_stateful``.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("agents")
+
+from tests.integrations.test_openai_agents_items import CALL, OUTPUT, REASONING, REPLY, USER, USER_2
+from turnloom.context.history import HistoryLimits
+from turnloom.integrations.openai_agents import TurnloomSession
+from turnloom.runtime import Foundation
+from turnloom.stores import open_context_store
+
+pytestmark = pytest.mark.anyio
+
+
+def _user(n: int) -> dict[str, Any]:
+    return {"role": "user", "content": f"Question {n}."}
+
+
+def _reply(n: int) -> dict[str, Any]:
+    return {**REPLY, "id": f"msg_{n}"}
+
+
+async def test_a_reasoning_item_added_last_is_the_item_popped(anyio_backend: str) -> None:
+    """Invariant: pop_item removes and returns the newest item added, also a reasoning
+    item stored on its own (a host storing one item per call; its output not added
+    yet), and the session keeps every other item. Before the fix pop_item returned the
+    user input before it and the reasoning item was lost with it: the session held
+    [user, reply] instead of [user, reply, user].
+
+    Mutant tried: pop_item reading _all_items() without the unfollowed reasoning: fails."""
+    async with Foundation(gateway="openai_responses") as foundation:
+        session = TurnloomSession("s1", foundation.manager)
+        for item in (USER, REPLY, USER_2, REASONING):
+            await session.add_items([copy.deepcopy(item)])  # type: ignore[list-item]
+        assert await session.get_items() == [USER, REPLY, USER_2]
+        assert await session.pop_item() == REASONING
+        assert session._all_items(unfollowed=True) == [USER, REPLY, USER_2]
+        # the step goes on as if the reasoning had never been added
+        for item in (REASONING, CALL, OUTPUT):
+            await session.add_items([copy.deepcopy(item)])  # type: ignore[list-item]
+        assert await session.get_items() == [USER, REPLY, USER_2, REASONING, CALL, OUTPUT]
+        assert await session.pop_item() == OUTPUT
+        assert await session.pop_item() == CALL
+        assert await session.pop_item() == REASONING
+        assert await session.get_items() == [USER, REPLY, USER_2]
+
+
+async def test_a_pop_keeps_each_turn_a_turn(anyio_backend: str, tmp_path: Path) -> None:
+    """Invariant: pop_item's rebuild keeps the held turns as they were: a turn whose
+    reply was popped (its input alone) stays a turn of its own, so the history limit
+    evicts the same turns as without the pop, and the store restores them. Before the
+    fix the rebuild merged that input into the next turn's input: a later commit past
+    max_turns=3 kept Question 1, evicted with its own turn.
+
+    Mutant tried: the rebuild parsing every kept item in one batch (as before): fails."""
+    async with open_context_store(f"sqlite:{tmp_path / 's.db'}") as store:
+        async with Foundation(
+            gateway="openai_responses",
+            store=store,
+            history_limits=HistoryLimits(max_turns=3),
+        ) as foundation:
+            session = TurnloomSession("s1", foundation.manager)
+            await session.add_items([_user(1), _reply(1)])  # type: ignore[list-item]
+            assert await session.pop_item() == _reply(1)
+            await session.add_items([_user(2), _reply(2)])  # type: ignore[list-item]
+            await session.add_items([_user(3), _reply(3)])  # type: ignore[list-item]
+            assert await session.pop_item() == _reply(3)
+            assert len(foundation.manager.history("s1").turn_ids) == 3
+            await session.add_items([_user(4), _reply(4)])  # type: ignore[list-item]
+            expected = [_user(2), _reply(2), _user(3), _user(4), _reply(4)]
+            assert await session.get_items() == expected
+        async with Foundation(
+            gateway="openai_responses",
+            store=store,
+            history_limits=HistoryLimits(max_turns=3),
+        ) as restored:
+            session = TurnloomSession("s1", restored.manager)
+            assert await session.get_items() == expected
+            assert len(restored.manager.history("s1").turn_ids) == 3
