@@ -87,3 +87,24 @@ async def test_a_pop_keeps_each_turn_a_turn(anyio_backend: str, tmp_path: Path) 
             session = TurnloomSession("s1", restored.manager)
             assert await session.get_items() == expected
             assert len(restored.manager.history("s1").turn_ids) == 3
+
+
+async def test_a_pop_leaves_the_reasoning_before_the_item_it_took_as_if_added_alone(
+    anyio_backend: str,
+) -> None:
+    """Invariant: after pop_item the session behaves as if the popped item had never
+    been added: a reasoning item whose output item was popped goes in front of the next
+    output item added, as a reasoning item added on its own does. Before the fix the
+    rebuild joined it to the message before it, where it never renders: get_items lost
+    it for good once the next reply came.
+
+    Mutant tried: the rebuild without _split_reasoning: fails."""
+    reasoning = {**REASONING, "id": "rs_3"}
+    async with Foundation(gateway="openai_responses") as foundation:
+        session = TurnloomSession("s1", foundation.manager)
+        await session.add_items([USER, _reply(2)])  # type: ignore[list-item]
+        await session.add_items([copy.deepcopy(reasoning), _reply(4)])  # type: ignore[list-item]
+        assert await session.pop_item() == _reply(4)
+        await session.add_items([_reply(6)])  # type: ignore[list-item]
+        assert await session.get_items() == [USER, _reply(2), reasoning, _reply(6)]
+        assert foundation.manager.gateway.validate([*await session.get_items(), USER_2]) == []

@@ -72,6 +72,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
+import msgspec
 from agents.memory import SessionSettings
 from agents.models.fake_id import FAKE_RESPONSES_ID
 
@@ -79,7 +80,6 @@ from turnloom.context import (
     GatewayType,
     Message,
     OpaquePart,
-    Part,
     ReasoningPart,
     Role,
     ToolCallPart,
@@ -183,27 +183,46 @@ _HELD_PREFIX = f"{FAKE_RESPONSES_ID}#"
 _HELD_LENGTH = len(_HELD_PREFIX) + 32
 
 
+def _reasoning_tail(message: Message) -> int:
+    """How many reasoning parts end ``message``."""
+    count = 0
+    for part in reversed(message.parts):
+        if type(part) is ReasoningPart or (
+            type(part) is OpaquePart and part.item.get("type") == "reasoning"
+        ):
+            count += 1
+        else:
+            break
+    return count
+
+
+def _split_reasoning(messages: list[Message]) -> list[Message]:
+    """``messages`` with the reasoning parts that end the last one held apart, as a
+    reasoning item added on its own is held: an output item added next is then joined
+    after them (:func:`~turnloom.context.join_steps`), as it would have been before a
+    pop took the item they came before."""
+    last = messages[-1] if messages else None
+    if last is None or last.role is not Role.assistant:
+        return messages
+    count = _reasoning_tail(last)
+    if not count or count == len(last.parts):
+        return messages
+    head = msgspec.structs.replace(last, content=last.parts[:-count])
+    tail = Message(role=Role.assistant, content=last.parts[-count:])
+    return [*messages[:-1], head, tail]
+
+
 _SENTINEL = ToolCallPart(call_id="turnloom_sentinel", name="turnloom_sentinel")
 
 
 def _unfollowed_reasoning(gateway: Gateway, message: Message) -> list[dict[str, Any]]:
     """The reasoning items that end ``message`` with no output item after them, rendered
     (the gateway's ``render`` leaves them out: the API needs their output item)."""
-    if message.role is not Role.assistant:
+    count = _reasoning_tail(message) if message.role is Role.assistant else 0
+    if not count:
         return []
-    tail: list[Part] = []
-    for part in reversed(message.parts):
-        if type(part) is ReasoningPart or (
-            type(part) is OpaquePart and part.item.get("type") == "reasoning"
-        ):
-            tail.append(part)
-        else:
-            break
-    if not tail:
-        return []
-    tail.reverse()
     # Rendered in front of a call they may precede, which is then dropped.
-    lead = Message(role=Role.assistant, content=(*tail, _SENTINEL))
+    lead = Message(role=Role.assistant, content=(*message.parts[-count:], _SENTINEL))
     return gateway.render(lead)[:-1]
 
 
@@ -444,7 +463,7 @@ class TurnloomSession:
         newest = turns[-1][-1]
         # Each turn rebuilt on its own: a turn whose outputs are gone (its input only)
         # stays a turn, not merged into the input of the turn after it.
-        kept = [self._parse(t) for t in [*turns[:-1], turns[-1][:-1]] if t]
+        kept = [_split_reasoning(self._parse(t)) for t in [*turns[:-1], turns[-1][:-1]] if t]
         with manager.leases.rewriting(self.session_id):
             manager.remove_context(self.session_id)
             try:
