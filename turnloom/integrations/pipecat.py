@@ -64,7 +64,11 @@ bookkeeping unchanged), with turnloom as the one source of truth:
   and runs no inference (a warning says so).
 
 A result Pipecat still shows as ``IN_PROGRESS`` is not recorded until it is
-final (turnloom's ``open_calls`` policy handles the open call meanwhile).
+final, nor is its call (the assistant message holding it) nor anything
+Pipecat wrote after it: they stay in Pipecat's context after turnloom's
+input, as Pipecat holds them, so an inference run meanwhile (the caller's
+next turn, while a slow call of a parallel batch runs) reads the call before
+its placeholder.
 An asynchronous function call (registered with ``cancel_on_interruption=False``)
 is recorded as the model saw it: Pipecat's "started" placeholder is the
 call's result, and its later results (Pipecat's developer messages: each
@@ -246,6 +250,28 @@ def _settled_in_place(messages: list[Any], running: dict[str, str]) -> Iterator[
             yield call_id, result
 
 
+def _in_progress_start(messages: list[Any]) -> int:
+    """The index of the first message to leave in Pipecat's context for now: the
+    assistant message holding the call of the first tool message whose result is still
+    ``IN_PROGRESS`` (the tool message itself when no earlier message holds the call);
+    ``len(messages)`` when no result is in progress."""
+    for index, message in enumerate(messages):
+        if not (
+            isinstance(message, dict)
+            and message.get("role") == "tool"
+            and message.get("content") == _IN_PROGRESS
+        ):
+            continue
+        call_id = message.get("tool_call_id")
+        for start in range(index - 1, -1, -1):
+            held = messages[start]
+            if isinstance(held, dict) and held.get("role") == "assistant":
+                if any(c.get("id") == call_id for c in held.get("tool_calls") or ()):
+                    return start
+        return index
+    return len(messages)
+
+
 def _user_dict(message: Message) -> dict[str, Any]:
     """A ``user`` Message of text, in Pipecat's (OpenAI Chat) message shape."""
     return {"role": "user", "content": message.text}
@@ -353,14 +379,17 @@ class _Conversation:
         owed = bool(self.running) and self._take_settled(held[: self.synced])
         owed = self._opening_settled() or owed
         users = new_turn = 0
+        # A call whose result is still IN_PROGRESS waits with everything after it,
+        # from the message holding the call: recorded alone, the call would be left
+        # out of turnloom's input (an open call) and its placeholder stay behind it.
+        hold = _in_progress_start(pending)
+        waiting, pending = pending[hold:], pending[:hold]
         while pending:
             message = pending[0]
             if isinstance(message, LLMSpecificMessage) or not isinstance(message, dict):
                 pending.pop(0)  # another service's own message: not turnloom's
                 continue
             role = message.get("role")
-            if role == "tool" and message.get("content") == _IN_PROGRESS:
-                break  # recorded once its result is final
             pending.pop(0)
             if role == "user":
                 users += 1
@@ -383,6 +412,7 @@ class _Conversation:
                     continue
                 owed = _take_async(message, self.running) or owed
                 self._record(outputs)
+        pending = waiting
         if users and not new_turn and not owed:
             self.context.set_messages([*self.context.get_messages()[: self.synced], *pending])
             return False

@@ -1,0 +1,95 @@
+"""Pipecat parallel function calls, one still running when the caller speaks again.
+
+Pipecat writes each call of a parallel batch as its own assistant message with its
+``tool`` message (``IN_PROGRESS`` until its result is final), and runs inferences
+while a call is in progress (the caller's next turn). Every input the LLM service
+gets must be a valid OpenAI Chat input. Pipecat is asyncio-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pipecat")
+
+from tests.integrations.pipecat_fakes import Call, FakeCall, ScriptedLLM, find_bag, run_calls
+from turnloom.context import get_gateway
+from turnloom.runtime import Foundation
+
+CALL_2 = {
+    "role": "assistant",
+    "tool_calls": [
+        {
+            "id": "c2",
+            "function": {"name": "find_bag", "arguments": '{"tag": "SLOW"}'},
+            "type": "function",
+        }
+    ],
+}
+
+
+def test_a_call_in_progress_keeps_its_call_before_its_placeholder_in_every_input() -> None:
+    """Invariant: every input Pipecat sends holds a tool message only right after the
+    assistant message with its call. A parallel batch's slow call still IN_PROGRESS
+    when the caller's next turn runs an inference is sent as Pipecat holds it (its call,
+    then its placeholder). Before the fix turnloom recorded the call (an open call,
+    left out of its input) and left the placeholder behind: the input held a tool
+    message answering no call, which OpenAI rejects.
+
+    Mutant tried: recording up to the IN_PROGRESS tool message (as before): the third
+    input has the violation tool_result_without_call."""
+    gate = asyncio.Event()
+
+    async def bag(params: Any) -> None:
+        if params.arguments["tag"] == "SLOW":
+            await gate.wait()
+        await find_bag(params)
+
+    async def main() -> None:
+        model = ScriptedLLM(
+            [
+                [
+                    "Checking. ",
+                    Call("c1", "find_bag", {"tag": "X1"}),
+                    Call("c2", "find_bag", {"tag": "SLOW"}),
+                ],
+                ["Both found."],
+                ["Sure."],
+            ]
+        )
+        model.register_function("find_bag", bag)
+        async with Foundation(gateway="openai_chat") as foundation:
+            call = FakeCall(foundation.manager, model)
+
+            def answered(call_id: str) -> bool:
+                return any(
+                    m.get("role") == "tool"
+                    and m.get("tool_call_id") == call_id
+                    and m.get("content") != "IN_PROGRESS"
+                    for m in call.pair.context.get_messages()
+                )
+
+            async def script() -> None:
+                await call.say("Where are my bags?")
+                await call.until(lambda: answered("c1") and len(model.seen) >= 2)
+                await call.say("Also, my flight?")
+                await call.until(lambda: len(model.seen) >= 3)
+                gate.set()
+                await call.until(lambda: answered("c2"))
+                await call.end()
+
+            await run_calls([call], script)
+        gateway = get_gateway("openai_chat")
+        assert [gateway.validate(seen) for seen in model.seen] == [[]] * len(model.seen)
+        third = model.seen[2]
+        assert third[-4:] == [
+            CALL_2,
+            {"role": "tool", "content": "IN_PROGRESS", "tool_call_id": "c2"},
+            {"role": "assistant", "content": "Both found."},
+            {"role": "user", "content": "Also, my flight?"},
+        ]
+
+    asyncio.run(main())
