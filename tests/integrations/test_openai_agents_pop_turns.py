@@ -9,12 +9,15 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 pytest.importorskip("agents")
 
 from tests.integrations.test_openai_agents_items import CALL, OUTPUT, REASONING, REPLY, USER, USER_2
+from turnloom.context import CompactionPolicy, Message, Role
 from turnloom.context.history import HistoryLimits
+from turnloom.context.summaries import is_summary_turn
 from turnloom.integrations.openai_agents import TurnloomSession
 from turnloom.runtime import Foundation
 from turnloom.stores import open_context_store
@@ -108,3 +111,42 @@ async def test_a_pop_leaves_the_reasoning_before_the_item_it_took_as_if_added_al
         await session.add_items([_reply(6)])  # type: ignore[list-item]
         assert await session.get_items() == [USER, _reply(2), reasoning, _reply(6)]
         assert foundation.manager.gateway.validate([*await session.get_items(), USER_2]) == []
+
+
+async def _summary(messages: tuple[Message, ...]) -> list[Message]:
+    return [Message(role=Role.user, content=f"Summary of {len(messages)} messages.")]
+
+
+async def test_a_pop_keeps_the_summary_turn_and_every_turn_id(anyio_backend: str) -> None:
+    """Invariant: pop_item rebuilds each held turn under its own id, so a summary turn
+    (summary compaction) stays the summary turn: the history limit evicts it last.
+    Before the fix every turn got a new id: the summary became an ordinary oldest
+    turn, and the next commit past max_turns evicted it first, losing what it
+    summarized.
+
+    Mutant tried: the rebuild committing under new ids (as before): fails."""
+    async with Foundation(
+        gateway="openai_responses", history_limits=HistoryLimits(max_turns=4)
+    ) as foundation:
+        manager = foundation.manager
+        manager.summaries.summarizer = _summary
+        manager.summaries.policy = CompactionPolicy(trigger_turns=3, keep_turns=1, timeout=60.0)
+        session = TurnloomSession("s1", manager)
+        for n in range(4):
+            await session.add_items([_user(n), _reply(n)])  # type: ignore[list-item]
+            for _ in range(10):  # the summarizer's task runs
+                await anyio.sleep(0)
+        manager.summaries.policy = None
+        before = manager.history("s1").turn_ids
+        assert is_summary_turn(before[0])
+        summary = {"role": "user", "content": "Summary of 6 messages."}
+        assert await session.get_items() == [summary, _user(3), _reply(3)]
+        assert await session.pop_item() == _reply(3)
+        assert manager.history("s1").turn_ids == before
+        for n in range(4, 8):
+            await session.add_items([_user(n), _reply(n)])  # type: ignore[list-item]
+        assert is_summary_turn(manager.history("s1").turn_ids[0])
+        assert await session.get_items() == [
+            summary,
+            *(i for n in range(5, 8) for i in (_user(n), _reply(n))),
+        ]

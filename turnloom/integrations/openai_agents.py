@@ -286,17 +286,17 @@ class TurnloomSession:
         follows yet (the gateway leaves them out of an input), where they are
         held: :meth:`pop_item` takes the newest held item and rebuilds the rest.
         """
-        return [item for turn in self._turn_items(unfollowed=unfollowed) for item in turn]
+        return [item for _, turn in self._turn_items(unfollowed=unfollowed) for item in turn]
 
-    def _turn_items(self, *, unfollowed: bool = False) -> list[list[dict[str, Any]]]:
-        """:meth:`_all_items`, one list per held turn, oldest first."""
+    def _turn_items(self, *, unfollowed: bool = False) -> list[tuple[str, list[dict[str, Any]]]]:
+        """:meth:`_all_items`, one list per held turn with its id, oldest first."""
         manager = self._manager
         if self.session_id not in manager.context_ids():
             return []
         view = manager.history(self.session_id)
         gateway = manager.gateway
         join = step_join(gateway)
-        turns: list[list[dict[str, Any]]] = []
+        turns: list[tuple[str, list[dict[str, Any]]]] = []
         for turn_id in view.turn_ids:
             items: list[dict[str, Any]] = []
             for message in join_steps(view.turn_messages(turn_id), join):
@@ -304,7 +304,7 @@ class TurnloomSession:
                 if unfollowed:
                     rendered += _unfollowed_reasoning(gateway, message)
                 items.extend(_give_placeholder(item) for item in rendered)
-            turns.append(items)
+            turns.append((turn_id, items))
         return turns
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
@@ -389,16 +389,18 @@ class TurnloomSession:
                 field="items",
             )
 
-    def _apply(self, messages: list[Message]) -> None:
-        """Commit the messages as turns, each whole or not at all (synchronous)."""
+    def _apply(self, messages: list[Message], turn_id: str | None = None) -> None:
+        """Commit the messages as turns, each whole or not at all (synchronous); the first
+        turn committed takes ``turn_id`` when given (a held turn rebuilt by a pop)."""
         manager = self._manager
         turn_input: list[Message] = []
         outputs: list[Message] = []
+        ids = [turn_id] if turn_id is not None else []
 
         def flush() -> None:
             committed = None
             if turn_input:
-                committed = new_turn_id()
+                committed = ids.pop() if ids else new_turn_id()
                 manager.accept_turn(
                     TurnSnapshot(
                         context_id=self.session_id, turn_id=committed, input=tuple(turn_input)
@@ -432,9 +434,10 @@ class TurnloomSession:
         rewinds (a retried or corrected run). The newest item is the newest
         held one, which may be one :meth:`get_items` leaves out (a call left
         open by a cancelled run, a reasoning item whose output item was not
-        added yet). Each held turn is rebuilt as a turn of its own (a turn
-        holding only its input stays one), so the history limits evict the
-        same turns afterwards. The rebuild is synchronous (no other task
+        added yet). Each held turn is rebuilt as a turn of its own, under its
+        own id (a turn holding only its input stays one; a summary turn stays
+        the summary turn), so the history limits evict the same turns
+        afterwards. The rebuild is synchronous (no other task
         sees a half-built history); when it fails, the context is rebuilt as
         it was (every held item added back) and the error raised.
 
@@ -457,23 +460,29 @@ class TurnloomSession:
         """
         await self._claim()
         manager = self._manager
-        turns = [t for t in self._turn_items(unfollowed=True) if t]  # a reasoning item too
+        turns = [(i, t) for i, t in self._turn_items(unfollowed=True) if t]  # reasoning too
         if not turns:
             return None
-        newest = turns[-1][-1]
-        # Each turn rebuilt on its own: a turn whose outputs are gone (its input only)
-        # stays a turn, not merged into the input of the turn after it.
-        kept = [_split_reasoning(self._parse(t)) for t in [*turns[:-1], turns[-1][:-1]] if t]
+        last_id, last = turns[-1]
+        newest = last[-1]
+        # Each turn rebuilt on its own, under its own id: a turn whose outputs are gone
+        # (its input only) stays a turn, not merged into the input of the turn after
+        # it, and a summary turn stays the summary turn (evicted last, never pruned).
+        kept = [
+            (turn_id, _split_reasoning(self._parse(items)))
+            for turn_id, items in [*turns[:-1], (last_id, last[:-1])]
+            if items
+        ]
         with manager.leases.rewriting(self.session_id):
             manager.remove_context(self.session_id)
             try:
-                for messages in kept:
-                    self._apply(messages)
+                for turn_id, messages in kept:
+                    self._apply(messages, turn_id)
             except BaseException:
                 if self.session_id in manager.context_ids():
                     manager.remove_context(self.session_id)
-                for turn in turns:
-                    self._apply(self._parse(turn))
+                for turn_id, items in turns:
+                    self._apply(self._parse(items), turn_id)
                 raise
         with anyio.CancelScope(shield=True):
             await manager.leases.flush(self.session_id)
