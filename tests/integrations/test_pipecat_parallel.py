@@ -9,6 +9,7 @@ gets must be a valid OpenAI Chat input. Pipecat is asyncio-only.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -90,6 +91,53 @@ def test_a_call_in_progress_keeps_its_call_before_its_placeholder_in_every_input
             {"role": "tool", "content": "IN_PROGRESS", "tool_call_id": "c2"},
             {"role": "assistant", "content": "Both found."},
             {"role": "user", "content": "Also, my flight?"},
+        ]
+
+    asyncio.run(main())
+
+
+def test_a_services_own_message_is_counted_and_warned_not_dropped_silently(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Invariant: nothing Pipecat's context is handed vanishes without a trace: a
+    service's own ``LLMSpecificMessage`` (Gemini's thought signature, appended by
+    Pipecat's GoogleLLMService with an ``LLMMessagesAppendFrame``), which turnloom cannot
+    hold, is counted in ``specific_messages_dropped`` (one WARNING per call), and the
+    inference after it reads turnloom's input. Before the fix it was dropped silently.
+
+    Mutant tried: no _drop_specific call: the counter stays 0, no warning."""
+    from pipecat.frames.frames import LLMMessagesAppendFrame
+    from pipecat.processors.aggregators.llm_context import LLMSpecificMessage
+
+    def signature(n: int) -> LLMSpecificMessage:
+        message = {"type": "thought_signature", "signature": f"sig{n}", "bookmark": {"text": "x"}}
+        return LLMSpecificMessage(llm="google", message=message)
+
+    async def main() -> None:
+        model = ScriptedLLM([["Hello."], ["Still here."]])
+        async with Foundation(gateway="openai_chat") as foundation:
+            call = FakeCall(foundation.manager, model)
+
+            async def script() -> None:
+                await call.say("Hi.")
+                await call.replies(1)
+                frame = LLMMessagesAppendFrame([signature(1), signature(2)], run_llm=True)
+                await call.worker.queue_frame(frame)
+                await call.replies(2)
+                await call.end()
+
+            with caplog.at_level(logging.WARNING, logger="turnloom.integrations.pipecat"):
+                await run_calls([call], script)
+            assert call.pair.specific_messages_dropped == 2
+        assert model.seen[1] == [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi."},
+            {"role": "assistant", "content": "Hello."},
+        ]
+        assert [r.getMessage() for r in caplog.records] == [
+            "Context 'call-1': left out a message of Pipecat's context that turnloom cannot "
+            "hold (an LLMSpecificMessage for 'google', type 'thought_signature'); the pair "
+            "counts them in specific_messages_dropped."
         ]
 
     asyncio.run(main())

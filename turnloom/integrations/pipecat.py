@@ -81,6 +81,13 @@ over a placeholder turnloom already took (the call finished before the
 conversation moved on, after an inference that sent the placeholder) is
 recorded the same way, as Pipecat's final-result message.
 
+A service's own message (an ``LLMSpecificMessage``: Gemini's thought
+signatures, a thought a service appends to the context) has no
+provider-neutral form: it is left out of the call's context, counted in
+:attr:`TurnloomContextAggregatorPair.specific_messages_dropped`, and the
+first one of a call logs a warning (Pipecat's Gemini adapter signs the calls
+it finds unsigned with its placeholder signature).
+
 A note the host appends (``LLMMessagesAppendFrame``: a ``system`` or
 ``developer`` message, as Pipecat's idle handling and greetings do; so are
 Pipecat's own empty-turn prompt and tool-change notes) is recorded to the
@@ -331,6 +338,7 @@ class _Conversation:
         # turn (still Pipecat's own messages in ``opening_raw``).
         self.opening_running: dict[str, str] = {}
         self.closed = False
+        self.dropped_specific = 0  # LLMSpecificMessages left out (see _drop_specific)
         self.created = False  # a turn was committed: the context exists
         self.lock = anyio.Lock()
 
@@ -388,6 +396,7 @@ class _Conversation:
             message = pending[0]
             if isinstance(message, LLMSpecificMessage) or not isinstance(message, dict):
                 pending.pop(0)  # another service's own message: not turnloom's
+                self._drop_specific(message)
                 continue
             role = message.get("role")
             pending.pop(0)
@@ -432,6 +441,23 @@ class _Conversation:
         self.context.set_messages([*messages, *pending])
         self.synced = len(messages)
         return True
+
+    def _drop_specific(self, message: Any) -> None:
+        """Count a message turnloom cannot hold (a service's own ``LLMSpecificMessage``);
+        warn the first time in the call."""
+        self.dropped_specific += 1
+        if self.dropped_specific == 1:
+            llm = getattr(message, "llm", None)
+            kind = getattr(message, "message", None)
+            kind = kind.get("type") if isinstance(kind, dict) else type(kind).__name__
+            _log.warning(
+                "Context %r: left out a message of Pipecat's context that turnloom cannot "
+                "hold (an LLMSpecificMessage for %r, type %r); the pair counts them in "
+                "specific_messages_dropped.",
+                self.context_id,
+                llm,
+                kind,
+            )
 
     def _record(self, outputs: list[Message]) -> None:
         """Record ``outputs`` to the turn the reply being spoken answers (else the newest)."""
@@ -738,6 +764,13 @@ class TurnloomContextAggregatorPair:
     def context_id(self) -> str:
         """The call's turnloom context id."""
         return self._conversation.context_id
+
+    @property
+    def specific_messages_dropped(self) -> int:
+        """How many of Pipecat's ``LLMSpecificMessage``\\ s (a service's own message, such
+        as Gemini's thought signatures) the pair left out of the call's context: turnloom
+        holds provider-neutral messages only. The first one in a call logs a warning."""
+        return self._conversation.dropped_specific
 
     @property
     def turn_id(self) -> str | None:
