@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 from typing import Any
 
 import pytest
@@ -154,5 +155,66 @@ def test_an_image_only_user_turn_and_a_video_frame_are_kept() -> None:
                     "image_url": {"url": f"data:image/jpeg;base64,{image.data}", "detail": "auto"},
                 }
             ]
+
+    asyncio.run(main())
+
+
+class _LateImageAgent(TurnloomAgent):
+    """LiveKit's vision pattern run after the base hook: the frame appended too late."""
+
+    async def on_user_turn_completed(
+        self, turn_ctx: llm.ChatContext, new_message: llm.ChatMessage
+    ) -> None:
+        await super().on_user_turn_completed(turn_ctx, new_message)
+        new_message.content.append(llm.ImageContent(image=URL))
+
+
+class _EarlyImageAgent(TurnloomAgent):
+    """LiveKit's vision pattern run before the base hook: the frame is the turn's."""
+
+    async def on_user_turn_completed(
+        self, turn_ctx: llm.ChatContext, new_message: llm.ChatMessage
+    ) -> None:
+        new_message.content.append(llm.ImageContent(image=URL))
+        await super().on_user_turn_completed(turn_ctx, new_message)
+
+
+def test_an_image_appended_after_the_commit_is_a_counted_late_edit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Invariant: an image appended to ``new_message`` after the base hook committed the
+    turn is not dropped silently: one warning (image counts, not the caller's words) and
+    ``late_edits`` grows by one; appended before the hook, it is the turn's and reaches
+    the model call. Before the fix the late image was neither sent nor counted (the
+    late-edit check compared text only).
+
+    Mutant tried: the image count left out of the late-edit check: no warning,
+    ``late_edits`` stays 0."""
+    from tests.integrations.test_livekit import _speak
+
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            late_model, early_model = ScriptedLLM([["One."]]), ScriptedLLM([["Two."]])
+            late = _LateImageAgent(manager=manager, context_id="late", instructions="Be brief.")
+            early = _EarlyImageAgent(manager=manager, context_id="early", instructions="Be brief.")
+            with caplog.at_level(logging.WARNING, logger="turnloom.integrations.livekit"):
+                for agent, model in ((late, late_model), (early, early_model)):
+                    async with AgentSession(llm=model) as session:
+                        await session.start(agent)
+                        await _speak(session, "What is this?")
+            assert (late.late_edits, early.late_edits) == (1, 0)
+            assert [r.getMessage() for r in caplog.records] == [
+                "TurnloomAgent 'late': LiveKit's user message "
+                f"{late._user_item!r} was edited after turn {late._turn!r} was committed; "
+                "turnloom keeps the committed text (13 characters), not the edit (13 "
+                "characters) (images: 0 committed, 1 in the edit): edit new_message before "
+                "calling TurnloomAgent.on_user_turn_completed"
+            ]
+            assert _contents(late_model.seen[0])[1] == ("user", ["What is this?"])
+            assert _contents(early_model.seen[0])[1] == (
+                "user",
+                ["What is this?", ("image", URL, "auto")],
+            )
 
     asyncio.run(main())

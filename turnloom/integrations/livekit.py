@@ -85,8 +85,10 @@ What a host changes in LiveKit's context:
 * ``new_message`` edits: an edit made before calling this class's
   ``on_user_turn_completed`` is the turn's input. One made after it comes
   too late (the turn is committed): turnloom keeps and sends the committed
-  text, logs a warning (lengths, not the caller's words) and counts it in
-  :attr:`TurnloomAgent.late_edits`.
+  text and images, logs a warning (lengths and image counts, not the
+  caller's words) and counts it in :attr:`TurnloomAgent.late_edits`; so
+  does an image appended after it (LiveKit's vision pattern run after
+  calling this hook).
 * ``agent.update_instructions(...)``: turnloom pins the new instructions
   from the caller's next turn on; the model calls of a turn already
   committed keep its instructions.
@@ -356,6 +358,7 @@ class TurnloomAgent(Agent):
         self.record_errors = 0
         self.late_edits = 0
         self._user_text = ""  # the committed text of the newest turn's user message
+        self._user_images = 0  # how many images it had
         self._opening: list[Message] = []  # said before the first turn: its input opens with it
         self._opened: tuple[str, tuple[Message, ...]] | None = None  # the turn that took it
         self._notes: list[ContextContribution] = []  # the current turn's host notes
@@ -415,7 +418,9 @@ class TurnloomAgent(Agent):
             assert isinstance(user, llm.ChatMessage)
             self._commit(user, confirmed=False)
             await self._bound()
-        elif isinstance(user, llm.ChatMessage) and (user.text_content or "") != self._user_text:
+        elif isinstance(user, llm.ChatMessage) and (
+            (user.text_content or "") != self._user_text or _images(user) != self._user_images
+        ):
             self._late_edit(user)  # the turn's message, edited after its commit
         turn = self._turn
         if turn is None:  # a greeting before any user turn: LiveKit's context as is
@@ -546,6 +551,7 @@ class TurnloomAgent(Agent):
             self._opening.clear()
         self._turn, self._user_item, self._confirmed = turn_id, message.id, confirmed
         self._user_text = message.text_content or ""
+        self._user_images = _images(message)
         self._turns.append(_TurnItems(turn_id, message.id))
 
     async def _bound(self) -> None:
@@ -558,15 +564,21 @@ class TurnloomAgent(Agent):
         _log.warning(  # lengths, not the caller's words
             "TurnloomAgent %r: LiveKit's user message %r was edited after turn %r was "
             "committed; turnloom keeps the committed text (%d characters), not the edit "
-            "(%d characters): edit new_message before calling "
+            "(%d characters)%s: edit new_message before calling "
             "TurnloomAgent.on_user_turn_completed",
             self.context_id,
             user.id,
             self._turn,
             len(self._user_text),
             len(user.text_content or ""),
+            (
+                f" (images: {self._user_images} committed, {_images(user)} in the edit)"
+                if _images(user) != self._user_images
+                else ""
+            ),
         )
         self._user_text = user.text_content or ""
+        self._user_images = _images(user)
 
     def _warn_closed(self, outcome: str) -> None:
         """A LiveKit hook ran after the Foundation closed: say what it did instead."""
@@ -721,6 +733,10 @@ def _is_note(item: llm.ChatMessage) -> bool:
     instructions, which turnloom pins, and its expressive TTS guide, which
     :meth:`TurnloomAgent._take_notes` hands back to its model call)."""
     return not item.id.startswith("lk.") and bool((item.text_content or "").strip())
+
+
+def _images(message: llm.ChatMessage) -> int:
+    return sum(isinstance(c, llm.ImageContent) for c in message.content)
 
 
 def _is_user(item: llm.ChatItem) -> bool:
