@@ -218,3 +218,51 @@ def test_an_image_appended_after_the_commit_is_a_counted_late_edit(
             )
 
     asyncio.run(main())
+
+
+class _ImageNoteAgent(TurnloomAgent):
+    """Adds host notes to ``turn_ctx`` (the RAG pattern), one with an image only."""
+
+    async def on_user_turn_completed(
+        self, turn_ctx: llm.ChatContext, new_message: llm.ChatMessage
+    ) -> None:
+        turn_ctx.add_message(role="assistant", content=[llm.ImageContent(image=URL)])
+        turn_ctx.add_message(role="assistant", content=["Fact: bags go to gate 4.", PNG_IMAGE])
+        await super().on_user_turn_completed(turn_ctx, new_message)
+
+
+PNG_IMAGE = llm.ImageContent(image=PNG)
+
+
+def test_a_host_notes_images_are_counted_not_dropped_silently(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Invariant: a host note reaches the model as text; its images (an image-only note
+    too) cannot, and are counted in ``note_images_dropped`` with one warning, while the
+    note's text still reaches the model. Before the fix they vanished without a trace.
+
+    Mutant tried: no _drop_note_images call: the counter stays 0, no warning."""
+    from tests.integrations.test_livekit import _shape, _speak
+
+    async def main() -> None:
+        async with Foundation(gateway="openai_chat") as foundation:
+            model = ScriptedLLM([["Gate 4."]])
+            agent = _ImageNoteAgent(
+                manager=foundation.manager, context_id="call-1", instructions="Be brief."
+            )
+            with caplog.at_level(logging.WARNING, logger="turnloom.integrations.livekit"):
+                async with AgentSession(llm=model) as session:
+                    await session.start(agent)
+                    await _speak(session, "Where is my bag?")
+            assert agent.note_images_dropped == 2
+            assert [r.getMessage().split(" (LiveKit message")[0] for r in caplog.records] == [
+                "TurnloomAgent 'call-1': a host note"
+            ]
+            notes = ("notes", "assistant_message_1: Fact: bags go to gate 4.")
+            assert _shape(model.seen[0]) == [
+                ("system", "Be brief."),
+                ("user", "Where is my bag?"),
+                notes,
+            ]
+
+    asyncio.run(main())

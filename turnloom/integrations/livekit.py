@@ -65,7 +65,11 @@ What a host changes in LiveKit's context:
   override, before or after calling this class's hook) and messages added
   with ``agent.update_chat_ctx`` (they go to the next model call's turn; a
   user message that call answers as the caller's turn is that turn's input
-  instead). Later turns keep the pair in its place under turnloom's default
+  instead). A note is text: its images (an image-only message too) do not
+  reach the model; they are counted in
+  :attr:`TurnloomAgent.note_images_dropped`, the first with a warning (an
+  image for the model goes in the caller's ``new_message``, above). Later
+  turns keep the pair in its place under turnloom's default
   earlier-state policy (``"keep"``), as turnloom keeps any turn's state;
   ``history()`` does not list it. LiveKit's instructions message (id
   ``lk.agent_task.instructions``) is not a note: turnloom pins them.
@@ -312,6 +316,8 @@ class TurnloomAgent(Agent):
 
     Attributes:
         record_errors: how many record batches turnloom refused (see above).
+        note_images_dropped: how many images host notes held (a note reaches
+            the model as text; see the module docstring, "Host notes").
         late_edits: how many turns' user messages the host edited after this
             class's ``on_user_turn_completed`` committed them (see the module
             docstring: the committed text is kept and sent).
@@ -357,6 +363,7 @@ class TurnloomAgent(Agent):
         self._streamed: list[str] = []  # the text of the newest model call, as streamed
         self.record_errors = 0
         self.late_edits = 0
+        self.note_images_dropped = 0
         self._user_text = ""  # the committed text of the newest turn's user message
         self._user_images = 0  # how many images it had
         self._opening: list[Message] = []  # said before the first turn: its input opens with it
@@ -616,9 +623,27 @@ class TurnloomAgent(Agent):
             if item.id in self._noted or item.id == self._user_item:
                 continue  # the caller's turn is the turn's input, not a note
             self._noted.add(item.id)
-            name = f"{item.role}_message_{len(self._notes) + 1}"
-            self._notes.append(ContextContribution(name=name, content=item.text_content or ""))
+            if _images(item):
+                self._drop_note_images(item)
+            if (item.text_content or "").strip():
+                name = f"{item.role}_message_{len(self._notes) + 1}"
+                self._notes.append(ContextContribution(name=name, content=item.text_content or ""))
         return own
+
+    def _drop_note_images(self, item: llm.ChatMessage) -> None:
+        """A host note's images cannot reach the model (a note is text): count them; warn
+        the first time in the call."""
+        self.note_images_dropped += _images(item)
+        if self.note_images_dropped == _images(item):
+            _log.warning(
+                "TurnloomAgent %r: a host note (LiveKit message %r) holds %d image(s), which "
+                "turnloom does not send (a note is text); add an image to the caller's "
+                "new_message before calling TurnloomAgent.on_user_turn_completed instead. "
+                "Counted in note_images_dropped.",
+                self.context_id,
+                item.id,
+                _images(item),
+            )
 
     def _record_tools(self, chat_ctx: llm.ChatContext, current: _TurnItems) -> None:
         """Record the function items after the current turn's user message, once each."""
@@ -729,10 +754,12 @@ class TurnloomAgent(Agent):
 
 
 def _is_note(item: llm.ChatMessage) -> bool:
-    """A message with text that LiveKit itself did not inject (its ids start ``lk.``: its
-    instructions, which turnloom pins, and its expressive TTS guide, which
+    """A message with text or images that LiveKit itself did not inject (its ids start
+    ``lk.``: its instructions, which turnloom pins, and its expressive TTS guide, which
     :meth:`TurnloomAgent._take_notes` hands back to its model call)."""
-    return not item.id.startswith("lk.") and bool((item.text_content or "").strip())
+    return not item.id.startswith("lk.") and (
+        bool((item.text_content or "").strip()) or bool(_images(item))
+    )
 
 
 def _images(message: llm.ChatMessage) -> int:
