@@ -150,3 +150,26 @@ async def test_a_pop_keeps_the_summary_turn_and_every_turn_id(anyio_backend: str
             summary,
             *(i for n in range(5, 8) for i in (_user(n), _reply(n))),
         ]
+
+
+async def test_a_window_never_cuts_a_responses_items_from_their_reasoning(
+    anyio_backend: str,
+) -> None:
+    """Invariant: get_items(limit) never starts inside a model response after its
+    reasoning item: the Responses API refuses a function_call or output message whose
+    response's reasoning item is missing ("Item 'fc_...' of type 'function_call' was
+    provided without its required 'reasoning' item"). The response's items are left
+    out with the reasoning, and their outputs with them. Before the fix
+    get_items(limit=4) began with the second parallel call.
+
+    Mutant tried: the window cut at len - limit (as before): fails."""
+    call_2 = {**CALL, "call_id": "c2", "id": "fc_2"}
+    output_2 = {**OUTPUT, "call_id": "c2"}
+    stored = [USER, REASONING, CALL, call_2, OUTPUT, output_2, REPLY]
+    async with Foundation(gateway="openai_responses") as foundation:
+        session = TurnloomSession("s1", foundation.manager)
+        await session.add_items(copy.deepcopy(stored))  # type: ignore[arg-type]
+        assert await session.get_items(limit=6) == stored[1:]
+        for limit in (5, 4):
+            assert await session.get_items(limit=limit) == [REPLY]
+        assert await session.get_items(limit=1) == [REPLY]

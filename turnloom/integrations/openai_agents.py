@@ -51,7 +51,9 @@ call left open, for example by a cancelled run), for every call kind the SDK
 runs itself (function, custom tool, computer, shell, apply patch, tool
 search, program, MCP approval; the table the Responses gateway's
 ``validate`` pairs them with), nor a reasoning item whose call was left out
-(:func:`complete_window`). These items stay held; :meth:`pop_item` may
+(:func:`complete_window`), nor a call or output message of a model response
+whose reasoning item the window cut off (the API refuses one "provided
+without its required 'reasoning' item"). These items stay held; :meth:`pop_item` may
 return one.
 
 Concurrency: the SDK runs on asyncio only (``Runner`` uses asyncio tasks), so
@@ -88,6 +90,7 @@ from turnloom.context import (
 )
 from turnloom.context._call_kinds import call_key, output_key
 from turnloom.context.gateway import Gateway, step_join
+from turnloom.context.gateways._responses_rules import follows_reasoning
 from turnloom.errors import (
     InvalidArgumentError,
     InvalidMessageError,
@@ -153,6 +156,25 @@ def complete_window(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if items[index].get("type") == "reasoning" and dropped[index + 1]:
             dropped[index] = True
     return [item for item, gone in zip(items, dropped, strict=True) if not gone]
+
+
+def _of_response(item: dict[str, Any]) -> bool:
+    """An output item of a model response (a call, an output message, a server item)."""
+    return follows_reasoning(item) and output_key(item) is None
+
+
+def _window_start(items: Sequence[dict[str, Any]], start: int) -> int:
+    """``start``, moved past the output items of a response whose reasoning item is before
+    ``start`` (the API refuses them without it: "provided without its required
+    'reasoning' item"). O(length of that response)."""
+    before = start - 1
+    while before >= 0 and _of_response(items[before]):
+        before -= 1
+    if before < 0 or items[before].get("type") != "reasoning":
+        return start
+    while start < len(items) and _of_response(items[start]):
+        start += 1
+    return start
 
 
 def _is_message(item: object) -> bool:
@@ -311,9 +333,12 @@ class TurnloomSession:
         """The held conversation, oldest first: at most ``limit`` of the newest items.
 
         ``limit`` None takes ``session_settings.limit`` (None: everything held).
-        The window is then made complete (:func:`complete_window`): it never
-        begins with a tool result cut from its call, so it may hold fewer than
-        ``limit`` items. The items are fresh dicts: editing them changes nothing.
+        The window never begins with an item of a model response whose
+        ``reasoning`` item it cut off (the API refuses a ``function_call`` or
+        output message "provided without its required 'reasoning' item"), and
+        is then made complete (:func:`complete_window`): it never begins with
+        a tool result cut from its call, so it may hold fewer than ``limit``
+        items. The items are fresh dicts: editing them changes nothing.
 
         Raises:
             InvalidArgumentError: ``limit`` is negative.
@@ -333,7 +358,7 @@ class TurnloomSession:
         await self._claim()
         items = self._all_items()
         if limit is not None:
-            items = items[max(0, len(items) - limit) :] if limit else []
+            items = items[_window_start(items, max(0, len(items) - limit)) :] if limit else []
         return cast("list[TResponseInputItem]", complete_window(items))
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
