@@ -85,13 +85,13 @@ class ReasoningSession(Session):
 
     @invariant()
     def the_session_holds_the_model(self) -> None:
-        if self.portal_cm is None:
+        if not hasattr(self, "session"):
             return
         assert self.portal.call(self.session.get_items) == complete_window(shown(self.model))
 
     @invariant()
     def the_store_restores_the_model(self) -> None:
-        if self.portal_cm is None:
+        if not hasattr(self, "session"):
             return
         log = self.portal.call(self.store.load, "s")
         assert _restored(self.session, log) == shown(self.model)
