@@ -49,18 +49,16 @@ def _unaccompanied(items: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Not fixed: prune_messages drops a Responses reasoning item but keeps the "
-    "provider item id (fc_...) of the calls of its response, an input the Responses API "
-    "refuses (its call must be sent without that id, as a replayed call without its "
-    "reasoning is).",
-)
+@pytest.mark.parametrize("apart", [False, True], ids=["one message", "reasoning apart"])
 async def test_a_pruned_turns_calls_are_not_sent_with_ids_that_need_their_reasoning(
-    anyio_backend: str,
+    anyio_backend: str, apart: bool
 ) -> None:
     """Invariant: no function_call of the prepared input carries a reasoning response's
-    item id (fc_...) without that response's reasoning item before it."""
+    item id (fc_...) without that response's reasoning item before it, whether the
+    reasoning was recorded in the call's message or apart (one item per message).
+    Before the fix pruning dropped the reasoning and kept fc_0 and fc_1.
+
+    Mutant tried: the id kept (no ``unreasoned`` branch in prune_messages): fails."""
     async with Foundation(gateway="openai_responses") as foundation:
         manager = foundation.manager
         gateway = manager.gateway
@@ -69,7 +67,12 @@ async def test_a_pruned_turns_calls_are_not_sent_with_ids_that_need_their_reason
             question = Message(role=Role.user, content=f"Question {n}.")
             manager.accept_turn(TurnSnapshot(context_id="c", turn_id=f"t{n}", input=(question,)))
             output = {"type": "function_call_output", "call_id": f"c{n}", "output": "found"}
-            manager.record("c", f"t{n}", gateway.parse_items([*_response(n), output]))
+            items = [*_response(n), output]
+            if apart:
+                messages = [gateway.parse(item) for item in items]
+            else:
+                messages = gateway.parse_items(items)
+            manager.record("c", f"t{n}", messages)
             for _ in range(5):  # the safe point's pruning
                 await anyio.sleep(0)
         more = Message(role=Role.user, content="More?")
@@ -78,3 +81,10 @@ async def test_a_pruned_turns_calls_are_not_sent_with_ids_that_need_their_reason
         items = json.loads(json.dumps(list(prepared.items)))
         assert [i.get("output") for i in items if "output" in i] == ["[pruned]"] * 2 + ["found"]
         assert _unaccompanied(items) == []
+        calls = [i for i in items if i.get("type") == "function_call"]
+        assert [(c["call_id"], c.get("id")) for c in calls] == [
+            ("c0", None),
+            ("c1", None),
+            ("c2", "fc_2"),
+        ]
+        assert gateway.validate(items) == []
