@@ -380,9 +380,9 @@ async def test_a_pop_whose_rebuild_fails_puts_every_item_back(
         apply = session._apply
         calls: list[int] = []
 
-        def failing_once(messages: list[Any]) -> None:
+        def failing_once(messages: list[Any], turn_id: str | None = None) -> None:
             calls.append(len(messages))
-            apply(messages)
+            apply(messages, turn_id)
             if len(calls) == 1:  # the kept items went in; the rebuild then fails
                 raise InvalidMessageError("refused")
 

@@ -46,7 +46,15 @@ from typing import Annotated
 
 import msgspec
 
-from turnloom.context.message import Message, Part, ReasoningPart, Role, TextPart, ToolResultPart
+from turnloom.context.message import (
+    Message,
+    Part,
+    ReasoningPart,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+)
 from turnloom.errors import InputError, InvalidMessageError, excerpt, what_type
 
 SUMMARY_TURN_PREFIX = "turnloom.summary."
@@ -237,14 +245,22 @@ def check_summary(
     return messages[:split], messages[split:]
 
 
+_RESPONSES = "openai_responses"
+_ITEM_ID = "id"
+
+
 def prune_messages(messages: Sequence[Message], note: str) -> tuple[Message, ...] | None:
     """``messages`` with tool-result bodies replaced by ``note`` and reasoning parts dropped.
 
     Each tool result keeps its ``call_id``, ``name``, ``is_error`` and
     ``extras`` and holds one text part, ``note``; every call stays as it is
-    (its id, arguments and provider signature), so each pair stays whole. A
-    message left with no part (reasoning alone) is dropped. Pruning is
-    idempotent: pruned messages prune to themselves.
+    (its id, arguments and provider signature), so each pair stays whole,
+    but for the OpenAI Responses item id (``extras["id"]``, ``fc_...``) of a
+    call after a dropped Responses reasoning part in the same response (that
+    message and the assistant messages right after it): the API refuses such
+    an id sent without its reasoning item. A message left with no part
+    (reasoning alone) is dropped. Pruning is idempotent: pruned messages
+    prune to themselves.
 
     Returns:
         the pruned messages, oldest first, or None when nothing changes.
@@ -252,15 +268,26 @@ def prune_messages(messages: Sequence[Message], note: str) -> tuple[Message, ...
     body = (TextPart(text=note),)
     out: list[Message] = []
     changed = False
+    unreasoned = False  # inside a Responses response whose reasoning was dropped
     for message in messages:
         parts = message.parts
         kept: list[Part] = []
         touched = False
+        if message.role is not Role.assistant:
+            unreasoned = False
         for part in parts:
             if isinstance(part, ReasoningPart):
                 touched = True
+                unreasoned = unreasoned or part.gateway == _RESPONSES
             elif isinstance(part, ToolResultPart) and part.content != body:
                 kept.append(msgspec.structs.replace(part, content=body))
+                touched = True
+            elif unreasoned and isinstance(part, ToolCallPart) and _ITEM_ID in (part.extras or {}):
+                # OpenAI Responses refuses a call item id (fc_...) whose response's
+                # reasoning item is not sent ("provided without its required 'reasoning'
+                # item"); the call pairs its output by call_id, which stays.
+                extras = {k: v for k, v in (part.extras or {}).items() if k != _ITEM_ID}
+                kept.append(msgspec.structs.replace(part, extras=extras or None))
                 touched = True
             else:
                 kept.append(part)

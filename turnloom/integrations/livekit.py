@@ -17,6 +17,10 @@ and hand ``Agent.default.llm_node`` the context to send; that is what
   and nothing is recorded to it retracts it first, so only the final
   transcript stays a turn; when LiveKit uses that generation, its guess's
   message answers to the final turn (its tool steps and reply go there);
+* a user message's images (LiveKit's ``ImageContent``: a URL, a data URL, or a
+  ``VideoFrame``, encoded to JPEG as LiveKit encodes it) are kept with its text,
+  in LiveKit's order, and reach every model call; its audio frames are not (their
+  transcript is the text);
 * every model call sends turnloom's prepared input (``manager.prepare``, then
   ``manager.build(prefix, recorded=True)``: the turn's recorded outputs),
   rendered for OpenAI Chat and converted to a LiveKit ``ChatContext``;
@@ -61,7 +65,11 @@ What a host changes in LiveKit's context:
   override, before or after calling this class's hook) and messages added
   with ``agent.update_chat_ctx`` (they go to the next model call's turn; a
   user message that call answers as the caller's turn is that turn's input
-  instead). Later turns keep the pair in its place under turnloom's default
+  instead). A note is text: its images (an image-only message too) do not
+  reach the model; they are counted in
+  :attr:`TurnloomAgent.note_images_dropped`, the first with a warning (an
+  image for the model goes in the caller's ``new_message``, above). Later
+  turns keep the pair in its place under turnloom's default
   earlier-state policy (``"keep"``), as turnloom keeps any turn's state;
   ``history()`` does not list it. LiveKit's instructions message (id
   ``lk.agent_task.instructions``) is not a note: turnloom pins them.
@@ -81,8 +89,10 @@ What a host changes in LiveKit's context:
 * ``new_message`` edits: an edit made before calling this class's
   ``on_user_turn_completed`` is the turn's input. One made after it comes
   too late (the turn is committed): turnloom keeps and sends the committed
-  text, logs a warning (lengths, not the caller's words) and counts it in
-  :attr:`TurnloomAgent.late_edits`.
+  text and images, logs a warning (lengths and image counts, not the
+  caller's words) and counts it in :attr:`TurnloomAgent.late_edits`; so
+  does an image appended after it (LiveKit's vision pattern run after
+  calling this hook).
 * ``agent.update_instructions(...)``: turnloom pins the new instructions
   from the caller's next turn on; the model calls of a turn already
   committed keep its instructions.
@@ -119,6 +129,7 @@ from __future__ import annotations
 
 __all__ = ("TurnloomAgent",)
 
+import base64
 import logging
 from collections import deque
 from collections.abc import AsyncIterable, Callable, Sequence
@@ -126,11 +137,21 @@ from typing import Any
 
 from livekit.agents import Agent, llm
 from livekit.agents.llm import StopResponse
+from livekit.agents.llm.utils import serialize_image
 from livekit.agents.voice import ModelSettings
 from livekit.agents.voice.events import ConversationItemAddedEvent, FunctionToolsExecutedEvent
 from livekit.agents.voice.generation import EXPRESSIVE_INSTRUCTIONS_MESSAGE_ID
 
-from turnloom.context import GatewayType, Message, Role, TextPart, ToolCallPart, ToolResultPart
+from turnloom.context import (
+    GatewayType,
+    ImagePart,
+    Message,
+    Part,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+)
 from turnloom.errors import (
     InputError,
     InvalidArgumentError,
@@ -180,8 +201,9 @@ def _to_chat_ctx(items: tuple[dict[str, Any], ...]) -> llm.ChatContext:
             )
             continue
         content = item.get("content")
-        if isinstance(content, list):
-            content = "".join(part.get("text", "") for part in content)
+        if isinstance(content, list):  # text and images (a user's picture), in order
+            content = [_chat_content(part) for part in content]
+            content = [part for part in content if part is not None]
         if content:
             ctx.add_message(role=role, content=content)
         for call in item.get("tool_calls") or ():
@@ -192,6 +214,46 @@ def _to_chat_ctx(items: tuple[dict[str, Any], ...]) -> llm.ChatContext:
                 )
             )
     return ctx
+
+
+def _chat_content(block: dict[str, Any]) -> str | llm.ImageContent | None:
+    """One OpenAI Chat content block as LiveKit content: text, or an image by its URL."""
+    if block.get("type") == "image_url":
+        image = block["image_url"]
+        return llm.ImageContent(image=image["url"], inference_detail=image.get("detail", "auto"))
+    text = block.get("text")
+    return text if isinstance(text, str) else None
+
+
+def _user_content(message: llm.ChatMessage) -> str | tuple[Part, ...]:
+    """A LiveKit user message's content as turnloom's: its text (LiveKit's
+    ``text_content``) when it holds no image; else its texts and images in LiveKit's
+    order, an image as its URL, or its JPEG bytes for a ``VideoFrame`` (LiveKit's own
+    ``serialize_image``). Audio frames are not kept (their transcript is the text)."""
+    if not any(isinstance(c, llm.ImageContent) for c in message.content):
+        return message.text_content or ""
+    parts: list[Part] = []
+    texts: list[str] = []
+    for content in message.content:
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, llm.ImageContent):
+            if "".join(texts).strip():
+                parts.append(TextPart(text="\n".join(texts)))
+            texts = []
+            parts.append(_image_part(content))
+    if "".join(texts).strip():
+        parts.append(TextPart(text="\n".join(texts)))
+    return tuple(parts)
+
+
+def _image_part(image: llm.ImageContent) -> ImagePart:
+    serialized = serialize_image(image)
+    detail = image.inference_detail
+    if serialized.external_url is not None:
+        return ImagePart(url=serialized.external_url, detail=detail)
+    data = base64.b64encode(serialized.data_bytes or b"").decode("ascii")
+    return ImagePart(data=data, media_type=serialized.mime_type or "image/jpeg", detail=detail)
 
 
 class TurnloomAgent(Agent):
@@ -254,6 +316,8 @@ class TurnloomAgent(Agent):
 
     Attributes:
         record_errors: how many record batches turnloom refused (see above).
+        note_images_dropped: how many images host notes held (a note reaches
+            the model as text; see the module docstring, "Host notes").
         late_edits: how many turns' user messages the host edited after this
             class's ``on_user_turn_completed`` committed them (see the module
             docstring: the committed text is kept and sent).
@@ -299,7 +363,9 @@ class TurnloomAgent(Agent):
         self._streamed: list[str] = []  # the text of the newest model call, as streamed
         self.record_errors = 0
         self.late_edits = 0
+        self.note_images_dropped = 0
         self._user_text = ""  # the committed text of the newest turn's user message
+        self._user_images = 0  # how many images it had
         self._opening: list[Message] = []  # said before the first turn: its input opens with it
         self._opened: tuple[str, tuple[Message, ...]] | None = None  # the turn that took it
         self._notes: list[ContextContribution] = []  # the current turn's host notes
@@ -359,7 +425,9 @@ class TurnloomAgent(Agent):
             assert isinstance(user, llm.ChatMessage)
             self._commit(user, confirmed=False)
             await self._bound()
-        elif isinstance(user, llm.ChatMessage) and (user.text_content or "") != self._user_text:
+        elif isinstance(user, llm.ChatMessage) and (
+            (user.text_content or "") != self._user_text or _images(user) != self._user_images
+        ):
             self._late_edit(user)  # the turn's message, edited after its commit
         turn = self._turn
         if turn is None:  # a greeting before any user turn: LiveKit's context as is
@@ -479,7 +547,7 @@ class TurnloomAgent(Agent):
                 instructions=(self._system,),
                 input=(
                     *self._opening,
-                    Message(role=Role.user, content=message.text_content or ""),
+                    Message(role=Role.user, content=_user_content(message)),
                 ),
             )
         )
@@ -490,6 +558,7 @@ class TurnloomAgent(Agent):
             self._opening.clear()
         self._turn, self._user_item, self._confirmed = turn_id, message.id, confirmed
         self._user_text = message.text_content or ""
+        self._user_images = _images(message)
         self._turns.append(_TurnItems(turn_id, message.id))
 
     async def _bound(self) -> None:
@@ -502,15 +571,21 @@ class TurnloomAgent(Agent):
         _log.warning(  # lengths, not the caller's words
             "TurnloomAgent %r: LiveKit's user message %r was edited after turn %r was "
             "committed; turnloom keeps the committed text (%d characters), not the edit "
-            "(%d characters): edit new_message before calling "
+            "(%d characters)%s: edit new_message before calling "
             "TurnloomAgent.on_user_turn_completed",
             self.context_id,
             user.id,
             self._turn,
             len(self._user_text),
             len(user.text_content or ""),
+            (
+                f" (images: {self._user_images} committed, {_images(user)} in the edit)"
+                if _images(user) != self._user_images
+                else ""
+            ),
         )
         self._user_text = user.text_content or ""
+        self._user_images = _images(user)
 
     def _warn_closed(self, outcome: str) -> None:
         """A LiveKit hook ran after the Foundation closed: say what it did instead."""
@@ -548,9 +623,27 @@ class TurnloomAgent(Agent):
             if item.id in self._noted or item.id == self._user_item:
                 continue  # the caller's turn is the turn's input, not a note
             self._noted.add(item.id)
-            name = f"{item.role}_message_{len(self._notes) + 1}"
-            self._notes.append(ContextContribution(name=name, content=item.text_content or ""))
+            if _images(item):
+                self._drop_note_images(item)
+            if (item.text_content or "").strip():
+                name = f"{item.role}_message_{len(self._notes) + 1}"
+                self._notes.append(ContextContribution(name=name, content=item.text_content or ""))
         return own
+
+    def _drop_note_images(self, item: llm.ChatMessage) -> None:
+        """A host note's images cannot reach the model (a note is text): count them; warn
+        the first time in the call."""
+        self.note_images_dropped += _images(item)
+        if self.note_images_dropped == _images(item):
+            _log.warning(
+                "TurnloomAgent %r: a host note (LiveKit message %r) holds %d image(s), which "
+                "turnloom does not send (a note is text); add an image to the caller's "
+                "new_message before calling TurnloomAgent.on_user_turn_completed instead. "
+                "Counted in note_images_dropped.",
+                self.context_id,
+                item.id,
+                _images(item),
+            )
 
     def _record_tools(self, chat_ctx: llm.ChatContext, current: _TurnItems) -> None:
         """Record the function items after the current turn's user message, once each."""
@@ -661,10 +754,16 @@ class TurnloomAgent(Agent):
 
 
 def _is_note(item: llm.ChatMessage) -> bool:
-    """A message with text that LiveKit itself did not inject (its ids start ``lk.``: its
-    instructions, which turnloom pins, and its expressive TTS guide, which
+    """A message with text or images that LiveKit itself did not inject (its ids start
+    ``lk.``: its instructions, which turnloom pins, and its expressive TTS guide, which
     :meth:`TurnloomAgent._take_notes` hands back to its model call)."""
-    return not item.id.startswith("lk.") and bool((item.text_content or "").strip())
+    return not item.id.startswith("lk.") and (
+        bool((item.text_content or "").strip()) or bool(_images(item))
+    )
+
+
+def _images(message: llm.ChatMessage) -> int:
+    return sum(isinstance(c, llm.ImageContent) for c in message.content)
 
 
 def _is_user(item: llm.ChatItem) -> bool:

@@ -51,7 +51,9 @@ call left open, for example by a cancelled run), for every call kind the SDK
 runs itself (function, custom tool, computer, shell, apply patch, tool
 search, program, MCP approval; the table the Responses gateway's
 ``validate`` pairs them with), nor a reasoning item whose call was left out
-(:func:`complete_window`). These items stay held; :meth:`pop_item` may
+(:func:`complete_window`), nor a call or output message of a model response
+whose reasoning item the window cut off (the API refuses one "provided
+without its required 'reasoning' item"). These items stay held; :meth:`pop_item` may
 return one.
 
 Concurrency: the SDK runs on asyncio only (``Runner`` uses asyncio tasks), so
@@ -72,18 +74,23 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
+import msgspec
 from agents.memory import SessionSettings
 from agents.models.fake_id import FAKE_RESPONSES_ID
 
 from turnloom.context import (
     GatewayType,
     Message,
+    OpaquePart,
+    ReasoningPart,
     Role,
+    ToolCallPart,
     ToolResultPart,
     join_steps,
 )
 from turnloom.context._call_kinds import call_key, output_key
-from turnloom.context.gateway import step_join
+from turnloom.context.gateway import Gateway, step_join
+from turnloom.context.gateways._responses_rules import follows_reasoning
 from turnloom.errors import (
     InvalidArgumentError,
     InvalidMessageError,
@@ -151,6 +158,25 @@ def complete_window(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [item for item, gone in zip(items, dropped, strict=True) if not gone]
 
 
+def _of_response(item: dict[str, Any]) -> bool:
+    """An output item of a model response (a call, an output message, a server item)."""
+    return follows_reasoning(item) and output_key(item) is None
+
+
+def _window_start(items: Sequence[dict[str, Any]], start: int) -> int:
+    """``start``, moved past the output items of a response whose reasoning item is before
+    ``start`` (the API refuses them without it: "provided without its required
+    'reasoning' item"). O(length of that response)."""
+    before = start - 1
+    while before >= 0 and _of_response(items[before]):
+        before -= 1
+    if before < 0 or items[before].get("type") != "reasoning":
+        return start
+    while start < len(items) and _of_response(items[start]):
+        start += 1
+    return start
+
+
 def _is_message(item: object) -> bool:
     return isinstance(item, dict) and "role" in item and item.get("type") in (None, "message")
 
@@ -177,6 +203,49 @@ def _give_placeholder(item: dict[str, Any]) -> dict[str, Any]:
 
 _HELD_PREFIX = f"{FAKE_RESPONSES_ID}#"
 _HELD_LENGTH = len(_HELD_PREFIX) + 32
+
+
+def _reasoning_tail(message: Message) -> int:
+    """How many reasoning parts end ``message``."""
+    count = 0
+    for part in reversed(message.parts):
+        if type(part) is ReasoningPart or (
+            type(part) is OpaquePart and part.item.get("type") == "reasoning"
+        ):
+            count += 1
+        else:
+            break
+    return count
+
+
+def _split_reasoning(messages: list[Message]) -> list[Message]:
+    """``messages`` with the reasoning parts that end the last one held apart, as a
+    reasoning item added on its own is held: an output item added next is then joined
+    after them (:func:`~turnloom.context.join_steps`), as it would have been before a
+    pop took the item they came before."""
+    last = messages[-1] if messages else None
+    if last is None or last.role is not Role.assistant:
+        return messages
+    count = _reasoning_tail(last)
+    if not count or count == len(last.parts):
+        return messages
+    head = msgspec.structs.replace(last, content=last.parts[:-count])
+    tail = Message(role=Role.assistant, content=last.parts[-count:])
+    return [*messages[:-1], head, tail]
+
+
+_SENTINEL = ToolCallPart(call_id="turnloom_sentinel", name="turnloom_sentinel")
+
+
+def _unfollowed_reasoning(gateway: Gateway, message: Message) -> list[dict[str, Any]]:
+    """The reasoning items that end ``message`` with no output item after them, rendered
+    (the gateway's ``render`` leaves them out: the API needs their output item)."""
+    count = _reasoning_tail(message) if message.role is Role.assistant else 0
+    if not count:
+        return []
+    # Rendered in front of a call they may precede, which is then dropped.
+    lead = Message(role=Role.assistant, content=(*message.parts[-count:], _SENTINEL))
+    return gateway.render(lead)[:-1]
 
 
 def _starts_turn(message: Message) -> bool:
@@ -227,33 +296,49 @@ class TurnloomSession:
         await self._manager.leases.claim(self.session_id)
         return self.session_id in self._manager.context_ids()
 
-    def _all_items(self) -> list[dict[str, Any]]:
+    def _all_items(self, *, unfollowed: bool = False) -> list[dict[str, Any]]:
         """Every held message rendered, oldest first (turnloom's own order).
 
         Each turn's messages go through the gateway's step join first
         (:func:`~turnloom.context.join_steps`): a ``reasoning`` item added in a
         batch of its own renders in front of the output item added after it,
         as it does in a prepared input, instead of being left out alone.
+
+        ``unfollowed`` True also renders the reasoning items no output item
+        follows yet (the gateway leaves them out of an input), where they are
+        held: :meth:`pop_item` takes the newest held item and rebuilds the rest.
         """
+        return [item for _, turn in self._turn_items(unfollowed=unfollowed) for item in turn]
+
+    def _turn_items(self, *, unfollowed: bool = False) -> list[tuple[str, list[dict[str, Any]]]]:
+        """:meth:`_all_items`, one list per held turn with its id, oldest first."""
         manager = self._manager
         if self.session_id not in manager.context_ids():
             return []
         view = manager.history(self.session_id)
         gateway = manager.gateway
         join = step_join(gateway)
-        items: list[dict[str, Any]] = []
+        turns: list[tuple[str, list[dict[str, Any]]]] = []
         for turn_id in view.turn_ids:
+            items: list[dict[str, Any]] = []
             for message in join_steps(view.turn_messages(turn_id), join):
-                items.extend(_give_placeholder(item) for item in gateway.render(message))
-        return items
+                rendered = gateway.render(message)
+                if unfollowed:
+                    rendered += _unfollowed_reasoning(gateway, message)
+                items.extend(_give_placeholder(item) for item in rendered)
+            turns.append((turn_id, items))
+        return turns
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The held conversation, oldest first: at most ``limit`` of the newest items.
 
         ``limit`` None takes ``session_settings.limit`` (None: everything held).
-        The window is then made complete (:func:`complete_window`): it never
-        begins with a tool result cut from its call, so it may hold fewer than
-        ``limit`` items. The items are fresh dicts: editing them changes nothing.
+        The window never begins with an item of a model response whose
+        ``reasoning`` item it cut off (the API refuses a ``function_call`` or
+        output message "provided without its required 'reasoning' item"), and
+        is then made complete (:func:`complete_window`): it never begins with
+        a tool result cut from its call, so it may hold fewer than ``limit``
+        items. The items are fresh dicts: editing them changes nothing.
 
         Raises:
             InvalidArgumentError: ``limit`` is negative.
@@ -273,7 +358,7 @@ class TurnloomSession:
         await self._claim()
         items = self._all_items()
         if limit is not None:
-            items = items[max(0, len(items) - limit) :] if limit else []
+            items = items[_window_start(items, max(0, len(items) - limit)) :] if limit else []
         return cast("list[TResponseInputItem]", complete_window(items))
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
@@ -329,16 +414,18 @@ class TurnloomSession:
                 field="items",
             )
 
-    def _apply(self, messages: list[Message]) -> None:
-        """Commit the messages as turns, each whole or not at all (synchronous)."""
+    def _apply(self, messages: list[Message], turn_id: str | None = None) -> None:
+        """Commit the messages as turns, each whole or not at all (synchronous); the first
+        turn committed takes ``turn_id`` when given (a held turn rebuilt by a pop)."""
         manager = self._manager
         turn_input: list[Message] = []
         outputs: list[Message] = []
+        ids = [turn_id] if turn_id is not None else []
 
         def flush() -> None:
             committed = None
             if turn_input:
-                committed = new_turn_id()
+                committed = ids.pop() if ids else new_turn_id()
                 manager.accept_turn(
                     TurnSnapshot(
                         context_id=self.session_id, turn_id=committed, input=tuple(turn_input)
@@ -371,7 +458,11 @@ class TurnloomSession:
         context without its newest item: O(history held), for the SDK's rare
         rewinds (a retried or corrected run). The newest item is the newest
         held one, which may be one :meth:`get_items` leaves out (a call left
-        open by a cancelled run). The rebuild is synchronous (no other task
+        open by a cancelled run, a reasoning item whose output item was not
+        added yet). Each held turn is rebuilt as a turn of its own, under its
+        own id (a turn holding only its input stays one; a summary turn stays
+        the summary turn), so the history limits evict the same turns
+        afterwards. The rebuild is synchronous (no other task
         sees a half-built history); when it fails, the context is rebuilt as
         it was (every held item added back) and the error raised.
 
@@ -394,23 +485,33 @@ class TurnloomSession:
         """
         await self._claim()
         manager = self._manager
-        items = self._all_items()
-        if not items:
+        turns = [(i, t) for i, t in self._turn_items(unfollowed=True) if t]  # reasoning too
+        if not turns:
             return None
-        kept = self._parse(items[:-1])
+        last_id, last = turns[-1]
+        newest = last[-1]
+        # Each turn rebuilt on its own, under its own id: a turn whose outputs are gone
+        # (its input only) stays a turn, not merged into the input of the turn after
+        # it, and a summary turn stays the summary turn (evicted last, never pruned).
+        kept = [
+            (turn_id, _split_reasoning(self._parse(items)))
+            for turn_id, items in [*turns[:-1], (last_id, last[:-1])]
+            if items
+        ]
         with manager.leases.rewriting(self.session_id):
             manager.remove_context(self.session_id)
             try:
-                if kept:
-                    self._apply(kept)
+                for turn_id, messages in kept:
+                    self._apply(messages, turn_id)
             except BaseException:
                 if self.session_id in manager.context_ids():
                     manager.remove_context(self.session_id)
-                self._apply(self._parse(items))
+                for turn_id, items in turns:
+                    self._apply(self._parse(items), turn_id)
                 raise
         with anyio.CancelScope(shield=True):
             await manager.leases.flush(self.session_id)
-        return cast("TResponseInputItem", items[-1])
+        return cast("TResponseInputItem", newest)
 
     async def clear_session(self) -> None:
         """Forget the session's history (``manager.remove_context``); idempotent.

@@ -64,7 +64,11 @@ bookkeeping unchanged), with turnloom as the one source of truth:
   and runs no inference (a warning says so).
 
 A result Pipecat still shows as ``IN_PROGRESS`` is not recorded until it is
-final (turnloom's ``open_calls`` policy handles the open call meanwhile).
+final, nor is its call (the assistant message holding it) nor anything
+Pipecat wrote after it: they stay in Pipecat's context after turnloom's
+input, as Pipecat holds them, so an inference run meanwhile (the caller's
+next turn, while a slow call of a parallel batch runs) reads the call before
+its placeholder.
 An asynchronous function call (registered with ``cancel_on_interruption=False``)
 is recorded as the model saw it: Pipecat's "started" placeholder is the
 call's result, and its later results (Pipecat's developer messages: each
@@ -76,6 +80,13 @@ instructions out of the middle of a conversation). A result Pipecat writes
 over a placeholder turnloom already took (the call finished before the
 conversation moved on, after an inference that sent the placeholder) is
 recorded the same way, as Pipecat's final-result message.
+
+A service's own message (an ``LLMSpecificMessage``: Gemini's thought
+signatures, a thought a service appends to the context) has no
+provider-neutral form: it is left out of the call's context, counted in
+:attr:`TurnloomContextAggregatorPair.specific_messages_dropped`, and the
+first one of a call logs a warning (Pipecat's Gemini adapter signs the calls
+it finds unsigned with its placeholder signature).
 
 A note the host appends (``LLMMessagesAppendFrame``: a ``system`` or
 ``developer`` message, as Pipecat's idle handling and greetings do; so are
@@ -246,6 +257,28 @@ def _settled_in_place(messages: list[Any], running: dict[str, str]) -> Iterator[
             yield call_id, result
 
 
+def _in_progress_start(messages: list[Any]) -> int:
+    """The index of the first message to leave in Pipecat's context for now: the
+    assistant message holding the call of the first tool message whose result is still
+    ``IN_PROGRESS`` (the tool message itself when no earlier message holds the call);
+    ``len(messages)`` when no result is in progress."""
+    for index, message in enumerate(messages):
+        if not (
+            isinstance(message, dict)
+            and message.get("role") == "tool"
+            and message.get("content") == _IN_PROGRESS
+        ):
+            continue
+        call_id = message.get("tool_call_id")
+        for start in range(index - 1, -1, -1):
+            held = messages[start]
+            if isinstance(held, dict) and held.get("role") == "assistant":
+                if any(c.get("id") == call_id for c in held.get("tool_calls") or ()):
+                    return start
+        return index
+    return len(messages)
+
+
 def _user_dict(message: Message) -> dict[str, Any]:
     """A ``user`` Message of text, in Pipecat's (OpenAI Chat) message shape."""
     return {"role": "user", "content": message.text}
@@ -305,6 +338,7 @@ class _Conversation:
         # turn (still Pipecat's own messages in ``opening_raw``).
         self.opening_running: dict[str, str] = {}
         self.closed = False
+        self.dropped_specific = 0  # LLMSpecificMessages left out (see _drop_specific)
         self.created = False  # a turn was committed: the context exists
         self.lock = anyio.Lock()
 
@@ -353,14 +387,18 @@ class _Conversation:
         owed = bool(self.running) and self._take_settled(held[: self.synced])
         owed = self._opening_settled() or owed
         users = new_turn = 0
+        # A call whose result is still IN_PROGRESS waits with everything after it,
+        # from the message holding the call: recorded alone, the call would be left
+        # out of turnloom's input (an open call) and its placeholder stay behind it.
+        hold = _in_progress_start(pending)
+        waiting, pending = pending[hold:], pending[:hold]
         while pending:
             message = pending[0]
             if isinstance(message, LLMSpecificMessage) or not isinstance(message, dict):
                 pending.pop(0)  # another service's own message: not turnloom's
+                self._drop_specific(message)
                 continue
             role = message.get("role")
-            if role == "tool" and message.get("content") == _IN_PROGRESS:
-                break  # recorded once its result is final
             pending.pop(0)
             if role == "user":
                 users += 1
@@ -383,6 +421,7 @@ class _Conversation:
                     continue
                 owed = _take_async(message, self.running) or owed
                 self._record(outputs)
+        pending = waiting
         if users and not new_turn and not owed:
             self.context.set_messages([*self.context.get_messages()[: self.synced], *pending])
             return False
@@ -402,6 +441,23 @@ class _Conversation:
         self.context.set_messages([*messages, *pending])
         self.synced = len(messages)
         return True
+
+    def _drop_specific(self, message: Any) -> None:
+        """Count a message turnloom cannot hold (a service's own ``LLMSpecificMessage``);
+        warn the first time in the call."""
+        self.dropped_specific += 1
+        if self.dropped_specific == 1:
+            llm = getattr(message, "llm", None)
+            kind = getattr(message, "message", None)
+            kind = kind.get("type") if isinstance(kind, dict) else type(kind).__name__
+            _log.warning(
+                "Context %r: left out a message of Pipecat's context that turnloom cannot "
+                "hold (an LLMSpecificMessage for %r, type %r); the pair counts them in "
+                "specific_messages_dropped.",
+                self.context_id,
+                llm,
+                kind,
+            )
 
     def _record(self, outputs: list[Message]) -> None:
         """Record ``outputs`` to the turn the reply being spoken answers (else the newest)."""
@@ -708,6 +764,13 @@ class TurnloomContextAggregatorPair:
     def context_id(self) -> str:
         """The call's turnloom context id."""
         return self._conversation.context_id
+
+    @property
+    def specific_messages_dropped(self) -> int:
+        """How many of Pipecat's ``LLMSpecificMessage``\\ s (a service's own message, such
+        as Gemini's thought signatures) the pair left out of the call's context: turnloom
+        holds provider-neutral messages only. The first one in a call logs a warning."""
+        return self._conversation.dropped_specific
 
     @property
     def turn_id(self) -> str | None:

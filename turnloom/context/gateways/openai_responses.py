@@ -584,7 +584,9 @@ class OpenAIResponsesGateway(Gateway):
 
         Consecutive model-output items (reasoning, tool calls, server items,
         one assistant message) become one assistant message, so parallel calls
-        are one turn; a second assistant message starts a new one. Consecutive
+        are one turn; a second assistant message starts a new one, and takes
+        the reasoning items directly before it (they belong to it: the API
+        requires a reasoning item to be followed by its output item). Consecutive
         ``function_call_output`` items become one ``tool`` message. Tool
         results get the ``name`` of their call. The same items parsed one at
         a time with :meth:`parse` and recorded give the same next input
@@ -611,6 +613,16 @@ class OpenAIResponsesGateway(Gateway):
                 ):
                     out[-1] = _join(prev, message)
                     continue
+                lead = _trailing_reasoning(prev) if prev is not None else 0
+                if lead and prev is not None and prev.role is Role.assistant:
+                    # Reasoning right before this message item belongs to it (the API
+                    # requires a reasoning item to be followed by its output item):
+                    # left at the end of the message before, it would not render.
+                    parts = prev.parts
+                    out[-1] = msgspec.structs.replace(prev, content=parts[:-lead])
+                    message = msgspec.structs.replace(
+                        message, content=parts[-lead:] + message.parts
+                    )
                 out.append(message)
                 continue
             if message.role is Role.tool:
@@ -758,6 +770,20 @@ def _is_output(part: OpaquePart) -> bool:
 
 def _texts(parts: Sequence[Part]) -> list[str]:
     return [p.text for p in parts if type(p) is TextPart]
+
+
+def _trailing_reasoning(message: Message) -> int:
+    """How many reasoning parts end ``message`` (0 when it is reasoning alone: that one
+    joins the message after it whole)."""
+    count = 0
+    for part in reversed(message.parts):
+        if type(part) is ReasoningPart or (
+            type(part) is OpaquePart and part.item.get("type") == "reasoning"
+        ):
+            count += 1
+        else:
+            break
+    return count if count < len(message.parts) else 0
 
 
 def _has_message_item(message: Message) -> bool:
