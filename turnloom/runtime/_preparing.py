@@ -226,9 +226,11 @@ class Preparer:
         refused, self._refused = self._refused, None
         if refused is None or request is not refused:
             request = check_request(request, self._options.history_limits.max_item_bytes)
+        requested_at = anyio.current_time()
+        origin = self._table.contexts.get(request.context_id)
+        if self._table.holding(request.context_id, request.turn_id, origin) is None:
+            origin = await self._wait_for_commit(request, origin)  # holding no slot
         if wait:
-            requested_at = anyio.current_time()
-            origin = self._table.contexts.get(request.context_id)
             # One that waited for its slot passes a checkpoint after an inline
             # render, so requesters granted before it resume first.
             checkpointed = not await queue.acquire(request)
@@ -243,12 +245,41 @@ class Preparer:
                     # object, so the usual fallback (prepare with it) skips it.
                     self._refused = given
                 raise
-            requested_at = anyio.current_time()
-            origin = self._table.contexts.get(request.context_id)
             checkpointed = False
         return await queue.admit(
             request, requested_at, origin, self.run, self.run_inline, checkpointed=checkpointed
         )
+
+    async def _wait_for_commit(
+        self, request: ContextPrepareRequest, origin: ContextState | None
+    ) -> ContextState | None:
+        """Wait, before taking a slot, until the request's turn is held; the context then.
+
+        A turn not committed yet (a prepare made ahead of ``accept_turn``, or
+        a mistyped id) holds no slot while it waits, so waiting requesters
+        never starve the other contexts' preparations. Returns the context the
+        request is for (``origin``, or the one created since the call).
+
+        Raises:
+            FoundationClosedError: the Foundation began closing.
+            ContextRemovedError: the context was removed (or its lease lost).
+            UnknownTurnError: the turn was evicted or retracted.
+        """
+        context_id, turn_id = request.context_id, request.turn_id
+        while True:
+            if self.closing:
+                raise FoundationClosedError(
+                    f"The Foundation closed while waiting for turn {excerpt(turn_id)} of context "
+                    f"{excerpt(context_id)}."
+                )
+            await self.queue.next_commit(context_id)
+            if self.closing:
+                continue
+            if self._table.holding(context_id, turn_id, origin) is not None:
+                return self._table.contexts.get(context_id)
+            if origin is None:
+                # Created since the call: the request is now for this context.
+                origin = self._table.contexts.get(context_id)
 
     async def _wait_for_turn(self, preparation: Preparation) -> ContextState:
         context_id = preparation.request.context_id
