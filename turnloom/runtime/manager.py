@@ -427,9 +427,10 @@ class ContextManager:
         is not admitted, so it never starves other contexts' preparations),
         for a free slot in the pending queue (a full queue makes it wait:
         backpressure; :meth:`prepare_nowait` fails instead; slots are shared
-        fairly, see ``ContextPrepareRequest.tenant``), for the turn's assembly (with a strategy, the turn's first prepare per tenant
-        and ``auto_hydrate`` awaits it on the event loop, memory I/O included,
-        in this preparation's cancel scope; the others reuse its result), and
+        fairly, see ``ContextPrepareRequest.tenant``), for the turn's assembly
+        (with a strategy, the turn's first prepare per tenant and
+        ``auto_hydrate`` awaits it on the event loop, memory I/O included, in
+        this preparation's cancel scope; the others reuse its result), and
         for its render in the Foundation's render thread. A preparation whose turn is
         committed, without a strategy, scope or area section, for a built-in
         gateway and a context holding at most 512 messages, renders inline on
@@ -496,10 +497,10 @@ class ContextManager:
 
         Cancellation:
             Cancelled while waiting for the turn's commit or for a slot:
-            nothing was admitted and no slot is held. Cancelled later: the
-            preparation is cancelled if it still waits for its turn (evicted
-            and recommitted meanwhile), its assembly (the strategy's memory I/O; the next prepare of the
-            turn assembles again) or queued in the render thread behind other
+            nothing was admitted and no slot is held (nothing is counted).
+            Cancelled later: the preparation is cancelled if it still waits
+            for its assembly (the strategy's memory I/O; the next prepare of
+            the turn assembles again) or is queued in the render thread behind other
             renders (it then renders nothing), or, if it is rendering, the
             call returns at once, the thread finishes and the result is
             discarded; the slot is freed when it settles (an inline render
