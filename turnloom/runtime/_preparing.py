@@ -125,8 +125,8 @@ class Preparer:
     worker-thread limiter (for work other than renders; ``worker_threads``).
 
     ``closing`` is set by the manager when its Foundation begins closing: a
-    preparation still waiting for its turn then fails with
-    :class:`FoundationClosedError`.
+    call still waiting for its turn's commit (holding no slot) then fails
+    with :class:`FoundationClosedError`.
     """
 
     __slots__ = (
@@ -206,12 +206,14 @@ class Preparer:
             self.worker.submit(_clear, None, copies)
 
     async def prepare(self, request: ContextPrepareRequest, *, wait: bool) -> PreparedContext:
-        """Check a request, take a slot, own the preparation, await its result.
+        """Check a request, wait for its turn's commit, take a slot, own the preparation.
 
-        The flow of ``ContextManager.prepare`` (``wait``) and
-        ``prepare_nowait`` (``wait=False``: take a slot at once or raise
+        Then await its result. The flow of ``ContextManager.prepare``
+        (``wait``) and ``prepare_nowait`` (``wait=False``: once the turn is
+        committed, take a slot at once or raise
         :class:`~turnloom.errors.QueueFullError`); see there for the errors
-        and cancellation. The request is checked before a slot is taken.
+        and cancellation. The request is checked, and the commit waited for
+        holding no slot, before a slot is taken.
         """
         options = self._options
         strategy = options.strategy.name if options.strategy is not None else None

@@ -134,7 +134,7 @@ class ManagerCollector(Collector):
         )
         yield GaugeMetricFamily(
             "turnloom_preparations_waiting_for_turn",
-            "Admitted preparations waiting for their turn's commit.",
+            "prepare calls waiting for their turn's commit (holding no slot).",
             s.preparations.waiting_for_turn,
         )
         settled = CounterMetricFamily(
