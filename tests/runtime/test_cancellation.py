@@ -27,7 +27,9 @@ async def _wait_until(predicate: object) -> None:
 @pytest.mark.parametrize("phase", PHASES)
 async def test_cancelling_prepare_at_each_await_point_frees_its_slot(phase: str) -> None:
     """Cancelled at {slot wait, commit wait, queued in the render thread behind another
-    render, render}: nothing leaks. (queued and render wait on the render's Signal.)"""
+    render, render}: nothing leaks. (queued and render wait on the render's Signal.)
+    Waiting for its turn's commit (before any slot) or for a slot, the call owns
+    nothing: it is not counted as discarded."""
     gateway = BlockingGateway()
     async with Foundation(
         gateway=gateway, max_pending_preparations=1 if phase != "queued" else 2, worker_threads=1
@@ -38,19 +40,25 @@ async def test_cancelling_prepare_at_each_await_point_frees_its_slot(phase: str)
         )
         manager.record("c", "t1", [assistant("hello")])
         before = (manager.history("c").turn_ids, manager.history("c").turn_messages("t1"))
-        target = "t2" if phase in ("slot", "commit") else "t1"
+        target = "t2" if phase == "commit" else "t1"
         blocker_done: list[object] = []
 
         async with anyio.create_task_group() as tg:
             if phase == "slot":
-                # Another preparation takes the only slot, waiting for turn t2.
+                # Another context's preparation takes the only slot, its render held.
+                manager.accept_turn(TurnSnapshot(context_id="h", turn_id="t1", input=(user("x"),)))
+                gateway.hold = True
+
                 async def blocker() -> None:
                     blocker_done.append(
-                        await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))
+                        await manager.prepare(
+                            ContextPrepareRequest(context_id="h", turn_id="t1", loop_budget=1)
+                        )
                     )
 
                 tg.start_soon(blocker)
-                await anyio.wait_all_tasks_blocked()
+                await anyio.to_thread.run_sync(gateway.entered.wait, 10)
+                gateway.hold = False
             elif phase == "queued":
                 # Another context's render holds the thread; this one queues behind it.
                 manager.accept_turn(TurnSnapshot(context_id="h", turn_id="t1", input=(user("x"),)))
@@ -95,17 +103,19 @@ async def test_cancelling_prepare_at_each_await_point_frees_its_slot(phase: str)
                 await _wait_until(lambda: manager.statistics().preparations.pending == 0)
             elif phase == "slot":
                 assert (stats.preparations.pending, stats.preparations.waiting_for_slot) == (1, 0)
-                manager.accept_turn(
-                    TurnSnapshot(context_id="c", turn_id="t2", input=(user("next"),))
-                )
+                gateway.release.set()
+                await _wait_until(lambda: manager.statistics().preparations.pending == 0)
+                assert len(blocker_done) == 1  # the holder was delivered
             else:
-                # The preparation settles as soon as it is scheduled again.
+                # Waiting for the commit it held no slot: nothing admitted, no waiter left.
                 await anyio.wait_all_tasks_blocked()
-                assert manager.statistics().preparations.pending == 0
+                stats = manager.statistics()
+                assert (stats.preparations.pending, stats.preparations.waiting_for_turn) == (0, 0)
 
         stats = manager.statistics()
         assert (stats.preparations.pending, stats.preparations.waiting_for_slot) == (0, 0)
-        assert stats.preparations.discarded_total == (0 if phase == "slot" else 1)
+        assert stats.preparations.discarded_total == (0 if phase in ("slot", "commit") else 1)
+        assert stats.preparations.failed_total == 0
         assert manager._life.check_bound().queue._waiters == {}
         # The skipped job's batch may come back after the holder's preparation was
         # delivered: the render count goes then, bounded.

@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.runtime.helpers import SYSTEM, BlockingGateway, assistant, user
+from tests.runtime.helpers import SYSTEM, BlockingGateway, GatedStrategy, assistant, user
 from turnloom.areas import OneShotNotice
 from turnloom.runtime import (
     ContextPrepareRequest,
@@ -84,47 +84,63 @@ async def _prepare_outside_as_the_host_scope_is_cancelled(
 
 async def test_a_requester_outside_the_foundations_scope_gets_the_closed_error() -> None:
     """The host scope of the Foundation is cancelled: a requester living elsewhere
-    gets FoundationClosedError (not an AssertionError) and nothing leaks."""
+    gets FoundationClosedError (not an AssertionError) and nothing leaks. It waited
+    for its turn's commit, holding no slot: never admitted, so counted nowhere."""
     foundation, errors = await _prepare_outside_as_the_host_scope_is_cancelled(_req("never"))
     assert [type(e) for e in errors] == [FoundationClosedError]
     stats = foundation.manager.statistics()
     assert (
         stats.preparations.pending,
         stats.preparations.waiting_for_slot,
+        stats.preparations.waiting_for_turn,
         stats.preparations.prepared_total,
-    ) == (0, 0, 0)
-    assert (stats.preparations.failed_total, stats.preparations.discarded_total) == (1, 0)
+    ) == (0, 0, 0, 0)
+    assert (stats.preparations.failed_total, stats.preparations.discarded_total) == (0, 0)
     assert foundation.limiter.borrowed_tokens == 0
 
 
 async def test_close_while_one_waits_for_its_turn_and_one_for_a_slot() -> None:
-    """Both requesters get the closed error; the slot waiter was never admitted."""
+    """Every requester gets the closed error: the one waiting for its turn's commit
+    (holding no slot, never admitted), the one waiting for the slot (never
+    admitted) and the admitted one holding the slot (its assembly waiting at a
+    closed gate, the only one counted as failed)."""
     outcomes: dict[str, str] = {}
-    async with Foundation(max_pending_preparations=1) as foundation:
+    strategy = GatedStrategy()
+    async with Foundation(max_pending_preparations=1, strategy=strategy) as foundation:
         manager = foundation.manager
+        manager.accept_turn(_turn("t1", "held"))
+        manager.accept_turn(_turn("t2", "queued"))
 
-        async def requester(name: str) -> None:
+        async def requester(name: str, turn_id: str) -> None:
             try:
-                await manager.prepare(_req("never"))
+                await manager.prepare(_req(turn_id))
                 outcomes[name] = "prepared"
             except FoundationClosedError:
                 outcomes[name] = "closed"
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(requester, "turn")
+            tg.start_soon(requester, "turn", "never")
             await anyio.wait_all_tasks_blocked()
-            tg.start_soon(requester, "slot")
+            tg.start_soon(requester, "held", "t1")
+            await anyio.wait_all_tasks_blocked()
+            tg.start_soon(requester, "slot", "t2")
             await anyio.wait_all_tasks_blocked()
             stats = manager.statistics()
-            assert (stats.preparations.pending, stats.preparations.waiting_for_slot) == (1, 1)
+            assert (
+                stats.preparations.pending,
+                stats.preparations.waiting_for_slot,
+                stats.preparations.waiting_for_turn,
+            ) == (1, 1, 1)
+            assert strategy.entered == ["held"]
             await foundation.aclose()
         stats = manager.statistics()
-        assert outcomes == {"turn": "closed", "slot": "closed"}
+        assert outcomes == {"turn": "closed", "held": "closed", "slot": "closed"}
         assert (
             stats.preparations.pending,
             stats.preparations.waiting_for_slot,
+            stats.preparations.waiting_for_turn,
             stats.preparations.failed_total,
-        ) == (0, 0, 1)
+        ) == (0, 0, 0, 1)
         assert stats.preparations.discarded_total == 0
 
 
@@ -353,11 +369,14 @@ async def test_cancelling_a_preparation_from_outside_settles_it_exactly(
                 await anyio.sleep(0.005)
         stats = manager.statistics()
         assert (stats.preparations.pending, stats.preparations.waiting_for_slot) == (0, 0)
+        # Cancelled while waiting for its turn's commit, the call held no slot and
+        # owned nothing: no preparation to discard.
         assert (
             stats.preparations.discarded_total,
             stats.preparations.prepared_total,
             stats.preparations.failed_total,
-        ) == (1, 1 if point == "queued" else 0, 0)
+            stats.preparations.waiting_for_turn,
+        ) == (0 if point == "commit" else 1, 1 if point == "queued" else 0, 0, 0)
         assert manager._life.check_bound().queue._waiters == {}
         if point == "render":
             assert gateway.returned > rendered  # the render thread ran to its end

@@ -13,7 +13,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import pytest
 
-from tests.runtime.helpers import CHAT, assistant, call, result, user
+from tests.runtime.helpers import CHAT, GatedStrategy, assistant, call, result, user
 from tests.runtime.stress import cold_render, run_stress
 from turnloom.areas import OneShotNotice
 from turnloom.context import Message, Role, TextPart, ToolCallPart
@@ -82,10 +82,11 @@ async def test_after_failed_renders_every_prepared_input_equals_a_cold_render(
 
 
 async def test_removing_a_context_settles_its_waiters_and_frees_their_slots() -> None:
-    """Issue small input: sixteen callers hang up while their next turn is awaited;
-    remove_context settles all sixteen at once with ContextRemovedError (counted as
-    discarded, not failed: the host ended them), every slot is
-    free again, and another session is served without QueueFullError."""
+    """Issue small input: sixteen callers hang up while their next turn is awaited
+    (waiting for its commit, each holds no slot: pending stays 0); remove_context
+    ends all sixteen at once with ContextRemovedError (never admitted: counted
+    neither failed nor discarded), and another session is served without
+    QueueFullError."""
     async with Foundation(max_pending_preparations=16) as foundation:
         manager = foundation.manager
         errors: list[ContextRemovedError] = []
@@ -105,7 +106,7 @@ async def test_removing_a_context_settles_its_waiters_and_frees_their_slots() ->
                 group.start_soon(waits_for_next_turn, f"call-{n}")
             await anyio.wait_all_tasks_blocked()
             stats = manager.statistics()
-            assert (stats.preparations.pending, stats.preparations.waiting_for_turn) == (16, 16)
+            assert (stats.preparations.pending, stats.preparations.waiting_for_turn) == (0, 16)
             for n in range(16):
                 manager.remove_context(f"call-{n}")
         assert sorted((e.context_id, e.turn_id) for e in errors) == sorted(
@@ -117,7 +118,7 @@ async def test_removing_a_context_settles_its_waiters_and_frees_their_slots() ->
             stats.preparations.waiting_for_turn,
             stats.preparations.failed_total,
             stats.preparations.discarded_total,
-        ) == (0, 0, 0, 16)
+        ) == (0, 0, 0, 0)
         manager.accept_turn(TurnSnapshot(context_id="other", turn_id="t1", input=(user("hi"),)))
         prepared = await manager.prepare_nowait(
             ContextPrepareRequest(context_id="other", turn_id="t1")
@@ -127,11 +128,18 @@ async def test_removing_a_context_settles_its_waiters_and_frees_their_slots() ->
 
 async def test_a_context_created_again_never_serves_a_request_for_the_removed_one() -> None:
     """Issue small input: a request made for a context that is then removed and created
-    again with the same id gets ContextRemovedError, never the new conversation."""
-    async with Foundation(max_pending_preparations=1) as foundation:
+    again with the same id gets ContextRemovedError, never the new conversation. (It
+    waits for the only slot, held by an admitted preparation whose assembly waits at
+    a closed gate, while its context is removed and created again.)"""
+    strategy = GatedStrategy()
+    for query in ("old 2", "new 2"):
+        strategy.open(query)
+    async with Foundation(max_pending_preparations=1, strategy=strategy) as foundation:
         manager = foundation.manager
         manager.accept_turn(TurnSnapshot(context_id="a", turn_id="t1", input=(user("a"),)))
+        manager.accept_turn(TurnSnapshot(context_id="a", turn_id="t2", input=(user("a2"),)))
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("old"),)))
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(user("old 2"),)))
         outcome: list[object] = []
 
         async def holds_the_slot() -> None:
@@ -154,8 +162,9 @@ async def test_a_context_created_again_never_serves_a_request_for_the_removed_on
             manager.remove_context("c")
             manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("new"),)))
             manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(user("new 2"),)))
-            manager.accept_turn(TurnSnapshot(context_id="a", turn_id="t2", input=(user("a2"),)))
-        assert outcome[1] == "c"
+            strategy.open("a2")
+        assert isinstance(outcome[0], PreparedContext) and outcome[1] == "c"
+        assert strategy.entered == ["a2"]  # the old request never reached its assembly
         assert manager.statistics().preparations.pending == 0
 
 
@@ -265,8 +274,9 @@ async def test_a_record_to_a_turn_never_committed_names_the_context_and_changes_
 
 async def test_a_mistyped_turn_id_waits_visibly_and_the_timeout_names_it() -> None:
     """Invariant: a prepare for a turn never committed keeps waiting (prepare-before-
-    accept), is counted in waiting_for_turn, and the documented fail_after pattern
-    raises a TimeoutError naming the context and turn ids."""
+    accept), is counted in waiting_for_turn (not in pending: it holds no slot), and
+    the documented fail_after pattern raises a TimeoutError naming the context and
+    turn ids; never admitted, it is not counted as discarded."""
     async with Foundation() as foundation:
         manager = foundation.manager
         manager.accept_turn(TurnSnapshot(context_id="call-7", turn_id="t1", input=(user("hi"),)))
@@ -286,7 +296,8 @@ async def test_a_mistyped_turn_id_waits_visibly_and_the_timeout_names_it() -> No
         async with anyio.create_task_group() as group:
             group.start_soon(documented_pattern)
             await anyio.wait_all_tasks_blocked()
-            assert manager.statistics().preparations.waiting_for_turn == 1
+            stats = manager.statistics()
+            assert (stats.preparations.waiting_for_turn, stats.preparations.pending) == (1, 0)
             deadlines[0].deadline = anyio.current_time()  # the caller's deadline passes
         await anyio.wait_all_tasks_blocked()
         assert str(caught[0]) == "turn 't-1' of context 'call-7' not prepared"
@@ -295,7 +306,7 @@ async def test_a_mistyped_turn_id_waits_visibly_and_the_timeout_names_it() -> No
             stats.preparations.waiting_for_turn,
             stats.preparations.pending,
             stats.preparations.discarded_total,
-        ) == (0, 0, 1)
+        ) == (0, 0, 0)
 
 
 # -- voice interruption ------------------------------------------------------------

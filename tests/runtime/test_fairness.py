@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from tests.runtime.helpers import user
+from tests.runtime.helpers import GatedStrategy, user
 from turnloom.context import TenantScope
 from turnloom.errors import InputError, QueueFullError
 from turnloom.runtime import ContextManager, ContextPrepareRequest, Foundation, TurnSnapshot
@@ -18,7 +18,12 @@ B = TenantScope(tenant_id="quiet")
 
 
 def _commit(manager: ContextManager, context_id: str, turn_id: str) -> None:
-    manager.accept_turn(TurnSnapshot(context_id=context_id, turn_id=turn_id, input=(user("hi"),)))
+    """Commit the turn, its input text ``context_id + turn_id`` (its GatedStrategy gate)."""
+    manager.accept_turn(
+        TurnSnapshot(
+            context_id=context_id, turn_id=turn_id, input=(user(f"{context_id}{turn_id}"),)
+        )
+    )
 
 
 def _admitted_or_waiting(manager: ContextManager) -> int:
@@ -94,12 +99,17 @@ async def test_a_waiter_cancelled_after_its_grant_hands_the_slot_on() -> None:
 
 
 async def test_one_tenant_flooding_cannot_take_every_slot_from_another() -> None:
-    """Tenant A floods prepares that hold slots (their turns are not committed yet);
-    tenant B's prepare is admitted and delivered while A still floods."""
-    async with Foundation(max_pending_preparations=4) as foundation:
+    """Tenant A floods prepares that hold slots (committed turns whose assembly
+    waits at a closed gate); tenant B's prepare is admitted and delivered while A
+    still floods."""
+    strategy = GatedStrategy()
+    async with Foundation(max_pending_preparations=4, strategy=strategy) as foundation:
         manager = foundation.manager
         assert manager.tenant_limit == 2
         _commit(manager, "b", "t1")
+        strategy.open("bt1")
+        for n in range(8):
+            _commit(manager, "a", f"t{n}")
         delivered: list[str] = []
 
         async def flood(n: int) -> None:
@@ -117,7 +127,7 @@ async def test_one_tenant_flooding_cannot_take_every_slot_from_another() -> None
             delivered.append("b")
             assert prefix.turn_id == "t1"
             for n in range(8):
-                _commit(manager, "a", f"t{n}")
+                strategy.open(f"at{n}")
         stats = manager.statistics().preparations
     assert delivered[0] == "b"
     assert sorted(delivered[1:]) == sorted(f"a{n}" for n in range(8))
@@ -125,9 +135,17 @@ async def test_one_tenant_flooding_cannot_take_every_slot_from_another() -> None
 
 
 async def test_a_waiting_tenant_gets_the_next_freed_slot_before_the_flooders_queue() -> None:
-    async with Foundation(max_pending_preparations=2, max_tenant_preparations=2) as foundation:
+    """A's preparations hold both slots (assemblies waiting at closed gates); the
+    slot A's t0 frees goes to B, waiting with none, before A's queued t2 and t3."""
+    strategy = GatedStrategy()
+    async with Foundation(
+        max_pending_preparations=2, max_tenant_preparations=2, strategy=strategy
+    ) as foundation:
         manager = foundation.manager
         _commit(manager, "b", "t1")
+        strategy.open("bt1")
+        for n in range(4):
+            _commit(manager, "a", f"t{n}")
         order: list[str] = []
 
         async def prepare(context_id: str, turn_id: str, scope: TenantScope) -> None:
@@ -142,21 +160,28 @@ async def test_a_waiting_tenant_gets_the_next_freed_slot_before_the_flooders_que
                 await _until(lambda n=n: _admitted_or_waiting(manager) == n + 1)
             group.start_soon(prepare, "b", "t1", B)
             await _until(lambda: _admitted_or_waiting(manager) == 5)
-            _commit(manager, "a", "t0")  # its slot frees: B holds fewer than A, B goes next
+            strategy.open("at0")  # its slot frees: B holds fewer than A, B goes next
             await _until(lambda: order == ["at0", "bt1"])
             # Then A's t2 takes B's slot (A's t1 and t2 held; t3 waits).
             await _until(lambda: _admitted_or_waiting(manager) == 3)
             stats = manager.statistics().preparations
             assert (stats.pending, stats.waiting_for_slot) == (2, 1)
+            assert strategy.entered == ["at0", "at1", "bt1", "at2"]
             for n in range(1, 4):
-                _commit(manager, "a", f"t{n}")
+                strategy.open(f"at{n}")
     assert order[:2] == ["at0", "bt1"]
 
 
 async def test_prepare_nowait_refuses_a_tenant_at_its_limit_but_serves_another() -> None:
-    async with Foundation(max_pending_preparations=4) as foundation:
+    """A holds its limit (two assemblies waiting at closed gates): A's
+    prepare_nowait of a committed turn is refused, B's is served at once."""
+    strategy = GatedStrategy()
+    async with Foundation(max_pending_preparations=4, strategy=strategy) as foundation:
         manager = foundation.manager
         _commit(manager, "b", "t1")
+        strategy.open("bt1")
+        for turn_id in ("t0", "t1", "t9"):
+            _commit(manager, "a", turn_id)
         async with anyio.create_task_group() as group:
             for n in range(2):
                 group.start_soon(
@@ -173,21 +198,30 @@ async def test_prepare_nowait_refuses_a_tenant_at_its_limit_but_serves_another()
             )
             assert prefix.turn_id == "t1"
             for n in range(2):
-                _commit(manager, "a", f"t{n}")
+                strategy.open(f"at{n}")
         assert manager.statistics().preparations.rejected_total == 1
+        # The refused t9 never assembled (tasks started together run in any order).
+        assert sorted(strategy.entered[:2]) == ["at0", "at1"] and strategy.entered[2:] == ["bt1"]
 
 
 async def test_requests_without_a_scope_are_bounded_by_the_capacity_only() -> None:
-    async with Foundation(max_pending_preparations=3) as foundation:
+    """Without a tenant, one requester's preparations take every slot (no tenant
+    limit): the assemblies of three committed turns hold all three."""
+    strategy = GatedStrategy()
+    async with Foundation(max_pending_preparations=3, strategy=strategy) as foundation:
         manager = foundation.manager
+        for n in range(3):
+            _commit(manager, "s", f"t{n}")
         async with anyio.create_task_group() as group:
             for n in range(3):
                 group.start_soon(
                     manager.prepare, ContextPrepareRequest(context_id="s", turn_id=f"t{n}")
                 )
             await _until(lambda: manager.statistics().preparations.pending == 3)
+            assert manager.statistics().preparations.waiting_for_slot == 0
             for n in range(3):
-                _commit(manager, "s", f"t{n}")
+                strategy.open(f"st{n}")
+        assert manager.statistics().preparations.prepared_total == 3
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, True])

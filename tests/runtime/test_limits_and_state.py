@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.runtime.helpers import assistant, call, result, user
+from tests.runtime.helpers import GatedStrategy, assistant, call, result, user
 from turnloom.context import GatewayType, Message, Role, get_gateway
 from turnloom.context.history import HistoryLimits
 from turnloom.context.message import check_message
@@ -173,10 +173,19 @@ def test_eviction_is_exact_with_pinned_instructions_and_invocations(
 @pytest.mark.parametrize("capacity", [1, 3])
 async def test_many_concurrent_prepares_never_exceed_the_capacity(capacity: int) -> None:
     """Exactly ``capacity`` are admitted, ``prepare_nowait`` refuses exactly the rest,
-    waiting ``prepare`` calls queue, and pending never exceeds the capacity."""
+    waiting ``prepare`` calls queue, and pending never exceeds the capacity. (Each
+    turn is committed first; an admitted preparation holds its slot while its
+    assembly waits at its turn's gate.)"""
     sessions = 12
-    async with Foundation(max_pending_preparations=capacity, worker_threads=2) as foundation:
+    strategy = GatedStrategy()
+    async with Foundation(
+        max_pending_preparations=capacity, worker_threads=2, strategy=strategy
+    ) as foundation:
         manager = foundation.manager
+        for i in range(2 * sessions):
+            manager.accept_turn(
+                TurnSnapshot(context_id=f"c{i}", turn_id="t1", input=(user(f"hi {i}"),))
+            )
         peak = 0
         refused_ids: set[int] = set()
         refused = 0
@@ -215,9 +224,7 @@ async def test_many_concurrent_prepares_never_exceed_the_capacity(capacity: int)
             await anyio.wait_all_tasks_blocked()
             assert manager.statistics().preparations.waiting_for_slot == sessions
             for i in range(2 * sessions):
-                manager.accept_turn(
-                    TurnSnapshot(context_id=f"c{i}", turn_id="t1", input=(user(f"hi {i}"),))
-                )
+                strategy.open(f"hi {i}")
                 await anyio.wait_all_tasks_blocked()
                 peak = max(peak, manager.statistics().preparations.pending)
                 assert manager.statistics().preparations.pending <= capacity

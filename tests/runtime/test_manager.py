@@ -12,7 +12,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.runtime.helpers import CHAT, SYSTEM, BlockingGateway, assistant, call, result, user
+from tests.runtime.helpers import (
+    CHAT,
+    SYSTEM,
+    BlockingGateway,
+    GatedStrategy,
+    assistant,
+    call,
+    result,
+    user,
+)
 from turnloom.context import GatewayType, Message, Role
 from turnloom.context.history import HistoryLimits
 from turnloom.errors import (
@@ -105,6 +114,7 @@ async def test_prepare_then_build_gives_the_exact_native_input() -> None:
 
 
 async def test_prepare_waits_for_the_commit_of_its_turn() -> None:
+    """Waiting for the commit, the call holds no slot (pending 0, waiting_for_turn 1)."""
     async with Foundation() as foundation:
         manager = foundation.manager
         got = []
@@ -115,16 +125,26 @@ async def test_prepare_waits_for_the_commit_of_its_turn() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(requester)
             await anyio.wait_all_tasks_blocked()
-            assert manager.statistics().preparations.pending == 1
+            stats = manager.statistics()
+            assert (stats.preparations.pending, stats.preparations.waiting_for_turn) == (0, 1)
             assert got == []
             manager.accept_turn(snapshot("t1", "now", context_id="late"))
         assert [list(p.items) for p in got] == [[{"role": "user", "content": "now"}]]
-        assert manager.statistics().preparations.pending == 0
+        stats = manager.statistics()
+        assert (
+            stats.preparations.pending,
+            stats.preparations.waiting_for_turn,
+            stats.preparations.prepared_total,
+        ) == (0, 0, 1)
 
 
 async def test_a_full_queue_makes_prepare_wait_and_prepare_nowait_raise() -> None:
-    async with Foundation(max_pending_preparations=1) as foundation:
+    """The only slot is held by an admitted preparation (its assembly waits at a
+    closed gate): prepare waits for the slot, prepare_nowait raises at once."""
+    strategy = GatedStrategy()
+    async with Foundation(max_pending_preparations=1, strategy=strategy) as foundation:
         manager = foundation.manager
+        manager.accept_turn(snapshot("t1", "go"))
         order: list[str] = []
 
         async def first() -> None:
@@ -149,7 +169,7 @@ async def test_a_full_queue_makes_prepare_wait_and_prepare_nowait_raise() -> Non
             with pytest.raises(QueueFullError) as info:
                 await manager.prepare_nowait(request("t1"))
             assert info.value.capacity == 1
-            manager.accept_turn(snapshot("t1", "go"))
+            strategy.open("go")
         assert order == ["first", "second"]
         stats = manager.statistics()
         assert (
@@ -400,7 +420,9 @@ async def test_preparing_an_evicted_turn_fails() -> None:
         manager.accept_turn(snapshot("t2", "b"))
         with pytest.raises(UnknownTurnError):
             await manager.prepare(request("t1"))
-        assert manager.statistics().preparations.failed_total == 1
+        # Found evicted before a slot was taken: never admitted, not a failed preparation.
+        stats = manager.statistics()
+        assert (stats.preparations.pending, stats.preparations.failed_total) == (0, 0)
 
 
 async def test_a_custom_gateway_instance_is_used_for_rendering() -> None:
@@ -427,7 +449,8 @@ def test_common_prefix_matches_a_plain_scan(a: list[int], b: list[int]) -> None:
 
 
 async def test_a_caller_bounds_the_wait_for_a_commit_with_fail_after() -> None:
-    """prepare has no timeout parameter: anyio.fail_after bounds it and frees the slot."""
+    """prepare has no timeout parameter: anyio.fail_after bounds it; waiting for the
+    commit it held no slot and was never admitted (not counted as discarded)."""
     async with Foundation(max_pending_preparations=1) as foundation:
         manager = foundation.manager
         with pytest.raises(TimeoutError):
@@ -435,7 +458,11 @@ async def test_a_caller_bounds_the_wait_for_a_commit_with_fail_after() -> None:
                 await manager.prepare(request("never"))
         await anyio.wait_all_tasks_blocked()
         stats = manager.statistics()
-        assert (stats.preparations.pending, stats.preparations.discarded_total) == (0, 1)
+        assert (
+            stats.preparations.pending,
+            stats.preparations.waiting_for_turn,
+            stats.preparations.discarded_total,
+        ) == (0, 0, 0)
         manager.accept_turn(snapshot("t1", "now"))
         prefix = await manager.prepare_nowait(request("t1"))
         assert prefix.items == ({"role": "user", "content": "now"},)

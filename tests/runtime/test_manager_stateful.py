@@ -5,15 +5,17 @@ an approval), record outputs (text, blank partials, calls, results, a reply
 recorded twice, late outputs for evicted turns and for an earlier held turn, refused
 when they would strand a later turn's results), prepare, prepare while the
 gateway fails part-way through the render, park preparations waiting for a
-future turn, refuse with ``prepare_nowait`` when the queue is full, cancel
+future turn (up to twice the capacity: they hold no slot), prepare with
+``prepare_nowait`` at once beside a capacity's worth of them, cancel
 parked preparations, remove a context (its parked preparations settle with
 ContextRemovedError), run invocations that commit a turn while in flight,
 attach Context Areas (one-shot, pinned, sub-task) and route model output to
 the area section.
 
-Invariants: the pending count never exceeds the capacity and equals the
-parked preparations (no leaked slot); each history holds exactly the turns a
-plain model predicts (whole turns, oldest first, limits respected, no
+Invariants: between rules nothing is admitted (pending 0: parked calls wait for
+their turn's commit holding no slot, so they never starve a prepare) and
+``waiting_for_turn`` equals the parked calls (no leaked waiter); each history
+holds exactly the turns a plain model predicts (whole turns, oldest first, limits respected, no
 eviction while an invocation is in flight); every prepared input passes the
 gateway's ``validate()``, starts with the pinned instructions and holds, in
 order, a cold render of the retained history up to the turn's input, the state
@@ -45,14 +47,13 @@ from turnloom.errors import (
     ContextRemovedError,
     DuplicateIdError,
     PairedTurnsTooLargeError,
-    QueueFullError,
     StrandedResultsError,
     TurnTooLargeError,
 )
 from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext, TurnSnapshot
 
 LIMITS = HistoryLimits(low_water=1.0, max_turns=3, max_items=7)
-CAPACITY = 2
+CAPACITY = 1  # parked calls reach it often: prepares beside them must not wait
 CONTEXTS = ("a", "b")
 
 
@@ -151,7 +152,10 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def _settle(self) -> None:
         deadline = time.monotonic() + 10
-        while self.portal.call(self.manager.statistics).preparations.pending != len(self.parked):
+        while True:
+            stats = self.portal.call(self.manager.statistics).preparations
+            if (stats.pending, stats.waiting_for_turn) == (0, len(self.parked)):
+                break
             assert time.monotonic() < deadline, "a preparation never settled"
             time.sleep(0.002)
 
@@ -325,7 +329,7 @@ class ManagerMachine(RuleBasedStateMachine):
     @rule(context_id=st.sampled_from(CONTEXTS), contribution=st.booleans())
     def prepare(self, context_id: str, contribution: bool) -> None:
         model = self.models[context_id]
-        if not model.turns or len(self.parked) >= CAPACITY:
+        if not model.turns:
             return
         request = ContextPrepareRequest(
             context_id=context_id,
@@ -351,7 +355,7 @@ class ManagerMachine(RuleBasedStateMachine):
         """The gateway raises at a chosen render call of the worker; the next prepare
         still equals a cold render."""
         model = self.models[context_id]
-        if not model.turns or len(self.parked) >= CAPACITY:
+        if not model.turns:
             return
         request = ContextPrepareRequest(context_id=context_id, turn_id=model.turns[-1][0])
         self.gateway.fail_in = fail_in
@@ -382,10 +386,10 @@ class ManagerMachine(RuleBasedStateMachine):
         self.models[context_id] = _Model()
         self._settle()
 
-    @precondition(lambda self: len(self.parked) < CAPACITY)
+    @precondition(lambda self: len(self.parked) < 2 * CAPACITY)
     @rule(context_id=st.sampled_from(CONTEXTS))
     def park(self, context_id: str) -> None:
-        """A preparation for the next, not yet committed, turn waits in the queue."""
+        """A prepare for the next, not yet committed, turn waits for its commit (no slot)."""
         turn_id = f"t{self.models[context_id].next}"
         if any(p[:2] == (context_id, turn_id) for p in self.parked):
             return
@@ -394,23 +398,26 @@ class ManagerMachine(RuleBasedStateMachine):
         self.parked.append((context_id, turn_id, future))
         self._settle()
 
-    @precondition(lambda self: len(self.parked) == CAPACITY)
+    @precondition(
+        lambda self: len(self.parked) >= CAPACITY and any(m.turns for m in self.models.values())
+    )
     @rule(context_id=st.sampled_from(CONTEXTS))
-    def nowait_refused(self, context_id: str) -> None:
-        request = ContextPrepareRequest(context_id=context_id, turn_id="t0")
-
-        async def attempt() -> None:
-            with pytest.raises(QueueFullError):
-                await self.manager.prepare_nowait(request)
-
-        self.portal.call(attempt)
-        self.rejected += 1
+    def nowait_beside_parked(self, context_id: str) -> None:
+        """A capacity's worth (or more) of parked calls hold no slot: prepare_nowait of
+        a committed turn takes one at once (no QueueFullError) and is delivered."""
+        model = self.models[context_id]
+        if not model.turns:
+            return
+        request = ContextPrepareRequest(context_id=context_id, turn_id=model.turns[-1][0])
+        prepared = self.portal.call(self.manager.prepare_nowait, request)
+        self._check_prepared(prepared, context_id)
+        self._kept(context_id, 0)
         assert (
             self.portal.call(self.manager.statistics).preparations.rejected_total == self.rejected
         )
 
     @precondition(lambda self: bool(self.parked))
-    @rule(index=st.integers(0, CAPACITY - 1))
+    @rule(index=st.integers(0, 2 * CAPACITY - 1))
     def cancel_parked(self, index: int) -> None:
         entry = self.parked.pop(index % len(self.parked))
         entry[2].cancel()
@@ -505,8 +512,9 @@ class ManagerMachine(RuleBasedStateMachine):
     @invariant()
     def queue_is_bounded_and_nothing_leaks(self) -> None:
         stats = self.portal.call(self.manager.statistics)
-        assert stats.preparations.pending <= CAPACITY
-        assert stats.preparations.pending == len(self.parked)
+        assert stats.preparations.pending == 0
+        assert stats.preparations.waiting_for_turn == len(self.parked)
+        assert stats.preparations.waiting_for_slot == 0
         assert stats.invocations == 0
 
     @invariant()

@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 import turnloom.runtime._preparing as preparing
-from tests.runtime.helpers import user
+from tests.runtime.helpers import GatedStrategy, user
 from turnloom.errors import InvalidMessageError, QueueFullError
 from turnloom.runtime import (
     ContextContribution,
@@ -36,13 +36,17 @@ async def _refused_then_prepared(
         checked.append(request)
         return check_request(request, max_item_bytes)
 
-    async with Foundation(max_pending_preparations=1) as foundation:
+    strategy = GatedStrategy()
+    strategy.open("hi")
+    async with Foundation(max_pending_preparations=1, strategy=strategy) as foundation:
         manager = foundation.manager
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t0", input=(user("hi"),)))
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("go"),)))
         async with anyio.create_task_group() as group:
-            # Waits for its turn's commit, holding the only slot.
+            # Admitted, its assembly waits at the closed gate of "go": it holds the only slot.
             group.start_soon(manager.prepare, ContextPrepareRequest(context_id="c", turn_id="t1"))
             await anyio.wait_all_tasks_blocked()
+            assert manager.statistics().preparations.pending == 1
             monkeypatch.setattr(preparing, "check_request", spy)
             with pytest.raises(QueueFullError):
                 await manager.prepare_nowait(first)
@@ -56,7 +60,7 @@ async def _refused_then_prepared(
 
             group.start_soon(fallback)
             await anyio.wait_all_tasks_blocked()
-            manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("go"),)))
+            strategy.open("go")
         return checked, result[0]
 
 

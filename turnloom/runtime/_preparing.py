@@ -125,8 +125,8 @@ class Preparer:
     worker-thread limiter (for work other than renders; ``worker_threads``).
 
     ``closing`` is set by the manager when its Foundation begins closing: a
-    preparation still waiting for its turn then fails with
-    :class:`FoundationClosedError`.
+    call still waiting for its turn's commit (holding no slot) then fails
+    with :class:`FoundationClosedError`.
     """
 
     __slots__ = (
@@ -206,12 +206,14 @@ class Preparer:
             self.worker.submit(_clear, None, copies)
 
     async def prepare(self, request: ContextPrepareRequest, *, wait: bool) -> PreparedContext:
-        """Check a request, take a slot, own the preparation, await its result.
+        """Check a request, wait for its turn's commit, take a slot, own the preparation.
 
-        The flow of ``ContextManager.prepare`` (``wait``) and
-        ``prepare_nowait`` (``wait=False``: take a slot at once or raise
+        Then await its result. The flow of ``ContextManager.prepare``
+        (``wait``) and ``prepare_nowait`` (``wait=False``: once the turn is
+        committed, take a slot at once or raise
         :class:`~turnloom.errors.QueueFullError`); see there for the errors
-        and cancellation. The request is checked before a slot is taken.
+        and cancellation. The request is checked, and the commit waited for
+        holding no slot, before a slot is taken.
         """
         options = self._options
         strategy = options.strategy.name if options.strategy is not None else None
@@ -226,9 +228,11 @@ class Preparer:
         refused, self._refused = self._refused, None
         if refused is None or request is not refused:
             request = check_request(request, self._options.history_limits.max_item_bytes)
+        requested_at = anyio.current_time()
+        origin = self._table.contexts.get(request.context_id)
+        if self._table.holding(request.context_id, request.turn_id, origin) is None:
+            origin = await self._wait_for_commit(request, origin)  # holding no slot
         if wait:
-            requested_at = anyio.current_time()
-            origin = self._table.contexts.get(request.context_id)
             # One that waited for its slot passes a checkpoint after an inline
             # render, so requesters granted before it resume first.
             checkpointed = not await queue.acquire(request)
@@ -243,12 +247,41 @@ class Preparer:
                     # object, so the usual fallback (prepare with it) skips it.
                     self._refused = given
                 raise
-            requested_at = anyio.current_time()
-            origin = self._table.contexts.get(request.context_id)
             checkpointed = False
         return await queue.admit(
             request, requested_at, origin, self.run, self.run_inline, checkpointed=checkpointed
         )
+
+    async def _wait_for_commit(
+        self, request: ContextPrepareRequest, origin: ContextState | None
+    ) -> ContextState | None:
+        """Wait, before taking a slot, until the request's turn is held; the context then.
+
+        A turn not committed yet (a prepare made ahead of ``accept_turn``, or
+        a mistyped id) holds no slot while it waits, so waiting requesters
+        never starve the other contexts' preparations. Returns the context the
+        request is for (``origin``, or the one created since the call).
+
+        Raises:
+            FoundationClosedError: the Foundation began closing.
+            ContextRemovedError: the context was removed (or its lease lost).
+            UnknownTurnError: the turn was evicted or retracted.
+        """
+        context_id, turn_id = request.context_id, request.turn_id
+        while True:
+            if self.closing:
+                raise FoundationClosedError(
+                    f"The Foundation closed while waiting for turn {excerpt(turn_id)} of context "
+                    f"{excerpt(context_id)}."
+                )
+            await self.queue.next_commit(context_id)
+            if self.closing:
+                continue
+            if self._table.holding(context_id, turn_id, origin) is not None:
+                return self._table.contexts.get(context_id)
+            if origin is None:
+                # Created since the call: the request is now for this context.
+                origin = self._table.contexts.get(context_id)
 
     async def _wait_for_turn(self, preparation: Preparation) -> ContextState:
         context_id = preparation.request.context_id

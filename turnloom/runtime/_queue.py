@@ -1,6 +1,10 @@
 """The bounded pending queue of a ContextManager: slots, owned preparations, turn waiters.
 
-The async part of the manager's shell. A preparation is owned by the queue
+The async part of the manager's shell. A requester whose turn is not
+committed yet waits for the commit in :meth:`PreparationQueue.next_commit`
+before it takes a slot: it holds none and is not admitted, so calls waiting
+for turns that never come (mistyped ids, a host preparing ahead of
+``accept_turn``) never starve the other contexts. A preparation is owned by the queue
 from :meth:`PreparationQueue.admit` until it is *settled* (delivered, failed
 or discarded), and holds its slot until then. It runs in its requester's
 task, in a cancel scope of its own that the close cancels: no task, event or
@@ -166,7 +170,11 @@ class PreparationQueue:
 
     @property
     def waiting_for_turn(self) -> int:
-        """Admitted preparations waiting in :meth:`next_commit`."""
+        """Calls waiting in :meth:`next_commit`.
+
+        Requesters waiting for their turn's commit before taking a slot
+        (holding none, not counted in :attr:`pending`).
+        """
         return self._waiting_for_turn
 
     def acquire(self, request: ContextPrepareRequest) -> Awaitable[bool]:
@@ -354,17 +362,22 @@ class PreparationQueue:
         self.wake(context_id)
 
     def wake(self, context_id: str) -> None:
-        """Wake the preparations waiting for a commit to (or the removal of) ``context_id``."""
+        """Wake the calls waiting for a commit to (or the removal of) ``context_id``."""
         waiters = self._waiters.pop(context_id, None)
         if waiters is not None:
             waiters.event.set()
 
     def waits_on(self, context_id: str) -> bool:
-        """True while a preparation waits for a commit to (or the removal of) ``context_id``."""
+        """True while a call waits for a commit to (or the removal of) ``context_id``."""
         return context_id in self._waiters
 
     async def next_commit(self, context_id: str) -> None:
-        """Wait until :meth:`wake` is called for ``context_id`` or the queue closes."""
+        """Wait until :meth:`wake` is called for ``context_id`` or the queue closes.
+
+        Holds no slot: a requester waits here for its turn's commit before
+        :meth:`acquire` (counted in :attr:`waiting_for_turn`, not in
+        :attr:`pending`). The caller checks the turn again on waking.
+        """
         waiters = self._waiters.get(context_id)
         if waiters is None:
             waiters = self._waiters[context_id] = _Waiters()

@@ -19,7 +19,8 @@ class FoundationClosedError(TurnloomError, anyio.ClosedResourceError):
     """The Foundation (and its ContextManager) is closing or closed.
 
     Raised by every call made after :meth:`~turnloom.runtime.Foundation.aclose`
-    began, and by preparations that were still waiting for their turn when it
-    did. It is an :class:`anyio.ClosedResourceError`, so code that already
-    handles closed anyio resources handles it too.
+    began, and by calls that were still waiting (for their turn's commit,
+    holding no slot, for a slot, or as admitted preparations) when it did.
+    It is an :class:`anyio.ClosedResourceError`, so code that already handles
+    closed anyio resources handles it too.
     """

@@ -422,13 +422,15 @@ class ContextManager:
     async def prepare(self, request: ContextPrepareRequest) -> PreparedContext:
         """Prepare the model input of a committed turn.
 
-        Waits, in order, for a free slot in the pending queue (a full queue
-        makes it wait: backpressure; :meth:`prepare_nowait` fails instead;
-        slots are shared fairly, see ``ContextPrepareRequest.tenant``), for the
-        turn's commit (it may be called before ``accept_turn``), for the
-        turn's assembly (with a strategy, the turn's first prepare per tenant
-        and ``auto_hydrate`` awaits it on the event loop, memory I/O included,
-        in this preparation's cancel scope; the others reuse its result), and
+        Waits, in order, for the turn's commit (it may be called before
+        ``accept_turn``; a requester waiting for the commit holds no slot and
+        is not admitted, so it never starves other contexts' preparations),
+        for a free slot in the pending queue (a full queue makes it wait:
+        backpressure; :meth:`prepare_nowait` fails instead; slots are shared
+        fairly, see ``ContextPrepareRequest.tenant``), for the turn's assembly
+        (with a strategy, the turn's first prepare per tenant and
+        ``auto_hydrate`` awaits it on the event loop, memory I/O included, in
+        this preparation's cancel scope; the others reuse its result), and
         for its render in the Foundation's render thread. A preparation whose turn is
         committed, without a strategy, scope or area section, for a built-in
         gateway and a context holding at most 512 messages, renders inline on
@@ -439,9 +441,10 @@ class ContextManager:
         and its contributions copied at the call; the history and the
         request's state (the perception's time included) are captured once, at
         the commit. A turn never committed (a mistyped id) is waited for until
-        the caller's deadline (counted in
-        ``statistics().preparations.waiting_for_turn``): bound the wait with
-        ``anyio.fail_after(seconds, reason=...)`` naming the context and turn.
+        the caller's deadline, holding no slot (counted in
+        ``statistics().preparations.waiting_for_turn``, not in ``pending``):
+        bound the wait with ``anyio.fail_after(seconds, reason=...)`` naming
+        the context and turn.
 
         Returns:
             the prefix (what it holds and what to send: see
@@ -453,7 +456,8 @@ class ContextManager:
 
         Raises:
             FoundationClosedError: the Foundation is closing or closed, or closed
-                while the preparation waited.
+                while the call waited (for the turn's commit, a slot, or as an
+                admitted preparation).
             InvalidMessageError, InvalidTextError, DuplicateIdError: a malformed
                 request (ids, contributions that are not a tuple or list,
                 contribution names or text, loop budget, perception); no slot
@@ -467,9 +471,13 @@ class ContextManager:
                 per-item byte cap: raised at the call when the carried texts
                 alone exceed it (no slot taken), else by the preparation.
             UnknownTurnError: the turn was evicted (or retracted) before it could
-                be captured.
+                be captured. Found while waiting for the commit, it is raised
+                at once, before a slot is taken, and not counted as a failed
+                preparation.
             ContextRemovedError: the context was removed, or its lease was lost
-                to another host, while the preparation waited.
+                to another host, while the call waited. Found while waiting
+                for the commit, it is raised at once, before a slot is taken,
+                and not counted as a failed preparation.
             ProviderRuleError: the gateway rejected a message while rendering.
             AreaCallbackError: an attached area raised (or returned a wrong
                 value) in the area pass; ``area`` and ``phase`` name it. The
@@ -488,10 +496,11 @@ class ContextManager:
                 freed and nothing is delivered or kept.
 
         Cancellation:
-            Cancelled while waiting for a slot: nothing was admitted. Cancelled
-            later: the preparation is cancelled if it still waits for its turn,
-            its assembly (the strategy's memory I/O; the next prepare of the
-            turn assembles again) or queued in the render thread behind other
+            Cancelled while waiting for the turn's commit or for a slot:
+            nothing was admitted and no slot is held (nothing is counted).
+            Cancelled later: the preparation is cancelled if it still waits
+            for its assembly (the strategy's memory I/O; the next prepare of
+            the turn assembles again) or is queued in the render thread behind other
             renders (it then renders nothing), or, if it is rendering, the
             call returns at once, the thread finishes and the result is
             discarded; the slot is freed when it settles (an inline render
@@ -510,18 +519,21 @@ class ContextManager:
         """Like :meth:`prepare`, but refuse at once when every slot is taken.
 
         Unlike trio's and anyio's ``*_nowait`` methods this is a coroutine:
-        only the admission never waits (a full queue raises
-        :class:`~turnloom.errors.QueueFullError` at once); once admitted it
-        awaits the turn's commit and the render exactly as :meth:`prepare`
-        does. Await it.
+        only taking the slot never waits. Like :meth:`prepare` it first awaits
+        the turn's commit, holding no slot; then it takes a slot at once or
+        raises :class:`~turnloom.errors.QueueFullError` (the queue is checked
+        after the commit, not at the call); once admitted it awaits the
+        render exactly as :meth:`prepare` does. Await it.
 
         Raises:
-            QueueFullError: all ``capacity`` slots are taken, or the request's
-                tenant holds its ``tenant_limit``; nothing was admitted.
+            QueueFullError: once the turn is committed, all ``capacity`` slots
+                are taken, or the request's tenant holds its
+                ``tenant_limit``; nothing was admitted.
             Every error of :meth:`prepare`, for the same reasons.
 
         Cancellation:
-            As :meth:`prepare` after admission.
+            As :meth:`prepare`: cancelled while waiting for the turn's commit,
+            nothing was admitted and no slot is held.
         """
         return await self._life.check_open().prepare(request, wait=False)
 

@@ -13,7 +13,8 @@ name                                      type       meaning
 ``preparations_pending``                  gauge      admitted, not yet settled
 ``preparations_capacity``                 gauge      the bound on pending preparations
 ``preparations_waiting_for_slot``         gauge      ``prepare`` calls waiting for a slot
-``preparations_waiting_for_turn``         gauge      admitted, waiting for their turn's commit
+``preparations_waiting_for_turn``         gauge      calls waiting for their turn's commit
+                                                     (holding no slot)
 ``preparations_total{outcome}``           counter    settled: prepared, failed, discarded
 ``preparations_rejected_total``           counter    ``prepare_nowait`` refusals
 ``prepare_latency_seconds``               histogram  request to delivery, seconds
@@ -133,7 +134,7 @@ class ManagerCollector(Collector):
         )
         yield GaugeMetricFamily(
             "turnloom_preparations_waiting_for_turn",
-            "Admitted preparations waiting for their turn's commit.",
+            "prepare calls waiting for their turn's commit (holding no slot).",
             s.preparations.waiting_for_turn,
         )
         settled = CounterMetricFamily(

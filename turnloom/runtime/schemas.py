@@ -347,12 +347,14 @@ class PreparationStatistics(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         capacity: the bound on pending preparations.
-        pending: preparations admitted and not yet settled (waiting for their
-            turn's commit or rendering).
+        pending: preparations admitted (each holding a slot) and not yet
+            settled: waiting for their assembly or rendering. A call waiting
+            for its turn's commit is not admitted and not counted here.
         waiting_for_slot: ``prepare`` calls waiting for a free slot.
-        waiting_for_turn: admitted preparations waiting for their turn's
-            commit (a mistyped context or turn id waits here until the
-            caller's deadline).
+        waiting_for_turn: ``prepare``/``prepare_nowait`` calls waiting for
+            their turn's commit, before taking a slot (they hold none; a
+            mistyped context or turn id waits here until the caller's
+            deadline).
         prepared_total: preparations delivered to their requester.
         failed_total: preparations that ended with an error.
         discarded_total: preparations whose requester was cancelled, even
