@@ -107,13 +107,6 @@ def test_a_call_in_progress_keeps_its_call_before_its_placeholder_in_every_input
     _slow_call_scenario()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Not fixed: a user turn that arrives while a call of the previous turn is "
-    "IN_PROGRESS waits behind it in Pipecat's context; the reply the inference gives to "
-    "it is recorded to the previous turn (reply_turn), before the user message is "
-    "committed as the next turn, so history holds the reply before the question.",
-)
 def test_a_reply_to_a_turn_said_during_a_running_call_follows_that_turn() -> None:
     """Invariant: a reply is recorded after the user message it answered. The caller's
     "Also, my flight?" (said while a parallel batch's slow call runs) is sent to the

@@ -279,6 +279,29 @@ def _in_progress_start(messages: list[Any]) -> int:
     return len(messages)
 
 
+def _is_user(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("role") == "user"
+
+
+def _held(messages: list[Any]) -> list[bool]:
+    """For each of ``messages`` (what Pipecat wrote since the last sync), whether it waits
+    in Pipecat's context for a call still ``IN_PROGRESS``.
+
+    Each run of messages between user messages (a turn's outputs) waits from the message
+    holding its first call still in progress (:func:`_in_progress_start`) to its end; a
+    user message never waits, so a turn said while a call of the previous one runs is
+    taken at once, and so is what answers it.
+    """
+    held = [False] * len(messages)
+    start = 0
+    for end in [*(i for i, m in enumerate(messages) if _is_user(m)), len(messages)]:
+        run = messages[start:end]
+        for index in range(start + _in_progress_start(run), end):
+            held[index] = True
+        start = end + 1
+    return held
+
+
 def _user_dict(message: Message) -> dict[str, Any]:
     """A ``user`` Message of text, in Pipecat's (OpenAI Chat) message shape."""
     return {"role": "user", "content": message.text}
@@ -331,6 +354,13 @@ class _Conversation:
         # The first ``synced`` messages of Pipecat's context are turnloom's input;
         # what Pipecat's aggregators append after them is not in turnloom yet.
         self.synced = 0
+        # Messages after ``synced`` already taken into turnloom while an earlier one
+        # waits for a call in progress (a user turn said meanwhile, and what answers
+        # it), each with the turn it committed (a user message; None: a false start
+        # or another message); ``behind``: the turn the waiting messages before the
+        # first of them belong to (None when nothing after ``synced`` was taken).
+        self.taken: list[tuple[Any, str | None]] = []
+        self.behind: str | None = None
         # Asynchronous calls (``cancel_on_interruption=False``) whose recorded
         # result is Pipecat's "started" placeholder: call id -> its text.
         self.running: dict[str, str] = {}
@@ -387,28 +417,57 @@ class _Conversation:
         owed = bool(self.running) and self._take_settled(held[: self.synced])
         owed = self._opening_settled() or owed
         users = new_turn = 0
-        # A call whose result is still IN_PROGRESS waits with everything after it,
-        # from the message holding the call: recorded alone, the call would be left
-        # out of turnloom's input (an open call) and its placeholder stay behind it.
-        hold = _in_progress_start(pending)
-        waiting, pending = pending[hold:], pending[:hold]
-        while pending:
-            message = pending[0]
+        # A call whose result is still IN_PROGRESS waits with the rest of its turn's
+        # outputs, from the message holding the call: recorded alone, the call would be
+        # left out of turnloom's input (an open call) and its placeholder stay behind it.
+        # A user message behind it does not wait (after the first turn): its turn is
+        # committed now, so the reply to it is recorded to it; the waiting outputs are
+        # recorded to their own turn once the call settles.
+        if self.turn is None:
+            hold = _in_progress_start(pending)
+            waits = [index >= hold for index in range(len(pending))]
+        else:
+            waits = _held(pending)
+        stay = waits.index(True) if True in waits else len(pending)
+        was_taken = {id(message): turn for message, turn in self.taken}
+        taken: list[tuple[Any, str | None]] = []  # taken now or before, staying in Pipecat's
+        dropped: list[Any] = []  # a false start or blank user message staying there: removed
+        owner = self.behind  # the turn to record to; None: the reply's (see _record)
+        region = self.behind
+        for index, message in enumerate(pending):
+            if index == stay:
+                region = owner or self.reply_turn or self.turn
+            stays = index >= stay
+            if id(message) in was_taken:
+                turn = was_taken[id(message)]
+                owner = None if turn is not None else owner
+                if stays:
+                    taken.append((message, turn))
+                continue
+            if waits[index]:
+                continue
             if isinstance(message, LLMSpecificMessage) or not isinstance(message, dict):
-                pending.pop(0)  # another service's own message: not turnloom's
-                self._drop_specific(message)
+                self._drop_specific(message)  # another service's own message: not turnloom's
+                if stays:
+                    taken.append((message, None))
                 continue
             role = message.get("role")
-            pending.pop(0)
             if role == "user":
                 users += 1
                 said = self._user_message(cast(dict[str, Any], message))
                 if said is None or (self.false_start is not None and self.false_start(said.text)):
+                    if stays:
+                        dropped.append(message)
                     continue  # never committed: a false start leaves no turn
                 self._commit(said)
                 new_turn += 1
+                owner = None
+                if stays:
+                    taken.append((message, self.turn))
             elif role in ("assistant", "tool", "system", "developer"):
                 outputs = _outputs(cast(dict[str, Any], message))
+                if stays:
+                    taken.append((message, None))
                 if not outputs:
                     continue  # blank
                 if self.turn is None:
@@ -420,8 +479,20 @@ class _Conversation:
                     owed = _take_async(message, self.opening_running) or owed
                     continue
                 owed = _take_async(message, self.running) or owed
-                self._record(outputs)
-        pending = waiting
+                self._record(outputs, owner)
+        if dropped:
+            self.context.set_messages(
+                [m for m in self.context.get_messages() if all(m is not d for d in dropped)]
+            )
+        if taken:
+            # A turn said while a call of an earlier one runs waits with that call in
+            # Pipecat's context, taken: the inference reads Pipecat's own messages there,
+            # in Pipecat's order (the call, its placeholder, the question).
+            self.synced += stay
+            self.taken, self.behind = taken, region
+            return not (users and not new_turn and not owed)
+        self.taken, self.behind = [], None
+        pending = [m for m in pending[stay:] if all(m is not d for d in dropped)]
         if users and not new_turn and not owed:
             self.context.set_messages([*self.context.get_messages()[: self.synced], *pending])
             return False
@@ -459,9 +530,10 @@ class _Conversation:
                 kind,
             )
 
-    def _record(self, outputs: list[Message]) -> None:
-        """Record ``outputs`` to the turn the reply being spoken answers (else the newest)."""
-        answered = self.reply_turn or self.turn
+    def _record(self, outputs: list[Message], turn: str | None = None) -> None:
+        """Record ``outputs`` to ``turn`` (None: the turn the reply being spoken answers,
+        else the newest)."""
+        answered = turn or self.reply_turn or self.turn
         assert answered is not None
         self.manager.record(self.context_id, answered, outputs)
         if answered != self.turn:
