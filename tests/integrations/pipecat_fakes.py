@@ -78,7 +78,14 @@ class Call:
     arguments: dict[str, Any]
 
 
-Reply = Sequence[str | Call]
+@dataclass(frozen=True)
+class Wait:
+    """The scripted model waits for ``event`` before it streams the rest of its reply."""
+
+    event: asyncio.Event
+
+
+Reply = Sequence[str | Call | Wait]
 
 
 class ScriptedLLM(LLMService):  # type: ignore[misc]
@@ -139,6 +146,9 @@ class ScriptedLLM(LLMService):  # type: ignore[misc]
         await self.push_frame(LLMFullResponseStartFrame())
         calls: list[FunctionCallFromLLM] = []
         for piece in reply:
+            if isinstance(piece, Wait):
+                await piece.event.wait()
+                continue
             if isinstance(piece, Call):
                 calls.append(
                     FunctionCallFromLLM(
@@ -188,15 +198,17 @@ class SpeakingTTS(FrameProcessor):  # type: ignore[misc]
         await self.push_frame(frame, direction)
 
 
-def turn_strategies() -> UserTurnStrategies:
+def turn_strategies(*, interruptions: bool = True) -> UserTurnStrategies:
     """Turns announced by the test as an external turn detector would (no VAD, no model).
 
     ``ProposedUserStartedSpeakingFrame`` makes Pipecat's user aggregator start
     the turn and broadcast an ``InterruptionFrame`` (a barge-in when the bot
     speaks); ``ProposedUserStoppedSpeakingFrame`` ends it once its transcript came.
+    ``interruptions=False``: no ``InterruptionFrame`` (a function call in progress
+    is not cancelled when the caller speaks).
     """
     return UserTurnStrategies(
-        start=[ExternalUserTurnStartStrategy()],
+        start=[ExternalUserTurnStartStrategy(enable_interruptions=interruptions)],
         stop=[ExternalUserTurnStopStrategy(timeout=0.02)],
     )
 
@@ -215,6 +227,7 @@ class FakeCall(Generic[LLM]):
         context_id: str = "call-1",
         word_seconds: float = 0.0,
         false_start: Callable[[str], bool] | None = None,
+        interruptions: bool = True,
     ) -> None:
         self.llm = llm
         self.pair = TurnloomContextAggregatorPair(
@@ -227,7 +240,8 @@ class FakeCall(Generic[LLM]):
             # after the stop strategy's timeout ended the turn, which starts an
             # empty one that Pipecat would answer with an extra inference.
             user_params=LLMUserAggregatorParams(
-                user_turn_strategies=turn_strategies(), empty_user_turn=None
+                user_turn_strategies=turn_strategies(interruptions=interruptions),
+                empty_user_turn=None,
             ),
         )
         self.tts = SpeakingTTS(word_seconds=word_seconds)

@@ -16,7 +16,14 @@ import pytest
 
 pytest.importorskip("pipecat")
 
-from tests.integrations.pipecat_fakes import Call, FakeCall, ScriptedLLM, find_bag, run_calls
+from tests.integrations.pipecat_fakes import (
+    Call,
+    FakeCall,
+    ScriptedLLM,
+    Wait,
+    find_bag,
+    run_calls,
+)
 from tests.integrations.test_pipecat import _history
 from turnloom.context import get_gateway
 from turnloom.runtime import Foundation
@@ -113,6 +120,110 @@ def test_a_reply_to_a_turn_said_during_a_running_call_follows_that_turn() -> Non
     model, which answers "Sure."; history must end with that question, then "Sure."."""
     history = _slow_call_scenario()
     assert history[-2:] == [("user", "Also, my flight?"), ("assistant", "Sure.")]
+
+
+@pytest.mark.parametrize("calls", [1, 2])
+@pytest.mark.parametrize("result", ["before the reply", "after the reply"])
+def test_a_turn_said_during_running_calls_is_committed_before_its_reply_whenever_they_end(
+    calls: int, result: str
+) -> None:
+    """Invariant: a turn said while calls of the previous turn are IN_PROGRESS (one, or
+    two of a parallel batch; the caller's speech interrupts nothing) is committed at
+    once, so the reply to it is recorded to it; each call and its result, whenever the
+    result comes (before the reply is recorded or after), are recorded together to the
+    turn that made the call; nothing said is lost or doubled, every call stays paired,
+    and every input passes the gateway's ``validate()``.
+
+    Mutant tried: the user message waits behind the call as before (``_held`` marks
+    every message from the first call in progress): "Sure." is recorded to the first
+    turn, before "Also, my flight?", in all four cases."""
+    slow = [f"SLOW{n}" for n in range(1, calls + 1)]
+    results = asyncio.Event()  # the calls' results come
+    speak = asyncio.Event()  # the model streams its reply to the second turn
+    read = asyncio.Event()  # the history was read: the model answers the third turn
+
+    async def bag(params: Any) -> None:
+        await results.wait()
+        await find_bag(params)
+
+    histories: list[list[tuple[str, str]]] = []
+
+    async def main() -> None:
+        model = ScriptedLLM(
+            [
+                [
+                    "Checking. ",
+                    *(Call(f"c{n}", "find_bag", {"tag": t}) for n, t in enumerate(slow, 1)),
+                ],
+                [Wait(speak), "Sure."],
+                ["Both found."],
+                [Wait(read), "You're welcome."],
+            ]
+        )
+        model.register_function("find_bag", bag)
+        async with Foundation(gateway="openai_chat") as foundation:
+            call = FakeCall(foundation.manager, model, interruptions=False)
+
+            def history() -> list[tuple[str, str]]:
+                return _history(foundation.manager, "call-1")
+
+            def placeholders() -> int:
+                return sum(
+                    isinstance(m, dict)
+                    and m.get("role") == "tool"
+                    and m.get("content") == "IN_PROGRESS"
+                    for m in call.pair.context.get_messages()
+                )
+
+            def recorded() -> bool:
+                return sum(kind == "result" for kind, _ in history()) == calls
+
+            async def script() -> None:
+                await call.say("Where are my bags?")
+                await call.until(lambda: placeholders() == calls)
+                await call.say("Also, my flight?")
+                await call.until(lambda: len(model.seen) >= 2)
+                if result == "before the reply":
+                    results.set()
+                    await call.until(recorded)
+                    speak.set()
+                else:
+                    speak.set()
+                    await call.replies(2)
+                    results.set()
+                    await call.until(recorded)
+                await call.until(lambda: len(model.seen) >= 3)
+                await call.replies(3)
+                await call.say("Thanks.")
+                await call.until(lambda: len(model.seen) >= 4)
+                histories.append(history())
+                read.set()
+                await call.end()
+
+            await run_calls([call], script)
+        gateway = get_gateway("openai_chat")
+        assert [gateway.validate(seen) for seen in model.seen] == [[]] * 4
+        made = [
+            (kind, text)
+            for n, tag in enumerate(slow, 1)
+            for kind, text in [
+                ("call", f'c{n} find_bag {{"tag": "{tag}"}}'),
+                ("result", f'c{n} "Gate 4 ({tag})"'),
+            ]
+        ]
+        assert histories == [
+            [
+                ("user", "Where are my bags?"),
+                ("assistant", "Checking."),
+                *made,
+                ("user", "Also, my flight?"),
+                ("assistant", "Sure."),
+                ("assistant", "Both found."),
+                ("user", "Thanks."),
+            ]
+        ]
+
+    asyncio.run(main())
 
 
 def test_a_services_own_message_is_counted_and_warned_not_dropped_silently(
