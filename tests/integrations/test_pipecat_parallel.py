@@ -82,7 +82,17 @@ def _slow_call_scenario() -> list[tuple[str, str]]:
                 await call.say("Also, my flight?")
                 await call.until(lambda: len(model.seen) >= 3)
                 gate.set()
-                await call.until(lambda: answered("c2"))
+                # c2's result (CANCELLED by the caller's barge-in) and the reply "Sure."
+                # are taken into turnloom (by the push the result brings).
+                await call.until(
+                    lambda: (
+                        ("assistant", "Sure.") in _history(foundation.manager, "call-1")
+                        and any(
+                            kind == "result" and text.startswith("c2 ")
+                            for kind, text in _history(foundation.manager, "call-1")
+                        )
+                    )
+                )
                 histories.append(_history(foundation.manager, "call-1"))
                 await call.end()
 
@@ -218,6 +228,92 @@ def test_a_turn_said_during_running_calls_is_committed_before_its_reply_whenever
                 *made,
                 ("user", "Also, my flight?"),
                 ("assistant", "Sure."),
+                ("assistant", "Both found."),
+                ("user", "Thanks."),
+            ]
+        ]
+
+    asyncio.run(main())
+
+
+def test_calls_of_two_turns_running_across_a_third_each_settle_to_their_own_turn() -> None:
+    """Invariant: outputs wait for a call in progress only within their own turn. A call
+    of the first turn and one of the second are both IN_PROGRESS when the caller says a
+    third turn; each call and its result (the first's result comes first) are recorded
+    to the turn that made it, every reply to the turn it answers, and every input
+    passes the gateway's ``validate()``.
+
+    Mutant tried: after a user message taken before, the waiting outputs go to the
+    reply's turn (``owner = None``): the second call and its result land in the third
+    turn."""
+    first, second = asyncio.Event(), asyncio.Event()  # each call's result comes
+    read = asyncio.Event()
+
+    async def bag(params: Any) -> None:
+        await (first if params.arguments["tag"] == "SLOW1" else second).wait()
+        await find_bag(params)
+
+    histories: list[list[tuple[str, str]]] = []
+
+    async def main() -> None:
+        model = ScriptedLLM(
+            [
+                ["Checking. ", Call("c1", "find_bag", {"tag": "SLOW1"})],
+                ["Sure. ", Call("c2", "find_bag", {"tag": "SLOW2"})],
+                ["Noted."],
+                ["One found."],
+                ["Both found."],
+                [Wait(read), "Bye."],
+            ]
+        )
+        model.register_function("find_bag", bag)
+        async with Foundation(gateway="openai_chat") as foundation:
+            call = FakeCall(foundation.manager, model, interruptions=False)
+
+            def placeholders() -> int:
+                return sum(
+                    isinstance(m, dict)
+                    and m.get("role") == "tool"
+                    and m.get("content") == "IN_PROGRESS"
+                    for m in call.pair.context.get_messages()
+                )
+
+            async def script() -> None:
+                await call.say("Where are my bags?")
+                await call.until(lambda: placeholders() == 1)
+                await call.say("Also, my flight?")
+                await call.until(lambda: placeholders() == 2)
+                await call.say("And my seat?")
+                await call.until(lambda: len(model.seen) >= 3)
+                await call.replies(3)
+                first.set()
+                await call.until(lambda: len(model.seen) >= 4)
+                await call.replies(4)
+                second.set()
+                await call.until(lambda: len(model.seen) >= 5)
+                await call.replies(5)
+                await call.say("Thanks.")
+                await call.until(lambda: len(model.seen) >= 6)
+                histories.append(_history(foundation.manager, "call-1"))
+                read.set()
+                await call.end()
+
+            await run_calls([call], script)
+        gateway = get_gateway("openai_chat")
+        assert [gateway.validate(seen) for seen in model.seen] == [[]] * 6
+        assert histories == [
+            [
+                ("user", "Where are my bags?"),
+                ("assistant", "Checking."),
+                ("call", 'c1 find_bag {"tag": "SLOW1"}'),
+                ("result", 'c1 "Gate 4 (SLOW1)"'),
+                ("user", "Also, my flight?"),
+                ("assistant", "Sure."),
+                ("call", 'c2 find_bag {"tag": "SLOW2"}'),
+                ("result", 'c2 "Gate 4 (SLOW2)"'),
+                ("user", "And my seat?"),
+                ("assistant", "Noted."),
+                ("assistant", "One found."),
                 ("assistant", "Both found."),
                 ("user", "Thanks."),
             ]

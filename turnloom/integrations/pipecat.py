@@ -430,6 +430,11 @@ class _Conversation:
             waits = _held(pending)
         stay = waits.index(True) if True in waits else len(pending)
         was_taken = {id(message): turn for message, turn in self.taken}
+        # The last user message taken before: what follows it is new (its outputs are
+        # recorded as any reply's); what waited before a later one is its turn's.
+        last = max(
+            (i for i, m in enumerate(pending) if was_taken.get(id(m)) is not None), default=-1
+        )
         taken: list[tuple[Any, str | None]] = []  # taken now or before, staying in Pipecat's
         dropped: list[Any] = []  # a false start or blank user message staying there: removed
         owner = self.behind  # the turn to record to; None: the reply's (see _record)
@@ -440,7 +445,8 @@ class _Conversation:
             stays = index >= stay
             if id(message) in was_taken:
                 turn = was_taken[id(message)]
-                owner = None if turn is not None else owner
+                if turn is not None:
+                    owner = turn if index < last else None
                 if stays:
                     taken.append((message, turn))
                 continue
