@@ -64,11 +64,20 @@ bookkeeping unchanged), with turnloom as the one source of truth:
   and runs no inference (a warning says so).
 
 A result Pipecat still shows as ``IN_PROGRESS`` is not recorded until it is
-final, nor is its call (the assistant message holding it) nor anything
-Pipecat wrote after it: they stay in Pipecat's context after turnloom's
-input, as Pipecat holds them, so an inference run meanwhile (the caller's
-next turn, while a slow call of a parallel batch runs) reads the call before
-its placeholder.
+final, nor is its call (the assistant message holding it) nor what its turn
+wrote after it: they stay in Pipecat's context after turnloom's input, as
+Pipecat holds them, so an inference run meanwhile (the caller's next turn,
+while a slow call of a parallel batch runs) reads the call before its
+placeholder. A user message behind them does not wait (after the first
+turn): its turn is committed at once, so the reply to it, and whatever
+follows, is recorded to it as it comes; the waiting call, its result and the
+rest of its turn's outputs are recorded together to the turn that made the
+call once the result is final (before that reply is recorded or after).
+Until then each inference reads Pipecat's own messages from the waiting call
+on (the call, its placeholder, the question, in Pipecat's order), and the
+new turn's prepared input (areas, runtime state) is first sent once the call
+settles. Before the first turn a user message waits with the call, as the
+greeting's calls open the first turn's input.
 An asynchronous function call (registered with ``cancel_on_interruption=False``)
 is recorded as the model saw it: Pipecat's "started" placeholder is the
 call's result, and its later results (Pipecat's developer messages: each
@@ -133,7 +142,7 @@ __all__ = ("TurnloomAssistantAggregator", "TurnloomContextAggregatorPair", "Turn
 
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import anyio
 from pipecat.frames.frames import (
@@ -322,6 +331,21 @@ def _split_instructions(items: tuple[Any, ...]) -> tuple[str | None, list[Any]]:
     return "\n\n".join(_text(item.get("content")) for item in items[:lead]), list(items[lead:])
 
 
+class _Took(NamedTuple):
+    """What :meth:`_Conversation._take` took: how many user messages (and of them, turns
+    committed), whether a function's result came (an inference is owed), the messages
+    staying in Pipecat's context already taken (with the turn each user message of them
+    committed), the false starts and blank user messages to remove from it, and the turn
+    the first waiting message belongs to."""
+
+    users: int
+    new_turn: int
+    owed: bool
+    taken: list[tuple[Any, str | None]]
+    dropped: list[Any]
+    region: str | None
+
+
 class _Conversation:
     """One call's state shared by the pair: its context id, turn, prefix and Pipecat context."""
 
@@ -416,7 +440,6 @@ class _Conversation:
         # a false start in the same push does not cancel.
         owed = bool(self.running) and self._take_settled(held[: self.synced])
         owed = self._opening_settled() or owed
-        users = new_turn = 0
         # A call whose result is still IN_PROGRESS waits with the rest of its turn's
         # outputs, from the message holding the call: recorded alone, the call would be
         # left out of turnloom's input (an open call) and its placeholder stay behind it.
@@ -429,6 +452,53 @@ class _Conversation:
         else:
             waits = _held(pending)
         stay = waits.index(True) if True in waits else len(pending)
+        took = self._take(pending, waits, stay)
+        users, new_turn, taken, dropped = took.users, took.new_turn, took.taken, took.dropped
+        owed = took.owed or owed
+        if dropped:
+            self.context.set_messages(
+                [m for m in self.context.get_messages() if all(m is not d for d in dropped)]
+            )
+        if taken:
+            # A turn said while a call of an earlier one runs waits with that call in
+            # Pipecat's context, taken: the inference reads Pipecat's own messages there,
+            # in Pipecat's order (the call, its placeholder, the question).
+            self.synced += stay
+            self.taken, self.behind = taken, took.region
+            return not (users and not new_turn and not owed)
+        self.taken, self.behind = [], None
+        pending = [m for m in pending[stay:] if all(m is not d for d in dropped)]
+        if users and not new_turn and not owed:
+            self.context.set_messages([*self.context.get_messages()[: self.synced], *pending])
+            return False
+        if self.turn is None:  # before the first user turn: Pipecat's own messages
+            self.context.set_messages([*self.opening_raw, *pending])
+            self.synced = len(self.opening_raw)
+            return True
+        if self.prefix is None:
+            try:
+                self.prefix = await self.manager.prepare(
+                    ContextPrepareRequest(context_id=self.context_id, turn_id=self.turn)
+                )
+            except (ContextRemovedError, UnknownTurnError):
+                return False  # the call ended (or the turn was retracted) meanwhile
+        items = self.manager.build(self.prefix, recorded=True)
+        self.instruction, messages = _split_instructions(cast(tuple[Any, ...], items))
+        self.context.set_messages([*messages, *pending])
+        self.synced = len(messages)
+        return True
+
+    def _take(self, pending: list[Any], waits: list[bool], stay: int) -> _Took:
+        """Take into turnloom what Pipecat wrote since the last sync (``pending``), in order,
+        but the messages that wait (``waits``) and those taken before: commit each user
+        message's turn, record the outputs to their turn. ``stay``: the index of the first
+        message that stays in Pipecat's context (the first that waits).
+
+        Raises:
+            FoundationClosedError: the Foundation began closing meanwhile.
+        """
+        users = new_turn = 0
+        owed = False
         was_taken = {id(message): turn for message, turn in self.taken}
         # The last user message taken before: what follows it is new (its outputs are
         # recorded as any reply's); what waited before a later one is its turn's.
@@ -486,38 +556,7 @@ class _Conversation:
                     continue
                 owed = _take_async(message, self.running) or owed
                 self._record(outputs, owner)
-        if dropped:
-            self.context.set_messages(
-                [m for m in self.context.get_messages() if all(m is not d for d in dropped)]
-            )
-        if taken:
-            # A turn said while a call of an earlier one runs waits with that call in
-            # Pipecat's context, taken: the inference reads Pipecat's own messages there,
-            # in Pipecat's order (the call, its placeholder, the question).
-            self.synced += stay
-            self.taken, self.behind = taken, region
-            return not (users and not new_turn and not owed)
-        self.taken, self.behind = [], None
-        pending = [m for m in pending[stay:] if all(m is not d for d in dropped)]
-        if users and not new_turn and not owed:
-            self.context.set_messages([*self.context.get_messages()[: self.synced], *pending])
-            return False
-        if self.turn is None:  # before the first user turn: Pipecat's own messages
-            self.context.set_messages([*self.opening_raw, *pending])
-            self.synced = len(self.opening_raw)
-            return True
-        if self.prefix is None:
-            try:
-                self.prefix = await self.manager.prepare(
-                    ContextPrepareRequest(context_id=self.context_id, turn_id=self.turn)
-                )
-            except (ContextRemovedError, UnknownTurnError):
-                return False  # the call ended (or the turn was retracted) meanwhile
-        items = self.manager.build(self.prefix, recorded=True)
-        self.instruction, messages = _split_instructions(cast(tuple[Any, ...], items))
-        self.context.set_messages([*messages, *pending])
-        self.synced = len(messages)
-        return True
+        return _Took(users, new_turn, owed, taken, dropped, region)
 
     def _drop_specific(self, message: Any) -> None:
         """Count a message turnloom cannot hold (a service's own ``LLMSpecificMessage``);
