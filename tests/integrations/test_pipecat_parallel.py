@@ -322,6 +322,98 @@ def test_calls_of_two_turns_running_across_a_third_each_settle_to_their_own_turn
     asyncio.run(main())
 
 
+def test_a_false_start_said_during_a_running_call_is_taken_out_and_the_next_turn_is_not() -> None:
+    """Invariant: a false start said while a call of the previous turn is IN_PROGRESS is
+    never committed, runs no inference and leaves Pipecat's context; the real turn said
+    after it is committed at once and the model reads it right after the call's
+    placeholder; the call's result still pairs with its call in the first turn.
+
+    Mutant tried: the false start is not removed from Pipecat's context (no
+    ``dropped``): it waits there and is judged again at every later push (the hook
+    hears "Um." four times)."""
+    results = asyncio.Event()
+    read = asyncio.Event()
+    heard: list[str] = []
+
+    def false_start(text: str) -> bool:
+        heard.append(text)
+        return text == "Um."
+
+    async def bag(params: Any) -> None:
+        await results.wait()
+        await find_bag(params)
+
+    histories: list[list[tuple[str, str]]] = []
+
+    async def main() -> None:
+        model = ScriptedLLM(
+            [
+                ["Checking. ", Call("c1", "find_bag", {"tag": "SLOW1"})],
+                ["Sure."],
+                ["Found it."],
+                [Wait(read), "Bye."],
+            ]
+        )
+        model.register_function("find_bag", bag)
+        async with Foundation(gateway="openai_chat") as foundation:
+            call = FakeCall(foundation.manager, model, interruptions=False, false_start=false_start)
+
+            async def script() -> None:
+                await call.say("Where are my bags?")
+                await call.until(
+                    lambda: any(
+                        isinstance(m, dict) and m.get("content") == "IN_PROGRESS"
+                        for m in call.pair.context.get_messages()
+                    )
+                )
+                await call.say("Um.")
+                await call.until(lambda: "Um." in heard)
+                await call.say("Also, my flight?")
+                await call.until(lambda: len(model.seen) >= 2)
+                await call.replies(2)
+                results.set()
+                await call.until(lambda: len(model.seen) >= 3)
+                await call.replies(3)
+                await call.say("Thanks.")
+                await call.until(lambda: len(model.seen) >= 4)
+                histories.append(_history(foundation.manager, "call-1"))
+                read.set()
+                await call.end()
+
+            await run_calls([call], script)
+        gateway = get_gateway("openai_chat")
+        assert [gateway.validate(seen) for seen in model.seen] == [[]] * 4
+        assert heard == ["Where are my bags?", "Um.", "Also, my flight?", "Thanks."]
+        assert model.seen[1][-3:] == [
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "function": {"name": "find_bag", "arguments": '{"tag": "SLOW1"}'},
+                        "type": "function",
+                    }
+                ],
+            },
+            {"role": "tool", "content": "IN_PROGRESS", "tool_call_id": "c1"},
+            {"role": "user", "content": "Also, my flight?"},
+        ]
+        assert histories == [
+            [
+                ("user", "Where are my bags?"),
+                ("assistant", "Checking."),
+                ("call", 'c1 find_bag {"tag": "SLOW1"}'),
+                ("result", 'c1 "Gate 4 (SLOW1)"'),
+                ("user", "Also, my flight?"),
+                ("assistant", "Sure."),
+                ("assistant", "Found it."),
+                ("user", "Thanks."),
+            ]
+        ]
+
+    asyncio.run(main())
+
+
 def test_a_services_own_message_is_counted_and_warned_not_dropped_silently(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
