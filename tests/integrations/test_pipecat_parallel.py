@@ -329,8 +329,8 @@ def test_a_false_start_said_during_a_running_call_is_taken_out_and_the_next_turn
     placeholder; the call's result still pairs with its call in the first turn.
 
     Mutant tried: the false start is not removed from Pipecat's context (no
-    ``dropped``): it waits there and is judged again at every later push (the hook
-    hears "Um." four times)."""
+    ``dropped``): it waits there and is judged again at later pushes (the hook hears
+    seven texts, "Um." among them more than once)."""
     results = asyncio.Event()
     read = asyncio.Event()
     heard: list[str] = []
