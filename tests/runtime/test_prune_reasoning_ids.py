@@ -16,6 +16,7 @@ import anyio
 import pytest
 
 from turnloom.context import Message, PrunePolicy, Role
+from turnloom.context.summaries import prune_messages
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
 
 pytestmark = pytest.mark.anyio
@@ -90,19 +91,15 @@ async def test_a_pruned_turns_calls_are_not_sent_with_ids_that_need_their_reason
         assert gateway.validate(items) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Not fixed: pruning drops a Responses reasoning item but keeps the output "
-    "message of its response in output form with its item id (msg_...), which the API "
-    "refuses without that reasoning item ('Item msg_... of type message was provided "
-    "without its required reasoning item'); the fix must send it in input form (no id), "
-    "which changes the held Message.id that the history's id index keeps.",
-)
 async def test_a_pruned_turns_reply_is_not_sent_with_an_id_that_needs_its_reasoning(
     anyio_backend: str,
 ) -> None:
     """Invariant: no output message of the prepared input carries a reasoning response's
-    item id (msg_...) without that response's reasoning item before it."""
+    item id (msg_...) without that response's reasoning item before it; the pruned
+    replies go in input form while the history keeps their Message.id (its id index's
+    key), and pruning them again changes nothing.
+
+    Mutant tried: no ``"unreasoned"`` hint set in prune_messages: fails (msg_0, msg_1)."""
     async with Foundation(gateway="openai_responses") as foundation:
         manager = foundation.manager
         gateway = manager.gateway
@@ -132,3 +129,20 @@ async def test_a_pruned_turns_reply_is_not_sent_with_an_id_that_needs_its_reason
             and (index == 0 or items[index - 1].get("type") != "reasoning")
         ]
         assert unaccompanied == []
+        replies = [i for i in items if i.get("role") == "assistant"]
+        assert replies == [
+            {"role": "assistant", "content": "Answer 0."},
+            {"role": "assistant", "content": "Answer 1."},
+            {
+                "type": "message",
+                "role": "assistant",
+                "id": "msg_2",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "Answer 2.", "annotations": []}],
+            },
+        ]
+        assert gateway.validate(items) == []
+        view = manager.history("c")
+        held = [m for m in view.messages() if m.role is Role.assistant]
+        assert [m.id for m in held] == ["msg_0", "msg_1", "msg_2"]
+        assert prune_messages(held[:2], "[pruned]") is None

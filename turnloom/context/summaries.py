@@ -48,6 +48,7 @@ import msgspec
 
 from turnloom.context.message import (
     Message,
+    OpaquePart,
     Part,
     ReasoningPart,
     Role,
@@ -247,6 +248,7 @@ def check_summary(
 
 _RESPONSES = "openai_responses"
 _ITEM_ID = "id"
+_UNREASONED = "unreasoned"  # the Responses layout hint: rendered in input form, no id
 
 
 def prune_messages(messages: Sequence[Message], note: str) -> tuple[Message, ...] | None:
@@ -258,7 +260,11 @@ def prune_messages(messages: Sequence[Message], note: str) -> tuple[Message, ...
     but for the OpenAI Responses item id (``extras["id"]``, ``fc_...``) of a
     call after a dropped Responses reasoning part in the same response (that
     message and the assistant messages right after it): the API refuses such
-    an id sent without its reasoning item. A message left with no part
+    an id sent without its reasoning item. By the same rule such a message
+    with a Responses ``Message.id`` (its output message, ``msg_...``) gets
+    the ``"unreasoned"`` layout hint, which renders it in input form without
+    the id (a refusal part, which only the output form carries, is then left
+    out); ``Message.id`` itself is kept. A message left with no part
     (reasoning alone) is dropped. Pruning is idempotent: pruned messages
     prune to themselves.
 
@@ -291,10 +297,28 @@ def prune_messages(messages: Sequence[Message], note: str) -> tuple[Message, ...
                 touched = True
             else:
                 kept.append(part)
+        layout = message.layout
+        if (
+            unreasoned
+            and message.id is not None
+            and layout is not None
+            and layout.get("gateway") == _RESPONSES
+            and not layout.get(_UNREASONED)
+            and any(
+                isinstance(part, TextPart)
+                or (isinstance(part, OpaquePart) and part.item.get("type") == "refusal")
+                for part in kept
+            )
+        ):
+            # The same rule for the response's output message (msg_..., its
+            # Message.id): it is rendered in input form, without the id. The
+            # Message.id stays, the key of the history's id index.
+            layout = {**layout, _UNREASONED: True}
+            touched = True
         if not touched:
             out.append(message)
             continue
         changed = True
         if kept:
-            out.append(msgspec.structs.replace(message, content=tuple(kept)))
+            out.append(msgspec.structs.replace(message, content=tuple(kept), layout=layout))
     return tuple(out) if changed else None

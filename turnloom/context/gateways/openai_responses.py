@@ -67,7 +67,12 @@ names its call in ``id``.
 
 Recorded message fields this gateway writes itself are layout and fields,
 never extras: an item's ``id`` is ``Message.id``, its ``"type": "message"``
-and ``status`` are the ``"typed"`` and ``"status"`` hints. A reasoning item
+and ``status`` are the ``"typed"`` and ``"status"`` hints. The
+``"unreasoned"`` hint (set by pruning, :func:`turnloom.context.summaries.prune_messages`,
+when it drops the reasoning item of the message's response) renders an
+assistant message in input form without its ``id``, ``type`` or ``status``:
+the API refuses a response's output message id sent without its reasoning
+item; ``Message.id`` itself stays, as the history's key. A reasoning item
 whose ``summary`` is not summary texts is kept whole as an opaque part.
 
 Source: OpenAI Responses API reference (``input`` item types,
@@ -148,6 +153,7 @@ _WRITES = NativeKeys(
         "list_outputs": "ids",
         "typed": "flag",
         "status": "text",
+        "unreasoned": "flag",
     },
 )
 
@@ -370,7 +376,8 @@ class OpenAIResponsesGateway(Gateway):
         parts = [p for p in run if not (type(p) is TextPart and blank(p.text) and not keep_blank)]
         if not parts:
             return []
-        output_form = own and message.id is not None and bool(layout)
+        unreasoned = bool(layout.get("unreasoned"))
+        output_form = own and message.id is not None and bool(layout) and not unreasoned
         if output_form:
             content: list[Any] = []
             for part in parts:
@@ -403,7 +410,7 @@ class OpenAIResponsesGateway(Gateway):
                     {"type": "output_text", "text": part.text, **((own and part.extras) or {})}
                 ]
             item = {"role": "assistant", "content": text_content}
-            if layout:
+            if layout and not unreasoned:
                 _write_recorded(item, message, layout)
             if own and message.extras:
                 item.update(message.extras)
