@@ -23,7 +23,7 @@ import pytest
 from tests.runtime.helpers import SYSTEM, user
 from tests.stores.helpers import expire_lease, hosting
 from tests.stores.summary_worker import LIMITS, configure, outputs
-from turnloom.context import TextPart
+from turnloom.context import PrunePolicy, Role, TextPart
 from turnloom.context.summaries import is_summary_turn
 from turnloom.runtime import ContextManager, ContextPrepareRequest, Foundation, TurnSnapshot
 
@@ -153,3 +153,59 @@ async def test_a_host_killed_mid_compaction_leaves_old_turns_or_the_summary(
         assert set(range(held[0])) <= named  # never neither (no eviction at these limits)
         assert manager.statistics().history.evicted_turns_total == 0
         await _cold_items(cold.manager, manager)
+
+
+async def test_a_pruned_responses_reply_restores_with_its_id_and_its_input_form(
+    store_url: str, kind: tuple[str, str]
+) -> None:
+    """Invariant: a Responses output message whose reasoning pruning dropped restores from
+    the store as the owner held it (its Message.id, the history's key, and the
+    ``"unreasoned"`` hint), so the taker's prepared input sends it in input form, no id."""
+    async with hosting(store_url, gateway="openai_responses") as owner:
+        manager = owner.manager
+        gateway = manager.gateway
+        manager.summaries.prune = PrunePolicy(keep_turns=1, note="[pruned]")
+        await manager.leases.claim("s")
+        for n in range(3):
+            manager.accept_turn(
+                TurnSnapshot(context_id="s", turn_id=f"t{n}", input=(user(f"q{n}"),))
+            )
+            reasoning = {
+                "type": "reasoning",
+                "id": f"rs_{n}",
+                "summary": [],
+                "encrypted_content": "e",
+            }
+            reply = {
+                "type": "message",
+                "role": "assistant",
+                "id": f"msg_{n}",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": f"a{n}", "annotations": []}],
+            }
+            manager.record("s", f"t{n}", gateway.parse_items([reasoning, reply]))
+            with anyio.fail_after(10):
+                while manager.statistics().summaries.turns_pruned_total < n:
+                    await anyio.sleep(0.001)
+        expected = manager.history("s")
+        messages = {t: expected.turn_messages(t) for t in expected.turn_ids}
+        await manager.leases.flush()
+    async with hosting(store_url, gateway="openai_responses") as taker:
+        expire_lease(store_url, "s")
+        assert await taker.manager.leases.claim("s") is True
+        view = taker.manager.history("s")
+        assert {t: view.turn_messages(t) for t in view.turn_ids} == messages
+        replies = [m for m in view.messages() if m.role is Role.assistant]
+        assert [(m.id, (m.layout or {}).get("unreasoned")) for m in replies] == [
+            ("msg_0", True),
+            ("msg_1", True),
+            ("msg_2", None),
+        ]
+        taker.manager.accept_turn(TurnSnapshot(context_id="s", turn_id="t3", input=(user("q3"),)))
+        request = ContextPrepareRequest(context_id="s", turn_id="t3")
+        items = (await taker.manager.prepare(request)).items
+        assert [i.get("id") for i in items if i.get("role") == "assistant"] == [
+            None,
+            None,
+            "msg_2",
+        ]
