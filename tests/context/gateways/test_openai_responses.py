@@ -15,6 +15,7 @@ from turnloom.context import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    check_message,
     get_gateway,
 )
 from turnloom.errors import InvalidMessageError
@@ -293,3 +294,37 @@ def test_request_body_of_an_instructions_item_without_text() -> None:
     ]
     assert gw.request_body(items) == {"instructions": "Be brief.", "input": [user]}
     assert [(v.index, v.rule) for v in gw.validate(items)] == [(0, "malformed_instructions")]
+
+
+def test_the_unreasoned_hint_renders_an_output_message_in_input_form_without_its_id() -> None:
+    """Invariant: an output message with the ``"unreasoned"`` hint (pruning dropped its
+    response's reasoning) renders in input form, no id, type, status or blank text, while
+    its Message.id stays; the door refuses a hint that is not a bool."""
+    reply = {
+        "type": "message",
+        "role": "assistant",
+        "id": "msg_1",
+        "status": "completed",
+        "content": [
+            {"type": "output_text", "text": "", "annotations": []},
+            {"type": "output_text", "text": "Answer.", "annotations": []},
+        ],
+    }
+    message = gw.parse(reply)
+    assert gw.render(message) == [reply]
+    hinted = Message(
+        role=Role.assistant,
+        content=message.content,
+        id="msg_1",
+        layout={**(message.layout or {}), "unreasoned": True},
+    )
+    check_message(hinted)
+    assert gw.render(hinted) == [{"role": "assistant", "content": "Answer."}]
+    assert hinted.id == "msg_1"
+    wrong = Message(
+        role=Role.assistant,
+        content=message.content,
+        layout={"gateway": "openai_responses", "unreasoned": "yes"},
+    )
+    with pytest.raises(InvalidMessageError, match=r"layout\.unreasoned must be a bool"):
+        check_message(wrong)

@@ -70,7 +70,8 @@ never extras: an item's ``id`` is ``Message.id``, its ``"type": "message"``
 and ``status`` are the ``"typed"`` and ``"status"`` hints. The
 ``"unreasoned"`` hint (set by pruning, :func:`turnloom.context.summaries.prune_messages`,
 when it drops the reasoning item of the message's response) renders an
-assistant message in input form without its ``id``, ``type`` or ``status``:
+assistant message in input form without its ``id``, ``type`` or ``status``
+(and without blank text, which only the recorded output form re-emits):
 the API refuses a response's output message id sent without its reasoning
 item; ``Message.id`` itself stays, as the history's key. A reasoning item
 whose ``summary`` is not summary texts is kept whole as an opaque part.
@@ -372,11 +373,13 @@ class OpenAIResponsesGateway(Gateway):
     def _assistant_messages(
         self, message: Message, run: list[Part], layout: dict[str, Any], own: bool
     ) -> list[NativeContent]:
-        keep_blank = bool(layout.get("keep_blank"))
+        # An unreasoned message is no longer the recorded traffic re-emitted: blank
+        # text is left out, as for any message not parsed from accepted traffic.
+        unreasoned = bool(layout.get("unreasoned"))
+        keep_blank = bool(layout.get("keep_blank")) and not unreasoned
         parts = [p for p in run if not (type(p) is TextPart and blank(p.text) and not keep_blank)]
         if not parts:
             return []
-        unreasoned = bool(layout.get("unreasoned"))
         output_form = own and message.id is not None and bool(layout) and not unreasoned
         if output_form:
             content: list[Any] = []
