@@ -40,6 +40,14 @@ CALL_2 = {
 }
 
 
+def _placeholders(call: FakeCall) -> int:
+    """How many IN_PROGRESS placeholders (tool messages of calls still running) Pipecat holds."""
+    return sum(
+        isinstance(m, dict) and m.get("role") == "tool" and m.get("content") == "IN_PROGRESS"
+        for m in call.pair.context.get_messages()
+    )
+
+
 def _slow_call_scenario() -> list[tuple[str, str]]:
     """A parallel batch whose slow call is IN_PROGRESS while the caller speaks again;
     asserts every input valid and the third exact; returns the history at the end."""
@@ -177,20 +185,12 @@ def test_a_turn_said_during_running_calls_is_committed_before_its_reply_whenever
             def history() -> list[tuple[str, str]]:
                 return _history(foundation.manager, "call-1")
 
-            def placeholders() -> int:
-                return sum(
-                    isinstance(m, dict)
-                    and m.get("role") == "tool"
-                    and m.get("content") == "IN_PROGRESS"
-                    for m in call.pair.context.get_messages()
-                )
-
             def recorded() -> bool:
                 return sum(kind == "result" for kind, _ in history()) == calls
 
             async def script() -> None:
                 await call.say("Where are my bags?")
-                await call.until(lambda: placeholders() == calls)
+                await call.until(lambda: _placeholders(call) == calls)
                 await call.say("Also, my flight?")
                 await call.until(lambda: len(model.seen) >= 2)
                 if result == "before the reply":
@@ -270,19 +270,11 @@ def test_calls_of_two_turns_running_across_a_third_each_settle_to_their_own_turn
         async with Foundation(gateway="openai_chat") as foundation:
             call = FakeCall(foundation.manager, model, interruptions=False)
 
-            def placeholders() -> int:
-                return sum(
-                    isinstance(m, dict)
-                    and m.get("role") == "tool"
-                    and m.get("content") == "IN_PROGRESS"
-                    for m in call.pair.context.get_messages()
-                )
-
             async def script() -> None:
                 await call.say("Where are my bags?")
-                await call.until(lambda: placeholders() == 1)
+                await call.until(lambda: _placeholders(call) == 1)
                 await call.say("Also, my flight?")
-                await call.until(lambda: placeholders() == 2)
+                await call.until(lambda: _placeholders(call) == 2)
                 await call.say("And my seat?")
                 await call.until(lambda: len(model.seen) >= 3)
                 await call.replies(3)
@@ -360,12 +352,7 @@ def test_a_false_start_said_during_a_running_call_is_taken_out_and_the_next_turn
 
             async def script() -> None:
                 await call.say("Where are my bags?")
-                await call.until(
-                    lambda: any(
-                        isinstance(m, dict) and m.get("content") == "IN_PROGRESS"
-                        for m in call.pair.context.get_messages()
-                    )
-                )
+                await call.until(lambda: _placeholders(call) >= 1)
                 await call.say("Um.")
                 await call.until(lambda: "Um." in heard)
                 await call.say("Also, my flight?")
