@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
 pytest.importorskip("agents")
 
-from tests.integrations.test_openai_agents_stateful import Session
+from tests.integrations.test_openai_agents_stateful import Session, run_machine
 from turnloom.context import join_steps
 from turnloom.integrations.openai_agents import TurnloomSession, complete_window
 from turnloom.runtime._records import replay
@@ -118,17 +117,4 @@ def test_reasoning_pops_and_one_item_batches_match_a_list(
 ) -> None:
     """Runs the state machine above on asyncio and trio (SQLite)."""
 
-    class Machine(ReasoningSession):
-        pass
-
-    Machine.backend = backend
-    Machine.max_turns = max_turns
-    Machine.directory = tmp_path
-    run = Machine.TestCase
-    run.settings = settings(
-        max_examples=25,
-        stateful_step_count=25,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow],
-    )
-    run().runTest()
+    run_machine(ReasoningSession, backend, max_turns, tmp_path, max_examples=25)

@@ -210,15 +210,24 @@ def test_the_session_matches_a_list_of_items(backend: str, max_turns: int, tmp_p
     flush waits for both writes), so only the crash tests catch it; pop_item
     returning items[-2]: fails."""
 
-    class Machine(Session):
+    run_machine(Session, backend, max_turns, tmp_path, max_examples=20)
+
+
+def run_machine(
+    machine: type[Session], backend: str, max_turns: int, directory: Path, *, max_examples: int
+) -> None:
+    """Run a subclass of ``machine`` on ``backend`` with ``max_turns``, its stores in
+    ``directory``: ``max_examples`` examples of up to 25 steps, no deadline."""
+
+    class Machine(machine):  # type: ignore[valid-type,misc]
         pass
 
     Machine.backend = backend
     Machine.max_turns = max_turns
-    Machine.directory = tmp_path
+    Machine.directory = directory
     run = Machine.TestCase
     run.settings = settings(
-        max_examples=20,
+        max_examples=max_examples,
         stateful_step_count=25,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],
