@@ -71,7 +71,7 @@ def _check_batch(
 ) -> tuple[int, ...]:
     """The work of :meth:`TurnHistory.check_batch` (documented there)."""
     memo = _memo(history, messages)
-    if _reuse(history, memo, turn_id, pinned, gateway):
+    if memo is not _UNCHECKED and _reuse(history, memo, turn_id, pinned, gateway):
         return memo[1]
     limits = history._limits
     turns = history._turns
@@ -146,6 +146,11 @@ def _check_batch(
             and sent == (seen_plan.sent if seen_plan is not None else None)
         ):
             renders = seen_renders
+        elif len(messages) == 1:  # a record's usual batch: no comprehension, no zip
+            message = messages[0]
+            if sent is not None and sent[0] is not None:
+                message = with_ids(message, sent[0])  # type: ignore[arg-type]
+            renders = (_render_checked(message, gateway, where, 0),)  # type: ignore[arg-type]
         elif sent is None:
             renders = tuple(
                 [
