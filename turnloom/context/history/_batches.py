@@ -278,7 +278,16 @@ def _entries(
         slot = history._shared.gateway_slot(gateway)
         sent = plan.sent if plan is not None else None
         if stale is None and slot == 0:
-            if sent is None:
+            if len(messages) == 1:  # a record's usual batch: no comprehension, no zip
+                m = messages[0]
+                native, encoded = renders[0]
+                tokens = count_tokens(counter, (m,))
+                entries = (
+                    (_Entry(m, tokens, native, encoded),)
+                    if sent is None
+                    else (_Entry(m, tokens, native, encoded, None, sent[0]),)
+                )
+            elif sent is None:
                 entries = tuple(
                     [
                         _Entry(m, count_tokens(counter, (m,)), native, encoded)
