@@ -528,18 +528,21 @@ def _renders_content(input: Sequence[Message], history: TurnHistory) -> bool:
     return content
 
 
-def check_carried(carried: int, max_item_bytes: int, what: str) -> None:
+def check_carried(carried: int, max_item_bytes: int, what: str, turn_id: str | None = None) -> None:
     """The runtime-state result is one item under the per-item cap: refuse early.
 
     ``carried`` counts the characters of the texts the result carries; its
     encoding is at least that many bytes (UTF-8 bytes >= characters), so
     this bound fails before anything is encoded. The exact size is checked
-    in the worker.
+    in the worker. The error names ``what``, followed by the excerpt of
+    ``turn_id`` when given (built only then).
 
     Raises:
         ItemTooLargeError: ``carried`` exceeds ``max_item_bytes``.
     """
     if carried > max_item_bytes:
+        if turn_id is not None:
+            what = f"{what} {excerpt(turn_id)}"
         raise ItemTooLargeError(
             f"{what} carries at least {carried} bytes, over the per-item cap of "
             f"{max_item_bytes} bytes.",
@@ -600,7 +603,7 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
     if perception is not None:
         carried += len(perception.modality or "")
         carried += sum(len(k) + len(v) for k, v in perception.source.items())
-    check_carried(carried, max_item_bytes, f"The runtime state of turn {excerpt(request.turn_id)}")
+    check_carried(carried, max_item_bytes, "The runtime state of turn", request.turn_id)
     if contributions is request.contributions and perception is None:
         return request
     return msgspec.structs.replace(request, contributions=contributions, perception=perception)

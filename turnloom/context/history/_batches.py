@@ -103,7 +103,8 @@ def _check_batch(
     count = held_items + len(messages)
     if unit and count > limits.max_items:
         raise _tied_error(where, "items", count, limits.max_items, unit, turn_id)
-    check_batch_length(count, limits, where)
+    if count > limits.max_items:
+        check_batch_length(count, limits, where)
     cap = limits.max_item_bytes
     max_bytes = limits.max_bytes
     total = held_bytes

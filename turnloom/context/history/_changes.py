@@ -78,7 +78,10 @@ def _blank(message: Message) -> bool:
     can verify or show it.
     """
     for part in message.parts:
-        if not (is_blank_part(part) or _blank_reasoning(part)):
+        if type(part) is ReasoningPart:
+            if not _blank_reasoning(part):
+                return False
+        elif not is_blank_part(part):
             return False
     return True
 
@@ -277,7 +280,7 @@ def _record(
         history._duplicates += duplicates
         history._blank_dropped += blank
         return 0
-    messages = [e.message for e in kept]
+    messages = [kept[0].message] if len(kept) == 1 else [e.message for e in kept]
     if steps_may_conflict(messages, _last_message(old)):
         # A turn that does not end in a step of its own is read whole: while
         # nothing in it starts or ends a call group, its results (and the
