@@ -238,6 +238,9 @@ def _rendered_items(history: _DoorState) -> int:
     renders = history._checked[0][2]
     if renders is None:
         return 0
+    if len(renders) == 1:  # a one-message input: no generator
+        native = renders[0][0]
+        return len(native) if type(native) is tuple else 1
     return sum(len(native) if type(native) is tuple else 1 for native, _ in renders)
 
 
