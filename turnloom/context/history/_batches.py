@@ -276,6 +276,7 @@ def _entries(
         stale, plan = plan.sent, None  # the renders of renamed messages are of other ids
     else:
         stale = None
+    entries: tuple[_Entry, ...]
     if renders is not None and gateway is not None:
         # The door's renders of these very messages seed their cache: slot 0's
         # render is the entry's own fields, another slot's goes in ``more``.
