@@ -295,6 +295,14 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return tuple([p for p in self.content if type(p) is ToolResultPart])
 
 
+# ``parts`` read as ``content`` is, at the cost of a field read: its property's
+# value is always the field's (a str becomes a tuple at construction, and the
+# door refuses content that is not a tuple), and every walk over a message's
+# parts reads it (a property call costs five times as much). Read-only still:
+# the struct is frozen.
+type.__setattr__(Message, "parts", Message.__dict__["content"])
+
+
 def is_blank_text(text: str) -> bool:
     """True for empty and whitespace-only text.
 

@@ -288,11 +288,15 @@ class ContextTable:
             ) from None
         if recorded and self.log is not None:
             self.log(state.context_id, OutputsRecorded(turn_id=turn_id, outputs=tuple(outputs)))
-        self._evict(state)
+        # _evict and _safe_point inlined (a record is the loop's most frequent change).
+        idle = state.in_flight is None
+        if idle and history.over_limits():
+            self._evict(state)
         self._counters.history_changed(before, history.counts())
         if recorded:
             self._counters.left_out += left_out
-        self._safe_point(state)
+        if idle and self.safe_point is not None:
+            self.safe_point(state)
         return recorded
 
     def keep_state(

@@ -38,6 +38,7 @@ from turnloom.context.history import (
 )
 from turnloom.context.memory import MemorySource, check_tenant_scope
 from turnloom.context.message import (
+    _PINNED_ROLES,
     Message,
     check_message,
     is_blank_part,
@@ -56,6 +57,7 @@ from turnloom.errors import (
     InvalidMessageError,
     InvalidTextError,
     ItemTooLargeError,
+    TurnloomError,
     excerpt,
     what_type,
 )
@@ -412,10 +414,44 @@ def check_outputs(
         and (isinstance(outputs, Message) or not isinstance(outputs, Sequence))
     ):
         raise InvalidMessageError("record takes a sequence of Messages, oldest first.")
-    where = f"Output of turn {excerpt(turn_id)}"
-    check_renderable(gateway, outputs, where, history, turn_id=turn_id)
-    reject_state(outputs, where)
-    reject_instructions(outputs, "outputs", where)
+    if not outputs:
+        return
+    _check_named(history, outputs, gateway, "Output of turn {}", turn_id, turn_id=turn_id)
+    for message in outputs:  # one pass for both rules; they name the message when one fails
+        if message.role in _PINNED_ROLES or is_state_message(message):
+            where = f"Output of turn {excerpt(turn_id)}"
+            reject_state(outputs, where)
+            reject_instructions(outputs, "outputs", where)
+
+
+def _check_named(
+    history: TurnHistory,
+    messages: Sequence[Message],
+    gateway: Gateway,
+    label: str,
+    named: str,
+    *,
+    turn_id: str | None = None,
+    pinned: bool = False,
+) -> None:
+    """``history.check_batch`` of ``messages``; errors name it ``label.format(excerpt(named))``.
+
+    The label is built only when the check fails (an excerpt per call would be
+    work on every success): the check is pure (it writes its memo only when it
+    passes, and normalises messages idempotently), so a failed check runs again,
+    labelled, and raises the very error named.
+
+    Raises:
+        as ``history.check_batch``.
+    """
+    try:
+        history.check_batch(messages, "", turn_id=turn_id, pinned=pinned, gateway=gateway)
+        return
+    except TurnloomError as exc:
+        failed = exc
+    where = label.format(excerpt(named))
+    history.check_batch(messages, where, turn_id=turn_id, pinned=pinned, gateway=gateway)
+    raise failed  # not reached: the labelled run raises (unless a gateway changed its mind)
 
 
 def check_snapshot(
@@ -433,20 +469,24 @@ def check_snapshot(
     if not isinstance(snapshot, TurnSnapshot):
         raise InvalidMessageError(f"accept_turn takes a TurnSnapshot, not {what_type(snapshot)}.")
     context_id = check_id(snapshot.context_id, "context id")
-    for what, value in (("input", snapshot.input), ("instructions", snapshot.instructions)):
-        if value is not None and not isinstance(value, (tuple, list)):
-            raise InvalidMessageError(
-                f"Turn {excerpt(snapshot.turn_id)} {what} must be a tuple or list of Messages, "
-                f"not {what_type(value)}.",
-                field=what,
-            )
-    check_id(snapshot.turn_id, "turn id")
+    input, instructions = snapshot.input, snapshot.instructions
+    if type(input) is not tuple or (instructions is not None and type(instructions) is not tuple):
+        for what, value in (("input", input), ("instructions", instructions)):
+            if value is not None and not isinstance(value, (tuple, list)):
+                raise InvalidMessageError(
+                    f"Turn {excerpt(snapshot.turn_id)} {what} must be a tuple or list of "
+                    f"Messages, not {what_type(value)}.",
+                    field=what,
+                )
+    turn_id = check_id(snapshot.turn_id, "turn id")
     history = history_of(context_id)
-    where = f"Turn {excerpt(snapshot.turn_id)} input"
-    check_renderable(gateway, snapshot.input, where, history)
-    rendered = history.rendered_items() if snapshot.input else 0
-    if snapshot.input is not None:
-        reject_state(snapshot.input, where)
+    rendered = 0
+    if input:
+        _check_named(history, input, gateway, "Turn {} input", turn_id)
+        rendered = history.rendered_items()
+        for message in input:
+            if is_state_message(message):
+                reject_state(input, f"Turn {excerpt(turn_id)} input")
     # The prepared input holds what pairing keeps (complete_pairs: no blank
     # text, even where a gateway's layout would re-emit it, no result without
     # its call), so the input must hold content after it too. Its results
@@ -454,7 +494,7 @@ def check_snapshot(
     # turn), as the render pairs them; a result answering one ties this turn
     # to the calls' turn, so eviction keeps that call (see TurnHistory).
     # Without results the open calls cannot matter: they are not walked for.
-    if not rendered or not _renders_content(snapshot.input, history):
+    if not rendered or not _renders_content(input, history):
         raise InvalidMessageError(
             f"Turn {excerpt(snapshot.turn_id)} of context {excerpt(context_id)} has no input that "
             "renders to content (empty, only blank text, or only tool results answering no "
@@ -462,14 +502,8 @@ def check_snapshot(
             "without it.",
             field="input",
         )
-    if snapshot.instructions:
-        check_renderable(
-            gateway,
-            snapshot.instructions,
-            f"Turn {excerpt(snapshot.turn_id)} instructions",
-            history,
-            pinned=True,
-        )
+    if instructions:
+        _check_named(history, instructions, gateway, "Turn {} instructions", turn_id, pinned=True)
     return context_id
 
 
@@ -494,18 +528,21 @@ def _renders_content(input: Sequence[Message], history: TurnHistory) -> bool:
     return content
 
 
-def check_carried(carried: int, max_item_bytes: int, what: str) -> None:
+def check_carried(carried: int, max_item_bytes: int, what: str, turn_id: str | None = None) -> None:
     """The runtime-state result is one item under the per-item cap: refuse early.
 
     ``carried`` counts the characters of the texts the result carries; its
     encoding is at least that many bytes (UTF-8 bytes >= characters), so
     this bound fails before anything is encoded. The exact size is checked
-    in the worker.
+    in the worker. The error names ``what``, followed by the excerpt of
+    ``turn_id`` when given (built only then).
 
     Raises:
         ItemTooLargeError: ``carried`` exceeds ``max_item_bytes``.
     """
     if carried > max_item_bytes:
+        if turn_id is not None:
+            what = f"{what} {excerpt(turn_id)}"
         raise ItemTooLargeError(
             f"{what} carries at least {carried} bytes, over the per-item cap of "
             f"{max_item_bytes} bytes.",
@@ -566,7 +603,7 @@ def check_request(request: ContextPrepareRequest, max_item_bytes: int) -> Contex
     if perception is not None:
         carried += len(perception.modality or "")
         carried += sum(len(k) + len(v) for k, v in perception.source.items())
-    check_carried(carried, max_item_bytes, f"The runtime state of turn {excerpt(request.turn_id)}")
+    check_carried(carried, max_item_bytes, "The runtime state of turn", request.turn_id)
     if contributions is request.contributions and perception is None:
         return request
     return msgspec.structs.replace(request, contributions=contributions, perception=perception)

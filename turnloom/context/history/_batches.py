@@ -71,7 +71,7 @@ def _check_batch(
 ) -> tuple[int, ...]:
     """The work of :meth:`TurnHistory.check_batch` (documented there)."""
     memo = _memo(history, messages)
-    if _reuse(history, memo, turn_id, pinned, gateway):
+    if memo is not _UNCHECKED and _reuse(history, memo, turn_id, pinned, gateway):
         return memo[1]
     limits = history._limits
     turns = history._turns
@@ -103,7 +103,8 @@ def _check_batch(
     count = held_items + len(messages)
     if unit and count > limits.max_items:
         raise _tied_error(where, "items", count, limits.max_items, unit, turn_id)
-    check_batch_length(count, limits, where)
+    if count > limits.max_items:
+        check_batch_length(count, limits, where)
     cap = limits.max_item_bytes
     max_bytes = limits.max_bytes
     total = held_bytes
@@ -146,6 +147,11 @@ def _check_batch(
             and sent == (seen_plan.sent if seen_plan is not None else None)
         ):
             renders = seen_renders
+        elif len(messages) == 1:  # a record's usual batch: no comprehension, no zip
+            message = messages[0]
+            if sent is not None and sent[0] is not None:
+                message = with_ids(message, sent[0])  # type: ignore[arg-type]
+            renders = (_render_checked(message, gateway, where, 0),)  # type: ignore[arg-type]
         elif sent is None:
             renders = tuple(
                 [
@@ -232,6 +238,9 @@ def _rendered_items(history: _DoorState) -> int:
     renders = history._checked[0][2]
     if renders is None:
         return 0
+    if len(renders) == 1:  # a one-message input: no generator
+        native = renders[0][0]
+        return len(native) if type(native) is tuple else 1
     return sum(len(native) if type(native) is tuple else 1 for native, _ in renders)
 
 
@@ -267,13 +276,23 @@ def _entries(
         stale, plan = plan.sent, None  # the renders of renamed messages are of other ids
     else:
         stale = None
+    entries: tuple[_Entry, ...]
     if renders is not None and gateway is not None:
         # The door's renders of these very messages seed their cache: slot 0's
         # render is the entry's own fields, another slot's goes in ``more``.
         slot = history._shared.gateway_slot(gateway)
         sent = plan.sent if plan is not None else None
         if stale is None and slot == 0:
-            if sent is None:
+            if len(messages) == 1:  # a record's usual batch: no comprehension, no zip
+                m = messages[0]
+                native, encoded = renders[0]
+                tokens = count_tokens(counter, (m,))
+                entries = (
+                    (_Entry(m, tokens, native, encoded),)
+                    if sent is None
+                    else (_Entry(m, tokens, native, encoded, None, sent[0]),)
+                )
+            elif sent is None:
                 entries = tuple(
                     [
                         _Entry(m, count_tokens(counter, (m,)), native, encoded)

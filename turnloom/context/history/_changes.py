@@ -29,6 +29,7 @@ from turnloom.context.message import (
     Message,
     Part,
     ReasoningPart,
+    Role,
     _first_instruction,
     check_id,
     check_message,
@@ -48,6 +49,7 @@ from turnloom.errors import (
     OutOfOrderTurnError,
     PairedTurnsTooLargeError,
     StrandedResultsError,
+    TurnloomError,
     UnknownTurnError,
     excerpt,
 )
@@ -76,7 +78,10 @@ def _blank(message: Message) -> bool:
     can verify or show it.
     """
     for part in message.parts:
-        if not (is_blank_part(part) or _blank_reasoning(part)):
+        if type(part) is ReasoningPart:
+            if not _blank_reasoning(part):
+                return False
+        elif not is_blank_part(part):
             return False
     return True
 
@@ -88,6 +93,9 @@ def _left_out(history: _DoorState, messages: Sequence[Message]) -> int:
     renders = _memo(history, messages)[2]
     if renders is None:
         return 0
+    if len(renders) == 1:  # a record's usual batch: no generator
+        native = renders[0][0]
+        return 1 if type(native) is tuple and not native and not _blank(messages[0]) else 0
     return sum(
         1
         for message, (native, _) in zip(messages, renders, strict=True)
@@ -144,13 +152,11 @@ def _commit(
     if steps_may_conflict(input, None):
         # Its leading results may answer the calls the kept turns leave open
         # (an approval), or a call recorded late to a kept turn.
-        check_steps(
-            input,
-            f"Turn {excerpt(turn_id)} input",
-            late=bool(history._turns),
-            unpaired=keep_unpaired,
+        _check_steps_named(
+            input, "Turn {} input", turn_id, late=bool(history._turns), unpaired=keep_unpaired
         )
-    if input and history._turns:
+    if input and history._turns and input[0].role is Role.assistant:
+        # (Only an assistant message can continue a step: its label is built for it alone.)
         _check_turn_start(history._turns[-1], input[0], f"Turn {excerpt(turn_id)} input[0]")
     seen: set[str] = set()
     for i, entry in enumerate(entries):
@@ -214,6 +220,31 @@ def _commit(
     history._view = None
 
 
+def _check_steps_named(
+    messages: Sequence[Message],
+    label: str,
+    turn_id: str,
+    *,
+    before: Sequence[Message] = (),
+    indices: Sequence[int] | None = None,
+    late: bool = False,
+    unpaired: bool = False,
+) -> None:
+    """:func:`check_steps`, its errors naming the batch ``label.format(excerpt(turn_id))``.
+
+    The label is built only when the check fails: ``check_steps`` is pure, so
+    a failed check runs again, labelled, and raises the very error named.
+    """
+    try:
+        check_steps(messages, "", before=before, indices=indices, late=late, unpaired=unpaired)
+        return
+    except TurnloomError as exc:
+        failed = exc
+    where = label.format(excerpt(turn_id))
+    check_steps(messages, where, before=before, indices=indices, late=late, unpaired=unpaired)
+    raise failed  # not reached: the labelled run raises the same error
+
+
 def _record(
     history: _ChangeState,
     turn_id: str,
@@ -238,42 +269,18 @@ def _record(
         raise UnknownTurnError(f"Turn {excerpt(turn_id)} was never committed to this context.")
     entries, sizes, planned = _entries(history, outputs, turn_id, "output", turn_id)
     old = history._turns[position]
-    kept: list[_Entry] = []
-    kept_at: list[int] = []
-    kept_bytes = 0
-    added: dict[str, Message] = {}
-    duplicates = blank = 0
-    for i, entry in enumerate(entries):
-        message = entry.message
-        if message.id is not None:
-            held = history._message_ids.get(message.id)
-            same = (
-                added.get(message.id)
-                if held is None
-                else (held[1] if held[0] == old.serial else None)
-            )
-            if same is not None and same == message:
-                duplicates += 1
-                continue
-            if held is not None or message.id in added:
-                raise DuplicateIdError(
-                    f"Turn {excerpt(turn_id)} output[{i}] has id {excerpt(message.id)}, "
-                    f"which a "
-                    "message of this context already has with other content (or in "
-                    "another turn); nothing was recorded."
-                )
-            added[message.id] = message
-        if _blank(message):
-            blank += 1
-            continue
-        kept.append(entry)
-        kept_at.append(i)
-        kept_bytes += sizes[i]
+    kept: Sequence[_Entry]
+    kept_at: Sequence[int]
+    if len(entries) == 1 and entries[0].message.id is None and not _blank(entries[0].message):
+        # One message without an id that says something (a record's usual batch): kept.
+        kept, kept_at, kept_bytes, duplicates, blank = entries, (0,), sizes[0], 0, 0
+    else:
+        kept, kept_at, kept_bytes, duplicates, blank = _kept(history, turn_id, old, entries, sizes)
     if not kept:
         history._duplicates += duplicates
         history._blank_dropped += blank
         return 0
-    messages = [e.message for e in kept]
+    messages = [kept[0].message] if len(kept) == 1 else [e.message for e in kept]
     if steps_may_conflict(messages, _last_message(old)):
         # A turn that does not end in a step of its own is read whole: while
         # nothing in it starts or ends a call group, its results (and the
@@ -282,9 +289,10 @@ def _record(
         # tail starts a group, so then nothing awaits), and one answering a
         # call id a second time is refused.
         tail = _step_tail(old) or [e.message for e in old.entries(True)]
-        check_steps(
+        _check_steps_named(
             messages,
-            f"Turn {excerpt(turn_id)} output",
+            "Turn {} output",
+            turn_id,
             before=tail,
             indices=kept_at,
             late=position > 0,
@@ -342,6 +350,55 @@ def _record(
     history._tokens += new.tokens - old.tokens
     history._view = None
     return len(kept)
+
+
+def _kept(
+    history: _ChangeState,
+    turn_id: str,
+    old: _Turn,
+    entries: tuple[_Entry, ...],
+    sizes: tuple[int, ...],
+) -> tuple[list[_Entry], list[int], int, int, int]:
+    """What a record keeps of ``entries`` (the outputs of turn ``old``): the entries, their
+    indexes and bytes; and how many duplicates and blank messages it drops (see
+    :meth:`TurnHistory.record`).
+
+    Raises:
+        DuplicateIdError: a message has the id of a held message with other
+            content (or of another turn's message), or the batch repeats one.
+    """
+    kept: list[_Entry] = []
+    kept_at: list[int] = []
+    kept_bytes = 0
+    added: dict[str, Message] = {}
+    duplicates = blank = 0
+    for i, entry in enumerate(entries):
+        message = entry.message
+        if message.id is not None:
+            held = history._message_ids.get(message.id)
+            same = (
+                added.get(message.id)
+                if held is None
+                else (held[1] if held[0] == old.serial else None)
+            )
+            if same is not None and same == message:
+                duplicates += 1
+                continue
+            if held is not None or message.id in added:
+                raise DuplicateIdError(
+                    f"Turn {excerpt(turn_id)} output[{i}] has id {excerpt(message.id)}, "
+                    f"which a "
+                    "message of this context already has with other content (or in "
+                    "another turn); nothing was recorded."
+                )
+            added[message.id] = message
+        if _blank(message):
+            blank += 1
+            continue
+        kept.append(entry)
+        kept_at.append(i)
+        kept_bytes += sizes[i]
+    return kept, kept_at, kept_bytes, duplicates, blank
 
 
 def _keep_state(

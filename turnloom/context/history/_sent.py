@@ -268,7 +268,8 @@ def _decide(
     sent id of the newest call with its id without asking the pairing
     whether it answers it: a result that answers no call is dropped from
     every render, and the id it gets matches no call of its group either
-    way, so nothing pairs otherwise.
+    way, so nothing pairs otherwise. ``context`` is used up: its tracker is
+    left fed up to the last message, not with it.
     """
     tracker: CallTracker | None = None
     sent_of: dict[str, str] = {}
@@ -279,6 +280,7 @@ def _decide(
     out: list[_WireIds | None] | None = None
     present = ids.present
     taken: set[str] = set() if claims is not None else present
+    last = len(messages) - 1
     for index, message in enumerate(messages):
         parts = message.parts
         renamed: list[tuple[int, str]] | None = None
@@ -295,7 +297,7 @@ def _decide(
                             if renamed is None:
                                 renamed = []
                             renamed.append((at, sent))
-        if tracker is not None:
+        if tracker is not None and index < last:  # (no message reads it after the last)
             tracker.feed(message)
         for at, part in enumerate(parts):
             if type(part) is ToolCallPart:
