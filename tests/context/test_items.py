@@ -277,3 +277,65 @@ def test_items_of_another_chunked_run_are_reused_chunk_by_chunk() -> None:
         True,
     ]
     assert got[3] is not decoded[5] and got[4] not in decoded
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(_item, max_size=8),
+    st.lists(_item, max_size=4),
+    st.tuples(st.integers(0, 8), st.integers(0, 8)),
+    st.integers(0, 8),
+    st.booleans(),
+    st.booleans(),
+)
+def test_a_copy_made_from_an_earlier_untaken_copy_is_the_items_shared_with_nothing(
+    a: list[dict[str, object]],
+    more: list[dict[str, object]],
+    cut: tuple[int, int],
+    drop: int,
+    same_run: bool,
+    same_lead: bool,
+) -> None:
+    """Invariant: ``make_copies(n, earlier)`` takes each copy ``earlier`` made ahead
+    and no one took (``earlier`` keeps none) and makes it one of this object's
+    copies: equal to the items by value and by type of every container, sharing no
+    container with the kept tuple, with ``fresh``, with ``earlier``'s items or with
+    another copy. Where both hold an item as the same value (a lead native that is
+    the very same object, a run item at the same coordinates of one run), it is
+    the earlier copy's object (reused, not copied again); the rest is new."""
+    start, stop = min(min(cut), len(a)), min(max(cut), len(a))
+    earlier = _split(a, (start, stop), object(), 0)
+    earlier.make_copies(1)
+    leftover = earlier._copies[0] if earlier._copies else None
+    assert leftover is not None
+    run = earlier._encoded
+    drop = min(drop, len(run))
+    lead = tuple(a[:start] if same_lead else map(msgspec.json.decode, map(encode_item, a[:start])))
+    b = [*lead, *a[start + drop : stop], *more, *a[stop:]]
+    later = NativeItems(
+        lead,
+        (*run[drop:], *map(encode_item, more)),
+        tuple(a[stop:]),
+        earlier._epoch if same_run else object(),
+        drop,
+    )
+    later.make_copies(2, earlier)
+    assert (earlier.copies_ready, later.copies_ready, earlier.taken) == (0, 2, 0)
+    second, first = later.take_copy(0), later.take_copy(0)  # taken last made first
+    assert first is not None and second is not None
+    kept = later._shared()
+    assert first == second == kept == tuple(b)
+    assert _shape(first) == _shape(kept) == _shape(second)
+    reused = {id(i) for i in leftover}
+    # The recycled copy is the one made first (the other has nothing left to reuse).
+    assert [id(i) in reused for i in second] == [False] * len(b)
+    expected = [same_lead] * start + [same_run] * (stop - start - drop)
+    expected += [False] * (len(more) + len(a) - stop)
+    assert [id(i) in reused for i in first] == expected
+    for position, reuse in enumerate(expected[start:], start):
+        if reuse:
+            assert first[position] is leftover[position + drop]
+    others = (second, kept, later.fresh(), earlier._shared())
+    for other in others:
+        assert not _containers(first) & _containers(other)
+    assert not _containers(second) & (_containers(kept) | _containers(earlier._shared()))

@@ -268,3 +268,45 @@ def _vandalize(items: tuple[NativeContent, ...]) -> None:
         elif isinstance(node, list):
             stack.extend(node)
             node.append("edited")
+
+
+async def test_the_copy_no_build_took_is_reused_by_the_next_prefix_and_shared_with_no_build() -> (
+    None
+):
+    """Invariant: the copy the worker made after a turn's last build, which no
+    build took, is made into the next prefix's copy (taken from the earlier
+    prefix, which keeps none): the next build holds its very items for the
+    system item and the closed turn both prefixes hold in one run, equals a
+    cold copy, and shares no container with any build handed out before or
+    with what turnloom keeps; editing those builds reaches neither it nor the
+    next prepare."""
+    async with Foundation(gateway="openai_chat") as foundation:
+        manager = foundation.manager
+        builds = []
+        first = await _turn(manager, 1, COPY_AHEAD_ITEMS)
+        builds.append(manager.build(first, _outputs(1)))  # the host builds: copies wanted
+        manager.record("c", "t1", _outputs(1))
+        second = await _turn(manager, 2)
+        builds.append(manager.build(second, _outputs(2)))  # the copy made ahead, taken
+        await _copies_ready(second.native_items, 1)  # the next build's copy: none comes
+        leftover = second.native_items._copies[-1]  # type: ignore[index]
+        manager.record("c", "t2", _outputs(2))
+        third = await _turn(manager, 3)
+        assert (second.native_items.copies_ready, third.native_items.copies_ready) == (0, 1)
+        for built in builds:
+            _vandalize(built)
+        built = manager.build(third, _outputs(3))
+        reused = {id(item) for item in leftover}
+        # The system item and turn 1 (its input and two outputs); not turn 2, whose
+        # items the leftover holds as the open turn's natives, nor turn 3's.
+        assert [id(item) in reused for item in built] == (
+            [True] * (COPY_AHEAD_ITEMS + 3) + [False] * (len(built) - COPY_AHEAD_ITEMS - 3)
+        )
+        call_item, result_item = (manager.gateway.render(m)[0] for m in _outputs(3))
+        assert built == (*third.native_items._shared(), call_item, result_item)
+        for other in (*builds, third.native_items._shared(), second.native_items._shared()):
+            assert _shared(built, other) == 0
+        manager.record("c", "t3", _outputs(3))
+        fourth = await _turn(manager, 4)
+        assert manager.request_bytes(fourth) == manager.request_bytes(fourth, recorded=False)
+        assert fourth.items == fourth.native_items.fresh()
