@@ -54,10 +54,10 @@ at most this many items. Below it, copies made ahead cost more than they save:
 a copy waiting for its taker is live data the cyclic collector tracks (a host
 may build cycles through it), new since the collector's last step, so every
 step and full collection walks it (measured with ``scripts/bench_loadtest.py``
-at 1,000 sessions and a few hundred items per prefix: with a floor of 32 the
-collector's steps cost 78 ms of CPU instead of 18, CPU per prepare 959 us
-instead of 734). The copy the last ``build`` of a turn leaves untaken is
-reused by the next prefix's (:meth:`NativeItems.make_copies`)."""
+at 1,000 sessions and a few hundred items per prefix: with a floor of 32, even
+with each prefix's first copy reused from the one the turn before left
+untaken, the collector's steps cost 78 ms of CPU instead of 18, CPU per
+prepare 959 us instead of 734)."""
 
 _decode = msgspec.json.Decoder().decode
 # A JSON array straight into a tuple (inner arrays stay lists): a host copy in one C call.
@@ -630,21 +630,14 @@ class NativeItems:
                 pass
         return None
 
-    def make_copies(self, count: int, earlier: NativeItems | None = None) -> None:
+    def make_copies(self, count: int) -> None:
         """Make copies of the items ahead until ``count`` are ready, for :meth:`take_copy`.
 
         For the runtime's worker thread: O(items) per copy (:meth:`fresh`).
-        With ``earlier`` (the context's previous prefix), a copy made ahead
-        for it that no one took is taken from it (one atomic ``list.pop``,
-        as :meth:`take_copy` takes one, so it is this call's alone) and made
-        into one of these copies (:meth:`_recycled`): O(the items it does
-        not hold) plus C-speed slices, not O(items).
         Each copy is new throughout (as :meth:`materialize` copies)
         and tracked by the cyclic collector as any new object is, so a host
         cycle through it is collected once it is taken; the list holding
-        them is untracked (it holds only such copies). Every container of a
-        copy is in that copy alone: one made anew, or one of an untaken copy
-        of ``earlier`` that only this copy reuses. One thread makes
+        them is untracked (it holds only such copies). One thread makes
         copies of one object at a time (the worker runs its jobs in order).
         """
         copies = self._copies
@@ -652,71 +645,8 @@ class NativeItems:
             copies = []
             untrack_container(copies)
             self._copies = copies
-        while len(copies) < count and earlier is not None:
-            leftover = earlier._leftover()
-            if leftover is None:
-                break
-            copies.append(self._recycled(earlier, leftover))
         while len(copies) < count:
             copies.append(self.fresh())
-
-    def _leftover(self) -> tuple[NativeContent, ...] | None:
-        """A copy made ahead that no one took, taken (its ``taken`` unchanged), or None."""
-        copies = self._copies
-        if copies:
-            try:
-                return copies.pop()
-            except IndexError:  # taken by a racing thread
-                pass
-        return None
-
-    def _recycled(
-        self, earlier: NativeItems, copy: tuple[NativeContent, ...]
-    ) -> tuple[NativeContent, ...]:
-        """A copy of these items reusing ``copy``, an untaken copy of ``earlier``'s, owned here.
-
-        Equal to :meth:`fresh` by value and type: an item is reused from
-        ``copy`` only where it is a copy of the same value, that is where
-        ``earlier`` holds it as the very same native object (the items
-        before the run: natives are never changed) or at the same place of
-        the same run (``epoch``: the very same ``bytes`` object, and
-        ``copy`` decoded them). The run's other items are decoded from
-        their bytes in one call, the rest copied (:func:`fresh_items`).
-        Falls back to :meth:`fresh` when ``copy`` is not ``earlier``'s size.
-        """
-        before, encoded, after = self._before, self._encoded, self._after
-        earlier_before = earlier._before
-        if len(copy) != len(earlier):
-            return self.fresh()
-        lead = len(before)
-        if lead <= len(earlier_before) and all(map(is_, before, earlier_before)):
-            head = copy[:lead]
-        else:
-            head = fresh_items(before)
-        size = len(encoded)
-        kept = shift = 0  # the run's first items reused from ``copy``, from ``copy``'s run at shift
-        if size and self._epoch is not None and self._epoch is earlier._epoch:
-            shift = self._origin - earlier._origin
-            if shift >= 0:
-                kept = max(min(len(earlier._encoded) - shift, size), 0)
-        if kept:
-            at = len(earlier_before) + shift
-            run = (*copy[at : at + kept], *self._decode_copy(kept, size))
-        else:
-            run = self._decode_copy(0, size)
-        return (*head, *run, *fresh_items(after))
-
-    def _decode_copy(self, start: int, stop: int) -> tuple[NativeContent, ...]:
-        """A new copy of the encoded run's items ``start:stop``, decoded in one call."""
-        if start >= stop:
-            return ()
-        encoded = self._encoded
-        if isinstance(encoded, ChunkedSpan):
-            joined = encoded.joined(start, stop)
-        else:
-            joined = b",".join(encoded[start:stop])
-        copy: tuple[NativeContent, ...] = _decode_tuple(b"".join((b"[", joined, b"]")))
-        return copy
 
     def drop_copies(self) -> list[tuple[NativeContent, ...]] | None:
         """Forget the copies made ahead (a later taker copies); changes no value.

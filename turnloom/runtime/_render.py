@@ -454,7 +454,7 @@ def _reuse_last(
         items._shared()
     if wanted:
         # And the copies its first reads take, made here too (see _copies_wanted).
-        items.make_copies(wanted, last.items)
+        items.make_copies(wanted)
     return reused
 
 
