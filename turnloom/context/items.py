@@ -319,6 +319,24 @@ def decode_joined(joined: bytes) -> list[NativeContent]:
     return decoded
 
 
+def _json_array(encoded: Sequence[bytes]) -> bytes:
+    """The JSON array of the (non-empty) encoded items, in one join of their bytes.
+
+    The brackets go onto the first and last pieces joined (an item, or a
+    chunk of a :class:`ChunkedSpan`), which copies those two again, not
+    the whole run.
+    """
+    if isinstance(encoded, ChunkedSpan):
+        pieces = list(filter(None, encoded._chunks[encoded._first : encoded._stop]))
+    elif isinstance(encoded, EncodedSpan):
+        pieces = encoded.tolist()
+    else:
+        pieces = list(encoded)
+    pieces[0] = b"[" + pieces[0]
+    pieces[-1] += b"]"
+    return b",".join(pieces)
+
+
 def _decode_run(
     encoded: Sequence[bytes], start: int = 0, stop: int | None = None
 ) -> list[NativeContent]:
@@ -607,8 +625,7 @@ class NativeItems:
             # Natives only: nothing to decode, and nothing kept (not :meth:`_shared`,
             # whose decoding the runtime then repeats ahead for every later prefix).
             return fresh_items(before + after if after else before)
-        run = encoded.joined() if isinstance(encoded, ChunkedSpan) else b",".join(encoded)
-        copy: tuple[NativeContent, ...] = _decode_tuple(b"".join((b"[", run, b"]")))
+        copy: tuple[NativeContent, ...] = _decode_tuple(_json_array(encoded))
         if before or after:
             return (*fresh_items(before), *copy, *fresh_items(after))
         return copy
