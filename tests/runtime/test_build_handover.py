@@ -268,3 +268,48 @@ def _vandalize(items: tuple[NativeContent, ...]) -> None:
         elif isinstance(node, list):
             stack.extend(node)
             node.append("edited")
+
+
+@pytest.mark.parametrize("kind", list(GatewayType))
+async def test_two_builds_of_a_short_prefix_share_no_container(kind: GatewayType) -> None:
+    """Invariant: two builds of one prefix shorter than ``COPY_AHEAD_ITEMS`` (copied
+    where read) with the turn's recorded outputs as continuation (plain steps: their
+    cached renders reused, nothing completed again) share no container with each
+    other, with the prefix's kept items or with the history's cached renders of those
+    outputs; editing the first changes neither the second, nor the next build, nor
+    the next prepare (equal to a manager that saw no edit)."""
+    async with (
+        Foundation(gateway=kind) as edited_foundation,
+        Foundation(gateway=kind) as twin_foundation,
+    ):
+        edited, twin = edited_foundation.manager, twin_foundation.manager
+        prefixes = []
+        for manager in (edited, twin):
+            first = await _turn(manager, 1, 3)
+            manager.build(first, _outputs(1))  # the host builds: copies wanted (not this short)
+            manager.record("c", "t1", _outputs(1))
+            prefix = await _turn(manager, 2)
+            outputs = _outputs(2)
+            manager.record("c", "t2", outputs)
+            prefixes.append((prefix, outputs))
+        (prefix, outputs), (twin_prefix, twin_outputs) = prefixes
+        assert prefix.native_items.copies_ready == 0
+        one = edited.build(prefix, outputs)
+        two = edited.build(prefix, outputs)
+        history = edited._issued._histories("c")
+        assert history is not None
+        renders = tuple(history.output_renders("t2", edited.gateway).values())
+        assert _shared(one, two) == 0
+        for built in (one, two):
+            assert _shared(built, prefix.native_items._shared()) == 0
+            assert _shared(built, renders) == 0
+        _vandalize(one)
+        expected = twin.build(twin_prefix, twin_outputs)
+        assert two == expected
+        assert edited.build(prefix, outputs, recorded=False) == expected
+        assert edited.build(prefix, recorded=True) == expected
+        for manager in (edited, twin):
+            manager.record("c", "t2", [assistant("Answer 2.")])
+        after, twin_after = await _turn(edited, 3), await _turn(twin, 3)
+        assert after.items == twin_after.items
+        assert edited.request_bytes(after) == twin.request_bytes(twin_after)

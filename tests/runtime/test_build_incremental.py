@@ -28,7 +28,7 @@ from turnloom.context.history import HistoryLimits
 from turnloom.context.pairing import OpenCallPolicy, check_steps, complete_pairs
 from turnloom.errors import AmbiguousStepError, DuplicateIdError, UnpairedResultError
 from turnloom.runtime import ContextPrepareRequest, Foundation, PreparedContext, TurnSnapshot
-from turnloom.runtime._continuation import IssuedPrefixes
+from turnloom.runtime._continuation import IssuedPrefixes, _plain_steps, _settled_count
 
 _IDS = ("c1", "c2", "c3")
 
@@ -250,3 +250,69 @@ def test_a_build_failing_midway_leaves_no_half_renamed_head(
             kind, prefix, renamer, steps[:length], "exclude"
         )
     assert [c["id"] for c in issued.build(prefix, steps)[-2]["tool_calls"]] == ["c1_r4"]
+
+
+@st.composite
+def _plain(draw: st.DrawFn) -> list[Message]:
+    """Steps that pair as they stand: a call per id, answered in any split and order,
+    user and assistant text around them, no assistant message right after another."""
+    out: list[Message] = []
+    for _ in range(draw(st.integers(0, 4))):
+        # A user message between two assistant messages (one directly after another
+        # may continue its step: not plain).
+        if draw(st.booleans()) or (out and out[-1].role is Role.assistant):
+            out.append(user("next"))
+        ids = draw(st.lists(st.sampled_from(_IDS), max_size=3, unique=True))
+        text = (TextPart(text="thinking aloud"),) if draw(st.booleans()) or not ids else ()
+        calls = tuple(ToolCallPart(call_id=i, name="lookup", arguments="{}") for i in ids)
+        out.append(Message(role=Role.assistant, content=text + calls))
+        order = list(draw(st.permutations(ids)))
+        while order:
+            cut = draw(st.integers(1, len(order)))
+            answers = tuple(
+                ToolResultPart(call_id=i, content=(TextPart(text="ok"),)) for i in order[:cut]
+            )
+            out.append(Message(role=Role.tool, content=answers))
+            order = order[cut:]
+    return out
+
+
+@st.composite
+def _plain_or_not(draw: st.DrawFn) -> list[Message]:
+    """:func:`_plain` steps with, sometimes, one message of ``_message`` put anywhere."""
+    out = draw(_plain())
+    if draw(st.booleans()):
+        out.insert(draw(st.integers(0, len(out))), draw(_message))
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    messages=_plain_or_not(),
+    before=st.lists(_message, max_size=3),
+    kind=st.sampled_from(list(GatewayType)),
+    policy=st.sampled_from(["exclude", "cancel"]),
+)
+def test_plain_steps_complete_as_they_stand(
+    messages: list[Message], before: list[Message], kind: GatewayType, policy: OpenCallPolicy
+) -> None:
+    """Invariant: messages ``_plain_steps`` accepts are what ``complete_pairs``
+    returns for them (the very objects, either policy, the gateway's step join),
+    settle whole (``_settled_count``), and pass ``check_steps`` after any messages
+    whose last is no assistant message (what lets build skip those three)."""
+    if not _plain_steps(messages):
+        return
+    completed = complete_pairs(messages, open_calls=policy, join=step_join(get_gateway(kind)))
+    assert len(completed) == len(messages)
+    assert all(a is b for a, b in zip(completed, messages, strict=True))
+    assert _settled_count(messages) == len(messages)
+    if before and before[-1].role is Role.assistant:
+        before = [*before, user("next")]
+    check_steps(messages, "continuation", before=before)
+    check_steps(messages, "continuation", before=before, unpaired=True)
+
+
+@given(messages=_plain())
+def test_steps_answered_in_any_split_and_order_are_plain(messages: list[Message]) -> None:
+    """The test above is not vacuous: every :func:`_plain` sequence is accepted."""
+    assert _plain_steps(messages)

@@ -38,7 +38,17 @@ from turnloom.context.history import (
     reject_instructions,
 )
 from turnloom.context.items import TAKEN_BUILD, NativeItems
-from turnloom.context.message import Message, OpaquePart, ReasoningPart, Role, check_message
+from turnloom.context.message import (
+    Message,
+    OpaquePart,
+    ReasoningPart,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+    check_message,
+    is_blank_part,
+)
 from turnloom.context.pairing import (
     CallTracker,
     OpenCallPolicy,
@@ -315,7 +325,8 @@ class IssuedPrefixes:
         else:
             call_ids = entry.call_ids
         tail = continuation[start:] if start else continuation
-        cut = _settled_count(tail)
+        plain = _plain_steps(tail)  # then it completes as it stands, settled whole
+        cut = len(tail) if plain else _settled_count(tail)
         if cut:
             # The head of the tail is final whatever follows: keep it.
             if settled is None:
@@ -324,7 +335,8 @@ class IssuedPrefixes:
                 # The longer head replaces this one, so its state is advanced in
                 # place; forgotten first, so a failure leaves no half-advanced head.
                 entry.settled = None
-            items.extend(self._render(tail[:cut] if cut < len(tail) else tail, renders, call_ids))
+            head = tail[:cut] if cut < len(tail) else tail
+            items.extend(self._render(head, renders, call_ids, plain))
             # The message after the cut is part of what made it final.
             end = start + cut + (cut < len(tail))
             seen = checked.messages if end == len(continuation) else tuple(continuation[:end])
@@ -339,16 +351,22 @@ class IssuedPrefixes:
         messages: Sequence[Message],
         renders: Mapping[int, Sequence[NativeContent]],
         call_ids: CallIdRenamer,
+        plain: bool = False,
     ) -> list[NativeContent]:
         """``messages`` completed as one whole input, rendered, renamed from ``call_ids``.
 
-        ``call_ids`` is advanced past the items (a caller's copy: on an error
-        it is dropped, whatever it saw).
+        ``plain``: the caller found them plain steps (:func:`_plain_steps`),
+        which complete as they stand. ``call_ids`` is advanced past the items
+        (a caller's copy: on an error it is dropped, whatever it saw).
         """
         gateway = self._gateway
         items: list[NativeContent] = []
-        join = step_join(gateway)
-        for message in complete_pairs(messages, open_calls=self._open_calls, join=join):
+        completed = (
+            messages
+            if plain
+            else complete_pairs(messages, open_calls=self._open_calls, join=step_join(gateway))
+        )
+        for message in completed:
             native = renders.get(id(message))
             items.extend(native if native is not None else gateway.render(message))
         # One pass over all the items: renaming is sequential, so equal to renaming each message's.
@@ -392,7 +410,7 @@ class _Settled:
 
 
 # Bound once: an Enum member looked up on its class goes through the metaclass.
-_TOOL, _USER = Role.tool, Role.user
+_TOOL, _USER, _ASSISTANT = Role.tool, Role.user, Role.assistant
 
 
 def _settled_count(messages: Sequence[Message]) -> int:
@@ -435,6 +453,57 @@ def _reasoning_alone(message: Message) -> bool:
         and bool(message.parts)
         and all(type(p) is ReasoningPart or type(p) is OpaquePart for p in message.parts)
     )
+
+
+def _plain_steps(messages: Sequence[Message]) -> bool:
+    """True when ``messages`` pair as they stand: a cheap sufficient test, O(their parts).
+
+    That is when each message is a user message of text, an assistant
+    message of text and tool calls (none with extras) after a message of
+    another role, with no call of an earlier step still open, or a tool
+    message of results each answering a call of the current step still
+    open, no text blank, and no call open at the end. Then, for either
+    open-call policy and any step join, :func:`complete_pairs` returns the
+    messages as they are (nothing to drop, close, clean, sign or join),
+    :func:`_settled_count` is ``len(messages)``, and :func:`check_steps` of
+    them after messages whose last is no assistant message cannot raise
+    (every result answers a call of its own step, no assistant message
+    continues a step). False tells nothing.
+    """
+    open_ids: set[str] = set()
+    after_assistant = False
+    for message in messages:
+        role = message.role
+        parts = message.parts
+        if not parts:
+            return False
+        if role is _ASSISTANT:
+            if after_assistant or open_ids:
+                return False
+            for part in parts:
+                kind = type(part)
+                if kind is ToolCallPart:
+                    call_id = part.call_id  # type: ignore[union-attr]
+                    if part.extras is not None or call_id in open_ids:  # type: ignore[union-attr]
+                        return False
+                    open_ids.add(call_id)
+                elif kind is not TextPart or is_blank_part(part):
+                    return False
+            after_assistant = True
+            continue
+        after_assistant = False
+        if role is _TOOL:
+            for part in parts:
+                if type(part) is not ToolResultPart or part.call_id not in open_ids:
+                    return False
+                open_ids.discard(part.call_id)
+        elif role is _USER and not open_ids:
+            for part in parts:
+                if type(part) is not TextPart or is_blank_part(part):
+                    return False
+        else:
+            return False
+    return not open_ids
 
 
 _encoder = msgspec.json.Encoder()
@@ -542,9 +611,12 @@ def check_continuation(
     own = start
     while own < len(continuation) and id(continuation[own]) in held:
         own += 1
-    # ``steps_may_conflict`` False: check_steps cannot raise (the record's fast path).
-    if own > start and steps_may_conflict(
-        continuation[start:own], continuation[start - 1] if start else None
+    # ``steps_may_conflict`` False, or plain steps after no assistant message:
+    # check_steps cannot raise (the record's fast path; see _plain_steps).
+    if (
+        own > start
+        and steps_may_conflict(continuation[start:own], continuation[start - 1] if start else None)
+        and not _plain_after(continuation, start, own)
     ):
         check_steps(
             continuation[start:own],
@@ -553,8 +625,10 @@ def check_continuation(
             indices=range(start, own),
             unpaired=True,
         )
-    if own < len(continuation) and steps_may_conflict(
-        continuation[own:], continuation[own - 1] if own else None
+    if (
+        own < len(continuation)
+        and steps_may_conflict(continuation[own:], continuation[own - 1] if own else None)
+        and not _plain_after(continuation, own, len(continuation))
     ):
         check_steps(
             continuation[own:],
@@ -565,6 +639,14 @@ def check_continuation(
     # ``checked`` is replaced by the result: its set is extended, not copied.
     reserved |= added
     return CheckedContinuation(tuple(continuation), reserved)
+
+
+def _plain_after(messages: Sequence[Message], start: int, stop: int) -> bool:
+    """True when ``messages[start:stop]`` are plain steps (:func:`_plain_steps`) after no
+    assistant message: :func:`check_steps` of them after ``messages[:start]`` cannot raise."""
+    return (not start or messages[start - 1].role is not _ASSISTANT) and _plain_steps(
+        messages[start:stop]
+    )
 
 
 def _starts_with(messages: Sequence[Message], head: tuple[Message, ...]) -> bool:
