@@ -315,43 +315,222 @@ def _span_key(
     )
 
 
+class _Closed(msgspec.Struct, gc=False, eq=False):
+    """A closed turn's messages, compact: what its entries held but their render caches.
+
+    A turn that joined a run (:meth:`_Turn.release`) is rendered from the
+    run's encoded items, so its per-message caches are gone; what remains of
+    each entry is kept here, per turn, with no object per message: the
+    messages (input, kept state, outputs, in order), each one's tokens
+    (``tokens``: the int itself for a lone message, else a tuple of them,
+    in order) and the ids each is sent with (``sent``: each entry's
+    :attr:`_Entry.sent`, in order, or None when all are None). Holds
+    messages, ints, str and tuples: in no cycle.
+    """
+
+    messages: tuple[Message, ...]
+    tokens: int | tuple[int, ...]
+    sent: tuple[_WireIds | None, ...] | None = None
+
+    @classmethod
+    def of(cls, entries: Sequence[_Entry]) -> _Closed:
+        """The compact form of ``entries`` (their messages, tokens and sent ids)."""
+        messages = tuple([e.message for e in entries])
+        tokens: int | tuple[int, ...] = (
+            entries[0].tokens if len(entries) == 1 else tuple([e.tokens for e in entries])
+        )
+        sent = tuple([e.sent for e in entries])
+        return cls(messages, tokens, None if sent.count(None) == len(sent) else sent)
+
+    def entries(self, start: int, stop: int) -> tuple[_Entry, ...]:
+        """New entries (no render cached) for messages ``start`` to ``stop - 1``."""
+        messages, tokens, sent = self.messages, self.tokens, self.sent
+        if type(tokens) is int:
+            counts: Sequence[int] = (tokens,)
+        else:
+            counts = tokens  # type: ignore[assignment]
+        if sent is None:
+            return tuple([_Entry(messages[i], counts[i]) for i in range(start, stop)])
+        return tuple(
+            [_Entry(messages[i], counts[i], None, None, None, sent[i]) for i in range(start, stop)]
+        )
+
+    def wire(self, index: int) -> Message:
+        """Message ``index`` as the history sends it (see :attr:`_Entry.wire`)."""
+        sent = self.sent
+        message = self.messages[index]
+        wire_ids = sent[index] if sent is not None else None
+        return message if wire_ids is None else with_ids(message, wire_ids)
+
+
+def _cached(entry: _Entry) -> bool:
+    """True while ``entry`` holds a native render (for any gateway slot)."""
+    if entry.native is not None:
+        return True
+    more = entry.more
+    return more is not None and any(pair[0] is not None for pair in more.values())
+
+
 class _Turn(msgspec.Struct, gc=False, eq=False):
-    """An immutable snapshot of one turn. A change makes a new ``_Turn``.
+    """A snapshot of one turn. A change of what it holds makes a new ``_Turn``.
+
+    ``cells`` is the whole turn: its input, its kept ``state``, then its
+    outputs (``n_input`` and ``n_state`` messages, the rest outputs), as
+    entries with their render caches while the turn is live, and once it
+    joined a run and its native renders went (:meth:`release`) in the
+    compact form of :class:`_Closed`. Closing assigns ``cells`` once and
+    changes no value a reader sees: :attr:`input`, :attr:`outputs`,
+    :attr:`state` and :meth:`entries` of a closed turn are new entries
+    (without render caches) equal to the ones it had, and :meth:`messages`
+    the same message objects. Read ``cells`` once per read (a render in a
+    worker thread may close the turn meanwhile).
 
     ``full`` and ``head`` are the whole turn and its input rendered for render
     key slot 0, each for the span key it holds (a cache of one); ``more``
-    holds other slots, by (slot, whole turn). The whole turn is its input,
-    its kept ``state``, then its outputs; ``bytes``, ``tokens`` and ``items``
-    count all three, ``state_bytes`` the kept state alone.
+    holds other slots, by (slot, whole turn). ``bytes``, ``tokens`` and
+    ``items`` count the whole turn, ``state_bytes`` the kept state alone.
     """
 
     turn_id: str
-    input: tuple[_Entry, ...]
-    outputs: tuple[_Entry, ...]
+    cells: tuple[_Entry, ...] | _Closed
+    n_input: int
+    n_state: int
     bytes: int
     tokens: int
     serial: int  # the history's commit count when it was committed: unique in the history
-    state: tuple[_Entry, ...] = ()  # the kept state, between the input and the outputs
     state_bytes: int = 0
     full: _Rendered | None = None
     head: _Rendered | None = None
     more: dict[tuple[int, bool], _Rendered] | None = None
 
+    @classmethod
+    def of(
+        cls,
+        turn_id: str,
+        input: tuple[_Entry, ...],
+        outputs: tuple[_Entry, ...],
+        bytes: int,
+        tokens: int,
+        serial: int,
+        state: tuple[_Entry, ...] = (),
+        state_bytes: int = 0,
+    ) -> _Turn:
+        """A live turn of ``input``, kept ``state`` and ``outputs`` (``bytes`` and ``tokens``
+        their sums, ``state_bytes`` the state's size)."""
+        return cls(
+            turn_id,
+            input + state + outputs,
+            len(input),
+            len(state),
+            bytes,
+            tokens,
+            serial,
+            state_bytes,
+        )
+
+    @property
+    def closed(self) -> bool:
+        """True once the turn is kept in the compact form (see the class docstring)."""
+        return type(self.cells) is _Closed
+
     @property
     def items(self) -> int:
-        return len(self.input) + len(self.state) + len(self.outputs)
+        cells = self.cells
+        return len(cells.messages) if type(cells) is _Closed else len(cells)  # type: ignore[arg-type]
+
+    def _slice(self, start: int, stop: int | None) -> tuple[_Entry, ...]:
+        cells = self.cells
+        if type(cells) is _Closed:
+            count = len(cells.messages)
+            return cells.entries(start, count if stop is None else stop)
+        return cells[start:stop]  # type: ignore[index]
+
+    @property
+    def input(self) -> tuple[_Entry, ...]:
+        """The input's entries, in order."""
+        return self._slice(0, self.n_input)
+
+    @property
+    def state(self) -> tuple[_Entry, ...]:
+        """The kept state's entries, in order (often ``()``)."""
+        if not self.n_state:
+            return ()
+        return self._slice(self.n_input, self.n_input + self.n_state)
+
+    @property
+    def outputs(self) -> tuple[_Entry, ...]:
+        """The outputs' entries, in order."""
+        return self._slice(self.n_input + self.n_state, None)
+
+    @property
+    def output_count(self) -> int:
+        """How many outputs the turn holds (O(1))."""
+        return self.items - self.n_input - self.n_state
 
     def entries(self, whole: bool) -> tuple[_Entry, ...]:
         """The whole turn's entries (input, kept state, outputs), or its input only."""
-        return self.input + self.state + self.outputs if whole else self.input
+        return self._slice(0, None if whole else self.n_input)
 
     def messages(self, whole: bool) -> list[Message]:
         """The turn's messages (``whole``), or its input only."""
-        return [e.message for e in self.entries(whole)]
+        cells = self.cells
+        stop = None if whole else self.n_input
+        if type(cells) is _Closed:
+            return list(cells.messages[:stop])
+        return [e.message for e in cells[:stop]]  # type: ignore[index]
+
+    def recorded(self) -> list[Message]:
+        """The turn's input then outputs (its kept state left out), in order."""
+        cells = self.cells
+        n_input, n_state = self.n_input, self.n_state
+        if type(cells) is _Closed:
+            messages = cells.messages
+            if not n_state:
+                return list(messages)
+            return [*messages[:n_input], *messages[n_input + n_state :]]
+        entries: tuple[_Entry, ...] = cells  # type: ignore[assignment]
+        if n_state:
+            entries = entries[:n_input] + entries[n_input + n_state :]
+        return [e.message for e in entries]
 
     def wire_messages(self, whole: bool) -> list[Message]:
         """:meth:`messages` as the history sends them (renamed call ids: ``_Entry.wire``)."""
-        return [e.wire for e in self.entries(whole)]
+        cells = self.cells
+        if type(cells) is _Closed:
+            count = len(cells.messages) if whole else self.n_input
+            if cells.sent is None:
+                return list(cells.messages[:count])
+            return [cells.wire(i) for i in range(count)]
+        return [e.wire for e in cells[: None if whole else self.n_input]]  # type: ignore[index]
+
+    def reopened(self) -> _Turn:
+        """This turn live (new entries if it is closed, else itself): entries to change."""
+        if type(self.cells) is not _Closed:
+            return self
+        return _Turn(
+            self.turn_id,
+            self.entries(True),
+            self.n_input,
+            self.n_state,
+            self.bytes,
+            self.tokens,
+            self.serial,
+            self.state_bytes,
+        )
+
+    def with_entries(self, entries: tuple[_Entry, ...]) -> _Turn:
+        """A live turn holding ``entries`` in place of :meth:`entries` (as many, in the same
+        places), with the same counts: for entries that only change their sent ids."""
+        return _Turn(
+            self.turn_id,
+            entries,
+            self.n_input,
+            self.n_state,
+            self.bytes,
+            self.tokens,
+            self.serial,
+            self.state_bytes,
+        )
 
     def with_outputs(self, added: tuple[_Entry, ...], added_bytes: int) -> _Turn:
         """This turn with ``added`` outputs (``added_bytes`` their size)."""
@@ -360,19 +539,19 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
             tokens += entry.tokens
         return _Turn(
             self.turn_id,
-            self.input,
-            self.outputs + added,
+            self.entries(True) + added,
+            self.n_input,
+            self.n_state,
             self.bytes + added_bytes,
             tokens,
             self.serial,
-            self.state,
             self.state_bytes,
         )
 
     def with_state(self, state: tuple[_Entry, ...], state_bytes: int) -> _Turn:
         """This turn keeping ``state`` (``state_bytes`` its size) in place of its own."""
         old = self.state
-        return _Turn(
+        return _Turn.of(
             self.turn_id,
             self.input,
             self.outputs,
@@ -388,7 +567,10 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
 
         Its cached whole and input renders (key slot ``slots[1]``) go, and
         each message's native items for gateway slot ``slots[0]``; a
-        message's encoding stays when ``kept`` holds those very bytes.
+        message's encoding stays when ``kept`` holds those very bytes. Once
+        no native render is left (of any slot), the turn is closed: its
+        entries give way to their compact form (:class:`_Closed`), and the
+        kept encodings go with them.
         """
         gateway_slot, key_slot = slots
         if key_slot == 0:
@@ -396,9 +578,16 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         elif self.more is not None:
             self.more.pop((key_slot, True), None)
             self.more.pop((key_slot, False), None)
+        cells = self.cells
+        if type(cells) is _Closed:
+            return
         held = set(map(id, kept))
-        for entry in self.entries(True):
+        for entry in cells:  # type: ignore[union-attr]
             entry.release(gateway_slot, held)
+        if self.full is None and self.head is None and not self.more:
+            if not any(map(_cached, cells)):  # type: ignore[arg-type]
+                self.more = None
+                self.cells = _Closed.of(cells)  # type: ignore[arg-type]
 
 
 def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Encoded]:

@@ -190,7 +190,7 @@ def _commit(
     if sequence is not None:
         history._sequence = sequence
     history._serial += 1
-    turn = _Turn(
+    turn = _Turn.of(
         turn_id,
         entries,
         (),

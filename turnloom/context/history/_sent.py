@@ -665,11 +665,15 @@ def restore_sent_ids(
     """
     if not ids and not given:
         return
-    for turn in history._turns:
+    for index, turn in enumerate(history._turns):  # noqa: B007
         if turn.turn_id == turn_id:
             break
     else:
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
+    if turn.closed:
+        # Its entries are changed in place below: held live (an equal turn) first.
+        turn = turn.reopened()
+        history._turns = (*history._turns[:index], turn, *history._turns[index + 1 :])
     entries = _checkpoint_entries(turn)
     wanted = [p for e in entries for p in _parts_with_ids(e.message)]
     if not ids:
@@ -731,7 +735,8 @@ def repair_results(turns: tuple[_Turn, ...], position: int) -> tuple[_Turn, ...]
         turn = turns[index]
         tracker.new_turn()
         changed: dict[int, _Entry] = {}
-        for entry in turn.entries(True):
+        entries = turn.entries(True)  # read once: a closed turn's are new at each read
+        for entry in entries:
             message = entry.message
             if sent_of and message.role is not Role.assistant:
                 open_calls = tracker.open
@@ -763,16 +768,5 @@ def repair_results(turns: tuple[_Turn, ...], position: int) -> tuple[_Turn, ...]
             if out is None:
                 out = list(turns)
 
-            def swap(entries: tuple[_Entry, ...]) -> tuple[_Entry, ...]:
-                return tuple([changed.get(id(e), e) for e in entries])  # noqa: B023
-
-            out[index] = msgspec.structs.replace(
-                turn,
-                input=swap(turn.input),
-                outputs=swap(turn.outputs),
-                state=swap(turn.state),
-                full=None,
-                head=None,
-                more=None,
-            )
+            out[index] = turn.with_entries(tuple([changed.get(id(e), e) for e in entries]))
     return turns if out is None else tuple(out)

@@ -228,7 +228,7 @@ class HistoryView:
         """
         for turn in self._turns:
             if turn.turn_id == turn_id:
-                return fresh_messages(e.message for e in turn.input + turn.outputs)
+                return fresh_messages(turn.recorded())
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
     def turn_input(self, turn_id: str) -> tuple[Message, ...]:
@@ -239,7 +239,7 @@ class HistoryView:
         """
         for turn in reversed(self._turns):
             if turn.turn_id == turn_id:
-                return fresh_messages(e.message for e in turn.input)
+                return fresh_messages(turn.messages(False))
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
     def turn_state(self, turn_id: str) -> tuple[Message, ...]:
@@ -465,9 +465,11 @@ class HistoryView:
         )
         # Each turn's kept messages as a throwaway turn, so the render caches
         # of the history's own turns are not touched; paired as one input.
-        spans = [_Turn("", tuple(e), (), 0, sum(x.tokens for x in e), 0) for e in kept_spans[:-1]]
+        spans = [
+            _Turn.of("", tuple(e), (), 0, sum(x.tokens for x in e), 0) for e in kept_spans[:-1]
+        ]
         own = self._turns[position]
-        head_turn = _Turn(own.turn_id, own.input, (), 0, 0, 0)
+        head_turn = _Turn.of(own.turn_id, own.input, (), 0, 0, 0)
         plan = _plan(spans, head_turn, (), gateway, slots, open_calls, counter)
         settled, tail, call_ids = plan.rename(gateway, call_ids)
         body = _join([*settled, tail]) if settled else tail
@@ -478,7 +480,7 @@ class HistoryView:
 
     def messages(self) -> tuple[Message, ...]:
         """Every kept turn's input then outputs, oldest first (pinned excluded)."""
-        return fresh_messages(e.message for t in self._turns for e in (*t.input, *t.outputs))
+        return fresh_messages(m for t in self._turns for m in t.recorded())
 
     def scope_messages(self, turn_id: str) -> tuple[Message, ...]:
         """The messages a scope of :meth:`render_scoped` indexes, in order.
@@ -489,8 +491,8 @@ class HistoryView:
             UnknownTurnError: the view holds no turn ``turn_id``.
         """
         position = self._position(turn_id)
-        out = [e.message for t in self._turns[:position] for e in (*t.input, *t.outputs)]
-        out.extend(e.message for e in self._turns[position].input)
+        out = [m for t in self._turns[:position] for m in t.recorded()]
+        out.extend(self._turns[position].messages(False))
         return fresh_messages(out)
 
     def _position(self, turn_id: str) -> int:
@@ -533,7 +535,7 @@ class HistoryView:
         out = [e.wire if sent else e.message for e in self._pinned]
         for turn in self._turns:
             if turn.turn_id == turn_id:
-                out.extend(e.wire if sent else e.message for e in turn.input)
+                out.extend(turn.wire_messages(False) if sent else turn.messages(False))
                 return fresh_messages(out)
             out.extend(turn.wire_messages(True) if sent else turn.messages(True))
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
