@@ -72,12 +72,8 @@ def _bookkeeping(history: TurnHistory) -> list[Any]:
     objects: list[Any] = list(history._pinned)
     for turn in history._turns:
         cells = turn.cells
-        objects.extend((turn, cells))
-        if turn.closed:  # its compact form: the messages, tokens and sent ids, per turn
-            parts = (cells.messages, cells.tokens, cells.sent)
-            objects.extend(p for p in parts if type(p) is tuple)
-        else:
-            objects.extend(cells)
+        # A closed turn's cells are one tuple (its messages, tokens and sent ids).
+        objects.extend((turn, cells) if turn.closed else (turn, cells, *cells))
         for rendered in (turn.full, turn.head):
             if rendered is not None:
                 objects.extend((rendered, rendered.items, rendered.encoded))

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from turnloom.context._untrack import untrack_atoms, untrack_json
+from turnloom.context._untrack import untrack_atoms, untrack_container, untrack_json
 from turnloom.context.callids import (
     CallEvents,
 )
@@ -315,51 +315,72 @@ def _span_key(
     )
 
 
-class _Closed(msgspec.Struct, gc=False, eq=False):
+class _Closed(tuple):  # type: ignore[type-arg]
     """A closed turn's messages, compact: what its entries held but their render caches.
 
     A turn that joined a run (:meth:`_Turn.release`) is rendered from the
     run's encoded items, so its per-message caches are gone; what remains of
-    each entry is kept here, per turn, with no object per message: the
-    messages (input, kept state, outputs, in order), each one's tokens
-    (``tokens``: the int itself for a lone message, else a tuple of them,
-    in order) and the ids each is sent with (``sent``: each entry's
-    :attr:`_Entry.sent`, in order, or None when all are None). Holds
-    messages, ints, str and tuples: in no cycle.
+    each of its ``n`` entries is kept in this one tuple, with no object per
+    message: ``n``, the messages (input, kept state, outputs, in order), each
+    one's tokens, then, only when one is sent renamed, each one's
+    :attr:`_Entry.sent` (None where its ids are its own). Holds ints,
+    messages, str and tuples of str only: in no cycle, and out of the cyclic
+    collector (CPython never untracks a tuple subclass by itself).
     """
 
-    messages: tuple[Message, ...]
-    tokens: int | tuple[int, ...]
-    sent: tuple[_WireIds | None, ...] | None = None
+    __slots__ = ()
 
     @classmethod
     def of(cls, entries: Sequence[_Entry]) -> _Closed:
         """The compact form of ``entries`` (their messages, tokens and sent ids)."""
-        messages = tuple([e.message for e in entries])
-        tokens: int | tuple[int, ...] = (
-            entries[0].tokens if len(entries) == 1 else tuple([e.tokens for e in entries])
+        sent = [e.sent for e in entries]
+        renamed = sent.count(None) != len(sent)
+        packed = cls(
+            (
+                len(entries),
+                *[e.message for e in entries],
+                *[e.tokens for e in entries],
+                *(sent if renamed else ()),
+            )
         )
-        sent = tuple([e.sent for e in entries])
-        return cls(messages, tokens, None if sent.count(None) == len(sent) else sent)
+        untrack_container(packed)
+        return packed
+
+    @property
+    def size(self) -> int:
+        """How many messages the turn holds."""
+        size: int = self[0]
+        return size
+
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        """The turn's messages, in order (a new tuple)."""
+        return self[1 : 1 + self[0]]
+
+    def sent_ids(self) -> tuple[_WireIds | None, ...] | None:
+        """Each message's :attr:`_Entry.sent`, in order, or None when all are None."""
+        start = 1 + 2 * self[0]
+        return self[start:] if len(self) > start else None
 
     def entries(self, start: int, stop: int) -> tuple[_Entry, ...]:
         """New entries (no render cached) for messages ``start`` to ``stop - 1``."""
-        messages, tokens, sent = self.messages, self.tokens, self.sent
-        if type(tokens) is int:
-            counts: Sequence[int] = (tokens,)
-        else:
-            counts = tokens  # type: ignore[assignment]
-        if sent is None:
-            return tuple([_Entry(messages[i], counts[i]) for i in range(start, stop)])
+        size = self[0]
+        tokens = 1 + size
+        if len(self) == 1 + 2 * size:
+            return tuple([_Entry(self[1 + i], self[tokens + i]) for i in range(start, stop)])
+        sent = tokens + size
         return tuple(
-            [_Entry(messages[i], counts[i], None, None, None, sent[i]) for i in range(start, stop)]
+            [
+                _Entry(self[1 + i], self[tokens + i], None, None, None, self[sent + i])
+                for i in range(start, stop)
+            ]
         )
 
     def wire(self, index: int) -> Message:
         """Message ``index`` as the history sends it (see :attr:`_Entry.wire`)."""
-        sent = self.sent
-        message = self.messages[index]
-        wire_ids = sent[index] if sent is not None else None
+        message: Message = self[1 + index]
+        at = 1 + 2 * self[0] + index
+        wire_ids = self[at] if at < len(self) else None
         return message if wire_ids is None else with_ids(message, wire_ids)
 
 
@@ -436,14 +457,13 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
     @property
     def items(self) -> int:
         cells = self.cells
-        return len(cells.messages) if type(cells) is _Closed else len(cells)  # type: ignore[arg-type]
+        return cells.size if type(cells) is _Closed else len(cells)
 
     def _slice(self, start: int, stop: int | None) -> tuple[_Entry, ...]:
         cells = self.cells
         if type(cells) is _Closed:
-            count = len(cells.messages)
-            return cells.entries(start, count if stop is None else stop)
-        return cells[start:stop]  # type: ignore[index]
+            return cells.entries(start, cells.size if stop is None else stop)
+        return cells[start:stop]
 
     @property
     def input(self) -> tuple[_Entry, ...]:
@@ -477,7 +497,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         stop = None if whole else self.n_input
         if type(cells) is _Closed:
             return list(cells.messages[:stop])
-        return [e.message for e in cells[:stop]]  # type: ignore[index]
+        return [e.message for e in cells[:stop]]
 
     def recorded(self) -> list[Message]:
         """The turn's input then outputs (its kept state left out), in order."""
@@ -488,7 +508,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
             if not n_state:
                 return list(messages)
             return [*messages[:n_input], *messages[n_input + n_state :]]
-        entries: tuple[_Entry, ...] = cells  # type: ignore[assignment]
+        entries: tuple[_Entry, ...] = cells
         if n_state:
             entries = entries[:n_input] + entries[n_input + n_state :]
         return [e.message for e in entries]
@@ -497,11 +517,9 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         """:meth:`messages` as the history sends them (renamed call ids: ``_Entry.wire``)."""
         cells = self.cells
         if type(cells) is _Closed:
-            count = len(cells.messages) if whole else self.n_input
-            if cells.sent is None:
-                return list(cells.messages[:count])
+            count = cells.size if whole else self.n_input
             return [cells.wire(i) for i in range(count)]
-        return [e.wire for e in cells[: None if whole else self.n_input]]  # type: ignore[index]
+        return [e.wire for e in cells[: None if whole else self.n_input]]
 
     def reopened(self) -> _Turn:
         """This turn live (new entries if it is closed, else itself): entries to change."""
@@ -582,12 +600,12 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         if type(cells) is _Closed:
             return
         held = set(map(id, kept))
-        for entry in cells:  # type: ignore[union-attr]
+        for entry in cells:
             entry.release(gateway_slot, held)
         if self.full is None and self.head is None and not self.more:
-            if not any(map(_cached, cells)):  # type: ignore[arg-type]
+            if not any(map(_cached, cells)):
                 self.more = None
-                self.cells = _Closed.of(cells)  # type: ignore[arg-type]
+                self.cells = _Closed.of(cells)
 
 
 def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Encoded]:
