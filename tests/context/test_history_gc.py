@@ -74,8 +74,9 @@ def _bookkeeping(history: TurnHistory) -> list[Any]:
         cells = turn.cells
         # A closed turn's cells are one tuple (its messages, tokens and sent ids).
         objects.extend((turn, cells) if turn.closed else (turn, cells, *cells))
-        for rendered in (turn.full, turn.head):
-            if rendered is not None:
+        if turn.renders is not None:  # its whole and input renders, by render key slot
+            objects.append(turn.renders)
+            for rendered in turn.renders.values():
                 objects.extend((rendered, rendered.items, rendered.encoded))
     for run in history._shared.runs.values():  # its chunk list is one object per run
         objects.extend((run.pinned, run.pinned.items, run.pinned.encoded, *run.chunks))
@@ -225,7 +226,7 @@ def test_cached_renders_equal_fresh_renders_for_every_gateway_and_policy(
         # Every turn but the last joined both runs: closed, no render left.
         assert [t.closed for t in mixed._turns] == [True] * (len(mixed._turns) - 1) + [False]
         live = [t for t in mixed._turns if not t.closed]
-        others = [t.more for t in live] + [e.more for t in live for e in t.entries(True)]
+        others = [t.renders for t in live] + [e.more for t in live for e in t.entries(True)]
         assert [o for o in others if o is not None and gc.is_tracked(o)] == []
         # Filled: all but the last turn's outputs' renders (its input's are cached
         # with its head render, in ``more`` beside the other turns' whole renders).

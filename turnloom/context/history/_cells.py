@@ -406,10 +406,10 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
     the same message objects. Read ``cells`` once per read (a render in a
     worker thread may close the turn meanwhile).
 
-    ``full`` and ``head`` are the whole turn and its input rendered for render
-    key slot 0, each for the span key it holds (a cache of one); ``more``
-    holds other slots, by (slot, whole turn). ``bytes``, ``tokens`` and
-    ``items`` count the whole turn, ``state_bytes`` the kept state alone.
+    ``renders`` holds the whole turn and its input rendered, by (render key
+    slot, whole turn), each for the span key it holds (a cache of one per
+    key), while the turn is live. ``bytes``, ``tokens`` and ``items``
+    count the whole turn, ``state_bytes`` the kept state alone.
     """
 
     turn_id: str
@@ -420,9 +420,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
     tokens: int
     serial: int  # the history's commit count when it was committed: unique in the history
     state_bytes: int = 0
-    full: _Rendered | None = None
-    head: _Rendered | None = None
-    more: dict[tuple[int, bool], _Rendered] | None = None
+    renders: dict[tuple[int, bool], _Rendered] | None = None
 
     @classmethod
     def of(
@@ -591,21 +589,19 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         kept encodings go with them.
         """
         gateway_slot, key_slot = slots
-        if key_slot == 0:
-            self.full = self.head = None
-        elif self.more is not None:
-            self.more.pop((key_slot, True), None)
-            self.more.pop((key_slot, False), None)
+        renders = self.renders
+        if renders is not None:
+            renders.pop((key_slot, True), None)
+            renders.pop((key_slot, False), None)
         cells = self.cells
         if type(cells) is _Closed:
             return
         held = set(map(id, kept))
         for entry in cells:
             entry.release(gateway_slot, held)
-        if self.full is None and self.head is None and not self.more:
-            if not any(map(_cached, cells)):
-                self.more = None
-                self.cells = _Closed.of(cells)
+        if not renders and not any(map(_cached, cells)):
+            self.renders = None
+            self.cells = _Closed.of(cells)
 
 
 def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Encoded]:

@@ -713,8 +713,7 @@ def restore_sent_ids(
         if entry.sent != wire_ids:
             _set_sent(entry, wire_ids)
     _hold_entries(state, entries)
-    turn.full = turn.head = None
-    turn.more = None
+    turn.renders = None
     history._generation += 1  # turns before the newest changed: views render anew
     history._view = None
 
