@@ -665,15 +665,15 @@ def restore_sent_ids(
     """
     if not ids and not given:
         return
-    for index, turn in enumerate(history._turns):  # noqa: B007
+    for position, turn in enumerate(history._turns):  # noqa: B007
         if turn.turn_id == turn_id:
             break
     else:
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
-    if turn.closed:
-        # Its entries are changed in place below: held live (an equal turn) first.
+    closed = turn.closed
+    if closed:
+        # Its entries are changed in place below: an equal live turn takes its place then.
         turn = turn.reopened()
-        history._turns = (*history._turns[:index], turn, *history._turns[index + 1 :])
     entries = _checkpoint_entries(turn)
     wanted = [p for e in entries for p in _parts_with_ids(e.message)]
     if not ids:
@@ -708,6 +708,8 @@ def restore_sent_ids(
             f"{excerpt((taken or calls)[:3])}.",
             field="call_ids",
         )
+    if closed:
+        history._turns = (*history._turns[:position], turn, *history._turns[position + 1 :])
     _drop_entries(state, entries)
     for entry, wire_ids in plan:
         if entry.sent != wire_ids:
