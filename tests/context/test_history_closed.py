@@ -235,3 +235,53 @@ def test_a_closed_turn_holds_one_tuple_and_reads_back_its_entries() -> None:
     assert history.view().sent_call_ids("t2") == ("a_r2", "a_r2")
     # A turn whose ids are all its own keeps no sent ids.
     assert tuple(history._turns[0].cells)[-1] is None or len(history._turns[0].cells) == 1 + 2 * 3
+
+
+def test_a_late_record_repairs_a_closed_later_turn() -> None:
+    """Invariant (1) through a repair: a late record to t1 makes the result t2 was
+    committed with answer a new call of t1, sent renamed; t2 was closed, and its
+    result is sent with the new call's id, as in a history never rendered.
+
+    Mutant tried: ``repair_results`` matching the changed entries against the
+    turn's entries read again (a closed turn's are new at each read): the repair
+    is lost and t2's result keeps ``a`` (fails)."""
+    histories = [TurnHistory(LIMITS), TurnHistory(LIMITS)]
+    gateway = get_gateway(GatewayType.openai_chat)
+    for history in histories:
+        history.commit("t1", [Message(role=Role.user, content="u1")], instructions=[SYSTEM])
+        history.record("t1", [_call("a", "1")])
+        history.commit("t2", [_result("a", "1")])  # answers t1's call: an approval
+        history.record("t2", [Message(role=Role.assistant, content="ok")])
+        history.commit("t3", [Message(role=Role.user, content="u3")])
+    rendered, live = histories
+    rendered.view().render(gateway, "t3")
+    assert [t.closed for t in rendered._turns] == [True, True, False]
+    late = [_result("a", "1"), Message(role=Role.assistant, content="more"), _call("a", "2")]
+    for history in histories:
+        history.record("t1", late)
+    assert rendered.view().sent_call_ids("t2") == ("a_r2",)
+    assert _reads(rendered) == _reads(live)
+    items = list(rendered.view().render(gateway, "t3").items)
+    assert items == _cold(rendered, "t3", GatewayType.openai_chat)
+
+
+def test_restoring_sent_ids_changes_a_closed_turn() -> None:
+    """Invariant (1) through restored ids: a checkpoint's sent ids given to a closed
+    turn are what it sends from then on, and the render follows (cold equal).
+
+    Mutant tried: ``restore_sent_ids`` changing the reopened turn's entries without
+    putting it in the history: the closed turn keeps ``a_r2`` (fails)."""
+    history = TurnHistory(LIMITS)
+    history.commit("t1", [Message(role=Role.user, content="u1")], instructions=[SYSTEM])
+    history.record("t1", [_call("a", "1"), _result("a", "1")])
+    history.commit("t2", [Message(role=Role.user, content="u2")])
+    history.record("t2", [_call("a", "2"), _result("a", "2")])  # sent a_r2
+    history.commit("t3", [Message(role=Role.user, content="u3")])
+    gateway = get_gateway(GatewayType.gemini)
+    history.view().render(gateway, "t3")
+    assert history._turns[1].closed
+    restore_sent_ids(history, "t2", ("a_r5", "a_r5"))
+    assert history.view().sent_call_ids("t2") == ("a_r5", "a_r5")
+    items = list(history.view().render(gateway, "t3").items)
+    assert items == _cold(history, "t3", GatewayType.gemini)
+    assert history._turns[1].closed  # joined the rebuilt run: closed again
