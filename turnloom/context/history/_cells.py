@@ -109,7 +109,7 @@ def with_ids(message: Message, sent: _WireIds) -> Message:
 
 
 class _Entry(msgspec.Struct, gc=False, eq=False):
-    """One message of a history with its tokens and render cache (see above).
+    """One message of a pinned instruction or a live turn, with its tokens and render cache.
 
     Its size in bytes is not kept: the turn keeps the sum (an int per
     message would be an object per message).
@@ -117,7 +117,9 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
     A slot's cache is the message's native items and their JSON encoding.
     The native items go when the message's turn joins a run (:meth:`release`);
     the encoding stays when the run holds that very object, so a later
-    render decodes it instead of rendering the message again.
+    render decodes it instead of rendering the message again, until no
+    native render of the turn is left: then the turn closes and keeps its
+    entries' messages, tokens and sent ids only (:class:`_Closed`).
     """
 
     message: Message

@@ -151,12 +151,14 @@ class RenderedHistory:
         return pinned.bytes + run.size_before(count)
 
 
-# Garbage-collector cost. A held history keeps one _Entry per message and one
-# _Turn and a few _Rendered per turn. They are msgspec Structs with
-# ``gc=False``: the cyclic collector never tracks them, so a full collection
-# does not visit them, and the tuples and dicts holding only them (turn
-# inputs and outputs, per-slot caches) are untracked by the collector too.
-# This is safe because no reference cycle can pass through them:
+# Garbage-collector cost. A held history keeps one _Turn per turn, and per
+# live turn (not yet in a run) one _Entry per message and a few _Rendered; a
+# closed turn keeps one _Closed tuple instead (its messages, tokens and sent
+# ids). They are msgspec Structs with ``gc=False`` (and an untracked tuple):
+# the cyclic collector never tracks them, so a full collection does not visit
+# them, and the tuples and dicts holding only them (a live turn's entries,
+# per-slot caches) are untracked by the collector too. This is safe because
+# no reference cycle can pass through them:
 #
 # * they refer only to messages (JSON data, untracked themselves), str, bytes
 #   and int values, tuples and int-keyed dicts of each other (a turn to its
@@ -171,9 +173,9 @@ class RenderedHistory:
 #   ``RenderedHistory``, which is tracked and only refers to them.
 #
 # Slot 0 is the first gateway (and render key) the history is rendered with,
-# in practice the manager's only gateway: its render goes in fields, with no
-# container at all when a message renders to one item. Other slots use a
-# small dict per entry or turn.
+# in practice the manager's only gateway: an entry's render goes in fields,
+# with no container at all when a message renders to one item. Other slots
+# use a small dict per entry; a live turn's renders are in one small dict.
 
 
 class HistoryView:
