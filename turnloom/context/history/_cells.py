@@ -522,9 +522,9 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         return [e.wire for e in cells[: None if whole else self.n_input]]
 
     def reopened(self) -> _Turn:
-        """This turn live (new entries if it is closed, else itself): entries to change."""
-        if type(self.cells) is not _Closed:
-            return self
+        """A new live turn equal to this one, without its renders: its entries (shared) if
+        it is live, new ones if it is closed. For entries changed in place: a render in a
+        worker thread may close this turn meanwhile, reading its entries once."""
         return _Turn(
             self.turn_id,
             self.entries(True),

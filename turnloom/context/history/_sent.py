@@ -670,10 +670,9 @@ def restore_sent_ids(
             break
     else:
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
-    closed = turn.closed
-    if closed:
-        # Its entries are changed in place below: an equal live turn takes its place then.
-        turn = turn.reopened()
+    # Its entries are changed in place below: an equal live turn takes its place then
+    # (a render in a worker thread may be closing this one).
+    turn = turn.reopened()
     entries = _checkpoint_entries(turn)
     wanted = [p for e in entries for p in _parts_with_ids(e.message)]
     if not ids:
@@ -708,8 +707,7 @@ def restore_sent_ids(
             f"{excerpt((taken or calls)[:3])}.",
             field="call_ids",
         )
-    if closed:
-        history._turns = (*history._turns[:position], turn, *history._turns[position + 1 :])
+    history._turns = (*history._turns[:position], turn, *history._turns[position + 1 :])
     _drop_entries(state, entries)
     for entry, wire_ids in plan:
         if entry.sent != wire_ids:
