@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from hypothesis import example, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from turnloom.context import (
@@ -285,26 +285,3 @@ def test_restoring_sent_ids_changes_a_closed_turn() -> None:
     items = list(history.view().render(gateway, "t3").items)
     assert items == _cold(history, "t3", GatewayType.gemini)
     assert history._turns[1].closed  # joined the rebuilt run: closed again
-
-
-@example(2**48 - 1, 2**70, 2**48 - 1, 0)
-@example(2**48, 1, 1, 1)
-@example(1, 1, 2**48, 1)
-@given(st.integers(0, 2**70), st.integers(0, 2**70), st.integers(0, 2**70), st.integers(0, 9))
-def test_a_turns_sizes_read_back_packed_or_not(
-    size: int, tokens: int, serial: int, state_bytes: int
-) -> None:
-    """Invariant (1) for a turn's counts: its bytes, tokens and serial, packed in one
-    int (or a tuple when one does not fit), read back as given.
-
-    Mutants tried: the bytes read with a mask one bit short, and the lanes 47 bits
-    wide (packing too): both fail."""
-    turn = _Turn.make("t", (), 0, 0, size, tokens, serial, state_bytes)
-    assert (turn.bytes, turn.tokens, turn.serial, turn.state_bytes) == (
-        size,
-        tokens,
-        serial,
-        state_bytes,
-    )
-    small = size < 2**48 and serial < 2**48
-    assert type(turn.sizes) is (int if small else tuple)

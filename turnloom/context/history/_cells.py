@@ -410,56 +410,19 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
 
     ``renders`` holds the whole turn and its input rendered, by (render key
     slot, whole turn), each for the span key it holds (a cache of one per
-    key), while the turn is live. :attr:`bytes`, :attr:`tokens` and
-    :attr:`items` count the whole turn, ``state_bytes`` the kept state
-    alone; :attr:`serial` is the history's commit count when the turn was
-    committed (unique in the history). The first three are packed in
-    ``sizes`` (see :func:`_pack_sizes`): one int object per turn, not three.
-    Make one with :meth:`make` or :meth:`of`.
+    key), while the turn is live. ``bytes``, ``tokens`` and ``items``
+    count the whole turn, ``state_bytes`` the kept state alone.
     """
 
     turn_id: str
     cells: tuple[_Entry, ...] | _Closed
     n_input: int
     n_state: int
-    sizes: int | tuple[int, int, int]
+    bytes: int
+    tokens: int
+    serial: int  # the history's commit count when it was committed: unique in the history
     state_bytes: int = 0
     renders: dict[tuple[int, bool], _Rendered] | None = None
-
-    @classmethod
-    def make(
-        cls,
-        turn_id: str,
-        cells: tuple[_Entry, ...] | _Closed,
-        n_input: int,
-        n_state: int,
-        bytes: int,
-        tokens: int,
-        serial: int,
-        state_bytes: int = 0,
-    ) -> _Turn:
-        """A turn of ``cells`` (``n_input`` input and ``n_state`` kept state messages first)."""
-        return cls(
-            turn_id, cells, n_input, n_state, _pack_sizes(bytes, tokens, serial), state_bytes
-        )
-
-    @property
-    def bytes(self) -> int:
-        """The whole turn's size in bytes."""
-        sizes = self.sizes
-        return sizes >> _LANE & _LANE_MASK if type(sizes) is int else sizes[0]  # type: ignore[index]
-
-    @property
-    def tokens(self) -> int:
-        """The whole turn's tokens."""
-        sizes = self.sizes
-        return sizes >> 2 * _LANE if type(sizes) is int else sizes[1]  # type: ignore[index]
-
-    @property
-    def serial(self) -> int:
-        """The history's commit count when the turn was committed: unique in the history."""
-        sizes = self.sizes
-        return sizes & _LANE_MASK if type(sizes) is int else sizes[2]  # type: ignore[index]
 
     @classmethod
     def of(
@@ -475,7 +438,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
     ) -> _Turn:
         """A live turn of ``input``, kept ``state`` and ``outputs`` (``bytes`` and ``tokens``
         their sums, ``state_bytes`` the state's size)."""
-        return cls.make(
+        return cls(
             turn_id,
             input + state + outputs,
             len(input),
@@ -562,7 +525,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         """A new live turn equal to this one, without its renders: its entries (shared) if
         it is live, new ones if it is closed. For entries changed in place: a render in a
         worker thread may close this turn meanwhile, reading its entries once."""
-        return _Turn.make(
+        return _Turn(
             self.turn_id,
             self.entries(True),
             self.n_input,
@@ -576,7 +539,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
     def with_entries(self, entries: tuple[_Entry, ...]) -> _Turn:
         """A live turn holding ``entries`` in place of :meth:`entries` (as many, in the same
         places), with the same counts: for entries that only change their sent ids."""
-        return _Turn.make(
+        return _Turn(
             self.turn_id,
             entries,
             self.n_input,
@@ -592,7 +555,7 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         tokens = self.tokens
         for entry in added:
             tokens += entry.tokens
-        return _Turn.make(
+        return _Turn(
             self.turn_id,
             self.entries(True) + added,
             self.n_input,
@@ -641,19 +604,6 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         if not renders and not any(map(_cached, cells)):
             self.renders = None
             self.cells = _Closed.of(cells)
-
-
-_LANE = 48
-_LANE_MASK = (1 << _LANE) - 1
-
-
-def _pack_sizes(bytes: int, tokens: int, serial: int) -> int | tuple[int, int, int]:
-    """A turn's size in bytes, its tokens and its serial as one int: ``serial`` in the
-    low 48 bits, ``bytes`` in the next 48, ``tokens`` above; as a tuple when ``bytes``
-    or ``serial`` does not fit 48 bits, or a number is negative."""
-    if 0 <= bytes <= _LANE_MASK and 0 <= serial <= _LANE_MASK and tokens >= 0:
-        return serial | bytes << _LANE | tokens << 2 * _LANE
-    return (bytes, tokens, serial)
 
 
 def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Encoded]:
