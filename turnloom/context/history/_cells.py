@@ -463,6 +463,8 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         cells = self.cells
         if type(cells) is _Closed:
             return cells.entries(start, cells.size if stop is None else stop)
+        if not start and stop is None:
+            return cells  # whole: the tuple itself, no copy
         return cells[start:stop]
 
     @property
@@ -555,9 +557,10 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
         tokens = self.tokens
         for entry in added:
             tokens += entry.tokens
+        cells = self.cells
         return _Turn(
             self.turn_id,
-            self.entries(True) + added,
+            (self.entries(True) if type(cells) is _Closed else cells) + added,
             self.n_input,
             self.n_state,
             self.bytes + added_bytes,
