@@ -144,6 +144,7 @@ def _cells(turn: _Turn) -> tuple[object, ...]:
         turn.messages(True),
         turn.messages(False),
         turn.recorded(),
+        turn.last_message(),
         turn.wire_messages(True),
         turn.wire_messages(False),
     )

@@ -501,6 +501,13 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
             return list(cells.messages[:stop])
         return [e.message for e in cells[:stop]]
 
+    def last_message(self) -> Message | None:
+        """The turn's last message (of its input, kept state, then outputs), or None."""
+        cells = self.cells
+        if type(cells) is _Closed:
+            return cells[cells.size] if cells.size else None
+        return cells[-1].message if cells else None
+
     def recorded(self) -> list[Message]:
         """The turn's input then outputs (its kept state left out), in order."""
         cells = self.cells

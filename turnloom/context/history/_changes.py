@@ -107,8 +107,7 @@ def _blank_reasoning(part: Part) -> bool:
 
 def _last_message(turn: _Turn) -> Message | None:
     """The turn's last message (its input, kept state, then outputs), or None."""
-    entries = turn.outputs or turn.state or turn.input
-    return entries[-1].message if entries else None
+    return turn.last_message()
 
 
 def _commit(
