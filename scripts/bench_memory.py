@@ -177,7 +177,7 @@ def breakdown(
         if entry.more:
             natives_roots.extend(pair[0] for pair in entry.more.values())
     for turn in history._turns:
-        natives_roots.extend(r.items for r in (turn.full, turn.head) if r is not None)
+        natives_roots.extend(r.items for r in (turn.renders or {}).values())
     natives_roots.append(run.pinned.items)
     shared = _shared_strings(natives_roots, seen)
     natives, _ = _deep(natives_roots, seen)

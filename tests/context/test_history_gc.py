@@ -71,9 +71,12 @@ def _bookkeeping(history: TurnHistory) -> list[Any]:
     """The history's per-message and per-turn objects, and the caches they hold."""
     objects: list[Any] = list(history._pinned)
     for turn in history._turns:
-        objects.extend((turn, turn.input, turn.outputs, *turn.input, *turn.outputs))
-        for rendered in (turn.full, turn.head):
-            if rendered is not None:
+        cells = turn.cells
+        # A closed turn's cells are one tuple (its messages, tokens and sent ids).
+        objects.extend((turn, cells) if turn.closed else (turn, cells, *cells))
+        if turn.renders is not None:  # its whole and input renders, by render key slot
+            objects.append(turn.renders)
+            for rendered in turn.renders.values():
                 objects.extend((rendered, rendered.items, rendered.encoded))
     for run in history._shared.runs.values():  # its chunk list is one object per run
         objects.extend((run.pinned, run.pinned.items, run.pinned.encoded, *run.chunks))
@@ -99,25 +102,15 @@ def test_history_bookkeeping_and_cached_items_are_not_tracked(tau_bench_path: Pa
     objects = _bookkeeping(history)
     stats = history.statistics()
     entries = [o for o in objects if type(o).__name__ == "_Entry"]
-    assert len(entries) == stats.items + stats.pinned_items
     # Every message was rendered but the last turn's outputs (its continuation);
-    # the closed turns joined the run, which holds their items encoded, so only
-    # the pinned instructions and the last turn's input keep native items.
-    assert [e for e in entries if e.native is not None] == [
-        *history._pinned,
-        *history._turns[-1].input,
-    ]
-    assert all(e.native is None and e.encoded is None for e in history._turns[-1].outputs)
-    # A closed turn's message keeps its encoding only when the run holds those bytes:
-    # the run holds each closed turn as one chunk, that of a one-item turn being
-    # the item's own encoding.
-    [run] = history._shared.runs.values()
-    held = set(map(id, run.chunks))
-    closed = [e for turn in history._turns[:-1] for e in turn.entries(True)]
-    kept = [e for e in closed if e.encoded is not None]
-    assert all(id(e.encoded) in held for e in kept if type(e.encoded) is bytes)
-    alone = [t.entries(True)[0] for t in history._turns[:-1] if len(t.entries(True)) == 1]
-    assert kept == [e for e in alone if type(e.encoded) is bytes]
+    # the closed turns joined the run, which holds their items encoded, so they keep
+    # no entry (their compact form holds no render), and only the pinned
+    # instructions and the last turn's input keep native items.
+    last = history._turns[-1]
+    assert [t.closed for t in history._turns] == [True] * (stats.turns - 1) + [False]
+    assert len(entries) == stats.pinned_items + last.items
+    assert [e for e in entries if e.native is not None] == [*history._pinned, *last.input]
+    assert all(e.native is None and e.encoded is None for e in last.outputs)
     assert [type(o).__name__ for o in objects if gc.is_tracked(o)] == []
     items = renders[-1].native_items._shared()  # the kept items (``items`` are copies)
     assert len(items) == sum(len(CHAT.render(m)) for m in _complete(history))
@@ -166,7 +159,7 @@ def _visited(root: object, *others: object) -> tuple[int, int]:
     seen: set[int] = set()
     stack: list[Any] = [root, *others, *_bookkeeping(root)]
     for turn in root._turns:
-        for entry in (*turn.input, *turn.outputs):
+        for entry in () if turn.closed else turn.cells:
             stack.extend((entry.native, entry.encoded))
     tracked = references = 0
     while stack:
@@ -230,9 +223,10 @@ def test_cached_renders_equal_fresh_renders_for_every_gateway_and_policy(
     assert mixed._shared.gateway_slots == {CHAT: 0, ANTHROPIC: 1}
     if sys.implementation.name == "cpython":
         gc.collect()
-        others = [t.more for t in mixed._turns] + [
-            e.more for t in mixed._turns for e in t.input + t.outputs
-        ]
+        # Every turn but the last joined both runs: closed, no render left.
+        assert [t.closed for t in mixed._turns] == [True] * (len(mixed._turns) - 1) + [False]
+        live = [t for t in mixed._turns if not t.closed]
+        others = [t.renders for t in live] + [e.more for t in live for e in t.entries(True)]
         assert [o for o in others if o is not None and gc.is_tracked(o)] == []
         # Filled: all but the last turn's outputs' renders (its input's are cached
         # with its head render, in ``more`` beside the other turns' whole renders).

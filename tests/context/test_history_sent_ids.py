@@ -373,6 +373,7 @@ def _mutant_release(history: Any, turns: Any) -> None:
     kept = [t for t in history._turns if id(t) not in gone]
     history._sent = _sent._SentIds()
     for turn in kept:
+        turn.cells = turn.entries(True)  # a closed turn live again, in place
         for entry in turn.entries(True):
             _sent._set_sent(entry, None)
     for index, turn in enumerate(kept):

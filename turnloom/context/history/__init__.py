@@ -88,7 +88,7 @@ privately, without filling the caches.
 
 Garbage-collector cost: neither the per-message and per-turn bookkeeping
 nor (on CPython) the cached native items of open turns are tracked by
-Python's cyclic collector (see the comment above ``_Entry`` and
+Python's cyclic collector (see the comment above ``HistoryView`` and
 :func:`~turnloom.context._untrack.untrack_json`), and the run holds bytes
 in untracked lists, so a held history adds a few tracked objects per
 history, and no reference per message, to what a full collection visits.

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from turnloom.context._untrack import untrack_atoms, untrack_json
+from turnloom.context._untrack import untrack_atoms, untrack_container, untrack_json
 from turnloom.context.callids import (
     CallEvents,
 )
@@ -109,7 +109,7 @@ def with_ids(message: Message, sent: _WireIds) -> Message:
 
 
 class _Entry(msgspec.Struct, gc=False, eq=False):
-    """One message of a history with its tokens and render cache (see above).
+    """One message of a pinned instruction or a live turn, with its tokens and render cache.
 
     Its size in bytes is not kept: the turn keeps the sum (an int per
     message would be an object per message).
@@ -117,7 +117,9 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
     A slot's cache is the message's native items and their JSON encoding.
     The native items go when the message's turn joins a run (:meth:`release`);
     the encoding stays when the run holds that very object, so a later
-    render decodes it instead of rendering the message again.
+    render decodes it instead of rendering the message again, until no
+    native render of the turn is left: then the turn closes and keeps its
+    entries' messages, tokens and sent ids only (:class:`_Closed`).
     """
 
     message: Message
@@ -315,64 +317,269 @@ def _span_key(
     )
 
 
-class _Turn(msgspec.Struct, gc=False, eq=False):
-    """An immutable snapshot of one turn. A change makes a new ``_Turn``.
+class _Closed(tuple):  # type: ignore[type-arg]
+    """A closed turn's messages, compact: what its entries held but their render caches.
 
-    ``full`` and ``head`` are the whole turn and its input rendered for render
-    key slot 0, each for the span key it holds (a cache of one); ``more``
-    holds other slots, by (slot, whole turn). The whole turn is its input,
-    its kept ``state``, then its outputs; ``bytes``, ``tokens`` and ``items``
-    count all three, ``state_bytes`` the kept state alone.
+    A turn that joined a run (:meth:`_Turn.release`) is rendered from the
+    run's encoded items, so its per-message caches are gone; what remains of
+    each of its ``n`` entries is kept in this one tuple, with no object per
+    message: ``n``, the messages (input, kept state, outputs, in order), each
+    one's tokens, then, only when one is sent renamed, each one's
+    :attr:`_Entry.sent` (None where its ids are its own). Holds ints,
+    messages, str and tuples of str only: in no cycle, and out of the cyclic
+    collector (CPython never untracks a tuple subclass by itself).
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, entries: Sequence[_Entry]) -> _Closed:
+        """The compact form of ``entries`` (their messages, tokens and sent ids)."""
+        sent = [e.sent for e in entries]
+        renamed = sent.count(None) != len(sent)
+        packed = cls(
+            (
+                len(entries),
+                *[e.message for e in entries],
+                *[e.tokens for e in entries],
+                *(sent if renamed else ()),
+            )
+        )
+        untrack_container(packed)
+        return packed
+
+    @property
+    def size(self) -> int:
+        """How many messages the turn holds."""
+        size: int = self[0]
+        return size
+
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        """The turn's messages, in order (a new tuple)."""
+        return self[1 : 1 + self[0]]
+
+    def sent_ids(self) -> tuple[_WireIds | None, ...] | None:
+        """Each message's :attr:`_Entry.sent`, in order, or None when all are None."""
+        start = 1 + 2 * self[0]
+        return self[start:] if len(self) > start else None
+
+    def entries(self, start: int, stop: int) -> tuple[_Entry, ...]:
+        """New entries (no render cached) for messages ``start`` to ``stop - 1``."""
+        size = self[0]
+        tokens = 1 + size
+        if len(self) == 1 + 2 * size:
+            return tuple([_Entry(self[1 + i], self[tokens + i]) for i in range(start, stop)])
+        sent = tokens + size
+        return tuple(
+            [
+                _Entry(self[1 + i], self[tokens + i], None, None, None, self[sent + i])
+                for i in range(start, stop)
+            ]
+        )
+
+    def wire(self, index: int) -> Message:
+        """Message ``index`` as the history sends it (see :attr:`_Entry.wire`)."""
+        message: Message = self[1 + index]
+        at = 1 + 2 * self[0] + index
+        wire_ids = self[at] if at < len(self) else None
+        return message if wire_ids is None else with_ids(message, wire_ids)
+
+
+def _cached(entry: _Entry) -> bool:
+    """True while ``entry`` holds a native render (for any gateway slot)."""
+    if entry.native is not None:
+        return True
+    more = entry.more
+    return more is not None and any(pair[0] is not None for pair in more.values())
+
+
+class _Turn(msgspec.Struct, gc=False, eq=False):
+    """A snapshot of one turn. A change of what it holds makes a new ``_Turn``.
+
+    ``cells`` is the whole turn: its input, its kept ``state``, then its
+    outputs (``n_input`` and ``n_state`` messages, the rest outputs), as
+    entries with their render caches while the turn is live, and once it
+    joined a run and its native renders went (:meth:`release`) in the
+    compact form of :class:`_Closed`. Closing assigns ``cells`` once and
+    changes no value a reader sees: :attr:`input`, :attr:`outputs`,
+    :attr:`state` and :meth:`entries` of a closed turn are new entries
+    (without render caches) equal to the ones it had, and :meth:`messages`
+    the same message objects. Read ``cells`` once per read (a render in a
+    worker thread may close the turn meanwhile).
+
+    ``renders`` holds the whole turn and its input rendered, by (render key
+    slot, whole turn), each for the span key it holds (a cache of one per
+    key), while the turn is live. ``bytes``, ``tokens`` and ``items``
+    count the whole turn, ``state_bytes`` the kept state alone.
     """
 
     turn_id: str
-    input: tuple[_Entry, ...]
-    outputs: tuple[_Entry, ...]
+    cells: tuple[_Entry, ...] | _Closed
+    n_input: int
+    n_state: int
     bytes: int
     tokens: int
     serial: int  # the history's commit count when it was committed: unique in the history
-    state: tuple[_Entry, ...] = ()  # the kept state, between the input and the outputs
     state_bytes: int = 0
-    full: _Rendered | None = None
-    head: _Rendered | None = None
-    more: dict[tuple[int, bool], _Rendered] | None = None
+    renders: dict[tuple[int, bool], _Rendered] | None = None
+
+    @classmethod
+    def of(
+        cls,
+        turn_id: str,
+        input: tuple[_Entry, ...],
+        outputs: tuple[_Entry, ...],
+        bytes: int,
+        tokens: int,
+        serial: int,
+        state: tuple[_Entry, ...] = (),
+        state_bytes: int = 0,
+    ) -> _Turn:
+        """A live turn of ``input``, kept ``state`` and ``outputs`` (``bytes`` and ``tokens``
+        their sums, ``state_bytes`` the state's size)."""
+        return cls(
+            turn_id,
+            input + state + outputs,
+            len(input),
+            len(state),
+            bytes,
+            tokens,
+            serial,
+            state_bytes,
+        )
+
+    @property
+    def closed(self) -> bool:
+        """True once the turn is kept in the compact form (see the class docstring)."""
+        return type(self.cells) is _Closed
 
     @property
     def items(self) -> int:
-        return len(self.input) + len(self.state) + len(self.outputs)
+        cells = self.cells
+        return cells.size if type(cells) is _Closed else len(cells)
+
+    def _slice(self, start: int, stop: int | None) -> tuple[_Entry, ...]:
+        cells = self.cells
+        if type(cells) is _Closed:
+            return cells.entries(start, cells.size if stop is None else stop)
+        if not start and stop is None:
+            return cells  # whole: the tuple itself, no copy
+        return cells[start:stop]
+
+    @property
+    def input(self) -> tuple[_Entry, ...]:
+        """The input's entries, in order."""
+        return self._slice(0, self.n_input)
+
+    @property
+    def state(self) -> tuple[_Entry, ...]:
+        """The kept state's entries, in order (often ``()``)."""
+        if not self.n_state:
+            return ()
+        return self._slice(self.n_input, self.n_input + self.n_state)
+
+    @property
+    def outputs(self) -> tuple[_Entry, ...]:
+        """The outputs' entries, in order."""
+        return self._slice(self.n_input + self.n_state, None)
+
+    @property
+    def output_count(self) -> int:
+        """How many outputs the turn holds (O(1))."""
+        return self.items - self.n_input - self.n_state
 
     def entries(self, whole: bool) -> tuple[_Entry, ...]:
         """The whole turn's entries (input, kept state, outputs), or its input only."""
-        return self.input + self.state + self.outputs if whole else self.input
+        return self._slice(0, None if whole else self.n_input)
 
     def messages(self, whole: bool) -> list[Message]:
         """The turn's messages (``whole``), or its input only."""
-        return [e.message for e in self.entries(whole)]
+        cells = self.cells
+        stop = None if whole else self.n_input
+        if type(cells) is _Closed:
+            return list(cells.messages[:stop])
+        return [e.message for e in cells[:stop]]
+
+    def last_message(self) -> Message | None:
+        """The turn's last message (of its input, kept state, then outputs), or None."""
+        cells = self.cells
+        if type(cells) is _Closed:
+            return cells[cells.size] if cells.size else None
+        return cells[-1].message if cells else None
+
+    def recorded(self) -> list[Message]:
+        """The turn's input then outputs (its kept state left out), in order."""
+        cells = self.cells
+        n_input, n_state = self.n_input, self.n_state
+        if type(cells) is _Closed:
+            messages = cells.messages
+            if not n_state:
+                return list(messages)
+            return [*messages[:n_input], *messages[n_input + n_state :]]
+        entries: tuple[_Entry, ...] = cells
+        if n_state:
+            entries = entries[:n_input] + entries[n_input + n_state :]
+        return [e.message for e in entries]
 
     def wire_messages(self, whole: bool) -> list[Message]:
         """:meth:`messages` as the history sends them (renamed call ids: ``_Entry.wire``)."""
-        return [e.wire for e in self.entries(whole)]
+        cells = self.cells
+        if type(cells) is _Closed:
+            count = cells.size if whole else self.n_input
+            return [cells.wire(i) for i in range(count)]
+        return [e.wire for e in cells[: None if whole else self.n_input]]
+
+    def reopened(self) -> _Turn:
+        """A new live turn equal to this one, without its renders: its entries (shared) if
+        it is live, new ones if it is closed. For entries changed in place: a render in a
+        worker thread may close this turn meanwhile, reading its entries once."""
+        return _Turn(
+            self.turn_id,
+            self.entries(True),
+            self.n_input,
+            self.n_state,
+            self.bytes,
+            self.tokens,
+            self.serial,
+            self.state_bytes,
+        )
+
+    def with_entries(self, entries: tuple[_Entry, ...]) -> _Turn:
+        """A live turn holding ``entries`` in place of :meth:`entries` (as many, in the same
+        places), with the same counts: for entries that only change their sent ids."""
+        return _Turn(
+            self.turn_id,
+            entries,
+            self.n_input,
+            self.n_state,
+            self.bytes,
+            self.tokens,
+            self.serial,
+            self.state_bytes,
+        )
 
     def with_outputs(self, added: tuple[_Entry, ...], added_bytes: int) -> _Turn:
         """This turn with ``added`` outputs (``added_bytes`` their size)."""
         tokens = self.tokens
         for entry in added:
             tokens += entry.tokens
+        cells = self.cells
         return _Turn(
             self.turn_id,
-            self.input,
-            self.outputs + added,
+            (self.entries(True) if type(cells) is _Closed else cells) + added,
+            self.n_input,
+            self.n_state,
             self.bytes + added_bytes,
             tokens,
             self.serial,
-            self.state,
             self.state_bytes,
         )
 
     def with_state(self, state: tuple[_Entry, ...], state_bytes: int) -> _Turn:
         """This turn keeping ``state`` (``state_bytes`` its size) in place of its own."""
         old = self.state
-        return _Turn(
+        return _Turn.of(
             self.turn_id,
             self.input,
             self.outputs,
@@ -388,17 +595,25 @@ class _Turn(msgspec.Struct, gc=False, eq=False):
 
         Its cached whole and input renders (key slot ``slots[1]``) go, and
         each message's native items for gateway slot ``slots[0]``; a
-        message's encoding stays when ``kept`` holds those very bytes.
+        message's encoding stays when ``kept`` holds those very bytes. Once
+        no native render is left (of any slot), the turn is closed: its
+        entries give way to their compact form (:class:`_Closed`), and the
+        kept encodings go with them.
         """
         gateway_slot, key_slot = slots
-        if key_slot == 0:
-            self.full = self.head = None
-        elif self.more is not None:
-            self.more.pop((key_slot, True), None)
-            self.more.pop((key_slot, False), None)
+        renders = self.renders
+        if renders is not None:
+            renders.pop((key_slot, True), None)
+            renders.pop((key_slot, False), None)
+        cells = self.cells
+        if type(cells) is _Closed:
+            return
         held = set(map(id, kept))
-        for entry in self.entries(True):
+        for entry in cells:
             entry.release(gateway_slot, held)
+        if not renders and not any(map(_cached, cells)):
+            self.renders = None
+            self.cells = _Closed.of(cells)
 
 
 def _render_message(message: Message, gateway: Gateway) -> tuple[_Native, _Encoded]:

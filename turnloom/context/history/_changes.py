@@ -115,8 +115,7 @@ def _blank_reasoning(part: Part) -> bool:
 
 def _last_message(turn: _Turn) -> Message | None:
     """The turn's last message (its input, kept state, then outputs), or None."""
-    entries = turn.outputs or turn.state or turn.input
-    return entries[-1].message if entries else None
+    return turn.last_message()
 
 
 def _commit(
@@ -196,7 +195,7 @@ def _commit(
     if sequence is not None:
         history._sequence = sequence
     history._serial += 1
-    turn = _Turn(
+    turn = _Turn.of(
         turn_id,
         entries,
         (),

@@ -61,7 +61,7 @@ _NOTHING_ASIDE = _Aside()
 
 def _identified(turn: _Turn) -> list[Message]:
     """The messages of ``turn`` with an id (its input and outputs: kept state has none)."""
-    return [e.message for e in turn.input + turn.outputs if e.message.id is not None]
+    return [m for m in turn.recorded() if m.id is not None]
 
 
 class _EvictionState(Protocol):
@@ -277,9 +277,9 @@ def _retract(history: _EvictionState, turn_id: str) -> None:
             f"is); only the "
             "newest turn can be retracted."
         )
-    if turn.outputs:
+    if turn.output_count:
         raise StateError(
-            f"Turn {excerpt(turn_id)} has {len(turn.outputs)} recorded output(s); only a turn "
+            f"Turn {excerpt(turn_id)} has {turn.output_count} recorded output(s); only a turn "
             "that produced no answer can be retracted."
         )
     aside, history._aside = history._aside, None

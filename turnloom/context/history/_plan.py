@@ -299,12 +299,10 @@ def _render_turn(
     key, so a racing render at worst recomputes it; a private render
     (``store`` False) fills no cache. ``wires``: as :func:`_render_entries`.
     """
-    slot = slots[1]
+    at = (slots[1], whole)
     key = _span_key(carried, answered, policy)
-    if slot == 0:
-        cached = turn.full if whole else turn.head
-    else:
-        cached = turn.more.get((slot, whole)) if turn.more is not None else None
+    renders = turn.renders
+    cached = renders.get(at) if renders is not None else None
     if cached is not None and cached.key == key:
         return cached
     entries = turn.entries(whole)
@@ -313,13 +311,7 @@ def _render_turn(
     )
     if not store:
         return rendered
-    if slot == 0:
-        if whole:
-            turn.full = rendered
-        else:
-            turn.head = rendered
-    else:
-        if turn.more is None:
-            turn.more = {}
-        turn.more[(slot, whole)] = rendered
+    if renders is None:
+        renders = turn.renders = {}  # a racing render at worst loses one cached value
+    renders[at] = rendered
     return rendered

@@ -667,11 +667,14 @@ def restore_sent_ids(
     """
     if not ids and not given:
         return
-    for turn in history._turns:
+    for position, turn in enumerate(history._turns):  # noqa: B007
         if turn.turn_id == turn_id:
             break
     else:
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
+    # Its entries are changed in place below: an equal live turn takes its place then
+    # (a render in a worker thread may be closing this one).
+    turn = turn.reopened()
     entries = _checkpoint_entries(turn)
     wanted = [p for e in entries for p in _parts_with_ids(e.message)]
     if not ids:
@@ -706,13 +709,13 @@ def restore_sent_ids(
             f"{excerpt((taken or calls)[:3])}.",
             field="call_ids",
         )
+    history._turns = (*history._turns[:position], turn, *history._turns[position + 1 :])
     _drop_entries(state, entries)
     for entry, wire_ids in plan:
         if entry.sent != wire_ids:
             _set_sent(entry, wire_ids)
     _hold_entries(state, entries)
-    turn.full = turn.head = None
-    turn.more = None
+    turn.renders = None
     history._generation += 1  # turns before the newest changed: views render anew
     history._view = None
 
@@ -733,7 +736,8 @@ def repair_results(turns: tuple[_Turn, ...], position: int) -> tuple[_Turn, ...]
         turn = turns[index]
         tracker.new_turn()
         changed: dict[int, _Entry] = {}
-        for entry in turn.entries(True):
+        entries = turn.entries(True)  # read once: a closed turn's are new at each read
+        for entry in entries:
             message = entry.message
             if sent_of and message.role is not Role.assistant:
                 open_calls = tracker.open
@@ -765,16 +769,5 @@ def repair_results(turns: tuple[_Turn, ...], position: int) -> tuple[_Turn, ...]
             if out is None:
                 out = list(turns)
 
-            def swap(entries: tuple[_Entry, ...]) -> tuple[_Entry, ...]:
-                return tuple([changed.get(id(e), e) for e in entries])  # noqa: B023
-
-            out[index] = msgspec.structs.replace(
-                turn,
-                input=swap(turn.input),
-                outputs=swap(turn.outputs),
-                state=swap(turn.state),
-                full=None,
-                head=None,
-                more=None,
-            )
+            out[index] = turn.with_entries(tuple([changed.get(id(e), e) for e in entries]))
     return turns if out is None else tuple(out)

@@ -104,7 +104,7 @@ def changeable(history: _SummaryState) -> bool:
     O(1).
     """
     turns = history._turns
-    return bool(turns) and bool(turns[-1].outputs) and not _held_aside(history)
+    return bool(turns) and bool(turns[-1].output_count) and not _held_aside(history)
 
 
 def next_summary_id(history: _SummaryState) -> str:
@@ -313,7 +313,7 @@ def apply_summary(
     history._serial += 1
     serial = history._serial
     tokens = sum(e.tokens for e in entries)
-    turn = _Turn(
+    turn = _Turn.of(
         summary_id,
         entries[: len(given)],
         entries[len(given) :],
@@ -385,7 +385,7 @@ def prune_turns(
         changed.append(
             (
                 position,
-                _Turn(
+                _Turn.of(
                     turn.turn_id,
                     new_input,
                     new_outputs,

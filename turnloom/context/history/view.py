@@ -151,12 +151,14 @@ class RenderedHistory:
         return pinned.bytes + run.size_before(count)
 
 
-# Garbage-collector cost. A held history keeps one _Entry per message and one
-# _Turn and a few _Rendered per turn. They are msgspec Structs with
-# ``gc=False``: the cyclic collector never tracks them, so a full collection
-# does not visit them, and the tuples and dicts holding only them (turn
-# inputs and outputs, per-slot caches) are untracked by the collector too.
-# This is safe because no reference cycle can pass through them:
+# Garbage-collector cost. A held history keeps one _Turn per turn, and per
+# live turn (not yet in a run) one _Entry per message and a few _Rendered; a
+# closed turn keeps one _Closed tuple instead (its messages, tokens and sent
+# ids). They are msgspec Structs with ``gc=False`` (and an untracked tuple):
+# the cyclic collector never tracks them, so a full collection does not visit
+# them, and the tuples and dicts holding only them (a live turn's entries,
+# per-slot caches) are untracked by the collector too. This is safe because
+# no reference cycle can pass through them:
 #
 # * they refer only to messages (JSON data, untracked themselves), str, bytes
 #   and int values, tuples and int-keyed dicts of each other (a turn to its
@@ -171,9 +173,9 @@ class RenderedHistory:
 #   ``RenderedHistory``, which is tracked and only refers to them.
 #
 # Slot 0 is the first gateway (and render key) the history is rendered with,
-# in practice the manager's only gateway: its render goes in fields, with no
-# container at all when a message renders to one item. Other slots use a
-# small dict per entry or turn.
+# in practice the manager's only gateway: an entry's render goes in fields,
+# with no container at all when a message renders to one item. Other slots
+# use a small dict per entry; a live turn's renders are in one small dict.
 
 
 class HistoryView:
@@ -228,7 +230,7 @@ class HistoryView:
         """
         for turn in self._turns:
             if turn.turn_id == turn_id:
-                return fresh_messages(e.message for e in turn.input + turn.outputs)
+                return fresh_messages(turn.recorded())
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
     def turn_input(self, turn_id: str) -> tuple[Message, ...]:
@@ -239,7 +241,7 @@ class HistoryView:
         """
         for turn in reversed(self._turns):
             if turn.turn_id == turn_id:
-                return fresh_messages(e.message for e in turn.input)
+                return fresh_messages(turn.messages(False))
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
 
     def turn_state(self, turn_id: str) -> tuple[Message, ...]:
@@ -465,9 +467,11 @@ class HistoryView:
         )
         # Each turn's kept messages as a throwaway turn, so the render caches
         # of the history's own turns are not touched; paired as one input.
-        spans = [_Turn("", tuple(e), (), 0, sum(x.tokens for x in e), 0) for e in kept_spans[:-1]]
+        spans = [
+            _Turn.of("", tuple(e), (), 0, sum(x.tokens for x in e), 0) for e in kept_spans[:-1]
+        ]
         own = self._turns[position]
-        head_turn = _Turn(own.turn_id, own.input, (), 0, 0, 0)
+        head_turn = _Turn.of(own.turn_id, own.input, (), 0, 0, 0)
         plan = _plan(spans, head_turn, (), gateway, slots, open_calls, counter)
         settled, tail, call_ids = plan.rename(gateway, call_ids)
         body = _join([*settled, tail]) if settled else tail
@@ -478,7 +482,7 @@ class HistoryView:
 
     def messages(self) -> tuple[Message, ...]:
         """Every kept turn's input then outputs, oldest first (pinned excluded)."""
-        return fresh_messages(e.message for t in self._turns for e in (*t.input, *t.outputs))
+        return fresh_messages(m for t in self._turns for m in t.recorded())
 
     def scope_messages(self, turn_id: str) -> tuple[Message, ...]:
         """The messages a scope of :meth:`render_scoped` indexes, in order.
@@ -489,8 +493,8 @@ class HistoryView:
             UnknownTurnError: the view holds no turn ``turn_id``.
         """
         position = self._position(turn_id)
-        out = [e.message for t in self._turns[:position] for e in (*t.input, *t.outputs)]
-        out.extend(e.message for e in self._turns[position].input)
+        out = [m for t in self._turns[:position] for m in t.recorded()]
+        out.extend(self._turns[position].messages(False))
         return fresh_messages(out)
 
     def _position(self, turn_id: str) -> int:
@@ -533,7 +537,7 @@ class HistoryView:
         out = [e.wire if sent else e.message for e in self._pinned]
         for turn in self._turns:
             if turn.turn_id == turn_id:
-                out.extend(e.wire if sent else e.message for e in turn.input)
+                out.extend(turn.wire_messages(False) if sent else turn.messages(False))
                 return fresh_messages(out)
             out.extend(turn.wire_messages(True) if sent else turn.messages(True))
         raise UnknownTurnError(f"The history holds no turn {excerpt(turn_id)}.")
