@@ -23,7 +23,14 @@ turns per session, histories at their default limits. Beside each run the
 bare control ticker (``scripts/_control.py``, its own process, waking every
 5 ms) measures the lag the machine alone causes; its p99 and max are printed
 beside the run's own loop lag, for the run to be read against the machine's
-noise, with the machine's load average (1 minute) after the run.
+noise, with the machine's load average (1 minute) after the run. The
+ticker mostly sleeps, so the scheduler wakes it promptly even when the CPUs
+are taken; the run's event loop is busy, so each run also prints the share
+of its wall time its main thread (the event loop's) waited runnable for a CPU
+(``queued``, from ``/proc/PID/schedstat``, sampled every 0.2 s): the CPU other
+processes took from it. And its process CPU (every thread) per prepare, in
+microseconds: the summary sets the two trees' side by side at the start
+count, where both searches ran the same sessions.
 
 Per backend it prints each round's sustained count of each tree with its
 bracket (held, missed), their ratio with the bracket's ratio range, the
@@ -102,20 +109,37 @@ def _run(
             "--json",
             path,
         ]
-        with control_ticker() as ticks:
-            done = subprocess.run(
-                command,
-                cwd=tree,
-                env=_env(tree),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
+        errors = os.path.join(folder, "stderr.txt")
+        with control_ticker() as ticks, open(errors, "w") as error_file:
+            begin = time.perf_counter()
+            process = subprocess.Popen(
+                command, cwd=tree, env=_env(tree), stdout=subprocess.DEVNULL, stderr=error_file
             )
-        if done.returncode not in (0, 1) or not os.path.exists(path):  # 1: a session failed
-            raise SystemExit(f"{' '.join(command)} in {tree} failed:\n{done.stderr}")
+            waited = 0.0
+            while process.poll() is None:
+                waited = _run_queue_seconds(process.pid, waited)
+                time.sleep(0.2)
+            wall = time.perf_counter() - begin
+        if process.returncode not in (0, 1) or not os.path.exists(path):  # 1: a session failed
+            with open(errors) as error_file:
+                raise SystemExit(f"{' '.join(command)} in {tree} failed:\n{error_file.read()}")
         with open(path) as file:
             report: dict[str, Any] = json.load(file)
+    report["queued_share"] = waited / wall
     return report, lag_summary(ticks)
+
+
+def _run_queue_seconds(pid: int, last: float) -> float:
+    """Seconds the main thread (the event loop's) of ``pid`` waited, runnable, for a CPU.
+
+    Read from ``/proc/PID/schedstat`` (its second field, nanoseconds); ``last``
+    when it cannot be read (the process ended, or no such file).
+    """
+    try:
+        with open(f"/proc/{pid}/schedstat") as file:
+            return int(file.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return last
 
 
 class _Side:
@@ -127,6 +151,12 @@ class _Side:
         self.search = _SustainedSearch(start=start, precision=precision, max_sessions=100_000)
         self.runs = 0
         self.control: list[dict[str, float]] = []
+        self.reports: list[dict[str, Any]] = []
+
+
+def _cpu_per_prepare(report: dict[str, Any]) -> float:
+    """The run's process CPU (every thread) per prepare delivered, microseconds."""
+    return report["cpu_seconds"] / report["prepares"] * 1e6 if report["prepares"] else 0.0
 
 
 def _ratio(top: float, bottom: float) -> float:
@@ -155,7 +185,7 @@ def main() -> None:
     print(
         f"{'round':<6}{'backend':<8}{'tree':<9}{'sessions':>9}{'p99 ms':>9}{'failed':>7}"
         f"{'held':>6}{'lag p99':>8}{'lag max':>8}{'ctl p99':>8}{'ctl max':>8}{'wall s':>7}"
-        f"{'load':>6}"
+        f"{'load':>6}{'queued':>7}{'cpu/prep':>9}"
     )
     results: dict[str, list[tuple[_Side, _Side]]] = {backend: [] for backend in args.backend}
     for round_ in range(args.rounds):
@@ -174,12 +204,14 @@ def main() -> None:
                     side.search.record(held)
                     side.runs += 1
                     side.control.append(control)
+                    side.reports.append(report)
                     print(
                         f"{round_ + 1:<6}{backend:<8}{side.name:<9}{sessions:>9}"
                         f"{report['prepare_p99_ms']:>9.1f}{report['sessions_failed']:>7}"
                         f"{'yes' if held else 'no':>6}{report['loop_lag_p99_ms']:>8.1f}"
                         f"{report['loop_lag_max_ms']:>8.1f}{control['p99_ms']:>8.1f}"
-                        f"{control['max_ms']:>8.1f}{report['seconds']:>7.1f}{os.getloadavg()[0]:>6.1f}",
+                        f"{control['max_ms']:>8.1f}{report['seconds']:>7.1f}{os.getloadavg()[0]:>6.1f}"
+                        f"{report['queued_share']:>7.0%}{_cpu_per_prepare(report):>9.0f}",
                         flush=True,
                     )
             results[backend].append((sides[0], sides[1]))
@@ -198,8 +230,9 @@ def _summary(results: dict[str, list[tuple[_Side, _Side]]]) -> None:
     print("baseline held)")
     print(
         f"{'backend':<8}{'round':>6}{'baseline':>14}{'current':>14}{'ratio':>8}{'range':>14}"
-        f"{'ctl p99':>8}{'ctl max':>8}{'runs':>6}"
+        f"{'cpu/prep':>10}{'ratio':>7}{'ctl p99':>8}{'ctl max':>8}{'queued':>8}{'runs':>6}"
     )
+    print(f"{'':<8}{'':>6}{'':>14}{'':>14}{'':>8}{'':>14}{'base/cur':>10}{'':>7}{'ms':>8}{'ms':>8}")
     for backend, rounds in results.items():
         ratios = []
         for number, (base, ours) in enumerate(rounds, 1):
@@ -208,11 +241,14 @@ def _summary(results: dict[str, list[tuple[_Side, _Side]]]) -> None:
             ratios.append(ratio)
             low, high = _ratio(c.good, b.bad), _ratio(c.bad, b.good)
             control = base.control + ours.control
+            cpu = [_cpu_per_prepare(side.reports[0]) for side in (base, ours)]
+            queued = max(r["queued_share"] for r in base.reports + ours.reports)
             print(
                 f"{backend:<8}{number:>6}{f'{b.good} / {b.bad}':>14}{f'{c.good} / {c.bad}':>14}"
-                f"{ratio:>7.2f}x{f'{low:.2f}-{high:.2f}x':>14}"
+                f"{ratio:>7.2f}x{f'{low:.2f}-{high:.2f}x':>14}{f'{cpu[0]:.0f}/{cpu[1]:.0f}':>10}"
+                f"{_ratio(cpu[0], cpu[1]):>6.2f}x"
                 f"{max(lag['p99_ms'] for lag in control):>8.1f}"
-                f"{max(lag['max_ms'] for lag in control):>8.1f}"
+                f"{max(lag['max_ms'] for lag in control):>8.1f}{queued:>8.0%}"
                 f"{base.runs + ours.runs:>6}"
             )
         median = statistics.median(ratios)
@@ -220,6 +256,7 @@ def _summary(results: dict[str, list[tuple[_Side, _Side]]]) -> None:
         our_counts = [ours.search.good for _, ours in rounds]
         control = [lag for base, ours in rounds for lag in base.control + ours.control]
         p99s = [lag["p99_ms"] for lag in control]
+        queued = [r["queued_share"] for base, ours in rounds for r in base.reports + ours.reports]
         print(
             f"{backend:<8}median ratio {median:.2f}x, goal "
             f"{_goals.beside(median, _GOAL, at_least=True)}"
@@ -229,7 +266,7 @@ def _summary(results: dict[str, list[tuple[_Side, _Side]]]) -> None:
             f"{max(base_counts)}, current {min(our_counts)}-{max(our_counts)}, ratio "
             f"{min(ratios):.2f}-{max(ratios):.2f}x; control ticker lag p99 "
             f"{min(p99s):.1f}-{max(p99s):.1f} ms, max {max(lag['max_ms'] for lag in control):.1f}"
-            " ms"
+            f" ms; the loop queued for a CPU {min(queued):.0%}-{max(queued):.0%} of a run"
         )
 
 
