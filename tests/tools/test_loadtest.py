@@ -9,13 +9,20 @@ from pathlib import Path
 import anyio
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import turnloom.tools.loadtest as loadtest_module
 from turnloom.cli import main
 from turnloom.errors import InputError
 from turnloom.runtime import ContextManager
 from turnloom.tools._stats import peak_rss_bytes
-from turnloom.tools.loadtest import count_model_calls, loadtest, sustained_sessions
+from turnloom.tools.loadtest import (
+    _SustainedSearch,
+    count_model_calls,
+    loadtest,
+    sustained_sessions,
+)
 from turnloom.tools.trajectories import builtin_trajectories
 
 
@@ -143,6 +150,65 @@ def test_sustained_search_bisects_between_the_holding_and_the_missing_count(
     )
     assert [run.sessions for run in result.runs] == [10, 20, 40, 80, 60, 50, 45, 47, 48, 49]
     assert result.sessions == 48
+
+
+def test_sustained_search_by_default_brackets_the_result_within_ten_percent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The default precision (1.1) bisects until the count that missed is at most
+    10% above the one that held, and the report gives both: 1,000 holds, 2,000
+    misses, then 1,500 (holds), 1,750 (misses), 1,625 (holds): the limit is p99
+    under 50 ms, the model's p99 is sessions / 34 ms, so 1,699 is the true count.
+
+    At 1.25 the search would stop at 1,500 / 1,750, too coarse to tell a 1.5x
+    change between two searches.
+    """
+    template = anyio.run(lambda: loadtest(builtin_trajectories(1), sessions=1, turns=1))
+
+    async def model(trajectories: object, *, sessions: int, **options: object) -> object:
+        return msgspec.structs.replace(
+            template, sessions=sessions, prepare_p99_ms=float(sessions) / 34
+        )
+
+    monkeypatch.setattr(loadtest_module, "loadtest", model)
+    result = anyio.run(lambda: sustained_sessions(builtin_trajectories(1), start=1000))
+    assert [run.sessions for run in result.runs] == [1000, 2000, 1500, 1750, 1625]
+    assert (result.sessions, result.missed) == (1625, 1750)
+
+
+@given(
+    start=st.integers(1, 5000),
+    extra=st.integers(0, 5000),
+    limit=st.integers(0, 12000),
+    precision=st.floats(1.01, 4.0),
+)
+def test_sustained_search_plan_ends_between_the_last_count_held_and_the_first_missed(
+    start: int, extra: int, limit: int, precision: float
+) -> None:
+    """Oracle: with monotone verdicts (every count up to ``limit`` holds), the plan
+    ends with ``good <= limit < bad`` and ``bad`` within ``precision`` of ``good``
+    (or ``good + 1``); with no miss, ``good`` is the cap. Every count planned lies
+    in ``[1, max_sessions]``, strictly between the bracket so far, and none twice.
+    """
+    cap = start + extra
+    search = _SustainedSearch(start=start, precision=precision, max_sessions=cap)
+    planned: list[int] = []
+    while search.next is not None:
+        count = search.next
+        assert 1 <= count <= cap
+        assert search.good < count and (not search.bad or count < search.bad)
+        planned.append(count)
+        search.record(count <= limit)
+    assert len(planned) == len(set(planned))
+    assert search.good == max((c for c in planned if c <= limit), default=0)
+    assert search.bad == min((c for c in planned if c > limit), default=0)
+    if not search.bad:
+        assert search.good == cap <= limit
+    else:
+        assert search.good <= limit < search.bad
+        assert search.bad <= max(search.good * precision, search.good + 1)
+    with pytest.raises(RuntimeError, match="the sustained search is over"):
+        search.record(True)
 
 
 def test_sustained_search_refuses_bad_arguments() -> None:

@@ -600,12 +600,68 @@ class SustainedReport(msgspec.Struct, frozen=True, kw_only=True):
         p99_limit_ms: the prepare-latency limit, in milliseconds.
         think_time: the sessions' pause between turns, in seconds.
         runs: every run made, in order.
+        missed: the fewest sessions run that missed (p99 at or over the
+            limit, or a failed session); 0 when no run missed (every run up
+            to ``max_sessions`` held). The sustained count lies between
+            ``sessions`` and ``missed``.
     """
 
     sessions: int
     p99_limit_ms: float
     think_time: float
     runs: tuple[LoadtestReport, ...]
+    missed: int = 0
+
+
+class _SustainedSearch:
+    """The plan of the sustained search: the session count to run next, from the verdicts so far.
+
+    Pure: it runs nothing. :attr:`next` is the count to run (``None``: the
+    search is over); :meth:`record` takes that run's verdict. Runs double
+    from ``start`` while they hold (never past ``max_sessions``), or halve
+    from it while they miss (down to 1), then bisect between the largest
+    count that held (:attr:`good`, 0 when none did) and the smallest that
+    missed (:attr:`bad`, 0 when none did) until ``bad`` is at most
+    ``precision`` times ``good`` (or ``good + 1``). When verdicts are
+    monotone (every count up to some ``h`` holds, none above it does), the
+    result is ``good <= h < bad``, ``bad`` within that bound of ``good``.
+    """
+
+    def __init__(self, *, start: int, precision: float, max_sessions: int) -> None:
+        if not 1 <= start <= max_sessions:
+            raise InputError(f"start must be between 1 and max_sessions, not {start}.")
+        if not precision > 1:
+            raise InputError(f"precision must be above 1, not {precision!r}.")
+        self._precision = precision
+        self._max = max_sessions
+        self.good = 0
+        self.bad = 0
+        self.next: int | None = start
+
+    def record(self, held: bool) -> None:
+        """Take the verdict of the run of :attr:`next` and plan the one after it.
+
+        Raises:
+            RuntimeError: the search is over (:attr:`next` is ``None``).
+        """
+        if self.next is None:
+            raise RuntimeError("the sustained search is over; there is no run to record.")
+        if held:
+            self.good = self.next
+        else:
+            self.bad = self.next
+        self.next = self._plan()
+
+    def _plan(self) -> int | None:
+        good, bad = self.good, self.bad
+        if not bad:  # every run held so far: double
+            return min(good * 2, self._max) if good < self._max else None
+        if not good:  # every run missed so far: halve
+            return bad // 2 if bad > 1 else None
+        middle = (good + bad) // 2
+        if bad <= good * self._precision or middle == good:
+            return None
+        return middle
 
 
 async def sustained_sessions(
@@ -615,7 +671,7 @@ async def sustained_sessions(
     turns: int | None = None,
     think_time: float = 2.0,
     p99_limit_ms: float = 50.0,
-    precision: float = 1.25,
+    precision: float = 1.1,
     max_sessions: int = 100_000,
     gateway: GatewayType | str = GatewayType.openai_chat,
     config: RuntimeConfig | None = None,
@@ -635,13 +691,16 @@ async def sustained_sessions(
         think_time: seconds each session pauses between turns.
         p99_limit_ms: the prepare p99 latency to stay under, milliseconds.
         precision: stop bisecting when the missing count is at most this
-            factor above the holding one (> 1).
+            factor above the holding one (> 1). The default, 1.1, brackets
+            the result within 10%: two searches then tell a 1.5x change
+            apart (at 1.25 their ratio could read anywhere from 1.2x to 1.9x).
         max_sessions: never run more sessions than this; when every run up
             to it holds, it is the result.
         on_run: called with each run's report as it finishes.
 
     Returns:
-        the report; ``sessions`` is the largest count that held.
+        the report; ``sessions`` is the largest count that held, ``missed``
+        the smallest that missed.
 
     Raises:
         InputError: ``start`` not in ``[1, max_sessions]``, ``precision`` not above 1, or as
@@ -651,16 +710,12 @@ async def sustained_sessions(
     Cancellation:
         Cancelling stops the current run (as :func:`loadtest`); nothing is returned.
     """
-    if not 1 <= start <= max_sessions:
-        raise InputError(f"start must be between 1 and max_sessions, not {start}.")
-    if not precision > 1:
-        raise InputError(f"precision must be above 1, not {precision!r}.")
+    search = _SustainedSearch(start=start, precision=precision, max_sessions=max_sessions)
     runs: list[LoadtestReport] = []
-
-    async def holds(sessions: int) -> bool:
+    while search.next is not None:
         report = await loadtest(
             trajectories,
-            sessions=sessions,
+            sessions=search.next,
             turns=turns,
             gateway=gateway,
             config=config,
@@ -669,28 +724,11 @@ async def sustained_sessions(
         runs.append(report)
         if on_run is not None:
             on_run(report)
-        return not report.sessions_failed and report.prepare_p99_ms < p99_limit_ms
-
-    good, bad = 0, start
-    if await holds(start):
-        good, bad = start, min(start * 2, max_sessions)
-        while bad > good and await holds(bad):
-            good, bad = bad, min(bad * 2, max_sessions)
-    else:
-        while bad > 1 and not good:
-            candidate = bad // 2
-            if await holds(candidate):
-                good = candidate
-            else:
-                bad = candidate
-    while good < bad and bad > good * precision:
-        middle = (good + bad) // 2
-        if middle == good:
-            break
-        if await holds(middle):
-            good = middle
-        else:
-            bad = middle
+        search.record(not report.sessions_failed and report.prepare_p99_ms < p99_limit_ms)
     return SustainedReport(
-        sessions=good, p99_limit_ms=p99_limit_ms, think_time=think_time, runs=tuple(runs)
+        sessions=search.good,
+        p99_limit_ms=p99_limit_ms,
+        think_time=think_time,
+        runs=tuple(runs),
+        missed=search.bad,
     )
