@@ -24,14 +24,12 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.context.marked_calls import marked_call, marked_result
 from turnloom.context import (
     GatewayType,
     Message,
     NativeContent,
     Role,
-    TextPart,
-    ToolCallPart,
-    ToolResultPart,
     complete_pairs,
     get_gateway,
 )
@@ -49,20 +47,6 @@ from turnloom.errors import TurnloomError
 IDS = ("a", "b")
 SYSTEM = Message(role=Role.system, content="You are terse.")
 LIMITS = HistoryLimits(low_water=1.0, max_turns=5, max_items=24, max_bytes=1 << 20)
-
-
-def _call(call_id: str, token: str) -> Message:
-    return Message(
-        role=Role.assistant,
-        content=(ToolCallPart(call_id=call_id, name="f", arguments=f'{{"t": "{token}"}}'),),
-    )
-
-
-def _result(call_id: str, token: str) -> Message:
-    return Message(
-        role=Role.tool,
-        content=(ToolResultPart(call_id=call_id, content=(TextPart(text=token),)),),
-    )
 
 
 _step = st.one_of(
@@ -90,15 +74,17 @@ def _apply(history: TurnHistory, step: tuple[str, Any, int], number: int) -> str
             given: list[Message] = [Message(role=Role.user, content=f"u{number}")]
             if arg:  # an approval: results for the newest turn's open calls
                 given = [
-                    _result(c.call_id, msgspec.json.decode(c.arguments)["t"])
+                    marked_result(c.call_id, msgspec.json.decode(c.arguments)["t"])
                     for c in history.open_calls()
                 ] or given
             history.commit(f"t{number}", given)
         elif op == "record":
             target = turn_ids[-2] if n == 2 and len(turn_ids) > 1 else newest
             answered = arg[:-1] if n == 3 else arg
-            outputs = [_call(c, f"{number}.{k}") for k, c in enumerate(arg)]
-            outputs += [_result(c, f"{number}.{k}") for k, c in enumerate(arg) if c in answered]
+            outputs = [marked_call(c, f"{number}.{k}") for k, c in enumerate(arg)]
+            outputs += [
+                marked_result(c, f"{number}.{k}") for k, c in enumerate(arg) if c in answered
+            ]
             outputs.append(Message(role=Role.assistant, content=f"a{number}"))
             history.record(target, outputs)
         elif op == "state":
@@ -220,9 +206,9 @@ def test_a_closed_turn_holds_one_tuple_and_reads_back_its_entries() -> None:
     ids (no entry, no render), and its entries read back equal, new each read."""
     history = TurnHistory(LIMITS)
     history.commit("t1", [Message(role=Role.user, content="u1")], instructions=[SYSTEM])
-    history.record("t1", [_call("a", "1"), _result("a", "1")])
+    history.record("t1", [marked_call("a", "1"), marked_result("a", "1")])
     history.commit("t2", [Message(role=Role.user, content="u2")])
-    history.record("t2", [_call("a", "2"), _result("a", "2")])  # sent a_r2
+    history.record("t2", [marked_call("a", "2"), marked_result("a", "2")])  # sent a_r2
     live = [(e.message, e.tokens, e.sent) for e in history._turns[1].entries(True)]
     history.commit("t3", [Message(role=Role.user, content="u3")])
     history.view().render(get_gateway(GatewayType.anthropic), "t3")
@@ -250,14 +236,18 @@ def test_a_late_record_repairs_a_closed_later_turn() -> None:
     gateway = get_gateway(GatewayType.openai_chat)
     for history in histories:
         history.commit("t1", [Message(role=Role.user, content="u1")], instructions=[SYSTEM])
-        history.record("t1", [_call("a", "1")])
-        history.commit("t2", [_result("a", "1")])  # answers t1's call: an approval
+        history.record("t1", [marked_call("a", "1")])
+        history.commit("t2", [marked_result("a", "1")])  # answers t1's call: an approval
         history.record("t2", [Message(role=Role.assistant, content="ok")])
         history.commit("t3", [Message(role=Role.user, content="u3")])
     rendered, live = histories
     rendered.view().render(gateway, "t3")
     assert [t.closed for t in rendered._turns] == [True, True, False]
-    late = [_result("a", "1"), Message(role=Role.assistant, content="more"), _call("a", "2")]
+    late = [
+        marked_result("a", "1"),
+        Message(role=Role.assistant, content="more"),
+        marked_call("a", "2"),
+    ]
     for history in histories:
         history.record("t1", late)
     assert rendered.view().sent_call_ids("t2") == ("a_r2",)
@@ -274,9 +264,9 @@ def test_restoring_sent_ids_changes_a_closed_turn() -> None:
     putting it in the history: the closed turn keeps ``a_r2`` (fails)."""
     history = TurnHistory(LIMITS)
     history.commit("t1", [Message(role=Role.user, content="u1")], instructions=[SYSTEM])
-    history.record("t1", [_call("a", "1"), _result("a", "1")])
+    history.record("t1", [marked_call("a", "1"), marked_result("a", "1")])
     history.commit("t2", [Message(role=Role.user, content="u2")])
-    history.record("t2", [_call("a", "2"), _result("a", "2")])  # sent a_r2
+    history.record("t2", [marked_call("a", "2"), marked_result("a", "2")])  # sent a_r2
     history.commit("t3", [Message(role=Role.user, content="u3")])
     gateway = get_gateway(GatewayType.gemini)
     history.view().render(gateway, "t3")

@@ -26,13 +26,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.context.marked_calls import marked_call, marked_result
 from turnloom.context import (
     GatewayType,
     Message,
     Role,
-    TextPart,
-    ToolCallPart,
-    ToolResultPart,
     get_gateway,
 )
 from turnloom.context.history import HistoryLimits, TurnHistory, _batches, _cells, restore_sent_ids
@@ -43,25 +41,11 @@ SYSTEM = Message(role=Role.system, content="You are terse.")
 LIMITS = HistoryLimits(low_water=1.0, max_turns=3, max_items=14, max_bytes=1 << 20)
 
 
-def _call(call_id: str, token: str) -> Message:
-    return Message(
-        role=Role.assistant,
-        content=(ToolCallPart(call_id=call_id, name="f", arguments=f'{{"t": "{token}"}}'),),
-    )
-
-
-def _result(call_id: str, token: str) -> Message:
-    return Message(
-        role=Role.tool,
-        content=(ToolResultPart(call_id=call_id, content=(TextPart(text=token),)),),
-    )
-
-
 def _outputs(ids: list[str], open_last: bool, number: int) -> list[Message]:
     """A model step calling ``ids`` (one message per call), their results, a reply."""
     answered = ids[:-1] if open_last else ids
-    out = [_call(c, f"{number}.{k}") for k, c in enumerate(ids)]
-    out += [_result(c, f"{number}.{k}") for k, c in enumerate(ids) if c in answered]
+    out = [marked_call(c, f"{number}.{k}") for k, c in enumerate(ids)]
+    out += [marked_result(c, f"{number}.{k}") for k, c in enumerate(ids) if c in answered]
     out.append(Message(role=Role.assistant, content=f"a{number}"))
     return out
 
@@ -151,7 +135,8 @@ def _twins(
             if kind == "approve":  # results for the newest turn's open calls, if any
                 open_calls = checked.open_calls()
                 batch = [
-                    _result(c.call_id, msgspec.json.decode(c.arguments)["t"]) for c in open_calls
+                    marked_result(c.call_id, msgspec.json.decode(c.arguments)["t"])
+                    for c in open_calls
                 ] or batch
             op = f"commit:t{number}"
         else:

@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.context.gateways._support import call_sites
+from tests.context.marked_calls import marked_call, marked_result
 from turnloom.context import (
     GatewayType,
     Message,
@@ -59,20 +60,6 @@ from turnloom.runtime._records import (
 IDS = ("a", "b", "c")
 KINDS = list(GatewayType)
 SYSTEM = Message(role=Role.system, content="You are terse.")
-
-
-def _call(call_id: str, token: str) -> Message:
-    return Message(
-        role=Role.assistant,
-        content=(ToolCallPart(call_id=call_id, name="f", arguments=f'{{"t": "{token}"}}'),),
-    )
-
-
-def _result(call_id: str, token: str) -> Message:
-    return Message(
-        role=Role.tool,
-        content=(ToolResultPart(call_id=call_id, content=(TextPart(text=token),)),),
-    )
 
 
 def _has_id(part: object) -> bool:
@@ -167,10 +154,10 @@ def _run(
             answered = arg[:-1] if n == 2 else arg  # the last call may stay open
             outputs: list[Message] = []
             for k, call_id in enumerate(arg):
-                outputs.append(_call(call_id, f"{number}.{k}"))
+                outputs.append(marked_call(call_id, f"{number}.{k}"))
             for k, call_id in enumerate(arg):
                 if call_id in answered:
-                    outputs.append(_result(call_id, f"{number}.{k}"))
+                    outputs.append(marked_result(call_id, f"{number}.{k}"))
             outputs.append(Message(role=Role.assistant, content=f"a{number}"))
             try:
                 if door is not None:
@@ -184,7 +171,7 @@ def _run(
             given: list[Message] = [Message(role=Role.user, content=f"u{number}")]
             if arg:  # an approval: results for the newest turn's open calls
                 given = [
-                    _result(c.call_id, msgspec.json.decode(c.arguments)["t"])
+                    marked_result(c.call_id, msgspec.json.decode(c.arguments)["t"])
                     for c in history.open_calls()
                 ] or given
             try:
@@ -283,9 +270,9 @@ def _reuse_history() -> TurnHistory:
     """t1 sends a, t2 reuses it (sent a_r2), t3 is the newest."""
     history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=2))
     history.commit("t1", [Message(role=Role.user, content="u1")], instructions=[SYSTEM])
-    history.record("t1", [_call("a", "1"), _result("a", "1")])
+    history.record("t1", [marked_call("a", "1"), marked_result("a", "1")])
     history.commit("t2", [Message(role=Role.user, content="u2")])
-    history.record("t2", [_call("a", "2"), _result("a", "2")])
+    history.record("t2", [marked_call("a", "2"), marked_result("a", "2")])
     history.commit("t3", [Message(role=Role.user, content="u3")])
     return history
 
@@ -309,9 +296,9 @@ def test_a_checkpoint_restores_the_sent_ids_after_the_first_use_left() -> None:
     assert _renders(restored, KINDS) == _renders(history, KINDS)
     # Later reuses continue from the same ids: a is free again, a_r2 is not.
     for h in (history, restored):
-        h.record("t3", [_call("a", "3"), _result("a", "3")])
+        h.record("t3", [marked_call("a", "3"), marked_result("a", "3")])
         h.commit("t4", [Message(role=Role.user, content="u4")])
-        h.record("t4", [_call("a", "4"), _result("a", "4")])
+        h.record("t4", [marked_call("a", "4"), marked_result("a", "4")])
         h.commit("t5", [Message(role=Role.user, content="u5")])
     assert history.view().sent_call_ids("t4") == ("a_r3", "a_r3")
     assert restored.view().sent_call_ids("t4") == ("a_r3", "a_r3")
@@ -358,7 +345,9 @@ def test_eviction_frees_ids_and_reuses_the_smallest_free_number() -> None:
     history.commit("t0", [Message(role=Role.user, content="u0")])
     sent: list[tuple[str, ...]] = []
     for number in range(1, 9):
-        history.record(f"t{number - 1}", [_call("a", str(number)), _result("a", str(number))])
+        history.record(
+            f"t{number - 1}", [marked_call("a", str(number)), marked_result("a", str(number))]
+        )
         history.commit(f"t{number}", [Message(role=Role.user, content=f"u{number}")])
         history.evict()
         sent.append(tuple(_effective(history.view(), f"t{number - 1}")))
@@ -412,10 +401,10 @@ def test_a_late_call_that_an_earlier_result_now_answers_gives_it_its_sent_id() -
     pair stays in the render, cold and restored alike."""
     history = TurnHistory(HistoryLimits(max_turns=4))
     history.commit("t0", [Message(role=Role.user, content="hello")], instructions=[SYSTEM])
-    history.record("t0", [_call("c0", "0")])
+    history.record("t0", [marked_call("c0", "0")])
     history.commit("t2", [Message(role=Role.user, content="question")])
-    history.commit("t3", [_result("c0", "1")])
-    history.record("t2", [_call("c0", "1")])  # late: t3 is the newest turn
+    history.commit("t3", [marked_result("c0", "1")])
+    history.record("t2", [marked_call("c0", "1")])  # late: t3 is the newest turn
     view = history.view()
     assert view.sent_call_ids("t2") == ("c0_r2",)
     assert view.sent_call_ids("t3") == ("c0_r2",)
@@ -440,12 +429,12 @@ def test_a_result_recorded_apart_from_its_renamed_call_is_sent_with_the_calls_id
     ``assign_outputs``); the result is then sent ``a`` and this test fails."""
     history = TurnHistory(HistoryLimits(max_turns=8))
     history.commit("t0", [Message(role=Role.user, content="u0")])
-    history.record("t0", [_call("a", "0")])
-    history.record("t0", [_result("a", "0")])
+    history.record("t0", [marked_call("a", "0")])
+    history.record("t0", [marked_result("a", "0")])
     history.commit("t1", [Message(role=Role.user, content="u1")])
-    history.record("t1", [_call("a", "1")])
-    history.record("t1", [_result("a", "1")])
-    history.record("t1", [_call("a", "2")])
+    history.record("t1", [marked_call("a", "1")])
+    history.record("t1", [marked_result("a", "1")])
+    history.record("t1", [marked_call("a", "2")])
     view = history.view()
     assert view.sent_call_ids("t0") == ()  # sent as given
     assert view.sent_call_ids("t1") == ("a_r2", "a_r2", "a_r3")
@@ -459,10 +448,10 @@ def test_an_input_result_answering_a_renamed_call_is_sent_with_its_id() -> None:
     result is sent ``a``)."""
     history = TurnHistory(HistoryLimits(max_turns=8))
     history.commit("t0", [Message(role=Role.user, content="u0")])
-    history.record("t0", [_call("a", "0"), _result("a", "0")])
+    history.record("t0", [marked_call("a", "0"), marked_result("a", "0")])
     history.commit("t1", [Message(role=Role.user, content="u1")])
-    history.record("t1", [_call("a", "1")])
-    history.commit("t2", [_result("a", "1")])
+    history.record("t1", [marked_call("a", "1")])
+    history.commit("t2", [marked_result("a", "1")])
     view = history.view()
     assert view.sent_call_ids("t1") == ("a_r2",)
     assert view.sent_call_ids("t2") == ("a_r2",)
@@ -478,12 +467,17 @@ def test_results_of_a_step_split_one_call_per_record_get_each_calls_sent_id() ->
     run's last assistant message only (result ``a`` is then sent ``a``)."""
     history = TurnHistory(HistoryLimits(max_turns=8))
     history.commit("t0", [Message(role=Role.user, content="u0")])
-    history.record("t0", [_call("a", "0"), _call("b", "0")])
-    history.record("t0", [_result("a", "0"), _result("b", "0")])
+    history.record("t0", [marked_call("a", "0"), marked_call("b", "0")])
+    history.record("t0", [marked_result("a", "0"), marked_result("b", "0")])
     history.commit("t1", [Message(role=Role.user, content="u1")])
     history.record("t1", [Message(role=Role.assistant, content="looking")])
     history.record("t1", [Message(role=Role.user, content="more")])
-    for message in (_call("a", "1"), _call("b", "1"), _result("a", "1"), _result("b", "1")):
+    for message in (
+        marked_call("a", "1"),
+        marked_call("b", "1"),
+        marked_result("a", "1"),
+        marked_result("b", "1"),
+    ):
         history.record("t1", [message])
     view = history.view()
     assert view.sent_call_ids("t1") == ("a_r2", "b_r2", "a_r2", "b_r2")
@@ -497,8 +491,8 @@ def test_a_renamed_message_keeps_only_its_sent_ids() -> None:
     history = _reuse_history()
     call, result = history._turns[1].outputs
     assert (call.sent, result.sent) == ("a_r2", "a_r2")
-    assert (call.wire, result.wire) == (_call("a_r2", "2"), _result("a_r2", "2"))
-    assert call.message == _call("a", "2")  # what the host gave stays as it was
+    assert (call.wire, result.wire) == (marked_call("a_r2", "2"), marked_result("a_r2", "2"))
+    assert call.message == marked_call("a", "2")  # what the host gave stays as it was
     pair = Message(
         role=Role.assistant,
         content=(
@@ -507,7 +501,7 @@ def test_a_renamed_message_keeps_only_its_sent_ids() -> None:
             ToolCallPart(call_id="b", name="f", arguments='{"t": "3"}'),
         ),
     )
-    history.record("t3", [pair, _result("a", "3"), _result("b", "3")])
+    history.record("t3", [pair, marked_result("a", "3"), marked_result("b", "3")])
     two, first, second = history._turns[2].outputs
     assert two.sent == ("a_r3", "b")
     assert two.sent[1] is pair.parts[2].call_id  # type: ignore[union-attr]
@@ -536,7 +530,7 @@ def test_a_render_builds_each_renamed_message_once(monkeypatch: pytest.MonkeyPat
         built.clear()
         history.view().render(get_gateway(kind), "t3")
         assert built == ["a_r2", "a_r2"]
-    history.record("t3", [_call("a", "3"), _result("a", "3")])
+    history.record("t3", [marked_call("a", "3"), marked_result("a", "3")])
     history.commit("t4", [Message(role=Role.user, content="u4")])
     built.clear()
     history.view().render(get_gateway(GatewayType.anthropic), "t4")
