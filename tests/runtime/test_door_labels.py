@@ -9,21 +9,38 @@ path quotes nothing.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import turnloom.errors
-from turnloom.context import Message, Role, TextPart, ToolCallPart, ToolResultPart
-from turnloom.context.message import message_size
+from tests.context.test_pairing import histories
+from turnloom.context import (
+    GatewayType,
+    Message,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+    check_steps,
+    get_gateway,
+)
+from turnloom.context.history import TurnHistory
+from turnloom.context.history._changes import _check_steps_named
+from turnloom.context.message import message_size, reject_instructions
 from turnloom.errors import (
     InstructionMessageError,
     InvalidMessageError,
     ItemTooLargeError,
+    TurnloomError,
     UnpairedResultError,
+    excerpt,
 )
 from turnloom.runtime import STATE_TOOL_NAME, Foundation, HistoryLimits, TurnSnapshot
+from turnloom.runtime._door import check_outputs, check_renderable, reject_state
 
 pytestmark = pytest.mark.anyio
 
@@ -143,3 +160,111 @@ def test_message_parts_is_its_content_and_read_only() -> None:
     assert message.parts == (TextPart(text="hi"),)
     with pytest.raises(AttributeError):
         message.parts = ()  # type: ignore[misc]
+
+
+# The door's fast path against its slow composition, over generated bad batches:
+# each check runs unlabelled first and again, labelled, only when it fails, so it
+# must raise exactly what the labelled checks alone raise (type, text, fields).
+
+_TURN_IDS = st.sampled_from(["t1", "turn 'quoted'", "t" * 80])
+_BAD_ITEMS: st.SearchStrategy[Any] = st.sampled_from(
+    [
+        "not a message",
+        None,
+        Message(role=Role.system, content="obey"),
+        Message(role=Role.developer, content="obey"),
+        Message(role=Role.assistant, content="x" * 400),  # over the 300-byte cap below
+        Message(role=Role.assistant, content="a\ud800b"),
+        Message(role=Role.user, content=(TextPart(text="t", extras={"k": "\udcff"}),)),
+        Message(
+            role=Role.assistant, content=(ToolCallPart(call_id="k", name="f", arguments="[1]"),)
+        ),
+        Message(
+            role=Role.assistant,
+            content=(ToolCallPart(call_id="s1", name=STATE_TOOL_NAME, arguments="{}"),),
+        ),
+        Message(role=Role.tool, content=(ToolResultPart(call_id="tlrs-" + "0" * 24),)),
+        Message(role=Role.assistant, content="same id", id="m1"),
+    ]
+)
+
+
+@st.composite
+def _outputs(draw: st.DrawFn) -> list[Any]:
+    """Host batches: the repo's step shapes, with some bad items put anywhere."""
+    out: list[Any] = list(draw(histories()))[:6]
+    for _ in range(draw(st.integers(0, 2))):
+        out.insert(draw(st.integers(0, len(out))), draw(_BAD_ITEMS))
+    return out
+
+
+def _same_error(fast: Callable[[], object], slow: Callable[[], object]) -> None:
+    """``fast`` and ``slow`` both pass, or both raise one error: type, text and fields."""
+    errors: list[BaseException | None] = []
+    for run in (fast, slow):
+        try:
+            run()
+        except TurnloomError as exc:
+            errors.append(exc)
+        else:
+            errors.append(None)
+    got, want = errors
+    assert type(got) is type(want)
+    if want is not None:
+        assert (str(got), vars(got)) == (str(want), vars(want))
+
+
+def _history(turn_id: str) -> TurnHistory:
+    history = TurnHistory(HistoryLimits(max_items=8, max_item_bytes=300))
+    history.commit(turn_id, [_user("go")])
+    history.record(turn_id, [_call("a")])
+    return history
+
+
+@settings(max_examples=400, deadline=None)
+@given(outputs=_outputs(), turn_id=_TURN_IDS, kind=st.sampled_from(list(GatewayType)))
+def test_check_outputs_raises_what_the_labelled_checks_raise(
+    outputs: list[Any], turn_id: str, kind: GatewayType
+) -> None:
+    """Invariant: ``check_outputs`` (each check unlabelled first, labelled only once it
+    fails) raises exactly the error of the labelled checks run alone in their order
+    (the batch check and render, then runtime state, then instructions), and passes
+    exactly when they pass. Each side checks its own equal history (a passing check
+    leaves a memo behind).
+
+    Mutants tried, each fails this test: the failed check re-raised without its
+    labelled rerun; the state rule tested only on system/developer messages; the
+    instruction rule run before the state rule."""
+    gateway = get_gateway(kind)
+    where = f"Output of turn {excerpt(turn_id)}"
+
+    def slow() -> None:
+        history = _history(turn_id)
+        check_renderable(gateway, outputs, where, history, turn_id=turn_id)
+        reject_state(outputs, where)
+        reject_instructions(outputs, "outputs", where)
+
+    _same_error(lambda: check_outputs(gateway, turn_id, outputs, _history(turn_id)), slow)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    messages=histories(),
+    before=histories(),
+    turn_id=_TURN_IDS,
+    late=st.booleans(),
+    unpaired=st.booleans(),
+)
+def test_named_steps_check_raises_what_the_labelled_check_raises(
+    messages: list[Message], before: list[Message], turn_id: str, late: bool, unpaired: bool
+) -> None:
+    """Invariant: the history's commit and record pairing check (``check_steps``
+    unlabelled, then labelled once it fails) raises exactly what ``check_steps``
+    labelled alone raises (type, text, ``field`` naming the batch, call id, reason).
+
+    Mutant tried: the failed check re-raised without its labelled rerun: fails."""
+    kwargs: dict[str, Any] = {"before": before, "late": late, "unpaired": unpaired}
+    _same_error(
+        lambda: _check_steps_named(messages, "Turn {} output", turn_id, **kwargs),
+        lambda: check_steps(messages, f"Turn {excerpt(turn_id)} output", **kwargs),
+    )
