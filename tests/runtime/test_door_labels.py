@@ -40,7 +40,7 @@ from turnloom.errors import (
     excerpt,
 )
 from turnloom.runtime import STATE_TOOL_NAME, Foundation, HistoryLimits, TurnSnapshot
-from turnloom.runtime._door import check_outputs, check_renderable, reject_state
+from turnloom.runtime._door import check_outputs, check_renderable, check_snapshot, reject_state
 
 pytestmark = pytest.mark.anyio
 
@@ -215,7 +215,7 @@ def _same_error(fast: Callable[[], object], slow: Callable[[], object]) -> None:
 
 
 def _history(turn_id: str) -> TurnHistory:
-    history = TurnHistory(HistoryLimits(max_items=8, max_item_bytes=300))
+    history = TurnHistory(HistoryLimits(max_items=8, max_item_bytes=300, max_bytes=450))
     history.commit(turn_id, [_user("go")])
     history.record(turn_id, [_call("a")])
     return history
@@ -268,3 +268,58 @@ def test_named_steps_check_raises_what_the_labelled_check_raises(
         lambda: _check_steps_named(messages, "Turn {} output", turn_id, **kwargs),
         lambda: check_steps(messages, f"Turn {excerpt(turn_id)} output", **kwargs),
     )
+
+
+def _errors(*runs: Callable[[], object]) -> TurnloomError | None:
+    """The error of the first of ``runs`` to raise one, or None when all pass."""
+    try:
+        for run in runs:
+            run()
+    except TurnloomError as exc:
+        return exc
+    return None
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    input=_outputs(),
+    instructions=st.one_of(st.none(), _outputs()),
+    turn_id=_TURN_IDS,
+    as_list=st.booleans(),
+    kind=st.sampled_from(list(GatewayType)),
+)
+def test_check_snapshot_raises_what_the_labelled_checks_raise(
+    input: list[Any],
+    instructions: list[Any] | None,
+    turn_id: str,
+    as_list: bool,
+    kind: GatewayType,
+) -> None:
+    """Invariant: a turn's input and instructions fail ``check_snapshot`` with exactly
+    the error (type, text, fields) of the labelled checks alone: the input's batch
+    check and render, then its runtime-state rule; past the content rule, the
+    instructions' pinned batch check. Input and instructions as tuples or lists.
+
+    Mutants tried, each fails this test: the state rule dropped; the input's label
+    misspelt; the instructions checked unpinned (held to the byte limit)."""
+    gateway = get_gateway(kind)
+    history = _history("t0")
+    inp = input if as_list else tuple(input)
+    ins = instructions if instructions is None or as_list else tuple(instructions)
+    snapshot = TurnSnapshot(context_id="c", turn_id=turn_id, input=inp, instructions=ins)
+    got = _errors(lambda: check_snapshot(snapshot, gateway, lambda _: history))
+    slow = _history("t0")
+    where = f"Turn {excerpt(turn_id)}"
+    want = _errors(
+        lambda: check_renderable(gateway, inp, f"{where} input", slow),
+        lambda: reject_state(inp, f"{where} input"),
+    )
+    if want is None and got is not None and "has no input that renders" in str(got):
+        return  # the content rule, between the two batches
+    if want is None and ins:
+        want = _errors(
+            lambda: check_renderable(gateway, ins, f"{where} instructions", slow, pinned=True)
+        )
+    assert type(got) is type(want)
+    if want is not None:
+        assert (str(got), vars(got)) == (str(want), vars(want))
