@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import turnloom.errors
@@ -214,8 +214,10 @@ def _same_error(fast: Callable[[], object], slow: Callable[[], object]) -> None:
         assert (str(got), vars(got)) == (str(want), vars(want))
 
 
-def _history(turn_id: str) -> TurnHistory:
-    history = TurnHistory(HistoryLimits(max_items=8, max_item_bytes=300, max_bytes=450))
+def _history(turn_id: str, max_bytes: int = 8 << 20) -> TurnHistory:
+    """A turn ``turn_id`` with a call left open, under limits a few bad items exceed."""
+    limits = HistoryLimits(max_items=8, max_item_bytes=300, max_bytes=max_bytes)
+    history = TurnHistory(limits)
     history.commit(turn_id, [_user("go")])
     history.record(turn_id, [_call("a")])
     return history
@@ -280,10 +282,25 @@ def _errors(*runs: Callable[[], object]) -> TurnloomError | None:
     return None
 
 
+# Pinned instructions are not held to the byte limit: 8 of these are 2,312 bytes.
+_LONG_INSTRUCTION = Message(role=Role.system, content="x" * 170)
+
+
 @settings(max_examples=400, deadline=None)
+@example(
+    input=[_user("q")],
+    instructions=[_LONG_INSTRUCTION] * 8,
+    turn_id="t1",
+    as_list=False,
+    kind=GatewayType.openai_chat,
+)
 @given(
     input=_outputs(),
-    instructions=st.one_of(st.none(), _outputs()),
+    instructions=st.one_of(
+        st.none(),
+        _outputs(),
+        st.sampled_from([1, 8]).map(lambda n: [_LONG_INSTRUCTION] * n),
+    ),
     turn_id=_TURN_IDS,
     as_list=st.booleans(),
     kind=st.sampled_from(list(GatewayType)),
@@ -303,12 +320,12 @@ def test_check_snapshot_raises_what_the_labelled_checks_raise(
     Mutants tried, each fails this test: the state rule dropped; the input's label
     misspelt; the instructions checked unpinned (held to the byte limit)."""
     gateway = get_gateway(kind)
-    history = _history("t0")
-    inp = input if as_list else tuple(input)
-    ins = instructions if instructions is None or as_list else tuple(instructions)
+    history = _history("t0", max_bytes=2000)
+    inp: Any = input if as_list else tuple(input)
+    ins: Any = instructions if instructions is None or as_list else tuple(instructions)
     snapshot = TurnSnapshot(context_id="c", turn_id=turn_id, input=inp, instructions=ins)
     got = _errors(lambda: check_snapshot(snapshot, gateway, lambda _: history))
-    slow = _history("t0")
+    slow = _history("t0", max_bytes=2000)
     where = f"Turn {excerpt(turn_id)}"
     want = _errors(
         lambda: check_renderable(gateway, inp, f"{where} input", slow),
