@@ -137,6 +137,7 @@ class Preparer:
         "_inline_spent",
         "_inline_window",
         "_issued",
+        "_now",
         "_options",
         "_refused",
         "_render_bound",
@@ -178,7 +179,8 @@ class Preparer:
         self._rendering = 0
         # ``worker_threads``: with this many renders in the thread, one more renders there too.
         self._render_bound = limiter.total_tokens
-        self.worker = RenderWorker()
+        self._now = queue.hooks.now  # the loop's clock, as anyio.current_time reads it
+        self.worker = RenderWorker(hooks=queue.hooks)
         self._handoff = threading.Lock()  # guards each Preparation.thread leaving _QUEUED
 
     def refill(self, items: NativeItems) -> None:
@@ -228,7 +230,7 @@ class Preparer:
         refused, self._refused = self._refused, None
         if refused is None or request is not refused:
             request = check_request(request, self._options.history_limits.max_item_bytes)
-        requested_at = anyio.current_time()
+        requested_at = self._now()
         origin = self._table.contexts.get(request.context_id)
         if self._table.holding(request.context_id, request.turn_id, origin) is None:
             origin = await self._wait_for_commit(request, origin)  # holding no slot
@@ -316,7 +318,7 @@ class Preparer:
         areas = state.areas
         # No collection while a model call of the context is in flight.
         run_pass = state.in_flight is None
-        queued = anyio.current_time() - preparation.requested_at
+        queued = self._now() - preparation.requested_at
         preparation.areas = areas
         await self._render(
             preparation,
@@ -502,7 +504,7 @@ class Preparer:
                 request,
                 self._behavior_rules(request),
                 last,
-                anyio.current_time() - requested_at,
+                self._now() - requested_at,
                 None,
                 state.in_flight is None,
                 None,
@@ -569,7 +571,7 @@ class Preparer:
             self._counters.delivered(
                 last.bytes if last is not None and unscoped else 0,
                 prepared,
-                anyio.current_time() - requested_at,
+                self._now() - requested_at,
                 last.tokens if last is not None and unscoped else 0,
             )
             self._counters.breakpoints_skipped += delivered.skipped_breakpoint

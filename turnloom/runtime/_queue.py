@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
-import anyio.lowlevel
 
 from turnloom.errors import ContextRemovedError, QueueFullError, excerpt
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._slots import FairSlots, Tenant
+from turnloom.runtime._wakeup import CancelScope, loop_hooks
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
 
@@ -68,7 +68,7 @@ class Preparation:
         request: ContextPrepareRequest,
         requested_at: float,
         origin: ContextState | None,
-        scope: anyio.CancelScope,
+        scope: CancelScope,
     ) -> None:
         self.request = request
         self.tenant = tenant_of(request)
@@ -141,7 +141,12 @@ class PreparationQueue:
     ) -> None:
         self.capacity = capacity
         self._counters = counters
-        self._slots = FairSlots(capacity, tenant_limit if tenant_limit is not None else capacity)
+        self.hooks = loop_hooks()  # the loop's clock, checkpoint and cancel scopes
+        self._slots = FairSlots(
+            capacity,
+            tenant_limit if tenant_limit is not None else capacity,
+            self.hooks.checkpoint,
+        )
         self._preparations: set[Preparation] = set()
         self._settled = anyio.Event()
         self._settled.set()
@@ -247,7 +252,7 @@ class PreparationQueue:
                 if not checkpointed:
                     # The slot is held until the requester resumes with the result.
                     try:
-                        await anyio.lowlevel.checkpoint()
+                        await self.hooks.checkpoint()
                     except BaseException:
                         self._counters.discarded += 1  # settled, but the requester is gone
                         raise
@@ -259,7 +264,7 @@ class PreparationQueue:
                 deliver()
                 self._counters.prepared += 1
                 return prepared
-        scope = anyio.CancelScope()
+        scope = self.hooks.cancel_scope()
         preparation = Preparation(request, requested_at, origin, scope)
         if self.closed:
             self._slots.release(preparation.tenant)
