@@ -130,6 +130,7 @@ class Preparer:
     """
 
     __slots__ = (
+        "_cancel_scope",
         "_clock",
         "_counters",
         "_durable",
@@ -180,6 +181,7 @@ class Preparer:
         # ``worker_threads``: with this many renders in the thread, one more renders there too.
         self._render_bound = limiter.total_tokens
         self._now = queue.hooks.now  # the loop's clock, as anyio.current_time reads it
+        self._cancel_scope = queue.hooks.cancel_scope
         self.worker = RenderWorker(hooks=queue.hooks)
         self._handoff = threading.Lock()  # guards each Preparation.thread leaving _QUEUED
 
@@ -286,6 +288,11 @@ class Preparer:
                 origin = self._table.contexts.get(context_id)
 
     async def _wait_for_turn(self, preparation: Preparation) -> ContextState:
+        """Wait until the preparation's turn is held (its context then), holding its slot.
+
+        Raises:
+            FoundationClosedError: the Foundation began closing.
+        """
         context_id = preparation.request.context_id
         turn_id = preparation.request.turn_id
         while True:
@@ -305,15 +312,32 @@ class Preparer:
     async def run(self, preparation: Preparation) -> None:
         """The work of one owned preparation: wait, capture, assemble, render, deliver."""
         options = self._options
-        state = await self._wait_for_turn(preparation)
-        request = self._capture(preparation.request, state)
+        request = preparation.request
+        # The turn was held when the call checked it; a requester that waited
+        # for its slot since, or a close that began, takes the waiting path.
+        state = (
+            None
+            if self.closing
+            else self._table.holding(request.context_id, request.turn_id, preparation.origin)
+        )
+        if state is None:
+            state = await preparation.wait(self._cancel_scope(), self._wait_for_turn(preparation))
+            if state is None:
+                return  # cancelled (by the close, a removal)
+        request = self._capture(request, state)
         tracing.queued()
         view = state.history.view()
         serial = state.history.turn_serial(request.turn_id)
         assembled = None
         if options.strategy is not None:
             # Memory I/O on the loop, in this preparation's cancel scope.
-            assembled = await self._assemble(options.strategy, state, view, request)
+            assembled = await preparation.wait(
+                self._cancel_scope(), self._assemble(options.strategy, state, view, request)
+            )
+            if assembled is None:
+                return  # cancelled (by the close, a removal)
+        if preparation.cancelled:
+            return  # cancelled before it waited at all (the task group's scope)
         last = state.last
         areas = state.areas
         # No collection while a model call of the context is in flight.
