@@ -134,7 +134,9 @@ class Preparer:
         "_clock",
         "_counters",
         "_durable",
+        "_gateway_type",
         "_handoff",
+        "_inline",
         "_inline_spent",
         "_inline_window",
         "_issued",
@@ -143,6 +145,7 @@ class Preparer:
         "_refused",
         "_render_bound",
         "_rendering",
+        "_strategy_name",
         "_table",
         "closing",
         "limiter",
@@ -182,6 +185,11 @@ class Preparer:
         self._render_bound = limiter.total_tokens
         self._now = queue.hooks.now  # the loop's clock, as anyio.current_time reads it
         self._cancel_scope = queue.hooks.cancel_scope
+        # Read once: the options are frozen, a gateway's type is constant.
+        self._gateway_type = options.gateway.type
+        self._strategy_name = options.strategy.name if options.strategy is not None else None
+        # No strategy and a built-in gateway: a render may run inline (run_inline).
+        self._inline = options.strategy is None and type(options.gateway) in _INLINE_GATEWAYS
         self.worker = RenderWorker(hooks=queue.hooks)
         self._handoff = threading.Lock()  # guards each Preparation.thread leaving _QUEUED
 
@@ -219,9 +227,7 @@ class Preparer:
         and cancellation. The request is checked, and the commit waited for
         holding no slot, before a slot is taken.
         """
-        options = self._options
-        strategy = options.strategy.name if options.strategy is not None else None
-        with tracing.prepare_span(options.gateway.type, request, strategy) as traced:
+        with tracing.prepare_span(self._gateway_type, request, self._strategy_name) as traced:
             prepared = await self._admit(request, wait=wait)
             traced.delivered(prepared)
             return prepared
@@ -423,7 +429,7 @@ class Preparer:
             if preparation.thread == _GONE:
                 return None
             preparation.thread = _RUNNING
-        with tracing.render_span(traced, inline=False, gateway=self._options.gateway.type):
+        with tracing.render_span(traced, inline=False, gateway=self._gateway_type):
             return render_preparation(*args)
 
     def _render_returned(self, job: _RenderJob, outcome: Rendered | BaseException | None) -> None:
@@ -495,9 +501,8 @@ class Preparer:
         options = self._options
         if (
             self.closing
-            or options.strategy is not None
+            or not self._inline
             or request.scope is not None
-            or type(options.gateway) not in _INLINE_GATEWAYS
             or self._rendering >= self._render_bound
         ):
             return None
@@ -520,7 +525,7 @@ class Preparer:
         serial = history.turn_serial(request.turn_id)
         last = state.last
         with tracing.render_span(
-            tracing.current_prepare(), inline=True, gateway=options.gateway.type
+            tracing.current_prepare(), inline=True, gateway=self._gateway_type
         ) as traced:
             result = render_preparation(
                 options,

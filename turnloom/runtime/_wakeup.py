@@ -172,12 +172,13 @@ def loop_hooks() -> LoopHooks:
         raise RuntimeError(f"Unsupported event loop {library!r}: asyncio or trio.")
     loop = asyncio.get_running_loop()
     # call_soon_threadsafe raises RuntimeError once the loop is closed; anyio's
-    # current_time and checkpoint on asyncio are the loop's time and sleep(0).
+    # current_time and checkpoint on asyncio are the loop's time and sleep(0);
+    # anyio.CancelScope() makes its backend's class, made here directly.
     return LoopHooks(
         _FutureSignal,
         loop.call_soon_threadsafe,
         (RuntimeError,),
         loop.time,
         _asyncio_checkpoint,
-        anyio.CancelScope,
+        type(anyio.CancelScope()),
     )
