@@ -146,3 +146,29 @@ async def test_a_prepare_cancelled_at_its_first_checkpoint_takes_no_slot() -> No
         # The slot is free: an immediate preparation is admitted.
         prepared = await manager.prepare_nowait(ContextPrepareRequest(context_id="c", turn_id="t1"))
         assert prepared.items == ({"role": "user", "content": "hi"},)
+
+
+async def test_a_preparation_cancelled_before_it_waits_renders_nothing() -> None:
+    """A preparation owns a cancel scope only while it waits (for its turn, its
+    assembly): one already cancelled when admitted (the scope the Foundation was
+    opened in was cancelled: ``queue._cancelled``) and whose turn is held never waits,
+    yet renders nothing. The requester gets FoundationClosedError; the slot is freed
+    and the preparation counted as failed (its requester got the error)."""
+    from turnloom.runtime.errors import FoundationClosedError
+
+    gateway = BlockingGateway()  # not a built-in gateway: never rendered inline
+    async with Foundation(gateway=gateway, max_pending_preparations=1) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("hi"),)))
+        queue = manager._life.check_bound().queue
+        queue._cancelled = True  # as the watcher sets it
+        renders = gateway.renders
+        with pytest.raises(FoundationClosedError):
+            await manager.prepare_nowait(ContextPrepareRequest(context_id="c", turn_id="t1"))
+        stats = manager.statistics().preparations
+        assert (gateway.renders - renders, stats.pending, queue._slots.free) == (0, 0, 1)
+        assert (stats.prepared_total, stats.discarded_total, stats.failed_total) == (0, 0, 1)
+        queue._cancelled = False
+        prepared = await manager.prepare_nowait(ContextPrepareRequest(context_id="c", turn_id="t1"))
+        assert prepared.items == ({"role": "user", "content": "hi"},)
+        assert manager.statistics().preparations.prepared_total == 1

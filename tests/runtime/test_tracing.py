@@ -399,3 +399,36 @@ def test_spans_go_to_the_global_provider_even_one_set_after_import(backend: str)
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_without_the_package_turnloom_imports_and_prepares(backend: str) -> None:
     assert _python(_ABSENT, backend) == "False None 1\n"
+
+
+def test_the_api_proxy_without_a_provider_is_not_asked_for_spans(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ``opentelemetry-api`` and no provider set, the proxy tracer would hand out
+    non-recording spans: the span helpers skip it (no span is started), and a provider
+    set later is used at once (the proxy then records)."""
+    from opentelemetry import trace
+
+    proxy = trace.ProxyTracer("turnloom")
+    monkeypatch.setattr(_tracing, "TRACER", proxy)
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    asked: list[str] = []
+    start_span = trace.ProxyTracer.start_span
+
+    def counted(self: trace.ProxyTracer, name: str, *args: object, **kwargs: object) -> object:
+        asked.append(name)
+        return start_span(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(trace.ProxyTracer, "start_span", counted)
+    assert _tracing.prepare_span("openai_chat", None, None) is _tracing._NO_PREPARE
+    assert _tracing.span("turnloom.assembly", {}) is _tracing._NO_SPAN
+    assert asked == []
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
+    with _tracing.span("turnloom.assembly", {"turnloom.strategy": "jit"}):
+        pass
+    assert asked == ["turnloom.assembly"]
+    assert [span.name for span in exporter.get_finished_spans()] == ["turnloom.assembly"]

@@ -57,6 +57,7 @@ from turnloom.runtime._records import (
     TurnsSummarized,
 )
 from turnloom.runtime._render import DeliveredPrefix
+from turnloom.runtime._wakeup import CancelScope
 from turnloom.runtime.assembly import AssembledContext
 from turnloom.runtime.schemas import TurnSnapshot
 from turnloom.runtime.state import EarlierStatePolicy
@@ -94,7 +95,7 @@ class ContextState:
         self.history = history
         self.in_flight: str | None = None  # the turn id of the model call in flight
         # The cancel scope of that call's invocation block: a removal cancels it.
-        self.call_scope: anyio.CancelScope | None = None
+        self.call_scope: CancelScope | None = None
         self.last: DeliveredPrefix | None = None  # the last delivered prefix
         self.areas: AreaSection | None = None  # created by the first areas.attach or areas.route
         self.assembly: TurnAssembly | None = None  # the latest turn's assembly

@@ -7,14 +7,13 @@ __all__ = ("Invocation", "InvocationBlock")
 from collections.abc import Sequence
 from types import TracebackType
 
-import anyio
-
 from turnloom.context.gateway import Gateway
 from turnloom.context.interruption import interrupted_output
 from turnloom.context.message import Message
 from turnloom.runtime._contexts import ContextState, ContextTable
 from turnloom.runtime._door import check_outputs
 from turnloom.runtime._lifecycle import Lifecycle
+from turnloom.runtime._wakeup import CancelScope
 
 
 class Invocation:
@@ -101,14 +100,14 @@ class InvocationBlock:
         self._context_id = context_id
         self._turn_id = turn_id
         self._state: ContextState | None = None
-        self._scope: anyio.CancelScope | None = None
+        self._scope: CancelScope | None = None
 
     async def __aenter__(self) -> Invocation:
-        self._life.check_open()
+        hooks = self._life.check_open().queue.hooks
         state = self._table.begin_call(self._context_id, self._turn_id)
         self._state = state
         # Entered here, exited in __aexit__: the block's body runs inside it (LIFO holds).
-        scope = self._scope = state.call_scope = anyio.CancelScope()
+        scope = self._scope = state.call_scope = hooks.cancel_scope()
         scope.__enter__()
         return Invocation(
             self._life, self._table, self._gateway, state, self._context_id, self._turn_id

@@ -130,17 +130,22 @@ class Preparer:
     """
 
     __slots__ = (
+        "_cancel_scope",
         "_clock",
         "_counters",
         "_durable",
+        "_gateway_type",
         "_handoff",
+        "_inline",
         "_inline_spent",
         "_inline_window",
         "_issued",
+        "_now",
         "_options",
         "_refused",
         "_render_bound",
         "_rendering",
+        "_strategy_name",
         "_table",
         "closing",
         "limiter",
@@ -178,7 +183,14 @@ class Preparer:
         self._rendering = 0
         # ``worker_threads``: with this many renders in the thread, one more renders there too.
         self._render_bound = limiter.total_tokens
-        self.worker = RenderWorker()
+        self._now = queue.hooks.now  # the loop's clock, as anyio.current_time reads it
+        self._cancel_scope = queue.hooks.cancel_scope
+        # Read once: the options are frozen, a gateway's type is constant.
+        self._gateway_type = options.gateway.type
+        self._strategy_name = options.strategy.name if options.strategy is not None else None
+        # No strategy and a built-in gateway: a render may run inline (run_inline).
+        self._inline = options.strategy is None and type(options.gateway) in _INLINE_GATEWAYS
+        self.worker = RenderWorker(hooks=queue.hooks)
         self._handoff = threading.Lock()  # guards each Preparation.thread leaving _QUEUED
 
     def refill(self, items: NativeItems) -> None:
@@ -215,9 +227,7 @@ class Preparer:
         and cancellation. The request is checked, and the commit waited for
         holding no slot, before a slot is taken.
         """
-        options = self._options
-        strategy = options.strategy.name if options.strategy is not None else None
-        with tracing.prepare_span(options.gateway.type, request, strategy) as traced:
+        with tracing.prepare_span(self._gateway_type, request, self._strategy_name) as traced:
             prepared = await self._admit(request, wait=wait)
             traced.delivered(prepared)
             return prepared
@@ -228,7 +238,7 @@ class Preparer:
         refused, self._refused = self._refused, None
         if refused is None or request is not refused:
             request = check_request(request, self._options.history_limits.max_item_bytes)
-        requested_at = anyio.current_time()
+        requested_at = self._now()
         origin = self._table.contexts.get(request.context_id)
         if self._table.holding(request.context_id, request.turn_id, origin) is None:
             origin = await self._wait_for_commit(request, origin)  # holding no slot
@@ -284,6 +294,11 @@ class Preparer:
                 origin = self._table.contexts.get(context_id)
 
     async def _wait_for_turn(self, preparation: Preparation) -> ContextState:
+        """Wait until the preparation's turn is held (its context then), holding its slot.
+
+        Raises:
+            FoundationClosedError: the Foundation began closing.
+        """
         context_id = preparation.request.context_id
         turn_id = preparation.request.turn_id
         while True:
@@ -303,20 +318,37 @@ class Preparer:
     async def run(self, preparation: Preparation) -> None:
         """The work of one owned preparation: wait, capture, assemble, render, deliver."""
         options = self._options
-        state = await self._wait_for_turn(preparation)
-        request = self._capture(preparation.request, state)
+        request = preparation.request
+        # The turn was held when the call checked it; a requester that waited
+        # for its slot since, or a close that began, takes the waiting path.
+        state = (
+            None
+            if self.closing
+            else self._table.holding(request.context_id, request.turn_id, preparation.origin)
+        )
+        if state is None:
+            state = await preparation.wait(self._cancel_scope(), self._wait_for_turn(preparation))
+            if state is None:
+                return  # cancelled (by the close, a removal)
+        request = self._capture(request, state)
         tracing.queued()
         view = state.history.view()
         serial = state.history.turn_serial(request.turn_id)
         assembled = None
         if options.strategy is not None:
             # Memory I/O on the loop, in this preparation's cancel scope.
-            assembled = await self._assemble(options.strategy, state, view, request)
+            assembled = await preparation.wait(
+                self._cancel_scope(), self._assemble(options.strategy, state, view, request)
+            )
+            if assembled is None:
+                return  # cancelled (by the close, a removal)
+        if preparation.cancelled:
+            return  # cancelled before it waited at all (the task group's scope)
         last = state.last
         areas = state.areas
         # No collection while a model call of the context is in flight.
         run_pass = state.in_flight is None
-        queued = anyio.current_time() - preparation.requested_at
+        queued = self._now() - preparation.requested_at
         preparation.areas = areas
         await self._render(
             preparation,
@@ -397,7 +429,7 @@ class Preparer:
             if preparation.thread == _GONE:
                 return None
             preparation.thread = _RUNNING
-        with tracing.render_span(traced, inline=False, gateway=self._options.gateway.type):
+        with tracing.render_span(traced, inline=False, gateway=self._gateway_type):
             return render_preparation(*args)
 
     def _render_returned(self, job: _RenderJob, outcome: Rendered | BaseException | None) -> None:
@@ -469,9 +501,8 @@ class Preparer:
         options = self._options
         if (
             self.closing
-            or options.strategy is not None
+            or not self._inline
             or request.scope is not None
-            or type(options.gateway) not in _INLINE_GATEWAYS
             or self._rendering >= self._render_bound
         ):
             return None
@@ -494,7 +525,7 @@ class Preparer:
         serial = history.turn_serial(request.turn_id)
         last = state.last
         with tracing.render_span(
-            tracing.current_prepare(), inline=True, gateway=options.gateway.type
+            tracing.current_prepare(), inline=True, gateway=self._gateway_type
         ) as traced:
             result = render_preparation(
                 options,
@@ -502,7 +533,7 @@ class Preparer:
                 request,
                 self._behavior_rules(request),
                 last,
-                anyio.current_time() - requested_at,
+                self._now() - requested_at,
                 None,
                 state.in_flight is None,
                 None,
@@ -569,7 +600,7 @@ class Preparer:
             self._counters.delivered(
                 last.bytes if last is not None and unscoped else 0,
                 prepared,
-                anyio.current_time() - requested_at,
+                self._now() - requested_at,
                 last.tokens if last is not None and unscoped else 0,
             )
             self._counters.breakpoints_skipped += delivered.skipped_breakpoint

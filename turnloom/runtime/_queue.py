@@ -7,8 +7,10 @@ for turns that never come (mistyped ids, a host preparing ahead of
 ``accept_turn``) never starve the other contexts. A preparation is owned by the queue
 from :meth:`PreparationQueue.admit` until it is *settled* (delivered, failed
 or discarded), and holds its slot until then. It runs in its requester's
-task, in a cancel scope of its own that the close cancels: no task, event or
-handoff per preparation. A requester cancelled while its preparation waits
+task; the close cancels it: the wait it is in (for its turn, its assembly)
+runs in a cancel scope made for that wait, and one cancelled between waits
+renders nothing. No task, event or handoff per preparation, and no cancel
+scope for one that never waits. A requester cancelled while its preparation waits
 (for its turn, its assembly, its render queued in the render thread, which
 then skips it) settles it as discarded on the spot. One cancelled while its
 render runs in the render thread returns at once, but the preparation stays
@@ -25,15 +27,15 @@ from __future__ import annotations
 __all__ = ("Preparation", "PreparationQueue")
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 import anyio.abc
-import anyio.lowlevel
 
 from turnloom.errors import ContextRemovedError, QueueFullError, excerpt
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._slots import FairSlots, Tenant
+from turnloom.runtime._wakeup import CancelScope, loop_hooks
 from turnloom.runtime.errors import FoundationClosedError
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
 
@@ -42,12 +44,16 @@ if TYPE_CHECKING:
     from turnloom.runtime._contexts import ContextState
 
 
+T = TypeVar("T")
+
+
 class Preparation:
     """One admitted preparation and how it settled."""
 
     __slots__ = (
         "abandoned",
         "areas",
+        "cancelled",
         "closed",
         "deliver",
         "origin",
@@ -68,7 +74,6 @@ class Preparation:
         request: ContextPrepareRequest,
         requested_at: float,
         origin: ContextState | None,
-        scope: anyio.CancelScope,
     ) -> None:
         self.request = request
         self.tenant = tenant_of(request)
@@ -76,7 +81,12 @@ class Preparation:
         # The context the request was made for (None: not created yet); a
         # context created again with the same id after a removal never serves it.
         self.origin = origin
-        self.scope = scope  # cancelled by the close while the preparation waits
+        # Cancelled (by the close, a removal, the watcher): it renders nothing.
+        # ``scope`` is the cancel scope of the wait it is in (for its turn, its
+        # assembly), None between waits: a preparation that never waits makes
+        # none (see :meth:`wait_in_scope`).
+        self.cancelled = False
+        self.scope: CancelScope | None = None
         self.wanted = True  # False once the requester is gone
         self.result: PreparedContext | None = None
         # Set with ``result``: what delivering it changes, run when the requester gets it.
@@ -97,6 +107,29 @@ class Preparation:
         self.outcome: object = None
         self.areas: AreaSection | None = None
 
+    def cancel(self) -> None:
+        """Cancel the preparation: the wait it is in ends, and it renders nothing."""
+        self.cancelled = True
+        if self.scope is not None:
+            self.scope.cancel()
+
+    async def wait(self, scope: CancelScope, waiting: Awaitable[T]) -> T | None:
+        """Await ``waiting`` in ``scope``, a new cancel scope that :meth:`cancel` cancels.
+
+        Returns what it returned, or None when the preparation was cancelled
+        (then or before: ``waiting`` is then cancelled at its first wait).
+        Errors propagate; so does a cancellation from outside the scope.
+        """
+        self.scope = scope
+        if self.cancelled:
+            scope.cancel()
+        try:
+            with scope:
+                return await waiting
+        finally:
+            self.scope = None
+        return None  # the scope caught its own cancellation
+
 
 def tenant_of(request: ContextPrepareRequest) -> Tenant:
     """The tenant whose share of the slots a request uses (None without one)."""
@@ -112,8 +145,9 @@ class _Waiters:
 
 
 Work = Callable[[Preparation], Awaitable[None]]
-"""What a preparation does once admitted, in its requester's task and its own
-cancel scope; it sets ``result`` unless cancelled or closed."""
+"""What a preparation does once admitted, in its requester's task, each of its
+waits through :meth:`Preparation.wait`; it sets ``result`` unless cancelled
+(:attr:`Preparation.cancelled`: it then renders nothing) or closed."""
 
 InlineWork = Callable[
     [ContextPrepareRequest, float, "ContextState | None"],
@@ -141,7 +175,12 @@ class PreparationQueue:
     ) -> None:
         self.capacity = capacity
         self._counters = counters
-        self._slots = FairSlots(capacity, tenant_limit if tenant_limit is not None else capacity)
+        self.hooks = loop_hooks()  # the loop's clock, checkpoint and cancel scopes
+        self._slots = FairSlots(
+            capacity,
+            tenant_limit if tenant_limit is not None else capacity,
+            self.hooks.checkpoint,
+        )
         self._preparations: set[Preparation] = set()
         self._settled = anyio.Event()
         self._settled.set()
@@ -226,7 +265,8 @@ class PreparationQueue:
         ``work``'s would be. Unless the caller already passed a checkpoint
         (``checkpointed``, as :meth:`acquire` does), the caller then passes
         one, holding the slot, and a caller cancelled there discards the
-        result. Otherwise ``work`` runs in the preparation's cancel scope; see
+        result. Otherwise ``work`` runs, its waits in cancel scopes the close
+        cancels (:meth:`Preparation.wait`); see
         the module docstring for a caller cancelled meanwhile.
 
         Raises:
@@ -247,7 +287,7 @@ class PreparationQueue:
                 if not checkpointed:
                     # The slot is held until the requester resumes with the result.
                     try:
-                        await anyio.lowlevel.checkpoint()
+                        await self.hooks.checkpoint()
                     except BaseException:
                         self._counters.discarded += 1  # settled, but the requester is gone
                         raise
@@ -259,8 +299,7 @@ class PreparationQueue:
                 deliver()
                 self._counters.prepared += 1
                 return prepared
-        scope = anyio.CancelScope()
-        preparation = Preparation(request, requested_at, origin, scope)
+        preparation = Preparation(request, requested_at, origin)
         if self.closed:
             self._slots.release(preparation.tenant)
             raise FoundationClosedError(
@@ -269,11 +308,10 @@ class PreparationQueue:
         self._preparations.add(preparation)
         if self._settled.is_set():
             self._settled = anyio.Event()
+        if self._cancelled:
+            preparation.cancelled = True
         try:
-            with scope:
-                if self._cancelled:
-                    scope.cancel()
-                await work(preparation)
+            await work(preparation)
         except BaseException as exc:
             if not isinstance(exc, Exception):
                 preparation.wanted = False  # the requester is gone
@@ -327,7 +365,7 @@ class PreparationQueue:
         if preparation.rendering:
             preparation.closed = True
         else:
-            preparation.scope.cancel()
+            preparation.cancel()
 
     async def _watch(self) -> None:
         with self._watching:
@@ -341,7 +379,7 @@ class PreparationQueue:
                     self._cancelled = True
                     for preparation in tuple(self._preparations):
                         if not preparation.rendering:
-                            preparation.scope.cancel()
+                            preparation.cancel()
 
     def remove(self, context_id: str, state: ContextState) -> None:
         """Discard the preparations of a removed context (``state``, or not yet created).
@@ -358,7 +396,7 @@ class PreparationQueue:
                 continue
             preparation.removed = True
             if not preparation.rendering:
-                preparation.scope.cancel()
+                preparation.cancel()
         self.wake(context_id)
 
     def wake(self, context_id: str) -> None:

@@ -25,6 +25,7 @@ __all__ = ("FairSlots",)
 
 import itertools
 from collections import deque
+from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.lowlevel
@@ -45,8 +46,14 @@ class _Waiter:
 class FairSlots:
     """``capacity`` slots, at most ``tenant_limit`` per tenant, fewest-held tenant first."""
 
-    def __init__(self, capacity: int, tenant_limit: int) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        tenant_limit: int,
+        checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint,
+    ) -> None:
         self.capacity = capacity
+        self._checkpoint = checkpoint  # anyio.lowlevel.checkpoint, or the loop's own
         self.tenant_limit = tenant_limit
         self.free = capacity
         self.waiting = 0
@@ -84,7 +91,7 @@ class FairSlots:
         # One checkpoint (cheaper than a cancellation check plus a shielded
         # one): a call cancelled in it holds no slot; past it, it cannot be
         # cancelled before it returns with the slot taken.
-        await anyio.lowlevel.checkpoint()
+        await self._checkpoint()
         if self.try_acquire(tenant):
             return False
         waiter = _Waiter(tenant, next(self._order))

@@ -102,6 +102,8 @@ if TYPE_CHECKING:
     from turnloom.context.gateway import Gateway
     from turnloom.runtime.schemas import PreparedContext
 
+_PROXY_TRACER: type | None = trace.ProxyTracer if trace is not None else None
+
 ENABLED = trace is not None
 """Whether ``opentelemetry-api`` is importable (the ``otel`` extra)."""
 
@@ -271,11 +273,25 @@ def span(name: str, attributes: Attributes, *, root: bool = False) -> _Span | _N
     return _Span(started)
 
 
+def _unset(tracer: Tracer) -> bool:
+    """True when ``tracer`` is the API's proxy and no provider was set: it records nothing.
+
+    Such a proxy would hand out non-recording spans (about 0.8 us each) until
+    the host sets a provider; this check costs two attribute reads. Any
+    other tracer (a provider's, a test's) is asked for its span as usual.
+    """
+    return (
+        type(tracer) is _PROXY_TRACER
+        and getattr(tracer, "_real_tracer", True) is None
+        and getattr(trace, "_TRACER_PROVIDER", True) is None
+    )
+
+
 def _started(name: str, *, root: bool = False) -> Span | None:
     """A recording span just started, or None when nothing records (no attributes are
     computed for a span that records nothing: the cost without an SDK is this call)."""
     tracer = TRACER
-    if tracer is None:
+    if tracer is None or _unset(tracer):
         return None
     parent = None
     if root:

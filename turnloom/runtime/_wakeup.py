@@ -22,9 +22,11 @@ from __future__ import annotations
 __all__ = ("LoopHooks", "Signal", "loop_hooks")
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from types import TracebackType
 from typing import Any, Protocol
 
+import anyio
 import sniffio
 
 _trio: Any = None  # the trio module, imported by the first loop_hooks() on trio
@@ -94,19 +96,55 @@ class _TrioSignal:
 class LoopHooks:
     """The running loop's primitives: ``signal()`` makes a :class:`Signal`;
     ``call_soon(fn, arg)`` runs ``fn(arg)`` on the loop, from any thread,
-    without waiting; it raises one of ``gone`` once the loop has finished."""
+    without waiting; it raises one of ``gone`` once the loop has finished.
 
-    __slots__ = ("call_soon", "gone", "signal")
+    And the loop's own forms of three anyio calls made per prepare and per
+    model call, without anyio's look-up of the running backend on each call:
+    ``now()`` is ``anyio.current_time()`` (seconds, the loop's clock),
+    ``checkpoint()`` is ``anyio.lowlevel.checkpoint()`` (a cancellation
+    point and a yield to the loop), and ``cancel_scope()`` makes a cancel
+    scope with ``cancel()``, usable as a ``with`` block in a task of this
+    loop exactly as an ``anyio.CancelScope()`` (on trio, trio's own, which
+    anyio's wraps).
+    """
+
+    __slots__ = ("call_soon", "cancel_scope", "checkpoint", "gone", "now", "signal")
 
     def __init__(
         self,
         signal: Callable[[], Signal],
         call_soon: Callable[[Callable[[Any], object], Any], object],
         gone: tuple[type[BaseException], ...],
+        now: Callable[[], float],
+        checkpoint: Callable[[], Awaitable[None]],
+        cancel_scope: Callable[[], CancelScope],
     ) -> None:
         self.signal = signal
         self.call_soon = call_soon
         self.gone = gone
+        self.now = now
+        self.checkpoint = checkpoint
+        self.cancel_scope = cancel_scope
+
+
+class CancelScope(Protocol):
+    """What :attr:`LoopHooks.cancel_scope` makes: a cancel scope of the running loop."""
+
+    def cancel(self) -> None:
+        """Cancel what runs in the scope (idempotent; loop thread only)."""
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool | None: ...
+
+
+def _asyncio_checkpoint() -> Awaitable[None]:
+    return asyncio.sleep(0)
 
 
 def loop_hooks() -> LoopHooks:
@@ -122,9 +160,25 @@ def loop_hooks() -> LoopHooks:
 
         _trio = trio
         token = trio.lowlevel.current_trio_token()
-        return LoopHooks(_TrioSignal, token.run_sync_soon, (trio.RunFinishedError,))
+        return LoopHooks(
+            _TrioSignal,
+            token.run_sync_soon,
+            (trio.RunFinishedError,),
+            trio.current_time,
+            trio.lowlevel.checkpoint,
+            trio.CancelScope,
+        )
     if library != "asyncio":
         raise RuntimeError(f"Unsupported event loop {library!r}: asyncio or trio.")
     loop = asyncio.get_running_loop()
-    # call_soon_threadsafe raises RuntimeError once the loop is closed.
-    return LoopHooks(_FutureSignal, loop.call_soon_threadsafe, (RuntimeError,))
+    # call_soon_threadsafe raises RuntimeError once the loop is closed; anyio's
+    # current_time and checkpoint on asyncio are the loop's time and sleep(0);
+    # anyio.CancelScope() makes its backend's class, made here directly.
+    return LoopHooks(
+        _FutureSignal,
+        loop.call_soon_threadsafe,
+        (RuntimeError,),
+        loop.time,
+        _asyncio_checkpoint,
+        type(anyio.CancelScope()),
+    )

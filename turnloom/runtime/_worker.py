@@ -47,8 +47,9 @@ jobs wakes the loop not at all); an exception it raises is logged."""
 class RenderWorker:
     """A persistent thread that runs jobs in batches, one event-loop wake-up per batch.
 
-    Made on the event loop that will receive the results (its hooks are read
-    at the first :meth:`submit` or :meth:`signal`). ``name`` names the thread.
+    Made on the event loop that will receive the results (its hooks, unless
+    given as ``hooks``, are read at the first :meth:`submit` or :meth:`signal`).
+    ``name`` names the thread.
 
     ``batches`` and ``jobs`` count what the thread handed back (read on the
     loop: they change only there).
@@ -70,8 +71,9 @@ class RenderWorker:
         "jobs",
     )
 
-    def __init__(self, name: str = "turnloom-render") -> None:
+    def __init__(self, name: str = "turnloom-render", hooks: LoopHooks | None = None) -> None:
         self._name = name
+        self._hooks: LoopHooks | None = hooks
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._jobs: deque[Job] = deque()
@@ -79,7 +81,6 @@ class RenderWorker:
         self._stopping = False
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._hooks: LoopHooks | None = None
         self._posted = 0  # batches the thread handed to the loop (read after the join)
         self._drained: Signal | None = None  # set when the last posted batch came back
         self.batches = 0
