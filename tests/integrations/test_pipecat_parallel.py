@@ -48,6 +48,12 @@ def _placeholders(call: FakeCall) -> int:
     )
 
 
+async def _inferred_and_played(call: FakeCall, model: ScriptedLLM, count: int) -> None:
+    """Wait until the model was asked ``count`` times and ``count`` replies ended."""
+    await call.until(lambda: len(model.seen) >= count)
+    await call.replies(count)
+
+
 def _slow_call_scenario() -> list[tuple[str, str]]:
     """A parallel batch whose slow call is IN_PROGRESS while the caller speaks again;
     asserts every input valid and the third exact; returns the history at the end."""
@@ -202,8 +208,7 @@ def test_a_turn_said_during_running_calls_is_committed_before_its_reply_whenever
                     await call.replies(2)
                     results.set()
                     await call.until(recorded)
-                await call.until(lambda: len(model.seen) >= 3)
-                await call.replies(3)
+                await _inferred_and_played(call, model, 3)
                 await call.say("Thanks.")
                 await call.until(lambda: len(model.seen) >= 4)
                 histories.append(history())
@@ -276,14 +281,11 @@ def test_calls_of_two_turns_running_across_a_third_each_settle_to_their_own_turn
                 await call.say("Also, my flight?")
                 await call.until(lambda: _placeholders(call) == 2)
                 await call.say("And my seat?")
-                await call.until(lambda: len(model.seen) >= 3)
-                await call.replies(3)
+                await _inferred_and_played(call, model, 3)
                 first.set()
-                await call.until(lambda: len(model.seen) >= 4)
-                await call.replies(4)
+                await _inferred_and_played(call, model, 4)
                 second.set()
-                await call.until(lambda: len(model.seen) >= 5)
-                await call.replies(5)
+                await _inferred_and_played(call, model, 5)
                 await call.say("Thanks.")
                 await call.until(lambda: len(model.seen) >= 6)
                 histories.append(_history(foundation.manager, "call-1"))
@@ -356,11 +358,9 @@ def test_a_false_start_said_during_a_running_call_is_taken_out_and_the_next_turn
                 await call.say("Um.")
                 await call.until(lambda: "Um." in heard)
                 await call.say("Also, my flight?")
-                await call.until(lambda: len(model.seen) >= 2)
-                await call.replies(2)
+                await _inferred_and_played(call, model, 2)
                 results.set()
-                await call.until(lambda: len(model.seen) >= 3)
-                await call.replies(3)
+                await _inferred_and_played(call, model, 3)
                 await call.say("Thanks.")
                 await call.until(lambda: len(model.seen) >= 4)
                 histories.append(_history(foundation.manager, "call-1"))
