@@ -23,7 +23,7 @@ from turnloom.context.message import (
     Message,
     check_message,
 )
-from turnloom.context.tokens import count_tokens
+from turnloom.context.tokens import count_message_tokens
 from turnloom.errors import (
     ItemTooLargeError,
     TurnTooLargeError,
@@ -286,7 +286,7 @@ def _entries(
             if len(messages) == 1:  # a record's usual batch: no comprehension, no zip
                 m = messages[0]
                 native, encoded = renders[0]
-                tokens = count_tokens(counter, (m,))
+                tokens = count_message_tokens(counter, m)
                 entries = (
                     (_Entry(m, tokens, native, encoded),)
                     if sent is None
@@ -295,19 +295,19 @@ def _entries(
             elif sent is None:
                 entries = tuple(
                     [
-                        _Entry(m, count_tokens(counter, (m,)), native, encoded)
+                        _Entry(m, count_message_tokens(counter, m), native, encoded)
                         for m, (native, encoded) in zip(messages, renders, strict=True)
                     ]
                 )
             else:
                 entries = tuple(
                     [
-                        _Entry(m, count_tokens(counter, (m,)), native, encoded, None, ids)
+                        _Entry(m, count_message_tokens(counter, m), native, encoded, None, ids)
                         for m, (native, encoded), ids in zip(messages, renders, sent, strict=True)
                     ]
                 )
         else:
-            entries = tuple([_Entry(m, count_tokens(counter, (m,))) for m in messages])
+            entries = tuple([_Entry(m, count_message_tokens(counter, m)) for m in messages])
             for i, entry in enumerate(entries):
                 if stale is not None and stale[i] is not None:
                     continue
@@ -315,7 +315,7 @@ def _entries(
                     entry.sent = sent[i]
                 entry.seed(slot, *renders[i])
     else:
-        entries = tuple([_Entry(m, count_tokens(counter, (m,))) for m in messages])
+        entries = tuple([_Entry(m, count_message_tokens(counter, m)) for m in messages])
     history._checked = (_UNCHECKED, older)  # consumed: the batch's messages are held now
     return entries, sizes, plan
 
