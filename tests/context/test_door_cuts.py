@@ -8,14 +8,20 @@ strategy) and on every recorded provider message (``../shared/data``).
 
 from __future__ import annotations
 
+import contextlib
+import copy
 from typing import Any
 
 import msgspec
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tests.context.gateways.test_door_property import messages, recorded_messages
+from tests.context.gateways.test_door_property import GATEWAYS, messages, recorded_messages
+from tests.context.test_history import CHAT, SYSTEM, _op, apply_op, assistant, call, result, user
 from turnloom.context import ApproxTokenCounter, ImagePart, Message, Role, check_message
+from turnloom.context.history import HistoryLimits, TurnHistory
+from turnloom.context.message import message_size
 from turnloom.context.tokens import count_message_tokens, count_tokens
 from turnloom.errors import HostCallbackError, TurnloomError
 
@@ -89,3 +95,183 @@ def test_one_message_count_is_the_documented_estimate(text: str) -> None:
     message = Message(role=Role.user, content=text, name="bob")
     expected = 3 + (len("user") + 3) // 4 + 1 + 1 + (len(text) + 3) // 4
     assert count_message_tokens(ApproxTokenCounter(), message) == expected
+
+
+# -- the door's check of a one-message list or tuple ---------------------------
+
+
+class _Batch(list):  # type: ignore[type-arg]
+    """A list of another type: the door checks it through its general batch path."""
+
+
+def _error(exc: BaseException) -> tuple[Any, ...]:
+    return (type(exc), str(exc), sorted(vars(exc).items(), key=lambda kv: kv[0]))
+
+
+def _memo_of(history: TurnHistory) -> tuple[Any, ...]:
+    """The door's two memos, comparable across histories (the turns by identity)."""
+    return tuple(_one_memo(history, memo) for memo in history._checked)
+
+
+def _one_memo(history: TurnHistory, memo: Any) -> tuple[Any, ...]:
+    messages, sizes, renders, gateway, turns, turn_id, pinned, plan = memo
+    return (
+        tuple(msgspec.json.encode(m) for m in messages),
+        sizes,
+        renders,
+        gateway,
+        turns is history._turns if turns is not None else None,
+        turn_id,
+        pinned,
+        None if plan is None else (plan.version, plan.turn_id, plan.sent, plan.claims),
+    )
+
+
+def _check(
+    history: TurnHistory, batch: Any, where: str, turn_id: Any, pinned: bool, gateway: Any
+) -> tuple[Any, ...]:
+    try:
+        return (
+            "ok",
+            history.check_batch(batch, where, turn_id=turn_id, pinned=pinned, gateway=gateway),
+        )
+    except TurnloomError as exc:
+        return _error(exc)
+
+
+_ONE_OPS = st.lists(_op, max_size=25)
+_EDGE_MESSAGES = st.sampled_from(
+    [
+        ("call", "c1"),
+        ("call", "c2"),
+        ("result", "c1"),
+        ("result", "c3"),
+        ("text", "x" * 300),
+        ("text", ""),
+    ]
+)
+
+
+def _edge(spec: tuple[str, str]) -> Message:
+    kind, value = spec
+    if kind == "call":
+        return call(value)
+    if kind == "result":
+        return result(value)
+    return assistant(value)
+
+
+@settings(max_examples=400)
+@given(
+    ops=_ONE_OPS,
+    drawn=messages | _EDGE_MESSAGES,
+    target=st.integers(-2, 5),
+    pinned=st.booleans(),
+    gateway=st.none() | st.sampled_from(GATEWAYS),
+    tight=st.sampled_from([None, (2, 400, 200), (12, 2000, 150), (3, 250, 1000)]),
+    as_tuple=st.booleans(),
+)
+def test_a_one_message_batch_is_checked_as_the_general_path_checks_it(
+    ops: list[tuple[str, int]],
+    drawn: Any,
+    target: int,
+    pinned: bool,
+    gateway: Any,
+    tight: tuple[int, int, int] | None,
+    as_tuple: bool,
+) -> None:
+    """Invariant: check_batch of a list or tuple of one message (its own path) and of
+    the same message in another Sequence type (the general path), in two histories
+    built alike, give the same sizes or the same error (type, text, fields), the same
+    memo (sizes, renders, sent ids decided), the same answer when asked again, and the
+    same record afterwards (its outcome and the history's render)."""
+    limits = HistoryLimits(low_water=1.0, max_turns=4, max_items=12)
+    if tight is not None:
+        items, total, cap = tight
+        limits = HistoryLimits(max_turns=4, max_items=items, max_bytes=total, max_item_bytes=cap)
+    histories = (TurnHistory(limits), TurnHistory(limits))
+    for history in histories:
+        history.commit("t0", [user("u0")], instructions=[SYSTEM])
+        turn = 0
+        for kind, n in ops:
+            with contextlib.suppress(TurnloomError):
+                turn = apply_op(history, kind, n, turn)
+    ids = histories[0].turn_ids
+    assert ids == histories[1].turn_ids
+    turn_id = None if target == -2 else "gone" if target == -1 else ids[target % len(ids)]
+    made = [drawn if isinstance(drawn, Message) else _edge(drawn)]
+    made.append(copy.deepcopy(made[0]))
+    fast = (tuple(made[:1]) if as_tuple else made[:1], histories[0])
+    slow = (_Batch(made[1:]), histories[1])
+    assert _memo_of(histories[0]) == _memo_of(histories[1])
+    for attempt in range(2):  # the check, then the same batch again (the memo)
+        outcomes = [
+            _check(h, b, "turn 't' output", turn_id, pinned, gateway) for b, h in (fast, slow)
+        ]
+        assert outcomes[0] == outcomes[1], attempt
+        if outcomes[0][0] == "ok":
+            assert _memo_of(histories[0]) == _memo_of(histories[1])
+    if outcomes[0][0] != "ok" or turn_id is None or pinned:
+        return
+    recorded = []
+    for batch, history in (fast, slow):
+        try:
+            recorded.append(("ok", history.record(turn_id, batch)))
+        except TurnloomError as exc:
+            recorded.append(_error(exc))
+    assert recorded[0] == recorded[1]
+    target_id = histories[0].turn_ids[-1]
+    renders = [list(h.view().render(gateway or CHAT, target_id).items) for h in histories]
+    assert renders[0] == renders[1]
+
+
+@pytest.mark.parametrize("as_tuple", [False, True])
+@pytest.mark.parametrize("kind", ["call", "result"])
+def test_a_one_message_batch_renders_as_sent_when_its_call_id_is_renamed(
+    kind: str, as_tuple: bool
+) -> None:
+    """Invariant: a call reusing a held call id (and a result answering the renamed
+    call) is rendered at the door with the id it is sent with, on the one-message
+    path as on the general one, and recorded with that render."""
+    histories = (TurnHistory(), TurnHistory())
+    for history in histories:
+        history.commit("t0", [user("u0")])
+        history.record("t0", [call("c1")])
+        history.record("t0", [result("c1")])
+        history.commit("t1", [user("u1")])
+        if kind == "result":
+            history.record("t1", [call("c1")])
+    one = [call("c1") if kind == "call" else result("c1")]
+    batches = (tuple(one) if as_tuple else one, _Batch([copy.deepcopy(one[0])]))
+    for batch, history in zip(batches, histories, strict=True):
+        assert history.check_batch(batch, "w", turn_id="t1", gateway=CHAT) == (
+            message_size(one[0]),
+        )
+    assert _memo_of(histories[0]) == _memo_of(histories[1])
+    plan = histories[0]._checked[0][7]
+    assert plan is not None and plan.sent is not None and plan.sent[0] not in (None, "c1")
+    native = histories[0]._checked[0][2][0][0]
+    sent_id = native["tool_calls"][0]["id"] if kind == "call" else native["tool_call_id"]
+    assert sent_id == plan.sent[0]
+    for batch, history in zip(batches, histories, strict=True):
+        assert history.record("t1", batch) == 1
+    assert list(histories[0].view().render(CHAT, "t1").items) == list(
+        histories[1].view().render(CHAT, "t1").items
+    )
+
+
+def test_a_one_message_check_keeps_the_older_memo_as_the_general_path_does() -> None:
+    """Invariant: after a record consumed the newest memo, a check of one message keeps
+    the older memo (a batch the door checked and not yet committed) as the general path
+    does, so that batch's commit or record still finds its sizes and renders."""
+    histories = (TurnHistory(), TurnHistory())
+    pending = [_Batch([user("later")]) for _ in histories]
+    for history, batch in zip(histories, pending, strict=True):
+        history.commit("t0", [user("u0")])
+        history.check_batch(batch, "w", gateway=CHAT)
+        history.record("t0", _Batch([assistant("a")]))
+        assert history._checked[0][0] == ()
+    histories[0].check_batch([assistant("b")], "w", turn_id="t0", gateway=CHAT)
+    histories[1].check_batch(_Batch([assistant("b")]), "w", turn_id="t0", gateway=CHAT)
+    assert _memo_of(histories[0]) == _memo_of(histories[1])
+    assert histories[0]._checked[1][0] == tuple(pending[0])

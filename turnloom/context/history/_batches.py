@@ -70,36 +70,27 @@ def _check_batch(
     gateway: Gateway | None = None,
 ) -> tuple[int, ...]:
     """The work of :meth:`TurnHistory.check_batch` (documented there)."""
-    memo = _memo(history, messages)
+    kind = type(messages)
+    if (kind is list or kind is tuple) and len(messages) == 1:
+        # A record's usual batch, a list or tuple of one message: its memo
+        # found without a scan, and checked unless found (see _check_one).
+        newest, older = history._checked
+        message = messages[0]
+        seen = newest[0]
+        if len(seen) == 1 and seen[0] is message:
+            memo = newest
+        else:
+            seen = older[0]
+            memo = older if len(seen) == 1 and seen[0] is message else _UNCHECKED
+        if memo is _UNCHECKED:
+            return _check_one(history, messages, where, turn_id, pinned, gateway)
+    else:
+        memo = _memo(history, messages)
     if memo is not _UNCHECKED and _reuse(history, memo, turn_id, pinned, gateway):
         return memo[1]
     limits = history._limits
     turns = history._turns
-    held_items = held_bytes = 0
-    unit: tuple[_Turn, ...] = ()  # the turns held with ``turn_id``, when it is tied
-    at = -1 if turn_id is not None else len(turns)  # where a change would add the batch
-    if turn_id is not None:
-        linked = history._linked
-        for position in range(len(turns) - 1, -1, -1):  # the newest, in practice: O(1)
-            turn = turns[position]
-            if turn.turn_id == turn_id:
-                at = position
-                # The turns eviction keeps with it, whether or not they
-                # reach the newest: a record to an earlier unit (a model
-                # call's output landing after a barge-in) is held to the
-                # limits its records were held to while it was newest, as
-                # a restore from a checkpoint holds it.
-                first = _unit_first(history, position) if linked else position
-                last = position
-                while last + 1 < len(turns) and turns[last + 1].serial in linked:
-                    last += 1
-                if first == last:
-                    held_items, held_bytes = turn.items, turn.bytes
-                else:
-                    unit = turns[first : last + 1]
-                    held_items = sum(t.items for t in unit)
-                    held_bytes = sum(t.bytes for t in unit)
-                break
+    at, held_items, held_bytes, unit = _held(history, turn_id)
     count = held_items + len(messages)
     if unit and count > limits.max_items:
         raise _tied_error(where, "items", count, limits.max_items, unit, turn_id)
@@ -185,6 +176,93 @@ def _check_batch(
     )
     newest, older = history._checked
     history._checked = (checked, older if memo is newest else newest)
+    return sizes
+
+
+def _held(history: _DoorState, turn_id: str | None) -> tuple[int, int, int, tuple[_Turn, ...]]:
+    """Where a change would add a batch to ``turn_id`` (-1: not held; a new turn's input,
+    ``turn_id`` None: after the newest), the items and bytes the batch is held with, and
+    the turns held with it when it is tied to others (else ``()``).
+    """
+    turns = history._turns
+    if turn_id is None:
+        return len(turns), 0, 0, ()
+    linked = history._linked
+    for position in range(len(turns) - 1, -1, -1):  # the newest, in practice: O(1)
+        turn = turns[position]
+        if turn.turn_id == turn_id:
+            if not linked:
+                return position, turn.items, turn.bytes, ()
+            # The turns eviction keeps with it, whether or not they
+            # reach the newest: a record to an earlier unit (a model
+            # call's output landing after a barge-in) is held to the
+            # limits its records were held to while it was newest, as
+            # a restore from a checkpoint holds it.
+            first = _unit_first(history, position)
+            last = position
+            while last + 1 < len(turns) and turns[last + 1].serial in linked:
+                last += 1
+            if first == last:
+                return position, turn.items, turn.bytes, ()
+            unit = turns[first : last + 1]
+            return position, sum(t.items for t in unit), sum(t.bytes for t in unit), unit
+    return -1, 0, 0, ()
+
+
+def _check_one(
+    history: _DoorState,
+    messages: Sequence[object],
+    where: str,
+    turn_id: str | None,
+    pinned: bool,
+    gateway: Gateway | None,
+) -> tuple[int, ...]:
+    """:func:`_check_batch` of a list or tuple of one message with no memo of it: the same
+    checks in the same order, the same errors, sizes and memo, without the batch's loop."""
+    limits = history._limits
+    turns = history._turns
+    at, held_items, held_bytes, unit = _held(history, turn_id)
+    count = held_items + 1
+    if count > limits.max_items:
+        if unit:
+            raise _tied_error(where, "items", count, limits.max_items, unit, turn_id)
+        check_batch_length(count, limits, where)
+    message = messages[0]
+    size = check_message(message, where=f"{where}[0]")
+    cap = limits.max_item_bytes
+    if size > cap:
+        raise ItemTooLargeError(
+            f"{where}[0] is {size} bytes, over the per-item cap of {cap} bytes.",
+            size=size,
+            limit=cap,
+        )
+    total = held_bytes + size
+    max_bytes = limits.max_bytes
+    if total > max_bytes and not pinned:
+        if unit:
+            raise _tied_error(where, "bytes", total, max_bytes, unit, turn_id)
+        raise TurnTooLargeError(
+            f"{where} would make the turn hold at least {total} bytes, over the "
+            f"history's limit of {max_bytes} bytes.",
+            unit="bytes",
+            size=total,
+            limit=max_bytes,
+        )
+    sizes = (size,)
+    renders: tuple[tuple[_Native, _Encoded], ...] | None = None
+    plan: _DoorIds | None = None
+    if gateway is not None:
+        if not pinned and at >= 0:
+            plan = door_ids(history, messages, turn_id, at)  # type: ignore[arg-type]
+            sent = plan.sent
+            if sent is not None and sent[0] is not None:
+                message = with_ids(message, sent[0])  # type: ignore[arg-type]
+        renders = (_render_checked(message, gateway, where, 0),)  # type: ignore[arg-type]
+    newest, older = history._checked
+    history._checked = (
+        (tuple(messages), sizes, renders, gateway, turns, turn_id, bool(pinned), plan),
+        older if newest is _UNCHECKED else newest,
+    )
     return sizes
 
 
