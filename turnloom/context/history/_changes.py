@@ -253,12 +253,11 @@ def _record(
     keep_unpaired: bool = False,
 ) -> int:
     """The work of :meth:`TurnHistory.record` (documented there)."""
-    position = -1
-    for i in range(len(history._turns) - 1, -1, -1):
-        if history._turns[i].turn_id == turn_id:
-            position = i
-            break
-    if position < 0 or (serial is not None and history._turns[position].serial != serial):
+    held = history._turns
+    position = len(held) - 1  # the newest, in practice
+    while position >= 0 and held[position].turn_id != turn_id:
+        position -= 1
+    if position < 0 or (serial is not None and held[position].serial != serial):
         known = position >= 0 or serial is not None or turn_id in history._evicted_ids
         if known or history._forgotten:
             # Validate anyway: a malformed late output is still an error.
