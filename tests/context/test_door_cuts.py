@@ -23,7 +23,7 @@ from turnloom.context import ApproxTokenCounter, ImagePart, Message, Role, check
 from turnloom.context.history import HistoryLimits, TurnHistory
 from turnloom.context.message import message_size
 from turnloom.context.tokens import count_message_tokens, count_tokens
-from turnloom.errors import HostCallbackError, TurnloomError
+from turnloom.errors import HostCallbackError, TurnloomError, TurnTooLargeError
 
 _COUNTERS = (
     ApproxTokenCounter(),
@@ -275,3 +275,44 @@ def test_a_one_message_check_keeps_the_older_memo_as_the_general_path_does() -> 
     histories[1].check_batch(_Batch([assistant("b")]), "w", turn_id="t0", gateway=CHAT)
     assert _memo_of(histories[0]) == _memo_of(histories[1])
     assert histories[0]._checked[1][0] == tuple(pending[0])
+
+
+def _limits_for(*messages: Message) -> HistoryLimits:
+    """Limits whose byte budget holds exactly ``messages`` (and so not one byte more)."""
+    return HistoryLimits(max_bytes=sum(message_size(m) for m in messages))
+
+
+@pytest.mark.parametrize("wrap", [list, _Batch])
+def test_a_record_checks_again_when_its_turn_grew_since_the_door(wrap: Any) -> None:
+    """Invariant: the door's memo of a message serves only the state it was checked in:
+    after the turn grew (its kept state), the record checks again and is refused,
+    nothing changed."""
+    u0, state, a = user("u0"), user("kept state"), assistant("reply")
+    history = TurnHistory(_limits_for(u0, a))
+    history.commit("t0", [u0])
+    batch = wrap([a])
+    assert history.check_batch(batch, "w", turn_id="t0", gateway=CHAT) == (message_size(a),)
+    assert history.keep_state("t0", [state])
+    with pytest.raises(TurnTooLargeError) as raised:
+        history.record("t0", batch)
+    total = message_size(u0) + message_size(state) + message_size(a)
+    assert str(raised.value) == (
+        f"turn 't0' output would make the turn hold at least {total} bytes, over the "
+        f"history's limit of {total - message_size(state)} bytes."
+    )
+    assert history.view().turn_messages("t0") == (u0,)
+
+
+@pytest.mark.parametrize("wrap", [list, _Batch])
+def test_a_record_to_another_turn_than_the_door_checked_checks_again(wrap: Any) -> None:
+    """Invariant: the door's memo of a message checked for one turn does not serve a
+    record of it to another turn: that record is checked against its own turn."""
+    big, small, a = user("b" * 40), user("s"), assistant("reply")
+    history = TurnHistory(HistoryLimits(max_bytes=message_size(big) + message_size(a) - 1))
+    history.commit("t0", [big])
+    history.commit("t1", [small])
+    batch = wrap([a])
+    history.check_batch(batch, "w", turn_id="t1", gateway=CHAT)
+    with pytest.raises(TurnTooLargeError, match=r"^turn 't0' output would make the turn hold"):
+        history.record("t0", batch)
+    assert history.view().turn_messages("t0") == (big,)
