@@ -21,9 +21,15 @@ from tests.context.gateways.test_door_property import GATEWAYS, messages, record
 from tests.context.test_history import CHAT, SYSTEM, _op, apply_op, assistant, call, result, user
 from turnloom.context import ApproxTokenCounter, ImagePart, Message, Role, check_message
 from turnloom.context.history import HistoryLimits, TurnHistory
-from turnloom.context.message import message_size
+from turnloom.context.message import check_id, message_size
 from turnloom.context.tokens import count_message_tokens, count_tokens
-from turnloom.errors import HostCallbackError, TurnloomError, TurnTooLargeError
+from turnloom.errors import (
+    HostCallbackError,
+    InvalidMessageError,
+    TurnloomError,
+    TurnTooLargeError,
+    excerpt,
+)
 
 _COUNTERS = (
     ApproxTokenCounter(),
@@ -316,3 +322,43 @@ def test_a_record_to_another_turn_than_the_door_checked_checks_again(wrap: Any) 
     with pytest.raises(TurnTooLargeError, match=r"^turn 't0' output would make the turn hold"):
         history.record("t0", batch)
     assert history.view().turn_messages("t0") == (big,)
+
+
+def _check_id_reference(value: object, what: str) -> object:
+    """The id rule written out in full (no ASCII shortcut): the oracle of ``check_id``."""
+    if not isinstance(value, str) or not value:
+        raise InvalidMessageError(f"The {what} must be a non-empty string, not {excerpt(value)}.")
+    if len(value) > 256:
+        raise InvalidMessageError(
+            f"The {what} {excerpt(value[:32])}... is {len(value)} characters; at most "
+            f"256 are allowed."
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidMessageError(f"The {what} {excerpt(value)} is not valid UTF-8.") from None
+    return value
+
+
+class _IdStr(str):
+    __slots__ = ()
+
+
+@settings(max_examples=300)
+@given(
+    value=st.one_of(
+        st.text(max_size=6),
+        st.text(alphabet="ab", min_size=250, max_size=262),
+        st.sampled_from(["", "t1", "\ud800", "\u00e9" * 257, "a" * 256, "a" * 257]),
+        st.text(max_size=4).map(_IdStr),
+        st.none(),
+        st.integers(),
+    )
+)
+def test_check_id_decides_as_the_rule_written_out(value: object) -> None:
+    """Invariant: check_id returns the very value or raises the same error as the full rule."""
+    expected = _outcome(lambda: _check_id_reference(value, "turn id"))
+    got = _outcome(lambda: check_id(value, "turn id"))
+    assert got == expected
+    if got[0] == "ok":
+        assert got[1] is value

@@ -1248,6 +1248,8 @@ def check_id(value: object, what: str) -> str:
         InvalidMessageError: the id is not such a string (its excerpt is cut
             to 32 characters), or is not valid UTF-8.
     """
+    if type(value) is str and value.isascii() and 0 < len(value) <= _MAX_ID_LENGTH:
+        return value  # the common case: ASCII is valid UTF-8, no encode needed
     if not isinstance(value, str) or not value:
         raise InvalidMessageError(f"The {what} must be a non-empty string, not {excerpt(value)}.")
     if len(value) > _MAX_ID_LENGTH:
