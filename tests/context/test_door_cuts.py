@@ -19,8 +19,16 @@ from hypothesis import strategies as st
 
 from tests.context.gateways.test_door_property import GATEWAYS, messages, recorded_messages
 from tests.context.test_history import CHAT, SYSTEM, _op, apply_op, assistant, call, result, user
-from turnloom.context import ApproxTokenCounter, ImagePart, Message, Role, check_message
+from turnloom.context import (
+    ApproxTokenCounter,
+    ImagePart,
+    Message,
+    Role,
+    ToolCallPart,
+    check_message,
+)
 from turnloom.context.history import HistoryLimits, TurnHistory
+from turnloom.context.history._sent import _decide, door_ids
 from turnloom.context.message import check_id, message_size
 from turnloom.context.tokens import count_message_tokens, count_tokens
 from turnloom.errors import (
@@ -362,3 +370,41 @@ def test_check_id_decides_as_the_rule_written_out(value: object) -> None:
     assert got == expected
     if got[0] == "ok":
         assert got[1] is value
+
+
+def _door_ids_reference(history: TurnHistory, messages: list[Message], turn_id: Any) -> Any:
+    """The door's plan by the general rule (:func:`_decide`, no shortcut)."""
+    ids, turns = history._sent, history._turns
+    claims: list[tuple[str, str]] = []
+    decided = _decide(messages, None, turn_id is None, ids, claims)
+    return (turns, ids.version, turn_id, None if decided is None else tuple(decided), tuple(claims))
+
+
+@settings(max_examples=300)
+@given(
+    ops=_ONE_OPS,
+    call_ids=st.lists(st.sampled_from(["c0", "c1", "c2", "d1", "e9"]), min_size=1, max_size=3),
+    newest=st.booleans(),
+)
+def test_the_plan_of_one_message_of_calls_is_the_general_rules(
+    ops: list[tuple[str, int]], call_ids: list[str], newest: bool
+) -> None:
+    """Invariant: door_ids of one message holding calls (no result), each sent as it is
+    when its id is free (the shortcut) or renamed (the general rule), equals the plan
+    _decide makes: the same sent ids and claims, in the same state."""
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=4, max_items=12))
+    history.commit("t0", [user("u0")])
+    turn = 0
+    for kind, n in ops:
+        with contextlib.suppress(TurnloomError):
+            turn = apply_op(history, kind, n, turn)
+    message = Message(
+        role=Role.assistant,
+        content=tuple(ToolCallPart(call_id=c, name="f", arguments="{}") for c in call_ids),
+    )
+    turn_id = history.turn_ids[-1] if newest else None
+    position = len(history.turn_ids) - 1 if newest else len(history.turn_ids)
+    plan = door_ids(history, [message], turn_id, position)
+    expected = _door_ids_reference(history, [message], turn_id)
+    assert (plan.turns, plan.version, plan.turn_id, plan.sent, plan.claims) == expected
+    assert plan.turns is history._turns

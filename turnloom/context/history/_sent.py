@@ -456,6 +456,10 @@ def door_ids(
     if not carried:
         return _NO_IDS
     ids, turns = history._sent, history._turns
+    if carried is _CALLS and len(messages) == 1:
+        fresh = _fresh_calls(messages[0], ids.present)
+        if fresh is not None:  # what _decide finds: each call sent as it is
+            return _DoorIds(turns, ids.version, turn_id, None, fresh)
     paired = ids.renamed and carried is _RESULTS
     stop = position + 1 if turn_id is not None else len(turns)
     context = _context(turns, stop) if paired else None
@@ -468,6 +472,23 @@ def door_ids(
         None if decided is None else tuple(decided),
         tuple(claims),
     )
+
+
+def _fresh_calls(message: Message, present: set[str]) -> tuple[tuple[str, str], ...] | None:
+    """(own id, sent id) of each call of ``message`` when each is sent as it is: its id
+    is not ``present`` and not repeated in ``message``; else None (the general rule
+    decides). A message without a result reads no pairing context, so then
+    :func:`_decide` renames nothing and claims exactly these."""
+    claims: list[tuple[str, str]] = []
+    taken: set[str] = set()
+    for part in message.parts:
+        if type(part) is ToolCallPart:
+            call_id = part.call_id
+            if call_id in present or call_id in taken:
+                return None
+            taken.add(call_id)
+            claims.append((call_id, call_id))
+    return tuple(claims)
 
 
 _NO_IDS = _DoorIds((), -1, None, None, ())
