@@ -180,6 +180,7 @@ class PreparationQueue:
             capacity,
             tenant_limit if tenant_limit is not None else capacity,
             self.hooks.checkpoint,
+            self.hooks.signal,
         )
         self._preparations: set[Preparation] = set()
         self._settled = anyio.Event()

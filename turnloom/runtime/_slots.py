@@ -16,7 +16,10 @@ The rule (documented on :class:`~turnloom.runtime.Foundation`):
 So a tenant that arrives while another floods waits for at most one
 preparation to settle, not behind the whole flood.
 
-Event-loop only; every method is O(tenants waiting).
+Event-loop only; every method is O(tenants waiting). A waiting call parks on
+one :class:`~turnloom.runtime._wakeup.Signal` of the loop (on asyncio a bare
+future): a full collection walks every waiting call's objects, so a wait
+keeps few.
 """
 
 from __future__ import annotations
@@ -30,16 +33,18 @@ from collections.abc import Awaitable, Callable
 import anyio
 import anyio.lowlevel
 
+from turnloom.runtime._wakeup import Signal
+
 Tenant = str | None
 
 
 class _Waiter:
-    __slots__ = ("event", "granted", "order", "tenant")
+    __slots__ = ("granted", "order", "signal", "tenant")
 
-    def __init__(self, tenant: Tenant, order: int) -> None:
+    def __init__(self, tenant: Tenant, order: int, signal: Signal) -> None:
         self.tenant = tenant
         self.order = order
-        self.event = anyio.Event()
+        self.signal = signal
         self.granted = False
 
 
@@ -51,9 +56,11 @@ class FairSlots:
         capacity: int,
         tenant_limit: int,
         checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint,
+        signal: Callable[[], Signal] = anyio.Event,
     ) -> None:
         self.capacity = capacity
         self._checkpoint = checkpoint  # anyio.lowlevel.checkpoint, or the loop's own
+        self._signal = signal  # anyio.Event, or the loop's bare Signal
         self.tenant_limit = tenant_limit
         self.free = capacity
         self.waiting = 0
@@ -94,11 +101,11 @@ class FairSlots:
         await self._checkpoint()
         if self.try_acquire(tenant):
             return False
-        waiter = _Waiter(tenant, next(self._order))
+        waiter = _Waiter(tenant, next(self._order), self._signal())
         self._queues.setdefault(tenant, deque()).append(waiter)
         self.waiting += 1
         try:
-            await waiter.event.wait()
+            await waiter.signal.wait()
         except BaseException:
             if waiter.granted:
                 self.release(tenant)
@@ -140,4 +147,4 @@ class FairSlots:
             self.waiting -= 1
             self._take(waiter.tenant)
             waiter.granted = True
-            waiter.event.set()
+            waiter.signal.set()
