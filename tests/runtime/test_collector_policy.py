@@ -478,7 +478,8 @@ def test_a_costly_step_brings_the_next_look_nearer(process: _Process) -> None:
     policy = CollectorPolicy(interval=1.0, young_collections=10, step_cpu=1 / 256)
     collector = FrozenCollector(policy)
     live = [(0, 0)]
-    assert collector.wait == 1.0
+    assert collector.wait == 1 / 16  # the first look is near: sessions arrive after the open
+    assert collector.due()
     process.now, process.cpu = 1.0, 1 / 64  # a second since the open: 4x step_cpu
     _step(collector, process, live, 2_000, 0, 0)
     assert collector.wait == 0.25
@@ -504,6 +505,41 @@ def test_a_costly_step_brings_the_next_look_nearer(process: _Process) -> None:
     assert collector.due()
     stats = collector.statistics()
     assert (stats.step_cpu_max_seconds, stats.thorough_cpu_max_seconds) == (1.0, 1 / 1024)
+
+
+def test_a_busy_process_steps_at_the_interval_without_young_collections(
+    process: _Process,
+) -> None:
+    """A look at the interval steps without ``young_collections`` young collections when,
+    at the last plain step's CPU per second since the step before, a step now would cost
+    at least half of ``step_cpu``: young collections count net allocations (frees of
+    frozen objects offset them), so waiting for them lets a busy process's step walk
+    several intervals' allocations. An idle process still waits for them; a thorough
+    step's cost says nothing of the pace (mutants tried: no busy rule fails the second
+    ``due``; the pace taken from a thorough step fails the last)."""
+    policy = CollectorPolicy(interval=1.0, young_collections=10, step_cpu=1 / 256)
+    collector = FrozenCollector(policy)
+    live = [(0, 0)]
+    process.now, process.cpu = 1.0, 1 / 256  # one step_cpu in a second: the interval
+    _step(collector, process, live, 2_000, 0, 0)
+    assert collector.wait == 1.0
+    process.now = 1.25  # a step now would cost a quarter of step_cpu
+    assert not collector.due()
+    process.now = 1.5  # half of it: due, with no young collection
+    assert collector.due()
+    process.cpu = 1 / 8192  # an idle second: 1/32 of step_cpu
+    process.now = 2.5
+    _step(collector, process, live, 2_000, 0, 0)
+    process.now = 3.5
+    assert not collector.due()  # idle: young collections decide
+    process.young += 10
+    assert collector.due()
+    process.now = 4.5
+    _step(collector, process, live, 10**9, 0, 0)  # growth: the next step is thorough
+    process.now, process.cpu = 5.5, 1.0
+    assert _step(collector, process, live, 2_000, 0, 0)[0]  # thorough, and costly
+    process.now = 6.5
+    assert not collector.due()  # the busy rule kept the last plain step's pace
 
 
 async def test_the_foundations_live_units_are_its_contexts_and_their_items() -> None:

@@ -9,15 +9,16 @@ collection afterwards). A :class:`FrozenCollector` does that periodically:
 
 - **Step** (at most every :attr:`CollectorPolicy.interval` seconds, once the
   process made :attr:`CollectorPolicy.young_collections` young collections
-  since the last step, i.e. allocated): one full collection, which visits
+  since the last step, i.e. allocated, or the last step's cost says a step
+  now would cost half of :attr:`CollectorPolicy.step_cpu`): one full collection, which visits
   only the objects allocated since the last step, then ``gc.freeze()`` of the
   survivors. Garbage is collected before it could be frozen. A step is paced
   by its own cost: the next look comes after the time the last step's
   allocations took, times :attr:`CollectorPolicy.step_cpu` over the step's
   CPU (between a 16th of the interval and the interval; a nearer look than
-  the interval always steps),
-  so while the process allocates fast (a ramp-up) each step walks a small
-  set.
+  the interval always steps; the first look comes a 16th of the interval
+  after the open), so while the process allocates fast (a ramp-up) each
+  step walks a small set.
 - **Frozen objects are never collected.** An object frozen while alive that
   later becomes part of unreachable *cyclic* garbage stays until the next
   unfreeze (non-cyclic garbage is freed by reference counting, frozen or
@@ -200,6 +201,7 @@ class FrozenCollector:
         "_live",
         "_live_now",
         "_origin",
+        "_pace",
         "_policy",
         "_rate",
         "_step_cpu",
@@ -225,8 +227,11 @@ class FrozenCollector:
         self._blocks = 0
         self._allowed = 0
         self._live_now = (0, 0)
-        self._wait = policy.interval  # until the next look
+        # Until the next look: the first is near, as the process allocates
+        # fast after the open (sessions arriving) and a step walks what is new.
+        self._wait = policy.interval * _NEAREST
         self._stepped = time.monotonic()  # when the last step began (the open, before any)
+        self._pace = 0.0  # the last plain step's CPU per second since the step before
         self._froze = False
         self._thorough_next = False
         self.stepping = False  # True while a step collects (for a gc callback to tell)
@@ -261,13 +266,19 @@ class FrozenCollector:
         """True when the process allocated enough since the last step for another.
 
         ``young_collections`` young collections since; or the last step made
-        the wait shorter than ``interval``: young collections count net
-        allocations, which frees of frozen objects offset while a process
-        that evicts old history allocates fast.
+        the wait shorter than ``interval``; or, at the last plain step's CPU
+        per second since the step before, a step now would cost at least half
+        of ``step_cpu``. Young collections count net allocations, which frees
+        of frozen objects offset while a process that evicts old history
+        allocates fast: waiting for them could let a step walk several
+        intervals' allocations.
         """
-        if self._wait < self._policy.interval:
+        policy = self._policy
+        if self._wait < policy.interval:
             return True  # the last step was costly: the process allocates fast
-        return _young_collections() - self._young >= self._policy.young_collections
+        if self._pace * (time.monotonic() - self._stepped) >= policy.step_cpu / 2:
+            return True  # busy: a step now walks what a step_cpu step would, or half
+        return _young_collections() - self._young >= policy.young_collections
 
     def step(self) -> None:
         """One step now: collect what is not frozen (all, when thorough), then freeze.
@@ -313,6 +324,7 @@ class FrozenCollector:
         else:  # a thorough step walks everything: its cost says nothing of the pace
             # What a step walks grows with the time since the last: aim the next at step_cpu.
             interval = self._policy.interval
+            self._pace = spent / elapsed if elapsed > 0 else 0.0
             wait = elapsed * self._policy.step_cpu / spent if spent else interval
             self._wait = min(interval, max(interval * _NEAREST, wait))
 
