@@ -17,8 +17,8 @@ collection afterwards). A :class:`FrozenCollector` does that periodically:
   allocations took, times :attr:`CollectorPolicy.step_cpu` over the step's
   CPU (between a 16th of the interval and the interval; a nearer look than
   the interval always steps; the first look comes a 16th of the interval
-  after the open), so while the process allocates fast (a ramp-up) each
-  step walks a small set.
+  after the open, and a wait is at most twice the one before), so while the
+  process allocates fast (a ramp-up) each step walks a small set.
 - **Frozen objects are never collected.** An object frozen while alive that
   later becomes part of unreachable *cyclic* garbage stays until the next
   unfreeze (non-cyclic garbage is freed by reference counting, frozen or
@@ -112,7 +112,8 @@ class CollectorPolicy(msgspec.Struct, frozen=True, kw_only=True):
         step_cpu: the CPU seconds a step aims at (> 0, finite): the next
             look comes after the time since the last step's start times
             ``step_cpu`` over its CPU, between a 16th of ``interval`` and
-            ``interval``.
+            ``interval`` and at most twice the wait before (the first look
+            is a 16th of ``interval`` after the open).
     """
 
     interval: float = 1.0
@@ -326,7 +327,9 @@ class FrozenCollector:
             interval = self._policy.interval
             self._pace = spent / elapsed if elapsed > 0 else 0.0
             wait = elapsed * self._policy.step_cpu / spent if spent else interval
-            self._wait = min(interval, max(interval * _NEAREST, wait))
+            # At most twice the last wait: a process that allocated little
+            # since a near step (between bursts of a ramp-up) is looked at soon again.
+            self._wait = min(interval, 2 * self._wait, max(interval * _NEAREST, wait))
 
     def _allowance(self, live: tuple[int, int]) -> int:
         """The allocated blocks past which the next step is thorough."""
