@@ -83,7 +83,7 @@ class CollectorPolicy(msgspec.Struct, frozen=True, kw_only=True):
     """When a Foundation collects what changed and freezes what lives.
 
     At most every ``interval`` seconds, once the process allocated
-    (``young_collections``), a *step*: one full collection, which visits only
+    (``young_collections``, or the last step's cost says it is busy), a *step*: one full collection, which visits only
     what is not frozen, then ``gc.freeze()``; a step that took more than
     ``step_cpu`` seconds of CPU brings the next one nearer. Frozen objects that
     later become cyclic garbage stay until a *thorough* step (``gc.unfreeze()``,
@@ -102,7 +102,9 @@ class CollectorPolicy(msgspec.Struct, frozen=True, kw_only=True):
         young_collections: generation-0 collections (about 700 net
             allocations each, CPython's default threshold) since the last step
             that make a look ``interval`` seconds after it a step (>= 1; a
-            nearer look, after a costly step, needs none).
+            nearer look, after a costly step, needs none, nor does a look at
+            which, by the last step's CPU per second, a step would cost at
+            least half of ``step_cpu``).
         regrowth: how much the allocated blocks may grow past what the last
             thorough step left (or what the live state explains) before a
             thorough step, as a fraction (> 0; at least 1 for any cost linear
