@@ -83,8 +83,9 @@ class CollectorPolicy(msgspec.Struct, frozen=True, kw_only=True):
     """When a Foundation collects what changed and freezes what lives.
 
     At most every ``interval`` seconds, once the process allocated
-    (``young_collections``, or the last step's cost says it is busy), a *step*: one full collection, which visits only
-    what is not frozen, then ``gc.freeze()``; a step that took more than
+    (``young_collections``, or the last step's cost says it is busy), a
+    *step*: one full collection, which visits only what is not frozen, then
+    ``gc.freeze()``; a step that took more than
     ``step_cpu`` seconds of CPU brings the next one nearer. Frozen objects that
     later become cyclic garbage stay until a *thorough* step (``gc.unfreeze()``,
     a full collection of everything, freeze), taken once the process's
