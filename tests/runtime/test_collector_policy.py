@@ -471,31 +471,23 @@ def test_without_a_live_state_the_base_alone_decides(process: _Process) -> None:
 def test_a_costly_step_brings_the_next_look_nearer(process: _Process) -> None:
     """The next wait is the time since the last step's start times ``step_cpu`` over the
     step's CPU, between a 16th of the interval and the interval and at most twice the
-    wait before (the first is a 16th); a look nearer than the interval steps without
+    wait before; a look nearer than the interval steps without
     young collections; a thorough step's cost leaves the pace alone (mutants tried: a
     constant wait, pacing on thorough steps, the wait scaled from the interval instead
-    of the time since the last step, the first wait at the interval, and no cap on the
-    growth of the wait, each fail)."""
+    of the time since the last step, and no cap on the growth of the wait, each fail)."""
     # Powers of two: the seconds and their ratios are exact.
     policy = CollectorPolicy(interval=1.0, young_collections=10, step_cpu=1 / 256)
     collector = FrozenCollector(policy)
     live = [(0, 0)]
-    assert collector.wait == 1 / 16  # the first look is near: sessions arrive after the open
-    assert collector.due()
-    process.now, process.cpu = 1 / 16, 1 / 2048  # an 8th of step_cpu: at most twice the wait
+    assert collector.wait == 1.0
+    process.now, process.cpu = 1.0, 1 / 64  # a second since the open: 4x step_cpu
     _step(collector, process, live, 2_000, 0, 0)
-    assert collector.wait == 1 / 8
-    process.now, process.cpu = 1 / 8, 0.0  # no CPU at all: still twice the wait
-    _step(collector, process, live, 2_000, 0, 0)
-    assert collector.wait == 1 / 4
-    process.now, process.cpu = 1.0, 1 / 64  # 7/8 s since the last step: 4x step_cpu
-    _step(collector, process, live, 2_000, 0, 0)
-    assert collector.wait == 7 / 32
+    assert collector.wait == 0.25
     assert collector.due()  # a nearer look needs no young collection
     process.now, process.cpu = 1.25, 1 / 128  # a quarter second: 2x step_cpu
     _step(collector, process, live, 2_000, 0, 0)
     assert collector.wait == 0.125
-    process.now, process.cpu = 1.375, 1 / 512  # half of step_cpu: twice the wait
+    process.now, process.cpu = 1.375, 1 / 2048  # an 8th of step_cpu: at most twice the wait
     _step(collector, process, live, 2_000, 0, 0)
     assert collector.wait == 0.25
     process.now, process.cpu = 1.625, 1.0
@@ -529,28 +521,25 @@ def test_a_busy_process_steps_at_the_interval_without_young_collections(
     policy = CollectorPolicy(interval=1.0, young_collections=10, step_cpu=1 / 256)
     collector = FrozenCollector(policy)
     live = [(0, 0)]
-    for now in range(1, 5):  # idle steps: the wait doubles up to the interval
-        process.now = now
-        _step(collector, process, live, 2_000, 0, 0)
-    process.now, process.cpu = 5.0, 1 / 256  # one step_cpu in a second: the interval
+    process.now, process.cpu = 1.0, 1 / 256  # one step_cpu in a second: the interval
     _step(collector, process, live, 2_000, 0, 0)
     assert collector.wait == 1.0
-    process.now = 5.25  # a step now would cost a quarter of step_cpu
+    process.now = 1.25  # a step now would cost a quarter of step_cpu
     assert not collector.due()
-    process.now = 5.5  # half of it: due, with no young collection
+    process.now = 1.5  # half of it: due, with no young collection
     assert collector.due()
     process.cpu = 1 / 8192  # an idle second: 1/32 of step_cpu
-    process.now = 6.5
+    process.now = 2.5
     _step(collector, process, live, 2_000, 0, 0)
-    process.now = 7.5
+    process.now = 3.5
     assert not collector.due()  # idle: young collections decide
     process.young += 10
     assert collector.due()
-    process.now = 8.5
+    process.now = 4.5
     _step(collector, process, live, 10**9, 0, 0)  # growth: the next step is thorough
-    process.now, process.cpu = 9.5, 1.0
+    process.now, process.cpu = 5.5, 1.0
     assert _step(collector, process, live, 2_000, 0, 0)[0]  # thorough, and costly
-    process.now = 10.5
+    process.now = 6.5
     assert not collector.due()  # the busy rule kept the last plain step's pace
 
 

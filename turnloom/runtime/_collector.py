@@ -16,9 +16,8 @@ collection afterwards). A :class:`FrozenCollector` does that periodically:
   by its own cost: the next look comes after the time the last step's
   allocations took, times :attr:`CollectorPolicy.step_cpu` over the step's
   CPU (between a 16th of the interval and the interval; a nearer look than
-  the interval always steps; the first look comes a 16th of the interval
-  after the open, and a wait is at most twice the one before), so while the
-  process allocates fast (a ramp-up) each step walks a small set.
+  the interval always steps; a wait is at most twice the one before), so
+  while the process allocates fast (a ramp-up) each step walks a small set.
 - **Frozen objects are never collected.** An object frozen while alive that
   later becomes part of unreachable *cyclic* garbage stays until the next
   unfreeze (non-cyclic garbage is freed by reference counting, frozen or
@@ -115,8 +114,7 @@ class CollectorPolicy(msgspec.Struct, frozen=True, kw_only=True):
         step_cpu: the CPU seconds a step aims at (> 0, finite): the next
             look comes after the time since the last step's start times
             ``step_cpu`` over its CPU, between a 16th of ``interval`` and
-            ``interval`` and at most twice the wait before (the first look
-            is a 16th of ``interval`` after the open).
+            ``interval`` and at most twice the wait before.
     """
 
     interval: float = 1.0
@@ -231,9 +229,7 @@ class FrozenCollector:
         self._blocks = 0
         self._allowed = 0
         self._live_now = (0, 0)
-        # Until the next look: the first is near, as the process allocates
-        # fast after the open (sessions arriving) and a step walks what is new.
-        self._wait = policy.interval * _NEAREST
+        self._wait = policy.interval  # until the next look
         self._stepped = time.monotonic()  # when the last step began (the open, before any)
         self._pace = 0.0  # the last plain step's CPU per second since the step before
         self._froze = False
