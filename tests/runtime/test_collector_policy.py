@@ -470,10 +470,11 @@ def test_without_a_live_state_the_base_alone_decides(process: _Process) -> None:
 
 def test_a_costly_step_brings_the_next_look_nearer(process: _Process) -> None:
     """The next wait is the time since the last step's start times ``step_cpu`` over the
-    step's CPU, between a 16th of the interval and the interval; a look nearer than the
-    interval steps without young collections; a thorough step's cost leaves the pace
-    alone (mutants tried: a constant wait, pacing on thorough steps, and the wait scaled
-    from the interval instead of the time since the last step, each fail)."""
+    step's CPU, between a 16th of the interval and the interval and at most twice the
+    wait before; a look nearer than the interval steps without
+    young collections; a thorough step's cost leaves the pace alone (mutants tried: a
+    constant wait, pacing on thorough steps, the wait scaled from the interval instead
+    of the time since the last step, and no cap on the growth of the wait, each fail)."""
     # Powers of two: the seconds and their ratios are exact.
     policy = CollectorPolicy(interval=1.0, young_collections=10, step_cpu=1 / 256)
     collector = FrozenCollector(policy)
@@ -486,7 +487,7 @@ def test_a_costly_step_brings_the_next_look_nearer(process: _Process) -> None:
     process.now, process.cpu = 1.25, 1 / 128  # a quarter second: 2x step_cpu
     _step(collector, process, live, 2_000, 0, 0)
     assert collector.wait == 0.125
-    process.now, process.cpu = 1.375, 1 / 512  # half of step_cpu: twice the wait
+    process.now, process.cpu = 1.375, 1 / 2048  # an 8th of step_cpu: at most twice the wait
     _step(collector, process, live, 2_000, 0, 0)
     assert collector.wait == 0.25
     process.now, process.cpu = 1.625, 1.0
@@ -495,15 +496,51 @@ def test_a_costly_step_brings_the_next_look_nearer(process: _Process) -> None:
     process.now, process.cpu = 2.0, 1 / 1024
     assert _step(collector, process, live, 2_000, 0, 0)[0]
     assert collector.wait == 1 / 16  # the thorough step's cost did not pace
-    process.now = 2.5
-    _step(collector, process, live, 2_000, 0, 0)
-    assert collector.wait == 1.0  # a cheap step: back to the interval
+    for now, wait in ((2.5, 1 / 8), (3.5, 1 / 4), (4.5, 1 / 2), (5.5, 1.0)):
+        process.now = now
+        _step(collector, process, live, 2_000, 0, 0)
+        assert collector.wait == wait  # cheap steps: back to the interval, doubling
     process.young += 9
     assert not collector.due()  # and to young collections
     process.young += 1
     assert collector.due()
     stats = collector.statistics()
     assert (stats.step_cpu_max_seconds, stats.thorough_cpu_max_seconds) == (1.0, 1 / 1024)
+
+
+def test_a_busy_process_steps_at_the_interval_without_young_collections(
+    process: _Process,
+) -> None:
+    """A look at the interval steps without ``young_collections`` young collections when,
+    at the last plain step's CPU per second since the step before, a step now would cost
+    at least half of ``step_cpu``: young collections count net allocations (frees of
+    frozen objects offset them), so waiting for them lets a busy process's step walk
+    several intervals' allocations. An idle process still waits for them; a thorough
+    step's cost says nothing of the pace (mutants tried: no busy rule fails the second
+    ``due``; the pace taken from a thorough step fails the last)."""
+    policy = CollectorPolicy(interval=1.0, young_collections=10, step_cpu=1 / 256)
+    collector = FrozenCollector(policy)
+    live = [(0, 0)]
+    process.now, process.cpu = 1.0, 1 / 256  # one step_cpu in a second: the interval
+    _step(collector, process, live, 2_000, 0, 0)
+    assert collector.wait == 1.0
+    process.now = 1.25  # a step now would cost a quarter of step_cpu
+    assert not collector.due()
+    process.now = 1.5  # half of it: due, with no young collection
+    assert collector.due()
+    process.cpu = 1 / 8192  # an idle second: 1/32 of step_cpu
+    process.now = 2.5
+    _step(collector, process, live, 2_000, 0, 0)
+    process.now = 3.5
+    assert not collector.due()  # idle: young collections decide
+    process.young += 10
+    assert collector.due()
+    process.now = 4.5
+    _step(collector, process, live, 10**9, 0, 0)  # growth: the next step is thorough
+    process.now, process.cpu = 5.5, 1.0
+    assert _step(collector, process, live, 2_000, 0, 0)[0]  # thorough, and costly
+    process.now = 6.5
+    assert not collector.due()  # the busy rule kept the last plain step's pace
 
 
 async def test_the_foundations_live_units_are_its_contexts_and_their_items() -> None:

@@ -9,15 +9,15 @@ collection afterwards). A :class:`FrozenCollector` does that periodically:
 
 - **Step** (at most every :attr:`CollectorPolicy.interval` seconds, once the
   process made :attr:`CollectorPolicy.young_collections` young collections
-  since the last step, i.e. allocated): one full collection, which visits
+  since the last step, i.e. allocated, or the last step's cost says a step
+  now would cost half of :attr:`CollectorPolicy.step_cpu`): one full collection, which visits
   only the objects allocated since the last step, then ``gc.freeze()`` of the
   survivors. Garbage is collected before it could be frozen. A step is paced
   by its own cost: the next look comes after the time the last step's
   allocations took, times :attr:`CollectorPolicy.step_cpu` over the step's
   CPU (between a 16th of the interval and the interval; a nearer look than
-  the interval always steps),
-  so while the process allocates fast (a ramp-up) each step walks a small
-  set.
+  the interval always steps; a wait is at most twice the one before), so
+  while the process allocates fast (a ramp-up) each step walks a small set.
 - **Frozen objects are never collected.** An object frozen while alive that
   later becomes part of unreachable *cyclic* garbage stays until the next
   unfreeze (non-cyclic garbage is freed by reference counting, frozen or
@@ -82,8 +82,9 @@ class CollectorPolicy(msgspec.Struct, frozen=True, kw_only=True):
     """When a Foundation collects what changed and freezes what lives.
 
     At most every ``interval`` seconds, once the process allocated
-    (``young_collections``), a *step*: one full collection, which visits only
-    what is not frozen, then ``gc.freeze()``; a step that took more than
+    (``young_collections``, or the last step's cost says it is busy), a
+    *step*: one full collection, which visits only what is not frozen, then
+    ``gc.freeze()``; a step that took more than
     ``step_cpu`` seconds of CPU brings the next one nearer. Frozen objects that
     later become cyclic garbage stay until a *thorough* step (``gc.unfreeze()``,
     a full collection of everything, freeze), taken once the process's
@@ -101,7 +102,9 @@ class CollectorPolicy(msgspec.Struct, frozen=True, kw_only=True):
         young_collections: generation-0 collections (about 700 net
             allocations each, CPython's default threshold) since the last step
             that make a look ``interval`` seconds after it a step (>= 1; a
-            nearer look, after a costly step, needs none).
+            nearer look, after a costly step, needs none, nor does a look at
+            which, by the last step's CPU per second, a step would cost at
+            least half of ``step_cpu``).
         regrowth: how much the allocated blocks may grow past what the last
             thorough step left (or what the live state explains) before a
             thorough step, as a fraction (> 0; at least 1 for any cost linear
@@ -111,7 +114,7 @@ class CollectorPolicy(msgspec.Struct, frozen=True, kw_only=True):
         step_cpu: the CPU seconds a step aims at (> 0, finite): the next
             look comes after the time since the last step's start times
             ``step_cpu`` over its CPU, between a 16th of ``interval`` and
-            ``interval``.
+            ``interval`` and at most twice the wait before.
     """
 
     interval: float = 1.0
@@ -200,6 +203,7 @@ class FrozenCollector:
         "_live",
         "_live_now",
         "_origin",
+        "_pace",
         "_policy",
         "_rate",
         "_step_cpu",
@@ -227,6 +231,7 @@ class FrozenCollector:
         self._live_now = (0, 0)
         self._wait = policy.interval  # until the next look
         self._stepped = time.monotonic()  # when the last step began (the open, before any)
+        self._pace = 0.0  # the last plain step's CPU per second since the step before
         self._froze = False
         self._thorough_next = False
         self.stepping = False  # True while a step collects (for a gc callback to tell)
@@ -261,13 +266,19 @@ class FrozenCollector:
         """True when the process allocated enough since the last step for another.
 
         ``young_collections`` young collections since; or the last step made
-        the wait shorter than ``interval``: young collections count net
-        allocations, which frees of frozen objects offset while a process
-        that evicts old history allocates fast.
+        the wait shorter than ``interval``; or, at the last plain step's CPU
+        per second since the step before, a step now would cost at least half
+        of ``step_cpu``. Young collections count net allocations, which frees
+        of frozen objects offset while a process that evicts old history
+        allocates fast: waiting for them could let a step walk several
+        intervals' allocations.
         """
-        if self._wait < self._policy.interval:
+        policy = self._policy
+        if self._wait < policy.interval:
             return True  # the last step was costly: the process allocates fast
-        return _young_collections() - self._young >= self._policy.young_collections
+        if self._pace * (time.monotonic() - self._stepped) >= policy.step_cpu / 2:
+            return True  # busy: a step now walks what a step_cpu step would, or half
+        return _young_collections() - self._young >= policy.young_collections
 
     def step(self) -> None:
         """One step now: collect what is not frozen (all, when thorough), then freeze.
@@ -313,8 +324,11 @@ class FrozenCollector:
         else:  # a thorough step walks everything: its cost says nothing of the pace
             # What a step walks grows with the time since the last: aim the next at step_cpu.
             interval = self._policy.interval
+            self._pace = spent / elapsed if elapsed > 0 else 0.0
             wait = elapsed * self._policy.step_cpu / spent if spent else interval
-            self._wait = min(interval, max(interval * _NEAREST, wait))
+            # At most twice the last wait: a process that allocated little
+            # since a near step (between bursts of a ramp-up) is looked at soon again.
+            self._wait = min(interval, 2 * self._wait, max(interval * _NEAREST, wait))
 
     def _allowance(self, live: tuple[int, int]) -> int:
         """The allocated blocks past which the next step is thorough."""

@@ -180,6 +180,10 @@ class PreparationQueue:
             capacity,
             tenant_limit if tenant_limit is not None else capacity,
             self.hooks.checkpoint,
+            self.hooks.signal,
+            # A quarter of the slots handed at once: the requests resuming per
+            # loop iteration when every slot is contended (see _slots, rule 4).
+            max(1, capacity // 4),
         )
         self._preparations: set[Preparation] = set()
         self._settled = anyio.Event()
@@ -229,16 +233,25 @@ class PreparationQueue:
         """Take a slot at once.
 
         Raises:
-            QueueFullError: every slot is taken, or the request's tenant holds
-                its limit (counted as a rejection).
+            QueueFullError: every slot is taken, the request's tenant holds
+                its limit, or the free slots are being handed to requests
+                that wait for them (counted as a rejection).
         """
         tenant = tenant_of(request)
-        if not self._slots.try_acquire(tenant):
+        slots = self._slots
+        if not slots.try_acquire(tenant):
             self._counters.rejected += 1
-            if self._slots.free and tenant is not None:
+            if slots.free and tenant is not None and slots.held(tenant) >= slots.tenant_limit:
                 raise QueueFullError(
                     f"Tenant {excerpt(tenant[:64])} holds its limit of {self._slots.tenant_limit} "
                     f"preparation slots; preparation of turn {excerpt(request.turn_id)} of context "
+                    f"{excerpt(request.context_id)} was refused.",
+                    capacity=self.capacity,
+                )
+            if slots.free:  # being handed to the requests that wait for them (rule 4)
+                raise QueueFullError(
+                    f"{slots.waiting} requests wait for the {self.capacity} preparation slots; "
+                    f"preparation of turn {excerpt(request.turn_id)} of context "
                     f"{excerpt(request.context_id)} was refused.",
                     capacity=self.capacity,
                 )

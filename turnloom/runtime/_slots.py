@@ -13,10 +13,22 @@ The rule (documented on :class:`~turnloom.runtime.Foundation`):
    that has waited longest. A new request never overtakes an eligible
    waiting one.
 
+4. At most ``hand_limit`` slots are *being handed* at once: granted to a
+   waiting request that has not resumed yet; one that resumes (or is
+   cancelled) hands the next. A granted request resumes at the event
+   loop's next iteration, so when every request waits (a saturated loop)
+   about ``hand_limit`` of them resume per iteration, not ``capacity``, and
+   each iteration (how late any other task of the loop runs) stays short.
+   A slot freed meanwhile waits for its hand; rule 3 still decides who gets
+   it, and a new request does not take it while an eligible request waits.
+
 So a tenant that arrives while another floods waits for at most one
 preparation to settle, not behind the whole flood.
 
-Event-loop only; every method is O(tenants waiting).
+Event-loop only; every method is O(tenants waiting). A waiting call parks on
+one :class:`~turnloom.runtime._wakeup.Signal` of the loop (on asyncio a bare
+future): a full collection walks every waiting call's objects, so a wait
+keeps few.
 """
 
 from __future__ import annotations
@@ -30,30 +42,41 @@ from collections.abc import Awaitable, Callable
 import anyio
 import anyio.lowlevel
 
+from turnloom.runtime._wakeup import Signal
+
 Tenant = str | None
 
 
 class _Waiter:
-    __slots__ = ("event", "granted", "order", "tenant")
+    __slots__ = ("granted", "order", "signal", "tenant")
 
-    def __init__(self, tenant: Tenant, order: int) -> None:
+    def __init__(self, tenant: Tenant, order: int, signal: Signal) -> None:
         self.tenant = tenant
         self.order = order
-        self.event = anyio.Event()
+        self.signal = signal
         self.granted = False
 
 
 class FairSlots:
-    """``capacity`` slots, at most ``tenant_limit`` per tenant, fewest-held tenant first."""
+    """``capacity`` slots, at most ``tenant_limit`` per tenant, fewest-held tenant first.
+
+    At most ``hand_limit`` (default ``capacity``) slots being handed to waiters at once.
+    """
 
     def __init__(
         self,
         capacity: int,
         tenant_limit: int,
         checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint,
+        signal: Callable[[], Signal] = anyio.Event,
+        hand_limit: int | None = None,
     ) -> None:
         self.capacity = capacity
+        # Slots granted to waiters that have not resumed yet, and their bound (rule 4).
+        self._handing = 0
+        self._hand_limit = capacity if hand_limit is None else hand_limit
         self._checkpoint = checkpoint  # anyio.lowlevel.checkpoint, or the loop's own
+        self._signal = signal  # anyio.Event, or the loop's bare Signal
         self.tenant_limit = tenant_limit
         self.free = capacity
         self.waiting = 0
@@ -76,10 +99,18 @@ class FairSlots:
         """Take a slot at once if the rule allows it now; return whether one was taken."""
         # Grants are eager, so while a slot is free every waiter is at its limit:
         # taking it overtakes no eligible waiter.
-        if self.free and self.held(tenant) < self._limit(tenant):
+        if (
+            self.free
+            and self.held(tenant) < self._limit(tenant)
+            and (self._handing < self._hand_limit or not self._eligible())
+        ):
             self._take(tenant)
             return True
         return False
+
+    def _eligible(self) -> bool:
+        """True when a waiter's tenant is under its limit (it could take a free slot)."""
+        return any(self.held(tenant) < self._limit(tenant) for tenant in self._queues)
 
     async def acquire(self, tenant: Tenant) -> bool:
         """Wait for a slot for ``tenant``; return whether it had to wait (False: taken at once).
@@ -94,13 +125,14 @@ class FairSlots:
         await self._checkpoint()
         if self.try_acquire(tenant):
             return False
-        waiter = _Waiter(tenant, next(self._order))
+        waiter = _Waiter(tenant, next(self._order), self._signal())
         self._queues.setdefault(tenant, deque()).append(waiter)
         self.waiting += 1
         try:
-            await waiter.event.wait()
+            await waiter.signal.wait()
         except BaseException:
             if waiter.granted:
+                self._handing -= 1
                 self.release(tenant)
             else:
                 queue = self._queues[tenant]
@@ -109,6 +141,8 @@ class FairSlots:
                     del self._queues[tenant]
                 self.waiting -= 1
             raise
+        self._handing -= 1  # resumed: the next slot can be handed
+        self._grant()
         return True
 
     def release(self, tenant: Tenant) -> None:
@@ -122,7 +156,7 @@ class FairSlots:
         self._grant()
 
     def _grant(self) -> None:
-        while self.free and self._queues:
+        while self.free and self._queues and self._handing < self._hand_limit:
             best: deque[_Waiter] | None = None
             best_key = (0, 0)
             for tenant, queue in self._queues.items():
@@ -139,5 +173,6 @@ class FairSlots:
                 del self._queues[waiter.tenant]
             self.waiting -= 1
             self._take(waiter.tenant)
+            self._handing += 1
             waiter.granted = True
-            waiter.event.set()
+            waiter.signal.set()

@@ -42,8 +42,8 @@ class Signal(Protocol):
     def set(self) -> None:
         """Wake the waiter (idempotent; never raises; loop thread only)."""
 
-    async def wait(self) -> None:
-        """Wait for :meth:`set`.
+    def wait(self) -> Awaitable[None]:
+        """Wait for :meth:`set`: await what this returns, once.
 
         Cancellation: cancellable while it waits (the signal is then spent:
         a later ``set`` is a no-op).
@@ -63,8 +63,8 @@ class _FutureSignal:
         if not future.done():  # a cancelled waiter cancelled it
             future.set_result(None)
 
-    async def wait(self) -> None:
-        await self._future
+    def wait(self) -> Awaitable[None]:
+        return self._future  # awaited directly: no coroutine frame per wait
 
 
 class _TrioSignal:
