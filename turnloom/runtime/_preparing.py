@@ -22,7 +22,7 @@ __all__ = ("Preparer",)
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from typing import Any
 
@@ -217,17 +217,30 @@ class Preparer:
         if copies and not self.closing and self.worker.alive:
             self.worker.submit(_clear, None, copies)
 
-    async def prepare(self, request: ContextPrepareRequest, *, wait: bool) -> PreparedContext:
+    def prepare(
+        self, request: ContextPrepareRequest, *, wait: bool
+    ) -> Coroutine[Any, Any, PreparedContext]:
         """Check a request, wait for its turn's commit, take a slot, own the preparation.
 
-        Then await its result. The flow of ``ContextManager.prepare``
+        Returns the coroutine to await for its result (nothing is done until
+        it is awaited). The flow of ``ContextManager.prepare``
         (``wait``) and ``prepare_nowait`` (``wait=False``: once the turn is
         committed, take a slot at once or raise
         :class:`~turnloom.errors.QueueFullError`); see there for the errors
         and cancellation. The request is checked, and the commit waited for
         holding no slot, before a slot is taken.
         """
-        with tracing.prepare_span(self._gateway_type, request, self._strategy_name) as traced:
+        traced = tracing.prepare_span(self._gateway_type, request, self._strategy_name)
+        if type(traced) is tracing.PrepareTrace:
+            return self._traced(traced, request, wait)
+        # Nothing records: the admission's own coroutine, no span frame around it.
+        return self._admit(request, wait=wait)
+
+    async def _traced(
+        self, traced: tracing.PrepareTrace, request: ContextPrepareRequest, wait: bool
+    ) -> PreparedContext:
+        """:meth:`_admit` inside the prepare's span (entered in the requester's task)."""
+        with traced:
             prepared = await self._admit(request, wait=wait)
             traced.delivered(prepared)
             return prepared
@@ -520,27 +533,32 @@ class Preparer:
         ):
             return None  # the task raises what waiting for the turn raises
         history = state.history
-        request = self._capture(request, state)
-        tracing.queued()
+        if request.perception is not None or self._durable is not None:
+            request = self._capture(request, state)
         serial = history.turn_serial(request.turn_id)
         last = state.last
-        with tracing.render_span(
-            tracing.current_prepare(), inline=True, gateway=self._gateway_type
-        ) as traced:
-            result = render_preparation(
-                options,
-                history.view(),
-                request,
-                self._behavior_rules(request),
-                last,
-                self._now() - requested_at,
-                None,
-                state.in_flight is None,
-                None,
-                INLINE_MAX_ITEMS,
-            )
-            if result is None:
-                traced.set("turnloom.handed_off", True)  # a worker thread renders it
+        rules = request.behavior_rules
+        args = (
+            options,
+            history.view(),
+            request,
+            rules if rules is not None else options.behavior_rules,
+            last,
+            self._now() - requested_at,
+            None,
+            state.in_flight is None,
+            None,
+            INLINE_MAX_ITEMS,
+        )
+        prepare = tracing.current_prepare()
+        if prepare is None:
+            result = render_preparation(*args)  # nothing records: no spans
+        else:
+            tracing.queued()
+            with tracing.render_span(prepare, inline=True, gateway=self._gateway_type) as traced:
+                result = render_preparation(*args)
+                if result is None:
+                    traced.set("turnloom.handed_off", True)  # a worker thread renders it
         self._inline_spent += time.perf_counter() - began
         if result is None:
             return None  # too much work for the loop: a worker renders it
