@@ -343,8 +343,11 @@ class Preparer:
             state = await preparation.wait(self._cancel_scope(), self._wait_for_turn(preparation))
             if state is None:
                 return  # cancelled (by the close, a removal)
-        request = self._capture(request, state)
-        tracing.queued()
+        if request.perception is not None or self._durable is not None:
+            request = self._capture(request, state)
+        traced = tracing.current_prepare()
+        if traced is not None:
+            tracing.queued()
         view = state.history.view()
         serial = state.history.turn_serial(request.turn_id)
         assembled = None
@@ -363,13 +366,14 @@ class Preparer:
         run_pass = state.in_flight is None
         queued = self._now() - preparation.requested_at
         preparation.areas = areas
+        rules = request.behavior_rules
         await self._render(
             preparation,
             (
                 options,
                 view,
                 request,
-                self._behavior_rules(request),
+                rules if rules is not None else options.behavior_rules,
                 last,
                 queued,
                 areas,
@@ -582,10 +586,6 @@ class Preparer:
             self._durable.touch(request.context_id)
         return request
 
-    def _behavior_rules(self, request: ContextPrepareRequest) -> str | None:
-        rules = request.behavior_rules
-        return rules if rules is not None else self._options.behavior_rules
-
     def _deliverer(
         self,
         request: ContextPrepareRequest,
@@ -598,30 +598,34 @@ class Preparer:
         last: DeliveredPrefix | None,
         requested_at: float,
     ) -> Callable[[], None]:
-        options = self._options
+        keep = self._options.earlier_state == "keep"
+        unscoped = request.scope is None
 
         def deliver() -> None:
             # Run by the queue when the requester receives the result, never
             # for a result its requester did not get. A scoped prepare leaves
             # what unscoped ones compare with and reuse.
-            unscoped = request.scope is None
-            if unscoped and areas is not None and section is not None:
-                areas.delivered = max(areas.delivered, section.generation)
+            counters = self._counters
             if unscoped:
+                if areas is not None and section is not None:
+                    areas.delivered = max(areas.delivered, section.generation)
                 if last is not None and state.last is last:
                     # Its turn is over: the host copies made ahead for it go,
                     # freed in the worker (O(items)), not here.
-                    self._release(last.items.drop_copies())
+                    copies = last.items.drop_copies()
+                    if copies:
+                        self._release(copies)
                 state.last = delivered
-                if options.earlier_state == "keep":
+                if keep:
                     self._table.keep_state(state, request.turn_id, delivered.state, serial)
-            self._counters.delivered(
+            counters.delivered(
                 last.bytes if last is not None and unscoped else 0,
                 prepared,
                 self._now() - requested_at,
                 last.tokens if last is not None and unscoped else 0,
             )
-            self._counters.breakpoints_skipped += delivered.skipped_breakpoint
+            if delivered.skipped_breakpoint:
+                counters.breakpoints_skipped += 1
             self._issued.add(prepared, delivered.call_ids, delivered.body)
 
         return deliver
