@@ -22,7 +22,7 @@ __all__ = ("Preparer",)
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from typing import Any
 
@@ -217,17 +217,30 @@ class Preparer:
         if copies and not self.closing and self.worker.alive:
             self.worker.submit(_clear, None, copies)
 
-    async def prepare(self, request: ContextPrepareRequest, *, wait: bool) -> PreparedContext:
+    def prepare(
+        self, request: ContextPrepareRequest, *, wait: bool
+    ) -> Coroutine[Any, Any, PreparedContext]:
         """Check a request, wait for its turn's commit, take a slot, own the preparation.
 
-        Then await its result. The flow of ``ContextManager.prepare``
+        Returns the coroutine to await for its result (nothing is done until
+        it is awaited). The flow of ``ContextManager.prepare``
         (``wait``) and ``prepare_nowait`` (``wait=False``: once the turn is
         committed, take a slot at once or raise
         :class:`~turnloom.errors.QueueFullError`); see there for the errors
         and cancellation. The request is checked, and the commit waited for
         holding no slot, before a slot is taken.
         """
-        with tracing.prepare_span(self._gateway_type, request, self._strategy_name) as traced:
+        traced = tracing.prepare_span(self._gateway_type, request, self._strategy_name)
+        if type(traced) is tracing.PrepareTrace:
+            return self._traced(traced, request, wait)
+        # Nothing records: the admission's own coroutine, no span frame around it.
+        return self._admit(request, wait=wait)
+
+    async def _traced(
+        self, traced: tracing.PrepareTrace, request: ContextPrepareRequest, wait: bool
+    ) -> PreparedContext:
+        """:meth:`_admit` inside the prepare's span (entered in the requester's task)."""
+        with traced:
             prepared = await self._admit(request, wait=wait)
             traced.delivered(prepared)
             return prepared
@@ -330,8 +343,11 @@ class Preparer:
             state = await preparation.wait(self._cancel_scope(), self._wait_for_turn(preparation))
             if state is None:
                 return  # cancelled (by the close, a removal)
-        request = self._capture(request, state)
-        tracing.queued()
+        if request.perception is not None or self._durable is not None:
+            request = self._capture(request, state)
+        traced = tracing.current_prepare()
+        if traced is not None:
+            tracing.queued()
         view = state.history.view()
         serial = state.history.turn_serial(request.turn_id)
         assembled = None
@@ -350,13 +366,14 @@ class Preparer:
         run_pass = state.in_flight is None
         queued = self._now() - preparation.requested_at
         preparation.areas = areas
+        rules = request.behavior_rules
         await self._render(
             preparation,
             (
                 options,
                 view,
                 request,
-                self._behavior_rules(request),
+                rules if rules is not None else options.behavior_rules,
                 last,
                 queued,
                 areas,
@@ -520,27 +537,32 @@ class Preparer:
         ):
             return None  # the task raises what waiting for the turn raises
         history = state.history
-        request = self._capture(request, state)
-        tracing.queued()
+        if request.perception is not None or self._durable is not None:
+            request = self._capture(request, state)
         serial = history.turn_serial(request.turn_id)
         last = state.last
-        with tracing.render_span(
-            tracing.current_prepare(), inline=True, gateway=self._gateway_type
-        ) as traced:
-            result = render_preparation(
-                options,
-                history.view(),
-                request,
-                self._behavior_rules(request),
-                last,
-                self._now() - requested_at,
-                None,
-                state.in_flight is None,
-                None,
-                INLINE_MAX_ITEMS,
-            )
-            if result is None:
-                traced.set("turnloom.handed_off", True)  # a worker thread renders it
+        rules = request.behavior_rules
+        args = (
+            options,
+            history.view(),
+            request,
+            rules if rules is not None else options.behavior_rules,
+            last,
+            self._now() - requested_at,
+            None,
+            state.in_flight is None,
+            None,
+            INLINE_MAX_ITEMS,
+        )
+        prepare = tracing.current_prepare()
+        if prepare is None:
+            result = render_preparation(*args)  # nothing records: no spans
+        else:
+            tracing.queued()
+            with tracing.render_span(prepare, inline=True, gateway=self._gateway_type) as traced:
+                result = render_preparation(*args)
+                if result is None:
+                    traced.set("turnloom.handed_off", True)  # a worker thread renders it
         self._inline_spent += time.perf_counter() - began
         if result is None:
             return None  # too much work for the loop: a worker renders it
@@ -564,10 +586,6 @@ class Preparer:
             self._durable.touch(request.context_id)
         return request
 
-    def _behavior_rules(self, request: ContextPrepareRequest) -> str | None:
-        rules = request.behavior_rules
-        return rules if rules is not None else self._options.behavior_rules
-
     def _deliverer(
         self,
         request: ContextPrepareRequest,
@@ -580,30 +598,34 @@ class Preparer:
         last: DeliveredPrefix | None,
         requested_at: float,
     ) -> Callable[[], None]:
-        options = self._options
+        keep = self._options.earlier_state == "keep"
+        unscoped = request.scope is None
 
         def deliver() -> None:
             # Run by the queue when the requester receives the result, never
             # for a result its requester did not get. A scoped prepare leaves
             # what unscoped ones compare with and reuse.
-            unscoped = request.scope is None
-            if unscoped and areas is not None and section is not None:
-                areas.delivered = max(areas.delivered, section.generation)
+            counters = self._counters
             if unscoped:
+                if areas is not None and section is not None:
+                    areas.delivered = max(areas.delivered, section.generation)
                 if last is not None and state.last is last:
                     # Its turn is over: the host copies made ahead for it go,
                     # freed in the worker (O(items)), not here.
-                    self._release(last.items.drop_copies())
+                    copies = last.items.drop_copies()
+                    if copies:
+                        self._release(copies)
                 state.last = delivered
-                if options.earlier_state == "keep":
+                if keep:
                     self._table.keep_state(state, request.turn_id, delivered.state, serial)
-            self._counters.delivered(
+            counters.delivered(
                 last.bytes if last is not None and unscoped else 0,
                 prepared,
                 self._now() - requested_at,
                 last.tokens if last is not None and unscoped else 0,
             )
-            self._counters.breakpoints_skipped += delivered.skipped_breakpoint
+            if delivered.skipped_breakpoint:
+                counters.breakpoints_skipped += 1
             self._issued.add(prepared, delivered.call_ids, delivered.body)
 
         return deliver

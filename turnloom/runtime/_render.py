@@ -214,7 +214,7 @@ def render_preparation(
         return None  # counting the host's marks reads the whole history: in a worker
     gateway = options.gateway
     counter = options.token_counter
-    memory = _assembly_memory(assembled)
+    memory = _assembly_memory(assembled) if assembled is not None else None
     # The request was frozen at the door; its JSON encoding is CPU work.
     pair = state_messages(
         request.context_id,
@@ -247,16 +247,24 @@ def render_preparation(
         extra += tuple(rename_call_ids(gateway.type, section.items, call_ids))
         # Area items are native; each is counted as the message it parses to.
         tokens += count_tokens(counter, [gateway.parse(item) for item in section.items])
-    extra_sizes = tuple(len(_encoder.encode(item)) for item in extra)
-    lead, prompt, skipped = _assembly_lead(gateway, assembled, rendered.native_items, extra)
-    tokens += count_tokens(counter, [prompt]) if prompt is not None else 0
-    lead_sizes = tuple(len(_encoder.encode(item)) for item in lead)
-    items = rendered.native_items.prefixed(lead)
-    total = rendered.bytes + sum(lead_sizes)
+    encode = _encoder.encode
+    extra_sizes = tuple([len(encode(item)) for item in extra]) if extra else ()
+    items = rendered.native_items
+    total = rendered.bytes
+    if assembled is None:
+        lead: tuple[NativeContent, ...] = ()
+        lead_sizes: tuple[int, ...] = ()
+        skipped = False
+    else:
+        lead, prompt, skipped = _assembly_lead(gateway, assembled, items, extra)
+        tokens += count_tokens(counter, [prompt]) if prompt is not None else 0
+        lead_sizes = tuple([len(encode(item)) for item in lead])
+        items = items.prefixed(lead)
+        total += sum(lead_sizes)
     if extra:
         items = items.extended(extra)
         total += sum(extra_sizes)
-    reserved.extend(m.id for m in view.turn_input(request.turn_id) if m.id is not None)
+    reserved += [m.id for m in view.turn_input(request.turn_id) if m.id is not None]
     reused = _reuse_last(items, last, request, budget)
     if reused is None:
         return None  # comparing with another run's items costs their common length
