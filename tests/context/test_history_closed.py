@@ -13,7 +13,10 @@ Invariants:
    the ids turns are sent with, each turn's messages, tokens and counts);
 2. the rendered one's incremental render equals a cold render of its messages
    as sent, and the turns its run holds are closed (a retraction may make a
-   closed turn the newest again: it stays closed).
+   closed turn the newest again: it stays closed);
+3. each history's id maps hold exactly what they stand for: its turn ids
+   (``_ids``) the kept turns' (turns held aside for a retraction are not
+   kept), the sent ids (``_SentIds.present``) every kept call's id as sent.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from turnloom.context.history import (
     restore_sent_ids,
 )
 from turnloom.context.history._cells import _Closed, _Entry, _Turn
+from turnloom.context.message import ToolCallPart
 from turnloom.errors import TurnloomError
 
 IDS = ("a", "b")
@@ -168,6 +172,22 @@ def _reads(history: TurnHistory) -> dict[str, object]:
     return reads
 
 
+def _check_id_maps(history: TurnHistory) -> None:
+    """Invariant (3) of the module docstring."""
+    view = history.view()
+    assert sorted(history._ids) == sorted(view.turn_ids)
+    assert all(history.has_turn(t) for t in view.turn_ids)
+    assert not any(history.has_turn(t) for t in history.restorable_ids)
+    calls = [
+        part.call_id
+        for turn in history._turns
+        for message in turn.wire_messages(True)
+        for part in message.parts
+        if type(part) is ToolCallPart
+    ]
+    assert sorted(history._sent.present) == sorted(calls)
+
+
 def _cold(history: TurnHistory, turn_id: str, kind: GatewayType) -> list[NativeContent]:
     gateway = get_gateway(kind)
     sent = list(history.view().sent_messages(turn_id))
@@ -180,11 +200,12 @@ def _cold(history: TurnHistory, turn_id: str, kind: GatewayType) -> list[NativeC
 def test_closed_turns_read_back_as_live_ones(
     steps: list[tuple[str, Any, int]], kind: GatewayType
 ) -> None:
-    """Invariants (1) and (2) of the module docstring, after every step.
+    """Invariants (1), (2) and (3) of the module docstring, after every step.
 
     Mutants tried: ``_Closed.entries`` leaving out the sent ids (a renamed turn
     read back with its own ids) and ``_Closed.of`` keeping the tokens in reverse
-    order: both fail (1)."""
+    order: both fail (1). ``_forget`` leaving an evicted turn's id in ``_ids``, and
+    ``_SentIds.drop`` leaving a dropped call's id in ``present``: both fail (3)."""
     gateway = get_gateway(kind)
     rendered, live = TurnHistory(LIMITS), TurnHistory(LIMITS)
     for history in (rendered, live):
@@ -198,6 +219,8 @@ def test_closed_turns_read_back_as_live_ones(
         assert all(t.closed for t in rendered._turns[: run.turns])  # (2)
         assert not any(t.closed for t in live._turns)
         assert _reads(rendered) == _reads(live)  # (1)
+        _check_id_maps(rendered)  # (3)
+        _check_id_maps(live)
 
 
 def test_a_closed_turn_holds_one_tuple_and_reads_back_its_entries() -> None:

@@ -217,7 +217,7 @@ def _commit(
         history._linked.update(t.serial for t in history._turns[tied + 1 :])
         history._linked.add(turn.serial)
     history._turns = (*history._turns, turn)
-    history._ids.add(turn_id)
+    history._ids[turn_id] = None
     history._items += turn.items
     history._bytes += turn.bytes
     history._tokens += turn.tokens

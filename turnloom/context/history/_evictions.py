@@ -77,7 +77,7 @@ class _EvictionState(Protocol):
     _forgotten: int
     _front: int
     _generation: int
-    _ids: set[str]
+    _ids: dict[str, None]
     _items: int
     _limits: HistoryLimits
     _linked: set[int]
@@ -222,7 +222,7 @@ def _restore(history: _EvictionState, aside: _Aside) -> None:
         history._items += turn.items
         history._bytes += turn.bytes
         history._tokens += turn.tokens
-        history._ids.add(turn.turn_id)
+        history._ids[turn.turn_id] = None
         for message in _identified(turn):
             history._message_ids[cast(str, message.id)] = (turn.serial, message)
     history._linked.update(aside.linked)
@@ -239,7 +239,7 @@ def _forget(history: _EvictionState, turn: _Turn, popped: list[str] | None = Non
 
     With ``popped``, the remembered ids this pushes out are appended to it.
     """
-    history._ids.discard(turn.turn_id)
+    history._ids.pop(turn.turn_id, None)
     history._linked.discard(turn.serial)
     message_ids = history._message_ids
     if message_ids:

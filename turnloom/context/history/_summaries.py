@@ -60,7 +60,7 @@ class _SummaryState(_ChangeState, Protocol):
 
     _front: int
     _generation: int
-    _ids: set[str]
+    _ids: dict[str, None]
     _message_ids: dict[str, tuple[int, Message]]
     _serial: int
 
@@ -325,7 +325,7 @@ def apply_summary(
         if entry.message.id is not None:
             history._message_ids[entry.message.id] = (serial, entry.message)
     history._turns = (turn, *turns[held:])
-    history._ids.add(summary_id)
+    history._ids[summary_id] = None
     history._items += turn.items
     history._bytes += size
     history._tokens += tokens

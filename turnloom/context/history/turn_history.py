@@ -189,8 +189,10 @@ class TurnHistory:
         self._pinned: tuple[_Entry, ...] = ()
         self._pinned_bytes = 0
         self._turns: tuple[_Turn, ...] = ()
-        self._ids: set[str] = set()
-        untrack_container(self._ids)  # turn ids only: no cycle can pass through it
+        # The kept turns' ids, as keys (to None): a str-keyed dict holds about
+        # half the bytes a set of as many str does (an entry is a key and a
+        # value, the hash read from the str; a set's table is kept sparser).
+        self._ids: dict[str, None] = {}
         self._generation = 0  # changes of a turn other than the newest
         self._items = 0
         self._bytes = 0
