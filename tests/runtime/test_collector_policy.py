@@ -559,3 +559,25 @@ async def test_the_foundations_live_units_are_its_contexts_and_their_items() -> 
         stats = manager.statistics()
         assert (stats.contexts, stats.history.items) == (2, 6)
         assert collector.statistics().live == (2, 6)
+
+
+async def test_a_closed_collector_never_freezes_again() -> None:
+    """Nothing frozen outlives the close: a look or a step after it freezes nothing.
+
+    The Foundation cancels the collector's task, then closes it; on asyncio
+    anyio delivers that cancellation at the task's next await when its sleep
+    had already ended, so the task's look runs once more after the close.
+    """
+    collector = FrozenCollector(CollectorPolicy(interval=0.001, young_collections=1))
+    try:
+        collector.step()
+        assert gc.get_freeze_count() > 0
+        collector.close()
+        assert gc.get_freeze_count() == 0
+        collector.step()
+        assert gc.get_freeze_count() == 0 and collector.statistics().steps == 1
+        with anyio.fail_after(10):
+            await collector.run()  # its first look after the close returns
+        assert gc.get_freeze_count() == 0 and collector.statistics().steps == 1
+    finally:
+        gc.unfreeze()

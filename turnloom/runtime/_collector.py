@@ -199,6 +199,7 @@ class FrozenCollector:
         "_allowed",
         "_base",
         "_blocks",
+        "_closed",
         "_froze",
         "_live",
         "_live_now",
@@ -233,6 +234,7 @@ class FrozenCollector:
         self._stepped = time.monotonic()  # when the last step began (the open, before any)
         self._pace = 0.0  # the last plain step's CPU per second since the step before
         self._froze = False
+        self._closed = False
         self._thorough_next = False
         self.stepping = False  # True while a step collects (for a gc callback to tell)
         self._steps = 0
@@ -288,8 +290,12 @@ class FrozenCollector:
         thorough step), then reads the allocated blocks and the live state
         and decides whether the next step is thorough. The first step and a
         thorough one take the base the next decisions measure from. A plain
-        step's CPU time paces the next look (:attr:`wait`).
+        step's CPU time paces the next look (:attr:`wait`). After
+        :meth:`close` it does nothing: what it would freeze would outlive the
+        Foundation.
         """
+        if self._closed:
+            return
         began, now = time.thread_time(), time.monotonic()
         elapsed, self._stepped = now - self._stepped, now
         thorough = self._thorough_next
@@ -341,13 +347,20 @@ class FrozenCollector:
         return self._origin + int(min((1 + self._policy.regrowth) * growth, sys.maxsize))
 
     async def run(self) -> None:
-        """Look every :attr:`wait` seconds; step when :meth:`due`. Runs until cancelled.
+        """Look every :attr:`wait` seconds; step when :meth:`due`. Runs until cancelled or closed.
+
+        Returns at its first look after :meth:`close`: a cancellation can
+        arrive after the sleep ended and before the task resumed (anyio on
+        asyncio then delivers it at the next await), and a step there would
+        freeze again what the close unfroze.
 
         Cancellation: cancelled between looks (a step does not await),
         leaving what it froze frozen until :meth:`close`.
         """
         while True:
             await anyio.sleep(self._wait)
+            if self._closed:
+                return
             if self.due():
                 self.step()
 
@@ -355,8 +368,10 @@ class FrozenCollector:
         """Unfreeze what the steps froze, so the Foundation's objects are collectable again.
 
         Idempotent. Unfreezes the whole permanent generation (what the host
-        froze too); the next full collection then visits it.
+        froze too); the next full collection then visits it. The collector
+        steps no more: :meth:`step` does nothing and :meth:`run` returns.
         """
+        self._closed = True
         if self._froze:
             self._froze = False
             gc.unfreeze()

@@ -528,7 +528,11 @@ class ContextManager:
         Raises:
             QueueFullError: once the turn is committed, all ``capacity`` slots
                 are taken, or the request's tenant holds its
-                ``tenant_limit``; nothing was admitted.
+                ``tenant_limit``, or requests that waited first are owed the
+                free slots (a freed slot is handed to waiting requests a few
+                at a time, and a new request never overtakes an eligible
+                waiting one; the message says how many wait); nothing was
+                admitted.
             Every error of :meth:`prepare`, for the same reasons.
 
         Cancellation:

@@ -477,7 +477,7 @@ def door_ids(
     )
 
 
-def _fresh_calls(message: Message, present: set[str]) -> tuple[tuple[str, str], ...] | None:
+def _fresh_calls(message: Message, present: dict[str, None]) -> tuple[tuple[str, str], ...] | None:
     """(own id, sent id) of each call of ``message`` when each is sent as it is: its id
     is not ``present`` and not repeated in ``message``; else None (the general rule
     decides). A message without a result reads no pairing context, so then
