@@ -105,22 +105,10 @@ def _check_batch(
     for i, message in enumerate(messages):
         size = seen_sizes[i] if known else check_message(message, where=f"{where}[{i}]")
         if size > cap:
-            raise ItemTooLargeError(
-                f"{where}[{i}] is {size} bytes, over the per-item cap of {cap} bytes.",
-                size=size,
-                limit=cap,
-            )
+            raise _item_too_large(f"{where}[{i}]", size, cap)
         total += size
         if total > max_bytes and not pinned:
-            if unit:
-                raise _tied_error(where, "bytes", total, max_bytes, unit, turn_id)
-            raise TurnTooLargeError(
-                f"{where} would make the turn hold at least {total} bytes, over the "
-                f"history's limit of {max_bytes} bytes.",
-                unit="bytes",
-                size=total,
-                limit=max_bytes,
-            )
+            raise _turn_too_large(where, total, max_bytes, unit, turn_id)
         found.append(size)
     sizes = seen_sizes if known else tuple(found)
     renders: tuple[tuple[_Native, _Encoded], ...] | None = None
@@ -231,23 +219,11 @@ def _check_one(
     size = check_message(message, where=f"{where}[0]")
     cap = limits.max_item_bytes
     if size > cap:
-        raise ItemTooLargeError(
-            f"{where}[0] is {size} bytes, over the per-item cap of {cap} bytes.",
-            size=size,
-            limit=cap,
-        )
+        raise _item_too_large(f"{where}[0]", size, cap)
     total = held_bytes + size
     max_bytes = limits.max_bytes
     if total > max_bytes and not pinned:
-        if unit:
-            raise _tied_error(where, "bytes", total, max_bytes, unit, turn_id)
-        raise TurnTooLargeError(
-            f"{where} would make the turn hold at least {total} bytes, over the "
-            f"history's limit of {max_bytes} bytes.",
-            unit="bytes",
-            size=total,
-            limit=max_bytes,
-        )
+        raise _turn_too_large(where, total, max_bytes, unit, turn_id)
     sizes = (size,)
     renders: tuple[tuple[_Native, _Encoded], ...] | None = None
     plan: _DoorIds | None = None
@@ -426,3 +402,25 @@ def _output_renders(
                 renders[id(entry.message)] = native if type(native) is tuple else (native,)  # type: ignore[assignment]
             return renders
     return {}
+
+
+def _item_too_large(where: str, size: int, cap: int) -> ItemTooLargeError:
+    """The error for the message at ``where`` of ``size`` bytes, over the per-item ``cap``."""
+    return ItemTooLargeError(
+        f"{where} is {size} bytes, over the per-item cap of {cap} bytes.", size=size, limit=cap
+    )
+
+
+def _turn_too_large(
+    where: str, total: int, max_bytes: int, unit: tuple[_Turn, ...], turn_id: str | None
+) -> TurnTooLargeError:
+    """The error for a batch that makes its turn (or its tied ``unit``) hold ``total`` bytes."""
+    if unit:
+        return _tied_error(where, "bytes", total, max_bytes, unit, turn_id)
+    return TurnTooLargeError(
+        f"{where} would make the turn hold at least {total} bytes, over the "
+        f"history's limit of {max_bytes} bytes.",
+        unit="bytes",
+        size=total,
+        limit=max_bytes,
+    )
