@@ -184,61 +184,24 @@ def count_message_tokens(counter: TokenCounter, message: Message) -> int:
     """``count_tokens(counter, (message,))``: the tokens of one message, checked.
 
     For the default :class:`ApproxTokenCounter` (its exact class) and a
-    :class:`Message` of the exact class, the estimate is taken without the
-    counter's calls (:func:`_approx_message_tokens`, the same arithmetic as
-    :func:`estimate_message_tokens` with :func:`approx_text_tokens`); any
-    other counter or message, and a count over :data:`MAX_TOKEN_COUNT`, goes
-    through :func:`count_tokens`, which raises what it raises.
+    :class:`Message` of the exact class, :func:`estimate_message_tokens` is
+    called directly, without the counter's calls; any other counter or
+    message, and a count over :data:`MAX_TOKEN_COUNT`, goes through
+    :func:`count_tokens`, which raises what it raises.
 
     Raises:
         as :func:`count_tokens`.
     """
     if type(counter) is ApproxTokenCounter and type(message) is Message:
-        count = _approx_message_tokens(message, counter.image_rule, counter._image_size)
+        count = estimate_message_tokens(
+            message,
+            approx_text_tokens,
+            image_rule=counter.image_rule,
+            image_size_hook=counter._image_size,
+        )
         if count <= MAX_TOKEN_COUNT:
             return count
     return count_tokens(counter, (message,))
-
-
-def _approx_message_tokens(
-    message: Message, image_rule: ImageRule, image_size_hook: ImageSizeHook | None
-) -> int:
-    """``estimate_message_tokens(message, approx_text_tokens, ...)`` in one walk, inlined.
-
-    Each text's tokens are ``(len(text) + 3) // 4`` (:func:`approx_text_tokens`);
-    images and opaque items are priced by the same helpers as there.
-    """
-    total = _MESSAGE_OVERHEAD + (len(message.role._value_) + 3) // 4
-    name = message.name
-    if name is not None:
-        total += _NAME_OVERHEAD + (len(name) + 3) // 4
-    for part in message.content:
-        kind = type(part)
-        if kind is TextPart:
-            total += (len(part.text) + 3) // 4  # type: ignore[union-attr]
-        elif kind is ToolCallPart:
-            call: ToolCallPart = part  # type: ignore[assignment]
-            total += (
-                _BLOCK_OVERHEAD
-                + (len(call.call_id) + 3) // 4
-                + (len(call.name) + 3) // 4
-                + (len(call.arguments) + 3) // 4
-            )
-        elif kind is ToolResultPart:
-            result: ToolResultPart = part  # type: ignore[assignment]
-            total += _BLOCK_OVERHEAD + (len(result.call_id) + 3) // 4
-            if result.name is not None:
-                total += (len(result.name) + 3) // 4
-            for inner in result.content:
-                if type(inner) is TextPart:
-                    total += (len(inner.text) + 3) // 4
-                else:
-                    total += _leaf_tokens(inner, approx_text_tokens, image_rule, image_size_hook)
-        elif kind is ReasoningPart:
-            total += _BLOCK_OVERHEAD + (len(part.text) + 3) // 4  # type: ignore[union-attr]
-        else:
-            total += _leaf_tokens(part, approx_text_tokens, image_rule, image_size_hook)  # type: ignore[arg-type]
-    return total
 
 
 def approx_text_tokens(text: str) -> int:
