@@ -70,22 +70,11 @@ def _check_batch(
     gateway: Gateway | None = None,
 ) -> tuple[int, ...]:
     """The work of :meth:`TurnHistory.check_batch` (documented there)."""
+    memo = _memo(history, messages)
     kind = type(messages)
-    if (kind is list or kind is tuple) and len(messages) == 1:
-        # A record's usual batch, a list or tuple of one message: its memo
-        # found without a scan, and checked unless found (see _check_one).
-        newest, older = history._checked
-        message = messages[0]
-        seen = newest[0]
-        if len(seen) == 1 and seen[0] is message:
-            memo = newest
-        else:
-            seen = older[0]
-            memo = older if len(seen) == 1 and seen[0] is message else _UNCHECKED
-        if memo is _UNCHECKED:
-            return _check_one(history, messages, where, turn_id, pinned, gateway)
-    else:
-        memo = _memo(history, messages)
+    if memo is _UNCHECKED and (kind is list or kind is tuple) and len(messages) == 1:
+        # A record's usual batch, a list or tuple of one message (see _check_one).
+        return _check_one(history, messages, where, turn_id, pinned, gateway)
     if memo is not _UNCHECKED and _reuse(history, memo, turn_id, pinned, gateway):
         return memo[1]
     limits = history._limits
@@ -316,20 +305,8 @@ def _entries(
     (its renders are of the messages as sent), the entries carry those ids
     if its plan holds, else the renamed messages' renders are left out.
     """
-    newest = history._checked[0]
-    seen = newest[0]
-    if (
-        len(seen) == 1
-        and len(messages) == 1
-        and seen[0] is messages[0]
-        and newest[4] is history._turns
-        and newest[5] == turn_id
-        and newest[6] is bool(pinned)
-    ):
-        # The door's check of this very message in this state, the newest memo
-        # (the usual record): what _memo and _reuse find, without their scan.
-        sizes = newest[1]
-    elif _reuse(history, memo := _memo(history, messages), turn_id, pinned, None):
+    memo = _memo(history, messages)
+    if _reuse(history, memo, turn_id, pinned, None):
         sizes = memo[1]
     else:
         sizes = _check_batch(

@@ -90,12 +90,7 @@ def _left_out(history: _DoorState, messages: Sequence[Message]) -> int:
     """The work of :meth:`TurnHistory.left_out` (documented there)."""
     if not messages:
         return 0
-    newest = history._checked[0]
-    seen = newest[0]
-    if len(messages) == 1 and len(seen) == 1 and seen[0] is messages[0]:
-        renders = newest[2]  # the door's check of this very message (what _memo finds first)
-    else:
-        renders = _memo(history, messages)[2]
+    renders = _memo(history, messages)[2]
     if renders is None:
         return 0
     if len(renders) == 1:  # a record's usual batch: no generator
