@@ -97,8 +97,10 @@ class FairSlots:
 
     def try_acquire(self, tenant: Tenant) -> bool:
         """Take a slot at once if the rule allows it now; return whether one was taken."""
-        # Grants are eager, so while a slot is free every waiter is at its limit:
-        # taking it overtakes no eligible waiter.
+        # Grants are eager while fewer than hand_limit slots are being handed, so
+        # then a free slot means every waiter is at its limit; at hand_limit a free
+        # slot is owed to an eligible waiter, if any. Either way taking it
+        # overtakes no eligible waiter.
         if (
             self.free
             and self.held(tenant) < self._limit(tenant)
