@@ -86,6 +86,34 @@ async def test_a_waiter_cancelled_while_its_slot_is_handed_hands_it_on() -> None
     assert (slots.free, slots.waiting, slots.held(None)) == (0, 0, 1)
 
 
+def test_an_asyncio_task_cancelled_after_its_grant_gives_back_its_hand() -> None:
+    """asyncio's own ``Task.cancel`` (a host's ``asyncio.timeout`` or TaskGroup) after
+    the grant, in the same iteration, reaches the granted waiter as CancelledError
+    (anyio's cancel scopes do not: they skip a task whose wait is done). The slot and
+    its hand both come back and go to the next waiter, with a hand limit of 1
+    (mutant tried: not giving the hand back leaves the next waiter parked forever)."""
+    import asyncio
+
+    async def main() -> tuple[int, int, int, int]:
+        slots = FairSlots(
+            1, 1, checkpoint=lambda: asyncio.sleep(0), signal=asyncio.Event, hand_limit=1
+        )
+        assert slots.try_acquire(None)
+        first = asyncio.create_task(slots.acquire(None))
+        second = asyncio.create_task(slots.acquire(None))
+        while slots.waiting < 2:
+            await asyncio.sleep(0)
+        slots.release(None)  # granted to the first: one hand in use
+        assert (slots.free, slots.waiting, slots._handing) == (0, 1, 1)
+        first.cancel()  # before it resumes
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert await asyncio.wait_for(second, 30) is True
+        return slots.free, slots.waiting, slots.held(None), slots._handing
+
+    assert asyncio.run(main()) == (0, 0, 1, 0)
+
+
 async def test_prepare_nowait_refused_while_free_slots_are_handed_names_the_waiters() -> None:
     """A queue of 4 hands one slot at a time: with three waiters and slots freed, a
     ``prepare_nowait`` is refused with the count of requests that wait (exact message),
