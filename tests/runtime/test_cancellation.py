@@ -128,9 +128,9 @@ async def test_cancelling_prepare_at_each_await_point_frees_its_slot(phase: str)
 
 
 async def test_a_prepare_cancelled_at_its_first_checkpoint_takes_no_slot() -> None:
-    """The free-slot path passes one checkpoint before it takes the slot: a requester
-    already cancelled when it calls prepare (or prepare_nowait's caller resuming later)
-    is cancelled there, holding nothing; nothing is counted or rendered."""
+    """The free-slot path checks for a cancellation before it takes the slot: a
+    requester already cancelled when it calls prepare is cancelled there, holding
+    nothing; nothing is counted or rendered."""
     async with Foundation(max_pending_preparations=1) as foundation:
         manager = foundation.manager
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("hi"),)))

@@ -131,6 +131,7 @@ class Preparer:
 
     __slots__ = (
         "_cancel_scope",
+        "_checkpoint_if_cancelled",
         "_clock",
         "_counters",
         "_durable",
@@ -185,6 +186,7 @@ class Preparer:
         self._render_bound = limiter.total_tokens
         self._now = queue.hooks.now  # the loop's clock, as anyio.current_time reads it
         self._cancel_scope = queue.hooks.cancel_scope
+        self._checkpoint_if_cancelled = queue.hooks.checkpoint_if_cancelled
         # Read once: the options are frozen, a gateway's type is constant.
         self._gateway_type = options.gateway.type
         self._strategy_name = options.strategy.name if options.strategy is not None else None
@@ -256,9 +258,18 @@ class Preparer:
         if self._table.holding(request.context_id, request.turn_id, origin) is None:
             origin = await self._wait_for_commit(request, origin)  # holding no slot
         if wait:
-            # One that waited for its slot passes a checkpoint after an inline
-            # render, so requesters granted before it resume first.
-            checkpointed = not await queue.acquire(request)
+            # A cancelled requester takes no slot; one not cancelled takes a
+            # free slot without yielding to the loop here: its render's wait,
+            # or, rendered inline, the checkpoint after it (slot held), is the
+            # call's yield, so a worker's render costs one wake-up of the
+            # requester, not two. Otherwise it waits for its slot (passing a
+            # checkpoint first); one that waited passes a checkpoint after an
+            # inline render, so requesters granted before it resume first.
+            await self._checkpoint_if_cancelled()
+            if queue.try_acquire(request):
+                checkpointed = False
+            else:
+                checkpointed = not await queue.acquire(request)
         else:
             try:
                 queue.acquire_nowait(request)

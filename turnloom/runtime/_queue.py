@@ -229,6 +229,14 @@ class PreparationQueue:
         """
         return self._slots.acquire(tenant_of(request))
 
+    def try_acquire(self, request: ContextPrepareRequest) -> bool:
+        """Take a slot for the request's tenant if the rule allows it now (nothing counted).
+
+        Returns whether one was taken; never waits, never overtakes an
+        eligible waiting request (see :meth:`FairSlots.try_acquire`).
+        """
+        return self._slots.try_acquire(tenant_of(request))
+
     def acquire_nowait(self, request: ContextPrepareRequest) -> None:
         """Take a slot at once.
 

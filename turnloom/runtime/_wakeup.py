@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 import anyio
+import anyio.lowlevel
 import sniffio
 
 _trio: Any = None  # the trio module, imported by the first loop_hooks() on trio
@@ -98,17 +99,28 @@ class LoopHooks:
     ``call_soon(fn, arg)`` runs ``fn(arg)`` on the loop, from any thread,
     without waiting; it raises one of ``gone`` once the loop has finished.
 
-    And the loop's own forms of three anyio calls made per prepare and per
-    model call, without anyio's look-up of the running backend on each call:
-    ``now()`` is ``anyio.current_time()`` (seconds, the loop's clock),
-    ``checkpoint()`` is ``anyio.lowlevel.checkpoint()`` (a cancellation
-    point and a yield to the loop), and ``cancel_scope()`` makes a cancel
-    scope with ``cancel()``, usable as a ``with`` block in a task of this
-    loop exactly as an ``anyio.CancelScope()`` (on trio, trio's own, which
-    anyio's wraps).
+    And the loop's own forms of the anyio calls made per prepare and per
+    model call, without anyio's look-up of the running backend on each call
+    where the loop has its own: ``now()`` is ``anyio.current_time()``
+    (seconds, the loop's clock), ``checkpoint()`` is
+    ``anyio.lowlevel.checkpoint()`` (a cancellation point and a yield to the
+    loop), ``checkpoint_if_cancelled()`` is
+    ``anyio.lowlevel.checkpoint_if_cancelled()`` (raises the cancellation
+    when the caller is cancelled, else returns without yielding), and
+    ``cancel_scope()`` makes a cancel scope with ``cancel()``, usable as a
+    ``with`` block in a task of this loop exactly as an
+    ``anyio.CancelScope()`` (on trio, trio's own, which anyio's wraps).
     """
 
-    __slots__ = ("call_soon", "cancel_scope", "checkpoint", "gone", "now", "signal")
+    __slots__ = (
+        "call_soon",
+        "cancel_scope",
+        "checkpoint",
+        "checkpoint_if_cancelled",
+        "gone",
+        "now",
+        "signal",
+    )
 
     def __init__(
         self,
@@ -118,6 +130,7 @@ class LoopHooks:
         now: Callable[[], float],
         checkpoint: Callable[[], Awaitable[None]],
         cancel_scope: Callable[[], CancelScope],
+        checkpoint_if_cancelled: Callable[[], Awaitable[None]],
     ) -> None:
         self.signal = signal
         self.call_soon = call_soon
@@ -125,6 +138,7 @@ class LoopHooks:
         self.now = now
         self.checkpoint = checkpoint
         self.cancel_scope = cancel_scope
+        self.checkpoint_if_cancelled = checkpoint_if_cancelled
 
 
 class CancelScope(Protocol):
@@ -167,13 +181,15 @@ def loop_hooks() -> LoopHooks:
             trio.current_time,
             trio.lowlevel.checkpoint,
             trio.CancelScope,
+            trio.lowlevel.checkpoint_if_cancelled,
         )
     if library != "asyncio":
         raise RuntimeError(f"Unsupported event loop {library!r}: asyncio or trio.")
     loop = asyncio.get_running_loop()
     # call_soon_threadsafe raises RuntimeError once the loop is closed; anyio's
     # current_time and checkpoint on asyncio are the loop's time and sleep(0);
-    # anyio.CancelScope() makes its backend's class, made here directly.
+    # anyio.CancelScope() makes its backend's class, made here directly; a
+    # cancellation check reads anyio's own cancel scopes (no asyncio form).
     return LoopHooks(
         _FutureSignal,
         loop.call_soon_threadsafe,
@@ -181,4 +197,5 @@ def loop_hooks() -> LoopHooks:
         loop.time,
         _asyncio_checkpoint,
         type(anyio.CancelScope()),
+        anyio.lowlevel.checkpoint_if_cancelled,
     )

@@ -1,0 +1,79 @@
+"""A prepare that finds a free slot takes it without yielding, and stays cancellation-safe.
+
+Source: DESIGN rule 5 (a cancelled requester's preparation still settles and
+frees its slot; a cancelled call that owns nothing is not counted) and the
+``Cancellation`` paragraph of ``ContextManager.prepare``. ``prepare`` checks
+for a cancellation before it takes a free slot (no yield there); its one
+yield is then the render's wait in the render thread, or, rendered inline,
+the checkpoint after the render, which it passes holding the slot.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import anyio
+import pytest
+
+from tests.runtime.helpers import BlockingGateway, user
+from turnloom.runtime import ContextPrepareRequest, Foundation, Perception, TurnSnapshot
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_cancelled_prepare_for_the_thread_takes_no_slot_and_queues_nothing() -> None:
+    """A requester already cancelled when it calls prepare, whose render would go to
+    the render thread (a gateway that is not built in never renders inline), is
+    cancelled before it takes the free slot: nothing is admitted, counted or handed
+    to the thread (the thread never started), and the slot is free."""
+    async with Foundation(gateway=BlockingGateway(), max_pending_preparations=1) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("hi"),)))
+        preparer = manager._life.check_bound()
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
+        assert scope.cancelled_caught
+        stats = manager.statistics().preparations
+        assert (stats.prepared_total, stats.discarded_total, stats.failed_total) == (0, 0, 0)
+        assert (stats.pending, preparer.queue._slots.free, preparer._rendering) == (0, 1, 0)
+        assert (preparer.worker.alive, preparer.worker.jobs) == (False, 0)
+        prepared = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
+        assert prepared.items == ({"role": "user", "content": "hi"},)
+        assert manager.statistics().preparations.prepared_total == 1
+
+
+async def test_a_prepare_on_a_free_slot_cancelled_at_its_checkpoint_after_an_inline_render() -> (
+    None
+):
+    """A prepare that took a free slot and rendered inline passes one checkpoint,
+    holding the slot, before it is delivered: a requester cancelled by then (here by
+    the Foundation's clock, read for a perception without a time while the
+    preparation ran) gets nothing delivered (the context's last prefix is unchanged,
+    so the next prefix reuses nothing), the preparation counts as discarded and its
+    slot is free."""
+    scopes: list[anyio.CancelScope] = []
+
+    def clock() -> datetime:
+        if scopes:
+            scopes.pop().cancel()
+        return datetime(2026, 1, 1, tzinfo=UTC)
+
+    async with Foundation(clock=clock, max_pending_preparations=1) as foundation:
+        manager = foundation.manager
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("hi"),)))
+        request = ContextPrepareRequest(
+            context_id="c", turn_id="t1", perception=Perception(modality="voice")
+        )
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            await manager.prepare(request)
+        assert scope.cancelled_caught
+        preparer = manager._life.check_bound()
+        stats = manager.statistics().preparations
+        assert (stats.prepared_total, stats.discarded_total, stats.failed_total) == (0, 1, 0)
+        assert (stats.pending, stats.waiting_for_slot, preparer.queue._slots.free) == (0, 0, 1)
+        assert preparer.worker.jobs == 0  # it rendered inline
+        prepared = await manager.prepare(request)
+        assert prepared.reused_bytes == 0  # the discarded prefix was never delivered
+        assert manager.statistics().preparations.prepared_total == 1
