@@ -496,8 +496,11 @@ class ContextManager:
                 freed and nothing is delivered or kept.
 
         Cancellation:
-            Cancelled while waiting for the turn's commit or for a slot:
-            nothing was admitted and no slot is held (nothing is counted).
+            Cancelled while waiting for the turn's commit or for a slot, or
+            already cancelled when a free slot is found: nothing was admitted
+            and no slot is held (nothing is counted). A free slot is taken
+            without yielding; the call's yield is then the render's wait, or,
+            after an inline render, one checkpoint holding the slot.
             Cancelled later: the preparation is cancelled if it still waits
             for its assembly (the strategy's memory I/O; the next prepare of
             the turn assembles again) or is queued in the render thread behind other
