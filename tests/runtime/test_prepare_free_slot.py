@@ -77,3 +77,46 @@ async def test_a_prepare_on_a_free_slot_cancelled_at_its_checkpoint_after_an_inl
         prepared = await manager.prepare(request)
         assert prepared.reused_bytes == 0  # the discarded prefix was never delivered
         assert manager.statistics().preparations.prepared_total == 1
+
+
+async def test_a_cancelled_prepare_with_every_slot_taken_does_not_park() -> None:
+    """A requester already cancelled when it calls prepare while every slot is taken
+    is cancelled before it parks for one (it parks without a checkpoint first): it
+    never joins the slots' waiters (their order counter is where it was), nothing
+    is counted, and the holder is delivered."""
+    gateway = BlockingGateway()
+    async with Foundation(gateway=gateway, max_pending_preparations=1) as foundation:
+        manager = foundation.manager
+        for context_id in ("c", "h"):
+            manager.accept_turn(
+                TurnSnapshot(context_id=context_id, turn_id="t1", input=(user("hi"),))
+            )
+        preparer = manager._life.check_bound()
+        delivered: list[object] = []
+        gateway.hold = True
+        async with anyio.create_task_group() as tg:
+
+            async def holder() -> None:
+                request = ContextPrepareRequest(context_id="h", turn_id="t1", loop_budget=1)
+                delivered.append(await manager.prepare(request))
+
+            tg.start_soon(holder)
+            await anyio.to_thread.run_sync(gateway.entered.wait, 10)
+            gateway.hold = False
+            assert preparer.queue._slots.free == 0
+            order = repr(preparer.queue._slots._order)  # the next waiter's number
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
+            assert scope.cancelled_caught
+            assert repr(preparer.queue._slots._order) == order
+            stats = manager.statistics().preparations
+            assert (stats.pending, stats.waiting_for_slot, preparer.queue._slots._queues) == (
+                1,
+                0,
+                {},
+            )
+            gateway.release.set()
+        stats = manager.statistics().preparations
+        assert (stats.prepared_total, stats.discarded_total, stats.failed_total) == (1, 0, 0)
+        assert (len(delivered), stats.pending, preparer.queue._slots.free) == (1, 0, 1)

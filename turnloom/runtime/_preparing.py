@@ -258,18 +258,17 @@ class Preparer:
         if self._table.holding(request.context_id, request.turn_id, origin) is None:
             origin = await self._wait_for_commit(request, origin)  # holding no slot
         if wait:
-            # A cancelled requester takes no slot; one not cancelled takes a
-            # free slot without yielding to the loop here: its render's wait,
-            # or, rendered inline, the checkpoint after it (slot held), is the
-            # call's yield, so a worker's render costs one wake-up of the
-            # requester, not two. Otherwise it waits for its slot (passing a
-            # checkpoint first); one that waited passes a checkpoint after an
-            # inline render, so requesters granted before it resume first.
+            # A cancelled requester takes no slot. One not cancelled takes a
+            # free slot without yielding here, or parks at once for one (its
+            # wait is its yield): no checkpoint before, so each wait of the
+            # requester is one it needs. Its render's wait, or, rendered
+            # inline, a checkpoint after the render (slot held) follows; after
+            # a park that checkpoint also lets requesters granted before it
+            # resume first.
             await self._checkpoint_if_cancelled()
-            if queue.try_acquire(request):
-                checkpointed = False
-            else:
-                checkpointed = not await queue.acquire(request)
+            if not queue.try_acquire(request):
+                await queue.park(request)
+            checkpointed = False
         else:
             try:
                 queue.acquire_nowait(request)

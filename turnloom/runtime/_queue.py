@@ -229,6 +229,14 @@ class PreparationQueue:
         """
         return self._slots.acquire(tenant_of(request))
 
+    def park(self, request: ContextPrepareRequest) -> Awaitable[None]:
+        """Wait for a slot, without a checkpoint first (see :meth:`FairSlots.park`).
+
+        For a caller whose :meth:`try_acquire` just failed and that checked
+        for a cancellation; cancellable like :meth:`acquire`.
+        """
+        return self._slots.park(tenant_of(request))
+
     def try_acquire(self, request: ContextPrepareRequest) -> bool:
         """Take a slot for the request's tenant if the rule allows it now (nothing counted).
 

@@ -127,6 +127,20 @@ class FairSlots:
         await self._checkpoint()
         if self.try_acquire(tenant):
             return False
+        await self.park(tenant)
+        return True
+
+    async def park(self, tenant: Tenant) -> None:
+        """Wait until a slot is granted to ``tenant``, without a checkpoint first.
+
+        For a caller that just found :meth:`try_acquire` False and was not
+        cancelled (it checked, without yielding): it parks at once, and its
+        wait is its yield. :meth:`acquire` is a checkpoint, then this.
+
+        Cancellation:
+            As :meth:`acquire`: a cancelled call holds no slot; one granted
+            to it in the meantime is handed to the next waiter.
+        """
         waiter = _Waiter(tenant, next(self._order), self._signal())
         self._queues.setdefault(tenant, deque()).append(waiter)
         self.waiting += 1
@@ -145,7 +159,6 @@ class FairSlots:
             raise
         self._handing -= 1  # resumed: the next slot can be handed
         self._grant()
-        return True
 
     def release(self, tenant: Tenant) -> None:
         """Give back a slot ``tenant`` held; hand it on by the rule."""
