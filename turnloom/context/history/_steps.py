@@ -1,0 +1,192 @@
+"""The pairing state after a turn's last model step, kept from one record to the next.
+
+A record of tool results reads the state pairing is in after the turn's
+last step twice: the door decides the results' sent ids against it
+(``_sent.door_ids``, through ``_sent._context``), and the record checks
+them against it (``check_steps`` after ``_ties._step_tail``). Both walk
+the step from its first assistant message. A history keeps that state for
+one turn (:class:`_StepState`, keyed by the very ``_Turn`` object, which a
+change of the turn replaces): computed cold from the step when missing,
+then advanced by each record to that turn with only what it added, so a
+step of many results is not walked again per result.
+
+The state is a function of the turn's entries alone (their messages and
+sent ids: the walk starts at the step's first message, whatever came
+before), so it equals a cold computation from the same turn; a failed
+change replaces no turn and leaves it as it was. O(the messages a record
+adds), and O(the step) once per turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from turnloom.context.history._cells import _Entry, _Turn, id_parts
+from turnloom.context.history._ties import last_step_start
+from turnloom.context.message import Role, ToolCallPart
+from turnloom.context.pairing import CallTracker
+
+_ASSISTANT = Role.assistant
+_TOOL = Role.tool
+_USER = Role.user
+
+
+_NO_SENT: dict[str, str] = {}
+_NO_CLOSED: set[str] = set()
+
+
+class _StepState:
+    """The pairing state after ``turn``'s entries, from the start of its last step.
+
+    ``count``: the turn's entries it covers (all of them). ``start``: where
+    the last step starts (:func:`~turnloom.context.history._ties.last_step_start`;
+    -1 when the turn ends without one: then nothing else is kept).
+    ``last_assistant``: the turn's last message is an assistant message.
+    ``tracker``: a :class:`~turnloom.context.CallTracker` fed the step;
+    ``sent``: the sent id of the newest call fed with each own id, for
+    renamed calls only (as ``_sent._context`` keeps them); ``closed``: ids of
+    the calls an assistant message of the step ended (as ``check_steps``
+    collects them while it feeds the step). Read-only for readers: they
+    take copies (:meth:`context`, :meth:`checking`).
+    """
+
+    __slots__ = ("closed", "count", "last_assistant", "sent", "start", "tracker", "turn")
+
+    def __init__(self, turn: _Turn) -> None:
+        self.turn = turn
+        self.count = 0
+        self.start = -1
+        self.last_assistant = False
+        self.tracker: CallTracker | None = None
+        # Empty until a step starts (then new ones): never changed while no step is fed.
+        self.sent: dict[str, str] = _NO_SENT
+        self.closed: set[str] = _NO_CLOSED
+
+    def feed(self, entries: Sequence[_Entry], offset: int) -> None:
+        """Advance over ``entries``, the turn's entries from index ``offset`` (its ``count``).
+
+        The step's start moves as :func:`last_step_start` reads it: an
+        assistant message after another role starts a step, a result
+        (a tool message, a user message holding results) continues it,
+        anything else ends it.
+        """
+        for index, entry in enumerate(entries, offset):
+            message = entry.message
+            role = message.role
+            if role is _ASSISTANT:
+                if not self.last_assistant:
+                    self.start = index
+                    self.tracker = CallTracker()
+                    self.sent = {}
+                    self.closed = set()
+                self.last_assistant = True
+            else:
+                self.last_assistant = False
+                if self.tracker is not None and not (
+                    role is _TOOL or (role is _USER and message.tool_results)
+                ):
+                    self.start = -1
+                    self.tracker = None
+                    self.sent = _NO_SENT
+                    self.closed = _NO_CLOSED
+            tracker = self.tracker
+            if tracker is None:
+                continue
+            # As _sent._feed: the renamed calls' sent ids, by own id.
+            sent = self.sent
+            if entry.sent is not None:
+                for id_part, sent_id in zip(id_parts(message), entry.sent_ids(), strict=True):
+                    if type(id_part) is ToolCallPart:
+                        sent[id_part.call_id] = sent_id
+            elif sent and role is _ASSISTANT:
+                for part in message.parts:
+                    if type(part) is ToolCallPart:
+                        sent.pop(part.call_id, None)
+            # As check_steps feeds ``before``: the calls a model message ended.
+            ended = tracker.feed(message).closed
+            if ended and role is _ASSISTANT:
+                self.closed.update(c.call_id for c in ended)
+        self.count = offset + len(entries)
+
+    def context(self) -> tuple[CallTracker, dict[str, str]]:
+        """A copy of the tracker and the sent map: what ``_sent._context`` returns (start >= 0)."""
+        assert self.tracker is not None
+        return self.tracker.copy(), dict(self.sent)
+
+    def checking(self) -> tuple[CallTracker, set[str]]:
+        """A copy of the tracker and the closed ids: what ``check_steps`` builds from the step."""
+        assert self.tracker is not None
+        return self.tracker.copy(), set(self.closed)
+
+
+class _StepsState(Protocol):
+    """The state of a :class:`TurnHistory` this file reads and changes."""
+
+    _steps: _StepState | None
+
+
+def cold_steps(turn: _Turn) -> _StepState:
+    """The state after ``turn`` computed from its entries (what a kept one must equal)."""
+    state = _StepState(turn)
+    entries = turn.entries(True)
+    start = last_step_start(entries)
+    if start >= 0:
+        state.feed(entries[start:], start)  # its first message starts the step
+    else:
+        state.count = len(entries)  # it ends without a step: its last message is no model's
+    return state
+
+
+def steps_of(history: _StepsState, turn: _Turn) -> _StepState | None:
+    """The kept state when it is ``turn``'s, else None (the caller walks as before)."""
+    state = history._steps
+    return state if state is not None and state.turn is turn else None
+
+
+def kept_steps(history: _StepsState, turn: _Turn) -> _StepState:
+    """``turn``'s state: the kept one, else computed cold and kept."""
+    state = history._steps
+    if state is None or state.turn is not turn:
+        state = history._steps = cold_steps(turn)
+    return state
+
+
+def advance_steps(
+    history: _StepsState, old: _Turn, new: _Turn, checked: _StepState | None = None
+) -> None:
+    """``new`` replaced ``old`` holding its entries then more (a record): keep ``new``'s state.
+
+    Advanced over the added entries when the kept state is ``old``'s and
+    they continue its step (results); else let go (computed cold when next
+    read: a record that starts a step has nothing to walk back over).
+    ``checked``: ``old``'s state, taken out of the history, which the step
+    check fed exactly the added messages (results change no sent id): put
+    back as it is when they continue the step. Call it once the change is
+    made (it never raises).
+    """
+    state = history._steps if checked is None else checked
+    if state is None or state.turn is not old:
+        return
+    entries = new.entries(True)
+    count = state.count
+    if state.start >= 0 and _continues(entries, count):
+        if checked is None:
+            state.feed(entries[count:], count)
+        else:
+            state.count = len(entries)
+            state.last_assistant = False
+        state.turn = new
+        history._steps = state
+    else:
+        history._steps = None
+
+
+def _continues(entries: Sequence[_Entry], count: int) -> bool:
+    """True when every entry from ``count`` on is a result (the step goes on)."""
+    for index in range(count, len(entries)):
+        message = entries[index].message
+        role = message.role
+        if not (role is _TOOL or (role is _USER and message.tool_results)):
+            return False
+    return True
