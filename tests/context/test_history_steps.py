@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -35,7 +36,7 @@ from turnloom.context import (
 )
 from turnloom.context.history import HistoryLimits, TurnHistory
 from turnloom.context.history._steps import _StepState, cold_steps
-from turnloom.errors import TurnloomError
+from turnloom.errors import TurnloomError, UnpairedResultError
 
 IDS = ("c0", "c1", "c2")
 GATEWAY = get_gateway("openai_chat")
@@ -71,7 +72,6 @@ def _state(step: _StepState) -> tuple[object, ...]:
     return (
         step.count,
         step.start,
-        step.last_assistant,
         None if tracker is None else list(tracker.open.items()),
         None if tracker is None else tracker.group,
         None if tracker is None else tracker._in_model_turn,
@@ -157,14 +157,54 @@ TestSteps = StepMachine.TestCase
 TestSteps.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
 
 
+def _renamed_step(history: TurnHistory, ids: tuple[str, ...]) -> None:
+    """Turns t0 and t1 both calling ``ids``: t1's calls are sent renamed, so the door pairs."""
+    history.commit("t0", [Message(role=Role.user, content="hi")])
+    history.record("t0", [_calls(ids)])
+    history.commit("t1", [_result(ids[0]), Message(role=Role.user, content="go")])
+    history.record("t1", [_calls(ids)])
+
+
+def test_door_of_two_results_leaves_the_kept_state() -> None:
+    """The door reads the kept state of the newest step without changing it: a batch of
+    two results (the door feeds the first before deciding the second) leaves it equal
+    to a cold walk, and the record then pairs both (no UnpairedResultError)."""
+    history = TurnHistory()
+    _renamed_step(history, ("c0", "c1"))
+    history.record("t1", [_result("c0")])  # keeps t1's state
+    history.record("t1", [_calls(("c2",), "more")])
+    history.record("t1", [_result("c2")])
+    step = history._steps
+    assert step is not None and step.turn is history._turns[-1]
+    history.record("t1", [_calls(("c0", "c1"), "again")])
+    history.check_batch([_result("c0")], "output", turn_id="t1", gateway=GATEWAY)
+    step = history._steps
+    assert step is not None and step.turn is history._turns[-1]
+    batch = [_result("c0"), _result("c1")]
+    history.check_batch(batch, "output", turn_id="t1", gateway=GATEWAY)
+    assert _state(step) == _state(cold_steps(step.turn))
+    assert history.record("t1", batch) == 2
+    assert [e.sent_ids() for e in history._turns[-1].outputs[-2:]] == [("c0_r3",), ("c1_r3",)]
+
+
+def test_door_of_a_commit_leaves_the_kept_state() -> None:
+    """A commit's door (a new turn: the tracker crosses a turn boundary) reads a copy of
+    the newest turn's kept state: after it, the state still equals a cold walk."""
+    history = TurnHistory()
+    _renamed_step(history, ("c0", "c1"))
+    history.check_batch([_result("c0")], "output", turn_id="t1", gateway=GATEWAY)
+    step = history._steps
+    assert step is not None and step.tracker is not None and step.tracker._in_model_turn
+    history.check_batch([_result("c0")], "input", gateway=GATEWAY)
+    assert _state(step) == _state(cold_steps(step.turn))
+    assert step.tracker._in_model_turn
+
+
 def test_steps_advance_over_results() -> None:
     """A step of three calls answered one result per record: the state is advanced
     (the same object, its turn each new one), equal to a cold walk after each record."""
     history = TurnHistory()
-    history.commit("t0", [Message(role=Role.user, content="hi")])
-    history.record("t0", [_calls(IDS)])
-    history.commit("t1", [_result("c0"), Message(role=Role.user, content="go")])
-    history.record("t1", [_calls(IDS)])  # the same ids: sent renamed, so the door pairs
+    _renamed_step(history, IDS)
     kept = None
     for call_id in IDS:
         batch = [_result(call_id)]
@@ -179,3 +219,21 @@ def test_steps_advance_over_results() -> None:
     assert list(kept.tracker.open) == []
     assert kept.start == 2  # after the input's two messages
     assert kept.sent == {"c0": "c0_r2", "c1": "c1_r2", "c2": "c2_r2"}
+
+
+def test_refused_record_names_the_message_and_keeps_no_fed_state() -> None:
+    """A record refused by the step check (its second result answers no open call)
+    names that message, as a check from a cold walk does, and leaves no state fed with
+    its first result: the history's state is None or equal to a cold walk."""
+    history = TurnHistory()
+    _renamed_step(history, ("c0", "c1"))
+    history.record("t1", [_result("c0")])  # keeps t1's state
+    batch = [_result("c1"), _result("c0")]
+    with pytest.raises(UnpairedResultError) as caught:
+        history.record("t1", batch)
+    assert caught.value.field == "Turn 't1' output[1]"
+    assert caught.value.call_id == "c0"
+    assert str(caught.value).startswith("Turn 't1' output[1] holds a tool result for call 'c0'")
+    step = history._steps
+    assert step is None or _state(step) == _state(cold_steps(step.turn))
+    assert history.record("t1", [_result("c1")]) == 1

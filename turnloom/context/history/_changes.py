@@ -388,7 +388,7 @@ def _record(
     history._bytes += new.bytes - old.bytes
     history._tokens += new.tokens - old.tokens
     history._view = None
-    advance_steps(history, old, new, checked)  # after the ids are assigned: it reads them
+    advance_steps(history, old, new, kept, checked)  # after the ids are assigned: it reads them
     return len(kept)
 
 

@@ -475,9 +475,10 @@ def door_ids(
         step = kept_steps(history, turns[stop - 1]) if stop else None
         if step is None or step.start < 0:
             context = _context(turns, stop)
-        elif turn_id is not None and len(messages) == 1 and not _has_call(messages[0]):
+        elif turn_id is not None and len(messages) == 1:
             # _decide changes its context only by a new turn, feeding a message
-            # before the last, or a call: none here, so the kept state is read as is.
+            # before the last, or a call: none here (a checked message holding a
+            # result is no assistant's, so it holds no call): read as it is.
             context = step.tracker, step.sent  # type: ignore[assignment]
         else:
             context = step.context()  # a copy of the state after the turn's last step
@@ -490,14 +491,6 @@ def door_ids(
         None if decided is None else tuple(decided),
         tuple(claims),
     )
-
-
-def _has_call(message: Message) -> bool:
-    """True when ``message`` holds a tool call."""
-    for part in message.parts:
-        if type(part) is ToolCallPart:
-            return True
-    return False
 
 
 def _fresh_calls(message: Message, present: dict[str, None]) -> tuple[tuple[str, str], ...] | None:

@@ -32,69 +32,40 @@ _TOOL = Role.tool
 _USER = Role.user
 
 
-_NO_SENT: dict[str, str] = {}
-_NO_CLOSED: set[str] = set()
-
-
 class _StepState:
     """The pairing state after ``turn``'s entries, from the start of its last step.
 
     ``count``: the turn's entries it covers (all of them). ``start``: where
     the last step starts (:func:`~turnloom.context.history._ties.last_step_start`;
     -1 when the turn ends without one: then nothing else is kept).
-    ``last_assistant``: the turn's last message is an assistant message.
     ``tracker``: a :class:`~turnloom.context.CallTracker` fed the step;
     ``sent``: the sent id of the newest call fed with each own id, for
     renamed calls only (as ``_sent._context`` keeps them); ``closed``: ids of
     the calls an assistant message of the step ended (as ``check_steps``
-    collects them while it feeds the step). Read-only for readers: they
-    take copies (:meth:`context`, :meth:`checking`).
+    collects them while it feeds the step). Readers take copies
+    (:meth:`context`), or read it without changing it, or take it out of the
+    history while they feed it (see ``_changes._record``).
     """
 
-    __slots__ = ("closed", "count", "last_assistant", "sent", "start", "tracker", "turn")
+    __slots__ = ("closed", "count", "sent", "start", "tracker", "turn")
 
-    def __init__(self, turn: _Turn) -> None:
+    def __init__(self, turn: _Turn, count: int, start: int) -> None:
         self.turn = turn
-        self.count = 0
-        self.start = -1
-        self.last_assistant = False
-        self.tracker: CallTracker | None = None
-        # Empty until a step starts (then new ones): never changed while no step is fed.
-        self.sent: dict[str, str] = _NO_SENT
-        self.closed: set[str] = _NO_CLOSED
+        self.count = count
+        self.start = start
+        self.tracker = CallTracker() if start >= 0 else None
+        self.sent: dict[str, str] = {}
+        self.closed: set[str] = set()
 
-    def feed(self, entries: Sequence[_Entry], offset: int) -> None:
-        """Advance over ``entries``, the turn's entries from index ``offset`` (its ``count``).
-
-        The step's start moves as :func:`last_step_start` reads it: an
-        assistant message after another role starts a step, a result
-        (a tool message, a user message holding results) continues it,
-        anything else ends it.
-        """
-        for index, entry in enumerate(entries, offset):
+    def feed(self, entries: Sequence[_Entry]) -> None:
+        """Feed ``entries``: the step from its first message, or results that continue it."""
+        tracker = self.tracker
+        assert tracker is not None
+        sent = self.sent
+        for entry in entries:
             message = entry.message
             role = message.role
-            if role is _ASSISTANT:
-                if not self.last_assistant:
-                    self.start = index
-                    self.tracker = CallTracker()
-                    self.sent = {}
-                    self.closed = set()
-                self.last_assistant = True
-            else:
-                self.last_assistant = False
-                if self.tracker is not None and not (
-                    role is _TOOL or (role is _USER and message.tool_results)
-                ):
-                    self.start = -1
-                    self.tracker = None
-                    self.sent = _NO_SENT
-                    self.closed = _NO_CLOSED
-            tracker = self.tracker
-            if tracker is None:
-                continue
             # As _sent._feed: the renamed calls' sent ids, by own id.
-            sent = self.sent
             if entry.sent is not None:
                 for id_part, sent_id in zip(id_parts(message), entry.sent_ids(), strict=True):
                     if type(id_part) is ToolCallPart:
@@ -107,17 +78,12 @@ class _StepState:
             ended = tracker.feed(message).closed
             if ended and role is _ASSISTANT:
                 self.closed.update(c.call_id for c in ended)
-        self.count = offset + len(entries)
+        self.count += len(entries)
 
     def context(self) -> tuple[CallTracker, dict[str, str]]:
         """A copy of the tracker and the sent map: what ``_sent._context`` returns (start >= 0)."""
         assert self.tracker is not None
         return self.tracker.copy(), dict(self.sent)
-
-    def checking(self) -> tuple[CallTracker, set[str]]:
-        """A copy of the tracker and the closed ids: what ``check_steps`` builds from the step."""
-        assert self.tracker is not None
-        return self.tracker.copy(), set(self.closed)
 
 
 class _StepsState(Protocol):
@@ -128,20 +94,13 @@ class _StepsState(Protocol):
 
 def cold_steps(turn: _Turn) -> _StepState:
     """The state after ``turn`` computed from its entries (what a kept one must equal)."""
-    state = _StepState(turn)
     entries = turn.entries(True)
     start = last_step_start(entries)
-    if start >= 0:
-        state.feed(entries[start:], start)  # its first message starts the step
-    else:
-        state.count = len(entries)  # it ends without a step: its last message is no model's
+    if start < 0:
+        return _StepState(turn, len(entries), -1)
+    state = _StepState(turn, start, start)
+    state.feed(entries[start:])  # its first message starts the step
     return state
-
-
-def steps_of(history: _StepsState, turn: _Turn) -> _StepState | None:
-    """The kept state when it is ``turn``'s, else None (the caller walks as before)."""
-    state = history._steps
-    return state if state is not None and state.turn is turn else None
 
 
 def kept_steps(history: _StepsState, turn: _Turn) -> _StepState:
@@ -153,13 +112,18 @@ def kept_steps(history: _StepsState, turn: _Turn) -> _StepState:
 
 
 def advance_steps(
-    history: _StepsState, old: _Turn, new: _Turn, checked: _StepState | None = None
+    history: _StepsState,
+    old: _Turn,
+    new: _Turn,
+    added: Sequence[_Entry],
+    checked: _StepState | None = None,
 ) -> None:
-    """``new`` replaced ``old`` holding its entries then more (a record): keep ``new``'s state.
+    """``new`` replaced ``old``, holding its entries then ``added`` (a record): keep
+    ``new``'s state.
 
-    Advanced over the added entries when the kept state is ``old``'s and
-    they continue its step (results); else let go (computed cold when next
-    read: a record that starts a step has nothing to walk back over).
+    Advanced over ``added`` when the kept state is ``old``'s and they
+    continue its step (results); else let go (computed cold when next read:
+    a record that starts a step has nothing to walk back over).
     ``checked``: ``old``'s state, taken out of the history, which the step
     check fed exactly the added messages (results change no sent id): put
     back as it is when they continue the step. Call it once the change is
@@ -168,24 +132,21 @@ def advance_steps(
     state = history._steps if checked is None else checked
     if state is None or state.turn is not old:
         return
-    entries = new.entries(True)
-    count = state.count
-    if state.start >= 0 and _continues(entries, count):
+    if state.start >= 0 and _continues(added):
         if checked is None:
-            state.feed(entries[count:], count)
+            state.feed(added)
         else:
-            state.count = len(entries)
-            state.last_assistant = False
+            state.count += len(added)
         state.turn = new
         history._steps = state
     else:
         history._steps = None
 
 
-def _continues(entries: Sequence[_Entry], count: int) -> bool:
-    """True when every entry from ``count`` on is a result (the step goes on)."""
-    for index in range(count, len(entries)):
-        message = entries[index].message
+def _continues(added: Sequence[_Entry]) -> bool:
+    """True when every entry of ``added`` is a result (the step goes on)."""
+    for entry in added:
+        message = entry.message
         role = message.role
         if not (role is _TOOL or (role is _USER and message.tool_results)):
             return False
