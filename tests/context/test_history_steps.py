@@ -19,6 +19,7 @@ checks after every step:
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import pytest
@@ -34,6 +35,7 @@ from turnloom.context import (
     ToolResultPart,
     get_gateway,
 )
+from turnloom.context._untrack import GC_UNTRACK
 from turnloom.context.history import HistoryLimits, TurnHistory
 from turnloom.context.history._steps import _StepState, cold_steps
 from turnloom.errors import TurnloomError, UnpairedResultError
@@ -217,6 +219,9 @@ def test_steps_advance_over_results() -> None:
         assert _state(step) == _state(cold_steps(step.turn))
     assert kept is not None and kept.tracker is not None
     assert list(kept.tracker.open) == []
+    if GC_UNTRACK is not None:  # kept out of the cyclic collector, as other bookkeeping
+        held = (kept, kept.tracker, kept.tracker.open, kept.sent, kept.closed)
+        assert [gc.is_tracked(o) for o in held] == [False] * 5
     assert kept.start == 2  # after the input's two messages
     assert kept.sent == {"c0": "c0_r2", "c1": "c1_r2", "c2": "c2_r2"}
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from turnloom.context._untrack import untrack_atoms, untrack_container
 from turnloom.context.history._cells import _Entry, _Turn, id_parts
 from turnloom.context.history._ties import last_step_start
 from turnloom.context.message import Role, ToolCallPart
@@ -30,6 +31,9 @@ from turnloom.context.pairing import CallTracker
 _ASSISTANT = Role.assistant
 _TOOL = Role.tool
 _USER = Role.user
+
+
+_NO_CLOSED: set[str] = set()
 
 
 class _StepState:
@@ -55,7 +59,13 @@ class _StepState:
         self.start = start
         self.tracker = CallTracker() if start >= 0 else None
         self.sent: dict[str, str] = {}
-        self.closed: set[str] = set()
+        self.closed: set[str] = set() if start >= 0 else _NO_CLOSED  # (fed only with a step)
+        # Out of the cyclic collector, as the history's other bookkeeping: it holds a
+        # turn (no GC type), str, int, and the tracker's dict of calls (parts of no GC
+        # type: CPython keeps it untracked) and a set of str, which refer to nothing
+        # that refers back. The tracker and the set are untracked once fed (see
+        # cold_steps); CPython never tracks them again.
+        untrack_atoms(self)
 
     def feed(self, entries: Sequence[_Entry]) -> None:
         """Feed ``entries``: the step from its first message, or results that continue it."""
@@ -100,6 +110,8 @@ def cold_steps(turn: _Turn) -> _StepState:
         return _StepState(turn, len(entries), -1)
     state = _StepState(turn, start, start)
     state.feed(entries[start:])  # its first message starts the step
+    untrack_atoms(state.tracker)  # (see _StepState.__init__)
+    untrack_container(state.closed)
     return state
 
 
