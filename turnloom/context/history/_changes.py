@@ -16,6 +16,7 @@ from turnloom.context.history._sent import (
     unplanned,
 )
 from turnloom.context.history._steps import (
+    _NO_CLOSED,
     _StepsState,
     _StepState,
     advance_steps,
@@ -253,7 +254,8 @@ def _check_steps_named(
             check_steps(messages, "", before=before, indices=indices, late=late, unpaired=unpaired)
         else:
             assert step.tracker is not None
-            _check_fed(messages, "", step.tracker, step.closed, set(), indices, late, unpaired)
+            closed = step.closed if step.closed is not _NO_CLOSED else set()  # (never changed)
+            _check_fed(messages, "", step.tracker, closed, set(), indices, late, unpaired)
         return
     except TurnloomError as exc:
         failed = exc
@@ -263,7 +265,7 @@ def _check_steps_named(
     else:
         cold = cold_steps(step.turn)
         assert cold.tracker is not None
-        _check_fed(messages, where, cold.tracker, cold.closed, set(), indices, late, unpaired)
+        _check_fed(messages, where, cold.tracker, set(cold.closed), set(), indices, late, unpaired)
     raise failed  # not reached: the labelled run raises the same error
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+import msgspec
+
 from turnloom.context._untrack import untrack_atoms, untrack_container
 from turnloom.context.history._cells import _Entry, _Turn, id_parts
 from turnloom.context.history._ties import last_step_start
@@ -33,10 +35,14 @@ _TOOL = Role.tool
 _USER = Role.user
 
 
+# The closed ids of a state none of whose messages closed a call (every state, in
+# practice: a step's assistant messages closing calls repeat an open call id, which
+# the door refuses). Never changed: a state gets its own set before adding to it.
 _NO_CLOSED: set[str] = set()
+untrack_container(_NO_CLOSED)
 
 
-class _StepState:
+class _StepState(msgspec.Struct, gc=False):
     """The pairing state after ``turn``'s entries, from the start of its last step.
 
     ``count``: the turn's entries it covers (all of them). ``start``: where
@@ -46,26 +52,23 @@ class _StepState:
     ``sent``: the sent id of the newest call fed with each own id, for
     renamed calls only (as ``_sent._context`` keeps them); ``closed``: ids of
     the calls an assistant message of the step ended (as ``check_steps``
-    collects them while it feeds the step). Readers take copies
-    (:meth:`context`), or read it without changing it, or take it out of the
-    history while they feed it (see ``_changes._record``).
+    collects them while it feeds the step; :data:`_NO_CLOSED` while none).
+    Readers take copies (:meth:`context`), or read it without changing it,
+    or take it out of the history while they feed it (see ``_changes._record``).
+
+    Out of the cyclic collector, as the history's other bookkeeping (its
+    own ``gc=False``; the tracker and the closed set untracked when made):
+    it holds a turn (no GC type), str, int, and the tracker's dict of calls
+    (parts of no GC type: CPython keeps it untracked), none of which can
+    refer back to it; CPython never tracks the tracker or the set again.
     """
 
-    __slots__ = ("closed", "count", "sent", "start", "tracker", "turn")
-
-    def __init__(self, turn: _Turn, count: int, start: int) -> None:
-        self.turn = turn
-        self.count = count
-        self.start = start
-        self.tracker = CallTracker() if start >= 0 else None
-        self.sent: dict[str, str] = {}
-        self.closed: set[str] = set() if start >= 0 else _NO_CLOSED  # (fed only with a step)
-        # Out of the cyclic collector, as the history's other bookkeeping: it holds a
-        # turn (no GC type), str, int, and the tracker's dict of calls (parts of no GC
-        # type: CPython keeps it untracked) and a set of str, which refer to nothing
-        # that refers back. The tracker and the set are untracked once fed (see
-        # cold_steps); CPython never tracks them again.
-        untrack_atoms(self)
+    turn: _Turn
+    count: int
+    start: int
+    tracker: CallTracker | None
+    sent: dict[str, str]
+    closed: set[str]
 
     def feed(self, entries: Sequence[_Entry]) -> None:
         """Feed ``entries``: the step from its first message, or results that continue it."""
@@ -87,6 +90,9 @@ class _StepState:
             # As check_steps feeds ``before``: the calls a model message ended.
             ended = tracker.feed(message).closed
             if ended and role is _ASSISTANT:
+                if self.closed is _NO_CLOSED:
+                    self.closed = set()
+                    untrack_container(self.closed)
                 self.closed.update(c.call_id for c in ended)
         self.count += len(entries)
 
@@ -107,11 +113,11 @@ def cold_steps(turn: _Turn) -> _StepState:
     entries = turn.entries(True)
     start = last_step_start(entries)
     if start < 0:
-        return _StepState(turn, len(entries), -1)
-    state = _StepState(turn, start, start)
+        return _StepState(turn, len(entries), -1, None, {}, _NO_CLOSED)
+    tracker = CallTracker()
+    untrack_atoms(tracker)  # (see _StepState)
+    state = _StepState(turn, start, start, tracker, {}, _NO_CLOSED)
     state.feed(entries[start:])  # its first message starts the step
-    untrack_atoms(state.tracker)  # (see _StepState.__init__)
-    untrack_container(state.closed)
     return state
 
 
