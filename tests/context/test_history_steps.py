@@ -242,3 +242,23 @@ def test_refused_record_names_the_message_and_keeps_no_fed_state() -> None:
     step = history._steps
     assert step is None or _state(step) == _state(cold_steps(step.turn))
     assert history.record("t1", [_result("c1")]) == 1
+
+
+def test_late_record_leaves_the_newest_turns_state() -> None:
+    """A late record (a result for a call of the turn before the newest) changes
+    another turn than the one whose state is kept: the kept state stays the newest
+    turn's, equal to a cold walk of it."""
+    history = TurnHistory()
+    history.commit("t0", [Message(role=Role.user, content="hi")])
+    history.record("t0", [_calls(("a0",))])
+    history.commit("t1", [Message(role=Role.user, content="meanwhile")])
+    history.record("t1", [_calls(("b0", "b1"))])
+    history.record("t1", [_result("b0")])
+    newest = history._turns[-1]
+    step = history._steps
+    assert step is not None and step.turn is newest
+    assert history.record("t0", [_result("a0")]) == 1  # late: t0 is not the newest
+    assert history._turns[-1] is newest
+    assert history._steps is step and step.turn is newest
+    assert _state(step) == _state(cold_steps(newest))
+    assert history.record("t1", [_result("b1")]) == 1
