@@ -328,7 +328,8 @@ class CallTracker:
 
     def copy(self) -> CallTracker:
         """An independent tracker in the same state."""
-        twin = CallTracker(self.open.values(), model_turns=self._model_turns)
+        twin = CallTracker(model_turns=self._model_turns)
+        twin.open = dict(self.open)  # keyed by each call's own id, as the constructor keys them
         twin.group = self.group
         twin._in_model_turn = self._in_model_turn
         return twin
@@ -531,6 +532,26 @@ def check_steps(
                 closed.update(c.call_id for c in ended)
             if late and not tracker.group:
                 window.update(p.call_id for p in earlier.parts if type(p) is ToolResultPart)
+    _check_fed(messages, where, tracker, closed, window, indices, late, unpaired)
+
+
+def _check_fed(
+    messages: Sequence[object],
+    where: str,
+    tracker: CallTracker,
+    closed: set[str],
+    window: set[str],
+    indices: Sequence[int] | None,
+    late: bool,
+    unpaired: bool,
+) -> None:
+    """:func:`check_steps` of ``messages`` after ``before`` was fed: ``tracker``, ``closed``
+    and ``window`` are the state it left (each used up). A history keeps that state for
+    its newest step (``history._steps``) rather than feeding the step again per record.
+
+    Raises:
+        as :func:`check_steps`.
+    """
     for i, message in enumerate(messages):
         if not isinstance(message, Message):
             tracker = CallTracker()

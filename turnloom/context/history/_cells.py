@@ -18,6 +18,7 @@ from turnloom.context.items import (
 )
 from turnloom.context.message import (
     Message,
+    Part,
     ToolCallPart,
     ToolResultPart,
 )
@@ -98,14 +99,27 @@ def pack_ids(message: Message, ids: Sequence[str]) -> _WireIds | None:
 
 def with_ids(message: Message, sent: _WireIds) -> Message:
     """``message`` with its call and result parts carrying the ``sent`` ids (a new Message)."""
-    ids = iter((sent,) if type(sent) is str else sent)
-    parts = list(message.parts)
-    for at, part in enumerate(parts):
-        if type(part) is ToolCallPart or type(part) is ToolResultPart:
-            call_id = next(ids)
-            if call_id != part.call_id:
-                parts[at] = msgspec.structs.replace(part, call_id=call_id)
-    return msgspec.structs.replace(message, content=tuple(parts))
+    parts = message.parts
+    if type(sent) is str and len(parts) == 1:
+        # A lone part renamed (the common case): a bare id is its one id part's.
+        part = parts[0]
+        new_parts: tuple[Part, ...] = (
+            (msgspec.structs.replace(part, call_id=sent),) if sent != part.call_id else parts  # type: ignore[union-attr]
+        )
+    else:
+        ids = iter((sent,) if type(sent) is str else sent)
+        changed = list(parts)
+        for at, part in enumerate(changed):
+            if type(part) is ToolCallPart or type(part) is ToolResultPart:
+                call_id = next(ids)
+                if call_id != part.call_id:
+                    changed[at] = msgspec.structs.replace(part, call_id=call_id)
+        new_parts = tuple(changed)
+    # A copy with the new content: what msgspec.structs.replace gives (its
+    # __post_init__ changes only a str or list content), without running it.
+    copied: Message = message.__copy__()  # type: ignore[attr-defined]  # msgspec's, in C
+    msgspec.structs.force_setattr(copied, "content", new_parts)
+    return copied
 
 
 class _Entry(msgspec.Struct, gc=False, eq=False):

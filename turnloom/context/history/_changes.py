@@ -15,6 +15,14 @@ from turnloom.context.history._sent import (
     repair_results,
     unplanned,
 )
+from turnloom.context.history._steps import (
+    _NO_CLOSED,
+    _StepsState,
+    _StepState,
+    advance_steps,
+    cold_steps,
+    kept_steps,
+)
 from turnloom.context.history._ties import (
     _check_ties,
     _check_turn_start,
@@ -38,6 +46,7 @@ from turnloom.context.message import (
     reject_instructions,
 )
 from turnloom.context.pairing import (
+    _check_fed,
     check_steps,
     steps_may_conflict,
 )
@@ -55,7 +64,7 @@ from turnloom.errors import (
 )
 
 
-class _ChangeState(_DoorState, _EvictionState, _TieState, Protocol):
+class _ChangeState(_DoorState, _EvictionState, _TieState, _StepsState, Protocol):
     """The state of a :class:`TurnHistory` this file reads and changes (with what the
     batch check, the evictions and the ties read)."""
 
@@ -228,19 +237,35 @@ def _check_steps_named(
     indices: Sequence[int] | None = None,
     late: bool = False,
     unpaired: bool = False,
+    step: _StepState | None = None,
 ) -> None:
     """:func:`check_steps`, its errors naming the batch ``label.format(excerpt(turn_id))``.
 
     The label is built only when the check fails: ``check_steps`` is pure, so
     a failed check runs again, labelled, and raises the very error named.
+    With ``step`` (the state after ``before``, a turn's last step: see
+    ``_steps``), the check feeds ``messages`` to that state itself instead of
+    feeding ``before`` to a new one (a step starts a call group, so no result
+    window is open): the caller took it out of the history, and puts it back
+    only once the change is made. A failed check runs again from a cold one.
     """
     try:
-        check_steps(messages, "", before=before, indices=indices, late=late, unpaired=unpaired)
+        if step is None:
+            check_steps(messages, "", before=before, indices=indices, late=late, unpaired=unpaired)
+        else:
+            assert step.tracker is not None
+            closed = step.closed if step.closed is not _NO_CLOSED else set()  # (never changed)
+            _check_fed(messages, "", step.tracker, closed, set(), indices, late, unpaired)
         return
     except TurnloomError as exc:
         failed = exc
     where = label.format(excerpt(turn_id))
-    check_steps(messages, where, before=before, indices=indices, late=late, unpaired=unpaired)
+    if step is None:
+        check_steps(messages, where, before=before, indices=indices, late=late, unpaired=unpaired)
+    else:
+        cold = cold_steps(step.turn)
+        assert cold.tracker is not None
+        _check_fed(messages, where, cold.tracker, set(cold.closed), set(), indices, late, unpaired)
     raise failed  # not reached: the labelled run raises the same error
 
 
@@ -279,6 +304,7 @@ def _record(
         history._blank_dropped += blank
         return 0
     messages = [kept[0].message] if len(kept) == 1 else [e.message for e in kept]
+    checked: _StepState | None = None  # the step state the check fed the outputs to
     if steps_may_conflict(messages, _last_message(old)):
         # A turn that does not end in a step of its own is read whole: while
         # nothing in it starts or ends a call group, its results (and the
@@ -286,16 +312,33 @@ def _record(
         # recorded late to one (check_steps reads the group's bounds; a step
         # tail starts a group, so then nothing awaits), and one answering a
         # call id a second time is refused.
-        tail = _step_tail(old) or [e.message for e in old.entries(True)]
-        _check_steps_named(
-            messages,
-            "Turn {} output",
-            turn_id,
-            before=tail,
-            indices=kept_at,
-            late=position > 0,
-            unpaired=keep_unpaired,
-        )
+        step = kept_steps(history, old) if position == len(held) - 1 else None
+        if step is not None and step.start >= 0:
+            # The state after the turn's last step (kept, or walked once now): what
+            # feeding its tail gives. The check feeds it the outputs: out of the
+            # history until the record is made (a refused one leaves none kept).
+            history._steps = None
+            checked = step
+            _check_steps_named(
+                messages,
+                "Turn {} output",
+                turn_id,
+                indices=kept_at,
+                late=position > 0,
+                unpaired=keep_unpaired,
+                step=step,
+            )
+        else:
+            tail = _step_tail(old) or [e.message for e in old.entries(True)]
+            _check_steps_named(
+                messages,
+                "Turn {} output",
+                turn_id,
+                before=tail,
+                indices=kept_at,
+                late=position > 0,
+                unpaired=keep_unpaired,
+            )
     if position + 1 < len(history._turns):
         later = history._turns[position + 1].entries(True)
         if later:
@@ -347,6 +390,7 @@ def _record(
     history._bytes += new.bytes - old.bytes
     history._tokens += new.tokens - old.tokens
     history._view = None
+    advance_steps(history, old, new, kept, checked)  # after the ids are assigned: it reads them
     return len(kept)
 
 

@@ -51,6 +51,7 @@ import msgspec
 
 from turnloom.context._untrack import untrack_atoms, untrack_container
 from turnloom.context.history._cells import _Entry, _Turn, _WireIds, id_parts, pack_ids
+from turnloom.context.history._steps import _StepsState, kept_steps
 from turnloom.context.history._ties import last_step_start
 from turnloom.context.message import Message, Role, ToolCallPart, ToolResultPart
 from turnloom.context.pairing import CallTracker
@@ -196,6 +197,10 @@ class _SentState(Protocol):
 
     _sent: _SentIds
     _turns: tuple[_Turn, ...]
+
+
+class _DoorSentState(_SentState, _StepsState, Protocol):
+    """What :func:`door_ids` reads: the sent ids, the turns and the kept step state."""
 
 
 _Context = tuple[CallTracker, dict[str, str]]
@@ -444,7 +449,7 @@ class _DoorIds(msgspec.Struct, gc=False, frozen=True):
 
 
 def door_ids(
-    history: _SentState, messages: Sequence[Message], turn_id: str | None, position: int
+    history: _DoorSentState, messages: Sequence[Message], turn_id: str | None, position: int
 ) -> _DoorIds:
     """The sent ids ``messages`` would get now (:data:`_NO_IDS` when they carry no call
     or result id).
@@ -465,7 +470,18 @@ def door_ids(
             return _DoorIds(turns, ids.version, turn_id, None, fresh)
     paired = ids.renamed and carried is _RESULTS
     stop = position + 1 if turn_id is not None else len(turns)
-    context = _context(turns, stop) if paired else None
+    context = None
+    if paired:
+        step = kept_steps(history, turns[stop - 1]) if stop else None
+        if step is None or step.start < 0:
+            context = _context(turns, stop)
+        elif turn_id is not None and len(messages) == 1:
+            # _decide changes its context only by a new turn, feeding a message
+            # before the last, or a call: none here (a checked message holding a
+            # result is no assistant's, so it holds no call): read as it is.
+            context = step.tracker, step.sent  # type: ignore[assignment]
+        else:
+            context = step.context()  # a copy of the state after the turn's last step
     claims: list[tuple[str, str]] = []
     decided = _decide(messages, context, turn_id is None, ids, claims)
     return _DoorIds(

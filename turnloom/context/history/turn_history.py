@@ -27,6 +27,7 @@ from turnloom.context.history._evictions import (
 )
 from turnloom.context.history._run import _Shared
 from turnloom.context.history._sent import _SentIds
+from turnloom.context.history._steps import _StepState
 from turnloom.context.history._ties import (
     _calls_after,
 )
@@ -156,6 +157,7 @@ class TurnHistory:
         "_sequence",
         "_serial",
         "_shared",
+        "_steps",
         "_tokens",
         "_turns",
         "_view",
@@ -225,6 +227,7 @@ class TurnHistory:
         self._sequence: int | None = None
         self._shared = _Shared(counter)
         self._sent = _SentIds()  # the kept calls' sent ids (see _sent)
+        self._steps: _StepState | None = None  # the pairing state after a turn's last step
         self._view: HistoryView | None = None
 
     # -- reading ---------------------------------------------------------
