@@ -185,7 +185,14 @@ def breakdown(
     body_extra = 0
     renamers: list[Any] = [run.call_ids]
     if body is not None:
-        body_extra, _ = _deep(body._held(), seen)
+        held = [
+            *body._lead,
+            body._head,
+            *body._chunks[body._skip :],
+            *body._loose,
+            *(item for segment in body._open.values() for item in segment.pending),
+        ]
+        body_extra, _ = _deep(held, seen)  # the very objects it holds (blocks, not slices)
         if body._writer.renamer is not None:
             renamers.append(body._writer.renamer)
     # The ids renamed turns had before, and the call-id events of turns renamed anew.
@@ -207,7 +214,17 @@ def breakdown(
     if body is not None:
         index += sum(
             sys.getsizeof(x)
-            for x in (body._lead, body._chunks, body._tags, body._reach, body._opens, body._counts)
+            for x in (
+                body._lead,
+                body._chunks,
+                body._loose,
+                body._tags,
+                body._reach,
+                body._opens,
+                body._where,
+                body._offsets,
+                body._loose_at,
+            )
         )
     return {
         "messages": messages,

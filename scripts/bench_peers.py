@@ -32,7 +32,15 @@ round-robin so load from elsewhere on the machine affects them alike:
    Beside it, the same copy made the way turnloom makes it: that body cut
    into one piece per closed turn (turnloom keeps one encoded chunk per
    turn; these pieces lie one after another in memory, the best layout) and
-   the pieces joined with ``bytes.join``.
+   the pieces joined with ``bytes.join``; and the same body cut into one
+   piece per 64 turns and joined: what the join would cost if the closed
+   turns were kept in blocks of 64 (the join's cost per piece, not its
+   bytes, is what turnloom pays above the copy at 10,000 items). The
+   time-to-bytes table's last column, "64-turn blocks", is turnloom's
+   10,000/100 ratio with the per-turn join's excess over the blocks' join
+   taken out of its 10,000-item time: an estimate of what keeping the
+   closed turns in such blocks (shared by the history and the body, so no
+   more memory) would give.
 
 Goals (issue 32), printed beside each measured ratio: prepare at 100 items at
 least 1.0x LiveKit's conversion while keeping at least 100x at 10,000 items;
@@ -78,6 +86,7 @@ _encode = msgspec.json.Encoder().encode
 _PEER_GOALS: dict[int, float] = {100: 1.0, 10_000: 100.0}
 _BYTES_GOAL = 1.3
 _WARM_SKIPPED = 5  # the first calls of a warm run, which find the caches cold
+_BLOCK_TURNS = 64  # turns per piece of the floor's "blocks" join
 _LIVEKIT_FORMAT = {
     GatewayType.openai_chat: "openai",
     GatewayType.openai_responses: "openai.responses",
@@ -99,6 +108,7 @@ class _Turnloom:
         # it each round, so its bytes are as cold as the history's kept chunks.
         self.body = b""
         self.pieces: list[bytes] = []  # that body cut into one piece per turn
+        self.blocks: list[bytes] = []  # and into one piece per _BLOCK_TURNS turns
 
     async def one_turn(self, *, timed: bool = True) -> None:
         manager = self.manager
@@ -119,6 +129,9 @@ class _Turnloom:
                 turns = manager.statistics().history.turns
                 step = -(-len(body) // turns)
                 self.pieces = [body[at : at + step] for at in range(0, len(body), step)]
+                step *= _BLOCK_TURNS
+                # After an empty piece: a join of one bytes returns it, uncopied.
+                self.blocks = [b"", *(body[at : at + step] for at in range(0, len(body), step))]
         manager.record("bench", turn_id, _turn_outputs(self.turn))
         self.turn += 1
 
@@ -245,6 +258,9 @@ async def measure(
                     samples.setdefault((f"join {program}", size), []).append(
                         _timed_join(bench.pieces)
                     )
+                    samples.setdefault((f"blocks {program}", size), []).append(
+                        _timed_join(bench.blocks)
+                    )
                     provider = _LIVEKIT_FORMAT[program]
                     samples.setdefault((f"livekit bytes {program}", size), []).append(
                         _timed(_livekit_bytes, livekit[size], provider)
@@ -335,6 +351,7 @@ def main() -> None:
         + "".join(f"{f'{s} ours':>12}{f'{s} lk':>11}" for s in SIZES)
         + f"  ours 10k/100  goal {_goals.goal(_BYTES_GOAL)}"
         + "  floor 10k/100"
+        + f"  {_BLOCK_TURNS}-turn blocks"
     )
     for gateway in GatewayType:
         row = f"{gateway.value:<17}"
@@ -347,16 +364,25 @@ def main() -> None:
         base_time = medians[f"turnloom bytes {gateway}", base]
         growth = medians[f"copy {gateway}", top] - medians[f"copy {gateway}", base]
         floor = (base_time + growth) / base_time
-        print(row + f"  {ratio:11.2f}x  {_goals.verdict(ratio, _BYTES_GOAL):>11}  {floor:12.2f}x")
+        # Turnloom's 10,000-item time with the per-turn join's cost above the
+        # 64-turn blocks' join taken out: the ratio closed turns kept in blocks would give.
+        saved = medians[f"join {gateway}", top] - medians[f"blocks {gateway}", top]
+        blocked = (medians[f"turnloom bytes {gateway}", top] - saved) / base_time
+        print(
+            row + f"  {ratio:11.2f}x  {_goals.verdict(ratio, _BYTES_GOAL):>11}  {floor:12.2f}x"
+            f"  {blocked:14.2f}x"
+        )
     print()
     print(
-        "floor: a bare copy of the body's bytes, and a join of it cut per turn, beside "
-        "turnloom's prepare alone (median microseconds; body size in bytes)"
+        "floor: a bare copy of the body's bytes, a join of it cut per turn and one of it "
+        f"cut per {_BLOCK_TURNS} turns, beside turnloom's prepare alone (median microseconds; "
+        "body size in bytes)"
     )
     print(
         f"{'gateway':<17}"
         + "".join(
-            f"{f'{s} copy':>12}{f'{s} join':>11}{f'{s} prepare':>14}{f'{s} bytes':>12}"
+            f"{f'{s} copy':>12}{f'{s} join':>11}{f'{s} blocks':>13}{f'{s} prepare':>14}"
+            f"{f'{s} bytes':>12}"
             for s in SIZES
         )
     )
@@ -365,6 +391,7 @@ def main() -> None:
         for size in SIZES:
             row += f"{_us(medians[f'copy {gateway}', size]):>12}"
             row += f"{_us(medians[f'join {gateway}', size]):>11}"
+            row += f"{_us(medians[f'blocks {gateway}', size]):>13}"
             row += f"{_us(medians[f'turnloom prepare {gateway}', size]):>14}"
             row += f"{lengths[gateway, size]:>12}"
         print(row)

@@ -27,6 +27,7 @@ from turnloom.context import (
     complete_pairs,
     get_gateway,
 )
+from turnloom.context import body as body_module
 from turnloom.context.body import BodyRun, body_writer
 from turnloom.context.callids import CallIdRenamer, rename_call_ids
 from turnloom.context.gateway import Gateway
@@ -278,3 +279,69 @@ def test_eviction_renames_the_kept_turns_as_a_cold_render_would(
             if answered:
                 history.record(turn_id, [result(f"c{i}", f"r{number}") for i in ids])
         history.record(turn_id, [assistant(f"a{number}")])
+
+
+def _gemini_text(role: str, text: str) -> NativeContent:
+    return {"role": role, "parts": [{"text": text}]}
+
+
+def test_body_only_segments_are_joined_into_blocks_and_cut_exactly() -> None:
+    """Invariant: segments whose body items are the body's alone (Gemini merges their two
+    model contents) are kept joined in blocks of ``_BLOCK_SEGMENTS``, so a body joins
+    about one piece per block, not per segment; a segment whose body items are its own
+    items stays its caller's chunk, that very object; and after every drop at the front
+    (into a block, past it, into the loose tail) and every compaction, the body is
+    exactly the encoded request body of the kept items."""
+    gateway = get_gateway(GatewayType.gemini)
+    writer = body_writer(gateway)
+    assert writer is not None
+    run = BodyRun(writer)
+    system = _gemini_text("system", "s")
+    run.append([system], 0)
+    segments: dict[int, list[NativeContent]] = {}
+    shared: dict[int, bytes] = {}
+    assert body_module._BLOCK_SEGMENTS == 64
+    count = 210
+    for tag in range(1, count + 1):
+        if tag % 100 == 0:  # passed through unchanged: the caller's chunk is its body
+            items = [_gemini_text("user", f"q{tag}"), _gemini_text("model", f"a{tag}")]
+            encoded = [_encode(item) for item in items]
+            shared[tag] = b",".join(encoded)
+            run.append(items, tag, encoded, shared[tag])
+        else:  # two model contents: merged into one body item
+            items = [
+                _gemini_text("user", f"q{tag}"),
+                _gemini_text("model", f"a{tag}"),
+                _gemini_text("model", f"b{tag}"),
+            ]
+            run.append(items, tag)
+        segments[tag] = items
+    # Segments 1-99: a block of 64 and, before segment 100's own chunk, one of
+    # 35; the same for 101-199 and 200; 201-209 loose (210 is still open).
+    assert [chunk.count(b'"user"') for chunk in run._chunks] == [64, 35, 1, 64, 35, 1]
+    assert len(run._loose) == 9
+    assert all(any(chunk is held for held in run._chunks) for chunk in shared.values())
+    compactions = 0
+    for first_kept in range(2, count + 1):
+        assert run.drop(first_kept, CallIdRenamer()) is True
+        if run.compaction_due():
+            run.compact()
+            compactions += 1
+        kept = [system, *(i for tag in range(first_kept, count + 1) for i in segments[tag])]
+        assert run.snapshot().encode() == _encode(gateway.request_body(kept)), first_kept
+    assert compactions > 0
+
+
+def test_a_chunk_sealed_at_once_follows_the_loose_segments_before_it() -> None:
+    """Invariant: a segment sealed as its caller's chunk the moment it is fed (a writer
+    that passes items through) comes after the loose segments fed before it, in body
+    order: they are joined into a block first."""
+    writer = body_writer(CHAT)
+    assert writer is not None
+    run = BodyRun(writer)
+    first = [_user("a"), {"role": "assistant", "content": "b"}]
+    second = [_user("c"), {"role": "assistant", "content": "d"}]
+    run.append(first, 1)  # no chunk from the caller: the body's own, loose
+    encoded = [_encode(item) for item in second]
+    run.append(second, 2, encoded, b",".join(encoded))
+    assert run.snapshot().encode() == _encode(CHAT.request_body([*first, *second]))

@@ -66,6 +66,10 @@ from turnloom.errors import InvalidArgumentError, excerpt, what_type
 
 _encode = msgspec.json.Encoder().encode
 _G = TypeVar("_G")
+# Sealed segments whose chunks are the body's alone, joined into one block:
+# a body joins about one piece per block, not per segment, and a drop at the
+# front copies at most one block's kept part.
+_BLOCK_SEGMENTS = 64
 
 
 class BodyWriter:
@@ -487,26 +491,40 @@ class BodyRun:
     items joined by ``,`` (none when it has none). A segment whose body items
     are its own items, unchanged and in order, is the very chunk its caller
     joined them into (``append``'s ``chunk``), so a history that keeps its
-    turns joined keeps such a turn once, not as items and body. Body items
-    of the segments not sealed yet (the newest) are kept one ``bytes`` each
-    in ``_open``. Dropped segments are always at the front of ``_chunks``:
-    dropping moves its start (``_skip``) and a snapshot hands the list out
-    without a copy (it is only appended to, or replaced by a compacted
-    copy), so joining a body copies about one chunk per segment. The writer
-    state is replaced, never changed, so a :meth:`snapshot` stays valid.
-    Not thread-safe: guarded by the history's lock.
+    turns joined keeps such a turn once, not as items and body. Any other
+    sealed segment's chunk is the body's alone: those are kept in
+    ``_loose`` until :data:`_BLOCK_SEGMENTS` of them follow one another, then
+    joined by ``,`` into one *block* in ``_chunks`` (the same bytes, held
+    once), so joining a body copies about one piece per block of such
+    segments instead of one per segment (what joining costs follows the
+    pieces more than the bytes). Body items of the segments not sealed yet
+    (the newest) are kept one ``bytes`` each in ``_open``. Dropped segments
+    are always at the front: dropping moves the start of ``_chunks``
+    (``_skip``), and when the first kept segment starts inside a block, the
+    block's kept part is copied out as ``_head`` (O(one block)); a snapshot
+    hands the list out without a copy (it is only appended to, or replaced
+    by a compacted copy). The writer state is replaced, never changed, so a
+    :meth:`snapshot` stays valid. Not thread-safe: guarded by the history's
+    lock.
     """
 
     __slots__ = (
+        "_base",
         "_chunks",
-        "_counts",
         "_dead",
+        "_head",
+        "_head_at",
+        "_head_block",
         "_lead",
+        "_loose",
+        "_loose_at",
+        "_offsets",
         "_open",
         "_opens",
         "_reach",
         "_skip",
         "_tags",
+        "_where",
         "_writer",
     )
 
@@ -514,14 +532,28 @@ class BodyRun:
         self._writer = writer
         # One entry per segment, oldest first: its tag, the last tag a body
         # item of it was built from, can_open of its first body item (0: none
-        # handed out yet, 1: False, 2: True) and how many chunks it holds in
-        # ``_chunks`` (0 or 1 once sealed; before, its body items so far).
+        # handed out yet, 1: False, 2: True), the number of the ``_chunks``
+        # entry holding its bytes (counted from the first entry ever
+        # appended: ``_base`` is the number of ``_chunks[0]``; -1 while it
+        # has none, is open or is loose) and where its bytes start in it.
         self._tags = array.array("q")
         self._reach = array.array("q")
         self._opens = bytearray()
-        self._counts = array.array("q")
-        for numbers in (self._tags, self._reach, self._counts):
+        self._where = array.array("q")
+        self._offsets = array.array("q")
+        # The sealed segments whose chunk is the body's alone and not yet in
+        # a block: their chunks, and their indices in the arrays above.
+        self._loose: list[bytes] = []
+        self._loose_at = array.array("q")
+        for numbers in (self._tags, self._reach, self._where, self._offsets, self._loose_at):
             untrack_atoms(numbers)  # machine numbers only: in no cycle
+        self._base = 0
+        # The kept part of a block the front cut into, which stands for it
+        # in the body: a copy of the block (number ``_head_block``) from
+        # byte ``_head_at`` on; b"" and -1 when there is none.
+        self._head = b""
+        self._head_at = 0
+        self._head_block = -1
         # Segments dropped but still in those arrays, after segment 0's slot
         # (when there is one): dropping is O(dropped segments), no move.
         self._dead = 0
@@ -534,13 +566,14 @@ class BodyRun:
         self._skip = 0
         untrack_container(self._lead)
         untrack_container(self._chunks)
+        untrack_container(self._loose)
         self._open: dict[int, _Open] = {}  # the segments not sealed yet, by tag, oldest first
         if not gc.is_tracked(writer):
             # Its writer is out of the collector: one of turnloom's, whose
             # class untracks it only when its state is turnloom's alone, and
             # every writer it holds later is a copy of it (the same class and
-            # state). Its other slots only ever hold ints, the arrays and
-            # lists of bytes above, a bytearray and a dict of _Open (the
+            # state). Its other slots only ever hold ints, bytes, the arrays
+            # and lists of bytes above, a bytearray and a dict of _Open (the
             # items, encodings and chunks of the history segments it is fed,
             # JSON-encoded, and lists of bytes). Nothing it refers to can lead
             # back to it, so it can be in no cycle (a history's render cache
@@ -603,7 +636,7 @@ class BodyRun:
         chunk: bytes | None,
     ) -> None:
         """:meth:`append` with ``writer`` (this run's, changed in place)."""
-        tags, reach, opens, counts = self._tags, self._reach, self._opens, self._counts
+        tags, reach, opens = self._tags, self._reach, self._opens
         new = not tags or tags[-1] != tag
         if new and chunk and tag and not self._open and writer.passes_through():
             # Feeding it would hand out its items as they are: its chunk.
@@ -635,7 +668,8 @@ class BodyRun:
             tags.append(tag)
             reach.append(tag)
             opens.append(0)
-            counts.append(0)
+            self._where.append(-1)
+            self._offsets.append(0)
             self._open[tag] = _Open(items, encoded, chunk)
         count, start = len(out), 0
         while start < count:
@@ -651,7 +685,6 @@ class BodyRun:
                 reach[index] = top
             if not opens[index]:
                 opens[index] = 2 if writer.can_open(out[start]) else 1
-            counts[index] += end - start
             segment = self._open[tags[index]]
             for body_item in out[start:end]:
                 # A body item that is the segment's next item (the same
@@ -677,11 +710,28 @@ class BodyRun:
 
     def _seal_whole(self, tag: int, can_open: bool, chunk: bytes) -> None:
         """Add segment ``tag``, sealed: its body items are its items, ``chunk`` as it is."""
+        self._flush_loose()  # they come before it
         self._tags.append(tag)
         self._reach.append(tag)
         self._opens.append(2 if can_open else 1)
-        self._counts.append(1)
+        self._where.append(self._base + len(self._chunks))
+        self._offsets.append(0)
         self._chunks.append(chunk)
+
+    def _flush_loose(self) -> None:
+        """Join the loose chunks into one block at the end of ``_chunks`` (none: no change)."""
+        loose = self._loose
+        if not loose:
+            return
+        number = self._base + len(self._chunks)
+        at = 0
+        for index, chunk in zip(self._loose_at, loose, strict=True):
+            self._where[index] = number
+            self._offsets[index] = at
+            at += len(chunk) + 1  # and the separator after it
+        self._chunks.append(b",".join(loose))  # of one chunk: that very object
+        loose.clear()  # snapshots took a tuple of it
+        del self._loose_at[:]
 
     def _seal(self, below: int) -> None:
         """Seal the open segments tagged below ``below``: no body item can come for them now."""
@@ -701,10 +751,16 @@ class BodyRun:
             if not pending:
                 continue
             chunk = segment.chunk
-            if not (chunk is not None and segment.whole and segment.next == len(segment.items)):
-                chunk = b",".join(pending)
-            self._chunks.append(chunk)
-            self._counts[index] = 1
+            if chunk is not None and segment.whole and segment.next == len(segment.items):
+                # Its caller's chunk, kept once: its own entry.
+                self._flush_loose()
+                self._where[index] = self._base + len(self._chunks)
+                self._chunks.append(chunk)
+                continue
+            self._loose.append(b",".join(pending))
+            self._loose_at.append(index)
+            if len(self._loose) >= _BLOCK_SEGMENTS:
+                self._flush_loose()
         if not open_segments:
             # Empty, it refers to nothing; CPython tracks it again when an
             # _Open is stored in it.
@@ -713,8 +769,10 @@ class BodyRun:
     def snapshot(self, rest: tuple[NativeContent, ...] = ()) -> EncodedBody:
         """The body as it stands, then ``rest``, in O(segment 0's and the open segments' items)."""
         chunks = EncodedSpan(self._chunks, self._skip, len(self._chunks))
-        tail = tuple(b for segment in self._open.values() for b in segment.pending)
-        body = EncodedBody(self._writer, chunks, rest, tuple(self._lead), tail)
+        open_items = (b for segment in self._open.values() for b in segment.pending)
+        tail = (*self._loose, *open_items)
+        lead = (*self._lead, self._head) if self._head else tuple(self._lead)
+        body = EncodedBody(self._writer, chunks, rest, lead, tail)
         if not gc.is_tracked(self) and not gc.is_tracked(rest):
             # As this run (see __init__), it holds the run's writer (out of
             # the collector), tuples of bytes, an EncodedSpan (out of the
@@ -726,17 +784,45 @@ class BodyRun:
         return body
 
     def _held(self) -> list[bytes]:
-        """The encoded body, in body order (a copy): body items of segment 0, chunks, open items."""
-        open_items = [b for segment in self._open.values() for b in segment.pending]
-        return [*self._lead, *self._chunks[self._skip :], *open_items]
+        """The encoded body, in body order (a copy): pieces of :meth:`_live_segments`, for tests."""
+        return [piece for _, _, pieces in self._segment_pieces() for piece in pieces]
 
     def _live_segments(self) -> list[tuple[int, int, int]]:
         """Each held segment's (tag, reach, entries of :meth:`_held`), oldest first."""
-        rows = list(zip(self._tags, self._reach, self._counts, strict=True))
-        cut = 1 if rows and rows[0][0] == 0 else 0
-        if cut:
-            rows[0] = (rows[0][0], rows[0][1], len(self._lead))
-        return rows[:cut] + rows[cut + self._dead :]
+        return [(tag, reach, len(pieces)) for tag, reach, pieces in self._segment_pieces()]
+
+    def _segment_pieces(self) -> list[tuple[int, int, list[bytes]]]:
+        """Each held segment's tag, reach and encoded body pieces, oldest first (O(held))."""
+        tags, where, offsets = self._tags, self._where, self._offsets
+        cut = 1 if tags and tags[0] == 0 else 0
+        loose = dict(zip(self._loose_at, self._loose, strict=True))
+        rows: list[tuple[int, int, list[bytes]]] = []
+        for index in [*range(cut), *range(cut + self._dead, len(tags))]:
+            tag, number = tags[index], where[index]
+            pieces: list[bytes]
+            if tag in self._open:
+                pieces = list(self._open[tag].pending)
+            elif tag == 0:
+                pieces = list(self._lead)
+            elif index in loose:
+                pieces = [loose[index]]
+            elif number >= 0:
+                if number == self._head_block:
+                    block, shift = self._head, self._head_at
+                else:
+                    block, shift = self._chunks[number - self._base], 0
+                stop = len(block) + shift
+                for later in range(index + 1, len(tags)):
+                    if where[later] == number:
+                        stop = offsets[later] - 1  # before its separator
+                        break
+                    if where[later] >= 0:
+                        break
+                pieces = [block[offsets[index] - shift : stop - shift]]
+            else:
+                pieces = []
+            rows.append((tag, self._reach[index], pieces))
+        return rows
 
     def compaction_due(self) -> bool:
         """True when what was dropped at the front is due to be copied out (:meth:`compact`)."""
@@ -749,12 +835,17 @@ class BodyRun:
         if self._skip:
             self._chunks = self._chunks[self._skip :]
             untrack_container(self._chunks)
+            self._base += self._skip
             self._skip = 0
-        if self._dead:
+        dead = self._dead
+        if dead:
             cut = 1 if self._tags[0] == 0 else 0
-            for segments in (self._tags, self._reach, self._counts):
-                del segments[cut : cut + self._dead]
-            del self._opens[cut : cut + self._dead]
+            for segments in (self._tags, self._reach, self._where, self._offsets):
+                del segments[cut : cut + dead]
+            del self._opens[cut : cut + dead]
+            # The loose segments are kept ones: after the dropped slots.
+            for at in range(len(self._loose_at)):
+                self._loose_at[at] -= dead
             self._dead = 0
 
     def drop(self, first_kept: int, dropped: CallIdRenamer) -> bool:
@@ -797,7 +888,27 @@ class BodyRun:
         """Do what :meth:`plan_drop` planned (the run unchanged since)."""
         cut, end = plan.cut, plan.end
         self._writer = plan.writer
-        self._skip += sum(self._counts[cut:end])  # sealed segments: held is past them
+        # The first kept segment has body items (plan_drop checked can_open):
+        # in a block, loose, or open (then every block is dropped).
+        number = self._where[end]
+        if number >= 0:
+            index, at = number - self._base, self._offsets[end]
+            if not at:
+                self._skip, self._head, self._head_block = index, b"", -1
+            else:
+                if number == self._head_block:
+                    head = self._head[at - self._head_at :]  # its block may be compacted away
+                else:
+                    head = self._chunks[index][at:]
+                self._skip, self._head = index + 1, head
+                self._head_at, self._head_block = at, number
+        else:
+            self._skip, self._head, self._head_block = len(self._chunks), b"", -1
+            gone = 0
+            while gone < len(self._loose_at) and self._loose_at[gone] < end:
+                gone += 1
+            del self._loose[:gone]
+            del self._loose_at[:gone]
         self._dead += end - cut
 
 
