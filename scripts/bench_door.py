@@ -50,11 +50,11 @@ import os
 import statistics
 import sys
 import time
-from types import ModuleType
 from typing import Any
 
 import _goals
 import anyio
+from _trees import import_tree
 
 _KINDS = ("accept_turn", "record", "inv.record", "inv.block", "build")
 # Issue 32's goals, microseconds per call (each record here is of one message):
@@ -72,21 +72,19 @@ class _Tree:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        for name in [n for n in sys.modules if n == "turnloom" or n.startswith("turnloom.")]:
-            del sys.modules[name]
-        sys.path.insert(0, path)
-        importlib.invalidate_caches()
-        try:
-            self.manager = importlib.import_module("turnloom.runtime.manager")
-            self.foundation = importlib.import_module("turnloom.runtime.foundation")
-            self.trajectories = importlib.import_module("turnloom.tools.trajectories")
-            self.transcript = importlib.import_module("turnloom.tools.transcript")
-            self.schemas = importlib.import_module("turnloom.runtime.schemas")
-        finally:
-            sys.path.remove(path)
-        self.modules: dict[str, ModuleType] = {
-            n: m for n, m in sys.modules.items() if n == "turnloom" or n.startswith("turnloom.")
-        }
+        (
+            (self.manager, self.foundation, self.trajectories, self.transcript, self.schemas),
+            (self.modules),
+        ) = import_tree(
+            path,
+            [
+                "turnloom.runtime.manager",
+                "turnloom.runtime.foundation",
+                "turnloom.tools.trajectories",
+                "turnloom.tools.transcript",
+                "turnloom.runtime.schemas",
+            ],
+        )
         where = str(self.manager.__file__)
         if os.path.dirname(os.path.dirname(where)) != os.path.join(path, "turnloom"):
             raise SystemExit(f"turnloom of {path} was not imported (got {where})")

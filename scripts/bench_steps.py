@@ -24,13 +24,13 @@ Usage: python scripts/bench_steps.py [--calls K] [--rounds R] [--reuse] [--again
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import statistics
 import sys
 import time
-from types import ModuleType
 from typing import Any
+
+from _trees import import_tree
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,20 +39,15 @@ class _Tree:
     """One tree's turnloom: its modules and the names the replay uses."""
 
     def __init__(self, path: str) -> None:
-        for name in [n for n in sys.modules if n == "turnloom" or n.startswith("turnloom.")]:
-            del sys.modules[name]
-        sys.path.insert(0, path)
-        importlib.invalidate_caches()
-        try:
-            self.history = importlib.import_module("turnloom.context.history")
-            self.message = importlib.import_module("turnloom.context.message")
-            self.door = importlib.import_module("turnloom.runtime._door")
-            self.gateway = importlib.import_module("turnloom.context.gateway")
-        finally:
-            sys.path.remove(path)
-        self.modules: dict[str, ModuleType] = {
-            n: m for n, m in sys.modules.items() if n == "turnloom" or n.startswith("turnloom.")
-        }
+        (self.history, self.message, self.door, self.gateway), self.modules = import_tree(
+            path,
+            [
+                "turnloom.context.history",
+                "turnloom.context.message",
+                "turnloom.runtime._door",
+                "turnloom.context.gateway",
+            ],
+        )
 
     def activate(self) -> None:
         sys.modules.update(self.modules)
