@@ -51,7 +51,7 @@ import msgspec
 
 from turnloom.context._untrack import untrack_atoms, untrack_container
 from turnloom.context.history._cells import _Entry, _Turn, _WireIds, id_parts, pack_ids
-from turnloom.context.history._steps import _StepsState, kept_steps
+from turnloom.context.history._steps import _StepsState, feed_entries, kept_steps
 from turnloom.context.history._ties import last_step_start
 from turnloom.context.message import Message, Role, ToolCallPart, ToolResultPart
 from turnloom.context.pairing import CallTracker
@@ -208,21 +208,6 @@ _Context = tuple[CallTracker, dict[str, str]]
 fed with each own id."""
 
 
-def _feed(tracker: CallTracker, sent: dict[str, str], entries: Iterable[_Entry]) -> None:
-    """Feed ``entries``' messages (as given) to ``tracker``, noting each renamed call's sent id."""
-    for entry in entries:
-        message = entry.message
-        if entry.sent is not None:
-            for id_part, sent_id in zip(id_parts(message), entry.sent_ids(), strict=True):
-                if type(id_part) is ToolCallPart:
-                    sent[id_part.call_id] = sent_id
-        elif sent and message.role is Role.assistant:
-            for part in message.parts:
-                if type(part) is ToolCallPart:
-                    sent.pop(part.call_id, None)  # a newer call with the id, sent as it is
-        tracker.feed(message)
-
-
 def _context(turns: Sequence[_Turn], stop: int, input_only: bool = False) -> _Context:
     """The pairing state after ``turns[:stop]``, the last whole or (``input_only``) its input.
 
@@ -242,13 +227,13 @@ def _context(turns: Sequence[_Turn], stop: int, input_only: bool = False) -> _Co
             # step ends as one fed the whole turn: O(the step) per record.
             start = last_step_start(entries)
             if start >= 0:
-                _feed(tracker, sent, entries[start:])
+                feed_entries(tracker, sent, entries[start:])
                 return tracker, sent
-        _feed(tracker, sent, entries)
+        feed_entries(tracker, sent, entries)
         if tracker.group:
             for at in range(index + 1, stop):
                 tracker.new_turn()
-                _feed(tracker, sent, turns[at].entries(not (at == last and input_only)))
+                feed_entries(tracker, sent, turns[at].entries(not (at == last and input_only)))
             return tracker, sent
     return CallTracker(), {}
 
@@ -804,7 +789,7 @@ def repair_results(turns: tuple[_Turn, ...], position: int) -> tuple[_Turn, ...]
                     new = _Entry(message, entry.tokens)
                     _set_sent(new, _renamed(message, renamed))
                     changed[id(entry)] = new
-            _feed(tracker, sent_of, (entry,))
+            feed_entries(tracker, sent_of, (entry,))
         if changed:
             if out is None:
                 out = list(turns)

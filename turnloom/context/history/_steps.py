@@ -19,7 +19,7 @@ adds), and O(the step) once per turn.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import msgspec
@@ -40,6 +40,35 @@ _USER = Role.user
 # the door refuses). Never changed: a state gets its own set before adding to it.
 _NO_CLOSED: set[str] = set()
 untrack_container(_NO_CLOSED)
+
+
+def feed_entries(
+    tracker: CallTracker, sent: dict[str, str], entries: Iterable[_Entry]
+) -> list[str] | None:
+    """Feed ``entries``' messages (as given) to ``tracker``, noting each renamed call's sent id.
+
+    ``sent`` maps a renamed call's own id to its sent id (a call sent as it
+    is removes its id). Returns the ids of the calls an assistant message
+    among them ended (None when none did: every step in practice).
+    """
+    ended_ids: list[str] | None = None
+    for entry in entries:
+        message = entry.message
+        role = message.role
+        if entry.sent is not None:
+            for id_part, sent_id in zip(id_parts(message), entry.sent_ids(), strict=True):
+                if type(id_part) is ToolCallPart:
+                    sent[id_part.call_id] = sent_id
+        elif sent and role is _ASSISTANT:
+            for part in message.parts:
+                if type(part) is ToolCallPart:
+                    sent.pop(part.call_id, None)  # a newer call with the id, sent as it is
+        ended = tracker.feed(message).closed
+        if ended and role is _ASSISTANT:
+            if ended_ids is None:
+                ended_ids = []
+            ended_ids.extend(c.call_id for c in ended)
+    return ended_ids
 
 
 class _StepState(msgspec.Struct, gc=False):
@@ -72,28 +101,13 @@ class _StepState(msgspec.Struct, gc=False):
 
     def feed(self, entries: Sequence[_Entry]) -> None:
         """Feed ``entries``: the step from its first message, or results that continue it."""
-        tracker = self.tracker
-        assert tracker is not None
-        sent = self.sent
-        for entry in entries:
-            message = entry.message
-            role = message.role
-            # As _sent._feed: the renamed calls' sent ids, by own id.
-            if entry.sent is not None:
-                for id_part, sent_id in zip(id_parts(message), entry.sent_ids(), strict=True):
-                    if type(id_part) is ToolCallPart:
-                        sent[id_part.call_id] = sent_id
-            elif sent and role is _ASSISTANT:
-                for part in message.parts:
-                    if type(part) is ToolCallPart:
-                        sent.pop(part.call_id, None)
-            # As check_steps feeds ``before``: the calls a model message ended.
-            ended = tracker.feed(message).closed
-            if ended and role is _ASSISTANT:
-                if self.closed is _NO_CLOSED:
-                    self.closed = set()
-                    untrack_container(self.closed)
-                self.closed.update(c.call_id for c in ended)
+        assert self.tracker is not None
+        ended = feed_entries(self.tracker, self.sent, entries)
+        if ended:  # (as check_steps collects them while it feeds ``before``)
+            if self.closed is _NO_CLOSED:
+                self.closed = set()
+                untrack_container(self.closed)
+            self.closed.update(ended)
         self.count += len(entries)
 
     def context(self) -> tuple[CallTracker, dict[str, str]]:
