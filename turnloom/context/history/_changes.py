@@ -313,32 +313,26 @@ def _record(
         # tail starts a group, so then nothing awaits), and one answering a
         # call id a second time is refused.
         step = kept_steps(history, old) if position == len(held) - 1 else None
+        tail: Sequence[Message] = ()
         if step is not None and step.start >= 0:
             # The state after the turn's last step (kept, or walked once now): what
             # feeding its tail gives. The check feeds it the outputs: out of the
             # history until the record is made (a refused one leaves none kept).
             history._steps = None
             checked = step
-            _check_steps_named(
-                messages,
-                "Turn {} output",
-                turn_id,
-                indices=kept_at,
-                late=position > 0,
-                unpaired=keep_unpaired,
-                step=step,
-            )
         else:
+            step = None
             tail = _step_tail(old) or [e.message for e in old.entries(True)]
-            _check_steps_named(
-                messages,
-                "Turn {} output",
-                turn_id,
-                before=tail,
-                indices=kept_at,
-                late=position > 0,
-                unpaired=keep_unpaired,
-            )
+        _check_steps_named(
+            messages,
+            "Turn {} output",
+            turn_id,
+            before=tail,
+            indices=kept_at,
+            late=position > 0,
+            unpaired=keep_unpaired,
+            step=step,
+        )
     if position + 1 < len(history._turns):
         later = history._turns[position + 1].entries(True)
         if later:
