@@ -268,7 +268,6 @@ class Preparer:
             await self._checkpoint_if_cancelled()
             if not queue.try_acquire(request):
                 await queue.park(request)
-            checkpointed = False
         else:
             try:
                 queue.acquire_nowait(request)
@@ -280,10 +279,7 @@ class Preparer:
                     # object, so the usual fallback (prepare with it) skips it.
                     self._refused = given
                 raise
-            checkpointed = False
-        return await queue.admit(
-            request, requested_at, origin, self.run, self.run_inline, checkpointed=checkpointed
-        )
+        return await queue.admit(request, requested_at, origin, self.run, self.run_inline)
 
     async def _wait_for_commit(
         self, request: ContextPrepareRequest, origin: ContextState | None

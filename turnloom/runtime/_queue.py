@@ -203,7 +203,7 @@ class PreparationQueue:
 
     @property
     def waiting_for_slot(self) -> int:
-        """Calls waiting in :meth:`acquire`."""
+        """Calls waiting in :meth:`park`."""
         return self._slots.waiting
 
     @property
@@ -220,20 +220,16 @@ class PreparationQueue:
         """
         return self._waiting_for_turn
 
-    def acquire(self, request: ContextPrepareRequest) -> Awaitable[bool]:
-        """Wait for a slot for the request's tenant (cancellable; nothing is admitted yet).
-
-        The awaitable returns whether the call had to wait for it (False: it
-        was free). It is the slots' own wait: a caller parked here holds no
-        frame of the queue.
-        """
-        return self._slots.acquire(tenant_of(request))
-
     def park(self, request: ContextPrepareRequest) -> Awaitable[None]:
-        """Wait for a slot, without a checkpoint first (see :meth:`FairSlots.park`).
+        """Wait for a slot for the request's tenant, without a checkpoint first.
 
         For a caller whose :meth:`try_acquire` just failed and that checked
-        for a cancellation; cancellable like :meth:`acquire`.
+        for a cancellation (see :meth:`FairSlots.park`). It is the slots' own
+        wait: a caller parked here holds no frame of the queue. Nothing is
+        admitted yet.
+
+        Cancellation: a cancelled wait holds no slot; one granted to it in
+        the meantime is handed to the next waiter.
         """
         return self._slots.park(tenant_of(request))
 
@@ -284,19 +280,16 @@ class PreparationQueue:
         origin: ContextState | None,
         work: Work,
         inline: InlineWork | None = None,
-        *,
-        checkpointed: bool = True,
     ) -> PreparedContext:
         """Own a preparation in the slot the caller holds; run it in the caller's task.
 
         ``inline`` is tried first: when it does the whole preparation on the
         spot, the slot is freed at once and the result is delivered as
-        ``work``'s would be. Unless the caller already passed a checkpoint
-        (``checkpointed``, as :meth:`acquire` does), the caller then passes
-        one, holding the slot, and a caller cancelled there discards the
-        result. Otherwise ``work`` runs, its waits in cancel scopes the close
-        cancels (:meth:`Preparation.wait`); see
-        the module docstring for a caller cancelled meanwhile.
+        ``work``'s would be, after the caller passes a checkpoint holding the
+        slot (a caller cancelled there discards the result). Otherwise
+        ``work`` runs, its waits in cancel scopes the close cancels
+        (:meth:`Preparation.wait`); see the module docstring for a caller
+        cancelled meanwhile.
 
         Raises:
             FoundationClosedError: the queue closed while the caller waited for
@@ -313,16 +306,13 @@ class PreparationQueue:
                     self._counters.failed += 1
                 raise
             if done is not None:
-                if not checkpointed:
-                    # The slot is held until the requester resumes with the result.
-                    try:
-                        await self.hooks.checkpoint()
-                    except BaseException:
-                        self._counters.discarded += 1  # settled, but the requester is gone
-                        raise
-                    finally:
-                        self._slots.release(tenant)
-                else:
+                # The slot is held until the requester resumes with the result.
+                try:
+                    await self.hooks.checkpoint()
+                except BaseException:
+                    self._counters.discarded += 1  # settled, but the requester is gone
+                    raise
+                finally:
                     self._slots.release(tenant)
                 prepared, deliver = done
                 deliver()
@@ -442,7 +432,7 @@ class PreparationQueue:
         """Wait until :meth:`wake` is called for ``context_id`` or the queue closes.
 
         Holds no slot: a requester waits here for its turn's commit before
-        :meth:`acquire` (counted in :attr:`waiting_for_turn`, not in
+        :meth:`park` (counted in :attr:`waiting_for_turn`, not in
         :attr:`pending`). The caller checks the turn again on waking.
         """
         waiters = self._waiters.get(context_id)
