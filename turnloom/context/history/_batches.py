@@ -18,6 +18,7 @@ from turnloom.context.history._cells import (
 from turnloom.context.history._run import _Shared
 from turnloom.context.history._sent import _NO_IDS, _DoorIds, _SentIds, door_ids
 from turnloom.context.history._ties import _tied_error, _unit_first
+from turnloom.context.history._turns import _Turns
 from turnloom.context.history.limits import HistoryLimits, check_batch_length
 from turnloom.context.message import (
     Message,
@@ -35,14 +36,14 @@ _Checked = tuple[
     tuple[int, ...],
     tuple[tuple[_Native, _Encoded], ...] | None,
     Gateway | None,
-    tuple["_Turn", ...] | None,
+    _Turns | None,
     str | None,
     bool,
     _DoorIds | None,
 ]
 """``TurnHistory``'s memo of a batch checked: messages, sizes, renders, gateway,
 and what its limits were checked against: the history's turns (the very
-tuple), the turn id and whether the batch was pinned instructions; then the
+``_Turns``), the turn id and whether the batch was pinned instructions; then the
 sent ids decided at the door, when it renamed any (the renders are of the
 messages as sent: see :class:`~turnloom.context.history._sent._DoorIds`)."""
 
@@ -57,7 +58,7 @@ class _DoorState(Protocol):
     _linked: set[int]
     _sent: _SentIds
     _shared: _Shared
-    _turns: tuple[_Turn, ...]
+    _turns: _Turns
 
 
 def _check_batch(

@@ -220,7 +220,7 @@ def _commit(
     if tied >= 0:
         history._linked.update(t.serial for t in history._turns[tied + 1 :])
         history._linked.add(turn.serial)
-    history._turns = (*history._turns, turn)
+    history._turns = history._turns.appended(turn)
     history._ids[turn_id] = None
     history._items += turn.items
     history._bytes += turn.bytes
@@ -346,7 +346,7 @@ def _record(
     late = position != len(current) - 1
     # Nothing dropped (the usual case): the entries tuple is the outputs added.
     new = old.with_outputs(entries if len(kept) == len(entries) else tuple(kept), kept_bytes)
-    turns = (*current[:position], new, *current[position + 1 :]) if late else (*current[:-1], new)
+    turns = current.replaced(position, new)
     if late:
         stranded, call_ids = _strands(history._turns, turns, position)
         if stranded >= 0:
@@ -473,7 +473,7 @@ def _keep_state(
     ):
         return True
     new = old.with_state(tuple(entries), state_bytes)
-    turns = (*history._turns[:position], new, *history._turns[position + 1 :])
+    turns = history._turns.replaced(position, new)
     late = position != len(history._turns) - 1
     if late:
         if _strands(history._turns, turns, position)[0] >= 0:

@@ -12,6 +12,7 @@ from turnloom.context.history._cells import _Entry, _Turn
 from turnloom.context.history._run import _Shared
 from turnloom.context.history._sent import _SentIds, hold, release
 from turnloom.context.history._ties import _retie
+from turnloom.context.history._turns import _Turns
 from turnloom.context.history.limits import HistoryLimits
 from turnloom.context.history.view import HistoryView
 from turnloom.context.message import (
@@ -88,7 +89,7 @@ class _EvictionState(Protocol):
     _sent: _SentIds
     _shared: _Shared
     _tokens: int
-    _turns: tuple[_Turn, ...]
+    _turns: _Turns
     _view: HistoryView | None
 
     @property
@@ -138,7 +139,7 @@ def _evict(history: _EvictionState) -> tuple[str, ...]:
             tokens += turn.tokens
         count = end
     gone = turns[first:count]
-    kept = turns[count:]
+    kept = turns.dropped(count)
     if first and over(hard):
         # Only the summary is left to drop: a hard limit stays hard.
         summary = turns[0]
@@ -150,7 +151,7 @@ def _evict(history: _EvictionState) -> tuple[str, ...]:
     if not gone:
         return ()
     release(history, gone)  # their calls' sent ids are free; the kept ones' stay as they are
-    history._turns = turns[:first] + kept
+    history._turns = kept.prepended(turns[0]) if first else kept
     history._items -= items
     history._bytes -= total
     history._tokens -= tokens
@@ -183,7 +184,7 @@ def _evict(history: _EvictionState) -> tuple[str, ...]:
     return tuple(t.turn_id for t in gone)
 
 
-def _head(turns: tuple[_Turn, ...]) -> tuple[_Turn, ...]:
+def _head(turns: _Turns) -> tuple[_Turn, ...]:
     """The summary turn eviction kept in front of the turns it dropped, if any."""
     if len(turns) > 1 and turns[0].turn_id.startswith(SUMMARY_TURN_PREFIX):
         return turns[:1]
@@ -216,7 +217,8 @@ def _restore(history: _EvictionState, aside: _Aside) -> None:
     before the newest changed, so views render anew (the generation).
     """
     turns = aside.turns
-    history._turns = (*_head(history._turns), *turns, *history._turns[len(_head(history._turns)) :])
+    head = _head(history._turns)
+    history._turns = _Turns.of((*head, *turns, *history._turns[len(head) :]))
     hold(history, turns)  # sent with the ids they had (the retracted turn's are released)
     for turn in turns:
         history._items += turn.items
@@ -259,7 +261,9 @@ def _before_evictions(history: _EvictionState) -> tuple[HistoryView, tuple[str, 
     if aside is None or not aside.turns:
         return history.view(), history.evicted_ids
     head = _head(history._turns)
-    turns = (*head, *aside.turns, *history._turns[len(head) : -1], cast(_Turn, aside.newest))
+    turns = _Turns.of(
+        (*head, *aside.turns, *history._turns[len(head) : -1], cast(_Turn, aside.newest))
+    )
     held = len(history._pinned) + sum(t.items for t in turns)
     view = HistoryView(history._pinned, turns, history._front, -1, history._shared, held)
     return view, tuple(aside.remembered_before(tuple(history._evicted_ids)))
@@ -286,7 +290,7 @@ def _retract(history: _EvictionState, turn_id: str) -> None:
     release(history, (turn,))  # first: a restored turn may send an id it took since
     if aside is not None and aside.turns:
         _restore(history, aside)
-    history._turns = history._turns[:-1]
+    history._turns = history._turns.popped()
     history._items -= turn.items
     history._bytes -= turn.bytes
     history._tokens -= turn.tokens

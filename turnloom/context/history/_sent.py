@@ -53,6 +53,7 @@ from turnloom.context._untrack import untrack_atoms, untrack_container
 from turnloom.context.history._cells import _Entry, _Turn, _WireIds, id_parts, pack_ids
 from turnloom.context.history._steps import _StepsState, feed_entries, kept_steps
 from turnloom.context.history._ties import last_step_start
+from turnloom.context.history._turns import EMPTY, _Turns
 from turnloom.context.message import Message, Role, ToolCallPart, ToolResultPart
 from turnloom.context.pairing import CallTracker
 from turnloom.errors import InvalidMessageError, UnknownTurnError, excerpt
@@ -196,7 +197,7 @@ class _SentState(Protocol):
     """The state of a :class:`TurnHistory` this file reads and changes."""
 
     _sent: _SentIds
-    _turns: tuple[_Turn, ...]
+    _turns: _Turns
 
 
 class _DoorSentState(_SentState, _StepsState, Protocol):
@@ -414,7 +415,7 @@ class _DoorIds(msgspec.Struct, gc=False, frozen=True):
     Holds the turns tuple (as the door's memo does), str and tuples: in no cycle.
     """
 
-    turns: tuple[_Turn, ...]
+    turns: _Turns
     version: int
     turn_id: str | None
     # ``_Entry.sent`` of each message (None where every id is sent as it is),
@@ -495,7 +496,7 @@ def _fresh_calls(message: Message, present: dict[str, None]) -> tuple[tuple[str,
     return tuple(claims)
 
 
-_NO_IDS = _DoorIds((), -1, None, None, ())
+_NO_IDS = _DoorIds(EMPTY, -1, None, None, ())
 """The plan of a batch without a call or result: nothing to decide, in any state."""
 
 
@@ -734,7 +735,7 @@ def restore_sent_ids(
             f"{excerpt((taken or calls)[:3])}.",
             field="call_ids",
         )
-    history._turns = (*history._turns[:position], turn, *history._turns[position + 1 :])
+    history._turns = history._turns.replaced(position, turn)
     _drop_entries(state, entries)
     for entry, wire_ids in plan:
         if entry.sent != wire_ids:
@@ -745,7 +746,7 @@ def restore_sent_ids(
     history._view = None
 
 
-def repair_results(turns: tuple[_Turn, ...], position: int) -> tuple[_Turn, ...]:
+def repair_results(turns: _Turns, position: int) -> _Turns:
     """``turns`` with each result after turn ``position`` sent with the id of the call it answers.
 
     For a change before the newest turn (a late record, kept state): it may
@@ -795,4 +796,4 @@ def repair_results(turns: tuple[_Turn, ...], position: int) -> tuple[_Turn, ...]
                 out = list(turns)
 
             out[index] = turn.with_entries(tuple([changed.get(id(e), e) for e in entries]))
-    return turns if out is None else tuple(out)
+    return turns if out is None else _Turns.of(out)

@@ -36,6 +36,7 @@ from turnloom.context.history._cells import _Entry, _Turn
 from turnloom.context.history._changes import _ChangeState
 from turnloom.context.history._evictions import _forget
 from turnloom.context.history._sent import assign_summary, carry_sent, release, unplanned
+from turnloom.context.history._turns import _Turns
 from turnloom.context.message import Message, check_id, check_message
 from turnloom.context.summaries import (
     SUMMARY_TURN_PREFIX,
@@ -324,7 +325,7 @@ def apply_summary(
     for entry in entries:
         if entry.message.id is not None:
             history._message_ids[entry.message.id] = (serial, entry.message)
-    history._turns = (turn, *turns[held:])
+    history._turns = turns.dropped(held).prepended(turn)
     history._ids[summary_id] = None
     history._items += turn.items
     history._bytes += size
@@ -417,7 +418,7 @@ def prune_turns(
         history._bytes += new.bytes - old.bytes
         history._tokens += new.tokens - old.tokens
         turns[position] = new
-    history._turns = tuple(turns)
+    history._turns = _Turns.of(turns)
     history._generation += 1
     history._view = None
     return tuple(turns[p].turn_id for p, _ in changed)

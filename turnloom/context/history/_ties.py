@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from turnloom.context.history._cells import _Entry, _Turn
+from turnloom.context.history._turns import _Turns
 from turnloom.context.history.limits import HistoryLimits
 from turnloom.context.message import (
     Message,
@@ -179,7 +180,7 @@ class _TieState(Protocol):
 
     _limits: HistoryLimits
     _linked: set[int]
-    _turns: tuple[_Turn, ...]
+    _turns: _Turns
 
 
 def _unit_first(history: _TieState, index: int) -> int:
@@ -271,7 +272,7 @@ def _retie(history: _TieState, position: int) -> None:
     history._linked.update(linked)
 
 
-def _relinked(history: _TieState, turns: tuple[_Turn, ...], position: int) -> set[int]:
+def _relinked(history: _TieState, turns: _Turns, position: int) -> set[int]:
     """The tie set of ``turns``: the kept turns, but ``turns[position]`` changed.
 
     After the kept state or outputs of ``turns[position]`` changed while a
@@ -302,7 +303,7 @@ def _relinked(history: _TieState, turns: tuple[_Turn, ...], position: int) -> se
 
 def _check_ties(
     history: _TieState,
-    turns: tuple[_Turn, ...],
+    turns: _Turns,
     linked: set[int],
     position: int,
     where: str,

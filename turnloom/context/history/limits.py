@@ -7,7 +7,8 @@ from typing import Protocol
 
 import msgspec
 
-from turnloom.context.history._cells import _Entry, _Turn
+from turnloom.context.history._cells import _Entry
+from turnloom.context.history._turns import _Turns
 from turnloom.context.message import (
     DEFAULT_MAX_MESSAGE_BYTES,
 )
@@ -212,7 +213,7 @@ class _CountState(Protocol):
     _pinned_tokens: int
     _retracted: int
     _tokens: int
-    _turns: tuple[_Turn, ...]
+    _turns: _Turns
 
 
 def _counts(history: _CountState) -> HistoryCounts:

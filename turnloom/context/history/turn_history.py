@@ -15,7 +15,7 @@ from turnloom.context.history._batches import (
     _output_renders,
     _rendered_items,
 )
-from turnloom.context.history._cells import _Entry, _Turn
+from turnloom.context.history._cells import _Entry
 from turnloom.context.history._changes import _commit, _keep_state, _left_out, _record
 from turnloom.context.history._evictions import (
     _Aside,
@@ -31,6 +31,7 @@ from turnloom.context.history._steps import _StepState
 from turnloom.context.history._ties import (
     _calls_after,
 )
+from turnloom.context.history._turns import EMPTY, _Turns
 from turnloom.context.history.limits import (
     HistoryCounts,
     HistoryLimits,
@@ -190,7 +191,7 @@ class TurnHistory:
         self._remember = remember_evicted
         self._pinned: tuple[_Entry, ...] = ()
         self._pinned_bytes = 0
-        self._turns: tuple[_Turn, ...] = ()
+        self._turns: _Turns = EMPTY
         # The kept turns' ids, as keys (to None): a str-keyed dict holds about
         # half the bytes a set of as many str does (an entry is a key and a
         # value, the hash read from the str; a set's table is kept sparser).

@@ -29,6 +29,7 @@ from turnloom.context.history._cells import (
 from turnloom.context.history._plan import _join, _Plan, _plan, _renamed, _render_entries
 from turnloom.context.history._run import _NO_SPAN, _body_run, _Run, _Segment, _Shared, _untrack_run
 from turnloom.context.history._sent import sent_ids
+from turnloom.context.history._turns import _Turns
 from turnloom.context.items import (
     NativeItems,
     decode_joined,
@@ -197,7 +198,7 @@ class HistoryView:
     def __init__(
         self,
         pinned: tuple[_Entry, ...],
-        turns: tuple[_Turn, ...],
+        turns: _Turns,
         evicted: int,
         generation: int,
         shared: _Shared,
@@ -569,7 +570,7 @@ class HistoryView:
     def _advance(
         self,
         run: _Run,
-        closed: tuple[_Turn, ...],
+        closed: _Turns,
         position: int,
         gateway: Gateway,
         slots: tuple[int, int],
@@ -642,7 +643,7 @@ class HistoryView:
         self,
         run: _Run,
         dropped: int,
-        closed: tuple[_Turn, ...],
+        closed: _Turns,
         gateway: Gateway,
         slots: tuple[int, int],
     ) -> _Run:
@@ -733,7 +734,7 @@ class HistoryView:
     def _append(
         self,
         run: _Run,
-        closed: tuple[_Turn, ...],
+        closed: _Turns,
         plan: _Plan,
         renders: list[_Rendered],
         logs: list[_CallLog | None],
