@@ -104,14 +104,15 @@ def _evict(history: _EvictionState) -> tuple[str, ...]:
     turns, linked = history._turns, history._linked
     # A summary turn (summary compaction, first when held) stands for turns that
     # already left: it goes last, after every other turn eviction may drop.
-    first = 1 if len(turns) > 1 and turns[0].turn_id.startswith(SUMMARY_TURN_PREFIX) else 0
+    held = len(turns)
+    first = 1 if held > 1 and turns[0].turn_id.startswith(SUMMARY_TURN_PREFIX) else 0
     count = first
     items = total = tokens = 0
 
     def over(bounds: tuple[int, int, int, int | None]) -> bool:
         max_turns, max_items, max_bytes, max_tokens = bounds
         return (
-            len(turns) - (count - first) > max_turns
+            held - (count - first) > max_turns
             or history._items - items > max_items
             or history._bytes - total > max_bytes
             or (max_tokens is not None and history._tokens - tokens > max_tokens)
@@ -129,9 +130,9 @@ def _evict(history: _EvictionState) -> tuple[str, ...]:
         # The oldest turn goes with the turns tied to it (their input
         # answers its calls), or not at all when they reach the newest.
         end = count + 1
-        while end < len(turns) and turns[end].serial in linked:
+        while end < held and turns[end].serial in linked:
             end += 1
-        if end >= len(turns):
+        if end >= held:
             break
         for turn in turns[count:end]:
             items += turn.items

@@ -18,6 +18,7 @@ slice is a new tuple of the turns it holds.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from typing import overload
@@ -101,20 +102,20 @@ class _Turns(Sequence[_Turn]):
     def __getitem__(self, index: slice) -> tuple[_Turn, ...]: ...
 
     def __getitem__(self, index: int | slice) -> _Turn | tuple[_Turn, ...]:
+        if type(index) is int:
+            at = index + self.size if index < 0 else index
+            if at < self.first:
+                if at < 0:
+                    raise IndexError("tuple index out of range")
+                return self.blocks[0][at]
+            if at >= self.size:
+                raise IndexError("tuple index out of range")
+            at -= self.first
+            return self.blocks[1 + (at >> _SHIFT)][at & _MASK]
         if type(index) is slice:
             start, stop, step = index.indices(self.size)
-            if step != 1:
-                return tuple(self)[index]
-            return self._between(start, stop)
-        at = index
-        if at < 0:
-            at += self.size
-        if not 0 <= at < self.size:
-            raise IndexError("tuple index out of range")
-        if at < self.first:
-            return self.blocks[0][at]
-        at -= self.first
-        return self.blocks[1 + (at >> _SHIFT)][at & _MASK]
+            return self._between(start, stop) if step == 1 else tuple(self)[index]
+        return self[operator.index(index)]
 
     def _between(self, start: int, stop: int) -> tuple[_Turn, ...]:
         """Turns ``start`` to ``stop - 1`` as a tuple (O(them + the blocks they span))."""
