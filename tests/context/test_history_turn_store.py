@@ -174,8 +174,10 @@ def test_of_holds_the_turns_in_full_blocks(values: list[int], shift: int) -> Non
 class TurnStoreMachine(EvictionMachine):
     """The eviction machine's histories, with summaries and views kept."""
 
+    SHIFT = 0  # a block per turn: a view of 3 turns spans 3 blocks
+
     def __init__(self) -> None:
-        self.blocks = blocks_of(0)  # a block per turn: a view of 3 turns spans 3 blocks
+        self.blocks = blocks_of(self.SHIFT)
         self.blocks.__enter__()  # before any history holds a turn
         super().__init__()
         self.views: list[tuple[Any, tuple[Any, ...], tuple[str, ...], tuple[Any, ...]]] = []
@@ -234,7 +236,13 @@ class TurnStoreMachine(EvictionMachine):
             assert len(ids) == len(history._ids) and set(ids) == set(history._ids)
 
 
-TurnStoreMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None
-)
+class TurnStoreMachinePairs(TurnStoreMachine):
+    """The same with blocks of 2: a block not full yet is appended to, replaced in."""
+
+    SHIFT = 1
+
+
+for _machine in (TurnStoreMachine, TurnStoreMachinePairs):
+    _machine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
 test_history_views_keep_their_turns = TurnStoreMachine.TestCase
+test_history_views_keep_their_turns_blocks_of_two = TurnStoreMachinePairs.TestCase
