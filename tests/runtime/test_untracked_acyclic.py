@@ -36,7 +36,6 @@ from turnloom.context.gateways.openai_chat import _ChatBody
 from turnloom.context.gateways.openai_responses import _ResponsesBody
 from turnloom.context.history import HistoryLimits, RenderedHistory
 from turnloom.context.history._run import _Run
-from turnloom.context.history._turns import _Turns
 from turnloom.context.items import NativeItems
 from turnloom.errors import TurnloomError
 from turnloom.runtime import (
@@ -63,7 +62,6 @@ UNTRACKED = (
     EncodedBody,
     BodyRun,
     _Run,
-    _Turns,
     _ChatBody,
     _ResponsesBody,
     _AnthropicBody,

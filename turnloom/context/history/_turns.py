@@ -19,11 +19,13 @@ slice is a new tuple of the turns it holds.
 from __future__ import annotations
 
 import operator
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
-from turnloom.context._untrack import untrack_atoms
+import msgspec
+
 from turnloom.context.history._cells import _Turn
 
 _SHIFT = 6
@@ -34,7 +36,22 @@ _MASK = BLOCK - 1
 _chain = chain.from_iterable
 
 
-class _Turns(Sequence[_Turn]):
+if TYPE_CHECKING:
+
+    class _Base(Sequence[_Turn]):
+        """What a type checker reads: a sequence of turns made of its three fields."""
+
+        def __init_subclass__(cls, **options: object) -> None: ...
+
+        def __init__(
+            self, blocks: tuple[tuple[_Turn, ...], ...], first: int, size: int
+        ) -> None: ...
+
+else:
+    _Base = msgspec.Struct
+
+
+class _Turns(_Base, gc=False, eq=False, frozen=True):
     """An immutable sequence of turns, oldest first, changed by making new ones.
 
     ``blocks``: the turns in blocks (tuples), oldest first; none empty, every
@@ -44,23 +61,17 @@ class _Turns(Sequence[_Turn]):
     ``IndexError`` out of range, as a tuple does) or a slice (returns a
     tuple). Equality is identity: a change makes a new ``_Turns``, so
     ``is`` tells whether the turns changed.
-    """
 
-    __slots__ = ("blocks", "first", "size")
+    A struct out of the cyclic collector (``gc=False``): it holds ints and
+    tuples of turns, which are out of it themselves and never refer to a
+    ``_Turns`` (they are made before any sequence holding them), so it can
+    be in no cycle, and a full collection visits no block of it. (A
+    ``Sequence`` to a type checker, registered as one at run time.)
+    """
 
     blocks: tuple[tuple[_Turn, ...], ...]
     first: int
     size: int
-
-    def __init__(self, blocks: tuple[tuple[_Turn, ...], ...], first: int, size: int) -> None:
-        self.blocks = blocks
-        self.first = first
-        self.size = size
-        # Out of the cyclic collector: it holds ints and tuples of turns, which
-        # are out of it themselves (``gc=False``) and never refer to a
-        # ``_Turns`` (they are made before any sequence holding them), so it
-        # can be in no cycle. A full collection then visits no block of it.
-        untrack_atoms(self)
 
     @classmethod
     def of(cls, turns: Iterable[_Turn]) -> _Turns:
@@ -87,6 +98,17 @@ class _Turns(Sequence[_Turn]):
 
     def __repr__(self) -> str:
         return f"_Turns({tuple(self)!r})"
+
+    def __contains__(self, value: object) -> bool:
+        return any(value in block for block in self.blocks)
+
+    def index(self, value: object, start: int = 0, stop: int = sys.maxsize) -> int:
+        """The position of the first turn equal to ``value`` (``ValueError`` when none)."""
+        return tuple(self).index(value, start, stop)
+
+    def count(self, value: object) -> int:
+        """How many turns equal ``value``."""
+        return sum(block.count(value) for block in self.blocks)
 
     def _locate(self, index: int) -> tuple[int, int]:
         """The block of turn ``index`` (0 <= index < size) and its place in the block."""
@@ -184,6 +206,8 @@ class _Turns(Sequence[_Turn]):
             return _Turns(((turn,), *blocks), 1, self.size + 1)
         return _Turns(((turn, *blocks[0]), *blocks[1:]), self.first + 1, self.size + 1)
 
+
+Sequence.register(_Turns)
 
 EMPTY = _Turns((), 0, 0)
 """No turns (a new history's)."""
