@@ -100,6 +100,9 @@ a circle):
   :data:`HistoryCounts` and the batch-length check.
 - ``_cells``: entries, turns and their cached renders (the cells every other
   file reads), and why they form no reference cycles.
+- ``_turns``: the held turns as an immutable sequence of blocks, so a
+  change copies a block, not every turn, and a view keeps the turns it was
+  taken with.
 - ``_plan``: the render plan of a list of turns: entries rendered as one span,
   renamed call ids, joins.
 - ``_run``: the cached run of closed turns shared by a history's views, and

@@ -254,11 +254,11 @@ def _reuse(
     The same check: of these very message objects (frozen, and checked
     into private copies: :meth:`TurnHistory._memo` found it), with the same
     ``turn_id`` and ``pinned``, rendered for ``gateway`` when one is
-    given. The same state: the history's very ``_turns`` tuple. Every
+    given. The same state: the history's very ``_turns`` (a ``_Turns``). Every
     change to the turns or to the ties between them (``_linked``, the only
-    other state the limits read) assigns another tuple object, and the
-    memo keeps its tuple alive, so no other tuple can be it; the one
-    exception, the empty tuple an emptied history holds again, holds no
+    other state the limits read) assigns another ``_Turns`` object, and the
+    memo keeps its object alive, so no other can be it; the one
+    exception, the empty ``EMPTY`` an emptied history holds again, holds no
     turn and no tie either. Such a check passes again with the same
     sizes, so it is not repeated (the door's check, then the commit or
     record of the same batch).

@@ -412,7 +412,7 @@ class _DoorIds(msgspec.Struct, gc=False, frozen=True):
     messages). Then the door renders each message as sent, once, and the
     change takes ``claims`` instead of deciding again (:func:`assign_input`,
     :func:`assign_outputs`); otherwise it decides as if there were no plan.
-    Holds the turns tuple (as the door's memo does), str and tuples: in no cycle.
+    Holds the history's ``_Turns`` (as the door's memo does), str and tuples: in no cycle.
     """
 
     turns: _Turns
