@@ -22,7 +22,8 @@ from __future__ import annotations
 __all__ = ("LoopHooks", "Signal", "loop_hooks")
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import types
+from collections.abc import Awaitable, Callable, Generator
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -157,8 +158,12 @@ class CancelScope(Protocol):
     ) -> bool | None: ...
 
 
-def _asyncio_checkpoint() -> Awaitable[None]:
-    return asyncio.sleep(0)
+@types.coroutine
+def _asyncio_checkpoint() -> Generator[None, None, None]:
+    # What ``asyncio.sleep(0)`` awaits, without its coroutine around it: one
+    # bare yield, so the task steps again at the loop's next iteration (and
+    # a pending cancellation is thrown in here).
+    yield
 
 
 def loop_hooks() -> LoopHooks:
@@ -189,7 +194,8 @@ def loop_hooks() -> LoopHooks:
     # call_soon_threadsafe raises RuntimeError once the loop is closed; anyio's
     # current_time and checkpoint on asyncio are the loop's time and sleep(0);
     # anyio.CancelScope() makes its backend's class, made here directly; a
-    # cancellation check reads anyio's own cancel scopes (no asyncio form).
+    # cancellation check reads anyio's own cancel scopes (no asyncio form):
+    # its backend's own, without the look-up of the running backend per call.
     return LoopHooks(
         _FutureSignal,
         loop.call_soon_threadsafe,
@@ -197,5 +203,15 @@ def loop_hooks() -> LoopHooks:
         loop.time,
         _asyncio_checkpoint,
         type(anyio.CancelScope()),
-        anyio.lowlevel.checkpoint_if_cancelled,
+        _backend_checkpoint_if_cancelled(),
     )
+
+
+def _backend_checkpoint_if_cancelled() -> Callable[[], Awaitable[None]]:
+    """The running anyio backend's ``checkpoint_if_cancelled`` (what anyio's calls)."""
+    try:
+        from anyio._core._eventloop import get_async_backend
+    except ImportError:  # anyio moved it: its public form does the same
+        return anyio.lowlevel.checkpoint_if_cancelled
+    check: Callable[[], Awaitable[None]] = get_async_backend().checkpoint_if_cancelled
+    return check
