@@ -168,7 +168,7 @@ def _count_steps(library: str, scheduled: list[int]) -> Any:
             scheduled[0] += 1
             return call_soon(*args, **kwargs)
 
-        loop.call_soon = counted  # type: ignore[method-assign]
+        loop.call_soon = counted  # type: ignore[method-assign,assignment]
 
         def uninstall() -> None:
             del loop.call_soon
@@ -201,7 +201,7 @@ def main() -> None:
         checked = check_trajectory(trajectory)
         assert isinstance(checked, list)
         scripts.append(checked)
-    preparing.INLINE_SHARE = 1.0  # type: ignore[misc]
+    preparing.INLINE_SHARE = 1.0
     print(
         f"{'backend':<8}{'path':<8}{'sessions':>9}{'prepares':>9}{'calls':>8}{'c calls':>8}"
         f"{'coros':>7}{'steps':>7}{'distinct':>9}   (per prepare; steps: call_soon or task steps)"
@@ -209,9 +209,9 @@ def main() -> None:
     for backend in args.backend:
         for path in args.path:
             if path == "natural":
-                preparing.INLINE_SHARE = 0.25  # type: ignore[misc]
+                preparing.INLINE_SHARE = 0.25
             else:
-                preparing.INLINE_SHARE = 1.0  # type: ignore[misc]
+                preparing.INLINE_SHARE = 1.0
             counts = _Counts()
             prepares, steps = anyio.run(
                 _sessions, scripts, args.sessions, args.turns, path, counts, backend=backend
