@@ -146,6 +146,7 @@ class Preparer:
         "_refused",
         "_render_bound",
         "_rendering",
+        "_signal",
         "_strategy_name",
         "_table",
         "closing",
@@ -186,6 +187,7 @@ class Preparer:
         self._render_bound = limiter.total_tokens
         self._now = queue.hooks.now  # the loop's clock, as anyio.current_time reads it
         self._cancel_scope = queue.hooks.cancel_scope
+        self._signal = queue.hooks.signal  # the worker's hooks are the queue's
         self._checkpoint_if_cancelled = queue.hooks.checkpoint_if_cancelled
         # Read once: the options are frozen, a gateway's type is constant.
         self._gateway_type = options.gateway.type
@@ -425,7 +427,7 @@ class Preparer:
         """
         preparation.rendering = True
         worker = self.worker
-        finished = worker.hooks().signal()
+        finished = self._signal()
         try:
             worker.submit(
                 self._render_in_thread,

@@ -114,7 +114,11 @@ class FairSlots:
 
     def _eligible(self) -> bool:
         """True when a waiter's tenant is under its limit (it could take a free slot)."""
-        return any(self.held(tenant) < self._limit(tenant) for tenant in self._queues)
+        held, capacity, tenant_limit = self._held, self.capacity, self.tenant_limit
+        for tenant in self._queues:
+            if held.get(tenant, 0) < (capacity if tenant is None else tenant_limit):
+                return True
+        return False
 
     async def acquire(self, tenant: Tenant) -> bool:
         """Wait for a slot for ``tenant``; return whether it had to wait (False: taken at once).
@@ -196,9 +200,10 @@ class FairSlots:
         while self.free and self._queues and self._handing < self._hand_limit:
             best: deque[_Waiter] | None = None
             best_key = (0, 0)
+            holding = self._held
             for tenant, queue in self._queues.items():
-                held = self.held(tenant)
-                if held >= self._limit(tenant):
+                held = holding.get(tenant, 0)
+                if held >= (self.capacity if tenant is None else self.tenant_limit):
                     continue
                 key = (held, queue[0].order)
                 if best is None or key < best_key:

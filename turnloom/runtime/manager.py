@@ -415,7 +415,7 @@ class ContextManager:
             calls left without a result are handled by the ``open_calls``
             policy at the next prepare, and the context is released.
         """
-        return InvocationBlock(self._life, self._table, self.gateway, context_id, turn_id)
+        return InvocationBlock(self._life, self._table, self._options.gateway, context_id, turn_id)
 
     # -- prefixes: preparation and continuation ---------------------------------
 
