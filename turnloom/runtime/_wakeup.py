@@ -69,6 +69,13 @@ class _FutureSignal:
         return self._future  # awaited directly: no coroutine frame per wait
 
 
+@types.coroutine
+def _ready() -> Generator[None, None, None]:
+    """An awaitable that returns at once, without yielding (a set signal's wait)."""
+    return
+    yield  # a generator: what ``types.coroutine`` makes awaitable
+
+
 class _TrioSignal:
     """trio: the waiting task parked by ``wait_task_rescheduled``."""
 
@@ -88,11 +95,14 @@ class _TrioSignal:
         self._task = None  # cancelled: a later set() finds nobody to wake
         return _trio.lowlevel.Abort.SUCCEEDED
 
-    async def wait(self) -> None:
+    def wait(self) -> Awaitable[None]:
+        # The task is the caller's, which awaits what this returns at once:
+        # trio's own wait, without a coroutine of ours around it.
         if self._is_set:
-            return
+            return _ready()
         self._task = _trio.lowlevel.current_task()
-        await _trio.lowlevel.wait_task_rescheduled(self._abort)
+        result: Awaitable[None] = _trio.lowlevel.wait_task_rescheduled(self._abort)
+        return result
 
 
 class LoopHooks:
