@@ -103,11 +103,10 @@ class InvocationBlock:
         self._scope: CancelScope | None = None
 
     async def __aenter__(self) -> Invocation:
-        hooks = self._life.check_open().queue.hooks
-        state = self._table.begin_call(self._context_id, self._turn_id)
-        self._state = state
+        cancel_scope = self._life.check_open().queue.hooks.cancel_scope
+        state = self._state = self._table.begin_call(self._context_id, self._turn_id)
         # Entered here, exited in __aexit__: the block's body runs inside it (LIFO holds).
-        scope = self._scope = state.call_scope = hooks.cancel_scope()
+        scope = self._scope = state.call_scope = cancel_scope()
         scope.__enter__()
         return Invocation(
             self._life, self._table, self._gateway, state, self._context_id, self._turn_id

@@ -172,8 +172,9 @@ class Lifecycle:
             StateError: the manager is not bound to an open Foundation yet.
             FoundationClosedError: the Foundation is closing or closed.
         """
-        preparer = self.check_bound()
-        if self.closing:
+        preparer = self.preparer
+        if preparer is None or self.closing:
+            self.check_bound()  # raises StateError when not bound
             raise FoundationClosedError(
                 "The Foundation is closed; the ContextManager accepts no calls."
             )
@@ -186,7 +187,8 @@ class Lifecycle:
             StateError: the manager is not bound to an open Foundation yet.
             FoundationClosedError: the Foundation finished closing.
         """
-        self.check_bound()
+        if self.preparer is None:
+            self.check_bound()  # raises StateError
         if self.closed:
             raise FoundationClosedError(
                 "The Foundation is closed; its output streams were drained and no more "

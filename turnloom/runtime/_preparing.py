@@ -45,7 +45,7 @@ from turnloom.runtime._continuation import IssuedPrefixes
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._door import ManagerOptions, check_request
 from turnloom.runtime._durable import Durability
-from turnloom.runtime._queue import Preparation, PreparationQueue
+from turnloom.runtime._queue import Preparation, PreparationQueue, tenant_of
 from turnloom.runtime._render import DeliveredPrefix, Rendered, render_preparation
 from turnloom.runtime._wakeup import Signal
 from turnloom.runtime._worker import RenderWorker
@@ -146,6 +146,7 @@ class Preparer:
         "_refused",
         "_render_bound",
         "_rendering",
+        "_signal",
         "_strategy_name",
         "_table",
         "closing",
@@ -186,6 +187,7 @@ class Preparer:
         self._render_bound = limiter.total_tokens
         self._now = queue.hooks.now  # the loop's clock, as anyio.current_time reads it
         self._cancel_scope = queue.hooks.cancel_scope
+        self._signal = queue.hooks.signal  # the worker's hooks are the queue's
         self._checkpoint_if_cancelled = queue.hooks.checkpoint_if_cancelled
         # Read once: the options are frozen, a gateway's type is constant.
         self._gateway_type = options.gateway.type
@@ -255,19 +257,30 @@ class Preparer:
             request = check_request(request, self._options.history_limits.max_item_bytes)
         requested_at = self._now()
         origin = self._table.contexts.get(request.context_id)
+        yielded = False  # the call waited (for the commit or a slot): it yielded
         if self._table.holding(request.context_id, request.turn_id, origin) is None:
             origin = await self._wait_for_commit(request, origin)  # holding no slot
+            yielded = True
         if wait:
             # A cancelled requester takes no slot. One not cancelled takes a
             # free slot without yielding here, or parks at once for one (its
             # wait is its yield): no checkpoint before, so each wait of the
-            # requester is one it needs. Its render's wait, or, rendered
-            # inline, a checkpoint after the render (slot held) follows; after
-            # a park that checkpoint also lets requesters granted before it
-            # resume first.
+            # requester is one it needs. Then its render's wait, or, rendered
+            # inline by a requester that has not yielded yet, a checkpoint
+            # after the render (slot held); one that parked (or waited for
+            # the commit) is delivered an inline result without another yield.
             await self._checkpoint_if_cancelled()
-            if not queue.try_acquire(request):
-                await queue.park(request)
+            tenant = tenant_of(request)
+            if not queue.try_acquire(tenant):
+                # The slot's wait in this frame: no coroutine of the queue's.
+                waiter = queue.enqueue(tenant)
+                try:
+                    await waiter.signal.wait()
+                except BaseException:
+                    queue.leave(waiter)  # holds no slot; a granted one is handed on
+                    raise
+                queue.resumed()
+                yielded = True
         else:
             try:
                 queue.acquire_nowait(request)
@@ -279,7 +292,7 @@ class Preparer:
                     # object, so the usual fallback (prepare with it) skips it.
                     self._refused = given
                 raise
-        return await queue.admit(request, requested_at, origin, self.run, self.run_inline)
+        return await queue.admit(request, requested_at, origin, self.run, self.run_inline, yielded)
 
     async def _wait_for_commit(
         self, request: ContextPrepareRequest, origin: ContextState | None
@@ -414,7 +427,7 @@ class Preparer:
         """
         preparation.rendering = True
         worker = self.worker
-        finished = worker.hooks().signal()
+        finished = self._signal()
         try:
             worker.submit(
                 self._render_in_thread,

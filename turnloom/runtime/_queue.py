@@ -185,6 +185,19 @@ class PreparationQueue:
             # loop iteration when every slot is contended (see _slots, rule 4).
             max(1, capacity // 4),
         )
+        # The slot calls of a prepare that waits (``ContextManager.prepare``),
+        # by tenant (:func:`tenant_of`), bound once: ``try_acquire(tenant)``
+        # takes a slot if the rule allows it now (never waits, never overtakes
+        # an eligible waiter); else the requester ``enqueue(tenant)``s a
+        # waiter and awaits its ``signal.wait()`` in its own frame (no frame
+        # of the queue or the slots), then calls ``resumed()``, or
+        # ``leave(waiter)`` if the wait raised (see :meth:`FairSlots.park`):
+        # a cancelled wait holds no slot, one granted to it meanwhile is
+        # handed to the next waiter. Nothing is admitted yet.
+        self.try_acquire = self._slots.try_acquire
+        self.enqueue = self._slots.enqueue
+        self.leave = self._slots.leave
+        self.resumed = self._slots.resumed
         self._preparations: set[Preparation] = set()
         self._settled = anyio.Event()
         self._settled.set()
@@ -203,7 +216,7 @@ class PreparationQueue:
 
     @property
     def waiting_for_slot(self) -> int:
-        """Calls waiting in :meth:`park`."""
+        """Calls waiting for a slot (queued by :attr:`enqueue`)."""
         return self._slots.waiting
 
     @property
@@ -219,27 +232,6 @@ class PreparationQueue:
         (holding none, not counted in :attr:`pending`).
         """
         return self._waiting_for_turn
-
-    def park(self, request: ContextPrepareRequest) -> Awaitable[None]:
-        """Wait for a slot for the request's tenant, without a checkpoint first.
-
-        For a caller whose :meth:`try_acquire` just failed and that checked
-        for a cancellation (see :meth:`FairSlots.park`). It is the slots' own
-        wait: a caller parked here holds no frame of the queue. Nothing is
-        admitted yet.
-
-        Cancellation: a cancelled wait holds no slot; one granted to it in
-        the meantime is handed to the next waiter.
-        """
-        return self._slots.park(tenant_of(request))
-
-    def try_acquire(self, request: ContextPrepareRequest) -> bool:
-        """Take a slot for the request's tenant if the rule allows it now (nothing counted).
-
-        Returns whether one was taken; never waits, never overtakes an
-        eligible waiting request (see :meth:`FairSlots.try_acquire`).
-        """
-        return self._slots.try_acquire(tenant_of(request))
 
     def acquire_nowait(self, request: ContextPrepareRequest) -> None:
         """Take a slot at once.
@@ -280,13 +272,16 @@ class PreparationQueue:
         origin: ContextState | None,
         work: Work,
         inline: InlineWork | None = None,
+        yielded: bool = False,
     ) -> PreparedContext:
         """Own a preparation in the slot the caller holds; run it in the caller's task.
 
         ``inline`` is tried first: when it does the whole preparation on the
         spot, the slot is freed at once and the result is delivered as
-        ``work``'s would be, after the caller passes a checkpoint holding the
-        slot (a caller cancelled there discards the result). Otherwise
+        ``work``'s would be: at once when the caller already yielded since
+        its call (``yielded``: it waited for its slot or its turn's commit),
+        else after it passes a checkpoint holding the slot (a caller
+        cancelled there discards the result), the call's one yield. Otherwise
         ``work`` runs, its waits in cancel scopes the close cancels
         (:meth:`Preparation.wait`); see the module docstring for a caller
         cancelled meanwhile.
@@ -306,14 +301,16 @@ class PreparationQueue:
                     self._counters.failed += 1
                 raise
             if done is not None:
-                # The slot is held until the requester resumes with the result.
-                try:
-                    await self.hooks.checkpoint()
-                except BaseException:
-                    self._counters.discarded += 1  # settled, but the requester is gone
-                    raise
-                finally:
-                    self._slots.release(tenant)
+                if not yielded:
+                    # The call's one yield, holding the slot until the
+                    # requester resumes with the result.
+                    try:
+                        await self.hooks.checkpoint()
+                    except BaseException:
+                        self._counters.discarded += 1  # settled, but the requester is gone
+                        self._slots.release(tenant)
+                        raise
+                self._slots.release(tenant)
                 prepared, deliver = done
                 deliver()
                 self._counters.prepared += 1

@@ -101,18 +101,24 @@ class FairSlots:
         # then a free slot means every waiter is at its limit; at hand_limit a free
         # slot is owed to an eligible waiter, if any. Either way taking it
         # overtakes no eligible waiter.
-        if (
-            self.free
-            and self.held(tenant) < self._limit(tenant)
-            and (self._handing < self._hand_limit or not self._eligible())
+        if not self.free:
+            return False
+        held = self._held.get(tenant, 0)
+        if held >= (self.capacity if tenant is None else self.tenant_limit) or (
+            self._handing >= self._hand_limit and self._eligible()
         ):
-            self._take(tenant)
-            return True
-        return False
+            return False
+        self.free -= 1
+        self._held[tenant] = held + 1
+        return True
 
     def _eligible(self) -> bool:
         """True when a waiter's tenant is under its limit (it could take a free slot)."""
-        return any(self.held(tenant) < self._limit(tenant) for tenant in self._queues)
+        held, capacity, tenant_limit = self._held, self.capacity, self.tenant_limit
+        for tenant in self._queues:
+            if held.get(tenant, 0) < (capacity if tenant is None else tenant_limit):
+                return True
+        return False
 
     async def acquire(self, tenant: Tenant) -> bool:
         """Wait for a slot for ``tenant``; return whether it had to wait (False: taken at once).
@@ -135,29 +141,49 @@ class FairSlots:
 
         For a caller that just found :meth:`try_acquire` False and was not
         cancelled (it checked, without yielding): it parks at once, and its
-        wait is its yield. :meth:`acquire` is a checkpoint, then this.
+        wait is its yield. :meth:`acquire` is a checkpoint, then this; a
+        caller that keeps no frame of its own for the wait does what this
+        does: :meth:`enqueue`, await the waiter's ``signal.wait()``, then
+        :meth:`resumed`, or :meth:`leave` if the wait raised.
 
         Cancellation:
             As :meth:`acquire`: a cancelled call holds no slot; one granted
             to it in the meantime is handed to the next waiter.
         """
-        waiter = _Waiter(tenant, next(self._order), self._signal())
-        self._queues.setdefault(tenant, deque()).append(waiter)
-        self.waiting += 1
+        waiter = self.enqueue(tenant)
         try:
             await waiter.signal.wait()
         except BaseException:
-            if waiter.granted:
-                self._handing -= 1
-                self.release(tenant)
-            else:
-                queue = self._queues[tenant]
-                queue.remove(waiter)
-                if not queue:
-                    del self._queues[tenant]
-                self.waiting -= 1
+            self.leave(waiter)
             raise
-        self._handing -= 1  # resumed: the next slot can be handed
+        self.resumed()
+
+    def enqueue(self, tenant: Tenant) -> _Waiter:
+        """Queue a waiter for ``tenant`` (see :meth:`park`); its ``signal`` is set on its grant."""
+        waiter = _Waiter(tenant, next(self._order), self._signal())
+        queue = self._queues.get(tenant)
+        if queue is None:
+            queue = self._queues[tenant] = deque()
+        queue.append(waiter)
+        self.waiting += 1
+        return waiter
+
+    def leave(self, waiter: _Waiter) -> None:
+        """A queued waiter's wait raised: it holds no slot (one granted to it is handed on)."""
+        tenant = waiter.tenant
+        if waiter.granted:
+            self._handing -= 1
+            self.release(tenant)
+        else:
+            queue = self._queues[tenant]
+            queue.remove(waiter)
+            if not queue:
+                del self._queues[tenant]
+            self.waiting -= 1
+
+    def resumed(self) -> None:
+        """A granted waiter resumed holding its slot: the next slot can be handed (rule 4)."""
+        self._handing -= 1
         self._grant()
 
     def release(self, tenant: Tenant) -> None:
@@ -174,9 +200,10 @@ class FairSlots:
         while self.free and self._queues and self._handing < self._hand_limit:
             best: deque[_Waiter] | None = None
             best_key = (0, 0)
+            holding = self._held
             for tenant, queue in self._queues.items():
-                held = self.held(tenant)
-                if held >= self._limit(tenant):
+                held = holding.get(tenant, 0)
+                if held >= (self.capacity if tenant is None else self.tenant_limit):
                     continue
                 key = (held, queue[0].order)
                 if best is None or key < best_key:

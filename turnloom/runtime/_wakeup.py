@@ -22,7 +22,8 @@ from __future__ import annotations
 __all__ = ("LoopHooks", "Signal", "loop_hooks")
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import types
+from collections.abc import Awaitable, Callable, Generator
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -68,6 +69,13 @@ class _FutureSignal:
         return self._future  # awaited directly: no coroutine frame per wait
 
 
+@types.coroutine
+def _ready() -> Generator[None, None, None]:
+    """An awaitable that returns at once, without yielding (a set signal's wait)."""
+    return
+    yield  # a generator: what ``types.coroutine`` makes awaitable
+
+
 class _TrioSignal:
     """trio: the waiting task parked by ``wait_task_rescheduled``."""
 
@@ -87,11 +95,14 @@ class _TrioSignal:
         self._task = None  # cancelled: a later set() finds nobody to wake
         return _trio.lowlevel.Abort.SUCCEEDED
 
-    async def wait(self) -> None:
+    def wait(self) -> Awaitable[None]:
+        # The task is the caller's, which awaits what this returns at once:
+        # trio's own wait, without a coroutine of ours around it.
         if self._is_set:
-            return
+            return _ready()
         self._task = _trio.lowlevel.current_task()
-        await _trio.lowlevel.wait_task_rescheduled(self._abort)
+        result: Awaitable[None] = _trio.lowlevel.wait_task_rescheduled(self._abort)
+        return result
 
 
 class LoopHooks:
@@ -157,8 +168,12 @@ class CancelScope(Protocol):
     ) -> bool | None: ...
 
 
-def _asyncio_checkpoint() -> Awaitable[None]:
-    return asyncio.sleep(0)
+@types.coroutine
+def _asyncio_checkpoint() -> Generator[None, None, None]:
+    # What ``asyncio.sleep(0)`` awaits, without its coroutine around it: one
+    # bare yield, so the task steps again at the loop's next iteration (and
+    # a pending cancellation is thrown in here).
+    yield
 
 
 def loop_hooks() -> LoopHooks:
@@ -189,7 +204,8 @@ def loop_hooks() -> LoopHooks:
     # call_soon_threadsafe raises RuntimeError once the loop is closed; anyio's
     # current_time and checkpoint on asyncio are the loop's time and sleep(0);
     # anyio.CancelScope() makes its backend's class, made here directly; a
-    # cancellation check reads anyio's own cancel scopes (no asyncio form).
+    # cancellation check reads anyio's own cancel scopes (no asyncio form):
+    # its backend's own, without the look-up of the running backend per call.
     return LoopHooks(
         _FutureSignal,
         loop.call_soon_threadsafe,
@@ -197,5 +213,15 @@ def loop_hooks() -> LoopHooks:
         loop.time,
         _asyncio_checkpoint,
         type(anyio.CancelScope()),
-        anyio.lowlevel.checkpoint_if_cancelled,
+        _backend_checkpoint_if_cancelled(),
     )
+
+
+def _backend_checkpoint_if_cancelled() -> Callable[[], Awaitable[None]]:
+    """The running anyio backend's ``checkpoint_if_cancelled`` (what anyio's calls)."""
+    try:
+        from anyio._core._eventloop import get_async_backend
+    except ImportError:  # anyio moved it: its public form does the same
+        return anyio.lowlevel.checkpoint_if_cancelled
+    check: Callable[[], Awaitable[None]] = get_async_backend().checkpoint_if_cancelled
+    return check

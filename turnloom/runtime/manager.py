@@ -415,7 +415,7 @@ class ContextManager:
             calls left without a result are handled by the ``open_calls``
             policy at the next prepare, and the context is released.
         """
-        return InvocationBlock(self._life, self._table, self.gateway, context_id, turn_id)
+        return InvocationBlock(self._life, self._table, self._options.gateway, context_id, turn_id)
 
     # -- prefixes: preparation and continuation ---------------------------------
 
@@ -500,7 +500,10 @@ class ContextManager:
             already cancelled when a free slot is found: nothing was admitted
             and no slot is held (nothing is counted). A free slot is taken
             without yielding; the call's yield is then the render's wait, or,
-            after an inline render, one checkpoint holding the slot.
+            after an inline render, one checkpoint holding the slot. A call
+            that waited for its slot (or its turn's commit) already yielded:
+            an inline render is then delivered at once, and a cancellation
+            that came during it lands at the caller's next checkpoint.
             Cancelled later: the preparation is cancelled if it still waits
             for its assembly (the strategy's memory I/O; the next prepare of
             the turn assembles again) or is queued in the render thread behind other
