@@ -58,13 +58,14 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 from _control import control_ticker, lag_summary
+from _workload import builtin_workload
 
 import turnloom.runtime._preparing as preparing
 from turnloom.context.gateway import GatewayType, get_gateway
 from turnloom.context.message import Message, check_message
 from turnloom.runtime import CollectorPolicy
 from turnloom.tools.loadtest import LoadtestReport, loadtest
-from turnloom.tools.trajectories import Trajectory, builtin_trajectories, check_trajectory
+from turnloom.tools.trajectories import Trajectory
 from turnloom.tools.transcript import Reply, Turn, walk
 
 _KEEP_TURNS = 32  # turnloom's default history limit
@@ -322,12 +323,7 @@ def main() -> None:
         help="the collector policies to run (default: both)",
     )
     args = parser.parse_args()
-    trajectories = builtin_trajectories(64, turns=(args.turns, args.turns))
-    scripts = []
-    for trajectory in trajectories:
-        checked = check_trajectory(trajectory)
-        assert isinstance(checked, list)
-        scripts.append(checked)
+    trajectories, scripts = builtin_workload(args.turns)
     clock = _RenderClock()
     clock.install()
     copies = _CopyClock()

@@ -41,6 +41,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import sniffio
+from _workload import builtin_workload
 
 import turnloom.runtime._preparing as preparing
 from turnloom.context.gateway import GatewayType
@@ -49,7 +50,6 @@ from turnloom.errors import QueueFullError
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.manager import ContextManager
 from turnloom.runtime.schemas import ContextPrepareRequest, PreparedContext
-from turnloom.tools.trajectories import builtin_trajectories, check_trajectory
 from turnloom.tools.transcript import Reply, Turn, snapshot, walk
 
 _CO_COROUTINE = inspect.CO_COROUTINE
@@ -195,12 +195,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=0, help="the K functions called most")
     parser.add_argument("--only", nargs="*", help="with --top: only these module groups")
     args = parser.parse_args()
-    trajectories = builtin_trajectories(64, turns=(args.turns, args.turns))
-    scripts = []
-    for trajectory in trajectories:
-        checked = check_trajectory(trajectory)
-        assert isinstance(checked, list)
-        scripts.append(checked)
+    _, scripts = builtin_workload(args.turns)
     preparing.INLINE_SHARE = 1.0
     print(
         f"{'backend':<8}{'path':<8}{'sessions':>9}{'prepares':>9}{'calls':>8}{'c calls':>8}"
