@@ -429,8 +429,9 @@ class PreparationQueue:
         """Wait until :meth:`wake` is called for ``context_id`` or the queue closes.
 
         Holds no slot: a requester waits here for its turn's commit before
-        :meth:`park` (counted in :attr:`waiting_for_turn`, not in
-        :attr:`pending`). The caller checks the turn again on waking.
+        it takes or waits for a slot (:attr:`try_acquire`, :attr:`enqueue`;
+        counted in :attr:`waiting_for_turn`, not in :attr:`pending`). The
+        caller checks the turn again on waking.
         """
         waiters = self._waiters.get(context_id)
         if waiters is None:
