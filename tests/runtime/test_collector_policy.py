@@ -479,24 +479,27 @@ def test_a_costly_step_brings_the_next_look_nearer(process: _Process) -> None:
     policy = CollectorPolicy(interval=1.0, young_collections=10, step_cpu=1 / 256)
     collector = FrozenCollector(policy)
     live = [(0, 0)]
-    assert collector.wait == 1.0
-    process.now, process.cpu = 1.0, 1 / 64  # a second since the open: 4x step_cpu
+    assert collector.wait == 1 / 16  # the first look
+    process.now, process.cpu = 1 / 8, 1 / 512  # 2x the wait's worth: at most twice the wait
+    _step(collector, process, live, 2_000, 0, 0)
+    assert collector.wait == 1 / 8
+    process.now, process.cpu = 1.125, 1 / 64  # a second since the last step: 4x step_cpu
     _step(collector, process, live, 2_000, 0, 0)
     assert collector.wait == 0.25
     assert collector.due()  # a nearer look needs no young collection
-    process.now, process.cpu = 1.25, 1 / 128  # a quarter second: 2x step_cpu
+    process.now, process.cpu = 1.375, 1 / 128  # a quarter second: 2x step_cpu
     _step(collector, process, live, 2_000, 0, 0)
     assert collector.wait == 0.125
-    process.now, process.cpu = 1.375, 1 / 2048  # an 8th of step_cpu: at most twice the wait
+    process.now, process.cpu = 1.5, 1 / 2048  # an 8th of step_cpu: at most twice the wait
     _step(collector, process, live, 2_000, 0, 0)
     assert collector.wait == 0.25
-    process.now, process.cpu = 1.625, 1.0
+    process.now, process.cpu = 1.75, 1.0
     _step(collector, process, live, 10**9, 0, 0)  # growth: the next step is thorough
     assert collector.wait == 1 / 16
-    process.now, process.cpu = 2.0, 1 / 1024
+    process.now, process.cpu = 2.125, 1 / 1024
     assert _step(collector, process, live, 2_000, 0, 0)[0]
     assert collector.wait == 1 / 16  # the thorough step's cost did not pace
-    for now, wait in ((2.5, 1 / 8), (3.5, 1 / 4), (4.5, 1 / 2), (5.5, 1.0)):
+    for now, wait in ((2.625, 1 / 8), (3.625, 1 / 4), (4.625, 1 / 2), (5.625, 1.0)):
         process.now = now
         _step(collector, process, live, 2_000, 0, 0)
         assert collector.wait == wait  # cheap steps: back to the interval, doubling
@@ -521,26 +524,80 @@ def test_a_busy_process_steps_at_the_interval_without_young_collections(
     policy = CollectorPolicy(interval=1.0, young_collections=10, step_cpu=1 / 256)
     collector = FrozenCollector(policy)
     live = [(0, 0)]
-    process.now, process.cpu = 1.0, 1 / 256  # one step_cpu in a second: the interval
+    process.cpu = 1 / 8192  # cheap steps: the wait doubles from the first look's
+    for now, wait in ((1 / 8, 1 / 8), (1 / 4, 1 / 4), (1 / 2, 1 / 2), (1.0, 1.0)):
+        process.now = now
+        _step(collector, process, live, 2_000, 0, 0)
+        assert collector.wait == wait
+    process.now, process.cpu = 2.0, 1 / 256  # one step_cpu in a second: the interval
     _step(collector, process, live, 2_000, 0, 0)
     assert collector.wait == 1.0
-    process.now = 1.25  # a step now would cost a quarter of step_cpu
+    process.now = 2.25  # a step now would cost a quarter of step_cpu
     assert not collector.due()
-    process.now = 1.5  # half of it: due, with no young collection
+    process.now = 2.5  # half of it: due, with no young collection
     assert collector.due()
     process.cpu = 1 / 8192  # an idle second: 1/32 of step_cpu
-    process.now = 2.5
-    _step(collector, process, live, 2_000, 0, 0)
     process.now = 3.5
+    _step(collector, process, live, 2_000, 0, 0)
+    process.now = 4.5
     assert not collector.due()  # idle: young collections decide
     process.young += 10
     assert collector.due()
-    process.now = 4.5
+    process.now = 5.5
     _step(collector, process, live, 10**9, 0, 0)  # growth: the next step is thorough
-    process.now, process.cpu = 5.5, 1.0
+    process.now, process.cpu = 6.5, 1.0
     assert _step(collector, process, live, 2_000, 0, 0)[0]  # thorough, and costly
-    process.now = 6.5
+    process.now = 7.5
     assert not collector.due()  # the busy rule kept the last plain step's pace
+
+
+def test_the_first_step_comes_early_once_a_context_and_an_item_are_held(
+    process: _Process,
+) -> None:
+    """The first look comes a 16th of the interval after the open, and every 16th of it
+    until the live state holds a context and an item: then it steps (no young
+    collection needed), so a ramp-up is walked in small steps and the first step's base
+    and rates explain both kinds of growth. Without a live context and item by the
+    interval, the looks go back to the interval and young collections decide, as after
+    an idle step (mutants tried: a first look at the interval, an early step without a
+    live state, a context alone, a wait left at a 16th, each fail)."""
+    policy = CollectorPolicy(interval=1.0, young_collections=10, step_cpu=1 / 256)
+    collector, live = _collector_of(policy)
+    assert collector.wait == 1 / 16
+    for now, state in ((1 / 16, (0, 0)), (1 / 8, (1, 0)), (3 / 16, (0, 1))):
+        process.now, live[0] = now, state
+        assert not collector.look()
+        assert collector.wait == 1 / 16 and not collector.statistics().steps
+    process.now, live[0] = 1 / 4, (1, 1)
+    assert collector.look()  # no young collection: the live state decides
+    assert collector.statistics().live == (1, 1)
+    late, _ = _collector_of(policy)  # opened at 1/4, no live state by its interval
+    process.now = 1.25  # a second since its open
+    process.young += 9
+    assert not late.look() and late.wait == 1.0
+    process.young += 1
+    assert late.look() and late.statistics().steps == 1
+
+
+def test_a_ramp_up_after_an_early_first_step_makes_no_thorough_step(process: _Process) -> None:
+    """Sessions that arrive over many steps at a fixed cost per context (100 blocks) and
+    per item (20), on top of the Foundation's own 1,000 blocks, make no thorough step
+    when the first step waits for a live context and item (mutant tried: an early first
+    step with nothing live takes a base the ramp-up outgrows before any step saw a
+    context: thorough)."""
+    collector, live = _collector_of(CollectorPolicy(interval=1.0))
+    process.now, process.cpu, live[0] = 1 / 16, 1.0, (0, 0)  # costly steps: looks a 16th apart
+    assert not collector.look()
+    for step, contexts in enumerate((10, 100, 1_000, 5_000, 5_000)):
+        process.now += 1 / 16
+        items = 3 * contexts
+        process.blocks = 1_000 + 1_000 + 100 * contexts + 20 * items
+        live[0] = (contexts, items)
+        assert collector.look()
+        assert collector.statistics().steps == step + 1
+    assert collector.statistics().thorough_steps == 0
+    # 801,000 blocks of growth at 5,000 contexts: the fewest per context and item seen.
+    assert collector.statistics().allowed_blocks == 1_000 + 2 * 801_000
 
 
 async def test_the_foundations_live_units_are_its_contexts_and_their_items() -> None:

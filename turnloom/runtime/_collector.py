@@ -16,8 +16,14 @@ collection afterwards). A :class:`FrozenCollector` does that periodically:
   by its own cost: the next look comes after the time the last step's
   allocations took, times :attr:`CollectorPolicy.step_cpu` over the step's
   CPU (between a 16th of the interval and the interval; a nearer look than
-  the interval always steps; a wait is at most twice the one before), so
+  a step always steps; a wait is at most twice the one before), so
   while the process allocates fast (a ramp-up) each step walks a small set.
+  The first look comes a 16th of the interval after the open, and looks come
+  a 16th apart until the first step: taken at the first look that finds the
+  Foundation holding a context and a history item, so a ramp-up starting at
+  the open is walked in small steps from its start, not in one step of its
+  first interval. Without them by the interval, young collections decide
+  and the looks go back to the interval (as after an idle step).
 - **Frozen objects are never collected.** An object frozen while alive that
   later becomes part of unreachable *cyclic* garbage stays until the next
   unfreeze (non-cyclic garbage is freed by reference counting, frozen or
@@ -31,7 +37,8 @@ collection afterwards). A :class:`FrozenCollector` does that periodically:
   then freeze.
 - **Growth the live state explains is not garbage.** Blocks are counted from
   the Foundation's open. The first step and each thorough one take the
-  *base*: the blocks then. Each step also notes the blocks per context held
+  *base*: the blocks then (the first step's base holds no frozen garbage:
+  nothing was frozen before it). Each step also notes the blocks per context held
   and per history item held; a step allows ``1 + regrowth`` times the
   largest of the base, the fewest blocks per context seen since the base
   times the contexts now, and the same per item (a step's own rates count
@@ -42,6 +49,11 @@ collection afterwards). A :class:`FrozenCollector` does that periodically:
   ``regrowth`` times what the live state explains, and so by the limits of
   what the Foundation holds. A host whose memory per context grows (a cache
   per session) makes a thorough step once it doubled, which takes a new base.
+  This is why the first step waits for a context and an item: a base with
+  nothing live explains no growth until a later step saw both, and a ramp-up
+  past ``1 + regrowth`` times that base in between would make a thorough step
+  (a walk of everything the ramp-up made); a first step that saw both gives
+  rates, at least the cost per unit, that explain every step after it.
 
 The policy is process-wide, as the collector is: ``gc.freeze`` moves every
 tracked object of the process, the host's included, and a thorough step
@@ -85,7 +97,10 @@ class CollectorPolicy(msgspec.Struct, frozen=True, kw_only=True):
     (``young_collections``, or the last step's cost says it is busy), a
     *step*: one full collection, which visits only what is not frozen, then
     ``gc.freeze()``; a step that took more than
-    ``step_cpu`` seconds of CPU brings the next one nearer. Frozen objects that
+    ``step_cpu`` seconds of CPU brings the next one nearer. The first step
+    comes at the first look (a 16th of ``interval`` apart from the open) that
+    finds a context and a history item held, or from ``interval`` after the
+    open once the process allocated. Frozen objects that
     later become cyclic garbage stay until a *thorough* step (``gc.unfreeze()``,
     a full collection of everything, freeze), taken once the process's
     allocated blocks (counted from the Foundation's open) grew past
@@ -230,7 +245,8 @@ class FrozenCollector:
         self._blocks = 0
         self._allowed = 0
         self._live_now = (0, 0)
-        self._wait = policy.interval  # until the next look
+        # Until the next look: the first comes a 16th of the interval after the open.
+        self._wait = policy.interval * _NEAREST
         self._stepped = time.monotonic()  # when the last step began (the open, before any)
         self._pace = 0.0  # the last plain step's CPU per second since the step before
         self._froze = False
@@ -267,15 +283,23 @@ class FrozenCollector:
     def due(self) -> bool:
         """True when the process allocated enough since the last step for another.
 
-        ``young_collections`` young collections since; or the last step made
-        the wait shorter than ``interval``; or, at the last plain step's CPU
-        per second since the step before, a step now would cost at least half
-        of ``step_cpu``. Young collections count net allocations, which frees
+        Before the first step: while less than ``interval`` has passed since
+        the open, when the live state holds a context and a history item;
+        from then on, ``young_collections`` young collections since the open.
+        After it: ``young_collections`` young collections since; or the last
+        step made the wait shorter than ``interval``; or, at the last plain
+        step's CPU per second since the step before, a step now would cost at
+        least half of ``step_cpu``. Young collections count net allocations, which frees
         of frozen objects offset while a process that evicts old history
         allocates fast: waiting for them could let a step walk several
         intervals' allocations.
         """
         policy = self._policy
+        if not self._steps:  # the first step: once the live state explains growth
+            if time.monotonic() - self._stepped < policy.interval:
+                contexts, items = self._live()
+                return contexts > 0 and items > 0
+            return _young_collections() - self._young >= policy.young_collections
         if self._wait < policy.interval:
             return True  # the last step was costly: the process allocates fast
         if self._pace * (time.monotonic() - self._stepped) >= policy.step_cpu / 2:
@@ -347,7 +371,7 @@ class FrozenCollector:
         return self._origin + int(min((1 + self._policy.regrowth) * growth, sys.maxsize))
 
     async def run(self) -> None:
-        """Look every :attr:`wait` seconds; step when :meth:`due`. Runs until cancelled or closed.
+        """Look every :attr:`wait` seconds (:meth:`look`). Runs until cancelled or closed.
 
         Returns at its first look after :meth:`close`: a cancellation can
         arrive after the sleep ended and before the task resumed (anyio on
@@ -361,8 +385,21 @@ class FrozenCollector:
             await anyio.sleep(self._wait)
             if self._closed:
                 return
-            if self.due():
-                self.step()
+            self.look()
+
+    def look(self) -> bool:
+        """One look: :meth:`step` when :meth:`due`; True when it stepped.
+
+        A look that finds no step due before the first step, an interval or
+        more after the open, sets :attr:`wait` to the interval (an idle
+        Foundation is looked at every interval from then on).
+        """
+        if self.due():
+            self.step()
+            return True
+        if not self._steps and time.monotonic() - self._stepped >= self._policy.interval:
+            self._wait = self._policy.interval
+        return False
 
     def close(self) -> None:
         """Unfreeze what the steps froze, so the Foundation's objects are collectable again.
