@@ -7,12 +7,23 @@ changed since the last one. ``gc.freeze()`` moves every tracked object into a
 permanent generation that no collection visits (0.01 ms for the same full
 collection afterwards). A :class:`FrozenCollector` does that periodically:
 
+- **Open**: ``gc.freeze()`` of what the process holds, without a collection
+  (O(1): it splices the generations' lists into the permanent one, as
+  CPython's documentation advises before a fork). The first step then walks
+  what was allocated since the open, not the whole heap (imports included:
+  ~60 ms of CPU on the loop when ``turnloom replay`` first stepped without it).
+  Cyclic garbage the process made before the open, and objects alive at the
+  open that become cyclic garbage later, are frozen as any object a step
+  froze alive: they stay until a thorough step or the close, and are bounded
+  by what the process held at the open (counted in the origin, next points).
 - **Step** (at most every :attr:`CollectorPolicy.interval` seconds, once the
   process made :attr:`CollectorPolicy.young_collections` young collections
   since the last step, i.e. allocated, or the last step's cost says a step
   now would cost half of :attr:`CollectorPolicy.step_cpu`): one full collection, which visits
   only the objects allocated since the last step, then ``gc.freeze()`` of the
-  survivors. Garbage is collected before it could be frozen. A step is paced
+  survivors. Garbage made since the open is collected before it could be
+  frozen (what was allocated since the last step and is garbage is found by
+  the step's collection). A step is paced
   by its own cost: the next look comes after the time the last step's
   allocations took, times :attr:`CollectorPolicy.step_cpu` over the step's
   CPU (between a 16th of the interval and the interval; a nearer look than
@@ -37,8 +48,9 @@ collection afterwards). A :class:`FrozenCollector` does that periodically:
   then freeze.
 - **Growth the live state explains is not garbage.** Blocks are counted from
   the Foundation's open. The first step and each thorough one take the
-  *base*: the blocks then (the first step's base holds no frozen garbage:
-  nothing was frozen before it). Each step also notes the blocks per context held
+  *base*: the blocks then (the first step's base holds no frozen garbage
+  past the origin's: only the open froze before it, and what it froze is
+  counted in the origin). Each step also notes the blocks per context held
   and per history item held; a step allows ``1 + regrowth`` times the
   largest of the base, the fewest blocks per context seen since the base
   times the contexts now, and the same per item (a step's own rates count
@@ -63,10 +75,12 @@ sooner, never later). On close the Foundation unfreezes what is frozen, so a
 closed Foundation's objects are collectable again.
 
 What a host gives up with the policy on: cyclic garbage made of objects that
-lived across a step (at least one look apart) is reclaimed only at the next
-thorough step, so memory may reach ``(1 + regrowth)`` times what the live
-state explains, counted in allocations (a large buffer is one block);
-``gc.get_objects()`` does not list frozen objects. Turn it off with
+lived across a step (at least one look apart) or across the open is
+reclaimed only at the next thorough step (or the close; ``gc.collect()``
+does not reach it), so memory may reach ``(1 + regrowth)`` times what the
+live state explains, counted in allocations (a large buffer is one block),
+plus what the process held at the open; ``gc.get_objects()`` does not list
+frozen objects. Turn it off with
 ``Foundation(collector=None)``.
 """
 
@@ -93,9 +107,11 @@ _NEAREST = 1 / 16
 class CollectorPolicy(msgspec.Struct, frozen=True, kw_only=True):
     """When a Foundation collects what changed and freezes what lives.
 
-    At most every ``interval`` seconds, once the process allocated
+    The open freezes what the process holds (``gc.freeze()``, no
+    collection). At most every ``interval`` seconds, once the process allocated
     (``young_collections``, or the last step's cost says it is busy), a
-    *step*: one full collection, which visits only what is not frozen, then
+    *step*: one full collection, which visits only what is not frozen (what
+    was allocated since the last step, or the open), then
     ``gc.freeze()``; a step that took more than
     ``step_cpu`` seconds of CPU brings the next one nearer. The first step
     comes at the first look (a 16th of ``interval`` apart from the open) that
@@ -108,8 +124,9 @@ class CollectorPolicy(msgspec.Struct, frozen=True, kw_only=True):
     the Foundation's contexts and history items explain at the fewest blocks
     per context and per item seen since. Process-wide, as the collector is;
     the Foundation unfreezes at its close. What a host gives up: cyclic
-    garbage of objects that lived across a step stays until a thorough step,
-    and ``gc.get_objects()`` does not list frozen objects.
+    garbage of objects that lived across a step or the open stays until a
+    thorough step (or the close), and ``gc.get_objects()`` does not list
+    frozen objects.
 
     Attributes:
         interval: the longest time between two looks at the allocation count,
@@ -205,6 +222,9 @@ class CollectorStatistics(msgspec.Struct, frozen=True, kw_only=True):
 class FrozenCollector:
     """Runs a :class:`CollectorPolicy` on the event loop of one Foundation.
 
+    Constructing it is the open: it freezes what the process holds
+    (``gc.freeze()``, no collection) and counts allocated blocks from there;
+    :meth:`close` unfreezes.
     ``live`` answers the Foundation's live state, (contexts held, history
     items they hold), O(1), on the loop's thread; without it no growth is
     explained by live state.
@@ -238,6 +258,11 @@ class FrozenCollector:
     ) -> None:
         self._policy = policy
         self._live = live if live is not None else _nothing_live
+        # The open: what the process holds now is frozen without a collection
+        # (O(1), a splice of the generations' lists), so the first step walks
+        # only what was allocated since; its cyclic garbage waits for a thorough step.
+        gc.freeze()
+        self._froze = True
         self._young = _young_collections()
         self._origin = _allocated()  # what the process held before the Foundation opened
         self._base = -1  # blocks allocated since the origin at the last base (-1: none yet)
@@ -249,7 +274,6 @@ class FrozenCollector:
         self._wait = policy.interval * _NEAREST
         self._stepped = time.monotonic()  # when the last step began (the open, before any)
         self._pace = 0.0  # the last plain step's CPU per second since the step before
-        self._froze = False
         self._closed = False
         self._thorough_next = False
         self.stepping = False  # True while a step collects (for a gc callback to tell)
@@ -402,7 +426,7 @@ class FrozenCollector:
         return False
 
     def close(self) -> None:
-        """Unfreeze what the steps froze, so the Foundation's objects are collectable again.
+        """Unfreeze what the open and the steps froze, so their objects are collectable again.
 
         Idempotent. Unfreezes the whole permanent generation (what the host
         froze too); the next full collection then visits it. The collector
