@@ -2,9 +2,11 @@
 
 Invariants (DESIGN, performance model: the Foundation owns a collector policy
 whose safety a soak test shows; ``scripts/soak_collector.py`` is the long
-version): a step collects everything not frozen before it freezes, so garbage
-a host makes between steps is never frozen; cyclic garbage of objects that
-were frozen while alive stays exactly until the next thorough step, which
+version): the open freezes what the process holds without collecting it, so
+the first step walks only what was allocated since; a step collects
+everything not frozen before it freezes, so garbage a host makes between
+steps is never frozen; cyclic garbage of objects that were frozen (alive, or
+already garbage at the open) stays exactly until the next thorough step, which
 allocated blocks grown past ``regrowth`` times what the live state explains
 trigger; growth the Foundation's live state explains (its contexts and history
 items, each at the fewest blocks per unit seen since the last thorough step)
@@ -240,7 +242,7 @@ def test_foundations_on_two_threads_share_the_collector_and_a_close_frees_the_ot
     cyclic garbage the first froze, and freezes what lives again. Nothing frozen
     outlives the last close."""
     policy = CollectorPolicy(interval=_NEVER, regrowth=math.inf)  # no thorough step
-    a_froze, b_dropped, a_closed = (threading.Event() for _ in range(3))
+    a_opened, a_froze, b_dropped, a_closed = (threading.Event() for _ in range(4))
     seen: dict[str, object] = {}
 
     async def wait(event: threading.Event) -> None:
@@ -251,6 +253,7 @@ def test_foundations_on_two_threads_share_the_collector_and_a_close_frees_the_ot
         async with Foundation(collector=policy) as foundation:
             collector = foundation.collector
             assert collector is not None
+            a_opened.set()
             await wait(b_dropped)  # B made its state and dropped it
             collector.step()  # collects B's dropped state: never frozen
             seen["after A's step"] = Junk.live
@@ -264,6 +267,8 @@ def test_foundations_on_two_threads_share_the_collector_and_a_close_frees_the_ot
         async with Foundation(collector=policy) as foundation:
             collector = foundation.collector
             assert collector is not None
+            # After A's open, which would freeze B's garbage made before it.
+            await wait(a_opened)
             state: SessionState | None = SessionState()
             state = SessionState()  # the first is cyclic garbage before any step
             b_dropped.set()
@@ -638,3 +643,96 @@ async def test_a_closed_collector_never_freezes_again() -> None:
         assert gc.get_freeze_count() == 0 and collector.statistics().steps == 1
     finally:
         gc.unfreeze()
+
+
+class Marker:
+    """A tracked object whose instances a test finds in the collector's generations."""
+
+
+def _in_generations() -> int:
+    """Markers a full collection would visit now (every generation, not the frozen one)."""
+    return sum(1 for found in gc.get_objects() if type(found) is Marker)
+
+
+def test_the_open_freezes_what_the_process_holds_without_collecting(process: _Process) -> None:
+    """Constructing the collector (the Foundation's open) calls ``gc.freeze()`` and
+    nothing else: no collection walks the heap at the open (mutant tried: a collection
+    before the freeze fails)."""
+    _collector_of(CollectorPolicy(interval=_NEVER))
+    assert process.calls == ["freeze"]
+
+
+def test_the_first_step_walks_only_what_was_allocated_since_the_open() -> None:
+    """Objects alive at the open are frozen by it: a full collection (the first step's)
+    visits none of them, only what was allocated since; the step then freezes those too
+    (mutant tried: no freeze at the open leaves the 1,000 markers in the generations)."""
+    before = [Marker() for _ in range(1_000)]
+    assert _in_generations() == 1_000
+    frozen = gc.get_freeze_count()
+    collector = FrozenCollector(CollectorPolicy(interval=_NEVER))
+    try:
+        assert gc.get_freeze_count() >= frozen + 1_000
+        assert _in_generations() == 0
+        after = [Marker() for _ in range(100)]
+        assert _in_generations() == 100  # what the first step's collection walks
+        collector.step()
+        assert _in_generations() == 0
+        assert collector.statistics().steps == 1
+    finally:
+        collector.close()
+    assert gc.get_freeze_count() == 0
+    assert _in_generations() == 1_100
+    del before, after
+
+
+def test_a_collector_closed_before_any_step_unfreezes_what_the_open_froze() -> None:
+    """The open's freeze counts as the collector's own: a close with no step unfreezes
+    it (mutant tried: the open not marking what it froze leaves it frozen)."""
+    collector = FrozenCollector(CollectorPolicy(interval=_NEVER))
+    try:
+        assert gc.get_freeze_count() > 0
+        collector.close()
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
+
+
+async def test_garbage_made_before_the_open_stays_until_a_thorough_step() -> None:
+    """Cyclic garbage the process made before the Foundation opened is frozen by the
+    open, uncollected: no plain step and no ``gc.collect()`` reclaims it, the first
+    thorough step does (mutant tried: a thorough step without an unfreeze keeps it).
+    Its blocks are in the origin, so it makes no step thorough by itself: the thorough
+    step here comes from the host's growth past regrowth=1e-9."""
+    _cyclic_garbage()  # two Junk in cycles, unreachable
+    assert Junk.live == 2
+    async with Foundation(collector=CollectorPolicy(interval=_NEVER, regrowth=1e-9)) as foundation:
+        collector = foundation.collector
+        assert collector is not None
+        gc.collect()
+        assert Junk.live == 2  # frozen at the open
+        collector.step()  # the first: takes the base
+        assert (Junk.live, collector.statistics().thorough_steps) == (2, 0)
+        state = SessionState()  # 20,000 blocks alive: growth past the base
+        collector.step()
+        assert (Junk.live, collector.statistics().thorough_steps) == (3, 0)
+        collector.step()  # thorough: unfreezes and collects everything
+        assert (Junk.live, collector.statistics().thorough_steps) == (1, 1)
+        del state
+
+
+async def test_garbage_made_before_the_open_is_collectable_after_the_close() -> None:
+    """Without a thorough step (regrowth=inf), cyclic garbage from before the open stays
+    frozen while the Foundation is open and is collectable once it closed."""
+    _cyclic_garbage()
+    async with Foundation(
+        collector=CollectorPolicy(interval=_NEVER, regrowth=math.inf)
+    ) as foundation:
+        collector = foundation.collector
+        assert collector is not None
+        for _ in range(3):
+            collector.step()
+            gc.collect()
+            assert Junk.live == 2
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert Junk.live == 0
