@@ -2,9 +2,11 @@
 
 Invariants (DESIGN, performance model: the Foundation owns a collector policy
 whose safety a soak test shows; ``scripts/soak_collector.py`` is the long
-version): a step collects everything not frozen before it freezes, so garbage
-a host makes between steps is never frozen; cyclic garbage of objects that
-were frozen while alive stays exactly until the next thorough step, which
+version): the open freezes what the process holds without collecting it, so
+the first step walks only what was allocated since; a step collects
+everything not frozen before it freezes, so garbage a host makes between
+steps is never frozen; cyclic garbage of objects that were frozen (alive, or
+already garbage at the open) stays exactly until the next thorough step, which
 allocated blocks grown past ``regrowth`` times what the live state explains
 trigger; growth the Foundation's live state explains (its contexts and history
 items, each at the fewest blocks per unit seen since the last thorough step)
@@ -240,7 +242,7 @@ def test_foundations_on_two_threads_share_the_collector_and_a_close_frees_the_ot
     cyclic garbage the first froze, and freezes what lives again. Nothing frozen
     outlives the last close."""
     policy = CollectorPolicy(interval=_NEVER, regrowth=math.inf)  # no thorough step
-    a_froze, b_dropped, a_closed = (threading.Event() for _ in range(3))
+    a_opened, a_froze, b_dropped, a_closed = (threading.Event() for _ in range(4))
     seen: dict[str, object] = {}
 
     async def wait(event: threading.Event) -> None:
@@ -251,6 +253,7 @@ def test_foundations_on_two_threads_share_the_collector_and_a_close_frees_the_ot
         async with Foundation(collector=policy) as foundation:
             collector = foundation.collector
             assert collector is not None
+            a_opened.set()
             await wait(b_dropped)  # B made its state and dropped it
             collector.step()  # collects B's dropped state: never frozen
             seen["after A's step"] = Junk.live
@@ -264,6 +267,8 @@ def test_foundations_on_two_threads_share_the_collector_and_a_close_frees_the_ot
         async with Foundation(collector=policy) as foundation:
             collector = foundation.collector
             assert collector is not None
+            # After A's open, which would freeze B's garbage made before it.
+            await wait(a_opened)
             state: SessionState | None = SessionState()
             state = SessionState()  # the first is cyclic garbage before any step
             b_dropped.set()
@@ -479,24 +484,27 @@ def test_a_costly_step_brings_the_next_look_nearer(process: _Process) -> None:
     policy = CollectorPolicy(interval=1.0, young_collections=10, step_cpu=1 / 256)
     collector = FrozenCollector(policy)
     live = [(0, 0)]
-    assert collector.wait == 1.0
-    process.now, process.cpu = 1.0, 1 / 64  # a second since the open: 4x step_cpu
+    assert collector.wait == 1 / 16  # the first look
+    process.now, process.cpu = 1 / 8, 1 / 512  # 2x the wait's worth: at most twice the wait
+    _step(collector, process, live, 2_000, 0, 0)
+    assert collector.wait == 1 / 8
+    process.now, process.cpu = 1.125, 1 / 64  # a second since the last step: 4x step_cpu
     _step(collector, process, live, 2_000, 0, 0)
     assert collector.wait == 0.25
     assert collector.due()  # a nearer look needs no young collection
-    process.now, process.cpu = 1.25, 1 / 128  # a quarter second: 2x step_cpu
+    process.now, process.cpu = 1.375, 1 / 128  # a quarter second: 2x step_cpu
     _step(collector, process, live, 2_000, 0, 0)
     assert collector.wait == 0.125
-    process.now, process.cpu = 1.375, 1 / 2048  # an 8th of step_cpu: at most twice the wait
+    process.now, process.cpu = 1.5, 1 / 2048  # an 8th of step_cpu: at most twice the wait
     _step(collector, process, live, 2_000, 0, 0)
     assert collector.wait == 0.25
-    process.now, process.cpu = 1.625, 1.0
+    process.now, process.cpu = 1.75, 1.0
     _step(collector, process, live, 10**9, 0, 0)  # growth: the next step is thorough
     assert collector.wait == 1 / 16
-    process.now, process.cpu = 2.0, 1 / 1024
+    process.now, process.cpu = 2.125, 1 / 1024
     assert _step(collector, process, live, 2_000, 0, 0)[0]
     assert collector.wait == 1 / 16  # the thorough step's cost did not pace
-    for now, wait in ((2.5, 1 / 8), (3.5, 1 / 4), (4.5, 1 / 2), (5.5, 1.0)):
+    for now, wait in ((2.625, 1 / 8), (3.625, 1 / 4), (4.625, 1 / 2), (5.625, 1.0)):
         process.now = now
         _step(collector, process, live, 2_000, 0, 0)
         assert collector.wait == wait  # cheap steps: back to the interval, doubling
@@ -521,26 +529,80 @@ def test_a_busy_process_steps_at_the_interval_without_young_collections(
     policy = CollectorPolicy(interval=1.0, young_collections=10, step_cpu=1 / 256)
     collector = FrozenCollector(policy)
     live = [(0, 0)]
-    process.now, process.cpu = 1.0, 1 / 256  # one step_cpu in a second: the interval
+    process.cpu = 1 / 8192  # cheap steps: the wait doubles from the first look's
+    for now, wait in ((1 / 8, 1 / 8), (1 / 4, 1 / 4), (1 / 2, 1 / 2), (1.0, 1.0)):
+        process.now = now
+        _step(collector, process, live, 2_000, 0, 0)
+        assert collector.wait == wait
+    process.now, process.cpu = 2.0, 1 / 256  # one step_cpu in a second: the interval
     _step(collector, process, live, 2_000, 0, 0)
     assert collector.wait == 1.0
-    process.now = 1.25  # a step now would cost a quarter of step_cpu
+    process.now = 2.25  # a step now would cost a quarter of step_cpu
     assert not collector.due()
-    process.now = 1.5  # half of it: due, with no young collection
+    process.now = 2.5  # half of it: due, with no young collection
     assert collector.due()
     process.cpu = 1 / 8192  # an idle second: 1/32 of step_cpu
-    process.now = 2.5
-    _step(collector, process, live, 2_000, 0, 0)
     process.now = 3.5
+    _step(collector, process, live, 2_000, 0, 0)
+    process.now = 4.5
     assert not collector.due()  # idle: young collections decide
     process.young += 10
     assert collector.due()
-    process.now = 4.5
+    process.now = 5.5
     _step(collector, process, live, 10**9, 0, 0)  # growth: the next step is thorough
-    process.now, process.cpu = 5.5, 1.0
+    process.now, process.cpu = 6.5, 1.0
     assert _step(collector, process, live, 2_000, 0, 0)[0]  # thorough, and costly
-    process.now = 6.5
+    process.now = 7.5
     assert not collector.due()  # the busy rule kept the last plain step's pace
+
+
+def test_the_first_step_comes_early_once_a_context_and_an_item_are_held(
+    process: _Process,
+) -> None:
+    """The first look comes a 16th of the interval after the open, and every 16th of it
+    until the live state holds a context and an item: then it steps (no young
+    collection needed), so a ramp-up is walked in small steps and the first step's base
+    and rates explain both kinds of growth. Without a live context and item by the
+    interval, the looks go back to the interval and young collections decide, as after
+    an idle step (mutants tried: a first look at the interval, an early step without a
+    live state, a context alone, a wait left at a 16th, each fail)."""
+    policy = CollectorPolicy(interval=1.0, young_collections=10, step_cpu=1 / 256)
+    collector, live = _collector_of(policy)
+    assert collector.wait == 1 / 16
+    for now, state in ((1 / 16, (0, 0)), (1 / 8, (1, 0)), (3 / 16, (0, 1))):
+        process.now, live[0] = now, state
+        assert not collector.look()
+        assert collector.wait == 1 / 16 and not collector.statistics().steps
+    process.now, live[0] = 1 / 4, (1, 1)
+    assert collector.look()  # no young collection: the live state decides
+    assert collector.statistics().live == (1, 1)
+    late, _ = _collector_of(policy)  # opened at 1/4, no live state by its interval
+    process.now = 1.25  # a second since its open
+    process.young += 9
+    assert not late.look() and late.wait == 1.0
+    process.young += 1
+    assert late.look() and late.statistics().steps == 1
+
+
+def test_a_ramp_up_after_an_early_first_step_makes_no_thorough_step(process: _Process) -> None:
+    """Sessions that arrive over many steps at a fixed cost per context (100 blocks) and
+    per item (20), on top of the Foundation's own 1,000 blocks, make no thorough step
+    when the first step waits for a live context and item (mutant tried: an early first
+    step with nothing live takes a base the ramp-up outgrows before any step saw a
+    context: thorough)."""
+    collector, live = _collector_of(CollectorPolicy(interval=1.0))
+    process.now, process.cpu, live[0] = 1 / 16, 1.0, (0, 0)  # costly steps: looks a 16th apart
+    assert not collector.look()
+    for step, contexts in enumerate((10, 100, 1_000, 5_000, 5_000)):
+        process.now += 1 / 16
+        items = 3 * contexts
+        process.blocks = 1_000 + 1_000 + 100 * contexts + 20 * items
+        live[0] = (contexts, items)
+        assert collector.look()
+        assert collector.statistics().steps == step + 1
+    assert collector.statistics().thorough_steps == 0
+    # 801,000 blocks of growth at 5,000 contexts: the fewest per context and item seen.
+    assert collector.statistics().allowed_blocks == 1_000 + 2 * 801_000
 
 
 async def test_the_foundations_live_units_are_its_contexts_and_their_items() -> None:
@@ -581,3 +643,96 @@ async def test_a_closed_collector_never_freezes_again() -> None:
         assert gc.get_freeze_count() == 0 and collector.statistics().steps == 1
     finally:
         gc.unfreeze()
+
+
+class Marker:
+    """A tracked object whose instances a test finds in the collector's generations."""
+
+
+def _in_generations() -> int:
+    """Markers a full collection would visit now (every generation, not the frozen one)."""
+    return sum(1 for found in gc.get_objects() if type(found) is Marker)
+
+
+def test_the_open_freezes_what_the_process_holds_without_collecting(process: _Process) -> None:
+    """Constructing the collector (the Foundation's open) calls ``gc.freeze()`` and
+    nothing else: no collection walks the heap at the open (mutant tried: a collection
+    before the freeze fails)."""
+    _collector_of(CollectorPolicy(interval=_NEVER))
+    assert process.calls == ["freeze"]
+
+
+def test_the_first_step_walks_only_what_was_allocated_since_the_open() -> None:
+    """Objects alive at the open are frozen by it: a full collection (the first step's)
+    visits none of them, only what was allocated since; the step then freezes those too
+    (mutant tried: no freeze at the open leaves the 1,000 markers in the generations)."""
+    before = [Marker() for _ in range(1_000)]
+    assert _in_generations() == 1_000
+    frozen = gc.get_freeze_count()
+    collector = FrozenCollector(CollectorPolicy(interval=_NEVER))
+    try:
+        assert gc.get_freeze_count() >= frozen + 1_000
+        assert _in_generations() == 0
+        after = [Marker() for _ in range(100)]
+        assert _in_generations() == 100  # what the first step's collection walks
+        collector.step()
+        assert _in_generations() == 0
+        assert collector.statistics().steps == 1
+    finally:
+        collector.close()
+    assert gc.get_freeze_count() == 0
+    assert _in_generations() == 1_100
+    del before, after
+
+
+def test_a_collector_closed_before_any_step_unfreezes_what_the_open_froze() -> None:
+    """The open's freeze counts as the collector's own: a close with no step unfreezes
+    it (mutant tried: the open not marking what it froze leaves it frozen)."""
+    collector = FrozenCollector(CollectorPolicy(interval=_NEVER))
+    try:
+        assert gc.get_freeze_count() > 0
+        collector.close()
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
+
+
+async def test_garbage_made_before_the_open_stays_until_a_thorough_step() -> None:
+    """Cyclic garbage the process made before the Foundation opened is frozen by the
+    open, uncollected: no plain step and no ``gc.collect()`` reclaims it, the first
+    thorough step does (mutant tried: a thorough step without an unfreeze keeps it).
+    Its blocks are in the origin, so it makes no step thorough by itself: the thorough
+    step here comes from the host's growth past regrowth=1e-9."""
+    _cyclic_garbage()  # two Junk in cycles, unreachable
+    assert Junk.live == 2
+    async with Foundation(collector=CollectorPolicy(interval=_NEVER, regrowth=1e-9)) as foundation:
+        collector = foundation.collector
+        assert collector is not None
+        gc.collect()
+        assert Junk.live == 2  # frozen at the open
+        collector.step()  # the first: takes the base
+        assert (Junk.live, collector.statistics().thorough_steps) == (2, 0)
+        state = SessionState()  # 20,000 blocks alive: growth past the base
+        collector.step()
+        assert (Junk.live, collector.statistics().thorough_steps) == (3, 0)
+        collector.step()  # thorough: unfreezes and collects everything
+        assert (Junk.live, collector.statistics().thorough_steps) == (1, 1)
+        del state
+
+
+async def test_garbage_made_before_the_open_is_collectable_after_the_close() -> None:
+    """Without a thorough step (regrowth=inf), cyclic garbage from before the open stays
+    frozen while the Foundation is open and is collectable once it closed."""
+    _cyclic_garbage()
+    async with Foundation(
+        collector=CollectorPolicy(interval=_NEVER, regrowth=math.inf)
+    ) as foundation:
+        collector = foundation.collector
+        assert collector is not None
+        for _ in range(3):
+            collector.step()
+            gc.collect()
+            assert Junk.live == 2
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert Junk.live == 0

@@ -82,7 +82,8 @@ class Foundation:
         collector: the collector policy (default ``CollectorPolicy()``): while
             open, the Foundation periodically collects what changed and
             freezes what lives (``gc.freeze``), so full collections stop
-            walking the retained histories; unfrozen again at the close.
+            walking the retained histories; what the process holds at the
+            open is frozen then, uncollected; unfrozen again at the close.
             Process-wide; see :class:`~turnloom.runtime.CollectorPolicy` for
             what a host gives up. ``None`` turns it off.
         clock: returns the current time as a timezone-aware datetime; read
