@@ -34,7 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import turnloom.context.history._turns as store
 from tests.context.test_history import assistant, user
-from tests.context.test_history_evict_stateful import _FAILS, HISTORIES, EvictionMachine
+from tests.context.test_history_evict_stateful import HISTORIES, EvictionMachine
 from turnloom.context.history import (
     TurnHistory,
     apply_summary,
@@ -42,7 +42,6 @@ from turnloom.context.history import (
     summary_range,
 )
 from turnloom.context.history._turns import EMPTY, _Turns
-from turnloom.context.summaries import is_summary_turn
 from turnloom.errors import TurnloomError
 
 
@@ -195,25 +194,6 @@ class TurnStoreMachine(EvictionMachine):
             turn_ids = summary_range(history, keep)
             if turn_ids:
                 apply_summary(history, turn_ids, next_summary_id(history), [user(f"s{keep}")])
-
-    @rule(
-        h=st.sampled_from(HISTORIES),
-        size=st.integers(1, 6),
-        state=st.booleans(),
-        render=st.sampled_from(["none", "newest", "earlier", "bounded"]),
-        fail=_FAILS,
-        fail_at=st.integers(0, 4),
-    )
-    def false_start(
-        self, h: str, size: int, state: bool, render: str, fail: str, fail_at: int
-    ) -> None:
-        """The eviction machine's false start, while no summary turn is held: a
-        summary dropped by the second eviction of one is restored after the
-        turns dropped by the first (the same before ``_Turns``), which
-        ``_false_start`` reads as a changed history."""
-        if any(is_summary_turn(t) for t in self.histories[h].turn_ids):
-            return
-        super().false_start(h, size, state, render, fail, fail_at)
 
     @rule(h=st.sampled_from(HISTORIES))
     def take_view(self, h: str) -> None:

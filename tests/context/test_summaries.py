@@ -335,6 +335,34 @@ def test_a_false_start_restores_the_turns_after_the_summary() -> None:
     _cold_equal(history)
 
 
+def test_a_summary_dropped_by_a_false_starts_second_eviction_is_restored_first() -> None:
+    """Invariant: a false start whose first eviction drops t1 and whose second (after
+    its kept state grew) drops the summary turn holds them aside, and restores them on
+    retraction, in their history order (summary, t1, t2), as a checkpoint replays them."""
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=3, max_tokens=60))
+    for n in range(3):
+        history.commit(f"t{n}", [user(f"q{n}")], instructions=[SYSTEM] if n == 0 else None)
+        history.record(f"t{n}", [assistant(f"a{n}")])
+    apply_summary(history, ("t0",), S1, [user("s")])
+    before = history.view()
+    history.commit("t3", [user("uh")])
+    assert history.evict() == ("t1",)
+    history.keep_state("t3", [user("x " * 150)])
+    assert history.evict() == (S1, "t2")
+    assert history.restorable_ids == (S1, "t1", "t2")
+    view, evicted, after = compacted(history)
+    assert view.turn_ids == (S1, "t1", "t2", "t3")
+    log = [checkpoint(view, evicted, None), *(encode_record(r) for r in after)]
+    rebuilt = replay("c", log, history.limits)
+    assert rebuilt.view().turn_ids == ("t3",)
+    assert rebuilt.restorable_ids == (S1, "t1", "t2")
+    history.retract("t3")
+    assert history.view().turn_ids == (S1, "t1", "t2")
+    assert history.view().messages() == before.messages()
+    assert history.statistics().evicted_turns == 0
+    _cold_equal(history)
+
+
 def test_pruning_keeps_pairs_and_is_byte_stable() -> None:
     """Invariant: prune_messages replaces result bodies by the note, keeps every call,
     id, name and error flag, drops reasoning (a reasoning-only message goes), and
