@@ -39,6 +39,7 @@ from turnloom.context.history import (
     TurnHistory,
     apply_summary,
     next_summary_id,
+    prune_turns,
     summary_range,
 )
 from turnloom.context.history._turns import EMPTY, _Turns
@@ -179,6 +180,7 @@ class TurnStoreMachine(EvictionMachine):
         self.blocks = blocks_of(self.SHIFT)
         self.blocks.__enter__()  # before any history holds a turn
         super().__init__()
+        self.checked: dict[str, dict[int, object]] = {}
         self.views: list[tuple[Any, tuple[Any, ...], tuple[str, ...], tuple[Any, ...]]] = []
 
     def teardown(self) -> None:
@@ -194,6 +196,14 @@ class TurnStoreMachine(EvictionMachine):
             turn_ids = summary_range(history, keep)
             if turn_ids:
                 apply_summary(history, turn_ids, next_summary_id(history), [user(f"s{keep}")])
+
+    @rule(h=st.sampled_from(HISTORIES), keep=st.integers(1, 3), memo=st.booleans())
+    def prune(self, h: str, keep: int, memo: bool) -> None:
+        """Prune the tool output of the turns before the newest ``keep``."""
+        history = self.histories[h]
+        checked = self.checked.setdefault(h, {}) if memo else None
+        with contextlib.suppress(TurnloomError):
+            prune_turns(history, keep, "[pruned]", checked)
 
     @rule(h=st.sampled_from(HISTORIES))
     def take_view(self, h: str) -> None:

@@ -411,6 +411,43 @@ def test_prune_turns_prunes_old_turns_once_and_renders_cold() -> None:
     _cold_equal(history)
 
 
+def test_pruning_a_turn_holding_one_call_message_twice_keeps_each_its_sent_ids() -> None:
+    """Invariant: a call message object recorded twice in one turn (its id sent as k,
+    then renamed k_r2) keeps each occurrence's own sent id once the turn is pruned (a
+    reasoning-only message between dropped): both pairs still render (none vanishes)
+    and the render equals a cold rebuild; only the two pruned results are counted anew."""
+    counted: list[Message] = []
+
+    class Counter:
+        def count(self, messages: Any) -> int:
+            counted.extend(messages)
+            return 3 * len(messages)
+
+    history = TurnHistory(token_counter=Counter())
+    history.commit("t0", [user("q0")], instructions=[SYSTEM])
+    lookup = call("k")
+    thinking = Message(role=Role.assistant, content=(ReasoningPart(text="hmm"),))  # pruned away
+    history.record(
+        "t0",
+        [lookup, result("k", "r" * 40), thinking, assistant("a"), lookup, result("k", "s" * 40)],
+    )
+    history.commit("t1", [user("q1")])
+    history.view().render(get_gateway(GatewayType.openai_chat), "t1")
+    counted.clear()
+    assert prune_turns(history, 1, "[p]") == ("t0",)
+    assert [m.parts for m in counted] == [
+        (ToolResultPart(call_id="k", content=(TextPart(text="[p]"),)),)
+    ] * 2
+    sent = [
+        p.call_id
+        for m in history.view().sent_messages("t1")
+        for p in m.parts
+        if hasattr(p, "call_id")
+    ]
+    assert sent == ["k", "k", "k_r2", "k_r2"]
+    _cold_equal(history)
+
+
 def test_a_log_replays_summaries_and_prunings_and_refuses_one_that_does_not_fit() -> None:
     """Invariant: replaying commit, record, prune, summarize and evict records rebuilds
     the same history; a summarize record whose ``replaced`` differs from what the
