@@ -3,7 +3,7 @@
 A history's turns change at every commit (appended), record (the newest
 replaced), eviction (dropped at the front), retraction (the newest popped)
 and summary (the oldest replaced by one in front), and a late record, kept
-state or restored sent ids replace an earlier turn. ``_Turns`` holds them in
+state, restored sent ids or pruning replace an earlier turn. ``_Turns`` holds them in
 blocks of immutable tuples, so a change copies a block and the tuple of
 blocks, never every turn (issue 32: nothing proportional to history on the
 event loop), and shares the rest with the sequence it was made from.
@@ -16,9 +16,11 @@ of turns spans many blocks and every path between blocks is taken):
   snapshots taken in between: every snapshot keeps exactly its turns.
 * :class:`TurnStoreMachine` drives real histories (the eviction machine's
   commits, records, late records, kept state, evictions, retractions, false
-  starts and renders, plus summaries) and takes views in
+  starts and renders, plus summaries and pruning) and takes views in
   between: every view keeps the very turns, ids and messages it was taken
-  with, and the history's turns stay well formed.
+  with, and the history's turns stay well formed. Its false starts run with
+  a summary turn held too (one the second eviction of a false start drops is
+  restored in front), and renders after a pruning equal cold renders.
 """
 
 from __future__ import annotations
