@@ -360,7 +360,9 @@ def prune_turns(
     a turn found pruned before (the same turn snapshot) is not looked at
     again, so a pass costs O(turns) plus the messages of turns that changed;
     ``checked`` then holds the turns of this pass (keeping them alive, so an
-    id is never a reused one).
+    id is never a reused one). Call it while :func:`changeable` holds (the
+    runtime does): a pruning does not let go of turns held aside for a
+    false start, whose retraction then restores them unpruned.
 
     Raises:
         InputError: ``keep`` is not a positive int.
