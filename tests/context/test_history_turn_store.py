@@ -3,7 +3,7 @@
 A history's turns change at every commit (appended), record (the newest
 replaced), eviction (dropped at the front), retraction (the newest popped)
 and summary (the oldest replaced by one in front), and a late record, kept
-state or restored sent ids replace an earlier turn. ``_Turns`` holds them in
+state, restored sent ids or pruning replace an earlier turn. ``_Turns`` holds them in
 blocks of immutable tuples, so a change copies a block and the tuple of
 blocks, never every turn (issue 32: nothing proportional to history on the
 event loop), and shares the rest with the sequence it was made from.
@@ -16,9 +16,11 @@ of turns spans many blocks and every path between blocks is taken):
   snapshots taken in between: every snapshot keeps exactly its turns.
 * :class:`TurnStoreMachine` drives real histories (the eviction machine's
   commits, records, late records, kept state, evictions, retractions, false
-  starts and renders, plus summaries) and takes views in
+  starts and renders, plus summaries and pruning) and takes views in
   between: every view keeps the very turns, ids and messages it was taken
-  with, and the history's turns stay well formed.
+  with, and the history's turns stay well formed. Its false starts run with
+  a summary turn held too (one the second eviction of a false start drops is
+  restored in front), and renders after a pruning equal cold renders.
 """
 
 from __future__ import annotations
@@ -34,15 +36,15 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import turnloom.context.history._turns as store
 from tests.context.test_history import assistant, user
-from tests.context.test_history_evict_stateful import _FAILS, HISTORIES, EvictionMachine
+from tests.context.test_history_evict_stateful import HISTORIES, EvictionMachine
 from turnloom.context.history import (
     TurnHistory,
     apply_summary,
     next_summary_id,
+    prune_turns,
     summary_range,
 )
 from turnloom.context.history._turns import EMPTY, _Turns
-from turnloom.context.summaries import is_summary_turn
 from turnloom.errors import TurnloomError
 
 
@@ -180,6 +182,7 @@ class TurnStoreMachine(EvictionMachine):
         self.blocks = blocks_of(self.SHIFT)
         self.blocks.__enter__()  # before any history holds a turn
         super().__init__()
+        self.checked: dict[str, dict[int, object]] = {}
         self.views: list[tuple[Any, tuple[Any, ...], tuple[str, ...], tuple[Any, ...]]] = []
 
     def teardown(self) -> None:
@@ -196,24 +199,13 @@ class TurnStoreMachine(EvictionMachine):
             if turn_ids:
                 apply_summary(history, turn_ids, next_summary_id(history), [user(f"s{keep}")])
 
-    @rule(
-        h=st.sampled_from(HISTORIES),
-        size=st.integers(1, 6),
-        state=st.booleans(),
-        render=st.sampled_from(["none", "newest", "earlier", "bounded"]),
-        fail=_FAILS,
-        fail_at=st.integers(0, 4),
-    )
-    def false_start(
-        self, h: str, size: int, state: bool, render: str, fail: str, fail_at: int
-    ) -> None:
-        """The eviction machine's false start, while no summary turn is held: a
-        summary dropped by the second eviction of one is restored after the
-        turns dropped by the first (the same before ``_Turns``), which
-        ``_false_start`` reads as a changed history."""
-        if any(is_summary_turn(t) for t in self.histories[h].turn_ids):
-            return
-        super().false_start(h, size, state, render, fail, fail_at)
+    @rule(h=st.sampled_from(HISTORIES), keep=st.integers(1, 3), memo=st.booleans())
+    def prune(self, h: str, keep: int, memo: bool) -> None:
+        """Prune the tool output of the turns before the newest ``keep``."""
+        history = self.histories[h]
+        checked = self.checked.setdefault(h, {}) if memo else None
+        with contextlib.suppress(TurnloomError):
+            prune_turns(history, keep, "[pruned]", checked)
 
     @rule(h=st.sampled_from(HISTORIES))
     def take_view(self, h: str) -> None:

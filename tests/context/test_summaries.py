@@ -335,6 +335,34 @@ def test_a_false_start_restores_the_turns_after_the_summary() -> None:
     _cold_equal(history)
 
 
+def test_a_summary_dropped_by_a_false_starts_second_eviction_is_restored_first() -> None:
+    """Invariant: a false start whose first eviction drops t1 and whose second (after
+    its kept state grew) drops the summary turn holds them aside, and restores them on
+    retraction, in their history order (summary, t1, t2), as a checkpoint replays them."""
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=3, max_tokens=60))
+    for n in range(3):
+        history.commit(f"t{n}", [user(f"q{n}")], instructions=[SYSTEM] if n == 0 else None)
+        history.record(f"t{n}", [assistant(f"a{n}")])
+    apply_summary(history, ("t0",), S1, [user("s")])
+    before = history.view()
+    history.commit("t3", [user("uh")])
+    assert history.evict() == ("t1",)
+    history.keep_state("t3", [user("x " * 150)])
+    assert history.evict() == (S1, "t2")
+    assert history.restorable_ids == (S1, "t1", "t2")
+    view, evicted, after = compacted(history)
+    assert view.turn_ids == (S1, "t1", "t2", "t3")
+    log = [checkpoint(view, evicted, None), *(encode_record(r) for r in after)]
+    rebuilt = replay("c", log, history.limits)
+    assert rebuilt.view().turn_ids == ("t3",)
+    assert rebuilt.restorable_ids == (S1, "t1", "t2")
+    history.retract("t3")
+    assert history.view().turn_ids == (S1, "t1", "t2")
+    assert history.view().messages() == before.messages()
+    assert history.statistics().evicted_turns == 0
+    _cold_equal(history)
+
+
 def test_pruning_keeps_pairs_and_is_byte_stable() -> None:
     """Invariant: prune_messages replaces result bodies by the note, keeps every call,
     id, name and error flag, drops reasoning (a reasoning-only message goes), and
@@ -380,6 +408,43 @@ def test_prune_turns_prunes_old_turns_once_and_renders_cold() -> None:
     old = history.view().turn_messages("t0")
     assert old[2].parts == (ToolResultPart(call_id="k0", content=(TextPart(text="[p]"),)),)
     assert history.view().turn_messages("t4")[2] == result("k4", "r" * 40)
+    _cold_equal(history)
+
+
+def test_pruning_a_turn_holding_one_call_message_twice_keeps_each_its_sent_ids() -> None:
+    """Invariant: a call message object recorded twice in one turn (its id sent as k,
+    then renamed k_r2) keeps each occurrence's own sent id once the turn is pruned (a
+    reasoning-only message between dropped): both pairs still render (none vanishes)
+    and the render equals a cold rebuild; only the two pruned results are counted anew."""
+    counted: list[Message] = []
+
+    class Counter:
+        def count(self, messages: Any) -> int:
+            counted.extend(messages)
+            return 3 * len(messages)
+
+    history = TurnHistory(token_counter=Counter())
+    history.commit("t0", [user("q0")], instructions=[SYSTEM])
+    lookup = call("k")
+    thinking = Message(role=Role.assistant, content=(ReasoningPart(text="hmm"),))  # pruned away
+    history.record(
+        "t0",
+        [lookup, result("k", "r" * 40), thinking, assistant("a"), lookup, result("k", "s" * 40)],
+    )
+    history.commit("t1", [user("q1")])
+    history.view().render(get_gateway(GatewayType.openai_chat), "t1")
+    counted.clear()
+    assert prune_turns(history, 1, "[p]") == ("t0",)
+    assert [m.parts for m in counted] == [
+        (ToolResultPart(call_id="k", content=(TextPart(text="[p]"),)),)
+    ] * 2
+    sent = [
+        p.call_id
+        for m in history.view().sent_messages("t1")
+        for p in m.parts
+        if hasattr(p, "call_id")
+    ]
+    assert sent == ["k", "k", "k_r2", "k_r2"]
     _cold_equal(history)
 
 

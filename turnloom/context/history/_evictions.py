@@ -141,6 +141,7 @@ def _evict(history: _EvictionState) -> tuple[str, ...]:
         count = end
     gone = turns[first:count]
     kept = turns.dropped(count)
+    summary_gone = False
     if first and over(hard):
         # Only the summary is left to drop: a hard limit stays hard.
         summary = turns[0]
@@ -149,6 +150,7 @@ def _evict(history: _EvictionState) -> tuple[str, ...]:
         tokens += summary.tokens
         gone = (summary, *gone)
         first = 0
+        summary_gone = True
     if not gone:
         return ()
     release(history, gone)  # their calls' sent ids are free; the kept ones' stay as they are
@@ -175,8 +177,13 @@ def _evict(history: _EvictionState) -> tuple[str, ...]:
         if aside is _NOTHING_ASIDE:  # the first eviction since the commit, usually the only one
             history._aside = _Aside(gone, tied, tuple(popped), turns[-1])
         else:
+            # Held in their history order: a summary this eviction dropped was
+            # held before every turn an earlier one dropped (it stood in front).
+            held_aside = (
+                (gone[0], *aside.turns, *gone[1:]) if summary_gone else (*aside.turns, *gone)
+            )
             history._aside = _Aside(
-                aside.turns + gone,
+                held_aside,
                 aside.linked + tied,
                 aside.popped + tuple(popped),
                 turns[-1],

@@ -37,7 +37,7 @@ from turnloom.context.history._changes import _ChangeState
 from turnloom.context.history._evictions import _forget
 from turnloom.context.history._sent import assign_summary, carry_sent, release, unplanned
 from turnloom.context.history._turns import _Turns
-from turnloom.context.message import Message, check_id, check_message
+from turnloom.context.message import Message, ReasoningPart, check_id, check_message
 from turnloom.context.summaries import (
     SUMMARY_TURN_PREFIX,
     check_summary,
@@ -360,7 +360,9 @@ def prune_turns(
     a turn found pruned before (the same turn snapshot) is not looked at
     again, so a pass costs O(turns) plus the messages of turns that changed;
     ``checked`` then holds the turns of this pass (keeping them alive, so an
-    id is never a reused one).
+    id is never a reused one). Call it while :func:`changeable` holds (the
+    runtime does): a pruning does not let go of turns held aside for a
+    false start, whose retraction then restores them unpruned.
 
     Raises:
         InputError: ``keep`` is not a positive int.
@@ -427,7 +429,28 @@ def prune_turns(
 def _pruned_entries(
     entries: tuple[_Entry, ...], pruned: tuple[Message, ...] | None, counter: TokenCounter
 ) -> tuple[_Entry, ...]:
+    """The entries of ``pruned`` (``prune_messages`` of the entries' messages), in order.
+
+    Matched by position, not by message: one message object may be held twice
+    (each entry with its own sent ids). Pruning keeps each message, replaces
+    it, or drops it when it holds reasoning alone, in order.
+    """
     if pruned is None:
         return entries
-    by_message = {id(e.message): e for e in entries}
-    return tuple([by_message.get(id(m)) or _Entry(m, count_tokens(counter, (m,))) for m in pruned])
+    out: list[_Entry] = []
+    at = 0
+    for message in pruned:
+        while message is not entries[at].message and _reasoning_only(entries[at].message):
+            at += 1  # dropped by pruning
+        entry = entries[at]
+        at += 1
+        if entry.message is not message:
+            entry = _Entry(message, count_tokens(counter, (message,)))
+        out.append(entry)
+    return tuple(out)
+
+
+def _reasoning_only(message: Message) -> bool:
+    """Whether ``message`` holds reasoning alone (``prune_messages`` drops it)."""
+    parts = message.parts
+    return bool(parts) and all(isinstance(p, ReasoningPart) for p in parts)
