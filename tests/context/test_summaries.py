@@ -268,14 +268,20 @@ def test_a_summary_never_splits_a_call_from_the_turn_answering_it() -> None:
 
 
 def test_a_summary_waits_for_a_false_start_and_ids_are_checked() -> None:
-    """Invariant: while turns are held aside for a retraction, no summary applies (the
-    retraction restores them as they were); bad or duplicate summary ids are refused."""
+    """Invariant: while turns are held aside for a retraction, no summary applies and no
+    pruning runs (the retraction restores them as they were); bad or duplicate summary
+    ids are refused."""
     history = _history(4, HistoryLimits(max_turns=4))
     history.commit("t4", [user("uh")])
     assert history.evict() == ("t0",)
     assert not changeable(history)
     with pytest.raises(StateError, match="held aside"):
         apply_summary(history, ("t0", "t1"), S1, [user("s")])
+    messages = history.view().messages()
+    with pytest.raises(StateError, match="a pruning waits"):
+        prune_turns(history, 1, "[p]")
+    assert history.view().messages() == messages
+    assert history.restorable_ids == ("t0",)
     history.retract("t4")
     assert history.view().turn_ids == ("t0", "t1", "t2", "t3")
     assert changeable(history)

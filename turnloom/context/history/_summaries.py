@@ -360,16 +360,22 @@ def prune_turns(
     a turn found pruned before (the same turn snapshot) is not looked at
     again, so a pass costs O(turns) plus the messages of turns that changed;
     ``checked`` then holds the turns of this pass (keeping them alive, so an
-    id is never a reused one). Call it while :func:`changeable` holds (the
-    runtime does): a pruning does not let go of turns held aside for a
-    false start, whose retraction then restores them unpruned.
+    id is never a reused one).
 
     Raises:
         InputError: ``keep`` is not a positive int.
+        StateError: turns are held aside for a retraction of the newest turn
+            (a false start's retraction must find the history as its commit
+            found it); nothing changed.
         HostCallbackError: the token counter failed; nothing changed.
     """
     if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
         raise InvalidMessageError(f"keep must be a positive int, not {excerpt(keep)}.")
+    if _held_aside(history):
+        raise StateError(
+            "Turns are held aside for a retraction of the newest turn; a pruning waits until "
+            "they are let go or restored."
+        )
     turns = list(history._turns)
     counter = history._shared.counter
     changed: list[tuple[int, _Turn]] = []
