@@ -279,7 +279,8 @@ def _record(
 ) -> int:
     """The work of :meth:`TurnHistory.record` (documented there)."""
     held = history._turns
-    position = len(held) - 1  # the newest, in practice
+    newest = held.size - 1
+    position = newest  # the newest, in practice
     while position >= 0 and held[position].turn_id != turn_id:
         position -= 1
     if position < 0 or (serial is not None and held[position].serial != serial):
@@ -312,7 +313,7 @@ def _record(
         # recorded late to one (check_steps reads the group's bounds; a step
         # tail starts a group, so then nothing awaits), and one answering a
         # call id a second time is refused.
-        step = kept_steps(history, old) if position == len(held) - 1 else None
+        step = kept_steps(history, old) if position == newest else None
         tail: Sequence[Message] = ()
         if step is not None and step.start >= 0:
             # The state after the turn's last step (kept, or walked once now): what
@@ -333,17 +334,17 @@ def _record(
             unpaired=keep_unpaired,
             step=step,
         )
-    if position + 1 < len(history._turns):
-        later = history._turns[position + 1].entries(True)
+    current = history._turns
+    if position + 1 < current.size:
+        later = current[position + 1].entries(True)
         if later:
             _check_turn_start(
                 old.with_outputs(tuple(kept), 0),
                 later[0].message,
-                f"Turn {excerpt(history._turns[position + 1].turn_id)} input[0], after turn "
+                f"Turn {excerpt(current[position + 1].turn_id)} input[0], after turn "
                 f"{excerpt(turn_id)}'s late output,",
             )
-    current = history._turns
-    late = position != len(current) - 1
+    late = position != current.size - 1
     # Nothing dropped (the usual case): the entries tuple is the outputs added.
     new = old.with_outputs(entries if len(kept) == len(entries) else tuple(kept), kept_bytes)
     turns = current.replaced(position, new)
@@ -377,7 +378,7 @@ def _record(
         unplanned(kept)
         planned = None
     assign_outputs(history, position, kept, planned)
-    if late and position + 1 < len(turns):
+    if late and position + 1 < turns.size:
         turns = repair_results(turns, position + 1)  # later results may answer a new call
     history._turns = turns
     history._items += len(kept)
