@@ -281,9 +281,11 @@ def _record(
     held = history._turns
     newest = held.size - 1
     position = newest  # the newest, in practice
-    while position >= 0 and held[position].turn_id != turn_id:
+    old = held[position] if position >= 0 else None  # read once: a Python __getitem__
+    while old is not None and old.turn_id != turn_id:
         position -= 1
-    if position < 0 or (serial is not None and held[position].serial != serial):
+        old = held[position] if position >= 0 else None
+    if old is None or (serial is not None and old.serial != serial):
         known = position >= 0 or serial is not None or turn_id in history._evicted_ids
         if known or history._forgotten:
             # Validate anyway: a malformed late output is still an error.
@@ -292,7 +294,7 @@ def _record(
             return 0
         raise UnknownTurnError(f"Turn {excerpt(turn_id)} was never committed to this context.")
     entries, sizes, planned = _entries(history, outputs, turn_id, "output", turn_id)
-    old = history._turns[position]
+    # (The door's check changes no turn: ``old`` is still ``history._turns[position]``.)
     kept: Sequence[_Entry]
     kept_at: Sequence[int]
     if len(entries) == 1 and entries[0].message.id is None and not _blank(entries[0].message):
