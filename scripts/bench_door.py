@@ -35,8 +35,14 @@ With ``--floor`` it also times the bare per-message work (``check_message``,
 the render and its encoding) over the same messages: the floor the door's
 per-message goal is read against (for each tree, with ``--against``).
 
+With ``--calls`` the same replay (one round, ``--build`` as given) counts
+instead of timing: the profiler events (``sys.setprofile``, the event loop's
+thread only) of each call, as Python calls and C calls per call of each
+kind, for each tree. Deterministic but for ``build``, whose copy is either
+taken ready-made (made ahead in the worker) or made on the loop.
+
 Usage: python scripts/bench_door.py [--sessions N] [--turns M] [--rounds R]
-       [--against /work/main] [--loadtest SESSIONS] [--build] [--floor]
+       [--against /work/main] [--loadtest SESSIONS] [--build] [--floor] [--calls]
 """
 
 from __future__ import annotations
@@ -111,6 +117,7 @@ async def _session(
     turns: int,
     spent: list[int],
     build: bool,
+    clock: Any = time.thread_time_ns,
 ) -> None:
     """Replay one session; add each kind's nanoseconds and calls to ``spent``.
 
@@ -120,7 +127,6 @@ async def _session(
     request_type = tree.schemas.ContextPrepareRequest
     prefix: Any = None
     continuation: list[Any] = []
-    clock = time.thread_time_ns
     walk, snapshot = tree.transcript.walk, tree.transcript.snapshot
     turn_type, reply_type = tree.transcript.Turn, tree.transcript.Reply
     turn_id = ""
@@ -161,10 +167,31 @@ async def _session(
             continuation.append(step.message)
 
 
+# --calls: the profiler events seen so far on the loop's thread, Python calls
+# in the low 32 bits, C calls above them (a delta of this "clock" is both).
+_EVENTS = [0]
+_SHIFT = 32
+
+
+def _on_event(frame: Any, event: str, arg: Any) -> None:
+    if event == "call":
+        _EVENTS[0] += 1
+    elif event == "c_call":
+        _EVENTS[0] += 1 << _SHIFT
+
+
+def _events() -> int:
+    return _EVENTS[0]  # its own call counts once per reading: one Python call per delta
+
+
 async def _replay(
-    trees: list[_Tree], sessions: int, turns: int, build: bool = False
+    trees: list[_Tree], sessions: int, turns: int, build: bool = False, calls: bool = False
 ) -> list[dict[str, float]]:
-    """Microseconds per call of each kind, per tree, every session replayed by each in turn."""
+    """Microseconds per call of each kind, per tree, every session replayed by each in turn.
+
+    With ``calls``: per call of each kind, Python calls (``kind``) and C calls
+    (``kind + " C"``) instead.
+    """
     scripts = [tree.scripts(sessions, turns) for tree in trees]
     spent = [[0] * (2 * len(_KINDS) + 1) for _ in trees]
     managers = [tree.manager.ContextManager() for tree in trees]
@@ -172,17 +199,25 @@ async def _replay(
         for tree, manager in zip(trees, managers, strict=True):
             await stack.enter_async_context(tree.foundation.Foundation(manager))
         gc.collect()
-        for number in range(sessions):
-            for index, tree in enumerate(trees):
-                await _session(
-                    tree,
-                    managers[index],
-                    f"s{number}",
-                    scripts[index][number],
-                    turns,
-                    spent[index],
-                    build,
-                )
+        if calls:
+            sys.setprofile(_on_event)
+        try:
+            for number in range(sessions):
+                for index, tree in enumerate(trees):
+                    await _session(
+                        tree,
+                        managers[index],
+                        f"s{number}",
+                        scripts[index][number],
+                        turns,
+                        spent[index],
+                        build,
+                        _events if calls else time.thread_time_ns,
+                    )
+        finally:
+            sys.setprofile(None)
+    if calls:
+        return [_counts(times) for times in spent]
     return [
         {
             **{
@@ -193,6 +228,27 @@ async def _replay(
         }
         for times in spent
     ]
+
+
+def _counts(times: list[int]) -> dict[str, float]:
+    """Python and C calls per call of each kind, from summed event deltas (see ``_events``)."""
+    mask = (1 << _SHIFT) - 1
+    out: dict[str, float] = {}
+    for k, kind in enumerate(_KINDS):
+        total, count = times[2 * k], times[2 * k + 1]
+        python = (total & mask) - count  # less the reading's own call, once per delta
+        out[kind] = python / count if count else math.nan
+        out[kind + " C"] = (total >> _SHIFT) / count if count else math.nan
+    return out
+
+
+def _calls(trees: list[_Tree], names: list[str], args: argparse.Namespace) -> None:
+    """One replay counting calls: Python and C calls per call of each kind, per tree."""
+    results = anyio.run(_replay, trees, args.sessions, args.turns, args.build, True)
+    print(f"{'calls':<7}{'tree':<9}" + "".join(f"{kind + ' py/C':>18}" for kind in _KINDS))
+    for name, result in zip(names, results, strict=True):
+        cells = "".join(f"{result[k]:>11.1f}/{result[k + ' C']:<6.1f}" for k in _KINDS)
+        print(f"{'':<7}{name:<9}{cells}")
 
 
 def _loadtest(tree: _Tree, sessions: int, turns: int) -> tuple[float, float]:
@@ -310,6 +366,11 @@ def main() -> None:
         action="store_true",
         help="also the bare per-message check and render of the same messages (the floor)",
     )
+    parser.add_argument(
+        "--calls",
+        action="store_true",
+        help="instead: Python and C calls per call of each kind (one replay, profiled)",
+    )
     args = parser.parse_args()
     trees = [_Tree(_HERE)]
     if args.against is not None:
@@ -317,6 +378,9 @@ def main() -> None:
     names = ["against", "this"] if len(trees) == 2 else ["this"]
     if args.loadtest is not None:
         _loadtests(trees, names, args)
+        return
+    if args.calls:
+        _calls(trees, names, args)
         return
     print(f"{'round':<7}{'tree':<9}" + "".join(f"{kind + ' us':>16}" for kind in _KINDS))
     print(f"{'goal':<16}" + "".join(f"{_GOALS.get(kind, ''):>16}" for kind in _KINDS))

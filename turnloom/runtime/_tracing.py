@@ -65,6 +65,7 @@ from __future__ import annotations
 
 __all__ = (
     "ENABLED",
+    "NO_SPAN",
     "PrepareTrace",
     "build_span",
     "current_prepare",
@@ -203,6 +204,7 @@ class _NoSpan:
 
 
 _NO_SPAN = _NoSpan()
+NO_SPAN = _NO_SPAN  # (the one no-op span: a caller that sees it may skip the block's span calls)
 
 
 class _Ended:

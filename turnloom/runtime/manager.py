@@ -624,7 +624,10 @@ class ContextManager:
         """
         self._life.check_open()
         continuation = self._issued.with_recorded(prefix, continuation, recorded, "build")
-        with tracing.build_span("turnloom.build", self.gateway, continuation) as traced:
+        traced = tracing.build_span("turnloom.build", self.gateway, continuation)
+        if traced is tracing.NO_SPAN:  # nothing records: no span to enter, set and leave
+            return self._issued.build(prefix, continuation)
+        with traced:
             items = self._issued.build(prefix, continuation)
             traced.set("turnloom.items", len(items))
         return items

@@ -106,6 +106,9 @@ _log = logging.getLogger("turnloom.gateway.openai_chat")
 _GATEWAY = GatewayType.openai_chat.value
 # A tuple: membership compares, never hashes (a malformed role may be a list).
 _ROLES = tuple(r.value for r in Role)
+# Each role's value, a plain str, by member: one dict read (``role.value`` is
+# an enum property, two Python calls, on every render of a message).
+_ROLE_VALUES = {r: r.value for r in Role}
 # The assistant message fields that say something without ``content`` or
 # ``tool_calls``, in the order their parts follow the content parts (see
 # :func:`_field_parts`); the ``fields`` layout hint names those a message has.
@@ -312,7 +315,8 @@ class OpenAIChatGateway(Gateway):
         content = self._render_content(message.parts, role, layout, own)
         if content is None:
             return []
-        item: NativeContent = {"role": role.value, "content": content}
+        value = _ROLE_VALUES[role] if type(role) is Role else role.value
+        item: NativeContent = {"role": value, "content": content}
         _write_name(item, message, layout)
         if own and message.extras:
             item.update(message.extras)

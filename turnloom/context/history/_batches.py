@@ -164,9 +164,9 @@ def _held(history: _DoorState, turn_id: str | None) -> tuple[int, int, int, tupl
     """
     turns = history._turns
     if turn_id is None:
-        return len(turns), 0, 0, ()
+        return turns.size, 0, 0, ()
     linked = history._linked
-    for position in range(len(turns) - 1, -1, -1):  # the newest, in practice: O(1)
+    for position in range(turns.size - 1, -1, -1):  # the newest, in practice: O(1)
         turn = turns[position]
         if turn.turn_id == turn_id:
             if not linked:

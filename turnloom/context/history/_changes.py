@@ -279,10 +279,13 @@ def _record(
 ) -> int:
     """The work of :meth:`TurnHistory.record` (documented there)."""
     held = history._turns
-    position = len(held) - 1  # the newest, in practice
-    while position >= 0 and held[position].turn_id != turn_id:
+    newest = held.size - 1
+    position = newest  # the newest, in practice
+    old = held[position] if position >= 0 else None  # read once: a Python __getitem__
+    while old is not None and old.turn_id != turn_id:
         position -= 1
-    if position < 0 or (serial is not None and held[position].serial != serial):
+        old = held[position] if position >= 0 else None
+    if old is None or (serial is not None and old.serial != serial):
         known = position >= 0 or serial is not None or turn_id in history._evicted_ids
         if known or history._forgotten:
             # Validate anyway: a malformed late output is still an error.
@@ -291,7 +294,7 @@ def _record(
             return 0
         raise UnknownTurnError(f"Turn {excerpt(turn_id)} was never committed to this context.")
     entries, sizes, planned = _entries(history, outputs, turn_id, "output", turn_id)
-    old = history._turns[position]
+    # (The door's check changes no turn: ``old`` is still ``history._turns[position]``.)
     kept: Sequence[_Entry]
     kept_at: Sequence[int]
     if len(entries) == 1 and entries[0].message.id is None and not _blank(entries[0].message):
@@ -312,7 +315,7 @@ def _record(
         # recorded late to one (check_steps reads the group's bounds; a step
         # tail starts a group, so then nothing awaits), and one answering a
         # call id a second time is refused.
-        step = kept_steps(history, old) if position == len(held) - 1 else None
+        step = kept_steps(history, old) if position == newest else None
         tail: Sequence[Message] = ()
         if step is not None and step.start >= 0:
             # The state after the turn's last step (kept, or walked once now): what
@@ -333,17 +336,17 @@ def _record(
             unpaired=keep_unpaired,
             step=step,
         )
-    if position + 1 < len(history._turns):
-        later = history._turns[position + 1].entries(True)
+    current = history._turns
+    if position + 1 < current.size:
+        later = current[position + 1].entries(True)
         if later:
             _check_turn_start(
                 old.with_outputs(tuple(kept), 0),
                 later[0].message,
-                f"Turn {excerpt(history._turns[position + 1].turn_id)} input[0], after turn "
+                f"Turn {excerpt(current[position + 1].turn_id)} input[0], after turn "
                 f"{excerpt(turn_id)}'s late output,",
             )
-    current = history._turns
-    late = position != len(current) - 1
+    late = position != current.size - 1
     # Nothing dropped (the usual case): the entries tuple is the outputs added.
     new = old.with_outputs(entries if len(kept) == len(entries) else tuple(kept), kept_bytes)
     turns = current.replaced(position, new)
@@ -377,7 +380,7 @@ def _record(
         unplanned(kept)
         planned = None
     assign_outputs(history, position, kept, planned)
-    if late and position + 1 < len(turns):
+    if late and position + 1 < turns.size:
         turns = repair_results(turns, position + 1)  # later results may answer a new call
     history._turns = turns
     history._items += len(kept)

@@ -12,6 +12,7 @@ from turnloom.context.message import (
     Message,
     Role,
     ToolCallPart,
+    ToolResultPart,
 )
 from turnloom.context.pairing import (
     CallTracker,
@@ -194,6 +195,16 @@ def _unit_first(history: _TieState, index: int) -> int:
     return index
 
 
+def _holds_results(entries: tuple[_Entry, ...]) -> bool:
+    """True when a message of ``entries`` holds a tool result (``any(m.tool_results)``,
+    without building each message's tuple of results)."""
+    for entry in entries:
+        for part in entry.message.parts:
+            if type(part) is ToolResultPart:
+                return True
+    return False
+
+
 def _tie(history: _TieState, turn_id: str, entries: tuple[_Entry, ...], size: int) -> int:
     """Where a new turn's input answers calls: the index of their turn, or -1.
 
@@ -204,7 +215,7 @@ def _tie(history: _TieState, turn_id: str, entries: tuple[_Entry, ...], size: in
         PairedTurnsTooLargeError: together they would be over a limit.
     """
     turns = history._turns
-    if not turns or not any(e.message.tool_results for e in entries):
+    if not turns.size or not _holds_results(entries):
         return -1
     calls, at = _calls_after(turns)
     if not _answers(calls, [e.message for e in entries]):

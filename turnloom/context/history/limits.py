@@ -219,7 +219,7 @@ class _CountState(Protocol):
 def _counts(history: _CountState) -> HistoryCounts:
     """The work of :meth:`TurnHistory.counts` (documented there)."""
     return (
-        len(history._turns),
+        history._turns.size,  # (not len(): a Python __len__, on every change)
         history._items,
         history._bytes,
         history._tokens,
@@ -258,8 +258,9 @@ def _statistics(history: _CountState, restorable: int) -> HistoryStatistics:
 def _over_limits(history: _CountState) -> bool:
     """The work of :meth:`TurnHistory.over_limits` (documented there)."""
     limits = history._limits
-    return len(history._turns) > 1 and (
-        len(history._turns) > limits.max_turns
+    held = history._turns.size
+    return held > 1 and (
+        held > limits.max_turns
         or history._items > limits.max_items
         or history._bytes > limits.max_bytes
         or (limits.max_tokens is not None and history._tokens > limits.max_tokens)
