@@ -369,6 +369,29 @@ def test_a_summary_dropped_by_a_false_starts_second_eviction_is_restored_first()
     _cold_equal(history)
 
 
+def test_a_false_start_that_drops_the_summary_remembers_ids_as_its_checkpoint_replays() -> None:
+    """Invariant: when a false start's second eviction drops the summary turn, the
+    history remembers the evicted ids in history order (t0, summary, t1, t2), as
+    the replay of a checkpoint taken then (one eviction of them all) does, and
+    both keep remembering the same ids after the next commit settles them."""
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_turns=3, max_tokens=60))
+    for n in range(3):
+        history.commit(f"t{n}", [user(f"q{n}")], instructions=[SYSTEM] if n == 0 else None)
+        history.record(f"t{n}", [assistant(f"a{n}")])
+    apply_summary(history, ("t0",), S1, [user("s")])
+    history.commit("t3", [user("uh")])
+    assert history.evict() == ("t1",)
+    history.keep_state("t3", [user("x " * 150)])
+    assert history.evict() == (S1, "t2")
+    view, evicted, after = compacted(history)
+    log = [checkpoint(view, evicted, None), *(encode_record(r) for r in after)]
+    rebuilt = replay("c", log, history.limits)
+    assert history.evicted_ids == rebuilt.evicted_ids == ("t0", S1, "t1", "t2")
+    for h in (history, rebuilt):
+        h.record("t3", [assistant("a3")])
+    assert history.evicted_ids == rebuilt.evicted_ids == ("t0", S1, "t1", "t2")
+
+
 def test_pruning_keeps_pairs_and_is_byte_stable() -> None:
     """Invariant: prune_messages replaces result bodies by the note, keeps every call,
     id, name and error flag, drops reasoning (a reasoning-only message goes), and

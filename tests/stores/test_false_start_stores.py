@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.runtime import test_false_start_summary as summary_case
 from tests.runtime.helpers import SYSTEM, assistant, call, result, user
 from tests.stores.helpers import hosting
 from turnloom.context.history import HistoryLimits
@@ -220,3 +221,45 @@ async def test_a_checkpoint_replays_the_evictions_a_false_start_caused_before_it
         manager.voice.retract_turn("c", "t3")
         assert _held(manager) == {**before, "evicted": ("t3",)}
         assert manager.request_bytes(await manager.prepare(_request("t2"))) == expected
+
+
+async def test_a_host_restoring_a_false_start_that_evicted_the_summary_restores_it_first(
+    store_url: str, compacting: bool
+) -> None:
+    """Invariant: the first host's false start t5 evicts t3 at its commit, then t4 and the
+    summary turn at the end of its model call (no output; its kept pair puts the summary
+    and t5 alone over max_tokens) and stops; the second host restores the log (maybe a
+    checkpoint holding them aside, then their evictions) and retracting t5 there gives
+    back (summary, t3, t4) in that order: the first host's history and t4 request bytes
+    before the false start."""
+    limits = summary_case.LIMITS
+    async with hosting(store_url, history_limits=limits) as first:
+        manager = first.manager
+        await manager.leases.claim("c")
+        await summary_case._summarized(manager)
+        summary = manager.history("c").turn_ids[0]
+        before = _held(manager)
+        expected, _ = await summary_case._prepare(manager, "t4")
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t5", input=(user("uh"),)))
+        await summary_case._prepare(manager, "t5", summary_case.NOTES)
+        async with manager.invocation("c", "t5"):
+            pass
+        aside = _held(manager)
+        assert [t[0] for t in aside["turns"]] == ["t5"]
+        assert aside["restorable"] == (summary, "t3", "t4")
+        await manager.leases.flush()
+        stats = manager.statistics().store
+        assert stats is not None and (stats.compactions_total > 0) is compacting
+    async with hosting(store_url, history_limits=limits) as second:
+        manager = second.manager
+        assert await manager.leases.claim("c") is True
+        assert _held(manager) == aside
+        manager.voice.retract_turn("c", "t5")
+        assert _held(manager) == {**before, "evicted": (*before["evicted"], "t5")}
+        assert [t[0] for t in _held(manager)["turns"]] == [summary, "t3", "t4"]
+        assert (
+            manager.request_bytes(
+                await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t4"))
+            )
+            == expected
+        )

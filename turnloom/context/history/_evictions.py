@@ -172,18 +172,28 @@ def _evict(history: _EvictionState) -> tuple[str, ...]:
         # retraction, counted as evicted once they cannot be restored.
         tied = tuple([t.serial for t in gone if t.serial in linked]) if linked else ()
         popped: list[str] = []
-        for turn in gone:
-            _forget(history, turn, popped)
         if aside is _NOTHING_ASIDE:  # the first eviction since the commit, usually the only one
+            for turn in gone:
+                _forget(history, turn, popped)
             history._aside = _Aside(gone, tied, tuple(popped), turns[-1])
+        elif summary_gone:
+            # Held, and remembered, in their history order: a summary this
+            # eviction dropped stood before every turn an earlier one dropped.
+            # As one eviction of them all (a checkpoint's replay) remembers
+            # them: the earlier evictions' remembering is undone first.
+            held_aside = (gone[0], *aside.turns, *gone[1:])
+            remembered = aside.remembered_before(tuple(history._evicted_ids))
+            history._evicted_ids.clear()
+            history._evicted_ids.update(dict.fromkeys(remembered))
+            history._forgotten -= len(aside.popped)
+            for turn in held_aside:
+                _forget(history, turn, popped)
+            history._aside = _Aside(held_aside, aside.linked + tied, tuple(popped), turns[-1])
         else:
-            # Held in their history order: a summary this eviction dropped was
-            # held before every turn an earlier one dropped (it stood in front).
-            held_aside = (
-                (gone[0], *aside.turns, *gone[1:]) if summary_gone else (*aside.turns, *gone)
-            )
+            for turn in gone:
+                _forget(history, turn, popped)
             history._aside = _Aside(
-                held_aside,
+                (*aside.turns, *gone),
                 aside.linked + tied,
                 aside.popped + tuple(popped),
                 turns[-1],
