@@ -246,12 +246,16 @@ class SummaryCheckpointMachine(CheckpointMachine):
         n=st.integers(0, 5),
         size=st.sampled_from([1, 40, 400]),
         retract=st.booleans(),
+        summarized=st.booleans(),
     )
-    def false_start(self, n: int, size: int, retract: bool) -> None:
-        """Commit a turn, evict, grow its kept state, evict again (maybe the summary), retract.
+    def false_start(self, n: int, size: int, retract: bool, summarized: bool) -> None:
+        """A false start: maybe summarize first; commit, evict, grow the kept state, evict again.
 
+        The second eviction may drop the summary turn; then maybe a retraction.
         The invariant is checked after each step: while the turns are held aside too.
         """
+        if summarized:
+            self.summarize(keep=n % 3 + 1, size=1)
         before = self.history.turn_ids
         self.commit(n, approve=False)
         if self.history.turn_ids == before:
