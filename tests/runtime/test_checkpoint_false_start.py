@@ -12,7 +12,16 @@ turns are held aside for a retraction: their eviction, then the newest turn's
 kept state when it changed since) rebuilds the live history: its turns, pinned
 instructions, held, message and remembered ids, ties, turns held aside, and
 the renders of the newest turn on every gateway; and retracting the newest turn
-in both gives the same history again.
+in both gives the same history again. The replay's observations include the
+count of forgotten evicted ids.
+
+:class:`SummaryCheckpointMachine` adds summaries (``summary_range``,
+``apply_summary``, logged as the runtime logs them), prunings, and a false
+start run as one rule with the invariant checked at each step: commit, evict,
+grow the newest turn's kept state (its own call id, as the runtime's state
+pairs have), evict again (dropping a held summary turn once only it is left)
+and maybe retract; so the invariant holds with a summary turn held, while
+turns are held aside, in history order.
 """
 
 from __future__ import annotations
@@ -27,7 +36,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from tests.context.test_history import SYSTEM, _answer
 from tests.context.test_history_evict_stateful import assistant, call, result, user
 from turnloom.context import GatewayType, get_gateway
-from turnloom.context.history import HistoryLimits, TurnHistory
+from turnloom.context.history import (
+    HistoryLimits,
+    TurnHistory,
+    apply_summary,
+    next_summary_id,
+    prune_turns,
+    summary_range,
+)
 from turnloom.errors import StateError, TurnloomError, UnknownTurnError
 from turnloom.runtime._records import (
     OutputsRecorded,
@@ -36,6 +52,8 @@ from turnloom.runtime._records import (
     TurnCommitted,
     TurnRetracted,
     TurnsEvicted,
+    TurnsPruned,
+    TurnsSummarized,
     checkpoint,
     compacted,
     encode_record,
@@ -70,6 +88,7 @@ def _observe(history: TurnHistory) -> dict[str, Any]:
             if history.turn_serial(t) in history._linked
         },
         "remembered": history.evicted_ids,
+        "forgotten": history._forgotten,
         "restorable": history.restorable_ids,
         "items": history.statistics().items,
         "bytes": history.statistics().bytes,
@@ -194,7 +213,82 @@ class CheckpointMachine(RuleBasedStateMachine):
         assert _renders(replayed) == _renders(live)
 
 
+class SummaryCheckpointMachine(CheckpointMachine):
+    """The same with summaries and prunings: false starts run with a summary turn held."""
+
+    @rule(keep=st.integers(1, 3), size=st.sampled_from([1, 40, 400]))
+    def summarize(self, keep: int, size: int) -> None:
+        """Summarize the oldest turns (after an answer, as a summary waits for one)."""
+        history = self.history
+        turns = history.turn_ids
+        if not turns:
+            return
+        answer = (assistant(f"before s{keep}"),)
+        with contextlib.suppress(TurnloomError):
+            if history.record(turns[-1], answer):
+                self.log.append(OutputsRecorded(turn_id=turns[-1], outputs=answer))
+        with contextlib.suppress(TurnloomError):
+            turn_ids = summary_range(history, keep)
+            if turn_ids:
+                summary_id = next_summary_id(history)
+                summary = (user("s" * size),)
+                applied = apply_summary(history, turn_ids, summary_id, summary)
+                self.log.append(
+                    TurnsSummarized(
+                        turn_ids=turn_ids,
+                        summary_id=summary_id,
+                        summary=summary,
+                        replaced=applied.replaced,
+                    )
+                )
+
+    @rule(
+        n=st.integers(0, 5),
+        size=st.sampled_from([1, 40, 400]),
+        retract=st.booleans(),
+        summarized=st.booleans(),
+    )
+    def false_start(self, n: int, size: int, retract: bool, summarized: bool) -> None:
+        """A false start: maybe summarize first; commit, evict, grow the kept state, evict again.
+
+        The second eviction may drop the summary turn; then maybe a retraction.
+        The invariant is checked after each step: while the turns are held aside too.
+        """
+        if summarized:
+            self.summarize(keep=n % 3 + 1, size=1)
+        before = self.history.turn_ids
+        self.commit(n, approve=False)
+        if self.history.turn_ids == before:
+            return  # refused (the newest turn's calls are open)
+        for step in (self.evict, lambda: self._keep_own_state(size), self.evict):
+            self.a_checkpoint_replays_into_the_live_history()
+            step()
+        if retract:
+            self.a_checkpoint_replays_into_the_live_history()
+            self.retract()
+
+    def _keep_own_state(self, size: int) -> None:
+        """Keep a state pair on the newest turn with its own call id, as the runtime's are."""
+        turn_id = self.history.turn_ids[-1]
+        cid = f"tlrs_{turn_id}"
+        pair = (call(cid, "turnloom_runtime_context"), result(cid, "s" * size))
+        with contextlib.suppress(TurnloomError):
+            if self.history.keep_state(turn_id, pair):
+                self.log.append(StateKept(turn_id=turn_id, state=pair))
+
+    @rule(keep=st.integers(1, 3))
+    def prune(self, keep: int) -> None:
+        with contextlib.suppress(TurnloomError):
+            pruned = prune_turns(self.history, keep, "[pruned]")
+            if pruned:
+                self.log.append(TurnsPruned(turn_ids=pruned, keep=keep, note="[pruned]"))
+
+
 CheckpointMachine.TestCase.settings = settings(
     max_examples=300, stateful_step_count=30, deadline=None
 )
 test_a_checkpoint_replays_into_the_live_history = CheckpointMachine.TestCase
+SummaryCheckpointMachine.TestCase.settings = settings(
+    max_examples=200, stateful_step_count=30, deadline=None
+)
+test_a_checkpoint_replays_into_the_live_history_with_summaries = SummaryCheckpointMachine.TestCase
