@@ -271,8 +271,18 @@ def prune_messages(messages: Sequence[Message], note: str) -> tuple[Message, ...
     Returns:
         the pruned messages, oldest first, or None when nothing changes.
     """
+    each = prune_each(messages, note)
+    return None if each is None else tuple([m for m in each if m is not None])
+
+
+def prune_each(messages: Sequence[Message], note: str) -> tuple[Message | None, ...] | None:
+    """:func:`prune_messages`, one answer per message: the message itself when
+    pruning leaves it as it is, its pruned form, or None when it is dropped
+    (reasoning alone); None when nothing changes. For a caller that keeps
+    something per message (the history's entries). O(parts).
+    """
     body = (TextPart(text=note),)
-    out: list[Message] = []
+    out: list[Message | None] = []
     changed = False
     unreasoned = False  # inside a Responses response whose reasoning was dropped
     for message in messages:
@@ -319,6 +329,7 @@ def prune_messages(messages: Sequence[Message], note: str) -> tuple[Message, ...
             out.append(message)
             continue
         changed = True
-        if kept:
-            out.append(msgspec.structs.replace(message, content=tuple(kept), layout=layout))
+        out.append(
+            msgspec.structs.replace(message, content=tuple(kept), layout=layout) if kept else None
+        )
     return tuple(out) if changed else None

@@ -37,12 +37,12 @@ from turnloom.context.history._changes import _ChangeState
 from turnloom.context.history._evictions import _forget
 from turnloom.context.history._sent import assign_summary, carry_sent, release, unplanned
 from turnloom.context.history._turns import _Turns
-from turnloom.context.message import Message, ReasoningPart, check_id, check_message
+from turnloom.context.message import Message, check_id, check_message
 from turnloom.context.summaries import (
     SUMMARY_TURN_PREFIX,
     check_summary,
     is_summary_turn,
-    prune_messages,
+    prune_each,
 )
 from turnloom.context.tokens import TokenCounter, count_tokens
 from turnloom.errors import (
@@ -383,8 +383,8 @@ def prune_turns(
         turn = turns[position]
         if is_summary_turn(turn.turn_id) or (checked is not None and checked.get(id(turn)) is turn):
             continue
-        pruned_input = prune_messages(turn.messages(False), note)
-        pruned_outputs = prune_messages([e.message for e in turn.outputs], note)
+        pruned_input = prune_each(turn.messages(False), note)
+        pruned_outputs = prune_each([e.message for e in turn.outputs], note)
         if pruned_input is None and pruned_outputs is None:
             continue
         new_input = _pruned_entries(turn.input, pruned_input, counter)
@@ -433,30 +433,23 @@ def prune_turns(
 
 
 def _pruned_entries(
-    entries: tuple[_Entry, ...], pruned: tuple[Message, ...] | None, counter: TokenCounter
+    entries: tuple[_Entry, ...], pruned: tuple[Message | None, ...] | None, counter: TokenCounter
 ) -> tuple[_Entry, ...]:
-    """The entries of ``pruned`` (``prune_messages`` of the entries' messages), in order.
+    """The entries after pruning (``pruned``: ``prune_each`` of the entries' messages).
 
     Matched by position, not by message: one message object may be held twice
-    (each entry with its own sent ids). Pruning keeps each message, replaces
-    it, or drops it when it holds reasoning alone, in order.
+    (each entry with its own sent ids). An entry whose message pruning kept
+    stays as it is; a pruned message gets a new entry (its tokens counted);
+    a dropped one (None) leaves.
     """
     if pruned is None:
         return entries
-    out: list[_Entry] = []
-    at = 0
-    for message in pruned:
-        while message is not entries[at].message and _reasoning_only(entries[at].message):
-            at += 1  # dropped by pruning
-        entry = entries[at]
-        at += 1
-        if entry.message is not message:
-            entry = _Entry(message, count_tokens(counter, (message,)))
-        out.append(entry)
-    return tuple(out)
-
-
-def _reasoning_only(message: Message) -> bool:
-    """Whether ``message`` holds reasoning alone (``prune_messages`` drops it)."""
-    parts = message.parts
-    return bool(parts) and all(isinstance(p, ReasoningPart) for p in parts)
+    return tuple(
+        [
+            entry
+            if message is entry.message
+            else _Entry(message, count_tokens(counter, (message,)))
+            for entry, message in zip(entries, pruned, strict=True)
+            if message is not None
+        ]
+    )
