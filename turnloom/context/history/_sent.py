@@ -561,17 +561,32 @@ def assign_outputs(
 
 
 def assign_state(
-    history: _SentState, position: int, old: Sequence[_Entry], entries: Sequence[_Entry]
+    history: _SentState,
+    position: int,
+    old: Sequence[_Entry],
+    entries: Sequence[_Entry],
+    aside: Sequence[_Turn] = (),
 ) -> None:
     """``entries`` are kept as the state of ``history._turns[position]``, replacing ``old``.
 
-    The state sits after the turn's input: it pairs from there.
+    The state sits after the turn's input: it pairs from there. ``aside``: the
+    turns held aside for a retraction of the newest turn, when ``position`` is
+    it (``TurnHistory.restorable_ids``). Their calls' sent ids are held while
+    the state's are decided, so the rule counts them taken as it counts a kept
+    call's: a checkpoint holds those turns before the newest one
+    (``TurnHistory.before_evictions``) and a retraction brings them back, so
+    an id both sent would repeat there. O(their calls) more, only for a state
+    that carries a call or result id.
     """
     ids = history._sent
     _drop_entries(ids, old)
     if _carried_ids(entries):
         context = _context(history._turns, position + 1, input_only=True)
-        _assign(ids, entries, context, False)
+        hold(history, aside)
+        try:
+            _assign(ids, entries, context, False)
+        finally:
+            release(history, aside)  # free again: only the retraction holds them
 
 
 def assign_summary(history: _SentState, entries: Sequence[_Entry]) -> None:
