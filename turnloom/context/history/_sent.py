@@ -18,6 +18,11 @@ The rule over the kept calls' sent ids (``present``), for a call with id ``c``:
 * else ``c_r<n>``, ``n`` the smallest number from 2 up with ``c_r<n>`` not
   present.
 
+The newest turn's kept state, decided while evictions hold turns aside for
+its retraction, counts their calls' sent ids as present too
+(:func:`assign_state`): a checkpoint holds those turns before it, and a
+retraction brings them back beside the calls they sent.
+
 The door decides them a step earlier for a batch it renders
 (:func:`door_ids`, the same rule over the same state, changing nothing), so
 the batch renders once, as sent; the commit or record that follows in that
