@@ -587,11 +587,15 @@ def assign_state(
     _drop_entries(ids, old)
     if _carried_ids(entries):
         context = _context(history._turns, position + 1, input_only=True)
-        hold(history, aside)
+        present = ids.present
+        held = [s for t in aside for e in t.entries(True) for _, s in _calls(e) if s not in present]
+        for sent in held:
+            ids.hold(sent)
         try:
             _assign(ids, entries, context, False)
         finally:
-            release(history, aside)  # free again: only the retraction holds them
+            for sent in held:  # free again: only a retraction holds them
+                ids.drop(sent)
 
 
 def assign_summary(history: _SentState, entries: Sequence[_Entry]) -> None:
