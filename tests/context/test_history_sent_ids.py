@@ -535,3 +535,101 @@ def test_a_render_builds_each_renamed_message_once(monkeypatch: pytest.MonkeyPat
     built.clear()
     history.view().render(get_gateway(GatewayType.anthropic), "t4")
     assert built == ["a_r3", "a_r3"]  # t3 only: t2 is in the run
+
+
+def _false_start_history() -> TurnHistory:
+    """t1 sends a, t2 sends b, t3 is plain text: the history a false start t4 finds."""
+    history = TurnHistory(HistoryLimits(low_water=1.0, max_items=8, max_bytes=1 << 20))
+    history.commit("t1", [Message(role=Role.user, content="u1")], instructions=[SYSTEM])
+    history.record("t1", [marked_call("a", "1"), marked_result("a", "1")])
+    history.commit("t2", [Message(role=Role.user, content="u2")])
+    history.record("t2", [marked_call("b", "2"), marked_result("b", "2")])
+    history.commit("t3", [Message(role=Role.user, content="u3")])
+    return history
+
+
+def _all_renders(history: TurnHistory, turn_id: str) -> list[bytes]:
+    """The render of ``turn_id`` on every gateway, as bytes."""
+    view = history.view()
+    return [
+        b"".join(msgspec.json.encode(i) for i in view.render(get_gateway(k), turn_id).items)
+        for k in GatewayType
+    ]
+
+
+def _held_aside_a() -> TurnHistory:
+    """The false start t4: its first state evicts t1 (which sent a), held aside; its
+    second reuses a and evicts t2 too."""
+    history = _false_start_history()
+    history.commit("t4", [Message(role=Role.user, content="u4")])
+    assert history.keep_state("t4", [marked_call("s", "4"), marked_result("s", "4")])
+    assert history.evict() == ("t1",)
+    state = [
+        marked_call("a", "4"),
+        marked_result("a", "4"),
+        marked_call("z", "4"),
+        marked_result("z", "4"),
+    ]
+    assert history.keep_state("t4", state)
+    assert history.evict() == ("t2",)
+    assert history.restorable_ids == ("t1", "t2")
+    return history
+
+
+def _checkpoint_log(history: TurnHistory) -> list[bytes]:
+    view, evicted, after = compacted(history)
+    return [checkpoint(view, evicted, history.sequence), *map(encode_record, after)]
+
+
+def test_kept_state_does_not_send_an_id_a_turn_held_aside_sends() -> None:
+    """Invariant (4) across a false start: the newest turn's kept state never sends a call
+    id that a turn held aside for its retraction (``restorable_ids``) sends, as it never
+    sends one a kept turn sends. The checkpoint of such a history holds the turns held
+    aside before the newest turn as the latest eviction found it, so an id both sent
+    would repeat there and the checkpoint would not restore (``StoreRecordError``).
+
+    The state reusing t1's a sends a_r2; the checkpoint restores, and the restored
+    history renders the live one's bytes on every gateway, then with t4 retracted
+    renders t3 as before the false start.
+
+    Mutant tried: the state's ids decided without the held-aside ids: fails (the state
+    sends a, and the checkpoint's replay raises ``StoreRecordError``)."""
+    live = _false_start_history()
+    before = _all_renders(live, "t3")
+    history = _held_aside_a()
+    assert history.view().sent_call_ids("t4") == ("a_r2", "a_r2", "z", "z")
+    view, evicted, after = compacted(history)
+    assert (view.turn_ids, evicted) == (("t1", "t2", "t3", "t4"), ())
+    assert view.sent_call_ids("t1") == ()  # sent as given: a
+    assert view.sent_call_ids("t4") == ("a_r2", "a_r2", "z", "z")
+    assert after == (TurnsEvicted(turn_ids=("t1", "t2")),)
+    restored = replay("c", _checkpoint_log(history), history.limits)
+    assert restored.restorable_ids == ("t1", "t2")
+    assert restored.view().sent_call_ids("t4") == ("a_r2", "a_r2", "z", "z")
+    assert _all_renders(restored, "t4") == _all_renders(history, "t4")
+    for h in (history, restored):
+        h.retract("t4")
+        assert h.turn_ids == ("t1", "t2", "t3")
+        assert h.view().sent_call_ids("t1") == ()
+        assert _all_renders(h, "t3") == before
+
+
+def test_held_aside_ids_are_taken_only_while_held_aside() -> None:
+    """Invariant (4), the other side: once the turns held aside are let go (a commit), the
+    ids they sent are free again, in the live history and in one restored from its
+    checkpoint alike; the kept state keeps the id it was sent with (a_r2), which the
+    next turn's input carries on every gateway.
+
+    Mutant tried: the held-aside ids left held after the state's are decided: fails (a
+    later call a is sent a_r3)."""
+    history = _held_aside_a()
+    restored = replay("c", _checkpoint_log(history), history.limits)
+    for h in (history, restored):
+        h.commit("t5", [Message(role=Role.user, content="u5")])
+        assert h.restorable_ids == ()
+        assert h.evicted_ids == ("t1", "t2")
+        items = list(h.view().render(get_gateway(GatewayType.openai_chat), "t5").items)
+        assert [s[2] for s in call_sites("openai_chat", items)] == ["a_r2", "a_r2", "z", "z"]
+        h.record("t5", [marked_call("a", "5"), marked_result("a", "5")])
+        assert h.view().sent_call_ids("t5") == ()  # a is free: sent as given
+    assert _all_renders(restored, "t5") == _all_renders(history, "t5")

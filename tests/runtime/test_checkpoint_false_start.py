@@ -156,18 +156,21 @@ class CheckpointMachine(RuleBasedStateMachine):
             if history.record(target, outputs):
                 self.log.append(OutputsRecorded(turn_id=target, outputs=tuple(outputs)))
 
-    @rule(n=st.integers(0, 8), size=st.sampled_from([0, 1, 40, 400]), newest=st.booleans())
-    def keep_state(self, n: int, size: int, newest: bool) -> None:
+    @rule(
+        n=st.integers(0, 8),
+        size=st.sampled_from([0, 1, 40, 400]),
+        newest=st.booleans(),
+        reuse=st.booleans(),
+    )
+    def keep_state(self, n: int, size: int, newest: bool, reuse: bool) -> None:
         history = self.history
         turns = history.turn_ids
         if not turns:
             return
         tag = f"s{n}"
-        pair = (
-            [call(f"tlrs_{tag}", "turnloom_runtime_context"), result(f"tlrs_{tag}", tag * size)]
-            if size
-            else []
-        )
+        # ``reuse``: the pair's call id is one the outputs use (a turn held aside may send it).
+        cid = f"k{n % 3}" if reuse else f"tlrs_{tag}"
+        pair = [call(cid, "turnloom_runtime_context"), result(cid, tag * size)] if size else []
         target = turns[-1] if newest else turns[n % len(turns)]
         with contextlib.suppress(TurnloomError):
             if history.keep_state(target, pair):

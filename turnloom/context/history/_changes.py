@@ -490,7 +490,9 @@ def _keep_state(
         history._generation += 1
         history._linked.clear()
         history._linked.update(linked)
-    assign_state(history, position, old.state, entries)  # after the turn's input
+    aside = history._aside  # (None when late: settled above)
+    # After the turn's input; the turns held aside still send their ids (see assign_state).
+    assign_state(history, position, old.state, entries, aside.turns if aside is not None else ())
     if late:
         turns = repair_results(turns, position)  # its outputs, later results: answers may move
     history._turns = turns

@@ -18,6 +18,11 @@ The rule over the kept calls' sent ids (``present``), for a call with id ``c``:
 * else ``c_r<n>``, ``n`` the smallest number from 2 up with ``c_r<n>`` not
   present.
 
+The newest turn's kept state, decided while evictions hold turns aside for
+its retraction, counts their calls' sent ids as present too
+(:func:`assign_state`): a checkpoint holds those turns before it, and a
+retraction brings them back beside the calls they sent.
+
 The door decides them a step earlier for a batch it renders
 (:func:`door_ids`, the same rule over the same state, changing nothing), so
 the batch renders once, as sent; the commit or record that follows in that
@@ -561,17 +566,36 @@ def assign_outputs(
 
 
 def assign_state(
-    history: _SentState, position: int, old: Sequence[_Entry], entries: Sequence[_Entry]
+    history: _SentState,
+    position: int,
+    old: Sequence[_Entry],
+    entries: Sequence[_Entry],
+    aside: Sequence[_Turn] = (),
 ) -> None:
     """``entries`` are kept as the state of ``history._turns[position]``, replacing ``old``.
 
-    The state sits after the turn's input: it pairs from there.
+    The state sits after the turn's input: it pairs from there. ``aside``: the
+    turns held aside for a retraction of the newest turn, when ``position`` is
+    it (``TurnHistory.restorable_ids``). Their calls' sent ids are held while
+    the state's are decided, so the rule counts them taken as it counts a kept
+    call's: a checkpoint holds those turns before the newest one
+    (``TurnHistory.before_evictions``) and a retraction brings them back, so
+    an id both sent would repeat there. O(their calls) more, only for a state
+    that carries a call or result id.
     """
     ids = history._sent
     _drop_entries(ids, old)
     if _carried_ids(entries):
         context = _context(history._turns, position + 1, input_only=True)
-        _assign(ids, entries, context, False)
+        present = ids.present
+        held = [s for t in aside for e in t.entries(True) for _, s in _calls(e) if s not in present]
+        for sent in held:
+            ids.hold(sent)
+        try:
+            _assign(ids, entries, context, False)
+        finally:
+            for sent in held:  # free again: only a retraction holds them
+                ids.drop(sent)
 
 
 def assign_summary(history: _SentState, entries: Sequence[_Entry]) -> None:
