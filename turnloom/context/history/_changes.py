@@ -122,11 +122,6 @@ def _blank_reasoning(part: Part) -> bool:
     )
 
 
-def _last_message(turn: _Turn) -> Message | None:
-    """The turn's last message (its input, kept state, then outputs), or None."""
-    return turn.last_message()
-
-
 def _commit(
     history: _ChangeState,
     turn_id: str,
@@ -308,7 +303,7 @@ def _record(
         return 0
     messages = [kept[0].message] if len(kept) == 1 else [e.message for e in kept]
     checked: _StepState | None = None  # the step state the check fed the outputs to
-    if steps_may_conflict(messages, _last_message(old)):
+    if steps_may_conflict(messages, old.last_message()):
         # A turn that does not end in a step of its own is read whole: while
         # nothing in it starts or ends a call group, its results (and the
         # outputs') may answer calls an earlier turn left open or a call

@@ -36,8 +36,6 @@ from turnloom.context.history.limits import (
     HistoryCounts,
     HistoryLimits,
     HistoryStatistics,
-    _counts,
-    _over_limits,
     _statistics,
 )
 from turnloom.context.history.view import HistoryView
@@ -327,7 +325,19 @@ class TurnHistory:
         The same values as :meth:`statistics`' fields, without building a
         snapshot (taken before and after every change).
         """
-        return _counts(self)
+        # The body, not a helper's call: taken twice per change on the event loop.
+        return (
+            self._turns.size,  # (not len(): a Python __len__, on every change)
+            self._items,
+            self._bytes,
+            self._tokens,
+            self._evicted,
+            self._evicted_items,
+            self._late_dropped,
+            self._blank_dropped,
+            self._duplicates,
+            self._retracted,
+        )
 
     def statistics(self) -> HistoryStatistics:
         """A frozen snapshot of the counters."""
@@ -340,7 +350,15 @@ class TurnHistory:
         :meth:`evict` may still evict nothing: the newest turn and the turns
         tied to it are never evicted.
         """
-        return _over_limits(self)
+        # The body, not a helper's call: read at every record and end of a model call.
+        limits = self._limits
+        held = self._turns.size
+        return held > 1 and (
+            held > limits.max_turns
+            or self._items > limits.max_items
+            or self._bytes > limits.max_bytes
+            or (limits.max_tokens is not None and self._tokens > limits.max_tokens)
+        )
 
     # -- changing --------------------------------------------------------
 
