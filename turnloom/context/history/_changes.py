@@ -133,7 +133,7 @@ def _commit(
 ) -> None:
     """The work of :meth:`TurnHistory.commit` (documented there)."""
     check_id(turn_id, "turn id")
-    if history.has_turn(turn_id) or turn_id in history._evicted_ids:
+    if turn_id in history._ids or turn_id in history._evicted_ids:  # (has_turn, inline)
         raise DuplicateIdError(
             f"Turn {excerpt(turn_id)} was already committed to this context; each turn "
             "of a context takes a new turn_id."
@@ -158,7 +158,7 @@ def _commit(
         _check_steps_named(
             input, "Turn {} input", turn_id, late=bool(history._turns), unpaired=keep_unpaired
         )
-    if input and history._turns and input[0].role is Role.assistant:
+    if input and input[0].role is Role.assistant and history._turns:
         # (Only an assistant message can continue a step: its label is built for it alone.)
         _check_turn_start(history._turns[-1], input[0], f"Turn {excerpt(turn_id)} input[0]")
     seen: set[str] = set()
@@ -217,7 +217,7 @@ def _commit(
         history._linked.add(turn.serial)
     history._turns = history._turns.appended(turn)
     history._ids[turn_id] = None
-    history._items += turn.items
+    history._items += len(entries)  # turn.items (its cells are the entries), without the property
     history._bytes += turn.bytes
     history._tokens += turn.tokens
     history._view = None

@@ -105,6 +105,8 @@ class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
         which is never evicted.
         """
         low = self.low_water
+        if low == 1:  # the limits themselves, as _mark gives them (the default: no calls)
+            return (self.max_turns, self.max_items, self.max_bytes, self.max_tokens)
         return (
             _mark(self.max_turns, low),
             _mark(self.max_items, low),
