@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from turnloom.context.history._batches import _DoorState, _entries, _memo
+from turnloom.context.history._batches import _DoorState, _entries
 from turnloom.context.history._cells import _Entry, _Turn
 from turnloom.context.history._evictions import _NOTHING_ASIDE, _EvictionState, _settle
 from turnloom.context.history._sent import (
@@ -93,23 +93,6 @@ def _blank(message: Message) -> bool:
         elif not is_blank_part(part):
             return False
     return True
-
-
-def _left_out(history: _DoorState, messages: Sequence[Message]) -> int:
-    """The work of :meth:`TurnHistory.left_out` (documented there)."""
-    if not messages:
-        return 0
-    renders = _memo(history, messages)[2]
-    if renders is None:
-        return 0
-    if len(renders) == 1:  # a record's usual batch: no generator
-        native = renders[0][0]
-        return 1 if type(native) is tuple and not native and not _blank(messages[0]) else 0
-    return sum(
-        1
-        for message, (native, _) in zip(messages, renders, strict=True)
-        if type(native) is tuple and not native and not _blank(message)
-    )
 
 
 def _blank_reasoning(part: Part) -> bool:
@@ -204,7 +187,7 @@ def _commit(
         entries,
         (),
         size,
-        sum([e.tokens for e in entries]),
+        entries[0].tokens if len(entries) == 1 else sum([e.tokens for e in entries]),
         history._serial,
     )
     for entry in entries:

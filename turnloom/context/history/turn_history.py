@@ -12,11 +12,12 @@ from turnloom.context.history._batches import (
     _UNCHECKED,
     _check_batch,
     _Checked,
+    _memo,
     _output_renders,
     _rendered_items,
 )
 from turnloom.context.history._cells import _Entry
-from turnloom.context.history._changes import _commit, _keep_state, _left_out, _record
+from turnloom.context.history._changes import _blank, _commit, _keep_state, _record
 from turnloom.context.history._evictions import (
     _Aside,
     _before_evictions,
@@ -438,7 +439,20 @@ class TurnHistory:
         reference without a transcript, on Anthropic, Gemini or Responses.
         A blank message (not recorded) is not counted.
         """
-        return _left_out(self, messages)
+        # The body, not a helper's call: read at every record and commit on the event loop.
+        if not messages:
+            return 0
+        renders = _memo(self, messages)[2]
+        if renders is None:
+            return 0
+        if len(renders) == 1:  # a record's usual batch: no generator
+            native = renders[0][0]
+            return 1 if type(native) is tuple and not native and not _blank(messages[0]) else 0
+        return sum(
+            1
+            for message, (native, _) in zip(messages, renders, strict=True)
+            if type(native) is tuple and not native and not _blank(message)
+        )
 
     def commit(
         self,
