@@ -56,6 +56,8 @@ def test_low_water_marks_are_each_limit_times_the_fraction_rounded_down() -> Non
     assert HistoryLimits(low_water=1).low_water_marks() == (32, 4096, 8 * 1024 * 1024, None)
     # The default, 1.0 (per-turn eviction: logs written before low_water replay).
     assert HistoryLimits().low_water_marks() == (32, 4096, 8 * 1024 * 1024, None)
+    # At 1.0 a token bound is its own mark too (not dropped with the other marks' work).
+    assert HistoryLimits(max_tokens=31).low_water_marks() == (32, 4096, 8 * 1024 * 1024, 31)
     assert HistoryLimits(low_water=0.4).low_water_marks() == (12, 1638, 3355443, None)
 
 

@@ -254,7 +254,8 @@ class ContextTable:
         self._evict(state)
         self._counters.history_changed(before, history.counts())
         self._counters.left_out += left_out
-        self._safe_point(state)
+        if self.safe_point is not None and state.in_flight is None:  # _safe_point, inline
+            self.safe_point(state)
 
     def record(
         self,
@@ -412,7 +413,10 @@ class ContextTable:
             UnknownTurnError: the turn is not held (never committed, or evicted).
             StateError: another model call is in flight for the context.
         """
-        state = self.get(context_id)
+        # get's lookup, inline (entered once per model call); get raises for a miss.
+        state = self.contexts.get(context_id) if type(context_id) is str else None
+        if state is None:
+            state = self.get(context_id)
         check_id(turn_id, "turn id")
         if not state.history.has_turn(turn_id):
             raise UnknownTurnError(
@@ -438,8 +442,14 @@ class ContextTable:
         state.call_scope = None
         self._counters.invocations -= 1
         if evict and self.contexts.get(state.context_id) is state:
-            self.evict(state)
-            self._safe_point(state)
+            # evict and _safe_point inlined (once per model call); no call is in flight now.
+            history = state.history
+            if history.over_limits():
+                before = history.counts()
+                self._evict(state)
+                self._counters.history_changed(before, history.counts())
+            if self.safe_point is not None:
+                self.safe_point(state)
 
     def retract(self, state: ContextState, context_id: str, turn_id: str) -> None:
         """Take back the newest turn, which produced no answer.

@@ -261,7 +261,7 @@ class ContextManager:
                 MAX_TOKEN_COUNT]``; nothing was committed.
         """
         queue = self._life.check_open().queue
-        context_id = check_snapshot(snapshot, self.gateway, self._table.history_of)
+        context_id = check_snapshot(snapshot, self._options.gateway, self._table.history_of)
         self.leases._check_writable(context_id)
         self._table.commit(context_id, snapshot)
         queue.wake(context_id)
@@ -328,11 +328,17 @@ class ContextManager:
         """
         self._life.check_recording()
         table = self._table
-        if table.was_removed(context_id):
-            return table.drop_late(turn_id, outputs)
-        self.leases._check_writable(context_id)
-        state = table.get(context_id)
-        check_outputs(self.gateway, turn_id, outputs, state.history)
+        # A held context is never a removed one (the table keeps the two
+        # disjoint), so a held id skips was_removed and get's second lookup.
+        state = table.contexts.get(context_id) if type(context_id) is str else None
+        if state is None:
+            if table.was_removed(context_id):
+                return table.drop_late(turn_id, outputs)
+            self.leases._check_writable(context_id)
+            state = table.get(context_id)
+        else:
+            self.leases._check_writable(context_id)
+        check_outputs(self._options.gateway, turn_id, outputs, state.history)
         return table.record(state, turn_id, outputs)
 
     def remove_context(self, context_id: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from turnloom.context.history._batches import _DoorState, _entries, _memo
+from turnloom.context.history._batches import _DoorState, _entries
 from turnloom.context.history._cells import _Entry, _Turn
 from turnloom.context.history._evictions import _NOTHING_ASIDE, _EvictionState, _settle
 from turnloom.context.history._sent import (
@@ -95,23 +95,6 @@ def _blank(message: Message) -> bool:
     return True
 
 
-def _left_out(history: _DoorState, messages: Sequence[Message]) -> int:
-    """The work of :meth:`TurnHistory.left_out` (documented there)."""
-    if not messages:
-        return 0
-    renders = _memo(history, messages)[2]
-    if renders is None:
-        return 0
-    if len(renders) == 1:  # a record's usual batch: no generator
-        native = renders[0][0]
-        return 1 if type(native) is tuple and not native and not _blank(messages[0]) else 0
-    return sum(
-        1
-        for message, (native, _) in zip(messages, renders, strict=True)
-        if type(native) is tuple and not native and not _blank(message)
-    )
-
-
 def _blank_reasoning(part: Part) -> bool:
     return (
         type(part) is ReasoningPart
@@ -120,11 +103,6 @@ def _blank_reasoning(part: Part) -> bool:
         and part.encrypted_content is None
         and not part.redacted
     )
-
-
-def _last_message(turn: _Turn) -> Message | None:
-    """The turn's last message (its input, kept state, then outputs), or None."""
-    return turn.last_message()
 
 
 def _commit(
@@ -138,7 +116,7 @@ def _commit(
 ) -> None:
     """The work of :meth:`TurnHistory.commit` (documented there)."""
     check_id(turn_id, "turn id")
-    if history.has_turn(turn_id) or turn_id in history._evicted_ids:
+    if turn_id in history._ids or turn_id in history._evicted_ids:  # (has_turn, inline)
         raise DuplicateIdError(
             f"Turn {excerpt(turn_id)} was already committed to this context; each turn "
             "of a context takes a new turn_id."
@@ -163,7 +141,7 @@ def _commit(
         _check_steps_named(
             input, "Turn {} input", turn_id, late=bool(history._turns), unpaired=keep_unpaired
         )
-    if input and history._turns and input[0].role is Role.assistant:
+    if input and input[0].role is Role.assistant and history._turns:
         # (Only an assistant message can continue a step: its label is built for it alone.)
         _check_turn_start(history._turns[-1], input[0], f"Turn {excerpt(turn_id)} input[0]")
     seen: set[str] = set()
@@ -209,7 +187,7 @@ def _commit(
         entries,
         (),
         size,
-        sum([e.tokens for e in entries]),
+        entries[0].tokens if len(entries) == 1 else sum([e.tokens for e in entries]),
         history._serial,
     )
     for entry in entries:
@@ -222,7 +200,7 @@ def _commit(
         history._linked.add(turn.serial)
     history._turns = history._turns.appended(turn)
     history._ids[turn_id] = None
-    history._items += turn.items
+    history._items += len(entries)  # turn.items (its cells are the entries), without the property
     history._bytes += turn.bytes
     history._tokens += turn.tokens
     history._view = None
@@ -308,7 +286,7 @@ def _record(
         return 0
     messages = [kept[0].message] if len(kept) == 1 else [e.message for e in kept]
     checked: _StepState | None = None  # the step state the check fed the outputs to
-    if steps_may_conflict(messages, _last_message(old)):
+    if steps_may_conflict(messages, old.last_message()):
         # A turn that does not end in a step of its own is read whole: while
         # nothing in it starts or ends a call group, its results (and the
         # outputs') may answer calls an earlier turn left open or a call

@@ -104,7 +104,7 @@ def _evict(history: _EvictionState) -> tuple[str, ...]:
     turns, linked = history._turns, history._linked
     # A summary turn (summary compaction, first when held) stands for turns that
     # already left: it goes last, after every other turn eviction may drop.
-    held = len(turns)
+    held = turns.size  # (not len(): a Python __len__)
     first = 1 if held > 1 and turns[0].turn_id.startswith(SUMMARY_TURN_PREFIX) else 0
     count = first
     items = total = tokens = 0
@@ -199,7 +199,7 @@ def _evict(history: _EvictionState) -> tuple[str, ...]:
                 turns[-1],
             )
     history._view = None
-    return tuple(t.turn_id for t in gone)
+    return tuple([t.turn_id for t in gone])  # (a list, not a generator: one call)
 
 
 def _head(turns: _Turns) -> tuple[_Turn, ...]:

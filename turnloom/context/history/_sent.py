@@ -505,19 +505,6 @@ _NO_IDS = _DoorIds(EMPTY, -1, None, None, ())
 """The plan of a batch without a call or result: nothing to decide, in any state."""
 
 
-def _planned(
-    history: _SentState, entries: Sequence[_Entry], planned: _DoorIds, turn_id: str | None
-) -> bool:
-    """Take ``planned``'s ids when it holds (the entries carry its ``sent``: True), else
-    send ``entries`` with their own ids until decided anew (False)."""
-    if planned.holds(history, turn_id):
-        if planned.claims:
-            history._sent.claim_all(planned.claims)
-        return True
-    unplanned(entries)
-    return False
-
-
 def unplanned(entries: Iterable[_Entry]) -> None:
     """``entries`` are sent with their own ids until decided: the door's ids (and the
     renders of them) go, for a change that decides its own."""
@@ -531,9 +518,14 @@ def assign_input(
 ) -> None:
     """A new turn's input ``entries`` follow the kept turns (a commit).
 
-    ``planned``: the door's plan for these entries (see :class:`_DoorIds`).
+    ``planned``: the door's plan for these entries (see :class:`_DoorIds`) as
+    ``_batches._entries`` gave it, so it holds: ``_entries`` gives a plan only
+    when it holds, and a commit changes neither the turns nor the sent ids
+    before it assigns them. The entries carry its ``sent``; its claims are taken.
     """
-    if planned is _NO_IDS or (planned is not None and _planned(history, entries, planned, None)):
+    if planned is not None:
+        if planned.claims:  # (none for _NO_IDS)
+            history._sent.claim_all(planned.claims)
         return
     carried = _carried_ids(entries)
     if carried:
@@ -550,12 +542,14 @@ def assign_outputs(
 ) -> None:
     """``entries`` are recorded after the outputs of ``history._turns[position]``.
 
-    ``planned``: the door's plan for exactly these entries (see :class:`_DoorIds`).
+    ``planned``: the door's plan for exactly these entries (see :class:`_DoorIds`)
+    as ``_batches._entries`` gave it for that turn, so it holds (as for
+    :func:`assign_input`: a record changes neither the turns nor the sent ids
+    before it assigns them). The entries carry its ``sent``; its claims are taken.
     """
-    if planned is _NO_IDS or (
-        planned is not None
-        and _planned(history, entries, planned, history._turns[position].turn_id)
-    ):
+    if planned is not None:
+        if planned.claims:  # (none for _NO_IDS)
+            history._sent.claim_all(planned.claims)
         return
     carried = _carried_ids(entries)
     if carried:

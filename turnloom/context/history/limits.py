@@ -105,6 +105,8 @@ class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
         which is never evicted.
         """
         low = self.low_water
+        if low == 1:  # the limits themselves, as _mark gives them (the default: no calls)
+            return (self.max_turns, self.max_items, self.max_bytes, self.max_tokens)
         return (
             _mark(self.max_turns, low),
             _mark(self.max_items, low),
@@ -216,22 +218,6 @@ class _CountState(Protocol):
     _turns: _Turns
 
 
-def _counts(history: _CountState) -> HistoryCounts:
-    """The work of :meth:`TurnHistory.counts` (documented there)."""
-    return (
-        history._turns.size,  # (not len(): a Python __len__, on every change)
-        history._items,
-        history._bytes,
-        history._tokens,
-        history._evicted,
-        history._evicted_items,
-        history._late_dropped,
-        history._blank_dropped,
-        history._duplicates,
-        history._retracted,
-    )
-
-
 def _statistics(history: _CountState, restorable: int) -> HistoryStatistics:
     """The work of :meth:`TurnHistory.statistics` (documented there); ``restorable``
     is its count of turns held aside."""
@@ -252,16 +238,4 @@ def _statistics(history: _CountState, restorable: int) -> HistoryStatistics:
         pinned_tokens=history._pinned_tokens,
         evicted_tokens=history._evicted_tokens,
         restorable_turns=restorable,
-    )
-
-
-def _over_limits(history: _CountState) -> bool:
-    """The work of :meth:`TurnHistory.over_limits` (documented there)."""
-    limits = history._limits
-    held = history._turns.size
-    return held > 1 and (
-        held > limits.max_turns
-        or history._items > limits.max_items
-        or history._bytes > limits.max_bytes
-        or (limits.max_tokens is not None and history._tokens > limits.max_tokens)
     )

@@ -12,11 +12,12 @@ from turnloom.context.history._batches import (
     _UNCHECKED,
     _check_batch,
     _Checked,
+    _memo,
     _output_renders,
     _rendered_items,
 )
 from turnloom.context.history._cells import _Entry
-from turnloom.context.history._changes import _commit, _keep_state, _left_out, _record
+from turnloom.context.history._changes import _blank, _commit, _keep_state, _record
 from turnloom.context.history._evictions import (
     _Aside,
     _before_evictions,
@@ -36,8 +37,6 @@ from turnloom.context.history.limits import (
     HistoryCounts,
     HistoryLimits,
     HistoryStatistics,
-    _counts,
-    _over_limits,
     _statistics,
 )
 from turnloom.context.history.view import HistoryView
@@ -327,7 +326,19 @@ class TurnHistory:
         The same values as :meth:`statistics`' fields, without building a
         snapshot (taken before and after every change).
         """
-        return _counts(self)
+        # The body, not a helper's call: taken twice per change on the event loop.
+        return (
+            self._turns.size,  # (not len(): a Python __len__, on every change)
+            self._items,
+            self._bytes,
+            self._tokens,
+            self._evicted,
+            self._evicted_items,
+            self._late_dropped,
+            self._blank_dropped,
+            self._duplicates,
+            self._retracted,
+        )
 
     def statistics(self) -> HistoryStatistics:
         """A frozen snapshot of the counters."""
@@ -340,7 +351,15 @@ class TurnHistory:
         :meth:`evict` may still evict nothing: the newest turn and the turns
         tied to it are never evicted.
         """
-        return _over_limits(self)
+        # The body, not a helper's call: read at every record and end of a model call.
+        limits = self._limits
+        held = self._turns.size
+        return held > 1 and (
+            held > limits.max_turns
+            or self._items > limits.max_items
+            or self._bytes > limits.max_bytes
+            or (limits.max_tokens is not None and self._tokens > limits.max_tokens)
+        )
 
     # -- changing --------------------------------------------------------
 
@@ -420,7 +439,20 @@ class TurnHistory:
         reference without a transcript, on Anthropic, Gemini or Responses.
         A blank message (not recorded) is not counted.
         """
-        return _left_out(self, messages)
+        # The body, not a helper's call: read at every record and commit on the event loop.
+        if not messages:
+            return 0
+        renders = _memo(self, messages)[2]
+        if renders is None:
+            return 0
+        if len(renders) == 1:  # a record's usual batch: no generator
+            native = renders[0][0]
+            return 1 if type(native) is tuple and not native and not _blank(messages[0]) else 0
+        return sum(
+            1
+            for message, (native, _) in zip(messages, renders, strict=True)
+            if type(native) is tuple and not native and not _blank(message)
+        )
 
     def commit(
         self,
