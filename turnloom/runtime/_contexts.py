@@ -254,8 +254,7 @@ class ContextTable:
         self._evict(state)
         self._counters.history_changed(before, history.counts())
         self._counters.left_out += left_out
-        if self.safe_point is not None and state.in_flight is None:  # _safe_point, inline
-            self.safe_point(state)
+        self._safe_point(state)
 
     def record(
         self,
@@ -442,14 +441,8 @@ class ContextTable:
         state.call_scope = None
         self._counters.invocations -= 1
         if evict and self.contexts.get(state.context_id) is state:
-            # evict and _safe_point inlined (once per model call); no call is in flight now.
-            history = state.history
-            if history.over_limits():
-                before = history.counts()
-                self._evict(state)
-                self._counters.history_changed(before, history.counts())
-            if self.safe_point is not None:
-                self.safe_point(state)
+            self.evict(state)
+            self._safe_point(state)
 
     def retract(self, state: ContextState, context_id: str, turn_id: str) -> None:
         """Take back the newest turn, which produced no answer.
