@@ -434,6 +434,9 @@ def _strict_copy(value: Any, where: str, field: str, depth: int = 0) -> Any:
     while stack:
         item, into, key, level, path = stack.pop()
         if isinstance(item, str):
+            # Base-class calls throughout: a subclass's overrides (isascii,
+            # encode, __int__, items, __iter__, __len__, __hash__) never run.
+            item = item if type(item) is str else str.__str__(item)
             if not item.isascii():
                 try:
                     item.encode("utf-8")
@@ -444,17 +447,17 @@ def _strict_copy(value: Any, where: str, field: str, depth: int = 0) -> Any:
                         f"holds a lone surrogate (not valid UTF-8): {excerpt(item)}.",
                         text=True,
                     ) from None
-            into[key] = item if type(item) is str else str.__str__(item)
+            into[key] = item
         elif item is None or item is True or item is False:
             into[key] = item
         elif isinstance(item, int):
-            into[key] = int(item)
+            into[key] = int.__int__(item)
         elif isinstance(item, float):
-            if not math.isfinite(item):
+            if not math.isfinite(float.__float__(item)):
                 raise _json_error(
                     where, _path(field, path), f"holds {excerpt(item)}, which is not JSON (strict)."
                 )
-            into[key] = float(item)
+            into[key] = float.__float__(item)
         elif isinstance(item, _CONTAINERS):
             if level + 1 > MAX_JSON_DEPTH:
                 raise _json_error(
@@ -464,13 +467,14 @@ def _strict_copy(value: Any, where: str, field: str, depth: int = 0) -> Any:
                 )
             if isinstance(item, dict):
                 copy: dict[str, Any] = {}
-                for k, v in item.items():
+                for k, v in dict.items(item):
                     if not isinstance(k, str):
                         raise _json_error(
                             where,
                             _path(field, path),
                             f"has a key {excerpt(k)} that is not a string.",
                         )
+                    k = k if type(k) is str else str.__str__(k)
                     if not k.isascii():
                         try:
                             k.encode("utf-8")
@@ -488,8 +492,13 @@ def _strict_copy(value: Any, where: str, field: str, depth: int = 0) -> Any:
                         stack.append((v, copy, k, level + 1, (*path, k)))
                 into[key] = copy
             else:
-                array: list[Any] = [None] * len(item)
-                for i, v in enumerate(item):
+                items = (
+                    list.copy(item)
+                    if isinstance(item, list)
+                    else tuple.__getitem__(item, slice(None))
+                )
+                array: list[Any] = [None] * len(items)
+                for i, v in enumerate(items):
                     if type(v) is str and v.isascii():
                         array[i] = v
                     else:
@@ -901,7 +910,12 @@ def _copy_extras(
     if not isinstance(extras, dict):
         raise InvalidMessageError(f"{where} {label} must be a JSON object.", field=label)
     reserved = frozenset() if only and gateway is None else _reserved(element, gateway)
-    clash = [k for k in extras if k in reserved] if reserved else []
+    # dict.__iter__ and str.__str__: a subclass's __iter__, __hash__ or __eq__ never runs here.
+    clash = (
+        [k for k in dict.__iter__(extras) if isinstance(k, str) and str.__str__(k) in reserved]
+        if reserved
+        else []
+    )
     if clash:
         raise InvalidMessageError(
             f"{where} {label} holds {excerpt(clash[0])}, a key the "
