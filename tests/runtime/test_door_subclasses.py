@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from turnloom.context import Message, Role, TextPart
+from turnloom.context import Message, Role, TextPart, ToolCallPart, ToolResultPart
 from turnloom.errors import InvalidMessageError
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
 
@@ -117,3 +117,87 @@ async def test_a_reserved_key_as_a_misbehaving_str_subclass_is_refused_typed(
         with pytest.raises(InvalidMessageError, match="holds 'role'"):
             manager.accept_turn(_snapshot({_EqRaise("role"): "system"}))
         assert (manager.context_ids(), msgspec.structs.asdict(manager.statistics())) == ((), before)
+
+
+class _Hostile(str):
+    """A str whose every method a door might call raises."""
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("boom")
+
+    def __hash__(self) -> int:
+        raise RuntimeError("boom")
+
+    def __len__(self) -> int:
+        raise RuntimeError("boom")
+
+    def isascii(self) -> bool:
+        raise RuntimeError("boom")
+
+    def isspace(self) -> bool:
+        raise RuntimeError("boom")
+
+
+class _HostileTuple(tuple):  # type: ignore[type-arg]
+    def __iter__(self) -> Any:
+        raise RuntimeError("boom")
+
+    def __len__(self) -> int:
+        raise RuntimeError("boom")
+
+
+def _turn(s: Any, t: Any) -> tuple[tuple[Message, ...], list[Message]]:
+    """A turn's input and outputs with ``s`` wrapping every id and ``t`` every parts tuple."""
+    inp = (Message(role=Role.user, content=t((TextPart(text="hi"),)), id=s("m1"), name=s("ann")),)
+    outputs = [
+        Message(
+            role=Role.assistant,
+            content=t((ToolCallPart(call_id=s("a"), name=s("f"), arguments='{"x": 1}'),)),
+        ),
+        Message(
+            role=Role.tool,
+            content=t((ToolResultPart(call_id=s("a"), content=t((TextPart(text="ok"),))),)),
+        ),
+    ]
+    return inp, outputs
+
+
+@pytest.mark.parametrize("gateway", GATEWAYS)
+async def test_subclassed_ids_and_part_tuples_are_taken_as_their_base_values(
+    anyio_backend: str, gateway: str
+) -> None:
+    """Ids, names, arguments and part tuples of misbehaving subclasses: no untyped error."""
+    async with Foundation(gateway=gateway) as foundation, Foundation(gateway=gateway) as twin:
+        bodies = []
+        for manager, (inp, outputs) in (
+            (foundation.manager, _turn(_Hostile, _HostileTuple)),
+            (twin.manager, _turn(str, tuple)),
+        ):
+            manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=inp))
+            manager.record("c", "t1", outputs)
+            manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t2", input=(_user("y"),)))
+            prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t2"))
+            bodies.append((msgspec.json.encode(prefix.items), manager.request_bytes(prefix)))
+        assert bodies[0] == bodies[1]
+
+
+def _user(text: str) -> Message:
+    return Message(role=Role.user, content=text)
+
+
+async def test_tool_arguments_of_a_misbehaving_str_subclass_are_refused_typed(
+    anyio_backend: str,
+) -> None:
+    """Arguments of a str subclass: refused by the encoder, typed, with no state changed."""
+    async with Foundation() as foundation:
+        manager = foundation.manager
+        manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(_user("x"),)))
+        before = msgspec.structs.asdict(manager.statistics())
+        bad = Message(
+            role=Role.assistant,
+            content=(ToolCallPart(call_id="a", name="f", arguments=_Hostile('{"x": 1}')),),
+        )
+        with pytest.raises(InvalidMessageError, match="Encoding objects of type _Hostile"):
+            manager.record("c", "t1", [bad])
+        assert msgspec.structs.asdict(manager.statistics()) == before
+        assert manager.history("c").turn_messages("t1") == (_user("x"),)

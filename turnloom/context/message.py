@@ -679,13 +679,19 @@ def check_message(message: object, *, where: str = "message") -> int:
                 f"{where} has unknown role {excerpt(message.role)}.", field="role"
             ) from None
         msgspec.structs.force_setattr(message, "role", role)
-    if message.id is not None and (not isinstance(message.id, str) or not message.id):
-        raise InvalidMessageError(f"{where} has an empty id.", field="id")
+    if message.id is not None and (type(message.id) is not str or not message.id):
+        if not isinstance(message.id, str):
+            raise InvalidMessageError(f"{where} has an empty id.", field="id")
+        _exact_id(message, "id", where, "id")
     if message.name is not None:
-        _require_id(message.name, where, "name")
+        _exact_id(message, "name", where, "name")
     gateway = _check_layout(message, where)
     if not isinstance(message.content, tuple):
         raise InvalidMessageError(f"{where} content must be a tuple of parts.", field="content")
+    if type(message.content) is not tuple:  # a subclass's __iter__/__len__ never runs
+        msgspec.structs.force_setattr(
+            message, "content", tuple.__getitem__(message.content, slice(None))
+        )
     _copy_extras(message, "message", gateway, where, "extras")
     seen: set[str] = set()
     # Whether the checks below type every field (see ``_typed_leaf``).
@@ -705,10 +711,15 @@ def check_message(message: object, *, where: str = "message") -> int:
             if role is not _ASSISTANT:
                 _check_placement(call, role, where, f"content[{i}]")
             if type(call_id) is not str or not call_id:
-                _require_id(call_id, where, f"content[{i}].call_id")
+                call_id = _exact_id(call, "call_id", where, f"content[{i}].call_id")
             if type(name) is not str or not name:
-                _require_id(name, where, f"content[{i}].name")
-            _check_arguments(call.arguments, where, i)
+                _exact_id(call, "name", where, f"content[{i}].name")
+            arguments = call.arguments
+            if type(arguments) is not str and isinstance(arguments, str):
+                # Checked as its base value (a subclass's methods never run);
+                # the encoder then refuses the subclass, typed.
+                arguments = str.__str__(arguments)
+            _check_arguments(arguments, where, i)
             if call_id in seen:
                 raise DuplicateIdError(
                     f"{where} has two tool calls with call id {excerpt(call_id)}."
@@ -723,7 +734,7 @@ def check_message(message: object, *, where: str = "message") -> int:
                 _check_placement(result, role, where, field)
             call_id = result.call_id
             if type(call_id) is not str or not call_id:
-                _require_id(call_id, where, f"{field}.call_id")
+                _exact_id(result, "call_id", where, f"{field}.call_id")
             if result.name is not None and type(result.name) is not str:
                 _optional_strings(result, ("name",), where, field)
             content = result.content
@@ -733,6 +744,9 @@ def check_message(message: object, *, where: str = "message") -> int:
                     f"{what_type(content)}; for text, (TextPart(text=...),).",
                     field=f"{field}.content",
                 )
+            if type(content) is not tuple:  # a subclass's __iter__/__len__ never runs
+                content = tuple.__getitem__(content, slice(None))
+                msgspec.structs.force_setattr(result, "content", content)
             if result.extras is not None:
                 _copy_extras(result, "tool_result", gateway, where, field)
             if typed and type(result.is_error) is not bool:
@@ -1045,6 +1059,17 @@ def _check_placement(
             "user messages carry tool results.",
             field=field,
         )
+
+
+def _exact_id(owner: Any, attr: str, where: str, field: str) -> str:
+    """``owner.attr`` as an exact non-empty str, set in place (a str subclass's
+    ``__len__``, ``__hash__`` or ``__eq__`` never runs at the door or after it)."""
+    value = getattr(owner, attr)
+    if isinstance(value, str) and type(value) is not str:
+        value = str.__str__(value)
+        msgspec.structs.force_setattr(owner, attr, value)
+    _require_id(value, where, field)
+    return value  # type: ignore[no-any-return]
 
 
 def _require_id(value: object, where: str, field: str) -> None:
