@@ -653,7 +653,11 @@ def check_message(message: object, *, where: str = "message") -> int:
 
     Once checked, the message holds private deep copies of its ``extras``,
     ``layout`` and opaque items (set in place): a caller that changes the
-    dicts it passed in changes nothing the message carries.
+    dicts it passed in changes nothing the message carries. JSON data and ids
+    of subclasses (of str, int, float, dict, list, tuple) are read through the
+    base types' methods and held as exact base values (ids, names and part
+    tuples set in place), so a subclass's overrides never run; tool call
+    ``arguments`` of a str subclass are refused by the encoder.
 
     Args:
         message: the value to check.
