@@ -434,6 +434,9 @@ def _strict_copy(value: Any, where: str, field: str, depth: int = 0) -> Any:
     while stack:
         item, into, key, level, path = stack.pop()
         if isinstance(item, str):
+            # Base-class calls throughout: a subclass's overrides (isascii,
+            # encode, __int__, items, __iter__, __len__, __hash__) never run.
+            item = item if type(item) is str else str.__str__(item)
             if not item.isascii():
                 try:
                     item.encode("utf-8")
@@ -444,17 +447,17 @@ def _strict_copy(value: Any, where: str, field: str, depth: int = 0) -> Any:
                         f"holds a lone surrogate (not valid UTF-8): {excerpt(item)}.",
                         text=True,
                     ) from None
-            into[key] = item if type(item) is str else str.__str__(item)
+            into[key] = item
         elif item is None or item is True or item is False:
             into[key] = item
         elif isinstance(item, int):
-            into[key] = int(item)
+            into[key] = int.__int__(item)
         elif isinstance(item, float):
-            if not math.isfinite(item):
+            if not math.isfinite(float.__float__(item)):
                 raise _json_error(
                     where, _path(field, path), f"holds {excerpt(item)}, which is not JSON (strict)."
                 )
-            into[key] = float(item)
+            into[key] = float.__float__(item)
         elif isinstance(item, _CONTAINERS):
             if level + 1 > MAX_JSON_DEPTH:
                 raise _json_error(
@@ -464,13 +467,14 @@ def _strict_copy(value: Any, where: str, field: str, depth: int = 0) -> Any:
                 )
             if isinstance(item, dict):
                 copy: dict[str, Any] = {}
-                for k, v in item.items():
+                for k, v in dict.items(item):
                     if not isinstance(k, str):
                         raise _json_error(
                             where,
                             _path(field, path),
                             f"has a key {excerpt(k)} that is not a string.",
                         )
+                    k = k if type(k) is str else str.__str__(k)
                     if not k.isascii():
                         try:
                             k.encode("utf-8")
@@ -488,8 +492,13 @@ def _strict_copy(value: Any, where: str, field: str, depth: int = 0) -> Any:
                         stack.append((v, copy, k, level + 1, (*path, k)))
                 into[key] = copy
             else:
-                array: list[Any] = [None] * len(item)
-                for i, v in enumerate(item):
+                items = (
+                    list.copy(item)
+                    if isinstance(item, list)
+                    else tuple.__getitem__(item, slice(None))
+                )
+                array: list[Any] = [None] * len(items)
+                for i, v in enumerate(items):
                     if type(v) is str and v.isascii():
                         array[i] = v
                     else:
@@ -644,7 +653,11 @@ def check_message(message: object, *, where: str = "message") -> int:
 
     Once checked, the message holds private deep copies of its ``extras``,
     ``layout`` and opaque items (set in place): a caller that changes the
-    dicts it passed in changes nothing the message carries.
+    dicts it passed in changes nothing the message carries. JSON data and ids
+    of subclasses (of str, int, float, dict, list, tuple) are read through the
+    base types' methods and held as exact base values (ids, names and part
+    tuples set in place), so a subclass's overrides never run; tool call
+    ``arguments`` of a str subclass are refused by the encoder.
 
     Args:
         message: the value to check.
@@ -670,13 +683,19 @@ def check_message(message: object, *, where: str = "message") -> int:
                 f"{where} has unknown role {excerpt(message.role)}.", field="role"
             ) from None
         msgspec.structs.force_setattr(message, "role", role)
-    if message.id is not None and (not isinstance(message.id, str) or not message.id):
-        raise InvalidMessageError(f"{where} has an empty id.", field="id")
+    if message.id is not None and (type(message.id) is not str or not message.id):
+        if not isinstance(message.id, str):
+            raise InvalidMessageError(f"{where} has an empty id.", field="id")
+        _exact_id(message, "id", where, "id")
     if message.name is not None:
-        _require_id(message.name, where, "name")
+        _exact_id(message, "name", where, "name")
     gateway = _check_layout(message, where)
     if not isinstance(message.content, tuple):
         raise InvalidMessageError(f"{where} content must be a tuple of parts.", field="content")
+    if type(message.content) is not tuple:  # a subclass's __iter__/__len__ never runs
+        msgspec.structs.force_setattr(
+            message, "content", tuple.__getitem__(message.content, slice(None))
+        )
     _copy_extras(message, "message", gateway, where, "extras")
     seen: set[str] = set()
     # Whether the checks below type every field (see ``_typed_leaf``).
@@ -696,10 +715,15 @@ def check_message(message: object, *, where: str = "message") -> int:
             if role is not _ASSISTANT:
                 _check_placement(call, role, where, f"content[{i}]")
             if type(call_id) is not str or not call_id:
-                _require_id(call_id, where, f"content[{i}].call_id")
+                call_id = _exact_id(call, "call_id", where, f"content[{i}].call_id")
             if type(name) is not str or not name:
-                _require_id(name, where, f"content[{i}].name")
-            _check_arguments(call.arguments, where, i)
+                _exact_id(call, "name", where, f"content[{i}].name")
+            arguments = call.arguments
+            if type(arguments) is not str and isinstance(arguments, str):
+                # Checked as its base value (a subclass's methods never run);
+                # the encoder then refuses the subclass, typed.
+                arguments = str.__str__(arguments)
+            _check_arguments(arguments, where, i)
             if call_id in seen:
                 raise DuplicateIdError(
                     f"{where} has two tool calls with call id {excerpt(call_id)}."
@@ -714,7 +738,7 @@ def check_message(message: object, *, where: str = "message") -> int:
                 _check_placement(result, role, where, field)
             call_id = result.call_id
             if type(call_id) is not str or not call_id:
-                _require_id(call_id, where, f"{field}.call_id")
+                _exact_id(result, "call_id", where, f"{field}.call_id")
             if result.name is not None and type(result.name) is not str:
                 _optional_strings(result, ("name",), where, field)
             content = result.content
@@ -724,6 +748,9 @@ def check_message(message: object, *, where: str = "message") -> int:
                     f"{what_type(content)}; for text, (TextPart(text=...),).",
                     field=f"{field}.content",
                 )
+            if type(content) is not tuple:  # a subclass's __iter__/__len__ never runs
+                content = tuple.__getitem__(content, slice(None))
+                msgspec.structs.force_setattr(result, "content", content)
             if result.extras is not None:
                 _copy_extras(result, "tool_result", gateway, where, field)
             if typed and type(result.is_error) is not bool:
@@ -901,7 +928,12 @@ def _copy_extras(
     if not isinstance(extras, dict):
         raise InvalidMessageError(f"{where} {label} must be a JSON object.", field=label)
     reserved = frozenset() if only and gateway is None else _reserved(element, gateway)
-    clash = [k for k in extras if k in reserved] if reserved else []
+    # dict.__iter__ and str.__str__: a subclass's __iter__, __hash__ or __eq__ never runs here.
+    clash = (
+        [k for k in dict.__iter__(extras) if isinstance(k, str) and str.__str__(k) in reserved]
+        if reserved
+        else []
+    )
     if clash:
         raise InvalidMessageError(
             f"{where} {label} holds {excerpt(clash[0])}, a key the "
@@ -1031,6 +1063,17 @@ def _check_placement(
             "user messages carry tool results.",
             field=field,
         )
+
+
+def _exact_id(owner: Any, attr: str, where: str, field: str) -> str:
+    """``owner.attr`` as an exact non-empty str, set in place (a str subclass's
+    ``__len__``, ``__hash__`` or ``__eq__`` never runs at the door or after it)."""
+    value = getattr(owner, attr)
+    if isinstance(value, str) and type(value) is not str:
+        value = str.__str__(value)
+        msgspec.structs.force_setattr(owner, attr, value)
+    _require_id(value, where, field)
+    return value  # type: ignore[no-any-return]
 
 
 def _require_id(value: object, where: str, field: str) -> None:
