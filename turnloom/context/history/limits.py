@@ -105,7 +105,7 @@ class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
         which is never evicted.
         """
         low = self.low_water
-        if low == 1:  # the limits themselves, as _mark gives them (the default: no calls)
+        if low == 1:  # the limits themselves (the default)
             return (self.max_turns, self.max_items, self.max_bytes, self.max_tokens)
         return (
             _mark(self.max_turns, low),
@@ -116,9 +116,10 @@ class HistoryLimits(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _mark(limit: int, fraction: float) -> int:
-    """``floor(limit * fraction)``, read to 9 decimal places so float error never lowers it."""
-    if fraction == 1:
-        return limit
+    """``floor(limit * fraction)``, read to 9 decimal places so float error never lowers it.
+
+    ``fraction`` below 1: at 1 the caller takes the limit itself.
+    """
     return math.floor(round(limit * fraction, 9))
 
 
