@@ -684,9 +684,7 @@ def check_message(message: object, *, where: str = "message") -> int:
             ) from None
         msgspec.structs.force_setattr(message, "role", role)
     if message.id is not None and (type(message.id) is not str or not message.id):
-        if not isinstance(message.id, str):
-            raise InvalidMessageError(f"{where} has an empty id.", field="id")
-        _exact_id(message, "id", where, "id")
+        _exact_id(message, "id", where, "id")  # raises for an empty or non-str id
     if message.name is not None:
         _exact_id(message, "name", where, "name")
     gateway = _check_layout(message, where)
