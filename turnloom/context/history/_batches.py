@@ -324,11 +324,7 @@ def _entries(
     if renders is not None and gateway is not None:
         # The door's renders of these very messages seed their cache: slot 0's
         # render is the entry's own fields, another slot's goes in ``more``.
-        shared = history._shared
-        # Assigned once, never changed: read without gateway_slot's call once assigned.
-        slot = shared.gateway_slots.get(gateway)
-        if slot is None:
-            slot = shared.gateway_slot(gateway)
+        slot = history._shared.gateway_slot(gateway)
         sent = plan.sent if plan is not None else None
         if stale is None and slot == 0:
             if len(messages) == 1:  # a record's usual batch: no comprehension, no zip
