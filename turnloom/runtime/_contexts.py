@@ -412,10 +412,7 @@ class ContextTable:
             UnknownTurnError: the turn is not held (never committed, or evicted).
             StateError: another model call is in flight for the context.
         """
-        # get's lookup, inline (entered once per model call); get raises for a miss.
-        state = self.contexts.get(context_id) if type(context_id) is str else None
-        if state is None:
-            state = self.get(context_id)
+        state = self.get(context_id)
         check_id(turn_id, "turn id")
         if not state.history.has_turn(turn_id):
             raise UnknownTurnError(

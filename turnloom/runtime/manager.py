@@ -328,16 +328,10 @@ class ContextManager:
         """
         self._life.check_recording()
         table = self._table
-        # A held context is never a removed one (the table keeps the two
-        # disjoint), so a held id skips was_removed and get's second lookup.
-        state = table.contexts.get(context_id) if type(context_id) is str else None
-        if state is None:
-            if table.was_removed(context_id):
-                return table.drop_late(turn_id, outputs)
-            self.leases._check_writable(context_id)
-            state = table.get(context_id)
-        else:
-            self.leases._check_writable(context_id)
+        if table.was_removed(context_id):
+            return table.drop_late(turn_id, outputs)
+        self.leases._check_writable(context_id)
+        state = table.get(context_id)
         check_outputs(self._options.gateway, turn_id, outputs, state.history)
         return table.record(state, turn_id, outputs)
 
