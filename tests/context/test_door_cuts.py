@@ -128,9 +128,10 @@ def _memo_of(history: TurnHistory) -> tuple[Any, ...]:
 
 
 def _one_memo(history: TurnHistory, memo: Any) -> tuple[Any, ...]:
-    messages, sizes, renders, gateway, turns, turn_id, pinned, plan = memo
+    messages, sizes, renders, gateway, turns, turn_id, pinned, plan, held = memo
     return (
         tuple(msgspec.json.encode(m) for m in messages),
+        tuple(msgspec.json.encode(m) for m in held),
         sizes,
         renders,
         gateway,

@@ -876,17 +876,18 @@ def test_a_batch_checked_at_the_door_is_not_checked_again_when_committed(
     """check_batch then commit/record of the same message objects: each message is
     checked (and encoded to size it) once; other objects are checked anew, and
     the sizes reused are the sizes check_message gives."""
+    from turnloom.context.message import admit_message
     from turnloom.context.message import check_message as real
 
     checked: list[object] = []
 
-    def counting(message: object, *, where: str = "message") -> int:
+    def counting(message: object, *, where: str = "message") -> tuple[Message, int]:
         checked.append(message)
-        return real(message, where=where)
+        return admit_message(message, where=where)
 
     for module in history_modules():
-        if hasattr(module, "check_message"):
-            monkeypatch.setattr(module, "check_message", counting)
+        if hasattr(module, "admit_message"):
+            monkeypatch.setattr(module, "admit_message", counting)
     history = TurnHistory()
     first = (Message(role=Role.user, content="hello"),)
     assert history.check_batch(first, "input") == (real(first[0]),)
@@ -909,17 +910,18 @@ def test_a_batch_checked_before_the_history_changed_is_held_to_its_limits_again(
     after another record grew the turn checks the limits again on the new state (the
     messages are not checked again), and refuses them, nothing recorded; recording
     them on the state they were checked on is not checked again at all."""
+    from turnloom.context.message import admit_message
     from turnloom.context.message import check_message as real
 
     checked: list[object] = []
 
-    def counting(message: object, *, where: str = "message") -> int:
+    def counting(message: object, *, where: str = "message") -> tuple[Message, int]:
         checked.append(message)
-        return real(message, where=where)
+        return admit_message(message, where=where)
 
     for module in history_modules():
-        if hasattr(module, "check_message"):
-            monkeypatch.setattr(module, "check_message", counting)
+        if hasattr(module, "admit_message"):
+            monkeypatch.setattr(module, "admit_message", counting)
     history = TurnHistory(HistoryLimits(low_water=1.0, max_items=3))
     history.commit("t1", [user("a")])
     later = (assistant("b"), assistant("c"))

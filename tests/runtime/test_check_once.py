@@ -15,7 +15,7 @@ from tests.runtime.helpers import CHAT, BlockingGateway, assistant, call, result
 from turnloom.context import Message, NativeContent
 from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits, TurnHistory
-from turnloom.context.message import check_message
+from turnloom.context.message import admit_message, check_message
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
 from turnloom.runtime import _continuation as continuation_module
 from turnloom.runtime import _preparing as preparing_module
@@ -121,15 +121,14 @@ async def test_a_new_contexts_first_turn_is_checked_and_rendered_once(
     from tests.context.history_patch import history_modules
 
     checked: list[Message] = []
-    real = check_message
 
-    def counting(message: Any, *, where: str = "message") -> int:
+    def counting(message: Any, *, where: str = "message") -> tuple[Message, int]:
         checked.append(message)
-        return real(message, where=where)
+        return admit_message(message, where=where)
 
     for module in history_modules():
-        if hasattr(module, "check_message"):
-            monkeypatch.setattr(module, "check_message", counting)
+        if hasattr(module, "admit_message"):
+            monkeypatch.setattr(module, "admit_message", counting)
     gateway = _CountingGateway()
     system = Message(role="system", content="Be brief.")  # type: ignore[arg-type]
     first = user("hi")
@@ -141,7 +140,8 @@ async def test_a_new_contexts_first_turn_is_checked_and_rendered_once(
         assert (checked, gateway.renders) == ([first, system], 2)
         prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
     assert (checked, gateway.renders) == ([first, system], 2)
-    assert list(prefix.items[:2]) == [*CHAT.render(system), *CHAT.render(first)]
+    assert list(prefix.items[:2]) == [*CHAT.render(admit_message(system)[0]), *CHAT.render(first)]
+    assert type(system.role) is str  # the host's object as it gave it: the history holds its own
 
 
 async def test_a_prepare_of_a_long_history_renders_inline_when_its_work_is_small(

@@ -7,7 +7,7 @@ __all__ = ("MessageContent", "as_messages", "text_role")
 from collections.abc import Sequence
 from typing import TypeAlias, cast
 
-from turnloom.context.message import Message, Role, check_message, is_blank_part
+from turnloom.context.message import Message, Role, admit_message, is_blank_part
 from turnloom.errors import InputError, excerpt, what_type
 
 MessageContent: TypeAlias = "str | Message | Sequence[Message]"
@@ -61,11 +61,11 @@ def as_messages(content: MessageContent, *, role: Role, where: str) -> tuple[Mes
             raise InputError(f"{where} is an empty sequence of messages.")
     else:
         raise InputError(f"{where} must be text or turnloom Messages, not {what_type(content)}.")
-    for index, message in enumerate(messages):
-        check_message(message, where=f"{where}[{index}]")
+    held = tuple([admit_message(m, where=f"{where}[{i}]")[0] for i, m in enumerate(messages)])
+    for index, message in enumerate(held):
         if all(map(is_blank_part, message.parts)):
             raise InputError(
                 f"{where}[{index}] has no content: it holds only blank text, which no "
                 "gateway renders."
             )
-    return messages
+    return held

@@ -16,7 +16,7 @@ from typing import TypeAlias
 from turnloom.areas._content import MessageContent, as_messages, text_role
 from turnloom.context.area import AreaFlowState, AreaLifeState
 from turnloom.context.gateway import NativeContent
-from turnloom.context.message import Message, Role, check_message
+from turnloom.context.message import Message, Role, admit_message
 from turnloom.errors import InputError, StateError, what_type
 
 SubtaskPredicate: TypeAlias = "Callable[[SubtaskArea], bool]"
@@ -181,9 +181,9 @@ class SubtaskArea:
                 "SubtaskArea.route() takes a Message or a sequence of Messages, "
                 f"not {what_type(output)}."
             )
-        for index, message in enumerate(messages):
-            check_message(message, where=f"routed output[{index}]")
-        self._routed.extend(messages)
+        self._routed.extend(
+            [admit_message(m, where=f"routed output[{i}]")[0] for i, m in enumerate(messages)]
+        )
 
     # -- the area protocol ---------------------------------------------------
 

@@ -108,7 +108,7 @@ from turnloom.context.area import (
     EffectRange,
 )
 from turnloom.context.gateway import Gateway, NativeContent
-from turnloom.context.message import Message, Role, check_message
+from turnloom.context.message import Message, Role, admit_message
 from turnloom.context.native import Context
 from turnloom.context.pairing import CallTracker
 from turnloom.errors import (
@@ -880,9 +880,12 @@ def _checked_messages(entry: _Registration, phase: str, result: object) -> tuple
             area=entry.area,
             phase=phase,
         )
-    for index, message in enumerate(result):
-        _call(entry, phase, _check_one, message, f"{phase}()[{index}]")
-    return tuple(result)
+    return tuple(
+        [
+            _call(entry, phase, _admit_one, message, f"{phase}()[{index}]")
+            for index, message in enumerate(result)
+        ]
+    )
 
 
 def _check_results(entry: _Registration, phase: str, messages: Sequence[Message]) -> None:
@@ -914,8 +917,8 @@ def _emplace(context: Context, message: object, where: str) -> None:
     context.emplace_message(message)
 
 
-def _check_one(message: object, where: str) -> int:
-    return check_message(message, where=where)
+def _admit_one(message: object, where: str) -> Message:
+    return admit_message(message, where=where)[0]
 
 
 def _open_call_ids(

@@ -38,6 +38,7 @@ __all__ = (
     "TextPart",
     "ToolCallPart",
     "ToolResultPart",
+    "admit_message",
     "check_id",
     "check_message",
     "declare_native_keys",
@@ -55,6 +56,7 @@ __all__ = (
 import enum
 import json
 import math
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeAlias, cast
 
@@ -657,7 +659,9 @@ def check_message(message: object, *, where: str = "message") -> int:
     of subclasses (of str, int, float, dict, list, tuple) are read through the
     base types' methods and held as exact base values (ids, names and part
     tuples set in place), so a subclass's overrides never run; tool call
-    ``arguments`` of a str subclass are refused by the encoder.
+    ``arguments`` of a str subclass are refused by the encoder. A holder that
+    keeps the message past the call uses :func:`admit_message` instead, which
+    leaves the caller's object as it is.
 
     Args:
         message: the value to check.
@@ -672,8 +676,51 @@ def check_message(message: object, *, where: str = "message") -> int:
             JSON text).
         DuplicateIdError: two tool calls of the message share a call id.
     """
+    return _check(message, where, True)[1]
+
+
+def admit_message(message: object, *, where: str = "message") -> tuple[Message, int]:
+    """Validate one message at the door; return the message to hold and its size in bytes.
+
+    The checks, errors and size of :func:`check_message`; the caller's object
+    is left as it is. The message returned is ``message`` itself when it
+    holds nothing mutable and nothing to convert: no ``extras``, ``layout`` or
+    opaque item (on the message, its parts or a tool result's parts), a
+    :class:`Role`, exact str ids and names and exact tuples of exact part
+    classes. Otherwise it is a new message of the same class, with new parts
+    wherever a part (or a part of a tool result) holds such a value, holding
+    the private copies and exact values :func:`check_message` would set in
+    place: whatever the caller later does to the objects it handed in (a dict
+    of ``extras`` appended to, a key deleted) reaches nothing held.
+
+    Args:
+        message: the value to check.
+        where: how error messages name the value (``"turn t1 input[0]"``).
+
+    Returns:
+        ``(held, size)``: the message to hold, and the size of its JSON
+        encoding in bytes.
+
+    Raises:
+        InvalidMessageError: a field is malformed; ``field`` names it.
+        InvalidTextError: a string is not valid UTF-8 (also one escaped in
+            JSON text).
+        DuplicateIdError: two tool calls of the message share a call id.
+    """
+    return _check(message, where, False)
+
+
+def _check(message: object, where: str, in_place: bool) -> tuple[Message, int]:
+    """The work of :func:`check_message` (``in_place``) and :func:`admit_message`.
+
+    The checks below note each value the held message must carry instead of
+    the caller's (a private copy, an exact base value) in ``edits``, as
+    ``(owner, field, value)``; ``in_place`` sets them on the caller's objects,
+    else :func:`_held_copy` builds new ones holding them.
+    """
     if not isinstance(message, Message):
         raise InvalidMessageError(not_a_message(where, message))
+    edits: list[tuple[Any, str, Any]] = []
     role = message.role
     if type(role) is not Role:
         try:
@@ -682,19 +729,20 @@ def check_message(message: object, *, where: str = "message") -> int:
             raise InvalidMessageError(
                 f"{where} has unknown role {excerpt(message.role)}.", field="role"
             ) from None
-        msgspec.structs.force_setattr(message, "role", role)
+        edits.append((message, "role", role))
     if message.id is not None and (type(message.id) is not str or not message.id):
-        _exact_id(message, "id", where, "id")  # raises for an empty or non-str id
+        _exact_id(message, "id", where, "id", edits)  # raises for an empty or non-str id
     if message.name is not None:
-        _exact_id(message, "name", where, "name")
-    gateway = _check_layout(message, where)
-    if not isinstance(message.content, tuple):
+        _exact_id(message, "name", where, "name", edits)
+    gateway = _check_layout(message, where, edits)
+    parts = message.content
+    if not isinstance(parts, tuple):
         raise InvalidMessageError(f"{where} content must be a tuple of parts.", field="content")
-    if type(message.content) is not tuple:  # a subclass's __iter__/__len__ never runs
-        msgspec.structs.force_setattr(
-            message, "content", tuple.__getitem__(message.content, slice(None))
-        )
-    _copy_extras(message, "message", gateway, where, "extras")
+    if type(parts) is not tuple:  # a subclass's __iter__/__len__ never runs
+        parts = tuple.__getitem__(parts, slice(None))
+        edits.append((message, "content", parts))
+    if message.extras is not None:
+        _copy_extras(message, "message", gateway, where, "extras", edits)
     seen: set[str] = set()
     # Whether the checks below type every field (see ``_typed_leaf``).
     typed = type(message) is Message
@@ -702,7 +750,7 @@ def check_message(message: object, *, where: str = "message") -> int:
     # only for a helper that is about to raise (or to check a rarer shape): the
     # helpers hold the rules and their messages; these tests only skip them when
     # they would pass (tests/context/test_door_fast_paths.py compares the two).
-    for i, part in enumerate(message.parts):
+    for i, part in enumerate(parts):
         kind: type | None = type(part)
         if kind not in _EXACT_PART_TYPES:
             kind = _part_type(part)
@@ -713,9 +761,9 @@ def check_message(message: object, *, where: str = "message") -> int:
             if role is not _ASSISTANT:
                 _check_placement(call, role, where, f"content[{i}]")
             if type(call_id) is not str or not call_id:
-                call_id = _exact_id(call, "call_id", where, f"content[{i}].call_id")
+                call_id = _exact_id(call, "call_id", where, f"content[{i}].call_id", edits)
             if type(name) is not str or not name:
-                _exact_id(call, "name", where, f"content[{i}].name")
+                _exact_id(call, "name", where, f"content[{i}].name", edits)
             arguments = call.arguments
             if type(arguments) is not str and isinstance(arguments, str):
                 # Checked as its base value (a subclass's methods never run);
@@ -728,7 +776,7 @@ def check_message(message: object, *, where: str = "message") -> int:
                 )
             seen.add(call_id)
             if call.extras is not None:
-                _copy_extras(call, "tool_call", gateway, where, f"content[{i}]")
+                _copy_extras(call, "tool_call", gateway, where, f"content[{i}]", edits)
         elif kind is ToolResultPart:
             result: ToolResultPart = part  # type: ignore[assignment]
             field = f"content[{i}]"
@@ -736,7 +784,7 @@ def check_message(message: object, *, where: str = "message") -> int:
                 _check_placement(result, role, where, field)
             call_id = result.call_id
             if type(call_id) is not str or not call_id:
-                _exact_id(result, "call_id", where, f"{field}.call_id")
+                _exact_id(result, "call_id", where, f"{field}.call_id", edits)
             if result.name is not None and type(result.name) is not str:
                 _optional_strings(result, ("name",), where, field)
             content = result.content
@@ -748,15 +796,15 @@ def check_message(message: object, *, where: str = "message") -> int:
                 )
             if type(content) is not tuple:  # a subclass's __iter__/__len__ never runs
                 content = tuple.__getitem__(content, slice(None))
-                msgspec.structs.force_setattr(result, "content", content)
+                edits.append((result, "content", content))
             if result.extras is not None:
-                _copy_extras(result, "tool_result", gateway, where, field)
+                _copy_extras(result, "tool_result", gateway, where, field, edits)
             if typed and type(result.is_error) is not bool:
                 typed = False
             for j, inner in enumerate(content):
                 if type(inner) is TextPart:  # the common case, as _check_leaf tests it
                     if inner.extras is not None:
-                        _copy_extras(inner, "text", gateway, where, f"{field}.content[{j}]")
+                        _copy_extras(inner, "text", gateway, where, f"{field}.content[{j}]", edits)
                     if typed and not isinstance(inner.text, str):
                         typed = False
                     continue
@@ -767,23 +815,23 @@ def check_message(message: object, *, where: str = "message") -> int:
                         "a tool result holds text, image or opaque parts.",
                         field=inner_field,
                     )
-                _check_leaf(inner, gateway, where, inner_field)
+                _check_leaf(inner, gateway, where, inner_field, edits)
                 if typed and not _typed_leaf(inner):
                     typed = False
         elif kind is TextPart:  # the common case of a leaf, as _check_leaf tests it
             leaf_text: TextPart = part  # type: ignore[assignment]
             if leaf_text.extras is not None:
-                _copy_extras(leaf_text, "text", gateway, where, f"content[{i}]")
+                _copy_extras(leaf_text, "text", gateway, where, f"content[{i}]", edits)
             if typed and not isinstance(leaf_text.text, str):
                 typed = False
         elif kind in _LEAF_PART_TYPES:
             field = f"content[{i}]"
             leaf = cast("TextPart | ImagePart | OpaquePart", part)
-            _check_leaf(leaf, gateway, where, field)
+            item = _check_leaf(leaf, gateway, where, field, edits)
             if typed and not _typed_leaf(leaf):
                 typed = False
             if kind is OpaquePart:
-                _check_opaque_call(leaf, seen, where)  # type: ignore[arg-type]
+                _check_opaque_call(leaf.gateway, item, seen, where)  # type: ignore[union-attr]
         elif kind is ReasoningPart:
             field = f"content[{i}]"
             typed = False  # its text and redacted flag are typed by the decode below
@@ -793,14 +841,23 @@ def check_message(message: object, *, where: str = "message") -> int:
             )
             # Only the gateway that produced reasoning renders it (and its extras).
             producer = reasoning.gateway if isinstance(reasoning.gateway, str) else None
-            _copy_extras(reasoning, "reasoning", producer, where, field, only=True)
+            if reasoning.extras is not None:
+                _copy_extras(reasoning, "reasoning", producer, where, field, edits, only=True)
         else:
             raise InvalidMessageError(
                 f"{where} content[{i}] is {what_type(part)}, not a message part.",
                 field=f"content[{i}]",
             )
+    if not edits:
+        held = message
+    elif in_place:
+        for owner, attr, value in edits:
+            msgspec.structs.force_setattr(owner, attr, value)
+        held = message
+    else:
+        held = _held_copy(message, parts, edits)
     try:
-        data = _encoder.encode(message)
+        data = _encoder.encode(held)
     except UnicodeEncodeError as exc:
         raise InvalidTextError(
             f"{where} holds text that is not valid UTF-8 ({exc.reason}).", field="content"
@@ -822,13 +879,48 @@ def check_message(message: object, *, where: str = "message") -> int:
             f"{where} has a field of the wrong type: {excerpt(text)}.", field=field
         ) from None
     if not typed:
-        _check_texts(message.parts, where)
+        _check_texts(held.parts, where)
     if gateway is not None:
         # Last: a gateway's check reads content whose every field is typed now.
         declared = _DECLARED[gateway]
         if declared.check_layout is not None:
-            declared.check_layout(message, where)
-    return len(data)
+            declared.check_layout(held, where)
+    return held, len(data)
+
+
+def _held_copy(
+    message: Message, parts: tuple[Part, ...], edits: list[tuple[Any, str, Any]]
+) -> Message:
+    """A new message like ``message`` (its parts ``parts``) holding ``edits``.
+
+    Each ``(owner, field, value)`` of ``edits`` names the message, one of its
+    parts or a part of one of its tool results; that object is replaced by a
+    new one (``msgspec.structs.replace``) with ``value`` in ``field``, and
+    whatever holds it by a new one holding the replacement. The caller's
+    objects are left as they are.
+    """
+    changes: dict[int, dict[str, Any]] = {}
+    for owner, attr, value in edits:
+        changes.setdefault(id(owner), {})[attr] = value
+    held: list[Part] = []
+    for part in parts:
+        attrs = changes.get(id(part))
+        if _part_type(part) is ToolResultPart:
+            inner = attrs.get("content", part.content) if attrs else part.content  # type: ignore[union-attr]
+            new_inner = tuple(
+                [
+                    leaf
+                    if id(leaf) not in changes
+                    else msgspec.structs.replace(leaf, **changes[id(leaf)])
+                    for leaf in inner
+                ]
+            )
+            if any(map(operator.is_not, new_inner, inner)):
+                attrs = {**attrs, "content": new_inner} if attrs else {"content": new_inner}
+        held.append(part if not attrs else msgspec.structs.replace(part, **attrs))
+    return msgspec.structs.replace(
+        message, **{**changes.get(id(message), {}), "content": tuple(held)}
+    )
 
 
 def _check_texts(parts: tuple[Part, ...], where: str) -> None:
@@ -855,8 +947,11 @@ def _refuse_text(text: object, where: str, field: str) -> None:
     )
 
 
-def _check_layout(message: Message, where: str) -> str | None:
-    """Type-check ``message.layout``; return the gateway it names (None: no layout)."""
+def _check_layout(message: Message, where: str, edits: list[tuple[Any, str, Any]]) -> str | None:
+    """Type-check ``message.layout``; return the gateway it names (None: no layout).
+
+    Its private copy goes in ``edits`` (see :func:`_check`).
+    """
     layout = message.layout
     if layout is None:
         return None
@@ -901,7 +996,7 @@ def _check_layout(message: Message, where: str) -> str | None:
                 f"{where} {field} must be {want}, not {excerpt(value)}.", field=field
             )
         copy[key] = _strict_copy(value, where, field, depth=1)
-    msgspec.structs.force_setattr(message, "layout", copy)
+    edits.append((message, "layout", copy))
     return gateway
 
 
@@ -911,10 +1006,11 @@ def _copy_extras(
     gateway: str | None,
     where: str,
     field: str,
+    edits: list[tuple[Any, str, Any]],
     *,
     only: bool = False,
 ) -> None:
-    """Check ``owner.extras`` against the reserved keys and hold a private copy.
+    """Check ``owner.extras`` against the reserved keys; its private copy goes in ``edits``.
 
     ``gateway`` None means every declared gateway may emit the extras, unless
     ``only``: then none does (reasoning no gateway produced is never rendered).
@@ -938,7 +1034,7 @@ def _copy_extras(
             f"{gateway or 'a'} gateway writes itself; extras never replace it.",
             field=f"{label}.{excerpt(clash[0])[1:-1]}",
         )
-    msgspec.structs.force_setattr(owner, "extras", _strict_copy(extras, where, label, depth=0))
+    edits.append((owner, "extras", _strict_copy(extras, where, label, depth=0)))
 
 
 def _optional_strings(part: _Part, names: tuple[str, ...], where: str, field: str) -> None:
@@ -997,19 +1093,30 @@ def _typed_leaf(part: TextPart | ImagePart | OpaquePart) -> bool:
 
 
 def _check_leaf(
-    part: TextPart | ImagePart | OpaquePart, gateway: str | None, where: str, field: str
-) -> None:
+    part: TextPart | ImagePart | OpaquePart,
+    gateway: str | None,
+    where: str,
+    field: str,
+    edits: list[tuple[Any, str, Any]],
+) -> Any:
+    """Check one leaf part; its private copies go in ``edits`` (see :func:`_check`).
+
+    Returns an opaque part's copy of its item (None for another part).
+    """
     if type(part) is TextPart:  # the common case, before the slower tests
-        _copy_extras(part, "text", gateway, where, field)
+        _copy_extras(part, "text", gateway, where, field, edits)
     elif isinstance(part, ImagePart):
         _optional_strings(part, ("url", "data", "media_type", "detail"), where, field)
         _check_image(part, where, field)
-        _copy_extras(part, "image", gateway, where, field)
+        _copy_extras(part, "image", gateway, where, field, edits)
     elif isinstance(part, OpaquePart):
         _check_opaque(part, where, field)
-        msgspec.structs.force_setattr(part, "item", _strict_copy(part.item, where, f"{field}.item"))
+        item = _strict_copy(part.item, where, f"{field}.item")
+        edits.append((part, "item", item))
+        return item
     else:
-        _copy_extras(part, "text", gateway, where, field)
+        _copy_extras(part, "text", gateway, where, field, edits)
+    return None
 
 
 def _check_arguments(arguments: object, where: str, index: int) -> None:
@@ -1063,13 +1170,16 @@ def _check_placement(
         )
 
 
-def _exact_id(owner: Any, attr: str, where: str, field: str) -> str:
-    """``owner.attr`` as an exact non-empty str, set in place (a str subclass's
-    ``__len__``, ``__hash__`` or ``__eq__`` never runs at the door or after it)."""
+def _exact_id(
+    owner: Any, attr: str, where: str, field: str, edits: list[tuple[Any, str, Any]]
+) -> str:
+    """``owner.attr`` as an exact non-empty str, noted in ``edits`` when it is a str
+    subclass's value (its ``__len__``, ``__hash__`` or ``__eq__`` never runs at the
+    door or after it)."""
     value = getattr(owner, attr)
     if isinstance(value, str) and type(value) is not str:
         value = str.__str__(value)
-        msgspec.structs.force_setattr(owner, attr, value)
+        edits.append((owner, attr, value))
     _require_id(value, where, field)
     return value  # type: ignore[no-any-return]
 
@@ -1079,19 +1189,20 @@ def _require_id(value: object, where: str, field: str) -> None:
         raise InvalidMessageError(f"{where} {field} must be a non-empty string.", field=field)
 
 
-def _check_opaque_call(part: OpaquePart, seen: set[str], where: str) -> None:
+def _check_opaque_call(gateway: str, item: dict[str, Any], seen: set[str], where: str) -> None:
     """Refuse an opaque Responses call whose pairing key an earlier call of the message has.
 
-    Pairing tracks such a call by its key (see :mod:`turnloom.context.pairing`),
-    so two in one message would be one call to answer.
+    ``item`` is the part's checked copy. Pairing tracks such a call by its key
+    (see :mod:`turnloom.context.pairing`), so two in one message would be one
+    call to answer.
     """
-    if part.gateway != "openai_responses" or not isinstance(part.item, dict):
+    if gateway != "openai_responses":
         return
-    key = pairing_key(part.item)
+    key = pairing_key(item)
     if key is not None and key[0]:
         if key[1] in seen:
             raise DuplicateIdError(
-                f"{where} has two {part.item['type']} items with the pairing key {excerpt(key[1])}."
+                f"{where} has two {item['type']} items with the pairing key {excerpt(key[1])}."
             )
         seen.add(key[1])
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import overload
 
 from turnloom.context.gateway import Gateway, GatewayType, NativeContent, get_gateway
-from turnloom.context.message import Message, check_message
+from turnloom.context.message import Message, admit_message
 from turnloom.errors import InputError, what_type
 
 
@@ -84,8 +84,7 @@ class Context:
             ProviderRuleError: the gateway rejects the content; nothing was
                 appended.
         """
-        check_message(message)
-        rendered = self._gateway.render(message)
+        rendered = self._gateway.render(admit_message(message)[0])
         self._items.extend(rendered)
         return len(rendered)
 

@@ -54,7 +54,7 @@ from turnloom.context.message import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
-    check_message,
+    admit_message,
 )
 from turnloom.context.scope import ContextScope, check_scope, scope_indices
 from turnloom.context.tokens import ApproxTokenCounter, TokenCounter, count_tokens
@@ -227,10 +227,7 @@ def _checked_messages(messages: object, field: str) -> list[Message]:
             f"{field} must be an iterable of Message, not {what_type(messages)}.",
             field=field,
         )
-    out = list(messages)
-    for i, message in enumerate(out):
-        check_message(message, where=f"{field}[{i}]")
-    return out
+    return [admit_message(message, where=f"{field}[{i}]")[0] for i, message in enumerate(messages)]
 
 
 def _check_key(key: object, field: str = "key") -> str:
@@ -591,8 +588,7 @@ class WorkingContext:
         Raises:
             InvalidMessageError: the message is malformed (nothing appended).
         """
-        check_message(message, where="message")
-        self.messages.append(message)
+        self.messages.append(admit_message(message, where="message")[0])
         return self
 
     def extend(self, messages: Iterable[Message]) -> Self:

@@ -416,7 +416,7 @@ def check_outputs(
         raise InvalidMessageError("record takes a sequence of Messages, oldest first.")
     if not outputs:
         return
-    _check_named(history, outputs, gateway, "Output of turn {}", turn_id, turn_id=turn_id)
+    outputs = _check_named(history, outputs, gateway, "Output of turn {}", turn_id, turn_id=turn_id)
     for message in outputs:  # one pass for both rules; they name the message when one fails
         if message.role in _PINNED_ROLES or is_state_message(message):
             where = f"Output of turn {excerpt(turn_id)}"
@@ -433,8 +433,11 @@ def _check_named(
     *,
     turn_id: str | None = None,
     pinned: bool = False,
-) -> None:
+) -> tuple[Message, ...]:
     """``history.check_batch`` of ``messages``; errors name it ``label.format(excerpt(named))``.
+
+    Returns the messages the history admitted for them (``history.admitted()``),
+    which the checks after the door read.
 
     The label is built only when the check fails (an excerpt per call would be
     work on every success): the check is pure (it writes its memo only when it
@@ -446,7 +449,7 @@ def _check_named(
     """
     try:
         history.check_batch(messages, "", turn_id=turn_id, pinned=pinned, gateway=gateway)
-        return
+        return history.admitted()
     except TurnloomError as exc:
         failed = exc
     where = label.format(excerpt(named))
@@ -482,7 +485,7 @@ def check_snapshot(
     history = history_of(context_id)
     rendered = 0
     if input:
-        _check_named(history, input, gateway, "Turn {} input", turn_id)
+        input = _check_named(history, input, gateway, "Turn {} input", turn_id)
         rendered = history.rendered_items()
         for message in input:
             if is_state_message(message):

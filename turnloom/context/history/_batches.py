@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 from turnloom.context.gateway import Gateway, NativeContent
 from turnloom.context.history._cells import (
@@ -22,7 +22,7 @@ from turnloom.context.history._turns import _Turns
 from turnloom.context.history.limits import HistoryLimits, check_batch_length
 from turnloom.context.message import (
     Message,
-    check_message,
+    admit_message,
 )
 from turnloom.context.tokens import count_message_tokens
 from turnloom.errors import (
@@ -40,14 +40,18 @@ _Checked = tuple[
     str | None,
     bool,
     _DoorIds | None,
+    tuple[Message, ...],
 ]
 """``TurnHistory``'s memo of a batch checked: messages, sizes, renders, gateway,
 and what its limits were checked against: the history's turns (the very
 ``_Turns``), the turn id and whether the batch was pinned instructions; then the
 sent ids decided at the door, when it renamed any (the renders are of the
-messages as sent: see :class:`~turnloom.context.history._sent._DoorIds`)."""
+messages as sent: see :class:`~turnloom.context.history._sent._DoorIds`); last,
+the messages to hold (:func:`~turnloom.context.message.admit_message`: the
+given ones, or new ones holding the door's private copies), which the ids and
+renders are of."""
 
-_UNCHECKED: _Checked = ((), (), None, None, None, None, False, None)
+_UNCHECKED: _Checked = ((), (), None, None, None, None, False, None, ())
 
 
 class _DoorState(Protocol):
@@ -89,11 +93,16 @@ def _check_batch(
     cap = limits.max_item_bytes
     max_bytes = limits.max_bytes
     total = held_bytes
-    _, seen_sizes, seen_renders, seen_gateway, _, _, _, seen_plan = memo
+    _, seen_sizes, seen_renders, seen_gateway, _, _, _, seen_plan, seen_held = memo
     known = memo is not _UNCHECKED
     found: list[int] = []
+    admitted: list[Message] = []
     for i, message in enumerate(messages):
-        size = seen_sizes[i] if known else check_message(message, where=f"{where}[{i}]")
+        if known:
+            size = seen_sizes[i]
+        else:
+            message, size = admit_message(message, where=f"{where}[{i}]")
+            admitted.append(message)
         if size > cap:
             raise _item_too_large(f"{where}[{i}]", size, cap)
         total += size
@@ -101,13 +110,21 @@ def _check_batch(
             raise _turn_too_large(where, total, max_bytes, unit, turn_id)
         found.append(size)
     sizes = seen_sizes if known else tuple(found)
+    given = tuple(messages)
+    held: tuple[Message, ...] = (
+        seen_held
+        if known
+        else cast("tuple[Message, ...]", given)
+        if all(map(operator.is_, admitted, given))
+        else tuple(admitted)
+    )
     renders: tuple[tuple[_Native, _Encoded], ...] | None = None
     plan: _DoorIds | None = None
     if gateway is not None:
         if not pinned and at >= 0:
             # The ids the commit or record will send, decided now so that each
             # message renders once, as sent (see _DoorIds).
-            plan = door_ids(history, messages, turn_id, at)  # type: ignore[arg-type]
+            plan = door_ids(history, held, turn_id, at)  # type: ignore[arg-type]
         sent = plan.sent if plan is not None else None
         if (
             known
@@ -116,34 +133,28 @@ def _check_batch(
             and sent == (seen_plan.sent if seen_plan is not None else None)
         ):
             renders = seen_renders
-        elif len(messages) == 1:  # a record's usual batch: no comprehension, no zip
-            message = messages[0]
+        elif len(held) == 1:  # a record's usual batch: no comprehension, no zip
+            message = held[0]
             if sent is not None and sent[0] is not None:
-                message = with_ids(message, sent[0])  # type: ignore[arg-type]
-            renders = (_render_checked(message, gateway, where, 0),)  # type: ignore[arg-type]
+                message = with_ids(message, sent[0])
+            renders = (_render_checked(message, gateway, where, 0),)
         elif sent is None:
             renders = tuple(
-                [
-                    _render_checked(message, gateway, where, i)  # type: ignore[arg-type]
-                    for i, message in enumerate(messages)
-                ]
+                [_render_checked(message, gateway, where, i) for i, message in enumerate(held)]
             )
         else:
             renders = tuple(
                 [
                     _render_checked(
-                        message if ids is None else with_ids(message, ids),  # type: ignore[arg-type]
-                        gateway,
-                        where,
-                        i,
+                        message if ids is None else with_ids(message, ids), gateway, where, i
                     )
-                    for i, (message, ids) in enumerate(zip(messages, sent, strict=True))
+                    for i, (message, ids) in enumerate(zip(held, sent, strict=True))
                 ]
             )
     elif known and seen_renders is not None:
         renders, gateway, plan = seen_renders, seen_gateway, seen_plan
     checked: _Checked = (
-        tuple(messages),
+        given,
         sizes,
         renders,
         gateway,
@@ -151,6 +162,7 @@ def _check_batch(
         turn_id,
         bool(pinned),
         plan,
+        held,
     )
     newest, older = history._checked
     history._checked = (checked, older if memo is newest else newest)
@@ -205,8 +217,9 @@ def _check_one(
         if unit:
             raise _tied_error(where, "items", count, limits.max_items, unit, turn_id)
         check_batch_length(count, limits, where)
-    message = messages[0]
-    size = check_message(message, where=f"{where}[0]")
+    given = tuple(messages)
+    message, size = admit_message(given[0], where=f"{where}[0]")
+    held = cast("tuple[Message, ...]", given) if message is given[0] else (message,)
     cap = limits.max_item_bytes
     if size > cap:
         raise _item_too_large(f"{where}[0]", size, cap)
@@ -219,14 +232,14 @@ def _check_one(
     plan: _DoorIds | None = None
     if gateway is not None:
         if not pinned and at >= 0:
-            plan = door_ids(history, messages, turn_id, at)  # type: ignore[arg-type]
+            plan = door_ids(history, held, turn_id, at)  # type: ignore[arg-type]
             sent = plan.sent
             if sent is not None and sent[0] is not None:
-                message = with_ids(message, sent[0])  # type: ignore[arg-type]
-        renders = (_render_checked(message, gateway, where, 0),)  # type: ignore[arg-type]
+                message = with_ids(message, sent[0])
+        renders = (_render_checked(message, gateway, where, 0),)
     newest, older = history._checked
     history._checked = (
-        (tuple(messages), sizes, renders, gateway, turns, turn_id, bool(pinned), plan),
+        (given, sizes, renders, gateway, turns, turn_id, bool(pinned), plan, held),
         older if newest is _UNCHECKED else newest,
     )
     return sizes
@@ -302,7 +315,9 @@ def _entries(
 
     Errors name the batch ``f"turn {excerpt(named)} {what}"``; the label
     is built only when the batch is checked here, not reused from the door.
-    The door's renders seed the entries' caches; when the door renamed ids
+    The entries hold the messages the check admitted (see
+    :func:`~turnloom.context.message.admit_message`), never an object the
+    caller can still change. The door's renders seed the entries' caches; when the door renamed ids
     (its renders are of the messages as sent), the entries carry those ids
     if its plan holds, else the renamed messages' renders are left out.
     """
@@ -315,7 +330,7 @@ def _entries(
         )
     counter = history._shared.counter
     checked, older = history._checked
-    renders, gateway, plan = checked[2], checked[3], checked[7]
+    renders, gateway, plan, messages = checked[2], checked[3], checked[7], checked[8]
     if plan is not None and plan is not _NO_IDS and (pinned or not plan.holds(history, turn_id)):
         stale, plan = plan.sent, None  # the renders of renamed messages are of other ids
     else:
@@ -360,6 +375,10 @@ def _entries(
                 entry.seed(slot, *renders[i])
     else:
         entries = tuple([_Entry(m, count_message_tokens(counter, m)) for m in messages])
+    if messages is not checked[0]:  # the door held new messages for some of the given ones
+        for entry, given in zip(entries, checked[0], strict=True):
+            if entry.message is not given:
+                entry.given = given  # type: ignore[assignment]
     history._checked = (_UNCHECKED, older)  # consumed: the batch's messages are held now
     return entries, sizes, plan
 
@@ -378,6 +397,8 @@ def _output_renders(
             for entry in outputs:
                 native = entry.rendered(gateway, slot)[0]
                 renders[id(entry.message)] = native if type(native) is tuple else (native,)  # type: ignore[assignment]
+                if entry.given is not None:  # the caller's object the door held a new one for
+                    renders[id(entry.given)] = renders[id(entry.message)]
             return renders
     return {}
 

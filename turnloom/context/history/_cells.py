@@ -149,6 +149,11 @@ class _Entry(msgspec.Struct, gc=False, eq=False):
     # sent as it is is the message's own str): the message as sent is built
     # from them where it is read (:attr:`wire`), and its renders are cached.
     sent: _WireIds | None = None
+    # The caller's object ``message`` was admitted for, when the door held a new
+    # message for it (see ``admit_message``); None when ``message`` is that very
+    # object. Read for its identity only: a ``build`` continuation holding it is
+    # the recorded output (``TurnHistory.output_renders``).
+    given: Message | None = None
 
     @property
     def wire(self) -> Message:

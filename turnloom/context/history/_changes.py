@@ -39,8 +39,8 @@ from turnloom.context.message import (
     ReasoningPart,
     Role,
     _first_instruction,
+    admit_message,
     check_id,
-    check_message,
     is_blank_part,
     is_blank_text,
     reject_instructions,
@@ -135,6 +135,7 @@ def _commit(
     if _first_instruction(input) >= 0:
         reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
     entries, sizes, planned = _entries(history, input, turn_id, "input")
+    input = [e.message for e in entries]  # the admitted messages: the checks below read them
     if steps_may_conflict(input, None):
         # Its leading results may answer the calls the kept turns leave open
         # (an approval), or a call recorded late to a kept turn.
@@ -429,7 +430,7 @@ def _keep_state(
     state_bytes = 0
     for i, message in enumerate(messages):
         label = f"turn {excerpt(turn_id)} state[{i}]"
-        size = check_message(message, where=label)
+        message, size = admit_message(message, where=label)
         if size > cap:
             raise ItemTooLargeError(
                 f"{label} is {size} bytes, over the per-item cap of {cap} bytes.",

@@ -289,8 +289,8 @@ def apply_summary(
         )
     seen: set[str] = set()
     replaced_ids = {m for t in turns[:held] for m in _message_ids(t)}
-    for i, message in enumerate(messages):
-        message_id = message.id
+    for i, entry in enumerate(entries):
+        message_id = entry.message.id
         if message_id is None:
             continue
         if message_id in seen or (

@@ -377,7 +377,10 @@ class TurnHistory:
         The batch's length is checked first, in O(1): a turn (its input, or
         its messages so far plus ``messages``) holds at most ``max_items``
         messages. Then each message passes
-        :func:`~turnloom.context.check_message` and the per-item cap, and the
+        :func:`~turnloom.context.message.admit_message` (the checks of
+        :func:`~turnloom.context.check_message`, leaving the caller's objects
+        as they are: :meth:`admitted` gives the messages the history holds
+        for them) and the per-item cap, and the
         running total is checked against ``max_bytes`` (with the turn's bytes
         so far), so a batch far over a limit costs at most about ``max_bytes``
         of work before it is refused. Nothing changes but a memo: the same
@@ -427,6 +430,18 @@ class TurnHistory:
     def rendered_items(self) -> int:
         """How many native items the last batch :meth:`check_batch` rendered comes to."""
         return _rendered_items(self)
+
+    def admitted(self) -> tuple[Message, ...]:
+        """The messages the history holds for the last batch :meth:`check_batch` passed.
+
+        One per message of the batch, in order: the very object given, or a
+        new message holding the private copies the check made of it (see
+        :func:`~turnloom.context.message.admit_message`). A commit or record of
+        that batch holds these; checks after the door read them rather than
+        the caller's objects. Empty once the batch was committed or recorded,
+        or when no batch passed.
+        """
+        return self._checked[0][8]
 
     def left_out(self, messages: Sequence[Message]) -> int:
         """How many of ``messages`` say something yet render to no native item.
@@ -529,7 +544,8 @@ class TurnHistory:
         """The held outputs of ``turn_id`` rendered for ``gateway``, by ``id()`` of their message.
 
         Each output message object the history holds (so one that passed
-        :meth:`check_batch`) maps to its cached render, rendered and cached
+        :meth:`check_batch`), and the caller's object it was admitted for when
+        that is another (see :meth:`admitted`), maps to its cached render, rendered and cached
         now if it was not yet (a history restored from a store). Empty when
         no turn ``turn_id`` is held. O(the turn's outputs), or O(``newest``)
         when given: only the turn's last ``newest`` outputs are mapped. The
