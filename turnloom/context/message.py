@@ -895,32 +895,33 @@ def _held_copy(
 
     Each ``(owner, field, value)`` of ``edits`` names the message, one of its
     parts or a part of one of its tool results; that object is replaced by a
-    new one (``msgspec.structs.replace``) with ``value`` in ``field``, and
-    whatever holds it by a new one holding the replacement. The caller's
-    objects are left as they are.
+    shallow copy (``__copy__``: no ``__post_init__``) with ``value`` in
+    ``field``, and whatever holds it by a copy holding the replacement. The
+    caller's objects are left as they are.
     """
-    changes: dict[int, dict[str, Any]] = {}
+    copies: dict[int, Any] = {}  # id() of a caller's object -> the copy held instead
     for owner, attr, value in edits:
-        changes.setdefault(id(owner), {})[attr] = value
-    held: list[Part] = []
-    for part in parts:
-        attrs = changes.get(id(part))
-        if _part_type(part) is ToolResultPart:
-            inner = attrs.get("content", part.content) if attrs else part.content  # type: ignore[union-attr]
-            new_inner = tuple(
-                [
-                    leaf
-                    if id(leaf) not in changes
-                    else msgspec.structs.replace(leaf, **changes[id(leaf)])
-                    for leaf in inner
-                ]
-            )
-            if any(map(operator.is_not, new_inner, inner)):
-                attrs = {**attrs, "content": new_inner} if attrs else {"content": new_inner}
-        held.append(part if not attrs else msgspec.structs.replace(part, **attrs))
-    return msgspec.structs.replace(
-        message, **{**changes.get(id(message), {}), "content": tuple(held)}
-    )
+        copy = copies.get(id(owner))
+        if copy is None:
+            copy = copies[id(owner)] = owner.__copy__()
+        msgspec.structs.force_setattr(copy, attr, value)
+    held = copies.pop(id(message), None)
+    if held is None:
+        held = message.__copy__()  # type: ignore[attr-defined]
+    if copies:  # a part, or a part of a tool result, holds one
+        held_parts: list[Part] = []
+        for part in parts:
+            copy = copies.get(id(part), part)
+            if isinstance(part, ToolResultPart):
+                inner = copy.content
+                leaves = tuple([copies.get(id(leaf), leaf) for leaf in inner])
+                if any(map(operator.is_not, leaves, inner)):
+                    if copy is part:
+                        copy = part.__copy__()
+                    msgspec.structs.force_setattr(copy, "content", leaves)
+            held_parts.append(copy)
+        msgspec.structs.force_setattr(held, "content", tuple(held_parts))
+    return held  # type: ignore[no-any-return]
 
 
 def _check_texts(parts: tuple[Part, ...], where: str) -> None:

@@ -309,9 +309,10 @@ def _entries(
     turn_id: str | None = None,
     *,
     pinned: bool = False,
-) -> tuple[tuple[_Entry, ...], tuple[int, ...], _DoorIds | None]:
+) -> tuple[tuple[_Entry, ...], tuple[int, ...], _DoorIds | None, tuple[Message, ...]]:
     """The batch checked (:meth:`TurnHistory.check_batch`) as entries, each one's size,
-    and the door's plan of their sent ids when it holds in this state.
+    the door's plan of their sent ids when it holds in this state, and the
+    messages the entries hold.
 
     Errors name the batch ``f"turn {excerpt(named)} {what}"``; the label
     is built only when the batch is checked here, not reused from the door.
@@ -380,7 +381,7 @@ def _entries(
             if entry.message is not given:
                 entry.given = given  # type: ignore[assignment]
     history._checked = (_UNCHECKED, older)  # consumed: the batch's messages are held now
-    return entries, sizes, plan
+    return entries, sizes, plan, messages
 
 
 def _output_renders(

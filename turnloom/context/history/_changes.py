@@ -134,8 +134,8 @@ def _commit(
             )
     if _first_instruction(input) >= 0:
         reject_instructions(input, "input", f"Turn {excerpt(turn_id)} input")
-    entries, sizes, planned = _entries(history, input, turn_id, "input")
-    input = [e.message for e in entries]  # the admitted messages: the checks below read them
+    # The checks below read the messages the entries hold, not the caller's.
+    entries, sizes, planned, input = _entries(history, input, turn_id, "input")
     if steps_may_conflict(input, None):
         # Its leading results may answer the calls the kept turns leave open
         # (an approval), or a call recorded late to a kept turn.
@@ -167,7 +167,7 @@ def _commit(
                     "instructions are system or developer messages.",
                     field="role",
                 )
-        pinned, pinned_sizes, _ = _entries(
+        pinned, pinned_sizes, _, _ = _entries(
             history, instructions, turn_id, "instructions", pinned=True
         )
     size = sum(sizes)
@@ -272,7 +272,7 @@ def _record(
             history._late_dropped += len(outputs)
             return 0
         raise UnknownTurnError(f"Turn {excerpt(turn_id)} was never committed to this context.")
-    entries, sizes, planned = _entries(history, outputs, turn_id, "output", turn_id)
+    entries, sizes, planned, _ = _entries(history, outputs, turn_id, "output", turn_id)
     # (The door's check changes no turn: ``old`` is still ``history._turns[position]``.)
     kept: Sequence[_Entry]
     kept_at: Sequence[int]

@@ -275,7 +275,7 @@ def apply_summary(
             "summary never splits a call from its result."
         )
     messages = (*given, *answer)
-    entries, sizes, planned = _entries(history, messages, summary_id, "summary")
+    entries, sizes, planned, _ = _entries(history, messages, summary_id, "summary")
     if planned is not None:
         unplanned(entries)  # planned at the door for a commit; a summary decides its own
     size = sum(sizes)
