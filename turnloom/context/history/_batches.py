@@ -47,7 +47,7 @@ and what its limits were checked against: the history's turns (the very
 ``_Turns``), the turn id and whether the batch was pinned instructions; then the
 sent ids decided at the door, when it renamed any (the renders are of the
 messages as sent: see :class:`~turnloom.context.history._sent._DoorIds`); last,
-the messages to hold (:func:`~turnloom.context.message.admit_message`: the
+the messages to hold (:func:`~turnloom.context.admit_message`: the
 given ones, or new ones holding the door's private copies), which the ids and
 renders are of."""
 
@@ -317,7 +317,7 @@ def _entries(
     Errors name the batch ``f"turn {excerpt(named)} {what}"``; the label
     is built only when the batch is checked here, not reused from the door.
     The entries hold the messages the check admitted (see
-    :func:`~turnloom.context.message.admit_message`), never an object the
+    :func:`~turnloom.context.admit_message`), never an object the
     caller can still change. The door's renders seed the entries' caches; when the door renamed ids
     (its renders are of the messages as sent), the entries carry those ids
     if its plan holds, else the renamed messages' renders are left out.

@@ -377,7 +377,7 @@ class TurnHistory:
         The batch's length is checked first, in O(1): a turn (its input, or
         its messages so far plus ``messages``) holds at most ``max_items``
         messages. Then each message passes
-        :func:`~turnloom.context.message.admit_message` (the checks of
+        :func:`~turnloom.context.admit_message` (the checks of
         :func:`~turnloom.context.check_message`, leaving the caller's objects
         as they are: :meth:`admitted` gives the messages the history holds
         for them) and the per-item cap, and the
@@ -436,7 +436,7 @@ class TurnHistory:
 
         One per message of the batch, in order: the very object given, or a
         new message holding the private copies the check made of it (see
-        :func:`~turnloom.context.message.admit_message`). A commit or record of
+        :func:`~turnloom.context.admit_message`). A commit or record of
         that batch holds these; checks after the door read them rather than
         the caller's objects. Empty once the batch was committed or recorded,
         or when no batch passed.
