@@ -272,3 +272,34 @@ async def test_an_areas_content_is_held_as_copies() -> None:
             bodies.append(prefix.items)
         assert bodies[0] == bodies[1]
         assert b"MUT" not in msgspec.json.encode(bodies[0])
+
+
+def test_a_part_given_twice_and_a_result_leaf_given_twice_are_held_as_copies() -> None:
+    """One part object at two places of a message (and one leaf twice in a tool result):
+    each place holds a copy, none the caller's object, and the held message encodes as
+    the caller's does."""
+    text = TextPart(text="t", extras={"x_meta": [1]})
+    leaf = TextPart(text="r", extras={"x_leaf": [2]})
+    result = ToolResultPart(call_id="c1", content=(leaf, leaf))
+    for message in (
+        Message(role=Role.user, content=(text, text)),
+        Message(role=Role.tool, content=(result,)),
+    ):
+        held, size = admit_message(message)
+        assert msgspec.json.encode(held) == msgspec.json.encode(message)
+        assert size == len(msgspec.json.encode(message))
+        flat = [p for part in held.parts for p in (part, *getattr(part, "content", ()))]
+        assert all(p is not text and p is not leaf and p is not result for p in flat)
+    assert text.extras == {"x_meta": [1]} and leaf.extras == {"x_leaf": [2]}
+
+
+def test_a_message_subclass_is_held_as_its_own_class() -> None:
+    """A Message subclass with extras is held as a copy of its own class, encoding equal."""
+
+    class Tagged(Message, frozen=True, gc=False):
+        pass
+
+    message = Tagged(role=Role.user, content="hi", extras={"x_meta": {"a": 1}})
+    held, _ = admit_message(message)
+    assert type(held) is Tagged and held is not message
+    assert msgspec.json.encode(held) == msgspec.json.encode(message)
