@@ -734,7 +734,7 @@ def _check(message: object, where: str, in_place: bool) -> tuple[Message, int]:
         _exact_id(message, "id", where, "id", edits)  # raises for an empty or non-str id
     if message.name is not None:
         _exact_id(message, "name", where, "name", edits)
-    gateway = _check_layout(message, where, edits)
+    gateway = None if message.layout is None else _check_layout(message, where, edits)
     parts = message.content
     if not isinstance(parts, tuple):
         raise InvalidMessageError(f"{where} content must be a tuple of parts.", field="content")
@@ -948,14 +948,12 @@ def _refuse_text(text: object, where: str, field: str) -> None:
     )
 
 
-def _check_layout(message: Message, where: str, edits: list[tuple[Any, str, Any]]) -> str | None:
-    """Type-check ``message.layout``; return the gateway it names (None: no layout).
+def _check_layout(message: Message, where: str, edits: list[tuple[Any, str, Any]]) -> str:
+    """Type-check ``message.layout`` (not None); return the gateway it names.
 
     Its private copy goes in ``edits`` (see :func:`_check`).
     """
-    layout = message.layout
-    if layout is None:
-        return None
+    layout: Any = message.layout
     gateway = layout.get("gateway") if isinstance(layout, dict) else None
     if not isinstance(gateway, str) or not gateway:
         raise InvalidMessageError(
