@@ -15,7 +15,7 @@ from tests.runtime.helpers import CHAT, BlockingGateway, assistant, call, result
 from turnloom.context import Message, NativeContent
 from turnloom.context.gateways import OpenAIChatGateway
 from turnloom.context.history import HistoryLimits, TurnHistory
-from turnloom.context.message import admit_message, check_message
+from turnloom.context.message import admit_message
 from turnloom.runtime import ContextPrepareRequest, Foundation, TurnSnapshot
 from turnloom.runtime import _continuation as continuation_module
 from turnloom.runtime import _preparing as preparing_module
@@ -63,13 +63,12 @@ async def test_build_checks_recorded_messages_once_and_equals_a_fresh_render(
     (it passed the door), checks one it never saw, and its items equal the prefix plus
     the continuation rendered anew."""
     checked: list[Message] = []
-    real = check_message
 
-    def counting(message: Any, *, where: str = "message") -> int:
+    def counting(message: Any, *, where: str = "message") -> tuple[Message, int]:
         checked.append(message)
-        return real(message, where=where)
+        return admit_message(message, where=where)
 
-    monkeypatch.setattr(continuation_module, "check_message", counting)
+    monkeypatch.setattr(continuation_module, "admit_message", counting)
     async with Foundation() as foundation:
         manager = foundation.manager
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(user("hi"),)))

@@ -303,3 +303,38 @@ def test_a_message_subclass_is_held_as_its_own_class() -> None:
     held, _ = admit_message(message)
     assert type(held) is Tagged and held is not message
     assert msgspec.json.encode(held) == msgspec.json.encode(message)
+
+
+@pytest.mark.parametrize("gateway", GATEWAYS)
+async def test_a_build_continuation_mutated_between_builds_renders_as_first_checked(
+    gateway: str,
+) -> None:
+    """A continuation the host mutates after a build: the next builds of the same objects
+    (again, and extended by a message) equal a twin context's builds of never-mutated
+    copies, and carry no "MUT"; the host's message keeps its own extras object."""
+    async with Foundation(gateway=gateway) as foundation:
+        manager = foundation.manager
+        builds = []
+        for context, mutate in (("host", True), ("twin", False)):
+            manager.accept_turn(
+                TurnSnapshot(
+                    context_id=context,
+                    turn_id="t1",
+                    input=(Message(role=Role.user, content="hi"),),
+                )
+            )
+            prefix = await manager.prepare(ContextPrepareRequest(context_id=context, turn_id="t1"))
+            _, answer, result = _turn(1, [{"x_meta": {"deep": [k]}} for k in range(7)])
+            extras = answer.extras
+            first = manager.build(prefix, [answer, result])
+            if mutate:
+                for message in (answer, result):
+                    _mutate(message)
+            again = manager.build(prefix, [answer, result])
+            longer = manager.build(
+                prefix, [answer, result, Message(role=Role.assistant, content="ok")]
+            )
+            assert answer.extras is extras
+            builds.append((first, again, longer))
+        assert builds[0] == builds[1]
+        assert b"MUT" not in msgspec.json.encode(builds[0])

@@ -496,16 +496,16 @@ async def test_build_checks_each_continuation_message_once(
     same message objects) has only its new messages checked, and keeps the ids
     of the checked ones: a later repeat of their id is still refused."""
     import turnloom.runtime._continuation as continuation_module
-    from turnloom.context.message import check_message as real
+    from turnloom.context.message import admit_message as real
 
     checked: list[Message] = []
 
-    def counting(message: object, *, where: str = "message") -> int:
+    def counting(message: object, *, where: str = "message") -> tuple[Message, int]:
         assert isinstance(message, Message)
         checked.append(message)
         return real(message, where=where)
 
-    monkeypatch.setattr(continuation_module, "check_message", counting)
+    monkeypatch.setattr(continuation_module, "admit_message", counting)
     async with Foundation() as foundation:
         manager = foundation.manager
         manager.accept_turn(snapshot("t1", "q"))

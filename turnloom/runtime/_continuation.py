@@ -46,7 +46,7 @@ from turnloom.context.message import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
-    check_message,
+    admit_message,
     is_blank_part,
 )
 from turnloom.context.pairing import (
@@ -324,7 +324,8 @@ class IssuedPrefixes:
             call_ids = settled.call_ids
         else:
             call_ids = entry.call_ids
-        tail = continuation[start:] if start else continuation
+        held = checked.held  # the messages checked for the caller's: rendered in their place
+        tail = held[start:] if start else held
         plain = _plain_steps(tail)  # then it completes as it stands, settled whole
         cut = len(tail) if plain else _settled_count(tail)
         if cut:
@@ -512,18 +513,24 @@ _encoder = msgspec.json.Encoder()
 class CheckedContinuation:
     """The continuation messages already checked against one prefix.
 
-    ``messages`` passed every check of :func:`check_continuation`; ``ids``
-    holds the prefix's reserved ids and theirs. Messages are frozen, so a
-    later continuation that starts with the same message objects needs only
-    its new messages checked. The next check extends ``ids`` in place and
-    returns a new object sharing it: keep only the latest one.
+    ``messages`` (the caller's objects) passed every check of
+    :func:`check_continuation`; ``held`` are the messages checked and
+    rendered for them, one each (:func:`~turnloom.context.admit_message`:
+    the caller's object, or a new one holding the door's private copies);
+    ``ids`` holds the prefix's reserved ids and theirs. A later continuation
+    that starts with the same message objects needs only its new messages
+    checked. The next check extends ``ids`` in place and returns a new object
+    sharing it: keep only the latest one.
     """
 
-    __slots__ = ("ids", "messages")
+    __slots__ = ("held", "ids", "messages")
 
-    def __init__(self, messages: tuple[Message, ...], ids: set[str]) -> None:
+    def __init__(
+        self, messages: tuple[Message, ...], ids: set[str], held: tuple[Message, ...]
+    ) -> None:
         self.messages = messages
         self.ids = ids
+        self.held = held
 
 
 def check_continuation(
@@ -547,7 +554,9 @@ def check_continuation(
             history's recorded outputs): they are not checked again.
 
     Returns:
-        what to pass as ``checked`` to the next call for this prefix.
+        what to pass as ``checked`` to the next call for this prefix; its
+        ``held`` are the messages to render (the caller's objects are left
+        as they are).
 
     Raises:
         InvalidMessageError, InvalidTextError: ``prefix`` is not one of
@@ -579,10 +588,12 @@ def check_continuation(
         raise InvalidMessageError("build takes a sequence of continuation Messages, oldest first.")
     check_batch_length(len(continuation), limits, "The continuation")
     start = 0
+    admitted: list[Message] = []  # the messages to render, one per message of continuation
     if checked is not None and _starts_with(continuation, checked.messages):
         # Those very (frozen) messages passed every check below.
         start = len(checked.messages)
         reserved = checked.ids
+        admitted.extend(checked.held)
     else:
         reserved = set(prefix.reserved_ids)
     reject_instructions(continuation, "continuation", "continuation", start)
@@ -590,7 +601,8 @@ def check_continuation(
     for i in range(start, len(continuation)):
         message = continuation[i]
         if id(message) not in held:
-            check_message(message, where=f"continuation[{i}]")
+            message = admit_message(message, where=f"continuation[{i}]")[0]
+        admitted.append(message)
         if is_state_message(message, prefix.state_call_id):
             raise InvalidMessageError(
                 f"continuation[{i}] carries a runtime-state call or result; the turn's "
@@ -611,34 +623,38 @@ def check_continuation(
     own = start
     while own < len(continuation) and id(continuation[own]) in held:
         own += 1
+    # The checks below read the messages to render (admitted), not the caller's.
     # ``steps_may_conflict`` False, or plain steps after no assistant message:
     # check_steps cannot raise (the record's fast path; see _plain_steps).
     if (
         own > start
-        and steps_may_conflict(continuation[start:own], continuation[start - 1] if start else None)
-        and not _plain_after(continuation, start, own)
+        and steps_may_conflict(admitted[start:own], admitted[start - 1] if start else None)
+        and not _plain_after(admitted, start, own)
     ):
         check_steps(
-            continuation[start:own],
+            admitted[start:own],
             "continuation",
-            before=continuation[:start],
+            before=admitted[:start],
             indices=range(start, own),
             unpaired=True,
         )
     if (
-        own < len(continuation)
-        and steps_may_conflict(continuation[own:], continuation[own - 1] if own else None)
-        and not _plain_after(continuation, own, len(continuation))
+        own < len(admitted)
+        and steps_may_conflict(admitted[own:], admitted[own - 1] if own else None)
+        and not _plain_after(admitted, own, len(admitted))
     ):
         check_steps(
-            continuation[own:],
+            admitted[own:],
             "continuation",
-            before=continuation[:own],  # check_steps reads back only its last step
-            indices=range(own, len(continuation)),
+            before=admitted[:own],  # check_steps reads back only its last step
+            indices=range(own, len(admitted)),
         )
     # ``checked`` is replaced by the result: its set is extended, not copied.
     reserved |= added
-    return CheckedContinuation(tuple(continuation), reserved)
+    given = tuple(continuation)
+    return CheckedContinuation(
+        given, reserved, given if all(map(operator.is_, admitted, given)) else tuple(admitted)
+    )
 
 
 def _plain_after(messages: Sequence[Message], start: int, stop: int) -> bool:
