@@ -33,6 +33,7 @@ __all__ = (
     "BodyRun",
     "BodyWriter",
     "EncodedBody",
+    "WholeSegments",
     "body_writer",
     "encode_fields",
     "kept_body",
@@ -47,7 +48,7 @@ import gc
 import math
 import operator
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
@@ -451,6 +452,19 @@ class EncodedBody:
         return _splice(head[:-2], chunks, members)
 
 
+class WholeSegments(NamedTuple):
+    """Consecutive segments whose body items are their own items, kept joined in one block.
+
+    ``block`` is the segments' chunks joined by ``,`` (those of no item left
+    out); ``lengths`` gives each chunk's length in bytes (0: no item), the
+    first segment being tagged ``first_tag``. See :meth:`BodyRun.of`.
+    """
+
+    block: bytes
+    first_tag: int
+    lengths: Sequence[int]
+
+
 class _Open:
     """A segment of a :class:`BodyRun` that may still get body items (see ``BodyRun._feed``)."""
 
@@ -501,9 +515,12 @@ class BodyRun:
     (the newest) are kept one ``bytes`` each in ``_open``. Dropped segments
     are always at the front: dropping moves the start of ``_chunks``
     (``_skip``), and when the first kept segment starts inside a block, the
-    block's kept part is copied out as ``_head`` (O(one block)); a snapshot
-    hands the list out without a copy (it is only appended to, or replaced
-    by a compacted copy). The writer state is replaced, never changed, so a
+    block's kept part is copied out as ``_head`` (O(one block)). Whole
+    segments' chunks that their caller joins into one block of its own
+    (a history keeps its closed turns in blocks) are held as that block once
+    it is :meth:`adopt`-ed, so the body and the history share it too. A
+    snapshot copies the references of the kept chunks (O(chunks), about one
+    per block). The writer state is replaced, never changed, so a
     :meth:`snapshot` stays valid. Not thread-safe: guarded by the history's
     lock.
     """
@@ -614,18 +631,101 @@ class BodyRun:
         writer: BodyWriter,
         segments: Iterable[
             tuple[Sequence[NativeContent] | None, int, Sequence[bytes], bytes | None]
+            | WholeSegments
         ],
     ) -> BodyRun:
         """A run of ``segments`` (items, tag, encodings, chunk) fed in order to ``writer`` (taken).
 
         The same as :meth:`append` of each segment to a run of a fresh
         ``writer``, with the one writer changed in place instead of copied
-        per segment.
+        per segment. A :class:`WholeSegments` stands for its segments, each
+        fed with its chunk cut out of the block; when the writer passes
+        items through (and nothing is held open), the block is kept as it
+        is, its segments pointing into it: no chunk is cut or copied.
         """
         run = cls(writer)
-        for items, tag, encoded, chunk in segments:
-            run._feed(writer, items, tag, encoded, chunk)
+        for segment in segments:
+            if isinstance(segment, WholeSegments):
+                run._feed_whole(writer, segment)
+            else:
+                items, tag, encoded, chunk = segment
+                run._feed(writer, items, tag, encoded, chunk)
         return run
+
+    def _feed_whole(self, writer: BodyWriter, segments: WholeSegments) -> None:
+        """:meth:`of`'s step for one :class:`WholeSegments`."""
+        block, first_tag, lengths = segments
+        tags = self._tags
+        if (
+            not block
+            or self._open
+            or not first_tag
+            or (tags and tags[-1] >= first_tag)
+            or not writer.passes_through()
+        ):
+            at = 0
+            for tag, length in enumerate(lengths, first_tag):
+                self._feed(writer, None, tag, (), block[at : at + length])
+                if length:
+                    at += length + 1  # and the separator after it
+            return
+        self._flush_loose()  # they come before it
+        number = self._base + len(self._chunks)
+        at = 0
+        for tag, length in enumerate(lengths, first_tag):
+            # As _feed leaves a segment it hands out as its chunk, or one of no item.
+            tags.append(tag)
+            self._reach.append(tag)
+            if length:
+                self._opens.append(2)
+                self._where.append(number)
+                self._offsets.append(at)
+                at += length + 1
+            else:
+                self._opens.append(0)
+                self._where.append(-1)
+                self._offsets.append(0)
+        self._chunks.append(block)
+
+    def adopt(self, block: bytes, pieces: Sequence[bytes]) -> bool:
+        """Hold ``block`` in place of ``pieces`` when they are the run's newest chunks.
+
+        ``pieces`` are whole segments' chunks (the very objects given to
+        :meth:`append`) and ``block`` is them joined by ``,``. When the run
+        holds them as its last sealed chunks, one entry each, it keeps
+        ``block`` instead (its caller keeps ``block`` too: the bytes are
+        held once). Returns whether it did; otherwise nothing changes (a
+        writer that holds a body item back seals a segment only once the
+        next one is fed: its caller tries again then). Costs O(pieces);
+        snapshots stay valid.
+        """
+        count = len(pieces)
+        chunks = self._chunks
+        first = len(chunks) - count
+        if (
+            not count
+            or first < self._skip
+            or len(block) != sum(map(len, pieces)) + count - 1
+            or any(map(operator.is_not, chunks[first:], pieces))
+        ):
+            return False
+        number = self._base + first
+        starts: dict[int, int] = {}
+        at = 0
+        for offset, piece in enumerate(pieces):
+            starts[number + offset] = at
+            at += len(piece) + 1  # and the separator after it
+        where, offsets = self._where, self._offsets
+        stop = (1 if self._tags and self._tags[0] == 0 else 0) + self._dead
+        index = len(where) - 1
+        while index >= stop and (where[index] < 0 or where[index] >= number):
+            if where[index] >= 0:
+                offsets[index] = starts[where[index]]
+                where[index] = number
+            index -= 1
+        del chunks[first:]
+        chunks.append(block)
+        return True
 
     def _feed(
         self,
@@ -767,8 +867,10 @@ class BodyRun:
             untrack_container(open_segments)
 
     def snapshot(self, rest: tuple[NativeContent, ...] = ()) -> EncodedBody:
-        """The body as it stands, then ``rest``, in O(segment 0's and the open segments' items)."""
-        chunks = EncodedSpan(self._chunks, self._skip, len(self._chunks))
+        """The body as it stands, then ``rest``: O(chunks, segment 0's and open segments' items)."""
+        kept = self._chunks[self._skip :]  # adopt changes the list in place
+        untrack_container(kept)  # bytes only
+        chunks = EncodedSpan(kept, 0, len(kept))
         open_items = (b for segment in self._open.values() for b in segment.pending)
         tail = (*self._loose, *open_items)
         lead = (*self._lead, self._head) if self._head else tuple(self._lead)

@@ -151,10 +151,13 @@ class ChunkedSpan(Sequence[bytes]):
     where it ends in running item numbers and ``byte_ends`` in running bytes
     (the items' sizes summed, separators left out, the first item starting
     at ``base``); per item, ``offsets`` is where it ends in running bytes,
-    the span's first at index ``at``. The owner only appends to these
-    containers while a span of them lives (a log dropping at the front
-    moves its own start and compacts into new containers), so the span
-    never changes. Made in O(1); an item or a slice is cut out of its chunk
+    the span's first at index ``at``. Chunk ``first`` may hold items
+    before the span's first (a block of groups the log dropped the front
+    of): it begins at running item ``lead`` and byte ``lead_base`` (by
+    default ``origin`` and ``base``: it begins with the span). The owner
+    only appends to these containers while a span of them lives (a log
+    dropping at the front moves its own start and compacts into new
+    containers), so the span never changes. Made in O(1); an item or a slice is cut out of its chunk
     (a copy of its bytes), :meth:`joined` joins whole chunks.
     """
 
@@ -166,6 +169,8 @@ class ChunkedSpan(Sequence[bytes]):
         "_count",
         "_ends",
         "_first",
+        "_lead",
+        "_lead_base",
         "_offsets",
         "_origin",
         "_stop",
@@ -182,6 +187,8 @@ class ChunkedSpan(Sequence[bytes]):
         base: int,
         offsets: Sequence[int],
         at: int,
+        lead: int | None = None,
+        lead_base: int | None = None,
     ) -> None:
         self._chunks = chunks
         self._first = first
@@ -192,6 +199,8 @@ class ChunkedSpan(Sequence[bytes]):
         self._base = base
         self._offsets = offsets
         self._at = at
+        self._lead = origin if lead is None else lead
+        self._lead_base = base if lead_base is None else lead_base
         self._count = ends[stop - 1] - origin if stop > first else 0
         # It refers to a list of bytes and arrays of ints only: in no cycle,
         # so out of the cyclic collector (a held prefix adds no tracked object).
@@ -215,10 +224,10 @@ class ChunkedSpan(Sequence[bytes]):
         at = self._origin + index
         first = self._first
         chunk = bisect.bisect_right(self._ends, at, first, self._stop)
-        start = self._ends[chunk - 1] if chunk > first else self._origin
-        base = self._byte_ends[chunk - 1] if chunk > first else self._base
+        start = self._ends[chunk - 1] if chunk > first else self._lead
+        base = self._byte_ends[chunk - 1] if chunk > first else self._lead_base
         end = self._offsets[self._at + index]
-        begin = self._offsets[self._at + index - 1] if at > start else base
+        begin = self._offsets[self._at + index - 1] if index else self._base
         position = begin - base + at - start  # a separator after each earlier item of the chunk
         return chunk, position, position + end - begin
 
@@ -259,7 +268,7 @@ class ChunkedSpan(Sequence[bytes]):
         """
         count = self._count
         stop = count if stop is None else stop
-        if start == 0 and stop == count:
+        if start == 0 and stop == count and self._lead == self._origin:
             return b",".join(filter(None, self._chunks[self._first : self._stop]))
         if start >= stop:
             return b""
@@ -283,7 +292,11 @@ class ChunkedSpan(Sequence[bytes]):
         for index in range(self._first, self._stop):
             stop = ends[index] - origin
             if stop > start:
-                out.append((chunks[index], start, stop, base))
+                chunk = chunks[index]
+                if index == self._first and self._lead != origin:
+                    # It begins with dropped items: its kept part, cut out (a new object).
+                    chunk = chunk[self._place(0)[1] :]
+                out.append((chunk, start, stop, base))
             start, base = stop, byte_ends[index]
         return out
 
@@ -327,6 +340,8 @@ def _json_array(encoded: Sequence[bytes]) -> bytes:
     the whole run.
     """
     if isinstance(encoded, ChunkedSpan):
+        if encoded._lead != encoded._origin:
+            return b"".join((b"[", encoded.joined(), b"]"))
         pieces = list(filter(None, encoded._chunks[encoded._first : encoded._stop]))
     elif isinstance(encoded, EncodedSpan):
         pieces = encoded.tolist()

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import array
+import bisect
 import gc
 import itertools
 import threading
 from collections.abc import Sequence
 
 from turnloom.context._untrack import untrack_atoms, untrack_container
-from turnloom.context.body import BodyRun, body_writer
+from turnloom.context.body import BodyRun, WholeSegments, body_writer
 from turnloom.context.callids import (
     CallIdRenamer,
 )
@@ -32,11 +33,19 @@ class _Run:
 
     ``pinned`` is the pinned instructions' render (native, with encodings).
     The closed turns' items are kept only encoded, renamed as the run sends
-    them: ``chunks`` holds one ``bytes`` per turn, its items' JSON joined by
-    ``,`` (see :class:`~turnloom.context.items.ChunkedSpan`), and
-    ``offsets`` where each item ends in running bytes, oldest first, after
-    ``skip`` slots dropped at the front. Per turn, oldest first, after
-    ``dead`` slots dropped at the front: its chunk, ``item_ends`` and ``byte_ends``
+    them, their JSON joined by ``,`` into ``chunks`` (see
+    :class:`~turnloom.context.items.ChunkedSpan`): one ``bytes`` per turn
+    for the newest turns (from ``loose_from`` on), and, once
+    :data:`_BLOCK_TURNS` of those are held, one *block* joining theirs, so
+    joining the run (a request body) copies about one piece per block of
+    turns, not one per turn; the body shares the blocks
+    (:meth:`~turnloom.context.body.BodyRun.adopt`). Per chunk:
+    ``chunk_stops`` (one past its last turn's slot), ``chunk_items`` and
+    ``chunk_bytes`` (where it ends, running); per-turn slot 0 begins at
+    ``zero_items`` and ``zero_bytes``. ``offsets`` is where each item ends
+    in running bytes, oldest first, after ``skip`` slots dropped at the
+    front. Per turn, oldest first, after ``dead`` slots dropped at the
+    front: ``item_ends`` and ``byte_ends``
     (where it ends, in items and bytes, in running coordinates that begin
     at ``origin`` and ``base`` and are never rebased), ``turn_tokens``,
     ``turn_carried`` (1 when calls of an earlier turn were carried into it)
@@ -65,6 +74,9 @@ class _Run:
         "call_ids",
         "calls",
         "carry",
+        "chunk_bytes",
+        "chunk_items",
+        "chunk_stops",
         "chunks",
         "dead",
         "epoch",
@@ -73,6 +85,7 @@ class _Run:
         "generation",
         "item_ends",
         "last",
+        "loose_from",
         "offsets",
         "origin",
         "pinned",
@@ -81,6 +94,9 @@ class _Run:
         "tokens",
         "turn_carried",
         "turn_tokens",
+        "unadopted",
+        "zero_bytes",
+        "zero_items",
     )
 
     def __init__(
@@ -97,6 +113,14 @@ class _Run:
         # Bytes only, so in no cycle: out of the cyclic collector, so a full
         # collection visits no reference per turn.
         untrack_container(self.chunks)
+        self.chunk_stops = _ends()
+        self.chunk_items = _ends()
+        self.chunk_bytes = _ends()
+        self.loose_from = 0
+        # The newest block and its pieces while the body holds the pieces (see join).
+        self.unadopted: tuple[bytes, list[bytes]] | None = None
+        self.zero_items = 0
+        self.zero_bytes = 0
         self.offsets = _ends()
         self.item_ends = _ends()
         self.byte_ends = _ends()
@@ -135,18 +159,34 @@ class _Run:
         return len(self.offsets) - self.skip
 
     def span(self) -> ChunkedSpan:
-        """The run's encoded items, oldest first, in O(1) (valid while the run lives)."""
+        """The run's encoded items, oldest first, in O(chunks) (valid while the run lives)."""
+        first = bisect.bisect_right(self.chunk_stops, self.dead)
+        chunks = self.chunks[first:]  # blocks replace chunks in place
+        untrack_container(chunks)  # bytes only
+        ends = self.chunk_items[first:]
+        byte_ends = self.chunk_bytes[first:]
+        untrack_atoms(ends)
+        untrack_atoms(byte_ends)
+        lead, lead_base = self._slot_start(self.chunk_stops[first - 1] if first else 0)
         return ChunkedSpan(
-            self.chunks,
-            self.dead,
-            len(self.chunks),
-            self.item_ends,
-            self.byte_ends,
+            chunks,
+            0,
+            len(chunks),
+            ends,
+            byte_ends,
             self.origin,
             self.base,
             self.offsets,
             self.skip,
+            lead,
+            lead_base,
         )
+
+    def _slot_start(self, slot: int) -> tuple[int, int]:
+        """Where per-turn slot ``slot`` begins: (items, bytes), running."""
+        if slot:
+            return self.item_ends[slot - 1], self.byte_ends[slot - 1]
+        return self.zero_items, self.zero_bytes
 
     def _item_ends(self, index: int) -> tuple[array.array[int], int]:
         """Where each item of turn ``index`` ends, and where its first begins (running bytes)."""
@@ -156,10 +196,30 @@ class _Run:
         first = self.skip + start - self.origin
         return self.offsets[first : first + self.item_ends[at] - start], base
 
+    def turn_chunk(self, index: int) -> bytes:
+        """The encoded items of the run's turn ``index`` (0 = oldest held) joined by ``,``.
+
+        The turn's own chunk, or its part of a block cut out (a copy).
+        """
+        slot = self.dead + index
+        stops = self.chunk_stops
+        number = bisect.bisect_right(stops, slot)
+        begin = stops[number - 1] if number else 0
+        chunk = self.chunks[number]
+        if begin == slot and stops[number] == slot + 1:
+            return chunk
+        chunk_items, chunk_bytes = self._slot_start(begin)
+        items, size = self._slot_start(slot)
+        count = self.item_ends[slot] - items
+        if not count:
+            return b""
+        at = size - chunk_bytes + items - chunk_items  # a separator after each earlier item
+        return chunk[at : at + self.byte_ends[slot] - size + count - 1]
+
     def encodings(self, index: int) -> list[bytes]:
         """The encoded items of the run's turn ``index`` (0 = oldest held), one ``bytes`` each."""
         ends, base = self._item_ends(index)
-        return split_chunk(self.chunks[self.dead + index], ends, base)
+        return split_chunk(self.turn_chunk(index), ends, base)
 
     def ends(self, index: int) -> tuple[int, int]:
         """Where the run's turn ``index`` (0 = oldest held) ends: (items, bytes), running."""
@@ -188,30 +248,48 @@ class _Run:
         self.origin, self.base = origin, base
 
     def compact(self) -> None:
-        """Copy the kept slots into new containers (O(kept)); spans handed out stay valid."""
+        """Copy the kept slots into new containers (O(kept)); spans handed out stay valid.
+
+        A block whose front was dropped is kept whole, with its dropped
+        turns' slots (fewer than a block's turns).
+        """
         if self.body is not None:
             self.body.compact()
         if self.skip:
             self.offsets = _ends(self.offsets[self.skip :])
             self.skip = 0
-        dead = self.dead
-        if dead:
-            self.chunks = self.chunks[dead:]
+        number = bisect.bisect_right(self.chunk_stops, self.dead)
+        cut = self.chunk_stops[number - 1] if number else 0  # the dropped chunks' slots
+        if cut:
+            self.zero_items, self.zero_bytes = self._slot_start(cut)
+            self.chunks = self.chunks[number:]
             untrack_container(self.chunks)
-            self.item_ends = _ends(self.item_ends[dead:])
-            self.byte_ends = _ends(self.byte_ends[dead:])
-            self.turn_tokens = _ends(self.turn_tokens[dead:])
-            self.turn_carried = self.turn_carried[dead:]
-            self.calls = self.calls[dead:]
+            self.chunk_stops = _ends(array.array("q", [s - cut for s in self.chunk_stops[number:]]))
+            self.chunk_items = _ends(self.chunk_items[number:])
+            self.chunk_bytes = _ends(self.chunk_bytes[number:])
+            self.loose_from = max(0, self.loose_from - number)
+            self.item_ends = _ends(self.item_ends[cut:])
+            self.byte_ends = _ends(self.byte_ends[cut:])
+            self.turn_tokens = _ends(self.turn_tokens[cut:])
+            self.turn_carried = self.turn_carried[cut:]
+            self.calls = self.calls[cut:]
             untrack_container(self.calls)
-            self.dead = 0
+            self.dead -= cut
 
     def join(self, renamed: _Rendered, carried: bool, calls: _CallLog | None) -> bytes:
         """Append one closed turn, ``renamed`` with the run's call ids (``calls``); its chunk."""
         chunk = self.add(renamed.encoded, renamed.bytes, renamed.tokens, carried, calls)
-        if self.body is not None:
+        body = self.body
+        if body is not None:
             tag = self.first_tag + self.turns - 1
-            self.body.append(renamed.items, tag, renamed.encoded, chunk)
+            body.append(renamed.items, tag, renamed.encoded, chunk)
+            if self.unadopted is not None:
+                # Its last turn was held open when it was sealed: sealed by now.
+                body.adopt(*self.unadopted)
+                self.unadopted = None
+        for block, pieces in self.seal_blocks():
+            if body is not None and not body.adopt(block, pieces):
+                self.unadopted = (block, pieces)
         return chunk
 
     def add(
@@ -226,13 +304,13 @@ class _Run:
         """Append one closed turn's encoded items (``size`` bytes in all); not to the body.
 
         Returns the turn's chunk: ``chunk`` when given (it must be the items
-        joined by ``,``), else the items joined.
+        joined by ``,``), else the items joined. It is held as one chunk of
+        its own until :meth:`seal_blocks`.
         """
         if chunk is None:
             chunk = b",".join(encoded)
-        self.chunks.append(chunk)
-        items_at = self.item_ends[-1] if self.item_ends else self.origin
-        bytes_at = self.byte_ends[-1] if self.byte_ends else self.base
+        items_at = self.item_ends[-1] if self.item_ends else self.zero_items
+        bytes_at = self.byte_ends[-1] if self.byte_ends else self.zero_bytes
         ends = itertools.accumulate(map(len, encoded), initial=bytes_at)
         self.offsets.extend(itertools.islice(ends, 1, None))  # past the initial value
         self.item_ends.append(items_at + len(encoded))
@@ -241,14 +319,45 @@ class _Run:
         self.turn_carried.append(1 if carried else 0)
         self.calls.append(calls)
         self.tokens += tokens
+        self._add_chunk(chunk)
         return chunk
+
+    def _add_chunk(self, chunk: bytes) -> None:
+        """Hold ``chunk`` as the chunk of the turns after the last chunk's, up to the last turn."""
+        self.chunks.append(chunk)
+        self.chunk_stops.append(len(self.item_ends))
+        self.chunk_items.append(self.item_ends[-1])
+        self.chunk_bytes.append(self.byte_ends[-1])
+
+    def seal_blocks(self) -> list[tuple[bytes, list[bytes]]]:
+        """Join each :data:`_BLOCK_TURNS` newest one-turn chunks, all kept, into one block.
+
+        Returns each new block and the chunks it joins (those of no item
+        left out), oldest first; usually none. Spans handed out stay valid.
+        """
+        sealed: list[tuple[bytes, list[bytes]]] = []
+        chunks, stops = self.chunks, self.chunk_stops
+        while len(chunks) - self.loose_from >= _BLOCK_TURNS:
+            first = self.loose_from
+            if (stops[first - 1] if first else 0) < self.dead:
+                break  # it would hold dropped turns: the history keeps fewer than a block
+            stop = first + _BLOCK_TURNS
+            pieces = list(filter(None, chunks[first:stop]))
+            block = b",".join(pieces)
+            chunks[first:stop] = (block,)
+            for ends in (stops, self.chunk_items, self.chunk_bytes):
+                ends[first : stop - 1] = _NO_ENDS
+            self.loose_from = first + 1
+            sealed.append((block, pieces))
+        return sealed
 
     def add_kept(self, run: _Run, first: int, stop: int) -> None:
         """Append ``run``'s turns ``first`` to ``stop - 1`` (0 = oldest held) as they are.
 
         Their chunks, item sizes, tokens, carried flags and ``calls`` are
         ``run``'s, moved to this run's running coordinates: C-speed copies,
-        O(their items), without cutting an item out of a chunk.
+        O(their items); a block of ``run``'s is shared when all its turns
+        are taken, a turn of any other block is cut out of it.
         """
         if first >= stop:
             return
@@ -256,8 +365,9 @@ class _Run:
         at, end = dead + first, dead + stop
         start = run.item_ends[at - 1] if at > dead else run.origin
         base = run.byte_ends[at - 1] if at > dead else run.base
-        items_at = self.item_ends[-1] if self.item_ends else self.origin
-        bytes_at = self.byte_ends[-1] if self.byte_ends else self.base
+        items_at = self.item_ends[-1] if self.item_ends else self.zero_items
+        bytes_at = self.byte_ends[-1] if self.byte_ends else self.zero_bytes
+        slots = len(self.item_ends) - at  # what a slot of ``run``'s is here, less its own
         item = run.skip + start - run.origin
         shift = (bytes_at - base).__add__
         self.offsets.extend(map(shift, run.offsets[item : item + run.item_ends[end - 1] - start]))
@@ -267,14 +377,56 @@ class _Run:
         self.turn_tokens.extend(tokens)
         self.tokens += sum(tokens)
         self.turn_carried.extend(run.turn_carried[at:end])
-        self.chunks.extend(run.chunks[at:end])
         self.calls.extend(run.calls[at:end])
+        stops = run.chunk_stops
+        number = bisect.bisect_right(stops, at)
+        slot = at
+        while slot < end:
+            begin, chunk_stop = (stops[number - 1] if number else 0), stops[number]
+            if begin >= at and chunk_stop <= end:
+                self.chunks.append(run.chunks[number])
+                self.chunk_stops.append(chunk_stop + slots)
+                self.chunk_items.append(self.item_ends[chunk_stop + slots - 1])
+                self.chunk_bytes.append(self.byte_ends[chunk_stop + slots - 1])
+                if chunk_stop - begin > 1:
+                    self.loose_from = len(self.chunks)
+                slot = chunk_stop
+            else:
+                for cut in range(slot, min(chunk_stop, end)):
+                    self.chunks.append(run.turn_chunk(cut - dead))
+                    self.chunk_stops.append(cut + slots + 1)
+                    self.chunk_items.append(self.item_ends[cut + slots])
+                    self.chunk_bytes.append(self.byte_ends[cut + slots])
+                slot = min(chunk_stop, end)
+            number += 1
 
     def natives(self, first: int, stop: int) -> list[NativeContent]:
         """The items of the run's turns ``first`` to ``stop - 1`` decoded (O(their bytes))."""
-        return decode_joined(
-            b",".join(filter(None, self.chunks[self.dead + first : self.dead + stop]))
-        )
+        return decode_joined(b",".join(filter(None, map(self.turn_chunk, range(first, stop)))))
+
+    def whole_segments(self) -> list[WholeSegments | _Segment]:
+        """The body segments of the run's turns (see :func:`_body_run`), oldest first.
+
+        A block whose turns are all kept is one :class:`WholeSegments`; any
+        other turn is a segment of its own, its chunk cut out of a block.
+        """
+        out: list[WholeSegments | _Segment] = []
+        stops, dead = self.chunk_stops, self.dead
+        for number in range(bisect.bisect_right(stops, dead), len(self.chunks)):
+            begin, stop = (stops[number - 1] if number else 0), stops[number]
+            if begin >= dead and stop - begin > 1:
+                lengths = []
+                for slot in range(begin, stop):
+                    items, size = self._slot_start(slot)
+                    count = self.item_ends[slot] - items
+                    lengths.append(self.byte_ends[slot] - size + count - 1 if count else 0)
+                tag = self.first_tag + begin - dead
+                out.append(WholeSegments(self.chunks[number], tag, lengths))
+                continue
+            for slot in range(max(begin, dead), stop):
+                index = slot - dead
+                out.append((None, self.first_tag + index, (), self.turn_chunk(index)))
+        return out
 
 
 class _Shared:
@@ -310,6 +462,8 @@ class _Shared:
         return gateway_slot, key_slot
 
 
+_BLOCK_TURNS = 64
+"""How many turns' chunks a run joins into one block (see :class:`_Run`)."""
 _NO_ENDS: array.array[int] = array.array("q")
 _Segment = tuple[Sequence[NativeContent] | None, int, Sequence[bytes], bytes | None]
 """A body segment: items (None: not decoded), tag, their encodings, and their chunk
@@ -322,11 +476,9 @@ def _body_run(gateway: Gateway, run: _Run) -> BodyRun | None:
     writer = body_writer(gateway, renamed=True)  # fed the run's renamed items
     if writer is None:
         return None
-    segments: list[_Segment] = [(run.pinned.items, 0, run.pinned.encoded, None)]
-    for index in range(run.turns):
-        # Its items are decoded from its chunk only if the writer needs them.
-        chunk = run.chunks[run.dead + index]
-        segments.append((None, run.first_tag + index, run.encodings(index), chunk))
+    segments: list[WholeSegments | _Segment] = [(run.pinned.items, 0, run.pinned.encoded, None)]
+    # A turn's items are decoded from its chunk only if the writer needs them.
+    segments.extend(run.whole_segments())
     body = BodyRun.of(writer, segments)
     if gc.is_tracked(body) and not gc.is_tracked(run):
         # A run out of the collector holds no tracked body (see _untrack_run):

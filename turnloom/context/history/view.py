@@ -10,7 +10,7 @@ from typing import cast
 
 from turnloom.context._fresh import fresh_messages
 from turnloom.context._untrack import untrack_atoms
-from turnloom.context.body import BodyRun, EncodedBody, body_writer
+from turnloom.context.body import BodyRun, EncodedBody
 from turnloom.context.callids import (
     CallIdRenamer,
     record_renames,
@@ -27,7 +27,7 @@ from turnloom.context.history._cells import (
     _Turn,
 )
 from turnloom.context.history._plan import _join, _Plan, _plan, _renamed, _render_entries
-from turnloom.context.history._run import _NO_SPAN, _body_run, _Run, _Segment, _Shared, _untrack_run
+from turnloom.context.history._run import _NO_SPAN, _body_run, _Run, _Shared, _untrack_run
 from turnloom.context.history._sent import sent_ids
 from turnloom.context.history._turns import _Turns
 from turnloom.context.items import (
@@ -671,10 +671,6 @@ class HistoryView:
         call_ids = CallIdRenamer()
         rename_call_ids(kind, run.pinned.items, call_ids)  # renamed: unchanged
         new = _Run(self._pinned, run.pinned, self._evicted, self._generation, call_ids)
-        writer = body_writer(gateway, renamed=True) if run.body is not None else None
-        # A writer that passes items through takes a kept chunk as it is (see BodyRun.append).
-        split = writer is not None and not writer.passes_through()
-        segments: list[_Segment] = [(run.pinned.items, 0, run.pinned.encoded, None)]
         kept = dropped  # turns kept as they are from here, not yet added (one copy of them all)
         for index in range(dropped, run.turns):
             calls = run.calls[run.dead + index]
@@ -690,9 +686,6 @@ class HistoryView:
             else:
                 ids = call_ids.replay(calls.packed)  # reads the events only
                 if ids == calls.ids:  # the turn stays as it is, undecoded
-                    chunk = run.chunks[run.dead + index]
-                    encodings = run.encodings(index) if split else ()
-                    segments.append((None, new.first_tag + index - dropped, encodings, chunk))
                     continue
                 # Only the items that carry ids are decoded and renamed.
                 carriers = calls.carriers
@@ -702,7 +695,7 @@ class HistoryView:
                 calls = _call_log(calls.events, ids, carriers)
             new.add_kept(run, kept, index)
             kept = index + 1
-            chunk = run.chunks[run.dead + index]
+            chunk = run.turn_chunk(index)
             changed = list(encoded)
             anew = False  # an item's encoding changed: the turn is joined anew
             for at, new_item, item in zip(carriers, written, items, strict=True):
@@ -721,11 +714,10 @@ class HistoryView:
             )
             if anew:
                 closed[index - dropped].release(slots, (joined,))
-            # Its items are decoded from its chunk only if the body writer needs them.
-            segments.append((None, new.first_tag + index - dropped, encoded, joined))
         new.add_kept(run, kept, run.turns)
-        if writer is not None:
-            new.body = BodyRun.of(writer, segments)
+        new.seal_blocks()
+        if run.body is not None:
+            new.body = _body_run(gateway, new)
         if new.turns:
             new.last, new.carry = run.last, run.carry
         _untrack_run(new)
