@@ -29,18 +29,13 @@ round-robin so load from elsewhere on the machine affects them alike:
    the same run, after each turnloom sample; "floor 10k/100" is turnloom's 100-item
    time plus the growth of that copy alone (copy at 10,000 minus copy at 100),
    over turnloom's 100-item time: the ratio if nothing but the copy grew.
-   Beside it, the same copy made the way turnloom makes it: that body cut
-   into one piece per closed turn (turnloom keeps one encoded chunk per
-   turn; these pieces lie one after another in memory, the best layout) and
-   the pieces joined with ``bytes.join``; and the same body cut into one
-   piece per 64 turns and joined: what the join would cost if the closed
-   turns were kept in blocks of 64 (the join's cost per piece, not its
-   bytes, is what turnloom pays above the copy at 10,000 items). The
-   time-to-bytes table's last column, "64-turn blocks", is turnloom's
-   10,000/100 ratio with the per-turn join's excess over the blocks' join
-   taken out of its 10,000-item time: an estimate of what keeping the
-   closed turns in such blocks (shared by the history and the body, so no
-   more memory) would give.
+   Beside it, the same copy made as a join of pieces: that body cut into
+   one piece per turn (these pieces lie one after another in memory, the
+   best layout) and joined with ``bytes.join``, and cut into one piece per
+   64 turns and joined, as turnloom joins it: its history keeps the closed
+   turns in blocks of 64, shared with the encoded body (the join's cost
+   per piece, not its bytes, is what a join pays above the copy at 10,000
+   items).
 
 Goals (issue 32), printed beside each measured ratio: prepare at 100 items at
 least 1.0x LiveKit's conversion while keeping at least 100x at 10,000 items;
@@ -351,7 +346,6 @@ def main() -> None:
         + "".join(f"{f'{s} ours':>12}{f'{s} lk':>11}" for s in SIZES)
         + f"  ours 10k/100  goal {_goals.goal(_BYTES_GOAL)}"
         + "  floor 10k/100"
-        + f"  {_BLOCK_TURNS}-turn blocks"
     )
     for gateway in GatewayType:
         row = f"{gateway.value:<17}"
@@ -364,14 +358,7 @@ def main() -> None:
         base_time = medians[f"turnloom bytes {gateway}", base]
         growth = medians[f"copy {gateway}", top] - medians[f"copy {gateway}", base]
         floor = (base_time + growth) / base_time
-        # Turnloom's 10,000-item time with the per-turn join's cost above the
-        # 64-turn blocks' join taken out: the ratio closed turns kept in blocks would give.
-        saved = medians[f"join {gateway}", top] - medians[f"blocks {gateway}", top]
-        blocked = (medians[f"turnloom bytes {gateway}", top] - saved) / base_time
-        print(
-            row + f"  {ratio:11.2f}x  {_goals.verdict(ratio, _BYTES_GOAL):>11}  {floor:12.2f}x"
-            f"  {blocked:14.2f}x"
-        )
+        print(row + f"  {ratio:11.2f}x  {_goals.verdict(ratio, _BYTES_GOAL):>11}  {floor:12.2f}x")
     print()
     print(
         "floor: a bare copy of the body's bytes, a join of it cut per turn and one of it "
