@@ -633,3 +633,22 @@ def test_held_aside_ids_are_taken_only_while_held_aside() -> None:
         h.record("t5", [marked_call("a", "5"), marked_result("a", "5")])
         assert h.view().sent_call_ids("t5") == ()  # a is free: sent as given
     assert _all_renders(restored, "t5") == _all_renders(history, "t5")
+
+
+def test_restore_sent_ids_refuses_an_id_a_turn_held_aside_sends() -> None:
+    """Bad input: t1 (sending ``a``) is held aside by the eviction since t3's commit, so
+    a retraction of t3 brings it back; restoring t2's ids to ``a`` would make two kept
+    calls send one id then. Refused as one a kept call sends, and nothing changes: the
+    retraction brings t1 back beside t2's ``a_r2``."""
+    history = _reuse_history()
+    assert history.evict() == ("t1",)
+    assert history.restorable_ids == ("t1",)
+    before = _renders(history, KINDS)
+    with pytest.raises(InvalidMessageError, match="repeat an id the history sends"):
+        restore_sent_ids(history, "t2", ("a", "a"))
+    assert history.view().sent_call_ids("t2") == ("a_r2", "a_r2")
+    assert _renders(history, KINDS) == before
+    history.retract("t3")
+    assert history.turn_ids == ("t1", "t2")
+    assert history.view().sent_call_ids("t1") == ()
+    assert history.view().sent_call_ids("t2") == ("a_r2", "a_r2")

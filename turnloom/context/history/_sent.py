@@ -688,6 +688,7 @@ def sent_ids(turn: _Turn) -> tuple[str, ...]:
 class _RestoreState(_SentState, Protocol):
     _generation: int
     _view: Any  # HistoryView | None (view imports this file)
+    _aside: Any  # _Aside | None: the turns a retraction of the newest turn brings back
 
 
 def restore_sent_ids(
@@ -707,7 +708,10 @@ def restore_sent_ids(
         UnknownTurnError: ``turn_id`` is not held.
         InvalidMessageError: ``ids`` does not hold one id per call and result,
             holds an empty id, or gives two calls one id, or a call an id
-            another kept call is sent with (checked before anything changes).
+            another kept call is sent with, or one a turn held aside for a
+            retraction of the newest turn sends (``TurnHistory.restorable_ids``:
+            the retraction would bring both back); checked before anything
+            changes.
     """
     if not ids and not given:
         return
@@ -746,7 +750,13 @@ def restore_sent_ids(
                 renamed.append((index, sent))
         at += len(pairs)
         plan.append((entry, _renamed(entry.message, renamed) if renamed else None))
-    taken = [c for c in calls if c in state.present and c not in mine]
+    aside = history._aside
+    held = (
+        {s for t in aside.turns for e in t.entries(True) for _, s in _calls(e)}
+        if aside is not None
+        else ()
+    )
+    taken = [c for c in calls if (c in state.present or c in held) and c not in mine]
     if taken or len(set(calls)) != len(calls):
         raise InvalidMessageError(
             f"Turn {excerpt(turn_id)}'s sent call ids repeat an id the history sends: "
