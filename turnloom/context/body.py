@@ -644,16 +644,29 @@ class BodyRun:
         is, its segments pointing into it: no chunk is cut or copied.
         """
         run = cls(writer)
+        # A block fed segment by segment, adopted once its last segment is sealed.
+        waiting: tuple[bytes, list[bytes], int] | None = None
         for segment in segments:
             if isinstance(segment, WholeSegments):
-                run._feed_whole(writer, segment)
+                waiting = run._feed_whole(writer, segment)
             else:
                 items, tag, encoded, chunk = segment
                 run._feed(writer, items, tag, encoded, chunk)
+            if waiting is not None:
+                block, pieces, last = waiting
+                if run.adopt(block, pieces) or not run.open_through(last):
+                    waiting = None
         return run
 
-    def _feed_whole(self, writer: BodyWriter, segments: WholeSegments) -> None:
-        """:meth:`of`'s step for one :class:`WholeSegments`."""
+    def _feed_whole(
+        self, writer: BodyWriter, segments: WholeSegments
+    ) -> tuple[bytes, list[bytes], int] | None:
+        """:meth:`of`'s step for one :class:`WholeSegments`.
+
+        Returns the block, the chunks cut out of it and the last segment's
+        tag when they were fed one by one (the block is to be adopted), else
+        None.
+        """
         block, first_tag, lengths = segments
         tags = self._tags
         if (
@@ -664,11 +677,14 @@ class BodyRun:
             or not writer.passes_through()
         ):
             at = 0
+            pieces = []
             for tag, length in enumerate(lengths, first_tag):
-                self._feed(writer, None, tag, (), block[at : at + length])
+                chunk = block[at : at + length]
+                self._feed(writer, None, tag, (), chunk)
                 if length:
+                    pieces.append(chunk)
                     at += length + 1  # and the separator after it
-            return
+            return block, pieces, first_tag + len(lengths) - 1
         self._flush_loose()  # they come before it
         number = self._base + len(self._chunks)
         at = 0
@@ -686,28 +702,46 @@ class BodyRun:
                 self._where.append(-1)
                 self._offsets.append(0)
         self._chunks.append(block)
+        return None
 
-    def adopt(self, block: bytes, pieces: Sequence[bytes]) -> bool:
-        """Hold ``block`` in place of ``pieces`` when they are the run's newest chunks.
+    def holds(self, pieces: Sequence[bytes]) -> int:
+        """Where the run holds ``pieces``, one sealed entry each, in order, among its newest.
 
-        ``pieces`` are whole segments' chunks (the very objects given to
-        :meth:`append`) and ``block`` is them joined by ``,``. When the run
-        holds them as its last sealed chunks, one entry each, it keeps
-        ``block`` instead (its caller keeps ``block`` too: the bytes are
-        held once). Returns whether it did; otherwise nothing changes (a
-        writer that holds a body item back seals a segment only once the
-        next one is fed: its caller tries again then). Costs O(pieces);
-        snapshots stay valid.
+        ``pieces``: chunks given to :meth:`append` (the very objects). The
+        index of the first in the run's chunks, or -1 when they are not
+        held so (a segment still open, or not handed out as its chunk).
+        Looks at the newest ``2 * len(pieces)`` entries: O(pieces).
         """
         count = len(pieces)
         chunks = self._chunks
-        first = len(chunks) - count
-        if (
-            not count
-            or first < self._skip
-            or len(block) != sum(map(len, pieces)) + count - 1
-            or any(map(operator.is_not, chunks[first:], pieces))
-        ):
+        if not count:
+            return -1
+        last = pieces[-1]
+        lowest = max(self._skip + count - 1, len(chunks) - 2 * count)
+        for at in range(len(chunks) - 1, lowest - 1, -1):
+            if chunks[at] is last:
+                first = at - count + 1
+                if all(map(operator.is_, chunks[first : at + 1], pieces)):
+                    return first
+                return -1
+        return -1
+
+    def open_through(self, tag: int) -> bool:
+        """True when a segment tagged ``tag`` or lower may still get body items (is open)."""
+        return bool(self._open) and next(iter(self._open)) <= tag
+
+    def adopt(self, block: bytes, pieces: Sequence[bytes]) -> bool:
+        """Hold ``block`` in place of ``pieces`` when the run :meth:`holds` them.
+
+        ``pieces`` are whole segments' chunks (the very objects given to
+        :meth:`append`) and ``block`` is them joined by ``,``: the run keeps
+        ``block`` instead (its caller keeps it too, so the bytes are held
+        once). Returns whether it did; otherwise nothing changes. Costs
+        O(pieces and the segments after them); snapshots stay valid.
+        """
+        count = len(pieces)
+        first = self.holds(pieces)
+        if first < 0 or len(block) != sum(map(len, pieces)) + count - 1:
             return False
         number = self._base + first
         starts: dict[int, int] = {}
@@ -719,12 +753,14 @@ class BodyRun:
         stop = (1 if self._tags and self._tags[0] == 0 else 0) + self._dead
         index = len(where) - 1
         while index >= stop and (where[index] < 0 or where[index] >= number):
-            if where[index] >= 0:
-                offsets[index] = starts[where[index]]
+            held = where[index]
+            if held >= number + count:
+                where[index] = held - count + 1  # after the block: one entry for ``count``
+            elif held >= 0:
+                offsets[index] = starts[held]
                 where[index] = number
             index -= 1
-        del chunks[first:]
-        chunks.append(block)
+        self._chunks[first : first + count] = (block,)
         return True
 
     def _feed(

@@ -94,7 +94,6 @@ class _Run:
         "tokens",
         "turn_carried",
         "turn_tokens",
-        "unadopted",
         "zero_bytes",
         "zero_items",
     )
@@ -117,8 +116,6 @@ class _Run:
         self.chunk_items = _ends()
         self.chunk_bytes = _ends()
         self.loose_from = 0
-        # The newest block and its pieces while the body holds the pieces (see join).
-        self.unadopted: tuple[bytes, list[bytes]] | None = None
         self.zero_items = 0
         self.zero_bytes = 0
         self.offsets = _ends()
@@ -283,13 +280,7 @@ class _Run:
         if body is not None:
             tag = self.first_tag + self.turns - 1
             body.append(renamed.items, tag, renamed.encoded, chunk)
-            if self.unadopted is not None:
-                # Its last turn was held open when it was sealed: sealed by now.
-                body.adopt(*self.unadopted)
-                self.unadopted = None
-        for block, pieces in self.seal_blocks():
-            if body is not None and not body.adopt(block, pieces):
-                self.unadopted = (block, pieces)
+        self.seal_blocks(body)
         return chunk
 
     def add(
@@ -329,27 +320,37 @@ class _Run:
         self.chunk_items.append(self.item_ends[-1])
         self.chunk_bytes.append(self.byte_ends[-1])
 
-    def seal_blocks(self) -> list[tuple[bytes, list[bytes]]]:
-        """Join each :data:`_BLOCK_TURNS` newest one-turn chunks, all kept, into one block.
+    def seal_blocks(self, body: BodyRun | None = None) -> None:
+        """Join each :data:`_BLOCK_TURNS` oldest one-turn chunks, all kept, into one block.
 
-        Returns each new block and the chunks it joins (those of no item
-        left out), oldest first; usually none. Spans handed out stay valid.
+        With ``body`` (this run's, fed the same turns), a block is formed
+        only when the body holds those turns' chunks as they are, and it
+        :meth:`~turnloom.context.body.BodyRun.adopt`-s the block, so the
+        bytes stay held once: while a turn of them is still open in the
+        body, they wait for a later call; when the body holds one of them
+        otherwise (an item merged across turns), they stay one chunk per
+        turn. Spans handed out stay valid.
         """
-        sealed: list[tuple[bytes, list[bytes]]] = []
         chunks, stops = self.chunks, self.chunk_stops
         while len(chunks) - self.loose_from >= _BLOCK_TURNS:
             first = self.loose_from
-            if (stops[first - 1] if first else 0) < self.dead:
+            begin = stops[first - 1] if first else 0
+            if begin < self.dead:
                 break  # it would hold dropped turns: the history keeps fewer than a block
             stop = first + _BLOCK_TURNS
             pieces = list(filter(None, chunks[first:stop]))
+            if body is not None and pieces and body.holds(pieces) < 0:
+                if body.open_through(self.first_tag + stops[stop - 1] - 1 - self.dead):
+                    break  # the body seals its last turn once the next one is fed
+                self.loose_from = stop  # never as they are: kept per turn, shared
+                continue
             block = b",".join(pieces)
             chunks[first:stop] = (block,)
             for ends in (stops, self.chunk_items, self.chunk_bytes):
                 ends[first : stop - 1] = _NO_ENDS
             self.loose_from = first + 1
-            sealed.append((block, pieces))
-        return sealed
+            if body is not None and pieces:
+                body.adopt(block, pieces)
 
     def add_kept(self, run: _Run, first: int, stop: int) -> None:
         """Append ``run``'s turns ``first`` to ``stop - 1`` (0 = oldest held) as they are.

@@ -715,7 +715,7 @@ class HistoryView:
             if anew:
                 closed[index - dropped].release(slots, (joined,))
         new.add_kept(run, kept, run.turns)
-        new.seal_blocks()
+        new.seal_blocks()  # before its body is built, which shares its blocks
         if run.body is not None:
             new.body = _body_run(gateway, new)
         if new.turns:
