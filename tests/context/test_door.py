@@ -29,6 +29,7 @@ from turnloom.context import (
     ToolCallPart,
     ToolResultPart,
     TurnHistory,
+    admit_message,
     check_message,
     decode_message,
     get_gateway,
@@ -365,7 +366,9 @@ def test_layout_hints_are_type_checked_at_the_door(
 # -- committed values are private copies ---------------------------------------------------
 
 
-def test_a_checked_message_holds_copies_of_what_the_caller_passed() -> None:
+def test_an_admitted_message_holds_copies_of_what_the_caller_passed() -> None:
+    """Invariant: check_message sets nothing on the caller's message; admit_message's
+    message holds private copies, so the caller's later edits reach nothing held."""
     extras: dict[str, Any] = {"refusal": "alice", "meta": {"tags": ["a"]}}
     layout: dict[str, Any] = {"gateway": "openai_chat", "content": "list"}
     item: dict[str, Any] = {"type": "file", "file": {"id": "f1"}}
@@ -375,13 +378,18 @@ def test_a_checked_message_holds_copies_of_what_the_caller_passed() -> None:
         extras=extras,
         layout=layout,
     )
+    opaque = message.content[1]
+    assert isinstance(opaque, OpaquePart)
     check_message(message)
-    before = get_gateway(GatewayType.openai_chat).render(message)
+    assert (message.extras, message.layout, opaque.item) == (extras, layout, item)
+    assert message.extras is extras and message.layout is layout and opaque.item is item
+    held, _ = admit_message(message)
+    before = get_gateway(GatewayType.openai_chat).render(held)
     extras["role"] = "system"
     extras["meta"]["tags"].append("\ud800")
     layout["content"] = 5
     item["file"]["id"] = "\ud800"
-    assert get_gateway(GatewayType.openai_chat).render(message) == before
+    assert get_gateway(GatewayType.openai_chat).render(held) == before
     assert before == [
         {
             "role": "user",
@@ -629,12 +637,14 @@ def test_flat_ascii_extras_are_held_as_a_private_copy() -> None:
     part = ToolResultPart(call_id="c1", content=(TextPart(text="r"),), extras=extras)
     message = Message(role=Role.tool, content=(part,))
     check_message(message)
-    held = message.tool_results[0].extras
+    assert message.tool_results[0].extras is extras
+    admitted = admit_message(message)[0]
+    held = admitted.tool_results[0].extras
     assert held == {"cache": "ephemeral", "kind": "x"}
     assert held is not extras
     extras["role"] = "system"
     extras["cache"] = "\ud800"
-    assert message.tool_results[0].extras == {"cache": "ephemeral", "kind": "x"}
+    assert admitted.tool_results[0].extras == {"cache": "ephemeral", "kind": "x"}
 
 
 @settings(max_examples=300, deadline=None)

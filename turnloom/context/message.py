@@ -17,10 +17,12 @@ part                          carries
 ============================  ===============================================
 
 Constructing a Struct does not validate it (msgspec validates on decode
-only). :func:`decode_message` and :func:`check_message` are the doors: they
-raise :class:`~turnloom.errors.InvalidMessageError` (or a subclass) naming the
-offending field. The runtime checks every message it accepts with
-:func:`check_message`, so bad input fails at commit, never at render time.
+only). :func:`decode_message`, :func:`admit_message` and :func:`check_message`
+are the doors: they raise :class:`~turnloom.errors.InvalidMessageError` (or a
+subclass) naming the offending field, and never set anything on the object
+they are handed. The runtime admits every message it accepts with
+:func:`admit_message` and keeps the copy it returns, so bad input fails at
+commit, never at render time, and a caller's later edit reaches nothing held.
 """
 
 from __future__ import annotations
@@ -653,15 +655,16 @@ def check_message(message: object, *, where: str = "message") -> int:
     the gateway that produced it). A ``layout`` names a gateway that declared
     its keys and holds only that gateway's hints, each of its type.
 
-    Once checked, the message holds private deep copies of its ``extras``,
-    ``layout`` and opaque items (set in place): a caller that changes the
-    dicts it passed in changes nothing the message carries. JSON data and ids
-    of subclasses (of str, int, float, dict, list, tuple) are read through the
-    base types' methods and held as exact base values (ids, names and part
-    tuples set in place), so a subclass's overrides never run; tool call
-    ``arguments`` of a str subclass are refused by the encoder. A holder that
-    keeps the message past the call uses :func:`admit_message` instead, which
-    leaves the caller's object as it is.
+    Nothing is set on ``message``, its parts or the values they hold:
+    turnloom never mutates an object it is handed. The checks and the size
+    are those of the message :func:`admit_message` would hold (private deep
+    copies of ``extras``, ``layout`` and opaque items; JSON data and ids of
+    subclasses of str, int, float, dict, list and tuple read through the base
+    types' methods and held as exact base values, so a subclass's overrides
+    never run; tool call ``arguments`` of a str subclass are refused by the
+    encoder), and that message is dropped. A caller that keeps the message
+    past the call, or wants it normalised, uses :func:`admit_message` and
+    keeps what it returns.
 
     Args:
         message: the value to check.
@@ -676,22 +679,25 @@ def check_message(message: object, *, where: str = "message") -> int:
             JSON text).
         DuplicateIdError: two tool calls of the message share a call id.
     """
-    return _check(message, where, True)[1]
+    return _check(message, where)[1]
 
 
 def admit_message(message: object, *, where: str = "message") -> tuple[Message, int]:
     """Validate one message at the door; return the message to hold and its size in bytes.
 
-    The checks, errors and size of :func:`check_message`; the caller's object
-    is left as it is. The message returned is ``message`` itself when it
-    holds nothing mutable and nothing to convert: no ``extras``, ``layout`` or
-    opaque item (on the message, its parts or a tool result's parts), a
-    :class:`Role`, exact str ids and names and exact tuples of exact part
-    classes. Otherwise it is a new message of the same class, with new parts
-    wherever a part (or a part of a tool result) holds such a value, holding
-    the private copies and exact values :func:`check_message` would set in
-    place: whatever the caller later does to the objects it handed in (a dict
-    of ``extras`` appended to, a key deleted) reaches nothing held.
+    The checks, errors and size of :func:`check_message`. Like it, this sets
+    nothing on ``message`` or anything it holds (turnloom never mutates an
+    object it is handed); the normalised message is returned instead. It is
+    ``message`` itself when it holds nothing mutable and nothing to convert:
+    no ``extras``, ``layout`` or opaque item (on the message, its parts or a
+    tool result's parts), a :class:`Role`, exact str ids and names and exact
+    tuples of exact part classes. Otherwise it is a new message of the same
+    class, with new parts wherever a part (or a part of a tool result) holds
+    such a value, holding private deep copies of those dicts and lists and
+    exact base values (a role as :class:`Role`, ids and names as str, part
+    tuples as tuple): whatever the caller later does to the objects it
+    handed in (a dict of ``extras`` appended to, a key deleted) reaches
+    nothing held, and nothing held is shared with what the caller has.
 
     Args:
         message: the value to check.
@@ -707,16 +713,16 @@ def admit_message(message: object, *, where: str = "message") -> tuple[Message, 
             JSON text).
         DuplicateIdError: two tool calls of the message share a call id.
     """
-    return _check(message, where, False)
+    return _check(message, where)
 
 
-def _check(message: object, where: str, in_place: bool) -> tuple[Message, int]:
-    """The work of :func:`check_message` (``in_place``) and :func:`admit_message`.
+def _check(message: object, where: str) -> tuple[Message, int]:
+    """The work of :func:`check_message` and :func:`admit_message`.
 
     The checks below note each value the held message must carry instead of
     the caller's (a private copy, an exact base value) in ``edits``, as
-    ``(owner, field, value)``; ``in_place`` sets them on the caller's objects,
-    else :func:`_held_copy` builds new ones holding them.
+    ``(owner, field, value)``; :func:`_held_copy` builds new objects holding
+    them. Nothing is ever set on the caller's objects.
     """
     if not isinstance(message, Message):
         raise InvalidMessageError(not_a_message(where, message))
@@ -848,14 +854,7 @@ def _check(message: object, where: str, in_place: bool) -> tuple[Message, int]:
                 f"{where} content[{i}] is {what_type(part)}, not a message part.",
                 field=f"content[{i}]",
             )
-    if not edits:
-        held = message
-    elif in_place:
-        for owner, attr, value in edits:
-            msgspec.structs.force_setattr(owner, attr, value)
-        held = message
-    else:
-        held = _held_copy(message, parts, edits)
+    held = message if not edits else _held_copy(message, parts, edits)
     try:
         data = _encoder.encode(held)
     except UnicodeEncodeError as exc:
@@ -1270,7 +1269,9 @@ def decode_message(
 
     The dict form is turnloom's own (``{"role": ..., "content": [{"type":
     "text", "text": ...}]}``), not a provider's; gateways parse native items.
-    The message passes :func:`check_message`.
+    The message returned is the one :func:`admit_message` holds for the
+    decoded one (normalised, holding nothing of ``data``: a dict passed in is
+    left as it is and shares nothing with the message).
 
     Args:
         data: the message.
@@ -1323,7 +1324,7 @@ def decode_message(
         if "utf-8" in text.lower() or "surrogate" in text.lower():
             raise InvalidTextError(f"{where} is not valid UTF-8: {excerpt(text)}.") from None
         raise InvalidMessageError(f"{where} is not valid JSON: {excerpt(text)}.") from None
-    size = check_message(message, where=where)
+    message, size = admit_message(message, where=where)
     if max_bytes is not None and size > max_bytes:
         raise ItemTooLargeError(
             f"{where} is {size} bytes, over the per-item cap of {max_bytes} bytes.",

@@ -40,7 +40,7 @@ from turnloom.context.memory import MemorySource, check_tenant_scope
 from turnloom.context.message import (
     _PINNED_ROLES,
     Message,
-    check_message,
+    admit_message,
     is_blank_part,
 )
 from turnloom.context.pairing import (
@@ -617,6 +617,10 @@ def check_routed_item(
 ) -> tuple[NativeContent, Message]:
     """Validate one item routed to an area section; return a private copy and its Message.
 
+    ``item`` is left as it is; the copy is decoded from its JSON encoding and
+    the Message is the one :func:`~turnloom.context.admit_message` holds for
+    the gateway's parse of the copy, so neither shares anything with ``item``.
+
     Raises:
         InvalidMessageError: not a JSON object of the gateway, or it carries a
             runtime-state call or result.
@@ -648,8 +652,11 @@ def check_routed_item(
             limit=max_item_bytes,
         )
     copy: NativeContent = msgspec.json.decode(encoded)
-    message = gateway.parse(copy)
-    check_message(message, where=f"item routed to context {excerpt(context_id)}")
+    # Admitted again whatever the gateway's parse did: a host's own gateway
+    # may return a message it did not check, or one it keeps.
+    message = admit_message(
+        gateway.parse(copy), where=f"item routed to context {excerpt(context_id)}"
+    )[0]
     if is_state_message(message):
         raise InvalidMessageError(
             f"The item routed to context {excerpt(context_id)} carries a runtime-state call or "

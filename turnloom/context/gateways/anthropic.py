@@ -111,7 +111,7 @@ from turnloom.context.message import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
-    check_message,
+    admit_message,
 )
 from turnloom.errors import InvalidMessageError, excerpt
 
@@ -341,8 +341,9 @@ class AnthropicGateway(Gateway):
         them, as its SDK returned them) is taken as its JSON data
         (``model_dump(mode="json", exclude_none=True)``).
 
-        The message passes :func:`~turnloom.context.check_message`, so it
-        can be committed as it is.
+        The message returned is the one :func:`~turnloom.context.admit_message`
+        holds for the parsed one (normalised), so it can be committed as it
+        is; ``item`` is left as it is and shares nothing with it.
 
         Raises:
             InvalidMessageError: not an object, an unknown role, content of the
@@ -353,9 +354,7 @@ class AnthropicGateway(Gateway):
         return parse_sdk(self._parse_checked, item)
 
     def _parse_checked(self, item: NativeContent) -> Message:
-        message = self._parse_item(item)
-        check_message(message, where="An Anthropic message")
-        return message
+        return admit_message(self._parse_item(item), where="An Anthropic message")[0]
 
     def _parse_item(self, item: NativeContent) -> Message:
         item = require_object(item, "Anthropic", "message")

@@ -121,7 +121,7 @@ from turnloom.context.message import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
-    check_message,
+    admit_message,
     decode_json_text,
 )
 from turnloom.context.pairing import STEP_SIGNATURE_KEYS
@@ -415,8 +415,9 @@ class GeminiGateway(Gateway):
         them, as its SDK returned them) is taken as its JSON data
         (``model_dump(mode="json", exclude_none=True)``).
 
-        The message passes :func:`~turnloom.context.check_message`, so it
-        can be committed as it is.
+        The message returned is the one :func:`~turnloom.context.admit_message`
+        holds for the parsed one (normalised), so it can be committed as it
+        is; ``item`` is left as it is and shares nothing with it.
 
         Raises:
             InvalidMessageError: not an object, an unknown role, parts of the
@@ -427,9 +428,7 @@ class GeminiGateway(Gateway):
         return parse_sdk(self._parse_checked, item)
 
     def _parse_checked(self, item: NativeContent) -> Message:
-        message = self._parse_item(item)
-        check_message(message, where="A Gemini content")
-        return message
+        return admit_message(self._parse_item(item), where="A Gemini content")[0]
 
     def _parse_item(self, item: NativeContent) -> Message:
         item = require_object(item, "Gemini", "content")

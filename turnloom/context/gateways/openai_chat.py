@@ -95,7 +95,7 @@ from turnloom.context.message import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
-    check_message,
+    admit_message,
     is_blank_text,
 )
 from turnloom.context.pairing import StepJoin
@@ -476,8 +476,9 @@ class OpenAIChatGateway(Gateway):
         them, as its SDK returned them) is taken as its JSON data
         (``model_dump(mode="json", exclude_none=True)``).
 
-        The message passes :func:`~turnloom.context.check_message`, so it
-        can be committed as it is.
+        The message returned is the one :func:`~turnloom.context.admit_message`
+        holds for the parsed one (normalised), so it can be committed as it
+        is; ``item`` is left as it is and shares nothing with it.
 
         Null fields, an empty ``annotations`` list and each tool call's
         ``index`` (the stream position) are left out: they say nothing a
@@ -494,9 +495,7 @@ class OpenAIChatGateway(Gateway):
         return parse_sdk(self._parse_checked, item)
 
     def _parse_checked(self, item: NativeContent) -> Message:
-        message = self._parse_item(item)
-        check_message(message, where="An OpenAI Chat message")
-        return message
+        return admit_message(self._parse_item(item), where="An OpenAI Chat message")[0]
 
     def _parse_item(self, item: NativeContent) -> Message:
         if not isinstance(item, dict):

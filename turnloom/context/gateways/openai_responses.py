@@ -130,7 +130,7 @@ from turnloom.context.message import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
-    check_message,
+    admit_message,
 )
 from turnloom.context.pairing import StepJoin
 from turnloom.errors import DuplicateIdError, InvalidMessageError, excerpt, type_name
@@ -442,8 +442,9 @@ class OpenAIResponsesGateway(Gateway):
         them, as its SDK returned them) is taken as its JSON data
         (``model_dump(mode="json", exclude_none=True)``).
 
-        The message passes :func:`~turnloom.context.check_message`, so it
-        can be committed as it is.
+        The message returned is the one :func:`~turnloom.context.admit_message`
+        holds for the parsed one (normalised), so it can be committed as it
+        is; ``item`` is left as it is and shares nothing with it.
 
         Raises:
             InvalidMessageError: not an object, an unknown role or item shape.
@@ -453,9 +454,7 @@ class OpenAIResponsesGateway(Gateway):
         return parse_sdk(self._parse_checked, item)
 
     def _parse_checked(self, item: NativeContent) -> Message:
-        message = self._parse_item(item)
-        check_message(message, where="An OpenAI Responses item")
-        return message
+        return admit_message(self._parse_item(item), where="An OpenAI Responses item")[0]
 
     def _parse_item(self, item: NativeContent) -> Message:
         item = require_object(item, "OpenAI Responses", "item")
@@ -676,8 +675,7 @@ class OpenAIResponsesGateway(Gateway):
         items = body.get("input")
         if isinstance(items, str):
             message = Message(role=Role.user, content=items)
-            check_message(message, where="The OpenAI Responses input string")
-            out.append(message)
+            out.append(admit_message(message, where="The OpenAI Responses input string")[0])
             return out
         if not isinstance(items, list):
             raise InvalidMessageError(

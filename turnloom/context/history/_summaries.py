@@ -37,7 +37,7 @@ from turnloom.context.history._changes import _ChangeState
 from turnloom.context.history._evictions import _forget
 from turnloom.context.history._sent import assign_summary, carry_sent, release, unplanned
 from turnloom.context.history._turns import _Turns
-from turnloom.context.message import Message, check_id, check_message
+from turnloom.context.message import Message, admit_message, check_id
 from turnloom.context.summaries import (
     SUMMARY_TURN_PREFIX,
     check_summary,
@@ -387,9 +387,9 @@ def prune_turns(
         pruned_outputs = prune_each([e.message for e in turn.outputs], note)
         if pruned_input is None and pruned_outputs is None:
             continue
-        new_input = _pruned_entries(turn.input, pruned_input, counter)
-        new_outputs = _pruned_entries(turn.outputs, pruned_outputs, counter)
-        size = turn.state_bytes + sum(check_message(e.message) for e in new_input + new_outputs)
+        new_input, input_bytes = _pruned_entries(turn.input, pruned_input, counter)
+        new_outputs, output_bytes = _pruned_entries(turn.outputs, pruned_outputs, counter)
+        size = turn.state_bytes + input_bytes + output_bytes
         tokens = sum(e.tokens for e in new_input + turn.state + new_outputs)
         changed.append(
             (
@@ -434,22 +434,28 @@ def prune_turns(
 
 def _pruned_entries(
     entries: tuple[_Entry, ...], pruned: tuple[Message | None, ...] | None, counter: TokenCounter
-) -> tuple[_Entry, ...]:
-    """The entries after pruning (``pruned``: ``prune_each`` of the entries' messages).
+) -> tuple[tuple[_Entry, ...], int]:
+    """The entries after pruning, and the bytes of their messages' encodings.
 
-    Matched by position, not by message: one message object may be held twice
-    (each entry with its own sent ids). An entry whose message pruning kept
-    stays as it is; a pruned message gets a new entry (its tokens counted);
-    a dropped one (None) leaves.
+    ``pruned`` is ``prune_each`` of the entries' messages, matched by
+    position, not by message: one message object may be held twice (each
+    entry with its own sent ids). An entry whose message pruning kept stays
+    as it is; a pruned message gets a new entry holding the message
+    :func:`~turnloom.context.admit_message` returns for it (its tokens
+    counted), never one the check set anything on; a dropped one (None)
+    leaves.
     """
     if pruned is None:
-        return entries
-    return tuple(
-        [
-            entry
-            if message is entry.message
-            else _Entry(message, count_tokens(counter, (message,)))
-            for entry, message in zip(entries, pruned, strict=True)
-            if message is not None
-        ]
-    )
+        return entries, sum([admit_message(entry.message)[1] for entry in entries])
+    out: list[_Entry] = []
+    size = 0
+    for entry, message in zip(entries, pruned, strict=True):
+        if message is None:
+            continue
+        held, n = admit_message(message)
+        size += n
+        if message is entry.message:
+            out.append(entry)
+        else:
+            out.append(_Entry(held, count_tokens(counter, (held,))))
+    return tuple(out), size
