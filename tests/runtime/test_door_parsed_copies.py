@@ -75,7 +75,7 @@ _ITEMS: dict[str, Any] = {
         "meta": {"tags": ("a", "b")},
     },
 }
-_OPAQUE = {
+_OPAQUE: dict[str, dict[str, Any]] = {
     "openai_chat": {"type": "file", "file": {"id": "f1"}},
     "openai_responses": {"type": "input_file", "file_id": "f1"},
     "anthropic": {
@@ -84,7 +84,7 @@ _OPAQUE = {
     },
     "gemini": {"fileData": {"fileUri": "gs://b/f.pdf", "mimeType": "application/pdf"}},
 }
-_LAYOUT = {
+_LAYOUT: dict[str, dict[str, Any]] = {
     "openai_chat": {"gateway": "openai_chat"},
     "openai_responses": {"gateway": "openai_responses", "typed": True},
     "anthropic": {"gateway": "anthropic"},
