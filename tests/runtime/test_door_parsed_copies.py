@@ -190,13 +190,18 @@ def test_decode_message_of_a_dict_returns_the_normalised_copy() -> None:
     assert message == expected
 
 
+@pytest.mark.parametrize("count", [1, 2])
 @pytest.mark.parametrize("gateway", GATEWAYS)
-def test_a_parsed_message_mutated_after_a_commit_changes_nothing_held(gateway: str) -> None:
-    message = get_gateway(GatewayType(gateway)).parse(_ITEMS[gateway]())
+def test_parsed_messages_mutated_after_a_commit_change_nothing_held(
+    gateway: str, count: int
+) -> None:
+    """A commit of one message and of several (the history checks them on two paths)."""
+    parser = get_gateway(GatewayType(gateway))
+    messages = [parser.parse(_ITEMS[gateway]()) for _ in range(count)]
     history = TurnHistory()
-    history.commit("t1", [message])
-    _mutate(message)
-    assert history.view().turn_messages("t1") == (_expected(gateway),)
+    history.commit("t1", messages)
+    _mutate(messages)
+    assert history.view().turn_messages("t1") == (_expected(gateway),) * count
 
 
 @pytest.mark.parametrize("gateway", GATEWAYS)
