@@ -760,7 +760,10 @@ class BodyRun:
                 offsets[index] = starts[held]
                 where[index] = number
             index -= 1
-        self._chunks[first : first + count] = (block,)
+        # A new list: snapshots share the old one (only ever appended to).
+        chunks = self._chunks
+        self._chunks = [*chunks[:first], block, *chunks[first + count :]]
+        untrack_container(self._chunks)  # bytes only
         return True
 
     def _feed(
@@ -903,10 +906,8 @@ class BodyRun:
             untrack_container(open_segments)
 
     def snapshot(self, rest: tuple[NativeContent, ...] = ()) -> EncodedBody:
-        """The body as it stands, then ``rest``: O(chunks, segment 0's and open segments' items)."""
-        kept = self._chunks[self._skip :]  # adopt changes the list in place
-        untrack_container(kept)  # bytes only
-        chunks = EncodedSpan(kept, 0, len(kept))
+        """The body as it stands, then ``rest``, in O(segment 0's and the open segments' items)."""
+        chunks = EncodedSpan(self._chunks, self._skip, len(self._chunks))
         open_items = (b for segment in self._open.values() for b in segment.pending)
         tail = (*self._loose, *open_items)
         lead = (*self._lead, self._head) if self._head else tuple(self._lead)

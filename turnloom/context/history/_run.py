@@ -156,21 +156,15 @@ class _Run:
         return len(self.offsets) - self.skip
 
     def span(self) -> ChunkedSpan:
-        """The run's encoded items, oldest first, in O(chunks) (valid while the run lives)."""
+        """The run's encoded items, oldest first, in O(log chunks) (valid while the run lives)."""
         first = bisect.bisect_right(self.chunk_stops, self.dead)
-        chunks = self.chunks[first:]  # blocks replace chunks in place
-        untrack_container(chunks)  # bytes only
-        ends = self.chunk_items[first:]
-        byte_ends = self.chunk_bytes[first:]
-        untrack_atoms(ends)
-        untrack_atoms(byte_ends)
         lead, lead_base = self._slot_start(self.chunk_stops[first - 1] if first else 0)
         return ChunkedSpan(
-            chunks,
-            0,
-            len(chunks),
-            ends,
-            byte_ends,
+            self.chunks,
+            first,
+            len(self.chunks),
+            self.chunk_items,
+            self.chunk_bytes,
             self.origin,
             self.base,
             self.offsets,
@@ -345,9 +339,12 @@ class _Run:
                 self.loose_from = stop  # never as they are: kept per turn, shared
                 continue
             block = b",".join(pieces)
-            chunks[first:stop] = (block,)
-            for ends in (stops, self.chunk_items, self.chunk_bytes):
-                ends[first : stop - 1] = _NO_ENDS
+            # New containers: spans share the old ones (only ever appended to).
+            chunks = self.chunks = [*chunks[:first], block, *chunks[stop:]]
+            untrack_container(chunks)  # bytes only
+            stops = self.chunk_stops = _cut(stops, first, stop)
+            self.chunk_items = _cut(self.chunk_items, first, stop)
+            self.chunk_bytes = _cut(self.chunk_bytes, first, stop)
             self.loose_from = first + 1
             if body is not None and pieces:
                 body.adopt(block, pieces)
@@ -466,6 +463,15 @@ class _Shared:
 _BLOCK_TURNS = 64
 """How many turns' chunks a run joins into one block (see :class:`_Run`)."""
 _NO_ENDS: array.array[int] = array.array("q")
+
+
+def _cut(ends: array.array[int], first: int, stop: int) -> array.array[int]:
+    """A new array of ``ends`` with entries ``first`` to ``stop - 2`` left out (a block's)."""
+    out = _ends(ends[:first])
+    out.extend(ends[stop - 1 :])
+    return out
+
+
 _Segment = tuple[Sequence[NativeContent] | None, int, Sequence[bytes], bytes | None]
 """A body segment: items (None: not decoded), tag, their encodings, and their chunk
 (see ``BodyRun.append``)."""
