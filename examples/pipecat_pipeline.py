@@ -140,9 +140,15 @@ async def until(condition: Any) -> None:
             await asyncio.sleep(0.005)
 
 
-def show(manager: ContextManager, context_id: str) -> None:
+def messages(manager: ContextManager, context_id: str) -> list[Any]:
+    if context_id not in manager.context_ids():
+        return []
     view = manager.history(context_id)
-    for message in (m for turn in view.turn_ids for m in view.turn_messages(turn)):
+    return [m for turn in view.turn_ids for m in view.turn_messages(turn)]
+
+
+def show(manager: ContextManager, context_id: str) -> None:
+    for message in messages(manager, context_id):
         print(message.role.value, [getattr(p, "text", type(p).__name__) for p in message.content])
 
 
@@ -150,15 +156,17 @@ async def caller(
     worker: PipelineWorker, llm: ScriptedLLM, tts: SpeakingTTS, manager: ContextManager
 ) -> None:
     """The call: a tool call, a barge-in that was a false start ("uh"), the caller hangs up."""
-    await say(worker, "Where is my bag?")
-    await until(lambda: "gate 4." in tts.played)
-    await say(worker, "Anything else?")
-    await llm.paused.wait()
-    await until(lambda: "also " in tts.played)
-    await say(worker, "uh")  # speaks over the reply (it is cut), then nothing: a false start
-    await asyncio.sleep(0.2)
-    show(manager, "call-42")
-    await worker.cancel()  # the caller hung up
+    try:
+        await say(worker, "Where is my bag?")
+        await until(lambda: len(messages(manager, "call-42")) == 4)  # the whole reply played
+        await say(worker, "Anything else?")
+        await llm.paused.wait()
+        await until(lambda: "also " in tts.played)
+        await say(worker, "uh")  # speaks over the reply (it is cut), then nothing: a false start
+        await asyncio.sleep(0.2)
+        show(manager, "call-42")
+    finally:
+        await worker.cancel()  # the caller hung up
 
 
 async def run(worker: PipelineWorker, call: Any) -> None:
