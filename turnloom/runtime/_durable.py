@@ -60,6 +60,7 @@ import anyio.to_thread
 
 from turnloom.context.history import TurnHistory, check_id
 from turnloom.errors import (
+    FoundationClosedError,
     LeaseError,
     StaleLeaseError,
     StateError,
@@ -178,12 +179,20 @@ class Durability:
                 and not claimed since; the newest 1024 losses are remembered.
             NotClaimedError: the context was never claimed, left memory idle,
                 or was lost before the newest 1024 losses.
+            FoundationClosedError: the close wrote what was queued and
+                released the leases (a ``record`` after that point of the
+                closing order).
         """
         claim = self._claims.get(context_id) if isinstance(context_id, str) else None
         if claim is not None:
             claim.used = anyio.current_time()
             return
         check_id(context_id, "context id")
+        if self._closed:
+            raise FoundationClosedError(
+                f"The Foundation is closing: its queued changes were written and its leases "
+                f"released, so context {excerpt(context_id)} takes no more changes."
+            )
         raise unheld_error(context_id, self._lost.get(context_id))
 
     def touch(self, context_id: str) -> None:
@@ -379,11 +388,7 @@ class Durability:
                     f"This manager no longer owns context {excerpt(context_id)} ({why}).",
                     context_id=context_id,
                 )
-        if (
-            not self._forgets
-            and not self._forgetting
-            and not any(c.pending or c.rewrite for c in self._claims.values())
-        ):
+        if not self._queued():
             return
         waiter = _Waiter(self._started + 1, context_id)
         self._waiters.append(waiter)
@@ -395,6 +400,14 @@ class Durability:
                 self._waiters.remove(waiter)
         if waiter.error is not None:
             raise waiter.error
+
+    def _queued(self) -> bool:
+        """Whether a change waits for the store: a record, a rewrite or a removal."""
+        return bool(
+            self._forgets
+            or self._forgetting
+            or any(c.pending or c.rewrite for c in self._claims.values())
+        )
 
     async def run(self) -> None:
         """The writer and the maintenance loop; runs until :meth:`aclose` stops it.
@@ -771,17 +784,26 @@ class Durability:
     async def aclose(self, grace_period: float) -> None:
         """Write what is queued (within ``grace_period`` seconds), release every lease.
 
+        A change accepted while the last write is in flight is written by
+        another one: the close writes until nothing is queued (or the store
+        fails, or the grace period ends), then takes no more changes
+        (:meth:`check_writable` raises :class:`FoundationClosedError`).
         Not shielded: the manager's close runs shielded. The store stays
         open: its opener closes it.
         """
         try:
             with anyio.move_on_after(grace_period):
-                try:
-                    await self.flush()
-                except StoreError as exc:
-                    self._report(exc)  # what was not written is what a crash would lose
-                except LeaseError:
-                    pass  # refused: another owner holds the context
+                # A record accepted while a write is in flight waits for the next
+                # one: write until nothing is queued, then close at once (no await
+                # between the last check and ``_closed``).
+                while self._queued():
+                    try:
+                        await self.flush()
+                    except StoreError as exc:
+                        self._report(exc)  # what was not written is what a crash would lose
+                        break
+                    except LeaseError:
+                        pass  # refused: another owner holds the context; it left the claims
             self._closed = True
             self._scope.cancel()
             leases = {cid: claim.token for cid, claim in self._claims.items()}

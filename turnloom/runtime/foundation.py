@@ -23,8 +23,11 @@ Closing order (:meth:`Foundation.aclose`), the seed's lifecycle:
    worker thread is not abandoned: its thread finishes first. Then the
    render thread, which finished every render handed to it (a render whose
    requester left before it began is skipped), is joined.
-4. With a durable store: write what is queued (within the grace period) and
-   release every lease; the store itself stays open (its opener closes it).
+4. With a durable store: write what is queued (within the grace period),
+   again until nothing is (a ``record`` accepted during a write is written by
+   the next), then release every lease; from then on ``record`` raises
+   :class:`FoundationClosedError`. The store itself stays open (its opener
+   closes it).
 5. Close the manager: ``record`` raises :class:`FoundationClosedError`;
    histories are released, each context's final history staying readable
    through :meth:`ContextManager.history`; no worker thread holds a token of

@@ -1,0 +1,142 @@
+"""The close's last write: a record accepted while it writes is stored too (no silent loss).
+
+``record`` is still accepted while the Foundation closes, until the manager
+closes (step 5 of the closing order); the durable writer writes what is
+queued at step 4. A record the manager accepted during that write must be in
+the store after the close, and one offered once the leases are released must
+raise, never vanish. Real SQLite file (asyncio and trio) and real Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import anyio
+import pytest
+
+from tests.runtime.helpers import assistant
+from tests.stores.test_durable_contexts import snapshot
+from turnloom.errors import FoundationClosedError, StoreError
+from turnloom.runtime import Foundation
+from turnloom.runtime.store import ContextStore, LogWrite
+from turnloom.stores import open_context_store
+
+pytestmark = pytest.mark.anyio
+
+
+class GatedStore:
+    """A real store whose next call of the armed method waits at a gate (``"append"``: the
+    close's write in flight; ``"release"``: the close releasing the leases)."""
+
+    def __init__(self, store: ContextStore) -> None:
+        self.inner = store
+        self.armed: str | None = None
+        self.entered = anyio.Event()
+        self.gate = anyio.Event()
+        self.appended: list[int] = []  # records per append call
+        self.released: list[str] = []
+
+    async def acquire(self, context_id: str, owner: str, ttl: float) -> int:
+        return await self.inner.acquire(context_id, owner, ttl)
+
+    async def renew(self, leases: Mapping[str, int], ttl: float) -> frozenset[str]:
+        return await self.inner.renew(leases, ttl)
+
+    async def _pass(self, method: str) -> None:
+        if self.armed == method:
+            self.armed = None
+            self.entered.set()
+            await self.gate.wait()
+
+    async def release(self, leases: Mapping[str, int]) -> None:
+        await self._pass("release")
+        self.released.extend(leases)
+        await self.inner.release(leases)
+
+    async def append(self, writes: Sequence[LogWrite]) -> Mapping[str, int | StoreError]:
+        self.appended.append(sum(len(records) for *_, records in writes))
+        await self._pass("append")
+        return await self.inner.append(writes)
+
+    async def replace(
+        self, context_id: str, token: int, length: int, records: tuple[bytes, ...]
+    ) -> bool:
+        return await self.inner.replace(context_id, token, length, records)
+
+    async def load(self, context_id: str) -> tuple[bytes, ...]:
+        return await self.inner.load(context_id)
+
+    async def forget(self, context_id: str, token: int) -> bool:
+        return await self.inner.forget(context_id, token)
+
+    async def idle(self, seconds: float) -> tuple[str, ...]:
+        return await self.inner.idle(seconds)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def texts(foundation: Foundation, context_id: str) -> list[str]:
+    view = foundation.manager.history(context_id)
+    return [
+        part.text  # type: ignore[union-attr]
+        for turn in view.turn_ids
+        for message in view.turn_messages(turn)
+        for part in message.content
+    ]
+
+
+async def test_a_record_accepted_while_the_close_writes_is_stored(store_url: str) -> None:
+    """Invariant: nothing the manager accepted is lost by the close that follows."""
+    store = GatedStore(open_context_store(store_url))
+    try:
+        async with Foundation(store=store, lease_ttl=30) as foundation:
+            manager = foundation.manager
+            await manager.leases.claim("c")
+            manager.accept_turn(snapshot("c", "t0", "where is my bag?"))
+            await manager.leases.flush()  # the writer is idle
+
+            async def record_and_close() -> None:
+                # Queued, not written: the close's own write (no cycle of the
+                # writer's began before the close asked for one) takes it.
+                manager.record("c", "t0", [assistant("gate 4")])
+                await foundation.aclose()
+
+            store.armed = "append"
+            async with anyio.create_task_group() as group:
+                group.start_soon(record_and_close)
+                await store.entered.wait()  # the close's write of the queue is in flight
+                manager.record("c", "t0", [assistant("and desk 9")])  # accepted: no raise
+                store.gate.set()
+            assert store.released == ["c"]
+        async with Foundation(store=store, lease_ttl=30) as second:
+            assert await second.manager.leases.claim("c") is True
+            assert texts(second, "c") == ["where is my bag?", "gate 4", "and desk 9"]
+        assert store.appended == [1, 1, 1]  # the question; "gate 4"; "and desk 9" after it
+    finally:
+        await store.aclose()
+
+
+async def test_a_record_offered_once_the_leases_are_released_raises(store_url: str) -> None:
+    """Invariant: a record the close can no longer write raises FoundationClosedError and
+    changes nothing; what was accepted before it is stored."""
+    store = GatedStore(open_context_store(store_url))
+    try:
+        async with Foundation(store=store, lease_ttl=30) as foundation:
+            manager = foundation.manager
+            await manager.leases.claim("c")
+            manager.accept_turn(snapshot("c", "t0", "where is my bag?"))
+            manager.record("c", "t0", [assistant("gate 4")])
+            store.armed = "release"
+            async with anyio.create_task_group() as group:
+                group.start_soon(foundation.aclose)
+                await store.entered.wait()  # written; the leases are being released
+                with pytest.raises(FoundationClosedError, match="closing"):
+                    manager.record("c", "t0", [assistant("and desk 9")])
+                assert texts(foundation, "c") == ["where is my bag?", "gate 4"]
+                store.gate.set()
+        async with Foundation(store=store, lease_ttl=30) as second:
+            assert await second.manager.leases.claim("c") is True
+            assert texts(second, "c") == ["where is my bag?", "gate 4"]
+    finally:
+        await store.aclose()
