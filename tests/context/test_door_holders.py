@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-
+from tests._mutation import mutate
 from turnloom.areas import SubtaskArea
 from turnloom.context import (
     GatewayType,
@@ -61,29 +60,10 @@ def _rendered(text: str = "hi", role: str = "user") -> dict[str, Any]:
     }
 
 
-def _mutate(value: Any) -> None:
-    """Change every dict and list reachable from ``value`` (a message, part or JSON data)."""
-    if isinstance(value, msgspec.Struct):
-        for field in value.__struct_fields__:
-            _mutate(getattr(value, field))
-    elif isinstance(value, tuple):
-        for child in value:
-            _mutate(child)
-    elif isinstance(value, dict):
-        for child in list(value.values()):
-            _mutate(child)
-        value.clear()
-        value["MUT"] = ["MUT"]
-    elif isinstance(value, list):
-        for child in value:
-            _mutate(child)
-        value.append("MUT")
-
-
 def _mutated() -> Message:
     """What ``_mutate`` makes of ``_message()``: the caller's object, as the caller left it."""
     message = _message()
-    _mutate(message)
+    mutate(message)
     return message
 
 
@@ -93,7 +73,7 @@ def _mutated() -> Message:
 def test_a_working_contexts_constructor_holds_copies() -> None:
     given = _message()
     context = WorkingContext(messages=[given])
-    _mutate(given)
+    mutate(given)
     assert given == _mutated()
     assert context.messages == [_message()]
     assert _render(context.assembled()) == [_rendered()]
@@ -102,8 +82,8 @@ def test_a_working_contexts_constructor_holds_copies() -> None:
 def test_a_working_contexts_append_and_extend_hold_copies() -> None:
     appended, extended = _message("a"), _message("e")
     context = WorkingContext().append(appended).extend([extended])
-    _mutate(appended)
-    _mutate(extended)
+    mutate(appended)
+    mutate(extended)
     assert context.messages == [_message("a"), _message("e")]
     assert _render(context.assembled()) == [_rendered("a"), _rendered("e")]
 
@@ -111,7 +91,7 @@ def test_a_working_contexts_append_and_extend_hold_copies() -> None:
 def test_a_prefix_contexts_grounding_holds_copies() -> None:
     given = _message("g")
     context = WorkingContext(prefix=PrefixContext(system_prompt="Be brief.", grounding=(given,)))
-    _mutate(given)
+    mutate(given)
     assert context.prefix.grounding == (_message("g"),)
     assert _render(context.assembled()) == [
         {"role": "system", "content": "Be brief."},
@@ -127,7 +107,7 @@ def test_kept_state_holds_copies() -> None:
     history.commit("t1", [Message(role=Role.user, content="u1")])
     state = _message("state")
     assert history.keep_state("t1", [state])
-    _mutate(state)
+    mutate(state)
     history.commit("t2", [Message(role=Role.user, content="u2")])
     view = history.view()
     assert view.turn_state("t1") == (_message("state"),)
@@ -146,7 +126,7 @@ def test_a_subtask_areas_route_holds_copies() -> None:
     routed = _message("FARE: 12", Role.assistant)
     area.route(routed)
     area.route([_message("more", Role.assistant)])
-    _mutate(routed)
+    mutate(routed)
     assert area.routed == (_message("FARE: 12", Role.assistant), _message("more", Role.assistant))
     assert _render(area.routed) == [
         _rendered("FARE: 12", "assistant"),
@@ -157,8 +137,8 @@ def test_a_subtask_areas_route_holds_copies() -> None:
 def test_a_subtask_areas_instruction_and_summary_hold_copies() -> None:
     instruction, summary = _message("Find the fare."), _message("Found.")
     area = SubtaskArea([instruction], done=lambda area: False, summary=[summary])
-    _mutate(instruction)
-    _mutate(summary)
+    mutate(instruction)
+    mutate(summary)
     assert area.instruction == (_message("Find the fare."),)
     assert area.render() == [_message("Find the fare.")]
     assert area.promote() == (_message("Found."),)

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests._mutation import mutate
 from turnloom.areas import PinnedNotice
 from turnloom.context import (
     Message,
@@ -53,26 +54,6 @@ _extras = st.one_of(
         optional={"x_note": _json},
     ),
 )
-
-
-def _mutate(value: Any) -> None:
-    """Change every dict and list reachable from ``value`` (a message, part or JSON data)."""
-    if isinstance(value, msgspec.Struct):
-        for field in value.__struct_fields__:
-            _mutate(getattr(value, field))
-    elif isinstance(value, tuple):
-        for child in value:
-            _mutate(child)
-    elif isinstance(value, dict):
-        for child in list(value.values()):
-            _mutate(child)
-        if value:
-            value.pop(next(iter(value)))
-        value["MUT"] = ["MUT"]
-    elif isinstance(value, list):
-        for child in value:
-            _mutate(child)
-        value.append("MUT")
 
 
 def _twin(message: Message) -> Message:
@@ -125,17 +106,17 @@ async def _run(gateway: str, turns: list[list[dict[str, Any] | None]]) -> None:
                     )
                 )
                 if context == "host":
-                    _mutate(user)
+                    mutate(user)
                 prefix = await manager.prepare(
                     ContextPrepareRequest(context_id=context, turn_id=turn_id)
                 )
                 async with manager.invocation(context, turn_id) as invocation:
                     invocation.record([answer])
                 if context == "host":
-                    _mutate(answer)
+                    mutate(answer)
                 manager.record(context, turn_id, [result])
                 if context == "host":
-                    _mutate(result)
+                    mutate(result)
                 outputs.append(
                     (
                         prefix.items,
@@ -238,7 +219,7 @@ def test_a_context_level_history_holds_its_own_copies(gateway: str) -> None:
     messages; the history renders as a twin fed copies does."""
     extras = [{"x_meta": {"deep": [k]}} for k in range(7)]
     renders = []
-    for mutate in (True, False):
+    for mutated in (True, False):
         history = TurnHistory()
         user, answer, result = _turn(
             0, [msgspec.json.decode(msgspec.json.encode(e)) for e in extras]
@@ -246,9 +227,9 @@ def test_a_context_level_history_holds_its_own_copies(gateway: str) -> None:
         history.commit("t0", [user])
         history.record("t0", [answer, result])
         history.commit("t1", [Message(role=Role.user, content="next")])
-        if mutate:
+        if mutated:
             for message in (user, answer, result):
-                _mutate(message)
+                mutate(message)
         renders.append(list(history.view().render(get_gateway(gateway), "t1").items))
     assert renders[0] == renders[1]
 
@@ -258,7 +239,7 @@ async def test_an_areas_content_is_held_as_copies() -> None:
     async with Foundation(gateway="openai_chat") as foundation:
         manager = foundation.manager
         bodies = []
-        for context, mutate in (("host", True), ("twin", False)):
+        for context, mutated in (("host", True), ("twin", False)):
             note = Message(role=Role.user, content="remember", extras={"x_meta": {"deep": [1]}})
             manager.accept_turn(
                 TurnSnapshot(
@@ -266,8 +247,8 @@ async def test_an_areas_content_is_held_as_copies() -> None:
                 )
             )
             manager.areas.attach(context, PinnedNotice(note))
-            if mutate:
-                _mutate(note)
+            if mutated:
+                mutate(note)
             prefix = await manager.prepare(ContextPrepareRequest(context_id=context, turn_id="t1"))
             bodies.append(prefix.items)
         assert bodies[0] == bodies[1]
@@ -315,7 +296,7 @@ async def test_a_build_continuation_mutated_between_builds_renders_as_first_chec
     async with Foundation(gateway=gateway) as foundation:
         manager = foundation.manager
         builds = []
-        for context, mutate in (("host", True), ("twin", False)):
+        for context, mutated in (("host", True), ("twin", False)):
             manager.accept_turn(
                 TurnSnapshot(
                     context_id=context,
@@ -327,9 +308,9 @@ async def test_a_build_continuation_mutated_between_builds_renders_as_first_chec
             _, answer, result = _turn(1, [{"x_meta": {"deep": [k]}} for k in range(7)])
             extras = answer.extras
             first = manager.build(prefix, [answer, result])
-            if mutate:
+            if mutated:
                 for message in (answer, result):
-                    _mutate(message)
+                    mutate(message)
             again = manager.build(prefix, [answer, result])
             longer = manager.build(
                 prefix, [answer, result, Message(role=Role.assistant, content="ok")]

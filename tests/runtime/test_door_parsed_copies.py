@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from tests._mutation import containers, mutate
 from turnloom.areas import PinnedNotice
 from turnloom.context import (
     GatewayType,
@@ -106,33 +107,8 @@ def _expected(gateway: str) -> Message:
     )
 
 
-def _containers(value: Any, out: dict[int, Any]) -> dict[int, Any]:
-    """Every dict and list reachable from ``value`` (a message, part or JSON data), by id."""
-    if isinstance(value, msgspec.Struct):
-        for field in value.__struct_fields__:
-            _containers(getattr(value, field), out)
-    elif isinstance(value, tuple):
-        for child in value:
-            _containers(child, out)
-    elif isinstance(value, dict | list):
-        out[id(value)] = value
-        for child in value.values() if isinstance(value, dict) else value:
-            _containers(child, out)
-    return out
-
-
-def _mutate(value: Any) -> None:
-    """Change every dict and list reachable from ``value``."""
-    for container in list(_containers(value, {}).values()):
-        if isinstance(container, dict):
-            container.clear()
-            container["MUT"] = ["MUT"]
-        else:
-            container.append("MUT")
-
-
 def _shared(message: Message, given: Any) -> set[int]:
-    return set(_containers(message, {})) & set(_containers(given, {}))
+    return set(containers(message)) & set(containers(given))
 
 
 @pytest.mark.parametrize("gateway", GATEWAYS)
@@ -145,7 +121,7 @@ def test_parse_leaves_the_item_as_it_was_and_returns_the_normalised_copy(gateway
     assert message == _expected(gateway)
     assert message.extras == {"meta": {"tags": ["a", "b"]}}
     assert _shared(message, item) == set()
-    _mutate(item)
+    mutate(item)
     assert message == _expected(gateway)
 
 
@@ -156,7 +132,7 @@ def test_parse_items_and_parse_request_return_the_normalised_copies(gateway: str
     messages = parser.parse_items(items)
     assert messages == [_expected(gateway), _expected(gateway)]
     assert _shared(messages[0], items) == _shared(messages[1], items) == set()
-    _mutate(items)
+    mutate(items)
     assert messages == [_expected(gateway), _expected(gateway)]
 
 
@@ -186,7 +162,7 @@ def test_decode_message_of_a_dict_returns_the_normalised_copy() -> None:
     )
     assert message == expected
     assert _shared(message, data) == set()
-    _mutate(data)
+    mutate(data)
     assert message == expected
 
 
@@ -200,7 +176,7 @@ def test_parsed_messages_mutated_after_a_commit_change_nothing_held(
     messages = [parser.parse(_ITEMS[gateway]()) for _ in range(count)]
     history = TurnHistory()
     history.commit("t1", messages)
-    _mutate(messages)
+    mutate(messages)
     assert history.view().turn_messages("t1") == (_expected(gateway),) * count
 
 
@@ -210,7 +186,7 @@ async def test_a_parsed_message_mutated_after_accept_turn_changes_no_input(gatew
         manager = foundation.manager
         message = manager.gateway.parse(_ITEMS[gateway]())
         manager.accept_turn(TurnSnapshot(context_id="c", turn_id="t1", input=(message,)))
-        _mutate(message)
+        mutate(message)
         prefix = await manager.prepare(ContextPrepareRequest(context_id="c", turn_id="t1"))
         assert list(prefix.items) == manager.gateway.render(_expected(gateway))
 
@@ -231,7 +207,7 @@ async def test_a_routed_item_mutated_after_routing_changes_no_input(gateway: str
         item = _ITEMS[gateway]()
         manager.areas.route("host", item)
         manager.areas.route("twin", _ITEMS[gateway]())
-        _mutate(item)
+        mutate(item)
         host = await manager.prepare(ContextPrepareRequest(context_id="host", turn_id="t1"))
         twin = await manager.prepare(ContextPrepareRequest(context_id="twin", turn_id="t1"))
         assert host.items == twin.items
