@@ -193,7 +193,7 @@ def test_the_door_sets_nothing_in_the_callers_message() -> None:
     assert type(message.role) is str
     assert held is not message and held.role is Role.user
     assert held.extras == extras and held.extras is not extras
-    assert held.extras["x_meta"] is not extras["x_meta"]  # type: ignore[index]
+    assert held.extras["x_meta"] is not extras["x_meta"]
     assert held.parts[0].extras == part_extras and held.parts[0].extras is not part_extras  # type: ignore[union-attr]
     assert held.parts[1].item == item and held.parts[1].item is not item  # type: ignore[union-attr]
     plain = Message(role=Role.user, content=(TextPart(text="hi"),))
