@@ -179,6 +179,12 @@ class _Run:
             return self.item_ends[slot - 1], self.byte_ends[slot - 1]
         return self.zero_items, self.zero_bytes
 
+    def _slot_length(self, slot: int) -> int:
+        """The length of per-turn slot ``slot``'s items joined by ``,`` (bytes; 0: no item)."""
+        items, size = self._slot_start(slot)
+        count = self.item_ends[slot] - items
+        return self.byte_ends[slot] - size + count - 1 if count else 0
+
     def _item_ends(self, index: int) -> tuple[array.array[int], int]:
         """Where each item of turn ``index`` ends, and where its first begins (running bytes)."""
         at = self.dead + index
@@ -199,13 +205,13 @@ class _Run:
         chunk = self.chunks[number]
         if begin == slot and stops[number] == slot + 1:
             return chunk
+        length = self._slot_length(slot)
+        if not length:
+            return b""
         chunk_items, chunk_bytes = self._slot_start(begin)
         items, size = self._slot_start(slot)
-        count = self.item_ends[slot] - items
-        if not count:
-            return b""
         at = size - chunk_bytes + items - chunk_items  # a separator after each earlier item
-        return chunk[at : at + self.byte_ends[slot] - size + count - 1]
+        return chunk[at : at + length]
 
     def encodings(self, index: int) -> list[bytes]:
         """The encoded items of the run's turn ``index`` (0 = oldest held), one ``bytes`` each."""
@@ -413,11 +419,7 @@ class _Run:
         for number in range(bisect.bisect_right(stops, dead), len(self.chunks)):
             begin, stop = (stops[number - 1] if number else 0), stops[number]
             if begin >= dead and stop - begin > 1:
-                lengths = []
-                for slot in range(begin, stop):
-                    items, size = self._slot_start(slot)
-                    count = self.item_ends[slot] - items
-                    lengths.append(self.byte_ends[slot] - size + count - 1 if count else 0)
+                lengths = [self._slot_length(slot) for slot in range(begin, stop)]
                 tag = self.first_tag + begin - dead
                 out.append(WholeSegments(self.chunks[number], tag, lengths))
                 continue
