@@ -409,6 +409,12 @@ class Durability:
             or any(c.pending or c.rewrite for c in self._claims.values())
         )
 
+    def _progress(self) -> tuple[int, int, int, int]:
+        """What a write cycle changes when it does anything: records written and queued,
+        removals and rewrites waiting."""
+        rewrites = sum(1 for c in self._claims.values() if c.rewrite)
+        return self._written, self._pending, len(self._forgets) + self._forgetting, rewrites
+
     async def run(self) -> None:
         """The writer and the maintenance loop; runs until :meth:`aclose` stops it.
 
@@ -795,8 +801,10 @@ class Durability:
             with anyio.move_on_after(grace_period):
                 # A record accepted while a write is in flight waits for the next
                 # one: write until nothing is queued, then close at once (no await
-                # between the last check and ``_closed``).
+                # between the last check and ``_closed``). A flush that changed
+                # nothing would change nothing again: the close stops there.
                 while self._queued():
+                    before = self._progress()
                     try:
                         await self.flush()
                     except StoreError as exc:
@@ -804,6 +812,8 @@ class Durability:
                         break
                     except LeaseError:
                         pass  # refused: another owner holds the context; it left the claims
+                    if self._progress() == before:
+                        break
             self._closed = True
             self._scope.cancel()
             leases = {cid: claim.token for cid, claim in self._claims.items()}
