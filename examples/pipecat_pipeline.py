@@ -62,10 +62,14 @@ TOOLS = ToolsSchema(
     ]
 )
 # Turns come from a turn detector outside the aggregator (here: the stand-in caller).
+# No empty-turn recovery: on a loaded machine the stop strategy's 20 ms timer can end
+# a turn as its stop frame arrives, and Pipecat would answer the empty turn this
+# starts with a prompt and an extra inference (the printed output would vary).
 PARAMS = LLMUserAggregatorParams(
     user_turn_strategies=UserTurnStrategies(
         start=[ExternalUserTurnStartStrategy()], stop=[ExternalUserTurnStopStrategy(timeout=0.02)]
-    )
+    ),
+    empty_user_turn=None,
 )
 
 

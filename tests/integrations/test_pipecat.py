@@ -1335,3 +1335,57 @@ def test_a_wrong_gateway_is_an_invalid_argument() -> None:
             assert caught.value.field == "manager"
 
     asyncio.run(main())
+
+
+def test_a_message_pipecat_appends_while_turnloom_prepares_is_kept_and_recorded() -> None:
+    """Pipecat appends to its context from another task (its empty-turn recovery, a
+    stop strategy's timer) while turnloom prepares the new turn's input: the message
+    stays in Pipecat's context after turnloom's input, the next push records it to the
+    current turn and the inference reads it. Invariant: nothing Pipecat hands in
+    vanishes (writing turnloom's input over the context once the preparation ends
+    dropped it)."""
+
+    async def main() -> None:
+        model = ScriptedLLM([["Hello."], ["Say that again?"]])
+        async with Foundation(gateway="openai_chat") as foundation:
+            manager = foundation.manager
+            call = FakeCall(manager, model)
+            user = call.pair.user()
+            entered, release = asyncio.Event(), asyncio.Event()
+            prepare = manager.prepare
+
+            async def held_prepare(request: ContextPrepareRequest) -> Any:
+                entered.set()
+                await release.wait()
+                return await prepare(request)
+
+            manager.prepare = held_prepare  # type: ignore[method-assign]
+            pushes: list[asyncio.Task[None]] = []
+
+            async def script() -> None:
+                await call.say("Hi.")
+                await entered.wait()  # "Hi." is committed; its input is being prepared
+                user.context.add_message({"role": "developer", "content": IDLE})
+                pushes.append(asyncio.create_task(user.push_context_frame()))
+                await asyncio.sleep(0.05)  # the push waits for the sync in flight
+                release.set()
+                await call.replies(2)
+                await asyncio.gather(*pushes)
+                histories.append(_history(manager, "call-1"))
+                await call.end()
+
+            histories: list[list[tuple[str, str]]] = []
+            await run_calls([call], script)
+            assert histories[0] == [
+                ("user", "Hi."),
+                ("user", IDLE),
+                ("assistant", "Hello."),
+                ("assistant", "Say that again?"),
+            ]
+            assert model.seen[1] == [
+                SYSTEM,
+                {"role": "user", "content": "Hi."},
+                {"role": "user", "content": IDLE},
+            ]
+
+    asyncio.run(main())

@@ -100,7 +100,9 @@ it finds unsigned with its placeholder signature).
 A note the host appends (``LLMMessagesAppendFrame``: a ``system`` or
 ``developer`` message, as Pipecat's idle handling and greetings do; so are
 Pipecat's own empty-turn prompt and tool-change notes) is recorded to the
-current turn as a ``user`` message of its text, the same conversion; before
+current turn as a ``user`` message of its text, the same conversion (one
+appended from another task while turnloom prepares the turn's input stays in
+Pipecat's context, after that input, and the next push records it); before
 the first user turn it opens that turn's input, and Pipecat's context holds
 it in that shape already, so every inference reads it alike. Every push
 runs the inference Pipecat runs for it (a host's ``LLMRunFrame`` or
@@ -475,7 +477,9 @@ class _Conversation:
             self.context.set_messages([*self.opening_raw, *pending])
             self.synced = len(self.opening_raw)
             return True
+        read: set[int] = set()  # the messages Pipecat held before the await below
         if self.prefix is None:
+            read = {id(m) for m in self.context.get_messages()}
             try:
                 self.prefix = await self.manager.prepare(
                     ContextPrepareRequest(context_id=self.context_id, turn_id=self.turn)
@@ -484,7 +488,11 @@ class _Conversation:
                 return False  # the call ended (or the turn was retracted) meanwhile
         items = self.manager.build(self.prefix, recorded=True)
         self.instruction, messages = _split_instructions(cast(tuple[Any, ...], items))
-        self.context.set_messages([*messages, *pending])
+        # What Pipecat appended while the input was prepared (from another task:
+        # its empty-turn recovery after a stop strategy's timer ended the turn)
+        # stays, after ``pending``: the next push takes it.
+        late = [m for m in self.context.get_messages() if id(m) not in read] if read else []
+        self.context.set_messages([*messages, *pending, *late])
         self.synced = len(messages)
         return True
 
