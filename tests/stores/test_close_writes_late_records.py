@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from tests.runtime.helpers import assistant
-from tests.stores.test_durable_contexts import snapshot
+from tests.stores.test_durable_contexts import CountingStore, snapshot
 from turnloom.errors import FoundationClosedError, StoreError
 from turnloom.runtime import Foundation
 from turnloom.runtime.store import ContextStore, LogWrite
@@ -24,23 +24,17 @@ from turnloom.stores import open_context_store
 pytestmark = pytest.mark.anyio
 
 
-class GatedStore:
+class GatedStore(CountingStore):
     """A real store whose next call of the armed method waits at a gate (``"append"``: the
     close's write in flight; ``"release"``: the close releasing the leases)."""
 
     def __init__(self, store: ContextStore) -> None:
-        self.inner = store
+        super().__init__(store)
         self.armed: str | None = None
         self.entered = anyio.Event()
         self.gate = anyio.Event()
         self.appended: list[int] = []  # records per append call
         self.released: list[str] = []
-
-    async def acquire(self, context_id: str, owner: str, ttl: float) -> int:
-        return await self.inner.acquire(context_id, owner, ttl)
-
-    async def renew(self, leases: Mapping[str, int], ttl: float) -> frozenset[str]:
-        return await self.inner.renew(leases, ttl)
 
     async def _pass(self, method: str) -> None:
         if self.armed == method:
@@ -51,29 +45,12 @@ class GatedStore:
     async def release(self, leases: Mapping[str, int]) -> None:
         await self._pass("release")
         self.released.extend(leases)
-        await self.inner.release(leases)
+        await super().release(leases)
 
     async def append(self, writes: Sequence[LogWrite]) -> Mapping[str, int | StoreError]:
         self.appended.append(sum(len(records) for *_, records in writes))
         await self._pass("append")
-        return await self.inner.append(writes)
-
-    async def replace(
-        self, context_id: str, token: int, length: int, records: tuple[bytes, ...]
-    ) -> bool:
-        return await self.inner.replace(context_id, token, length, records)
-
-    async def load(self, context_id: str) -> tuple[bytes, ...]:
-        return await self.inner.load(context_id)
-
-    async def forget(self, context_id: str, token: int) -> bool:
-        return await self.inner.forget(context_id, token)
-
-    async def idle(self, seconds: float) -> tuple[str, ...]:
-        return await self.inner.idle(seconds)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
+        return await super().append(writes)
 
 
 def texts(foundation: Foundation, context_id: str) -> list[str]:
@@ -84,6 +61,13 @@ def texts(foundation: Foundation, context_id: str) -> list[str]:
         for message in view.turn_messages(turn)
         for part in message.content
     ]
+
+
+async def stored_texts(store: ContextStore, context_id: str) -> list[str]:
+    """The texts of a context as another Foundation restores them from ``store``."""
+    async with Foundation(store=store, lease_ttl=30) as other:
+        assert await other.manager.leases.claim(context_id) is True
+        return texts(other, context_id)
 
 
 async def test_a_record_accepted_while_the_close_writes_is_stored(store_url: str) -> None:
@@ -109,9 +93,7 @@ async def test_a_record_accepted_while_the_close_writes_is_stored(store_url: str
                 manager.record("c", "t0", [assistant("and desk 9")])  # accepted: no raise
                 store.gate.set()
             assert store.released == ["c"]
-        async with Foundation(store=store, lease_ttl=30) as second:
-            assert await second.manager.leases.claim("c") is True
-            assert texts(second, "c") == ["where is my bag?", "gate 4", "and desk 9"]
+        assert await stored_texts(store, "c") == ["where is my bag?", "gate 4", "and desk 9"]
         assert store.appended == [1, 1, 1]  # the question; "gate 4"; "and desk 9" after it
     finally:
         await store.aclose()
@@ -135,8 +117,6 @@ async def test_a_record_offered_once_the_leases_are_released_raises(store_url: s
                     manager.record("c", "t0", [assistant("and desk 9")])
                 assert texts(foundation, "c") == ["where is my bag?", "gate 4"]
                 store.gate.set()
-        async with Foundation(store=store, lease_ttl=30) as second:
-            assert await second.manager.leases.claim("c") is True
-            assert texts(second, "c") == ["where is my bag?", "gate 4"]
+        assert await stored_texts(store, "c") == ["where is my bag?", "gate 4"]
     finally:
         await store.aclose()
