@@ -120,3 +120,27 @@ async def test_a_record_offered_once_the_leases_are_released_raises(store_url: s
         assert await stored_texts(store, "c") == ["where is my bag?", "gate 4"]
     finally:
         await store.aclose()
+
+
+async def test_an_invocations_record_once_the_leases_are_released_raises(store_url: str) -> None:
+    """Invariant: an open invocation's record the close can no longer write raises
+    FoundationClosedError and changes nothing (it is never accepted unstored)."""
+    store = GatedStore(open_context_store(store_url))
+    try:
+        async with Foundation(store=store, lease_ttl=30) as foundation:
+            manager = foundation.manager
+            await manager.leases.claim("c")
+            manager.accept_turn(snapshot("c", "t0", "where is my bag?"))
+            async with manager.invocation("c", "t0") as invocation:
+                invocation.record([assistant("gate 4")])
+                store.armed = "release"
+                async with anyio.create_task_group() as group:
+                    group.start_soon(foundation.aclose)
+                    await store.entered.wait()  # written; the leases are being released
+                    with pytest.raises(FoundationClosedError, match="closing"):
+                        invocation.record([assistant("and desk 9")])
+                    assert texts(foundation, "c") == ["where is my bag?", "gate 4"]
+                    store.gate.set()
+        assert await stored_texts(store, "c") == ["where is my bag?", "gate 4"]
+    finally:
+        await store.aclose()

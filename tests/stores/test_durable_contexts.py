@@ -963,3 +963,28 @@ async def test_an_untyped_failure_of_a_store_is_a_store_error_and_the_foundation
     async with hosting(store_url, history_limits=LIMITS) as again:
         await again.manager.leases.claim("c")
         assert again.manager.history("c").turn_ids == ("t0",)
+
+
+async def test_an_invocation_open_when_its_lease_is_lost_records_nothing_and_says_so(
+    store_url: str,
+) -> None:
+    """Invariant: an invocation's record of a context whose lease this manager lost raises
+    StaleLeaseError (as ``manager.record``), never returning as if it were kept."""
+    async with (
+        hosting(store_url, owner="host-a", lease_ttl=30) as host_a,
+        hosting(store_url, owner="host-b", lease_ttl=30) as host_b,
+    ):
+        a, b = host_a.manager, host_b.manager
+        await a.leases.claim("c")
+        a.accept_turn(snapshot("c", "t0", "where is my bag?"))
+        await a.leases.flush()
+        async with a.invocation("c", "t0") as invocation:
+            expire_lease(store_url, "c")  # host A stalls past its lease mid-call
+            assert await b.leases.claim("c") is True
+            invocation.record([assistant("gate 4")])  # local: the store refuses it
+            with pytest.raises(StaleLeaseError, match="refused a write of context 'c'"):
+                await a.leases.flush("c")
+            with pytest.raises(StaleLeaseError, match="context 'c'"):
+                invocation.record([assistant("and desk 9")])
+        assert b.history("c").turn_ids == ("t0",)
+        assert [m.role.value for m in b.history("c").turn_messages("t0")] == ["user"]

@@ -60,8 +60,15 @@ class Invocation:
         Bound to the turn the invocation was opened for: outputs recorded
         after that turn is gone (evicted, retracted, its context removed,
         even when its id was since reused) are dropped and counted as late.
+        With a store, raises as ``ContextManager.record`` does when this
+        manager does not hold the context's lease (``NotClaimedError``,
+        ``StaleLeaseError``), and ``FoundationClosedError`` once the close
+        released the leases; nothing is recorded then.
         """
         self._life.check_recording()
+        durable = self._life.durable
+        if durable is not None:
+            durable.check_writable(self._context_id)
         turn_id, state = self._turn_id, self._state
         check_outputs(self._gateway, turn_id, outputs, state.history, id_checked=True)
         return self._table.record(state, turn_id, outputs, self._serial, self._context_id)

@@ -287,7 +287,9 @@ class ContextManager:
 
         Raises:
             StateError: the manager is not bound to an open Foundation yet.
-            FoundationClosedError: the Foundation finished closing.
+            FoundationClosedError: the Foundation finished closing (with a
+                store: its close wrote what was queued and released the
+                leases).
             UnknownContextError: no turn was committed to ``context_id``.
             UnknownTurnError: ``turn_id`` was certainly never committed to the
                 context.
