@@ -144,3 +144,56 @@ async def test_an_invocations_record_once_the_leases_are_released_raises(store_u
         assert await stored_texts(store, "c") == ["where is my bag?", "gate 4"]
     finally:
         await store.aclose()
+
+
+class FailingStore(GatedStore):
+    """A real store whose appends and releases raise a StoreError while ``failing`` is set."""
+
+    failing = False
+
+    async def append(self, writes: Sequence[LogWrite]) -> Mapping[str, int | StoreError]:
+        if self.failing:
+            self.appended.append(-1)
+            raise StoreError("the server went away")
+        return await super().append(writes)
+
+    async def release(self, leases: Mapping[str, int]) -> None:
+        if self.failing:
+            self.released.extend(leases)
+            raise StoreError("the server is still away")
+        await super().release(leases)
+
+
+async def test_a_store_failure_during_the_close_is_reported_and_the_close_completes(
+    store_url: str,
+) -> None:
+    """Invariant: the close's failed write and failed release are each handed once to
+    ``leases.on_error`` (not raised; the write is not retried until the grace period ends);
+    what was written before is stored, and the record it could not write is all that is
+    missing."""
+    store = FailingStore(open_context_store(store_url))
+    reported: list[StoreError] = []
+    try:
+        async with Foundation(store=store, lease_ttl=0.5, close_grace_period=30) as foundation:
+            manager = foundation.manager
+            manager.leases.on_error = reported.append
+            await manager.leases.claim("c")
+            manager.accept_turn(snapshot("c", "t0", "where is my bag?"))
+            await manager.leases.flush()
+            manager.record("c", "t0", [assistant("gate 4")])
+            store.failing = True
+            with anyio.fail_after(10):  # the failure ends the close's writes at once
+                await foundation.aclose()
+            assert [str(error) for error in reported] == [
+                "the server went away",
+                "the server is still away",
+            ]
+            assert store.released == ["c"]
+            with pytest.raises(FoundationClosedError):
+                manager.record("c", "t0", [assistant("and desk 9")])
+        assert store.appended == [1, -1]
+        store.failing = False
+        await anyio.sleep(0.6)  # the lease the close could not release expires by itself
+        assert await stored_texts(store, "c") == ["where is my bag?"]
+    finally:
+        await store.aclose()

@@ -794,6 +794,11 @@ class Durability:
         another one: the close writes until nothing is queued (or the store
         fails, or the grace period ends), then takes no more changes
         (:meth:`check_writable` raises :class:`FoundationClosedError`).
+        A :class:`StoreError` from one of these writes ends them: it is handed
+        once to the host's hook (``manager.leases.on_error``), as every failed
+        write is, and is not raised (nor is a failed release: the leases
+        then expire by themselves);
+        what stayed unwritten is what a crash at that moment would lose.
         Not shielded: the manager's close runs shielded. The store stays
         open: its opener closes it.
         """
@@ -807,9 +812,8 @@ class Durability:
                     before = self._progress()
                     try:
                         await self.flush()
-                    except StoreError as exc:
-                        self._report(exc)  # what was not written is what a crash would lose
-                        break
+                    except StoreError:
+                        break  # the cycle reported it; the unwritten is what a crash loses
                     except LeaseError:
                         pass  # refused: another owner holds the context; it left the claims
                     if self._progress() == before:
@@ -823,8 +827,8 @@ class Durability:
                 with anyio.move_on_after(grace_period):
                     try:
                         await self._store.release(leases)
-                    except StoreError:
-                        pass  # the leases expire by themselves
+                    except StoreError as exc:
+                        self._report(exc)  # the leases expire by themselves
         finally:
             self._scope.cancel()
             for waiter in self._waiters:

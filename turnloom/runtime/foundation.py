@@ -26,7 +26,10 @@ Closing order (:meth:`Foundation.aclose`), the seed's lifecycle:
 4. With a durable store: write what is queued (within the grace period),
    again until nothing is (a ``record`` accepted during a write is written by
    the next), then release every lease; from then on ``record`` raises
-   :class:`FoundationClosedError`. The store itself stays open (its opener
+   :class:`FoundationClosedError`. A store failure during these writes ends
+   them; it goes once to ``manager.leases.on_error`` (so does a failed
+   release, whose leases then expire by themselves) and the close goes on:
+   what stayed unwritten is what a crash would lose. The store itself stays open (its opener
    closes it).
 5. Close the manager: ``record`` raises :class:`FoundationClosedError`;
    histories are released, each context's final history staying readable
