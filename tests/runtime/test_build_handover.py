@@ -319,3 +319,55 @@ async def test_two_builds_of_a_short_prefix_share_no_container(kind: GatewayType
         after, twin_after = await _turn(edited, 3), await _turn(twin, 3)
         assert after.items == twin_after.items
         assert edited.request_bytes(after) == twin.request_bytes(twin_after)
+
+
+@pytest.mark.parametrize("kind", list(GatewayType))
+async def test_a_copy_the_last_prefix_left_untaken_seeds_the_next_prefixs_copy(
+    kind: GatewayType,
+) -> None:
+    """Invariant: the copy the worker made ahead for a build that never came (the turn
+    ended) is not decoded again for the next prefix: its items of the run both prefixes
+    hold move into the next prefix's copy (the very containers), and that copy still
+    equals the next prefix's items by value and type, shares no container with them or
+    with the other copy, and editing it changes no later read (equal to a manager that
+    saw no edit)."""
+    async with (
+        Foundation(gateway=kind) as edited_foundation,
+        Foundation(gateway=kind) as twin_foundation,
+    ):
+        edited, twin = edited_foundation.manager, twin_foundation.manager
+        prefixes = []
+        for manager in (edited, twin):
+            first = await _turn(manager, 1, COPY_AHEAD_ITEMS)
+            first.items  # noqa: B018  (the host reads items and builds: two copies ahead)
+            manager.build(first, _outputs(1))
+            manager.record("c", "t1", _outputs(1))
+            manager.record("c", "t1", [assistant("Answer 1.")])
+            second = await _turn(manager, 2)
+            second.items  # noqa: B018
+            manager.build(second, _outputs(2))  # asks the worker for the next build's copy
+            prefixes.append(second)
+        second = prefixes[0]
+        native = second.native_items
+        await _copies_ready(native, 1)  # made for a build the turn will not make
+        (spare,) = native._copies or ()
+        for manager in (edited, twin):
+            manager.record("c", "t2", [*_outputs(2), assistant("Answer 2.")])
+        third, twin_third = await _turn(edited, 3), await _turn(twin, 3)
+        assert native.copies_ready == 0  # taken by the third prefix's render
+        kept = third.native_items._shared()
+        copies = list(third.native_items._copies or ())
+        assert len(copies) == 2
+        moved = [sum(any(a is b for b in spare) for a in copy) for copy in copies]
+        # The spare's items of the run: all but the system item and turn 2's input,
+        # which the second prefix held outside its run (turn 2 was open then).
+        assert sorted(moved) == [0, len(spare) - 2]
+        for copy in copies:
+            assert copy == kept
+            assert [type(item) for item in copy] == [type(item) for item in kept]
+        assert _shared(*copies, kept) == 0
+        items = third.items
+        _vandalize(items)
+        built = edited.build(third, _outputs(3))
+        assert built == twin.build(twin_third, _outputs(3))
+        assert third.items == twin_third.items

@@ -352,6 +352,15 @@ def _json_array(encoded: Sequence[bytes]) -> bytes:
     return b",".join(pieces)
 
 
+def _decode_copy(encoded: Sequence[bytes], start: int, stop: int) -> list[NativeContent]:
+    """Items ``start:stop`` decoded from their JSON encodings: new and tracked, a host's copy."""
+    if start >= stop:
+        return []
+    if isinstance(encoded, ChunkedSpan):
+        return decode_joined(encoded.joined(start, stop))
+    return decode_joined(b",".join(encoded[start:stop]))
+
+
 def _decode_run(
     encoded: Sequence[bytes], start: int = 0, stop: int | None = None
 ) -> list[NativeContent]:
@@ -537,9 +546,11 @@ class NativeItems:
     (after the render, and again after each ``build``), and
     :meth:`take_copy` hands one over in O(1): each copy is made for one
     taker and given out once, so it is shared with nothing turnloom keeps
-    and with no other copy. Without one ready, :meth:`materialize` copies
-    on the calling thread. A copy waiting here is out of reach of everyone
-    but the one call that takes it.
+    and with no other copy. A copy no one took (made for a build that did
+    not come) seeds the next prefix's: what of the run both hold moves into
+    it. Without one ready, :meth:`materialize` copies on the calling
+    thread. A copy waiting here is out of reach of everyone but the one
+    call that takes it.
 
     Thread safety: any thread may read one; :meth:`_shared` caches its
     result by one assignment (a racing call at worst decodes twice); a copy
@@ -662,7 +673,7 @@ class NativeItems:
                 pass
         return None
 
-    def make_copies(self, count: int) -> None:
+    def make_copies(self, count: int, seed: NativeItems | None = None) -> None:
         """Make copies of the items ahead until ``count`` are ready, for :meth:`take_copy`.
 
         For the runtime's worker thread: O(items) per copy (:meth:`fresh`).
@@ -671,6 +682,13 @@ class NativeItems:
         cycle through it is collected once it is taken; the list holding
         them is untracked (it holds only such copies). One thread makes
         copies of one object at a time (the worker runs its jobs in order).
+
+        ``seed``: an earlier prefix of the same run (the context's last).
+        A copy of it made ahead and not taken is taken here (one atomic
+        ``list.pop``: no other taker gets it) and its items of the run
+        both hold go into a copy of these, moved, not copied: only the
+        items it lacks are decoded, O(new items) plus a copy of references
+        instead of O(items). Its other items are freed with it.
         """
         copies = self._copies
         if copies is None:
@@ -678,7 +696,36 @@ class NativeItems:
             untrack_container(copies)
             self._copies = copies
         while len(copies) < count:
-            copies.append(self.fresh())
+            spare = seed.take_copy(0) if seed is not None else None
+            copy = self._seeded(seed, spare) if spare is not None else None  # type: ignore[arg-type]
+            copies.append(copy if copy is not None else self.fresh())
+
+    def _seeded(
+        self, seed: NativeItems, spare: tuple[NativeContent, ...]
+    ) -> tuple[NativeContent, ...] | None:
+        """A copy of the items (as :meth:`fresh`) holding ``spare``'s items of the run that
+        ``seed`` and these both hold; None when they share none (another run).
+
+        ``spare`` is a copy of ``seed`` that nobody holds: its items move into
+        the result. Equal to :meth:`fresh` by value and type: the run's items
+        at one position of one run (``epoch``) are the same bytes, and both
+        copies decode them.
+        """
+        encoded, epoch = self._encoded, self._epoch
+        if epoch is None or seed._epoch is not epoch or not encoded or not seed._encoded:
+            return None
+        start = max(seed._origin - self._origin, 0)
+        stop = min(seed._origin + len(seed._encoded) - self._origin, len(encoded))
+        if start >= stop:
+            return None
+        at = len(seed._before) + self._origin + start - seed._origin
+        return (
+            *fresh_items(self._before),
+            *_decode_copy(encoded, 0, start),
+            *spare[at : at + stop - start],
+            *_decode_copy(encoded, stop, len(encoded)),
+            *fresh_items(self._after),
+        )
 
     def drop_copies(self) -> list[tuple[NativeContent, ...]] | None:
         """Forget the copies made ahead (a later taker copies); changes no value.

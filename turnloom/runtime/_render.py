@@ -462,7 +462,7 @@ def _reuse_last(
         items._shared()
     if wanted:
         # And the copies its first reads take, made here too (see _copies_wanted).
-        items.make_copies(wanted)
+        items.make_copies(wanted, last.items)  # from a copy of the last that was not taken
     return reused
 
 
