@@ -116,6 +116,7 @@ async def test_output_stream_metrics_follow_the_statistics() -> None:
         manager.outputs.consume(receive)  # type: ignore[arg-type]
         await send.send(_out("a"))
         await send.send("not a record")
+        await send.send(_out(""))  # blank: taken, nothing stored
         await anyio.wait_all_tasks_blocked()
         assert registry.get_sample_value("turnloom_output_streams") == 1
         send.send_nowait(_out("b"))  # to the waiting consumer
@@ -124,6 +125,7 @@ async def test_output_stream_metrics_follow_the_statistics() -> None:
     value = registry.get_sample_value
     assert value("turnloom_output_streams") == 0
     assert value("turnloom_output_records_total", {"outcome": "recorded"}) == 3
+    assert value("turnloom_output_records_total", {"outcome": "dropped"}) == 1
     assert value("turnloom_output_records_total", {"outcome": "rejected"}) == 1
     assert value("turnloom_output_records_drained_total") == 1
 

@@ -197,3 +197,29 @@ async def test_a_store_failure_during_the_close_is_reported_and_the_close_comple
         assert await stored_texts(store, "c") == ["where is my bag?"]
     finally:
         await store.aclose()
+
+
+async def test_a_record_is_stored_when_the_foundations_scope_is_cancelled(store_url: str) -> None:
+    """Invariant: cancelling the scope the Foundation was opened in (which cancels the
+    durable writer with the Foundation's task group) loses no accepted record: the close
+    writes the queue itself, at once. (It waited for the writer that was gone, until the
+    grace period ended, forever with an unbounded one, then released the lease: the
+    record unwritten, nothing reported.)"""
+    store = CountingStore(open_context_store(store_url))
+    reported: list[StoreError] = []
+    try:
+        with anyio.CancelScope() as scope:
+            async with Foundation(store=store, lease_ttl=30, close_grace_period=2) as foundation:
+                manager = foundation.manager
+                manager.leases.on_error = reported.append
+                await manager.leases.claim("c")
+                manager.accept_turn(snapshot("c", "t0", "where is my bag?"))
+                await manager.leases.flush()  # the writer is idle
+                manager.record("c", "t0", [assistant("gate 4")])  # queued
+                scope.cancel()
+                await anyio.sleep(1)  # cancelled here, with the writer
+        assert scope.cancelled_caught
+        assert reported == []
+        assert await stored_texts(store, "c") == ["where is my bag?", "gate 4"]
+    finally:
+        await store.aclose()

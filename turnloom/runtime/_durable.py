@@ -98,6 +98,17 @@ class _Waiter:
         self.error: BaseException | None = None
 
 
+class _WriterStopped(StoreError):
+    """The writer's task ended (its task group was cancelled or failed) before the write."""
+
+
+def _writer_stopped() -> _WriterStopped:
+    return _WriterStopped(
+        "The store writer stopped (the Foundation's task group was cancelled or failed) "
+        "before the write; the changes stay queued and the Foundation's close writes them."
+    )
+
+
 class Durability:
     """The durable side of one ContextManager.
 
@@ -149,6 +160,7 @@ class Durability:
         self._completed = 0  # write cycles completed
         self._closed = False
         self._scope = anyio.CancelScope()
+        self._ended = False  # the writer's task (run) ended: nothing answers a flush
         self._pending = 0  # records logged and not written, over every claim
         self._batches = 0
         self._written = 0
@@ -375,6 +387,10 @@ class Durability:
                 (without ``context_id``: some context's) failed alone: a
                 damaged key or log, a log that is not what this manager wrote;
                 the other contexts were written.
+            StoreError: the writer's task ended before the write (the
+                Foundation's task group was cancelled, or a task in it
+                failed); the changes stay queued and the Foundation's close
+                writes them.
 
         Cancellation:
             Cancelling the wait leaves the queued changes queued; the writer
@@ -390,6 +406,8 @@ class Durability:
                 )
         if not self._queued():
             return
+        if self._ended:
+            raise _writer_stopped()
         waiter = _Waiter(self._started + 1, context_id)
         self._waiters.append(waiter)
         self._wake.set()
@@ -421,16 +439,28 @@ class Durability:
         Never raises a store's failure: each is handed to the waiting
         flushes and to the host's error hook (``manager.leases.on_error``).
         """
-        with self._scope:
-            async with anyio.create_task_group() as group:
-                group.start_soon(self._maintain)
-                while True:
-                    await self._wake.wait()
-                    self._wake = anyio.Event()
-                    with tracing.store_span("turnloom.store.write", self._store, root=True) as span:
-                        written = self._written
-                        await self._cycle()
-                        span.set("turnloom.store.records", self._written - written)
+        try:
+            with self._scope:
+                async with anyio.create_task_group() as group:
+                    group.start_soon(self._maintain)
+                    while True:
+                        await self._wake.wait()
+                        self._wake = anyio.Event()
+                        await self._traced_cycle()
+        finally:
+            # Cancelled with the Foundation's task group (or stopped by aclose): a
+            # flush it will not answer raises now; the close writes the queue itself.
+            self._ended = True
+            for waiter in self._waiters:
+                if not waiter.event.is_set():
+                    waiter.error = _writer_stopped()
+                    waiter.event.set()
+
+    async def _traced_cycle(self) -> None:
+        with tracing.store_span("turnloom.store.write", self._store, root=True) as span:
+            written = self._written
+            await self._cycle()
+            span.set("turnloom.store.records", self._written - written)
 
     def _report(self, error: StoreError) -> None:
         report = self._on_error()
@@ -518,8 +548,9 @@ class Durability:
             await self._forget_removed(forgets)
         except StoreError as exc:
             error = exc
-        self._forgets[:0] = forgets  # not done: retried by the next cycle
-        self._forgetting = 0
+        finally:  # also when cancelled: a removal not done is retried by the next cycle
+            self._forgets[:0] = forgets
+            self._forgetting = 0
         # The store failing once this cycle's appends were acknowledged:
         late = await self._compact_written(written) if error is None else None
         self._settle_cycle(cycle, error, late, stale, failed)
@@ -811,7 +842,14 @@ class Durability:
                 while self._queued():
                     before = self._progress()
                     try:
-                        await self.flush()
+                        if self._ended:
+                            # The writer's task is gone (the Foundation's task group was
+                            # cancelled or failed): the close writes the queue itself.
+                            await self._traced_cycle()
+                        else:
+                            await self.flush()
+                    except _WriterStopped:
+                        continue  # it stopped before this write: the close writes it
                     except StoreError:
                         break  # the cycle reported it; the unwritten is what a crash loses
                     except LeaseError:

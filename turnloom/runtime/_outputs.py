@@ -66,6 +66,7 @@ class OutputStreams:
         "_active",
         "_consumers",
         "_drained",
+        "_dropped",
         "_life",
         "_record",
         "_records",
@@ -84,6 +85,7 @@ class OutputStreams:
         self._records = 0
         self._drained = 0
         self._rejected = 0
+        self._dropped = 0
 
     def _bind(self, task_group: anyio.abc.TaskGroup) -> None:
         self._task_group = task_group
@@ -102,7 +104,10 @@ class OutputStreams:
         recorded exactly as ``record(context_id, turn_id, outputs)`` would,
         through the same checks, in the order the stream yields them; push
         calls to ``record`` may be mixed in. Several streams may be consumed
-        at once.
+        at once. A record is recorded when its consumer runs, after the
+        send: one for a turn that a later ``accept_turn`` evicted meanwhile
+        is dropped as late, as ``record`` drops it (counted in
+        ``statistics().dropped_total`` and the history's late outputs).
 
         A record refused with a typed error (not an OutputRecord, unknown
         context or turn, a malformed or instruction message ...) records
@@ -121,7 +126,10 @@ class OutputStreams:
         the grace period to end (its producer stops and ends it), then its
         consumer is cancelled and its ``aclose()``, if any, awaited. Only then
         do preparations settle and the manager close: everything sent before
-        the close is in ``manager.history`` afterwards.
+        the close is in ``manager.history`` afterwards and, with a durable
+        store, written by the close (also when the Foundation's task group
+        was cancelled or failed), or its write failure reported to
+        ``manager.leases.on_error``.
 
         Raises:
             StateError: the manager is not bound to an open Foundation yet.
@@ -156,6 +164,7 @@ class OutputStreams:
             records_total=self._records,
             drained_total=self._drained,
             rejected_total=self._rejected,
+            dropped_total=self._dropped,
         )
 
     def _take(self, consumer: _Consumer, record: Any) -> bool:
@@ -165,13 +174,15 @@ class OutputStreams:
                 raise InvalidMessageError(
                     f"An output stream yielded {what_type(record)}, not an OutputRecord."
                 )
-            self._record(record.context_id, record.turn_id, record.outputs)
+            recorded = self._record(record.context_id, record.turn_id, record.outputs)
         except TurnloomError as exc:
             self._rejected += 1
             if consumer.on_error is not None:
                 consumer.on_error(record, exc)
             return False
         self._records += 1
+        if not recorded and record.outputs:
+            self._dropped += 1  # for a turn no longer held, a duplicate, or blank
         return True
 
     async def _consume(self, consumer: _Consumer) -> None:

@@ -46,7 +46,7 @@ name                                      type       meaning
 ``area_items_reclaimed_total``            counter    items reclaimed (detached) by the Collector
 ``area_items_promoted_total``             counter    items appended for promoted messages
 ``output_streams``                        gauge      output streams being consumed
-``output_records_total{outcome}``         counter    stream records: recorded, rejected
+``output_records_total{outcome}``         counter    stream records: recorded, dropped, rejected
 ``output_records_drained_total``          counter    of the recorded, drained at close
 ``assemblies_total{strategy}``            counter    turns assembled by the strategy
 ``assembly_reused_total{strategy}``       counter    preparations reusing their turn's assembly
@@ -285,7 +285,8 @@ class ManagerCollector(Collector):
         records = CounterMetricFamily(
             "turnloom_output_records", "Output stream records by outcome.", labels=["outcome"]
         )
-        records.add_metric(["recorded"], s.outputs.records_total)
+        records.add_metric(["recorded"], s.outputs.records_total - s.outputs.dropped_total)
+        records.add_metric(["dropped"], s.outputs.dropped_total)
         records.add_metric(["rejected"], s.outputs.rejected_total)
         yield records
         yield CounterMetricFamily(

@@ -493,12 +493,17 @@ class OutputStatistics(msgspec.Struct, frozen=True, kw_only=True):
         rejected_total: records refused with a typed error (bad record,
             unknown context or turn, a malformed or instruction message);
             nothing of a refused record was recorded.
+        dropped_total: of ``records_total``, records accepted of which no
+            message was stored, by the history's rules: for a turn no longer
+            held (evicted or retracted), a reply recorded twice, or blank
+            (the history's statistics count them by kind).
     """
 
     streams: int = 0
     records_total: int = 0
     drained_total: int = 0
     rejected_total: int = 0
+    dropped_total: int = 0
 
 
 class AssemblyStatistics(msgspec.Struct, frozen=True, kw_only=True):
