@@ -98,8 +98,19 @@ class _Waiter:
         self.error: BaseException | None = None
 
 
+_Hook = Callable[[StoreError | StaleLeaseError], object]
+
+
 class _WriterStopped(StoreError):
     """The writer's task ended (its task group was cancelled or failed) before the write."""
+
+
+def _loss_error(context_id: str, why: str) -> StaleLeaseError:
+    return StaleLeaseError(
+        f"This manager lost context {excerpt(context_id)} ({why}) with changes not yet "
+        "written; they were discarded.",
+        context_id=context_id,
+    )
 
 
 def _writer_stopped() -> _WriterStopped:
@@ -134,7 +145,7 @@ class Durability:
         unload: Callable[[str], None],
         can_unload: Callable[[str], bool],
         history: Callable[[str], TurnHistory | None],
-        on_error: Callable[[], Callable[[StoreError], object] | None] = lambda: None,
+        on_error: Callable[[], _Hook | None] = lambda: None,
     ) -> None:
         store = options.store
         assert isinstance(store, ContextStore)
@@ -153,7 +164,10 @@ class Durability:
         self._forgets: list[tuple[str, int]] = []
         self._rewriting: dict[str, int] = {}  # context id -> pending records when it began
         # Deletions the running write cycle took out of _forgets and has not finished.
-        self._forgetting = 0
+        self._removing: list[tuple[str, int]] = []  # the removals the cycle in flight makes
+        # Contexts lost with changes queued (dropped), not yet raised by a flush, oldest
+        # first: why, and whether the loss went to the host's hook.
+        self._dropped: OrderedDict[str, tuple[str, bool]] = OrderedDict()
         self._waiters: list[_Waiter] = []
         self._wake = anyio.Event()
         self._started = 0  # write cycles started
@@ -304,12 +318,19 @@ class Durability:
             await busy.wait()
         done = self._claiming[context_id] = anyio.Event()
         try:
-            if any(c == context_id for c, _ in self._forgets):
-                await self.flush()
+            if any(c == context_id for c, _ in (*self._forgets, *self._removing)):
+                await self.flush()  # its removal is written first (else it would restore)
             token, log, history = await restore(
                 self._store_call, self._store, self._options, self._limiter, context_id
             )
+            if self._closed:  # the close released the leases while this one was taken
+                await self._give_back(context_id, token)
+                raise FoundationClosedError(
+                    f"The Foundation closed while context {excerpt(context_id)} was claimed; "
+                    "its lease is released."
+                )
             self._lost.pop(context_id, None)
+            self._dropped.pop(context_id, None)
             claim = self._claims[context_id] = Claim(token, len(log), anyio.current_time())
             self._claims_total += 1
             if log:
@@ -320,10 +341,26 @@ class Durability:
                     await self._compact(context_id, claim, history)
                 except StoreUnavailableError as exc:
                     self._report(exc)  # claimed; the log is compacted by a later write
+                except BaseException:
+                    # Cancelled (or failed) before the claim returned: as a claim
+                    # cancelled during its restore, the context is left as it was.
+                    if self._claims.get(context_id) is claim:
+                        del self._claims[context_id]
+                        self._unload(context_id)
+                    await self._give_back(context_id, token)
+                    raise
             return True
         finally:
             del self._claiming[context_id]
             done.set()
+
+    async def _give_back(self, context_id: str, token: int) -> None:
+        """Release a lease a claim took but does not keep (shielded: also when cancelled)."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._store_call(self._store.release, {context_id: token})
+            except StoreError as exc:
+                self._report(exc)  # the lease expires by itself
 
     async def release(self, context_id: str) -> bool:
         """Write what is queued for a held context, then give up its lease; it leaves memory.
@@ -351,10 +388,15 @@ class Durability:
             self._report(exc)  # the lease expires by itself
         return True
 
-    def _lose(self, context_id: str, token: int, why: str) -> None:
+    def _lose(self, context_id: str, token: int, why: str) -> bool:
+        """The lease of a held context was lost: it leaves memory; its queued changes go.
+
+        Returns True when changes were queued (dropped): the next flush raises
+        :class:`StaleLeaseError` for them unless a waiting flush did.
+        """
         claim = self._claims.get(context_id)
         if claim is None or claim.token != token:
-            return
+            return False
         del self._claims[context_id]
         self._pending -= len(claim.pending)
         self._lost_total += 1
@@ -362,7 +404,14 @@ class Durability:
         self._lost.move_to_end(context_id)
         while len(self._lost) > _LOST_REMEMBERED:
             self._lost.popitem(last=False)
+        dropped = bool(claim.pending or claim.rewrite)
+        if dropped:
+            self._dropped[context_id] = (why, False)
+            self._dropped.move_to_end(context_id)
+            while len(self._dropped) > _LOST_REMEMBERED:
+                self._dropped.popitem(last=False)
         self._unload(context_id)
+        return dropped
 
     # -- the writer ------------------------------------------------------------------
 
@@ -400,10 +449,15 @@ class Durability:
             check_id(context_id, "context id")
             why = self._lost.get(context_id)
             if why is not None:
+                self._dropped.pop(context_id, None)
                 raise StaleLeaseError(
                     f"This manager no longer owns context {excerpt(context_id)} ({why}).",
                     context_id=context_id,
                 )
+        elif self._dropped:
+            # Changes made before this flush were dropped with a lost lease: not stored.
+            lost, (why, _) = self._dropped.popitem(last=False)
+            raise _loss_error(lost, why)
         if not self._queued():
             return
         if self._ended:
@@ -423,7 +477,7 @@ class Durability:
         """Whether a change waits for the store: a record, a rewrite or a removal."""
         return bool(
             self._forgets
-            or self._forgetting
+            or self._removing
             or any(c.pending or c.rewrite for c in self._claims.values())
         )
 
@@ -431,7 +485,7 @@ class Durability:
         """What a write cycle changes when it does anything: records written and queued,
         removals and rewrites waiting."""
         rewrites = sum(1 for c in self._claims.values() if c.rewrite)
-        return self._written, self._pending, len(self._forgets) + self._forgetting, rewrites
+        return self._written, self._pending, len(self._forgets) + len(self._removing), rewrites
 
     async def run(self) -> None:
         """The writer and the maintenance loop; runs until :meth:`aclose` stops it.
@@ -462,7 +516,14 @@ class Durability:
             await self._cycle()
             span.set("turnloom.store.records", self._written - written)
 
-    def _report(self, error: StoreError) -> None:
+    def _report_loss(self, context_id: str, error: StaleLeaseError) -> None:
+        """Hand the loss of a context's queued changes to the host's hook, once per loss."""
+        entry = self._dropped.get(context_id)
+        if entry is not None and not entry[1]:
+            self._dropped[context_id] = (entry[0], True)
+            self._report(error)
+
+    def _report(self, error: StoreError | StaleLeaseError) -> None:
         report = self._on_error()
         if report is not None:
             try:
@@ -539,7 +600,7 @@ class Durability:
         stale: dict[str, StaleLeaseError] = {}
         failed: dict[str, StoreError] = {}
         forgets, self._forgets = self._forgets, []
-        self._forgetting = len(forgets)  # a flush meanwhile waits for them
+        self._removing = forgets  # a flush meanwhile waits for them, a claim too
         written: list[LogWrite] = []
         try:
             written, error = await self._write_pending(stale, failed)
@@ -550,7 +611,7 @@ class Durability:
             error = exc
         finally:  # also when cancelled: a removal not done is retried by the next cycle
             self._forgets[:0] = forgets
-            self._forgetting = 0
+            self._removing = []
         # The store failing once this cycle's appends were acknowledged:
         late = await self._compact_written(written) if error is None else None
         self._settle_cycle(cycle, error, late, stale, failed)
@@ -657,7 +718,6 @@ class Durability:
             if await self._store_call(self._store.forget, context_id, token):
                 await self._store_call(self._store.release, {context_id: token})
             forgets.pop(0)
-            self._forgetting = len(forgets)
 
     async def _compact_written(self, written: list[LogWrite]) -> StoreUnavailableError | None:
         """Compact the logs this cycle wrote to, when they are due; the store's
@@ -686,8 +746,26 @@ class Durability:
         problems = {id(p): p for p in (error, late, *failed.values()) if p is not None}
         for problem in problems.values():
             self._report(problem)
+        for cid, refused in stale.items():
+            self._report_loss(cid, refused)
+        # The flushes it answers raise the losses of queued changes, this cycle's
+        # refusals and earlier ones (a renewal's) no flush raised yet; those raised go.
+        # (A loss this cycle's failure of the context explains is raised as that.)
+        lost = dict(stale)
+        for cid, (why, _) in self._dropped.items():
+            if cid not in failed:
+                lost.setdefault(cid, _loss_error(cid, why))
+        for waiter in self._waiters:
+            if waiter.error is not None:
+                continue
+            mine = waiter.target <= cycle
+            raised = waiter.context_id
+            if raised is None:
+                raised = next(iter(lost), None) or (next(iter(failed), None) if mine else None)
+            if raised is not None and (raised in lost or (mine and raised in failed)):
+                self._dropped.pop(raised, None)
         self._completed = cycle
-        _answer_waiters(self._waiters, cycle, error, late, stale, failed)
+        _answer_waiters(self._waiters, cycle, error, late, lost, failed)
 
     async def _resync(self, context_id: str, claim: Claim, failed: dict[str, StoreError]) -> None:
         """Reread a log this manager is unsure of: is it as written, or as compacted?
@@ -777,7 +855,9 @@ class Durability:
             self._report(exc)
             return  # retried at the next interval; a lease that expires meanwhile is fenced
         for cid in lost:
-            self._lose(cid, leases[cid], "its lease expired before it was renewed")
+            why = "its lease expired before it was renewed"
+            if self._lose(cid, leases[cid], why):
+                self._report_loss(cid, _loss_error(cid, why))
 
     async def _unload_idle(self) -> None:
         if math.isinf(self._options.idle_after):

@@ -18,7 +18,7 @@ import anyio
 import anyio.abc
 
 from turnloom.context.history import check_id
-from turnloom.errors import InputError, StoreError, what_type
+from turnloom.errors import InputError, StaleLeaseError, StoreError, what_type
 from turnloom.runtime import _tracing as tracing
 from turnloom.runtime._contexts import ContextTable
 from turnloom.runtime._door import DurableOptions
@@ -63,10 +63,10 @@ class Leases:
     def __init__(self, life: Lifecycle) -> None:
         self._life = life
         self._durable: Durability | None = None  # made when the Foundation opens
-        self._on_error: Callable[[StoreError], object] | None = None
+        self._on_error: Callable[[StoreError | StaleLeaseError], object] | None = None
 
     @property
-    def on_error(self) -> Callable[[StoreError], object] | None:
+    def on_error(self) -> Callable[[StoreError | StaleLeaseError], object] | None:
         """The host's hook for the store's failures the background writer meets, or None.
 
         Called on the event loop with each :class:`~turnloom.errors.StoreError`
@@ -75,8 +75,13 @@ class Leases:
         context). The writer never stops for a failure: the changes stay
         queued, the next flush (or the writer itself, at the next lease
         renewal) retries them, and the context is writable again once the
-        store recovers. What the hook returns is ignored; an exception it
-        raises is swallowed. Settable at any time; None (default) turns it off.
+        store recovers. And with each :class:`~turnloom.errors.StaleLeaseError`
+        of a lease lost with changes not yet written (the store refused a
+        write: another owner holds the lease; or the lease expired before it
+        was renewed): those changes are discarded and the context left
+        memory; the next ``flush`` raises it too, unless a waiting one did.
+        What the hook returns is ignored; an exception it raises is
+        swallowed. Settable at any time; None (default) turns it off.
 
         Raises:
             InputError: (on assignment) not callable and not None.
@@ -84,7 +89,7 @@ class Leases:
         return self._on_error
 
     @on_error.setter
-    def on_error(self, hook: Callable[[StoreError], object] | None) -> None:
+    def on_error(self, hook: Callable[[StoreError | StaleLeaseError], object] | None) -> None:
         if hook is not None and not callable(hook):
             raise InputError(f"on_error must be callable or None, not {what_type(hook)}.")
         self._on_error = hook
@@ -208,7 +213,8 @@ class Leases:
 
         Raises:
             StateError: the manager is not bound to an open Foundation yet.
-            FoundationClosedError: the Foundation is closing or closed.
+            FoundationClosedError: the Foundation is closing or closed (also
+                when it closed while the lease was taken: it was released).
             InvalidMessageError: a malformed context id.
             LeaseHeldError: another owner holds the lease and it has not
                 expired; retry after it expires (``lease_ttl``).
@@ -220,7 +226,9 @@ class Leases:
 
         Cancellation:
             A cancelled claim releases the lease it took and leaves the
-            context as it was.
+            context as it was, also when cancelled while it compacts the
+            restored log. A claim of a context being removed waits until its
+            removal is written, then restores nothing.
         """
         self._life.check_open()
         durable = self._durable
