@@ -591,9 +591,11 @@ class SummaryError(HostCallbackError):
             was cancelled: the context removed, ``manager.summaries.cancel``,
             the Foundation closing) or ``"invalid"`` (it returned something
             that is not a summary: see
-            :func:`turnloom.context.summaries.check_summary`) or ``"stale"``
-            (the summarized turns changed while it ran, an output recorded
-            late to one of them, or the summary no longer fits the history).
+            :func:`turnloom.context.summaries.check_summary`, a sequence that
+            raises when read included; or a summary over the history's limits
+            or holding an id a held message has) or ``"stale"`` (the
+            summarized turns changed while it ran: an output recorded late to
+            one of them).
     """
 
     def __init__(self, message: str, *, context_id: str, reason: str) -> None:

@@ -55,6 +55,7 @@ from turnloom.context.message import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    admit_message,
 )
 from turnloom.errors import InputError, InvalidMessageError, excerpt, what_type
 
@@ -199,31 +200,45 @@ def check_summary(
     :class:`Message`: one or more ``user`` messages, then zero or more
     ``assistant`` messages, each holding only non-blank text parts (no tool
     calls, results, reasoning or images: a summary never splits a pair and
-    carries no provider signature). Sizes, UTF-8 and ids are checked when
-    the history takes it.
+    carries no provider signature). Each message passes the door's check
+    (:func:`~turnloom.context.message.admit_message`: every field of its
+    type) first; sizes and ids are checked when the history takes it.
 
     Returns:
-        (the leading ``user`` messages, the ``assistant`` messages after them).
+        (the leading ``user`` messages, the ``assistant`` messages after them),
+        as the door holds them (see ``admit_message``).
 
     Raises:
-        InvalidMessageError: anything else (``field`` names what is wrong).
+        InvalidMessageError: anything else (``field`` names what is wrong),
+            also a sequence that raises when read.
+        InvalidTextError: a text that is not valid UTF-8.
+        DuplicateIdError: a message holds two tool calls with one call id.
     """
     if isinstance(summary, (str, bytes, Message)) or not isinstance(summary, Sequence):
         raise InvalidMessageError(
             f"A summary is a sequence of Message, not {what_type(summary)}.", field="summary"
         )
-    messages = tuple(summary)
+    try:
+        messages = tuple(summary)
+    except Exception as exc:  # a host's Sequence: whatever its __iter__ raises
+        raise InvalidMessageError(
+            f"A summary could not be read: {type(exc).__name__}: {excerpt(str(exc))}.",
+            field="summary",
+        ) from exc
     if not messages or len(messages) > max_messages:
         raise InvalidMessageError(
             f"A summary holds 1 to {max_messages} messages, not {len(messages)}.",
             field="summary",
         )
     split = 0
-    for i, message in enumerate(messages):
-        if not isinstance(message, Message):
+    held: list[Message] = []
+    for i, given in enumerate(messages):
+        if not isinstance(given, Message):
             raise InvalidMessageError(
-                f"summary[{i}] is {what_type(message)}, not a Message.", field=f"summary[{i}]"
+                f"summary[{i}] is {what_type(given)}, not a Message.", field=f"summary[{i}]"
             )
+        message = admit_message(given, where=f"summary[{i}]")[0]
+        held.append(message)
         if message.role is Role.user and split == i:
             split += 1
         elif message.role is not Role.assistant or i == 0:
@@ -243,7 +258,7 @@ def check_summary(
                     "non-blank text only.",
                     field=f"summary[{i}].content[{j}]",
                 )
-    return messages[:split], messages[split:]
+    return tuple(held[:split]), tuple(held[split:])
 
 
 _RESPONSES = "openai_responses"

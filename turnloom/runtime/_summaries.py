@@ -57,7 +57,15 @@ from turnloom.context.summaries import (
     check_summary,
     summary_due,
 )
-from turnloom.errors import InputError, SummaryError, TurnloomError, excerpt, what_type
+from turnloom.errors import (
+    CapacityError,
+    InputError,
+    InvalidMessageError,
+    SummaryError,
+    TurnloomError,
+    excerpt,
+    what_type,
+)
 from turnloom.runtime._contexts import ContextState, ContextTable
 from turnloom.runtime._counters import Counters
 
@@ -317,7 +325,7 @@ class Summaries:
                         try:
                             given, answer = check_summary(returned, policy.max_summary_messages)
                             summary = (*given, *answer)
-                        except TurnloomError as exc:
+                        except Exception as exc:  # typed; anything else is the host's object's
                             reason, cause = "invalid", exc
                 if deadline.cancelled_caught:
                     reason = "timeout"
@@ -357,6 +365,11 @@ class Summaries:
             applied = self._table.summarize(
                 state, job.turn_ids, next_summary_id(history), summary, len(summary), job.snapshot
             )
+        except (InvalidMessageError, CapacityError) as exc:
+            # What the summarizer returned: too large for the history's limits, or an
+            # id one of its messages holds is a held message's.
+            self._fail(job, "invalid", "its summary does not fit the history's limits", exc)
+            return
         except TurnloomError as exc:
             self._fail(job, "stale", "its summary no longer fits the history", exc)
             return
