@@ -12,14 +12,15 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.runtime.helpers import SYSTEM, assistant, user
+from tests.runtime.helpers import assistant, user
+from tests.runtime.test_summaries import _turn
 from tests.stores.conftest import REDIS_URL, redis_prefix  # noqa: F401 (a fixture)
 from tests.stores.helpers import expire_lease, hosting
 from turnloom.context import CompactionPolicy, Message, TextPart
 from turnloom.context.history import HistoryLimits
 from turnloom.context.summaries import is_summary_turn
 from turnloom.errors import StaleLeaseError, SummaryError
-from turnloom.runtime import ContextManager, Foundation, TurnSnapshot
+from turnloom.runtime import Foundation, TurnSnapshot
 
 pytestmark = pytest.mark.anyio
 
@@ -50,18 +51,6 @@ class Gated:
         await self.gate.wait()
         texts = [p.text for m in messages for p in m.parts if isinstance(p, TextPart)]
         return [user("Summary: " + " | ".join(texts))]
-
-
-def _turn(manager: ContextManager, n: int, context: str = "c") -> None:
-    manager.accept_turn(
-        TurnSnapshot(
-            context_id=context,
-            turn_id=f"t{n}",
-            input=(user(f"question {n}"),),
-            instructions=(SYSTEM,) if n == 1 else None,
-        )
-    )
-    manager.record(context, f"t{n}", [assistant(f"answer {n}")])
 
 
 async def _settle() -> None:
