@@ -59,6 +59,7 @@ class AreaSection:
         "pending_areas",
         "pending_items",
         "rendered",
+        "unsettled",
     )
 
     def __init__(self, gateway: Gateway) -> None:
@@ -71,6 +72,10 @@ class AreaSection:
         self.calls = CallTracker()  # routed calls still unanswered
         self.rendered = 0  # area passes run
         self.delivered = 0  # the newest pass whose section reached a requester
+        # Passes run (appended by the worker) the loop has not counted yet: counted
+        # and their collected areas forgotten whether or not the render that ran
+        # them succeeded (a failure after the pass leaves its collection done).
+        self.unsettled: deque[SectionResult] = deque()
 
 
 class SectionResult:
@@ -198,7 +203,7 @@ def run_area_step(areas: AreaSection, run_pass: bool) -> SectionResult:
         areas.rendered += 1
         report = coop.last_collection
         assert report is not None
-        return SectionResult(
+        result = SectionResult(
             tuple(context.snapshot()),
             "rendered",
             areas.rendered,
@@ -206,3 +211,5 @@ def run_area_step(areas: AreaSection, run_pass: bool) -> SectionResult:
             reclaimed=len(report.detached),
             promoted=len(report.promoted_items),
         )
+        areas.unsettled.append(result)
+        return result

@@ -548,6 +548,7 @@ class ContextTable:
             self.left(state)
         if state.areas is not None:
             self._counters.areas_attached -= len(state.areas.attached)
+            state.areas.attached.clear()  # a pass still in a worker detaches none again
 
     def _areas(self, state: ContextState) -> AreaSection:
         areas = state.areas
@@ -596,14 +597,17 @@ class ContextTable:
                 del areas.attached[id(area)]
                 self._counters.areas_attached -= 1
 
-    def count_section(self, areas: AreaSection, section: SectionResult) -> None:
-        """Count what a preparation's area step did; forget the areas it collected."""
+    def count_section(self, areas: AreaSection, section: SectionResult | None) -> None:
+        """Count what a preparation's area step did (``section``: None when its render
+        failed); count every pass run and not yet counted, forgetting what it collected."""
         counters = self._counters
-        if section.outcome != "rendered":
+        if section is not None and section.outcome != "rendered":
             counters.area_reused += 1
-            return
-        counters.area_renders += 1
-        counters.areas_collected += section.collected
-        counters.area_items_reclaimed += section.reclaimed
-        counters.area_items_promoted += section.promoted
-        self.detach(areas, section.removed)
+        unsettled = areas.unsettled
+        while unsettled:
+            done = unsettled.popleft()
+            counters.area_renders += 1
+            counters.areas_collected += done.collected
+            counters.area_items_reclaimed += done.reclaimed
+            counters.area_items_promoted += done.promoted
+            self.detach(areas, done.removed)

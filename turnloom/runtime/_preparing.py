@@ -499,9 +499,10 @@ class Preparer:
         outcome, preparation.outcome = preparation.outcome, None
         areas = preparation.areas
         if isinstance(outcome, BaseException):
-            if isinstance(outcome, AreaCallbackError) and outcome.phase == "register":
-                if areas is not None:
+            if areas is not None:
+                if isinstance(outcome, AreaCallbackError) and outcome.phase == "register":
                     self._table.detach(areas, (outcome.area,))  # the worker dropped it
+                self._table.count_section(areas, None)  # a pass that ran: its collection
             try:
                 raise outcome
             finally:
