@@ -487,3 +487,33 @@ async def test_the_close_while_a_claim_acquires_does_not_hang(store_url: str) ->
             assert await other.manager.leases.claim("c") is True  # released: not held
     finally:
         await store.aclose()
+
+
+async def test_a_removal_whose_write_is_cancelled_with_the_writer_is_written_by_the_close(
+    store_url: str,
+) -> None:
+    """Invariant: a ``remove_context`` whose deletion was in flight when the Foundation's
+    scope was cancelled (the writer cancelled mid-cycle) is still written by the close:
+    no later claim restores the removed turns. (The cancelled cycle dropped its list of
+    removals: the log stayed in the store.)"""
+    store = GateStore(open_context_store(store_url))
+    try:
+        with anyio.CancelScope() as scope:
+            async with Foundation(store=store, lease_ttl=30, close_grace_period=5) as foundation:
+                manager = foundation.manager
+                await manager.leases.claim("c")
+                manager.accept_turn(snapshot("c", "t0", "my card number is 1234"))
+                await manager.leases.flush()
+                entered, _ = store.arm("forget")  # never opened: the cancellation ends it
+                manager.remove_context("c")
+                with anyio.fail_after(5):
+                    await entered.wait()  # the writer deletes the removed log
+                scope.cancel()
+                await anyio.sleep(1)  # cancelled here, with the writer
+        assert scope.cancelled_caught
+        assert store.calls.count("forget") == 2  # the cancelled one, then the close's
+        async with Foundation(store=store, lease_ttl=30) as other:
+            assert await other.manager.leases.claim("c") is True
+            assert other.manager.context_ids() == ()  # nothing stored
+    finally:
+        await store.aclose()
