@@ -111,7 +111,9 @@ async def test_flush_after_a_background_write_was_refused_raises(store_url: str)
             async with Foundation(store=store, lease_ttl=30, owner="host-b") as host_b:
                 assert await host_b.manager.leases.claim("c") is True
                 a.record("c", "t0", [assistant("gate 4")])  # accepted: no raise
-                await anyio.sleep(0.2)  # the writer's own cycle sends it; the store refuses
+                with anyio.fail_after(5):  # the writer's own cycle sends it; the store refuses
+                    while not reported:
+                        await anyio.sleep(0.01)
                 assert a.context_ids() == ()  # refused: "c" left A's memory
                 assert [(type(e), e.context_id) for e in reported] == [(StaleLeaseError, "c")]
                 with anyio.fail_after(5), pytest.raises(StaleLeaseError, match="refused"):
@@ -327,12 +329,14 @@ async def test_idle_unloading_waits_for_an_open_invocation(store_url: str) -> No
     what the call records is stored."""
     store = CountingStore(open_context_store(store_url))
     try:
-        async with Foundation(store=store, lease_ttl=0.6, idle_after=0.2) as foundation:
+        # A lease far longer than the wait: a loaded machine's late renewal must not
+        # lose it (that is another test's subject); only idle_after is tested here.
+        async with Foundation(store=store, lease_ttl=10, idle_after=0.2) as foundation:
             manager = foundation.manager
             await manager.leases.claim("c")
             manager.accept_turn(snapshot("c", "t0", "where is my bag?"))
             async with manager.invocation("c", "t0") as invocation:
-                await anyio.sleep(0.8)  # idle far past idle_after, renewed meanwhile
+                await anyio.sleep(0.8)  # idle far past idle_after (checked every 0.1 s)
                 assert manager.context_ids() == ("c",)
                 invocation.record([assistant("gate 4")])
             await manager.leases.flush()
