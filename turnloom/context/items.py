@@ -352,35 +352,31 @@ def _json_array(encoded: Sequence[bytes]) -> bytes:
     return b",".join(pieces)
 
 
-def _decode_copy(encoded: Sequence[bytes], start: int, stop: int) -> list[NativeContent]:
-    """Items ``start:stop`` decoded from their JSON encodings: new and tracked, a host's copy."""
+def _decode_copy(
+    encoded: Sequence[bytes], start: int = 0, stop: int | None = None
+) -> list[NativeContent]:
+    """Items ``start:stop`` (all by default) decoded from their JSON encodings, new and
+    tracked (a host's copy). Of a :class:`ChunkedSpan`, the range is joined from its
+    chunks (no item is cut out alone)."""
+    stop = len(encoded) if stop is None else stop
     if start >= stop:
         return []
     if isinstance(encoded, ChunkedSpan):
         return decode_joined(encoded.joined(start, stop))
-    return decode_joined(b",".join(encoded[start:stop]))
+    whole = start == 0 and stop == len(encoded)
+    return decode_joined(b",".join(encoded if whole else encoded[start:stop]))
 
 
 def _decode_run(
     encoded: Sequence[bytes], start: int = 0, stop: int | None = None
 ) -> list[NativeContent]:
-    """Items ``start:stop`` (all by default) decoded from their JSON encodings, untracked.
+    """:func:`_decode_copy`, untracked.
 
     Decoded items are kept as long as the prefixes that share them live:
     untracked (see :func:`~turnloom.context._untrack.untrack_json`), a held
-    prefix adds no objects to what a full collection visits. Of a
-    :class:`ChunkedSpan`, the range is joined from its chunks (no item is
-    cut out alone).
+    prefix adds no objects to what a full collection visits.
     """
-    stop = len(encoded) if stop is None else stop
-    if start >= stop:
-        return []
-    if isinstance(encoded, ChunkedSpan):
-        joined = encoded.joined(start, stop)
-    else:
-        whole = start == 0 and stop == len(encoded)
-        joined = b",".join(encoded if whole else encoded[start:stop])
-    decoded = decode_joined(joined)
+    decoded = _decode_copy(encoded, start, stop)
     untrack_json(decoded)
     return decoded
 

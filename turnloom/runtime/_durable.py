@@ -357,10 +357,14 @@ class Durability:
     async def _give_back(self, context_id: str, token: int) -> None:
         """Release a lease a claim took but does not keep (shielded: also when cancelled)."""
         with anyio.CancelScope(shield=True):
-            try:
-                await self._store_call(self._store.release, {context_id: token})
-            except StoreError as exc:
-                self._report(exc)  # the lease expires by itself
+            await self._release_lease(context_id, token)
+
+    async def _release_lease(self, context_id: str, token: int) -> None:
+        """Give up one lease in the store; a failure goes to the host's hook."""
+        try:
+            await self._store_call(self._store.release, {context_id: token})
+        except StoreError as exc:
+            self._report(exc)  # the lease expires by itself
 
     async def release(self, context_id: str) -> bool:
         """Write what is queued for a held context, then give up its lease; it leaves memory.
@@ -382,10 +386,7 @@ class Durability:
             return False  # lost meanwhile, changed again, or in use
         del self._claims[context_id]
         self._unload(context_id)
-        try:
-            await self._store_call(self._store.release, {context_id: claim.token})
-        except StoreError as exc:
-            self._report(exc)  # the lease expires by itself
+        await self._release_lease(context_id, claim.token)
         return True
 
     def _lose(self, context_id: str, token: int, why: str) -> bool:
@@ -755,17 +756,9 @@ class Durability:
         for cid, (why, _) in self._dropped.items():
             if cid not in failed:
                 lost.setdefault(cid, _loss_error(cid, why))
-        for waiter in self._waiters:
-            if waiter.error is not None:
-                continue
-            mine = waiter.target <= cycle
-            raised = waiter.context_id
-            if raised is None:
-                raised = next(iter(lost), None) or (next(iter(failed), None) if mine else None)
-            if raised is not None and (raised in lost or (mine and raised in failed)):
-                self._dropped.pop(raised, None)
         self._completed = cycle
-        _answer_waiters(self._waiters, cycle, error, late, lost, failed)
+        for cid in _answer_waiters(self._waiters, cycle, error, late, lost, failed):
+            self._dropped.pop(cid, None)
 
     async def _resync(self, context_id: str, claim: Claim, failed: dict[str, StoreError]) -> None:
         """Reread a log this manager is unsure of: is it as written, or as compacted?
@@ -969,8 +962,9 @@ def _answer_waiters(
     late: StoreError | None,
     stale: dict[str, StaleLeaseError],
     failed: dict[str, StoreError],
-) -> None:
-    """Answer the flushes writer cycle ``cycle`` settles, each with its error or None.
+) -> set[str]:
+    """Answer the flushes writer cycle ``cycle`` settles, each with its error or None;
+    return the contexts whose loss (``stale``) or failure a flush was given.
 
     A lost lease is recorded at once on every waiter of its context (and on
     waiters of all contexts). A flush waiting for this cycle or an earlier
@@ -982,18 +976,19 @@ def _answer_waiters(
     # A store found unreachable answers every waiting flush now, not a
     # cycle later: a flush is bounded by the store's own time bound.
     down = error if isinstance(error, StoreUnavailableError) else late
+    given: set[str] = set()
     for waiter in tuple(waiters):
         mine = waiter.target <= cycle
         if waiter.error is None:
-            if waiter.context_id is None:
-                if stale:
-                    waiter.error = next(iter(stale.values()))
-                elif mine and failed:
-                    waiter.error = next(iter(failed.values()))
-            elif waiter.context_id in stale:
-                waiter.error = stale[waiter.context_id]
-            elif mine and waiter.context_id in failed:
-                waiter.error = failed[waiter.context_id]
+            cid = waiter.context_id
+            if cid is None:
+                cid = next(iter(stale), None) or (next(iter(failed), None) if mine else None)
+            if cid in stale:
+                waiter.error = stale[cid]
+                given.add(cid)
+            elif mine and cid in failed:
+                waiter.error = failed[cid]
+                given.add(cid)
         if not mine:
             if down is None:
                 continue
@@ -1003,3 +998,4 @@ def _answer_waiters(
             waiter.error = error
         waiters.remove(waiter)
         waiter.event.set()
+    return given

@@ -368,7 +368,9 @@ class Summaries:
         except (InvalidMessageError, CapacityError) as exc:
             # What the summarizer returned: too large for the history's limits, or an
             # id one of its messages holds is a held message's.
-            self._fail(job, "invalid", "its summary does not fit the history's limits", exc)
+            self._fail(
+                job, "invalid", "its summary is over the history's limits or holds a held id", exc
+            )
             return
         except TurnloomError as exc:
             self._fail(job, "stale", "its summary no longer fits the history", exc)
