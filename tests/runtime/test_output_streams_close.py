@@ -13,6 +13,7 @@ import pytest
 from anyio.streams.memory import MemoryObjectSendStream
 
 from tests.runtime.helpers import assistant, user
+from tests.stores.test_close_writes_late_records import texts
 from turnloom.errors import TurnloomError
 from turnloom.runtime import (
     ContextManager,
@@ -192,14 +193,6 @@ async def test_cancelling_the_host_mid_close_still_drains_a_blocked_sender() -> 
     assert _texts(manager, "t2") == ["e0"]
 
 
-def _stored_texts_sync(view: object) -> list[str]:
-    return [
-        m.text
-        for turn in view.turn_ids  # type: ignore[attr-defined]
-        for m in view.turn_messages(turn)  # type: ignore[attr-defined]
-    ]
-
-
 @pytest.mark.parametrize("crash", ["stream_raises", "on_error_raises"])
 async def test_a_consumer_crash_with_a_sqlite_store_still_stores_the_streamed_records(
     tmp_path: Path, crash: str
@@ -252,7 +245,7 @@ async def test_a_consumer_crash_with_a_sqlite_store_still_stores_the_streamed_re
         assert manager.statistics().outputs.records_total == 3
         async with Foundation(store=store, lease_ttl=30) as other:
             assert await other.manager.leases.claim("c") is True
-            stored = _stored_texts_sync(other.manager.history("c"))
+            stored = texts(other, "c")
         assert (stored, reported) == (["hi", "m0", "m1", "m2"], [])
     finally:
         await store.aclose()
@@ -292,7 +285,7 @@ async def test_cancelling_the_foundations_scope_with_a_sqlite_store_stores_the_d
         assert _texts(manager) == ["c0", "c1", "c2", "c3"]  # drained into memory
         async with Foundation(store=store, lease_ttl=30) as other:
             assert await other.manager.leases.claim("c") is True
-            stored = _stored_texts_sync(other.manager.history("c"))
+            stored = texts(other, "c")
         assert (stored, reported) == (["hi", "c0", "c1", "c2", "c3"], [])
     finally:
         await store.aclose()
