@@ -100,6 +100,11 @@ LONG_REPLY = [
 ]
 
 
+def _native(message: Any) -> Any:
+    """``message`` as Pipecat's loosely typed message lists take it (a plain dict, untyped)."""
+    return message
+
+
 def _script(*greeting: str) -> ScriptedLLM:
     model = ScriptedLLM(
         [
@@ -609,7 +614,9 @@ def test_a_hosts_appended_note_is_recorded_as_a_user_message_and_runs_an_inferen
             async def script() -> None:
                 await call.say("Hi.")
                 await call.replies(1)
-                note = LLMMessagesAppendFrame([{"role": role, "content": IDLE}], run_llm=True)
+                note = LLMMessagesAppendFrame(
+                    [_native({"role": role, "content": IDLE})], run_llm=True
+                )
                 await call.worker.queue_frame(note)
                 await call.replies(2)
                 histories.append(_history(manager, "call-1"))
@@ -731,7 +738,7 @@ def test_a_frame_rewriting_the_context_is_refused_loudly_and_changes_nothing(rew
             async def _error(worker: Any, frame: Any) -> None:
                 errors.append(frame.exception)
 
-            reset = [{"role": "user", "content": "Forget everything."}]
+            reset: list[Any] = [{"role": "user", "content": "Forget everything."}]
             frame = (
                 LLMMessagesUpdateFrame(reset, run_llm=True)
                 if rewrite == "update"
@@ -784,7 +791,9 @@ def test_a_user_message_with_an_image_is_committed_with_it_and_sent() -> None:
             async def script() -> None:
                 await call.say("Hi.")
                 await call.replies(1)
-                await call.worker.queue_frame(LLMMessagesAppendFrame([native], run_llm=True))
+                await call.worker.queue_frame(
+                    LLMMessagesAppendFrame([_native(native)], run_llm=True)
+                )
                 await call.replies(2)
                 view = manager.history("call-1")
                 turns.extend(view.turn_messages(turn) for turn in view.turn_ids)
@@ -824,7 +833,7 @@ def test_an_async_result_held_back_by_a_false_start_still_runs_its_inference(
             histories: list[list[tuple[str, str]]] = []
 
             def held() -> list[Any]:
-                return [m.get("content") for m in call.pair.context.get_messages()]
+                return [_native(m).get("content") for m in call.pair.context.get_messages()]
 
             async def script() -> None:
                 await call.say("Where is my bag?")
@@ -900,7 +909,7 @@ def test_a_greetings_async_result_with_a_false_start_still_runs_its_inference(
             histories: list[list[tuple[str, str]]] = []
 
             def held() -> list[Any]:
-                return [m.get("content") for m in call.pair.context.get_messages()]
+                return [_native(m).get("content") for m in call.pair.context.get_messages()]
 
             async def script() -> None:
                 await call.worker.queue_frame(LLMRunFrame())
