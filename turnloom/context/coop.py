@@ -117,6 +117,7 @@ from turnloom.errors import (
     InputError,
     InvalidAreaError,
     InvalidMessageError,
+    ItemTooLargeError,
     OpenToolCallError,
     StateError,
     TurnloomError,
@@ -128,6 +129,8 @@ from turnloom.errors import (
 )
 
 _T = TypeVar("_T")
+
+_encoder = msgspec.json.Encoder()
 
 _STATE_MEMBERS = ("life_state", "flow_state")
 _METHOD_MEMBERS = ("observe", "render", "promote", "gc_prologue")
@@ -354,6 +357,16 @@ class CoopContext:
     Args:
         context: the Context the areas render into. Model output is appended
             to it directly with :meth:`Context.push_back`.
+        max_item_bytes: when given, the most bytes one native item an area
+            renders (or promotes) may take, JSON-encoded: an area adding a
+            larger one fails its phase with :class:`AreaCallbackError` (caused
+            by :class:`~turnloom.errors.ItemTooLargeError`), as any failure.
+            The runtime passes the history's per-item cap, the one routed
+            items and recorded messages are held to.
+
+    Raises:
+        InputError: ``context`` is not a :class:`Context`, or
+            ``max_item_bytes`` is not a positive int.
     """
 
     __slots__ = (
@@ -366,14 +379,20 @@ class CoopContext:
         "_gateway",
         "_last",
         "_materialized",
+        "_max_item_bytes",
         "_order",
         "_seq",
     )
 
-    def __init__(self, context: Context) -> None:
+    def __init__(self, context: Context, *, max_item_bytes: int | None = None) -> None:
         if not isinstance(context, Context):
             raise InputError(f"A CoopContext wraps a turnloom Context, not {what_type(context)}.")
+        if max_item_bytes is not None and (type(max_item_bytes) is not int or max_item_bytes <= 0):
+            raise InputError(
+                f"max_item_bytes must be a positive int or None, not {excerpt(max_item_bytes)}."
+            )
         self._context = context
+        self._max_item_bytes = max_item_bytes
         self._gateway: Gateway = context.gateway
         self._order: list[_Registration] = []  # registration order; the cursor indexes it
         self._by_id: dict[int, _Registration] = {}
@@ -641,8 +660,12 @@ class CoopContext:
                 result = _call(entry, "promote", entry.area.promote)
                 messages = _checked_messages(entry, "promote", result)
                 _check_results(entry, "promote", messages)
+            first = len(rendered)
             for message in messages:
                 rendered.extend(_call(entry, "promote", self._gateway.render, message))
+            if self._max_item_bytes is not None:
+                added = rendered[first:]
+                _call(entry, "promote", _check_item_sizes, added, self._max_item_bytes)
             if messages:
                 open_ids = _open_call_ids(self._gateway, cut, context, rendered)
                 if open_ids:
@@ -758,8 +781,12 @@ class CoopContext:
         if not messages:
             return
         context = self._context
+        start = len(context)
         for index, message in enumerate(messages):
             _call(entry, phase, _emplace, context, message, f"{phase}()[{index}]")
+        if self._max_item_bytes is not None:
+            added = context.snapshot(start)
+            _call(entry, phase, _check_item_sizes, added, self._max_item_bytes)
         _check_results(entry, phase, messages)
         open_ids = _open_call_ids(self._gateway, len(context), context)
         if open_ids:
@@ -915,6 +942,19 @@ def _emplace(context: Context, message: object, where: str) -> None:
     if not isinstance(message, Message):
         raise InvalidMessageError(not_a_message(where, message))
     context.emplace_message(message)
+
+
+def _check_item_sizes(added: Sequence[NativeContent], cap: int) -> None:
+    """Raise :class:`ItemTooLargeError` for the first of ``added`` whose JSON encoding is
+    over ``cap`` bytes."""
+    for offset, item in enumerate(added):
+        size = len(_encoder.encode(item))
+        if size > cap:
+            raise ItemTooLargeError(
+                f"item {offset} it added is {size} bytes, over the per-item cap of {cap} bytes",
+                size=size,
+                limit=cap,
+            )
 
 
 def _admit_one(message: object, where: str) -> Message:

@@ -62,8 +62,8 @@ class AreaSection:
         "unsettled",
     )
 
-    def __init__(self, gateway: Gateway) -> None:
-        self.coop = CoopContext(Context(gateway))
+    def __init__(self, gateway: Gateway, max_item_bytes: int) -> None:
+        self.coop = CoopContext(Context(gateway), max_item_bytes=max_item_bytes)
         self.lock = threading.Lock()
         self.pending_areas: deque[ContextAreaImplementation] = deque()
         self.pending_items: deque[NativeContent] = deque()

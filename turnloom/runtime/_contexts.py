@@ -553,7 +553,7 @@ class ContextTable:
     def _areas(self, state: ContextState) -> AreaSection:
         areas = state.areas
         if areas is None:
-            areas = state.areas = AreaSection(self._gateway)
+            areas = state.areas = AreaSection(self._gateway, self._limits.max_item_bytes)
         return areas
 
     def attach(self, state: ContextState, area: ContextAreaImplementation, context_id: str) -> None:

@@ -355,9 +355,22 @@ class Durability:
             done.set()
 
     async def _give_back(self, context_id: str, token: int) -> None:
-        """Release a lease a claim took but does not keep (shielded: also when cancelled)."""
-        with anyio.CancelScope(shield=True):
+        """Release the lease of a context that left memory, shielded: also when cancelled.
+
+        Waits at most ``lease_ttl`` seconds (the lease has expired by then); a
+        store that does not answer by then is reported to the host's hook.
+        """
+        with anyio.CancelScope(shield=True) as scope:
+            scope.deadline = anyio.current_time() + self._options.lease_ttl
             await self._release_lease(context_id, token)
+        if scope.cancelled_caught:
+            self._report(
+                StoreUnavailableError(
+                    f"The context store {self._store!r} did not release the lease of context "
+                    f"{excerpt(context_id)} within the lease's time to live "
+                    f"({self._options.lease_ttl} s); it expires by itself."
+                )
+            )
 
     async def _release_lease(self, context_id: str, token: int) -> None:
         """Give up one lease in the store; a failure goes to the host's hook."""
@@ -376,6 +389,10 @@ class Durability:
         Raises:
             StaleLeaseError, StoreUnavailableError, StoreError: as :meth:`flush`
                 for the context; the lease is then still held (or lost).
+
+        Cancelled while the changes are written, the context stays held; once
+        it left memory, the lease is given up shielded (a failure goes to the
+        host's hook), so it is never left out of memory but leased here.
         """
         check_id(context_id, "context id")
         if context_id not in self._claims:
@@ -386,7 +403,8 @@ class Durability:
             return False  # lost meanwhile, changed again, or in use
         del self._claims[context_id]
         self._unload(context_id)
-        await self._release_lease(context_id, claim.token)
+        # Shielded: the context left memory, so its lease goes too, even when cancelled.
+        await self._give_back(context_id, claim.token)
         return True
 
     def _lose(self, context_id: str, token: int, why: str) -> bool:
@@ -468,11 +486,22 @@ class Durability:
         self._wake.set()
         try:
             await waiter.event.wait()
+        except BaseException:
+            self._keep_unraised(waiter.error)  # given one, but the caller is cancelled
+            raise
         finally:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
         if waiter.error is not None:
             raise waiter.error
+
+    def _keep_unraised(self, error: BaseException | None) -> None:
+        """A loss the writer gave a flush that was cancelled before raising it: the next
+        flush raises it instead (else no flush would, and one would acknowledge it)."""
+        if type(error) is StaleLeaseError and error.context_id not in self._dropped:
+            cid = error.context_id
+            why = self._lost.get(cid, "another owner took its lease")
+            self._dropped[cid] = (why, True)  # reported to the hook already
 
     def _queued(self) -> bool:
         """Whether a change waits for the store: a record, a rewrite or a removal."""
@@ -871,8 +900,8 @@ class Durability:
         if idle:
             try:
                 await self._store_call(self._store.release, idle)
-            except StoreError:
-                pass  # the leases expire by themselves
+            except StoreError as exc:
+                self._report(exc)  # the leases expire by themselves
 
     def statistics(self) -> StoreStatistics:
         """A frozen snapshot of the counters, O(1)."""

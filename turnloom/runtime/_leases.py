@@ -260,6 +260,12 @@ class Leases:
             StaleLeaseError, StoreUnavailableError, StoreError: the context's
                 queued changes could not be written (as :meth:`flush`); the
                 lease is kept.
+
+        Cancellation: cancelled while the changes are written, the context
+        stays held here (release it again later). Once it left memory, the
+        store's lease release runs shielded and finishes even when the caller
+        is cancelled; a failure of that release goes to ``on_error`` (the
+        lease then expires by itself), never to the caller.
         """
         self._life.check_open()
         if self._durable is None:

@@ -29,7 +29,14 @@ from turnloom.context import (
     Role,
     ToolCallPart,
 )
-from turnloom.errors import AreaCallbackError, InvalidMessageError, OpenToolCallError, StateError
+from turnloom.errors import (
+    AreaCallbackError,
+    InputError,
+    InvalidMessageError,
+    ItemTooLargeError,
+    OpenToolCallError,
+    StateError,
+)
 
 Log = list[tuple[str, str]]
 
@@ -49,7 +56,9 @@ def state(coop: CoopContext) -> dict[str, Any]:
     }
 
 
-def scenario(kind: GatewayType) -> tuple[CoopContext, dict[str, ScriptedArea], Log]:
+def scenario(
+    kind: GatewayType, max_item_bytes: int | None = None
+) -> tuple[CoopContext, dict[str, ScriptedArea], Log]:
     """P, F render each pass; Z and Y render once and retire; Q renders nothing.
 
     The next render() collects Z and Y (two tail components: promote, gc_prologue,
@@ -68,7 +77,7 @@ def scenario(kind: GatewayType) -> tuple[CoopContext, dict[str, ScriptedArea], L
         "Q": ScriptedArea("Q", log),
     }
     context = Context(kind)
-    coop = CoopContext(context)
+    coop = CoopContext(context, max_item_bytes=max_item_bytes)
     for area in areas.values():
         coop.register(area)
     push(context, user("question"))
@@ -111,6 +120,35 @@ def test_callback_error_leaves_coop_and_context_as_before_and_names_area_and_pha
     twin.render()
     assert items(coop.context) == items(twin.context)
     assert [coop.effect_range(a) for a in coop.areas] == [twin.effect_range(a) for a in twin.areas]
+
+
+@pytest.mark.parametrize("phase", ["render", "promote"])
+def test_an_item_over_the_per_item_cap_fails_its_phase_and_changes_nothing(
+    gateway_type: GatewayType, phase: str
+) -> None:
+    """Invariant: with ``max_item_bytes``, no native item an area adds is over it; the
+    phase adding one fails (caused by ItemTooLargeError) and render() changes nothing."""
+    coop, areas, _ = scenario(gateway_type, max_item_bytes=600)
+    before = state(coop)
+    big = user("x" * 1000)
+    size = len(msgspec.json.encode(native(gateway_type, big)[0]))
+    if phase == "render":
+        areas["F"].script = [[big]] * 5
+    else:
+        areas["Y"].promoted = (big,)
+    with pytest.raises(AreaCallbackError) as info:
+        coop.render()
+    cause = info.value.__cause__
+    assert isinstance(cause, ItemTooLargeError)
+    assert (cause.size, cause.limit, info.value.phase) == (size, 600, phase)
+    assert state(coop) == before
+    assert max(len(msgspec.json.encode(item)) for item in items(coop.context)) <= 600
+
+
+@pytest.mark.parametrize("cap", [0, -1, 1.5, True, "600"])
+def test_a_cap_that_is_not_a_positive_int_is_refused(cap: object) -> None:
+    with pytest.raises(InputError, match="max_item_bytes must be a positive int"):
+        CoopContext(Context(GatewayType.openai_chat), max_item_bytes=cap)  # type: ignore[arg-type]
 
 
 def test_promoted_messages_leaving_a_call_open_roll_back_the_detached_tail(
