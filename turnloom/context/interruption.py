@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = ("interrupted_output", "played_count", "played_prefix")
 
 import re
+import unicodedata
 
 import msgspec
 
@@ -80,8 +81,15 @@ def played_prefix(output: Message, played: int) -> Message:
     return msgspec.structs.replace(output, content=tuple(parts))
 
 
-# A word: letters or digits (any script), apostrophes inside it joined ("don't").
-_WORD = re.compile(r"[^\W_]+(?:['\u2019][^\W_]+)*")
+# Combining diacritical marks (the blocks of Latin, Greek and Cyrillic accents): part of
+# the word they follow, so a decomposed "cafe\u0301" is one word, as a composed "caf\u00e9".
+_MARKS = "\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f"
+# A word: letters or digits (any script) and their marks, apostrophes inside it joined
+# ("don't").
+_WORD = re.compile(rf"[^\W_](?:[^\W_]|[{_MARKS}])*(?:['\u2019][^\W_](?:[^\W_]|[{_MARKS}])*)*")
+# What may stand between two parts of one written number: nothing but spaces ("one
+# hundred"), or one of ":.,/-" with no space ("3:30", "1,250.75", "24/7", "1-800").
+_IN_NUMBER = re.compile(r"\s*|[:.,/\-\u2010\u2011\u2013]")
 # Characters that may follow a word and still belong to what was played with it.
 _TRAILING = re.compile(r"[^\w\s]*")
 _NUMBER_WORDS = frozenset(
@@ -118,41 +126,63 @@ _NUMBER = "#"  # the token every number, written or spoken, becomes
 _MAX_SKEW = 16  # model words past twice the played words are never aligned
 
 
-def _words(text: str) -> tuple[list[str], list[int]]:
-    """``text`` as normalised words and, for each, the code-point offset where it ends.
+def _words(text: str) -> tuple[list[str], list[int], list[bool]]:
+    """``text`` as normalised words, for each the code-point offset where it ends, and
+    whether it is a number that goes on the number before it past punctuation.
 
-    Case folded, apostrophes dropped, abbreviations written short, and each
-    run of numbers (digits, or number words joined by "and"/"point") one
-    ``#`` token ending where the run ends.
+    Case folded, apostrophes dropped, composed (NFC), abbreviations written
+    short, and each run of numbers (digits, or number words joined by
+    "and"/"point") one ``#`` token ending where the run ends. A run stops
+    at punctuation between two numbers other than one of ``:.,/-`` with no
+    space ("12. 3", "4, 5"): the number after it is a ``#`` of its own,
+    marked as going on (a spoken transcript, unpunctuated, says such a list
+    as one run).
     """
     words: list[str] = []
     ends: list[int] = []
+    goes_on: list[bool] = []
     pending_joiner: tuple[str, int] | None = None
     for match in _WORD.finditer(text):
         word = match.group().casefold().replace("'", "").replace("\u2019", "")
+        if not word.isascii():
+            word = unicodedata.normalize("NFC", word)
         end = match.end()
         numeric = word in _NUMBER_WORDS or any(c.isdigit() for c in word)
         if numeric and words and words[-1] == _NUMBER:
-            ends[-1] = end  # the run goes on (through a joiner, if one waited)
-            pending_joiner = None
+            if pending_joiner is not None or _IN_NUMBER.fullmatch(text, ends[-1], match.start()):
+                ends[-1] = end  # the run goes on (through a joiner, if one waited)
+                pending_joiner = None
+                continue
+            words.append(_NUMBER)  # past punctuation: a number of its own
+            ends.append(end)
+            goes_on.append(True)
             continue
         if pending_joiner is not None:  # no number followed: the joiner is a word
             words.append(pending_joiner[0])
             ends.append(pending_joiner[1])
+            goes_on.append(False)
             pending_joiner = None
         if numeric:
             words.append(_NUMBER)
             ends.append(end)
+            goes_on.append(False)
             continue
-        if word in _NUMBER_JOINERS and words and words[-1] == _NUMBER:
+        if (
+            word in _NUMBER_JOINERS
+            and words
+            and words[-1] == _NUMBER
+            and text[ends[-1] : match.start()].isspace()
+        ):
             pending_joiner = (word, end)  # joins only when a number follows
             continue
         words.append(_ABBREVIATIONS.get(word, word))
         ends.append(end)
+        goes_on.append(False)
     if pending_joiner is not None:
         words.append(pending_joiner[0])
         ends.append(pending_joiner[1])
-    return words, ends
+        goes_on.append(False)
+    return words, ends, goes_on
 
 
 def played_count(output: Message, played_text: str) -> int:
@@ -165,13 +195,20 @@ def played_count(output: Message, played_text: str) -> int:
     punctuation and case lost), so it cannot be cut by its length. The rule:
 
     1. Both texts are split into words: runs of letters and digits (any
-       script); an apostrophe inside a word is dropped ("don't" = "dont");
-       everything else (spaces, punctuation, symbols such as ``$`` and ``%``)
-       only separates words. Words are compared case folded.
+       script) with their combining accents; an apostrophe inside a word is
+       dropped ("don't" = "dont"); everything else (spaces, punctuation,
+       symbols such as ``$`` and ``%``) only separates words. Words are
+       compared case folded and composed (Unicode NFC: "cafe\u0301" =
+       "caf\u00e9").
     2. Numbers compare by kind, not value: each run of digit words ("25",
        "3:30" = "3", "30", "1st") and of number words ("twenty-five",
        "one hundred and five", "three point five", "first") is one number
-       word. A few spoken expansions compare equal to their written form:
+       word. In the output, punctuation other than ``:.,/-`` with no space
+       ends a run ("12. 3", "4, 5, 6"): each number after it is one of its
+       own, which a played number may cover with no edit (an unpunctuated
+       transcript says "four five six" as one run) and, at the cut, does
+       not (the earliest cut below). A few spoken expansions compare equal
+       to their written form:
        doctor/dr, mister/mr, missus/mrs, saint/st, street/st, avenue/ave,
        road/rd, junior/jr, senior/sr, okay/ok, versus/vs, percent/%.
     3. The played words are aligned with the output's words by the fewest
@@ -216,10 +253,10 @@ def played_count(output: Message, played_text: str) -> int:
             f"played_text must be a str, not {what_type(played_text)}.", field="played_text"
         )
     text = "".join(part.text for part in output.parts if type(part) is TextPart)
-    played, _ = _words(played_text)
+    played, _, _ = _words(played_text)
     if not played:
         return 0
-    words, ends = _words(text)
+    words, ends, goes_on = _words(text)
     limit = min(len(words), 2 * len(played) + _MAX_SKEW)
     # Rolling rows of (edits, -matches) for played[:i] against words[:j].
     previous = [(j, 0) for j in range(limit + 1)]
@@ -237,6 +274,8 @@ def played_count(output: Message, played_text: str) -> int:
                 best = (up[0] + 1, up[1])
             if (left[0] + 1, left[1]) < best:
                 best = (left[0] + 1, left[1])
+            if spoken == _NUMBER and goes_on[j - 1] and left < best:
+                best = left  # the spoken number goes on over the written list's next one
             row.append(best)
         previous = row
     # The fewest edits (then the most matches, then the earliest end) over every end.

@@ -88,7 +88,16 @@ and counted; an id pushed out is unknown again (``UnknownContextError``)."""
 class ContextState:
     """One context: its history, the model call in flight, its last prefix, its areas."""
 
-    __slots__ = ("areas", "assembly", "call_scope", "context_id", "history", "in_flight", "last")
+    __slots__ = (
+        "__weakref__",  # a delivered prefix refers to the context it came from weakly
+        "areas",
+        "assembly",
+        "call_scope",
+        "context_id",
+        "history",
+        "in_flight",
+        "last",
+    )
 
     def __init__(self, context_id: str, history: TurnHistory) -> None:
         self.context_id = context_id

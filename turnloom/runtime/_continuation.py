@@ -16,7 +16,7 @@ __all__ = ("CheckedContinuation", "IssuedPrefixes", "check_continuation")
 import operator
 import weakref
 from collections.abc import Callable, Container, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -66,18 +66,25 @@ from turnloom.errors import (
 from turnloom.runtime.schemas import PreparedContext
 from turnloom.runtime.state import is_state_message
 
+if TYPE_CHECKING:
+    from turnloom.runtime._contexts import ContextState
+
 
 class _Issued(weakref.ref[PreparedContext]):
     """A delivered prefix, weakly, with what ``build`` keeps for it while it lives.
 
-    One object per live prefix (the weak reference itself), so a host that
-    holds many prefixes adds one tracked object each to what a full
-    collection visits.
+    Two objects per live prefix (the weak reference itself, and one to the
+    context it came from), so a host that holds many prefixes adds two
+    tracked objects each to what a full collection visits.
     """
 
-    __slots__ = ("body", "call_ids", "checked", "key", "settled")
+    __slots__ = ("body", "call_ids", "checked", "key", "origin", "settled")
 
     key: int  # id() of the prefix
+    # The context it was prepared from, weakly (a removed context goes): its
+    # recorded outputs are that context's, never those of one created again
+    # with the same id.
+    origin: weakref.ref[ContextState] | None
     call_ids: CallIdRenamer  # the call-id renaming state after the prefix's items
     checked: CheckedContinuation | None  # the continuation last checked for it
     body: EncodedBody | None  # its request body, closed turns kept encoded (None: encode whole)
@@ -130,11 +137,20 @@ class IssuedPrefixes:
         )
 
     def add(
-        self, prefix: PreparedContext, call_ids: CallIdRenamer, body: EncodedBody | None = None
+        self,
+        prefix: PreparedContext,
+        call_ids: CallIdRenamer,
+        body: EncodedBody | None = None,
+        origin: ContextState | None = None,
     ) -> None:
-        """Register a delivered prefix; what is kept for it goes when it is collected."""
+        """Register a delivered prefix; what is kept for it goes when it is collected.
+
+        ``origin`` is the context it was prepared from; without it, ``build``
+        adds no recorded outputs.
+        """
         entry = _Issued(prefix, self._forget)
         entry.key = id(prefix)
+        entry.origin = weakref.ref(origin) if origin is not None else None
         entry.call_ids = call_ids
         entry.checked = None
         entry.body = body
@@ -145,6 +161,13 @@ class IssuedPrefixes:
         # The prefix died: its id may be reused only after this runs.
         if self._issued.get(entry.key) is entry:
             del self._issued[entry.key]
+
+    def _origin(self, entry: _Issued, context_id: str) -> TurnHistory | None:
+        """The history of the context ``entry``'s prefix came from, while it is still held
+        (not removed, unloaded or released since), else None."""
+        history = self._histories(context_id)
+        origin = entry.origin() if entry.origin is not None else None
+        return history if origin is not None and origin.history is history else None
 
     def _get(self, key: int) -> PreparedContext | None:
         """The live prefix with ``id()`` ``key`` that this manager delivered, or None."""
@@ -180,9 +203,10 @@ class IssuedPrefixes:
                 f"{method}'s recorded must be True or False, not {what_type(recorded)}.",
                 field="recorded",
             )
-        if not isinstance(prefix, PreparedContext) or self._get(id(prefix)) is not prefix:
+        entry = self._issued.get(id(prefix)) if isinstance(prefix, PreparedContext) else None
+        if entry is None or entry() is not prefix:
             return continuation
-        history = self._histories(prefix.context_id)
+        history = self._origin(entry, prefix.context_id)
         held = _held_outputs(history, prefix.turn_id) if history is not None else ()
         if not held:
             return continuation
@@ -302,7 +326,7 @@ class IssuedPrefixes:
         if settled is not None and not _starts_with(continuation, settled.messages):
             settled = None
         start = settled.count if settled is not None else 0
-        history = self._histories(prefix.context_id) if valid else None
+        history = self._origin(entry, prefix.context_id) if valid and entry is not None else None
         renders = (
             history.output_renders(prefix.turn_id, gateway, len(continuation) - start)
             if history is not None

@@ -646,7 +646,7 @@ class Preparer:
             )
             if delivered.skipped_breakpoint:
                 counters.breakpoints_skipped += 1
-            self._issued.add(prepared, delivered.call_ids, delivered.body)
+            self._issued.add(prepared, delivered.call_ids, delivered.body, state)
 
         return deliver
 

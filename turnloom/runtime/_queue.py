@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, TypeVar
 import anyio
 import anyio.abc
 
-from turnloom.errors import ContextRemovedError, QueueFullError, excerpt
+from turnloom.errors import ContextRemovedError, QueueFullError, UnknownTurnError, excerpt
 from turnloom.runtime._counters import Counters
 from turnloom.runtime._slots import FairSlots, Tenant
 from turnloom.runtime._wakeup import CancelScope, loop_hooks
@@ -63,6 +63,7 @@ class Preparation:
         "request",
         "requested_at",
         "result",
+        "retracted",
         "scope",
         "tenant",
         "thread",
@@ -98,6 +99,8 @@ class Preparation:
         self.closed = False
         # Its context was removed: cancelled, or its render's result discarded.
         self.removed = False
+        # Its turn was retracted (a false start): the same, its requester gets UnknownTurnError.
+        self.retracted = False
         # The requester left while the thread rendered: the worker settles it.
         self.abandoned = False
         # The render's handoff between the loop and the worker thread (see
@@ -342,6 +345,11 @@ class PreparationQueue:
                 context_id=request.context_id,
                 turn_id=request.turn_id,
             )
+        if preparation.retracted:
+            raise UnknownTurnError(
+                f"Turn {excerpt(request.turn_id)} of context {excerpt(request.context_id)} was "
+                "retracted while its preparation was in flight; its result was discarded."
+            )
         if preparation.result is None:
             # Cancelled by the close (or by a cancellation of the scope the
             # Foundation was opened in), or closed while its thread rendered.
@@ -363,7 +371,7 @@ class PreparationQueue:
         a preparation whose requester left while its thread rendered, when
         the thread returns; :meth:`admit` settles every other one.
         """
-        if preparation.removed:
+        if preparation.removed or preparation.retracted:
             preparation.result = None
             self._counters.discarded += 1
         elif preparation.result is None:
@@ -414,6 +422,20 @@ class PreparationQueue:
             if not preparation.rendering:
                 preparation.cancel()
         self.wake(context_id)
+
+    def retract(self, context_id: str, turn_id: str, state: ContextState) -> None:
+        """Discard the preparations of a retracted turn of ``state`` (as :meth:`remove`):
+        each settles as discarded and its requester gets UnknownTurnError."""
+        for preparation in tuple(self._preparations):
+            request = preparation.request
+            if (
+                request.context_id == context_id
+                and request.turn_id == turn_id
+                and preparation.origin in (None, state)
+            ):
+                preparation.retracted = True
+                if not preparation.rendering:
+                    preparation.cancel()
 
     def wake(self, context_id: str) -> None:
         """Wake the calls waiting for a commit to (or the removal of) ``context_id``."""

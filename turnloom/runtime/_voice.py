@@ -114,8 +114,10 @@ class Voice:
         the next prepare holds them as before the commit; they never counted
         in ``evicted_turns_total``. Its id stays used: outputs recorded for it
         later are dropped and counted, and a later prepare of it raises
-        :class:`~turnloom.errors.UnknownTurnError`. Prefixes already
-        delivered for it are unchanged. A durable store logs the retraction,
+        :class:`~turnloom.errors.UnknownTurnError`, as does one in flight
+        (its result is discarded, counted as discarded; one rendering in a
+        worker thread finishes first). Prefixes already delivered for it are
+        unchanged. A durable store logs the retraction,
         and a host that restores the context before it restores the same
         turns; except a manager with ``earlier_state="drop"`` restoring a
         context a ``"keep"`` manager wrote: dropping the earlier turns' kept
@@ -133,6 +135,8 @@ class Voice:
 
             Nothing changed when any of these is raised.
         """
-        self._life.check_open()
+        queue = self._life.check_open().queue
         self._leases._check_writable(context_id)
-        self._table.retract(self._table.get(context_id), context_id, turn_id)
+        state = self._table.get(context_id)
+        self._table.retract(state, context_id, turn_id)
+        queue.retract(context_id, turn_id, state)
