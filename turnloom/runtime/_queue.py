@@ -412,30 +412,30 @@ class PreparationQueue:
         one whose thread renders is left to finish and its result discarded.
         Each settles as discarded and its requester gets ContextRemovedError.
         """
-        for preparation in tuple(self._preparations):
-            if preparation.request.context_id != context_id or preparation.origin not in (
-                None,
-                state,
-            ):
-                continue
-            preparation.removed = True
-            if not preparation.rendering:
-                preparation.cancel()
+        self._discard(context_id, state, None)
         self.wake(context_id)
 
     def retract(self, context_id: str, turn_id: str, state: ContextState) -> None:
         """Discard the preparations of a retracted turn of ``state`` (as :meth:`remove`):
         each settles as discarded and its requester gets UnknownTurnError."""
+        self._discard(context_id, state, turn_id)
+
+    def _discard(self, context_id: str, state: ContextState, turn_id: str | None) -> None:
+        """Mark the preparations of ``context_id`` made for ``state`` (or before it
+        existed), of ``turn_id`` only when given: removed, else retracted. One
+        that waits is cancelled; one whose thread renders finishes first."""
         for preparation in tuple(self._preparations):
             request = preparation.request
-            if (
-                request.context_id == context_id
-                and request.turn_id == turn_id
-                and preparation.origin in (None, state)
-            ):
+            if request.context_id != context_id or preparation.origin not in (None, state):
+                continue
+            if turn_id is None:
+                preparation.removed = True
+            elif request.turn_id == turn_id:
                 preparation.retracted = True
-                if not preparation.rendering:
-                    preparation.cancel()
+            else:
+                continue
+            if not preparation.rendering:
+                preparation.cancel()
 
     def wake(self, context_id: str) -> None:
         """Wake the calls waiting for a commit to (or the removal of) ``context_id``."""
