@@ -97,7 +97,9 @@ What a host changes in LiveKit's context:
   from the caller's next turn on; the model calls of a turn already
   committed keep its instructions.
 * ``session.say(..., add_to_chat_ctx=True)`` is recorded like a reply, to
-  the current turn (before the first turn: as a greeting, above);
+  the current turn; with none (before the first turn, or after a false
+  start was retracted), the next turn's input opens with it, as a greeting
+  (above);
   ``session.generate_reply(user_input=...)`` is a turn of its own.
 
 LiveKit's own ``ChatContext`` (``agent.chat_ctx``) is cut to the newest
@@ -366,7 +368,7 @@ class TurnloomAgent(Agent):
         self.note_images_dropped = 0
         self._user_text = ""  # the committed text of the newest turn's user message
         self._user_images = 0  # how many images it had
-        self._opening: list[Message] = []  # said before the first turn: its input opens with it
+        self._opening: list[Message] = []  # said with no current turn: the next input opens with it
         self._opened: tuple[str, tuple[Message, ...]] | None = None  # the turn that took it
         self._notes: list[ContextContribution] = []  # the current turn's host notes
         self._noted: set[str] = set()  # LiveKit ids of the messages in _notes
@@ -671,7 +673,11 @@ class TurnloomAgent(Agent):
                 continue
             if item.call_id in running or any(item.id in turn.recorded for turn in turns):
                 continue
-            owner = next((n for n, t in enumerate(turns) if item.call_id in t.calls), None)
+            # The newest turn that streamed the id: models that number calls per
+            # response reuse ids, and a call belongs to the model call that made it last.
+            owner = next(
+                (n for n in range(len(turns) - 1, -1, -1) if item.call_id in turns[n].calls), None
+            )
             if owner is None:
                 if self._turn is None:
                     continue  # a greeting's tools, or a retracted turn's: no turn to own them
@@ -724,9 +730,10 @@ class TurnloomAgent(Agent):
         if not isinstance(item, llm.ChatMessage) or item.role != "assistant":
             return
         if self._turn is None:
-            if not self._turns and (item.text_content or "").strip():
-                # What the agent said before the caller's first turn (a greeting):
-                # the first turn's input opens with it.
+            if (item.text_content or "").strip():
+                # What the agent said with no turn to answer (a greeting before the
+                # caller's first turn, a line after a false start was retracted): the
+                # next turn's input opens with it.
                 text = item.text_content or ""
                 self._opening.append(Message(role=Role.assistant, content=(TextPart(text=text),)))
             return

@@ -90,6 +90,16 @@ over a placeholder turnloom already took (the call finished before the
 conversation moved on, after an inference that sent the placeholder) is
 recorded the same way, as Pipecat's final-result message.
 
+Refused messages: a message of Pipecat's context that turnloom refuses (a
+user turn or an output over the history's limits, ``ItemTooLargeError``; any
+``InputError`` or ``StateError`` of its commit or record) is left out of the
+call's context, a warning names the error, and
+:attr:`TurnloomContextAggregatorPair.record_errors` grows by one; the rest of
+the push is taken, and the call goes on. (Raised instead, it would end
+the push inside Pipecat's aggregator, and the message, still pending, would
+be refused again at every later push.) A refused user message commits no
+turn, so its push runs no inference unless something else owes one.
+
 A service's own message (an ``LLMSpecificMessage``: Gemini's thought
 signatures, a thought a service appends to the context) has no
 provider-neutral form: it is left out of the call's context, counted in
@@ -167,7 +177,9 @@ from turnloom.context import GatewayType, Message, Role, TextPart, ToolCallPart,
 from turnloom.context.message import is_blank_part
 from turnloom.errors import (
     ContextRemovedError,
+    InputError,
     InvalidArgumentError,
+    StateError,
     TurnloomError,
     UnknownTurnError,
 )
@@ -395,6 +407,7 @@ class _Conversation:
         self.opening_running: dict[str, str] = {}
         self.closed = False
         self.dropped_specific = 0  # LLMSpecificMessages left out (see _drop_specific)
+        self.record_errors = 0  # messages turnloom refused (see _refusing)
         self.created = False  # a turn was committed: the context exists
         self.lock = anyio.Lock()
 
@@ -543,7 +556,10 @@ class _Conversation:
                     if stays:
                         dropped.append(message)
                     continue  # never committed: a false start leaves no turn
-                self._commit(said)
+                if not self._refusing(message, self._commit, said):
+                    if stays:
+                        dropped.append(message)
+                    continue  # refused: counted and logged, and it leaves the context
                 new_turn += 1
                 owner = None
                 if stays:
@@ -562,9 +578,30 @@ class _Conversation:
                     self.opening_raw.append(_user_dict(outputs[0]) if note else message)
                     owed = _take_async(message, self.opening_running) or owed
                     continue
-                owed = _take_async(message, self.running) or owed
-                self._record(outputs, owner)
+                if self._refusing(message, self._record, outputs, owner):
+                    owed = _take_async(message, self.running) or owed
+                elif stays:
+                    taken.pop()
+                    dropped.append(message)
         return _Took(users, new_turn, owed, taken, dropped, region)
+
+    def _refusing(self, message: Any, take: Callable[..., None], *args: Any) -> bool:
+        """``take(*args)``: commit or record Pipecat's ``message``; False when turnloom
+        refused it (an ``InputError`` or ``StateError``): counted in ``record_errors``
+        and logged, the call goes on (see the module docstring, "Refused messages")."""
+        try:
+            take(*args)
+        except (InputError, StateError) as exc:
+            self.record_errors += 1
+            _log.warning(
+                "Context %r: turnloom refused a %s message of Pipecat's context; it is left "
+                "out of the call's context: %r",
+                self.context_id,
+                message.get("role") if isinstance(message, dict) else type(message).__name__,
+                exc,
+            )
+            return False
+        return True
 
     def _drop_specific(self, message: Any) -> None:
         """Count a message turnloom cannot hold (a service's own ``LLMSpecificMessage``);
@@ -896,6 +933,13 @@ class TurnloomContextAggregatorPair:
         as Gemini's thought signatures) the pair left out of the call's context: turnloom
         holds provider-neutral messages only. The first one in a call logs a warning."""
         return self._conversation.dropped_specific
+
+    @property
+    def record_errors(self) -> int:
+        """How many messages of Pipecat's context turnloom refused (a user turn or an
+        output over the history's limits, an ``InputError`` or ``StateError``): each is
+        left out of the call's context, logged as a warning; the call goes on."""
+        return self._conversation.record_errors
 
     @property
     def turn_id(self) -> str | None:
