@@ -287,7 +287,7 @@ class ContextTable:
             return 0
         history = state.history
         before = history.counts()
-        left_out = history.left_out(outputs)
+        left_out = history.left_out_at(outputs)
         try:
             recorded = history.record(turn_id, outputs, serial=serial)
         except UnknownTurnError:
@@ -303,8 +303,9 @@ class ContextTable:
         if idle and history.over_limits():
             self._evict(state)
         self._counters.history_changed(before, history.counts())
-        if recorded:
-            self._counters.left_out += left_out
+        if recorded and left_out:
+            kept = history.kept_at  # a duplicate dropped is not counted again
+            self._counters.left_out += sum(1 for at in left_out if kept is None or at in kept)
         if idle and self.safe_point is not None:
             self.safe_point(state)
         return recorded

@@ -70,6 +70,7 @@ class _ChangeState(_DoorState, _EvictionState, _TieState, _StepsState, Protocol)
 
     _blank_dropped: int
     _duplicates: int
+    _kept_at: Sequence[int] | None
     _late_dropped: int
     _pinned_bytes: int
     _pinned_tokens: int
@@ -281,6 +282,7 @@ def _record(
         kept, kept_at, kept_bytes, duplicates, blank = entries, (0,), sizes[0], 0, 0
     else:
         kept, kept_at, kept_bytes, duplicates, blank = _kept(history, turn_id, old, entries, sizes)
+    history._kept_at = None if len(kept) == len(entries) else kept_at
     if not kept:
         history._duplicates += duplicates
         history._blank_dropped += blank

@@ -55,6 +55,9 @@ from turnloom.errors import (
 _DEFAULT_COUNTER = ApproxTokenCounter()
 
 
+_FIRST = (0,)  # the first position alone (a one-message batch)
+
+
 class TurnHistory:
     """The bounded history of one context, in whole turns.
 
@@ -144,6 +147,7 @@ class TurnHistory:
         "_generation",
         "_ids",
         "_items",
+        "_kept_at",
         "_late_dropped",
         "_limits",
         "_linked",
@@ -219,6 +223,8 @@ class TurnHistory:
         self._late_dropped = 0
         self._blank_dropped = 0
         self._duplicates = 0
+        # The indexes in its batch of what the last record kept (None: all of it).
+        self._kept_at: Sequence[int] | None = None
         self._retracted = 0
         self._forgotten = 0  # ids of gone turns no longer remembered
         self._serial = 0
@@ -454,20 +460,31 @@ class TurnHistory:
         reference without a transcript, on Anthropic, Gemini or Responses.
         A blank message (not recorded) is not counted.
         """
+        return len(self.left_out_at(messages))
+
+    def left_out_at(self, messages: Sequence[Message]) -> tuple[int, ...]:
+        """The positions in ``messages`` of those :meth:`left_out` counts, in order."""
         # The body, not a helper's call: read at every record and commit on the event loop.
         if not messages:
-            return 0
+            return ()
         renders = _memo(self, messages)[2]
         if renders is None:
-            return 0
+            return ()
         if len(renders) == 1:  # a record's usual batch: no generator
             native = renders[0][0]
-            return 1 if type(native) is tuple and not native and not _blank(messages[0]) else 0
-        return sum(
-            1
-            for message, (native, _) in zip(messages, renders, strict=True)
+            unrendered = type(native) is tuple and not native and not _blank(messages[0])
+            return _FIRST if unrendered else ()
+        return tuple(
+            at
+            for at, (message, (native, _)) in enumerate(zip(messages, renders, strict=True))
             if type(native) is tuple and not native and not _blank(message)
         )
+
+    @property
+    def kept_at(self) -> Sequence[int] | None:
+        """The positions in its batch of the messages the last :meth:`record` kept (the
+        others were duplicates or blank), or None when it kept them all."""
+        return self._kept_at
 
     def commit(
         self,
