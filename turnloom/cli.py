@@ -35,7 +35,7 @@ from turnloom.context.history import HistoryLimits
 from turnloom.context.memory import TenantScope, check_tenant_scope
 from turnloom.errors import ConfigError, InputError, StoreError, TurnloomError, excerpt
 from turnloom.runtime import STRATEGIES
-from turnloom.runtime.config import RuntimeConfig, load_config
+from turnloom.runtime.config import RuntimeConfig, build_context_manager, load_config
 from turnloom.runtime.foundation import Foundation
 from turnloom.runtime.metrics import MetricsServer, serve_metrics
 from turnloom.stores import SQLiteMemory, check_context_store
@@ -345,17 +345,21 @@ def _check_run_options(args: argparse.Namespace) -> list[str]:
 
 
 def _load_config(args: argparse.Namespace) -> RuntimeConfig | None:
-    """The ``--config`` file, checked; None without one.
+    """The ``--config`` file, checked (its plugin builds a manager); None without one.
 
     Raises:
-        _Refused: the file cannot be read or checked (one line naming the key).
+        _Refused: the file cannot be read or checked (one line naming the key), or
+            its plugin cannot build a manager from it.
     """
     if args.config is None:
         return None
     try:
-        return load_config(args.config)
-    except ConfigError as exc:
+        config = load_config(args.config)
+        # Built once, unbound, and dropped: a plugin that cannot build is refused here.
+        build_context_manager(config, gateway=args.gateway)
+    except (ConfigError, InputError) as exc:
         raise _Refused(str(exc)) from None
+    return config
 
 
 def _check_store(url: str, backend: str) -> list[str]:

@@ -53,6 +53,7 @@ __all__ = (
 
 import re
 import tomllib
+from collections.abc import Hashable
 from importlib import metadata
 from os import PathLike
 from pathlib import Path
@@ -64,7 +65,14 @@ import yaml
 from turnloom.context.cache import PromptCache
 from turnloom.context.gateway import Gateway, GatewayType, get_gateway
 from turnloom.context.history import HistoryLimits
-from turnloom.errors import ConfigError, InputError, UnknownPluginError, excerpt, what_type
+from turnloom.errors import (
+    ConfigError,
+    InputError,
+    TurnloomError,
+    UnknownPluginError,
+    excerpt,
+    what_type,
+)
 from turnloom.runtime._door import check_behavior_rules
 from turnloom.runtime._options import ManagerSettings
 from turnloom.runtime.manager import ContextManager
@@ -77,7 +85,9 @@ _MANAGER = ManagerSettings()
 _LIMITS = HistoryLimits()
 _Positive = Annotated[int, msgspec.Meta(ge=1)]
 _Fraction = Annotated[float, msgspec.Meta(gt=0, le=1)]
-_AT = re.compile(r"^(?P<reason>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_AT = re.compile(
+    r"^(?P<reason>.*?)(?: - at (?P<of_key>`key` in )?`\$(?P<path>[^`]*)`)?$", re.DOTALL
+)
 _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]*)`")
 _MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]*)`")
 
@@ -211,6 +221,8 @@ def _config_error(exc: msgspec.ValidationError, prefix: str) -> ConfigError:
     match = _AT.match(str(exc))
     assert match is not None  # the pattern matches any text
     reason, path = match["reason"], (match["path"] or "").lstrip(".")
+    if match["of_key"]:  # a key of the mapping at ``path`` is refused, not a value
+        reason = f"a key: {reason}"
     key = ".".join(p for p in (prefix, path) if p)
     named = _UNKNOWN.match(reason) or _MISSING.match(reason)
     if named is not None:
@@ -277,9 +289,9 @@ def parse_config(document: object) -> RuntimeConfig:
 
     Raises:
         ConfigError: a key that is missing or unknown, a value of the wrong
-            type or out of range, or behaviour rules that are not valid
-            text or alone exceed ``history_max_item_bytes``; ``key`` is its
-            dotted path.
+            type or out of range (or refused by the plugin's config type), or
+            behaviour rules that are not valid text or alone exceed
+            ``history_max_item_bytes``; ``key`` is its dotted path.
         UnknownPluginError: ``context.plugin`` names no known plugin.
     """
     try:
@@ -291,6 +303,15 @@ def parse_config(document: object) -> RuntimeConfig:
         init_config = msgspec.convert(raw.context.init_config, plugin.config_type)
     except msgspec.ValidationError as exc:
         raise _config_error(exc, "context.init_config") from None
+    except TurnloomError:
+        raise
+    except Exception as exc:  # the plugin's config type's own check (its __post_init__)
+        raise ConfigError(
+            f"In configuration key 'context.init_config': the context plugin "
+            f"{excerpt(raw.context.plugin)} refused it ({type(exc).__name__}: "
+            f"{excerpt(str(exc))}).",
+            key="context.init_config",
+        ) from exc
     if isinstance(init_config, ContextInitConfig):
         try:
             check_behavior_rules(init_config.behavior_rules, init_config.history_max_item_bytes)
@@ -314,6 +335,13 @@ def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[An
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=True)
+        if not isinstance(key, Hashable):
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                f"found a key that cannot be a key ({what_type(key)})",
+                key_node.start_mark,
+            )
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 "while constructing a mapping",
@@ -377,6 +405,12 @@ def load_config(path: str | PathLike[str]) -> RuntimeConfig:
             f"{_parse_error(exc)[:200]}",
             key="",
         ) from None
+    except RecursionError:
+        raise ConfigError(
+            f"Configuration file {excerpt(file.name)} is not valid {suffix[1:].upper()}: it "
+            "nests values too deeply to be read.",
+            key="",
+        ) from None
     return parse_config(document)
 
 
@@ -393,7 +427,8 @@ def build_context_manager(
         InputError: an unknown or unavailable gateway, or an option the
             manager rejects.
         UnknownPluginError, ConfigError: as :func:`resolve_context_plugin`, or
-            the plugin returned something that is not a ContextManager.
+            the plugin raised an exception not turnloom's while building, or
+            returned something that is not a ContextManager.
     """
     context = config.context if isinstance(config, RuntimeConfig) else config
     plugin = resolve_context_plugin(context.plugin)
@@ -405,7 +440,16 @@ def build_context_manager(
         )
     if not isinstance(gateway, Gateway):
         gateway = get_gateway(gateway)
-    manager = plugin.build(context.init_config, gateway=gateway)
+    try:
+        manager = plugin.build(context.init_config, gateway=gateway)
+    except TurnloomError:
+        raise
+    except Exception as exc:  # a third-party plugin's own failure: named, as a load's is
+        raise ConfigError(
+            f"The context plugin {excerpt(context.plugin)} raised {type(exc).__name__} while "
+            f"building its ContextManager: {excerpt(str(exc))}.",
+            key="context.plugin",
+        ) from exc
     if not isinstance(manager, ContextManager):
         raise ConfigError(
             f"The context plugin {excerpt(context.plugin)} built {what_type(manager)}, not a "

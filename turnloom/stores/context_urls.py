@@ -26,7 +26,9 @@ def open_context_store(url: str) -> SQLiteContextStore | RedisContextStore:
             :class:`RedisContextStore`).
 
     Raises:
-        InputError: any other URL, or ``sqlite:`` without a path.
+        InputError: any other URL, ``sqlite:`` without a path, or a malformed
+            Redis URL (a port that is not a number from 0 to 65535, a
+            bracketed host left open).
         MissingDependencyError: a Redis URL without the ``redis`` package.
     """
     if not isinstance(url, str):
@@ -45,7 +47,11 @@ def open_context_store(url: str) -> SQLiteContextStore | RedisContextStore:
             raise InputError(f"synchronous must be FULL or NORMAL, not {synchronous[:20]!r}.")
         return SQLiteContextStore(path, synchronous="NORMAL" if synchronous == "NORMAL" else "FULL")
     if url.startswith(("redis://", "rediss://", "unix://")):
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018  (read to check it: a bad or out-of-range port raises)
+        except ValueError as exc:
+            raise InputError(f"Malformed store URL {excerpt(url)}: {exc}.") from None
         params = parse_qs(parts.query, keep_blank_values=True)
         prefix = params.pop("prefix", ["turnloom:"])[-1]
         bounds: dict[str, float] = {}
@@ -86,7 +92,8 @@ def check_context_store(url: str, *, backend: str = "asyncio", timeout: float = 
 
     Raises:
         InputError: the URL is unknown or malformed, its folder does not
-            exist, or a Redis store with the trio backend.
+            exist, its path is a folder, or a Redis store with the trio
+            backend.
         MissingDependencyError: a Redis URL without the ``redis`` package.
         StoreUnavailableError: the Redis server does not answer.
     """
@@ -99,6 +106,8 @@ def check_context_store(url: str, *, backend: str = "asyncio", timeout: float = 
                 f"The store {excerpt(url)} cannot be created: the folder {excerpt(folder)} "
                 "does not exist."
             )
+        if os.path.isdir(path):
+            raise InputError(f"The store {excerpt(url)} names a folder, not a file.")
         return
     if backend != "asyncio":
         raise InputError(

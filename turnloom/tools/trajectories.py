@@ -187,9 +187,17 @@ def _load(source: str, path: str | Path) -> tuple[list[Trajectory], list[ReplayE
     except UnicodeDecodeError as exc:
         return [], [_file_error(source, f"the file is not valid UTF-8 (byte {exc.start}).")]
     try:
-        data = _decoder.decode(raw)
-    except msgspec.DecodeError:
-        return _load_damaged(source, text)
+        try:
+            data = _decoder.decode(raw)
+        except msgspec.DecodeError:
+            # JSON msgspec refuses may still be JSON (a lone surrogate's escape): its
+            # messages are then refused one by one, as on a JSONL line.
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError:
+                return _load_damaged(source, text)
+    except RecursionError:
+        return [], [_file_error(source, "the file nests JSON too deeply to be read.")]
     if isinstance(data, list):
         if data and all(_is_message(x) for x in data):
             return [Trajectory(source=source, index=0, messages=data)], []
