@@ -396,6 +396,10 @@ def _output_renders(
             if newest is not None:
                 outputs = outputs[max(0, len(outputs) - newest) :]
             for entry in outputs:
+                if entry.sent is not None:
+                    # Sent renamed: rendered as the caller gave it, so the continuation's
+                    # renaming renames it, and the results after it, alike.
+                    continue
                 native = entry.rendered(gateway, slot)[0]
                 renders[id(entry.message)] = native if type(native) is tuple else (native,)  # type: ignore[assignment]
                 if entry.given is not None:  # the caller's object the door held a new one for

@@ -98,14 +98,21 @@ def pack_ids(message: Message, ids: Sequence[str]) -> _WireIds | None:
 
 
 def with_ids(message: Message, sent: _WireIds) -> Message:
-    """``message`` with its call and result parts carrying the ``sent`` ids (a new Message)."""
+    """``message`` with its call and result parts carrying the ``sent`` ids (a new Message).
+
+    Layout hints that name call ids (a gateway's ``"ids"`` hints, such as
+    Gemini's ids it never sends) name the new ids.
+    """
     parts = message.parts
+    renamed: dict[str, str] = {}
     if type(sent) is str and len(parts) == 1:
         # A lone part renamed (the common case): a bare id is its one id part's.
         part = parts[0]
-        new_parts: tuple[Part, ...] = (
-            (msgspec.structs.replace(part, call_id=sent),) if sent != part.call_id else parts  # type: ignore[union-attr]
-        )
+        if sent != part.call_id:  # type: ignore[union-attr]
+            renamed[part.call_id] = sent  # type: ignore[union-attr]
+            new_parts: tuple[Part, ...] = (msgspec.structs.replace(part, call_id=sent),)
+        else:
+            new_parts = parts
     else:
         ids = iter((sent,) if type(sent) is str else sent)
         changed = list(parts)
@@ -113,12 +120,24 @@ def with_ids(message: Message, sent: _WireIds) -> Message:
             if type(part) is ToolCallPart or type(part) is ToolResultPart:
                 call_id = next(ids)
                 if call_id != part.call_id:
+                    renamed[part.call_id] = call_id
                     changed[at] = msgspec.structs.replace(part, call_id=call_id)
         new_parts = tuple(changed)
     # A copy with the new content: what msgspec.structs.replace gives (its
     # __post_init__ changes only a str or list content), without running it.
     copied: Message = message.__copy__()  # type: ignore[attr-defined]  # msgspec's, in C
     msgspec.structs.force_setattr(copied, "content", new_parts)
+    layout = message.layout
+    if renamed and layout:
+        # An "ids" hint is the one kind of hint that is a list (of call ids).
+        msgspec.structs.force_setattr(
+            copied,
+            "layout",
+            {
+                key: [renamed.get(i, i) for i in value] if type(value) is list else value
+                for key, value in layout.items()
+            },
+        )
     return copied
 
 
