@@ -41,6 +41,7 @@ from turnloom.context.items import TAKEN_BUILD, NativeItems
 from turnloom.context.message import (
     Message,
     OpaquePart,
+    Part,
     ReasoningPart,
     Role,
     TextPart,
@@ -327,8 +328,9 @@ class IssuedPrefixes:
             settled = None
         start = settled.count if settled is not None else 0
         history = self._origin(entry, prefix.context_id) if valid and entry is not None else None
+        renamed: dict[int, list[tuple[str, str]]] = {}
         renders = (
-            history.output_renders(prefix.turn_id, gateway, len(continuation) - start)
+            history.output_renders(prefix.turn_id, gateway, len(continuation) - start, renamed)
             if history is not None
             else {}
         )
@@ -361,14 +363,14 @@ class IssuedPrefixes:
                 # place; forgotten first, so a failure leaves no half-advanced head.
                 entry.settled = None
             head = tail[:cut] if cut < len(tail) else tail
-            items.extend(self._render(head, renders, call_ids, plain))
+            items.extend(self._render(head, renders, call_ids, plain, renamed))
             # The message after the cut is part of what made it final.
             end = start + cut + (cut < len(tail))
             seen = checked.messages if end == len(continuation) else tuple(continuation[:end])
             entry.settled = _Settled(seen, start + cut, tuple(items), call_ids)
             tail = tail[cut:]
         if tail:
-            items.extend(self._render(tail, renders, call_ids.copy()))
+            items.extend(self._render(tail, renders, call_ids.copy(), False, renamed))
         return items
 
     def _render(
@@ -377,12 +379,16 @@ class IssuedPrefixes:
         renders: Mapping[int, Sequence[NativeContent]],
         call_ids: CallIdRenamer,
         plain: bool = False,
+        renamed: Mapping[int, list[tuple[str, str]]] | None = None,
     ) -> list[NativeContent]:
         """``messages`` completed as one whole input, rendered, renamed from ``call_ids``.
 
         ``plain``: the caller found them plain steps (:func:`_plain_steps`),
         which complete as they stand. ``call_ids`` is advanced past the items
         (a caller's copy: on an error it is dropped, whatever it saw).
+        ``renamed``: the (own id, sent id) of the calls of held outputs whose
+        ``renders`` carry the sent ids: a result after such a call answering
+        its own id is rendered with the sent one (until a call reuses the id).
         """
         gateway = self._gateway
         items: list[NativeContent] = []
@@ -391,11 +397,42 @@ class IssuedPrefixes:
             if plain
             else complete_pairs(messages, open_calls=self._open_calls, join=step_join(gateway))
         )
+        sent: dict[str, str] = {}  # own id -> the id its held call is sent with
         for message in completed:
             native = renders.get(id(message))
-            items.extend(native if native is not None else gateway.render(message))
+            if native is not None:
+                if renamed:
+                    pairs = renamed.get(id(message))
+                    if pairs is not None:
+                        sent.update(pairs)
+                items.extend(native)
+                continue
+            if sent:
+                message = _answering_sent(message, sent)
+            items.extend(gateway.render(message))
         # One pass over all the items: renaming is sequential, so equal to renaming each message's.
         return rename_call_ids(self._kind, items, call_ids)
+
+
+def _answering_sent(message: Message, sent: dict[str, str]) -> Message:
+    """``message`` with each result answering a held call sent renamed (``sent``: own id
+    -> sent id) carrying the sent id; a call of ``message`` reusing such an id ends that
+    (later results answer it). ``message`` itself when nothing changes."""
+    parts = message.parts
+    changed: list[Part] | None = None
+    for at, part in enumerate(parts):
+        kind = type(part)
+        if kind is ToolCallPart:
+            sent.pop(part.call_id, None)  # type: ignore[union-attr]
+        elif kind is ToolResultPart:
+            new_id = sent.get(part.call_id)  # type: ignore[union-attr]
+            if new_id is not None:
+                if changed is None:
+                    changed = list(parts)
+                changed[at] = msgspec.structs.replace(part, call_id=new_id)
+    if changed is None:
+        return message
+    return msgspec.structs.replace(message, content=tuple(changed))
 
 
 def _held_outputs(history: TurnHistory, turn_id: str) -> tuple[Message, ...]:

@@ -16,7 +16,7 @@ from turnloom.context.history._cells import (
     with_ids,
 )
 from turnloom.context.history._run import _Shared
-from turnloom.context.history._sent import _NO_IDS, _DoorIds, _SentIds, door_ids
+from turnloom.context.history._sent import _NO_IDS, _DoorIds, _SentIds, door_ids, sent_calls
 from turnloom.context.history._ties import _tied_error, _unit_first
 from turnloom.context.history._turns import _Turns
 from turnloom.context.history.limits import HistoryLimits, check_batch_length
@@ -385,7 +385,11 @@ def _entries(
 
 
 def _output_renders(
-    history: _DoorState, turn_id: str, gateway: Gateway, newest: int | None = None
+    history: _DoorState,
+    turn_id: str,
+    gateway: Gateway,
+    newest: int | None = None,
+    renamed: dict[int, list[tuple[str, str]]] | None = None,
 ) -> dict[int, Sequence[NativeContent]]:
     """The work of :meth:`TurnHistory.output_renders` (documented there)."""
     for turn in reversed(history._turns):
@@ -396,14 +400,16 @@ def _output_renders(
             if newest is not None:
                 outputs = outputs[max(0, len(outputs) - newest) :]
             for entry in outputs:
-                if entry.sent is not None:
-                    # Sent renamed: rendered as the caller gave it, so the continuation's
-                    # renaming renames it, and the results after it, alike.
-                    continue
                 native = entry.rendered(gateway, slot)[0]
                 renders[id(entry.message)] = native if type(native) is tuple else (native,)  # type: ignore[assignment]
                 if entry.given is not None:  # the caller's object the door held a new one for
                     renders[id(entry.given)] = renders[id(entry.message)]
+                if renamed is not None and entry.sent is not None:
+                    calls = [(own, sent) for own, sent in sent_calls(entry) if own != sent]
+                    if calls:
+                        renamed[id(entry.message)] = calls
+                        if entry.given is not None:
+                            renamed[id(entry.given)] = calls
             return renders
     return {}
 

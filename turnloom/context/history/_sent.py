@@ -355,7 +355,7 @@ def _set_sent(entry: _Entry, sent: _WireIds | None) -> None:
     entry.more = None
 
 
-def _calls(entry: _Entry) -> list[tuple[str, str]]:
+def sent_calls(entry: _Entry) -> list[tuple[str, str]]:
     """(own id, sent id) of each call of ``entry``."""
     if entry.sent is None:
         return [(p.call_id, p.call_id) for p in entry.message.parts if type(p) is ToolCallPart]
@@ -375,7 +375,7 @@ def _drop_entries(ids: _SentIds, entries: Iterable[_Entry]) -> None:
                 if type(part) is ToolCallPart:
                     drop(part.call_id)
         else:
-            for own, sent in _calls(entry):
+            for own, sent in sent_calls(entry):
                 drop(sent)
                 if sent != own:
                     ids.renamed -= 1
@@ -384,7 +384,7 @@ def _drop_entries(ids: _SentIds, entries: Iterable[_Entry]) -> None:
 def _hold_entries(ids: _SentIds, entries: Iterable[_Entry]) -> None:
     """The calls of ``entries`` are kept again, sent with the ids they were decided."""
     for entry in entries:
-        for own, sent in _calls(entry):
+        for own, sent in sent_calls(entry):
             ids.hold(sent)
             if sent != own:
                 ids.renamed += 1
@@ -582,7 +582,9 @@ def assign_state(
     if _carried_ids(entries):
         context = _context(history._turns, position + 1, input_only=True)
         present = ids.present
-        held = [s for t in aside for e in t.entries(True) for _, s in _calls(e) if s not in present]
+        held = [
+            s for t in aside for e in t.entries(True) for _, s in sent_calls(e) if s not in present
+        ]
         for sent in held:
             ids.hold(sent)
         try:
@@ -736,7 +738,7 @@ def restore_sent_ids(
             field="call_ids",
         )
     state = history._sent
-    mine = {sent for e in entries for _, sent in _calls(e)}
+    mine = {sent for e in entries for _, sent in sent_calls(e)}
     plan: list[tuple[_Entry, _WireIds | None]] = []
     calls: list[str] = []
     at = 0
@@ -752,7 +754,7 @@ def restore_sent_ids(
         plan.append((entry, _renamed(entry.message, renamed) if renamed else None))
     aside = history._aside
     held = (
-        {s for t in aside.turns for e in t.entries(True) for _, s in _calls(e)}
+        {s for t in aside.turns for e in t.entries(True) for _, s in sent_calls(e)}
         if aside is not None
         else ()
     )

@@ -556,7 +556,11 @@ class TurnHistory:
         )
 
     def output_renders(
-        self, turn_id: str, gateway: Gateway, newest: int | None = None
+        self,
+        turn_id: str,
+        gateway: Gateway,
+        newest: int | None = None,
+        renamed: dict[int, list[tuple[str, str]]] | None = None,
     ) -> dict[int, Sequence[NativeContent]]:
         """The held outputs of ``turn_id`` rendered for ``gateway``, by ``id()`` of their message.
 
@@ -569,11 +573,15 @@ class TurnHistory:
         ids are valid while the caller holds the messages (the history holds
         them too).
 
+        A render is of the message as sent: when its call ids are sent
+        renamed, ``renamed`` (when given) maps the message's ``id()`` the same
+        way to its calls' (own id, sent id) pairs, for those renamed.
+
         Raises:
             ProviderRuleError: ``gateway`` cannot render a held output (it
                 rendered at the door unless the history was built without one).
         """
-        return _output_renders(self, turn_id, gateway, newest)
+        return _output_renders(self, turn_id, gateway, newest, renamed)
 
     def turn_serial(self, turn_id: str) -> int:
         """The serial of the held turn ``turn_id``: unique in this history, never reused.
