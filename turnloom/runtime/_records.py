@@ -390,7 +390,9 @@ def replay(
                 )
                 _check_same(context_id, index, "replaces", record.replaced, applied.replaced)
             elif isinstance(record, TurnsPruned):
-                pruned = prune_turns(history, record.keep, record.note)
+                # The turns it lists: the live pass skipped turns it had pruned before
+                # (under an earlier note, say), which a pass without its memo would not.
+                pruned = prune_turns(history, record.keep, record.note, only=record.turn_ids)
                 _check_same(context_id, index, "prunes", record.turn_ids, pruned)
             elif isinstance(record, Checkpoint):
                 if index:

@@ -26,7 +26,7 @@ __all__ = (
     "summary_range",
 )
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Protocol
 
 import msgspec
@@ -346,7 +346,11 @@ def _message_ids(turn: _Turn) -> list[str]:
 
 
 def prune_turns(
-    history: _SummaryState, keep: int, note: str, checked: dict[int, object] | None = None
+    history: _SummaryState,
+    keep: int,
+    note: str,
+    checked: dict[int, object] | None = None,
+    only: Collection[str] | None = None,
 ) -> tuple[str, ...]:
     """Prune the tool output of the held turns before the newest ``keep``; their ids.
 
@@ -360,7 +364,8 @@ def prune_turns(
     a turn found pruned before (the same turn snapshot) is not looked at
     again, so a pass costs O(turns) plus the messages of turns that changed;
     ``checked`` then holds the turns of this pass (keeping them alive, so an
-    id is never a reused one).
+    id is never a reused one). With ``only``, the turns with other ids are
+    not looked at (a replay of a logged pruning prunes what it lists).
 
     Raises:
         InputError: ``keep`` is not a positive int.
@@ -382,6 +387,8 @@ def prune_turns(
     for position in range(len(turns) - keep):
         turn = turns[position]
         if is_summary_turn(turn.turn_id) or (checked is not None and checked.get(id(turn)) is turn):
+            continue
+        if only is not None and turn.turn_id not in only:
             continue
         pruned_input = prune_each(turn.messages(False), note)
         pruned_outputs = prune_each([e.message for e in turn.outputs], note)
