@@ -326,14 +326,15 @@ class OpenAIResponsesGateway(Gateway):
                     call.update(part.extras)
                 items.append(call)
             elif type(part) is ReasoningPart:
-                if part.gateway == _GATEWAY and part.id:
-                    reasoning: NativeContent = {
-                        "type": "reasoning",
-                        "id": part.id,
-                        "summary": (
-                            [{"type": "summary_text", "text": part.text}] if part.text else []
-                        ),
-                    }
+                # Without its id only with its encrypted content (a stateless request's:
+                # the Agents SDK's reasoning_item_id_policy="omit"): else nothing to send.
+                if part.gateway == _GATEWAY and (part.id or part.encrypted_content is not None):
+                    reasoning: NativeContent = {"type": "reasoning"}
+                    if part.id:
+                        reasoning["id"] = part.id
+                    reasoning["summary"] = (
+                        [{"type": "summary_text", "text": part.text}] if part.text else []
+                    )
                     if part.encrypted_content is not None:
                         reasoning["encrypted_content"] = part.encrypted_content
                     if part.extras:
