@@ -31,8 +31,10 @@ _ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 def turnloom_cli(
-    *args: str | Path, cwd: Path = ROOT, stdin: str | None = None
+    *args: str | Path, cwd: Path = ROOT, stdin: str | None = None, pythonpath: str | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """``python -m turnloom *args`` in ``cwd`` (``pythonpath``: PYTHONPATH, this tree's
+    by default); a hang fails after HANG_GUARD seconds."""
     return subprocess.run(
         [sys.executable, "-m", "turnloom", *map(str, args)],
         input=stdin,
@@ -40,7 +42,7 @@ def turnloom_cli(
         text=True,
         check=False,
         cwd=cwd,
-        env=_ENV,
+        env=_ENV if pythonpath is None else {**os.environ, "PYTHONPATH": pythonpath},
         timeout=HANG_GUARD,
     )
 

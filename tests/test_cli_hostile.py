@@ -16,32 +16,22 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.test_cli_edges import turnloom_cli
 from turnloom.errors import ConfigError
 from turnloom.runtime.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-HANG_GUARD = 120  # seconds: only a hang reaches it
 GOOD = '[{"role":"user","content":"hi"},{"role":"assistant","content":"hello"}]'
 
 
 def cli(
     *args: str | Path, cwd: Path, stdin: str | None = None, pythonpath: str = str(ROOT)
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "turnloom", *map(str, args)],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": pythonpath},
-        timeout=HANG_GUARD,
-    )
+    return turnloom_cli(*args, cwd=cwd, stdin=stdin, pythonpath=pythonpath)
 
 
 def one_line_error(done: subprocess.CompletedProcess[str], prefix: str) -> str:
