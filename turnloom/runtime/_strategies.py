@@ -13,8 +13,10 @@ __all__ = ("STRATEGIES", "JITStrategy", "StratifiedStrategy", "make_strategy")
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
+from itertools import islice
 from typing import Any
 
 import msgspec
@@ -34,7 +36,6 @@ from turnloom.errors import (
     InputError,
     InvalidMessageError,
     MemoryStoreError,
-    TurnloomError,
     UnknownStrategyError,
     excerpt,
     type_name,
@@ -71,33 +72,66 @@ def _tokens(counter: TokenCounter, prompt: str) -> int:
 async def _recall(
     memory: MemorySource, query: str, scope: TenantScope, top_k: int
 ) -> tuple[MemoryEntry, ...]:
-    """Search ``memory`` and check what it returned (at most ``top_k`` entries).
+    """Search ``memory`` and check what it returned (at most ``top_k`` entries, read).
 
     Raises:
         MemoryStoreError: the source raised it, raised another error (kept as
-            the ``__cause__``: a source's own client errors are translated
-            here, the boundary), or returned something malformed.
+            the ``__cause__``: a source's own client errors, turnloom's
+            included, are translated here, the boundary), or returned
+            something malformed: not an iterable of MemoryEntry, one that
+            fails while read, or an entry whose fields are not of their
+            declared types or whose text is not valid UTF-8.
     """
     try:
         found = await memory.search(query, scope=scope, top_k=top_k)
-    except TurnloomError:
+    except MemoryStoreError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # a host's source: its errors, turnloom's included, are its own
         raise MemoryStoreError(
             f"The memory source failed: {type_name(exc)}: {excerpt(str(exc))}."
         ) from exc
     try:
-        entries = tuple(found)[:top_k]
+        entries = tuple(islice(found, top_k))  # never read past top_k (an endless iterable)
     except TypeError:
         raise MemoryStoreError(
             f"The memory source returned {what_type(found)}, not a sequence of entries."
         ) from None
+    except Exception as exc:
+        raise MemoryStoreError(
+            f"Reading the memory source's result failed: {type_name(exc)}: {excerpt(str(exc))}."
+        ) from exc
     for i, entry in enumerate(entries):
         if not isinstance(entry, MemoryEntry):
             raise MemoryStoreError(
                 f"The memory source returned {what_type(entry)} at position {i}, not a MemoryEntry."
             )
+        _check_entry(entry, i)
     return entries
+
+
+def _check_entry(entry: MemoryEntry, at: int) -> None:
+    """Raise MemoryStoreError unless ``entry``'s fields are what MemoryEntry declares (msgspec
+    does not check them when a Struct is built) and its text is valid UTF-8."""
+    for name in ("id", "text", "source"):
+        value = getattr(entry, name)
+        if type(value) is not str:
+            raise MemoryStoreError(
+                f"The memory source returned an entry at position {at} whose {name} is "
+                f"{what_type(value)}, not a str."
+            )
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise MemoryStoreError(
+                f"The memory source returned an entry at position {at} whose {name} is not "
+                "valid UTF-8 (a lone surrogate)."
+            ) from None
+    score = entry.score
+    if type(score) not in (int, float) or not math.isfinite(score):
+        raise MemoryStoreError(
+            f"The memory source returned an entry at position {at} whose score is "
+            f"{excerpt(score)}, not a finite number."
+        )
 
 
 def _activation(entries: Sequence[MemoryEntry]) -> dict[str, Any]:
