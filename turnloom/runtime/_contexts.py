@@ -393,6 +393,9 @@ class ContextTable:
     ) -> tuple[str, ...]:
         """Prune the tool output of the turns before the newest ``keep``; log it; their ids.
 
+        Then evicts as a commit does when the history is over its limits (a
+        note longer than the output it replaces makes a turn larger).
+
         Raises:
             as ``_summary_ops.prune_turns``; nothing changed when it raises.
         """
@@ -402,6 +405,8 @@ class ContextTable:
         if pruned:
             if self.log is not None:
                 self.log(state.context_id, TurnsPruned(turn_ids=pruned, keep=keep, note=note))
+            # A note longer than the output it replaces grows the turn: the limits hold.
+            self._evict(state)
             self._counters.history_changed(before, history.counts())
             self._counters.turns_pruned += len(pruned)
         return pruned

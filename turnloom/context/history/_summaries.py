@@ -358,7 +358,8 @@ def prune_turns(
     :func:`~turnloom.context.summaries.prune_messages` (its kept state, the
     runtime-state pair, is left as it is); a turn already pruned, or without
     tool output or reasoning, is left as it is (not listed). The turns keep
-    their ids, serials and ties; their byte and token counts shrink. O(the
+    their ids, serials and ties; their byte and token counts change (they grow
+    when the note is longer than what it replaces: the caller evicts then). O(the
     messages of the turns looked at); the next render rebuilds the cached
     run when a turn changed. With ``checked`` (the caller's, empty at first),
     a turn found pruned before (the same turn snapshot) is not looked at
