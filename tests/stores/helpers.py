@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import redis
 
 from tests.stores.conftest import REDIS_URL
@@ -70,3 +71,21 @@ def open_new_files_together(
             outcomes.put((path, owner, outcome))
 
     anyio.run(each)
+
+
+async def cancel_when_entered(
+    call: Callable[[], Awaitable[object]],
+    entered: anyio.Event,
+    then: Callable[[], object] | None = None,
+) -> bool:
+    """Run ``call()`` in a task, cancel it once ``entered`` is set (within 5 s), then run
+    ``then`` (before the task has seen its cancellation); True when it was cancelled."""
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as group:
+            group.start_soon(call)
+            with anyio.fail_after(5):
+                await entered.wait()
+            scope.cancel()
+            if then is not None:
+                then()
+    return scope.cancelled_caught

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from tests.runtime.helpers import assistant
-from tests.stores.helpers import expire_lease
+from tests.stores.helpers import cancel_when_entered, expire_lease
 from tests.stores.test_close_writes_late_records import stored_texts, texts
 from tests.stores.test_durable_contexts import CountingStore, snapshot
 from turnloom.errors import (
@@ -294,17 +294,8 @@ async def test_a_claim_cancelled_during_its_compaction_releases_the_lease(store_
         async with Foundation(store=store, lease_ttl=30, owner="host-a") as foundation:
             manager = foundation.manager
             entered, gate = store.arm("replace")
-            with anyio.CancelScope() as scope:
-                async with anyio.create_task_group() as group:
-
-                    async def claim() -> None:
-                        await manager.leases.claim("d")
-
-                    group.start_soon(claim)
-                    with anyio.fail_after(5):
-                        await entered.wait()  # restored; compacting the 82-record log
-                    scope.cancel()
-                    gate.set()
+            # Cancelled once restored, while it compacts the 82-record log.
+            await cancel_when_entered(lambda: manager.leases.claim("d"), entered, gate.set)
             held = manager.context_ids()
             # It was ("d",): the claim was cancelled yet the context held, its lease kept.
             assert held == ()

@@ -10,13 +10,11 @@ pass and cover awaits no other test covers.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 import anyio
 import pytest
 
 from tests.runtime.helpers import assistant
-from tests.stores.helpers import expire_lease
+from tests.stores.helpers import cancel_when_entered, expire_lease
 from tests.stores.test_close_writes_late_records import stored_texts, texts
 from tests.stores.test_durable_contexts import snapshot
 from tests.stores.test_durable_hostile import FailOnNth, GateStore
@@ -31,24 +29,6 @@ async def _until(predicate: object, timeout: float = 10) -> None:
     with anyio.fail_after(timeout):
         while not predicate():  # type: ignore[operator]
             await anyio.sleep(0.01)
-
-
-async def _cancel_when_entered(
-    call: Callable[[], Awaitable[object]],
-    entered: anyio.Event,
-    then: Callable[[], object] | None = None,
-) -> bool:
-    """Run ``call()`` in a task, cancel it once ``entered`` is set (within 5 s), then run
-    ``then`` (before the task has seen its cancellation); True when it was cancelled."""
-    with anyio.CancelScope() as scope:
-        async with anyio.create_task_group() as group:
-            group.start_soon(call)
-            with anyio.fail_after(5):
-                await entered.wait()
-            scope.cancel()
-            if then is not None:
-                then()
-    return scope.cancelled_caught
 
 
 async def _claim_elsewhere(store: object, context_id: str) -> str:
@@ -88,7 +68,7 @@ async def test_a_release_cancelled_while_it_gives_up_the_lease_is_done_or_undone
             await manager.leases.flush()
             entered, gate = store.arm("release")
             # Cancelled as it awaits the store's release; the store answers after that.
-            await _cancel_when_entered(lambda: manager.leases.release("c"), entered, gate.set)
+            await cancel_when_entered(lambda: manager.leases.release("c"), entered, gate.set)
             held = manager.context_ids()
             elsewhere = await _claim_elsewhere(store, "c")
         assert (held, elsewhere) == ((), "claimed")
@@ -114,7 +94,7 @@ async def test_a_cancelled_release_whose_store_never_answers_ends_at_the_lease_t
             await manager.leases.flush()
             entered, _gate = store.arm("release")  # never opened
             with anyio.fail_after(10):
-                await _cancel_when_entered(lambda: manager.leases.release("c"), entered)
+                await cancel_when_entered(lambda: manager.leases.release("c"), entered)
             held = manager.context_ids()
             elsewhere = await _claim_elsewhere(store, "c")
         assert (held, elsewhere) == ((), "claimed")
@@ -297,7 +277,7 @@ async def test_a_flush_cancelled_at_each_writer_stage_loses_nothing(
             entered, gate = store.arm(stage)
             for i in range(many):
                 manager.record("c", "t0", [assistant(f"a{i}")])
-            assert await _cancel_when_entered(manager.leases.flush, entered)
+            assert await cancel_when_entered(manager.leases.flush, entered)
             with anyio.fail_after(5):  # another context is served while the store waits
                 prefix = await manager.prepare(ContextPrepareRequest(context_id="d", turn_id="t0"))
             assert prefix.items
@@ -325,7 +305,7 @@ async def test_a_release_cancelled_during_its_write_keeps_the_context(store_url:
             await manager.leases.flush()
             entered, gate = store.arm("append")
             manager.record("c", "t0", [assistant("gate 4")])
-            await _cancel_when_entered(lambda: manager.leases.release("c"), entered)
+            await cancel_when_entered(lambda: manager.leases.release("c"), entered)
             assert manager.context_ids() == ("c",)
             stats = manager.statistics().store
             assert stats is not None and stats.claimed == 1

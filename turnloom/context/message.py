@@ -947,6 +947,19 @@ def _refuse_text(text: object, where: str, field: str) -> None:
     )
 
 
+def layout_with_ids(layout: dict[str, Any], renamed: Mapping[str, str]) -> dict[str, Any]:
+    """A copy of an admitted message's ``layout`` whose ``"ids"`` hints (the call ids its
+    gateway declared them to name) name ``renamed[id]`` for each id renamed.
+
+    ``layout`` names a gateway that declared its hints (the door checked it).
+    """
+    hints = _DECLARED[layout["gateway"]].hints
+    return {
+        key: [renamed.get(i, i) for i in value] if hints.get(key) == "ids" else value
+        for key, value in layout.items()
+    }
+
+
 def _check_layout(message: Message, where: str, edits: list[tuple[Any, str, Any]]) -> str:
     """Type-check ``message.layout`` (not None); return the gateway it names.
 

@@ -407,7 +407,7 @@ class _Conversation:
         self.opening_running: dict[str, str] = {}
         self.closed = False
         self.dropped_specific = 0  # LLMSpecificMessages left out (see _drop_specific)
-        self.record_errors = 0  # messages turnloom refused (see _refusing)
+        self.record_errors = 0  # messages turnloom refused (see _take_one)
         self.created = False  # a turn was committed: the context exists
         self.lock = anyio.Lock()
 
@@ -556,7 +556,7 @@ class _Conversation:
                     if stays:
                         dropped.append(message)
                     continue  # never committed: a false start leaves no turn
-                if not self._refusing(message, self._commit, said):
+                if not self._take_one(message, self._commit, said):
                     if stays:
                         dropped.append(message)
                     continue  # refused: counted and logged, and it leaves the context
@@ -578,14 +578,14 @@ class _Conversation:
                     self.opening_raw.append(_user_dict(outputs[0]) if note else message)
                     owed = _take_async(message, self.opening_running) or owed
                     continue
-                if self._refusing(message, self._record, outputs, owner):
+                if self._take_one(message, self._record, outputs, owner):
                     owed = _take_async(message, self.running) or owed
                 elif stays:
                     taken.pop()
                     dropped.append(message)
         return _Took(users, new_turn, owed, taken, dropped, region)
 
-    def _refusing(self, message: Any, take: Callable[..., None], *args: Any) -> bool:
+    def _take_one(self, message: Any, take: Callable[..., None], *args: Any) -> bool:
         """``take(*args)``: commit or record Pipecat's ``message``; False when turnloom
         refused it (an ``InputError`` or ``StateError``): counted in ``record_errors``
         and logged, the call goes on (see the module docstring, "Refused messages")."""

@@ -21,6 +21,7 @@ from turnloom.context.message import (
     Part,
     ToolCallPart,
     ToolResultPart,
+    layout_with_ids,
 )
 from turnloom.context.pairing import (
     OpenCallPolicy,
@@ -127,17 +128,8 @@ def with_ids(message: Message, sent: _WireIds) -> Message:
     # __post_init__ changes only a str or list content), without running it.
     copied: Message = message.__copy__()  # type: ignore[attr-defined]  # msgspec's, in C
     msgspec.structs.force_setattr(copied, "content", new_parts)
-    layout = message.layout
-    if renamed and layout:
-        # An "ids" hint is the one kind of hint that is a list (of call ids).
-        msgspec.structs.force_setattr(
-            copied,
-            "layout",
-            {
-                key: [renamed.get(i, i) for i in value] if type(value) is list else value
-                for key, value in layout.items()
-            },
-        )
+    if renamed and message.layout:
+        msgspec.structs.force_setattr(copied, "layout", layout_with_ids(message.layout, renamed))
     return copied
 
 
